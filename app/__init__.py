@@ -1,0 +1,3 @@
+"""HexStudio: a deployment studio for LLMs on Qualcomm Hexagon NPUs."""
+
+__version__ = "0.1.0"

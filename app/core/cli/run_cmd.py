@@ -1,0 +1,120 @@
+"""`hexstudio run`: make a run (or resume one) and take it through the stages."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from typing import Any
+
+from app.core.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
+from app.core.jobs import human_bytes
+from app.core.paths import BUILTIN_MODEL_ID
+from app.core.pipeline import Pipeline, display_state
+from app.core.runs import RunNotFound
+from app.core.stages import STAGE_NAMES
+
+
+def _parse_set(values: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in values:
+        if "=" not in item:
+            raise CliError(f"--set expects KEY=VALUE, got '{item}'.", "Example: --set context_length=1024")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("run", help="create or resume a run and take it through the stages")
+    p.add_argument("--model", default=None, help=f"model: {BUILTIN_MODEL_ID} (default), a Hugging Face id, or a folder")
+    p.add_argument("--board", default=None, help="board: sim (default, the simulator) or a configured board name")
+    p.add_argument("--until", default="report", choices=STAGE_NAMES, help="last stage to run (default: report)")
+    p.add_argument("--only", default=None, choices=STAGE_NAMES, help="run just this stage")
+    p.add_argument("--resume", metavar="RUN_ID", default=None, help="resume this run instead of making a new one")
+    p.add_argument("--force", action="store_true", help="re-run stages even when they are current")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="run setting (JSON value), e.g. --set context_length=1024 (repeatable)")
+    p.add_argument("--override-gate", action="append", default=[], choices=STAGE_NAMES, metavar="STAGE",
+                   help="continue past this stage's failed gate (recorded in the run)")
+    p.add_argument("--quiet", action="store_true", help="print only the outcome")
+    add_workspace_flag(p)
+    add_json_flag(p)
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    ws = workspace_from(args)
+    if args.resume:
+        if args.model or args.board or args.settings:
+            raise CliError("--resume continues a run with its own inputs; --model, --board and --set "
+                           "cannot change them.", "Start a new run to change inputs.")
+        try:
+            m = ws.open_run(args.resume)
+        except RunNotFound as exc:
+            raise CliError(str(exc)) from None
+    else:
+        from app.core.settings import Settings
+
+        defaults = Settings.load().run_defaults()
+        defaults.update(_parse_set(args.settings))
+        m = ws.create_run(args.model or BUILTIN_MODEL_ID, args.board or "sim", defaults)
+    quiet = args.quiet or args.json
+    if not quiet:
+        print(f"run {m.run_id}  ({m.run_dir})", file=sys.stderr)
+
+    last_fraction: dict[str, float] = {}
+
+    def on_event(stage: str, ev: dict[str, Any]) -> None:
+        if quiet:
+            return
+        t = ev["type"]
+        if t == "progress":
+            f = float(ev["fraction"])
+            if f - last_fraction.get(stage, -1.0) >= 0.05 or f >= 1.0:
+                last_fraction[stage] = f
+                print(f"  [{stage}] {f * 100:5.1f}%  {ev.get('message', '')}", file=sys.stderr)
+        elif t in ("warning", "error"):
+            print(f"  [{stage}] {t}: {ev['message']}", file=sys.stderr)
+            if ev.get("hint"):
+                print(f"           what to do: {ev['hint']}", file=sys.stderr)
+
+    def on_stage(stage: str, state: str) -> None:
+        if not quiet:
+            print(f"{stage}: {state}", file=sys.stderr)
+
+    pipe = Pipeline(m, on_event=on_event, on_stage=on_stage)
+    for st in args.override_gate:
+        pipe.override_gate(st, "override requested on the command line (--override-gate)")
+
+    async def go() -> Any:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(pipe.cancel()))
+        return await pipe.run(until=args.until, only=args.only, force=args.force)
+
+    res = asyncio.run(go())
+    states = {n: display_state(m, n) for n in STAGE_NAMES}
+    if args.json:
+        print_json({"ok": res.ok, "run_id": m.run_id, "run_dir": str(m.run_dir), "stopped_at": res.stopped_at,
+                    "message": res.message, "hint": res.hint, "ran": res.ran, "skipped": res.skipped,
+                    "states": states})
+    else:
+        for name in res.ran:
+            st = m.stage(name).data
+            peak = st.get("peak_rss_bytes")
+            print(f"  {name:10s} {st['state']:12s} {st.get('duration_s') or 0:8.1f} s  peak RSS "
+                  f"{human_bytes(peak)}", file=sys.stderr)
+        if res.ok:
+            print(f"ok: {res.message} (run {m.run_id})")
+        else:
+            print(f"stopped at {res.stopped_at}: {res.message}", file=sys.stderr)
+            if res.hint:
+                print(f"  what to do: {res.hint}", file=sys.stderr)
+            print(f"  resume with: hexstudio run --resume {m.run_id}", file=sys.stderr)
+    return 0 if res.ok else 1

@@ -1,0 +1,90 @@
+"""`hexstudio runs list|show|delete`."""
+
+from __future__ import annotations
+
+import argparse
+
+from app.core.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
+from app.core.jobs import human_bytes
+from app.core.pipeline import display_state
+from app.core.runs import RunNotFound
+from app.core.stages import STAGES
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("runs", help="list, show or delete runs")
+    rs = p.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
+    pl = rs.add_parser("list", help="list runs, newest first")
+    add_workspace_flag(pl)
+    add_json_flag(pl)
+    pl.set_defaults(func=cmd_list)
+    ps = rs.add_parser("show", help="show one run")
+    ps.add_argument("run_id")
+    add_workspace_flag(ps)
+    add_json_flag(ps)
+    ps.set_defaults(func=cmd_show)
+    pd = rs.add_parser("delete", help="delete a run and its artifacts")
+    pd.add_argument("run_id")
+    pd.add_argument("--yes", action="store_true", help="do not ask")
+    add_workspace_flag(pd)
+    add_json_flag(pd)
+    pd.set_defaults(func=cmd_delete)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    runs = workspace_from(args).list_runs()
+    if args.json:
+        print_json({"runs": [r.as_json() for r in runs]})
+        return 0
+    if not runs:
+        print("no runs yet. Start one with: hexstudio run")
+        return 0
+    for r in runs:
+        done = sum(1 for s in r.states.values() if s == "done")
+        failed = [k for k, s in r.states.items() if s in ("failed", "interrupted")]
+        flag = f"  ({', '.join(failed)} {'failed' if failed else ''})" if failed else ""
+        print(f"{r.run_id}  {r.model}  board={r.board}  {done}/{len(r.states)} done{flag}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    try:
+        m = workspace_from(args).open_run(args.run_id)
+    except RunNotFound as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        data = dict(m.data)
+        data["display_states"] = {s.name: display_state(m, s.name) for s in STAGES}
+        print_json(data)
+        return 0
+    print(f"run {m.run_id}\n  model {m.inputs['model']}  board {m.inputs['board']}\n  folder {m.run_dir}")
+    for s in STAGES:
+        st = m.stage(s.name).data
+        line = f"  {s.name:10s} {display_state(m, s.name):12s}"
+        if st.get("duration_s") is not None:
+            line += f" {st['duration_s']:8.1f} s  peak RSS {human_bytes(st.get('peak_rss_bytes'))}"
+        print(line)
+        out = st.get("outcome") or {}
+        if out.get("kind") not in (None, "ok"):
+            print(f"             {out.get('message')}")
+            if out.get("hint"):
+                print(f"             what to do: {out['hint']}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    ws = workspace_from(args)
+    if not args.yes and not args.json:
+        ans = input(f"Delete run {args.run_id} and all its artifacts? [y/N] ")
+        if ans.strip().lower() not in ("y", "yes"):
+            print("kept")
+            return 1
+    try:
+        ws.delete_run(args.run_id)
+    except RunNotFound as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print_json({"ok": True, "deleted": args.run_id})
+    else:
+        print(f"deleted {args.run_id}")
+    return 0

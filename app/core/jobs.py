@@ -1,0 +1,317 @@
+"""The job runner: starts a worker process, streams its events, samples its memory, cancels it,
+and says plainly how it ended.
+
+    runner = JobRunner()
+    job = runner.start_local("workers.quantize", spec_path, on_event=..., on_sample=...)
+    result = await job.wait()          # JobResult
+    await job.cancel()                 # SIGINT -> SIGTERM(group) -> SIGKILL(group)
+
+Workers run in their own process group (start_new_session), so cancel reaches
+every child they started, and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+from app.core.sampler import ResourceSample, TreeSampler, sample_periodically
+from workers.protocol import ProtocolError, parse_event
+
+EventHandler = Callable[[dict[str, Any]], None]
+SampleHandler = Callable[[ResourceSample], None]
+
+WSL_OOM_HINT = (
+    "The process was killed with SIGKILL while using {rss} — most likely the kernel's out-of-memory killer. "
+    "On WSL2 the Linux VM has its own memory cap below the Windows RAM: create or edit "
+    "C:\\Users\\<you>\\.wslconfig with\n[wsl2]\nmemory=176GB\nswap=96GB\nthen run `wsl --shutdown` in "
+    "PowerShell and start HexStudio again (the Preflight page can write this file for you). "
+    "Otherwise use more parts or fewer calibration samples."
+)
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@dataclass
+class JobResult:
+    kind: str                      # ok | failed | cancelled | killed | oom
+    exit_code: int | None
+    signal: str | None
+    message: str
+    hint: str | None = None
+    code: str | None = None        # the worker's error code, if it sent one
+    summary: dict[str, Any] = field(default_factory=dict)
+    peak_rss_bytes: int = 0
+    peak_vram_bytes: int | None = None
+    duration_s: float = 0.0
+    events: int = 0
+    bad_lines: int = 0
+    stderr_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+    def outcome(self) -> dict[str, Any]:
+        return {"kind": self.kind, "code": self.code, "message": self.message, "hint": self.hint,
+                "exit_code": self.exit_code, "signal": self.signal}
+
+
+def worker_command(module: str, spec_path: Path) -> list[str]:
+    """How to start a worker: `python -m workers.X`, or the frozen app's own --worker dispatch."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, "--worker", module.rsplit(".", 1)[-1], "--spec", str(spec_path)]
+    return [sys.executable, "-m", module, "--spec", str(spec_path)]
+
+
+def _memory_total() -> int:
+    return int(psutil.virtual_memory().total + psutil.swap_memory().total)
+
+
+class EventStream:
+    """Parses worker stdout lines into events and keeps the bookkeeping shared by local and remote jobs."""
+
+    def __init__(self, on_event: EventHandler | None, log: IO[str] | None) -> None:
+        self.on_event = on_event
+        self.log = log
+        self.events = 0
+        self.bad_lines = 0
+        self.last_error: dict[str, Any] | None = None
+        self.done: dict[str, Any] | None = None
+
+    def feed(self, raw: bytes | str) -> None:
+        try:
+            ev = parse_event(raw)
+        except ProtocolError as exc:
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+            text = text.rstrip("\r\n")
+            if not text.strip():
+                return
+            self.bad_lines += 1
+            ev = {"v": 1, "type": "log", "level": "warn", "t": time.time(),
+                  "message": f"[not a protocol line: {exc}] {text[:2000]}"}
+        else:
+            self.events += 1
+            if ev["type"] == "error":
+                self.last_error = ev
+            elif ev["type"] == "done":
+                self.done = ev
+        if self.log is not None:
+            self.log.write(json.dumps(ev, ensure_ascii=False) + "\n")
+        if self.on_event is not None:
+            self.on_event(ev)
+
+
+def classify(returncode: int | None, stream: EventStream, cancelled: bool, peak_rss: int,
+             stderr_tail: str, what: str) -> JobResult:
+    sig = None
+    if returncode is not None and returncode < 0:
+        with contextlib.suppress(ValueError):
+            sig = signal.Signals(-returncode).name
+    done = stream.done
+    err = stream.last_error or {}
+    if done is not None and done.get("ok") is True and returncode == 0:
+        return JobResult("ok", returncode, None, f"{what} finished.", summary=done.get("summary") or {})
+    if cancelled:
+        return JobResult("cancelled", returncode, sig, f"{what} was cancelled.",
+                         hint="Nothing from the cancelled attempt is kept. Start it again when ready.",
+                         code="cancelled")
+    if sig == "SIGKILL" or returncode == 137:
+        if peak_rss >= 0.6 * _memory_total():
+            return JobResult("oom", returncode, sig or "SIGKILL",
+                             f"{what} was killed (SIGKILL) at {human_bytes(peak_rss)} RSS: likely out of memory.",
+                             hint=WSL_OOM_HINT.format(rss=human_bytes(peak_rss)), code="out_of_memory")
+        return JobResult("killed", returncode, sig or "SIGKILL", f"{what} was killed by SIGKILL.",
+                         hint="Something outside HexStudio killed the worker (kill -9, a watchdog, or the "
+                              "OOM killer). Resume the run to restart the stage from a clean state.",
+                         code="killed")
+    if sig is not None:
+        return JobResult("killed", returncode, sig, f"{what} was killed by {sig}.",
+                         hint="Resume the run to restart the stage from a clean state.", code="killed")
+    if err:
+        return JobResult("failed", returncode, None, str(err.get("message", "failed")),
+                         hint=err.get("hint"), code=str(err.get("code", "failed")))
+    if done is None:
+        tail = stderr_tail.strip().splitlines()[-3:] if stderr_tail.strip() else []
+        detail = f" Last stderr: {' | '.join(tail)}" if tail else ""
+        return JobResult("failed", returncode, None,
+                         f"{what} ended (exit code {returncode}) without reporting 'done'.{detail}",
+                         hint="The worker crashed or printed something that is not the worker protocol. "
+                              "See the stage log for its output.", code="no_done")
+    return JobResult("failed", returncode, None, f"{what} reported failure (exit code {returncode}).",
+                     code="failed")
+
+
+class LocalJob:
+    """A worker process on this machine."""
+
+    def __init__(self, argv: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
+                 on_event: EventHandler | None = None, on_sample: SampleHandler | None = None,
+                 log_path: Path | None = None, sample_hz: float = 4.0, what: str = "The worker",
+                 grace_s: float = 5.0, term_s: float = 3.0) -> None:
+        self.argv = list(argv)
+        self.cwd = cwd
+        self.env = env
+        self.on_sample = on_sample
+        self.log_path = log_path
+        self.sample_hz = sample_hz
+        self.what = what
+        self.grace_s = grace_s
+        self.term_s = term_s
+        self._log: IO[str] | None = None
+        self.stream = EventStream(on_event, None)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.sampler: TreeSampler | None = None
+        self._cancelled = False
+        self._stderr: deque[str] = deque(maxlen=200)
+        self._task: asyncio.Task[JobResult] | None = None
+        self._started = asyncio.Event()
+        self.pgid: int | None = None
+
+    async def start(self) -> None:
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+            self.stream.log = self._log
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, cwd=str(self.cwd) if self.cwd else None, env=env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True, limit=1 << 24)
+        self.pgid = self.proc.pid
+        self.sampler = TreeSampler(self.proc.pid)
+        self._task = asyncio.ensure_future(self._run())
+        self._started.set()
+
+    async def _read_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        reader = self.proc.stdout
+        feed = self.stream.feed
+        while True:
+            line = await reader.readline()
+            if not line:
+                break
+            feed(line)
+
+    async def _read_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        while True:
+            line = await self.proc.stderr.readline()
+            if not line:
+                break
+            text = line.decode("utf-8", "replace").rstrip("\n")
+            self._stderr.append(text)
+            if self._log is not None:
+                self._log.write(json.dumps({"v": 1, "type": "log", "level": "debug", "t": time.time(),
+                                            "stream": "stderr", "message": text}, ensure_ascii=False) + "\n")
+
+    async def _run(self) -> JobResult:
+        assert self.proc is not None and self.sampler is not None
+        t0 = time.monotonic()
+        sampling = asyncio.ensure_future(sample_periodically(self.sampler, self.sample_hz, self.on_sample))
+        try:
+            await asyncio.gather(self._read_stdout(), self._read_stderr())
+            rc = await self.proc.wait()
+        finally:
+            sampling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampling
+            self._reap_group()
+            if self._log is not None:
+                self._log.close()
+        res = classify(rc, self.stream, self._cancelled, self.sampler.peak_rss, "\n".join(self._stderr),
+                       self.what)
+        res.peak_rss_bytes = self.sampler.peak_rss
+        res.peak_vram_bytes = self.sampler.peak_vram
+        res.duration_s = time.monotonic() - t0
+        res.events = self.stream.events
+        res.bad_lines = self.stream.bad_lines
+        res.stderr_tail = "\n".join(list(self._stderr)[-20:])
+        return res
+
+    def _reap_group(self) -> None:
+        """The worker has exited: make sure nothing it started outlives it."""
+        if self.pgid is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, signal.SIGKILL)
+
+    async def wait(self) -> JobResult:
+        await self._started.wait()
+        assert self._task is not None
+        return await asyncio.shield(self._task)
+
+    def group_alive(self) -> bool:
+        if self.pgid is None:
+            return False
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    async def cancel(self) -> None:
+        """SIGINT to the worker, then SIGTERM to its group, then SIGKILL to the group."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self._cancelled = True
+        steps = ((signal.SIGINT, False, self.grace_s), (signal.SIGTERM, True, self.term_s),
+                 (signal.SIGKILL, True, 5.0))
+        for sig, group, timeout in steps:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if group:
+                    os.killpg(self.proc.pid, sig)
+                else:
+                    self.proc.send_signal(sig)
+            try:
+                assert self._task is not None
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+                return
+            except asyncio.TimeoutError:
+                continue
+
+
+class JobRunner:
+    """Makes jobs. Keeps no global state, so tests and the GUI can have several."""
+
+    def __init__(self, sample_hz: float = 4.0) -> None:
+        self.sample_hz = sample_hz
+
+    async def start_local(self, module: str, spec_path: Path, *, on_event: EventHandler | None = None,
+                          on_sample: SampleHandler | None = None, log_path: Path | None = None,
+                          cwd: Path | None = None, env: dict[str, str] | None = None,
+                          what: str | None = None) -> LocalJob:
+        job = LocalJob(worker_command(module, spec_path), cwd=cwd, env=env, on_event=on_event,
+                       on_sample=on_sample, log_path=log_path, sample_hz=self.sample_hz,
+                       what=what or f"Worker {module}")
+        await job.start()
+        return job
+
+    async def start_argv(self, argv: Sequence[str], **kw: Any) -> LocalJob:
+        kw.setdefault("sample_hz", self.sample_hz)
+        job = LocalJob(argv, **kw)
+        await job.start()
+        return job

@@ -1,0 +1,351 @@
+"""Runs stages of a run in order: skip what is done and unchanged, restart what was interrupted,
+stop at a failed gate. Used by the CLI (`hexstudio run`) and the GUI alike.
+
+Stage outputs are written to artifacts/<stage>.partial/ and renamed to
+artifacts/<stage>/ only after the stage succeeded, so a crash never leaves
+half-written output that looks complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import importlib.util
+import json
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.core.atomic import sha256_file, write_json_atomic
+from app.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler, human_bytes
+from app.core.manifest import RunManifest, now_iso
+from app.core.runs import artifacts_dir, stage_log_path
+from app.core.sampler import ResourceSample
+from app.core.stages import STAGES, Stage, get_stage, stages_until
+from workers.protocol import Emitter
+
+SPEC_SCHEMA = 1
+
+
+class StageError(Exception):
+    """Raised by in-process stage actions: a failure a person can act on."""
+
+    def __init__(self, code: str, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.hint = hint
+
+
+@dataclass
+class StageContext:
+    """What an in-process stage action gets (board, chat, report stages)."""
+
+    manifest: RunManifest
+    stage: Stage
+    out_dir: Path
+    upstream: dict[str, Path]
+    emit: EventHandler
+    cancel_event: asyncio.Event
+    emitter: Emitter = field(init=False)
+
+    def __post_init__(self) -> None:
+        ctx = self
+
+        class _Sink:
+            def write(self, line: str) -> None:
+                ctx.emit(json.loads(line))
+
+            def flush(self) -> None:
+                pass
+
+        self.emitter = Emitter(_Sink())  # type: ignore[arg-type]
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.manifest.settings
+
+    def check_cancelled(self) -> None:
+        if self.cancel_event.is_set():
+            raise asyncio.CancelledError()
+
+
+StageAction = Callable[[StageContext], Awaitable[dict[str, Any] | None]]
+
+
+def output_digest(artifacts: list[dict[str, Any]]) -> str:
+    h = hashlib.sha256()
+    for a in sorted(artifacts, key=lambda a: a["path"]):
+        h.update(f"{a['path']}\0{a['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def input_hash(m: RunManifest, stage: Stage) -> str:
+    settings = m.settings
+    payload: dict[str, Any] = {
+        "stage": stage.name, "version": stage.version,
+        "model": m.inputs.get("model"), "board": m.inputs.get("board"),
+        "settings": {k: settings.get(k) for k in stage.inputs},
+        "upstream": {n: m.stage(n).data.get("output_digest") for n in stage.needs},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def hash_tree(root: Path, kinds: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    kinds = kinds or {}
+    out = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            rel = p.relative_to(root).as_posix()
+            out.append({"path": f"artifacts/{root.name}/{rel}", "sha256": sha256_file(p),
+                        "size": p.stat().st_size, "kind": kinds.get(rel, {}).get("kind"),
+                        "role": kinds.get(rel, {}).get("role")})
+    return out
+
+
+def stage_is_current(m: RunManifest, stage: Stage, verify: bool = False) -> bool:
+    st = m.stage(stage.name)
+    if st.state != "done" or st.data.get("input_hash") != input_hash(m, stage):
+        return False
+    for a in st.artifacts:
+        p = m.run_dir / a["path"]
+        if not p.is_file() or p.stat().st_size != a["size"]:
+            return False
+        if verify and sha256_file(p) != a["sha256"]:
+            return False
+    return True
+
+
+def display_state(m: RunManifest, name: str) -> str:
+    """pending | running | done | failed | stale (done, but its inputs changed) | interrupted | cancelled."""
+    st = m.stage(name)
+    if st.state == "done" and not stage_is_current(m, get_stage(name)):
+        return "stale"
+    return st.state
+
+
+@dataclass
+class PipelineResult:
+    ok: bool
+    stopped_at: str | None
+    message: str
+    hint: str | None = None
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+class Pipeline:
+    def __init__(self, manifest: RunManifest, runner: JobRunner | None = None,
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None,
+                 on_sample: Callable[[str, ResourceSample], None] | None = None,
+                 on_stage: Callable[[str, str], None] | None = None) -> None:
+        self.m = manifest
+        self.runner = runner or JobRunner()
+        self.on_event = on_event
+        self.on_sample = on_sample
+        self.on_stage = on_stage
+        self.cancel_event = asyncio.Event()
+        self.current_job: LocalJob | None = None
+
+    # -- public -------------------------------------------------------------
+    async def run(self, until: str = "report", only: str | None = None, force: bool = False) -> PipelineResult:
+        self.m.detect_interrupted()
+        targets = (get_stage(only),) if only else stages_until(until)
+        res = PipelineResult(True, None, "")
+        for stage in targets:
+            if self.cancel_event.is_set():
+                return PipelineResult(False, stage.name, "cancelled", ran=res.ran, skipped=res.skipped)
+            for need in stage.needs:
+                if self.m.stage(need).state != "done":
+                    return PipelineResult(False, stage.name, f"{stage.title} needs {need}, which has not completed.",
+                                          hint=f"Run the {need} stage first.", ran=res.ran, skipped=res.skipped)
+            if not force and stage_is_current(self.m, stage):
+                res.skipped.append(stage.name)
+                self._notify_stage(stage.name, "done")
+            else:
+                result = await self.run_stage(stage)
+                res.ran.append(stage.name)
+                if not result.ok:
+                    return PipelineResult(False, stage.name, result.message, hint=result.hint,
+                                          ran=res.ran, skipped=res.skipped)
+            gate = stage.gate(self.m)
+            overrides = self.m.settings.get("override_gates") or []
+            self.m.stage(stage.name).data["gate"] = {"passed": gate.passed, "reason": gate.reason,
+                                                     "override": self._override_record(stage.name)}
+            self.m.save()
+            if not gate.passed:
+                if gate.overridable and stage.name in overrides:
+                    continue
+                hint = (f"Override the {stage.name} gate (`--override-gate {stage.name}`) to continue anyway; "
+                        "the override is recorded in the run." if gate.overridable else None)
+                return PipelineResult(False, stage.name, f"{stage.title} gate not passed: {gate.reason}",
+                                      hint=hint, ran=res.ran, skipped=res.skipped)
+        res.message = f"completed up to {targets[-1].name}" if targets else "nothing to do"
+        return res
+
+    def _override_record(self, name: str) -> dict[str, Any] | None:
+        for ev in reversed(self.m.data.get("events", [])):
+            if ev.get("kind") == "gate_override" and ev.get("stage") == name:
+                return {"t": ev["t"], "reason": ev.get("message")}
+        return None
+
+    def override_gate(self, name: str, reason: str) -> None:
+        overrides = list(self.m.settings.get("override_gates") or [])
+        if name not in overrides:
+            overrides.append(name)
+        self.m.settings["override_gates"] = overrides
+        self.m.add_event("gate_override", reason, stage=name)
+        self.m.save()
+
+    async def cancel(self) -> None:
+        self.cancel_event.set()
+        if self.current_job is not None:
+            await self.current_job.cancel()
+
+    # -- one stage ----------------------------------------------------------
+    def _notify_stage(self, name: str, state: str) -> None:
+        if self.on_stage is not None:
+            self.on_stage(name, state)
+
+    def _upstream(self, stage: Stage) -> dict[str, Path]:
+        up = {}
+        for s in STAGES:
+            if self.m.stage(s.name).state == "done" and artifacts_dir(self.m, s.name).is_dir():
+                up[s.name] = artifacts_dir(self.m, s.name)
+        return {k: v for k, v in up.items() if k != stage.name}
+
+    async def run_stage(self, stage: Stage) -> JobResult:
+        m = self.m
+        final = artifacts_dir(m, stage.name)
+        partial = final.with_name(f"{stage.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)  # never resume from half-written output
+        partial.mkdir(parents=True)
+        st = m.stage(stage.name).data
+        st.update({"metrics": {}, "warnings": [], "summary": None, "gate": None,
+                   "peak_rss_bytes": None, "peak_vram_bytes": None})
+        m.mark_running(stage.name)
+        self._notify_stage(stage.name, "running")
+        kinds: dict[str, dict[str, Any]] = {}
+
+        def handle(ev: dict[str, Any]) -> None:
+            t = ev.get("type")
+            if t == "metric":
+                st["metrics"][ev["name"]] = {"value": ev["value"], "unit": ev.get("unit"),
+                                             "scope": ev.get("scope")}
+            elif t == "artifact":
+                kinds[ev["path"]] = {"kind": ev.get("kind"), "role": ev.get("role")}
+            elif t == "warning":
+                st["warnings"].append({k: ev.get(k) for k in ("message", "hint", "code")})
+            if self.on_event is not None:
+                self.on_event(stage.name, ev)
+
+        def sample(s: ResourceSample) -> None:
+            if self.on_sample is not None:
+                self.on_sample(stage.name, s)
+
+        log_path = stage_log_path(m, stage.name)
+        if stage.worker is not None:
+            result = await self._run_worker(stage, partial, handle, sample, log_path)
+        else:
+            result = await self._run_action(stage, partial, handle, log_path)
+
+        st["ended"] = now_iso()
+        st["duration_s"] = round(result.duration_s, 3)
+        st["peak_rss_bytes"] = result.peak_rss_bytes or None
+        st["peak_vram_bytes"] = result.peak_vram_bytes
+        st["outcome"] = result.outcome()
+        st["owner"] = None
+        if result.ok:
+            st["summary"] = result.summary
+            old = final.with_name(f"{stage.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            if final.exists():
+                final.rename(old)
+            partial.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+            st["artifacts"] = hash_tree(final, kinds)
+            st["output_digest"] = output_digest(st["artifacts"])
+            st["input_hash"] = input_hash(m, stage)
+            st["state"] = "done"
+        else:
+            shutil.rmtree(partial, ignore_errors=True)
+            st["state"] = {"cancelled": "cancelled", "killed": "interrupted", "oom": "failed"}.get(
+                result.kind, "failed")
+            st["input_hash"] = None
+        m.save()
+        self._notify_stage(stage.name, st["state"])
+        return result
+
+    def _spec(self, stage: Stage, partial: Path) -> Path:
+        spec = {
+            "schema": SPEC_SCHEMA, "stage": stage.name, "run_dir": str(self.m.run_dir),
+            "out_dir": str(partial), "upstream": {k: str(v) for k, v in self._upstream(stage).items()},
+            "settings": self.m.settings, "inputs": {"model": self.m.inputs.get("model"),
+                                                    "board": self.m.inputs.get("board")},
+        }
+        path = self.m.run_dir / "specs" / f"{stage.name}.json"
+        write_json_atomic(path, spec)
+        return path
+
+    async def _run_worker(self, stage: Stage, partial: Path, handle: EventHandler, sample: SampleHandler,
+                          log_path: Path) -> JobResult:
+        assert stage.worker is not None
+        if importlib.util.find_spec(stage.worker) is None:
+            return _not_implemented(stage)
+        spec_path = self._spec(stage, partial)
+        job = await self.runner.start_local(stage.worker, spec_path, on_event=handle, on_sample=sample,
+                                            log_path=log_path, what=f"The {stage.title} stage")
+        self.current_job = job
+        try:
+            if self.cancel_event.is_set():
+                await job.cancel()
+            return await job.wait()
+        finally:
+            self.current_job = None
+
+    async def _run_action(self, stage: Stage, partial: Path, handle: EventHandler, log_path: Path) -> JobResult:
+        assert stage.action is not None
+        mod_name, func_name = stage.action.split(":")
+        t0 = time.monotonic()
+        try:
+            fn: StageAction = getattr(importlib.import_module(mod_name), func_name)
+        except (ImportError, AttributeError):
+            return _not_implemented(stage)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as log:
+
+            def emit(ev: dict[str, Any]) -> None:
+                log.write(json.dumps(ev, ensure_ascii=False) + "\n")
+                handle(ev)
+
+            ctx = StageContext(self.m, stage, partial, self._upstream(stage), emit, self.cancel_event)
+            try:
+                summary = await fn(ctx)
+            except StageError as exc:
+                ctx.emitter.error(exc.code, exc.message, exc.hint)
+                return JobResult("failed", None, None, exc.message, hint=exc.hint, code=exc.code,
+                                 duration_s=time.monotonic() - t0)
+            except asyncio.CancelledError:
+                if not self.cancel_event.is_set():
+                    raise
+                return JobResult("cancelled", None, None, f"The {stage.title} stage was cancelled.",
+                                 code="cancelled", duration_s=time.monotonic() - t0)
+            ctx.emitter.done(True, summary or {})
+        return JobResult("ok", 0, None, f"The {stage.title} stage finished.", summary=summary or {},
+                         duration_s=time.monotonic() - t0)
+
+
+def _not_implemented(stage: Stage) -> JobResult:
+    return JobResult("not_implemented", None, None, f"The {stage.title} stage is not implemented yet.",
+                     hint="This HexStudio build cannot run this stage yet; earlier stages' results are kept.",
+                     code="not_implemented")
+
+
+def describe_result(r: JobResult) -> str:
+    peak = f", peak RSS {human_bytes(r.peak_rss_bytes)}" if r.peak_rss_bytes else ""
+    return f"{r.kind}: {r.message}{peak}"
+

@@ -1,0 +1,120 @@
+"""The run workspace: <workspace>/runs/<run-id>/{run.json, logs/, artifacts/}."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets as _secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.core.environment import collect_environment, package_versions
+from app.core.manifest import ManifestError, RunManifest
+from app.core.paths import default_workspace
+from app.core.settings import DEFAULT_RUN_SETTINGS
+
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class RunNotFound(Exception):
+    pass
+
+
+def _slug(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9]+", "-", text.split(":")[-1].split("/")[-1]).strip("-").lower()
+    return s[:32] or "model"
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    path: Path
+    model: str
+    board: str
+    created: str
+    updated: str
+    states: dict[str, str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "path": str(self.path), "model": self.model, "board": self.board,
+                "created": self.created, "updated": self.updated, "states": self.states}
+
+
+class Workspace:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = (root or default_workspace()).expanduser().resolve()
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    def run_dir(self, run_id: str) -> Path:
+        if not _RUN_ID_RE.match(run_id):
+            raise RunNotFound(f"'{run_id}' is not a valid run id.")
+        return self.runs_dir / run_id
+
+    def create_run(self, model: str, board: str, settings: dict[str, Any] | None = None,
+                   include_host: bool = True) -> RunManifest:
+        merged = dict(DEFAULT_RUN_SETTINGS)
+        merged.update(settings or {})
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(model)}-{_secrets.token_hex(2)}"
+        run_dir = self.runs_dir / run_id
+        # Build the run in a hidden temp folder, then rename: never a half-made run.
+        tmp = self.runs_dir / f".creating-{run_id}"
+        (tmp / "logs").mkdir(parents=True)
+        (tmp / "artifacts").mkdir()
+        m = RunManifest.new(tmp, run_id, {"model": model, "board": board, "settings": merged},
+                            collect_environment(include_host), package_versions())
+        m.save()
+        tmp.rename(run_dir)
+        return RunManifest.load(run_dir)
+
+    def open_run(self, run_id: str) -> RunManifest:
+        d = self.run_dir(run_id)
+        if not d.is_dir():
+            raise RunNotFound(f"No run '{run_id}' in {self.runs_dir}. `hexstudio runs list` shows the runs.")
+        m = RunManifest.load(d)
+        m.detect_interrupted()
+        return m
+
+    def list_runs(self) -> list[RunSummary]:
+        out = []
+        if not self.runs_dir.is_dir():
+            return out
+        for d in sorted(self.runs_dir.iterdir(), reverse=True):
+            if d.name.startswith(".") or not (d / "run.json").is_file():
+                continue
+            try:
+                data = json.loads((d / "run.json").read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                continue
+            out.append(RunSummary(
+                run_id=data.get("run_id", d.name), path=d,
+                model=data.get("inputs", {}).get("model", "?"), board=data.get("inputs", {}).get("board", "?"),
+                created=data.get("created", ""), updated=data.get("updated", ""),
+                states={k: v.get("state", "?") for k, v in data.get("stages", {}).items()},
+            ))
+        return out
+
+    def delete_run(self, run_id: str) -> None:
+        d = self.run_dir(run_id)
+        if not (d / "run.json").is_file():
+            raise RunNotFound(f"No run '{run_id}' in {self.runs_dir}.")
+        # Rename first so a half-deleted run never looks like a run.
+        trash = self.runs_dir / f".deleting-{run_id}-{_secrets.token_hex(2)}"
+        d.rename(trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def stage_log_path(manifest: RunManifest, stage: str) -> Path:
+    return manifest.run_dir / "logs" / f"{stage}.jsonl"
+
+
+def artifacts_dir(manifest: RunManifest, stage: str) -> Path:
+    return manifest.run_dir / "artifacts" / stage
+
+
+__all__ = ["ManifestError", "RunNotFound", "RunSummary", "Workspace", "artifacts_dir", "stage_log_path"]

@@ -1,0 +1,129 @@
+"""Studio settings: a versioned JSON file with migrations. No secrets here (see app.core.secrets).
+
+File: <config_dir>/settings.json, {"settings_version": N, ...}. Loading an older
+version runs each migration in order and saves the result atomically (the old
+file is kept as settings.json.v<N>.bak).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.core.atomic import write_json_atomic
+from app.core.paths import config_dir
+
+SETTINGS_VERSION = 2
+
+# Per-run defaults. Model-specific defaults (context length, parts) are filled by the
+# model stage from the model's size; these are the built-in model's.
+DEFAULT_RUN_SETTINGS: dict[str, Any] = {
+    "context_length": 512,
+    "ar_n": 128,
+    "parts": "auto",
+    "calibration_samples": 8,
+    "calibration_seq_len": 128,
+    "calibration_text": "builtin",
+    "validation_text": "builtin",
+    "weight_bits": 4,
+    "activation_bits": 16,
+    "kv_bits": 8,
+    "device": "Dragonwing IQ-9075 EVK",
+    "qairt_version": "2.42",
+    "compile_target": "auto",
+    "aihub_consent": False,
+    "benchmark_prompt": "What is the capital of France?",
+    "sampler": {"seed": 42, "temp": 0.0, "top_k": 1, "top_p": 1.0},
+    "thresholds": {},
+    "override_gates": [],
+}
+
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "settings_version": SETTINGS_VERSION,
+    "workspace": None,            # None: app.core.paths.default_workspace()
+    "boards": {},                 # name -> {host, port, user, auth, key_path, ssh_alias, qairt_home}
+    "default_board": "sim",
+    "aihub": {"api_url": "https://app.aihub.qualcomm.com", "web_url": "https://app.aihub.qualcomm.com"},
+    "run_defaults": {},           # overrides of DEFAULT_RUN_SETTINGS
+    "include_host_in_reports": False,
+}
+
+
+def _v0_to_v1(d: dict[str, Any]) -> dict[str, Any]:
+    # v0 (unversioned) kept boards as a list of {"name": ...}.
+    boards = d.get("boards", {})
+    if isinstance(boards, list):
+        d["boards"] = {b["name"]: {k: v for k, v in b.items() if k != "name"} for b in boards if "name" in b}
+    d["settings_version"] = 1
+    return d
+
+
+def _v1_to_v2(d: dict[str, Any]) -> dict[str, Any]:
+    # v1 stored the AI Hub URL as a flat key.
+    url = d.pop("aihub_url", None)
+    if url:
+        d.setdefault("aihub", {})["api_url"] = url
+        d["aihub"].setdefault("web_url", url)
+    d["settings_version"] = 2
+    return d
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1, 1: _v1_to_v2}
+
+
+class SettingsError(Exception):
+    pass
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    d = copy.deepcopy(data)
+    version = int(d.get("settings_version", 0))
+    if version > SETTINGS_VERSION:
+        raise SettingsError(f"settings were written by a newer HexStudio (version {version}, this one reads "
+                            f"up to {SETTINGS_VERSION}). Upgrade HexStudio or move the file away.")
+    while version < SETTINGS_VERSION:
+        d = MIGRATIONS[version](d)
+        version = int(d["settings_version"])
+    merged = copy.deepcopy(DEFAULT_SETTINGS)
+    merged.update(d)
+    return merged
+
+
+class Settings:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or (config_dir() / "settings.json")
+        self.data: dict[str, Any] = copy.deepcopy(DEFAULT_SETTINGS)
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> Settings:
+        s = cls(path)
+        if not s.path.exists():
+            return s
+        try:
+            raw = json.loads(s.path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SettingsError(f"{s.path} cannot be read ({exc}). Fix or delete it; HexStudio will "
+                                "recreate it with defaults.") from None
+        old = int(raw.get("settings_version", 0))
+        s.data = migrate(raw)
+        if old != SETTINGS_VERSION:
+            shutil.copy2(s.path, s.path.with_name(f"{s.path.name}.v{old}.bak"))
+            s.save()
+        return s
+
+    def save(self) -> None:
+        write_json_atomic(self.path, self.data)
+
+    def run_defaults(self) -> dict[str, Any]:
+        out = copy.deepcopy(DEFAULT_RUN_SETTINGS)
+        out.update(self.data.get("run_defaults") or {})
+        return out
+
+    @property
+    def boards(self) -> dict[str, dict[str, Any]]:
+        b: dict[str, dict[str, Any]] = self.data.setdefault("boards", {})
+        return b

@@ -1,0 +1,149 @@
+"""What every worker shares: reading its spec, the main wrapper, failures.
+
+A worker module looks like:
+
+    from workers.runtime import WorkerSpec, WorkerError, worker_main
+    from workers.protocol import Emitter
+
+    def run(spec: WorkerSpec, em: Emitter) -> dict:   # returns the done summary
+        ...
+
+    if __name__ == "__main__":
+        worker_main("quantize", run)
+
+Spec file (JSON), written by the studio's pipeline:
+    {"schema": 1, "stage": "quantize",
+     "run_dir": "/abs/runs/ID",
+     "out_dir": "/abs/runs/ID/artifacts/quantize.partial",  # write outputs ONLY here
+     "upstream": {"model": "/abs/runs/ID/artifacts/model", ...},  # completed stages' folders
+     "settings": {...},       # the run's settings (context_length, ar_n, ...)
+     "inputs": {...}}         # this stage's declared inputs, resolved
+Stdlib only: this file is copied to remote hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.protocol import Emitter
+
+SPEC_SCHEMA = 1
+
+
+class WorkerError(Exception):
+    """A failure a person can act on: code, message and what to do."""
+
+    def __init__(self, code: str, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.hint = hint
+
+
+class Cancelled(Exception):
+    """Raised inside a worker when the studio asked it to stop (SIGINT/SIGTERM)."""
+
+
+@dataclass
+class WorkerSpec:
+    stage: str
+    run_dir: Path
+    out_dir: Path
+    upstream: dict[str, Path] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: str | Path) -> WorkerSpec:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise WorkerError("spec_missing", f"Spec file {p} does not exist.",
+                              "Start workers through the studio or `hexstudio run`.") from None
+        except json.JSONDecodeError as exc:
+            raise WorkerError("spec_invalid", f"Spec file {p} is not valid JSON: {exc.msg}.") from None
+        if data.get("schema") != SPEC_SCHEMA:
+            raise WorkerError("spec_invalid", f"Spec schema {data.get('schema')!r} is not {SPEC_SCHEMA}.",
+                              "The studio and its workers come from different versions: reinstall.")
+        try:
+            return cls(
+                stage=str(data["stage"]),
+                run_dir=Path(data["run_dir"]),
+                out_dir=Path(data["out_dir"]),
+                upstream={k: Path(v) for k, v in (data.get("upstream") or {}).items()},
+                settings=dict(data.get("settings") or {}),
+                inputs=dict(data.get("inputs") or {}),
+                raw=data,
+            )
+        except KeyError as exc:
+            raise WorkerError("spec_invalid", f"Spec file lacks {exc}.") from None
+
+    def upstream_dir(self, stage: str) -> Path:
+        try:
+            return self.upstream[stage]
+        except KeyError:
+            raise WorkerError("missing_upstream", f"The {self.stage} stage needs the {stage} stage's output.",
+                              f"Run the {stage} stage first.") from None
+
+
+def _raise_cancelled(signum: int, _frame: Any) -> None:
+    raise Cancelled(signal.Signals(signum).name)
+
+
+def worker_main(stage: str, run: Callable[[WorkerSpec, Emitter], dict[str, Any] | None],
+                argv: list[str] | None = None) -> int:
+    """Parse --spec, run, and always end with exactly one `done` event."""
+    parser = argparse.ArgumentParser(prog=f"python -m workers.{stage}")
+    parser.add_argument("--spec", required=True, help="spec JSON written by the studio")
+    args = parser.parse_args(argv)
+    em = Emitter()
+    signal.signal(signal.SIGINT, _raise_cancelled)
+    signal.signal(signal.SIGTERM, _raise_cancelled)
+    code = 0
+    try:
+        spec = WorkerSpec.load(args.spec)
+        spec.out_dir.mkdir(parents=True, exist_ok=True)
+        summary = run(spec, em)
+        em.done(True, summary or {})
+    except Cancelled as exc:
+        em.error("cancelled", f"The {stage} stage was cancelled ({exc}).",
+                 "Nothing from this attempt is kept; start the stage again to redo it.")
+        em.done(False)
+        code = 130
+    except KeyboardInterrupt:
+        em.error("cancelled", f"The {stage} stage was cancelled.", None)
+        em.done(False)
+        code = 130
+    except WorkerError as exc:
+        em.error(exc.code, exc.message, exc.hint)
+        em.done(False)
+        code = 1
+    except MemoryError:
+        em.error("out_of_memory", f"The {stage} worker ran out of memory.",
+                 "Close other programs, use fewer calibration samples or more parts, or raise the WSL "
+                 "memory limit in %UserProfile%\\.wslconfig and run `wsl --shutdown`.")
+        em.done(False)
+        code = 1
+    except Exception as exc:  # a bug: say so, with the traceback on stderr
+        traceback.print_exc(file=sys.stderr)
+        em.error("internal", f"The {stage} worker crashed: {type(exc).__name__}: {exc}",
+                 "This is a HexStudio bug. The traceback is in the stage's log; please report it.")
+        em.done(False)
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+        except Exception:
+            pass
+    return code
+
