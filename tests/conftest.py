@@ -26,3 +26,19 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 @pytest.fixture
 def python_exe() -> str:
     return sys.executable
+
+
+# Prepared runs shared by every area (docs/CONTRACTS.md §6). Built once per pytest process;
+# copy the folder before changing it.
+@pytest.fixture(scope="session")
+def validated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.support.runs import build_validated_run
+
+    return build_validated_run(tmp_path_factory.mktemp("validated-ws"))
+
+
+@pytest.fixture(scope="session")
+def compiled_sim_run(validated_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.support.runs import build_compiled_sim_run
+
+    return build_compiled_sim_run(validated_run, tmp_path_factory.mktemp("compiled-ws"))
