@@ -98,6 +98,7 @@ class EventStream:
         self.bad_lines = 0
         self.last_error: dict[str, Any] | None = None
         self.done: dict[str, Any] | None = None
+        self._last_flush = time.monotonic()
 
     def feed(self, raw: bytes | str) -> None:
         try:
@@ -118,6 +119,10 @@ class EventStream:
                 self.done = ev
         if self.log is not None:
             self.log.write(json.dumps(ev, ensure_ascii=False) + "\n")
+            now = time.monotonic()
+            if now - self._last_flush > 0.25:  # the log on disk lags by at most ~¼ s (crash forensics)
+                self.log.flush()
+                self._last_flush = now
         if self.on_event is not None:
             self.on_event(ev)
 

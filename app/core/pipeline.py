@@ -25,7 +25,7 @@ from app.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHa
 from app.core.manifest import RunManifest, now_iso
 from app.core.runs import artifacts_dir, stage_log_path
 from app.core.sampler import ResourceSample
-from app.core.stages import STAGES, Stage, get_stage, stages_until
+from app.core.stages import STAGES, Stage, get_stage
 from workers.protocol import Emitter
 
 SPEC_SCHEMA = 1
@@ -120,10 +120,10 @@ def stage_is_current(m: RunManifest, stage: Stage, verify: bool = False) -> bool
     return True
 
 
-def display_state(m: RunManifest, name: str) -> str:
+def display_state(m: RunManifest, name: str, stage: Stage | None = None) -> str:
     """pending | running | done | failed | stale (done, but its inputs changed) | interrupted | cancelled."""
     st = m.stage(name)
-    if st.state == "done" and not stage_is_current(m, get_stage(name)):
+    if st.state == "done" and not stage_is_current(m, stage or get_stage(name)):
         return "stale"
     return st.state
 
@@ -142,8 +142,11 @@ class Pipeline:
     def __init__(self, manifest: RunManifest, runner: JobRunner | None = None,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None,
                  on_sample: Callable[[str, ResourceSample], None] | None = None,
-                 on_stage: Callable[[str, str], None] | None = None) -> None:
+                 on_stage: Callable[[str, str], None] | None = None,
+                 stages: tuple[Stage, ...] = STAGES) -> None:
         self.m = manifest
+        self.stages = stages
+        self._by_name = {s.name: s for s in stages}
         self.runner = runner or JobRunner()
         self.on_event = on_event
         self.on_sample = on_sample
@@ -154,7 +157,7 @@ class Pipeline:
     # -- public -------------------------------------------------------------
     async def run(self, until: str = "report", only: str | None = None, force: bool = False) -> PipelineResult:
         self.m.detect_interrupted()
-        targets = (get_stage(only),) if only else stages_until(until)
+        targets = self._targets(until, only)
         res = PipelineResult(True, None, "")
         for stage in targets:
             if self.cancel_event.is_set():
@@ -187,6 +190,14 @@ class Pipeline:
         res.message = f"completed up to {targets[-1].name}" if targets else "nothing to do"
         return res
 
+    def _targets(self, until: str, only: str | None) -> tuple[Stage, ...]:
+        if only:
+            return (self._by_name[only],) if only in self._by_name else (get_stage(only),)
+        names = [s.name for s in self.stages]
+        if until not in names:
+            get_stage(until)  # raises with the list of stages
+        return self.stages[: names.index(until) + 1]
+
     def _override_record(self, name: str) -> dict[str, Any] | None:
         for ev in reversed(self.m.data.get("events", [])):
             if ev.get("kind") == "gate_override" and ev.get("stage") == name:
@@ -213,7 +224,7 @@ class Pipeline:
 
     def _upstream(self, stage: Stage) -> dict[str, Path]:
         up = {}
-        for s in STAGES:
+        for s in self.stages:
             if self.m.stage(s.name).state == "done" and artifacts_dir(self.m, s.name).is_dir():
                 up[s.name] = artifacts_dir(self.m, s.name)
         return {k: v for k, v in up.items() if k != stage.name}
@@ -243,15 +254,23 @@ class Pipeline:
             if self.on_event is not None:
                 self.on_event(stage.name, ev)
 
+        res_path = m.run_dir / "logs" / f"{stage.name}.resources.jsonl"
+        res_path.parent.mkdir(parents=True, exist_ok=True)
+        res_log = open(res_path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
+
         def sample(s: ResourceSample) -> None:
+            res_log.write(json.dumps(s.as_json()) + "\n")
             if self.on_sample is not None:
                 self.on_sample(stage.name, s)
 
         log_path = stage_log_path(m, stage.name)
-        if stage.worker is not None:
-            result = await self._run_worker(stage, partial, handle, sample, log_path)
-        else:
-            result = await self._run_action(stage, partial, handle, log_path)
+        try:
+            if stage.worker is not None:
+                result = await self._run_worker(stage, partial, handle, sample, log_path)
+            else:
+                result = await self._run_action(stage, partial, handle, log_path)
+        finally:
+            res_log.close()
 
         st["ended"] = now_iso()
         st["duration_s"] = round(result.duration_s, 3)

@@ -44,8 +44,8 @@ class RunSummary:
 
 
 class Workspace:
-    def __init__(self, root: Path | None = None) -> None:
-        self.root = (root or default_workspace()).expanduser().resolve()
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root or default_workspace()).expanduser().resolve()
 
     @property
     def runs_dir(self) -> Path:

@@ -1,0 +1,138 @@
+"""Protocol, manifest schema, atomic writes, settings migrations, secrets, CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from app.core import secrets
+from app.core.atomic import atomic_writer, write_json_atomic
+from app.core.manifest import ManifestError, RunManifest, validate_manifest
+from app.core.runs import RunNotFound, Workspace
+from app.core.settings import SETTINGS_VERSION, Settings, SettingsError
+from workers.protocol import Emitter, ProtocolError, event_json_schema, parse_event
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_emitted_events_parse_and_match_the_published_schema() -> None:
+    buf = io.StringIO()
+    em = Emitter(buf)
+    em.progress(0.25, "calibrating part 1/5", part=1, parts=5)
+    em.log("hello", level="warn")
+    em.metric("top1_agreement", 0.97, unit="")
+    em.artifact("parts/x.onnx", kind="onnx")
+    em.warning("low disk", hint="free 20 GB")
+    em.error("oom", "out of memory", "use more parts")
+    em.done(False)
+    schema = event_json_schema()
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 7
+    for line in lines:
+        ev = parse_event(line)
+        jsonschema.validate(ev, schema)
+
+
+@pytest.mark.parametrize("line", [
+    "", "hello", "[1,2]", '{"v": 2, "type": "log", "message": "x"}', '{"v": 1, "type": "nope"}',
+    '{"v": 1, "type": "progress", "fraction": 1.5, "message": ""}',
+    '{"v": 1, "type": "progress", "fraction": true, "message": ""}',
+    '{"v": 1, "type": "error", "message": "no code"}', b"\xff\xfe",
+])
+def test_bad_protocol_lines_are_rejected(line: str | bytes) -> None:
+    with pytest.raises(ProtocolError):
+        parse_event(line)
+
+
+def test_atomic_writer_keeps_old_content_on_failure(tmp_path: Path) -> None:
+    target = tmp_path / "run.json"
+    write_json_atomic(target, {"a": 1})
+    with pytest.raises(RuntimeError), atomic_writer(target) as fh:
+        fh.write('{"half": ')
+        raise RuntimeError("crash mid-write")
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # no temp file left
+
+
+def test_new_run_validates_and_corrupt_manifest_is_explained(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path)
+    m = ws.create_run("builtin:tiny-llama", "sim")
+    validate_manifest(json.loads(m.path.read_text()))
+    assert not any(p.name.startswith(".") for p in ws.runs_dir.iterdir())
+    m.path.write_text("{ truncated")
+    with pytest.raises(ManifestError, match="cannot be read"):
+        RunManifest.load(m.run_dir)
+    with pytest.raises(RunNotFound, match="runs list"):
+        ws.open_run("20990101-000000-nope-0000")
+    with pytest.raises(RunNotFound):
+        ws.run_dir("../../etc")
+
+
+def test_delete_run_removes_everything(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path)
+    m = ws.create_run("builtin:tiny-llama", "sim")
+    ws.delete_run(m.run_id)
+    assert ws.list_runs() == []
+    assert list(ws.runs_dir.iterdir()) == []
+
+
+def test_settings_migrate_from_v0_and_keep_a_backup(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"boards": [{"name": "evk", "host": "10.0.0.5", "user": "ubuntu"}],
+                                "aihub_url": "https://example.invalid"}))
+    s = Settings.load(path)
+    assert s.data["settings_version"] == SETTINGS_VERSION
+    assert s.boards == {"evk": {"host": "10.0.0.5", "user": "ubuntu"}}
+    assert s.data["aihub"]["api_url"] == "https://example.invalid"
+    assert (tmp_path / "settings.json.v0.bak").exists()
+    assert json.loads(path.read_text())["settings_version"] == SETTINGS_VERSION
+    path.write_text(json.dumps({"settings_version": SETTINGS_VERSION + 1}))
+    with pytest.raises(SettingsError, match="newer HexStudio"):
+        Settings.load(path)
+
+
+def test_secrets_use_the_test_keyring_not_the_system_one() -> None:
+    import keyring
+
+    assert type(keyring.get_keyring()).__name__ == "PlaintextKeyring"
+    secrets.set_secret(secrets.AIHUB_TOKEN, "canary-token-123")
+    assert secrets.get_secret(secrets.AIHUB_TOKEN) == "canary-token-123"
+    assert "canary-token-123" in secrets.known_secret_values()
+    secrets.delete_secret(secrets.AIHUB_TOKEN)
+    assert secrets.get_secret(secrets.AIHUB_TOKEN) is None
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("hexstudio")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, cwd=REPO)
+
+
+def test_cli_runs_list_show_json(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path)
+    m = ws.create_run("builtin:tiny-llama", "sim")
+    out = _cli("runs", "list", "--json", "--workspace", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    runs = json.loads(out.stdout)["runs"]
+    assert [r["run_id"] for r in runs] == [m.run_id]
+    show = _cli("runs", "show", m.run_id, "--json", "--workspace", str(tmp_path))
+    data = json.loads(show.stdout)
+    assert data["run_id"] == m.run_id and data["display_states"]["model"] == "pending"
+    missing = _cli("runs", "show", "nope-1", "--workspace", str(tmp_path))
+    assert missing.returncode == 1 and "runs list" in missing.stderr
+
+
+def test_worker_dispatch_refuses_unknown_workers(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text("{}")
+    a = _cli("--worker", "no_such_stage", "--spec", str(spec))
+    assert a.returncode == 2 and "there is no worker 'no_such_stage'" in a.stderr
+    b = _cli("--worker", "../etc", "--spec", str(spec))
+    assert b.returncode == 2 and "not a worker name" in b.stderr

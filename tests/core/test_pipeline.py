@@ -1,0 +1,251 @@
+"""The pipeline and job runner with real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.jobs import EventStream, classify
+from app.core.manifest import RunManifest, validate_manifest
+from app.core.pipeline import Pipeline, display_state
+from app.core.runs import Workspace
+from app.core.stages import get_stage
+from tests.core.conftest import fake_stages
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(pipe: Pipeline, until: str) -> Any:
+    return asyncio.run(pipe.run(until=until))
+
+
+def test_ok_run_records_artifacts_and_validates(workspace: Workspace) -> None:
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    res = _run(Pipeline(m, stages=fake_stages()), "preflight")
+    assert res.ok, res
+    assert res.ran == ["model", "preflight"]
+    data = json.loads((m.run_dir / "run.json").read_text())
+    validate_manifest(data)
+    st = data["stages"]["model"]
+    assert st["state"] == "done"
+    assert st["metrics"]["answer"]["value"] == 42
+    (art,) = st["artifacts"]
+    assert art["path"] == "artifacts/model/result.txt" and art["role"] == "result"
+    assert len(art["sha256"]) == 64 and art["size"] == (m.run_dir / art["path"]).stat().st_size
+    assert not (m.run_dir / "artifacts" / "model.partial").exists()
+    # the resource sampler wrote a time series for the report/GUI
+    assert (m.run_dir / "logs" / "model.resources.jsonl").exists()
+    assert (m.run_dir / "logs" / "model.jsonl").read_text().count('"type": "done"') == 1
+
+
+def test_resume_skips_current_stages_and_reruns_changed_ones(workspace: Workspace) -> None:
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    assert _run(Pipeline(m, stages=fake_stages()), "preflight").ok
+    m2 = workspace.open_run(m.run_id)
+    res = _run(Pipeline(m2, stages=fake_stages()), "preflight")
+    assert res.ok and res.ran == [] and res.skipped == ["model", "preflight"]
+    # a changed input makes the stage stale and it runs again
+    m2.settings["context_length"] = 1024
+    m2.save()
+    model_stage = fake_stages()[0]
+    assert display_state(m2, "model", model_stage) == "stale"
+    res = _run(Pipeline(m2, stages=fake_stages()), "preflight")
+    # model's output changed (the test worker writes its pid), so preflight re-runs too
+    assert res.ran == ["model", "preflight"]
+    assert display_state(m2, "model", model_stage) == "done"
+
+
+def _start_pipeline_in_thread(m: RunManifest, until: str) -> tuple[dict[str, Any], Any]:
+    """Run the pipeline on its own loop in a thread; return (shared state, thread)."""
+    import threading
+
+    shared: dict[str, Any] = {"progress": 0}
+
+    def on_event(stage: str, ev: dict[str, Any]) -> None:
+        if ev["type"] == "progress":
+            shared["progress"] += 1
+
+    pipe = Pipeline(m, stages=fake_stages(), on_event=on_event)
+    shared["pipe"] = pipe
+
+    def target() -> None:
+        async def go() -> None:
+            shared["loop"] = asyncio.get_running_loop()
+            shared["result"] = await pipe.run(until=until)
+        asyncio.run(go())
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    return shared, th
+
+
+def _wait(cond: Any, timeout: float = 30.0) -> None:
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > timeout:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.02)
+
+
+def test_kill9_of_worker_leaves_run_intact_and_resume_completes(workspace: Workspace) -> None:
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 1.5})
+    shared, th = _start_pipeline_in_thread(m, "model")
+    _wait(lambda: shared["progress"] >= 3 and shared["pipe"].current_job is not None)
+    job = shared["pipe"].current_job
+    os.kill(job.proc.pid, signal.SIGKILL)
+    th.join(30)
+    res = shared["result"]
+    assert not res.ok
+    data = json.loads((m.run_dir / "run.json").read_text())  # intact, parseable
+    validate_manifest(data)
+    st = data["stages"]["model"]
+    assert st["state"] == "interrupted"
+    assert st["outcome"]["kind"] == "killed" and "SIGKILL" in st["outcome"]["message"]
+    assert not (m.run_dir / "artifacts" / "model").exists()
+    assert not (m.run_dir / "artifacts" / "model.partial").exists()
+    m2 = workspace.open_run(m.run_id)
+    res2 = asyncio.run(Pipeline(m2, stages=fake_stages()).run(until="model"))
+    assert res2.ok and res2.ran == ["model"]
+    assert (m2.run_dir / "artifacts" / "model" / "result.txt").read_text() == "complete\n"
+    assert m2.stage("model").data["attempts"] == 2
+
+
+def test_kill9_of_the_studio_process_marks_stage_interrupted(workspace: Workspace, tmp_path: Path) -> None:
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 30})
+    script = tmp_path / "drive.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "from app.core.runs import Workspace\n"
+        "from app.core.pipeline import Pipeline\n"
+        "from tests.core.conftest import fake_stages\n"
+        f"m = Workspace({str(workspace.root)!r}).open_run({m.run_id!r})\n"
+        "asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env)
+    log = m.run_dir / "logs" / "model.jsonl"
+    _wait(lambda: proc.poll() is not None or (log.exists() and log.read_text().count("progress") >= 3))
+    assert proc.poll() is None, "the driver process died early"
+    proc.kill()
+    proc.wait()
+    m2 = workspace.open_run(m.run_id)  # detects the dead owner
+    assert m2.stage("model").state == "interrupted"
+    m2.settings["seconds"] = 0.2
+    m2.save()
+    res = asyncio.run(Pipeline(m2, stages=fake_stages()).run(until="model"))
+    assert res.ok
+    assert m2.stage("model").state == "done"
+
+
+@pytest.mark.parametrize(("mode", "kind", "needle"), [
+    ("garbage", "failed", "without reporting 'done'"),
+    ("crash", "failed", "exit code 3"),
+    ("error", "failed", "The calibration file is empty."),
+])
+def test_worker_failures_are_clear(workspace: Workspace, mode: str, kind: str, needle: str) -> None:
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": mode})
+    res = _run(Pipeline(m, stages=fake_stages()), "model")
+    assert not res.ok and res.stopped_at == "model"
+    out = m.stage("model").data["outcome"]
+    assert out["kind"] == kind
+    assert needle in out["message"]
+    if mode == "crash":
+        assert "segfault-like crash" in out["message"]
+    if mode == "error":
+        assert out["code"] == "bad_input" and out["hint"] == "Choose a text file with some prose."
+    assert m.stage("model").state == "failed"
+    assert not (m.run_dir / "artifacts" / "model").exists()
+
+
+def test_cancel_leaves_no_orphan_process(workspace: Workspace, tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 60,
+                                                           "child_pidfile": str(pidfile)})
+    shared, th = _start_pipeline_in_thread(m, "model")
+    _wait(lambda: pidfile.exists() and pidfile.read_text() and shared["pipe"].current_job is not None)
+    job = shared["pipe"].current_job
+    pgid = job.pgid
+    child = int(pidfile.read_text())
+    fut = asyncio.run_coroutine_threadsafe(shared["pipe"].cancel(), shared["loop"])
+    fut.result(30)
+    th.join(30)
+    assert shared["result"].ok is False
+    assert m.stage("model").state == "cancelled"
+    _wait(lambda: not _group_members(pgid), 10)
+    _wait(lambda: not _alive(child), 10)
+    assert not (m.run_dir / "artifacts" / "model").exists()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in a process group."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill 0; look at its state
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_missing_worker_reports_not_implemented(workspace: Workspace) -> None:
+    import dataclasses
+
+    stage = dataclasses.replace(get_stage("compile"), worker="workers.no_such_worker", needs=())
+    m = workspace.create_run("builtin:tiny-llama", "sim", {})
+    res = asyncio.run(Pipeline(m, stages=(stage,)).run(until="compile"))
+    assert not res.ok
+    assert m.stage("compile").data["outcome"]["kind"] == "not_implemented"
+    assert "not implemented yet" in res.message
+
+
+def test_sigkill_at_high_rss_is_reported_as_likely_oom() -> None:
+    stream = EventStream(None, None)
+    r = classify(-9, stream, False, peak_rss=10**15, stderr_tail="", what="The Quantize stage")
+    assert r.kind == "oom"
+    assert "likely out of memory" in r.message
+    assert ".wslconfig" in (r.hint or "") and "wsl --shutdown" in (r.hint or "")
+    r2 = classify(-9, stream, False, peak_rss=10**6, stderr_tail="", what="x")
+    assert r2.kind == "killed"
+
+
+def test_gate_failure_stops_and_override_is_recorded(workspace: Workspace) -> None:
+    import dataclasses
+
+    from app.core.stages import GateResult
+
+    def gate(_m: RunManifest) -> GateResult:
+        return GateResult(False, "threshold missed", overridable=True)
+
+    st = dataclasses.replace(fake_stages(("model",))[0], gate=gate)
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    pipe = Pipeline(m, stages=(st,))
+    res = asyncio.run(pipe.run(until="model"))
+    assert not res.ok and "gate not passed" in res.message and "--override-gate" in (res.hint or "")
+    pipe.override_gate("model", "accepted by the user: toy model")
+    res = asyncio.run(Pipeline(m, stages=(st,)).run(until="model"))
+    assert res.ok
+    assert m.stage("model").data["gate"]["override"]["reason"] == "accepted by the user: toy model"
