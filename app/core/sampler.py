@@ -65,7 +65,9 @@ class TreeSampler:
     peak_rss: int = 0
     peak_vram: int | None = None
     _nvml: _Nvml | None = None
+    tree_refresh_s: float = 1.0
     _procs: dict[int, psutil.Process] = field(default_factory=dict)
+    _tree_at: float = -1e9
 
     def __post_init__(self) -> None:
         self._nvml = _Nvml()
@@ -75,8 +77,14 @@ class TreeSampler:
             self._root = None
 
     def _tree(self) -> list[psutil.Process]:
+        """The root and its descendants. Finding descendants scans every process on the machine,
+        so it is refreshed once a second; RSS is read from the known processes at every sample."""
         if self._root is None:
             return []
+        now = time.monotonic()
+        if now - self._tree_at < self.tree_refresh_s and self._procs:
+            return list(self._procs.values())
+        self._tree_at = now
         try:
             kids = self._root.children(recursive=True)
         except psutil.Error:
