@@ -81,7 +81,7 @@ class Workspace:
         return m
 
     def list_runs(self) -> list[RunSummary]:
-        out = []
+        out: list[RunSummary] = []
         if not self.runs_dir.is_dir():
             return out
         for d in sorted(self.runs_dir.iterdir(), reverse=True):

@@ -30,7 +30,7 @@ def _parse_set(values: list[str]) -> dict[str, Any]:
     return out
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="create or resume a run and take it through the stages")
     p.add_argument("--model", default=None, help=f"model: {BUILTIN_MODEL_ID} (default), a Hugging Face id, or a folder")
     p.add_argument("--board", default=None, help="board: sim (default, the simulator) or a configured board name")

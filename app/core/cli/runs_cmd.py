@@ -11,7 +11,7 @@ from app.core.runs import RunNotFound
 from app.core.stages import STAGES
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("runs", help="list, show or delete runs")
     rs = p.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
     pl = rs.add_parser("list", help="list runs, newest first")
