@@ -22,7 +22,7 @@ SETTINGS_VERSION = 2
 # Per-run defaults. Model-specific defaults (context length, parts) are filled by the
 # model stage from the model's size; these are the built-in model's.
 DEFAULT_RUN_SETTINGS: dict[str, Any] = {
-    "context_length": 512,
+    "context_length": "auto",     # built-in model 512, others 4096 (the model stage resolves it)
     "ar_n": 128,
     "parts": "auto",
     "calibration_samples": 8,

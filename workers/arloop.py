@@ -1,0 +1,157 @@
+"""Run the deployment pair as the board does: the prompt processor over AR-N blocks of the
+prompt, then the token generator one token at a time on the KV cache (docs/CONTRACTS.md §2).
+
+numpy + onnxruntime only: used by validation on the workstation and by the simulator board.
+
+    pair = DeploymentPair.from_graphs(graphs, base_dir, variant="sim", context_length=512, ar_n=128)
+    logits = pair.prefill(token_ids)   # logits [V] at the last prompt token
+    logits = pair.step(token_id)       # one AR-1 step
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MASK_VALUE = -1000.0
+
+
+class ContextFull(RuntimeError):
+    """The KV cache holds context_length tokens: no room for more."""
+
+
+class PartChain:
+    """The parts of one graph kind (prompt processor or token generator), run in order."""
+
+    def __init__(self, sessions: list[Any], layers: list[list[int]], seq_len: int) -> None:
+        self.sessions = sessions
+        self.layers = layers
+        self.seq_len = seq_len
+        self.input_names = [[i.name for i in s.get_inputs()] for s in sessions]
+
+    def run(self, first_input: np.ndarray, mask: np.ndarray, pos: np.ndarray,
+            past: dict[int, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]:
+        x = first_input
+        new: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for sess, layers, names in zip(self.sessions, self.layers, self.input_names, strict=True):
+            feed: dict[str, np.ndarray] = {names[0]: x, names[1]: mask, names[2]: pos}
+            for j, li in enumerate(layers):
+                feed[names[3 + 2 * j]] = past[li][0]
+                feed[names[4 + 2 * j]] = past[li][1]
+            outs = sess.run(None, feed)  # by position: quantized graphs rename their outputs
+            x = outs[0]
+            for j, li in enumerate(layers):
+                new[li] = (outs[1 + 2 * j], outs[2 + 2 * j])
+        return x, new
+
+
+class DeploymentPair:
+    def __init__(self, prompt: PartChain, token: PartChain, context_length: int, num_kv_heads: int,
+                 head_dim: int, layers: list[int]) -> None:
+        self.prompt = prompt
+        self.token = token
+        self.capacity = context_length
+        self.ar_n = prompt.seq_len
+        self.layers = layers
+        self._k = {li: np.zeros((1, num_kv_heads, head_dim, context_length), np.float32) for li in layers}
+        self._v = {li: np.zeros((1, num_kv_heads, context_length, head_dim), np.float32) for li in layers}
+        self.n_past = 0
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def from_graphs(cls, graphs: Sequence[dict[str, Any]], base_dir: str | Path, variant: str = "sim",
+                    context_length: int | None = None, ar_n: int | None = None,
+                    intra_op_threads: int = 1, providers: list[str] | None = None) -> DeploymentPair:
+        import onnxruntime as ort
+
+        key = {"sim": "sim_onnx", "float": "float_onnx", "quantsim": "sim_onnx"}[variant]
+        base = Path(base_dir)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        chains: dict[str, PartChain] = {}
+        for kind in ("prompt_processor", "token_generator"):
+            gs = sorted((g for g in graphs if g["kind"] == kind), key=lambda g: g["part"])
+            if not gs:
+                raise ValueError(f"no {kind} graphs in the graph list")
+            sessions = [ort.InferenceSession(str(base / g[key]), opts, providers=providers or ["CPUExecutionProvider"])
+                        for g in gs]
+            chains[kind] = PartChain(sessions, [list(g["layers"]) for g in gs], int(gs[0]["seq_len"]))
+        p = chains["prompt_processor"]
+        # shapes from the first part's past_key input: [1, KVH, HD, CL - S]
+        first = p.sessions[0].get_inputs()[3].shape
+        kvh, hd = int(first[1]), int(first[2])
+        cl = context_length or int(first[3]) + p.seq_len
+        if ar_n is not None and ar_n != p.seq_len:
+            raise ValueError(f"the prompt processor graphs have AR-{p.seq_len}, not AR-{ar_n}")
+        layers = sorted(li for ls in p.layers for li in ls)
+        return cls(p, chains["token_generator"], cl, kvh, hd, layers)
+
+    # -- running ------------------------------------------------------------
+    def reset(self) -> None:
+        self.n_past = 0
+
+    def _run(self, chain: PartChain, ids: list[int]) -> np.ndarray:
+        s = chain.seq_len
+        m = len(ids)
+        past_len = self.capacity - s
+        if self.n_past + s > self.capacity or self.n_past > past_len:
+            raise ContextFull(f"the context holds {self.n_past} of {self.capacity} tokens; no room for a "
+                              f"{s}-token block")
+        x = np.zeros((1, s), np.int32)
+        x[0, :m] = ids
+        pos = (self.n_past + np.arange(s, dtype=np.int32))[None]
+        mask = np.full((1, 1, s, self.capacity), MASK_VALUE, np.float32)
+        mask[0, 0, :, : self.n_past] = 0.0
+        cur = np.tril(np.ones((s, s), bool))
+        mask[0, 0, :, past_len:][cur] = 0.0
+        past = {li: (self._k[li][..., :past_len], self._v[li][:, :, :past_len]) for li in self.layers}
+        logits, new = chain.run(x, mask, pos, past)
+        for li, (k, v) in new.items():
+            self._k[li][..., self.n_past:self.n_past + m] = k[..., :m]
+            self._v[li][:, :, self.n_past:self.n_past + m] = v[:, :, :m]
+        self.n_past += m
+        return np.asarray(logits[0, m - 1], dtype=np.float32)
+
+    def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Feed a prompt in AR-N blocks (the last one padded); returns logits at its last token.
+        Tokens that no longer fit a whole AR-N block near the end of the context go through AR-1."""
+        ids = list(token_ids)
+        if not ids:
+            raise ValueError("empty prompt")
+        if self.n_past + len(ids) > self.capacity:
+            raise ContextFull(f"the prompt ({len(ids)} tokens) does not fit: {self.n_past} of "
+                              f"{self.capacity} context tokens are used")
+        logits: np.ndarray | None = None
+        i = 0
+        while i < len(ids):
+            if self.n_past + self.ar_n <= self.capacity:
+                block = ids[i:i + self.ar_n]
+                logits = self._run(self.prompt, block)
+                i += len(block)
+            else:
+                logits = self._run(self.token, [ids[i]])
+                i += 1
+        assert logits is not None
+        return logits
+
+    def step(self, token_id: int) -> np.ndarray:
+        if self.n_past >= self.capacity:
+            raise ContextFull(f"the context is full ({self.capacity} tokens)")
+        return self._run(self.token, [int(token_id)])
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = ()) -> list[int]:
+        """Greedy continuation (for validation)."""
+        logits = self.prefill(prompt_ids)
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            tok = int(np.argmax(logits))
+            out.append(tok)
+            if tok in eos_ids or self.n_past >= self.capacity:
+                break
+            logits = self.step(tok)
+        return out

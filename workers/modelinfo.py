@@ -1,0 +1,236 @@
+"""What a Hugging Face model is, whether HexStudio supports it, and what each stage will cost.
+
+Pure Python (json only): the studio imports it for `hexstudio model inspect` and preflight,
+so a user can check a model from its config.json alone, before downloading 16 GB.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+GiB = 1024**3
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MistralForCausalLM": "mistral",
+}
+# Refused, with why: the Genie "basic" dialog and HexStudio's export handle dense decoders only.
+REFUSED = {
+    "mamba": "a state-space (Mamba) model: it has no attention KV cache, which the prompt processor / "
+             "token generator export and Genie's basic dialog need",
+    "moe": "a mixture-of-experts model: expert routing is not supported by HexStudio's part export",
+    "hybrid": "a hybrid attention/state-space model: its recurrent layers have no KV-cache graph layout",
+}
+
+# The reference recipe (facts/workstation.md): Llama-3.1-8B, context 4096, AIMET-ONNX on an RTX 5090.
+REFERENCE = {
+    "model": "Llama-3.1-8B (Nemotron-Nano-8B)",
+    "context_length": 4096,
+    "quantize_peak_rss_bytes": 182_062_912 * 1024,
+    "quantize_wall_s": 44 * 60 + 59,
+    "disk_bytes": 200 * 10**9,
+    "bundle_bytes": 5 * 10**9,
+    "min_ram_plus_swap_bytes": 150 * 10**9,
+    "vram_guidance_bytes": 80 * 10**9,
+}
+
+FIXED_OVERHEAD_BYTES = int(0.6 * GiB)  # Python + onnxruntime + aimet_onnx import (~0.5 GB measured)
+PARTWISE_FACTOR = 2.5                  # x the largest part's FP16 weight bytes (sequential calibration)
+WHOLE_QUANTSIM_BYTES_PER_PARAM = 30    # 20-40 measured on this machine (facts/quantization.md)
+
+
+class ModelInfoError(ValueError):
+    """config.json is missing or unreadable."""
+
+
+def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+def _classify(cfg: dict[str, Any]) -> tuple[bool, str, str]:
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else str(cfg.get("model_type", "unknown"))
+    mt = str(cfg.get("model_type", "")).lower()
+    low = arch.lower()
+    if "mamba" in low or "mamba" in mt or "ssm" in mt:
+        kind = "hybrid" if ("hybrid" in low or "nemotronh" in low or cfg.get("hybrid_override_pattern")) else "mamba"
+        return False, arch, f"{arch} is {REFUSED[kind]}."
+    if cfg.get("hybrid_override_pattern") or "jamba" in low or "nemotronh" in low or cfg.get("layer_types") \
+            and any(t not in ("full_attention", "sliding_attention") for t in cfg.get("layer_types") or []):
+        return False, arch, f"{arch} is {REFUSED['hybrid']}."
+    if any(cfg.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")) \
+            or "moe" in low or "mixtral" in low:
+        return False, arch, f"{arch} is {REFUSED['moe']}."
+    if arch in SUPPORTED_ARCHITECTURES:
+        return True, arch, f"{arch} is a dense Llama-family decoder: supported."
+    return False, arch, (f"{arch} is not a supported architecture. HexStudio supports dense Llama-family "
+                         f"decoders: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}.")
+
+
+def count_parameters(cfg: dict[str, Any]) -> int:
+    h = int(cfg["hidden_size"])
+    layers = int(cfg["num_hidden_layers"])
+    heads = int(cfg["num_attention_heads"])
+    kvh = int(_first(cfg, "num_key_value_heads", default=heads))
+    hd = int(_first(cfg, "head_dim", default=h // heads))
+    ffn = int(cfg["intermediate_size"])
+    vocab = int(cfg["vocab_size"])
+    attn = h * heads * hd + 2 * h * kvh * hd + heads * hd * h
+    if cfg.get("attention_bias"):
+        attn += heads * hd + 2 * kvh * hd
+    mlp = 3 * h * ffn
+    norms = 2 * h
+    if str(cfg.get("model_type", "")).lower() == "qwen3":
+        norms += 2 * hd  # q_norm, k_norm
+    if str(cfg.get("model_type", "")).lower() == "qwen2":
+        attn += heads * hd + 2 * kvh * hd  # qkv biases
+    emb = vocab * h
+    head = 0 if cfg.get("tie_word_embeddings") else vocab * h
+    return layers * (attn + mlp + norms) + emb + head + h
+
+
+def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    supported, arch, reason = _classify(cfg)
+    info: dict[str, Any] = {"architecture": arch, "model_type": cfg.get("model_type"),
+                            "supported": supported, "reason": reason}
+    try:
+        heads = int(cfg["num_attention_heads"])
+        h = int(cfg["hidden_size"])
+        eos = cfg.get("eos_token_id")
+        info.update({
+            "num_parameters": count_parameters(cfg) if supported else None,
+            "num_layers": int(cfg["num_hidden_layers"]),
+            "hidden_size": h,
+            "num_heads": heads,
+            "num_kv_heads": int(_first(cfg, "num_key_value_heads", default=heads)),
+            "head_dim": int(_first(cfg, "head_dim", default=h // heads)),
+            "intermediate_size": int(_first(cfg, "intermediate_size", default=0)),
+            "vocab_size": int(cfg["vocab_size"]),
+            "rope_theta": float(_first(cfg, "rope_theta", default=(cfg.get("rope_parameters") or {}).get(
+                "rope_theta", 10000.0))),
+            "rope_scaling": cfg.get("rope_scaling"),
+            "max_position_embeddings": int(_first(cfg, "max_position_embeddings", default=2048)),
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+            "bos_token_id": cfg.get("bos_token_id"),
+            "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
+        })
+    except (KeyError, TypeError, ValueError) as exc:
+        if supported:
+            info.update({"supported": False, "reason": f"config.json lacks or has a bad {exc}: it is incomplete."})
+    return info
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelInfoError(f"{path} does not exist. A Hugging Face model folder holds config.json, "
+                             "the tokenizer files and *.safetensors.") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelInfoError(f"{path} cannot be read: {exc}. Download the model again.") from None
+    if not isinstance(data, dict):
+        raise ModelInfoError(f"{path} is not a JSON object.")
+    return data
+
+
+def inspect_folder(folder: str | Path) -> dict[str, Any]:
+    """Inspect a Hugging Face folder; needs only config.json."""
+    info = inspect_config(read_config(folder))
+    p = Path(folder)
+    info["files"] = {
+        "config": True,
+        "tokenizer": (p / "tokenizer.json").is_file(),
+        "chat_template": _has_chat_template(p),
+        "safetensors": sorted(x.name for x in p.glob("*.safetensors")),
+    }
+    return info
+
+
+def _has_chat_template(p: Path) -> bool:
+    if (p / "chat_template.jinja").is_file():
+        return True
+    try:
+        return bool(json.loads((p / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def default_parts(info: dict[str, Any]) -> int:
+    """How many parts to split the model in: ~1.6B parameters per part (8B -> 5), at least 1,
+    2 for tiny models so part chaining is always exercised, never more than the layer count."""
+    n = int(info.get("num_parameters") or 0)
+    layers = int(info.get("num_layers") or 1)
+    parts = 2 if n < 100_000_000 else max(1, round(n / 1.6e9))
+    return max(1, min(parts, layers))
+
+
+def layer_ranges(num_layers: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) layer ranges, as even as possible (earlier parts take the extra layer)."""
+    base, extra = divmod(num_layers, parts)
+    out, start = [], 0
+    for k in range(parts):
+        stop = start + base + (1 if k < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def check_context(info: dict[str, Any], context_length: int, ar_n: int) -> str | None:
+    """An error message, or None when the context length is usable."""
+    if ar_n <= 0 or context_length <= 0:
+        return "context_length and ar_n must be positive."
+    if context_length % ar_n:
+        lo, hi = context_length // ar_n * ar_n, (context_length // ar_n + 1) * ar_n
+        return (f"context_length {context_length} is not a multiple of AR-N {ar_n}: the prompt processor "
+                f"consumes the context in blocks of {ar_n} tokens. Use {max(lo, ar_n)} or {hi}.")
+    if context_length <= ar_n:
+        return f"context_length {context_length} must be larger than AR-N {ar_n}."
+    maxpos = int(info.get("max_position_embeddings") or 0)
+    if maxpos and context_length > maxpos:
+        return (f"context_length {context_length} is beyond what the model was trained for "
+                f"(max_position_embeddings {maxpos}). Use at most {maxpos}.")
+    return None
+
+
+def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: int | None = None,
+             calibration_samples: int = 20, calibration_seq_len: int = 2048) -> dict[str, Any]:
+    """Memory and disk each stage needs, in bytes (planning figures, not guarantees)."""
+    n = int(info.get("num_parameters") or 0)
+    parts = parts or default_parts(info)
+    layers = int(info.get("num_layers") or 1)
+    h = int(info.get("hidden_size") or 0)
+    vocab = int(info.get("vocab_size") or 0)
+    kvh = int(info.get("num_kv_heads") or 1)
+    hd = int(info.get("head_dim") or 1)
+    emb = vocab * h
+    per_layer = (n - 2 * emb) / max(layers, 1) if n else 0
+    largest_part_params = per_layer * -(-layers // parts) + emb  # a part with an embedding or lm_head
+    fp16_part = int(2 * largest_part_params)
+    kv_bytes = 2 * layers * kvh * hd * context_length * 2
+    act = calibration_samples * min(calibration_seq_len, context_length) * h * 4 * 2
+    partwise = FIXED_OVERHEAD_BYTES + int(PARTWISE_FACTOR * fp16_part) + act
+    whole = FIXED_OVERHEAD_BYTES + WHOLE_QUANTSIM_BYTES_PER_PARAM * n
+    fp32 = 4 * n
+    return {
+        "num_parameters": n,
+        "parts": parts,
+        "largest_part_fp16_bytes": fp16_part,
+        "hf_download_bytes": 2 * n,
+        "quantize_peak_rss_bytes": partwise,
+        "whole_model_quantsim_rss_bytes": whole,
+        "validate_peak_rss_bytes": FIXED_OVERHEAD_BYTES + 2 * fp32 // max(parts, 1) + kv_bytes,
+        # download + float and quantized ONNX for the calibration, AR-N and AR-1 graphs + encodings +
+        # bundle; 25 bytes/parameter matches the reference recipe's "plan for 200+ GB" for an 8B
+        "disk_bytes": 25 * n,
+        "bundle_bytes": int(0.6 * n),                    # W4 weights + int8 lm_head + context metadata
+        "kv_cache_bytes": kv_bytes,
+        "reference": REFERENCE,
+    }

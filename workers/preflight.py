@@ -1,0 +1,315 @@
+"""Preflight stage: memory, disk, WSL, GPU and package checks against this model's needs.
+
+`probe()` reads the machine into a plain dict (recordable as JSON); `run_checks(probe, needs)`
+is pure, so tests feed recorded probes. Each check: id, status ok/warn/fail/skip, measured,
+required, message, fix. The AIMET smoke test (a one-node QuantSim) runs in a subprocess in
+parallel with the rest of the probe.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import importlib.metadata as md
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+from workers import modelinfo
+from workers.protocol import Emitter
+from workers.runtime import WorkerError, WorkerSpec, worker_main
+
+GiB = 1024**3
+PROBE_VERSION = 1
+
+SMOKE_TEST = r"""
+import json, sys, tempfile, time
+t0 = time.time()
+try:
+    import numpy as np, onnx
+    from onnx import helper, TensorProto
+    from aimet_onnx import QuantizationSimModel, int8, int16
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    w = onnx.numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "smoke", [x], [y], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with tempfile.TemporaryDirectory() as d:
+        sim = QuantizationSimModel(m, param_type=int8, activation_type=int16, path=d)
+        sim.compute_encodings([{"x": np.random.rand(1, 4).astype(np.float32)}])
+        out = sim.session.run(None, {"x": np.ones((1, 4), np.float32)})[0]
+    print(json.dumps({"ok": bool(abs(float(out.sum()) - 4.0) < 0.1), "seconds": time.time() - t0}))
+except Exception as exc:
+    print(json.dumps({"ok": False, "seconds": time.time() - t0, "error": f"{type(exc).__name__}: {exc}"}))
+"""
+
+GPU_PROBE = r"""
+import json
+out = {"torch": None, "cuda": False, "arch_list": [], "devices": []}
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["cuda"] = bool(torch.cuda.is_available())
+    out["arch_list"] = list(torch.cuda.get_arch_list()) if out["cuda"] else []
+    for i in range(torch.cuda.device_count() if out["cuda"] else 0):
+        p = torch.cuda.get_device_properties(i)
+        out["devices"].append({"name": p.name, "memory_bytes": int(p.total_memory),
+                               "compute_capability": f"{p.major}.{p.minor}"})
+except Exception as exc:
+    out["error"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def _dist(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            k, v = line.split(":", 1)
+            out[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def _wslconfig() -> dict[str, Any] | None:
+    """Find the Windows user's .wslconfig from inside WSL (None outside WSL or when not found)."""
+    profile = None
+    for cmd in (["wslvar", "USERPROFILE"], ["cmd.exe", "/c", "echo %USERPROFILE%"]):
+        if shutil.which(cmd[0]):
+            try:
+                profile = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip()
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if profile:
+                break
+    if not profile or not shutil.which("wslpath"):
+        return None
+    try:
+        home = subprocess.run(["wslpath", "-u", profile], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    path = Path(home) / ".wslconfig"
+    return {"path": str(path), "exists": path.is_file(), "text": path.read_text(errors="replace") if path.is_file() else ""}
+
+
+def probe(workspace: Path, hf_cache: Path, smoke: bool = True) -> dict[str, Any]:
+    """Read this machine. The AIMET smoke test and the torch/CUDA probe run in subprocesses."""
+    procs = {}
+    if smoke:
+        procs["smoke"] = subprocess.Popen([sys.executable, "-c", SMOKE_TEST], stdout=subprocess.PIPE,
+                                          stderr=subprocess.DEVNULL, text=True)
+    procs["gpu"] = subprocess.Popen([sys.executable, "-c", GPU_PROBE], stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True)
+    mem = _meminfo()
+    version = Path("/proc/version").read_text().lower() if Path("/proc/version").exists() else ""
+    wsl = "microsoft" in version or bool(os.environ.get("WSL_DISTRO_NAME"))
+
+    def disk(p: Path) -> dict[str, Any]:
+        q = p
+        while not q.exists() and q != q.parent:
+            q = q.parent
+        return {"path": str(p), "free_bytes": shutil.disk_usage(q).free}
+
+    libname = f"libpython{sys.version_info.major}.{sys.version_info.minor}"
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    libpython = None
+    for cand in (ctypes.util.find_library(libname.replace("lib", "", 1)), f"{libname}.so.1.0", f"{libname}.so"):
+        if not cand:
+            continue
+        try:
+            ctypes.CDLL(cand if "/" in cand or not libdir else cand)
+            libpython = cand
+            break
+        except OSError:
+            try:
+                ctypes.CDLL(os.path.join(libdir, cand))
+                libpython = os.path.join(libdir, cand)
+                break
+            except OSError:
+                continue
+    p: dict[str, Any] = {
+        "probe_version": PROBE_VERSION,
+        "os": platform.platform(), "wsl": wsl,
+        "mem_total_bytes": mem.get("MemTotal", 0), "swap_total_bytes": mem.get("SwapTotal", 0),
+        "mem_available_bytes": mem.get("MemAvailable", 0),
+        "cpu_count": os.cpu_count() or 1,
+        "workspace": disk(workspace), "hf_cache": disk(hf_cache),
+        "python": platform.python_version(), "libpython": libpython, "libpython_name": f"{libname}.so.1.0",
+        "packages": {n: _dist(n) for n in ("aimet-onnx", "onnxruntime", "onnxruntime-gpu", "torch", "onnx",
+                                           "transformers", "qai-hub")},
+        "wslconfig": _wslconfig() if wsl else None,
+    }
+    gpu_out, _ = procs["gpu"].communicate(timeout=120)
+    try:
+        p["gpu"] = json.loads(gpu_out.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        p["gpu"] = {"torch": None, "cuda": False, "arch_list": [], "devices": [], "error": "probe failed"}
+    p["nvidia_smi"] = bool(shutil.which("nvidia-smi"))
+    if smoke:
+        out, _ = procs["smoke"].communicate(timeout=300)
+        try:
+            p["aimet_smoke"] = json.loads(out.strip().splitlines()[-1])
+        except (json.JSONDecodeError, IndexError):
+            p["aimet_smoke"] = {"ok": False, "error": "the smoke test printed nothing (crashed?)"}
+    return p
+
+
+def _check(cid: str, status: str, measured: Any, required: Any, message: str, fix: str | None = None) -> dict[str, Any]:
+    return {"id": cid, "status": status, "measured": measured, "required": required, "message": message,
+            "fix": fix}
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Pure: a recorded probe + the model's estimates -> checks."""
+    checks = []
+    have = int(p["mem_total_bytes"]) + int(p["swap_total_bytes"])
+    need = int(needs.get("quantize_peak_rss_bytes", 0))
+    ref = modelinfo.REFERENCE["quantize_peak_rss_bytes"]
+    if have >= need * 1.15:
+        checks.append(_check("memory", "ok", have, need, f"RAM + swap {_gib(have)} covers the estimated "
+                             f"part-wise quantization peak of {_gib(need)} (reference recipe, whole model: "
+                             f"{_gib(ref)})."))
+    else:
+        fix = ("Raise the WSL memory limit in .wslconfig (the Fix button writes it) and run `wsl --shutdown`."
+               if p.get("wsl") else "Add swap or RAM, close other programs, or use more parts.")
+        checks.append(_check("memory", "fail" if have < need else "warn", have, need,
+                             f"RAM + swap is {_gib(have)}; quantization needs about {_gib(need)} "
+                             f"(the reference whole-model recipe peaked at {_gib(ref)}).", fix))
+    if p.get("wsl"):
+        cfg = p.get("wslconfig") or {}
+        if have < need:
+            target = int(need * 1.25 / GiB) + 1
+            checks.append(_check("wsl", "fail", {"mem_total_bytes": p["mem_total_bytes"],
+                                                  "wslconfig": cfg.get("path")}, f"memory >= {target}GB",
+                                 "WSL2 caps Linux memory below the Windows RAM, and this model needs more.",
+                                 f"wslconfig:memory={target}GB,swap={max(16, target // 2)}GB"))
+        else:
+            checks.append(_check("wsl", "ok", p["mem_total_bytes"], None, "WSL2 memory limit is high enough."))
+    else:
+        checks.append(_check("wsl", "skip", None, None, "Not running under WSL."))
+    ws = p["workspace"]
+    disk_need = int(needs.get("disk_bytes", 0))
+    st = "ok" if ws["free_bytes"] >= disk_need else "fail"
+    checks.append(_check("disk_workspace", st, ws["free_bytes"], disk_need,
+                         f"{_gib(ws['free_bytes'])} free at {ws['path']}; this model needs about {_gib(disk_need)}.",
+                         None if st == "ok" else "Free disk space or choose a workspace on a bigger disk."))
+    if str(ws["path"]).startswith("/mnt/") and len(Path(ws["path"]).parts) > 2 and len(Path(ws["path"]).parts[2]) == 1:
+        checks.append(_check("workspace_location", "warn", ws["path"], "inside the WSL filesystem",
+                             "The workspace is on a Windows drive (/mnt/<drive>): cross-filesystem I/O is many "
+                             "times slower and this flow reads and writes hundreds of GB.",
+                             "Use a workspace under your Linux home, e.g. ~/hexstudio-workspace."))
+    hf = p["hf_cache"]
+    dl = int(needs.get("hf_download_bytes", 0))
+    checks.append(_check("disk_hf_cache", "ok" if hf["free_bytes"] >= dl else "fail", hf["free_bytes"], dl,
+                         f"{_gib(hf['free_bytes'])} free for the Hugging Face cache ({hf['path']})."))
+    gpu = p.get("gpu") or {}
+    n = int(needs.get("num_parameters", 0))
+    if gpu.get("devices"):
+        d = gpu["devices"][0]
+        cc = d["compute_capability"].replace(".", "")
+        arches = gpu.get("arch_list") or []
+        if f"sm_{cc}" not in arches:
+            checks.append(_check("gpu", "fail", f"{d['name']} sm_{cc}", f"torch built with sm_{cc}",
+                                 f"torch {gpu.get('torch')} has no kernels for {d['name']} (sm_{cc}); it only has "
+                                 f"{', '.join(arches) or 'none'}. It recognises the GPU but cannot run on it.",
+                                 "Install a torch build with kernels for this GPU: "
+                                 "bash packaging/install-workstation.sh (e.g. torch 2.7.1+cu128 for sm_120)."))
+        else:
+            checks.append(_check("gpu", "ok", f"{d['name']} {_gib(d['memory_bytes'])} sm_{cc}", None,
+                                 f"{d['name']} with {_gib(d['memory_bytes'])}, supported by torch {gpu.get('torch')}."))
+    elif n <= 500_000_000:
+        mins = max(1, round(n / 4e6 * 0.5 / 60 + 1))
+        checks.append(_check("gpu", "ok", "CPU only", None, f"No CUDA GPU: fine for this small model "
+                             f"(about {mins} min of quantization on the CPU)."))
+    else:
+        checks.append(_check("gpu", "fail", "CPU only", "a CUDA GPU (8B: ~80 GB VRAM guidance)",
+                             "No usable CUDA GPU: quantizing a model this size on the CPU would take days.",
+                             "Run on a workstation with an NVIDIA GPU, or use a remote worker host."))
+    py = tuple(int(x) for x in str(p["python"]).split(".")[:2])
+    checks.append(_check("python", "ok" if (3, 10) <= py <= (3, 12) else "fail", p["python"], "3.10–3.12",
+                         f"Python {p['python']}.", None if (3, 10) <= py <= (3, 12) else
+                         "aimet-onnx ships wheels for CPython 3.10+ (the validated recipe uses 3.10)."))
+    pk = p.get("packages") or {}
+    if pk.get("onnxruntime") and pk.get("onnxruntime-gpu"):
+        checks.append(_check("onnxruntime_conflict", "fail", "onnxruntime + onnxruntime-gpu", "exactly one",
+                             "Both onnxruntime and onnxruntime-gpu are installed: they provide the same module "
+                             "and whichever was installed last silently replaced the other.",
+                             "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu"))
+    elif not (pk.get("onnxruntime") or pk.get("onnxruntime-gpu")):
+        checks.append(_check("onnxruntime_conflict", "fail", None, "onnxruntime", "onnxruntime is not installed.",
+                             "pip install onnxruntime (CPU) or onnxruntime-gpu (NVIDIA), never both."))
+    else:
+        checks.append(_check("onnxruntime_conflict", "ok", pk.get("onnxruntime") or pk.get("onnxruntime-gpu"),
+                             "exactly one", "One onnxruntime package installed."))
+    if p.get("libpython"):
+        checks.append(_check("libpython", "ok", p["libpython"], p["libpython_name"], "libpython loads."))
+    else:
+        checks.append(_check("libpython", "fail", None, p["libpython_name"],
+                             f"{p['libpython_name']} cannot be loaded: AIMET fails with 'Unable to run function "
+                             "PtrToInt64'.",
+                             'export LD_LIBRARY_PATH="$CONDA_PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" '
+                             "(persist it in $CONDA_PREFIX/etc/conda/activate.d/)"))
+    if not pk.get("aimet-onnx"):
+        checks.append(_check("aimet", "fail", None, "aimet-onnx", "aimet-onnx is not installed.",
+                             "Install it: bash packaging/install-workstation.sh"))
+    smoke = p.get("aimet_smoke")
+    if smoke is None:
+        checks.append(_check("aimet_smoke", "skip", None, None, "AIMET smoke test not run."))
+    elif smoke.get("ok"):
+        checks.append(_check("aimet_smoke", "ok", f"{smoke['seconds']:.1f} s", None,
+                             f"A one-node QuantSim ran in {smoke['seconds']:.1f} s."))
+    else:
+        checks.append(_check("aimet_smoke", "fail", smoke.get("error"), "a one-node QuantSim runs",
+                             f"The AIMET smoke test failed: {smoke.get('error')}.",
+                             "Fix the AIMET install before spending an hour on the model "
+                             "(see the libpython and onnxruntime checks)."))
+    return checks
+
+
+def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
+    t0 = time.time()
+    model_dir = spec.upstream.get("model")
+    if model_dir is None:
+        raise WorkerError("missing_upstream", "Preflight needs the Model stage's result.", "Run the Model stage first.")
+    doc = json.loads((model_dir / "model.json").read_text())
+    needs = dict(doc["estimates"])
+    em.progress(0.1, "probing this machine (AIMET smoke test runs in parallel)")
+    workspace = spec.run_dir.parent.parent
+    hf_cache = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    p = probe(workspace, hf_cache, smoke=bool(spec.settings.get("aimet_smoke", True)))
+    checks = run_checks(p, needs)
+    failed = sum(c["status"] == "fail" for c in checks)
+    warned = sum(c["status"] == "warn" for c in checks)
+    (spec.out_dir / "preflight.json").write_text(json.dumps({"probe": p, "needs": needs, "checks": checks,
+                                                             "seconds": time.time() - t0}, indent=2))
+    em.artifact("preflight.json", kind="json", role="preflight")
+    for c in checks:
+        if c["status"] in ("fail", "warn"):
+            em.warning(f"{c['id']}: {c['message']}", hint=c.get("fix"), code=c["id"])
+    em.metric("checks_failed", failed)
+    em.metric("checks_warned", warned)
+    em.metric("preflight_seconds", round(time.time() - t0, 2), unit="s")
+    em.progress(1.0, f"{len(checks)} checks: {failed} failed, {warned} warnings")
+    return {"failed": failed, "warned": warned}
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker_main("preflight", run))
