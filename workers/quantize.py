@@ -1,0 +1,183 @@
+"""Quantize stage worker: export the deployment graphs per part and quantize them W4A16 with a
+real aimet_onnx QuantizationSimModel, one part at a time (docs/CONTRACTS.md §2).
+
+    python -m workers.quantize --spec SPEC.json
+
+Recipe (Qualcomm's W4A16 for Llama on HTP): int4 low-power blockwise (LPBQ, block 64) weights
+for the backbone, 16-bit activations, 8-bit KV cache, lm_head and embeddings at 8 bits.
+Sequential part-wise calibration (workers/quant/partwise.py): part k is calibrated on the
+QUANTIZED outputs of part k-1, one graph's QuantSim in memory at a time; the token generator
+gets the prompt processor's weight encodings frozen (one set of weights on the device).
+
+Writes into spec.out_dir: float/<graph>.onnx, parts/<graph>/model.{onnx,data,encodings},
+sim/<graph>.onnx (QDQ, for onnxruntime) and quantize.json.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from workers.protocol import Emitter
+from workers.runtime import WorkerError, WorkerSpec, worker_main
+
+
+def read_model_json(spec: WorkerSpec) -> dict[str, Any]:
+    p = spec.upstream_dir("model") / "model.json"
+    try:
+        return dict(json.loads(p.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise WorkerError("model_json_missing", f"{p} does not exist.", "Run the model stage again.") from None
+    except json.JSONDecodeError as exc:
+        raise WorkerError("model_json_invalid", f"{p} is not valid JSON: {exc.msg}.",
+                          "Run the model stage again (--force).") from None
+
+
+def resolve_shape(model: dict[str, Any], settings: dict[str, Any]) -> tuple[int, int, int]:
+    res = model.get("resolved") or {}
+    cl = int(res.get("context_length") or settings.get("context_length") or 512)
+    ar_n = int(res.get("ar_n") or settings.get("ar_n") or 128)
+    parts_v = res.get("parts") or settings.get("parts")
+    if parts_v in (None, "auto"):
+        parts_v = 2
+    parts = int(parts_v)
+    num_layers = int((model.get("info") or {}).get("num_layers") or 0)
+    if ar_n < 1 or cl < 2 or ar_n >= cl:
+        raise WorkerError("bad_context", f"context_length {cl} must be larger than ar_n {ar_n}.",
+                          "Pick e.g. context_length 512 with ar_n 128.")
+    if cl % ar_n:
+        raise WorkerError("context_not_multiple_of_ar_n",
+                          f"context_length {cl} is not a multiple of ar_n {ar_n}: the prompt processor "
+                          "fills the KV cache in whole blocks of ar_n tokens.",
+                          f"Use a context length such as {(cl // ar_n + 1) * ar_n} or {max(ar_n, cl // ar_n * ar_n)}.")
+    if parts < 1 or (num_layers and parts > num_layers):
+        raise WorkerError("bad_parts", f"parts {parts} must be between 1 and the number of layers ({num_layers}).",
+                          "Use parts \"auto\" or a smaller number.")
+    return cl, ar_n, parts
+
+
+def _threads() -> int:
+    return max(1, min(int(os.environ.get("HEXSTUDIO_THREADS", "0") or 0) or (os.cpu_count() or 2), 8))
+
+
+def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
+    from workers.quant.calib import blocks_from_windows, resolve_text, token_windows
+
+    t_start = time.monotonic()
+    settings = spec.settings
+    model_json = read_model_json(spec)
+    hf_dir = Path(str(model_json.get("hf_dir") or ""))
+    if not (hf_dir / "config.json").is_file():
+        raise WorkerError("hf_dir_missing", f"The model folder {hf_dir} has no config.json.",
+                          "Run the model stage again.")
+    cl, ar_n, parts = resolve_shape(model_json, settings)
+    for key, allowed in (("weight_bits", (2, 4, 8)), ("activation_bits", (8, 16)), ("kv_bits", (8, 16))):
+        if int(settings.get(key, {"weight_bits": 4, "activation_bits": 16, "kv_bits": 8}[key])) not in allowed:
+            raise WorkerError("bad_precision", f"{key} {settings.get(key)} is not supported.",
+                              f"Use one of {', '.join(map(str, allowed))}.")
+    samples = int(settings.get("calibration_samples", 8))
+    seq_len = int(settings.get("calibration_seq_len", ar_n))
+    if samples < 1 or seq_len < 2 or seq_len > cl:
+        raise WorkerError("bad_calibration", f"calibration_samples {samples} / calibration_seq_len {seq_len} "
+                          f"are out of range (1.., 2..{cl}).", "Use e.g. 8 samples of 128 tokens.")
+    text = resolve_text(settings.get("calibration_text", "builtin"), "calibration")
+    out = spec.out_dir
+    threads = _threads()
+
+    # 1. float export of every part and graph (the only moment the whole float model is loaded)
+    em.progress(0.01, "exporting the float deployment graphs")
+    from workers.export import export_deployment_graphs, load_hf_model
+    from workers.quant.partwise import canonical_initializer_names
+
+    t0 = time.monotonic()
+    try:
+        hf = load_hf_model(hf_dir)
+    except (OSError, ValueError) as exc:
+        raise WorkerError("model_load_failed", f"Could not load the model from {hf_dir}: {exc}",
+                          "Check the model folder (model stage) and its safetensors files.") from None
+    cfg = hf.config
+    heads = int(cfg.num_attention_heads)
+    kvh = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    dims = {"context_length": cl, "num_kv_heads": kvh, "head_dim": hd}
+    bos = getattr(cfg, "bos_token_id", None)
+    graphs = export_deployment_graphs(hf_dir, out / "float", context_length=cl, ar_n=ar_n, parts=parts, model=hf)
+    named = {n: p.detach().numpy() for n, p in hf.state_dict().items()}
+    for g in graphs:
+        canonical_initializer_names(out / g["float_onnx"], named)
+    del named, hf
+    gc.collect()
+    em.metric("export_seconds", round(time.monotonic() - t0, 2), "s")
+    em.log(f"exported {len(graphs)} float graphs ({parts} parts, context {cl}, AR-{ar_n} and AR-1)")
+
+    # 2. calibration data
+    windows = token_windows(hf_dir, text, samples, seq_len, bos_id=int(bos) if isinstance(bos, int) else None)
+    blocks = blocks_from_windows(windows, ar_n)
+
+    # 3. sequential part-wise QuantSim
+    from workers.quant.partwise import quantize_partwise, shared_weight_check
+
+    total_graphs = len(graphs)
+    done_graphs: list[str] = []
+
+    def progress(name: str, i: int, n: int) -> None:
+        if i == n:
+            done_graphs.append(name)
+        frac = 0.1 + 0.88 * (len(done_graphs) + (i / n if i < n else 0)) / total_graphs
+        em.progress(frac, f"{name}: calibration sample {min(i + 1, n)}/{n}", graph=name, sample=i, samples=n)
+
+    t1 = time.monotonic()
+    quantize_partwise(graphs, out, blocks, settings, dims, progress, em.log, threads=threads)
+    em.metric("calibration_seconds", round(time.monotonic() - t1, 2), "s")
+    sharing = shared_weight_check(graphs, out)
+    mismatched = sum(v["different"] for v in sharing.values())
+    if mismatched:
+        raise WorkerError("weight_sharing_broken", f"{mismatched} weight encodings differ between the prompt "
+                          "processor and token generator of a part.", "This is a bug: report it with the run folder.")
+
+    lpbq = sum(g["stats"]["int4_lpbq_weight_encodings"] for g in graphs if g["kind"] == "prompt_processor")
+    em.metric("int4_lpbq_weight_encodings", lpbq)
+    em.metric("lpbq_weight_encodings", sum(g["stats"]["lpbq_weight_encodings"] for g in graphs
+                                           if g["kind"] == "prompt_processor"))
+    em.metric("activation_encodings", sum(g["stats"]["activation_encodings"] for g in graphs))
+    em.metric("shared_weight_encodings", sum(v["shared"] for v in sharing.values()))
+    em.metric("graphs", len(graphs))
+    wb = int(settings.get("weight_bits", 4))
+    doc = {
+        "context_length": cl, "ar_n": ar_n, "parts": parts, "num_layers": int(cfg.num_hidden_layers),
+        "hidden_size": int(cfg.hidden_size), "num_kv_heads": kvh, "head_dim": hd, "vocab_size": int(cfg.vocab_size),
+        "precision": {"weights": f"int{wb} LPBQ block 64",
+                      "activations": f"int{int(settings.get('activation_bits', 16))}",
+                      "kv_cache": f"int{int(settings.get('kv_bits', 8))}", "lm_head": "int8",
+                      "embeddings": "int8 per-channel"},
+        "calibration": {"text": str(text), "samples": samples, "seq_len": seq_len, "blocks": len(blocks),
+                        "method": "sequential part-wise; part k calibrated on part k-1's quantized outputs; "
+                                  "weights frozen from the prompt processor into the token generator"},
+        "weight_sharing": sharing,
+        "tool": {"aimet_onnx": _version("aimet_onnx"), "onnxruntime": _version("onnxruntime")},
+        "graphs": graphs,
+    }
+    tmp = out / "quantize.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    tmp.replace(out / "quantize.json")
+    em.artifact("quantize.json", kind="json", role="quantize")
+    em.metric("quantize_seconds", round(time.monotonic() - t_start, 2), "s")
+    em.progress(1.0, f"{len(graphs)} graphs quantized")
+    return {"graphs": len(graphs), "parts": parts, "int4_lpbq_weight_encodings": lpbq}
+
+
+def _version(mod: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(mod.replace("_", "-"))
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker_main("quantize", run))
