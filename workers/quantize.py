@@ -64,9 +64,20 @@ def _threads() -> int:
     return max(1, min(int(os.environ.get("HEXSTUDIO_THREADS", "0") or 0) or (os.cpu_count() or 2), 8))
 
 
+def protect_protocol_stdout(em: Emitter) -> None:
+    """AIMET prints to stdout, the protocol channel: keep the protocol on a private copy of fd 1
+    and send everything else written to fd 1 to stderr (the stage log)."""
+    import sys
+
+    sys.stdout.flush()
+    em._stream = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+
+
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     from workers.quant.calib import blocks_from_windows, resolve_text, token_windows
 
+    protect_protocol_stdout(em)
     t_start = time.monotonic()
     settings = spec.settings
     model_json = read_model_json(spec)

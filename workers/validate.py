@@ -1,0 +1,191 @@
+"""Validate stage worker: the gate before compile. Runs the prompt processor then the token
+generator together exactly as the board will (workers/arloop.py), float vs quantized (the QDQ
+sim ONNX), and scores top-1 agreement, KL divergence, greedy-continuation agreement, perplexity
+on held-out text and a token-salad check, each against a threshold. Also scores the
+calibration-shape graph (the prompt processor) alone, to expose the known trap "calibration
+graph fine, deployment pair broken".
+
+    python -m workers.validate --spec SPEC.json
+
+Emits metric "verdict" ("pass"/"fail"), every metric with *_threshold and *_ok, and writes
+validation.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from workers.protocol import Emitter
+from workers.runtime import WorkerError, WorkerSpec, worker_main
+
+EVAL_WINDOWS = 3          # held-out windows: prompt through the prompt processor, then teacher-forced AR-1 steps
+PROMPT_TOKENS = 48
+FORCED_STEPS = 48
+GREEDY_PROMPTS = 3
+GREEDY_TOKENS = 24
+
+
+def _load_json(p: Path, stage: str) -> dict[str, Any]:
+    try:
+        return dict(json.loads(p.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise WorkerError(f"{stage}_output_missing", f"{p} does not exist.", f"Run the {stage} stage again.") from None
+    except json.JSONDecodeError as exc:
+        raise WorkerError(f"{stage}_output_invalid", f"{p} is not valid JSON: {exc.msg}.",
+                          f"Run the {stage} stage again (--force).") from None
+
+
+def thresholds_from(settings: dict[str, Any]) -> dict[str, float]:
+    from workers.metrics import DEFAULT_THRESHOLDS
+
+    thr = dict(DEFAULT_THRESHOLDS)
+    for k, v in (settings.get("thresholds") or {}).items():
+        if k not in thr:
+            raise WorkerError("bad_threshold", f"Unknown validation threshold {k!r}.",
+                              f"Known thresholds: {', '.join(sorted(thr))}.")
+        try:
+            thr[k] = float(v)
+        except (TypeError, ValueError):
+            raise WorkerError("bad_threshold", f"Threshold {k}={v!r} is not a number.") from None
+    return thr
+
+
+def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
+    import numpy as np
+
+    from workers.arloop import DeploymentPair, step_inputs
+    from workers.metrics import judge, kl_divergence, perplexity, salad, sequence_agreement, top1_agreement
+    from workers.quant.calib import load_tokenizer, resolve_text
+
+    t0 = time.monotonic()
+    qdir = spec.upstream_dir("quantize")
+    q = _load_json(qdir / "quantize.json", "quantize")
+    model = _load_json(spec.upstream_dir("model") / "model.json", "model")
+    hf_dir = Path(str(model.get("hf_dir")))
+    thr = thresholds_from(spec.settings)
+    text_path = resolve_text(spec.settings.get("validation_text", "builtin"), "validation")
+    tok = load_tokenizer(hf_dir)
+    ids = tok.encode(text_path.read_text(encoding="utf-8"), add_special_tokens=False).ids
+    cl, ar_n = int(q["context_length"]), int(q["ar_n"])
+    window = PROMPT_TOKENS + FORCED_STEPS + 1
+    if len(ids) < window * EVAL_WINDOWS:
+        raise WorkerError("validation_text_short", f"{text_path} has {len(ids)} tokens; validation needs "
+                          f"{window * EVAL_WINDOWS}.", "Use a longer held-out text.")
+    threads = max(1, min(os.cpu_count() or 1, 4))
+    em.progress(0.02, "loading the float and quantized deployment pairs")
+    pairs = {v: DeploymentPair.from_graphs(q["graphs"], qdir, variant=v, context_length=cl, ar_n=ar_n,
+                                           intra_op_threads=threads) for v in ("float", "sim")}
+    starts = np.linspace(0, len(ids) - window, num=EVAL_WINDOWS).astype(int).tolist()
+
+    # 1. deployment pair, teacher-forced: prompt via AR-N, then every next token via AR-1
+    logits: dict[str, list[np.ndarray]] = {"float": [], "sim": []}
+    targets: list[int] = []
+    for w, s in enumerate(starts):
+        seq = ids[s:s + window]
+        for v, pair in pairs.items():
+            pair.reset()
+            out = [pair.prefill(seq[:PROMPT_TOKENS])]
+            for t in seq[PROMPT_TOKENS:PROMPT_TOKENS + FORCED_STEPS]:
+                out.append(pair.step(t))
+            logits[v].extend(out)
+        targets.extend(seq[PROMPT_TOKENS:PROMPT_TOKENS + FORCED_STEPS + 1])
+        em.progress(0.05 + 0.45 * (w + 1) / EVAL_WINDOWS, f"deployment pair: window {w + 1}/{EVAL_WINDOWS}")
+    lf, lq = np.stack(logits["float"]), np.stack(logits["sim"])
+    values: dict[str, float] = {
+        "top1_agreement": round(top1_agreement(lf, lq), 4),
+        "kl_divergence": round(kl_divergence(lf, lq), 6),
+        "perplexity_float": round(perplexity(lf, targets), 4),
+        "perplexity_quantized": round(perplexity(lq, targets), 4),
+    }
+    values["perplexity_ratio"] = round(values["perplexity_quantized"] / max(values["perplexity_float"], 1e-9), 4)
+
+    # 2. greedy continuations (prompt processor prefill, token generator decode on its own KV cache)
+    eos = [int(e) for e in ((model.get("info") or {}).get("eos_token_ids") or [])]
+    ref_counts: Counter[int] = Counter(ids)
+    greedy: list[dict[str, Any]] = []
+    agree: list[float] = []
+    sal_q: list[float] = []
+    sal_f: list[float] = []
+    for i, s in enumerate(starts[:GREEDY_PROMPTS]):
+        prompt = ids[s:s + PROMPT_TOKENS]
+        gen: dict[str, list[int]] = {}
+        for v, pair in pairs.items():
+            pair.reset()
+            gen[v] = pair.generate(prompt, GREEDY_TOKENS, eos)
+        frac, first_diff = sequence_agreement(gen["float"], gen["sim"])
+        texts = {v: tok.decode(g) for v, g in gen.items()}
+        sq, sf = salad(texts["sim"], gen["sim"], ref_counts), salad(texts["float"], gen["float"], ref_counts)
+        agree.append(frac)
+        sal_q.append(sq["score"])
+        sal_f.append(sf["score"])
+        greedy.append({"prompt": tok.decode(prompt), "float": texts["float"], "quantized": texts["sim"],
+                       "agreement": round(frac, 4), "first_difference": first_diff,
+                       "salad_quantized": sq, "salad_float": sf})
+        em.progress(0.5 + 0.3 * (i + 1) / GREEDY_PROMPTS, f"greedy continuation {i + 1}/{GREEDY_PROMPTS}")
+    values["greedy_agreement"] = round(float(np.mean(agree)), 4)
+    values["salad_score_quantized"] = round(float(np.mean(sal_q)), 4)
+    values["salad_score_float"] = round(float(np.mean(sal_f)), 4)
+    values["salad_score"] = round(max(0.0, values["salad_score_quantized"] - values["salad_score_float"]), 4)
+
+    # 3. the calibration-shape graph alone: the prompt processor chain over one full AR-N block
+    pp_logits: dict[str, np.ndarray] = {}
+    block = ids[starts[0]:starts[0] + ar_n]
+    block = block + [block[-1]] * (ar_n - len(block))
+    mask, pos = step_inputs(0, ar_n, cl)
+    kvh, hd = int(q["num_kv_heads"]), int(q["head_dim"])
+    for v, pair in pairs.items():
+        past = {li: (np.zeros((1, kvh, hd, cl - ar_n), np.float32), np.zeros((1, kvh, cl - ar_n, hd), np.float32))
+                for li in pair.layers}
+        out, _ = pair.prompt.run(np.asarray([block], np.int32), mask, pos, past)
+        pp_logits[v] = np.asarray(out[0], np.float32)
+    calib = {"graph": "prompt_processor alone (calibration shape, AR-%d)" % ar_n,
+             "top1_agreement": round(top1_agreement(pp_logits["float"], pp_logits["sim"]), 4),
+             "kl_divergence": round(kl_divergence(pp_logits["float"], pp_logits["sim"]), 6)}
+    cj = judge(calib, {k: thr[k] for k in ("top1_agreement", "kl_divergence")})
+    calib["verdict"] = cj["verdict"]
+    em.progress(0.9, "judging")
+
+    result = judge(values, thr)
+    verdict = result["verdict"]
+    if calib["verdict"] == "pass" and verdict == "fail":
+        summary = "calibration graph fine, deployment pair broken"
+    elif verdict == "pass":
+        summary = "the quantized deployment pair matches the float model within every threshold"
+    else:
+        summary = "the quantized model differs from the float model beyond the thresholds"
+    failed = [k for k, c in result["checks"].items() if not c["ok"]]
+    for name, v in values.items():
+        em.metric(name, v)
+    for name, c in result["checks"].items():
+        em.metric(f"{name}_threshold", c["threshold"])
+        em.metric(f"{name}_ok", c["ok"])
+    em.metric("calibration_graph_top1_agreement", calib["top1_agreement"])
+    em.metric("calibration_graph_kl_divergence", calib["kl_divergence"])
+    em.metric("calibration_graph_verdict", calib["verdict"])
+    em.metric("verdict", verdict)
+    if verdict != "pass":
+        em.warning(f"Validation failed: {', '.join(failed)} outside the threshold ({summary}).",
+                   "Compile is blocked. Re-quantize (more calibration samples, 8-bit weights for sensitive parts), "
+                   "or override with `hexstudio run --override-gate validate` if you accept the risk.",
+                   code="validation_failed")
+    doc = {"verdict": verdict, "summary": summary, "failed": failed, "metrics": values, "checks": result["checks"],
+           "thresholds": thr, "calibration_graph": calib,
+           "deployment_pair": {"windows": EVAL_WINDOWS, "prompt_tokens": PROMPT_TOKENS, "forced_steps": FORCED_STEPS,
+                               "positions": len(targets), "context_length": cl, "ar_n": ar_n},
+           "greedy": greedy, "validation_text": str(text_path), "quantized": "sim (QDQ ONNX, onnxruntime)",
+           "precision": q.get("precision"), "seconds": round(time.monotonic() - t0, 2)}
+    tmp = spec.out_dir / "validation.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(spec.out_dir / "validation.json")
+    em.artifact("validation.json", kind="json", role="validation")
+    em.progress(1.0, f"verdict: {verdict}")
+    return {"verdict": verdict, "summary": summary, "failed": failed}
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker_main("validate", run))
