@@ -14,6 +14,7 @@ from app.core.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, eprint, print
 COMMAND_MODULES = (
     "app.core.cli.run_cmd",
     "app.core.cli.runs_cmd",
+    "app.core.cli.preflight_cmd",
 )
 
 
