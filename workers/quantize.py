@@ -75,16 +75,13 @@ def protect_protocol_stdout(em: Emitter) -> None:
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
-    from workers.quant.calib import blocks_from_windows, resolve_text, token_windows
+    from workers.quant.calib import blocks_from_windows, resolve_hf_dir, resolve_text, token_windows
 
     protect_protocol_stdout(em)
     t_start = time.monotonic()
     settings = spec.settings
     model_json = read_model_json(spec)
-    hf_dir = Path(str(model_json.get("hf_dir") or ""))
-    if not (hf_dir / "config.json").is_file():
-        raise WorkerError("hf_dir_missing", f"The model folder {hf_dir} has no config.json.",
-                          "Run the model stage again.")
+    hf_dir = resolve_hf_dir(model_json, spec.upstream_dir("model"))
     cl, ar_n, parts = resolve_shape(model_json, settings)
     for key, allowed in (("weight_bits", (2, 4, 8)), ("activation_bits", (8, 16)), ("kv_bits", (8, 16))):
         if int(settings.get(key, {"weight_bits": 4, "activation_bits": 16, "kv_bits": 8}[key])) not in allowed:

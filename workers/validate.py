@@ -60,13 +60,13 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
 
     from workers.arloop import DeploymentPair, step_inputs
     from workers.metrics import judge, kl_divergence, perplexity, salad, sequence_agreement, top1_agreement
-    from workers.quant.calib import load_tokenizer, resolve_text
+    from workers.quant.calib import load_tokenizer, resolve_hf_dir, resolve_text
 
     t0 = time.monotonic()
     qdir = spec.upstream_dir("quantize")
     q = _load_json(qdir / "quantize.json", "quantize")
     model = _load_json(spec.upstream_dir("model") / "model.json", "model")
-    hf_dir = Path(str(model.get("hf_dir")))
+    hf_dir = resolve_hf_dir(model, spec.upstream_dir("model"))
     thr = thresholds_from(spec.settings)
     text_path = resolve_text(spec.settings.get("validation_text", "builtin"), "validation")
     tok = load_tokenizer(hf_dir)

@@ -103,3 +103,20 @@ def tg_positions(n_valid: int, per_block: int) -> list[int]:
     if n_valid < 2:
         return []
     return sorted(set(np.linspace(1, n_valid - 1, num=per_block).astype(int).tolist()))
+
+
+def resolve_hf_dir(model_json: dict[str, Any], model_dir: Path) -> Path:
+    """model.json's hf_dir; a copy inside the model stage's folder may have been recorded with the
+    stage's temporary name (artifacts/model.partial/...): map it to the final folder."""
+    p = Path(str(model_json.get("hf_dir") or ""))
+    if (p / "config.json").is_file():
+        return p
+    parts = p.parts
+    if "model.partial" in parts:
+        i = parts.index("model.partial")
+        q = model_dir.joinpath(*parts[i + 1:])
+        if (q / "config.json").is_file():
+            return q
+    if (model_dir / "hf" / "config.json").is_file():
+        return model_dir / "hf"
+    raise WorkerError("hf_dir_missing", f"The model folder {p} has no config.json.", "Run the model stage again.")
