@@ -1,0 +1,31 @@
+"""The issue's acceptance: `hexstudio run --until preflight` on the built-in model, schema-valid run.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from app.core.manifest import validate_manifest
+
+
+def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("hexstudio")
+    proc = subprocess.run([str(exe), "run", "--model", "builtin:tiny-llama", "--board", "sim", "--until", "preflight",
+                           "--workspace", str(tmp_path), "--json"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["ok"] and out["ran"] == ["model", "preflight"]
+    data = json.loads((Path(out["run_dir"]) / "run.json").read_text())
+    validate_manifest(data)
+    assert data["stages"]["model"]["metrics"]["num_parameters"]["value"] > 4_000_000
+    assert data["stages"]["preflight"]["metrics"]["checks_failed"]["value"] == 0
+    assert data["stages"]["quantize"]["state"] == "pending"
+    assert data["stages"]["preflight"]["peak_rss_bytes"] > 0
+    # resume: nothing to do, both skipped
+    again = subprocess.run([str(exe), "run", "--resume", out["run_id"], "--until", "preflight", "--workspace",
+                            str(tmp_path), "--json"], capture_output=True, text=True, timeout=300)
+    assert json.loads(again.stdout)["skipped"] == ["model", "preflight"]
