@@ -155,7 +155,10 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         raise WorkerError("bad_parts", f"parts must be between 1 and the layer count ({info['num_layers']}).")
     est = modelinfo.estimate(info, context_length, ar_n, parts, int(s.get("calibration_samples", 8)),
                              int(s.get("calibration_seq_len", 128)))
-    doc = {"model": model, "source": source, "revision": revision, "hf_dir": str(hf_dir), "info": info,
+    # a copy inside this stage's folder is recorded relative to model.json (the folder is renamed when
+    # the stage completes); a download or a local folder by its absolute path
+    rel = hf_dir.relative_to(spec.out_dir).as_posix() if hf_dir.is_relative_to(spec.out_dir) else str(hf_dir)
+    doc = {"model": model, "source": source, "revision": revision, "hf_dir": rel, "info": info,
            "weights": weights, "resolved": {"context_length": context_length, "ar_n": ar_n, "parts": parts},
            "estimates": est}
     (spec.out_dir / "model.json").write_text(json.dumps(doc, indent=2))

@@ -234,3 +234,9 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
         "kv_cache_bytes": kv_bytes,
         "reference": REFERENCE,
     }
+
+
+def hf_dir_of(model_doc: dict[str, Any], model_dir: str | Path) -> Path:
+    """The Hugging Face folder recorded in model.json: relative paths are relative to model.json's folder."""
+    p = Path(str(model_doc["hf_dir"]))
+    return p if p.is_absolute() else Path(model_dir) / p
