@@ -1,0 +1,55 @@
+"""Board stage: connect, check the board, push the bundle. Writes board.json."""
+
+from __future__ import annotations
+
+import json
+import platform
+from typing import Any
+
+from app.core.device.board import BoardError, open_board
+from app.core.device.push import push_bundle
+from app.core.pipeline import StageContext, StageError
+from app.core.settings import Settings
+
+
+async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
+    em = ctx.emitter
+    name = str(ctx.manifest.inputs.get("board", "sim"))
+    em.progress(0.05, f"connecting to board {name}")
+    try:
+        board = await open_board(name, Settings.load(), ctx.manifest.run_dir.parent.parent)
+    except BoardError as exc:
+        raise StageError("board_unavailable", exc.message, exc.hint) from None
+    bundle_dir = ctx.upstream["compile"] / "bundle"
+    doctor: list[dict[str, Any]] = []
+    if board.simulated:
+        res = await board.transport.run([*board.genie_command, "--help"], timeout=60)
+        doctor.append({"id": "genie_runner", "status": "ok" if res.exit_status == 0 else "fail",
+                       "evidence": {"command": "genie-t2t-run --help (simulator)", "exit_status": res.exit_status},
+                       "message": "The simulator's genie-t2t-run starts." if res.exit_status == 0
+                       else f"The simulator cannot start: {res.stderr.strip()[-300:]}"})
+        doctor.append({"id": "soc", "status": "ok", "evidence": {"machine": platform.machine()},
+                       "message": "Simulator board: runs the QDQ ONNX parts with onnxruntime on this CPU "
+                                  "(simulated; no Hexagon NPU)."})
+    failed = [d for d in doctor if d["status"] == "fail"]
+    if failed:
+        raise StageError("doctor_failed", failed[0]["message"], "Fix the board, then run the Board stage again.")
+    em.progress(0.3, "pushing the bundle")
+
+    def progress(done: int, total: int, rel: str) -> None:
+        em.progress(0.3 + 0.65 * done / max(total, 1), f"pushing {rel}")
+
+    try:
+        pr = await push_bundle(board, bundle_dir, ctx.manifest.run_id, progress)
+    except BoardError as exc:
+        raise StageError("incompatible_bundle", exc.message, exc.hint) from None
+    doc = {"board": name, "label": board.label, "simulated": board.simulated, "doctor": doctor,
+           "remote_bundle": pr.remote_dir, "push": {"sent_files": pr.sent_files, "skipped_files": pr.skipped_files,
+                                                    "sent_bytes": pr.sent_bytes, "mb_per_s": round(pr.mb_per_s, 2)}}
+    (ctx.out_dir / "board.json").write_text(json.dumps(doc, indent=2))
+    em.artifact("board.json", kind="json", role="board")
+    em.metric("push_sent_files", pr.sent_files)
+    em.metric("push_skipped_files", pr.skipped_files)
+    em.metric("simulated", board.simulated)
+    await board.transport.close()
+    return {"board": name, "simulated": board.simulated, "remote_bundle": pr.remote_dir}

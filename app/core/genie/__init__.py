@@ -1,0 +1,1 @@
+"""Genie on the board: transcript and profile parsers, KPIs, prompt templates, runs and the chat stage."""

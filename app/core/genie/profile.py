@@ -1,0 +1,80 @@
+"""Parse genie-t2t-run's --profile JSON (artifact_type GENIE_PROFILE) into normalised KPIs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ProfileError(ValueError):
+    pass
+
+
+@dataclass
+class Kpis:
+    init_ms: float | None
+    prompt_tokens: int | None
+    prompt_tok_s: float | None
+    ttft_ms: float | None
+    generated_tokens: int | None
+    gen_tok_s: float | None
+    gen_time_ms: float | None
+    source: str                  # "device" | "simulated"
+    queries: int = 1
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _value(ev: dict[str, Any], key: str) -> Any:
+    v = ev.get(key)
+    if isinstance(v, dict):
+        return v.get("value")
+    return v
+
+
+def _ms(ev: dict[str, Any], key: str) -> float | None:
+    v = ev.get(key)
+    if not isinstance(v, dict) or v.get("value") is None:
+        return None
+    unit = v.get("unit", "us")
+    scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}.get(unit, 1e-3)
+    return round(float(v["value"]) * scale, 3)
+
+
+def parse_profile(data: dict[str, Any] | str | Path) -> Kpis:
+    if isinstance(data, (str, Path)) and not str(data).lstrip().startswith("{"):
+        data = Path(data).read_text(encoding="utf-8")
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"The profile is not JSON ({exc.msg}); genie-t2t-run may have crashed before "
+                               "writing it.") from None
+    assert isinstance(data, dict)
+    if (data.get("header") or {}).get("artifact_type") != "GENIE_PROFILE":
+        raise ProfileError("Not a Genie profile: header.artifact_type is not GENIE_PROFILE.")
+    events = [ev for c in data.get("components", []) for ev in c.get("events", [])]
+    creates = [e for e in events if e.get("type") == "GenieDialog_create"]
+    queries = [e for e in events if e.get("type") == "GenieDialog_query"]
+    if not queries:
+        raise ProfileError("The profile has no GenieDialog_query event: the query did not run.")
+    q = queries[-1]  # several queries: the last is the latest turn
+    simulated = bool((data.get("metadata") or {}).get("simulated"))
+    pt = _value(q, "num-prompt-tokens")
+    gt = _value(q, "num-generated-tokens")
+    pr = _value(q, "prompt-processing-rate")
+    gr = _value(q, "token-generation-rate")
+    return Kpis(
+        init_ms=_ms(creates[-1], "init-time") if creates else None,
+        prompt_tokens=int(pt) if pt is not None else None,
+        prompt_tok_s=float(pr) if pr is not None else None,
+        ttft_ms=_ms(q, "time-to-first-token"),
+        generated_tokens=int(gt) if gt is not None else None,
+        gen_tok_s=float(gr) if gr is not None else None,
+        gen_time_ms=_ms(q, "token-generation-time"),
+        source="simulated" if simulated else "device",
+        queries=len(queries),
+    )

@@ -1,0 +1,86 @@
+"""Compile stage: turn the validated graphs into a bundle Genie (or the simulator board) can run.
+
+Targets (settings["compile_target"]):
+  sim    the simulation bundle: genie_config.json whose ctx-bins are the QDQ ONNX parts, for the
+         simulator board; labeled "simulated": true everywhere.
+  aihub  Qualcomm AI Hub: compile both graphs per part, link them with shared weights, download the
+         context binaries (workers/aihub.py).
+  auto   sim for the simulator board, aihub otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from workers import bundle as gb
+from workers import modelinfo
+from workers.protocol import Emitter
+from workers.runtime import WorkerError, WorkerSpec, worker_main
+
+
+def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path, out: Path,
+                     settings: dict[str, Any], em: Emitter) -> dict[str, Any]:
+    q = json.loads((quantize_dir / "quantize.json").read_text())
+    hf_config = json.loads((hf_dir / "config.json").read_text())
+    bdir = out / "bundle"
+    (bdir / "sim").mkdir(parents=True)
+    graphs = []
+    for g in q["graphs"]:
+        if "sim_onnx" not in g:
+            raise WorkerError("missing_graph", f"Graph {g['name']} has no quantized ONNX.", "Re-run the Quantize stage.")
+        shutil.copy2(quantize_dir / g["sim_onnx"], bdir / "sim" / f"{g['name']}.onnx")
+        graphs.append({k: v for k, v in g.items() if k not in ("onnx", "encodings", "float_onnx")}
+                      | {"sim_onnx": f"sim/{g['name']}.onnx"})
+    shutil.copy2(hf_dir / "tokenizer.json", bdir / "tokenizer.json")
+    ctx_bins = [f"sim/{g['name']}.onnx" for g in graphs]
+    cfg = gb.genie_config(hf_config, q["context_length"], ctx_bins, q["head_dim"], settings.get("sampler"),
+                          simulated=True)
+    gb.check_genie_config(cfg, hf_config, q["context_length"])
+    (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=2))
+    (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(gb.SIMULATOR_DEVICE), indent=2))
+    (bdir / "tool-versions.yaml").write_text("# simulated bundle: no QAIRT compiler was used\nqairt: simulator\n")
+    (bdir / "graphs.json").write_text(json.dumps({**{k: v for k, v in q.items() if k != "graphs"},
+                                                  "graphs": graphs}, indent=2))
+    em.progress(0.8, "writing bundle.json")
+    return gb.write_manifest(bdir, {
+        "model": model_doc["model"], "simulated": True, "emulated": False, "device": gb.SIMULATOR_DEVICE,
+        "qairt_version": None, "context_length": q["context_length"], "ar_n": q["ar_n"], "parts": q["parts"],
+        "aihub_jobs": [],
+    })
+
+
+def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
+    s = spec.settings
+    target = s.get("compile_target", "auto")
+    board = spec.inputs.get("board", "sim")
+    if target == "auto":
+        target = "sim" if board == "sim" else "aihub"
+    model_doc = json.loads((spec.upstream_dir("model") / "model.json").read_text())
+    qdir = spec.upstream_dir("quantize")
+    if target == "sim":
+        em.progress(0.1, "writing the simulation bundle (QDQ ONNX parts for the simulator board)")
+        hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
+        doc = write_sim_bundle(qdir, model_doc, hf_dir, spec.out_dir, s, em)
+    elif target == "aihub":
+        try:
+            from workers import aihub
+        except ImportError:
+            raise WorkerError("not_implemented", "Compiling through Qualcomm AI Hub is not implemented in this "
+                              "build yet.", "Use the simulator board (compile_target=sim) for now.") from None
+        doc = aihub.compile_bundle(spec, model_doc, qdir, em)
+    else:
+        raise WorkerError("bad_target", f"compile_target '{target}' is not one of auto, sim, aihub.")
+    for f in doc["files"]:
+        em.artifact(f"bundle/{f['path']}", kind="bundle")
+    em.metric("bundle_files", len(doc["files"]))
+    em.metric("bundle_bytes", sum(f["size"] for f in doc["files"]), unit="bytes")
+    em.metric("simulated", bool(doc["simulated"]))
+    em.progress(1.0, f"bundle with {len(doc['files'])} files")
+    return {"target": target, "simulated": doc["simulated"], "files": len(doc["files"])}
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker_main("compile", run))

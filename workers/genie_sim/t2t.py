@@ -1,0 +1,179 @@
+"""A genie-t2t-run compatible runner that executes a simulation bundle with onnxruntime.
+
+    python -m workers.genie_sim.t2t -c genie_config.json --prompt_file prompt.txt --profile p.json
+
+Same flags, stdout shape and --profile JSON as Qualcomm's genie-t2t-run (facts/genie.md), so the
+studio drives it exactly like the board's runtime. It runs the prompt processor over AR-N blocks,
+then the token generator, measures its own real rates, and says everywhere that it is a
+SIMULATOR: its numbers are CPU numbers, never device results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+GENIE_API_VERSION = "1.17.0"
+BANNER = f"Using libGenie.so version {GENIE_API_VERSION} (HexStudio simulator: onnxruntime on the CPU, not a device)"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # genie-t2t-run style
+        print(f"ERROR: {message}", file=sys.stderr)
+        sys.exit(1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="genie-t2t-run", add_help=True)
+    p.add_argument("-c", "--config", required=False)
+    p.add_argument("-p", "--prompt")
+    p.add_argument("--prompt_file")
+    p.add_argument("--profile")
+    p.add_argument("--log", choices=["error", "warn", "info", "verbose"], default=None)
+    p.add_argument("-l", "--lora")
+    p.add_argument("-s", "--save")
+    p.add_argument("-r", "--restore")
+    p.add_argument("--max-tokens", type=int, default=None, help="(simulator) cap on generated tokens")
+    return p
+
+
+def log(level: str, want: str | None, msg: str) -> None:
+    order = ["error", "warn", "info", "verbose"]
+    if want is not None and order.index(level) <= order.index(want):
+        print(f"[{level.upper()}]  \"{msg}\"", flush=True)
+
+
+def sample(logits: Any, sampler: dict[str, Any], rng: Any) -> int:
+    import numpy as np
+
+    temp = float(sampler.get("temp", 0.0))
+    top_k = int(sampler.get("top-k", 1))
+    if temp <= 0 or top_k == 1:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temp
+    idx = np.argsort(-z)[: max(1, top_k)]
+    p = np.exp(z[idx] - z[idx].max())
+    p /= p.sum()
+    top_p = float(sampler.get("top-p", 1.0))
+    keep = int(np.searchsorted(np.cumsum(p), top_p) + 1)
+    idx, p = idx[:keep], p[:keep] / p[:keep].sum()
+    return int(rng.choice(idx, p=p))
+
+
+def profile_doc(init_us: float, q: dict[str, Any]) -> dict[str, Any]:
+    def us(v: float) -> dict[str, Any]:
+        return {"value": int(v), "unit": "us"}
+
+    now = int(time.time() * 1e6)
+    return {
+        "header": {"header_version": {"major": 0, "minor": 1, "patch": 0}, "version": {"major": 0, "minor": 1,
+                                                                                          "patch": 0},
+                   "artifact_type": "GENIE_PROFILE"},
+        "metadata": {"timestamp": now, "simulated": True, "runtime": "HexStudio simulator (onnxruntime, CPU)"},
+        "components": [{"name": "dialog0", "type": "dialog", "events": [
+            {"type": "GenieDialog_create", "duration": int(init_us), "start": now - int(init_us) - int(q["total_us"]),
+             "stop": now - int(q["total_us"]), "init-time": us(init_us)},
+            {"type": "GenieDialog_query", "duration": int(q["total_us"]), "start": now - int(q["total_us"]),
+             "stop": now,
+             "num-prompt-tokens": {"value": q["prompt_tokens"], "unit": ""},
+             "prompt-processing-rate": {"value": q["prompt_rate"], "unit": "toks/sec"},
+             "time-to-first-token": us(q["ttft_us"]),
+             "num-generated-tokens": {"value": q["generated"], "unit": ""},
+             "token-generation-rate": {"value": q["gen_rate"], "unit": "toks/sec"},
+             "token-generation-time": us(q["gen_us"])},
+            {"type": "GenieDialog_free", "duration": 0, "start": now, "stop": now},
+        ]}],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.config:
+        print("ERROR: Please provide config using --config.", file=sys.stderr)
+        return 1
+    if args.prompt and args.prompt_file:
+        print("ERROR: Please provide only one of --prompt or --prompt_file.", file=sys.stderr)
+        return 1
+    if not args.prompt and not args.prompt_file:
+        print("ERROR:: Please provide prompt using --prompt or --prompt_file.", file=sys.stderr)
+        return 1
+    if args.profile and os.path.exists(args.profile):
+        print(f"ERROR: Invalid --profile argument. Output file {args.profile} already exists.", file=sys.stderr)
+        return 1
+    prompt = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
+    print(BANNER, flush=True)
+    t_init = time.perf_counter()
+    try:
+        import numpy as np
+        from tokenizers import Tokenizer
+
+        from workers.arloop import ContextFull, DeploymentPair
+
+        cfg_path = Path(args.config)
+        cfg = json.loads(cfg_path.read_text())["dialog"]
+        graphs = json.loads((cfg_path.parent / "graphs.json").read_text())
+        tok = Tokenizer.from_file(cfg["tokenizer"]["path"])
+        pair = DeploymentPair.from_graphs(graphs["graphs"], Path("."), variant="sim",
+                                          context_length=int(cfg["context"]["size"]),
+                                          intra_op_threads=int(os.environ.get("HEXSTUDIO_SIM_THREADS", "2")))
+    except Exception as exc:
+        log("error", "error", f"Create From Binary FAILED! ({type(exc).__name__}: {exc})")
+        print("Failure to initialize model", flush=True)
+        print("Failed to create the dialog.", flush=True)
+        return 1
+    init_us = (time.perf_counter() - t_init) * 1e6
+    log("info", args.log, "Using create From Binary (simulated: ONNX parts)")
+    print(f"\n[PROMPT]: {prompt}\n", flush=True)
+    eos = set(cfg["context"].get("eos-token") or [])
+    bos = cfg["context"].get("bos-token")
+    ids = ([bos] if isinstance(bos, int) else []) + tok.encode(prompt, add_special_tokens=False).ids
+    sampler = cfg.get("sampler", {})
+    rng = np.random.default_rng(int(sampler.get("seed", 42)))
+    max_new = args.max_tokens or int(cfg.get("max-num-tokens", 0) or 0) or (pair.capacity - len(ids))
+    sys.stdout.write("[BEGIN]: ")
+    sys.stdout.flush()
+    t0 = time.perf_counter()
+    generated: list[int] = []
+    printed = ""
+    ttft_us = gen_us = 0.0
+    try:
+        logits = pair.prefill(ids)
+        t_prompt = time.perf_counter()
+        ttft_us = (t_prompt - t0) * 1e6
+        t_first = t_prompt
+        while len(generated) < max_new:
+            nxt = sample(logits, sampler, rng)
+            if nxt in eos:
+                break
+            generated.append(nxt)
+            text = tok.decode(generated)
+            if not text.endswith("\ufffd"):  # never print half a UTF-8 character
+                sys.stdout.write(text[len(printed):])
+                sys.stdout.flush()
+                printed = text
+            if pair.n_past >= pair.capacity:
+                break
+            logits = pair.step(nxt)
+        gen_us = (time.perf_counter() - t_first) * 1e6
+    except ContextFull as exc:
+        log("warn", "warn", f"context full: {exc}")
+        gen_us = (time.perf_counter() - t0) * 1e6 - ttft_us
+    sys.stdout.write("[END]\n")
+    sys.stdout.flush()
+    n_prompt = len(ids)
+    q = {"prompt_tokens": n_prompt, "ttft_us": ttft_us, "generated": len(generated),
+         "prompt_rate": round(n_prompt / max(ttft_us / 1e6, 1e-9), 4),
+         "gen_rate": round(len(generated) / max(gen_us / 1e6, 1e-9), 4) if generated else 0.0,
+         "gen_us": gen_us, "total_us": ttft_us + gen_us}
+    if args.profile:
+        Path(args.profile).write_text(json.dumps(profile_doc(init_us, q), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
