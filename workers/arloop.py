@@ -19,6 +19,17 @@ import numpy as np
 MASK_VALUE = -1000.0
 
 
+def step_inputs(n_past: int, s: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """attention_mask [1,1,S,CL] and position_ids [1,S] for S new tokens after n_past cached ones.
+    Columns: [CL-S past slots (the first n_past valid) | S current (causal)]."""
+    past_len = capacity - s
+    pos = (n_past + np.arange(s, dtype=np.int32))[None]
+    mask = np.full((1, 1, s, capacity), MASK_VALUE, np.float32)
+    mask[0, 0, :, :n_past] = 0.0
+    mask[0, 0, :, past_len:][np.tril(np.ones((s, s), bool))] = 0.0
+    return mask, pos
+
+
 class ContextFull(RuntimeError):
     """The KV cache holds context_length tokens: no room for more."""
 
@@ -104,11 +115,7 @@ class DeploymentPair:
                               f"{s}-token block")
         x = np.zeros((1, s), np.int32)
         x[0, :m] = ids
-        pos = (self.n_past + np.arange(s, dtype=np.int32))[None]
-        mask = np.full((1, 1, s, self.capacity), MASK_VALUE, np.float32)
-        mask[0, 0, :, : self.n_past] = 0.0
-        cur = np.tril(np.ones((s, s), bool))
-        mask[0, 0, :, past_len:][cur] = 0.0
+        mask, pos = step_inputs(self.n_past, s, self.capacity)
         past = {li: (self._k[li][..., :past_len], self._v[li][:, :, :past_len]) for li in self.layers}
         logits, new = chain.run(x, mask, pos, past)
         for li, (k, v) in new.items():
