@@ -143,7 +143,14 @@ def quantize_graph(float_onnx: Path, graph_dir: Path, sim_onnx: Path, feeds: lis
         sim.compute_encodings(gen())
         graph_dir.mkdir(parents=True, exist_ok=True)
         sim.export(str(graph_dir), "model")
-        qdq = sim.to_onnx_qdq()
+        if int(settings.get("weight_bits", 4)) not in (4, 8, 16):
+            # ONNX QuantizeLinear has no such integer type: bake the quantized weights in
+            # (weight-only simulation, activations in float) for onnxruntime.
+            sim.fold_param_quantizers()
+            sim.export(str(tmp), "folded")
+            qdq = onnx.load(str(tmp / "folded.onnx"))
+        else:
+            qdq = sim.to_onnx_qdq()
         del sim
         gc.collect()
         sim_onnx.parent.mkdir(parents=True, exist_ok=True)

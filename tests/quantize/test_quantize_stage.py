@@ -1,0 +1,195 @@
+"""Quantize + validate stages on the built-in model with real aimet-onnx (shared session run)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.support.runs import FAST_QUANTIZE_SETTINGS, run_stages
+
+REPO = Path(__file__).resolve().parents[2]
+METRICS = ("top1_agreement", "kl_divergence", "greedy_agreement", "perplexity_float", "perplexity_quantized",
+           "perplexity_ratio", "salad_score")
+JUDGED = ("top1_agreement", "kl_divergence", "greedy_agreement", "perplexity_ratio", "salad_score")
+
+
+def _run_json(run_dir: Path) -> dict[str, Any]:
+    return dict(json.loads((run_dir / "run.json").read_text()))
+
+
+def _quantize_json(run_dir: Path) -> dict[str, Any]:
+    return dict(json.loads((run_dir / "artifacts" / "quantize" / "quantize.json").read_text()))
+
+
+def test_quantize_json_follows_the_contract(validated_run: Path) -> None:
+    q = _quantize_json(validated_run)
+    base = validated_run / "artifacts" / "quantize"
+    assert (q["context_length"], q["ar_n"], q["parts"]) == (512, 128, 2)
+    assert q["precision"]["weights"] == "int4 LPBQ block 64"
+    assert q["precision"]["kv_cache"] == "int8" and q["precision"]["activations"] == "int16"
+    names = {g["name"] for g in q["graphs"]}
+    assert names == {"prompt_ar128_cl512_1_of_2", "prompt_ar128_cl512_2_of_2",
+                     "token_ar1_cl512_1_of_2", "token_ar1_cl512_2_of_2"}
+    for g in q["graphs"]:
+        for key in ("onnx", "encodings", "sim_onnx", "float_onnx"):
+            assert (base / g[key]).is_file(), (g["name"], key)
+        assert g["inputs"][0] == ("input_ids" if g["part"] == 1 else "hidden_states_in")
+        assert g["outputs"][0] == ("logits" if g["part"] == 2 else "hidden_states_out")
+
+
+def test_encodings_hold_int4_lpbq_weights_shared_by_both_graphs(validated_run: Path) -> None:
+    q = _quantize_json(validated_run)
+    base = validated_run / "artifacts" / "quantize"
+    encs = {g["name"]: json.loads((base / g["encodings"]).read_text()) for g in q["graphs"]}
+    for name, e in encs.items():
+        lpbq = [p for p in e["param_encodings"] if p.get("enc_type") == "LPBQ"]
+        assert len(lpbq) >= 14, name                       # q,k,v,o,gate,up,down x 2 layers
+        assert all(p["compressed_bw"] == 4 and p["block_size"] == 64 for p in lpbq)
+        kv = [a for a in e["activation_encodings"] if a["name"].startswith("past_")]
+        assert kv and all(a["bw"] == 8 for a in kv), name   # int8 KV cache
+    # one set of weights on the device: identical weight encodings in both graphs of each part
+    for part in (1, 2):
+        pp = {p["name"]: p for p in encs[f"prompt_ar128_cl512_{part}_of_2"]["param_encodings"]}
+        tg = {p["name"]: p for p in encs[f"token_ar1_cl512_{part}_of_2"]["param_encodings"]}
+        assert set(pp) == set(tg) and all(pp[n] == tg[n] for n in pp)
+    head = [p for p in encs["prompt_ar128_cl512_2_of_2"]["param_encodings"] if "lm_head" in p["name"]]
+    assert head and head[0]["bw"] == 8 and head[0].get("enc_type") != "LPBQ"
+    m = _run_json(validated_run)["stages"]["quantize"]["metrics"]
+    assert m["int4_lpbq_weight_encodings"]["value"] == 28
+
+
+def test_verdict_and_every_metric_with_threshold_in_run_json(validated_run: Path) -> None:
+    st = _run_json(validated_run)["stages"]["validate"]
+    metrics = {k: v["value"] for k, v in st["metrics"].items()}
+    assert metrics["verdict"] == "pass"
+    for name in METRICS:
+        assert isinstance(metrics[name], float), name
+    for name in JUDGED:
+        assert metrics[f"{name}_ok"] is True and f"{name}_threshold" in metrics
+    assert metrics["calibration_graph_verdict"] == "pass"
+    doc = json.loads((validated_run / "artifacts" / "validate" / "validation.json").read_text())
+    assert doc["verdict"] == "pass" and doc["calibration_graph"]["top1_agreement"] > 0.9
+    assert 0.9 < metrics["perplexity_ratio"] < 1.1 and metrics["kl_divergence"] < 0.02
+
+
+def test_sim_onnx_is_plain_onnxruntime_qdq(validated_run: Path) -> None:
+    import onnx
+
+    q = _quantize_json(validated_run)
+    g = next(g for g in q["graphs"] if g["name"] == "token_ar1_cl512_1_of_2")
+    model = onnx.load(str(validated_run / "artifacts" / "quantize" / g["sim_onnx"]))
+    ops = {n.op_type for n in model.graph.node}
+    assert "DequantizeLinear" in ops and "QcQuantizeOp" not in ops
+
+
+def _scramble_token_generator(run_dir: Path) -> None:
+    """Shuffle the quantized weights of the token generator's first part (prompt processor intact)."""
+    import onnx
+    from onnx import numpy_helper
+
+    q = _quantize_json(run_dir)
+    g = next(g for g in q["graphs"] if g["name"] == "token_ar1_cl512_1_of_2")
+    path = run_dir / "artifacts" / "quantize" / g["sim_onnx"]
+    model = onnx.load(str(path))
+    rng = np.random.default_rng(0)
+    changed = 0
+    for init in model.graph.initializer:
+        arr = numpy_helper.to_array(init)
+        if arr.ndim == 2 and arr.size >= 4096:
+            flat = arr.reshape(-1).copy()
+            rng.shuffle(flat)
+            init.CopyFrom(numpy_helper.from_array(flat.reshape(arr.shape), init.name))
+            changed += 1
+    assert changed >= 7
+    onnx.save(model, str(path))
+
+
+@pytest.mark.slow
+def test_scrambled_deployment_graph_is_caught_by_the_gate(validated_run: Path, tmp_path: Path) -> None:
+    """The known trap: the calibration-shape graph is fine, the deployment pair is broken."""
+    from app.core.pipeline import Pipeline
+    from app.core.runs import Workspace
+
+    ws_root = tmp_path / "ws"
+    dest = ws_root / "runs" / validated_run.name
+    shutil.copytree(validated_run, dest)
+    _scramble_token_generator(dest)
+    m = Workspace(ws_root).open_run(validated_run.name)
+    res = asyncio.run(Pipeline(m).run(only="validate", force=True))
+    assert not res.ok and "gate not passed" in res.message
+    doc = json.loads((dest / "artifacts" / "validate" / "validation.json").read_text())
+    assert doc["verdict"] == "fail"
+    assert doc["calibration_graph"]["verdict"] == "pass"
+    assert doc["summary"] == "calibration graph fine, deployment pair broken"
+    assert m.stage("validate").metric_value("verdict") == "fail"
+
+
+def test_context_length_not_a_multiple_of_ar_n_is_a_clear_error(tmp_path: Path) -> None:
+    m, res = run_stages(tmp_path, ("model", "quantize"), {"context_length": 500})
+    assert not res.ok
+    assert "multiple" in (res.message or "") and "500" in res.message
+    assert not (Path(m.run_dir) / "artifacts" / "quantize").exists()
+
+
+@pytest.mark.parametrize("content", [None, "  \n"])
+def test_missing_or_empty_calibration_text_is_a_clear_error(tmp_path: Path, content: str | None) -> None:
+    text = tmp_path / "calib.txt"
+    if content is not None:
+        text.write_text(content)
+    m, res = run_stages(tmp_path / "ws", ("model", "quantize"), {"calibration_text": str(text)})
+    assert not res.ok and str(text) in res.message
+    assert ("does not exist" if content is None else "is empty") in res.message
+    assert m.stage("quantize").state != "done"
+
+
+@pytest.mark.slow
+def test_cancel_mid_calibration_leaves_nothing_marked_done(tmp_path: Path) -> None:
+    from app.core.pipeline import Pipeline
+    from app.core.runs import Workspace
+
+    m = Workspace(tmp_path).create_run("builtin:tiny-llama", "sim", dict(FAST_QUANTIZE_SETTINGS))
+    assert asyncio.run(Pipeline(m).run(only="model")).ok
+    seen: list[str] = []
+
+    async def go() -> Any:
+        pipe: Pipeline
+
+        def on_event(stage: str, ev: dict[str, Any]) -> None:
+            msg = str(ev.get("message", ""))
+            if ev["type"] == "progress" and "calibration sample" in msg and not seen:
+                seen.append(msg)
+                asyncio.get_running_loop().create_task(pipe.cancel())
+
+        pipe = Pipeline(m, on_event=on_event)
+        return await pipe.run(only="quantize")
+
+    res = asyncio.run(go())
+    assert seen, "calibration never started"
+    assert not res.ok
+    assert m.stage("quantize").state != "done"
+    arts = Path(m.run_dir) / "artifacts"
+    assert not (arts / "quantize").exists() and not (arts / "quantize.partial").exists()
+    assert json.loads((Path(m.run_dir) / "run.json").read_text())["stages"]["quantize"]["state"] != "done"
+
+
+@pytest.mark.slow
+def test_cli_run_until_validate(tmp_path: Path) -> None:
+    """The acceptance command, real aimet-onnx end to end."""
+    env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")}
+    cmd = [str(Path(sys.executable).parent / "hexstudio"), "run", "--model", "builtin:tiny-llama", "--board", "sim",
+           "--until", "validate", "--json", "--set", "calibration_samples=4"]
+    p = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = json.loads(p.stdout)
+    assert p.returncode == 0 and out["ok"], (out, p.stderr[-2000:])
+    run = _run_json(Path(out["run_dir"]))
+    assert run["stages"]["validate"]["metrics"]["verdict"]["value"] == "pass"
+    assert run["stages"]["quantize"]["metrics"]["int4_lpbq_weight_encodings"]["value"] > 0
