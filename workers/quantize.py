@@ -19,7 +19,6 @@ import gc
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from workers.protocol import Emitter
@@ -183,7 +182,7 @@ def _version(mod: str) -> str:
         from importlib.metadata import version
 
         return version(mod.replace("_", "-"))
-    except Exception:  # noqa: BLE001
+    except Exception:
         return "unknown"
 
 

@@ -139,14 +139,14 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     mask, pos = step_inputs(0, ar_n, cl)
     kvh, hd = int(q["num_kv_heads"]), int(q["head_dim"])
     for v, pair in pairs.items():
-        past = {li: (np.zeros((1, kvh, hd, cl - ar_n), np.float32), np.zeros((1, kvh, cl - ar_n, hd), np.float32))
+        past: dict[int, tuple[np.ndarray, np.ndarray]] = {li: (np.zeros((1, kvh, hd, cl - ar_n), np.float32), np.zeros((1, kvh, cl - ar_n, hd), np.float32))
                 for li in pair.layers}
-        out, _ = pair.prompt.run(np.asarray([block], np.int32), mask, pos, past)
-        pp_logits[v] = np.asarray(out[0], np.float32)
-    calib = {"graph": "prompt_processor alone (calibration shape, AR-%d)" % ar_n,
+        pp_out, _ = pair.prompt.run(np.asarray([block], np.int32), mask, pos, past)
+        pp_logits[v] = np.asarray(pp_out[0], np.float32)
+    calib: dict[str, Any] = {"graph": f"prompt_processor alone (calibration shape, AR-{ar_n})",
              "top1_agreement": round(top1_agreement(pp_logits["float"], pp_logits["sim"]), 4),
              "kl_divergence": round(kl_divergence(pp_logits["float"], pp_logits["sim"]), 6)}
-    cj = judge(calib, {k: thr[k] for k in ("top1_agreement", "kl_divergence")})
+    cj = judge({k: float(calib[k]) for k in ("top1_agreement", "kl_divergence")}, {k: thr[k] for k in ("top1_agreement", "kl_divergence")})
     calib["verdict"] = cj["verdict"]
     em.progress(0.9, "judging")
 
@@ -159,8 +159,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     else:
         summary = "the quantized model differs from the float model beyond the thresholds"
     failed = [k for k, c in result["checks"].items() if not c["ok"]]
-    for name, v in values.items():
-        em.metric(name, v)
+    for name, value in values.items():
+        em.metric(name, value)
     for name, c in result["checks"].items():
         em.metric(f"{name}_threshold", c["threshold"])
         em.metric(f"{name}_ok", c["ok"])

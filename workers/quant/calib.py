@@ -74,7 +74,7 @@ class Block:
 
 
 def pp_mask(s: int, cl: int, n_valid: int) -> np.ndarray:
-    m = np.full((1, 1, s, cl), MASK_VALUE, dtype=np.float32)
+    m: np.ndarray = np.full((1, 1, s, cl), MASK_VALUE, dtype=np.float32)
     past = cl - s
     for i in range(s):
         m[0, 0, i, past:past + min(i, n_valid - 1) + 1] = 0.0
@@ -82,7 +82,7 @@ def pp_mask(s: int, cl: int, n_valid: int) -> np.ndarray:
 
 
 def tg_mask(cl: int, n_past: int) -> np.ndarray:
-    m = np.full((1, 1, 1, cl), MASK_VALUE, dtype=np.float32)
+    m: np.ndarray = np.full((1, 1, 1, cl), MASK_VALUE, dtype=np.float32)
     m[0, 0, 0, :n_past] = 0.0
     m[0, 0, 0, cl - 1] = 0.0
     return m

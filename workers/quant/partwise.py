@@ -161,7 +161,7 @@ def quantize_graph(float_onnx: Path, graph_dir: Path, sim_onnx: Path, feeds: lis
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         gc.collect()
-    stats = count_encodings(graph_dir / "model.encodings")
+    stats: dict[str, Any] = dict(count_encodings(graph_dir / "model.encodings"))
     stats.update(counts)
     stats["seconds"] = round(time.monotonic() - t0, 2)
     return stats
@@ -181,8 +181,8 @@ def run_onnx(path: Path, feeds: list[dict[str, np.ndarray]], threads: int) -> li
 
 def part_feeds(part_first: bool, layers: list[int], blocks: list[Block], hidden_in: list[np.ndarray] | None,
                s: int, cl: int, kvh: int, hd: int) -> list[dict[str, np.ndarray]]:
-    zk = np.zeros((1, kvh, hd, cl - s), np.float32)
-    zv = np.zeros((1, kvh, cl - s, hd), np.float32)
+    zk: np.ndarray = np.zeros((1, kvh, hd, cl - s), np.float32)
+    zv: np.ndarray = np.zeros((1, kvh, cl - s, hd), np.float32)
     feeds = []
     for b, blk in enumerate(blocks):
         f: dict[str, np.ndarray] = {}
@@ -218,8 +218,8 @@ def tg_feeds(part_first: bool, layers: list[int], blocks: list[Block], pp_outs: 
             f["position_ids"] = np.asarray([[blk.start_pos + p]], dtype=np.int32)
             for i, li in enumerate(layers):
                 k_new, v_new = pp_outs[b][1 + 2 * i], pp_outs[b][2 + 2 * i]
-                pk = np.zeros((1, kvh, hd, cl - 1), np.float32)
-                pv = np.zeros((1, kvh, cl - 1, hd), np.float32)
+                pk: np.ndarray = np.zeros((1, kvh, hd, cl - 1), np.float32)
+                pv: np.ndarray = np.zeros((1, kvh, cl - 1, hd), np.float32)
                 pk[..., :p] = k_new[..., :p]
                 pv[:, :, :p] = v_new[:, :, :p]
                 f[f"past_key_{li}_in"] = pk
