@@ -39,6 +39,6 @@ def validated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def compiled_sim_run(validated_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.support.runs import build_compiled_sim_run
+    from tests.support.sim_runs import build_compiled_sim_run
 
     return build_compiled_sim_run(validated_run, tmp_path_factory.mktemp("compiled-ws"))

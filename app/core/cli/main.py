@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "app.core.cli.run_cmd",
     "app.core.cli.runs_cmd",
     "app.core.cli.preflight_cmd",
+    "app.core.cli.bundle_cmd",
 )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.core.atomic import sha256_file
 from app.core.device.board import Board, BoardError
 
 REMOTE_MANIFEST = ".hexstudio-pushed.json"
@@ -51,22 +52,22 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
             pushed = json.loads((await t.read_bytes(man)).decode())
         except (ValueError, OSError):
             pushed = {}
-    files = [*doc["files"], {"path": "bundle.json", "sha256": None, "size": (bundle_dir / "bundle.json").stat().st_size}]
+    files = [*doc["files"], {"path": "bundle.json", "sha256": sha256_file(bundle_dir / "bundle.json"),
+                             "size": (bundle_dir / "bundle.json").stat().st_size}]
     total = sum(int(f["size"]) for f in files)
     done = sent = sent_files = skipped = 0
     t0 = time.monotonic()
     for f in files:
         rel = f["path"]
         dst = posixpath.join(remote, rel)
-        if f["sha256"] is not None and pushed.get(rel) == f["sha256"] and await t.exists(dst):
+        if pushed.get(rel) == f["sha256"] and await t.exists(dst):
             skipped += 1
         else:
             await t.put_file(bundle_dir / rel, dst)
             sent += int(f["size"])
             sent_files += 1
-            if f["sha256"] is not None:
-                pushed[rel] = f["sha256"]
-                await t.write_bytes(man, json.dumps(pushed).encode())  # resumable: record as we go
+            pushed[rel] = f["sha256"]
+            await t.write_bytes(man, json.dumps(pushed).encode())  # resumable: record as we go
         done += int(f["size"])
         if progress is not None:
             progress(done, total, rel)

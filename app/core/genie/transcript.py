@@ -38,7 +38,7 @@ class TranscriptParser:
     def __init__(self) -> None:
         self.t = Transcript()
         self._buf = ""
-        self._in_prompt = False
+        self._after_begin = False
 
     def feed(self, chunk: str) -> str:
         """Returns the reply text contained in this chunk."""
@@ -46,6 +46,11 @@ class TranscriptParser:
         out = ""
         while self._buf:
             if self.t.state == "streaming":
+                if self._after_begin:  # the single space after "[BEGIN]:" is not reply text
+                    if self._buf.startswith(" "):
+                        self._buf = self._buf[1:]
+                    self._after_begin = False
+                    continue
                 end = min((i for i in (self._buf.find("[END]"), self._buf.find("[ABORT]")) if i >= 0), default=-1)
                 if end < 0:
                     # keep a tail that could be the start of a marker
@@ -69,9 +74,10 @@ class TranscriptParser:
             if begin >= 0 and (nl < 0 or begin < nl):
                 self._line(self._buf[:begin])
                 self._buf = self._buf[begin + len("[BEGIN]:"):]
-                if self._buf.startswith(" "):
-                    self._buf = self._buf[1:]
+                self._after_begin = True
                 self.t.state = "streaming"
+                if not self._buf:
+                    break
                 continue
             if nl < 0:
                 break

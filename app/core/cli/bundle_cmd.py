@@ -1,0 +1,73 @@
+"""`hexstudio bundle config|devices|verify`: the Genie bundle, before and after compiling."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from app.core.cli.common import CliError, add_json_flag, print_json
+from workers import bundle as gb
+from workers import modelinfo
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bundle", help="Genie bundle: preview genie_config.json, list devices, verify a bundle")
+    bs = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
+    pc = bs.add_parser("config", help="print the genie_config.json HexStudio would write for a model")
+    pc.add_argument("--model", required=True, help="a folder holding config.json (weights not needed)")
+    pc.add_argument("--device", default="Dragonwing IQ-9075 EVK")
+    pc.add_argument("--context-length", type=int, default=4096)
+    pc.add_argument("--ar-n", type=int, default=128)
+    pc.add_argument("--parts", type=int, default=None)
+    pc.set_defaults(func=cmd_config)
+    pd = bs.add_parser("devices", help="devices HexStudio knows offline (AI Hub lists the live ones)")
+    add_json_flag(pd)
+    pd.set_defaults(func=cmd_devices)
+    pv = bs.add_parser("verify", help="check every file of a bundle against its bundle.json")
+    pv.add_argument("bundle_dir", type=Path)
+    add_json_flag(pv)
+    pv.set_defaults(func=cmd_verify)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    folder = Path(args.model).expanduser()
+    try:
+        cfg = modelinfo.read_config(folder)
+        dev = gb.device_info(args.device)
+        gb.check_device(dev)
+    except (modelinfo.ModelInfoError, gb.BundleError) as exc:
+        raise CliError(str(exc)) from None
+    info = modelinfo.inspect_config(cfg)
+    if not info["supported"]:
+        raise CliError(info["reason"])
+    err = modelinfo.check_context(info, args.context_length, args.ar_n)
+    if err:
+        raise CliError(err)
+    parts = args.parts or modelinfo.default_parts(info)
+    bins = [f"weight_sharing_model_{k}_of_{parts}.serialized.bin" for k in range(1, parts + 1)]
+    out = gb.genie_config(cfg, args.context_length, bins, int(info["head_dim"]))
+    gb.check_genie_config(out, cfg, args.context_length)
+    print_json(out)
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    rows = [{"name": n, **d} for n, d in gb.KNOWN_DEVICES.items()]
+    if args.json:
+        print_json({"devices": rows})
+    else:
+        for r in rows:
+            print(f"{r['name']:28s} soc_model {r['soc_model']:3d}  {r['dsp_arch']}  {r['os']}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    problems = gb.verify_bundle(args.bundle_dir)
+    doc = json.loads((args.bundle_dir / "bundle.json").read_text()) if not problems or \
+        (args.bundle_dir / "bundle.json").is_file() else {}
+    if args.json:
+        print_json({"ok": not problems, "problems": problems, "simulated": doc.get("simulated")})
+    else:
+        print("bundle OK" if not problems else "\n".join(problems))
+    return 0 if not problems else 1

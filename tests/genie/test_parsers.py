@@ -1,0 +1,96 @@
+"""Transcript and profile parsers on every shape in facts/genie.md."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from app.core.genie.profile import ProfileError, parse_profile
+from app.core.genie.transcript import TranscriptParser, parse_transcript
+
+COMPLETE = ("Using libGenie.so version 1.17.0\n\n[PROMPT]: What is the capital of France?\n\n"
+            "[INFO]  \"Using create From Binary\"\n[WARN]  \"Failed to advise OS on memory usage\"\n"
+            "[BEGIN]: The capital of France is Paris.[END]\n")
+OLD_KPIS = COMPLETE + ("\n[KPIS]:\nInit Time: 4060000 us\nPrompt Processing Time: 183500 us, Prompt Processing "
+                       "Rate : 158.05 toks/sec\nToken Generation Time: 3090000 us, Token Generation Rate: 10.03 "
+                       "toks/sec\n")
+
+
+def test_complete_reply_with_interleaved_logs() -> None:
+    t = parse_transcript(COMPLETE)
+    assert t.state == "complete" and t.text == "The capital of France is Paris."
+    assert t.genie_version == "1.17.0" and not t.simulated
+    assert t.prompt == "What is the capital of France?"
+    assert [lg["level"] for lg in t.logs] == ["info", "warn"] and t.errors == []
+
+
+def test_old_kpis_block() -> None:
+    t = parse_transcript(OLD_KPIS)
+    assert t.kpis_block == {"init_us": 4060000, "prompt_us": 183500, "prompt_rate": 158.05, "gen_us": 3090000,
+                            "gen_rate": 10.03}
+
+
+def test_streaming_chunks_split_anywhere_give_the_same_text() -> None:
+    for size in (1, 2, 3, 7, 50):
+        p = TranscriptParser()
+        got = "".join(p.feed(COMPLETE[i:i + size]) for i in range(0, len(COMPLETE), size))
+        assert got == "The capital of France is Paris."
+        assert p.finish(0).state == "complete"
+
+
+def test_crash_mid_stream_empty_reply_and_abort() -> None:
+    crash = parse_transcript("Using libGenie.so version 1.11.0\n\n[PROMPT]: hi\n\n[BEGIN]: The capi", exit_status=139)
+    assert crash.state == "crashed" and crash.text == "The capi"
+    empty = parse_transcript("Using libGenie.so version 1.17.0\n\n[PROMPT]: hi\n\n[BEGIN]: [END]\n")
+    assert empty.state == "complete" and empty.text == ""
+    aborted = parse_transcript("[PROMPT]: hi\n\n[BEGIN]: Once upon[ABORT]: \nQuery successfully aborted\n")
+    assert aborted.state == "aborted" and aborted.text == "Once upon"
+
+
+def test_failed_dialog_creation() -> None:
+    t = parse_transcript("Using libGenie.so version 1.17.0\n[ERROR] \"Create From Binary FAILED!\"\n"
+                         "Failure to initialize model\nFailed to create the dialog.\n", exit_status=1)
+    assert t.state == "crashed"
+    assert "Create From Binary FAILED!" in t.errors
+    assert any("Failed to create the dialog" in e for e in t.errors)
+
+
+def _profile(queries: list[dict[str, Any]], simulated: bool = False) -> dict[str, Any]:
+    def q(d: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "GenieDialog_query", "duration": 1, "start": 0, "stop": 1,
+                "num-prompt-tokens": {"value": d["p"], "unit": ""},
+                "prompt-processing-rate": {"value": d["pr"], "unit": "toks/sec"},
+                "time-to-first-token": {"value": d["ttft"], "unit": "us"},
+                "num-generated-tokens": {"value": d["g"], "unit": ""},
+                "token-generation-rate": {"value": d["gr"], "unit": "toks/sec"},
+                "token-generation-time": {"value": d["gt"], "unit": "us"}}
+    return {"header": {"header_version": {"major": 0}, "version": {"major": 0}, "artifact_type": "GENIE_PROFILE"},
+            "metadata": {"timestamp": 1, **({"simulated": True} if simulated else {})},
+            "components": [{"name": "dialog0", "type": "dialog", "events": [
+                {"type": "GenieDialog_create", "duration": 4060000, "start": 0, "stop": 1,
+                 "init-time": {"value": 4060000, "unit": "us"}}, *[q(d) for d in queries]]}]}
+
+
+def test_profile_of_the_published_evk_run() -> None:
+    k = parse_profile(_profile([{"p": 29, "pr": 158.05, "ttft": 183500, "g": 31, "gr": 10.03, "gt": 3090000}]))
+    assert (k.init_ms, k.prompt_tokens, k.prompt_tok_s, k.ttft_ms, k.generated_tokens, k.gen_tok_s, k.gen_time_ms) == \
+        (4060.0, 29, 158.05, 183.5, 31, 10.03, 3090.0)
+    assert k.source == "device"
+
+
+def test_profile_with_several_queries_takes_the_last() -> None:
+    k = parse_profile(json.dumps(_profile([
+        {"p": 10, "pr": 1, "ttft": 1, "g": 1, "gr": 1, "gt": 1},
+        {"p": 50, "pr": 200.0, "ttft": 250000, "g": 40, "gr": 9.5, "gt": 4200000}], simulated=True)))
+    assert k.queries == 2 and k.prompt_tokens == 50 and k.gen_tok_s == 9.5 and k.source == "simulated"
+
+
+def test_bad_profiles_are_explained() -> None:
+    with pytest.raises(ProfileError, match="not JSON"):
+        parse_profile("{ truncated")
+    with pytest.raises(ProfileError, match="GENIE_PROFILE"):
+        parse_profile({"header": {"artifact_type": "OTHER"}})
+    with pytest.raises(ProfileError, match="no GenieDialog_query"):
+        parse_profile({"header": {"artifact_type": "GENIE_PROFILE"}, "components": []})

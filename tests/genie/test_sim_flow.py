@@ -1,0 +1,89 @@
+"""Board and chat stages on the simulator board, end to end with real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from pathlib import Path
+
+import pytest
+
+from app.core.device.board import sim_board
+from app.core.device.push import push_bundle
+from app.core.genie.run import Chunk, run_query
+from app.core.pipeline import Pipeline
+from app.core.runs import Workspace
+from tests.support.sim_runs import copy_run
+
+
+@pytest.fixture(scope="module")
+def chat_run(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ws = tmp_path_factory.mktemp("chat-ws")
+    run_dir = copy_run(compiled_sim_run, ws)
+    m = Workspace(ws).open_run(run_dir.name)
+    res = asyncio.run(Pipeline(m).run(only="board"))
+    assert res.ok, res
+    res = asyncio.run(Pipeline(m).run(only="chat"))
+    assert res.ok, res
+    return run_dir
+
+
+def test_chat_stage_records_simulated_kpis(chat_run: Path) -> None:
+    data = json.loads((chat_run / "run.json").read_text())
+    metrics = {k: v["value"] for k, v in data["stages"]["chat"]["metrics"].items()}
+    assert metrics["source"] == "simulated"
+    assert data["stages"]["chat"]["metrics"]["gen_tok_s"]["scope"] == "simulated"
+    chat = json.loads((chat_run / "artifacts" / "chat" / "chat.json").read_text())
+    assert chat["source"] == "simulated" and chat["state"] == "complete"
+    assert chat["reply"].strip(), "the simulator produced no text"
+    # the profile's numbers agree with what the runner itself streamed (within 1%)
+    k = chat["kpis"]
+    assert k["generated_tokens"] == metrics["generated_tokens"] > 0
+    assert abs(k["gen_tok_s"] - k["generated_tokens"] / (k["gen_time_ms"] / 1000)) <= 0.01 * k["gen_tok_s"]
+    assert abs(k["prompt_tok_s"] - k["prompt_tokens"] / (k["ttft_ms"] / 1000)) <= 0.01 * k["prompt_tok_s"]
+    # streamed: the first chunk arrived well before the reply ended
+    assert chat["chunks"][0]["t"] < chat["chunks"][-1]["t"]
+    assert "".join(c["text"] for c in chat["chunks"]) == chat["reply"]
+    board = json.loads((chat_run / "artifacts" / "board" / "board.json").read_text())
+    assert board["simulated"] is True
+
+
+def test_second_push_sends_nothing(chat_run: Path) -> None:
+    board = sim_board(chat_run.parent.parent)
+    res = asyncio.run(push_bundle(board, chat_run / "artifacts" / "compile" / "bundle", chat_run.name))
+    assert res.sent_files == 0 and res.skipped_files > 0
+
+
+def test_hostile_prompt_arrives_verbatim_and_runs_nothing(chat_run: Path, tmp_path: Path) -> None:
+    canary = tmp_path / f"pwned-{secrets.token_hex(4)}"
+    prompt = (f"$(touch {canary}) `touch {canary}` \"quotes\" 'single' ; touch {canary}\n"
+              "second line — naïve café 日本語 ✓")
+    board = sim_board(chat_run.parent.parent)
+    bundle_dir = json.loads((chat_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
+    chunks: list[Chunk] = []
+    res = asyncio.run(run_query(board, bundle_dir, prompt, on_chunk=chunks.append, max_tokens=4))
+    assert res.exit_status == 0, res.stderr
+    assert not canary.exists()
+    sent = sorted(Path(bundle_dir, ".hexstudio-runs").glob("prompt-*.txt"))[-1]
+    assert sent.read_text(encoding="utf-8") == prompt
+    assert res.transcript.prompt is not None and res.transcript.prompt.startswith(f"$(touch {canary})")
+    assert res.kpis is not None and res.kpis.source == "simulated"
+
+
+def test_stop_aborts_a_reply_midway(chat_run: Path) -> None:
+    board = sim_board(chat_run.parent.parent)
+    bundle_dir = json.loads((chat_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
+
+    async def go() -> object:
+        stop = asyncio.Event()
+
+        def on_chunk(c: Chunk) -> None:
+            stop.set()
+
+        return await run_query(board, bundle_dir, "Question: Where does the sun rise? Answer:", on_chunk=on_chunk,
+                               stop=stop, max_tokens=400)
+
+    res = asyncio.run(go())
+    assert res.transcript.state == "aborted"  # type: ignore[attr-defined]
+    assert res.text  # type: ignore[attr-defined]
