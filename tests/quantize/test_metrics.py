@@ -34,3 +34,15 @@ def test_judge_and_sequence_agreement() -> None:
     assert sequence_agreement([1, 2, 3, 4], [1, 2, 9, 4]) == (0.75, 2)
     r = judge({"top1_agreement": 0.9, "kl_divergence": 0.5}, {"top1_agreement": 0.8, "kl_divergence": 0.1})
     assert r["verdict"] == "fail" and r["checks"]["top1_agreement"]["ok"] and not r["checks"]["kl_divergence"]["ok"]
+
+
+def test_threshold_overrides_from_settings() -> None:
+    import pytest
+
+    from workers.runtime import WorkerError
+    from workers.validate import thresholds_from
+
+    thr = thresholds_from({"thresholds": {"kl_divergence": "0.05"}})
+    assert thr["kl_divergence"] == 0.05 and thr["top1_agreement"] == 0.80
+    with pytest.raises(WorkerError, match="Unknown validation threshold"):
+        thresholds_from({"thresholds": {"kl": 1}})
