@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "app.core.cli.runs_cmd",
     "app.core.cli.preflight_cmd",
     "app.core.cli.bundle_cmd",
+    "app.core.cli.model_cmd",
 )
 
 

@@ -1,0 +1,64 @@
+"""`hexstudio model inspect M`: what a model is, whether HexStudio supports it, and what each stage
+will cost — from config.json alone, before downloading the weights."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from app.core.cli.common import CliError, add_json_flag, print_json
+from app.core.cli.preflight_cmd import model_config
+from app.core.jobs import human_bytes
+from workers import modelinfo
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("model", help="inspect a model (built-in, Hugging Face id or folder)")
+    ms = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    pi = ms.add_parser("inspect", help="architecture, size, support and per-stage memory/disk estimates")
+    pi.add_argument("model", help="builtin:tiny-llama, a Hugging Face id, or a folder holding config.json")
+    pi.add_argument("--context-length", type=int, default=None)
+    pi.add_argument("--ar-n", type=int, default=128)
+    pi.add_argument("--parts", type=int, default=None)
+    add_json_flag(pi)
+    pi.set_defaults(func=cmd_inspect)
+
+
+def inspect(model: str, context_length: int | None, ar_n: int, parts: int | None) -> dict[str, Any]:
+    info = modelinfo.inspect_config(model_config(model))
+    out: dict[str, Any] = {"model": model, **info}
+    if not info["supported"]:
+        return out
+    cl = context_length or (512 if model.startswith("builtin:") else 4096)
+    err = modelinfo.check_context(info, cl, ar_n)
+    if err:
+        raise CliError(err)
+    out["context_length"] = cl
+    out["ar_n"] = ar_n
+    out["parts"] = parts or modelinfo.default_parts(info)
+    out["estimates"] = modelinfo.estimate(info, cl, ar_n, out["parts"])
+    return out
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    out = inspect(args.model, args.context_length, args.ar_n, args.parts)
+    if args.json:
+        print_json(out)
+        return 0 if out["supported"] else 1
+    print(f"{out['model']}: {out['architecture']}")
+    if not out["supported"]:
+        print(f"  not supported: {out['reason']}", file=sys.stderr)
+        return 1
+    print(f"  {out['num_parameters']:,} parameters, {out['num_layers']} layers, {out['num_heads']} heads "
+          f"({out['num_kv_heads']} KV), hidden {out['hidden_size']}, vocabulary {out['vocab_size']:,}")
+    rs = out.get("rope_scaling")
+    print(f"  rope theta {out['rope_theta']:g}" + (f", scaling {rs.get('rope_type')} x{rs.get('factor')}" if rs else ""))
+    e = out["estimates"]
+    print(f"  context {out['context_length']}, AR-{out['ar_n']}, {out['parts']} part(s)")
+    print(f"  download {human_bytes(e['hf_download_bytes'])}; disk {human_bytes(e['disk_bytes'])}; "
+          f"bundle {human_bytes(e['bundle_bytes'])}")
+    print(f"  quantize peak RSS ~{human_bytes(e['quantize_peak_rss_bytes'])} part-wise "
+          f"(whole-model QuantSim ~{human_bytes(e['whole_model_quantsim_rss_bytes'])}; reference recipe "
+          f"{human_bytes(e['reference']['quantize_peak_rss_bytes'])})")
+    return 0

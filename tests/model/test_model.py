@@ -1,0 +1,172 @@
+"""Model stage, inspection, deployment-graph export and the AR loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.core.paths import BUILTIN_MODEL_DIR
+from app.core.pipeline import Pipeline
+from app.core.runs import Workspace
+from workers import modelinfo
+
+LLAMA_8B: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                            "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 131072,
+                            "rope_theta": 500000.0, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+                            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+NEMOTRON_NANO_8B = {**LLAMA_8B, "_name_or_path": "nvidia/Llama-3.1-Nemotron-Nano-8B-v1"}
+QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
+            "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000.0,
+            "tie_word_embeddings": False}
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+           "vocab_size": 32000, "num_local_experts": 8}
+MAMBA = {"architectures": ["MambaForCausalLM"], "model_type": "mamba", "hidden_size": 2560, "num_hidden_layers": 64,
+         "vocab_size": 50280}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(Path(sys.executable).with_name("hexstudio")), *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ})
+
+
+def _config_folder(tmp_path: Path, cfg: dict[str, Any]) -> Path:
+    d = tmp_path / cfg["architectures"][0]
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize(("cfg", "params_b"), [(LLAMA_8B, 8.03), (NEMOTRON_NANO_8B, 8.03), (QWEN3_8B, 8.19)])
+def test_inspect_config_only_folders(tmp_path: Path, cfg: dict[str, Any], params_b: float) -> None:
+    out = _cli("model", "inspect", str(_config_folder(tmp_path, cfg)), "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["supported"] is True
+    assert abs(d["num_parameters"] / 1e9 - params_b) < 0.02
+    assert d["num_kv_heads"] == 8 and d["context_length"] == 4096
+    e = d["estimates"]
+    assert e["quantize_peak_rss_bytes"] < 64 * 1024**3 < e["reference"]["quantize_peak_rss_bytes"]
+    assert e["disk_bytes"] > 150e9
+
+
+@pytest.mark.parametrize(("cfg", "word"), [(MIXTRAL, "mixture-of-experts"), (MAMBA, "Mamba")])
+def test_unsupported_architectures_are_refused_with_why(tmp_path: Path, cfg: dict[str, Any], word: str) -> None:
+    out = _cli("model", "inspect", str(_config_folder(tmp_path, cfg)), "--json")
+    assert out.returncode == 1
+    d = json.loads(out.stdout)
+    assert d["supported"] is False and cfg["architectures"][0] in d["reason"] and word in d["reason"]
+
+
+def test_context_length_checks() -> None:
+    info = modelinfo.inspect_config(LLAMA_8B)
+    assert modelinfo.check_context(info, 4096, 128) is None
+    assert "not a multiple of AR-N 128" in (modelinfo.check_context(info, 1000, 128) or "")
+    tiny = modelinfo.inspect_folder(BUILTIN_MODEL_DIR)
+    assert "max_position_embeddings" in (modelinfo.check_context(tiny, 4096, 128) or "")
+    assert modelinfo.default_parts(info) == 5 and modelinfo.default_parts(tiny) == 2
+    assert modelinfo.layer_ranges(32, 5) == [(0, 7), (7, 14), (14, 20), (20, 26), (26, 32)]
+
+
+def _run_model_stage(ws: Path, model: str, **settings: Any) -> Any:
+    m = Workspace(ws).create_run(model, "sim", settings)
+    res = asyncio.run(Pipeline(m).run(only="model"))
+    return m, res
+
+
+def test_model_stage_builtin_and_local_folder(tmp_path: Path) -> None:
+    m, res = _run_model_stage(tmp_path / "ws", "builtin:tiny-llama")
+    assert res.ok, res
+    doc = json.loads((m.run_dir / "artifacts" / "model" / "model.json").read_text())
+    assert doc["source"] == "builtin" and doc["resolved"] == {"context_length": 512, "ar_n": 128, "parts": 2}
+    assert (modelinfo.hf_dir_of(doc, m.run_dir / "artifacts" / "model") / "config.json").is_file()
+    local = tmp_path / "local"
+    shutil.copytree(BUILTIN_MODEL_DIR, local)
+    m2, res2 = _run_model_stage(tmp_path / "ws", str(local), context_length=256)
+    assert res2.ok, res2
+    doc2 = json.loads((m2.run_dir / "artifacts" / "model" / "model.json").read_text())
+    assert doc2["source"] == "local" and doc2["hf_dir"] == str(local) and doc2["resolved"]["context_length"] == 256
+
+
+@pytest.mark.parametrize(("damage", "code", "needle"), [
+    ("truncate", "corrupt_weights", "truncated"),
+    ("garbage", "corrupt_weights", "not a valid safetensors"),
+    ("delete", "missing_weights", "No *.safetensors"),
+    ("moe", "unsupported_architecture", "mixture-of-experts"),
+    ("context", "bad_context_length", "not a multiple of AR-N"),
+])
+def test_model_stage_errors_are_clear(tmp_path: Path, damage: str, code: str, needle: str) -> None:
+    local = tmp_path / "local"
+    shutil.copytree(BUILTIN_MODEL_DIR, local)
+    st = local / "model.safetensors"
+    settings: dict[str, Any] = {}
+    if damage == "truncate":
+        st.write_bytes(st.read_bytes()[:-1000])
+    elif damage == "garbage":
+        st.write_bytes(b"\x00" * 64)
+    elif damage == "delete":
+        st.unlink()
+    elif damage == "moe":
+        cfg = json.loads((local / "config.json").read_text())
+        cfg.update(architectures=["MixtralForCausalLM"], num_local_experts=8)
+        (local / "config.json").write_text(json.dumps(cfg))
+    elif damage == "context":
+        settings["context_length"] = 300
+    m, res = _run_model_stage(tmp_path / "ws", str(local), **settings)
+    assert not res.ok
+    out = m.stage("model").data["outcome"]
+    assert out["code"] == code and needle in out["message"], out
+    assert out["hint"]
+    assert not (m.run_dir / "artifacts" / "model").exists()
+
+
+def test_not_a_model_gives_what_to_do(tmp_path: Path) -> None:
+    m, res = _run_model_stage(tmp_path / "ws", "/nonexistent/folder")
+    assert not res.ok
+    assert "neither a folder nor a Hugging Face id" in m.stage("model").data["outcome"]["message"]
+
+
+def test_export_and_arloop_match_transformers(tmp_path: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workers.arloop import ContextFull, DeploymentPair
+    from workers.export import export_deployment_graphs
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rope_theta=500000.0,
+                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    model = LlamaForCausalLM(cfg).eval()
+    graphs = export_deployment_graphs(None, tmp_path / "float", 64, 16, 2, model=model)
+    assert [g["name"] for g in graphs] == ["prompt_ar16_cl64_1_of_2", "prompt_ar16_cl64_2_of_2",
+                                           "token_ar1_cl64_1_of_2", "token_ar1_cl64_2_of_2"]
+    assert graphs[0]["inputs"][:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert graphs[1]["inputs"][0] == "hidden_states_in" and graphs[1]["outputs"][0] == "logits"
+    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16)
+    ids = [int(x) for x in np.random.RandomState(0).randint(0, 300, 37)]  # 3 AR-16 blocks, the last padded
+    logits = pair.prefill(ids)
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0, -1].numpy()
+    assert np.abs(logits - ref).max() < 1e-4
+    pair.reset()
+    ours = pair.generate(ids, 10)
+    with torch.no_grad():
+        hf = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+    assert ours == hf
+    pair.reset()
+    with pytest.raises(ContextFull):
+        pair.prefill(list(range(65)))
