@@ -317,7 +317,8 @@ class Pipeline:
             return _not_implemented(stage)
         spec_path = self._spec(stage, partial)
         job = await self.runner.start_local(stage.worker, spec_path, on_event=handle, on_sample=sample,
-                                            log_path=log_path, what=f"The {stage.title} stage")
+                                            log_path=log_path, what=f"The {stage.title} stage",
+                                            env=worker_env())
         self.current_job = job
         try:
             if self.cancel_event.is_set():
@@ -356,6 +357,24 @@ class Pipeline:
             ctx.emitter.done(True, summary or {})
         return JobResult("ok", 0, None, f"The {stage.title} stage finished.", summary=summary or {},
                          duration_s=time.monotonic() - t0)
+
+
+def worker_env() -> dict[str, str]:
+    """The worker's environment: ours, plus secrets from the keyring passed by environment (never in
+    the spec file, the logs or run.json)."""
+    import os
+
+    from app.core import secrets
+
+    env = dict(os.environ)
+    for var, name in (("HF_TOKEN", secrets.HF_TOKEN), ("HEXSTUDIO_AIHUB_TOKEN", secrets.AIHUB_TOKEN)):
+        try:
+            value = secrets.get_secret(name)
+        except secrets.SecretStoreError:
+            value = None
+        if value and var not in env:
+            env[var] = value
+    return env
 
 
 def _not_implemented(stage: Stage) -> JobResult:

@@ -136,3 +136,24 @@ def test_worker_dispatch_refuses_unknown_workers(tmp_path: Path) -> None:
     assert a.returncode == 2 and "there is no worker 'no_such_stage'" in a.stderr
     b = _cli("--worker", "../etc", "--spec", str(spec))
     assert b.returncode == 2 and "not a worker name" in b.stderr
+
+
+def test_secrets_reach_workers_by_environment_only(tmp_path: Path) -> None:
+    """A canary token in the keyring reaches the worker's environment but never the spec, log or run.json."""
+    import asyncio
+    import dataclasses
+
+    from app.core.pipeline import Pipeline, worker_env
+    from tests.core.conftest import fake_stages
+
+    secrets.set_secret(secrets.HF_TOKEN, "hf_canary_4242")
+    try:
+        assert worker_env().get("HF_TOKEN") == "hf_canary_4242"
+        st = dataclasses.replace(fake_stages(("model",))[0])
+        m = Workspace(tmp_path).create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+        assert asyncio.run(Pipeline(m, stages=(st,)).run(until="model")).ok
+        for p in m.run_dir.rglob("*"):
+            if p.is_file():
+                assert b"hf_canary_4242" not in p.read_bytes(), p
+    finally:
+        secrets.delete_secret(secrets.HF_TOKEN)
