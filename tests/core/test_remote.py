@@ -1,0 +1,75 @@
+"""A worker on a remote Linux host over a real OpenSSH server on loopback streams the same events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.sshd import SshServer, sshd_available
+
+ok, why = sshd_available()
+pytestmark = [pytest.mark.sshd, pytest.mark.skipif(not ok, reason=why)]
+
+
+async def _connect(srv: SshServer) -> Any:
+    from app.core.device.connect import connect_ssh
+
+    cfg = {"host": srv.host, "port": srv.port, "user": srv.user, "auth": "key", "key_path": str(srv.client_key_path)}
+    return await connect_ssh("remote-worker-test", cfg, trust=lambda *_a: True)
+
+
+def test_remote_selftest_worker_streams_events(tmp_path: Path) -> None:
+    from app.core.remote import RemoteJob
+
+    out_dir = tmp_path / "remote-out"
+    events: list[dict[str, Any]] = []
+
+    async def go() -> Any:
+        t = await _connect(srv)
+        try:
+            spec = {"schema": 1, "stage": "selftest", "run_dir": str(tmp_path), "out_dir": str(out_dir),
+                    "settings": {"seconds": 1.0}, "upstream": {}, "inputs": {}}
+            job = RemoteJob(t, "workers.selftest", spec, python=sys.executable, on_event=events.append)
+            await job.start()
+            return await job.wait(), job
+        finally:
+            await t.close()
+
+    with SshServer(tmp_path / "sshd") as srv:
+        res, job = asyncio.run(go())
+    assert res.ok, (res.message, res.stderr_tail)
+    kinds = [e["type"] for e in events]
+    assert kinds.count("progress") >= 3 and kinds[-1] == "done" and "metric" in kinds
+    assert json.loads((out_dir / "selftest.json").read_text())["packages"]["onnxruntime"] is True
+    assert job.remote_pid is not None and res.peak_rss_bytes > 0 and job.samples
+
+
+def test_remote_cancel_kills_the_remote_process_group(tmp_path: Path) -> None:
+    from app.core.remote import RemoteJob
+
+    async def go() -> tuple[Any, bool]:
+        t = await _connect(srv)
+        try:
+            spec = {"schema": 1, "stage": "selftest", "run_dir": str(tmp_path), "out_dir": str(tmp_path / "o"),
+                    "settings": {"seconds": 60}, "upstream": {}, "inputs": {}}
+            job = RemoteJob(t, "workers.selftest", spec, python=sys.executable, grace_s=5)
+            await job.start()
+            for _ in range(100):
+                if job.remote_pid and job.stream.events >= 2:
+                    break
+                await asyncio.sleep(0.1)
+            await job.cancel()
+            res = await job.wait()
+            return res, await job.group_alive()
+        finally:
+            await t.close()
+
+    with SshServer(tmp_path / "sshd") as srv:
+        res, alive = asyncio.run(go())
+    assert res.kind == "cancelled"
+    assert alive is False
