@@ -32,7 +32,7 @@ WORKERS_DIR = Path(__file__).resolve().parents[2] / "workers"
 PID_MARK = "HEXSTUDIO_PID:"
 
 # Prints the RSS (KiB) of the remote process group 4 times a second while it lives.
-_SAMPLER_SH = ('while kill -0 -- "-$1" 2>/dev/null; do '
+_SAMPLER_SH = ('while kill -s 0 -- "-$1" 2>/dev/null; do '
                'ps -eo pgid=,rss= | awk -v g="$1" \'$1 == g {s += $2} END {print s + 0}\'; sleep 0.25; done')
 
 

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.core.device.errors import BoardError
 from app.core.device.transport import LocalTransport
 from app.core.paths import REPO_ROOT, default_workspace
 
 
-class BoardError(Exception):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+__all__ = ["Board", "BoardError", "open_board", "sim_board", "python_env"]
 
 
 @dataclass
@@ -25,6 +24,35 @@ class Board:
     simulated: bool
     genie_command: list[str] = field(default_factory=list)   # genie-t2t-run, or the simulator
     env_script: str | None = None                            # QAIRT environment script on the board
+    config: dict[str, Any] = field(default_factory=dict)     # the board's settings entry
+    state: str = "ready"                                     # connecting | ready | failed
+
+    async def reconnect(self, timeout: float = 300.0, interval: float = 2.0) -> None:
+        """After a reboot: wait for sshd to come back and log in again (same host-key checks)."""
+        import asyncio
+        import time
+
+        from app.core.device.connect import connect_ssh
+
+        if self.simulated:
+            return
+        with contextlib.suppress(Exception):
+            await self.transport.close()
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                self.transport = await connect_ssh(self.name, self.config, timeout=10)
+                self.state = "ready"
+                return
+            except BoardError as exc:
+                if "host key" in exc.message.lower():
+                    raise
+                last = exc
+            await asyncio.sleep(interval)
+        self.state = "failed"
+        raise BoardError(f"Board '{self.name}' did not come back within {int(timeout)} s.",
+                         f"Check its power and network. Last error: {getattr(last, 'message', last)}")
 
     @property
     def label(self) -> str:
@@ -37,15 +65,25 @@ def sim_board(workspace: Path | None = None) -> Board:
                  genie_command=[sys.executable, "-m", "workers.genie_sim.t2t"])
 
 
-async def open_board(name: str, settings: Any = None, workspace: Path | None = None) -> Board:
+async def open_board(name: str, settings: Any = None, workspace: Path | None = None, *,
+                     trust: Callable[[str, int, str, str], bool] | None = None,
+                     password: str | None = None,
+                     on_state: Callable[[str, str], None] | None = None) -> Board:
+    """`trust(host, port, key_type, fingerprint) -> bool` answers a first-contact host key; without it an
+    unknown key raises app.core.device.connect.HostKeyUnknown (a BoardError with .fingerprint)."""
     if name == "sim":
         return sim_board(workspace)
     boards = getattr(settings, "boards", {}) if settings is not None else {}
     if name not in boards:
         raise BoardError(f"No board named '{name}'.",
                          "Add it on the Board page (host, user, key), or use the simulator board 'sim'.")
-    raise BoardError(f"Connecting to '{name}' over SSH is not available in this build.",
-                     "Use the simulator board 'sim' for now.")
+    from app.core.device.connect import connect_ssh
+
+    cfg = dict(boards[name])
+    t = await connect_ssh(name, cfg, trust=trust, password=password, on_state=on_state)
+    home = await t.home()
+    genie = cfg.get("genie_command") or ["genie-t2t-run"]
+    return Board(name, t, False, genie_command=list(genie), env_script=f"{home}/qairt-env.sh", config=cfg)
 
 
 def python_env() -> dict[str, str]:

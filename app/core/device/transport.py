@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
+import shlex
 import shutil
 import signal
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 
 @dataclass
@@ -18,6 +23,33 @@ class CommandResult:
     exit_status: int
     stdout: str
     stderr: str
+
+
+class RemoteProcess(Protocol):
+    async def read_stdout(self, n: int = 65536) -> bytes: ...
+    async def read_stderr(self, n: int = 65536) -> bytes: ...
+    async def write_stdin(self, data: bytes) -> None: ...
+    async def close_stdin(self) -> None: ...
+    async def wait(self) -> int: ...
+    async def terminate(self) -> None: ...
+
+
+class Transport(Protocol):
+    label: str
+    simulated: bool
+
+    async def run(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
+                  timeout: float | None = None, stdin: bytes | None = None) -> CommandResult: ...
+    async def start(self, argv: list[str], *, cwd: str | None = None,
+                    env: dict[str, str] | None = None) -> RemoteProcess: ...
+    async def put_file(self, local: Path, remote: str,
+                       progress: Callable[[int], None] | None = None) -> None: ...
+    async def get_file(self, remote: str, local: Path) -> None: ...
+    async def write_bytes(self, remote: str, data: bytes, mode: int = 0o644) -> None: ...
+    async def read_bytes(self, remote: str) -> bytes: ...
+    async def exists(self, remote: str) -> bool: ...
+    async def home(self) -> str: ...
+    async def close(self) -> None: ...
 
 
 class LocalProcess:
@@ -121,3 +153,292 @@ class LocalTransport:
 
     async def close(self) -> None:
         return None
+
+
+# ---------------------------------------------------------------------------------------------
+# SSH (paramiko). Every blocking paramiko call runs in asyncio.to_thread.
+
+CHUNK = 256 * 1024
+WINDOW = 64 * 1024 * 1024
+PGID_MARK = b"HEXSTUDIO_PGID:"
+
+
+class ConnectionLost(Exception):
+    """The SSH connection dropped (board rebooted, network gone)."""
+
+
+def _q(argv: list[str]) -> str:
+    return shlex.join([str(a) for a in argv])
+
+
+def wrap_command(argv: list[str], cwd: str | None, env: dict[str, str] | None) -> str:
+    """The one shell string sent to the board: every argument quoted (shlex), never user text inlined."""
+    parts = []
+    if cwd:
+        parts.append(f"cd -- {shlex.quote(cwd)} &&")
+    parts.append("exec")
+    if env:
+        parts.append("env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()))
+    parts.append(_q(argv))
+    return " ".join(parts)
+
+
+class SshProcess:
+    """A command running on the board over one SSH channel (its own session = process group)."""
+
+    def __init__(self, transport: SshTransport, channel: Any, pgid: int | None, stderr_buf: bytes) -> None:
+        self._t = transport
+        self.channel = channel
+        self.pgid = pgid
+        self._err_buf = stderr_buf
+
+    async def read_stdout(self, n: int = 65536) -> bytes:
+        return bytes(await asyncio.to_thread(self.channel.recv, n))
+
+    async def read_stderr(self, n: int = 65536) -> bytes:
+        if self._err_buf:
+            out, self._err_buf = self._err_buf[:n], self._err_buf[n:]
+            return out
+        return bytes(await asyncio.to_thread(self.channel.recv_stderr, n))
+
+    async def write_stdin(self, data: bytes) -> None:
+        await asyncio.to_thread(self.channel.sendall, data)
+
+    async def close_stdin(self) -> None:
+        await asyncio.to_thread(self.channel.shutdown_write)
+
+    async def wait(self) -> int:
+        rc = await asyncio.to_thread(self.channel.recv_exit_status)
+        return 255 if rc == -1 else int(rc)
+
+    async def terminate(self) -> None:
+        if self.pgid and not self.channel.exit_status_ready():
+            for sig in ("TERM", "KILL"):
+                with contextlib.suppress(Exception):
+                    await self._t.run(["kill", f"-{sig}", "--", f"-{self.pgid}"], timeout=10)
+                for _ in range(30):
+                    if self.channel.exit_status_ready():
+                        break
+                    await asyncio.sleep(0.1)
+                if self.channel.exit_status_ready():
+                    break
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.channel.close)
+
+
+class SshTransport:
+    """A board over SSH. Build one with app.core.device.connect.connect_ssh (host-key checks, auth)."""
+
+    simulated = False
+
+    def __init__(self, client: Any, host: str, port: int, user: str) -> None:
+        self.client = client
+        self.host, self.port, self.user = host, port, user
+        self.label = f"ssh://{user}@{host}:{port}"
+        self._sftp: Any = None
+        self._home: str | None = None
+
+    @property
+    def connected(self) -> bool:
+        t = self.client.get_transport()
+        return bool(t is not None and t.is_active())
+
+    def _transport(self) -> Any:
+        t = self.client.get_transport()
+        if t is None or not t.is_active():
+            raise ConnectionLost(f"The SSH connection to {self.label} is closed.")
+        return t
+
+    def sftp(self) -> Any:
+        import paramiko
+
+        if self._sftp is None or self._sftp.sock.closed:
+            self._sftp = paramiko.SFTPClient.from_transport(self._transport(), window_size=WINDOW,
+                                                            max_packet_size=32768)
+        return self._sftp
+
+    def _open_channel(self, command: str) -> Any:
+        try:
+            ch = self._transport().open_session(window_size=WINDOW, max_packet_size=32768)
+        except (EOFError, OSError) as exc:
+            raise ConnectionLost(f"The SSH connection to {self.label} dropped: {exc}") from None
+        ch.exec_command(command)
+        return ch
+
+    async def run(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
+                  timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        cmd = wrap_command(argv, cwd, env)
+
+        def go() -> CommandResult:
+            ch = self._open_channel(cmd)
+            try:
+                if stdin is not None:
+                    ch.sendall(stdin)
+                ch.shutdown_write()
+                out, err = bytearray(), bytearray()
+                deadline = None if timeout is None else time.monotonic() + timeout
+                ch.settimeout(0.2)
+                while True:
+                    got = False
+                    with contextlib.suppress(socket.timeout):
+                        while ch.recv_ready():
+                            out += ch.recv(CHUNK)
+                            got = True
+                        while ch.recv_stderr_ready():
+                            err += ch.recv_stderr(CHUNK)
+                            got = True
+                    if ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready():
+                        break
+                    if ch.closed or not self.connected:
+                        if ch.exit_status_ready():
+                            break
+                        raise ConnectionLost(f"The SSH connection to {self.label} dropped while running "
+                                             f"{argv[0]}.")
+                    if deadline is not None and time.monotonic() > deadline:
+                        return CommandResult(124, out.decode("utf-8", "replace"),
+                                             err.decode("utf-8", "replace") + f"\ntimed out after {timeout} s")
+                    if not got:
+                        time.sleep(0.005)
+                rc = ch.recv_exit_status()
+                return CommandResult(255 if rc == -1 else rc, out.decode("utf-8", "replace"),
+                                     err.decode("utf-8", "replace"))
+            finally:
+                ch.close()
+
+        return await asyncio.to_thread(go)
+
+    async def start(self, argv: list[str], *, cwd: str | None = None,
+                    env: dict[str, str] | None = None) -> SshProcess:
+        # The session's shell is a session (and process group) leader: its pid is the group to kill.
+        cmd = f"echo {PGID_MARK.decode()}$$ >&2; " + wrap_command(argv, cwd, env)
+
+        def go() -> SshProcess:
+            ch = self._open_channel(cmd)
+            buf = b""
+            while b"\n" not in buf:
+                got = ch.recv_stderr(4096)
+                if not got:
+                    break
+                buf += got
+            pgid = None
+            line, _, rest = buf.partition(b"\n")
+            if line.startswith(PGID_MARK):
+                with contextlib.suppress(ValueError):
+                    pgid = int(line[len(PGID_MARK):])
+            else:
+                rest = buf
+            return SshProcess(self, ch, pgid, rest)
+
+        return await asyncio.to_thread(go)
+
+    # -- files -------------------------------------------------------------------------------
+    def put_file_sync(self, local: Path, remote: str, progress: Callable[[int], None] | None = None,
+                      resume: bool = True) -> int:
+        """Write `remote` via `<remote>.part` then rename. An existing .part whose content matches the
+        local file's start is continued (only the rest is sent). Returns the bytes sent."""
+        sftp = self.sftp()
+        part = remote + ".part"
+        size = local.stat().st_size
+        offset = 0
+        if resume:
+            try:
+                psize = sftp.stat(part).st_size or 0
+            except OSError:
+                psize = 0
+            if 0 < psize <= size and self._prefix_matches(local, part, psize):
+                offset = psize
+        with open(local, "rb") as src, sftp.open(part, "ab" if offset else "wb") as dst:
+            dst.set_pipelined(True)
+            src.seek(offset)
+            done = offset
+            if progress is not None and offset:
+                progress(done)
+            while True:
+                block = src.read(CHUNK)
+                if not block:
+                    break
+                dst.write(block)
+                done += len(block)
+                if progress is not None:
+                    progress(done)
+        try:
+            sftp.posix_rename(part, remote)
+        except OSError:
+            with contextlib.suppress(OSError):
+                sftp.remove(remote)
+            sftp.rename(part, remote)
+        return size - offset
+
+    def _prefix_matches(self, local: Path, remote: str, n: int) -> bool:
+        h = hashlib.sha256()
+        with open(local, "rb") as f:
+            left = n
+            while left:
+                b = f.read(min(CHUNK * 4, left))
+                if not b:
+                    return False
+                h.update(b)
+                left -= len(b)
+        ch = self._open_channel(_q(["sha256sum", "--", remote]))
+        out = b""
+        while True:
+            b = ch.recv(4096)
+            if not b:
+                break
+            out += b
+        ch.recv_exit_status()
+        ch.close()
+        return out.split(b" ")[0].decode("ascii", "replace") == h.hexdigest()
+
+    async def put_file(self, local: Path, remote: str, progress: Callable[[int], None] | None = None) -> None:
+        await asyncio.to_thread(self.put_file_sync, local, remote, progress)
+
+    async def get_file(self, remote: str, local: Path) -> None:
+        await asyncio.to_thread(lambda: self.sftp().get(remote, str(local)))
+
+    async def write_bytes(self, remote: str, data: bytes, mode: int = 0o644) -> None:
+        def go() -> None:
+            sftp = self.sftp()
+            part = remote + ".part"
+            with sftp.open(part, "wb") as f:
+                f.set_pipelined(True)
+                f.write(data)
+            sftp.chmod(part, mode)
+            try:
+                sftp.posix_rename(part, remote)
+            except OSError:
+                sftp.rename(part, remote)
+        await asyncio.to_thread(go)
+
+    async def read_bytes(self, remote: str) -> bytes:
+        def go() -> bytes:
+            with self.sftp().open(remote, "rb") as f:
+                f.prefetch()
+                return bytes(f.read())
+        return await asyncio.to_thread(go)
+
+    async def exists(self, remote: str) -> bool:
+        def go() -> bool:
+            try:
+                self.sftp().stat(remote)
+                return True
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                if getattr(exc, "errno", None) == 2:
+                    return False
+                raise
+        return await asyncio.to_thread(go)
+
+    async def home(self) -> str:
+        if self._home is None:
+            self._home = await asyncio.to_thread(lambda: str(self.sftp().normalize(".")))
+        return self._home
+
+    async def close(self) -> None:
+        def go() -> None:
+            if self._sftp is not None:
+                with contextlib.suppress(Exception):
+                    self._sftp.close()
+            self.client.close()
+        await asyncio.to_thread(go)
