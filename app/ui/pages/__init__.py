@@ -1,0 +1,1 @@
+"""The wizard pages, one per stage."""

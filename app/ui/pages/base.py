@@ -1,0 +1,228 @@
+"""A wizard page for one stage: what it does, its inputs, its gate, and its results.
+
+Every page reads the stage declaration (app.core.stages) and the open run's manifest; starting
+the stage goes through the RunController (the pipeline and the job runner).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QInputDialog, QLabel,
+                               QLineEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
+
+from app.core.stages import Stage, get_stage
+from app.ui.controller import RunController
+from app.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, fmt_value, heading, note
+
+SettingSpec = tuple[str, str, Any]   # (key, label, kind: "int" | "bool" | "text" | list of choices)
+
+
+class StagePage(QWidget):
+    """Subclasses add widgets to `self.inputs_box` / `self.results_box` and override refresh_results()."""
+
+    settings_fields: tuple[SettingSpec, ...] = ()
+
+    def __init__(self, stage_name: str, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.stage: Stage = get_stage(stage_name)
+        self.c = controller
+        self.setObjectName(f"page_{stage_name}")
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        outer.addWidget(scroll)
+        body = QWidget()
+        scroll.setWidget(body)
+        self.body = QVBoxLayout(body)
+        self.body.setContentsMargins(18, 14, 18, 14)
+        self.body.setSpacing(10)
+
+        head = QHBoxLayout()
+        head.addWidget(heading(self.stage.title))
+        self.state_label = QLabel()
+        self.state_label.setObjectName("state_label")
+        head.addWidget(self.state_label)
+        head.addStretch(1)
+        self.run_button = QPushButton(f"Run {self.stage.title}")
+        self.run_button.setObjectName("run_button")
+        self.run_button.setToolTip("Run this stage (and any earlier stage that is not done yet)")
+        self.run_button.clicked.connect(self.start)
+        self.rerun_button = QPushButton("Run again")
+        self.rerun_button.setToolTip("Run only this stage again, even if it is up to date")
+        self.rerun_button.clicked.connect(lambda: self.start(force=True))
+        head.addWidget(self.run_button)
+        head.addWidget(self.rerun_button)
+        self.body.addLayout(head)
+        self.body.addWidget(note(self.stage.summary))
+
+        self.inputs_box = QGroupBox("Inputs")
+        self.inputs_layout = QVBoxLayout(self.inputs_box)
+        self.form = QFormLayout()
+        self.inputs_layout.addLayout(self.form)
+        self._setting_widgets: dict[str, QWidget] = {}
+        for key, label, kind in self.settings_fields:
+            self._add_setting(key, label, kind)
+        self.body.addWidget(self.inputs_box)
+
+        self.gate_box = QGroupBox("Gate")
+        gl = QVBoxLayout(self.gate_box)
+        gl.addWidget(note(self.stage.gate_text))
+        self.gate_label = note("")
+        self.gate_label.setObjectName("gate_label")
+        gl.addWidget(self.gate_label)
+        self.override_button = QPushButton("Override the gate…")
+        self.override_button.setToolTip("Continue past this failed gate; the override and your reason are recorded")
+        self.override_button.clicked.connect(self.override)
+        self.override_button.setVisible(False)
+        gl.addWidget(self.override_button, 0, Qt.AlignmentFlag.AlignLeft)
+        self.body.addWidget(self.gate_box)
+
+        self.results_box = QGroupBox("Results")
+        self.results_layout = QVBoxLayout(self.results_box)
+        self.outcome_label = note("")
+        self.outcome_label.setObjectName("outcome_label")
+        self.results_layout.addWidget(self.outcome_label)
+        self.metrics = KeyValueTable(["metric", "value", "scope"])
+        self.metrics.setMinimumHeight(120)
+        self.results_layout.addWidget(self.metrics)
+        self.body.addWidget(self.results_box)
+        self.body.addStretch(1)
+
+    # -- settings ------------------------------------------------------------------------------
+    def _add_setting(self, key: str, label: str, kind: Any) -> None:
+        w: QWidget
+        if kind == "int":
+            sb = QSpinBox()
+            sb.setRange(1, 1_000_000)
+            sb.valueChanged.connect(lambda v, k=key: self.set_setting(k, int(v)))
+            w = sb
+        elif kind == "bool":
+            cb = QCheckBox()
+            cb.toggled.connect(lambda v, k=key: self.set_setting(k, bool(v)))
+            w = cb
+        elif isinstance(kind, (list, tuple)):
+            combo = QComboBox()
+            combo.addItems([str(x) for x in kind])
+            combo.currentTextChanged.connect(lambda v, k=key: self.set_setting(k, v))
+            w = combo
+        else:
+            le = QLineEdit()
+            le.editingFinished.connect(lambda k=key, e=le: self.set_setting(k, e.text()))
+            w = le
+        w.setObjectName(f"setting_{key}")
+        self._setting_widgets[key] = w
+        self.form.addRow(label, w)
+
+    def set_setting(self, key: str, value: Any) -> None:
+        m = self.c.manifest
+        if m is None or self.c.busy or m.settings.get(key) == value:
+            return
+        m.settings[key] = value
+        m.save()
+        self.c.stageState.emit(self.stage.name, self.c.state(self.stage.name))
+
+    def _load_settings(self) -> None:
+        m = self.c.manifest
+        for key, w in self._setting_widgets.items():
+            v = m.settings.get(key) if m is not None else None
+            w.blockSignals(True)
+            if isinstance(w, QSpinBox) and isinstance(v, int):
+                w.setValue(v)
+            elif isinstance(w, QCheckBox):
+                w.setChecked(bool(v))
+            elif isinstance(w, QComboBox) and v is not None:
+                i = w.findText(str(v))
+                if i >= 0:
+                    w.setCurrentIndex(i)
+            elif isinstance(w, QLineEdit):
+                w.setText("" if v is None else str(v))
+            w.blockSignals(False)
+            w.setEnabled(m is not None and not self.c.busy)
+
+    # -- actions -------------------------------------------------------------------------------
+    def start(self, force: bool = False) -> None:
+        try:
+            if force:
+                self.c.start(self.stage.name, only=self.stage.name, force=True)
+            else:
+                self.c.start(self.stage.name)
+        except RuntimeError as exc:
+            self.outcome_label.setText(f"<span style='color:{STATE_COLORS['failed']}'>{exc}</span>")
+
+    def override(self) -> None:
+        reason, ok = QInputDialog.getText(self, "Override the gate",
+                                          f"Why continue past the {self.stage.title} gate? (recorded in the run)")
+        if ok and reason.strip():
+            self.c.override_gate(self.stage.name, reason.strip())
+            self.refresh()
+
+    # -- reading the run -----------------------------------------------------------------------
+    def artifact_json(self, name: str) -> dict[str, Any] | None:
+        d = self.c.stage_dir(self.stage.name)
+        if d is None or not (d / name).is_file():
+            return None
+        try:
+            data: dict[str, Any] = json.loads((d / name).read_text(encoding="utf-8"))
+            return data
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def artifact_path(self, name: str) -> Path | None:
+        d = self.c.stage_dir(self.stage.name)
+        return d / name if d is not None and (d / name).exists() else None
+
+    def refresh(self) -> None:
+        m = self.c.manifest
+        state = self.c.state(self.stage.name)
+        color = STATE_COLORS.get(state, "#8a8f98")
+        self.state_label.setText(f"<span style='color:{color}'>● {STATE_TEXT.get(state, state)}</span>")
+        busy = self.c.busy
+        self.run_button.setEnabled(m is not None and not busy)
+        self.rerun_button.setEnabled(m is not None and not busy and state in ("done", "stale", "failed"))
+        self._load_settings()
+        if m is None:
+            self.gate_label.setText("No run is open: create one on the Model page or open one (Ctrl+O).")
+            self.outcome_label.setText("")
+            self.metrics.set_rows([])
+            self.override_button.setVisible(False)
+            self.refresh_results()
+            return
+        st = m.stage(self.stage.name)
+        gate = st.data.get("gate")
+        if gate:
+            ov = gate.get("override")
+            text = ("passed: " if gate.get("passed") else "NOT passed: ") + str(gate.get("reason"))
+            if ov:
+                text += f" — overridden: {ov.get('reason')}"
+            col = STATE_COLORS["done" if gate.get("passed") or ov else "failed"]
+            self.gate_label.setText(f"<span style='color:{col}'>{text}</span>")
+            self.override_button.setVisible(not gate.get("passed") and not ov and not busy
+                                            and self.stage.gate(m).overridable)
+        else:
+            self.gate_label.setText("not evaluated yet")
+            self.override_button.setVisible(False)
+        out = st.outcome
+        if out and out.get("kind") not in (None, "ok"):
+            hint = f"<br><b>What to do:</b> {out['hint']}" if out.get("hint") else ""
+            self.outcome_label.setText(f"<span style='color:{STATE_COLORS['failed']}'><b>{out.get('message')}</b>"
+                                       f"</span>{hint}")
+        elif state in ("done", "stale"):
+            dur = st.data.get("duration_s")
+            peak = st.data.get("peak_rss_bytes")
+            self.outcome_label.setText(f"Completed in {fmt_value(dur)} s" + (
+                f", peak RSS {fmt_value(peak, 'bytes')}" if peak else "") + ".")
+        else:
+            self.outcome_label.setText("")
+        rows = [[k, fmt_value(v.get("value"), v.get("unit")), str(v.get("scope") or "")]
+                for k, v in st.metrics.items()]
+        self.metrics.set_rows(rows)
+        self.refresh_results()
+
+    def refresh_results(self) -> None:
+        """Stage-specific results (override)."""

@@ -1,0 +1,270 @@
+"""Chat page: talk to the model on the run's board; the reply streams in as tokens arrive, with
+per-message TTFT / prompt tok/s / generation tok/s / init time and a live token-rate plot."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication, QTextCursor
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
+                               QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QTextBrowser, QVBoxLayout, QWidget)
+
+from app.core.genie.conversation import TEMPLATES, Conversation, Turn, token_counter
+from app.core.genie.prompts import DETERMINISTIC, template_for
+from app.ui.controller import RunController
+from app.ui.pages.base import StagePage
+from app.ui.plots import ReplyHistoryPlot, TokenRatePlot
+from app.ui.widgets import STATE_COLORS, note
+
+SAMPLER_PRESETS = {"deterministic (seed 42, temp 0, top-k 1, top-p 1)": DETERMINISTIC}
+
+
+def kpi_line(k: dict[str, Any]) -> str:
+    def f(v: Any, nd: int = 1) -> str:
+        return "—" if v is None else f"{float(v):.{nd}f}"
+
+    src = k.get("source", "device")
+    tag = "SIMULATED" if src == "simulated" else "device"
+    return (f"TTFT {f(k.get('ttft_ms'), 0)} ms · prompt {f(k.get('prompt_tok_s'))} tok/s · generation "
+            f"{f(k.get('gen_tok_s'))} tok/s · init {f(k.get('init_ms'), 0)} ms · {k.get('generated_tokens')} tokens "
+            f"[{tag}]")
+
+
+class ChatPage(StagePage):
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__("chat", controller, parent)
+        form = QFormLayout()
+        self.template_combo = QComboBox()
+        self.template_combo.setObjectName("template")
+        self.template_combo.addItems(list(TEMPLATES))
+        self.system_edit = QLineEdit()
+        self.system_edit.setObjectName("system_prompt")
+        self.system_edit.setPlaceholderText("System prompt (Llama 3 template; Nemotron sets its own)")
+        self.sampler_combo = QComboBox()
+        self.sampler_combo.addItems(list(SAMPLER_PRESETS))
+        self.sampler_combo.setToolTip("The bundle's genie_config.json sampler; the simulator is greedy.")
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setObjectName("max_tokens")
+        self.max_tokens.setRange(1, 4096)
+        self.max_tokens.setValue(48)
+        form.addRow("Template", self.template_combo)
+        form.addRow("System prompt", self.system_edit)
+        form.addRow("Sampler", self.sampler_combo)
+        form.addRow("Max reply tokens", self.max_tokens)
+        self.inputs_layout.addLayout(form)
+
+        chat_box = QWidget()
+        cl = QVBoxLayout(chat_box)
+        cl.setContentsMargins(0, 0, 0, 0)
+        self.board_label = QLabel()
+        self.board_label.setObjectName("chat_board_label")
+        self.board_label.setWordWrap(True)
+        cl.addWidget(self.board_label)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        self.transcript = QTextBrowser()
+        self.transcript.setObjectName("transcript")
+        self.transcript.setOpenExternalLinks(False)
+        self.transcript.setMinimumHeight(260)
+        split.addWidget(self.transcript)
+        plots = QWidget()
+        pl = QVBoxLayout(plots)
+        pl.setContentsMargins(0, 0, 0, 0)
+        pl.addWidget(QLabel("Token rate, this reply"))
+        self.rate_plot = TokenRatePlot()
+        pl.addWidget(self.rate_plot, 2)
+        pl.addWidget(QLabel("Generation rate per reply"))
+        self.history_plot = ReplyHistoryPlot()
+        pl.addWidget(self.history_plot, 1)
+        split.addWidget(plots)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        cl.addWidget(split, 1)
+        self.kpi_label = QLabel("")
+        self.kpi_label.setObjectName("kpi_label")
+        cl.addWidget(self.kpi_label)
+        row = QHBoxLayout()
+        self.input = QPlainTextEdit()
+        self.input.setObjectName("chat_input")
+        self.input.setPlaceholderText("Ask something… (Ctrl+Enter sends)")
+        self.input.setMaximumHeight(70)
+        self.input.setTabChangesFocus(True)
+        self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("send_button")
+        self.send_button.setShortcut("Ctrl+Return")
+        self.send_button.clicked.connect(lambda: asyncio.ensure_future(self.send()))
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setObjectName("stop_button")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop)
+        row.addWidget(self.input, 1)
+        row.addWidget(self.send_button)
+        row.addWidget(self.stop_button)
+        cl.addLayout(row)
+        tools = QHBoxLayout()
+        self.copy_button = QPushButton("Copy conversation")
+        self.copy_button.clicked.connect(self.copy_conversation)
+        self.export_button = QPushButton("Export…")
+        self.export_button.clicked.connect(self.export_dialog)
+        self.new_button = QPushButton("New chat")
+        self.new_button.clicked.connect(self.new_chat)
+        tools.addWidget(self.copy_button)
+        tools.addWidget(self.export_button)
+        tools.addWidget(self.new_button)
+        tools.addStretch(1)
+        cl.addLayout(tools)
+        self.body.insertWidget(self.body.indexOf(self.results_box), chat_box, 1)
+        self.chat_message = note("")
+        cl.addWidget(self.chat_message)
+
+        self.conversation = Conversation()
+        self._stop: asyncio.Event | None = None
+        self._reply_start = 0
+        self.busy_chat = False
+
+    # -- run context ----------------------------------------------------------------------------
+    def board_doc(self) -> dict[str, Any] | None:
+        d = self.c.stage_dir("board")
+        if d is None or not (d / "board.json").is_file():
+            return None
+        doc: dict[str, Any] = json.loads((d / "board.json").read_text())
+        return doc
+
+    def model_dir(self) -> Path | None:
+        return self.c.stage_dir("model")
+
+    def refresh_results(self) -> None:
+        doc = self.board_doc()
+        if doc is None:
+            self.board_label.setText("Run the Board stage first: it pushes the bundle that chat runs.")
+            self.send_button.setEnabled(False)
+            return
+        sim = doc.get("simulated")
+        badge = (f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED</b> — the simulator board runs the "
+                 "QDQ ONNX parts on this CPU; its rates are not device results.</span>" if sim else
+                 "<b>device</b>")
+        self.board_label.setText(f"Board <b>{html.escape(str(doc.get('label')))}</b> · {badge}")
+        self.send_button.setEnabled(not self.busy_chat)
+
+    def _conversation_settings(self) -> None:
+        m = self.c.manifest
+        t = self.template_combo.currentText()
+        if t == "auto":
+            auto = template_for(self.model_dir())
+            t = {"nemotron": "nemotron-reasoning-off"}.get(auto, auto)
+        self.conversation.template = t
+        self.conversation.system = self.system_edit.text()
+        self.conversation.max_reply_tokens = self.max_tokens.value()
+        if m is not None:
+            cl = m.stage("quantize").metric_value("context_length") or m.settings.get("context_length")
+            model_dir = self.model_dir()
+            if model_dir is not None and (model_dir / "model.json").is_file():
+                md = json.loads((model_dir / "model.json").read_text())
+                cl = (md.get("resolved") or {}).get("context_length", cl)
+                self.conversation.count_tokens = token_counter(model_dir / str(md.get("hf_dir", "hf")))
+            if isinstance(cl, int):
+                self.conversation.context_length = cl
+
+    # -- chat -------------------------------------------------------------------------------------
+    def _append_html(self, text: str) -> None:
+        cur = self.transcript.textCursor()
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        self.transcript.setTextCursor(cur)
+        self.transcript.insertHtml(text)
+
+    def _append_text(self, text: str) -> None:
+        cur = self.transcript.textCursor()
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        cur.insertText(text)
+        self.transcript.setTextCursor(cur)
+        self.transcript.ensureCursorVisible()
+
+    async def send(self, text: str | None = None) -> Turn | None:
+        from app.core.device.board import BoardError, open_board
+        from app.core.genie.run import Chunk, run_query
+
+        user = (text if text is not None else self.input.toPlainText()).strip()
+        doc = self.board_doc()
+        if not user or doc is None or self.busy_chat:
+            return None
+        self._conversation_settings()
+        try:
+            prompt = self.conversation.prompt_for(user)
+        except ValueError as exc:
+            self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{exc}</span>")
+            return None
+        if self.conversation.dropped_turns:
+            self.chat_message.setText(f"The context length ({self.conversation.context_length} tokens) is full: the "
+                                      f"oldest {self.conversation.dropped_turns} turn(s) were left out of this "
+                                      "prompt. Start a new chat to clear it.")
+        else:
+            self.chat_message.setText("")
+        self.input.clear()
+        turn = self.conversation.add(user)
+        self.busy_chat = True
+        self.send_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
+        self._append_html(f"<p><b>You:</b> {html.escape(user)}</p><p><b>Model:</b> ")
+        self.rate_plot.begin_reply()
+        self._stop = asyncio.Event()
+        board = None
+        try:
+            board = await open_board(str(doc["board"]), self.c.settings,
+                                     self.c.workspace.root)
+
+            def on_chunk(c: Chunk) -> None:
+                turn.reply += c.text
+                self._append_text(c.text)
+                self.rate_plot.add_tokens(c.t, 1)
+
+            res = await run_query(board, str(doc["remote_bundle"]), prompt, on_chunk=on_chunk, stop=self._stop,
+                                  max_tokens=self.max_tokens.value())
+            turn.reply = res.text or turn.reply
+            turn.state = res.transcript.state if res.exit_status == 0 or self._stop.is_set() else "failed"
+            if res.kpis is not None:
+                turn.kpis = res.kpis.as_json()
+                self.kpi_label.setText(kpi_line(turn.kpis))
+                if res.kpis.gen_tok_s:
+                    self.history_plot.add_reply(float(res.kpis.gen_tok_s))
+                self._append_html(f"<br><span style='color:#8a8f98'><small>{html.escape(kpi_line(turn.kpis))}"
+                                  "</small></span>")
+            if turn.state == "aborted":
+                self._append_html(" <i>(stopped)</i>")
+            if res.error and turn.state == "failed":
+                self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>Genie failed: "
+                                          f"{html.escape(res.error)}</span>")
+        except BoardError as exc:
+            turn.state = "failed"
+            self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(exc.message)}</span>"
+                                      + (f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""))
+        finally:
+            self._append_html("</p><br>")
+            if board is not None:
+                await board.transport.close()
+            self.busy_chat = False
+            self.send_button.setEnabled(True)
+            self.stop_button.setEnabled(False)
+        return turn
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    def new_chat(self) -> None:
+        self.conversation = Conversation()
+        self.transcript.clear()
+        self.kpi_label.setText("")
+        self.chat_message.setText("")
+
+    def copy_conversation(self) -> None:
+        QGuiApplication.clipboard().setText(self.conversation.as_markdown())
+
+    def export_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export the conversation", "conversation.md",
+                                              "Markdown (*.md);;JSON (*.json)")
+        if path:
+            self.conversation.save(Path(path))

@@ -1,0 +1,185 @@
+"""Model page: pick the built-in model, a Hugging Face id or a local folder; inspect it; start a run."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLineEdit,
+                               QPushButton, QRadioButton, QSpinBox, QWidget)
+
+from app.core.jobs import human_bytes
+from app.core.paths import BUILTIN_MODEL_ID
+from app.ui.controller import RunController
+from app.ui.pages.base import StagePage
+from app.ui.widgets import STATE_COLORS, KeyValueTable, note
+
+
+def inspect_rows(info: dict[str, Any]) -> list[list[str]]:
+    rows = [["architecture", str(info.get("architecture"))],
+            ["supported", ("yes — " if info.get("supported") else "NO — ") + str(info.get("reason", ""))]]
+    if info.get("supported"):
+        rs = info.get("rope_scaling")
+        rows += [
+            ["parameters", f"{int(info.get('num_parameters') or 0):,}"],
+            ["layers / heads / KV heads", f"{info.get('num_layers')} / {info.get('num_heads')} / "
+                                          f"{info.get('num_kv_heads')}"],
+            ["vocabulary", f"{int(info.get('vocab_size') or 0):,}"],
+            ["rope", f"theta {info.get('rope_theta'):g}" + (f", {rs.get('rope_type')} x{rs.get('factor')}"
+                                                             if rs else "")],
+        ]
+        if "context_length" in info:
+            rows.append(["context length / AR-N / parts",
+                         f"{info['context_length']} / {info['ar_n']} / {info['parts']}"])
+        e = info.get("estimates") or {}
+        for key, label in (("hf_download_bytes", "download"), ("quantize_peak_rss_bytes", "quantize peak RAM"),
+                           ("validate_peak_rss_bytes", "validate peak RAM"), ("disk_bytes", "workspace disk"),
+                           ("bundle_bytes", "bundle size")):
+            if key in e:
+                rows.append([label, human_bytes(e[key])])
+        ref = e.get("reference")
+        if isinstance(ref, dict) and ref.get("quantize_peak_rss_bytes"):
+            rows.append(["reference recipe", f"{ref.get('model')}: quantize peak "
+                                             f"{human_bytes(ref['quantize_peak_rss_bytes'])}"])
+    return rows
+
+
+class ModelPage(StagePage):
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__("model", controller, parent)
+        self.source_group = QButtonGroup(self)
+        self.builtin_radio = QRadioButton("Built-in model (tiny-llama, 3.6 M parameters, ships with HexStudio)")
+        self.hf_radio = QRadioButton("Hugging Face model id")
+        self.folder_radio = QRadioButton("Local Hugging Face folder")
+        for i, r in enumerate((self.builtin_radio, self.hf_radio, self.folder_radio)):
+            self.source_group.addButton(r, i)
+        self.builtin_radio.setChecked(True)
+        self.hf_edit = QLineEdit()
+        self.hf_edit.setObjectName("hf_id")
+        self.hf_edit.setPlaceholderText("e.g. nvidia/Llama-3.1-Nemotron-Nano-8B-v1")
+        self.folder_edit = QLineEdit()
+        self.folder_edit.setObjectName("model_folder")
+        self.folder_edit.setPlaceholderText("a folder holding config.json (weights are optional for Inspect)")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self.browse)
+        self.inputs_layout.insertWidget(0, self.builtin_radio)
+        hf_row = QHBoxLayout()
+        hf_row.addWidget(self.hf_radio)
+        hf_row.addWidget(self.hf_edit, 1)
+        self.inputs_layout.insertLayout(1, hf_row)
+        f_row = QHBoxLayout()
+        f_row.addWidget(self.folder_radio)
+        f_row.addWidget(self.folder_edit, 1)
+        f_row.addWidget(browse)
+        self.inputs_layout.insertLayout(2, f_row)
+        self.hf_edit.textEdited.connect(lambda _t: self.hf_radio.setChecked(True))
+        self.folder_edit.textEdited.connect(lambda _t: self.folder_radio.setChecked(True))
+
+        opts = QFormLayout()
+        self.board_combo = QComboBox()
+        self.board_combo.setObjectName("board_combo")
+        self.context_spin = QSpinBox()
+        self.context_spin.setObjectName("context_length")
+        self.context_spin.setRange(0, 131072)
+        self.context_spin.setSingleStep(512)
+        self.context_spin.setSpecialValueText("auto (built-in 512, others 4096)")
+        self.calib_spin = QSpinBox()
+        self.calib_spin.setObjectName("calibration_samples")
+        self.calib_spin.setRange(1, 4096)
+        self.calib_spin.setValue(int(controller.settings.run_defaults().get("calibration_samples", 8)))
+        opts.addRow("Board", self.board_combo)
+        opts.addRow("Context length", self.context_spin)
+        opts.addRow("Calibration samples", self.calib_spin)
+        self.inputs_layout.addLayout(opts)
+
+        buttons = QHBoxLayout()
+        self.inspect_button = QPushButton("Inspect")
+        self.inspect_button.setObjectName("inspect_button")
+        self.inspect_button.setToolTip("Read config.json only: architecture, support and memory/disk estimates")
+        self.inspect_button.clicked.connect(lambda: asyncio.ensure_future(self.inspect()))
+        self.new_run_button = QPushButton("New run with this model")
+        self.new_run_button.setObjectName("new_run_button")
+        self.new_run_button.clicked.connect(self.new_run)
+        buttons.addWidget(self.inspect_button)
+        buttons.addWidget(self.new_run_button)
+        buttons.addStretch(1)
+        self.inputs_layout.addLayout(buttons)
+        self.inspect_message = note("")
+        self.inputs_layout.addWidget(self.inspect_message)
+        self.inspect_table = KeyValueTable(["", ""])
+        self.inspect_table.horizontalHeader().setVisible(False)
+        self.inspect_table.setMinimumHeight(200)
+        self.inputs_layout.addWidget(self.inspect_table)
+        self.reload_boards()
+
+    def reload_boards(self) -> None:
+        current = self.board_combo.currentText()
+        self.board_combo.clear()
+        self.board_combo.addItem("sim")
+        self.board_combo.setItemText(0, "sim")
+        for name in sorted(self.c.settings.boards):
+            self.board_combo.addItem(name)
+        i = self.board_combo.findText(current or str(self.c.settings.data.get("default_board") or "sim"))
+        self.board_combo.setCurrentIndex(max(i, 0))
+
+    def browse(self) -> None:
+        d = QFileDialog.getExistingDirectory(self, "Hugging Face model folder")
+        if d:
+            self.folder_edit.setText(d)
+            self.folder_radio.setChecked(True)
+
+    def model_spec(self) -> str:
+        if self.hf_radio.isChecked():
+            return self.hf_edit.text().strip()
+        if self.folder_radio.isChecked():
+            return self.folder_edit.text().strip()
+        return BUILTIN_MODEL_ID
+
+    async def inspect(self) -> dict[str, Any] | None:
+        from app.core.cli.common import CliError
+        from app.core.cli.model_cmd import inspect
+
+        spec = self.model_spec()
+        if not spec:
+            self.inspect_message.setText("Type a Hugging Face id or choose a folder first.")
+            return None
+        self.inspect_button.setEnabled(False)
+        self.inspect_message.setText(f"Reading config.json of {spec}…")
+        try:
+            info = await asyncio.to_thread(inspect, spec, self.context_spin.value() or None, 128, None)
+        except CliError as exc:
+            hint = f"<br><b>What to do:</b> {exc.hint}" if getattr(exc, "hint", None) else ""
+            self.inspect_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{exc}</span>{hint}")
+            return None
+        finally:
+            self.inspect_button.setEnabled(True)
+        ok = info.get("supported")
+        self.inspect_message.setText(f"<b>{spec}</b>: " + ("supported." if ok else
+                                                            f"<span style='color:{STATE_COLORS['failed']}'>"
+                                                            "not supported.</span>"))
+        self.inspect_table.set_rows(inspect_rows(info))
+        return info
+
+    def new_run(self) -> None:
+        spec = self.model_spec()
+        if not spec:
+            self.inspect_message.setText("Type a Hugging Face id or choose a folder first.")
+            return
+        overrides: dict[str, Any] = {"calibration_samples": self.calib_spin.value()}
+        if self.context_spin.value():
+            overrides["context_length"] = self.context_spin.value()
+        try:
+            self.c.new_run(spec, self.board_combo.currentText() or "sim", overrides)
+        except Exception as exc:
+            self.inspect_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>Could not create the run: "
+                                         f"{exc}</span>")
+
+    def refresh_results(self) -> None:
+        self.new_run_button.setEnabled(not self.c.busy)
+        doc = self.artifact_json("model.json")
+        if doc is not None:
+            info = dict(doc.get("info") or {})
+            info.update(doc.get("resolved") or {})
+            info["estimates"] = doc.get("estimates") or {}
+            self.inspect_table.set_rows([["model", str(doc.get("model"))], ["source", str(doc.get("source"))],
+                                         *inspect_rows(info)])

@@ -1,0 +1,92 @@
+"""Report page: preview the run report and export it as HTML, PDF or JSON.
+
+Export runs `hexstudio report` in a subprocess so PDF rendering never blocks the window."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import QCheckBox, QFileDialog, QHBoxLayout, QPushButton, QTextBrowser, QWidget
+
+from app.ui.controller import RunController
+from app.ui.pages.base import StagePage
+from app.ui.widgets import STATE_COLORS, note
+
+_SVG = re.compile(r"<svg\b.*?</svg>", re.S | re.I)
+
+
+class ReportPage(StagePage):
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__("report", controller, parent)
+        self.redact_hosts = QCheckBox("Leave out host and user names")
+        self.redact_hosts.setChecked(True)
+        self.inputs_layout.addWidget(self.redact_hosts)
+        row = QHBoxLayout()
+        self.export_buttons: dict[str, QPushButton] = {}
+        for fmt in ("html", "pdf", "json"):
+            b = QPushButton(f"Export {fmt.upper()}…")
+            b.setObjectName(f"export_{fmt}")
+            b.clicked.connect(lambda _=False, f=fmt: asyncio.ensure_future(self.export_dialog(f)))
+            row.addWidget(b)
+            self.export_buttons[fmt] = b
+        self.open_button = QPushButton("Open in browser")
+        self.open_button.clicked.connect(self.open_in_browser)
+        row.addWidget(self.open_button)
+        row.addStretch(1)
+        self.inputs_layout.addLayout(row)
+        self.export_message = note("")
+        self.export_message.setObjectName("export_message")
+        self.inputs_layout.addWidget(self.export_message)
+        self.preview = QTextBrowser()
+        self.preview.setObjectName("report_preview")
+        self.preview.setMinimumHeight(420)
+        self.body.insertWidget(self.body.indexOf(self.results_box), self.preview, 1)
+
+    async def export(self, fmt: str, out: Path) -> bool:
+        m = self.c.manifest
+        if m is None:
+            return False
+        argv = [sys.executable, "-m", "app", "report", str(m.run_dir), "--format", fmt, "--out", str(out)]
+        if self.redact_hosts.isChecked():
+            argv.append("--redact-hosts")
+        self.export_message.setText(f"Writing the {fmt.upper()} report…")
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        _out, err = await proc.communicate()
+        if proc.returncode != 0:
+            self.export_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>The report could not be "
+                                        f"written: {err.decode(errors='replace').strip()[-500:]}</span>")
+            return False
+        self.export_message.setText(f"Wrote {out}")
+        return True
+
+    async def export_dialog(self, fmt: str) -> None:
+        m = self.c.manifest
+        if m is None:
+            return
+        path, _ = QFileDialog.getSaveFileName(self, f"Export the {fmt.upper()} report",
+                                              str(Path.home() / f"{m.run_id}.{fmt}"))
+        if path:
+            await self.export(fmt, Path(path))
+
+    def open_in_browser(self) -> None:
+        p = self.artifact_path("report.html")
+        if p is not None:
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(p)))
+
+    def refresh_results(self) -> None:
+        p = self.artifact_path("report.html")
+        for b in self.export_buttons.values():
+            b.setEnabled(self.c.manifest is not None)
+        self.open_button.setEnabled(p is not None)
+        if p is None:
+            self.preview.setHtml("<p>Run the Report stage (or export) to see the report here.</p>")
+            return
+        text = p.read_text(encoding="utf-8", errors="replace")
+        # the preview widget cannot draw SVG plots: say so where they are (the exported file has them)
+        self.preview.setHtml(_SVG.sub("<p><i>[plot: open the report in a browser to see it]</i></p>", text))

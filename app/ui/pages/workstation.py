@@ -1,0 +1,208 @@
+"""Workstation stage pages: Preflight, Quantize, Validate, Compile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
+
+from app.core.jobs import human_bytes
+from app.ui.controller import RunController
+from app.ui.pages.base import StagePage
+from app.ui.widgets import STATUS_COLORS, KeyValueTable, fmt_value, note
+
+try:  # the device list is pure data (no ML imports)
+    from workers.bundle import KNOWN_DEVICES
+    DEVICE_NAMES = [str(d) for d in KNOWN_DEVICES]
+except Exception:  # pragma: no cover - keep the page usable if the bundle module changes
+    DEVICE_NAMES = ["Dragonwing IQ-9075 EVK"]
+
+
+def _measure(v: Any, check_id: str) -> str:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and (check_id.startswith(("memory", "disk"))):
+        return human_bytes(v)
+    return fmt_value(v)
+
+
+class FixDialog(QDialog):
+    """Shows what a fix does, word for word, before anything is run or changed."""
+
+    def __init__(self, title: str, text: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle(title)
+        lay = QVBoxLayout(self)
+        lay.addWidget(note("This is exactly what the fix does. Nothing runs until you choose to."))
+        self.text = QPlainTextEdit(text)
+        self.text.setReadOnly(True)
+        lay.addWidget(self.text)
+        bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        copy = bb.addButton("Copy", QDialogButtonBox.ButtonRole.ActionRole)
+        copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(text))
+        bb.rejected.connect(self.reject)
+        lay.addWidget(bb)
+        self.resize(640, 320)
+
+
+class PreflightPage(StagePage):
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__("preflight", controller, parent)
+        self.inputs_layout.addWidget(note("Reads this machine (RAM, swap, disk, GPU, WSL, packages) and compares it "
+                                          "with what this model needs at the run's context length."))
+        self.checks = KeyValueTable(["check", "status", "measured", "required", "message", "fix"])
+        self.checks.setObjectName("preflight_checks")
+        self.checks.setMinimumHeight(260)
+        self.results_layout.insertWidget(1, self.checks)
+        self.fix_row = QHBoxLayout()
+        self.results_layout.insertLayout(2, self.fix_row)
+        self._fix_buttons: list[QPushButton] = []
+
+    def refresh_results(self) -> None:
+        doc = self.artifact_json("preflight.json")
+        for b in self._fix_buttons:
+            b.deleteLater()
+        self._fix_buttons = []
+        checks: list[dict[str, Any]] = list(doc.get("checks") or []) if doc else []
+        self.checks.setRowCount(len(checks))
+        for r, c in enumerate(checks):
+            cells = [c["id"], c["status"], _measure(c.get("measured"), c["id"]), _measure(c.get("required"), c["id"]),
+                     str(c.get("message") or ""), "Fix available" if c.get("fix") else ""]
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip(str(c.get("fix") or text) if col == 5 else text)
+                if col == 1:
+                    from PySide6.QtGui import QColor
+
+                    item.setForeground(QColor(STATUS_COLORS.get(c["status"], "#8a8f98")))
+                self.checks.setItem(r, col, item)
+            if c.get("fix") and c["status"] in ("warn", "fail"):
+                b = QPushButton(f"Fix {c['id']}…")
+                b.setObjectName(f"fix_{c['id']}")
+                b.clicked.connect(lambda _=False, cc=c: self.show_fix(cc))
+                self.fix_row.addWidget(b)
+                self._fix_buttons.append(b)
+        self.checks.resizeRowsToContents()
+
+    def show_fix(self, check: dict[str, Any]) -> None:
+        FixDialog(f"Fix: {check['id']}", f"{check.get('message')}\n\n{check.get('fix')}", self).exec()
+
+
+class QuantizePage(StagePage):
+    settings_fields = (("calibration_samples", "Calibration samples", "int"),
+                       ("calibration_seq_len", "Calibration sequence length", "int"))
+
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__("quantize", controller, parent)
+        self.inputs_layout.addWidget(note("W4A16 as in Qualcomm's recipe: int4 blockwise (LPBQ) weights, 16-bit "
+                                          "activations, 8-bit KV cache; one part at a time so memory stays bounded."))
+        self.graphs = KeyValueTable(["graph", "kind", "part", "layers", "encodings"])
+        self.graphs.setObjectName("quantize_graphs")
+        self.graphs.setMinimumHeight(160)
+        self.results_layout.insertWidget(1, self.graphs)
+        self.precision = QLabel()
+        self.precision.setWordWrap(True)
+        self.results_layout.insertWidget(1, self.precision)
+
+    def refresh_results(self) -> None:
+        doc = self.artifact_json("quantize.json")
+        if not doc:
+            self.graphs.set_rows([])
+            self.precision.setText("")
+            return
+        p = doc.get("precision") or {}
+        cal = doc.get("calibration") or {}
+        self.precision.setText(
+            f"<b>Precision</b>: weights {p.get('weights')}, activations {p.get('activations')}, KV cache "
+            f"{p.get('kv_cache')}, lm-head {p.get('lm_head')}.  <b>Calibration</b>: {cal.get('samples')} samples of "
+            f"{cal.get('seq_len')} tokens.  Context length {doc.get('context_length')}, AR-{doc.get('ar_n')}, "
+            f"{doc.get('parts')} part(s).")
+        rows = []
+        for g in doc.get("graphs") or []:
+            layers = g.get("layers") or []
+            rows.append([g.get("name", ""), g.get("kind", ""), str(g.get("part", "")),
+                         f"{layers[0]}–{layers[-1]}" if layers else "",
+                         str(g.get("encodings") or g.get("encodings_file") or "")])
+        self.graphs.set_rows(rows)
+
+
+class ValidatePage(StagePage):
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__("validate", controller, parent)
+        self.inputs_layout.addWidget(note("Runs the prompt processor (AR-N) over the prompt, then the token "
+                                          "generator (AR-1) one token at a time — as the board will — float and "
+                                          "quantized side by side."))
+        self.verdict = QLabel()
+        self.verdict.setObjectName("verdict")
+        self.results_layout.insertWidget(1, self.verdict)
+        self.checks = KeyValueTable(["metric", "value", "threshold", "ok"])
+        self.checks.setObjectName("validate_checks")
+        self.checks.setMinimumHeight(170)
+        self.results_layout.insertWidget(2, self.checks)
+        self.greedy = QPlainTextEdit()
+        self.greedy.setReadOnly(True)
+        self.greedy.setMaximumHeight(140)
+        self.results_layout.insertWidget(3, self.greedy)
+
+    def refresh_results(self) -> None:
+        doc = self.artifact_json("validation.json")
+        if not doc:
+            self.verdict.setText("")
+            self.checks.set_rows([])
+            self.greedy.setPlainText("")
+            return
+        ok = doc.get("verdict") == "pass"
+        col = STATUS_COLORS["ok" if ok else "fail"]
+        self.verdict.setText(f"<b style='color:{col}'>Verdict: {doc.get('verdict')}</b> — {doc.get('summary')}")
+        rows, colors = [], []
+        for name, c in (doc.get("checks") or {}).items():
+            sign = "≥" if c.get("direction") == "min" else "≤"
+            rows.append([name, fmt_value(c.get("value")), f"{sign} {c.get('threshold')}", "yes" if c.get("ok") else "NO"])
+            colors.append(STATUS_COLORS["ok" if c.get("ok") else "fail"])
+        self.checks.set_rows(rows, colors)
+        lines = []
+        for g in (doc.get("greedy") or [])[:2]:
+            lines.append(f"prompt:    …{str(g.get('prompt'))[-80:]}\nfloat:     {g.get('float')!r}\n"
+                         f"quantized: {g.get('quantized')!r}\n")
+        self.greedy.setPlainText("\n".join(lines))
+
+
+class CompilePage(StagePage):
+    settings_fields = (("compile_target", "Target", ["auto", "sim", "aihub"]),
+                       ("device", "Device", DEVICE_NAMES),
+                       ("qairt_version", "QAIRT version", "text"),
+                       ("aihub_consent", "I agree to upload model-derived files to Qualcomm AI Hub", "bool"))
+
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__("compile", controller, parent)
+        self.inputs_layout.addWidget(note("Target 'auto' makes the simulation bundle for the simulator board and "
+                                          "compiles on Qualcomm AI Hub for a real board. Nothing is uploaded to "
+                                          "AI Hub without your consent above; the AI Hub token comes from the "
+                                          "system keyring."))
+        self.bundle_label = QLabel()
+        self.bundle_label.setWordWrap(True)
+        self.results_layout.insertWidget(1, self.bundle_label)
+        self.files = KeyValueTable(["file", "size", "sha256"])
+        self.files.setObjectName("bundle_files")
+        self.files.setMinimumHeight(200)
+        self.results_layout.insertWidget(2, self.files)
+
+    def refresh_results(self) -> None:
+        d = self.c.stage_dir("compile")
+        path = d / "bundle" / "bundle.json" if d else None
+        if path is None or not path.is_file():
+            self.bundle_label.setText("")
+            self.files.set_rows([])
+            return
+        import json
+
+        doc = json.loads(path.read_text())
+        dev = doc.get("device") or {}
+        label = ("SIMULATION bundle (for the simulator board; not a device result)" if doc.get("simulated") else
+                 "EMULATED AI Hub bundle (test emulator; not a real context binary)" if doc.get("emulated") else
+                 "Genie bundle")
+        self.bundle_label.setText(f"<b>{label}</b><br>device {dev.get('name')} (soc_model {dev.get('soc_model')}, "
+                                  f"dsp_arch {dev.get('dsp_arch')}), QAIRT {doc.get('qairt_version') or '—'}, "
+                                  f"context length {doc.get('context_length')}, {doc.get('parts')} part(s), "
+                                  f"{len(doc.get('aihub_jobs') or [])} AI Hub job(s).")
+        self.files.set_rows([[f["path"], human_bytes(f["size"]), f["sha256"][:16] + "…"] for f in doc.get("files", [])])

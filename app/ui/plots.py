@@ -1,0 +1,181 @@
+"""Live plots (pyqtgraph): process memory of the running stage, and chat token rate.
+
+Data arrives at any rate; the curves are redrawn by a timer at most 10 times a second, so a
+fast stream never floods the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import pyqtgraph as pg
+from PySide6.QtCore import QTimer
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QApplication, QWidget
+
+GIB = 1024 ** 3
+MAX_POINTS = 20_000
+
+
+def _style(plot: pg.PlotWidget) -> None:
+    pal = QApplication.palette()
+    plot.setBackground(pal.color(QPalette.ColorRole.Base))
+    fg = pal.color(QPalette.ColorRole.Text)
+    for axis in ("left", "bottom"):
+        ax = plot.getAxis(axis)
+        ax.setPen(fg)
+        ax.setTextPen(fg)
+    plot.showGrid(x=True, y=True, alpha=0.2)
+    plot.setMenuEnabled(False)
+    plot.setMouseEnabled(x=False, y=False)
+    plot.hideButtons()
+    for axis in ("left", "bottom"):
+        plot.getAxis(axis).enableAutoSIPrefix(False)
+
+
+class ResourcePlot(pg.PlotWidget):
+    """RSS and VRAM (GiB) against seconds since the stage started; the preflight estimate as a
+    dashed line; the peak marked."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        _style(self)
+        self.setLabel("left", "GiB")
+        self.setLabel("bottom", "s")
+        self.addLegend(offset=(6, 6))
+        self.rss_curve = self.plot([], [], pen=pg.mkPen("#2f81f7", width=2), name="RSS")
+        self.vram_curve = self.plot([], [], pen=pg.mkPen("#8250df", width=2), name="VRAM")
+        self.peak = pg.ScatterPlotItem(size=9, brush=pg.mkBrush("#d1242f"), pen=None)
+        self.addItem(self.peak)
+        self.peak_label = pg.TextItem(color="#d1242f", anchor=(0, 1))
+        self.addItem(self.peak_label)
+        self.estimate = pg.InfiniteLine(angle=0, movable=False,
+                                        pen=pg.mkPen("#bf8700", width=1.5, style=pg.QtCore.Qt.PenStyle.DashLine),
+                                        label="estimate {value:.2f} GiB",
+                                        labelOpts={"position": 0.1, "color": "#bf8700"})
+        self.estimate.setVisible(False)
+        self.addItem(self.estimate)
+        self.setXRange(0, 60)
+        self.setYRange(0, 1)
+        self.t: deque[float] = deque(maxlen=MAX_POINTS)
+        self.rss: deque[float] = deque(maxlen=MAX_POINTS)
+        self.vram: deque[float] = deque(maxlen=MAX_POINTS)
+        self.t0: float | None = None
+        self.peak_rss = 0.0
+        self.peak_t = 0.0
+        self._dirty = False
+        self._timer = QTimer(self)
+        self._timer.setInterval(100)
+        self._timer.timeout.connect(self.redraw)
+        self._timer.start()
+
+    def clear_data(self) -> None:
+        self.t.clear()
+        self.rss.clear()
+        self.vram.clear()
+        self.t0 = None
+        self.peak_rss = 0.0
+        self._dirty = True
+
+    def set_estimate(self, bytes_: float | None) -> None:
+        if bytes_:
+            self.estimate.setValue(bytes_ / GIB)
+            self.estimate.setVisible(True)
+        else:
+            self.estimate.setVisible(False)
+
+    def add(self, t: float, rss_bytes: float, vram_bytes: float | None) -> None:
+        if self.t0 is None:
+            self.t0 = t
+        x = t - self.t0
+        self.t.append(x)
+        r = rss_bytes / GIB
+        self.rss.append(r)
+        self.vram.append((vram_bytes or 0) / GIB)
+        if r >= self.peak_rss:
+            self.peak_rss, self.peak_t = r, x
+        self._dirty = True
+
+    def redraw(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        t = list(self.t)
+        self.rss_curve.setData(t, list(self.rss))
+        if any(self.vram):
+            self.vram_curve.setData(t, list(self.vram))
+        else:
+            self.vram_curve.setData([], [])
+        if t:
+            self.peak.setData([self.peak_t], [self.peak_rss])
+            self.peak_label.setText(f"peak {self.peak_rss:.2f} GiB")
+            self.peak_label.setPos(self.peak_t, self.peak_rss)
+        else:
+            self.peak.setData([], [])
+            self.peak_label.setText("")
+
+
+class TokenRatePlot(pg.PlotWidget):
+    """Tokens/s over the current reply: a sliding window over token arrivals, drawn as it streams."""
+
+    def __init__(self, parent: QWidget | None = None, window_s: float = 1.0) -> None:
+        super().__init__(parent)
+        _style(self)
+        self.setLabel("left", "tokens/s")
+        self.setLabel("bottom", "s since the prompt was sent")
+        self.window_s = window_s
+        self.curve = self.plot([], [], pen=pg.mkPen("#2da44e", width=2))
+        self.setXRange(0, 5)
+        self.setYRange(0, 20)
+        self.arrivals: deque[tuple[float, int]] = deque()
+        self.xs: list[float] = []
+        self.ys: list[float] = []
+        self._dirty = False
+        self._timer = QTimer(self)
+        self._timer.setInterval(100)
+        self._timer.timeout.connect(self.redraw)
+        self._timer.start()
+
+    def begin_reply(self) -> None:
+        self.arrivals.clear()
+        self.xs, self.ys = [], []
+        self._dirty = True
+
+    def add_tokens(self, t: float, n: int = 1) -> None:
+        """`t` seconds since the prompt was sent; `n` tokens arrived then."""
+        self.arrivals.append((t, n))
+        while self.arrivals and self.arrivals[0][0] < t - self.window_s:
+            self.arrivals.popleft()
+        first = self.arrivals[0][0]
+        span = max(t - first, 1e-3) if len(self.arrivals) > 1 else self.window_s
+        count = sum(k for _, k in self.arrivals) - (self.arrivals[0][1] if len(self.arrivals) > 1 else 0)
+        self.xs.append(t)
+        self.ys.append(count / span)
+        self._dirty = True
+
+    def redraw(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        self.curve.setData(self.xs, self.ys)
+
+
+class ReplyHistoryPlot(pg.PlotWidget):
+    """One bar per finished reply: its generation rate (tok/s) as the runner measured it."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        _style(self)
+        self.setLabel("left", "gen tok/s")
+        self.setLabel("bottom", "reply")
+        self.bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush="#2f81f7")
+        self.addItem(self.bars)
+        self.setXRange(0.4, 5.6)
+        self.setYRange(0, 20)
+        self.rates: list[float] = []
+
+    def add_reply(self, gen_tok_s: float) -> None:
+        self.rates.append(gen_tok_s)
+        self.bars.setOpts(x=list(range(1, len(self.rates) + 1)), height=self.rates, width=0.6)
+        self.setXRange(0.4, len(self.rates) + 0.6, padding=0)

@@ -1,0 +1,29 @@
+"""GUI tests: real Qt widgets (offscreen) on a qasync event loop, as the studio runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def gui_loop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
+    import qasync
+
+    loop = qasync.QEventLoop(qapp)
+    asyncio.set_event_loop(loop)
+    yield loop
+    asyncio.set_event_loop(None)
+
+
+async def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    """Let the Qt/asyncio loop run until `pred()` holds (the GUI stays live meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)
