@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers import modelinfo
+from workers import modelinfo, recipes
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
 
@@ -106,6 +106,35 @@ def _wslconfig() -> dict[str, Any] | None:
     return {"path": str(path), "exists": path.is_file(), "text": path.read_text(errors="replace") if path.is_file() else ""}
 
 
+BASE_PACKAGES = ("aimet-onnx", "onnxruntime", "onnxruntime-gpu", "torch", "onnx", "transformers", "qai-hub")
+
+
+def _aimet_build() -> dict[str, Any] | None:
+    """CUDA or CPU build of the installed aimet-onnx: by its local version tag (+cpu, +cu121) or, for
+    the untagged PyPI wheel, by its native libraries (the CUDA build carries ~100 MB of kernels each)."""
+    try:
+        dist = md.distribution("aimet-onnx")
+    except md.PackageNotFoundError:
+        return None
+    local = dist.version.partition("+")[2]
+    if local:
+        return {"build": "cpu" if local == "cpu" else "cuda", "evidence": f"version tag +{local}"}
+    sizes = [f.locate().stat().st_size for f in (dist.files or [])
+             if f.name.startswith("libaimet_onnxrt_ops") and Path(str(f.locate())).is_file()]
+    if not sizes:
+        return {"build": None, "evidence": "no libaimet_onnxrt_ops library found"}
+    big = max(sizes)
+    return {"build": "cuda" if big > 20 * 1024**2 else "cpu",
+            "evidence": f"libaimet_onnxrt_ops is {big / 1024**2:.0f} MiB"}
+
+
+def _recipes() -> dict[str, Any]:
+    try:
+        return recipes.load_recipes()
+    except recipes.RecipeError as exc:
+        return {"error": str(exc)}
+
+
 def probe(workspace: Path, hf_cache: Path, smoke: bool = True) -> dict[str, Any]:
     """Read this machine. The AIMET smoke test and the torch/CUDA probe run in subprocesses."""
     procs = {}
@@ -124,6 +153,7 @@ def probe(workspace: Path, hf_cache: Path, smoke: bool = True) -> dict[str, Any]
             q = q.parent
         return {"path": str(p), "free_bytes": shutil.disk_usage(q).free}
 
+    rec = _recipes()
     libname = f"libpython{sys.version_info.major}.{sys.version_info.minor}"
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     libpython = None
@@ -131,7 +161,7 @@ def probe(workspace: Path, hf_cache: Path, smoke: bool = True) -> dict[str, Any]
         if not cand:
             continue
         try:
-            ctypes.CDLL(cand if "/" in cand or not libdir else cand)
+            ctypes.CDLL(cand)
             libpython = cand
             break
         except OSError:
@@ -149,8 +179,10 @@ def probe(workspace: Path, hf_cache: Path, smoke: bool = True) -> dict[str, Any]
         "cpu_count": os.cpu_count() or 1,
         "workspace": disk(workspace), "hf_cache": disk(hf_cache),
         "python": platform.python_version(), "libpython": libpython, "libpython_name": f"{libname}.so.1.0",
-        "packages": {n: _dist(n) for n in ("aimet-onnx", "onnxruntime", "onnxruntime-gpu", "torch", "onnx",
-                                           "transformers", "qai-hub")},
+        "packages": {n: _dist(n) for n in (*BASE_PACKAGES, *recipes.pinned_names(
+            {k: v for k, v in rec.items() if isinstance(v, dict)}))},
+        "aimet_build": _aimet_build(),
+        "recipes": rec,
         "wslconfig": _wslconfig() if wsl else None,
     }
     gpu_out, _ = procs["gpu"].communicate(timeout=120)
@@ -270,6 +302,8 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
     if not pk.get("aimet-onnx"):
         checks.append(_check("aimet", "fail", None, "aimet-onnx", "aimet-onnx is not installed.",
                              "Install it: bash packaging/install-workstation.sh"))
+    checks.extend(_aimet_build_check(p))
+    checks.extend(_recipe_checks(p))
     smoke = p.get("aimet_smoke")
     if smoke is None:
         checks.append(_check("aimet_smoke", "skip", None, None, "AIMET smoke test not run."))
@@ -282,6 +316,61 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
                              "Fix the AIMET install before spending an hour on the model "
                              "(see the libpython and onnxruntime checks)."))
     return checks
+
+
+def _aimet_build_check(p: dict[str, Any]) -> list[dict[str, Any]]:
+    ver = (p.get("packages") or {}).get("aimet-onnx")
+    info = p.get("aimet_build")
+    if not ver or info is None:
+        return []
+    build = info.get("build")
+    has_gpu = bool((p.get("gpu") or {}).get("devices"))
+    if build == "cpu" and has_gpu:
+        public = str(ver).partition("+")[0]
+        return [_check("aimet_build", "fail", f"aimet-onnx {ver} (CPU build)", "the CUDA build on a CUDA machine",
+                       "The CPU build of aimet-onnx is installed on a machine with a CUDA GPU: with the CUDA "
+                       "runtime it fails with \"No opset import for domain 'aimet.customop.cuda'\".",
+                       f"pip uninstall -y aimet-onnx && pip install --no-deps aimet-onnx=={public} "
+                       "(the PyPI wheel without +cpu is the CUDA build)")]
+    return [_check("aimet_build", "ok", f"aimet-onnx {ver} ({build or 'unknown'} build)", None,
+                   f"aimet-onnx {ver}, {build or 'unknown'} build ({info.get('evidence')})"
+                   + (" — fine on a CPU-only machine." if build == "cuda" and not has_gpu else "."))]
+
+
+def _recipe_checks(p: dict[str, Any]) -> list[dict[str, Any]]:
+    """The live versions against packaging/recipes/{validated,current}.txt: ok, or warn with the table."""
+    recs = p.get("recipes")
+    if recs is None:
+        return [_check("recipe_validated", "skip", None, None, "This probe did not record the recipes.")]
+    if "error" in recs:
+        return [_check("recipe_validated", "warn", None, None, f"The recipe files cannot be read: {recs['error']}",
+                       "Reinstall HexStudio (packaging/recipes/ is part of it).")]
+    out = []
+    texts = {
+        "validated": ("the validated recipe (the stack known to give coherent 8B deployment graphs on an RTX 5090)",
+                      "Other versions can work, but only the validate stage's deployment-pair gate proves it; "
+                      "to install the validated stack on an NVIDIA workstation: bash packaging/install-workstation.sh"),
+        "current": ("the stack HexStudio's test suite runs with",
+                    "Untested combinations may break; the CPU stack: ./dev setup, a GPU workstation: "
+                    "bash packaging/install-workstation.sh"),
+    }
+    for name, (what, fix) in texts.items():
+        rec = recs.get(name)
+        cid = f"recipe_{name}"
+        if not rec:
+            out.append(_check(cid, "skip", None, None, f"packaging/recipes/{name}.txt is not installed."))
+            continue
+        rows = recipes.compare(rec, str(p.get("python", "")), p.get("packages") or {})
+        table = {r["package"]: r["installed"] for r in rows}
+        pinned = {r["package"]: r["pinned"] for r in rows}
+        diff = [r for r in rows if not r["match"]]
+        if not diff:
+            out.append(_check(cid, "ok", table, pinned, f"Matches {what}: {len(rows)} pins."))
+            continue
+        listed = ", ".join(f"{r['package']} {r['installed'] or 'missing'} (recipe {r['pinned']})" for r in diff)
+        out.append(_check(cid, "warn", table, pinned,
+                          f"{len(diff)} of {len(rows)} pins differ from {what}: {listed}.", fix))
+    return out
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
