@@ -119,8 +119,8 @@ def _aimet_build() -> dict[str, Any] | None:
     local = dist.version.partition("+")[2]
     if local:
         return {"build": "cpu" if local == "cpu" else "cuda", "evidence": f"version tag +{local}"}
-    sizes = [f.locate().stat().st_size for f in (dist.files or [])
-             if f.name.startswith("libaimet_onnxrt_ops") and Path(str(f.locate())).is_file()]
+    libs = [Path(str(f.locate())) for f in (dist.files or []) if f.name.startswith("libaimet_onnxrt_ops")]
+    sizes = [lib.stat().st_size for lib in libs if lib.is_file()]
     if not sizes:
         return {"build": None, "evidence": "no libaimet_onnxrt_ops library found"}
     big = max(sizes)
@@ -214,7 +214,7 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
     checks = []
     have = int(p["mem_total_bytes"]) + int(p["swap_total_bytes"])
     need = int(needs.get("quantize_peak_rss_bytes", 0))
-    ref = modelinfo.REFERENCE["quantize_peak_rss_bytes"]
+    ref = int(str(modelinfo.REFERENCE["quantize_peak_rss_bytes"]))
     if have >= need * 1.15:
         checks.append(_check("memory", "ok", have, need, f"RAM + swap {_gib(have)} covers the estimated "
                              f"part-wise quantization peak of {_gib(need)} (reference recipe, whole model: "
