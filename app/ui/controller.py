@@ -39,6 +39,7 @@ class RunController(QObject):
         self.task: asyncio.Task[PipelineResult] | None = None
         self.running_stage: str | None = None
         self.last_result: PipelineResult | None = None
+        self._busy = False
 
     # -- runs ----------------------------------------------------------------------------------
     def list_runs(self) -> list[RunSummary]:
@@ -86,7 +87,7 @@ class RunController(QObject):
     # -- running -------------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return self.task is not None and not self.task.done()
+        return self._busy
 
     def start(self, until: str, only: str | None = None, force: bool = False) -> asyncio.Task[PipelineResult]:
         """Run the stages up to `until` (skipping current ones), or just `only`."""
@@ -96,6 +97,7 @@ class RunController(QObject):
             raise RuntimeError(f"The {self.running_stage} stage is still working: wait for it or cancel it.")
         self.pipeline = Pipeline(self.manifest, on_event=self._on_event, on_sample=self._on_sample,
                                  on_stage=self._on_stage)
+        self._busy = True
         self.task = asyncio.ensure_future(self._run(until, only, force))
         self.busyChanged.emit(True)
         return self.task
@@ -109,6 +111,8 @@ class RunController(QObject):
                                  hint="This is a HexStudio bug: the run log has the details.")
         self.running_stage = None
         self.last_result = res
+        self._busy = False
+        self.manifest = RunManifest.load(self.manifest.run_dir) if self.manifest is not None else None
         self.busyChanged.emit(False)
         self.finished.emit(res.stopped_at or until, res.ok, res.message, res.hint or "")
         return res

@@ -103,6 +103,11 @@ class ResourcePlot(pg.PlotWidget):
         self._dirty = False
         t = list(self.t)
         self.rss_curve.setData(t, list(self.rss))
+        if t:
+            self.enableAutoRange()
+        else:
+            self.setXRange(0, 60)
+            self.setYRange(0, 1)
         if any(self.vram):
             self.vram_curve.setData(t, list(self.vram))
         else:
@@ -159,6 +164,8 @@ class TokenRatePlot(pg.PlotWidget):
             return
         self._dirty = False
         self.curve.setData(self.xs, self.ys)
+        if self.xs:
+            self.enableAutoRange()
 
 
 class ReplyHistoryPlot(pg.PlotWidget):
@@ -179,3 +186,4 @@ class ReplyHistoryPlot(pg.PlotWidget):
         self.rates.append(gen_tok_s)
         self.bars.setOpts(x=list(range(1, len(self.rates) + 1)), height=self.rates, width=0.6)
         self.setXRange(0.4, len(self.rates) + 0.6, padding=0)
+        self.setYRange(0, max(self.rates) * 1.15)

@@ -17,6 +17,7 @@ def gui_loop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
     loop = qasync.QEventLoop(qapp)
     asyncio.set_event_loop(loop)
     yield loop
+    loop.close()  # joins the loop's worker threads (asyncio.to_thread)
     asyncio.set_event_loop(None)
 
 

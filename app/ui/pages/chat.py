@@ -52,10 +52,14 @@ class ChatPage(StagePage):
         self.max_tokens.setObjectName("max_tokens")
         self.max_tokens.setRange(1, 4096)
         self.max_tokens.setValue(48)
-        form.addRow("Template", self.template_combo)
+        top = QHBoxLayout()
+        for label, widget in (("Template", self.template_combo), ("Sampler", self.sampler_combo),
+                              ("Max reply tokens", self.max_tokens)):
+            top.addWidget(QLabel(label))
+            top.addWidget(widget)
+        top.addStretch(1)
+        self.inputs_layout.addLayout(top)
         form.addRow("System prompt", self.system_edit)
-        form.addRow("Sampler", self.sampler_combo)
-        form.addRow("Max reply tokens", self.max_tokens)
         self.inputs_layout.addLayout(form)
 
         chat_box = QWidget()
@@ -69,7 +73,7 @@ class ChatPage(StagePage):
         self.transcript = QTextBrowser()
         self.transcript.setObjectName("transcript")
         self.transcript.setOpenExternalLinks(False)
-        self.transcript.setMinimumHeight(260)
+        self.transcript.setMinimumHeight(340)
         split.addWidget(self.transcript)
         plots = QWidget()
         pl = QVBoxLayout(plots)
@@ -117,7 +121,7 @@ class ChatPage(StagePage):
         tools.addWidget(self.new_button)
         tools.addStretch(1)
         cl.addLayout(tools)
-        self.body.insertWidget(self.body.indexOf(self.results_box), chat_box, 1)
+        self.body.insertWidget(self.body.indexOf(self.inputs_box) + 1, chat_box, 1)
         self.chat_message = note("")
         cl.addWidget(self.chat_message)
 

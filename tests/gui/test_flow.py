@@ -1,0 +1,198 @@
+"""The whole studio flow, driven through the window on the built-in model and the simulator board:
+model → preflight → quantize → validate → compile → board → a chat reply streams in → report exported.
+
+Screenshots of every page are taken on the way (set HEXSTUDIO_SCREENSHOTS=DIR to keep them)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gui.conftest import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def _shot(widget: Any, name: str, tmp: Path) -> Path:
+    out = tmp / "screens"
+    out.mkdir(exist_ok=True)
+    path = out / f"{name}.png"
+    assert widget.grab().save(str(path)), f"could not save {path}"
+    keep = os.environ.get("HEXSTUDIO_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, Path(keep) / path.name)
+    return path
+
+
+def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    from app.core.runs import Workspace
+    from app.ui.controller import RunController
+    from app.ui.main_window import MainWindow
+
+    c = RunController(Workspace(tmp_path / "ws"))
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    w.resize(1280, 900)
+    w.show()
+    seen: dict[str, list[str]] = {"states": [], "progress": []}
+    c.stageState.connect(lambda s, st: seen["states"].append(f"{s}:{st}"))
+    c.stageEvent.connect(lambda s, ev: seen["progress"].append(s) if ev.get("type") == "progress" else None)
+
+    async def run_page(name: str, timeout: float = 300) -> None:
+        w.show_stage(name)
+        page = w.pages[name]
+        assert page.run_button.isEnabled(), f"{name}: Run is disabled"
+        page.run_button.click()
+        assert c.busy
+        await wait_until(lambda: not c.busy, timeout, f"the {name} stage")
+        assert c.last_result is not None and c.last_result.ok, (c.last_result.message, c.last_result.hint)
+        assert c.state(name) == "done"
+        assert "done" in page.state_label.text()
+
+    async def scenario() -> None:
+        mp = w.pages["model"]
+        info = await mp.inspect()
+        assert info is not None and info["supported"] and info["num_layers"] == 4
+        assert mp.inspect_table.rowCount() >= 6
+        _shot(w, "01-model-inspect", tmp_path)
+        mp.calib_spin.setValue(4)
+        mp.new_run_button.click()
+        assert c.manifest is not None and c.manifest.settings["calibration_samples"] == 4
+        assert "builtin:tiny-llama" in w.run_label.text()
+
+        await run_page("preflight", 120)
+        pf = w.pages["preflight"]
+        assert pf.checks.rowCount() >= 5
+        ids = [pf.checks.item(r, 0).text() for r in range(pf.checks.rowCount())]
+        assert "memory" in ids and "gpu" in ids
+        _shot(w, "02-preflight", tmp_path)
+
+        await run_page("quantize", 300)
+        # the job dock followed the worker: progress, log lines and RSS samples
+        assert "quantize" in seen["progress"] and w.dock.plot.t and w.dock.plot.peak_rss > 0
+        assert w.dock.progress.value() == 1000 and w.pages["quantize"].graphs.rowCount() == 4
+        _shot(w, "03-quantize", tmp_path)
+
+        await run_page("validate", 300)
+        assert "pass" in w.pages["validate"].verdict.text()
+        _shot(w, "04-validate", tmp_path)
+
+        await run_page("compile", 120)
+        cp = w.pages["compile"]
+        assert cp.files.rowCount() >= 5 and "SIMULATION" in cp.bundle_label.text()
+        _shot(w, "05-compile", tmp_path)
+
+        await run_page("board", 120)
+        bp = w.pages["board"]
+        assert bp.doctor.topLevelItemCount() >= 1 and "sent" in bp.push_label.text()
+        items = await bp.probe()
+        assert items and items[0]["status"] == "ok" and "local simulator" in bp.console.toPlainText() + \
+            bp.conn_label.text()
+        _shot(w, "06-board", tmp_path)
+
+        await run_page("chat", 120)
+        ch = w.pages["chat"]
+        w.show_stage("chat")
+        assert "SIMULATED" in ch.board_label.text()
+        ch.max_tokens.setValue(24)
+        ch.input.setPlainText("What is the capital of France?")
+        task = asyncio.ensure_future(ch.send())
+        # the reply streams in: text shows up while the reply is still being generated
+        await wait_until(lambda: bool(ch.conversation.turns and ch.conversation.turns[-1].reply), 60,
+                         "the first streamed chunk")
+        assert ch.busy_chat and ch.stop_button.isEnabled()
+        partial = ch.transcript.toPlainText()
+        turn = await task
+        assert turn is not None and turn.state == "complete", turn
+        assert "Paris" in turn.reply
+        assert len(ch.transcript.toPlainText()) > len(partial)
+        assert turn.kpis["source"] == "simulated" and turn.kpis["gen_tok_s"] > 0
+        assert "SIMULATED" in ch.kpi_label.text()
+        assert ch.rate_plot.xs and ch.history_plot.rates == [pytest.approx(turn.kpis["gen_tok_s"])]
+        # a second turn keeps the conversation (multi-turn prompt) and can be stopped mid-reply
+        ch.max_tokens.setValue(200)
+        task = asyncio.ensure_future(ch.send("Tell me about the harbour."))
+        await wait_until(lambda: len(ch.conversation.turns) == 2 and len(ch.conversation.turns[1].reply) > 3, 60,
+                         "the second reply to start")
+        ch.stop_button.click()
+        turn2 = await task
+        assert turn2 is not None and turn2.state == "aborted"
+        assert not ch.busy_chat and ch.send_button.isEnabled()
+        _shot(w, "07-chat", tmp_path)
+
+        await run_page("report", 120)
+        rp = w.pages["report"]
+        assert "tiny-llama" in rp.preview.toPlainText()
+        out = tmp_path / "exported.html"
+        assert await rp.export("html", out), rp.export_message.text()
+        assert out.stat().st_size > 1000
+        jout = tmp_path / "exported.json"
+        assert await rp.export("json", jout), rp.export_message.text()
+        assert json.loads(jout.read_text())
+        _shot(w, "08-report", tmp_path)
+
+        # every stage shows done in the stage list
+        assert all(c.state(s) == "done" for s in w.pages)
+
+    gui_loop.run_until_complete(scenario())
+    for state in ("quantize:running", "quantize:done", "chat:done", "report:done"):
+        assert state in seen["states"]
+
+
+def test_cancel_a_running_stage_from_the_dock(qtbot: Any, gui_loop: asyncio.AbstractEventLoop,
+                                              tmp_path: Path) -> None:
+    from app.core.runs import Workspace
+    from app.ui.controller import RunController
+    from app.ui.main_window import MainWindow
+
+    c = RunController(Workspace(tmp_path / "ws"))
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    w.show()
+
+    async def scenario() -> None:
+        w.pages["model"].new_run_button.click()
+        assert c.manifest is not None
+        w.show_stage("quantize")
+        w.pages["quantize"].run_button.click()
+        await wait_until(lambda: c.running_stage == "quantize" and w.dock.fraction > 0, 120,
+                         "quantize to report progress")
+        assert w.dock.cancel_button.isEnabled()
+        w.dock.cancel_button.click()
+        await wait_until(lambda: not c.busy, 60, "the cancel")
+        assert c.last_result is not None and not c.last_result.ok
+        assert c.state("quantize") == "cancelled"
+        assert c.state("model") == "done"
+        # nothing half-written is left behind
+        assert c.manifest is not None
+        assert not (c.manifest.run_dir / "artifacts" / "quantize").exists()
+        assert not (c.manifest.run_dir / "artifacts" / "quantize.partial").exists()
+
+    gui_loop.run_until_complete(scenario())
+
+
+def test_runs_dialog_opens_and_deletes(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    from app.core.runs import Workspace
+    from app.ui.controller import RunController
+    from app.ui.main_window import MainWindow, RunsDialog
+
+    c = RunController(Workspace(tmp_path / "ws"))
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    a = c.new_run("builtin:tiny-llama")
+    b = c.new_run("builtin:tiny-llama")
+    d = RunsDialog(c, w)
+    qtbot.addWidget(d)
+    assert d.table.rowCount() == 2
+    w.open_run(a.run_id)
+    assert c.manifest is not None and c.manifest.run_id == a.run_id and a.run_id in w.run_label.text()
+    c.delete_run(b.run_id)
+    d.reload()
+    assert d.table.rowCount() == 1 and not b.run_dir.exists()
