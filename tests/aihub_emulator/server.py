@@ -1,0 +1,565 @@
+"""A local Qualcomm AI Hub emulator: speaks the protobuf-over-HTTP protocol of the installed
+`qai_hub` client (0.56) so the REAL client runs end to end with no internet.
+
+EMULATED: it cannot compile anything. A "compiled" DLC or a "linked" context binary it returns is a
+zip holding README.txt (saying EMULATED), emulated.json (what was asked: options, graphs, device) and
+the inputs it was given. Every device it lists carries the attribute `hexstudio:emulated`, and every
+response carries the header `X-HexStudio-Emulated: true`.
+
+What it serves (paths under {api_url}/api/v1/, trailing slash, `Authorization: token T`):
+  GET  devices/?name=&os=&select=&attributes=        DeviceList
+  GET  users/auth/user/                              User
+  POST models/                                       Model -> CreateUpdateResponse
+  GET  models/{id}/                                  Model
+  GET  models/{id}/multipart_upload/?file_size=N     FileUploadResponse (pre-signed PUT urls to us)
+  POST models/{id}/multipart_upload/                 FileMultipartUploadComplete -> CreateUpdateResponse
+  GET  models/{id}/download/                         FileDownloadResponse (url back to us)
+  POST jobs/?seed_target_model=true                  Job{compile_job|link_job} -> CreateUpdateResponse
+  GET  jobs/{id}/                                    Job (state from the job's clock)
+  GET  jobs/{id}/device_runs/latest/artifact_list/T/ NamedArtifactDownloadURLList (hub log)
+and, outside the API (no token, like pre-signed S3 urls): PUT /_upload/{model}/{k}, GET /_files/{id}.
+
+Job states: compile CREATED -> OPTIMIZING_MODEL -> DONE|FAILED, link CREATED -> LINKING_MODELS ->
+DONE|FAILED, advancing with time (`queue_s`, `run_s`); `hold_jobs()` keeps jobs running (a slow job)
+until `release_jobs()`.
+
+Failure injection (per test): `fail_auth` (every API call answers 401), `rate_limit(n)` (the next n
+job submissions answer 429; None = all until `rate_limit(0)`), `fail_next(kind, reason, graph=None)`
+(the next matching job ends FAILED with that reason), `hold_jobs()` (slow jobs). Counters:
+`submissions` {"compile": n, "link": n}, `uploads`, `requests` [(method, path, status)].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import threading
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from qai_hub import public_api_pb2 as pb
+
+EMULATED_ATTRIBUTE = "hexstudio:emulated"
+DEFAULT_TOKEN = "emulated-aihub-token"
+HUB_VERSION = "hexstudio-emulator-0.56"
+
+# Run settings that make workers/aihub.py poll fast and never sit in HTTP retries.
+FAST_RUN_SETTINGS: dict[str, Any] = {"aihub_poll_interval_s": 0.05, "aihub_http_retries": 0,
+                                     "aihub_http_backoff_s": 0.01}
+
+
+@contextmanager
+def fast_client_knobs() -> Iterator[None]:
+    """In-process: the qai_hub client's job polling (10 s: `qai_hub.client.Job._polling_interval`)
+    and urllib3/backoff retries (~30-46 s on refused connections, 429 and 5xx:
+    `qai_hub.util.session.MAX_RETRIES`, `BACKOFF_FACTOR`) made fast. Also pass `retry=False` to
+    submit_compile_job (its rate-limit loop sleeps 20 s)."""
+    import qai_hub.client as hc
+    import qai_hub.util.session as hs
+
+    saved = (hc.Job._polling_interval, hs.MAX_RETRIES, hs.BACKOFF_FACTOR)
+    hc.Job._polling_interval = 1
+    hs.MAX_RETRIES, hs.BACKOFF_FACTOR = 0, 0.01
+    try:
+        yield
+    finally:
+        hc.Job._polling_interval, hs.MAX_RETRIES, hs.BACKOFF_FACTOR = saved
+
+
+def no_proxy_env() -> dict[str, str]:
+    hosts = {h for h in os.environ.get("NO_PROXY", os.environ.get("no_proxy", "")).split(",") if h}
+    value = ",".join(sorted(hosts | {"127.0.0.1", "localhost"}))
+    return {"NO_PROXY": value, "no_proxy": value}
+
+# Device records as AI Hub lists them (attributes per facts/aihub.md). One old device without weight
+# sharing (v68) and one v69 device show the refusals.
+DEVICES: list[dict[str, Any]] = [
+    {"name": "Dragonwing IQ-9075 EVK", "os": "1.5", "soc_description": "Qualcomm QCS9075",
+     "attributes": ["chipset:qualcomm-qcs9075", "format:iot", "framework:onnx", "framework:qnn",
+                    "hexagon:v73", "htp-supports-weight-sharing:true", "os:linux", "soc-model:77",
+                    "vendor:qualcomm"]},
+    {"name": "Snapdragon 8 Gen 3 QRD", "os": "14", "soc_description": "Qualcomm Snapdragon 8 Gen 3",
+     "attributes": ["chipset:qualcomm-snapdragon-8gen3", "format:phone", "framework:onnx", "framework:qnn",
+                    "framework:tflite", "hexagon:v75", "htp-supports-weight-sharing:true", "os:android",
+                    "soc-model:57", "vendor:qualcomm"]},
+    {"name": "Snapdragon 8 Gen 1 QRD", "os": "12", "soc_description": "Qualcomm Snapdragon 8 Gen 1",
+     "attributes": ["chipset:qualcomm-snapdragon-8gen1", "format:phone", "framework:onnx", "framework:qnn",
+                    "framework:tflite", "hexagon:v69", "htp-supports-weight-sharing:false", "os:android",
+                    "soc-model:36", "vendor:qualcomm"]},
+    {"name": "RB3 Gen 2 (Proxy)", "os": "12", "soc_description": "Qualcomm QCS6490",
+     "attributes": ["chipset:qualcomm-qcs6490-proxy", "format:iot", "framework:onnx", "framework:qnn",
+                    "framework:tflite", "hexagon:v68", "os:android", "soc-model:35", "vendor:qualcomm"]},
+]
+
+README = """EMULATED by HexStudio's AI Hub emulator (tests/aihub_emulator).
+
+This is NOT a {what}. The emulator cannot compile or link anything: this zip only packages the
+inputs it was given (see emulated.json and inputs/) so tests can check what would have been sent to
+Qualcomm AI Hub. Do not push it to a board as a device result.
+"""
+
+
+def _now_ts() -> Any:
+    from google.protobuf import timestamp_pb2
+
+    ts = timestamp_pb2.Timestamp()
+    ts.FromSeconds(int(time.time()))
+    return ts
+
+
+def _graphs_from_options(options: str) -> list[str]:
+    out: list[str] = []
+    toks = options.split()
+    for i, t in enumerate(toks):
+        if t == "--qnn_options" and i + 1 < len(toks):
+            for opt in toks[i + 1].split(";"):
+                if opt.startswith("context_enable_graphs="):
+                    out.extend(g for g in opt.split("=", 1)[1].split(",") if g)
+    return out
+
+
+def _package(what: str, meta: dict[str, Any], inputs: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("README.txt", README.format(what=what))
+        z.writestr("emulated.json", json.dumps({"emulated": True, **meta}, indent=2))
+        for name, data in inputs.items():
+            z.writestr(f"inputs/{name}", data)
+    return buf.getvalue()
+
+
+@dataclass
+class _Model:
+    pb: Any
+    data: bytes | None = None
+    parts: dict[int, bytes] = field(default_factory=dict)
+    upload_id: str = ""
+    filename: str = ""
+
+
+@dataclass
+class _Job:
+    job_id: str
+    kind: str                   # compile | link
+    pb: Any                     # the api_pb.Job as submitted (filled in by the server)
+    created: float
+    outcome: str = "success"    # success | failed
+    reason: str = ""
+    graphs: list[str] = field(default_factory=list)
+
+
+class AIHubEmulator:
+    """Start with `with AIHubEmulator() as emu:` (or .start()/.stop()). `emu.api_url`, `emu.token`."""
+
+    def __init__(self, token: str = DEFAULT_TOKEN, queue_s: float = 0.05, run_s: float = 0.15,
+                 max_part_size: int = 4 << 20, port: int = 0) -> None:
+        self.token = token
+        self._port = port
+        self.queue_s = queue_s
+        self.run_s = run_s
+        self.max_part_size = max_part_size
+        self.devices = [dict(d, attributes=[*d["attributes"], EMULATED_ATTRIBUTE]) for d in DEVICES]
+        self.models: dict[str, _Model] = {}
+        self.jobs: dict[str, _Job] = {}
+        self.files: dict[str, tuple[str, bytes]] = {}
+        self.submissions = {"compile": 0, "link": 0}
+        self.uploads = 0
+        self.requests: list[tuple[str, str, int]] = []
+        self.fail_auth = False
+        self._rate_limit: int | None = 0
+        self._fail_next: list[tuple[str, str, str | None]] = []
+        self._held = threading.Event()
+        self._lock = threading.RLock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- life ----------------------------------------------------------------------------------
+    def start(self) -> AIHubEmulator:
+        emu = self
+
+        class Handler(_Handler):
+            server_emu = emu
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="aihub-emulator", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> AIHubEmulator:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "start() the emulator first"
+        return int(self._server.server_address[1])
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def web_url(self) -> str:
+        return self.api_url
+
+    # -- how clients reach it ------------------------------------------------------------------
+    def client_config(self, token: str | None = None) -> Any:
+        """A qai_hub.ClientConfig for an in-process `qai_hub.Client(config=...)`."""
+        from qai_hub import ClientConfig
+
+        return ClientConfig(api_token=token or self.token, api_url=self.api_url, web_url=self.web_url,
+                            verbose=False)
+
+    def worker_env(self) -> dict[str, str]:
+        """Environment for a compile worker (workers/aihub.py reads these)."""
+        return {"HEXSTUDIO_AIHUB_TOKEN": self.token, "HEXSTUDIO_AIHUB_API_URL": self.api_url,
+                "HEXSTUDIO_AIHUB_WEB_URL": self.web_url, **no_proxy_env()}
+
+    def run_settings(self) -> dict[str, Any]:
+        """Run settings for a compile through this emulator (consent given, fast polling)."""
+        return {"compile_target": "aihub", "aihub_consent": True, "aihub_api_url": self.api_url,
+                "aihub_web_url": self.web_url, **FAST_RUN_SETTINGS}
+
+    def write_client_ini(self, path: str | Path, token: str | None = None) -> Path:
+        """A qai_hub client.ini ([api] api_token, api_url, web_url) pointing here."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"[api]\napi_token = {token or self.token}\napi_url = {self.api_url}\n"
+                     f"web_url = {self.web_url}\nverbose = false\n")
+        return p
+
+    # -- failure injection ---------------------------------------------------------------------
+    def rate_limit(self, n: int | None) -> None:
+        """The next n job submissions answer 429 (None: all of them until rate_limit(0))."""
+        with self._lock:
+            self._rate_limit = n
+
+    def fail_next(self, kind: str, reason: str, graph: str | None = None) -> None:
+        with self._lock:
+            self._fail_next.append((kind, reason, graph))
+
+    def hold_jobs(self) -> None:
+        self._held.set()
+
+    def release_jobs(self) -> None:
+        with self._lock:
+            # jobs held past their running time finish one run_s after release
+            now = time.time()
+            for j in self.jobs.values():
+                if self._state(j) not in (pb.JOB_STATE_DONE, pb.JOB_STATE_FAILED):
+                    j.created = now - self.queue_s
+            self._held.clear()
+
+    # -- job clock -----------------------------------------------------------------------------
+    def _state(self, j: _Job) -> int:
+        age = time.time() - j.created
+        if age < self.queue_s:
+            return int(pb.JOB_STATE_CREATED)
+        running = pb.JOB_STATE_OPTIMIZING_MODEL if j.kind == "compile" else pb.JOB_STATE_LINKING_MODELS
+        if self._held.is_set() or age < self.queue_s + self.run_s:
+            return int(running)
+        return int(pb.JOB_STATE_DONE if j.outcome == "success" else pb.JOB_STATE_FAILED)
+
+    def job_pb(self, j: _Job) -> Any:
+        out = pb.Job()
+        out.CopyFrom(j.pb)
+        state = self._state(j)
+        sub = out.compile_job if j.kind == "compile" else out.link_job
+        sub.job_state = state  # type: ignore[assignment]
+        if state == pb.JOB_STATE_FAILED:
+            sub.failure_reason = j.reason
+        if state in (pb.JOB_STATE_DONE, pb.JOB_STATE_FAILED):
+            out.available_artifacts.append(pb.JOB_ARTIFACT_TYPE_HUB_LOG)
+            sub.completion_time.CopyFrom(_now_ts())
+        return out
+
+    def hub_log(self, j: _Job) -> bytes:
+        state = self._state(j)
+        lines = [f"[emulated] HexStudio AI Hub emulator log for {j.kind} job {j.job_id}",
+                 f"[emulated] graphs: {', '.join(j.graphs) or '-'}",
+                 f"[emulated] state: {pb.JobState.Name(state)}"]
+        if state == pb.JOB_STATE_FAILED:
+            lines.append(f"[emulated] failure: {j.reason}")
+        return ("\n".join(lines) + "\n").encode()
+
+    # -- handlers (called with the lock held) -----------------------------------------------------
+    def new_id(self, prefix: str) -> str:
+        return prefix + uuid.uuid4().hex[:8]
+
+    def create_model(self, model: Any) -> Any:
+        mid = self.new_id("m")
+        m = pb.Model()
+        m.CopyFrom(model)
+        m.model_id = mid
+        m.creation_time.CopyFrom(_now_ts())
+        self.models[mid] = _Model(pb=m, filename=(model.name or mid))
+        return pb.CreateUpdateResponse(id=mid, creation_time=m.creation_time)
+
+    def produce_model(self, name: str, model_type: int, data: bytes, filename: str, producer: str) -> Any:
+        mid = self.new_id("m")
+        m = pb.Model(model_id=mid, name=name, model_type=model_type, producer_id=producer,  # type: ignore[arg-type]
+                     file_upload_complete=True, creation_time=_now_ts())
+        self.models[mid] = _Model(pb=m, data=data, filename=filename)
+        return m
+
+    def submit(self, job: Any) -> tuple[int, Any]:
+        which = job.WhichOneof("job")
+        if which not in ("compile_job", "link_job"):
+            return 400, {"detail": f"the emulator only runs compile and link jobs, not {which}"}
+        kind = "compile" if which == "compile_job" else "link"
+        if self._rate_limit is None or self._rate_limit > 0:
+            if self._rate_limit:
+                self._rate_limit -= 1
+            return 429, {"detail": "Request was throttled. Expected available in 60 seconds."}
+        jid = self.new_id("j")
+        stored = pb.Job()
+        stored.CopyFrom(job)
+        stored.hub_version = HUB_VERSION
+        rec = _Job(jid, kind, stored, time.time())
+        if kind == "compile":
+            cj = stored.compile_job
+            src = self.models.get(cj.model.model_id)
+            if src is None or src.data is None:
+                return 400, {"detail": f"Model {cj.model.model_id} does not exist or was not uploaded."}
+            devs = list(cj.devices.devices)
+            if not devs or not any(d.name == x["name"] for d in devs for x in self.devices):
+                return 400, {"detail": "No available device was given."}
+            dev = next(x for x in self.devices if x["name"] == devs[0].name)
+            cj.compile_job_id = jid
+            cj.device.CopyFrom(pb.Device(name=dev["name"], os=dev["os"], attributes=dev["attributes"]))
+            cj.model.CopyFrom(src.pb)
+            cj.creation_time.CopyFrom(_now_ts())
+            rec.graphs = _graphs_from_options(cj.options)
+            dlc = "--target_runtime qnn_dlc" in " ".join(cj.options.split())
+            mtype = pb.MODEL_TYPE_QNN_DLC if dlc else pb.MODEL_TYPE_QNN_CONTEXT_BINARY
+            ext = ".dlc" if dlc else ".bin"
+            data = _package("QNN DLC" if dlc else "QNN context binary", {
+                "kind": "compile", "job_id": jid, "device": dev["name"], "options": cj.options,
+                "graphs": rec.graphs, "input_model_id": src.pb.model_id, "input_name": src.pb.name,
+                "input_sha256": hashlib.sha256(src.data).hexdigest()}, {f"{src.pb.model_id}.zip": src.data})
+            cj.target_model.CopyFrom(self.produce_model(f"{cj.name}{ext}", mtype, data,
+                                                        f"{cj.name or jid}{ext}", jid))
+        else:
+            lj = stored.link_job
+            ins = []
+            for m in lj.models.models:
+                src = self.models.get(m.model_id)
+                if src is None or src.data is None:
+                    return 400, {"detail": f"Model {m.model_id} does not exist."}
+                if src.pb.model_type != pb.MODEL_TYPE_QNN_DLC:
+                    return 400, {"detail": "Link jobs take QNN DLC models only."}
+                ins.append(src)
+            ldev: dict[str, Any] | None = next((x for x in self.devices if x["name"] == lj.device.name), None)
+            if ldev is None:
+                return 400, {"detail": f"Device {lj.device.name} is not available."}
+            dev = ldev
+            if "framework:qnn" not in dev["attributes"]:
+                return 400, {"detail": f"Device {dev['name']} does not support QNN models."}
+            for src in ins:
+                with zipfile.ZipFile(io.BytesIO(src.data or b"")) as z:
+                    rec.graphs.extend(json.loads(z.read("emulated.json")).get("graphs", []))
+            lj.link_job_id = jid
+            lj.device.CopyFrom(pb.Device(name=dev["name"], os=dev["os"], attributes=dev["attributes"]))
+            lj.models.CopyFrom(pb.ModelList(models=[s.pb for s in ins], total_query_count=len(ins)))
+            lj.creation_time.CopyFrom(_now_ts())
+            data = _package("QNN context binary", {
+                "kind": "link", "job_id": jid, "device": dev["name"], "options": lj.options,
+                "graphs": rec.graphs, "weight_sharing": True,
+                "input_model_ids": [s.pb.model_id for s in ins]},
+                {f"{s.pb.model_id}.dlc": s.data or b"" for s in ins})
+            lj.target_model.CopyFrom(self.produce_model(f"{lj.name}.bin", pb.MODEL_TYPE_QNN_CONTEXT_BINARY,
+                                                        data, f"{lj.name or jid}.bin", jid))
+        for i, (k, reason, graph) in enumerate(self._fail_next):
+            if k == kind and (graph is None or graph in rec.graphs):
+                rec.outcome, rec.reason = "failed", reason
+                del self._fail_next[i]
+                break
+        self.jobs[jid] = rec
+        self.submissions[kind] += 1
+        return 200, pb.CreateUpdateResponse(id=jid, creation_time=_now_ts())
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_emu: AIHubEmulator
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = bytearray()
+            while True:
+                size = int(self.rfile.readline().strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return bytes(out)
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else b""
+
+    def _send(self, status: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-HexStudio-Emulated", "true")
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self.server_emu.requests.append((self.command, self.path, status))
+
+    def _reply(self, status: int, obj: Any) -> None:
+        if isinstance(obj, dict):
+            self._send(status, json.dumps(obj).encode(), "application/json")
+        else:
+            self._send(status, obj.SerializeToString(), "application/x-protobuf")
+
+    def _route(self) -> None:
+        emu = self.server_emu
+        parts = urlsplit(self.path)
+        q = parse_qs(parts.query)
+        path = parts.path
+        body = self._body() if self.command in ("POST", "PUT", "PATCH") else b""
+        if path.startswith("/_upload/"):
+            return self._upload(path, body)
+        if path.startswith("/_files/"):
+            fid = path.rstrip("/").rsplit("/", 1)[-1]
+            with emu._lock:
+                f = emu.files.get(fid)
+            if f is None:
+                return self._reply(404, {"detail": "no such file"})
+            return self._send(200, f[1], "application/octet-stream",
+                              {"Content-Disposition": f'attachment; filename="{f[0]}"'})
+        if not path.startswith("/api/v1/"):
+            return self._reply(404, {"detail": f"not an AI Hub API path: {path}"})
+        if emu.fail_auth or self.headers.get("Authorization") != f"token {emu.token}":
+            return self._reply(401, {"detail": "Invalid token."})
+        seg = [s for s in path[len("/api/v1/"):].split("/") if s]
+        with emu._lock:
+            return self._api(seg, q, body)
+
+    def _api(self, seg: list[str], q: dict[str, list[str]], body: bytes) -> None:
+        emu = self.server_emu
+        cmd = self.command
+        if seg == ["users", "auth", "user"] and cmd == "GET":
+            return self._reply(200, pb.User(id=1, first_name="Emulated", last_name="User",
+                                            email="emulated@hexstudio.invalid"))
+        if seg == ["devices"] and cmd == "GET":
+            name = (q.get("name") or [""])[0]
+            attrs = q.get("attributes") or []
+            devs = [d for d in emu.devices if (not name or d["name"] == name)
+                    and all(a in d["attributes"] for a in attrs)]
+            if (q.get("select") or ["False"])[0].lower() == "true":
+                devs = devs[:1]
+            return self._reply(200, pb.DeviceList(
+                devices=[pb.Device(name=d["name"], os=d["os"], attributes=d["attributes"],
+                                   soc_description=d["soc_description"]) for d in devs],
+                total_query_count=len(devs)))
+        if seg == ["models"] and cmd == "POST":
+            m = pb.Model()
+            m.ParseFromString(body)
+            return self._reply(200, emu.create_model(m))
+        if len(seg) >= 2 and seg[0] == "models":
+            m_rec = emu.models.get(seg[1])
+            if m_rec is None:
+                return self._reply(404, {"detail": f"Model {seg[1]} not found."})
+            if len(seg) == 2 and cmd == "GET":
+                return self._reply(200, m_rec.pb)
+            if seg[2:] == ["multipart_upload"] and cmd == "GET":
+                size = int((q.get("file_size") or ["0"])[0])
+                n = max(1, -(-size // emu.max_part_size))
+                m_rec.upload_id = emu.new_id("u")
+                m_rec.parts = {}
+                urls = [f"{emu.api_url}/_upload/{seg[1]}/{k}" for k in range(n)]
+                return self._reply(200, pb.FileUploadResponse(multipart_url=pb.FileMultipartUploadURL(
+                    urls=urls, upload_id=m_rec.upload_id, max_part_size=emu.max_part_size)))
+            if seg[2:] == ["multipart_upload"] and cmd == "POST":
+                done = pb.FileMultipartUploadComplete()
+                done.ParseFromString(body)
+                if done.upload_id != m_rec.upload_id or len(done.etags) != len(m_rec.parts):
+                    return self._reply(400, {"detail": "upload id or part list does not match"})
+                for k, etag in enumerate(done.etags):
+                    if f'"{hashlib.md5(m_rec.parts[k]).hexdigest()}"' != etag:
+                        return self._reply(400, {"detail": f"ETag of part {k} does not match"})
+                m_rec.data = b"".join(m_rec.parts[k] for k in sorted(m_rec.parts))
+                m_rec.pb.file_upload_complete = True
+                emu.uploads += 1
+                return self._reply(200, pb.CreateUpdateResponse(id=seg[1]))
+            if seg[2:] == ["download"] and cmd == "GET":
+                if m_rec.data is None:
+                    return self._reply(404, {"detail": "The model has no file (yet)."})
+                producer = emu.jobs.get(m_rec.pb.producer_id)
+                if producer is not None and emu._state(producer) != pb.JOB_STATE_DONE:
+                    return self._reply(409, {"detail": "The job producing this model has not succeeded."})
+                fid = emu.new_id("f")
+                emu.files[fid] = (m_rec.filename, m_rec.data)
+                return self._reply(200, pb.FileDownloadResponse(url=pb.FileDownloadURL(
+                    url=f"{emu.api_url}/_files/{fid}", filename=m_rec.filename)))
+        if seg == ["jobs"] and cmd == "POST":
+            job = pb.Job()
+            job.ParseFromString(body)
+            status, out = emu.submit(job)
+            return self._reply(status, out)
+        if len(seg) >= 2 and seg[0] == "jobs":
+            j = emu.jobs.get(seg[1])
+            if j is None:
+                return self._reply(404, {"detail": f"Job {seg[1]} not found."})
+            if len(seg) == 2 and cmd == "GET":
+                return self._reply(200, emu.job_pb(j))
+            if seg[2:4] == ["device_runs", "latest"] and seg[4:5] == ["artifact_list"] and cmd == "GET":
+                arts = []
+                if seg[5:6] == [str(int(pb.JOB_ARTIFACT_TYPE_HUB_LOG))] and \
+                        emu._state(j) in (pb.JOB_STATE_DONE, pb.JOB_STATE_FAILED):
+                    fid = emu.new_id("f")
+                    emu.files[fid] = (f"{j.job_id}_hub.log", emu.hub_log(j))
+                    arts.append(pb.NamedArtifactDownloadURL(url=f"{emu.api_url}/_files/{fid}",
+                                                            filename=f"{j.job_id}_hub.log"))
+                return self._reply(200, pb.NamedArtifactDownloadURLList(artifacts=arts))
+        return self._reply(404, {"detail": f"the emulator does not serve {cmd} /api/v1/{'/'.join(seg)}/"})
+
+    def _upload(self, path: str, body: bytes) -> None:
+        emu = self.server_emu
+        if self.command != "PUT":
+            return self._reply(405, {"detail": "PUT only"})
+        _, _, mid, k = path.rstrip("/").split("/")
+        with emu._lock:
+            m = emu.models.get(mid)
+            if m is None:
+                return self._reply(404, {"detail": "no such upload"})
+            m.parts[int(k)] = body
+        self._send(200, b"", "text/plain", {"ETag": f'"{hashlib.md5(body).hexdigest()}"'})
+
+    def do_GET(self) -> None:
+        self._route()
+
+    def do_POST(self) -> None:
+        self._route()
+
+    def do_PUT(self) -> None:
+        self._route()
+
+    def do_PATCH(self) -> None:
+        self._route()
