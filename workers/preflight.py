@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers import modelinfo, recipes
+from workers import modelinfo, recipes, wslconfig
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
 
@@ -74,6 +74,11 @@ def _dist(name: str) -> str | None:
         return None
 
 
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes (MemTotal, SwapTotal, ...); {} where there is none."""
+    return _meminfo()
+
+
 def _meminfo() -> dict[str, int]:
     out: dict[str, int] = {}
     try:
@@ -86,24 +91,13 @@ def _meminfo() -> dict[str, int]:
 
 
 def _wslconfig() -> dict[str, Any] | None:
-    """Find the Windows user's .wslconfig from inside WSL (None outside WSL or when not found)."""
-    profile = None
-    for cmd in (["wslvar", "USERPROFILE"], ["cmd.exe", "/c", "echo %USERPROFILE%"]):
-        if shutil.which(cmd[0]):
-            try:
-                profile = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip()
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            if profile:
-                break
-    if not profile or not shutil.which("wslpath"):
+    """The Windows user's .wslconfig seen from inside WSL (None when it cannot be located)."""
+    path = wslconfig.locate()
+    if path is None:
         return None
-    try:
-        home = subprocess.run(["wslpath", "-u", profile], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    path = Path(home) / ".wslconfig"
-    return {"path": str(path), "exists": path.is_file(), "text": path.read_text(errors="replace") if path.is_file() else ""}
+    exists = path.is_file()
+    text = wslconfig.Text.decode(path.read_bytes()).text if exists else ""
+    return {"path": str(path), "exists": exists, "text": text, "limits": wslconfig.read_limits(text)}
 
 
 BASE_PACKAGES = ("aimet-onnx", "onnxruntime", "onnxruntime-gpu", "torch", "onnx", "transformers", "qai-hub")
@@ -227,14 +221,22 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
                              f"(the reference whole-model recipe peaked at {_gib(ref)}).", fix))
     if p.get("wsl"):
         cfg = p.get("wslconfig") or {}
+        limits = cfg.get("limits") or {}
+        now = (f"{cfg['path']} sets memory={limits.get('memory') or '(default: half the Windows RAM)'}, "
+               f"swap={limits.get('swap') or '(default)'}" if cfg.get("path") else ".wslconfig not found")
         if have < need:
-            target = int(need * 1.25 / GiB) + 1
+            target, swap = wslconfig.target_limits(need)
             checks.append(_check("wsl", "fail", {"mem_total_bytes": p["mem_total_bytes"],
-                                                  "wslconfig": cfg.get("path")}, f"memory >= {target}GB",
-                                 "WSL2 caps Linux memory below the Windows RAM, and this model needs more.",
-                                 f"wslconfig:memory={target}GB,swap={max(16, target // 2)}GB"))
+                                                  "swap_total_bytes": p["swap_total_bytes"],
+                                                  "wslconfig": cfg.get("path"), "limits": limits or None},
+                                 f"memory >= {target}GB",
+                                 f"WSL2 caps Linux memory below the Windows RAM, and this model needs more "
+                                 f"(Linux sees {_gib(p['mem_total_bytes'])} RAM + {_gib(p['swap_total_bytes'])} "
+                                 f"swap; {now}).",
+                                 f"wslconfig:memory={target}GB,swap={swap}GB"))
         else:
-            checks.append(_check("wsl", "ok", p["mem_total_bytes"], None, "WSL2 memory limit is high enough."))
+            checks.append(_check("wsl", "ok", p["mem_total_bytes"], None,
+                                 f"WSL2 memory limit is high enough ({now})."))
     else:
         checks.append(_check("wsl", "skip", None, None, "Not running under WSL."))
     ws = p["workspace"]

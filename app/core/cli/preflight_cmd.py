@@ -11,7 +11,7 @@ from typing import Any
 
 from app.core.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
 from app.core.paths import BUILTIN_MODEL_DIR, BUILTIN_MODEL_ID
-from workers import modelinfo
+from workers import modelinfo, wslconfig
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,6 +20,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--context-length", type=int, default=None, help="context length (default: 512 built-in, 4096)")
     p.add_argument("--ar-n", type=int, default=128)
     p.add_argument("--no-smoke-test", action="store_true", help="skip the AIMET smoke test")
+    w = p.add_argument_group("WSL memory limits (%%UserProfile%%\\.wslconfig)")
+    w.add_argument("--write-wslconfig", action="store_true",
+                   help="raise [wsl2] memory=/swap= for this model: shows the diff, asks, backs up, writes")
+    w.add_argument("--yes", action="store_true", help="write without asking (after printing the diff)")
+    w.add_argument("--wslconfig", type=Path, default=None, metavar="PATH",
+                   help="the .wslconfig to edit (default: found with wslvar/cmd.exe + wslpath)")
+    w.add_argument("--memory-gb", type=int, default=None, help="memory= to set instead of this model's need")
+    w.add_argument("--swap-gb", type=int, default=None, help="swap= to set instead of this model's need")
     add_workspace_flag(p)
     add_json_flag(p)
     p.set_defaults(func=cmd_preflight)
@@ -68,7 +76,90 @@ def preflight_report(model: str, context_length: int | None, ar_n: int, workspac
             "checks_warned": sum(c["status"] == "warn" for c in checks), "seconds": round(time.time() - t0, 2)}
 
 
+def wslconfig_plan(model: str, context_length: int | None, ar_n: int, path: Path | None,
+                   memory_gb: int | None = None, swap_gb: int | None = None) -> tuple[wslconfig.Plan, dict[str, Any]]:
+    """What `--write-wslconfig` would write, plus what it is based on (live memory, this model's need)."""
+    from workers.preflight import meminfo
+
+    path = path or wslconfig.locate()
+    if path is None:
+        raise CliError("Cannot find the Windows user's .wslconfig: this does not look like WSL "
+                       "(no wslvar/cmd.exe/wslpath).",
+                       "Give its path: --wslconfig /mnt/c/Users/<you>/.wslconfig")
+    mem = meminfo()
+    basis: dict[str, Any] = {"mem_total_bytes": mem.get("MemTotal", 0), "swap_total_bytes": mem.get("SwapTotal", 0)}
+    enough = False
+    if memory_gb is None and swap_gb is None:
+        info = modelinfo.inspect_config(model_config(model))
+        cl = context_length or (512 if model == BUILTIN_MODEL_ID else 4096)
+        need = int(modelinfo.estimate(info, cl, ar_n)["quantize_peak_rss_bytes"])
+        basis["quantize_peak_rss_bytes"] = need
+        # the same margin as the memory check: when it passes there is nothing to raise
+        enough = basis["mem_total_bytes"] + basis["swap_total_bytes"] >= need * 1.15
+        if not enough:
+            memory_gb, swap_gb = wslconfig.target_limits(need)
+    for name, v in (("--memory-gb", memory_gb), ("--swap-gb", swap_gb)):
+        if v is not None and v <= 0:
+            raise CliError(f"{name} must be a positive number of GB, not {v}.")
+    try:
+        pl = wslconfig.plan(path, memory_gb, swap_gb)
+        if enough:
+            pl.notes.append("WSL already has enough RAM + swap for this model (the memory check passes).")
+        return pl, basis
+    except OSError as exc:
+        raise CliError(f"Cannot read {path}: {exc.strerror or exc}.", "Check the path and its permissions.") from None
+
+
+def _confirm(question: str) -> bool:
+    if not sys.stdin or not sys.stdin.isatty():
+        return False
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
+def cmd_write_wslconfig(args: argparse.Namespace) -> int:
+    pl, basis = wslconfig_plan(args.model, args.context_length, args.ar_n, args.wslconfig or None,
+                               args.memory_gb, args.swap_gb)
+    out: dict[str, Any] = {**pl.to_json(), "basis": basis, "written": False, "backup": None}
+    say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
+    cur = pl.current
+    say(f".wslconfig: {pl.path}{'' if pl.exists else ' (does not exist yet)'}")
+    say(f"  now: memory={cur['memory'] or '(default: half the Windows RAM)'}, swap={cur['swap'] or '(default)'}; "
+        f"Linux sees {basis['mem_total_bytes'] / 1024**3:.1f} GiB RAM + {basis['swap_total_bytes'] / 1024**3:.1f} GiB swap")
+    if "quantize_peak_rss_bytes" in basis:
+        say(f"  this model's quantization needs about {basis['quantize_peak_rss_bytes'] / 1024**3:.1f} GiB")
+    for n in pl.notes:
+        say(f"  {n}")
+    if not pl.changed:
+        say("Nothing to change.")
+        if args.json:
+            print_json(out)
+        return 0
+    say(pl.diff().rstrip("\n"))
+    if not args.yes and not _confirm(f"Write {pl.path} (the old file is kept as a backup)?"):
+        if args.json:
+            print_json(out)
+        raise CliError(f"Did not write {pl.path}.",
+                       "Re-run with --yes to write it, or edit the file yourself as the diff shows.")
+    try:
+        backup = wslconfig.write(pl)
+    except OSError as exc:
+        raise CliError(f"Cannot write {pl.path}: {exc.strerror or exc}.",
+                       "Check that the Windows drive is mounted read-write; nothing was changed.") from None
+    out.update(written=True, backup=str(backup) if backup else None)
+    say(f"Wrote {pl.path}" + (f" (backup: {backup})" if backup else ""))
+    say("Now run `wsl --shutdown` in Windows PowerShell or cmd and reopen your WSL terminal: "
+        "WSL applies the new limits only after it restarts (this closes every WSL window).")
+    if args.json:
+        print_json(out)
+    return 0
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
+    if args.write_wslconfig:
+        return cmd_write_wslconfig(args)
     rep = preflight_report(args.model, args.context_length, args.ar_n, workspace_from(args).root,
                            smoke=not args.no_smoke_test)
     if args.json:
