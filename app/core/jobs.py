@@ -213,11 +213,18 @@ class LocalJob:
         assert self.proc is not None and self.proc.stdout is not None
         reader = self.proc.stdout
         feed = self.stream.feed
+        clock = time.monotonic
+        since = clock()
         while True:
             line = await reader.readline()
             if not line:
                 break
             feed(line)
+            # readline() does not yield while its buffer holds lines: hand the loop back every few ms so
+            # a fast worker never starves timers, the GUI or other jobs
+            if clock() - since > 0.003:
+                await asyncio.sleep(0)
+                since = clock()
 
     async def _read_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None

@@ -6,10 +6,10 @@ import time
 from collections import deque
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import (QComboBox, QDockWidget, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit,
-                               QProgressBar, QPushButton, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtCore import QStringListModel, Qt, QTimer, Signal
+from PySide6.QtGui import QFontDatabase, QGuiApplication
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDockWidget, QHBoxLayout, QLabel, QLineEdit,
+                               QListView, QProgressBar, QPushButton, QSplitter, QVBoxLayout, QWidget)
 
 from app.core.jobs import human_bytes
 from app.core.sampler import ResourceSample
@@ -76,13 +76,14 @@ class JobDock(QDockWidget):
         bar.addWidget(self.level_combo)
         bar.addWidget(self.copy_button)
         ll.addLayout(bar)
-        self.log_view = QPlainTextEdit()
-        self.log_view.setReadOnly(True)
-        self.log_view.setMaximumBlockCount(LOG_SHOWN)
-        self.log_view.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
-        f = self.log_view.font()
-        f.setFamily("monospace")
-        self.log_view.setFont(f)
+        # a C++ string-list model: no Python call per row, and the list view paints only visible rows
+        self.log_model = QStringListModel()
+        self.log_view = QListView()
+        self.log_view.setObjectName("log_view")
+        self.log_view.setModel(self.log_model)
+        self.log_view.setUniformItemSizes(True)
+        self.log_view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.log_view.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         ll.addWidget(self.log_view)
         split.addWidget(logbox)
         self.plot = ResourcePlot()
@@ -94,6 +95,7 @@ class JobDock(QDockWidget):
         self.setWidget(body)
 
         self.lines: deque[tuple[str, str]] = deque(maxlen=LOG_KEEP)  # (level, text)
+        self.shown: deque[str] = deque(maxlen=LOG_SHOWN)
         self.pending: list[tuple[str, str]] = []
         self.dropped = 0
         self.started = 0.0
@@ -187,13 +189,26 @@ class JobDock(QDockWidget):
         if self.dropped:
             lines.insert(0, f"… {self.dropped} lines skipped in the view (all are in the stage's log file)")
             self.dropped = 0
-        self.log_view.appendPlainText("\n".join(lines))
+        self.shown.extend(lines)
+        bar = self.log_view.verticalScrollBar()
+        if bar.value() < bar.maximum() - 2 and self.log_view.selectionModel().hasSelection():
+            return  # the person is reading or selecting: keep the view still; lines are kept meanwhile
+        self.log_model.setStringList(list(self.shown))
+        self.log_view.scrollToBottom()
 
     def refilter(self) -> None:
         self.pending.clear()
-        self.log_view.clear()
-        shown = [item for item in self.lines if self._visible(item)][-LOG_SHOWN:]
-        self.log_view.setPlainText("\n".join(t for _, t in shown))
+        self.shown.clear()
+        self.shown.extend(t for level, t in self.lines if self._visible((level, t)))
+        self.log_model.setStringList(list(self.shown))
+        self.log_view.scrollToBottom()
+
+    def shown_text(self) -> str:
+        return "\n".join(self.shown)
 
     def copy_log(self) -> None:
-        QGuiApplication.clipboard().setText(self.log_view.toPlainText())
+        """The selected lines, or every shown line when none is selected."""
+        rows = sorted(i.row() for i in self.log_view.selectionModel().selectedIndexes())
+        shown = self.log_model.stringList()
+        text = "\n".join(shown[r] for r in rows) if rows else self.shown_text()
+        QGuiApplication.clipboard().setText(text)

@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from collections.abc import Sequence
+
+# The GUI process stays light: these are imported only by worker processes.
+HEAVY_MODULES = ("torch", "aimet_onnx", "onnxruntime", "transformers", "onnx")
+
+
+def heavy_modules_loaded() -> list[str]:
+    return sorted(m for m in HEAVY_MODULES if m in sys.modules)
 
 
 def launch_gui(argv: Sequence[str]) -> int:
+    t0 = time.perf_counter()
+    args = list(argv)
+    startup_check = "--startup-check" in args
+    if startup_check:
+        args.remove("--startup-check")
+    workspace = None
+    if "--workspace" in args:
+        i = args.index("--workspace")
+        if i + 1 >= len(args):
+            print("error: --workspace needs a folder", file=sys.stderr)
+            return 2
+        workspace = args[i + 1]
+        del args[i:i + 2]
     if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
                                                  or os.environ.get("QT_QPA_PLATFORM")):
         print("error: no display found (DISPLAY/WAYLAND_DISPLAY are not set).\n"
@@ -18,17 +40,34 @@ def launch_gui(argv: Sequence[str]) -> int:
     import asyncio
 
     import qasync
+    from PySide6.QtCore import QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
+    from app.core.runs import Workspace
+    from app.ui.controller import RunController
     from app.ui.main_window import MainWindow
 
-    app = QApplication.instance() or QApplication([sys.argv[0], *argv])
+    app = QApplication.instance() or QApplication([sys.argv[0], *args])
     app.setApplicationName("HexStudio")
     app.setOrganizationName("HexStudio")
+    app.setStyle("Fusion")  # follows the system's light or dark palette
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    win = MainWindow()
+    controller = RunController(Workspace(workspace) if workspace else None)
+    win = MainWindow(controller)
+    recent = QSettings().value("recent/run")
+    if isinstance(recent, str) and recent:
+        try:
+            controller.open_run(recent)
+        except Exception:
+            QSettings().remove("recent/run")
     win.show()
+    if startup_check:
+        def report() -> None:
+            print(json.dumps({"first_window_s": round(time.perf_counter() - t0, 3),
+                              "heavy_modules": heavy_modules_loaded(), "title": win.windowTitle()}), flush=True)
+            app.quit()
+        QTimer.singleShot(0, report)
     with loop:
         close = asyncio.Event()
         app.aboutToQuit.connect(close.set)

@@ -34,6 +34,36 @@ def _style(plot: pg.PlotWidget) -> None:
         plot.getAxis(axis).enableAutoSIPrefix(False)
 
 
+def nice_ceiling(v: float) -> float:
+    """The next of 1, 2, 5 × 10^k at or above v: axis limits that change rarely, so the axes are not
+    redrawn on every update."""
+    import math
+
+    if v <= 0:
+        return 1.0
+    k = 10 ** math.floor(math.log10(v))
+    for m in (1, 2, 5, 10):
+        if m * k >= v:
+            return float(m * k)
+    return float(10 * k)
+
+
+class SteadyRange:
+    """Keeps a plot's range fixed until the data outgrows it (then jumps to the next nice limit)."""
+
+    def __init__(self, plot: pg.PlotWidget, x0: float, y0: float) -> None:
+        self.plot = plot
+        self.current: tuple[float, float] = (0.0, 0.0)
+        plot.disableAutoRange()
+        self.fit(x0, y0)
+
+    def fit(self, xmax: float, ymax: float) -> None:
+        want = (nice_ceiling(xmax), nice_ceiling(ymax * 1.1))
+        if want != self.current:
+            self.current = want
+            self.plot.setRange(xRange=(0, want[0]), yRange=(0, want[1]), padding=0)
+
+
 class ResourcePlot(pg.PlotWidget):
     """RSS and VRAM (GiB) against seconds since the stage started; the preflight estimate as a
     dashed line; the peak marked."""
@@ -56,8 +86,9 @@ class ResourcePlot(pg.PlotWidget):
                                         labelOpts={"position": 0.1, "color": "#bf8700"})
         self.estimate.setVisible(False)
         self.addItem(self.estimate)
-        self.setXRange(0, 60)
-        self.setYRange(0, 1)
+        self.rss_curve.setClipToView(True)
+        self.rss_curve.setDownsampling(auto=True, method="peak")
+        self.steady = SteadyRange(self, 60, 0.5)
         self.t: deque[float] = deque(maxlen=MAX_POINTS)
         self.rss: deque[float] = deque(maxlen=MAX_POINTS)
         self.vram: deque[float] = deque(maxlen=MAX_POINTS)
@@ -103,11 +134,9 @@ class ResourcePlot(pg.PlotWidget):
         self._dirty = False
         t = list(self.t)
         self.rss_curve.setData(t, list(self.rss))
-        if t:
-            self.enableAutoRange()
-        else:
-            self.setXRange(0, 60)
-            self.setYRange(0, 1)
+        est = self.estimate.value() if self.estimate.isVisible() else 0.0
+        self.steady.fit(max(t[-1] if t else 0.0, 60.0),
+                        max(self.peak_rss, max(self.vram) if self.vram else 0.0, float(est), 0.5))
         if any(self.vram):
             self.vram_curve.setData(t, list(self.vram))
         else:
@@ -131,8 +160,7 @@ class TokenRatePlot(pg.PlotWidget):
         self.setLabel("bottom", "s since the prompt was sent")
         self.window_s = window_s
         self.curve = self.plot([], [], pen=pg.mkPen("#2da44e", width=2))
-        self.setXRange(0, 5)
-        self.setYRange(0, 20)
+        self.steady = SteadyRange(self, 5, 10)
         self.arrivals: deque[tuple[float, int]] = deque()
         self.xs: list[float] = []
         self.ys: list[float] = []
@@ -164,8 +192,7 @@ class TokenRatePlot(pg.PlotWidget):
             return
         self._dirty = False
         self.curve.setData(self.xs, self.ys)
-        if self.xs:
-            self.enableAutoRange()
+        self.steady.fit(max(self.xs[-1] if self.xs else 0.0, 5.0), max(max(self.ys) if self.ys else 0.0, 10.0))
 
 
 class ReplyHistoryPlot(pg.PlotWidget):
@@ -178,12 +205,12 @@ class ReplyHistoryPlot(pg.PlotWidget):
         self.setLabel("bottom", "reply")
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush="#2f81f7")
         self.addItem(self.bars)
-        self.setXRange(0.4, 5.6)
-        self.setYRange(0, 20)
+        self.disableAutoRange()
+        self.setRange(xRange=(0.4, 5.6), yRange=(0, 20), padding=0)
         self.rates: list[float] = []
 
     def add_reply(self, gen_tok_s: float) -> None:
         self.rates.append(gen_tok_s)
         self.bars.setOpts(x=list(range(1, len(self.rates) + 1)), height=self.rates, width=0.6)
-        self.setXRange(0.4, len(self.rates) + 0.6, padding=0)
-        self.setYRange(0, max(self.rates) * 1.15)
+        self.setRange(xRange=(0.4, max(5, len(self.rates)) + 0.6),
+                      yRange=(0, nice_ceiling(max(self.rates) * 1.15)), padding=0)

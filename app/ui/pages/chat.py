@@ -221,9 +221,7 @@ class ChatPage(StagePage):
                                      self.c.workspace.root)
 
             def on_chunk(c: Chunk) -> None:
-                turn.reply += c.text
-                self._append_text(c.text)
-                self.rate_plot.add_tokens(c.t, 1)
+                self.show_chunk(turn, c.t, c.text)
 
             res = await run_query(board, str(doc["remote_bundle"]), prompt, on_chunk=on_chunk, stop=self._stop,
                                   max_tokens=self.max_tokens.value())
@@ -253,6 +251,12 @@ class ChatPage(StagePage):
             self.send_button.setEnabled(True)
             self.stop_button.setEnabled(False)
         return turn
+
+    def show_chunk(self, turn: Turn, t: float, text: str) -> None:
+        """A piece of the reply arrived `t` seconds after the prompt was sent."""
+        turn.reply += text
+        self._append_text(text)
+        self.rate_plot.add_tokens(t, 1)
 
     def stop(self) -> None:
         if self._stop is not None:
