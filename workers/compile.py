@@ -78,8 +78,10 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     em.metric("bundle_files", len(doc["files"]))
     em.metric("bundle_bytes", sum(f["size"] for f in doc["files"]), unit="bytes")
     em.metric("simulated", bool(doc["simulated"]))
+    em.metric("emulated", bool(doc.get("emulated")))
     em.progress(1.0, f"bundle with {len(doc['files'])} files")
-    return {"target": target, "simulated": doc["simulated"], "files": len(doc["files"])}
+    return {"target": target, "simulated": doc["simulated"], "emulated": bool(doc.get("emulated")),
+            "files": len(doc["files"])}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,210 @@
+"""Compile through Qualcomm AI Hub with the real qai_hub client against the local EMULATOR
+(tests/aihub_emulator): bundle, resume by job id after a kill, clear errors for injected failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.manifest import RunManifest
+from app.core.pipeline import Pipeline, PipelineResult
+from app.core.runs import Workspace
+from tests.aihub_emulator import AIHubEmulator
+from tests.support.sim_runs import copy_run
+from workers import bundle as gb
+from workers.aihub import JOBS_FILE
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _aihub_run(validated_run: Path, root: Path, emu: AIHubEmulator, **settings: Any) -> RunManifest:
+    dest = copy_run(validated_run, root)
+    m = Workspace(root).open_run(dest.name)
+    m.settings.update({**emu.run_settings(), **settings})
+    m.save()
+    return m
+
+
+def _compile(m: RunManifest, **kw: Any) -> PipelineResult:
+    return asyncio.run(Pipeline(m, **kw).run(only="compile"))
+
+
+def _graph_names(run_dir: Path) -> list[str]:
+    q = json.loads((run_dir / "artifacts" / "quantize" / "quantize.json").read_text())
+    return [g["name"] for g in q["graphs"]]
+
+
+def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
+        validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.core import secrets
+
+    emu = aihub_emulator
+    # the token comes from the keyring (the pipeline passes it to the worker), not the environment
+    monkeypatch.delenv("HEXSTUDIO_AIHUB_TOKEN")
+    secrets.set_secret(secrets.AIHUB_TOKEN, emu.token)
+    m = _aihub_run(validated_run, tmp_path / "ws", emu)
+    t0 = time.monotonic()
+    res = _compile(m)
+    assert res.ok, f"{res.message} / {res.hint}"
+    assert time.monotonic() - t0 < 60
+
+    bdir = m.run_dir / "artifacts" / "compile" / "bundle"
+    assert gb.verify_bundle(bdir) == []
+    doc = json.loads((bdir / "bundle.json").read_text())
+    assert doc["emulated"] is True and doc["simulated"] is False
+    assert doc["device"]["name"] == "Dragonwing IQ-9075 EVK"
+    assert (doc["device"]["soc_model"], doc["device"]["dsp_arch"]) == (77, "v73")
+    assert doc["qairt_version"] == "2.42" and (doc["context_length"], doc["parts"]) == (512, 2)
+    names = {f["path"] for f in doc["files"]}
+    bins = ["weight_sharing_model_1_of_2.serialized.bin", "weight_sharing_model_2_of_2.serialized.bin"]
+    assert names == {*bins, "genie_config.json", "htp_backend_ext_config.json", "tokenizer.json",
+                     "tool-versions.yaml", "EMULATED.txt"}
+    # every file and checksum, recomputed here as well
+    for f in doc["files"]:
+        assert gb.sha256_file(bdir / f["path"]) == f["sha256"] and (bdir / f["path"]).stat().st_size == f["size"]
+    cfg = json.loads((bdir / "genie_config.json").read_text())["dialog"]
+    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == bins and cfg["context"]["size"] == 512
+    assert cfg["engine"]["backend"]["type"] == "QnnHtp"
+    htp = json.loads((bdir / "htp_backend_ext_config.json").read_text())
+    assert htp["devices"][0]["soc_model"] == 77 and htp["devices"][0]["dsp_arch"] == "v73"
+    tv = (bdir / "tool-versions.yaml").read_text()
+    assert "qairt: 2.42" in tv and "emulated: true" in tv and "EMULATED" in tv
+
+    # what reached "AI Hub": 4 graph compiles, one link per part joining that part's two graphs
+    graphs = _graph_names(m.run_dir)
+    assert emu.submissions == {"compile": 4, "link": 2} and emu.uploads == 4
+    for part, b in enumerate(bins, start=1):
+        with zipfile.ZipFile(bdir / b) as z:
+            meta = json.loads(z.read("emulated.json"))
+            assert "EMULATED" in z.read("README.txt").decode()
+        assert meta["emulated"] is True and meta["kind"] == "link" and meta["options"] == "--qairt_version 2.42"
+        assert meta["graphs"] == [f"prompt_ar128_cl512_{part}_of_2", f"token_ar1_cl512_{part}_of_2"]
+    compile_opts = [j.pb.compile_job.options for j in emu.jobs.values() if j.kind == "compile"]
+    for g in graphs:
+        assert f"--target_runtime qnn_dlc --qairt_version 2.42 --quantize_full_type w8a16 --quantize_io " \
+               f"--qnn_options context_enable_graphs={g}" in compile_opts
+
+    # job ids: in the bundle manifest, compile.json, the jobs file and the run's metrics
+    ids = {j.job_id for j in emu.jobs.values()}
+    assert {j["job_id"] for j in doc["aihub_jobs"]} == ids and len(doc["aihub_jobs"]) == 6
+    assert all(j["url"].startswith(emu.web_url) for j in doc["aihub_jobs"])
+    cj = json.loads((m.run_dir / "artifacts" / "compile" / "compile.json").read_text())
+    assert cj["emulated"] is True and {j["state"] for j in cj["jobs"]} == {"SUCCESS"}
+    stored = json.loads((m.run_dir / JOBS_FILE).read_text())
+    assert {r["job_id"] for r in stored["jobs"].values()} == ids
+    m2 = Workspace(tmp_path / "ws").open_run(m.run_dir.name)
+    metrics = m2.stage("compile").data["metrics"]
+    assert metrics["emulated"]["value"] is True and metrics["simulated"]["value"] is False
+    assert {v["value"] for k, v in metrics.items() if k.startswith("aihub_") and k != "aihub_jobs"} == ids
+    assert emu.token not in (m.run_dir / "run.json").read_text()
+
+    # forcing the stage again with the same inputs reuses the finished jobs: nothing is submitted
+    res = asyncio.run(Pipeline(m2).run(only="compile", force=True))
+    assert res.ok and emu.submissions == {"compile": 4, "link": 2} and emu.uploads == 4
+
+
+def test_a_restart_while_waiting_resumes_by_job_id(validated_run: Path, tmp_path: Path,
+                                                   aihub_emulator: AIHubEmulator) -> None:
+    emu = aihub_emulator
+    emu.hold_jobs()  # a slow compile: jobs stay running
+    m = _aihub_run(validated_run, tmp_path / "ws", emu)
+    pipe: Pipeline
+
+    def on_event(stage: str, ev: dict[str, Any]) -> None:
+        if ev.get("type") == "log" and "waiting for AI Hub compile jobs" in ev["message"]:
+            job = pipe.current_job
+            assert job is not None and job.proc is not None
+            os.killpg(job.proc.pid, signal.SIGKILL)  # like a crash or kill -9 mid-wait
+
+    pipe = Pipeline(m, on_event=on_event)
+    res = asyncio.run(pipe.run(only="compile"))
+    assert not res.ok and m.stage("compile").state == "interrupted"
+    assert emu.submissions == {"compile": 4, "link": 0}
+    stored = json.loads((m.run_dir / JOBS_FILE).read_text())
+    assert len(stored["jobs"]) == 4 and not (m.run_dir / "artifacts" / "compile").exists()
+
+    emu.release_jobs()
+    events: list[dict[str, Any]] = []
+    res = _compile(Workspace(tmp_path / "ws").open_run(m.run_dir.name),
+                   on_event=lambda st, ev: events.append(ev))
+    assert res.ok, f"{res.message} / {res.hint}"
+    assert emu.submissions == {"compile": 4, "link": 2} and emu.uploads == 4  # nothing submitted twice
+    assert sum("reusing AI Hub compile job" in e.get("message", "") for e in events) == 4
+    assert any(e["type"] == "progress" and "waiting" in e["message"] for e in events)
+    assert gb.verify_bundle(m.run_dir / "artifacts" / "compile" / "bundle") == []
+
+
+def _error(m: RunManifest) -> dict[str, Any]:
+    return Workspace(m.run_dir.parent.parent).open_run(m.run_dir.name).stage("compile").data["outcome"]
+
+
+FAILURES = {
+    "bad_token": ("aihub_auth", "rejected the API token", "token"),
+    "rate_limited": ("aihub_rate_limited", "429", "Wait a few minutes"),
+    "failed_job": ("aihub_job_failed", "failed: Op 'MatMul_7' is not supported by the HTP backend", "/jobs/"),
+    "unavailable_device": ("aihub_device_unavailable", "no device named 'Dragonwing IQ-9999'", "Dragonwing IQ-9075 EVK"),
+    "old_device": ("device_unsupported", "weight sharing", "v73"),
+    "no_consent": ("aihub_consent_required", "uploads model-derived files", "aihub_consent=true"),
+}
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
+        failure: str, validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator) -> None:
+    emu = aihub_emulator
+    settings: dict[str, Any] = {}
+    if failure == "bad_token":
+        emu.fail_auth = True
+    elif failure == "rate_limited":
+        emu.rate_limit(None)
+    elif failure == "failed_job":
+        emu.fail_next("compile", "Op 'MatMul_7' is not supported by the HTP backend",
+                      graph="token_ar1_cl512_2_of_2")
+    elif failure == "unavailable_device":
+        settings["device"] = "Dragonwing IQ-9999"
+    elif failure == "old_device":
+        settings["device"] = "RB3 Gen 2 (Proxy)"
+    elif failure == "no_consent":
+        settings["aihub_consent"] = False
+    m = _aihub_run(validated_run, tmp_path / "ws", emu, **settings)
+    t0 = time.monotonic()
+    res = _compile(m)
+    assert time.monotonic() - t0 < 60, "an injected failure must not sit in client retries"
+    code, in_message, in_hint = FAILURES[failure]
+    assert not res.ok and m.stage("compile").state == "failed"
+    out = _error(m)
+    assert out["code"] == code, out
+    assert in_message in out["message"] and in_hint in (out["hint"] or ""), out
+    assert emu.token not in json.dumps(out)
+    if failure == "failed_job":
+        failed = next(j for j in emu.jobs.values() if j.outcome == "failed")
+        assert failed.job_id in out["message"] and f"/jobs/{failed.job_id}/" in out["hint"]
+        assert (m.run_dir / "logs" / "aihub" / f"{failed.job_id}_hub.log").is_file()
+    if failure in ("unavailable_device", "old_device", "no_consent", "bad_token"):
+        assert emu.uploads == 0, "nothing may be uploaded before the checks pass"
+    before = dict(emu.submissions)
+
+    # fix the cause, resume the same run: it completes, resubmitting only what never succeeded
+    emu.fail_auth = False
+    emu.rate_limit(0)
+    m = Workspace(tmp_path / "ws").open_run(m.run_dir.name)
+    m.settings.update({"device": "Dragonwing IQ-9075 EVK", "aihub_consent": True})
+    m.save()
+    res = _compile(m)
+    assert res.ok, f"{res.message} / {res.hint}"
+    assert gb.verify_bundle(m.run_dir / "artifacts" / "compile" / "bundle") == []
+    if failure == "failed_job":
+        assert before == {"compile": 4, "link": 0}
+        assert emu.submissions == {"compile": 5, "link": 2}  # only the failed graph again
+        stored = json.loads((m.run_dir / JOBS_FILE).read_text())
+        assert [f["graph"] for f in stored["failed"]] == ["token_ar1_cl512_2_of_2"]
+    else:
+        assert emu.submissions == {"compile": 4, "link": 2}

@@ -1,0 +1,473 @@
+"""Compile through Qualcomm AI Hub (compile target "aihub"), with the real `qai_hub` client.
+
+Per part: upload the AIMET export (model.onnx + model.encodings + model.data) of the prompt processor
+and of the token generator, compile each to a QNN DLC holding its one graph, then link the two DLCs
+into one context binary with shared weights; download the binaries into the Genie bundle.
+
+Resume: every submitted job id is written at once (atomically) to `<run>/aihub_jobs.json`, which
+survives the pipeline deleting the stage's partial folder. A restarted compile with the same inputs
+waits for / downloads those jobs instead of submitting again. A failed job is dropped from the file
+(and kept under "failed"), so resuming submits only that one again.
+
+Settings (spec.settings): device, qairt_version, aihub_consent (must be true before any upload),
+aihub_poll_interval_s (default 15), aihub_api_url / aihub_web_url (default: the token's
+client.ini, else app.aihub.qualcomm.com), aihub_http_retries / aihub_http_backoff_s (the client's
+connection/429 retries; tests set 0). Token: $HEXSTUDIO_AIHUB_TOKEN (the studio passes it from the
+keyring), else an existing qai_hub client.ini ($QAIHUB_CLIENT_INI or ~/.qai_hub/client.ini).
+
+An emulated AI Hub (tests/aihub_emulator: devices carry `hexstudio:emulated`, binaries are zips
+with emulated.json) makes everything here labeled "emulated": true.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from workers import bundle as gb
+from workers import modelinfo
+from workers.protocol import Emitter
+from workers.runtime import WorkerError, WorkerSpec
+
+JOBS_FILE = "aihub_jobs.json"
+EMULATED_ATTRIBUTE = "hexstudio:emulated"
+DEFAULT_POLL_S = 15.0
+KINDS = ("prompt_processor", "token_generator")
+RESUME_HINT = ("Resume the run when that is fixed: jobs already submitted are kept in the run's "
+               f"{JOBS_FILE} and are not submitted again.")
+
+
+# -- small helpers -----------------------------------------------------------------------------
+def write_json_atomic(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def bin_name(part: int, parts: int) -> str:
+    return f"weight_sharing_model_{part}_of_{parts}.serialized.bin"
+
+
+def compile_options(graph: str, qairt_version: str) -> str:
+    return (f"--target_runtime qnn_dlc --qairt_version {qairt_version} --quantize_full_type w8a16 "
+            f"--quantize_io --qnn_options context_enable_graphs={graph}")
+
+
+def link_options(qairt_version: str) -> str:
+    return f"--qairt_version {qairt_version}"
+
+
+def parse_device(name: str, os_name: str, attributes: list[str]) -> dict[str, Any]:
+    """A device record as the bundle and the checks want it, from AI Hub's attributes."""
+    attrs = {a.split(":", 1)[0]: a.split(":", 1)[1] for a in attributes if ":" in a}
+    known = gb.KNOWN_DEVICES.get(name, {})
+    soc = attrs.get("soc-model")
+    ws = attrs.get("htp-supports-weight-sharing")
+    return {"name": name, "os": os_name,
+            "soc_model": int(soc) if soc and soc.isdigit() else known.get("soc_model", 0),
+            "dsp_arch": attrs.get("hexagon", known.get("dsp_arch", "unknown")),
+            "chipset": attrs.get("chipset", known.get("chipset")),
+            "weight_sharing": (ws == "true") if ws is not None else bool(known.get("weight_sharing", False)),
+            "attributes": list(attributes), "emulated": EMULATED_ATTRIBUTE in attributes}
+
+
+def is_emulated_package(path: Path) -> bool:
+    try:
+        with zipfile.ZipFile(path) as z:
+            return "emulated.json" in z.namelist() and bool(json.loads(z.read("emulated.json")).get("emulated"))
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError):
+        return False
+
+
+def _chain_text(exc: BaseException) -> str:
+    out, seen = [], set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        out.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    return " | ".join(out)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip(" |│┌┐└┘─") for ln in str(exc).splitlines()]
+    return " ".join(ln for ln in lines if ln)[:400] or type(exc).__name__
+
+
+# -- client ------------------------------------------------------------------------------------
+def configure_client(settings: dict[str, Any]) -> float:
+    """The client's knobs: job polling and HTTP retries. Returns our poll interval (seconds)."""
+    import qai_hub.client as hc
+    import qai_hub.util.session as hs
+
+    poll = float(settings.get("aihub_poll_interval_s") or DEFAULT_POLL_S)
+    hc.Job._polling_interval = max(1, int(poll))  # only used if a client call waits itself
+    if settings.get("aihub_http_retries") is not None:
+        hs.MAX_RETRIES = int(settings["aihub_http_retries"])
+    if settings.get("aihub_http_backoff_s") is not None:
+        hs.BACKOFF_FACTOR = float(settings["aihub_http_backoff_s"])
+    return poll
+
+
+def client_config(settings: dict[str, Any]) -> Any:
+    from qai_hub import ClientConfig
+    from qai_hub.api_utils import get_config_path, load_api_config_from_file
+    from qai_hub.public_rest_api import DEFAULT_HUB_API_URL, DEFAULT_HUB_WEB_URL
+
+    api_url = settings.get("aihub_api_url") or os.environ.get("HEXSTUDIO_AIHUB_API_URL")
+    web_url = settings.get("aihub_web_url") or os.environ.get("HEXSTUDIO_AIHUB_WEB_URL")
+    token = os.environ.get("HEXSTUDIO_AIHUB_TOKEN")
+    if token:
+        return ClientConfig(api_token=token, api_url=api_url or DEFAULT_HUB_API_URL,
+                            web_url=web_url or api_url or DEFAULT_HUB_WEB_URL, verbose=False)
+    ini = get_config_path()
+    if os.path.exists(ini):
+        try:
+            cfg = load_api_config_from_file(ini)
+        except Exception as exc:
+            raise WorkerError("aihub_token_missing", f"{ini} cannot be used: {_first_line(exc)}",
+                              "It needs an [api] section with api_token, api_url and web_url; run "
+                              "`qai-hub configure --api_token TOKEN`, or store the token in HexStudio's "
+                              "keyring (Settings, AI Hub).") from None
+        if api_url:
+            cfg.api_url = api_url
+            cfg.web_url = web_url or api_url
+        cfg.verbose = False
+        return cfg
+    raise WorkerError("aihub_token_missing", "No Qualcomm AI Hub API token was found (not in HexStudio's keyring, "
+                      f"and {ini} does not exist).",
+                      "Copy your token from the AI Hub account page and store it in HexStudio's keyring "
+                      "(Settings, AI Hub), or run `qai-hub configure --api_token TOKEN`; then resume the run.")
+
+
+@contextlib.contextmanager
+def hub_errors(what: str, api_url: str, web_url: str) -> Iterator[None]:
+    """Turn the client's exceptions into WorkerErrors a person can act on."""
+    import qai_hub as hub
+    from qai_hub.client import RateLimitedError
+    from qai_hub.public_rest_api import APIException
+
+    try:
+        yield
+    except WorkerError:
+        raise
+    except RateLimitedError as exc:
+        raise WorkerError("aihub_rate_limited", f"Qualcomm AI Hub is rate-limiting this account (429 Too Many "
+                          f"Requests) while {what}: {_first_line(exc)}",
+                          "Wait a few minutes (or for your other AI Hub jobs to finish). " + RESUME_HINT) from None
+    except hub.UserError as exc:
+        text = str(exc)
+        if "authenticate" in text or "API token" in text:
+            raise WorkerError("aihub_auth", f"Qualcomm AI Hub rejected the API token while {what} (bad or "
+                              "expired token).",
+                              f"Copy a fresh token from {web_url.rstrip('/')}/account/ and store it in "
+                              "HexStudio's keyring (Settings, AI Hub) or run `qai-hub configure --api_token "
+                              "TOKEN`. " + RESUME_HINT) from None
+        if "not available" in text:
+            raise WorkerError("aihub_device_unavailable", f"Qualcomm AI Hub says the device is not available "
+                              f"while {what}: {_first_line(exc)}",
+                              "Pick another device (Compile page, or --set device=NAME). " + RESUME_HINT) from None
+        raise WorkerError("aihub_rejected", f"Qualcomm AI Hub refused {what}: {_first_line(exc)}",
+                          "Check the inputs named above. " + RESUME_HINT) from None
+    except hub.InternalError as exc:
+        chain = _chain_text(exc)
+        if "429" in chain:
+            raise WorkerError("aihub_rate_limited", f"Qualcomm AI Hub is rate-limiting this account (429 Too Many "
+                              f"Requests) while {what}.",
+                              "Wait a few minutes (or for your other AI Hub jobs to finish). " + RESUME_HINT) from None
+        if "connect" in chain.lower() or "Timeout" in chain:
+            raise WorkerError("aihub_unreachable", f"Could not reach Qualcomm AI Hub at {api_url} while {what}.",
+                              "Check the network and any proxy (HTTPS_PROXY/NO_PROXY) from this machine. "
+                              + RESUME_HINT) from None
+        raise WorkerError("aihub_error", f"Qualcomm AI Hub failed while {what}: {_first_line(exc)}",
+                          "This is usually temporary on AI Hub's side. " + RESUME_HINT) from None
+    except APIException as exc:
+        raise WorkerError("aihub_error", f"Qualcomm AI Hub answered {exc.status_code} while {what}: "
+                          f"{_first_line(exc)}", RESUME_HINT) from None
+
+
+# -- the jobs file -------------------------------------------------------------------------------
+class JobStore:
+    """<run>/aihub_jobs.json: {"key": inputs fingerprint, "jobs": {name: record}, "failed": [...]}."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path = path
+        self.key = key
+        self.abandoned: dict[str, Any] = {}
+        doc: dict[str, Any] = {}
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            doc = {}
+        if doc.get("key") == key:
+            self.jobs: dict[str, dict[str, Any]] = dict(doc.get("jobs") or {})
+            self.failed: list[dict[str, Any]] = list(doc.get("failed") or [])
+        else:
+            self.abandoned = dict(doc.get("jobs") or {})
+            self.jobs, self.failed = {}, list(doc.get("failed") or [])
+
+    def save(self) -> None:
+        write_json_atomic(self.path, {"version": 1, "key": self.key, "jobs": self.jobs, "failed": self.failed,
+                                      "abandoned": self.abandoned or None})
+
+    def put(self, name: str, rec: dict[str, Any]) -> None:
+        self.jobs[name] = rec
+        self.save()
+
+    def fail(self, name: str, reason: str) -> None:
+        rec = self.jobs.pop(name)
+        self.failed.append({**rec, "state": "FAILED", "reason": reason, "t": time.time()})
+        self.save()
+
+
+def inputs_key(qdir: Path, q: dict[str, Any], device: str, qairt_version: str) -> str:
+    h = hashlib.sha256()
+    h.update((qdir / "quantize.json").read_bytes())
+    for g in q["graphs"]:
+        gdir = (qdir / g["onnx"]).parent
+        for p in sorted(gdir.iterdir()):
+            h.update(f"{g['name']}/{p.name}:{p.stat().st_size}\n".encode())
+        h.update(gb.sha256_file(qdir / g["encodings"]).encode())
+    h.update(f"{device}\n{qairt_version}\n{compile_options('G', qairt_version)}\n{link_options(qairt_version)}"
+             .encode())
+    return h.hexdigest()
+
+
+# -- the stage ---------------------------------------------------------------------------------
+def _pairs(q: dict[str, Any], qdir: Path) -> dict[int, dict[str, dict[str, Any]]]:
+    pairs: dict[int, dict[str, dict[str, Any]]] = {}
+    for g in q["graphs"]:
+        for k in ("onnx", "encodings"):
+            if not g.get(k) or not (qdir / g[k]).is_file():
+                raise WorkerError("missing_graph", f"Graph {g['name']} has no AIMET export ({k}) to upload.",
+                                  "Re-run the Quantize stage.")
+        pairs.setdefault(int(g["part"]), {})[g["kind"]] = g
+    for part, d in pairs.items():
+        if set(d) != set(KINDS):
+            raise WorkerError("missing_graph", f"Part {part} lacks a {' or '.join(set(KINDS) - set(d))} graph.",
+                              "Re-run the Quantize stage.")
+    return dict(sorted(pairs.items()))
+
+
+def resolve_device(client: Any, name: str, lpbq: bool) -> dict[str, Any]:
+    devs = client.get_devices(name=name)
+    if not devs:
+        names = sorted({d.name for d in client.get_devices()})
+        raise WorkerError("aihub_device_unavailable", f"Qualcomm AI Hub has no device named '{name}' available.",
+                          f"Pick one of: {', '.join(names[:12])}{' ...' if len(names) > 12 else ''} "
+                          "(Compile page, or --set device=NAME).")
+    d = devs[0]
+    dev = parse_device(d.name, d.os, list(d.attributes))
+    try:
+        gb.check_device(dev, lpbq=lpbq)
+    except gb.BundleError as exc:
+        raise WorkerError("device_unsupported", str(exc),
+                          "Choose a Hexagon v73+ device such as the Dragonwing IQ-9075 EVK.") from None
+    return dev
+
+
+def wait_jobs(client: Any, store: JobStore, names: list[str], em: Emitter, poll_s: float, f0: float,
+              f1: float, what: str, logs_dir: Path, errs: Any) -> None:
+    jobs = {}
+    with errs(f"looking up the {what} jobs"):
+        for n in names:
+            jobs[n] = client.get_job(store.jobs[n]["job_id"])
+    pending = set(names)
+    em.log(f"waiting for AI Hub {what} jobs: " + ", ".join(f"{n} {store.jobs[n]['job_id']}" for n in names))
+    last_msg, last_t = "", 0.0
+    while pending:
+        states = {}
+        for n in sorted(pending):
+            with errs(f"polling {what} job {store.jobs[n]['job_id']}"):
+                st = jobs[n].get_status()
+            states[n] = st.code
+            if st.success:
+                pending.discard(n)
+                store.jobs[n]["state"] = "SUCCESS"
+                store.save()
+            elif st.failure:
+                rec = store.jobs[n]
+                reason = st.message or "no reason given"
+                log_note = ""
+                with contextlib.suppress(Exception):
+                    got = jobs[n].download_job_logs(str(logs_dir))
+                    if got:
+                        log_note = f" The job's log is in {got[0]}."
+                store.fail(n, reason)
+                raise WorkerError("aihub_job_failed", f"AI Hub {rec['kind']} job {rec['job_id']} for {rec['what']} "
+                                  f"failed: {reason}",
+                                  f"Details: {rec['url']}.{log_note} Fix the cause and resume the run: only this "
+                                  "job is submitted again; the jobs that succeeded are reused.")
+        done = len(names) - len(pending)
+        msg = f"AI Hub {what}: {done}/{len(names)} done" + (
+            f"; waiting ({', '.join(sorted(set(states.values()) - {'SUCCESS'}))})" if pending else "")
+        now = time.monotonic()
+        if msg != last_msg or now - last_t > 30:
+            em.progress(f0 + (f1 - f0) * done / len(names), msg)
+            last_msg, last_t = msg, now
+        if pending:
+            time.sleep(poll_s)
+
+
+def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: Emitter) -> dict[str, Any]:
+    s = spec.settings
+    if not s.get("aihub_consent"):
+        raise WorkerError("aihub_consent_required", "Compiling on Qualcomm AI Hub uploads model-derived files "
+                          "(the quantized ONNX graphs and their encodings) to Qualcomm's cloud, and you have "
+                          "not agreed to that for this run.",
+                          "Give consent on the Compile page (or --set aihub_consent=true), or compile for the "
+                          "simulator board instead (--set compile_target=sim).")
+    q = json.loads((qdir / "quantize.json").read_text())
+    pairs = _pairs(q, qdir)
+    parts = int(q["parts"])
+    hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
+    hf_config = json.loads((hf_dir / "config.json").read_text())
+    ctx_bins = [bin_name(k, parts) for k in pairs]
+    cfg = gb.genie_config(hf_config, q["context_length"], ctx_bins, int(q["head_dim"]), s.get("sampler"))
+    try:
+        gb.check_genie_config(cfg, hf_config, q["context_length"])
+    except gb.BundleError as exc:
+        raise WorkerError("bundle_check", str(exc)) from None
+    qairt = str(s.get("qairt_version") or "2.42")
+    device_name = str(s.get("device") or "Dragonwing IQ-9075 EVK")
+    lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
+    logs_dir = spec.run_dir / "logs" / "aihub"
+
+    with contextlib.redirect_stdout(sys.stderr):  # the client prints; stdout is the protocol
+        import qai_hub as hub
+
+        poll_s = configure_client(s)
+        ccfg = client_config(s)
+        client = hub.Client(config=ccfg)
+
+        def errs(what: str) -> contextlib.AbstractContextManager[None]:
+            return hub_errors(what, ccfg.api_url, ccfg.web_url)
+
+        em.progress(0.02, f"AI Hub: looking up {device_name}")
+        with errs(f"looking up the device {device_name}"):
+            dev = resolve_device(client, device_name, lpbq)
+        emulated = bool(dev["emulated"])
+        if emulated:
+            em.warning("This AI Hub is the HexStudio emulator: the context binaries are EMULATED packages, not "
+                       "device results.", code="emulated")
+        hub_dev = hub.Device(dev["name"])
+        store = JobStore(spec.run_dir / JOBS_FILE, inputs_key(qdir, q, dev["name"], qairt))
+        if store.abandoned:
+            em.warning(f"{len(store.abandoned)} AI Hub job(s) recorded for earlier inputs (other graphs, device or "
+                       "QAIRT version) are not reused.", code="aihub_jobs_abandoned")
+
+        # 1. upload + compile each graph (unless a job was recorded before a restart)
+        n_graphs = 2 * len(pairs)
+        i = 0
+        for part, pair in pairs.items():
+            for kind in KINDS:
+                g = pair[kind]
+                name = f"compile:{g['name']}"
+                i += 1
+                if name in store.jobs:
+                    em.log(f"reusing AI Hub compile job {store.jobs[name]['job_id']} for {g['name']} "
+                           "(submitted before a restart)")
+                    continue
+                em.progress(0.03 + 0.3 * i / n_graphs, f"AI Hub: uploading {g['name']} ({i}/{n_graphs})",
+                            part=part, parts=parts)
+                src = (qdir / g["onnx"]).parent
+                with errs(f"uploading {g['name']}"):
+                    model = client.upload_model(str(src), name=g["name"])
+                with errs(f"submitting the compile job for {g['name']}"):
+                    job = client.submit_compile_job(model, hub_dev, name=g["name"],
+                                                    options=compile_options(g["name"], qairt), retry=False)
+                store.put(name, {"kind": "compile", "part": part, "graph": g["name"], "what": g["name"],
+                                 "job_id": job.job_id, "url": job.url, "state": "SUBMITTED",
+                                 "options": compile_options(g["name"], qairt)})
+                em.log(f"submitted AI Hub compile job {job.job_id} for {g['name']}: {job.url}")
+        compile_names = [f"compile:{pair[k]['name']}" for pair in pairs.values() for k in KINDS]
+        wait_jobs(client, store, compile_names, em, poll_s, 0.35, 0.6, "compile", logs_dir, errs)
+
+        # 2. link each part's two DLCs into one context binary with shared weights
+        for part, pair in pairs.items():
+            name = f"link:part{part}"
+            if name in store.jobs:
+                em.log(f"reusing AI Hub link job {store.jobs[name]['job_id']} for part {part}")
+                continue
+            with errs(f"submitting the link job for part {part}"):
+                models = [client.get_job(store.jobs[f"compile:{pair[k]['name']}"]["job_id"]).get_target_model()
+                          for k in KINDS]
+                job = client.submit_link_job(models, hub_dev, name=bin_name(part, parts).split(".")[0],
+                                             options=link_options(qairt))
+            store.put(name, {"kind": "link", "part": part, "graph": None, "what": f"part {part} of {parts}",
+                             "job_id": job.job_id, "url": job.url, "state": "SUBMITTED",
+                             "options": link_options(qairt)})
+            em.log(f"submitted AI Hub link job {job.job_id} for part {part}: {job.url}")
+        link_names = [f"link:part{part}" for part in pairs]
+        wait_jobs(client, store, link_names, em, poll_s, 0.6, 0.8, "link", logs_dir, errs)
+
+        # 3. download the context binaries into the bundle
+        bdir = spec.out_dir / "bundle"
+        bdir.mkdir(parents=True, exist_ok=True)
+        job_logs = spec.out_dir / "aihub_logs"
+        for k, part in enumerate(pairs):
+            rec = store.jobs[f"link:part{part}"]
+            em.progress(0.8 + 0.15 * k / len(pairs), f"AI Hub: downloading {bin_name(part, parts)}")
+            with errs(f"downloading the context binary of part {part} (job {rec['job_id']})"), \
+                    tempfile.TemporaryDirectory(dir=spec.out_dir) as tmp:
+                job = client.get_job(rec["job_id"])
+                got = job.download_target_model(tmp)
+                if not got:
+                    raise WorkerError("aihub_download", f"AI Hub link job {rec['job_id']} has no context binary.",
+                                      f"Details: {rec['url']}. " + RESUME_HINT)
+                os.replace(got, bdir / bin_name(part, parts))
+                with contextlib.suppress(Exception):
+                    job.download_job_logs(str(job_logs))
+            emulated = emulated or is_emulated_package(bdir / bin_name(part, parts))
+
+    # 4. the rest of the bundle
+    shutil.copy2(hf_dir / "tokenizer.json", bdir / "tokenizer.json")
+    (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=2))
+    (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(dev), indent=2))
+    from qai_hub import __version__ as client_version
+
+    head = ("# EMULATED: compiled by HexStudio's AI Hub emulator, which packages its inputs; no QAIRT ran.\n"
+            if emulated else "# compiled on Qualcomm AI Hub\n")
+    (bdir / "tool-versions.yaml").write_text(f"{head}qairt: {qairt}\nqai_hub_client: {client_version}\n"
+                                             f"emulated: {'true' if emulated else 'false'}\n")
+    if emulated:
+        (bdir / "EMULATED.txt").write_text(
+            "This bundle was compiled by HexStudio's AI Hub EMULATOR (tests/aihub_emulator).\n"
+            "Its .bin files are zip packages of the inputs, not QNN context binaries: Genie cannot load them.\n")
+    jobs = [{"part": r["part"], "kind": r["kind"], "graph": r["graph"], "job_id": r["job_id"], "url": r["url"]}
+            for r in store.jobs.values() if r["kind"] in ("compile", "link")]
+    jobs.sort(key=lambda r: (r["part"], r["kind"] != "compile", r["graph"] or ""))
+    device = {k: dev[k] for k in ("name", "soc_model", "dsp_arch", "attributes")}
+    write_json_atomic(spec.out_dir / "compile.json", {
+        "target": "aihub", "emulated": emulated, "device": device, "qairt_version": qairt,
+        "jobs": [{**j, "state": store.jobs[f"{j['kind']}:{j['graph'] if j['kind'] == 'compile' else 'part%d' % j['part']}"]
+                  ["state"]} for j in jobs],
+        "failed_jobs": store.failed, "jobs_file": str(store.path)})
+    for j in jobs:
+        em.metric(f"aihub_{j['kind']}_job_{j['graph'] or 'part%d' % j['part']}", j["job_id"])
+    em.metric("aihub_jobs", len(jobs))
+    em.progress(0.97, "writing bundle.json")
+    return gb.write_manifest(bdir, {
+        "model": model_doc["model"], "simulated": False, "emulated": emulated, "device": device,
+        "qairt_version": qairt, "context_length": q["context_length"], "ar_n": q["ar_n"], "parts": parts,
+        "aihub_jobs": jobs,
+    })
