@@ -1,0 +1,196 @@
+"""Error decoder: error messages from Genie, QNN/QAIRT and FastRPC -> cause and fix.
+
+Table-driven (facts/board.md "Error decoder", facts/genie.md). `explain(text)` scans every line of
+a log or message and returns what it recognised, most specific first. Each entry may name a doctor
+fix id (app.core.device.fixes) that addresses it.
+
+    from app.core.device.explain import explain
+    for m in explain(stderr): print(m.cause, m.fix)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# severity: "error" (this is why it failed), "warning", "info" (not a diagnosis; do not chase it)
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    patterns: tuple[str, ...]
+    cause: str
+    fix: str
+    severity: str = "error"
+    fix_ids: tuple[str, ...] = ()
+    code: str | None = None
+    generic: bool = False           # only reported when nothing more specific matched
+
+    def regexes(self) -> list[re.Pattern[str]]:
+        return [re.compile(p, re.IGNORECASE) for p in self.patterns]
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("qnn_device_14001",
+         (r"Failed to create device:?\s*14001", r"Transport layer setup failed:?\s*14001", r"Device Creation failure",
+          r"\b14001\b"),
+         "QNN could not open the HTP device (14001 = QNN_DEVICE_ERROR_INVALID_CONFIG). On the IQ-9075 EVK this "
+         "means the FastRPC userspace (libcdsprpc) is missing, the cdsprpcd daemon is not running, or "
+         "/dev/fastrpc-cdsp is not accessible to this user. On other chips: the matching skel is not first in "
+         "ADSP_LIBRARY_PATH.",
+         "Run the board doctor (`hexstudio board probe BOARD`) and apply its FastRPC fixes: install the FastRPC "
+         "packages, add the user to the fastrpc group (then log in again), install the udev rule, restart "
+         "cdsprpcd. Check ADSP_LIBRARY_PATH points at lib/hexagon-v73/unsigned first.",
+         fix_ids=("fastrpc_packages", "group_add", "udev_rule", "daemon_restart", "qairt_env"), code="14001"),
+    Rule("libcdsprpc_missing", (r"libcdsprpc\.so[\d.]*: cannot open shared object file",),
+         "The FastRPC userspace library (libcdsprpc.so) is not installed on the board.",
+         "Install it: Ubuntu `sudo apt install qcom-fastrpc1 qcom-fastrpc-dev qcom-libdmabufheap-dev` (Qualcomm "
+         "IoT PPA) or Debian `libfastrpc1 libfastrpc-dev fastrpc-support`, then `sudo ldconfig`.",
+         fix_ids=("fastrpc_packages",)),
+    Rule("fastrpc_ebadfd", (r"0x8000044f", r"Unable to create FastRPC session"),
+         "FastRPC could not open a session (0x8000044f = AEE_EBADFD): this user may not use /dev/fastrpc-cdsp "
+         "(not in the fastrpc group, or the device is root-only).",
+         "Create the fastrpc group, add the user (`sudo usermod -aG fastrpc USER`), install the udev rule, then "
+         "log in again (or reboot). Verify with `id` and `ls -l /dev/fastrpc-cdsp`.",
+         fix_ids=("group_add", "udev_rule", "relogin"), code="0x8000044f"),
+    Rule("fastrpc_unable_to_load", (r"0x80000406",),
+         "The DSP could not load the skel library (0x80000406 = AEE_EUNABLETOLOAD): libQnnHtpV73Skel.so not "
+         "found through ADSP_LIBRARY_PATH, or not loadable.",
+         "Set ADSP_LIBRARY_PATH to $QAIRT_HOME/lib/hexagon-v73/unsigned (semicolon-separated) — the QAIRT "
+         "environment script does this.",
+         fix_ids=("qairt_env",), code="0x80000406"),
+    Rule("fastrpc_version_mismatch", (r"0x80000594",),
+         "The CPU-side stub and the DSP-side skel are from different versions (0x80000594).",
+         "Use one QAIRT install for both: LD_LIBRARY_PATH and ADSP_LIBRARY_PATH from the same /opt/qairt/<ver>; "
+         "do not mix QNN libraries from /usr/lib with /opt/qairt.",
+         fix_ids=("qairt_env",), code="0x80000594"),
+    Rule("fastrpc_erpc_unsigned", (r"0x80000600", r"Please use testsig if using unsigned images"),
+         "FastRPC call failed (0x80000600 = AEE_ERPC); with 'use testsig' it is a signing / unsigned protection "
+         "domain problem.",
+         "Run with the unsigned PD (the default for QAIRT on the EVK) and make sure the skel comes from "
+         "lib/hexagon-v73/unsigned.",
+         fix_ids=("qairt_env",), code="0x80000600"),
+    Rule("stub_lib_id_mismatch", (r"Stub lib id mismatch: expected \(([^)]*)\) detected \(([^)]*)\)",),
+         "QNN libraries from two QAIRT versions are loaded together (the stub's id does not match).",
+         "Point LD_LIBRARY_PATH and ADSP_LIBRARY_PATH at one QAIRT version; remove other QNN copies from the "
+         "library path.",
+         fix_ids=("qairt_env",)),
+    Rule("skel_1008", (r"Failed to load skel, error:?\s*1008", r"Unable to load Remote symbols\s*1008"),
+         "The CPU-side and DSP-side libraries come from different SDKs, or ADSP_LIBRARY_PATH is wrong (1008).",
+         "Use libQnnHtp*.so and libQnnHtpV73Skel.so from the same /opt/qairt/<ver>; check ADSP_LIBRARY_PATH.",
+         fix_ids=("qairt_env",), code="1008"),
+    Rule("htp_memory", (r"\berr(?:or)?[ :=]*1002\b", r"\b0x3ea\b", r"Failed to find available PD",
+                        r"context size estimate", r"memRegister ERROR"),
+         "The HTP could not allocate memory for the context: a context above the ~4 GB per-context HTP limit, "
+         "or not enough device RAM.",
+         "Split the model into more parts (shards) or use a shorter context_length, then compile again.",
+         code="1002"),
+    Rule("context_5000", (r"Could not create context from binary.*\b5000\b", r"\berr(?:or)?[ :=]*5000\b"),
+         "The context binary cannot be loaded (5000): the board's QAIRT is older than the one that compiled the "
+         "bundle, or the binary was built for another device / dsp_arch.",
+         "Install a QAIRT on the board at least as new as the bundle's tool-versions.yaml `qairt:`, and compile "
+         "for this board's device (v73 for the IQ-9075).",
+         fix_ids=("qairt_install",), code="5000"),
+    Rule("context_5005", (r"Could not create context from binary.*\b5005\b", r"\berr(?:or)?[ :=]*5005\b"),
+         "The context binary cannot be loaded (5005): VTCM size, or an unsupported model/device pair.",
+         "Compile for this exact device (soc_model and dsp_arch); check the VTCM setting of the compile options.",
+         code="5005"),
+    Rule("free_device_14003", (r"Failed to free device.*14003",),
+         "Freeing the device failed (14003); together with 1007 on a 16 GB machine this is out of memory.",
+         "Free RAM on the board (stop other processes) or use a smaller model / shorter context.",
+         code="14003"),
+    Rule("libatomic_missing", (r"libatomic\.so\.1: cannot open shared object file", r"getQnnSystemInterface FAILED"),
+         "A QAIRT library needs libatomic.so.1, which is not on the library path.",
+         "Add $QAIRT_HOME/lib/aarch64-oe-linux-gcc8.2 to LD_LIBRARY_PATH after lib/aarch64-oe-linux-gcc11.2 "
+         "(the QAIRT environment script does this).",
+         fix_ids=("qairt_env",)),
+    Rule("htp_signed_pd", (r"HtpSignedPd.*Unsupported config option 2",),
+         "This QNN is older and does not know the signed-PD option.",
+         "Use the unsigned PD (remove the signed-PD option from htp_backend_ext_config.json).", severity="error"),
+    Rule("genie_not_found", (r"genie-t2t-run: (?:command )?not found", r"genie-t2t-run: No such file"),
+         "genie-t2t-run is not on PATH: QAIRT is not installed, or its environment script was not sourced.",
+         "Install QAIRT on the board and write the environment script (`source ~/qairt-env.sh`).",
+         fix_ids=("qairt_install", "qairt_env")),
+    Rule("genie_profile_exists", (r"Invalid --profile argument\. Output file .* already exists",),
+         "genie-t2t-run refuses to overwrite an existing --profile file.",
+         "Delete the old profile file or pass a new file name."),
+    Rule("genie_no_prompt", (r"Please provide prompt using --prompt or --prompt_file",),
+         "genie-t2t-run was started without a prompt.", "Pass --prompt or --prompt_file (not both)."),
+    Rule("fastrpc_permission", (r"/dev/fastrpc-\w+.*Permission denied", r"Permission denied.*/dev/fastrpc"),
+         "This user may not open the FastRPC device node.",
+         "Add the user to the fastrpc group and install the udev rule (MODE 0660, GROUP fastrpc); log in again.",
+         fix_ids=("group_add", "udev_rule", "relogin")),
+    Rule("dma_heap_permission", (r"/dev/dma_heap/system.*(?:Permission denied|failed)",),
+         "Non-root users cannot use /dev/dma_heap/system (fixed upstream in fastrpc udev rules 1.0.6-1).",
+         "Install the udev rule that grants the fastrpc group access to /dev/dma_heap/system.",
+         fix_ids=("udev_rule",)),
+    Rule("genie_dialog_failed", (r"Create From Binary FAILED", r"Failure to initialize model",
+                                 r"Failed to create the dialog"),
+         "Genie could not load the model's context binaries (the line before it usually says why).",
+         "Look for a QNN/FastRPC error code earlier in the log (14001, 5000, 1002...) and run the board doctor.",
+         generic=True),
+    Rule("advise_os_memory", (r"Failed to advise OS on memory usage",),
+         "A warning from the memory-mapping code, not a diagnosis.", "Ignore it; look for the real error.",
+         severity="info"),
+    Rule("validator_save_results", (r"Error in saving the results",),
+         "qnn-platform-validator could not write its result file; the check itself still ran.",
+         "Ignore it; read the 'Backend ...' and 'Unit Test' lines.", severity="info"),
+    Rule("rpcmem_dummy_call", (r"rpcmem_android\.c.*dummy",),
+         "Informational rpcmem message.", "Ignore it.", severity="info"),
+)
+
+
+@dataclass
+class Match:
+    id: str
+    severity: str
+    cause: str
+    fix: str
+    fix_ids: list[str] = field(default_factory=list)
+    code: str | None = None
+    line: str = ""
+    line_no: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def explain(text: str) -> list[Match]:
+    """Every rule that matches some line of `text` (once per rule, at its first line), errors first."""
+    compiled = [(r, r.regexes()) for r in RULES]
+    found: dict[str, Match] = {}
+    for no, line in enumerate(text.splitlines(), 1):
+        for rule, regexes in compiled:
+            if rule.id in found:
+                continue
+            if any(rx.search(line) for rx in regexes):
+                found[rule.id] = Match(rule.id, rule.severity, rule.cause, rule.fix, list(rule.fix_ids), rule.code,
+                                       line.strip()[:500], no)
+    matches = list(found.values())
+    if any(m.severity == "error" and not _rule(m.id).generic for m in matches):
+        matches = [m for m in matches if not _rule(m.id).generic]
+    order = {"error": 0, "warning": 1, "info": 2}
+    matches.sort(key=lambda m: (order.get(m.severity, 3), m.line_no))
+    return matches
+
+
+def _rule(rule_id: str) -> Rule:
+    for r in RULES:
+        if r.id == rule_id:
+            return r
+    raise KeyError(rule_id)
+
+
+def explain_dict(text: str) -> dict[str, Any]:
+    ms = explain(text)
+    return {"recognised": any(m.severity != "info" for m in ms), "matches": [m.to_dict() for m in ms]}
+
+
+def summary(text: str) -> str | None:
+    """One line 'cause -> fix' for the most relevant match (for error hints), or None."""
+    for m in explain(text):
+        if m.severity != "info":
+            return f"{m.cause} What to do: {m.fix}"
+    return None
