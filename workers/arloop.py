@@ -23,8 +23,8 @@ def step_inputs(n_past: int, s: int, capacity: int) -> tuple[np.ndarray, np.ndar
     """attention_mask [1,1,S,CL] and position_ids [1,S] for S new tokens after n_past cached ones.
     Columns: [CL-S past slots (the first n_past valid) | S current (causal)]."""
     past_len = capacity - s
-    pos = (n_past + np.arange(s, dtype=np.int32))[None]
-    mask = np.full((1, 1, s, capacity), MASK_VALUE, np.float32)
+    pos: np.ndarray = (n_past + np.arange(s, dtype=np.int32))[None]
+    mask: np.ndarray = np.full((1, 1, s, capacity), MASK_VALUE, np.float32)
     mask[0, 0, :, :n_past] = 0.0
     mask[0, 0, :, past_len:][np.tril(np.ones((s, s), bool))] = 0.0
     return mask, pos
@@ -67,8 +67,8 @@ class DeploymentPair:
         self.capacity = context_length
         self.ar_n = prompt.seq_len
         self.layers = layers
-        self._k = {li: np.zeros((1, num_kv_heads, head_dim, context_length), np.float32) for li in layers}
-        self._v = {li: np.zeros((1, num_kv_heads, context_length, head_dim), np.float32) for li in layers}
+        self._k: dict[int, np.ndarray] = {li: np.zeros((1, num_kv_heads, head_dim, context_length), np.float32) for li in layers}
+        self._v: dict[int, np.ndarray] = {li: np.zeros((1, num_kv_heads, context_length, head_dim), np.float32) for li in layers}
         self.n_past = 0
 
     # -- construction -------------------------------------------------------
@@ -113,7 +113,7 @@ class DeploymentPair:
         if self.n_past + s > self.capacity or self.n_past > past_len:
             raise ContextFull(f"the context holds {self.n_past} of {self.capacity} tokens; no room for a "
                               f"{s}-token block")
-        x = np.zeros((1, s), np.int32)
+        x: np.ndarray = np.zeros((1, s), np.int32)
         x[0, :m] = ids
         mask, pos = step_inputs(self.n_past, s, self.capacity)
         past = {li: (self._k[li][..., :past_len], self._v[li][:, :, :past_len]) for li in self.layers}

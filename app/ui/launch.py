@@ -47,10 +47,10 @@ def launch_gui(argv: Sequence[str]) -> int:
     from app.ui.controller import RunController
     from app.ui.main_window import MainWindow
 
+    QApplication.setStyle("Fusion")  # follows the system's light or dark palette
     app = QApplication.instance() or QApplication([sys.argv[0], *args])
     app.setApplicationName("HexStudio")
     app.setOrganizationName("HexStudio")
-    app.setStyle("Fusion")  # follows the system's light or dark palette
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     controller = RunController(Workspace(workspace) if workspace else None)

@@ -216,8 +216,9 @@ class MainWindow(QMainWindow):
     # -- controller signals ---------------------------------------------------------------------
     def on_run_changed(self) -> None:
         self.dock.plot.clear_data()
-        if hasattr(self.pages["board"], "reload_boards"):
-            self.pages["board"].reload_boards()  # type: ignore[attr-defined]
+        board = self.pages["board"]
+        if isinstance(board, BoardPage):
+            board.reload_boards()
         self.refresh()
 
     def refresh(self) -> None:

@@ -73,7 +73,8 @@ def note(text: str) -> QLabel:
     lab = QLabel(text)
     lab.setWordWrap(True)
     lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-    lab.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+    # long paths have no break points: never let one label widen the whole page
+    lab.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Minimum)
     return lab
 
 

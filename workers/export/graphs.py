@@ -98,7 +98,7 @@ def _part_module(model: Any, start: int, stop: int, first: bool, last: bool) -> 
                 h = res + attn.o_proj(a)
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
                 outs += [kt, v]
-            if self.norm is not None:
+            if self.norm is not None and self.lm_head is not None:
                 h = self.lm_head(self.norm(h))
             return (h, *outs)
 

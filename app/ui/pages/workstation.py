@@ -154,7 +154,8 @@ class ValidatePage(StagePage):
         ok = doc.get("verdict") == "pass"
         col = STATUS_COLORS["ok" if ok else "fail"]
         self.verdict.setText(f"<b style='color:{col}'>Verdict: {doc.get('verdict')}</b> — {doc.get('summary')}")
-        rows, colors = [], []
+        rows: list[list[str]] = []
+        colors: list[str | None] = []
         for name, c in (doc.get("checks") or {}).items():
             sign = "≥" if c.get("direction") == "min" else "≤"
             rows.append([name, fmt_value(c.get("value")), f"{sign} {c.get('threshold')}", "yes" if c.get("ok") else "NO"])
