@@ -28,6 +28,7 @@ class RunController(QObject):
     stageEvent = Signal(str, dict)              # stage, worker-protocol event
     resourceSample = Signal(str, object)        # stage, ResourceSample
     busyChanged = Signal(bool)
+    settingsChanged = Signal()                  # a run setting changed: later stages may be stale now
     finished = Signal(str, bool, str, str)      # last stage, ok, message, hint
 
     def __init__(self, workspace: Workspace | None = None, settings: Settings | None = None) -> None:
@@ -120,6 +121,18 @@ class RunController(QObject):
     async def cancel(self) -> None:
         if self.pipeline is not None and self.busy:
             await self.pipeline.cancel()
+
+    def set_setting(self, key: str, value: Any) -> bool:
+        """Change one of the open run's settings (recorded in run.json); stages that depend on it become
+        stale and run again on the next resume."""
+        m = self.manifest
+        if m is None or self.busy or m.settings.get(key) == value:
+            return False
+        m.settings[key] = value
+        m.add_event("setting_changed", f"{key} = {value!r}", key=key)
+        m.save()
+        self.settingsChanged.emit()
+        return True
 
     def override_gate(self, stage: str, reason: str) -> None:
         if self.manifest is None:

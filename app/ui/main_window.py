@@ -7,9 +7,22 @@ from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings, Qt
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
-                               QMainWindow, QMessageBox, QSplitter, QStackedWidget, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QMessageBox,
+    QSplitter,
+    QStackedWidget,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.core.sampler import ResourceSample
 from app.core.stages import STAGES, get_stage
@@ -132,6 +145,7 @@ class MainWindow(QMainWindow):
         self.c.stageEvent.connect(self.on_stage_event)
         self.c.resourceSample.connect(self.on_sample)
         self.c.busyChanged.connect(lambda _b: self.refresh())
+        self.c.settingsChanged.connect(self.refresh)
         self.c.finished.connect(self.on_finished)
         self.dock.cancelRequested.connect(lambda: asyncio.ensure_future(self.c.cancel()))
         self.stage_list.setCurrentRow(0)
@@ -189,7 +203,7 @@ class MainWindow(QMainWindow):
         qs.setValue("window/geometry", self.saveGeometry())
         qs.setValue("window/state", self.saveState())
         if self.c.busy:
-            asyncio.ensure_future(self.c.shutdown())
+            self._shutdown = asyncio.ensure_future(self.c.shutdown())
         event.accept()
 
     # -- actions --------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ fast stream never floods the event loop.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 
 import pyqtgraph as pg

@@ -6,7 +6,7 @@ from typing import Any
 
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QColor, QIcon, QPainter, QPen, QPixmap
-from PySide6.QtWidgets import (QHeaderView, QLabel, QSizePolicy, QTableWidget, QTableWidgetItem, QWidget)
+from PySide6.QtWidgets import QHeaderView, QLabel, QSizePolicy, QTableWidget, QTableWidgetItem, QWidget
 
 STATE_COLORS = {
     "pending": "#8a8f98", "running": "#2f81f7", "done": "#2da44e", "failed": "#d1242f",

@@ -11,8 +11,21 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QInputDialog, QLabel,
-                               QLineEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.core.stages import Stage, get_stage
 from app.ui.controller import RunController
@@ -120,12 +133,7 @@ class StagePage(QWidget):
         self.form.addRow(label, w)
 
     def set_setting(self, key: str, value: Any) -> None:
-        m = self.c.manifest
-        if m is None or self.c.busy or m.settings.get(key) == value:
-            return
-        m.settings[key] = value
-        m.save()
-        self.c.stageState.emit(self.stage.name, self.c.state(self.stage.name))
+        self.c.set_setting(key, value)
 
     def _load_settings(self) -> None:
         m = self.c.manifest

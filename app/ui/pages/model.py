@@ -5,8 +5,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLineEdit,
-                               QPushButton, QRadioButton, QSpinBox, QWidget)
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLineEdit,
+    QPushButton,
+    QRadioButton,
+    QSpinBox,
+    QWidget,
+)
 
 from app.core.jobs import human_bytes
 from app.core.paths import BUILTIN_MODEL_ID

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
-                               QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.core.jobs import human_bytes
 from app.ui.controller import RunController
@@ -27,22 +38,40 @@ def _measure(v: Any, check_id: str) -> str:
 
 
 class FixDialog(QDialog):
-    """Shows what a fix does, word for word, before anything is run or changed."""
+    """Shows what a fix does, word for word, before anything is run or changed. With `apply`, an
+    Apply button runs it and shows what happened."""
 
-    def __init__(self, title: str, text: str, parent: QWidget | None = None) -> None:
+    def __init__(self, title: str, text: str, parent: QWidget | None = None,
+                 apply: Callable[[], str] | None = None, apply_label: str = "Apply") -> None:
         super().__init__(parent)
         self.setWindowTitle(title)
         lay = QVBoxLayout(self)
-        lay.addWidget(note("This is exactly what the fix does. Nothing runs until you choose to."))
+        lay.addWidget(note("This is exactly what the fix does. Nothing runs or changes until you choose to."))
         self.text = QPlainTextEdit(text)
         self.text.setReadOnly(True)
         lay.addWidget(self.text)
+        self.result = note("")
+        self.result.setObjectName("fix_result")
+        lay.addWidget(self.result)
         bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         copy = bb.addButton("Copy", QDialogButtonBox.ButtonRole.ActionRole)
         copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(text))
+        self.apply_button: QPushButton | None = None
+        if apply is not None:
+            self.apply_button = bb.addButton(apply_label, QDialogButtonBox.ButtonRole.ActionRole)
+            self.apply_button.setObjectName("apply_fix")
+
+            def run() -> None:
+                try:
+                    self.result.setText(apply())
+                except Exception as exc:
+                    self.result.setText(f"<span style='color:{STATUS_COLORS['fail']}'>{exc}</span>")
+                assert self.apply_button is not None
+                self.apply_button.setEnabled(False)
+            self.apply_button.clicked.connect(run)
         bb.rejected.connect(self.reject)
         lay.addWidget(bb)
-        self.resize(640, 320)
+        self.resize(720, 380)
 
 
 class PreflightPage(StagePage):
@@ -84,8 +113,40 @@ class PreflightPage(StagePage):
                 self._fix_buttons.append(b)
         self.checks.resizeRowsToContents()
 
+    wslconfig_path: Path | None = None   # None: found with wslvar/cmd.exe + wslpath (tests give a file)
+
+    def fix_dialog(self, check: dict[str, Any]) -> FixDialog:
+        text = f"{check.get('message')}\n\n{check.get('fix')}"
+        if check["id"] in ("wsl", "memory") and ".wslconfig" in str(check.get("fix")) and self.c.manifest is not None:
+            from app.core.cli.common import CliError
+            from app.core.cli.preflight_cmd import wslconfig_plan
+            from workers import wslconfig
+
+            m = self.c.manifest
+            cl = m.settings.get("context_length")
+            need = check.get("required")
+            # the limits the check itself asked for (its "required"), else this model's estimate
+            mem_gb, swap_gb = wslconfig.target_limits(int(need)) if isinstance(need, (int, float)) else (None, None)
+            try:
+                plan, _basis = wslconfig_plan(str(m.inputs.get("model")), cl if isinstance(cl, int) else None,
+                                              int(m.settings.get("ar_n") or 128), self.wslconfig_path,
+                                              memory_gb=mem_gb, swap_gb=swap_gb)
+            except CliError as exc:
+                return FixDialog(f"Fix: {check['id']}", f"{text}\n\n{exc}", self)
+            if not plan.changed:
+                return FixDialog(f"Fix: {check['id']}", f"{text}\n\n{plan.path} already has these limits.", self)
+
+            def write() -> str:
+                backup = wslconfig.write(plan)
+                kept = f" (the old file is kept as {backup})" if backup else ""
+                return (f"Wrote {plan.path}{kept}. Now close HexStudio, run <b>wsl --shutdown</b> in Windows "
+                        "PowerShell, and start HexStudio again: WSL reads .wslconfig only when it starts.")
+            return FixDialog(f"Fix: {check['id']} — .wslconfig", f"{text}\n\nThe change to {plan.path}:\n\n"
+                             f"{plan.diff()}", self, apply=write, apply_label="Write .wslconfig")
+        return FixDialog(f"Fix: {check['id']}", text, self)
+
     def show_fix(self, check: dict[str, Any]) -> None:
-        FixDialog(f"Fix: {check['id']}", f"{check.get('message')}\n\n{check.get('fix')}", self).exec()
+        self.fix_dialog(check).exec()
 
 
 class QuantizePage(StagePage):

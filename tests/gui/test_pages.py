@@ -1,0 +1,123 @@
+"""Page-level behaviour that needs no full run: fixes shown before they run, settings that make a
+stage stale, the model page's inspect of a config-only folder, board add with the password in keyring."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.preflight.test_checks import LLAMA_8B
+
+
+def _window(tmp_path: Path, qtbot: Any) -> Any:
+    from app.core.runs import Workspace
+    from app.ui.controller import RunController
+    from app.ui.main_window import MainWindow
+
+    c = RunController(Workspace(tmp_path / "ws"))
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    return c, w
+
+
+def _config_only_8b(tmp_path: Path) -> Path:
+    d = tmp_path / "llama-8b-config"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(LLAMA_8B))
+    return d
+
+
+def test_wslconfig_fix_shows_the_diff_then_writes_with_a_backup(qtbot: Any, tmp_path: Path) -> None:
+    c, w = _window(tmp_path, qtbot)
+    c.new_run(str(_config_only_8b(tmp_path)), "sim", {"context_length": 4096})
+    page = w.pages["preflight"]
+    cfg = tmp_path / "wslconfig"
+    original = b"# mine\r\n[wsl2]\r\nmemory=64GB\r\nprocessors=8\r\n"
+    cfg.write_bytes(original)
+    page.wslconfig_path = cfg
+    check = {"id": "memory", "status": "fail", "message": "RAM + swap 64 GiB is below the 174 GiB peak.",
+             "measured": 64 * 1024 ** 3, "required": 174 * 1024 ** 3,
+             "fix": "Raise the WSL memory limit in .wslconfig (the Fix button writes it) and run `wsl --shutdown`."}
+    dlg = page.fix_dialog(check)
+    qtbot.addWidget(dlg)
+    shown = dlg.text.toPlainText()
+    assert "-memory=64GB" in shown and "+memory=" in shown and "processors=8" in cfg.read_text()
+    assert cfg.read_bytes() == original  # nothing written yet
+    assert dlg.apply_button is not None
+    dlg.apply_button.click()
+    text = cfg.read_bytes().decode()
+    assert "memory=64GB" not in text and "processors=8" in text and "# mine" in text
+    backups = list(tmp_path.glob("wslconfig.hexstudio-backup-*"))
+    assert len(backups) == 1 and "memory=64GB" in backups[0].read_text()
+    assert "wsl --shutdown" in dlg.result.text()
+    # a second time there is nothing to change
+    again = page.fix_dialog(check)
+    qtbot.addWidget(again)
+    assert again.apply_button is None and "already" in again.text.toPlainText()
+
+
+def test_changing_a_setting_makes_a_done_stage_stale(qtbot: Any, tmp_path: Path,
+                                                     compiled_sim_run: Path) -> None:
+    from tests.support.sim_runs import copy_run
+
+    run = copy_run(compiled_sim_run, tmp_path / "ws")
+    c, w = _window(tmp_path, qtbot)
+    c.open_run(run.name)
+    assert c.state("quantize") == "done"
+    spin = w.pages["quantize"]._setting_widgets["calibration_samples"]
+    spin.setValue(spin.value() + 1)
+    assert c.state("quantize") == "stale"
+    item = w.stage_list.item(2)
+    assert "stale" in item.toolTip()
+
+
+def test_model_page_inspects_a_config_only_folder(qtbot: Any, tmp_path: Path) -> None:
+    _c, w = _window(tmp_path, qtbot)
+    page = w.pages["model"]
+    page.folder_radio.setChecked(True)
+    page.folder_edit.setText(str(_config_only_8b(tmp_path)))
+    loop = asyncio.new_event_loop()
+    info = loop.run_until_complete(page.inspect())
+    loop.close()
+    assert info is not None and info["supported"] and info["num_layers"] == 32
+    rows = {page.inspect_table.item(r, 0).text(): page.inspect_table.item(r, 1).text()
+            for r in range(page.inspect_table.rowCount())}
+    assert rows["vocabulary"] == "128,256" and "GiB" in rows["quantize peak RAM"]
+    assert "reference recipe" in rows
+
+
+def test_unsupported_model_is_explained(qtbot: Any, tmp_path: Path) -> None:
+    _c, w = _window(tmp_path, qtbot)
+    d = tmp_path / "mamba"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "model_type": "mamba"}))
+    page = w.pages["model"]
+    page.folder_radio.setChecked(True)
+    page.folder_edit.setText(str(d))
+    loop = asyncio.new_event_loop()
+    info = loop.run_until_complete(page.inspect())
+    loop.close()
+    assert info is not None and not info["supported"]
+    assert "not supported" in page.inspect_message.text()
+    assert "NO" in page.inspect_table.item(1, 1).text() and "Mamba" in page.inspect_table.item(1, 1).text()
+
+
+def test_adding_a_board_keeps_its_password_in_the_keyring_only(qtbot: Any, tmp_path: Path) -> None:
+    from app.core.secrets import board_password_key, get_secret
+    from app.core.settings import Settings
+
+    _c, w = _window(tmp_path, qtbot)
+    page = w.pages["board"]
+    page.name_edit.setText("evk")
+    page.host_edit.setText("10.0.0.7")
+    page.user_edit.setText("ubuntu")
+    page.auth_combo.setCurrentText("password")
+    page.password_edit.setText("canary-Pa55-7731")
+    page.add_button.click()
+    assert get_secret(board_password_key("evk")) == "canary-Pa55-7731"
+    saved = Settings.load().path.read_text()
+    assert "evk" in saved and "canary-Pa55-7731" not in saved
+    assert page.password_edit.text() == ""
+    assert any("evk" in page.boards.item(i).text() for i in range(page.boards.count()))
