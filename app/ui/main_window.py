@@ -97,6 +97,45 @@ class RunsDialog(QDialog):
             self.reload()
 
 
+class HistoryDialog(QDialog):
+    """What happened to the open run: each stage's attempts and outcome, and run-level events
+    (resumes, gate overrides, setting changes), oldest first."""
+
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        m = controller.manifest
+        self.setWindowTitle(f"History of {m.run_id}" if m else "History")
+        self.resize(900, 460)
+        lay = QVBoxLayout(self)
+        self.table = QTableWidget(0, 3)
+        self.table.setObjectName("history_table")
+        self.table.setHorizontalHeaderLabels(["when", "what", "details"])
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        lay.addWidget(self.table)
+        rows: list[tuple[str, str, str]] = []
+        if m is not None:
+            for s in STAGES:
+                st = m.stage(s.name).data
+                if st.get("started"):
+                    out = st.get("outcome") or {}
+                    detail = f"{st.get('state')} after {st.get('duration_s')} s (attempt {st.get('attempts')})"
+                    if out.get("message") and out.get("kind") != "ok":
+                        detail += f": {out.get('message')}"
+                    rows.append((str(st.get("started")), f"stage {s.name}", detail))
+            for ev in m.data.get("events", []):
+                rows.append((str(ev.get("t")), str(ev.get("kind")), str(ev.get("message"))))
+        rows.sort()
+        self.table.setRowCount(len(rows))
+        for r, row in enumerate(rows):
+            for col, text in enumerate(row):
+                self.table.setItem(r, col, QTableWidgetItem(text))
+        self.table.resizeColumnsToContents()
+        bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        bb.rejected.connect(self.reject)
+        lay.addWidget(bb)
+
+
 class MainWindow(QMainWindow):
     def __init__(self, controller: RunController | None = None) -> None:
         super().__init__()
@@ -166,13 +205,16 @@ class MainWindow(QMainWindow):
         resume = QAction("&Resume (run every stage that is not done)", self)
         resume.setShortcut("Ctrl+R")
         resume.triggered.connect(self.resume)
+        history = QAction("&History of this run…", self)
+        history.setShortcut("Ctrl+H")
+        history.triggered.connect(lambda: HistoryDialog(self.c, self).exec())
         cancel = QAction("&Cancel the running stage", self)
         cancel.setShortcut("Ctrl+.")
         cancel.triggered.connect(lambda: asyncio.ensure_future(self.c.cancel()))
         quit_ = QAction("&Quit", self)
         quit_.setShortcut(QKeySequence.StandardKey.Quit)
         quit_.triggered.connect(self.close)
-        for a in (new, opn, resume, cancel):
+        for a in (new, opn, resume, history, cancel):
             m.addAction(a)
         m.addSeparator()
         m.addAction(quit_)

@@ -181,7 +181,7 @@ def test_cancel_a_running_stage_from_the_dock(qtbot: Any, gui_loop: asyncio.Abst
 def test_runs_dialog_opens_and_deletes(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
     from app.core.runs import Workspace
     from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow, RunsDialog
+    from app.ui.main_window import HistoryDialog, MainWindow, RunsDialog
 
     c = RunController(Workspace(tmp_path / "ws"))
     w = MainWindow(c)
@@ -193,6 +193,11 @@ def test_runs_dialog_opens_and_deletes(qtbot: Any, gui_loop: asyncio.AbstractEve
     assert d.table.rowCount() == 2
     w.open_run(a.run_id)
     assert c.manifest is not None and c.manifest.run_id == a.run_id and a.run_id in w.run_label.text()
+    c.set_setting("calibration_samples", 5)
+    h = HistoryDialog(c, w)
+    qtbot.addWidget(h)
+    texts = [h.table.item(r, 2).text() for r in range(h.table.rowCount())]
+    assert any("calibration_samples = 5" in t for t in texts)
     c.delete_run(b.run_id)
     d.reload()
     assert d.table.rowCount() == 1 and not b.run_dir.exists()
