@@ -1,0 +1,128 @@
+"""packaging/install-workstation.sh: the plan it prints for recorded machines (--dry-run), its state
+checks against fake environments, and the dependency list kept in step with pyproject.toml."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from pathlib import Path
+
+from tests.packaging.conftest import INSTALLER, ROOT, RTX_5090, pip_lines, run_installer
+
+
+def installs(out: str) -> list[list[str]]:
+    """argv of every `pip install` the installer printed, in order."""
+    return [shlex.split(c) for c in pip_lines(out) if " install " in f" {c} " and " uninstall " not in f" {c} "]
+
+
+def test_dry_run_for_an_sm120_workstation(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    r = run_installer("--dry-run", "--venv", str(venv), gpu=RTX_5090)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "compute capability 12.0 (sm_120)" in out
+    ins = installs(out)
+    # torch first, a CUDA 12.8 build with sm_120 kernels, from the PyTorch index
+    torch = ins[0]
+    assert "torch==2.7.1+cu128" in torch and "torchvision==0.22.1+cu128" in torch
+    assert torch[torch.index("--index-url") + 1] == "https://download.pytorch.org/whl/cu128"
+    # HexStudio, then aimet-onnx (no deps: it would drag in another torch), then onnxruntime-gpu LAST
+    assert any(a.startswith("-e") or a == "-e" for a in ins[1])
+    assert ins[-2][-2:] == ["--no-deps", "aimet-onnx==2.26.0"]
+    assert ins[-1][-1] == "onnxruntime-gpu==1.23.2"
+    # never the CPU onnxruntime, and nothing installed after onnxruntime-gpu
+    assert not any(re.fullmatch(r"onnxruntime(==.*|>=.*)?", a) for argv in ins for a in argv)
+    assert "torch==2.13.0" not in out
+    # the libpython hook and the launcher, and the smoke test at the end
+    assert f"+ write {venv}/bin/hexstudio-env.sh" in out and "LD_LIBRARY_PATH" in out
+    assert "hexstudio libpython hook" in out
+    assert "SMOKE_TEST" in out and "sm_120" in out.split("[7/7]")[1]
+    assert not venv.exists(), "--dry-run must not change anything"
+
+
+def test_dry_run_for_a_cpu_only_machine(tmp_path: Path) -> None:
+    r = run_installer("--dry-run", "--venv", str(tmp_path / "v"), gpu="none")
+    assert r.returncode == 0, r.stderr
+    ins = installs(r.stdout)
+    assert ins[0][-1] == "torch==2.13.0" and "--index-url" not in ins[0]
+    assert ins[1][-1].endswith("[ml]") and str(ROOT / "packaging" / "constraints" / "dev.txt") in ins[1]
+    assert ins[-2][-1] == "aimet-onnx==2.42.0" and ins[-1][-1] == "onnxruntime==1.32.0"
+    assert "onnxruntime-gpu==" not in r.stdout
+    assert "the CPU stack" in r.stdout
+
+
+def test_older_gpus_get_a_build_with_their_kernels(tmp_path: Path) -> None:
+    ampere = run_installer("--dry-run", "--venv", str(tmp_path / "a"), gpu="NVIDIA RTX A6000, 8.6, 49140 MiB, 550.1")
+    assert "torch==2.7.1+cu128" in installs(ampere.stdout)[0]
+    pascal = run_installer("--dry-run", "--venv", str(tmp_path / "p"), gpu="Tesla P100, 6.0, 16280 MiB, 550.1")
+    assert "torch==2.7.1+cu126" in installs(pascal.stdout)[0]
+    assert "whl/cu126" in pascal.stdout
+    kepler = run_installer("--dry-run", "--venv", str(tmp_path / "k"), gpu="Tesla K80, 3.7, 11441 MiB, 470.1")
+    assert kepler.returncode != 0 and "older than any current torch build" in kepler.stderr
+
+
+def test_unreadable_nvidia_smi_output_is_an_error_with_a_fix(tmp_path: Path) -> None:
+    r = run_installer("--dry-run", "--venv", str(tmp_path / "v"), gpu="NVIDIA GeForce RTX 5090, [N/A], 32607 MiB")
+    assert r.returncode != 0 and "compute capability" in r.stderr and "--cpu" in r.stderr
+
+
+def test_cpu_onnxruntime_gpu_leftover_is_removed_before_installing_the_one_we_keep(fake_venv) -> None:
+    venv, add = fake_venv
+    add("torch", "2.13.0+cpu")
+    add("aimet-onnx", "2.42.0")
+    add("onnxruntime-gpu", "1.23.2")
+    add("onnxruntime", "1.32.0")
+    r = run_installer("--dry-run", "--venv", str(venv), gpu="none")
+    assert r.returncode == 0, r.stderr
+    lines = pip_lines(r.stdout)
+    rm = next(i for i, c in enumerate(lines) if "uninstall -y onnxruntime-gpu onnxruntime" in c)
+    assert lines[rm + 1].endswith("onnxruntime==1.32.0") and rm + 1 == len(lines) - 1
+    assert "torch 2.13.0+cpu already installed" in r.stdout and "aimet-onnx 2.42.0 already installed" in r.stdout
+
+
+def test_second_run_has_nothing_to_install(fake_venv) -> None:
+    venv, add = fake_venv
+    for d, v in (("torch", "2.13.0+cpu"), ("aimet-onnx", "2.42.0"), ("onnxruntime", "1.32.0")):
+        add(d, v)
+    (venv / "bin" / "hexstudio").write_text("#!/bin/sh\n")
+    (venv / "bin" / "hexstudio").chmod(0o755)
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (
+        ROOT / "pyproject.toml", ROOT / "packaging" / "recipes" / "current.txt",
+        ROOT / "packaging" / "constraints" / "dev.txt"))).hexdigest()[:16]
+    (venv / ".hexstudio-install.stamp").write_text(f"cpu 0 {digest}\n")
+    r = run_installer("--dry-run", "--venv", str(venv), "--no-desktop", gpu="none")
+    assert r.returncode == 0, r.stderr
+    assert pip_lines(r.stdout) == [], pip_lines(r.stdout)
+    assert "already installed for this pyproject.toml and recipe" in r.stdout
+    assert "onnxruntime 1.32.0 already installed (and onnxruntime-gpu is not)" in r.stdout
+
+
+def test_existing_env_with_the_wrong_python_for_the_gpu_recipe_is_refused(fake_venv) -> None:
+    venv, _ = fake_venv  # this machine's Python (3.11), the validated recipe wants 3.10
+    r = run_installer("--dry-run", "--venv", str(venv), gpu=RTX_5090)
+    assert r.returncode != 0
+    assert "needs Python 3.10" in r.stderr and "--venv" in r.stderr
+
+
+def test_ml_dependency_list_matches_pyproject() -> None:
+    # (no tomllib: it is 3.11+ and HexStudio supports 3.10)
+    block = re.search(r"^ml = \[(.*?)^\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M)
+    assert block
+    extra = re.findall(r'"([^"]+)"', re.sub(r"#.*", "", block.group(1)))
+
+    def name(req: str) -> str:
+        return re.split(r"[<>=!~ ;\[]", req, maxsplit=1)[0].lower().replace("_", "-")
+
+    want = {name(r) for r in extra} - {"torch", "onnxruntime"}
+    m = re.search(r"ML_DEPS=\((.*?)\)", INSTALLER.read_text(), re.S)
+    assert m
+    have = {name(r) for r in shlex.split(m.group(1))}
+    assert have == want
+
+
+def test_help_and_unknown_options() -> None:
+    r = run_installer("--help", gpu="none")
+    assert r.returncode == 0 and "--dry-run" in r.stdout
+    r = run_installer("--frobnicate", gpu="none")
+    assert r.returncode == 2 and "unknown option" in r.stderr
