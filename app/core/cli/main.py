@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "app.core.cli.bundle_cmd",
     "app.core.cli.model_cmd",
     "app.core.cli.explain_cmd",
+    "app.core.cli.desktop_cmd",
 )
 
 
