@@ -128,14 +128,14 @@ def configure_client(settings: dict[str, Any]) -> float:
     return poll
 
 
-def client_config(settings: dict[str, Any]) -> Any:
+def client_config(settings: dict[str, Any], token: str | None = None) -> Any:
     from qai_hub import ClientConfig
     from qai_hub.api_utils import get_config_path, load_api_config_from_file
     from qai_hub.public_rest_api import DEFAULT_HUB_API_URL, DEFAULT_HUB_WEB_URL
 
     api_url = settings.get("aihub_api_url") or os.environ.get("HEXSTUDIO_AIHUB_API_URL")
     web_url = settings.get("aihub_web_url") or os.environ.get("HEXSTUDIO_AIHUB_WEB_URL")
-    token = os.environ.get("HEXSTUDIO_AIHUB_TOKEN")
+    token = token or os.environ.get("HEXSTUDIO_AIHUB_TOKEN")
     if token:
         return ClientConfig(api_token=token, api_url=api_url or DEFAULT_HUB_API_URL,
                             web_url=web_url or api_url or DEFAULT_HUB_WEB_URL, verbose=False)
@@ -283,6 +283,30 @@ def resolve_device(client: Any, name: str, lpbq: bool) -> dict[str, Any]:
         raise WorkerError("device_unsupported", str(exc),
                           "Choose a Hexagon v73+ device such as the Dragonwing IQ-9075 EVK.") from None
     return dev
+
+
+def list_devices(settings: dict[str, Any] | None = None, token: str | None = None) -> list[dict[str, Any]]:
+    """The device picker's rows, live from AI Hub: name, os, dsp_arch, soc_model, weight_sharing,
+    chipset, emulated, supported (weight sharing v73+, LPBQ v69+) and reason. Blocking network call
+    (run it in a thread from the GUI). Raises WorkerError with the same codes as the stage."""
+    s = settings or {}
+    with contextlib.redirect_stdout(sys.stderr):
+        import qai_hub as hub
+
+        configure_client(s)
+        ccfg = client_config(s, token)
+        with hub_errors("listing devices", ccfg.api_url, ccfg.web_url):
+            devs = hub.Client(config=ccfg).get_devices()
+    rows = []
+    for d in devs:
+        row = parse_device(d.name, d.os, list(d.attributes))
+        try:
+            gb.check_device(row, lpbq=True)
+            row.update(supported=True, reason="")
+        except gb.BundleError as exc:
+            row.update(supported=False, reason=str(exc))
+        rows.append(row)
+    return sorted(rows, key=lambda r: (not r["supported"], r["name"]))
 
 
 def wait_jobs(client: Any, store: JobStore, names: list[str], em: Emitter, poll_s: float, f0: float,
@@ -453,17 +477,15 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         (bdir / "EMULATED.txt").write_text(
             "This bundle was compiled by HexStudio's AI Hub EMULATOR (tests/aihub_emulator).\n"
             "Its .bin files are zip packages of the inputs, not QNN context binaries: Genie cannot load them.\n")
-    jobs = [{"part": r["part"], "kind": r["kind"], "graph": r["graph"], "job_id": r["job_id"], "url": r["url"]}
-            for r in store.jobs.values() if r["kind"] in ("compile", "link")]
-    jobs.sort(key=lambda r: (r["part"], r["kind"] != "compile", r["graph"] or ""))
+    recs = sorted(store.jobs.items(), key=lambda kv: (kv[1]["part"], kv[1]["kind"] != "compile", kv[1]["graph"] or ""))
+    jobs = [{k: r[k] for k in ("part", "kind", "graph", "job_id", "url")} for _, r in recs]
     device = {k: dev[k] for k in ("name", "soc_model", "dsp_arch", "attributes")}
     write_json_atomic(spec.out_dir / "compile.json", {
         "target": "aihub", "emulated": emulated, "device": device, "qairt_version": qairt,
-        "jobs": [{**j, "state": store.jobs[f"{j['kind']}:{j['graph'] if j['kind'] == 'compile' else 'part%d' % j['part']}"]
-                  ["state"]} for j in jobs],
+        "jobs": [{**j, "state": r["state"]} for j, (_, r) in zip(jobs, recs, strict=True)],
         "failed_jobs": store.failed, "jobs_file": str(store.path)})
-    for j in jobs:
-        em.metric(f"aihub_{j['kind']}_job_{j['graph'] or 'part%d' % j['part']}", j["job_id"])
+    for name, r in recs:
+        em.metric(f"aihub_{name.replace(':', '_')}", r["job_id"])
     em.metric("aihub_jobs", len(jobs))
     em.progress(0.97, "writing bundle.json")
     return gb.write_manifest(bdir, {

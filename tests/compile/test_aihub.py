@@ -138,7 +138,7 @@ def test_a_restart_while_waiting_resumes_by_job_id(validated_run: Path, tmp_path
     assert res.ok, f"{res.message} / {res.hint}"
     assert emu.submissions == {"compile": 4, "link": 2} and emu.uploads == 4  # nothing submitted twice
     assert sum("reusing AI Hub compile job" in e.get("message", "") for e in events) == 4
-    assert any(e["type"] == "progress" and "waiting" in e["message"] for e in events)
+    assert any(e["type"] == "progress" and e["message"].startswith("AI Hub link") for e in events)
     assert gb.verify_bundle(m.run_dir / "artifacts" / "compile" / "bundle") == []
 
 
@@ -208,3 +208,34 @@ def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
         assert [f["graph"] for f in stored["failed"]] == ["token_ar1_cl512_2_of_2"]
     else:
         assert emu.submissions == {"compile": 4, "link": 2}
+
+
+def test_device_picker_rows_from_the_cli_and_the_client_ini_token(
+        tmp_path: Path, aihub_emulator: AIHubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    from workers import aihub
+    from workers.runtime import WorkerError
+
+    out = subprocess.run([str(Path(sys.executable).with_name("hexstudio")), "bundle", "devices", "--aihub", "--json"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["emulated"] is True
+    rows = {r["name"]: r for r in doc["devices"]}
+    iq = rows["Dragonwing IQ-9075 EVK"]
+    assert (iq["dsp_arch"], iq["soc_model"], iq["weight_sharing"], iq["supported"]) == ("v73", 77, True, True)
+    assert iq["chipset"] == "qualcomm-qcs9075" and iq["os"]
+    assert rows["RB3 Gen 2 (Proxy)"]["supported"] is False and "weight sharing" in rows["RB3 Gen 2 (Proxy)"]["reason"]
+    assert rows["Snapdragon 8 Gen 1 QRD"]["supported"] is False  # v69: LPBQ yes, weight sharing no
+
+    # no token anywhere: a clear error; an existing client.ini (api_token, api_url, web_url) is used
+    for var in ("HEXSTUDIO_AIHUB_TOKEN", "HEXSTUDIO_AIHUB_API_URL", "HEXSTUDIO_AIHUB_WEB_URL"):
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("QAIHUB_CLIENT_INI", str(tmp_path / "none" / "client.ini"))
+    with pytest.raises(WorkerError) as ei:
+        aihub.list_devices()
+    assert ei.value.code == "aihub_token_missing" and "qai-hub configure" in (ei.value.hint or "")
+    monkeypatch.setenv("QAIHUB_CLIENT_INI", str(aihub_emulator.write_client_ini(tmp_path / "q" / "client.ini")))
+    assert "Dragonwing IQ-9075 EVK" in {r["name"] for r in aihub.list_devices()}

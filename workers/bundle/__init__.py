@@ -80,7 +80,7 @@ def genie_config(hf_config: dict[str, Any], context_length: int, ctx_bins: list[
                    "cpu-mask": "0xe0", "kv-dim": kv_dim, "allow-async-init": False},
         "extensions": "htp_backend_ext_config.json",
     }
-    cfg = {"dialog": {
+    cfg: dict[str, Any] = {"dialog": {
         "version": 1, "type": "basic",
         "context": {"version": 1, "size": context_length, "n-vocab": int(hf_config["vocab_size"]),
                     "bos-token": hf_config.get("bos_token_id"), "eos-token": eos_list},

@@ -21,7 +21,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pc.add_argument("--ar-n", type=int, default=128)
     pc.add_argument("--parts", type=int, default=None)
     pc.set_defaults(func=cmd_config)
-    pd = bs.add_parser("devices", help="devices HexStudio knows offline (AI Hub lists the live ones)")
+    pd = bs.add_parser("devices", help="devices HexStudio knows offline, or (--aihub) the live AI Hub list")
+    pd.add_argument("--aihub", action="store_true",
+                    help="ask Qualcomm AI Hub (token from the keyring, $HEXSTUDIO_AIHUB_TOKEN or ~/.qai_hub/client.ini)")
     add_json_flag(pd)
     pd.set_defaults(func=cmd_devices)
     pv = bs.add_parser("verify", help="check every file of a bundle against its bundle.json")
@@ -53,12 +55,37 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
+    if args.aihub:
+        return _aihub_devices(args)
     rows = [{"name": n, **d} for n, d in gb.KNOWN_DEVICES.items()]
     if args.json:
         print_json({"devices": rows})
     else:
         for r in rows:
             print(f"{r['name']:28s} soc_model {r['soc_model']:3d}  {r['dsp_arch']}  {r['os']}")
+    return 0
+
+
+def _aihub_devices(args: argparse.Namespace) -> int:
+    from app.core import secrets
+    from workers import aihub
+    from workers.runtime import WorkerError
+
+    try:
+        token = secrets.get_secret(secrets.AIHUB_TOKEN)
+    except secrets.SecretStoreError:
+        token = None
+    try:
+        rows = aihub.list_devices({}, token)
+    except WorkerError as exc:
+        raise CliError(exc.message, exc.hint) from None
+    if args.json:
+        print_json({"devices": rows, "emulated": any(r["emulated"] for r in rows)})
+        return 0
+    for r in rows:
+        mark = "ok " if r["supported"] else "no "
+        print(f"{mark} {r['name']:28s} {r['dsp_arch']:5s} soc_model {r['soc_model']:3d}  weight sharing "
+              f"{'yes' if r['weight_sharing'] else 'no ':3s}  {r['os']}{'  (EMULATED)' if r['emulated'] else ''}")
     return 0
 
 
