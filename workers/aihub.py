@@ -311,10 +311,24 @@ def list_devices(settings: dict[str, Any] | None = None, token: str | None = Non
 
 def wait_jobs(client: Any, store: JobStore, names: list[str], em: Emitter, poll_s: float, f0: float,
               f1: float, what: str, logs_dir: Path, errs: Any) -> None:
+    import qai_hub as hub
+    from qai_hub.public_rest_api import APIException
+
     jobs = {}
-    with errs(f"looking up the {what} jobs"):
-        for n in names:
-            jobs[n] = client.get_job(store.jobs[n]["job_id"])
+    for n in names:
+        rec = store.jobs[n]
+        try:
+            with errs(f"looking up {what} job {rec['job_id']}"):
+                jobs[n] = client.get_job(rec["job_id"])
+        except WorkerError as exc:
+            if exc.code != "aihub_rejected" or "could not be found" not in exc.message:
+                raise
+            store.fail(n, "the job is no longer on AI Hub (deleted, expired or another account)")
+            raise WorkerError("aihub_job_missing", f"AI Hub {rec['kind']} job {rec['job_id']} for {rec['what']}, "
+                              "recorded before a restart, is no longer on AI Hub (deleted, expired, or the token "
+                              "belongs to another account).",
+                              "Resume the run: this job is submitted again; the other recorded jobs are reused."
+                              ) from None
     pending = set(names)
     em.log(f"waiting for AI Hub {what} jobs: " + ", ".join(f"{n} {store.jobs[n]['job_id']}" for n in names))
     last_msg, last_t = "", 0.0
@@ -332,7 +346,7 @@ def wait_jobs(client: Any, store: JobStore, names: list[str], em: Emitter, poll_
                 rec = store.jobs[n]
                 reason = st.message or "no reason given"
                 log_note = ""
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(hub.Error, APIException, OSError):
                     got = jobs[n].download_job_logs(str(logs_dir))
                     if got:
                         log_note = f" The job's log is in {got[0]}."
@@ -378,6 +392,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
 
     with contextlib.redirect_stdout(sys.stderr):  # the client prints; stdout is the protocol
         import qai_hub as hub
+        from qai_hub.public_rest_api import APIException
 
         poll_s = configure_client(s)
         ccfg = client_config(s)
@@ -459,7 +474,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                     raise WorkerError("aihub_download", f"AI Hub link job {rec['job_id']} has no context binary.",
                                       f"Details: {rec['url']}. " + RESUME_HINT)
                 os.replace(got, bdir / bin_name(part, parts))
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(hub.Error, APIException, OSError):
                     job.download_job_logs(str(job_logs))
             emulated = emulated or is_emulated_package(bdir / bin_name(part, parts))
 

@@ -239,3 +239,19 @@ def test_device_picker_rows_from_the_cli_and_the_client_ini_token(
     assert ei.value.code == "aihub_token_missing" and "qai-hub configure" in (ei.value.hint or "")
     monkeypatch.setenv("QAIHUB_CLIENT_INI", str(aihub_emulator.write_client_ini(tmp_path / "q" / "client.ini")))
     assert "Dragonwing IQ-9075 EVK" in {r["name"] for r in aihub.list_devices()}
+
+
+def test_a_recorded_job_gone_from_ai_hub_is_submitted_again(validated_run: Path, tmp_path: Path,
+                                                            aihub_emulator: AIHubEmulator) -> None:
+    emu = aihub_emulator
+    m = _aihub_run(validated_run, tmp_path / "ws", emu)
+    assert _compile(m).ok
+    stored = json.loads((m.run_dir / JOBS_FILE).read_text())
+    gone = stored["jobs"]["link:part2"]["job_id"]
+    del emu.jobs[gone]  # expired on AI Hub
+    m = Workspace(tmp_path / "ws").open_run(m.run_dir.name)
+    res = asyncio.run(Pipeline(m).run(only="compile", force=True))
+    out = _error(m)
+    assert not res.ok and out["code"] == "aihub_job_missing" and gone in out["message"]
+    res = _compile(Workspace(tmp_path / "ws").open_run(m.run_dir.name))
+    assert res.ok and emu.submissions == {"compile": 4, "link": 3}
