@@ -145,7 +145,7 @@ VALIDATOR = r'''#!/bin/sh
 # QAIRT SDK stand-in (test): qnn-platform-validator's output. Like the real one it always exits 0.
 echo "PF_VALIDATOR: DEBUG: Calling PlatformValidator->setBackend"
 ok=1; why=""
-if ! { : <> /dev/fastrpc-cdsp; } 2>/dev/null; then ok=0; why="Unable to create FastRPC session 0x8000044f"; fi
+if ! ( : <> /dev/fastrpc-cdsp ) 2>/dev/null; then ok=0; why="Unable to create FastRPC session 0x8000044f"; fi
 skel=""
 IFS=';'; for d in $ADSP_LIBRARY_PATH; do [ -e "$d/libQnnHtpV73Skel.so" ] && skel="$d"; done; unset IFS
 [ -n "$skel" ] || { ok=0; why="${why:-apps_dev_init failed 0x80000406}"; }
@@ -266,13 +266,13 @@ class EvkBoard:
         (etc / "os-release").unlink(missing_ok=True)
         (etc / "os-release").write_text('PRETTY_NAME="Ubuntu 24.04.2 LTS (HexStudio EVK test board)"\nNAME="Ubuntu"\n'
                                         'VERSION_ID="24.04"\nID=ubuntu\n')
-        for f in ("group", "gshadow"):
-            p = etc / f
+        for fname in ("group", "gshadow"):
+            p = etc / fname
             if p.exists():
                 lines = [ln for ln in p.read_text().splitlines() if not ln.startswith("fastrpc:")]
                 if self.sudo:
                     lines = [self._add_member(ln, self.user) if ln.startswith("sudo:") else ln for ln in lines]
-                lines.append(f"{self.user}:x:{EVK_UID}:" if f == "group" else f"{self.user}:!::")
+                lines.append(f"{self.user}:x:{EVK_UID}:" if fname == "group" else f"{self.user}:!::")
                 p.write_text("\n".join(lines) + "\n")
         pw_hash = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=self.sudo_password, text=True,
                                  capture_output=True, check=True).stdout.strip()
@@ -280,6 +280,7 @@ class EvkBoard:
             f.write(f"{self.user}:x:{EVK_UID}:{EVK_UID}:EVK user:/home/{self.user}:/bin/bash\n")
         with open(etc / "shadow", "a") as f:
             f.write(f"{self.user}:{pw_hash}:20000:0:99999:7:::\n")
+        (etc / "udev" / "rules.d").mkdir(parents=True, exist_ok=True)
         (etc / "sudoers.d" / "hexstudio-evk").write_text("Defaults lecture=never\n")
         os.chmod(etc / "sudoers.d" / "hexstudio-evk", 0o440)
         (etc / "hosts").write_text("127.0.0.1 localhost\n127.0.1.1 " + os.uname().nodename + "\n")

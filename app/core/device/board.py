@@ -13,8 +13,7 @@ from app.core.device.errors import BoardError
 from app.core.device.transport import LocalTransport
 from app.core.paths import REPO_ROOT, default_workspace
 
-
-__all__ = ["Board", "BoardError", "open_board", "sim_board", "python_env"]
+__all__ = ["Board", "BoardError", "open_board", "python_env", "sim_board"]
 
 
 @dataclass

@@ -1,0 +1,370 @@
+"""Board fixes: each shows its exact commands before it runs them, is idempotent, and re-checks.
+
+    plan = await plan_fix(board, "group_add", report)   # FixPlan: .commands (shell lines to show), .files
+    result = await apply_fix(board, plan, sudo_password=pw, on_log=print)
+    result.status   # "applied" | "already" | "manual" | "failed"
+    result.checks   # the doctor checks the fix affects, re-run afterwards
+
+sudo: the password goes to `sudo -S -k -p ''` on stdin only (never in argv, logs or results; any
+echo of it is redacted). A board where this user has no sudo gets `status="manual"` and
+`manual_commands` to run as root by hand, instead of a failure.
+
+Fix ids (the doctor's `fix` field): group_add, relogin, udev_rule, fastrpc_packages, qairt_env,
+daemon_restart, reboot, qairt_install (app.core.device.qairt; needs the SDK zip).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import posixpath
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.core.device.board import Board
+from app.core.device.doctor import CHECK_IDS, DAEMONS, ENV_SCRIPT, UDEV_RULE, DoctorReport, probe
+from app.core.device.errors import BoardError
+from app.core.device.explain import explain
+
+FIX_IDS = ("group_add", "relogin", "udev_rule", "fastrpc_packages", "qairt_env", "daemon_restart", "reboot",
+           "qairt_install")
+TITLES = {
+    "group_add": "Create the fastrpc group and add the user to it",
+    "relogin": "Log in again (new group membership)",
+    "udev_rule": "Install the FastRPC udev rule, reload and trigger",
+    "fastrpc_packages": "Install the FastRPC userspace packages",
+    "qairt_env": "Write the QAIRT environment script",
+    "daemon_restart": "Restart the FastRPC daemons",
+    "reboot": "Reboot the board and wait for it",
+    "qairt_install": "Install QAIRT from the SDK zip",
+}
+# which doctor checks each fix changes (re-run afterwards)
+AFFECTS: dict[str, tuple[str, ...]] = {
+    "group_add": ("fastrpc_group", "fastrpc_member", "fastrpc_login", "fastrpc_device"),
+    "relogin": ("fastrpc_login", "fastrpc_device", "htp_validator"),
+    "udev_rule": ("udev_rule", "fastrpc_device", "htp_validator"),
+    "fastrpc_packages": ("fastrpc_userspace", "htp_validator"),
+    "qairt_env": ("qairt_env", "genie", "htp_validator"),
+    "daemon_restart": ("fastrpc_daemons", "htp_validator"),
+    "reboot": CHECK_IDS,
+    "qairt_install": ("qairt", "qairt_env", "genie", "htp_validator"),
+}
+REMOTE_TMP = ".hexstudio/tmp"
+UDEV_RULES_TEXT = """\
+# FastRPC device nodes for the fastrpc group (written by HexStudio; upstream 60-fastrpc.rules style)
+ACTION=="add", SUBSYSTEM=="misc", KERNEL=="fastrpc-cdsp", GROUP="fastrpc", MODE="0660", \
+TAG+="systemd", ENV{SYSTEMD_WANTS}+="cdsprpcd.service"
+ACTION=="add", SUBSYSTEM=="misc", KERNEL=="fastrpc-cdsp1", GROUP="fastrpc", MODE="0660", \
+TAG+="systemd", ENV{SYSTEMD_WANTS}+="cdsp1rpcd.service"
+ACTION=="add", SUBSYSTEM=="dma_heap", KERNEL=="system", MODE="0660", RUN+="/bin/setfacl -m g:fastrpc:rw $env{DEVNAME}"
+"""
+PPA_PACKAGES = ("qcom-fastrpc1", "qcom-fastrpc-dev", "qcom-libdmabufheap-dev")
+DEBIAN_PACKAGES = ("libfastrpc1", "libfastrpc-dev", "fastrpc-support")
+
+
+@dataclass
+class Step:
+    """One command. kind: run (argv, maybe with sudo) | write (a file in the user's home, via SFTP) |
+    upload (a local file, resumable) | reconnect (log in again) | reboot (sudo reboot, wait, reconnect)."""
+    kind: str
+    argv: list[str] = field(default_factory=list)
+    sudo: bool = False
+    done_if: list[str] | None = None        # exit 0 of this (no sudo) = already done: skip the step
+    path: str = ""                          # write/upload: the remote path
+    content: bytes = b""                    # write: the file's content
+    mode: int = 0o644
+    local: Path | None = None               # upload: the local file
+    timeout: float = 600
+
+    @property
+    def shown(self) -> str:
+        if self.kind == "run":
+            return ("sudo " if self.sudo else "") + shlex.join(self.argv)
+        if self.kind == "reboot":
+            return "sudo reboot   # then wait for the board to come back"
+        if self.kind == "reconnect":
+            return "# log out and log in again (HexStudio reconnects)"
+        if self.kind == "write":
+            return f"cat > {shlex.quote(self.path)} <<'EOF'\n{self.content.decode()}EOF"
+        if self.kind == "upload":
+            return f"scp {shlex.quote(str(self.local))} BOARD:{shlex.quote(self.path)}"
+        return self.kind
+
+
+@dataclass
+class FixPlan:
+    fix_id: str
+    title: str
+    steps: list[Step]
+    affects: tuple[str, ...]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def needs_sudo(self) -> bool:
+        return any(s.sudo or s.kind == "reboot" for s in self.steps)
+
+    @property
+    def commands(self) -> list[str]:
+        """The exact commands, as a person would type them on the board, in order."""
+        return [s.shown for s in self.steps]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fix_id": self.fix_id, "title": self.title, "commands": self.commands, "needs_sudo": self.needs_sudo,
+                "affects": list(self.affects), "notes": self.notes}
+
+
+@dataclass
+class FixResult:
+    fix_id: str
+    status: str                              # applied | already | manual | failed
+    message: str
+    commands: list[str]
+    log: list[dict[str, Any]] = field(default_factory=list)
+    manual_commands: list[str] = field(default_factory=list)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    explained: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+async def _facts(board: Board, report: DoctorReport | None) -> dict[str, Any]:
+    if report is not None and report.facts.get("user"):
+        return report.facts
+    r = await probe(board, only=("soc", "qairt", "fastrpc_member"))
+    return r.facts
+
+
+def _in_group(user: str) -> list[str]:
+    return ["sh", "-c", 'getent group fastrpc | cut -d: -f4 | tr , "\\n" | grep -qx -- "$1"', "in-group", user]
+
+
+def env_script_text(qairt_home: str, dsp_arch: str = "v73") -> str:
+    q = shlex.quote(qairt_home)
+    return (
+        "# QAIRT environment for Genie on this board (written by HexStudio). Use: . ~/qairt-env.sh\n"
+        f"export QAIRT_HOME={q}\n"
+        'export QNN_SDK_ROOT="$QAIRT_HOME"\n'
+        'export PATH="$QAIRT_HOME/bin/aarch64-oe-linux-gcc11.2:$PATH"\n'
+        "# gcc8.2 libraries after gcc11.2: libatomic.so.1 (getQnnSystemInterface FAILED otherwise)\n"
+        'export LD_LIBRARY_PATH="$QAIRT_HOME/lib/aarch64-oe-linux-gcc11.2:$QAIRT_HOME/lib/aarch64-oe-linux-gcc8.2'
+        '${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n'
+        "# ADSP_LIBRARY_PATH is SEMICOLON-separated; the skel of this board's arch first\n"
+        f'export ADSP_LIBRARY_PATH="$QAIRT_HOME/lib/hexagon-{dsp_arch}/unsigned;/usr/lib/rfsa/adsp;/dsp"\n')
+
+
+async def plan_fix(board: Board, fix_id: str, report: DoctorReport | None = None, *,
+                   qairt_zip: Path | None = None) -> FixPlan:
+    """The steps of a fix for this board (nothing is changed). `report` gives facts (user, arch,
+    QAIRT home); without it a short probe gets them."""
+    if fix_id not in FIX_IDS:
+        raise BoardError(f"Unknown fix '{fix_id}'.", f"Known fixes: {', '.join(FIX_IDS)}.")
+    if board.simulated:
+        raise BoardError("The simulator board needs no fixes.", None)
+    if fix_id == "qairt_install":
+        if qairt_zip is None:
+            raise BoardError("Installing QAIRT needs the QAIRT SDK zip (v<version>.zip from Qualcomm).",
+                             "Download it on the workstation and pass its path.")
+        from app.core.device.qairt import plan_qairt_install
+
+        return await plan_qairt_install(board, qairt_zip, report)
+    facts = await _facts(board, report)
+    user = str(facts.get("user"))
+    home = str(await board.transport.home())
+    tmp = posixpath.join(home, REMOTE_TMP)
+    steps: list[Step] = []
+    notes: list[str] = []
+    group = Step("run", ["groupadd", "--system", "fastrpc"], sudo=True, done_if=["getent", "group", "fastrpc"])
+    if fix_id == "group_add":
+        steps = [group, Step("run", ["usermod", "-aG", "fastrpc", user], sudo=True, done_if=_in_group(user)),
+                 Step("reconnect", done_if=["sh", "-c", "id -nG | tr ' ' '\\n' | grep -qx fastrpc"])]
+        notes.append("The new group counts for new logins only: HexStudio logs in again afterwards.")
+    elif fix_id == "relogin":
+        steps = [Step("reconnect")]
+    elif fix_id == "udev_rule":
+        src = posixpath.join(tmp, "60-fastrpc.rules")
+        steps = [group,
+                 Step("run", ["mkdir", "-p", tmp], done_if=["test", "-d", tmp]),
+                 Step("write", path=src, content=UDEV_RULES_TEXT.encode()),
+                 Step("run", ["install", "-D", "-m", "0644", "-o", "root", "-g", "root", src, UDEV_RULE], sudo=True,
+                      done_if=["cmp", "-s", src, UDEV_RULE]),
+                 Step("run", ["udevadm", "control", "--reload-rules"], sudo=True),
+                 Step("run", ["udevadm", "trigger", "--action=add", "--subsystem-match=misc"], sudo=True),
+                 Step("run", ["udevadm", "trigger", "--action=add", "--subsystem-match=dma_heap"], sudo=True)]
+    elif fix_id == "fastrpc_packages":
+        r = await board.transport.run(["apt-cache", "show", "fastrpc-support"], timeout=60)
+        pkgs = DEBIAN_PACKAGES if r.exit_status == 0 else PPA_PACKAGES
+        has = ["sh", "-c", 'PATH="$PATH:/usr/sbin:/sbin"; ldconfig -p | grep -qF libcdsprpc']
+        steps = [Step("run", ["apt-get", "update"], sudo=True, done_if=has),
+                 Step("run", ["apt-get", "install", "-y", *pkgs], sudo=True, done_if=has),
+                 Step("run", ["ldconfig"], sudo=True)]
+        if pkgs == PPA_PACKAGES:
+            notes.append("The qcom-* packages come from the Qualcomm IoT PPA: `sudo add-apt-repository "
+                         "ppa:ubuntu-qcom-iot/qcom-ppa` first if apt cannot find them.")
+    elif fix_id == "qairt_env":
+        installs = facts.get("qairt_installs") or []
+        qhome = "/opt/qairt/current" if any(str(i["path"]).startswith("/opt/qairt/") for i in installs) \
+            else facts.get("qairt_home")
+        if not qhome:
+            raise BoardError("No QAIRT is installed on the board, so there is no environment to write.",
+                             "Install QAIRT first (fix qairt_install with the SDK zip).")
+        steps = [Step("write", path=posixpath.join(home, ENV_SCRIPT),
+                      content=env_script_text(str(qhome), str(facts.get("dsp_arch") or "v73")).encode())]
+    elif fix_id == "daemon_restart":
+        for d in DAEMONS:
+            steps.append(Step("run", ["systemctl", "restart", f"{d}.service"], sudo=True,
+                              done_if=["systemctl", "is-active", "--quiet", f"{d}.service"]))
+    elif fix_id == "reboot":
+        steps = [Step("reboot")]
+        notes.append("Every connection to the board drops; HexStudio waits for it to come back.")
+    return FixPlan(fix_id, TITLES[fix_id], steps, AFFECTS[fix_id], notes)
+
+
+# ---------------------------------------------------------------------------------------------
+class _Runner:
+    def __init__(self, board: Board, password: str | None, on_log: Callable[[str], None] | None) -> None:
+        self.board = board
+        self.password = password
+        self.on_log = on_log
+        self.log: list[dict[str, Any]] = []
+        self.sudo_mode: str | None = None      # "nopasswd" | "password"
+
+    def redact(self, text: str) -> str:
+        return text.replace(self.password, "********") if self.password else text
+
+    def emit(self, line: str) -> None:
+        if self.on_log is not None:
+            self.on_log(self.redact(line))
+
+    async def run(self, argv: list[str], sudo: bool, timeout: float = 600) -> tuple[int, str]:
+        stdin = None
+        if sudo:
+            if self.sudo_mode == "password":
+                argv = ["sudo", "-S", "-k", "-p", "", "--", *argv]
+                stdin = (self.password or "").encode() + b"\n"
+            else:
+                argv = ["sudo", "-n", "--", *argv]
+        r = await self.board.transport.run(argv, timeout=timeout, stdin=stdin)
+        out = self.redact((r.stdout + r.stderr).strip())
+        return r.exit_status, out
+
+    async def sudo_access(self) -> tuple[bool, str]:
+        """Can this user run commands as root? Sets sudo_mode. (ok, why-not)."""
+        r = await self.board.transport.run(["sudo", "-n", "true"], timeout=30)
+        if r.exit_status == 0:
+            self.sudo_mode = "nopasswd"
+            return True, ""
+        if "not found" in r.stderr:
+            return False, "sudo is not installed on the board."
+        if not self.password:
+            return False, ("sudo asks for a password and none was given (or this user may not use sudo). "
+                           "Give the password, or run the commands as root by hand.")
+        r = await self.board.transport.run(["sudo", "-S", "-k", "-p", "", "--", "true"], timeout=30,
+                                           stdin=self.password.encode() + b"\n")
+        if r.exit_status == 0:
+            self.sudo_mode = "password"
+            return True, ""
+        err = self.redact(r.stderr.strip())
+        if "not in the sudoers" in err or "may not run sudo" in err or "not allowed" in err:
+            return False, f"This user may not use sudo on the board ({err.splitlines()[-1]})."
+        raise BoardError("sudo refused the password.", "Type the board user's password again (the one for sudo).")
+
+
+async def apply_fix(board: Board, plan: FixPlan, *, sudo_password: str | None = None,
+                    on_log: Callable[[str], None] | None = None, rerun: bool = True,
+                    reboot_timeout: float = 300.0) -> FixResult:
+    """Run the plan's steps (skipping those already done), then re-run the affected doctor checks."""
+    rn = _Runner(board, sudo_password, on_log)
+    res = FixResult(plan.fix_id, "applied", "", plan.commands, rn.log)
+    for line in plan.commands:
+        rn.emit(f"plan: {line}")
+    if plan.needs_sudo:
+        ok, why = await rn.sudo_access()
+        if not ok:
+            res.status, res.message = "manual", (f"{why} Run these commands on the board as an administrator, "
+                                                 "then probe again.")
+            res.manual_commands = [c for c in plan.commands if not c.startswith("# log out")]
+            rn.emit(res.message)
+            return res
+    did_something = False
+    for step in plan.steps:
+        if step.done_if is not None:
+            r = await board.transport.run(step.done_if, timeout=60)
+            if r.exit_status == 0:
+                rn.log.append({"command": step.shown, "skipped": True, "why": "already done"})
+                rn.emit(f"already done: {step.shown}")
+                continue
+        did_something = True
+        rn.emit(f"$ {step.shown}")
+        if step.kind == "run":
+            rc, out = await rn.run(step.argv, step.sudo, step.timeout)
+        elif step.kind == "write":
+            rc, out = await _write(board, step)
+        elif step.kind == "upload":
+            assert step.local is not None
+            await board.transport.put_file(step.local, step.path)
+            rc, out = 0, f"uploaded {step.local.stat().st_size} bytes"
+        elif step.kind == "reconnect":
+            await board.reconnect(timeout=60)
+            rc, out = 0, f"reconnected to {board.label}"
+        elif step.kind == "reboot":
+            rc, out = await _reboot(board, rn, reboot_timeout)
+        else:  # pragma: no cover - plans are built above
+            raise BoardError(f"unknown step kind {step.kind}")
+        rn.log.append({"command": step.shown, "exit_status": rc, "output": out[-4000:]})
+        if out:
+            rn.emit(out)
+        if rc != 0:
+            res.status = "failed"
+            res.explained = [m.to_dict() for m in explain(out) if m.severity != "info"]
+            res.message = f"`{step.shown}` failed (exit {rc}): {out.strip().splitlines()[-1] if out.strip() else ''}"
+            if res.explained:
+                res.message += f" {res.explained[0]['cause']} {res.explained[0]['fix']}"
+            break
+    if res.status == "applied":
+        if not did_something:
+            res.status = "already"
+        res.message = ("Nothing to do: the board already had this fix." if res.status == "already"
+                       else f"{plan.title}: done.")
+    if rerun:
+        with contextlib.suppress(BoardError):
+            report = await probe(board, only=plan.affects)
+            res.checks = [c.to_dict() for c in report.checks]
+    return res
+
+
+async def _write(board: Board, step: Step) -> tuple[int, str]:
+    with contextlib.suppress(OSError):
+        if await board.transport.exists(step.path) and await board.transport.read_bytes(step.path) == step.content:
+            return 0, f"{step.path} already has this content"
+    await board.transport.write_bytes(step.path, step.content, step.mode)
+    return 0, f"wrote {step.path} ({len(step.content)} bytes)"
+
+
+async def _reboot(board: Board, rn: _Runner, timeout: float) -> tuple[int, str]:
+    t0 = time.monotonic()
+    try:
+        rc, out = await rn.run(["reboot"], True, timeout=30)
+    except Exception as exc:  # the connection may drop under the command itself
+        if exc.__class__.__name__ != "ConnectionLost":
+            raise
+        rc, out = 0, "connection dropped (rebooting)"
+    if rc not in (0, 255, -1):
+        return rc, out
+    rn.emit("waiting for the board to go down...")
+    t = board.transport
+    deadline = time.monotonic() + 120
+    while getattr(t, "connected", False) and time.monotonic() < deadline:
+        try:
+            await t.run(["true"], timeout=5)
+        except Exception:
+            break
+        await asyncio.sleep(0.5)
+    rn.emit("waiting for the board to come back...")
+    await board.reconnect(timeout=timeout)
+    return 0, f"the board rebooted and is back after {time.monotonic() - t0:.1f} s"
