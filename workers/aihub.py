@@ -185,7 +185,7 @@ def hub_errors(what: str, api_url: str, web_url: str) -> Iterator[None]:
         if "not available" in text:
             raise WorkerError("aihub_device_unavailable", f"Qualcomm AI Hub says the device is not available "
                               f"while {what}: {_first_line(exc)}",
-                              "Pick another device (Compile page, or --set device=NAME). " + RESUME_HINT) from None
+                              "Pick another device (Compile page; command line: a new run with --set device=NAME). " + RESUME_HINT) from None
         raise WorkerError("aihub_rejected", f"Qualcomm AI Hub refused {what}: {_first_line(exc)}",
                           "Check the inputs named above. " + RESUME_HINT) from None
     except hub.InternalError as exc:
@@ -274,7 +274,7 @@ def resolve_device(client: Any, name: str, lpbq: bool) -> dict[str, Any]:
         names = sorted({d.name for d in client.get_devices()})
         raise WorkerError("aihub_device_unavailable", f"Qualcomm AI Hub has no device named '{name}' available.",
                           f"Pick one of: {', '.join(names[:12])}{' ...' if len(names) > 12 else ''} "
-                          "(Compile page, or --set device=NAME).")
+                          "(Compile page; command line: a new run with --set device=NAME).")
     d = devs[0]
     dev = parse_device(d.name, d.os, list(d.attributes))
     try:
@@ -372,8 +372,8 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         raise WorkerError("aihub_consent_required", "Compiling on Qualcomm AI Hub uploads model-derived files "
                           "(the quantized ONNX graphs and their encodings) to Qualcomm's cloud, and you have "
                           "not agreed to that for this run.",
-                          "Give consent on the Compile page (or --set aihub_consent=true), or compile for the "
-                          "simulator board instead (--set compile_target=sim).")
+                          "Give consent on the Compile page (command line: start the run with --set aihub_consent=true), "
+                          "or compile for the simulator board instead (compile_target sim).")
     q = json.loads((qdir / "quantize.json").read_text())
     pairs = _pairs(q, qdir)
     parts = int(q["parts"])
