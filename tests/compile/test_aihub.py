@@ -153,7 +153,16 @@ FAILURES = {
     "unavailable_device": ("aihub_device_unavailable", "no device named 'Dragonwing IQ-9999'", "Dragonwing IQ-9075 EVK"),
     "old_device": ("device_unsupported", "weight sharing", "v73"),
     "no_consent": ("aihub_consent_required", "uploads model-derived files", "aihub_consent=true"),
+    "unreachable": ("aihub_unreachable", "Could not reach Qualcomm AI Hub at http://127.0.0.1:", "proxy"),
 }
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("failure", list(FAILURES))
@@ -174,6 +183,8 @@ def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
         settings["device"] = "RB3 Gen 2 (Proxy)"
     elif failure == "no_consent":
         settings["aihub_consent"] = False
+    elif failure == "unreachable":
+        settings["aihub_api_url"] = f"http://127.0.0.1:{_closed_port()}"
     m = _aihub_run(validated_run, tmp_path / "ws", emu, **settings)
     t0 = time.monotonic()
     res = _compile(m)
@@ -188,7 +199,7 @@ def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
         failed = next(j for j in emu.jobs.values() if j.outcome == "failed")
         assert failed.job_id in out["message"] and f"/jobs/{failed.job_id}/" in out["hint"]
         assert (m.run_dir / "logs" / "aihub" / f"{failed.job_id}_hub.log").is_file()
-    if failure in ("unavailable_device", "old_device", "no_consent", "bad_token"):
+    if failure in ("unavailable_device", "old_device", "no_consent", "bad_token", "unreachable"):
         assert emu.uploads == 0, "nothing may be uploaded before the checks pass"
     before = dict(emu.submissions)
 
@@ -196,7 +207,7 @@ def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
     emu.fail_auth = False
     emu.rate_limit(0)
     m = Workspace(tmp_path / "ws").open_run(m.run_dir.name)
-    m.settings.update({"device": "Dragonwing IQ-9075 EVK", "aihub_consent": True})
+    m.settings.update({"device": "Dragonwing IQ-9075 EVK", "aihub_consent": True, "aihub_api_url": emu.api_url})
     m.save()
     res = _compile(m)
     assert res.ok, f"{res.message} / {res.hint}"
