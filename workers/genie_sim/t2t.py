@@ -16,14 +16,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 GENIE_API_VERSION = "1.17.0"
 BANNER = f"Using libGenie.so version {GENIE_API_VERSION} (HexStudio simulator: onnxruntime on the CPU, not a device)"
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # genie-t2t-run style
+    def error(self, message: str) -> NoReturn:  # genie-t2t-run style
         print(f"ERROR: {message}", file=sys.stderr)
         sys.exit(1)
 
@@ -91,6 +91,90 @@ def profile_doc(init_us: float, q: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class SimDialog:
+    """A loaded simulation bundle that answers queries like a GenieDialog: the KV cache persists
+    between queries (Genie injects EOS + BOS between them), `reset()` clears it."""
+
+    def __init__(self, config_path: Path, sampler: dict[str, Any] | None = None) -> None:
+        import numpy as np
+        from tokenizers import Tokenizer
+
+        from workers.arloop import DeploymentPair
+
+        t_init = time.perf_counter()
+        cfg = json.loads(config_path.read_text())["dialog"]
+        graphs = json.loads((config_path.parent / "graphs.json").read_text())
+        self.cfg = cfg
+        self.tok = Tokenizer.from_file(str(config_path.parent / cfg["tokenizer"]["path"]))
+        self.pair = DeploymentPair.from_graphs(graphs["graphs"], config_path.parent, variant="sim",
+                                               context_length=int(cfg["context"]["size"]),
+                                               intra_op_threads=int(os.environ.get("HEXSTUDIO_SIM_THREADS", "2")))
+        self.sampler = {**cfg.get("sampler", {}), **(sampler or {})}
+        self.rng = np.random.default_rng(int(self.sampler.get("seed", 42)))
+        eos = cfg["context"].get("eos-token")
+        self.eos = set(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+        self.bos = cfg["context"].get("bos-token")
+        self.queries = 0
+        self.init_us = (time.perf_counter() - t_init) * 1e6
+
+    @property
+    def capacity(self) -> int:
+        return int(self.pair.capacity)
+
+    def reset(self) -> None:
+        self.pair.reset()
+        self.queries = 0
+
+    def query(self, prompt: str, max_new: int | None, on_text: Any,
+              should_stop: Any = lambda: False) -> dict[str, Any]:
+        """Run one query; `on_text(str)` gets text as it is generated. Returns the query's numbers
+        (prompt_tokens, ttft_us, generated, prompt_rate, gen_rate, gen_us, total_us, state)."""
+        from workers.arloop import ContextFull
+
+        pre: list[int] = []
+        if self.queries and self.eos:
+            pre.append(min(self.eos))
+        if isinstance(self.bos, int):
+            pre.append(self.bos)
+        ids = pre + self.tok.encode(prompt, add_special_tokens=False).ids
+        self.queries += 1
+        room = self.pair.capacity - self.pair.n_past - len(ids)
+        budget = max(0, min(max_new, room) if max_new else int(self.cfg.get("max-num-tokens", 0) or 0) or room)
+        t0 = time.perf_counter()
+        generated: list[int] = []
+        printed = ""
+        ttft_us = gen_us = 0.0
+        state = "complete"
+        try:
+            logits = self.pair.prefill(ids)
+            t_first = time.perf_counter()
+            ttft_us = (t_first - t0) * 1e6
+            while len(generated) < budget:
+                if should_stop():
+                    state = "aborted"
+                    break
+                nxt = sample(logits, self.sampler, self.rng)
+                if nxt in self.eos:
+                    break
+                generated.append(nxt)
+                text = self.tok.decode(generated)
+                if not text.endswith("\ufffd"):  # never print half a UTF-8 character
+                    on_text(text[len(printed):])
+                    printed = text
+                if self.pair.n_past >= self.pair.capacity:
+                    break
+                logits = self.pair.step(nxt)
+            gen_us = (time.perf_counter() - t_first) * 1e6
+        except ContextFull:
+            state = "context_full"
+            gen_us = max(0.0, (time.perf_counter() - t0) * 1e6 - ttft_us)
+        n_prompt = len(ids)
+        return {"prompt_tokens": n_prompt, "ttft_us": ttft_us, "generated": len(generated),
+                "prompt_rate": round(n_prompt / max(ttft_us / 1e6, 1e-9), 4) if ttft_us else 0.0,
+                "gen_rate": round(len(generated) / max(gen_us / 1e6, 1e-9), 4) if generated else 0.0,
+                "gen_us": gen_us, "total_us": ttft_us + gen_us, "state": state, "n_past": self.pair.n_past}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.config:
@@ -107,71 +191,29 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     prompt = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
     print(BANNER, flush=True)
-    t_init = time.perf_counter()
     try:
-        import numpy as np
-        from tokenizers import Tokenizer
-
-        from workers.arloop import ContextFull, DeploymentPair
-
-        cfg_path = Path(args.config)
-        cfg = json.loads(cfg_path.read_text())["dialog"]
-        graphs = json.loads((cfg_path.parent / "graphs.json").read_text())
-        tok = Tokenizer.from_file(cfg["tokenizer"]["path"])
-        pair = DeploymentPair.from_graphs(graphs["graphs"], Path("."), variant="sim",
-                                          context_length=int(cfg["context"]["size"]),
-                                          intra_op_threads=int(os.environ.get("HEXSTUDIO_SIM_THREADS", "2")))
+        dialog = SimDialog(Path(args.config))
     except Exception as exc:
         log("error", "error", f"Create From Binary FAILED! ({type(exc).__name__}: {exc})")
         print("Failure to initialize model", flush=True)
         print("Failed to create the dialog.", flush=True)
         return 1
-    init_us = (time.perf_counter() - t_init) * 1e6
     log("info", args.log, "Using create From Binary (simulated: ONNX parts)")
     print(f"\n[PROMPT]: {prompt}\n", flush=True)
-    eos = set(cfg["context"].get("eos-token") or [])
-    bos = cfg["context"].get("bos-token")
-    ids = ([bos] if isinstance(bos, int) else []) + tok.encode(prompt, add_special_tokens=False).ids
-    sampler = cfg.get("sampler", {})
-    rng = np.random.default_rng(int(sampler.get("seed", 42)))
-    max_new = args.max_tokens or int(cfg.get("max-num-tokens", 0) or 0) or (pair.capacity - len(ids))
     sys.stdout.write("[BEGIN]: ")
     sys.stdout.flush()
-    t0 = time.perf_counter()
-    generated: list[int] = []
-    printed = ""
-    ttft_us = gen_us = 0.0
-    try:
-        logits = pair.prefill(ids)
-        t_prompt = time.perf_counter()
-        ttft_us = (t_prompt - t0) * 1e6
-        t_first = t_prompt
-        while len(generated) < max_new:
-            nxt = sample(logits, sampler, rng)
-            if nxt in eos:
-                break
-            generated.append(nxt)
-            text = tok.decode(generated)
-            if not text.endswith("\ufffd"):  # never print half a UTF-8 character
-                sys.stdout.write(text[len(printed):])
-                sys.stdout.flush()
-                printed = text
-            if pair.n_past >= pair.capacity:
-                break
-            logits = pair.step(nxt)
-        gen_us = (time.perf_counter() - t_first) * 1e6
-    except ContextFull as exc:
-        log("warn", "warn", f"context full: {exc}")
-        gen_us = (time.perf_counter() - t0) * 1e6 - ttft_us
+
+    def on_text(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    q = dialog.query(prompt, args.max_tokens, on_text)
+    if q["state"] == "context_full":
+        log("warn", "warn", "context full: the prompt and reply do not fit in the context length")
     sys.stdout.write("[END]\n")
     sys.stdout.flush()
-    n_prompt = len(ids)
-    q = {"prompt_tokens": n_prompt, "ttft_us": ttft_us, "generated": len(generated),
-         "prompt_rate": round(n_prompt / max(ttft_us / 1e6, 1e-9), 4),
-         "gen_rate": round(len(generated) / max(gen_us / 1e6, 1e-9), 4) if generated else 0.0,
-         "gen_us": gen_us, "total_us": ttft_us + gen_us}
     if args.profile:
-        Path(args.profile).write_text(json.dumps(profile_doc(init_us, q), indent=2))
+        Path(args.profile).write_text(json.dumps(profile_doc(dialog.init_us, q), indent=2))
     return 0
 
 

@@ -18,7 +18,10 @@ COMMAND_MODULES = (
     "app.core.cli.bundle_cmd",
     "app.core.cli.model_cmd",
     "app.core.cli.explain_cmd",
+    "app.core.cli.board_cmd",
     "app.core.cli.desktop_cmd",
+    "app.core.cli.genie_cmd",
+    "app.core.cli.chat_cmd",
 )
 
 

@@ -25,6 +25,7 @@ from app.core.genie.transcript import Transcript, TranscriptParser
 class Chunk:
     t: float          # seconds since the query started
     text: str
+    mono: float | None = None   # the producer's time.monotonic() when it emitted the text (session helpers)
 
 
 @dataclass
@@ -45,8 +46,9 @@ class QueryResult:
         return self.exit_status == 0 and self.transcript.state == "complete"
 
 
-def genie_argv(board: Board, prompt_file: str, profile_file: str, max_tokens: int | None = None) -> list[str]:
-    argv = [*board.genie_command, "-c", "genie_config.json", "--prompt_file", prompt_file, "--profile", profile_file]
+def genie_argv(board: Board, prompt_file: str, profile_file: str, max_tokens: int | None = None,
+               config: str = "genie_config.json") -> list[str]:
+    argv = [*board.genie_command, "-c", config, "--prompt_file", prompt_file, "--profile", profile_file]
     if max_tokens and board.simulated:
         argv += ["--max-tokens", str(int(max_tokens))]
     if board.env_script:  # source the QAIRT environment; arguments stay argv, never interpolated
@@ -56,7 +58,8 @@ def genie_argv(board: Board, prompt_file: str, profile_file: str, max_tokens: in
 
 async def run_query(board: Board, bundle_dir: str, prompt: str, *,
                     on_chunk: Callable[[Chunk], None] | None = None,
-                    stop: asyncio.Event | None = None, max_tokens: int | None = None) -> QueryResult:
+                    stop: asyncio.Event | None = None, max_tokens: int | None = None,
+                    config: str = "genie_config.json") -> QueryResult:
     t = board.transport
     rid = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     work = posixpath.join(bundle_dir, ".hexstudio-runs")
@@ -64,7 +67,7 @@ async def run_query(board: Board, bundle_dir: str, prompt: str, *,
     profile_file = posixpath.join(work, f"profile-{rid}.json")
     await t.write_bytes(prompt_file, prompt.encode("utf-8"))
     t0 = time.monotonic()
-    proc = await t.start(genie_argv(board, prompt_file, profile_file, max_tokens), cwd=bundle_dir,
+    proc = await t.start(genie_argv(board, prompt_file, profile_file, max_tokens, config), cwd=bundle_dir,
                          env=python_env() if board.simulated else None)
     parser = TranscriptParser()
     dec = codecs.getincrementaldecoder("utf-8")("replace")
@@ -84,10 +87,10 @@ async def run_query(board: Board, bundle_dir: str, prompt: str, *,
                 if on_chunk is not None:
                     on_chunk(c)
 
-    readers = asyncio.gather(read_out(), read_err())
+    readers: asyncio.Future[Any] = asyncio.gather(read_out(), read_err())
     stopped = False
     if stop is not None:
-        stop_wait = asyncio.ensure_future(stop.wait())
+        stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
         done, _ = await asyncio.wait({readers, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         if stop_wait in done and not readers.done():
             stopped = True
@@ -107,20 +110,30 @@ async def run_query(board: Board, bundle_dir: str, prompt: str, *,
             error = str(exc)
     stderr = b"".join(err_parts).decode("utf-8", "replace")
     if rc != 0 and not stopped:
-        error = explain_failure(tr, stderr)
+        error = explain_failure(tr, stderr, rc)
     return QueryResult(tr.text, chunks, tr, kpis, rc, board.simulated, (time.monotonic() - t0) * 1000,
                        error=error, stderr=stderr[-4000:])
 
 
-def explain_failure(tr: Transcript, stderr: str) -> str:
+def explain_failure(tr: Transcript, stderr: str, exit_status: int | None = None) -> str:
+    """The failure in a person's words: the last error line, plus cause and fix from the error decoder."""
     text = "\n".join([*tr.errors, stderr])
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if lines:
+        last = lines[-1].strip()
+    elif exit_status is not None and exit_status > 128:
+        last = (f"genie-t2t-run died from signal {exit_status - 128} (exit status {exit_status}) "
+                f"{'mid-reply' if tr.state in ('crashed', 'streaming') and tr.text else 'before replying'}")
+    elif exit_status:
+        last = f"genie-t2t-run exited with status {exit_status} without an error message"
+    else:
+        last = "genie-t2t-run stopped without an error message"
     try:
-        from app.core.device.explain import explain
+        from app.core.device.explain import summary
 
-        found = explain(text)
+        found = summary(text)
         if found:
-            return f"{found[0]['cause']} — {found[0]['fix']}"
+            return f"{last} — {found}"
     except ImportError:
         pass
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else "genie-t2t-run failed without a message"
+    return last

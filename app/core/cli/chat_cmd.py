@@ -1,0 +1,218 @@
+"""`hexstudio chat --board NAME [--bundle DIR] [--prompt TEXT]`: talk to the model on a board.
+
+Without --prompt it is interactive (one line a message; /new clears the history, /quit or Ctrl-D ends).
+The model stays loaded between turns when the board can run the chat helper; otherwise every turn
+runs genie-t2t-run again (and says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import posixpath
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.core.cli.common import (
+    CliError,
+    add_json_flag,
+    add_workspace_flag,
+    eprint,
+    print_json,
+    workspace_from,
+)
+from app.core.genie.conversation import TEMPLATES, Conversation
+from app.core.genie.run import Chunk
+from app.core.genie.session import (
+    MODES,
+    SAMPLER_PRESETS,
+    ChatSession,
+    SessionError,
+    TurnResult,
+    template_for_bundle,
+)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("chat", help="chat with the model on a board (streams the reply, shows TTFT and tok/s)")
+    p.add_argument("--board", default=None, help="board name from settings, or sim (default: the run's board, "
+                                                 "else sim)")
+    p.add_argument("--bundle", default=None,
+                   help="a bundle folder: a local one (with bundle.json) is pushed first; otherwise the folder on "
+                        "the board (default: the latest run's bundle)")
+    p.add_argument("--run", default=None, help="take the bundle from this run (default: the latest run with one)")
+    p.add_argument("--prompt", default=None, help="one message, then exit (default: interactive)")
+    p.add_argument("--template", choices=TEMPLATES, default="auto", help="prompt template (default: from the model)")
+    p.add_argument("--system", default="", help="system text (Llama 3 template)")
+    p.add_argument("--max-tokens", type=int, default=256, help="reply budget in tokens (default 256)")
+    p.add_argument("--sampler", choices=tuple(SAMPLER_PRESETS), default="deterministic",
+                   help="deterministic (seed 42, temp 0, top-k 1, top-p 1; the default), thinking (Nemotron "
+                        "reasoning on: 0.6/40/0.95) or bundle (the bundle's own)")
+    p.add_argument("--mode", choices=MODES, default="auto",
+                   help="persistent keeps the model loaded between turns; per_turn runs genie-t2t-run each turn; "
+                        "auto (default) tries persistent and falls back")
+    p.add_argument("--transcript", type=Path, default=None, help="save the conversation (.md or .json)")
+    add_workspace_flag(p)
+    add_json_flag(p)
+    p.set_defaults(func=cmd_chat)
+
+
+def _latest_run_with_bundle(args: argparse.Namespace) -> Path | None:
+    ws = workspace_from(args)
+    if args.run:
+        d = ws.run_dir(args.run)
+        if not d.is_dir():
+            raise CliError(f"No run '{args.run}' in {ws.runs_dir}.", "`hexstudio runs list` shows the runs.")
+        return d
+    for r in ws.list_runs():
+        if (r.path / "artifacts" / "board" / "board.json").is_file() or \
+                (r.path / "artifacts" / "compile" / "bundle" / "bundle.json").is_file():
+            return r.path
+    return None
+
+
+async def _target(args: argparse.Namespace) -> tuple[Any, str, dict[str, Any], Path | None]:
+    """(board, remote bundle dir, bundle.json doc or {}, run dir or None)."""
+    from app.core.device.board import BoardError, open_board
+    from app.core.device.push import push_bundle
+    from app.core.settings import Settings
+
+    run_dir = None if args.bundle else _latest_run_with_bundle(args)
+    board_doc: dict[str, Any] = {}
+    if run_dir is not None and (run_dir / "artifacts" / "board" / "board.json").is_file():
+        board_doc = json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())
+    name = args.board or board_doc.get("board") or "sim"
+    ws = workspace_from(args)
+    try:
+        board = await open_board(name, Settings.load(), ws.root)
+    except BoardError as exc:
+        raise CliError(exc.message, exc.hint) from None
+    local: Path | None = None
+    remote: str | None = None
+    if args.bundle:
+        if (Path(args.bundle) / "bundle.json").is_file():
+            local = Path(args.bundle).resolve()
+        else:
+            remote = args.bundle
+    elif run_dir is None:
+        raise CliError("No run with a bundle in this workspace.",
+                       "Run the flow first (`hexstudio run`), or pass --bundle DIR.")
+    elif board_doc.get("board") == name and board_doc.get("remote_bundle"):
+        remote = str(board_doc["remote_bundle"])
+    else:
+        local = run_dir / "artifacts" / "compile" / "bundle"
+        if not (local / "bundle.json").is_file():
+            raise CliError(f"Run {run_dir.name} has no compiled bundle.", "Run its compile stage first.")
+    doc: dict[str, Any] = {}
+    if local is not None:
+        doc = json.loads((local / "bundle.json").read_text())
+        eprint(f"pushing {local} to {board.label} (unchanged files are skipped)")
+        try:
+            pr = await push_bundle(board, local, run_dir.name if run_dir is not None else local.name)
+        except BoardError as exc:
+            raise CliError(exc.message, exc.hint) from None
+        remote = pr.remote_dir
+    assert remote is not None
+    if not doc:
+        try:
+            doc = json.loads((await board.transport.read_bytes(posixpath.join(remote, "bundle.json"))).decode())
+        except (OSError, ValueError):
+            doc = {}
+    return board, remote, doc, run_dir
+
+
+def _template(args: argparse.Namespace, doc: dict[str, Any]) -> str:
+    if args.template != "auto":
+        return str(args.template)
+    return template_for_bundle(doc) if doc else "llama3"
+
+
+def _kpi_line(r: TurnResult) -> str:
+    k = r.kpis
+    tag = "SIMULATED" if r.simulated else "device"
+    if k is None:
+        return f"[{tag}] no profile for this turn"
+    init = "model kept loaded" if r.mode == "persistent" and not k.init_ms else f"init {k.init_ms} ms"
+    return (f"[{tag} · {r.mode}] TTFT {k.ttft_ms} ms · prompt {k.prompt_tokens} tok at {k.prompt_tok_s} tok/s · "
+            f"{k.generated_tokens} tok at {k.gen_tok_s} tok/s · {init}")
+
+
+async def _chat(args: argparse.Namespace) -> int:
+    board, remote, doc, _run = await _target(args)
+    conv = Conversation(template=_template(args, doc), system=args.system)
+    session = ChatSession(board, remote, conv, mode=args.mode, max_tokens=args.max_tokens, sampler=args.sampler,
+                          on_status=None if args.json else eprint)
+    results: list[dict[str, Any]] = []
+    try:
+        try:
+            mode = await session.open()
+        except SessionError as exc:
+            raise CliError(exc.message, exc.hint) from None
+        if not args.json:
+            sim = " — SIMULATED: CPU numbers, not a device result" if board.simulated else ""
+            eprint(f"chat on {board.label} ({mode}; template {conv.template}; context {conv.context_length} "
+                   f"tokens){sim}")
+            if session.fallback_reason:
+                eprint(f"note: {session.fallback_reason}")
+
+        async def turn(text: str) -> TurnResult:
+            def on_chunk(c: Chunk) -> None:
+                if not args.json:
+                    sys.stdout.write(c.text)
+                    sys.stdout.flush()
+            try:
+                r = await session.send(text, on_chunk=on_chunk)
+            except ValueError as exc:
+                raise CliError(str(exc), "Shorten the message or raise the context length at compile time.") \
+                    from None
+            if args.json:
+                results.append({"user": text, **r.as_json()})
+            else:
+                sys.stdout.write("\n")
+                if r.note:
+                    eprint(f"note: {r.note}")
+                if r.error:
+                    eprint(f"error: {r.error}")
+                eprint(_kpi_line(r))
+            return r
+
+        if args.prompt is not None:
+            r = await turn(args.prompt)
+            rc = 0 if r.state == "complete" else 1
+        else:
+            rc = 0
+            loop = asyncio.get_running_loop()
+            while True:
+                if not args.json:
+                    sys.stdout.write("you> ")
+                    sys.stdout.flush()
+                line = await loop.run_in_executor(None, sys.stdin.readline)
+                if not line:
+                    break
+                text = line.rstrip("\n")
+                if text.strip() in ("/quit", "/exit"):
+                    break
+                if text.strip() == "/new":
+                    await session.reset()
+                    eprint("new chat: history cleared")
+                    continue
+                if not text.strip():
+                    continue
+                r = await turn(text)
+                rc = 0 if r.state == "complete" else 1
+    finally:
+        await session.close()
+        await board.transport.close()
+    if args.transcript is not None:
+        conv.save(args.transcript)
+    if args.json:
+        print_json({"ok": rc == 0, "board": board.name, "simulated": board.simulated, "mode": session.mode,
+                    "fallback_reason": session.fallback_reason, "template": conv.template,
+                    "context_length": conv.context_length, "turns": results})
+    return rc
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    return asyncio.run(_chat(args))

@@ -1,0 +1,483 @@
+"""Chat sessions on a board: multi-turn history within the context length, with the model kept
+loaded between turns.
+
+Persistent mode starts a small helper on the board that keeps one GenieDialog open (libGenie's C API
+through ctypes: resources/board/genie_session.py; on the simulator board the simulator's own
+session mode, workers.genie_sim.session) and talks JSON lines over the process's stdin/stdout (the
+SSH channel for a real board). Only the first turn pays the model's init; later turns send only the
+new message (the dialog's KV cache holds the history). When the helper cannot start (no python3 or
+no libGenie on the board, an old QAIRT...), the session falls back to one genie-t2t-run per turn,
+which re-sends the whole conversation each turn and pays the init every time.
+
+    session = ChatSession(board, remote_bundle_dir, Conversation(template="llama3"))
+    await session.open()                      # mode: "persistent" or "per_turn" (+ fallback_reason)
+    res = await session.send("Hello", on_chunk=lambda c: print(c.text, end=""), stop=stop_event)
+    res.kpis, res.first_chunk_ms, res.note    # note: "the context was full..." when it happens
+    await session.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import posixpath
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.core.device.board import Board, python_env
+from app.core.genie.conversation import _HEADER, Conversation, Turn
+from app.core.genie.profile import Kpis, ProfileError, parse_profile
+from app.core.genie.run import Chunk, run_query
+from app.core.paths import REPO_ROOT
+
+HELPER_SOURCE = REPO_ROOT / "resources" / "board" / "genie_session.py"
+MODES = ("auto", "persistent", "per_turn")
+SAMPLER_PRESETS: dict[str, dict[str, Any] | None] = {
+    "deterministic": {"seed": 42, "temp": 0.0, "top-k": 1, "top-p": 1.0},
+    "thinking": {"seed": 42, "temp": 0.6, "top-k": 40, "top-p": 0.95},   # Nemotron reasoning on
+    "bundle": None,                                                        # the bundle's own sampler
+}
+SESSION_CONFIG = "genie_config.hexstudio.json"   # the bundle's config with the chosen sampler
+
+
+class SessionError(Exception):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+@dataclass
+class TurnResult:
+    turn: Turn
+    text: str
+    state: str                          # complete | aborted | failed
+    kpis: Kpis | None
+    chunks: list[Chunk]
+    mode: str                           # persistent | per_turn
+    simulated: bool
+    first_chunk_ms: float | None        # from send() to the first text chunk
+    wall_ms: float
+    error: str | None = None
+    note: str | None = None             # e.g. the context was full and history was dropped
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"text": self.text, "state": self.state, "kpis": self.kpis.as_json() if self.kpis else None,
+                "mode": self.mode, "simulated": self.simulated, "first_chunk_ms": self.first_chunk_ms,
+                "wall_ms": round(self.wall_ms, 1), "error": self.error, "note": self.note,
+                "chunks": [{"t": round(c.t, 4), "text": c.text} for c in self.chunks]}
+
+
+def continuation_prompt(conv: Conversation, user: str) -> str:
+    """A later turn of one dialog: only the new message (Genie adds EOS + BOS between queries and the
+    KV cache already holds the earlier turns)."""
+    t = conv.template
+    if t == "qa":
+        return f" Question: {user} Answer:"
+    text = _HEADER.format(role="user", text=user) + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    if t.startswith("nemotron") and not t.endswith("on"):
+        text += "<think>\n</think>\n"
+    return text
+
+
+def template_for_bundle(bundle_doc: dict[str, Any]) -> str:
+    model = str(bundle_doc.get("model", "")).lower()
+    if model.startswith("builtin:"):
+        return "qa"
+    if "nemotron" in model:
+        return "nemotron-reasoning-off"
+    return "llama3"
+
+
+class _Helper:
+    """The helper process and its JSON-lines event stream."""
+
+    def __init__(self, proc: Any) -> None:
+        self.proc = proc
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.stderr = bytearray()
+        self.alive = True
+        self.queries = 0
+        self._tasks = [asyncio.ensure_future(self._read_out()), asyncio.ensure_future(self._read_err())]
+
+    async def _read_out(self) -> None:
+        buf = b""
+        try:
+            while data := await self.proc.read_stdout():
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    try:
+                        ev = json.loads(line)
+                    except ValueError:
+                        ev = {"event": "noise", "line": line.decode("utf-8", "replace")}
+                    self.events.put_nowait(ev)
+        except Exception as exc:  # the connection dropped
+            self.events.put_nowait({"event": "error", "code": "connection_lost", "message": str(exc)})
+        self.alive = False
+        self.events.put_nowait({"event": "eof"})
+
+    async def _read_err(self) -> None:
+        with contextlib.suppress(Exception):
+            while data := await self.proc.read_stderr():
+                self.stderr += data
+                del self.stderr[:-8000]
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        await self.proc.write_stdin((json.dumps(msg, ensure_ascii=True) + "\n").encode("ascii"))
+
+    async def next_event(self, timeout: float | None) -> dict[str, Any]:
+        return await asyncio.wait_for(self.events.get(), timeout)
+
+    def stderr_tail(self) -> str:
+        return bytes(self.stderr).decode("utf-8", "replace").strip()[-1500:]
+
+    async def close(self, graceful: bool = True) -> None:
+        if graceful and self.alive:
+            with contextlib.suppress(Exception):
+                await self.send({"op": "quit"})
+                await self.proc.close_stdin()
+                await asyncio.wait_for(self.proc.wait(), 5)
+        if self.alive or not graceful:
+            with contextlib.suppress(Exception):
+                await self.proc.terminate()
+        self.alive = False
+        for t in self._tasks:
+            t.cancel()
+
+
+class ChatSession:
+    def __init__(self, board: Board, bundle_dir: str, conversation: Conversation | None = None, *,
+                 mode: str = "auto", max_tokens: int = 256, sampler: str = "deterministic",
+                 on_status: Callable[[str], None] | None = None, ready_timeout: float = 300.0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        if sampler not in SAMPLER_PRESETS:
+            raise ValueError(f"sampler must be one of {tuple(SAMPLER_PRESETS)}")
+        self.board = board
+        self.bundle_dir = bundle_dir
+        self.conversation = conversation or Conversation()
+        self.requested_mode = mode
+        self.mode = "per_turn" if mode == "per_turn" else "persistent"
+        self.max_tokens = max_tokens
+        self.sampler = sampler
+        self.on_status = on_status
+        self.ready_timeout = ready_timeout
+        self.fallback_reason: str | None = None
+        self.init_ms: float | None = None        # the persistent dialog's load time
+        self.genie_version: str | None = None
+        self._helper: _Helper | None = None
+        self._n_past = 0                          # tokens in the dialog's KV cache
+        self._config = "genie_config.json"
+        self._lock = asyncio.Lock()
+        self._opened = False
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.board.simulated)
+
+    def _status(self, text: str) -> None:
+        if self.on_status is not None:
+            self.on_status(text)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def open(self) -> str:
+        """Read the bundle's config, start the helper (persistent) or prepare per-turn runs. Returns the mode."""
+        t = self.board.transport
+        cfg_path = posixpath.join(self.bundle_dir, "genie_config.json")
+        try:
+            cfg = json.loads((await t.read_bytes(cfg_path)).decode("utf-8"))
+        except (OSError, ValueError) as exc:
+            raise SessionError(f"Cannot read {cfg_path} on {self.board.label}: {exc}.",
+                               "Push the bundle to the board first (Board stage, or `hexstudio run --only board`).") \
+                from None
+        size = ((cfg.get("dialog") or {}).get("context") or {}).get("size")
+        if isinstance(size, int) and size > 0:
+            self.conversation.context_length = size
+        self.conversation.max_reply_tokens = self.max_tokens
+        await self._maybe_tokenizer(cfg)
+        override = SAMPLER_PRESETS[self.sampler]
+        if override is not None:
+            cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(override)
+            await t.write_bytes(posixpath.join(self.bundle_dir, SESSION_CONFIG),
+                                json.dumps(cfg, indent=2).encode("utf-8"))
+            self._config = SESSION_CONFIG
+        self._opened = True
+        if self.mode == "persistent":
+            try:
+                await self._start_helper()
+            except SessionError as exc:
+                if self.requested_mode == "persistent":
+                    raise
+                self.mode = "per_turn"
+                self.fallback_reason = exc.message
+                self._status(f"The model cannot stay loaded ({exc.message}); each turn runs genie-t2t-run "
+                             "again and pays the init.")
+        return self.mode
+
+    async def _maybe_tokenizer(self, cfg: dict[str, Any]) -> None:
+        """Count tokens with the bundle's own tokenizer.json when it can be read (else ~3 chars a token)."""
+        rel = ((cfg.get("dialog") or {}).get("tokenizer") or {}).get("path")
+        if not rel:
+            return
+        try:
+            from tokenizers import Tokenizer
+
+            raw = await self.board.transport.read_bytes(posixpath.join(self.bundle_dir, rel))
+            tok = await asyncio.to_thread(Tokenizer.from_str, raw.decode("utf-8"))
+        except Exception:
+            return
+        self.conversation.count_tokens = lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+    def helper_argv(self) -> tuple[list[str], dict[str, str] | None]:
+        b = self.board
+        sampler = SAMPLER_PRESETS[self.sampler]
+        extra = ["--sampler", json.dumps(sampler)] if sampler is not None else []
+        if b.simulated:
+            return [sys.executable, "-m", "workers.genie_sim.session", "-c", "genie_config.json", *extra], python_env()
+        cfg = b.config or {}
+        py = cfg.get("python") or "python3"
+        argv = [str(py), self._helper_remote or "genie_session.py", "--config", "genie_config.json", *extra]
+        if cfg.get("genie_lib"):
+            argv += ["--lib", str(cfg["genie_lib"])]
+        if b.env_script:
+            argv = ["bash", "-c", 'if [ -f "$1" ]; then source "$1"; fi; shift; exec "$@"', "_", b.env_script, *argv]
+        return argv, None
+
+    _helper_remote: str | None = None
+
+    async def _start_helper(self) -> None:
+        t = self.board.transport
+        if not self.board.simulated:
+            self._helper_remote = posixpath.join(await t.home(), "hexstudio", "bin", "genie_session.py")
+            await t.write_bytes(self._helper_remote, HELPER_SOURCE.read_bytes(), 0o755)
+        argv, env = self.helper_argv()
+        self._status(f"loading the model on {self.board.label} (kept loaded between turns)")
+        t0 = time.monotonic()
+        try:
+            proc = await t.start(argv, cwd=self.bundle_dir, env=env)
+        except Exception as exc:
+            raise SessionError(f"the chat helper could not start: {exc}") from None
+        h = _Helper(proc)
+        while True:
+            try:
+                ev = await h.next_event(self.ready_timeout)
+            except asyncio.TimeoutError:
+                await h.close(graceful=False)
+                raise SessionError(f"the chat helper did not load the model within {self.ready_timeout:.0f} s") \
+                    from None
+            kind = ev.get("event")
+            if kind == "ready":
+                break
+            if kind in ("error", "eof"):
+                await h.close(graceful=False)
+                why = ev.get("message") or h.stderr_tail() or "it exited without a message"
+                raise SessionError(f"the chat helper could not start: {_explain(str(why))}")
+        self._helper = h
+        self.init_ms = float(ev.get("init_ms") or (time.monotonic() - t0) * 1000)
+        self.genie_version = ev.get("genie_version")
+        self._n_past = 0
+        self._status(f"model loaded in {self.init_ms / 1000:.1f} s; it stays loaded between turns")
+
+    async def reset(self) -> None:
+        """A new chat: forget the history and clear the dialog's KV cache."""
+        async with self._lock:
+            self.conversation.turns.clear()
+            await self._reset_dialog()
+
+    async def _reset_dialog(self) -> None:
+        h = self._helper
+        self._n_past = 0
+        if h is None or not h.alive:
+            return
+        await h.send({"op": "reset"})
+        while True:
+            ev = await h.next_event(60)
+            if ev.get("event") in ("reset", "eof"):
+                return
+
+    async def close(self) -> None:
+        if self._helper is not None:
+            await self._helper.close()
+            self._helper = None
+
+    async def __aenter__(self) -> ChatSession:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- turns -------------------------------------------------------------------------------------
+    async def send(self, user: str, *, on_chunk: Callable[[Chunk], None] | None = None,
+                   stop: asyncio.Event | None = None) -> TurnResult:
+        """One chat turn. `on_chunk(Chunk(t, text))` gets the reply as it is generated (t: seconds since
+        the query went out). Raises ValueError when the message alone does not fit in the context."""
+        if not self._opened:
+            await self.open()
+        async with self._lock:
+            if self.mode == "persistent":
+                return await self._send_persistent(user, on_chunk, stop)
+            return await self._send_per_turn(user, on_chunk, stop)
+
+    async def _send_per_turn(self, user: str, on_chunk: Callable[[Chunk], None] | None,
+                             stop: asyncio.Event | None) -> TurnResult:
+        conv = self.conversation
+        prompt = conv.prompt_for(user)
+        note = self._full_note(conv.dropped_turns, cleared=False) if conv.dropped_turns else None
+        turn = conv.add(user)
+        t0 = time.monotonic()
+        first: list[float] = []
+
+        def chunk(c: Chunk) -> None:
+            if not first:
+                first.append((time.monotonic() - t0) * 1000)
+            turn.reply += c.text
+            if on_chunk is not None:
+                on_chunk(c)
+
+        res = await run_query(self.board, self.bundle_dir, prompt, on_chunk=chunk, stop=stop,
+                              max_tokens=self.max_tokens, config=self._config)
+        turn.reply = res.text
+        state = res.transcript.state if res.exit_status == 0 or res.transcript.state == "aborted" else "failed"
+        state = state if state in ("complete", "aborted") else "failed"
+        turn.state = state
+        if res.kpis is not None:
+            turn.kpis = res.kpis.as_json()
+        return TurnResult(turn, res.text, state, res.kpis, res.chunks, "per_turn", self.simulated,
+                          first[0] if first else None, (time.monotonic() - t0) * 1000,
+                          error=res.error if state == "failed" else None, note=note)
+
+    def _full_note(self, dropped: int, cleared: bool) -> str:
+        cl = self.conversation.context_length
+        what = (f"the oldest {dropped} turn(s) no longer fit and were left out" if dropped
+                else "the conversation was re-sent")
+        head = (f"The context is full ({cl} tokens): the model's memory was cleared and " if cleared
+                else f"The context is full ({cl} tokens): ")
+        return head + what + ". Start a new chat to begin afresh."
+
+    async def _send_persistent(self, user: str, on_chunk: Callable[[Chunk], None] | None,
+                               stop: asyncio.Event | None) -> TurnResult:
+        conv = self.conversation
+        note = None
+        if self._helper is None or not self._helper.alive:
+            await self._start_helper()   # it died (or was stopped hard): load again, history re-sent below
+        h = self._helper
+        assert h is not None
+        fresh = self._n_past == 0
+        prompt = conv.prompt_for(user) if fresh else continuation_prompt(conv, user)
+        if fresh and conv.dropped_turns:
+            note = self._full_note(conv.dropped_turns, cleared=False)
+        if not fresh and self._n_past + conv.count_tokens(prompt) + 2 + self.max_tokens > conv.context_length:
+            await self._reset_dialog()
+            prompt = conv.prompt_for(user)
+            note = self._full_note(conv.dropped_turns, cleared=True)
+        turn = conv.add(user)
+        h.queries += 1
+        qid = h.queries
+        t0 = time.monotonic()
+        await h.send({"op": "query", "id": qid, "prompt": prompt, "max_tokens": self.max_tokens})
+        chunks: list[Chunk] = []
+        state, error, end = "failed", None, None
+        stop_task = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        aborting_since: float | None = None
+        try:
+            while True:
+                get = asyncio.ensure_future(h.events.get())
+                waits: set[asyncio.Future[Any]] = {get}
+                if stop_task is not None and aborting_since is None:
+                    waits.add(stop_task)
+                done, _ = await asyncio.wait(waits, timeout=1.0 if aborting_since is not None else None,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if get not in done:
+                    get.cancel()
+                    if stop_task is not None and stop_task in done and aborting_since is None:
+                        aborting_since = time.monotonic()
+                        with contextlib.suppress(Exception):
+                            await h.send({"op": "abort"})
+                    elif aborting_since is not None and time.monotonic() - aborting_since > 10:
+                        await h.close(graceful=False)   # abort not honoured: stop it hard (reloads next turn)
+                        state = "aborted"
+                        break
+                    continue
+                ev = get.result()
+                kind = ev.get("event")
+                if kind == "text" and ev.get("id") == qid:
+                    c = Chunk(time.monotonic() - t0, str(ev.get("text", "")), ev.get("mono"))
+                    chunks.append(c)
+                    turn.reply += c.text
+                    if on_chunk is not None:
+                        on_chunk(c)
+                elif kind == "end" and ev.get("id") == qid:
+                    end = ev
+                    state = str(ev.get("state") or "failed")
+                    if aborting_since is not None and state != "failed":
+                        state = "aborted"
+                    break
+                elif kind == "eof" or (kind == "error" and ev.get("code") == "connection_lost"):
+                    error = _explain(str(ev.get("message") or h.stderr_tail() or "the chat helper exited"))
+                    break
+        finally:
+            if stop_task is not None:
+                stop_task.cancel()
+        text = "".join(c.text for c in chunks)
+        turn.reply = text
+        kpis = self._kpis(end, fresh_dialog=h.queries == 1)
+        if state == "context_full":
+            state, error = "failed", "The prompt does not fit in the context: start a new chat."
+        if state == "failed" and error is None:
+            error = f"GenieDialog_query failed (status {end.get('status') if end else '?'})."
+        turn.state = state
+        if kpis is not None:
+            turn.kpis = kpis.as_json()
+            self._n_past += int(kpis.prompt_tokens or 0) + int(kpis.generated_tokens or 0)
+        else:
+            self._n_past += conv.count_tokens(prompt + text)
+        if end is not None and isinstance(end.get("n_past"), int):
+            self._n_past = int(end["n_past"])
+        if state == "failed":
+            self._n_past = 0
+            if h.alive:
+                await self._reset_dialog()
+        return TurnResult(turn, text, state, kpis, chunks, "persistent", self.simulated,
+                          round(chunks[0].t * 1000, 3) if chunks else None, (time.monotonic() - t0) * 1000,
+                          error=error, note=note)
+
+    def _kpis(self, end: dict[str, Any] | None, fresh_dialog: bool) -> Kpis | None:
+        if end is None:
+            return None
+        k: Kpis | None = None
+        if end.get("profile"):
+            with contextlib.suppress(ProfileError, TypeError, KeyError):
+                k = parse_profile(end["profile"])
+        if k is None and end.get("measured"):
+            m = end["measured"]
+            n = int(m.get("callbacks") or 0)
+            k = Kpis(init_ms=None, prompt_tokens=None, prompt_tok_s=None, ttft_ms=m.get("ttft_ms"),
+                     generated_tokens=n, gen_tok_s=round(n / (m["gen_ms"] / 1000), 4) if m.get("gen_ms") else None,
+                     gen_time_ms=m.get("gen_ms"), source="simulated" if self.simulated else "device")
+        if k is None:
+            return None
+        if self.simulated:
+            k = replace(k, source="simulated")
+        # the init was paid once, when the dialog was created: only the first turn carries it
+        return replace(k, init_ms=self.init_ms if fresh_dialog else 0.0)
+
+
+def _explain(text: str) -> str:
+    try:
+        from app.core.device.explain import summary
+
+        found = summary(text)
+        if found:
+            return f"{text.strip().splitlines()[-1] if text.strip() else ''} — {found}"
+    except ImportError:
+        pass
+    return text

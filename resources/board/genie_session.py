@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""HexStudio's chat helper for the board: keeps one GenieDialog open through libGenie's C API
+(ctypes) so the model stays loaded between chat turns, and speaks JSON lines on stdin/stdout.
+
+Standard library only (it is copied to the board as <home>/hexstudio/bin/genie_session.py and run
+from the bundle folder after sourcing the QAIRT environment):
+
+    python3 genie_session.py --config genie_config.json [--lib libGenie.so] [--sampler JSON]
+
+stdin, one JSON object a line:
+    {"op": "query", "id": N, "prompt": TEXT, "max_tokens": N|null}
+    {"op": "abort"}        (during a query: GenieDialog_signal(ABORT))
+    {"op": "reset"}        (GenieDialog_reset: clears the KV cache)
+    {"op": "quit"}         (or EOF: GenieDialog_free, exit 0)
+stdout, one JSON object a line:
+    {"event": "ready", "genie_version", "init_ms", "context_length", "profile": bool, "pid"}
+    {"event": "text", "id", "text", "mono"}     as the dialog's callback delivers it (mono: the
+                                                helper's time.monotonic() when it was emitted)
+    {"event": "end", "id", "state": "complete"|"aborted"|"failed", "status", "profile": {...}|null,
+     "measured": {"ttft_ms", "gen_ms", "callbacks"}}
+    {"event": "reset", "status"}
+    {"event": "error", "code", "message"}       (then exit, when it happens before "ready")
+The user's text only ever travels inside these JSON strings: never on a command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import ctypes
+import json
+import os
+import queue
+import sys
+import threading
+import time
+
+SUCCESS = 0
+SENTENCE_COMPLETE, SENTENCE_BEGIN, SENTENCE_CONTINUE, SENTENCE_END, SENTENCE_ABORT = 0, 1, 2, 3, 4
+ACTION_ABORT = 1
+
+_lock = threading.Lock()
+
+
+def emit(obj: dict) -> None:
+    line = json.dumps(obj, ensure_ascii=True) + "\n"
+    with _lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def fail(code: str, message: str, rc: int = 2) -> int:
+    emit({"event": "error", "code": code, "message": message})
+    return rc
+
+
+QUERY_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
+ALLOC_CB = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))
+
+
+def bind(lib: ctypes.CDLL) -> dict:
+    """Declare the functions we use; optional ones (profile, signal) may be absent in old libraries."""
+    vp, pvp = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+    sig = {
+        "GenieDialogConfig_createFromJson": ([ctypes.c_char_p, pvp], True),
+        "GenieDialog_create": ([vp, pvp], True),
+        "GenieDialog_query": ([vp, ctypes.c_char_p, ctypes.c_int, QUERY_CB, vp], True),
+        "GenieDialog_reset": ([vp], False),
+        "GenieDialog_free": ([vp], True),
+        "GenieDialogConfig_free": ([vp], False),
+        "GenieDialog_signal": ([vp, ctypes.c_int], False),
+        "GenieDialog_setMaxNumTokens": ([vp, ctypes.c_uint32], False),
+        "GenieProfile_create": ([vp, pvp], False),
+        "GenieDialogConfig_bindProfiler": ([vp, vp], False),
+        "GenieProfile_getJsonData": ([vp, ALLOC_CB, pvp], False),
+        "GenieProfile_free": ([vp], False),
+        "Genie_getApiMajorVersion": ([], False),
+        "Genie_getApiMinorVersion": ([], False),
+        "Genie_getApiPatchVersion": ([], False),
+    }
+    fns = {}
+    for name, (argtypes, required) in sig.items():
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            if required:
+                raise
+            continue
+        f.argtypes = argtypes
+        f.restype = ctypes.c_uint32 if name.startswith("Genie_get") else ctypes.c_int32
+        fns[name] = f
+    return fns
+
+
+class Helper:
+    def __init__(self, fns: dict, config_json: str) -> None:
+        self.f = fns
+        self.cfg = ctypes.c_void_p()
+        self.dialog = ctypes.c_void_p()
+        self.profile = ctypes.c_void_p()
+        self.in_query = threading.Event()
+        self._keep: list[ctypes.Array[ctypes.c_char]] = []
+        st = self.f["GenieDialogConfig_createFromJson"](config_json.encode("utf-8"), ctypes.byref(self.cfg))
+        if st != SUCCESS:
+            raise RuntimeError(f"GenieDialogConfig_createFromJson failed (status {st}): the config is invalid")
+        can_profile = "GenieProfile_create" in self.f and "GenieDialogConfig_bindProfiler" in self.f
+        if can_profile and (self.f["GenieProfile_create"](None, ctypes.byref(self.profile)) != SUCCESS or
+                            self.f["GenieDialogConfig_bindProfiler"](self.cfg, self.profile) != SUCCESS):
+            self.profile = ctypes.c_void_p()
+        t0 = time.perf_counter()
+        st = self.f["GenieDialog_create"](self.cfg, ctypes.byref(self.dialog))
+        self.init_ms = (time.perf_counter() - t0) * 1000
+        if st != SUCCESS:
+            raise RuntimeError(f"GenieDialog_create failed (status {st}): Failed to create the dialog.")
+
+    def version(self) -> str:
+        try:
+            return ".".join(str(self.f[f"Genie_getApi{p}Version"]()) for p in ("Major", "Minor", "Patch"))
+        except KeyError:
+            return "unknown"
+
+    def profile_json(self) -> object:
+        if not self.profile or "GenieProfile_getJsonData" not in self.f:
+            return None
+
+        def alloc(size: int, out: object) -> None:  # Genie_AllocCallback_t: we own the buffer
+            buf = ctypes.create_string_buffer(int(size) + 1)
+            self._keep.append(buf)
+            out[0] = ctypes.addressof(buf)  # type: ignore[index]
+
+        cb = ALLOC_CB(alloc)
+        data = ctypes.c_void_p()
+        st = self.f["GenieProfile_getJsonData"](self.profile, cb, ctypes.byref(data))
+        raw = ctypes.string_at(data.value) if data.value else b""
+        self._keep.clear()
+        if st != SUCCESS or not raw:
+            return None
+        try:
+            return json.loads(raw.decode("utf-8", "replace"))
+        except ValueError:
+            return None
+
+    def query(self, qid: object, prompt: str, max_tokens: object) -> None:
+        if max_tokens and "GenieDialog_setMaxNumTokens" in self.f:
+            self.f["GenieDialog_setMaxNumTokens"](self.dialog, int(max_tokens))  # type: ignore[call-overload]
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        t0 = time.perf_counter()
+        m = {"first": 0.0, "last": 0.0, "callbacks": 0, "aborted": False}
+
+        def on_token(resp: bytes | None, code: int, _user: object) -> None:
+            if code == SENTENCE_ABORT:
+                m["aborted"] = True
+            text = dec.decode(resp or b"")
+            if text:
+                now = time.perf_counter()
+                if not m["callbacks"]:
+                    m["first"] = now
+                m["last"] = now
+                m["callbacks"] = int(m["callbacks"]) + 1
+                emit({"event": "text", "id": qid, "text": text, "mono": time.monotonic()})
+
+        cb = QUERY_CB(on_token)
+        self.in_query.set()
+        try:
+            st = self.f["GenieDialog_query"](self.dialog, prompt.encode("utf-8"), SENTENCE_COMPLETE, cb, None)
+        finally:
+            self.in_query.clear()
+        tail = dec.decode(b"", final=True)
+        if tail:
+            emit({"event": "text", "id": qid, "text": tail})
+        state = "aborted" if m["aborted"] or (st > 0 and self.aborting) else ("complete" if st == SUCCESS else "failed")
+        if st > 0 and state != "aborted":
+            state = "complete"  # a warning status: the reply still completed
+        self.aborting = False
+        first = float(m["first"]) or time.perf_counter()
+        emit({"event": "end", "id": qid, "state": state, "status": st, "profile": self.profile_json(),
+              "measured": {"ttft_ms": round((first - t0) * 1000, 3),
+                           "gen_ms": round((float(m["last"] or first) - first) * 1000, 3),
+                           "callbacks": m["callbacks"]}})
+
+    aborting = False
+
+    def abort(self) -> None:
+        if self.in_query.is_set() and "GenieDialog_signal" in self.f:
+            self.aborting = True
+            self.f["GenieDialog_signal"](self.dialog, ACTION_ABORT)
+
+    def reset(self) -> None:
+        st = self.f["GenieDialog_reset"](self.dialog) if "GenieDialog_reset" in self.f else -1
+        emit({"event": "reset", "status": st})
+
+    def close(self) -> None:
+        if self.dialog:
+            self.f["GenieDialog_free"](self.dialog)
+        if self.profile and "GenieProfile_free" in self.f:
+            self.f["GenieProfile_free"](self.profile)
+        if self.cfg and "GenieDialogConfig_free" in self.f:
+            self.f["GenieDialogConfig_free"](self.cfg)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="genie_session.py")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--lib", default=os.environ.get("HEXSTUDIO_GENIE_LIB", "libGenie.so"))
+    ap.add_argument("--sampler", default=None, help="JSON object merged into dialog.sampler")
+    args = ap.parse_args()
+    try:
+        lib = ctypes.CDLL(args.lib)
+    except OSError as exc:
+        return fail("lib_not_found", f"Cannot load {args.lib}: {exc}. Source the QAIRT environment "
+                    "(LD_LIBRARY_PATH must hold libGenie.so).")
+    try:
+        fns = bind(lib)
+    except AttributeError as exc:
+        return fail("lib_incompatible", f"{args.lib} lacks the GenieDialog API: {exc}")
+    try:
+        with open(args.config, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+        if args.sampler:
+            cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(json.loads(args.sampler))
+    except (OSError, ValueError) as exc:
+        return fail("config_unreadable", f"Cannot read {args.config}: {exc}")
+    try:
+        h = Helper(fns, json.dumps(cfg))
+    except RuntimeError as exc:
+        return fail("dialog_create_failed", str(exc), 1)
+    ctx = ((cfg.get("dialog") or {}).get("context") or {}).get("size")
+    emit({"event": "ready", "genie_version": h.version(), "init_ms": round(h.init_ms, 3), "context_length": ctx,
+          "profile": bool(h.profile), "pid": os.getpid(), "simulated": False})
+    ops: queue.Queue = queue.Queue()
+
+    def reader() -> None:
+        for line in sys.stdin:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                emit({"event": "error", "code": "bad_request", "message": "not a JSON line"})
+                continue
+            if msg.get("op") == "abort":
+                h.abort()
+            else:
+                ops.put(msg)
+        ops.put(None)
+
+    threading.Thread(target=reader, daemon=True).start()
+    try:
+        while True:
+            msg = ops.get()
+            if msg is None or msg.get("op") == "quit":
+                return 0
+            if msg.get("op") == "query":
+                h.query(msg.get("id"), str(msg.get("prompt", "")), msg.get("max_tokens"))
+            elif msg.get("op") == "reset":
+                h.reset()
+            else:
+                emit({"event": "error", "code": "bad_request", "message": f"unknown op {msg.get('op')!r}"})
+    finally:
+        h.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Genie test fixtures: the test-only libGenie (C, built with cc) and a fake board around it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.sshd import ssh_server  # noqa: F401  (session fixture: a real sshd on 127.0.0.1)
+
+FAKE_SRC = Path(__file__).parent / "fake_genie"
+
+
+@dataclass
+class FakeGenie:
+    lib: Path           # the test libGenie.so
+    t2t: Path           # a genie-t2t-run linked against it
+
+    def bundle(self, folder: Path, *, init_ms: int = 1500, token_ms: int = 20, tokens: int = 12,
+               context: int = 4096, fail_create: bool = False, echo: Path | None = None) -> Path:
+        """A 'bundle' folder for the fake runtime: a genie_config.json carrying the fake's knobs."""
+        folder.mkdir(parents=True, exist_ok=True)
+        dialog: dict[str, Any] = {"version": 1, "type": "basic", "context": {"size": context},
+                                  "sampler": {"seed": 1, "temp": 0.8, "top-k": 40, "top-p": 0.9},
+                                  "fake-init-ms": init_ms, "fake-token-ms": token_ms, "fake-tokens": tokens,
+                                  "fake-fail-create": int(fail_create)}
+        if echo is not None:
+            dialog["fake-echo-file"] = str(echo)
+        (folder / "genie_config.json").write_text(json.dumps({"dialog": dialog}, indent=2))
+        return folder
+
+    def board_config(self, **extra: Any) -> dict[str, Any]:
+        return {"python": sys.executable, "genie_lib": str(self.lib), **extra}
+
+
+@pytest.fixture(scope="session")
+def fake_genie(tmp_path_factory: pytest.TempPathFactory) -> FakeGenie:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.fail("a C compiler is needed to build the test libGenie: apt-get install -y gcc")
+    out = tmp_path_factory.mktemp("fake-genie")
+    lib = out / "libGenie.so"
+    t2t = out / "genie-t2t-run"
+    subprocess.run([cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(lib),
+                    str(FAKE_SRC / "fake_libgenie.c")], check=True)
+    subprocess.run([cc, "-O1", "-Wall", "-o", str(t2t), str(FAKE_SRC / "genie_t2t_run.c"), f"-L{out}", "-lGenie",
+                    f"-Wl,-rpath,{out}"], check=True)
+    return FakeGenie(lib, t2t)

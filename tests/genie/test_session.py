@@ -1,0 +1,139 @@
+"""Persistent chat sessions against the test-only libGenie (tests/genie/fake_genie, built with cc):
+the helper keeps the dialog loaded, later turns skip the init, stop, context full, fallback."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from app.core.device.board import Board
+from app.core.device.transport import LocalTransport
+from app.core.genie.conversation import Conversation
+from app.core.genie.run import Chunk
+from app.core.genie.session import ChatSession, TurnResult
+from tests.genie.conftest import FakeGenie
+
+
+def fake_board(root: Path, fake: FakeGenie, **cfg: object) -> Board:
+    """A board whose runtime is the test libGenie (a fake EVK on this machine; nothing here is a device)."""
+    return Board("fake-evk", LocalTransport(root / "home"), False, genie_command=[str(fake.t2t)],
+                 config=fake.board_config(**cfg))
+
+
+def queries(echo: Path) -> list[str]:
+    return [q for q in echo.read_bytes().decode("utf-8").split("\x1e") if q]
+
+
+def test_second_turn_starts_generating_in_a_tenth_of_the_init(tmp_path: Path, fake_genie: FakeGenie) -> None:
+    echo = tmp_path / "queries.txt"
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=1500, token_ms=20, tokens=10, echo=echo)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> tuple[ChatSession, list[TurnResult], list[list[Chunk]]]:
+        seen: list[list[Chunk]] = [[], []]
+        async with ChatSession(board, str(bundle), Conversation(template="llama3", system="Be brief."),
+                               max_tokens=10) as s:
+            assert s.mode == "persistent", s.fallback_reason
+            r1 = await s.send("Hello there", on_chunk=seen[0].append)
+            r2 = await s.send("And a second question?", on_chunk=seen[1].append)
+        return s, [r1, r2], seen
+
+    s, (r1, r2), seen = asyncio.run(go())
+    assert s.init_ms is not None and s.init_ms >= 1400
+    for r, chunks in ((r1, seen[0]), (r2, seen[1])):
+        assert r.state == "complete" and r.mode == "persistent" and not r.simulated
+        assert len(chunks) == 10 and "".join(c.text for c in chunks) == r.text
+        assert chunks[0].t < chunks[-1].t - 0.1  # streamed: the first chunk arrived well before the last
+        assert r.kpis is not None and r.kpis.generated_tokens == 10 and r.kpis.source == "device"
+        assert r.kpis.gen_tok_s is not None and r.kpis.gen_time_ms is not None
+        assert abs(r.kpis.gen_tok_s - 10 / (r.kpis.gen_time_ms / 1000)) <= 0.01 * r.kpis.gen_tok_s
+    assert r2.first_chunk_ms is not None and r2.first_chunk_ms < s.init_ms / 10
+    assert r1.kpis is not None and r1.kpis.init_ms == s.init_ms
+    assert r2.kpis is not None and r2.kpis.init_ms == 0.0
+    # the first query is the whole templated prompt; the second only the new turn (the KV holds the rest)
+    q1, q2 = queries(echo)
+    assert q1.startswith("<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>") and "Hello there" in q1
+    assert q2 == ("<|start_header_id|>user<|end_header_id|>\n\nAnd a second question?<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    # the deterministic sampler preset went into the dialog's config, not the bundle's own
+    import json
+
+    cfg = json.loads((bundle / "genie_config.hexstudio.json").read_text())["dialog"]["sampler"]
+    assert cfg == {"seed": 42, "temp": 0.0, "top-k": 1, "top-p": 1.0}
+
+
+def test_fallback_to_one_run_per_turn_when_the_helper_cannot_start(tmp_path: Path, fake_genie: FakeGenie) -> None:
+    echo = tmp_path / "queries.txt"
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=400, token_ms=5, tokens=6, echo=echo)
+    board = fake_board(tmp_path, fake_genie, python="/nonexistent/python3")
+    statuses: list[str] = []
+
+    async def go() -> tuple[ChatSession, TurnResult, TurnResult]:
+        async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=6,
+                               on_status=statuses.append) as s:
+            return s, await s.send("First message"), await s.send("Second message")
+
+    s, r1, r2 = asyncio.run(go())
+    assert s.mode == "per_turn" and s.fallback_reason and "could not start" in s.fallback_reason
+    assert any("pays the init" in m for m in statuses)
+    for r in (r1, r2):
+        assert r.state == "complete" and r.mode == "per_turn" and len(r.chunks) >= 1
+        assert r.kpis is not None and r.kpis.init_ms is not None and r.kpis.init_ms >= 390  # every run loads again
+    q1, q2 = queries(echo)
+    assert "First message" in q1 and "First message" in q2 and "Second message" in q2  # history re-sent
+    assert r1.text in q2
+
+
+def test_stop_mid_reply_keeps_the_model_loaded(tmp_path: Path, fake_genie: FakeGenie) -> None:
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=800, token_ms=20, tokens=12)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> tuple[ChatSession, TurnResult, TurnResult]:
+        async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=300) as s:
+            stop = asyncio.Event()
+
+            def on_chunk(c: Chunk) -> None:
+                if len(s.conversation.turns[-1].reply) > 10:
+                    stop.set()
+
+            r1 = await s.send("Tell me a long story", on_chunk=on_chunk, stop=stop)
+            s.max_tokens = 5
+            r2 = await s.send("Short one")
+            return s, r1, r2
+
+    s, r1, r2 = asyncio.run(go())
+    assert r1.state == "aborted" and r1.text and r1.kpis is not None
+    assert r1.kpis.generated_tokens is not None and r1.kpis.generated_tokens < 50
+    assert r2.state == "complete" and r2.mode == "persistent"
+    assert r2.first_chunk_ms is not None and s.init_ms is not None and r2.first_chunk_ms < s.init_ms / 10
+    assert s.conversation.turns[0].state == "aborted"
+
+
+def test_context_full_clears_the_dialog_and_says_so(tmp_path: Path, fake_genie: FakeGenie) -> None:
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=1, tokens=8, context=80)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> list[TurnResult]:
+        async with ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=8) as s:
+            assert s.conversation.context_length == 80
+            return [await s.send(f"What is item number {i} of the list?") for i in range(6)]
+
+    results = asyncio.run(go())
+    assert all(r.state == "complete" for r in results), [r.error for r in results]
+    notes = [r.note for r in results if r.note]
+    assert notes and "context is full (80 tokens)" in notes[0] and "cleared" in notes[0]
+
+
+def test_dialog_that_cannot_load_falls_back_and_the_failure_is_explained(tmp_path: Path,
+                                                                          fake_genie: FakeGenie) -> None:
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=10, fail_create=True)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> tuple[ChatSession, TurnResult]:
+        async with ChatSession(board, str(bundle), Conversation(template="llama3")) as s:
+            return s, await s.send("hi")
+
+    s, r = asyncio.run(go())
+    assert s.mode == "per_turn" and s.fallback_reason and "Failed to create the dialog" in s.fallback_reason
+    assert r.state == "failed" and r.error is not None
+    assert "Failed to create the dialog" in r.error and "What to do" in r.error
