@@ -5,6 +5,7 @@ code, for a good spec and for broken ones."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -132,3 +133,41 @@ def test_frozen_build_runs_python_snippets_like_python_c(monkeypatch: pytest.Mon
     assert json.loads(capsys.readouterr().out) == ["-c", "extra"]
     assert main(["-c", "print(__name__)"]) == 0
     assert capsys.readouterr().out.strip() == "__main__"
+
+
+FROZEN = os.environ.get("HEXSTUDIO_FROZEN_BIN")  # dist/hexstudio/hexstudio from packaging/hexstudio.spec
+
+
+@pytest.mark.skipif(not FROZEN, reason="set HEXSTUDIO_FROZEN_BIN to a PyInstaller build (docs/packaging.md)")
+@pytest.mark.parametrize("case", ["ok", "missing_spec", "no_upstream"])
+def test_frozen_build_runs_the_preflight_worker(tmp_path: Path, case: str) -> None:
+    """A real PyInstaller build: the same protocol and exit codes. (A HEXSTUDIO_PYI_SLIM build has no ML
+    stack, so its package checks differ from this environment's; the failures must match exactly.)"""
+    assert FROZEN
+    if case == "missing_spec":
+        a = b = tmp_path / "nope.json"
+    elif case == "no_upstream":
+        a, b = make_spec(tmp_path, "a", upstream={}), make_spec(tmp_path, "b", upstream={})
+    else:
+        a, b = make_spec(tmp_path, "a"), make_spec(tmp_path, "b")
+    kw: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 180}
+    direct = subprocess.run([sys.executable, "-m", "workers.preflight", "--spec", str(a)], **kw)
+    frozen = subprocess.run([FROZEN, "--worker", "preflight", "--spec", str(b)], **kw)
+    assert direct.returncode == frozen.returncode, frozen.stderr
+    ev_a, ev_b = events(direct.stdout, tmp_path / "a"), events(frozen.stdout, tmp_path / "b")
+    if case == "ok":
+        assert ev_b[-1] == {"v": 1, "type": "done", "ok": True, "summary": ev_b[-1]["summary"]}
+        assert [e["type"] for e in ev_a if e["type"] != "warning"] == [e["type"] for e in ev_b if e["type"] != "warning"]
+        doc = json.loads(Path(json.loads(b.read_text())["out_dir"], "preflight.json").read_text())
+        assert set(doc["probe"]["recipes"]) == {"validated", "current"}  # packaging/recipes is bundled
+    else:
+        assert ev_a == ev_b
+
+
+def test_pyinstaller_spec_names_files_that_exist() -> None:
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "packaging" / "hexstudio.spec").read_text()
+    compile(text, "hexstudio.spec", "exec")  # valid Python
+    for rel in [*re.findall(r'\("([a-z/]+)", "[a-z/]+"\)', text), "packaging/pyinstaller_entry.py"]:
+        assert (root / rel).exists(), rel
+    assert "collect_submodules(\"workers\")" in text  # workers are started by name: all must be bundled
