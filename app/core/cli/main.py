@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "app.core.cli.desktop_cmd",
     "app.core.cli.genie_cmd",
     "app.core.cli.chat_cmd",
+    "app.core.cli.report_cmd",
 )
 
 

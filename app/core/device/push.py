@@ -7,7 +7,7 @@ import json
 import posixpath
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,25 +24,64 @@ class PushResult:
     skipped_files: int
     sent_bytes: int
     seconds: float
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def mb_per_s(self) -> float:
         return self.sent_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
 
-def check_compatibility(bundle: dict[str, Any], board: Board) -> None:
+def check_compatibility(bundle: dict[str, Any], board: Board, facts: dict[str, Any] | None = None,
+                        bundle_dir: Path | None = None) -> list[str]:
+    """Raise BoardError when the bundle cannot run on the board; return warnings otherwise.
+    `facts`: the doctor's facts of a real board (dsp_arch, qairt_version, mem_*)."""
     if bundle.get("simulated") and not board.simulated:
         raise BoardError("This is a simulation bundle (ONNX parts for the simulator); a real board needs "
                          "context binaries compiled by AI Hub.", "Compile for the board's device, then push.")
     if not bundle.get("simulated") and board.simulated:
         raise BoardError("The simulator board runs simulation bundles only.",
                          "Compile with compile_target=sim for the simulator board.")
+    warnings: list[str] = []
+    if board.simulated or facts is None:
+        return warnings
+    from app.core.device.qairt import bundle_qairt_version, compare_qairt
+
+    want = (bundle.get("device") or {}).get("dsp_arch")
+    have = facts.get("dsp_arch")
+    if want and have and want != have:
+        raise BoardError(f"The bundle was compiled for Hexagon {want}; this board ({facts.get('chip')}) is {have}. "
+                         "A context binary is pinned to its dsp_arch and will not load.",
+                         f"Compile again for a {have} device (the IQ-9075 EVK is v73).")
+    if not have:
+        warnings.append("The board's Hexagon arch is unknown: the bundle's dsp_arch could not be checked.")
+    compiled = bundle_qairt_version(bundle_dir) if bundle_dir is not None else None
+    status, msg = compare_qairt(facts.get("qairt_version"), compiled)
+    if status == "refuse":
+        raise BoardError(msg, "Install a newer QAIRT on the board (Board page: Install QAIRT), then push again.")
+    if status == "warn":
+        warnings.append(msg)
+    bins = sum(int(f.get("size", 0)) for f in bundle.get("files", []) if str(f.get("path", "")).endswith(".bin"))
+    total, avail = int(facts.get("mem_total_bytes") or 0), int(facts.get("mem_available_bytes") or 0)
+    if bins and total and bins > total:
+        raise BoardError(f"The context binaries ({bins / 2**30:.1f} GiB) are larger than the board's RAM "
+                         f"({total / 2**30:.1f} GiB).", "Use a smaller model or a shorter context_length.")
+    if bins and avail and bins > avail:
+        warnings.append(f"The context binaries ({bins / 2**30:.1f} GiB) exceed the RAM available now "
+                        f"({avail / 2**30:.1f} GiB): stop other programs on the board.")
+    return warnings
 
 
 async def push_bundle(board: Board, bundle_dir: Path, name: str,
-                      progress: Callable[[int, int, str], None] | None = None) -> PushResult:
+                      progress: Callable[[int, int, str], None] | None = None,
+                      facts: dict[str, Any] | None = None) -> PushResult:
+    """Check, then send what the board lacks. `facts`: the doctor's facts (a real board is probed for
+    soc/qairt/memory when not given)."""
     doc = json.loads((bundle_dir / "bundle.json").read_text())
-    check_compatibility(doc, board)
+    if facts is None and not board.simulated:
+        from app.core.device.doctor import probe
+
+        facts = (await probe(board, only=("soc", "qairt", "memory"))).facts
+    warnings = check_compatibility(doc, board, facts, bundle_dir)
     t = board.transport
     remote = posixpath.join(await t.home(), "hexstudio", "bundles", name)
     pushed: dict[str, str] = {}
@@ -71,4 +110,4 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
         done += int(f["size"])
         if progress is not None:
             progress(done, total, rel)
-    return PushResult(remote, sent_files, skipped, sent, time.monotonic() - t0)
+    return PushResult(remote, sent_files, skipped, sent, time.monotonic() - t0, warnings)

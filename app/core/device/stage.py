@@ -31,19 +31,40 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
         doctor.append({"id": "soc", "status": "ok", "evidence": {"machine": platform.machine()},
                        "message": "Simulator board: runs the QDQ ONNX parts with onnxruntime on this CPU "
                                   "(simulated; no Hexagon NPU)."})
+    facts: dict[str, Any] = {}
+    if not board.simulated:
+        from app.core.device.doctor import probe
+
+        em.progress(0.1, f"checking board {name} (doctor)")
+        report = await probe(board)
+        doctor = [c.to_dict() for c in report.checks]
+        facts = report.facts
+        for c in report.checks:
+            if c.status in ("fail", "warn"):
+                em.log(f"doctor: {c.status} {c.id}: {c.message}" + (f" (fix: {c.fix})" if c.fix else ""))
     failed = [d for d in doctor if d["status"] == "fail"]
     if failed:
-        raise StageError("doctor_failed", failed[0]["message"], "Fix the board, then run the Board stage again.")
+        (ctx.out_dir / "board.json").write_text(json.dumps(
+            {"board": name, "label": board.label, "simulated": board.simulated, "doctor": doctor, "facts": facts},
+            indent=2))
+        await board.transport.close()
+        fixes = sorted({str(d["fix"]) for d in failed if d.get("fix")})
+        raise StageError("doctor_failed", f"{len(failed)} board check(s) failed; first: {failed[0]['message']}",
+                         f"Apply the fixes on the Board page or `hexstudio board fix {name} FIX` "
+                         f"({', '.join(fixes) or 'see the doctor'}), then run the Board stage again.")
     em.progress(0.3, "pushing the bundle")
 
     def progress(done: int, total: int, rel: str) -> None:
         em.progress(0.3 + 0.65 * done / max(total, 1), f"pushing {rel}")
 
     try:
-        pr = await push_bundle(board, bundle_dir, ctx.manifest.run_id, progress)
+        pr = await push_bundle(board, bundle_dir, ctx.manifest.run_id, progress, facts=facts or None)
     except BoardError as exc:
         raise StageError("incompatible_bundle", exc.message, exc.hint) from None
-    doc = {"board": name, "label": board.label, "simulated": board.simulated, "doctor": doctor,
+    for w in pr.warnings:
+        em.warning(w)
+    doc = {"board": name, "label": board.label, "simulated": board.simulated, "doctor": doctor, "facts": facts,
+           "push_warnings": pr.warnings,
            "remote_bundle": pr.remote_dir, "push": {"sent_files": pr.sent_files, "skipped_files": pr.skipped_files,
                                                     "sent_bytes": pr.sent_bytes, "mb_per_s": round(pr.mb_per_s, 2)}}
     (ctx.out_dir / "board.json").write_text(json.dumps(doc, indent=2))

@@ -1,0 +1,190 @@
+"""QAIRT runtime install from the SDK zip on the workstation (facts/board.md).
+
+Only what the board needs leaves the workstation: from `qairt/<ver>/` in the zip, the
+aarch64-oe-linux-gcc11.2 binaries and libraries (plus lib/aarch64-oe-linux-gcc8.2 for libatomic when
+the SDK has it) and lib/hexagon-<dsp_arch>/unsigned — packed into one tar here, uploaded resumably,
+unpacked as root into /opt/qairt/<ver>.partial, made world-readable, renamed to /opt/qairt/<ver>,
+and /opt/qairt/current pointed at it; then ~/qairt-env.sh is written. A marker file
+(`.hexstudio-install`) records a digest of the selected members, so a second install does nothing.
+
+Versions: `compare_qairt(board_version, bundle_version)` says ok / warn / refuse: a board QAIRT older
+than the one that compiled the bundle cannot load its context binaries (err 5000); 2.38 has a known
+Genie issue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import posixpath
+import re
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from app.core.device.board import Board
+from app.core.device.doctor import DoctorReport, probe
+from app.core.device.errors import BoardError
+from app.core.paths import default_workspace
+
+QAIRT_BASE = "/opt/qairt"
+MARKER = ".hexstudio-install"
+ABI = "aarch64-oe-linux-gcc11.2"
+ABI_OLD = "aarch64-oe-linux-gcc8.2"
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """'2.45.0.260326' / 'v2.40.0.251030114326_189385' / '2.45.0.260326154327' -> (2, 45, 0)."""
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    if not m:
+        raise ValueError(f"not a QAIRT version: {text!r}")
+    return tuple(int(g) for g in m.groups(default="0"))
+
+
+def bundle_qairt_version(bundle_dir: Path) -> str | None:
+    """`qairt:` of the bundle's tool-versions.yaml (None when absent or simulated)."""
+    p = bundle_dir / "tool-versions.yaml"
+    if not p.is_file():
+        return None
+    for line in p.read_text(errors="replace").splitlines():
+        k, _, v = line.partition(":")
+        if k.strip() == "qairt":
+            v = v.strip().strip("'\"")
+            return None if not v or v == "simulator" else v
+    return None
+
+
+def compare_qairt(board_version: str | None, bundle_version: str | None) -> tuple[str, str]:
+    """(status ok|warn|refuse, message) for running a bundle compiled with `bundle_version` on a board
+    whose QAIRT is `board_version`."""
+    if bundle_version is None:
+        return "ok", "The bundle does not name the QAIRT that compiled it."
+    if board_version is None:
+        return "refuse", (f"The board has no QAIRT; the bundle was compiled with QAIRT {bundle_version}: "
+                          f"install QAIRT {'.'.join(map(str, parse_version(bundle_version)))} or newer.")
+    b, c = parse_version(board_version), parse_version(bundle_version)
+    if b < c:
+        return "refuse", (f"The board's QAIRT {board_version} is older than the QAIRT {bundle_version} that compiled "
+                          "the bundle: its context binaries would fail to load (`Could not create context from "
+                          f"binary ... err 5000`). Install QAIRT {'.'.join(map(str, c))} or newer on the board.")
+    if b[:2] == (2, 38):
+        return "warn", f"QAIRT {board_version} has a known Genie issue: prefer another version."
+    if b[:2] != c[:2]:
+        return "warn", (f"The board's QAIRT {board_version} is newer than the bundle's {bundle_version}: usually "
+                        "fine; if the context fails to load, install the same version.")
+    return "ok", f"The board's QAIRT {board_version} can run a bundle compiled with {bundle_version}."
+
+
+def select_members(zip_path: Path, dsp_arch: str = "v73") -> tuple[str, list[zipfile.ZipInfo], str]:
+    """(version, the members the board needs, their digest) from a QAIRT SDK zip."""
+    try:
+        z = zipfile.ZipFile(zip_path)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise BoardError(f"{zip_path} is not a readable zip ({exc}).",
+                         "Use the QAIRT SDK zip as downloaded from Qualcomm (v<version>.zip).") from None
+    with z:
+        roots = {mt.group(1) for n in z.namelist() if (mt := re.match(r"qairt/([0-9][^/]*)/", n))}
+        if len(roots) != 1:
+            raise BoardError(f"{zip_path.name} does not look like a QAIRT SDK (expected one qairt/<version>/ "
+                             f"folder, found {sorted(roots) or 'none'}).",
+                             "Use the QAIRT SDK zip from Qualcomm; it unzips to qairt/<version>/.")
+        version = roots.pop()
+        root = f"qairt/{version}/"
+        wanted = (f"bin/{ABI}/", f"lib/{ABI}/", f"lib/{ABI_OLD}/", f"lib/hexagon-{dsp_arch}/unsigned/")
+        members = []
+        for info in z.infolist():
+            if info.is_dir() or not info.filename.startswith(root):
+                continue
+            rel = info.filename[len(root):]
+            if rel.startswith(wanted) or "/" not in rel:
+                members.append(info)
+    rels = {m.filename[len(root):] for m in members}
+    missing = [p for p in (f"bin/{ABI}/genie-t2t-run", f"lib/{ABI}/libGenie.so", f"lib/{ABI}/libQnnHtp.so",
+                           f"lib/hexagon-{dsp_arch}/unsigned/libQnnHtp{dsp_arch.upper()}Skel.so") if p not in rels]
+    if missing:
+        raise BoardError(f"The QAIRT SDK {version} lacks what the board needs: {', '.join(missing)}.",
+                         f"Use a QAIRT SDK with {ABI} binaries and the hexagon-{dsp_arch} skel.")
+    h = hashlib.sha256(f"{version} {dsp_arch}\n".encode())
+    for m in sorted(members, key=lambda i: i.filename):
+        h.update(f"{m.filename} {m.CRC:08x} {m.file_size}\n".encode())
+    return version, members, h.hexdigest()
+
+
+def build_payload(zip_path: Path, dsp_arch: str, out_dir: Path) -> tuple[str, Path, str, int]:
+    """Pack the selected members into <out_dir>/qairt-<ver>-<arch>-<digest12>.tar (reused when present).
+    Returns (version, tar path, digest, number of files)."""
+    version, members, digest = select_members(zip_path, dsp_arch)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tar_path = out_dir / f"qairt-{version}-{dsp_arch}-{digest[:12]}.tar"
+    if tar_path.is_file():
+        return version, tar_path, digest, len(members) + 1
+    root = f"qairt/{version}/"
+    tmp = tar_path.with_name(tar_path.name + ".tmp")
+    with zipfile.ZipFile(zip_path) as z, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for m in sorted(members, key=lambda i: i.filename):
+            ti = tarfile.TarInfo(m.filename[len(root):])
+            ti.size = m.file_size
+            mode = (m.external_attr >> 16) & 0o777
+            ti.mode = mode or (0o755 if "/bin/" in f"/{ti.name}" else 0o644)
+            ti.mtime = 0
+            with z.open(m) as src:
+                tar.addfile(ti, src)
+        marker = json.dumps({"version": version, "dsp_arch": dsp_arch, "digest": digest,
+                             "installed_by": "hexstudio"}).encode()
+        ti = tarfile.TarInfo(MARKER)
+        ti.size = len(marker)
+        ti.mode = 0o644
+        tar.addfile(ti, io.BytesIO(marker))
+    tmp.replace(tar_path)
+    return version, tar_path, digest, len(members) + 1
+
+
+async def plan_qairt_install(board: Board, zip_path: Path, report: DoctorReport | None = None, *,
+                             bundle_dir: Path | None = None, cache_dir: Path | None = None) -> Any:
+    """A FixPlan (app.core.device.fixes) that installs QAIRT from `zip_path`. With `bundle_dir`, refuses
+    a QAIRT older than the one that compiled the bundle."""
+    import asyncio
+
+    from app.core.device.fixes import AFFECTS, TITLES, FixPlan, Step, env_script_text
+
+    if report is None or "dsp_arch" not in report.facts:
+        report = await probe(board, only=("soc",))
+    arch = str(report.facts.get("dsp_arch") or "v73")
+    cache = cache_dir or (default_workspace() / "cache" / "qairt")
+    version, tar_path, digest, count = await asyncio.to_thread(build_payload, zip_path, arch, cache)
+    notes = [f"QAIRT {version}: {count} files for {ABI} and hexagon-{arch} "
+             f"({tar_path.stat().st_size / 1e6:.1f} MB of the {zip_path.stat().st_size / 1e6:.1f} MB zip)."]
+    if bundle_dir is not None:
+        status, msg = compare_qairt(version, bundle_qairt_version(bundle_dir))
+        if status == "refuse":
+            raise BoardError(msg.replace("The board's QAIRT", "This QAIRT SDK"),
+                             "Use the QAIRT SDK zip of the version that compiled the bundle, or newer.")
+        if status == "warn":
+            notes.append(msg)
+    elif parse_version(version)[:2] == (2, 38):
+        notes.append(f"QAIRT {version} has a known Genie issue: prefer another version.")
+    home = str(await board.transport.home())
+    tmp = posixpath.join(home, ".hexstudio", "tmp")
+    remote_tar = posixpath.join(tmp, tar_path.name)
+    dest = posixpath.join(QAIRT_BASE, version)
+    partial = dest + ".partial"
+    installed = ["grep", "-qF", digest, posixpath.join(dest, MARKER)]
+    steps = [
+        Step("run", ["mkdir", "-p", tmp], done_if=installed),
+        Step("upload", path=remote_tar, local=tar_path, done_if=installed),
+        Step("run", ["rm", "-rf", partial], sudo=True, done_if=installed),
+        Step("run", ["mkdir", "-p", partial], sudo=True, done_if=installed),
+        Step("run", ["tar", "-xf", remote_tar, "-C", partial, "--no-same-owner"], sudo=True, done_if=installed),
+        Step("run", ["chmod", "-R", "a+rX", partial], sudo=True, done_if=installed),
+        Step("run", ["rm", "-rf", dest], sudo=True, done_if=installed),
+        Step("run", ["mv", partial, dest], sudo=True, done_if=installed),
+        Step("run", ["ln", "-sfn", version, posixpath.join(QAIRT_BASE, "current")], sudo=True,
+             done_if=["sh", "-c", '[ "$(readlink "$1")" = "$2" ]', "is-current",
+                      posixpath.join(QAIRT_BASE, "current"), version]),
+        Step("run", ["rm", "-f", remote_tar], done_if=["sh", "-c", '! [ -e "$1" ]', "gone", remote_tar]),
+        Step("write", path=posixpath.join(home, "qairt-env.sh"),
+             content=env_script_text(posixpath.join(QAIRT_BASE, "current"), arch).encode()),
+    ]
+    return FixPlan("qairt_install", f"{TITLES['qairt_install']} ({version})", steps, AFFECTS["qairt_install"], notes)
