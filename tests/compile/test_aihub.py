@@ -266,3 +266,23 @@ def test_a_recorded_job_gone_from_ai_hub_is_submitted_again(validated_run: Path,
     assert not res.ok and out["code"] == "aihub_job_missing" and gone in out["message"]
     res = _compile(Workspace(tmp_path / "ws").open_run(m.run_dir.name))
     assert res.ok and emu.submissions == {"compile": 4, "link": 3}
+
+
+def test_cancel_while_waiting_keeps_the_jobs_for_the_next_attempt(validated_run: Path, tmp_path: Path,
+                                                                   aihub_emulator: AIHubEmulator) -> None:
+    emu = aihub_emulator
+    emu.hold_jobs()
+    m = _aihub_run(validated_run, tmp_path / "ws", emu)
+    pipe: Pipeline
+
+    def on_event(stage: str, ev: dict[str, Any]) -> None:
+        if ev.get("type") == "log" and "waiting for AI Hub compile jobs" in ev["message"]:
+            asyncio.get_running_loop().create_task(pipe.cancel())  # the Cancel button
+
+    pipe = Pipeline(m, on_event=on_event)
+    res = asyncio.run(pipe.run(only="compile"))
+    assert not res.ok and m.stage("compile").state == "cancelled"
+    assert len(json.loads((m.run_dir / JOBS_FILE).read_text())["jobs"]) == 4
+    emu.release_jobs()
+    assert _compile(Workspace(tmp_path / "ws").open_run(m.run_dir.name)).ok
+    assert emu.submissions == {"compile": 4, "link": 2}
