@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--context-length", type=int, default=None, help="context length (default: 512 built-in, 4096)")
     p.add_argument("--ar-n", type=int, default=128)
     p.add_argument("--no-smoke-test", action="store_true", help="skip the AIMET smoke test")
-    w = p.add_argument_group("WSL memory limits (%%UserProfile%%\\.wslconfig)")
+    w = p.add_argument_group("WSL memory limits (%UserProfile%\\.wslconfig)")
     w.add_argument("--write-wslconfig", action="store_true",
                    help="raise [wsl2] memory=/swap= for this model: shows the diff, asks, backs up, writes")
     w.add_argument("--yes", action="store_true", help="write without asking (after printing the diff)")
