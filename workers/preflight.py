@@ -95,8 +95,11 @@ def _wslconfig() -> dict[str, Any] | None:
     path = wslconfig.locate()
     if path is None:
         return None
-    exists = path.is_file()
-    text = wslconfig.Text.decode(path.read_bytes()).text if exists else ""
+    try:
+        exists = path.is_file()
+        text = wslconfig.Text.decode(path.read_bytes()).text if exists else ""
+    except OSError as exc:
+        return {"path": str(path), "exists": False, "text": "", "limits": {}, "error": str(exc)}
     return {"path": str(path), "exists": exists, "text": text, "limits": wslconfig.read_limits(text)}
 
 
@@ -306,6 +309,7 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
                              "Install it: bash packaging/install-workstation.sh"))
     checks.extend(_aimet_build_check(p))
     checks.extend(_recipe_checks(p))
+    checks.extend(_known_bad_check(p))
     smoke = p.get("aimet_smoke")
     if smoke is None:
         checks.append(_check("aimet_smoke", "skip", None, None, "AIMET smoke test not run."))
@@ -337,6 +341,32 @@ def _aimet_build_check(p: dict[str, Any]) -> list[dict[str, Any]]:
     return [_check("aimet_build", "ok", f"aimet-onnx {ver} ({build or 'unknown'} build)", None,
                    f"aimet-onnx {ver}, {build or 'unknown'} build ({info.get('evidence')})"
                    + (" — fine on a CPU-only machine." if build == "cuda" and not has_gpu else "."))]
+
+
+# Stacks known to fail silently (facts/workstation.md): version prefixes, all of which must match.
+KNOWN_BAD = [
+    {"python": "3.12", "aimet-onnx": "2.33", "onnxruntime-gpu": "1.22",
+     "what": "quantization printed \"completed successfully\" and the calibration graph even gave a correct "
+             "first token, but both deployment graphs produced multilingual token salad"},
+]
+
+
+def _prefix(version: str | None, want: str) -> bool:
+    return version is not None and (version == want or version.startswith(want + "."))
+
+
+def _known_bad_check(p: dict[str, Any]) -> list[dict[str, Any]]:
+    pk = p.get("packages") or {}
+    for bad in KNOWN_BAD:
+        pins = {k: v for k, v in bad.items() if k != "what"}
+        have = {k: (str(p.get("python", "")) if k == "python" else pk.get(k)) for k in pins}
+        if all(_prefix(have[k], v) for k, v in pins.items()):
+            listed = ", ".join(f"{k} {have[k]}" for k in pins)
+            return [_check("known_bad_stack", "fail", have, "not this combination",
+                           f"This is a stack known to fail silently ({listed}): {bad['what']}.",
+                           "Install the validated recipe: bash packaging/install-workstation.sh "
+                           "(Python 3.10, aimet-onnx 2.26, onnxruntime-gpu 1.23.2).")]
+    return []
 
 
 def _recipe_checks(p: dict[str, Any]) -> list[dict[str, Any]]:

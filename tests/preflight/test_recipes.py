@@ -142,3 +142,13 @@ def test_live_probe_records_recipes_and_versions(tmp_path: Path) -> None:
     assert p["aimet_build"]["build"] in ("cuda", "cpu")
     ids = {c["id"] for c in run_checks(p, needs_8b())}
     assert {"recipe_validated", "recipe_current", "aimet_build"} <= ids
+
+
+def test_the_stack_that_failed_silently_is_named() -> None:
+    pk = {**VALIDATED_PACKAGES, "aimet-onnx": "2.33.0", "onnxruntime-gpu": "1.22.0"}
+    c = by_id(run_checks(probe(python="3.12.4", packages=pk), needs_8b()))
+    bad = c["known_bad_stack"]
+    assert bad["status"] == "fail" and "token salad" in bad["message"] and "install-workstation.sh" in bad["fix"]
+    # one version off is not that stack (the recipe checks still list the differences)
+    ok = by_id(run_checks(probe(python="3.10.20", packages=pk), needs_8b()))
+    assert "known_bad_stack" not in ok and ok["recipe_validated"]["status"] == "warn"
