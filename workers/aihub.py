@@ -160,8 +160,9 @@ def client_config(settings: dict[str, Any], token: str | None = None) -> Any:
 
 
 @contextlib.contextmanager
-def hub_errors(what: str, api_url: str, web_url: str) -> Iterator[None]:
+def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> Iterator[None]:
     """Turn the client's exceptions into WorkerErrors a person can act on."""
+    after = RESUME_HINT if resume else "Then try again."
     import qai_hub as hub
     from qai_hub.client import RateLimitedError
     from qai_hub.public_rest_api import APIException
@@ -173,7 +174,7 @@ def hub_errors(what: str, api_url: str, web_url: str) -> Iterator[None]:
     except RateLimitedError as exc:
         raise WorkerError("aihub_rate_limited", f"Qualcomm AI Hub is rate-limiting this account (429 Too Many "
                           f"Requests) while {what}: {_first_line(exc)}",
-                          "Wait a few minutes (or for your other AI Hub jobs to finish). " + RESUME_HINT) from None
+                          "Wait a few minutes (or for your other AI Hub jobs to finish). " + after) from None
     except hub.UserError as exc:
         text = str(exc)
         if "authenticate" in text or "API token" in text:
@@ -181,28 +182,28 @@ def hub_errors(what: str, api_url: str, web_url: str) -> Iterator[None]:
                               "expired token).",
                               f"Copy a fresh token from {web_url.rstrip('/')}/account/ and store it in "
                               "HexStudio's keyring (Settings, AI Hub) or run `qai-hub configure --api_token "
-                              "TOKEN`. " + RESUME_HINT) from None
+                              "TOKEN`. " + after) from None
         if "not available" in text:
             raise WorkerError("aihub_device_unavailable", f"Qualcomm AI Hub says the device is not available "
                               f"while {what}: {_first_line(exc)}",
-                              "Pick another device (Compile page; command line: a new run with --set device=NAME). " + RESUME_HINT) from None
+                              "Pick another device (Compile page; command line: a new run with --set device=NAME). " + after) from None
         raise WorkerError("aihub_rejected", f"Qualcomm AI Hub refused {what}: {_first_line(exc)}",
-                          "Check the inputs named above. " + RESUME_HINT) from None
+                          "Check the inputs named above. " + after) from None
     except hub.InternalError as exc:
         chain = _chain_text(exc)
         if "429" in chain:
             raise WorkerError("aihub_rate_limited", f"Qualcomm AI Hub is rate-limiting this account (429 Too Many "
                               f"Requests) while {what}.",
-                              "Wait a few minutes (or for your other AI Hub jobs to finish). " + RESUME_HINT) from None
+                              "Wait a few minutes (or for your other AI Hub jobs to finish). " + after) from None
         if "connect" in chain.lower() or "Timeout" in chain:
             raise WorkerError("aihub_unreachable", f"Could not reach Qualcomm AI Hub at {api_url} while {what}.",
                               "Check the network and any proxy (HTTPS_PROXY/NO_PROXY) from this machine. "
-                              + RESUME_HINT) from None
+                              + after) from None
         raise WorkerError("aihub_error", f"Qualcomm AI Hub failed while {what}: {_first_line(exc)}",
-                          "This is usually temporary on AI Hub's side. " + RESUME_HINT) from None
+                          "This is usually temporary on AI Hub's side. " + after) from None
     except APIException as exc:
         raise WorkerError("aihub_error", f"Qualcomm AI Hub answered {exc.status_code} while {what}: "
-                          f"{_first_line(exc)}", RESUME_HINT) from None
+                          f"{_first_line(exc)}", after) from None
 
 
 # -- the jobs file -------------------------------------------------------------------------------
@@ -295,7 +296,7 @@ def list_devices(settings: dict[str, Any] | None = None, token: str | None = Non
 
         configure_client(s)
         ccfg = client_config(s, token)
-        with hub_errors("listing devices", ccfg.api_url, ccfg.web_url):
+        with hub_errors("listing devices", ccfg.api_url, ccfg.web_url, resume=False):
             devs = hub.Client(config=ccfg).get_devices()
     rows = []
     for d in devs:
