@@ -178,3 +178,15 @@ def test_cli_without_wsl_explains_how_to_give_the_path(monkeypatch: pytest.Monke
     monkeypatch.setattr(wslconfig, "locate", lambda *a, **k: None)
     assert cli_main(["preflight", "--write-wslconfig", "--memory-gb", "64"]) != 0
     assert "--wslconfig /mnt/c/Users/" in capsys.readouterr().err
+
+
+def test_cli_json_refusal_is_one_json_document(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = home / ".wslconfig"
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert cli_main(["preflight", "--write-wslconfig", "--wslconfig", str(cfg), "--memory-gb", "100",
+                     "--json"]) == 1
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["ok"] is False and doc["written"] is False and "+memory=100GB" in doc["diff"]
+    assert "--yes" in err and not cfg.exists()

@@ -139,10 +139,13 @@ def cmd_write_wslconfig(args: argparse.Namespace) -> int:
         return 0
     say(pl.diff().rstrip("\n"))
     if not args.yes and not _confirm(f"Write {pl.path} (the old file is kept as a backup)?"):
-        if args.json:
-            print_json(out)
-        raise CliError(f"Did not write {pl.path}.",
-                       "Re-run with --yes to write it, or edit the file yourself as the diff shows.")
+        msg, hint = (f"Did not write {pl.path}.",
+                     "Re-run with --yes to write it, or edit the file yourself as the diff shows.")
+        if args.json:  # one JSON document on stdout, whatever happens
+            print_json({**out, "ok": False, "error": msg, "hint": hint})
+            print(f"error: {msg}\n  what to do: {hint}", file=sys.stderr)
+            return 1
+        raise CliError(msg, hint)
     try:
         backup = wslconfig.write(pl)
     except OSError as exc:
