@@ -190,3 +190,19 @@ def test_cli_json_refusal_is_one_json_document(home: Path, monkeypatch: pytest.M
     doc = json.loads(out)
     assert doc["ok"] is False and doc["written"] is False and "+memory=100GB" in doc["diff"]
     assert "--yes" in err and not cfg.exists()
+
+
+def test_wsl_check_shows_the_current_wslconfig_and_the_lines_to_write() -> None:
+    from tests.preflight.test_checks import by_id, needs_8b, probe
+    from workers.preflight import run_checks
+
+    cfg = {"path": "/mnt/c/Users/dev/.wslconfig", "exists": True, "text": "[wsl2]\nmemory=8GB\n",
+           "limits": {"memory": "8GB", "swap": None}}
+    c = by_id(run_checks(probe(wsl=True, mem_total_bytes=8 * GiB, swap_total_bytes=0, wslconfig=cfg),
+                         needs_8b()))["wsl"]
+    assert c["status"] == "fail" and "memory=8GB" in c["message"] and c["fix"].startswith("wslconfig:memory=")
+    mem, swap = (int(x.split("=")[1].rstrip("GB")) for x in c["fix"].split(":", 1)[1].split(","))
+    assert (mem, swap) == wslconfig.target_limits(needs_8b()["quantize_peak_rss_bytes"])
+    big = by_id(run_checks(probe(wsl=True, mem_total_bytes=250 * GiB, wslconfig={
+        **cfg, "limits": {"memory": "256GB", "swap": "64GB"}}), needs_8b()))["wsl"]
+    assert big["status"] == "ok" and "memory=256GB, swap=64GB" in big["message"]
