@@ -212,14 +212,16 @@ class EvkBoard:
     """An IQ-9075 EVK as its SSH sessions see it (see the module doc). Use as a context manager."""
 
     def __init__(self, base_dir: Path, *, sudo: bool = True, sudo_password: str = "evk-sudo-pw",
-                 user: str = "evk", fastrpc_userspace: bool = True, reboot_delay: float = 1.0) -> None:
+                 user: str = "evk", fastrpc_userspace: bool = True, reboot_delay: float = 1.0,
+                 ssh_password_auth: bool = False) -> None:
         self.dir = Path(base_dir)
         self.root = self.dir / "board"
         self.user = user
         self.sudo = sudo
         self.sudo_password = sudo_password
         self.fastrpc_userspace = fastrpc_userspace
-        self.server = SshServer(self.dir / "sshd", user=user, setup_script=self._setup_script())
+        self.server = SshServer(self.dir / "sshd", user=user, setup_script=self._setup_script(),
+                                password_auth=ssh_password_auth)
         self.server.state_dir.mkdir(parents=True, exist_ok=True)
         (self.server.state_dir / "reboot_delay").write_text(f"{reboot_delay}\n")
         self._orig_write_config = self.server._write_config
@@ -240,8 +242,11 @@ class EvkBoard:
     def port(self) -> int:
         return self.server.port
 
-    def board_config(self) -> dict[str, Any]:
-        """The board's entry for Settings().boards."""
+    def board_config(self, auth: str = "key") -> dict[str, Any]:
+        """The board's entry for Settings().boards (auth "password": the user's password, which is also
+        its sudo password, must be in the keyring under app.core.secrets.board_password_key)."""
+        if auth == "password":
+            return {"host": self.host, "port": self.port, "user": self.user, "auth": "password"}
         return {"host": self.host, "port": self.port, "user": self.user, "auth": "key",
                 "key_path": str(self.server.client_key_path)}
 
@@ -373,3 +378,37 @@ ldconfig
 
     def reboot_count(self) -> int:
         return self.server.log_tail(10**7).count("Server listening on")
+
+
+def make_device_bundle(path: Path, *, qairt: str = "2.45.0.260326154327", dsp_arch: str = "v73",
+                       parts: int = 2, part_bytes: int = 256 * 1024, names: list[str] | None = None) -> Path:
+    """A bundle folder shaped like a device bundle (docs/CONTRACTS.md §3): genie_config.json, context
+    binaries (random bytes: the test board never runs them), tool-versions.yaml, bundle.json with sha256s.
+    `names`: extra file names (e.g. hostile ones) to include."""
+    import hashlib
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    bins = [f"weight_sharing_model_{k}_of_{parts}.serialized.bin" for k in range(1, parts + 1)]
+    files: dict[str, bytes] = {
+        "genie_config.json": json.dumps({"dialog": {"engine": {"model": {"binary": {"ctx-bins": bins}}}}}).encode(),
+        "htp_backend_ext_config.json": json.dumps({"devices": [{"soc_model": 77, "dsp_arch": dsp_arch}]}).encode(),
+        "tokenizer.json": b"{}",
+        "tool-versions.yaml": f"qairt: {qairt}\n".encode(),
+    }
+    for i, b in enumerate(bins):
+        files[b] = os.urandom(part_bytes + i)
+    for n in names or []:
+        files[n] = f"hostile file {n!r}".encode()
+    entries = []
+    for rel, data in files.items():
+        p = path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        entries.append({"path": rel, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
+    doc = {"bundle_version": 1, "model": "test", "simulated": False, "emulated": False,
+           "device": {"name": "Dragonwing IQ-9075 EVK", "soc_model": 77, "dsp_arch": dsp_arch, "attributes": []},
+           "qairt_version": qairt, "context_length": 512, "ar_n": 128, "parts": parts, "aihub_jobs": [],
+           "files": entries}
+    (path / "bundle.json").write_text(json.dumps(doc, indent=2))
+    return path

@@ -299,6 +299,10 @@ async def apply_fix(board: Board, plan: FixPlan, *, sudo_password: str | None = 
                 rn.log.append({"command": step.shown, "skipped": True, "why": "already done"})
                 rn.emit(f"already done: {step.shown}")
                 continue
+        if step.kind == "write" and await _has_content(board, step):
+            rn.log.append({"command": step.shown, "skipped": True, "why": "already has this content"})
+            rn.emit(f"already done: {step.path} has this content")
+            continue
         did_something = True
         rn.emit(f"$ {step.shown}")
         if step.kind == "run":
@@ -338,10 +342,14 @@ async def apply_fix(board: Board, plan: FixPlan, *, sudo_password: str | None = 
     return res
 
 
-async def _write(board: Board, step: Step) -> tuple[int, str]:
+async def _has_content(board: Board, step: Step) -> bool:
     with contextlib.suppress(OSError):
-        if await board.transport.exists(step.path) and await board.transport.read_bytes(step.path) == step.content:
-            return 0, f"{step.path} already has this content"
+        return bool(await board.transport.exists(step.path)
+                    and await board.transport.read_bytes(step.path) == step.content)
+    return False
+
+
+async def _write(board: Board, step: Step) -> tuple[int, str]:
     await board.transport.write_bytes(step.path, step.content, step.mode)
     return 0, f"wrote {step.path} ({len(step.content)} bytes)"
 

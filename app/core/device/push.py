@@ -102,8 +102,8 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
         if pushed.get(rel) == f["sha256"] and await t.exists(dst):
             skipped += 1
         else:
-            await t.put_file(bundle_dir / rel, dst)
-            sent += int(f["size"])
+            n = await t.put_file(bundle_dir / rel, dst)
+            sent += int(f["size"]) if n is None else int(n)   # n: bytes really sent (a resumed .part: the rest)
             sent_files += 1
             pushed[rel] = f["sha256"]
             await t.write_bytes(man, json.dumps(pushed).encode())  # resumable: record as we go

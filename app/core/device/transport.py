@@ -43,7 +43,7 @@ class Transport(Protocol):
     async def start(self, argv: list[str], *, cwd: str | None = None,
                     env: dict[str, str] | None = None) -> RemoteProcess: ...
     async def put_file(self, local: Path, remote: str,
-                       progress: Callable[[int], None] | None = None) -> None: ...
+                       progress: Callable[[int], None] | None = None) -> int | None: ...
     async def get_file(self, remote: str, local: Path) -> None: ...
     async def write_bytes(self, remote: str, data: bytes, mode: int = 0o644) -> None: ...
     async def read_bytes(self, remote: str) -> bytes: ...
@@ -118,7 +118,7 @@ class LocalTransport:
             start_new_session=True)
         return LocalProcess(proc)
 
-    async def put_file(self, local: Path, remote: str, progress: Callable[[int], None] | None = None) -> None:
+    async def put_file(self, local: Path, remote: str, progress: Callable[[int], None] | None = None) -> int | None:
         def copy() -> None:
             dst = Path(remote)
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +128,7 @@ class LocalTransport:
         await asyncio.to_thread(copy)
         if progress is not None:
             progress(local.stat().st_size)
+        return local.stat().st_size
 
     async def get_file(self, remote: str, local: Path) -> None:
         await asyncio.to_thread(shutil.copyfile, remote, local)
@@ -237,6 +238,7 @@ class SshTransport:
         self.label = f"ssh://{user}@{host}:{port}"
         self._sftp: Any = None
         self._home: str | None = None
+        self._dirs: set[str] = set()
 
     @property
     def connected(self) -> bool:
@@ -256,6 +258,23 @@ class SshTransport:
             self._sftp = paramiko.SFTPClient.from_transport(self._transport(), window_size=WINDOW,
                                                             max_packet_size=32768)
         return self._sftp
+
+    def makedirs_sync(self, path: str) -> None:
+        """mkdir -p over SFTP (remembers folders already seen)."""
+        import posixpath
+
+        if not path or path in self._dirs or path == "/":
+            return
+        sftp = self.sftp()
+        try:
+            sftp.stat(path)
+        except OSError:
+            self.makedirs_sync(posixpath.dirname(path.rstrip("/")))
+            try:
+                sftp.mkdir(path)
+            except OSError:
+                sftp.stat(path)   # made meanwhile by someone else: fine; otherwise this raises
+        self._dirs.add(path)
 
     def _open_channel(self, command: str) -> Any:
         try:
@@ -336,7 +355,10 @@ class SshTransport:
                       resume: bool = True) -> int:
         """Write `remote` via `<remote>.part` then rename. An existing .part whose content matches the
         local file's start is continued (only the rest is sent). Returns the bytes sent."""
+        import posixpath
+
         sftp = self.sftp()
+        self.makedirs_sync(posixpath.dirname(remote))
         part = remote + ".part"
         size = local.stat().st_size
         offset = 0
@@ -390,15 +412,19 @@ class SshTransport:
         ch.close()
         return out.split(b" ")[0].decode("ascii", "replace") == h.hexdigest()
 
-    async def put_file(self, local: Path, remote: str, progress: Callable[[int], None] | None = None) -> None:
-        await asyncio.to_thread(self.put_file_sync, local, remote, progress)
+    async def put_file(self, local: Path, remote: str, progress: Callable[[int], None] | None = None) -> int | None:
+        """Returns the bytes actually sent (less than the size when a .part was continued)."""
+        return await asyncio.to_thread(self.put_file_sync, local, remote, progress)
 
     async def get_file(self, remote: str, local: Path) -> None:
         await asyncio.to_thread(lambda: self.sftp().get(remote, str(local)))
 
     async def write_bytes(self, remote: str, data: bytes, mode: int = 0o644) -> None:
         def go() -> None:
+            import posixpath
+
             sftp = self.sftp()
+            self.makedirs_sync(posixpath.dirname(remote))
             part = remote + ".part"
             with sftp.open(part, "wb") as f:
                 f.set_pipelined(True)
