@@ -68,8 +68,11 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
 
     async def flow() -> None:
         seen: list[str] = []
-        board = await open_board("evk", settings, trust=lambda h, p, kt, fp: seen.append(fp) or
-                                 fp == evk.server.host_key_fingerprint)
+
+        def trust(host: str, port: int, key_type: str, fp: str) -> bool:
+            seen.append(fp)
+            return fp == evk.server.host_key_fingerprint
+        board = await open_board("evk", settings, trust=trust)
         assert seen == [evk.server.host_key_fingerprint]        # first contact asked, with the SHA256 fingerprint
 
         # 1. the doctor finds the board's real faults, with evidence and a fix for each
