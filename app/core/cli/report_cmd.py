@@ -1,0 +1,70 @@
+"""`hexstudio report RUN --format html|pdf|json --out FILE` and `hexstudio report compare RUN RUN ...`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from app.core.cli.common import CliError, add_workspace_flag, workspace_from
+from app.core.runs import RunNotFound
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("report", help="write a run report (html, pdf, json) or compare runs",
+                       description="hexstudio report RUN --format html|pdf|json --out FILE\n"
+                                   "hexstudio report compare RUN_A RUN_B ... --format html|json --out FILE",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", metavar="RUN", help="a run id or run folder; or `compare` and two or more runs")
+    p.add_argument("--format", choices=("html", "pdf", "json"), default="html")
+    p.add_argument("--out", type=Path, default=None, help="output file (default: stdout for json, else required)")
+    p.add_argument("--redact-hosts", action="store_true", help="leave host and user names out")
+    add_workspace_flag(p)
+    p.set_defaults(func=cmd_report)
+
+
+def _run_dir(args: argparse.Namespace, ref: str) -> Path:
+    p = Path(ref).expanduser()
+    if (p / "run.json").is_file():
+        return p
+    try:
+        return workspace_from(args).open_run(ref).run_dir
+    except RunNotFound as exc:
+        raise CliError(str(exc), "List runs with `hexstudio runs list`, or give the run folder.") from None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from app.core.reports.collect import build_report
+    from app.core.reports.compare import compare_html, compare_reports
+    from app.core.reports.render import ReportError, validate_report, write
+
+    try:
+        if args.runs[0] == "compare":
+            if args.format == "pdf":
+                raise CliError("Compare writes html or json.", "Use --format html or --format json.")
+            reports = [build_report(_run_dir(args, r), redact_hosts=args.redact_hosts) for r in args.runs[1:]]
+            c = compare_reports(reports)
+            text = json.dumps(c, indent=2, ensure_ascii=False) if args.format == "json" else compare_html(c)
+            if args.out is None:
+                print(text)
+            else:
+                from app.core.atomic import write_text_atomic
+
+                write_text_atomic(args.out, text)
+                print(f"wrote {args.out}", file=sys.stderr)
+            return 0
+        if len(args.runs) != 1:
+            raise CliError("Give one run (or `compare` and two or more).")
+        rep = build_report(_run_dir(args, args.runs[0]), redact_hosts=args.redact_hosts)
+        validate_report(rep)
+        if args.out is None:
+            if args.format != "json":
+                raise CliError(f"--format {args.format} needs --out FILE.")
+            print(json.dumps(rep, indent=2, ensure_ascii=False))
+            return 0
+        write(rep, args.format, args.out)
+        print(f"wrote {args.out} (run {rep['run']['status']})", file=sys.stderr)
+        return 0
+    except ReportError as exc:
+        raise CliError(exc.message, exc.hint) from None

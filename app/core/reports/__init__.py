@@ -1,0 +1,1 @@
+"""Run reports (HTML, PDF, JSON) and run comparisons."""

@@ -1,0 +1,120 @@
+"""Render a report (from collect.build_report) as JSON, self-contained HTML (inline SVG plots) or PDF
+(WeasyPrint from the same HTML). Files are written atomically."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from app.core.atomic import write_bytes_atomic, write_text_atomic
+from app.core.reports.svg import Series, line_chart
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+FORMATS = ("html", "pdf", "json")
+GIB = 1024 ** 3
+
+
+class ReportError(Exception):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+def _bytes(v: Any) -> str:
+    if not isinstance(v, (int, float)) or v <= 0:
+        return "—"
+    from app.core.jobs import human_bytes
+
+    return human_bytes(v)
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def _clock(v: Any) -> str:
+    """2026-11-22T15:49:49.214+00:00 -> 15:49:49 (the date is in the report's header)."""
+    if not isinstance(v, str) or "T" not in v:
+        return "—"
+    return v.split("T", 1)[1][:8]
+
+
+def _env() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.ChainableUndefined)
+    env.filters["bytes"] = _bytes
+    env.filters["num"] = _num
+    env.filters["clock"] = _clock
+    return env
+
+
+def plots(r: dict[str, Any]) -> dict[str, Any]:
+    res = []
+    for stage, rows in (r.get("series", {}).get("resources") or {}).items():
+        if len(rows) < 4:  # a stage over in a second has no curve worth drawing
+            continue
+        series = [Series("RSS (GiB)", [(row[0], row[1] / GIB) for row in rows])]
+        if any(row[2] for row in rows):
+            series.append(Series("VRAM (GiB)", [(row[0], row[2] / GIB) for row in rows]))
+        svg = line_chart(series, title=f"{stage}: memory of the worker's process tree", x_label="seconds",
+                         y_label="GiB")
+        if svg:
+            res.append(svg)
+    tr = r.get("series", {}).get("token_rate") or []
+    source = (r.get("chat") or {}).get("source", "")
+    token = line_chart([Series(f"tokens/s ({source})", [(p[0], p[1]) for p in tr])],
+                       title=f"Token rate during the benchmark reply ({source})", x_label="seconds since the prompt",
+                       y_label="tokens/s") if tr else ""
+    return {"resources": res, "token_rate": token}
+
+
+def recipe_names(r: dict[str, Any]) -> list[str]:
+    names: list[str] = []
+    for row in r.get("environment", {}).get("recipes") or []:
+        for k in row:
+            if k not in ("package", "installed") and k not in names:
+                names.append(k)
+    return names
+
+
+def to_html(r: dict[str, Any]) -> str:
+    return str(_env().get_template("report.html.j2").render(r=r, plots=plots(r), recipe_names=recipe_names(r)))
+
+
+def to_pdf(html: str) -> bytes:
+    try:
+        import weasyprint
+    except ImportError as exc:
+        raise ReportError(f"PDF export needs WeasyPrint, which cannot be imported ({exc}).",
+                          "Install it (pip install weasyprint; on Debian/Ubuntu also libpango-1.0-0), or export "
+                          "HTML and print it to PDF from a browser.") from None
+    pdf: bytes = weasyprint.HTML(string=html).write_pdf()
+    return pdf
+
+
+def write(r: dict[str, Any], fmt: str, out: Path) -> Path:
+    if fmt not in FORMATS:
+        raise ReportError(f"Unknown report format '{fmt}'.", f"Use one of: {', '.join(FORMATS)}.")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "json":
+        write_text_atomic(out, json.dumps(r, indent=2, ensure_ascii=False))
+    elif fmt == "html":
+        write_text_atomic(out, to_html(r))
+    else:
+        write_bytes_atomic(out, to_pdf(to_html(r)))
+    return out
+
+
+def validate_report(r: dict[str, Any]) -> None:
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "report.schema.json").read_text())
+    jsonschema.validate(r, schema)

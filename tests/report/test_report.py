@@ -1,0 +1,195 @@
+"""Run reports: JSON against its schema, HTML5, PDF pages, failed runs, redaction, comparisons."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CANARY_TOKEN = "canary-aihub-tok-5f1e9d"
+CANARY_PASSWORD = "canary-sudo-pw-77c3"
+
+
+@pytest.fixture(scope="module")
+def chatted_run(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run through chat on the simulator board (the compile fixture plus board and chat)."""
+    from app.core.manifest import RunManifest
+    from app.core.pipeline import Pipeline
+    from tests.support.sim_runs import copy_run
+
+    run = copy_run(compiled_sim_run, tmp_path_factory.mktemp("chat-ws"))
+    res = asyncio.run(Pipeline(RunManifest.load(run)).run(until="chat"))
+    assert res.ok, (res.message, res.hint)
+    return run
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=180,
+                          cwd=REPO)
+
+
+def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -> None:
+    from app.core.reports.collect import build_report
+    from app.core.reports.render import validate_report
+
+    rep = build_report(chatted_run)
+    validate_report(rep)
+    assert rep["run"]["status"] == "complete"  # every stage before the report is done
+    assert rep["compile"]["simulated"] is True and rep["board"]["simulated"] is True
+    kpis = {k["name"]: k for k in rep["kpis"]}
+    assert set(kpis) == {"init_ms", "prompt_tokens", "prompt_tok_s", "ttft_ms", "generated_tokens", "gen_tok_s",
+                         "gen_time_ms"}
+    assert all(k["source"] == "simulated" for k in kpis.values())
+    assert kpis["gen_tok_s"]["value"] > 0 and kpis["gen_tok_s"]["reference"] == 10.03
+    assert rep["validation"]["verdict"] == "pass" and rep["bundle"]["files"]
+    assert rep["series"]["token_rate"] and "quantize" in rep["series"]["resources"]
+    assert [s["name"] for s in rep["stages"]][-1] == "report"
+
+
+def test_html_is_html5_and_pdf_renders_pages(chatted_run: Path, tmp_path: Path) -> None:
+    import html5lib
+
+    html_out, pdf_out = tmp_path / "r.html", tmp_path / "r.pdf"
+    assert _cli("report", str(chatted_run), "--format", "html", "--out", str(html_out)).returncode == 0
+    text = html_out.read_text()
+    parser = html5lib.HTMLParser(strict=True)
+    parser.parse(text)
+    assert not parser.errors
+    assert "<svg" in text and "SIMULATED" in text and "http://" not in text.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")  # self-contained: no external assets
+    out = _cli("report", str(chatted_run), "--format", "pdf", "--out", str(pdf_out))
+    assert out.returncode == 0, out.stderr
+    assert pdf_out.read_bytes()[:5] == b"%PDF-"
+    if shutil.which("pdftoppm"):
+        subprocess.run(["pdftoppm", "-r", "40", "-png", str(pdf_out), str(tmp_path / "page")], check=True,
+                       timeout=120)
+        pages = sorted(tmp_path.glob("page-*.png"))
+        assert len(pages) >= 2 and all(p.stat().st_size > 2000 for p in pages)
+
+
+def test_report_of_a_failed_run_says_where_why_and_what_next(chatted_run: Path, tmp_path: Path) -> None:
+    from app.core.manifest import RunManifest
+    from app.core.reports.collect import build_report
+    from app.core.reports.render import to_html, validate_report
+
+    run = tmp_path / "failed"
+    shutil.copytree(chatted_run, run)
+    m = RunManifest.load(run)
+    st = m.stage("board").data
+    st["state"] = "failed"
+    st["outcome"] = {"kind": "failed", "code": "board_unavailable", "message": "Cannot connect to 10.0.0.7:22: "
+                     "timed out.", "hint": "Is the board on, on the network, and running sshd?", "exit_code": None,
+                     "signal": None}
+    m.save()
+    rep = build_report(run)
+    validate_report(rep)
+    f = rep["run"]["failure"]
+    assert rep["run"]["status"] == "failed" and f["stage"] == "board" and f["code"] == "board_unavailable"
+    assert "timed out" in f["message"] and "sshd" in f["hint"] and "doctor" in f["next_step"]
+    html = to_html(rep)
+    assert "Where it failed" in html and "Next step" in html
+
+
+def test_canary_secrets_never_appear_in_any_format(chatted_run: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.core.secrets import AIHUB_TOKEN, set_secret, sudo_password_key
+    from app.core.settings import Settings
+
+    run = tmp_path / "canary"
+    shutil.copytree(chatted_run, run)
+    set_secret(AIHUB_TOKEN, CANARY_TOKEN)
+    s = Settings.load()
+    s.boards["evk"] = {"host": "10.0.0.7", "user": "ubuntu", "auth": "key", "api_token": CANARY_TOKEN}
+    s.save()
+    set_secret(sudo_password_key("evk"), CANARY_PASSWORD)
+    # canaries that leaked into the run's settings, its events and a stage log
+    doc = json.loads((run / "run.json").read_text())
+    doc["inputs"]["settings"]["aihub_token"] = CANARY_TOKEN
+    doc["events"].append({"t": doc["created"], "kind": "note", "message": f"sudo -S with {CANARY_PASSWORD}"})
+    (run / "run.json").write_text(json.dumps(doc))
+    log = run / "logs" / "board.jsonl"
+    log.write_text(log.read_text() + json.dumps({"type": "log", "message": f"Bearer {CANARY_TOKEN}"}) + "\n")
+    for fmt in ("json", "html", "pdf"):
+        out = tmp_path / f"r.{fmt}"
+        res = _cli("report", str(run), "--format", fmt, "--out", str(out))
+        assert res.returncode == 0, res.stderr
+        if fmt == "pdf":
+            text = subprocess.run(["pdftotext", str(out), "-"], capture_output=True, text=True).stdout \
+                if shutil.which("pdftotext") else out.read_bytes().decode("latin-1")
+        else:
+            text = out.read_text()
+        assert CANARY_TOKEN not in text and CANARY_PASSWORD not in text, fmt
+    res = _cli("report", "compare", str(run), str(chatted_run), "--format", "json")
+    assert res.returncode == 0 and CANARY_TOKEN not in res.stdout and CANARY_PASSWORD not in res.stdout
+
+
+def test_host_names_are_left_out_when_asked(chatted_run: Path) -> None:
+    from app.core.reports.collect import build_report
+
+    host = json.loads((chatted_run / "run.json").read_text())["environment"]["host"]
+    assert build_report(chatted_run)["environment"]["host"] == host
+    rep = build_report(chatted_run, redact_hosts=True)
+    assert rep["environment"]["host"] == "[host]"
+
+
+def test_compare_side_by_side_and_refusal(chatted_run: Path, tmp_path: Path, validated_run: Path) -> None:
+    from app.core.manifest import RunManifest
+    from app.core.reports.collect import build_report
+    from app.core.reports.compare import compare_html, compare_reports
+    from app.core.reports.render import ReportError
+
+    other = tmp_path / "other"
+    shutil.copytree(chatted_run, other)
+    m = RunManifest.load(other)
+    m.stage("chat").data["duration_s"] = float(m.stage("chat").data["duration_s"]) * 2
+    m.save()
+    chat = json.loads((other / "artifacts" / "chat" / "chat.json").read_text())
+    chat["kpis"]["gen_tok_s"] = chat["kpis"]["gen_tok_s"] * 0.5
+    (other / "artifacts" / "chat" / "chat.json").write_text(json.dumps(chat))
+    c = compare_reports([build_report(chatted_run), build_report(other)])
+    rows = {(r["section"], r["name"]): r for r in c["rows"]}
+    gen = rows[("kpis", "gen_tok_s")]
+    assert gen["judgement"] == ["worse"] and gen["deltas"][0] == pytest.approx(-0.5, abs=0.01)
+    assert gen["sources"] == ["simulated", "simulated"]
+    assert ("validation", "top1_agreement") in rows
+    assert "color:#cf222e" in compare_html(c)
+    # a validated run and a chatted run share the validation metrics: comparable, like-for-like only
+    c2 = compare_reports([build_report(validated_run), build_report(chatted_run)])
+    assert not any(r["section"] == "kpis" for r in c2["rows"])
+    # a run that only made its model stage has nothing in common with one that did not start
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(chatted_run, a)
+    shutil.copytree(chatted_run, b)
+    for run, keep in ((a, {"model"}), (b, set())):
+        m = RunManifest.load(run)
+        for name in ("model", "preflight", "quantize", "validate", "compile", "board", "chat"):
+            if name not in keep:
+                m.stage(name).data.update({"state": "pending", "outcome": None})
+        m.save()
+        shutil.rmtree(run / "artifacts")
+    with pytest.raises(ReportError, match="nothing in common"):
+        compare_reports([build_report(a), build_report(b)])
+    res = _cli("report", "compare", str(a), str(b), "--format", "json")
+    assert res.returncode != 0 and "nothing in common" in res.stderr
+
+
+def test_report_stage_writes_html_and_json(chatted_run: Path, tmp_path: Path) -> None:
+    from app.core.manifest import RunManifest
+    from app.core.pipeline import Pipeline
+    from app.core.reports.render import validate_report
+
+    run = tmp_path / "staged"
+    shutil.copytree(chatted_run, run)
+    res = asyncio.run(Pipeline(RunManifest.load(run)).run(until="report"))
+    assert res.ok, (res.message, res.hint)
+    rep: dict[str, Any] = json.loads((run / "artifacts" / "report" / "report.json").read_text())
+    validate_report(rep)
+    assert (run / "artifacts" / "report" / "report.html").stat().st_size > 2000
+    assert rep["environment"]["host"] == "[host]"  # host names stay out unless the settings say otherwise
