@@ -52,3 +52,26 @@ def fake_genie(tmp_path_factory: pytest.TempPathFactory) -> FakeGenie:
     subprocess.run([cc, "-O1", "-Wall", "-o", str(t2t), str(FAKE_SRC / "genie_t2t_run.c"), f"-L{out}", "-lGenie",
                     f"-Wl,-rpath,{out}"], check=True)
     return FakeGenie(lib, t2t)
+
+
+@dataclass
+class SimWorkspace:
+    root: Path            # a workspace holding one run completed through the board stage (simulator board)
+    run_dir: Path
+    remote_bundle: str    # the bundle on the simulator board
+
+
+@pytest.fixture(scope="session")
+def sim_workspace(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory) -> SimWorkspace:
+    import asyncio
+
+    from app.core.pipeline import Pipeline
+    from app.core.runs import Workspace
+    from tests.support.sim_runs import copy_run
+
+    ws = tmp_path_factory.mktemp("genie-ws")
+    run_dir = copy_run(compiled_sim_run, ws)
+    res = asyncio.run(Pipeline(Workspace(ws).open_run(run_dir.name)).run(only="board"))
+    assert res.ok, res
+    doc = json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())
+    return SimWorkspace(ws, run_dir, str(doc["remote_bundle"]))

@@ -46,6 +46,14 @@ class QueryResult:
         return self.exit_status == 0 and self.transcript.state == "complete"
 
 
+async def ensure_dir(board: Board, path: str) -> None:
+    """SFTP writes need the folder to exist on the board (the local transport makes it itself)."""
+    if not await board.transport.exists(path):
+        res = await board.transport.run(["mkdir", "-p", "--", path], timeout=30)
+        if res.exit_status != 0:
+            raise OSError(f"cannot create {path} on {board.label}: {res.stderr.strip()}")
+
+
 def genie_argv(board: Board, prompt_file: str, profile_file: str, max_tokens: int | None = None,
                config: str = "genie_config.json") -> list[str]:
     argv = [*board.genie_command, "-c", config, "--prompt_file", prompt_file, "--profile", profile_file]
@@ -65,6 +73,7 @@ async def run_query(board: Board, bundle_dir: str, prompt: str, *,
     work = posixpath.join(bundle_dir, ".hexstudio-runs")
     prompt_file = posixpath.join(work, f"prompt-{rid}.txt")
     profile_file = posixpath.join(work, f"profile-{rid}.json")
+    await ensure_dir(board, work)
     await t.write_bytes(prompt_file, prompt.encode("utf-8"))
     t0 = time.monotonic()
     proc = await t.start(genie_argv(board, prompt_file, profile_file, max_tokens, config), cwd=bundle_dir,

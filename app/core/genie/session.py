@@ -31,7 +31,7 @@ from typing import Any
 from app.core.device.board import Board, python_env
 from app.core.genie.conversation import _HEADER, Conversation, Turn
 from app.core.genie.profile import Kpis, ProfileError, parse_profile
-from app.core.genie.run import Chunk, run_query
+from app.core.genie.run import Chunk, ensure_dir, run_query
 from app.core.paths import REPO_ROOT
 
 HELPER_SOURCE = REPO_ROOT / "resources" / "board" / "genie_session.py"
@@ -256,8 +256,12 @@ class ChatSession:
     async def _start_helper(self) -> None:
         t = self.board.transport
         if not self.board.simulated:
-            self._helper_remote = posixpath.join(await t.home(), "hexstudio", "bin", "genie_session.py")
-            await t.write_bytes(self._helper_remote, HELPER_SOURCE.read_bytes(), 0o755)
+            try:
+                self._helper_remote = posixpath.join(await t.home(), "hexstudio", "bin", "genie_session.py")
+                await ensure_dir(self.board, posixpath.dirname(self._helper_remote))
+                await t.write_bytes(self._helper_remote, HELPER_SOURCE.read_bytes(), 0o755)
+            except OSError as exc:
+                raise SessionError(f"the chat helper could not be copied to the board: {exc}") from None
         argv, env = self.helper_argv()
         self._status(f"loading the model on {self.board.label} (kept loaded between turns)")
         t0 = time.monotonic()

@@ -1,0 +1,99 @@
+"""`hexstudio genie profile|transcript` and `hexstudio chat` (in-process, real parsers and sessions)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from app.core.cli.main import main
+from tests.genie.conftest import SimWorkspace
+from tests.genie.test_parsers import _profile
+
+
+def test_profile_cli_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "profile.json"
+    f.write_text(json.dumps(_profile([{"p": 29, "pr": 158.05, "ttft": 183500, "g": 31, "gr": 10.03, "gt": 3090000}])))
+    assert main(["genie", "profile", str(f), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] and doc["kpis"] == {"init_ms": 4060.0, "prompt_tokens": 29, "prompt_tok_s": 158.05,
+                                         "ttft_ms": 183.5, "generated_tokens": 31, "gen_tok_s": 10.03,
+                                         "gen_time_ms": 3090.0, "source": "device", "queries": 1}
+    f.write_text(json.dumps(_profile([{"p": 1, "pr": 1, "ttft": 1, "g": 1, "gr": 1, "gt": 1}] * 2, simulated=True)))
+    assert main(["genie", "profile", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "SIMULATED" in out and "2 queries" in out and "time to first token" in out
+
+
+def test_profile_cli_refuses_a_truncated_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "profile.json"
+    f.write_text('{"header": {"artifact_type": "GENIE_PROFILE"}, "compo')
+    assert main(["genie", "profile", str(f), "--json"]) == 1
+    captured = capsys.readouterr()
+    assert "not JSON" in json.loads(captured.out)["error"] and "what to do" in captured.err
+
+
+def test_transcript_cli_shapes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    crash = tmp_path / "crash.txt"
+    crash.write_text("Using libGenie.so version 1.11.0\n\n[PROMPT]: hi\n\n[BEGIN]: The capi")
+    assert main(["genie", "transcript", str(crash), "--exit-status", "139", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)["transcript"]
+    assert doc["state"] == "crashed" and doc["text"] == "The capi" and "signal 11" in doc["explanation"]
+    failed = tmp_path / "failed.txt"
+    failed.write_text("Using libGenie.so version 1.17.0\n[ERROR] \"Create From Binary FAILED!\"\n"
+                      "Failure to initialize model\nFailed to create the dialog.\n")
+    assert main(["genie", "transcript", str(failed), "--exit-status", "1", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)["transcript"]
+    assert doc["state"] == "crashed" and "context binaries" in doc["explanation"]
+    ok = tmp_path / "ok.txt"
+    ok.write_text("Using libGenie.so version 1.17.0\n\n[PROMPT]: hi\n\n[BEGIN]: Hello![END]\n")
+    assert main(["genie", "transcript", str(ok)]) == 0
+    out = capsys.readouterr().out
+    assert "state: complete" in out and "reply: Hello!" in out
+
+
+def test_chat_cli_one_prompt_on_the_simulator(sim_workspace: SimWorkspace, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["chat", "--workspace", str(sim_workspace.root), "--prompt", "Where does the sun rise?",
+               "--max-tokens", "12", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0, doc
+    assert doc["board"] == "sim" and doc["simulated"] is True and doc["mode"] == "persistent"
+    assert doc["template"] == "qa" and doc["context_length"] > 0
+    (turn,) = doc["turns"]
+    assert turn["state"] == "complete" and turn["text"] and turn["kpis"]["source"] == "simulated"
+    assert "".join(c["text"] for c in turn["chunks"]) == turn["text"]
+    assert turn["kpis"]["generated_tokens"] <= 12
+
+
+def test_chat_cli_interactive_multi_turn(sim_workspace: SimWorkspace, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("Where does the sun rise?\nAnd where does it set?\n/new\n"
+                                                 "What is water?\n/quit\n"))
+    transcript = tmp_path / "chat.json"
+    rc = main(["chat", "--workspace", str(sim_workspace.root), "--board", "sim", "--max-tokens", "6",
+               "--transcript", str(transcript)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert captured.out.count("you> ") == 5
+    assert captured.err.count("[SIMULATED · persistent]") == 3 and "SIMULATED: CPU numbers" in captured.err
+    assert "new chat: history cleared" in captured.err
+    doc = json.loads(transcript.read_text())
+    assert [t["user"] for t in doc["turns"]] == ["What is water?"]  # /new cleared the history
+    assert doc["turns"][0]["kpis"]["source"] == "simulated"
+
+
+def test_chat_cli_per_turn_mode(sim_workspace: SimWorkspace, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["chat", "--workspace", str(sim_workspace.root), "--mode", "per_turn", "--prompt", "What is water?",
+               "--max-tokens", "5", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["mode"] == "per_turn"
+    k = doc["turns"][0]["kpis"]
+    assert k["source"] == "simulated" and k["init_ms"] > 0 and k["generated_tokens"] <= 5
+
+
+def test_chat_cli_without_any_run_says_what_to_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["chat", "--workspace", str(tmp_path / "empty"), "--prompt", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert "No run with a bundle" in err and "hexstudio run" in err

@@ -1,0 +1,162 @@
+"""Genie over a real SSH server (tests/support/sshd.py on 127.0.0.1): the simulator installed on the
+'board' streams a chat turn, its profile is parsed; hostile prompts arrive verbatim and run nothing;
+a persistent session with the test libGenie keeps the model loaded over the SSH channel. Also the
+simulator's own session mode on the local simulator board."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import posixpath
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.device.board import Board, sim_board
+from app.core.device.connect import connect_ssh
+from app.core.genie.conversation import Conversation
+from app.core.genie.profile import parse_profile
+from app.core.genie.run import Chunk, QueryResult, run_query
+from app.core.genie.session import ChatSession, TurnResult
+from tests.genie.conftest import FakeGenie, SimWorkspace
+from tests.support.sshd import SshServer
+
+HOSTILE = ("$(touch {canary}) `touch {canary}` \"double\" 'single' ; touch {canary} && echo x | sh\n"
+           "second line\twith a tab \\ backslash — naïve café 日本語 ✓ 🙂")
+
+
+async def ssh_board(srv: SshServer, *, simulated: bool, config: dict[str, Any] | None = None) -> Board:
+    cfg = {"host": srv.host, "port": srv.port, "user": srv.user, "key_path": str(srv.client_key_path), "auth": "key"}
+    t = await connect_ssh("evk-test", cfg, trust=lambda *_a: True)
+    if simulated:  # the simulator installed on the test board (same flags and output as genie-t2t-run)
+        return Board("evk-test", t, True, genie_command=[sys.executable, "-m", "workers.genie_sim.t2t"])
+    return Board("evk-test", t, False, config=config or {})
+
+
+def test_chat_turn_streams_over_ssh_and_the_profile_matches(ssh_server: SshServer,
+                                                            sim_workspace: SimWorkspace) -> None:
+    async def go() -> tuple[QueryResult, dict[str, Any], str]:
+        board = await ssh_board(ssh_server, simulated=True)
+        try:
+            res = await run_query(board, sim_workspace.remote_bundle, "Question: Where does the sun rise? Answer:",
+                                  max_tokens=24)
+            runs = posixpath.join(sim_workspace.remote_bundle, ".hexstudio-runs")
+            listing = await board.transport.run(["ls", "-t", runs])
+            newest = [n for n in listing.stdout.split() if n.startswith("profile-")][0]
+            raw = json.loads(await board.transport.read_bytes(posixpath.join(runs, newest)))
+            return res, raw, board.label
+        finally:
+            await board.transport.close()
+
+    res, raw, label = asyncio.run(go())
+    assert label.startswith("ssh://") and res.exit_status == 0 and res.ok, res.stderr
+    assert res.transcript.simulated and res.kpis is not None and res.kpis.source == "simulated"
+    # streamed: several chunks, the first well before the reply ended
+    assert len(res.chunks) >= 3 and res.chunks[0].t < res.chunks[-1].t
+    assert "".join(c.text for c in res.chunks) == res.text == res.transcript.text
+    # the normalised KPIs are the runner's own numbers (within 1%)
+    q = [e for c in raw["components"] for e in c["events"] if e["type"] == "GenieDialog_query"][-1]
+    k = res.kpis
+    pairs = [(k.gen_tok_s, q["token-generation-rate"]["value"]), (k.prompt_tok_s, q["prompt-processing-rate"]["value"]),
+             (k.ttft_ms, q["time-to-first-token"]["value"] / 1000), (k.gen_time_ms, q["token-generation-time"]["value"] / 1000)]
+    for ours, theirs in pairs:
+        assert ours is not None and abs(ours - theirs) <= 0.01 * abs(theirs)
+    assert k.generated_tokens == q["num-generated-tokens"]["value"] and 0 < k.generated_tokens <= 24
+    assert k.gen_tok_s is not None and k.gen_time_ms is not None
+    assert abs(k.gen_tok_s - k.generated_tokens / (k.gen_time_ms / 1000)) <= 0.01 * k.gen_tok_s
+
+
+def test_hostile_prompt_over_ssh_arrives_verbatim_and_runs_nothing(ssh_server: SshServer,
+                                                                   sim_workspace: SimWorkspace,
+                                                                   tmp_path: Path) -> None:
+    canary = tmp_path / f"pwned-{secrets.token_hex(4)}"
+    prompt = HOSTILE.format(canary=canary)
+
+    async def go() -> tuple[QueryResult, bytes]:
+        board = await ssh_board(ssh_server, simulated=True)
+        try:
+            res = await run_query(board, sim_workspace.remote_bundle, prompt, max_tokens=3)
+            runs = posixpath.join(sim_workspace.remote_bundle, ".hexstudio-runs")
+            listing = await board.transport.run(["ls", "-t", runs])
+            newest = [n for n in listing.stdout.split() if n.startswith("prompt-")][0]
+            return res, await board.transport.read_bytes(posixpath.join(runs, newest))
+        finally:
+            await board.transport.close()
+
+    res, sent = asyncio.run(go())
+    assert res.exit_status == 0, res.stderr
+    assert sent.decode("utf-8") == prompt
+    assert res.transcript.prompt is not None and res.transcript.prompt == prompt.split("\n")[0]
+    assert not canary.exists()
+
+
+def test_persistent_session_over_ssh_with_the_test_libgenie(ssh_server: SshServer, fake_genie: FakeGenie,
+                                                            tmp_path: Path) -> None:
+    canary = tmp_path / f"pwned-{secrets.token_hex(4)}"
+    echo = tmp_path / "queries.txt"
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=1200, token_ms=15, tokens=8, echo=echo)
+    prompt = HOSTILE.format(canary=canary)
+
+    async def go() -> tuple[ChatSession, list[TurnResult], list[Chunk]]:
+        board = await ssh_board(ssh_server, simulated=False, config=fake_genie.board_config())
+        first: list[Chunk] = []
+        try:
+            async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=8) as s:
+                assert s.mode == "persistent", s.fallback_reason
+                r1 = await s.send(prompt, on_chunk=first.append)
+                r2 = await s.send("Thanks!")
+                stop = asyncio.Event()
+                s.max_tokens = 400
+                r3 = await s.send("Go on for a while", on_chunk=lambda c: stop.set(), stop=stop)
+                return s, [r1, r2, r3], first
+        finally:
+            await board.transport.close()
+
+    s, (r1, r2, r3), first = asyncio.run(go())
+    assert r1.state == r2.state == "complete" and r1.mode == "persistent"
+    assert len(first) == 8 and first[0].t < first[-1].t
+    assert r1.kpis is not None and r1.kpis.source == "device" and r1.kpis.generated_tokens == 8
+    assert s.init_ms is not None and r2.first_chunk_ms is not None and r2.first_chunk_ms < s.init_ms / 10
+    assert r3.state == "aborted" and r3.kpis is not None and (r3.kpis.generated_tokens or 0) < 100
+    q = [x for x in echo.read_bytes().decode("utf-8").split("\x1e") if x]
+    assert prompt in q[0]  # verbatim through JSON over the SSH channel
+    assert not canary.exists()
+
+
+def test_simulator_session_keeps_the_model_loaded(sim_workspace: SimWorkspace) -> None:
+    prompt = "Where does the sun rise?"
+
+    async def go() -> tuple[ChatSession, TurnResult, TurnResult, QueryResult]:
+        board = sim_board(sim_workspace.root)
+        async with ChatSession(board, sim_workspace.remote_bundle, Conversation(template="qa"), max_tokens=10) as s:
+            r1 = await s.send(prompt)
+            r2 = await s.send("And where does it set?")
+        one_shot = await run_query(board, sim_workspace.remote_bundle, f"Question: {prompt} Answer:", max_tokens=10)
+        return s, r1, r2, one_shot
+
+    s, r1, r2, one_shot = asyncio.run(go())
+    assert s.mode == "persistent" and r1.simulated and r1.kpis is not None and r1.kpis.source == "simulated"
+    # same deterministic text as one genie-t2t-run of the same prompt
+    assert r1.text == one_shot.text and r1.text
+    assert r2.state == "complete" and r2.kpis is not None and r2.kpis.init_ms == 0.0
+    assert r2.first_chunk_ms is not None and s.init_ms is not None and r2.first_chunk_ms < s.init_ms
+
+
+@pytest.mark.parametrize("mode", ["persistent"])
+def test_simulator_session_over_ssh(ssh_server: SshServer, sim_workspace: SimWorkspace, mode: str) -> None:
+    async def go() -> tuple[ChatSession, TurnResult]:
+        board = await ssh_board(ssh_server, simulated=True)
+        try:
+            async with ChatSession(board, sim_workspace.remote_bundle, Conversation(template="qa"), mode=mode,
+                                   max_tokens=16) as s:
+                return s, await s.send("What is water?")
+        finally:
+            await board.transport.close()
+
+    s, r = asyncio.run(go())
+    assert s.mode == mode and r.state == "complete" and r.simulated
+    assert len(r.chunks) >= 2 and r.chunks[0].t < r.chunks[-1].t
+    assert r.kpis is not None and r.kpis.source == "simulated" and r.kpis.generated_tokens == len(r.chunks)
