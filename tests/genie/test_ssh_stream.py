@@ -18,7 +18,6 @@ import pytest
 from app.core.device.board import Board, sim_board
 from app.core.device.connect import connect_ssh
 from app.core.genie.conversation import Conversation
-from app.core.genie.profile import parse_profile
 from app.core.genie.run import Chunk, QueryResult, run_query
 from app.core.genie.session import ChatSession, TurnResult
 from tests.genie.conftest import FakeGenie, SimWorkspace
@@ -45,7 +44,7 @@ def test_chat_turn_streams_over_ssh_and_the_profile_matches(ssh_server: SshServe
                                   max_tokens=24)
             runs = posixpath.join(sim_workspace.remote_bundle, ".hexstudio-runs")
             listing = await board.transport.run(["ls", "-t", runs])
-            newest = [n for n in listing.stdout.split() if n.startswith("profile-")][0]
+            newest = next(n for n in listing.stdout.split() if n.startswith("profile-"))
             raw = json.loads(await board.transport.read_bytes(posixpath.join(runs, newest)))
             return res, raw, board.label
         finally:
@@ -64,8 +63,8 @@ def test_chat_turn_streams_over_ssh_and_the_profile_matches(ssh_server: SshServe
              (k.ttft_ms, q["time-to-first-token"]["value"] / 1000), (k.gen_time_ms, q["token-generation-time"]["value"] / 1000)]
     for ours, theirs in pairs:
         assert ours is not None and abs(ours - theirs) <= 0.01 * abs(theirs)
+    assert k.generated_tokens is not None and k.gen_tok_s is not None and k.gen_time_ms is not None
     assert k.generated_tokens == q["num-generated-tokens"]["value"] and 0 < k.generated_tokens <= 24
-    assert k.gen_tok_s is not None and k.gen_time_ms is not None
     assert abs(k.gen_tok_s - k.generated_tokens / (k.gen_time_ms / 1000)) <= 0.01 * k.gen_tok_s
 
 
@@ -81,7 +80,7 @@ def test_hostile_prompt_over_ssh_arrives_verbatim_and_runs_nothing(ssh_server: S
             res = await run_query(board, sim_workspace.remote_bundle, prompt, max_tokens=3)
             runs = posixpath.join(sim_workspace.remote_bundle, ".hexstudio-runs")
             listing = await board.transport.run(["ls", "-t", runs])
-            newest = [n for n in listing.stdout.split() if n.startswith("prompt-")][0]
+            newest = next(n for n in listing.stdout.split() if n.startswith("prompt-"))
             return res, await board.transport.read_bytes(posixpath.join(runs, newest))
         finally:
             await board.transport.close()
