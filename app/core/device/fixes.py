@@ -288,7 +288,12 @@ async def apply_fix(board: Board, plan: FixPlan, *, sudo_password: str | None = 
         if not ok:
             res.status, res.message = "manual", (f"{why} Run these commands on the board as an administrator, "
                                                  "then probe again.")
-            res.manual_commands = [c for c in plan.commands if not c.startswith("# log out")]
+            for step in plan.steps:   # only what is still to do (the checks need no root)
+                if step.kind == "reconnect":
+                    continue
+                if step.done_if is not None and (await board.transport.run(step.done_if, timeout=60)).exit_status == 0:
+                    continue
+                res.manual_commands.append(step.shown)
             rn.emit(res.message)
             return res
     did_something = False

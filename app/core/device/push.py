@@ -102,7 +102,17 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
         if pushed.get(rel) == f["sha256"] and await t.exists(dst):
             skipped += 1
         else:
-            n = await t.put_file(bundle_dir / rel, dst)
+            try:
+                n = await t.put_file(bundle_dir / rel, dst)
+            except (OSError, EOFError) as exc:
+                raise BoardError(f"The connection to {board.label} dropped while pushing {rel} ({exc or 'EOF'}).",
+                                 "Reconnect and push again: files already sent are skipped and the interrupted "
+                                 "one continues where it stopped.") from exc
+            except Exception as exc:
+                if exc.__class__.__module__.startswith("paramiko") or exc.__class__.__name__ == "ConnectionLost":
+                    raise BoardError(f"The connection to {board.label} dropped while pushing {rel} ({exc}).",
+                                     "Reconnect and push again: it resumes where it stopped.") from exc
+                raise
             sent += int(f["size"]) if n is None else int(n)   # n: bytes really sent (a resumed .part: the rest)
             sent_files += 1
             pushed[rel] = f["sha256"]

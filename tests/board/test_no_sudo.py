@@ -1,0 +1,95 @@
+"""A board where the user has no sudo: the doctor says so, fixes return the commands to run by hand
+(nothing half-done), and the CLI (add, probe, fix --dry-run, fix) works against it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.core.device.board import open_board
+from app.core.device.doctor import probe
+from app.core.device.fixes import apply_fix, plan_fix
+from tests.board.conftest import settings_with
+from tests.support.evk_board import EvkBoard
+
+PW = "no-sudo-pw"
+
+
+@pytest.fixture(scope="module")
+def nosudo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvkBoard]:
+    b = EvkBoard(tmp_path_factory.mktemp("nosudo"), sudo=False, sudo_password=PW)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
+    settings = settings_with("nos", nosudo.board_config())
+
+    async def go() -> None:
+        board = await open_board("nos", settings, trust=lambda *a: True)
+        r = await probe(board)
+        assert r.by_id("sudo").status == "warn" and r.facts["sudo"] == "unknown"
+        plan = await plan_fix(board, "group_add", r)
+        res = await apply_fix(board, plan)                       # no password
+        assert res.status == "manual"
+        assert res.manual_commands == ["sudo groupadd --system fastrpc", "sudo usermod -aG fastrpc evk"]
+        res = await apply_fix(board, plan, sudo_password=PW)     # the right password, but no sudo right
+        assert res.status == "manual" and "may not use sudo" in res.message
+        assert PW not in json.dumps(res.to_dict())
+        udev = await apply_fix(board, await plan_fix(board, "udev_rule", r))
+        assert udev.status == "manual"
+        assert any(c.startswith("sudo install -D -m 0644") for c in udev.manual_commands)
+        reboot = await apply_fix(board, await plan_fix(board, "reboot", r))
+        assert reboot.status == "manual" and reboot.manual_commands[0].startswith("sudo reboot")
+        after = await probe(board, only=["fastrpc_group", "udev_rule"])
+        assert [c.status for c in after.checks] == ["fail", "fail"]   # nothing was half-done
+        await board.transport.close()
+    asyncio.run(go())
+    assert "fastrpc:" not in (nosudo.root / "etc" / "group").read_text()
+    assert nosudo.reboot_count() == 1
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "import sys; from app.core.cli.main import main; "
+                           "sys.exit(main(sys.argv[1:]))", *args], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_cli_add_probe_fix(nosudo: EvkBoard, tmp_path: Path) -> None:
+    fp = nosudo.server.host_key_fingerprint
+    r = _cli("board", "add", "cli", "--host", nosudo.host, "--port", str(nosudo.port), "--user", "evk",
+             "--key", str(nosudo.server.client_key_path), "--json")
+    assert r.returncode == 1 and fp in r.stderr                 # unknown key: the fingerprint is shown
+    r = _cli("board", "add", "cli", "--host", nosudo.host, "--port", str(nosudo.port), "--user", "evk",
+             "--key", str(nosudo.server.client_key_path), "--trust", fp, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["state"] == "ready"
+    r = _cli("board", "list", "--json")
+    assert [b["name"] for b in json.loads(r.stdout)["boards"]] == ["sim", "cli"]
+    r = _cli("board", "probe", "cli", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["clean"] is False and doc["simulated"] is False
+    checks = {c["id"]: c for c in doc["checks"]}
+    assert checks["fastrpc_device"]["status"] == "fail" and checks["fastrpc_device"]["fix"] == "udev_rule"
+    assert checks["fastrpc_device"]["evidence"][0]["command"].startswith("for f in /dev/fastrpc-cdsp*")
+    assert set(checks) >= {"soc", "os", "qairt", "genie", "fastrpc_userspace", "fastrpc_group", "fastrpc_member",
+                           "fastrpc_login", "udev_rule", "fastrpc_daemons", "remoteproc", "qairt_env",
+                           "qnn_libs_mixed", "htp_validator", "memory", "sudo"}
+    r = _cli("board", "fix", "cli", "daemon_restart", "--dry-run", "--json")
+    assert json.loads(r.stdout)["plan"]["commands"] == ["sudo systemctl restart cdsprpcd.service",
+                                                        "sudo systemctl restart cdsp1rpcd.service"]
+    r = _cli("board", "fix", "cli", "daemon_restart", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["status"] == "manual"
+    assert doc["manual_commands"] == ["sudo systemctl restart cdsp1rpcd.service"]   # cdsprpcd is running
+    r = _cli("board", "probe", "cli", "--only", "nonsense", "--json")
+    assert r.returncode == 2

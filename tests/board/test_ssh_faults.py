@@ -1,0 +1,125 @@
+"""Security and faults over a real sshd: changed host key refused, hostile file names quoted, a push
+dropped mid-file resumes with only the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.device import transport as tr
+from app.core.device.board import open_board
+from app.core.device.connect import HostKeyChanged, HostKeyUnknown, connect_ssh
+from app.core.device.errors import BoardError
+from app.core.device.push import push_bundle
+from tests.board.conftest import settings_with
+from tests.support.evk_board import make_device_bundle
+from tests.support.sshd import SshServer
+
+FACTS = {"dsp_arch": "v73", "qairt_version": "2.45.0.260326", "mem_total_bytes": 16 << 30,
+         "mem_available_bytes": 12 << 30}
+
+
+def _cfg(srv: SshServer) -> dict[str, Any]:
+    return {"host": srv.host, "port": srv.port, "user": srv.user, "auth": "key", "key_path": str(srv.client_key_path)}
+
+
+def test_changed_host_key_is_refused(tmp_path: Path) -> None:
+    with SshServer(tmp_path / "srv") as srv:
+        cfg = _cfg(srv)
+        with pytest.raises(HostKeyUnknown) as unknown:           # never added silently
+            asyncio.run(connect_ssh("b", cfg))
+        assert unknown.value.fingerprint == srv.host_key_fingerprint
+        t = asyncio.run(connect_ssh("b", cfg, trust=lambda *a: True))
+        asyncio.run(t.close())
+        asyncio.run(connect_ssh("b", cfg)).client.close()        # trusted now: no question
+        srv.rotate_host_key()
+        srv.restart()
+        states: list[tuple[str, str]] = []
+        with pytest.raises(HostKeyChanged) as changed:
+            asyncio.run(connect_ssh("b", cfg, trust=lambda *a: True, on_state=lambda s, d: states.append((s, d))))
+        assert "REFUSED" in changed.value.message and "CHANGED" in changed.value.message
+        assert changed.value.fingerprint == srv.host_key_fingerprint
+        assert states[-1][0] == "failed"
+        settings_with("b", cfg)
+        r = subprocess.run([sys.executable, "-c", "import sys; from app.core.cli.main import main; "
+                            "sys.exit(main(sys.argv[1:]))", "board", "probe", "b", "--json"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "REFUSED" in r.stderr and json.loads(r.stdout)["ok"] is False
+
+
+HOSTILE = ["a b; touch PWNED1", "$(touch PWNED2)", "`touch PWNED3`", "it's \"quoted\"", "-rf", "*", "ünï cødé",
+           "sub dir/x;y"]
+
+
+def test_hostile_names_are_quoted(ssh_server: SshServer, tmp_path: Path) -> None:
+    settings = settings_with("root", _cfg(ssh_server))
+    bundle = make_device_bundle(tmp_path / "bundle", part_bytes=100, names=HOSTILE)
+
+    async def go() -> None:
+        board = await open_board("root", settings, trust=lambda *a: True)
+        t = board.transport
+        r = await t.run(["printf", "%s\\n", *HOSTILE])
+        assert r.stdout.splitlines() == HOSTILE
+        name = "b; touch PWNED4 $(touch PWNED5)"
+        res = await push_bundle(board, bundle, name, facts=FACTS)
+        assert res.sent_files == len(HOSTILE) + 7
+        for n in HOSTILE:
+            got = await t.read_bytes(f"{res.remote_dir}/{n}")
+            assert got == f"hostile file {n!r}".encode()
+        r = await t.run(["ls", "-1"], cwd=res.remote_dir)
+        assert "-rf" in r.stdout.splitlines()
+        home = await t.home()
+        r = await t.run(["sh", "-c", 'find "$1" /tmp -name "PWNED*" 2>/dev/null; true', "x", home])
+        assert "PWNED" not in r.stdout
+        await t.run(["rm", "-rf", "--", res.remote_dir])
+        await t.close()
+    asyncio.run(go())
+    assert not list(Path.cwd().glob("PWNED*"))
+
+
+@pytest.mark.slow
+def test_dropped_push_resumes_with_only_the_rest(ssh_server: SshServer, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = settings_with("root", _cfg(ssh_server))
+    bundle = make_device_bundle(tmp_path / "bundle", parts=2, part_bytes=24 << 20)
+    big = json.loads((bundle / "bundle.json").read_text())["files"]
+    total = sum(f["size"] for f in big)
+    orig = tr.SshTransport.put_file_sync
+    state = {"dropped": False}
+
+    def dropping(self: tr.SshTransport, local: Path, remote: str, progress: Any = None, resume: bool = True) -> int:
+        def prog(done: int) -> None:
+            if not state["dropped"] and local.name.startswith("weight_sharing_model_2") and done > 10 << 20:
+                state["dropped"] = True
+                self.client.get_transport().sock.close()         # the network goes away mid-file
+        return orig(self, local, remote, prog, resume)
+
+    monkeypatch.setattr(tr.SshTransport, "put_file_sync", dropping)
+
+    async def go() -> None:
+        board = await open_board("root", settings, trust=lambda *a: True)
+        with pytest.raises(BoardError, match="dropped"):
+            await push_bundle(board, bundle, "resume-test", facts=FACTS)
+        assert state["dropped"]
+        board = await open_board("root", settings)                 # reconnect
+        res = await push_bundle(board, bundle, "resume-test", facts=FACTS)
+        second = (bundle / "weight_sharing_model_2_of_2.serialized.bin").stat().st_size
+        # the files sent before the drop are skipped; the interrupted one continues from its .part
+        assert res.skipped_files >= 5
+        assert 0 < res.sent_bytes < second - (4 << 20), (res.sent_bytes, second)
+        assert res.sent_bytes < total / 2
+        r = await board.transport.run(["sha256sum", "--", f"{res.remote_dir}/weight_sharing_model_2_of_2.serialized.bin"])
+        want = hashlib.sha256((bundle / "weight_sharing_model_2_of_2.serialized.bin").read_bytes()).hexdigest()
+        assert r.stdout.split()[0] == want
+        again = await push_bundle(board, bundle, "resume-test", facts=FACTS)
+        assert again.sent_bytes == 0
+        await board.transport.run(["rm", "-rf", "--", res.remote_dir])
+        await board.transport.close()
+    asyncio.run(go())
