@@ -94,3 +94,49 @@ def test_bad_profiles_are_explained() -> None:
         parse_profile({"header": {"artifact_type": "OTHER"}})
     with pytest.raises(ProfileError, match="no GenieDialog_query"):
         parse_profile({"header": {"artifact_type": "GENIE_PROFILE"}, "components": []})
+
+
+def test_pause_then_resume_continues_the_same_reply() -> None:
+    text = ("[PROMPT]: hi\n\n[BEGIN]: Once upon[ABORT]: \nQuery successfully aborted\n"
+            "[RESUME]: a time.[END]\n")
+    for size in (1, 4, len(text)):
+        p = TranscriptParser()
+        got = "".join(p.feed(text[i:i + size]) for i in range(0, len(text), size))
+        t = p.finish(0)
+        assert t.state == "complete" and t.text == got == "Once upona time."
+
+
+def test_complete_marker_reply_delivered_whole() -> None:
+    t = parse_transcript("Using libGenie.so version 1.17.0\n\n[PROMPT]: hi\n\n[COMPLETE]: Paris is the capital.\n")
+    assert t.state == "complete" and t.text == "Paris is the capital."
+    assert parse_transcript("[PROMPT]: hi\n\n[COMPLETE]: Par", exit_status=134).state == "crashed"
+
+
+def test_informational_lines_are_not_errors_and_runner_refusals_are() -> None:
+    t = parse_transcript("rpcmem_android.c:135:dummy call to rpcmem_init, rpcmem APIs will be used from libxdsprpc\n"
+                         "Using libGenie.so version 1.11.0\n[INFO]  \"Allocated total size = 306545152 across 10 "
+                         "buffers\"\n\n[PROMPT]: hi\n\n[BEGIN]: ok[END]\n")
+    assert t.state == "complete" and t.errors == [] and t.logs[0]["message"].startswith("Allocated total size")
+    refused = parse_transcript("ERROR: Invalid --profile argument. Output file p.json already exists.\n", exit_status=1)
+    assert refused.state == "crashed" and "already exists" in refused.errors[0]
+    missing = parse_transcript("ERROR:: Please provide prompt using --prompt or --prompt_file.\n", exit_status=1)
+    assert missing.state == "crashed" and "--prompt_file" in missing.errors[0]
+
+
+def test_profile_of_a_lookahead_dialog_and_one_without_create() -> None:
+    doc = _profile([{"p": 12, "pr": 300.0, "ttft": 40000, "g": 20, "gr": 25.0, "gt": 800000}])
+    q = doc["components"][0]["events"][1]
+    q["apply-engine-state"] = {"value": 1200, "unit": "us"}
+    q["token-acceptance-rate"] = {"value": 1.7, "unit": "toks/iteration"}
+    k = parse_profile(doc)
+    assert (k.generated_tokens, k.gen_tok_s, k.ttft_ms) == (20, 25.0, 40.0)
+    doc["components"][0]["events"] = [q]  # a profile of a later query only (the dialog was created earlier)
+    assert parse_profile(doc).init_ms is None
+
+
+def test_profile_spread_over_several_components() -> None:
+    doc = _profile([{"p": 10, "pr": 1, "ttft": 1, "g": 1, "gr": 1, "gt": 1}])
+    late = _profile([{"p": 77, "pr": 2, "ttft": 2, "g": 5, "gr": 3.5, "gt": 2}])["components"][0]["events"][1]
+    doc["components"].append({"name": "dialog1", "type": "dialog", "events": [late]})
+    k = parse_profile(doc)
+    assert k.queries == 2 and k.prompt_tokens == 77 and k.gen_tok_s == 3.5

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 LOG_RE = re.compile(r"^\[(INFO|WARN|WARNING|ERROR|VERBOSE)\]\s+(.*)$")
+# [BEGIN]: starts a streamed reply; [COMPLETE]: a reply delivered whole; [RESUME]: continues one after a pause
+START_MARKERS = ("[BEGIN]:", "[COMPLETE]:", "[RESUME]:")
 KPI_RE = {
     "init_us": re.compile(r"Init Time:\s*(\d+)\s*us"),
     "prompt_us": re.compile(r"Prompt Processing Time:\s*(\d+)\s*us"),
@@ -39,6 +41,7 @@ class TranscriptParser:
         self.t = Transcript()
         self._buf = ""
         self._after_begin = False
+        self._one_shot = False
 
     def feed(self, chunk: str) -> str:
         """Returns the reply text contained in this chunk."""
@@ -70,16 +73,19 @@ class TranscriptParser:
                 self._buf = self._buf[end + (7 if aborted else 5):]
                 continue
             nl = self._buf.find("\n")
-            begin = self._buf.find("[BEGIN]:")
-            if begin >= 0 and (nl < 0 or begin < nl):
+            found = [(i, m) for m in START_MARKERS if (i := self._buf.find(m)) >= 0 and (nl < 0 or i < nl)]
+            if found:
+                begin, marker = min(found)
                 self._line(self._buf[:begin])
-                self._buf = self._buf[begin + len("[BEGIN]:"):]
+                self._buf = self._buf[begin + len(marker):]
                 self._after_begin = True
+                self._one_shot = marker == "[COMPLETE]:"
                 self.t.state = "streaming"
                 if not self._buf:
                     break
                 continue
             if nl < 0:
+                # a start marker may be arriving in pieces: wait for the rest of the line
                 break
             self._line(self._buf[:nl])
             self._buf = self._buf[nl + 1:]
@@ -118,6 +124,9 @@ class TranscriptParser:
             else:
                 self._line(self._buf)
             self._buf = ""
+        if self.t.state == "streaming" and self._one_shot and exit_status in (0, None):
+            self.t.text = self.t.text.rstrip("\n")
+            self.t.state = "complete"
         if self.t.state == "streaming" or (exit_status not in (0, None) and self.t.state != "complete"):
             self.t.state = "crashed"
         return self.t
