@@ -170,6 +170,8 @@ class JobDock(QDockWidget):
             self.append("info", f"artifact {ev.get('path')}")
 
     def on_sample(self, stage: str, s: ResourceSample) -> None:
+        if not s.rss_bytes:  # the process tree has already exited: not a measurement
+            return
         self.plot.add(s.t, s.rss_bytes, s.vram_bytes)
         vram = f"  VRAM {human_bytes(s.vram_bytes)}" if s.vram_bytes else ""
         self.rss_label.setText(f"RSS {human_bytes(s.rss_bytes)}{vram}")

@@ -81,8 +81,8 @@ class ResourcePlot(pg.PlotWidget):
         self.addItem(self.peak_label)
         self.estimate = pg.InfiniteLine(angle=0, movable=False,
                                         pen=pg.mkPen("#bf8700", width=1.5, style=pg.QtCore.Qt.PenStyle.DashLine),
-                                        label="estimate {value:.2f} GiB",
-                                        labelOpts={"position": 0.1, "color": "#bf8700"})
+                                        label="estimate",
+                                        labelOpts={"position": 0.85, "color": "#bf8700"})
         self.estimate.setVisible(False)
         self.addItem(self.estimate)
         self.rss_curve.setClipToView(True)
@@ -111,6 +111,7 @@ class ResourcePlot(pg.PlotWidget):
     def set_estimate(self, bytes_: float | None) -> None:
         if bytes_:
             self.estimate.setValue(bytes_ / GIB)
+            self.estimate.label.setFormat(f"preflight estimate {bytes_ / GIB:.2f} GiB")
             self.estimate.setVisible(True)
         else:
             self.estimate.setVisible(False)

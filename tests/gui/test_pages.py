@@ -51,7 +51,7 @@ def test_wslconfig_fix_shows_the_diff_then_writes_with_a_backup(qtbot: Any, tmp_
     assert "memory=64GB" not in text and "processors=8" in text and "# mine" in text
     backups = list(tmp_path.glob("wslconfig.hexstudio-backup-*"))
     assert len(backups) == 1 and "memory=64GB" in backups[0].read_text()
-    assert "wsl --shutdown" in dlg.result.text()
+    assert "wsl --shutdown" in dlg.outcome.text()
     # a second time there is nothing to change
     again = page.fix_dialog(check)
     qtbot.addWidget(again)

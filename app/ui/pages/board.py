@@ -8,11 +8,16 @@ import asyncio
 import html
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
@@ -47,7 +52,7 @@ class BoardPage(StagePage):
         left.addWidget(self.boards)
         self.probe_button = QPushButton("Connect and run the doctor")
         self.probe_button.setObjectName("probe_button")
-        self.probe_button.clicked.connect(lambda: asyncio.ensure_future(self.probe()))
+        self.probe_button.clicked.connect(lambda: self._start(self.probe()))
         left.addWidget(self.probe_button)
         row.addLayout(left)
 
@@ -159,12 +164,72 @@ class BoardPage(StagePage):
         self.reload_boards()
         self.conn_label.setText(f"Board <b>{html.escape(name)}</b> added. Select it and run the doctor.")
 
-    def _trust(self, host: str, port: int, key_type: str, fp: str) -> bool:
+    # -- connecting -------------------------------------------------------------------------------
+    def confirm_trust(self, host: str, port: int, key_type: str, fp: str) -> bool:
+        """First contact: show the host key's fingerprint and ask (tests replace this)."""
         answer = QMessageBox.question(
             self, "Trust this board?",
-            f"First connection to {host}:{port}.\nIts host key is {key_type}\n{fp}\n\nCompare it with the board's own "
-            "(on the board: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub). Trust it only if they match.")
+            f"First connection to {host}:{port}.\nIts host key is {key_type}\n{fp}\n\nCompare it with the board's "
+            "own (on the board: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub). Trust it only if they match.")
         return answer == QMessageBox.StandardButton.Yes
+
+    def confirm_fix(self, plan: Any, stored_password: str | None) -> tuple[bool, str | None, bool]:
+        """Show the fix's exact commands; ask for the sudo password when it needs one (tests replace this).
+        Returns (run it, sudo password, remember the password in the keyring)."""
+        dlg = QDialog(self)
+        dlg.setWindowTitle(f"Fix: {plan.title}")
+        lay = QVBoxLayout(dlg)
+        lay.addWidget(note("These exact commands run on the board, in this order (steps already done are "
+                           "skipped):"))
+        text = QPlainTextEdit("\n".join(plan.commands) + ("\n\n" + "\n".join(plan.notes) if plan.notes else ""))
+        text.setReadOnly(True)
+        lay.addWidget(text)
+        pw = QLineEdit()
+        pw.setEchoMode(QLineEdit.EchoMode.Password)
+        remember = QCheckBox("Remember the sudo password in the system keyring")
+        if plan.needs_sudo:
+            pw.setPlaceholderText("sudo password on the board" + (" (stored one is used if empty)"
+                                                                   if stored_password else ""))
+            lay.addWidget(pw)
+            lay.addWidget(remember)
+        bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
+        bb.addButton("Run the fix", QDialogButtonBox.ButtonRole.AcceptRole)
+        bb.accepted.connect(dlg.accept)
+        bb.rejected.connect(dlg.reject)
+        lay.addWidget(bb)
+        dlg.resize(720, 360)
+        ok = dlg.exec() == QDialog.DialogCode.Accepted
+        return ok, (pw.text() or stored_password), remember.isChecked()
+
+    def choose_qairt_zip(self) -> Path | None:
+        path, _ = QFileDialog.getOpenFileName(self, "The QAIRT SDK zip (from Qualcomm)", str(Path.home()),
+                                              "QAIRT SDK (*.zip)")
+        return Path(path) if path else None
+
+    async def open_selected(self) -> Any:
+        """Connect to the selected board; on first contact ask to trust its host key, then connect again."""
+        from app.core.device.board import open_board
+        from app.core.device.connect import HostKeyUnknown, trust_host_key
+
+        name = self.selected_board()
+
+        def on_state(state: str, detail: str) -> None:
+            self.conn_label.setText(f"{html.escape(name)}: <b>{state}</b> {html.escape(detail)}")
+            self.log(f"[{time.strftime('%H:%M:%S')}] {name}: {state} {detail}")
+
+        try:
+            return await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state)
+        except HostKeyUnknown as exc:
+            if not self.confirm_trust(exc.host, exc.port, exc.key_type, exc.fingerprint):
+                raise
+            trust_host_key(exc.host, exc.port, exc.key)
+            self.log(f"trusted {exc.host}:{exc.port} {exc.key_type} {exc.fingerprint}")
+            return await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state)
+
+    def _error(self, exc: Any) -> None:
+        self.conn_label.setText(f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(exc.message)}</span>"
+                                + (f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""))
+        self.log(f"FAILED: {exc.message}")
 
     # -- doctor ---------------------------------------------------------------------------------
     def log(self, text: str) -> None:
@@ -172,40 +237,45 @@ class BoardPage(StagePage):
 
     def show_doctor(self, items: list[dict[str, Any]]) -> None:
         self.doctor.clear()
+        self.fix_buttons: dict[str, QPushButton] = {}
         for d in items:
-            top = QTreeWidgetItem([str(d.get("id")), str(d.get("status")), str(d.get("message") or "")])
+            top = QTreeWidgetItem([str(d.get("title") or d.get("id")), str(d.get("status")),
+                                   str(d.get("message") or "")])
+            top.setData(0, 256, d.get("id"))
             top.setForeground(1, QColor(STATUS_COLORS.get(str(d.get("status")), "#8a8f98")))
             top.setToolTip(2, str(d.get("message") or ""))
-            ev = d.get("evidence") or {}
+            ev = d.get("evidence") or []
             if isinstance(ev, dict):
                 for k, v in ev.items():
-                    child = QTreeWidgetItem([str(k), "", str(v)[:2000]])
-                    child.setToolTip(2, str(v)[:4000])
-                    top.addChild(child)
+                    top.addChild(QTreeWidgetItem([str(k), "", str(v)[:2000]]))
             else:
-                top.addChild(QTreeWidgetItem(["evidence", "", str(ev)[:2000]]))
+                for e in ev:
+                    child = QTreeWidgetItem([f"$ {e.get('command')}", f"exit {e.get('exit_status')}",
+                                             str(e.get("output") or "").strip()[:2000]])
+                    child.setToolTip(2, str(e.get("output") or "")[:4000])
+                    top.addChild(child)
+            for x in d.get("explained") or []:
+                top.addChild(QTreeWidgetItem(["explained", "", f"{x.get('cause')} — {x.get('fix')}"]))
             self.doctor.addTopLevelItem(top)
             fix = d.get("fix")
-            if fix and d.get("status") in ("fail", "warn"):
+            if fix and d.get("status") in ("fail", "warn") and fix not in self.fix_buttons:
                 b = QPushButton("Fix…")
+                b.setObjectName(f"fix_{fix}")
                 b.setToolTip(f"Show the commands of fix '{fix}' and run them")
-                b.clicked.connect(lambda _=False, dd=d: asyncio.ensure_future(self.run_fix(dd)))
+                b.clicked.connect(lambda _=False, dd=d: self._start(self.run_fix(dd)))
                 self.doctor.setItemWidget(top, 3, b)
+                self.fix_buttons[str(fix)] = b
+
+    def _start(self, coro: Any) -> None:
+        self._task = asyncio.ensure_future(coro)
 
     async def probe(self) -> list[dict[str, Any]]:
-        from app.core.device.board import BoardError, open_board
+        from app.core.device.errors import BoardError
 
-        name = self.selected_board()
         self.probe_button.setEnabled(False)
-        self.conn_label.setText(f"Connecting to <b>{html.escape(name)}</b>…")
         items: list[dict[str, Any]] = []
         try:
-            def on_state(state: str, detail: str) -> None:
-                self.conn_label.setText(f"{html.escape(name)}: <b>{state}</b> {html.escape(detail)}")
-                self.log(f"[{time.strftime('%H:%M:%S')}] {name}: {state} {detail}")
-
-            board = await open_board(name, self.c.settings, self.c.workspace.root, trust=self._trust,
-                                     on_state=on_state)
+            board = await self.open_selected()
             try:
                 items = await self._run_doctor(board)
             finally:
@@ -215,52 +285,77 @@ class BoardPage(StagePage):
             self.conn_label.setText(f"<span style='color:{col}'><b>{html.escape(board.label)}</b>: "
                                     f"{len(failing)} failing check(s) of {len(items)}</span>")
         except BoardError as exc:
-            self.conn_label.setText(f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(exc.message)}</span>"
-                                    + (f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""))
-            self.log(f"FAILED: {exc.message}")
+            self._error(exc)
         finally:
             self.probe_button.setEnabled(True)
         self.show_doctor(items)
         return items
 
     async def _run_doctor(self, board: Any) -> list[dict[str, Any]]:
-        try:
-            from app.core.device import doctor as doctor_mod
-        except ImportError:
-            doctor_mod = None  # type: ignore[assignment]
-        if doctor_mod is not None and hasattr(doctor_mod, "run_doctor") and not board.simulated:
-            report = await doctor_mod.run_doctor(board)
-            items = [c if isinstance(c, dict) else c.as_json() for c in
-                     (report.get("checks", []) if isinstance(report, dict) else report)]
+        if not board.simulated:
+            from app.core.device.doctor import probe
+
+            self._report = await probe(board)
+            items = [c.to_dict() for c in self._report.checks]
         else:
             res = await board.transport.run([*board.genie_command, "--help"], timeout=60)
-            self.log(f"$ genie-t2t-run --help   (exit {res.exit_status})")
-            items = [{"id": "genie_runner", "status": "ok" if res.exit_status == 0 else "fail",
-                      "message": "genie-t2t-run starts" + (" (simulator)" if board.simulated else ""),
-                      "evidence": {"command": "genie-t2t-run --help", "exit_status": res.exit_status,
-                                   "output": (res.stdout + res.stderr)[-600:]}}]
-            if board.simulated:
-                items.append({"id": "npu", "status": "skip", "message": "Simulator board: no Hexagon NPU, FastRPC or "
-                              "QAIRT; the doctor's device checks apply to real boards.", "evidence": {}})
+            items = [{"id": "genie", "title": "genie-t2t-run present and runnable",
+                      "status": "ok" if res.exit_status == 0 else "fail",
+                      "message": "The simulator's genie-t2t-run starts (simulated board).",
+                      "evidence": [{"command": "genie-t2t-run --help", "exit_status": res.exit_status,
+                                    "output": (res.stdout + res.stderr)[-600:]}]},
+                     {"id": "npu", "title": "Hexagon NPU", "status": "skip",
+                      "message": "Simulator board: no Hexagon NPU, FastRPC or QAIRT; the doctor's device checks "
+                                 "apply to real boards.", "evidence": []}]
         for i in items:
-            ev = i.get("evidence") or {}
-            if isinstance(ev, dict) and ev.get("command"):
-                self.log(f"$ {ev['command']}\n{str(ev.get('output', ''))[-400:]}")
+            for e in i.get("evidence") or []:
+                if isinstance(e, dict):
+                    self.log(f"$ {e.get('command')}   (exit {e.get('exit_status')})\n"
+                             f"{str(e.get('output') or '').rstrip()[-400:]}")
         return items
 
-    async def run_fix(self, item: dict[str, Any]) -> None:
+    async def run_fix(self, item: dict[str, Any]) -> Any:
+        """Plan the item's fix, show its commands (and ask for sudo), run it, then show the re-run checks."""
+        from app.core.device import fixes
+        from app.core.device.errors import BoardError
+        from app.core.secrets import get_secret, set_secret, sudo_password_key
+
+        name = self.selected_board()
+        fix_id = str(item.get("fix"))
         try:
-            from app.core.device import fixes
-        except ImportError:
-            QMessageBox.information(self, "Fix", f"Fix '{item.get('fix')}': {item.get('message')}")
-            return
-        describe = getattr(fixes, "describe_fix", None)
-        text = describe(str(item.get("fix"))) if describe else str(item.get("fix"))
-        if QMessageBox.question(self, f"Fix {item.get('id')}", f"This fix runs on the board:\n\n{text}\n\nRun it?") \
-                != QMessageBox.StandardButton.Yes:
-            return
-        self.log(f"# fix {item.get('fix')}\n{text}")
-        await self.probe()
+            board = await self.open_selected()
+        except BoardError as exc:
+            self._error(exc)
+            return None
+        try:
+            zip_path = self.choose_qairt_zip() if fix_id == "qairt_install" else None
+            if fix_id == "qairt_install" and zip_path is None:
+                return None
+            plan = await fixes.plan_fix(board, fix_id, getattr(self, "_report", None), qairt_zip=zip_path)
+            stored = get_secret(sudo_password_key(name))
+            ok, password, remember = self.confirm_fix(plan, stored)
+            if not ok:
+                self.log(f"# fix {fix_id}: cancelled")
+                return None
+            if remember and password:
+                set_secret(sudo_password_key(name), password)
+            self.log(f"# fix {fix_id}: {plan.title}")
+            res = await fixes.apply_fix(board, plan, sudo_password=password, on_log=self.log)
+        except BoardError as exc:
+            self._error(exc)
+            return None
+        finally:
+            await board.transport.close()
+        col = STATE_COLORS["done" if res.status in ("applied", "already") else "failed"]
+        self.conn_label.setText(f"<span style='color:{col}'>Fix {html.escape(fix_id)}: {res.status}</span> — "
+                                f"{html.escape(res.message)}")
+        if res.manual_commands:
+            self.log("Run these on the board as an administrator:\n  " + "\n  ".join(res.manual_commands))
+        if res.checks and hasattr(self, "_report"):
+            done = {c["id"]: c for c in res.checks}
+            items = [done.get(c.id, c.to_dict()) for c in self._report.checks]
+            self.show_doctor(items)
+        return res
 
     # -- stage events ---------------------------------------------------------------------------
     def _on_stage_event(self, stage: str, ev: dict[str, Any]) -> None:

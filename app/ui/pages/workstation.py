@@ -50,9 +50,9 @@ class FixDialog(QDialog):
         self.text = QPlainTextEdit(text)
         self.text.setReadOnly(True)
         lay.addWidget(self.text)
-        self.result = note("")
-        self.result.setObjectName("fix_result")
-        lay.addWidget(self.result)
+        self.outcome = note("")
+        self.outcome.setObjectName("fix_result")
+        lay.addWidget(self.outcome)
         bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         copy = bb.addButton("Copy", QDialogButtonBox.ButtonRole.ActionRole)
         copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(text))
@@ -63,9 +63,9 @@ class FixDialog(QDialog):
 
             def run() -> None:
                 try:
-                    self.result.setText(apply())
+                    self.outcome.setText(apply())
                 except Exception as exc:
-                    self.result.setText(f"<span style='color:{STATUS_COLORS['fail']}'>{exc}</span>")
+                    self.outcome.setText(f"<span style='color:{STATUS_COLORS['fail']}'>{exc}</span>")
                 assert self.apply_button is not None
                 self.apply_button.setEnabled(False)
             self.apply_button.clicked.connect(run)

@@ -1,0 +1,81 @@
+"""The Board page (device console) against the EVK test board: first contact asks to trust the host
+key, the doctor's checklist shows the shipped faults with their evidence, a Fix shows its commands
+and takes the sudo password, and the re-run checks pass. The password never reaches the console."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gui.conftest import wait_until
+from tests.support.sshd import sshd_available
+
+ok, why = sshd_available()
+pytestmark = [pytest.mark.sshd, pytest.mark.slow, pytest.mark.skipif(not ok, reason=why)]
+SUDO = "evk-sudo-canary-91d2"
+
+
+def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    from app.core.runs import Workspace
+    from app.core.settings import Settings
+    from app.ui.controller import RunController
+    from app.ui.main_window import MainWindow
+    from tests.support.evk_board import EvkBoard
+
+    with EvkBoard(tmp_path / "evk", sudo_password=SUDO) as evk:
+        s = Settings.load()
+        s.boards["evk"] = evk.board_config()
+        s.save()
+        c = RunController(Workspace(tmp_path / "ws"), Settings.load())
+        w = MainWindow(c)
+        qtbot.addWidget(w)
+        w.resize(1280, 1000)
+        w.show()
+        w.show_stage("board")
+        page = w.pages["board"]
+        page.reload_boards()
+        rows = [page.boards.item(i).data(256) for i in range(page.boards.count())]
+        page.boards.setCurrentRow(rows.index("evk"))
+        asked: list[tuple[Any, ...]] = []
+        page.confirm_trust = lambda *a: asked.append(a) or True  # type: ignore[method-assign]
+        shown: list[list[str]] = []
+
+        def confirm_fix(plan: Any, stored: str | None) -> tuple[bool, str | None, bool]:
+            shown.append(plan.commands)
+            return True, SUDO, False
+        page.confirm_fix = confirm_fix  # type: ignore[method-assign]
+
+        async def scenario() -> None:
+            items = await page.probe()
+            assert asked and asked[0][3] == evk.server.host_key_fingerprint
+            by = {i["id"]: i for i in items}
+            assert by["soc"]["status"] == "ok" and by["fastrpc_group"]["status"] == "fail"
+            assert page.doctor.topLevelItemCount() == len(items)
+            assert "group_add" in page.fix_buttons
+            top = next(page.doctor.topLevelItem(i) for i in range(page.doctor.topLevelItemCount())
+                       if page.doctor.topLevelItem(i).data(0, 256) == "fastrpc_group")
+            assert top.childCount() >= 1 and top.child(0).text(0).startswith("$ ")
+            page.fix_buttons["group_add"].click()
+            await wait_until(lambda: page._task.done(), 120, "the group_add fix")
+            res = page._task.result()
+            assert res is not None and res.status == "applied", res
+            assert shown and any("groupadd" in cmd or "usermod" in cmd for cmd in shown[0])
+            after = {page.doctor.topLevelItem(i).data(0, 256): page.doctor.topLevelItem(i).text(1)
+                     for i in range(page.doctor.topLevelItemCount())}
+            assert after["fastrpc_group"] == "ok" and after["fastrpc_member"] == "ok"
+            keep = os.environ.get("HEXSTUDIO_SCREENSHOTS")
+            if keep:
+                page.doctor.expandItem(top)
+                path = tmp_path / "06-board-evk.png"
+                w.grab().save(str(path))
+                shutil.copy2(path, Path(keep) / path.name)
+
+        gui_loop.run_until_complete(scenario())
+        console = page.console.toPlainText()
+        assert "groupadd" in console or "usermod" in console
+        assert SUDO not in console and SUDO not in page.conn_label.text()
