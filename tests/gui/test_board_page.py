@@ -24,6 +24,8 @@ def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.Abstra
     from app.core.runs import Workspace
     from app.core.settings import Settings
     from app.ui.controller import RunController
+    from PySide6.QtWidgets import QApplication, QScrollArea
+
     from app.ui.main_window import MainWindow
     from tests.support.evk_board import EvkBoard
 
@@ -70,7 +72,15 @@ def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.Abstra
             assert after["fastrpc_group"] == "ok" and after["fastrpc_member"] == "ok"
             keep = os.environ.get("HEXSTUDIO_SCREENSHOTS")
             if keep:
-                page.doctor.expandItem(top)
+                for i in range(page.doctor.topLevelItemCount()):
+                    item = page.doctor.topLevelItem(i)
+                    if item.data(0, 256) in ("fastrpc_device", "udev_rule"):
+                        page.doctor.expandItem(item)
+                w.dock.hide()
+                for _ in range(5):
+                    QApplication.processEvents()
+                scroll = page.findChild(QScrollArea)
+                scroll.ensureWidgetVisible(page.doctor)
                 path = tmp_path / "06-board-evk.png"
                 w.grab().save(str(path))
                 shutil.copy2(path, Path(keep) / path.name)
