@@ -162,6 +162,9 @@ class LocalTransport:
 CHUNK = 256 * 1024
 WINDOW = 64 * 1024 * 1024
 PGID_MARK = b"HEXSTUDIO_PGID:"
+# SFTP write size: OpenSSH's channel packets carry 32 KiB; a 32 KiB write plus its SFTP header would
+# split into a full packet and a tiny one (measured: 73 -> 94 MB/s on loopback with this).
+SFTP_WRITE = 32768 - 256
 
 
 class ConnectionLost(Exception):
@@ -371,6 +374,7 @@ class SshTransport:
                 offset = psize
         with open(local, "rb") as src, sftp.open(part, "ab" if offset else "wb") as dst:
             dst.set_pipelined(True)
+            dst.MAX_REQUEST_SIZE = SFTP_WRITE  # one SSH packet per write request (not 32 KiB + a tiny one)
             src.seek(offset)
             done = offset
             if progress is not None and offset:
