@@ -87,7 +87,20 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
                                                                      "daemon_restart", "qairt_install"}
         assert all(c.evidence and c.evidence[0].command for c in r1.checks if c.status != "skip")
 
-        # 2. fixes, each re-checking what it affects
+        # 2. QAIRT from the SDK zip: only what the board needs
+        plan = await plan_qairt_install(board, zip_path, bundle_dir=bundle)
+        assert any("tar -xf" in c for c in plan.commands) and any("ln -sfn 2.45.0.260326" in c for c in plan.commands)
+        res = await apply_fix(board, plan, sudo_password=CANARY, on_log=logs.append)
+        results.append(res.to_dict())
+        assert res.status == "applied", res.message
+        again = await apply_fix(board, plan, sudo_password=CANARY)
+        assert again.status == "already"
+        # now the HTP validator runs (it always exits 0): its text is parsed and its error decoded
+        val = {c["id"]: c for c in res.checks}["htp_validator"]
+        assert val["status"] == "fail" and "Unit Test" in val["evidence"][0]["output"]
+        assert val["explained"][0]["id"] == "fastrpc_ebadfd" and val["fix"] == "group_add"
+
+        # 3. fixes, each re-checking what it affects
         fixed_by = {"group_add": ("fastrpc_group", "fastrpc_member", "fastrpc_login"),
                     "udev_rule": ("udev_rule", "fastrpc_device"), "daemon_restart": ("fastrpc_daemons",),
                     "reboot": ("remoteproc", "fastrpc_device", "fastrpc_daemons", "fastrpc_login")}
@@ -106,14 +119,6 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
         again = await apply_fix(board, await plan_fix(board, "group_add"), sudo_password=CANARY)
         assert again.status == "already"
 
-        # 3. QAIRT from the SDK zip: only what the board needs
-        plan = await plan_qairt_install(board, zip_path, bundle_dir=bundle)
-        assert any("tar -xf" in c for c in plan.commands) and any("ln -sfn 2.45.0.260326" in c for c in plan.commands)
-        res = await apply_fix(board, plan, sudo_password=CANARY, on_log=logs.append)
-        results.append(res.to_dict())
-        assert res.status == "applied", res.message
-        again = await apply_fix(board, plan, sudo_password=CANARY)
-        assert again.status == "already"
 
         # 4. the doctor passes, the HTP validator's text parsed
         r2 = await probe(board)

@@ -50,6 +50,10 @@ def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
         assert any(c.startswith("sudo install -D -m 0644") for c in udev.manual_commands)
         reboot = await apply_fix(board, await plan_fix(board, "reboot", r))
         assert reboot.status == "manual" and reboot.manual_commands[0].startswith("sudo reboot")
+        pk = await plan_fix(board, "fastrpc_packages", r)
+        assert any(c.startswith("sudo apt-get install -y ") for c in pk.commands) and "sudo ldconfig" in pk.commands
+        pk_res = await apply_fix(board, pk)
+        assert pk_res.manual_commands == ["sudo ldconfig"]    # libcdsprpc is already there: no apt-get
         after = await probe(board, only=["fastrpc_group", "udev_rule"])
         assert [c.status for c in after.checks] == ["fail", "fail"]   # nothing was half-done
         await board.transport.close()
