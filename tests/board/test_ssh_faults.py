@@ -123,3 +123,23 @@ def test_dropped_push_resumes_with_only_the_rest(ssh_server: SshServer, tmp_path
         await board.transport.run(["rm", "-rf", "--", res.remote_dir])
         await board.transport.close()
     asyncio.run(go())
+
+
+def test_short_commands_never_lose_their_output(ssh_server: SshServer) -> None:
+    """Output that arrives together with the exit status and the channel close is kept (a race that once
+    gave an empty `id -un`)."""
+    settings = settings_with("root", _cfg(ssh_server))
+
+    async def go() -> list[str]:
+        board = await open_board("root", settings, trust=lambda *a: True)
+        sem = asyncio.Semaphore(8)
+
+        async def one(i: int) -> str:
+            async with sem:
+                r = await board.transport.run(["printf", "%s", f"out-{i}"])
+                assert r.exit_status == 0
+                return r.stdout
+        outs = await asyncio.gather(*(one(i) for i in range(64)))
+        await board.transport.close()
+        return list(outs)
+    assert asyncio.run(go()) == [f"out-{i}" for i in range(64)]

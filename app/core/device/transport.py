@@ -300,7 +300,9 @@ class SshTransport:
                 out, err = bytearray(), bytearray()
                 deadline = None if timeout is None else time.monotonic() + timeout
                 ch.settimeout(0.2)
-                while True:
+
+                def drain() -> bool:
+                    nonlocal out, err
                     got = False
                     with contextlib.suppress(socket.timeout):
                         while ch.recv_ready():
@@ -309,10 +311,21 @@ class SshTransport:
                         while ch.recv_stderr_ready():
                             err += ch.recv_stderr(CHUNK)
                             got = True
-                    if ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready():
+                    return got
+
+                while True:
+                    got = drain()
+                    if ch.exit_status_ready():
+                        # the exit status comes after all the output (one ordered stream): what arrived
+                        # between the drain above and now is still buffered, take it
+                        drain()
                         break
                     if ch.closed or not self.connected:
+                        drain()
                         if ch.exit_status_ready():
+                            break
+                        if ch.closed and self.connected:   # ended without a status: killed by a signal
+                            err += f"\n{argv[0]} ended without an exit status (killed by a signal?)".encode()
                             break
                         raise ConnectionLost(f"The SSH connection to {self.label} dropped while running "
                                              f"{argv[0]}.")
