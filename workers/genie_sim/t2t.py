@@ -203,11 +203,19 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("[BEGIN]: ")
     sys.stdout.flush()
 
+    stamps: list[tuple[float, int]] = []   # (monotonic time, reply characters so far): bench/stream.py
+    written = 0
+
     def on_text(text: str) -> None:
+        nonlocal written
+        written += len(text)
+        stamps.append((time.monotonic(), written))   # taken just before the write
         sys.stdout.write(text)
         sys.stdout.flush()
 
     q = dialog.query(prompt, args.max_tokens, on_text)
+    if os.environ.get("HEXSTUDIO_SIM_TOKEN_LOG"):
+        Path(os.environ["HEXSTUDIO_SIM_TOKEN_LOG"]).write_text(json.dumps(stamps))
     if q["state"] == "context_full":
         log("warn", "warn", "context full: the prompt and reply do not fit in the context length")
     sys.stdout.write("[END]\n")
