@@ -27,12 +27,13 @@ HOSTILE = ("$(touch {canary}) `touch {canary}` \"double\" 'single' ; touch {cana
            "second line\twith a tab \\ backslash — naïve café 日本語 ✓ 🙂")
 
 
-async def ssh_board(srv: SshServer, *, simulated: bool, config: dict[str, Any] | None = None) -> Board:
+async def ssh_board(srv: SshServer, *, simulated: bool, config: dict[str, Any] | None = None,
+                    env_script: str | None = None) -> Board:
     cfg = {"host": srv.host, "port": srv.port, "user": srv.user, "key_path": str(srv.client_key_path), "auth": "key"}
     t = await connect_ssh("evk-test", cfg, trust=lambda *_a: True)
     if simulated:  # the simulator installed on the test board (same flags and output as genie-t2t-run)
         return Board("evk-test", t, True, genie_command=[sys.executable, "-m", "workers.genie_sim.t2t"])
-    return Board("evk-test", t, False, config=config or {})
+    return Board("evk-test", t, False, config=config or {}, env_script=env_script)
 
 
 def test_chat_turn_streams_over_ssh_and_the_profile_matches(ssh_server: SshServer,
@@ -99,8 +100,13 @@ def test_persistent_session_over_ssh_with_the_test_libgenie(ssh_server: SshServe
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=1200, token_ms=15, tokens=8, echo=echo)
     prompt = HOSTILE.format(canary=canary)
 
+    # like the EVK: libGenie.so is found through the QAIRT environment script's LD_LIBRARY_PATH
+    env_script = tmp_path / "qairt-env.sh"
+    env_script.write_text(f"export LD_LIBRARY_PATH={fake_genie.lib.parent}:${{LD_LIBRARY_PATH:-}}\n")
+
     async def go() -> tuple[ChatSession, list[TurnResult], list[Chunk]]:
-        board = await ssh_board(ssh_server, simulated=False, config=fake_genie.board_config())
+        board = await ssh_board(ssh_server, simulated=False, config={"python": sys.executable},
+                                env_script=str(env_script))
         first: list[Chunk] = []
         try:
             async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=8) as s:
@@ -159,3 +165,29 @@ def test_simulator_session_over_ssh(ssh_server: SshServer, sim_workspace: SimWor
     assert s.mode == mode and r.state == "complete" and r.simulated
     assert len(r.chunks) >= 2 and r.chunks[0].t < r.chunks[-1].t
     assert r.kpis is not None and r.kpis.source == "simulated" and r.kpis.generated_tokens == len(r.chunks)
+
+
+def test_fallback_over_ssh_runs_genie_t2t_run_per_turn(ssh_server: SshServer, fake_genie: FakeGenie,
+                                                       tmp_path: Path) -> None:
+    echo = tmp_path / "queries.txt"
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=300, token_ms=10, tokens=6, echo=echo)
+    env_script = tmp_path / "qairt-env.sh"
+    env_script.write_text(f"export LD_LIBRARY_PATH={fake_genie.lib.parent}\n")
+
+    async def go() -> tuple[ChatSession, TurnResult, TurnResult]:
+        board = await ssh_board(ssh_server, simulated=False, config={"python": "/nonexistent/python3"},
+                                env_script=str(env_script))
+        board.genie_command = [str(fake_genie.t2t)]
+        try:
+            async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=6) as s:
+                return s, await s.send("First 'quoted' $(message)"), await s.send("Second")
+        finally:
+            await board.transport.close()
+
+    s, r1, r2 = asyncio.run(go())
+    assert s.mode == "per_turn" and s.fallback_reason is not None
+    for r in (r1, r2):
+        assert r.state == "complete" and r.mode == "per_turn" and len(r.text.split()) == 6
+        assert r.kpis is not None and r.kpis.source == "device" and (r.kpis.init_ms or 0) >= 290
+    q = [x for x in echo.read_bytes().decode("utf-8").split("\x1e") if x]
+    assert "First 'quoted' $(message)" in q[0] and "First 'quoted' $(message)" in q[1] and "Second" in q[1]
