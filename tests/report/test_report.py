@@ -193,3 +193,108 @@ def test_report_stage_writes_html_and_json(chatted_run: Path, tmp_path: Path) ->
     validate_report(rep)
     assert (run / "artifacts" / "report" / "report.html").stat().st_size > 2000
     assert rep["environment"]["host"] == "[host]"  # host names stay out unless the settings say otherwise
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_a_real_board_failure_is_reported_with_where_why_next_and_no_secrets(chatted_run: Path,
+                                                                               tmp_path: Path) -> None:
+    """The Board stage really fails (nothing listens on the board's port); the Report stage still runs."""
+    from app.core.manifest import RunManifest
+    from app.core.pipeline import Pipeline
+    from app.core.reports.render import to_html, validate_report
+    from app.core.secrets import board_password_key, set_secret, sudo_password_key
+    from app.core.settings import Settings
+
+    run = tmp_path / "ws" / "runs" / chatted_run.name
+    shutil.copytree(chatted_run, run)
+    s = Settings.load()
+    s.boards["evk"] = {"host": "127.0.0.1", "port": _closed_port(), "user": "qcsuser", "auth": "password"}
+    s.save()
+    set_secret(board_password_key("evk"), CANARY_PASSWORD)
+    set_secret(sudo_password_key("evk"), CANARY_PASSWORD + "-sudo")
+    doc = json.loads((run / "run.json").read_text())
+    doc["inputs"]["board"] = "evk"
+    (run / "run.json").write_text(json.dumps(doc))
+    res = asyncio.run(Pipeline(RunManifest.load(run)).run(only="board"))
+    assert not res.ok and res.stopped_at == "board"
+    res = asyncio.run(Pipeline(RunManifest.load(run)).run(only="report"))
+    assert res.ok, (res.message, res.hint)
+    rep = json.loads((run / "artifacts" / "report" / "report.json").read_text())
+    validate_report(rep)
+    f = rep["run"]["failure"]
+    assert rep["run"]["status"] == "failed" and f["stage"] == "board" and f["code"] == "board_unavailable"
+    assert f["message"] and f["hint"] and "doctor" in f["next_step"]
+    html = (run / "artifacts" / "report" / "report.html").read_text()
+    assert "Where it failed" in html and "board_unavailable" in html and "Next step" in html
+    assert to_html(rep).count("Where it failed") == 1
+    # host and user names stay out by default (include_host_in_reports is off); secrets never appear
+    for text in (json.dumps(rep), html):
+        assert "127.0.0.1" not in text and "qcsuser" not in text
+        assert CANARY_PASSWORD not in text
+    # the command line, by run id in its workspace, in every format
+    for fmt in ("json", "html", "pdf"):
+        out = tmp_path / f"failed.{fmt}"
+        cp = _cli("report", run.name, "--workspace", str(tmp_path / "ws"), "--format", fmt, "--out", str(out))
+        assert cp.returncode == 0, cp.stderr
+        assert "run failed" in cp.stderr
+    pdf_text = subprocess.run(["pdftotext", str(tmp_path / "failed.pdf"), "-"], capture_output=True, text=True,
+                              timeout=60).stdout
+    assert "Where it failed" in pdf_text and CANARY_PASSWORD not in pdf_text and "127.0.0.1" not in pdf_text
+    cp = _cli("report", run.name, "--workspace", str(tmp_path / "ws"), "--include-hosts", "--format", "json")
+    assert cp.returncode == 0 and "127.0.0.1" in cp.stdout and CANARY_PASSWORD not in cp.stdout
+
+
+def test_a_failed_compile_lists_its_ai_hub_jobs_and_reasons(chatted_run: Path, tmp_path: Path) -> None:
+    from app.core.manifest import RunManifest
+    from app.core.reports.collect import build_report
+    from app.core.reports.render import to_html, validate_report
+
+    run = tmp_path / "compile-failed"
+    shutil.copytree(chatted_run, run)
+    m = RunManifest.load(run)
+    for name in ("compile", "board", "chat"):
+        m.stage(name).data.update({"state": "pending", "outcome": None, "gate": None})
+    m.stage("compile").data.update({"state": "failed", "outcome": {
+        "kind": "failed", "code": "aihub_job_failed", "message": "AI Hub compile job jq1 (part 2) failed: "
+        "Out of memory on the target.", "hint": "Split the model in more parts.", "exit_code": 2, "signal": None}})
+    m.save()
+    shutil.rmtree(run / "artifacts" / "compile")
+    job = {"part": 1, "kind": "compile", "graph": "prompt_ar128_cl512_1_of_2", "job_id": "jp0",
+           "url": "https://app.aihub.qualcomm.com/jobs/jp0", "state": "SUCCESS"}
+    failed = {**job, "part": 2, "graph": "prompt_ar128_cl512_2_of_2", "job_id": "jq1", "state": "FAILED",
+              "reason": "Out of memory on the target."}
+    (run / "aihub_jobs.json").write_text(json.dumps({"version": 1, "key": "k", "jobs": {"a": job},
+                                                     "failed": [failed]}))
+    rep = build_report(run)
+    validate_report(rep)
+    assert rep["run"]["failure"]["stage"] == "compile" and "resume" in rep["run"]["failure"]["next_step"]
+    assert [j["job_id"] for j in rep["compile"]["jobs"]] == ["jp0"]
+    assert rep["compile"]["failed_jobs"][0]["reason"] == "Out of memory on the target."
+    # an earlier attempt's chat.json and board.json are still on disk, but they belong to stages not done now
+    assert rep["bundle"] is None and rep["kpis"] == [] and rep["chat"] is None and rep["board"] is None
+    html = to_html(rep)
+    assert "jq1" in html and "Failed AI Hub jobs" in html
+
+
+def test_secret_key_names_and_redaction_rules() -> None:
+    from app.core.reports.redact import REDACTED, is_secret_key, scrub
+
+    assert all(is_secret_key(k) for k in ("api_token", "aihub_token", "sudo_password", "clientSecret", "api-key",
+                                          "apiKey", "hf_token", "Authorization"))
+    assert not any(is_secret_key(k) for k in ("prompt_tokens", "generated_tokens", "tokenizer", "bos_token",
+                                              "eos_token_ids", "max_new_tokens", "key_path"))
+    out = scrub({"api_token": "abc", "note": "first token: 12 ms; Bearer xyz987; password=hunter22",
+                 "path": "/home/alice/ws on buildbox", "n": 3, "kv": ["alice-2", "buildbox.lan"],
+                 "msg": "s3cr3t-value inside"}, ["s3cr3t-value"], ["buildbox"], ["alice"])
+    assert out["api_token"] == REDACTED and out["n"] == 3
+    assert out["note"] == f"first token: 12 ms; Bearer {REDACTED}; password={REDACTED}"
+    assert out["path"] == "/home/[user]/ws on [host]" and out["kv"] == ["alice-2", "[host].lan"]
+    assert out["msg"] == f"{REDACTED} inside"

@@ -19,7 +19,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="a run id or run folder; or `compare` and two or more runs")
     p.add_argument("--format", choices=("html", "pdf", "json"), default="html")
     p.add_argument("--out", type=Path, default=None, help="output file (default: stdout for json, else required)")
-    p.add_argument("--redact-hosts", action="store_true", help="leave host and user names out")
+    hosts = p.add_mutually_exclusive_group()
+    hosts.add_argument("--redact-hosts", dest="redact_hosts", action="store_true", default=None,
+                       help="leave host and user names out (default: the include_host_in_reports setting)")
+    hosts.add_argument("--include-hosts", dest="redact_hosts", action="store_false",
+                       help="show host and user names")
     add_workspace_flag(p)
     p.set_defaults(func=cmd_report)
 
@@ -34,11 +38,23 @@ def _run_dir(args: argparse.Namespace, ref: str) -> Path:
         raise CliError(str(exc), "List runs with `hexstudio runs list`, or give the run folder.") from None
 
 
+def _redact_hosts(args: argparse.Namespace) -> bool:
+    if args.redact_hosts is not None:
+        return bool(args.redact_hosts)
+    from app.core.settings import Settings
+
+    try:
+        return not bool(Settings.load().data.get("include_host_in_reports", False))
+    except Exception:  # an unreadable settings file: err on the side of privacy
+        return True
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from app.core.reports.collect import build_report
     from app.core.reports.compare import compare_html, compare_reports
     from app.core.reports.render import ReportError, validate_report, write
 
+    args.redact_hosts = _redact_hosts(args)
     try:
         if args.runs[0] == "compare":
             if args.format == "pdf":

@@ -5,8 +5,10 @@ render from it. Every KPI carries its source: "device", "simulated", "emulated" 
 
 from __future__ import annotations
 
+import getpass
 import json
 import platform
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,8 @@ def _resources(run_dir: Path, stage: str, max_points: int = 400) -> list[list[fl
             continue
         t0 = s["t"] if t0 is None else t0
         rows.append([round(float(s["t"]) - t0, 3), float(s.get("rss") or 0), float(s.get("vram") or 0)])
+    while rows and not rows[-1][1] and not rows[-1][2]:  # the sample taken as the process tree exited
+        rows.pop()
     step = max(1, len(rows) // max_points)
     return rows[::step]
 
@@ -134,7 +138,7 @@ def _recipe_rows(versions: dict[str, Any], python: str) -> list[dict[str, Any]]:
 def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: list[str] | None = None) -> dict[str, Any]:
     m = RunManifest.load(run_dir)
     art = run_dir / "artifacts"
-    model_doc = _read_json(art / "model" / "model.json") or {}
+    model_doc = (_read_json(art / "model" / "model.json") or {}) if m.stage("model").state == "done" else {}
     info = model_doc.get("info") or {}
     stages = _stage_rows(m)
     status, failure = _status(stages)
@@ -162,25 +166,29 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
         "events": [{"t": e.get("t"), "kind": e.get("kind"), "message": e.get("message")}
                    for e in m.data.get("events") or []],
     }
-    v = _read_json(art / "validate" / "validation.json")
+    # a stage's artifacts count only when the stage is done: after a failed attempt artifacts/<stage>/ still
+    # holds an earlier attempt's files, which would describe a different run
+    done = {st["name"] for st in stages if st["state"] == "done"}
+
+    def artifact(stage: str, rel: str) -> dict[str, Any] | None:
+        return _read_json(art / stage / rel) if stage in done else None
+
+    v = artifact("validate", "validation.json")
     if v:
         rep["validation"] = {"verdict": v.get("verdict"), "summary": v.get("summary"),
                              "checks": v.get("checks") or {}, "calibration_graph": v.get("calibration_graph")}
-    b = _read_json(art / "compile" / "bundle" / "bundle.json")
+    b = artifact("compile", "bundle/bundle.json")
+    rep["compile"] = _compile_section(run_dir, b, "compile" in done)
     if b:
-        rep["compile"] = {"simulated": bool(b.get("simulated")), "emulated": bool(b.get("emulated")),
-                          "device": b.get("device"), "qairt_version": b.get("qairt_version"),
-                          "context_length": b.get("context_length"), "parts": b.get("parts"),
-                          "jobs": b.get("aihub_jobs") or []}
         rep["bundle"] = {"files": b.get("files") or []}
-    bd = _read_json(art / "board" / "board.json")
+    bd = artifact("board", "board.json")
     if bd:
         rep["board"] = {"name": bd.get("board"), "label": bd.get("label"), "simulated": bool(bd.get("simulated")),
                         "doctor": bd.get("doctor") or [], "push": bd.get("push") or {}}
-    ch = _read_json(art / "chat" / "chat.json")
+    ch = artifact("chat", "chat.json")
     if ch:
-        source = str(ch.get("source") or ("simulated" if (bd or {}).get("simulated") else "device"))
-        rep["chat"] = {"source": source, "prompt": ch.get("prompt"), "reply": ch.get("reply"),
+        source = _chat_source(ch, bd, m)
+        rep["chat"] = {"source": source, "board": ch.get("board"), "prompt": ch.get("prompt"), "reply": ch.get("reply"),
                        "state": ch.get("state")}
         k = ch.get("kpis") or {}
         for key, (label, unit) in KPI_LABELS.items():
@@ -188,25 +196,84 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
                                 "reference": REFERENCE_KPIS[key]})
         rep["series"]["token_rate"] = token_rate_series(ch.get("chunks") or [])
     for s in STAGES:
-        series = _resources(run_dir, s.name)
+        series = _resources(run_dir, s.name) if m.stage(s.name).state != "pending" else []
         if series:
             rep["series"]["resources"][s.name] = series
-    secrets = list(extra_secrets or [])
+    secrets = list(extra_secrets or []) + _keyring_secrets()
+    hosts: list[str] = []
+    users: list[str] = []
+    if redact_hosts:
+        hosts, users = _names_to_hide(m, env, bd)
+        rep["environment"]["host"] = "[host]" if env.get("host") else None
+    out: dict[str, Any] = scrub(rep, secrets, hosts, users)
+    return out
+
+
+def _names_to_hide(m: RunManifest, env: dict[str, Any], board_doc: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+    """Host and user names of this machine and of the run's board (settings and the board's ssh:// label)."""
+    hosts = [str(env.get("host") or ""), socket.gethostname()]
+    users = [_local_user()]
+    label = (board_doc or {}).get("label")
+    if isinstance(label, str) and label.startswith("ssh://"):
+        user, _, host = label.split("//", 1)[1].rsplit(":", 1)[0].rpartition("@")
+        hosts.append(host)
+        users.append(user)
+    try:
+        from app.core.settings import Settings
+
+        cfg = Settings.load().boards.get(str(m.inputs.get("board") or ""), {})
+        hosts += [str(cfg.get("host") or ""), str(cfg.get("ssh_alias") or "")]
+        users.append(str(cfg.get("user") or ""))
+    except Exception:  # an unreadable settings file: hide what the run itself names
+        pass
+    placeholders = {"redacted", "[host]", "[user]", "localhost"}
+    return ([h for h in hosts if h and h not in placeholders],
+            [u for u in users if u and u not in placeholders])
+
+
+def _local_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        return ""
+
+
+def _keyring_secrets() -> list[str]:
+    """Every secret HexStudio keeps in keyring (AI Hub and HF tokens, each board's SSH and sudo password)."""
     try:
         from app.core.secrets import board_password_key, known_secret_values, sudo_password_key
         from app.core.settings import Settings
 
-        names = [board_password_key(n) for n in Settings.load().boards] + \
-                [sudo_password_key(n) for n in Settings.load().boards]
-        secrets += known_secret_values() + known_secret_values(names)
-    except Exception:
-        pass
-    hide: list[str] = []
-    if redact_hosts:
-        hide = [str(env.get("host") or "")]
-        if bd and isinstance(bd.get("label"), str) and "@" in bd["label"]:
-            user_host = bd["label"].split("//")[-1].split(":")[0]
-            hide += user_host.split("@")
-        rep["environment"]["host"] = "[host]" if env.get("host") else None
-    out: dict[str, Any] = scrub(rep, secrets, hide)
-    return out
+        boards = list(Settings.load().boards)
+        names = [board_password_key(n) for n in boards] + [sudo_password_key(n) for n in boards]
+        return known_secret_values() + known_secret_values(names)
+    except Exception:  # an unreadable settings file or keyring must not stop a report; values are still
+        return []      # scrubbed by key name and by pattern
+
+
+def _chat_source(chat: dict[str, Any], board_doc: dict[str, Any] | None, m: RunManifest) -> str:
+    """device | simulated. When chat.json does not say, anything that could be the simulator is simulated."""
+    src = chat.get("source") or (chat.get("kpis") or {}).get("source")
+    if src in ("device", "simulated", "emulated"):
+        return str(src)
+    if (board_doc or {}).get("simulated") or m.inputs.get("board") == "sim" or board_doc is None:
+        return "simulated"
+    return "device"
+
+
+def _compile_section(run_dir: Path, bundle: dict[str, Any] | None, done: bool) -> dict[str, Any] | None:
+    """From compile.json (job states), else bundle.json, else the AI Hub jobs file of an unfinished compile."""
+    cj = (_read_json(run_dir / "artifacts" / "compile" / "compile.json") or {}) if done else {}
+    jobs_file = _read_json(run_dir / "aihub_jobs.json") or {}
+    if not (bundle or cj or jobs_file):
+        return None
+    src = bundle or cj
+    jobs = cj.get("jobs") or (bundle or {}).get("aihub_jobs") or list((jobs_file.get("jobs") or {}).values())
+    failed = cj.get("failed_jobs") if cj else jobs_file.get("failed")
+    keep = ("part", "kind", "graph", "job_id", "url", "state", "reason")
+    return {"simulated": bool(src.get("simulated")), "emulated": bool(src.get("emulated")),
+            "target": cj.get("target") or ("simulation" if src.get("simulated") else "aihub"),
+            "device": src.get("device"), "qairt_version": src.get("qairt_version"),
+            "context_length": src.get("context_length"), "parts": src.get("parts"),
+            "jobs": [{k: j.get(k) for k in keep if k in j} for j in jobs],
+            "failed_jobs": [{k: j.get(k) for k in keep if k in j} for j in failed or []]}

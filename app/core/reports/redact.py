@@ -6,34 +6,51 @@ like bearer tokens in text (`Authorization: Bearer ...`, `api_token = ...`)."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 from typing import Any
 
 REDACTED = "[redacted]"
-SECRET_KEY = re.compile(r"(token|password|passwd|secret|api[_-]?key|credential|authorization)", re.I)
-SECRET_TEXT = re.compile(r"(?i)(bearer\s+|api[_-]?token\s*[=:]\s*|token\s*[=:]\s*|password\s*[=:]\s*)(\S+)")
+# a key is secret when one of its words (split at _ - . : or camelCase) is one of these
+SECRET_WORDS = {"token", "password", "passwd", "pwd", "secret", "apikey", "credential", "credentials",
+                "authorization", "passphrase", "cookie"}
+SECRET_PAIRS = {("api", "key"), ("private", "key"), ("access", "key"), ("session", "key")}
+TOKENIZER_WORDS = {"bos", "eos", "pad", "unk", "sep", "cls", "mask"}  # bos_token = "<s>" is no secret
+SECRET_TEXT = re.compile(r"(?i)(bearer\s+|\b(?:api|access|auth|hf|aihub)[_-]?token\s*[=:]\s*|\btoken\s*=\s*|"
+                         r"\bpass(?:word|wd)\s*[=:]\s*)([^\s\"',;]+)")
 
 
-def _scrub_text(text: str, values: list[str], names: list[str]) -> str:
+def is_secret_key(key: str) -> bool:
+    """`api_token`, `sudo_password`, `clientSecret`, `api-key` are secret; `prompt_tokens`, `tokenizer` are not."""
+    words = [w.lower() for w in re.split(r"[_\-.:\s]+|(?<=[a-z])(?=[A-Z])", key) if w]
+    for i, w in enumerate(words):
+        if w in SECRET_WORDS and not (w == "token" and i > 0 and words[i - 1] in TOKENIZER_WORDS):
+            return True
+    return any(pair in SECRET_PAIRS for pair in itertools.pairwise(words))
+
+
+def _scrub_text(text: str, values: list[str], names: list[tuple[str, str]]) -> str:
     for v in values:
         if v and len(v) >= 4:
             text = text.replace(v, REDACTED)
     text = SECRET_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
-    for n in names:
-        if n and len(n) >= 2:
-            text = re.sub(rf"(?<![\w.-]){re.escape(n)}(?![\w.-])", "[host]", text)
+    for n, placeholder in names:
+        if len(n) >= 2:
+            text = re.sub(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", placeholder, text)
     return text
 
 
-def scrub(obj: Any, secret_values: Iterable[str] = (), names: Iterable[str] = ()) -> Any:
-    """A deep copy of `obj` with secrets (and the given host/user names) replaced."""
+def scrub(obj: Any, secret_values: Iterable[str] = (), names: Iterable[str] = (), users: Iterable[str] = ()) -> Any:
+    """A deep copy of `obj` with secrets replaced, and the given host names and user names (whole words only:
+    `/home/alice/x` -> `/home/[user]/x`) replaced by placeholders."""
     values = sorted({v for v in secret_values if v}, key=len, reverse=True)
-    hide = sorted({n for n in names if n}, key=len, reverse=True)
+    pairs = {n: "[host]" for n in names if n}
+    pairs.update({u: "[user]" for u in users if u})
+    hide = sorted(pairs.items(), key=lambda kv: len(kv[0]), reverse=True)
 
     def walk(x: Any, key: str | None = None) -> Any:
-        if key is not None and isinstance(x, str) and x and SECRET_KEY.search(key) \
-                and not key.endswith(("_tokens", "tokens")):
+        if key is not None and isinstance(x, str) and x and is_secret_key(key):
             return REDACTED
         if isinstance(x, dict):
             return {k: walk(v, str(k)) for k, v in x.items()}

@@ -45,6 +45,14 @@ def _clock(v: Any) -> str:
     return v.split("T", 1)[1][:8]
 
 
+def _when(v: Any) -> str:
+    """2026-11-22T15:49:49.214+00:00 -> 2026-11-22 15:49:49 UTC."""
+    if not isinstance(v, str) or "T" not in v:
+        return "—"
+    day, clock = v.split("T", 1)
+    return f"{day} {clock[:8]} UTC" if v.endswith(("+00:00", "Z")) else f"{day} {clock[:8]}"
+
+
 def _env() -> Any:
     import jinja2
 
@@ -53,6 +61,7 @@ def _env() -> Any:
     env.filters["bytes"] = _bytes
     env.filters["num"] = _num
     env.filters["clock"] = _clock
+    env.filters["when"] = _when
     return env
 
 
@@ -113,8 +122,17 @@ def write(r: dict[str, Any], fmt: str, out: Path) -> Path:
     return out
 
 
+SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "report.schema.json"
+
+
 def validate_report(r: dict[str, Any]) -> None:
+    """Check a report against app/core/schemas/report.schema.json (JSON Schema draft 2020-12)."""
     import jsonschema
 
-    schema = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "report.schema.json").read_text())
-    jsonschema.validate(r, schema)
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text(encoding="utf-8")))
+    err = jsonschema.exceptions.best_match(validator.iter_errors(r))
+    if err is not None:
+        where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
+        raise ReportError(f"The report does not match its schema at {where}: {err.message}",
+                          "This is a HexStudio bug, not a problem with your run: export --format html meanwhile, "
+                          "and report it with the run's run.json.")

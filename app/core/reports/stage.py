@@ -10,10 +10,20 @@ from app.core.reports.collect import build_report
 from app.core.reports.render import ReportError, validate_report, write
 
 
+def _redact_hosts() -> bool:
+    """Host and user names stay out of reports unless the studio setting include_host_in_reports says so."""
+    from app.core.settings import Settings
+
+    try:
+        return not bool(Settings.load().data.get("include_host_in_reports", False))
+    except Exception:  # an unreadable settings file: err on the side of privacy
+        return True
+
+
 async def run_report_stage(ctx: StageContext) -> dict[str, Any]:
     em = ctx.emitter
     em.progress(0.1, "collecting the run")
-    hosts = not bool(ctx.settings.get("include_host_in_reports", False))
+    hosts = await asyncio.to_thread(_redact_hosts)
     rep = await asyncio.to_thread(build_report, ctx.manifest.run_dir, redact_hosts=hosts)
     try:
         validate_report(rep)
