@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import time
 from typing import Any
 
 from app.core.device.board import BoardError, open_board
@@ -54,8 +55,13 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
                          f"({', '.join(fixes) or 'see the doctor'}), then run the Board stage again.")
     em.progress(0.3, "pushing the bundle")
 
+    t0 = time.monotonic()
+
     def progress(done: int, total: int, rel: str) -> None:
-        em.progress(0.3 + 0.65 * done / max(total, 1), f"pushing {rel}")
+        dt = time.monotonic() - t0
+        rate = f", {done / 1e6 / dt:.1f} MB/s" if dt > 0.5 else ""
+        em.progress(0.3 + 0.65 * done / max(total, 1),
+                    f"pushing {rel} ({done / 1e6:.1f} of {total / 1e6:.1f} MB{rate})")
 
     try:
         pr = await push_bundle(board, bundle_dir, ctx.manifest.run_id, progress, facts=facts or None)
