@@ -213,13 +213,14 @@ class EvkBoard:
 
     def __init__(self, base_dir: Path, *, sudo: bool = True, sudo_password: str = "evk-sudo-pw",
                  user: str = "evk", fastrpc_userspace: bool = True, reboot_delay: float = 1.0,
-                 ssh_password_auth: bool = False) -> None:
+                 ssh_password_auth: bool = False, fastrpc_ready: bool = False) -> None:
         self.dir = Path(base_dir)
         self.root = self.dir / "board"
         self.user = user
         self.sudo = sudo
         self.sudo_password = sudo_password
         self.fastrpc_userspace = fastrpc_userspace
+        self.fastrpc_ready = fastrpc_ready     # as after the FastRPC fixes: only QAIRT is missing
         self.server = SshServer(self.dir / "sshd", user=user, setup_script=self._setup_script(),
                                 password_auth=ssh_password_auth)
         self.server.state_dir.mkdir(parents=True, exist_ok=True)
@@ -278,6 +279,8 @@ class EvkBoard:
                 if self.sudo:
                     lines = [self._add_member(ln, self.user) if ln.startswith("sudo:") else ln for ln in lines]
                 lines.append(f"{self.user}:x:{EVK_UID}:" if fname == "group" else f"{self.user}:!::")
+                if self.fastrpc_ready:
+                    lines.append(f"fastrpc:x:990:{self.user}" if fname == "group" else f"fastrpc:!::{self.user}")
                 p.write_text("\n".join(lines) + "\n")
         pw_hash = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=self.sudo_password, text=True,
                                  capture_output=True, check=True).stdout.strip()
@@ -286,6 +289,10 @@ class EvkBoard:
         with open(etc / "shadow", "a") as f:
             f.write(f"{self.user}:{pw_hash}:20000:0:99999:7:::\n")
         (etc / "udev" / "rules.d").mkdir(parents=True, exist_ok=True)
+        if self.fastrpc_ready:
+            from app.core.device.fixes import UDEV_RULES_TEXT
+
+            (etc / "udev" / "rules.d" / "60-fastrpc.rules").write_text(UDEV_RULES_TEXT)
         (etc / "sudoers.d" / "hexstudio-evk").write_text("Defaults lecture=never\n")
         os.chmod(etc / "sudoers.d" / "hexstudio-evk", 0o440)
         (etc / "hosts").write_text("127.0.0.1 localhost\n127.0.1.1 " + os.uname().nodename + "\n")
@@ -310,7 +317,11 @@ class EvkBoard:
         services.mkdir()
         (services / "adsprpcd").write_text("active\n")
         (services / "cdsprpcd").write_text("active\n")
-        (services / "cdsp1rpcd").write_text("failed\n")
+        (services / "cdsp1rpcd").write_text("active\n" if self.fastrpc_ready else "failed\n")
+        if self.fastrpc_ready:
+            (r / "sys/class/remoteproc/remoteproc2/state").write_text("running\n")
+        if self.fastrpc_ready:
+            (r / "fastrpc_ready").write_text("")
         if self.fastrpc_userspace:
             src = r / "lib" / "cdsprpc.c"
             src.write_text("int remote_handle_open(const char *n, void *h) { (void)n; (void)h; return 0; }\n")
@@ -353,6 +364,7 @@ mount -t tmpfs -o mode=755 evk-run /run
 mkdir -p /run/sshd /run/evk/services
 cp "$R/services/"* /run/evk/services/
 ldconfig
+if [ -e "$R/fastrpc_ready" ]; then /usr/local/sbin/udevadm trigger >/dev/null 2>&1; fi
 """
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pa.add_argument("--user", default=None)
     pa.add_argument("--auth", choices=("key", "agent", "ssh_config", "password"), default="key")
     pa.add_argument("--key", dest="key_path", default=None, help="private key file (auth key)")
+    pa.add_argument("--qairt-zip", default=None,
+                    help="QAIRT SDK zip on this machine: the Board stage installs it when the board lacks QAIRT")
     pa.add_argument("--no-connect", action="store_true", help="save only; do not try to connect")
     _trust_flag(pa)
     add_json_flag(pa)
@@ -113,6 +115,8 @@ def cmd_add(args: argparse.Namespace) -> int:
         cfg["key_path"] = str(Path(args.key_path).expanduser())
     if args.auth == "ssh_config":
         cfg["ssh_alias"] = args.host
+    if args.qairt_zip:
+        cfg["qairt_zip"] = str(Path(args.qairt_zip).expanduser().resolve())
     s.boards[args.name] = {k: v for k, v in cfg.items() if v is not None}
     s.save()
     out: dict[str, Any] = {"ok": True, "board": args.name, "config": s.boards[args.name]}

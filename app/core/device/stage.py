@@ -5,12 +5,43 @@ from __future__ import annotations
 import json
 import platform
 import time
+from pathlib import Path
 from typing import Any
 
 from app.core.device.board import BoardError, open_board
 from app.core.device.push import push_bundle
 from app.core.pipeline import StageContext, StageError
 from app.core.settings import Settings
+
+QAIRT_CHECKS = {"qairt", "qairt_env", "genie", "htp_validator"}
+
+
+async def _install_qairt(ctx: StageContext, board: Any, name: str, zip_path: Path, report: Any,
+                         bundle_dir: Path) -> Any:
+    """The board lacks only QAIRT and its settings name the SDK zip: install it (sudo password from the
+    keyring, or none for NOPASSWD sudo), logging the exact commands; then check again."""
+    from app.core.device.doctor import probe
+    from app.core.device.fixes import apply_fix
+    from app.core.device.qairt import plan_qairt_install
+    from app.core.secrets import get_secret, sudo_password_key
+
+    em = ctx.emitter
+    em.progress(0.15, f"installing QAIRT on {name} from {zip_path.name}")
+    if not zip_path.is_file():
+        raise StageError("qairt_zip_missing", f"The QAIRT SDK zip {zip_path} of board '{name}' does not exist.",
+                         "Fix the board's qairt_zip setting, or install QAIRT from the Board page.")
+    try:
+        plan = await plan_qairt_install(board, zip_path, report, bundle_dir=bundle_dir)
+        res = await apply_fix(board, plan, sudo_password=get_secret(sudo_password_key(name)),
+                              on_log=lambda line: em.log(f"qairt_install: {line}"), rerun=False)
+    except BoardError as exc:
+        raise StageError("qairt_install_failed", exc.message, exc.hint) from None
+    if res.status == "manual":
+        raise StageError("qairt_install_needs_root", res.message,
+                         "Run on the board:\n" + "\n".join(res.manual_commands))
+    if res.status == "failed":
+        raise StageError("qairt_install_failed", res.message, "See the Board page's log; fix, then run again.")
+    return await probe(board)
 
 
 async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
@@ -43,6 +74,12 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
         for c in report.checks:
             if c.status in ("fail", "warn"):
                 em.log(f"doctor: {c.status} {c.id}: {c.message}" + (f" (fix: {c.fix})" if c.fix else ""))
+        failing = {c.id for c in report.checks if c.status == "fail"}
+        qzip = board.config.get("qairt_zip")
+        if "qairt" in failing and failing <= QAIRT_CHECKS and qzip:
+            report = await _install_qairt(ctx, board, name, Path(str(qzip)).expanduser(), report, bundle_dir)
+            doctor = [c.to_dict() for c in report.checks]
+            facts = report.facts
     failed = [d for d in doctor if d["status"] == "fail"]
     if failed:
         (ctx.out_dir / "board.json").write_text(json.dumps(
