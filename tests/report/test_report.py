@@ -159,7 +159,15 @@ def test_compare_side_by_side_and_refusal(chatted_run: Path, tmp_path: Path, val
     assert gen["judgement"] == ["worse"] and gen["deltas"][0] == pytest.approx(-0.5, abs=0.01)
     assert gen["sources"] == ["simulated", "simulated"]
     assert ("validation", "top1_agreement") in rows
-    assert "color:#cf222e" in compare_html(c)
+    assert '<td class="worse">' in compare_html(c)
+    # a device run's KPIs are not set against simulated ones: left out, and the comparison says why
+    dev = tmp_path / "device"
+    shutil.copytree(other, dev)
+    chat["source"] = chat["kpis"]["source"] = "device"
+    (dev / "artifacts" / "chat" / "chat.json").write_text(json.dumps(chat))
+    c3 = compare_reports([build_report(chatted_run), build_report(dev)])
+    assert not any(r["section"] == "kpis" for r in c3["rows"])
+    assert "different kinds of board" in c3["skipped"][0] and "Left out" in compare_html(c3)
     # a validated run and a chatted run share the validation metrics: comparable, like-for-like only
     c2 = compare_reports([build_report(validated_run), build_report(chatted_run)])
     assert not any(r["section"] == "kpis" for r in c2["rows"])

@@ -14,7 +14,7 @@ from app.core.runs import RunNotFound
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("report", help="write a run report (html, pdf, json) or compare runs",
                        description="hexstudio report RUN --format html|pdf|json --out FILE\n"
-                                   "hexstudio report compare RUN_A RUN_B ... --format html|json --out FILE",
+                                   "hexstudio report compare RUN_A RUN_B ... --format html|pdf|json --out FILE",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN", help="a run id or run folder; or `compare` and two or more runs")
     p.add_argument("--format", choices=("html", "pdf", "json"), default="html")
@@ -51,24 +51,23 @@ def _redact_hosts(args: argparse.Namespace) -> bool:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from app.core.reports.collect import build_report
-    from app.core.reports.compare import compare_html, compare_reports
+    from app.core.reports.compare import compare_html, compare_reports, write_compare
     from app.core.reports.render import ReportError, validate_report, write
 
     args.redact_hosts = _redact_hosts(args)
     try:
         if args.runs[0] == "compare":
-            if args.format == "pdf":
-                raise CliError("Compare writes html or json.", "Use --format html or --format json.")
+            if len(args.runs) < 3:
+                raise CliError("Compare needs two or more runs.", "hexstudio report compare RUN_A RUN_B ...")
             reports = [build_report(_run_dir(args, r), redact_hosts=args.redact_hosts) for r in args.runs[1:]]
             c = compare_reports(reports)
-            text = json.dumps(c, indent=2, ensure_ascii=False) if args.format == "json" else compare_html(c)
             if args.out is None:
-                print(text)
-            else:
-                from app.core.atomic import write_text_atomic
-
-                write_text_atomic(args.out, text)
-                print(f"wrote {args.out}", file=sys.stderr)
+                if args.format == "pdf":
+                    raise CliError("--format pdf needs --out FILE.")
+                print(json.dumps(c, indent=2, ensure_ascii=False) if args.format == "json" else compare_html(c))
+                return 0
+            write_compare(c, args.format, args.out)
+            print(f"wrote {args.out} ({len(reports)} runs, {len(c['rows'])} rows in common)", file=sys.stderr)
             return 0
         if len(args.runs) != 1:
             raise CliError("Give one run (or `compare` and two or more).")

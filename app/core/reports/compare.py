@@ -3,7 +3,7 @@ the first run is the baseline, deltas beyond 5 % are highlighted as better or wo
 
 from __future__ import annotations
 
-import html
+from pathlib import Path
 from typing import Any
 
 from app.core.manifest import now_iso
@@ -62,24 +62,57 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
         names = [n for n in reports[0]["validation"]["checks"] if all(n in r["validation"]["checks"] for r in reports)]
         measured += [_row("validation", n, n, [r["validation"]["checks"][n]["value"] for r in reports])
                      for n in names]
-    # KPIs present in every run; the source (device/simulated) is shown beside each value
+    # KPIs present in every run and measured the same way: a simulated figure is not set against a device one
+    skipped: list[str] = []
     if all(r.get("kpis") for r in reports):
         by = [{k["name"]: k for k in r["kpis"]} for r in reports]
-        for name, k in by[0].items():
-            if all(name in b and b[name]["value"] is not None for b in by):
-                measured.append(_row("kpis", name, k["label"], [b[name]["value"] for b in by], k["unit"],
-                                     [b[name]["source"] for b in by]))
+        sources = [(r.get("chat") or {}).get("source") for r in reports]
+        if len(set(sources)) > 1:
+            skipped.append("Chat KPIs: the runs measured them on different kinds of board ("
+                           + ", ".join(f"{r['run']['run_id']}: {s}" for r, s in zip(reports, sources, strict=True))
+                           + "); a simulated figure says nothing about a device one.")
+        else:
+            for name, k in by[0].items():
+                if all(name in b and b[name]["value"] is not None for b in by):
+                    measured.append(_row("kpis", name, k["label"], [b[name]["value"] for b in by], k["unit"],
+                                         [b[name]["source"] for b in by]))
+    elif any(r.get("kpis") for r in reports):
+        skipped.append("Chat KPIs: not every run got as far as chatting on a board.")
     if not measured:
         raise ReportError("These runs have nothing in common to compare: no stage completed in all of them, and "
                           "no validation metric or KPI is shared.",
                           "Compare runs that both got at least as far as the same stage (e.g. both validated, "
                           "or both chatted on a board).")
     runs = [{"run_id": r["run"]["run_id"], "model": r["model"]["id"], "status": r["run"]["status"],
-             "simulated": bool((r.get("compile") or {}).get("simulated"))} for r in reports]
-    mixed = len({k for r in reports for k in [(r.get("chat") or {}).get("source")] if k}) > 1
+             "simulated": bool((r.get("compile") or {}).get("simulated")),
+             "kpi_source": (r.get("chat") or {}).get("source")} for r in reports]
     return {"compare_version": 1, "generated": now_iso(), "runs": runs, "rows": rows + measured,
-            "note": ("KPIs come from different sources (device and simulated): compare them with care."
-                     if mixed else None)}
+            "skipped": skipped}
+
+
+def write_compare(c: dict[str, Any], fmt: str, out: Path) -> Path:
+    """Write a comparison as json, html or pdf (atomically)."""
+    import json
+
+    from app.core.atomic import write_bytes_atomic, write_text_atomic
+    from app.core.reports.render import to_pdf
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "json":
+        write_text_atomic(out, json.dumps(c, indent=2, ensure_ascii=False))
+    elif fmt == "html":
+        write_text_atomic(out, compare_html(c))
+    elif fmt == "pdf":
+        write_bytes_atomic(out, to_pdf(compare_html(c)))
+    else:
+        raise ReportError(f"Unknown comparison format '{fmt}'.", "Use html, pdf or json.")
+    return out
+
+
+def compare_html(c: dict[str, Any]) -> str:
+    from app.core.reports.render import jinja_env
+
+    return str(jinja_env().get_template("compare.html.j2").render(c=c, fmt=_fmt))
 
 
 def _fmt(v: Any, unit: str) -> str:
@@ -91,36 +124,4 @@ def _fmt(v: Any, unit: str) -> str:
         return human_bytes(v)
     if isinstance(v, float):
         return f"{v:,.4g}"
-    return html.escape(f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v))
-
-
-def compare_html(c: dict[str, Any]) -> str:
-    colors = {"better": "#1a7f37", "worse": "#cf222e", "changed": "#9a6700", "same": "#656d76"}
-    head = "".join(f"<th>{html.escape(r['run_id'])}<br><small>{html.escape(str(r['model']))}"
-                   f"{' · SIMULATED' if r['simulated'] else ''}</small></th>" for r in c["runs"])
-    body = []
-    section = None
-    for row in c["rows"]:
-        if row["section"] != section:
-            section = row["section"]
-            body.append(f"<tr><th colspan='{len(c['runs']) + 1}' style='background:#eaeef2'>{section}</th></tr>")
-        cells = [f"<td>{_fmt(row['values'][0], row['unit'])}{_src(row, 0)}</td>"]
-        for i, v in enumerate(row["values"][1:]):
-            j = row["judgement"][i]
-            d = row["deltas"][i]
-            delta = f" <small>({d:+.1%})</small>" if d is not None else ""
-            style = f" style='color:{colors[j]};font-weight:bold'" if j in ("better", "worse", "changed") else ""
-            cells.append(f"<td{style}>{_fmt(v, row['unit'])}{delta}{_src(row, i + 1)}</td>")
-        body.append(f"<tr><td>{html.escape(row['label'])}</td>{''.join(cells)}</tr>")
-    note = f"<p><b>{html.escape(c['note'])}</b></p>" if c.get("note") else ""
-    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>HexStudio run comparison</title>"
-            "<style>body{font-family:sans-serif;font-size:12px;margin:24px}table{border-collapse:collapse}"
-            "td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left}</style></head><body>"
-            f"<h1>Run comparison</h1><p>Baseline: the first run. Generated {html.escape(c['generated'])}. "
-            "Only rows every run has are shown; deltas of 5 % or more are coloured (green better, red worse).</p>"
-            f"{note}<table><tr><th></th>{head}</tr>{''.join(body)}</table></body></html>")
-
-
-def _src(row: dict[str, Any], i: int) -> str:
-    s = row.get("sources")
-    return f" <small>[{html.escape(s[i])}]</small>" if s else ""
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)

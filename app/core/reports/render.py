@@ -53,7 +53,7 @@ def _when(v: Any) -> str:
     return f"{day} {clock[:8]} UTC" if v.endswith(("+00:00", "Z")) else f"{day} {clock[:8]}"
 
 
-def _env() -> Any:
+def jinja_env() -> Any:
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
@@ -95,7 +95,7 @@ def recipe_names(r: dict[str, Any]) -> list[str]:
 
 
 def to_html(r: dict[str, Any]) -> str:
-    return str(_env().get_template("report.html.j2").render(r=r, plots=plots(r), recipe_names=recipe_names(r)))
+    return str(jinja_env().get_template("report.html.j2").render(r=r, plots=plots(r), recipe_names=recipe_names(r)))
 
 
 def to_pdf(html: str) -> bytes:
