@@ -51,7 +51,6 @@ def main() -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.core.genie.conversation import Turn
     from app.core.jobs import JobRunner
     from app.core.runs import Workspace
     from app.ui.controller import RunController
@@ -84,7 +83,6 @@ def main() -> int:
         job = await runner.start_argv([sys.executable, str(flood), str(args.lines_per_s), str(args.seconds)],
                                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, on_event=on_event,
                                       on_sample=lambda s: w.dock.on_sample("quantize", s))
-        turn = Turn("bench")
         chat.rate_plot.begin_reply()
         t0 = time.monotonic()
 
@@ -92,7 +90,7 @@ def main() -> int:
             i = 0
             period = 1.0 / args.tokens_per_s
             while time.monotonic() - t0 < args.seconds:
-                chat.show_chunk(turn, time.monotonic() - t0, f" word{i}")
+                chat.show_chunk(time.monotonic() - t0, f" word{i}")
                 i += 1
                 await asyncio.sleep(max(0.0, t0 + i * period - time.monotonic()))
 

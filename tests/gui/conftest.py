@@ -21,6 +21,15 @@ def gui_loop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
     asyncio.set_event_loop(None)
 
 
+@pytest.fixture(autouse=True)
+def _isolated_qsettings(qapp: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Window geometry and recent runs go to a temp folder, never the user's QSettings."""
+    from PySide6.QtCore import QSettings
+
+    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
+    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path_factory.mktemp("qsettings")))
+
+
 async def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
     """Let the Qt/asyncio loop run until `pred()` holds (the GUI stays live meanwhile)."""
     deadline = time.monotonic() + timeout

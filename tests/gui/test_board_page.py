@@ -21,11 +21,11 @@ SUDO = "evk-sudo-canary-91d2"
 
 
 def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    from PySide6.QtWidgets import QApplication, QScrollArea
+
     from app.core.runs import Workspace
     from app.core.settings import Settings
     from app.ui.controller import RunController
-    from PySide6.QtWidgets import QApplication, QScrollArea
-
     from app.ui.main_window import MainWindow
     from tests.support.evk_board import EvkBoard
 
@@ -83,6 +83,7 @@ def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.Abstra
                 scroll.ensureWidgetVisible(page.doctor)
                 path = tmp_path / "06-board-evk.png"
                 w.grab().save(str(path))
+                Path(keep).mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, Path(keep) / path.name)
 
         gui_loop.run_until_complete(scenario())

@@ -105,8 +105,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         ch.input.setPlainText("What is the capital of France?")
         task = asyncio.ensure_future(ch.send())
         # the reply streams in: text shows up while the reply is still being generated
-        await wait_until(lambda: bool(ch.conversation.turns and ch.conversation.turns[-1].reply), 60,
-                         "the first streamed chunk")
+        await wait_until(lambda: bool(ch.streamed), 120, "the first streamed chunk")
         assert ch.busy_chat and ch.stop_button.isEnabled()
         partial = ch.transcript.toPlainText()
         turn = await task
@@ -114,18 +113,20 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         assert "Paris" in turn.reply
         assert len(ch.transcript.toPlainText()) > len(partial)
         assert turn.kpis["source"] == "simulated" and turn.kpis["gen_tok_s"] > 0
+        assert ch.session is not None and ch.session.mode == "persistent", ch.session.fallback_reason
+        assert "stays loaded" in ch.mode_label.text()
         assert "SIMULATED" in ch.kpi_label.text()
         assert ch.rate_plot.xs and ch.history_plot.rates == [pytest.approx(turn.kpis["gen_tok_s"])]
+        _shot(w, "07-chat", tmp_path)
         # a second turn keeps the conversation (multi-turn prompt) and can be stopped mid-reply
         ch.max_tokens.setValue(200)
         task = asyncio.ensure_future(ch.send("Tell me about the harbour."))
-        await wait_until(lambda: len(ch.conversation.turns) == 2 and len(ch.conversation.turns[1].reply) > 3, 60,
+        await wait_until(lambda: len(ch.conversation.turns) == 2 and len(ch.streamed) > 3, 60,
                          "the second reply to start")
         ch.stop_button.click()
         turn2 = await task
         assert turn2 is not None and turn2.state == "aborted"
         assert not ch.busy_chat and ch.send_button.isEnabled()
-        _shot(w, "07-chat", tmp_path)
 
         await run_page("report", 120)
         rp = w.pages["report"]

@@ -56,6 +56,16 @@ def test_wslconfig_fix_shows_the_diff_then_writes_with_a_backup(qtbot: Any, tmp_
     again = page.fix_dialog(check)
     qtbot.addWidget(again)
     assert again.apply_button is None and "already" in again.text.toPlainText()
+    # the wsl check names its own target; a missing .wslconfig is created
+    page.wslconfig_path = tmp_path / "new-wslconfig"
+    wsl = {"id": "wsl", "status": "fail", "message": "WSL2 caps Linux memory below the Windows RAM.",
+           "measured": None, "required": "memory >= 200GB", "fix": "wslconfig:memory=200GB,swap=100GB"}
+    dlg2 = page.fix_dialog(wsl)
+    qtbot.addWidget(dlg2)
+    assert "memory=200GB" in dlg2.text.toPlainText() and dlg2.apply_button is not None
+    dlg2.apply_button.click()
+    made = page.wslconfig_path.read_text()
+    assert "[wsl2]" in made and "memory=200GB" in made and "swap=100GB" in made
 
 
 def test_changing_a_setting_makes_a_done_stage_stale(qtbot: Any, tmp_path: Path,

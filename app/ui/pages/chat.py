@@ -103,6 +103,9 @@ class ChatPage(StagePage):
         self.kpi_label = QLabel("")
         self.kpi_label.setObjectName("kpi_label")
         cl.addWidget(self.kpi_label)
+        self.mode_label = QLabel("")
+        self.mode_label.setObjectName("session_mode")
+        cl.addWidget(self.mode_label)
         row = QHBoxLayout()
         self.input = QPlainTextEdit()
         self.input.setObjectName("chat_input")
@@ -137,7 +140,12 @@ class ChatPage(StagePage):
         self.chat_message = note("")
         cl.addWidget(self.chat_message)
 
+        self.template_combo.currentTextChanged.connect(lambda _t: self._settings_changed())
+        self.system_edit.editingFinished.connect(self._settings_changed)
         self.conversation = Conversation()
+        self.session: Any = None
+        self.session_mode = "auto"          # auto | persistent | per_turn (ChatSession modes)
+        self.streamed = ""
         self._stop: asyncio.Event | None = None
         self._reply_start = 0
         self.busy_chat = False
@@ -199,46 +207,54 @@ class ChatPage(StagePage):
         self.transcript.setTextCursor(cur)
         self.transcript.ensureCursorVisible()
 
+    async def open_session(self) -> Any:
+        """Connect to the run's board and open a chat session on its bundle: the model stays loaded
+        between turns where the board allows it (else one genie-t2t-run per turn)."""
+        from app.core.device.board import open_board
+        from app.core.genie.session import ChatSession
+
+        doc = self.board_doc()
+        assert doc is not None
+        self._conversation_settings()
+        board = await open_board(str(doc["board"]), self.c.settings, self.c.workspace.root)
+        session = ChatSession(board, str(doc["remote_bundle"]), self.conversation, mode=self.session_mode,
+                              max_tokens=self.max_tokens.value(), on_status=self.chat_message.setText)
+        mode = await session.open()
+        self.session = session
+        self.conversation = session.conversation
+        self.mode_label.setText("model stays loaded between turns" if mode == "persistent" else
+                                f"one genie-t2t-run per turn ({session.fallback_reason or 'chosen'})")
+        return session
+
     async def send(self, text: str | None = None) -> Turn | None:
-        from app.core.device.board import BoardError, open_board
-        from app.core.genie.run import Chunk, run_query
+        from app.core.device.errors import BoardError
+        from app.core.genie.run import Chunk
+        from app.core.genie.session import SessionError
 
         user = (text if text is not None else self.input.toPlainText()).strip()
-        doc = self.board_doc()
-        if not user or doc is None or self.busy_chat:
+        if not user or self.board_doc() is None or self.busy_chat:
             return None
-        self._conversation_settings()
-        try:
-            prompt = self.conversation.prompt_for(user)
-        except ValueError as exc:
-            self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{exc}</span>")
-            return None
-        if self.conversation.dropped_turns:
-            self.chat_message.setText(f"The context length ({self.conversation.context_length} tokens) is full: the "
-                                      f"oldest {self.conversation.dropped_turns} turn(s) were left out of this "
-                                      "prompt. Start a new chat to clear it.")
-        else:
-            self.chat_message.setText("")
-        self.input.clear()
-        turn = self.conversation.add(user)
         self.busy_chat = True
         self.send_button.setEnabled(False)
         self.stop_button.setEnabled(True)
-        self._append_html(f"<p><b>You:</b> {html.escape(user)}</p><p><b>Model:</b> ")
-        self.rate_plot.begin_reply()
+        self.chat_message.setText("")
+        self.streamed = ""
         self._stop = asyncio.Event()
-        board = None
+        turn: Turn | None = None
         try:
-            board = await open_board(str(doc["board"]), self.c.settings,
-                                     self.c.workspace.root)
+            if self.session is None:
+                await self.open_session()
+            assert self.session is not None
+            self.session.max_tokens = self.max_tokens.value()
+            self.input.clear()
+            self._append_html(f"<p><b>You:</b> {html.escape(user)}</p><p><b>Model:</b> ")
+            self.rate_plot.begin_reply()
 
             def on_chunk(c: Chunk) -> None:
-                self.show_chunk(turn, c.t, c.text)
+                self.show_chunk(c.t, c.text)
 
-            res = await run_query(board, str(doc["remote_bundle"]), prompt, on_chunk=on_chunk, stop=self._stop,
-                                  max_tokens=self.max_tokens.value())
-            turn.reply = res.text or turn.reply
-            turn.state = res.transcript.state if res.exit_status == 0 or self._stop.is_set() else "failed"
+            res = await self.session.send(user, on_chunk=on_chunk, stop=self._stop)
+            turn = res.turn
             if res.kpis is not None:
                 turn.kpis = res.kpis.as_json()
                 self.kpi_label.setText(kpi_line(turn.kpis))
@@ -246,35 +262,52 @@ class ChatPage(StagePage):
                     self.history_plot.add_reply(float(res.kpis.gen_tok_s))
                 self._append_html(f"<br><span style='color:#8a8f98'><small>{html.escape(kpi_line(turn.kpis))}"
                                   "</small></span>")
-            if turn.state == "aborted":
+            if res.state == "aborted":
                 self._append_html(" <i>(stopped)</i>")
-            if res.error and turn.state == "failed":
+            if res.note:
+                self.chat_message.setText(html.escape(res.note))
+            if res.error and res.state == "failed":
                 self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>Genie failed: "
                                           f"{html.escape(res.error)}</span>")
-        except BoardError as exc:
-            turn.state = "failed"
+            self._append_html("</p><br>")
+        except ValueError as exc:  # the message alone does not fit in the context
+            self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(str(exc))}</span>")
+        except (BoardError, SessionError) as exc:
             self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(exc.message)}</span>"
                                       + (f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""))
+            await self.close_session()
         finally:
-            self._append_html("</p><br>")
-            if board is not None:
-                await board.transport.close()
             self.busy_chat = False
             self.send_button.setEnabled(True)
             self.stop_button.setEnabled(False)
         return turn
 
-    def show_chunk(self, turn: Turn, t: float, text: str) -> None:
+    def show_chunk(self, t: float, text: str) -> None:
         """A piece of the reply arrived `t` seconds after the prompt was sent."""
-        turn.reply += text
+        self.streamed += text
         self._append_text(text)
         self.rate_plot.add_tokens(t, 1)
+
+    async def close_session(self) -> None:
+        s, self.session = self.session, None
+        if s is not None:
+            try:
+                await s.close()
+            finally:
+                await s.board.transport.close()
+        self.mode_label.setText("")
 
     def stop(self) -> None:
         if self._stop is not None:
             self._stop.set()
 
+    def _settings_changed(self) -> None:
+        if self.session is not None or self.conversation.turns:
+            self.new_chat()
+            self.chat_message.setText("The template or system prompt changed: a new chat starts.")
+
     def new_chat(self) -> None:
+        self._closing = asyncio.ensure_future(self.close_session())
         self.conversation = Conversation()
         self.transcript.clear()
         self.kpi_label.setText("")

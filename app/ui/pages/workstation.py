@@ -116,17 +116,26 @@ class PreflightPage(StagePage):
     wslconfig_path: Path | None = None   # None: found with wslvar/cmd.exe + wslpath (tests give a file)
 
     def fix_dialog(self, check: dict[str, Any]) -> FixDialog:
-        text = f"{check.get('message')}\n\n{check.get('fix')}"
-        if check["id"] in ("wsl", "memory") and ".wslconfig" in str(check.get("fix")) and self.c.manifest is not None:
+        fix = str(check.get("fix") or "")
+        text = f"{check.get('message')}\n\n{fix}"
+        if (fix.startswith("wslconfig:") or ".wslconfig" in fix) and self.c.manifest is not None:
             from app.core.cli.common import CliError
             from app.core.cli.preflight_cmd import wslconfig_plan
             from workers import wslconfig
 
             m = self.c.manifest
             cl = m.settings.get("context_length")
-            need = check.get("required")
-            # the limits the check itself asked for (its "required"), else this model's estimate
-            mem_gb, swap_gb = wslconfig.target_limits(int(need)) if isinstance(need, (int, float)) else (None, None)
+            mem_gb: int | None = None
+            swap_gb: int | None = None
+            if fix.startswith("wslconfig:"):  # the check's own target, e.g. wslconfig:memory=180GB,swap=90GB
+                want = dict(kv.split("=", 1) for kv in fix.split(":", 1)[1].split(",") if "=" in kv)
+                mem_gb = int(want["memory"].upper().rstrip("GB")) if "memory" in want else None
+                swap_gb = int(want["swap"].upper().rstrip("GB")) if "swap" in want else None
+                text = (f"{check.get('message')}\n\nHexStudio sets [wsl2] memory={mem_gb}GB and swap={swap_gb}GB "
+                        "in your Windows .wslconfig.")
+            elif isinstance(check.get("required"), (int, float)):
+                # the limits the check itself asked for (its "required")
+                mem_gb, swap_gb = wslconfig.target_limits(int(check["required"]))
             try:
                 plan, _basis = wslconfig_plan(str(m.inputs.get("model")), cl if isinstance(cl, int) else None,
                                               int(m.settings.get("ar_n") or 128), self.wslconfig_path,
