@@ -16,7 +16,7 @@ stdout, one JSON object a line:
     {"event": "ready", "genie_version", "init_ms", "context_length", "profile": bool, "pid"}
     {"event": "text", "id", "text", "mono"}     as the dialog's callback delivers it (mono: the
                                                 helper's time.monotonic() when it was emitted)
-    {"event": "end", "id", "state": "complete"|"aborted"|"failed", "status", "profile": {...}|null,
+    {"event": "end", "id", "state": "complete"|"aborted"|"context_full"|"failed", "status", "profile": {...}|null,
      "measured": {"ttft_ms", "gen_ms", "callbacks"}}
     {"event": "reset", "status"}
     {"event": "error", "code", "message"}       (then exit, when it happens before "ready")
@@ -36,6 +36,7 @@ import threading
 import time
 
 SUCCESS = 0
+WARNING_ABORTED, WARNING_PAUSED, WARNING_CONTEXT_EXCEEDED = 1, 3, 4   # Genie_Status_t warnings (> 0)
 SENTENCE_COMPLETE, SENTENCE_BEGIN, SENTENCE_CONTINUE, SENTENCE_END, SENTENCE_ABORT = 0, 1, 2, 3, 4
 ACTION_ABORT = 1
 
@@ -168,9 +169,12 @@ class Helper:
         tail = dec.decode(b"", final=True)
         if tail:
             emit({"event": "text", "id": qid, "text": tail})
-        state = "aborted" if m["aborted"] or (st > 0 and self.aborting) else ("complete" if st == SUCCESS else "failed")
-        if st > 0 and state != "aborted":
-            state = "complete"  # a warning status: the reply still completed
+        if m["aborted"] or st in (WARNING_ABORTED, WARNING_PAUSED) or (st > 0 and self.aborting):
+            state = "aborted"
+        elif st == WARNING_CONTEXT_EXCEEDED:
+            state = "context_full"   # the reply was cut short: the dialog's context is full
+        else:
+            state = "complete" if st >= SUCCESS else "failed"   # other warnings (> 0): the reply completed
         self.aborting = False
         first = float(m["first"]) or time.perf_counter()
         emit({"event": "end", "id": qid, "state": state, "status": st, "profile": self.profile_json(),

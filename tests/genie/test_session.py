@@ -137,3 +137,25 @@ def test_dialog_that_cannot_load_falls_back_and_the_failure_is_explained(tmp_pat
     assert s.mode == "per_turn" and s.fallback_reason and "Failed to create the dialog" in s.fallback_reason
     assert r.state == "failed" and r.error is not None
     assert "Failed to create the dialog" in r.error and "What to do" in r.error
+
+
+def test_context_exceeded_mid_reply_is_said_and_the_next_turn_starts_afresh(tmp_path: Path,
+                                                                           fake_genie: FakeGenie) -> None:
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=1, tokens=8, context=40)
+    board = fake_board(tmp_path, fake_genie)
+    # a token counter that underestimates, so the session's own check lets the dialog overflow
+    conv = Conversation(template="qa", count_tokens=lambda text: 1)
+
+    async def go() -> list[TurnResult]:
+        async with ChatSession(board, str(bundle), conv, max_tokens=8) as s:
+            s.conversation.count_tokens = lambda text: 1
+            return [await s.send(f"Tell me about thing number {i}, please?") for i in range(4)]
+
+    results = asyncio.run(go())
+    cut = [r for r in results if r.note and "cut short" in r.note]
+    assert cut, [(r.state, r.note, r.error) for r in results]
+    assert cut[0].state == "complete" and cut[0].text
+    after = results[results.index(cut[0]) + 1:]
+    assert after and all(r.state == "complete" for r in after)
+    # the re-sent history overflowed the dialog (the counter was wrong): the turn went out without it, and says so
+    assert any("sent without them" in (r.note or "") for r in after)

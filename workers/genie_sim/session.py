@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             q = dialog.query(str(msg.get("prompt", "")), msg.get("max_tokens"), on_text, abort.is_set)
             state = q["state"]
             doc = profile_doc(dialog.init_us, q)
-            emit({"event": "end", "id": qid, "state": state, "status": 0 if state != "context_full" else -1,
+            emit({"event": "end", "id": qid, "state": state, "status": 4 if state == "context_full" else 0,
                   "profile": doc, "n_past": q["n_past"], "wall_ms": round((time.perf_counter() - t0) * 1000, 3)})
         else:
             emit({"event": "error", "code": "bad_request", "message": f"unknown op {op!r}"})

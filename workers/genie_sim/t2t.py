@@ -165,6 +165,8 @@ class SimDialog:
                     break
                 logits = self.pair.step(nxt)
             gen_us = (time.perf_counter() - t_first) * 1e6
+            if state == "complete" and max_new and room < max_new and len(generated) >= room:
+                state = "context_full"   # the reply was cut short by the context length
         except ContextFull:
             state = "context_full"
             gen_us = max(0.0, (time.perf_counter() - t0) * 1e6 - ttft_us)
@@ -216,10 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     q = dialog.query(prompt, args.max_tokens, on_text)
     if os.environ.get("HEXSTUDIO_SIM_TOKEN_LOG"):
         Path(os.environ["HEXSTUDIO_SIM_TOKEN_LOG"]).write_text(json.dumps(stamps))
-    if q["state"] == "context_full":
-        log("warn", "warn", "context full: the prompt and reply do not fit in the context length")
     sys.stdout.write("[END]\n")
     sys.stdout.flush()
+    if q["state"] == "context_full":  # after [END]: a log line inside the reply would become reply text
+        log("warn", "warn", "context full: the prompt and reply do not fit in the context length")
     if args.profile:
         Path(args.profile).write_text(json.dumps(profile_doc(dialog.init_us, q), indent=2))
     return 0

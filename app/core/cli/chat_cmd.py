@@ -47,9 +47,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--template", choices=TEMPLATES, default="auto", help="prompt template (default: from the model)")
     p.add_argument("--system", default="", help="system text (Llama 3 template)")
     p.add_argument("--max-tokens", type=int, default=256, help="reply budget in tokens (default 256)")
-    p.add_argument("--sampler", choices=tuple(SAMPLER_PRESETS), default="deterministic",
+    p.add_argument("--sampler", choices=tuple(SAMPLER_PRESETS), default=None,
                    help="deterministic (seed 42, temp 0, top-k 1, top-p 1; the default), thinking (Nemotron "
-                        "reasoning on: 0.6/40/0.95) or bundle (the bundle's own)")
+                        "reasoning on: 0.6/40/0.95; the default with that template) or bundle (the bundle's own)")
     p.add_argument("--mode", choices=MODES, default="auto",
                    help="persistent keeps the model loaded between turns; per_turn runs genie-t2t-run each turn; "
                         "auto (default) tries persistent and falls back")
@@ -142,7 +142,8 @@ def _kpi_line(r: TurnResult) -> str:
 async def _chat(args: argparse.Namespace) -> int:
     board, remote, doc, _run = await _target(args)
     conv = Conversation(template=_template(args, doc), system=args.system)
-    session = ChatSession(board, remote, conv, mode=args.mode, max_tokens=args.max_tokens, sampler=args.sampler,
+    sampler = args.sampler or ("thinking" if conv.template == "nemotron-reasoning-on" else "deterministic")
+    session = ChatSession(board, remote, conv, mode=args.mode, max_tokens=args.max_tokens, sampler=sampler,
                           on_status=None if args.json else eprint)
     results: list[dict[str, Any]] = []
     try:
@@ -209,6 +210,7 @@ async def _chat(args: argparse.Namespace) -> int:
         conv.save(args.transcript)
     if args.json:
         print_json({"ok": rc == 0, "board": board.name, "simulated": board.simulated, "mode": session.mode,
+                    "sampler": sampler,
                     "fallback_reason": session.fallback_reason, "template": conv.template,
                     "context_length": conv.context_length, "turns": results})
     return rc

@@ -328,7 +328,12 @@ class ChatSession:
             await self.open()
         async with self._lock:
             if self.mode == "persistent":
-                return await self._send_persistent(user, on_chunk, stop)
+                r = await self._send_persistent(user, on_chunk, stop)
+                if r.extra.get("retry_without_history"):
+                    # the re-sent history did not fit after all (the token count was off): once more, without it
+                    self.conversation.turns.remove(r.turn)
+                    r = await self._send_persistent(user, on_chunk, stop, history=False)
+                return r
             return await self._send_per_turn(user, on_chunk, stop)
 
     async def _send_per_turn(self, user: str, on_chunk: Callable[[Chunk], None] | None,
@@ -368,7 +373,7 @@ class ChatSession:
         return head + what + ". Start a new chat to begin afresh."
 
     async def _send_persistent(self, user: str, on_chunk: Callable[[Chunk], None] | None,
-                               stop: asyncio.Event | None) -> TurnResult:
+                               stop: asyncio.Event | None, history: bool = True) -> TurnResult:
         conv = self.conversation
         note = None
         if self._helper is None or not self._helper.alive:
@@ -376,8 +381,13 @@ class ChatSession:
         h = self._helper
         assert h is not None
         fresh = self._n_past == 0
-        prompt = conv.prompt_for(user) if fresh else continuation_prompt(conv, user)
-        if fresh and conv.dropped_turns:
+        if not history:
+            prompt = Conversation(template=conv.template, system=conv.system).prompt_for(user)
+            note = (f"The context is full ({conv.context_length} tokens): the earlier turns no longer fit, so this "
+                    "message was sent without them. Start a new chat to begin afresh.")
+        else:
+            prompt = conv.prompt_for(user) if fresh else continuation_prompt(conv, user)
+        if history and fresh and conv.dropped_turns:
             note = self._full_note(conv.dropped_turns, cleared=False)
         if not fresh and self._n_past + conv.count_tokens(prompt) + 2 + self.max_tokens > conv.context_length:
             await self._reset_dialog()
@@ -434,25 +444,33 @@ class ChatSession:
         text = "".join(c.text for c in chunks)
         turn.reply = text
         kpis = self._kpis(end, fresh_dialog=h.queries == 1)
-        if state == "context_full":
-            state, error = "failed", "The prompt does not fit in the context: start a new chat."
-        if state == "failed" and error is None:
-            error = f"GenieDialog_query failed (status {end.get('status') if end else '?'})."
-        turn.state = state
         if kpis is not None:
             turn.kpis = kpis.as_json()
             self._n_past += int(kpis.prompt_tokens or 0) + int(kpis.generated_tokens or 0)
         else:
             self._n_past += conv.count_tokens(prompt + text)
         if end is not None and isinstance(end.get("n_past"), int):
-            self._n_past = int(end["n_past"])
-        if state == "failed":
+            self._n_past = int(end["n_past"])   # the simulator reports its KV fill exactly
+        clear = state in ("context_full", "failed")
+        if state == "context_full":  # the context filled up during this reply
+            if text:
+                state = "complete"
+                note = (f"The context is full ({conv.context_length} tokens): this reply was cut short. The model's "
+                        "memory is cleared for the next turn (what still fits of the history is re-sent).")
+            else:
+                state, error = "failed", "The prompt does not fit in the context: start a new chat."
+        if state == "failed" and error is None:
+            error = f"GenieDialog_query failed (status {end.get('status') if end else '?'})."
+        turn.state = state
+        if clear:
             self._n_past = 0
             if h.alive:
                 await self._reset_dialog()
+        retry = (state == "failed" and not text and fresh and history and h.alive and end is not None
+                 and any(t.state == "complete" for t in conv.turns[:-1]))
         return TurnResult(turn, text, state, kpis, chunks, "persistent", self.simulated,
                           round(chunks[0].t * 1000, 3) if chunks else None, (time.monotonic() - t0) * 1000,
-                          error=error, note=note)
+                          error=error, note=note, extra={"retry_without_history": retry})
 
     def _kpis(self, end: dict[str, Any] | None, fresh_dialog: bool) -> Kpis | None:
         if end is None:

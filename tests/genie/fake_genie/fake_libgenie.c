@@ -27,6 +27,7 @@ typedef void (*Genie_AllocCallback_t)(size_t size, const char **allocatedData);
 
 #define GENIE_STATUS_SUCCESS 0
 #define GENIE_STATUS_WARNING_ABORTED 1
+#define GENIE_STATUS_WARNING_CONTEXT_EXCEEDED 4
 #define GENIE_STATUS_ERROR_GENERAL (-1)
 #define GENIE_STATUS_ERROR_INVALID_ARGUMENT (-2)
 #define GENIE_STATUS_ERROR_QUERY_FAILED (-8)
@@ -171,7 +172,8 @@ Genie_Status_t GenieDialog_query(GenieDialog_Handle_t h, const char *q, GenieDia
   double t_end = now_us();
   Event e = {1, t0, t_end - t0, t_first - t0, t_end - t_first, prompt_toks, n};
   add_event(d->cfg->profile, e);
-  return aborted ? GENIE_STATUS_WARNING_ABORTED : GENIE_STATUS_SUCCESS;
+  if (aborted) return GENIE_STATUS_WARNING_ABORTED;
+  return n < want ? GENIE_STATUS_WARNING_CONTEXT_EXCEEDED : GENIE_STATUS_SUCCESS;
 }
 
 Genie_Status_t GenieDialog_free(GenieDialog_Handle_t h) {
