@@ -24,6 +24,7 @@ from app.core.cli.common import (
     workspace_from,
 )
 from app.core.genie.conversation import TEMPLATES, Conversation
+from app.core.genie.prompts import template_for
 from app.core.genie.run import Chunk
 from app.core.genie.session import (
     MODES,
@@ -123,9 +124,12 @@ async def _target(args: argparse.Namespace) -> tuple[Any, str, dict[str, Any], P
     return board, remote, doc, run_dir
 
 
-def _template(args: argparse.Namespace, doc: dict[str, Any]) -> str:
+def _template(args: argparse.Namespace, doc: dict[str, Any], run_dir: Path | None) -> str:
     if args.template != "auto":
         return str(args.template)
+    if run_dir is not None and (run_dir / "artifacts" / "model" / "model.json").is_file():
+        t = template_for(run_dir / "artifacts" / "model")   # the model's own chat template
+        return "nemotron-reasoning-off" if t == "nemotron" else t
     return template_for_bundle(doc) if doc else "llama3"
 
 
@@ -140,8 +144,8 @@ def _kpi_line(r: TurnResult) -> str:
 
 
 async def _chat(args: argparse.Namespace) -> int:
-    board, remote, doc, _run = await _target(args)
-    conv = Conversation(template=_template(args, doc), system=args.system)
+    board, remote, doc, run_dir = await _target(args)
+    conv = Conversation(template=_template(args, doc, run_dir), system=args.system)
     sampler = args.sampler or ("thinking" if conv.template == "nemotron-reasoning-on" else "deterministic")
     session = ChatSession(board, remote, conv, mode=args.mode, max_tokens=args.max_tokens, sampler=sampler,
                           on_status=None if args.json else eprint)

@@ -25,7 +25,23 @@ def chat_prompt(user: str, system: str = "", template: str = "llama3", reasoning
     return LLAMA3.format(system=system, user=user)
 
 
+def template_from_chat_template(chat_template: Any) -> str | None:
+    """The template family of a Hugging Face chat template (tokenizer_config.json), or None."""
+    if isinstance(chat_template, list):  # [{"name": "default", "template": "..."}, ...]
+        chat_template = next((t.get("template") for t in chat_template
+                              if isinstance(t, dict) and t.get("name") == "default"), None)
+    if not isinstance(chat_template, str):
+        return None
+    if "detailed thinking" in chat_template:
+        return "nemotron"
+    if "<|start_header_id|>" in chat_template:
+        return "llama3"
+    return None
+
+
 def template_for(model_dir: Path | None) -> str:
+    """'qa' (built-in toy model), 'nemotron' or 'llama3': from the model's chat template when it has one,
+    else from its name."""
     if model_dir is None:
         return "llama3"
     try:
@@ -34,6 +50,16 @@ def template_for(model_dir: Path | None) -> str:
         return "llama3"
     if doc.get("source") == "builtin":
         return "qa"
+    if doc.get("hf_dir"):
+        hf = Path(str(doc["hf_dir"]))
+        hf = hf if hf.is_absolute() else model_dir / hf
+        try:
+            tc = json.loads((hf / "tokenizer_config.json").read_text(encoding="utf-8"))
+            found = template_from_chat_template(tc.get("chat_template"))
+            if found:
+                return found
+        except (OSError, json.JSONDecodeError, AttributeError):
+            pass
     name = str(doc.get("model", "")).lower()
     return "nemotron" if "nemotron" in name else "llama3"
 
