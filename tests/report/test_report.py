@@ -15,6 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CANARY_TOKEN = "canary-aihub-tok-5f1e9d"
 CANARY_PASSWORD = "canary-sudo-pw-77c3"
+CANARY_SETTINGS = "canary-settings-pw-9d2"
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,15 @@ def chatted_run(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory
     res = asyncio.run(Pipeline(RunManifest.load(run)).run(until="chat"))
     assert res.ok, (res.message, res.hint)
     return run
+
+
+def _pdf_text(pdf: Path) -> str:
+    """The PDF's text with all whitespace removed (a canary wrapped over two lines is still found)."""
+    if not shutil.which("pdftotext"):
+        pytest.skip("poppler-utils (pdftotext, pdftoppm) is not installed: apt-get install poppler-utils")
+    out = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "HexStudio" in out
+    return "".join(out.split())
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -62,16 +72,23 @@ def test_html_is_html5_and_pdf_renders_pages(chatted_run: Path, tmp_path: Path) 
     parser = html5lib.HTMLParser(strict=True)
     parser.parse(text)
     assert not parser.errors
-    assert "<svg" in text and "SIMULATED" in text and "http://" not in text.replace(
-        'xmlns="http://www.w3.org/2000/svg"', "")  # self-contained: no external assets
+    assert text.count("<svg") >= 2 and "SIMULATED" in text  # memory plots and the token-rate plot, inline
+    low = text.lower()
+    assert not any(ref in low for ref in ("<link", "<script", "<img", " src=", "url(", "@import"))  # self-contained
+    assert low.count('<span class="badge simulated">simulated</span>') >= 7  # every KPI says it is simulated
+    cmp_out = tmp_path / "c.html"
+    cp = _cli("report", "compare", str(chatted_run), str(chatted_run), "--format", "html", "--out", str(cmp_out))
+    assert cp.returncode == 0, cp.stderr
+    parser = html5lib.HTMLParser(strict=True)
+    parser.parse(cmp_out.read_text())
+    assert not parser.errors
     out = _cli("report", str(chatted_run), "--format", "pdf", "--out", str(pdf_out))
     assert out.returncode == 0, out.stderr
     assert pdf_out.read_bytes()[:5] == b"%PDF-"
-    if shutil.which("pdftoppm"):
-        subprocess.run(["pdftoppm", "-r", "40", "-png", str(pdf_out), str(tmp_path / "page")], check=True,
-                       timeout=120)
-        pages = sorted(tmp_path.glob("page-*.png"))
-        assert len(pages) >= 2 and all(p.stat().st_size > 2000 for p in pages)
+    assert "SIMULATED" in _pdf_text(pdf_out)  # skips when poppler-utils is missing
+    subprocess.run(["pdftoppm", "-r", "40", "-png", str(pdf_out), str(tmp_path / "page")], check=True, timeout=120)
+    pages = sorted(tmp_path.glob("page-*.png"))
+    assert len(pages) >= 2 and all(p.stat().st_size > 2000 for p in pages)
 
 
 def test_report_of_a_failed_run_says_where_why_and_what_next(chatted_run: Path, tmp_path: Path) -> None:
@@ -106,13 +123,16 @@ def test_canary_secrets_never_appear_in_any_format(chatted_run: Path, tmp_path: 
     shutil.copytree(chatted_run, run)
     set_secret(AIHUB_TOKEN, CANARY_TOKEN)
     s = Settings.load()
-    s.boards["evk"] = {"host": "10.0.0.7", "user": "ubuntu", "auth": "key", "api_token": CANARY_TOKEN}
+    s.boards["evk"] = {"host": "10.0.0.7", "user": "ubuntu", "auth": "key", "api_token": CANARY_TOKEN,
+                       "password": CANARY_SETTINGS}
     s.save()
     set_secret(sudo_password_key("evk"), CANARY_PASSWORD)
     # canaries that leaked into the run's settings, its events and a stage log
     doc = json.loads((run / "run.json").read_text())
     doc["inputs"]["settings"]["aihub_token"] = CANARY_TOKEN
     doc["events"].append({"t": doc["created"], "kind": "note", "message": f"sudo -S with {CANARY_PASSWORD}"})
+    doc["events"].append({"t": doc["created"], "kind": "note", "message": f"ssh login with {CANARY_SETTINGS} ok"})
+    doc["stages"]["chat"]["warnings"] = [{"message": f"token {CANARY_TOKEN} seen"}]
     (run / "run.json").write_text(json.dumps(doc))
     log = run / "logs" / "board.jsonl"
     log.write_text(log.read_text() + json.dumps({"type": "log", "message": f"Bearer {CANARY_TOKEN}"}) + "\n")
@@ -120,14 +140,12 @@ def test_canary_secrets_never_appear_in_any_format(chatted_run: Path, tmp_path: 
         out = tmp_path / f"r.{fmt}"
         res = _cli("report", str(run), "--format", fmt, "--out", str(out))
         assert res.returncode == 0, res.stderr
-        if fmt == "pdf":
-            text = subprocess.run(["pdftotext", str(out), "-"], capture_output=True, text=True).stdout \
-                if shutil.which("pdftotext") else out.read_bytes().decode("latin-1")
-        else:
-            text = out.read_text()
-        assert CANARY_TOKEN not in text and CANARY_PASSWORD not in text, fmt
+        text = _pdf_text(out) if fmt == "pdf" else out.read_text()
+        assert CANARY_TOKEN not in text and CANARY_PASSWORD not in text and CANARY_SETTINGS not in text, fmt
+        assert "ssh login with" in text or fmt == "pdf"  # the event is there, without the secret
     res = _cli("report", "compare", str(run), str(chatted_run), "--format", "json")
     assert res.returncode == 0 and CANARY_TOKEN not in res.stdout and CANARY_PASSWORD not in res.stdout
+    assert CANARY_SETTINGS not in res.stdout
 
 
 def test_host_names_are_left_out_when_asked(chatted_run: Path) -> None:
@@ -253,9 +271,8 @@ def test_a_real_board_failure_is_reported_with_where_why_next_and_no_secrets(cha
         cp = _cli("report", run.name, "--workspace", str(tmp_path / "ws"), "--format", fmt, "--out", str(out))
         assert cp.returncode == 0, cp.stderr
         assert "run failed" in cp.stderr
-    pdf_text = subprocess.run(["pdftotext", str(tmp_path / "failed.pdf"), "-"], capture_output=True, text=True,
-                              timeout=60).stdout
-    assert "Where it failed" in pdf_text and CANARY_PASSWORD not in pdf_text and "127.0.0.1" not in pdf_text
+    pdf_text = _pdf_text(tmp_path / "failed.pdf")
+    assert "Whereitfailed" in pdf_text and CANARY_PASSWORD not in pdf_text and "127.0.0.1" not in pdf_text
     cp = _cli("report", run.name, "--workspace", str(tmp_path / "ws"), "--include-hosts", "--format", "json")
     assert cp.returncode == 0 and "127.0.0.1" in cp.stdout and CANARY_PASSWORD not in cp.stdout
 

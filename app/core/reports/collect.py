@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.manifest import RunManifest, now_iso
-from app.core.reports.redact import scrub
+from app.core.reports.redact import scrub, secret_values_in
 from app.core.stages import STAGES
 
 REPORT_VERSION = 1
@@ -199,7 +199,7 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
         series = _resources(run_dir, s.name) if m.stage(s.name).state != "pending" else []
         if series:
             rep["series"]["resources"][s.name] = series
-    secrets = list(extra_secrets or []) + _keyring_secrets()
+    secrets = list(extra_secrets or []) + _keyring_secrets() + secret_values_in(m.data.get("inputs"))
     hosts: list[str] = []
     users: list[str] = []
     if redact_hosts:
@@ -244,9 +244,10 @@ def _keyring_secrets() -> list[str]:
         from app.core.secrets import board_password_key, known_secret_values, sudo_password_key
         from app.core.settings import Settings
 
-        boards = list(Settings.load().boards)
+        cfg = Settings.load()
+        boards = list(cfg.boards)
         names = [board_password_key(n) for n in boards] + [sudo_password_key(n) for n in boards]
-        return known_secret_values() + known_secret_values(names)
+        return known_secret_values() + known_secret_values(names) + secret_values_in(cfg.data)
     except Exception:  # an unreadable settings file or keyring must not stop a report; values are still
         return []      # scrubbed by key name and by pattern
 

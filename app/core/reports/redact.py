@@ -30,10 +30,21 @@ def is_secret_key(key: str) -> bool:
     return any(pair in SECRET_PAIRS for pair in itertools.pairwise(words))
 
 
+def secret_values_in(obj: Any, key: str | None = None) -> list[str]:
+    """String values of secret-named keys anywhere in `obj` (e.g. a password typed into the settings file)."""
+    if isinstance(obj, dict):
+        return [v for k, x in obj.items() for v in secret_values_in(x, str(k))]
+    if isinstance(obj, list):
+        return [v for x in obj for v in secret_values_in(x, key)]
+    return [obj] if isinstance(obj, str) and obj and key is not None and is_secret_key(key) else []
+
+
 def _scrub_text(text: str, values: list[str], names: list[tuple[str, str]]) -> str:
     for v in values:
-        if v and len(v) >= 4:
+        if len(v) >= 4:
             text = text.replace(v, REDACTED)
+        else:  # a very short secret: whole words only, or every "a" in the report would go
+            text = re.sub(rf"(?<!\w){re.escape(v)}(?!\w)", REDACTED, text)
     text = SECRET_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
     for n, placeholder in names:
         if len(n) >= 2:
