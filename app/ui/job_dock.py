@@ -27,7 +27,7 @@ from app.core.jobs import human_bytes
 from app.core.sampler import ResourceSample
 from app.ui.plots import ResourcePlot
 
-LEVELS = ("all", "info", "warning", "error")
+LEVELS = ("all", "info", "warning", "error")   # "all" includes debug
 LOG_KEEP = 20_000        # lines kept for filtering
 LOG_SHOWN = 5_000        # lines in the view
 
@@ -81,6 +81,7 @@ class JobDock(QDockWidget):
         self.filter_edit.setClearButtonEnabled(True)
         self.level_combo = QComboBox()
         self.level_combo.addItems(LEVELS)
+        self.level_combo.setCurrentText("info")  # debug lines (e.g. streamed tokens) only on request
         self.level_combo.setToolTip("Show only lines of this level or worse")
         self.copy_button = QPushButton("Copy")
         self.copy_button.setToolTip("Copy the shown log lines to the clipboard")
@@ -188,7 +189,7 @@ class JobDock(QDockWidget):
     def _visible(self, item: tuple[str, str]) -> bool:
         level = self.level_combo.currentText()
         if level != "all":
-            order = {"debug": 0, "info": 1, "warning": 2, "error": 3}
+            order = {"debug": 0, "info": 1, "warn": 2, "warning": 2, "error": 3}
             if order.get(item[0], 1) < order[level]:
                 return False
         needle = self.filter_edit.text().strip().lower()

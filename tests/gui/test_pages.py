@@ -131,3 +131,30 @@ def test_adding_a_board_keeps_its_password_in_the_keyring_only(qtbot: Any, tmp_p
     assert "evk" in saved and "canary-Pa55-7731" not in saved
     assert page.password_edit.text() == ""
     assert any("evk" in page.boards.item(i).text() for i in range(page.boards.count()))
+
+
+def test_job_dock_log_is_bounded_filterable_and_copyable(qtbot: Any) -> None:
+    from PySide6.QtGui import QGuiApplication
+
+    from app.ui.job_dock import LOG_KEEP, LOG_SHOWN, JobDock
+
+    dock = JobDock()
+    qtbot.addWidget(dock)
+    dock.begin("quantize", "Quantize", 2 * 1024 ** 3)
+    for i in range(30_000):
+        dock.on_event("quantize", {"type": "log", "level": "debug" if i % 2 else "info", "message": f"line {i}"})
+    dock.on_event("quantize", {"type": "warning", "message": "calibration text is short", "hint": "add more"})
+    dock.on_event("quantize", {"type": "progress", "fraction": 0.5, "message": "part 1 of 2"})
+    dock.flush()
+    assert len(dock.lines) == LOG_KEEP and dock.log_model.rowCount() <= LOG_SHOWN
+    shown = dock.log_model.stringList()
+    assert "line 29998" in shown and "line 29999" not in shown  # debug lines hidden at level "info"
+    assert dock.progress.value() == 500 and "part 1 of 2" in dock.progress.format()
+    dock.level_combo.setCurrentText("warning")
+    assert dock.log_model.stringList() == ["WARNING: calibration text is short — add more"]
+    dock.level_combo.setCurrentText("all")
+    dock.filter_edit.setText("line 2999")
+    # only the last LOG_KEEP lines are kept: "line 2999" itself is long gone
+    assert set(dock.log_model.stringList()) == {f"line 2999{d}" for d in range(10)}
+    dock.copy_button.click()
+    assert "line 29999" in QGuiApplication.clipboard().text()
