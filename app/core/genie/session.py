@@ -155,12 +155,18 @@ class _Helper:
 
 class ChatSession:
     def __init__(self, board: Board, bundle_dir: str, conversation: Conversation | None = None, *,
-                 mode: str = "auto", max_tokens: int = 256, sampler: str = "deterministic",
+                 mode: str = "auto", max_tokens: int = 256, sampler: str | dict[str, Any] = "deterministic",
                  on_status: Callable[[str], None] | None = None, ready_timeout: float = 300.0) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
-        if sampler not in SAMPLER_PRESETS:
-            raise ValueError(f"sampler must be one of {tuple(SAMPLER_PRESETS)}")
+        # a preset name, or the sampler values themselves (Genie's keys: seed, temp, top-k, top-p)
+        if isinstance(sampler, dict):
+            self.sampler_values: dict[str, Any] | None = dict(sampler)
+            sampler = "custom"
+        elif sampler not in SAMPLER_PRESETS:
+            raise ValueError(f"sampler must be one of {tuple(SAMPLER_PRESETS)} or a dict of sampler values")
+        else:
+            self.sampler_values = SAMPLER_PRESETS[sampler]
         self.board = board
         self.bundle_dir = bundle_dir
         self.conversation = conversation or Conversation()
@@ -203,7 +209,7 @@ class ChatSession:
             self.conversation.context_length = size
         self.conversation.max_reply_tokens = self.max_tokens
         await self._maybe_tokenizer(cfg)
-        override = SAMPLER_PRESETS[self.sampler]
+        override = self.sampler_values
         if override is not None:
             cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(override)
             await t.write_bytes(posixpath.join(self.bundle_dir, SESSION_CONFIG),
@@ -238,7 +244,7 @@ class ChatSession:
 
     def helper_argv(self) -> tuple[list[str], dict[str, str] | None]:
         b = self.board
-        sampler = SAMPLER_PRESETS[self.sampler]
+        sampler = self.sampler_values
         extra = ["--sampler", json.dumps(sampler)] if sampler is not None else []
         if b.simulated:
             return [sys.executable, "-m", "workers.genie_sim.session", "-c", "genie_config.json", *extra], python_env()
