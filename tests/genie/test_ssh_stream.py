@@ -89,7 +89,7 @@ def test_hostile_prompt_over_ssh_arrives_verbatim_and_runs_nothing(ssh_server: S
     res, sent = asyncio.run(go())
     assert res.exit_status == 0, res.stderr
     assert sent.decode("utf-8") == prompt
-    assert res.transcript.prompt is not None and res.transcript.prompt == prompt.split("\n")[0]
+    assert res.transcript.prompt == prompt   # the whole prompt, its later lines too
     assert not canary.exists()
 
 

@@ -78,7 +78,7 @@ async def run_query(board: Board, bundle_dir: str, prompt: str, *,
     t0 = time.monotonic()
     proc = await t.start(genie_argv(board, prompt_file, profile_file, max_tokens, config), cwd=bundle_dir,
                          env=python_env() if board.simulated else None)
-    parser = TranscriptParser()
+    parser = TranscriptParser(prompt)   # its echo is skipped exactly, whatever it holds
     dec = codecs.getincrementaldecoder("utf-8")("replace")
     chunks: list[Chunk] = []
     err_parts: list[bytes] = []
