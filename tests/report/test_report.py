@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,14 @@ def chatted_run(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory
     return run
 
 
-def _pdf_text(pdf: Path) -> str:
-    """The PDF's text with all whitespace removed (a canary wrapped over two lines is still found)."""
+def _pdf_text(pdf: Path) -> str | None:
+    """The PDF's text with all whitespace removed (a canary wrapped over two lines is still found); None where
+    poppler-utils is missing (`./dev test` installs it; CI must have it), so the test's other checks still run."""
     if not shutil.which("pdftotext"):
-        pytest.skip("poppler-utils (pdftotext, pdftoppm) is not installed: apt-get install poppler-utils")
+        assert not os.environ.get("CI"), "poppler-utils (pdftotext, pdftoppm) is missing on CI: apt-get install poppler-utils"
+        warnings.warn("poppler-utils is not installed: PDF text checks left out (apt-get install poppler-utils)",
+                      stacklevel=2)
+        return None
     out = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, timeout=60, check=True).stdout
     assert "HexStudio" in out
     return "".join(out.split())
@@ -85,10 +91,13 @@ def test_html_is_html5_and_pdf_renders_pages(chatted_run: Path, tmp_path: Path) 
     out = _cli("report", str(chatted_run), "--format", "pdf", "--out", str(pdf_out))
     assert out.returncode == 0, out.stderr
     assert pdf_out.read_bytes()[:5] == b"%PDF-"
-    assert "SIMULATED" in _pdf_text(pdf_out)  # skips when poppler-utils is missing
-    subprocess.run(["pdftoppm", "-r", "40", "-png", str(pdf_out), str(tmp_path / "page")], check=True, timeout=120)
-    pages = sorted(tmp_path.glob("page-*.png"))
-    assert len(pages) >= 2 and all(p.stat().st_size > 2000 for p in pages)
+    pdf_text = _pdf_text(pdf_out)
+    if pdf_text is not None:
+        assert "SIMULATED" in pdf_text
+        subprocess.run(["pdftoppm", "-r", "40", "-png", str(pdf_out), str(tmp_path / "page")], check=True,
+                       timeout=120)
+        pages = sorted(tmp_path.glob("page-*.png"))
+        assert len(pages) >= 2 and all(p.stat().st_size > 2000 for p in pages)
 
 
 def test_report_of_a_failed_run_says_where_why_and_what_next(chatted_run: Path, tmp_path: Path) -> None:
@@ -140,7 +149,7 @@ def test_canary_secrets_never_appear_in_any_format(chatted_run: Path, tmp_path: 
         out = tmp_path / f"r.{fmt}"
         res = _cli("report", str(run), "--format", fmt, "--out", str(out))
         assert res.returncode == 0, res.stderr
-        text = _pdf_text(out) if fmt == "pdf" else out.read_text()
+        text = (_pdf_text(out) or "") if fmt == "pdf" else out.read_text()
         assert CANARY_TOKEN not in text and CANARY_PASSWORD not in text and CANARY_SETTINGS not in text, fmt
         assert "ssh login with" in text or fmt == "pdf"  # the event is there, without the secret
     res = _cli("report", "compare", str(run), str(chatted_run), "--format", "json")
@@ -185,7 +194,23 @@ def test_compare_side_by_side_and_refusal(chatted_run: Path, tmp_path: Path, val
     (dev / "artifacts" / "chat" / "chat.json").write_text(json.dumps(chat))
     c3 = compare_reports([build_report(chatted_run), build_report(dev)])
     assert not any(r["section"] == "kpis" for r in c3["rows"])
-    assert "different kinds of board" in c3["skipped"][0] and "Left out" in compare_html(c3)
+    assert any("different kinds of board" in x for x in c3["skipped"]) and "Left out" in compare_html(c3)
+    # nor the chat stage's duration: it ran on a different kind of board (like-for-like rows only)
+    assert not any(r["label"] == "Chat duration" for r in c3["rows"])
+    assert any(x.startswith("Chat duration and memory: the runs ran this stage on different machines")
+               for x in c3["skipped"])
+    assert any(r["label"] == "Quantize duration" for r in c3["rows"])  # same workstation: still compared
+    # a quantize peak on another workstation is not set against this one's
+    far = tmp_path / "far"
+    shutil.copytree(chatted_run, far)
+    m = RunManifest.load(far)
+    m.data["environment"] = {**m.data["environment"], "cpu_count": 64, "memory_bytes": 256 * 1024**3,
+                             "gpus": [{"name": "NVIDIA GeForce RTX 5090"}]}
+    m.save()
+    c4 = compare_reports([build_report(chatted_run), build_report(far)])
+    assert not any(r["label"].startswith("Quantize") for r in c4["rows"])
+    assert any("Quantize duration and memory" in x and "RTX 5090" in x for x in c4["skipped"])
+    assert any(r["section"] == "kpis" for r in c4["rows"])  # the same simulator board: KPIs still compared
     # a validated run and a chatted run share the validation metrics: comparable, like-for-like only
     c2 = compare_reports([build_report(validated_run), build_report(chatted_run)])
     assert not any(r["section"] == "kpis" for r in c2["rows"])
@@ -272,7 +297,7 @@ def test_a_real_board_failure_is_reported_with_where_why_next_and_no_secrets(cha
         assert cp.returncode == 0, cp.stderr
         assert "run failed" in cp.stderr
     pdf_text = _pdf_text(tmp_path / "failed.pdf")
-    assert "Whereitfailed" in pdf_text and CANARY_PASSWORD not in pdf_text and "127.0.0.1" not in pdf_text
+    assert pdf_text is None or ("Whereitfailed" in pdf_text and CANARY_PASSWORD not in pdf_text and "127.0.0.1" not in pdf_text)
     cp = _cli("report", run.name, "--workspace", str(tmp_path / "ws"), "--include-hosts", "--format", "json")
     assert cp.returncode == 0 and "127.0.0.1" in cp.stdout and CANARY_PASSWORD not in cp.stdout
 

@@ -38,6 +38,29 @@ def _row(section: str, name: str, label: str, values: list[Any], unit: str = "",
     return row
 
 
+BOARD_STAGES = ("board", "chat")
+TRIVIAL_STAGES = ("model", "preflight")
+
+
+def _machine(r: dict[str, Any], stage: str) -> tuple[Any, ...]:
+    """What a stage's duration and memory depend on: the board for board stages, the workstation otherwise
+    (by its hardware, not its host name, which a report may redact)."""
+    if stage in BOARD_STAGES:
+        board = r.get("board") or {}
+        source = (r.get("chat") or {}).get("source") if stage == "chat" else None
+        return ("board", board.get("label") or board.get("name"), source)
+    env = r.get("environment") or {}
+    gpus = tuple(str(g.get("name")) for g in env.get("gpus") or [] if isinstance(g, dict))
+    return ("host", env.get("os"), env.get("cpu_count"), env.get("memory_bytes"), gpus)
+
+
+def _machine_text(m: tuple[Any, ...]) -> str:
+    if m[0] == "board":
+        return f"board {m[1] or '?'}" + (f" ({m[2]})" if m[2] else "")
+    mem = f"{m[3] / 1024**3:.0f} GiB" if isinstance(m[3], int | float) else "? GiB"
+    return f"{m[1] or '?'}, {m[2] or '?'} cores, {mem}" + (f", {', '.join(m[4])}" if m[4] else ", no GPU")
+
+
 def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
     if len(reports) < 2:
         raise ReportError("Compare needs at least two runs.", "Give two or more run ids.")
@@ -48,10 +71,20 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
     model_row = _row("settings", "model", "model", [r["model"]["id"] for r in reports])
     rows.insert(0, model_row)
     measured: list[dict[str, Any]] = []
-    # stages completed in every run
+    skipped: list[str] = []
+    substantial = False  # a row beyond the model and preflight stages, which take seconds on any run
+    # stages completed in every run, on the same kind of machine: a duration on an EVK is not set against one
+    # on the simulator board, nor a quantize peak on one workstation against another's
     for i, st in enumerate(reports[0]["stages"]):
         if st["name"] == "report" or not all(r["stages"][i]["state"] == "done" for r in reports):
             continue
+        machines = [_machine(r, st["name"]) for r in reports]
+        if len(set(machines)) > 1:
+            skipped.append(f"{st['title']} duration and memory: the runs ran this stage on different machines "
+                           f"({'; '.join(_machine_text(m) for m in machines)}).")
+            continue
+        if st["name"] not in TRIVIAL_STAGES:
+            substantial = True
         measured.append(_row("stages", "duration_s", f"{st['title']} duration",
                              [r["stages"][i]["duration_s"] for r in reports], "s"))
         if all(r["stages"][i]["peak_rss_bytes"] for r in reports):
@@ -63,7 +96,6 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
         measured += [_row("validation", n, n, [r["validation"]["checks"][n]["value"] for r in reports])
                      for n in names]
     # KPIs present in every run and measured the same way: a simulated figure is not set against a device one
-    skipped: list[str] = []
     if all(r.get("kpis") for r in reports):
         by = [{k["name"]: k for k in r["kpis"]} for r in reports]
         sources = [(r.get("chat") or {}).get("source") for r in reports]
@@ -78,9 +110,10 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
                                          [b[name]["source"] for b in by]))
     elif any(r.get("kpis") for r in reports):
         skipped.append("Chat KPIs: not every run got as far as chatting on a board.")
-    if not measured:
-        raise ReportError("These runs have nothing in common to compare: no stage completed in all of them, and "
-                          "no validation metric or KPI is shared.",
+    substantial = substantial or any(r["section"] != "stages" for r in measured)
+    if not substantial:
+        raise ReportError("These runs have nothing in common to compare: no stage past Model and Preflight completed "
+                          "in all of them on the same kind of machine, and no validation metric or KPI is shared.",
                           "Compare runs that both got at least as far as the same stage (e.g. both validated, "
                           "or both chatted on a board).")
     runs = [{"run_id": r["run"]["run_id"], "model": r["model"]["id"], "status": r["run"]["status"],
