@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication, QTextCursor
 from PySide6.QtWidgets import (
     QComboBox,
+    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
@@ -28,13 +29,29 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.genie.conversation import TEMPLATES, Conversation, Turn, token_counter
-from app.core.genie.prompts import DETERMINISTIC, template_for
+from app.core.genie.prompts import DETERMINISTIC, NEMOTRON_THINKING_ON, template_for
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.plots import ReplyHistoryPlot, TokenRatePlot
 from app.ui.widgets import STATE_COLORS, note
 
-SAMPLER_PRESETS = {"deterministic (seed 42, temp 0, top-k 1, top-p 1)": DETERMINISTIC}
+# preset key -> (label, values); the keys match app.core.genie.session's presets (and the CLI's --sampler)
+SAMPLER_PRESETS: dict[str, tuple[str, dict[str, Any] | None]] = {
+    "deterministic": ("deterministic (seed 42, temp 0, top-k 1, top-p 1)", DETERMINISTIC),
+    "thinking": ("thinking (Nemotron reasoning on: temp 0.6, top-k 40, top-p 0.95)", NEMOTRON_THINKING_ON),
+    "bundle": ("the bundle's own sampler (genie_config.json as compiled)", None),
+    "custom": ("custom", None),
+}
+SAMPLER_TOOLTIP = (
+    "How the next token is picked. The values go into this chat's copy of the bundle's genie_config.json "
+    "sampler (the bundle itself is not changed). The simulator board samples with them too: temperature, "
+    "top-k, top-p and seed. Deterministic always takes the most likely token; Nemotron with reasoning on "
+    "uses the thinking preset, as `hexstudio chat` does.")
+
+
+def genie_sampler(values: dict[str, Any]) -> dict[str, Any]:
+    """Genie's genie_config.json sampler keys (top-k, top-p) from the prompts module's (top_k, top_p)."""
+    return {k.replace("_", "-"): v for k, v in values.items()}
 
 
 def kpi_line(k: dict[str, Any]) -> str:
@@ -59,19 +76,53 @@ class ChatPage(StagePage):
         self.system_edit.setObjectName("system_prompt")
         self.system_edit.setPlaceholderText("System prompt (Llama 3 template; Nemotron sets its own)")
         self.sampler_combo = QComboBox()
-        self.sampler_combo.addItems(list(SAMPLER_PRESETS))
-        self.sampler_combo.setToolTip("The bundle's genie_config.json sampler; the simulator is greedy.")
+        self.sampler_combo.setObjectName("sampler_preset")
+        for key, (label, _values) in SAMPLER_PRESETS.items():
+            self.sampler_combo.addItem(label, key)
+        self.sampler_combo.setToolTip(SAMPLER_TOOLTIP)
+        self.temp_spin = QDoubleSpinBox()
+        self.temp_spin.setObjectName("sampler_temp")
+        self.temp_spin.setRange(0.0, 2.0)
+        self.temp_spin.setSingleStep(0.05)
+        self.temp_spin.setDecimals(2)
+        self.temp_spin.setToolTip("Temperature: 0 always takes the most likely token; higher is more varied.")
+        self.topk_spin = QSpinBox()
+        self.topk_spin.setObjectName("sampler_top_k")
+        self.topk_spin.setRange(1, 1000)
+        self.topk_spin.setToolTip("Top-k: sample only among the k most likely tokens (1 = greedy).")
+        self.topp_spin = QDoubleSpinBox()
+        self.topp_spin.setObjectName("sampler_top_p")
+        self.topp_spin.setRange(0.01, 1.0)
+        self.topp_spin.setSingleStep(0.05)
+        self.topp_spin.setDecimals(2)
+        self.topp_spin.setToolTip("Top-p: sample only among the most likely tokens that together reach p.")
+        self.seed_spin = QSpinBox()
+        self.seed_spin.setObjectName("sampler_seed")
+        self.seed_spin.setRange(0, 2 ** 31 - 1)
+        self.seed_spin.setToolTip("Seed of the sampler's random numbers: the same seed gives the same reply.")
         self.max_tokens = QSpinBox()
         self.max_tokens.setObjectName("max_tokens")
         self.max_tokens.setRange(1, 4096)
         self.max_tokens.setValue(48)
         top = QHBoxLayout()
-        for label, widget in (("Template", self.template_combo), ("Sampler", self.sampler_combo),
-                              ("Max reply tokens", self.max_tokens)):
+        for label, widget in (("Template", self.template_combo), ("Max reply tokens", self.max_tokens)):
             top.addWidget(QLabel(label))
             top.addWidget(widget)
         top.addStretch(1)
         self.inputs_layout.addLayout(top)
+        sampler_row = QHBoxLayout()
+        for label, widget in (("Sampler", self.sampler_combo), ("Temperature", self.temp_spin),
+                              ("Top-k", self.topk_spin), ("Top-p", self.topp_spin), ("Seed", self.seed_spin)):
+            lab = QLabel(label)
+            lab.setBuddy(widget)
+            sampler_row.addWidget(lab)
+            sampler_row.addWidget(widget)
+        sampler_row.addStretch(1)
+        self.inputs_layout.addLayout(sampler_row)
+        self._apply_preset("deterministic")
+        self.sampler_combo.currentIndexChanged.connect(lambda _i: self._preset_chosen())
+        for spin in (self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin):
+            spin.valueChanged.connect(lambda _v: self._sampler_edited())
         form.addRow("System prompt", self.system_edit)
         self.inputs_layout.addLayout(form)
 
@@ -140,7 +191,7 @@ class ChatPage(StagePage):
         self.chat_message = note("")
         cl.addWidget(self.chat_message)
 
-        self.template_combo.currentTextChanged.connect(lambda _t: self._settings_changed())
+        self.template_combo.currentTextChanged.connect(self._template_chosen)
         self.system_edit.editingFinished.connect(self._settings_changed)
         self.conversation = Conversation()
         self.session: Any = None
@@ -149,6 +200,55 @@ class ChatPage(StagePage):
         self._stop: asyncio.Event | None = None
         self._reply_start = 0
         self.busy_chat = False
+
+    # -- sampler --------------------------------------------------------------------------------
+    def sampler_preset(self) -> str:
+        return str(self.sampler_combo.currentData())
+
+    def sampler_settings(self) -> dict[str, Any] | None:
+        """The sampler this chat runs with (Genie's keys), or None for the bundle's own."""
+        if self.sampler_preset() == "bundle":
+            return None
+        return {"seed": self.seed_spin.value(), "temp": round(self.temp_spin.value(), 2),
+                "top-k": self.topk_spin.value(), "top-p": round(self.topp_spin.value(), 2)}
+
+    def _apply_preset(self, key: str) -> None:
+        values = SAMPLER_PRESETS[key][1]
+        spins = (self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin)
+        for spin in spins:
+            spin.blockSignals(True)
+        if values is not None:
+            g = genie_sampler(values)
+            self.temp_spin.setValue(float(g["temp"]))
+            self.topk_spin.setValue(int(g["top-k"]))
+            self.topp_spin.setValue(float(g["top-p"]))
+            self.seed_spin.setValue(int(g["seed"]))
+        for spin in spins:
+            spin.blockSignals(False)
+            spin.setEnabled(key != "bundle")
+        i = self.sampler_combo.findData(key)
+        if i != self.sampler_combo.currentIndex():
+            self.sampler_combo.blockSignals(True)
+            self.sampler_combo.setCurrentIndex(i)
+            self.sampler_combo.blockSignals(False)
+
+    def _preset_chosen(self) -> None:
+        self._apply_preset(self.sampler_preset())
+
+    def _sampler_edited(self) -> None:
+        """A value was edited: it is no longer the preset, so the combo says custom."""
+        values = SAMPLER_PRESETS[self.sampler_preset()][1]
+        if values is not None and genie_sampler(values) != self.sampler_settings():
+            self._apply_preset("custom")
+
+    def _template_chosen(self, template: str) -> None:
+        # as `hexstudio chat`: Nemotron with reasoning on samples with the thinking preset, else deterministic
+        preset = self.sampler_preset()
+        if template == "nemotron-reasoning-on" and preset == "deterministic":
+            self._apply_preset("thinking")
+        elif template != "nemotron-reasoning-on" and preset == "thinking":
+            self._apply_preset("deterministic")
+        self._settings_changed()
 
     # -- run context ----------------------------------------------------------------------------
     def board_doc(self) -> dict[str, Any] | None:
@@ -217,8 +317,10 @@ class ChatPage(StagePage):
         assert doc is not None
         self._conversation_settings()
         board = await open_board(str(doc["board"]), self.c.settings, self.c.workspace.root)
+        sampler = self.sampler_settings()
         session = ChatSession(board, str(doc["remote_bundle"]), self.conversation, mode=self.session_mode,
-                              max_tokens=self.max_tokens.value(), on_status=self.chat_message.setText)
+                              max_tokens=self.max_tokens.value(), sampler=sampler if sampler is not None else "bundle",
+                              on_status=self.chat_message.setText)
         mode = await session.open()
         self.session = session
         self.conversation = session.conversation
@@ -242,6 +344,11 @@ class ChatPage(StagePage):
         self._stop = asyncio.Event()
         turn: Turn | None = None
         try:
+            if self.session is not None and self.session.sampler_values != self.sampler_settings():
+                # the sampler is fixed when the model loads: load it again with the new one (history is kept)
+                await self.close_session()
+                self.chat_message.setText("The sampler changed: the model loads again with it; the conversation "
+                                          "is kept.")
             if self.session is None:
                 await self.open_session()
             assert self.session is not None
