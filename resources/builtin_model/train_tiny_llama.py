@@ -95,6 +95,7 @@ def main() -> None:
     model.eval()
     model.generation_config.eos_token_id = [eot_text, eot]
     model.to(torch.float16).save_pretrained(str(OUT), safe_serialization=True)
+    portable_layout(OUT)
     prompt = fast("Emma found a small board in the", return_tensors="pt")
     with torch.no_grad():
         out = model.to(torch.float32).generate(**prompt, max_new_tokens=20, do_sample=False)
@@ -104,6 +105,19 @@ def main() -> None:
         "steps": args.steps, "seed": args.seed, "threads": args.threads, "final_loss": round(loss.item(), 4),
         "train_seconds": round(time.time() - t0, 1), "corpus_tokens": len(data), "sample": sample,
     }, indent=2))
+
+
+def portable_layout(out: Path) -> None:
+    """Files readable by transformers 4.45 (the validated recipe) as well as 5.x: a top-level `rope_theta` beside
+    5.x's `rope_parameters`, and the chat template inside tokenizer_config.json (5.x writes it to
+    chat_template.jinja only) with a tokenizer class both versions know."""
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["rope_theta"] = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta"))
+    (out / "config.json").write_text(json.dumps(dict(sorted(cfg.items())), indent=2) + "\n")
+    tc = json.loads((out / "tokenizer_config.json").read_text())
+    tc["chat_template"] = CHAT_TEMPLATE
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (out / "tokenizer_config.json").write_text(json.dumps(tc, indent=2) + "\n")
 
 
 if __name__ == "__main__":
