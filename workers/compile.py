@@ -21,6 +21,22 @@ from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
 
 
+def checked_genie_config(hf_config: dict[str, Any], q: dict[str, Any], ctx_bins: list[str],
+                         settings: dict[str, Any], simulated: bool = False) -> dict[str, Any]:
+    """genie_config.json for the quantize stage's graphs, checked before anything is written: the context
+    size against the context length baked into the graphs (their `_cl<N>_` names), the rope settings
+    against config.json. A failed check is a WorkerError with what to do."""
+    try:
+        compiled = gb.compiled_context_length([str(g["name"]) for g in q["graphs"]])
+        cfg = gb.genie_config(hf_config, int(q["context_length"]), ctx_bins, int(q["head_dim"]),
+                              settings.get("sampler"), simulated=simulated)
+        gb.check_genie_config(cfg, hf_config, compiled)
+    except gb.BundleError as exc:
+        raise WorkerError("bundle_check", str(exc), "Fix what the message names, then run the Compile stage "
+                          "again (nothing was uploaded).") from None
+    return cfg
+
+
 def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path, out: Path,
                      settings: dict[str, Any], em: Emitter) -> dict[str, Any]:
     q = json.loads((quantize_dir / "quantize.json").read_text())
@@ -36,9 +52,7 @@ def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path
                       | {"sim_onnx": f"sim/{g['name']}.onnx"})
     shutil.copy2(hf_dir / "tokenizer.json", bdir / "tokenizer.json")
     ctx_bins = [f"sim/{g['name']}.onnx" for g in graphs]
-    cfg = gb.genie_config(hf_config, q["context_length"], ctx_bins, q["head_dim"], settings.get("sampler"),
-                          simulated=True)
-    gb.check_genie_config(cfg, hf_config, q["context_length"])
+    cfg = checked_genie_config(hf_config, q, ctx_bins, settings, simulated=True)
     (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=2))
     (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(gb.SIMULATOR_DEVICE), indent=2))
     (bdir / "tool-versions.yaml").write_text("# simulated bundle: no QAIRT compiler was used\nqairt: simulator\n")

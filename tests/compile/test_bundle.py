@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,12 +45,12 @@ def test_bundle_config_for_a_llama_31_8b_config_only_folder(tmp_path: Path) -> N
 
 def test_bundle_checks_refuse_bad_inputs(tmp_path: Path) -> None:
     with pytest.raises(gb.BundleError, match="weight sharing"):
-        gb.check_device({"name": "old", "dsp_arch": "v68", "soc_model": 1})
+        gb.check_device({"name": "old", "dsp_arch": "v68", "soc_model": 1}, lpbq=False)
     cfg = gb.genie_config(LLAMA_31_8B, 4096, ["a.bin"], 128)
     with pytest.raises(gb.BundleError, match="context"):
         gb.check_genie_config(cfg, LLAMA_31_8B, 2048)
     cfg["dialog"]["engine"]["model"]["positional-encoding"]["rope-scaling"]["factor"] = 4.0
-    with pytest.raises(gb.BundleError, match="rope scaling"):
+    with pytest.raises(gb.BundleError, match="rope settings differ"):
         gb.check_genie_config(cfg, LLAMA_31_8B, 4096)
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_8B))
     bad = _hexstudio("bundle", "config", "--model", str(tmp_path), "--context-length", "1000")
@@ -70,3 +72,155 @@ def test_simulation_bundle_is_complete_and_labeled(compiled_sim_run: Path) -> No
     (bdir / "tokenizer.json").write_text("{}")
     assert gb.verify_bundle(bdir) == ["changed tokenizer.json"]
     (bdir / "tokenizer.json").write_text((compiled_sim_run / "artifacts" / "model" / "hf" / "tokenizer.json").read_text())
+
+
+# -- rope settings: copied field by field, from either config.json layout --------------------------------
+def _pe(cfg: dict[str, Any]) -> dict[str, Any]:
+    return dict(cfg["dialog"]["engine"]["model"]["positional-encoding"])
+
+
+def test_llama3_rope_scaling_is_copied_field_by_field() -> None:
+    hf = {**LLAMA_31_8B, "rope_scaling": {"factor": 32.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+                                          "original_max_position_embeddings": 4096, "rope_type": "llama3"}}
+    pe = _pe(gb.genie_config(hf, 4096, ["a.bin"], 128))
+    assert pe == {"type": "rope", "rope-dim": 64, "rope-theta": 500000.0,
+                  "rope-scaling": {"rope-type": "llama3", "factor": 32.0, "low-freq-factor": 2.0,
+                                   "high-freq-factor": 8.0, "original-max-position-embeddings": 4096}}
+    # a missing field is refused, never filled with an invented default
+    partial = {**LLAMA_31_8B, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    with pytest.raises(gb.BundleError, match="lacks low_freq_factor, high_freq_factor, original_max_position"):
+        gb.genie_config(partial, 4096, ["a.bin"], 128)
+
+
+@pytest.mark.parametrize("field,value", [("low-freq-factor", 2.0), ("high-freq-factor", 1.0),
+                                         ("original-max-position-embeddings", 4096), ("rope-type", "linear")])
+def test_the_pre_write_check_compares_every_rope_field(field: str, value: Any) -> None:
+    cfg = gb.genie_config(LLAMA_31_8B, 4096, ["a.bin"], 128)
+    gb.check_genie_config(cfg, LLAMA_31_8B, 4096)   # as written: passes
+    cfg["dialog"]["engine"]["model"]["positional-encoding"]["rope-scaling"][field] = value
+    with pytest.raises(gb.BundleError, match=f"rope settings differ.*{field}"):
+        gb.check_genie_config(cfg, LLAMA_31_8B, 4096)
+    cfg = gb.genie_config(LLAMA_31_8B, 4096, ["a.bin"], 128)
+    cfg["dialog"]["engine"]["model"]["positional-encoding"]["rope-theta"] = 10000.0
+    with pytest.raises(gb.BundleError, match=re.escape("rope-theta 10000.0 (config.json: 500000.0)")):
+        gb.check_genie_config(cfg, LLAMA_31_8B, 4096)
+
+
+@pytest.mark.parametrize("rope_type,scaling", [
+    ("linear", {"type": "linear", "factor": 2.0}),
+    ("yarn", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "beta_fast": 32.0,
+              "beta_slow": 1.0}),
+    ("dynamic", {"rope_type": "dynamic", "factor": 2.0}),
+])
+def test_rope_types_genie_cannot_express_are_refused(tmp_path: Path, rope_type: str,
+                                                     scaling: dict[str, Any]) -> None:
+    # facts/genie.md documents Genie's rope-scaling for llama3 only: anything else is refused, not approximated
+    hf = {**LLAMA_31_8B, "rope_scaling": scaling}
+    with pytest.raises(gb.BundleError, match=f"type '{rope_type}'.*cannot express"):
+        gb.genie_config(hf, 4096, ["a.bin"], 128)
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    out = _hexstudio("bundle", "config", "--model", str(tmp_path))
+    assert out.returncode == 1 and f"type '{rope_type}'" in out.stderr and "Traceback" not in out.stderr
+    assert "Choose a model" in out.stderr
+
+
+def test_default_rope_and_the_rope_parameters_layout(tmp_path: Path) -> None:
+    # {"rope_type": "default"}: no scaling. facts/genie.md: pos-id-dim and rope-theta go under QnnHtp
+    hf = {**LLAMA_31_8B, "rope_scaling": {"rope_type": "default"}, "rope_theta": 250000.0}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    out = _hexstudio("bundle", "config", "--model", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    eng = json.loads(out.stdout)["dialog"]["engine"]
+    assert "positional-encoding" not in eng["model"]
+    assert (eng["backend"]["QnnHtp"]["pos-id-dim"], eng["backend"]["QnnHtp"]["rope-theta"]) == (64, 250000.0)
+
+    # transformers 5 keeps theta (and the scaling) under rope_parameters
+    t5 = {k: v for k, v in LLAMA_31_8B.items() if k not in ("rope_theta", "rope_scaling")}
+    t5["rope_parameters"] = {**LLAMA_31_8B["rope_scaling"], "rope_theta": 500000.0}
+    assert gb.rope_settings(t5) == (500000.0, t5["rope_parameters"])
+    assert gb.genie_config(t5, 4096, ["a.bin"], 128) == gb.genie_config(LLAMA_31_8B, 4096, ["a.bin"], 128)
+    t5_plain = {**t5, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
+    htp = gb.genie_config(t5_plain, 4096, ["a.bin"], 128)["dialog"]["engine"]["backend"]["QnnHtp"]
+    assert htp["rope-theta"] == 1000000.0
+
+
+def test_the_builtin_model_gets_its_real_theta() -> None:
+    from app.core.paths import REPO_ROOT
+
+    hf = json.loads((REPO_ROOT / "resources" / "builtin_model" / "tiny-llama" / "config.json").read_text())
+    assert hf["rope_parameters"]["rope_theta"] == 500000.0
+    # as shipped, and in the pure transformers-5 layout (theta only under rope_parameters)
+    t5_only = {k: v for k, v in hf.items() if k != "rope_theta"}
+    for layout in (hf, t5_only):
+        cfg = gb.genie_config(layout, 512, ["a.bin"], int(hf["head_dim"]))
+        gb.check_genie_config(cfg, layout, 512)
+        assert gb.genie_rope(cfg) == {"theta": 500000.0, "dim": 32, "scaling": None}
+
+
+def test_the_sim_bundle_of_the_builtin_model_carries_its_theta(compiled_sim_run: Path) -> None:
+    cfg = json.loads((compiled_sim_run / "artifacts" / "compile" / "bundle" / "genie_config.json").read_text())
+    assert gb.genie_rope(cfg)["theta"] == 500000.0
+
+
+# -- device and context checks ----------------------------------------------------------------------------
+def test_each_device_check_can_fire() -> None:
+    with pytest.raises(gb.BundleError, match="LPBQ"):         # v68: no LPBQ (checked first)
+        gb.check_device({"name": "old", "dsp_arch": "v68", "soc_model": 1})
+    with pytest.raises(gb.BundleError, match="weight sharing"):   # v68 without LPBQ weights: weight sharing
+        gb.check_device({"name": "old", "dsp_arch": "v68", "soc_model": 1}, lpbq=False)
+    with pytest.raises(gb.BundleError, match="weight sharing"):   # v69: LPBQ fine, no weight sharing
+        gb.check_device({"name": "8g1", "dsp_arch": "v69", "soc_model": 36, "weight_sharing": False})
+    with pytest.raises(gb.BundleError, match="weight sharing"):   # v73 whose attribute says no
+        gb.check_device({"name": "x", "dsp_arch": "v73", "soc_model": 2, "weight_sharing": False})
+    gb.check_device({"name": "iq9", "dsp_arch": "v73", "soc_model": 77, "weight_sharing": True})
+
+
+def test_compiled_context_length_comes_from_the_graph_names() -> None:
+    names = ["prompt_ar128_cl4096_1_of_2", "token_ar1_cl4096_1_of_2", "prompt_ar128_cl4096_2_of_2"]
+    assert gb.compiled_context_length(names) == 4096
+    with pytest.raises(gb.BundleError, match="different context lengths"):
+        gb.compiled_context_length([*names, "token_ar1_cl2048_2_of_2"])
+    with pytest.raises(gb.BundleError, match="does not name its context length"):
+        gb.compiled_context_length(["prompt_part1"])
+
+
+def _fake_quantize(tmp_path: Path, hf: dict[str, Any], context_length: int, graph_cl: int) -> tuple[Path, Path]:
+    qdir, hf_dir = tmp_path / "quantize", tmp_path / "hf"
+    (qdir / "sim").mkdir(parents=True)
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text(json.dumps(hf))
+    (hf_dir / "tokenizer.json").write_text("{}")
+    graphs = []
+    for kind, prefix, ar in (("prompt_processor", "prompt", 128), ("token_generator", "token", 1)):
+        name = f"{prefix}_ar{ar}_cl{graph_cl}_1_of_1"
+        (qdir / "sim" / f"{name}.onnx").write_bytes(b"onnx")
+        graphs.append({"name": name, "kind": kind, "part": 1, "sim_onnx": f"sim/{name}.onnx"})
+    (qdir / "quantize.json").write_text(json.dumps({"context_length": context_length, "ar_n": 128, "parts": 1,
+                                                    "head_dim": 128, "graphs": graphs}))
+    return qdir, hf_dir
+
+
+@pytest.mark.parametrize("case", ["context", "rope"])
+def test_the_compile_stage_check_fails_as_a_clear_worker_error(tmp_path: Path, case: str) -> None:
+    import io
+
+    from workers.compile import write_sim_bundle
+    from workers.protocol import Emitter
+    from workers.runtime import WorkerError
+
+    if case == "context":   # quantize.json says 1024, the graphs were exported at 512
+        qdir, hf_dir = _fake_quantize(tmp_path, LLAMA_31_8B, 1024, 512)
+        match = "context size 1024 differs from the compiled context length 512"
+    else:
+        qdir, hf_dir = _fake_quantize(tmp_path, {**LLAMA_31_8B, "rope_scaling": {"type": "linear", "factor": 2.0}},
+                                      512, 512)
+        match = "type 'linear'"
+    out = tmp_path / "out"
+    with pytest.raises(WorkerError) as ei:
+        write_sim_bundle(qdir, {"model": "m"}, hf_dir, out, {}, Emitter(io.StringIO()))
+    assert ei.value.code == "bundle_check" and match in ei.value.message and ei.value.hint
+    assert not (out / "bundle" / "genie_config.json").exists()
+    # the same inputs with matching graphs write a bundle
+    qdir, hf_dir = _fake_quantize(tmp_path / "ok", LLAMA_31_8B, 512, 512)
+    doc = write_sim_bundle(qdir, {"model": "m"}, hf_dir, tmp_path / "ok" / "out", {}, Emitter(io.StringIO()))
+    assert doc["context_length"] == 512

@@ -48,8 +48,12 @@ def cmd_config(args: argparse.Namespace) -> int:
         raise CliError(err)
     parts = args.parts or modelinfo.default_parts(info)
     bins = [f"weight_sharing_model_{k}_of_{parts}.serialized.bin" for k in range(1, parts + 1)]
-    out = gb.genie_config(cfg, args.context_length, bins, int(info["head_dim"]))
-    gb.check_genie_config(out, cfg, args.context_length)
+    try:
+        out = gb.genie_config(cfg, args.context_length, bins, int(info["head_dim"]))
+        # the graphs would be exported and compiled at --context-length (names `_cl<N>_`)
+        gb.check_genie_config(out, cfg, args.context_length)
+    except gb.BundleError as exc:
+        raise CliError(str(exc)) from None
     print_json(out)
     return 0
 
