@@ -187,3 +187,28 @@ def test_real_cpu_install_from_scratch(tmp_path: Path) -> None:
         "import importlib.metadata as m; print(m.version('torch'), m.version('onnxruntime'), "
         "m.version('aimet-onnx'))")], capture_output=True, text=True, timeout=120).stdout.split()
     assert versions[0].startswith("2.13.0") and versions[1:] == ["1.32.0", "2.42.0"]
+
+
+def test_gpu_mode_removes_a_cpu_onnxruntime_then_installs_onnxruntime_gpu_last(fake_venv) -> None:
+    """The main trap: a CPU onnxruntime already in the environment would shadow onnxruntime-gpu."""
+    venv, add = fake_venv
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    # this machine has no Python 3.10: the fake environment reports 3.10, as the validated GPU recipe needs
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _V(tuple):\n"
+        "    major = property(lambda s: s[0])\n"
+        "    minor = property(lambda s: s[1])\n"
+        "sys.version_info = _V((3, 10, 16, 'final', 0))\n")
+    add("torch", "2.7.1+cu128")
+    add("aimet-onnx", "2.26.0")
+    add("onnxruntime", "1.23.2")
+    r = run_installer("--dry-run", "--venv", str(venv), "--no-desktop", gpu=RTX_5090)
+    assert r.returncode == 0, r.stderr
+    assert "would shadow onnxruntime-gpu" in r.stdout
+    lines = pip_lines(r.stdout)
+    rm = next(i for i, c in enumerate(lines) if " uninstall -y " in c)
+    assert {"onnxruntime", "onnxruntime-gpu"} <= set(lines[rm].split()[lines[rm].split().index("-y") + 1:])
+    assert lines[-1].endswith("onnxruntime-gpu==1.23.2") and rm == len(lines) - 2  # removed, then the GPU one last
+    assert not any(c.endswith("onnxruntime==1.23.2") or " onnxruntime==" in c for c in lines)  # never the CPU one
+    assert "mode=cuda" in r.stdout and "torch 2.7.1+cu128 already installed" in r.stdout
