@@ -9,28 +9,52 @@ from __future__ import annotations
 from collections import deque
 
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QPalette
-from PySide6.QtWidgets import QApplication, QWidget
+from PySide6.QtWidgets import QWidget
 
 GIB = 1024 ** 3
 MAX_POINTS = 20_000
 
 
-def _style(plot: pg.PlotWidget) -> None:
-    pal = QApplication.palette()
+def _apply_palette(plot: pg.PlotWidget) -> None:
+    """Background and axes in the widget's palette colours (light or dark, as the system has it)."""
+    pal = plot.palette()
     plot.setBackground(pal.color(QPalette.ColorRole.Base))
     fg = pal.color(QPalette.ColorRole.Text)
     for axis in ("left", "bottom"):
         ax = plot.getAxis(axis)
         ax.setPen(fg)
         ax.setTextPen(fg)
+
+
+def _style(plot: pg.PlotWidget) -> None:
+    _apply_palette(plot)
     plot.showGrid(x=True, y=True, alpha=0.2)
     plot.setMenuEnabled(False)
     plot.setMouseEnabled(x=False, y=False)
     plot.hideButtons()
+    # a plot is read-only: it takes no keyboard focus, so Tab goes from control to control
+    plot.setFocusPolicy(Qt.FocusPolicy.NoFocus)
     for axis in ("left", "bottom"):
         plot.getAxis(axis).enableAutoSIPrefix(False)
+
+
+class StyledPlot(pg.PlotWidget):
+    """A plot that follows the palette: when the system (or the user) switches between light and dark,
+    the background and axes are drawn again in the new colours."""
+
+    _styled = False
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        _style(self)
+        self._styled = True
+
+    def changeEvent(self, ev: QEvent) -> None:
+        if self._styled and ev.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            _apply_palette(self)
+        super().changeEvent(ev)
 
 
 def nice_ceiling(v: float) -> float:
@@ -63,13 +87,12 @@ class SteadyRange:
             self.plot.setRange(xRange=(0, want[0]), yRange=(0, want[1]), padding=0)
 
 
-class ResourcePlot(pg.PlotWidget):
+class ResourcePlot(StyledPlot):
     """RSS and VRAM (GiB) against seconds since the stage started; the preflight estimate as a
     dashed line; the peak marked."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        _style(self)
         self.setLabel("left", "GiB")
         self.setLabel("bottom", "s")
         self.addLegend(offset=(6, 6))
@@ -150,12 +173,11 @@ class ResourcePlot(pg.PlotWidget):
             self.peak_label.setText("")
 
 
-class TokenRatePlot(pg.PlotWidget):
+class TokenRatePlot(StyledPlot):
     """Tokens/s over the current reply: a sliding window over token arrivals, drawn as it streams."""
 
     def __init__(self, parent: QWidget | None = None, window_s: float = 1.0) -> None:
         super().__init__(parent)
-        _style(self)
         self.setLabel("left", "tokens/s")
         self.setLabel("bottom", "s since the prompt was sent")
         self.window_s = window_s
@@ -195,12 +217,11 @@ class TokenRatePlot(pg.PlotWidget):
         self.steady.fit(max(self.xs[-1] if self.xs else 0.0, 5.0), max(max(self.ys) if self.ys else 0.0, 10.0))
 
 
-class ReplyHistoryPlot(pg.PlotWidget):
+class ReplyHistoryPlot(StyledPlot):
     """One bar per finished reply: its generation rate (tok/s) as the runner measured it."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        _style(self)
         self.setLabel("left", "gen tok/s")
         self.setLabel("bottom", "reply")
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush="#2f81f7")

@@ -1,0 +1,51 @@
+"""Light and dark: the plots follow the application palette when it changes while the studio runs
+(the system switching to dark mode, or a theme change), not only the palette they were built with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def test_plots_restyle_when_the_palette_switches_to_dark_and_back(qtbot: Any, tmp_path: Path) -> None:
+    from PySide6.QtGui import QColor, QPalette
+    from PySide6.QtWidgets import QApplication
+
+    from app.core.runs import Workspace
+    from app.ui.controller import RunController
+    from app.ui.main_window import MainWindow
+    from app.ui.plots import StyledPlot
+
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    w = MainWindow(RunController(Workspace(tmp_path / "ws")))
+    qtbot.addWidget(w)
+    w.show()
+    plots = w.findChildren(StyledPlot)
+    # the job dock's memory plot and the chat page's token-rate and reply-history plots
+    assert len(plots) >= 3
+    original = QPalette(app.palette())
+    light_base = original.color(QPalette.ColorRole.Base)
+
+    def colours(p: Any) -> tuple[QColor, QColor, QColor]:
+        ax = p.getAxis("left")
+        return p.backgroundBrush().color(), ax.pen().color(), ax.textPen().color()
+
+    for p in plots:
+        assert colours(p)[0] == light_base
+    dark = QPalette(original)
+    base, text = QColor("#1e1f22"), QColor("#dfe1e5")
+    dark.setColor(QPalette.ColorRole.Window, QColor("#2b2d30"))
+    dark.setColor(QPalette.ColorRole.Base, base)
+    dark.setColor(QPalette.ColorRole.Text, text)
+    dark.setColor(QPalette.ColorRole.WindowText, text)
+    assert base != light_base
+    try:
+        app.setPalette(dark)
+        qtbot.waitUntil(lambda: all(colours(p) == (base, text, text) for p in plots), timeout=5000)
+        # a label drawn on the axis uses the new text colour too
+        assert all(p.getAxis("bottom").labelStyle["color"] == text.name() for p in plots)
+    finally:
+        app.setPalette(original)
+    qtbot.waitUntil(lambda: all(colours(p)[0] == light_base for p in plots), timeout=5000)
+    assert all(colours(p)[2] == original.color(QPalette.ColorRole.Text) for p in plots)
