@@ -152,6 +152,8 @@ class MainWindow(QMainWindow):
             "validate": ValidatePage(self.c), "compile": CompilePage(self.c), "board": BoardPage(self.c),
             "chat": ChatPage(self.c), "report": ReportPage(self.c),
         }
+        for page in self.pages.values():
+            page.apply_tab_order()
         for s in STAGES:
             item = QListWidgetItem(state_icon("pending"), s.title)
             item.setData(Qt.ItemDataRole.UserRole, s.name)

@@ -6,12 +6,14 @@ the stage goes through the RunController (the pipeline and the job runner).
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
+    QAbstractItemView,
     QCheckBox,
     QComboBox,
     QFormLayout,
@@ -19,10 +21,15 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QInputDialog,
     QLabel,
+    QLayout,
     QLineEdit,
+    QPlainTextEdit,
     QPushButton,
     QScrollArea,
     QSpinBox,
+    QSplitter,
+    QTextEdit,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -32,6 +39,33 @@ from app.ui.controller import RunController
 from app.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, fmt_value, heading, note
 
 SettingSpec = tuple[str, str, Any]   # (key, label, kind: "int" | "bool" | "text" | list of choices)
+
+
+def focusable_in(layout: QLayout) -> list[QWidget]:
+    """Widgets that take focus with Tab, in the order the layout shows them (a widget that takes focus
+    itself is not searched further: a spin box's editor, a table's cells)."""
+    out: list[QWidget] = []
+
+    def widget(w: QWidget) -> None:
+        if w.focusPolicy() & Qt.FocusPolicy.TabFocus:
+            out.append(w)
+        elif w.layout() is not None:
+            walk(w.layout())
+        elif isinstance(w, QSplitter):
+            for i in range(w.count()):
+                widget(w.widget(i))
+
+    def walk(lay: QLayout) -> None:
+        for i in range(lay.count()):
+            item = lay.itemAt(i)
+            if item.widget() is not None:
+                widget(item.widget())
+            elif item.layout() is not None:
+                walk(item.layout())
+
+    walk(layout)
+    return out
+
 
 
 class StagePage(QWidget):
@@ -106,6 +140,29 @@ class StagePage(QWidget):
         self.results_layout.addWidget(self.metrics)
         self.body.addWidget(self.results_box)
         self.body.addStretch(1)
+
+    # -- keyboard ------------------------------------------------------------------------------
+    def tab_groups(self) -> tuple[list[QWidget], list[QWidget], list[QWidget]]:
+        """The page's focusable widgets in layout order, split into inputs, actions (push buttons) and
+        results (tables, lists, read-only text). Pages reorder within the groups where that reads better."""
+        inputs: list[QWidget] = []
+        actions: list[QWidget] = []
+        results: list[QWidget] = []
+        for w in focusable_in(self.body):
+            if isinstance(w, (QPushButton, QToolButton)):
+                actions.append(w)
+            elif isinstance(w, QAbstractItemView) or (isinstance(w, (QTextEdit, QPlainTextEdit)) and w.isReadOnly()):
+                results.append(w)
+            else:
+                inputs.append(w)
+        return inputs, actions, results
+
+    def apply_tab_order(self) -> None:
+        """Tab walks the page as it reads: its inputs, then its actions, then its results."""
+        inputs, actions, results = self.tab_groups()
+        chain = [*inputs, *actions, *results]
+        for a, b in itertools.pairwise(chain):
+            QWidget.setTabOrder(a, b)
 
     # -- settings ------------------------------------------------------------------------------
     def _add_setting(self, key: str, label: str, kind: Any) -> None:

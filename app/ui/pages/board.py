@@ -121,6 +121,14 @@ class BoardPage(StagePage):
         self.c.stageEvent.connect(self._on_stage_event)
         self._push_t0 = 0.0
 
+    def tab_groups(self) -> tuple[list[QWidget], list[QWidget], list[QWidget]]:
+        inputs, actions, results = super().tab_groups()
+        # as the page reads: the board list and its Connect button, then the Add a board form
+        first = [self.boards, self.probe_button]
+        form = [w for w in inputs if w not in first]
+        return ([*first, *form, self.add_button], [a for a in actions if a not in (*first, self.add_button)],
+                [r for r in results if r not in first])
+
     # -- boards ---------------------------------------------------------------------------------
     def reload_boards(self) -> None:
         self.boards.clear()

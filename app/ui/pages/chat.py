@@ -201,6 +201,12 @@ class ChatPage(StagePage):
         self._reply_start = 0
         self.busy_chat = False
 
+    def tab_groups(self) -> tuple[list[QWidget], list[QWidget], list[QWidget]]:
+        inputs, actions, results = super().tab_groups()
+        # the message box is followed by Send and Stop, then the other actions
+        first = [self.send_button, self.stop_button]
+        return inputs, [*first, *(a for a in actions if a not in first)], results
+
     # -- sampler --------------------------------------------------------------------------------
     def sampler_preset(self) -> str:
         return str(self.sampler_combo.currentData())
@@ -358,7 +364,7 @@ class ChatPage(StagePage):
             self.rate_plot.begin_reply()
 
             def on_chunk(c: Chunk) -> None:
-                self.show_chunk(c.t, c.text)
+                self.show_chunk(c.t, c.text, c.tokens)
 
             res = await self.session.send(user, on_chunk=on_chunk, stop=self._stop)
             turn = res.turn
@@ -389,11 +395,16 @@ class ChatPage(StagePage):
             self.stop_button.setEnabled(False)
         return turn
 
-    def show_chunk(self, t: float, text: str) -> None:
-        """A piece of the reply arrived `t` seconds after the prompt was sent."""
+    def show_chunk(self, t: float, text: str, tokens: int | None = None) -> None:
+        """A piece of the reply arrived `t` seconds after the prompt was sent, holding `tokens` tokens (from the
+        runner, or counted with the bundle's tokenizer). Unknown: the plot counts chunks and says so."""
         self.streamed += text
         self._append_text(text)
-        self.rate_plot.add_tokens(t, 1)
+        unit = "tokens/s" if tokens is not None else "chunks/s (token count unknown)"
+        if getattr(self, "_rate_unit", "tokens/s") != unit:
+            self._rate_unit = unit
+            self.rate_plot.setLabel("left", unit)
+        self.rate_plot.add_tokens(t, tokens if tokens is not None else 1)
 
     async def close_session(self) -> None:
         s, self.session = self.session, None

@@ -70,7 +70,7 @@ class ModelPage(StagePage):
         self.folder_edit = QLineEdit()
         self.folder_edit.setObjectName("model_folder")
         self.folder_edit.setPlaceholderText("a folder holding config.json (weights are optional for Inspect)")
-        browse = QPushButton("Browse…")
+        browse = self.browse_button = QPushButton("Browse…")
         browse.clicked.connect(self.browse)
         self.inputs_layout.insertWidget(0, self.builtin_radio)
         hf_row = QHBoxLayout()
@@ -121,6 +121,13 @@ class ModelPage(StagePage):
         self.inspect_table.setMinimumHeight(200)
         self.inputs_layout.addWidget(self.inspect_table)
         self.reload_boards()
+
+    def tab_groups(self) -> tuple[list[QWidget], list[QWidget], list[QWidget]]:
+        inputs, actions, results = super().tab_groups()
+        # Browse… belongs to the folder field; Inspect and New run are this page's main actions
+        inputs.insert(inputs.index(self.folder_edit) + 1, self.browse_button)
+        first = [self.inspect_button, self.new_run_button]
+        return inputs, [*first, *(a for a in actions if a not in (*first, self.browse_button))], results
 
     def reload_boards(self) -> None:
         current = self.board_combo.currentText()
