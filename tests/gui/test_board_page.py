@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,25 @@ def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.Abstra
             return True, SUDO, False
         page.confirm_fix = confirm_fix  # type: ignore[method-assign]
 
+        # what the board list showed for each connection state, as it happened
+        listed: list[tuple[str, str, str]] = []
+        set_state = page.set_board_state
+
+        def record(name: str, state: str, detail: str = "") -> None:
+            set_state(name, state, detail)
+            item = page.board_item(name)
+            listed.append((name, state, item.text() if item is not None else ""))
+        page.set_board_state = record  # type: ignore[method-assign]
+
         async def scenario() -> None:
+            evk_item = page.board_item("evk")
+            assert evk_item is not None and "not connected yet" in evk_item.text()
             items = await page.probe()
             assert asked and asked[0][3] == evk.server.host_key_fingerprint
+            states = [st for n, st, _ in listed if n == "evk"]
+            assert states[0] == "connecting" and states[-1] == "ready", listed
+            assert "connecting…" in next(t for n, st, t in listed if n == "evk" and st == "connecting")
+            assert "ready" in evk_item.text() and "FAILED" not in evk_item.text()
             by = {i["id"]: i for i in items}
             assert by["soc"]["status"] == "ok" and by["fastrpc_group"]["status"] == "fail"
             assert page.doctor.topLevelItemCount() == len(items)
@@ -87,6 +104,23 @@ def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.Abstra
                 shutil.copy2(path, Path(keep) / path.name)
 
         gui_loop.run_until_complete(scenario())
+
+        # a board that does not answer: the list says it failed, and why
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            closed_port = sock.getsockname()[1]
+        c.settings.boards["evk-off"] = {**evk.board_config(), "port": closed_port}
+        c.settings.save()
+        page.reload_boards()
+        assert "ready" in page.board_item("evk").text()   # known states survive a reload of the list
+        page.boards.setCurrentRow([page.boards.item(i).data(256) for i in range(page.boards.count())]
+                                  .index("evk-off"))
+        gui_loop.run_until_complete(page.probe())
+        off = page.board_item("evk-off")
+        assert off is not None and "FAILED" in off.text()
+        state, reason, _when = page.board_states["evk-off"]
+        assert state == "failed" and reason and reason[:40] in off.text() + off.toolTip()
+        assert reason.startswith("Cannot connect to") and str(closed_port) in reason and reason in off.toolTip()
         console = page.console.toPlainText()
         assert "groupadd" in console or "usermod" in console
         assert SUDO not in console and SUDO not in page.conn_label.text()

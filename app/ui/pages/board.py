@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (
 
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
-from app.ui.widgets import STATE_COLORS, STATUS_COLORS, note
+from app.ui.widgets import STATE_COLORS, STATUS_COLORS, note, state_icon
 
 
 class BoardPage(StagePage):
@@ -48,7 +48,9 @@ class BoardPage(StagePage):
         left.addWidget(QLabel("<b>Boards</b>"))
         self.boards = QListWidget()
         self.boards.setObjectName("boards")
-        self.boards.setMaximumWidth(260)
+        self.boards.setMaximumWidth(340)
+        self.boards.setMinimumWidth(280)
+        self.board_states: dict[str, tuple[str, str, str]] = {}   # name -> (state, detail, when)
         left.addWidget(self.boards)
         self.probe_button = QPushButton("Connect and run the doctor")
         self.probe_button.setObjectName("probe_button")
@@ -132,17 +134,48 @@ class BoardPage(StagePage):
     # -- boards ---------------------------------------------------------------------------------
     def reload_boards(self) -> None:
         self.boards.clear()
-        item = QListWidgetItem("sim — the simulator board (this PC, simulated)")
+        item = QListWidgetItem()
         item.setData(256, "sim")
+        item.setData(257, "sim — the simulator board (this PC, simulated)")
         self.boards.addItem(item)
         for name, cfg in sorted(self.c.settings.boards.items()):
-            it = QListWidgetItem(f"{name} — {cfg.get('user') or ''}@{cfg.get('host')}:{cfg.get('port') or 22}")
+            it = QListWidgetItem()
             it.setData(256, name)
+            it.setData(257, f"{name} — {cfg.get('user') or ''}@{cfg.get('host')}:{cfg.get('port') or 22}")
             self.boards.addItem(it)
+        for i in range(self.boards.count()):
+            self._show_board_state(self.boards.item(i))
         run_board = str(self.c.manifest.inputs.get("board", "sim")) if self.c.manifest else "sim"
         for i in range(self.boards.count()):
             if self.boards.item(i).data(256) == run_board:
                 self.boards.setCurrentRow(i)
+
+    def board_item(self, name: str) -> QListWidgetItem | None:
+        for i in range(self.boards.count()):
+            if self.boards.item(i).data(256) == name:
+                return self.boards.item(i)
+        return None
+
+    def set_board_state(self, name: str, state: str, detail: str = "") -> None:
+        """Connection state of one board, shown in the list: connecting, ready, or failed with the reason."""
+        self.board_states[name] = (state, detail, time.strftime("%H:%M:%S"))
+        item = self.board_item(name)
+        if item is not None:
+            self._show_board_state(item)
+
+    def _show_board_state(self, item: QListWidgetItem) -> None:
+        name = str(item.data(256))
+        state, detail, when = self.board_states.get(name, ("not connected", "", ""))
+        icon = {"connecting": "running", "ready": "done", "failed": "failed"}.get(state, "pending")
+        line = {"connecting": "connecting…", "ready": f"ready ({when})", "failed": f"FAILED ({when})"}.get(
+            state, "not connected yet")
+        reason = f": {detail}" if state == "failed" and detail else ""
+        short = reason if len(reason) <= 90 else reason[:89] + "…"
+        item.setText(f"{item.data(257)}\n   {line}{short}")
+        item.setIcon(state_icon(icon))
+        item.setToolTip(f"{item.data(257)}\n{state}" + (f" at {when}" if when else "") + (f": {detail}" if detail
+                                                                                            else ""))
+        item.setForeground(QColor(STATE_COLORS["failed"]) if state == "failed" else self.boards.palette().text().color())
 
     def selected_board(self) -> str:
         it = self.boards.currentItem()
@@ -224,8 +257,14 @@ class BoardPage(StagePage):
         def on_state(state: str, detail: str) -> None:
             self.conn_label.setText(f"{html.escape(name)}: <b>{state}</b> {html.escape(detail)}")
             self.log(f"[{time.strftime('%H:%M:%S')}] {name}: {state} {detail}")
+            self.set_board_state(name, state, detail)
 
         try:
+            if name == "sim":
+                self.set_board_state(name, "connecting", "local simulator")
+                board = await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state)
+                self.set_board_state(name, "ready", "local simulator (simulated board)")
+                return board
             return await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state)
         except HostKeyUnknown as exc:
             if not self.confirm_trust(exc.host, exc.port, exc.key_type, exc.fingerprint):
@@ -234,7 +273,9 @@ class BoardPage(StagePage):
             self.log(f"trusted {exc.host}:{exc.port} {exc.key_type} {exc.fingerprint}")
             return await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state)
 
-    def _error(self, exc: Any) -> None:
+    def _error(self, exc: Any, board: str | None = None) -> None:
+        if board is not None and self.board_states.get(board, ("",))[0] != "failed":
+            self.set_board_state(board, "failed", exc.message)
         self.conn_label.setText(f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(exc.message)}</span>"
                                 + (f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""))
         self.log(f"FAILED: {exc.message}")
@@ -293,7 +334,7 @@ class BoardPage(StagePage):
             self.conn_label.setText(f"<span style='color:{col}'><b>{html.escape(board.label)}</b>: "
                                     f"{len(failing)} failing check(s) of {len(items)}</span>")
         except BoardError as exc:
-            self._error(exc)
+            self._error(exc, self.selected_board())
         finally:
             self.probe_button.setEnabled(True)
         self.show_doctor(items)
@@ -333,7 +374,7 @@ class BoardPage(StagePage):
         try:
             board = await self.open_selected()
         except BoardError as exc:
-            self._error(exc)
+            self._error(exc, name)
             return None
         try:
             zip_path = self.choose_qairt_zip() if fix_id == "qairt_install" else None
@@ -350,7 +391,7 @@ class BoardPage(StagePage):
             self.log(f"# fix {fix_id}: {plan.title}")
             res = await fixes.apply_fix(board, plan, sudo_password=password, on_log=self.log)
         except BoardError as exc:
-            self._error(exc)
+            self._error(exc, name)
             return None
         finally:
             await board.transport.close()
