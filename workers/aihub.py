@@ -43,6 +43,7 @@ JOBS_FILE = "aihub_jobs.json"
 EMULATED_ATTRIBUTE = "hexstudio:emulated"
 DEFAULT_POLL_S = 15.0
 KINDS = ("prompt_processor", "token_generator")
+TOKEN_WHERE = "the Compile page's AI Hub token field, or `hexstudio aihub login`"
 RESUME_HINT = ("Resume the run when that is fixed: jobs already submitted are kept in the run's "
                f"{JOBS_FILE} and are not submitted again.")
 
@@ -147,7 +148,7 @@ def client_config(settings: dict[str, Any], token: str | None = None) -> Any:
             raise WorkerError("aihub_token_missing", f"{ini} cannot be used: {_first_line(exc)}",
                               "It needs an [api] section with api_token, api_url and web_url; run "
                               "`qai-hub configure --api_token TOKEN`, or store the token in HexStudio's "
-                              "keyring (Settings, AI Hub).") from None
+                              "keyring instead (" + TOKEN_WHERE + ").") from None
         if api_url:
             cfg.api_url = api_url
             cfg.web_url = web_url or api_url
@@ -155,8 +156,9 @@ def client_config(settings: dict[str, Any], token: str | None = None) -> Any:
         return cfg
     raise WorkerError("aihub_token_missing", "No Qualcomm AI Hub API token was found (not in HexStudio's keyring, "
                       f"and {ini} does not exist).",
-                      "Copy your token from the AI Hub account page and store it in HexStudio's keyring "
-                      "(Settings, AI Hub), or run `qai-hub configure --api_token TOKEN`; then resume the run.")
+                      "Copy your token from the AI Hub account page (https://app.aihub.qualcomm.com/account/) and "
+                      "store it: " + TOKEN_WHERE + ", or `qai-hub configure --api_token TOKEN`; then resume "
+                      "the run.")
 
 
 @contextlib.contextmanager
@@ -180,9 +182,8 @@ def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> It
         if "authenticate" in text or "API token" in text:
             raise WorkerError("aihub_auth", f"Qualcomm AI Hub rejected the API token while {what} (bad or "
                               "expired token).",
-                              f"Copy a fresh token from {web_url.rstrip('/')}/account/ and store it in "
-                              "HexStudio's keyring (Settings, AI Hub) or run `qai-hub configure --api_token "
-                              "TOKEN`. " + after) from None
+                              f"Copy a fresh token from {web_url.rstrip('/')}/account/ and store it: "
+                              + TOKEN_WHERE + ", or `qai-hub configure --api_token TOKEN`. " + after) from None
         if "not available" in text:
             raise WorkerError("aihub_device_unavailable", f"Qualcomm AI Hub says the device is not available "
                               f"while {what}: {_first_line(exc)}",
@@ -251,6 +252,13 @@ def inputs_key(qdir: Path, q: dict[str, Any], device: str, qairt_version: str) -
     h.update(f"{device}\n{qairt_version}\n{compile_options('G', qairt_version)}\n{link_options(qairt_version)}"
              .encode())
     return h.hexdigest()
+
+
+def record_job(em: Emitter, name: str, rec: dict[str, Any]) -> None:
+    """A job id as a metric event, emitted as soon as the job is submitted (or reused after a restart): the
+    pipeline records metrics in run.json's stage entry, so the ids are there while the stage still waits,
+    and after a crash or kill (they also stay in <run>/aihub_jobs.json for the resume)."""
+    em.metric(f"aihub_{name.replace(':', '_')}", rec["job_id"])
 
 
 # -- the stage ---------------------------------------------------------------------------------
@@ -381,11 +389,9 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
     hf_config = json.loads((hf_dir / "config.json").read_text())
     ctx_bins = [bin_name(k, parts) for k in pairs]
-    cfg = gb.genie_config(hf_config, q["context_length"], ctx_bins, int(q["head_dim"]), s.get("sampler"))
-    try:
-        gb.check_genie_config(cfg, hf_config, q["context_length"])
-    except gb.BundleError as exc:
-        raise WorkerError("bundle_check", str(exc)) from None
+    from workers.compile import checked_genie_config
+
+    cfg = checked_genie_config(hf_config, q, ctx_bins, s)   # before any upload
     qairt = str(s.get("qairt_version") or "2.42")
     device_name = str(s.get("device") or "Dragonwing IQ-9075 EVK")
     lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
@@ -426,6 +432,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                 if name in store.jobs:
                     em.log(f"reusing AI Hub compile job {store.jobs[name]['job_id']} for {g['name']} "
                            "(submitted before a restart)")
+                    record_job(em, name, store.jobs[name])
                     continue
                 em.progress(0.03 + 0.3 * i / n_graphs, f"AI Hub: uploading {g['name']} ({i}/{n_graphs})",
                             part=part, parts=parts)
@@ -438,6 +445,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                 store.put(name, {"kind": "compile", "part": part, "graph": g["name"], "what": g["name"],
                                  "job_id": job.job_id, "url": job.url, "state": "SUBMITTED",
                                  "options": compile_options(g["name"], qairt)})
+                record_job(em, name, store.jobs[name])
                 em.log(f"submitted AI Hub compile job {job.job_id} for {g['name']}: {job.url}")
         compile_names = [f"compile:{pair[k]['name']}" for pair in pairs.values() for k in KINDS]
         wait_jobs(client, store, compile_names, em, poll_s, 0.35, 0.6, "compile", logs_dir, errs)
@@ -447,6 +455,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
             name = f"link:part{part}"
             if name in store.jobs:
                 em.log(f"reusing AI Hub link job {store.jobs[name]['job_id']} for part {part}")
+                record_job(em, name, store.jobs[name])
                 continue
             with errs(f"submitting the link job for part {part}"):
                 models = [client.get_job(store.jobs[f"compile:{pair[k]['name']}"]["job_id"]).get_target_model()
@@ -456,6 +465,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
             store.put(name, {"kind": "link", "part": part, "graph": None, "what": f"part {part} of {parts}",
                              "job_id": job.job_id, "url": job.url, "state": "SUBMITTED",
                              "options": link_options(qairt)})
+            record_job(em, name, store.jobs[name])
             em.log(f"submitted AI Hub link job {job.job_id} for part {part}: {job.url}")
         link_names = [f"link:part{part}" for part in pairs]
         wait_jobs(client, store, link_names, em, poll_s, 0.6, 0.8, "link", logs_dir, errs)
@@ -501,7 +511,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         "jobs": [{**j, "state": r["state"]} for j, (_, r) in zip(jobs, recs, strict=True)],
         "failed_jobs": store.failed, "jobs_file": str(store.path)})
     for name, r in recs:
-        em.metric(f"aihub_{name.replace(':', '_')}", r["job_id"])
+        record_job(em, name, r)
     em.metric("aihub_jobs", len(jobs))
     em.progress(0.97, "writing bundle.json")
     return gb.write_manifest(bdir, {

@@ -130,6 +130,12 @@ def test_a_restart_while_waiting_resumes_by_job_id(validated_run: Path, tmp_path
     assert emu.submissions == {"compile": 4, "link": 0}
     stored = json.loads((m.run_dir / JOBS_FILE).read_text())
     assert len(stored["jobs"]) == 4 and not (m.run_dir / "artifacts" / "compile").exists()
+    # the job ids reached run.json while the stage was waiting, not only at success
+    run_json = json.loads((m.run_dir / "run.json").read_text())
+    metrics = run_json["stages"]["compile"]["metrics"]
+    recorded = {k: v["value"] for k, v in metrics.items() if k.startswith("aihub_compile_")}
+    assert set(recorded.values()) == {r["job_id"] for r in stored["jobs"].values()} == set(emu.jobs)
+    assert set(recorded) == {f"aihub_compile_{g}" for g in _graph_names(m.run_dir)}
 
     emu.release_jobs()
     events: list[dict[str, Any]] = []
@@ -151,7 +157,8 @@ FAILURES = {
     "rate_limited": ("aihub_rate_limited", "429", "Wait a few minutes"),
     "failed_job": ("aihub_job_failed", "failed: Op 'MatMul_7' is not supported by the HTP backend", "/jobs/"),
     "unavailable_device": ("aihub_device_unavailable", "no device named 'Dragonwing IQ-9999'", "Dragonwing IQ-9075 EVK"),
-    "old_device": ("device_unsupported", "weight sharing", "v73"),
+    "old_device": ("device_unsupported", "cannot run LPBQ", "v73"),          # v68: LPBQ checked first
+    "no_weight_sharing": ("device_unsupported", "does not support weight sharing", "v73"),   # v69
     "no_consent": ("aihub_consent_required", "uploads model-derived files", "aihub_consent=true"),
     "unreachable": ("aihub_unreachable", "Could not reach Qualcomm AI Hub at http://127.0.0.1:", "proxy"),
 }
@@ -181,6 +188,8 @@ def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
         settings["device"] = "Dragonwing IQ-9999"
     elif failure == "old_device":
         settings["device"] = "RB3 Gen 2 (Proxy)"
+    elif failure == "no_weight_sharing":
+        settings["device"] = "Snapdragon 8 Gen 1 QRD"
     elif failure == "no_consent":
         settings["aihub_consent"] = False
     elif failure == "unreachable":
@@ -199,7 +208,7 @@ def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
         failed = next(j for j in emu.jobs.values() if j.outcome == "failed")
         assert failed.job_id in out["message"] and f"/jobs/{failed.job_id}/" in out["hint"]
         assert (m.run_dir / "logs" / "aihub" / f"{failed.job_id}_hub.log").is_file()
-    if failure in ("unavailable_device", "old_device", "no_consent", "bad_token", "unreachable"):
+    if failure in ("unavailable_device", "old_device", "no_weight_sharing", "no_consent", "bad_token", "unreachable"):
         assert emu.uploads == 0, "nothing may be uploaded before the checks pass"
     before = dict(emu.submissions)
 
@@ -238,8 +247,9 @@ def test_device_picker_rows_from_the_cli_and_the_client_ini_token(
     iq = rows["Dragonwing IQ-9075 EVK"]
     assert (iq["dsp_arch"], iq["soc_model"], iq["weight_sharing"], iq["supported"]) == ("v73", 77, True, True)
     assert iq["chipset"] == "qualcomm-qcs9075" and iq["os"]
-    assert rows["RB3 Gen 2 (Proxy)"]["supported"] is False and "weight sharing" in rows["RB3 Gen 2 (Proxy)"]["reason"]
-    assert rows["Snapdragon 8 Gen 1 QRD"]["supported"] is False  # v69: LPBQ yes, weight sharing no
+    assert rows["RB3 Gen 2 (Proxy)"]["supported"] is False and "LPBQ" in rows["RB3 Gen 2 (Proxy)"]["reason"]
+    g1 = rows["Snapdragon 8 Gen 1 QRD"]   # v69: LPBQ yes, weight sharing no
+    assert g1["supported"] is False and "weight sharing" in g1["reason"] and "LPBQ" not in g1["reason"]
 
     # no token anywhere: a clear error; an existing client.ini (api_token, api_url, web_url) is used
     for var in ("HEXSTUDIO_AIHUB_TOKEN", "HEXSTUDIO_AIHUB_API_URL", "HEXSTUDIO_AIHUB_WEB_URL"):

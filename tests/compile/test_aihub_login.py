@@ -1,0 +1,94 @@
+"""`hexstudio aihub login|logout|status`: the token goes to the keyring (the test backend), status says where
+a token is found and never prints it, and the worker's missing-token hint names the real commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.core import secrets
+
+TOKEN = "tok-canary-5b1f0c9e2d"
+
+
+def _cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "import sys; from app.core.cli.main import main; "
+                           "sys.exit(main(sys.argv[1:]))", *args], input=stdin, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})},
+                          stdin=None if stdin is not None else subprocess.DEVNULL)
+
+
+@pytest.fixture
+def no_token_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("HEXSTUDIO_AIHUB_TOKEN", raising=False)
+    ini = tmp_path / "qai_hub" / "client.ini"
+    monkeypatch.setenv("QAIHUB_CLIENT_INI", str(ini))
+    return ini
+
+
+def test_login_status_logout_with_the_keyring(no_token_env: Path) -> None:
+    ini = no_token_env
+    r = _cli("aihub", "status", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["found"] is False and doc["source"] is None
+    r = _cli("aihub", "login", "--status")
+    assert r.returncode == 1 and "hexstudio aihub login" in r.stdout
+
+    r = _cli("aihub", "login", "--stdin", "--json", stdin=TOKEN + "\n")
+    assert r.returncode == 0, r.stderr
+    assert secrets.get_secret(secrets.AIHUB_TOKEN) == TOKEN          # really in the keyring
+    assert TOKEN not in r.stdout + r.stderr
+    r = _cli("aihub", "login", "--status", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and (doc["found"], doc["source"], doc["keyring"]) == (True, "keyring", True)
+    assert TOKEN not in r.stdout
+
+    # a client.ini beside it: status names both, the keyring's is the one used
+    ini.parent.mkdir(parents=True)
+    ini.write_text(f"[api]\napi_token = {TOKEN}-ini\napi_url = http://x\nweb_url = http://x\n")
+    r = _cli("aihub", "status")
+    assert r.returncode == 0 and "keyring" in r.stdout and "client.ini also has one" in r.stdout
+    assert TOKEN not in r.stdout
+
+    r = _cli("aihub", "logout")
+    assert r.returncode == 0 and "removed from the keyring" in r.stdout and str(ini) in r.stdout
+    assert secrets.get_secret(secrets.AIHUB_TOKEN) is None
+    r = _cli("aihub", "status", "--json")
+    doc = json.loads(r.stdout)
+    assert (doc["found"], doc["source"], doc["client_ini"]) == (True, "client.ini", str(ini))
+    assert TOKEN not in r.stdout
+    r = _cli("aihub", "logout", "--json")
+    assert json.loads(r.stdout)["removed"] is False
+
+
+def test_login_refuses_empty_or_garbled_tokens_and_no_terminal(no_token_env: Path) -> None:
+    r = _cli("aihub", "login", "--stdin", stdin="\n")
+    assert r.returncode == 1 and "No token was given" in r.stderr
+    r = _cli("aihub", "login", "--stdin", stdin="two words\n")
+    assert r.returncode == 1 and "does not look like an AI Hub API token" in r.stderr
+    r = _cli("aihub", "login")                        # stdin is not a terminal: no hidden prompt possible
+    assert r.returncode == 1 and "--stdin" in r.stderr
+    assert secrets.get_secret(secrets.AIHUB_TOKEN) is None
+
+
+def test_missing_token_hint_names_the_real_commands(no_token_env: Path) -> None:
+    from workers import aihub
+    from workers.runtime import WorkerError
+
+    with pytest.raises(WorkerError) as ei:
+        aihub.client_config({})
+    hint = ei.value.hint or ""
+    assert ei.value.code == "aihub_token_missing"
+    assert "the Compile page's AI Hub token field, or `hexstudio aihub login`" in hint
+    assert "Settings" not in hint
+    # and once stored with the CLI, the studio passes it to the worker (by environment, from the keyring)
+    assert _cli("aihub", "login", "--stdin", stdin=TOKEN).returncode == 0
+    from app.core.pipeline import worker_env
+
+    assert worker_env()["HEXSTUDIO_AIHUB_TOKEN"] == TOKEN
+    assert aihub.client_config({}, worker_env()["HEXSTUDIO_AIHUB_TOKEN"]).api_token == TOKEN
