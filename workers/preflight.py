@@ -27,6 +27,7 @@ from workers.runtime import WorkerError, WorkerSpec, worker_main
 
 GiB = 1024**3
 PROBE_VERSION = 1
+MEMORY_MARGIN = 1.15  # RAM + swap below 1.15x the estimated peak warns (the estimate is a planning figure)
 
 SMOKE_TEST = r"""
 import json, sys, tempfile, time
@@ -51,10 +52,11 @@ except Exception as exc:
 
 GPU_PROBE = r"""
 import json
-out = {"torch": None, "cuda": False, "arch_list": [], "devices": []}
+out = {"torch": None, "cuda": False, "cuda_version": None, "arch_list": [], "devices": []}
 try:
     import torch
     out["torch"] = torch.__version__
+    out["cuda_version"] = getattr(torch.version, "cuda", None)
     out["cuda"] = bool(torch.cuda.is_available())
     out["arch_list"] = list(torch.cuda.get_arch_list()) if out["cuda"] else []
     for i in range(torch.cuda.device_count() if out["cuda"] else 0):
@@ -62,9 +64,65 @@ try:
         out["devices"].append({"name": p.name, "memory_bytes": int(p.total_memory),
                                "compute_capability": f"{p.major}.{p.minor}"})
 except Exception as exc:
-    out["error"] = str(exc)
-print(json.dumps(out))
+    out["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"gpu": out}), flush=True)
 """
+
+# One subprocess for both: aimet_onnx imports torch anyway, so the torch/CUDA view and the smoke test
+# share one torch import (a second process importing torch beside it cost ~2.5 s of CPU on a 2-core box).
+# The GPU line is printed (and flushed) first, so it survives a smoke test that crashes the process.
+PROBE_AND_SMOKE = GPU_PROBE + SMOKE_TEST
+
+NVIDIA_SMI_QUERY = ["--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader,nounits"]
+
+
+def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
+    """`nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader,nounits`
+    lines -> [{name, memory_bytes, driver_version, compute_capability}] (memory.total is in MiB)."""
+    gpus = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 3 or not cells[0]:
+            continue
+        try:
+            mem = int(float(cells[1])) * 1024**2
+        except ValueError:
+            mem = None
+        cc = cells[3] if len(cells) > 3 and cells[3] not in ("", "[N/A]", "N/A") else None
+        gpus.append({"name": cells[0], "memory_bytes": mem, "driver_version": cells[2] or None,
+                     "compute_capability": cc})
+    return gpus
+
+
+def _nvml_gpus() -> dict[str, Any]:
+    """NVIDIA GPUs and driver through NVML (nvidia-ml-py), when nvidia-smi is not on PATH."""
+    try:
+        import pynvml  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return {"source": None, "gpus": [], "driver_version": None, "error": "neither nvidia-smi nor NVML found"}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # no driver: NVMLError_LibraryNotFound / DriverNotLoaded
+        return {"source": "nvml", "gpus": [], "driver_version": None, "error": f"NVML: {exc}"}
+    try:
+        drv = pynvml.nvmlSystemGetDriverVersion()
+        drv = drv.decode() if isinstance(drv, bytes) else str(drv)
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            gpus.append({"name": name.decode() if isinstance(name, bytes) else str(name),
+                         "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                         "driver_version": drv, "compute_capability": f"{major}.{minor}"})
+        return {"source": "nvml", "gpus": gpus, "driver_version": drv, "error": None}
+    except Exception as exc:
+        return {"source": "nvml", "gpus": [], "driver_version": None, "error": f"NVML: {exc}"}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
 
 
 def _dist(name: str) -> str | None:
@@ -132,68 +190,106 @@ def _recipes() -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def probe(workspace: Path, hf_cache: Path, smoke: bool = True) -> dict[str, Any]:
-    """Read this machine. The AIMET smoke test and the torch/CUDA probe run in subprocesses."""
-    procs = {}
-    if smoke:
-        procs["smoke"] = subprocess.Popen([sys.executable, "-c", SMOKE_TEST], stdout=subprocess.PIPE,
-                                          stderr=subprocess.DEVNULL, text=True)
-    procs["gpu"] = subprocess.Popen([sys.executable, "-c", GPU_PROBE], stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, text=True)
-    mem = _meminfo()
-    version = Path("/proc/version").read_text().lower() if Path("/proc/version").exists() else ""
-    wsl = "microsoft" in version or bool(os.environ.get("WSL_DISTRO_NAME"))
-
-    def disk(p: Path) -> dict[str, Any]:
-        q = p
-        while not q.exists() and q != q.parent:
-            q = q.parent
-        return {"path": str(p), "free_bytes": shutil.disk_usage(q).free}
-
-    rec = _recipes()
+def _libpython() -> str | None:
     libname = f"libpython{sys.version_info.major}.{sys.version_info.minor}"
     libdir = sysconfig.get_config_var("LIBDIR") or ""
-    libpython = None
     for cand in (ctypes.util.find_library(libname.replace("lib", "", 1)), f"{libname}.so.1.0", f"{libname}.so"):
         if not cand:
             continue
-        try:
-            ctypes.CDLL(cand)
-            libpython = cand
-            break
-        except OSError:
+        for path in (cand, os.path.join(libdir, cand)):
             try:
-                ctypes.CDLL(os.path.join(libdir, cand))
-                libpython = os.path.join(libdir, cand)
-                break
+                ctypes.CDLL(path)
+                return path
             except OSError:
                 continue
+    return None
+
+
+def _disk(p: Path) -> dict[str, Any]:
+    q = p
+    while not q.exists() and q != q.parent:
+        q = q.parent
+    return {"path": str(p), "free_bytes": shutil.disk_usage(q).free, "device": os.stat(q).st_dev}
+
+
+def _last_json(text: str, key: str | None = None) -> dict[str, Any] | None:
+    for line in reversed(text.strip().splitlines()):
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(doc, dict) and (key is None or key in doc):
+            return doc
+    return None
+
+
+def probe(workspace: Path, hf_cache: Path, smoke: bool = True) -> dict[str, Any]:
+    """Read this machine. The torch/CUDA probe and the AIMET smoke test share one subprocess (one torch
+    import), nvidia-smi another; both run while this process reads the rest."""
+    t0 = time.monotonic()
+    child = subprocess.Popen([sys.executable, "-c", PROBE_AND_SMOKE if smoke else GPU_PROBE],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    smi_path = shutil.which("nvidia-smi")
+    smi = (subprocess.Popen([smi_path, *NVIDIA_SMI_QUERY], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) if smi_path else None)
+    mem = _meminfo()
+    version = Path("/proc/version").read_text().lower() if Path("/proc/version").exists() else ""
+    wsl = "microsoft" in version or bool(os.environ.get("WSL_DISTRO_NAME"))
+    rec = _recipes()
+    venv = sys.prefix if sys.prefix != sys.base_prefix else None
     p: dict[str, Any] = {
         "probe_version": PROBE_VERSION,
         "os": platform.platform(), "wsl": wsl,
         "mem_total_bytes": mem.get("MemTotal", 0), "swap_total_bytes": mem.get("SwapTotal", 0),
         "mem_available_bytes": mem.get("MemAvailable", 0),
         "cpu_count": os.cpu_count() or 1,
-        "workspace": disk(workspace), "hf_cache": disk(hf_cache),
-        "python": platform.python_version(), "libpython": libpython, "libpython_name": f"{libname}.so.1.0",
+        "workspace": _disk(workspace), "hf_cache": _disk(hf_cache),
+        "python": platform.python_version(), "libpython": _libpython(),
+        "libpython_name": f"libpython{sys.version_info.major}.{sys.version_info.minor}.so.1.0",
+        "libpython_dir": sysconfig.get_config_var("LIBDIR") or None,
+        "venv": venv, "conda_prefix": os.environ.get("CONDA_PREFIX") or None,
         "packages": {n: _dist(n) for n in (*BASE_PACKAGES, *recipes.pinned_names(
             {k: v for k, v in rec.items() if isinstance(v, dict)}))},
         "aimet_build": _aimet_build(),
         "recipes": rec,
         "wslconfig": _wslconfig() if wsl else None,
     }
-    gpu_out, _ = procs["gpu"].communicate(timeout=120)
-    try:
-        p["gpu"] = json.loads(gpu_out.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
-        p["gpu"] = {"torch": None, "cuda": False, "arch_list": [], "devices": [], "error": "probe failed"}
-    p["nvidia_smi"] = bool(shutil.which("nvidia-smi"))
-    if smoke:
-        out, _ = procs["smoke"].communicate(timeout=300)
+    if smi is not None:
         try:
-            p["aimet_smoke"] = json.loads(out.strip().splitlines()[-1])
-        except (json.JSONDecodeError, IndexError):
-            p["aimet_smoke"] = {"ok": False, "error": "the smoke test printed nothing (crashed?)"}
+            out, err = smi.communicate(timeout=30)
+            gpus = parse_nvidia_smi(out) if smi.returncode == 0 else []
+            p["nvidia"] = {"source": "nvidia-smi", "gpus": gpus,
+                           "driver_version": next((g["driver_version"] for g in gpus if g["driver_version"]), None),
+                           "error": None if smi.returncode == 0 else
+                           f"nvidia-smi exited {smi.returncode}: {(err or out).strip()[-300:]}"}
+        except subprocess.TimeoutExpired:
+            smi.kill()
+            smi.communicate()
+            p["nvidia"] = {"source": "nvidia-smi", "gpus": [], "driver_version": None,
+                           "error": "nvidia-smi did not answer in 30 s (a hung driver?)"}
+    else:
+        p["nvidia"] = _nvml_gpus()
+    p["nvidia_smi"] = smi is not None
+    try:
+        out, err = child.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+        err = "the probe did not finish in 300 s and was killed. " + (err or "")
+    wall = round(time.monotonic() - t0, 2)
+    died = (f"the probe process died with signal {-child.returncode}" if child.returncode and child.returncode < 0
+            else None)
+    tail = (err or "").strip()[-500:] or None
+    gpu = _last_json(out, "gpu")
+    p["gpu"] = gpu["gpu"] if gpu else {"torch": None, "cuda": False, "arch_list": [], "devices": [],
+                                       "error": died or f"the torch probe printed nothing: {tail}"}
+    if smoke:
+        res = _last_json(out, "ok")
+        if res is None:
+            res = {"ok": False, "seconds": wall,
+                   "error": (died or "the smoke test printed nothing") + (f" (stderr: {tail})" if tail else "")}
+        res["process_seconds"] = wall
+        p["aimet_smoke"] = res
     return p
 
 
@@ -212,7 +308,7 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
     have = int(p["mem_total_bytes"]) + int(p["swap_total_bytes"])
     need = int(needs.get("quantize_peak_rss_bytes", 0))
     ref = int(str(modelinfo.REFERENCE["quantize_peak_rss_bytes"]))
-    if have >= need * 1.15:
+    if have >= need * MEMORY_MARGIN:
         checks.append(_check("memory", "ok", have, need, f"RAM + swap {_gib(have)} covers the estimated "
                              f"part-wise quantization peak of {_gib(need)} (reference recipe, whole model: "
                              f"{_gib(ref)})."))
@@ -227,13 +323,14 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
         limits = cfg.get("limits") or {}
         now = (f"{cfg['path']} sets memory={limits.get('memory') or '(default: half the Windows RAM)'}, "
                f"swap={limits.get('swap') or '(default)'}" if cfg.get("path") else ".wslconfig not found")
-        if have < need:
+        if have < need * MEMORY_MARGIN:  # the memory check's margin: when it is not ok, the fix is here
             target, swap = wslconfig.target_limits(need)
-            checks.append(_check("wsl", "fail", {"mem_total_bytes": p["mem_total_bytes"],
+            checks.append(_check("wsl", "fail" if have < need else "warn", {"mem_total_bytes": p["mem_total_bytes"],
                                                   "swap_total_bytes": p["swap_total_bytes"],
                                                   "wslconfig": cfg.get("path"), "limits": limits or None},
                                  f"memory >= {target}GB",
-                                 f"WSL2 caps Linux memory below the Windows RAM, and this model needs more "
+                                 f"WSL2 caps Linux memory below the Windows RAM, and this model needs "
+                                 f"{'more' if have < need else 'about all of it'} "
                                  f"(Linux sees {_gib(p['mem_total_bytes'])} RAM + {_gib(p['swap_total_bytes'])} "
                                  f"swap; {now}).",
                                  f"wslconfig:memory={target}GB,swap={swap}GB"))
@@ -242,44 +339,8 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
                                  f"WSL2 memory limit is high enough ({now})."))
     else:
         checks.append(_check("wsl", "skip", None, None, "Not running under WSL."))
-    ws = p["workspace"]
-    disk_need = int(needs.get("disk_bytes", 0))
-    st = "ok" if ws["free_bytes"] >= disk_need else "fail"
-    checks.append(_check("disk_workspace", st, ws["free_bytes"], disk_need,
-                         f"{_gib(ws['free_bytes'])} free at {ws['path']}; this model needs about {_gib(disk_need)}.",
-                         None if st == "ok" else "Free disk space or choose a workspace on a bigger disk."))
-    if str(ws["path"]).startswith("/mnt/") and len(Path(ws["path"]).parts) > 2 and len(Path(ws["path"]).parts[2]) == 1:
-        checks.append(_check("workspace_location", "warn", ws["path"], "inside the WSL filesystem",
-                             "The workspace is on a Windows drive (/mnt/<drive>): cross-filesystem I/O is many "
-                             "times slower and this flow reads and writes hundreds of GB.",
-                             "Use a workspace under your Linux home, e.g. ~/hexstudio-workspace."))
-    hf = p["hf_cache"]
-    dl = int(needs.get("hf_download_bytes", 0))
-    checks.append(_check("disk_hf_cache", "ok" if hf["free_bytes"] >= dl else "fail", hf["free_bytes"], dl,
-                         f"{_gib(hf['free_bytes'])} free for the Hugging Face cache ({hf['path']})."))
-    gpu = p.get("gpu") or {}
-    n = int(needs.get("num_parameters", 0))
-    if gpu.get("devices"):
-        d = gpu["devices"][0]
-        cc = d["compute_capability"].replace(".", "")
-        arches = gpu.get("arch_list") or []
-        if f"sm_{cc}" not in arches:
-            checks.append(_check("gpu", "fail", f"{d['name']} sm_{cc}", f"torch built with sm_{cc}",
-                                 f"torch {gpu.get('torch')} has no kernels for {d['name']} (sm_{cc}); it only has "
-                                 f"{', '.join(arches) or 'none'}. It recognises the GPU but cannot run on it.",
-                                 "Install a torch build with kernels for this GPU: "
-                                 "bash packaging/install-workstation.sh (e.g. torch 2.7.1+cu128 for sm_120)."))
-        else:
-            checks.append(_check("gpu", "ok", f"{d['name']} {_gib(d['memory_bytes'])} sm_{cc}", None,
-                                 f"{d['name']} with {_gib(d['memory_bytes'])}, supported by torch {gpu.get('torch')}."))
-    elif n <= 500_000_000:
-        mins = max(1, round(n / 4e6 * 0.5 / 60 + 1))
-        checks.append(_check("gpu", "ok", "CPU only", None, f"No CUDA GPU: fine for this small model "
-                             f"(about {mins} min of quantization on the CPU)."))
-    else:
-        checks.append(_check("gpu", "fail", "CPU only", "a CUDA GPU (8B: ~80 GB VRAM guidance)",
-                             "No usable CUDA GPU: quantizing a model this size on the CPU would take days.",
-                             "Run on a workstation with an NVIDIA GPU, or use a remote worker host."))
+    checks.extend(_disk_checks(p, needs))
+    checks.append(_gpu_check(p, needs))
     py = tuple(int(x) for x in str(p["python"]).split(".")[:2])
     checks.append(_check("python", "ok" if (3, 10) <= py <= (3, 12) else "fail", p["python"], "3.10–3.12",
                          f"Python {p['python']}.", None if (3, 10) <= py <= (3, 12) else
@@ -302,8 +363,7 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
         checks.append(_check("libpython", "fail", None, p["libpython_name"],
                              f"{p['libpython_name']} cannot be loaded: AIMET fails with 'Unable to run function "
                              "PtrToInt64'.",
-                             'export LD_LIBRARY_PATH="$CONDA_PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" '
-                             "(persist it in $CONDA_PREFIX/etc/conda/activate.d/)"))
+                             libpython_fix(p)))
     if not pk.get("aimet-onnx"):
         checks.append(_check("aimet", "fail", None, "aimet-onnx", "aimet-onnx is not installed.",
                              "Install it: bash packaging/install-workstation.sh"))
@@ -322,6 +382,124 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
                              "Fix the AIMET install before spending an hour on the model "
                              "(see the libpython and onnxruntime checks)."))
     return checks
+
+
+def _disk_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Free space where the workspace and the Hugging Face cache live. On one filesystem (same st_dev, or
+    the same path on a probe that did not record it) both needs come out of the same free space."""
+    ws, hf = p["workspace"], p["hf_cache"]
+    ws_need = int(needs.get("disk_bytes", 0))
+    hf_need = int(needs.get("hf_download_bytes", 0))
+    shared = (ws.get("device") is not None and ws.get("device") == hf.get("device"))
+    out = []
+    if shared:
+        need = ws_need + hf_need
+        ok = ws["free_bytes"] >= need
+        both = (f"the workspace ({ws['path']}, about {_gib(ws_need)}) and the Hugging Face cache ({hf['path']}, "
+                f"about {_gib(hf_need)}) are on the same filesystem")
+        for cid, where in (("disk_workspace", ws), ("disk_hf_cache", hf)):
+            out.append(_check(cid, "ok" if ok else "fail", where["free_bytes"], need,
+                              f"{_gib(where['free_bytes'])} free; {both}: {_gib(need)} together.",
+                              None if ok else f"Free {_gib(need - where['free_bytes'])} on that disk, or move the "
+                              "workspace (--workspace) or the Hugging Face cache (HF_HOME) to a bigger disk."))
+    else:
+        ok = ws["free_bytes"] >= ws_need
+        out.append(_check("disk_workspace", "ok" if ok else "fail", ws["free_bytes"], ws_need,
+                          f"{_gib(ws['free_bytes'])} free at {ws['path']}; this model needs about {_gib(ws_need)}.",
+                          None if ok else f"Free {_gib(ws_need - ws['free_bytes'])} there, or choose a workspace on "
+                          "a bigger disk (--workspace DIR)."))
+        ok = hf["free_bytes"] >= hf_need
+        out.append(_check("disk_hf_cache", "ok" if ok else "fail", hf["free_bytes"], hf_need,
+                          f"{_gib(hf['free_bytes'])} free for the Hugging Face cache ({hf['path']}); the download is "
+                          f"about {_gib(hf_need)}.",
+                          None if ok else f"Free {_gib(hf_need - hf['free_bytes'])} there, or point HF_HOME at a "
+                          "bigger disk before the download (export HF_HOME=/path/on/big/disk)."))
+    path = str(ws["path"])
+    parts = Path(path).parts
+    if path.startswith("/mnt/") and len(parts) > 2 and len(parts[2]) == 1:
+        out.append(_check("workspace_location", "warn", path, "inside the WSL filesystem",
+                          "The workspace is on a Windows drive (/mnt/<drive>): cross-filesystem I/O is many "
+                          "times slower and this flow reads and writes hundreds of GB.",
+                          "Use a workspace under your Linux home, e.g. ~/hexstudio-workspace."))
+    return out
+
+
+INSTALLER_FIX = "bash packaging/install-workstation.sh (it detects the GPU and installs the matching CUDA torch)"
+
+
+def _gpu_check(p: dict[str, Any], needs: dict[str, Any]) -> dict[str, Any]:
+    """torch's view (devices, arch list) beside the driver's (nvidia-smi / NVML): the sm_120 trap, a CPU-only
+    torch on an NVIDIA machine, VRAM against this model's guidance, the driver version."""
+    gpu = p.get("gpu") or {}
+    nv = p.get("nvidia") or {}
+    nv_gpus = nv.get("gpus") or []
+    driver = nv.get("driver_version")
+    drv = f", driver {driver}" if driver else ", driver not read"
+    n = int(needs.get("num_parameters", 0))
+    small = n <= 500_000_000
+    vram_need = needs.get("quantize_peak_vram_bytes") or needs.get("vram_guidance_bytes")
+    if gpu.get("devices"):
+        d = gpu["devices"][0]
+        cc = d["compute_capability"].replace(".", "")
+        arches = gpu.get("arch_list") or []
+        measured = f"{d['name']} {_gib(d['memory_bytes'])} sm_{cc}{drv}"
+        if f"sm_{cc}" not in arches:
+            return _check("gpu", "fail", measured, f"torch built with sm_{cc}",
+                          f"torch {gpu.get('torch')} has no kernels for {d['name']} (sm_{cc}); it only has "
+                          f"{', '.join(arches) or 'none'}. It recognises the GPU but cannot run on it.",
+                          "Install a torch build with kernels for this GPU: "
+                          "bash packaging/install-workstation.sh (e.g. torch 2.7.1+cu128 for sm_120).")
+        if vram_need and int(d["memory_bytes"]) < int(vram_need):
+            return _check("gpu", "warn", measured, f"{_gib(int(vram_need))} VRAM",
+                          f"{d['name']} has {_gib(d['memory_bytes'])} of VRAM; this model's guidance is "
+                          f"{_gib(int(vram_need))}{drv}. CUDA may run out of memory during calibration.",
+                          "Use more parts (smaller parts need less VRAM), a bigger GPU, or a remote worker host.")
+        return _check("gpu", "ok", measured, f"{_gib(int(vram_need))} VRAM" if vram_need else None,
+                      f"{d['name']} with {_gib(d['memory_bytes'])}, supported by torch {gpu.get('torch')}{drv}.")
+    if nv_gpus:
+        g = nv_gpus[0]
+        mem = f" {_gib(g['memory_bytes'])}" if g.get("memory_bytes") else ""
+        measured = f"{g['name']}{mem}{drv}; torch {gpu.get('torch') or 'missing'} without CUDA"
+        torch_v = str(gpu.get("torch") or "")
+        if not torch_v:
+            why = "torch is not installed"
+        elif "+cpu" in torch_v or (not gpu.get("cuda_version") and "+cu" not in torch_v):
+            why = f"torch {torch_v} is the CPU-only build"
+        else:
+            why = (f"torch {torch_v} is a CUDA build but cannot use the GPU (torch.cuda.is_available() is False: "
+                   f"{gpu.get('error') or 'the driver is too old for its CUDA, or the GPU is not visible'})")
+        return _check("gpu", "warn" if small else "fail", measured, "a CUDA torch for this GPU",
+                      f"An NVIDIA {g['name']} is present{drv}, but {why}: everything would run on the CPU"
+                      + (", which is fine but slower for this small model." if small else
+                         ", which takes days for a model this size."),
+                      f"Install the CUDA stack: {INSTALLER_FIX}.")
+    if small:
+        mins = max(1, round(n / 4e6 * 0.5 / 60 + 1))
+        return _check("gpu", "ok", "CPU only", None, f"No CUDA GPU: fine for this small model "
+                      f"(about {mins} min of quantization on the CPU).")
+    return _check("gpu", "fail", "CPU only", "a CUDA GPU (8B: ~80 GB VRAM guidance)",
+                  "No usable CUDA GPU: quantizing a model this size on the CPU would take days.",
+                  "Run on a workstation with an NVIDIA GPU, or use a remote worker host.")
+
+
+def libpython_fix(p: dict[str, Any]) -> str:
+    """The LD_LIBRARY_PATH hook for this environment: the venv's bin/hexstudio-env.sh, sourced by
+    bin/activate, as packaging/install-workstation.sh writes it; conda's activate.d under conda."""
+    libdir = p.get("libpython_dir") or "<the folder holding " + str(p.get("libpython_name")) + ">"
+    venv = p.get("venv")
+    if venv:
+        return (f"Run: bash packaging/install-workstation.sh --venv {venv} (it writes {venv}/bin/hexstudio-env.sh, "
+                f"which puts {libdir} on LD_LIBRARY_PATH, and sources it from {venv}/bin/activate). "
+                f"Or by hand: export LD_LIBRARY_PATH=\"{libdir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\". "
+                f"If {p.get('libpython_name')} is not on the machine at all, install it first "
+                f"(Ubuntu: sudo apt-get install lib{str(p.get('libpython_name')).split('.so')[0]}).")
+    if p.get("conda_prefix"):
+        cp = p["conda_prefix"]
+        return (f'export LD_LIBRARY_PATH="{cp}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" '
+                f"(persist it in {cp}/etc/conda/activate.d/)")
+    return (f'export LD_LIBRARY_PATH="{libdir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"; if '
+            f"{p.get('libpython_name')} is missing, install it "
+            f"(Ubuntu: sudo apt-get install lib{str(p.get('libpython_name')).split('.so')[0]}).")
 
 
 def _aimet_build_check(p: dict[str, Any]) -> list[dict[str, Any]]:

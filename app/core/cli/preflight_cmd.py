@@ -17,8 +17,12 @@ from workers import modelinfo, wslconfig
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("preflight", help="check memory, disk, WSL, GPU and packages against a model's needs")
     p.add_argument("--model", default=BUILTIN_MODEL_ID, help="built-in model, Hugging Face id or folder")
-    p.add_argument("--context-length", type=int, default=None, help="context length (default: 512 built-in, 4096)")
-    p.add_argument("--ar-n", type=int, default=128)
+    p.add_argument("--context-length", type=int, default=None,
+                   help="context length (default: the run default; auto = 512 built-in, 4096 others)")
+    p.add_argument("--ar-n", type=int, default=None, help="prompt processor length (default: the run default)")
+    p.add_argument("--parts", type=int, default=None, help="parts (default: the run default; auto by model size)")
+    p.add_argument("--calibration-samples", type=int, default=None, help="default: the run default")
+    p.add_argument("--calibration-seq-len", type=int, default=None, help="default: the run default")
     p.add_argument("--no-smoke-test", action="store_true", help="skip the AIMET smoke test")
     w = p.add_argument_group("WSL memory limits (%UserProfile%\\.wslconfig)")
     w.add_argument("--write-wslconfig", action="store_true",
@@ -55,31 +59,72 @@ def model_config(model: str) -> dict[str, Any]:
                        "Check the model id and your network, or give a local folder.") from None
 
 
-def preflight_report(model: str, context_length: int | None, ar_n: int, workspace: Path,
-                     smoke: bool = True) -> dict[str, Any]:
-    from workers.preflight import probe, run_checks
+ESTIMATE_SETTINGS = ("context_length", "ar_n", "parts", "calibration_samples", "calibration_seq_len")
 
-    t0 = time.time()
+
+def run_settings(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings a new run would get (DEFAULT_RUN_SETTINGS + the user's run_defaults), with the
+    command line's values on top: preflight estimates with exactly what a run would use."""
+    from app.core.settings import DEFAULT_RUN_SETTINGS, Settings, SettingsError
+
+    try:
+        s = Settings.load().run_defaults()
+    except (SettingsError, OSError, ValueError):
+        s = dict(DEFAULT_RUN_SETTINGS)
+    s.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return s
+
+
+def resolve_estimate_settings(info: dict[str, Any], model: str, settings: dict[str, Any]) -> dict[str, int]:
+    """context_length/parts "auto" resolved as the Model stage resolves them (workers/model.py)."""
+    from workers.model import DEFAULT_CONTEXT
+
+    ctx = settings.get("context_length", "auto")
+    parts = settings.get("parts", "auto")
+    return {
+        "context_length": int(DEFAULT_CONTEXT["builtin" if model == BUILTIN_MODEL_ID else "other"]
+                              if ctx in (None, "auto") else ctx),
+        "ar_n": int(settings.get("ar_n", 128)),
+        "parts": modelinfo.default_parts(info) if parts in (None, "auto") else int(parts),
+        "calibration_samples": int(settings["calibration_samples"]),
+        "calibration_seq_len": int(settings["calibration_seq_len"]),
+    }
+
+
+def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
     info = modelinfo.inspect_config(model_config(model))
     if not info["supported"]:
         raise CliError(info["reason"], "Pick a dense Llama-family model (Llama 3.x, Nemotron-Nano-8B, Qwen2/3).")
-    cl = context_length or (512 if model == BUILTIN_MODEL_ID else 4096)
-    err = modelinfo.check_context(info, cl, ar_n)
+    r = resolve_estimate_settings(info, model, settings)
+    err = modelinfo.check_context(info, r["context_length"], r["ar_n"])
     if err:
         raise CliError(err)
-    needs = modelinfo.estimate(info, cl, ar_n)
+    needs = modelinfo.estimate(info, r["context_length"], r["ar_n"], r["parts"], r["calibration_samples"],
+                               r["calibration_seq_len"])
+    return needs, r
+
+
+def preflight_report(model: str, context_length: int | None, ar_n: int | None, workspace: Path,
+                     smoke: bool = True, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    from workers.preflight import probe, run_checks
+
+    t0 = time.time()
+    s = run_settings({**(settings or {}), "context_length": context_length, "ar_n": ar_n})
+    needs, resolved = model_needs(model, s)
     hf_cache = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
     p = probe(workspace, hf_cache, smoke=smoke)
     checks = run_checks(p, needs)
-    return {"model": model, "context_length": cl, "needs": needs, "probe": p, "checks": checks,
+    return {"model": model, "context_length": resolved["context_length"], "settings": resolved, "needs": needs,
+            "probe": p, "checks": checks,
             "checks_failed": sum(c["status"] == "fail" for c in checks),
             "checks_warned": sum(c["status"] == "warn" for c in checks), "seconds": round(time.time() - t0, 2)}
 
 
-def wslconfig_plan(model: str, context_length: int | None, ar_n: int, path: Path | None,
-                   memory_gb: int | None = None, swap_gb: int | None = None) -> tuple[wslconfig.Plan, dict[str, Any]]:
+def wslconfig_plan(model: str, context_length: int | None, ar_n: int | None, path: Path | None,
+                   memory_gb: int | None = None, swap_gb: int | None = None,
+                   settings: dict[str, Any] | None = None) -> tuple[wslconfig.Plan, dict[str, Any]]:
     """What `--write-wslconfig` would write, plus what it is based on (live memory, this model's need)."""
-    from workers.preflight import meminfo
+    from workers.preflight import MEMORY_MARGIN, meminfo
 
     path = path or wslconfig.locate()
     if path is None:
@@ -90,12 +135,12 @@ def wslconfig_plan(model: str, context_length: int | None, ar_n: int, path: Path
     basis: dict[str, Any] = {"mem_total_bytes": mem.get("MemTotal", 0), "swap_total_bytes": mem.get("SwapTotal", 0)}
     enough = False
     if memory_gb is None and swap_gb is None:
-        info = modelinfo.inspect_config(model_config(model))
-        cl = context_length or (512 if model == BUILTIN_MODEL_ID else 4096)
-        need = int(modelinfo.estimate(info, cl, ar_n)["quantize_peak_rss_bytes"])
+        needs, _ = model_needs(model, run_settings({**(settings or {}), "context_length": context_length,
+                                                    "ar_n": ar_n}))
+        need = int(needs["quantize_peak_rss_bytes"])
         basis["quantize_peak_rss_bytes"] = need
         # the same margin as the memory check: when it passes there is nothing to raise
-        enough = basis["mem_total_bytes"] + basis["swap_total_bytes"] >= need * 1.15
+        enough = basis["mem_total_bytes"] + basis["swap_total_bytes"] >= need * MEMORY_MARGIN
         if not enough:
             memory_gb, swap_gb = wslconfig.target_limits(need)
     for name, v in (("--memory-gb", memory_gb), ("--swap-gb", swap_gb)):
@@ -121,7 +166,7 @@ def _confirm(question: str) -> bool:
 
 def cmd_write_wslconfig(args: argparse.Namespace) -> int:
     pl, basis = wslconfig_plan(args.model, args.context_length, args.ar_n, args.wslconfig or None,
-                               args.memory_gb, args.swap_gb)
+                               args.memory_gb, args.swap_gb, settings=_cli_settings(args))
     out: dict[str, Any] = {**pl.to_json(), "basis": basis, "written": False, "backup": None}
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
     cur = pl.current
@@ -160,11 +205,16 @@ def cmd_write_wslconfig(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cli_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {"parts": args.parts, "calibration_samples": args.calibration_samples,
+            "calibration_seq_len": args.calibration_seq_len}
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
     if args.write_wslconfig:
         return cmd_write_wslconfig(args)
     rep = preflight_report(args.model, args.context_length, args.ar_n, workspace_from(args).root,
-                           smoke=not args.no_smoke_test)
+                           smoke=not args.no_smoke_test, settings=_cli_settings(args))
     if args.json:
         print_json(rep)
     else:
