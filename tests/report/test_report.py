@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,6 +68,12 @@ def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -
     assert rep["validation"]["verdict"] == "pass" and rep["bundle"]["files"]
     assert rep["series"]["token_rate"] and "quantize" in rep["series"]["resources"]
     assert [s["name"] for s in rep["stages"]][-1] == "report"
+    # package versions against the recipe pins: this CPU stack differs from the validated GPU recipe, flagged
+    from app.core.reports.render import to_html
+
+    torch_row = next(p for p in rep["environment"]["recipes"] if p["package"] == "torch")
+    assert torch_row["validated"]["pinned"].startswith("2.7.1") and torch_row["validated"]["match"] is False
+    assert re.search(r'<td class="warn">2\.7\.1[^<]* ≠</td>', to_html(rep))
 
 
 def test_html_is_html5_and_pdf_renders_pages(chatted_run: Path, tmp_path: Path) -> None:
