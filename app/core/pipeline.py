@@ -166,6 +166,11 @@ class Pipeline:
                 if self.m.stage(need).state != "done":
                     return PipelineResult(False, stage.name, f"{stage.title} needs {need}, which has not completed.",
                                           hint=f"Run the {need} stage first.", ran=res.ran, skipped=res.skipped)
+                blocked = self._gate_blocks(need)
+                if blocked is not None:
+                    message, hint = blocked
+                    return PipelineResult(False, stage.name, f"{stage.title} cannot run: {message}", hint=hint,
+                                          ran=res.ran, skipped=res.skipped)
             if not force and stage_is_current(self.m, stage):
                 res.skipped.append(stage.name)
                 self._notify_stage(stage.name, "done")
@@ -197,6 +202,23 @@ class Pipeline:
         if until not in names:
             get_stage(until)  # raises with the list of stages
         return self.stages[: names.index(until) + 1]
+
+    def _gate_blocks(self, name: str) -> tuple[str, str | None] | None:
+        """(message, hint) when the done stage `name` has a failed gate and no recorded override; else None.
+        `run --only X` and resumed runs check every upstream gate here, not just that the stage is done."""
+        stage = self._by_name.get(name) or get_stage(name)
+        gate = stage.gate(self.m)
+        if gate.passed:
+            return None
+        overridden = name in (self.m.settings.get("override_gates") or []) and self._override_record(name) is not None
+        if gate.overridable and overridden:
+            return None
+        msg = f"the {stage.title} gate did not pass ({gate.reason})."
+        if not gate.overridable:
+            return msg, f"Run the {name} stage again (hexstudio run --resume {self.m.run_id} --only {name})."
+        return msg, (f"Fix what the {name} stage reported and run it again, or continue anyway with "
+                     f"`hexstudio run --resume {self.m.run_id} --override-gate {name}` "
+                     f"(the override is recorded in the run and shown in its report).")
 
     def _override_record(self, name: str) -> dict[str, Any] | None:
         for ev in reversed(self.m.data.get("events", [])):

@@ -1,6 +1,6 @@
 """A real worker process for testing the job runner and pipeline: behaviour chosen by settings["mode"].
 
-    ok       progress, a metric, an artifact file, done
+    ok       progress, a metric (plus settings["metrics_<stage>"]), an artifact file, done
     slow     writes half its output, then loops for settings["seconds"] (for kill -9 / cancel tests);
              also starts a child process (settings["child_pidfile"]) so orphan cleanup can be checked
     garbage  prints lines that are not the protocol and exits 0 without done
@@ -29,6 +29,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         (out / "result.txt").write_text(f"attempt by pid {os.getpid()}\n")
         em.artifact("result.txt", kind="text", role="result")
         em.metric("answer", 42, unit="")
+        for name, value in (spec.settings.get(f"metrics_{spec.stage}") or {}).items():
+            em.metric(name, value)  # e.g. validate's verdict, preflight's checks_failed (gate tests)
         em.progress(1.0, "finished")
         return {"mode": mode}
     if mode == "slow":

@@ -249,3 +249,35 @@ def test_gate_failure_stops_and_override_is_recorded(workspace: Workspace) -> No
     res = asyncio.run(Pipeline(m, stages=(st,)).run(until="model"))
     assert res.ok
     assert m.stage("model").data["gate"]["override"]["reason"] == "accepted by the user: toy model"
+
+
+def test_only_refuses_a_stage_whose_upstream_gate_failed_until_overridden(workspace: Workspace) -> None:
+    stages = fake_stages(("model", "quantize", "validate", "compile"))
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok", "metrics_validate": {"verdict": "fail"}})
+    res = _run(Pipeline(m, stages=stages), "validate")
+    assert not res.ok and res.stopped_at == "validate" and m.stage("validate").state == "done"
+    # `run --only compile` after the failed validation: refused, compile never starts
+    res = asyncio.run(Pipeline(m, stages=stages).run(only="compile"))
+    assert not res.ok and res.stopped_at == "compile" and res.ran == []
+    assert "Validate gate did not pass" in res.message and "verdict is 'fail'" in res.message
+    assert res.hint and f"hexstudio run --resume {m.run_id} --override-gate validate" in res.hint
+    assert m.stage("compile").state == "pending"
+    assert not (m.run_dir / "artifacts" / "compile").exists()
+    # a setting alone is not an override: the recorded override event is what counts
+    m.settings["override_gates"] = ["validate"]
+    m.save()
+    assert not asyncio.run(Pipeline(m, stages=stages).run(only="compile")).ok
+    # the recorded override lets it through
+    pipe = Pipeline(m, stages=stages)
+    pipe.override_gate("validate", "override requested in a test")
+    res = asyncio.run(pipe.run(only="compile"))
+    assert res.ok and res.ran == ["compile"], res
+    assert m.stage("compile").state == "done"
+
+
+def test_only_runs_when_upstream_gates_passed(workspace: Workspace) -> None:
+    stages = fake_stages(("model", "quantize", "validate", "compile"))
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok", "metrics_validate": {"verdict": "pass"}})
+    assert _run(Pipeline(m, stages=stages), "validate").ok
+    res = asyncio.run(Pipeline(m, stages=stages).run(only="compile"))
+    assert res.ok and res.ran == ["compile"]
