@@ -8,8 +8,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-# The GUI process stays light: these are imported only by worker processes.
-HEAVY_MODULES = ("torch", "aimet_onnx", "onnxruntime", "transformers", "onnx")
+# The GUI process stays light: these are imported only by worker processes (qai_hub: by the AI Hub
+# worker and the `bundle devices --aihub` child process the Compile page starts).
+HEAVY_MODULES = ("torch", "aimet_onnx", "onnxruntime", "transformers", "onnx", "qai_hub")
 
 
 def heavy_modules_loaded() -> list[str]:

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import html
+import json
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
+    QComboBox,
     QDialog,
     QDialogButtonBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QPlainTextEdit,
     QPushButton,
     QTableWidgetItem,
@@ -24,11 +31,57 @@ from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.widgets import STATUS_COLORS, KeyValueTable, fmt_value, note
 
-try:  # the device list is pure data (no ML imports)
-    from workers.bundle import KNOWN_DEVICES
-    DEVICE_NAMES = [str(d) for d in KNOWN_DEVICES]
-except Exception:  # pragma: no cover - keep the page usable if the bundle module changes
-    DEVICE_NAMES = ["Dragonwing IQ-9075 EVK"]
+
+def _known_devices() -> dict[str, dict[str, Any]]:
+    """The devices HexStudio knows offline (pure data, no ML imports)."""
+    try:
+        from workers.bundle import KNOWN_DEVICES
+        return dict(KNOWN_DEVICES)
+    except Exception:  # pragma: no cover - keep the page usable if the bundle module changes
+        return {"Dragonwing IQ-9075 EVK": {"soc_model": 77, "dsp_arch": "v73", "os": "qc_linux",
+                                           "weight_sharing": True}}
+
+
+DEVICE_NAMES = list(_known_devices())
+
+
+AIHUB_DEFAULT_DEVICE = "Dragonwing IQ-9075 EVK"
+DEVICE_LIST_TIMEOUT_S = 120.0
+
+
+class DeviceListError(Exception):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+def parse_devices_output(returncode: int, stdout: str, stderr: str) -> tuple[list[dict[str, Any]], bool]:
+    """The rows and the emulated flag of `hexstudio bundle devices --aihub --json`; DeviceListError with the
+    CLI's own message and hint when it failed (no token, no network, AI Hub refused)."""
+    text = stdout.strip()
+    doc: Any = None
+    if text:
+        try:
+            doc = json.loads(text[text.index("{"):])
+        except ValueError:
+            doc = None
+    if isinstance(doc, dict) and doc.get("ok") is False:
+        raise DeviceListError(str(doc.get("error") or "Listing the AI Hub devices failed."),
+                              str(doc["hint"]) if doc.get("hint") else None)
+    if returncode != 0 or not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
+        last = next((ln for ln in reversed(stderr.strip().splitlines()) if ln.strip()), "no output")
+        raise DeviceListError(f"Listing the AI Hub devices failed (exit status {returncode}): {last}",
+                              "Run `hexstudio bundle devices --aihub` in a terminal to see the whole output.")
+    rows = [r for r in doc["devices"] if isinstance(r, dict) and r.get("name")]
+    return rows, bool(doc.get("emulated"))
+
+
+def device_row(r: dict[str, Any]) -> list[str]:
+    return [str(r.get("name")), str(r.get("dsp_arch") or "?"), str(r.get("soc_model") if r.get("soc_model")
+                                                                    is not None else "?"),
+            "yes" if r.get("weight_sharing") else "no", str(r.get("os") or "?"),
+            "yes" if r.get("supported") else f"no — {r.get('reason') or ''}".rstrip(" —")]
 
 
 def _measure(v: Any, check_id: str) -> str:
@@ -250,6 +303,50 @@ class CompilePage(StagePage):
                                           "compiles on Qualcomm AI Hub for a real board. Nothing is uploaded to "
                                           "AI Hub without your consent above; the AI Hub token comes from the "
                                           "system keyring."))
+        self.device_combo = self._setting_widgets["device"]
+        assert isinstance(self.device_combo, QComboBox)
+        self.device_combo.setToolTip("The device AI Hub compiles for. Offline this lists the devices HexStudio "
+                                     "knows; Refresh from AI Hub lists your account's devices live.")
+        token_row = QHBoxLayout()
+        self.token_edit = QLineEdit()
+        self.token_edit.setObjectName("aihub_token")
+        self.token_edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self.token_edit.setPlaceholderText("paste the API token from app.aihub.qualcomm.com/account")
+        self.token_edit.returnPressed.connect(self.store_token)
+        self.token_button = QPushButton("Store token")
+        self.token_button.setObjectName("store_token")
+        self.token_button.setToolTip("Keep the token in the system keyring only (the same place `hexstudio aihub "
+                                     "login` uses); it is never written to settings, runs or logs.")
+        self.token_button.clicked.connect(self.store_token)
+        token_label = QLabel("AI Hub token")
+        token_label.setBuddy(self.token_edit)
+        token_row.addWidget(token_label)
+        token_row.addWidget(self.token_edit, 1)
+        token_row.addWidget(self.token_button)
+        self.inputs_layout.addLayout(token_row)
+        self.token_state = note("")
+        self.token_state.setObjectName("aihub_token_state")
+        self.inputs_layout.addWidget(self.token_state)
+        dev_row = QHBoxLayout()
+        self.refresh_devices_button = QPushButton("Refresh from AI Hub")
+        self.refresh_devices_button.setObjectName("refresh_devices")
+        self.refresh_devices_button.setToolTip("List the devices of your AI Hub account now (`hexstudio bundle "
+                                               "devices --aihub`, in a separate process)")
+        self.refresh_devices_button.clicked.connect(lambda: self._start_refresh())
+        dev_row.addWidget(self.refresh_devices_button)
+        self.devices_message = note("Devices known offline. Refresh from AI Hub to list your account's devices.")
+        self.devices_message.setObjectName("devices_message")
+        dev_row.addWidget(self.devices_message, 1)
+        self.inputs_layout.addLayout(dev_row)
+        self.devices_table = KeyValueTable(["device", "Hexagon arch", "soc_model", "weight sharing", "OS", "usable"])
+        self.devices_table.setObjectName("aihub_devices")
+        self.devices_table.setMinimumHeight(150)
+        self.devices_table.itemSelectionChanged.connect(self._device_row_chosen)
+        self.inputs_layout.addWidget(self.devices_table)
+        self.devices: list[dict[str, Any]] = [{"name": n, **d, "supported": True, "reason": "", "emulated": False}
+                                              for n, d in _known_devices().items()]
+        self.devices_table.set_rows([device_row(r) for r in self.devices])
+        self._show_token_state()
         self.bundle_label = QLabel()
         self.bundle_label.setWordWrap(True)
         self.results_layout.insertWidget(1, self.bundle_label)
@@ -258,6 +355,101 @@ class CompilePage(StagePage):
         self.files.setMinimumHeight(200)
         self.results_layout.insertWidget(2, self.files)
 
+    # -- AI Hub token and devices -------------------------------------------------------------
+    def _show_token_state(self) -> None:
+        from app.core.secrets import AIHUB_TOKEN, SecretStoreError, get_secret
+
+        try:
+            stored = bool(get_secret(AIHUB_TOKEN))
+        except SecretStoreError as exc:
+            self.token_state.setText(f"<span style='color:{STATUS_COLORS['fail']}'>{html.escape(str(exc))}</span>")
+            return
+        self.token_state.setText("An AI Hub token is stored in the system keyring." if stored else
+                                 "No AI Hub token stored yet: paste yours above (or run `hexstudio aihub login`).")
+
+    def store_token(self) -> None:
+        from app.core.secrets import AIHUB_TOKEN, SecretStoreError, set_secret
+
+        token = self.token_edit.text().strip()
+        self.token_edit.clear()
+        if not token:
+            self.token_state.setText("Paste the token first: it is on your AI Hub account page.")
+            return
+        try:
+            set_secret(AIHUB_TOKEN, token)
+        except SecretStoreError as exc:
+            self.token_state.setText(f"<span style='color:{STATUS_COLORS['fail']}'>{html.escape(str(exc))}</span>")
+            return
+        self.token_state.setText("Token stored in the system keyring. Refresh from AI Hub to check it.")
+
+    def _start_refresh(self) -> None:
+        self._refresh_task = asyncio.ensure_future(self.refresh_devices())
+
+    async def refresh_devices(self) -> list[dict[str, Any]] | None:
+        """List the account's devices live: `hexstudio bundle devices --aihub --json` in a child process
+        (qai_hub takes a second to import and does network I/O; the window stays responsive)."""
+        self.refresh_devices_button.setEnabled(False)
+        self.devices_message.setText("Asking AI Hub for its devices…")
+        argv = [sys.executable, "-m", "app", "bundle", "devices", "--aihub", "--json"]
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE)
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), DEVICE_LIST_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+                raise DeviceListError(f"AI Hub did not answer within {DEVICE_LIST_TIMEOUT_S:.0f} s.",
+                                      "Check the network (and a proxy, if you use one), then refresh again.") \
+                    from None
+            rows, emulated = parse_devices_output(proc.returncode or 0, out.decode("utf-8", "replace"),
+                                                  err.decode("utf-8", "replace"))
+        except DeviceListError as exc:
+            hint = f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""
+            self.devices_message.setText(f"<span style='color:{STATUS_COLORS['fail']}'>Could not list the AI Hub "
+                                         f"devices: {html.escape(exc.message)}</span>{hint}")
+            return None
+        finally:
+            self.refresh_devices_button.setEnabled(True)
+        self.show_devices(rows, emulated)
+        return rows
+
+    def show_devices(self, rows: list[dict[str, Any]], emulated: bool) -> None:
+        self.devices = rows
+        usable = sum(1 for r in rows if r.get("supported"))
+        tag = " <b>EMULATED AI Hub</b> (test emulator, not Qualcomm's service)." if emulated else ""
+        self.devices_message.setText(f"{len(rows)} device(s) on AI Hub, {usable} can run this bundle "
+                                     f"({time.strftime('%H:%M:%S')}).{tag}")
+        self.devices_table.set_rows([device_row(r) for r in rows])
+        combo = self.device_combo
+        m = self.c.manifest
+        current = str(m.settings.get("device")) if m is not None and m.settings.get("device") else \
+            (combo.currentText() or AIHUB_DEFAULT_DEVICE)
+        names = [str(r["name"]) for r in rows if r.get("supported")]
+        if current not in names:
+            names.insert(0, current)
+        combo.blockSignals(True)
+        combo.clear()
+        for n in names:
+            combo.addItem(n)
+            r = next((r for r in rows if r["name"] == n), None)
+            combo.setItemData(combo.count() - 1, "not on this AI Hub account" if r is None else
+                              f"Hexagon {r.get('dsp_arch')}, soc_model {r.get('soc_model')}, weight sharing "
+                              f"{'yes' if r.get('weight_sharing') else 'no'}, {r.get('os')}", 3)  # ToolTipRole
+        combo.setCurrentIndex(max(combo.findText(current), 0))
+        combo.blockSignals(False)
+
+    def _device_row_chosen(self) -> None:
+        items = self.devices_table.selectedItems()
+        if not items:
+            return
+        r = self.devices[items[0].row()] if items[0].row() < len(self.devices) else None
+        if r is None or not r.get("supported"):
+            return
+        i = self.device_combo.findText(str(r["name"]))
+        if i >= 0 and self.device_combo.isEnabled():
+            self.device_combo.setCurrentIndex(i)
+
     def refresh_results(self) -> None:
         d = self.c.stage_dir("compile")
         path = d / "bundle" / "bundle.json" if d else None
@@ -265,7 +457,6 @@ class CompilePage(StagePage):
             self.bundle_label.setText("")
             self.files.set_rows([])
             return
-        import json
 
         doc = json.loads(path.read_text())
         dev = doc.get("device") or {}

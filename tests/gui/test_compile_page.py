@@ -1,0 +1,110 @@
+"""The Compile page's AI Hub device picker and token field, against the AI Hub emulator: the token goes
+to the keyring only; Refresh from AI Hub lists the account's devices live in a child process (Hexagon
+arch, soc-model, weight sharing, OS), defaults to the IQ-9075 EVK, and says clearly what to do when
+there is no token or no network."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.aihub_emulator.fixtures import aihub_emulator  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path,
+                                                aihub_emulator: Any,  # noqa: F811
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.core.runs import Workspace
+    from app.core.secrets import AIHUB_TOKEN, get_secret
+    from app.core.settings import Settings
+    from app.ui.controller import RunController
+    from app.ui.main_window import MainWindow
+
+    emu = aihub_emulator
+    # the token must come from the keyring (not the emulator's environment, not a client.ini in $HOME)
+    monkeypatch.delenv("HEXSTUDIO_AIHUB_TOKEN")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    c = RunController(Workspace(tmp_path / "ws"))
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    w.show_stage("compile")
+    page = w.pages["compile"]
+    assert page.device_combo.currentText() == "Dragonwing IQ-9075 EVK"   # offline list, the EVK first
+    assert page.token_edit.echoMode() == page.token_edit.EchoMode.Password
+    assert "No AI Hub token" in page.token_state.text()
+
+    # no token: a clear error with what to do, and the offline list stays
+    assert gui_loop.run_until_complete(page.refresh_devices()) is None
+    msg = page.devices_message.text()
+    assert "No Qualcomm AI Hub API token" in msg and "What to do:" in msg and "token field" in msg, msg
+    assert page.device_combo.count() >= 1 and page.refresh_devices_button.isEnabled()
+
+    # the token typed in the field goes to the keyring, and nowhere else
+    page.token_edit.setText(emu.token)
+    page.token_button.click()
+    assert get_secret(AIHUB_TOKEN) == emu.token
+    assert page.token_edit.text() == "" and "stored in the system keyring" in page.token_state.text()
+    settings_text = Settings.load().path.read_text() if Settings.load().path.exists() else ""
+    assert emu.token not in settings_text
+    assert all(emu.token not in lab.text() for lab in page.findChildren(type(page.token_state)))
+
+    rows = gui_loop.run_until_complete(page.refresh_devices())
+    assert rows, page.devices_message.text()
+    by = {r["name"]: r for r in rows}
+    evk = by["Dragonwing IQ-9075 EVK"]
+    assert (evk["dsp_arch"], evk["soc_model"], evk["weight_sharing"], evk["supported"]) == ("v73", 77, True, True)
+    assert not by["Snapdragon 8 Gen 1 QRD"]["supported"]          # v69 without weight sharing is refused
+    table = {page.devices_table.item(r, 0).text(): [page.devices_table.item(r, k).text() for k in range(6)]
+             for r in range(page.devices_table.rowCount())}
+    assert table["Dragonwing IQ-9075 EVK"][1:5] == ["v73", "77", "yes", evk["os"]]
+    assert table["Snapdragon 8 Gen 1 QRD"][5].startswith("no — ")
+    assert "EMULATED" in page.devices_message.text()
+    combo = [page.device_combo.itemText(i) for i in range(page.device_combo.count())]
+    assert page.device_combo.currentText() == "Dragonwing IQ-9075 EVK"
+    assert "Snapdragon 8 Gen 3 QRD" in combo and "Snapdragon 8 Gen 1 QRD" not in combo   # only usable ones
+    assert "v73" in page.device_combo.itemData(0, 3)
+    assert "qai_hub" not in page.devices_message.text()
+
+    # choosing a device in the table picks it for the run
+    c.new_run("builtin:tiny-llama")
+    w.refresh()
+    page.show_devices(rows, True)
+    row = next(r for r in range(page.devices_table.rowCount())
+               if page.devices_table.item(r, 0).text() == "Snapdragon 8 Gen 3 QRD")
+    page.devices_table.selectRow(row)
+    assert c.manifest is not None and c.manifest.settings["device"] == "Snapdragon 8 Gen 3 QRD"
+
+    # no network: AI Hub cannot be reached
+    monkeypatch.setenv("HEXSTUDIO_AIHUB_API_URL", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HEXSTUDIO_AIHUB_WEB_URL", f"http://127.0.0.1:{_closed_port()}")
+    assert gui_loop.run_until_complete(page.refresh_devices()) is None
+    msg = page.devices_message.text()
+    assert "Could not list the AI Hub devices" in msg and "What to do:" in msg, msg
+    assert emu.token not in msg
+
+
+def test_recorded_device_list_through_the_same_parsing() -> None:
+    from app.ui.pages.workstation import DeviceListError, parse_devices_output
+
+    out = ('{\n  "devices": [{"name": "Dragonwing IQ-9075 EVK", "os": "1.5", "dsp_arch": "v73", "soc_model": 77, '
+           '"weight_sharing": true, "supported": true, "reason": "", "emulated": false}],\n  "emulated": false\n}\n')
+    rows, emulated = parse_devices_output(0, out, "")
+    assert rows[0]["soc_model"] == 77 and not emulated
+    with pytest.raises(DeviceListError) as e:
+        parse_devices_output(1, '{"ok": false, "error": "Cannot reach AI Hub.", "hint": "Check the network."}', "")
+    assert e.value.message == "Cannot reach AI Hub." and e.value.hint == "Check the network."
+    with pytest.raises(DeviceListError) as e:
+        parse_devices_output(1, "", "Traceback...\nImportError: no module named qai_hub\n")
+    assert "exit status 1" in e.value.message and "qai_hub" in e.value.message
