@@ -16,7 +16,7 @@ import pytest
 from app.core.device import transport as tr
 from app.core.device.board import open_board
 from app.core.device.connect import HostKeyChanged, HostKeyUnknown, connect_ssh
-from app.core.device.errors import BoardError
+from app.core.device.errors import ConnectionDropped
 from app.core.device.push import push_bundle
 from tests.board.conftest import settings_with
 from tests.support.evk_board import make_device_bundle
@@ -105,8 +105,9 @@ def test_dropped_push_resumes_with_only_the_rest(ssh_server: SshServer, tmp_path
 
     async def go() -> None:
         board = await open_board("root", settings, trust=lambda *a: True)
-        with pytest.raises(BoardError, match="dropped"):
+        with pytest.raises(ConnectionDropped, match="dropped while pushing weight_sharing_model_2") as ei:
             await push_bundle(board, bundle, "resume-test", facts=FACTS)
+        assert "push again" in (ei.value.hint or "")
         assert state["dropped"]
         board = await open_board("root", settings)                 # reconnect
         res = await push_bundle(board, bundle, "resume-test", facts=FACTS)

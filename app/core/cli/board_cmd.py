@@ -202,6 +202,10 @@ def _sudo_password(args: argparse.Namespace) -> str | None:
     return pw or None
 
 
+def _print_upload(done: int, total: int, what: str) -> None:
+    print(f"\r  | {what}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="\n" if done >= total else "", flush=True)
+
+
 def cmd_fix(args: argparse.Namespace) -> int:
     from app.core.device.fixes import apply_fix, plan_fix
     from app.core.device.qairt import plan_qairt_install
@@ -227,7 +231,8 @@ def cmd_fix(args: argparse.Namespace) -> int:
             pw = _sudo_password(args) if plan.needs_sudo else None
             try:
                 res = await apply_fix(b, plan, sudo_password=pw,
-                                      on_log=None if args.json else (lambda line: print("  | " + line)))
+                                      on_log=None if args.json else (lambda line: print("  | " + line)),
+                                      on_progress=None if args.json else _print_upload)
             except BoardError as exc:
                 raise CliError(exc.message, exc.hint) from None
             return {"ok": res.status in ("applied", "already"), "plan": plan.to_dict(), **res.to_dict()}
@@ -246,7 +251,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from app.core.device.push import push_bundle
+    from app.core.device.push import PushProgress, push_bundle
 
     if not (args.bundle_dir / "bundle.json").is_file():
         raise CliError(f"{args.bundle_dir} has no bundle.json.", "Give the compile stage's bundle folder.")
@@ -254,16 +259,19 @@ def cmd_push(args: argparse.Namespace) -> int:
     async def go() -> dict[str, Any]:
         b = await _open(args)
         try:
-            def progress(done: int, total: int, rel: str) -> None:
+            def progress(p: PushProgress) -> None:
                 if not args.json:
-                    print(f"\r  {done / 1e6:8.1f} / {total / 1e6:.1f} MB  {rel[:50]:50s}", end="", flush=True)
+                    rate = f"{p.mb_per_s:6.1f} MB/s" if p.sent else " " * 11
+                    print(f"\r  {p.done / 1e6:8.1f} / {p.total / 1e6:.1f} MB  {rate}  {p.file[:50]:50s}", end="",
+                          flush=True)
             try:
                 r = await push_bundle(b, args.bundle_dir, args.remote_name or args.bundle_dir.name, progress)
             except BoardError as exc:
                 raise CliError(exc.message, exc.hint) from None
             return {"ok": True, "remote_bundle": r.remote_dir, "sent_files": r.sent_files,
                     "skipped_files": r.skipped_files, "sent_bytes": r.sent_bytes, "seconds": round(r.seconds, 3),
-                    "mb_per_s": round(r.mb_per_s, 1), "warnings": r.warnings, "simulated": b.simulated}
+                    "mb_per_s": round(r.mb_per_s, 1), "warnings": r.warnings, "simulated": b.simulated,
+                    "emulated": r.emulated}
         finally:
             await b.transport.close()
     doc = asyncio.run(go())

@@ -8,3 +8,12 @@ class BoardError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+
+
+class ConnectionDropped(BoardError):
+    """The connection to the board went away in the middle of an operation (push, upload); running it
+    again resumes."""
+
+
+class EmulatedBundle(BoardError):
+    """An AI Hub EMULATOR bundle offered to a real board: its .bin files are not context binaries."""

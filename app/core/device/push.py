@@ -3,6 +3,7 @@ with a compatibility check of bundle against board before anything is sent."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import posixpath
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 from app.core.atomic import sha256_file
 from app.core.device.board import Board, BoardError
+from app.core.device.errors import ConnectionDropped, EmulatedBundle
 
 REMOTE_MANIFEST = ".hexstudio-pushed.json"
 
@@ -25,16 +27,43 @@ class PushResult:
     sent_bytes: int
     seconds: float
     warnings: list[str] = field(default_factory=list)
+    emulated: bool = False                   # an AI Hub EMULATOR bundle (test boards only), labeled so
 
     @property
     def mb_per_s(self) -> float:
         return self.sent_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass
+class PushProgress:
+    """Where a push stands. `done` counts every byte of the bundle accounted for (sent or skipped as
+    unchanged); `sent` only the bytes really sent by this push, which the rate is computed from."""
+    done: int
+    total: int
+    sent: int
+    file: str
+    seconds: float
+    file_done: int = 0
+    file_size: int = 0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.sent / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+PROGRESS_INTERVAL_S = 0.1                    # at most 10 progress events a second (plus one per file end)
+
+
+def _allow_emulated(board: Board, allow_emulated: bool) -> bool:
+    return bool(allow_emulated or board.config.get("allow_emulated_bundles"))
+
+
 def check_compatibility(bundle: dict[str, Any], board: Board, facts: dict[str, Any] | None = None,
-                        bundle_dir: Path | None = None) -> list[str]:
+                        bundle_dir: Path | None = None, allow_emulated: bool = False) -> list[str]:
     """Raise BoardError when the bundle cannot run on the board; return warnings otherwise.
-    `facts`: the doctor's facts of a real board (dsp_arch, qairt_version, mem_*)."""
+    `facts`: the doctor's facts of a real board (dsp_arch, qairt_version, mem_*). An EMULATED bundle
+    (compiled by HexStudio's AI Hub emulator) is refused on a real board unless `allow_emulated` or the
+    board's settings entry has `allow_emulated_bundles: true` (test boards)."""
     if bundle.get("simulated") and not board.simulated:
         raise BoardError("This is a simulation bundle (ONNX parts for the simulator); a real board needs "
                          "context binaries compiled by AI Hub.", "Compile for the board's device, then push.")
@@ -42,6 +71,16 @@ def check_compatibility(bundle: dict[str, Any], board: Board, facts: dict[str, A
         raise BoardError("The simulator board runs simulation bundles only.",
                          "Compile with compile_target=sim for the simulator board.")
     warnings: list[str] = []
+    if bundle.get("emulated") and not board.simulated:
+        if not _allow_emulated(board, allow_emulated):
+            raise EmulatedBundle(
+                f"This bundle was compiled by HexStudio's AI Hub EMULATOR, not by Qualcomm AI Hub: its .bin files "
+                f"are zip packages of the inputs, not QNN context binaries, so Genie on {board.name} cannot load "
+                "them. Nothing was sent.",
+                "Compile against the real Qualcomm AI Hub (store the token with `hexstudio aihub login`, and "
+                "remove any aihub_api_url setting that points at the emulator), then push that bundle.")
+        warnings.append("EMULATED bundle pushed to a test board (allow_emulated_bundles): its context binaries "
+                        "are emulator packages, not device results.")
     if board.simulated or facts is None:
         return warnings
     from app.core.device.qairt import bundle_qairt_version, compare_qairt
@@ -71,53 +110,93 @@ def check_compatibility(bundle: dict[str, Any], board: Board, facts: dict[str, A
     return warnings
 
 
+def _dropped(exc: BaseException) -> bool:
+    return isinstance(exc, (OSError, EOFError)) or exc.__class__.__module__.startswith("paramiko") \
+        or exc.__class__.__name__ == "ConnectionLost"
+
+
 async def push_bundle(board: Board, bundle_dir: Path, name: str,
-                      progress: Callable[[int, int, str], None] | None = None,
-                      facts: dict[str, Any] | None = None) -> PushResult:
+                      progress: Callable[[PushProgress], None] | None = None,
+                      facts: dict[str, Any] | None = None, *, allow_emulated: bool = False) -> PushResult:
     """Check, then send what the board lacks. `facts`: the doctor's facts (a real board is probed for
-    soc/qairt/memory when not given)."""
+    soc/qairt/memory when not given). `progress` gets a PushProgress on the event loop's thread as bytes
+    go out (at most every PROGRESS_INTERVAL_S, and at the end of each file). A connection lost on the way
+    raises ConnectionDropped (a BoardError): pushing again resumes."""
     doc = json.loads((bundle_dir / "bundle.json").read_text())
     if facts is None and not board.simulated:
         from app.core.device.doctor import probe
 
         facts = (await probe(board, only=("soc", "qairt", "memory"))).facts
-    warnings = check_compatibility(doc, board, facts, bundle_dir)
+    warnings = check_compatibility(doc, board, facts, bundle_dir, allow_emulated=allow_emulated)
     t = board.transport
-    remote = posixpath.join(await t.home(), "hexstudio", "bundles", name)
-    pushed: dict[str, str] = {}
-    man = posixpath.join(remote, REMOTE_MANIFEST)
-    if await t.exists(man):
-        try:
-            pushed = json.loads((await t.read_bytes(man)).decode())
-        except (ValueError, OSError):
-            pushed = {}
+    loop = asyncio.get_running_loop()
     files = [*doc["files"], {"path": "bundle.json", "sha256": sha256_file(bundle_dir / "bundle.json"),
                              "size": (bundle_dir / "bundle.json").stat().st_size}]
     total = sum(int(f["size"]) for f in files)
-    done = sent = sent_files = skipped = 0
+    st = {"done": 0, "sent": 0}
     t0 = time.monotonic()
-    for f in files:
-        rel = f["path"]
-        dst = posixpath.join(remote, rel)
-        if pushed.get(rel) == f["sha256"] and await t.exists(dst):
-            skipped += 1
-        else:
-            try:
-                n = await t.put_file(bundle_dir / rel, dst)
-            except (OSError, EOFError) as exc:
-                raise BoardError(f"The connection to {board.label} dropped while pushing {rel} ({exc or 'EOF'}).",
-                                 "Reconnect and push again: files already sent are skipped and the interrupted "
-                                 "one continues where it stopped.") from exc
-            except Exception as exc:
-                if exc.__class__.__module__.startswith("paramiko") or exc.__class__.__name__ == "ConnectionLost":
-                    raise BoardError(f"The connection to {board.label} dropped while pushing {rel} ({exc}).",
-                                     "Reconnect and push again: it resumes where it stopped.") from exc
-                raise
-            sent += int(f["size"]) if n is None else int(n)   # n: bytes really sent (a resumed .part: the rest)
-            sent_files += 1
-            pushed[rel] = f["sha256"]
-            await t.write_bytes(man, json.dumps(pushed).encode())  # resumable: record as we go
-        done += int(f["size"])
+    last = [0.0]
+
+    def report(rel: str, file_done: int = 0, file_size: int = 0) -> None:
         if progress is not None:
-            progress(done, total, rel)
-    return PushResult(remote, sent_files, skipped, sent, time.monotonic() - t0, warnings)
+            progress(PushProgress(st["done"] + file_done, total, st["sent"], rel, time.monotonic() - t0,
+                                  file_done, file_size))
+
+    def byte_progress(rel: str, size: int) -> Callable[[int], None]:
+        """put_file's callback (called in the transport's thread): the first call is the starting offset
+        (a continued .part), then the bytes written so far."""
+        base: list[int] = []
+
+        def cb(n: int) -> None:
+            if not base:
+                base.append(n)
+            now = time.monotonic()
+            if now - last[0] < PROGRESS_INTERVAL_S or n >= size:
+                return   # the end of the file is reported once put_file returns
+            last[0] = now
+            if progress is not None:
+                ev = PushProgress(st["done"] + n, total, st["sent"] + n - base[0], rel, now - t0, n, size)
+                loop.call_soon_threadsafe(progress, ev)
+        return cb
+
+    rel = ""
+    remote = ""
+    sent_files = skipped = 0
+    try:
+        remote = posixpath.join(await t.home(), "hexstudio", "bundles", name)
+        pushed: dict[str, str] = {}
+        man = posixpath.join(remote, REMOTE_MANIFEST)
+        if await t.exists(man):
+            try:
+                pushed = json.loads((await t.read_bytes(man)).decode())
+            except (ValueError, OSError):
+                pushed = {}
+        for f in files:
+            rel = f["path"]
+            size = int(f["size"])
+            dst = posixpath.join(remote, rel)
+            if pushed.get(rel) == f["sha256"] and await t.exists(dst):
+                skipped += 1
+            else:
+                n = await t.put_file(bundle_dir / rel, dst, byte_progress(rel, size) if progress else None)
+                st["sent"] += size if n is None else int(n)   # n: bytes really sent (a continued .part: the rest)
+                sent_files += 1
+                pushed[rel] = f["sha256"]
+                await t.write_bytes(man, json.dumps(pushed).encode())  # resumable: record as we go
+            st["done"] += size
+            last[0] = time.monotonic()
+            report(rel)
+    except BoardError:
+        raise
+    except Exception as exc:
+        if not _dropped(exc):
+            raise
+        what = f"while pushing {rel}" if rel else "before the push started"
+        raise ConnectionDropped(
+            f"The connection to {board.label} dropped {what} ({exc or type(exc).__name__}); "
+            f"{sent_files} file(s) were complete before it.",
+            "Check the board's power and network, then push again (run the Board stage again): files already "
+            "sent are skipped and the interrupted one continues where it stopped.") from exc
+    pr = PushResult(remote, sent_files, skipped, st["sent"], time.monotonic() - t0, warnings,
+                    emulated=bool(doc.get("emulated")))
+    return pr

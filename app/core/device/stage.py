@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
-import time
 from pathlib import Path
 from typing import Any
 
 from app.core.device.board import BoardError, open_board
-from app.core.device.push import push_bundle
+from app.core.device.errors import ConnectionDropped, EmulatedBundle
+from app.core.device.push import PushProgress, push_bundle
 from app.core.pipeline import StageContext, StageError
 from app.core.settings import Settings
 
@@ -32,8 +33,13 @@ async def _install_qairt(ctx: StageContext, board: Any, name: str, zip_path: Pat
                          "Fix the board's qairt_zip setting, or install QAIRT from the Board page.")
     try:
         plan = await plan_qairt_install(board, zip_path, report, bundle_dir=bundle_dir)
+        def upload(done: int, total: int, what: str) -> None:
+            em.progress(0.15 + 0.1 * done / max(total, 1), f"installing QAIRT: {what} ({done / 1e6:.1f} of "
+                        f"{total / 1e6:.1f} MB)", bytes_done=done, bytes_total=total)
+
         res = await apply_fix(board, plan, sudo_password=get_secret(sudo_password_key(name)),
-                              on_log=lambda line: em.log(f"qairt_install: {line}"), rerun=False)
+                              on_log=lambda line: em.log(f"qairt_install: {line}"), rerun=False,
+                              on_progress=upload)
     except BoardError as exc:
         raise StageError("qairt_install_failed", exc.message, exc.hint) from None
     if res.status == "manual":
@@ -42,6 +48,11 @@ async def _install_qairt(ctx: StageContext, board: Any, name: str, zip_path: Pat
     if res.status == "failed":
         raise StageError("qairt_install_failed", res.message, "See the Board page's log; fix, then run again.")
     return await probe(board)
+
+
+async def _close_quietly(board: Any) -> None:
+    with contextlib.suppress(Exception):
+        await board.transport.close()
 
 
 async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
@@ -92,22 +103,27 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
                          f"({', '.join(fixes) or 'see the doctor'}), then run the Board stage again.")
     em.progress(0.3, "pushing the bundle")
 
-    t0 = time.monotonic()
-
-    def progress(done: int, total: int, rel: str) -> None:
-        dt = time.monotonic() - t0
-        rate = f", {done / 1e6 / dt:.1f} MB/s" if dt > 0.5 else ""
-        em.progress(0.3 + 0.65 * done / max(total, 1),
-                    f"pushing {rel} ({done / 1e6:.1f} of {total / 1e6:.1f} MB{rate})")
+    def progress(p: PushProgress) -> None:
+        rate = f", {p.mb_per_s:.1f} MB/s" if p.sent and p.seconds > 0.5 else ""
+        em.progress(0.3 + 0.65 * p.done / max(p.total, 1),
+                    f"pushing {p.file} ({p.done / 1e6:.1f} of {p.total / 1e6:.1f} MB{rate})",
+                    bytes_done=p.done, bytes_total=p.total, bytes_sent=p.sent, mb_per_s=round(p.mb_per_s, 2))
 
     try:
         pr = await push_bundle(board, bundle_dir, ctx.manifest.run_id, progress, facts=facts or None)
+    except ConnectionDropped as exc:
+        await _close_quietly(board)
+        raise StageError("push_interrupted", exc.message, exc.hint) from None
+    except EmulatedBundle as exc:
+        await _close_quietly(board)
+        raise StageError("emulated_bundle", exc.message, exc.hint) from None
     except BoardError as exc:
+        await _close_quietly(board)
         raise StageError("incompatible_bundle", exc.message, exc.hint) from None
     for w in pr.warnings:
         em.warning(w)
-    doc = {"board": name, "label": board.label, "simulated": board.simulated, "doctor": doctor, "facts": facts,
-           "push_warnings": pr.warnings,
+    doc = {"board": name, "label": board.label, "simulated": board.simulated, "emulated_bundle": pr.emulated,
+           "doctor": doctor, "facts": facts, "push_warnings": pr.warnings,
            "remote_bundle": pr.remote_dir, "push": {"sent_files": pr.sent_files, "skipped_files": pr.skipped_files,
                                                     "sent_bytes": pr.sent_bytes, "mb_per_s": round(pr.mb_per_s, 2)}}
     (ctx.out_dir / "board.json").write_text(json.dumps(doc, indent=2))
@@ -115,5 +131,7 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
     em.metric("push_sent_files", pr.sent_files)
     em.metric("push_skipped_files", pr.skipped_files)
     em.metric("simulated", board.simulated)
+    em.metric("emulated", pr.emulated)
+    em.metric("push_mb_per_s", round(pr.mb_per_s, 2), unit="MB/s")
     await board.transport.close()
     return {"board": name, "simulated": board.simulated, "remote_bundle": pr.remote_dir}

@@ -119,6 +119,9 @@ class LocalTransport:
         return LocalProcess(proc)
 
     async def put_file(self, local: Path, remote: str, progress: Callable[[int], None] | None = None) -> int | None:
+        if progress is not None:
+            progress(0)   # the starting offset, as SshTransport reports it
+
         def copy() -> None:
             dst = Path(remote)
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -390,8 +393,8 @@ class SshTransport:
             dst.MAX_REQUEST_SIZE = SFTP_WRITE  # one SSH packet per write request (not 32 KiB + a tiny one)
             src.seek(offset)
             done = offset
-            if progress is not None and offset:
-                progress(done)
+            if progress is not None:
+                progress(done)   # first call: the starting offset (a continued .part), then bytes written
             while True:
                 block = src.read(CHUNK)
                 if not block:
