@@ -54,6 +54,7 @@ AFFECTS: dict[str, tuple[str, ...]] = {
     "qairt_install": ("qairt", "qairt_env", "genie", "htp_validator"),
 }
 REMOTE_TMP = ".hexstudio/tmp"
+UPLOAD_PROGRESS_INTERVAL_S = 0.1
 UDEV_RULES_TEXT = """\
 # FastRPC device nodes for the fastrpc group (written by HexStudio; upstream 60-fastrpc.rules style)
 ACTION=="add", SUBSYSTEM=="misc", KERNEL=="fastrpc-cdsp", GROUP="fastrpc", MODE="0660", \
@@ -62,6 +63,13 @@ ACTION=="add", SUBSYSTEM=="misc", KERNEL=="fastrpc-cdsp1", GROUP="fastrpc", MODE
 TAG+="systemd", ENV{SYSTEMD_WANTS}+="cdsp1rpcd.service"
 ACTION=="add", SUBSYSTEM=="dma_heap", KERNEL=="system", MODE="0660", RUN+="/bin/setfacl -m g:fastrpc:rw $env{DEVNAME}"
 """
+# done_if checks (no root needed): what the udev rule does is already true of the device nodes
+NODES_APPLIED = ('for f in /dev/fastrpc-cdsp /dev/fastrpc-cdsp1; do [ -e "$f" ] || continue; '
+                 '[ "$(stat -c %G:%a "$f")" = fastrpc:660 ] || exit 1; done; true')
+HEAP_APPLIED = ('! [ -e /dev/dma_heap/system ] || getfacl -cp /dev/dma_heap/system 2>/dev/null '
+                '| grep -q "^group:fastrpc:rw"')
+# this login already has the fastrpc group (nothing to gain from logging in again)
+IN_GROUP_NOW = ["sh", "-c", "id -nG | tr ' ' '\\n' | grep -qx fastrpc"]
 PPA_PACKAGES = ("qcom-fastrpc1", "qcom-fastrpc-dev", "qcom-libdmabufheap-dev")
 DEBIAN_PACKAGES = ("libfastrpc1", "libfastrpc-dev", "fastrpc-support")
 
@@ -182,10 +190,10 @@ async def plan_fix(board: Board, fix_id: str, report: DoctorReport | None = None
     group = Step("run", ["groupadd", "--system", "fastrpc"], sudo=True, done_if=["getent", "group", "fastrpc"])
     if fix_id == "group_add":
         steps = [group, Step("run", ["usermod", "-aG", "fastrpc", user], sudo=True, done_if=_in_group(user)),
-                 Step("reconnect", done_if=["sh", "-c", "id -nG | tr ' ' '\\n' | grep -qx fastrpc"])]
+                 Step("reconnect", done_if=IN_GROUP_NOW)]
         notes.append("The new group counts for new logins only: HexStudio logs in again afterwards.")
     elif fix_id == "relogin":
-        steps = [Step("reconnect")]
+        steps = [Step("reconnect", done_if=IN_GROUP_NOW)]
     elif fix_id == "udev_rule":
         src = posixpath.join(tmp, "60-fastrpc.rules")
         steps = [group,
@@ -193,16 +201,19 @@ async def plan_fix(board: Board, fix_id: str, report: DoctorReport | None = None
                  Step("write", path=src, content=UDEV_RULES_TEXT.encode()),
                  Step("run", ["install", "-D", "-m", "0644", "-o", "root", "-g", "root", src, UDEV_RULE], sudo=True,
                       done_if=["cmp", "-s", src, UDEV_RULE]),
-                 Step("run", ["udevadm", "control", "--reload-rules"], sudo=True),
-                 Step("run", ["udevadm", "trigger", "--action=add", "--subsystem-match=misc"], sudo=True),
-                 Step("run", ["udevadm", "trigger", "--action=add", "--subsystem-match=dma_heap"], sudo=True)]
+                 Step("run", ["udevadm", "control", "--reload-rules"], sudo=True,
+                      done_if=["sh", "-c", f"{NODES_APPLIED} && {HEAP_APPLIED}"]),
+                 Step("run", ["udevadm", "trigger", "--action=add", "--subsystem-match=misc"], sudo=True,
+                      done_if=["sh", "-c", NODES_APPLIED]),
+                 Step("run", ["udevadm", "trigger", "--action=add", "--subsystem-match=dma_heap"], sudo=True,
+                      done_if=["sh", "-c", HEAP_APPLIED])]
     elif fix_id == "fastrpc_packages":
         r = await board.transport.run(["apt-cache", "show", "fastrpc-support"], timeout=60)
         pkgs = DEBIAN_PACKAGES if r.exit_status == 0 else PPA_PACKAGES
         has = ["sh", "-c", 'PATH="$PATH:/usr/sbin:/sbin"; ldconfig -p | grep -qF libcdsprpc']
         steps = [Step("run", ["apt-get", "update"], sudo=True, done_if=has),
                  Step("run", ["apt-get", "install", "-y", *pkgs], sudo=True, done_if=has),
-                 Step("run", ["ldconfig"], sudo=True)]
+                 Step("run", ["ldconfig"], sudo=True, done_if=has)]   # only while libcdsprpc is not resolvable
         if pkgs == PPA_PACKAGES:
             notes.append("The qcom-* packages come from the Qualcomm IoT PPA: `sudo add-apt-repository "
                          "ppa:ubuntu-qcom-iot/qcom-ppa` first if apt cannot find them.")
@@ -275,25 +286,64 @@ class _Runner:
         raise BoardError("sudo refused the password.", "Type the board user's password again (the one for sudo).")
 
 
+async def _step_done(board: Board, step: Step) -> bool:
+    """Already done (checked without root): its done_if exits 0, or a write's file has this content."""
+    if step.done_if is not None and (await board.transport.run(step.done_if, timeout=60)).exit_status == 0:
+        return True
+    return step.kind == "write" and await _has_content(board, step)
+
+
+async def _rerun_checks(board: Board, plan: FixPlan, res: FixResult) -> None:
+    with contextlib.suppress(BoardError):
+        report = await probe(board, only=plan.affects)
+        res.checks = [c.to_dict() for c in report.checks]
+
+
+def _upload_progress(label: str, size: int, on_progress: Callable[[int, int, str], None] | None
+                     ) -> Callable[[int], None] | None:
+    """put_file's byte callback (called in the transport's thread) -> on_progress(done, total, label) on the
+    event loop, at most every UPLOAD_PROGRESS_INTERVAL_S and once at the end."""
+    if on_progress is None:
+        return None
+    loop = asyncio.get_running_loop()
+    last = [0.0]
+
+    def cb(n: int) -> None:
+        now = time.monotonic()
+        if now - last[0] < UPLOAD_PROGRESS_INTERVAL_S and n < size:
+            return
+        last[0] = now
+        loop.call_soon_threadsafe(on_progress, n, size, label)
+    return cb
+
+
 async def apply_fix(board: Board, plan: FixPlan, *, sudo_password: str | None = None,
                     on_log: Callable[[str], None] | None = None, rerun: bool = True,
-                    reboot_timeout: float = 300.0) -> FixResult:
-    """Run the plan's steps (skipping those already done), then re-run the affected doctor checks."""
+                    reboot_timeout: float = 300.0,
+                    on_progress: Callable[[int, int, str], None] | None = None) -> FixResult:
+    """Run the plan's steps (skipping those already done), then re-run the affected doctor checks. A plan
+    whose every step is already done reports "already" and runs nothing (no sudo asked). `on_progress`
+    (done bytes, total bytes, what) follows uploads (the QAIRT install), at most 10 times a second."""
     rn = _Runner(board, sudo_password, on_log)
     res = FixResult(plan.fix_id, "applied", "", plan.commands, rn.log)
     for line in plan.commands:
         rn.emit(f"plan: {line}")
+    pending = [step for step in plan.steps if not await _step_done(board, step)]
+    if not pending:
+        for step in plan.steps:
+            rn.log.append({"command": step.shown, "skipped": True, "why": "already done"})
+        res.status, res.message = "already", "Nothing to do: the board already had this fix."
+        rn.emit(res.message)
+        if rerun:
+            await _rerun_checks(board, plan, res)
+        return res
     if plan.needs_sudo:
         ok, why = await rn.sudo_access()
         if not ok:
             res.status, res.message = "manual", (f"{why} Run these commands on the board as an administrator, "
                                                  "then probe again.")
-            for step in plan.steps:   # only what is still to do (the checks need no root)
-                if step.kind == "reconnect":
-                    continue
-                if step.done_if is not None and (await board.transport.run(step.done_if, timeout=60)).exit_status == 0:
-                    continue
-                res.manual_commands.append(step.shown)
+            # only what is still to do (the checks need no root)
+            res.manual_commands = [step.shown for step in pending if step.kind != "reconnect"]
             rn.emit(res.message)
             return res
     did_something = False
@@ -316,8 +366,10 @@ async def apply_fix(board: Board, plan: FixPlan, *, sudo_password: str | None = 
             rc, out = await _write(board, step)
         elif step.kind == "upload":
             assert step.local is not None
-            await board.transport.put_file(step.local, step.path)
-            rc, out = 0, f"uploaded {step.local.stat().st_size} bytes"
+            size = step.local.stat().st_size
+            await board.transport.put_file(step.local, step.path,
+                                           _upload_progress(f"uploading {step.local.name}", size, on_progress))
+            rc, out = 0, f"uploaded {size} bytes"
         elif step.kind == "reconnect":
             await board.reconnect(timeout=60)
             rc, out = 0, f"reconnected to {board.label}"
@@ -341,9 +393,7 @@ async def apply_fix(board: Board, plan: FixPlan, *, sudo_password: str | None = 
         res.message = ("Nothing to do: the board already had this fix." if res.status == "already"
                        else f"{plan.title}: done.")
     if rerun:
-        with contextlib.suppress(BoardError):
-            report = await probe(board, only=plan.affects)
-            res.checks = [c.to_dict() for c in report.checks]
+        await _rerun_checks(board, plan, res)
     return res
 
 
