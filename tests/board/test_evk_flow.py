@@ -7,6 +7,7 @@ run.json."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -90,9 +91,15 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
         # 2. QAIRT from the SDK zip: only what the board needs
         plan = await plan_qairt_install(board, zip_path, bundle_dir=bundle)
         assert any("tar -xf" in c for c in plan.commands) and any("ln -sfn 2.45.0.260326" in c for c in plan.commands)
-        res = await apply_fix(board, plan, sudo_password=CANARY, on_log=logs.append)
+        uploads: list[tuple[int, int, str]] = []
+        res = await apply_fix(board, plan, sudo_password=CANARY, on_log=logs.append,
+                              on_progress=lambda d, t, w: uploads.append((d, t, w)))
         results.append(res.to_dict())
         assert res.status == "applied", res.message
+        # the SDK upload reported its bytes (start and end at least; throttled in between)
+        tar_size = uploads[-1][1]
+        assert uploads[0][0] == 0 and uploads[-1][0] == tar_size > 0 and "uploading" in uploads[-1][2]
+        assert all(a[0] <= b[0] for a, b in itertools.pairwise(uploads))
         again = await apply_fix(board, plan, sudo_password=CANARY)
         assert again.status == "already"
         # now the HTP validator runs (it always exits 0): its text is parsed and its error decoded
