@@ -22,8 +22,8 @@ from typing import Any
 
 from app.core.atomic import sha256_file, write_json_atomic
 from app.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler, human_bytes
-from app.core.manifest import RunManifest, now_iso
-from app.core.runs import artifacts_dir, stage_log_path
+from app.core.manifest import ManifestError, RunManifest, now_iso
+from app.core.runs import RunBusy, RunLock, artifacts_dir, stage_log_path
 from app.core.sampler import ResourceSample
 from app.core.stages import STAGES, Stage, get_stage
 from workers.protocol import Emitter
@@ -153,11 +153,33 @@ class Pipeline:
         self.on_stage = on_stage
         self.cancel_event = asyncio.Event()
         self.current_job: LocalJob | None = None
+        self.lock = RunLock(manifest.run_dir)
 
     # -- public -------------------------------------------------------------
     async def run(self, until: str = "report", only: str | None = None, force: bool = False) -> PipelineResult:
-        self.m.detect_interrupted()
         targets = self._targets(until, only)
+        try:
+            self.lock.acquire()
+        except RunBusy as exc:
+            return PipelineResult(False, targets[0].name if targets else None, exc.message, hint=exc.hint)
+        try:
+            self._refresh_stages()
+            self.m.detect_interrupted()
+            return await self._run(targets, force)
+        finally:
+            self.lock.release()
+
+    def _refresh_stages(self) -> None:
+        """Stage records as on disk: another runner may have finished stages since this manifest was
+        loaded (only the lock holder writes them, so the file is the truth once we hold it)."""
+        try:
+            fresh = RunManifest.load(self.m.run_dir)
+        except (ManifestError, OSError):  # unreadable: keep what we have, save() rewrites it
+            return
+        if fresh.data.get("updated") != self.m.data.get("updated"):
+            self.m.data["stages"] = fresh.data["stages"]
+
+    async def _run(self, targets: tuple[Stage, ...], force: bool) -> PipelineResult:
         res = PipelineResult(True, None, "")
         for stage in targets:
             if self.cancel_event.is_set():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import re
 import secrets as _secrets
 import shutil
@@ -21,6 +24,73 @@ _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 class RunNotFound(Exception):
     pass
+
+
+class RunBusy(Exception):
+    """Another process (or another pipeline in this one) is running this run's stages."""
+
+    def __init__(self, run_id: str, pid: int | None) -> None:
+        self.run_id = run_id
+        self.pid = pid
+        who = f"PID {pid}" if pid else "another process"
+        self.message = f"Run {run_id} is being run by {who} on this machine."
+        self.hint = (f"Wait for it to finish, or cancel it (Cancel in the studio, Ctrl+C in its terminal, or "
+                     f"`kill -INT {pid}`)" if pid else "Wait for it to finish, or cancel it") + \
+            ", then resume. Starting it twice would delete the running stage's output."
+        super().__init__(f"{self.message} {self.hint}")
+
+
+LOCK_NAME = ".lock"
+
+
+class RunLock:
+    """An exclusive lock on a run folder, held by the process that runs its stages.
+
+    fcntl.flock on <run>/.lock: the kernel drops it when the holder exits, however it ends (kill -9,
+    crash), so a stale lock never needs cleaning up. The holder's PID is written into the file for the
+    message a second runner gets. The descriptor is not inherited by workers (close-on-exec)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / LOCK_NAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                pid: int | None = int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+            except (OSError, ValueError):
+                pid = None
+            os.close(fd)
+            raise RunBusy(self.run_dir.name, pid) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def _slug(text: str) -> str:
@@ -103,6 +173,8 @@ class Workspace:
         d = self.run_dir(run_id)
         if not (d / "run.json").is_file():
             raise RunNotFound(f"No run '{run_id}' in {self.runs_dir}.")
+        with RunLock(d):  # RunBusy while a runner holds it: never delete a live stage's folder
+            pass
         # Rename first so a half-deleted run never looks like a run.
         trash = self.runs_dir / f".deleting-{run_id}-{_secrets.token_hex(2)}"
         d.rename(trash)
@@ -117,4 +189,4 @@ def artifacts_dir(manifest: RunManifest, stage: str) -> Path:
     return manifest.run_dir / "artifacts" / stage
 
 
-__all__ = ["ManifestError", "RunNotFound", "RunSummary", "Workspace", "artifacts_dir", "stage_log_path"]
+__all__ = ["ManifestError", "RunBusy", "RunLock", "RunNotFound", "RunSummary", "Workspace", "artifacts_dir", "stage_log_path"]

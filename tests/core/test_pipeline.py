@@ -17,7 +17,7 @@ import pytest
 from app.core.jobs import EventStream, classify
 from app.core.manifest import RunManifest, validate_manifest
 from app.core.pipeline import Pipeline, display_state
-from app.core.runs import Workspace
+from app.core.runs import RunBusy, RunLock, Workspace
 from app.core.stages import get_stage
 from tests.core.conftest import fake_stages
 
@@ -281,3 +281,61 @@ def test_only_runs_when_upstream_gates_passed(workspace: Workspace) -> None:
     assert _run(Pipeline(m, stages=stages), "validate").ok
     res = asyncio.run(Pipeline(m, stages=stages).run(only="compile"))
     assert res.ok and res.ran == ["compile"]
+
+
+def test_a_second_runner_is_refused_while_a_stage_is_live(workspace: Workspace, tmp_path: Path) -> None:
+    """A real second process: `run --resume` (or the GUI) on a run whose stage is live gets a clear
+    error and leaves the live worker's .partial alone; after kill -9 of the runner the OS releases the
+    lock and a resume goes ahead."""
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 60})
+    script = tmp_path / "drive.py"
+    script.write_text(
+        "import asyncio\n"
+        "from app.core.runs import Workspace\n"
+        "from app.core.pipeline import Pipeline\n"
+        "from tests.core.conftest import fake_stages\n"
+        f"m = Workspace({str(workspace.root)!r}).open_run({m.run_id!r})\n"
+        "asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env)
+    partial = m.run_dir / "artifacts" / "model.partial"
+    try:
+        _wait(lambda: proc.poll() is not None or (partial / "half.txt").exists())
+        assert proc.poll() is None, "the driver process died early"
+        # another process resumes the same run
+        second = subprocess.run(
+            [sys.executable, "-c",
+             "import asyncio, json\n"
+             "from app.core.runs import Workspace\n"
+             "from app.core.pipeline import Pipeline\n"
+             "from tests.core.conftest import fake_stages\n"
+             f"m = Workspace({str(workspace.root)!r}).open_run({m.run_id!r})\n"
+             "r = asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n"
+             "print(json.dumps({'ok': r.ok, 'message': r.message, 'hint': r.hint, 'ran': r.ran}))\n"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        res = json.loads(second.stdout.strip().splitlines()[-1])
+        assert not res["ok"] and res["ran"] == []
+        assert f"Run {m.run_id} is being run by PID {proc.pid} on this machine" in res["message"]
+        assert "wait" in res["hint"].lower() and "cancel" in res["hint"].lower()
+        assert (partial / "half.txt").read_text() == "half-written output\n"  # untouched
+        assert json.loads((m.run_dir / "run.json").read_text())["stages"]["model"]["state"] == "running"
+        # in this process too (the GUI beside a CLI run), and deleting the run is refused
+        res2 = asyncio.run(Pipeline(workspace.open_run(m.run_id), stages=fake_stages()).run(until="model"))
+        assert not res2.ok and f"PID {proc.pid}" in res2.message
+        with pytest.raises(RunBusy):
+            workspace.delete_run(m.run_id)
+        assert proc.poll() is None
+    finally:
+        proc.kill()  # kill -9: no cleanup code runs, the kernel drops the flock
+        proc.wait()
+    m2 = workspace.open_run(m.run_id)
+    assert m2.stage("model").state == "interrupted"
+    m2.settings["seconds"] = 0.2
+    m2.save()
+    res3 = asyncio.run(Pipeline(m2, stages=fake_stages()).run(until="model"))
+    assert res3.ok, res3
+    assert m2.stage("model").state == "done"
+    # the lock is released after a run: the next runner gets it at once
+    lock = RunLock(m2.run_dir)
+    lock.acquire()
+    lock.release()
