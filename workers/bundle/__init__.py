@@ -105,7 +105,7 @@ def rope_settings(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any] | No
     if isinstance(params, dict) and "full_attention" in params and isinstance(params["full_attention"], dict):
         params = params["full_attention"]   # per-layer-type layout: the decoder layers' entry
     params = params if isinstance(params, dict) else {}
-    theta = hf_config.get("rope_theta", params.get("rope_theta", 10000.0))
+    theta = hf_config.get("rope_theta") or params.get("rope_theta") or 10000.0
     scaling = hf_config.get("rope_scaling") or params or None
     if scaling is not None:
         rope_type = scaling.get("rope_type", scaling.get("type"))
@@ -203,12 +203,12 @@ def check_genie_config(cfg: dict[str, Any], hf_config: dict[str, Any], compiled_
                           f"length {compiled_context}: Genie would produce garbage or crash. Recompile at "
                           f"{d['context']['size']}, or write the config with context size {compiled_context}.")
     theta, _ = rope_settings(hf_config)
-    want = {"theta": theta, "scaling": genie_rope_scaling(hf_config)}
     got = genie_rope(cfg)
     diffs = []
-    if got["theta"] is None or float(got["theta"]) != want["theta"]:
-        diffs.append(f"rope-theta {got['theta']} (config.json: {want['theta']})")
-    ws, gs = want["scaling"] or {}, got["scaling"] or {}
+    if got["theta"] is None or float(got["theta"]) != theta:
+        diffs.append(f"rope-theta {got['theta']} (config.json: {theta})")
+    ws: dict[str, Any] = genie_rope_scaling(hf_config) or {}
+    gs: dict[str, Any] = got["scaling"] or {}
     for k in sorted(set(ws) | set(gs)):
         if ws.get(k) != gs.get(k):
             diffs.append(f"{k} {gs.get(k)} (config.json: {ws.get(k)})")
