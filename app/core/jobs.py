@@ -33,13 +33,25 @@ from workers.protocol import ProtocolError, parse_event
 EventHandler = Callable[[dict[str, Any]], None]
 SampleHandler = Callable[[ResourceSample], None]
 
-WSL_OOM_HINT = (
-    "The process was killed with SIGKILL while using {rss} — most likely the kernel's out-of-memory killer. "
-    "On WSL2 the Linux VM has its own memory cap below the Windows RAM: create or edit "
-    "C:\\Users\\<you>\\.wslconfig with\n[wsl2]\nmemory=176GB\nswap=96GB\nthen run `wsl --shutdown` in "
-    "PowerShell and start HexStudio again (the Preflight page can write this file for you). "
-    "Otherwise use more parts or fewer calibration samples."
-)
+def oom_hint(peak_rss: int, need_bytes: int | None = None, ram_bytes: int | None = None,
+             swap_bytes: int | None = None) -> str:
+    """What to do after an out-of-memory kill, with limits computed for this job: the larger of what it
+    reached and its estimate, with the same headroom preflight's .wslconfig fix uses."""
+    from workers.wslconfig import target_limits
+
+    if ram_bytes is None or swap_bytes is None:
+        ram_bytes = int(psutil.virtual_memory().total)
+        swap_bytes = int(psutil.swap_memory().total)
+    need = max(int(peak_rss), int(need_bytes or 0))
+    memory_gb, swap_gb = target_limits(need)
+    est = f"; its estimate is {human_bytes(need_bytes)}" if need_bytes else ""
+    return (f"The process was killed with SIGKILL while using {human_bytes(peak_rss)}{est} — most likely the "
+            f"kernel's out-of-memory killer. This machine has {human_bytes(ram_bytes)} RAM + "
+            f"{human_bytes(swap_bytes)} swap. On WSL2 the Linux VM has its own memory cap below the Windows RAM: "
+            f"create or edit C:\\Users\\<you>\\.wslconfig with\n[wsl2]\nmemory={memory_gb}GB\nswap={swap_gb}GB\n"
+            "then run `wsl --shutdown` in PowerShell and start HexStudio again (the Preflight page can write "
+            "this file for you; `hexstudio preflight --write-wslconfig`). Elsewhere add swap or RAM. "
+            "Or use more parts or fewer calibration samples.")
 
 
 def human_bytes(n: float | None) -> str:
@@ -128,7 +140,7 @@ class EventStream:
 
 
 def classify(returncode: int | None, stream: EventStream, cancelled: bool, peak_rss: int,
-             stderr_tail: str, what: str) -> JobResult:
+             stderr_tail: str, what: str, memory_need: int | None = None) -> JobResult:
     sig = None
     if returncode is not None and returncode < 0:
         with contextlib.suppress(ValueError):
@@ -145,7 +157,7 @@ def classify(returncode: int | None, stream: EventStream, cancelled: bool, peak_
         if peak_rss >= 0.6 * _memory_total():
             return JobResult("oom", returncode, sig or "SIGKILL",
                              f"{what} was killed (SIGKILL) at {human_bytes(peak_rss)} RSS: likely out of memory.",
-                             hint=WSL_OOM_HINT.format(rss=human_bytes(peak_rss)), code="out_of_memory")
+                             hint=oom_hint(peak_rss, memory_need), code="out_of_memory")
         return JobResult("killed", returncode, sig or "SIGKILL", f"{what} was killed by SIGKILL.",
                          hint="Something outside HexStudio killed the worker (kill -9, a watchdog, or the "
                               "OOM killer). Resume the run to restart the stage from a clean state.",
@@ -173,8 +185,9 @@ class LocalJob:
     def __init__(self, argv: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
                  on_event: EventHandler | None = None, on_sample: SampleHandler | None = None,
                  log_path: Path | None = None, sample_hz: float = 4.0, what: str = "The worker",
-                 grace_s: float = 5.0, term_s: float = 3.0) -> None:
+                 grace_s: float = 5.0, term_s: float = 3.0, memory_need: int | None = None) -> None:
         self.argv = list(argv)
+        self.memory_need = memory_need  # the stage's estimated peak RSS (for the out-of-memory hint)
         self.cwd = cwd
         self.env = env
         self.on_sample = on_sample
@@ -253,7 +266,7 @@ class LocalJob:
             if self._log is not None:
                 self._log.close()
         res = classify(rc, self.stream, self._cancelled, self.sampler.peak_rss, "\n".join(self._stderr),
-                       self.what)
+                       self.what, self.memory_need)
         res.peak_rss_bytes = self.sampler.peak_rss
         res.peak_vram_bytes = self.sampler.peak_vram
         res.duration_s = time.monotonic() - t0
@@ -315,10 +328,10 @@ class JobRunner:
     async def start_local(self, module: str, spec_path: Path, *, on_event: EventHandler | None = None,
                           on_sample: SampleHandler | None = None, log_path: Path | None = None,
                           cwd: Path | None = None, env: dict[str, str] | None = None,
-                          what: str | None = None) -> LocalJob:
+                          what: str | None = None, memory_need: int | None = None) -> LocalJob:
         job = LocalJob(worker_command(module, spec_path), cwd=cwd, env=env, on_event=on_event,
                        on_sample=on_sample, log_path=log_path, sample_hz=self.sample_hz,
-                       what=what or f"Worker {module}")
+                       what=what or f"Worker {module}", memory_need=memory_need)
         await job.start()
         return job
 

@@ -362,7 +362,7 @@ class Pipeline:
         spec_path = self._spec(stage, partial)
         job = await self.runner.start_local(stage.worker, spec_path, on_event=handle, on_sample=sample,
                                             log_path=log_path, what=f"The {stage.title} stage",
-                                            env=worker_env())
+                                            env=worker_env(), memory_need=self._memory_need(stage))
         self.current_job = job
         try:
             if self.cancel_event.is_set():
@@ -370,6 +370,16 @@ class Pipeline:
             return await job.wait()
         finally:
             self.current_job = None
+
+    def _memory_need(self, stage: Stage) -> int | None:
+        """The stage's estimated peak RSS from the Model stage's model.json (quantize_peak_rss_bytes, ...)."""
+        path = artifacts_dir(self.m, "model") / "model.json"
+        try:
+            est = json.loads(path.read_text(encoding="utf-8")).get("estimates") or {}
+        except (OSError, ValueError):
+            return None
+        value = est.get(f"{stage.name}_peak_rss_bytes")
+        return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
     async def _run_action(self, stage: Stage, partial: Path, handle: EventHandler, log_path: Path) -> JobResult:
         assert stage.action is not None

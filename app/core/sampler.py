@@ -40,19 +40,42 @@ class _Nvml:
             self.ok = False
 
     def vram_for(self, pids: set[int]) -> int | None:
+        """GPU memory used by these processes; None (unknown) when NVML gives no per-process figures: no
+        driver, the process queries unsupported or empty everywhere (as under WSL2), or our process is
+        listed without its usage. 0 only when NVML lists processes and none of ours is among them."""
         if not self.ok:
             return None
-        total = 0
+        return vram_from_process_lists(self._process_lists(), pids)
+
+    def _process_lists(self) -> list[list[Any]]:
+        lists = []
         for h in self._handles:
             for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
                 try:
-                    procs = getattr(self._nv, getter)(h)
+                    lists.append(list(getattr(self._nv, getter)(h)))
                 except Exception:
                     continue
-                for p in procs:
-                    if p.pid in pids and p.usedGpuMemory:
-                        total += int(p.usedGpuMemory)
-        return total
+        return lists
+
+
+def vram_from_process_lists(lists: list[list[Any]], pids: set[int]) -> int | None:
+    """Sum usedGpuMemory of `pids` over NVML's process lists (objects with .pid and .usedGpuMemory)."""
+    seen_any = False
+    total = 0
+    unknown = False
+    for procs in lists:
+        for p in procs:
+            seen_any = True
+            if p.pid not in pids:
+                continue
+            used = getattr(p, "usedGpuMemory", None)
+            if used is None:  # NVML_VALUE_NOT_AVAILABLE (pynvml gives None): no per-process accounting
+                unknown = True
+            else:
+                total += int(used)
+    if not seen_any or (unknown and total == 0):
+        return None
+    return total
 
 
 @dataclass

@@ -7,11 +7,14 @@
     crash    prints to stderr and exits 3 without done
     error    fails with a WorkerError (code, message, hint)
     flood    emits settings["events"] progress/log events as fast as it can, then done
+    stubborn ignores SIGINT and SIGTERM (noting each in settings["signal_log"]) and starts a child that
+             ignores them too (settings["child_pidfile"]): only SIGKILL to the group ends them
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,6 +60,25 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         os._exit(3)
     if mode == "error":
         raise WorkerError("bad_input", "The calibration file is empty.", "Choose a text file with some prose.")
+    if mode == "stubborn":
+        log = spec.settings["signal_log"]
+
+        def note(signum: int, frame: object) -> None:
+            with open(log, "a") as fh:
+                fh.write(f"{signal.Signals(signum).name} ignored by {os.getpid()}\n")
+
+        signal.signal(signal.SIGINT, note)
+        signal.signal(signal.SIGTERM, note)
+        child = subprocess.Popen([sys.executable, "-c",
+                                  "import signal, time\n"
+                                  "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                  "time.sleep(600)\n"])
+        with open(spec.settings["child_pidfile"], "w") as fh:
+            fh.write(str(child.pid))
+        while True:
+            em.progress(0.5, "not listening")
+            time.sleep(0.05)
     if mode == "flood":
         n = int(spec.settings.get("events", 100000))
         for i in range(n):

@@ -232,6 +232,26 @@ def test_sigkill_at_high_rss_is_reported_as_likely_oom() -> None:
     assert r2.kind == "killed"
 
 
+def test_oom_hint_limits_come_from_the_estimate_and_the_peak() -> None:
+    import re
+
+    from app.core.jobs import oom_hint
+    from workers.wslconfig import target_limits
+
+    GiB = 1024**3
+    h = oom_hint(40 * GiB, 150 * GiB, ram_bytes=64 * GiB, swap_bytes=16 * GiB)
+    mem, swap = (int(x) for x in re.search(r"memory=(\d+)GB\nswap=(\d+)GB", h).groups())  # type: ignore[union-attr]
+    assert (mem, swap) == target_limits(150 * GiB) and mem * GiB >= 150 * GiB
+    assert "150.0 GiB" in h and "64.0 GiB RAM + 16.0 GiB swap" in h and "wsl --shutdown" in h
+    # no estimate: from what the process reached
+    h2 = oom_hint(100 * GiB, None, ram_bytes=64 * GiB, swap_bytes=0)
+    assert f"memory={target_limits(100 * GiB)[0]}GB" in h2 and "176GB" not in h2
+    # classify passes the stage's estimate through
+    r = classify(-9, EventStream(None, None), False, peak_rss=10**15, stderr_tail="", what="The Quantize stage",
+                 memory_need=2 * 10**15)
+    assert f"memory={target_limits(2 * 10**15)[0]}GB" in (r.hint or "")
+
+
 def test_gate_failure_stops_and_override_is_recorded(workspace: Workspace) -> None:
     import dataclasses
 
@@ -339,3 +359,41 @@ def test_a_second_runner_is_refused_while_a_stage_is_live(workspace: Workspace, 
     lock = RunLock(m2.run_dir)
     lock.acquire()
     lock.release()
+
+
+def test_cancel_escalates_to_sigkill_for_a_worker_that_ignores_sigint_and_sigterm(
+        workspace: Workspace, tmp_path: Path) -> None:
+    pidfile, siglog = tmp_path / "child.pid", tmp_path / "signals.log"
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "stubborn", "child_pidfile": str(pidfile),
+                                                           "signal_log": str(siglog)})
+    shared, th = _start_pipeline_in_thread(m, "model")
+    _wait(lambda: pidfile.exists() and pidfile.read_text() and shared["pipe"].current_job is not None)
+    job = shared["pipe"].current_job
+    job.grace_s, job.term_s = 0.5, 0.5  # SIGINT, then SIGTERM to the group, each given half a second
+    pgid, worker, child = job.pgid, job.proc.pid, int(pidfile.read_text())
+    t0 = time.monotonic()
+    asyncio.run_coroutine_threadsafe(shared["pipe"].cancel(), shared["loop"]).result(30)
+    th.join(30)
+    elapsed = time.monotonic() - t0
+    # both polite signals arrived and were ignored, so SIGKILL ended it
+    noted = siglog.read_text()
+    assert f"SIGINT ignored by {worker}" in noted and f"SIGTERM ignored by {worker}" in noted
+    assert 1.0 <= elapsed < 15, elapsed
+    res = shared["result"]
+    assert not res.ok and res.stopped_at == "model"
+    out = m.stage("model").data["outcome"]
+    assert out["kind"] == "cancelled" and out["signal"] == "SIGKILL" and out["code"] == "cancelled"
+    assert m.stage("model").state == "cancelled"
+    _wait(lambda: not _group_members(pgid), 10)  # the child that ignored SIGTERM went with the group
+    _wait(lambda: not _alive(child), 10)
+    assert not (m.run_dir / "artifacts" / "model.partial").exists()
+
+
+def test_the_stage_estimate_reaches_the_job_for_the_oom_hint(workspace: Workspace) -> None:
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    assert _run(Pipeline(m, stages=fake_stages()), "model").ok
+    (m.run_dir / "artifacts" / "model" / "model.json").write_text(
+        json.dumps({"estimates": {"quantize_peak_rss_bytes": 123 * 1024**3}}))
+    pipe = Pipeline(m, stages=fake_stages())
+    assert pipe._memory_need(get_stage("quantize")) == 123 * 1024**3
+    assert pipe._memory_need(get_stage("compile")) is None
