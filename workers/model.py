@@ -7,10 +7,15 @@ Face download stays in the hub cache (16 GB is not copied); a local folder is re
 
 from __future__ import annotations
 
+import errno
+import fnmatch
 import json
 import os
 import shutil
 import struct
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,35 +76,198 @@ def check_weights(folder: Path) -> dict[str, Any]:
             "bytes": sum(f.stat().st_size for f in files)}
 
 
-def download(model_id: str, revision: str | None, em: Emitter) -> tuple[Path, str | None]:
-    from huggingface_hub import snapshot_download
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt"]
+TOKEN_HINT = ("Create a read token at https://huggingface.co/settings/tokens and store it in HexStudio "
+              "(Settings → Hugging Face token) or run `hf auth login`.")
+
+
+def _find_cause(exc: BaseException, pred: Callable[[BaseException], bool]) -> BaseException | None:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if pred(cur):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _is_network_error(e: BaseException) -> bool:
+    names = {c.__name__ for c in type(e).__mro__}
+    return bool(names & {"ConnectError", "ConnectionError", "ConnectTimeout", "ReadTimeout", "TimeoutException",
+                         "NetworkError", "RemoteProtocolError", "gaierror", "TimeoutError",
+                         "ConnectionResetError", "ConnectionRefusedError"})
+
+
+def hub_error(exc: BaseException, model_id: str, revision: str | None = None,
+              cache: Path | None = None, need_bytes: int | None = None) -> WorkerError | None:
+    """huggingface_hub's failures as errors a person can act on; None for anything not recognised."""
     from huggingface_hub.errors import (
         GatedRepoError,
+        HfHubHTTPError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
-    em.progress(0.05, f"downloading {model_id} from Hugging Face (resumes where it stopped)")
+    token = bool(os.environ.get("HF_TOKEN"))
+    full = _find_cause(exc, lambda e: isinstance(e, OSError) and e.errno == errno.ENOSPC)
+    if full is not None:
+        where = cache or Path(getattr(full, "filename", None) or "the Hugging Face cache")
+        need = f" The model needs about {need_bytes / 1024**3:.1f} GiB there." if need_bytes else ""
+        return WorkerError("disk_full", f"The disk holding {where} is full: the download of {model_id} stopped.{need}",
+                           "Free space on that disk and run the Model stage again (the download resumes), or "
+                           "point HF_HOME at a bigger disk (export HF_HOME=/path/on/big/disk) before starting "
+                           "HexStudio. `hexstudio preflight --model ...` shows the space needed.")
+    denied = _find_cause(exc, lambda e: isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EROFS))
+    if denied is not None and not isinstance(exc, HfHubHTTPError):
+        return WorkerError("cache_not_writable", f"Cannot write the Hugging Face cache ({denied}).",
+                           "Check the permissions of the cache folder, or point HF_HOME at a folder you can write.")
+    if isinstance(exc, GatedRepoError):
+        return WorkerError("gated_model", f"{model_id} is a gated model: its licence must be accepted first"
+                           + ("" if token else ", and HexStudio has no Hugging Face token") + ".",
+                           f"Open https://huggingface.co/{model_id}, accept the licence with your account "
+                           "(approval can take a while for some models), then make sure HexStudio uses a token "
+                           f"of that account. {TOKEN_HINT}")
+    if isinstance(exc, RevisionNotFoundError):
+        return WorkerError("revision_not_found", f"{model_id} has no revision '{revision}'.",
+                           "Use a branch, tag or commit that exists (see the model's 'Files and versions' page).")
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    server = str(getattr(exc, "server_message", "") or "")
+    if isinstance(exc, HfHubHTTPError) and status == 401 and (
+            "Invalid credentials" in server or "Invalid credentials" in str(exc)):
+        return WorkerError("bad_token", "Hugging Face rejected the token (401: invalid credentials): it was "
+                           "revoked, expired or mistyped.", TOKEN_HINT)
+    if isinstance(exc, RepositoryNotFoundError):
+        return WorkerError("model_not_found",
+                           f"Hugging Face has no model '{model_id}' that "
+                           + ("this token can see" if token else "can be read without logging in")
+                           + ": the id is wrong, or the model is private or gated.",
+                           "Check the spelling (owner/name) on https://huggingface.co/models. For a private or "
+                           f"gated model, use a token of an account with access. {TOKEN_HINT}")
+    if isinstance(exc, HfHubHTTPError) and status == 401:
+        return WorkerError("bad_token", f"Hugging Face refused the request (401): {server or exc}.", TOKEN_HINT)
+    if isinstance(exc, HfHubHTTPError) and status == 403:
+        return WorkerError("token_forbidden", f"The Hugging Face token may not read {model_id} (403 Forbidden"
+                           + (f": {server}" if server else "") + ").",
+                           "A fine-grained token needs 'Read access to contents of all public gated repos you can "
+                           "access' (or a plain read token). " + TOKEN_HINT)
+    if isinstance(exc, HfHubHTTPError) and status == 429:
+        return WorkerError("rate_limited", "Hugging Face is rate-limiting this machine (429 Too Many Requests).",
+                           "Wait a few minutes and run the Model stage again (the download resumes); logging in "
+                           "with a token raises the limit.")
+    if isinstance(exc, HfHubHTTPError) and status is not None and status >= 500:
+        return WorkerError("hub_unavailable", f"Hugging Face answered with a server error ({status}).",
+                           "The hub is having trouble: try again later (https://status.huggingface.co).")
+    if isinstance(exc, LocalEntryNotFoundError) or _find_cause(exc, _is_network_error) is not None:
+        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+            return WorkerError("offline", f"{model_id} is not in the local Hugging Face cache and offline mode is "
+                               "on (HF_HUB_OFFLINE).", "Unset HF_HUB_OFFLINE to download it, or give a local "
+                               "folder with the model.")
+        return WorkerError("network", f"Cannot reach huggingface.co to download {model_id} (network error), and it "
+                           "is not in the local cache.",
+                           "Check the internet connection, proxy (HTTPS_PROXY) and firewall, then run the Model stage "
+                           "again: the download resumes where it stopped. Or give a local folder with the model.")
+    return None
+
+
+def _expected_blobs(info: Any, patterns: list[str]) -> dict[str, int]:
+    """blob name in the cache (LFS sha256, else git blob id) -> size, for the files snapshot_download fetches."""
+    out: dict[str, int] = {}
+    for f in getattr(info, "siblings", None) or []:
+        name = str(f.rfilename)
+        if not any(fnmatch.fnmatch(name, p) for p in patterns):
+            continue
+        lfs = getattr(f, "lfs", None)
+        sha = (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)) if lfs else None
+        blob = sha or getattr(f, "blob_id", None)
+        size = getattr(f, "size", None) or ((lfs.get("size") if isinstance(lfs, dict) else getattr(lfs, "size", 0))
+                                            if lfs else 0)
+        if blob:
+            out[str(blob)] = int(size or 0)
+    return out
+
+
+def _bytes_present(blobs_dir: Path, expected: dict[str, int]) -> int:
+    done = 0
+    for blob, size in expected.items():
+        for cand in (blobs_dir / blob, blobs_dir / f"{blob}.incomplete"):
+            try:
+                done += min(size, cand.stat().st_size) if size else cand.stat().st_size
+                break
+            except OSError:
+                continue
+    return done
+
+
+def download(model_id: str, revision: str | None, em: Emitter, *, snapshot: Callable[..., str] | None = None,
+             repo_info: Callable[..., Any] | None = None, cache_dir: Path | None = None,
+             poll_s: float = 0.5) -> tuple[Path, str | None]:
+    """snapshot_download in a thread while this one reports bytes: the repo listing gives each file's size
+    and blob name, and the cache's blobs/ folder (with its .incomplete files) how much has arrived.
+    `snapshot`, `repo_info` and `cache_dir` are for tests (a local fake of the hub)."""
+    from huggingface_hub import constants
+
+    if snapshot is None or repo_info is None:
+        from huggingface_hub import HfApi, snapshot_download
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()  # tqdm's \r-redrawn bars would flood the stage log; we report bytes instead
+        snapshot = snapshot or snapshot_download
+        repo_info = repo_info or HfApi().model_info
+    cache = Path(cache_dir or constants.HF_HUB_CACHE)
     token = os.environ.get("HF_TOKEN") or None
+    em.progress(0.02, f"looking up {model_id} on Hugging Face")
     try:
-        path = snapshot_download(model_id, revision=revision, token=token,
-                                 allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt"])
-    except GatedRepoError:
-        raise WorkerError("gated_model", f"{model_id} is a gated model: its licence must be accepted first.",
-                          f"Open https://huggingface.co/{model_id}, accept the licence with your account, then "
-                          "store your Hugging Face token in HexStudio (Settings) or run `hf auth login`.") from None
-    except RepositoryNotFoundError:
-        raise WorkerError("model_not_found", f"Hugging Face has no model '{model_id}' (or it is private).",
-                          "Check the spelling (owner/name), or log in if it is private.") from None
-    except RevisionNotFoundError:
-        raise WorkerError("revision_not_found", f"{model_id} has no revision '{revision}'.",
-                          "Use a branch, tag or commit that exists.") from None
-    except LocalEntryNotFoundError:
-        raise WorkerError("offline", f"{model_id} is not in the local Hugging Face cache and the hub cannot "
-                          "be reached.", "Connect to the internet (or unset HF_HUB_OFFLINE), or point "
-                          "HexStudio at a local folder with the model.") from None
-    return Path(path), Path(path).name
+        info = repo_info(model_id, revision=revision, files_metadata=True, token=token)
+    except Exception as exc:
+        mapped = hub_error(exc, model_id, revision, cache)
+        if mapped is None:
+            raise
+        # offline but already cached: let snapshot_download find the local copy
+        if mapped.code not in ("offline", "network"):
+            raise mapped from None
+        info = None
+    expected = _expected_blobs(info, ALLOW_PATTERNS) if info is not None else {}
+    total = sum(expected.values())
+    blobs_dir = cache / ("models--" + model_id.replace("/", "--")) / "blobs"
+    result: dict[str, Any] = {}
+
+    def fetch() -> None:
+        try:
+            result["path"] = snapshot(model_id, revision=revision, token=token, allow_patterns=ALLOW_PATTERNS,
+                                      cache_dir=str(cache))
+        except BaseException as exc:  # handed to the main thread
+            result["error"] = exc
+
+    start = _bytes_present(blobs_dir, expected)
+    em.progress(0.05, f"downloading {model_id}: {total / 1e9:.2f} GB in {len(expected)} files"
+                + (f", {start / 1e9:.2f} GB already here (resumes where it stopped)" if start else "")
+                if total else f"downloading {model_id} from Hugging Face (resumes where it stopped)")
+    th = threading.Thread(target=fetch, name="hf-download", daemon=True)
+    t0 = time.monotonic()
+    th.start()
+    last = -1
+    while th.is_alive():
+        th.join(poll_s)
+        if not total:
+            continue
+        done = _bytes_present(blobs_dir, expected)
+        if done != last:
+            last = done
+            rate = (done - start) / max(time.monotonic() - t0, 1e-6)
+            em.progress(0.05 + 0.5 * done / total, f"downloading {model_id}: {done / 1e9:.2f} of "
+                        f"{total / 1e9:.2f} GB ({rate / 1e6:.1f} MB/s)", done_bytes=done, total_bytes=total)
+    if "error" in result:
+        exc = result["error"]
+        mapped = hub_error(exc, model_id, revision, cache, total or None)
+        if mapped is None:
+            raise exc
+        raise mapped from None
+    if total:
+        em.progress(0.55, f"downloaded {model_id}: {total / 1e9:.2f} GB", done_bytes=total, total_bytes=total)
+    path = Path(result["path"])
+    return path, path.name
 
 
 def resolve_source(model: str, spec: WorkerSpec, em: Emitter) -> tuple[str, Path, str | None]:

@@ -55,6 +55,11 @@ def model_config(model: str) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(Path(path).read_text())
         return data
     except Exception as exc:
+        from workers.model import hub_error
+
+        mapped = hub_error(exc, model)
+        if mapped is not None:
+            raise CliError(f"Cannot read config.json of '{model}': {mapped.message}", mapped.hint) from None
         raise CliError(f"Cannot read config.json of '{model}': {type(exc).__name__}: {exc}",
                        "Check the model id and your network, or give a local folder.") from None
 
