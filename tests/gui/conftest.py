@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,3 +38,17 @@ async def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> Non
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+def keep_screenshot(widget: Any, name: str, tmp: Path) -> Path:
+    """Grab `widget` as tmp/<name>.png; with HEXSTUDIO_SCREENSHOTS=DIR also keep a copy there (docs/screenshots)."""
+    import os
+    import shutil
+
+    path = tmp / f"{name}.png"
+    assert widget.grab().save(str(path)), f"could not save {path}"
+    keep = os.environ.get("HEXSTUDIO_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, Path(keep) / path.name)
+    return path

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.aihub_emulator.fixtures import aihub_emulator  # noqa: F401
+from tests.gui.conftest import keep_screenshot
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +27,8 @@ def _closed_port() -> int:
 def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path,
                                                 aihub_emulator: Any,  # noqa: F811
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from PySide6.QtWidgets import QApplication, QScrollArea
+
     from app.core.runs import Workspace
     from app.core.secrets import AIHUB_TOKEN, get_secret
     from app.core.settings import Settings
@@ -81,6 +84,13 @@ def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.Ab
     c.new_run("builtin:tiny-llama")
     w.refresh()
     page.show_devices(rows, True)
+    w.resize(1280, 900)
+    w.show()
+    w.dock.hide()
+    QApplication.processEvents()
+    page.findChild(QScrollArea).ensureWidgetVisible(page.devices_table)
+    keep_screenshot(w, "09-compile-aihub-devices", tmp_path)
+    w.dock.show()
     row = next(r for r in range(page.devices_table.rowCount())
                if page.devices_table.item(r, 0).text() == "Snapdragon 8 Gen 3 QRD")
     page.devices_table.selectRow(row)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -50,6 +51,10 @@ class BoardPage(StagePage):
         self.boards.setObjectName("boards")
         self.boards.setMaximumWidth(340)
         self.boards.setMinimumWidth(280)
+        # long names and failure reasons wrap instead of being cut off (the tooltip has the whole message)
+        self.boards.setWordWrap(True)
+        self.boards.setResizeMode(QListWidget.ResizeMode.Adjust)
+        self.boards.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.board_states: dict[str, tuple[str, str, str]] = {}   # name -> (state, detail, when)
         left.addWidget(self.boards)
         self.probe_button = QPushButton("Connect and run the doctor")
