@@ -73,7 +73,12 @@ def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -
 
     torch_row = next(p for p in rep["environment"]["recipes"] if p["package"] == "torch")
     assert torch_row["validated"]["pinned"].startswith("2.7.1") and torch_row["validated"]["match"] is False
-    assert re.search(r'<td class="warn">2\.7\.1[^<]* ≠</td>', to_html(rep))
+    html = to_html(rep)
+    assert re.search(r'<td class="warn">2\.7\.1[^<]* ≠</td>', html)
+    # the calibration-shape graph's own score sits beside the deployment pair's, and the known trap is named
+    assert rep["validation"]["calibration_graph"]["verdict"] == "pass" and "Calibration-shape graph alone" in html
+    rep["validation"]["verdict"] = "fail"
+    assert "The calibration graph is fine but the deployment pair is broken" in to_html(rep)
 
 
 def test_html_is_html5_and_pdf_renders_pages(chatted_run: Path, tmp_path: Path) -> None:
