@@ -40,18 +40,22 @@ def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.Abstra
         w.resize(1280, 1000)
         w.show()
         w.show_stage("board")
-        page = w.pages["board"]
+        page: Any = w.pages["board"]
         page.reload_boards()
         rows = [page.boards.item(i).data(256) for i in range(page.boards.count())]
         page.boards.setCurrentRow(rows.index("evk"))
         asked: list[tuple[Any, ...]] = []
-        page.confirm_trust = lambda *a: asked.append(a) or True  # type: ignore[method-assign]
+
+        def trust(*a: Any) -> bool:
+            asked.append(a)
+            return True
+        page.confirm_trust = trust
         shown: list[list[str]] = []
 
         def confirm_fix(plan: Any, stored: str | None) -> tuple[bool, str | None, bool]:
             shown.append(plan.commands)
             return True, SUDO, False
-        page.confirm_fix = confirm_fix  # type: ignore[method-assign]
+        page.confirm_fix = confirm_fix
 
         # what the board list showed for each connection state, as it happened
         listed: list[tuple[str, str, str]] = []
@@ -61,7 +65,7 @@ def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.Abstra
             set_state(name, state, detail)
             item = page.board_item(name)
             listed.append((name, state, item.text() if item is not None else ""))
-        page.set_board_state = record  # type: ignore[method-assign]
+        page.set_board_state = record
 
         async def scenario() -> None:
             evk_item = page.board_item("evk")

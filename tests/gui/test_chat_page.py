@@ -65,7 +65,7 @@ def test_chosen_sampler_reaches_the_runner(qtbot: Any, gui_loop: asyncio.Abstrac
         w.pages["board"].run_button.click()
         await wait_until(lambda: not c.busy, 180, "the board stage")
         assert c.state("board") == "done", (c.last_result and c.last_result.message)
-        ch = w.pages["chat"]
+        ch: Any = w.pages["chat"]
         ch.refresh()
         doc = ch.board_doc()
         assert doc is not None and doc["simulated"]

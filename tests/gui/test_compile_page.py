@@ -43,7 +43,7 @@ def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.Ab
     w = MainWindow(c)
     qtbot.addWidget(w)
     w.show_stage("compile")
-    page = w.pages["compile"]
+    page: Any = w.pages["compile"]
     assert page.device_combo.currentText() == "Dragonwing IQ-9075 EVK"   # offline list, the EVK first
     assert page.token_edit.echoMode() == page.token_edit.EchoMode.Password
     assert "No AI Hub token" in page.token_state.text()

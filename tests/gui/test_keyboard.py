@@ -36,7 +36,7 @@ def _walk(qtbot: Any, start: Any, names: dict[Any, str], steps: int) -> list[str
     for _ in range(steps):
         fw = QApplication.focusWidget()
         assert fw is not None
-        w = fw
+        w: Any = fw
         while w is not None and w not in names:   # a spin box's editor belongs to its spin box
             assert not isinstance(w, StyledPlot), "a plot took the keyboard focus"
             w = w.parentWidget()
@@ -57,7 +57,7 @@ def test_tab_walks_the_chat_page_inputs_then_actions_then_results(qtbot: Any, tm
 
     w = _window(tmp_path, qtbot)
     w.show_stage("chat")
-    ch = w.pages["chat"]
+    ch: Any = w.pages["chat"]
     ch.send_button.setEnabled(True)   # as it is once the Board stage has pushed the bundle
     ch.stop_button.setEnabled(True)   # as it is while a reply streams
     names = {ch.template_combo: "template", ch.max_tokens: "max_tokens", ch.sampler_combo: "sampler",
@@ -75,7 +75,7 @@ def test_tab_walks_the_chat_page_inputs_then_actions_then_results(qtbot: Any, tm
 def test_tab_walks_the_model_page_inputs_then_actions_then_results(qtbot: Any, tmp_path: Path) -> None:
     w = _window(tmp_path, qtbot)
     w.show_stage("model")
-    mp = w.pages["model"]
+    mp: Any = w.pages["model"]
     names = {mp.builtin_radio: "source", mp.hf_radio: "source", mp.folder_radio: "source", mp.hf_edit: "hf_id",
              mp.folder_edit: "folder", mp.browse_button: "browse", mp.board_combo: "board",
              mp.context_spin: "context", mp.calib_spin: "calibration", mp.inspect_button: "inspect",

@@ -46,11 +46,14 @@ def focusable_in(layout: QLayout) -> list[QWidget]:
     itself is not searched further: a spin box's editor, a table's cells)."""
     out: list[QWidget] = []
 
-    def widget(w: QWidget) -> None:
+    def widget(w: QWidget | None) -> None:
+        if w is None:
+            return
+        inner = w.layout()
         if w.focusPolicy() & Qt.FocusPolicy.TabFocus:
             out.append(w)
-        elif w.layout() is not None:
-            walk(w.layout())
+        elif inner is not None:
+            walk(inner)
         elif isinstance(w, QSplitter):
             for i in range(w.count()):
                 widget(w.widget(i))
@@ -58,10 +61,13 @@ def focusable_in(layout: QLayout) -> list[QWidget]:
     def walk(lay: QLayout) -> None:
         for i in range(lay.count()):
             item = lay.itemAt(i)
+            if item is None:
+                continue
+            sub = item.layout()
             if item.widget() is not None:
                 widget(item.widget())
-            elif item.layout() is not None:
-                walk(item.layout())
+            elif sub is not None:
+                walk(sub)
 
     walk(layout)
     return out

@@ -111,12 +111,14 @@ class ChatPage(StagePage):
         top.addStretch(1)
         self.inputs_layout.addLayout(top)
         sampler_row = QHBoxLayout()
-        for label, widget in (("Sampler", self.sampler_combo), ("Temperature", self.temp_spin),
-                              ("Top-k", self.topk_spin), ("Top-p", self.topp_spin), ("Seed", self.seed_spin)):
+        sampler_widgets: tuple[tuple[str, QWidget], ...] = (
+            ("Sampler", self.sampler_combo), ("Temperature", self.temp_spin), ("Top-k", self.topk_spin),
+            ("Top-p", self.topp_spin), ("Seed", self.seed_spin))
+        for label, sw in sampler_widgets:
             lab = QLabel(label)
-            lab.setBuddy(widget)
+            lab.setBuddy(sw)
             sampler_row.addWidget(lab)
-            sampler_row.addWidget(widget)
+            sampler_row.addWidget(sw)
         sampler_row.addStretch(1)
         self.inputs_layout.addLayout(sampler_row)
         self._apply_preset("deterministic")

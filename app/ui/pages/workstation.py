@@ -303,8 +303,9 @@ class CompilePage(StagePage):
                                           "compiles on Qualcomm AI Hub for a real board. Nothing is uploaded to "
                                           "AI Hub without your consent above; the AI Hub token comes from the "
                                           "system keyring."))
-        self.device_combo = self._setting_widgets["device"]
-        assert isinstance(self.device_combo, QComboBox)
+        combo = self._setting_widgets["device"]
+        assert isinstance(combo, QComboBox)
+        self.device_combo: QComboBox = combo
         self.device_combo.setToolTip("The device AI Hub compiles for. Offline this lists the devices HexStudio "
                                      "knows; Refresh from AI Hub lists your account's devices live.")
         token_row = QHBoxLayout()
