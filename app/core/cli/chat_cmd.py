@@ -156,7 +156,7 @@ async def _chat(args: argparse.Namespace) -> int:
         except SessionError as exc:
             raise CliError(exc.message, exc.hint) from None
         if not args.json:
-            sim = " — SIMULATED: CPU numbers, not a device result" if board.simulated else ""
+            sim = " — SIMULATED: CPU numbers, not a device result" if session.simulated else ""
             eprint(f"chat on {board.label} ({mode}; template {conv.template}; context {conv.context_length} "
                    f"tokens){sim}")
             if session.fallback_reason:
@@ -213,7 +213,7 @@ async def _chat(args: argparse.Namespace) -> int:
     if args.transcript is not None:
         conv.save(args.transcript)
     if args.json:
-        print_json({"ok": rc == 0, "board": board.name, "simulated": board.simulated, "mode": session.mode,
+        print_json({"ok": rc == 0, "board": board.name, "simulated": session.simulated, "mode": session.mode,
                     "sampler": sampler,
                     "fallback_reason": session.fallback_reason, "template": conv.template,
                     "context_length": conv.context_length, "turns": results})

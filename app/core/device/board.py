@@ -79,8 +79,15 @@ async def open_board(name: str, settings: Any = None, workspace: Path | None = N
     from app.core.device.connect import connect_ssh
 
     cfg = dict(boards[name])
+    runner = cfg.get("runner") or "genie"   # "simulator": HexStudio's simulator installed on this board
+    if runner not in ("genie", "simulator"):
+        raise BoardError(f"Board '{name}' has runner '{runner}', which HexStudio does not know.",
+                         "Set the board's runner to 'genie' (Qualcomm's genie-t2t-run) or 'simulator'.")
     t = await connect_ssh(name, cfg, trust=trust, password=password, on_state=on_state)
     home = await t.home()
+    if runner == "simulator":
+        genie = cfg.get("genie_command") or [str(cfg.get("python") or "python3"), "-m", "workers.genie_sim.t2t"]
+        return Board(name, t, True, genie_command=list(genie), config=cfg)
     genie = cfg.get("genie_command") or ["genie-t2t-run"]
     return Board(name, t, False, genie_command=list(genie), env_script=f"{home}/qairt-env.sh", config=cfg)
 
