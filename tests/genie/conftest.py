@@ -75,3 +75,15 @@ def sim_workspace(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFacto
     assert res.ok, res
     doc = json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())
     return SimWorkspace(ws, run_dir, str(doc["remote_bundle"]))
+
+
+def assert_streamed(chunks: list[Any], gen_time_ms: float | None, generated: int | None) -> None:
+    """The reply was streamed as it was generated, not delivered at the end: the first chunk arrived before
+    the last by a good part of the runner's own generation time (at least 3 token intervals and half the
+    generation time, measured by the runner itself), which a buffered reply cannot do."""
+    assert gen_time_ms and generated and generated >= 4, (gen_time_ms, generated)
+    assert len(chunks) >= 3, f"only {len(chunks)} chunks: the reply was not streamed"
+    interval_s = gen_time_ms / 1000 / (generated - 1)
+    spread_s = chunks[-1].t - chunks[0].t
+    assert spread_s >= max(3 * interval_s, 0.5 * gen_time_ms / 1000), \
+        f"first chunk only {spread_s * 1000:.0f} ms before the last; generation took {gen_time_ms:.0f} ms"

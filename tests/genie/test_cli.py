@@ -20,7 +20,7 @@ def test_profile_cli_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixture
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] and doc["kpis"] == {"init_ms": 4060.0, "prompt_tokens": 29, "prompt_tok_s": 158.05,
                                          "ttft_ms": 183.5, "generated_tokens": 31, "gen_tok_s": 10.03,
-                                         "gen_time_ms": 3090.0, "source": "device", "queries": 1}
+                                         "gen_time_ms": 3090.0, "source": "device", "queries": 1, "origin": "profile"}
     f.write_text(json.dumps(_profile([{"p": 1, "pr": 1, "ttft": 1, "g": 1, "gr": 1, "gt": 1}] * 2, simulated=True)))
     assert main(["genie", "profile", str(f)]) == 0
     out = capsys.readouterr().out

@@ -14,6 +14,7 @@ from app.core.device.push import push_bundle
 from app.core.genie.run import Chunk, run_query
 from app.core.pipeline import Pipeline
 from app.core.runs import Workspace
+from tests.genie.conftest import assert_streamed
 from tests.support.sim_runs import copy_run
 
 
@@ -42,8 +43,10 @@ def test_chat_stage_records_simulated_kpis(chat_run: Path) -> None:
     assert k["generated_tokens"] == metrics["generated_tokens"] > 0
     assert abs(k["gen_tok_s"] - k["generated_tokens"] / (k["gen_time_ms"] / 1000)) <= 0.01 * k["gen_tok_s"]
     assert abs(k["prompt_tok_s"] - k["prompt_tokens"] / (k["ttft_ms"] / 1000)) <= 0.01 * k["prompt_tok_s"]
-    # streamed: the first chunk arrived well before the reply ended
-    assert chat["chunks"][0]["t"] < chat["chunks"][-1]["t"]
+    # streamed: the first chunk arrived well before the reply ended, by the runner's own pacing
+    assert_streamed([Chunk(c["t"], c["text"]) for c in chat["chunks"]], k["gen_time_ms"], k["generated_tokens"])
+    # each chunk's tokens counted with the bundle's tokenizer: they add up to the runner's count
+    assert abs(sum(c["tokens"] for c in chat["chunks"]) - k["generated_tokens"]) <= 1
     assert "".join(c["text"] for c in chat["chunks"]) == chat["reply"]
     board = json.loads((chat_run / "artifacts" / "board" / "board.json").read_text())
     assert board["simulated"] is True

@@ -20,7 +20,7 @@ from app.core.device.connect import connect_ssh
 from app.core.genie.conversation import Conversation
 from app.core.genie.run import Chunk, QueryResult, run_query
 from app.core.genie.session import ChatSession, TurnResult
-from tests.genie.conftest import FakeGenie, SimWorkspace
+from tests.genie.conftest import FakeGenie, SimWorkspace, assert_streamed
 from tests.support.sshd import SshServer
 
 HOSTILE = ("$(touch {canary}) `touch {canary}` \"double\" 'single' ; touch {canary} && echo x | sh\n"
@@ -54,8 +54,6 @@ def test_chat_turn_streams_over_ssh_and_the_profile_matches(ssh_server: SshServe
     res, raw, label = asyncio.run(go())
     assert label.startswith("ssh://") and res.exit_status == 0 and res.ok, res.stderr
     assert res.transcript.simulated and res.kpis is not None and res.kpis.source == "simulated"
-    # streamed: several chunks, the first well before the reply ended
-    assert len(res.chunks) >= 3 and res.chunks[0].t < res.chunks[-1].t
     assert "".join(c.text for c in res.chunks) == res.text == res.transcript.text
     # the normalised KPIs are the runner's own numbers (within 1%)
     q = [e for c in raw["components"] for e in c["events"] if e["type"] == "GenieDialog_query"][-1]
@@ -67,6 +65,8 @@ def test_chat_turn_streams_over_ssh_and_the_profile_matches(ssh_server: SshServe
     assert k.generated_tokens is not None and k.gen_tok_s is not None and k.gen_time_ms is not None
     assert k.generated_tokens == q["num-generated-tokens"]["value"] and 0 < k.generated_tokens <= 24
     assert abs(k.gen_tok_s - k.generated_tokens / (k.gen_time_ms / 1000)) <= 0.01 * k.gen_tok_s
+    # streamed: the first chunk arrived well before the reply ended, by the runner's own pacing
+    assert_streamed(res.chunks, k.gen_time_ms, k.generated_tokens)
 
 
 def test_hostile_prompt_over_ssh_arrives_verbatim_and_runs_nothing(ssh_server: SshServer,
@@ -122,8 +122,9 @@ def test_persistent_session_over_ssh_with_the_test_libgenie(ssh_server: SshServe
 
     s, (r1, r2, r3), first = asyncio.run(go())
     assert r1.state == r2.state == "complete" and r1.mode == "persistent"
-    assert len(first) == 8 and first[0].t < first[-1].t
+    assert len(first) == 8 and [c.tokens for c in first] == [1] * 8   # one dialog callback, one token
     assert r1.kpis is not None and r1.kpis.source == "device" and r1.kpis.generated_tokens == 8
+    assert_streamed(first, r1.kpis.gen_time_ms, r1.kpis.generated_tokens)
     assert s.init_ms is not None and r2.first_chunk_ms is not None and r2.first_chunk_ms < s.init_ms / 10
     assert r3.state == "aborted" and r3.kpis is not None and (r3.kpis.generated_tokens or 0) < 100
     q = [x for x in echo.read_bytes().decode("utf-8").split("\x1e") if x]
@@ -163,8 +164,9 @@ def test_simulator_session_over_ssh(ssh_server: SshServer, sim_workspace: SimWor
 
     s, r = asyncio.run(go())
     assert s.mode == mode and r.state == "complete" and r.simulated
-    assert len(r.chunks) >= 2 and r.chunks[0].t < r.chunks[-1].t
-    assert r.kpis is not None and r.kpis.source == "simulated" and r.kpis.generated_tokens == len(r.chunks)
+    assert r.kpis is not None and r.kpis.source == "simulated"
+    assert sum(c.tokens or 0 for c in r.chunks) == r.kpis.generated_tokens   # the session's own token counts
+    assert_streamed(r.chunks, r.kpis.gen_time_ms, r.kpis.generated_tokens)
 
 
 def test_fallback_over_ssh_runs_genie_t2t_run_per_turn(ssh_server: SshServer, fake_genie: FakeGenie,
@@ -191,3 +193,97 @@ def test_fallback_over_ssh_runs_genie_t2t_run_per_turn(ssh_server: SshServer, fa
         assert r.kpis is not None and r.kpis.source == "device" and (r.kpis.init_ms or 0) >= 290
     q = [x for x in echo.read_bytes().decode("utf-8").split("\x1e") if x]
     assert "First 'quoted' $(message)" in q[0] and "First 'quoted' $(message)" in q[1] and "Second" in q[1]
+
+
+def _undeclared_sim_command() -> list[str]:
+    """The simulator run through a board record that does NOT say it is the simulator."""
+    from app.core.paths import REPO_ROOT
+
+    return ["env", f"PYTHONPATH={REPO_ROOT}", sys.executable, "-m", "workers.genie_sim.t2t"]
+
+
+def test_simulator_on_an_undeclared_ssh_board_is_recorded_as_simulated(ssh_server: SshServer,
+                                                                       sim_workspace: SimWorkspace) -> None:
+    from app.core.genie.stage import chat_record
+
+    async def go() -> tuple[QueryResult, TurnResult]:
+        board = await ssh_board(ssh_server, simulated=False)
+        board.genie_command = _undeclared_sim_command()
+        try:
+            res = await run_query(board, sim_workspace.remote_bundle, "Question: What is water? Answer:", max_tokens=6)
+            async with ChatSession(board, sim_workspace.remote_bundle, Conversation(template="qa"), mode="per_turn",
+                                   max_tokens=6) as s:
+                turn = await s.send("What is water?")
+            return res, turn
+        finally:
+            await board.transport.close()
+
+    res, turn = asyncio.run(go())
+    assert res.exit_status == 0 and res.ok, res.stderr
+    assert res.transcript.simulated                                   # the simulator's banner says so
+    assert res.simulated and res.kpis is not None and res.kpis.source == "simulated"
+    doc = chat_record("evk-test", "Question: What is water? Answer:", res)
+    assert doc["source"] == "simulated" and doc["kpis"]["source"] == "simulated"
+    assert turn.state == "complete" and turn.simulated and turn.kpis is not None and turn.kpis.source == "simulated"
+    assert turn.as_json()["simulated"] is True
+
+
+def test_a_board_record_can_declare_the_simulator_as_its_runner(ssh_server: SshServer) -> None:
+    from types import SimpleNamespace
+
+    from app.core.device.board import BoardError, open_board
+
+    cfg = {"host": ssh_server.host, "port": ssh_server.port, "user": ssh_server.user,
+           "key_path": str(ssh_server.client_key_path), "auth": "key"}
+    settings = SimpleNamespace(boards={"sim-over-ssh": {**cfg, "runner": "simulator", "python": sys.executable},
+                                       "real": cfg, "odd": {**cfg, "runner": "genie-x"}})
+
+    async def go() -> tuple[Board, Board, str]:
+        sim = await open_board("sim-over-ssh", settings, trust=lambda *_a: True)
+        real = await open_board("real", settings, trust=lambda *_a: True)
+        try:
+            await open_board("odd", settings, trust=lambda *_a: True)
+            message = ""
+        except BoardError as exc:
+            message = f"{exc.message} {exc.hint}"
+        for b in (sim, real):
+            await b.transport.close()
+        return sim, real, message
+
+    sim, real, message = asyncio.run(go())
+    assert sim.simulated and sim.genie_command == [sys.executable, "-m", "workers.genie_sim.t2t"]
+    assert sim.label.startswith("ssh://") and sim.env_script is None
+    assert not real.simulated and real.genie_command == ["genie-t2t-run"]
+    assert "genie-x" in message and "'simulator'" in message
+
+
+def test_per_turn_over_ssh_applies_the_budget_on_a_real_runner_and_stops_midway(
+        ssh_server: SshServer, fake_genie: FakeGenie, tmp_path: Path) -> None:
+    """genie-t2t-run has no --max-tokens: the budget travels in the per-run config (dialog.max-num-tokens).
+    Stop ends a per-turn reply mid-way over SSH and leaves no runner behind."""
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=100, token_ms=25, tokens=30)
+    env_script = tmp_path / "qairt-env.sh"
+    env_script.write_text(f"export LD_LIBRARY_PATH={fake_genie.lib.parent}\n")
+
+    async def go() -> tuple[TurnResult, TurnResult, str]:
+        board = await ssh_board(ssh_server, simulated=False, config={"python": sys.executable},
+                                env_script=str(env_script))
+        board.genie_command = [str(fake_genie.t2t)]
+        try:
+            async with ChatSession(board, str(bundle), Conversation(template="llama3"), mode="per_turn",
+                                   max_tokens=4) as s:
+                r1 = await s.send("Short answer, please")
+                s.max_tokens = 200
+                stop = asyncio.Event()
+                r2 = await s.send("Now talk for a long time", on_chunk=lambda c: stop.set(), stop=stop)
+            await asyncio.sleep(0.5)
+            ps = await board.transport.run(["ps", "-eo", "args"])
+            return r1, r2, ps.stdout
+        finally:
+            await board.transport.close()
+
+    r1, r2, ps = asyncio.run(go())
+    assert r1.state == "complete" and r1.mode == "per_turn" and len(r1.text.split()) == 4    # not the fake's 30
+    assert r1.kpis is not None and r1.kpis.generated_tokens == 4 and r1.kpis.source == "device"
+    assert r2.state == "aborted" and 0 < len(r2.text.split()) < 30 and r2.wall_ms < 200 * 25
+    assert str(fake_genie.t2t) not in ps    # the stopped runner is gone

@@ -5,7 +5,7 @@
 
 stdin, one JSON object a line: {"op": "query", "id": N, "prompt": TEXT, "max_tokens": N|null},
 {"op": "abort"}, {"op": "reset"}, {"op": "quit"} (or EOF).
-stdout, one JSON object a line: {"event": "ready", ...}, {"event": "text", "id", "text", "mono"},
+stdout, one JSON object a line: {"event": "ready", ...}, {"event": "text", "id", "text", "tokens", "mono"},
 {"event": "end", "id", "state", "status", "profile"}, {"event": "reset"}, {"event": "error", "code",
 "message"}. Everything it reports is labeled simulated.
 """
@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             abort.clear()
             t0 = time.perf_counter()
 
-            def on_text(text: str, qid: Any = qid) -> None:
-                emit({"event": "text", "id": qid, "text": text, "mono": time.monotonic()})
+            def on_text(text: str, tokens: int = 1, qid: Any = qid) -> None:
+                emit({"event": "text", "id": qid, "text": text, "tokens": tokens, "mono": time.monotonic()})
 
             q = dialog.query(str(msg.get("prompt", "")), msg.get("max_tokens"), on_text, abort.is_set)
             state = q["state"]

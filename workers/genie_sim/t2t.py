@@ -35,11 +35,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt_file")
     p.add_argument("--profile")
     p.add_argument("--log", choices=["error", "warn", "info", "verbose"], default=None)
-    p.add_argument("-l", "--lora")
-    p.add_argument("-s", "--save")
-    p.add_argument("-r", "--restore")
-    p.add_argument("--max-tokens", type=int, default=None, help="(simulator) cap on generated tokens")
+    p.add_argument("-l", "--lora", help="(refused: the simulator has no LoRA adapters)")
+    p.add_argument("-s", "--save", help="(refused: the simulator cannot save dialog state)")
+    p.add_argument("-r", "--restore", help="(refused: the simulator cannot restore dialog state)")
+    p.add_argument("--action", type=str.upper, choices=["ABORT", "PAUSE"],
+                   help="signal the query --sleep ms after it starts (the simulator implements ABORT)")
+    p.add_argument("--sleep", type=int, default=None, metavar="MS", help="delay before --action, in ms")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="(simulator only; genie-t2t-run takes the budget from the config's dialog.max-num-tokens)")
     return p
+
+
+UNSUPPORTED = {
+    "lora": "--lora: the HexStudio simulator has no LoRA adapters. Run without --lora, or on a real board.",
+    "save": "--save: the HexStudio simulator cannot save the dialog's KV state. Run without --save, or on a real "
+            "board.",
+    "restore": "--restore: the HexStudio simulator cannot restore a saved dialog state. Run without --restore, "
+               "or on a real board.",
+}
+
+
+def refusal(args: argparse.Namespace) -> str | None:
+    """A flag genie-t2t-run has but the simulator does not implement: refuse it, never ignore it silently."""
+    for key, message in UNSUPPORTED.items():
+        if getattr(args, key) is not None:
+            return message
+    if args.action == "PAUSE":
+        return ("--action PAUSE: the HexStudio simulator implements --action ABORT only (pause and resume are not "
+                "simulated). Use --action ABORT, or a real board.")
+    if args.sleep is not None and args.action is None:
+        return "--sleep says when to send --action: give --action ABORT with it."
+    if args.sleep is not None and args.sleep < 0:
+        return "--sleep must be 0 or more milliseconds."
+    return None
 
 
 def log(level: str, want: str | None, msg: str) -> None:
@@ -127,7 +155,8 @@ class SimDialog:
 
     def query(self, prompt: str, max_new: int | None, on_text: Any,
               should_stop: Any = lambda: False) -> dict[str, Any]:
-        """Run one query; `on_text(str)` gets text as it is generated. Returns the query's numbers
+        """Run one query; `on_text(text, tokens)` gets text as it is generated with the number of tokens it
+        holds (usually 1; more when a character spans tokens and was held back). Returns the query's numbers
         (prompt_tokens, ttft_us, generated, prompt_rate, gen_rate, gen_us, total_us, state)."""
         from workers.arloop import ContextFull
 
@@ -139,10 +168,12 @@ class SimDialog:
         ids = pre + self.tok.encode(prompt, add_special_tokens=False).ids
         self.queries += 1
         room = self.pair.capacity - self.pair.n_past - len(ids)
-        budget = max(0, min(max_new, room) if max_new else int(self.cfg.get("max-num-tokens", 0) or 0) or room)
+        cap = max_new or int(self.cfg.get("max-num-tokens", 0) or 0) or None   # the dialog's reply budget
+        budget = max(0, min(cap, room) if cap else room)
         t0 = time.perf_counter()
         generated: list[int] = []
         printed = ""
+        printed_tokens = 0
         ttft_us = gen_us = 0.0
         state = "complete"
         try:
@@ -159,13 +190,13 @@ class SimDialog:
                 generated.append(nxt)
                 text = self.tok.decode(generated)
                 if not text.endswith("\ufffd"):  # never print half a UTF-8 character
-                    on_text(text[len(printed):])
-                    printed = text
+                    on_text(text[len(printed):], len(generated) - printed_tokens)
+                    printed, printed_tokens = text, len(generated)
                 if self.pair.n_past >= self.pair.capacity:
                     break
                 logits = self.pair.step(nxt)
             gen_us = (time.perf_counter() - t_first) * 1e6
-            if state == "complete" and max_new and room < max_new and len(generated) >= room:
+            if state == "complete" and cap and room < cap and len(generated) >= room:
                 state = "context_full"   # the reply was cut short by the context length
         except ContextFull:
             state = "context_full"
@@ -188,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.prompt and not args.prompt_file:
         print("ERROR:: Please provide prompt using --prompt or --prompt_file.", file=sys.stderr)
         return 1
+    why = refusal(args)
+    if why is not None:
+        print(f"ERROR: {why}", file=sys.stderr)
+        return 1
     if args.profile and os.path.exists(args.profile):
         print(f"ERROR: Invalid --profile argument. Output file {args.profile} already exists.", file=sys.stderr)
         return 1
@@ -208,17 +243,26 @@ def main(argv: list[str] | None = None) -> int:
     stamps: list[tuple[float, int]] = []   # (monotonic time, reply characters so far): bench/stream.py
     written = 0
 
-    def on_text(text: str) -> None:
+    def on_text(text: str, tokens: int = 1) -> None:
         nonlocal written
         written += len(text)
         stamps.append((time.monotonic(), written))   # taken just before the write
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    q = dialog.query(prompt, args.max_tokens, on_text)
+    # --action ABORT: GenieDialog_signal(ABORT) --sleep ms after the query starts
+    abort_at = time.monotonic() + (args.sleep or 0) / 1000 if args.action == "ABORT" else None
+
+    def should_stop() -> bool:
+        return abort_at is not None and time.monotonic() >= abort_at
+
+    q = dialog.query(prompt, args.max_tokens, on_text, should_stop)
     if os.environ.get("HEXSTUDIO_SIM_TOKEN_LOG"):
         Path(os.environ["HEXSTUDIO_SIM_TOKEN_LOG"]).write_text(json.dumps(stamps))
-    sys.stdout.write("[END]\n")
+    if q["state"] == "aborted":
+        sys.stdout.write("[ABORT]: \nQuery successfully aborted\n")
+    else:
+        sys.stdout.write("[END]\n")
     sys.stdout.flush()
     if q["state"] == "context_full":  # after [END]: a log line inside the reply would become reply text
         log("warn", "warn", "context full: the prompt and reply do not fit in the context length")

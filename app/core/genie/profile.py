@@ -23,6 +23,7 @@ class Kpis:
     gen_time_ms: float | None
     source: str                  # "device" | "simulated"
     queries: int = 1
+    origin: str = "profile"      # "profile" (--profile JSON) | "kpis_block" (old QAIRT's printed [KPIS]: block)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,3 +79,24 @@ def parse_profile(data: dict[str, Any] | str | Path) -> Kpis:
         source="simulated" if simulated else "device",
         queries=len(queries),
     )
+
+
+def kpis_from_block(block: dict[str, float], simulated: bool = False) -> Kpis | None:
+    """KPIs from the `[KPIS]:` block QAIRT before 2.35 printed instead of writing --profile (origin
+    "kpis_block"). The block has times and rates but no token counts: those are derived as
+    rate x time and rounded; TTFT is the prompt processing time. None when the block holds no rate."""
+    if block.get("gen_rate") is None and block.get("prompt_rate") is None:
+        return None
+
+    def ms(key: str) -> float | None:
+        return round(block[key] / 1000, 3) if block.get(key) is not None else None
+
+    def count(rate: str, us: str) -> int | None:
+        if block.get(rate) is None or block.get(us) is None:
+            return None
+        return round(block[rate] * block[us] / 1e6)
+
+    return Kpis(init_ms=ms("init_us"), prompt_tokens=count("prompt_rate", "prompt_us"),
+                prompt_tok_s=block.get("prompt_rate"), ttft_ms=ms("prompt_us"),
+                generated_tokens=count("gen_rate", "gen_us"), gen_tok_s=block.get("gen_rate"),
+                gen_time_ms=ms("gen_us"), source="simulated" if simulated else "device", origin="kpis_block")

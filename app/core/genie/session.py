@@ -31,7 +31,7 @@ from typing import Any
 from app.core.device.board import Board, python_env
 from app.core.genie.conversation import _HEADER, Conversation, Turn
 from app.core.genie.profile import Kpis, ProfileError, parse_profile
-from app.core.genie.run import Chunk, ensure_dir, run_query
+from app.core.genie.run import Chunk, ChunkTokenCounter, ensure_dir, load_token_counter, run_query
 from app.core.paths import REPO_ROOT
 
 HELPER_SOURCE = REPO_ROOT / "resources" / "board" / "genie_session.py"
@@ -70,7 +70,7 @@ class TurnResult:
         return {"text": self.text, "state": self.state, "kpis": self.kpis.as_json() if self.kpis else None,
                 "mode": self.mode, "simulated": self.simulated, "first_chunk_ms": self.first_chunk_ms,
                 "wall_ms": round(self.wall_ms, 1), "error": self.error, "note": self.note,
-                "chunks": [{"t": round(c.t, 4), "text": c.text} for c in self.chunks]}
+                "chunks": [{"t": round(c.t, 4), "text": c.text, "tokens": c.tokens} for c in self.chunks]}
 
 
 def continuation_prompt(conv: Conversation, user: str) -> str:
@@ -184,10 +184,13 @@ class ChatSession:
         self._config = "genie_config.json"
         self._lock = asyncio.Lock()
         self._opened = False
+        self._runner_simulated = False            # the runner said so: helper hello, banner, profile
+        self.token_counter: Callable[[str], int] | None = None   # the bundle's tokenizer, when readable
 
     @property
     def simulated(self) -> bool:
-        return bool(self.board.simulated)
+        """Simulated when the board is the simulator or its runner reported itself as one."""
+        return bool(self.board.simulated or self._runner_simulated)
 
     def _status(self, text: str) -> None:
         if self.on_status is not None:
@@ -230,17 +233,10 @@ class ChatSession:
 
     async def _maybe_tokenizer(self, cfg: dict[str, Any]) -> None:
         """Count tokens with the bundle's own tokenizer.json when it can be read (else ~3 chars a token)."""
-        rel = ((cfg.get("dialog") or {}).get("tokenizer") or {}).get("path")
-        if not rel:
-            return
-        try:
-            from tokenizers import Tokenizer
-
-            raw = await self.board.transport.read_bytes(posixpath.join(self.bundle_dir, rel))
-            tok = await asyncio.to_thread(Tokenizer.from_str, raw.decode("utf-8"))
-        except Exception:
-            return
-        self.conversation.count_tokens = lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+        count = await load_token_counter(self.board, self.bundle_dir)
+        self.token_counter = count
+        if count is not None:
+            self.conversation.count_tokens = count
 
     def helper_argv(self) -> tuple[list[str], dict[str, str] | None]:
         b = self.board
@@ -291,6 +287,8 @@ class ChatSession:
                 why = ev.get("message") or h.stderr_tail() or "it exited without a message"
                 raise SessionError(f"the chat helper could not start: {_explain(str(why))}")
         self._helper = h
+        if ev.get("simulated"):
+            self._runner_simulated = True
         self.init_ms = float(ev.get("init_ms") or (time.monotonic() - t0) * 1000)
         self.genie_version = ev.get("genie_version")
         self._n_past = 0
@@ -359,8 +357,10 @@ class ChatSession:
                 on_chunk(c)
 
         res = await run_query(self.board, self.bundle_dir, prompt, on_chunk=chunk, stop=stop,
-                              max_tokens=self.max_tokens, config=self._config)
+                              max_tokens=self.max_tokens, config=self._config, count_tokens=self.token_counter)
         turn.reply = res.text
+        if res.simulated:
+            self._runner_simulated = True
         state = res.transcript.state if res.exit_status == 0 or res.transcript.state == "aborted" else "failed"
         state = state if state in ("complete", "aborted") else "failed"
         turn.state = state
@@ -405,6 +405,7 @@ class ChatSession:
         t0 = time.monotonic()
         await h.send({"op": "query", "id": qid, "prompt": prompt, "max_tokens": self.max_tokens})
         chunks: list[Chunk] = []
+        counter = ChunkTokenCounter(self.token_counter) if self.token_counter is not None else None
         state, error, end = "failed", None, None
         stop_task = asyncio.ensure_future(stop.wait()) if stop is not None else None
         aborting_since: float | None = None
@@ -430,7 +431,11 @@ class ChatSession:
                 ev = get.result()
                 kind = ev.get("event")
                 if kind == "text" and ev.get("id") == qid:
-                    c = Chunk(time.monotonic() - t0, str(ev.get("text", "")), ev.get("mono"))
+                    text = str(ev.get("text", ""))
+                    n = ev.get("tokens")   # the helper: one dialog callback a token
+                    if not isinstance(n, int):
+                        n = counter(text) if counter is not None else None
+                    c = Chunk(time.monotonic() - t0, text, ev.get("mono"), n)
                     chunks.append(c)
                     turn.reply += c.text
                     if on_chunk is not None:
@@ -493,6 +498,8 @@ class ChatSession:
                      gen_time_ms=m.get("gen_ms"), source="simulated" if self.simulated else "device")
         if k is None:
             return None
+        if k.source == "simulated":
+            self._runner_simulated = True
         if self.simulated:
             k = replace(k, source="simulated")
         # the init was paid once, when the dialog was created: only the first turn carries it

@@ -7,12 +7,22 @@ from typing import Any
 
 from app.core.device.board import BoardError, open_board
 from app.core.genie.prompts import format_prompt
-from app.core.genie.run import Chunk, run_query
+from app.core.genie.run import Chunk, QueryResult, load_token_counter, run_query
 from app.core.pipeline import StageContext, StageError
 from app.core.settings import Settings
 
 KPI_UNITS = {"init_ms": "ms", "prompt_tokens": "", "prompt_tok_s": "toks/sec", "ttft_ms": "ms",
              "generated_tokens": "", "gen_tok_s": "toks/sec", "gen_time_ms": "ms"}
+
+
+def chat_record(board_name: str, prompt: str, res: QueryResult) -> dict[str, Any]:
+    """chat.json: labeled simulated or device by what the runner reported (banner, profile metadata)."""
+    assert res.kpis is not None
+    source = "simulated" if res.simulated else "device"
+    return {"board": board_name, "source": source, "prompt": prompt, "reply": res.text,
+            "state": res.transcript.state, "kpis": res.kpis.as_json(),
+            "chunks": [{"t": round(c.t, 4), "text": c.text, "tokens": c.tokens} for c in res.chunks],
+            "wall_ms": round(res.wall_ms, 1)}
 
 
 async def run_chat_stage(ctx: StageContext) -> dict[str, Any]:
@@ -30,20 +40,20 @@ async def run_chat_stage(ctx: StageContext) -> dict[str, Any]:
     def on_chunk(c: Chunk) -> None:
         em.log(c.text, level="debug")
 
+    count = await load_token_counter(board, board_doc["remote_bundle"])   # each chunk's tokens, for the rate
     res = await run_query(board, board_doc["remote_bundle"], prompt, on_chunk=on_chunk,
-                          max_tokens=int(ctx.settings.get("benchmark_max_tokens", 32)))
+                          max_tokens=int(ctx.settings.get("benchmark_max_tokens", 32)), count_tokens=count)
     if res.exit_status != 0 or res.kpis is None:
         raise StageError("genie_failed", f"Genie failed on {board.label}: {res.error or 'no profile written'}",
                          "See the Board page's doctor, or `hexstudio explain --file` on the log.")
-    source = "simulated" if board.simulated else "device"
-    k = res.kpis.as_json()
-    doc = {"board": board_doc["board"], "source": source, "prompt": prompt, "reply": res.text,
-           "state": res.transcript.state, "kpis": k,
-           "chunks": [{"t": round(c.t, 4), "text": c.text} for c in res.chunks], "wall_ms": round(res.wall_ms, 1)}
+    doc = chat_record(board_doc["board"], prompt, res)
+    source, k = doc["source"], doc["kpis"]
     (ctx.out_dir / "chat.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False))
     em.artifact("chat.json", kind="json", role="chat")
     for name, unit in KPI_UNITS.items():
         em.metric(name, k.get(name), unit=unit, scope=source)
     em.metric("source", source)
-    em.progress(1.0, f"{k['generated_tokens']} tokens at {k['gen_tok_s']:.1f} tok/s ({source})")
+    rate = f"{k['gen_tok_s']:.1f}" if k.get("gen_tok_s") is not None else "?"
+    origin = " from the printed [KPIS] block" if k.get("origin") == "kpis_block" else ""
+    em.progress(1.0, f"{k['generated_tokens']} tokens at {rate} tok/s ({source}{origin})")
     return {"source": source, "generated_tokens": k["generated_tokens"]}
