@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import traceback
@@ -94,6 +95,23 @@ class WorkerSpec:
         except KeyError:
             raise WorkerError("missing_upstream", f"The {self.stage} stage needs the {stage} stage's output.",
                               f"Run the {stage} stage first.") from None
+
+
+def map_path(path: str) -> str:
+    """A path written on the studio's machine (e.g. model.json's hf_dir), as this worker sees it. On a
+    remote worker host the studio sets HEXSTUDIO_PATH_MAP to a JSON list of [studio prefix, host prefix]
+    pairs (app/core/remote.py); without it paths are unchanged."""
+    raw = os.environ.get("HEXSTUDIO_PATH_MAP")
+    if not raw or not path:
+        return path
+    try:
+        pairs = [(str(a).rstrip("/") or "/", str(b)) for a, b in json.loads(raw)]
+    except (ValueError, TypeError):
+        return path
+    for src, dst in sorted(pairs, key=lambda p: -len(p[0])):
+        if path == src or path.startswith(src + "/"):
+            return dst.rstrip("/") + path[len(src):]
+    return path
 
 
 def _raise_cancelled(signum: int, _frame: Any) -> None:

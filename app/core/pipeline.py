@@ -23,6 +23,7 @@ from typing import Any
 from app.core.atomic import sha256_file, write_json_atomic
 from app.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler, human_bytes
 from app.core.manifest import ManifestError, RunManifest, now_iso
+from app.core.remote import RemoteStageJob, remote_host_for, start_worker_job
 from app.core.runs import RunBusy, RunLock, artifacts_dir, stage_log_path
 from app.core.sampler import ResourceSample
 from app.core.stages import STAGES, Stage, get_stage
@@ -152,7 +153,7 @@ class Pipeline:
         self.on_sample = on_sample
         self.on_stage = on_stage
         self.cancel_event = asyncio.Event()
-        self.current_job: LocalJob | None = None
+        self.current_job: LocalJob | RemoteStageJob | None = None
         self.lock = RunLock(manifest.run_dir)
 
     # -- public -------------------------------------------------------------
@@ -360,9 +361,14 @@ class Pipeline:
         if importlib.util.find_spec(stage.worker) is None:
             return _not_implemented(stage)
         spec_path = self._spec(stage, partial)
-        job = await self.runner.start_local(stage.worker, spec_path, on_event=handle, on_sample=sample,
-                                            log_path=log_path, what=f"The {stage.title} stage",
-                                            env=worker_env(), memory_need=self._memory_need(stage))
+        if remote_host_for(self.m, stage) is not None:  # the run's worker_host: heavy stages run there over SSH
+            job: LocalJob | RemoteStageJob = await start_worker_job(
+                self.runner, self.m, stage, spec_path, on_event=handle, on_sample=sample, log_path=log_path,
+                what=f"The {stage.title} stage")
+        else:
+            job = await self.runner.start_local(stage.worker, spec_path, on_event=handle, on_sample=sample,
+                                                log_path=log_path, what=f"The {stage.title} stage",
+                                                env=worker_env(), memory_need=self._memory_need(stage))
         self.current_job = job
         try:
             if self.cancel_event.is_set():

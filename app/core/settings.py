@@ -47,6 +47,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "workspace": None,            # None: app.core.paths.default_workspace()
     "boards": {},                 # name -> {host, port, user, auth, key_path, ssh_alias, qairt_home}
     "default_board": "sim",
+    "worker_hosts": {},           # name -> {host, port, user, auth, key_path, python, root} (app.core.remote)
     "aihub": {"api_url": "https://app.aihub.qualcomm.com", "web_url": "https://app.aihub.qualcomm.com"},
     "run_defaults": {},           # overrides of DEFAULT_RUN_SETTINGS
     "include_host_in_reports": False,

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.runtime import WorkerError
+from workers.runtime import WorkerError, map_path
 
 MASK_VALUE = -1000.0
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +108,7 @@ def tg_positions(n_valid: int, per_block: int) -> list[int]:
 def resolve_hf_dir(model_json: dict[str, Any], model_dir: Path) -> Path:
     """model.json's hf_dir; a copy inside the model stage's folder may have been recorded with the
     stage's temporary name (artifacts/model.partial/...): map it to the final folder."""
-    p = Path(str(model_json.get("hf_dir") or ""))
+    p = Path(map_path(str(model_json.get("hf_dir") or "")))   # on a worker host: the uploaded copy
     if (p / "config.json").is_file():
         return p
     parts = p.parts
