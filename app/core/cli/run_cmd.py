@@ -30,6 +30,18 @@ def _parse_set(values: list[str]) -> dict[str, Any]:
     return out
 
 
+def _check_worker_host(name: str) -> None:
+    """Refuse an unknown worker host before a run is made (connecting happens when a heavy stage starts)."""
+    if name == "local":
+        return
+    from app.core.remote import WorkerHostError, host_config
+
+    try:
+        host_config(name)
+    except WorkerHostError as exc:
+        raise CliError(exc.message, exc.hint) from None
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="create or resume a run and take it through the stages")
     p.add_argument("--model", default=None, help=f"model: {BUILTIN_MODEL_ID} (default), a Hugging Face id, or a folder")
@@ -42,6 +54,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="run setting (JSON value), e.g. --set context_length=1024 (repeatable)")
     p.add_argument("--override-gate", action="append", default=[], choices=STAGE_NAMES, metavar="STAGE",
                    help="continue past this stage's failed gate (recorded in the run)")
+    p.add_argument("--worker-host", default=None, metavar="NAME",
+                   help="run the heavy stages (quantize, validate) on this worker host over SSH "
+                        "(`hexstudio worker add`); 'local' runs them here. Recorded in the run, so a resume "
+                        "uses it; with --resume it changes the host")
     p.add_argument("--quiet", action="store_true", help="print only the outcome")
     add_workspace_flag(p)
     add_json_flag(p)
@@ -58,11 +74,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             m = ws.open_run(args.resume)
         except RunNotFound as exc:
             raise CliError(str(exc)) from None
+        if args.worker_host is not None:
+            _check_worker_host(args.worker_host)
+            if (m.settings.get("worker_host") or "local") != args.worker_host:
+                # where a stage runs is not one of its inputs: done stages stay done. Saved by the pipeline
+                # once it holds the run's lock (never over another runner's manifest).
+                m.settings["worker_host"] = None if args.worker_host == "local" else args.worker_host
+                m.add_event("settings", f"worker_host set to {args.worker_host} (--worker-host on resume)")
     else:
         from app.core.settings import Settings
 
         defaults = Settings.load().run_defaults()
         defaults.update(_parse_set(args.settings))
+        if args.worker_host is not None:
+            _check_worker_host(args.worker_host)
+            defaults["worker_host"] = None if args.worker_host == "local" else args.worker_host
+        if defaults.get("worker_host"):
+            _check_worker_host(str(defaults["worker_host"]))
         m = ws.create_run(args.model or BUILTIN_MODEL_ID, args.board or "sim", defaults)
     quiet = args.quiet or args.json
     if not quiet:
