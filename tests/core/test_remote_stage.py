@@ -1,0 +1,294 @@
+"""A run's heavy stages on a worker host over a real OpenSSH server on loopback.
+
+The "remote" here is this machine, so every test keeps the host's root folder apart from the local run
+and checks that the files got there by upload, and back by download (the spec the host ran names only
+host paths)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.manifest import RunManifest
+from app.core.pipeline import Pipeline
+from app.core.runs import Workspace
+from app.core.stages import STAGES, Stage
+from tests.core.conftest import FAKE
+from tests.support.sshd import SshServer, sshd_available
+
+ok, why = sshd_available()
+pytestmark = [pytest.mark.sshd, pytest.mark.skipif(not ok, reason=why)]
+
+
+def _add_host(srv: SshServer, root: Path, name: str = "box", trust: bool = True, **extra: Any) -> None:
+    from app.core.device.connect import known_hosts_path
+    from app.core.remote import worker_hosts
+    from app.core.settings import Settings
+
+    if trust:
+        known_hosts_path().parent.mkdir(parents=True, exist_ok=True)
+        known_hosts_path().write_text(srv.known_hosts_line + "\n")
+    s = Settings.load()
+    worker_hosts(s)[name] = {"host": srv.host, "port": srv.port, "user": srv.user, "auth": "key",
+                             "key_path": str(srv.client_key_path), "python": sys.executable, "root": str(root),
+                             **extra}
+    s.save()
+
+
+def _stages() -> tuple[Stage, ...]:
+    """model: the fake worker, here; quantize: the self-test worker, heavy, so it runs on the worker host."""
+    by = {s.name: s for s in STAGES}
+    return (dataclasses.replace(by["model"], worker=FAKE, action=None, inputs=("mode",)),
+            dataclasses.replace(by["quantize"], worker="workers.selftest", inputs=("seconds",)))
+
+
+def _run(m: RunManifest, until: str = "quantize", **kw: Any) -> Any:
+    return asyncio.run(Pipeline(m, stages=_stages(), **kw).run(until=until, force=True))
+
+
+def _events(m: RunManifest, stage: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (m.run_dir / "logs" / f"{stage}.jsonl").read_text().splitlines()]
+
+
+def test_heavy_stage_runs_on_the_worker_host_with_uploaded_inputs_and_downloaded_outputs(tmp_path: Path) -> None:
+    root = tmp_path / "host-root"
+    seen: list[tuple[str, dict[str, Any]]] = []
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, root)
+        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box", "seconds": 1})
+        res = _run(m, on_event=lambda st, ev: seen.append((st, ev)))
+        assert res.ok, (res.message, res.hint)
+        m = RunManifest.load(m.run_dir)
+        rrun = root / "runs" / m.run_id
+        # the model stage ran here (not heavy) and its output was uploaded to the host's run folder
+        assert not (rrun / "artifacts" / "model.partial").exists()
+        assert (rrun / "artifacts" / "model" / "result.txt").read_text() == \
+            (m.run_dir / "artifacts" / "model" / "result.txt").read_text()
+        # the host ran the worker on host paths only
+        specs = list(root.glob("workers-*/specs/quantize-*.json"))
+        assert len(specs) == 1
+        spec = json.loads(specs[0].read_text())
+        assert spec["run_dir"] == str(rrun) and spec["out_dir"] == str(rrun / "artifacts" / "quantize.partial")
+        assert spec["upstream"] == {"model": str(rrun / "artifacts" / "model")}
+        assert str(m.run_dir) not in specs[0].read_text()
+        # its output: kept on the host as the stage's folder there, and downloaded here
+        remote_out = rrun / "artifacts" / "quantize" / "selftest.json"
+        local_out = m.run_dir / "artifacts" / "quantize" / "selftest.json"
+        assert remote_out.is_file() and local_out.read_bytes() == remote_out.read_bytes()
+        st = m.stage("quantize")
+        assert st.state == "done" and [a["path"] for a in st.artifacts] == ["artifacts/quantize/selftest.json"]
+        # run.json: the host's peak RSS and which host ran it
+        assert st.data["peak_rss_bytes"] and st.data["peak_rss_bytes"] > 5 * 2**20
+        assert st.metric_value("worker_host") == "box"
+        assert st.metric_value("worker_host_memory_bytes") > 0
+        assert m.settings["worker_host"] == "box"
+        # the worker's own events came through, and the stage log has them
+        kinds = [ev["type"] for s, ev in seen if s == "quantize" and ev.get("source") != "worker_host"]
+        assert kinds[0] == "progress" and kinds[-1] == "done" and "artifact" in kinds and "metric" in kinds
+        logged = [ev["type"] for ev in _events(m, "quantize") if ev.get("source") != "worker_host"
+                  and ev.get("stream") != "stderr"]
+        assert logged == kinds
+        assert (m.run_dir / "logs" / "quantize.resources.jsonl").read_text().strip()
+        # the model stage stayed local: no worker-host events there
+        assert all(ev.get("source") != "worker_host" for s, ev in seen if s == "model")
+
+        # again: the model stage's output is already on the host (same size and sha256): nothing is sent
+        res2 = asyncio.run(Pipeline(RunManifest.load(m.run_dir), stages=_stages()).run(only="quantize", force=True))
+        assert res2.ok
+        st2 = RunManifest.load(m.run_dir).stage("quantize")
+        assert st2.metric_value("worker_host_upload_bytes") == 0
+        assert st2.metric_value("worker_host_upload_skipped_files") >= 1
+
+
+def test_cancel_mid_stage_on_the_worker_host_leaves_nothing_running_and_nothing_kept(tmp_path: Path) -> None:
+    root = tmp_path / "host-root"
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, root)
+        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box", "seconds": 60})
+        assert asyncio.run(Pipeline(m, stages=_stages()).run(until="model")).ok
+        pipe = Pipeline(m, stages=_stages())
+        progress: list[dict[str, Any]] = []
+
+        async def go() -> tuple[Any, bool]:
+            task = asyncio.ensure_future(pipe.run(until="quantize"))
+            for _ in range(300):
+                if len(progress) >= 3:
+                    break
+                await asyncio.sleep(0.1)
+            job = pipe.current_job
+            await pipe.cancel()
+            res = await task
+            alive = await _group_alive(srv, job.remote.remote_pid if job is not None and job.remote else None)
+            return res, alive
+
+        pipe.on_event = lambda st, ev: progress.append(ev) if ev["type"] == "progress" else None
+        res, alive = asyncio.run(go())
+    assert not res.ok and RunManifest.load(m.run_dir).stage("quantize").state == "cancelled"
+    assert alive is False
+    assert not (m.run_dir / "artifacts" / "quantize.partial").exists()
+    assert not (m.run_dir / "artifacts" / "quantize").exists()
+    rpart = root / "runs" / m.run_id / "artifacts" / "quantize.partial"
+    assert not rpart.exists() or not any(rpart.iterdir())
+
+
+async def _group_alive(srv: SshServer, pid: int | None) -> bool:
+    assert pid is not None
+    # the "host" is this machine: its process table is ours
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("case", ["unknown", "unreachable", "key_unknown", "key_changed", "no_python",
+                                  "no_packages"])
+def test_worker_host_problems_fail_the_stage_clearly(tmp_path: Path, case: str) -> None:
+    from tests.support.sshd import free_port
+
+    root = tmp_path / "host-root"
+    stages = _stages()
+    with SshServer(tmp_path / "sshd") as srv:
+        extra: dict[str, Any] = {}
+        trust = case != "key_unknown"
+        if case == "unreachable":
+            extra["port"] = free_port()
+        if case == "no_python":
+            extra["python"] = "/nonexistent/bin/python3"
+        if case != "unknown":
+            _add_host(srv, root, trust=trust, **extra)
+        if case == "key_changed":
+            from app.core.device.connect import known_hosts_path
+
+            other = SshServer(tmp_path / "other-sshd")       # a different host key for the same address
+            kind, b64 = other.host_key_pub.split()[:2]
+            known_hosts_path().write_text(f"[{srv.host}]:{srv.port} {kind} {b64}\n")
+        if case == "no_packages":
+            # the real quantize stage's needs, checked against a Python without aimet_onnx
+            stages = (stages[0], dataclasses.replace(stages[1], worker="workers.quantize"))
+            _add_host(srv, root, python="/usr/bin/python3")
+        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
+        res = asyncio.run(Pipeline(m, stages=stages).run(until="quantize"))
+    m = RunManifest.load(m.run_dir)
+    st = m.stage("quantize")
+    assert not res.ok and st.state == "failed"
+    assert m.stage("model").state == "done"          # the model stage ran here, before
+    code = st.data["outcome"]["code"]
+    hint = st.data["outcome"]["hint"] or ""
+    expected = {"unknown": "worker_host_unknown", "unreachable": "worker_host_unreachable",
+                "key_unknown": "worker_host_key_unknown", "key_changed": "worker_host_key_changed",
+                "no_python": "worker_host_python_missing", "no_packages": "worker_host_packages_missing"}[case]
+    assert code == expected, st.data["outcome"]
+    if case in ("no_python", "no_packages"):
+        assert "packaging/install-workstation.sh" in hint and "--python" in hint
+    if case == "no_packages":
+        assert "aimet_onnx" in st.data["outcome"]["message"]
+    if case == "key_unknown":
+        assert "hexstudio worker check box --trust SHA256:" in hint
+    if case == "key_changed":
+        assert "CHANGED" in st.data["outcome"]["message"]
+    if case == "unknown":
+        assert "hexstudio worker add box" in hint
+    assert not (m.run_dir / "artifacts" / "quantize.partial").exists()
+    assert not (m.run_dir / "artifacts" / "quantize").exists()
+
+
+def test_upload_skips_what_is_there_and_mirrors_the_folder(tmp_path: Path) -> None:
+    from app.core.remote import SYNC_MANIFEST, _LocalHashes, connect_worker_host, upload_tree
+
+    src = tmp_path / "hf"
+    (src / "sub").mkdir(parents=True)
+    (src / "config.json").write_text('{"a": 1}')
+    (src / "sub" / "weights.bin").write_bytes(os.urandom(300_000))
+    dst = tmp_path / "host" / "models" / "hf"
+
+    async def go(srv: SshServer) -> list[tuple[int, int, int]]:
+        from app.core.remote import host_config
+
+        t = await connect_worker_host("box", host_config("box"))
+        out = []
+        try:
+            for _ in range(2):
+                s = await upload_tree(t, sys.executable, src, str(dst), _LocalHashes())
+                out.append((s.sent_files, s.skipped_files, s.sent_bytes))
+            (src / "config.json").write_text('{"a": 2}')          # same size, other content
+            (dst / "stale.txt").write_text("left over")
+            s = await upload_tree(t, sys.executable, src, str(dst), _LocalHashes())
+            out.append((s.sent_files, s.skipped_files, s.sent_bytes))
+            (dst / SYNC_MANIFEST).unlink()                         # no record: the host hashes its copies
+            s = await upload_tree(t, sys.executable, src, str(dst), _LocalHashes())
+            out.append((s.sent_files, s.skipped_files, s.sent_bytes))
+        finally:
+            await t.close()
+        return out
+
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, tmp_path / "host")
+        runs = asyncio.run(go(srv))
+    assert runs[0] == (2, 0, 300_000 + 8)
+    assert runs[1] == (0, 2, 0)
+    assert runs[2] == (1, 1, 8)
+    assert runs[3] == (0, 2, 0)
+    assert (dst / "config.json").read_text() == '{"a": 2}'
+    assert not (dst / "stale.txt").exists()
+    assert (dst / "sub" / "weights.bin").read_bytes() == (src / "sub" / "weights.bin").read_bytes()
+
+
+def test_path_maps_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.core.remote import map_json_paths
+    from workers.runtime import map_path
+
+    monkeypatch.setenv("HEXSTUDIO_PATH_MAP", json.dumps([["/home/me/runs/R", "/srv/h/runs/R"],
+                                                         ["/home/me/models/llama", "/srv/h/models/ab-llama"]]))
+    assert map_path("/home/me/models/llama") == "/srv/h/models/ab-llama"
+    assert map_path("/home/me/models/llama/config.json") == "/srv/h/models/ab-llama/config.json"
+    assert map_path("/home/me/models/llama2") == "/home/me/models/llama2"     # a prefix of a name is no match
+    assert map_path("/home/me/runs/R/artifacts/model/hf") == "/srv/h/runs/R/artifacts/model/hf"
+    assert map_path("hf") == "hf"
+    monkeypatch.delenv("HEXSTUDIO_PATH_MAP")
+    assert map_path("/home/me/models/llama") == "/home/me/models/llama"
+
+    out = tmp_path / "quantize.partial"
+    out.mkdir()
+    (out / "quantize.json").write_text(json.dumps({"calibration": {"text": "/srv/h/w-1/resources/t/c.txt"},
+                                                   "graphs": [{"float_onnx": "float/a.onnx"}], "n": 3}))
+    (out / "other.json").write_text('{"x": "/elsewhere/file"}')
+    changed = map_json_paths(out, [("/srv/h/w-1", "/repo"), ("/srv/h/runs/R", "/home/me/runs/R")])
+    assert changed == ["quantize.json"]
+    doc = json.loads((out / "quantize.json").read_text())
+    assert doc == {"calibration": {"text": "/repo/resources/t/c.txt"}, "graphs": [{"float_onnx": "float/a.onnx"}],
+                   "n": 3}
+
+
+def test_cli_worker_add_check_and_run_flag(tmp_path: Path) -> None:
+    exe = str(Path(sys.executable).with_name("hexstudio"))
+    env = {**os.environ}
+    with SshServer(tmp_path / "sshd") as srv:
+        # first contact without --trust: refused, with the fingerprint to compare
+        add = [exe, "worker", "add", "box", "--host", srv.host, "--port", str(srv.port), "--user", srv.user,
+               "--key", str(srv.client_key_path), "--python", sys.executable, "--root", str(tmp_path / "r"), "--json"]
+        p = subprocess.run(add, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+        assert p.returncode == 1 and srv.host_key_fingerprint in p.stderr, p.stderr
+        p = subprocess.run([*add, "--trust", srv.host_key_fingerprint], capture_output=True, text=True,
+                           timeout=120, env=env)
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout)
+        assert doc["check"]["stages"]["quantize"]["ok"] and doc["check"]["stages"]["validate"]["ok"]
+        assert Path(doc["check"]["workers"], "workers", "protocol.py").is_file()
+        assert Path(doc["check"]["workers"], "resources", "builtin_model", "text", "calibration.txt").is_file()
+        lst = json.loads(subprocess.run([exe, "worker", "list", "--json"], capture_output=True, text=True,
+                                        timeout=60, env=env).stdout)
+        assert [h["name"] for h in lst["worker_hosts"]] == ["box"]
+    # an unknown worker host is refused before a run is made
+    p = subprocess.run([exe, "run", "--worker-host", "nope", "--until", "model", "--workspace", str(tmp_path / "ws"),
+                        "--json"], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 1 and "No worker host named 'nope'" in p.stderr
+    assert not (tmp_path / "ws" / "runs").exists() or not any((tmp_path / "ws" / "runs").iterdir())
