@@ -139,14 +139,25 @@ def test_cpu_only_machine_fails_for_8b() -> None:
 
 @pytest.mark.slow
 def test_live_probe_matches_schema_and_is_fast(tmp_path: Path) -> None:
-    t0 = time.time()
-    rep = preflight_report("builtin:tiny-llama", None, 128, tmp_path)
-    elapsed = time.time() - t0
+    import resource
+
+    def cpu_s() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    t0, c0 = time.time(), cpu_s()
+    rep = preflight_report("builtin:tiny-llama", None, None, tmp_path)
+    elapsed, cpu = time.time() - t0, cpu_s() - c0
     jsonschema.validate(json.loads(json.dumps(rep)), json.loads(SCHEMA.read_text()))
     smoke = by_id(rep["checks"])["aimet_smoke"]
     assert smoke["status"] == "ok", smoke
     assert rep["checks_failed"] == 0, [c for c in rep["checks"] if c["status"] == "fail"]
-    assert elapsed < 60  # the < 10 s target is measured on an idle machine (docs/PERFORMANCE.md)
+    assert rep["probe"]["gpu"]["torch"], "the torch probe ran in the smoke test's process"
+    # The < 10 s target (bench/preflight.py, docs/PERFORMANCE.md): the CPU time of preflight and its probe
+    # process is what an idle machine's wall time approaches; the wall time on a shared CI box also
+    # measures the other load, so it only gets a loose bound.
+    assert cpu < 10, f"preflight used {cpu:.1f} s of CPU"
+    assert elapsed < 60
 
 
 # -- GPU: driver, VRAM guidance, an NVIDIA GPU with a CPU-only torch --------------------------------
