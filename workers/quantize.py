@@ -95,31 +95,40 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     out = spec.out_dir
     threads = _threads()
 
-    # 1. float export of every part and graph (the only moment the whole float model is loaded)
+    # 1. float export, part by part: only one part's weights are read from the safetensors files
     em.progress(0.01, "exporting the float deployment graphs")
-    from workers.export import export_deployment_graphs, load_hf_model
-    from workers.quant.partwise import canonical_initializer_names
+    from transformers import AutoConfig
+
+    from workers.export import export_deployment_graphs
+    from workers.quant.partwise import canonical_initializer_names, ort_providers
 
     t0 = time.monotonic()
     try:
-        hf = load_hf_model(hf_dir)
+        cfg = AutoConfig.from_pretrained(str(hf_dir))
     except (OSError, ValueError) as exc:
-        raise WorkerError("model_load_failed", f"Could not load the model from {hf_dir}: {exc}",
-                          "Check the model folder (model stage) and its safetensors files.") from None
-    cfg = hf.config
+        raise WorkerError("model_load_failed", f"Could not read the model configuration in {hf_dir}: {exc}",
+                          "Check the model folder (model stage) and its config.json.") from None
     heads = int(cfg.num_attention_heads)
     kvh = int(getattr(cfg, "num_key_value_heads", None) or heads)
     hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
     dims = {"context_length": cl, "num_kv_heads": kvh, "head_dim": hd}
     bos = getattr(cfg, "bos_token_id", None)
-    graphs = export_deployment_graphs(hf_dir, out / "float", context_length=cl, ar_n=ar_n, parts=parts, model=hf)
-    named = {n: p.detach().numpy() for n, p in hf.state_dict().items()}
-    for g in graphs:
-        canonical_initializer_names(out / g["float_onnx"], named)
-    del named, hf
+
+    def canonicalize(entries: list[dict[str, Any]], named: dict[str, Any]) -> None:
+        for g in entries:
+            canonical_initializer_names(out / g["float_onnx"], named)
+        em.log(f"exported part {entries[0]['part']} of {parts} ({', '.join(g['name'] for g in entries)})")
+
+    try:
+        graphs = export_deployment_graphs(hf_dir, out / "float", context_length=cl, ar_n=ar_n, parts=parts,
+                                          after_part=canonicalize)
+    except (OSError, ValueError) as exc:
+        raise WorkerError("model_load_failed", f"Could not load the model from {hf_dir}: {exc}",
+                          "Check the model folder (model stage) and its safetensors files.") from None
     gc.collect()
     em.metric("export_seconds", round(time.monotonic() - t0, 2), "s")
     em.log(f"exported {len(graphs)} float graphs ({parts} parts, context {cl}, AR-{ar_n} and AR-1)")
+    providers = ort_providers(em.log)
 
     # 2. calibration data
     windows = token_windows(hf_dir, text, samples, seq_len, bos_id=int(bos) if isinstance(bos, int) else None)
@@ -138,7 +147,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         em.progress(frac, f"{name}: calibration sample {min(i + 1, n)}/{n}", graph=name, sample=i, samples=n)
 
     t1 = time.monotonic()
-    quantize_partwise(graphs, out, blocks, settings, dims, progress, em.log, threads=threads)
+    quantize_partwise(graphs, out, blocks, settings, dims, progress, em.log, threads=threads,
+                      providers=providers)
     em.metric("calibration_seconds", round(time.monotonic() - t1, 2), "s")
     sharing = shared_weight_check(graphs, out)
     mismatched = sum(v["different"] for v in sharing.values())

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +30,114 @@ def graph_io_names(part: int, parts: int, layers: range) -> tuple[list[str], lis
 
 
 def load_hf_model(hf_dir: str | Path) -> Any:
+    """The whole model in fp32 (tests and small models only: the quantize stage loads one part at a
+    time with load_part_model)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
     model.eval()
     return model
+
+
+def safetensors_index(hf_dir: str | Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (reads only the files' headers)."""
+    from safetensors import safe_open
+
+    d = Path(hf_dir)
+    idx = d / "model.safetensors.index.json"
+    if idx.is_file():
+        wm = json.loads(idx.read_text(encoding="utf-8")).get("weight_map") or {}
+        return {str(k): d / str(v) for k, v in wm.items()}
+    out: dict[str, Path] = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as sf:
+            for k in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
+                out[k] = f
+    if not out:
+        raise OSError(f"no *.safetensors files in {d}")
+    return out
+
+
+def part_tensor_names(names: list[str], start: int, stop: int, first: bool, last: bool, tied: bool) -> list[str]:
+    """The checkpoint tensors one part needs: its layers, plus the embedding (first part) or the
+    final norm and lm_head (last part; the embedding again when the head is tied to it)."""
+    keep = []
+    for n in names:
+        if ".layers." in n:
+            try:
+                li = int(n.split(".layers.", 1)[1].split(".", 1)[0])
+            except ValueError:
+                continue
+            if start <= li < stop:
+                keep.append(n)
+        elif "embed_tokens" in n:
+            if first or (last and tied):
+                keep.append(n)
+        elif (n.startswith("lm_head") or n.endswith("model.norm.weight") or n == "norm.weight") and last:
+            keep.append(n)
+    return keep
+
+
+def load_part_model(hf_dir: str | Path, start: int, stop: int, first: bool, last: bool,
+                    index: dict[str, Path] | None = None) -> Any:
+    """A CausalLM skeleton on the meta device with ONLY layers [start, stop) (and the embedding /
+    final norm / lm_head the part needs) materialized in fp32 from the safetensors files, read
+    tensor by tensor (safe_open is lazy). Memory: one part's weights, not the model's."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(str(hf_dir))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    index = index if index is not None else safetensors_index(hf_dir)
+    wanted = part_tensor_names(list(index), start, stop, first, last, tied)
+    by_file: dict[Path, list[str]] = {}
+    for n in wanted:
+        by_file.setdefault(index[n], []).append(n)
+    params = dict(model.named_parameters())
+    state: dict[str, Any] = {}
+    for f, names in by_file.items():
+        with safe_open(str(f), framework="pt") as sf:
+            for n in names:
+                key = n if n in params else (n[len("model."):] if n.startswith("model.") else f"model.{n}")
+                if key not in params:
+                    continue
+                state[key] = sf.get_tensor(n).to(torch.float32)
+    if last and "lm_head.weight" not in state and "lm_head.weight" in params:
+        emb = state.get("model.embed_tokens.weight")
+        if emb is None:
+            raise OSError(f"{hf_dir}: the checkpoint has no lm_head.weight and no embedding to tie it to")
+        state["lm_head.weight"] = emb
+    missing = [k for k in params if _param_in_part(k, start, stop, first, last) and k not in state]
+    if missing:
+        raise OSError(f"{hf_dir}: the safetensors files lack {len(missing)} tensors of layers {start}..{stop - 1} "
+                      f"(e.g. {missing[0]})")
+    model.load_state_dict(state, strict=False, assign=True)
+    head = getattr(model, "lm_head", None)
+    if last and head is not None and head.weight.device.type == "meta":   # tied to the embedding
+        emb = state.get("model.embed_tokens.weight")
+        if emb is None:
+            raise OSError(f"{hf_dir}: the checkpoint has no lm_head.weight and no embedding to tie it to")
+        head.weight = torch.nn.Parameter(emb, requires_grad=False)
+    # buffers computed at construction (rotary inv_freq) are on meta: rebuild the rotary module on CPU
+    rot = model.model.rotary_emb
+    model.model.rotary_emb = type(rot)(config=cfg)
+    model.eval()
+    return model
+
+
+def _param_in_part(key: str, start: int, stop: int, first: bool, last: bool) -> bool:
+    if ".layers." in key:
+        li = int(key.split(".layers.", 1)[1].split(".", 1)[0])
+        return start <= li < stop
+    if "embed_tokens" in key:
+        return first
+    if key.startswith("lm_head") or key == "model.norm.weight":
+        return last
+    return False
 
 
 def _part_module(model: Any, start: int, stop: int, first: bool, last: bool) -> Any:
@@ -105,29 +210,45 @@ def _part_module(model: Any, start: int, stop: int, first: bool, last: bool) -> 
     return Part().eval()
 
 
-def export_deployment_graphs(hf_dir: str | Path, out_dir: str | Path, context_length: int, ar_n: int,
+PartHook = Callable[[list[dict[str, Any]], dict[str, Any]], None]
+
+
+def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, context_length: int, ar_n: int,
                              parts: int, model: Any = None, kinds: tuple[str, ...] = ("prompt_processor",
                                                                                       "token_generator"),
-                             seq_lens: dict[str, int] | None = None) -> list[dict[str, Any]]:
+                             seq_lens: dict[str, int] | None = None,
+                             after_part: PartHook | None = None) -> list[dict[str, Any]]:
     """Export float ONNX graphs for every part and kind into out_dir/<graph>.onnx; returns the
-    quantize.json "graphs" entries (paths relative to out_dir's parent)."""
+    quantize.json "graphs" entries (paths relative to out_dir's parent), prompt processors first.
+
+    Part by part: without `model`, only the part's own tensors are read from hf_dir's safetensors
+    (load_part_model), so memory holds one part's fp32 weights. `after_part(entries, named)` is
+    called after each part with its graph entries and its parameters by checkpoint name (numpy)."""
     import torch
+    from transformers import AutoConfig
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = model if model is not None else load_hf_model(hf_dir)
-    cfg = model.config
+    if model is not None:
+        cfg = model.config
+    else:
+        if hf_dir is None:
+            raise ValueError("export_deployment_graphs needs hf_dir or model")
+        cfg = AutoConfig.from_pretrained(str(hf_dir))
     heads = cfg.num_attention_heads
     kvh = getattr(cfg, "num_key_value_heads", None) or heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     ranges = layer_ranges(cfg.num_hidden_layers, parts)
+    index = safetensors_index(hf_dir) if model is None and hf_dir is not None else None
     graphs: list[dict[str, Any]] = []
-    for kind in kinds:
-        s = (seq_lens or {}).get(kind, ar_n if kind == "prompt_processor" else 1)
-        past = context_length - s
-        for k, (start, stop) in enumerate(ranges, start=1):
-            first, last = k == 1, k == parts
-            mod = _part_module(model, start, stop, first, last)
+    for k, (start, stop) in enumerate(ranges, start=1):
+        first, last = k == 1, k == parts
+        src = model if model is not None else load_part_model(hf_dir, start, stop, first, last, index)  # type: ignore[arg-type]
+        mod = _part_module(src, start, stop, first, last)
+        entries: list[dict[str, Any]] = []
+        for kind in kinds:
+            s = (seq_lens or {}).get(kind, ar_n if kind == "prompt_processor" else 1)
+            past = context_length - s
             x = (torch.zeros((1, s), dtype=torch.int32) if first
                  else torch.zeros((1, s, cfg.hidden_size), dtype=torch.float32))
             mask = torch.zeros((1, 1, s, context_length), dtype=torch.float32)
@@ -141,6 +262,18 @@ def export_deployment_graphs(hf_dir: str | Path, out_dir: str | Path, context_le
             with torch.no_grad():
                 torch.onnx.export(mod, (x, mask, pos, *kv), str(path), input_names=ins, output_names=outs,
                                   opset_version=OPSET, dynamo=False, do_constant_folding=True)
-            graphs.append({"name": name, "kind": kind, "part": k, "seq_len": s, "layers": list(range(start, stop)),
-                           "float_onnx": f"{out.name}/{name}.onnx", "inputs": ins, "outputs": outs})
+            entries.append({"name": name, "kind": kind, "part": k, "seq_len": s, "layers": list(range(start, stop)),
+                            "float_onnx": f"{out.name}/{name}.onnx", "inputs": ins, "outputs": outs})
+        if after_part is not None:
+            named = {n: p.detach().numpy() for n, p in src.named_parameters(remove_duplicate=False)
+                     if p.device.type != "meta" and _param_in_part(n, start, stop, first, last)}
+            after_part(entries, named)
+            del named
+        graphs.extend(entries)
+        del mod
+        if model is None:
+            del src
+        gc.collect()
+    order = {kind: i for i, kind in enumerate(kinds)}
+    graphs.sort(key=lambda g: (order[g["kind"]], g["part"]))
     return graphs
