@@ -162,3 +162,164 @@ class DeploymentPair:
                 break
             logits = self.step(tok)
         return out
+
+
+# -- part-major runs: at most one part's sessions open at a time (validation of large models) --------
+
+Call = tuple[int, str, list[int], int]   # (sequence index, "prompt_processor"|"token_generator", token ids, n_past)
+
+
+class PartSessions:
+    """onnxruntime sessions of ONE part at a time: asking for another part closes the open ones.
+    `opens` counts session creations (the price of holding one part in memory)."""
+
+    def __init__(self, graphs: Sequence[dict[str, Any]], base_dir: str | Path, variant: str = "sim",
+                 intra_op_threads: int = 1, providers: list[str] | None = None) -> None:
+        key = {"sim": "sim_onnx", "float": "float_onnx", "quantsim": "sim_onnx"}[variant]
+        base = Path(base_dir)
+        self.graphs = {(g["kind"], int(g["part"])): g for g in graphs}
+        self.paths = {k: base / str(g[key]) for k, g in self.graphs.items()}
+        self.parts = sorted({p for _, p in self.graphs})
+        for kind in ("prompt_processor", "token_generator"):
+            missing = [p for p in self.parts if (kind, p) not in self.graphs]
+            if missing:
+                raise ValueError(f"no {kind} graph for part(s) {missing}")
+        self.layers = {p: list(self.graphs[("prompt_processor", p)]["layers"]) for p in self.parts}
+        self.seq_len = {kind: int(self.graphs[(kind, self.parts[0])]["seq_len"])
+                        for kind in ("prompt_processor", "token_generator")}
+        self.threads = intra_op_threads
+        self.providers = providers or ["CPUExecutionProvider"]
+        self._part: int | None = None
+        self._open: dict[str, tuple[Any, list[str]]] = {}
+        self.opens = 0
+        self.open_seconds = 0.0
+
+    def session(self, kind: str, part: int) -> tuple[Any, list[str]]:
+        import time
+
+        import onnxruntime as ort
+
+        if part != self._part:
+            self.close()
+            self._part = part
+        if kind not in self._open:
+            t0 = time.monotonic()
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = self.threads
+            opts.inter_op_num_threads = 1
+            opts.log_severity_level = 3
+            sess = ort.InferenceSession(str(self.paths[(kind, part)]), opts, providers=self.providers)
+            self._open[kind] = (sess, [i.name for i in sess.get_inputs()])
+            self.opens += 1
+            self.open_seconds += time.monotonic() - t0
+        return self._open[kind]
+
+    def close(self) -> None:
+        self._open.clear()
+        self._part = None
+
+
+class KVState:
+    """One sequence's KV cache for every layer, [1,KVH,HD,CL] keys and [1,KVH,CL,HD] values."""
+
+    def __init__(self, layers: Sequence[int], num_kv_heads: int, head_dim: int, context_length: int) -> None:
+        self.k = {li: np.zeros((1, num_kv_heads, head_dim, context_length), np.float32) for li in layers}
+        self.v = {li: np.zeros((1, num_kv_heads, context_length, head_dim), np.float32) for li in layers}
+        self.n_past = 0
+
+
+def prefill_calls(seq: int, ids: Sequence[int], n_past: int, ar_n: int, capacity: int) -> tuple[list[Call], int]:
+    """The calls DeploymentPair.prefill makes: AR-N blocks, AR-1 near the end of the context."""
+    calls: list[Call] = []
+    i = 0
+    ids = list(ids)
+    if n_past + len(ids) > capacity:
+        raise ContextFull(f"the prompt ({len(ids)} tokens) does not fit: {n_past} of {capacity} context tokens "
+                          "are used")
+    while i < len(ids):
+        if n_past + ar_n <= capacity:
+            block = ids[i:i + ar_n]
+            calls.append((seq, "prompt_processor", block, n_past))
+        else:
+            block = [ids[i]]
+            calls.append((seq, "token_generator", block, n_past))
+        i += len(block)
+        n_past += len(block)
+    return calls, n_past
+
+
+def run_part_major(ps: PartSessions, calls: Sequence[Call], states: dict[int, KVState], capacity: int,
+                   last_only: bool = True) -> list[np.ndarray]:
+    """Run `calls` through every part, part by part (one part's sessions open at a time), carrying
+    each call's hidden state to the next part and writing the new KV entries into `states`.
+    Calls of one sequence must come in order. Returns each call's last-part output: the logits at
+    its last token [V] (last_only) or the whole output [S, V]."""
+    xs: list[np.ndarray] = []
+    for ci, (_, kind, ids, _) in enumerate(calls):
+        s = ps.seq_len[kind]
+        if not 0 < len(ids) <= s:
+            raise ValueError(f"call {ci}: {len(ids)} tokens for a {s}-token graph")
+        x: np.ndarray = np.zeros((1, s), np.int32)
+        x[0, :len(ids)] = ids
+        xs.append(x)
+    for part in ps.parts:
+        layers = ps.layers[part]
+        for ci, (si, kind, ids, n_past) in enumerate(calls):
+            sess, names = ps.session(kind, part)
+            s = ps.seq_len[kind]
+            m = len(ids)
+            past_len = capacity - s
+            if n_past + s > capacity or n_past > past_len:
+                raise ContextFull(f"the context holds {n_past} of {capacity} tokens; no room for a {s}-token block")
+            mask, pos = step_inputs(n_past, s, capacity)
+            st = states[si]
+            feed: dict[str, np.ndarray] = {names[0]: xs[ci], names[1]: mask, names[2]: pos}
+            for j, li in enumerate(layers):
+                feed[names[3 + 2 * j]] = st.k[li][..., :past_len]
+                feed[names[4 + 2 * j]] = st.v[li][:, :, :past_len]
+            outs = sess.run(None, feed)  # by position: quantized graphs rename their outputs
+            for j, li in enumerate(layers):
+                st.k[li][..., n_past:n_past + m] = outs[1 + 2 * j][..., :m]
+                st.v[li][:, :, n_past:n_past + m] = outs[2 + 2 * j][:, :, :m]
+            xs[ci] = outs[0] if part != ps.parts[-1] or not last_only else \
+                np.asarray(outs[0][0, m - 1], np.float32)
+            del outs
+    ps.close()
+    for si, _, ids, n_past in calls:
+        states[si].n_past = max(states[si].n_past, n_past + len(ids))
+    return [x if last_only else np.asarray(x[0], np.float32) for x in xs]
+
+
+def greedy_part_major(ps: PartSessions, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                      eos_ids: Sequence[int], capacity: int, num_kv_heads: int, head_dim: int) -> list[list[int]]:
+    """DeploymentPair.generate for several prompts at once, part-major: the prompts are prefilled
+    part by part, then every greedy step runs all still-active sequences through part 1, then
+    part 2, ... (each part's token generator is opened once per step)."""
+    all_layers = [li for p in ps.parts for li in ps.layers[p]]
+    states = {i: KVState(all_layers, num_kv_heads, head_dim, capacity) for i in range(len(prompts))}
+    calls: list[Call] = []
+    last_call: dict[int, int] = {}
+    for i, pr in enumerate(prompts):
+        if not pr:
+            raise ValueError("empty prompt")
+        c, _ = prefill_calls(i, pr, 0, ps.seq_len["prompt_processor"], capacity)
+        calls += c
+        last_call[i] = len(calls) - 1
+    outs = run_part_major(ps, calls, states, capacity)
+    logits = {i: outs[last_call[i]] for i in range(len(prompts))}
+    gen: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    active = set(range(len(prompts)))
+    for it in range(max_new_tokens):
+        step: list[Call] = []
+        for i in sorted(active):
+            tok = int(np.argmax(logits[i]))
+            gen[i].append(tok)
+            if tok in eos_ids or states[i].n_past >= capacity:
+                continue
+            step.append((i, "token_generator", [tok], states[i].n_past))
+        active = {c[0] for c in step}
+        if not step or it == max_new_tokens - 1:
+            break
+        for c, lg in zip(step, run_part_major(ps, step, states, capacity), strict=True):
+            logits[c[0]] = lg
+    return [gen[i] for i in range(len(prompts))]

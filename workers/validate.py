@@ -58,7 +58,7 @@ def thresholds_from(settings: dict[str, Any]) -> dict[str, float]:
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     import numpy as np
 
-    from workers.arloop import DeploymentPair, step_inputs
+    from workers.arloop import KVState, PartSessions, greedy_part_major, prefill_calls, run_part_major
     from workers.metrics import judge, kl_divergence, perplexity, salad, sequence_agreement, top1_agreement
     from workers.quant.calib import load_tokenizer, resolve_hf_dir, resolve_text
 
@@ -77,24 +77,40 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         raise WorkerError("validation_text_short", f"{text_path} has {len(ids)} tokens; validation needs "
                           f"{window * EVAL_WINDOWS}.", "Use a longer held-out text.")
     threads = max(1, min(os.cpu_count() or 1, 4))
-    em.progress(0.02, "loading the float and quantized deployment pairs")
-    pairs = {v: DeploymentPair.from_graphs(q["graphs"], qdir, variant=v, context_length=cl, ar_n=ar_n,
-                                           intra_op_threads=threads) for v in ("float", "sim")}
+    kvh, hd = int(q["num_kv_heads"]), int(q["head_dim"])
+    # One part's sessions open at a time (arloop.PartSessions), one variant at a time: the memory is
+    # one part's graphs plus the KV caches and hidden states, not the whole model twice.
+    sessions = {v: PartSessions(q["graphs"], qdir, variant=v, intra_op_threads=threads) for v in ("float", "sim")}
+    ps0 = sessions["float"]
+    if ps0.seq_len["prompt_processor"] != ar_n:
+        raise WorkerError("graph_shape_mismatch", f"the prompt processor graphs have AR-{ps0.seq_len['prompt_processor']}"
+                          f", quantize.json says AR-{ar_n}.", "Run the quantize stage again (--force).")
+    all_layers = [li for p in ps0.parts for li in ps0.layers[p]]
     starts = np.linspace(0, len(ids) - window, num=EVAL_WINDOWS).astype(int).tolist()
 
-    # 1. deployment pair, teacher-forced: prompt via AR-N, then every next token via AR-1
-    logits: dict[str, list[np.ndarray]] = {"float": [], "sim": []}
+    # 1. deployment pair, teacher-forced: prompt via AR-N, then every next token via AR-1 (part-major:
+    #    every window's prompt and forced steps go through part 1, then part 2, ...)
+    em.progress(0.02, "deployment pair: teacher-forced windows")
+    calls: list[Any] = []
+    keep: list[int] = []          # the calls whose logits are scored: prompt's last, then each step
     targets: list[int] = []
     for w, s in enumerate(starts):
         seq = ids[s:s + window]
-        for v, pair in pairs.items():
-            pair.reset()
-            out = [pair.prefill(seq[:PROMPT_TOKENS])]
-            for t in seq[PROMPT_TOKENS:PROMPT_TOKENS + FORCED_STEPS]:
-                out.append(pair.step(t))
-            logits[v].extend(out)
+        c, n_past = prefill_calls(w, seq[:PROMPT_TOKENS], 0, ar_n, cl)
+        calls += c
+        keep.append(len(calls) - 1)
+        for t in seq[PROMPT_TOKENS:PROMPT_TOKENS + FORCED_STEPS]:
+            calls.append((w, "token_generator", [int(t)], n_past))
+            keep.append(len(calls) - 1)
+            n_past += 1
         targets.extend(seq[PROMPT_TOKENS:PROMPT_TOKENS + FORCED_STEPS + 1])
-        em.progress(0.05 + 0.45 * (w + 1) / EVAL_WINDOWS, f"deployment pair: window {w + 1}/{EVAL_WINDOWS}")
+    logits: dict[str, list[np.ndarray]] = {}
+    for i, (v, ps) in enumerate(sessions.items()):
+        states = {w: KVState(all_layers, kvh, hd, cl) for w in range(len(starts))}
+        outs = run_part_major(ps, calls, states, cl)
+        logits[v] = [outs[j] for j in keep]
+        del outs, states
+        em.progress(0.05 + 0.45 * (i + 1) / len(sessions), f"deployment pair: {v} done")
     lf, lq = np.stack(logits["float"]), np.stack(logits["sim"])
     values: dict[str, float] = {
         "top1_agreement": round(top1_agreement(lf, lq), 4),
@@ -103,20 +119,23 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         "perplexity_quantized": round(perplexity(lq, targets), 4),
     }
     values["perplexity_ratio"] = round(values["perplexity_quantized"] / max(values["perplexity_float"], 1e-9), 4)
+    del lf, lq, logits
 
-    # 2. greedy continuations (prompt processor prefill, token generator decode on its own KV cache)
+    # 2. greedy continuations (prompt processor prefill, token generator decode on its own KV cache),
+    #    all prompts together, part by part at every step
     eos = [int(e) for e in ((model.get("info") or {}).get("eos_token_ids") or [])]
     ref_counts: Counter[int] = Counter(ids)
+    prompts = [ids[s:s + PROMPT_TOKENS] for s in starts[:GREEDY_PROMPTS]]
+    gens: dict[str, list[list[int]]] = {}
+    for i, (v, ps) in enumerate(sessions.items()):
+        gens[v] = greedy_part_major(ps, prompts, GREEDY_TOKENS, eos, cl, kvh, hd)
+        em.progress(0.5 + 0.3 * (i + 1) / len(sessions), f"greedy continuations: {v} done")
     greedy: list[dict[str, Any]] = []
     agree: list[float] = []
     sal_q: list[float] = []
     sal_f: list[float] = []
-    for i, s in enumerate(starts[:GREEDY_PROMPTS]):
-        prompt = ids[s:s + PROMPT_TOKENS]
-        gen: dict[str, list[int]] = {}
-        for v, pair in pairs.items():
-            pair.reset()
-            gen[v] = pair.generate(prompt, GREEDY_TOKENS, eos)
+    for i, prompt in enumerate(prompts):
+        gen = {v: gens[v][i] for v in gens}
         frac, first_diff = sequence_agreement(gen["float"], gen["sim"])
         texts = {v: tok.decode(g) for v, g in gen.items()}
         sq, sf = salad(texts["sim"], gen["sim"], ref_counts), salad(texts["float"], gen["float"], ref_counts)
@@ -126,7 +145,6 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         greedy.append({"prompt": tok.decode(prompt), "float": texts["float"], "quantized": texts["sim"],
                        "agreement": round(frac, 4), "first_difference": first_diff,
                        "salad_quantized": sq, "salad_float": sf})
-        em.progress(0.5 + 0.3 * (i + 1) / GREEDY_PROMPTS, f"greedy continuation {i + 1}/{GREEDY_PROMPTS}")
     values["greedy_agreement"] = round(float(np.mean(agree)), 4)
     values["salad_score_quantized"] = round(float(np.mean(sal_q)), 4)
     values["salad_score_float"] = round(float(np.mean(sal_f)), 4)
@@ -136,13 +154,13 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     pp_logits: dict[str, np.ndarray] = {}
     block = ids[starts[0]:starts[0] + ar_n]
     block = block + [block[-1]] * (ar_n - len(block))
-    mask, pos = step_inputs(0, ar_n, cl)
-    kvh, hd = int(q["num_kv_heads"]), int(q["head_dim"])
-    for v, pair in pairs.items():
-        past: dict[int, tuple[np.ndarray, np.ndarray]] = {li: (np.zeros((1, kvh, hd, cl - ar_n), np.float32), np.zeros((1, kvh, cl - ar_n, hd), np.float32))
-                for li in pair.layers}
-        pp_out, _ = pair.prompt.run(np.asarray([block], np.int32), mask, pos, past)
-        pp_logits[v] = np.asarray(pp_out[0], np.float32)
+    for v, ps in sessions.items():
+        st = {0: KVState(all_layers, kvh, hd, cl)}
+        pp_logits[v] = run_part_major(ps, [(0, "prompt_processor", block, 0)], st, cl, last_only=False)[0]
+    opens = {v: ps.opens for v, ps in sessions.items()}
+    open_s = round(sum(ps.open_seconds for ps in sessions.values()), 2)
+    em.metric("validate_session_opens", sum(opens.values()))
+    em.metric("validate_session_open_seconds", open_s, "s")
     calib: dict[str, Any] = {"graph": f"prompt_processor alone (calibration shape, AR-{ar_n})",
              "top1_agreement": round(top1_agreement(pp_logits["float"], pp_logits["sim"]), 4),
              "kl_divergence": round(kl_divergence(pp_logits["float"], pp_logits["sim"]), 6)}
@@ -178,6 +196,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
            "deployment_pair": {"windows": EVAL_WINDOWS, "prompt_tokens": PROMPT_TOKENS, "forced_steps": FORCED_STEPS,
                                "positions": len(targets), "context_length": cl, "ar_n": ar_n},
            "greedy": greedy, "validation_text": str(text_path), "quantized": "sim (QDQ ONNX, onnxruntime)",
+           "memory": {"mode": "part-major: one part's sessions open at a time", "session_opens": opens,
+                      "session_open_seconds": open_s},
            "precision": q.get("precision"), "seconds": round(time.monotonic() - t0, 2)}
     tmp = spec.out_dir / "validation.json.tmp"
     tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8")
