@@ -170,3 +170,87 @@ def test_export_and_arloop_match_transformers(tmp_path: Path) -> None:
     pair.reset()
     with pytest.raises(ContextFull):
         pair.prefill(list(range(65)))
+
+
+def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: Path) -> None:
+    """Validation's part-major runs (one part's sessions open at a time) give the same logits and greedy
+    tokens as DeploymentPair, which holds every session at once."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workers.arloop import (
+        DeploymentPair,
+        KVState,
+        PartSessions,
+        greedy_part_major,
+        prefill_calls,
+        run_part_major,
+    )
+    from workers.export import export_deployment_graphs
+
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model = LlamaForCausalLM(cfg).eval()
+    graphs = export_deployment_graphs(None, tmp_path / "float", 64, 16, 3, model=model)
+    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16)
+    ps = PartSessions(graphs, tmp_path, variant="float")
+    rng = np.random.RandomState(3)
+    seqs = [[int(x) for x in rng.randint(0, 300, n)] for n in (21, 9)]
+    calls: list[Any] = []
+    keep = []
+    for i, seq in enumerate(seqs):
+        c, n_past = prefill_calls(i, seq, 0, 16, 64)
+        calls += c
+        keep.append(len(calls) - 1)
+        for t in (5, 7, 11):
+            calls.append((i, "token_generator", [t], n_past))
+            keep.append(len(calls) - 1)
+            n_past += 1
+    states = {i: KVState(range(3), 2, 16, 64) for i in range(len(seqs))}
+    outs = run_part_major(ps, calls, states, 64)
+    got = [outs[j] for j in keep]
+    want = []
+    for seq in seqs:
+        pair.reset()
+        want += [pair.prefill(seq), *(pair.step(t) for t in (5, 7, 11))]
+    assert np.abs(np.stack(got) - np.stack(want)).max() < 1e-5
+    # the part-major loop switched parts, never holding two parts' sessions
+    assert ps.opens == 3 * 2 and not ps._open
+    ref = []
+    for seq in seqs:
+        pair.reset()
+        ref.append(pair.generate(seq, 12, eos_ids=[]))
+    assert greedy_part_major(ps, seqs, 12, [], 64, 2, 16) == ref
+
+
+def test_export_reads_only_each_parts_tensors(tmp_path: Path) -> None:
+    """Without a loaded model, export reads one part's tensors from the safetensors files at a time
+    (load_part_model: meta-device skeleton + that part's slice) and gives the same graphs."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workers.arloop import DeploymentPair
+    from workers.export import export_deployment_graphs
+
+    torch.manual_seed(2)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg).eval()
+    hf = tmp_path / "hf"
+    model.save_pretrained(hf, safe_serialization=True)
+    seen: dict[int, list[str]] = {}
+    graphs = export_deployment_graphs(hf, tmp_path / "float", 64, 16, 2,
+                                      after_part=lambda e, named: seen.update({e[0]["part"]: sorted(named)}))
+    assert [g["name"] for g in graphs] == ["prompt_ar16_cl64_1_of_2", "prompt_ar16_cl64_2_of_2",
+                                           "token_ar1_cl64_1_of_2", "token_ar1_cl64_2_of_2"]
+    assert all(".layers.2." not in n and ".layers.3." not in n and "lm_head" not in n for n in seen[1])
+    assert "model.embed_tokens.weight" in seen[1] and "model.norm.weight" not in seen[1]
+    assert all(".layers.0." not in n and ".layers.1." not in n for n in seen[2])
+    assert "lm_head.weight" in seen[2]   # the tied head, under its own name (int8 lm_head, not LPBQ)
+    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16)
+    ids = [int(x) for x in np.random.RandomState(0).randint(0, 300, 20)]
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0, -1].numpy()
+    assert np.abs(pair.prefill(ids) - ref).max() < 1e-4
