@@ -259,10 +259,10 @@ def download(model_id: str, revision: str | None, em: Emitter, *, snapshot: Call
             em.progress(0.05 + 0.5 * done / total, f"downloading {model_id}: {done / 1e9:.2f} of "
                         f"{total / 1e9:.2f} GB ({rate / 1e6:.1f} MB/s)", done_bytes=done, total_bytes=total)
     if "error" in result:
-        exc = result["error"]
-        mapped = hub_error(exc, model_id, revision, cache, total or None)
+        failure: BaseException = result["error"]
+        mapped = hub_error(failure, model_id, revision, cache, total or None)
         if mapped is None:
-            raise exc
+            raise failure
         raise mapped from None
     if total:
         em.progress(0.55, f"downloaded {model_id}: {total / 1e9:.2f} GB", done_bytes=total, total_bytes=total)

@@ -182,10 +182,14 @@ def test_a_gated_model_fails_before_downloading(tmp_path: Path) -> None:
     def gated(model_id: str, **_: Any) -> Any:
         raise hub_answer(403, "GatedRepo", "Access restricted")
 
-    called = []
+    called: list[int] = []
+
+    def snapshot(*a: Any, **k: Any) -> str:
+        called.append(1)
+        return ""
+
     with pytest.raises(WorkerError) as info:
-        download(MODEL, None, Emitter(io.StringIO()), snapshot=lambda *a, **k: called.append(1) or "",
-                 repo_info=gated, cache_dir=tmp_path)
+        download(MODEL, None, Emitter(io.StringIO()), snapshot=snapshot, repo_info=gated, cache_dir=tmp_path)
     assert info.value.code == "gated_model" and not called
 
 
