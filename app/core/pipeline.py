@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -159,6 +160,9 @@ class Pipeline:
     # -- public -------------------------------------------------------------
     async def run(self, until: str = "report", only: str | None = None, force: bool = False) -> PipelineResult:
         targets = self._targets(until, only)
+        if self.lock.held:  # this very pipeline is already running (e.g. Start clicked twice)
+            busy = RunBusy(self.m.run_id, os.getpid())
+            return PipelineResult(False, targets[0].name if targets else None, busy.message, hint=busy.hint)
         try:
             self.lock.acquire()
         except RunBusy as exc:

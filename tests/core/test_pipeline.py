@@ -397,3 +397,19 @@ def test_the_stage_estimate_reaches_the_job_for_the_oom_hint(workspace: Workspac
     pipe = Pipeline(m, stages=fake_stages())
     assert pipe._memory_need(get_stage("quantize")) == 123 * 1024**3
     assert pipe._memory_need(get_stage("compile")) is None
+
+
+def test_the_same_pipeline_cannot_run_twice_at_once(workspace: Workspace) -> None:
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 1.0})
+    pipe = Pipeline(m, stages=fake_stages())
+
+    async def both() -> tuple[Any, Any]:
+        first = asyncio.ensure_future(pipe.run(until="model"))
+        while pipe.current_job is None:
+            await asyncio.sleep(0.02)
+        second = await pipe.run(until="model")
+        return await first, second
+
+    first, second = asyncio.run(both())
+    assert first.ok and not second.ok and f"PID {os.getpid()}" in second.message
+    assert m.stage("model").state == "done" and m.stage("model").data["attempts"] == 1
