@@ -70,17 +70,26 @@ def _resources(run_dir: Path, stage: str, max_points: int = 400) -> list[list[fl
     return rows[::step]
 
 
+def token_rate_unit(chunks: list[dict[str, Any]]) -> str:
+    """"tokens/s" when every chunk carries its token count (from the runner or the bundle's tokenizer), else
+    "chunks/s": a chunk is one read of the runner's output, not a token."""
+    return "tokens/s" if chunks and all(isinstance(c.get("tokens"), int) for c in chunks) else "chunks/s"
+
+
 def token_rate_series(chunks: list[dict[str, Any]], window_s: float = 1.0) -> list[list[float]]:
-    """tokens/s over a sliding window, one point per chunk (a chunk is one streamed token)."""
+    """The rate over a sliding window, one point per chunk: tokens/s when the chunks carry token counts,
+    else chunks/s (see token_rate_unit)."""
     out: list[list[float]] = []
     times = [float(c["t"]) for c in chunks]
+    per_token = token_rate_unit(chunks) == "tokens/s"
+    counts = [int(c["tokens"]) if per_token else 1 for c in chunks]
     j = 0
     for i, t in enumerate(times):
         while times[j] < t - window_s:
             j += 1
         span = t - times[j]
         if i > j and span > 0:
-            out.append([round(t, 3), round((i - j) / span, 2)])
+            out.append([round(t, 3), round(sum(counts[j + 1:i + 1]) / span, 2)])
     return out
 
 
@@ -195,6 +204,7 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
             rep["kpis"].append({"name": key, "label": label, "unit": unit, "value": k.get(key), "source": source,
                                 "reference": REFERENCE_KPIS[key]})
         rep["series"]["token_rate"] = token_rate_series(ch.get("chunks") or [])
+        rep["series"]["token_rate_unit"] = token_rate_unit(ch.get("chunks") or [])
     for s in STAGES:
         series = _resources(run_dir, s.name) if m.stage(s.name).state != "pending" else []
         if series:
