@@ -15,7 +15,8 @@ stdin, one JSON object a line:
 stdout, one JSON object a line:
     {"event": "ready", "genie_version", "init_ms", "context_length", "profile": bool, "pid"}
     {"event": "text", "id", "text", "tokens", "mono"}  as the dialog's callback delivers it: one
-                                                callback a token (tokens: 1; mono: the helper's
+                                                callback a token (tokens: 1; absent when a whole reply
+                                                came in one callback; mono: the helper's
                                                 time.monotonic() when it was emitted)
     {"event": "end", "id", "state": "complete"|"aborted"|"context_full"|"failed", "status", "profile": {...}|null,
      "measured": {"ttft_ms", "gen_ms", "callbacks"}}
@@ -147,13 +148,15 @@ class Helper:
             self.f["GenieDialog_setMaxNumTokens"](self.dialog, int(max_tokens))  # type: ignore[call-overload]
         dec = codecs.getincrementaldecoder("utf-8")("replace")
         t0 = time.perf_counter()
-        m = {"first": 0.0, "last": 0.0, "callbacks": 0, "aborted": False, "held": 0}
+        m = {"first": 0.0, "last": 0.0, "callbacks": 0, "aborted": False, "held": 0, "whole": False}
 
         def on_token(resp: bytes | None, code: int, _user: object) -> None:
             if code == SENTENCE_ABORT:
                 m["aborted"] = True
-            if code in (SENTENCE_BEGIN, SENTENCE_CONTINUE) or (code == SENTENCE_COMPLETE and resp):
+            if code in (SENTENCE_BEGIN, SENTENCE_CONTINUE):
                 m["held"] = int(m["held"]) + 1   # one callback, one token (its text may be held: half a character)
+            elif code == SENTENCE_COMPLETE and resp:
+                m["whole"] = True                # a whole reply in one callback: its token count is not known here
             text = dec.decode(resp or b"")
             if text:
                 now = time.perf_counter()
@@ -161,7 +164,10 @@ class Helper:
                     m["first"] = now
                 m["last"] = now
                 m["callbacks"] = int(m["callbacks"]) + 1
-                emit({"event": "text", "id": qid, "text": text, "tokens": int(m["held"]), "mono": time.monotonic()})
+                ev = {"event": "text", "id": qid, "text": text, "mono": time.monotonic()}
+                if not m["whole"]:
+                    ev["tokens"] = int(m["held"])
+                emit(ev)
                 m["held"] = 0
 
         cb = QUERY_CB(on_token)
@@ -172,7 +178,7 @@ class Helper:
             self.in_query.clear()
         tail = dec.decode(b"", final=True)
         if tail:
-            emit({"event": "text", "id": qid, "text": tail, "tokens": int(m["held"])})
+            emit({"event": "text", "id": qid, "text": tail, **({} if m["whole"] else {"tokens": int(m["held"])})})
         if m["aborted"] or st in (WARNING_ABORTED, WARNING_PAUSED) or (st > 0 and self.aborting):
             state = "aborted"
         elif st == WARNING_CONTEXT_EXCEEDED:
