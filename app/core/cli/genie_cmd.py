@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pt.add_argument("file", help="the captured stdout (- for stdin)")
     pt.add_argument("--exit-status", type=int, default=None,
                     help="the run's exit status when known (non-zero marks an unfinished reply as crashed)")
+    pt.add_argument("--prompt-file", default=None,
+                    help="the prompt file the run was given: its echo is skipped exactly (without it, the echo "
+                         "is taken to end at the first blank line)")
     add_json_flag(pt)
     pt.set_defaults(func=cmd_transcript)
 
@@ -60,7 +63,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_transcript(args: argparse.Namespace) -> int:
     text = _read(args.file)
-    t = parse_transcript(text, args.exit_status)
+    prompt = None
+    if args.prompt_file is not None:
+        try:   # exactly as genie-t2t-run read it: bytes as they are, no newline translation
+            prompt = Path(args.prompt_file).read_bytes().decode("utf-8", errors="replace")
+        except OSError as exc:
+            raise CliError(f"Cannot read {args.prompt_file}: {exc.strerror}.",
+                           "Give the prompt file the run was given (--prompt_file), or leave --prompt-file out.") \
+                from None
+    t = parse_transcript(text, args.exit_status, prompt)
     doc = t.as_json()
     failed = t.state in ("crashed", "not_started") or bool(t.errors)
     doc["explanation"] = explain_failure(t, "", args.exit_status) if failed else None
