@@ -19,11 +19,23 @@ from tests.gui.conftest import wait_until
 pytestmark = pytest.mark.slow
 
 
-def _shot(widget: Any, name: str, tmp: Path) -> Path:
+def _shot(widget: Any, name: str, tmp: Path, show: Any = None) -> Path:
+    """Grab the window; with `show`, the job dock is hidden and the page scrolled so that widget is in view."""
+    from PySide6.QtWidgets import QApplication, QScrollArea
+
     out = tmp / "screens"
     out.mkdir(exist_ok=True)
     path = out / f"{name}.png"
+    if show is not None:
+        widget.dock.hide()
+        for _ in range(3):
+            QApplication.processEvents()
+        page = widget.stack.currentWidget()
+        page.findChild(QScrollArea).ensureWidgetVisible(show, 0, 0)
+        QApplication.processEvents()
     assert widget.grab().save(str(path)), f"could not save {path}"
+    if show is not None:
+        widget.dock.show()
     keep = os.environ.get("HEXSTUDIO_SCREENSHOTS")
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
@@ -87,7 +99,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         await run_page("compile", 120)
         cp = w.pages["compile"]
         assert cp.files.rowCount() >= 5 and "SIMULATION" in cp.bundle_label.text()
-        _shot(w, "05-compile", tmp_path)
+        _shot(w, "05-compile", tmp_path, show=cp.files)
 
         await run_page("board", 120)
         bp = w.pages["board"]
@@ -117,7 +129,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         assert "stays loaded" in ch.mode_label.text()
         assert "SIMULATED" in ch.kpi_label.text()
         assert ch.rate_plot.xs and ch.history_plot.rates == [pytest.approx(turn.kpis["gen_tok_s"])]
-        _shot(w, "07-chat", tmp_path)
+        _shot(w, "07-chat", tmp_path, show=ch.kpi_label)
         # a second turn keeps the conversation (multi-turn prompt) and can be stopped mid-reply
         ch.max_tokens.setValue(200)
         task = asyncio.ensure_future(ch.send("Tell me about the harbour."))

@@ -120,7 +120,7 @@ class BoardPage(StagePage):
         self.console.setFont(f)
         self.console.setMinimumHeight(140)
         col.addWidget(self.console)
-        self.push_label = QLabel("")
+        self.push_label = note("")   # a long remote path wraps instead of widening the page
         self.push_label.setObjectName("push_label")
         col.addWidget(self.push_label)
         self.body.insertWidget(self.body.indexOf(self.results_box), console_box)

@@ -158,6 +158,7 @@ class ChatPage(StagePage):
         cl.addWidget(self.kpi_label)
         self.mode_label = QLabel("")
         self.mode_label.setObjectName("session_mode")
+        self.mode_label.setWordWrap(True)   # a fallback reason can be long: wrap, never widen the page
         cl.addWidget(self.mode_label)
         row = QHBoxLayout()
         self.input = QPlainTextEdit()

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
@@ -77,10 +78,18 @@ def parse_devices_output(returncode: int, stdout: str, stderr: str) -> tuple[lis
     return rows, bool(doc.get("emulated"))
 
 
+def device_os(r: dict[str, Any]) -> str:
+    """'android 14', 'linux 1.5': AI Hub gives the OS family as an attribute and the version as `os`;
+    the offline list has only the family."""
+    family = next((str(a).split(":", 1)[1] for a in r.get("attributes") or [] if str(a).startswith("os:")), None)
+    version = str(r.get("os") or "")
+    return f"{family} {version}".strip() if family else (version or "?")
+
+
 def device_row(r: dict[str, Any]) -> list[str]:
     return [str(r.get("name")), str(r.get("dsp_arch") or "?"), str(r.get("soc_model") if r.get("soc_model")
                                                                     is not None else "?"),
-            "yes" if r.get("weight_sharing") else "no", str(r.get("os") or "?"),
+            "yes" if r.get("weight_sharing") else "no", device_os(r),
             "yes" if r.get("supported") else f"no — {r.get('reason') or ''}".rstrip(" —")]
 
 
@@ -135,6 +144,14 @@ class PreflightPage(StagePage):
         self.checks = KeyValueTable(["check", "status", "measured", "required", "message", "fix"])
         self.checks.setObjectName("preflight_checks")
         self.checks.setMinimumHeight(260)
+        # long measured values (package pins) stay on one line in a capped column; the tooltip has all of it
+        self.checks.setWordWrap(False)
+        hh = self.checks.horizontalHeader()
+        for col in (2, 3):
+            hh.setSectionResizeMode(col, QHeaderView.ResizeMode.Interactive)
+            self.checks.setColumnWidth(col, 170)
+        hh.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+        hh.setStretchLastSection(False)
         self.results_layout.insertWidget(1, self.checks)
         self.fix_row = QHBoxLayout()
         self.results_layout.insertLayout(2, self.fix_row)
@@ -257,6 +274,7 @@ class ValidatePage(StagePage):
                                           "quantized side by side."))
         self.verdict = QLabel()
         self.verdict.setObjectName("verdict")
+        self.verdict.setWordWrap(True)
         self.results_layout.insertWidget(1, self.verdict)
         self.checks = KeyValueTable(["metric", "value", "threshold", "ok"])
         self.checks.setObjectName("validate_checks")
@@ -342,6 +360,7 @@ class CompilePage(StagePage):
         self.devices_table = KeyValueTable(["device", "Hexagon arch", "soc_model", "weight sharing", "OS", "usable"])
         self.devices_table.setObjectName("aihub_devices")
         self.devices_table.setMinimumHeight(150)
+        self.devices_table.setWordWrap(False)   # one line per device; the tooltip has a refusal's whole reason
         self.devices_table.itemSelectionChanged.connect(self._device_row_chosen)
         self.inputs_layout.addWidget(self.devices_table)
         self.devices: list[dict[str, Any]] = [{"name": n, **d, "supported": True, "reason": "", "emulated": False}
@@ -436,7 +455,7 @@ class CompilePage(StagePage):
             r = next((r for r in rows if r["name"] == n), None)
             combo.setItemData(combo.count() - 1, "not on this AI Hub account" if r is None else
                               f"Hexagon {r.get('dsp_arch')}, soc_model {r.get('soc_model')}, weight sharing "
-                              f"{'yes' if r.get('weight_sharing') else 'no'}, {r.get('os')}", 3)  # ToolTipRole
+                              f"{'yes' if r.get('weight_sharing') else 'no'}, {device_os(r)}", 3)  # ToolTipRole
         combo.setCurrentIndex(max(combo.findText(current), 0))
         combo.blockSignals(False)
 
