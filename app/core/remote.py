@@ -730,7 +730,7 @@ class RemoteStageJob:
                              hint="Nothing from the cancelled attempt is kept. Start it again when ready.",
                              code="cancelled", duration_s=time.monotonic() - self._t0)
         except WorkerHostError as exc:
-            return self._fail(exc.code, exc.message, exc.hint)
+            return self._fail(exc.code, exc.message, exc.hint.replace("RUN_ID", self.m.run_id) if exc.hint else None)
         except Exception as exc:
             from app.core.device.transport import ConnectionLost
 

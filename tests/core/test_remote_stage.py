@@ -292,3 +292,56 @@ def test_cli_worker_add_check_and_run_flag(tmp_path: Path) -> None:
                         "--json"], capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 1 and "No worker host named 'nope'" in p.stderr
     assert not (tmp_path / "ws" / "runs").exists() or not any((tmp_path / "ws" / "runs").iterdir())
+
+
+def _worker_events(run_dir: Path, stage: str) -> list[tuple[str, str]]:
+    """The worker's own events (not the studio's worker-host lines, not stderr) as (type, what)."""
+    out = []
+    for line in (run_dir / "logs" / f"{stage}.jsonl").read_text().splitlines():
+        ev = json.loads(line)
+        if ev.get("source") == "worker_host" or ev.get("stream") == "stderr":
+            continue
+        what = {"metric": ev.get("name"), "artifact": ev.get("path"), "done": str(ev.get("ok"))}.get(ev["type"], "")
+        out.append((ev["type"], str(what)))
+    return out
+
+
+@pytest.mark.slow
+def test_real_quantize_on_the_worker_host_streams_the_same_events_as_a_local_run(tmp_path: Path) -> None:
+    """`hexstudio run --model builtin:tiny-llama --board sim --until quantize --worker-host box`: real
+    aimet-onnx on the host, compared with the same run on this machine."""
+    exe = str(Path(sys.executable).with_name("hexstudio"))
+    base = [exe, "run", "--model", "builtin:tiny-llama", "--board", "sim", "--until", "quantize",
+            "--set", "calibration_samples=4", "--json", "--quiet"]
+    root = tmp_path / "host-root"
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, root)
+        p = subprocess.run([*base, "--worker-host", "box", "--workspace", str(tmp_path / "remote-ws")],
+                           capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    remote = RunManifest.load(Path(json.loads(p.stdout)["run_dir"]))
+    p = subprocess.run([*base, "--workspace", str(tmp_path / "local-ws")], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    local = RunManifest.load(Path(json.loads(p.stdout)["run_dir"]))
+
+    # the same events, in the same order
+    ev_remote, ev_local = _worker_events(remote.run_dir, "quantize"), _worker_events(local.run_dir, "quantize")
+    assert ev_remote == ev_local
+    assert ev_remote.count(("done", "True")) == 1 and sum(t == "progress" for t, _ in ev_remote) >= 5
+    # it really ran there: on the host's copies, and the output came back by download
+    rrun = root / "runs" / remote.run_id
+    assert (rrun / "artifacts" / "model" / "hf" / "config.json").is_file()
+    assert (rrun / "artifacts" / "quantize" / "quantize.json").is_file()
+    st = remote.stage("quantize")
+    assert st.metric_value("worker_host") == "box"
+    # everything came by download (quantize.json then had its host paths mapped back: a few bytes differ)
+    down = st.metric_value("worker_host_download_bytes")
+    assert down > 10**6 and abs(down - sum(a["size"] for a in st.artifacts)) < 4096
+    assert sorted(a["path"] for a in st.artifacts) == sorted(a["path"] for a in local.stage("quantize").artifacts)
+    # run.json holds the host's peak RSS (an aimet-onnx QuantSim is far above 100 MB)
+    assert st.data["peak_rss_bytes"] > 100 * 2**20
+    assert st.metric_value("int4_lpbq_weight_encodings") == local.stage("quantize").metric_value(
+        "int4_lpbq_weight_encodings") > 0
+    # no host path left in the outputs that later local stages read
+    doc = json.loads((remote.run_dir / "artifacts" / "quantize" / "quantize.json").read_text())
+    assert Path(doc["calibration"]["text"]).is_file() and str(root) not in json.dumps(doc)
