@@ -375,7 +375,9 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
         checks.append(_check("aimet_smoke", "skip", None, None, "AIMET smoke test not run."))
     elif smoke.get("ok"):
         checks.append(_check("aimet_smoke", "ok", f"{smoke['seconds']:.1f} s", None,
-                             f"A one-node QuantSim ran in {smoke['seconds']:.1f} s."))
+                             f"A one-node QuantSim ran: {smoke['seconds']:.1f} s to import aimet-onnx and run it"
+                             + (f" ({smoke['process_seconds']:.1f} s for the whole probe process, torch "
+                                "included)." if smoke.get("process_seconds") else ".")))
     else:
         checks.append(_check("aimet_smoke", "fail", smoke.get("error"), "a one-node QuantSim runs",
                              f"The AIMET smoke test failed: {smoke.get('error')}.",
