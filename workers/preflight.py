@@ -475,13 +475,19 @@ def _gpu_check(p: dict[str, Any], needs: dict[str, Any]) -> dict[str, Any]:
                       + (", which is fine but slower for this small model." if small else
                          ", which takes days for a model this size."),
                       f"Install the CUDA stack: {INSTALLER_FIX}.")
+    # nvidia-smi is installed but cannot talk to a driver (on WSL2: the Windows driver is missing or old)
+    smi_err = nv.get("error") if nv.get("source") == "nvidia-smi" else None
+    broken = f" nvidia-smi is installed but failed: {smi_err}" if smi_err else ""
+    driver_fix = (" Install or update the NVIDIA driver (on WSL2: the Windows driver, not one inside Linux), "
+                  "then check with nvidia-smi." if smi_err else "")
     if small:
         mins = max(1, round(n / 4e6 * 0.5 / 60 + 1))
-        return _check("gpu", "ok", "CPU only", None, f"No CUDA GPU: fine for this small model "
-                      f"(about {mins} min of quantization on the CPU).")
+        return _check("gpu", "warn" if smi_err else "ok", "CPU only", None, f"No CUDA GPU: fine for this small "
+                      f"model (about {mins} min of quantization on the CPU).{broken}",
+                      driver_fix.strip() or None)
     return _check("gpu", "fail", "CPU only", "a CUDA GPU (8B: ~80 GB VRAM guidance)",
-                  "No usable CUDA GPU: quantizing a model this size on the CPU would take days.",
-                  "Run on a workstation with an NVIDIA GPU, or use a remote worker host.")
+                  f"No usable CUDA GPU: quantizing a model this size on the CPU would take days.{broken}",
+                  "Run on a workstation with an NVIDIA GPU, or use a remote worker host." + driver_fix)
 
 
 def libpython_fix(p: dict[str, Any]) -> str:

@@ -334,3 +334,16 @@ def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.M
     rep = preflight_cmd.preflight_report("builtin:tiny-llama", 256, None, tmp_path, smoke=False,
                                          settings={"calibration_samples": 3})
     assert rep["settings"]["context_length"] == 256 and rep["settings"]["calibration_samples"] == 3
+
+
+def test_nvidia_smi_without_a_driver_says_so() -> None:
+    nv = {"source": "nvidia-smi", "gpus": [], "driver_version": None,
+          "error": "nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"}
+    big = by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=nv), needs_8b()))["gpu"]
+    assert big["status"] == "fail" and "couldn't communicate" in big["message"] and "Windows driver" in big["fix"]
+    info = modelinfo.inspect_folder(Path(__file__).resolve().parents[2] / "resources" / "builtin_model" / "tiny-llama")
+    tiny = by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=nv), modelinfo.estimate(info, 512)))["gpu"]
+    assert tiny["status"] == "warn" and "NVIDIA driver" in tiny["fix"]
+    # no nvidia-smi at all (NVML library missing) is just a CPU-only machine
+    none = {"source": "nvml", "gpus": [], "driver_version": None, "error": "NVML: NVML Shared Library Not Found"}
+    assert by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=none), modelinfo.estimate(info, 512)))["gpu"]["status"] == "ok"
