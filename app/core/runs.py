@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -54,6 +55,7 @@ class RunLock:
         self.run_dir = run_dir
         self.path = run_dir / LOCK_NAME
         self._fd: int | None = None
+        self.unsupported = False  # True when the filesystem refused flock: nothing guards this run
 
     @property
     def held(self) -> bool:
@@ -72,6 +74,12 @@ class RunLock:
                 pid = None
             os.close(fd)
             raise RunBusy(self.run_dir.name, pid) from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                os.close(fd)
+                raise
+            # a filesystem without flock (some network/Windows mounts): run unguarded rather than not at all
+            self.unsupported = True
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -82,7 +90,8 @@ class RunLock:
         fd, self._fd = self._fd, None
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
     def __enter__(self) -> RunLock:

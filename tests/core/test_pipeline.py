@@ -413,3 +413,17 @@ def test_the_same_pipeline_cannot_run_twice_at_once(workspace: Workspace) -> Non
     first, second = asyncio.run(both())
     assert first.ok and not second.ok and f"PID {os.getpid()}" in second.message
     assert m.stage("model").state == "done" and m.stage("model").data["attempts"] == 1
+
+
+def test_a_filesystem_without_flock_runs_unguarded(workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import fcntl
+
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    pipe = Pipeline(m, stages=fake_stages())
+    assert asyncio.run(pipe.run(until="model")).ok
+    assert pipe.lock.unsupported and not pipe.lock.held
