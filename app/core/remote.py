@@ -44,9 +44,10 @@ if TYPE_CHECKING:
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 WORKERS_DIR = REPO_DIR / "workers"
-# Data files the workers read from the repository (workers/quant/calib.py BUILTIN_TEXT): copied with them,
+# Data files the workers read from the repository (workers/quant/calib.py BUILTIN_TEXT, workers/recipes.py
+# RECIPES_DIR): copied with them,
 # at the same place relative to the workers package.
-WORKER_DATA = ("resources/builtin_model/text",)
+WORKER_DATA = ("resources/builtin_model/text", "packaging/recipes")
 PID_MARK = "HEXSTUDIO_PID:"
 
 # Prints the RSS (KiB) of the remote process group 4 times a second while it lives.
@@ -144,7 +145,8 @@ class RemoteJob:
         self._pid_seen = asyncio.Event()
 
     async def start(self) -> None:
-        self.remote_root = await install_workers(self.transport, self.workers_base)
+        if self.remote_root is None:   # a caller that installed them already (RemoteStageJob) sets it
+            self.remote_root = await install_workers(self.transport, self.workers_base)
         spec_path = posixpath.join(self.remote_root, "specs", f"{self.spec.get('stage', 'job')}-{time.time_ns()}.json")
         await self.transport.run(["mkdir", "-p", posixpath.dirname(spec_path)], timeout=30)
         await self.transport.write_bytes(spec_path, json.dumps(self.spec).encode())
@@ -644,13 +646,19 @@ def map_json_paths(folder: Path, pairs: list[tuple[str, str]]) -> list[str]:
     return changed
 
 
+# Besides the heavy stages: preflight checks the machine that will do the heavy work (its memory, GPU,
+# packages, AIMET smoke test and the free disk under the host's root), so a workstation too small for the
+# model does not fail the gate for work it will not do.
+HOST_CHECK_STAGES = ("preflight",)
+
+
 def remote_host_for(manifest: RunManifest, stage: Stage) -> str | None:
-    """The worker host this stage runs on, or None for this machine: heavy worker stages of a run whose
-    `worker_host` setting names one ("" / "local" / none: this machine)."""
+    """The worker host this stage runs on, or None for this machine: heavy worker stages (and preflight) of
+    a run whose `worker_host` setting names one ("" / "local" / none: this machine)."""
     name = str(manifest.settings.get("worker_host") or "").strip()
-    if not name or name == "local" or not stage.heavy or stage.worker is None:
+    if not name or name == "local" or stage.worker is None:
         return None
-    return name
+    return name if stage.heavy or stage.name in HOST_CHECK_STAGES else None
 
 
 class RemoteStageJob:
@@ -835,6 +843,7 @@ class RemoteStageJob:
                                 on_sample=self.on_sample, what=f"{self.what} (on worker host '{self.host}')",
                                 grace_s=self.grace_s, term_s=self.term_s, env=env, log=self._log,
                                 workers_base=base)
+        self.remote.remote_root = workers_root     # the very copy the path maps name
         await self.remote.start()
         res = await self.remote.wait()
         if res.kind in ("killed", "oom") and res.signal == "SIGKILL":

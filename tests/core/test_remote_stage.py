@@ -334,6 +334,9 @@ def test_real_quantize_on_the_worker_host_streams_the_same_events_as_a_local_run
     assert (rrun / "artifacts" / "quantize" / "quantize.json").is_file()
     st = remote.stage("quantize")
     assert st.metric_value("worker_host") == "box"
+    # preflight checked the host (the machine doing the heavy work); the model stage ran here
+    assert remote.stage("preflight").metric_value("worker_host") == "box"
+    assert remote.stage("model").metric_value("worker_host") is None
     # everything came by download (quantize.json then had its host paths mapped back: a few bytes differ)
     down = st.metric_value("worker_host_download_bytes")
     assert down > 10**6 and abs(down - sum(a["size"] for a in st.artifacts)) < 4096
