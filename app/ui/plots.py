@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, Qt, QTimer
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QWidget
 
@@ -50,6 +50,10 @@ class StyledPlot(pg.PlotWidget):
         super().__init__(parent)
         _style(self)
         self._styled = True
+
+    def sizeHint(self) -> QSize:
+        # pyqtgraph asks for 600 x 480, which makes a page with two plots taller than most screens
+        return QSize(360, 220)
 
     def changeEvent(self, ev: QEvent) -> None:
         if self._styled and ev.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
@@ -224,6 +228,7 @@ class ReplyHistoryPlot(StyledPlot):
         super().__init__(parent)
         self.setLabel("left", "gen tok/s")
         self.setLabel("bottom", "reply")
+        self.getAxis("bottom").setTickSpacing(1, 1)   # replies are counted: no 1.5th reply
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush="#2f81f7")
         self.addItem(self.bars)
         self.disableAutoRange()
