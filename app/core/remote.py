@@ -552,7 +552,9 @@ async def upload_tree(transport: Any, python: str, local: Path, remote: str, has
     want: dict[str, tuple[int, str]] = {}
     for rel, p in files.items():
         size = p.stat().st_size
-        sha = (known or {}).get(rel) or await asyncio.to_thread(hashes.sha, p)
+        sha: str = (known or {}).get(rel) or ""
+        if not sha:
+            sha = await asyncio.to_thread(hashes.sha, p)
         want[rel] = (size, sha)
         stats.total_bytes += size
     unsure = [rel for rel, (size, sha) in want.items()

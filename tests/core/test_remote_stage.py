@@ -19,6 +19,7 @@ import pytest
 
 from app.core.manifest import RunManifest
 from app.core.pipeline import Pipeline
+from app.core.remote import RemoteStageJob
 from app.core.runs import Workspace
 from app.core.stages import STAGES, Stage
 from tests.core.conftest import FAKE
@@ -126,7 +127,8 @@ def test_cancel_mid_stage_on_the_worker_host_leaves_nothing_running_and_nothing_
             job = pipe.current_job
             await pipe.cancel()
             res = await task
-            alive = await _group_alive(srv, job.remote.remote_pid if job is not None and job.remote else None)
+            assert isinstance(job, RemoteStageJob) and job.remote is not None
+            alive = await _group_alive(srv, job.remote.remote_pid)
             return res, alive
 
         pipe.on_event = lambda st, ev: progress.append(ev) if ev["type"] == "progress" else None
