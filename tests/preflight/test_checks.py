@@ -337,7 +337,7 @@ def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_nvidia_smi_without_a_driver_says_so() -> None:
-    nv = {"source": "nvidia-smi", "gpus": [], "driver_version": None,
+    nv: dict[str, Any] = {"source": "nvidia-smi", "gpus": [], "driver_version": None,
           "error": "nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"}
     big = by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=nv), needs_8b()))["gpu"]
     assert big["status"] == "fail" and "couldn't communicate" in big["message"] and "Windows driver" in big["fix"]
@@ -345,5 +345,5 @@ def test_nvidia_smi_without_a_driver_says_so() -> None:
     tiny = by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=nv), modelinfo.estimate(info, 512)))["gpu"]
     assert tiny["status"] == "warn" and "NVIDIA driver" in tiny["fix"]
     # no nvidia-smi at all (NVML library missing) is just a CPU-only machine
-    none = {"source": "nvml", "gpus": [], "driver_version": None, "error": "NVML: NVML Shared Library Not Found"}
+    none: dict[str, Any] = {"source": "nvml", "gpus": [], "driver_version": None, "error": "NVML: NVML Shared Library Not Found"}
     assert by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=none), modelinfo.estimate(info, 512)))["gpu"]["status"] == "ok"
