@@ -141,6 +141,41 @@ def test_cancel_mid_stage_on_the_worker_host_leaves_nothing_running_and_nothing_
     assert not rpart.exists() or not any(rpart.iterdir())
 
 
+def test_cancel_during_the_upload_stops_it_and_starts_nothing_on_the_host(tmp_path: Path) -> None:
+    import time
+
+    root = tmp_path / "host-root"
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, root)
+        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
+        assert asyncio.run(Pipeline(m, stages=_stages()).run(until="model")).ok
+        with open(m.run_dir / "artifacts" / "model" / "weights.bin", "wb") as fh:   # a big upload
+            fh.truncate(1 << 30)
+        pipe = Pipeline(m, stages=_stages())
+        uploading = asyncio.Event()
+
+        def on_event(stage: str, ev: dict[str, Any]) -> None:
+            if ev.get("phase") == "upload" and "weights.bin" in ev.get("message", ""):
+                uploading.set()
+
+        pipe.on_event = on_event
+
+        async def go() -> tuple[Any, float]:
+            task = asyncio.ensure_future(pipe.run(until="quantize"))
+            await asyncio.wait_for(uploading.wait(), 120)
+            t0 = time.monotonic()
+            await pipe.cancel()
+            res = await task
+            return res, time.monotonic() - t0
+
+        res, took = asyncio.run(go())
+    st = RunManifest.load(m.run_dir).stage("quantize")
+    assert not res.ok and st.state == "cancelled", st.data.get("outcome")
+    assert took < 30
+    assert not list(root.glob("workers-*/specs/quantize-*.json"))     # the worker never started there
+    assert not (m.run_dir / "artifacts" / "quantize.partial").exists()
+
+
 async def _group_alive(srv: SshServer, pid: int | None) -> bool:
     assert pid is not None
     # the "host" is this machine: its process table is ours
