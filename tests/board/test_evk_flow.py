@@ -210,3 +210,14 @@ def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_p
     everything = "\n".join(p.read_text(errors="replace") for p in ws.root.rglob("*") if p.is_file()
                            and p.suffix in (".json", ".jsonl", ".log", ".txt"))
     assert CANARY not in everything and CANARY not in json.dumps(events)
+
+    # an AI Hub EMULATOR bundle is refused by the stage on this (real, not allow-listed) board
+    from app.core.pipeline import StageError
+
+    emu_dir = make_device_bundle(tmp_path / "emulated" / "bundle", part_bytes=1000)
+    emu_doc = json.loads((emu_dir / "bundle.json").read_text())
+    (emu_dir / "bundle.json").write_text(json.dumps({**emu_doc, "emulated": True}))
+    ctx = StageContext(m, get_stage("board"), out, {"compile": emu_dir.parent}, events.append, asyncio.Event())
+    with pytest.raises(StageError) as ei:
+        asyncio.run(run_board_stage(ctx))
+    assert ei.value.code == "emulated_bundle" and "EMULATOR" in ei.value.message
