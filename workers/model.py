@@ -77,8 +77,8 @@ def check_weights(folder: Path) -> dict[str, Any]:
 
 
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt"]
-TOKEN_HINT = ("Create a read token at https://huggingface.co/settings/tokens and store it in HexStudio "
-              "(Settings → Hugging Face token) or run `hf auth login`.")
+TOKEN_HINT = ("Create a read token at https://huggingface.co/settings/tokens and store it with "
+              "`hexstudio hf login` (kept in the keyring), or run `hf auth login`.")
 
 
 def _find_cause(exc: BaseException, pred: Callable[[BaseException], bool]) -> BaseException | None:

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import configparser
-import getpass
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from app.core import secrets
-from app.core.cli.common import CliError, add_json_flag, print_json
+from app.core.cli.common import CliError, add_json_flag, print_json, read_token
 
 TOKEN_PAGE = "https://app.aihub.qualcomm.com/account/"
 
@@ -95,21 +93,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _read_token(from_stdin: bool) -> str:
-    if from_stdin:
-        token = sys.stdin.readline()
-    else:
-        if not sys.stdin.isatty():
-            raise CliError("No terminal to ask the token on.",
-                           "Pipe it in instead: `hexstudio aihub login --stdin < token.txt`.")
-        token = getpass.getpass(f"AI Hub API token (from {TOKEN_PAGE}; not shown): ")
-    token = token.strip()
-    if not token:
-        raise CliError("No token was given.", f"Copy your API token from {TOKEN_PAGE} and run "
-                       "`hexstudio aihub login` again.")
-    if any(c.isspace() for c in token):
-        raise CliError("That does not look like an AI Hub API token (it contains spaces or line breaks).",
-                       f"Copy just the token from {TOKEN_PAGE} (one line), then run `hexstudio aihub login` again.")
-    return token
+    return read_token("AI Hub API token", TOKEN_PAGE, "hexstudio aihub login", from_stdin)
 
 
 def cmd_login(args: argparse.Namespace) -> int:

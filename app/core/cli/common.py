@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import sys
 from pathlib import Path
@@ -43,3 +44,22 @@ def print_json(obj: Any) -> None:
 
 def eprint(*parts: Any) -> None:
     print(*parts, file=sys.stderr, flush=True)
+
+
+def read_token(what: str, page: str, command: str, from_stdin: bool) -> str:
+    """An API token from a hidden prompt, or the first line of standard input; checked for the obvious slips."""
+    if from_stdin:
+        token = sys.stdin.readline()
+    else:
+        if not sys.stdin.isatty():
+            raise CliError("No terminal to ask the token on.",
+                           f"Pipe it in instead: `{command} --stdin < token.txt`.")
+        token = getpass.getpass(f"{what} (from {page}; not shown): ")
+    token = token.strip()
+    if not token:
+        raise CliError("No token was given.", f"Copy your token from {page} and run `{command}` again.")
+    if any(c.isspace() for c in token):
+        article = "an" if what[:1] in "AEIOU" else "a"
+        raise CliError(f"That does not look like {article} {what} (it contains spaces or line breaks).",
+                       f"Copy just the token from {page} (one line), then run `{command}` again.")
+    return token

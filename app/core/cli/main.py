@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "app.core.cli.preflight_cmd",
     "app.core.cli.bundle_cmd",
     "app.core.cli.aihub_cmd",
+    "app.core.cli.hf_cmd",
     "app.core.cli.model_cmd",
     "app.core.cli.explain_cmd",
     "app.core.cli.board_cmd",

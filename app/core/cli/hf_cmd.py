@@ -1,0 +1,108 @@
+"""`hexstudio hf login|logout|status`: the Hugging Face token for gated and private models, kept in the keyring.
+
+The Model stage passes it to its worker by environment (never through a file). Without one, huggingface_hub
+falls back to its own login (`hf auth login`, $HF_TOKEN). The token itself is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from app.core import secrets
+from app.core.cli.common import CliError, add_json_flag, print_json, read_token
+
+TOKEN_PAGE = "https://huggingface.co/settings/tokens"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("hf", help="Hugging Face token (gated/private models): store it in the keyring, check, remove")
+    s = p.add_subparsers(dest="hf_command", metavar="ACTION", required=True)
+    li = s.add_parser("login", help="store a Hugging Face read token in the keyring (asked without echo)")
+    li.add_argument("--stdin", action="store_true", help="read the token from standard input (first line)")
+    add_json_flag(li)
+    li.set_defaults(func=cmd_login)
+    lo = s.add_parser("logout", help="remove the Hugging Face token from the keyring")
+    add_json_flag(lo)
+    lo.set_defaults(func=cmd_logout)
+    st = s.add_parser("status", help="whether a token is found, and where (keyring, $HF_TOKEN or hf's own login)")
+    add_json_flag(st)
+    st.set_defaults(func=cmd_status)
+
+
+def _hf_own_token() -> bool:
+    """huggingface_hub's own stored login (`hf auth login`), read without importing huggingface_hub."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME")
+                                                     or os.path.expanduser("~/.cache"), "huggingface")
+    path = os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return bool(f.read().strip())
+    except OSError:
+        return False
+
+
+def token_status() -> dict[str, Any]:
+    keyring_error = None
+    try:
+        in_keyring = bool(secrets.get_secret(secrets.HF_TOKEN))
+    except secrets.SecretStoreError as exc:
+        in_keyring, keyring_error = False, str(exc)
+    in_env = bool(os.environ.get("HF_TOKEN"))
+    own = _hf_own_token()
+    source = "keyring" if in_keyring else "environment" if in_env else "hf login" if own else None
+    return {"found": source is not None, "source": source, "keyring": in_keyring, "environment": in_env,
+            "hf_login": own, "keyring_error": keyring_error}
+
+
+def _describe(st: dict[str, Any]) -> str:
+    where = {"keyring": "in HexStudio's keyring entry", "environment": "in $HF_TOKEN",
+             "hf login": "in huggingface_hub's own login (`hf auth login`)"}.get(str(st["source"]))
+    if where is None:
+        return ("No Hugging Face token found. Public models download without one; for a gated or private model "
+                f"create a read token at {TOKEN_PAGE} and run `hexstudio hf login`.")
+    return f"A Hugging Face token is stored {where}."
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = token_status()
+    if args.json:
+        print_json({"ok": True, **st})
+    else:
+        print(_describe(st))
+        if st["keyring_error"]:
+            print(f"(keyring: {st['keyring_error']})")
+    return 0 if st["found"] else 1
+
+
+def cmd_login(args: argparse.Namespace) -> int:
+    token = read_token("Hugging Face token", TOKEN_PAGE, "hexstudio hf login", args.stdin)
+    if not token.startswith("hf_"):
+        raise CliError("That does not look like a Hugging Face token (they start with 'hf_').",
+                       f"Copy a read token from {TOKEN_PAGE}, then run `hexstudio hf login` again.")
+    try:
+        secrets.set_secret(secrets.HF_TOKEN, token)
+    except secrets.SecretStoreError as exc:
+        raise CliError(str(exc), "Or run `hf auth login`, whose stored token HexStudio's downloads also use.") \
+            from None
+    if args.json:
+        print_json({"ok": True, "stored": "keyring", **token_status()})
+    else:
+        print("Hugging Face token stored in the keyring. The Model stage uses it for downloads from now on "
+              "(`hexstudio hf logout` removes it).")
+    return 0
+
+
+def cmd_logout(args: argparse.Namespace) -> int:
+    try:
+        had = bool(secrets.get_secret(secrets.HF_TOKEN))
+        secrets.delete_secret(secrets.HF_TOKEN)
+    except secrets.SecretStoreError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print_json({"ok": True, "removed": had, **token_status()})
+    else:
+        print("Hugging Face token removed from the keyring." if had
+              else "There was no Hugging Face token in the keyring.")
+    return 0

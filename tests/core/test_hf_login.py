@@ -1,0 +1,62 @@
+"""`hexstudio hf login|logout|status`: the Hugging Face token goes to the keyring (the tests' file backend), the
+Model stage hands it to its worker by environment, and it is never printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.core import secrets
+
+TOKEN = "hf_canaryT0ken5b1f0c9e2d"
+
+
+def _cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app", *args], input=stdin, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})},
+                          stdin=None if stdin is not None else subprocess.DEVNULL)
+
+
+@pytest.fixture
+def no_hf_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    secrets.delete_secret(secrets.HF_TOKEN)
+    return {"HF_HOME": str(tmp_path / "hf-home")}
+
+
+def test_login_status_logout(no_hf_token: dict[str, str]) -> None:
+    env = no_hf_token
+    r = _cli("hf", "status", "--json", env=env)
+    assert r.returncode == 1 and json.loads(r.stdout)["found"] is False
+    assert "hexstudio hf login" in _cli("hf", "status", env=env).stdout
+    r = _cli("hf", "login", "--stdin", stdin=TOKEN + "\n", env=env)
+    assert r.returncode == 0, r.stderr
+    assert TOKEN not in r.stdout + r.stderr and "stored in the keyring" in r.stdout
+    assert secrets.get_secret(secrets.HF_TOKEN) == TOKEN
+    doc = json.loads(_cli("hf", "status", "--json", env=env).stdout)
+    assert doc["source"] == "keyring" and TOKEN not in json.dumps(doc)
+    # the pipeline hands it to the Model worker by environment
+    from app.core.pipeline import worker_env
+
+    assert worker_env()["HF_TOKEN"] == TOKEN
+    r = _cli("hf", "logout", env=env)
+    assert r.returncode == 0 and "removed" in r.stdout and secrets.get_secret(secrets.HF_TOKEN) is None
+    # huggingface_hub's own login is found too
+    Path(env["HF_HOME"]).mkdir(parents=True)
+    (Path(env["HF_HOME"]) / "token").write_text("hf_other\n")
+    assert json.loads(_cli("hf", "status", "--json", env=env).stdout)["source"] == "hf login"
+
+
+def test_bad_tokens_are_refused_with_what_to_do(no_hf_token: dict[str, str]) -> None:
+    for given, says in (("", "No token was given"), ("hf_ab cd", "contains spaces"),
+                        ("sk-notahftoken", "start with 'hf_'")):
+        r = _cli("hf", "login", "--stdin", stdin=given + "\n", env=no_hf_token)
+        assert r.returncode != 0 and says in r.stderr and "huggingface.co/settings/tokens" in r.stderr, r.stderr
+    r = _cli("hf", "login", env=no_hf_token)  # no terminal, no --stdin
+    assert r.returncode != 0 and "--stdin" in r.stderr
+    assert secrets.get_secret(secrets.HF_TOKEN) is None
