@@ -79,6 +79,10 @@ def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -
     assert rep["validation"]["calibration_graph"]["verdict"] == "pass" and "Calibration-shape graph alone" in html
     rep["validation"]["verdict"] = "fail"
     assert "The calibration graph is fine but the deployment pair is broken" in to_html(rep)
+    # the rate chart says what it counts: tokens when the chunks carry counts, else reads of the output
+    assert rep["series"]["token_rate_unit"] == "tokens/s" and "Token rate during the benchmark reply" in html
+    rep["series"]["token_rate_unit"] = "chunks/s"
+    assert "Output rate (reads of the runner output, not tokens)" in to_html(rep)
 
 
 def test_html_is_html5_and_pdf_renders_pages(chatted_run: Path, tmp_path: Path) -> None:
@@ -352,7 +356,8 @@ def test_secret_key_names_and_redaction_rules() -> None:
     assert all(is_secret_key(k) for k in ("api_token", "aihub_token", "sudo_password", "clientSecret", "api-key",
                                           "apiKey", "hf_token", "Authorization"))
     assert not any(is_secret_key(k) for k in ("prompt_tokens", "generated_tokens", "tokenizer", "bos_token",
-                                              "eos_token_ids", "max_new_tokens", "key_path"))
+                                              "eos_token_ids", "max_new_tokens", "key_path",
+                                              "token_rate_unit", "token_count"))
     out = scrub({"api_token": "abc", "note": "first token: 12 ms; Bearer xyz987; password=hunter22",
                  "path": "/home/alice/ws on buildbox", "n": 3, "kv": ["alice-2", "buildbox.lan"],
                  "msg": "s3cr3t-value inside"}, ["s3cr3t-value"], ["buildbox"], ["alice"])

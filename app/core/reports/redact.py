@@ -17,6 +17,8 @@ SECRET_WORDS = {"token", "password", "passwd", "pwd", "secret", "apikey", "crede
                 "authorization", "passphrase", "cookie"}
 SECRET_PAIRS = {("api", "key"), ("private", "key"), ("access", "key"), ("session", "key")}
 TOKENIZER_WORDS = {"bos", "eos", "pad", "unk", "sep", "cls", "mask"}  # bos_token = "<s>" is no secret
+# `token_rate_unit`, `token_count`, `token_ids` count or label LLM tokens: no secret
+TOKEN_MEASURE_WORDS = {"rate", "rates", "count", "counts", "unit", "units", "id", "ids", "limit", "budget"}
 SECRET_TEXT = re.compile(r"(?i)(bearer\s+|\b(?:api|access|auth|hf|aihub)[_-]?token\s*[=:]\s*|\btoken\s*=\s*|"
                          r"\bpass(?:word|wd)\s*[=:]\s*)([^\s\"',;]+)")
 
@@ -25,7 +27,10 @@ def is_secret_key(key: str) -> bool:
     """`api_token`, `sudo_password`, `clientSecret`, `api-key` are secret; `prompt_tokens`, `tokenizer` are not."""
     words = [w.lower() for w in re.split(r"[_\-.:\s]+|(?<=[a-z])(?=[A-Z])", key) if w]
     for i, w in enumerate(words):
-        if w in SECRET_WORDS and not (w == "token" and i > 0 and words[i - 1] in TOKENIZER_WORDS):
+        if w == "token" and ((i > 0 and words[i - 1] in TOKENIZER_WORDS)
+                             or (i + 1 < len(words) and words[i + 1] in TOKEN_MEASURE_WORDS)):
+            continue
+        if w in SECRET_WORDS:
             return True
     return any(pair in SECRET_PAIRS for pair in itertools.pairwise(words))
 

@@ -79,9 +79,11 @@ def plots(r: dict[str, Any]) -> dict[str, Any]:
             res.append(svg)
     tr = r.get("series", {}).get("token_rate") or []
     source = (r.get("chat") or {}).get("source", "")
-    token = line_chart([Series(f"tokens/s ({source})", [(p[0], p[1]) for p in tr])],
-                       title=f"Token rate during the benchmark reply ({source})", x_label="seconds since the prompt",
-                       y_label="tokens/s") if tr else ""
+    unit = r.get("series", {}).get("token_rate_unit") or "tokens/s"  # chunks/s when tokens were not counted
+    what = "Token rate" if unit == "tokens/s" else "Output rate (reads of the runner output, not tokens)"
+    token = line_chart([Series(f"{unit} ({source})", [(p[0], p[1]) for p in tr])],
+                       title=f"{what} during the benchmark reply ({source})", x_label="seconds since the prompt",
+                       y_label=unit) if tr else ""
     return {"resources": res, "token_rate": token}
 
 
