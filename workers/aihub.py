@@ -258,7 +258,7 @@ def record_job(em: Emitter, name: str, rec: dict[str, Any]) -> None:
     """A job id as a metric event, emitted as soon as the job is submitted (or reused after a restart): the
     pipeline records metrics in run.json's stage entry, so the ids are there while the stage still waits,
     and after a crash or kill (they also stay in <run>/aihub_jobs.json for the resume)."""
-    em.metric(f"aihub_{name.replace(':', '_')}", rec["job_id"])
+    em.metric(f"aihub_{name.replace(':', '_')}", rec["job_id"], scope="job")
 
 
 # -- the stage ---------------------------------------------------------------------------------

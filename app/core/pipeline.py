@@ -296,6 +296,8 @@ class Pipeline:
             if t == "metric":
                 st["metrics"][ev["name"]] = {"value": ev["value"], "unit": ev.get("unit"),
                                              "scope": ev.get("scope")}
+                if ev.get("scope") == "job":  # a remote job's id: on disk at once, so even a killed studio keeps it
+                    m.save()
             elif t == "artifact":
                 kinds[ev["path"]] = {"kind": ev.get("kind"), "role": ev.get("role")}
             elif t == "warning":

@@ -118,8 +118,12 @@ def test_a_restart_while_waiting_resumes_by_job_id(validated_run: Path, tmp_path
     m = _aihub_run(validated_run, tmp_path / "ws", emu)
     pipe: Pipeline
 
+    on_disk: dict[str, Any] = {}
+
     def on_event(stage: str, ev: dict[str, Any]) -> None:
         if ev.get("type") == "log" and "waiting for AI Hub compile jobs" in ev["message"]:
+            # had the studio itself died here, run.json on disk would already hold every job id
+            on_disk.update(json.loads((m.run_dir / "run.json").read_text())["stages"]["compile"]["metrics"])
             job = pipe.current_job
             assert job is not None and job.proc is not None
             os.killpg(job.proc.pid, signal.SIGKILL)  # like a crash or kill -9 mid-wait
@@ -136,6 +140,7 @@ def test_a_restart_while_waiting_resumes_by_job_id(validated_run: Path, tmp_path
     recorded = {k: v["value"] for k, v in metrics.items() if k.startswith("aihub_compile_")}
     assert set(recorded.values()) == {r["job_id"] for r in stored["jobs"].values()} == set(emu.jobs)
     assert set(recorded) == {f"aihub_compile_{g}" for g in _graph_names(m.run_dir)}
+    assert {k: v["value"] for k, v in on_disk.items() if k.startswith("aihub_compile_")} == recorded
 
     emu.release_jobs()
     events: list[dict[str, Any]] = []
