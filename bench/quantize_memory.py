@@ -1,18 +1,23 @@
 """Peak RSS and wall time of the quantize stage against model size:
-(a) whole-model QuantSim (parts=1) vs (b) sequential part-wise (one part per layer group).
+(a) whole-model QuantSim (parts=1) vs (b) sequential part-wise (--parts parts, default 4).
 
-    .venv/bin/python bench/quantize_memory.py [--sizes small,medium,large] [--keep]
+    .venv/bin/python bench/quantize_memory.py [--sizes 20m,80m,300m] [--parts 4] [--no-validate] [--json F]
 
 Each configuration runs the real quantize worker (`python -m workers.quantize`, real aimet-onnx)
 in a fresh subprocess on a synthetic random-init Llama; the peak RSS is the child's ru_maxrss
-(os.wait4). Prints peak RSS / FP16 weight bytes for each, and the ratio (b)/(a) at the largest
-size. Target (issue 3): (b) flat across sizes and at most half of (a) at the largest size.
+(os.wait4). The baseline is the ru_maxrss of a child that only imports what the worker imports
+(Python, torch, transformers, onnx, onnxruntime, aimet_onnx): the fixed overhead. Prints, for each,
+peak RSS / FP16 weight bytes of the model, (peak - baseline) / FP16 bytes of the model and of the
+largest part, and the ratio (b)/(a) at the largest size. With validation on, the part-wise run is
+then validated (`python -m workers.validate`) and its peak RSS recorded the same way.
+Target (issue 3): (b) flat across sizes and at most half of (a) at the largest size.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -24,12 +29,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
-# name: (hidden, layers, heads, kv_heads, ffn)
+# name: (hidden, layers, heads, kv_heads, ffn); vocab 840 (the built-in tokenizer)
 SIZES = {
-    "small": (384, 8, 6, 2, 1024),     # ~ 13M params
-    "medium": (640, 12, 10, 2, 1792),  # ~ 48M
-    "large": (896, 16, 14, 2, 2560),   # ~ 125M
+    "10m": (384, 8, 6, 2, 1024),       # ~ 13M params (quick check)
+    "20m": (512, 8, 8, 2, 1280),       # ~ 22M
+    "80m": (768, 12, 12, 4, 2304),     # ~ 84M
+    "300m": (1024, 24, 16, 4, 3072),   # ~ 291M
 }
+BASELINE = "import torch, transformers, onnx, onnxruntime, aimet_onnx, numpy"
+VALIDATE_BASELINE = "import onnxruntime, numpy, tokenizers"   # what the validate worker imports
 CONTEXT, AR_N = 256, 64
 SETTINGS = {"calibration_samples": 2, "calibration_seq_len": 64, "weight_bits": 4, "activation_bits": 16,
             "kv_bits": 8, "calibration_text": "builtin"}
@@ -66,7 +74,36 @@ def make_model(root: Path, name: str) -> tuple[Path, int, int]:
     return out, int(p.stdout.strip().splitlines()[-1]), layers
 
 
-def measure(hf: Path, layers: int, parts: int, work: Path) -> dict[str, float]:
+def child_peak(argv: list[str], log: Path, cwd: Path = REPO) -> tuple[int, float, int]:
+    """(exit code, wall seconds, peak RSS bytes) of a child process."""
+    t0 = time.monotonic()
+    with open(log.with_suffix(".out"), "wb") as so, open(log.with_suffix(".err"), "wb") as se:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=so, stderr=se, env={**os.environ, "HEXSTUDIO_THREADS": "2"})
+        _, status, ru = os.wait4(proc.pid, 0)
+    return os.waitstatus_to_exitcode(status), time.monotonic() - t0, ru.ru_maxrss * 1024
+
+
+def baseline(work: Path, code: str = BASELINE) -> int:
+    rc, _, peak = child_peak([PY, "-c", code], work / "baseline")
+    if rc != 0:
+        raise SystemExit("the baseline import failed: " + (work / "baseline.err").read_text()[-2000:])
+    return peak
+
+
+def validate(run: Path) -> dict[str, float]:
+    """Validate the part-wise run (its quantize output must be in artifacts/quantize)."""
+    spec = {"schema": 1, "stage": "validate", "run_dir": str(run), "out_dir": str(run / "artifacts" / "validate.partial"),
+            "upstream": {"model": str(run / "artifacts" / "model"), "quantize": str(run / "artifacts" / "quantize")},
+            "settings": {}}
+    (run / "vspec.json").write_text(json.dumps(spec))
+    (run / "artifacts" / "validate.partial").mkdir(parents=True, exist_ok=True)
+    rc, wall, peak = child_peak([PY, "-m", "workers.validate", "--spec", str(run / "vspec.json")], run / "validate")
+    if rc != 0:
+        raise SystemExit(f"validate failed for {run}:\n" + (run / "validate.err").read_text(errors="replace")[-2000:])
+    return {"peak_rss_bytes": peak, "wall_s": round(wall, 1)}
+
+
+def measure(hf: Path, layers: int, parts: int, work: Path, keep_output: bool = False) -> dict[str, float]:
     run = work / f"run-p{parts}"
     shutil.rmtree(run, ignore_errors=True)
     (run / "artifacts" / "model").mkdir(parents=True)
@@ -76,57 +113,107 @@ def measure(hf: Path, layers: int, parts: int, work: Path) -> dict[str, float]:
     spec = {"schema": 1, "stage": "quantize", "run_dir": str(run), "out_dir": str(run / "artifacts" / "quantize.partial"),
             "upstream": {"model": str(run / "artifacts" / "model")}, "settings": SETTINGS}
     (run / "spec.json").write_text(json.dumps(spec))
-    t0 = time.monotonic()
-    with open(run / "stdout.log", "wb") as so, open(run / "stderr.log", "wb") as se:
-        proc = subprocess.Popen([PY, "-m", "workers.quantize", "--spec", str(run / "spec.json")], cwd=REPO,
-                                stdout=so, stderr=se, env={**os.environ, "HEXSTUDIO_THREADS": "2"})
-        _, status, ru = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        tail = (run / "stderr.log").read_text(errors="replace")[-2000:]
+    rc, wall, peak = child_peak([PY, "-m", "workers.quantize", "--spec", str(run / "spec.json")], run / "quantize")
+    if rc != 0:
+        tail = (run / "quantize.err").read_text(errors="replace")[-2000:]
         raise SystemExit(f"quantize failed for {hf.name} parts={parts}:\n{tail}")
-    peak = ru.ru_maxrss * 1024
-    shutil.rmtree(run / "artifacts" / "quantize.partial", ignore_errors=True)
-    return {"peak_rss_bytes": peak, "wall_s": round(wall, 1)}
+    if keep_output:
+        (run / "artifacts" / "quantize.partial").rename(run / "artifacts" / "quantize")
+    else:
+        shutil.rmtree(run / "artifacts" / "quantize.partial", ignore_errors=True)
+    return {"peak_rss_bytes": peak, "wall_s": round(wall, 1), "run": str(run)}  # type: ignore[dict-item]
+
+
+def largest_part_params(hf: Path, parts: int) -> int:
+    """Parameters of the largest part (its layers + the embedding or the final norm and lm_head)."""
+    from safetensors import safe_open
+
+    sys.path.insert(0, str(REPO))
+    from workers.modelinfo import layer_ranges
+
+    sizes: dict[str, int] = {}
+    for f in hf.glob("*.safetensors"):
+        with safe_open(str(f), framework="np") as sf:
+            for k in sf.keys():  # noqa: SIM118
+                sizes[k] = int(math.prod(sf.get_slice(k).get_shape()))
+    layers = 1 + max(int(k.split(".layers.")[1].split(".")[0]) for k in sizes if ".layers." in k)
+    best = 0
+    for i, (a, b) in enumerate(layer_ranges(layers, parts)):
+        n = sum(v for k, v in sizes.items() if ".layers." in k and a <= int(k.split(".layers.")[1].split(".")[0]) < b)
+        if i == 0:
+            n += sum(v for k, v in sizes.items() if "embed_tokens" in k)
+        if i == parts - 1:
+            n += sum(v for k, v in sizes.items() if k.startswith("lm_head") or k.endswith("model.norm.weight"))
+        best = max(best, n)
+    return best
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="small,medium,large")
-    ap.add_argument("--parts-per", type=int, default=2, help="layers per part in the part-wise run")
+    ap.add_argument("--sizes", default="20m,80m,300m", help=f"comma-separated, from {', '.join(SIZES)}")
+    ap.add_argument("--parts", type=int, default=4, help="parts in the part-wise run (same for every size)")
+    ap.add_argument("--no-validate", action="store_true", help="skip validating the part-wise run")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hexbench-quant-"))
     rows = []
+    mib = 2**20
     try:
+        base = baseline(work)
+        vbase = baseline(work, VALIDATE_BASELINE)
+        print(f"baseline (imports only): quantize {base / mib:.0f} MiB, validate {vbase / mib:.0f} MiB peak RSS",
+              flush=True)
         for name in args.sizes.split(","):
             hf, params, layers = make_model(work, name)
             fp16 = params * 2
-            parts = max(2, layers // args.parts_per)
+            parts = min(args.parts, layers)
+            part_fp16 = 2 * largest_part_params(hf, parts)
             a = measure(hf, layers, 1, work)
-            b = measure(hf, layers, parts, work)
+            b = measure(hf, layers, parts, work, keep_output=not args.no_validate)
+            v = None if args.no_validate else validate(Path(str(b["run"])))
             row = {"size": name, "params": params, "layers": layers, "parts": parts, "fp16_bytes": fp16,
+                   "largest_part_fp16_bytes": part_fp16, "baseline_bytes": base,
                    "whole_peak": a["peak_rss_bytes"], "whole_wall": a["wall_s"],
                    "partwise_peak": b["peak_rss_bytes"], "partwise_wall": b["wall_s"],
-                   "whole_ratio": a["peak_rss_bytes"] / fp16, "partwise_ratio": b["peak_rss_bytes"] / fp16}
+                   "whole_ratio": a["peak_rss_bytes"] / fp16, "partwise_ratio": b["peak_rss_bytes"] / fp16,
+                   "whole_net_ratio": (a["peak_rss_bytes"] - base) / fp16,
+                   "partwise_net_ratio": (b["peak_rss_bytes"] - base) / fp16,
+                   "partwise_net_per_part_fp16": (b["peak_rss_bytes"] - base) / part_fp16}
+            if v is not None:
+                row.update({"validate_peak": v["peak_rss_bytes"], "validate_wall": v["wall_s"],
+                            "validate_baseline_bytes": vbase,
+                            "validate_net_per_part_fp16": (v["peak_rss_bytes"] - vbase) / part_fp16})
             rows.append(row)
-            print(f"{name:7s} {params / 1e6:6.1f}M params  fp16 {fp16 / 2**20:7.1f} MiB | "
-                  f"(a) whole-model: {a['peak_rss_bytes'] / 2**20:7.0f} MiB peak ({row['whole_ratio']:5.1f}x fp16), "
-                  f"{a['wall_s']:6.1f} s | (b) part-wise ({parts} parts): {b['peak_rss_bytes'] / 2**20:7.0f} MiB "
-                  f"({row['partwise_ratio']:5.1f}x fp16), {b['wall_s']:6.1f} s", flush=True)
+            print(f"{name:5s} {params / 1e6:6.1f}M params  fp16 {fp16 / mib:6.0f} MiB (largest of {parts} parts "
+                  f"{part_fp16 / mib:5.0f} MiB)\n"
+                  f"   (a) whole-model : peak {a['peak_rss_bytes'] / mib:6.0f} MiB  peak/fp16 {row['whole_ratio']:5.2f}"
+                  f"  (peak-baseline)/fp16 {row['whole_net_ratio']:5.2f}  {a['wall_s']:6.1f} s\n"
+                  f"   (b) part-wise   : peak {b['peak_rss_bytes'] / mib:6.0f} MiB  peak/fp16 "
+                  f"{row['partwise_ratio']:5.2f}  (peak-baseline)/fp16 {row['partwise_net_ratio']:5.2f}  "
+                  f"(peak-baseline)/largest-part fp16 {row['partwise_net_per_part_fp16']:5.2f}  "
+                  f"{b['wall_s']:6.1f} s", flush=True)
+            if v is not None:
+                print(f"   validate (b)    : peak {v['peak_rss_bytes'] / mib:6.0f} MiB  (peak-baseline)/largest-part "
+                      f"fp16 {row['validate_net_per_part_fp16']:5.2f}  {v['wall_s']:6.1f} s", flush=True)
             shutil.rmtree(hf, ignore_errors=True)
+            if not args.keep:
+                for r in work.glob("run-p*"):
+                    shutil.rmtree(r, ignore_errors=True)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     last = rows[-1]
     ratio = last["partwise_peak"] / last["whole_peak"]
-    print(f"\n(b)/(a) peak RSS at the largest size ({last['size']}): {ratio:.2f}  (target <= 0.50: "
-          f"{'met' if ratio <= 0.5 else 'NOT met'})")
-    print("(b) peak RSS / fp16 weight bytes across sizes: " + ", ".join(f"{r['partwise_ratio']:.1f}" for r in rows))
+    net = (last["partwise_peak"] - base) / max(last["whole_peak"] - base, 1)
+    print(f"\n(b)/(a) peak RSS at the largest size ({last['size']}): {ratio:.2f} (net of baseline {net:.2f}); "
+          f"target <= 0.50: {'met' if ratio <= 0.5 else 'NOT met'}")
+    print("(b) peak/fp16 across sizes: " + ", ".join(f"{r['partwise_ratio']:.2f}" for r in rows)
+          + "; (peak-baseline)/fp16: " + ", ".join(f"{r['partwise_net_ratio']:.2f}" for r in rows))
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "ratio_b_over_a_largest": ratio,
+        args.json.write_text(json.dumps({"rows": rows, "ratio_b_over_a_largest": ratio, "largest_part_params": [
+                                             r["largest_part_fp16_bytes"] // 2 for r in rows],
+                                         "net_ratio_b_over_a_largest": net, "baseline_bytes": base,
                                          "context_length": CONTEXT, "ar_n": AR_N, "settings": SETTINGS}, indent=2))
     return 0
 

@@ -38,9 +38,27 @@ REFERENCE = {
     "vram_guidance_bytes": 80 * 10**9,
 }
 
-FIXED_OVERHEAD_BYTES = int(0.6 * GiB)  # Python + onnxruntime + aimet_onnx import (~0.5 GB measured)
-PARTWISE_FACTOR = 2.5                  # x the largest part's FP16 weight bytes (sequential calibration)
-WHOLE_QUANTSIM_BYTES_PER_PARAM = 30    # 20-40 measured on this machine (facts/quantization.md)
+# Memory model of the quantize and validate stages, MEASURED by bench/quantize_memory.py on 2026-11-23
+# (docs/PERFORMANCE.md: 2-core CPU-only machine, synthetic Llamas of 13M/22M/84M/291M parameters split
+# in 4 parts, context 256, AR-64, 2 calibration samples):
+#   peak RSS = FIXED + BYTES_PER_PART_PARAM x (parameters of the largest part) + per-sample terms
+# Quantize: least-squares line through (largest-part parameters, peak RSS - import baseline) of the 4
+# sizes: slope 57.5 bytes/parameter, intercept 126 MiB; import baseline (torch, transformers, onnx,
+# onnxruntime, aimet_onnx) 463 MiB -> FIXED 589 MiB, rounded up to 0.6 GiB; slope rounded up to 58.
+# Whole-model QuantSim (parts=1), same bench: slope 53.0 bytes/parameter of the whole model.
+# Validate (13M/22M/84M only): slope 24.2 bytes/part-parameter, intercept 145 MiB (its import baseline:
+# onnxruntime, numpy, tokenizers, 49 MiB) -> 25 and 0.15 GiB.
+# This is NOT the goal of 2.5 x the largest part's FP16 bytes (5 bytes/parameter): the
+# measured part-wise quantize costs ~58 bytes per parameter of the largest part (~29x its FP16 bytes),
+# so an 8B in 5 parts needs ~111 GiB; see estimate()["parts_to_fit_64_gib"].
+# The per-sample terms (one token-generator calibration sample's past KV; validation's KV caches) were
+# too small to see at context 256: they are computed from the shapes, not measured.
+QUANTIZE_FIXED_BYTES = int(0.6 * GiB)
+QUANTIZE_BYTES_PER_PART_PARAM = 58.0
+VALIDATE_FIXED_BYTES = int(0.15 * GiB)
+VALIDATE_BYTES_PER_PART_PARAM = 25.0
+WHOLE_QUANTSIM_BYTES_PER_PARAM = 53.0   # whole-model QuantSim: bytes per parameter of the whole model
+FIXED_OVERHEAD_BYTES = QUANTIZE_FIXED_BYTES
 
 
 class ModelInfoError(ValueError):
@@ -62,8 +80,8 @@ def _classify(cfg: dict[str, Any]) -> tuple[bool, str, str]:
     if "mamba" in low or "mamba" in mt or "ssm" in mt:
         kind = "hybrid" if ("hybrid" in low or "nemotronh" in low or cfg.get("hybrid_override_pattern")) else "mamba"
         return False, arch, f"{arch} is {REFUSED[kind]}."
-    if cfg.get("hybrid_override_pattern") or "jamba" in low or "nemotronh" in low or cfg.get("layer_types") \
-            and any(t not in ("full_attention", "sliding_attention") for t in cfg.get("layer_types") or []):
+    if cfg.get("hybrid_override_pattern") or "jamba" in low or "nemotronh" in low or (cfg.get("layer_types") \
+            and any(t not in ("full_attention", "sliding_attention") for t in cfg.get("layer_types") or [])):
         return False, arch, f"{arch} is {REFUSED['hybrid']}."
     if any(cfg.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")) \
             or "moe" in low or "mixtral" in low:
@@ -212,13 +230,27 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
     hd = int(info.get("head_dim") or 1)
     emb = vocab * h
     per_layer = (n - 2 * emb) / max(layers, 1) if n else 0
-    largest_part_params = per_layer * -(-layers // parts) + emb  # a part with an embedding or lm_head
-    fp16_part = int(2 * largest_part_params)
+
+    def part_params(p: int) -> int:
+        return int(per_layer * -(-layers // p) + emb)   # the largest part: ceil(layers/p) layers + embedding
+
+    def partwise_peak(p: int) -> int:
+        # one token-generator calibration sample: the part's past KV in fp32, held by the feed and the
+        # session (x3); samples are generated one at a time and part outputs go to disk
+        tg_sample = 3 * 2 * -(-layers // p) * kvh * hd * context_length * 4
+        return QUANTIZE_FIXED_BYTES + int(QUANTIZE_BYTES_PER_PART_PARAM * part_params(p)) + tg_sample
+
+    largest_part_params = part_params(parts)
+    fp16_part = 2 * largest_part_params
     kv_bytes = 2 * layers * kvh * hd * context_length * 2
-    act = calibration_samples * min(calibration_seq_len, context_length) * h * 4 * 2
-    partwise = FIXED_OVERHEAD_BYTES + int(PARTWISE_FACTOR * fp16_part) + act
-    whole = FIXED_OVERHEAD_BYTES + WHOLE_QUANTSIM_BYTES_PER_PARAM * n
-    fp32 = 4 * n
+    partwise = partwise_peak(parts)
+    fit_parts = next((p for p in range(1, layers + 1) if partwise_peak(p) <= 64 * GiB), None)
+    whole = QUANTIZE_FIXED_BYTES + int(WHOLE_QUANTSIM_BYTES_PER_PARAM * n) \
+        + 3 * 2 * layers * kvh * hd * context_length * 4
+    # validation: one part's float or QDQ sessions + fp32 KV caches of its 3 windows / 3 prompts
+    validate = VALIDATE_FIXED_BYTES + int(VALIDATE_BYTES_PER_PART_PARAM * largest_part_params) \
+        + 3 * 2 * layers * kvh * hd * context_length * 4
+    del calibration_samples, calibration_seq_len  # calibration data is streamed: no term grows with them
     return {
         "num_parameters": n,
         "parts": parts,
@@ -226,7 +258,12 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
         "hf_download_bytes": 2 * n,
         "quantize_peak_rss_bytes": partwise,
         "whole_model_quantsim_rss_bytes": whole,
-        "validate_peak_rss_bytes": FIXED_OVERHEAD_BYTES + 2 * fp32 // max(parts, 1) + kv_bytes,
+        "validate_peak_rss_bytes": validate,
+        "largest_part_parameters": largest_part_params,
+        "fits_64_gib": partwise <= 64 * GiB,
+        # the fewest parts whose estimate fits 64 GiB (None: no split fits; the embedding/lm_head part
+        # alone is too big)
+        "parts_to_fit_64_gib": fit_parts,
         # download + float and quantized ONNX for the calibration, AR-N and AR-1 graphs + encodings +
         # bundle; 25 bytes/parameter matches the reference recipe's "plan for 200+ GB" for an 8B
         "disk_bytes": 25 * n,
