@@ -97,6 +97,18 @@ def test_chat_cli_interactive_multi_turn(sim_workspace: SimWorkspace, tmp_path: 
     doc = json.loads(transcript.read_text())
     assert [t["user"] for t in doc["turns"]] == ["What is water?"]  # /new cleared the history
     assert doc["turns"][0]["kpis"]["source"] == "simulated"
+    # every turn went into the run's chat journal (for its report), labeled by what the runner reported
+    from app.core.genie.journal import read_journals
+
+    ours = [j for j in read_journals(sim_workspace.run_dir)
+            if [t["user"] for t in j["turns"]] == ["Where does the sun rise?", "And where does it set?",
+                                                   "What is water?"]]
+    assert len(ours) == 1
+    j = ours[0]
+    assert j["session"]["board"] == "sim" and j["session"]["mode"] == "persistent"
+    assert all(t["source"] == "simulated" and t["state"] == "complete" and t["kpis"]["gen_tok_s"] > 0
+               for t in j["turns"])
+    assert [t["n"] for t in j["turns"]] == [1, 2, 3] and all(t["reply"] for t in j["turns"])
 
 
 def test_chat_cli_per_turn_mode(sim_workspace: SimWorkspace, capsys: pytest.CaptureFixture[str]) -> None:

@@ -365,3 +365,32 @@ def test_secret_key_names_and_redaction_rules() -> None:
     assert out["note"] == f"first token: 12 ms; Bearer {REDACTED}; password={REDACTED}"
     assert out["path"] == "/home/[user]/ws on [host]" and out["kv"] == ["alice-2", "[host].lan"]
     assert out["msg"] == f"{REDACTED} inside"
+
+
+def test_interactive_chat_sessions_are_in_the_report(chatted_run: Path, tmp_path: Path) -> None:
+    """Turns chatted on the run's bundle (Chat page, `hexstudio chat`) are kept in the run and reported,
+    each with its KPIs and source; a torn last line (a killed studio) is skipped."""
+    from app.core.reports.collect import build_report
+    from app.core.reports.render import to_html, validate_report
+
+    run = tmp_path / "chatted"
+    shutil.copytree(chatted_run, run)
+    kpis = {"init_ms": 812.0, "prompt_tokens": 30, "prompt_tok_s": 120.5, "ttft_ms": 250.0, "generated_tokens": 20,
+            "gen_tok_s": 12.5, "gen_time_ms": 1600.0, "source": "simulated", "queries": 1, "origin": "profile"}
+    lines = [{"type": "session", "started": "2026-11-23T05:00:00Z", "board": "sim", "board_label": "simulator",
+              "mode": "persistent", "template": "llama3", "sampler": "deterministic"}]
+    for n, (ttft, rate) in enumerate(((250.0, 12.5), (90.0, 13.5), (100.0, 14.5)), start=1):
+        lines.append({"type": "turn", "n": n, "state": "complete", "mode": "persistent", "source": "simulated",
+                      "kpis": {**kpis, "ttft_ms": ttft, "gen_tok_s": rate, "init_ms": 812.0 if n == 1 else None},
+                      "user": f"question {n} " + "x" * 100, "reply": "an answer"})
+    (run / "chats").mkdir()
+    (run / "chats" / "20261123-050000-1-0001.jsonl").write_text(
+        "\n".join(json.dumps(x) for x in lines) + '\n{"type": "turn", "n": 4, "sta')
+    rep = build_report(run)
+    validate_report(rep)
+    (s,) = rep["chat_sessions"]
+    assert [t["n"] for t in s["turns"]] == [1, 2, 3] and s["source"] == "simulated"
+    assert s["median_ttft_ms"] == 100.0 and s["median_gen_tok_s"] == 13.5
+    assert len(s["turns"][0]["user"]) == 80 and s["turns"][0]["user"].endswith("...")
+    html = to_html(rep)
+    assert "<h2>Chat sessions</h2>" in html and "kept loaded" in html and "median generation 13.50 tok/s" in html

@@ -24,6 +24,7 @@ from app.core.cli.common import (
     workspace_from,
 )
 from app.core.genie.conversation import TEMPLATES, Conversation
+from app.core.genie.journal import ChatJournal
 from app.core.genie.prompts import template_for
 from app.core.genie.run import Chunk
 from app.core.genie.session import (
@@ -149,6 +150,8 @@ async def _chat(args: argparse.Namespace) -> int:
     sampler = args.sampler or ("thinking" if conv.template == "nemotron-reasoning-on" else "deterministic")
     session = ChatSession(board, remote, conv, mode=args.mode, max_tokens=args.max_tokens, sampler=sampler,
                           on_status=None if args.json else eprint)
+    if run_dir is not None:  # the turns go into the run, for its report (<run>/chats/)
+        session.on_turn = ChatJournal(run_dir, session, board.label).record
     results: list[dict[str, Any]] = []
     try:
         try:

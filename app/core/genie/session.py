@@ -186,6 +186,7 @@ class ChatSession:
         self._opened = False
         self._runner_simulated = False            # the runner said so: helper hello, banner, profile
         self.token_counter: Callable[[str], int] | None = None   # the bundle's tokenizer, when readable
+        self.on_turn: Callable[[TurnResult], None] | None = None  # e.g. the run's chat journal
 
     @property
     def simulated(self) -> bool:
@@ -337,8 +338,11 @@ class ChatSession:
                     # the re-sent history did not fit after all (the token count was off): once more, without it
                     self.conversation.turns.remove(r.turn)
                     r = await self._send_persistent(user, on_chunk, stop, history=False)
-                return r
-            return await self._send_per_turn(user, on_chunk, stop)
+            else:
+                r = await self._send_per_turn(user, on_chunk, stop)
+        if self.on_turn is not None:
+            self.on_turn(r)
+        return r
 
     async def _send_per_turn(self, user: str, on_chunk: Callable[[Chunk], None] | None,
                              stop: asyncio.Event | None) -> TurnResult:

@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from app.core.genie.journal import read_journals
 from app.core.manifest import RunManifest, now_iso
 from app.core.reports.redact import scrub, secret_values_in
 from app.core.stages import STAGES
@@ -205,6 +206,7 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
                                 "reference": REFERENCE_KPIS[key]})
         rep["series"]["token_rate"] = token_rate_series(ch.get("chunks") or [])
         rep["series"]["token_rate_unit"] = token_rate_unit(ch.get("chunks") or [])
+    rep["chat_sessions"] = _chat_sessions(run_dir)
     for s in STAGES:
         series = _resources(run_dir, s.name) if m.stage(s.name).state != "pending" else []
         if series:
@@ -260,6 +262,39 @@ def _keyring_secrets() -> list[str]:
         return known_secret_values() + known_secret_values(names) + secret_values_in(cfg.data)
     except Exception:  # an unreadable settings file or keyring must not stop a report; values are still
         return []      # scrubbed by key name and by pattern
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else round((xs[mid - 1] + xs[mid]) / 2, 2)
+
+
+def _chat_sessions(run_dir: Path) -> list[dict[str, Any]]:
+    """Interactive chats on this run's bundle (Chat page, `hexstudio chat`), from the run's chat journals:
+    per session the board, mode and source, and each turn's KPIs; medians over the complete turns."""
+    out = []
+    for j in read_journals(run_dir):
+        h = j["session"]
+        turns = []
+        for t in j["turns"]:
+            k = t.get("kpis") or {}
+            user = str(t.get("user") or "")
+            turns.append({"n": t.get("n"), "state": t.get("state"), "source": t.get("source"),
+                          "user": user if len(user) <= 80 else user[:77] + "...",
+                          "ttft_ms": k.get("ttft_ms"), "prompt_tok_s": k.get("prompt_tok_s"),
+                          "gen_tok_s": k.get("gen_tok_s"), "generated_tokens": k.get("generated_tokens"),
+                          "init_ms": k.get("init_ms"), "note": t.get("note"), "error": t.get("error")})
+        done = [t for t in turns if t["state"] == "complete"]
+        sources = sorted({str(t["source"]) for t in turns})
+        out.append({"id": j["id"], "started": h.get("started"), "board": h.get("board_label") or h.get("board"),
+                    "mode": h.get("mode"), "template": h.get("template"), "sampler": h.get("sampler"),
+                    "source": sources[0] if len(sources) == 1 else "mixed", "turns": turns,
+                    "median_ttft_ms": _median([t["ttft_ms"] for t in done if t["ttft_ms"] is not None]),
+                    "median_gen_tok_s": _median([t["gen_tok_s"] for t in done if t["gen_tok_s"] is not None])})
+    return out
 
 
 def _chat_source(chat: dict[str, Any], board_doc: dict[str, Any] | None, m: RunManifest) -> str:
