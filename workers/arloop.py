@@ -223,8 +223,10 @@ class KVState:
     """One sequence's KV cache for every layer, [1,KVH,HD,CL] keys and [1,KVH,CL,HD] values."""
 
     def __init__(self, layers: Sequence[int], num_kv_heads: int, head_dim: int, context_length: int) -> None:
-        self.k = {li: np.zeros((1, num_kv_heads, head_dim, context_length), np.float32) for li in layers}
-        self.v = {li: np.zeros((1, num_kv_heads, context_length, head_dim), np.float32) for li in layers}
+        self.k: dict[int, np.ndarray] = {li: np.zeros((1, num_kv_heads, head_dim, context_length), np.float32)
+                                         for li in layers}
+        self.v: dict[int, np.ndarray] = {li: np.zeros((1, num_kv_heads, context_length, head_dim), np.float32)
+                                         for li in layers}
         self.n_past = 0
 
 
@@ -317,9 +319,9 @@ def greedy_part_major(ps: PartSessions, prompts: Sequence[Sequence[int]], max_ne
             if tok in eos_ids or states[i].n_past >= capacity:
                 continue
             step.append((i, "token_generator", [tok], states[i].n_past))
-        active = {c[0] for c in step}
+        active = {sc[0] for sc in step}
         if not step or it == max_new_tokens - 1:
             break
-        for c, lg in zip(step, run_part_major(ps, step, states, capacity), strict=True):
-            logits[c[0]] = lg
+        for sc, lg in zip(step, run_part_major(ps, step, states, capacity), strict=True):
+            logits[sc[0]] = lg
     return [gen[i] for i in range(len(prompts))]
