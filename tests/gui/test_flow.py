@@ -107,7 +107,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         items = await bp.probe()
         assert items and items[0]["status"] == "ok" and "local simulator" in bp.console.toPlainText() + \
             bp.conn_label.text()
-        _shot(w, "06-board", tmp_path)
+        _shot(w, "06-board", tmp_path, show=bp.push_label)
 
         await run_page("chat", 120)
         ch = w.pages["chat"]
