@@ -142,6 +142,15 @@ def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
     except (KeyError, TypeError, ValueError) as exc:
         if supported:
             info.update({"supported": False, "reason": f"config.json lacks or has a bad {exc}: it is incomplete."})
+    if info["supported"]:
+        # the rope scaling must be one Genie can express, or the compile stage would refuse it hours later
+        from workers.bundle import BundleError, genie_rope_scaling, rope_settings
+
+        try:
+            info["rope_scaling"] = rope_settings(cfg)[1] or None
+            genie_rope_scaling(cfg)
+        except BundleError as exc:
+            info.update({"supported": False, "reason": f"{arch}: {exc}"})
     return info
 
 

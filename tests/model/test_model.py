@@ -35,6 +35,11 @@ MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hi
            "vocab_size": 32000, "num_local_experts": 8}
 MAMBA = {"architectures": ["MambaForCausalLM"], "model_type": "mamba", "hidden_size": 2560, "num_hidden_layers": 64,
          "vocab_size": 50280}
+NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 4096,
+              "num_hidden_layers": 52, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 131072,
+              "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-"}
+QWEN2_YARN = {**QWEN3_8B, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+              "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -76,9 +81,15 @@ def test_inspect_config_only_folders(tmp_path: Path, cfg: dict[str, Any], params
         more = modelinfo.estimate(modelinfo.inspect_config(cfg), 4096, parts=fit)
         assert more["fits_64_gib"] and more["quantize_peak_rss_bytes"] <= 64 * 1024**3
     assert e["disk_bytes"] > 150e9
+    text = _cli("model", "inspect", str(tmp_path / cfg["architectures"][0]))
+    assert text.returncode == 0
+    if not e["fits_64_gib"]:  # said in plain words, with the split that would fit
+        assert "does not fit a 64 GiB workstation with 5 part(s)" in text.stdout
+        assert (f"--parts {fit}" in text.stdout) if fit else ("no split fits" in text.stdout)
 
 
-@pytest.mark.parametrize(("cfg", "word"), [(MIXTRAL, "mixture-of-experts"), (MAMBA, "Mamba")])
+@pytest.mark.parametrize(("cfg", "word"), [(MIXTRAL, "mixture-of-experts"), (MAMBA, "Mamba"),
+                                         (NEMOTRON_H, "hybrid"), (QWEN2_YARN, "'yarn'")])
 def test_unsupported_architectures_are_refused_with_why(tmp_path: Path, cfg: dict[str, Any], word: str) -> None:
     out = _cli("model", "inspect", str(_config_folder(tmp_path, cfg)), "--json")
     assert out.returncode == 1

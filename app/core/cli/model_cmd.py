@@ -61,4 +61,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"  quantize peak RSS ~{human_bytes(e['quantize_peak_rss_bytes'])} part-wise "
           f"(whole-model QuantSim ~{human_bytes(e['whole_model_quantsim_rss_bytes'])}; reference recipe "
           f"{human_bytes(e['reference']['quantize_peak_rss_bytes'])})")
+    if not e.get("fits_64_gib", True):
+        fit = e.get("parts_to_fit_64_gib")
+        print(f"  does not fit a 64 GiB workstation with {out['parts']} part(s)"
+              + (f": {fit} parts would (--parts {fit})" if fit else ": no split fits (the largest layer is too big)")
+              + "; `hexstudio preflight --model M` checks this machine")
     return 0
