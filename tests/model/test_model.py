@@ -85,7 +85,7 @@ def test_inspect_config_only_folders(tmp_path: Path, cfg: dict[str, Any], params
     assert text.returncode == 0
     if not e["fits_64_gib"]:  # said in plain words, with the split that would fit
         assert "does not fit a 64 GiB workstation with 5 part(s)" in text.stdout
-        assert (f"--parts {fit}" in text.stdout) if fit else ("no split fits" in text.stdout)
+        assert (f"--set parts={fit}" in text.stdout) if fit else ("no split fits" in text.stdout)
 
 
 @pytest.mark.parametrize(("cfg", "word"), [(MIXTRAL, "mixture-of-experts"), (MAMBA, "Mamba"),
