@@ -148,7 +148,11 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         assert out.stat().st_size > 1000
         jout = tmp_path / "exported.json"
         assert await rp.export("json", jout), rp.export_message.text()
-        assert json.loads(jout.read_text())
+        exported = json.loads(jout.read_text())
+        # the page's chat turns went into the run's chat journal, and from there into the report
+        (sess,) = exported["chat_sessions"]
+        assert [t["state"] for t in sess["turns"]] == ["complete", "aborted"]
+        assert sess["source"] == "simulated" and sess["mode"] == "persistent"
         _shot(w, "08-report", tmp_path)
 
         # every stage shows done in the stage list

@@ -276,7 +276,9 @@ class ChatPage(StagePage):
             self.board_label.setText("Run the Board stage first: it pushes the bundle that chat runs.")
             self.send_button.setEnabled(False)
             return
-        sim = doc.get("simulated")
+        # the board record, or what the runner itself reported (a simulator installed on an SSH board)
+        session = getattr(self, "session", None)
+        sim = doc.get("simulated") or (session is not None and session.simulated)
         badge = (f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED</b> — the simulator board runs the "
                  "QDQ ONNX parts on this CPU; its rates are not device results.</span>" if sim else
                  "<b>device</b>")
@@ -320,6 +322,7 @@ class ChatPage(StagePage):
         """Connect to the run's board and open a chat session on its bundle: the model stays loaded
         between turns where the board allows it (else one genie-t2t-run per turn)."""
         from app.core.device.board import open_board
+        from app.core.genie.journal import ChatJournal
         from app.core.genie.session import ChatSession
 
         doc = self.board_doc()
@@ -331,7 +334,10 @@ class ChatPage(StagePage):
                               max_tokens=self.max_tokens.value(), sampler=sampler if sampler is not None else "bundle",
                               on_status=self.chat_message.setText)
         mode = await session.open()
+        if self.c.manifest is not None:  # the turns go into the run, for its report (<run>/chats/)
+            session.on_turn = ChatJournal(self.c.manifest.run_dir, session, board.label).record
         self.session = session
+        self.refresh_results()  # the runner may have reported itself as the simulator
         self.conversation = session.conversation
         self.mode_label.setText("model stays loaded between turns" if mode == "persistent" else
                                 f"one genie-t2t-run per turn ({session.fallback_reason or 'chosen'})")

@@ -209,7 +209,7 @@ class PreflightPage(StagePage):
             try:
                 plan, _basis = wslconfig_plan(str(m.inputs.get("model")), cl if isinstance(cl, int) else None,
                                               int(m.settings.get("ar_n") or 128), self.wslconfig_path,
-                                              memory_gb=mem_gb, swap_gb=swap_gb)
+                                              memory_gb=mem_gb, swap_gb=swap_gb, settings=m.settings)
             except CliError as exc:
                 return FixDialog(f"Fix: {check['id']}", f"{text}\n\n{exc}", self)
             if not plan.changed:
