@@ -11,11 +11,12 @@ import shlex
 import shutil
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 
 @dataclass
@@ -167,6 +168,8 @@ WINDOW = 64 * 1024 * 1024
 PGID_MARK = b"HEXSTUDIO_PGID:"
 # SFTP write size: OpenSSH's channel packets carry 32 KiB; a 32 KiB write plus its SFTP header would
 # split into a full packet and a tiny one (measured: 73 -> 94 MB/s on loopback with this).
+T = TypeVar("T")
+SFTP_REPLY_TIMEOUT_S = 120.0   # no SFTP reply for this long: the board is gone
 SFTP_WRITE = 32768 - 256
 
 
@@ -243,6 +246,9 @@ class SshTransport:
         self.host, self.port, self.user = host, port, user
         self.label = f"ssh://{user}@{host}:{port}"
         self._sftp: Any = None
+        # paramiko's SFTPClient is not safe for requests from several threads at once: one thread can read
+        # another's response and leave it waiting forever (seen as a hang in the doctor). One at a time.
+        self._sftp_lock = threading.RLock()
         self._home: str | None = None
         self._dirs: set[str] = set()
 
@@ -260,10 +266,13 @@ class SshTransport:
     def sftp(self) -> Any:
         import paramiko
 
-        if self._sftp is None or self._sftp.sock.closed:
-            self._sftp = paramiko.SFTPClient.from_transport(self._transport(), window_size=WINDOW,
-                                                            max_packet_size=32768)
-        return self._sftp
+        with self._sftp_lock:
+            if self._sftp is None or self._sftp.sock.closed:
+                self._sftp = paramiko.SFTPClient.from_transport(self._transport(), window_size=WINDOW,
+                                                                max_packet_size=32768)
+                # a reply that never comes (board gone, network cut) ends in an error, not a hang
+                self._sftp.get_channel().settimeout(SFTP_REPLY_TIMEOUT_S)
+            return self._sftp
 
     def makedirs_sync(self, path: str) -> None:
         """mkdir -p over SFTP (remembers folders already seen)."""
@@ -271,16 +280,17 @@ class SshTransport:
 
         if not path or path in self._dirs or path == "/":
             return
-        sftp = self.sftp()
-        try:
-            sftp.stat(path)
-        except OSError:
-            self.makedirs_sync(posixpath.dirname(path.rstrip("/")))
+        with self._sftp_lock:
+            sftp = self.sftp()
             try:
-                sftp.mkdir(path)
+                sftp.stat(path)
             except OSError:
-                sftp.stat(path)   # made meanwhile by someone else: fine; otherwise this raises
-        self._dirs.add(path)
+                self.makedirs_sync(posixpath.dirname(path.rstrip("/")))
+                try:
+                    sftp.mkdir(path)
+                except OSError:
+                    sftp.stat(path)   # made meanwhile by someone else: fine; otherwise this raises
+            self._dirs.add(path)
 
     def _open_channel(self, command: str) -> Any:
         try:
@@ -434,10 +444,14 @@ class SshTransport:
 
     async def put_file(self, local: Path, remote: str, progress: Callable[[int], None] | None = None) -> int | None:
         """Returns the bytes actually sent (less than the size when a .part was continued)."""
-        return await asyncio.to_thread(self.put_file_sync, local, remote, progress)
+        return await asyncio.to_thread(self._locked, self.put_file_sync, local, remote, progress)
+
+    def _locked(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._sftp_lock:
+            return fn(*args)
 
     async def get_file(self, remote: str, local: Path) -> None:
-        await asyncio.to_thread(lambda: self.sftp().get(remote, str(local)))
+        await asyncio.to_thread(self._locked, lambda: self.sftp().get(remote, str(local)))
 
     async def write_bytes(self, remote: str, data: bytes, mode: int = 0o644) -> None:
         def go() -> None:
@@ -454,14 +468,14 @@ class SshTransport:
                 sftp.posix_rename(part, remote)
             except OSError:
                 sftp.rename(part, remote)
-        await asyncio.to_thread(go)
+        await asyncio.to_thread(self._locked, go)
 
     async def read_bytes(self, remote: str) -> bytes:
         def go() -> bytes:
             with self.sftp().open(remote, "rb") as f:
                 f.prefetch()
                 return bytes(f.read())
-        return await asyncio.to_thread(go)
+        return await asyncio.to_thread(self._locked, go)
 
     async def exists(self, remote: str) -> bool:
         def go() -> bool:
@@ -474,11 +488,11 @@ class SshTransport:
                 if getattr(exc, "errno", None) == 2:
                     return False
                 raise
-        return await asyncio.to_thread(go)
+        return await asyncio.to_thread(self._locked, go)
 
     async def home(self) -> str:
         if self._home is None:
-            self._home = await asyncio.to_thread(lambda: str(self.sftp().normalize(".")))
+            self._home = await asyncio.to_thread(self._locked, lambda: str(self.sftp().normalize(".")))
         return self._home
 
     async def close(self) -> None:
