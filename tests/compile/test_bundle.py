@@ -224,19 +224,3 @@ def test_the_compile_stage_check_fails_as_a_clear_worker_error(tmp_path: Path, c
     qdir, hf_dir = _fake_quantize(tmp_path / "ok", LLAMA_31_8B, 512, 512)
     doc = write_sim_bundle(qdir, {"model": "m"}, hf_dir, tmp_path / "ok" / "out", {}, Emitter(io.StringIO()))
     assert doc["context_length"] == 512
-
-
-def test_compile_gate_checks_every_bundle_checksum(compiled_sim_run: Path, tmp_path: Path) -> None:
-    import shutil
-
-    from app.core.manifest import RunManifest
-    from app.core.stages import get_stage
-
-    run = tmp_path / "run"
-    shutil.copytree(compiled_sim_run, run)
-    m = RunManifest.load(run)
-    assert get_stage("compile").gate(m).passed
-    cfg = run / "artifacts" / "compile" / "bundle" / "genie_config.json"
-    cfg.write_text(cfg.read_text().replace("\n", " \n", 1))  # one byte more: the sha256 no longer matches
-    g = get_stage("compile").gate(m)
-    assert not g.passed and "genie_config.json" in g.reason and "--force" in g.reason
