@@ -293,10 +293,20 @@ async def _step_done(board: Board, step: Step) -> bool:
     return step.kind == "write" and await _has_content(board, step)
 
 
+BOOT_SETTLE_S = 20.0   # after a reboot, services (cdsprpcd, udev) may come up a little after sshd
+
+
 async def _rerun_checks(board: Board, plan: FixPlan, res: FixResult) -> None:
+    rebooted = any(st.kind == "reboot" for st in plan.steps)
+    deadline = time.monotonic() + BOOT_SETTLE_S
     with contextlib.suppress(BoardError):
-        report = await probe(board, only=plan.affects)
-        res.checks = [c.to_dict() for c in report.checks]
+        while True:
+            report = await probe(board, only=plan.affects)
+            res.checks = [c.to_dict() for c in report.checks]
+            # a board that has just booted may still be starting its DSP daemons: look again for a while
+            if not rebooted or all(c["status"] != "fail" for c in res.checks) or time.monotonic() > deadline:
+                return
+            await asyncio.sleep(2.0)
 
 
 def _upload_progress(label: str, size: int, on_progress: Callable[[int, int, str], None] | None
