@@ -329,8 +329,12 @@ class SshTransport:
                 while True:
                     got = drain()
                     if ch.exit_status_ready():
-                        # the exit status comes after all the output (one ordered stream): what arrived
-                        # between the drain above and now is still buffered, take it
+                        # sshd sends the exit status when the command exits, and output still in its pipe
+                        # may follow it: read on until the end of the stream (EOF) before taking the status
+                        end = time.monotonic() + 5.0
+                        while not ch.eof_received and not ch.closed and time.monotonic() < end:
+                            if not drain():
+                                time.sleep(0.005)
                         drain()
                         break
                     if ch.closed or not self.connected:
