@@ -1,5 +1,8 @@
 """Peak RSS and wall time of the quantize stage against model size:
-(a) whole-model QuantSim (parts=1) vs (b) sequential part-wise (--parts parts, default 4).
+(a) whole-model QuantSim (parts=1, calibration_unit "part": one QuantSim for the whole model) vs
+(b) sequential part-wise (--parts parts, default 4) with the default calibration_unit "layer" (one
+QuantSim per decoder layer, the embedding and the lm_head, each on the previous unit's quantized
+outputs).
 
     .venv/bin/python bench/quantize_memory.py [--sizes 20m,80m,300m] [--parts 4] [--no-validate] [--json F]
 
@@ -103,7 +106,8 @@ def validate(run: Path) -> dict[str, float]:
     return {"peak_rss_bytes": peak, "wall_s": round(wall, 1)}
 
 
-def measure(hf: Path, layers: int, parts: int, work: Path, keep_output: bool = False) -> dict[str, float]:
+def measure(hf: Path, layers: int, parts: int, work: Path, keep_output: bool = False, unit: str = "layer"
+            ) -> dict[str, float]:
     run = work / f"run-p{parts}"
     shutil.rmtree(run, ignore_errors=True)
     (run / "artifacts" / "model").mkdir(parents=True)
@@ -111,7 +115,8 @@ def measure(hf: Path, layers: int, parts: int, work: Path, keep_output: bool = F
         "model": str(hf), "source": "local", "revision": None, "hf_dir": str(hf), "info": {"num_layers": layers},
         "resolved": {"context_length": CONTEXT, "ar_n": AR_N, "parts": parts}}))
     spec = {"schema": 1, "stage": "quantize", "run_dir": str(run), "out_dir": str(run / "artifacts" / "quantize.partial"),
-            "upstream": {"model": str(run / "artifacts" / "model")}, "settings": SETTINGS}
+            "upstream": {"model": str(run / "artifacts" / "model")},
+            "settings": {**SETTINGS, "calibration_unit": unit}}
     (run / "spec.json").write_text(json.dumps(spec))
     rc, wall, peak = child_peak([PY, "-m", "workers.quantize", "--spec", str(run / "spec.json")], run / "quantize")
     if rc != 0:
@@ -169,8 +174,8 @@ def main() -> int:
             fp16 = params * 2
             parts = min(args.parts, layers)
             part_fp16 = 2 * largest_part_params(hf, parts)
-            a = measure(hf, layers, 1, work)
-            b = measure(hf, layers, parts, work, keep_output=not args.no_validate)
+            a = measure(hf, layers, 1, work, unit="part")
+            b = measure(hf, layers, parts, work, keep_output=not args.no_validate, unit="layer")
             v = None if args.no_validate else validate(Path(str(b["run"])))
             row = {"size": name, "params": params, "layers": layers, "parts": parts, "fp16_bytes": fp16,
                    "largest_part_fp16_bytes": part_fp16, "baseline_bytes": base,

@@ -47,7 +47,11 @@ def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path
     for g in q["graphs"]:
         if "sim_onnx" not in g:
             raise WorkerError("missing_graph", f"Graph {g['name']} has no quantized ONNX.", "Re-run the Quantize stage.")
-        shutil.copy2(quantize_dir / g["sim_onnx"], bdir / "sim" / f"{g['name']}.onnx")
+        src = quantize_dir / g["sim_onnx"]
+        shutil.copy2(src, bdir / "sim" / f"{g['name']}.onnx")
+        data = src.with_name(src.name + ".data")      # the weights, beside the graph (external data)
+        if data.is_file():
+            shutil.copy2(data, bdir / "sim" / f"{g['name']}.onnx.data")
         graphs.append({k: v for k, v in g.items() if k not in ("onnx", "encodings", "float_onnx")}
                       | {"sim_onnx": f"sim/{g['name']}.onnx"})
     shutil.copy2(hf_dir / "tokenizer.json", bdir / "tokenizer.json")

@@ -91,6 +91,11 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     if samples < 1 or seq_len < 2 or seq_len > cl:
         raise WorkerError("bad_calibration", f"calibration_samples {samples} / calibration_seq_len {seq_len} "
                           f"are out of range (1.., 2..{cl}).", "Use e.g. 8 samples of 128 tokens.")
+    unit = str(settings.get("calibration_unit", "layer"))
+    if unit not in ("layer", "part"):
+        raise WorkerError("bad_calibration_unit", f"calibration_unit {unit!r} is not known.",
+                          "Use \"layer\" (one QuantSim per decoder layer, least memory) or \"part\" "
+                          "(one QuantSim per part).")
     text = resolve_text(settings.get("calibration_text", "builtin"), "calibration")
     out = spec.out_dir
     threads = _threads()
@@ -148,7 +153,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
 
     t1 = time.monotonic()
     quantize_partwise(graphs, out, blocks, settings, dims, progress, em.log, threads=threads,
-                      providers=providers)
+                      providers=providers, per_layer=unit == "layer")
     em.metric("calibration_seconds", round(time.monotonic() - t1, 2), "s")
     sharing = shared_weight_check(graphs, out)
     mismatched = sum(v["different"] for v in sharing.values())
@@ -172,8 +177,11 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
                       "kv_cache": f"int{int(settings.get('kv_bits', 8))}", "lm_head": "int8",
                       "embeddings": "int8 per-channel"},
         "calibration": {"text": str(text), "samples": samples, "seq_len": seq_len, "blocks": len(blocks),
-                        "method": "sequential part-wise; part k calibrated on part k-1's quantized outputs; "
-                                  "weights frozen from the prompt processor into the token generator"},
+                        "unit": unit,
+                        "method": "sequential part-wise, one calibration unit (" + ("decoder layer" if unit == "layer"
+                                  else "part") + ") at a time; each unit calibrated on the quantized outputs of "
+                                  "the one before; weights frozen from the prompt processor into the token "
+                                  "generator"},
         "weight_sharing": sharing,
         "tool": {"aimet_onnx": _version("aimet_onnx"), "onnxruntime": _version("onnxruntime")},
         "graphs": graphs,

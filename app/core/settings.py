@@ -28,6 +28,7 @@ DEFAULT_RUN_SETTINGS: dict[str, Any] = {
     "calibration_samples": 8,
     "calibration_seq_len": 128,
     "calibration_text": "builtin",
+    "calibration_unit": "layer",  # one QuantSim per decoder layer ("part": one per part, more memory)
     "validation_text": "builtin",
     "weight_bits": 4,
     "activation_bits": 16,

@@ -101,7 +101,7 @@ STAGES: tuple[Stage, ...] = (
                 "with AIMET-ONNX, one part at a time.",
         needs=("model",),
         inputs=("context_length", "ar_n", "parts", "calibration_samples", "calibration_seq_len",
-                "calibration_text", "weight_bits", "activation_bits", "kv_bits", "device"),
+                "calibration_text", "calibration_unit", "weight_bits", "activation_bits", "kv_bits", "device"),
         outputs=("quantize.json",),
         gate_text="Encodings and ONNX exist for every part of both graphs.",
         gate=_gate_done("quantize"), worker="workers.quantize", heavy=True,

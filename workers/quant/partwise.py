@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from workers.quant.calib import Block, pp_mask, tg_mask, tg_positions
+from workers.quant.qdq import build_qdq, copy_graph
+from workers.quant.units import Unit, merge_encodings, split_units
 
 ProgressFn = Callable[[str, int, int], None]   # (graph name, sample index, total)
 
@@ -28,8 +30,7 @@ ProgressFn = Callable[[str, int, int], None]   # (graph name, sample index, tota
 def canonical_initializer_names(onnx_path: Path, named: dict[str, np.ndarray]) -> int:
     """Rename anonymous initializers (`onnx::MatMul_637`) to the model's parameter names, matched
     by content (also transposed), so both graphs of a part name the same weight the same way.
-    Graphs whose weights exceed EXTERNAL_DATA_BYTES are written with external data
-    (`<graph>.onnx.data`): a single protobuf cannot exceed 2 GB."""
+    The graph is written with its weights in `<graph>.onnx.data`."""
     import onnx
     from onnx import numpy_helper
     from onnx.external_data_helper import load_external_data_for_model
@@ -56,7 +57,7 @@ def canonical_initializer_names(onnx_path: Path, named: dict[str, np.ndarray]) -
         if target and target != init.name and target not in used:
             rename[init.name] = target
             used.add(target)
-    if not rename and not old_files:
+    if not rename and old_files == {onnx_path.name + ".data"}:
         return 0
     for init in model.graph.initializer:
         if init.name in rename:
@@ -65,7 +66,7 @@ def canonical_initializer_names(onnx_path: Path, named: dict[str, np.ndarray]) -
         for i, n in enumerate(node.input):
             if n in rename:
                 node.input[i] = rename[n]
-    save_onnx(model, onnx_path)
+    save_onnx(model, onnx_path, external=True)
     for f in old_files - {onnx_path.name + ".data"}:
         (onnx_path.parent / f).unlink(missing_ok=True)
     return len(rename)
@@ -74,13 +75,14 @@ def canonical_initializer_names(onnx_path: Path, named: dict[str, np.ndarray]) -
 EXTERNAL_DATA_BYTES = 1_500_000_000
 
 
-def save_onnx(model: Any, path: Path) -> None:
-    """onnx.save, with the weights in `<name>.data` beside it when they would push the protobuf
-    towards its 2 GB limit."""
+def save_onnx(model: Any, path: Path, external: bool | None = None) -> None:
+    """onnx.save, with the weights in `<name>.data` beside it when asked or when they would push the
+    protobuf towards its 2 GB limit (the float part graphs always: the calibration units and the
+    simulation graph are cut from them one tensor at a time)."""
     import onnx
 
     weight_bytes = sum(len(i.raw_data) for i in model.graph.initializer)
-    big = weight_bytes > EXTERNAL_DATA_BYTES
+    big = weight_bytes > EXTERNAL_DATA_BYTES if external is None else external
     if big:
         (path.parent / (path.name + ".data")).unlink(missing_ok=True)
     onnx.save(model, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
@@ -162,68 +164,125 @@ def ort_providers(log: Callable[[str], None] | None = None) -> list[str]:
     return prov
 
 
-def quantize_graph(float_onnx: Path, graph_dir: Path, sim_onnx: Path, feeds: FeedFactory, n_feeds: int,
-                   settings: dict[str, Any], name: str, progress: ProgressFn, threads: int,
-                   freeze_from: Path | None = None, providers: list[str] | None = None) -> dict[str, Any]:
-    """QuantSim one graph, calibrate on `feeds()` (a generator: one sample in memory at a time),
-    export AIMET ONNX + encodings and the QDQ ONNX. Frees the sim."""
-    import onnx
-
-    t0 = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix=f"hexq-{name}-"))
+def quantize_unit(unit: Unit, enc_out: Path, feeds: FeedFactory, settings: dict[str, Any], threads: int,
+                  freeze_from: Path | None = None, providers: list[str] | None = None) -> dict[str, int]:
+    """QuantSim one calibration unit, calibrate it on `feeds()` (one sample in memory at a time) and write
+    its encodings to `enc_out` and its weights' quantizer axes beside it (`.axes.json`). Frees the sim."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"hexq-{unit.path.stem}-"))
     try:
-        sim, counts = build_sim(float_onnx, settings, tmp, threads, providers)
+        sim, counts = build_sim(unit.path, settings, tmp, threads, providers)
         if freeze_from is not None:
             sim.set_and_freeze_param_encodings(str(freeze_from))
-
-        def gen() -> Iterator[dict[str, np.ndarray]]:
-            for i, f in enumerate(feeds()):
-                progress(name, i, n_feeds)
-                yield f
-            progress(name, n_feeds, n_feeds)
-
-        sim.compute_encodings(gen())
-        graph_dir.mkdir(parents=True, exist_ok=True)
-        sim.export(str(graph_dir), "model")
-        if int(settings.get("weight_bits", 4)) not in (4, 8, 16):
-            # ONNX QuantizeLinear has no such integer type: bake the quantized weights in
-            # (weight-only simulation, activations in float) for onnxruntime.
-            sim.fold_param_quantizers()
-            sim.export(str(tmp), "folded")
-            qdq = onnx.load(str(tmp / "folded.onnx"))
-        else:
-            qdq = sim.to_onnx_qdq()
+        sim.compute_encodings(feeds())
+        sim.export(str(tmp), "unit", export_model=False)
+        save_baked(sim, baked_path(enc_out))
         del sim
         gc.collect()
-        sim_onnx.parent.mkdir(parents=True, exist_ok=True)
-        save_onnx(qdq, sim_onnx)
-        del qdq
+        shutil.move(str(tmp / "unit.encodings"), enc_out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         gc.collect()
-    stats: dict[str, Any] = dict(count_encodings(graph_dir / "model.encodings"))
-    stats.update(counts)
-    stats["seconds"] = round(time.monotonic() - t0, 2)
-    return stats
+    return counts
+
+
+def baked_path(enc: Path) -> Path:
+    return enc.with_name(enc.name + ".baked.safetensors")
+
+
+def save_baked(sim: Any, path: Path) -> int:
+    """The unit's quantized weights as the simulation sees them, computed by AIMET's own kernel
+    (`quantize_dequantize`, what `to_onnx_qdq` folds in), one weight at a time; the simulation graph
+    takes them from here."""
+    from onnx import numpy_helper
+    from safetensors.numpy import save_file
+
+    baked: dict[str, np.ndarray] = {}
+    for init in sim.model.model.graph.initializer:
+        q = sim.qc_quantize_op_dict.get(init.name)
+        if q is None or not q.enabled or q.bitwidth >= 32:
+            continue
+        baked[init.name] = np.ascontiguousarray(q.quantize_dequantize(numpy_helper.to_array(init)), dtype=np.float32)
+    save_file(baked, str(path))
+    return len(baked)
+
+
+class TensorStore:
+    """Per-sample values of named tensors, each in a RecordFile under one folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.records: dict[str, RecordFile] = {}
+
+    def append(self, name: str, a: np.ndarray) -> None:
+        if name not in self.records:
+            safe = hashlib.sha1(name.encode()).hexdigest()[:16]
+            self.records[name] = RecordFile(self.folder / f"{safe}.rec")
+        self.records[name].append(a)
+
+    def get(self, name: str, i: int) -> np.ndarray:
+        return self.records[name][i]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.records
+
+    def close(self) -> None:
+        for r in self.records.values():
+            r.close()
+
+    def delete(self) -> None:
+        for r in self.records.values():
+            r.delete()
+        self.records.clear()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def run_unit_to_store(path: Path, feeds: FeedFactory, threads: int, store: TensorStore, keep: list[str],
+                      providers: list[str] | None = None) -> None:
+    """Run a unit's QDQ graph over the feeds one sample at a time; append the outputs named in `keep` to
+    the store (the next units' inputs, the part's KV and hidden-state outputs)."""
+    import onnxruntime as ort
+
+    if not keep:
+        return
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    wanted = [n for n in names if n in keep]
+    if not wanted:
+        return
+    for f in feeds():
+        outs = sess.run(wanted, f)
+        for n, v in zip(wanted, outs, strict=True):
+            store.append(n, v)
+        del outs
+    del sess
+    store.close()
 
 
 class RecordFile:
-    """Fixed-shape float32 arrays appended to a flat file and read back one at a time with
-    np.fromfile (no memory map: pages read do not stay in the process's RSS)."""
+    """Fixed-shape arrays appended to a flat file and read back one at a time with np.fromfile (no memory
+    map: pages read do not stay in the process's RSS)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.shape: tuple[int, ...] | None = None
+        self.dtype: np.dtype[Any] = np.dtype(np.float32)
         self.count = 0
         self._fh: Any = None
 
     def append(self, a: np.ndarray) -> None:
-        a = np.ascontiguousarray(a, dtype=np.float32)
+        a = np.ascontiguousarray(a)
         if self.shape is None:
             self.shape = tuple(a.shape)
+            self.dtype = a.dtype
             self._fh = open(self.path, "wb")  # noqa: SIM115 (closed in close())
-        elif tuple(a.shape) != self.shape:
-            raise ValueError(f"{self.path.name}: shape {a.shape} != {self.shape}")
+        elif tuple(a.shape) != self.shape or a.dtype != self.dtype:
+            raise ValueError(f"{self.path.name}: {a.dtype}{a.shape} != {self.dtype}{self.shape}")
+        if self._fh is None:
+            self._fh = open(self.path, "ab")  # noqa: SIM115
         self._fh.write(a.tobytes())
         self.count += 1
 
@@ -234,8 +293,9 @@ class RecordFile:
 
     def __getitem__(self, i: int) -> np.ndarray:
         assert self.shape is not None and 0 <= i < self.count
+        self.close()
         n = int(np.prod(self.shape))
-        return np.fromfile(self.path, dtype=np.float32, count=n, offset=4 * n * i).reshape(self.shape)
+        return np.fromfile(self.path, dtype=self.dtype, count=n, offset=self.dtype.itemsize * n * i).reshape(self.shape)
 
     def __len__(self) -> int:
         return self.count
@@ -245,52 +305,32 @@ class RecordFile:
         self.path.unlink(missing_ok=True)
 
 
-def run_to_disk(path: Path, feeds: FeedFactory, threads: int, store: Path, tag: str, layers: list[int],
-                keep_hidden: bool, keep_kv: bool, providers: list[str] | None = None
-                ) -> tuple[RecordFile | None, dict[int, tuple[RecordFile, RecordFile]]]:
-    """Run a (QDQ) graph over the feeds one at a time; write its hidden-state output and/or its new
-    KV entries to record files under `store` (the stage's partial folder), never all in memory."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])
-    hidden = RecordFile(store / f"{tag}_hidden.f32") if keep_hidden else None
-    kv = {li: (RecordFile(store / f"{tag}_k{li}.f32"), RecordFile(store / f"{tag}_v{li}.f32"))
-          for li in layers} if keep_kv else {}
-    for f in feeds():
-        outs = sess.run(None, f)  # by position: QuantSim renames outputs
-        if hidden is not None:
-            hidden.append(outs[0])
-        for i, li in enumerate(layers):
-            if li in kv:
-                kv[li][0].append(outs[1 + 2 * i])
-                kv[li][1].append(outs[2 + 2 * i])
-        del outs
-    del sess
-    for r in ([hidden] if hidden is not None else []) + [x for pair in kv.values() for x in pair]:
-        r.close()
-    return hidden, kv
-
-
-def pp_feed_factory(part_first: bool, layers: list[int], blocks: list[Block], hidden_in: RecordFile | None,
-                    s: int, cl: int, kvh: int, hd: int) -> FeedFactory:
+def pp_feed_factory(part_first: bool, blocks: list[Block], prev: TensorStore | None, s: int, cl: int, kvh: int,
+                    hd: int, unit: Unit, store: TensorStore) -> FeedFactory:
+    """The prompt-processor samples of one unit: the part's inputs it reads (tokens or the previous
+    part's quantized hidden states, mask, positions, an empty KV cache) and what earlier units of this
+    part produced for the same sample (from `store`)."""
     def feeds() -> Iterator[dict[str, np.ndarray]]:
         zk: np.ndarray = np.zeros((1, kvh, hd, cl - s), np.float32)
         zv: np.ndarray = np.zeros((1, kvh, cl - s, hd), np.float32)
         for b, blk in enumerate(blocks):
             f: dict[str, np.ndarray] = {}
-            if part_first:
-                f["input_ids"] = np.asarray([blk.ids], dtype=np.int32)
-            else:
-                assert hidden_in is not None
-                f["hidden_states_in"] = hidden_in[b]
-            f["attention_mask"] = pp_mask(s, cl, blk.n_valid)
-            f["position_ids"] = (np.arange(s, dtype=np.int32) + blk.start_pos)[None]
-            for li in layers:
-                f[f"past_key_{li}_in"] = zk
-                f[f"past_value_{li}_in"] = zv
+            for n in unit.inputs:
+                if n == "input_ids":
+                    f[n] = np.asarray([blk.ids], dtype=np.int32)
+                elif n == "hidden_states_in":
+                    assert prev is not None
+                    f[n] = prev.get("hidden_states_out", b)
+                elif n == "attention_mask":
+                    f[n] = pp_mask(s, cl, blk.n_valid)
+                elif n == "position_ids":
+                    f[n] = (np.arange(s, dtype=np.int32) + blk.start_pos)[None]
+                elif n.startswith("past_key_") and n.endswith("_in"):
+                    f[n] = zk
+                elif n.startswith("past_value_") and n.endswith("_in"):
+                    f[n] = zv
+                else:
+                    f[n] = store.get(n, b)
             yield f
     return feeds
 
@@ -300,95 +340,162 @@ def tg_sample_positions(blocks: list[Block], per_block: int) -> list[tuple[int, 
     return [(b, p) for b, blk in enumerate(blocks) for p in tg_positions(blk.n_valid, per_block)]
 
 
-def tg_feed_factory(part_first: bool, layers: list[int], blocks: list[Block],
-                    pp_kv: dict[int, tuple[RecordFile, RecordFile]], hidden_in: RecordFile | None,
-                    cl: int, kvh: int, hd: int, per_block: int) -> FeedFactory:
-    """Token-generator samples, built one at a time: one token at position p with the (quantized)
-    prompt processor's KV of tokens < p, read back from disk."""
+def tg_feed_factory(blocks: list[Block], pp_store: TensorStore, prev: TensorStore | None, cl: int, kvh: int,
+                    hd: int, per_block: int, unit: Unit, store: TensorStore) -> FeedFactory:
+    """Token-generator samples of one unit, built one at a time: one token at position p with the
+    (quantized) prompt processor's KV of tokens < p, read back from disk."""
     def feeds() -> Iterator[dict[str, np.ndarray]]:
         for j, (b, p) in enumerate(tg_sample_positions(blocks, per_block)):
             blk = blocks[b]
             f: dict[str, np.ndarray] = {}
-            if part_first:
-                f["input_ids"] = np.asarray([[blk.ids[p]]], dtype=np.int32)
-            else:
-                assert hidden_in is not None
-                f["hidden_states_in"] = hidden_in[j]
-            f["attention_mask"] = tg_mask(cl, p)
-            f["position_ids"] = np.asarray([[blk.start_pos + p]], dtype=np.int32)
-            for li in layers:
-                k_new, v_new = pp_kv[li][0][b], pp_kv[li][1][b]
-                pk: np.ndarray = np.zeros((1, kvh, hd, cl - 1), np.float32)
-                pv: np.ndarray = np.zeros((1, kvh, cl - 1, hd), np.float32)
-                pk[..., :p] = k_new[..., :p]
-                pv[:, :, :p] = v_new[:, :, :p]
-                f[f"past_key_{li}_in"] = pk
-                f[f"past_value_{li}_in"] = pv
+            for n in unit.inputs:
+                if n == "input_ids":
+                    f[n] = np.asarray([[blk.ids[p]]], dtype=np.int32)
+                elif n == "hidden_states_in":
+                    assert prev is not None
+                    f[n] = prev.get("hidden_states_out", j)
+                elif n == "attention_mask":
+                    f[n] = tg_mask(cl, p)
+                elif n == "position_ids":
+                    f[n] = np.asarray([[blk.start_pos + p]], dtype=np.int32)
+                elif n.startswith("past_key_") and n.endswith("_in"):
+                    k_new = pp_store.get(n[:-3] + "_out", b)
+                    pk: np.ndarray = np.zeros((1, kvh, hd, cl - 1), np.float32)
+                    pk[..., :p] = k_new[..., :p]
+                    f[n] = pk
+                elif n.startswith("past_value_") and n.endswith("_in"):
+                    v_new = pp_store.get(n[:-3] + "_out", b)
+                    pv: np.ndarray = np.zeros((1, kvh, cl - 1, hd), np.float32)
+                    pv[:, :, :p] = v_new[:, :, :p]
+                    f[n] = pv
+                else:
+                    f[n] = store.get(n, j)
             yield f
     return feeds
 
 
+def _sum_counts(total: dict[str, int], counts: dict[str, int]) -> None:
+    for k, v in counts.items():
+        total[k] = max(total.get(k, 0), v) if k == "cuda" else total.get(k, 0) + v
+
+
+def _finish_graph(g: dict[str, Any], base: Path, encs: list[Path], counts: dict[str, int], units: int,
+                  seconds: float) -> None:
+    """Merge a graph's unit encodings into the part's; write parts/<graph>/model.{onnx,data,encodings} and
+    the simulation graph sim/<graph>.onnx (+ .data)."""
+    gdir = base / "parts" / g["name"]
+    gdir.mkdir(parents=True, exist_ok=True)
+    merge_encodings(encs, gdir / "model.encodings")
+    copy_graph(base / g["float_onnx"], gdir / "model.onnx", "model.data")
+    g["onnx"] = f"parts/{g['name']}/model.onnx"
+    g["encodings"] = f"parts/{g['name']}/model.encodings"
+    g["sim_onnx"] = f"sim/{g['name']}.onnx"
+    built = build_qdq(base / g["float_onnx"], gdir / "model.encodings", [baked_path(e) for e in encs],
+                      base / g["sim_onnx"])
+    stats: dict[str, Any] = dict(count_encodings(gdir / "model.encodings"))
+    stats.update(counts)
+    stats.update(built)
+    stats["calibration_units"] = units
+    stats["seconds"] = round(seconds, 2)
+    g["stats"] = stats
+
+
 def quantize_partwise(graphs: list[dict[str, Any]], base: Path, blocks: list[Block], settings: dict[str, Any],
                       dims: dict[str, int], progress: ProgressFn, log: Callable[[str], None],
-                      threads: int = 2, tg_per_block: int = 4, providers: list[str] | None = None
-                      ) -> list[dict[str, Any]]:
-    """Quantize every part in order; fills in each graph entry's onnx/encodings/sim_onnx and stats.
-    `graphs` entries carry float_onnx relative to `base` (the stage's out_dir).
+                      threads: int = 2, tg_per_block: int = 4, providers: list[str] | None = None,
+                      per_layer: bool = True) -> list[dict[str, Any]]:
+    """Quantize every part in order, one calibration unit (one decoder layer, the embedding, the lm_head)
+    at a time; fills in each graph entry's onnx/encodings/sim_onnx and stats. `graphs` entries carry
+    float_onnx relative to `base` (the stage's out_dir).
 
-    Memory: one graph's QuantSim at a time; calibration samples are generated one at a time; part
-    k's quantized outputs (hidden states for part k+1, the prompt processor's KV for the token
-    generator's samples) go to record files in base/calib.tmp, removed at the end."""
+    Memory: one unit's QuantSim at a time; calibration samples are generated one at a time; each unit's
+    quantized outputs (the next unit's inputs, the prompt processor's KV for the token generator's
+    samples, the hidden states for the next part) go to record files in base/calib.tmp, removed at the
+    end. Weights are frozen from each prompt-processor unit into the matching token-generator unit."""
     cl, kvh, hd = dims["context_length"], dims["num_kv_heads"], dims["head_dim"]
     parts = sorted({g["part"] for g in graphs})
-    store = base / "calib.tmp"
-    shutil.rmtree(store, ignore_errors=True)
-    store.mkdir(parents=True)
+    store_root = base / "calib.tmp"
+    shutil.rmtree(store_root, ignore_errors=True)
+    store_root.mkdir(parents=True)
     n_tg = len(tg_sample_positions(blocks, tg_per_block))
-    pp_hidden: RecordFile | None = None
-    tg_hidden: RecordFile | None = None
+    prev_pp: TensorStore | None = None
+    prev_tg: TensorStore | None = None
     try:
         for k in parts:
             pp = next(g for g in graphs if g["part"] == k and g["kind"] == "prompt_processor")
             tg = next((g for g in graphs if g["part"] == k and g["kind"] == "token_generator"), None)
-            first, last = k == parts[0], k == parts[-1]
-            layers = list(pp["layers"])
+            first = k == parts[0]
             s = int(pp["seq_len"])
-            feeds = pp_feed_factory(first, layers, blocks, pp_hidden, s, cl, kvh, hd)
-            log(f"part {k}: calibrating {pp['name']} on {len(blocks)} samples")
-            pp["onnx"] = f"parts/{pp['name']}/model.onnx"
-            pp["encodings"] = f"parts/{pp['name']}/model.encodings"
-            pp["sim_onnx"] = f"sim/{pp['name']}.onnx"
-            pp["stats"] = quantize_graph(base / pp["float_onnx"], base / "parts" / pp["name"], base / pp["sim_onnx"],
-                                         feeds, len(blocks), settings, pp["name"], progress, threads,
-                                         providers=providers)
-            # quantized outputs: hidden states feed part k+1, the KV feeds this part's token generator
-            new_pp_hidden, pp_kv = run_to_disk(base / pp["sim_onnx"], feeds, threads, store, f"p{k}_pp", layers,
-                                               keep_hidden=not last, keep_kv=tg is not None, providers=providers)
+            work = store_root / f"part{k}"
+            pp_units = split_units(base / pp["float_onnx"], work / "units", "pp", per_layer)
+            tg_units = split_units(base / tg["float_onnx"], work / "units", "tg", per_layer) if tg is not None else []
+            if tg_units and [u.level for u in tg_units] != [u.level for u in pp_units]:
+                raise ValueError(f"part {k}: the two graphs cut into different units")
+            log(f"part {k}: {len(pp_units)} calibration units ({', '.join(u.label for u in pp_units)})")
+            pp_store = TensorStore(work / "pp")
+            pp_encs: list[Path] = []
+            counts: dict[str, int] = {}
+            t0 = time.monotonic()
+            n_units = len(pp_units)
+            for u in pp_units:
+                feeds = pp_feed_factory(first, blocks, prev_pp, s, cl, kvh, hd, u, pp_store)
+                enc = work / f"pp_u{u.index}.encodings"
+
+                def gen(u: Unit = u, feeds: FeedFactory = feeds, name: str = pp["name"], total: int = n_units
+                        ) -> Iterator[dict[str, np.ndarray]]:
+                    for i, f in enumerate(feeds()):
+                        progress(name, u.index * len(blocks) + i, total * len(blocks))
+                        yield f
+
+                log(f"part {k}: calibrating {pp['name']} {u.label} on {len(blocks)} samples")
+                _sum_counts(counts, quantize_unit(u, enc, gen, settings, threads, providers=providers))
+                pp_encs.append(enc)
+                keep = [o for o in u.outputs if o != "logits"]
+                if keep:
+                    qdq = work / "units" / f"pp_u{u.index}.qdq.onnx"
+                    build_qdq(u.path, enc, [baked_path(enc)], qdq)
+                    run_unit_to_store(qdq, feeds, threads, pp_store, keep, providers)
+            _finish_graph(pp, base, pp_encs, counts, n_units, time.monotonic() - t0)
+            progress(pp["name"], n_units * len(blocks), n_units * len(blocks))
+            tg_store = TensorStore(work / "tg")
             if tg is not None:
-                tfeeds = tg_feed_factory(first, layers, blocks, pp_kv, tg_hidden, cl, kvh, hd, tg_per_block)
-                log(f"part {k}: calibrating {tg['name']} on {n_tg} samples (weights frozen from {pp['name']})")
-                tg["onnx"] = f"parts/{tg['name']}/model.onnx"
-                tg["encodings"] = f"parts/{tg['name']}/model.encodings"
-                tg["sim_onnx"] = f"sim/{tg['name']}.onnx"
-                tg["stats"] = quantize_graph(base / tg["float_onnx"], base / "parts" / tg["name"],
-                                             base / tg["sim_onnx"], tfeeds, n_tg, settings, tg["name"], progress,
-                                             threads, freeze_from=base / pp["encodings"], providers=providers)
-                new_tg_hidden = None
-                if not last:
-                    new_tg_hidden, _ = run_to_disk(base / tg["sim_onnx"], tfeeds, threads, store, f"p{k}_tg", layers,
-                                                   keep_hidden=True, keep_kv=False, providers=providers)
-                if tg_hidden is not None:
-                    tg_hidden.delete()
-                tg_hidden = new_tg_hidden
-            for kr, vr in pp_kv.values():
-                kr.delete()
-                vr.delete()
-            if pp_hidden is not None:
-                pp_hidden.delete()
-            pp_hidden = new_pp_hidden
+                tg_encs: list[Path] = []
+                counts = {}
+                t0 = time.monotonic()
+                for u, pu in zip(tg_units, pp_units, strict=True):
+                    tfeeds = tg_feed_factory(blocks, pp_store, prev_tg, cl, kvh, hd, tg_per_block, u, tg_store)
+                    enc = work / f"tg_u{u.index}.encodings"
+
+                    def tgen(u: Unit = u, tfeeds: FeedFactory = tfeeds, name: str = tg["name"],
+                             total: int = n_units) -> Iterator[dict[str, np.ndarray]]:
+                        for i, f in enumerate(tfeeds()):
+                            progress(name, u.index * n_tg + i, total * n_tg)
+                            yield f
+
+                    log(f"part {k}: calibrating {tg['name']} {u.label} on {n_tg} samples "
+                        f"(weights frozen from {pp['name']})")
+                    _sum_counts(counts, quantize_unit(u, enc, tgen, settings, threads,
+                                                      freeze_from=work / f"pp_u{pu.index}.encodings",
+                                                      providers=providers))
+                    tg_encs.append(enc)
+                    keep = [o for o in u.outputs if o != "logits" and not o.startswith("past_")]
+                    if keep:
+                        qdq = work / "units" / f"tg_u{u.index}.qdq.onnx"
+                        build_qdq(u.path, enc, [baked_path(enc)], qdq)
+                        run_unit_to_store(qdq, tfeeds, threads, tg_store, keep, providers)
+                _finish_graph(tg, base, tg_encs, counts, n_units, time.monotonic() - t0)
+                progress(tg["name"], n_units * n_tg, n_units * n_tg)
+            # the next part reads only this part's hidden-state outputs
+            for st, prev in ((pp_store, prev_pp), (tg_store, prev_tg)):
+                if prev is not None:
+                    prev.delete()
+                for name in [n for n in st.records if n != "hidden_states_out"]:
+                    st.records.pop(name).delete()
+            prev_pp, prev_tg = pp_store, tg_store
+            shutil.rmtree(work / "units", ignore_errors=True)
             gc.collect()
     finally:
-        shutil.rmtree(store, ignore_errors=True)
+        shutil.rmtree(store_root, ignore_errors=True)
     return graphs
 
 

@@ -1,0 +1,188 @@
+"""The simulation graph (QDQ ONNX) built from a float graph, its AIMET encodings and its quantized weights,
+one weight at a time.
+
+aimet-onnx's `QuantizationSimModel.to_onnx_qdq()` copies the whole model and every quantized weight at
+once (measured: ~27 bytes per parameter on top of the QuantSim). This builder needs the QuantSim no
+more: it reads the float graph's structure, then streams its weights one tensor at a time from the
+external data file into the output's data file, replacing each encoded weight with its quantized value
+(computed by AIMET's own kernel while the unit's QuantSim was alive: workers/quant/partwise.save_baked);
+activation encodings become onnx QuantizeLinear -> DequantizeLinear pairs (uint8/uint16, zero point =
+-offset, as aimet-onnx exports them). Peak memory is the graph's structure plus the largest weight.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OPSET = 21   # QuantizeLinear/DequantizeLinear with 16-bit types
+
+_UINT = {8: 2, 16: 4}   # onnx TensorProto.UINT8 / UINT16
+
+
+def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path) -> dict[str, int]:
+    """Write `out` (+ `out.data`): `float_onnx` with its encoded weights replaced by their quantized values
+    (from the `baked` safetensors files the calibration units wrote) and a QuantizeLinear ->
+    DequantizeLinear pair on every encoded activation. Returns counts for the stage's stats."""
+    import onnx
+    from onnx import helper, numpy_helper
+    from safetensors import safe_open
+
+    enc = json.loads(encodings.read_text(encoding="utf-8"))
+    params = {p["name"] for p in enc.get("param_encodings", [])}
+    acts = {a["name"]: a for a in enc.get("activation_encodings", [])}
+    source: dict[str, Path] = {}
+    for f in baked:
+        with safe_open(str(f), framework="np") as sf:
+            for k in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
+                source.setdefault(k, f)
+    missing = sorted(params - set(source))
+    if missing:
+        raise ValueError(f"no quantized values for {len(missing)} encoded weights (first: {missing[0]})")
+    model = onnx.load(str(float_onnx), load_external_data=False)
+
+    def bake(init: Any) -> np.ndarray | None:
+        if init.name not in params:
+            return None
+        with safe_open(str(source[init.name]), framework="np") as sf:
+            arr = sf.get_tensor(init.name)
+        if tuple(arr.shape) != tuple(init.dims) or init.data_type != onnx.TensorProto.FLOAT:
+            raise ValueError(f"{init.name}: quantized {arr.dtype}{arr.shape} does not fit the graph's tensor")
+        return np.asarray(arr, dtype=np.float32)
+
+    n_baked = stream_weights(model, float_onnx.parent, out.parent / (out.name + ".data"), bake)
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    new_nodes: list[Any] = []
+    qdq_inits: list[Any] = []
+    for t, a in acts.items():
+        bw = int(a["bw"])
+        if bw not in _UINT:
+            raise ValueError(f"{t}: {bw}-bit activations have no onnx integer type (use 8 or 16)")
+        scale = np.float32(a["scale"][0])
+        zp = round(-float(a["offset"][0]))
+        zp_np = np.array(zp, dtype=np.uint16 if bw == 16 else np.uint8)
+        s_name, z_name = f"{t}__scale", f"{t}__zero_point"
+        qdq_inits += [numpy_helper.from_array(np.array(scale, dtype=np.float32), s_name),
+                      numpy_helper.from_array(zp_np, z_name)]
+        src, dst = t, f"{t}__qdq"
+        if t in outputs:
+            # the graph output keeps its name and carries the quantized value
+            src, dst = f"{t}__float", t
+            for n in graph.node:
+                for i, o in enumerate(n.output):
+                    if o == t:
+                        n.output[i] = src
+        else:
+            for n in graph.node:
+                for i, name in enumerate(n.input):
+                    if name == t:
+                        n.input[i] = dst
+        new_nodes += [helper.make_node("QuantizeLinear", [src, s_name, z_name], [f"{t}__q"], name=f"{t}__Quantize"),
+                      helper.make_node("DequantizeLinear", [f"{t}__q", s_name, z_name], [dst],
+                                       name=f"{t}__Dequantize")]
+    graph.initializer.extend(qdq_inits)
+    graph.node.extend(new_nodes)
+    _topological_sort(graph)
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            if op.version < OPSET:
+                model = _to_opset(model, OPSET)
+            break
+    onnx.save(model, str(out))
+    return {"baked_weights": n_baked, "activation_qdq": len(acts)}
+
+
+def stream_weights(model: Any, src_dir: Path, data: Path,
+                   transform: Callable[[Any], np.ndarray | None] | None = None) -> int:
+    """Move every initializer of `model` (structure loaded without its external data) into `data`, one
+    tensor at a time; `transform(init)` may return the tensor's new value. Returns how many changed.
+
+    The bytes never go into the loaded model: protobuf keeps a message's memory in an arena that only
+    shrinks when the whole model is freed, so loading each tensor into it would hold every weight."""
+    import onnx
+
+    changed = 0
+    data.parent.mkdir(parents=True, exist_ok=True)
+    tmp = data.with_name(data.name + ".partial")
+    with open(tmp, "wb") as fh:
+        for init in model.graph.initializer:
+            new = transform(init) if transform is not None else None
+            if new is not None:
+                changed += 1
+                raw = np.ascontiguousarray(new).tobytes()
+            elif any(e.key == "location" for e in init.external_data):
+                raw = _read_external(init, src_dir)
+            elif len(init.raw_data) >= 1024:
+                raw = init.raw_data
+            else:
+                continue                     # a small constant stays in the graph
+            fh.write(b"\0" * ((-fh.tell()) % 4096))
+            offset = fh.tell()
+            fh.write(raw)
+            del raw
+            del init.external_data[:]
+            for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                init.ClearField(f)
+            for key, value in (("location", data.name), ("offset", str(offset)), ("length", str(fh.tell() - offset))):
+                entry = init.external_data.add()
+                entry.key, entry.value = key, value
+            init.data_location = onnx.TensorProto.EXTERNAL
+    tmp.replace(data)
+    return changed
+
+
+def _read_external(init: Any, src_dir: Path) -> bytes:
+    info = {e.key: e.value for e in init.external_data}
+    with open(src_dir / info["location"], "rb") as f:
+        f.seek(int(info.get("offset", 0)))
+        length = info.get("length")
+        return f.read(int(length)) if length is not None else f.read()
+
+
+def copy_graph(src: Path, dst: Path, data_name: str) -> None:
+    """`src` (+ its external data) as `dst` with its weights in `data_name` beside it, one tensor at a time."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    stream_weights(model, src.parent, dst.parent / data_name)
+    onnx.save(model, str(dst))
+
+
+def _to_opset(model: Any, version: int) -> Any:
+    """Raise the opset of a graph whose weights are external (the converter sees only references)."""
+    from onnx import version_converter
+
+    return version_converter.convert_version(model, version)
+
+
+def _topological_sort(graph: Any) -> None:
+    """Reorder graph.node so every node comes after the producers of its inputs (onnx requires it)."""
+    ready = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    nodes = list(graph.node)
+    consumers: dict[str, list[int]] = {}
+    missing = []
+    for idx, n in enumerate(nodes):
+        need = {x for x in n.input if x not in ready}
+        missing.append(len(need))
+        for x in need:
+            consumers.setdefault(x, []).append(idx)
+    order = [i for i, m in enumerate(missing) if m == 0]
+    head = 0
+    while head < len(order):
+        n = nodes[order[head]]
+        head += 1
+        for o in n.output:
+            for c in consumers.pop(o, []):
+                missing[c] -= 1
+                if missing[c] == 0:
+                    order.append(c)
+    if len(order) != len(nodes):
+        raise ValueError("the graph has a cycle or an input nobody produces")
+    sorted_nodes = [nodes[i] for i in order]
+    del graph.node[:]
+    graph.node.extend(sorted_nodes)
