@@ -140,6 +140,26 @@ def test_context_length_not_a_multiple_of_ar_n_is_a_clear_error(tmp_path: Path) 
     assert not (Path(m.run_dir) / "artifacts" / "quantize").exists()
 
 
+def test_unknown_calibration_unit_is_a_clear_error(tmp_path: Path) -> None:
+    m, res = run_stages(tmp_path, ("model", "quantize"), {"calibration_unit": "block"})
+    assert not res.ok and "calibration_unit 'block'" in (res.message or "")
+    assert m.stage("quantize").state != "done"
+
+
+def test_quantize_json_names_the_calibration_units(validated_run: Path) -> None:
+    q = _quantize_json(validated_run)
+    assert q["calibration"]["unit"] == "layer"
+    units = {g["name"]: g["stats"]["calibration_units"] for g in q["graphs"]}
+    # part 1: embedding + 2 layers; part 2: 2 layers + lm_head — one QuantSim each
+    assert units == {"prompt_ar128_cl512_1_of_2": 3, "prompt_ar128_cl512_2_of_2": 3,
+                     "token_ar1_cl512_1_of_2": 3, "token_ar1_cl512_2_of_2": 3}
+    assert all(g["stats"]["baked_weights"] >= 7 for g in q["graphs"])
+    base = validated_run / "artifacts" / "quantize"
+    for g in q["graphs"]:
+        assert (base / (g["sim_onnx"] + ".data")).is_file() and (base / (g["float_onnx"] + ".data")).is_file()
+    assert not (base / "calib.tmp").exists()
+
+
 @pytest.mark.parametrize("content", [None, "  \n"])
 def test_missing_or_empty_calibration_text_is_a_clear_error(tmp_path: Path, content: str | None) -> None:
     text = tmp_path / "calib.txt"
