@@ -223,9 +223,6 @@ class TensorStore:
     def get(self, name: str, i: int) -> np.ndarray:
         return self.records[name][i]
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.records
-
     def close(self) -> None:
         for r in self.records.values():
             r.close()

@@ -21,7 +21,7 @@ import numpy as np
 
 OPSET = 21   # QuantizeLinear/DequantizeLinear with 16-bit types
 
-_UINT = {8: 2, 16: 4}   # onnx TensorProto.UINT8 / UINT16
+ACTIVATION_BITS = (8, 16)   # onnx QuantizeLinear's uint8 / uint16
 
 
 def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path) -> dict[str, int]:
@@ -61,7 +61,7 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path) -
     qdq_inits: list[Any] = []
     for t, a in acts.items():
         bw = int(a["bw"])
-        if bw not in _UINT:
+        if bw not in ACTIVATION_BITS:
             raise ValueError(f"{t}: {bw}-bit activations have no onnx integer type (use 8 or 16)")
         scale = np.float32(a["scale"][0])
         zp = round(-float(a["offset"][0]))
