@@ -100,12 +100,12 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     out = spec.out_dir
     threads = _threads()
 
-    # 1. float export, part by part: only one part's weights are read from the safetensors files
+    # 1. float export, piece by piece: one decoder layer's weights are read from the safetensors files at a time
     em.progress(0.01, "exporting the float deployment graphs")
     from transformers import AutoConfig
 
     from workers.export import export_deployment_graphs
-    from workers.quant.partwise import canonical_initializer_names, ort_providers
+    from workers.quant.partwise import ort_providers
 
     t0 = time.monotonic()
     try:
@@ -119,14 +119,12 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     dims = {"context_length": cl, "num_kv_heads": kvh, "head_dim": hd}
     bos = getattr(cfg, "bos_token_id", None)
 
-    def canonicalize(entries: list[dict[str, Any]], named: dict[str, Any]) -> None:
-        for g in entries:
-            canonical_initializer_names(out / g["float_onnx"], named)
+    def exported(entries: list[dict[str, Any]], weights: list[str]) -> None:
         em.log(f"exported part {entries[0]['part']} of {parts} ({', '.join(g['name'] for g in entries)})")
 
     try:
         graphs = export_deployment_graphs(hf_dir, out / "float", context_length=cl, ar_n=ar_n, parts=parts,
-                                          after_part=canonicalize)
+                                          after_part=exported)
     except (OSError, ValueError) as exc:
         raise WorkerError("model_load_failed", f"Could not load the model from {hf_dir}: {exc}",
                           "Check the model folder (model stage) and its safetensors files.") from None

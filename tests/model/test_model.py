@@ -251,9 +251,11 @@ def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: 
     assert greedy_part_major(ps, seqs, 12, [], 64, 2, 16) == ref
 
 
-def test_export_reads_only_each_parts_tensors(tmp_path: Path) -> None:
-    """Without a loaded model, export reads one part's tensors from the safetensors files at a time
-    (load_part_model: meta-device skeleton + that part's slice) and gives the same graphs."""
+def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a loaded model, export reads one piece's tensors from the safetensors files at a time
+    (a meta-device skeleton; one decoder layer, the embedding or the head materialized, exported for
+    both kinds, stitched into the part graphs and freed) and gives the same graphs, with every weight
+    under its checkpoint name in the graph's .onnx.data, the same names in both graphs of a part."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -267,9 +269,45 @@ def test_export_reads_only_each_parts_tensors(tmp_path: Path) -> None:
     model = LlamaForCausalLM(cfg).eval()
     hf = tmp_path / "hf"
     model.save_pretrained(hf, safe_serialization=True)
+    import onnx
+
+    from workers.export.weights import CheckpointWeights
+
+    live: dict[int, int] = {}
+    peak = {"params": 0}
+    load, release = CheckpointWeights.load, CheckpointWeights.release
+
+    def spy_load(self: Any, module: Any, prefix: str) -> list[str]:
+        out = load(self, module, prefix)
+        live[id(module)] = sum(p.numel() for p in module.parameters())
+        peak["params"] = max(peak["params"], sum(live.values()))
+        return out
+
+    def spy_release(self: Any, module: Any) -> None:
+        release(self, module)
+        assert all(p.device.type == "meta" for p in module.parameters())
+        live.pop(id(module))
+
+    monkeypatch.setattr(CheckpointWeights, "load", spy_load)
+    monkeypatch.setattr(CheckpointWeights, "release", spy_release)
     seen: dict[int, list[str]] = {}
     graphs = export_deployment_graphs(hf, tmp_path / "float", 64, 16, 2,
                                       after_part=lambda e, named: seen.update({e[0]["part"]: sorted(named)}))
+    assert not live                                       # every piece was freed
+    layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    head = sum(p.numel() for p in (*model.model.norm.parameters(), *model.lm_head.parameters()))
+    assert peak["params"] == max(layer, head) < sum(p.numel() for p in model.parameters()) // 3
+    by_part: dict[int, list[set[str]]] = {}
+    for g in graphs:
+        onnx.checker.check_model(str(tmp_path / g["float_onnx"]))
+        m = onnx.load(str(tmp_path / g["float_onnx"]), load_external_data=False)
+        big = [i for i in m.graph.initializer if i.name.startswith(("model.", "lm_head")) and i.dims[0] > 64]
+        assert big and all(any(e.key == "location" and e.value == Path(g["float_onnx"]).name + ".data"
+                                for e in i.external_data) for i in big)
+        by_part.setdefault(g["part"], []).append({i.name for i in m.graph.initializer
+                                                  if i.name.startswith(("model.", "lm_head"))})
+    assert all(pp == tg for pp, tg in by_part.values())    # both graphs name each weight the same way
+    assert "model.layers.0.self_attn.q_proj.weight" in by_part[1][0] and "lm_head.weight" in by_part[2][0]
     assert [g["name"] for g in graphs] == ["prompt_ar16_cl64_1_of_2", "prompt_ar16_cl64_2_of_2",
                                            "token_ar1_cl64_1_of_2", "token_ar1_cl64_2_of_2"]
     assert all(".layers.2." not in n and ".layers.3." not in n and "lm_head" not in n for n in seen[1])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,16 +21,10 @@ HIDDEN, KVH, HD = 256, 2, 64
 @pytest.fixture(scope="module")
 def float_parts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from workers.export import export_deployment_graphs
-    from workers.quant.partwise import canonical_initializer_names
 
     out = tmp_path_factory.mktemp("float")
-
-    def canon(entries: list[dict[str, Any]], named: dict[str, Any]) -> None:
-        for g in entries:
-            canonical_initializer_names(out / g["float_onnx"], named)
-
     graphs = export_deployment_graphs(HF, out / "float", context_length=CL, ar_n=AR, parts=2,
-                                      kinds=("prompt_processor",), after_part=canon)
+                                      kinds=("prompt_processor",))
     return {g["name"]: out / g["float_onnx"] for g in graphs}
 
 

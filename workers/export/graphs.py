@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import gc
-import json
-import math
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from workers.export.segments import Dims, head_module, layer_module, rope_module
+from workers.export.stitch import PartGraphWriter
+from workers.export.weights import CheckpointWeights, InMemoryWeights
 from workers.modelinfo import layer_ranges
 
 MASK_VALUE = -1000.0  # additive mask; Qualcomm's -100 did not mask on larger models (facts/quantization.md)
@@ -31,7 +33,7 @@ def graph_io_names(part: int, parts: int, layers: range) -> tuple[list[str], lis
 
 def load_hf_model(hf_dir: str | Path) -> Any:
     """The whole model in fp32 (tests and small models only: the quantize stage loads one part at a
-    time with load_part_model)."""
+    piece at a time from the checkpoint: export_deployment_graphs)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -40,177 +42,7 @@ def load_hf_model(hf_dir: str | Path) -> Any:
     return model
 
 
-def safetensors_index(hf_dir: str | Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it (reads only the files' headers)."""
-    from safetensors import safe_open
-
-    d = Path(hf_dir)
-    idx = d / "model.safetensors.index.json"
-    if idx.is_file():
-        wm = json.loads(idx.read_text(encoding="utf-8")).get("weight_map") or {}
-        return {str(k): d / str(v) for k, v in wm.items()}
-    out: dict[str, Path] = {}
-    for f in sorted(d.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as sf:
-            for k in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
-                out[k] = f
-    if not out:
-        raise OSError(f"no *.safetensors files in {d}")
-    return out
-
-
-def part_tensor_names(names: list[str], start: int, stop: int, first: bool, last: bool, tied: bool) -> list[str]:
-    """The checkpoint tensors one part needs: its layers, plus the embedding (first part) or the
-    final norm and lm_head (last part; the embedding again when the head is tied to it)."""
-    keep = []
-    for n in names:
-        if ".layers." in n:
-            try:
-                li = int(n.split(".layers.", 1)[1].split(".", 1)[0])
-            except ValueError:
-                continue
-            if start <= li < stop:
-                keep.append(n)
-        elif "embed_tokens" in n:
-            if first or (last and tied):
-                keep.append(n)
-        elif (n.startswith("lm_head") or n.endswith("model.norm.weight") or n == "norm.weight") and last:
-            keep.append(n)
-    return keep
-
-
-def load_part_model(hf_dir: str | Path, start: int, stop: int, first: bool, last: bool,
-                    index: dict[str, Path] | None = None) -> Any:
-    """A CausalLM skeleton on the meta device with ONLY layers [start, stop) (and the embedding /
-    final norm / lm_head the part needs) materialized in fp32 from the safetensors files, read
-    tensor by tensor (safe_open is lazy). Memory: one part's weights, not the model's."""
-    import torch
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.from_pretrained(str(hf_dir))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    tied = bool(getattr(cfg, "tie_word_embeddings", False))
-    index = index if index is not None else safetensors_index(hf_dir)
-    wanted = part_tensor_names(list(index), start, stop, first, last, tied)
-    by_file: dict[Path, list[str]] = {}
-    for n in wanted:
-        by_file.setdefault(index[n], []).append(n)
-    params = dict(model.named_parameters())
-    state: dict[str, Any] = {}
-    for f, names in by_file.items():
-        with safe_open(str(f), framework="pt") as sf:
-            for n in names:
-                key = n if n in params else (n[len("model."):] if n.startswith("model.") else f"model.{n}")
-                if key not in params:
-                    continue
-                state[key] = sf.get_tensor(n).to(torch.float32)
-    if last and "lm_head.weight" not in state and "lm_head.weight" in params:
-        emb = state.get("model.embed_tokens.weight")
-        if emb is None:
-            raise OSError(f"{hf_dir}: the checkpoint has no lm_head.weight and no embedding to tie it to")
-        state["lm_head.weight"] = emb
-    missing = [k for k in params if _param_in_part(k, start, stop, first, last) and k not in state]
-    if missing:
-        raise OSError(f"{hf_dir}: the safetensors files lack {len(missing)} tensors of layers {start}..{stop - 1} "
-                      f"(e.g. {missing[0]})")
-    model.load_state_dict(state, strict=False, assign=True)
-    head = getattr(model, "lm_head", None)
-    if last and head is not None and head.weight.device.type == "meta":   # tied to the embedding
-        emb = state.get("model.embed_tokens.weight")
-        if emb is None:
-            raise OSError(f"{hf_dir}: the checkpoint has no lm_head.weight and no embedding to tie it to")
-        head.weight = torch.nn.Parameter(emb, requires_grad=False)
-    # buffers computed at construction (rotary inv_freq) are on meta: rebuild the rotary module on CPU
-    rot = model.model.rotary_emb
-    model.model.rotary_emb = type(rot)(config=cfg)
-    model.eval()
-    return model
-
-
-def _param_in_part(key: str, start: int, stop: int, first: bool, last: bool) -> bool:
-    if ".layers." in key:
-        li = int(key.split(".layers.", 1)[1].split(".", 1)[0])
-        return start <= li < stop
-    if "embed_tokens" in key:
-        return first
-    if key.startswith("lm_head") or key == "model.norm.weight":
-        return last
-    return False
-
-
-def _part_module(model: Any, start: int, stop: int, first: bool, last: bool) -> Any:
-    import torch
-    from torch import nn
-
-    cfg = model.config
-    inner = model.model
-    heads = cfg.num_attention_heads
-    kvh = getattr(cfg, "num_key_value_heads", None) or heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    groups = heads // kvh
-    rot = inner.rotary_emb
-    inv_freq = rot.inv_freq.detach().clone().float()
-    scaling = float(getattr(rot, "attention_scaling", 1.0))
-
-    def rotate_half(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-        return torch.cat((-x2, x1), dim=-1)
-
-    class Part(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = inner.embed_tokens if first else None
-            self.layers = nn.ModuleList(inner.layers[start:stop])
-            self.norm = inner.norm if last else None
-            self.lm_head = model.lm_head if last else None
-            self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-        def forward(self, x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
-                    *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            h = self.embed(x.long()) if self.embed is not None else x
-            s = h.shape[1]
-            freqs = pos.float()[..., None] * self.inv_freq[None, None, :]        # [1,S,HD/2]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            cos = (emb.cos() * scaling)[:, None]                                # [1,1,S,HD]
-            sin = (emb.sin() * scaling)[:, None]
-            outs: list[torch.Tensor] = []
-            for i, layer in enumerate(self.layers):
-                pk, pv = past[2 * i], past[2 * i + 1]                          # [1,KVH,HD,P], [1,KVH,P,HD]
-                attn = layer.self_attn
-                res = h
-                x_ = layer.input_layernorm(h)
-                q = attn.q_proj(x_).view(1, s, heads, hd).transpose(1, 2)
-                k = attn.k_proj(x_).view(1, s, kvh, hd).transpose(1, 2)
-                v = attn.v_proj(x_).view(1, s, kvh, hd).transpose(1, 2)
-                if getattr(attn, "q_norm", None) is not None:
-                    q = attn.q_norm(q)
-                    k = attn.k_norm(k)
-                q = q * cos + rotate_half(q) * sin
-                k = k * cos + rotate_half(k) * sin
-                kt = k.transpose(2, 3)                                          # [1,KVH,HD,S]
-                keys = torch.cat((pk, kt), dim=3)                               # [1,KVH,HD,CL]
-                vals = torch.cat((pv, v), dim=2)                                # [1,KVH,CL,HD]
-                if groups > 1:
-                    keys_r = keys.repeat_interleave(groups, dim=1)
-                    vals_r = vals.repeat_interleave(groups, dim=1)
-                else:
-                    keys_r, vals_r = keys, vals
-                scores = torch.matmul(q, keys_r) / math.sqrt(hd) + mask
-                probs = torch.softmax(scores, dim=-1)
-                a = torch.matmul(probs, vals_r).transpose(1, 2).reshape(1, s, heads * hd)
-                h = res + attn.o_proj(a)
-                h = h + layer.mlp(layer.post_attention_layernorm(h))
-                outs += [kt, v]
-            if self.norm is not None and self.lm_head is not None:
-                h = self.lm_head(self.norm(h))
-            return (h, *outs)
-
-    return Part().eval()
-
-
-PartHook = Callable[[list[dict[str, Any]], dict[str, Any]], None]
+PartHook = Callable[[list[dict[str, Any]], list[str]], None]
 
 
 def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, context_length: int, ar_n: int,
@@ -218,62 +50,141 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
                                                                                       "token_generator"),
                              seq_lens: dict[str, int] | None = None,
                              after_part: PartHook | None = None) -> list[dict[str, Any]]:
-    """Export float ONNX graphs for every part and kind into out_dir/<graph>.onnx; returns the
-    quantize.json "graphs" entries (paths relative to out_dir's parent), prompt processors first.
+    """Export float ONNX graphs for every part and kind into out_dir/<graph>.onnx (weights in
+    `<graph>.onnx.data`, named by checkpoint name); returns the quantize.json "graphs" entries
+    (paths relative to out_dir's parent), prompt processors first.
 
-    Part by part: without `model`, only the part's own tensors are read from hf_dir's safetensors
-    (load_part_model), so memory holds one part's fp32 weights. `after_part(entries, named)` is
-    called after each part with its graph entries and its parameters by checkpoint name (numpy)."""
-    import torch
-    from transformers import AutoConfig
+    Piece by piece (workers.export.segments): the rotary prologue with the embedding, each decoder
+    layer, the head; each piece is exported for every kind, stitched into the part's graphs and its
+    weights dropped before the next is read. Without `model`, a piece's weights are read from
+    hf_dir's safetensors just before its export, so memory holds one decoder layer's (or the
+    embedding's, or the head's) fp32 weights. `after_part(entries, names)` is called after each
+    part with its graph entries and the checkpoint names of the weights it read."""
+    import tempfile
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if model is not None:
-        cfg = model.config
+        src: InMemoryWeights | CheckpointWeights = InMemoryWeights(model)
+    elif hf_dir is None:
+        raise ValueError("export_deployment_graphs needs hf_dir or model")
     else:
-        if hf_dir is None:
-            raise ValueError("export_deployment_graphs needs hf_dir or model")
-        cfg = AutoConfig.from_pretrained(str(hf_dir))
-    heads = cfg.num_attention_heads
-    kvh = getattr(cfg, "num_key_value_heads", None) or heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    ranges = layer_ranges(cfg.num_hidden_layers, parts)
-    index = safetensors_index(hf_dir) if model is None and hf_dir is not None else None
+        src = CheckpointWeights(hf_dir)
+    cfg = src.config
+    dims = Dims.of(cfg)
+    inner = src.model.model
+    rot = inner.rotary_emb
+    if rot.inv_freq.device.type == "meta":     # a buffer computed at construction: rebuild it on the CPU
+        rot = type(rot)(config=cfg)
+    inv_freq, scaling = rot.inv_freq, float(getattr(rot, "attention_scaling", 1.0))
+    seq = {kind: (seq_lens or {}).get(kind, ar_n if kind == "prompt_processor" else 1) for kind in kinds}
     graphs: list[dict[str, Any]] = []
-    for k, (start, stop) in enumerate(ranges, start=1):
-        first, last = k == 1, k == parts
-        src = model if model is not None else load_part_model(hf_dir, start, stop, first, last, index)  # type: ignore[arg-type]
-        mod = _part_module(src, start, stop, first, last)
-        entries: list[dict[str, Any]] = []
-        for kind in kinds:
-            s = (seq_lens or {}).get(kind, ar_n if kind == "prompt_processor" else 1)
-            past = context_length - s
-            x = (torch.zeros((1, s), dtype=torch.int32) if first
-                 else torch.zeros((1, s, cfg.hidden_size), dtype=torch.float32))
-            mask = torch.zeros((1, 1, s, context_length), dtype=torch.float32)
-            pos = torch.arange(s, dtype=torch.int32)[None]
-            kv = []
-            for _ in range(start, stop):
-                kv += [torch.zeros((1, kvh, hd, past)), torch.zeros((1, kvh, past, hd))]
-            name = graph_name(kind, s, context_length, k, parts)
+    tmp = Path(tempfile.mkdtemp(prefix=".pieces-", dir=out))
+    try:
+        for k, (start, stop) in enumerate(layer_ranges(cfg.num_hidden_layers, parts), start=1):
+            first, last = k == 1, k == parts
+            names = {kind: graph_name(kind, seq[kind], context_length, k, parts) for kind in kinds}
             ins, outs = graph_io_names(k, parts, range(start, stop))
-            path = out / f"{name}.onnx"
-            with torch.no_grad():
-                torch.onnx.export(mod, (x, mask, pos, *kv), str(path), input_names=ins, output_names=outs,
-                                  opset_version=OPSET, dynamo=False, do_constant_folding=True)
-            entries.append({"name": name, "kind": kind, "part": k, "seq_len": s, "layers": list(range(start, stop)),
-                            "float_onnx": f"{out.name}/{name}.onnx", "inputs": ins, "outputs": outs})
-        if after_part is not None:
-            named = {n: p.detach().numpy() for n, p in src.named_parameters(remove_duplicate=False)
-                     if p.device.type != "meta" and _param_in_part(n, start, stop, first, last)}
-            after_part(entries, named)
-            del named
-        graphs.extend(entries)
-        del mod
-        if model is None:
-            del src
-        gc.collect()
+            writers = {kind: PartGraphWriter(out / f"{names[kind]}.onnx", ins, outs) for kind in kinds}
+            pieces = _Pieces(src, writers, seq, context_length, dims, tmp)
+            try:
+                read = pieces.part(inner, src.model, inv_freq, scaling, start, stop, first, last)
+                for w in writers.values():
+                    w.save()
+            except BaseException:
+                for w in writers.values():
+                    w.abort()
+                raise
+            entries = [{"name": names[kind], "kind": kind, "part": k, "seq_len": seq[kind],
+                        "layers": list(range(start, stop)), "float_onnx": f"{out.name}/{names[kind]}.onnx",
+                        "inputs": ins, "outputs": outs} for kind in kinds]
+            if after_part is not None:
+                after_part(entries, read)
+            graphs.extend(entries)
+            gc.collect()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     order = {kind: i for i, kind in enumerate(kinds)}
     graphs.sort(key=lambda g: (order[g["kind"]], g["part"]))
     return graphs
+
+
+class _Pieces:
+    """Exports one part's pieces for every kind and hands them to the part's writers."""
+
+    def __init__(self, src: InMemoryWeights | CheckpointWeights, writers: dict[str, PartGraphWriter],
+                 seq: dict[str, int], context_length: int, dims: Dims, tmp: Path) -> None:
+        self.src, self.writers, self.seq, self.cl, self.dims, self.tmp = src, writers, seq, context_length, dims, tmp
+
+    def part(self, inner: Any, causal_lm: Any, inv_freq: Any, scaling: float, start: int, stop: int,
+             first: bool, last: bool) -> list[str]:
+        import torch
+
+        d, cl = self.dims, self.cl
+        read: list[str] = []
+        rope = rope_module(inner.embed_tokens if first else None, inv_freq, scaling)
+
+        def rope_args(s: int) -> tuple[Any, ...]:
+            pos = torch.arange(s, dtype=torch.int32)[None]
+            return (torch.zeros((1, s), dtype=torch.int32), pos) if first else (pos,)
+
+        h = "/embed/hidden" if first else "hidden_states_in"
+        read += self.piece("/rope", rope, [("embed", "model.embed_tokens.")] if first else [], rope_args,
+                           (["input_ids"] if first else []) + ["position_ids"],
+                           (["hidden"] if first else []) + ["cos", "sin"],
+                           {"input_ids": "input_ids", "position_ids": "position_ids", "hidden": h,
+                            "cos": "/rope/cos", "sin": "/rope/sin"})
+        for i in range(start, stop):
+            block = layer_module(inner.layers[i], d)
+
+            def layer_args(s: int) -> tuple[Any, ...]:
+                return (torch.zeros((1, s, d.hidden)), torch.zeros((1, 1, s, cl)),
+                        torch.zeros((1, 1, s, d.head_dim)), torch.zeros((1, 1, s, d.head_dim)),
+                        torch.zeros((1, d.kv_heads, d.head_dim, cl - s)), torch.zeros((1, d.kv_heads, cl - s, d.head_dim)))
+
+            h_out = "hidden_states_out" if i == stop - 1 and not last else f"/layers.{i}/hidden"
+            read += self.piece(f"/layers.{i}", block, [("layer", f"model.layers.{i}.")], layer_args,
+                               ["hidden", "attention_mask", "cos", "sin", "past_key", "past_value"],
+                               ["hidden_out", "key", "value"],
+                               {"hidden": h, "attention_mask": "attention_mask", "cos": "/rope/cos",
+                                "sin": "/rope/sin", "past_key": f"past_key_{i}_in", "past_value": f"past_value_{i}_in",
+                                "hidden_out": h_out, "key": f"past_key_{i}_out", "value": f"past_value_{i}_out"})
+            h = h_out
+        if last:
+            head = head_module(inner.norm, causal_lm.lm_head)
+            read += self.piece("/head", head, [("norm", "model.norm."), ("lm_head", "lm_head.")],
+                               lambda s: (torch.zeros((1, s, d.hidden)),), ["hidden"], ["logits"],
+                               {"hidden": h, "logits": "logits"})
+        return read
+
+    def piece(self, prefix: str, root: Any, owned: list[tuple[str, str]], args: Callable[[int], tuple[Any, ...]],
+              in_names: list[str], out_names: list[str], io: dict[str, str]) -> list[str]:
+        """Export `root` for every kind and stitch it in; `owned`: (attribute of root, checkpoint
+        prefix) of the modules whose weights this piece reads (and frees afterwards)."""
+        import torch
+
+        read: list[str] = []
+        try:
+            direct: dict[str, str] = {}
+            params: dict[str, Any] = {}
+            for attr, ckpt in owned:
+                sub = getattr(root, attr)
+                read += self.src.load(sub, ckpt)
+                for local, p in sub.named_parameters(remove_duplicate=False):
+                    direct[f"{attr}.{local}"] = ckpt + local
+                    params[ckpt + local] = p.detach().numpy()
+            for kind, writer in self.writers.items():
+                path = self.tmp / f"{prefix.strip('/')}.{kind}.onnx"
+                with torch.no_grad():
+                    torch.onnx.export(root, args(self.seq[kind]), str(path), input_names=in_names,
+                                      output_names=out_names, opset_version=OPSET, dynamo=False,
+                                      do_constant_folding=True)
+                writer.add(path, prefix, io, direct, params)
+                for f in self.tmp.iterdir():
+                    f.unlink()
+            del params
+        finally:
+            for attr, _ in owned:
+                self.src.release(getattr(root, attr))
+            gc.collect()
+        return read

@@ -27,51 +27,6 @@ from workers.quant.units import Unit, merge_encodings, split_units
 ProgressFn = Callable[[str, int, int], None]   # (graph name, sample index, total)
 
 
-def canonical_initializer_names(onnx_path: Path, named: dict[str, np.ndarray]) -> int:
-    """Rename anonymous initializers (`onnx::MatMul_637`) to the model's parameter names, matched
-    by content (also transposed), so both graphs of a part name the same weight the same way.
-    The graph is written with its weights in `<graph>.onnx.data`."""
-    import onnx
-    from onnx import numpy_helper
-    from onnx.external_data_helper import load_external_data_for_model
-
-    index: dict[str, str] = {}
-    for name, arr in named.items():
-        a = np.ascontiguousarray(arr, dtype=np.float32)
-        index[_digest(a)] = name
-        if a.ndim == 2:
-            index[_digest(np.ascontiguousarray(a.T))] = name
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    old_files = {e.value for i in model.graph.initializer for e in i.external_data if e.key == "location"}
-    if old_files:
-        load_external_data_for_model(model, str(onnx_path.parent))
-    rename: dict[str, str] = {}
-    used = {i.name for i in model.graph.initializer}
-    for init in model.graph.initializer:
-        if init.data_type != onnx.TensorProto.FLOAT or len(init.dims) < 1:
-            continue
-        arr = numpy_helper.to_array(init)
-        if arr.size < 16:
-            continue
-        target = index.get(_digest(np.ascontiguousarray(arr)))
-        if target and target != init.name and target not in used:
-            rename[init.name] = target
-            used.add(target)
-    if not rename and old_files == {onnx_path.name + ".data"}:
-        return 0
-    for init in model.graph.initializer:
-        if init.name in rename:
-            init.name = rename[init.name]
-    for node in model.graph.node:
-        for i, n in enumerate(node.input):
-            if n in rename:
-                node.input[i] = rename[n]
-    save_onnx(model, onnx_path, external=True)
-    for f in old_files - {onnx_path.name + ".data"}:
-        (onnx_path.parent / f).unlink(missing_ok=True)
-    return len(rename)
-
-
 EXTERNAL_DATA_BYTES = 1_500_000_000
 
 
@@ -87,10 +42,6 @@ def save_onnx(model: Any, path: Path, external: bool | None = None) -> None:
         (path.parent / (path.name + ".data")).unlink(missing_ok=True)
     onnx.save(model, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
               location=path.name + ".data" if big else None, size_threshold=1024)
-
-
-def _digest(a: np.ndarray) -> str:
-    return hashlib.sha1(str(a.shape).encode() + a.tobytes()).hexdigest()
 
 
 def _weight_nodes(model: Any) -> tuple[list[str], list[str], list[str]]:

@@ -1,0 +1,186 @@
+"""Join separately exported pieces (workers.export.segments) into one part graph.
+
+Each piece's ONNX is read once; its nodes are renamed into the part's name space (`/layers.3/...`),
+its inputs and outputs wired to the part's tensors, and its weights appended to the part's
+`<graph>.onnx.data` one tensor at a time, so the part graph never holds its weights in memory.
+Weights get their checkpoint names (`model.layers.3.self_attn.q_proj.weight`): directly where the
+exporter kept the parameter's name, by content (also transposed: the exporter folds Linear's
+transpose into the weight) where it made an anonymous constant of it. Both graphs of a part thus
+name each weight the same way, which is what lets their encodings be shared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+INLINE_BYTES = 1024   # smaller initializers stay in the .onnx (as onnx.save's size_threshold)
+
+
+class StitchError(ValueError):
+    pass
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.sha1(str(a.shape).encode() + np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def checkpoint_names(initializers: list[Any], direct: dict[str, str], params: dict[str, np.ndarray]) -> dict[str, str]:
+    """Exporter initializer name -> checkpoint name for the initializers that are parameters."""
+    import onnx
+    from onnx import numpy_helper
+
+    out = {i.name: direct[i.name] for i in initializers if i.name in direct}
+    taken = set(out.values())
+    left = [i for i in initializers if i.name not in out and i.data_type == onnx.TensorProto.FLOAT
+            and int(np.prod(list(i.dims))) >= 16]
+    if not left:
+        return out
+    index: dict[str, str] = {}
+    for name, arr in params.items():
+        if name in taken:
+            continue
+        a = np.asarray(arr, dtype=np.float32)
+        index.setdefault(_digest(a), name)
+        if a.ndim == 2:
+            index.setdefault(_digest(a.T), name)
+    for init in left:
+        target = index.get(_digest(numpy_helper.to_array(init)))
+        if target is not None and target not in taken:
+            out[init.name] = target
+            taken.add(target)
+    return out
+
+
+class PartGraphWriter:
+    """One part graph (one kind) assembled from pieces; `add` each piece in order, then `save`."""
+
+    def __init__(self, path: Path, inputs: list[str], outputs: list[str]) -> None:
+        self.path = path
+        self.data_name = path.name + ".data"
+        self.inputs, self.outputs = inputs, outputs
+        self._in_info: dict[str, Any] = {}
+        self._out_info: dict[str, Any] = {}
+        self._nodes: list[Any] = []
+        self._inits: list[Any] = []
+        self._value_info: list[Any] = []
+        self._names: set[str] = set()
+        self._opset: list[Any] = []
+        self._ir = 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._data = open(path.parent / self.data_name, "wb")  # noqa: SIM115 (closed in save/abort)
+        self._offset = 0
+
+    def add(self, piece: Path, prefix: str, io: dict[str, str], direct: dict[str, str],
+            params: dict[str, np.ndarray]) -> list[str]:
+        """Append the exported piece at `piece`. io: the piece's input/output names -> the part's
+        tensor names; direct/params: for checkpoint naming (see checkpoint_names). Returns the
+        checkpoint names of the weights it added."""
+        import onnx
+
+        seg = onnx.load(str(piece))
+        g = seg.graph
+        if not self._opset:
+            self._opset = [onnx.OperatorSetIdProto(domain=o.domain, version=o.version) for o in seg.opset_import]
+            self._ir = seg.ir_version
+        init_names = {i.name for i in g.initializer}
+        rename: dict[str, str] = {}
+        for vi in [*(i for i in g.input if i.name not in init_names), *g.output]:
+            if vi.name not in io:
+                raise StitchError(f"{piece.name}: the exported piece has an input/output {vi.name!r} the part does not wire")
+            rename[vi.name] = io[vi.name]
+        canon = checkpoint_names(list(g.initializer), direct, params)
+
+        def local(n: str) -> str:
+            if not n:
+                return n
+            if n in rename:
+                return rename[n]
+            if n in canon:
+                return canon[n]
+            return f"{prefix}{n}" if n.startswith("/") else f"{prefix}/{n}"
+
+        for vi in g.input:
+            if vi.name in rename and rename[vi.name] in self.inputs and rename[vi.name] not in self._in_info:
+                self._in_info[rename[vi.name]] = self._renamed_info(vi, rename[vi.name])
+        for vi in g.output:
+            if rename[vi.name] in self.outputs:
+                self._out_info[rename[vi.name]] = self._renamed_info(vi, rename[vi.name])
+        for node in g.node:
+            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+                raise StitchError(f"{piece.name}: node {node.name} has a sub-graph; pieces must be flat")
+            n = onnx.NodeProto()
+            n.CopyFrom(node)     # a copy: a kept sub-message would keep the whole piece (its weights) alive
+            n.name = local(node.name) if node.name else ""
+            n.input[:] = [local(x) for x in node.input]
+            n.output[:] = [local(x) for x in node.output]
+            self._nodes.append(n)
+        for vi in g.value_info:
+            self._value_info.append(self._renamed_info(vi, local(vi.name)))
+        added: list[str] = []
+        for init in g.initializer:
+            name = local(init.name)
+            if name in self._names:
+                raise StitchError(f"{piece.name}: weight {name} is already in {self.path.name}")
+            self._names.add(name)
+            self._inits.append(self._externalize(init, name))
+            if init.name in canon:
+                added.append(name)
+        del seg, g
+        return added
+
+    @staticmethod
+    def _renamed_info(vi: Any, name: str) -> Any:
+        import onnx
+
+        out = onnx.ValueInfoProto()
+        out.CopyFrom(vi)
+        out.name = name
+        return out
+
+    def _externalize(self, init: Any, name: str) -> Any:
+        """The initializer under `name`: small ones inline, the others as a reference into the part's
+        data file. A fresh message gets only the metadata: protobuf keeps a message's bytes in an
+        arena that clearing a field does not shrink, so copying the weight in would keep it alive."""
+        import onnx
+        from onnx import numpy_helper
+
+        raw = init.raw_data if init.HasField("raw_data") else numpy_helper.from_array(numpy_helper.to_array(init)).raw_data
+        t = onnx.TensorProto()
+        if len(raw) < INLINE_BYTES:
+            t.CopyFrom(init if init.HasField("raw_data") else numpy_helper.from_array(numpy_helper.to_array(init)))
+            t.name = name
+            return t
+        t.name = name
+        t.data_type = init.data_type
+        t.dims.extend(init.dims)
+        self._data.write(raw)
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", self.data_name), ("offset", str(self._offset)), ("length", str(len(raw)))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+        self._offset += len(raw)
+        return t
+
+    def save(self) -> None:
+        import onnx
+
+        self._data.close()
+        missing = [n for n in self.inputs if n not in self._in_info] + [n for n in self.outputs if n not in self._out_info]
+        if missing:
+            raise StitchError(f"{self.path.name}: no piece provides {', '.join(missing)}")
+        graph = onnx.helper.make_graph(self._nodes, self.path.stem, [self._in_info[n] for n in self.inputs],
+                                       [self._out_info[n] for n in self.outputs], self._inits,
+                                       value_info=self._value_info)
+        model = onnx.helper.make_model(graph, opset_imports=self._opset, producer_name="hexstudio")
+        model.ir_version = self._ir
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        onnx.save(model, str(tmp))
+        tmp.replace(self.path)
+
+    def abort(self) -> None:
+        self._data.close()
+        (self.path.parent / self.data_name).unlink(missing_ok=True)
