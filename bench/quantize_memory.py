@@ -32,12 +32,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
-# name: (hidden, layers, heads, kv_heads, ffn); vocab 840 (the built-in tokenizer)
+# name: (hidden, layers, heads, kv_heads, ffn, vocab); vocab 0 = 840 (the built-in tokenizer's; a larger
+# vocabulary only adds rows the calibration text never reaches, as a Llama-3 lm_head/embedding does)
 SIZES = {
-    "10m": (384, 8, 6, 2, 1024),       # ~ 13M params (quick check)
-    "20m": (512, 8, 8, 2, 1280),       # ~ 22M
-    "80m": (768, 12, 12, 4, 2304),     # ~ 84M
-    "300m": (1024, 24, 16, 4, 3072),   # ~ 291M
+    "10m": (384, 8, 6, 2, 1024, 0),           # ~ 13M params (quick check)
+    "20m": (512, 8, 8, 2, 1280, 0),           # ~ 22M
+    "80m": (768, 12, 12, 4, 2304, 0),         # ~ 84M
+    "300m": (1024, 24, 16, 4, 3072, 0),       # ~ 291M
+    "270m-v32k": (1024, 16, 16, 4, 3072, 32768),  # ~ 269M, the lm_head (33.6M) 2.7x a decoder layer (12.6M)
 }
 BASELINE = "import torch, transformers, onnx, onnxruntime, aimet_onnx, numpy"
 VALIDATE_BASELINE = "import onnxruntime, numpy, tokenizers"   # what the validate worker imports
@@ -49,15 +51,13 @@ MAKE_MODEL = r"""
 import sys, shutil, torch
 from pathlib import Path
 from transformers import LlamaConfig, LlamaForCausalLM
-out = Path(sys.argv[1]); h, L, nh, kvh, ffn = map(int, sys.argv[2:7])
-src = Path(sys.argv[7])
-for f in ("tokenizer.json", "tokenizer_config.json"):
-    shutil.copy(src / f, out / f) if out.exists() else None
+out = Path(sys.argv[1]); h, L, nh, kvh, ffn, vocab = map(int, sys.argv[2:8])
+src = Path(sys.argv[8])
 out.mkdir(parents=True, exist_ok=True)
 for f in ("tokenizer.json", "tokenizer_config.json"):
     shutil.copy(src / f, out / f)
 from tokenizers import Tokenizer
-V = Tokenizer.from_file(str(src / "tokenizer.json")).get_vocab_size()
+V = max(vocab, Tokenizer.from_file(str(src / "tokenizer.json")).get_vocab_size())
 torch.manual_seed(0)
 cfg = LlamaConfig(hidden_size=h, num_hidden_layers=L, num_attention_heads=nh, num_key_value_heads=kvh,
                   intermediate_size=ffn, vocab_size=V, max_position_embeddings=4096, bos_token_id=0,
@@ -69,10 +69,11 @@ print(sum(p.numel() for p in m.parameters()))
 
 
 def make_model(root: Path, name: str) -> tuple[Path, int, int]:
-    h, layers, nh, kvh, ffn = SIZES[name]
+    h, layers, nh, kvh, ffn, vocab = SIZES[name]
     out = root / name
     src = REPO / "resources" / "builtin_model" / "tiny-llama"
-    p = subprocess.run([PY, "-c", MAKE_MODEL, str(out), str(h), str(layers), str(nh), str(kvh), str(ffn), str(src)],
+    p = subprocess.run([PY, "-c", MAKE_MODEL, str(out), str(h), str(layers), str(nh), str(kvh), str(ffn), str(vocab),
+                        str(src)],
                        capture_output=True, text=True, check=True)
     return out, int(p.stdout.strip().splitlines()[-1]), layers
 
@@ -129,6 +130,21 @@ def measure(hf: Path, layers: int, parts: int, work: Path, keep_output: bool = F
     return {"peak_rss_bytes": peak, "wall_s": round(wall, 1), "run": str(run)}  # type: ignore[dict-item]
 
 
+def largest_unit_params(hf: Path) -> int:
+    """Parameters of the largest calibration unit / export piece: a decoder layer, the embedding or
+    the lm_head."""
+    from safetensors import safe_open
+
+    per: dict[str, int] = {}
+    for f in hf.glob("*.safetensors"):
+        with safe_open(str(f), framework="np") as sf:
+            for k in sf.keys():  # noqa: SIM118
+                n = int(math.prod(sf.get_slice(k).get_shape()))
+                key = ("layer" + k.split(".layers.")[1].split(".")[0]) if ".layers." in k else k
+                per[key] = per.get(key, 0) + n
+    return max(per.values())
+
+
 def largest_part_params(hf: Path, parts: int) -> int:
     """Parameters of the largest part (its layers + the embedding or the final norm and lm_head)."""
     from safetensors import safe_open
@@ -174,17 +190,19 @@ def main() -> int:
             fp16 = params * 2
             parts = min(args.parts, layers)
             part_fp16 = 2 * largest_part_params(hf, parts)
+            unit_params = largest_unit_params(hf)
             a = measure(hf, layers, 1, work, unit="part")
             b = measure(hf, layers, parts, work, keep_output=not args.no_validate, unit="layer")
             v = None if args.no_validate else validate(Path(str(b["run"])))
             row = {"size": name, "params": params, "layers": layers, "parts": parts, "fp16_bytes": fp16,
-                   "largest_part_fp16_bytes": part_fp16, "baseline_bytes": base,
+                   "largest_part_fp16_bytes": part_fp16, "largest_unit_params": unit_params, "baseline_bytes": base,
                    "whole_peak": a["peak_rss_bytes"], "whole_wall": a["wall_s"],
                    "partwise_peak": b["peak_rss_bytes"], "partwise_wall": b["wall_s"],
                    "whole_ratio": a["peak_rss_bytes"] / fp16, "partwise_ratio": b["peak_rss_bytes"] / fp16,
                    "whole_net_ratio": (a["peak_rss_bytes"] - base) / fp16,
                    "partwise_net_ratio": (b["peak_rss_bytes"] - base) / fp16,
-                   "partwise_net_per_part_fp16": (b["peak_rss_bytes"] - base) / part_fp16}
+                   "partwise_net_per_part_fp16": (b["peak_rss_bytes"] - base) / part_fp16,
+                   "partwise_net_bytes_per_unit_param": (b["peak_rss_bytes"] - base) / unit_params}
             if v is not None:
                 row.update({"validate_peak": v["peak_rss_bytes"], "validate_wall": v["wall_s"],
                             "validate_baseline_bytes": vbase,
@@ -197,7 +215,9 @@ def main() -> int:
                   f"   (b) part-wise   : peak {b['peak_rss_bytes'] / mib:6.0f} MiB  peak/fp16 "
                   f"{row['partwise_ratio']:5.2f}  (peak-baseline)/fp16 {row['partwise_net_ratio']:5.2f}  "
                   f"(peak-baseline)/largest-part fp16 {row['partwise_net_per_part_fp16']:5.2f}  "
-                  f"{b['wall_s']:6.1f} s", flush=True)
+                  f"{b['wall_s']:6.1f} s\n"
+                  f"                     largest calibration unit {unit_params / 1e6:.1f}M params: (peak-baseline)"
+                  f" / its params {row['partwise_net_bytes_per_unit_param']:5.1f} bytes", flush=True)
             if v is not None:
                 print(f"   validate (b)    : peak {v['peak_rss_bytes'] / mib:6.0f} MiB  (peak-baseline)/largest-part "
                       f"fp16 {row['validate_net_per_part_fp16']:5.2f}  {v['wall_s']:6.1f} s", flush=True)

@@ -143,18 +143,35 @@ def baked_path(enc: Path) -> Path:
 def save_baked(sim: Any, path: Path) -> int:
     """The unit's quantized weights as the simulation sees them, computed by AIMET's own kernel
     (`quantize_dequantize`, what `to_onnx_qdq` folds in), one weight at a time; the simulation graph
-    takes them from here."""
+    takes them from here. Written as a safetensors file tensor by tensor (the header first, from the
+    shapes), so only one quantized weight is in memory beside the sim."""
     from onnx import numpy_helper
-    from safetensors.numpy import save_file
 
-    baked: dict[str, np.ndarray] = {}
+    quantized = []
     for init in sim.model.model.graph.initializer:
         q = sim.qc_quantize_op_dict.get(init.name)
-        if q is None or not q.enabled or q.bitwidth >= 32:
-            continue
-        baked[init.name] = np.ascontiguousarray(q.quantize_dequantize(numpy_helper.to_array(init)), dtype=np.float32)
-    save_file(baked, str(path))
-    return len(baked)
+        if q is not None and q.enabled and q.bitwidth < 32:
+            quantized.append((init, q))
+    header: dict[str, Any] = {}
+    offset = 0
+    for init, _ in quantized:
+        n = 4 * int(np.prod(list(init.dims), dtype=np.int64))
+        header[init.name] = {"dtype": "F32", "shape": [int(d) for d in init.dims], "data_offsets": [offset, offset + n]}
+        offset += n
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * ((-len(head)) % 8)
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "wb") as fh:
+        fh.write(len(head).to_bytes(8, "little"))
+        fh.write(head)
+        for init, q in quantized:
+            value = np.ascontiguousarray(q.quantize_dequantize(numpy_helper.to_array(init)), dtype=np.float32)
+            if value.shape != tuple(header[init.name]["shape"]):
+                raise ValueError(f"{init.name}: quantized shape {value.shape} != {tuple(init.dims)}")
+            fh.write(value.tobytes())
+            del value
+    tmp.replace(path)
+    return len(quantized)
 
 
 class TensorStore:
