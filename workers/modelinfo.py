@@ -39,26 +39,28 @@ REFERENCE = {
 }
 
 # Memory model of the quantize and validate stages, MEASURED by bench/quantize_memory.py on 2026-11-23
-# (docs/PERFORMANCE.md: 2-core CPU-only machine, synthetic Llamas of 13M/22M/84M/291M parameters split
-# in 4 parts, context 256, AR-64, 2 calibration samples):
-#   peak RSS = FIXED + BYTES_PER_PART_PARAM x (parameters of the largest part) + per-sample terms
-# Quantize, with one QuantSim per decoder layer (calibration_unit "layer"): the peak is now the float
-# export of the largest part (torch weights + TorchScript export + canonical naming, ~17 bytes per
-# parameter of the part: 14.7 at 84M, 16.9 at 291M, RSS sampled per phase); calibration stays below it
-# (291M: 1,265 vs 1,639 MiB). One layer's QuantSim (~20 bytes per parameter of the unit, from the 84M
-# profile) only matters where a single unit is larger than ~85% of a part (never for Llamas: the
-# lm_head, the largest unit, is ~1/4 of an 8B's last part). Import baseline 463 MiB + ~130 MiB -> 0.6 GiB.
+# (docs/PERFORMANCE.md: 2-core CPU-only machine, synthetic Llamas of 13M/22M/84M/291M parameters with an
+# 840-token vocabulary and one of 260M with 32k, split in 4 parts, context 256, AR-64, 2 samples):
+#   quantize peak RSS = FIXED + max(LAYER x decoder-layer parameters, VOCAB x embedding parameters)
+#                       + one token-generator sample's past KV
+# The export is piece by piece (one decoder layer / the embedding / the head in torch at a time) and the
+# calibration one QuantSim per unit (a decoder layer, the embedding, the lm_head), so the peak follows the
+# largest UNIT, not the part: a line through the four 840-vocab sizes (largest unit = a layer, 1.6M-12.1M
+# parameters) gives 26.5 bytes per layer parameter and an intercept of 567 MiB (import baseline 462 MiB +
+# aimet/onnxruntime sessions) -> FIXED 0.56 GiB; the 32k-vocab model (lm_head/embedding 33.6M, 2.7 x a
+# layer) peaks in the lm_head/embedding units at 38.5 bytes per parameter above FIXED.
 # Whole-model QuantSim (parts=1, calibration_unit "part"), same bench: WHOLE bytes/parameter of the model.
 # Validate (13M/22M/84M only): slope 24.2 bytes/part-parameter, intercept 145 MiB (its import baseline:
 # onnxruntime, numpy, tokenizers, 49 MiB) -> 25 and 0.15 GiB.
-# Against the goal of 2.5 x the largest part's FP16 bytes (5 bytes/parameter): ~17 bytes/parameter
-# (8.5x FP16) is NOT met; it is the export, not the QuantSim (was 58 bytes/parameter with one QuantSim
-# per part and aimet's to_onnx_qdq). An 8B in 5 parts: ~34 GiB by this model, extrapolated from parts of
-# <= 73M parameters (an assumption, not a measurement).
+# Against the goal (2.5 x the largest part's FP16 bytes + a fixed overhead): 2.2 x at 291M (4
+# parts of 6 layers); an 8B Llama-3 (vocabulary 128k: lm_head and embedding 525M parameters, 2.4 decoder
+# layers each) is estimated at ~20 GiB, ~5 x its largest part's FP16 above FIXED, set by the lm_head /
+# embedding units (splitting those by vocabulary rows is the next step). Extrapolated, not measured.
 # The per-sample terms (one token-generator calibration sample's past KV; validation's KV caches) were
 # too small to see at context 256: they are computed from the shapes, not measured.
-QUANTIZE_FIXED_BYTES = int(0.6 * GiB)
-QUANTIZE_BYTES_PER_PART_PARAM = 17.0
+QUANTIZE_FIXED_BYTES = int(0.56 * GiB)
+QUANTIZE_BYTES_PER_LAYER_PARAM = 26.5
+QUANTIZE_BYTES_PER_VOCAB_PARAM = 38.5
 VALIDATE_FIXED_BYTES = int(0.15 * GiB)
 VALIDATE_BYTES_PER_PART_PARAM = 25.0
 WHOLE_QUANTSIM_BYTES_PER_PARAM = 23.0   # whole-model QuantSim: bytes per parameter of the whole model
@@ -247,11 +249,14 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
     def part_params(p: int) -> int:
         return int(per_layer * -(-layers // p) + emb)   # the largest part: ceil(layers/p) layers + embedding
 
+    # the largest calibration unit / export piece: a decoder layer, or the embedding / lm_head
+    unit = max(QUANTIZE_BYTES_PER_LAYER_PARAM * per_layer, QUANTIZE_BYTES_PER_VOCAB_PARAM * emb)
+
     def partwise_peak(p: int) -> int:
         # one token-generator calibration sample: the part's past KV in fp32, held by the feed and the
         # session (x3); samples are generated one at a time and part outputs go to disk
         tg_sample = 3 * 2 * -(-layers // p) * kvh * hd * context_length * 4
-        return QUANTIZE_FIXED_BYTES + int(QUANTIZE_BYTES_PER_PART_PARAM * part_params(p)) + tg_sample
+        return QUANTIZE_FIXED_BYTES + int(unit) + tg_sample
 
     largest_part_params = part_params(parts)
     fp16_part = 2 * largest_part_params
@@ -274,8 +279,8 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
         "validate_peak_rss_bytes": validate,
         "largest_part_parameters": largest_part_params,
         "fits_64_gib": partwise <= 64 * GiB,
-        # the fewest parts whose estimate fits 64 GiB (None: no split fits; the embedding/lm_head part
-        # alone is too big)
+        # the fewest parts whose estimate fits 64 GiB (None: no split fits; one decoder layer, the
+        # embedding or the lm_head alone is too big)
         "parts_to_fit_64_gib": fit_parts,
         # download + float and quantized ONNX for the calibration, AR-N and AR-1 graphs + encodings +
         # bundle; 25 bytes/parameter matches the reference recipe's "plan for 200+ GB" for an 8B

@@ -171,6 +171,7 @@ class PartGraphWriter:
         self._data.close()
         missing = [n for n in self.inputs if n not in self._in_info] + [n for n in self.outputs if n not in self._out_info]
         if missing:
+            self.abort()
             raise StitchError(f"{self.path.name}: no piece provides {', '.join(missing)}")
         graph = onnx.helper.make_graph(self._nodes, self.path.stem, [self._in_info[n] for n in self.inputs],
                                        [self._out_info[n] for n in self.outputs], self._inits,

@@ -1,0 +1,70 @@
+"""Stitching exported pieces into one part graph (workers/export/stitch.py), on hand-built ONNX pieces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def _piece(path: Path, weight: np.ndarray, weight_name: str, x: str = "x", y: str = "y") -> None:
+    """y = MatMul(x, weight) followed by Relu, with an intermediate named like the exporter names them."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = weight.shape
+    g = helper.make_graph(
+        [helper.make_node("MatMul", [x, weight_name], ["/mm/MatMul_output_0"], name="/mm/MatMul"),
+         helper.make_node("Relu", ["/mm/MatMul_output_0"], [y], name="/act/Relu")],
+        "piece", [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, k])],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, n])],
+        [numpy_helper.from_array(weight, weight_name)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_pieces_are_wired_renamed_and_their_weights_streamed(tmp_path: Path) -> None:
+    import onnx
+    import onnxruntime as ort
+
+    from workers.export.stitch import PartGraphWriter
+
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((16, 32)).astype(np.float32)     # the checkpoint's [out, in] = [32, 16], transposed
+    w1 = rng.standard_normal((32, 8)).astype(np.float32)
+    _piece(tmp_path / "p0.onnx", w0, "onnx::MatMul_7")           # anonymous: named by content (transposed)
+    _piece(tmp_path / "p1.onnx", w1, "layer.proj.weight")         # kept by the exporter: named directly
+    out = tmp_path / "part" / "g.onnx"
+    w = PartGraphWriter(out, ["hidden_states_in"], ["hidden_states_out"])
+    added = w.add(tmp_path / "p0.onnx", "/layers.0", {"x": "hidden_states_in", "y": "/layers.0/hidden"}, {},
+                  {"model.layers.0.proj.weight": np.ascontiguousarray(w0.T)})
+    added += w.add(tmp_path / "p1.onnx", "/layers.1", {"x": "/layers.0/hidden", "y": "hidden_states_out"},
+                   {"layer.proj.weight": "model.layers.1.proj.weight"}, {"model.layers.1.proj.weight": w1})
+    w.save()
+    assert added == ["model.layers.0.proj.weight", "model.layers.1.proj.weight"]
+    onnx.checker.check_model(str(out))
+    m = onnx.load(str(out), load_external_data=False)
+    assert [n.name for n in m.graph.node] == ["/layers.0/mm/MatMul", "/layers.0/act/Relu", "/layers.1/mm/MatMul",
+                                             "/layers.1/act/Relu"]
+    assert all(not i.raw_data and {e.key: e.value for e in i.external_data}["location"] == "g.onnx.data"
+               for i in m.graph.initializer)
+    x = rng.standard_normal((1, 16)).astype(np.float32)
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"hidden_states_in": x})[0]
+    want = np.maximum(np.maximum(x @ w0, 0) @ w1, 0)
+    assert np.allclose(got, want, atol=1e-5)
+
+
+def test_an_unwired_piece_input_and_a_missing_part_output_are_errors(tmp_path: Path) -> None:
+    from workers.export.stitch import PartGraphWriter, StitchError
+
+    _piece(tmp_path / "p.onnx", np.ones((4, 4), np.float32), "w")
+    w = PartGraphWriter(tmp_path / "g.onnx", ["a"], ["b"])
+    with pytest.raises(StitchError, match="input/output 'x' the part does not wire"):
+        w.add(tmp_path / "p.onnx", "/p", {"y": "b"}, {}, {})
+    w.abort()
+    assert not (tmp_path / "g.onnx.data").exists()
+    w = PartGraphWriter(tmp_path / "g.onnx", ["a"], ["b", "c"])
+    w.add(tmp_path / "p.onnx", "/p", {"x": "a", "y": "b"}, {}, {})
+    with pytest.raises(StitchError, match="no piece provides c"):
+        w.save()
+    assert not (tmp_path / "g.onnx").exists() and not (tmp_path / "g.onnx.data").exists()
