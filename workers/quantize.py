@@ -105,6 +105,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from workers.export import export_deployment_graphs
+    from workers.export.segments import Dims
     from workers.quant.partwise import ort_providers
 
     t0 = time.monotonic()
@@ -113,9 +114,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise WorkerError("model_load_failed", f"Could not read the model configuration in {hf_dir}: {exc}",
                           "Check the model folder (model stage) and its config.json.") from None
-    heads = int(cfg.num_attention_heads)
-    kvh = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    shape = Dims.of(cfg)
+    kvh, hd = shape.kv_heads, shape.head_dim
     dims = {"context_length": cl, "num_kv_heads": kvh, "head_dim": hd}
     bos = getattr(cfg, "bos_token_id", None)
 

@@ -92,7 +92,9 @@ def test_part_graph_cuts_into_one_unit_per_layer(float_parts: dict[str, Path], t
 def test_streamed_qdq_graph_matches_aimet_to_onnx_qdq(float_parts: dict[str, Path], tmp_path: Path) -> None:
     """The simulation graph built one weight at a time from the encodings computes what aimet-onnx's own
     QDQ export computes (LPBQ int4 backbone, int8 lm_head, int16 activations, int8 KV)."""
-    from workers.quant.partwise import build_sim, save_baked, save_onnx
+    import onnx
+
+    from workers.quant.partwise import build_sim, save_baked
     from workers.quant.qdq import build_qdq
 
     path = float_parts["prompt_ar64_cl256_2_of_2"]
@@ -102,7 +104,7 @@ def test_streamed_qdq_graph_matches_aimet_to_onnx_qdq(float_parts: dict[str, Pat
     sim.compute_encodings(iter([_feed(names, rng) for _ in range(2)]))
     sim.export(str(tmp_path), "model", export_model=False)
     assert save_baked(sim, tmp_path / "baked.safetensors") >= 8
-    save_onnx(sim.to_onnx_qdq(), tmp_path / "aimet.onnx")
+    onnx.save(sim.to_onnx_qdq(), str(tmp_path / "aimet.onnx"))
     del sim
     counts = build_qdq(path, tmp_path / "model.encodings", [tmp_path / "baked.safetensors"], tmp_path / "mine.onnx")
     assert counts["baked_weights"] >= 8 and counts["activation_qdq"] > 50

@@ -148,10 +148,12 @@ class PartGraphWriter:
         import onnx
         from onnx import numpy_helper
 
-        raw = init.raw_data if init.HasField("raw_data") else numpy_helper.from_array(numpy_helper.to_array(init)).raw_data
+        if not init.HasField("raw_data"):
+            init = numpy_helper.from_array(numpy_helper.to_array(init), init.name)
+        raw = init.raw_data
         t = onnx.TensorProto()
         if len(raw) < INLINE_BYTES:
-            t.CopyFrom(init if init.HasField("raw_data") else numpy_helper.from_array(numpy_helper.to_array(init)))
+            t.CopyFrom(init)
             t.name = name
             return t
         t.name = name

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +26,6 @@ from workers.quant.qdq import build_qdq, copy_graph
 from workers.quant.units import Unit, merge_encodings, split_units
 
 ProgressFn = Callable[[str, int, int], None]   # (graph name, sample index, total)
-
-
-EXTERNAL_DATA_BYTES = 1_500_000_000
-
-
-def save_onnx(model: Any, path: Path, external: bool | None = None) -> None:
-    """onnx.save, with the weights in `<name>.data` beside it when asked or when they would push the
-    protobuf towards its 2 GB limit (the float part graphs always: the calibration units and the
-    simulation graph are cut from them one tensor at a time)."""
-    import onnx
-
-    weight_bytes = sum(len(i.raw_data) for i in model.graph.initializer)
-    big = weight_bytes > EXTERNAL_DATA_BYTES if external is None else external
-    if big:
-        (path.parent / (path.name + ".data")).unlink(missing_ok=True)
-    onnx.save(model, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
-              location=path.name + ".data" if big else None, size_threshold=1024)
 
 
 def _weight_nodes(model: Any) -> tuple[list[str], list[str], list[str]]:
@@ -124,7 +108,7 @@ def ort_providers(log: Callable[[str], None] | None = None) -> list[str]:
 def quantize_unit(unit: Unit, enc_out: Path, feeds: FeedFactory, settings: dict[str, Any], threads: int,
                   freeze_from: Path | None = None, providers: list[str] | None = None) -> dict[str, int]:
     """QuantSim one calibration unit, calibrate it on `feeds()` (one sample in memory at a time) and write
-    its encodings to `enc_out` and its weights' quantizer axes beside it (`.axes.json`). Frees the sim."""
+    its encodings to `enc_out` and its quantized weights beside it (baked_path). Frees the sim."""
     tmp = Path(tempfile.mkdtemp(prefix=f"hexq-{unit.path.stem}-"))
     try:
         sim, counts = build_sim(unit.path, settings, tmp, threads, providers)
@@ -373,6 +357,42 @@ def _finish_graph(g: dict[str, Any], base: Path, encs: list[Path], counts: dict[
     g["stats"] = stats
 
 
+def _calibrate_graph(g: dict[str, Any], units: list[Unit], feeds_for: Callable[[Unit], FeedFactory], n_samples: int,
+                     base: Path, work: Path, tag: str, store: TensorStore, settings: dict[str, Any], threads: int,
+                     providers: list[str] | None, progress: ProgressFn, log: Callable[[str], None], keep_kv: bool,
+                     freeze_from: str | None = None, note: str = "") -> None:
+    """Calibrate one graph's units in order: QuantSim each on its feeds, then run its QDQ graph to store
+    what later units (and, with keep_kv, the token generator's samples) read; merge into the graph's
+    encodings and simulation graph. freeze_from: the tag of the graph whose unit of the same index holds
+    the weight encodings to freeze (the two graphs of a part share weights)."""
+    encs: list[Path] = []
+    counts: dict[str, int] = {}
+    t0 = time.monotonic()
+    total = len(units) * n_samples
+    part = g["part"]
+    for u in units:
+        feeds = feeds_for(u)
+        enc = work / f"{tag}_u{u.index}.encodings"
+
+        def gen(u: Unit = u, feeds: FeedFactory = feeds) -> Iterator[dict[str, np.ndarray]]:
+            for i, f in enumerate(feeds()):
+                progress(g["name"], u.index * n_samples + i, total)
+                yield f
+
+        log(f"part {part}: calibrating {g['name']} {u.label} on {n_samples} samples{note}")
+        _sum_counts(counts, quantize_unit(u, enc, gen, settings, threads,
+                                          freeze_from=work / f"{freeze_from}_u{u.index}.encodings" if freeze_from else None,
+                                          providers=providers))
+        encs.append(enc)
+        keep = [o for o in u.outputs if o != "logits" and (keep_kv or not o.startswith("past_"))]
+        if keep:
+            qdq = work / "units" / f"{tag}_u{u.index}.qdq.onnx"
+            build_qdq(u.path, enc, [baked_path(enc)], qdq)
+            run_unit_to_store(qdq, feeds, threads, store, keep, providers)
+    _finish_graph(g, base, encs, counts, len(units), time.monotonic() - t0)
+    progress(g["name"], total, total)
+
+
 def quantize_partwise(graphs: list[dict[str, Any]], base: Path, blocks: list[Block], settings: dict[str, Any],
                       dims: dict[str, int], progress: ProgressFn, log: Callable[[str], None],
                       threads: int = 2, tg_per_block: int = 4, providers: list[str] | None = None,
@@ -406,58 +426,15 @@ def quantize_partwise(graphs: list[dict[str, Any]], base: Path, blocks: list[Blo
                 raise ValueError(f"part {k}: the two graphs cut into different units")
             log(f"part {k}: {len(pp_units)} calibration units ({', '.join(u.label for u in pp_units)})")
             pp_store = TensorStore(work / "pp")
-            pp_encs: list[Path] = []
-            counts: dict[str, int] = {}
-            t0 = time.monotonic()
-            n_units = len(pp_units)
-            for u in pp_units:
-                feeds = pp_feed_factory(first, blocks, prev_pp, s, cl, kvh, hd, u, pp_store)
-                enc = work / f"pp_u{u.index}.encodings"
-
-                def gen(u: Unit = u, feeds: FeedFactory = feeds, name: str = pp["name"], total: int = n_units
-                        ) -> Iterator[dict[str, np.ndarray]]:
-                    for i, f in enumerate(feeds()):
-                        progress(name, u.index * len(blocks) + i, total * len(blocks))
-                        yield f
-
-                log(f"part {k}: calibrating {pp['name']} {u.label} on {len(blocks)} samples")
-                _sum_counts(counts, quantize_unit(u, enc, gen, settings, threads, providers=providers))
-                pp_encs.append(enc)
-                keep = [o for o in u.outputs if o != "logits"]
-                if keep:
-                    qdq = work / "units" / f"pp_u{u.index}.qdq.onnx"
-                    build_qdq(u.path, enc, [baked_path(enc)], qdq)
-                    run_unit_to_store(qdq, feeds, threads, pp_store, keep, providers)
-            _finish_graph(pp, base, pp_encs, counts, n_units, time.monotonic() - t0)
-            progress(pp["name"], n_units * len(blocks), n_units * len(blocks))
+            _calibrate_graph(pp, pp_units, partial(pp_feed_factory, first, blocks, prev_pp, s, cl, kvh, hd, store=pp_store),
+                             len(blocks), base, work, "pp", pp_store, settings, threads, providers, progress, log,
+                             keep_kv=True)
             tg_store = TensorStore(work / "tg")
             if tg is not None:
-                tg_encs: list[Path] = []
-                counts = {}
-                t0 = time.monotonic()
-                for u, pu in zip(tg_units, pp_units, strict=True):
-                    tfeeds = tg_feed_factory(blocks, pp_store, prev_tg, cl, kvh, hd, tg_per_block, u, tg_store)
-                    enc = work / f"tg_u{u.index}.encodings"
-
-                    def tgen(u: Unit = u, tfeeds: FeedFactory = tfeeds, name: str = tg["name"],
-                             total: int = n_units) -> Iterator[dict[str, np.ndarray]]:
-                        for i, f in enumerate(tfeeds()):
-                            progress(name, u.index * n_tg + i, total * n_tg)
-                            yield f
-
-                    log(f"part {k}: calibrating {tg['name']} {u.label} on {n_tg} samples "
-                        f"(weights frozen from {pp['name']})")
-                    _sum_counts(counts, quantize_unit(u, enc, tgen, settings, threads,
-                                                      freeze_from=work / f"pp_u{pu.index}.encodings",
-                                                      providers=providers))
-                    tg_encs.append(enc)
-                    keep = [o for o in u.outputs if o != "logits" and not o.startswith("past_")]
-                    if keep:
-                        qdq = work / "units" / f"tg_u{u.index}.qdq.onnx"
-                        build_qdq(u.path, enc, [baked_path(enc)], qdq)
-                        run_unit_to_store(qdq, tfeeds, threads, tg_store, keep, providers)
-                _finish_graph(tg, base, tg_encs, counts, n_units, time.monotonic() - t0)
-                progress(tg["name"], n_units * n_tg, n_units * n_tg)
+                _calibrate_graph(tg, tg_units, partial(tg_feed_factory, blocks, pp_store, prev_tg, cl, kvh, hd,
+                                                       tg_per_block, store=tg_store),
+                                 n_tg, base, work, "tg", tg_store, settings, threads, providers, progress, log,
+                                 keep_kv=False, freeze_from="pp", note=f" (weights frozen from {pp['name']})")
             # the next part reads only this part's hidden-state outputs
             for st, prev in ((pp_store, prev_pp), (tg_store, prev_tg)):
                 if prev is not None:
