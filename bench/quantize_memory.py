@@ -1,8 +1,8 @@
 """Peak RSS and wall time of the quantize stage against model size:
 (a) whole-model QuantSim (parts=1, calibration_unit "part": one QuantSim for the whole model) vs
 (b) sequential part-wise (--parts parts, default 4) with the default calibration_unit "layer" (one
-QuantSim per decoder layer, the embedding and the lm_head, each on the previous unit's quantized
-outputs).
+QuantSim per decoder layer, the embedding (on the calibration tokens' rows) and the lm_head (in column
+chunks no larger than a layer), each on the previous unit's quantized outputs).
 
     .venv/bin/python bench/quantize_memory.py [--sizes 20m,80m,300m] [--parts 4] [--no-validate] [--json F]
 
@@ -131,8 +131,9 @@ def measure(hf: Path, layers: int, parts: int, work: Path, keep_output: bool = F
 
 
 def largest_unit_params(hf: Path) -> int:
-    """Parameters of the largest calibration unit / export piece: a decoder layer, the embedding or
-    the lm_head."""
+    """Parameters of the largest calibration unit: the largest decoder layer (the lm_head is calibrated
+    in column chunks no larger than a layer, the embedding on the rows of the calibration tokens:
+    workers/quant/units.py); the embedding or lm_head where the model has no layer as large."""
     from safetensors import safe_open
 
     per: dict[str, int] = {}
@@ -142,7 +143,8 @@ def largest_unit_params(hf: Path) -> int:
                 n = int(math.prod(sf.get_slice(k).get_shape()))
                 key = ("layer" + k.split(".layers.")[1].split(".")[0]) if ".layers." in k else k
                 per[key] = per.get(key, 0) + n
-    return max(per.values())
+    layers = [v for k, v in per.items() if k.startswith("layer")]
+    return max(layers) if layers else max(per.values())
 
 
 def largest_part_params(hf: Path, parts: int) -> int:

@@ -146,3 +146,140 @@ def test_unit_encodings_merge_back_into_the_part(float_parts: dict[str, Path], t
     # a tensor two units encode (produced by one, read by the next) keeps the producer's encoding
     assert {x["name"]: x["scale"] for x in doc["activation_encodings"]} == {"x": [1.0], "y": [3.0]}
     assert doc["version"] == "1.0.0" and not (tmp_path / "part.encodings.tmp").exists()
+
+
+def test_lm_head_cuts_into_column_chunks_that_calibrate_like_the_whole(float_parts: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    """The lm_head unit cut by vocabulary columns (as an 8B's 525M-parameter head is, to the size of a
+    decoder layer): the chunks compute the whole unit's logits, their per-channel weight encodings and
+    quantized weights are the whole unit's, and the merged logits range is the whole unit's."""
+    from safetensors.numpy import load_file
+
+    from workers.quant.partwise import baked_path, quantize_unit
+    from workers.quant.units import merge_column_chunks, split_units
+
+    path = float_parts["prompt_ar64_cl256_2_of_2"]
+    whole = split_units(path, tmp_path / "whole", "w")[-1]
+    chunks = [u for u in split_units(path, tmp_path / "cut", "c", head_chunk_params=80_000) if u.columns]
+    assert whole.label == "lm_head" and whole.params == HIDDEN * 840
+    assert [u.columns for u in chunks] == [(0, 280), (280, 560), (560, 840)]
+    assert chunks[0].label == "lm_head columns 0-279" and all(u.params <= 80_000 for u in chunks)
+    rng = np.random.default_rng(3)
+    hidden = [(2.0 * rng.standard_normal((1, AR, HIDDEN))).astype(np.float32) for _ in range(3)]
+
+    def feeds(u: object = None) -> object:
+        return iter([{whole.inputs[0]: h} for h in hidden])
+
+    ref = _run(whole.path, {whole.inputs[0]: hidden[0]})["logits"]
+    got = np.concatenate([_run(u.path, {u.inputs[0]: hidden[0]})["logits"] for u in chunks], axis=-1)
+    np.testing.assert_array_equal(got, ref)
+
+    quantize_unit(whole, tmp_path / "whole.encodings", feeds, {}, 2)
+    encs = []
+    for u in chunks:
+        encs.append(tmp_path / f"c{u.index}.encodings")
+        quantize_unit(u, encs[-1], feeds, {}, 2)
+    merge_column_chunks(chunks, encs, tmp_path / "head.encodings")
+    a = json.loads((tmp_path / "whole.encodings").read_text())
+    b = json.loads((tmp_path / "head.encodings").read_text())
+    pa = {p["name"]: p for p in a["param_encodings"]}
+    pb = {p["name"]: p for p in b["param_encodings"]}
+    assert pa.keys() == pb.keys() == {"lm_head.weight"}
+    assert pa["lm_head.weight"]["enc_type"] == "PER_CHANNEL" and pa["lm_head.weight"]["bw"] == 8
+    assert pb["lm_head.weight"] == pa["lm_head.weight"]
+    la = next(x for x in a["activation_encodings"] if x["name"] == "logits")
+    lb = next(x for x in b["activation_encodings"] if x["name"] == "logits")
+    assert {k: v for k, v in la.items() if k not in ("scale", "offset")} == \
+        {k: v for k, v in lb.items() if k not in ("scale", "offset")}
+    assert lb["scale"][0] == pytest.approx(la["scale"][0], rel=1e-4)
+    assert abs(lb["offset"][0] - la["offset"][0]) <= 1
+    whole_baked = load_file(str(baked_path(tmp_path / "whole.encodings")))["lm_head.weight"]
+    merged_baked = load_file(str(baked_path(tmp_path / "head.encodings")))["lm_head.weight"]
+    np.testing.assert_array_equal(merged_baked, whole_baked)
+
+
+def test_embedding_keeps_only_the_calibration_tokens_rows(float_parts: dict[str, Path], tmp_path: Path) -> None:
+    """The embedding unit's table cut to the rows of the tokens the samples hold (and the rows of its
+    extremes): same outputs, the same encodings (the table's own 16-bit range included) and the same
+    quantized table for the simulation graph as the whole table; a token outside the kept rows is an
+    error, not a silent wrong row."""
+    import onnx
+
+    from workers.quant.partwise import quantize_unit
+    from workers.quant.units import remap_ids, split_units
+
+    path = float_parts["prompt_ar64_cl256_1_of_2"]
+    rng = np.random.default_rng(4)
+    names = _inputs(path)
+    samples = [_feed(names, rng) for _ in range(3)]
+    ids = np.unique(np.concatenate([f["input_ids"].ravel() for f in samples]))
+    whole = split_units(path, tmp_path / "whole", "w")[0]
+    small = split_units(path, tmp_path / "small", "s", vocab_ids=ids)[0]
+    assert whole.label == "embedding"
+    table = next(i for i in onnx.load(str(small.path), load_external_data=False).graph.initializer
+                 if i.name == small.table)
+    kept = small.vocab_rows
+    assert kept is not None and set(ids) <= set(kept) and len(kept) <= len(ids) + 2
+    assert small.label == f"embedding ({len(kept)} of 840 rows)"
+    assert list(table.dims) == [len(kept), HIDDEN] and small.params == len(kept) * HIDDEN < whole.params
+
+    def feeds() -> object:
+        return iter([{n: f[n] for n in whole.inputs} for f in samples])
+
+    remapped = remap_ids(feeds, kept)
+    for f, g in zip(feeds(), remapped(), strict=True):
+        ra, rb = _run(whole.path, f), _run(small.path, g)
+        for k in ra:
+            np.testing.assert_array_equal(rb[k], ra[k])
+    quantize_unit(whole, tmp_path / "whole.encodings", feeds, {}, 2)
+    quantize_unit(small, tmp_path / "small.encodings", remapped, {}, 2)
+    a = json.loads((tmp_path / "whole.encodings").read_text())
+    b = json.loads((tmp_path / "small.encodings").read_text())
+    assert a["param_encodings"] == b["param_encodings"]
+    assert {x["name"]: x for x in a["activation_encodings"]} == {x["name"]: x for x in b["activation_encodings"]}
+    assert any(x["name"] == small.table for x in a["activation_encodings"] + a["param_encodings"])
+    from safetensors.numpy import load_file
+
+    from workers.quant.partwise import baked_path
+
+    wa = load_file(str(baked_path(tmp_path / "whole.encodings")))
+    wb = load_file(str(baked_path(tmp_path / "small.encodings")))
+    assert wa.keys() == wb.keys() and small.table in wa
+    for k in wa:
+        np.testing.assert_array_equal(wb[k], wa[k], err_msg=k)
+
+    def stray() -> object:
+        return iter([{**samples[0], "input_ids": np.full((1, AR), int(np.setdiff1d(np.arange(840), kept)[0]), np.int32)}])
+
+    with pytest.raises(ValueError, match="token id the compacted embedding does not"):
+        next(iter(remap_ids(stray, kept)()))
+
+
+def test_partwise_quantization_with_a_chunked_lm_head(tmp_path: Path) -> None:
+    """The whole part-wise pipeline with the lm_head calibrated in column chunks: both graphs of the last
+    part carry one per-channel lm_head encoding over the whole vocabulary, frozen from the prompt
+    processor into the token generator chunk by chunk, and the simulation graphs run."""
+    import onnxruntime as ort
+
+    from workers.export import export_deployment_graphs
+    from workers.quant.calib import BUILTIN_TEXT, blocks_from_windows, token_windows
+    from workers.quant.partwise import quantize_partwise, shared_weight_check
+
+    graphs = export_deployment_graphs(HF, tmp_path / "float", context_length=CL, ar_n=AR, parts=2)
+    blocks = blocks_from_windows(token_windows(HF, BUILTIN_TEXT / "calibration.txt", 2, AR), AR)
+    lines: list[str] = []
+    quantize_partwise(graphs, tmp_path, blocks, {}, {"context_length": CL, "num_kv_heads": KVH, "head_dim": HD},
+                      lambda *a: None, lines.append, tg_per_block=1, head_chunk_params=80_000)
+    assert any("lm_head columns 560-839" in line for line in lines)
+    assert any("embedding (" in line and " of 840 rows)" in line for line in lines)
+    assert all(v["different"] == 0 for v in shared_weight_check(graphs, tmp_path).values())
+    for g in graphs:
+        enc = json.loads((tmp_path / g["encodings"]).read_text())
+        if g["part"] == 2:
+            head = [p for p in enc["param_encodings"] if p["name"] == "lm_head.weight"]
+            assert len(head) == 1 and len(head[0]["scale"]) == 840 and g["stats"]["lm_head_weights"] == 1
+            assert g["stats"]["calibration_units"] == 5       # 2 layers + 3 chunks
+            assert [a["name"] for a in enc["activation_encodings"]].count("logits") == 1
+        sess = ort.InferenceSession(str(tmp_path / g["sim_onnx"]), providers=["CPUExecutionProvider"])
+        assert sess.get_outputs()
+    assert not (tmp_path / "calib.tmp").exists()

@@ -23,7 +23,14 @@ import numpy as np
 
 from workers.quant.calib import Block, pp_mask, tg_mask, tg_positions
 from workers.quant.qdq import build_qdq, copy_graph
-from workers.quant.units import Unit, merge_encodings, split_units
+from workers.quant.units import (
+    TableSource,
+    Unit,
+    merge_column_chunks,
+    merge_encodings,
+    remap_ids,
+    split_units,
+)
 
 ProgressFn = Callable[[str, int, int], None]   # (graph name, sample index, total)
 
@@ -112,11 +119,22 @@ def quantize_unit(unit: Unit, enc_out: Path, feeds: FeedFactory, settings: dict[
     tmp = Path(tempfile.mkdtemp(prefix=f"hexq-{unit.path.stem}-"))
     try:
         sim, counts = build_sim(unit.path, settings, tmp, threads, providers)
+        full: dict[str, TableSource] = {}
+        if unit.table is not None and unit.table_source is not None:
+            q = sim.qc_quantize_op_dict.get(unit.table)
+            if q is not None and q.enabled:
+                if q.quant_info.usePerChannelMode:
+                    # the compacted table keeps the whole table's extremes, not every channel's
+                    raise ValueError(f"{unit.table} is quantized per channel by this configuration; calibrate "
+                                     "the embedding unit with its whole table (split_units without vocab_ids)")
+                full[unit.table] = unit.table_source
+        if unit.columns is not None and unit.columns[0] > 0:
+            counts = {k: 0 if k == "lm_head_weights" else v for k, v in counts.items()}   # one weight, in chunks
         if freeze_from is not None:
             sim.set_and_freeze_param_encodings(str(freeze_from))
         sim.compute_encodings(feeds())
         sim.export(str(tmp), "unit", export_model=False)
-        save_baked(sim, baked_path(enc_out))
+        save_baked(sim, baked_path(enc_out), full)
         del sim
         gc.collect()
         shutil.move(str(tmp / "unit.encodings"), enc_out)
@@ -130,11 +148,14 @@ def baked_path(enc: Path) -> Path:
     return enc.with_name(enc.name + ".baked.safetensors")
 
 
-def save_baked(sim: Any, path: Path) -> int:
+def save_baked(sim: Any, path: Path, full: dict[str, TableSource] | None = None) -> int:
     """The unit's quantized weights as the simulation sees them, computed by AIMET's own kernel
     (`quantize_dequantize`, what `to_onnx_qdq` folds in), one weight at a time; the simulation graph
     takes them from here. Written as a safetensors file tensor by tensor (the header first, from the
-    shapes), so only one quantized weight is in memory beside the sim."""
+    shapes), so only one quantized weight is in memory beside the sim. `full`: weights the unit holds
+    only some rows of (a compacted embedding table) with a per-tensor encoding: the whole tensor is
+    streamed from its source through the same quantizer, a block of rows at a time."""
+    full = full or {}
     from onnx import numpy_helper
 
     quantized = []
@@ -145,8 +166,9 @@ def save_baked(sim: Any, path: Path) -> int:
     header: dict[str, Any] = {}
     offset = 0
     for init, _ in quantized:
-        n = 4 * int(np.prod(list(init.dims), dtype=np.int64))
-        header[init.name] = {"dtype": "F32", "shape": [int(d) for d in init.dims], "data_offsets": [offset, offset + n]}
+        shape = [full[init.name].rows, full[init.name].cols] if init.name in full else [int(d) for d in init.dims]
+        n = 4 * int(np.prod(shape, dtype=np.int64))
+        header[init.name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + n]}
         offset += n
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * ((-len(head)) % 8)
@@ -155,6 +177,10 @@ def save_baked(sim: Any, path: Path) -> int:
         fh.write(len(head).to_bytes(8, "little"))
         fh.write(head)
         for init, q in quantized:
+            if init.name in full:
+                for _, block in full[init.name].blocks():
+                    fh.write(np.ascontiguousarray(q.quantize_dequantize(block), dtype=np.float32).tobytes())
+                continue
             value = np.ascontiguousarray(q.quantize_dequantize(numpy_helper.to_array(init)), dtype=np.float32)
             if value.shape != tuple(header[init.name]["shape"]):
                 raise ValueError(f"{init.name}: quantized shape {value.shape} != {tuple(init.dims)}")
@@ -366,12 +392,15 @@ def _calibrate_graph(g: dict[str, Any], units: list[Unit], feeds_for: Callable[[
     encodings and simulation graph. freeze_from: the tag of the graph whose unit of the same index holds
     the weight encodings to freeze (the two graphs of a part share weights)."""
     encs: list[Path] = []
+    chunks: list[tuple[Unit, Path]] = []
     counts: dict[str, int] = {}
     t0 = time.monotonic()
     total = len(units) * n_samples
     part = g["part"]
     for u in units:
         feeds = feeds_for(u)
+        if u.vocab_rows is not None:
+            feeds = remap_ids(feeds, u.vocab_rows)
         enc = work / f"{tag}_u{u.index}.encodings"
 
         def gen(u: Unit = u, feeds: FeedFactory = feeds) -> Iterator[dict[str, np.ndarray]]:
@@ -383,12 +412,20 @@ def _calibrate_graph(g: dict[str, Any], units: list[Unit], feeds_for: Callable[[
         _sum_counts(counts, quantize_unit(u, enc, gen, settings, threads,
                                           freeze_from=work / f"{freeze_from}_u{u.index}.encodings" if freeze_from else None,
                                           providers=providers))
+        if u.columns is not None:
+            chunks.append((u, enc))
+            continue
         encs.append(enc)
         keep = [o for o in u.outputs if o != "logits" and (keep_kv or not o.startswith("past_"))]
         if keep:
             qdq = work / "units" / f"{tag}_u{u.index}.qdq.onnx"
             build_qdq(u.path, enc, [baked_path(enc)], qdq)
             run_unit_to_store(qdq, feeds, threads, store, keep, providers)
+    if chunks:
+        # the lm_head's column chunks (the graph's last unit: nothing later reads the logits)
+        head = work / f"{tag}_lm_head.encodings"
+        merge_column_chunks([u for u, _ in chunks], [e for _, e in chunks], head)
+        encs.append(head)
     _finish_graph(g, base, encs, counts, len(units), time.monotonic() - t0)
     progress(g["name"], total, total)
 
@@ -396,9 +433,9 @@ def _calibrate_graph(g: dict[str, Any], units: list[Unit], feeds_for: Callable[[
 def quantize_partwise(graphs: list[dict[str, Any]], base: Path, blocks: list[Block], settings: dict[str, Any],
                       dims: dict[str, int], progress: ProgressFn, log: Callable[[str], None],
                       threads: int = 2, tg_per_block: int = 4, providers: list[str] | None = None,
-                      per_layer: bool = True) -> list[dict[str, Any]]:
-    """Quantize every part in order, one calibration unit (one decoder layer, the embedding, the lm_head)
-    at a time; fills in each graph entry's onnx/encodings/sim_onnx and stats. `graphs` entries carry
+                      per_layer: bool = True, head_chunk_params: int | None = None) -> list[dict[str, Any]]:
+    """Quantize every part in order, one calibration unit (one decoder layer, the embedding, the lm_head
+    in column chunks no larger than a layer: workers/quant/units.py) at a time; fills in each graph entry's onnx/encodings/sim_onnx and stats. `graphs` entries carry
     float_onnx relative to `base` (the stage's out_dir).
 
     Memory: one unit's QuantSim at a time; calibration samples are generated one at a time; each unit's
@@ -411,6 +448,7 @@ def quantize_partwise(graphs: list[dict[str, Any]], base: Path, blocks: list[Blo
     shutil.rmtree(store_root, ignore_errors=True)
     store_root.mkdir(parents=True)
     n_tg = len(tg_sample_positions(blocks, tg_per_block))
+    vocab_ids = np.unique(np.concatenate([np.asarray(b.ids, dtype=np.int64) for b in blocks]))
     prev_pp: TensorStore | None = None
     prev_tg: TensorStore | None = None
     try:
@@ -420,9 +458,12 @@ def quantize_partwise(graphs: list[dict[str, Any]], base: Path, blocks: list[Blo
             first = k == parts[0]
             s = int(pp["seq_len"])
             work = store_root / f"part{k}"
-            pp_units = split_units(base / pp["float_onnx"], work / "units", "pp", per_layer)
-            tg_units = split_units(base / tg["float_onnx"], work / "units", "tg", per_layer) if tg is not None else []
-            if tg_units and [u.level for u in tg_units] != [u.level for u in pp_units]:
+            pp_units = split_units(base / pp["float_onnx"], work / "units", "pp", per_layer, vocab_ids,
+                                   head_chunk_params)
+            tg_units = split_units(base / tg["float_onnx"], work / "units", "tg", per_layer, vocab_ids,
+                                   head_chunk_params) \
+                if tg is not None else []
+            if tg_units and [u.key for u in tg_units] != [u.key for u in pp_units]:
                 raise ValueError(f"part {k}: the two graphs cut into different units")
             log(f"part {k}: {len(pp_units)} calibration units ({', '.join(u.label for u in pp_units)})")
             pp_store = TensorStore(work / "pp")

@@ -9,19 +9,52 @@ computed from them alone) are copied into every unit that uses them. A unit's in
 inputs and the tensors earlier units produce that it reads; its outputs are what later units or the
 part's outputs read. Tensor names stay the part graph's, so the units' encodings merge back into
 the part's by name.
+
+The vocabulary units would otherwise be the largest (an 8B Llama-3's lm_head and embedding are 525M
+parameters each, 2.4x a decoder layer), so:
+- the lm_head unit is cut by vocabulary columns into chunks no larger than the part's largest decoder
+  layer. Its weight's int8 encodings are per output channel, so each chunk's are exactly the whole
+  weight's; the logits' range is the union of the chunks' (merge_column_chunks).
+- the embedding unit keeps only the table rows of the tokens the calibration samples use, plus the two
+  rows holding the table's smallest and largest value, and the samples' token ids are mapped to those
+  rows (remap_ids). Its output holds the same values; the table's own 16-bit per-tensor min/max
+  encoding sees the same range, so it is the whole table's; the quantized table written for the
+  simulation graph is the whole table, streamed through that encoding (partwise.save_baked).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 EMBED_LEVEL = -1
 HEAD_LEVEL = 1 << 30
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """A 2-D float32 weight in an external data file."""
+    data: Path
+    offset: int
+    rows: int
+    cols: int
+
+    def read(self, r0: int, r1: int) -> np.ndarray:
+        a: np.ndarray = np.fromfile(self.data, dtype=np.float32, count=(r1 - r0) * self.cols,
+                                    offset=self.offset + 4 * r0 * self.cols)
+        return a.reshape(r1 - r0, self.cols)
+
+    def blocks(self, block_bytes: int = 64 << 20) -> Iterator[tuple[int, np.ndarray]]:
+        step = max(1, block_bytes // (4 * self.cols))
+        for r0 in range(0, self.rows, step):
+            yield r0, self.read(r0, min(self.rows, r0 + step))
 
 
 @dataclass
@@ -32,14 +65,26 @@ class Unit:
     inputs: list[str]
     outputs: list[str]
     layers: list[int] = field(default_factory=list)
+    params: int = 0                     # weight parameters the unit holds
+    columns: tuple[int, int] | None = None    # an lm_head chunk: the vocabulary columns [a, b) it computes
+    table: str | None = None            # a compacted embedding: its table's name ...
+    vocab_rows: np.ndarray | None = None      # ... the token ids (sorted) whose rows it keeps ...
+    table_source: TableSource | None = None   # ... and where the whole table is
 
     @property
     def label(self) -> str:
         if self.level == EMBED_LEVEL:
-            return "embedding"
+            if self.vocab_rows is None or self.table_source is None:
+                return "embedding"
+            return f"embedding ({len(self.vocab_rows)} of {self.table_source.rows} rows)"
         if self.level == HEAD_LEVEL:
-            return "lm_head"
+            return "lm_head" if self.columns is None else f"lm_head columns {self.columns[0]}-{self.columns[1] - 1}"
         return f"layer {self.level}"
+
+    @property
+    def key(self) -> tuple[int, tuple[int, int] | None]:
+        """What a unit of the other graph of the same part must match (same layer, same columns)."""
+        return self.level, self.columns
 
 
 def weight_level(name: str, op_type: str) -> int | None:
@@ -118,39 +163,207 @@ def plan_units(model: Any) -> tuple[dict[int, list[int]], dict[int, list[str]], 
     return nodes, inputs, outputs
 
 
-def split_units(float_onnx: Path, work: Path, tag: str, per_layer: bool = True) -> list[Unit]:
+def split_units(float_onnx: Path, work: Path, tag: str, per_layer: bool = True,
+                vocab_ids: np.ndarray | None = None, head_chunk_params: int | None = None) -> list[Unit]:
     """Cut the part graph into calibration units under `work` (one ONNX + data file each). Reads one
     unit's weights at a time from the part's files. `per_layer=False`: the whole graph is one unit
-    (one QuantSim for the part, as Qualcomm's recipe does it; the memory comparison's baseline)."""
+    (one QuantSim for the part, as Qualcomm's recipe does it; the memory comparison's baseline).
+    The lm_head unit is cut into column chunks no larger than the part's largest decoder layer; with
+    `vocab_ids` (every token id the calibration samples hold), the embedding unit keeps only their rows.
+    `head_chunk_params` overrides the chunk bound (tests)."""
     import onnx
     from onnx import utils
-    from onnx.external_data_helper import load_external_data_for_tensor
 
     model = onnx.load(str(float_onnx), load_external_data=False)
     if not per_layer:
         inits = {i.name for i in model.graph.initializer}
         names = [i.name for i in model.graph.input if i.name not in inits]
         layers = sorted({int(n.split("_")[2]) for n in names if n.startswith("past_key_")})
-        return [Unit(0, 0, float_onnx, names, [o.name for o in model.graph.output], layers)]
+        params = sum(_numel(i) for i in model.graph.initializer)
+        return [Unit(0, 0, float_onnx, names, [o.name for o in model.graph.output], layers, params)]
     _, ins, outs = plan_units(model)
     work.mkdir(parents=True, exist_ok=True)
     extractor = utils.Extractor(onnx.shape_inference.infer_shapes(model))
     units: list[Unit] = []
-    for i, lv in enumerate(sorted(ins)):
+    largest_layer = 0
+    for lv in sorted(ins):
         sub = extractor.extract_model(ins[lv], outs[lv])
-        for init in sub.graph.initializer:
-            if any(e.key == "location" for e in init.external_data):
-                load_external_data_for_tensor(init, str(float_onnx.parent))
-                del init.external_data[:]
-                init.data_location = onnx.TensorProto.DEFAULT
-        path = work / f"{tag}_u{i}.onnx"
-        (work / (path.name + ".data")).unlink(missing_ok=True)
-        onnx.save(sub, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=path.name + ".data", size_threshold=1024)
-        del sub
+        params = sum(_numel(i) for i in sub.graph.initializer if len(i.dims) >= 2)
         layers = sorted({int(n.split("_")[2]) for n in ins[lv] if n.startswith("past_key_")})
-        units.append(Unit(i, lv, path, list(ins[lv]), list(outs[lv]), layers))
+        bound = head_chunk_params or largest_layer
+        if lv == HEAD_LEVEL and bound and params > bound:
+            head = _head_matmul(sub, float_onnx.parent)
+            if head is not None:
+                n_chunks = -(-params // bound)
+                units += _write_column_chunks(sub, head, float_onnx.parent, work, tag, len(units), n_chunks,
+                                              list(ins[lv]), list(outs[lv]))
+                continue
+        table = _embedding_table(sub) if lv == EMBED_LEVEL and vocab_ids is not None else None
+        path = work / f"{tag}_u{len(units)}.onnx"
+        rows, source = None, None
+        if table is not None:
+            assert vocab_ids is not None
+            rows, source = _compact_table(sub, table, np.asarray(vocab_ids, dtype=np.int64), float_onnx.parent)
+            params = sum(_numel(i) for i in sub.graph.initializer if len(i.dims) >= 2)
+        _save_unit(sub, float_onnx.parent, path)
+        del sub
+        if lv not in (EMBED_LEVEL, HEAD_LEVEL):
+            largest_layer = max(largest_layer, params)
+        units.append(Unit(len(units), lv, path, list(ins[lv]), list(outs[lv]), layers, params,
+                          table=table, vocab_rows=rows, table_source=source))
     return units
+
+
+def _numel(init: Any) -> int:
+    return int(np.prod([int(d) for d in init.dims], dtype=np.int64))
+
+
+def _save_unit(sub: Any, src_dir: Path, path: Path) -> None:
+    """Save an extracted unit with its weights (read from the part's data file) in `<path>.data`."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    for init in sub.graph.initializer:
+        if any(e.key == "location" for e in init.external_data):
+            load_external_data_for_tensor(init, str(src_dir))
+            del init.external_data[:]
+            init.data_location = onnx.TensorProto.DEFAULT
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)
+    onnx.save(sub, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=data.name, size_threshold=1024)
+
+
+def _head_matmul(sub: Any, src_dir: Path) -> Any | None:
+    """The lm_head unit's one MatMul (hidden x weight[H, V] -> the graph's output, the weight a float32
+    tensor in an external data file) when the unit is just that (then it can be cut by columns)."""
+    nodes = [n for n in sub.graph.node if n.op_type != "Constant"]
+    inits = {i.name: i for i in sub.graph.initializer}
+    outputs = [o.name for o in sub.graph.output]
+    if len(nodes) != 1 or nodes[0].op_type != "MatMul" or len(outputs) != 1:
+        return None
+    node = nodes[0]
+    w = inits.get(node.input[1])
+    if w is None or _source(w, src_dir) is None or node.output[0] != outputs[0] \
+            or node.input[0] not in [i.name for i in sub.graph.input]:
+        return None
+    return node
+
+
+def _write_column_chunks(sub: Any, node: Any, src_dir: Path, work: Path, tag: str, first_index: int, n_chunks: int,
+                         inputs: list[str], outputs: list[str]) -> list[Unit]:
+    """The lm_head unit as `n_chunks` graphs, each the same MatMul on a slice of the weight's columns; the
+    weight is read once, a block of rows at a time, into the chunks' data files."""
+    import onnx
+    from onnx import helper
+
+    w = next(i for i in sub.graph.initializer if i.name == node.input[1])
+    source = _source(w, src_dir)
+    assert source is not None        # _head_matmul checked
+    rows, vocab = source.rows, source.cols
+    bounds = np.linspace(0, vocab, n_chunks + 1).astype(int).tolist()
+    out_vi = sub.graph.output[0]
+    out_dims = [d.dim_value if d.HasField("dim_value") else d.dim_param
+                for d in out_vi.type.tensor_type.shape.dim]
+    paths = [work / f"{tag}_u{first_index + c}.onnx" for c in range(n_chunks)]
+    files = [open(p.with_name(p.name + ".data"), "wb") for p in paths]  # noqa: SIM115 (closed below)
+    try:
+        for _, block in source.blocks():
+            for c, fh in enumerate(files):
+                fh.write(np.ascontiguousarray(block[:, bounds[c]:bounds[c + 1]]).tobytes())
+            del block
+    finally:
+        for fh in files:
+            fh.close()
+    units = []
+    for c, path in enumerate(paths):
+        a, b = bounds[c], bounds[c + 1]
+        weight = onnx.TensorProto(name=w.name, data_type=onnx.TensorProto.FLOAT, dims=[rows, b - a])
+        weight.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", path.name + ".data"), ("offset", "0"), ("length", str(4 * rows * (b - a)))):
+            weight.external_data.add(key=k, value=v)
+        graph = helper.make_graph([node], f"{sub.graph.name}_columns_{a}_{b}", list(sub.graph.input),
+                                  [helper.make_tensor_value_info(out_vi.name, out_vi.type.tensor_type.elem_type,
+                                                                 [*out_dims[:-1], b - a])], [weight])
+        m = helper.make_model(graph, opset_imports=list(sub.opset_import), ir_version=sub.ir_version)
+        onnx.save(m, str(path))
+        units.append(Unit(first_index + c, HEAD_LEVEL, path, list(inputs), list(outputs), [], rows * (b - a),
+                          columns=(a, b)))
+    return units
+
+
+def _embedding_table(sub: Any) -> str | None:
+    """The embedding unit's table when the unit's token ids reach nothing but its Gather (directly or
+    through Casts), so the ids can be mapped onto a table of fewer rows; else None."""
+    inits = {i.name: i for i in sub.graph.initializer}
+    gathers = [n for n in sub.graph.node if n.op_type == "Gather" and n.input[0] in inits
+               and len(inits[n.input[0]].dims) == 2 and "embed_tokens" in n.input[0]]
+    if len(gathers) != 1 or any(a.name == "axis" and a.i != 0 for a in gathers[0].attribute) \
+            or not any(e.key == "location" for e in inits[gathers[0].input[0]].external_data):
+        return None
+    gather = gathers[0]
+    frontier, seen_gather = ["input_ids"], False
+    while frontier:
+        t = frontier.pop()
+        for n in sub.graph.node:
+            if t not in n.input:
+                continue
+            if n is gather and list(n.input).index(t) == 1:
+                seen_gather = True
+            elif n.op_type == "Cast":
+                frontier += list(n.output)
+            else:
+                return None
+    return str(gather.input[0]) if seen_gather else None
+
+
+def _source(init: Any, src_dir: Path) -> TableSource | None:
+    import onnx
+
+    ext = {e.key: e.value for e in init.external_data}
+    if "location" not in ext or len(init.dims) != 2 or init.data_type != onnx.TensorProto.FLOAT:
+        return None
+    return TableSource(src_dir / ext["location"], int(ext.get("offset", 0)), int(init.dims[0]), int(init.dims[1]))
+
+
+def _compact_table(sub: Any, table: str, ids: np.ndarray, src_dir: Path) -> tuple[np.ndarray, TableSource]:
+    """Replace the embedding table by the rows of `ids` and the rows of its smallest and largest value
+    (read from the part's data file a block at a time). Returns (kept token ids, the whole table)."""
+    from onnx import numpy_helper
+
+    init = next(i for i in sub.graph.initializer if i.name == table)
+    source = _source(init, src_dir)
+    if source is None:
+        raise ValueError(f"{table} is not a float32 table in an external data file")
+    if ids.size == 0 or ids.min() < 0 or ids.max() >= source.rows:
+        raise ValueError(f"calibration token ids outside the vocabulary (0..{source.rows - 1}) of {table}")
+    lo: tuple[float, int] = (np.inf, 0)
+    hi: tuple[float, int] = (-np.inf, 0)
+    for r0, block in source.blocks():
+        i_lo, i_hi = int(np.argmin(block)), int(np.argmax(block))
+        if block.flat[i_lo] < lo[0]:
+            lo = (float(block.flat[i_lo]), r0 + i_lo // source.cols)
+        if block.flat[i_hi] > hi[0]:
+            hi = (float(block.flat[i_hi]), r0 + i_hi // source.cols)
+    rows = np.unique(np.concatenate([ids, [lo[1], hi[1]]]).astype(np.int64))
+    compact = np.concatenate([source.read(int(r), int(r) + 1) for r in rows])
+    sub.graph.initializer.remove(init)
+    sub.graph.initializer.append(numpy_helper.from_array(compact, table))
+    return rows, source
+
+
+def remap_ids(feeds: Any, rows: np.ndarray) -> Any:
+    """A feed factory whose `input_ids` index a compacted embedding table (`rows`: the kept token ids)."""
+    def remapped() -> Any:
+        for f in feeds():
+            if "input_ids" in f:
+                ids = f["input_ids"]
+                idx = np.searchsorted(rows, ids)
+                if np.any(idx >= len(rows)) or np.any(rows[np.minimum(idx, len(rows) - 1)] != ids):
+                    raise ValueError("a calibration sample holds a token id the compacted embedding does not")
+                f = {**f, "input_ids": idx.astype(ids.dtype)}
+            yield f
+    return remapped
 
 
 def merge_encodings(paths: list[Path], out: Path) -> dict[str, int]:
@@ -174,3 +387,90 @@ def merge_encodings(paths: list[Path], out: Path) -> dict[str, int]:
     tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     tmp.replace(out)
     return {"activation_encodings": len(acts), "param_encodings": len(params)}
+
+
+def _range(a: dict[str, Any]) -> tuple[float, float]:
+    """The float range an asymmetric per-tensor encoding represents."""
+    scale, offset = float(a["scale"][0]), float(a["offset"][0])
+    return scale * offset, scale * (offset + (1 << int(a["bw"])) - 1)
+
+
+def merge_column_chunks(chunks: list[Unit], encs: list[Path], out: Path) -> None:
+    """One lm_head encodings file (and its quantized weights beside it, `<out>.baked.safetensors`) from the
+    encodings and quantized weights of its column chunks, in column order. The weight's per-channel
+    encodings are concatenated; the output's range is the union of the chunks' ranges (min/max
+    calibration), re-encoded on the same grid rule (scale = range / (2^bw - 1), offset = round(min /
+    scale)); every other encoding (the input's, produced by the previous unit) is the first chunk's."""
+    if not chunks or any(u.columns is None for u in chunks):
+        raise ValueError("merge_column_chunks takes lm_head column chunks")
+    docs = [json.loads(p.read_text(encoding="utf-8")) for p in encs]
+    outputs = set(chunks[0].outputs)
+    doc = {k: v for k, v in docs[0].items() if k not in ("activation_encodings", "param_encodings")}
+    params: dict[str, dict[str, Any]] = {}
+    for d in docs:
+        for p in d.get("param_encodings", []):
+            if p["name"] not in params:
+                params[p["name"]] = {**p, "scale": list(p["scale"]), "offset": list(p["offset"])}
+                continue
+            if p.get("enc_type") != "PER_CHANNEL":
+                raise ValueError(f"{p['name']}: a {p.get('enc_type')} weight encoding cannot be split by columns")
+            params[p["name"]]["scale"] += list(p["scale"])
+            params[p["name"]]["offset"] += list(p["offset"])
+    acts: dict[str, dict[str, Any]] = {}
+    for d in docs:
+        for a in d.get("activation_encodings", []):
+            if a["name"] not in acts:
+                acts[a["name"]] = dict(a)
+            elif a["name"] in outputs:
+                acts[a["name"]] = _union(acts[a["name"]], a)
+    doc["activation_encodings"] = list(acts.values())
+    doc["param_encodings"] = list(params.values())
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    tmp.replace(out)
+    _concat_columns([enc.with_name(enc.name + ".baked.safetensors") for enc in encs],
+                    out.with_name(out.name + ".baked.safetensors"))
+
+
+def _union(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    if a.get("is_sym") or b.get("is_sym") or a["bw"] != b["bw"]:
+        if a.get("is_sym") and b.get("is_sym") and a["bw"] == b["bw"]:
+            return a if float(a["scale"][0]) >= float(b["scale"][0]) else b
+        raise ValueError(f"{a['name']}: cannot merge encodings of different kinds")
+    (lo1, hi1), (lo2, hi2) = _range(a), _range(b)
+    lo, hi = min(lo1, lo2), max(hi1, hi2)
+    scale = (hi - lo) / ((1 << int(a["bw"])) - 1)
+    return {**a, "scale": [scale], "offset": [float(round(lo / scale))]}
+
+
+def _concat_columns(files: list[Path], out: Path) -> None:
+    """A safetensors file whose 2-D tensors are the column-wise concatenation of the same-named tensors
+    in `files`; written a block of rows at a time."""
+    from safetensors import safe_open
+
+    handles = [safe_open(str(f), framework="np") for f in files]
+    names = list(handles[0].keys())
+    shapes = {n: [h.get_slice(n).get_shape() for h in handles] for n in names}
+    header: dict[str, Any] = {}
+    offset = 0
+    for n in names:
+        rows = shapes[n][0][0]
+        cols = sum(s[1] for s in shapes[n])
+        if any(len(s) != 2 or s[0] != rows for s in shapes[n]):
+            raise ValueError(f"{n}: column chunks of different heights")
+        header[n] = {"dtype": "F32", "shape": [rows, cols], "data_offsets": [offset, offset + 4 * rows * cols]}
+        offset += 4 * rows * cols
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * ((-len(head)) % 8)
+    tmp = out.with_name(out.name + ".partial")
+    with open(tmp, "wb") as fh:
+        fh.write(len(head).to_bytes(8, "little"))
+        fh.write(head)
+        for n in names:
+            rows, cols = header[n]["shape"]
+            step = max(1, (64 << 20) // (4 * cols))
+            for r0 in range(0, rows, step):
+                block = np.concatenate([h.get_slice(n)[r0:min(rows, r0 + step)] for h in handles], axis=1)
+                fh.write(np.ascontiguousarray(block, dtype=np.float32).tobytes())
+                del block
+    tmp.replace(out)
