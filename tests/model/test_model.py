@@ -253,9 +253,11 @@ def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: 
 
 def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a loaded model, export reads one piece's tensors from the safetensors files at a time
-    (a meta-device skeleton; one decoder layer, the embedding or the head materialized, exported for
-    both kinds, stitched into the part graphs and freed) and gives the same graphs, with every weight
-    under its checkpoint name in the graph's .onnx.data, the same names in both graphs of a part."""
+    (a meta-device skeleton; one decoder layer or the final norm materialized, exported for both
+    kinds, stitched into the part graphs and freed; the embedding table and the lm_head never
+    materialized: exported with a placeholder and streamed into the data file a block of rows at a
+    time, the lm_head transposed) and gives the same graphs, with every weight under its checkpoint
+    name in the graph's .onnx.data, the same names in both graphs of a part."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -273,9 +275,21 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
 
     from workers.export.weights import CheckpointWeights
 
+    from workers.export import weights as weights_mod
+
     live: dict[int, int] = {}
     peak = {"params": 0}
-    load, release = CheckpointWeights.load, CheckpointWeights.release
+    streamed: list[str] = []
+    load, release, stand_in = CheckpointWeights.load, CheckpointWeights.release, CheckpointWeights.stand_in
+    monkeypatch.setattr(weights_mod, "BLOCK_BYTES", 4 * 64 * 7)    # 7 rows a block: several blocks, a short last one
+
+    def spy_stand_in(self: Any, module: Any, prefix: str) -> Any:
+        sw = stand_in(self, module, prefix)
+        if sw is not None:
+            streamed.append(sw.name)
+            live[id(module)] = 0
+            assert module.weight.shape[0] == weights_mod.STAND_IN_ROWS
+        return sw
 
     def spy_load(self: Any, module: Any, prefix: str) -> list[str]:
         out = load(self, module, prefix)
@@ -290,13 +304,14 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(CheckpointWeights, "load", spy_load)
     monkeypatch.setattr(CheckpointWeights, "release", spy_release)
+    monkeypatch.setattr(CheckpointWeights, "stand_in", spy_stand_in)
     seen: dict[int, list[str]] = {}
     graphs = export_deployment_graphs(hf, tmp_path / "float", 64, 16, 2,
                                       after_part=lambda e, named: seen.update({e[0]["part"]: sorted(named)}))
     assert not live                                       # every piece was freed
     layer = sum(p.numel() for p in model.model.layers[0].parameters())
-    head = sum(p.numel() for p in (*model.model.norm.parameters(), *model.lm_head.parameters()))
-    assert peak["params"] == max(layer, head) < sum(p.numel() for p in model.parameters()) // 3
+    assert peak["params"] == layer < sum(p.numel() for p in model.parameters()) // 3
+    assert streamed == ["model.embed_tokens.weight", "lm_head.weight"]
     by_part: dict[int, list[set[str]]] = {}
     for g in graphs:
         onnx.checker.check_model(str(tmp_path / g["float_onnx"]))

@@ -10,7 +10,7 @@ from typing import Any
 
 from workers.export.segments import Dims, head_module, layer_module, rope_module
 from workers.export.stitch import PartGraphWriter
-from workers.export.weights import CheckpointWeights, InMemoryWeights
+from workers.export.weights import CheckpointWeights, InMemoryWeights, StreamedWeight
 from workers.modelinfo import layer_ranges
 
 MASK_VALUE = -1000.0  # additive mask; Qualcomm's -100 did not mask on larger models (facts/quantization.md)
@@ -154,22 +154,40 @@ class _Pieces:
             head = head_module(inner.norm, causal_lm.lm_head)
             read += self.piece("/head", head, [("norm", "model.norm."), ("lm_head", "lm_head.")],
                                lambda s: (torch.zeros((1, s, d.hidden)),), ["hidden"], ["logits"],
-                               {"hidden": h, "logits": "logits"})
+                               {"hidden": h, "logits": "logits"}, vocab_output="logits")
         return read
 
     def piece(self, prefix: str, root: Any, owned: list[tuple[str, str]], args: Callable[[int], tuple[Any, ...]],
-              in_names: list[str], out_names: list[str], io: dict[str, str]) -> list[str]:
+              in_names: list[str], out_names: list[str], io: dict[str, str],
+              vocab_output: str | None = None) -> list[str]:
         """Export `root` for every kind and stitch it in; `owned`: (attribute of root, checkpoint
-        prefix) of the modules whose weights this piece reads (and frees afterwards)."""
+        prefix) of the modules whose weights this piece reads (and frees afterwards). The embedding
+        table and the lm_head, read from a checkpoint, are exported with a placeholder of a few rows
+        and streamed into the part's data file by the stitcher (never held whole); `vocab_output`:
+        the part tensor whose last axis is then the vocabulary."""
         import torch
 
         read: list[str] = []
+        streamed: dict[str, StreamedWeight] = {}
+        widened: dict[str, int] = {}
+        padding: list[tuple[Any, Any]] = []
         try:
             direct: dict[str, str] = {}
             params: dict[str, Any] = {}
             for attr, ckpt in owned:
                 sub = getattr(root, attr)
-                read += self.src.load(sub, ckpt)
+                sw = self.src.stand_in(sub, ckpt) if isinstance(self.src, CheckpointWeights) \
+                    and attr in ("embed", "lm_head") else None
+                if sw is None:
+                    read += self.src.load(sub, ckpt)
+                else:
+                    streamed[sw.name] = sw
+                    read.append(sw.name)
+                    if vocab_output is not None:
+                        widened[io[vocab_output]] = sw.rows
+                    if getattr(sub, "padding_idx", None) is not None:   # must index the placeholder
+                        padding.append((sub, sub.padding_idx))
+                        sub.padding_idx = None
                 for local, p in sub.named_parameters(remove_duplicate=False):
                     direct[f"{attr}.{local}"] = ckpt + local
                     params[ckpt + local] = p.detach().numpy()
@@ -179,11 +197,13 @@ class _Pieces:
                     torch.onnx.export(root, args(self.seq[kind]), str(path), input_names=in_names,
                                       output_names=out_names, opset_version=OPSET, dynamo=False,
                                       do_constant_folding=True)
-                writer.add(path, prefix, io, direct, params)
+                writer.add(path, prefix, io, direct, params, streamed, widened)
                 for f in self.tmp.iterdir():
                     f.unlink()
             del params
         finally:
+            for sub, idx in padding:
+                sub.padding_idx = idx
             for attr, _ in owned:
                 self.src.release(getattr(root, attr))
             gc.collect()

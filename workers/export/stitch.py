@@ -12,10 +12,13 @@ name each weight the same way, which is what lets their encodings be shared.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from workers.export.weights import StreamedWeight
 
 INLINE_BYTES = 1024   # smaller initializers stay in the .onnx (as onnx.save's size_threshold)
 
@@ -75,10 +78,14 @@ class PartGraphWriter:
         self._offset = 0
 
     def add(self, piece: Path, prefix: str, io: dict[str, str], direct: dict[str, str],
-            params: dict[str, np.ndarray]) -> list[str]:
+            params: dict[str, np.ndarray], streamed: dict[str, StreamedWeight] | None = None,
+            widened: dict[str, int] | None = None) -> list[str]:
         """Append the exported piece at `piece`. io: the piece's input/output names -> the part's
-        tensor names; direct/params: for checkpoint naming (see checkpoint_names). Returns the
-        checkpoint names of the weights it added."""
+        tensor names; direct/params: for checkpoint naming (see checkpoint_names). `streamed`:
+        checkpoint name -> the real tensor of a weight the piece was exported with a placeholder of
+        (written block by block in its place); `widened`: part tensor name -> the size of its last axis
+        once the placeholder is replaced (the logits: the vocabulary). Returns the checkpoint names of
+        the weights it added."""
         import onnx
 
         seg = onnx.load(str(piece))
@@ -108,7 +115,10 @@ class PartGraphWriter:
                 self._in_info[rename[vi.name]] = self._renamed_info(vi, rename[vi.name])
         for vi in g.output:
             if rename[vi.name] in self.outputs:
-                self._out_info[rename[vi.name]] = self._renamed_info(vi, rename[vi.name])
+                info = self._renamed_info(vi, rename[vi.name])
+                if widened and info.name in widened:
+                    info.type.tensor_type.shape.dim[-1].dim_value = widened[info.name]
+                self._out_info[rename[vi.name]] = info
         for node in g.node:
             if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
                 raise StitchError(f"{piece.name}: node {node.name} has a sub-graph; pieces must be flat")
@@ -119,14 +129,20 @@ class PartGraphWriter:
             n.output[:] = [local(x) for x in node.output]
             self._nodes.append(n)
         for vi in g.value_info:
-            self._value_info.append(self._renamed_info(vi, local(vi.name)))
+            info = self._renamed_info(vi, local(vi.name))
+            if widened and info.name in widened:
+                info.type.tensor_type.shape.dim[-1].dim_value = widened[info.name]
+            self._value_info.append(info)
         added: list[str] = []
         for init in g.initializer:
             name = local(init.name)
             if name in self._names:
                 raise StitchError(f"{piece.name}: weight {name} is already in {self.path.name}")
             self._names.add(name)
-            self._inits.append(self._externalize(init, name))
+            if streamed and name in streamed:
+                self._inits.append(self._write_streamed(init, streamed[name], piece.name))
+            else:
+                self._inits.append(self._externalize(init, name))
             if init.name in canon:
                 added.append(name)
         del seg, g
@@ -166,6 +182,53 @@ class PartGraphWriter:
             e.key, e.value = k, v
         self._offset += len(raw)
         return t
+
+    def _reference(self, name: str, dims: list[int], nbytes: int) -> Any:
+        import onnx
+
+        t = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=dims)
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", self.data_name), ("offset", str(self._offset)), ("length", str(nbytes))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+        self._offset += nbytes
+        return t
+
+    def _write_streamed(self, init: Any, sw: StreamedWeight, piece: str) -> Any:
+        """The real tensor of a placeholder weight, written a block of rows at a time: as is where the
+        exporter kept the checkpoint's layout (an embedding table), transposed where it folded a
+        Linear's transpose into the weight (the lm_head: [hidden, vocab]; each block's columns go to
+        their place in every row)."""
+        import onnx
+
+        dims = [int(d) for d in init.dims]
+        if init.data_type != onnx.TensorProto.FLOAT or dims not in ([sw.stand_in_rows, sw.cols],
+                                                                   [sw.cols, sw.stand_in_rows]):
+            raise StitchError(f"{piece}: the placeholder of {sw.name} came out as {dims}")
+        transposed = dims == [sw.cols, sw.stand_in_rows]
+        total = 4 * sw.rows * sw.cols
+        self._data.flush()
+        base, done = self._offset, 0
+        fd = self._data.fileno()
+        if transposed:
+            os.ftruncate(fd, base + total)
+        for block in sw.blocks():
+            b = np.ascontiguousarray(block, dtype=np.float32)
+            if b.ndim != 2 or b.shape[1] != sw.cols or done + b.shape[0] > sw.rows:
+                raise StitchError(f"{sw.name}: a block of shape {b.shape} does not fit [{sw.rows}, {sw.cols}]")
+            if transposed:
+                bt = np.ascontiguousarray(b.T)
+                for h in range(sw.cols):
+                    os.pwrite(fd, memoryview(bt[h]), base + 4 * (h * sw.rows + done))
+                del bt
+            else:
+                os.pwrite(fd, memoryview(b), base + 4 * done * sw.cols)
+            done += b.shape[0]
+            del b
+        if done != sw.rows:
+            raise StitchError(f"{sw.name}: streamed {done} of {sw.rows} rows")
+        self._data.seek(base + total)
+        return self._reference(sw.name, [sw.cols, sw.rows] if transposed else [sw.rows, sw.cols], total)
 
     def save(self) -> None:
         import onnx

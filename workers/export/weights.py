@@ -5,8 +5,27 @@ and emptied right after), or a model already in memory (tests, small models)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+STAND_IN_ROWS = 8          # rows of the placeholder a vocabulary-sized weight is exported with
+BLOCK_BYTES = 16 << 20     # fp32 bytes of one block of a streamed weight
+
+
+@dataclass(frozen=True)
+class StreamedWeight:
+    """A vocabulary-sized 2-D checkpoint tensor (embedding table, lm_head) that is never materialized:
+    its piece is exported with a `stand_in_rows`-row placeholder and the stitcher writes the real
+    tensor into the part's data file from `blocks()` (fp32 blocks of rows, in order)."""
+    name: str
+    rows: int
+    cols: int
+    stand_in_rows: int
+    blocks: Callable[[], Iterator[np.ndarray]]
 
 
 def safetensors_index(hf_dir: str | Path) -> dict[str, Path]:
@@ -90,6 +109,38 @@ class CheckpointWeights:
                     del t
         module.load_state_dict(state, strict=True, assign=True)
         return list(names.values())
+
+    def stand_in(self, module: Any, prefix: str) -> StreamedWeight | None:
+        """Give `module` (an Embedding or a bias-free Linear over the vocabulary) a small random
+        placeholder weight and return how to stream the real one; None when the module has other
+        parameters (then `load` it)."""
+        import torch
+        from safetensors import safe_open
+
+        params = [n for n, _ in module.named_parameters()]
+        if params != ["weight"]:
+            return None
+        name = prefix + "weight"
+        key = self._key(name)
+        if key is None:
+            raise OSError(f"{self.hf_dir}: the safetensors files lack {name}")
+        path = self.index[key]
+        with safe_open(str(path), framework="pt") as sf:
+            shape = list(sf.get_slice(key).get_shape())
+        if len(shape) != 2:
+            return None
+        rows, cols = int(shape[0]), int(shape[1])
+        gen = torch.Generator().manual_seed(len(name) * 7919 + rows)
+        module.weight = torch.nn.Parameter(torch.randn(STAND_IN_ROWS, cols, generator=gen), requires_grad=False)
+
+        def blocks() -> Iterator[np.ndarray]:
+            step = max(1, BLOCK_BYTES // (4 * cols))
+            with safe_open(str(path), framework="pt") as sf:
+                sl = sf.get_slice(key)
+                for r0 in range(0, rows, step):
+                    yield sl[r0:min(rows, r0 + step)].to(torch.float32).numpy()
+
+        return StreamedWeight(name, rows, cols, STAND_IN_ROWS, blocks)
 
     def release(self, module: Any) -> None:
         module.to("meta")

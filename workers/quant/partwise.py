@@ -179,12 +179,12 @@ def save_baked(sim: Any, path: Path, full: dict[str, TableSource] | None = None)
         for init, q in quantized:
             if init.name in full:
                 for _, block in full[init.name].blocks():
-                    fh.write(np.ascontiguousarray(q.quantize_dequantize(block), dtype=np.float32).tobytes())
+                    fh.write(memoryview(np.ascontiguousarray(q.quantize_dequantize(block), dtype=np.float32)))
                 continue
             value = np.ascontiguousarray(q.quantize_dequantize(numpy_helper.to_array(init)), dtype=np.float32)
             if value.shape != tuple(header[init.name]["shape"]):
                 raise ValueError(f"{init.name}: quantized shape {value.shape} != {tuple(init.dims)}")
-            fh.write(value.tobytes())
+            fh.write(memoryview(value))
             del value
     tmp.replace(path)
     return len(quantized)

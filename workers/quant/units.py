@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+BLOCK_BYTES = 16 << 20     # fp32 bytes of one block of rows when a vocabulary-sized weight is streamed
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 EMBED_LEVEL = -1
 HEAD_LEVEL = 1 << 30
@@ -51,7 +52,7 @@ class TableSource:
                                     offset=self.offset + 4 * r0 * self.cols)
         return a.reshape(r1 - r0, self.cols)
 
-    def blocks(self, block_bytes: int = 64 << 20) -> Iterator[tuple[int, np.ndarray]]:
+    def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
         step = max(1, block_bytes // (4 * self.cols))
         for r0 in range(0, self.rows, step):
             yield r0, self.read(r0, min(self.rows, r0 + step))
@@ -270,7 +271,7 @@ def _write_column_chunks(sub: Any, node: Any, src_dir: Path, work: Path, tag: st
     try:
         for _, block in source.blocks():
             for c, fh in enumerate(files):
-                fh.write(np.ascontiguousarray(block[:, bounds[c]:bounds[c + 1]]).tobytes())
+                fh.write(memoryview(np.ascontiguousarray(block[:, bounds[c]:bounds[c + 1]])))
             del block
     finally:
         for fh in files:
@@ -468,9 +469,9 @@ def _concat_columns(files: list[Path], out: Path) -> None:
         fh.write(head)
         for n in names:
             rows, cols = header[n]["shape"]
-            step = max(1, (64 << 20) // (4 * cols))
+            step = max(1, BLOCK_BYTES // (4 * cols))
             for r0 in range(0, rows, step):
                 block = np.concatenate([h.get_slice(n)[r0:min(rows, r0 + step)] for h in handles], axis=1)
-                fh.write(np.ascontiguousarray(block, dtype=np.float32).tobytes())
+                fh.write(memoryview(np.ascontiguousarray(block, dtype=np.float32)))
                 del block
     tmp.replace(out)
