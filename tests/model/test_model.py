@@ -273,9 +273,8 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
     model.save_pretrained(hf, safe_serialization=True)
     import onnx
 
-    from workers.export.weights import CheckpointWeights
-
     from workers.export import weights as weights_mod
+    from workers.export.weights import CheckpointWeights
 
     live: dict[int, int] = {}
     peak = {"params": 0}

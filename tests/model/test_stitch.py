@@ -68,3 +68,44 @@ def test_an_unwired_piece_input_and_a_missing_part_output_are_errors(tmp_path: P
     with pytest.raises(StitchError, match="no piece provides c"):
         w.save()
     assert not (tmp_path / "g.onnx").exists() and not (tmp_path / "g.onnx.data").exists()
+
+
+def test_a_placeholder_weight_is_replaced_by_the_streamed_tensor(tmp_path: Path) -> None:
+    """A vocabulary-sized weight exported as a few-row placeholder: the stitcher writes the real tensor
+    from its blocks (transposed where the exporter folded the transpose), widens the output, and
+    refuses a placeholder of another shape."""
+    import onnx
+    import onnxruntime as ort
+
+    from workers.export.stitch import PartGraphWriter, StitchError
+    from workers.export.weights import StreamedWeight
+
+    rng = np.random.default_rng(5)
+    real = rng.standard_normal((50, 16)).astype(np.float32)       # checkpoint [vocab, hidden]
+    stand_in = rng.standard_normal((8, 16)).astype(np.float32)
+
+    def blocks() -> object:
+        for r0 in range(0, 50, 7):                                    # uneven blocks, a short last one
+            yield real[r0:r0 + 7]
+
+    sw = StreamedWeight("lm_head.weight", 50, 16, 8, blocks)          # type: ignore[arg-type]
+    _piece(tmp_path / "head.onnx", np.ascontiguousarray(stand_in.T), "onnx::MatMul_3", y="logits")
+    out = tmp_path / "part" / "g.onnx"
+    w = PartGraphWriter(out, ["hidden"], ["logits"])
+    assert w.add(tmp_path / "head.onnx", "/head", {"x": "hidden", "logits": "logits"}, {},
+                 {"lm_head.weight": stand_in}, {"lm_head.weight": sw}, {"logits": 50}) == ["lm_head.weight"]
+    w.save()
+    onnx.checker.check_model(str(out))
+    m = onnx.load(str(out))
+    assert [d.dim_value for d in m.graph.output[0].type.tensor_type.shape.dim] == [1, 50]
+    x = rng.standard_normal((1, 16)).astype(np.float32)
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"hidden": x})[0]
+    np.testing.assert_allclose(got, np.maximum(x @ real.T, 0), rtol=1e-5, atol=1e-5)
+
+    _piece(tmp_path / "bad.onnx", rng.standard_normal((16, 9)).astype(np.float32), "onnx::MatMul_4", y="logits")
+    w2 = PartGraphWriter(tmp_path / "part2" / "g.onnx", ["hidden"], ["logits"])
+    with pytest.raises(StitchError, match=r"placeholder of lm_head.weight came out as \[16, 9\]"):
+        w2.add(tmp_path / "bad.onnx", "/head", {"x": "hidden", "logits": "logits"}, {"onnx::MatMul_4": "lm_head.weight"},
+               {}, {"lm_head.weight": sw}, {"logits": 50})
+    w2.abort()
+    assert not (tmp_path / "part2" / "g.onnx.data").exists()

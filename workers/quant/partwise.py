@@ -56,6 +56,22 @@ def _weight_nodes(model: Any) -> tuple[list[str], list[str], list[str]]:
 LEAN_SESSION = {"enable_cpu_mem_arena": False, "enable_mem_pattern": False}
 
 
+def release_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc's malloc_trim): one unit's
+    QuantSim and sessions leave freed blocks that would otherwise stay in the RSS and add up over
+    the units (measured: +140 MiB over the three lm_head chunks of a 32k-vocabulary model)."""
+    import ctypes
+    import ctypes.util
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):     # not glibc
+            pass
+
+
 def build_sim(onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int,
               providers: list[str] | None = None) -> tuple[Any, dict[str, int]]:
     import onnx
@@ -140,7 +156,7 @@ def quantize_unit(unit: Unit, enc_out: Path, feeds: FeedFactory, settings: dict[
         shutil.move(str(tmp / "unit.encodings"), enc_out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        gc.collect()
+        release_memory()
     return counts
 
 
@@ -421,6 +437,7 @@ def _calibrate_graph(g: dict[str, Any], units: list[Unit], feeds_for: Callable[[
             qdq = work / "units" / f"{tag}_u{u.index}.qdq.onnx"
             build_qdq(u.path, enc, [baked_path(enc)], qdq)
             run_unit_to_store(qdq, feeds, threads, store, keep, providers)
+            release_memory()
     if chunks:
         # the lm_head's column chunks (the graph's last unit: nothing later reads the logits)
         head = work / f"{tag}_lm_head.encodings"

@@ -112,9 +112,10 @@ def stream_weights(model: Any, src_dir: Path, data: Path,
     with open(tmp, "wb") as fh:
         for init in model.graph.initializer:
             new = transform(init) if transform is not None else None
+            raw: bytes | memoryview
             if new is not None:
                 changed += 1
-                raw = np.ascontiguousarray(new).tobytes()
+                raw = memoryview(np.ascontiguousarray(new))    # written without a bytes copy
             elif any(e.key == "location" for e in init.external_data):
                 raw = _read_external(init, src_dir)
             elif len(init.raw_data) >= 1024:
