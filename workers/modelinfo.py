@@ -41,28 +41,33 @@ REFERENCE = {
 # Memory model of the quantize and validate stages, MEASURED by bench/quantize_memory.py on 2026-11-23
 # (docs/PERFORMANCE.md: 2-core CPU-only machine, synthetic Llamas of 13M/22M/84M/291M parameters with an
 # 840-token vocabulary and one of 260M with 32k, split in 4 parts, context 256, AR-64, 2 samples):
-#   quantize peak RSS = FIXED + max(LAYER x decoder-layer parameters, VOCAB x embedding parameters)
+#   quantize peak RSS = FIXED + max(LAYER x decoder-layer parameters,
+#                                   HEAD x lm_head parameters,
+#                                   VOCAB x embedding rows the calibration can reach x hidden)
 #                       + one token-generator sample's past KV
-# The export is piece by piece (one decoder layer / the embedding / the head in torch at a time) and the
-# calibration one QuantSim per unit (a decoder layer, the embedding, the lm_head), so the peak follows the
-# largest UNIT, not the part: a line through the four 840-vocab sizes (largest unit = a layer, 1.6M-12.1M
-# parameters) gives 22.7 bytes per layer parameter (22.6-22.8 at each size) and an intercept of 570 MiB
-# (import baseline 462 MiB + aimet/onnxruntime sessions) -> FIXED 0.56 GiB; the 32k-vocab model
-# (lm_head/embedding 33.6M, 2.7 x a layer) peaks in the lm_head/embedding units at 28.8 bytes per
-# parameter above FIXED.
+# The export is piece by piece (one decoder layer in torch at a time; the embedding table and the lm_head
+# streamed into the data files, never materialized) and the calibration one QuantSim per unit (a decoder
+# layer; the lm_head in column chunks no larger than a layer; the embedding on the rows of the calibration
+# tokens), so the peak follows the largest decoder layer: a line through the four 840-vocab sizes gives
+# 22.7 bytes per layer parameter (22.6-22.8 at each size) and an intercept of 570 MiB (import baseline
+# 462 MiB + aimet/onnxruntime sessions) -> FIXED 0.56 GiB. The 32k-vocab model (lm_head 33.6M, 2.7 x a
+# layer) peaks at 920 MiB, 10.9 bytes per lm_head parameter above FIXED (its part's finish: the chunks'
+# quantized lm_head concatenated and the simulation graph written) -> HEAD, an upper bound that is
+# larger than a layer's term only where the lm_head is > 2.1 layers. VOCAB (28.8 bytes per embedding-unit
+# parameter) was measured when the embedding unit held the whole table; it now holds at most
+# calibration_samples x calibration_seq_len rows.
 # Whole-model QuantSim (parts=1, calibration_unit "part"), same bench: WHOLE bytes/parameter of the model.
 # Validate (13M/22M/84M only): slope 24.2 bytes/part-parameter, intercept 145 MiB (its import baseline:
 # onnxruntime, numpy, tokenizers, 49 MiB) -> 25 and 0.15 GiB.
-# Against the issue's goal (2.5 x the largest part's FP16 bytes + a fixed overhead): 1.9 x at 291M (4
-# parts of 6 layers; 2.6 x above the bare import baseline); an 8B Llama-3 (vocabulary 128k: lm_head and
-# embedding 525M parameters, 2.4 decoder layers each) is estimated at ~15 GiB, ~3.8 x its largest part's
-# FP16 above FIXED, set by the lm_head / embedding units (splitting those by vocabulary rows is the next
-# step). Extrapolated, not measured.
+# Against the issue's goal (2.5 x the largest part's FP16 bytes + a fixed overhead): 1.8 x at 291M (4
+# parts of 6 layers) and 2.2 x at 260M/32k vocabulary above FIXED. An 8B Llama-3 (5 parts, context 4096)
+# is estimated at ~6.5 GiB, ~1.6 x its largest part's FP16 above FIXED. Extrapolated, not measured.
 # The per-sample terms (one token-generator calibration sample's past KV; validation's KV caches) were
 # too small to see at context 256: they are computed from the shapes, not measured.
 QUANTIZE_FIXED_BYTES = int(0.56 * GiB)
 QUANTIZE_BYTES_PER_LAYER_PARAM = 22.7
 QUANTIZE_BYTES_PER_VOCAB_PARAM = 28.8
+QUANTIZE_BYTES_PER_HEAD_PARAM = 10.9
 VALIDATE_FIXED_BYTES = int(0.15 * GiB)
 VALIDATE_BYTES_PER_PART_PARAM = 25.0
 WHOLE_QUANTSIM_BYTES_PER_PARAM = 23.0   # whole-model QuantSim: bytes per parameter of the whole model
@@ -251,8 +256,11 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
     def part_params(p: int) -> int:
         return int(per_layer * -(-layers // p) + emb)   # the largest part: ceil(layers/p) layers + embedding
 
-    # the largest calibration unit / export piece: a decoder layer, or the embedding / lm_head
-    unit = max(QUANTIZE_BYTES_PER_LAYER_PARAM * per_layer, QUANTIZE_BYTES_PER_VOCAB_PARAM * emb)
+    # the largest calibration unit: a decoder layer (the lm_head's column chunks are no larger), the
+    # lm_head's finish, or the embedding on the rows the calibration tokens can reach
+    emb_rows = min(vocab, max(1, calibration_samples) * max(1, calibration_seq_len))
+    unit = max(QUANTIZE_BYTES_PER_LAYER_PARAM * per_layer, QUANTIZE_BYTES_PER_HEAD_PARAM * emb,
+               QUANTIZE_BYTES_PER_VOCAB_PARAM * emb_rows * h)
 
     def partwise_peak(p: int) -> int:
         # one token-generator calibration sample: the part's past KV in fp32, held by the feed and the
@@ -270,7 +278,6 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
     # validation: one part's float or QDQ sessions + fp32 KV caches of its 3 windows / 3 prompts
     validate = VALIDATE_FIXED_BYTES + int(VALIDATE_BYTES_PER_PART_PARAM * largest_part_params) \
         + 3 * 2 * layers * kvh * hd * context_length * 4
-    del calibration_samples, calibration_seq_len  # calibration data is streamed: no term grows with them
     return {
         "num_parameters": n,
         "parts": parts,
@@ -281,8 +288,8 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
         "validate_peak_rss_bytes": validate,
         "largest_part_parameters": largest_part_params,
         "fits_64_gib": partwise <= 64 * GiB,
-        # the fewest parts whose estimate fits 64 GiB (None: no split fits; one decoder layer, the
-        # embedding or the lm_head alone is too big)
+        # the fewest parts whose estimate fits 64 GiB (None: no split fits; one decoder layer or the
+        # lm_head alone is too big)
         "parts_to_fit_64_gib": fit_parts,
         # download + float and quantized ONNX for the calibration, AR-N and AR-1 graphs + encodings +
         # bundle; 25 bytes/parameter matches the reference recipe's "plan for 200+ GB" for an 8B

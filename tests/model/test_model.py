@@ -64,13 +64,14 @@ def test_inspect_config_only_folders(tmp_path: Path, cfg: dict[str, Any], params
     assert d["num_kv_heads"] == 8 and d["context_length"] == 4096
     e = d["estimates"]
     # the part-wise estimate is the memory model measured by bench/quantize_memory.py (docs/PERFORMANCE.md):
-    # fixed overhead + bytes per parameter of the largest calibration unit (a decoder layer, or the
-    # embedding / lm_head at their own rate) + one token-generator sample's past KV (ceil(layers/parts)
-    # layers); recomputed here from the config alone
+    # fixed overhead + bytes per parameter of the largest calibration unit (a decoder layer; the lm_head's
+    # finish and the embedding's calibration rows (20 samples x 2048 tokens) at their own rates) + one
+    # token-generator sample's past KV (ceil(layers/parts) layers); recomputed here from the config alone
     layers, h, vocab, kvh, hd = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"], 8, 128
     per_layer = (d["num_parameters"] - 2 * vocab * h) / layers
     lpp = -(-layers // 5)
-    unit = max(modelinfo.QUANTIZE_BYTES_PER_LAYER_PARAM * per_layer, modelinfo.QUANTIZE_BYTES_PER_VOCAB_PARAM * vocab * h)
+    unit = max(modelinfo.QUANTIZE_BYTES_PER_LAYER_PARAM * per_layer, modelinfo.QUANTIZE_BYTES_PER_HEAD_PARAM * vocab * h,
+               modelinfo.QUANTIZE_BYTES_PER_VOCAB_PARAM * min(vocab, 20 * 2048) * h)
     want = modelinfo.QUANTIZE_FIXED_BYTES + unit + 3 * 2 * lpp * kvh * hd * 4096 * 4
     assert e["parts"] == 5 and abs(e["quantize_peak_rss_bytes"] - want) < 2**20
     assert e["fits_64_gib"] is (e["quantize_peak_rss_bytes"] <= 64 * 1024**3)

@@ -65,6 +65,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         fit = e.get("parts_to_fit_64_gib")
         print(f"  does not fit a 64 GiB workstation with {out['parts']} part(s)"
               + (f": {fit} parts would (hexstudio run --set parts={fit})" if fit
-                 else ": no split fits (one decoder layer, the embedding or the lm_head alone needs more)")
+                 else ": no split fits (one decoder layer or the lm_head alone needs more)")
               + "; `hexstudio preflight --model M` checks this machine")
     return 0
