@@ -172,21 +172,14 @@ class PartGraphWriter:
             t.CopyFrom(init)
             t.name = name
             return t
-        t.name = name
-        t.data_type = init.data_type
-        t.dims.extend(init.dims)
         self._data.write(raw)
-        t.data_location = onnx.TensorProto.EXTERNAL
-        for k, v in (("location", self.data_name), ("offset", str(self._offset)), ("length", str(len(raw)))):
-            e = t.external_data.add()
-            e.key, e.value = k, v
-        self._offset += len(raw)
-        return t
+        return self._reference(name, init.data_type, [int(d) for d in init.dims], len(raw))
 
-    def _reference(self, name: str, dims: list[int], nbytes: int) -> Any:
+    def _reference(self, name: str, data_type: int, dims: list[int], nbytes: int) -> Any:
+        """A tensor of the part's data file: the `nbytes` just written at the current offset."""
         import onnx
 
-        t = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=dims)
+        t = onnx.TensorProto(name=name, data_type=data_type, dims=dims)
         t.data_location = onnx.TensorProto.EXTERNAL
         for k, v in (("location", self.data_name), ("offset", str(self._offset)), ("length", str(nbytes))):
             e = t.external_data.add()
@@ -228,7 +221,8 @@ class PartGraphWriter:
         if done != sw.rows:
             raise StitchError(f"{sw.name}: streamed {done} of {sw.rows} rows")
         self._data.seek(base + total)
-        return self._reference(sw.name, [sw.cols, sw.rows] if transposed else [sw.rows, sw.cols], total)
+        return self._reference(sw.name, onnx.TensorProto.FLOAT, [sw.cols, sw.rows] if transposed else [sw.rows, sw.cols],
+                               total)
 
     def save(self) -> None:
         import onnx

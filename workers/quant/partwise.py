@@ -23,6 +23,7 @@ import numpy as np
 
 from workers.quant.calib import Block, pp_mask, tg_mask, tg_positions
 from workers.quant.qdq import build_qdq, copy_graph
+from workers.quant.tensorfile import write_f32_tensors
 from workers.quant.units import (
     TableSource,
     Unit,
@@ -171,38 +172,25 @@ def save_baked(sim: Any, path: Path, full: dict[str, TableSource] | None = None)
     shapes), so only one quantized weight is in memory beside the sim. `full`: weights the unit holds
     only some rows of (a compacted embedding table) with a per-tensor encoding: the whole tensor is
     streamed from its source through the same quantizer, a block of rows at a time."""
-    full = full or {}
     from onnx import numpy_helper
 
-    quantized = []
+    full = full or {}
+    quantized = {}
     for init in sim.model.model.graph.initializer:
         q = sim.qc_quantize_op_dict.get(init.name)
         if q is not None and q.enabled and q.bitwidth < 32:
-            quantized.append((init, q))
-    header: dict[str, Any] = {}
-    offset = 0
-    for init, _ in quantized:
-        shape = [full[init.name].rows, full[init.name].cols] if init.name in full else [int(d) for d in init.dims]
-        n = 4 * int(np.prod(shape, dtype=np.int64))
-        header[init.name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * ((-len(head)) % 8)
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as fh:
-        fh.write(len(head).to_bytes(8, "little"))
-        fh.write(head)
-        for init, q in quantized:
-            if init.name in full:
-                for _, block in full[init.name].blocks():
-                    fh.write(memoryview(np.ascontiguousarray(q.quantize_dequantize(block), dtype=np.float32)))
-                continue
-            value = np.ascontiguousarray(q.quantize_dequantize(numpy_helper.to_array(init)), dtype=np.float32)
-            if value.shape != tuple(header[init.name]["shape"]):
-                raise ValueError(f"{init.name}: quantized shape {value.shape} != {tuple(init.dims)}")
-            fh.write(memoryview(value))
-            del value
-    tmp.replace(path)
+            quantized[init.name] = (init, q)
+
+    def blocks(name: str) -> Iterator[np.ndarray]:
+        init, q = quantized[name]
+        if name in full:
+            for _, block in full[name].blocks():
+                yield q.quantize_dequantize(block)
+        else:
+            yield q.quantize_dequantize(numpy_helper.to_array(init))
+
+    write_f32_tensors(path, {n: [full[n].rows, full[n].cols] if n in full else [int(d) for d in init.dims]
+                             for n, (init, _) in quantized.items()}, blocks)
     return len(quantized)
 
 

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from workers.quant.tensorfile import write_f32_tensors
+
 BLOCK_BYTES = 16 << 20     # fp32 bytes of one block of rows when a vocabulary-sized weight is streamed
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 EMBED_LEVEL = -1
@@ -434,10 +436,11 @@ def merge_column_chunks(chunks: list[Unit], encs: list[Path], out: Path) -> None
 
 
 def _union(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    if a.get("is_sym") or b.get("is_sym") or a["bw"] != b["bw"]:
-        if a.get("is_sym") and b.get("is_sym") and a["bw"] == b["bw"]:
-            return a if float(a["scale"][0]) >= float(b["scale"][0]) else b
+    """One per-tensor encoding covering the ranges of `a` and `b` (same bitwidth and symmetry)."""
+    if a["bw"] != b["bw"] or bool(a.get("is_sym")) != bool(b.get("is_sym")):
         raise ValueError(f"{a['name']}: cannot merge encodings of different kinds")
+    if a.get("is_sym"):                     # symmetric: the wider scale covers both
+        return a if float(a["scale"][0]) >= float(b["scale"][0]) else b
     (lo1, hi1), (lo2, hi2) = _range(a), _range(b)
     lo, hi = min(lo1, lo2), max(hi1, hi2)
     scale = (hi - lo) / ((1 << int(a["bw"])) - 1)
@@ -450,28 +453,17 @@ def _concat_columns(files: list[Path], out: Path) -> None:
     from safetensors import safe_open
 
     handles = [safe_open(str(f), framework="np") for f in files]
-    names = list(handles[0].keys())
-    shapes = {n: [h.get_slice(n).get_shape() for h in handles] for n in names}
-    header: dict[str, Any] = {}
-    offset = 0
-    for n in names:
-        rows = shapes[n][0][0]
-        cols = sum(s[1] for s in shapes[n])
-        if any(len(s) != 2 or s[0] != rows for s in shapes[n]):
+    shapes: dict[str, list[int]] = {}
+    for n in handles[0].keys():  # noqa: SIM118 (safe_open is not a dict)
+        parts = [h.get_slice(n).get_shape() for h in handles]
+        if any(len(s) != 2 or s[0] != parts[0][0] for s in parts):
             raise ValueError(f"{n}: column chunks of different heights")
-        header[n] = {"dtype": "F32", "shape": [rows, cols], "data_offsets": [offset, offset + 4 * rows * cols]}
-        offset += 4 * rows * cols
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * ((-len(head)) % 8)
-    tmp = out.with_name(out.name + ".partial")
-    with open(tmp, "wb") as fh:
-        fh.write(len(head).to_bytes(8, "little"))
-        fh.write(head)
-        for n in names:
-            rows, cols = header[n]["shape"]
-            step = max(1, BLOCK_BYTES // (4 * cols))
-            for r0 in range(0, rows, step):
-                block = np.concatenate([h.get_slice(n)[r0:min(rows, r0 + step)] for h in handles], axis=1)
-                fh.write(memoryview(np.ascontiguousarray(block, dtype=np.float32)))
-                del block
-    tmp.replace(out)
+        shapes[n] = [parts[0][0], sum(s[1] for s in parts)]
+
+    def blocks(n: str) -> Iterator[np.ndarray]:
+        rows, cols = shapes[n]
+        step = max(1, BLOCK_BYTES // (4 * cols))
+        for r0 in range(0, rows, step):
+            yield np.concatenate([h.get_slice(n)[r0:min(rows, r0 + step)] for h in handles], axis=1)
+
+    write_f32_tensors(out, shapes, blocks)
