@@ -196,11 +196,12 @@ def test_wsl_check_shows_the_current_wslconfig_and_the_lines_to_write() -> None:
     from tests.preflight.test_checks import by_id, needs_8b, probe
     from workers.preflight import run_checks
 
-    cfg = {"path": "/mnt/c/Users/dev/.wslconfig", "exists": True, "text": "[wsl2]\nmemory=8GB\n",
-           "limits": {"memory": "8GB", "swap": None}}
-    c = by_id(run_checks(probe(wsl=True, mem_total_bytes=8 * GiB, swap_total_bytes=0, wslconfig=cfg),
+    # a VM smaller than the 8B's part-wise quantization estimate (~6.5 GiB)
+    cfg = {"path": "/mnt/c/Users/dev/.wslconfig", "exists": True, "text": "[wsl2]\nmemory=4GB\n",
+           "limits": {"memory": "4GB", "swap": None}}
+    c = by_id(run_checks(probe(wsl=True, mem_total_bytes=4 * GiB, swap_total_bytes=0, wslconfig=cfg),
                          needs_8b()))["wsl"]
-    assert c["status"] == "fail" and "memory=8GB" in c["message"] and c["fix"].startswith("wslconfig:memory=")
+    assert c["status"] == "fail" and "memory=4GB" in c["message"] and c["fix"].startswith("wslconfig:memory=")
     mem, swap = (int(x.split("=")[1].rstrip("GB")) for x in c["fix"].split(":", 1)[1].split(","))
     assert (mem, swap) == wslconfig.target_limits(needs_8b()["quantize_peak_rss_bytes"])
     big = by_id(run_checks(probe(wsl=True, mem_total_bytes=250 * GiB, wslconfig={
