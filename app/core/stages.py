@@ -20,6 +20,17 @@ if TYPE_CHECKING:
     from app.core.manifest import RunManifest
 
 
+def _gate_board(m: RunManifest) -> GateResult:
+    st = m.stage("board")
+    if st.state != "done":
+        return GateResult(False, f"board has not completed ({st.state})")
+    if st.metric_value("bundle_verified") is False:
+        return GateResult(False, "the bundle on the board was not checked file by file (sha256 on the board)")
+    resent = int(st.metric_value("push_resent_files", 0) or 0)
+    return GateResult(True, "the doctor passes and every bundle file on the board has the local sha256"
+                      + (f" ({resent} file(s) found wrong were sent again)" if resent else ""))
+
+
 @dataclass(frozen=True)
 class GateResult:
     passed: bool
@@ -131,7 +142,7 @@ STAGES: tuple[Stage, ...] = (
         needs=("compile",), inputs=("board",),
         outputs=("board.json",),
         gate_text="The doctor passes and the bundle on the board matches the local one.",
-        gate=_gate_done("board"), action="app.core.device.stage:run_board_stage",
+        gate=_gate_board, action="app.core.device.stage:run_board_stage",
     ),
     Stage(
         name="chat", title="Chat",

@@ -33,6 +33,7 @@ import ctypes
 import json
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -59,6 +60,60 @@ def fail(code: str, message: str, rc: int = 2) -> int:
 
 QUERY_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
 ALLOC_CB = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))
+
+
+# The path rules of workers/bundle/safepath.py, repeated here because this helper runs alone on the board
+# (standard library only). A bundle pushed by an older studio, or edited on the board, is refused here too.
+SAFE_PART = re.compile(r"^[A-Za-z0-9._+-]+$")
+
+
+def unsafe_reason(path: object, root: str) -> str | None:
+    """Why `path` (from genie_config.json) may not be used under the bundle folder `root`; None when fine."""
+    if not isinstance(path, str) or not path:
+        return "it is not a non-empty text path"
+    if "\x00" in path or "\\" in path or re.match(r"^[A-Za-z]:", path):
+        return "it holds a NUL, a backslash or a drive letter"
+    if path.startswith(("/", "~")):
+        return "it is absolute; it must be relative to the bundle folder"
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            return "it has an empty, '.' or '..' part"
+        if part.startswith("-") or not SAFE_PART.match(part) or len(part) > 255:
+            return f"the part {part!r} is outside the safe set (letters, digits, '.', '_', '-', '+')"
+    base = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(base, path))
+    if target != base and not target.startswith(base + os.sep):
+        return f"it leads outside the bundle folder through a symbolic link (to {target})"
+    return None
+
+
+def config_paths(cfg: dict) -> list:
+    """(entry, path) of every file a genie_config.json names."""
+    d = cfg.get("dialog") if isinstance(cfg, dict) else None
+    d = d if isinstance(d, dict) else {}
+    out = []
+    tok = d.get("tokenizer")
+    if isinstance(tok, dict) and "path" in tok:
+        out.append(("dialog.tokenizer.path", tok["path"]))
+    engine = d.get("engine") if isinstance(d.get("engine"), dict) else {}
+    model = engine.get("model") if isinstance(engine.get("model"), dict) else {}
+    binary = model.get("binary") if isinstance(model.get("binary"), dict) else {}
+    bins = binary.get("ctx-bins")
+    for i, b in enumerate(bins if isinstance(bins, list) else ([] if bins is None else [bins])):
+        out.append((f"dialog.engine.model.binary.ctx-bins[{i}]", b))
+    backend = engine.get("backend") if isinstance(engine.get("backend"), dict) else {}
+    if "extensions" in backend:
+        out.append(("dialog.engine.backend.extensions", backend["extensions"]))
+    return out
+
+
+def check_config_paths(cfg: dict, root: str) -> str | None:
+    for entry, path in config_paths(cfg):
+        why = unsafe_reason(path, root)
+        if why is not None:
+            return (f"genie_config.json {entry}: refused path {path!r}: {why}. Nothing was loaded. Push a bundle "
+                    "compiled by HexStudio again (the studio refuses such bundles before sending them).")
+    return None
 
 
 def bind(lib: ctypes.CDLL) -> dict:
@@ -219,6 +274,16 @@ def main() -> int:
     ap.add_argument("--sampler", default=None, help="JSON object merged into dialog.sampler")
     args = ap.parse_args()
     try:
+        with open(args.config, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+        if args.sampler:
+            cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(json.loads(args.sampler))
+    except (OSError, ValueError) as exc:
+        return fail("config_unreadable", f"Cannot read {args.config}: {exc}")
+    unsafe = check_config_paths(cfg, os.path.dirname(os.path.abspath(args.config)))
+    if unsafe is not None:
+        return fail("unsafe_path", unsafe)
+    try:
         lib = ctypes.CDLL(args.lib)
     except OSError as exc:
         return fail("lib_not_found", f"Cannot load {args.lib}: {exc}. Source the QAIRT environment "
@@ -227,13 +292,6 @@ def main() -> int:
         fns = bind(lib)
     except AttributeError as exc:
         return fail("lib_incompatible", f"{args.lib} lacks the GenieDialog API: {exc}")
-    try:
-        with open(args.config, encoding="utf-8") as fh:
-            cfg = json.load(fh)
-        if args.sampler:
-            cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(json.loads(args.sampler))
-    except (OSError, ValueError) as exc:
-        return fail("config_unreadable", f"Cannot read {args.config}: {exc}")
     try:
         h = Helper(fns, json.dumps(cfg))
     except RuntimeError as exc:

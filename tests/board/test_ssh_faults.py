@@ -16,7 +16,7 @@ import pytest
 from app.core.device import transport as tr
 from app.core.device.board import open_board
 from app.core.device.connect import HostKeyChanged, HostKeyUnknown, connect_ssh
-from app.core.device.errors import ConnectionDropped
+from app.core.device.errors import ConnectionDropped, UnsafeBundle
 from app.core.device.push import push_bundle
 from tests.board.conftest import settings_with
 from tests.support.evk_board import make_device_bundle
@@ -59,26 +59,27 @@ HOSTILE = ["a b; touch PWNED1", "$(touch PWNED2)", "`touch PWNED3`", "it's \"quo
 
 
 def test_hostile_names_are_quoted(ssh_server: SshServer, tmp_path: Path) -> None:
+    """Hostile text in an argv reaches the board verbatim and runs nothing; hostile bundle file names and
+    bundle names are refused before anything is sent (issue 18: names come from a safe set)."""
     settings = settings_with("root", _cfg(ssh_server))
-    bundle = make_device_bundle(tmp_path / "bundle", part_bytes=100, names=HOSTILE)
 
     async def go() -> None:
         board = await open_board("root", settings, trust=lambda *a: True)
         t = board.transport
         r = await t.run(["printf", "%s\\n", *HOSTILE])
         assert r.stdout.splitlines() == HOSTILE
-        name = "b; touch PWNED4 $(touch PWNED5)"
-        res = await push_bundle(board, bundle, name, facts=FACTS)
-        assert res.sent_files == len(HOSTILE) + 7
-        for n in HOSTILE:
-            got = await t.read_bytes(f"{res.remote_dir}/{n}")
-            assert got == f"hostile file {n!r}".encode()
-        r = await t.run(["ls", "-1"], cwd=res.remote_dir)
-        assert "-rf" in r.stdout.splitlines()
         home = await t.home()
+        for i, n in enumerate(HOSTILE):
+            bundle = make_device_bundle(tmp_path / f"bundle{i}", part_bytes=100, names=[n])
+            with pytest.raises(UnsafeBundle) as ei:
+                await push_bundle(board, bundle, f"hostile-{i}", facts=FACTS)
+            assert "bundle.json files[" in ei.value.message and repr(n) in ei.value.message, ei.value.message
+            assert not await t.exists(f"{home}/hexstudio/bundles/hostile-{i}")
+        with pytest.raises(UnsafeBundle, match="bundle name"):
+            await push_bundle(board, make_device_bundle(tmp_path / "ok", part_bytes=100),
+                              "b; touch PWNED4 $(touch PWNED5)", facts=FACTS)
         r = await t.run(["sh", "-c", 'find "$1" /tmp -name "PWNED*" 2>/dev/null; true', "x", home])
         assert "PWNED" not in r.stdout
-        await t.run(["rm", "-rf", "--", res.remote_dir])
         await t.close()
     asyncio.run(go())
     assert not list(Path.cwd().glob("PWNED*"))

@@ -252,6 +252,14 @@ def verify_bundle(bundle_dir: Path) -> list[str]:
         doc = json.loads((bundle_dir / "bundle.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         return [f"bundle.json unreadable: {exc}"]
+    from workers.bundle.safepath import UnsafePath, check_bundle_files, resolve_under
+
+    try:   # every path is checked before any is opened (issue 18: a crafted bundle must not reach outside)
+        files = check_bundle_files(doc.get("files") if isinstance(doc, dict) else None)
+        for i, f in enumerate(files):
+            resolve_under(bundle_dir, f["path"], f"bundle.json files[{i}]")
+    except UnsafePath as exc:
+        return [str(exc)]
     bad = []
     for f in doc["files"]:
         p = bundle_dir / f["path"]

@@ -128,12 +128,18 @@ class SimDialog:
         from tokenizers import Tokenizer
 
         from workers.arloop import DeploymentPair
+        from workers.bundle import safepath
 
         t_init = time.perf_counter()
-        cfg = json.loads(config_path.read_text())["dialog"]
+        doc = json.loads(config_path.read_text())
         graphs = json.loads((config_path.parent / "graphs.json").read_text())
+        # every path the bundle names stays inside the bundle folder (issue 18): refused before any is opened
+        safepath.check_genie_config(doc, config_path.parent)
+        safepath.check_graphs(graphs.get("graphs") if isinstance(graphs, dict) else graphs, config_path.parent)
+        cfg = doc["dialog"]
         self.cfg = cfg
-        self.tok = Tokenizer.from_file(str(config_path.parent / cfg["tokenizer"]["path"]))
+        self.tok = Tokenizer.from_file(str(safepath.resolve_under(config_path.parent, cfg["tokenizer"]["path"],
+                                                                  "genie_config.json dialog.tokenizer.path")))
         self.pair = DeploymentPair.from_graphs(graphs["graphs"], config_path.parent, variant="sim",
                                                context_length=int(cfg["context"]["size"]),
                                                intra_op_threads=int(os.environ.get("HEXSTUDIO_SIM_THREADS", "2")))

@@ -49,6 +49,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pp = bs.add_parser("probe", help="check the board (the doctor): SoC, QAIRT, FastRPC, daemons, HTP")
     pp.add_argument("name")
     pp.add_argument("--only", default=None, help="comma-separated check ids")
+    pp.add_argument("--bundle", type=Path, default=None,
+                    help="also compare this local bundle folder with its copy on the board (sha256 on the board)")
+    pp.add_argument("--as", dest="remote_name", default=None, help="the bundle's name on the board "
+                                                                   "(default: the folder's name)")
     _trust_flag(pp)
     add_json_flag(pp)
     pp.set_defaults(func=cmd_probe)
@@ -71,6 +75,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pu.add_argument("name")
     pu.add_argument("bundle_dir", type=Path)
     pu.add_argument("--as", dest="remote_name", default=None, help="bundle name on the board (default: folder name)")
+    pu.add_argument("--verify", action="store_true",
+                    help="compare the sha256 of every file, computed on the board, even when nothing changed "
+                         "(files found wrong are sent again)")
     _trust_flag(pu)
     add_json_flag(pu)
     pu.set_defaults(func=cmd_push)
@@ -176,7 +183,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         try:
             only = [x.strip() for x in args.only.split(",")] if args.only else None
             try:
-                return (await probe(b, only=only)).to_dict()
+                bundle = (args.bundle, args.remote_name or args.bundle.name) if args.bundle else None
+                return (await probe(b, only=only, bundle=bundle)).to_dict()
             except ValueError as exc:
                 raise CliError(str(exc), "See `hexstudio board probe NAME --json` for the check ids.",
                                code=EXIT_USAGE) from None
@@ -265,13 +273,14 @@ def cmd_push(args: argparse.Namespace) -> int:
                     print(f"\r  {p.done / 1e6:8.1f} / {p.total / 1e6:.1f} MB  {rate}  {p.file[:50]:50s}", end="",
                           flush=True)
             try:
-                r = await push_bundle(b, args.bundle_dir, args.remote_name or args.bundle_dir.name, progress)
+                r = await push_bundle(b, args.bundle_dir, args.remote_name or args.bundle_dir.name, progress,
+                                      verify=True if args.verify else None)
             except BoardError as exc:
                 raise CliError(exc.message, exc.hint) from None
             return {"ok": True, "remote_bundle": r.remote_dir, "sent_files": r.sent_files,
                     "skipped_files": r.skipped_files, "sent_bytes": r.sent_bytes, "seconds": round(r.seconds, 3),
                     "mb_per_s": round(r.mb_per_s, 1), "warnings": r.warnings, "simulated": b.simulated,
-                    "emulated": r.emulated}
+                    "emulated": r.emulated, "verified": r.verified, "resent": r.resent}
         finally:
             await b.transport.close()
     doc = asyncio.run(go())
@@ -280,6 +289,8 @@ def cmd_push(args: argparse.Namespace) -> int:
     else:
         print(f"\npushed to {doc['remote_bundle']}: {doc['sent_files']} files sent ({doc['sent_bytes'] / 1e6:.1f} MB, "
               f"{doc['mb_per_s']} MB/s), {doc['skipped_files']} unchanged")
+        print(f"  checked on the board: {'sha256 of every file' if doc['verified'] == 'sha256' else 'sizes'}"
+              + (f"; {len(doc['resent'])} file(s) were wrong there and were sent again" if doc["resent"] else ""))
         for w in doc["warnings"]:
             print(f"  warning: {w}")
     return 0

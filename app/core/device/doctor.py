@@ -17,6 +17,7 @@ import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from app.core.device.board import Board
@@ -508,8 +509,11 @@ async def _do_check(p: _Probe, check_id: str) -> Check:
     return c
 
 
-async def probe(board: Board, only: Iterable[str] | None = None) -> DoctorReport:
-    """Check the board (all checks, or `only` those ids). Simulated boards get no hardware checks."""
+async def probe(board: Board, only: Iterable[str] | None = None,
+                bundle: tuple[Path, str] | None = None) -> DoctorReport:
+    """Check the board (all checks, or `only` those ids). Simulated boards get no hardware checks.
+    `bundle`: (local bundle folder, its name on the board): adds the check "bundle", which compares the
+    sha256 of every file, computed on the board, with the local bundle.json."""
     ids = list(CHECK_IDS) if only is None else [i for i in CHECK_IDS if i in set(only)]
     unknown = set(only or ()) - set(CHECK_IDS)
     if unknown:
@@ -517,7 +521,34 @@ async def probe(board: Board, only: Iterable[str] | None = None) -> DoctorReport
     if board.simulated:
         c = Check("soc", "Simulator board", OK, "Simulated board: runs the QDQ ONNX parts with onnxruntime on this "
                   "CPU; no Hexagon NPU, no FastRPC (simulated).")
-        return DoctorReport(board.name, board.label, True, [c], {"simulated": True})
-    p = _Probe(board)
-    checks = await asyncio.gather(*(_run_check(p, i) for i in ids))
-    return DoctorReport(board.name, board.label, False, list(checks), dict(p.facts))
+        report = DoctorReport(board.name, board.label, True, [c], {"simulated": True})
+    else:
+        p = _Probe(board)
+        checks = await asyncio.gather(*(_run_check(p, i) for i in ids))
+        report = DoctorReport(board.name, board.label, False, list(checks), dict(p.facts))
+    if bundle is not None:
+        report.checks.append(await bundle_check(board, *bundle))
+    return report
+
+
+async def bundle_check(board: Board, bundle_dir: Path, name: str) -> Check:
+    """The bundle on the board against the local one: sha256 of every file computed on the board."""
+    from app.core.device.errors import BoardError
+    from app.core.device.push import verify_pushed
+
+    c = Check("bundle", "Bundle on the board matches the local one")
+    try:
+        bad = await verify_pushed(board, bundle_dir, name, hashes=True)
+    except BoardError as exc:
+        c.status, c.message = FAIL, f"{exc.message} {exc.hint or ''}".strip()
+        return c
+    c.evidence.append(Evidence(f"sha256sum (on the board) of every file of bundle {name}", 0,
+                               "\n".join(f"{b['path']}: {b['why']}" for b in bad) or "all files match"))
+    if bad:
+        c.status, c.fix = WARN, "push"
+        c.message = (f"{len(bad)} file(s) of bundle {name} differ on the board (first: {bad[0]['path']}: "
+                     f"{bad[0]['why']}). Push again (`hexstudio board push {board.name} DIR --as {name}`): "
+                     "only those are sent.")
+    else:
+        c.status, c.message = OK, f"Every file of bundle {name} on the board has the local sha256."
+    return c

@@ -17,3 +17,18 @@ class ConnectionDropped(BoardError):
 
 class EmulatedBundle(BoardError):
     """An AI Hub EMULATOR bundle offered to a real board: its .bin files are not context binaries."""
+
+
+class LocalBundleError(BoardError):
+    """A file of the local bundle is missing, unreadable or not what bundle.json says: nothing to do with
+    the board or the connection."""
+
+
+class UnsafeBundle(BoardError):
+    """A bundle (or a board's answer) names a path HexStudio refuses: absolute, with '..', outside the
+    safe character set, or leading outside its folder. Nothing was written for it."""
+
+
+class BoardWriteFailed(BoardError):
+    """The board refused a write while the connection stayed up (its disk is full, a folder is not
+    writable)."""

@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from app.core.device.board import BoardError, open_board
-from app.core.device.errors import ConnectionDropped, EmulatedBundle
+from app.core.device.errors import (
+    BoardWriteFailed,
+    ConnectionDropped,
+    EmulatedBundle,
+    LocalBundleError,
+    UnsafeBundle,
+)
 from app.core.device.push import PushProgress, push_bundle
 from app.core.pipeline import StageContext, StageError
 from app.core.settings import Settings
@@ -110,7 +116,18 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
                     bytes_done=p.done, bytes_total=p.total, bytes_sent=p.sent, mb_per_s=round(p.mb_per_s, 2))
 
     try:
-        pr = await push_bundle(board, bundle_dir, ctx.manifest.run_id, progress, facts=facts or None)
+        # verify=True: the gate "the bundle on the board matches the local one" is checked by sha256 of
+        # every file, computed on the board; a file found wrong is sent again (pr.resent)
+        pr = await push_bundle(board, bundle_dir, ctx.manifest.run_id, progress, facts=facts or None, verify=True)
+    except LocalBundleError as exc:
+        await _close_quietly(board)
+        raise StageError("local_bundle_file", exc.message, exc.hint) from None
+    except UnsafeBundle as exc:
+        await _close_quietly(board)
+        raise StageError("unsafe_bundle_path", exc.message, exc.hint) from None
+    except BoardWriteFailed as exc:
+        await _close_quietly(board)
+        raise StageError("board_write_failed", exc.message, exc.hint) from None
     except ConnectionDropped as exc:
         await _close_quietly(board)
         raise StageError("push_interrupted", exc.message, exc.hint) from None
@@ -125,7 +142,9 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
     doc = {"board": name, "label": board.label, "simulated": board.simulated, "emulated_bundle": pr.emulated,
            "doctor": doctor, "facts": facts, "push_warnings": pr.warnings,
            "remote_bundle": pr.remote_dir, "push": {"sent_files": pr.sent_files, "skipped_files": pr.skipped_files,
-                                                    "sent_bytes": pr.sent_bytes, "mb_per_s": round(pr.mb_per_s, 2)}}
+                                                    "sent_bytes": pr.sent_bytes, "mb_per_s": round(pr.mb_per_s, 2),
+                                                    "verified": pr.verified, "resent": pr.resent,
+                                                    "verify_s": round(pr.verify_seconds, 3)}}
     (ctx.out_dir / "board.json").write_text(json.dumps(doc, indent=2))
     em.artifact("board.json", kind="json", role="board")
     em.metric("push_sent_files", pr.sent_files)
@@ -133,5 +152,7 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
     em.metric("simulated", board.simulated)
     em.metric("emulated", pr.emulated)
     em.metric("push_mb_per_s", round(pr.mb_per_s, 2), unit="MB/s")
+    em.metric("bundle_verified", pr.verified == "sha256")
+    em.metric("push_resent_files", len(pr.resent))
     await board.transport.close()
     return {"board": name, "simulated": board.simulated, "remote_bundle": pr.remote_dir}

@@ -50,6 +50,26 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def _bundle_files(doc: dict[str, Any]) -> dict[str, Any]:
+    """bundle.json's files for the report: entries whose path, sha256 or size fail the bundle checks
+    (workers.bundle.safepath) are not listed as files but named under `problems`."""
+    from workers.bundle.safepath import UnsafePath, check_bundle_files
+
+    files: list[dict[str, Any]] = []
+    problems: list[str] = []
+    raw = doc.get("files") if isinstance(doc, dict) else None
+    for i, f in enumerate(raw if isinstance(raw, list) else []):
+        try:
+            check_bundle_files([f], f"bundle.json files[{i}]")
+        except UnsafePath as exc:
+            problems.append(str(exc)[:400])
+            continue
+        files.append({"path": f["path"], "sha256": f["sha256"], "size": f["size"]})
+    if raw is not None and not isinstance(raw, list):
+        problems.append("bundle.json 'files' is not a list")
+    return {"files": files, "problems": problems}
+
+
 def _resources(run_dir: Path, stage: str, max_points: int = 400) -> list[list[float]]:
     path = run_dir / "logs" / f"{stage}.resources.jsonl"
     rows: list[list[float]] = []
@@ -190,7 +210,7 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
     b = artifact("compile", "bundle/bundle.json")
     rep["compile"] = _compile_section(run_dir, b, "compile" in done)
     if b:
-        rep["bundle"] = {"files": b.get("files") or []}
+        rep["bundle"] = _bundle_files(b)
     bd = artifact("board", "board.json")
     if bd:
         rep["board"] = {"name": bd.get("board"), "label": bd.get("label"), "simulated": bool(bd.get("simulated")),
