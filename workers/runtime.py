@@ -114,6 +114,75 @@ def map_path(path: str) -> str:
     return path
 
 
+PARENT_ENV = "HEXSTUDIO_PARENT_PID"   # the studio's pid: the worker dies with it (Linux parent-death signal)
+LIVENESS_ENV = "HEXSTUDIO_LIVENESS"   # "stdin": the starter holds our stdin open while it lives (a pipe locally,
+                                      # the SSH channel remotely); its end means the starter is gone
+PR_SET_PDEATHSIG = 1
+# Runs beside the worker, in its process group: waits for the end of stdin, then kills the whole group
+# (the worker and anything it started) at once, even when the worker is busy in native code for minutes.
+_WATCH = 'cat >/dev/null 2>&1; /bin/kill -s KILL -- "-$1" 2>/dev/null || kill -9 "$2" 2>/dev/null'
+
+
+_watcher: Any = None
+
+
+def _stop_watcher() -> None:
+    global _watcher
+    if _watcher is not None:
+        try:
+            os.killpg(_watcher.pid, signal.SIGKILL)
+            _watcher.wait()
+        except OSError:
+            pass
+        _watcher = None
+
+
+def die_with_parent() -> None:
+    """Make this worker end at once when the process that started it ends (issue 18: no orphans).
+
+    - PARENT_ENV set (a local job): prctl(PR_SET_PDEATHSIG, SIGKILL), so the kernel kills this process the
+      moment its parent dies, whatever it is doing; a parent already gone ends it now.
+    - LIVENESS_ENV == "stdin" and stdin a pipe or socket (local and remote jobs): a small `sh` watcher waits
+      for the end of stdin and then SIGKILLs our process group, children included (a remote worker thus
+      dies with its SSH channel).
+    Both are opt-in through the environment the job runner sets; a worker started by hand is left alone."""
+    import stat
+    import subprocess
+
+    parent = os.environ.get(PARENT_ENV)
+    if parent and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+        if str(os.getppid()) != parent:   # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(LIVENESS_ENV) != "stdin":
+        return
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return
+    pgid = os.getpgid(0)
+    if pgid != os.getpid():   # not our own process group: kill only this process, never the starter's group
+        pgid = 0
+    global _watcher
+    # in a session of its own, so the worker's group holds only the worker's processes (cancel and "is the
+    # group gone" checks see no watcher); the worker ends it when it ends (worker_main)
+    _watcher = subprocess.Popen(["sh", "-c", _WATCH, "hexstudio-liveness", str(pgid or os.getpid()),
+                                 str(os.getpid())], stdin=0, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    # this process never reads stdin again: a stray read must not eat the watcher's end-of-file
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+
 def _raise_cancelled(signum: int, _frame: Any) -> None:
     raise Cancelled(signal.Signals(signum).name)
 
@@ -124,6 +193,7 @@ def worker_main(stage: str, run: Callable[[WorkerSpec, Emitter], dict[str, Any] 
     parser = argparse.ArgumentParser(prog=f"python -m workers.{stage}")
     parser.add_argument("--spec", required=True, help="spec JSON written by the studio")
     args = parser.parse_args(argv)
+    die_with_parent()
     em = Emitter()
     signal.signal(signal.SIGINT, _raise_cancelled)
     signal.signal(signal.SIGTERM, _raise_cancelled)
@@ -163,5 +233,6 @@ def worker_main(stage: str, run: Callable[[WorkerSpec, Emitter], dict[str, Any] 
             sys.stdout.flush()
         except Exception:
             pass
+        _stop_watcher()
     return code
 

@@ -29,6 +29,7 @@ import psutil
 
 from app.core.sampler import ResourceSample, TreeSampler, sample_periodically
 from workers.protocol import ProtocolError, parse_event
+from workers.runtime import LIVENESS_ENV, PARENT_ENV
 
 EventHandler = Callable[[dict[str, Any]], None]
 SampleHandler = Callable[[ResourceSample], None]
@@ -185,8 +186,12 @@ class LocalJob:
     def __init__(self, argv: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
                  on_event: EventHandler | None = None, on_sample: SampleHandler | None = None,
                  log_path: Path | None = None, sample_hz: float = 4.0, what: str = "The worker",
-                 grace_s: float = 5.0, term_s: float = 3.0, memory_need: int | None = None) -> None:
+                 grace_s: float = 5.0, term_s: float = 3.0, memory_need: int | None = None,
+                 liveness: bool = False) -> None:
         self.argv = list(argv)
+        # a worker (workers.runtime.die_with_parent): its stdin is a pipe this process holds open while it
+        # lives, and it arms a parent-death signal, so it never outlives us (kill -9 of the studio included)
+        self.liveness = liveness
         self.memory_need = memory_need  # the stage's estimated peak RSS (for the out-of-memory hint)
         self.cwd = cwd
         self.env = env
@@ -213,9 +218,12 @@ class LocalJob:
             self.stream.log = self._log
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.liveness:
+            env.update({PARENT_ENV: str(os.getpid()), LIVENESS_ENV: "stdin"})
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, cwd=str(self.cwd) if self.cwd else None, env=env,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.PIPE if self.liveness else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True, limit=1 << 24)
         self.pgid = self.proc.pid
         self.sampler = TreeSampler(self.proc.pid)
@@ -263,6 +271,8 @@ class LocalJob:
             with contextlib.suppress(asyncio.CancelledError):
                 await sampling
             self._reap_group()
+            if self.proc.stdin is not None:   # the liveness pipe: its end tells a leftover watcher to go
+                self.proc.stdin.close()
             if self._log is not None:
                 self._log.close()
         res = classify(rc, self.stream, self._cancelled, self.sampler.peak_rss, "\n".join(self._stderr),
@@ -331,7 +341,7 @@ class JobRunner:
                           what: str | None = None, memory_need: int | None = None) -> LocalJob:
         job = LocalJob(worker_command(module, spec_path), cwd=cwd, env=env, on_event=on_event,
                        on_sample=on_sample, log_path=log_path, sample_hz=self.sample_hz,
-                       what=what or f"Worker {module}", memory_need=memory_need)
+                       what=what or f"Worker {module}", memory_need=memory_need, liveness=True)
         await job.start()
         return job
 

@@ -9,21 +9,26 @@ half-written output that looks complete.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
 import shutil
+import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from app.core.atomic import sha256_file, write_json_atomic
 from app.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler, human_bytes
-from app.core.manifest import ManifestError, RunManifest, now_iso
+from app.core.manifest import ManifestError, RunManifest, boot_id, now_iso
 from app.core.remote import RemoteStageJob, remote_host_for, start_worker_job
 from app.core.runs import RunBusy, RunLock, artifacts_dir, stage_log_path
 from app.core.sampler import ResourceSample
@@ -169,6 +174,7 @@ class Pipeline:
             return PipelineResult(False, targets[0].name if targets else None, exc.message, hint=exc.hint)
         try:
             self._refresh_stages()
+            stop_stale_workers(self.m)
             self.m.detect_interrupted()
             return await self._run(targets, force)
         finally:
@@ -329,6 +335,7 @@ class Pipeline:
         st["peak_vram_bytes"] = result.peak_vram_bytes
         st["outcome"] = result.outcome()
         st["owner"] = None
+        st["worker"] = None
         if result.ok:
             st["summary"] = result.summary
             old = final.with_name(f"{stage.name}.old")
@@ -372,10 +379,17 @@ class Pipeline:
                 self.runner, self.m, stage, spec_path, on_event=handle, on_sample=sample, log_path=log_path,
                 what=f"The {stage.title} stage")
         else:
+            env = {**worker_env(), WORKER_RUN_ENV: f"{self.m.run_id}/{stage.name}"}
             job = await self.runner.start_local(stage.worker, spec_path, on_event=handle, on_sample=sample,
                                                 log_path=log_path, what=f"The {stage.title} stage",
-                                                env=worker_env(), memory_need=self._memory_need(stage))
+                                                env=env, memory_need=self._memory_need(stage))
         self.current_job = job
+        if isinstance(job, LocalJob) and job.proc is not None:
+            # where the worker runs, so a resume after a crash finds it if it is somehow still alive
+            self.m.stage(stage.name).data["worker"] = {
+                "pid": job.proc.pid, "pgid": job.pgid, "host": socket.gethostname(), "boot_id": boot_id(),
+                "started": now_iso()}
+            self.m.save()
         try:
             if self.cancel_event.is_set():
                 await job.cancel()
@@ -423,6 +437,62 @@ class Pipeline:
             ctx.emitter.done(True, summary or {})
         return JobResult("ok", 0, None, f"The {stage.title} stage finished.", summary=summary or {},
                          duration_s=time.monotonic() - t0)
+
+
+WORKER_RUN_ENV = "HEXSTUDIO_WORKER_RUN"   # "<run id>/<stage>" in a local worker's environment (and its children's)
+
+
+def _run_processes(pgid: int, tag: str) -> list[psutil.Process]:
+    """Live processes of process group `pgid` whose environment carries WORKER_RUN_ENV == tag."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) != pgid or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if p.environ().get(WORKER_RUN_ENV) == tag:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def stop_stale_workers(m: RunManifest, term_s: float = 3.0) -> list[str]:
+    """Before a run goes on: stop any worker of it still alive from an earlier studio (its pid, process group
+    and boot id are in run.json; only processes whose environment names this run and stage are touched).
+    SIGTERM to them, then SIGKILL after `term_s`. Returns the stages whose worker was stopped."""
+    stopped = []
+    changed = False
+    for name in list(m.data.get("stages", {})):
+        st = m.stage(name).data
+        w = st.get("worker")
+        if not isinstance(w, dict):
+            continue
+        changed = True
+        st["worker"] = None
+        if w.get("boot_id") != boot_id() or w.get("host") != socket.gethostname():
+            continue   # another boot or machine: that process is gone
+        try:
+            pgid = int(w.get("pgid") or w.get("pid") or 0)
+        except (TypeError, ValueError):
+            continue
+        if pgid <= 1 or pgid == os.getpgid(0):
+            continue
+        procs = _run_processes(pgid, f"{m.run_id}/{name}")
+        if not procs:
+            continue
+        for sig, wait in ((signal.SIGTERM, term_s), (signal.SIGKILL, 5.0)):
+            for p in procs:
+                with contextlib.suppress(psutil.Error, OSError):
+                    p.send_signal(sig)
+            _gone, procs = psutil.wait_procs(procs, timeout=wait)
+            if not procs:
+                break
+        stopped.append(name)
+        m.add_event("stale_worker_stopped", f"stopped the {name} worker (pid {w.get('pid')}) that an earlier "
+                                            "studio left running, before starting again", stage=name)
+    if changed:
+        m.save()
+    return stopped
 
 
 def worker_env() -> dict[str, str]:

@@ -37,6 +37,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from app.core.jobs import EventHandler, EventStream, JobResult, JobRunner, LocalJob, SampleHandler, classify
 from app.core.sampler import ResourceSample
+from workers.runtime import LIVENESS_ENV
 
 if TYPE_CHECKING:
     from app.core.manifest import RunManifest
@@ -124,7 +125,8 @@ class RemoteJob:
                  grace_s: float = 5.0, term_s: float = 3.0, env: dict[str, str] | None = None,
                  log: IO[str] | None = None, workers_base: str | None = None) -> None:
         self.transport = transport
-        self.env = {"PYTHONUNBUFFERED": "1", **(env or {})}
+        # LIVENESS_ENV: the worker watches its stdin, the SSH channel, and dies with it (workers.runtime)
+        self.env = {"PYTHONUNBUFFERED": "1", **(env or {}), LIVENESS_ENV: "stdin"}
         self.log = log
         self.workers_base = workers_base
         self.module = module

@@ -7,6 +7,8 @@
     crash    prints to stderr and exits 3 without done
     error    fails with a WorkerError (code, message, hint)
     flood    emits settings["events"] progress/log events as fast as it can, then done
+    busy     busy and silent (a long calibration unit): writes its pid to settings["pidfile"], starts a busy
+             child (settings["child_pidfile"]), then computes for settings["seconds"] without a single event
     stubborn ignores SIGINT and SIGTERM (noting each in settings["signal_log"]) and starts a child that
              ignores them too (settings["child_pidfile"]): only SIGKILL to the group ends them
 """
@@ -49,6 +51,17 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             em.progress(min(0.99, (time.time() - t0) / seconds), "working")
             time.sleep(0.05)
         (out / "result.txt").write_text("complete\n")
+        return {"mode": mode}
+    if mode == "busy":
+        child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        with open(spec.settings["child_pidfile"], "w") as fh:
+            fh.write(str(child.pid))
+        with open(spec.settings["pidfile"], "w") as fh:
+            fh.write(str(os.getpid()))
+        t0 = time.time()
+        n = 0
+        while time.time() - t0 < float(spec.settings.get("seconds", 600)):
+            n += sum(i * i for i in range(100000))   # never writes to the (dead) pipe: only the kernel stops it
         return {"mode": mode}
     if mode == "garbage":
         print("Traceback? no, just noise", flush=True)
