@@ -18,7 +18,7 @@ from typing import Any
 from app.core.environment import collect_environment, package_versions
 from app.core.manifest import ManifestError, RunManifest
 from app.core.paths import default_workspace
-from app.core.settings import DEFAULT_RUN_SETTINGS
+from app.core.settings import DEFAULT_RUN_SETTINGS, check_run_settings
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -139,6 +139,7 @@ class Workspace:
                    include_host: bool = True) -> RunManifest:
         merged = dict(DEFAULT_RUN_SETTINGS)
         merged.update(settings or {})
+        check_run_settings(merged)   # SettingsError: wrong type or out of range, before any folder is made
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(model)}-{_secrets.token_hex(2)}"
         run_dir = self.runs_dir / run_id
         # Build the run in a hidden temp folder, then rename: never a half-made run.

@@ -9,11 +9,19 @@ import signal
 import sys
 from typing import Any
 
-from app.core.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
+from app.core.cli.common import (
+    EXIT_USAGE,
+    CliError,
+    add_json_flag,
+    add_workspace_flag,
+    print_json,
+    workspace_from,
+)
 from app.core.jobs import human_bytes
 from app.core.paths import BUILTIN_MODEL_ID
 from app.core.pipeline import Pipeline, display_state
 from app.core.runs import RunNotFound
+from app.core.settings import DEFAULT_RUN_SETTINGS, SettingsError, check_run_setting
 from app.core.stages import STAGE_NAMES
 
 
@@ -23,10 +31,21 @@ def _parse_set(values: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise CliError(f"--set expects KEY=VALUE, got '{item}'.", "Example: --set context_length=1024")
         k, v = item.split("=", 1)
-        try:
-            out[k.strip()] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k.strip()] = v
+        k = k.strip()
+        default = DEFAULT_RUN_SETTINGS.get(k)
+        if isinstance(default, str) and default != "auto":
+            out[k] = v                      # a text setting takes the text as given (qairt_version=2.42)
+        else:
+            try:
+                out[k] = json.loads(v)
+            except json.JSONDecodeError:
+                out[k] = v
+        why = check_run_setting(k, out[k])
+        if why is not None:
+            raise CliError(f"--set {item}: {why}",
+                           f"Give {k} as its default is written: {json.dumps(DEFAULT_RUN_SETTINGS[k])} "
+                           "(JSON: numbers bare, true/false in lower case, text in quotes if it looks like a number).",
+                           code=EXIT_USAGE)
     return out
 
 
@@ -91,7 +110,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             defaults["worker_host"] = None if args.worker_host == "local" else args.worker_host
         if defaults.get("worker_host"):
             _check_worker_host(str(defaults["worker_host"]))
-        m = ws.create_run(args.model or BUILTIN_MODEL_ID, args.board or "sim", defaults)
+        try:
+            m = ws.create_run(args.model or BUILTIN_MODEL_ID, args.board or "sim", defaults)
+        except SettingsError as exc:
+            raise CliError(str(exc), "Fix the value (`--set KEY=VALUE`, or run_defaults in the settings file); "
+                                     "no run was made.") from None
     quiet = args.quiet or args.json
     if not quiet:
         print(f"run {m.run_id}  ({m.run_dir})", file=sys.stderr)
