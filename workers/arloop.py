@@ -1,127 +1,289 @@
-"""Run the deployment pair as the board does: the prompt processor over AR-N blocks of the
-prompt, then the token generator one token at a time on the KV cache (docs/CONTRACTS.md §2).
+"""Run the deployment pair as Genie does on the board: the prompt processor over AR-N blocks of the
+prompt, then the token generator one token at a time on the KV cache (docs/CONTRACTS.md §2), every
+input fed BY NAME the way Genie's HTP engine feeds it (docs/genie.md):
+
+- `input_ids` [1, AR]: the block's tokens from slot 0 (right-padded);
+- `attention_mask` [1, 1, AR, CL]: row i attends the n_past cached slots (left-aligned from slot 0) and
+  the new-token columns (the last AR) up to i; padded rows are fully masked;
+- `position_ids_cos` / `position_ids_sin` [1, 1, AR, rope-dim]: rows of the tables Genie computes from
+  genie_config.json's positional-encoding (workers/rope.py), position 0 for padded rows;
+- `past_key_{l}_in` [KVH, 1, HD, CL-AR] / `past_value_{l}_in` [KVH, 1, CL-AR, HD]: the cache; the
+  graph's `past_*_out` (only this step's entries) are copied in after each step;
+- parts chained by tensor name: part k+1 reads the tensor part k writes under the same name.
+
+`GenieFeeds(quant=...)` adds what Genie does to quantized I/O (the simulator board, Genie's twin): the
+mask written as all-ones (attend) / zero (masked) in the mask tensor's encoding, cos AND sin quantized
+with cos's encoding by truncation, the cache cleared with the mid value and each new KV entry stored in
+the `_out` tensor's encoding and read back in the `_in` tensor's. With identical encodings (what
+quantize produces) this is exact; with untied ones it reproduces the board's corruption.
 
 numpy + onnxruntime only: used by validation on the workstation and by the simulator board.
 
-    pair = DeploymentPair.from_graphs(graphs, base_dir, variant="sim", context_length=512, ar_n=128)
+    pair = DeploymentPair.from_graphs(graphs, base_dir, positional_encoding=pe, variant="sim",
+                                      context_length=512, ar_n=128)
     logits = pair.prefill(token_ids)   # logits [V] at the last prompt token
     logits = pair.step(token_id)       # one AR-1 step
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-MASK_VALUE = -1000.0
+from workers.rope import genie_rope_tables
+
+MASK_VALUE = -1000.0      # a float mask's "masked" value, as Genie writes it (nsp-model.cpp)
+STANDARD_INPUTS = ("attention_mask", "position_ids_cos", "position_ids_sin")
+_FIRST_INT = re.compile(r"(\d+)")
+Quant = tuple[float, int, int]   # (scale, offset, bitwidth), AIMET's convention: real = (q + offset) * scale
 
 
-def step_inputs(n_past: int, s: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """attention_mask [1,1,S,CL] and position_ids [1,S] for S new tokens after n_past cached ones.
-    Columns: [CL-S past slots (the first n_past valid) | S current (causal)]."""
-    past_len = capacity - s
-    pos: np.ndarray = (n_past + np.arange(s, dtype=np.int32))[None]
-    mask: np.ndarray = np.full((1, 1, s, capacity), MASK_VALUE, np.float32)
-    mask[0, 0, :, :n_past] = 0.0
-    mask[0, 0, :, past_len:][np.tril(np.ones((s, s), bool))] = 0.0
-    return mask, pos
+def layer_of(name: str) -> int:
+    """The layer a KV tensor belongs to: the first integer in its name, as Genie reads it."""
+    m = _FIRST_INT.search(name)
+    if m is None:
+        raise ValueError(f"KV tensor {name!r} has no layer number in its name")
+    return int(m.group(1))
+
+
+def is_kv(name: str) -> bool:
+    return name.startswith("past_") and (name.endswith("_in") or name.endswith("_out"))
 
 
 class ContextFull(RuntimeError):
     """The KV cache holds context_length tokens: no room for more."""
 
 
+class GenieFeeds:
+    """What Genie writes into the inputs at each step. `quant`: the graphs' I/O encodings by tensor name
+    (the simulator board); without it the inputs are the float values Genie writes for float tensors."""
+
+    def __init__(self, positional_encoding: dict[str, Any], context_length: int,
+                 quant: dict[str, Quant] | None = None) -> None:
+        self.cos, self.sin = genie_rope_tables(positional_encoding, context_length)
+        self.rope_dim = int(self.cos.shape[1])
+        self.quant = dict(quant or {})
+        q = self.quant.get("attention_mask")
+        if q is None:
+            self.attend, self.masked = 0.0, MASK_VALUE
+        else:   # Genie writes attend as all-ones and masked as 0, whatever the encoding
+            scale, off, bw = q
+            self.attend, self.masked = ((1 << bw) - 1 + off) * scale, off * scale
+        qc = self.quant.get("position_ids_cos")
+        if qc is not None:   # both tables quantized with cos's encoding, by truncation (no rounding)
+            self.cos = self._as_seen(np.trunc(self.cos / qc[0] - qc[1]), "position_ids_cos")
+            self.sin = self._as_seen(np.trunc(self.sin / qc[0] - qc[1]), "position_ids_sin")
+
+    def _as_seen(self, q: np.ndarray, name: str) -> np.ndarray:
+        """Integer values written into `name`, as the graph reads them (its own encoding)."""
+        scale, off, _ = self.quant.get(name, self.quant["position_ids_cos"])
+        return ((q + off) * scale).astype(np.float32)
+
+    def mask(self, n_past: int, m: int, s: int, capacity: int) -> np.ndarray:
+        past_len = capacity - s
+        mask: np.ndarray = np.full((1, 1, s, capacity), self.masked, np.float32)
+        mask[0, 0, :m, :n_past] = self.attend
+        rows: np.ndarray = np.tril(np.ones((s, s), bool))
+        rows[m:] = False
+        mask[0, 0, :, past_len:][rows] = self.attend
+        return mask
+
+    def rope(self, n_past: int, m: int, s: int) -> tuple[np.ndarray, np.ndarray]:
+        pos: np.ndarray = np.zeros(s, np.int64)
+        pos[:m] = n_past + np.arange(m)
+        return self.cos[pos][None, None], self.sin[pos][None, None]
+
+    def kv_clear_value(self, name_in: str) -> float:
+        q = self.quant.get(name_in)
+        if q is None:
+            return 0.0
+        scale, off, bw = q
+        return float((1 << (bw - 1)) + off) * scale     # Genie clears a quantized cache with the mid value
+
+    def kv_store(self, name_out: str, name_in: str, v: np.ndarray) -> np.ndarray:
+        """New cache entries produced in `name_out`'s encoding, as `name_in` reads them back."""
+        qo, qi = self.quant.get(name_out), self.quant.get(name_in)
+        if qo is None or qi is None or qo == qi:
+            return v
+        q = np.clip(np.round(v / qo[0]) - qo[1], 0, (1 << qo[2]) - 1)
+        return ((q + qi[1]) * qi[0]).astype(np.float32)
+
+
+def step_inputs(n_past: int, s: int, capacity: int) -> np.ndarray:
+    """The float attention_mask [1,1,S,CL] for a full block of S new tokens after n_past cached ones."""
+    mask: np.ndarray = np.full((1, 1, s, capacity), MASK_VALUE, np.float32)
+    mask[0, 0, :, :n_past] = 0.0
+    mask[0, 0, :, capacity - s:][np.tril(np.ones((s, s), bool))] = 0.0
+    return mask
+
+
+class GraphIO:
+    """One graph's input and output names, sorted into what Genie feeds and reads."""
+
+    def __init__(self, inputs: list[str], outputs: list[str]) -> None:
+        self.inputs, self.outputs = inputs, outputs
+        carried = [n for n in inputs if n not in STANDARD_INPUTS and not is_kv(n)]
+        if len(carried) != 1:
+            raise ValueError(f"a graph must read exactly one of input_ids or the previous part's output; these "
+                             f"inputs are neither mask, rope nor KV: {carried}")
+        self.carried_in = carried[0]
+        outs = [n for n in outputs if not is_kv(n)]
+        if len(outs) != 1:
+            raise ValueError(f"a graph must write exactly one of logits or the next part's input besides its KV "
+                             f"outputs: {outs}")
+        self.carried_out = outs[0]
+        self.kv_in = {n: layer_of(n) for n in inputs if is_kv(n)}
+        self.kv_out = {n: layer_of(n) for n in outputs if is_kv(n)}
+
+
+def check_chain(ios: Sequence[GraphIO], kind: str) -> None:
+    """Genie wires parts by tensor name: what part k writes must be what part k+1 reads."""
+    if ios[0].carried_in != "input_ids":
+        raise ValueError(f"the first {kind} part reads {ios[0].carried_in!r}, not input_ids")
+    if ios[-1].carried_out != "logits":
+        raise ValueError(f"the last {kind} part writes {ios[-1].carried_out!r}, not logits")
+    for k in range(len(ios) - 1):
+        if ios[k].carried_out != ios[k + 1].carried_in:
+            raise ValueError(f"{kind} part {k + 1} writes {ios[k].carried_out!r} but part {k + 2} reads "
+                             f"{ios[k + 1].carried_in!r}: Genie chains parts by tensor name, so they do not connect")
+
+
+def _io_of(sess: Any) -> GraphIO:
+    return GraphIO([i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()])
+
+
+class KVCache:
+    """One sequence's cache for every layer in Genie's layout: keys [KVH,1,HD,CL], values [KVH,1,CL,HD]."""
+
+    def __init__(self, layers: Sequence[int], num_kv_heads: int, head_dim: int, context_length: int,
+                 feeds: GenieFeeds | None = None) -> None:
+        self.k: dict[int, np.ndarray] = {}
+        self.v: dict[int, np.ndarray] = {}
+        for li in layers:
+            fk = feeds.kv_clear_value(f"past_key_{li}_in") if feeds else 0.0
+            fv = feeds.kv_clear_value(f"past_value_{li}_in") if feeds else 0.0
+            self.k[li] = np.full((num_kv_heads, 1, head_dim, context_length), fk, np.float32)
+            self.v[li] = np.full((num_kv_heads, 1, context_length, head_dim), fv, np.float32)
+        self.n_past = 0
+
+
+KVState = KVCache   # the name validation uses
+
+
+def feed_graph(io: GraphIO, x: np.ndarray, feeds: GenieFeeds, cache: KVCache, n_past: int, m: int, s: int,
+               capacity: int) -> dict[str, np.ndarray]:
+    past_len = capacity - s
+    cos, sin = feeds.rope(n_past, m, s)
+    feed: dict[str, np.ndarray] = {io.carried_in: x, "attention_mask": feeds.mask(n_past, m, s, capacity),
+                                   "position_ids_cos": cos, "position_ids_sin": sin}
+    for n, li in io.kv_in.items():
+        feed[n] = cache.k[li][..., :past_len] if "key" in n else cache.v[li][:, :, :past_len]
+    return {n: v for n, v in feed.items() if n in io.inputs}
+
+
+def store_kv(io: GraphIO, outs: dict[str, np.ndarray], feeds: GenieFeeds, cache: KVCache, n_past: int,
+             m: int) -> None:
+    for n, li in io.kv_out.items():
+        val = feeds.kv_store(n, n[:-len("_out")] + "_in", outs[n])
+        if "key" in n:
+            cache.k[li][..., n_past:n_past + m] = val[..., :m]
+        else:
+            cache.v[li][:, :, n_past:n_past + m] = val[:, :, :m]
+
+
 class PartChain:
     """The parts of one graph kind (prompt processor or token generator), run in order."""
 
-    def __init__(self, sessions: list[Any], layers: list[list[int]], seq_len: int) -> None:
+    def __init__(self, sessions: list[Any], seq_len: int, kind: str = "graph") -> None:
         self.sessions = sessions
-        self.layers = layers
         self.seq_len = seq_len
-        self.input_names = [[i.name for i in s.get_inputs()] for s in sessions]
+        self.ios = [_io_of(s) for s in sessions]
+        check_chain(self.ios, kind)
 
-    def run(self, first_input: np.ndarray, mask: np.ndarray, pos: np.ndarray,
-            past: dict[int, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]:
+    def run(self, first_input: np.ndarray, feeds: GenieFeeds, cache: KVCache, n_past: int, m: int,
+            capacity: int) -> np.ndarray:
         x = first_input
-        new: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for sess, layers, names in zip(self.sessions, self.layers, self.input_names, strict=True):
-            feed: dict[str, np.ndarray] = {names[0]: x, names[1]: mask, names[2]: pos}
-            for j, li in enumerate(layers):
-                feed[names[3 + 2 * j]] = past[li][0]
-                feed[names[4 + 2 * j]] = past[li][1]
-            outs = sess.run(None, feed)  # by position: quantized graphs rename their outputs
-            x = outs[0]
-            for j, li in enumerate(layers):
-                new[li] = (outs[1 + 2 * j], outs[2 + 2 * j])
-        return x, new
+        for sess, io in zip(self.sessions, self.ios, strict=True):
+            outs = dict(zip(io.outputs, sess.run(io.outputs, feed_graph(io, x, feeds, cache, n_past, m,
+                                                                         self.seq_len, capacity)), strict=True))
+            store_kv(io, outs, feeds, cache, n_past, m)
+            x = outs[io.carried_out]
+        return x
+
+
+def _session(path: Path, threads: int, providers: list[str] | None) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=providers or ["CPUExecutionProvider"])
+
+
+VARIANT_KEY = {"sim": "sim_onnx", "float": "float_onnx", "quantsim": "sim_onnx"}
 
 
 class DeploymentPair:
     def __init__(self, prompt: PartChain, token: PartChain, context_length: int, num_kv_heads: int,
-                 head_dim: int, layers: list[int]) -> None:
+                 head_dim: int, layers: list[int], feeds: GenieFeeds) -> None:
         self.prompt = prompt
         self.token = token
         self.capacity = context_length
         self.ar_n = prompt.seq_len
         self.layers = layers
-        self._k: dict[int, np.ndarray] = {li: np.zeros((1, num_kv_heads, head_dim, context_length), np.float32) for li in layers}
-        self._v: dict[int, np.ndarray] = {li: np.zeros((1, num_kv_heads, context_length, head_dim), np.float32) for li in layers}
-        self.n_past = 0
+        self.feeds = feeds
+        self.kvh, self.hd = num_kv_heads, head_dim
+        self.cache = KVCache(layers, num_kv_heads, head_dim, context_length, feeds)
+
+    @property
+    def n_past(self) -> int:
+        return self.cache.n_past
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def from_graphs(cls, graphs: Sequence[dict[str, Any]], base_dir: str | Path, variant: str = "sim",
-                    context_length: int | None = None, ar_n: int | None = None,
-                    intra_op_threads: int = 1, providers: list[str] | None = None) -> DeploymentPair:
-        import onnxruntime as ort
-
-        key = {"sim": "sim_onnx", "float": "float_onnx", "quantsim": "sim_onnx"}[variant]
+    def from_graphs(cls, graphs: Sequence[dict[str, Any]], base_dir: str | Path, *,
+                    positional_encoding: dict[str, Any], variant: str = "sim", context_length: int | None = None,
+                    ar_n: int | None = None, intra_op_threads: int = 1, providers: list[str] | None = None,
+                    quant: dict[str, Quant] | None = None, paths: dict[str, Path] | None = None) -> DeploymentPair:
+        """`paths`: graph name -> ONNX file, instead of the graph entries' `<variant>_onnx` keys."""
         base = Path(base_dir)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = intra_op_threads
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
         chains: dict[str, PartChain] = {}
         for kind in ("prompt_processor", "token_generator"):
             gs = sorted((g for g in graphs if g["kind"] == kind), key=lambda g: g["part"])
             if not gs:
                 raise ValueError(f"no {kind} graphs in the graph list")
-            sessions = [ort.InferenceSession(str(base / g[key]), opts, providers=providers or ["CPUExecutionProvider"])
-                        for g in gs]
-            chains[kind] = PartChain(sessions, [list(g["layers"]) for g in gs], int(gs[0]["seq_len"]))
+            sessions = [_session(paths[g["name"]] if paths else base / g[VARIANT_KEY[variant]], intra_op_threads,
+                                 providers) for g in gs]
+            chains[kind] = PartChain(sessions, int(gs[0]["seq_len"]), kind)
         p = chains["prompt_processor"]
-        # shapes from the first part's past_key input: [1, KVH, HD, CL - S]
-        first = p.sessions[0].get_inputs()[3].shape
-        kvh, hd = int(first[1]), int(first[2])
-        cl = context_length or int(first[3]) + p.seq_len
+        shape = next(i.shape for i in p.sessions[0].get_inputs() if is_kv(i.name) and "key" in i.name)
+        kvh, hd = int(shape[0]), int(shape[2])                   # [KVH, 1, HD, CL - S]
+        cl = context_length or int(shape[3]) + p.seq_len
         if ar_n is not None and ar_n != p.seq_len:
             raise ValueError(f"the prompt processor graphs have AR-{p.seq_len}, not AR-{ar_n}")
-        layers = sorted(li for ls in p.layers for li in ls)
-        return cls(p, chains["token_generator"], cl, kvh, hd, layers)
+        layers = sorted({li for io in p.ios for li in io.kv_in.values()})
+        return cls(p, chains["token_generator"], cl, kvh, hd, layers, GenieFeeds(positional_encoding, cl, quant))
 
     # -- running ------------------------------------------------------------
     def reset(self) -> None:
-        self.n_past = 0
+        self.cache = KVCache(self.layers, self.kvh, self.hd, self.capacity, self.feeds)
 
     def _run(self, chain: PartChain, ids: list[int]) -> np.ndarray:
         s = chain.seq_len
         m = len(ids)
-        past_len = self.capacity - s
-        if self.n_past + s > self.capacity or self.n_past > past_len:
-            raise ContextFull(f"the context holds {self.n_past} of {self.capacity} tokens; no room for a "
+        n_past = self.cache.n_past
+        if n_past + s > self.capacity or n_past > self.capacity - s:
+            raise ContextFull(f"the context holds {n_past} of {self.capacity} tokens; no room for a "
                               f"{s}-token block")
         x: np.ndarray = np.zeros((1, s), np.int32)
         x[0, :m] = ids
-        mask, pos = step_inputs(self.n_past, s, self.capacity)
-        past = {li: (self._k[li][..., :past_len], self._v[li][:, :, :past_len]) for li in self.layers}
-        logits, new = chain.run(x, mask, pos, past)
-        for li, (k, v) in new.items():
-            self._k[li][..., self.n_past:self.n_past + m] = k[..., :m]
-            self._v[li][:, :, self.n_past:self.n_past + m] = v[:, :, :m]
-        self.n_past += m
+        logits = chain.run(x, self.feeds, self.cache, n_past, m, self.capacity)
+        self.cache.n_past += m
         return np.asarray(logits[0, m - 1], dtype=np.float32)
 
     def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -173,9 +335,10 @@ class PartSessions:
     """onnxruntime sessions of ONE part at a time: asking for another part closes the open ones.
     `opens` counts session creations (the price of holding one part in memory)."""
 
-    def __init__(self, graphs: Sequence[dict[str, Any]], base_dir: str | Path, variant: str = "sim",
-                 intra_op_threads: int = 1, providers: list[str] | None = None) -> None:
-        key = {"sim": "sim_onnx", "float": "float_onnx", "quantsim": "sim_onnx"}[variant]
+    def __init__(self, graphs: Sequence[dict[str, Any]], base_dir: str | Path, *, positional_encoding: dict[str, Any],
+                 context_length: int, variant: str = "sim", intra_op_threads: int = 1,
+                 providers: list[str] | None = None, quant: dict[str, Quant] | None = None) -> None:
+        key = VARIANT_KEY[variant]
         base = Path(base_dir)
         self.graphs = {(g["kind"], int(g["part"])): g for g in graphs}
         self.paths = {k: base / str(g[key]) for k, g in self.graphs.items()}
@@ -187,29 +350,24 @@ class PartSessions:
         self.layers = {p: list(self.graphs[("prompt_processor", p)]["layers"]) for p in self.parts}
         self.seq_len = {kind: int(self.graphs[(kind, self.parts[0])]["seq_len"])
                         for kind in ("prompt_processor", "token_generator")}
+        self.feeds = GenieFeeds(positional_encoding, context_length, quant)
         self.threads = intra_op_threads
         self.providers = providers or ["CPUExecutionProvider"]
         self._part: int | None = None
-        self._open: dict[str, tuple[Any, list[str]]] = {}
+        self._open: dict[str, tuple[Any, GraphIO]] = {}
         self.opens = 0
         self.open_seconds = 0.0
 
-    def session(self, kind: str, part: int) -> tuple[Any, list[str]]:
+    def session(self, kind: str, part: int) -> tuple[Any, GraphIO]:
         import time
-
-        import onnxruntime as ort
 
         if part != self._part:
             self.close()
             self._part = part
         if kind not in self._open:
             t0 = time.monotonic()
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = self.threads
-            opts.inter_op_num_threads = 1
-            opts.log_severity_level = 3
-            sess = ort.InferenceSession(str(self.paths[(kind, part)]), opts, providers=self.providers)
-            self._open[kind] = (sess, [i.name for i in sess.get_inputs()])
+            sess = _session(self.paths[(kind, part)], self.threads, self.providers)
+            self._open[kind] = (sess, _io_of(sess))
             self.opens += 1
             self.open_seconds += time.monotonic() - t0
         return self._open[kind]
@@ -218,16 +376,9 @@ class PartSessions:
         self._open.clear()
         self._part = None
 
-
-class KVState:
-    """One sequence's KV cache for every layer, [1,KVH,HD,CL] keys and [1,KVH,CL,HD] values."""
-
-    def __init__(self, layers: Sequence[int], num_kv_heads: int, head_dim: int, context_length: int) -> None:
-        self.k: dict[int, np.ndarray] = {li: np.zeros((1, num_kv_heads, head_dim, context_length), np.float32)
-                                         for li in layers}
-        self.v: dict[int, np.ndarray] = {li: np.zeros((1, num_kv_heads, context_length, head_dim), np.float32)
-                                         for li in layers}
-        self.n_past = 0
+    def cache(self, num_kv_heads: int, head_dim: int, context_length: int) -> KVCache:
+        return KVCache([li for p in self.parts for li in self.layers[p]], num_kv_heads, head_dim, context_length,
+                       self.feeds)
 
 
 def prefill_calls(seq: int, ids: Sequence[int], n_past: int, ar_n: int, capacity: int) -> tuple[list[Call], int]:
@@ -250,10 +401,10 @@ def prefill_calls(seq: int, ids: Sequence[int], n_past: int, ar_n: int, capacity
     return calls, n_past
 
 
-def run_part_major(ps: PartSessions, calls: Sequence[Call], states: dict[int, KVState], capacity: int,
+def run_part_major(ps: PartSessions, calls: Sequence[Call], states: dict[int, KVCache], capacity: int,
                    last_only: bool = True) -> list[np.ndarray]:
     """Run `calls` through every part, part by part (one part's sessions open at a time), carrying
-    each call's hidden state to the next part and writing the new KV entries into `states`.
+    each call's output to the next part (by tensor name) and writing the new KV entries into `states`.
     Calls of one sequence must come in order. Returns each call's last-part output: the logits at
     its last token [V] (last_only) or the whole output [S, V]."""
     xs: list[np.ndarray] = []
@@ -265,27 +416,19 @@ def run_part_major(ps: PartSessions, calls: Sequence[Call], states: dict[int, KV
         x[0, :len(ids)] = ids
         xs.append(x)
     for part in ps.parts:
-        layers = ps.layers[part]
         for ci, (si, kind, ids, n_past) in enumerate(calls):
-            sess, names = ps.session(kind, part)
+            sess, io = ps.session(kind, part)
             s = ps.seq_len[kind]
             m = len(ids)
-            past_len = capacity - s
-            if n_past + s > capacity or n_past > past_len:
+            if n_past + s > capacity or n_past > capacity - s:
                 raise ContextFull(f"the context holds {n_past} of {capacity} tokens; no room for a {s}-token block")
-            mask, pos = step_inputs(n_past, s, capacity)
             st = states[si]
-            feed: dict[str, np.ndarray] = {names[0]: xs[ci], names[1]: mask, names[2]: pos}
-            for j, li in enumerate(layers):
-                feed[names[3 + 2 * j]] = st.k[li][..., :past_len]
-                feed[names[4 + 2 * j]] = st.v[li][:, :, :past_len]
-            outs = sess.run(None, feed)  # by position: quantized graphs rename their outputs
-            for j, li in enumerate(layers):
-                st.k[li][..., n_past:n_past + m] = outs[1 + 2 * j][..., :m]
-                st.v[li][:, :, n_past:n_past + m] = outs[2 + 2 * j][:, :, :m]
-            xs[ci] = outs[0] if part != ps.parts[-1] or not last_only else \
-                np.asarray(outs[0][0, m - 1], np.float32)
-            del outs
+            outs = dict(zip(io.outputs, sess.run(io.outputs, feed_graph(io, xs[ci], ps.feeds, st, n_past, m, s,
+                                                                         capacity)), strict=True))
+            store_kv(io, outs, ps.feeds, st, n_past, m)
+            out = outs[io.carried_out]
+            xs[ci] = out if part != ps.parts[-1] or not last_only else np.asarray(out[0, m - 1], np.float32)
+            del outs, out
     ps.close()
     for si, _, ids, n_past in calls:
         states[si].n_past = max(states[si].n_past, n_past + len(ids))
@@ -297,8 +440,7 @@ def greedy_part_major(ps: PartSessions, prompts: Sequence[Sequence[int]], max_ne
     """DeploymentPair.generate for several prompts at once, part-major: the prompts are prefilled
     part by part, then every greedy step runs all still-active sequences through part 1, then
     part 2, ... (each part's token generator is opened once per step)."""
-    all_layers = [li for p in ps.parts for li in ps.layers[p]]
-    states = {i: KVState(all_layers, num_kv_heads, head_dim, capacity) for i in range(len(prompts))}
+    states = {i: ps.cache(num_kv_heads, head_dim, capacity) for i in range(len(prompts))}
     calls: list[Call] = []
     last_call: dict[int, int] = {}
     for i, pr in enumerate(prompts):

@@ -6,8 +6,9 @@ real aimet_onnx QuantizationSimModel, one part at a time (docs/CONTRACTS.md §2)
 Recipe (Qualcomm's W4A16 for Llama on HTP): int4 low-power blockwise (LPBQ, block 64) weights
 for the backbone, 16-bit activations, 8-bit KV cache, lm_head and embeddings at 8 bits.
 Sequential part-wise calibration (workers/quant/partwise.py): part k is calibrated on the
-QUANTIZED outputs of part k-1, one graph's QuantSim in memory at a time; the token generator
-gets the prompt processor's weight encodings frozen (one set of weights on the device).
+QUANTIZED outputs of part k-1, one calibration unit's QuantSim in memory at a time; one encodings
+file per part serves its prompt processor and token generator, with every I/O tensor Genie shares
+between graphs quantized identically (workers/quant/io_encodings.py, docs/genie.md).
 
 Writes into spec.out_dir: float/<graph>.onnx, parts/<graph>/model.{onnx,data,encodings},
 sim/<graph>.onnx (QDQ, for onnxruntime) and quantize.json.
@@ -114,6 +115,13 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise WorkerError("model_load_failed", f"Could not read the model configuration in {hf_dir}: {exc}",
                           "Check the model folder (model stage) and its config.json.") from None
+    from workers.rope import RopeError, genie_positional_encoding, genie_rope_tables
+
+    try:
+        # the rope Genie will compute from genie_config.json: calibration and validation feed the same tables
+        pe = genie_positional_encoding(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")), cl)
+    except RopeError as exc:
+        raise WorkerError("rope_not_expressible", str(exc), "Choose another model or context length.") from None
     shape = Dims.of(cfg)
     kvh, hd = shape.kv_heads, shape.head_dim
     dims = {"context_length": cl, "num_kv_heads": kvh, "head_dim": hd}
@@ -140,18 +148,23 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     # 3. sequential part-wise QuantSim
     from workers.quant.partwise import quantize_partwise, shared_weight_check
 
-    total_graphs = len(graphs)
+    calibrated = [g["name"] for g in graphs if g["kind"] == "prompt_processor"]   # the token generators share them
     done_graphs: list[str] = []
 
     def progress(name: str, i: int, n: int) -> None:
+        if name not in calibrated:
+            em.progress(0.1 + 0.88 * len(done_graphs) / len(calibrated), f"{name}: encodings of its part written",
+                        graph=name)
+            return
         if i == n:
             done_graphs.append(name)
-        frac = 0.1 + 0.88 * (len(done_graphs) + (i / n if i < n else 0)) / total_graphs
-        em.progress(frac, f"{name}: calibration sample {min(i + 1, n)}/{n}", graph=name, sample=i, samples=n)
+        frac = 0.1 + 0.88 * (len(done_graphs) + (i / n if i < n else 0)) / len(calibrated)
+        msg = f"{name}: calibrated" if i == n else f"{name}: calibration sample {i + 1}/{n}"
+        em.progress(frac, msg, graph=name, sample=i, samples=n)
 
     t1 = time.monotonic()
-    quantize_partwise(graphs, out, blocks, settings, dims, progress, em.log, threads=threads,
-                      providers=providers, per_layer=unit == "layer")
+    quantize_partwise(graphs, out, blocks, settings, dims, progress, em.log, rope=genie_rope_tables(pe, cl),
+                      threads=threads, providers=providers, per_layer=unit == "layer")
     em.metric("calibration_seconds", round(time.monotonic() - t1, 2), "s")
     sharing = shared_weight_check(graphs, out)
     mismatched = sum(v["different"] for v in sharing.values())
@@ -177,10 +190,14 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         "calibration": {"text": str(text), "samples": samples, "seq_len": seq_len, "blocks": len(blocks),
                         "unit": unit,
                         "method": "sequential part-wise, one calibration unit (" + ("decoder layer" if unit == "layer"
-                                  else "part") + ") at a time; each unit calibrated on the quantized outputs of "
-                                  "the one before; weights frozen from the prompt processor into the token "
-                                  "generator"},
+                                  else "part") + ") at a time on the prompt processor; each unit calibrated on the "
+                                  "quantized outputs of the one before; one encodings file per part, used by its "
+                                  "prompt processor and token generator (qai-hub-models' scheme); shared I/O "
+                                  "tensors tied (KV in = out, 8-bit symmetric; mask, cos/sin, part boundaries one "
+                                  "encoding everywhere)"},
         "weight_sharing": sharing,
+        "positional_encoding": pe,
+        "encodings_version": "1.0.0",
         "tool": {"aimet_onnx": _version("aimet_onnx"), "onnxruntime": _version("onnxruntime")},
         "graphs": graphs,
     }

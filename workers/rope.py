@@ -118,8 +118,7 @@ def model_inv_freq(hf_config: dict[str, Any], context_size: int) -> tuple[np.nda
         return base, 1.0
     if rtype == "llama3":
         factor, low, high = float(need("factor")), float(need("low_freq_factor")), float(need("high_freq_factor"))
-        orig = float(need("original_max_position_embeddings"))
-        return _llama3(base, factor, low, high, orig), 1.0
+        return _llama3(base, factor, low, high, float(need("original_max_position_embeddings"))), 1.0
     if rtype == "yarn":
         factor = float(need("factor"))
         orig = int(rs.get("original_max_position_embeddings") or max_pos)
@@ -152,8 +151,7 @@ def model_inv_freq(hf_config: dict[str, Any], context_size: int) -> tuple[np.nda
         return inv, float(af)
     if rtype == "longrope":
         orig = int(need("original_max_position_embeddings"))
-        factor = rs.get("factor")
-        factor = float(factor) if factor is not None else max_pos / orig
+        factor = float(rs["factor"]) if rs.get("factor") is not None else max_pos / orig
         af = rs.get("attention_factor")
         if af is None:
             af = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))

@@ -58,7 +58,7 @@ def thresholds_from(settings: dict[str, Any]) -> dict[str, float]:
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     import numpy as np
 
-    from workers.arloop import KVState, PartSessions, greedy_part_major, prefill_calls, run_part_major
+    from workers.arloop import PartSessions, greedy_part_major, prefill_calls, run_part_major
     from workers.metrics import judge, kl_divergence, perplexity, salad, sequence_agreement, top1_agreement
     from workers.quant.calib import load_tokenizer, resolve_hf_dir, resolve_text
 
@@ -80,12 +80,17 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     kvh, hd = int(q["num_kv_heads"]), int(q["head_dim"])
     # One part's sessions open at a time (arloop.PartSessions), one variant at a time: the memory is
     # one part's graphs plus the KV caches and hidden states, not the whole model twice.
-    sessions = {v: PartSessions(q["graphs"], qdir, variant=v, intra_op_threads=threads) for v in ("float", "sim")}
+    pe = q.get("positional_encoding")
+    if not isinstance(pe, dict):
+        raise WorkerError("quantize_output_old", "quantize.json has no positional_encoding: it was written by an "
+                          "older HexStudio whose graphs Genie cannot run (rope inside the graph).",
+                          "Run the quantize stage again (--force).")
+    sessions = {v: PartSessions(q["graphs"], qdir, variant=v, intra_op_threads=threads, positional_encoding=pe,
+                                context_length=cl) for v in ("float", "sim")}
     ps0 = sessions["float"]
     if ps0.seq_len["prompt_processor"] != ar_n:
         raise WorkerError("graph_shape_mismatch", f"the prompt processor graphs have AR-{ps0.seq_len['prompt_processor']}"
                           f", quantize.json says AR-{ar_n}.", "Run the quantize stage again (--force).")
-    all_layers = [li for p in ps0.parts for li in ps0.layers[p]]
     starts = np.linspace(0, len(ids) - window, num=EVAL_WINDOWS).astype(int).tolist()
 
     # 1. deployment pair, teacher-forced: prompt via AR-N, then every next token via AR-1 (part-major:
@@ -106,7 +111,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         targets.extend(seq[PROMPT_TOKENS:PROMPT_TOKENS + FORCED_STEPS + 1])
     logits: dict[str, list[np.ndarray]] = {}
     for i, (v, ps) in enumerate(sessions.items()):
-        states = {w: KVState(all_layers, kvh, hd, cl) for w in range(len(starts))}
+        states = {w: ps.cache(kvh, hd, cl) for w in range(len(starts))}
         outs = run_part_major(ps, calls, states, cl)
         logits[v] = [outs[j] for j in keep]
         del outs, states
@@ -155,7 +160,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     block = ids[starts[0]:starts[0] + ar_n]
     block = block + [block[-1]] * (ar_n - len(block))
     for v, ps in sessions.items():
-        st = {0: KVState(all_layers, kvh, hd, cl)}
+        st = {0: ps.cache(kvh, hd, cl)}
         pp_logits[v] = run_part_major(ps, [(0, "prompt_processor", block, 0)], st, cl, last_only=False)[0]
     opens = {v: ps.opens for v, ps in sessions.items()}
     open_s = round(sum(ps.open_seconds for ps in sessions.values()), 2)

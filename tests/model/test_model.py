@@ -166,7 +166,28 @@ def test_not_a_model_gives_what_to_do(tmp_path: Path) -> None:
     assert "neither a folder nor a Hugging Face id" in m.stage("model").data["outcome"]["message"]
 
 
-def test_export_and_arloop_match_transformers(tmp_path: Path) -> None:
+ROPE_VARIANTS = {
+    "none": None,
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+    "longrope": {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 128,
+                 "short_factor": [1.0 + 0.05 * i for i in range(8)], "long_factor": [1.0 + 0.5 * i for i in range(8)]},
+}
+
+
+def _pe(model: Any, context_length: int) -> dict[str, Any]:
+    from workers.rope import genie_positional_encoding
+
+    return genie_positional_encoding(model.config.to_dict(), context_length)
+
+
+@pytest.mark.parametrize("rope", list(ROPE_VARIANTS))
+def test_export_and_arloop_match_transformers(tmp_path: Path, rope: str) -> None:
+    """The deployment pair in Genie's I/O contract (rope tables computed outside the graph from the
+    genie_config positional-encoding, KV in Qualcomm's layout, parts chained by one tensor name) gives
+    transformers' own logits and greedy tokens, for every rope scaling Genie can be told about."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -174,17 +195,27 @@ def test_export_and_arloop_match_transformers(tmp_path: Path) -> None:
     from workers.export import export_deployment_graphs
 
     torch.manual_seed(0)
+    scaling = ROPE_VARIANTS[rope]
     cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rope_theta=500000.0,
-                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+                      rope_scaling=dict(scaling, rope_theta=500000.0) if scaling else None)
     model = LlamaForCausalLM(cfg).eval()
     graphs = export_deployment_graphs(None, tmp_path / "float", 64, 16, 2, model=model)
     assert [g["name"] for g in graphs] == ["prompt_ar16_cl64_1_of_2", "prompt_ar16_cl64_2_of_2",
                                            "token_ar1_cl64_1_of_2", "token_ar1_cl64_2_of_2"]
-    assert graphs[0]["inputs"][:3] == ["input_ids", "attention_mask", "position_ids"]
-    assert graphs[1]["inputs"][0] == "hidden_states_in" and graphs[1]["outputs"][0] == "logits"
-    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16)
+    assert graphs[0]["inputs"][:6] == ["input_ids", "attention_mask", "position_ids_cos", "position_ids_sin",
+                                       "past_key_0_in", "past_value_0_in"]
+    boundary = "_model_model_layers_1_Add_1_output_0"
+    assert graphs[0]["outputs"][0] == boundary == graphs[1]["inputs"][0] and graphs[1]["outputs"][0] == "logits"
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tmp_path / graphs[0]["float_onnx"]), providers=["CPUExecutionProvider"])
+    shapes = {i.name: i.shape for i in sess.get_inputs()} | {o.name: o.shape for o in sess.get_outputs()}
+    assert shapes["position_ids_cos"] == [1, 1, 16, 8] and shapes["attention_mask"] == [1, 1, 16, 64]
+    assert shapes["past_key_0_in"] == [2, 1, 16, 48] and shapes["past_value_0_in"] == [2, 1, 48, 16]
+    assert shapes["past_key_0_out"] == [2, 1, 16, 16] and shapes["past_value_0_out"] == [2, 1, 16, 16]
+    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16,
+                                      positional_encoding=_pe(model, 64))
     ids = [int(x) for x in np.random.RandomState(0).randint(0, 300, 37)]  # 3 AR-16 blocks, the last padded
     logits = pair.prefill(ids)
     with torch.no_grad():
@@ -198,6 +229,33 @@ def test_export_and_arloop_match_transformers(tmp_path: Path) -> None:
     pair.reset()
     with pytest.raises(ContextFull):
         pair.prefill(list(range(65)))
+
+
+def test_parts_that_do_not_chain_by_name_are_refused(tmp_path: Path) -> None:
+    """Genie wires parts by tensor name: a boundary with two names is refused, naming both."""
+    import onnx
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workers.arloop import DeploymentPair
+    from workers.export import export_deployment_graphs
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model = LlamaForCausalLM(cfg).eval()
+    graphs = export_deployment_graphs(None, tmp_path / "float", 64, 16, 2, model=model)
+    p = tmp_path / graphs[1]["float_onnx"]
+    m = onnx.load(str(p), load_external_data=False)
+    old = m.graph.input[0].name
+    m.graph.input[0].name = "hidden_states_in"
+    for n in m.graph.node:
+        for i, x in enumerate(n.input):
+            if x == old:
+                n.input[i] = "hidden_states_in"
+    onnx.save(m, str(p))
+    with pytest.raises(ValueError, match="chains parts by tensor name"):
+        DeploymentPair.from_graphs(graphs, tmp_path, variant="float", positional_encoding=_pe(model, 64))
 
 
 def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: Path) -> None:
@@ -221,8 +279,10 @@ def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: 
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     model = LlamaForCausalLM(cfg).eval()
     graphs = export_deployment_graphs(None, tmp_path / "float", 64, 16, 3, model=model)
-    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16)
-    ps = PartSessions(graphs, tmp_path, variant="float")
+    pe = _pe(model, 64)
+    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16,
+                                      positional_encoding=pe)
+    ps = PartSessions(graphs, tmp_path, variant="float", positional_encoding=pe, context_length=64)
     rng = np.random.RandomState(3)
     seqs = [[int(x) for x in rng.randint(0, 300, n)] for n in (21, 9)]
     calls: list[Any] = []
@@ -329,7 +389,8 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
     assert "model.embed_tokens.weight" in seen[1] and "model.norm.weight" not in seen[1]
     assert all(".layers.0." not in n and ".layers.1." not in n for n in seen[2])
     assert "lm_head.weight" in seen[2]   # the tied head, under its own name (int8 lm_head, not LPBQ)
-    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16)
+    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16,
+                                      positional_encoding=_pe(model, 64))
     ids = [int(x) for x in np.random.RandomState(0).randint(0, 300, 20)]
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0, -1].numpy()

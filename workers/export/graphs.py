@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workers.export.segments import Dims, head_module, layer_module, rope_module
+from workers.export.segments import Dims, embed_module, head_module, layer_module
 from workers.export.stitch import PartGraphWriter
 from workers.export.weights import CheckpointWeights, InMemoryWeights, StreamedWeight
 from workers.modelinfo import layer_ranges
@@ -17,14 +17,32 @@ MASK_VALUE = -1000.0  # additive mask; Qualcomm's -100 did not mask on larger mo
 OPSET = 17
 
 
+ROPE_INPUTS = ("position_ids_cos", "position_ids_sin")
+
+
+def part_label(part: int, parts: int) -> str:
+    """`3_of_5`; the part number zero-padded to the width of the count (`03_of_12`): Genie runs the graphs
+    of one AR/CL in the lexicographic order of their names, so `10_of_12` must not sort before `2_of_12`."""
+    return f"{part:0{len(str(parts))}d}_of_{parts}"
+
+
 def graph_name(kind: str, ar: int, context_length: int, part: int, parts: int) -> str:
+    """`{prompt|token}_ar{AR}_cl{CL}_{i}_of_{n}`: Genie reads AR and CL from it (qai-hub-models' names)."""
     prefix = "prompt" if kind == "prompt_processor" else "token"
-    return f"{prefix}_ar{ar}_cl{context_length}_{part}_of_{parts}"
+    return f"{prefix}_ar{ar}_cl{context_length}_{part_label(part, parts)}"
+
+
+def boundary_name(layer: int) -> str:
+    """The hidden state leaving decoder layer `layer`, where a part ends: one name in the part that writes it
+    and the part that reads it (Genie chains parts by tensor name). qai-hub-models' name for the same
+    tensor (its layer's second residual add), as QNN spells it."""
+    return f"_model_model_layers_{layer}_Add_1_output_0"
 
 
 def graph_io_names(part: int, parts: int, layers: range) -> tuple[list[str], list[str]]:
-    inputs = ["input_ids" if part == 1 else "hidden_states_in", "attention_mask", "position_ids"]
-    outputs = ["logits" if part == parts else "hidden_states_out"]
+    """A part's input and output names in Genie's order (docs/CONTRACTS.md §2)."""
+    inputs = ["input_ids" if part == 1 else boundary_name(layers.start - 1), "attention_mask", *ROPE_INPUTS]
+    outputs = ["logits" if part == parts else boundary_name(layers.stop - 1)]
     for li in layers:
         inputs += [f"past_key_{li}_in", f"past_value_{li}_in"]
         outputs += [f"past_key_{li}_out", f"past_value_{li}_out"]
@@ -73,10 +91,6 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
     cfg = src.config
     dims = Dims.of(cfg)
     inner = src.model.model
-    rot = inner.rotary_emb
-    if rot.inv_freq.device.type == "meta":     # a buffer computed at construction: rebuild it on the CPU
-        rot = type(rot)(config=cfg)
-    inv_freq, scaling = rot.inv_freq, float(getattr(rot, "attention_scaling", 1.0))
     seq = {kind: (seq_lens or {}).get(kind, ar_n if kind == "prompt_processor" else 1) for kind in kinds}
     graphs: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix=".pieces-", dir=out))
@@ -88,7 +102,7 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
             writers = {kind: PartGraphWriter(out / f"{names[kind]}.onnx", ins, outs) for kind in kinds}
             pieces = _Pieces(src, writers, seq, context_length, dims, tmp)
             try:
-                read = pieces.part(inner, src.model, inv_freq, scaling, start, stop, first, last)
+                read = pieces.part(inner, src.model, start, stop, first, last)
                 for w in writers.values():
                     w.save()
             except BaseException:
@@ -116,39 +130,34 @@ class _Pieces:
                  seq: dict[str, int], context_length: int, dims: Dims, tmp: Path) -> None:
         self.src, self.writers, self.seq, self.cl, self.dims, self.tmp = src, writers, seq, context_length, dims, tmp
 
-    def part(self, inner: Any, causal_lm: Any, inv_freq: Any, scaling: float, start: int, stop: int,
-             first: bool, last: bool) -> list[str]:
+    def part(self, inner: Any, causal_lm: Any, start: int, stop: int, first: bool, last: bool) -> list[str]:
         import torch
 
         d, cl = self.dims, self.cl
         read: list[str] = []
-        rope = rope_module(inner.embed_tokens if first else None, inv_freq, scaling)
-
-        def rope_args(s: int) -> tuple[Any, ...]:
-            pos = torch.arange(s, dtype=torch.int32)[None]
-            return (torch.zeros((1, s), dtype=torch.int32), pos) if first else (pos,)
-
-        h = "/embed/hidden" if first else "hidden_states_in"
-        read += self.piece("/rope", rope, [("embed", "model.embed_tokens.")] if first else [], rope_args,
-                           (["input_ids"] if first else []) + ["position_ids"],
-                           (["hidden"] if first else []) + ["cos", "sin"],
-                           {"input_ids": "input_ids", "position_ids": "position_ids", "hidden": h,
-                            "cos": "/rope/cos", "sin": "/rope/sin"})
+        if first:
+            h = "/embed/hidden"
+            read += self.piece("/embed", embed_module(inner.embed_tokens), [("embed", "model.embed_tokens.")],
+                               lambda s: (torch.zeros((1, s), dtype=torch.int32),), ["input_ids"], ["hidden"],
+                               {"input_ids": "input_ids", "hidden": h})
+        else:
+            h = boundary_name(start - 1)
         for i in range(start, stop):
             block = layer_module(inner.layers[i], d)
 
             def layer_args(s: int) -> tuple[Any, ...]:
                 return (torch.zeros((1, s, d.hidden)), torch.zeros((1, 1, s, cl)),
-                        torch.zeros((1, 1, s, d.head_dim)), torch.zeros((1, 1, s, d.head_dim)),
-                        torch.zeros((1, d.kv_heads, d.head_dim, cl - s)), torch.zeros((1, d.kv_heads, cl - s, d.head_dim)))
+                        torch.zeros((1, 1, s, d.head_dim // 2)), torch.zeros((1, 1, s, d.head_dim // 2)),
+                        torch.zeros((d.kv_heads, 1, d.head_dim, cl - s)), torch.zeros((d.kv_heads, 1, cl - s, d.head_dim)))
 
-            h_out = "hidden_states_out" if i == stop - 1 and not last else f"/layers.{i}/hidden"
+            h_out = boundary_name(i) if i == stop - 1 and not last else f"/layers.{i}/hidden"
             read += self.piece(f"/layers.{i}", block, [("layer", f"model.layers.{i}.")], layer_args,
                                ["hidden", "attention_mask", "cos", "sin", "past_key", "past_value"],
                                ["hidden_out", "key", "value"],
-                               {"hidden": h, "attention_mask": "attention_mask", "cos": "/rope/cos",
-                                "sin": "/rope/sin", "past_key": f"past_key_{i}_in", "past_value": f"past_value_{i}_in",
-                                "hidden_out": h_out, "key": f"past_key_{i}_out", "value": f"past_value_{i}_out"})
+                               {"hidden": h, "attention_mask": "attention_mask", "cos": "position_ids_cos",
+                                "sin": "position_ids_sin", "past_key": f"past_key_{i}_in",
+                                "past_value": f"past_value_{i}_in", "hidden_out": h_out, "key": f"past_key_{i}_out",
+                                "value": f"past_value_{i}_out"})
             h = h_out
         if last:
             head = head_module(inner.norm, causal_lm.lm_head)

@@ -1,10 +1,11 @@
-"""The pieces a part graph is exported in, one torch module each: the rotary prologue (with the
-embedding in the first part), one decoder layer, and the head (final norm + lm_head, last part).
+"""The pieces a part graph is exported in, one torch module each: the token embedding (first part),
+one decoder layer, and the head (final norm + lm_head, last part).
 
 Exporting a part piece by piece keeps one decoder layer's weights (not the part's) inside the ONNX
 exporter at a time; workers.export.stitch joins the pieces into the part graph. The maths is the
-board's: static shapes, the KV cache as explicit inputs/outputs (keys stored transposed,
-[1, KVH, HD, P]; values [1, KVH, P, HD]), an additive attention mask and explicit positions.
+board's (Genie's I/O contract, docs/genie.md): static shapes, the KV cache as explicit inputs/outputs
+(keys stored transposed, [KVH, 1, HD, P]; values [KVH, 1, P, HD]), an additive attention mask, and
+the rotary cos/sin as inputs (Genie computes them from genie_config.json: workers/rope.py).
 """
 
 from __future__ import annotations
@@ -29,43 +30,39 @@ class Dims:
         return cls(int(cfg.hidden_size), heads, kvh, hd)
 
 
-def rope_module(embed: Any, inv_freq: Any, scaling: float) -> Any:
-    """(input_ids, position_ids) -> (hidden, cos, sin) with the embedding, else
-    (position_ids) -> (cos, sin). cos/sin are [1, 1, S, HD]."""
+def embed_module(embed: Any) -> Any:
+    """(input_ids) -> hidden: the token embedding, the first piece of part 1."""
     import torch
     from torch import nn
 
-    class Rope(nn.Module):
+    class Embed(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.embed = embed
-            self.register_buffer("inv_freq", inv_freq.detach().clone().float(), persistent=False)
 
-        def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            pos = inputs[-1]
-            freqs = pos.float()[..., None] * self.inv_freq[None, None, :]        # [1,S,HD/2]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            cos = (emb.cos() * scaling)[:, None]                                # [1,1,S,HD]
-            sin = (emb.sin() * scaling)[:, None]
-            if self.embed is None:
-                return cos, sin
-            return self.embed(inputs[0].long()), cos, sin
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.embed(ids.long())
 
-    return Rope().eval()
+    return Embed().eval()
 
 
 def layer_module(layer: Any, dims: Dims) -> Any:
-    """(hidden, mask, cos, sin, past_key, past_value) -> (hidden, key, value) for one decoder layer;
-    key is this step's keys transposed [1, KVH, HD, S], value [1, KVH, S, HD]."""
+    """(hidden, mask, cos, sin, past_key, past_value) -> (hidden, key, value) for one decoder layer, in
+    Genie's layout (qai-hub-models' Llama export): cos/sin half-width [1, 1, S, HD/2] computed outside
+    the graph, applied to each head's two halves (the same rotation as transformers' rotate_half);
+    past_key [KVH, 1, HD, P] (transposed), past_value [KVH, 1, P, HD]; key out [KVH, 1, HD, S] and
+    value out [KVH, 1, S, HD] hold only this step's entries, keys after the rotation."""
     import torch
     from torch import nn
 
     heads, kvh, hd = dims.heads, dims.kv_heads, dims.head_dim
     groups = heads // kvh
 
-    def rotate_half(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-        return torch.cat((-x2, x1), dim=-1)
+    half = hd // 2
+
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -83,11 +80,11 @@ def layer_module(layer: Any, dims: Dims) -> Any:
             if getattr(attn, "q_norm", None) is not None:
                 q = attn.q_norm(q)
                 k = attn.k_norm(k)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q = rotate(q, cos, sin)
+            k = rotate(k, cos, sin)
             kt = k.transpose(2, 3)                                              # [1,KVH,HD,S]
-            keys = torch.cat((pk, kt), dim=3)                                   # [1,KVH,HD,CL]
-            vals = torch.cat((pv, v), dim=2)                                    # [1,KVH,CL,HD]
+            keys = torch.cat((pk.transpose(0, 1), kt), dim=3)                   # [1,KVH,HD,CL]
+            vals = torch.cat((pv.transpose(0, 1), v), dim=2)                    # [1,KVH,CL,HD]
             if groups > 1:
                 keys = keys.repeat_interleave(groups, dim=1)
                 vals = vals.repeat_interleave(groups, dim=1)
@@ -96,7 +93,7 @@ def layer_module(layer: Any, dims: Dims) -> Any:
             a = torch.matmul(probs, vals).transpose(1, 2).reshape(1, s, heads * hd)
             h = h + attn.o_proj(a)
             h = h + self.layer.mlp(self.layer.post_attention_layernorm(h))
-            return h, kt, v
+            return h, kt.transpose(0, 1), v.transpose(0, 1)                     # [KVH,1,HD,S], [KVH,1,S,HD]
 
     return Block().eval()
 

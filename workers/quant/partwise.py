@@ -1,9 +1,10 @@
 """Sequential part-wise W4A16 quantization with a real aimet_onnx QuantizationSimModel.
 
 Part k is calibrated on the QUANTIZED outputs of part k-1 (run through the QDQ ONNX of part
-k-1). Only one graph's QuantSim lives at a time (fresh temp folder each: facts pitfall 3).
-Weight encodings are computed once on the prompt processor and frozen into the token generator
-of the same part (facts pitfall 5), so the two graphs can share weights on the device.
+k-1). Only one calibration unit's QuantSim lives at a time (fresh temp folder each: facts pitfall 3).
+One calibration per part, on the prompt processor, gives the part's one encodings file, which its
+token generator uses too (same tensor names), as qai-hub-models does: every tensor the two graphs
+share has one encoding (Genie's identical-quantization rule; one set of weights on the device).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from workers.quant.calib import Block, pp_mask, tg_mask, tg_positions
+from workers.quant.calib import Block, pp_mask
+from workers.quant.io_encodings import ENCODING_VERSION, propagate_memory_encodings, tie_io_encodings
 from workers.quant.qdq import build_qdq, copy_graph
 from workers.quant.tensorfile import write_f32_tensors
 from workers.quant.units import (
@@ -130,7 +132,7 @@ def ort_providers(log: Callable[[str], None] | None = None) -> list[str]:
 
 
 def quantize_unit(unit: Unit, enc_out: Path, feeds: FeedFactory, settings: dict[str, Any], threads: int,
-                  freeze_from: Path | None = None, providers: list[str] | None = None) -> dict[str, int]:
+                  providers: list[str] | None = None) -> dict[str, int]:
     """QuantSim one calibration unit, calibrate it on `feeds()` (one sample in memory at a time) and write
     its encodings to `enc_out` and its quantized weights beside it (baked_path). Frees the sim."""
     tmp = Path(tempfile.mkdtemp(prefix=f"hexq-{unit.path.stem}-"))
@@ -147,10 +149,13 @@ def quantize_unit(unit: Unit, enc_out: Path, feeds: FeedFactory, settings: dict[
                 full[unit.table] = unit.table_source
         if unit.columns is not None and unit.columns[0] > 0:
             counts = {k: 0 if k == "lm_head_weights" else v for k, v in counts.items()}   # one weight, in chunks
-        if freeze_from is not None:
-            sim.set_and_freeze_param_encodings(str(freeze_from))
         sim.compute_encodings(feeds())
+        pin_encoding_version()
         sim.export(str(tmp), "unit", export_model=False)
+        version = json.loads((tmp / "unit.encodings").read_text(encoding="utf-8")).get("version")
+        if version != ENCODING_VERSION:
+            raise ValueError(f"aimet-onnx wrote encodings format {version!r}, not {ENCODING_VERSION}: HexStudio, AI Hub "
+                             "and the simulator read 1.0.0")
         save_baked(sim, baked_path(enc_out), full)
         del sim
         gc.collect()
@@ -159,6 +164,16 @@ def quantize_unit(unit: Unit, enc_out: Path, feeds: FeedFactory, settings: dict[
         shutil.rmtree(tmp, ignore_errors=True)
         release_memory()
     return counts
+
+
+def pin_encoding_version() -> None:
+    """AIMET's encodings format pinned to 1.0.0, as qai-hub-models pins it (`_shared/llm/model.py`), never
+    aimet's default, which can change between releases (and follows $AIMET_ENCODING_VERSION)."""
+    try:
+        from aimet_onnx.common import quantsim as aimet_quantsim
+    except ImportError:       # older aimet-onnx: the format is its only one
+        return
+    aimet_quantsim.encoding_version = ENCODING_VERSION
 
 
 def baked_path(enc: Path) -> Path:
@@ -292,71 +307,37 @@ class RecordFile:
         self.path.unlink(missing_ok=True)
 
 
-def pp_feed_factory(part_first: bool, blocks: list[Block], prev: TensorStore | None, s: int, cl: int, kvh: int,
-                    hd: int, unit: Unit, store: TensorStore) -> FeedFactory:
+def pp_feed_factory(blocks: list[Block], prev: TensorStore | None, s: int, cl: int, kvh: int, hd: int,
+                    rope: tuple[np.ndarray, np.ndarray], unit: Unit, store: TensorStore) -> FeedFactory:
     """The prompt-processor samples of one unit: the part's inputs it reads (tokens or the previous
-    part's quantized hidden states, mask, positions, an empty KV cache) and what earlier units of this
-    part produced for the same sample (from `store`)."""
+    part's quantized output, read by its tensor name; mask; the rotary tables Genie would feed; an empty
+    KV cache in Genie's layout) and what earlier units of this part produced for the same sample."""
+    cos_t, sin_t = rope
+
     def feeds() -> Iterator[dict[str, np.ndarray]]:
-        zk: np.ndarray = np.zeros((1, kvh, hd, cl - s), np.float32)
-        zv: np.ndarray = np.zeros((1, kvh, cl - s, hd), np.float32)
+        zk: np.ndarray = np.zeros((kvh, 1, hd, cl - s), np.float32)
+        zv: np.ndarray = np.zeros((kvh, 1, cl - s, hd), np.float32)
         for b, blk in enumerate(blocks):
             f: dict[str, np.ndarray] = {}
+            pos: np.ndarray = np.arange(s) + blk.start_pos
             for n in unit.inputs:
                 if n == "input_ids":
                     f[n] = np.asarray([blk.ids], dtype=np.int32)
-                elif n == "hidden_states_in":
-                    assert prev is not None
-                    f[n] = prev.get("hidden_states_out", b)
                 elif n == "attention_mask":
                     f[n] = pp_mask(s, cl, blk.n_valid)
-                elif n == "position_ids":
-                    f[n] = (np.arange(s, dtype=np.int32) + blk.start_pos)[None]
+                elif n == "position_ids_cos":
+                    f[n] = cos_t[pos][None, None]
+                elif n == "position_ids_sin":
+                    f[n] = sin_t[pos][None, None]
                 elif n.startswith("past_key_") and n.endswith("_in"):
                     f[n] = zk
                 elif n.startswith("past_value_") and n.endswith("_in"):
                     f[n] = zv
-                else:
+                elif n in store.records:
                     f[n] = store.get(n, b)
-            yield f
-    return feeds
-
-
-def tg_sample_positions(blocks: list[Block], per_block: int) -> list[tuple[int, int]]:
-    """(block index, position) of every token-generator calibration sample."""
-    return [(b, p) for b, blk in enumerate(blocks) for p in tg_positions(blk.n_valid, per_block)]
-
-
-def tg_feed_factory(blocks: list[Block], pp_store: TensorStore, prev: TensorStore | None, cl: int, kvh: int,
-                    hd: int, per_block: int, unit: Unit, store: TensorStore) -> FeedFactory:
-    """Token-generator samples of one unit, built one at a time: one token at position p with the
-    (quantized) prompt processor's KV of tokens < p, read back from disk."""
-    def feeds() -> Iterator[dict[str, np.ndarray]]:
-        for j, (b, p) in enumerate(tg_sample_positions(blocks, per_block)):
-            blk = blocks[b]
-            f: dict[str, np.ndarray] = {}
-            for n in unit.inputs:
-                if n == "input_ids":
-                    f[n] = np.asarray([[blk.ids[p]]], dtype=np.int32)
-                elif n == "hidden_states_in":
-                    assert prev is not None
-                    f[n] = prev.get("hidden_states_out", j)
-                elif n == "attention_mask":
-                    f[n] = tg_mask(cl, p)
-                elif n == "position_ids":
-                    f[n] = np.asarray([[blk.start_pos + p]], dtype=np.int32)
-                elif n.startswith("past_key_") and n.endswith("_in"):
-                    k_new = pp_store.get(n[:-3] + "_out", b)
-                    pk: np.ndarray = np.zeros((1, kvh, hd, cl - 1), np.float32)
-                    pk[..., :p] = k_new[..., :p]
-                    f[n] = pk
-                elif n.startswith("past_value_") and n.endswith("_in"):
-                    v_new = pp_store.get(n[:-3] + "_out", b)
-                    pv: np.ndarray = np.zeros((1, kvh, cl - 1, hd), np.float32)
-                    pv[:, :, :p] = v_new[:, :, :p]
-                    f[n] = pv
-                else:
-                    f[n] = store.get(n, j)
+                else:       # the previous part's output, under the same name
+                    assert prev is not None, n
+                    f[n] = prev.get(n, b)
             yield f
     return feeds
 
@@ -366,39 +347,60 @@ def _sum_counts(total: dict[str, int], counts: dict[str, int]) -> None:
         total[k] = max(total.get(k, 0), v) if k == "cuda" else total.get(k, 0) + v
 
 
-def _finish_graph(g: dict[str, Any], base: Path, encs: list[Path], counts: dict[str, int], units: int,
-                  seconds: float) -> None:
-    """Merge a graph's unit encodings into the part's; write parts/<graph>/model.{onnx,data,encodings} and
-    the simulation graph sim/<graph>.onnx (+ .data)."""
-    gdir = base / "parts" / g["name"]
-    gdir.mkdir(parents=True, exist_ok=True)
-    merge_encodings(encs, gdir / "model.encodings")
-    copy_graph(base / g["float_onnx"], gdir / "model.onnx", "model.data")
-    g["onnx"] = f"parts/{g['name']}/model.onnx"
-    g["encodings"] = f"parts/{g['name']}/model.encodings"
-    g["sim_onnx"] = f"sim/{g['name']}.onnx"
-    built = build_qdq(base / g["float_onnx"], gdir / "model.encodings", [baked_path(e) for e in encs],
-                      base / g["sim_onnx"])
-    stats: dict[str, Any] = dict(count_encodings(gdir / "model.encodings"))
-    stats.update(counts)
-    stats.update(built)
-    stats["calibration_units"] = units
-    stats["seconds"] = round(seconds, 2)
-    g["stats"] = stats
+def _finish_part(part_graphs: list[dict[str, Any]], base: Path, work: Path, encs: list[Path],
+                 fixed: dict[str, dict[str, Any]], settings: dict[str, Any], counts: dict[str, int], units: int,
+                 seconds: float) -> None:
+    """One encodings file for the part (every unit's, merged, then the shared-I/O contract applied:
+    workers/quant/io_encodings.py), written for each of the part's graphs beside its AIMET export
+    (parts/<graph>/model.{onnx,data,encodings}), and each graph's simulation graph sim/<graph>.onnx built
+    from it with the units' quantized weights."""
+    merged = work / "part.encodings"
+    merge_encodings(encs, merged)
+    doc = json.loads(merged.read_text(encoding="utf-8"))
+    acts = {a["name"]: a for a in doc["activation_encodings"]}
+    pp = part_graphs[0]
+    import onnx
+
+    structure = onnx.load(str(base / pp["float_onnx"]), load_external_data=False)
+    propagate_memory_encodings(structure.graph.node, acts)
+    del structure
+    report = tie_io_encodings(acts, list(pp["inputs"]), list(pp["outputs"]), fixed,
+                              int(settings.get("kv_bits", 8)))
+    doc["version"] = ENCODING_VERSION
+    doc["activation_encodings"] = list(acts.values())
+    merged.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    for g in part_graphs:
+        if list(g["inputs"]) != list(pp["inputs"]) or list(g["outputs"]) != list(pp["outputs"]):
+            raise ValueError(f"{g['name']} and {pp['name']} have different I/O names: they cannot share encodings")
+        gdir = base / "parts" / g["name"]
+        gdir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(merged, gdir / "model.encodings")
+        copy_graph(base / g["float_onnx"], gdir / "model.onnx", "model.data")
+        g["onnx"] = f"parts/{g['name']}/model.onnx"
+        g["encodings"] = f"parts/{g['name']}/model.encodings"
+        g["sim_onnx"] = f"sim/{g['name']}.onnx"
+        built = build_qdq(base / g["float_onnx"], merged, [baked_path(e) for e in encs], base / g["sim_onnx"])
+        stats: dict[str, Any] = dict(count_encodings(merged))
+        stats.update(counts)
+        stats.update(built)
+        stats["calibration_units"] = units
+        stats["seconds"] = round(seconds, 2)
+        stats["encodings_from"] = pp["name"]
+        g["stats"] = stats
+        g["io_encodings"] = report
 
 
-def _calibrate_graph(g: dict[str, Any], units: list[Unit], feeds_for: Callable[[Unit], FeedFactory], n_samples: int,
-                     base: Path, work: Path, tag: str, store: TensorStore, settings: dict[str, Any], threads: int,
-                     providers: list[str] | None, progress: ProgressFn, log: Callable[[str], None], keep_kv: bool,
-                     freeze_from: str | None = None, note: str = "") -> None:
+def _calibrate_units(g: dict[str, Any], units: list[Unit], feeds_for: Callable[[Unit], FeedFactory], n_samples: int,
+                     work: Path, tag: str, store: TensorStore, settings: dict[str, Any], threads: int,
+                     providers: list[str] | None, progress: ProgressFn,
+                     log: Callable[[str], None]) -> tuple[list[Path], dict[str, int]]:
     """Calibrate one graph's units in order: QuantSim each on its feeds, then run its QDQ graph to store
-    what later units (and, with keep_kv, the token generator's samples) read; merge into the graph's
-    encodings and simulation graph. freeze_from: the tag of the graph whose unit of the same index holds
-    the weight encodings to freeze (the two graphs of a part share weights)."""
+    what later units and the next part read (never the KV outputs: nothing reads them during
+    calibration). Returns the units' encodings files (the lm_head's column chunks merged into one) and
+    the counts."""
     encs: list[Path] = []
     chunks: list[tuple[Unit, Path]] = []
     counts: dict[str, int] = {}
-    t0 = time.monotonic()
     total = len(units) * n_samples
     part = g["part"]
     for u in units:
@@ -412,15 +414,13 @@ def _calibrate_graph(g: dict[str, Any], units: list[Unit], feeds_for: Callable[[
                 progress(g["name"], u.index * n_samples + i, total)
                 yield f
 
-        log(f"part {part}: calibrating {g['name']} {u.label} on {n_samples} samples{note}")
-        _sum_counts(counts, quantize_unit(u, enc, gen, settings, threads,
-                                          freeze_from=work / f"{freeze_from}_u{u.index}.encodings" if freeze_from else None,
-                                          providers=providers))
+        log(f"part {part}: calibrating {g['name']} {u.label} on {n_samples} samples")
+        _sum_counts(counts, quantize_unit(u, enc, gen, settings, threads, providers=providers))
         if u.columns is not None:
             chunks.append((u, enc))
             continue
         encs.append(enc)
-        keep = [o for o in u.outputs if o != "logits" and (keep_kv or not o.startswith("past_"))]
+        keep = [o for o in u.outputs if o != "logits" and not o.startswith("past_")]
         if keep:
             qdq = work / "units" / f"{tag}_u{u.index}.qdq.onnx"
             build_qdq(u.path, enc, [baked_path(enc)], qdq)
@@ -431,63 +431,62 @@ def _calibrate_graph(g: dict[str, Any], units: list[Unit], feeds_for: Callable[[
         head = work / f"{tag}_lm_head.encodings"
         merge_column_chunks([u for u, _ in chunks], [e for _, e in chunks], head)
         encs.append(head)
-    _finish_graph(g, base, encs, counts, len(units), time.monotonic() - t0)
-    progress(g["name"], total, total)
+    return encs, counts
 
 
 def quantize_partwise(graphs: list[dict[str, Any]], base: Path, blocks: list[Block], settings: dict[str, Any],
                       dims: dict[str, int], progress: ProgressFn, log: Callable[[str], None],
-                      threads: int = 2, tg_per_block: int = 4, providers: list[str] | None = None,
+                      rope: tuple[np.ndarray, np.ndarray], threads: int = 2, providers: list[str] | None = None,
                       per_layer: bool = True, head_chunk_params: int | None = None) -> list[dict[str, Any]]:
     """Quantize every part in order, one calibration unit (one decoder layer, the embedding, the lm_head
-    in column chunks no larger than a layer: workers/quant/units.py) at a time; fills in each graph entry's onnx/encodings/sim_onnx and stats. `graphs` entries carry
-    float_onnx relative to `base` (the stage's out_dir).
+    in column chunks no larger than a layer: workers/quant/units.py) at a time; fills in each graph entry's
+    onnx/encodings/sim_onnx and stats. `graphs` entries carry float_onnx relative to `base` (the stage's
+    out_dir); `rope`: the (cos, sin) tables Genie computes for this model, [context_length, head_dim/2].
+
+    As qai-hub-models does, one calibration (on the prompt processor) gives ONE encodings file per part,
+    used by both of its graphs: the token generator has the same tensor names, so every tensor shared
+    between the two, every weight included, has one encoding (Genie requires it for the I/O tensors; the
+    device shares the weights). Part k is calibrated on the QUANTIZED outputs of part k-1.
 
     Memory: one unit's QuantSim at a time; calibration samples are generated one at a time; each unit's
-    quantized outputs (the next unit's inputs, the prompt processor's KV for the token generator's
-    samples, the hidden states for the next part) go to record files in base/calib.tmp, removed at the
-    end. Weights are frozen from each prompt-processor unit into the matching token-generator unit."""
+    quantized outputs (the next unit's inputs, the hidden states for the next part) go to record files in
+    base/calib.tmp, removed at the end."""
     cl, kvh, hd = dims["context_length"], dims["num_kv_heads"], dims["head_dim"]
     parts = sorted({g["part"] for g in graphs})
     store_root = base / "calib.tmp"
     shutil.rmtree(store_root, ignore_errors=True)
     store_root.mkdir(parents=True)
-    n_tg = len(tg_sample_positions(blocks, tg_per_block))
     vocab_ids = np.unique(np.concatenate([np.asarray(b.ids, dtype=np.int64) for b in blocks]))
-    prev_pp: TensorStore | None = None
-    prev_tg: TensorStore | None = None
+    prev: TensorStore | None = None
+    fixed: dict[str, dict[str, Any]] = {}
     try:
         for k in parts:
+            t0 = time.monotonic()
             pp = next(g for g in graphs if g["part"] == k and g["kind"] == "prompt_processor")
-            tg = next((g for g in graphs if g["part"] == k and g["kind"] == "token_generator"), None)
-            first = k == parts[0]
+            others = [g for g in graphs if g["part"] == k and g["kind"] != "prompt_processor"]
             s = int(pp["seq_len"])
             work = store_root / f"part{k}"
-            pp_units = split_units(base / pp["float_onnx"], work / "units", "pp", per_layer, vocab_ids,
-                                   head_chunk_params)
-            tg_units = split_units(base / tg["float_onnx"], work / "units", "tg", per_layer, vocab_ids,
-                                   head_chunk_params) \
-                if tg is not None else []
-            if tg_units and [u.key for u in tg_units] != [u.key for u in pp_units]:
-                raise ValueError(f"part {k}: the two graphs cut into different units")
-            log(f"part {k}: {len(pp_units)} calibration units ({', '.join(u.label for u in pp_units)})")
-            pp_store = TensorStore(work / "pp")
-            _calibrate_graph(pp, pp_units, partial(pp_feed_factory, first, blocks, prev_pp, s, cl, kvh, hd, store=pp_store),
-                             len(blocks), base, work, "pp", pp_store, settings, threads, providers, progress, log,
-                             keep_kv=True)
-            tg_store = TensorStore(work / "tg")
-            if tg is not None:
-                _calibrate_graph(tg, tg_units, partial(tg_feed_factory, blocks, pp_store, prev_tg, cl, kvh, hd,
-                                                       tg_per_block, store=tg_store),
-                                 n_tg, base, work, "tg", tg_store, settings, threads, providers, progress, log,
-                                 keep_kv=False, freeze_from="pp", note=f" (weights frozen from {pp['name']})")
-            # the next part reads only this part's hidden-state outputs
-            for st, prev in ((pp_store, prev_pp), (tg_store, prev_tg)):
-                if prev is not None:
-                    prev.delete()
-                for name in [n for n in st.records if n != "hidden_states_out"]:
-                    st.records.pop(name).delete()
-            prev_pp, prev_tg = pp_store, tg_store
+            units = split_units(base / pp["float_onnx"], work / "units", "pp", per_layer, vocab_ids,
+                                head_chunk_params)
+            log(f"part {k}: {len(units)} calibration units ({', '.join(u.label for u in units)})")
+            store = TensorStore(work / "pp")
+            encs, counts = _calibrate_units(pp, units, partial(pp_feed_factory, blocks, prev, s, cl, kvh, hd, rope,
+                                                               store=store),
+                                            len(blocks), work, "pp", store, settings, threads, providers, progress, log)
+            for g in others:
+                log(f"part {k}: {g['name']} takes the encodings of {pp['name']} (one encodings file per part, "
+                    "identical tensor names)")
+            _finish_part([pp, *others], base, work, encs, fixed, settings, counts, len(units),
+                         time.monotonic() - t0)
+            for g in (pp, *others):
+                progress(g["name"], 1, 1)
+            # the next part reads only this part's carried output
+            if prev is not None:
+                prev.delete()
+            carried = [o for o in pp["outputs"] if o != "logits" and not o.startswith("past_")]
+            for name in [n for n in store.records if n not in carried]:
+                store.records.pop(name).delete()
+            prev = store
             shutil.rmtree(work / "units", ignore_errors=True)
             gc.collect()
     finally:
