@@ -53,6 +53,52 @@ def check_safetensors(path: Path) -> int:
     return sum(1 for k in header if k != "__metadata__")
 
 
+# floating dtypes of safetensors: (bytes per value, the exponent bits that are all ones for NaN/Inf)
+_FLOAT_BITS = {"F32": (4, 0x7F800000), "F16": (2, 0x7C00), "BF16": (2, 0x7F80), "F64": (8, 0x7FF0000000000000)}
+NAN_SCAN_CHUNK = 64 << 20
+
+
+def check_finite(path: Path) -> None:
+    """Raise WorkerError naming the first tensor holding a NaN or an infinity. Reads the file once, a block at
+    a time, comparing exponent bits (no float conversion): a model with such weights quantizes to garbage."""
+    import numpy as np
+
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    base = 8 + n
+    uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    for name, t in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0] if kv[0] != "__metadata__" else -1):
+        if name == "__metadata__" or t.get("dtype") not in _FLOAT_BITS:
+            continue
+        width, mask = _FLOAT_BITS[t["dtype"]]
+        start, end = (base + int(o) for o in t["data_offsets"])
+        step = NAN_SCAN_CHUNK - NAN_SCAN_CHUNK % width
+        for off in range(start, end, step):
+            block = np.asarray(mm[off:min(end, off + step)]).view(uint[width])
+            bad = np.flatnonzero((block & uint[width](mask)) == uint[width](mask))
+            if bad.size:
+                raise WorkerError("non_finite_weights",
+                                  f"{path.name}: tensor {name} holds NaN or infinite values (first at element "
+                                  f"{(off - start) // width + int(bad[0]):,} of {t.get('shape')}).",
+                                  "These weights are broken (a bad conversion or fine-tune): quantizing them gives "
+                                  "garbage. Use the original model files, or fix the checkpoint and run again.")
+    del mm
+
+
+def check_tokenizer(folder: Path) -> None:
+    path = folder / "tokenizer.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WorkerError("corrupt_tokenizer", f"{path} cannot be read as JSON ({exc}).",
+                          "Download the model again (tokenizer.json was cut short or damaged).") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
+        raise WorkerError("corrupt_tokenizer", f"{path} is not a Hugging Face fast tokenizer (no 'model' object).",
+                          "Download the model's tokenizer.json again; HexStudio and Genie need the fast tokenizer.")
+
+
 def check_weights(folder: Path) -> dict[str, Any]:
     files = sorted(folder.glob("*.safetensors"))
     index = folder / "model.safetensors.index.json"
@@ -72,6 +118,8 @@ def check_weights(folder: Path) -> dict[str, Any]:
                           "HexStudio reads safetensors weights only. Convert .bin weights with transformers "
                           "(save_pretrained(safe_serialization=True)) or download the safetensors revision.")
     tensors = sum(check_safetensors(f) for f in files)
+    for f in files:
+        check_finite(f)
     return {"files": [f.name for f in files], "tensors": tensors,
             "bytes": sum(f.stat().st_size for f in files)}
 
@@ -307,7 +355,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     if not info["files"]["tokenizer"]:
         raise WorkerError("missing_tokenizer", f"{hf_dir} has no tokenizer.json.",
                           "Genie needs tokenizer.json (the fast tokenizer). Download it with the model.")
-    em.progress(0.7, "checking the weight files")
+    check_tokenizer(hf_dir)
+    em.progress(0.7, "checking the weight files (headers, sizes, no NaN or infinity)")
     weights = check_weights(hf_dir)
     s = spec.settings
     ctx = s.get("context_length", "auto")

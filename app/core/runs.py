@@ -27,6 +27,15 @@ class RunNotFound(Exception):
     pass
 
 
+class WorkspaceError(Exception):
+    """The workspace cannot hold a new run (not a folder, read-only, full): `message` and `hint`."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
 class RunBusy(Exception):
     """Another process (or another pipeline in this one) is running this run's stages."""
 
@@ -144,12 +153,23 @@ class Workspace:
         run_dir = self.runs_dir / run_id
         # Build the run in a hidden temp folder, then rename: never a half-made run.
         tmp = self.runs_dir / f".creating-{run_id}"
-        (tmp / "logs").mkdir(parents=True)
-        (tmp / "artifacts").mkdir()
-        m = RunManifest.new(tmp, run_id, {"model": model, "board": board, "settings": merged},
-                            collect_environment(include_host), package_versions())
-        m.save()
-        tmp.rename(run_dir)
+        try:
+            (tmp / "logs").mkdir(parents=True)
+            (tmp / "artifacts").mkdir()
+            m = RunManifest.new(tmp, run_id, {"model": model, "board": board, "settings": merged},
+                                collect_environment(include_host), package_versions())
+            m.save()
+            tmp.rename(run_dir)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)   # nothing half-made is left behind
+            why = {errno.ENOSPC: "its disk is full", errno.EDQUOT: "its disk quota is used up",
+                   errno.EROFS: "it is on a read-only file system", errno.EACCES: "it is not writable by you",
+                   errno.EPERM: "it is not writable by you", errno.ENOTDIR: "a part of its path is a file, not a folder",
+                   }.get(exc.errno or 0, exc.strerror or str(exc))
+            raise WorkspaceError(
+                f"Cannot make a run in the workspace {self.root}: {why} ({exc.strerror}: {exc.filename}).",
+                "Free disk space there, or choose another workspace (--workspace DIR, $HEXSTUDIO_WORKSPACE or "
+                "the studio's settings); keep it inside the WSL file system, not under /mnt/c.") from None
         return RunManifest.load(run_dir)
 
     def open_run(self, run_id: str) -> RunManifest:

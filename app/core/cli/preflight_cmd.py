@@ -46,6 +46,13 @@ def model_config(model: str) -> dict[str, Any]:
             return modelinfo.read_config(Path(model).expanduser())
         except modelinfo.ModelInfoError as exc:
             raise CliError(str(exc)) from None
+    local = Path(model).expanduser()
+    if model.startswith(("/", "./", "../", "~")) or local.exists() or model.count("/") > 1 or "\\" in model:
+        # a path, not a Hugging Face id (those are `name` or `owner/name`): say so, not a hub error
+        what = "is a file, not a model folder" if local.exists() else "does not exist"
+        raise CliError(f"The model folder {local} {what}.",
+                       "Give a folder holding config.json, the tokenizer files and *.safetensors, or a Hugging "
+                       f"Face id such as meta-llama/Llama-3.2-1B-Instruct (or {BUILTIN_MODEL_ID}).")
     try:
         import json
 

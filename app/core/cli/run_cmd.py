@@ -20,7 +20,7 @@ from app.core.cli.common import (
 from app.core.jobs import human_bytes
 from app.core.paths import BUILTIN_MODEL_ID
 from app.core.pipeline import Pipeline, display_state
-from app.core.runs import RunNotFound
+from app.core.runs import RunNotFound, WorkspaceError
 from app.core.settings import DEFAULT_RUN_SETTINGS, SettingsError, check_run_setting
 from app.core.stages import STAGE_NAMES
 
@@ -115,6 +115,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         except SettingsError as exc:
             raise CliError(str(exc), "Fix the value (`--set KEY=VALUE`, or run_defaults in the settings file); "
                                      "no run was made.") from None
+        except WorkspaceError as exc:
+            raise CliError(exc.message, exc.hint) from None
     quiet = args.quiet or args.json
     if not quiet:
         print(f"run {m.run_id}  ({m.run_dir})", file=sys.stderr)
