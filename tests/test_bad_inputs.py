@@ -284,6 +284,14 @@ ROWS: list[Any] = [
 ]
 
 ROWS += [
+    # chat messages
+    ("prompt empty", lambda e: prompt(""), ["The message is empty"], None),
+    ("prompt only spaces", lambda e: prompt("  \n\t "), ["The message is empty"], None),
+    ("prompt with NUL", lambda e: prompt("abc\x00rm -rf"), ["NUL character", "position 3"], None),
+    ("prompt not UTF-8 (argv bytes)", lambda e: prompt(b"caf\xe9".decode("utf-8", "surrogateescape")),
+     ["not valid UTF-8", "LANG=C.UTF-8"], None),
+    ("prompt of 2 Mi characters", lambda e: prompt("x" * (2 << 20)), ["more than any context can hold"], None),
+
     # the Model stage's worker on damaged model folders: the stage fails with the message, nothing kept
     ("model stage: truncated safetensors", lambda e: model_stage(e, str(model_folder(e, "truncated_safetensors"))),
      ["truncated", "download the model again"], None),
@@ -306,6 +314,18 @@ ROWS += [
                  marks=pytest.mark.xfail(strict=True, reason="workers/aihub.py maps 5xx to 'unreachable' (issue 17)")),
     ("AI Hub connection dropped", lambda e: aihub(e, "drop"), ["AI Hub"], None),
 ]
+
+
+def prompt(text: str) -> str:
+    """A chat message as the Chat page and `hexstudio chat` send it (app.core.genie.session.check_message,
+    called by ChatSession.send before anything reaches a board)."""
+    from app.core.genie.session import SessionError, check_message
+
+    try:
+        check_message(text)
+    except SessionError as exc:
+        return f"{exc.message} || {exc.hint}"
+    return "ok"
 
 
 def _raises(fn: Callable[[], Any]) -> str:

@@ -79,6 +79,7 @@ def test_kill9_of_hexstudio_run_during_quantize_leaves_no_worker_alive(tmp_path:
     finally:
         if proc.poll() is None:
             proc.kill()
+    print(f"worker and child gone {gone_after:.3f} s after kill -9 of hexstudio run")
     assert gone_after < 2.0
     # the run resumes cleanly
     m2 = ws.open_run(m.run_id)

@@ -172,6 +172,8 @@ async def _chat(args: argparse.Namespace) -> int:
                     sys.stdout.flush()
             try:
                 r = await session.send(text, on_chunk=on_chunk)
+            except SessionError as exc:
+                raise CliError(exc.message, exc.hint) from None
             except ValueError as exc:
                 raise CliError(str(exc), "Shorten the message or raise the context length at compile time.") \
                     from None

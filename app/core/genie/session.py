@@ -51,6 +51,30 @@ class SessionError(Exception):
         self.hint = hint
 
 
+MAX_MESSAGE_CHARS = 1 << 20   # 1 Mi characters: far beyond any context; refused before it reaches the board
+
+
+def check_message(user: object) -> str:
+    """A chat message as Genie can take it, or SessionError saying why not: not empty, valid UTF-8 text
+    (a command-line argument with undecodable bytes holds lone surrogates), no NUL (Genie's C API takes a
+    NUL-terminated string and would silently cut the message there), not absurdly long."""
+    if not isinstance(user, str) or not user.strip():
+        raise SessionError("The message is empty.", "Type a message, then send it.")
+    if "\x00" in user:
+        raise SessionError(f"The message holds a NUL character (at position {user.index(chr(0))}): Genie would "
+                           "see only the text before it.", "Remove the NUL character (paste the text again).")
+    try:
+        user.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SessionError(f"The message is not valid UTF-8 text (bytes at position {exc.start} cannot be "
+                           "decoded).", "Save the prompt file as UTF-8, or set a UTF-8 locale "
+                           "(e.g. LANG=C.UTF-8), then send it again.") from None
+    if len(user) > MAX_MESSAGE_CHARS:
+        raise SessionError(f"The message has {len(user):,} characters, more than any context can hold "
+                           f"({MAX_MESSAGE_CHARS:,} at most).", "Send a shorter message.")
+    return user
+
+
 @dataclass
 class TurnResult:
     turn: Turn
@@ -328,7 +352,9 @@ class ChatSession:
     async def send(self, user: str, *, on_chunk: Callable[[Chunk], None] | None = None,
                    stop: asyncio.Event | None = None) -> TurnResult:
         """One chat turn. `on_chunk(Chunk(t, text))` gets the reply as it is generated (t: seconds since
-        the query went out). Raises ValueError when the message alone does not fit in the context."""
+        the query went out). Raises ValueError when the message alone does not fit in the context, and
+        SessionError for a message Genie cannot take (check_message)."""
+        check_message(user)
         if not self._opened:
             await self.open()
         async with self._lock:
