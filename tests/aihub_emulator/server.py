@@ -19,6 +19,17 @@ What it serves (paths under {api_url}/api/v1/, trailing slash, `Authorization: t
   GET  jobs/{id}/device_runs/latest/artifact_list/T/ NamedArtifactDownloadURLList (hub log)
 and, outside the API (no token, like pre-signed S3 urls): PUT /_upload/{model}/{k}, GET /_files/{id}.
 
+What it checks, as the real service would (a check that fails ends the job FAILED with a reason in
+AI Hub's style; `emu.failure_reasons` lists them): every option must be one it knows (compile:
+OPTIONS, link: LINK_OPTIONS; a `--qnn_options` key too, QNN_OPTIONS), with a valid value; the QAIRT
+version must be one it offers (QAIRT_VERSIONS); a compile to qnn_dlc needs `--qnn_options
+context_enable_graphs=<one graph name>` (a C identifier); every `--output_names` name must be an output
+of the uploaded model; an AIMET upload (a directory with an .encodings) must hold exactly one .onnx,
+the .data it references and one .encodings in AIMET format 1.0.0; a link job takes QNN DLCs compiled
+for its device and one QAIRT version, with distinct graph names. A compiled DLC and a linked context
+binary carry the model metadata QAIRT_SDK_VERSION (the full version, e.g. 2.42.0.251225135753_193295)
+and QNN_MODEL_GRAPH_NAMES, as AI Hub's do.
+
 Job states: compile CREATED -> OPTIMIZING_MODEL -> DONE|FAILED, link CREATED -> LINKING_MODELS ->
 DONE|FAILED, advancing with time (`queue_s`, `run_s`); `hold_jobs()` keeps jobs running (a slow job)
 until `release_jobs()`.
@@ -26,7 +37,8 @@ until `release_jobs()`.
 Failure injection (per test): `fail_auth` (every API call answers 401), `rate_limit(n)` (the next n
 job submissions answer 429; None = all until `rate_limit(0)`), `fail_next(kind, reason, graph=None)`
 (the next matching job ends FAILED with that reason), `hold_jobs()` (slow jobs). Counters:
-`submissions` {"compile": n, "link": n}, `uploads`, `requests` [(method, path, status)].
+`submissions` {"compile": n, "link": n}, `uploads`, `requests` [(method, path, status)],
+`failure_reasons` {job id: reason} for the jobs its checks failed.
 """
 
 from __future__ import annotations
@@ -35,6 +47,8 @@ import hashlib
 import io
 import json
 import os
+import re
+import shlex
 import threading
 import time
 import uuid
@@ -52,6 +66,29 @@ from qai_hub import public_api_pb2 as pb
 EMULATED_ATTRIBUTE = "hexstudio:emulated"
 DEFAULT_TOKEN = "emulated-aihub-token"
 HUB_VERSION = "hexstudio-emulator-0.56"
+
+# QAIRT versions the emulator offers: what --qairt_version accepts -> the full version its compiled models
+# carry (QAIRT_SDK_VERSION). The default is used when --qairt_version is absent.
+QAIRT_VERSIONS: dict[str, str] = {"2.42": "2.42.0.251225135753_193295"}
+DEFAULT_QAIRT = "2.42"
+# Compile options it knows: name -> allowed values (None: any value; () : a flag without a value).
+OPTIONS: dict[str, tuple[str, ...] | None] = {
+    "--target_runtime": ("qnn_dlc", "qnn_context_binary", "qnn_lib_aarch64_android", "tflite", "onnx",
+                         "precompiled_qnn_onnx"),
+    "--qairt_version": None,
+    "--output_names": None,
+    "--quantize_io": (),
+    "--quantize_io_type": ("int8", "uint8", "int16", "uint16"),
+    "--quantize_full_type": ("int8", "int16", "w8a8", "w8a16", "w4a8", "w4a16", "float16"),
+    "--qnn_options": None,
+    "--compute_unit": None,
+    "--truncate_64bit_io": (),
+    "--truncate_64bit_tensors": (),
+}
+LINK_OPTIONS: dict[str, tuple[str, ...] | None] = {"--qairt_version": None}
+QNN_OPTIONS = ("context_enable_graphs", "default_graph_htp_optimization_value")
+GRAPH_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+AIMET_ENCODINGS_VERSION = "1.0.0"
 
 # Run settings that make workers/aihub.py poll fast and never sit in HTTP retries.
 FAST_RUN_SETTINGS: dict[str, Any] = {"aihub_poll_interval_s": 0.05, "aihub_http_retries": 0,
@@ -117,15 +154,129 @@ def _now_ts() -> Any:
     return ts
 
 
+class JobRefused(Exception):
+    """A check the real service makes failed: the job ends FAILED with this reason."""
+
+
+def parse_options(options: str, known: dict[str, tuple[str, ...] | None], what: str) -> dict[str, str]:
+    """`--name value` / `--flag` pairs, each checked against `known`. Raises JobRefused."""
+    try:
+        toks = shlex.split(options)
+    except ValueError as exc:
+        raise JobRefused(f"Failed to parse {what} options {options!r}: {exc}.") from None
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        if not t.startswith("--") or t not in known:
+            raise JobRefused(f"Failed to parse {what} options: unrecognized option '{t}'. "
+                             f"Valid {what} options: {', '.join(sorted(known))}.")
+        allowed = known[t]
+        if allowed == ():
+            out[t] = ""
+            i += 1
+            continue
+        if i + 1 >= len(toks) or toks[i + 1].startswith("--"):
+            raise JobRefused(f"Failed to parse {what} options: option '{t}' expects a value.")
+        value = toks[i + 1]
+        if allowed is not None and value not in allowed:
+            raise JobRefused(f"Invalid value '{value}' for option '{t}'. Valid values: {', '.join(allowed)}.")
+        out[t] = value
+        i += 2
+    return out
+
+
+def qnn_options(value: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in (x for x in value.split(";") if x):
+        key, eq, val = item.partition("=")
+        if key not in QNN_OPTIONS or not eq:
+            raise JobRefused(f"Invalid --qnn_options entry '{item}': unknown option '{key}'. "
+                             f"Valid --qnn_options: {', '.join(QNN_OPTIONS)}.")
+        out[key] = val
+    return out
+
+
+def qairt_full_version(opts: dict[str, str]) -> str:
+    v = opts.get("--qairt_version", DEFAULT_QAIRT)
+    if v in ("latest", "default"):
+        v = DEFAULT_QAIRT
+    full = QAIRT_VERSIONS.get(v) or next((f for f in QAIRT_VERSIONS.values() if f == v or f.startswith(v + ".")),
+                                         None)
+    if full is None:
+        raise JobRefused(f"QAIRT version '{v}' is not available on Qualcomm AI Hub. Available versions: "
+                         f"{', '.join(QAIRT_VERSIONS)}.")
+    return full
+
+
 def _graphs_from_options(options: str) -> list[str]:
+    """context_enable_graphs' names, without checking anything (for the log and the package)."""
+    try:
+        toks = shlex.split(options)
+    except ValueError:
+        return []
     out: list[str] = []
-    toks = options.split()
     for i, t in enumerate(toks):
         if t == "--qnn_options" and i + 1 < len(toks):
             for opt in toks[i + 1].split(";"):
                 if opt.startswith("context_enable_graphs="):
                     out.extend(g for g in opt.split("=", 1)[1].split(",") if g)
     return out
+
+
+def uploaded_model_outputs(model_type: int, data: bytes, is_directory: bool) -> list[str]:
+    """The output names of an uploaded ONNX or AIMET-ONNX model, after the checks AI Hub makes on the
+    upload (raises JobRefused): a directory holds exactly one .onnx, the .data file it references (if
+    any) and, for AIMET, one .encodings in format 1.0.0."""
+    import onnx
+
+    if not is_directory:
+        try:
+            return [o.name for o in onnx.load_model_from_string(data).graph.output]
+        except Exception as exc:   # onnx's DecodeError
+            raise JobRefused(f"Failed to load the ONNX model: {exc}") from None
+    try:
+        z = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile:
+        raise JobRefused("The uploaded model directory is not a valid zip archive.") from None
+    files = [n for n in z.namelist() if not n.endswith("/")]
+    tops = {n.split("/", 1)[0] for n in z.namelist()}
+    if len(tops) != 1 or any(n.count("/") != 1 for n in files):
+        raise JobRefused("The uploaded model must be a single directory holding its files directly "
+                         f"(got: {', '.join(sorted(z.namelist()))}).")
+    base = tops.pop()
+    names = [n.split("/", 1)[1] for n in files]
+    onnxs = [n for n in names if n.endswith(".onnx")]
+    datas = [n for n in names if n.endswith(".data")]
+    encs = [n for n in names if n.endswith(".encodings")]
+    other = sorted(set(names) - set(onnxs) - set(datas) - set(encs))
+    if len(onnxs) != 1 or len(datas) > 1 or len(encs) > 1 or other:
+        raise JobRefused(f"Model directory '{base}' must contain exactly one .onnx file, at most one .data and "
+                         f"at most one .encodings file (got: {', '.join(sorted(names))}).")
+    if model_type == pb.MODEL_TYPE_AIMET_ONNX and len(encs) != 1:
+        raise JobRefused(f"AIMET model directory '{base}' has no .encodings file.")
+    try:
+        model = onnx.load_model_from_string(z.read(f"{base}/{onnxs[0]}"))
+    except Exception as exc:   # onnx's DecodeError
+        raise JobRefused(f"Failed to load the ONNX model {onnxs[0]}: {exc}") from None
+    locations = sorted({e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"})
+    for loc in locations:
+        if loc not in datas:
+            raise JobRefused(f"The ONNX model {onnxs[0]} references external data '{loc}', which is not in the "
+                             f"model directory '{base}' (it holds: {', '.join(sorted(names))}).")
+    if datas and datas[0] not in locations:
+        raise JobRefused(f"Model directory '{base}' holds {datas[0]}, which the ONNX model {onnxs[0]} does not "
+                         "reference as its external data.")
+    if encs:
+        try:
+            doc = json.loads(z.read(f"{base}/{encs[0]}"))
+        except ValueError as exc:
+            raise JobRefused(f"Failed to parse the AIMET encodings {encs[0]}: {exc}") from None
+        version = doc.get("version") if isinstance(doc, dict) else None
+        if version != AIMET_ENCODINGS_VERSION or not isinstance(doc.get("activation_encodings"), list):
+            raise JobRefused(f"Unsupported AIMET encodings format in {encs[0]}: version {version!r}; "
+                             f"expected version {AIMET_ENCODINGS_VERSION} (lists of named encodings).")
+    return [o.name for o in model.graph.output]
 
 
 def _package(what: str, meta: dict[str, Any], inputs: dict[str, bytes]) -> bytes:
@@ -145,6 +296,9 @@ class _Model:
     parts: dict[int, bytes] = field(default_factory=dict)
     upload_id: str = ""
     filename: str = ""
+    device: str = ""            # a produced model: the device it was compiled for
+    qairt: str = ""             # ... and the full QAIRT version
+    graphs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -175,6 +329,7 @@ class AIHubEmulator:
         self.submissions = {"compile": 0, "link": 0}
         self.uploads = 0
         self.requests: list[tuple[str, str, int]] = []
+        self.failure_reasons: dict[str, str] = {}
         self.fail_auth = False
         self._rate_limit: int | None = 0
         self._fail_next: list[tuple[str, str, str | None]] = []
@@ -314,12 +469,64 @@ class AIHubEmulator:
         self.models[mid] = _Model(pb=m, filename=(model.name or mid))
         return pb.CreateUpdateResponse(id=mid, creation_time=m.creation_time)
 
-    def produce_model(self, name: str, model_type: int, data: bytes, filename: str, producer: str) -> Any:
+    def produce_model(self, name: str, model_type: int, data: bytes, filename: str, producer: str,
+                      device: str = "", qairt: str = "", graphs: list[str] | None = None) -> Any:
         mid = self.new_id("m")
         m = pb.Model(model_id=mid, name=name, model_type=model_type, producer_id=producer,  # type: ignore[arg-type]
                      file_upload_complete=True, creation_time=_now_ts())
-        self.models[mid] = _Model(pb=m, data=data, filename=filename)
+        if qairt:
+            m.metadata.entries[pb.MODEL_METADATA_KEY_QAIRT_SDK_VERSION] = qairt
+        if graphs:
+            m.metadata.entries[pb.MODEL_METADATA_KEY_QNN_MODEL_GRAPH_NAMES] = ",".join(graphs)
+        self.models[mid] = _Model(pb=m, data=data, filename=filename, device=device, qairt=qairt,
+                                  graphs=list(graphs or []))
         return m
+
+    def check_compile(self, cj: Any, src: _Model) -> tuple[str, list[str], str]:
+        """(target_runtime, graphs, full QAIRT version) of a compile job; JobRefused when AI Hub would fail it."""
+        opts = parse_options(cj.options, OPTIONS, "compile")
+        runtime = opts.get("--target_runtime", "tflite")
+        if runtime not in ("qnn_dlc", "qnn_context_binary"):
+            raise JobRefused(f"[emulator] target runtime '{runtime}' is valid on AI Hub, but this emulator only "
+                             "compiles to qnn_dlc and qnn_context_binary.")
+        qairt = qairt_full_version(opts)
+        qnn = qnn_options(opts.get("--qnn_options", ""))
+        graphs = [g for g in qnn.get("context_enable_graphs", "").split(",") if g]
+        if runtime == "qnn_dlc" and len(graphs) != 1:
+            raise JobRefused("Compiling to qnn_dlc needs exactly one graph name: --qnn_options "
+                             f"context_enable_graphs=<name> (got {', '.join(graphs) or 'none'}).")
+        for g in graphs:
+            if not GRAPH_NAME_RE.match(g):
+                raise JobRefused(f"Invalid graph name '{g}' in context_enable_graphs: a graph name must start with "
+                                 "a letter or '_' and hold only letters, digits and '_'.")
+        if src.pb.model_type not in (pb.MODEL_TYPE_ONNX, pb.MODEL_TYPE_AIMET_ONNX):
+            raise JobRefused("[emulator] this emulator compiles ONNX and AIMET-ONNX models only.")
+        outputs = uploaded_model_outputs(int(src.pb.model_type), src.data or b"", bool(src.pb.is_directory))
+        if "--output_names" in opts:
+            wanted = [n for n in opts["--output_names"].split(",") if n]
+            missing = [n for n in wanted if n not in outputs]
+            if missing or not wanted:
+                raise JobRefused(f"--output_names: {', '.join(missing) or '(empty)'} is not an output of the model. "
+                                 f"The model's outputs: {', '.join(outputs)}.")
+        return runtime, graphs, qairt
+
+    def check_link(self, lj: Any, ins: list[_Model], dev: dict[str, Any]) -> tuple[list[str], str]:
+        """(graphs, full QAIRT version) of a link job; JobRefused when AI Hub would fail it."""
+        opts = parse_options(lj.options, LINK_OPTIONS, "link")
+        qairt = qairt_full_version(opts)
+        for src in ins:
+            if src.device != dev["name"]:
+                raise JobRefused(f"Model {src.pb.model_id} was compiled for {src.device or 'no device'}, not for "
+                                 f"the link job's device {dev['name']}: link DLCs compiled for the same device.")
+            if src.qairt != qairt:
+                raise JobRefused(f"Model {src.pb.model_id} was compiled with QAIRT {src.qairt or '?'}, but the link "
+                                 f"job uses QAIRT {qairt}: link DLCs compiled with the same QAIRT version.")
+        graphs = [g for src in ins for g in src.graphs]
+        dup = sorted({g for g in graphs if graphs.count(g) > 1})
+        if dup:
+            raise JobRefused(f"The models to link have graphs with the same name ({', '.join(dup)}): every graph "
+                             "in a context binary needs a distinct name.")
+        return graphs, qairt
 
     def submit(self, job: Any) -> tuple[int, Any]:
         which = job.WhichOneof("job")
@@ -335,6 +542,7 @@ class AIHubEmulator:
         stored.CopyFrom(job)
         stored.hub_version = HUB_VERSION
         rec = _Job(jid, kind, stored, time.time())
+        refused = ""
         if kind == "compile":
             cj = stored.compile_job
             src = self.models.get(cj.model.model_id)
@@ -344,20 +552,25 @@ class AIHubEmulator:
             if not devs or not any(d.name == x["name"] for d in devs for x in self.devices):
                 return 400, {"detail": "No available device was given."}
             dev = next(x for x in self.devices if x["name"] == devs[0].name)
+            try:
+                runtime, rec.graphs, qairt = self.check_compile(cj, src)
+            except JobRefused as exc:
+                refused, runtime, qairt = str(exc), "qnn_dlc", ""
+                rec.graphs = _graphs_from_options(cj.options)
             cj.compile_job_id = jid
             cj.device.CopyFrom(pb.Device(name=dev["name"], os=dev["os"], attributes=dev["attributes"]))
             cj.model.CopyFrom(src.pb)
             cj.creation_time.CopyFrom(_now_ts())
-            rec.graphs = _graphs_from_options(cj.options)
-            dlc = "--target_runtime qnn_dlc" in " ".join(cj.options.split())
+            dlc = runtime == "qnn_dlc"
             mtype = pb.MODEL_TYPE_QNN_DLC if dlc else pb.MODEL_TYPE_QNN_CONTEXT_BINARY
             ext = ".dlc" if dlc else ".bin"
             data = _package("QNN DLC" if dlc else "QNN context binary", {
                 "kind": "compile", "job_id": jid, "device": dev["name"], "options": cj.options,
-                "graphs": rec.graphs, "input_model_id": src.pb.model_id, "input_name": src.pb.name,
-                "input_sha256": hashlib.sha256(src.data).hexdigest()}, {f"{src.pb.model_id}.zip": src.data})
-            cj.target_model.CopyFrom(self.produce_model(f"{cj.name}{ext}", mtype, data,
-                                                        f"{cj.name or jid}{ext}", jid))
+                "qairt_version": qairt, "graphs": rec.graphs, "input_model_id": src.pb.model_id,
+                "input_name": src.pb.name, "input_sha256": hashlib.sha256(src.data).hexdigest()},
+                {f"{src.pb.model_id}.zip": src.data})
+            cj.target_model.CopyFrom(self.produce_model(f"{cj.name}{ext}", mtype, data, f"{cj.name or jid}{ext}",
+                                                        jid, dev["name"], qairt, rec.graphs))
         else:
             lj = stored.link_job
             ins = []
@@ -374,25 +587,32 @@ class AIHubEmulator:
             dev = ldev
             if "framework:qnn" not in dev["attributes"]:
                 return 400, {"detail": f"Device {dev['name']} does not support QNN models."}
-            for src in ins:
-                with zipfile.ZipFile(io.BytesIO(src.data or b"")) as z:
-                    rec.graphs.extend(json.loads(z.read("emulated.json")).get("graphs", []))
+            try:
+                rec.graphs, qairt = self.check_link(lj, ins, dev)
+            except JobRefused as exc:
+                refused, qairt = str(exc), ""
+                rec.graphs = [g for src in ins for g in src.graphs]
             lj.link_job_id = jid
             lj.device.CopyFrom(pb.Device(name=dev["name"], os=dev["os"], attributes=dev["attributes"]))
             lj.models.CopyFrom(pb.ModelList(models=[s.pb for s in ins], total_query_count=len(ins)))
             lj.creation_time.CopyFrom(_now_ts())
             data = _package("QNN context binary", {
                 "kind": "link", "job_id": jid, "device": dev["name"], "options": lj.options,
-                "graphs": rec.graphs, "weight_sharing": True,
+                "qairt_version": qairt, "graphs": rec.graphs, "weight_sharing": True,
                 "input_model_ids": [s.pb.model_id for s in ins]},
                 {f"{s.pb.model_id}.dlc": s.data or b"" for s in ins})
             lj.target_model.CopyFrom(self.produce_model(f"{lj.name}.bin", pb.MODEL_TYPE_QNN_CONTEXT_BINARY,
-                                                        data, f"{lj.name or jid}.bin", jid))
-        for i, (k, reason, graph) in enumerate(self._fail_next):
-            if k == kind and (graph is None or graph in rec.graphs):
-                rec.outcome, rec.reason = "failed", reason
-                del self._fail_next[i]
-                break
+                                                        data, f"{lj.name or jid}.bin", jid, dev["name"], qairt,
+                                                        rec.graphs))
+        if refused:
+            rec.outcome, rec.reason = "failed", refused
+            self.failure_reasons[jid] = refused
+        else:
+            for i, (k, reason, graph) in enumerate(self._fail_next):
+                if k == kind and (graph is None or graph in rec.graphs):
+                    rec.outcome, rec.reason = "failed", reason
+                    del self._fail_next[i]
+                    break
         self.jobs[jid] = rec
         self.submissions[kind] += 1
         return 200, pb.CreateUpdateResponse(id=jid, creation_time=_now_ts())

@@ -16,12 +16,35 @@ from tests.aihub_emulator import EMULATED_ATTRIBUTE, AIHubEmulator
 IQ9075 = "Dragonwing IQ-9075 EVK"
 
 
-def _aimet_dir(tmp_path: Path, name: str) -> Path:
-    d = tmp_path / name
-    d.mkdir()
-    (d / "model.onnx").write_bytes(b"onnx-bytes-" + name.encode())
-    (d / "model.encodings").write_text(json.dumps({"version": "1.0.0"}))
+def _aimet_dir(tmp_path: Path, name: str, outputs: tuple[str, ...] = ("logits",), data: bool = True,
+               encodings_version: str = "1.0.0", extra: str | None = None) -> Path:
+    """`<name>.aimet/` as qai-hub-models uploads a part: <name>.onnx (weights in <name>.data) + <name>.encodings."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    d = tmp_path / f"{name}.aimet"
+    d.mkdir(parents=True)
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], [o]) for o in outputs]
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, 4]) for o in outputs], [w])
+    model = helper.make_model(graph)
+    if data:
+        onnx.save(model, str(d / f"{name}.onnx"), save_as_external_data=True, location=f"{name}.data",
+                  size_threshold=0)
+    else:
+        onnx.save(model, str(d / f"{name}.onnx"))
+    (d / f"{name}.encodings").write_text(json.dumps({"version": encodings_version, "activation_encodings": [],
+                                                      "param_encodings": []}))
+    if extra:
+        (d / extra).write_text("x")
     return d
+
+
+def _opts(graph: str, outputs: str = "logits", qairt: str = "2.42") -> str:
+    return (f"--target_runtime qnn_dlc --qairt_version {qairt} --output_names {outputs} --quantize_io "
+            f"--qnn_options context_enable_graphs={graph} --quantize_full_type w8a16")
 
 
 def _until_finished(job: hub.client.Job, limit_s: float = 10.0) -> JobStatus:
@@ -60,9 +83,7 @@ def test_compile_link_download_with_the_real_client(aihub_emulator: AIHubEmulato
     jobs = []
     aihub_emulator.hold_jobs()  # pin the running state so the test sees it whatever the machine's load
     for g in ("prompt_ar128_cl512_1_of_2", "token_ar1_cl512_1_of_2"):
-        jobs.append(c.submit_compile_job(str(_aimet_dir(tmp_path, g)), dev, name=g, retry=False,
-                                         options=f"--target_runtime qnn_dlc --qairt_version 2.42 "
-                                                 f"--qnn_options context_enable_graphs={g}"))
+        jobs.append(c.submit_compile_job(str(_aimet_dir(tmp_path, g)), dev, name=g, retry=False, options=_opts(g)))
     for j in jobs:
         _until_state(j, JobStatus.State.OPTIMIZING_MODEL)
     aihub_emulator.release_jobs()
@@ -80,6 +101,9 @@ def test_compile_link_download_with_the_real_client(aihub_emulator: AIHubEmulato
         meta = json.loads(z.read("emulated.json"))
     assert meta["emulated"] is True and meta["kind"] == "link"
     assert meta["graphs"] == ["prompt_ar128_cl512_1_of_2", "token_ar1_cl512_1_of_2"]
+    # the linked model carries the full QAIRT version, as AI Hub's do (qai-hub-models reads it for tool-versions.yaml)
+    assert link.get_target_model().metadata[hub.ModelMetadataKey.QAIRT_SDK_VERSION] == "2.42.0.251225135753_193295"
+    assert jobs[0].get_target_model().metadata[hub.ModelMetadataKey.QAIRT_SDK_VERSION].startswith("2.42.0.")
     logs = link.download_job_logs(str(tmp_path / "logs"))
     assert len(logs) == 1 and "emulated" in Path(logs[0]).read_text()
     assert aihub_emulator.submissions == {"compile": 2, "link": 1} and aihub_emulator.uploads == 2
@@ -97,16 +121,93 @@ def test_injected_failures(aihub_emulator: AIHubEmulator, tmp_path: Path) -> Non
     emu.rate_limit(1)
     t0 = time.monotonic()
     with pytest.raises((RateLimitedError, hub.InternalError), match=r"429|hrottled|Too Many"):
-        c.submit_compile_job(model, dev, options="--target_runtime qnn_dlc", retry=False)
+        c.submit_compile_job(model, dev, options=_opts("g"), retry=False)
     assert time.monotonic() - t0 < 5, "the fixture must keep the client from sitting in retries"
     assert emu.submissions["compile"] == 0
     emu.fail_next("compile", "Tensor 'x' has an unsupported type.")
-    job = c.submit_compile_job(model, dev, options="--target_runtime qnn_dlc", retry=False)
+    job = c.submit_compile_job(model, dev, options=_opts("g"), retry=False)
     st = _until_finished(job)
     assert st.failure and st.message == "Tensor 'x' has an unsupported type."
     emu.hold_jobs()
-    slow = c.submit_compile_job(model, dev, options="--target_runtime qnn_dlc", retry=False)
+    slow = c.submit_compile_job(model, dev, options=_opts("g"), retry=False)
     time.sleep(0.4)
     assert slow.get_status().running
     emu.release_jobs()
     assert _until_finished(slow).success
+
+
+# What the real service refuses. Each case: how to build the upload and the options -> words of the reason.
+REFUSALS = {
+    "unknown_option": (dict(), "--target_runtime qnn_dlc --qnn_options context_enable_graphs=g --fast_please",
+                       "unrecognized option '--fast_please'"),
+    "bad_value": (dict(), "--target_runtime qnn_dlc --quantize_full_type w2a2 --qnn_options context_enable_graphs=g",
+                  "Invalid value 'w2a2' for option '--quantize_full_type'"),
+    "unknown_qnn_option": (dict(), "--target_runtime qnn_dlc --qnn_options context_enable_graphs=g;turbo=1",
+                           "unknown option 'turbo'"),
+    "unknown_qairt": (dict(), _opts("g", qairt="1.0"), "QAIRT version '1.0' is not available"),
+    "no_graph_name": (dict(), "--target_runtime qnn_dlc --quantize_io", "context_enable_graphs=<name>"),
+    "bad_graph_name": (dict(), _opts("prompt-1.of.2"), "Invalid graph name 'prompt-1.of.2'"),
+    "output_not_in_model": (dict(), _opts("g", outputs="logits,hidden_states_out"),
+                            "--output_names: hidden_states_out is not an output of the model"),
+    "no_data": (dict(data=False, extra="g.data"), _opts("g"), "does not reference as its external data"),
+    "old_encodings": (dict(encodings_version="0.6.1"), _opts("g"), "expected version 1.0.0"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_the_compile_checks_the_real_service_makes(case: str, aihub_emulator: AIHubEmulator, tmp_path: Path) -> None:
+    build, options, reason = REFUSALS[case]
+    c = hub.Client(config=aihub_emulator.client_config())
+    model = c.upload_model(str(_aimet_dir(tmp_path, "g", **build)))  # type: ignore[arg-type]
+    job = c.submit_compile_job(model, hub.Device(IQ9075), options=options, retry=False)
+    st = _until_finished(job)
+    assert st.failure and reason in (st.message or ""), st.message
+    assert aihub_emulator.failure_reasons[job.job_id] == st.message
+    # the same upload with the options qai-hub-models sends compiles
+    if case not in ("no_data", "old_encodings"):
+        assert _until_finished(c.submit_compile_job(model, hub.Device(IQ9075), options=_opts("g"), retry=False)).success
+
+
+def test_an_upload_the_client_would_not_make_is_refused_too(tmp_path: Path) -> None:
+    """The client refuses a directory with other files before uploading; the emulator checks the archive too."""
+    from qai_hub import public_api_pb2 as pb
+    from qai_hub.util.zipped_model import zip_model
+
+    from tests.aihub_emulator.server import JobRefused, uploaded_model_outputs
+
+    aimet = _aimet_dir(tmp_path, "g", extra="notes.txt")
+    data = Path(zip_model(str(tmp_path / "zip"), str(aimet))).read_bytes()
+    with pytest.raises(JobRefused, match=r"must contain exactly one \.onnx file"):
+        uploaded_model_outputs(pb.MODEL_TYPE_AIMET_ONNX, data, True)
+    (aimet / "notes.txt").unlink()
+    (aimet / "g.encodings").unlink()
+    data = Path(zip_model(str(tmp_path / "zip2"), str(aimet))).read_bytes()
+    with pytest.raises(JobRefused, match=r"has no \.encodings file"):
+        uploaded_model_outputs(pb.MODEL_TYPE_AIMET_ONNX, data, True)
+
+
+def test_the_link_checks_the_real_service_makes(aihub_emulator: AIHubEmulator, tmp_path: Path) -> None:
+    c = hub.Client(config=aihub_emulator.client_config())
+    iq, g3 = hub.Device(IQ9075), hub.Device("Snapdragon 8 Gen 3 QRD")
+
+    def dlc(graph: str, device: hub.Device = iq, again: bool = False) -> hub.Model:
+        where = tmp_path / graph / str(device.name).replace(" ", "_") / ("again" if again else "first")
+        j = c.submit_compile_job(str(_aimet_dir(where, graph)),
+                                 device, options=_opts(graph), retry=False)
+        assert _until_finished(j).success
+        m = j.get_target_model()
+        assert m is not None
+        return m
+
+    p, t = dlc("prompt_ar128_cl512_1_of_2"), dlc("token_ar1_cl512_1_of_2")
+    cases = [
+        ([p, dlc("token_ar1_cl512_1_of_2", g3)], iq, "--qairt_version 2.42", "not for the link job's device"),
+        ([p, dlc("prompt_ar128_cl512_1_of_2", iq, again=True)], iq, "--qairt_version 2.42",
+         "graphs with the same name (prompt_ar128_cl512_1_of_2)"),
+        ([p, t], iq, "--qairt_version 2.42 --quantize_io", "unrecognized option '--quantize_io'"),
+        ([p, t], iq, "--qairt_version 2.41", "QAIRT version '2.41' is not available"),
+    ]
+    for models, device, options, reason in cases:
+        st = _until_finished(c.submit_link_job(models, device, name="part_1_of_2", options=options))
+        assert st.failure and reason in (st.message or ""), (options, st.message)
+    assert _until_finished(c.submit_link_job([p, t], iq, name="part_1_of_2", options="--qairt_version 2.42")).success
