@@ -1,8 +1,8 @@
 """Compile stage: turn the validated graphs into a bundle Genie (or the simulator board) can run.
 
 Targets (settings["compile_target"]):
-  sim    the simulation bundle: genie_config.json whose ctx-bins are the QDQ ONNX parts, for the
-         simulator board; labeled "simulated": true everywhere.
+  sim    the simulation bundle, laid out like AI Hub's: its context binaries are simulated ones naming
+         the QDQ ONNX parts, for the simulator board; labeled "simulated": true everywhere.
   aihub  Qualcomm AI Hub: compile both graphs per part, link them with shared weights, download the
          context binaries (workers/aihub.py).
   auto   sim for the simulator board, aihub otherwise.
@@ -34,34 +34,66 @@ def checked_genie_config(hf_config: dict[str, Any], q: dict[str, Any], ctx_bins:
     except gb.BundleError as exc:
         raise WorkerError("bundle_check", str(exc), "Fix what the message names, then run the Compile stage "
                           "again (nothing was uploaded).") from None
+    from workers.bundle.genie_schema import genie_config_errors
+
+    errors = genie_config_errors(cfg)
+    if errors:     # a bug of ours: never hand Genie a config it refuses
+        raise WorkerError("genie_config_invalid", f"The genie_config.json HexStudio wrote fails Genie's schema: "
+                          f"{errors[0]}", "This is a HexStudio bug: report it with the run folder.")
+    pe = cfg["dialog"]["engine"]["model"].get("positional-encoding")
+    if q.get("positional_encoding") is not None and pe != q["positional_encoding"]:
+        raise WorkerError("rope_changed", "The rope Genie would compute from this genie_config.json differs from the "
+                          f"one the graphs were calibrated and validated with ({pe} vs {q['positional_encoding']}).",
+                          "Run the Quantize stage again (--force).")
     return cfg
 
 
 def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path, out: Path,
                      settings: dict[str, Any], em: Emitter) -> dict[str, Any]:
+    """The simulation bundle, laid out and configured as qai-hub-models lays out a real one (docs/compile.md):
+    `<model>_part_{i}_of_{n}.bin` per part, genie_config.json (the real schema, backend QnnHtp),
+    htp_backend_ext_config.json, metadata.yaml, tokenizer.json, tokenizer_config.json, config.json; each
+    .bin is a simulated context binary (workers/genie_sim/simbin.py) naming the part's QDQ ONNX graphs
+    under sim/, which the simulator board runs. bundle.json says "simulated": true."""
+    from workers.bundle import metadata as md
+    from workers.export.graphs import part_label
+    from workers.genie_sim.simbin import write_sim_bin
+
     q = json.loads((quantize_dir / "quantize.json").read_text())
     hf_config = json.loads((hf_dir / "config.json").read_text())
     bdir = out / "bundle"
     (bdir / "sim").mkdir(parents=True)
-    graphs = []
-    for g in q["graphs"]:
-        if "sim_onnx" not in g:
-            raise WorkerError("missing_graph", f"Graph {g['name']} has no quantized ONNX.", "Re-run the Quantize stage.")
-        src = quantize_dir / g["sim_onnx"]
-        shutil.copy2(src, bdir / "sim" / f"{g['name']}.onnx")
-        data = src.with_name(src.name + ".data")      # the weights, beside the graph (external data)
-        if data.is_file():
-            shutil.copy2(data, bdir / "sim" / f"{g['name']}.onnx.data")
-        graphs.append({k: v for k, v in g.items() if k not in ("onnx", "encodings", "float_onnx")}
-                      | {"sim_onnx": f"sim/{g['name']}.onnx"})
-    shutil.copy2(hf_dir / "tokenizer.json", bdir / "tokenizer.json")
-    ctx_bins = [f"sim/{g['name']}.onnx" for g in graphs]
+    parts = int(q["parts"])
+    slug = gb.model_slug(str(model_doc["model"]).replace("builtin:", ""))
+    ctx_bins: list[str] = []
+    for k in range(1, parts + 1):
+        entries = []
+        for g in sorted((g for g in q["graphs"] if int(g["part"]) == k), key=lambda g: g["kind"] != "prompt_processor"):
+            if "sim_onnx" not in g:
+                raise WorkerError("missing_graph", f"Graph {g['name']} has no quantized ONNX.", "Re-run the Quantize stage.")
+            src = quantize_dir / g["sim_onnx"]
+            shutil.copy2(src, bdir / "sim" / f"{g['name']}.onnx")
+            data = src.with_name(src.name + ".data")      # the weights, beside the graph (external data)
+            if data.is_file():
+                shutil.copy2(data, bdir / "sim" / f"{g['name']}.onnx.data")
+            try:
+                spec = md.graph_spec(g, quantize_dir)
+            except md.MetadataError as exc:
+                raise WorkerError("graph_io_unreadable", str(exc), "Re-run the Quantize stage.") from None
+            entries.append({"name": g["name"], "onnx": f"sim/{g['name']}.onnx", **spec})
+        name = f"{slug}_part_{part_label(k, parts)}.bin"
+        write_sim_bin(bdir / name, entries)
+        ctx_bins.append(name)
     cfg = checked_genie_config(hf_config, q, ctx_bins, settings, simulated=True)
-    (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=2))
-    (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(gb.SIMULATOR_DEVICE), indent=2))
-    (bdir / "tool-versions.yaml").write_text("# simulated bundle: no QAIRT compiler was used\nqairt: simulator\n")
-    (bdir / "graphs.json").write_text(json.dumps({**{k: v for k, v in q.items() if k != "graphs"},
-                                                  "graphs": graphs}, indent=2))
+    (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=4))
+    (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(gb.SIMULATOR_DEVICE), indent=4))
+    md.write_metadata(bdir / "metadata.yaml", md.build_metadata(q["graphs"], quantize_dir))
+    for f in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        if (hf_dir / f).is_file():
+            shutil.copy2(hf_dir / f, bdir / f)
+    if not (bdir / "tokenizer.json").is_file():
+        raise WorkerError("tokenizer_missing", f"{hf_dir} has no tokenizer.json: Genie needs one.",
+                          "Use a model with a fast tokenizer (tokenizer.json).")
     em.progress(0.8, "writing bundle.json")
     return gb.write_manifest(bdir, {
         "model": model_doc["model"], "simulated": True, "emulated": False, "device": gb.SIMULATOR_DEVICE,

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.genie_sim.t2t import GENIE_API_VERSION, SimDialog, profile_doc
+from workers.genie_sim.t2t import GENIE_API_VERSION, GenieLoadError, SimDialog, profile_doc
 
 _out_lock = threading.Lock()
 
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     sampler = json.loads(args.sampler) if args.sampler else None
     try:
         dialog = SimDialog(Path(args.config), sampler)
+    except GenieLoadError as exc:     # Genie's own texts
+        emit({"event": "error", "code": "dialog_create_failed", "message": "\n".join([*exc.lines, exc.final])})
+        return 1
     except Exception as exc:
         emit({"event": "error", "code": "dialog_create_failed",
               "message": f"Create From Binary FAILED! ({type(exc).__name__}: {exc})"})

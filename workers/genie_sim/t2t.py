@@ -119,9 +119,81 @@ def profile_doc(init_us: float, q: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class GenieLoadError(RuntimeError):
+    """The bundle fails a check Genie makes while it creates the dialog: `lines` are what Genie prints
+    (stderr), `final` what genie-t2t-run says last."""
+
+    def __init__(self, lines: list[str], final: str) -> None:
+        super().__init__("\n".join(lines))
+        self.lines, self.final = lines, final
+
+
+DTYPE_BITS = {"uint8": 8, "uint16": 16, "int8": 8, "int16": 16}
+
+
+def legacy_positional_encoding(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Genie without model.positional-encoding: rope with QnnHtp pos-id-dim (default 64) and rope-theta
+    (default 10000), no scaling (qnn-htp.cpp)."""
+    htp = cfg["engine"]["backend"].get("QnnHtp") or {}
+    return {"type": "rope", "rope-dim": int(htp.get("pos-id-dim", 64)), "rope-theta": htp.get("rope-theta", 10000)}
+
+
+def load_simulated_model(cfg: dict[str, Any], root: Path) -> tuple[list[dict[str, Any]], dict[str, Path],
+                                                                   dict[str, tuple[float, int, int]]]:
+    """What Genie does with the ctx-bins before it runs them: open each (relative paths from the working
+    directory, as Genie resolves them), read the graphs' I/O, validate them (workers/bundle/genie_model.py:
+    names, shapes, split order, chaining, identical quantization) and order the splits of each AR/CL by
+    graph name. Returns (graph entries for the deployment pair, ONNX path per graph, I/O quantization)."""
+    from workers.bundle import safepath
+    from workers.bundle.genie_model import model_errors, splits
+    from workers.genie_sim.simbin import SimBinError, read_sim_bin
+
+    specs: dict[str, dict[str, Any]] = {}
+    paths: dict[str, Path] = {}
+    for b in cfg["engine"]["model"]["binary"]["ctx-bins"]:
+        p = safepath.resolve_under(root, b, "genie_config.json ctx-bins")
+        if not p.is_file():
+            raise GenieLoadError([f"NSPModel: Can't access model file : {b}"], "Failed to create the dialog.")
+        try:
+            graphs = read_sim_bin(p)
+        except SimBinError as exc:
+            raise GenieLoadError([str(exc)], "Failed to create the dialog.") from None
+        for g in graphs:
+            specs[g["name"]] = {"inputs": g["inputs"], "outputs": g["outputs"]}
+            paths[g["name"]] = safepath.resolve_under(root, g["onnx"], f"{b} graph {g['name']}", must_exist=True)
+    htp = cfg["engine"]["backend"].get("QnnHtp") or {}
+    pe = cfg["engine"]["model"].get("positional-encoding") or legacy_positional_encoding(cfg)
+    lines = model_errors(specs, int(cfg["context"]["size"]), kv_dim=htp.get("kv-dim"), rope_dim=pe.get("rope-dim"))
+    if lines:
+        raise GenieLoadError(lines, "Failed to create the dialog.")
+    variants, _ = splits(specs)
+    cls = sorted({cl for _, cl in variants})
+    if len(cls) != 1:
+        raise GenieLoadError([f"the HexStudio simulator runs bundles of one context length; this one has {cls}"],
+                             "Failed to create the dialog.")
+    ars = sorted({ar for ar, _ in variants})
+    entries: list[dict[str, Any]] = []
+    for (ar, _cl), names in variants.items():
+        kind = "token_generator" if ar == ars[0] and len(ars) > 1 else "prompt_processor"
+        for i, name in enumerate(names, start=1):     # Genie's order: the graph names, lexicographically
+            entries.append({"name": name, "kind": kind, "part": i, "seq_len": ar})
+    quant: dict[str, tuple[float, int, int]] = {}
+    for spec in specs.values():
+        for t, ts in (*spec["inputs"].items(), *spec["outputs"].items()):
+            qp = ts.get("quantization_parameters")
+            if qp and ts.get("dtype") in DTYPE_BITS:
+                quant.setdefault(t, (float(qp["scale"]), int(qp["offset"]), DTYPE_BITS[ts["dtype"]]))
+    return entries, paths, quant
+
+
 class SimDialog:
     """A loaded simulation bundle that answers queries like a GenieDialog: the KV cache persists
-    between queries (Genie injects EOS + BOS between them), `reset()` clears it."""
+    between queries (Genie injects EOS + BOS between them), `reset()` clears it.
+
+    Loading follows Genie: the config's schema (Genie's messages; genie-t2t-run then says "Failed to
+    create the dialog config."), then the context binaries and the graphs' I/O (GenieLoadError with
+    Genie's lines), then the inputs fed as Genie feeds them, quantized I/O included (workers/arloop.py
+    GenieFeeds)."""
 
     def __init__(self, config_path: Path, sampler: dict[str, Any] | None = None) -> None:
         import numpy as np
@@ -129,25 +201,37 @@ class SimDialog:
 
         from workers.arloop import DeploymentPair
         from workers.bundle import safepath
+        from workers.bundle.genie_schema import dialog_create_errors, genie_config_text_errors
 
         t_init = time.perf_counter()
-        doc = json.loads(config_path.read_text())
-        graphs = json.loads((config_path.parent / "graphs.json").read_text())
+        text = config_path.read_text(encoding="utf-8")
+        errors = genie_config_text_errors(text)
+        if errors:
+            raise GenieLoadError([errors[0]], "Failed to create the dialog config.")
+        doc = json.loads(text)
+        load = [i for i in dialog_create_errors(doc)]
+        if load:
+            raise GenieLoadError([i.message for i in load], "Failed to create the dialog.")
+        root = config_path.parent
         # every path the bundle names stays inside the bundle folder (issue 18): refused before any is opened
-        safepath.check_genie_config(doc, config_path.parent)
-        safepath.check_graphs(graphs.get("graphs") if isinstance(graphs, dict) else graphs, config_path.parent)
+        safepath.check_genie_config(doc, root)
         cfg = doc["dialog"]
         self.cfg = cfg
-        self.tok = Tokenizer.from_file(str(safepath.resolve_under(config_path.parent, cfg["tokenizer"]["path"],
-                                                                  "genie_config.json dialog.tokenizer.path")))
-        self.pair = DeploymentPair.from_graphs(graphs["graphs"], config_path.parent, variant="sim",
+        tok_path = safepath.resolve_under(root, cfg["tokenizer"]["path"], "genie_config.json dialog.tokenizer.path")
+        if not tok_path.is_file():
+            raise GenieLoadError([f"{cfg['tokenizer']['path']}: file does not exist"], "Failed to create the dialog.")
+        self.tok = Tokenizer.from_file(str(tok_path))
+        entries, paths, quant = load_simulated_model(cfg, root)
+        pe = cfg["engine"]["model"].get("positional-encoding") or legacy_positional_encoding(cfg)
+        self.pair = DeploymentPair.from_graphs(entries, root, positional_encoding=pe, paths=paths, quant=quant,
                                                context_length=int(cfg["context"]["size"]),
                                                intra_op_threads=int(os.environ.get("HEXSTUDIO_SIM_THREADS", "2")))
         self.sampler = {**cfg.get("sampler", {}), **(sampler or {})}
         self.rng = np.random.default_rng(int(self.sampler.get("seed", 42)))
         eos = cfg["context"].get("eos-token")
         self.eos = set(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
-        self.bos = cfg["context"].get("bos-token")
+        bos = cfg["context"].get("bos-token")
+        self.bos = bos if isinstance(bos, int) and bos >= 0 else None    # a negative bos-token: no BOS (Genie)
         self.queries = 0
         self.init_us = (time.perf_counter() - t_init) * 1e6
 
@@ -236,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     print(BANNER, flush=True)
     try:
         dialog = SimDialog(Path(args.config))
+    except GenieLoadError as exc:      # Genie's own texts, on stderr as genie-t2t-run prints them
+        for line in exc.lines:
+            print(line, file=sys.stderr, flush=True)
+        print(exc.final, file=sys.stderr, flush=True)
+        return 1
     except Exception as exc:
         log("error", "error", f"Create From Binary FAILED! ({type(exc).__name__}: {exc})")
         print("Failure to initialize model", flush=True)
