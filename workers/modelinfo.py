@@ -127,6 +127,9 @@ def count_parameters(cfg: dict[str, Any]) -> int:
     return layers * (attn + mlp + norms) + emb + head + h
 
 
+INSPECT_CONTEXT = 512   # the context length the inspect-time rope check uses
+
+
 def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
     supported, arch, reason = _classify(cfg)
     info: dict[str, Any] = {"architecture": arch, "model_type": cfg.get("model_type"),
@@ -156,13 +159,15 @@ def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
         if supported:
             info.update({"supported": False, "reason": f"config.json lacks or has a bad {exc}: it is incomplete."})
     if info["supported"]:
-        # the rope scaling must be one Genie can express, or the compile stage would refuse it hours later
-        from workers.bundle import BundleError, genie_rope_scaling, rope_settings
+        # the rope must be one Genie can compute (workers.rope: default, linear, dynamic within its range,
+        # llama3, yarn, longrope), or the compile stage would refuse it hours later. Checked at a short context:
+        # only what no context length can express is refused here (a dynamic rope's limit is checked at compile).
+        from workers import rope
 
         try:
-            info["rope_scaling"] = rope_settings(cfg)[1] or None
-            genie_rope_scaling(cfg)
-        except BundleError as exc:
+            info["rope_scaling"] = rope.rope_settings(cfg)[1] or None
+            rope.genie_positional_encoding(cfg, INSPECT_CONTEXT)
+        except (rope.RopeError, KeyError, TypeError, ValueError) as exc:
             info.update({"supported": False, "reason": f"{arch}: {exc}"})
     return info
 

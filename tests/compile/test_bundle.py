@@ -40,7 +40,16 @@ def test_bundle_config_for_a_llama_31_8b_config_only_folder(tmp_path: Path) -> N
     assert pe["rope-theta"] == 500000.0
     assert pe["rope-scaling"]["rope-type"] == "llama3" and pe["rope-scaling"]["factor"] == 8.0
     assert d["engine"]["backend"]["QnnHtp"]["kv-dim"] == 128
-    assert len(d["engine"]["model"]["binary"]["ctx-bins"]) == 5
+    assert d["engine"]["model"]["binary"]["ctx-bins"] == [f"{gb.model_slug(tmp_path.name)}_part_{i}_of_5.bin"
+                                                          for i in range(1, 6)]
+    # Genie's own validation accepts it, and so does the whole-bundle checker's config part
+    from workers.bundle.genie_schema import dialog_create_errors, genie_config_errors
+
+    assert genie_config_errors(json.loads(out.stdout)) == [] and dialog_create_errors(json.loads(out.stdout)) == []
+    for section in (d, d["context"], d["sampler"], d["tokenizer"], d["engine"], d["engine"]["backend"],
+                    d["engine"]["backend"]["QnnHtp"], d["engine"]["model"], d["engine"]["model"]["binary"]):
+        assert section["version"] == 1
+    assert "pos-id-dim" not in d["engine"]["backend"]["QnnHtp"] and "rope-theta" not in d["engine"]["backend"]["QnnHtp"]
 
 
 def test_bundle_checks_refuse_bad_inputs(tmp_path: Path) -> None:
@@ -68,6 +77,12 @@ def test_simulation_bundle_is_complete_and_labeled(compiled_sim_run: Path) -> No
     cfg = json.loads((bdir / "genie_config.json").read_text())["dialog"]
     assert all(b.startswith("sim/") and b.endswith(".onnx") and b in names for b in cfg["engine"]["model"]["binary"]["ctx-bins"])
     assert cfg["context"]["size"] == doc["context_length"] == 512
+    # the simulation bundle passes Genie's schema too (backend QnnHtp; bundle.json says simulated)
+    from workers.bundle.genie_schema import dialog_create_errors, genie_config_errors
+
+    full = json.loads((bdir / "genie_config.json").read_text())
+    assert genie_config_errors(full) == [] and dialog_create_errors(full) == []
+    assert cfg["engine"]["backend"]["type"] == "QnnHtp"
     # tampering is detected
     (bdir / "tokenizer.json").write_text("{}")
     assert gb.verify_bundle(bdir) == ["changed tokenizer.json"]
@@ -83,56 +98,106 @@ def test_llama3_rope_scaling_is_copied_field_by_field() -> None:
     hf = {**LLAMA_31_8B, "rope_scaling": {"factor": 32.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
                                           "original_max_position_embeddings": 4096, "rope_type": "llama3"}}
     pe = _pe(gb.genie_config(hf, 4096, ["a.bin"], 128))
-    assert pe == {"type": "rope", "rope-dim": 64, "rope-theta": 500000.0,
+    assert pe == {"type": "rope", "rope-dim": 64, "rope-theta": 500000,
                   "rope-scaling": {"rope-type": "llama3", "factor": 32.0, "low-freq-factor": 2.0,
                                    "high-freq-factor": 8.0, "original-max-position-embeddings": 4096}}
     # a missing field is refused, never filled with an invented default
     partial = {**LLAMA_31_8B, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
-    with pytest.raises(gb.BundleError, match="lacks low_freq_factor, high_freq_factor, original_max_position"):
+    with pytest.raises(gb.BundleError, match="lacks low_freq_factor"):
         gb.genie_config(partial, 4096, ["a.bin"], 128)
 
 
-@pytest.mark.parametrize("field,value", [("low-freq-factor", 2.0), ("high-freq-factor", 1.0),
-                                         ("original-max-position-embeddings", 4096), ("rope-type", "linear")])
-def test_the_pre_write_check_compares_every_rope_field(field: str, value: Any) -> None:
+@pytest.mark.parametrize("field,value,match", [
+    ("low-freq-factor", 2.0, "rope settings differ.*inverse frequency"),
+    ("high-freq-factor", 1.0, "rope settings differ.*inverse frequency"),
+    ("original-max-position-embeddings", 4096, "rope settings differ.*inverse frequency"),
+    ("factor", 4.0, "rope settings differ.*inverse frequency"),
+    ("rope-type", "linear", "refused by Genie: Rope type not supportedlinear")])
+def test_the_pre_write_check_compares_the_rope_numerically(field: str, value: Any, match: str) -> None:
     cfg = gb.genie_config(LLAMA_31_8B, 4096, ["a.bin"], 128)
     gb.check_genie_config(cfg, LLAMA_31_8B, 4096)   # as written: passes
     cfg["dialog"]["engine"]["model"]["positional-encoding"]["rope-scaling"][field] = value
-    with pytest.raises(gb.BundleError, match=f"rope settings differ.*{field}"):
+    with pytest.raises(gb.BundleError, match=match):
         gb.check_genie_config(cfg, LLAMA_31_8B, 4096)
     cfg = gb.genie_config(LLAMA_31_8B, 4096, ["a.bin"], 128)
-    cfg["dialog"]["engine"]["model"]["positional-encoding"]["rope-theta"] = 10000.0
-    with pytest.raises(gb.BundleError, match=re.escape("rope-theta 10000.0 (config.json: 500000.0)")):
+    cfg["dialog"]["engine"]["model"]["positional-encoding"]["rope-theta"] = 10000
+    with pytest.raises(gb.BundleError, match="rope settings differ"):
+        gb.check_genie_config(cfg, LLAMA_31_8B, 4096)
+    cfg = gb.genie_config(LLAMA_31_8B, 4096, ["a.bin"], 128)
+    cfg["dialog"]["engine"]["backend"]["QnnHtp"]["kv-dim"] = 64
+    with pytest.raises(gb.BundleError, match="kv-dim 64 differs from the model's head_dim 128"):
         gb.check_genie_config(cfg, LLAMA_31_8B, 4096)
 
 
-@pytest.mark.parametrize("rope_type,scaling", [
-    ("linear", {"type": "linear", "factor": 2.0}),
-    ("yarn", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "beta_fast": 32.0,
-              "beta_slow": 1.0}),
-    ("dynamic", {"rope_type": "dynamic", "factor": 2.0}),
+@pytest.mark.parametrize("scaling", [
+    {"type": "linear", "factor": 2.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "beta_fast": 32.0,
+     "beta_slow": 1.0},
+    {"rope_type": "dynamic", "factor": 2.0},
+    {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 4096,
+     "short_factor": [1.0 + i / 64 for i in range(64)], "long_factor": [2.0 + i / 16 for i in range(64)]},
 ])
-def test_rope_types_genie_cannot_express_are_refused(tmp_path: Path, rope_type: str,
-                                                     scaling: dict[str, Any]) -> None:
-    # facts/genie.md documents Genie's rope-scaling for llama3 only: anything else is refused, not approximated
+def test_rope_scalings_genie_can_compute_are_mapped_and_pass_genie(tmp_path: Path, scaling: dict[str, Any]) -> None:
+    """linear, YaRN, dynamic (within its range) and longrope are expressed in Genie's terms (llama3/longrope/
+    none) and the tables Genie computes from the config equal the model's."""
+    from workers import rope
+    from workers.bundle.genie_schema import genie_config_errors
+
     hf = {**LLAMA_31_8B, "rope_scaling": scaling}
-    with pytest.raises(gb.BundleError, match=f"type '{rope_type}'.*cannot express"):
+    cfg = gb.genie_config(hf, 4096, ["a.bin"], 128)
+    assert genie_config_errors(cfg) == []
+    gb.check_genie_config(cfg, hf, 4096)
+    assert rope.rope_mismatch(cfg["dialog"]["engine"]["model"]["positional-encoding"], hf, 4096) is None
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    out = _hexstudio("bundle", "config", "--model", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("hf,match", [
+    ({**LLAMA_31_8B, "rope_scaling": {"rope_type": "mrope", "factor": 2.0}}, "type 'mrope'"),
+    ({**LLAMA_31_8B, "partial_rotary_factor": 0.5}, "rotates only part"),
+])
+def test_rope_genie_cannot_compute_is_refused(tmp_path: Path, hf: dict[str, Any], match: str) -> None:
+    from workers import modelinfo
+
+    with pytest.raises(gb.BundleError, match=match):
         gb.genie_config(hf, 4096, ["a.bin"], 128)
     (tmp_path / "config.json").write_text(json.dumps(hf))
     out = _hexstudio("bundle", "config", "--model", str(tmp_path))
-    assert out.returncode == 1 and f"type '{rope_type}'" in out.stderr and "Traceback" not in out.stderr
-    assert "Choose a model" in out.stderr
+    assert out.returncode == 1 and "Traceback" not in out.stderr and re.search(match, out.stderr)
+    info = modelinfo.inspect_config(hf)      # refused at inspect, hours before compile
+    assert info["supported"] is False and re.search(match, info["reason"])
+
+
+def test_a_dynamic_rope_beyond_its_range_is_refused_at_compile_not_at_inspect() -> None:
+    from workers import modelinfo
+
+    hf = {**LLAMA_31_8B, "max_position_embeddings": 2048, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
+    assert modelinfo.inspect_config(hf)["supported"] is True
+    gb.genie_config(hf, 2048, ["a.bin"], 128)
+    with pytest.raises(gb.BundleError, match="dynamic"):
+        gb.genie_config(hf, 4096, ["a.bin"], 128)
+
+
+def test_bos_eos_are_numbers_never_null() -> None:
+    no_bos = {k: v for k, v in LLAMA_31_8B.items() if k != "bos_token_id"}
+    ctx = gb.genie_config(no_bos, 4096, ["a.bin"], 128)["dialog"]["context"]
+    assert ctx["bos-token"] == -1 and ctx["eos-token"] == [128001, 128008, 128009]
+    assert gb.genie_config({**LLAMA_31_8B, "eos_token_id": 2}, 4096, ["a.bin"], 128)["dialog"]["context"][
+        "eos-token"] == 2
+    with pytest.raises(gb.BundleError, match="no eos_token_id"):
+        gb.genie_config({**LLAMA_31_8B, "eos_token_id": None}, 4096, ["a.bin"], 128)
 
 
 def test_default_rope_and_the_rope_parameters_layout(tmp_path: Path) -> None:
-    # {"rope_type": "default"}: no scaling. facts/genie.md: pos-id-dim and rope-theta go under QnnHtp
+    # {"rope_type": "default"}: no scaling; positional-encoding still carries theta and rope-dim (QnnHtp never)
     hf = {**LLAMA_31_8B, "rope_scaling": {"rope_type": "default"}, "rope_theta": 250000.0}
     (tmp_path / "config.json").write_text(json.dumps(hf))
     out = _hexstudio("bundle", "config", "--model", str(tmp_path))
     assert out.returncode == 0, out.stderr
     eng = json.loads(out.stdout)["dialog"]["engine"]
-    assert "positional-encoding" not in eng["model"]
-    assert (eng["backend"]["QnnHtp"]["pos-id-dim"], eng["backend"]["QnnHtp"]["rope-theta"]) == (64, 250000.0)
+    assert eng["model"]["positional-encoding"] == {"type": "rope", "rope-dim": 64, "rope-theta": 250000}
+    assert "pos-id-dim" not in eng["backend"]["QnnHtp"] and "rope-theta" not in eng["backend"]["QnnHtp"]
 
     # transformers 5 keeps theta (and the scaling) under rope_parameters
     t5 = {k: v for k, v in LLAMA_31_8B.items() if k not in ("rope_theta", "rope_scaling")}
@@ -140,8 +205,8 @@ def test_default_rope_and_the_rope_parameters_layout(tmp_path: Path) -> None:
     assert gb.rope_settings(t5) == (500000.0, t5["rope_parameters"])
     assert gb.genie_config(t5, 4096, ["a.bin"], 128) == gb.genie_config(LLAMA_31_8B, 4096, ["a.bin"], 128)
     t5_plain = {**t5, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
-    htp = gb.genie_config(t5_plain, 4096, ["a.bin"], 128)["dialog"]["engine"]["backend"]["QnnHtp"]
-    assert htp["rope-theta"] == 1000000.0
+    pe = gb.genie_config(t5_plain, 4096, ["a.bin"], 128)["dialog"]["engine"]["model"]["positional-encoding"]
+    assert pe["rope-theta"] == 1000000
 
 
 def test_the_builtin_model_gets_its_real_theta() -> None:
@@ -202,25 +267,24 @@ def _fake_quantize(tmp_path: Path, hf: dict[str, Any], context_length: int, grap
 
 @pytest.mark.parametrize("case", ["context", "rope"])
 def test_the_compile_stage_check_fails_as_a_clear_worker_error(tmp_path: Path, case: str) -> None:
-    import io
-
-    from workers.compile import write_sim_bundle
-    from workers.protocol import Emitter
+    from workers.bundle.genie_schema import genie_config_errors
+    from workers.compile import checked_genie_config
     from workers.runtime import WorkerError
 
     if case == "context":   # quantize.json says 1024, the graphs were exported at 512
         qdir, hf_dir = _fake_quantize(tmp_path, LLAMA_31_8B, 1024, 512)
         match = "context size 1024 differs from the compiled context length 512"
     else:
-        qdir, hf_dir = _fake_quantize(tmp_path, {**LLAMA_31_8B, "rope_scaling": {"type": "linear", "factor": 2.0}},
+        qdir, hf_dir = _fake_quantize(tmp_path, {**LLAMA_31_8B, "rope_scaling": {"type": "mrope", "factor": 2.0}},
                                       512, 512)
-        match = "type 'linear'"
-    out = tmp_path / "out"
-    with pytest.raises(WorkerError) as ei:
-        write_sim_bundle(qdir, {"model": "m"}, hf_dir, out, {}, Emitter(io.StringIO()))
+        match = "type 'mrope'"
+    q = json.loads((qdir / "quantize.json").read_text())
+    hf = json.loads((hf_dir / "config.json").read_text())
+    with pytest.raises(WorkerError) as ei:      # before anything is written or uploaded
+        checked_genie_config(hf, q, ["m_part_1_of_1.bin"], {})
     assert ei.value.code == "bundle_check" and match in ei.value.message and ei.value.hint
-    assert not (out / "bundle" / "genie_config.json").exists()
-    # the same inputs with matching graphs write a bundle
+    # the same inputs with matching graphs give a config Genie accepts
     qdir, hf_dir = _fake_quantize(tmp_path / "ok", LLAMA_31_8B, 512, 512)
-    doc = write_sim_bundle(qdir, {"model": "m"}, hf_dir, tmp_path / "ok" / "out", {}, Emitter(io.StringIO()))
-    assert doc["context_length"] == 512
+    cfg = checked_genie_config(LLAMA_31_8B, json.loads((qdir / "quantize.json").read_text()), ["m_part_1_of_1.bin"],
+                               {})
+    assert cfg["dialog"]["context"]["size"] == 512 and genie_config_errors(cfg) == []

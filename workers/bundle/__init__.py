@@ -86,102 +86,84 @@ def compiled_context_length(graph_names: list[str]) -> int:
     return values[0]
 
 
-# Rope scaling Genie can express (facts/genie.md): the Hugging Face field -> Genie's spelling. Every field
-# is required: a value that is not copied from the model's config.json gives degenerate output.
-GENIE_ROPE_FIELDS: dict[str, dict[str, tuple[str, type]]] = {
-    "llama3": {"factor": ("factor", float), "low_freq_factor": ("low-freq-factor", float),
-               "high_freq_factor": ("high-freq-factor", float),
-               "original_max_position_embeddings": ("original-max-position-embeddings", int)},
-}
-# keys of a rope block that are not scaling parameters (transformers 5 keeps theta beside them)
-_ROPE_NON_SCALING = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
-
-
 def rope_settings(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope theta, rope scaling or None) from either config.json layout: transformers <5 (`rope_theta` and
-    `rope_scaling` at the top level) or transformers 5 (`rope_parameters` holding both). A scaling of type
-    "default" (or none) means no scaling."""
-    params = hf_config.get("rope_parameters")
-    if isinstance(params, dict) and "full_attention" in params and isinstance(params["full_attention"], dict):
-        params = params["full_attention"]   # per-layer-type layout: the decoder layers' entry
-    params = params if isinstance(params, dict) else {}
-    theta = hf_config.get("rope_theta") or params.get("rope_theta") or 10000.0
-    scaling = hf_config.get("rope_scaling") or params or None
-    if scaling is not None:
-        rope_type = scaling.get("rope_type", scaling.get("type"))
-        if rope_type in (None, "default") and not (set(scaling) - _ROPE_NON_SCALING):
-            scaling = None
-    return float(theta), (dict(scaling) if scaling else None)
+    """(rope theta, rope scaling or None) from either config.json layout (workers.rope.rope_settings)."""
+    from workers import rope
+
+    return rope.rope_settings(hf_config)
 
 
-def genie_rope_scaling(hf_config: dict[str, Any]) -> dict[str, Any] | None:
-    """The model's rope scaling in Genie's spelling, every field copied; None without scaling. Raises
-    BundleError for a rope type Genie cannot express or a field the config lacks."""
-    _, rs = rope_settings(hf_config)
-    if rs is None:
-        return None
-    rope_type = rs.get("rope_type", rs.get("type"))
-    fields = GENIE_ROPE_FIELDS.get(str(rope_type))
-    if fields is None:
-        raise BundleError(
-            f"This model's config.json uses rope scaling of type '{rope_type}' ({_rope_text(rs)}), which a Genie "
-            f"bundle cannot express: Genie's rope-scaling knows {', '.join(GENIE_ROPE_FIELDS)} only, and dropping "
-            "or approximating it gives degenerate output on the board. Choose a model without rope scaling or with "
-            "llama3 rope scaling (Llama 3.x, Llama-3.1-Nemotron-Nano-8B).")
-    missing = [k for k in fields if rs.get(k) is None]
-    if missing:
-        raise BundleError(f"This model's {rope_type} rope scaling in config.json lacks {', '.join(missing)} "
-                          f"({_rope_text(rs)}). HexStudio copies these values and never guesses them: fix the "
-                          "model's config.json (as published by its authors).")
-    unknown = sorted(set(rs) - set(fields) - _ROPE_NON_SCALING)
-    if unknown:
-        raise BundleError(f"This model's {rope_type} rope scaling has field(s) {', '.join(unknown)} that Genie's "
-                          f"rope-scaling cannot carry ({_rope_text(rs)}); the bundle would not match the model.")
-    out: dict[str, Any] = {"rope-type": str(rope_type)}
-    for k, (genie_key, cast) in fields.items():
-        out[genie_key] = cast(rs[k])
-    return out
+def genie_positional_encoding(hf_config: dict[str, Any], context_size: int) -> dict[str, Any]:
+    """genie_config.json's `model.positional-encoding` for this model at `context_size` tokens: every value
+    from the model's own config.json, checked numerically against the model's rope (workers.rope). Raises
+    BundleError for a rope Genie cannot reproduce."""
+    from workers import rope
+
+    try:
+        return rope.genie_positional_encoding(hf_config, context_size)
+    except (rope.RopeError, KeyError, TypeError, ValueError) as exc:
+        raise BundleError(str(exc)) from None
 
 
-def _rope_text(rs: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in rs.items())
+def genie_rope_scaling(hf_config: dict[str, Any], context_size: int = 4096) -> dict[str, Any] | None:
+    """The rope-scaling Genie gets for this model (None without scaling); raises BundleError for a rope Genie
+    cannot express (the inspect-time check)."""
+    return genie_positional_encoding(hf_config, context_size).get("rope-scaling")
+
+
+def ctx_bin_name(model: str, part: int, parts: int) -> str:
+    """A context binary's name as qai-hub-models writes it: `<model>_part_{i}_of_{n}.bin`."""
+    return f"{model}_part_{part}_of_{parts}.bin"
+
+
+def model_slug(name: str) -> str:
+    """A file-name-safe model name (`meta-llama/Llama-3.1-8B-Instruct` -> `llama_3_1_8b_instruct`)."""
+    base = name.rstrip("/").rsplit("/", 1)[-1] or "model"
+    return re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_") or "model"
+
+
+def _token_id(v: Any, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BundleError(f"config.json's {what} is {v!r}, not a token id: Genie needs a number there. Fix the "
+                          "model's config.json.")
+    return v
 
 
 def genie_config(hf_config: dict[str, Any], context_length: int, ctx_bins: list[str], kv_dim: int,
                  sampler: dict[str, Any] | None = None, simulated: bool = False) -> dict[str, Any]:
-    """genie_config.json as AI Hub exports it for a Llama-family model (facts/genie.md). With rope scaling
-    the model block carries `positional-encoding` (theta and every scaling field copied); without it
-    `pos-id-dim` and `rope-theta` go under QnnHtp, as facts/genie.md says. Raises BundleError for a rope
-    scaling Genie cannot express."""
+    """genie_config.json as Genie 1.13 accepts it (workers/bundle/genie_schema.py) and qai-hub-models writes it
+    (qai_hub_models/utils/llm_helpers.py): version 1 in every section, every mandatory key, the sampler always,
+    bos-token a number (-1: none), eos-token a number or an array, kv-dim = head_dim, and the model's own rope as
+    `model.positional-encoding` (workers.rope; never pos-id-dim/rope-theta under QnnHtp). A simulation bundle
+    gets the same config (backend QnnHtp): bundle.json marks it simulated. Raises BundleError for a rope Genie
+    cannot express or a config.json without an eos token."""
+    del simulated   # the simulator board reads the very same config
     eos = hf_config.get("eos_token_id")
-    eos_list = eos if isinstance(eos, list) else [eos]
+    if eos is None or eos == []:
+        raise BundleError("config.json has no eos_token_id: Genie needs one to stop a reply. Fix the model's "
+                          "config.json (its generation_config.json usually names it).")
+    eos_out: int | list[int] = [_token_id(e, "eos_token_id") for e in eos] if isinstance(eos, list) \
+        else _token_id(eos, "eos_token_id")
+    bos = hf_config.get("bos_token_id")
+    bos_out = -1 if bos is None else _token_id(bos, "bos_token_id")
     sampler = sampler or {"seed": 42, "temp": 0.0, "top_k": 1, "top_p": 1.0}
-    theta, _ = rope_settings(hf_config)
-    scaling = genie_rope_scaling(hf_config)
-    backend: dict[str, Any] = {
-        "type": "QnnHtp",
-        "QnnHtp": {"use-mmap": True, "spill-fill-bufsize": 0, "mmap-budget": 0, "poll": True,
-                   "cpu-mask": "0xe0", "kv-dim": kv_dim, "allow-async-init": False},
-        "extensions": "htp_backend_ext_config.json",
-    }
-    model: dict[str, Any] = {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": ctx_bins}}
-    if scaling is not None:
-        model["positional-encoding"] = {"type": "rope", "rope-dim": kv_dim // 2, "rope-theta": theta,
-                                        "rope-scaling": scaling}
-    else:
-        backend["QnnHtp"].update({"pos-id-dim": kv_dim // 2, "rope-theta": theta})
-    cfg: dict[str, Any] = {"dialog": {
+    pe = genie_positional_encoding(hf_config, context_length)
+    return {"dialog": {
         "version": 1, "type": "basic",
-        "context": {"version": 1, "size": context_length, "n-vocab": int(hf_config["vocab_size"]),
-                    "bos-token": hf_config.get("bos_token_id"), "eos-token": eos_list},
+        "context": {"version": 1, "size": int(context_length), "n-vocab": int(hf_config["vocab_size"]),
+                    "bos-token": bos_out, "eos-token": eos_out},
         "sampler": {"version": 1, "seed": sampler["seed"], "temp": sampler["temp"], "top-k": sampler["top_k"],
                     "top-p": sampler["top_p"]},
         "tokenizer": {"version": 1, "path": "tokenizer.json"},
-        "engine": {"version": 1, "n-threads": 3, "backend": backend, "model": model},
+        "engine": {"version": 1, "n-threads": 3,
+                   "backend": {"version": 1, "type": "QnnHtp",
+                               "QnnHtp": {"version": 1, "use-mmap": True, "spill-fill-bufsize": 0, "mmap-budget": 0,
+                                          "poll": True, "cpu-mask": "0xe0", "kv-dim": int(kv_dim),
+                                          "allow-async-init": False},
+                               "extensions": "htp_backend_ext_config.json"},
+                   "model": {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": list(ctx_bins)},
+                             "positional-encoding": pe}},
     }}
-    if simulated:
-        cfg["dialog"]["engine"]["backend"]["type"] = "HexStudioSimulator"
-    return cfg
 
 
 def genie_rope(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -195,27 +177,35 @@ def genie_rope(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_genie_config(cfg: dict[str, Any], hf_config: dict[str, Any], compiled_context: int) -> None:
-    """The checks before a bundle is written. `compiled_context`: the context length the graphs were
-    exported/compiled with (from their names or shapes), never the config's own value."""
+    """The checks before a bundle is written: Genie's schema (its own messages), the context size against the
+    context length the graphs were exported/compiled with (from their names or shapes, never the config's own
+    value), kv-dim against head_dim, and the rope Genie computes from the config against the model's, numerically
+    (workers.rope.rope_mismatch)."""
+    from workers import rope
+    from workers.bundle.genie_schema import dialog_create_errors, genie_config_errors
+
+    problems = genie_config_errors(cfg) + [i.message for i in dialog_create_errors(cfg)]
+    if problems:
+        raise BundleError("genie_config.json would be refused by Genie: " + "; ".join(problems)
+                          + ". Write it again with `hexstudio bundle config`.")
     d = cfg["dialog"]
     if d["context"]["size"] != compiled_context:
         raise BundleError(f"genie_config context size {d['context']['size']} differs from the compiled context "
                           f"length {compiled_context}: Genie would produce garbage or crash. Recompile at "
                           f"{d['context']['size']}, or write the config with context size {compiled_context}.")
-    theta, _ = rope_settings(hf_config)
-    got = genie_rope(cfg)
-    diffs = []
-    if got["theta"] is None or float(got["theta"]) != theta:
-        diffs.append(f"rope-theta {got['theta']} (config.json: {theta})")
-    ws: dict[str, Any] = genie_rope_scaling(hf_config) or {}
-    gs: dict[str, Any] = got["scaling"] or {}
-    for k in sorted(set(ws) | set(gs)):
-        if ws.get(k) != gs.get(k):
-            diffs.append(f"{k} {gs.get(k)} (config.json: {ws.get(k)})")
-    if diffs:
-        raise BundleError("The bundle's rope settings differ from the model's config.json (" + "; ".join(diffs)
-                          + "): the model would produce degenerate output. Write genie_config.json again from "
-                          "the Hugging Face config (hexstudio bundle config shows what it should hold).")
+    kv = d["engine"]["backend"]["QnnHtp"].get("kv-dim")
+    hd = rope.head_dim_of(hf_config)
+    if kv != hd:
+        raise BundleError(f"genie_config kv-dim {kv} differs from the model's head_dim {hd}: Genie would refuse the "
+                          "KV tensors' shapes. Write the config again.")
+    htp = d["engine"]["backend"]["QnnHtp"]
+    pe = d["engine"]["model"].get("positional-encoding") or {
+        "type": "rope", "rope-dim": htp.get("pos-id-dim", 64), "rope-theta": htp.get("rope-theta", 10000)}
+    diff = rope.rope_mismatch(pe, hf_config, int(d["context"]["size"]))
+    if diff is not None:
+        raise BundleError(f"The bundle's rope settings differ from the model's config.json ({diff}): the model would "
+                          "produce degenerate output. Write genie_config.json again from the Hugging Face config "
+                          "(hexstudio bundle config shows what it should hold).")
 
 
 def htp_ext_config(dev: dict[str, Any]) -> dict[str, Any]:
