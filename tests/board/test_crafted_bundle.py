@@ -150,14 +150,16 @@ def test_report_lists_crafted_entries_as_refused() -> None:
     ("tokenizer", "../../../etc/passwd", "dialog.tokenizer.path"),
     ("ctx-bins", ["/etc/shadow"], "ctx-bins[0]"),
     ("ctx-bins", ["ok.bin", "sim/../../x.bin"], "ctx-bins[1]"),
-    ("graphs", "../outside.onnx", "graphs[0].sim_onnx"),
+    ("ctx-bins", ["sim/../../../../../../etc/shadow"], "ctx-bins[0]"),
 ])
 def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(tmp_path: Path, field: str,
                                                                           value: Any, entry: str) -> None:
+    import workers.bundle as gb
+
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    cfg: dict[str, Any] = {"dialog": {"tokenizer": {"path": "tokenizer.json"}, "context": {"size": 64},
-                                      "engine": {"model": {"binary": {"ctx-bins": ["sim/a.onnx"]}}}}}
+    hf = json.loads((REPO / "resources" / "builtin_model" / "tiny-llama" / "config.json").read_text())
+    cfg: dict[str, Any] = gb.genie_config(hf, 512, ["sim/a.onnx"], 64, simulated=True)   # passes Genie's schema
     graphs = {"graphs": [{"name": "g", "sim_onnx": "sim/a.onnx"}]}
     if field == "tokenizer":
         cfg["dialog"]["tokenizer"]["path"] = value
@@ -169,7 +171,8 @@ def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(tmp_pa
     (bundle / "graphs.json").write_text(json.dumps(graphs))
     r = subprocess.run([sys.executable, "-m", "workers.genie_sim.t2t", "-c", str(bundle / "genie_config.json"),
                         "-p", "hi"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and "UnsafePath" in r.stdout and entry in r.stdout, r.stdout
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "refused path" in out and entry in out, out
     if field != "graphs":   # the board helper reads genie_config.json only
         h = subprocess.run([sys.executable, str(REPO / "resources" / "board" / "genie_session.py"),
                             "--config", str(bundle / "genie_config.json"), "--lib", "/nonexistent/libGenie.so"],
