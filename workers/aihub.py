@@ -1,8 +1,18 @@
-"""Compile through Qualcomm AI Hub (compile target "aihub"), with the real `qai_hub` client.
+"""Compile through Qualcomm AI Hub (compile target "aihub"), with the real `qai_hub` client, the way
+qai-hub-models builds AI Hub's own Genie bundles (quic/ai-hub-models,
+qai_hub_models/models/_shared/llm/export.py and model.py; docs/compile.md):
 
-Per part: upload the AIMET export (model.onnx + model.encodings + model.data) of the prompt processor
-and of the token generator, compile each to a QNN DLC holding its one graph, then link the two DLCs
-into one context binary with shared weights; download the binaries into the Genie bundle.
+- per graph, a directory `<model>_<prompt|token>_<i>_of_<n>.aimet/` holding `<same>.onnx` (its external
+  data location renamed), `<same>.data` and `<same>.encodings`, uploaded with `upload_model(dir)`;
+- per graph a compile job named `<model>_<prompt|token>_<i>_of_<n>` with `--target_runtime qnn_dlc
+  --qairt_version V --output_names <the graph's outputs> --quantize_io --qnn_options
+  context_enable_graphs=<graph> --quantize_full_type w8a16`;
+- per part a link job `<model>_part_<i>_of_<n>` joining [prompt DLC, token DLC] (`--qairt_version V`),
+  whose context binary is downloaded as `<model>_part_<i>_of_<n>.bin`;
+- tool-versions.yaml holds only `qairt: <full version>`, read from the link job's compiled model
+  (metadata QAIRT_SDK_VERSION, as qai-hub-models' ToolVersions.from_compiled_model does);
+- metadata.yaml (workers/bundle/metadata.py), genie_config.json, htp_backend_ext_config.json and the
+  checkpoint's tokenizer.json, tokenizer_config.json and config.json complete the bundle.
 
 Resume: every submitted job id is written at once (atomically) to `<run>/aihub_jobs.json`, which
 survives the pipeline deleting the stage's partial folder. A restarted compile with the same inputs
@@ -12,8 +22,10 @@ waits for / downloads those jobs instead of submitting again. A failed job is dr
 Settings (spec.settings): device, qairt_version, aihub_consent (must be true before any upload),
 aihub_poll_interval_s (default 15), aihub_api_url / aihub_web_url (default: the token's
 client.ini, else app.aihub.qualcomm.com), aihub_http_retries / aihub_http_backoff_s (the client's
-connection/429 retries; tests set 0). Token: $HEXSTUDIO_AIHUB_TOKEN (the studio passes it from the
-keyring), else an existing qai_hub client.ini ($QAIHUB_CLIENT_INI or ~/.qai_hub/client.ini).
+connection/429 retries; tests set 0), aihub_compile_options (appended to every compile job's
+options, like qai-hub-models' --compile-options), aihub_model_name (the `<model>` in file and job names; default
+from the model id). Token: $HEXSTUDIO_AIHUB_TOKEN (the studio passes it from the keyring), else an
+existing qai_hub client.ini ($QAIHUB_CLIENT_INI or ~/.qai_hub/client.ini).
 
 An emulated AI Hub (tests/aihub_emulator: devices carry `hexstudio:emulated`, binaries are zips
 with emulated.json) makes everything here labeled "emulated": true.
@@ -25,6 +37,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -36,6 +49,7 @@ from typing import Any
 
 from workers import bundle as gb
 from workers import modelinfo
+from workers.bundle import metadata as gm
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec
 
@@ -64,13 +78,38 @@ def write_json_atomic(path: Path, doc: Any) -> None:
         raise
 
 
-def bin_name(part: int, parts: int) -> str:
-    return f"weight_sharing_model_{part}_of_{parts}.serialized.bin"
+def model_name(model_doc: dict[str, Any], settings: dict[str, Any] | None = None) -> str:
+    """The `<model>` of file and job names, like qai-hub-models' model ids: "meta-llama/Llama-3.1-8B-Instruct"
+    -> "llama_3_1_8b_instruct", "builtin:tiny-llama" -> "tiny_llama" (setting aihub_model_name overrides)."""
+    raw = str((settings or {}).get("aihub_model_name") or re.split(r"[/:]", str(model_doc["model"]).rstrip("/"))[-1])
+    name = re.sub(r"[^a-z0-9]+", "_", raw.lower()).strip("_")
+    return name or "model"
 
 
-def compile_options(graph: str, qairt_version: str) -> str:
-    return (f"--target_runtime qnn_dlc --qairt_version {qairt_version} --quantize_full_type w8a16 "
-            f"--quantize_io --qnn_options context_enable_graphs={graph}")
+def part_suffix(graph: str) -> str:
+    """"prompt_ar128_cl512_1_of_2" -> "1_of_2" (the graph name's own zero padding)."""
+    return gm.component_name(graph).split("_", 1)[1]
+
+
+def graph_job_name(model: str, graph: str) -> str:
+    """The compile job and upload name of a graph: `<model>_<prompt|token>_<i>_of_<n>`."""
+    return f"{model}_{gm.component_name(graph)}"
+
+
+def part_name(model: str, graph: str) -> str:
+    """The link job of the graph's part, and its context binary without `.bin`: `<model>_part_<i>_of_<n>`."""
+    return f"{model}_part_{part_suffix(graph)}"
+
+
+def bin_name(model: str, graph: str) -> str:
+    return f"{part_name(model, graph)}.bin"
+
+
+def compile_options(graph: str, qairt_version: str, output_names: list[str]) -> str:
+    """qai-hub-models' compile options for one graph of a Genie LLM (LLM_AIMETOnnx.get_hub_compile_options),
+    each once, with this graph's own outputs as --output_names."""
+    return (f"--target_runtime qnn_dlc --qairt_version {qairt_version} --output_names {','.join(output_names)} "
+            f"--quantize_io --qnn_options context_enable_graphs={graph} --quantize_full_type w8a16")
 
 
 def link_options(qairt_version: str) -> str:
@@ -241,7 +280,8 @@ class JobStore:
         self.save()
 
 
-def inputs_key(qdir: Path, q: dict[str, Any], device: str, qairt_version: str) -> str:
+def inputs_key(qdir: Path, q: dict[str, Any], device: str, qairt_version: str, model: str,
+               extra_options: str = "") -> str:
     h = hashlib.sha256()
     h.update((qdir / "quantize.json").read_bytes())
     for g in q["graphs"]:
@@ -249,8 +289,8 @@ def inputs_key(qdir: Path, q: dict[str, Any], device: str, qairt_version: str) -
         for p in sorted(gdir.iterdir()):
             h.update(f"{g['name']}/{p.name}:{p.stat().st_size}\n".encode())
         h.update(gb.sha256_file(qdir / g["encodings"]).encode())
-    h.update(f"{device}\n{qairt_version}\n{compile_options('G', qairt_version)}\n{link_options(qairt_version)}"
-             .encode())
+    h.update(f"{device}\n{qairt_version}\n{compile_options('G', qairt_version, ['O'])}\n"
+             f"{link_options(qairt_version)}\n{model}\n{extra_options}".encode())
     return h.hexdigest()
 
 
@@ -375,6 +415,56 @@ def wait_jobs(client: Any, store: JobStore, names: list[str], em: Emitter, poll_
             time.sleep(poll_s)
 
 
+def stage_aimet_dir(g: dict[str, Any], qdir: Path, dest: Path, base: str) -> Path:
+    """`dest/<base>.aimet/` holding `<base>.onnx`, `<base>.data` and `<base>.encodings` for graph entry `g`,
+    as qai-hub-models' split_onnx writes each part: the ONNX is rewritten with its external-data location
+    renamed to `<base>.data`; the weights are hard-linked (copied across file systems), never rewritten."""
+    import onnx
+
+    src = qdir / g["onnx"]
+    out = dest / f"{base}.aimet"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    model = onnx.load(str(src), load_external_data=False)
+    locations = sorted({e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"})
+    if len(locations) > 1:
+        raise WorkerError("missing_graph", f"Graph {g['name']} keeps its weights in {len(locations)} files "
+                          f"({', '.join(locations)}); an AI Hub upload holds one .data file.",
+                          "Re-run the Quantize stage.")
+    if locations:
+        data = src.parent / locations[0]
+        if not data.is_file():
+            raise WorkerError("missing_graph", f"Graph {g['name']}'s weights {data} are missing.",
+                              "Re-run the Quantize stage.")
+        for t in model.graph.initializer:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = f"{base}.data"
+        try:
+            os.link(data, out / f"{base}.data")
+        except OSError:
+            shutil.copyfile(data, out / f"{base}.data")
+    onnx.save(model, str(out / f"{base}.onnx"))
+    shutil.copyfile(qdir / g["encodings"], out / f"{base}.encodings")
+    return out
+
+
+def precision_name(q: dict[str, Any]) -> str:
+    """qai-hub-models' precision string ("w4a16") from quantize.json's precision block."""
+    p = q.get("precision") or {}
+    w = re.search(r"int(\d+)", str(p.get("weights", "")))
+    a = re.search(r"int(\d+)", str(p.get("activations", "")))
+    return f"w{w.group(1) if w else 4}a{a.group(1) if a else 16}"
+
+
+def qairt_of_model(model: Any) -> str | None:
+    """The full QAIRT version AI Hub records on a compiled model (QAIRT_SDK_VERSION, else QNN_SDK_VERSION)."""
+    from qai_hub import ModelMetadataKey
+
+    meta = model.metadata
+    return meta.get(ModelMetadataKey.QAIRT_SDK_VERSION) or meta.get(ModelMetadataKey.QNN_SDK_VERSION) or None
+
+
 def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: Emitter) -> dict[str, Any]:
     s = spec.settings
     if not s.get("aihub_consent"):
@@ -388,7 +478,15 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     parts = int(q["parts"])
     hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
     hf_config = json.loads((hf_dir / "config.json").read_text())
-    ctx_bins = [bin_name(k, parts) for k in pairs]
+    model = model_name(model_doc, s)
+    try:
+        names = {g["name"]: graph_job_name(model, g["name"]) for pair in pairs.values() for g in pair.values()}
+        bins = {part: bin_name(model, pair[KINDS[0]]["name"]) for part, pair in pairs.items()}
+        precision = precision_name(q)
+        meta_doc = gm.build_metadata(q["graphs"], qdir, precision)   # reads every graph's I/O: before any upload
+    except gm.MetadataError as exc:
+        raise WorkerError("bundle_check", str(exc), "Re-run the Quantize stage (nothing was uploaded).") from None
+    ctx_bins = [bins[k] for k in pairs]
     from workers.compile import checked_genie_config
 
     cfg = checked_genie_config(hf_config, q, ctx_bins, s)   # before any upload
@@ -396,6 +494,10 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     device_name = str(s.get("device") or "Dragonwing IQ-9075 EVK")
     lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
     logs_dir = spec.run_dir / "logs" / "aihub"
+    extra_options = str(s.get("aihub_compile_options") or "").strip()   # appended, as qai-hub-models' --compile-options
+
+    def outputs_of(g: dict[str, Any]) -> list[str]:
+        return list(g.get("outputs") or meta_doc["components"][gm.component_name(g["name"])]["outputs"])
 
     with contextlib.redirect_stdout(sys.stderr):  # the client prints; stdout is the protocol
         import qai_hub as hub
@@ -416,7 +518,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
             em.warning("This AI Hub is the HexStudio emulator: the context binaries are EMULATED packages, not "
                        "device results.", code="emulated")
         hub_dev = hub.Device(dev["name"])
-        store = JobStore(spec.run_dir / JOBS_FILE, inputs_key(qdir, q, dev["name"], qairt))
+        store = JobStore(spec.run_dir / JOBS_FILE, inputs_key(qdir, q, dev["name"], qairt, model, extra_options))
         if store.abandoned:
             em.warning(f"{len(store.abandoned)} AI Hub job(s) recorded for earlier inputs (other graphs, device or "
                        "QAIRT version) are not reused.", code="aihub_jobs_abandoned")
@@ -424,91 +526,112 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         # 1. upload + compile each graph (unless a job was recorded before a restart)
         n_graphs = 2 * len(pairs)
         i = 0
+        staging = spec.out_dir / "aimet"
         for part, pair in pairs.items():
             for kind in KINDS:
                 g = pair[kind]
                 name = f"compile:{g['name']}"
+                job_name = names[g["name"]]
                 i += 1
                 if name in store.jobs:
                     em.log(f"reusing AI Hub compile job {store.jobs[name]['job_id']} for {g['name']} "
                            "(submitted before a restart)")
                     record_job(em, name, store.jobs[name])
                     continue
-                em.progress(0.03 + 0.3 * i / n_graphs, f"AI Hub: uploading {g['name']} ({i}/{n_graphs})",
+                em.progress(0.03 + 0.3 * i / n_graphs, f"AI Hub: uploading {job_name}.aimet ({i}/{n_graphs})",
                             part=part, parts=parts)
-                src = (qdir / g["onnx"]).parent
-                with errs(f"uploading {g['name']}"):
-                    model = client.upload_model(str(src), name=g["name"])
-                with errs(f"submitting the compile job for {g['name']}"):
-                    job = client.submit_compile_job(model, hub_dev, name=g["name"],
-                                                    options=compile_options(g["name"], qairt), retry=False)
-                store.put(name, {"kind": "compile", "part": part, "graph": g["name"], "what": g["name"],
-                                 "job_id": job.job_id, "url": job.url, "state": "SUBMITTED",
-                                 "options": compile_options(g["name"], qairt)})
+                src = stage_aimet_dir(g, qdir, staging, job_name)
+                options = compile_options(g["name"], qairt, outputs_of(g))
+                if extra_options:
+                    options = f"{options} {extra_options}"
+                try:
+                    with errs(f"uploading {src.name}"):
+                        uploaded = client.upload_model(str(src))
+                finally:
+                    shutil.rmtree(src, ignore_errors=True)
+                with errs(f"submitting the compile job {job_name}"):
+                    job = client.submit_compile_job(uploaded, hub_dev, name=job_name, options=options, retry=False)
+                store.put(name, {"kind": "compile", "part": part, "graph": g["name"], "what": job_name,
+                                 "job_id": job.job_id, "url": job.url, "state": "SUBMITTED", "options": options})
                 record_job(em, name, store.jobs[name])
-                em.log(f"submitted AI Hub compile job {job.job_id} for {g['name']}: {job.url}")
+                em.log(f"submitted AI Hub compile job {job.job_id} ({job_name}, graph {g['name']}): {job.url}")
+        shutil.rmtree(staging, ignore_errors=True)
         compile_names = [f"compile:{pair[k]['name']}" for pair in pairs.values() for k in KINDS]
         wait_jobs(client, store, compile_names, em, poll_s, 0.35, 0.6, "compile", logs_dir, errs)
 
-        # 2. link each part's two DLCs into one context binary with shared weights
+        # 2. link each part's two DLCs, [prompt, token], into one context binary with shared weights
         for part, pair in pairs.items():
             name = f"link:part{part}"
+            link_name = bins[part][: -len(".bin")]
             if name in store.jobs:
                 em.log(f"reusing AI Hub link job {store.jobs[name]['job_id']} for part {part}")
                 record_job(em, name, store.jobs[name])
                 continue
-            with errs(f"submitting the link job for part {part}"):
+            with errs(f"submitting the link job {link_name}"):
                 models = [client.get_job(store.jobs[f"compile:{pair[k]['name']}"]["job_id"]).get_target_model()
                           for k in KINDS]
-                job = client.submit_link_job(models, hub_dev, name=bin_name(part, parts).split(".")[0],
-                                             options=link_options(qairt))
-            store.put(name, {"kind": "link", "part": part, "graph": None, "what": f"part {part} of {parts}",
+                job = client.submit_link_job(models, hub_dev, name=link_name, options=link_options(qairt))
+            store.put(name, {"kind": "link", "part": part, "graph": None, "what": link_name,
                              "job_id": job.job_id, "url": job.url, "state": "SUBMITTED",
                              "options": link_options(qairt)})
             record_job(em, name, store.jobs[name])
-            em.log(f"submitted AI Hub link job {job.job_id} for part {part}: {job.url}")
+            em.log(f"submitted AI Hub link job {job.job_id} ({link_name}): {job.url}")
         link_names = [f"link:part{part}" for part in pairs]
         wait_jobs(client, store, link_names, em, poll_s, 0.6, 0.8, "link", logs_dir, errs)
 
-        # 3. download the context binaries into the bundle
+        # 3. download the context binaries into the bundle; the QAIRT version from the linked models
         bdir = spec.out_dir / "bundle"
         bdir.mkdir(parents=True, exist_ok=True)
         job_logs = spec.out_dir / "aihub_logs"
+        full_versions: dict[int, str | None] = {}
         for k, part in enumerate(pairs):
             rec = store.jobs[f"link:part{part}"]
-            em.progress(0.8 + 0.15 * k / len(pairs), f"AI Hub: downloading {bin_name(part, parts)}")
+            em.progress(0.8 + 0.15 * k / len(pairs), f"AI Hub: downloading {bins[part]}")
             with errs(f"downloading the context binary of part {part} (job {rec['job_id']})"), \
                     tempfile.TemporaryDirectory(dir=spec.out_dir) as tmp:
                 job = client.get_job(rec["job_id"])
+                target = job.get_target_model()
                 got = job.download_target_model(tmp)
-                if not got:
+                if not got or target is None:
                     raise WorkerError("aihub_download", f"AI Hub link job {rec['job_id']} has no context binary.",
                                       f"Details: {rec['url']}. " + RESUME_HINT)
-                os.replace(got, bdir / bin_name(part, parts))
+                os.replace(got, bdir / bins[part])
+                full_versions[part] = qairt_of_model(target)
                 with contextlib.suppress(hub.Error, APIException, OSError):
                     job.download_job_logs(str(job_logs))
-            emulated = emulated or is_emulated_package(bdir / bin_name(part, parts))
+            emulated = emulated or is_emulated_package(bdir / bins[part])
 
     # 4. the rest of the bundle
+    first = full_versions[next(iter(pairs))]
+    if len(set(full_versions.values())) > 1:
+        raise WorkerError("aihub_qairt_mismatch", "AI Hub linked the parts with different QAIRT versions ("
+                          + ", ".join(f"part {p}: {v}" for p, v in full_versions.items()) + ").",
+                          "Remove the run's aihub_jobs.json and compile again with one --set qairt_version.")
+    if first is None:
+        em.warning(f"AI Hub recorded no QAIRT version on the linked models; tool-versions.yaml holds the requested "
+                   f"{qairt}.", code="aihub_qairt_unknown")
+    qairt_full = first or qairt
     shutil.copy2(hf_dir / "tokenizer.json", bdir / "tokenizer.json")
+    for extra in ("tokenizer_config.json", "config.json"):
+        if (hf_dir / extra).is_file():
+            shutil.copy2(hf_dir / extra, bdir / extra)
     (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=2))
     (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(dev), indent=2))
-    from qai_hub import __version__ as client_version
-
+    gm.write_metadata(bdir / "metadata.yaml", meta_doc)
     head = ("# EMULATED: compiled by HexStudio's AI Hub emulator, which packages its inputs; no QAIRT ran.\n"
-            if emulated else "# compiled on Qualcomm AI Hub\n")
-    (bdir / "tool-versions.yaml").write_text(f"{head}qairt: {qairt}\nqai_hub_client: {client_version}\n"
-                                             f"emulated: {'true' if emulated else 'false'}\n")
+            if emulated else "")
+    (bdir / "tool-versions.yaml").write_text(f"{head}qairt: {qairt_full}\n")
     if emulated:
         (bdir / "EMULATED.txt").write_text(
             "This bundle was compiled by HexStudio's AI Hub EMULATOR (tests/aihub_emulator).\n"
             "Its .bin files are zip packages of the inputs, not QNN context binaries: Genie cannot load them.\n")
     recs = sorted(store.jobs.items(), key=lambda kv: (kv[1]["part"], kv[1]["kind"] != "compile", kv[1]["graph"] or ""))
-    jobs = [{k: r[k] for k in ("part", "kind", "graph", "job_id", "url")} for _, r in recs]
+    jobs = [{k: r.get(k) for k in ("part", "kind", "graph", "what", "job_id", "url")} for _, r in recs]
     device = {k: dev[k] for k in ("name", "soc_model", "dsp_arch", "attributes")}
     write_json_atomic(spec.out_dir / "compile.json", {
         "target": "aihub", "emulated": emulated, "device": device, "qairt_version": qairt,
-        "jobs": [{**j, "state": r["state"]} for j, (_, r) in zip(jobs, recs, strict=True)],
+        "qairt_full_version": qairt_full, "model_name": model,
+        "jobs": [{**j, "state": r["state"], "options": r.get("options")} for j, (_, r) in zip(jobs, recs, strict=True)],
         "failed_jobs": store.failed, "jobs_file": str(store.path)})
     for name, r in recs:
         record_job(em, name, r)
@@ -516,6 +639,6 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     em.progress(0.97, "writing bundle.json")
     return gb.write_manifest(bdir, {
         "model": model_doc["model"], "simulated": False, "emulated": emulated, "device": device,
-        "qairt_version": qairt, "context_length": q["context_length"], "ar_n": q["ar_n"], "parts": parts,
-        "aihub_jobs": jobs,
+        "qairt_version": qairt, "qairt_full_version": qairt_full, "precision": precision,
+        "context_length": q["context_length"], "ar_n": q["ar_n"], "parts": parts, "aihub_jobs": jobs,
     })

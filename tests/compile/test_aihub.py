@@ -1,9 +1,13 @@
 """Compile through Qualcomm AI Hub with the real qai_hub client against the local EMULATOR
-(tests/aihub_emulator): bundle, resume by job id after a kill, clear errors for injected failures."""
+(tests/aihub_emulator): the jobs and the bundle as qai-hub-models builds them, resume by job id after a
+kill, clear errors for injected failures and for what AI Hub refuses.
+
+Graph and tensor names are read from the run's quantize.json, never hard-coded."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -13,14 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from app.core.jobs import LocalJob
 from app.core.manifest import RunManifest
 from app.core.pipeline import Pipeline, PipelineResult
 from app.core.runs import Workspace
 from tests.aihub_emulator import AIHubEmulator
+from tests.aihub_emulator.server import QAIRT_VERSIONS
 from tests.support.sim_runs import copy_run
 from workers import bundle as gb
 from workers.aihub import JOBS_FILE
+from workers.bundle import metadata as gm
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,9 +45,16 @@ def _compile(m: RunManifest, **kw: Any) -> PipelineResult:
     return asyncio.run(Pipeline(m, **kw).run(only="compile"))
 
 
+def _quantize(run_dir: Path) -> dict[str, Any]:
+    return dict(json.loads((run_dir / "artifacts" / "quantize" / "quantize.json").read_text()))
+
+
 def _graph_names(run_dir: Path) -> list[str]:
-    q = json.loads((run_dir / "artifacts" / "quantize" / "quantize.json").read_text())
-    return [g["name"] for g in q["graphs"]]
+    return [g["name"] for g in _quantize(run_dir)["graphs"]]
+
+
+MODEL = "tiny_llama"   # builtin:tiny-llama, as qai-hub-models names its models (file and job names)
+QAIRT_FULL = QAIRT_VERSIONS["2.42"]
 
 
 def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
@@ -62,11 +77,12 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
     assert doc["emulated"] is True and doc["simulated"] is False
     assert doc["device"]["name"] == "Dragonwing IQ-9075 EVK"
     assert (doc["device"]["soc_model"], doc["device"]["dsp_arch"]) == (77, "v73")
-    assert doc["qairt_version"] == "2.42" and (doc["context_length"], doc["parts"]) == (512, 2)
+    assert doc["qairt_version"] == "2.42" and doc["qairt_full_version"] == QAIRT_FULL
+    assert (doc["context_length"], doc["parts"], doc["precision"]) == (512, 2, "w4a16")
     names = {f["path"] for f in doc["files"]}
-    bins = ["weight_sharing_model_1_of_2.serialized.bin", "weight_sharing_model_2_of_2.serialized.bin"]
+    bins = [f"{MODEL}_part_1_of_2.bin", f"{MODEL}_part_2_of_2.bin"]
     assert names == {*bins, "genie_config.json", "htp_backend_ext_config.json", "tokenizer.json",
-                     "tool-versions.yaml", "EMULATED.txt"}
+                     "tokenizer_config.json", "config.json", "metadata.yaml", "tool-versions.yaml", "EMULATED.txt"}
     # every file and checksum, recomputed here as well
     for f in doc["files"]:
         assert gb.sha256_file(bdir / f["path"]) == f["sha256"] and (bdir / f["path"]).stat().st_size == f["size"]
@@ -75,22 +91,56 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
     assert cfg["engine"]["backend"]["type"] == "QnnHtp"
     htp = json.loads((bdir / "htp_backend_ext_config.json").read_text())
     assert htp["devices"][0]["soc_model"] == 77 and htp["devices"][0]["dsp_arch"] == "v73"
+    # tool-versions.yaml: only the full QAIRT version AI Hub recorded on the linked model (the EMULATED label
+    # is a comment)
     tv = (bdir / "tool-versions.yaml").read_text()
-    assert "qairt: 2.42" in tv and "emulated: true" in tv and "EMULATED" in tv
+    assert yaml.safe_load(tv) == {"qairt": QAIRT_FULL} and tv.startswith("# EMULATED")
+    # metadata.yaml: each component's I/O as quantize.json names it, with AI Hub's compiled dtypes
+    q = _quantize(m.run_dir)
+    meta = gm.read_metadata(bdir / "metadata.yaml")
+    assert (meta["precision"], meta["runtime"]) == ("w4a16", "genie")
+    assert sorted(meta["components"]) == sorted(gm.component_name(g["name"]) for g in q["graphs"])
+    for g in q["graphs"]:
+        comp = meta["components"][gm.component_name(g["name"])]
+        assert list(comp["inputs"]) == g["inputs"] and list(comp["outputs"]) == g["outputs"]
+        for t, spec in {**comp["inputs"], **comp["outputs"]}.items():
+            if spec["dtype"].startswith("int"):   # input_ids: not quantized
+                assert "quantization_parameters" not in spec, t
+                continue
+            assert spec["dtype"] == ("uint8" if gm.is_kv(t) else "uint16"), t
+            if gm.is_kv(t) and "quantization_parameters" in spec:   # 8-bit symmetric
+                assert spec["quantization_parameters"]["offset"] == -128, t
+    assert meta == gm.build_metadata(q["graphs"], m.run_dir / "artifacts" / "quantize")
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        assert (bdir / name).read_bytes() == (m.run_dir / "artifacts" / "model" / "hf" / name).read_bytes()
 
-    # what reached "AI Hub": 4 graph compiles, one link per part joining that part's two graphs
-    graphs = _graph_names(m.run_dir)
+    # what reached "AI Hub": per graph one `<model>_<prompt|token>_<i>_of_<n>.aimet` upload and compile job,
+    # one link per part `<model>_part_<i>_of_<n>` joining [prompt, token]
+    graphs = {g["name"]: g for g in q["graphs"]}
     assert emu.submissions == {"compile": 4, "link": 2} and emu.uploads == 4
     for part, b in enumerate(bins, start=1):
         with zipfile.ZipFile(bdir / b) as z:
-            meta = json.loads(z.read("emulated.json"))
+            linked = json.loads(z.read("emulated.json"))
             assert "EMULATED" in z.read("README.txt").decode()
-        assert meta["emulated"] is True and meta["kind"] == "link" and meta["options"] == "--qairt_version 2.42"
-        assert meta["graphs"] == [f"prompt_ar128_cl512_{part}_of_2", f"token_ar1_cl512_{part}_of_2"]
-    compile_opts = [j.pb.compile_job.options for j in emu.jobs.values() if j.kind == "compile"]
-    for g in graphs:
-        assert f"--target_runtime qnn_dlc --qairt_version 2.42 --quantize_full_type w8a16 --quantize_io " \
-               f"--qnn_options context_enable_graphs={g}" in compile_opts
+        assert linked["emulated"] is True and linked["kind"] == "link" and linked["options"] == "--qairt_version 2.42"
+        assert linked["graphs"] == [f"prompt_ar128_cl512_{part}_of_2", f"token_ar1_cl512_{part}_of_2"]
+        assert linked["qairt_version"] == QAIRT_FULL
+    links = {j.pb.link_job.name for j in emu.jobs.values() if j.kind == "link"}
+    assert links == {f"{MODEL}_part_1_of_2", f"{MODEL}_part_2_of_2"}
+    compiles = {j.pb.compile_job.name: j.pb.compile_job for j in emu.jobs.values() if j.kind == "compile"}
+    assert set(compiles) == {f"{MODEL}_{gm.component_name(g)}" for g in graphs}
+    for g, entry in graphs.items():
+        cj = compiles[f"{MODEL}_{gm.component_name(g)}"]
+        assert cj.options == (f"--target_runtime qnn_dlc --qairt_version 2.42 --output_names "
+                              f"{','.join(entry['outputs'])} --quantize_io --qnn_options context_enable_graphs={g} "
+                              "--quantize_full_type w8a16")
+        base = f"{MODEL}_{gm.component_name(g)}"
+        upload = emu.models[cj.model.model_id]
+        assert upload.pb.name == f"{base}.aimet" and upload.pb.is_directory
+        with zipfile.ZipFile(io.BytesIO(upload.data or b"")) as z:
+            assert sorted(n for n in z.namelist() if not n.endswith("/")) == \
+                [f"{base}.aimet/{base}.{ext}" for ext in ("data", "encodings", "onnx")]
+    assert not (m.run_dir / "artifacts" / "compile" / "aimet").exists(), "staged uploads are removed"
 
     # job ids: in the bundle manifest, compile.json, the jobs file and the run's metrics
     ids = {j.job_id for j in emu.jobs.values()}
@@ -125,7 +175,7 @@ def test_a_restart_while_waiting_resumes_by_job_id(validated_run: Path, tmp_path
             # had the studio itself died here, run.json on disk would already hold every job id
             on_disk.update(json.loads((m.run_dir / "run.json").read_text())["stages"]["compile"]["metrics"])
             job = pipe.current_job
-            assert job is not None and job.proc is not None
+            assert isinstance(job, LocalJob) and job.proc is not None
             os.killpg(job.proc.pid, signal.SIGKILL)  # like a crash or kill -9 mid-wait
 
     pipe = Pipeline(m, on_event=on_event)
@@ -301,3 +351,47 @@ def test_cancel_while_waiting_keeps_the_jobs_for_the_next_attempt(validated_run:
     emu.release_jobs()
     assert _compile(Workspace(tmp_path / "ws").open_run(m.run_dir.name)).ok
     assert emu.submissions == {"compile": 4, "link": 2}
+
+
+def _tamper_encodings_version(run_dir: Path) -> None:
+    q = _quantize(run_dir)
+    path = run_dir / "artifacts" / "quantize" / q["graphs"][-1]["encodings"]
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "version": "0.6.1"}))
+
+
+def _tamper_outputs(run_dir: Path) -> None:
+    qpath = run_dir / "artifacts" / "quantize" / "quantize.json"
+    q = json.loads(qpath.read_text())
+    q["graphs"][0]["outputs"] = [*q["graphs"][0]["outputs"], "hidden_states_renamed"]
+    qpath.write_text(json.dumps(q, indent=2))
+
+
+# What AI Hub refuses (the emulator checks it as the real service would) and what the worker refuses first.
+REFUSALS: dict[str, tuple[dict[str, Any], Any, str, str, bool]] = {
+    # case: (run settings, tamper the run, error code, words of the message, anything uploaded)
+    "unknown_option": ({"aihub_compile_options": "--turbo"}, None, "aihub_job_failed",
+                       "unrecognized option '--turbo'", True),
+    "unknown_qairt": ({"qairt_version": "2.99"}, None, "aihub_job_failed",
+                      "QAIRT version '2.99' is not available", True),
+    "old_encodings": ({}, _tamper_encodings_version, "aihub_job_failed", "expected version 1.0.0", True),
+    "output_not_in_graph": ({}, _tamper_outputs, "bundle_check", "hidden_states_renamed", False),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_what_ai_hub_refuses_fails_the_stage_with_its_reason(case: str, validated_run: Path, tmp_path: Path,
+                                                             aihub_emulator: AIHubEmulator) -> None:
+    emu = aihub_emulator
+    settings, tamper, code, words, uploaded = REFUSALS[case]
+    m = _aihub_run(validated_run, tmp_path / "ws", emu, **settings)
+    if tamper is not None:
+        tamper(m.run_dir)
+    res = _compile(m)
+    out = _error(m)
+    assert not res.ok and out["code"] == code, out
+    assert words in out["message"], out
+    assert (emu.uploads > 0) is uploaded
+    if code == "aihub_job_failed":
+        assert any(words in r for r in emu.failure_reasons.values())
+        assert emu.submissions["link"] == 0

@@ -96,11 +96,13 @@ def _norm_entry(e: dict[str, Any]) -> dict[str, Any]:
             "offset": round(float(offset)) if offset is not None else None}
 
 
-def tensor_spec(name: str, shape: list[int], enc: dict[str, Any] | None) -> dict[str, Any]:
-    """One tensor's metadata entry: shape, compiled dtype and (when quantized) its scale and offset."""
+def tensor_spec(name: str, shape: list[int], enc: dict[str, Any] | None,
+                integer_dtype: str | None = None) -> dict[str, Any]:
+    """One tensor's metadata entry: shape, compiled dtype and (when quantized) its scale and offset. An
+    integer tensor (`input_ids`, or `integer_dtype` from the graph) is not quantized: it keeps its type."""
     spec: dict[str, Any] = {"shape": [int(d) for d in shape]}
-    if name in INTEGER_INPUTS:
-        spec["dtype"] = INTEGER_INPUTS[name]
+    if name in INTEGER_INPUTS or integer_dtype:
+        spec["dtype"] = INTEGER_INPUTS.get(name) or integer_dtype
         return spec
     if enc is not None and enc["dtype"] == "FLOAT":
         spec["dtype"] = f"float{enc['bw'] or 16}"
@@ -127,6 +129,12 @@ def _io_from_entry(io: Any) -> tuple[dict[str, list[int]], dict[str, list[int]]]
 
 def onnx_io(onnx_path: Path) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
     """(inputs, outputs) name -> static shape, in the ONNX's order (the weights are not loaded)."""
+    ins, outs, _ = onnx_io_types(onnx_path)
+    return ins, outs
+
+
+def onnx_io_types(onnx_path: Path) -> tuple[dict[str, list[int]], dict[str, list[int]], dict[str, str]]:
+    """onnx_io plus the integer I/O tensors' types (name -> "int32", "int64", ...)."""
     import onnx
 
     try:
@@ -146,7 +154,12 @@ def onnx_io(onnx_path: Path) -> tuple[dict[str, list[int]], dict[str, list[int]]
     inits = {i.name for i in model.graph.initializer}
     ins = {vi.name: shape(vi) for vi in model.graph.input if vi.name not in inits}
     outs = {vi.name: shape(vi) for vi in model.graph.output}
-    return ins, outs
+    ints = {}
+    for vi in [*model.graph.input, *model.graph.output]:
+        elem = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        if elem.kind in "iu":
+            ints[vi.name] = str(elem)
+    return ins, outs, ints
 
 
 def _ordered(shapes: dict[str, list[int]], names: list[str] | None, what: str, graph: str) -> dict[str, list[int]]:
@@ -165,17 +178,18 @@ def graph_spec(graph_entry: dict[str, Any], quantize_dir: Path) -> dict[str, Any
     encodings; order as quantize.json lists the names (else the ONNX's)."""
     qdir = Path(quantize_dir)
     name = str(graph_entry.get("name", "?"))
+    ints: dict[str, str] = {}
     if graph_entry.get("io"):
         ins, outs = _io_from_entry(graph_entry["io"])
     else:
         if not graph_entry.get("onnx"):
             raise MetadataError(f"Graph {name} has neither io shapes nor an ONNX in quantize.json.")
-        ins, outs = onnx_io(qdir / graph_entry["onnx"])
+        ins, outs, ints = onnx_io_types(qdir / graph_entry["onnx"])
     ins = _ordered(ins, graph_entry.get("inputs"), "inputs", name)
     outs = _ordered(outs, graph_entry.get("outputs"), "outputs", name)
     encs = read_encodings(qdir / graph_entry["encodings"]) if graph_entry.get("encodings") else {}
-    return {"inputs": {n: tensor_spec(n, s, encs.get(n)) for n, s in ins.items()},
-            "outputs": {n: tensor_spec(n, s, encs.get(n)) for n, s in outs.items()}}
+    return {"inputs": {n: tensor_spec(n, s, encs.get(n), ints.get(n)) for n, s in ins.items()},
+            "outputs": {n: tensor_spec(n, s, encs.get(n), ints.get(n)) for n, s in outs.items()}}
 
 
 def build_metadata(graphs: list[dict[str, Any]], quantize_dir: Path, precision: str = "w4a16") -> dict[str, Any]:
