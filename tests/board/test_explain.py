@@ -39,6 +39,23 @@ DOCUMENTED = [
     ("ERROR: Invalid --profile argument. Output file prof.json already exists.", "genie_profile_exists", None),
     ("ERROR:: Please provide prompt using --prompt or --prompt_file.", "genie_no_prompt", None),
     ("bash: genie-t2t-run: command not found", "genie_not_found", "qairt_install"),
+    # Genie's contract (facts/genie-contract.md; tests/compile/test_bundle_check.py has more)
+    ("Missing backend field: version", "genie_config_missing_key", None),
+    ("Unknown dialog config key: foo", "genie_config_unknown_key", None),
+    ("Invalid context config: bos-token is not numeric", "genie_config_bad_value", None),
+    ("Rope type not supportedyarn", "genie_rope_type", None),
+    ("Specify one config from pos-id-dim and positional-encoding", "genie_rope_conflict", None),
+    ("Tensor not found: position_ids_sin", "genie_tensor_not_found_rope", None),
+    ("Error : Could not find I/O tensors in loaded graphs. ", "genie_tensor_not_found", None),
+    ("Non-identical quantization parameters found for the same tensor", "genie_nonidentical_quant", None),
+    ("Config specifies context->size=8192, but loaded max-CL=4096", "genie_context_size", None),
+    ("NSPModel: Can't access model file : m_part_1_of_3.bin", "genie_model_file", None),
+    ("QNN_BACKEND_CANNOT_INITIALIZE (4000)", "qnn_backend_4000", "qairt_env"),
+    ("context error 1007", "qnn_1007_oom", None),
+    ("Unable to find a valid interface", "qnn_interface_1009", "qairt_env"),
+    ("error 0x80000416", "fastrpc_0x80000416", "qairt_env"),
+    ("ADSP_LIBRARY_PATH=/opt/qairt/lib/hexagon-v73/unsigned:/usr/lib/rfsa/adsp", "adsp_path_colon", "qairt_env"),
+    ("Failed to create the dialog config.", "genie_config_failed", None),
 ]
 
 

@@ -392,6 +392,14 @@ if [ -e "$R/fastrpc_ready" ]; then /usr/local/sbin/udevadm trigger >/dev/null 2>
         return self.server.log_tail(10**7).count("Server listening on")
 
 
+def _genie_config(bins: list[str]) -> dict[str, Any]:
+    from workers import bundle as gb
+
+    hf = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256, "head_dim": 64, "vocab_size": 512,
+          "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 4096}
+    return gb.genie_config(hf, 4096, bins, 64)
+
+
 def make_device_bundle(path: Path, *, qairt: str = "2.45.0.260326154327", dsp_arch: str = "v73",
                        parts: int = 2, part_bytes: int = 256 * 1024, names: list[str] | None = None) -> Path:
     """A bundle folder shaped like a device bundle (docs/CONTRACTS.md §3): genie_config.json, context
@@ -403,7 +411,8 @@ def make_device_bundle(path: Path, *, qairt: str = "2.45.0.260326154327", dsp_ar
     path.mkdir(parents=True, exist_ok=True)
     bins = [f"weight_sharing_model_{k}_of_{parts}.serialized.bin" for k in range(1, parts + 1)]
     files: dict[str, bytes] = {
-        "genie_config.json": json.dumps({"dialog": {"engine": {"model": {"binary": {"ctx-bins": bins}}}}}).encode(),
+        # a genie_config.json Genie's schema accepts (push checks the contract: workers/bundle/check.py)
+        "genie_config.json": json.dumps(_genie_config(bins)).encode(),
         "htp_backend_ext_config.json": json.dumps({"devices": [{"soc_model": 77, "dsp_arch": dsp_arch}]}).encode(),
         "tokenizer.json": b"{}",
         "tool-versions.yaml": f"qairt: {qairt}\n".encode(),

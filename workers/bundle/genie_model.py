@@ -156,8 +156,10 @@ def splits(graphs: dict[str, dict[str, Any]], prefix: str = "past_") -> tuple[di
 
 
 def model_issues(graphs: dict[str, dict[str, Any]], context_size: int | None, *, kv_dim: int | None = None,
-                 rope_dim: int | None = None, prefix: str = "past_") -> list[ModelIssue]:
-    """Every Genie load-time refusal and every HexStudio finding for these graphs, Genie's first."""
+                 rope_dim: int | None = None, prefix: str = "past_", positional: str = "rope") -> list[ModelIssue]:
+    """Every Genie load-time refusal and every HexStudio finding for these graphs, Genie's first.
+    `positional`: the config's positional-encoding type (rope: Genie feeds position_ids_cos/sin;
+    absolute/alibi: position_ids)."""
     variants, issues = splits(graphs, prefix)
     if not variants:
         return issues
@@ -166,7 +168,7 @@ def model_issues(graphs: dict[str, dict[str, Any]], context_size: int | None, *,
         issues.append(ModelIssue("context_size", "", "", "Failure to initialize model. Config specifies "
                                  f"context->size={context_size}, but loaded max-CL={max_cl}", True, "load"))
     issues += _validate(graphs, variants, kv_dim, rope_dim, prefix)
-    issues += _tensors(graphs, variants)
+    issues += _tensors(graphs, variants, positional)
     caught = {i.tensor for i in issues if i.code == "non_identical_quant"}
     issues += [i for i in _hexstudio(graphs, variants, prefix) if not (i.code == "kv_untied" and i.tensor in caught)]
     return issues
@@ -252,13 +254,16 @@ def _identical_quantization(graphs: dict[str, dict[str, Any]], variants: dict[tu
     return out
 
 
-def _tensors(graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int], list[str]]) -> list[ModelIssue]:
+def _tensors(graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int], list[str]],
+             positional: str = "rope") -> list[ModelIssue]:
     """initializeTensorPointers: the fixed names must exist in some split of each variant."""
     out = []
+    wanted = ("attention_mask", "position_ids_sin", "position_ids_cos") if positional == "rope" else \
+        ("attention_mask", "position_ids")
     for names in variants.values():
         have = {t for g in names for t in (graphs[g].get("inputs") or {})}
-        for t in ("attention_mask", "position_ids_sin", "position_ids_cos"):
-            if t not in have and not (t.startswith("position_ids_") and "position_ids" in have):
+        for t in wanted:
+            if t not in have:
                 out.append(ModelIssue("tensor_not_found", names[0], t, f"Tensor not found: {t}", True, "tensors"))
         if "input_ids" not in have and "inputs_embeds" not in have:
             out.append(ModelIssue("tensor_not_found", names[0], "input_ids", "Tensor not found: input_ids", True,
@@ -355,7 +360,8 @@ def genie_lines(issues: list[ModelIssue]) -> list[str]:
 
 
 def model_errors(graphs: dict[str, dict[str, Any]], context_size: int | None, *, kv_dim: int | None = None,
-                 rope_dim: int | None = None, prefix: str = "past_") -> list[str]:
+                 rope_dim: int | None = None, prefix: str = "past_", positional: str = "rope") -> list[str]:
     """Genie's load-time output for these graphs (see genie_lines): [] when Genie would load them. The
     HexStudio findings are in model_issues (genie False)."""
-    return genie_lines(model_issues(graphs, context_size, kv_dim=kv_dim, rope_dim=rope_dim, prefix=prefix))
+    return genie_lines(model_issues(graphs, context_size, kv_dim=kv_dim, rope_dim=rope_dim, prefix=prefix,
+                                    positional=positional))

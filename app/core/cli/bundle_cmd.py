@@ -1,10 +1,11 @@
-"""`hexstudio bundle config|devices|verify`: the Genie bundle, before and after compiling."""
+"""`hexstudio bundle config|devices|verify|check`: the Genie bundle, before and after compiling."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from app.core.cli.common import CliError, add_json_flag, print_json
 from workers import bundle as gb
@@ -30,6 +31,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pv.add_argument("bundle_dir", type=Path)
     add_json_flag(pv)
     pv.set_defaults(func=cmd_verify)
+    pk = bs.add_parser("check", help="check a bundle against Genie's contract (config schema, graphs, rope, "
+                                     "quantization, tokens; with --board: dsp_arch, soc_model, QAIRT)")
+    pk.add_argument("bundle_dir", type=Path, metavar="PATH")
+    pk.add_argument("--board", default=None, metavar="NAME", help="also check against this board (the doctor's facts)")
+    add_json_flag(pk)
+    pk.set_defaults(func=cmd_check)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -47,7 +54,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     if err:
         raise CliError(err)
     parts = args.parts or modelinfo.default_parts(info)
-    bins = [f"weight_sharing_model_{k}_of_{parts}.serialized.bin" for k in range(1, parts + 1)]
+    slug = gb.model_slug(str(cfg.get("_name_or_path") or folder.resolve().name))
+    bins = [gb.ctx_bin_name(slug, k, parts) for k in range(1, parts + 1)]
     try:
         out = gb.genie_config(cfg, args.context_length, bins, int(info["head_dim"]))
         # the graphs would be exported and compiled at --context-length (names `_cl<N>_`)
@@ -102,3 +110,45 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         print("bundle OK" if not problems else "\n".join(problems))
     return 0 if not problems else 1
+
+
+def _board_facts(name: str) -> dict[str, Any]:
+    import asyncio
+
+    from app.core.device.board import open_board
+    from app.core.device.doctor import probe
+    from app.core.device.errors import BoardError
+    from app.core.settings import Settings
+
+    async def go() -> dict[str, Any]:
+        b = await open_board(name, Settings.load())
+        try:
+            if b.simulated:
+                return {"simulated": True}
+            return dict((await probe(b, only=("soc", "qairt"))).facts)
+        finally:
+            await b.transport.close()
+
+    try:
+        return asyncio.run(go())
+    except BoardError as exc:
+        raise CliError(exc.message, exc.hint) from None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from workers.bundle.check import check_bundle, errors, report_text
+
+    if not args.bundle_dir.is_dir():
+        raise CliError(f"{args.bundle_dir} is not a folder.", "Give the bundle folder (it holds genie_config.json).")
+    facts = _board_facts(args.board) if args.board else None
+    findings = check_bundle(args.bundle_dir, facts)
+    bad = errors(findings)
+    if args.json:
+        print_json({"ok": not bad, "errors": len(bad), "board": args.board, "board_facts": facts,
+                    "findings": [f.to_dict() for f in findings]})
+    else:
+        if findings:
+            print(report_text(findings))
+        print(f"bundle check: {'OK' if not bad else f'{len(bad)} error(s): Genie would refuse or mis-run it'}"
+              f" ({len(findings) - len(bad)} other finding(s))")
+    return 0 if not bad else 1

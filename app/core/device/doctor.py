@@ -528,7 +528,23 @@ async def probe(board: Board, only: Iterable[str] | None = None,
         report = DoctorReport(board.name, board.label, False, list(checks), dict(p.facts))
     if bundle is not None:
         report.checks.append(await bundle_check(board, *bundle))
+        report.checks.append(contract_check(bundle[0], report.facts))
     return report
+
+
+def contract_check(bundle_dir: Path, facts: dict[str, Any]) -> Check:
+    """The local bundle against Genie's contract and this board (workers/bundle/check.py)."""
+    from workers.bundle.check import check_bundle, errors, report_text
+
+    found = [f for f in check_bundle(bundle_dir, facts) if f.severity != "info"]
+    c = Check("bundle_contract", "Bundle meets Genie's contract", OK, "genie_config.json, graphs, rope, quantization "
+              "and tokens pass `hexstudio bundle check`.")
+    if found:
+        c.status = FAIL if errors(found) else WARN
+        c.message = f"{len(errors(found))} error(s), {len(found) - len(errors(found))} warning(s): {found[0].message}"
+        c.evidence.append(Evidence(f"hexstudio bundle check {bundle_dir}", 1 if errors(found) else 0,
+                                   report_text(found)))
+    return c
 
 
 async def bundle_check(board: Board, bundle_dir: Path, name: str) -> Check:

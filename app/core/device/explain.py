@@ -126,6 +126,93 @@ RULES: tuple[Rule, ...] = (
          "Non-root users cannot use /dev/dma_heap/system (fixed upstream in fastrpc udev rules 1.0.6-1).",
          "Install the udev rule that grants the fastrpc group access to /dev/dma_heap/system.",
          fix_ids=("udev_rule",)),
+    # -- Genie's contract (genie_config.json schema, graph I/O, quantization): docs/genie.md, `hexstudio bundle check`
+    Rule("genie_config_missing_key", (r"Missing [\w -]+ field: [\w-]+", r"Missing (?:QnnHtp|binary) (?:dialog|model) config"),
+         "genie_config.json lacks a key Genie 1.13 requires (every section needs \"version\": 1; context needs "
+         "bos-token, eos-token, size, n-vocab; QnnHtp needs spill-fill-bufsize, mmap-budget, use-mmap, cpu-mask, "
+         "poll). Genie stops at the first missing key.",
+         "Add the key the message names (`hexstudio bundle check BUNDLE` lists every problem at once; `hexstudio "
+         "bundle config --model HF_FOLDER` prints a complete config)."),
+    Rule("genie_config_unknown_key", (r"Unknown [\w -]+ config key: \S+", r"Rope scaling parameter not supported \S+"),
+         "genie_config.json has a key Genie 1.13 does not know in that section (e.g. \"version\" inside "
+         "positional-encoding or rope-scaling, which have none, or a key from a newer/older Genie).",
+         "Remove the key the message names; `hexstudio bundle check BUNDLE` shows each one."),
+    Rule("genie_config_bad_value", (r"Invalid [\w -]+ config: [\w-]+ is not (?:numeric|boolean|a string|an object|an array)",
+                                    r"unsupported version: ", r"Invalid [\w ]+ config: unsupported type: ",
+                                    r"Invalid dialog type: ", r"positional-encoding type not supported",
+                                    r"Multiple dialog config key", r"ctx-bins must be an array of strings"),
+         "A genie_config.json value has the wrong JSON type or an unknown value (a null bos-token, \"version\": "
+         "\"1\" as a string, a backend type other than QnnHtp...).",
+         "Write the value as the message says: numbers for token ids (bos-token -1 when the model has none, never "
+         "null), \"version\": 1, backend.type \"QnnHtp\", model.type \"binary\"."),
+    Rule("genie_rope_type", (r"Rope type not supported\s*\w*",),
+         "positional-encoding.rope-scaling.rope-type is one Genie 1.13 does not compute (it knows llama3, default "
+         "and longrope).",
+         "Write the config again with `hexstudio bundle config`: it expresses linear and YaRN scaling as longrope "
+         "factors that reproduce the model's rope exactly."),
+    Rule("genie_rope_conflict", (r"Specify one config from (?:pos-id-dim|rope-theta) and positional-encoding",),
+         "backend.QnnHtp still has the legacy pos-id-dim / rope-theta while model.positional-encoding is present.",
+         "Remove pos-id-dim and rope-theta from backend.QnnHtp."),
+    Rule("genie_tensor_not_found_rope", (r"Tensor not found: position_ids_(?:sin|cos)",),
+         "The graphs take position_ids and apply rope inside; Genie computes the rotary tables itself from "
+         "genie_config.json and feeds position_ids_cos / position_ids_sin [1, 1, AR, head_dim/2].",
+         "Export the graphs with rope outside (inputs position_ids_cos and position_ids_sin), then quantize and "
+         "compile again."),
+    Rule("genie_tensor_not_found", (r"Tensor not found", r"Could not find I/O tensors in loaded graphs",
+                                    r"has no associated attention mask"),
+         "A graph input or output is not named as Genie expects: input_ids (first part), attention_mask, "
+         "position_ids_cos/sin, past_key_<l>_in/out, past_value_<l>_in/out, logits (last part).",
+         "Run `hexstudio bundle check BUNDLE` to see which tensor; export the graphs with Genie's names and "
+         "compile again."),
+    Rule("genie_nonidentical_quant", (r"Non-identical quantization parameters found for the same tensor",
+                                      r"Error validating HTP models", r"Model Validation Errors found"),
+         "A tensor shared between graphs (prompt and token graph, a part boundary, attention_mask, cos/sin, or a "
+         "past_*_in against its past_*_out) has different scale/offset in different graphs; Genie requires one "
+         "encoding per name.",
+         "Quantize once for both graphs (one encodings file), tie each past_*_in quantizer to its past_*_out "
+         "(8-bit symmetric), give a part boundary one encoding; `hexstudio bundle check BUNDLE` names the tensor."),
+    Rule("genie_context_size", (r"Config specifies context->size=\d+, but loaded max-CL=\d+",),
+         "dialog.context.size is larger than the context length the graphs were compiled with.",
+         "Set dialog.context.size to at most the CL in the graph names (_cl<N>_), or compile for a longer context."),
+    Rule("genie_model_file", (r"NSPModel: Can't access model file", r"Received path to an empty file for context index"),
+         "A context binary named in ctx-bins is missing or empty (paths are relative to the folder genie-t2t-run "
+         "runs in).",
+         "Push the bundle again (`hexstudio board push`) and run genie-t2t-run from the bundle folder."),
+    Rule("qnn_backend_4000", (r"BACKEND_CANNOT_INITIALIZE", r"(?:error|err|status)[ :=]*4000\b",
+                              r"Failed to create backend.*4000"),
+         "The QNN HTP backend could not initialize (4000): usually the QNN libraries loaded are not the QAIRT "
+         "install's (an older libQnnHtp.so from /usr/lib or /vendor/lib64 first on the library path), or the DSP "
+         "side cannot be reached.",
+         "Source the QAIRT environment script so LD_LIBRARY_PATH starts with $QAIRT_HOME/lib/aarch64-oe-linux-"
+         "gcc11.2 and ADSP_LIBRARY_PATH with lib/hexagon-v73/unsigned; run the board doctor.",
+         fix_ids=("qairt_env",), code="4000"),
+    Rule("qnn_1007_oom", (r"(?:error|err|status)[ :=]*1007\b",),
+         "The HTP ran out of memory (1007; with `Failed to free device: 14003` on a 16 GB board): the context "
+         "binaries and the KV cache do not fit beside what else runs.",
+         "Free RAM on the board (stop other processes), or use a smaller model, more parts or a shorter context.",
+         code="1007"),
+    Rule("qnn_interface_1009", (r"Unable to find a valid interface", r"(?:error|err|status)[ :=]*1009\b"),
+         "QNN loaded a library with no interface it can use (1009): a libQnn*.so from /vendor/lib64 or /usr/lib "
+         "(another QNN version) shadows the QAIRT install's.",
+         "Put $QAIRT_HOME/lib/aarch64-oe-linux-gcc11.2 first in LD_LIBRARY_PATH (the QAIRT environment script) "
+         "and remove the other QNN copies from the library path.",
+         fix_ids=("qairt_env",), code="1009"),
+    Rule("fastrpc_0x80000416", (r"0x80000416",),
+         "A FastRPC call into the DSP failed (0x80000416): the DSP-side skel library was not found or is not the "
+         "one the CPU side expects (a wrong ADSP_LIBRARY_PATH, or stub and skel from different QAIRT versions).",
+         "Set ADSP_LIBRARY_PATH to $QAIRT_HOME/lib/hexagon-v73/unsigned (';'-separated) from the same QAIRT as "
+         "LD_LIBRARY_PATH; run the board doctor.",
+         fix_ids=("qairt_env",), code="0x80000416"),
+    Rule("adsp_path_colon", (r"ADSP_LIBRARY_PATH=[^;\s]*:[^\s]*", r"Failed to load skel.*libQnnHtpV\d+Skel",
+                             r"libQnnHtpV\d+Skel\.so.*(?:not found|cannot open|failed)"),
+         "The DSP could not load the versioned skel (libQnnHtpV73Skel.so): ADSP_LIBRARY_PATH is separated with ':' "
+         "but the DSP loader splits it on ';', so the whole value is read as one folder that does not exist.",
+         "Separate ADSP_LIBRARY_PATH entries with ';' (e.g. \"$QAIRT_HOME/lib/hexagon-v73/unsigned;/usr/lib/rfsa/"
+         "adsp;/dsp\"); the QAIRT environment script writes it right.",
+         fix_ids=("qairt_env",)),
+    Rule("genie_config_failed", (r"Failed to create the dialog config",),
+         "genie-t2t-run refused genie_config.json (the line before it says which key).",
+         "Run `hexstudio bundle check BUNDLE`: it reports every schema error with the fix.", generic=True),
     Rule("genie_dialog_failed", (r"Create From Binary FAILED", r"Failure to initialize model",
                                  r"Failed to create the dialog"),
          "Genie could not load the model's context binaries (the line before it usually says why).",

@@ -310,6 +310,12 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
 
         facts = (await probe(board, only=("soc", "qairt", "memory"))).facts
     warnings = check_compatibility(doc, board, facts, bundle_dir, allow_emulated=allow_emulated)
+    if not board.simulated:    # Genie's contract (`hexstudio bundle check`); the simulator board checks it at load
+        from workers.bundle.check import check_bundle, errors, report_text
+
+        if refused := errors(check_bundle(bundle_dir, facts)):
+            raise BoardError(f"Genie would refuse this bundle or run it wrong; nothing was sent.\n{report_text(refused)}",
+                             f"Fix what each finding says (`hexstudio bundle check {bundle_dir}`), then push again.")
     t = board.transport
     loop = asyncio.get_running_loop()
     files = [*files_in, {"path": "bundle.json", "sha256": sha256_file(bundle_dir / "bundle.json"),
