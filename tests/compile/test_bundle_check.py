@@ -406,3 +406,23 @@ def test_explain_cli_on_genies_output(tmp_path: Path) -> None:
     out = _hexstudio("explain", "Missing backend field: version")
     assert out.returncode == 0 and "version" in out.stdout and "bundle check" in out.stdout
     assert copy.deepcopy(gs.CONFIG_FAILED) == "Failed to create the dialog config."
+
+
+def test_a_simulation_bundle_is_read_from_its_simulated_context_binaries(tmp_path: Path) -> None:
+    """LEAD's simulated context binaries (JSON documents named <model>_part_i_of_n.bin) carry the graph specs."""
+    from workers.bundle.check import graphs_from_metadata
+
+    b = gbx.write_bundle(tmp_path / "b")
+    (b / "metadata.yaml").unlink()
+    graphs = graphs_from_metadata({"components": gbx.graph_specs()}, 4096)
+    for i in (1, 2, 3):
+        part = [{"name": n, "onnx": f"sim/{n}.onnx", **spec} for n, spec in graphs.items() if n.endswith(f"_{i}_of_3")]
+        (b / f"{gbx.MODEL_ID}_part_{i}_of_3.bin").write_text(json.dumps(
+            {"format": "hexstudio-simulated-context-binary", "version": 1, "simulated": True, "graphs": part}))
+    gb.write_manifest(b, {"model": "m", "simulated": True})
+    found = check_bundle(b, None)
+    assert errors(found) == [] and "graphs_unchecked" not in [f.code for f in found]
+    part3 = json.loads((b / f"{gbx.MODEL_ID}_part_3_of_3.bin").read_text())
+    part3["graphs"][1]["inputs"]["past_key_9_in"]["quantization_parameters"]["offset"] = -100
+    (b / f"{gbx.MODEL_ID}_part_3_of_3.bin").write_text(json.dumps(part3))
+    assert "graph_non_identical_quant" in _codes(check_bundle(b, None))

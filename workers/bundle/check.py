@@ -182,9 +182,14 @@ def load_graph_specs(bundle: Path, ctx_bins: list[str], context_size: int | None
                      ) -> tuple[dict[str, dict[str, Any]], str]:
     """(graph specs by graph name, where they came from)."""
     specs: dict[str, dict[str, Any]] = {}
-    for b in ctx_bins:
+    for b in ctx_bins:          # a simulated context binary is a small JSON document (workers/genie_sim/simbin.py)
         p = bundle / b
-        if p.suffix == ".json" and p.is_file():
+        try:
+            with open(p, "rb") as fh:
+                is_json = fh.read(1) == b"{"
+        except OSError:
+            is_json = False
+        if is_json:
             specs.update(_descriptor_graphs(p))
     if specs:
         return specs, "the simulated context binaries"
@@ -213,7 +218,7 @@ _BIN = re.compile(r"^(?P<model>.+?)_(?:part_)?(?P<i>\d+)_of_(?P<n>\d+)(?P<ext>\.
 _GRAPH = re.compile(r"^(?P<kind>prompt|token)_ar(?P<ar>\d+)_cl(?P<cl>\d+)_(?P<i>\d+)_of_(?P<n>\d+)$")
 
 
-def _ctx_bin_findings(bundle: Path, bins: list[str], simulated: bool) -> list[Finding]:
+def _ctx_bin_findings(bundle: Path, bins: list[str]) -> list[Finding]:
     out = []
     for i, b in enumerate(bins):
         p = bundle / b
@@ -226,8 +231,6 @@ def _ctx_bin_findings(bundle: Path, bins: list[str], simulated: bool) -> list[Fi
             out.append(Finding("ctx_bin_empty", ERROR, f"ctx-bins[{i}] {b} is an empty file.",
                                f"Received path to an empty file for context index = {i}. Nothing to deserialize.",
                                "Download or compile that part again."))
-    if simulated:
-        return out
     parsed = [_BIN.match(Path(b).name) for b in bins]
     if not bins or not all(parsed):
         bad = [b for b, m in zip(bins, parsed, strict=True) if not m]
@@ -537,7 +540,7 @@ def check_bundle(path: Path | str, board_facts: dict[str, Any] | None = None) ->
         out.append(Finding("tokenizer_missing", ERROR, f"The tokenizer {tok} is not in the bundle.",
                            f"{tok}: file does not exist\n{gs.DIALOG_FAILED}", "Copy the model's tokenizer.json into "
                            "the bundle."))
-    out += _ctx_bin_findings(bundle, bins, simulated)
+    out += _ctx_bin_findings(bundle, bins)
     size = _obj(cfg, "dialog", "context").get("size")
     graphs, source = load_graph_specs(bundle, bins, size if isinstance(size, int) else None)
     if graphs:
