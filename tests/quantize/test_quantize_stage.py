@@ -42,8 +42,42 @@ def test_quantize_json_follows_the_contract(validated_run: Path) -> None:
     for g in q["graphs"]:
         for key in ("onnx", "encodings", "sim_onnx", "float_onnx"):
             assert (base / g[key]).is_file(), (g["name"], key)
-        assert g["inputs"][0] == ("input_ids" if g["part"] == 1 else "hidden_states_in")
-        assert g["outputs"][0] == ("logits" if g["part"] == 2 else "hidden_states_out")
+        boundary = "_model_model_layers_1_Add_1_output_0"     # layers 0-1 | 2-3: one name on both sides
+        assert g["inputs"][:4] == ["input_ids" if g["part"] == 1 else boundary, "attention_mask",
+                                   "position_ids_cos", "position_ids_sin"]
+        assert g["outputs"][0] == ("logits" if g["part"] == 2 else boundary)
+    assert q["positional_encoding"] == {"type": "rope", "rope-dim": 32, "rope-theta": 500000}
+    assert q["encodings_version"] == "1.0.0"
+
+
+def test_every_shared_io_tensor_has_one_encoding(validated_run: Path) -> None:
+    """Genie's identical-quantization rule and what the board assumes of I/O encodings: one encodings file
+    for a part's two graphs; past_*_in == past_*_out, 8-bit symmetric; the mask's q_max is 0.0; cos and
+    sin one encoding; mask, rope and the boundary the same in every part."""
+    q = _quantize_json(validated_run)
+    base = validated_run / "artifacts" / "quantize"
+    acts = {g["name"]: {a["name"]: a for a in json.loads((base / g["encodings"]).read_text())["activation_encodings"]}
+            for g in q["graphs"]}
+    docs = {g["name"]: json.loads((base / g["encodings"]).read_text()) for g in q["graphs"]}
+    assert all(d["version"] == "1.0.0" for d in docs.values())
+    for part in (1, 2):
+        assert docs[f"prompt_ar128_cl512_{part}_of_2"] == docs[f"token_ar1_cl512_{part}_of_2"]
+    for name, a in acts.items():
+        g = next(x for x in q["graphs"] if x["name"] == name)
+        for t in g["inputs"] + g["outputs"]:
+            assert t == "input_ids" or t in a, (name, t)        # every I/O tensor quantized
+        for t in g["outputs"]:
+            if t.startswith("past_"):
+                tin = t[:-4] + "_in"
+                assert a[tin]["scale"] == a[t]["scale"] and a[tin]["offset"] == a[t]["offset"] == [-128]
+                assert a[t]["bw"] == 8 and a[t]["is_sym"]
+        m = a["attention_mask"]
+        assert m["offset"][0] + (1 << m["bw"]) - 1 == 0           # all-ones reads as 0.0 (attend)
+        assert a["position_ids_cos"]["scale"] == a["position_ids_sin"]["scale"]
+        assert a["position_ids_cos"]["offset"] == a["position_ids_sin"]["offset"]
+    p1, p2 = acts["prompt_ar128_cl512_1_of_2"], acts["prompt_ar128_cl512_2_of_2"]
+    for t in ("attention_mask", "position_ids_cos", "_model_model_layers_1_Add_1_output_0"):
+        assert p1[t]["scale"] == p2[t]["scale"] and p1[t]["offset"] == p2[t]["offset"], t
 
 
 def test_encodings_hold_int4_lpbq_weights_shared_by_both_graphs(validated_run: Path) -> None:
@@ -54,7 +88,7 @@ def test_encodings_hold_int4_lpbq_weights_shared_by_both_graphs(validated_run: P
         lpbq = [p for p in e["param_encodings"] if p.get("enc_type") == "LPBQ"]
         assert len(lpbq) >= 14, name                       # q,k,v,o,gate,up,down x 2 layers
         assert all(p["compressed_bw"] == 4 and p["block_size"] == 64 for p in lpbq)
-        kv = [a for a in e["activation_encodings"] if a["name"].startswith("past_")]
+        kv = [a for a in e["activation_encodings"] if a["name"].startswith("past_") and a["name"].endswith(("_in", "_out"))]
         assert kv and all(a["bw"] == 8 for a in kv), name   # int8 KV cache
     # one set of weights on the device: identical weight encodings in both graphs of each part
     for part in (1, 2):
@@ -141,9 +175,12 @@ def test_context_length_not_a_multiple_of_ar_n_is_a_clear_error(tmp_path: Path) 
 
 
 def test_unknown_calibration_unit_is_a_clear_error(tmp_path: Path) -> None:
-    m, res = run_stages(tmp_path, ("model", "quantize"), {"calibration_unit": "block"})
-    assert not res.ok and "calibration_unit 'block'" in (res.message or "")
-    assert m.stage("quantize").state != "done"
+    """Refused before a run folder exists (the run settings are checked), naming the choices."""
+    from app.core.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="calibration_unit 'block' is not one of \"layer\", \"part\""):
+        run_stages(tmp_path, ("model", "quantize"), {"calibration_unit": "block"})
+    assert not list(tmp_path.rglob("run.json"))
 
 
 def test_quantize_json_names_the_calibration_units(validated_run: Path) -> None:

@@ -33,16 +33,17 @@ def _feed(model_inputs: list[str], rng: np.random.Generator) -> dict[str, np.nda
     for n in model_inputs:
         if n == "input_ids":
             f[n] = rng.integers(6, 800, (1, AR)).astype(np.int32)
-        elif n == "hidden_states_in":
-            f[n] = rng.standard_normal((1, AR, HIDDEN)).astype(np.float32)
         elif n == "attention_mask":
             f[n] = pp_mask(AR, CL, AR)
-        elif n == "position_ids":
-            f[n] = (np.arange(AR, dtype=np.int32) + 3)[None]
+        elif n in ("position_ids_cos", "position_ids_sin"):
+            ang = (np.arange(AR) + 3)[:, None] * 500000.0 ** (-np.arange(HD // 2) / (HD // 2))
+            f[n] = (np.cos(ang) if n.endswith("cos") else np.sin(ang)).astype(np.float32)[None, None]
         elif n.startswith("past_key_"):
-            f[n] = (0.5 * rng.standard_normal((1, KVH, HD, CL - AR))).astype(np.float32)
-        else:
-            f[n] = (0.5 * rng.standard_normal((1, KVH, CL - AR, HD))).astype(np.float32)
+            f[n] = (0.5 * rng.standard_normal((KVH, 1, HD, CL - AR))).astype(np.float32)
+        elif n.startswith("past_value_"):
+            f[n] = (0.5 * rng.standard_normal((KVH, 1, CL - AR, HD))).astype(np.float32)
+        else:       # the previous part's output (the boundary tensor)
+            f[n] = rng.standard_normal((1, AR, HIDDEN)).astype(np.float32)
     return f
 
 
@@ -69,7 +70,7 @@ def test_part_graph_cuts_into_one_unit_per_layer(float_parts: dict[str, Path], t
     last = split_units(float_parts["prompt_ar64_cl256_2_of_2"], tmp_path, "b")
     assert [u.label for u in first] == ["embedding", "layer 0", "layer 1"]
     assert [u.label for u in last] == ["layer 2", "layer 3", "lm_head"]
-    assert first[0].inputs[0] == "input_ids" and "hidden_states_out" in first[-1].outputs
+    assert first[0].inputs[0] == "input_ids" and "_model_model_layers_1_Add_1_output_0" in first[-1].outputs
     assert [u.layers for u in last] == [[2], [3], []] and "logits" in last[-1].outputs
     # each unit holds only its own weights
     import onnx
@@ -258,7 +259,8 @@ def test_embedding_keeps_only_the_calibration_tokens_rows(float_parts: dict[str,
 def test_partwise_quantization_with_a_chunked_lm_head(tmp_path: Path) -> None:
     """The whole part-wise pipeline with the lm_head calibrated in column chunks: both graphs of the last
     part carry one per-channel lm_head encoding over the whole vocabulary, frozen from the prompt
-    processor into the token generator chunk by chunk, and the simulation graphs run."""
+    processor's calibration, which the token generator shares (one encodings file per part), and the
+    simulation graphs run."""
     import onnxruntime as ort
 
     from workers.export import export_deployment_graphs
@@ -268,8 +270,11 @@ def test_partwise_quantization_with_a_chunked_lm_head(tmp_path: Path) -> None:
     graphs = export_deployment_graphs(HF, tmp_path / "float", context_length=CL, ar_n=AR, parts=2)
     blocks = blocks_from_windows(token_windows(HF, BUILTIN_TEXT / "calibration.txt", 2, AR), AR)
     lines: list[str] = []
+    from workers.rope import genie_positional_encoding, genie_rope_tables
+
+    pe = genie_positional_encoding(json.loads((HF / "config.json").read_text()), CL)
     quantize_partwise(graphs, tmp_path, blocks, {}, {"context_length": CL, "num_kv_heads": KVH, "head_dim": HD},
-                      lambda *a: None, lines.append, tg_per_block=1, head_chunk_params=80_000)
+                      lambda *a: None, lines.append, rope=genie_rope_tables(pe, CL), head_chunk_params=80_000)
     assert any("lm_head columns 560-839" in line for line in lines)
     assert any("embedding (" in line and " of 840 rows)" in line for line in lines)
     assert all(v["different"] == 0 for v in shared_weight_check(graphs, tmp_path).values())

@@ -37,6 +37,7 @@ from workers.quant.tensorfile import write_f32_tensors
 
 BLOCK_BYTES = 16 << 20     # fp32 bytes of one block of rows when a vocabulary-sized weight is streamed
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_KV_INPUT = re.compile(r"^past_(?:key|value)_(\d+)_in$")
 EMBED_LEVEL = -1
 HEAD_LEVEL = 1 << 30
 
@@ -109,7 +110,9 @@ def plan_units(model: Any) -> tuple[dict[int, list[int]], dict[int, list[str]], 
     graph_inputs = [i.name for i in graph.input if i.name not in inits]
     graph_outputs = [o.name for o in graph.output]
     const: set[str] = set(inits) | {""}
-    level_of_tensor: dict[str, int | None] = {}
+    # a layer's KV inputs pin what reads them to that layer (Genie's KV layout is transposed in the layer)
+    level_of_tensor: dict[str, int | None] = {n: int(m.group(1)) for n in graph_inputs
+                                              if (m := _KV_INPUT.match(n)) is not None}
     node_level: list[int | None] = []
     is_const_node: list[bool] = []
     for node in graph.node:
