@@ -40,6 +40,9 @@ NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron
               "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-"}
 QWEN2_YARN = {**QWEN3_8B, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
               "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+# rotates half of each head: Genie rotates the whole head (rope-dim = head_dim / 2), so no config can express it
+PARTIAL_ROPE = {**QWEN3_8B, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                "partial_rotary_factor": 0.5}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -90,12 +93,20 @@ def test_inspect_config_only_folders(tmp_path: Path, cfg: dict[str, Any], params
 
 
 @pytest.mark.parametrize(("cfg", "word"), [(MIXTRAL, "mixture-of-experts"), (MAMBA, "Mamba"),
-                                         (NEMOTRON_H, "hybrid"), (QWEN2_YARN, "'yarn'")])
+                                         (NEMOTRON_H, "hybrid"), (PARTIAL_ROPE, "rotates only part")])
 def test_unsupported_architectures_are_refused_with_why(tmp_path: Path, cfg: dict[str, Any], word: str) -> None:
     out = _cli("model", "inspect", str(_config_folder(tmp_path, cfg)), "--json")
     assert out.returncode == 1
     d = json.loads(out.stdout)
     assert d["supported"] is False and cfg["architectures"][0] in d["reason"] and word in d["reason"]
+
+
+def test_yarn_rope_is_accepted_since_genie_can_be_told_it(tmp_path: Path) -> None:
+    """YaRN has no Genie rope-type of its own, but its tables are exactly Genie's longrope with per-frequency
+    divisors (workers/rope.py): accepted at inspect, no longer refused."""
+    out = _cli("model", "inspect", str(_config_folder(tmp_path, QWEN2_YARN)), "--json")
+    assert out.returncode == 0, out.stdout
+    assert json.loads(out.stdout)["supported"] is True
 
 
 def test_context_length_checks() -> None:
