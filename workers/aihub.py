@@ -79,11 +79,10 @@ def write_json_atomic(path: Path, doc: Any) -> None:
 
 
 def model_name(model_doc: dict[str, Any], settings: dict[str, Any] | None = None) -> str:
-    """The `<model>` of file and job names, like qai-hub-models' model ids: "meta-llama/Llama-3.1-8B-Instruct"
-    -> "llama_3_1_8b_instruct", "builtin:tiny-llama" -> "tiny_llama" (setting aihub_model_name overrides)."""
-    raw = str((settings or {}).get("aihub_model_name") or re.split(r"[/:]", str(model_doc["model"]).rstrip("/"))[-1])
-    name = re.sub(r"[^a-z0-9]+", "_", raw.lower()).strip("_")
-    return name or "model"
+    """The `<model>` of file and job names, like qai-hub-models' model ids and the simulation bundle's
+    (workers.bundle.model_slug): "meta-llama/Llama-3.1-8B-Instruct" -> "llama_3_1_8b_instruct",
+    "builtin:tiny-llama" -> "tiny_llama" (setting aihub_model_name overrides)."""
+    return gb.model_slug(str((settings or {}).get("aihub_model_name") or model_doc["model"]).replace("builtin:", ""))
 
 
 def part_suffix(graph: str) -> str:
