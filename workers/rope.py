@@ -171,8 +171,9 @@ def _llama3(base: np.ndarray, factor: float, low: float, high: float, orig: floa
     low_wl, high_wl = orig / low, orig / high
     wavelen = 2 * math.pi / base
     inv = np.where(wavelen > low_wl, base / factor, base)
-    smooth = (orig / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * inv / factor + smooth * inv
+    with np.errstate(divide="ignore", invalid="ignore"):      # high == low: no medium band to blend
+        smooth = (orig / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv / factor + smooth * inv
     medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
     out: np.ndarray = np.where(medium, smoothed, inv)
     return out

@@ -72,10 +72,22 @@ def test_simulation_bundle_is_complete_and_labeled(compiled_sim_run: Path) -> No
     assert doc["simulated"] is True and doc["emulated"] is False
     assert gb.verify_bundle(bdir) == []
     names = {f["path"] for f in doc["files"]}
-    assert {"genie_config.json", "htp_backend_ext_config.json", "tokenizer.json", "tool-versions.yaml",
-            "graphs.json"} <= names
+    # laid out as qai-hub-models lays out a real bundle; the context binaries are simulated ones
+    assert {"genie_config.json", "htp_backend_ext_config.json", "tokenizer.json", "tokenizer_config.json",
+            "config.json", "metadata.yaml", "tiny_llama_part_1_of_2.bin", "tiny_llama_part_2_of_2.bin"} <= names
     cfg = json.loads((bdir / "genie_config.json").read_text())["dialog"]
-    assert all(b.startswith("sim/") and b.endswith(".onnx") and b in names for b in cfg["engine"]["model"]["binary"]["ctx-bins"])
+    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == ["tiny_llama_part_1_of_2.bin", "tiny_llama_part_2_of_2.bin"]
+    from workers.genie_sim.simbin import read_sim_bin
+
+    part1 = read_sim_bin(bdir / "tiny_llama_part_1_of_2.bin")
+    assert [g["name"] for g in part1] == ["prompt_ar128_cl512_1_of_2", "token_ar1_cl512_1_of_2"]
+    assert all(g["onnx"] in names for g in part1)
+    assert part1[0]["inputs"]["past_key_0_in"] == {"shape": [2, 1, 64, 384], "dtype": "uint8",
+                                                  "quantization_parameters": part1[0]["outputs"]["past_key_0_out"]
+                                                  ["quantization_parameters"]}
+    from workers.bundle.check import check_bundle
+
+    assert [f for f in check_bundle(bdir) if f.severity == "error"] == []
     assert cfg["context"]["size"] == doc["context_length"] == 512
     # the simulation bundle passes Genie's schema too (backend QnnHtp; bundle.json says simulated)
     from workers.bundle.genie_schema import dialog_create_errors, genie_config_errors
