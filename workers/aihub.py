@@ -234,6 +234,13 @@ def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> It
             raise WorkerError("aihub_rate_limited", f"Qualcomm AI Hub is rate-limiting this account (429 Too Many "
                               f"Requests) while {what}.",
                               "Wait a few minutes (or for your other AI Hub jobs to finish). " + after) from None
+        status = re.search(r"too many (5\d\d) error responses|\b(5\d\d) (?:Server Error|Service Unavailable)", chain)
+        if status or "is unavailable right now" in chain:
+            code = next((g for g in (status.groups() if status else ()) if g), None)
+            raise WorkerError("aihub_unavailable", f"Qualcomm AI Hub answered{' ' + code if code else ''} (the service "
+                              f"is unavailable or overloaded) while {what}: it was reached, it did not serve the request.",
+                              "This is on AI Hub's side: wait a few minutes and check its status page "
+                              f"({api_url}). " + after) from None
         if "connect" in chain.lower() or "Timeout" in chain:
             raise WorkerError("aihub_unreachable", f"Could not reach Qualcomm AI Hub at {api_url} while {what}.",
                               "Check the network and any proxy (HTTPS_PROXY/NO_PROXY) from this machine. "
