@@ -186,6 +186,20 @@ def load_simulated_model(cfg: dict[str, Any], root: Path) -> tuple[list[dict[str
     return entries, paths, quant
 
 
+def refuse_what_a_board_would_run_wrong(root: Path) -> None:
+    """After Genie's own checks pass: what Genie would load and then run wrong (parts that do not chain by
+    name, a rope that is not the model's, cos/sin or KV encodings the board misreads; workers/bundle/
+    check.py). A real board gives degenerate output; the simulator refuses, saying so."""
+    from workers.bundle.check import check_bundle, errors
+
+    found = errors(check_bundle(root))
+    if found:
+        lines = [f"[HexStudio simulator] {f.code}: {f.message}" for f in found]
+        lines.append("[HexStudio simulator] A real board's Genie would load this bundle without a word and compute "
+                     f"wrong output. Fix: {found[0].fix}")
+        raise GenieLoadError(lines, "Failed to create the dialog.")
+
+
 class SimDialog:
     """A loaded simulation bundle that answers queries like a GenieDialog: the KV cache persists
     between queries (Genie injects EOS + BOS between them), `reset()` clears it.
@@ -222,6 +236,7 @@ class SimDialog:
             raise GenieLoadError([f"{cfg['tokenizer']['path']}: file does not exist"], "Failed to create the dialog.")
         self.tok = Tokenizer.from_file(str(tok_path))
         entries, paths, quant = load_simulated_model(cfg, root)
+        refuse_what_a_board_would_run_wrong(root)
         pe = cfg["engine"]["model"].get("positional-encoding") or legacy_positional_encoding(cfg)
         self.pair = DeploymentPair.from_graphs(entries, root, positional_encoding=pe, paths=paths, quant=quant,
                                                context_length=int(cfg["context"]["size"]),
