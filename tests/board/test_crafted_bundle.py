@@ -256,14 +256,14 @@ def test_crafted_bundle_on_the_evk_board_writes_nothing_and_a_flip_is_resent(evk
         res = await push_bundle(board, good, "good", facts=FACTS)
         assert res.verified == "sha256" and res.sent_files == 7
         time.sleep(0.05)
-        path = f"{res.remote_dir}/weight_sharing_model_1_of_2.serialized.bin"
+        path = f"{res.remote_dir}/evk_model_part_1_of_2.bin"
         # a byte flipped on the board, in place (same size)
         flip = evk.root_run(f"printf '\\377' | dd of={path} bs=1 seek=1000 conv=notrunc 2>/dev/null; echo ok")
         assert "ok" in flip.stdout
         assert [b["path"] for b in await verify_pushed(board, good, "good")] == \
-            ["weight_sharing_model_1_of_2.serialized.bin"]
+            ["evk_model_part_1_of_2.bin"]
         again = await push_bundle(board, good, "good", facts=FACTS)
-        assert [r["path"] for r in again.resent] == ["weight_sharing_model_1_of_2.serialized.bin"]
+        assert [r["path"] for r in again.resent] == ["evk_model_part_1_of_2.bin"]
         assert await verify_pushed(board, good, "good") == []
         await board.transport.close()
     asyncio.run(go())

@@ -42,7 +42,7 @@ def test_byte_progress_is_throttled_and_the_rate_counts_only_sent_bytes(ssh_serv
                                                                        tmp_path: Path) -> None:
     settings = settings_with("root", _cfg(ssh_server))
     bundle = make_device_bundle(tmp_path / "bundle", parts=1, part_bytes=64 << 20)
-    big = "weight_sharing_model_1_of_1.serialized.bin"
+    big = "evk_model_part_1_of_1.bin"
     size = (bundle / big).stat().st_size
 
     async def go() -> tuple[list[PushProgress], list[PushProgress], Any, Any]:

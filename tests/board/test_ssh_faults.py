@@ -97,7 +97,7 @@ def test_dropped_push_resumes_with_only_the_rest(ssh_server: SshServer, tmp_path
 
     def dropping(self: tr.SshTransport, local: Path, remote: str, progress: Any = None, resume: bool = True) -> int:
         def prog(done: int) -> None:
-            if not state["dropped"] and local.name.startswith("weight_sharing_model_2") and done > 10 << 20:
+            if not state["dropped"] and local.name.startswith("evk_model_part_2") and done > 10 << 20:
                 state["dropped"] = True
                 self.client.get_transport().sock.close()         # the network goes away mid-file
         return orig(self, local, remote, prog, resume)
@@ -106,19 +106,19 @@ def test_dropped_push_resumes_with_only_the_rest(ssh_server: SshServer, tmp_path
 
     async def go() -> None:
         board = await open_board("root", settings, trust=lambda *a: True)
-        with pytest.raises(ConnectionDropped, match="dropped while pushing weight_sharing_model_2") as ei:
+        with pytest.raises(ConnectionDropped, match="dropped while pushing evk_model_part_2") as ei:
             await push_bundle(board, bundle, "resume-test", facts=FACTS)
         assert "push again" in (ei.value.hint or "")
         assert state["dropped"]
         board = await open_board("root", settings)                 # reconnect
         res = await push_bundle(board, bundle, "resume-test", facts=FACTS)
-        second = (bundle / "weight_sharing_model_2_of_2.serialized.bin").stat().st_size
+        second = (bundle / "evk_model_part_2_of_2.bin").stat().st_size
         # the files sent before the drop are skipped; the interrupted one continues from its .part
         assert res.skipped_files >= 5
         assert 0 < res.sent_bytes < second - (4 << 20), (res.sent_bytes, second)
         assert res.sent_bytes < total / 2
-        r = await board.transport.run(["sha256sum", "--", f"{res.remote_dir}/weight_sharing_model_2_of_2.serialized.bin"])
-        want = hashlib.sha256((bundle / "weight_sharing_model_2_of_2.serialized.bin").read_bytes()).hexdigest()
+        r = await board.transport.run(["sha256sum", "--", f"{res.remote_dir}/evk_model_part_2_of_2.bin"])
+        want = hashlib.sha256((bundle / "evk_model_part_2_of_2.bin").read_bytes()).hexdigest()
         assert r.stdout.split()[0] == want
         again = await push_bundle(board, bundle, "resume-test", facts=FACTS)
         assert again.sent_bytes == 0

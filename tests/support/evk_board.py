@@ -409,7 +409,7 @@ def make_device_bundle(path: Path, *, qairt: str = "2.45.0.260326154327", dsp_ar
     import json
 
     path.mkdir(parents=True, exist_ok=True)
-    bins = [f"weight_sharing_model_{k}_of_{parts}.serialized.bin" for k in range(1, parts + 1)]
+    bins = [f"evk_model_part_{k}_of_{parts}.bin" for k in range(1, parts + 1)]   # qai-hub-models names
     files: dict[str, bytes] = {
         # a genie_config.json Genie's schema accepts (push checks the contract: workers/bundle/check.py)
         "genie_config.json": json.dumps(_genie_config(bins)).encode(),
