@@ -179,6 +179,11 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     em.metric("activation_encodings", sum(g["stats"]["activation_encodings"] for g in graphs))
     em.metric("shared_weight_encodings", sum(v["shared"] for v in sharing.values()))
     em.metric("graphs", len(graphs))
+    storage = storage_report(out, graphs)
+    em.metric("aihub_upload_bytes", storage["aihub_upload_bytes"], "B")
+    em.metric("quantize_disk_bytes", storage["disk_bytes"], "B")
+    em.log(f"storage: {storage['disk_bytes'] / 2**30:.2f} GiB on disk (hard links counted once); AI Hub upload "
+           f"{storage['aihub_upload_bytes'] / 2**30:.2f} GiB ({len(graphs)} graphs, each with its part's weights)")
     wb = int(settings.get("weight_bits", 4))
     doc = {
         "context_length": cl, "ar_n": ar_n, "parts": parts, "num_layers": int(cfg.num_hidden_layers),
@@ -196,6 +201,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
                                   "tensors tied (KV in = out, 8-bit symmetric; mask, cos/sin, part boundaries one "
                                   "encoding everywhere)"},
         "weight_sharing": sharing,
+        "storage": storage,
         "positional_encoding": pe,
         "encodings_version": "1.0.0",
         "tool": {"aimet_onnx": _version("aimet_onnx"), "onnxruntime": _version("onnxruntime")},
@@ -208,6 +214,31 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     em.metric("quantize_seconds", round(time.monotonic() - t_start, 2), "s")
     em.progress(1.0, f"{len(graphs)} graphs quantized")
     return {"graphs": len(graphs), "parts": parts, "int4_lpbq_weight_encodings": lpbq}
+
+
+def disk_bytes(root: Any) -> int:
+    """Bytes the files under `root` take, each hard-linked file once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            st = os.lstat(os.path.join(dirpath, f))
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
+def storage_report(out: Any, graphs: list[dict[str, Any]]) -> dict[str, int]:
+    """The stage folder's disk use and what the AI Hub compile uploads: per graph its `parts/<graph>/`
+    folder (model.onnx, model.data, model.encodings). An upload is one model, so each carries its part's
+    weights: the prompt processor and token generator of a part upload the same weights twice (AI Hub
+    links them into one context binary with shared weights afterwards)."""
+    upload = 0
+    for g in graphs:
+        gdir = (out / g["onnx"]).parent
+        upload += sum(f.stat().st_size for f in gdir.iterdir() if f.is_file())
+    return {"disk_bytes": disk_bytes(out), "aihub_upload_bytes": upload}
 
 
 def _version(mod: str) -> str:

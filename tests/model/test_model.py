@@ -388,8 +388,9 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
         onnx.checker.check_model(str(tmp_path / g["float_onnx"]))
         m = onnx.load(str(tmp_path / g["float_onnx"]), load_external_data=False)
         big = [i for i in m.graph.initializer if i.name.startswith(("model.", "lm_head")) and i.dims[0] > 64]
-        assert big and all(any(e.key == "location" and e.value == Path(g["float_onnx"]).name + ".data"
+        assert big and all(any(e.key == "location" and e.value == Path(g["float_data"]).name
                                 for e in i.external_data) for i in big)
+        assert g["float_data"] == next(x["float_data"] for x in graphs if x["part"] == g["part"])   # one per part
         by_part.setdefault(g["part"], []).append({i.name for i in m.graph.initializer
                                                   if i.name.startswith(("model.", "lm_head"))})
     assert all(pp == tg for pp, tg in by_part.values())    # both graphs name each weight the same way

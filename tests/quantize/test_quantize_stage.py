@@ -193,8 +193,35 @@ def test_quantize_json_names_the_calibration_units(validated_run: Path) -> None:
     assert all(g["stats"]["baked_weights"] >= 7 for g in q["graphs"])
     base = validated_run / "artifacts" / "quantize"
     for g in q["graphs"]:
-        assert (base / (g["sim_onnx"] + ".data")).is_file() and (base / (g["float_onnx"] + ".data")).is_file()
+        assert (base / g["sim_data"]).is_file() and (base / g["float_data"]).is_file()
     assert not (base / "calib.tmp").exists()
+
+
+def test_weights_are_stored_once_per_part(validated_run: Path) -> None:
+    """The prompt processor and token generator of a part share one float data file and one simulation
+    data file; the upload graphs (parts/) hard-link the float one; quantize.json reports the storage."""
+    import onnx
+
+    from workers.quant.qdq import data_files
+
+    q = _quantize_json(validated_run)
+    base = validated_run / "artifacts" / "quantize"
+    for part in (1, 2):
+        pp, tg = (next(g for g in q["graphs"] if g["part"] == part and g["kind"] == k)
+                  for k in ("prompt_processor", "token_generator"))
+        assert pp["float_data"] == tg["float_data"] and pp["sim_data"] == tg["sim_data"]
+        for key in ("float_onnx", "sim_onnx"):
+            a, b = (onnx.load(str(base / g[key]), load_external_data=False) for g in (pp, tg))
+            assert data_files(a) == data_files(b) and len(data_files(a)) == 1
+            ra = {t.name: list(t.external_data) for t in a.graph.initializer if t.external_data}
+            rb = {t.name: list(t.external_data) for t in b.graph.initializer if t.external_data}
+            assert ra == rb          # the same bytes of the same file
+        assert not (base / (tg["float_onnx"] + ".data")).exists() and not (base / (tg["sim_onnx"] + ".data")).exists()
+        for g in (pp, tg):
+            st = (base / g["onnx"]).parent.joinpath("model.data").stat()
+            assert st.st_ino == (base / g["float_data"]).stat().st_ino   # hard link, not a copy
+    st = q["storage"]
+    assert 0 < st["disk_bytes"] < st["aihub_upload_bytes"] * 2
 
 
 @pytest.mark.parametrize("content", [None, "  \n"])

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.export.segments import Dims, embed_module, head_module, layer_module
-from workers.export.stitch import PartGraphWriter
+from workers.export.stitch import PartGraphWriter, SharedData
 from workers.export.weights import CheckpointWeights, InMemoryWeights, StreamedWeight
 from workers.modelinfo import layer_ranges
 
@@ -55,7 +55,9 @@ def load_hf_model(hf_dir: str | Path) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    from workers.compat import dtype_kwargs
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), **dtype_kwargs(torch.float32))
     model.eval()
     return model
 
@@ -68,8 +70,9 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
                                                                                       "token_generator"),
                              seq_lens: dict[str, int] | None = None,
                              after_part: PartHook | None = None) -> list[dict[str, Any]]:
-    """Export float ONNX graphs for every part and kind into out_dir/<graph>.onnx (weights in
-    `<graph>.onnx.data`, named by checkpoint name); returns the quantize.json "graphs" entries
+    """Export float ONNX graphs for every part and kind into out_dir/<graph>.onnx (weights named by
+    checkpoint name, in ONE data file per part, the first kind's `<graph>.onnx.data`, which the part's
+    other graph references too: entry key `float_data`); returns the quantize.json "graphs" entries
     (paths relative to out_dir's parent), prompt processors first.
 
     Piece by piece (workers.export.segments): the rotary prologue with the embedding, each decoder
@@ -99,7 +102,9 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
             first, last = k == 1, k == parts
             names = {kind: graph_name(kind, seq[kind], context_length, k, parts) for kind in kinds}
             ins, outs = graph_io_names(k, parts, range(start, stop))
-            writers = {kind: PartGraphWriter(out / f"{names[kind]}.onnx", ins, outs) for kind in kinds}
+            # one data file per part (the first kind's `<graph>.onnx.data`): both graphs reference the same weights
+            shared = SharedData(out / f"{names[kinds[0]]}.onnx.data")
+            writers = {kind: PartGraphWriter(out / f"{names[kind]}.onnx", ins, outs, shared) for kind in kinds}
             pieces = _Pieces(src, writers, seq, context_length, dims, tmp)
             try:
                 read = pieces.part(inner, src.model, start, stop, first, last)
@@ -111,6 +116,7 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
                 raise
             entries = [{"name": names[kind], "kind": kind, "part": k, "seq_len": seq[kind],
                         "layers": list(range(start, stop)), "float_onnx": f"{out.name}/{names[kind]}.onnx",
+                        "float_data": f"{out.name}/{shared.name}",
                         "inputs": ins, "outputs": outs} for kind in kinds]
             if after_part is not None:
                 after_part(entries, read)

@@ -58,12 +58,45 @@ def checkpoint_names(initializers: list[Any], direct: dict[str, str], params: di
     return out
 
 
-class PartGraphWriter:
-    """One part graph (one kind) assembled from pieces; `add` each piece in order, then `save`."""
+class SharedData:
+    """One external-data file that several part graphs (the prompt processor and token generator of a
+    part) write their weights into: a weight already written under the same name with the same bytes
+    (or, for a streamed vocabulary weight, the same shape) is referenced again, not written twice, so
+    the part's weights are stored once on disk. The file is removed if any writer aborts."""
 
-    def __init__(self, path: Path, inputs: list[str], outputs: list[str]) -> None:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.data_name = path.name + ".data"
+        self.name = path.name
+        self.fh = open(path, "wb")  # noqa: SIM115 (closed in release/abort)
+        self.offset = 0
+        self.index: dict[tuple[str, str], tuple[int, int]] = {}
+        self.users = 0
+        self.reused_bytes = 0
+
+    def find(self, name: str, key: str) -> tuple[int, int] | None:
+        hit = self.index.get((name, key))
+        if hit is not None:
+            self.reused_bytes += hit[1]
+        return hit
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users <= 0 and not self.fh.closed:
+            self.fh.close()
+
+    def abort(self) -> None:
+        if not self.fh.closed:
+            self.fh.close()
+        self.path.unlink(missing_ok=True)
+
+
+class PartGraphWriter:
+    """One part graph (one kind) assembled from pieces; `add` each piece in order, then `save`.
+    `shared`: the part's data file, shared with its other graph (else `<graph>.onnx.data` of its own)."""
+
+    def __init__(self, path: Path, inputs: list[str], outputs: list[str], shared: SharedData | None = None) -> None:
+        self.path = path
         self.inputs, self.outputs = inputs, outputs
         self._in_info: dict[str, Any] = {}
         self._out_info: dict[str, Any] = {}
@@ -74,8 +107,20 @@ class PartGraphWriter:
         self._opset: list[Any] = []
         self._ir = 0
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._data = open(path.parent / self.data_name, "wb")  # noqa: SIM115 (closed in save/abort)
-        self._offset = 0
+        self.shared = shared if shared is not None else SharedData(path.parent / (path.name + ".data"))
+        if self.shared.path.parent != path.parent:
+            raise ValueError("a graph's external data must be beside it")
+        self.shared.users += 1
+        self.data_name = self.shared.name
+        self._data = self.shared.fh
+
+    @property
+    def _offset(self) -> int:
+        return self.shared.offset
+
+    @_offset.setter
+    def _offset(self, v: int) -> None:
+        self.shared.offset = v
 
     def add(self, piece: Path, prefix: str, io: dict[str, str], direct: dict[str, str],
             params: dict[str, np.ndarray], streamed: dict[str, StreamedWeight] | None = None,
@@ -172,19 +217,27 @@ class PartGraphWriter:
             t.CopyFrom(init)
             t.name = name
             return t
+        key = hashlib.sha1(raw).hexdigest()
+        hit = self.shared.find(name, key)
+        if hit is not None:
+            return self._reference(name, init.data_type, [int(d) for d in init.dims], hit[1], at=hit[0])
+        self.shared.index[(name, key)] = (self._offset, len(raw))
         self._data.write(raw)
         return self._reference(name, init.data_type, [int(d) for d in init.dims], len(raw))
 
-    def _reference(self, name: str, data_type: int, dims: list[int], nbytes: int) -> Any:
-        """A tensor of the part's data file: the `nbytes` just written at the current offset."""
+    def _reference(self, name: str, data_type: int, dims: list[int], nbytes: int, at: int | None = None) -> Any:
+        """A tensor of the part's data file: the `nbytes` just written at the current offset (or, `at`,
+        bytes written earlier for the part's other graph)."""
         import onnx
 
         t = onnx.TensorProto(name=name, data_type=data_type, dims=dims)
         t.data_location = onnx.TensorProto.EXTERNAL
-        for k, v in (("location", self.data_name), ("offset", str(self._offset)), ("length", str(nbytes))):
+        for k, v in (("location", self.data_name), ("offset", str(self._offset if at is None else at)),
+                     ("length", str(nbytes))):
             e = t.external_data.add()
             e.key, e.value = k, v
-        self._offset += nbytes
+        if at is None:
+            self._offset += nbytes
         return t
 
     def _write_streamed(self, init: Any, sw: StreamedWeight, piece: str) -> Any:
@@ -200,6 +253,12 @@ class PartGraphWriter:
             raise StitchError(f"{piece}: the placeholder of {sw.name} came out as {dims}")
         transposed = dims == [sw.cols, sw.stand_in_rows]
         total = 4 * sw.rows * sw.cols
+        out_dims = [sw.cols, sw.rows] if transposed else [sw.rows, sw.cols]
+        key = f"streamed:{out_dims}"
+        hit = self.shared.find(sw.name, key)
+        if hit is not None:       # the part's other graph streamed it already
+            return self._reference(sw.name, onnx.TensorProto.FLOAT, out_dims, hit[1], at=hit[0])
+        self.shared.index[(sw.name, key)] = (self._offset, total)
         self._data.flush()
         base, done = self._offset, 0
         fd = self._data.fileno()
@@ -221,13 +280,13 @@ class PartGraphWriter:
         if done != sw.rows:
             raise StitchError(f"{sw.name}: streamed {done} of {sw.rows} rows")
         self._data.seek(base + total)
-        return self._reference(sw.name, onnx.TensorProto.FLOAT, [sw.cols, sw.rows] if transposed else [sw.rows, sw.cols],
-                               total)
+        return self._reference(sw.name, onnx.TensorProto.FLOAT, out_dims, total)
 
     def save(self) -> None:
         import onnx
 
-        self._data.close()
+        self._data.flush()
+        self.shared.release()
         missing = [n for n in self.inputs if n not in self._in_info] + [n for n in self.outputs if n not in self._out_info]
         if missing:
             self.abort()
@@ -242,5 +301,4 @@ class PartGraphWriter:
         tmp.replace(self.path)
 
     def abort(self) -> None:
-        self._data.close()
-        (self.path.parent / self.data_name).unlink(missing_ok=True)
+        self.shared.abort()

@@ -24,7 +24,7 @@ import numpy as np
 
 from workers.quant.calib import Block, pp_mask
 from workers.quant.io_encodings import ENCODING_VERSION, propagate_memory_encodings, tie_io_encodings
-from workers.quant.qdq import build_qdq, copy_graph
+from workers.quant.qdq import build_qdq, link_graph
 from workers.quant.tensorfile import write_f32_tensors
 from workers.quant.units import (
     TableSource,
@@ -77,10 +77,11 @@ def release_memory() -> None:
 
 def build_sim(onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int,
               providers: list[str] | None = None) -> tuple[Any, dict[str, int]]:
+    """The unit's QuantSim: int16 activations, LPBQ int4 backbone weights, int8 lm_head, 8-bit KV tensors
+    (through workers/quant/aimet_compat.py: the same calls on every supported aimet-onnx)."""
     import onnx
-    from aimet_onnx import QSpec, QuantizationSimModel
-    from aimet_onnx.common.defs import qtype
-    from aimet_onnx.quantsim import set_param_type
+
+    from workers.quant import aimet_compat
 
     wbits = int(settings.get("weight_bits", 4))
     abits = int(settings.get("activation_bits", 16))
@@ -89,18 +90,13 @@ def build_sim(onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int
     backbone, head, embed = _weight_nodes(model)
     kv = [i.name for i in model.graph.input if i.name.startswith("past_")]
     kv += [o.name for o in model.graph.output if o.name.startswith("past_")]
-    sim = QuantizationSimModel(model, param_type=qtype.int(8), activation_type=qtype.int(abits),
-                               quant_scheme="min_max", config_file="htp_v75", path=str(tmp),
-                               providers=providers or ["CPUExecutionProvider"],
-                               session_options_kwargs={"intra_op_num_threads": threads, **LEAN_SESSION})
+    sim = aimet_compat.make_sim(model, param_bits=8, activation_bits=abits, path=str(tmp),
+                                providers=providers or ["CPUExecutionProvider"],
+                                session_options={"intra_op_num_threads": threads, **LEAN_SESSION})
     del model
-    if backbone:
-        set_param_type(sim, QSpec.lpbq(qtype.int(wbits), block_size=64, scale_bits=4), nodes_to_include=set(backbone),
-                       strict=False)
-    if head:
-        set_param_type(sim, qtype.int(8), nodes_to_include=set(head), strict=False)
-    if kv:
-        sim.set_tensor_precision(kv, qtype.int(kvbits), strict=False)
+    aimet_compat.set_lpbq(sim, set(backbone), wbits, block_size=64, scale_bits=4)
+    aimet_compat.set_param_bits(sim, set(head), 8)
+    aimet_compat.set_tensor_bits(sim, kv, kvbits)
     counts = {"backbone_weights": len(backbone), "lm_head_weights": len(head), "embedding_weights": len(embed),
               "kv_tensors": len(kv), "cuda": int("CUDAExecutionProvider" in (providers or []))}
     return sim, counts
@@ -369,17 +365,23 @@ def _finish_part(part_graphs: list[dict[str, Any]], base: Path, work: Path, encs
     doc["version"] = ENCODING_VERSION
     doc["activation_encodings"] = list(acts.values())
     merged.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    first: dict[str, Any] | None = None
     for g in part_graphs:
         if list(g["inputs"]) != list(pp["inputs"]) or list(g["outputs"]) != list(pp["outputs"]):
             raise ValueError(f"{g['name']} and {pp['name']} have different I/O names: they cannot share encodings")
         gdir = base / "parts" / g["name"]
         gdir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(merged, gdir / "model.encodings")
-        copy_graph(base / g["float_onnx"], gdir / "model.onnx", "model.data")
+        # the upload graph: the float graph with its (the part's one) data file hard-linked, not copied
+        link_graph(base / g["float_onnx"], gdir / "model.onnx", "model.data")
         g["onnx"] = f"parts/{g['name']}/model.onnx"
         g["encodings"] = f"parts/{g['name']}/model.encodings"
         g["sim_onnx"] = f"sim/{g['name']}.onnx"
-        built = build_qdq(base / g["float_onnx"], merged, [baked_path(e) for e in encs], base / g["sim_onnx"])
+        share = None if first is None else (base / first["float_onnx"], base / first["sim_onnx"])
+        built = build_qdq(base / g["float_onnx"], merged, [baked_path(e) for e in encs], base / g["sim_onnx"],
+                          share_with=share)
+        g["sim_data"] = (first or g)["sim_onnx"] + ".data"
+        first = first or g
         stats: dict[str, Any] = dict(count_encodings(merged))
         stats.update(counts)
         stats.update(built)

@@ -24,10 +24,16 @@ OPSET = 21   # QuantizeLinear/DequantizeLinear with 16-bit types
 ACTIVATION_BITS = (8, 16)   # onnx QuantizeLinear's uint8 / uint16
 
 
-def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path) -> dict[str, int]:
+def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
+              share_with: tuple[Path, Path] | None = None) -> dict[str, int]:
     """Write `out` (+ `out.data`): `float_onnx` with its encoded weights replaced by their quantized values
     (from the `baked` safetensors files the calibration units wrote) and a QuantizeLinear ->
-    DequantizeLinear pair on every encoded activation. Returns counts for the stage's stats."""
+    DequantizeLinear pair on every encoded activation. Returns counts for the stage's stats.
+
+    `share_with`: (float graph, simulation graph already built from it) of the part's other graph, in
+    the same folders: every weight both float graphs take from the same bytes of their shared data file
+    (and every encoded weight: the same quantized values) is referenced in that simulation graph's data
+    file instead of being written again, so the part's simulation weights are stored once."""
     import onnx
     from onnx import helper, numpy_helper
     from safetensors import safe_open
@@ -44,6 +50,19 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path) -
     if missing:
         raise ValueError(f"no quantized values for {len(missing)} encoded weights (first: {missing[0]})")
     model = onnx.load(str(float_onnx), load_external_data=False)
+    reuse: dict[str, list[tuple[str, str]]] = {}
+    if share_with is not None:
+        other_float = _refs(onnx.load(str(share_with[0]), load_external_data=False))
+        other_sim = onnx.load(str(share_with[1]), load_external_data=False)
+        if share_with[1].parent != out.parent:
+            raise ValueError("graphs that share a data file must be in one folder")
+        sim_refs = {t.name: [(e.key, e.value) for e in t.external_data] for t in other_sim.graph.initializer
+                    if t.external_data}
+        mine = _refs(model)
+        for name, ref in mine.items():
+            if name in sim_refs and (name in params or other_float.get(name) == ref):
+                reuse[name] = sim_refs[name]
+        del other_sim
 
     def bake(init: Any) -> np.ndarray | None:
         if init.name not in params:
@@ -54,7 +73,8 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path) -
             raise ValueError(f"{init.name}: quantized {arr.dtype}{arr.shape} does not fit the graph's tensor")
         return np.asarray(arr, dtype=np.float32)
 
-    n_baked = stream_weights(model, float_onnx.parent, out.parent / (out.name + ".data"), bake)
+    n_baked = stream_weights(model, float_onnx.parent, out.parent / (out.name + ".data"), bake, reuse)
+    n_baked += sum(1 for n in reuse if n in params)
     graph = model.graph
     outputs = {o.name for o in graph.output}
     new_nodes: list[Any] = []
@@ -94,13 +114,26 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path) -
                 model = _to_opset(model, OPSET)
             break
     onnx.save(model, str(out))
-    return {"baked_weights": n_baked, "activation_qdq": len(acts)}
+    return {"baked_weights": n_baked, "activation_qdq": len(acts), "shared_weights": len(reuse)}
+
+
+def _refs(model: Any) -> dict[str, tuple[str, str, str]]:
+    """name -> (location, offset, length) of every external initializer."""
+    out = {}
+    for t in model.graph.initializer:
+        e = {x.key: x.value for x in t.external_data}
+        if "location" in e:
+            out[t.name] = (e["location"], e.get("offset", "0"), e.get("length", ""))
+    return out
 
 
 def stream_weights(model: Any, src_dir: Path, data: Path,
-                   transform: Callable[[Any], np.ndarray | None] | None = None) -> int:
+                   transform: Callable[[Any], np.ndarray | None] | None = None,
+                   reuse: dict[str, list[tuple[str, str]]] | None = None) -> int:
     """Move every initializer of `model` (structure loaded without its external data) into `data`, one
     tensor at a time; `transform(init)` may return the tensor's new value. Returns how many changed.
+    `reuse`: initializers that take these external-data entries (another graph's file, same folder)
+    instead of being written; no data file is written when nothing is left to write.
 
     The bytes never go into the loaded model: protobuf keeps a message's memory in an arena that only
     shrinks when the whole model is freed, so loading each tensor into it would hold every weight."""
@@ -109,8 +142,17 @@ def stream_weights(model: Any, src_dir: Path, data: Path,
     changed = 0
     data.parent.mkdir(parents=True, exist_ok=True)
     tmp = data.with_name(data.name + ".partial")
+    reuse = reuse or {}
     with open(tmp, "wb") as fh:
         for init in model.graph.initializer:
+            if init.name in reuse:
+                del init.external_data[:]
+                for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                    init.ClearField(f)
+                for key, value in reuse[init.name]:
+                    init.external_data.add(key=key, value=value)
+                init.data_location = onnx.TensorProto.EXTERNAL
+                continue
             new = transform(init) if transform is not None else None
             raw: bytes | memoryview
             if new is not None:
@@ -133,7 +175,12 @@ def stream_weights(model: Any, src_dir: Path, data: Path,
                 entry = init.external_data.add()
                 entry.key, entry.value = key, value
             init.data_location = onnx.TensorProto.EXTERNAL
-    tmp.replace(data)
+        empty = fh.tell() == 0
+    if empty and reuse:
+        tmp.unlink()
+        data.unlink(missing_ok=True)
+    else:
+        tmp.replace(data)
     return changed
 
 
@@ -143,6 +190,38 @@ def _read_external(init: Any, src_dir: Path) -> bytes:
         f.seek(int(info.get("offset", 0)))
         length = info.get("length")
         return f.read(int(length)) if length is not None else f.read()
+
+
+def data_files(model: Any) -> list[str]:
+    """The external-data locations a graph (loaded without its data) references."""
+    return sorted({e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"})
+
+
+def link_graph(src: Path, dst: Path, data_name: str) -> None:
+    """`src` as `dst` with its one external-data file hard-linked beside it as `data_name` (the references
+    renamed): no second copy of the weights. Copies the data where a hard link is impossible."""
+    import os
+    import shutil
+
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    locations = data_files(model)
+    if len(locations) > 1:
+        raise ValueError(f"{src.name} keeps its weights in {len(locations)} files: {locations}")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if locations:
+        target = dst.parent / data_name
+        target.unlink(missing_ok=True)
+        try:
+            os.link(src.parent / locations[0], target)
+        except OSError:
+            shutil.copyfile(src.parent / locations[0], target)
+        for t in model.graph.initializer:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = data_name
+    onnx.save(model, str(dst))
 
 
 def copy_graph(src: Path, dst: Path, data_name: str) -> None:
@@ -156,9 +235,9 @@ def copy_graph(src: Path, dst: Path, data_name: str) -> None:
 
 def _to_opset(model: Any, version: int) -> Any:
     """Raise the opset of a graph whose weights are external (the converter sees only references)."""
-    from onnx import version_converter
+    from workers.compat import convert_version
 
-    return version_converter.convert_version(model, version)
+    return convert_version(model, version)   # keeps the external-data references (onnx 1.18 drops them)
 
 
 def _topological_sort(graph: Any) -> None:
