@@ -29,25 +29,17 @@ GiB = 1024**3
 PROBE_VERSION = 1
 MEMORY_MARGIN = 1.15  # RAM + swap below 1.15x the estimated peak warns (the estimate is a planning figure)
 
-SMOKE_TEST = r"""
-import json, sys, tempfile, time
-t0 = time.time()
+# The smoke test makes the calls quantization makes (workers/quant/smoke.py: build_sim with LPBQ, int8 lm_head
+# and 8-bit KV, calibration, the 1.0.0 encodings export, AIMET's quantized weights, the simulation graph):
+# a stack that cannot quantize fails here, naming the step.
+SMOKE_TEST = f"""
+import json, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 try:
-    import numpy as np, onnx
-    from onnx import helper, TensorProto
-    from aimet_onnx import QuantizationSimModel, int8, int16
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    w = onnx.numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "smoke", [x], [y], [w])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    with tempfile.TemporaryDirectory() as d:
-        sim = QuantizationSimModel(m, param_type=int8, activation_type=int16, path=d)
-        sim.compute_encodings([{"x": np.linspace(0, 1, 4, dtype=np.float32)[None]}])
-        out = sim.session.run(None, {"x": np.full((1, 4), 0.5, np.float32)})[0]
-    print(json.dumps({"ok": bool(abs(float(out.sum()) - 2.0) < 0.05), "seconds": time.time() - t0}))
+    from workers.quant.smoke import run
+    print(json.dumps(run()), flush=True)
 except Exception as exc:
-    print(json.dumps({"ok": False, "seconds": time.time() - t0, "error": f"{type(exc).__name__}: {exc}"}))
+    print(json.dumps({{"ok": False, "seconds": 0.0, "step": "import", "error": f"{{type(exc).__name__}}: {{exc}}"}}))
 """
 
 GPU_PROBE = r"""
@@ -375,14 +367,18 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
         checks.append(_check("aimet_smoke", "skip", None, None, "AIMET smoke test not run."))
     elif smoke.get("ok"):
         checks.append(_check("aimet_smoke", "ok", f"{smoke['seconds']:.1f} s", None,
-                             f"A one-node QuantSim ran: {smoke['seconds']:.1f} s to import aimet-onnx and run it"
+                             "A miniature calibration unit quantized as the stage quantizes (LPBQ int4 weights, "
+                             "int8 lm_head, 8-bit KV, 1.0.0 encodings, simulation graph): "
+                             f"{smoke['seconds']:.1f} s"
                              + (f" ({smoke['process_seconds']:.1f} s for the whole probe process, torch "
                                 "included)." if smoke.get("process_seconds") else ".")))
     else:
-        checks.append(_check("aimet_smoke", "fail", smoke.get("error"), "a one-node QuantSim runs",
-                             f"The AIMET smoke test failed: {smoke.get('error')}.",
-                             "Fix the AIMET install before spending an hour on the model "
-                             "(see the libpython and onnxruntime checks)."))
+        step = f" at step '{smoke['step']}'" if smoke.get("step") else ""
+        checks.append(_check("aimet_smoke", "fail", smoke.get("error"), "a calibration unit quantizes",
+                             f"The AIMET smoke test failed{step}: {smoke.get('error')}. This stack cannot "
+                             "quantize.",
+                             (smoke.get("fix") or "") + " Fix the AIMET install before spending an hour on the "
+                             "model (see the libpython and onnxruntime checks)."))
     return checks
 
 

@@ -73,7 +73,9 @@ class CheckpointWeights:
         self.hf_dir = Path(hf_dir)
         self.config = AutoConfig.from_pretrained(str(hf_dir))
         with torch.device("meta"):
-            self.model = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
+            from workers.compat import dtype_kwargs
+
+            self.model = AutoModelForCausalLM.from_config(self.config, **dtype_kwargs(torch.float32))
         self.model.eval()
         self.index = safetensors_index(hf_dir)
         self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
