@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from app.core.genie.conversation import Conversation
-from app.core.genie.prompts import chat_prompt, template_for
+from app.core.genie.prompts import chat_format_for, chat_prompt, format_prompt, template_for
 from app.core.genie.session import SAMPLER_PRESETS, continuation_prompt
 
 LLAMA3_TEMPLATE = ("{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
@@ -27,15 +27,36 @@ def model_dir(tmp: Path, name: str, chat_template: object | None, source: str = 
 
 
 def test_template_comes_from_the_models_chat_template(tmp_path: Path) -> None:
-    assert template_for(model_dir(tmp_path, "acme/tuned-8b", LLAMA3_TEMPLATE)) == "llama3"
-    # a Nemotron chat template under a name that does not say so
-    assert template_for(model_dir(tmp_path, "acme/reasoner", NEMOTRON_TEMPLATE)) == "nemotron"
-    assert template_for(model_dir(tmp_path, "acme/multi", [{"name": "tool_use", "template": "x"},
-                                                           {"name": "default", "template": NEMOTRON_TEMPLATE}])) \
-        == "nemotron"
+    # a model with a chat template chats with it (rendered as transformers renders it); without one: plain
+    assert template_for(model_dir(tmp_path, "acme/tuned-8b", LLAMA3_TEMPLATE)) == "model"
+    assert template_for(model_dir(tmp_path, "acme/reasoner", NEMOTRON_TEMPLATE)) == "model"
+    multi = model_dir(tmp_path, "acme/multi", [{"name": "tool_use", "template": "x"},
+                                               {"name": "default", "template": NEMOTRON_TEMPLATE}])
+    assert template_for(multi) == "model"
+    assert chat_format_for(multi).thinking_switch == "system"       # Nemotron's "detailed thinking on/off"
+    base = model_dir(tmp_path, "acme/base-8b", None)
+    (base / "hf" / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    assert template_for(base) == "plain" and format_prompt("Once upon", base) == "Once upon"
+    # no model files: from the name
     assert template_for(model_dir(tmp_path, "nvidia/Llama-3.1-Nemotron-Nano-8B-v1", None)) == "nemotron"
     assert template_for(model_dir(tmp_path, "builtin:tiny-llama", None, source="builtin")) == "qa"
     assert template_for(None) == "llama3"
+
+
+def test_conversation_with_the_models_template_sends_only_new_turns(tmp_path: Path) -> None:
+    d = model_dir(tmp_path, "acme/tuned-8b", LLAMA3_TEMPLATE)
+    (d / "hf" / "tokenizer_config.json").write_text(json.dumps({"chat_template": LLAMA3_TEMPLATE,
+                                                                "bos_token": "<|begin_of_text|>",
+                                                                "eos_token": "<|eot_id|>"}))
+    (d / "hf" / "config.json").write_text(json.dumps({"bos_token_id": 128000}))   # the bundle's bos-token: Genie pushes it
+    conv = Conversation(template="model", system="Be brief.", chat_format=chat_format_for(d))
+    first = conv.prompt_for("One?")
+    assert first == ("<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                     "<|start_header_id|>user<|end_header_id|>\n\nOne?<|eot_id|>")   # this template has no gen prompt
+    t = conv.add("One?")
+    t.reply, t.state = "1.", "complete"
+    assert continuation_prompt(conv, "Two?") == "<|start_header_id|>user<|end_header_id|>\n\nTwo?<|eot_id|>"
+    assert Conversation(template="plain").prompt_for("Once") == "Once"
 
 
 def test_llama3_and_nemotron_render_special_tokens_and_real_newlines() -> None:

@@ -25,7 +25,7 @@ from app.core.cli.common import (
 )
 from app.core.genie.conversation import TEMPLATES, Conversation
 from app.core.genie.journal import ChatJournal
-from app.core.genie.prompts import template_for
+from app.core.genie.prompts import chat_format_for, template_for
 from app.core.genie.run import Chunk
 from app.core.genie.session import (
     MODES,
@@ -47,7 +47,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--run", default=None, help="take the bundle from this run (default: the latest run with one)")
     p.add_argument("--prompt", default=None, help="one message, then exit (default: interactive)")
     p.add_argument("--template", choices=TEMPLATES, default="auto", help="prompt template (default: from the model)")
-    p.add_argument("--system", default="", help="system text (Llama 3 template)")
+    p.add_argument("--system", default="", help="system text")
+    p.add_argument("--thinking", choices=("on", "off"), default=None,
+                   help="the chat template's thinking switch (enable_thinking, or Nemotron's system text), where "
+                        "it has one (default: off)")
     p.add_argument("--max-tokens", type=int, default=256, help="reply budget in tokens (default 256)")
     p.add_argument("--sampler", choices=tuple(SAMPLER_PRESETS), default=None,
                    help="deterministic (seed 42, temp 0, top-k 1, top-p 1; the default), thinking (Nemotron "
@@ -147,6 +150,10 @@ def _kpi_line(r: TurnResult) -> str:
 async def _chat(args: argparse.Namespace) -> int:
     board, remote, doc, run_dir = await _target(args)
     conv = Conversation(template=_template(args, doc, run_dir), system=args.system)
+    if run_dir is not None:     # the model's chat template, stop ids and thinking switch
+        conv.chat_format = chat_format_for(run_dir / "artifacts" / "model")
+        if conv.chat_format.thinking_switch:
+            conv.thinking = args.thinking == "on"
     sampler = args.sampler or ("thinking" if conv.template == "nemotron-reasoning-on" else "deterministic")
     session = ChatSession(board, remote, conv, mode=args.mode, max_tokens=args.max_tokens, sampler=sampler,
                           on_status=None if args.json else eprint)
@@ -160,7 +167,9 @@ async def _chat(args: argparse.Namespace) -> int:
             raise CliError(exc.message, exc.hint) from None
         if not args.json:
             sim = " — SIMULATED: CPU numbers, not a device result" if session.simulated else ""
-            eprint(f"chat on {board.label} ({mode}; template {conv.template}; context {conv.context_length} "
+            what = conv.chat_format.label(conv.thinking) if conv.template == "model" and conv.chat_format \
+                else conv.template
+            eprint(f"chat on {board.label} ({mode}; template {what}; context {conv.context_length} "
                    f"tokens){sim}")
             if session.fallback_reason:
                 eprint(f"note: {session.fallback_reason}")

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.core.genie.chat_template import ChatFormat
 from app.core.genie.prompts import LLAMA3
 
-TEMPLATES = ("auto", "llama3", "nemotron-reasoning-off", "nemotron-reasoning-on", "qa")
+# model: the model's own chat template (conversation.chat_format); plain: completion, the text as typed
+TEMPLATES = ("auto", "model", "plain", "llama3", "nemotron-reasoning-off", "nemotron-reasoning-on", "qa")
 
 _HEADER = "<|start_header_id|>{role}<|end_header_id|>\n\n{text}<|eot_id|>"
 
@@ -51,9 +53,17 @@ class Conversation:
     turns: list[Turn] = field(default_factory=list)
     count_tokens: Callable[[str], int] = field(default=lambda t: max(1, len(t) // 3))
     dropped_turns: int = 0
+    chat_format: ChatFormat | None = None   # the model's chat format, for the "model" and "plain" templates
+    thinking: bool | None = None            # where the chat template has a thinking switch
 
     def _render(self, turns: list[Turn], user: str) -> str:
         t = self.template
+        if t in ("model", "plain"):
+            fmt = self.chat_format or ChatFormat(mode="plain")
+            if t == "plain":
+                fmt = ChatFormat(mode="plain")
+            return fmt.genie_prompt([(x.user, x.reply) for x in turns], user, system=self.system,
+                                    thinking=self.thinking)
         if t == "qa":
             past = "".join(f"Question: {x.user} Answer:{x.reply} " for x in turns)
             return f"{past}Question: {user} Answer:"
@@ -94,6 +104,12 @@ class Conversation:
         t = Turn(user)
         self.turns.append(t)
         return t
+
+    def continuation(self, user: str) -> str:
+        """A later turn of one dialog with the model's chat format: only the new turn's text."""
+        fmt = self.chat_format if self.template == "model" and self.chat_format else ChatFormat(mode="plain")
+        done = [(x.user, x.reply) for x in self.turns if x.state == "complete"]
+        return fmt.genie_continuation(done, user, system=self.system, thinking=self.thinking)
 
     def as_json(self) -> dict[str, Any]:
         return {"template": self.template, "system": self.system, "context_length": self.context_length,

@@ -101,6 +101,8 @@ def continuation_prompt(conv: Conversation, user: str) -> str:
     """A later turn of one dialog: only the new message (Genie adds EOS + BOS between queries and the
     KV cache already holds the earlier turns)."""
     t = conv.template
+    if t in ("model", "plain"):
+        return conv.continuation(user)
     if t == "qa":
         return f" Question: {user} Answer:"
     text = _HEADER.format(role="user", text=user) + "<|start_header_id|>assistant<|end_header_id|>\n\n"

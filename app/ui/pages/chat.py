@@ -12,6 +12,7 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication, QTextCursor
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
@@ -29,7 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.genie.conversation import TEMPLATES, Conversation, Turn, token_counter
-from app.core.genie.prompts import DETERMINISTIC, NEMOTRON_THINKING_ON, template_for
+from app.core.genie.prompts import DETERMINISTIC, NEMOTRON_THINKING_ON, chat_format_for, template_for
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.plots import ReplyHistoryPlot, TokenRatePlot
@@ -104,10 +105,20 @@ class ChatPage(StagePage):
         self.max_tokens.setObjectName("max_tokens")
         self.max_tokens.setRange(1, 4096)
         self.max_tokens.setValue(48)
+        # which template is in use (the model's own chat template, by file) and its thinking switch, if any
+        self.thinking_box = QCheckBox("Thinking")
+        self.thinking_box.setObjectName("thinking")
+        self.thinking_box.setEnabled(False)
+        self.thinking_box.setToolTip("The chat template's thinking switch (enable_thinking, or Nemotron's "
+                                     "\"detailed thinking on/off\"); off where the template has none.")
+        self.template_in_use = QLabel("")
+        self.template_in_use.setObjectName("template_in_use")
         top = QHBoxLayout()
         for label, widget in (("Template", self.template_combo), ("Max reply tokens", self.max_tokens)):
             top.addWidget(QLabel(label))
             top.addWidget(widget)
+        top.addWidget(self.thinking_box)
+        top.addWidget(self.template_in_use)
         top.addStretch(1)
         self.inputs_layout.addLayout(top)
         sampler_row = QHBoxLayout()
@@ -196,6 +207,7 @@ class ChatPage(StagePage):
 
         self.template_combo.currentTextChanged.connect(self._template_chosen)
         self.system_edit.editingFinished.connect(self._settings_changed)
+        self.thinking_box.toggled.connect(lambda _on: self._settings_changed())
         self.conversation = Conversation()
         self.session: Any = None
         self.session_mode = "auto"          # auto | persistent | per_turn (ChatSession modes)
@@ -284,6 +296,20 @@ class ChatPage(StagePage):
                  "<b>device</b>")
         self.board_label.setText(f"Board <b>{html.escape(str(doc.get('label')))}</b> · {badge}")
         self.send_button.setEnabled(not self.busy_chat)
+        self._show_template()
+
+    def _show_template(self, t: str | None = None) -> tuple[Any, bool | None]:
+        """Show which template is in use and enable the thinking switch where the chat template has one;
+        returns the model's chat format and the thinking setting."""
+        if t is None:
+            t = self.template_combo.currentText()
+            t = template_for(self.model_dir()) if t == "auto" else t
+        fmt = chat_format_for(self.model_dir())
+        self.thinking_box.setEnabled(t == "model" and fmt.thinking_switch is not None)
+        thinking = self.thinking_box.isChecked() if self.thinking_box.isEnabled() else None
+        self.template_in_use.setText(fmt.label(thinking) if t == "model" else
+                                     "plain completion" if t == "plain" else f"{t} template")
+        return fmt, thinking
 
     def _conversation_settings(self) -> None:
         m = self.c.manifest
@@ -292,6 +318,7 @@ class ChatPage(StagePage):
             auto = template_for(self.model_dir())
             t = {"nemotron": "nemotron-reasoning-off"}.get(auto, auto)
         self.conversation.template = t
+        self.conversation.chat_format, self.conversation.thinking = self._show_template(t)
         self.conversation.system = self.system_edit.text()
         self.conversation.max_reply_tokens = self.max_tokens.value()
         if m is not None:
