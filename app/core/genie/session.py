@@ -22,16 +22,16 @@ import asyncio
 import contextlib
 import json
 import posixpath
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core.device.board import Board, python_env
+from app.core.device.board import Board
 from app.core.genie.conversation import _HEADER, Conversation, Turn
 from app.core.genie.profile import Kpis, ProfileError, parse_profile
 from app.core.genie.run import Chunk, ChunkTokenCounter, ensure_dir, load_token_counter, run_query
+from app.core.genie.runtime import RuntimeError_, board_runtime, resolve_runtime
 from app.core.paths import REPO_ROOT
 
 HELPER_SOURCE = REPO_ROOT / "resources" / "board" / "genie_session.py"
@@ -89,9 +89,12 @@ class TurnResult:
     error: str | None = None
     note: str | None = None             # e.g. the context was full and history was dropped
     extra: dict[str, Any] = field(default_factory=dict)
+    runtime: str = "genie"              # which runtime produced these numbers (app.core.genie.runtime)
+    runtime_version: str | None = None  # as the runtime reported it
 
     def as_json(self) -> dict[str, Any]:
         return {"text": self.text, "state": self.state, "kpis": self.kpis.as_json() if self.kpis else None,
+                "runtime": self.runtime, "runtime_version": self.runtime_version,
                 "mode": self.mode, "simulated": self.simulated, "first_chunk_ms": self.first_chunk_ms,
                 "wall_ms": round(self.wall_ms, 1), "error": self.error, "note": self.note,
                 "chunks": [{"t": round(c.t, 4), "text": c.text, "tokens": c.tokens} for c in self.chunks]}
@@ -182,7 +185,8 @@ class _Helper:
 class ChatSession:
     def __init__(self, board: Board, bundle_dir: str, conversation: Conversation | None = None, *,
                  mode: str = "auto", max_tokens: int = 256, sampler: str | dict[str, Any] = "deterministic",
-                 on_status: Callable[[str], None] | None = None, ready_timeout: float = 300.0) -> None:
+                 on_status: Callable[[str], None] | None = None, ready_timeout: float = 300.0,
+                 runtime: str | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         # a preset name, or the sampler values themselves (Genie's keys: seed, temp, top-k, top-p)
@@ -194,6 +198,10 @@ class ChatSession:
         else:
             self.sampler_values = SAMPLER_PRESETS[sampler]
         self.board = board
+        try:
+            self.runtime = board_runtime(resolve_runtime(board, runtime))
+        except RuntimeError_ as exc:
+            raise SessionError(exc.message, exc.hint) from None
         self.bundle_dir = bundle_dir
         self.conversation = conversation or Conversation()
         self.requested_mode = mode
@@ -205,6 +213,7 @@ class ChatSession:
         self.fallback_reason: str | None = None
         self.init_ms: float | None = None        # the persistent dialog's load time
         self.genie_version: str | None = None
+        self.runtime_version: str | None = None   # e.g. "Genie API 1.17.0" or GenieX's CLI and plugin versions
         self._helper: _Helper | None = None
         self._n_past = 0                          # tokens in the dialog's KV cache
         self._config = "genie_config.json"
@@ -246,11 +255,20 @@ class ChatSession:
                                 json.dumps(cfg, indent=2).encode("utf-8"))
             self._config = SESSION_CONFIG
         self._opened = True
+        if self.runtime.name != "genie":
+            if self.mode == "per_turn":
+                raise SessionError(f"{self.runtime.title} has no per-turn mode in HexStudio.",
+                                   "Use --mode auto or persistent with GenieX, or --runtime genie.")
+            try:
+                for note in await self.runtime.prepare(self.board, self.bundle_dir):
+                    self._status(note)
+            except RuntimeError_ as exc:
+                raise SessionError(exc.message, exc.hint) from None
         if self.mode == "persistent":
             try:
                 await self._start_helper()
             except SessionError as exc:
-                if self.requested_mode == "persistent":
+                if self.requested_mode == "persistent" or not self.runtime.per_turn_fallback:
                     raise
                 self.mode = "per_turn"
                 self.fallback_reason = exc.message
@@ -266,19 +284,7 @@ class ChatSession:
             self.conversation.count_tokens = count
 
     def helper_argv(self) -> tuple[list[str], dict[str, str] | None]:
-        b = self.board
-        sampler = self.sampler_values
-        extra = ["--sampler", json.dumps(sampler)] if sampler is not None else []
-        if b.simulated:
-            return [sys.executable, "-m", "workers.genie_sim.session", "-c", "genie_config.json", *extra], python_env()
-        cfg = b.config or {}
-        py = cfg.get("python") or "python3"
-        argv = [str(py), self._helper_remote or "genie_session.py", "--config", "genie_config.json", *extra]
-        if cfg.get("genie_lib"):
-            argv += ["--lib", str(cfg["genie_lib"])]
-        if b.env_script:
-            argv = ["bash", "-c", 'if [ -f "$1" ]; then source "$1"; fi; shift; exec "$@"', "_", b.env_script, *argv]
-        return argv, None
+        return self.runtime.helper_argv(self.board, self.sampler_values, self._helper_remote, self.bundle_dir)
 
     _helper_remote: str | None = None
 
@@ -286,9 +292,10 @@ class ChatSession:
         t = self.board.transport
         if not self.board.simulated:
             try:
-                self._helper_remote = posixpath.join(await t.home(), "hexstudio", "bin", "genie_session.py")
+                src = self.runtime.helper
+                self._helper_remote = posixpath.join(await t.home(), "hexstudio", "bin", src.name)
                 await ensure_dir(self.board, posixpath.dirname(self._helper_remote))
-                await t.write_bytes(self._helper_remote, HELPER_SOURCE.read_bytes(), 0o755)
+                await t.write_bytes(self._helper_remote, src.read_bytes(), 0o755)
             except OSError as exc:
                 raise SessionError(f"the chat helper could not be copied to the board: {exc}") from None
         argv, env = self.helper_argv()
@@ -318,6 +325,8 @@ class ChatSession:
             self._runner_simulated = True
         self.init_ms = float(ev.get("init_ms") or (time.monotonic() - t0) * 1000)
         self.genie_version = ev.get("genie_version")
+        self.runtime_version = ev.get("runtime_version") or (
+            f"Genie API {self.genie_version}" if self.genie_version else None)
         self._n_past = 0
         self._status(f"model loaded in {self.init_ms / 1000:.1f} s; it stays loaded between turns")
 
@@ -398,9 +407,12 @@ class ChatSession:
         turn.state = state
         if res.kpis is not None:
             turn.kpis = res.kpis.as_json()
+        if res.transcript.genie_version:
+            self.runtime_version = f"Genie API {res.transcript.genie_version}"
         return TurnResult(turn, res.text, state, res.kpis, res.chunks, "per_turn", self.simulated,
                           first[0] if first else None, (time.monotonic() - t0) * 1000,
-                          error=res.error if state == "failed" else None, note=note)
+                          error=res.error if state == "failed" else None, note=note,
+                          runtime=self.runtime.name, runtime_version=self.runtime_version)
 
     def _full_note(self, dropped: int, cleared: bool) -> str:
         cl = self.conversation.context_length
@@ -503,7 +515,8 @@ class ChatSession:
             else:
                 state, error = "failed", "The prompt does not fit in the context: start a new chat."
         if state == "failed" and error is None:
-            error = f"GenieDialog_query failed (status {end.get('status') if end else '?'})."
+            what = "GenieDialog_query" if self.runtime.name == "genie" else "geniex generate"
+            error = f"{what} failed (status {end.get('status') if end else '?'})."
         turn.state = state
         if clear:
             self._n_past = 0
@@ -513,13 +526,14 @@ class ChatSession:
                  and any(t.state == "complete" for t in conv.turns[:-1]))
         return TurnResult(turn, text, state, kpis, chunks, "persistent", self.simulated,
                           round(chunks[0].t * 1000, 3) if chunks else None, (time.monotonic() - t0) * 1000,
-                          error=error, note=note, extra={"retry_without_history": retry})
+                          error=error, note=note, extra={"retry_without_history": retry},
+                          runtime=self.runtime.name, runtime_version=self.runtime_version)
 
     def _kpis(self, end: dict[str, Any] | None, fresh_dialog: bool) -> Kpis | None:
         if end is None:
             return None
-        k: Kpis | None = None
-        if end.get("profile"):
+        k: Kpis | None = self.runtime.kpis(end, self.simulated)
+        if k is None and end.get("profile"):
             with contextlib.suppress(ProfileError, TypeError, KeyError):
                 k = parse_profile(end["profile"])
         if k is None and end.get("measured"):

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""HexStudio's chat helper for GenieX on the board: keeps one bundle loaded through GenieX's Python API
+(the `geniex` package with its qairt plugin) and speaks the JSON-lines protocol of genie_session.py.
+
+Copied to the board as <home>/hexstudio/bin/geniex_session.py and run from the bundle folder:
+
+    python3 geniex_session.py --bundle . [--sampler JSON]
+
+stdin: {"op": "query", "id", "prompt", "max_tokens"} | {"op": "abort"} | {"op": "reset"} | {"op": "quit"}
+stdout: {"event": "ready", "runtime": "geniex", "runtime_version", "init_ms", "context_length", "pid"}
+        {"event": "text", "id", "text", "tokens", "mono"}
+        {"event": "end", "id", "state", "status", "geniex_profile": {ttft, prompt_time, decode_time (us),
+         prompt_tokens, generated_tokens, prefill_speed, decoding_speed (tok/s), stop_reason}}
+        {"event": "reset"} | {"event": "error", "code", "message"}
+The prompt is sent as HexStudio formatted it (generate() applies no chat template). The user's text only
+travels inside these JSON strings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import sys
+import threading
+import time
+
+_lock = threading.Lock()
+
+
+def emit(obj: dict) -> None:
+    line = json.dumps(obj, ensure_ascii=True) + "\n"
+    with _lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def _context_length(bundle: str) -> int | None:
+    try:
+        with open(os.path.join(bundle, "genie_config.json"), encoding="utf-8") as f:
+            return int(json.load(f)["dialog"]["context"]["size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="geniex_session.py")
+    p.add_argument("--bundle", default=".")
+    p.add_argument("--sampler", default=None, help="JSON: Genie's sampler keys (seed, temp, top-k, top-p)")
+    args = p.parse_args(argv)
+    sampler = json.loads(args.sampler) if args.sampler else {}
+    try:
+        import geniex
+    except ImportError as exc:
+        emit({"event": "error", "code": "geniex_missing",
+              "message": f"the geniex Python package is not installed for {sys.executable} ({exc}): install its "
+                         "wheel with HexStudio's fix geniex_install"})
+        return 2
+    bundle = os.path.abspath(args.bundle)
+    t0 = time.perf_counter()
+    try:
+        model = geniex.AutoModelForCausalLM.from_pretrained(bundle, device_map="qairt")
+    except Exception as exc:
+        emit({"event": "error", "code": "model_load_failed", "message": f"{type(exc).__name__}: {exc}"})
+        return 1
+    init_ms = (time.perf_counter() - t0) * 1000
+    try:
+        plugin = geniex.get_plugin_version("qairt")
+    except Exception:
+        plugin = "unknown"
+    emit({"event": "ready", "runtime": "geniex", "simulated": False, "pid": os.getpid(), "init_ms": round(init_ms, 3),
+          "runtime_version": f"GenieX python {getattr(geniex, '__version__', '?')}, qairt plugin {plugin}",
+          "context_length": _context_length(bundle), "profile": True})
+    ops: queue.Queue = queue.Queue()
+    current: dict = {}
+
+    def reader() -> None:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                emit({"event": "error", "code": "bad_request", "message": "not a JSON line"})
+                continue
+            if msg.get("op") == "abort":
+                s = current.get("streamer")
+                if s is not None:
+                    s.cancel()
+            else:
+                ops.put(msg)
+        ops.put(None)
+
+    threading.Thread(target=reader, daemon=True).start()
+    while True:
+        msg = ops.get()
+        if msg is None or msg.get("op") == "quit":
+            model.close()
+            return 0
+        if msg.get("op") == "reset":
+            model.reset()
+            emit({"event": "reset"})
+            continue
+        if msg.get("op") != "query":
+            emit({"event": "error", "code": "bad_request", "message": f"unknown op {msg.get('op')!r}"})
+            continue
+        qid = msg.get("id")
+        kw = {"max_new_tokens": int(msg.get("max_tokens") or 512), "stream": True,
+              "temperature": float(sampler.get("temp", 0.0)), "top_k": int(sampler.get("top-k", 0)),
+              "top_p": float(sampler.get("top-p", 0.0)), "seed": int(sampler.get("seed", 0))}
+        state, status, pd = "complete", 0, None
+        try:
+            streamer = model.generate(str(msg.get("prompt", "")), **kw)
+            current["streamer"] = streamer
+            for chunk in streamer:
+                emit({"event": "text", "id": qid, "text": chunk, "tokens": 1, "mono": time.monotonic()})
+            out = streamer.output
+            prof = getattr(out, "profile", None)
+            if prof is not None:
+                pd = {k: getattr(prof, k, None) for k in ("ttft", "prompt_time", "decode_time", "prompt_tokens",
+                                                          "generated_tokens", "prefill_speed", "stop_reason")}
+                pd["decoding_speed"] = getattr(prof, "decode_speed", None)
+                stop = pd.get("stop_reason")
+                state = {"user": "aborted", "context_length": "context_full"}.get(str(stop), "complete")
+        except Exception as exc:
+            state, status = "failed", 1
+            emit({"event": "error", "code": "generate_failed", "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            current.pop("streamer", None)
+        emit({"event": "end", "id": qid, "state": state, "status": status, "geniex_profile": pd})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""GenieX beside Genie on the simulator board: one session interface, both runtimes, the same pushed bundle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import posixpath
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.core.device.board import python_env, sim_board
+from app.core.genie.conversation import Conversation
+from app.core.genie.session import ChatSession, SessionError
+from tests.genie.conftest import SimWorkspace
+
+
+def _bundle_local(ws: SimWorkspace) -> Path:
+    board = sim_board(ws.root)
+    return Path(board.transport.root) / ws.remote_bundle.lstrip("/") if not Path(ws.remote_bundle).is_absolute() \
+        else Path(ws.remote_bundle)
+
+
+def _turns(ws: SimWorkspace, runtime: str, messages: list[str]) -> tuple[ChatSession, list]:
+    async def go() -> tuple[ChatSession, list]:
+        board = sim_board(ws.root)
+        s = ChatSession(board, ws.remote_bundle, Conversation(template="qa"), max_tokens=12, runtime=runtime)
+        await s.open()
+        out = [await s.send(m) for m in messages]
+        await s.close()
+        return s, out
+    return asyncio.run(go())
+
+
+def test_both_runtimes_chat_on_the_same_pushed_bundle(sim_workspace: SimWorkspace) -> None:
+    """Switching runtime needs no re-push: GenieX's metadata.json is derived on the board; the model stays
+    loaded between turns; every number carries the runtime and version that produced it, labeled simulated."""
+    g, genie_turns = _turns(sim_workspace, "genie", ["What is the capital of France?", "And of Italy?"])
+    x, geniex_turns = _turns(sim_workspace, "geniex", ["What is the capital of France?", "And of Italy?"])
+    assert g.mode == x.mode == "persistent"
+    for t in genie_turns:
+        assert t.runtime == "genie" and t.runtime_version and "Genie API" in t.runtime_version
+    for t in geniex_turns:
+        assert t.state == "complete" and t.text.strip(), t.as_json()
+        assert t.runtime == "geniex" and "GenieX" in (t.runtime_version or "") and "simulator" in t.runtime_version
+        assert t.simulated and t.kpis is not None and t.kpis.source == "simulated"
+        assert t.kpis.origin == "geniex_profile" and t.kpis.generated_tokens and t.kpis.gen_tok_s
+        assert t.as_json()["runtime"] == "geniex"
+    # the same bundle, the same deterministic sampler: the same first reply through either runtime
+    assert geniex_turns[0].text == genie_turns[0].text
+    # kept loaded: the init is paid on the first turn only
+    assert geniex_turns[1].kpis is not None and geniex_turns[1].kpis.init_ms == 0.0
+    meta = json.loads((_bundle_local(sim_workspace) / "metadata.json").read_text())
+    assert meta["model_id"].startswith("llama_v3_") and meta["model_files"]
+
+
+def test_geniex_cli_face(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
+    """`geniex version`, `pull --local-path`, `list` and `infer -p --verbose` as GenieX prints them, labeled simulated."""
+    bundle = _bundle_local(sim_workspace)
+    if not (bundle / "metadata.json").exists():
+        _turns(sim_workspace, "geniex", ["Hi"])
+    env = {**python_env(), "GENIEX_DATADIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+
+    def geniex(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "workers.genie_sim.geniex", *args], env=env, text=True,
+                              capture_output=True, timeout=300)
+
+    v = geniex("version")
+    assert v.returncode == 0
+    lines = v.stdout.splitlines()
+    assert lines[0].startswith("GenieX CLI Version:     v") and "(HexStudio simulator)" in lines[0]
+    assert lines[1] == "QAIRT Runtime Version:  v2.45.0.260326"
+    assert geniex("pull", "local/tiny", "--local-path", str(bundle)).returncode == 0
+    assert "local/tiny" in geniex("list").stdout
+    r = geniex("infer", "local/tiny", "-p", "Question: What is the capital of France? Answer:", "--max-tokens", "8",
+               "--verbose")
+    assert r.returncode == 0, r.stderr
+    assert "> Question: What is the capital of France? Answer:" in r.stdout
+    for key in ("ttft:", "prompt tokens:", "prompt speed:", "decode tokens:", "decode speed:", "stop reason:"):
+        assert key in r.stdout, r.stdout
+    assert "simulated" in r.stdout
+    missing = geniex("infer", "local/nothing", "-p", "hi")
+    assert missing.returncode != 0 and "pull it first" in missing.stderr
+
+
+def test_geniex_refuses_what_its_qairt_plugin_refuses(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
+    """No metadata.json, a model_id the plugin cannot dispatch, a bundle compiled with a newer QAIRT."""
+    import shutil
+
+    from workers.genie_sim.geniex import GenieXError, check_bundle
+
+    src = _bundle_local(sim_workspace)
+    b = tmp_path / "b"
+    shutil.copytree(src, b)
+    (b / "metadata.json").unlink(missing_ok=True)
+    with pytest.raises(GenieXError, match="cannot open .*metadata.json"):
+        check_bundle(b)
+    (b / "metadata.json").write_text(json.dumps({"model_id": "gpt2_tiny", "model_files": {
+        "prompt_ar128_cl512_1_of_2": {"inputs": {}, "outputs": {}}}}))
+    with pytest.raises(GenieXError, match="no LLM factory matches model_id 'gpt2_tiny'"):
+        check_bundle(b)
+    (b / "metadata.json").write_text(json.dumps({"model_id": "llama_v3_tiny", "model_files": {
+        "prompt_ar128_cl512_1_of_2": {"inputs": {}, "outputs": {}}}}))
+    (b / "tool-versions.yaml").write_text("tool_versions:\n  qairt: 2.46.0.260601\n")
+    with pytest.raises(GenieXError, match="newer than GenieX's qairt plugin"):
+        check_bundle(b)
+
+
+def test_geniex_has_no_per_turn_mode(sim_workspace: SimWorkspace) -> None:
+    async def go() -> None:
+        s = ChatSession(sim_board(sim_workspace.root), sim_workspace.remote_bundle, mode="per_turn",
+                        runtime="geniex")
+        await s.open()
+    with pytest.raises(SessionError, match="no per-turn mode"):
+        asyncio.run(go())
+    with pytest.raises(SessionError, match="Unknown runtime"):
+        ChatSession(sim_board(sim_workspace.root), posixpath.join("x"), runtime="llamacpp")
