@@ -367,7 +367,13 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     if err:
         raise WorkerError("bad_context_length", err, "Change the context length in the run settings.")
     parts_setting = s.get("parts", "auto")
-    parts = modelinfo.default_parts(info) if parts_setting in (None, "auto") else int(parts_setting)
+    board_ram = int(s.get("board_ram_bytes") or 0) or None     # the target board's RAM, when known
+    plan = modelinfo.part_plan(info, context_length, board_ram, s.get("board"))
+    parts = int(plan["parts"]) if parts_setting in (None, "auto") else int(parts_setting)
+    for line in plan["explanation"]:
+        em.log(f"parts: {line}")
+    if parts_setting not in (None, "auto"):
+        em.log(f"parts: {parts} as set (the plan above would pick {plan['parts']})")
     if not 1 <= parts <= info["num_layers"]:
         raise WorkerError("bad_parts", f"parts must be between 1 and the layer count ({info['num_layers']}).")
     est = modelinfo.estimate(info, context_length, ar_n, parts, int(s.get("calibration_samples", 8)),
@@ -377,6 +383,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     rel = hf_dir.relative_to(spec.out_dir).as_posix() if hf_dir.is_relative_to(spec.out_dir) else str(hf_dir)
     doc = {"model": model, "source": source, "revision": revision, "hf_dir": rel, "info": info,
            "weights": weights, "resolved": {"context_length": context_length, "ar_n": ar_n, "parts": parts},
+           "part_plan": plan,
            "estimates": est}
     (spec.out_dir / "model.json").write_text(json.dumps(doc, indent=2))
     em.artifact("model.json", kind="json", role="model")

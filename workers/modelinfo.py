@@ -208,13 +208,87 @@ def _has_chat_template(p: Path) -> bool:
         return False
 
 
-def default_parts(info: dict[str, Any]) -> int:
-    """How many parts to split the model in: ~1.6B parameters per part (8B -> 5), at least 1,
-    2 for tiny models so part chaining is always exercised, never more than the layer count."""
+# Where the part count comes from (docs/model.md): a context binary on the HTP has a memory ceiling of about
+# 4 GB (a larger one does not load); Qualcomm keeps each part of an 8B model near 1-2 GB (qai-hub-models splits
+# Llama 3.1 8B in 5 parts: ~1 GB each of a ~5 GB W4A16 bundle), so a part aims at PART_TARGET_BYTES; on a board
+# with little memory no part takes more than BOARD_RAM_PART_FRACTION of its RAM.
+CONTEXT_CEILING_BYTES = 4 * 1024**3
+PART_TARGET_BYTES = 1024**3         # the average part
+PART_LIMIT_BYTES = 3 * 1024**3      # the largest part (the embedding's or the lm_head's): a margin under the ceiling
+BOARD_RAM_PART_FRACTION = 1 / 8
+BOARD_RAM_BUNDLE_FRACTION = 0.6     # the bundle + KV cache should leave the OS and Genie the rest
+
+
+def deployed_bytes(info: dict[str, Any], context_length: int) -> dict[str, Any]:
+    """W4A16 deployment sizes: per decoder layer (int4 LPBQ weights + its 8-bit KV cache at this context),
+    the embedding and the lm_head (8-bit), and the whole bundle."""
     n = int(info.get("num_parameters") or 0)
-    layers = int(info.get("num_layers") or 1)
-    parts = 2 if n < 100_000_000 else max(1, round(n / 1.6e9))
-    return max(1, min(parts, layers))
+    layers = max(1, int(info.get("num_layers") or 1))
+    emb = int(info.get("vocab_size") or 0) * int(info.get("hidden_size") or 0)
+    per_layer_params = max(0, n - 2 * emb) / layers
+    kv_layer = 2 * int(info.get("num_kv_heads") or 1) * int(info.get("head_dim") or 1) * context_length
+    layer = int(0.5 * 1.03 * per_layer_params) + kv_layer      # 4-bit weights + block scales, 8-bit KV
+    return {"layer_bytes": layer, "embedding_bytes": emb, "lm_head_bytes": emb,
+            "bundle_bytes": layer * layers + 2 * emb, "layers": layers}
+
+
+def part_plan(info: dict[str, Any], context_length: int = 4096, board_ram_bytes: int | None = None,
+              board_name: str | None = None) -> dict[str, Any]:
+    """How many parts to split the model in, and why: parts of PART_TARGET_BYTES on average (layers split
+    evenly, the embedding in the first part, the lm_head in the last), more if the largest would pass
+    PART_LIMIT_BYTES (under the ~4 GB context ceiling) or 1/8 of the board's RAM when it is known; 2 for tiny
+    models so part chaining is always exercised; never more than the layer count. Also says whether the bundle
+    fits the board."""
+    d = deployed_bytes(info, context_length)
+    layers = d["layers"]
+    n = int(info.get("num_parameters") or 0)
+    target, limit = PART_TARGET_BYTES, PART_LIMIT_BYTES
+    why = [f"A context binary must stay under the HTP's ~{CONTEXT_CEILING_BYTES / 1024**3:.0f} GiB per-context "
+           f"ceiling; Qualcomm keeps an 8B model's parts near 1-2 GB (qai-hub-models: 5 parts for Llama 3.1 8B), so "
+           f"parts average {target / 1024**3:.1f} GiB and none passes {limit / 1024**3:.0f} GiB."]
+    if board_ram_bytes:
+        cap = int(board_ram_bytes * BOARD_RAM_PART_FRACTION)
+        if cap < limit:
+            limit, target = cap, min(target, cap)
+            why.append(f"{board_name or 'The board'} has {board_ram_bytes / 1024**3:.1f} GiB of RAM: parts are kept "
+                       f"under 1/{round(1 / BOARD_RAM_PART_FRACTION)} of it ({cap / 1024**3:.2f} GiB).")
+
+    def largest(p: int) -> int:
+        sizes = []
+        for k, (a, b) in enumerate(layer_ranges(layers, p)):
+            sizes.append((b - a) * d["layer_bytes"] + (d["embedding_bytes"] if k == 0 else 0)
+                         + (d["lm_head_bytes"] if k == p - 1 else 0))
+        return max(sizes)
+
+    if n < 100_000_000:
+        parts = min(2, layers)
+        why.append("A tiny model: 2 parts, so the chaining of parts is exercised.")
+    else:
+        parts = max(-(-d["bundle_bytes"] // target),
+                    next((p for p in range(1, layers + 1) if largest(p) <= limit), layers))
+        why.append(f"{parts} part(s) of ~{d['bundle_bytes'] / parts / 1024**3:.2f} GiB (largest "
+                   f"{largest(parts) / 1024**3:.2f} GiB) for a {d['bundle_bytes'] / 1024**3:.2f} GiB W4A16 bundle at "
+                   f"context {context_length}.")
+    parts = max(1, min(parts, layers))
+    big = largest(parts)
+    if big > CONTEXT_CEILING_BYTES:
+        why.append(f"Even one layer per part leaves a {big / 1024**3:.1f} GiB part: over the context ceiling "
+                   "(the embedding or the lm_head alone is too big); this model cannot be deployed as is.")
+    fits = None
+    if board_ram_bytes:
+        fits = d["bundle_bytes"] <= BOARD_RAM_BUNDLE_FRACTION * board_ram_bytes
+        why.append(f"The bundle ({d['bundle_bytes'] / 1024**3:.2f} GiB) "
+                   + ("fits" if fits else "does NOT fit")
+                   + f" in {round(BOARD_RAM_BUNDLE_FRACTION * 100)}% of {board_name or 'the board'}'s "
+                   f"{board_ram_bytes / 1024**3:.1f} GiB of RAM" + ("." if fits else ": pick a smaller model."))
+    return {"parts": parts, "largest_part_bytes": big, "bundle_bytes": d["bundle_bytes"],
+            "part_target_bytes": target, "part_limit_bytes": limit, "context_ceiling_bytes": CONTEXT_CEILING_BYTES,
+            "board_ram_bytes": board_ram_bytes, "fits_board": fits, "explanation": why}
+
+
+def default_parts(info: dict[str, Any], context_length: int = 4096, board_ram_bytes: int | None = None) -> int:
+    """How many parts to split the model in (part_plan)."""
+    return int(part_plan(info, context_length, board_ram_bytes)["parts"])
 
 
 def layer_ranges(num_layers: int, parts: int) -> list[tuple[int, int]]:

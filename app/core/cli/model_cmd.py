@@ -21,11 +21,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pi.add_argument("--context-length", type=int, default=None)
     pi.add_argument("--ar-n", type=int, default=128)
     pi.add_argument("--parts", type=int, default=None)
+    pi.add_argument("--board-ram-gib", type=float, default=None,
+                    help="the target board's RAM in GiB: part sizes and whether the bundle fits (default: unknown)")
     add_json_flag(pi)
     pi.set_defaults(func=cmd_inspect)
 
 
-def inspect(model: str, context_length: int | None, ar_n: int, parts: int | None) -> dict[str, Any]:
+def inspect(model: str, context_length: int | None, ar_n: int, parts: int | None,
+            board_ram_gib: float | None = None) -> dict[str, Any]:
     info = modelinfo.inspect_config(model_config(model))
     out: dict[str, Any] = {"model": model, **info}
     if not info["supported"]:
@@ -36,13 +39,15 @@ def inspect(model: str, context_length: int | None, ar_n: int, parts: int | None
         raise CliError(err)
     out["context_length"] = cl
     out["ar_n"] = ar_n
-    out["parts"] = parts or modelinfo.default_parts(info)
+    ram = int(board_ram_gib * 1024**3) if board_ram_gib else None
+    out["part_plan"] = modelinfo.part_plan(info, cl, ram)
+    out["parts"] = parts or out["part_plan"]["parts"]
     out["estimates"] = modelinfo.estimate(info, cl, ar_n, out["parts"])
     return out
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    out = inspect(args.model, args.context_length, args.ar_n, args.parts)
+    out = inspect(args.model, args.context_length, args.ar_n, args.parts, args.board_ram_gib)
     if args.json:
         print_json(out)
         return 0 if out["supported"] else 1
@@ -56,6 +61,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"  rope theta {out['rope_theta']:g}" + (f", scaling {rs.get('rope_type')} x{rs.get('factor')}" if rs else ""))
     e = out["estimates"]
     print(f"  context {out['context_length']}, AR-{out['ar_n']}, {out['parts']} part(s)")
+    plan = out["part_plan"]
+    for line in plan["explanation"]:
+        print(f"    {line}")
+    ram = plan.get("board_ram_bytes")
+    print(f"  bundle ~{human_bytes(plan['bundle_bytes'])} (W4A16 + 8-bit KV), largest part "
+          f"~{human_bytes(plan['largest_part_bytes'])}; board memory "
+          + (f"{human_bytes(ram)}: " + ("fits" if plan["fits_board"] else "does NOT fit") if ram
+             else "unknown (--board-ram-gib N)"))
     print(f"  download {human_bytes(e['hf_download_bytes'])}; disk {human_bytes(e['disk_bytes'])}; "
           f"bundle {human_bytes(e['bundle_bytes'])}")
     print(f"  quantize peak RSS ~{human_bytes(e['quantize_peak_rss_bytes'])} part-wise "
