@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The second test tier's environment: the validated recipe's pins (packaging/recipes/validated.txt:
+# aimet-onnx 2.26, onnx 1.18, transformers 4.45, ...) for everything but torch, on Python 3.10
+# (aimet-onnx 2.26 ships a cp310 wheel only), with torch 2.13.0 and the CPU onnxruntime 1.23.2
+# (the recipe's onnxruntime-gpu needs a GPU). The quantize, model and validate tests run in it
+# (see `./dev test`).
+#
+# Usage: bash packaging/setup-validated-venv.sh [VENV]      (default .venv-validated)
+# Exit status: 0 ready; 3 cannot be installed here (no Python 3.10, or the wheels cannot be had:
+# offline with no local copy); anything else: a real failure.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${1:-$root/.venv-validated}
+recipe="$root/packaging/recipes/validated.txt"
+
+find_python310() {
+    local c
+    for c in "${PYTHON310:-}" python3.10 "$(command -v pyenv >/dev/null 2>&1 && pyenv root 2>/dev/null)/versions/"3.10*/bin/python3.10 \
+             /usr/bin/python3.10 /usr/local/bin/python3.10; do
+        [ -n "$c" ] || continue
+        # a pyenv shim exists but fails when 3.10 is not selected: run it to know
+        if "$c" -c 'import sys, venv; sys.exit(0 if sys.version_info[:2] == (3, 10) else 1)' >/dev/null 2>&1; then
+            "$c" -c 'import sys; print(sys.executable)'; return 0
+        fi
+    done
+    return 1
+}
+
+stamp="$venv/.hexstudio-validated.stamp"
+want=$(cat "$recipe" "$0" | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
+    echo "==> validated-recipe environment up to date in $venv"
+    exit 0
+fi
+
+py=$(find_python310) || { echo "cannot set up the validated-recipe tier: no Python 3.10 found (set PYTHON310=/path/to/python3.10)" >&2; exit 3; }
+echo "==> validated-recipe environment in $venv (Python: $py)"
+rm -rf "$venv"
+"$py" -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+# the recipe's pins minus torch/torchvision (CUDA builds) and onnxruntime-gpu (a GPU), plus the CPU onnxruntime
+cons="$venv/constraints.txt"
+grep -v -E '^(torch|torchvision|onnxruntime-gpu)==' "$recipe" > "$cons"
+echo "onnxruntime==1.23.2" >> "$cons"
+
+t0=$(date +%s)
+fail() { echo "cannot set up the validated-recipe tier: $1 (pip could not get the wheels: offline, or no local copy under pip's find-links/index)" >&2; rm -rf "$venv"; exit 3; }
+echo "==> [1/3] torch 2.13.0 (a local CPU wheel when pip's find-links/index has one for cp310)"
+# --no-deps: the CUDA build from PyPI runs on the CPU without its ~3 GB of nvidia libraries when
+# they are not loadable... but it links them; try lean first, then with its dependencies
+if ! "${pip[@]}" install --no-deps "torch==2.13.0" || ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
+    "${pip[@]}" install "torch==2.13.0" || fail "torch 2.13.0 for Python 3.10"
+fi
+"${pip[@]}" install filelock "typing-extensions>=4.10" sympy networkx jinja2 fsspec || fail "torch's dependencies"
+echo "==> [2/3] aimet-onnx 2.26.0 without its onnx2torch/torchvision dependency, onnx 1.18, onnxruntime 1.23.2, transformers 4.45"
+"${pip[@]}" install -c "$cons" --no-deps "aimet-onnx==2.26.0" || fail "aimet-onnx 2.26.0"
+"${pip[@]}" install -c "$cons" "onnx==1.18.0" "onnxruntime==1.23.2" "transformers==4.45.0" \
+    "onnx_ir>=0.1.16" "onnxscript>=0.4.0" PyYAML bokeh hvplot osqp pandas pybind11 scikit-learn scipy tqdm \
+    jsonschema psutil safetensors || fail "the recipe's packages"
+echo "==> [3/3] HexStudio (no dependencies) and what its quantize/model/validate tests import"
+"${pip[@]}" install -c "$cons" pytest pytest-timeout keyring "keyrings.alt" paramiko jinja2 pyyaml || fail "test packages"
+"${pip[@]}" install --no-deps -e "$root" || fail "HexStudio itself"
+"$venv/bin/python" - <<'EOF'
+import importlib.metadata as md
+import aimet_onnx, onnx, onnxruntime, transformers, torch  # noqa: F401
+print("    " + ", ".join(f"{d} {md.version(d)}" for d in ("aimet-onnx", "onnx", "onnxruntime", "transformers", "torch")))
+EOF
+echo "$want" > "$stamp"
+echo "==> validated-recipe environment ready in $venv ($(( $(date +%s) - t0 )) s)"
