@@ -95,7 +95,7 @@ def test_geniex_refuses_what_its_qairt_plugin_refuses(sim_workspace: SimWorkspac
     b = tmp_path / "b"
     shutil.copytree(src, b)
     (b / "metadata.json").unlink(missing_ok=True)
-    with pytest.raises(GenieXError, match="cannot open .*metadata.json"):
+    with pytest.raises(GenieXError, match=r"cannot open .*metadata\.json"):
         check_bundle(b)
     (b / "metadata.json").write_text(json.dumps({"model_id": "gpt2_tiny", "model_files": {
         "prompt_ar128_cl512_1_of_2": {"inputs": {}, "outputs": {}}}}))

@@ -108,6 +108,7 @@ CHECKS: tuple[tuple[str, str], ...] = (
     ("qnn_libs_mixed", "No QNN libraries mixed from /usr/lib"),
     ("genie", "genie-t2t-run present and runnable"),
     ("htp_validator", "qnn-platform-validator (HTP backend)"),
+    ("geniex", "GenieX and its QAIRT plugin (optional runtime)"),
 )
 CHECK_IDS = tuple(c for c, _ in CHECKS)
 
@@ -122,6 +123,7 @@ class _Probe:
         self._sem = asyncio.Semaphore(4)
         self.facts: dict[str, Any] = {}
         self.tasks: dict[str, asyncio.Task[Check]] = {}
+        self.bundle_dir: Path | None = None      # the local bundle, when the probe is for one
 
     async def sh(self, script: str, *args: str, timeout: float = 60, shown: str | None = None) -> Evidence:
         """Run a constant shell snippet; user values go in as "$1"... (quoted by the transport)."""
@@ -481,12 +483,79 @@ async def _htp_validator(p: _Probe, c: Check) -> None:
         c.message += " " + c.explained[0]["cause"]
 
 
+GENIEX_PATH = 'PATH="$HOME/.local/bin:/usr/local/bin:$PATH"; '
+_GENIEX_VERSION = re.compile(r"^(GenieX CLI Version|QAIRT Runtime Version|LlamaCPP Runtime Hash):\s*(.*)$")
+
+
+def geniex_versions(text: str) -> dict[str, str]:
+    """`geniex version`'s three lines (cli/cmd/geniex/version.go) -> {cli, qairt_plugin, llama_cpp}."""
+    keys = {"GenieX CLI Version": "cli", "QAIRT Runtime Version": "qairt_plugin", "LlamaCPP Runtime Hash": "llama_cpp"}
+    out: dict[str, str] = {}
+    for ln in text.splitlines():
+        m = _GENIEX_VERSION.match(ln.strip())
+        if m and m.group(2).strip():
+            out[keys[m.group(1)]] = m.group(2).strip()
+    return out
+
+
+async def _geniex(p: _Probe, c: Check) -> None:
+    """GenieX (docs/genie.md): its CLI, the qairt plugin's QAIRT (it runs bundles compiled with that QAIRT or
+    earlier), and the Python package HexStudio's helper uses to keep a model loaded. Optional unless the
+    board's runtime is geniex (then what is missing fails)."""
+    from app.core.device.qairt import bundle_qairt_version, parse_version
+
+    wanted = str((p.board.config or {}).get("runtime") or "genie") == "geniex"
+    missing = FAIL if wanted else WARN
+    py = str((p.board.config or {}).get("geniex_python") or (p.board.config or {}).get("python") or "python3")
+    e = await p.sh(GENIEX_PATH + "command -v geniex && geniex version --skip-update",
+                   shown="command -v geniex && geniex version")
+    ep = await p.sh('PYTHONPATH="$HOME/.local/share/geniex-python${PYTHONPATH:+:$PYTHONPATH}" '
+                    '"$1" -c "import geniex; print(geniex.__version__)"', py,
+                    shown=f"{py} -c 'import geniex; print(geniex.__version__)'")
+    c.evidence += [e, ep]
+    v = geniex_versions(e.output) if e.exit_status == 0 else {}
+    pyver = ep.output.strip().splitlines()[-1] if ep.exit_status == 0 and ep.output.strip() else None
+    p.facts["geniex"] = {**v, "python": pyver}
+    c.fix = "geniex_install"
+    if not v.get("cli"):
+        c.status = missing
+        c.message = ("GenieX is not installed (no `geniex` on PATH or in ~/.local/bin). Only needed to run bundles "
+                     "through GenieX: install it from its release tarball (geniex-cli-linux-arm64-vX.Y.Z.tar.gz).")
+        return
+    plugin = v.get("qairt_plugin")
+    if not plugin:
+        c.status = missing
+        c.message = (f"GenieX {v['cli']} has no QAIRT plugin (a --cpu-only build?): it cannot run AI Hub bundles. "
+                     "Install the full linux-arm64 release.")
+        return
+    bundle_q = bundle_qairt_version(p.bundle_dir) if p.bundle_dir is not None else None
+    try:
+        too_old = bool(bundle_q) and parse_version(str(bundle_q))[:3] > parse_version(plugin)[:3]
+    except ValueError:
+        too_old = False
+    if too_old:
+        c.status = FAIL if wanted or p.bundle_dir is not None else WARN
+        c.message = (f"GenieX {v['cli']}'s QAIRT plugin is {plugin}, older than the QAIRT {bundle_q} that compiled "
+                     "the bundle: it would not load (it runs bundles compiled with its QAIRT or earlier). Install a "
+                     "newer GenieX release.")
+        return
+    if pyver is None:
+        c.status = WARN
+        c.message = (f"GenieX {v['cli']} (QAIRT plugin {plugin}) is installed, but not its Python package for {py}: "
+                     "HexStudio needs it to keep the model loaded between turns. Install the geniex wheel.")
+        return
+    c.fix = None
+    c.status = OK
+    c.message = (f"GenieX {v['cli']}, QAIRT plugin {plugin}" + (f" (runs this bundle's QAIRT {bundle_q})" if bundle_q
+                 else " (runs bundles compiled with it or earlier)") + f", Python package {pyver}.")
+
+
 _FUNCS = {"soc": _soc, "os": _os, "sudo": _sudo, "memory": _memory, "remoteproc": _remoteproc,
           "fastrpc_userspace": _fastrpc_userspace, "fastrpc_group": _fastrpc_group,
           "fastrpc_member": _fastrpc_member, "fastrpc_login": _fastrpc_login, "udev_rule": _udev_rule,
           "fastrpc_device": _fastrpc_device, "fastrpc_daemons": _fastrpc_daemons, "qairt": _qairt,
           "qairt_env": _qairt_env, "qnn_libs_mixed": _qnn_libs_mixed, "genie": _genie,
-          "htp_validator": _htp_validator}
+          "htp_validator": _htp_validator, "geniex": _geniex}
 _TITLES = dict(CHECKS)
 
 
@@ -519,11 +588,17 @@ async def probe(board: Board, only: Iterable[str] | None = None,
     if unknown:
         raise ValueError(f"unknown doctor checks: {sorted(unknown)}")
     if board.simulated:
+        from workers.genie_sim.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
+
         c = Check("soc", "Simulator board", OK, "Simulated board: runs the QDQ ONNX parts with onnxruntime on this "
                   "CPU; no Hexagon NPU, no FastRPC (simulated).")
-        report = DoctorReport(board.name, board.label, True, [c], {"simulated": True})
+        gx = Check("geniex", _TITLES["geniex"], OK, f"Simulated GenieX {CLI_VERSION} with QAIRT plugin "
+                   f"{QAIRT_PLUGIN_VERSION} (workers.genie_sim.geniex): both runtimes available (simulated).")
+        report = DoctorReport(board.name, board.label, True, [c, gx], {"simulated": True, "geniex": {
+            "cli": CLI_VERSION, "qairt_plugin": QAIRT_PLUGIN_VERSION, "simulated": True}})
     else:
         p = _Probe(board)
+        p.bundle_dir = bundle[0] if bundle is not None else None
         checks = await asyncio.gather(*(_run_check(p, i) for i in ids))
         report = DoctorReport(board.name, board.label, False, list(checks), dict(p.facts))
     if bundle is not None:

@@ -10,13 +10,16 @@ echo of it is redacted). A board where this user has no sudo gets `status="manua
 `manual_commands` to run as root by hand, instead of a failure.
 
 Fix ids (the doctor's `fix` field): group_add, relogin, udev_rule, fastrpc_packages, qairt_env,
-daemon_restart, reboot, qairt_install (app.core.device.qairt; needs the SDK zip).
+daemon_restart, reboot, qairt_install (app.core.device.qairt; needs the SDK zip), geniex_install (needs
+GenieX's release tarball geniex-cli-linux-arm64-vX.Y.Z.tar.gz, or its Python wheel geniex-X.Y.Z-*.whl: the
+board is not assumed to reach the internet).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import posixpath
 import shlex
 import time
@@ -31,7 +34,7 @@ from app.core.device.errors import BoardError
 from app.core.device.explain import explain
 
 FIX_IDS = ("group_add", "relogin", "udev_rule", "fastrpc_packages", "qairt_env", "daemon_restart", "reboot",
-           "qairt_install")
+           "qairt_install", "geniex_install")
 TITLES = {
     "group_add": "Create the fastrpc group and add the user to it",
     "relogin": "Log in again (new group membership)",
@@ -41,6 +44,7 @@ TITLES = {
     "daemon_restart": "Restart the FastRPC daemons",
     "reboot": "Reboot the board and wait for it",
     "qairt_install": "Install QAIRT from the SDK zip",
+    "geniex_install": "Install or update GenieX from its release file",
 }
 # which doctor checks each fix changes (re-run afterwards)
 AFFECTS: dict[str, tuple[str, ...]] = {
@@ -52,6 +56,7 @@ AFFECTS: dict[str, tuple[str, ...]] = {
     "daemon_restart": ("fastrpc_daemons", "htp_validator"),
     "reboot": CHECK_IDS,
     "qairt_install": ("qairt", "qairt_env", "genie", "htp_validator"),
+    "geniex_install": ("geniex",),
 }
 REMOTE_TMP = ".hexstudio/tmp"
 UPLOAD_PROGRESS_INTERVAL_S = 0.1
@@ -166,8 +171,102 @@ def env_script_text(qairt_home: str, dsp_arch: str = "v73") -> str:
         f'export ADSP_LIBRARY_PATH="$QAIRT_HOME/lib/hexagon-{dsp_arch}/unsigned;/usr/lib/rfsa/adsp;/dsp"\n')
 
 
+GENIEX_PREFIX = ".local/share/geniex"      # GenieX's install.sh for a non-root user
+GENIEX_MARKER = ".hexstudio-install-sha256"
+GENIEX_PYDIR = ".local/share/geniex-python"  # the geniex wheel, installed with pip --target
+# GenieX's install.sh steps, for a file already on the board (it can only download): check the digest, unpack
+# with the top folder stripped beside the old install, link the host FastRPC libraries in, swap, mark.
+GENIEX_INSTALL_SCRIPT = (
+    'set -e; tar="$1"; prefix="$2"; sha="$3"\n'
+    'echo "$sha  $tar" | sha256sum -c - >/dev/null || { echo "checksum mismatch for $tar" >&2; exit 1; }\n'
+    'new="$prefix.new"; rm -rf "$new"; mkdir -p "$new"\n'
+    'tar -xzf "$tar" -C "$new" --strip-components=1\n'
+    '[ -f "$new/geniex" ] || { echo "tarball does not contain \'geniex\' binary" >&2; rm -rf "$new"; exit 1; }\n'
+    'chmod +x "$new/geniex"\n'
+    'for l in libcdsprpc.so libadsprpc.so; do\n'
+    '  r=$(PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | awk -v n="$l" \'$1 ~ "^"n"\\\\." '
+    '{ sub(/.*=> /, ""); print; exit }\')\n'
+    '  if [ -n "$r" ]; then ln -sf "$r" "$new/$l"; else echo "warning: $l not found: NPU inference may fail"; fi\n'
+    'done\n'
+    'rm -rf "$prefix.old"; if [ -e "$prefix" ]; then mv "$prefix" "$prefix.old"; fi\n'
+    'mv "$new" "$prefix"; rm -rf "$prefix.old"\n'
+    'echo "$sha" > "$prefix/' + GENIEX_MARKER + '"; rm -f "$tar"\n')
+
+
+def geniex_launcher(prefix: str) -> bytes:
+    """~/.local/bin/geniex, as GenieX's install.sh writes it: the binary finds its libraries and plugins
+    through LD_LIBRARY_PATH."""
+    return ("#!/bin/sh\n# GenieX launcher (written by HexStudio as GenieX's install.sh writes it)\n"
+            f"GENIEX_PREFIX={shlex.quote(prefix)}\n"
+            'LD_LIBRARY_PATH="${GENIEX_PREFIX}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \\\n'
+            '    exec "${GENIEX_PREFIX}/geniex" "$@"\n').encode()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+async def plan_geniex_install(board: Board, file: Path, report: DoctorReport | None = None) -> FixPlan:
+    """Install or update GenieX from a file the user provides: the CLI release tarball (into ~/.local/share/geniex
+    with the launcher ~/.local/bin/geniex, as GenieX's installer does for a user) or its Python wheel
+    (`pip install --user --no-index`). Idempotent: a file already installed is not sent or unpacked again."""
+    file = Path(file)
+    if not file.is_file():
+        raise BoardError(f"{file} does not exist.", "Pass the GenieX release file you downloaded on the workstation.")
+    name = file.name
+    sha = _sha256(file)
+    side = file.with_name(name + ".sha256")
+    if side.is_file():
+        expected = (side.read_text().split() or [""])[0].lower()
+        if expected != sha:
+            raise BoardError(f"{name} does not match its {side.name} (expected {expected[:16]}..., got {sha[:16]}...).",
+                             "Download the release file again: it is damaged or not the one the checksum is for.")
+    home = str(await board.transport.home())
+    tmp = posixpath.join(home, REMOTE_TMP)
+    remote = posixpath.join(tmp, name)
+    mk_tmp = Step("run", ["mkdir", "-p", tmp], done_if=["test", "-d", tmp])
+    notes = [f"sha256 of {name}: {sha}"]
+    if name.endswith(".whl"):
+        cfg = board.config or {}
+        py = str(cfg.get("geniex_python") or cfg.get("python") or "python3")
+        ver = name.split("-")[1] if name.count("-") >= 2 else ""
+        target = posixpath.join(home, GENIEX_PYDIR)
+        same = ["env", f"PYTHONPATH={target}", py, "-c",
+                f"import geniex, sys; sys.exit(0 if geniex.__version__ == {ver!r} else 1)"]
+        steps = [Step("run", mk_tmp.argv, done_if=same),
+                 Step("upload", path=remote, local=file, done_if=same),
+                 Step("run", [py, "-m", "pip", "install", "--no-index", "--no-deps", "--upgrade", "--target", target,
+                              remote], done_if=same, timeout=900)]
+        notes.append(f"The wheel goes into ~/{GENIEX_PYDIR} (pip --target: no index, no internet, the system's Python "
+                     "left alone); HexStudio's helper puts it on PYTHONPATH. GenieX's own dependency tqdm must already "
+                     "be importable.")
+        return FixPlan("geniex_install", TITLES["geniex_install"], steps, AFFECTS["geniex_install"], notes)
+    if not (name.endswith(".tar.gz") or name.endswith(".tgz")):
+        raise BoardError(f"{name} is not a GenieX release file.",
+                         "Pass geniex-cli-linux-arm64-vX.Y.Z.tar.gz (the CLI) or geniex-X.Y.Z-*.whl (Python package).")
+    prefix = posixpath.join(home, GENIEX_PREFIX)
+    bindir = posixpath.join(home, ".local", "bin")
+    marker = posixpath.join(prefix, GENIEX_MARKER)
+    installed = ["sh", "-c", '[ "$(cat "$1" 2>/dev/null)" = "$2" ]', "installed", marker, sha]
+    steps = [Step("run", mk_tmp.argv, done_if=installed),
+             Step("upload", path=remote, local=file, done_if=["sh", "-c", '[ "$(cat "$1" 2>/dev/null)" = "$3" ] || '
+                                                             'echo "$3  $2" | sha256sum -c - >/dev/null 2>&1',
+                                                             "uploaded", marker, remote, sha]),
+             Step("run", ["sh", "-c", GENIEX_INSTALL_SCRIPT, "geniex-install", remote, prefix, sha], done_if=installed,
+                  timeout=900),
+             Step("run", ["mkdir", "-p", bindir], done_if=["test", "-d", bindir]),
+             Step("write", path=posixpath.join(bindir, "geniex"), content=geniex_launcher(prefix), mode=0o755)]
+    notes.append(f"Installs into ~/{GENIEX_PREFIX} (an older install is moved aside and removed) with the launcher "
+                 "~/.local/bin/geniex, as GenieX's install.sh does for a user; no sudo.")
+    return FixPlan("geniex_install", TITLES["geniex_install"], steps, AFFECTS["geniex_install"], notes)
+
+
 async def plan_fix(board: Board, fix_id: str, report: DoctorReport | None = None, *,
-                   qairt_zip: Path | None = None) -> FixPlan:
+                   qairt_zip: Path | None = None, geniex_file: Path | None = None) -> FixPlan:
     """The steps of a fix for this board (nothing is changed). `report` gives facts (user, arch,
     QAIRT home); without it a short probe gets them."""
     if fix_id not in FIX_IDS:
@@ -181,6 +280,12 @@ async def plan_fix(board: Board, fix_id: str, report: DoctorReport | None = None
         from app.core.device.qairt import plan_qairt_install
 
         return await plan_qairt_install(board, qairt_zip, report)
+    if fix_id == "geniex_install":
+        if geniex_file is None:
+            raise BoardError("Installing GenieX needs its release file: geniex-cli-linux-arm64-vX.Y.Z.tar.gz (from "
+                             "GenieX's releases) or the geniex Python wheel.",
+                             "Download it on the workstation and pass its path (the board needs no internet).")
+        return await plan_geniex_install(board, geniex_file, report)
     facts = await _facts(board, report)
     user = str(facts.get("user"))
     home = str(await board.transport.home())
