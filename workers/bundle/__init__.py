@@ -214,6 +214,19 @@ def htp_ext_config(dev: dict[str, Any]) -> dict[str, Any]:
             "memory": {"mem_type": "shared_buffer"}, "context": {"weight_sharing_enabled": True}}
 
 
+def bundle_qairt_version(bundle_dir: Path) -> str | None:
+    """`qairt:` of the bundle's tool-versions.yaml (None when absent, empty or a simulation bundle's)."""
+    p = Path(bundle_dir) / "tool-versions.yaml"
+    if not p.is_file():
+        return None
+    for line in p.read_text(errors="replace").splitlines():
+        k, _, v = line.partition(":")
+        if k.strip() == "qairt":
+            v = v.strip().strip("'\"")
+            return None if not v or v == "simulator" else v
+    return None
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

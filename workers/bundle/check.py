@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.bundle import bundle_qairt_version
 from workers.bundle import genie_model as gm
 from workers.bundle import genie_schema as gs
 
@@ -389,18 +390,6 @@ def _version(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
 
 
-def _qairt_of(bundle: Path) -> str | None:
-    p = bundle / "tool-versions.yaml"
-    if not p.is_file():
-        return None
-    for line in p.read_text(errors="replace").splitlines():
-        k, _, v = line.partition(":")
-        if k.strip() == "qairt":
-            v = v.strip().strip("'\"")
-            return v or None
-    return None
-
-
 def _board_findings(bundle: Path, facts: dict[str, Any] | None, simulated: bool) -> list[Finding]:
     from workers.bundle import KNOWN_DEVICES
 
@@ -413,7 +402,7 @@ def _board_findings(bundle: Path, facts: dict[str, Any] | None, simulated: bool)
     if not simulated and not dev:
         out.append(Finding("htp_ext", WARNING, "htp_backend_ext_config.json is missing or names no device.", None,
                            "Write it as qai-hub-models does: devices[0] with soc_model and dsp_arch of the board."))
-    qairt = _qairt_of(bundle)
+    qairt = bundle_qairt_version(bundle)
     if not simulated and qairt is None:
         out.append(Finding("tool_versions", WARNING, "tool-versions.yaml does not name the QAIRT that compiled the "
                            "bundle.", None, "Keep the tool-versions.yaml AI Hub's link job reported (qairt: ...)."))

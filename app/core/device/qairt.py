@@ -28,6 +28,7 @@ from app.core.device.board import Board
 from app.core.device.doctor import DoctorReport, probe
 from app.core.device.errors import BoardError
 from app.core.paths import default_workspace
+from workers.bundle import bundle_qairt_version
 
 QAIRT_BASE = "/opt/qairt"
 MARKER = ".hexstudio-install"
@@ -41,19 +42,6 @@ def parse_version(text: str) -> tuple[int, ...]:
     if not m:
         raise ValueError(f"not a QAIRT version: {text!r}")
     return tuple(int(g) for g in m.groups(default="0"))
-
-
-def bundle_qairt_version(bundle_dir: Path) -> str | None:
-    """`qairt:` of the bundle's tool-versions.yaml (None when absent or simulated)."""
-    p = bundle_dir / "tool-versions.yaml"
-    if not p.is_file():
-        return None
-    for line in p.read_text(errors="replace").splitlines():
-        k, _, v = line.partition(":")
-        if k.strip() == "qairt":
-            v = v.strip().strip("'\"")
-            return None if not v or v == "simulator" else v
-    return None
 
 
 def compare_qairt(board_version: str | None, bundle_version: str | None) -> tuple[str, str]:
