@@ -92,7 +92,7 @@ def test_chat_cli_interactive_multi_turn(sim_workspace: SimWorkspace, tmp_path: 
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert captured.out.count("you> ") == 5
-    assert captured.err.count("[SIMULATED · persistent]") == 3 and "SIMULATED: CPU numbers" in captured.err
+    assert captured.err.count("[SIMULATED · genie · persistent]") == 3 and "SIMULATED: CPU numbers" in captured.err
     assert "new chat: history cleared" in captured.err
     doc = json.loads(transcript.read_text())
     assert [t["user"] for t in doc["turns"]] == ["What is water?"]  # /new cleared the history

@@ -62,6 +62,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pf.add_argument("fix_id", help="group_add, relogin, udev_rule, fastrpc_packages, qairt_env, daemon_restart, "
                                    "reboot, qairt_install")
     pf.add_argument("--zip", type=Path, default=None, help="qairt_install: the QAIRT SDK zip (v<version>.zip)")
+    pf.add_argument("--file", type=Path, default=None,
+                    help="geniex_install: GenieX's release tarball (geniex-cli-linux-arm64-vX.Y.Z.tar.gz) or wheel")
     pf.add_argument("--bundle", type=Path, default=None,
                     help="qairt_install: refuse a QAIRT older than the one that compiled this bundle")
     pf.add_argument("--dry-run", action="store_true", help="show the commands only")
@@ -225,7 +227,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
                 if args.fix_id == "qairt_install" and args.zip is not None:
                     plan = await plan_qairt_install(b, args.zip, bundle_dir=args.bundle)
                 else:
-                    plan = await plan_fix(b, args.fix_id, qairt_zip=args.zip)
+                    plan = await plan_fix(b, args.fix_id, qairt_zip=args.zip, geniex_file=args.file)
             except BoardError as exc:
                 raise CliError(exc.message, exc.hint) from None
             if not args.json:

@@ -27,6 +27,7 @@ from app.core.genie.conversation import TEMPLATES, Conversation
 from app.core.genie.journal import ChatJournal
 from app.core.genie.prompts import chat_format_for, template_for
 from app.core.genie.run import Chunk
+from app.core.genie.runtime import RUNTIMES
 from app.core.genie.session import (
     MODES,
     SAMPLER_PRESETS,
@@ -55,6 +56,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--sampler", choices=tuple(SAMPLER_PRESETS), default=None,
                    help="deterministic (seed 42, temp 0, top-k 1, top-p 1; the default), thinking (Nemotron "
                         "reasoning on: 0.6/40/0.95; the default with that template) or bundle (the bundle's own)")
+    p.add_argument("--runtime", choices=RUNTIMES, default=None,
+                   help="genie or geniex (default: the board's \"runtime\" setting, else genie); the same pushed "
+                        "bundle serves both")
     p.add_argument("--mode", choices=MODES, default="auto",
                    help="persistent keeps the model loaded between turns; per_turn runs genie-t2t-run each turn; "
                         "auto (default) tries persistent and falls back")
@@ -143,7 +147,7 @@ def _kpi_line(r: TurnResult) -> str:
     if k is None:
         return f"[{tag}] no profile for this turn"
     init = "model kept loaded" if r.mode == "persistent" and not k.init_ms else f"init {k.init_ms} ms"
-    return (f"[{tag} · {r.mode}] TTFT {k.ttft_ms} ms · prompt {k.prompt_tokens} tok at {k.prompt_tok_s} tok/s · "
+    return (f"[{tag} · {r.runtime} · {r.mode}] TTFT {k.ttft_ms} ms · prompt {k.prompt_tokens} tok at {k.prompt_tok_s} tok/s · "
             f"{k.generated_tokens} tok at {k.gen_tok_s} tok/s · {init}")
 
 
@@ -155,8 +159,11 @@ async def _chat(args: argparse.Namespace) -> int:
         if conv.chat_format.thinking_switch:
             conv.thinking = args.thinking == "on"
     sampler = args.sampler or ("thinking" if conv.template == "nemotron-reasoning-on" else "deterministic")
-    session = ChatSession(board, remote, conv, mode=args.mode, max_tokens=args.max_tokens, sampler=sampler,
-                          on_status=None if args.json else eprint)
+    try:
+        session = ChatSession(board, remote, conv, mode=args.mode, max_tokens=args.max_tokens, sampler=sampler,
+                              on_status=None if args.json else eprint, runtime=args.runtime)
+    except SessionError as exc:
+        raise CliError(exc.message, exc.hint) from None
     if run_dir is not None:  # the turns go into the run, for its report (<run>/chats/)
         session.on_turn = ChatJournal(run_dir, session, board.label).record
     results: list[dict[str, Any]] = []
@@ -169,8 +176,8 @@ async def _chat(args: argparse.Namespace) -> int:
             sim = " — SIMULATED: CPU numbers, not a device result" if session.simulated else ""
             what = conv.chat_format.label(conv.thinking) if conv.template == "model" and conv.chat_format \
                 else conv.template
-            eprint(f"chat on {board.label} ({mode}; template {what}; context {conv.context_length} "
-                   f"tokens){sim}")
+            eprint(f"chat on {board.label} with {session.runtime.title} [{session.runtime_version or '?'}] "
+                   f"({mode}; template {what}; context {conv.context_length} tokens){sim}")
             if session.fallback_reason:
                 eprint(f"note: {session.fallback_reason}")
 

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "app.core.cli.desktop_cmd",
     "app.core.cli.genie_cmd",
     "app.core.cli.chat_cmd",
+    "app.core.cli.bench_cmd",
     "app.core.cli.report_cmd",
     "app.core.cli.worker_cmd",
 )

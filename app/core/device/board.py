@@ -70,9 +70,13 @@ async def open_board(name: str, settings: Any = None, workspace: Path | None = N
                      on_state: Callable[[str, str], None] | None = None) -> Board:
     """`trust(host, port, key_type, fingerprint) -> bool` answers a first-contact host key; without it an
     unknown key raises app.core.device.connect.HostKeyUnknown (a BoardError with .fingerprint)."""
-    if name == "sim":
-        return sim_board(workspace)
     boards = getattr(settings, "boards", {}) if settings is not None else {}
+    if name == "sim":
+        b = sim_board(workspace)
+        runtime = (boards.get("sim") or {}).get("runtime")   # the simulator board speaks genie and geniex
+        if runtime:
+            b.config = {"runtime": str(runtime)}
+        return b
     if name not in boards:
         raise BoardError(f"No board named '{name}'.",
                          "Add it on the Board page (host, user, key), or use the simulator board 'sim'.")

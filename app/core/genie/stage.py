@@ -40,20 +40,64 @@ async def run_chat_stage(ctx: StageContext) -> dict[str, Any]:
     def on_chunk(c: Chunk) -> None:
         em.log(c.text, level="debug")
 
-    count = await load_token_counter(board, board_doc["remote_bundle"])   # each chunk's tokens, for the rate
-    res = await run_query(board, board_doc["remote_bundle"], prompt, on_chunk=on_chunk,
-                          max_tokens=int(ctx.settings.get("benchmark_max_tokens", 32)), count_tokens=count)
-    if res.exit_status != 0 or res.kpis is None:
-        raise StageError("genie_failed", f"Genie failed on {board.label}: {res.error or 'no profile written'}",
-                         "See the Board page's doctor, or `hexstudio explain --file` on the log.")
-    doc = chat_record(board_doc["board"], prompt, res)
+    runtime = str(ctx.settings.get("runtime") or (board.config or {}).get("runtime") or "genie")
+    if runtime != "genie":
+        doc = await _chat_through_session(board, board_doc, prompt, runtime, ctx)
+    else:
+        count = await load_token_counter(board, board_doc["remote_bundle"])   # each chunk's tokens, for the rate
+        res = await run_query(board, board_doc["remote_bundle"], prompt, on_chunk=on_chunk,
+                              max_tokens=int(ctx.settings.get("benchmark_max_tokens", 32)), count_tokens=count)
+        if res.exit_status != 0 or res.kpis is None:
+            raise StageError("genie_failed", f"Genie failed on {board.label}: {res.error or 'no profile written'}",
+                             "See the Board page's doctor, or `hexstudio explain --file` on the log.")
+        doc = chat_record(board_doc["board"], prompt, res)
+        doc["runtime"] = "genie"
+        doc["runtime_version"] = (f"Genie API {res.transcript.genie_version}" if res.transcript.genie_version
+                                  else None)
     source, k = doc["source"], doc["kpis"]
     (ctx.out_dir / "chat.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False))
     em.artifact("chat.json", kind="json", role="chat")
     for name, unit in KPI_UNITS.items():
         em.metric(name, k.get(name), unit=unit, scope=source)
     em.metric("source", source)
+    em.metric("runtime", doc.get("runtime"))
+    em.metric("runtime_version", doc.get("runtime_version"))
     rate = f"{k['gen_tok_s']:.1f}" if k.get("gen_tok_s") is not None else "?"
     origin = " from the printed [KPIS] block" if k.get("origin") == "kpis_block" else ""
     em.progress(1.0, f"{k['generated_tokens']} tokens at {rate} tok/s ({source}{origin})")
     return {"source": source, "generated_tokens": k["generated_tokens"]}
+
+
+async def _chat_through_session(board: Any, board_doc: dict[str, Any], prompt: str, runtime: str,
+                                ctx: StageContext) -> dict[str, Any]:
+    """The benchmark prompt through the runtime interface (app.core.genie.runtime), for runtimes other than
+    Genie's one-shot genie-t2t-run: the prompt as formatted, one turn, its KPIs and the runtime's version."""
+    from app.core.genie.conversation import Conversation
+    from app.core.genie.session import ChatSession, SessionError
+
+    class _Raw(Conversation):   # the prompt is already formatted by prompts.format_prompt
+        def prompt_for(self, user: str) -> str:
+            self.dropped_turns = 0
+            return user
+
+    s = ChatSession(board, board_doc["remote_bundle"], _Raw(template="qa"), mode="persistent",
+                    max_tokens=int(ctx.settings.get("benchmark_max_tokens", 32)), runtime=runtime)
+    try:
+        await s.open()
+        r = await s.send(prompt)
+    except SessionError as exc:
+        raise StageError("runtime_failed", f"{runtime} failed on {board.label}: {exc.message}", exc.hint) from None
+    finally:
+        await s.close()
+    if r.kpis is None or r.state == "failed":
+        raise StageError("runtime_failed", f"{runtime} failed on {board.label}: {r.error or 'no profile'}",
+                         "See the Board page's doctor (the GenieX check).")
+    k = r.kpis
+    if k.init_ms is None and s.init_ms is not None:
+        from dataclasses import replace
+
+        k = replace(k, init_ms=s.init_ms)
+    return {"board": board_doc["board"], "source": "simulated" if r.simulated else "device", "prompt": prompt,
+            "reply": r.text, "state": r.state, "kpis": k.as_json(),
+            "chunks": [{"t": round(c.t, 4), "text": c.text, "tokens": c.tokens} for c in r.chunks],
+            "wall_ms": round(r.wall_ms, 1), "runtime": r.runtime, "runtime_version": r.runtime_version}
