@@ -467,3 +467,210 @@ def greedy_part_major(ps: PartSessions, prompts: Sequence[Sequence[int]], max_ne
         for sc, lg in zip(step, run_part_major(ps, step, states, capacity), strict=True):
             logits[sc[0]] = lg
     return [gen[i] for i in range(len(prompts))]
+
+
+# -- unit-major runs: one run unit (a decoder layer, the embedding, an lm_head chunk) open at a time ---------
+
+class SlimKV:
+    """One sequence's KV cache holding only the filled slots of each layer ([KVH,1,HD,n] keys, [KVH,1,n,HD]
+    values); a layer's full Genie-layout arrays exist only while its unit runs (`full` / `keep`)."""
+
+    def __init__(self, layers: Sequence[int], num_kv_heads: int, head_dim: int, feeds: GenieFeeds) -> None:
+        self.kvh, self.hd, self.feeds = num_kv_heads, head_dim, feeds
+        self.k: dict[int, np.ndarray] = {li: np.zeros((num_kv_heads, 1, head_dim, 0), np.float32) for li in layers}
+        self.v: dict[int, np.ndarray] = {li: np.zeros((num_kv_heads, 1, 0, head_dim), np.float32) for li in layers}
+        self.n_past = 0
+
+    def full(self, li: int, capacity: int) -> KVCache:
+        c = KVCache([li], self.kvh, self.hd, capacity, self.feeds)
+        n = self.k[li].shape[-1]
+        c.k[li][..., :n] = self.k[li]
+        c.v[li][:, :, :n] = self.v[li]
+        return c
+
+    def keep(self, li: int, c: KVCache, filled: int) -> None:
+        self.k[li] = np.ascontiguousarray(c.k[li][..., :filled])
+        self.v[li] = np.ascontiguousarray(c.v[li][:, :, :filled])
+
+
+class UnitSessions:
+    """The run units of every (kind, part) graph (workers.quant.rununits: dicts with path, inputs, outputs,
+    columns), with at most one unit position's sessions open (one per kind). `opens` counts session
+    creations."""
+
+    def __init__(self, units: dict[tuple[str, int], list[dict[str, Any]]], graphs: Sequence[dict[str, Any]], *,
+                 positional_encoding: dict[str, Any], context_length: int, intra_op_threads: int = 1,
+                 providers: list[str] | None = None, quant: dict[str, Quant] | None = None) -> None:
+        self.units = units
+        gmap = {(g["kind"], int(g["part"])): g for g in graphs}
+        self.parts = sorted({p for _, p in units})
+        for p in self.parts:
+            shapes = [[(u["level"], tuple(u["columns"] or ())) for u in units[(k, p)]]
+                      for k in ("prompt_processor", "token_generator")]
+            if shapes[0] != shapes[1]:
+                raise ValueError(f"part {p}: the prompt processor and token generator cut into different units")
+        self.layers = {p: list(gmap[("prompt_processor", p)]["layers"]) for p in self.parts}
+        self.seq_len = {kind: int(gmap[(kind, self.parts[0])]["seq_len"]) for kind in ("prompt_processor",
+                                                                                       "token_generator")}
+        self.carried_out = {p: next(o for o in gmap[("prompt_processor", p)]["outputs"] if not is_kv(o))
+                            for p in self.parts}
+        self.feeds = GenieFeeds(positional_encoding, context_length, quant)
+        self.threads = intra_op_threads
+        self.providers = providers or ["CPUExecutionProvider"]
+        self._at: tuple[int, int] | None = None
+        self._open: dict[str, Any] = {}
+        self.opens = 0
+        self.open_seconds = 0.0
+
+    def session(self, kind: str, part: int, j: int) -> Any:
+        import time
+
+        if self._at != (part, j):
+            self.close()
+            self._at = (part, j)
+        if kind not in self._open:
+            t0 = time.monotonic()
+            self._open[kind] = _session(Path(self.units[(kind, part)][j]["path"]), self.threads, self.providers)
+            self.opens += 1
+            self.open_seconds += time.monotonic() - t0
+        return self._open[kind]
+
+    def close(self) -> None:
+        self._open.clear()
+        self._at = None
+
+    def cache(self, num_kv_heads: int, head_dim: int) -> SlimKV:
+        return SlimKV([li for p in self.parts for li in self.layers[p]], num_kv_heads, head_dim, self.feeds)
+
+
+def run_unit_major(us: UnitSessions, calls: Sequence[Call], states: dict[int, SlimKV], capacity: int,
+                   last_only: bool = True, capture: dict[int, dict[str, np.ndarray]] | None = None
+                   ) -> list[np.ndarray]:
+    """run_part_major one run unit at a time: every call goes through the part's first unit, then its
+    second, ... (one unit's sessions open), each call's tensors between units kept by name (only those a
+    later unit reads), each layer's KV cache in its full layout only while its unit runs. Same feeds, KV
+    handling and results as run_part_major. `capture`: call index -> a dict filled with every tensor the
+    units output for that call (the layers' hidden states for the float-fidelity check)."""
+    envs: list[dict[str, np.ndarray]] = []
+    for ci, (_, kind, ids, n_past) in enumerate(calls):
+        s = us.seq_len[kind]
+        if not 0 < len(ids) <= s:
+            raise ValueError(f"call {ci}: {len(ids)} tokens for a {s}-token graph")
+        if n_past + s > capacity or n_past > capacity - s:
+            raise ContextFull(f"the context holds {n_past} of {capacity} tokens; no room for a {s}-token block")
+        x: np.ndarray = np.zeros((1, s), np.int32)
+        x[0, :len(ids)] = ids
+        envs.append({"input_ids": x})
+    last_part = us.parts[-1]
+    chunks: dict[tuple[int, str], list[np.ndarray]] = {}      # lm_head column chunks until the last one
+    for part in us.parts:
+        kinds = sorted({c[1] for c in calls})
+        plan = us.units[(kinds[0], part)]
+        carried = us.carried_out[part]
+        for j in range(len(plan)):
+            later = {n for k in kinds for u in us.units[(k, part)][j + 1:] for n in u["inputs"]} | {carried}
+            layers = sorted({layer_of(n) for k in kinds for n in us.units[(k, part)][j]["inputs"] if is_kv(n)})
+            full: dict[tuple[int, int], KVCache] = {}
+            filled: dict[tuple[int, int], int] = {}
+            for ci, (si, kind, ids, n_past) in enumerate(calls):
+                u = us.units[(kind, part)][j]
+                sess = us.session(kind, part, j)
+                s, m = us.seq_len[kind], len(ids)
+                env = envs[ci]
+                for li in layers:
+                    if (si, li) not in full:
+                        full[(si, li)] = states[si].full(li, capacity)
+                        filled[(si, li)] = states[si].k[li].shape[-1]
+                past_len = capacity - s
+                feed: dict[str, np.ndarray] = {}
+                for n in u["inputs"]:
+                    if n == "attention_mask":
+                        feed[n] = us.feeds.mask(n_past, m, s, capacity)
+                    elif n in ROPE_NAMES:
+                        cos, sin = us.feeds.rope(n_past, m, s)
+                        feed[n] = cos if n == "position_ids_cos" else sin
+                    elif is_kv(n):
+                        c = full[(si, layer_of(n))]
+                        li = layer_of(n)
+                        feed[n] = c.k[li][..., :past_len] if "key" in n else c.v[li][:, :, :past_len]
+                    else:
+                        feed[n] = env[n]
+                outs = dict(zip(u["outputs"], sess.run(u["outputs"], feed), strict=True))
+                for n, val in outs.items():
+                    if is_kv(n):
+                        li = layer_of(n)
+                        c = full[(si, li)]
+                        v = us.feeds.kv_store(n, n[:-len("_out")] + "_in", val)
+                        if "key" in n:
+                            c.k[li][..., n_past:n_past + m] = v[..., :m]
+                        else:
+                            c.v[li][:, :, n_past:n_past + m] = v[:, :, :m]
+                        filled[(si, li)] = max(filled[(si, li)], n_past + m)
+                        continue
+                    if capture is not None and ci in capture:
+                        capture[ci][n] = val
+                    if part == last_part and n == carried and last_only:
+                        val = np.asarray(val[0, m - 1], np.float32)
+                    if u.get("columns"):
+                        pending = chunks.setdefault((ci, n), [])
+                        pending.append(val)
+                        if u["columns"][1] == _vocab_end(us.units[(kind, part)], j):
+                            env[n] = np.concatenate(chunks.pop((ci, n)), axis=-1)
+                    else:
+                        env[n] = val
+                del outs
+                for n in [n for n in env if n not in later]:
+                    del env[n]
+            for (si, li), c in full.items():
+                states[si].keep(li, c, filled[(si, li)])
+            del full
+        us.close()
+    for si, _, ids, n_past in calls:
+        states[si].n_past = max(states[si].n_past, n_past + len(ids))
+    carried = us.carried_out[last_part]
+    return [env[carried] if last_only else np.asarray(env[carried][0], np.float32) for env in envs]
+
+
+ROPE_NAMES = ("position_ids_cos", "position_ids_sin")
+
+
+def _vocab_end(units: Sequence[dict[str, Any]], j: int) -> int:
+    """The last column the lm_head chunks around unit j compute (its group's end)."""
+    end = int(units[j]["columns"][1])
+    for u in units[j + 1:]:
+        if not u.get("columns"):
+            break
+        end = int(u["columns"][1])
+    return end
+
+
+def greedy_unit_major(us: UnitSessions, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                      eos_ids: Sequence[int], capacity: int, num_kv_heads: int, head_dim: int) -> list[list[int]]:
+    """greedy_part_major one run unit at a time (same tokens)."""
+    states = {i: us.cache(num_kv_heads, head_dim) for i in range(len(prompts))}
+    calls: list[Call] = []
+    last_call: dict[int, int] = {}
+    for i, pr in enumerate(prompts):
+        if not pr:
+            raise ValueError("empty prompt")
+        c, _ = prefill_calls(i, pr, 0, us.seq_len["prompt_processor"], capacity)
+        calls += c
+        last_call[i] = len(calls) - 1
+    outs = run_unit_major(us, calls, states, capacity)
+    logits = {i: outs[last_call[i]] for i in range(len(prompts))}
+    gen: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    active = set(range(len(prompts)))
+    for it in range(max_new_tokens):
+        step: list[Call] = []
+        for i in sorted(active):
+            tok = int(np.argmax(logits[i]))
+            gen[i].append(tok)
+            if tok in eos_ids or states[i].n_past >= capacity:
+                continue
+            step.append((i, "token_generator", [tok], states[i].n_past))
+        active = {sc[0] for sc in step}
+        if not step or it == max_new_tokens - 1:
+            break
+        for sc, lg in zip(step, run_unit_major(us, step, states, capacity), strict=True):
+            logits[sc[0]] = lg
+    return [gen[i] for i in range(len(prompts))]

@@ -1,0 +1,80 @@
+"""Validation one run unit at a time (issue 20): the same metrics as whole-part sessions, and the float
+export checked against the checkpoint itself (issue 19 item 3)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _validate(run: Path, out: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    out.mkdir(parents=True)
+    spec = {"schema": 1, "stage": "validate", "run_dir": str(run), "out_dir": str(out),
+            "upstream": {"model": str(run / "artifacts" / "model"), "quantize": str(run / "artifacts" / "quantize")},
+            "settings": settings}
+    (out.parent / f"{out.name}.spec.json").write_text(json.dumps(spec))
+    p = subprocess.run([sys.executable, "-m", "workers.validate", "--spec", str(out.parent / f"{out.name}.spec.json")],
+                       cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return dict(json.loads((out / "validation.json").read_text()))
+
+
+def test_unit_major_validation_equals_part_major(validated_run: Path, tmp_path: Path) -> None:
+    """The stage's validation (unit-major, the default) and the whole-part sessions give the same metrics
+    (to 1e-6: they are rounded to 4-6 digits) and the same greedy continuations; no unit files are left."""
+    unit = json.loads((validated_run / "artifacts" / "validate" / "validation.json").read_text())
+    part = _validate(validated_run, tmp_path / "part", {"validate_unit": "part"})
+    assert unit["memory"]["mode"].startswith("unit-major") and part["memory"]["mode"].startswith("part-major")
+    for k, v in part["metrics"].items():
+        assert abs(unit["metrics"][k] - v) <= 1e-6, (k, unit["metrics"][k], v)
+    assert [g["float"] for g in unit["greedy"]] == [g["float"] for g in part["greedy"]]
+    assert [g["quantized"] for g in unit["greedy"]] == [g["quantized"] for g in part["greedy"]]
+    assert unit["calibration_graph"] == part["calibration_graph"]
+    assert not (validated_run / "artifacts" / "validate" / "units.tmp").exists()
+
+
+def test_float_export_matches_the_checkpoint_in_the_stage(validated_run: Path) -> None:
+    doc = json.loads((validated_run / "artifacts" / "validate" / "validation.json").read_text())
+    fe = doc["float_export"]
+    assert fe["first_differing_layer"] is None and all(c["ok"] for c in fe["checks"].values())
+    assert fe["checks"]["export_top1_agreement"]["value"] == 1.0
+    assert fe["checks"]["export_layer_error"]["value"] < 1e-4
+    assert [x["layer"] for x in fe["layers"]] == [0, 1, 2, 3]
+    assert doc["metrics"]["export_first_differing_layer"] == -1 and doc["verdict"] == "pass"
+
+
+def test_unit_major_runs_match_deployment_pair_with_lm_head_chunks(validated_run: Path, tmp_path: Path) -> None:
+    """Run units with the lm_head cut into column chunks (float and QDQ graphs) give DeploymentPair's logits."""
+    import numpy as np
+
+    from workers.arloop import DeploymentPair, UnitSessions, prefill_calls, run_unit_major
+    from workers.quant.rununits import split_for_run
+
+    q = json.loads((validated_run / "artifacts" / "quantize" / "quantize.json").read_text())
+    qdir = validated_run / "artifacts" / "quantize"
+    pe, cl = q["positional_encoding"], q["context_length"]
+    for variant, key in (("float", "float_onnx"), ("sim", "sim_onnx")):
+        units = {}
+        for g in q["graphs"]:
+            us = split_for_run(qdir / g[key], tmp_path / variant, g["name"], head_chunk_params=80_000)
+            if g["part"] == 2:
+                assert sum(1 for u in us if u.columns) >= 3
+            units[(g["kind"], g["part"])] = [u.to_json() for u in us]
+        sess = UnitSessions(units, q["graphs"], positional_encoding=pe, context_length=cl)
+        pair = DeploymentPair.from_graphs(q["graphs"], qdir, positional_encoding=pe, variant=variant)
+        ids = list(range(5, 60))
+        calls, n_past = prefill_calls(0, ids, 0, q["ar_n"], cl)
+        calls += [(0, "token_generator", [7], n_past), (0, "token_generator", [9], n_past + 1)]
+        states = {0: sess.cache(q["num_kv_heads"], q["head_dim"])}
+        got = run_unit_major(sess, calls, states, cl)
+        want = [pair.prefill(ids), pair.step(7), pair.step(9)]
+        for a, b in zip(got, want, strict=True):
+            assert np.allclose(a, b, atol=1e-4, rtol=0), float(np.max(np.abs(a - b)))
+        assert states[0].n_past == pair.n_past == len(ids) + 2
+    shutil.rmtree(tmp_path)
