@@ -68,8 +68,21 @@ QUANTIZE_FIXED_BYTES = int(0.56 * GiB)
 QUANTIZE_BYTES_PER_LAYER_PARAM = 22.7
 QUANTIZE_BYTES_PER_VOCAB_PARAM = 28.8
 QUANTIZE_BYTES_PER_HEAD_PARAM = 10.9
-VALIDATE_FIXED_BYTES = int(0.15 * GiB)
-VALIDATE_BYTES_PER_PART_PARAM = 25.0
+# Validate runs one run unit at a time (a decoder layer, the embedding, an lm_head column chunk no larger
+# than a layer; issue 20): FIXED (onnxruntime + tokenizers + torch/transformers for the float-fidelity
+# check's layer-by-layer checkpoint forward) + UNIT bytes per parameter of the largest run unit (fp32
+# initializers + onnxruntime's pre-packed MatMul weights; the embedding table is a unit of its own) + the
+# running layer's KV cache in its full layout for every sequence (3 windows, both graph kinds).
+# (Before: 0.15 GiB + 25 bytes per largest-PART parameter, part-major sessions: ~51 GiB for an 8B.)
+VALIDATE_FIXED_BYTES = int(0.6 * GiB)
+VALIDATE_BYTES_PER_UNIT_PARAM = 8.0
+# Disk of the run folder: the float weights once per part in fp32 (the prompt processor and token
+# generator share one data file; the upload graphs hard-link it) + the simulation weights once per part
+# (fp32 after fake quantization) -> 8 bytes per parameter; + the larger of the quantize stage's temporary
+# files (one part's quantized weights, 4 bytes per part parameter, and its calibration units) and the
+# validate stage's (the lm_head's column chunks, float and simulation: 8 bytes per lm_head parameter);
+# + the bundle.
+DISK_BYTES_PER_PARAM = 8.0
 WHOLE_QUANTSIM_BYTES_PER_PARAM = 23.0   # whole-model QuantSim: bytes per parameter of the whole model
 FIXED_OVERHEAD_BYTES = QUANTIZE_FIXED_BYTES
 
@@ -354,9 +367,13 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
     fit_parts = next((p for p in range(1, layers + 1) if partwise_peak(p) <= 64 * GiB), None)
     whole = QUANTIZE_FIXED_BYTES + int(WHOLE_QUANTSIM_BYTES_PER_PARAM * n) \
         + 3 * 2 * layers * kvh * hd * context_length * 4
-    # validation: one part's float or QDQ sessions + fp32 KV caches of its 3 windows / 3 prompts
-    validate = VALIDATE_FIXED_BYTES + int(VALIDATE_BYTES_PER_PART_PARAM * largest_part_params) \
-        + 3 * 2 * layers * kvh * hd * context_length * 4
+    # validation: one run unit's float or QDQ sessions (a layer, the embedding table, an lm_head chunk no
+    # larger than a layer) + the running layer's fp32 KV cache for 3 sequences, both graph kinds
+    run_unit = max(per_layer, emb)
+    validate = VALIDATE_FIXED_BYTES + int(VALIDATE_BYTES_PER_UNIT_PARAM * run_unit) \
+        + 2 * 3 * 2 * kvh * hd * context_length * 4
+    bundle = int(0.6 * n)                                # W4 weights + int8 lm_head + context metadata
+    disk = int(DISK_BYTES_PER_PARAM * n + max(4 * largest_part_params, 8 * emb)) + bundle
     return {
         "num_parameters": n,
         "parts": parts,
@@ -365,15 +382,16 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
         "quantize_peak_rss_bytes": partwise,
         "whole_model_quantsim_rss_bytes": whole,
         "validate_peak_rss_bytes": validate,
+        "peak_rss_bytes": max(partwise, validate),      # what the machine must hold: the larger stage
         "largest_part_parameters": largest_part_params,
         "fits_64_gib": partwise <= 64 * GiB,
         # the fewest parts whose estimate fits 64 GiB (None: no split fits; one decoder layer or the
         # lm_head alone is too big)
         "parts_to_fit_64_gib": fit_parts,
-        # download + float and quantized ONNX for the calibration, AR-N and AR-1 graphs + encodings +
-        # bundle; 25 bytes/parameter matches the reference recipe's "plan for 200+ GB" for an 8B
-        "disk_bytes": 25 * n,
-        "bundle_bytes": int(0.6 * n),                    # W4 weights + int8 lm_head + context metadata
+        # the run folder (float + simulation weights once per part, the quantize and validate stages'
+        # temporary files, the bundle); the download is hf_download_bytes (the reference recipe: 200+ GB)
+        "disk_bytes": disk,
+        "bundle_bytes": bundle,
         "kv_cache_bytes": kv_bytes,
         "reference": REFERENCE,
     }

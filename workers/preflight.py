@@ -298,17 +298,18 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
     """Pure: a recorded probe + the model's estimates -> checks."""
     checks = []
     have = int(p["mem_total_bytes"]) + int(p["swap_total_bytes"])
-    need = int(needs.get("quantize_peak_rss_bytes", 0))
+    # the larger of the quantize and validate peaks (both stages run on this machine)
+    need = max(int(needs.get("quantize_peak_rss_bytes", 0)), int(needs.get("validate_peak_rss_bytes", 0)))
     ref = int(str(modelinfo.REFERENCE["quantize_peak_rss_bytes"]))
     if have >= need * MEMORY_MARGIN:
         checks.append(_check("memory", "ok", have, need, f"RAM + swap {_gib(have)} covers the estimated "
-                             f"part-wise quantization peak of {_gib(need)} (reference recipe, whole model: "
+                             f"peak of {_gib(need)} (part-wise quantization and unit-wise validation; reference recipe, whole model: "
                              f"{_gib(ref)})."))
     else:
         fix = ("Raise the WSL memory limit in .wslconfig (the Fix button writes it) and run `wsl --shutdown`."
                if p.get("wsl") else "Add swap or RAM, close other programs, or use more parts.")
         checks.append(_check("memory", "fail" if have < need else "warn", have, need,
-                             f"RAM + swap is {_gib(have)}; quantization needs about {_gib(need)} "
+                             f"RAM + swap is {_gib(have)}; quantization and validation need about {_gib(need)} "
                              f"(the reference whole-model recipe peaked at {_gib(ref)}).", fix))
     if p.get("wsl"):
         cfg = p.get("wslconfig") or {}

@@ -84,7 +84,9 @@ def test_inspect_config_only_folders(tmp_path: Path, cfg: dict[str, Any], params
     if fit is not None:
         more = modelinfo.estimate(modelinfo.inspect_config(cfg), 4096, parts=fit)
         assert more["fits_64_gib"] and more["quantize_peak_rss_bytes"] <= 64 * 1024**3
-    assert e["disk_bytes"] > 150e9
+    # weights stored once (float + simulation fp32 per part), temporaries and the bundle: well under the
+    # reference recipe's "plan for 200+ GB", and with the download inside a 100 GB disk (issue 20)
+    assert 40e9 < e["disk_bytes"] < 100e9 - e["hf_download_bytes"]
     text = _cli("model", "inspect", str(tmp_path / cfg["architectures"][0]))
     assert text.returncode == 0
     if not e["fits_64_gib"]:  # said in plain words, with the split that would fit

@@ -480,6 +480,8 @@ def quantize_partwise(graphs: list[dict[str, Any]], base: Path, blocks: list[Blo
                     "identical tensor names)")
             _finish_part([pp, *others], base, work, encs, fixed, settings, counts, len(units),
                          time.monotonic() - t0)
+            for e in encs:          # merged into the part's encodings and simulation graphs: free the disk now
+                baked_path(e).unlink(missing_ok=True)
             for g in (pp, *others):
                 progress(g["name"], 1, 1)
             # the next part reads only this part's carried output
