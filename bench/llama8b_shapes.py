@@ -1,0 +1,150 @@
+"""Quantize and validate at the true Llama-3.1-8B layer shapes (issue 20): slices of 2 and 4 decoder layers of
+hidden 4096 / FFN 14336 / 32 heads, 8 KV heads / 128,256-token vocabulary (random bf16 weights), context 4096,
+AR-128, 2 parts, the stage defaults otherwise (unit-wise calibration and validation). For each slice it prints
+the quantize and validate peak RSS (the child's ru_maxrss), their wall times, the run folder's disk (hard
+links counted once) and the AI Hub upload size; then, per figure, the per-layer slope and the intercept of the
+line through the two slices and its value at 32 layers (the 8B).
+
+    .venv/bin/python bench/llama8b_shapes.py [--layers 2,4] [--json F] [--keep]
+
+Targets (issue 20): quantize peak <= 8 GiB, validate peak <= 8 GiB, run-folder disk <= 60 GB at 32 layers.
+Takes many minutes on 2 cores and needs ~25 GB of free disk per slice; run it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quantize_memory as qm
+
+REPO = qm.REPO
+HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 4096, 14336, 32, 8, 128256
+CONTEXT, AR_N, PARTS = 4096, 128, 2
+TARGET_RSS, TARGET_DISK = 8 * 2**30, 60e9
+
+MAKE = r"""
+import json, sys, shutil, torch
+from pathlib import Path
+from typing import Any
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+out, layers = Path(sys.argv[1]), int(sys.argv[2])
+h, ffn, nh, kvh, vocab = map(int, sys.argv[3:8])
+src = Path(sys.argv[8])
+out.mkdir(parents=True, exist_ok=True)
+for f in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(src / f, out / f)
+cfg = LlamaConfig(hidden_size=h, num_hidden_layers=layers, num_attention_heads=nh, num_key_value_heads=kvh,
+                  intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=131072, rope_theta=500000.0,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192},
+                  bos_token_id=0, eos_token_id=1, tie_word_embeddings=False, torch_dtype="bfloat16")
+with torch.device("meta"):
+    m = LlamaForCausalLM(cfg)
+g = torch.Generator().manual_seed(0)
+state, n = {}, 0
+for name, p in m.state_dict().items():
+    if name.endswith("norm.weight"):
+        t = torch.ones(p.shape, dtype=torch.bfloat16)
+    else:
+        t = (torch.randn(p.shape, generator=g) * 0.02).to(torch.bfloat16)
+    state[name] = t
+    n += t.numel()
+save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+cfg.save_pretrained(out)
+print(n)
+"""
+
+
+def make(work: Path, layers: int) -> tuple[Path, int]:
+    out = work / f"llama8b-{layers}l"
+    src = REPO / "resources" / "builtin_model" / "tiny-llama"
+    p = subprocess.run([qm.PY, "-c", MAKE, str(out), str(layers), str(HIDDEN), str(FFN), str(HEADS), str(KV_HEADS),
+                        str(VOCAB), str(src)], capture_output=True, text=True, check=True)
+    return out, int(p.stdout.strip().splitlines()[-1])
+
+
+def disk(root: Path) -> int:
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for d, _, files in os.walk(root):
+        for f in files:
+            st = os.lstat(os.path.join(d, f))
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def line(x: list[int], y: list[float]) -> tuple[float, float, float]:
+    """(slope per layer, intercept, value at 32 layers) through the first and last point."""
+    slope = (y[-1] - y[0]) / max(x[-1] - x[0], 1)
+    icpt = y[0] - slope * x[0]
+    return slope, icpt, icpt + 32 * slope
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", default="2,4")
+    ap.add_argument("--samples", type=int, default=2, help="calibration samples of 128 tokens")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    qm.CONTEXT, qm.AR_N = CONTEXT, AR_N
+    qm.SETTINGS = {**qm.SETTINGS, "calibration_samples": args.samples, "calibration_seq_len": AR_N}
+    work = Path(tempfile.mkdtemp(prefix="hexbench-8b-", dir=os.environ.get("HEXBENCH_DIR")))
+    gib, rows = 2**30, []
+    try:
+        for layers in [int(x) for x in args.layers.split(",")]:
+            hf, params = make(work, layers)
+            print(f"{layers} layers: {params / 1e9:.2f}B parameters (bf16 checkpoint {disk(hf) / 1e9:.1f} GB)", flush=True)
+            q = qm.measure(hf, layers, PARTS, work, keep_output=True, unit="layer")
+            run = Path(str(q["run"]))
+            qdisk = disk(run)
+            qdoc = json.loads((run / "artifacts" / "quantize" / "quantize.json").read_text())
+            v = qm.validate(run)
+            vdoc = json.loads((run / "artifacts" / "validate.partial" / "validation.json").read_text())
+            row = {"layers": layers, "params": params, "quantize_peak": q["peak_rss_bytes"], "quantize_wall": q["wall_s"],
+                   "validate_peak": v["peak_rss_bytes"], "validate_wall": v["wall_s"], "run_disk": disk(run),
+                   "quantize_disk": qdisk, "aihub_upload": qdoc["storage"]["aihub_upload_bytes"],
+                   "verdict": vdoc["verdict"], "export_check": vdoc.get("float_export", {}).get("checks")}
+            rows.append(row)
+            print(f"   quantize: peak {row['quantize_peak'] / gib:.2f} GiB, {row['quantize_wall']:.0f} s; validate: peak "
+                  f"{row['validate_peak'] / gib:.2f} GiB, {row['validate_wall']:.0f} s ({row['verdict']}); run folder "
+                  f"{row['run_disk'] / 1e9:.1f} GB; AI Hub upload {row['aihub_upload'] / 1e9:.1f} GB", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps({"rows": rows}, indent=2))
+            shutil.rmtree(hf, ignore_errors=True)
+            if not args.keep:
+                shutil.rmtree(run, ignore_errors=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    xs = [r["layers"] for r in rows]
+    out: dict[str, Any] = {"rows": rows}
+    if len(rows) >= 2:
+        print("\nper-layer slope, intercept, extrapolated to 32 layers (Llama-3.1-8B):")
+        for key, unit, scale, target in (("quantize_peak", "GiB", gib, TARGET_RSS), ("validate_peak", "GiB", gib, TARGET_RSS),
+                                         ("run_disk", "GB", 1e9, TARGET_DISK), ("aihub_upload", "GB", 1e9, None),
+                                         ("quantize_wall", "s", 1, None), ("validate_wall", "s", 1, None)):
+            s, c, at32 = line(xs, [float(r[key]) for r in rows])
+            ok = "" if target is None else ("  target met" if at32 <= target else "  target NOT met")
+            print(f"  {key:14s} slope {s / scale:8.3f} {unit}/layer  intercept {c / scale:8.2f} {unit}  "
+                  f"32 layers {at32 / scale:8.2f} {unit}{ok}")
+            out[key + "_line"] = {"slope": s, "intercept": c, "at_32_layers": at32}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
