@@ -505,7 +505,7 @@ async def _geniex(p: _Probe, c: Check) -> None:
     from app.core.device.qairt import bundle_qairt_version, parse_version
 
     wanted = str((p.board.config or {}).get("runtime") or "genie") == "geniex"
-    missing = FAIL if wanted else WARN
+    missing = FAIL if wanted else SKIP   # an optional runtime the board does not use is not a problem
     py = str((p.board.config or {}).get("geniex_python") or (p.board.config or {}).get("python") or "python3")
     e = await p.sh(GENIEX_PATH + "command -v geniex && geniex version --skip-update",
                    shown="command -v geniex && geniex version")
