@@ -34,15 +34,35 @@ def features() -> dict[str, bool]:
     }
 
 
+DEFAULT_TARGET_ARCH = "v73"      # the Dragonwing IQ-9075 EVK (QCS9075)
+
+
+def quantsim_config(dsp_arch: str | None) -> str:
+    """AIMET's HTP quantsim configuration for the target's Hexagon version (`htp_v73` for the IQ-9075), as
+    Qualcomm's LLM recipe configures QuantSim for the hardware it compiles for; the nearest older one this
+    aimet-onnx ships when it has none for that version."""
+    try:
+        from aimet_onnx.common.quantsim_config.quantsim_config import _config_file_aliases as known
+    except ImportError:
+        known = {}
+    arch = str(dsp_arch or DEFAULT_TARGET_ARCH).lower().lstrip("v")
+    want = int(arch) if arch.isdigit() else int(DEFAULT_TARGET_ARCH[1:])
+    have = sorted(int(k[5:]) for k in known if k.startswith("htp_v") and k[5:].isdigit())
+    if not have:
+        return f"htp_v{want}"
+    older = [v for v in have if v <= want]
+    return f"htp_v{older[-1] if older else have[0]}"
+
+
 def make_sim(model: Any, *, param_bits: int, activation_bits: int, path: str, providers: list[str],
-             session_options: dict[str, Any]) -> Any:
-    """QuantizationSimModel(min_max, htp_v75 config) with `session_options` (intra_op_num_threads,
-    enable_cpu_mem_arena, ...) applied to its onnxruntime session."""
+             session_options: dict[str, Any], config_file: str = "htp_v73") -> Any:
+    """QuantizationSimModel(min_max, the target's HTP config: quantsim_config) with `session_options`
+    (intra_op_num_threads, enable_cpu_mem_arena, ...) applied to its onnxruntime session."""
     from aimet_onnx import QuantizationSimModel
     from aimet_onnx.common.defs import qtype
 
     kwargs: dict[str, Any] = {"param_type": qtype.int(param_bits), "activation_type": qtype.int(activation_bits),
-                              "quant_scheme": "min_max", "config_file": "htp_v75", "path": path,
+                              "quant_scheme": "min_max", "config_file": config_file, "path": path,
                               "providers": providers}
     if features()["session_options_kwargs"]:
         return QuantizationSimModel(model, session_options_kwargs=session_options, **kwargs)

@@ -75,6 +75,13 @@ def release_memory() -> None:
             pass
 
 
+def target_dsp_arch(settings: dict[str, Any]) -> str | None:
+    """The Hexagon version of the device the run compiles for (settings["device"], known offline)."""
+    from workers.bundle import KNOWN_DEVICES
+
+    return KNOWN_DEVICES.get(str(settings.get("device") or ""), {}).get("dsp_arch")
+
+
 def build_sim(onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int,
               providers: list[str] | None = None) -> tuple[Any, dict[str, int]]:
     """The unit's QuantSim: int16 activations, LPBQ int4 backbone weights, int8 lm_head, 8-bit KV tensors
@@ -92,7 +99,8 @@ def build_sim(onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int
     kv += [o.name for o in model.graph.output if o.name.startswith("past_")]
     sim = aimet_compat.make_sim(model, param_bits=8, activation_bits=abits, path=str(tmp),
                                 providers=providers or ["CPUExecutionProvider"],
-                                session_options={"intra_op_num_threads": threads, **LEAN_SESSION})
+                                session_options={"intra_op_num_threads": threads, **LEAN_SESSION},
+                                config_file=aimet_compat.quantsim_config(target_dsp_arch(settings)))
     del model
     aimet_compat.set_lpbq(sim, set(backbone), wbits, block_size=64, scale_bits=4)
     aimet_compat.set_param_bits(sim, set(head), 8)
