@@ -119,9 +119,10 @@ def model_inv_freq(hf_config: dict[str, Any], context_size: int) -> tuple[np.nda
     if rtype == "llama3":
         factor, low, high = float(need("factor")), float(need("low_freq_factor")), float(need("high_freq_factor"))
         return _llama3(base, factor, low, high, float(need("original_max_position_embeddings"))), 1.0
+    top_orig = hf_config.get("original_max_position_embeddings")      # Phi-3 keeps it at the top level
     if rtype == "yarn":
         factor = float(need("factor"))
-        orig = int(rs.get("original_max_position_embeddings") or max_pos)
+        orig = int(rs.get("original_max_position_embeddings") or top_orig or max_pos)
         if rs.get("factor") is None:
             factor = max_pos / orig
 
@@ -150,7 +151,7 @@ def model_inv_freq(hf_config: dict[str, Any], context_size: int) -> tuple[np.nda
         inv = (base / factor) * (1 - extrap) + base * extrap
         return inv, float(af)
     if rtype == "longrope":
-        orig = int(need("original_max_position_embeddings"))
+        orig = int(rs.get("original_max_position_embeddings") or top_orig or need("original_max_position_embeddings"))
         factor = float(rs["factor"]) if rs.get("factor") is not None else max_pos / orig
         af = rs.get("attention_factor")
         if af is None:
