@@ -27,6 +27,8 @@ COMMAND_MODULES = (
     "app.core.cli.bench_cmd",
     "app.core.cli.report_cmd",
     "app.core.cli.worker_cmd",
+    "app.core.cli.eval_cmd",
+    "app.core.cli.serve_cmd",
 )
 
 

@@ -1,0 +1,1 @@
+"""Evaluation: suites, scorers, model-native tool calling, the Evaluate stage (docs/evaluate.md)."""

@@ -1,0 +1,313 @@
+"""Evaluate stage: every selected suite on three legs, so each score is shown float -> simulated-quantized ->
+board with the drop at each step.
+
+- host float and host quantized simulation: workers/evaluate.py (the deployment pair, as Genie runs it);
+- board: the run's board through the persistent dialog (app.core.genie.session.ChatSession: loaded once,
+  the KV cache cleared between cases, no re-init), deterministic sampler.
+
+Every finished case run is appended (fsync'd) to a journal under <run>/eval/, keyed by what it depends on
+(suite case, prompt, graphs or bundle, board, runtime): a crash, a kill or a cancel loses at most the case
+in flight, and the next attempt skips what is finished. Everything from the simulator board is labeled
+simulated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from app.core.atomic import write_json_atomic
+from app.core.eval.render import PromptRenderer
+from app.core.eval.scoring import LEG_TITLES, parity, score_case, suite_scores
+from app.core.eval.suites import DEFAULT_SUITES, Suite, SuiteError, load_named
+from app.core.pipeline import SPEC_SCHEMA, StageContext, StageError, worker_env
+
+EVAL_VERSION = 1
+
+
+def _h(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def read_journal(path: Path) -> dict[str, dict[str, Any]]:
+    """key -> record, per leg; a torn last line (a crash mid-write) is skipped."""
+    out: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and "key" in doc:
+            out[f"{doc.get('leg')}\0{doc['key']}"] = doc
+    return out
+
+
+def append_journal(path: Path, doc: dict[str, Any]) -> None:
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class Plan:
+    """What runs where: one job per (suite, case), its prompt rendered once for all three legs."""
+
+    def __init__(self, suites: list[Suite], renderer: PromptRenderer) -> None:
+        self.suites = suites
+        self.renderer = renderer
+        self.jobs: list[dict[str, Any]] = []
+        self.by_case: dict[tuple[str, str], dict[str, Any]] = {}
+        for s in suites:
+            for c in s.cases:
+                job: dict[str, Any]
+                if c.scorer == "perplexity":
+                    job = {"kind": "nll", "text": c.text, "legs": ("float", "sim")}
+                else:
+                    prompt = renderer.prompt(c)
+                    legs = ("sim", "board") if c.scorer == "parity" else ("float", "sim", "board")
+                    job = {"kind": "generate", "prompt": prompt, "max_tokens": c.max_tokens, "legs": legs}
+                job["key"] = f"{s.name}/{c.id}/{_h(job.get('prompt'), job.get('text'), job.get('max_tokens'))}"
+                job["suite"], job["case"] = s.name, c.id
+                self.jobs.append(job)
+                self.by_case[(s.name, c.id)] = job
+
+    def for_leg(self, leg: str) -> list[dict[str, Any]]:
+        return [j for j in self.jobs if leg in j["legs"]]
+
+
+async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal: Path) -> None:
+    """workers/evaluate.py over the float and simulation graphs; its progress mapped onto [0, 0.5]."""
+    from app.core.jobs import JobRunner
+
+    jobs = [{k: j[k] for k in ("key", "kind", "prompt", "text", "max_tokens") if k in j}
+            for j in plan.jobs if any(leg in j["legs"] for leg in legs)]
+    done = read_journal(journal)
+    if all(f"{leg}\0{j['key']}" in done for j in plan.jobs for leg in legs if leg in j["legs"]):
+        ctx.emitter.progress(0.5, "host legs: every case already done (from an earlier attempt)")
+        return
+    spec = {"schema": SPEC_SCHEMA, "stage": "evaluate", "run_dir": str(ctx.manifest.run_dir),
+            "out_dir": str(ctx.out_dir / "host"), "upstream": {k: str(v) for k, v in ctx.upstream.items()},
+            "settings": ctx.settings, "inputs": {}, "legs": legs, "jobs": jobs, "journal": str(journal)}
+    spec_path = ctx.manifest.run_dir / "specs" / "evaluate.host.json"
+    write_json_atomic(spec_path, spec)
+
+    def on_event(ev: dict[str, Any]) -> None:
+        if ev.get("type") == "progress":
+            ctx.emitter.progress(0.5 * float(ev.get("fraction") or 0), f"host {ev.get('message', '')}")
+        elif ev.get("type") in ("log", "warning"):
+            ctx.emit(ev)
+
+    job = await JobRunner().start_local("workers.evaluate", spec_path, on_event=on_event,
+                                        log_path=ctx.manifest.run_dir / "logs" / "evaluate.host.jsonl",
+                                        env=worker_env(), what="The Evaluate stage's host legs")
+    waiter = asyncio.ensure_future(job.wait())
+    cancel = asyncio.ensure_future(ctx.cancel_event.wait())
+    try:
+        await asyncio.wait({waiter, cancel}, return_when=asyncio.FIRST_COMPLETED)
+        if cancel.done() and not waiter.done():
+            await job.cancel()
+            await waiter
+            raise asyncio.CancelledError()
+    finally:
+        cancel.cancel()
+    res = waiter.result()
+    if not res.ok:
+        raise StageError(res.code or "host_legs_failed", f"The host legs of the evaluation failed: {res.message}",
+                         res.hint or "See logs/evaluate.host.jsonl in the run folder; cases already finished are "
+                                     "kept and skipped when you run the stage again.")
+
+
+async def run_board_leg(ctx: StageContext, plan: Plan, journal: Path, board: Any, remote_bundle: str,
+                        runtime: str | None, on_case: Any) -> dict[str, Any]:
+    """The cases on the board through one persistent dialog: loaded once, its KV cache cleared between cases."""
+    from app.core.genie.conversation import Conversation
+    from app.core.genie.session import ChatSession, SessionError
+
+    class _Raw(Conversation):   # the prompt is already rendered with the model's template
+        def prompt_for(self, user: str) -> str:
+            self.dropped_turns = 0
+            return user
+
+    jobs = plan.for_leg("board")
+    done = read_journal(journal)
+    todo = [j for j in jobs if f"board\0{j['key']}" not in done]
+    info: dict[str, Any] = {"cases": len(jobs), "skipped_done": len(jobs) - len(todo)}
+    if not todo:
+        return info
+    session = ChatSession(board, remote_bundle, _Raw(template="qa"), mode="persistent", max_tokens=64,
+                          sampler="deterministic", runtime=runtime)
+    try:
+        try:
+            await session.open()
+        except SessionError as exc:
+            raise StageError("board_dialog_failed", f"The dialog could not be opened on {board.label}: {exc.message}",
+                             exc.hint or "See the Board page's doctor.") from None
+        info.update({"init_ms": session.init_ms, "runtime": session.runtime.name,
+                     "runtime_version": session.runtime_version, "simulated": session.simulated,
+                     "mode": session.mode})
+        for i, j in enumerate(todo):
+            ctx.check_cancelled()
+            await session.reset()
+            session.max_tokens = int(j["max_tokens"])
+            session.conversation.max_reply_tokens = session.max_tokens
+            stop = asyncio.Event()
+            waiter = asyncio.ensure_future(ctx.cancel_event.wait())
+            waiter.add_done_callback(_setter(stop))
+            try:
+                r = await session.send(j["prompt"], stop=stop)
+            except (SessionError, ValueError) as exc:
+                rec = {"leg": "board", "key": j["key"], "text": "", "state": "failed",
+                       "error": getattr(exc, "message", str(exc))}
+            else:
+                rec = {"leg": "board", "key": j["key"], "text": r.text, "state": r.state, "error": r.error,
+                       "kpis": r.kpis.as_json() if r.kpis else None, "simulated": r.simulated}
+            finally:
+                waiter.cancel()
+            ctx.check_cancelled()   # an aborted reply is not a result: not journaled
+            append_journal(journal, rec)
+            on_case(len(jobs) - len(todo) + i + 1, len(jobs), j)
+    finally:
+        with contextlib.suppress(Exception):
+            await session.close()
+    return info
+
+
+def _setter(ev: asyncio.Event) -> Any:
+    return lambda _f: ev.set()
+
+
+def _token_ids(bundle_dir: Path | None) -> Any:
+    """text -> token ids with the bundle's tokenizer (for the parity check of the board's text)."""
+    if bundle_dir is None or not (bundle_dir / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(bundle_dir / "tokenizer.json"))
+    return lambda text: list(tok.encode(text, add_special_tokens=False).ids)
+
+
+def score_all(plan: Plan, records: dict[str, dict[str, Any]], tool_format: str,
+              encode: Any) -> tuple[dict[str, dict[str, dict[str, dict[str, Any]]]], list[dict[str, Any]]]:
+    """{suite: {leg: {case id: result}}} and the per-case rows."""
+    per: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    rows = []
+    for s in plan.suites:
+        legs: dict[str, dict[str, dict[str, Any]]] = {"float": {}, "sim": {}, "board": {}}
+        for c in s.cases:
+            j = plan.by_case[(s.name, c.id)]
+            row: dict[str, Any] = {"suite": s.name, "case": c.id, "category": c.category, "legs": {}}
+            for leg in j["legs"]:
+                rec = records.get(f"{leg}\0{j['key']}")
+                if rec is None:
+                    continue
+                res: dict[str, Any] = {"text": rec.get("text"), "state": rec.get("state")}
+                if c.scorer == "perplexity":
+                    res.update({"nll_sum": rec.get("nll_sum"), "tokens": rec.get("tokens")})
+                elif c.scorer == "parity":
+                    if leg == "board":
+                        host = records.get(f"sim\0{j['key']}")
+                        if host is not None and encode is not None:
+                            res["parity"] = parity(encode(rec.get("text") or ""), list(host.get("ids") or []))
+                else:
+                    res["score"] = score_case(c, str(rec.get("text") or ""), tool_format)
+                legs[leg][c.id] = res
+                row["legs"][leg] = {k: v for k, v in res.items() if k != "text"} | {
+                    "reply": (rec.get("text") or "")[:400]}
+            rows.append(row)
+        per[s.name] = legs
+    return per, rows
+
+
+async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
+    from app.core.device.board import BoardError, open_board
+    from app.core.settings import Settings
+
+    em = ctx.emitter
+    run_dir = ctx.manifest.run_dir
+    ws_root = run_dir.parent.parent
+    names = ctx.settings.get("eval_suites") or list(DEFAULT_SUITES)
+    try:
+        suites = load_named(list(names), ws_root)
+    except SuiteError as exc:
+        raise StageError("suite_invalid", exc.message, exc.hint) from None
+    legs = [x for x in (ctx.settings.get("eval_legs") or ["float", "sim", "board"]) if x in LEG_TITLES]
+    renderer = PromptRenderer.for_model(ctx.upstream.get("model"), str(ctx.settings.get("prompt_template", "auto")))
+    plan = Plan(suites, renderer)
+    em.log(f"{len(plan.jobs)} cases in {len(suites)} suite(s): {', '.join(s.name for s in suites)}; prompts with "
+           f"{renderer.label()}; tool calls read in the {renderer.tool_format} format")
+    st = ctx.manifest.data["stages"]
+    digest = {n: (st.get(n) or {}).get("output_digest") for n in ("quantize", "compile", "board")}
+    board_doc = json.loads((ctx.upstream["board"] / "board.json").read_text()) if "board" in ctx.upstream else {}
+    runtime = str(ctx.settings.get("runtime") or "") or None
+    host_journal = run_dir / "eval" / f"host-{_h(digest['quantize'], digest['compile'], EVAL_VERSION)}.jsonl"
+    board_journal = run_dir / "eval" / (f"board-{board_doc.get('board', 'none')}-"
+                                        f"{_h(digest['compile'], digest['board'], runtime, EVAL_VERSION)}.jsonl")
+    host_legs = [x for x in legs if x in ("float", "sim")]
+    if host_legs:
+        await run_host_legs(ctx, plan, host_legs, host_journal)
+    ctx.check_cancelled()
+    encode = _token_ids(ctx.upstream["compile"] / "bundle" if "compile" in ctx.upstream else None)
+    board_info: dict[str, Any] = {}
+    source = "simulated" if board_doc.get("simulated") else "device"
+    if "board" in legs:
+        if not board_doc:
+            raise StageError("no_board", "The Evaluate stage needs the board stage's result.", "Run the board stage.")
+        try:
+            board = await open_board(board_doc["board"], Settings.load(), ws_root)
+        except BoardError as exc:
+            raise StageError("board_unavailable", exc.message, exc.hint) from None
+        if board.simulated:
+            source = "simulated"
+
+        def on_case(n: int, total: int, j: dict[str, Any]) -> None:
+            recs = {**read_journal(host_journal), **read_journal(board_journal)}
+            per, _ = score_all(plan, recs, renderer.tool_format, encode)
+            s = next(x for x in plan.suites if x.name == j["suite"])
+            sc = suite_scores(s.cases, per[s.name], s.scorer)["legs"].get("board")
+            running = f" · {s.name} so far {sc['text']}" if sc else ""
+            em.progress(0.5 + 0.5 * n / max(total, 1), f"board ({source}): {n}/{total} cases{running}",
+                        cases_done=n, cases_total=total)
+
+        try:
+            board_info = await run_board_leg(ctx, plan, board_journal, board, board_doc["remote_bundle"], runtime,
+                                             on_case)
+        finally:
+            with contextlib.suppress(Exception):
+                await board.transport.close()
+    records = {**read_journal(host_journal), **read_journal(board_journal)}
+    per, rows = score_all(plan, records, renderer.tool_format, encode)
+    table = []
+    for s in suites:
+        sc = suite_scores(s.cases, per[s.name], s.scorer)
+        table.append({"suite": s.name, "title": s.title, "description": s.description, "cases": len(s.cases),
+                      "sha256": s.sha256, "shipped": s.shipped, **sc})
+    doc = {"evaluate_version": EVAL_VERSION, "board": board_doc.get("board"), "source": source,
+           "simulated": source == "simulated", "legs": legs, "leg_titles": {**LEG_TITLES, "board": (
+               f"board ({'SIMULATED' if source == 'simulated' else 'device'})")},
+           "prompt_format": renderer.label(), "tool_format": renderer.tool_format, "board_session": board_info,
+           "suites": table, "cases": rows}
+    (ctx.out_dir / "evaluate.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False))
+    em.artifact("evaluate.json", kind="json", role="evaluation")
+    for t in table:
+        for leg, v in t["legs"].items():
+            if v is not None:
+                em.metric(f"{t['suite']}.{leg}", v["value"], unit="ppl" if t["scorer"] == "perplexity" else "",
+                          scope="simulated" if leg == "board" and source == "simulated" else leg)
+        if t["scorer"] == "parity" and t["legs"].get("board"):
+            b = t["legs"]["board"]
+            em.metric("parity_matched", b["matched"])
+            em.metric("parity_total", b["total"])
+    em.metric("source", source)
+    line = "; ".join(f"{t['suite']} " + " → ".join((t['legs'].get(leg) or {}).get("text", "—") for leg in legs)
+                     for t in table)
+    em.progress(1.0, line)
+    return {"suites": len(table), "source": source}

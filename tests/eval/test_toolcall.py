@@ -1,0 +1,124 @@
+"""The tool-calling scorer on hand-written replies of every model format: correct, wrong and malformed."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core.eval.suites import SHIPPED_DIR, load_suite
+from app.core.eval.toolcall import Call, detect_format, parse_reply, render_calls, score_tool_call
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string",
+                                                                           "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city"]}}}
+TIMER = {"type": "function", "function": {"name": "set_timer", "parameters": {
+    "type": "object", "properties": {"minutes": {"type": "integer"}}, "required": ["minutes"]}}}
+TOOLS = [WEATHER, TIMER]
+ONE = {"calls": [{"name": "get_weather", "arguments": {"city": "Paris", "unit": {"$any": ["celsius", None]}}}]}
+TWO = {"calls": [{"name": "get_weather", "arguments": {"city": "Paris"}},
+                 {"name": "set_timer", "arguments": {"minutes": 5}}]}
+
+CORRECT = {
+    "llama3": ['{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
+               '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}<|eom_id|>',
+               '<|python_tag|>get_weather.call(city="Paris")'],
+    "nemotron": ['<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>'],
+    "qwen": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'],
+    "mistral": ['[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]</s>',
+                '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'],
+    "json": ['{"name": "get_weather", "arguments": {"city": "Paris"}}'],
+}
+WRONG = {   # parseable, but not the expected call
+    "llama3": '{"name": "get_weather", "parameters": {"city": "Lyon"}}',
+    "nemotron": '<TOOLCALL>[{"name": "set_timer", "arguments": {"minutes": 3}}]</TOOLCALL>',
+    "qwen": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin"}}\n</tool_call>',
+    "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"town": "Paris"}}]',
+    "json": '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}',
+}
+MALFORMED = {
+    "llama3": '{"name": "get_weather", "parameters": {"city": "Paris"',
+    "nemotron": '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    "qwen": '<tool_call>\n{"name": get_weather}\n</tool_call>',
+    "mistral": '[TOOL_CALLS][{"arguments": {"city": "Paris"}}]',
+    "json": '{"name": "get_weather", "arguments": "city=Paris"}',
+}
+
+
+@pytest.mark.parametrize("fmt,text", [(f, t) for f, ts in CORRECT.items() for t in ts])
+def test_correct_replies_score_right(fmt: str, text: str) -> None:
+    p = parse_reply(text, fmt)
+    assert p.kind == "calls", p.error
+    ok, why = score_tool_call(p, ONE, TOOLS)
+    assert ok, why
+
+
+@pytest.mark.parametrize("fmt", list(WRONG))
+def test_wrong_calls_score_wrong(fmt: str) -> None:
+    p = parse_reply(WRONG[fmt], fmt)
+    assert p.kind == "calls"
+    ok, why = score_tool_call(p, ONE, TOOLS)
+    assert not ok and why
+
+
+@pytest.mark.parametrize("fmt", list(MALFORMED))
+def test_malformed_replies_are_scored_as_such(fmt: str) -> None:
+    p = parse_reply(MALFORMED[fmt], fmt)
+    assert p.kind == "malformed", p
+    ok, why = score_tool_call(p, ONE, TOOLS)
+    assert not ok and why.startswith("malformed")
+    ok, _ = score_tool_call(p, {"abstain": True}, TOOLS)
+    assert not ok   # a broken call attempt is not an abstention
+
+
+@pytest.mark.parametrize("fmt", list(CORRECT))
+def test_plain_answers_abstain_and_miss_calls(fmt: str) -> None:
+    p = parse_reply("The weather is nice today.", fmt)
+    assert p.kind == "none"
+    assert score_tool_call(p, {"abstain": True}, TOOLS)[0]
+    assert score_tool_call(p, ONE, TOOLS) == (False, "no call made")
+
+
+@pytest.mark.parametrize("fmt", list(CORRECT))
+def test_parallel_calls_any_order(fmt: str) -> None:
+    calls = [Call("set_timer", {"minutes": 5}), Call("get_weather", {"city": "paris"})]
+    p = parse_reply(render_calls(calls, fmt), fmt)
+    assert p.kind == "calls" and len(p.calls) == 2
+    assert score_tool_call(p, TWO, TOOLS)[0]
+    one = parse_reply(render_calls(calls[:1], fmt), fmt)
+    assert score_tool_call(one, TWO, TOOLS) == (False, "1 call(s), expected 2")
+
+
+def test_type_slips_and_calls_where_none_fits_are_wrong() -> None:
+    p = parse_reply('{"name": "set_timer", "arguments": {"minutes": "5"}}', "json")
+    assert not score_tool_call(p, {"calls": [{"name": "set_timer", "arguments": {"minutes": 5}}]}, TOOLS)[0]
+    p = parse_reply('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>', "qwen")
+    ok, why = score_tool_call(p, {"abstain": True}, TOOLS)
+    assert not ok and "no tool fits" in why
+
+
+def test_format_from_template_and_name() -> None:
+    assert detect_format("{% if tools %}<tool_call>{% endif %}") == "qwen"
+    assert detect_format("... <TOOLCALL> ...") == "nemotron"
+    assert detect_format("[TOOL_CALLS]") == "mistral"
+    assert detect_format("<|python_tag|>") == "llama3"
+    assert detect_format(None, "meta-llama/Llama-3.1-8B-Instruct") == "llama3"
+    assert detect_format(None, "") == "json"
+
+
+def test_shipped_tool_suite_expected_calls_pass_their_own_scorer() -> None:
+    """Every expected call, written in every format, scores right: the suite and the scorer agree."""
+    s = load_suite(SHIPPED_DIR / "tool_calling.jsonl")
+    cats = {c.category for c in s.cases}
+    assert cats == {"simple", "multiple", "parallel", "irrelevance"}
+    for c in s.cases:
+        for fmt in CORRECT:
+            if c.expected.get("abstain"):
+                assert score_tool_call(parse_reply("I cannot do that with these tools.", fmt), c.expected,
+                                       c.tools or [])[0]
+                continue
+            calls = [Call(w["name"], {k: (v["$any"][0] if isinstance(v, dict) and "$any" in v else v)
+                                      for k, v in w["arguments"].items()
+                                      if not (isinstance(v, dict) and v.get("$any", [0])[0] is None)})
+                     for w in c.expected["calls"]]
+            ok, why = score_tool_call(parse_reply(render_calls(calls, fmt), fmt), c.expected, c.tools or [])
+            assert ok, (c.id, fmt, why)
