@@ -68,6 +68,18 @@ def _gate_validate(m: RunManifest) -> GateResult:
                              "does not match the float model closely enough", overridable=True)
 
 
+def _gate_evaluate(m: RunManifest) -> GateResult:
+    st = m.stage("evaluate")
+    if st.state != "done":
+        return GateResult(False, f"evaluate has not completed ({st.state})")
+    matched, total = st.metric_value("parity_matched"), st.metric_value("parity_total")
+    if isinstance(matched, int) and isinstance(total, int) and matched != total:
+        return GateResult(False, f"greedy parity {matched}/{total}: the board's greedy continuation differs from the "
+                                 "host quantized simulation's", overridable=True)
+    parity = f"; greedy parity {matched}/{total}" if isinstance(total, int) else ""
+    return GateResult(True, f"every suite scored on each leg{parity}")
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -151,6 +163,17 @@ STAGES: tuple[Stage, ...] = (
         outputs=("chat.json",),
         gate_text="A reply was generated and its profile parsed.",
         gate=_gate_done("chat"), action="app.core.genie.stage:run_chat_stage",
+    ),
+    Stage(
+        name="evaluate", title="Evaluate",
+        summary="Run evaluation suites (tool calling, instruction following, perplexity, greedy parity) on the "
+                "host float model, the host quantized simulation and the board, each score shown three ways.",
+        needs=("model", "quantize", "board"),
+        inputs=("board", "eval_suites", "eval_legs", "prompt_template", "runtime"),
+        outputs=("evaluate.json",),
+        gate_text="Every suite scored on each leg; the board's greedy continuation matches the host quantized "
+                  "simulation token for token (N/N).",
+        gate=_gate_evaluate, action="app.core.eval.stage:run_evaluate_stage",
     ),
     Stage(
         name="report", title="Report",
