@@ -11,6 +11,7 @@ stdin, one JSON object a line:
     {"op": "query", "id": N, "prompt": TEXT, "max_tokens": N|null}
     {"op": "abort"}        (during a query: GenieDialog_signal(ABORT))
     {"op": "reset"}        (GenieDialog_reset: clears the KV cache)
+    {"op": "sampler", "sampler": {...}}  (GenieSampler_applyConfig: seed/temp/top-k/top-p for later queries)
     {"op": "quit"}         (or EOF: GenieDialog_free, exit 0)
 stdout, one JSON object a line:
     {"event": "ready", "genie_version", "init_ms", "context_length", "profile": bool, "pid"}
@@ -132,6 +133,10 @@ def bind(lib: ctypes.CDLL) -> dict:
         "GenieDialogConfig_bindProfiler": ([vp, vp], False),
         "GenieProfile_getJsonData": ([vp, ALLOC_CB, pvp], False),
         "GenieProfile_free": ([vp], False),
+        "GenieDialog_getSampler": ([vp, pvp], False),
+        "GenieSamplerConfig_createFromJson": ([ctypes.c_char_p, pvp], False),
+        "GenieSampler_applyConfig": ([vp, vp], False),
+        "GenieSamplerConfig_free": ([vp], False),
         "Genie_getApiMajorVersion": ([], False),
         "Genie_getApiMinorVersion": ([], False),
         "Genie_getApiPatchVersion": ([], False),
@@ -254,6 +259,27 @@ class Helper:
             self.aborting = True
             self.f["GenieDialog_signal"](self.dialog, ACTION_ABORT)
 
+    def apply_sampler(self, values: dict) -> str | None:
+        """Sampler values for the next queries (GenieDialog_getSampler + GenieSampler_applyConfig); None when
+        applied, else why not (an older libGenie has no sampler API)."""
+        names = ("GenieDialog_getSampler", "GenieSamplerConfig_createFromJson", "GenieSampler_applyConfig")
+        if not all(n in self.f for n in names):
+            return "this libGenie has no sampler API (GenieSampler_applyConfig)"
+        sampler, cfg = ctypes.c_void_p(), ctypes.c_void_p()
+        st = self.f["GenieDialog_getSampler"](self.dialog, ctypes.byref(sampler))
+        if st != SUCCESS:
+            return f"GenieDialog_getSampler failed (status {st})"
+        doc = json.dumps({"sampler": {"version": 1, **values}}).encode("utf-8")
+        st = self.f["GenieSamplerConfig_createFromJson"](doc, ctypes.byref(cfg))
+        if st != SUCCESS:
+            return f"GenieSamplerConfig_createFromJson failed (status {st})"
+        try:
+            st = self.f["GenieSampler_applyConfig"](sampler, cfg)
+        finally:
+            if "GenieSamplerConfig_free" in self.f:
+                self.f["GenieSamplerConfig_free"](cfg)
+        return None if st == SUCCESS else f"GenieSampler_applyConfig failed (status {st})"
+
     def reset(self) -> None:
         st = self.f["GenieDialog_reset"](self.dialog) if "GenieDialog_reset" in self.f else -1
         emit({"event": "reset", "status": st})
@@ -327,6 +353,9 @@ def main() -> int:
                 h.query(msg.get("id"), str(msg.get("prompt", "")), msg.get("max_tokens"))
             elif msg.get("op") == "reset":
                 h.reset()
+            elif msg.get("op") == "sampler":
+                why = h.apply_sampler(msg.get("sampler") if isinstance(msg.get("sampler"), dict) else {})
+                emit({"event": "sampler", "applied": why is None, "message": why})
             else:
                 emit({"event": "error", "code": "bad_request", "message": f"unknown op {msg.get('op')!r}"})
     finally:

@@ -4,7 +4,8 @@
     python -m workers.genie_sim.session -c genie_config.json [--sampler JSON]
 
 stdin, one JSON object a line: {"op": "query", "id": N, "prompt": TEXT, "max_tokens": N|null},
-{"op": "abort"}, {"op": "reset"}, {"op": "quit"} (or EOF).
+{"op": "abort"}, {"op": "reset"}, {"op": "sampler", "sampler": {...}} (seed, temp, top-k, top-p for the next
+queries), {"op": "quit"} (or EOF).
 stdout, one JSON object a line: {"event": "ready", ...}, {"event": "text", "id", "text", "tokens", "mono"},
 {"event": "end", "id", "state", "status", "profile"}, {"event": "reset"}, {"event": "error", "code",
 "message"}. Everything it reports is labeled simulated.
@@ -79,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         if op == "reset":
             dialog.reset()
             emit({"event": "reset"})
+        elif op == "sampler":   # per-request sampler values on the loaded dialog (no reload)
+            import numpy as np
+
+            values = msg.get("sampler") if isinstance(msg.get("sampler"), dict) else {}
+            dialog.sampler = {**dialog.sampler, **values}
+            dialog.rng = np.random.default_rng(int(dialog.sampler.get("seed", 42)))
+            emit({"event": "sampler", "applied": True, "sampler": dialog.sampler})
         elif op == "query":
             qid = msg.get("id")
             abort.clear()

@@ -347,6 +347,32 @@ class ChatSession:
             if ev.get("event") in ("reset", "eof"):
                 return
 
+    async def apply_sampler(self, values: dict[str, Any]) -> str | None:
+        """Sampler values (Genie's keys: seed, temp, top-k, top-p) for the next turns of the loaded dialog, without
+        reloading it (the helper's "sampler" op). None when applied; else why not (a helper or libGenie without
+        it): open a new session with `sampler=values` instead, which pays the init again."""
+        async with self._lock:
+            h = self._helper
+            if self.mode != "persistent" or h is None or not h.alive:
+                return "the model is not kept loaded (per-turn mode)"
+            await h.send({"op": "sampler", "sampler": values})
+            while True:
+                try:
+                    ev = await h.next_event(30)
+                except asyncio.TimeoutError:
+                    return "the chat helper did not answer the sampler request"
+                kind = ev.get("event")
+                if kind == "sampler":
+                    if ev.get("applied"):
+                        self.sampler_values = {**(self.sampler_values or {}), **values}
+                        self.sampler = "custom"
+                        return None
+                    return str(ev.get("message") or "the runtime did not apply it")
+                if kind == "error" and ev.get("code") == "bad_request":
+                    return "this chat helper has no sampler op"
+                if kind == "eof":
+                    return "the chat helper exited"
+
     async def close(self) -> None:
         if self._helper is not None:
             await self._helper.close()

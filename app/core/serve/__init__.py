@@ -1,0 +1,1 @@
+"""`hexstudio serve`: an OpenAI-compatible endpoint over a board's persistent dialog."""
