@@ -147,8 +147,20 @@ def _is_network_error(e: BaseException) -> bool:
                          "ConnectionResetError", "ConnectionRefusedError"})
 
 
+def hub_token() -> str | None:
+    """The token this worker's huggingface_hub requests carry: $HF_TOKEN (the parent puts the one from
+    `hexstudio hf login` there, app.core.hf), else huggingface_hub's own login, through its own helper."""
+    try:
+        from huggingface_hub import get_token
+
+        return get_token() or None
+    except Exception:  # a failed OIDC exchange, an unreadable token file: no token
+        return None
+
+
 def hub_error(exc: BaseException, model_id: str, revision: str | None = None,
-              cache: Path | None = None, need_bytes: int | None = None) -> WorkerError | None:
+              cache: Path | None = None, need_bytes: int | None = None,
+              has_token: bool | None = None) -> WorkerError | None:
     """huggingface_hub's failures as errors a person can act on; None for anything not recognised."""
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -158,7 +170,7 @@ def hub_error(exc: BaseException, model_id: str, revision: str | None = None,
         RevisionNotFoundError,
     )
 
-    token = bool(os.environ.get("HF_TOKEN"))
+    token = bool(hub_token()) if has_token is None else has_token
     full = _find_cause(exc, lambda e: isinstance(e, OSError) and e.errno == errno.ENOSPC)
     if full is not None:
         where = cache or Path(getattr(full, "filename", None) or "the Hugging Face cache")
@@ -263,13 +275,16 @@ def download(model_id: str, revision: str | None, em: Emitter, *, snapshot: Call
         disable_progress_bars()  # tqdm's \r-redrawn bars would flood the stage log; we report bytes instead
         snapshot = snapshot or snapshot_download
         repo_info = repo_info or HfApi().model_info
+    from huggingface_hub.file_download import repo_folder_name
+
     cache = Path(cache_dir or constants.HF_HUB_CACHE)
-    token = os.environ.get("HF_TOKEN") or None
-    em.progress(0.02, f"looking up {model_id} on Hugging Face")
+    token = hub_token()
+    at = f" at revision {revision}" if revision else ""
+    em.progress(0.02, f"looking up {model_id}{at} on Hugging Face")
     try:
         info = repo_info(model_id, revision=revision, files_metadata=True, token=token)
     except Exception as exc:
-        mapped = hub_error(exc, model_id, revision, cache)
+        mapped = hub_error(exc, model_id, revision, cache, has_token=bool(token))
         if mapped is None:
             raise
         # offline but already cached: let snapshot_download find the local copy
@@ -278,7 +293,7 @@ def download(model_id: str, revision: str | None, em: Emitter, *, snapshot: Call
         info = None
     expected = _expected_blobs(info, ALLOW_PATTERNS) if info is not None else {}
     total = sum(expected.values())
-    blobs_dir = cache / ("models--" + model_id.replace("/", "--")) / "blobs"
+    blobs_dir = cache / repo_folder_name(repo_id=model_id, repo_type="model") / "blobs"
     result: dict[str, Any] = {}
 
     def fetch() -> None:
@@ -308,7 +323,7 @@ def download(model_id: str, revision: str | None, em: Emitter, *, snapshot: Call
                         f"{total / 1e9:.2f} GB ({rate / 1e6:.1f} MB/s)", done_bytes=done, total_bytes=total)
     if "error" in result:
         failure: BaseException = result["error"]
-        mapped = hub_error(failure, model_id, revision, cache, total or None)
+        mapped = hub_error(failure, model_id, revision, cache, total or None, has_token=bool(token))
         if mapped is None:
             raise failure
         raise mapped from None
@@ -336,14 +351,24 @@ def resolve_source(model: str, spec: WorkerSpec, em: Emitter) -> tuple[str, Path
         raise WorkerError("model_not_found", f"'{model}' is neither a folder nor a Hugging Face id (owner/name).",
                           f"Give {BUILTIN_ID}, a Hugging Face id like meta-llama/Llama-3.1-8B-Instruct, or a "
                           "folder holding config.json and *.safetensors.")
-    path, rev = download(model, spec.settings.get("revision"), em)
+    path, rev = download(model, requested_revision(spec), em)
     return "huggingface", path, rev
+
+
+def requested_revision(spec: WorkerSpec) -> str | None:
+    """The revision asked for (`--revision`: a branch, tag or commit); None means the hub's default (main)."""
+    rev = spec.inputs.get("revision") or spec.settings.get("revision")
+    return str(rev) if rev else None
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     model = str(spec.inputs.get("model") or BUILTIN_ID)
     em.progress(0.0, f"resolving {model}")
     source, hf_dir, revision = resolve_source(model, spec, em)
+    if source != "huggingface" and requested_revision(spec):
+        em.warning(f"revision '{requested_revision(spec)}' applies to Hugging Face ids only; the {source} model "
+                   "is used as it is.", hint="Drop --revision, or give the model's Hugging Face id.",
+                   code="revision_ignored")
     em.progress(0.6, "inspecting config.json")
     try:
         info = modelinfo.inspect_folder(hf_dir)
@@ -381,7 +406,11 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     # a copy inside this stage's folder is recorded relative to model.json (the folder is renamed when
     # the stage completes); a download or a local folder by its absolute path
     rel = hf_dir.relative_to(spec.out_dir).as_posix() if hf_dir.is_relative_to(spec.out_dir) else str(hf_dir)
-    doc = {"model": model, "source": source, "revision": revision, "hf_dir": rel, "info": info,
+    # revision: the commit the files came from (a download: the snapshot's commit hash); requested_revision:
+    # what was asked for (`--revision`), None for the default branch
+    doc = {"model": model, "source": source, "revision": revision,
+           "requested_revision": requested_revision(spec) if source == "huggingface" else None,
+           "hf_dir": rel, "info": info,
            "weights": weights, "resolved": {"context_length": context_length, "ar_n": ar_n, "parts": parts},
            "part_plan": plan,
            "estimates": est}

@@ -597,8 +597,10 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     needs = dict(doc["estimates"])
     em.progress(0.1, "probing this machine (AIMET smoke test runs in parallel)")
     workspace = spec.run_dir.parent.parent
-    hf_cache = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    p = probe(workspace, hf_cache, smoke=bool(spec.settings.get("aimet_smoke", True)))
+    from huggingface_hub import constants as hf_constants
+
+    # where downloads land, as huggingface_hub computes it (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)
+    p = probe(workspace, Path(hf_constants.HF_HUB_CACHE), smoke=bool(spec.settings.get("aimet_smoke", True)))
     checks = run_checks(p, needs)
     failed = sum(c["status"] == "fail" for c in checks)
     warned = sum(c["status"] == "warn" for c in checks)

@@ -501,9 +501,12 @@ def worker_env() -> dict[str, str]:
     import os
 
     from app.core import secrets
+    from app.core.hf import worker_env_token
 
     env = dict(os.environ)
-    for var, name in (("HF_TOKEN", secrets.HF_TOKEN), ("HEXSTUDIO_AIHUB_TOKEN", secrets.AIHUB_TOKEN)):
+    # the one Hugging Face token (keyring from `hexstudio hf login`, else huggingface_hub's own login)
+    env.update(worker_env_token())
+    for var, name in (("HEXSTUDIO_AIHUB_TOKEN", secrets.AIHUB_TOKEN),):
         try:
             value = secrets.get_secret(name)
         except secrets.SecretStoreError:

@@ -1,19 +1,18 @@
 """`hexstudio hf login|logout|status`: the Hugging Face token for gated and private models, kept in the keyring.
 
-The Model stage passes it to its worker by environment (never through a file). Without one, huggingface_hub
-falls back to its own login (`hf auth login`, $HF_TOKEN). The token itself is never printed.
+One token source for everything (app.core.hf.resolve_token): this keyring entry, else huggingface_hub's own
+login ($HF_TOKEN, `hf auth login`'s token file). `model inspect`, preflight and the Model stage's download use it;
+the stage passes it to its worker by environment (never through a file). The token itself is never printed.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
-from app.core import secrets
+from app.core import hf, secrets
 from app.core.cli.common import CliError, add_json_flag, print_json, read_token
-
-TOKEN_PAGE = "https://huggingface.co/settings/tokens"
+from app.core.hf import TOKEN_PAGE
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,38 +30,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st.set_defaults(func=cmd_status)
 
 
-def _hf_own_token() -> bool:
-    """huggingface_hub's own stored login (`hf auth login`), read without importing huggingface_hub."""
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME")
-                                                     or os.path.expanduser("~/.cache"), "huggingface")
-    path = os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return bool(f.read().strip())
-    except OSError:
-        return False
-
-
 def token_status() -> dict[str, Any]:
-    keyring_error = None
-    try:
-        in_keyring = bool(secrets.get_secret(secrets.HF_TOKEN))
-    except secrets.SecretStoreError as exc:
-        in_keyring, keyring_error = False, str(exc)
-    in_env = bool(os.environ.get("HF_TOKEN"))
-    own = _hf_own_token()
-    source = "keyring" if in_keyring else "environment" if in_env else "hf login" if own else None
-    return {"found": source is not None, "source": source, "keyring": in_keyring, "environment": in_env,
-            "hf_login": own, "keyring_error": keyring_error}
+    return hf.token_status()
 
 
 def _describe(st: dict[str, Any]) -> str:
-    where = {"keyring": "in HexStudio's keyring entry", "environment": "in $HF_TOKEN",
-             "hf login": "in huggingface_hub's own login (`hf auth login`)"}.get(str(st["source"]))
+    where = hf.SOURCE_WORDS.get(str(st["source"]))
     if where is None:
         return ("No Hugging Face token found. Public models download without one; for a gated or private model "
                 f"create a read token at {TOKEN_PAGE} and run `hexstudio hf login`.")
-    return f"A Hugging Face token is stored {where}."
+    also = [hf.SOURCE_WORDS[k] for k, flag in (("environment", st["environment"]), ("hf login", st["hf_login"]))
+            if flag and k != st["source"]]
+    return (f"HexStudio uses the Hugging Face token in {where}"
+            + (f" (also found, not used: {', '.join(also)})" if also else "") + ".")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

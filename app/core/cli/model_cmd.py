@@ -18,6 +18,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ms = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     pi = ms.add_parser("inspect", help="architecture, size, support and per-stage memory/disk estimates")
     pi.add_argument("model", help="builtin:tiny-llama, a Hugging Face id, or a folder holding config.json")
+    pi.add_argument("--revision", default=None, metavar="REV",
+                    help="Hugging Face revision: a branch, tag or commit hash (default: main)")
     pi.add_argument("--context-length", type=int, default=None)
     pi.add_argument("--ar-n", type=int, default=128)
     pi.add_argument("--parts", type=int, default=None)
@@ -28,9 +30,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def inspect(model: str, context_length: int | None, ar_n: int, parts: int | None,
-            board_ram_gib: float | None = None) -> dict[str, Any]:
-    info = modelinfo.inspect_config(model_config(model))
-    out: dict[str, Any] = {"model": model, **info}
+            board_ram_gib: float | None = None, revision: str | None = None) -> dict[str, Any]:
+    info = modelinfo.inspect_config(model_config(model, revision))
+    out: dict[str, Any] = {"model": model, "revision": revision, **info}
     if not info["supported"]:
         return out
     cl = context_length or (512 if model.startswith("builtin:") else 4096)
@@ -47,11 +49,11 @@ def inspect(model: str, context_length: int | None, ar_n: int, parts: int | None
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    out = inspect(args.model, args.context_length, args.ar_n, args.parts, args.board_ram_gib)
+    out = inspect(args.model, args.context_length, args.ar_n, args.parts, args.board_ram_gib, args.revision)
     if args.json:
         print_json(out)
         return 0 if out["supported"] else 1
-    print(f"{out['model']}: {out['architecture']}")
+    print(f"{out['model']}" + (f" @ {out['revision']}" if out.get("revision") else "") + f": {out['architecture']}")
     if not out["supported"]:
         print(f"  not supported: {out['reason']}", file=sys.stderr)
         return 1

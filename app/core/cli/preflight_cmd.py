@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -37,8 +36,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_preflight)
 
 
-def model_config(model: str) -> dict[str, Any]:
-    """config.json only: a user can check a model before downloading its weights."""
+def model_config(model: str, revision: str | None = None) -> dict[str, Any]:
+    """config.json only: a user can check a model before downloading its weights (a Hugging Face id at
+    `revision`, with HexStudio's one Hugging Face token: app.core.hf)."""
     if model == BUILTIN_MODEL_ID:
         return modelinfo.read_config(BUILTIN_MODEL_DIR)
     if Path(model).expanduser().is_dir():
@@ -53,22 +53,12 @@ def model_config(model: str) -> dict[str, Any]:
         raise CliError(f"The model folder {local} {what}.",
                        "Give a folder holding config.json, the tokenizer files and *.safetensors, or a Hugging "
                        f"Face id such as meta-llama/Llama-3.2-1B-Instruct (or {BUILTIN_MODEL_ID}).")
+    from app.core.hf import HubConfigError, fetch_config
+
     try:
-        import json
-
-        from huggingface_hub import hf_hub_download
-
-        path = hf_hub_download(model, "config.json", token=os.environ.get("HF_TOKEN") or None)
-        data: dict[str, Any] = json.loads(Path(path).read_text())
-        return data
-    except Exception as exc:
-        from workers.model import hub_error
-
-        mapped = hub_error(exc, model)
-        if mapped is not None:
-            raise CliError(f"Cannot read config.json of '{model}': {mapped.message}", mapped.hint) from None
-        raise CliError(f"Cannot read config.json of '{model}': {type(exc).__name__}: {exc}",
-                       "Check the model id and your network, or give a local folder.") from None
+        return fetch_config(model, revision)
+    except HubConfigError as exc:
+        raise CliError(exc.message, exc.hint) from None
 
 
 ESTIMATE_SETTINGS = ("context_length", "ar_n", "parts", "calibration_samples", "calibration_seq_len")
@@ -123,8 +113,9 @@ def preflight_report(model: str, context_length: int | None, ar_n: int | None, w
     t0 = time.time()
     s = run_settings({**(settings or {}), "context_length": context_length, "ar_n": ar_n})
     needs, resolved = model_needs(model, s)
-    hf_cache = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    p = probe(workspace, hf_cache, smoke=smoke)
+    from app.core.hf import hub_cache
+
+    p = probe(workspace, hub_cache(), smoke=smoke)
     checks = run_checks(p, needs)
     return {"model": model, "context_length": resolved["context_length"], "settings": resolved, "needs": needs,
             "probe": p, "checks": checks,

@@ -64,6 +64,9 @@ def _check_worker_host(name: str) -> None:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="create or resume a run and take it through the stages")
     p.add_argument("--model", default=None, help=f"model: {BUILTIN_MODEL_ID} (default), a Hugging Face id, or a folder")
+    p.add_argument("--revision", default=None, metavar="REV",
+                   help="Hugging Face revision of --model: a branch, tag or commit hash (default: main); "
+                        "recorded in the run and in model.json")
     p.add_argument("--board", default=None, help="board: sim (default, the simulator) or a configured board name")
     p.add_argument("--until", default="report", choices=STAGE_NAMES, help="last stage to run (default: report)")
     p.add_argument("--only", default=None, choices=STAGE_NAMES, help="run just this stage")
@@ -86,8 +89,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     ws = workspace_from(args)
     if args.resume:
-        if args.model or args.board or args.settings:
-            raise CliError("--resume continues a run with its own inputs; --model, --board and --set "
+        if args.model or args.board or args.settings or args.revision:
+            raise CliError("--resume continues a run with its own inputs; --model, --revision, --board and --set "
                            "cannot change them.", "Start a new run to change inputs.")
         try:
             m = ws.open_run(args.resume)
@@ -105,6 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         defaults = Settings.load().run_defaults()
         defaults.update(_parse_set(args.settings))
+        if args.revision:
+            defaults["revision"] = args.revision     # the Model stage's input (app/core/stages.py)
         if args.worker_host is not None:
             _check_worker_host(args.worker_host)
             defaults["worker_host"] = None if args.worker_host == "local" else args.worker_host
