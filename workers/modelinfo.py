@@ -76,13 +76,15 @@ QUANTIZE_BYTES_PER_HEAD_PARAM = 10.9
 # (Before: 0.15 GiB + 25 bytes per largest-PART parameter, part-major sessions: ~51 GiB for an 8B.)
 VALIDATE_FIXED_BYTES = int(0.6 * GiB)
 VALIDATE_BYTES_PER_UNIT_PARAM = 8.0
-# Disk of the run folder: the float weights once per part in fp32 (the prompt processor and token
-# generator share one data file; the upload graphs hard-link it) + the simulation weights once per part
-# (fp32 after fake quantization) -> 8 bytes per parameter; + the larger of the quantize stage's temporary
-# files (one part's quantized weights, 4 bytes per part parameter, and its calibration units) and the
-# validate stage's (the lm_head's column chunks, float and simulation: 8 bytes per lm_head parameter);
-# + the bundle.
-DISK_BYTES_PER_PARAM = 8.0
+# Disk of the run folder (weights stored once, issue 20): the float weights once per part in fp32 (the prompt
+# processor and token generator share one data file; the upload graphs hard-link it): 4 bytes per parameter;
+# the simulation weights once per part as integers: int4 + an fp32 scale per 64-weight block (0.5625 bytes) for
+# the decoder layers, int8 for the lm_head, uint16 for the embedding table; + the larger of the quantize stage's
+# temporary files (one part's fake-quantized fp32 weights and its calibration units: 4 bytes per part
+# parameter) and the validate stage's (the lm_head's column chunks, float fp32 + simulation int8: 5 bytes per
+# lm_head parameter); + the bundle.
+FLOAT_BYTES_PER_PARAM = 4.0
+SIM_BYTES_PER_LAYER_PARAM = 0.5625
 WHOLE_QUANTSIM_BYTES_PER_PARAM = 23.0   # whole-model QuantSim: bytes per parameter of the whole model
 FIXED_OVERHEAD_BYTES = QUANTIZE_FIXED_BYTES
 
@@ -373,7 +375,8 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
     validate = VALIDATE_FIXED_BYTES + int(VALIDATE_BYTES_PER_UNIT_PARAM * run_unit) \
         + 2 * 3 * 2 * kvh * hd * context_length * 4
     bundle = int(0.6 * n)                                # W4 weights + int8 lm_head + context metadata
-    disk = int(DISK_BYTES_PER_PARAM * n + max(4 * largest_part_params, 8 * emb)) + bundle
+    sim = SIM_BYTES_PER_LAYER_PARAM * per_layer * layers + 1 * emb + 2 * emb      # layers int4, lm_head int8, table uint16
+    disk = int(FLOAT_BYTES_PER_PARAM * n + sim + max(4 * largest_part_params, 5 * emb)) + bundle
     return {
         "num_parameters": n,
         "parts": parts,

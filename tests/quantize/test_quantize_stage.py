@@ -123,6 +123,14 @@ def test_sim_onnx_is_plain_onnxruntime_qdq(validated_run: Path) -> None:
     model = onnx.load(str(validated_run / "artifacts" / "quantize" / g["sim_onnx"]))
     ops = {n.op_type for n in model.graph.node}
     assert "DequantizeLinear" in ops and "QcQuantizeOp" not in ops
+    # weights stored as integers with their scales: int4 backbone with LPBQ block scales, int8 lm_head,
+    # the embedding table in its 16-bit encoding, dequantized after the Gather
+    import onnx as _onnx
+
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    assert types["model.embed_tokens.weight"] == _onnx.TensorProto.UINT16
+    assert types["model.layers.0.self_attn.q_proj.weight"] == _onnx.TensorProto.INT4
+    assert not any(t == _onnx.TensorProto.FLOAT for n, t in types.items() if n.endswith("proj.weight"))
 
 
 def _scramble_token_generator(run_dir: Path) -> None:

@@ -39,7 +39,8 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
     from safetensors import safe_open
 
     enc = json.loads(encodings.read_text(encoding="utf-8"))
-    params = {p["name"] for p in enc.get("param_encodings", [])}
+    penc = {p["name"]: p for p in enc.get("param_encodings", [])}
+    params = set(penc)
     acts = {a["name"]: a for a in enc.get("activation_encodings", [])}
     source: dict[str, Path] = {}
     for f in baked:
@@ -50,6 +51,11 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
     if missing:
         raise ValueError(f"no quantized values for {len(missing)} encoded weights (first: {missing[0]})")
     model = onnx.load(str(float_onnx), load_external_data=False)
+    for op in model.opset_import:        # opset 21 first: 16-bit Q/DQ and block-wise int4 DequantizeLinear
+        if op.domain in ("", "ai.onnx"):
+            if op.version < OPSET:
+                model = _to_opset(model, OPSET)
+            break
     reuse: dict[str, list[tuple[str, str]]] = {}
     if share_with is not None:
         other_float = _refs(onnx.load(str(share_with[0]), load_external_data=False))
@@ -64,18 +70,62 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
                 reuse[name] = sim_refs[name]
         del other_sim
 
+    inits = {i.name: i for i in model.graph.initializer}
+    # integer storage: int8 weights with their per-channel scales (LPBQ's int4 x 4-bit block scale is an
+    # exact int8; the lm_head's int8), and a Gather-only table (the embedding) in its 16-bit encoding,
+    # dequantized after the Gather (per-tensor: the same values, without dequantizing the whole table)
+    forms = {n: fm for n in params & set(inits) if (fm := int_form(penc[n], list(inits[n].dims))) is not None}
+    gathers = {n: [x for x in model.graph.node if n in x.input] for n, a in acts.items() if n in inits}
+    tables = {n: acts[n] for n, users in gathers.items()
+              if users and all(x.op_type == "Gather" and x.input[0] == n and not any(
+                  at.name == "axis" and at.i != 0 for at in x.attribute) for x in users)
+              and int(acts[n]["bw"]) in ACTIVATION_BITS and inits[n].data_type == onnx.TensorProto.FLOAT}
+
     def bake(init: Any) -> np.ndarray | None:
+        if init.name in tables:
+            return table_ints(init, float_onnx.parent, tables[init.name])
         if init.name not in params:
             return None
         with safe_open(str(source[init.name]), framework="np") as sf:
             arr = sf.get_tensor(init.name)
         if tuple(arr.shape) != tuple(init.dims) or init.data_type != onnx.TensorProto.FLOAT:
             raise ValueError(f"{init.name}: quantized {arr.dtype}{arr.shape} does not fit the graph's tensor")
-        return np.asarray(arr, dtype=np.float32)
+        arr = np.asarray(arr, dtype=np.float32)
+        form = forms.get(init.name)
+        return arr if form is None else to_ints(init.name, arr, form)
 
     n_baked = stream_weights(model, float_onnx.parent, out.parent / (out.name + ".data"), bake, reuse)
     n_baked += sum(1 for n in reuse if n in params)
     graph = model.graph
+    int_inits: list[Any] = []
+    int_nodes: list[Any] = []
+    for name, form in forms.items():
+        init = inits[name]
+        init.data_type = form.onnx_type
+        dq = f"{name}__dq"
+        int_inits.append(numpy_helper.from_array(form.scale, f"{name}__scale"))
+        extra = {"block_size": form.block} if form.block else {}
+        int_nodes.append(helper.make_node("DequantizeLinear", [name, f"{name}__scale"], [dq],
+                                          name=f"{name}__Dequantize", axis=form.axis, **extra))
+        for n in graph.node:
+            for i, x in enumerate(n.input):
+                if x == name:
+                    n.input[i] = dq
+    for name, a in tables.items():
+        bw = int(a["bw"])
+        inits[name].data_type = onnx.TensorProto.UINT16 if bw == 16 else onnx.TensorProto.UINT8
+        s_name, z_name = f"{name}__scale", f"{name}__zero_point"
+        int_inits += [numpy_helper.from_array(np.array(np.float32(a["scale"][0])), s_name),
+                      numpy_helper.from_array(np.array(round(-float(a["offset"][0])),
+                                                       dtype=np.uint16 if bw == 16 else np.uint8), z_name)]
+        for g in gathers[name]:
+            o = g.output[0]
+            g.output[0] = f"{o}__gathered"
+            int_nodes.append(helper.make_node("DequantizeLinear", [f"{o}__gathered", s_name, z_name], [o],
+                                              name=f"{o}__TableDequantize"))
+        del acts[name]          # its encoding is the table's storage now (no QuantizeLinear on a table)
+    graph.initializer.extend(int_inits)
+    graph.node.extend(int_nodes)
     outputs = {o.name for o in graph.output}
     new_nodes: list[Any] = []
     qdq_inits: list[Any] = []
@@ -108,13 +158,114 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
     graph.initializer.extend(qdq_inits)
     graph.node.extend(new_nodes)
     _topological_sort(graph)
-    for op in model.opset_import:
-        if op.domain in ("", "ai.onnx"):
-            if op.version < OPSET:
-                model = _to_opset(model, OPSET)
-            break
     onnx.save(model, str(out))
-    return {"baked_weights": n_baked, "activation_qdq": len(acts), "shared_weights": len(reuse)}
+    return {"baked_weights": n_baked, "activation_qdq": len(acts), "shared_weights": len(reuse),
+            "integer_weights": len(forms) + len(tables)}
+
+
+class IntForm:
+    """How an encoded weight is stored: int4 with per-block scales along axis 0 (LPBQ: block `block` of the
+    input features, scale = channel scale x the block's 4-bit integer scale), or int8 with per-channel
+    scales along axis 1 (`block` 0); zero point 0 (symmetric)."""
+
+    def __init__(self, scale: np.ndarray, axis: int, block: int = 0) -> None:
+        self.scale, self.axis, self.block = scale, axis, block
+
+    @property
+    def onnx_type(self) -> int:
+        import onnx
+
+        return int(onnx.TensorProto.INT4 if self.block else onnx.TensorProto.INT8)
+
+    def expand(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The scale of every element of a weight of `shape`."""
+        if self.block:
+            return np.repeat(self.scale, self.block, axis=0)[:shape[0]]
+        return self.scale.reshape(1, -1)
+
+
+def int_form(enc: dict[str, Any], dims: list[int]) -> IntForm | None:
+    """How a weight encoding is stored as integers: LPBQ (int4 values, 4-bit integer block scales on an 8-bit
+    channel scale) as int4 with fp32 block scales along the input features; a symmetric int8 PER_CHANNEL
+    encoding (the lm_head) as int8 with its channel scales. The channels are the output axis (1) of a MatMul's
+    [in, out] weight. None: keep fp32."""
+    kind = enc.get("enc_type")
+    if kind not in ("PER_CHANNEL", "LPBQ") or int(enc.get("bw", 0)) != 8 or len(dims) != 2:
+        return None
+    scale = np.asarray(enc["scale"], dtype=np.float32)
+    if not enc.get("is_sym") or any(round(float(o)) != -128 for o in enc.get("offset", [])) or dims[1] != scale.size:
+        return None
+    if kind == "PER_CHANNEL":
+        return IntForm(scale, 1)
+    block = int(enc.get("block_size") or 0)
+    ib = np.asarray(enc.get("per_block_int_scale") or [], dtype=np.float32)
+    if int(enc.get("compressed_bw", 0)) != 4 or not block or dims[0] % block or ib.size != scale.size * dims[0] // block:
+        return None
+    # [blocks, out]: the block scale of input rows [k*block, (k+1)*block) of output channel c
+    return IntForm(np.ascontiguousarray((scale.reshape(-1, 1) * ib.reshape(scale.size, -1)).T), 0, block)
+
+
+MAX_ULPS = 4   # AIMET's LPBQ kernel rounds its block scale differently from an fp32 multiply: <= 2 ulps seen
+
+
+def to_ints(name: str, w: np.ndarray, form: IntForm) -> np.ndarray:
+    """The integer values of a fake-quantized weight (int4 packed two per byte, low nibble first, as onnx
+    stores INT4), checked to dequantize to AIMET's float32 values within MAX_ULPS."""
+    s = form.expand(w.shape)
+    q = np.rint(w / s)
+    lo, hi = (-8, 7) if form.block else (-128, 127)
+    back = (q.astype(np.float32) * s).astype(np.float32)
+    ulps = np.abs(back - w) / np.spacing(np.maximum(np.abs(w), np.float32(1e-30)))
+    if q.min() < lo or q.max() > hi or not float(np.max(ulps, initial=0.0)) <= MAX_ULPS:
+        raise ValueError(f"{name}: the quantized weight is not an int{4 if form.block else 8} multiple of its scales")
+    qi = q.astype(np.int8)
+    if not form.block:
+        return qi
+    flat = qi.reshape(-1)
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.int8)])
+    u = flat.view(np.uint8) & 0x0F
+    return np.ascontiguousarray(u[0::2] | (u[1::2] << 4)).astype(np.uint8)
+
+
+def dequantize_weight(model: Any, name: str, base_dir: Path) -> np.ndarray:
+    """A simulation graph's weight as the graph computes it (for checks): its integers times its scales."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    node = next((n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == name), None)
+    arr = numpy_helper.to_array(inits[name], base_dir=str(base_dir))
+    if node is None:
+        return np.asarray(arr, np.float32)
+    scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
+    attrs = {a.name: a.i for a in node.attribute}
+    q = arr.astype(np.float32)
+    if attrs.get("block_size"):
+        s = np.repeat(scale, attrs["block_size"], axis=attrs.get("axis", 1))[:q.shape[0]]
+    elif scale.ndim == 1 and scale.size > 1:
+        shape = [1] * q.ndim
+        shape[attrs.get("axis", 1)] = scale.size
+        s = scale.reshape(shape)
+    else:
+        s = scale
+    return (q * s).astype(np.float32)
+
+
+def table_ints(init: Any, src_dir: Path, a: dict[str, Any]) -> np.ndarray:
+    """A float32 table (in external data) quantized to its per-tensor encoding as onnx QuantizeLinear does
+    it (round half to even, saturate), a block of rows at a time."""
+    from workers.quant.units import _source
+
+    src = _source(init, src_dir)
+    if src is None:
+        raise ValueError(f"{init.name}: not a 2-D float32 table in external data")
+    bw = int(a["bw"])
+    scale, zp = np.float32(a["scale"][0]), round(-float(a["offset"][0]))
+    out: np.ndarray = np.empty((src.rows, src.cols), np.uint16 if bw == 16 else np.uint8)
+    for r0, block in src.blocks():
+        q = np.rint(block / scale) + zp
+        out[r0:r0 + block.shape[0]] = np.clip(q, 0, (1 << bw) - 1)
+    return out
 
 
 def _refs(model: Any) -> dict[str, tuple[str, str, str]]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.quant.units import EMBED_LEVEL, HEAD_LEVEL, _numel, _source, plan_units
+from workers.quant.units import BLOCK_BYTES, EMBED_LEVEL, HEAD_LEVEL, _numel, plan_units
 
 ELEMENTWISE = ("QuantizeLinear", "DequantizeLinear", "Identity", "Cast")
 
@@ -116,19 +116,30 @@ def split_for_run(graph_onnx: Path, work: Path, tag: str, extra_outputs: set[str
 
 def _head_chunks(sub: Any, src_dir: Path, work: Path, stem: str, n_chunks: int
                  ) -> list[tuple[Path, tuple[int, int], int]] | None:
-    """The lm_head unit as column chunks, when it is one MatMul (float32 [H, V] weight in external data) whose
-    output reaches the unit's only output through per-tensor element-wise nodes; else None."""
+    """The lm_head unit as column chunks, when it is one MatMul whose [H, V] weight (float32, or int8 behind a
+    DequantizeLinear along axis 1: the simulation graph) is in external data and whose output reaches the
+    unit's only output through per-tensor element-wise nodes; else None."""
     import onnx
-    from onnx import helper
+    from onnx import helper, numpy_helper
 
     g = sub.graph
     inits = {i.name: i for i in g.initializer}
     body = [n for n in g.node if n.op_type != "Constant"]
     mms = [n for n in body if n.op_type == "MatMul"]
-    if len(g.output) != 1 or len(mms) != 1 or mms[0].input[1] not in inits:
+    if len(g.output) != 1 or len(mms) != 1:
         return None
     mm = mms[0]
-    rest = [n for n in body if n is not mm]
+    dq = next((n for n in body if n.op_type == "DequantizeLinear" and n.output[0] == mm.input[1]), None)
+    if dq is not None:
+        axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+        if axis != 1 or dq.input[0] not in inits or any(x not in inits for x in dq.input[1:] if x):
+            return None
+        w = inits[dq.input[0]]
+    elif mm.input[1] in inits:
+        w = inits[mm.input[1]]
+    else:
+        return None
+    rest = [n for n in body if n is not mm and n is not dq]
     tail = []
     chain = mm.output[0]
     while rest:
@@ -139,37 +150,50 @@ def _head_chunks(sub: Any, src_dir: Path, work: Path, stem: str, n_chunks: int
         tail.append(n)
         rest.remove(n)
         chain = n.output[0]
-    if chain != g.output[0].name:
+    ext = {e.key: e.value for e in w.external_data}
+    dtypes = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.INT8: np.int8}
+    if chain != g.output[0].name or "location" not in ext or len(w.dims) != 2 or w.data_type not in dtypes:
         return None
-    src = _source(inits[mm.input[1]], src_dir)
-    if src is None:
-        return None
-    rows, vocab = src.rows, src.cols
+    dt = np.dtype(dtypes[w.data_type])
+    rows, vocab = int(w.dims[0]), int(w.dims[1])
+    data, base = src_dir / ext["location"], int(ext.get("offset", 0))
     bounds = np.linspace(0, vocab, n_chunks + 1).astype(int).tolist()
     out_vi = g.output[0]
     dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in out_vi.type.tensor_type.shape.dim]
     paths = [work / f"{stem}c{c}.onnx" for c in range(n_chunks)]
     files = [open(p.with_name(p.name + ".data"), "wb") for p in paths]  # noqa: SIM115 (closed below)
     try:
-        for _, block in src.blocks():
+        step = max(1, BLOCK_BYTES // (dt.itemsize * vocab))
+        for r0 in range(0, rows, step):
+            n = min(rows, r0 + step) - r0
+            block = np.fromfile(data, dtype=dt, count=n * vocab, offset=base + dt.itemsize * r0 * vocab).reshape(n, vocab)
             for c, fh in enumerate(files):
                 fh.write(memoryview(np.ascontiguousarray(block[:, bounds[c]:bounds[c + 1]])))
             del block
     finally:
         for fh in files:
             fh.close()
-    small = [i for i in g.initializer if i.name != mm.input[1]]
+    per_col = set(dq.input[1:]) if dq is not None else set()
     out = []
     for c, path in enumerate(paths):
         a, b = bounds[c], bounds[c + 1]
-        w = onnx.TensorProto(name=mm.input[1], data_type=onnx.TensorProto.FLOAT, dims=[rows, b - a])
-        w.data_location = onnx.TensorProto.EXTERNAL
-        for k, v in (("location", path.name + ".data"), ("offset", "0"), ("length", str(4 * rows * (b - a)))):
-            w.external_data.add(key=k, value=v)
+        wc = onnx.TensorProto(name=w.name, data_type=w.data_type, dims=[rows, b - a])
+        wc.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", path.name + ".data"), ("offset", "0"), ("length", str(dt.itemsize * rows * (b - a)))):
+            wc.external_data.add(key=k, value=v)
+        small = []
+        for i in g.initializer:
+            if i.name == w.name:
+                continue
+            if i.name in per_col and _numel(i) == vocab:      # the DequantizeLinear's per-column scale / zero point
+                small.append(numpy_helper.from_array(numpy_helper.to_array(i)[a:b], i.name))
+            else:
+                small.append(i)
         consts = [n for n in g.node if n.op_type == "Constant"]
-        graph = helper.make_graph([*consts, mm, *tail], f"{g.name}_columns_{a}_{b}", list(g.input),
+        nodes = [*consts, *([dq] if dq is not None else []), mm, *tail]
+        graph = helper.make_graph(nodes, f"{g.name}_columns_{a}_{b}", list(g.input),
                                   [helper.make_tensor_value_info(out_vi.name, out_vi.type.tensor_type.elem_type,
-                                                                 [*dims[:-1], b - a])], [w, *small])
+                                                                 [*dims[:-1], b - a])], [wc, *small])
         onnx.save(helper.make_model(graph, opset_imports=list(sub.opset_import), ir_version=sub.ir_version), str(path))
         out.append((path, (a, b), rows * (b - a)))
     return out

@@ -115,16 +115,19 @@ def plan_units(model: Any) -> tuple[dict[int, list[int]], dict[int, list[str]], 
                                               if (m := _KV_INPUT.match(n)) is not None}
     node_level: list[int | None] = []
     is_const_node: list[bool] = []
+    weight_of: dict[str, str] = {n: n for n in inits}   # a dequantized integer weight (simulation graph) is its weight
     for node in graph.node:
         if node.op_type == "Constant" or all(x in const for x in node.input):
             const.update(node.output)
+            if node.op_type == "DequantizeLinear" and node.input[0] in inits:
+                weight_of[node.output[0]] = node.input[0]
             is_const_node.append(True)
             node_level.append(None)
             continue
         is_const_node.append(False)
         lv: int | None = None
         for x in node.input:
-            cand = weight_level(x, node.op_type) if x in inits else level_of_tensor.get(x)
+            cand = weight_level(weight_of[x], node.op_type) if x in weight_of else level_of_tensor.get(x)
             if cand is not None and (lv is None or cand > lv):
                 lv = cand
         node_level.append(lv)
