@@ -1,0 +1,22 @@
+"""A run on the built-in model through the board stage on the simulator board, for the Evaluate stage and
+`hexstudio serve` (a private copy of the shared compiled run, docs/CONTRACTS.md §6)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def eval_workspace(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from app.core.pipeline import Pipeline
+    from app.core.runs import Workspace
+    from tests.support.sim_runs import copy_run
+
+    ws = tmp_path_factory.mktemp("eval-ws")
+    run_dir = copy_run(compiled_sim_run, ws)
+    res = asyncio.run(Pipeline(Workspace(ws).open_run(run_dir.name)).run(only="board"))
+    assert res.ok, res
+    return ws, run_dir

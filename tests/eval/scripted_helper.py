@@ -1,0 +1,45 @@
+"""A TEST-ONLY chat helper speaking the board helper's JSON-lines protocol (resources/board/genie_session.py)
+that answers from a script instead of a model: the built-in toy model never writes a tool call, so the serve
+test's tool-call request is answered by this helper the way a tool-calling model answers. It runs no model.
+
+    python scripted_helper.py SCRIPT_JSON      # {"substring of the prompt": "reply", ...}; else "OK."
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def emit(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    script = json.loads(sys.argv[1])
+    emit({"event": "ready", "genie_version": "scripted", "init_ms": 50.0, "simulated": True, "context_length": 4096})
+    for line in sys.stdin:
+        msg = json.loads(line)
+        op = msg.get("op")
+        if op == "quit":
+            return 0
+        if op == "reset":
+            emit({"event": "reset"})
+        elif op == "sampler":
+            emit({"event": "sampler", "applied": True})
+        elif op == "query":
+            reply = next((r for k, r in script.items() if k in msg["prompt"]), "OK.")
+            t0 = time.perf_counter()
+            for i in range(0, len(reply), 4):
+                emit({"event": "text", "id": msg["id"], "text": reply[i:i + 4], "tokens": 1})
+            ms = (time.perf_counter() - t0) * 1000
+            n = (len(reply) + 3) // 4
+            emit({"event": "end", "id": msg["id"], "state": "complete", "status": 0,
+                  "measured": {"callbacks": n, "ttft_ms": 1.0, "gen_ms": max(ms, 0.001)}})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

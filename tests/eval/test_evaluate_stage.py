@@ -1,0 +1,62 @@
+"""The Evaluate stage on the built-in model and the simulator board: the three-way table for every shipped
+suite, greedy parity N/N, cancelled part-way and resumed without redoing finished cases."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.cli.main import main
+from app.core.eval.suites import DEFAULT_SUITES
+from app.core.pipeline import Pipeline
+from app.core.runs import Workspace
+
+
+def test_evaluate_three_ways_cancel_and_resume(eval_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    ws, run_dir = eval_workspace
+    monkeypatch.setenv("HEXSTUDIO_WORKSPACE", str(ws))
+    m = Workspace(ws).open_run(run_dir.name)
+    seen: list[dict[str, Any]] = []
+    pipe: Pipeline
+
+    def on_event(stage: str, ev: dict[str, Any]) -> None:
+        seen.append(ev)
+        if ev.get("type") == "progress" and (ev.get("cases_done") or 0) >= 5:
+            asyncio.ensure_future(pipe.cancel())
+
+    pipe = Pipeline(m, on_event=on_event)
+    res = asyncio.run(pipe.run(only="evaluate"))
+    assert not res.ok and m.stage("evaluate").state == "cancelled"
+    journals = list((run_dir / "eval").glob("board-*.jsonl"))
+    assert journals and 5 <= len(journals[0].read_text().splitlines()) < 28
+    # live progress: cases done and a running score
+    assert any("so far" in str(ev.get("message")) for ev in seen if ev.get("type") == "progress")
+
+    m = Workspace(ws).open_run(run_dir.name)
+    seen.clear()
+    res = asyncio.run(Pipeline(m, on_event=lambda s, e: seen.append(e)).run(only="evaluate"))
+    assert res.ok, res
+    assert any("already done" in str(e.get("message")) for e in seen if e.get("type") == "progress")
+    doc = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
+    assert doc["board_session"]["skipped_done"] >= 5
+    assert doc["simulated"] is True and "SIMULATED" in doc["leg_titles"]["board"]
+    by = {t["suite"]: t for t in doc["suites"]}
+    assert set(DEFAULT_SUITES) <= set(by)
+    for name in ("tool_calling", "instruction_following"):
+        for leg in ("float", "sim", "board"):
+            assert by[name]["legs"][leg]["cases"] == by[name]["cases"]
+        assert set(by[name]["drops"]) == {"float->sim", "sim->board"}
+    ppl = by["perplexity"]["legs"]
+    assert ppl["float"]["value"] > 1 and ppl["sim"]["value"] > 1 and ppl["board"] is None
+    par = by["greedy_parity"]["legs"]["board"]
+    assert par["matched"] == par["total"] > 0 and par["text"] == f"{par['total']}/{par['total']}"
+    m = Workspace(ws).open_run(run_dir.name)
+    assert m.stage("evaluate").data["gate"]["passed"]
+    assert main(["eval", "show", run_dir.name]) == 0
+    out = capsys.readouterr().out
+    assert "greedy_parity" in out and f"{par['total']}/{par['total']}" in out and "SIMULATOR" in out

@@ -1,0 +1,180 @@
+"""`hexstudio serve` with the official openai client against the simulator board: streaming, a second request
+waiting for the first, a turn-2 request that reuses the loaded dialog (no re-init), a tool call, the bind rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from app.core.serve.server import BindRefused, check_bind  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(eval_workspace: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    ws, run_dir = eval_workspace
+    port_file = tmp_path_factory.mktemp("serve") / "port"
+    env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}
+    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--board", "sim", "--run", run_dir.name,
+                             "--port", "0", "--port-file", str(port_file)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not port_file.is_file() or not port_file.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"hexstudio serve did not start: {proc.communicate()[0]}")
+        time.sleep(0.1)
+    try:
+        yield f"http://127.0.0.1:{port_file.read_text()}/v1"
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+        assert "SIMULATED" in out
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key="unused-on-loopback", max_retries=0, timeout=120)
+
+
+def stats(url: str) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/stats") as r:
+        return json.loads(r.read())
+
+
+def test_models_stream_and_turn2_reuses_the_dialog(server: str) -> None:
+    c = client(server)
+    model = c.models.list().data[0].id
+    assert model == "builtin:tiny-llama"
+    first = [{"role": "user", "content": "What is the capital of France?"}]
+    parts, last = [], None
+    for ch in c.chat.completions.create(model=model, messages=first, stream=True, max_tokens=24):
+        if ch.choices and ch.choices[0].delta.content:
+            parts.append(ch.choices[0].delta.content)
+        last = ch
+    assert len(parts) > 3, parts   # streamed piece by piece
+    k1 = last.model_extra["hexstudio"]
+    assert k1["source"] == "simulated" and k1["generated_tokens"] > 0
+    reply = "".join(parts)
+    raw = c.chat.completions.with_raw_response.create(
+        model=model, max_tokens=16,
+        messages=[*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "And of Spain?"}])
+    k2 = raw.parse().model_extra["hexstudio"]
+    assert raw.headers["x-hexstudio-kv-reused"] == "true" and k2["kv_reused"] and k2["reinit"] is None
+    assert k2["init_ms"] == 0.0
+    st = stats(server)
+    assert len(st["loads"]) == 1 and st["simulated"] is True   # the model was loaded once, at start
+    assert k2["start_ms"] < st["loads"][0]["init_ms"]
+
+
+def test_second_request_waits_for_the_first(server: str) -> None:
+    c = client(server)
+    out: dict[str, dict] = {}
+
+    def ask(name: str, text: str) -> None:
+        r = c.completions.create(model="builtin:tiny-llama", prompt=f"Question: {text} Answer:", max_tokens=48)
+        out[name] = r.model_extra["hexstudio"]
+
+    a = threading.Thread(target=ask, args=("a", "Tell me about the workshop."))
+    b = threading.Thread(target=ask, args=("b", "Tell me about the harbour."))
+    a.start()
+    time.sleep(0.05)
+    b.start()
+    a.join(120)
+    b.join(120)
+    first, second = sorted(out.values(), key=lambda s: s["request"])
+    assert second["queue_wait_ms"] > 0.5 * first["wall_ms"], (first, second)   # it waited for the first
+
+
+def test_per_request_sampler_and_completions(server: str) -> None:
+    c = client(server)
+    a = c.completions.create(model="builtin:tiny-llama", prompt="Question: What is the capital of France? Answer:",
+                             max_tokens=8, temperature=0)
+    assert a.choices[0].text.strip()
+    b = c.completions.create(model="builtin:tiny-llama", prompt="The harbour", max_tokens=8, temperature=1.2,
+                             seed=7)
+    k = b.model_extra["hexstudio"]
+    assert k["sampler"]["temp"] == 1.2 and k["sampler"]["seed"] == 7 and k["reinit"] is None
+    assert len(stats(server)["loads"]) == 1   # applied to the loaded dialog, not by reloading it
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="another-model", prompt="x", max_tokens=1)
+
+
+def test_tool_call_streams_as_tool_calls(eval_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The toy model never calls a tool, so here the board's dialog is a scripted helper (scripted_helper.py)
+    answering in the model's own format; everything else (bridge, server, parsing, the client) is real."""
+    import asyncio
+
+    from app.core.device.board import open_board
+    from app.core.eval.render import PromptRenderer
+    from app.core.genie.runtime import BoardRuntime
+    from app.core.serve.bridge import DialogBridge
+    from app.core.serve.server import OpenAIServer
+    from app.core.settings import Settings
+
+    ws, run_dir = eval_workspace
+    script = {"Paris": '{"name": "get_weather", "arguments": {"city": "Paris"}}'}
+    helper = Path(__file__).with_name("scripted_helper.py")
+    monkeypatch.setattr(BoardRuntime, "helper_argv",
+                        lambda self, board, sampler, remote, bundle: ([sys.executable, str(helper),
+                                                                        json.dumps(script)], None))
+    board_doc = json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    box: dict = {}
+
+    async def serve() -> None:
+        board = await open_board("sim", Settings.load(), ws)
+        bridge = DialogBridge(board, board_doc["remote_bundle"], PromptRenderer.for_model(
+            run_dir / "artifacts" / "model"), model_id="builtin:tiny-llama")
+        await bridge.open()
+        srv = OpenAIServer(bridge)
+        box["port"] = await srv.start("127.0.0.1", 0)
+        box["stop"] = asyncio.Event()
+        started.set()
+        await box["stop"].wait()
+        await srv.close()
+        await bridge.close()
+
+    t = threading.Thread(target=lambda: loop.run_until_complete(serve()))
+    t.start()
+    assert started.wait(60)
+    try:
+        c = client(f"http://127.0.0.1:{box['port']}/v1")
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        calls, finish = [], None
+        for ch in c.chat.completions.create(model="builtin:tiny-llama", stream=True, tools=tools,
+                                            messages=[{"role": "user", "content": "Weather in Paris?"}]):
+            if ch.choices and ch.choices[0].delta.tool_calls:
+                calls += ch.choices[0].delta.tool_calls
+            if ch.choices and ch.choices[0].finish_reason:
+                finish = ch.choices[0].finish_reason
+        assert finish == "tool_calls" and calls[0].function.name == "get_weather"
+        assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
+        r = c.chat.completions.create(model="builtin:tiny-llama", tools=tools,
+                                      messages=[{"role": "user", "content": "Hello"}])
+        assert r.choices[0].message.content == "OK." and not r.choices[0].message.tool_calls
+    finally:
+        loop.call_soon_threadsafe(box["stop"].set)
+        t.join(30)
+
+
+def test_bind_rules() -> None:
+    check_bind("127.0.0.1", False, None)
+    check_bind("::1", False, None)
+    with pytest.raises(BindRefused):
+        check_bind("0.0.0.0", False, "k")
+    with pytest.raises(BindRefused):
+        check_bind("0.0.0.0", True, None)
+    check_bind("0.0.0.0", True, "a-key")
