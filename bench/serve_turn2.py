@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 TARGET = 0.1
 
@@ -54,13 +55,13 @@ def main() -> int:
         model = c.models.list().data[0].id
         ratios, starts, firsts = [], [], []
         for _ in range(args.repeats):
-            first = [{"role": "user", "content": "What is the capital of France?"}]
+            first: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
             r1 = c.chat.completions.create(model=model, messages=first, max_tokens=16)
-            msgs = [*first, {"role": "assistant", "content": r1.choices[0].message.content or ""},
+            msgs: list[Any] = [*first, {"role": "assistant", "content": r1.choices[0].message.content or ""},
                     {"role": "user", "content": "Tell me about the workshop."}]
             k2 = None
             for ch in c.chat.completions.create(model=model, messages=msgs, max_tokens=16, stream=True):
-                k2 = (ch.model_extra or {}).get("hexstudio") or k2
+                k2 = (getattr(ch, "model_extra", None) or {}).get("hexstudio") or k2
             assert k2 is not None and k2["kv_reused"], k2
             starts.append(float(k2["start_ms"]) - float(k2.get("ttft_ms") or 0.0))
             firsts.append(float(k2["start_ms"]))

@@ -23,11 +23,12 @@ def test_evaluate_three_ways_cancel_and_resume(eval_workspace: tuple[Path, Path]
     m = Workspace(ws).open_run(run_dir.name)
     seen: list[dict[str, Any]] = []
     pipe: Pipeline
+    tasks: list[Any] = []
 
     def on_event(stage: str, ev: dict[str, Any]) -> None:
         seen.append(ev)
         if ev.get("type") == "progress" and (ev.get("cases_done") or 0) >= 5:
-            asyncio.ensure_future(pipe.cancel())
+            tasks.append(asyncio.ensure_future(pipe.cancel()))
 
     pipe = Pipeline(m, on_event=on_event)
     res = asyncio.run(pipe.run(only="evaluate"))

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,7 @@ def server(eval_workspace: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
         assert "SIMULATED" in out
 
 
-def client(url: str) -> openai.OpenAI:
+def client(url: str) -> Any:
     return openai.OpenAI(base_url=url, api_key="unused-on-loopback", max_retries=0, timeout=120)
 
 
@@ -57,12 +58,14 @@ def test_models_stream_and_turn2_reuses_the_dialog(server: str) -> None:
     model = c.models.list().data[0].id
     assert model == "builtin:tiny-llama"
     first = [{"role": "user", "content": "What is the capital of France?"}]
-    parts, last = [], None
+    parts: list[str] = []
+    last: Any = None
     for ch in c.chat.completions.create(model=model, messages=first, stream=True, max_tokens=24):
         if ch.choices and ch.choices[0].delta.content:
             parts.append(ch.choices[0].delta.content)
         last = ch
     assert len(parts) > 3, parts   # streamed piece by piece
+    assert last is not None
     k1 = last.model_extra["hexstudio"]
     assert k1["source"] == "simulated" and k1["generated_tokens"] > 0
     reply = "".join(parts)
