@@ -138,5 +138,5 @@ def suite_scores(cases: list[Case], results: dict[str, dict[str, dict[str, Any]]
         x, y = out["legs"].get(a), out["legs"].get(b)
         if x and y and x.get("value") is not None and y.get("value") is not None:
             d = y["value"] - x["value"]
-            out["drops"][f"{a}->{b}"] = round(d, 4) if scorer == "perplexity" else round(-d, 4)
+            out["drops"][f"{a}->{b}"] = (round(d, 4) if scorer == "perplexity" else round(-d, 4)) or 0.0
     return out
