@@ -20,6 +20,11 @@ def board_password_key(board: str) -> str:
     return f"board:{board}:ssh_password"
 
 
+def key_passphrase_key(key_path: str) -> str:
+    """An SSH key's passphrase, by the key file's absolute path: stored only when the person chooses to."""
+    return f"ssh_key:{key_path}:passphrase"
+
+
 def sudo_password_key(board: str) -> str:
     return f"board:{board}:sudo_password"
 

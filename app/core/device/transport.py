@@ -236,6 +236,25 @@ class SshProcess:
             await asyncio.to_thread(self.channel.close)
 
 
+class SshSession:
+    """One authenticated SSH connection and what carries it: the jump hosts' connections (ProxyJump) under
+    it, or a ProxyCommand as its socket. Closing it closes them all, innermost first. (The interface of
+    paramiko's SSHClient that SshTransport uses: get_transport, close.)"""
+
+    def __init__(self, transport: Any, jumps: list[Any] | None = None, via: str = "") -> None:
+        self._transport = transport
+        self.jumps = list(jumps or [])
+        self.via = via
+
+    def get_transport(self) -> Any:
+        return self._transport
+
+    def close(self) -> None:
+        for t in (self._transport, *reversed(self.jumps)):
+            with contextlib.suppress(Exception):
+                t.close()      # a ProxyCommand socket is closed (its process ended) with its transport
+
+
 class SshTransport:
     """A board over SSH. Build one with app.core.device.connect.connect_ssh (host-key checks, auth)."""
 
@@ -245,6 +264,7 @@ class SshTransport:
         self.client = client
         self.host, self.port, self.user = host, port, user
         self.label = f"ssh://{user}@{host}:{port}"
+        self.via = str(getattr(client, "via", "") or "")    # "via jump1,jump2" / "ProxyCommand ...": the route
         self._sftp: Any = None
         # paramiko's SFTPClient is not safe for requests from several threads at once: one thread can read
         # another's response and leave it waiting forever (seen as a hang in the doctor). One at a time.
