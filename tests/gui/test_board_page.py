@@ -50,6 +50,12 @@ def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.Abstra
             asked.append(a)
             return True
         page.confirm_trust = trust
+        offered: list[tuple[Any, ...]] = []
+
+        def offer(*a: Any) -> bool:      # also into ~/.ssh/known_hosts? not here (this machine's own file)
+            offered.append(a)
+            return False
+        page.offer_known_hosts = offer
         shown: list[list[str]] = []
 
         def confirm_fix(plan: Any, stored: str | None) -> tuple[bool, str | None, bool]:
@@ -72,6 +78,7 @@ def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.Abstra
             assert evk_item is not None and "not connected yet" in evk_item.text()
             items = await page.probe()
             assert asked and asked[0][3] == evk.server.host_key_fingerprint
+            assert len(offered) == 1 and offered[0][3] == evk.server.host_key_fingerprint   # offered, declined
             states = [st for n, st, _ in listed if n == "evk"]
             assert states[0] == "connecting" and states[-1] == "ready", listed
             assert "connecting…" in next(t for n, st, t in listed if n == "evk" and st == "connecting")

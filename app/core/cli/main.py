@@ -52,6 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USAGE
+    if sys.stdin.isatty():
+        # an encrypted SSH key asks for its passphrase here (getpass); a newly trusted host key may also go to
+        # ~/.ssh/known_hosts if the person says yes (app.core.device.connect)
+        from app.core.device.connect import set_default_prompts, tty_offer_known_hosts, tty_passphrase
+
+        set_default_prompts(passphrase=tty_passphrase, offer_known_hosts=tty_offer_known_hosts)
     try:
         rc = func(args)
         return int(rc or 0)

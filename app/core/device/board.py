@@ -67,7 +67,8 @@ def sim_board(workspace: Path | None = None) -> Board:
 async def open_board(name: str, settings: Any = None, workspace: Path | None = None, *,
                      trust: Callable[[str, int, str, str], bool] | None = None,
                      password: str | None = None,
-                     on_state: Callable[[str, str], None] | None = None) -> Board:
+                     on_state: Callable[[str, str], None] | None = None,
+                     passphrase: Any = None, offer_known_hosts: Any = None) -> Board:
     """`trust(host, port, key_type, fingerprint) -> bool` answers a first-contact host key; without it an
     unknown key raises app.core.device.connect.HostKeyUnknown (a BoardError with .fingerprint)."""
     boards = getattr(settings, "boards", {}) if settings is not None else {}
@@ -87,7 +88,8 @@ async def open_board(name: str, settings: Any = None, workspace: Path | None = N
     if runner not in ("genie", "simulator"):
         raise BoardError(f"Board '{name}' has runner '{runner}', which HexStudio does not know.",
                          "Set the board's runner to 'genie' (Qualcomm's genie-t2t-run) or 'simulator'.")
-    t = await connect_ssh(name, cfg, trust=trust, password=password, on_state=on_state)
+    t = await connect_ssh(name, cfg, trust=trust, password=password, on_state=on_state, passphrase=passphrase,
+                          offer_known_hosts=offer_known_hosts)
     home = await t.home()
     if runner == "simulator":
         genie = cfg.get("genie_command") or [str(cfg.get("python") or "python3"), "-m", "workers.genie_sim.t2t"]

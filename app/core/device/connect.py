@@ -216,16 +216,23 @@ def tty_passphrase(key_path: str, attempt: int) -> KeyPassphrase | None:
     pw = getpass.getpass(f"Passphrase for SSH key {key_path}{again}: ")
     if not pw:
         return None
-    ans = input("Keep it in the system keyring so HexStudio does not ask again? [y/N] ").strip().lower()
+    ans = _ask_line("Keep it in the system keyring so HexStudio does not ask again? [y/N] ")
     return KeyPassphrase(pw, remember=ans in ("y", "yes"))
+
+
+def _ask_line(prompt: str) -> str:
+    """A question on the terminal, the prompt on stderr (stdout may carry --json output)."""
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower()
 
 
 def tty_offer_known_hosts(host: str, port: int, key_type: str, fp: str, path: Path) -> bool:
     """The CLI's offer, after the person trusted a host key: also add it to ~/.ssh/known_hosts?"""
     if not sys.stdin.isatty():
         return False
-    ans = input(f"Also add {host_entry(host, port)} {key_type} {fp} to {path}, so that ssh, scp and your editor "
-                "trust it too? [y/N] ").strip().lower()
+    ans = _ask_line(f"Also add {host_entry(host, port)} {key_type} {fp} to {path}, so that ssh, scp and your "
+                    "editor trust it too? [y/N] ")
     return ans in ("y", "yes")
 
 

@@ -95,6 +95,7 @@ class BoardPage(StagePage):
         self.inputs_layout.addLayout(row)
         self.conn_label = note("")
         self.conn_label.setObjectName("connection_state")
+        self.transient_labels.append(self.conn_label)
         self.inputs_layout.addWidget(self.conn_label)
 
         doctor_box = QGroupBox("Doctor")
@@ -219,6 +220,35 @@ class BoardPage(StagePage):
             "own (on the board: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub). Trust it only if they match.")
         return answer == QMessageBox.StandardButton.Yes
 
+    def offer_known_hosts(self, host: str, port: int, key_type: str, fp: str, path: Path) -> bool:
+        """After the person trusted a host key: also add it to ~/.ssh/known_hosts? (tests replace this)."""
+        answer = QMessageBox.question(
+            self, "Also trust it outside HexStudio?",
+            f"Add {host}:{port} ({key_type} {fp}) to {path} too, so that ssh, scp and your editor trust this "
+            "board without asking again?", QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            QMessageBox.StandardButton.No)
+        return answer == QMessageBox.StandardButton.Yes
+
+    def ask_passphrase(self, key_path: str) -> tuple[str, bool] | None:
+        """An encrypted SSH key: its passphrase, and whether to keep it in the keyring (tests replace this)."""
+        dlg = QDialog(self)
+        dlg.setWindowTitle("SSH key passphrase")
+        lay = QVBoxLayout(dlg)
+        lay.addWidget(note(f"The SSH key {key_path} is encrypted. Its passphrase opens it for this session only, "
+                           "unless you choose to keep it in the system keyring."))
+        pw = QLineEdit()
+        pw.setEchoMode(QLineEdit.EchoMode.Password)
+        lay.addWidget(pw)
+        remember = QCheckBox("Remember the passphrase in the system keyring")
+        lay.addWidget(remember)
+        bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        bb.accepted.connect(dlg.accept)
+        bb.rejected.connect(dlg.reject)
+        lay.addWidget(bb)
+        if dlg.exec() != QDialog.DialogCode.Accepted or not pw.text():
+            return None
+        return pw.text(), remember.isChecked()
+
     def confirm_fix(self, plan: Any, stored_password: str | None) -> tuple[bool, str | None, bool]:
         """Show the fix's exact commands; ask for the sudo password when it needs one (tests replace this).
         Returns (run it, sudo password, remember the password in the keyring)."""
@@ -255,7 +285,13 @@ class BoardPage(StagePage):
     async def open_selected(self) -> Any:
         """Connect to the selected board; on first contact ask to trust its host key, then connect again."""
         from app.core.device.board import open_board
-        from app.core.device.connect import HostKeyUnknown, trust_host_key
+        from app.core.device.connect import (
+            HostKeyUnknown,
+            KeyPassphrase,
+            KeyPassphraseNeeded,
+            trust_host_key,
+            user_known_hosts_path,
+        )
 
         name = self.selected_board()
 
@@ -264,19 +300,36 @@ class BoardPage(StagePage):
             self.log(f"[{time.strftime('%H:%M:%S')}] {name}: {state} {detail}")
             self.set_board_state(name, state, detail)
 
-        try:
-            if name == "sim":
-                self.set_board_state(name, "connecting", "local simulator")
-                board = await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state)
-                self.set_board_state(name, "ready", "local simulator (simulated board)")
-                return board
-            return await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state)
-        except HostKeyUnknown as exc:
-            if not self.confirm_trust(exc.host, exc.port, exc.key_type, exc.fingerprint):
-                raise
-            trust_host_key(exc.host, exc.port, exc.key)
-            self.log(f"trusted {exc.host}:{exc.port} {exc.key_type} {exc.fingerprint}")
-            return await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state)
+        if name == "sim":
+            self.set_board_state(name, "connecting", "local simulator")
+            board = await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state)
+            self.set_board_state(name, "ready", "local simulator (simulated board)")
+            return board
+        given: dict[str, KeyPassphrase] = {}
+
+        def passphrase(path: str, attempt: int) -> KeyPassphrase | None:
+            return given.get(path) if attempt == 0 else None
+
+        for _ in range(6):   # each answer (a host key on the route, a key's passphrase) leads to one more try
+            try:
+                return await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state,
+                                        passphrase=passphrase)
+            except HostKeyUnknown as exc:
+                if not self.confirm_trust(exc.host, exc.port, exc.key_type, exc.fingerprint):
+                    raise
+                cfg = self.c.settings.boards.get(name) or {}
+                path = user_known_hosts_path(cfg)
+                save = self.offer_known_hosts(exc.host, exc.port, exc.key_type, exc.fingerprint, path)
+                trust_host_key(exc.host, exc.port, exc.key, user_known_hosts=path if save else None)
+                self.log(f"trusted {exc.host}:{exc.port} {exc.key_type} {exc.fingerprint}"
+                         + (f" (also added to {path})" if save else ""))
+            except KeyPassphraseNeeded as exc:
+                answer = self.ask_passphrase(exc.key_path)
+                if answer is None:
+                    raise
+                given[exc.key_path] = KeyPassphrase(answer[0], remember=answer[1])
+        return await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state,
+                                passphrase=passphrase)
 
     def _error(self, exc: Any, board: str | None = None) -> None:
         if board is not None and self.board_states.get(board, ("",))[0] != "failed":
