@@ -23,13 +23,17 @@ CANARY_SETTINGS = "canary-settings-pw-9d2"
 
 @pytest.fixture(scope="module")
 def chatted_run(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run through chat on the simulator board (the compile fixture plus board and chat)."""
+    """A run through chat and evaluate on the simulator board (the compile fixture plus board, chat and the
+    Evaluate stage with its quickest suite, greedy parity)."""
     from app.core.manifest import RunManifest
     from app.core.pipeline import Pipeline
     from tests.support.sim_runs import copy_run
 
     run = copy_run(compiled_sim_run, tmp_path_factory.mktemp("chat-ws"))
-    res = asyncio.run(Pipeline(RunManifest.load(run)).run(until="chat"))
+    m = RunManifest.load(run)
+    m.settings["eval_suites"] = ["greedy_parity"]
+    m.save()
+    res = asyncio.run(Pipeline(m).run(until="evaluate"))
     assert res.ok, (res.message, res.hint)
     return run
 
@@ -59,6 +63,10 @@ def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -
     rep = build_report(chatted_run)
     validate_report(rep)
     assert rep["run"]["status"] == "complete"  # every stage before the report is done
+    ev = rep["evaluation"]
+    assert ev["simulated"] is True and ev["suites"][0]["suite"] == "greedy_parity"
+    par = ev["suites"][0]["legs"]["board"]
+    assert par["matched"] == par["total"] > 0
     assert rep["compile"]["simulated"] is True and rep["board"]["simulated"] is True
     kpis = {k["name"]: k for k in rep["kpis"]}
     assert set(kpis) == {"init_ms", "prompt_tokens", "prompt_tok_s", "ttft_ms", "generated_tokens", "gen_tok_s",
@@ -236,7 +244,7 @@ def test_compare_side_by_side_and_refusal(chatted_run: Path, tmp_path: Path, val
     shutil.copytree(chatted_run, b)
     for run, keep in ((a, {"model"}), (b, set())):
         m = RunManifest.load(run)
-        for name in ("model", "preflight", "quantize", "validate", "compile", "board", "chat"):
+        for name in ("model", "preflight", "quantize", "validate", "compile", "board", "chat", "evaluate"):
             if name not in keep:
                 m.stage(name).data.update({"state": "pending", "outcome": None})
         m.save()

@@ -227,6 +227,12 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
         rep["series"]["token_rate"] = token_rate_series(ch.get("chunks") or [])
         rep["series"]["token_rate_unit"] = token_rate_unit(ch.get("chunks") or [])
     rep["chat_sessions"] = _chat_sessions(run_dir)
+    ev = artifact("evaluate", "evaluate.json")
+    if ev:   # the Evaluate stage: every suite float -> simulated -> board (app/core/eval/)
+        rep["evaluation"] = {k: ev.get(k) for k in ("source", "simulated", "legs", "leg_titles", "prompt_format",
+                                                     "tool_format", "board_session")}
+        rep["evaluation"]["suites"] = [{k: t.get(k) for k in ("suite", "title", "description", "scorer", "cases",
+                                                              "legs", "drops")} for t in ev.get("suites") or []]
     for s in STAGES:
         series = _resources(run_dir, s.name) if m.stage(s.name).state != "pending" else []
         if series:

@@ -10,8 +10,8 @@ from app.core.manifest import now_iso
 from app.core.reports.render import ReportError
 
 SIGNIFICANT = 0.05
-HIGHER_IS_BETTER = {"prompt_tok_s", "gen_tok_s", "top1_agreement", "greedy_agreement"}
-LOWER_IS_BETTER = {"init_ms", "ttft_ms", "gen_time_ms", "kl_divergence", "perplexity_ratio", "salad_score",
+HIGHER_IS_BETTER = {"prompt_tok_s", "gen_tok_s", "top1_agreement", "greedy_agreement", "eval_score"}
+LOWER_IS_BETTER = {"eval_perplexity", "init_ms", "ttft_ms", "gen_time_ms", "kl_divergence", "perplexity_ratio", "salad_score",
                    "duration_s", "peak_rss_bytes"}
 
 
@@ -110,6 +110,16 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
                                          [b[name]["source"] for b in by]))
     elif any(r.get("kpis") for r in reports):
         skipped.append("Chat KPIs: not every run got as far as chatting on a board.")
+    eval_plot = ""
+    if all(r.get("evaluation") for r in reports):   # suite scores per leg (app/core/eval/)
+        ev_rows, bars = _evaluation_rows(reports, skipped)
+        measured += ev_rows
+        from app.core.eval.compare import bars_svg
+
+        eval_plot = bars_svg({"runs": [{"model": r["model"]["id"], "source": r["evaluation"].get("source")}
+                                       for r in reports], "rows": bars})
+    elif any(r.get("evaluation") for r in reports):
+        skipped.append("Evaluation: not every run has run the Evaluate stage.")
     substantial = substantial or any(r["section"] != "stages" for r in measured)
     if not substantial:
         raise ReportError("These runs have nothing in common to compare: no stage past Model and Preflight completed "
@@ -120,7 +130,35 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
              "simulated": bool((r.get("compile") or {}).get("simulated")),
              "kpi_source": (r.get("chat") or {}).get("source")} for r in reports]
     return {"compare_version": 1, "generated": now_iso(), "runs": runs, "rows": rows + measured,
-            "skipped": skipped}
+            "skipped": skipped, "eval_plot": eval_plot}
+
+
+def _evaluation_rows(reports: list[dict[str, Any]], skipped: list[str]) -> tuple[list[dict[str, Any]],
+                                                                                 list[dict[str, Any]]]:
+    """Suite scores present in every run, leg by leg; the board leg only where every run's board is the same
+    kind (simulated or device)."""
+    evs = [r["evaluation"] for r in reports]
+    by = [{t["suite"]: t for t in e.get("suites") or []} for e in evs]
+    sources = [e.get("source") for e in evs]
+    rows: list[dict[str, Any]] = []
+    bars: list[dict[str, Any]] = []
+    for name, t in by[0].items():
+        if not all(name in b for b in by):
+            continue
+        ppl = t.get("scorer") == "perplexity"
+        for leg in ("float", "sim", "board"):
+            vals = [((b[name].get("legs") or {}).get(leg) or {}).get("value") for b in by]
+            if any(v is None for v in vals):
+                continue
+            if leg == "board" and len(set(sources)) > 1:
+                skipped.append(f"Evaluation {name} on the board: the runs used different kinds of board "
+                               f"({', '.join(str(s) for s in sources)}).")
+                continue
+            rows.append(_row("evaluation", "eval_perplexity" if ppl else "eval_score", f"{name} · {leg}", vals,
+                             "ppl" if ppl else "", [str(s) for s in sources] if leg == "board" else None))
+            if not ppl:
+                bars.append({"kind": "suite", "suite": name, "leg": leg, "lower_is_better": False, "values": vals})
+    return rows, bars
 
 
 def write_compare(c: dict[str, Any], fmt: str, out: Path) -> Path:
