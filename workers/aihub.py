@@ -50,6 +50,7 @@ from typing import Any
 from workers import bundle as gb
 from workers import modelinfo
 from workers.bundle import metadata as gm
+from workers.genie_config import checked_genie_config
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec
 
@@ -493,7 +494,6 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     except gm.MetadataError as exc:
         raise WorkerError("bundle_check", str(exc), "Re-run the Quantize stage (nothing was uploaded).") from None
     ctx_bins = [bins[k] for k in pairs]
-    from workers.compile import checked_genie_config
 
     cfg = checked_genie_config(hf_config, q, ctx_bins, s)   # before any upload
     qairt = str(s.get("qairt_version") or "2.42")

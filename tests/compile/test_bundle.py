@@ -280,7 +280,7 @@ def _fake_quantize(tmp_path: Path, hf: dict[str, Any], context_length: int, grap
 @pytest.mark.parametrize("case", ["context", "rope"])
 def test_the_compile_stage_check_fails_as_a_clear_worker_error(tmp_path: Path, case: str) -> None:
     from workers.bundle.genie_schema import genie_config_errors
-    from workers.compile import checked_genie_config
+    from workers.genie_config import checked_genie_config
     from workers.runtime import WorkerError
 
     if case == "context":   # quantize.json says 1024, the graphs were exported at 512
