@@ -298,3 +298,23 @@ def test_partwise_quantization_with_a_chunked_lm_head(tmp_path: Path) -> None:
         sess = ort.InferenceSession(str(tmp_path / g["sim_onnx"]), providers=["CPUExecutionProvider"])
         assert sess.get_outputs()
     assert not (tmp_path / "calib.tmp").exists()
+
+
+def test_integer_weights_written_a_block_of_rows_at_a_time_equal_the_whole() -> None:
+    """qdq.to_ints on row blocks (what build_qdq does for large weights) gives the whole weight's integers:
+    int4 with block scales (packed two per byte) and int8 per channel."""
+    from workers.quant.qdq import IntForm, to_ints
+
+    rng = np.random.default_rng(3)
+    rows, cols, block = 256, 6, 64
+    for form in (IntForm(rng.uniform(0.01, 0.1, (rows // block, cols)).astype(np.float32), 0, block),
+                 IntForm(rng.uniform(0.01, 0.1, cols).astype(np.float32), 1)):
+        lo, hi = (-8, 8) if form.block else (-128, 128)
+        q = rng.integers(lo, hi, (rows, cols)).astype(np.float32)
+        w = (q * form.expand((rows, cols))).astype(np.float32)
+        whole = to_ints("w", w, form)
+        pieces = np.concatenate([to_ints("w", w[r0:r0 + 128], form, r0) for r0 in range(0, rows, 128)])
+        np.testing.assert_array_equal(pieces, whole)
+        if form.block:
+            lo4 = (whole & 0x0F).astype(np.int16)
+            assert np.array_equal(np.where(lo4 > 7, lo4 - 16, lo4), q.reshape(-1)[0::2])

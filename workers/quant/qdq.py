@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+BLOCK_BYTES = 16 << 20   # fp32 bytes of a block of rows converted to integers at a time
 OPSET = 21   # QuantizeLinear/DequantizeLinear with 16-bit types
 
 ACTIVATION_BITS = (8, 16)   # onnx QuantizeLinear's uint8 / uint16
@@ -86,13 +87,23 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
             return table_ints(init, float_onnx.parent, tables[init.name])
         if init.name not in params:
             return None
-        with safe_open(str(source[init.name]), framework="np") as sf:
-            arr = sf.get_tensor(init.name)
-        if tuple(arr.shape) != tuple(init.dims) or init.data_type != onnx.TensorProto.FLOAT:
-            raise ValueError(f"{init.name}: quantized {arr.dtype}{arr.shape} does not fit the graph's tensor")
-        arr = np.asarray(arr, dtype=np.float32)
         form = forms.get(init.name)
-        return arr if form is None else to_ints(init.name, arr, form)
+        with safe_open(str(source[init.name]), framework="np") as sf:
+            sl = sf.get_slice(init.name)
+            shape = tuple(int(d) for d in sl.get_shape())
+            if shape != tuple(init.dims) or init.data_type != onnx.TensorProto.FLOAT:
+                raise ValueError(f"{init.name}: quantized {shape} does not fit the graph's tensor")
+            if form is None:
+                return np.asarray(sf.get_tensor(init.name), dtype=np.float32)
+            # a block of rows at a time: only the integers (1 byte or half a byte per weight) are held whole
+            step = max(1, BLOCK_BYTES // (4 * shape[1]))
+            if form.block:
+                step = max(form.block, step // form.block * form.block)
+            if shape[1] % 2:
+                step += step % 2
+            pieces = [to_ints(init.name, np.asarray(sl[r0:min(shape[0], r0 + step)], dtype=np.float32), form, r0)
+                      for r0 in range(0, shape[0], step)]
+        return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
     n_baked = stream_weights(model, float_onnx.parent, out.parent / (out.name + ".data"), bake, reuse)
     n_baked += sum(1 for n in reuse if n in params)
@@ -177,10 +188,11 @@ class IntForm:
 
         return int(onnx.TensorProto.INT4 if self.block else onnx.TensorProto.INT8)
 
-    def expand(self, shape: tuple[int, ...]) -> np.ndarray:
-        """The scale of every element of a weight of `shape`."""
+    def expand(self, shape: tuple[int, ...], r0: int = 0) -> np.ndarray:
+        """The scale of every element of rows [r0, r0 + shape[0]) of the weight (r0 a multiple of the block)."""
         if self.block:
-            return np.repeat(self.scale, self.block, axis=0)[:shape[0]]
+            b0 = r0 // self.block
+            return np.repeat(self.scale[b0:b0 + -(-shape[0] // self.block)], self.block, axis=0)[:shape[0]]
         return self.scale.reshape(1, -1)
 
 
@@ -208,10 +220,10 @@ def int_form(enc: dict[str, Any], dims: list[int]) -> IntForm | None:
 MAX_ULPS = 4   # AIMET's LPBQ kernel rounds its block scale differently from an fp32 multiply: <= 2 ulps seen
 
 
-def to_ints(name: str, w: np.ndarray, form: IntForm) -> np.ndarray:
-    """The integer values of a fake-quantized weight (int4 packed two per byte, low nibble first, as onnx
-    stores INT4), checked to dequantize to AIMET's float32 values within MAX_ULPS."""
-    s = form.expand(w.shape)
+def to_ints(name: str, w: np.ndarray, form: IntForm, r0: int = 0) -> np.ndarray:
+    """The integer values of rows [r0, ...) of a fake-quantized weight (int4 packed two per byte, low nibble
+    first, as onnx stores INT4), checked to dequantize to AIMET's float32 values within MAX_ULPS."""
+    s = form.expand(w.shape, r0)
     q = np.rint(w / s)
     lo, hi = (-8, 7) if form.block else (-128, 127)
     back = (q.astype(np.float32) * s).astype(np.float32)
@@ -219,8 +231,9 @@ def to_ints(name: str, w: np.ndarray, form: IntForm) -> np.ndarray:
     if q.min() < lo or q.max() > hi or not float(np.max(ulps, initial=0.0)) <= MAX_ULPS:
         raise ValueError(f"{name}: the quantized weight is not an int{4 if form.block else 8} multiple of its scales")
     qi = q.astype(np.int8)
+    del q, back, ulps
     if not form.block:
-        return qi
+        return qi.reshape(-1)
     flat = qi.reshape(-1)
     if flat.size % 2:
         flat = np.concatenate([flat, np.zeros(1, np.int8)])
