@@ -137,8 +137,11 @@ class ResourcePlot(StyledPlot):
 
     def set_estimate(self, bytes_: float | None) -> None:
         if bytes_:
-            self.estimate.setValue(bytes_ / GIB)
+            # the label's text is made when the line moves: set its format first, then the value (the other
+            # way round it kept the previous stage's figure), and draw the text now
             self.estimate.label.setFormat(f"preflight estimate {bytes_ / GIB:.2f} GiB")
+            self.estimate.setValue(bytes_ / GIB)
+            self.estimate.label.valueChanged()
             self.estimate.setVisible(True)
         else:
             self.estimate.setVisible(False)
@@ -234,6 +237,11 @@ class ReplyHistoryPlot(StyledPlot):
         self.disableAutoRange()
         self.setRange(xRange=(0.4, 5.6), yRange=(0, 20), padding=0)
         self.rates: list[float] = []
+
+    def reset(self) -> None:
+        self.rates = []
+        self.bars.setOpts(x=[], height=[], width=0.6)
+        self.setRange(xRange=(0.4, 5.6), yRange=(0, 20), padding=0)
 
     def add_reply(self, gen_tok_s: float) -> None:
         self.rates.append(gen_tok_s)

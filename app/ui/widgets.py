@@ -14,8 +14,9 @@ STATE_COLORS = {
 }
 STATE_TEXT = {
     "pending": "not run yet", "running": "working…", "done": "done", "failed": "failed",
-    "stale": "stale: its inputs changed since it ran", "interrupted": "interrupted (crash or reboot): run it again",
-    "cancelled": "cancelled",
+    "stale": "stale: its inputs changed since it ran",
+    "interrupted": "interrupted (crash or reboot): resume to run it again",
+    "cancelled": "cancelled by you",
 }
 STATUS_COLORS = {"ok": "#2da44e", "warn": "#bf8700", "fail": "#d1242f", "skip": "#8a8f98"}
 
@@ -58,6 +59,20 @@ def state_icon(state: str, size: int = 16) -> QIcon:
     icon = QIcon(pm)
     _icon_cache[key] = icon
     return icon
+
+
+def paper(view: QWidget) -> None:
+    """An HTML document view (report preview, comparison) drawn as paper: dark text on white whatever the
+    window's palette, since the document's own styles are for a white page."""
+    from PySide6.QtGui import QPalette
+
+    pal = view.palette()
+    for group in (QPalette.ColorGroup.Active, QPalette.ColorGroup.Inactive, QPalette.ColorGroup.Disabled):
+        pal.setColor(group, QPalette.ColorRole.Base, QColor("#ffffff"))
+        pal.setColor(group, QPalette.ColorRole.Text, QColor("#1f2328"))
+        pal.setColor(group, QPalette.ColorRole.Link, QColor("#0969da"))
+    view.setPalette(pal)
+    view.setAutoFillBackground(True)
 
 
 def heading(text: str, level: int = 1) -> QLabel:

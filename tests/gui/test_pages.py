@@ -77,8 +77,15 @@ def test_changing_a_setting_makes_a_done_stage_stale(qtbot: Any, tmp_path: Path,
     c.open_run(run.name)
     assert c.state("quantize") == "done"
     spin = w.pages["quantize"]._setting_widgets["calibration_samples"]
-    spin.setValue(spin.value() + 1)
-    assert c.state("quantize") == "stale"
+    before = len(c.manifest.data.get("events", []))
+    # typing passes through 1, 12, 123: the setting is recorded once, when editing ends
+    for v in (1, 12, 123):
+        spin.setValue(v)
+    assert c.state("quantize") == "done"
+    spin.editingFinished.emit()
+    assert c.state("quantize") == "stale" and c.manifest.settings["calibration_samples"] == 123
+    changes = [e for e in c.manifest.data["events"][before:] if e.get("kind") == "setting_changed"]
+    assert len(changes) == 1, changes
     item = w.stage_list.item(2)
     assert "stale" in item.toolTip()
 

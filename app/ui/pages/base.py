@@ -6,6 +6,7 @@ the stage goes through the RunController (the pipeline and the job runner).
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 from pathlib import Path
@@ -39,6 +40,12 @@ from app.ui.controller import RunController
 from app.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, fmt_value, heading, note
 
 SettingSpec = tuple[str, str, Any]   # (key, label, kind: "int" | "bool" | "text" | list of choices)
+
+
+def _when(started: Any) -> str:
+    """ ' (started 14:02:07)' from an ISO time stamp; '' when there is none."""
+    text = str(started or "")
+    return f" (started {text[11:19]})" if len(text) >= 19 else ""
 
 
 def focusable_in(layout: QLayout) -> list[QWidget]:
@@ -79,19 +86,23 @@ class StagePage(QWidget):
 
     settings_fields: tuple[SettingSpec, ...] = ()
 
-    def __init__(self, stage_name: str, controller: RunController, parent: QWidget | None = None) -> None:
+    def __init__(self, stage_name: str, controller: RunController, parent: QWidget | None = None,
+                 scroll: bool = True) -> None:
         super().__init__(parent)
         self.stage: Stage = get_stage(stage_name)
         self.c = controller
         self.setObjectName(f"page_{stage_name}")
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        outer.addWidget(scroll)
         body = QWidget()
-        scroll.setWidget(body)
+        if scroll:   # a page taller than the window scrolls; the Chat page lays itself out to fit instead
+            area = QScrollArea()
+            area.setWidgetResizable(True)
+            area.setFrameShape(QScrollArea.Shape.NoFrame)
+            outer.addWidget(area)
+            area.setWidget(body)
+        else:
+            outer.addWidget(body)
         self.body = QVBoxLayout(body)
         self.body.setContentsMargins(18, 14, 18, 14)
         self.body.setSpacing(10)
@@ -111,14 +122,18 @@ class StagePage(QWidget):
         self.rerun_button.clicked.connect(lambda: self.start(force=True))
         head.addWidget(self.run_button)
         head.addWidget(self.rerun_button)
+        self.head_layout = head
         self.body.addLayout(head)
-        self.body.addWidget(note(self.stage.summary))
+        self.summary_label = note(self.stage.summary)
+        self.body.addWidget(self.summary_label)
 
         self.inputs_box = QGroupBox("Inputs")
         self.inputs_layout = QVBoxLayout(self.inputs_box)
         self.form = QFormLayout()
         self.inputs_layout.addLayout(self.form)
         self._setting_widgets: dict[str, QWidget] = {}
+        # messages of earlier actions on this page (an export, a connect): cleared when the stage runs again
+        self.transient_labels: list[QLabel] = []
         for key, label, kind in self.settings_fields:
             self._add_setting(key, label, kind)
         self.body.addWidget(self.inputs_box)
@@ -174,9 +189,13 @@ class StagePage(QWidget):
     def _add_setting(self, key: str, label: str, kind: Any) -> None:
         w: QWidget
         if kind == "int":
+            # recorded once, when editing ends (Enter, Tab or a click elsewhere): not every value passed on the
+            # way, and never by a wheel turned over it without the focus (app.ui.theme.WheelGuard)
             sb = QSpinBox()
             sb.setRange(1, 1_000_000)
-            sb.valueChanged.connect(lambda v, k=key: self.set_setting(k, int(v)))
+            sb.setKeyboardTracking(False)
+            sb.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+            sb.editingFinished.connect(lambda k=key, b=sb: self.set_setting(k, int(b.value())))
             w = sb
         elif kind == "bool":
             cb = QCheckBox()
@@ -185,7 +204,8 @@ class StagePage(QWidget):
         elif isinstance(kind, (list, tuple)):
             combo = QComboBox()
             combo.addItems([str(x) for x in kind])
-            combo.currentTextChanged.connect(lambda v, k=key: self.set_setting(k, v))
+            combo.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+            combo.activated.connect(lambda _i, k=key, b=combo: self.set_setting(k, b.currentText()))   # the user's
             w = combo
         else:
             le = QLineEdit()
@@ -252,8 +272,18 @@ class StagePage(QWidget):
         m = self.c.manifest
         state = self.c.state(self.stage.name)
         color = STATE_COLORS.get(state, "#8a8f98")
-        self.state_label.setText(f"<span style='color:{color}'>● {STATE_TEXT.get(state, state)}</span>")
+        attempt = int(m.stage(self.stage.name).data.get("attempts") or 0) if m is not None else 0
+        label = STATE_TEXT.get(state, state)
+        if state == "running":
+            label = f"working… (attempt {max(attempt, 1)})"
+        self.state_label.setText(f"<span style='color:{color}'>● {label}</span>")
         busy = self.c.busy
+        running = state == "running"
+        # while the stage runs, what is shown below is the previous attempt's: greyed and said so
+        self.results_box.setEnabled(not running)
+        self.gate_box.setEnabled(not running)
+        self.results_box.setTitle("Results — from the previous attempt; this stage is running now" if running
+                                  else "Results")
         self.run_button.setEnabled(m is not None and not busy)
         self.rerun_button.setEnabled(m is not None and not busy and state in ("done", "stale", "failed"))
         self._load_settings()
@@ -279,10 +309,22 @@ class StagePage(QWidget):
             self.gate_label.setText("not evaluated yet")
             self.override_button.setVisible(False)
         out = st.outcome
-        if out and out.get("kind") not in (None, "ok"):
-            hint = f"<br><b>What to do:</b> {out['hint']}" if out.get("hint") else ""
-            self.outcome_label.setText(f"<span style='color:{STATE_COLORS['failed']}'><b>{out.get('message')}</b>"
-                                       f"</span>{hint}")
+        if running:
+            for lab in self.transient_labels:
+                lab.setText("")
+            self.outcome_label.setText(f"Attempt {max(attempt, 1)} is running: the job dock below shows its progress "
+                                       "and log.")
+        elif out and out.get("kind") == "cancelled":
+            self.outcome_label.setText(f"<span style='color:{STATE_COLORS['cancelled']}'><b>Attempt {attempt} was "
+                                       f"cancelled by you</b>{_when(st.data.get('started'))}.</span> Run it again "
+                                       "when you are ready.")
+        elif out and out.get("kind") not in (None, "ok"):
+            hint = f"<br><b>What to do:</b> {html.escape(str(out['hint']))}" if out.get("hint") else ""
+            what = ("was interrupted (the studio or the machine stopped while it ran)" if state == "interrupted"
+                    else "failed")
+            self.outcome_label.setText(f"<span style='color:{STATE_COLORS['failed']}'><b>Attempt {attempt} {what}"
+                                       f"{_when(st.data.get('started'))}:</b> "
+                                       f"{html.escape(str(out.get('message')))}</span>{hint}")
         elif state in ("done", "stale"):
             dur = st.data.get("duration_s")
             peak = st.data.get("peak_rss_bytes")

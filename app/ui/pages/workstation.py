@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -374,6 +375,16 @@ class CompilePage(StagePage):
         self.files.setObjectName("bundle_files")
         self.files.setMinimumHeight(200)
         self.results_layout.insertWidget(2, self.files)
+        self.open_bundle_button = QPushButton("Open the bundle folder")
+        self.open_bundle_button.setObjectName("open_bundle_folder")
+        self.open_bundle_button.setToolTip("Show the Genie bundle in the file manager")
+        self.open_bundle_button.clicked.connect(self.open_bundle_folder)
+        self.results_layout.insertWidget(3, self.open_bundle_button, 0, Qt.AlignmentFlag.AlignLeft)
+
+    def open_bundle_folder(self) -> None:
+        d = self.c.stage_dir("compile")
+        if d is not None and (d / "bundle").is_dir():
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(d / "bundle")))
 
     # -- AI Hub token and devices -------------------------------------------------------------
     def _show_token_state(self) -> None:
@@ -469,10 +480,12 @@ class CompilePage(StagePage):
         i = self.device_combo.findText(str(r["name"]))
         if i >= 0 and self.device_combo.isEnabled():
             self.device_combo.setCurrentIndex(i)
+            self.set_setting("device", self.device_combo.currentText())   # a row chosen: one edit, recorded
 
     def refresh_results(self) -> None:
         d = self.c.stage_dir("compile")
         path = d / "bundle" / "bundle.json" if d else None
+        self.open_bundle_button.setEnabled(path is not None and path.is_file())
         if path is None or not path.is_file():
             self.bundle_label.setText("")
             self.files.set_rows([])
