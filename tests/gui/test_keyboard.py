@@ -52,7 +52,7 @@ def _assert_before(seen: list[str], *names: str) -> None:
     assert pos == sorted(pos), f"Tab order {seen} does not visit {names} in that order"
 
 
-def test_tab_walks_the_chat_page_inputs_then_actions_then_results(qtbot: Any, tmp_path: Path) -> None:
+def test_tab_walks_the_chat_page_message_send_stop_then_settings_then_the_rest(qtbot: Any, tmp_path: Path) -> None:
     from app.ui.plots import StyledPlot
 
     w = _window(tmp_path, qtbot)
@@ -60,15 +60,18 @@ def test_tab_walks_the_chat_page_inputs_then_actions_then_results(qtbot: Any, tm
     ch: Any = w.pages["chat"]
     ch.send_button.setEnabled(True)   # as it is once the Board stage has pushed the bundle
     ch.stop_button.setEnabled(True)   # as it is while a reply streams
-    names = {ch.template_combo: "template", ch.max_tokens: "max_tokens", ch.sampler_combo: "sampler",
-             ch.temp_spin: "temp", ch.topk_spin: "top_k", ch.topp_spin: "top_p", ch.seed_spin: "seed",
-             ch.system_edit: "system", ch.input: "message", ch.send_button: "send", ch.stop_button: "stop",
-             ch.copy_button: "copy", ch.export_button: "export", ch.new_button: "new",
-             ch.run_button: "run", ch.transcript: "transcript", ch.metrics: "metrics"}
-    seen = _walk(qtbot, ch.template_combo, names, 24)
-    inputs = ["template", "max_tokens", "sampler", "temp", "top_k", "top_p", "seed", "system", "message"]
-    assert seen[:len(inputs)] == inputs, seen
-    _assert_before(seen, "message", "send", "stop", "run", "copy", "export", "new", "transcript", "metrics")
+    ch.thinking_box.setEnabled(True)  # as it is where the model's chat template has a thinking switch
+    names = {ch.input: "message", ch.send_button: "send", ch.stop_button: "stop", ch.runtime_combo: "runtime",
+             ch.template_combo: "template", ch.thinking_box: "thinking", ch.system_edit: "system",
+             ch.max_tokens: "max_tokens", ch.sampler_combo: "sampler", ch.temp_spin: "temp", ch.topk_spin: "top_k",
+             ch.topp_spin: "top_p", ch.seed_spin: "seed", ch.new_button: "new", ch.conv_list: "conversations",
+             ch.copy_button: "copy", ch.export_button: "export", ch.run_button: "run", ch.transcript: "transcript",
+             ch.metrics: "metrics"}
+    seen = _walk(qtbot, ch.input, names, 24)
+    first = ["message", "send", "stop", "runtime", "template", "thinking", "system", "max_tokens", "sampler", "temp",
+             "top_k", "top_p", "seed"]
+    assert seen[:len(first)] == first, seen
+    _assert_before(seen, "seed", "new", "conversations", "copy", "export", "run", "transcript", "metrics")
     assert not any(p.focusPolicy() & 0x1 for p in ch.findChildren(StyledPlot))  # plots take no Tab focus
 
 

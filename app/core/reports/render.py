@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -65,16 +66,42 @@ def jinja_env() -> Any:
     return env
 
 
+def attempts(rows: list[list[float]]) -> list[list[list[float]]]:
+    """The samples of each attempt of a stage: a stage run again appends to the same resources log, so a
+    new attempt starts where the time goes back or jumps by far more than the sampling interval."""
+    if not rows:
+        return []
+    steps = sorted(b[0] - a[0] for a, b in itertools.pairwise(rows) if b[0] > a[0])
+    typical = steps[len(steps) // 2] if steps else 1.0
+    gap = max(10.0, 20 * typical)
+    out: list[list[list[float]]] = [[rows[0]]]
+    for prev, row in itertools.pairwise(rows):
+        if row[0] < prev[0] or row[0] - prev[0] > gap:
+            out.append([])
+        out[-1].append(row)
+    return out
+
+
 def plots(r: dict[str, Any]) -> dict[str, Any]:
+    """One memory chart per stage: its last attempt only (earlier attempts are named, never joined to it
+    by a line), with the preflight estimate as a dashed line where the report has it."""
     res = []
+    estimates = r.get("estimates") or (r.get("model") or {}).get("estimates") or {}
     for stage, rows in (r.get("series", {}).get("resources") or {}).items():
-        if len(rows) < 4:  # a stage over in a second has no curve worth drawing
+        runs = attempts(rows)
+        last = runs[-1] if runs else []
+        if len(last) < 4:  # a stage over in a second has no curve worth drawing
             continue
-        series = [Series("RSS (GiB)", [(row[0], row[1] / GIB) for row in rows])]
-        if any(row[2] for row in rows):
-            series.append(Series("VRAM (GiB)", [(row[0], row[2] / GIB) for row in rows]))
-        svg = line_chart(series, title=f"{stage}: memory of the worker's process tree", x_label="seconds",
-                         y_label="GiB")
+        t0 = last[0][0]
+        series = [Series("RSS (GiB)", [(row[0] - t0, row[1] / GIB) for row in last])]
+        if any(row[2] for row in last):
+            series.append(Series("VRAM (GiB)", [(row[0] - t0, row[2] / GIB) for row in last]))
+        est = estimates.get(f"{stage}_peak_rss_bytes")
+        hline = (float(est) / GIB, f"preflight estimate {float(est) / GIB:.2f} GiB") \
+            if isinstance(est, (int, float)) and est > 0 else None
+        which = f", attempt {len(runs)} of {len(runs)}" if len(runs) > 1 else ""
+        svg = line_chart(series, title=f"{stage}: memory of the worker's process tree{which}", x_label="seconds",
+                         y_label="GiB", hline=hline)
         if svg:
             res.append(svg)
     tr = r.get("series", {}).get("token_rate") or []

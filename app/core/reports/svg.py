@@ -43,13 +43,15 @@ def line_chart(series: list[Series], *, title: str, x_label: str, y_label: str, 
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}" '
-           'font-family="sans-serif" font-size="11">',
+           'font-family="sans-serif" font-size="11" fill="currentColor">',
+           # text, frame and grid in the page's text colour: readable on a light and on a dark page
            f'<text x="{left}" y="15" font-weight="bold">{html.escape(title)}</text>',
-           f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#bbb"/>']
+           f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="currentColor" '
+           'stroke-opacity="0.45"/>']
     for i in range(5):
         yv = ymax * i / 4
         xv = xmax * i / 4
-        out.append(f'<line x1="{left}" x2="{left + w}" y1="{sy(yv):.1f}" y2="{sy(yv):.1f}" stroke="#eee"/>')
+        out.append(f'<line x1="{left}" x2="{left + w}" y1="{sy(yv):.1f}" y2="{sy(yv):.1f}" stroke="currentColor" stroke-opacity="0.12"/>')
         out.append(f'<text x="{left - 4}" y="{sy(yv) + 4:.1f}" text-anchor="end">{yv:g}</text>')
         out.append(f'<text x="{sx(xv):.1f}" y="{top + h + 14}" text-anchor="middle">{xv:g}</text>')
     out.append(f'<text x="{left + w / 2:.0f}" y="{height - 4}" text-anchor="middle">{html.escape(x_label)}</text>')

@@ -5,17 +5,18 @@ Export runs `hexstudio report` in a subprocess so PDF rendering never blocks the
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QCheckBox, QFileDialog, QHBoxLayout, QPushButton, QTextBrowser, QWidget
 
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
-from app.ui.widgets import STATE_COLORS, note
+from app.ui.widgets import STATE_COLORS, note, paper
 
 _SVG = re.compile(r"<svg\b.*?</svg>", re.S | re.I)
 
@@ -37,14 +38,24 @@ class ReportPage(StagePage):
         self.open_button = QPushButton("Open in browser")
         self.open_button.clicked.connect(self.open_in_browser)
         row.addWidget(self.open_button)
+        self.folder_button = QPushButton("Open folder")
+        self.folder_button.setObjectName("open_report_folder")
+        self.folder_button.setToolTip("Show the run's report files (HTML, JSON, PDF) in the file manager")
+        self.folder_button.clicked.connect(self.open_folder)
+        row.addWidget(self.folder_button)
         row.addStretch(1)
         self.inputs_layout.addLayout(row)
         self.export_message = note("")
         self.export_message.setObjectName("export_message")
+        self.export_message.setTextFormat(Qt.TextFormat.RichText)
+        self.export_message.setOpenExternalLinks(True)
+        self.export_message.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+        self.transient_labels.append(self.export_message)
         self.inputs_layout.addWidget(self.export_message)
         self.preview = QTextBrowser()
         self.preview.setObjectName("report_preview")
         self.preview.setMinimumHeight(420)
+        paper(self.preview)   # the report is styled for a white page: readable in a dark palette too
         self.body.insertWidget(self.body.indexOf(self.results_box), self.preview, 1)
 
     async def export(self, fmt: str, out: Path) -> bool:
@@ -62,7 +73,8 @@ class ReportPage(StagePage):
             self.export_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>The report could not be "
                                         f"written: {err.decode(errors='replace').strip()[-500:]}</span>")
             return False
-        self.export_message.setText(f"Wrote {out}")
+        self.export_message.setText(f"Wrote {html.escape(str(out))} · <a href='{QUrl.fromLocalFile(str(out.parent)).toString()}'>"
+                                    "open its folder</a>")
         return True
 
     async def export_dialog(self, fmt: str) -> None:
@@ -79,7 +91,13 @@ class ReportPage(StagePage):
         if p is not None:
             QDesktopServices.openUrl(QUrl.fromLocalFile(str(p)))
 
+    def open_folder(self) -> None:
+        d = self.c.stage_dir("report")
+        if d is not None:
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(d)))
+
     def refresh_results(self) -> None:
+        self.folder_button.setEnabled(self.c.stage_dir("report") is not None)
         p = self.artifact_path("report.html")
         for b in self.export_buttons.values():
             b.setEnabled(self.c.manifest is not None)
