@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 # The GUI process stays light: these are imported only by worker processes (qai_hub: by the AI Hub
 # worker and the `bundle devices --aihub` child process the Compile page starts).
@@ -15,6 +16,32 @@ HEAVY_MODULES = ("torch", "aimet_onnx", "onnxruntime", "transformers", "onnx", "
 
 def heavy_modules_loaded() -> list[str]:
     return sorted(m for m in HEAVY_MODULES if m in sys.modules)
+
+
+def log_dir() -> Path:
+    """The studio's own log (studio.log: start, runs opened, stage ends, errors); each run's stage logs are
+    in <run>/logs/."""
+    from app.core.paths import config_dir
+
+    return config_dir() / "logs"
+
+
+def start_logging() -> Path | None:
+    """Log the studio to <config>/logs/studio.log (rotated at 2 MB, 3 kept)."""
+    import logging
+    from logging.handlers import RotatingFileHandler
+
+    try:
+        d = log_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        handler = RotatingFileHandler(d / "studio.log", maxBytes=2_000_000, backupCount=3, encoding="utf-8")
+    except OSError:
+        return None
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("hexstudio")
+    root.setLevel(logging.INFO)
+    root.addHandler(handler)
+    return d / "studio.log"
 
 
 def launch_gui(argv: Sequence[str]) -> int:
@@ -41,7 +68,7 @@ def launch_gui(argv: Sequence[str]) -> int:
     import asyncio
 
     import qasync
-    from PySide6.QtCore import QSettings, QTimer
+    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
     from app.core.runs import Workspace
@@ -54,14 +81,16 @@ def launch_gui(argv: Sequence[str]) -> int:
     app.setOrganizationName("HexStudio")
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
+    import logging
+
+    start_logging()
+    log = logging.getLogger("hexstudio.gui")
     controller = RunController(Workspace(workspace) if workspace else None)
     win = MainWindow(controller)
-    recent = QSettings().value("recent/run")
-    if isinstance(recent, str) and recent:
-        try:
-            controller.open_run(recent)
-        except Exception:
-            QSettings().remove("recent/run")
+    reopened = win.restore_last_run()   # the run that was open when the studio last closed
+    log.info("studio started (workspace %s, run %s)", controller.workspace.root, reopened or "none")
+    controller.finished.connect(lambda stage, ok, msg, _hint: log.log(logging.INFO if ok else logging.WARNING,
+                                                                      "%s: %s", stage, msg))
     win.show()
     if startup_check:
         def report() -> None:

@@ -3,27 +3,47 @@
 from __future__ import annotations
 
 import asyncio
+import html
+import json
+from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, QUrl, qVersion
+from PySide6.QtGui import (
+    QAction,
+    QActionGroup,
+    QCloseEvent,
+    QColor,
+    QDesktopServices,
+    QGuiApplication,
+    QKeySequence,
+    QShowEvent,
+)
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
+    QFrame,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QListWidget,
     QListWidgetItem,
     QMainWindow,
     QMessageBox,
+    QPushButton,
+    QSizePolicy,
     QSplitter,
     QStackedWidget,
     QTableWidget,
     QTableWidgetItem,
+    QTextBrowser,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from app.core.jobs import human_bytes
+from app.core.runs import RunSummary
 from app.core.sampler import ResourceSample
 from app.core.stages import STAGES, get_stage
 from app.ui.controller import RunController
@@ -31,59 +51,199 @@ from app.ui.job_dock import JobDock
 from app.ui.pages.base import StagePage
 from app.ui.pages.board import BoardPage
 from app.ui.pages.chat import ChatPage
-from app.ui.pages.evaluate import EvaluatePage
 from app.ui.pages.model import ModelPage
 from app.ui.pages.report import ReportPage
 from app.ui.pages.workstation import CompilePage, PreflightPage, QuantizePage, ValidatePage
-from app.ui.widgets import STATE_TEXT, state_icon
+from app.ui.widgets import STATE_COLORS, STATE_TEXT, paper, state_icon
+
+
+def run_row(s: RunSummary) -> dict[str, Any]:
+    """One row of the runs dashboard: what the run is and how it went, from run.json alone (fast for
+    hundreds of runs): status, the Validate verdict, the chat KPIs, the peak RSS of the heavy stages."""
+    try:
+        data = json.loads((s.path / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    stages = data.get("stages") or {}
+    states = [str((stages.get(st.name) or {}).get("state") or "pending") for st in STAGES]
+    if any(x == "running" for x in states):
+        status = "running"
+    elif any(x in ("failed", "interrupted", "cancelled") for x in states):
+        bad = next(st.name for st, x in zip(STAGES, states, strict=True) if x in ("failed", "interrupted",
+                                                                                   "cancelled"))
+        status = f"{states[[st.name for st in STAGES].index(bad)]} at {bad}"
+    elif all(x == "done" for x in states):
+        status = "complete"
+    else:
+        done = sum(x == "done" for x in states)
+        status = f"{done}/{len(states)} stages done"
+
+    def metric(stage: str, name: str) -> float | None:
+        v = ((stages.get(stage) or {}).get("metrics") or {}).get(name)
+        v = v.get("value") if isinstance(v, dict) else v
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    gate = (stages.get("validate") or {}).get("gate") or {}
+    verdict = "" if not gate else ("pass" if gate.get("passed") else
+                                   "overridden" if gate.get("override") else "FAIL")
+    peaks = [float(p) for st in stages.values() if isinstance(st, dict)
+             for p in [st.get("peak_rss_bytes")] if isinstance(p, (int, float))]
+    chat_source = ""
+    cj = s.path / "artifacts" / "chat" / "chat.json"
+    if cj.is_file():
+        try:
+            chat_source = str(json.loads(cj.read_text(encoding="utf-8")).get("source") or "")
+        except (OSError, ValueError):
+            chat_source = ""
+    return {"run": s.run_id, "name": data.get("name") or s.run_id, "model": s.model, "created": s.created,
+            "status": status, "verdict": verdict, "tok_s": metric("chat", "gen_tok_s"),
+            "ttft_ms": metric("chat", "ttft_ms"), "peak_rss": max(peaks) if peaks else None, "board": s.board,
+            "source": chat_source}
+
+
+class SortItem(QTableWidgetItem):
+    """Sorts by the value it was made from (numbers as numbers, blanks last), shows its text."""
+
+    def __init__(self, text: str, key: Any = None) -> None:
+        super().__init__(text)
+        self.key = key if key is not None else text
+
+    def __lt__(self, other: QTableWidgetItem) -> bool:
+        k = other.key if isinstance(other, SortItem) else other.text()
+        a, b = self.key, k
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return a < b
+        return str(a) < str(b)
+
+
+RUN_COLUMNS = ("name", "model", "created", "status", "verdict", "gen tok/s", "TTFT ms", "peak RSS", "board")
 
 
 class RunsDialog(QDialog):
-    """Open, resume or delete runs."""
+    """The runs dashboard: every run of the workspace in a sortable table; open one, compare several side
+    by side (the report's comparison), delete."""
 
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.c = controller
         self.setWindowTitle("Runs")
-        self.resize(820, 420)
+        self.setObjectName("runs_dialog")
+        self.resize(1100, 520)
         lay = QVBoxLayout(self)
-        lay.addWidget(QLabel(f"Runs in {controller.workspace.runs_dir}"))
-        self.table = QTableWidget(0, 4)
+        where = QLabel(f"Runs in {controller.workspace.runs_dir} — click a column to sort; select two or more "
+                       "to compare them.")
+        where.setWordWrap(True)
+        lay.addWidget(where)
+        self.table = QTableWidget(0, len(RUN_COLUMNS))
         self.table.setObjectName("runs_table")
-        self.table.setHorizontalHeaderLabels(["run", "model", "board", "stages done"])
-        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setHorizontalHeaderLabels(list(RUN_COLUMNS))
+        hh = self.table.horizontalHeader()
+        hh.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        hh.setStretchLastSection(True)
+        self.table.verticalHeader().setVisible(False)
         self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QTableWidget.SelectionMode.SingleSelection)
+        self.table.setSelectionMode(QTableWidget.SelectionMode.ExtendedSelection)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setAlternatingRowColors(True)
         self.table.doubleClicked.connect(self.accept)
         lay.addWidget(self.table)
         bb = QDialogButtonBox()
         self.open_button = bb.addButton("Open", QDialogButtonBox.ButtonRole.AcceptRole)
+        self.compare_button = bb.addButton("Compare…", QDialogButtonBox.ButtonRole.ActionRole)
+        self.compare_button.setObjectName("compare_button")
+        self.compare_button.setToolTip("Side by side: settings, metrics and KPIs of the selected runs (the first "
+                                       "one is the baseline)")
         self.delete_button = bb.addButton("Delete…", QDialogButtonBox.ButtonRole.DestructiveRole)
-        bb.addButton(QDialogButtonBox.StandardButton.Cancel)
+        bb.addButton(QDialogButtonBox.StandardButton.Close)
         bb.accepted.connect(self.accept)
         bb.rejected.connect(self.reject)
         self.delete_button.clicked.connect(self.delete_selected)
+        self.compare_button.clicked.connect(self.compare_selected)
+        self.table.itemSelectionChanged.connect(self._selection_changed)
         lay.addWidget(bb)
+        self.rows: list[dict[str, Any]] = []
         self.reload()
 
     def reload(self) -> None:
-        runs = self.c.list_runs()
-        self.table.setRowCount(len(runs))
-        for r, s in enumerate(runs):
-            done = [k for k, v in s.states.items() if v == "done"]
-            for col, text in enumerate([s.run_id, s.model, s.board, f"{len(done)}/{len(s.states)}: " +
-                                        ", ".join(done)]):
-                self.table.setItem(r, col, QTableWidgetItem(text))
-        if runs:
+        self.rows = [run_row(s) for s in self.c.list_runs()]
+        self.table.setSortingEnabled(False)
+        self.table.setRowCount(len(self.rows))
+        for r, row in enumerate(self.rows):
+            tag = " (sim)" if row["source"] == "simulated" else ""
+            cells = [
+                SortItem(row["name"]), SortItem(row["model"]),
+                SortItem(str(row["created"]).replace("T", " ")[:19], row["created"]),
+                SortItem(row["status"]), SortItem(row["verdict"]),
+                SortItem("" if row["tok_s"] is None else f"{row['tok_s']:.1f}{tag}", row["tok_s"] or -1.0),
+                SortItem("" if row["ttft_ms"] is None else f"{row['ttft_ms']:.0f}{tag}",
+                         row["ttft_ms"] if row["ttft_ms"] is not None else float("inf")),
+                SortItem("" if row["peak_rss"] is None else human_bytes(row["peak_rss"]), row["peak_rss"] or -1.0),
+                SortItem(row["board"]),
+            ]
+            cells[0].setData(Qt.ItemDataRole.UserRole, row["run"])
+            cells[0].setToolTip(f"{row['run']}\n{row['model']}")
+            if row["verdict"] == "FAIL" or row["status"].startswith(("failed", "interrupted")):
+                cells[3 if row["verdict"] != "FAIL" else 4].setForeground(QColor(STATE_COLORS["failed"]))
+            for col, item in enumerate(cells):
+                self.table.setItem(r, col, item)
+        self.table.setSortingEnabled(True)
+        self.table.sortItems(2, Qt.SortOrder.DescendingOrder)
+        self.table.resizeColumnsToContents()
+        for col in (0, 1):
+            self.table.setColumnWidth(col, min(self.table.columnWidth(col), 300))
+        if self.rows:
             self.table.selectRow(0)
+        self._selection_changed()
+
+    def selected_runs(self) -> list[str]:
+        out = []
+        for idx in sorted(self.table.selectionModel().selectedRows(), key=lambda i: i.row()):
+            item = self.table.item(idx.row(), 0)
+            if item is not None:
+                out.append(str(item.data(Qt.ItemDataRole.UserRole)))
+        return out
 
     def selected(self) -> str | None:
-        rows = self.table.selectionModel().selectedRows()
-        if not rows:
-            return None
-        item = self.table.item(rows[0].row(), 0)
-        return item.text() if item else None
+        runs = self.selected_runs()
+        return runs[0] if runs else None
+
+    def _selection_changed(self) -> None:
+        n = len(self.selected_runs())
+        self.open_button.setEnabled(n == 1)
+        self.compare_button.setEnabled(n >= 2)
+        self.delete_button.setEnabled(n == 1)
+
+    def comparison_html(self, runs: list[str]) -> str:
+        from app.core.reports.collect import build_report
+        from app.core.reports.compare import compare_html, compare_reports
+
+        reports = [build_report(self.c.workspace.run_dir(r), redact_hosts=True) for r in runs]
+        return compare_html(compare_reports(reports))
+
+    def compare_selected(self) -> None:
+        runs = self.selected_runs()
+        if len(runs) < 2:
+            return
+        try:
+            text = self.comparison_html(runs)
+        except Exception as exc:
+            QMessageBox.warning(self, "Compare runs", f"The runs could not be compared: {exc}")
+            return
+        d = QDialog(self)
+        d.setObjectName("compare_dialog")
+        d.setWindowTitle("Compare: " + " vs ".join(runs))
+        d.resize(1000, 640)
+        dl = QVBoxLayout(d)
+        view = QTextBrowser()
+        view.setObjectName("compare_view")
+        paper(view)
+        view.setHtml(text)
+        dl.addWidget(view)
+        bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        bb.rejected.connect(d.reject)
+        dl.addWidget(bb)
+        self.compare_dialog = d
+        d.show()
 
     def delete_selected(self) -> None:
         rid = self.selected()
@@ -137,22 +297,138 @@ class HistoryDialog(QDialog):
         lay.addWidget(bb)
 
 
+class AboutDialog(QDialog):
+    """Help → About: versions, where the documentation and the logs are."""
+
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        import platform
+
+        import pyqtgraph
+        import PySide6
+
+        from app import __version__
+        from app.core.paths import REPO_ROOT
+        from app.ui.launch import log_dir
+
+        self.setWindowTitle("About HexStudio")
+        self.setObjectName("about_dialog")
+        lay = QVBoxLayout(self)
+        docs = REPO_ROOT / "docs"
+        links = " · ".join(f"<a href='{QUrl.fromLocalFile(str(docs / f)).toString()}'>{f}</a>"
+                           for f in ("gui.md", "genie.md", "board.md", "reports.md", "PERFORMANCE.md")
+                           if (docs / f).is_file())
+        readme = REPO_ROOT / "README.md"
+        run = controller.manifest
+        self.text = QLabel(
+            f"<h2>HexStudio {__version__}</h2>"
+            "<p>Deploys Hugging Face LLMs to Qualcomm Hexagon NPU boards: quantize (AIMET-ONNX W4A16), validate, "
+            "compile (AI Hub → Genie bundle), push over SSH, chat, report.</p>"
+            f"<p><b>Versions</b>: Python {platform.python_version()} · Qt {qVersion()} · PySide6 "
+            f"{PySide6.__version__} · pyqtgraph {pyqtgraph.__version__} · {html.escape(platform.platform())}</p>"
+            f"<p><b>Documentation</b>: <a href='{QUrl.fromLocalFile(str(readme)).toString()}'>README</a> · {links}</p>"
+            f"<p><b>Studio log</b>: {html.escape(str(log_dir()))}<br>"
+            f"<b>Workspace</b>: {html.escape(str(controller.workspace.root))}"
+            + (f"<br><b>This run's logs</b>: {html.escape(str(run.run_dir / 'logs'))}" if run else "") + "</p>")
+        self.text.setTextFormat(Qt.TextFormat.RichText)
+        self.text.setWordWrap(True)
+        self.text.setOpenExternalLinks(True)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+        lay.addWidget(self.text)
+        bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        logs = bb.addButton("Open the log folder", QDialogButtonBox.ButtonRole.ActionRole)
+        logs.clicked.connect(lambda: open_folder(log_dir()))
+        if run is not None:
+            rl = bb.addButton("Open this run's folder", QDialogButtonBox.ButtonRole.ActionRole)
+            rl.clicked.connect(lambda: open_folder(run.run_dir))
+        bb.rejected.connect(self.reject)
+        lay.addWidget(bb)
+        self.resize(640, 360)
+
+
+class ResumeBar(QFrame):
+    """Shown above the pages when the open run has a heavy stage that was interrupted or cancelled."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("resume_bar")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setStyleSheet(f"QFrame#resume_bar {{ border: 1px solid {STATE_COLORS['stale']}; border-radius: 4px; }}")
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(10, 4, 6, 4)
+        self.label = QLabel("")
+        self.label.setTextFormat(Qt.TextFormat.RichText)
+        self.label.setWordWrap(True)
+        lay.addWidget(self.label, 1)
+        self.resume_button = QPushButton("Resume")
+        self.resume_button.setObjectName("resume_button")
+        self.resume_button.setToolTip("Run every stage that is not done, starting with the interrupted one "
+                                      "(Ctrl+R)")
+        lay.addWidget(self.resume_button)
+        self.dismiss_button = QToolButton()
+        self.dismiss_button.setText("✕")
+        self.dismiss_button.setToolTip("Hide this message")
+        self.dismiss_button.setAutoRaise(True)
+        self.dismiss_button.clicked.connect(self.hide)
+        lay.addWidget(self.dismiss_button)
+        self.hide()
+
+
+def open_folder(path: Path) -> bool:
+    """Show a folder in the system's file manager (made first if it does not exist yet)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+    return QDesktopServices.openUrl(QUrl.fromLocalFile(str(path)))
+
+
+def fit_to_screen(win: QWidget) -> None:
+    """Keep a restored window inside the screen it is on (at any scaling, a saved size can be larger than
+    the screen's available area in device-independent pixels)."""
+    screen = win.screen() or QGuiApplication.primaryScreen()
+    if screen is None:
+        return
+    avail = screen.availableGeometry()
+    frame = win.frameGeometry()
+    extra_w = max(frame.width() - win.width(), 0)
+    extra_h = max(frame.height() - win.height(), 0)
+    w = min(win.width(), avail.width() - extra_w)
+    h = min(win.height(), avail.height() - extra_h)
+    if (w, h) != (win.width(), win.height()):
+        win.resize(max(w, 640), max(h, 480))
+    frame = win.frameGeometry()
+    x = min(max(frame.x(), avail.x()), avail.x() + max(avail.width() - frame.width(), 0))
+    y = min(max(frame.y(), avail.y()), avail.y() + max(avail.height() - frame.height(), 0))
+    if (x, y) != (frame.x(), frame.y()):
+        win.move(x, y)
+
+
 class MainWindow(QMainWindow):
     def __init__(self, controller: RunController | None = None) -> None:
         super().__init__()
+        from app.ui import theme
+
+        theme.install()
+        saved = QSettings().value("ui/theme")
+        if isinstance(saved, str) and saved in theme.THEMES and saved != theme.current_theme():
+            theme.apply_theme(saved)
         self.setWindowTitle("HexStudio")
         self.setObjectName("main_window")
         self.c = controller or RunController()
         self.stage_list = QListWidget()
         self.stage_list.setObjectName("stage_list")
         self.stage_list.setMaximumWidth(210)
-        self.stage_list.setMinimumWidth(170)
+        self.stage_list.setMinimumWidth(150)
         self.stack = QStackedWidget()
         self.pages: dict[str, StagePage] = {
             "model": ModelPage(self.c), "preflight": PreflightPage(self.c), "quantize": QuantizePage(self.c),
             "validate": ValidatePage(self.c), "compile": CompilePage(self.c), "board": BoardPage(self.c),
-            "chat": ChatPage(self.c), "evaluate": EvaluatePage(self.c), "report": ReportPage(self.c),
+            "chat": ChatPage(self.c), "report": ReportPage(self.c),
         }
+        for s in STAGES:   # a stage with no page of its own yet still gets its stage page
+            if s.name not in self.pages:
+                self.pages[s.name] = StagePage(s.name, self.c)
         for page in self.pages.values():
             page.apply_tab_order()
         for s in STAGES:
@@ -166,17 +442,24 @@ class MainWindow(QMainWindow):
         ll.setContentsMargins(6, 6, 0, 6)
         self.run_label = QLabel()
         self.run_label.setObjectName("run_label")
+        self.run_label.setTextFormat(Qt.TextFormat.RichText)
         self.run_label.setWordWrap(True)
+        self.run_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Minimum)
         ll.addWidget(self.run_label)
         ll.addWidget(self.stage_list, 1)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(left)
         split.addWidget(self.stack)
         split.setStretchFactor(1, 1)
+        split.setChildrenCollapsible(False)
         central = QWidget()
-        cl = QHBoxLayout(central)
+        cl = QVBoxLayout(central)
         cl.setContentsMargins(0, 0, 0, 0)
-        cl.addWidget(split)
+        cl.setSpacing(0)
+        self.resume_bar = ResumeBar()
+        self.resume_bar.resume_button.clicked.connect(self.resume)
+        cl.addWidget(self.resume_bar)
+        cl.addWidget(split, 1)
         self.setCentralWidget(central)
         self.dock = JobDock(self)
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.dock)
@@ -192,17 +475,20 @@ class MainWindow(QMainWindow):
         self.dock.cancelRequested.connect(lambda: asyncio.ensure_future(self.c.cancel()))
         self.stage_list.setCurrentRow(0)
         self.resize(1280, 860)
-        self.resizeDocks([self.dock], [250], Qt.Orientation.Vertical)
+        self.resizeDocks([self.dock], [230], Qt.Orientation.Vertical)
         self._restore_geometry()
+        self._closing_after_cancel = False
         self.refresh()
 
     # -- chrome ---------------------------------------------------------------------------------
     def _make_menu(self) -> None:
+        from app.ui import theme
+
         m = self.menuBar().addMenu("&Run")
         new = QAction("&New run…", self)
         new.setShortcut(QKeySequence.StandardKey.New)
         new.triggered.connect(lambda: self.stage_list.setCurrentRow(0))
-        opn = QAction("&Open or delete runs…", self)
+        opn = QAction("&Runs: open, compare or delete…", self)
         opn.setShortcut(QKeySequence.StandardKey.Open)
         opn.triggered.connect(self.open_runs_dialog)
         resume = QAction("&Resume (run every stage that is not done)", self)
@@ -211,13 +497,15 @@ class MainWindow(QMainWindow):
         history = QAction("&History of this run…", self)
         history.setShortcut("Ctrl+H")
         history.triggered.connect(lambda: HistoryDialog(self.c, self).exec())
+        folder = QAction("Open the run &folder", self)
+        folder.triggered.connect(lambda: self.c.manifest is not None and open_folder(self.c.manifest.run_dir))
         cancel = QAction("&Cancel the running stage", self)
         cancel.setShortcut("Ctrl+.")
         cancel.triggered.connect(lambda: asyncio.ensure_future(self.c.cancel()))
         quit_ = QAction("&Quit", self)
         quit_.setShortcut(QKeySequence.StandardKey.Quit)
         quit_.triggered.connect(self.close)
-        for a in (new, opn, resume, history, cancel):
+        for a in (new, opn, resume, history, folder, cancel):
             m.addAction(a)
         m.addSeparator()
         m.addAction(quit_)
@@ -228,6 +516,46 @@ class MainWindow(QMainWindow):
             a.setShortcut(f"Alt+{i + 1}")
             a.triggered.connect(lambda _=False, row=i: self.stage_list.setCurrentRow(row))
             v.addAction(a)
+        v.addSeparator()
+        tm = v.addMenu("&Theme")
+        self.theme_actions: dict[str, QAction] = {}
+        group = QActionGroup(self)
+        for key, label in (("system", "Follow the &system"), ("light", "&Light"), ("dark", "&Dark")):
+            a = QAction(label, self)
+            a.setCheckable(True)
+            a.setChecked(theme.current_theme() == key)
+            a.triggered.connect(lambda _=False, k=key: self.set_theme(k))
+            group.addAction(a)
+            tm.addAction(a)
+            self.theme_actions[key] = a
+        h = self.menuBar().addMenu("&Help")
+        docs = QAction("&Documentation (docs/gui.md)", self)
+        docs.setShortcut(QKeySequence.StandardKey.HelpContents)
+        docs.triggered.connect(self.open_docs)
+        logs = QAction("Open the &log folder", self)
+        logs.triggered.connect(self.open_log_folder)
+        about = QAction("&About HexStudio", self)
+        about.triggered.connect(lambda: AboutDialog(self.c, self).exec())
+        for a in (docs, logs, about):
+            h.addAction(a)
+
+    def set_theme(self, key: str) -> None:
+        from app.ui import theme
+
+        theme.apply_theme(key)
+        QSettings().setValue("ui/theme", key)
+        if key in self.theme_actions:
+            self.theme_actions[key].setChecked(True)
+
+    def open_docs(self) -> None:
+        from app.core.paths import REPO_ROOT
+
+        QDesktopServices.openUrl(QUrl.fromLocalFile(str(REPO_ROOT / "docs" / "gui.md")))
+
+    def open_log_folder(self) -> None:
+        from app.ui.launch import log_dir
+
+        open_folder(log_dir())
 
     def _restore_geometry(self) -> None:
         qs = QSettings()
@@ -237,19 +565,53 @@ class MainWindow(QMainWindow):
         st = qs.value("window/state")
         if isinstance(st, QByteArray):
             self.restoreState(st)
+        if QGuiApplication.platformName() != "offscreen":
+            fit_to_screen(self)
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        if QGuiApplication.platformName() != "offscreen":   # the offscreen test screen is only 800 x 600
+            fit_to_screen(self)
+            QTimer.singleShot(0, lambda: fit_to_screen(self))   # once the window system has placed it
+
+    def restore_last_run(self) -> str | None:
+        """Open the run that was open when the studio last closed (the recent run); None if there is none
+        or it is gone."""
+        recent = QSettings().value("recent/run")
+        if not isinstance(recent, str) or not recent:
+            return None
+        try:
+            self.c.open_run(recent)
+        except Exception:
+            QSettings().remove("recent/run")
+            return None
+        return recent
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        if self.c.busy and QMessageBox.question(
-                self, "Quit HexStudio", f"The {self.c.running_stage} stage is still working. Cancel it and quit? "
-                "(The run can be resumed later.)") != QMessageBox.StandardButton.Yes:
+        if self.c.busy and not self._closing_after_cancel:
+            if QMessageBox.question(
+                    self, "Quit HexStudio", f"The {self.c.running_stage} stage is still working. Cancel it and "
+                    "quit? (The run can be resumed later.)") != QMessageBox.StandardButton.Yes:
+                event.ignore()
+                return
+            # cancel first and quit once the stage has stopped: the run then says "cancelled by you", not
+            # "interrupted (crash or reboot)"
             event.ignore()
+            self._closing_after_cancel = True
+            self.statusBar().showMessage(f"Cancelling the {self.c.running_stage} stage, then quitting…")
+            self._shutdown = asyncio.ensure_future(self._cancel_then_close())
             return
+        self._save_window()
+        event.accept()
+
+    async def _cancel_then_close(self) -> None:
+        await self.c.shutdown()
+        self.close()
+
+    def _save_window(self) -> None:
         qs = QSettings()
         qs.setValue("window/geometry", self.saveGeometry())
         qs.setValue("window/state", self.saveState())
-        if self.c.busy:
-            self._shutdown = asyncio.ensure_future(self.c.shutdown())
-        event.accept()
 
     # -- actions --------------------------------------------------------------------------------
     def open_runs_dialog(self) -> None:
@@ -260,14 +622,14 @@ class MainWindow(QMainWindow):
     def open_run(self, run_id: str) -> None:
         try:
             self.c.open_run(run_id)
-            QSettings().setValue("recent/run", run_id)
         except Exception as exc:
             QMessageBox.warning(self, "Open run", str(exc))
 
     def resume(self) -> None:
         if self.c.manifest is None or self.c.busy:
             return
-        self.c.start("report")
+        self.resume_bar.hide()
+        self.c.start(STAGES[-1].name)
 
     def show_stage(self, name: str) -> None:
         self.stage_list.setCurrentRow([s.name for s in STAGES].index(name))
@@ -278,14 +640,36 @@ class MainWindow(QMainWindow):
         board = self.pages["board"]
         if isinstance(board, BoardPage):
             board.reload_boards()
+        m = self.c.manifest
+        if m is not None:
+            QSettings().setValue("recent/run", m.run_id)   # reopened at the next launch
+        self.update_resume_bar()
         self.refresh()
+
+    def update_resume_bar(self) -> None:
+        m = self.c.manifest
+        stopped = [s for s in STAGES if m is not None and s.heavy and self.c.state(s.name) in ("interrupted",
+                                                                                              "cancelled")]
+        if not stopped or self.c.busy:
+            self.resume_bar.hide()
+            return
+        s = stopped[0]
+        how = ("was interrupted (the studio or the machine stopped while it ran)"
+               if self.c.state(s.name) == "interrupted" else "was cancelled by you")
+        self.resume_bar.label.setText(f"The <b>{s.title}</b> stage of this run {how}. Resume runs it again from a "
+                                      "clean state, then every later stage that is not done.")
+        self.resume_bar.show()
 
     def refresh(self) -> None:
         m = self.c.manifest
         if m is None:
             self.run_label.setText("<b>No run open</b><br>New run: Model page · Open: Ctrl+O")
+            self.setWindowTitle("HexStudio")
         else:
-            self.run_label.setText(f"<b>{m.run_id}</b><br>{m.inputs.get('model')} → {m.inputs.get('board')}")
+            self.run_label.setText(f"<b>{html.escape(m.run_id)}</b><br>{html.escape(str(m.inputs.get('model')))} → "
+                                   f"{html.escape(str(m.inputs.get('board')))}")
+            self.run_label.setToolTip(str(m.run_dir))
+            self.setWindowTitle(f"{m.run_id} — HexStudio")
         for i, s in enumerate(STAGES):
             state = self.c.state(s.name)
             item = self.stage_list.item(i)
@@ -293,6 +677,8 @@ class MainWindow(QMainWindow):
             item.setToolTip(f"{s.title}: {STATE_TEXT.get(state, state)}")
         for p in self.pages.values():
             p.refresh()
+        if self.c.busy:
+            self.resume_bar.hide()
 
     def on_stage_state(self, name: str, state: str) -> None:
         if state == "running":
@@ -305,8 +691,7 @@ class MainWindow(QMainWindow):
             self.dock.begin(name, get_stage(name).title, est)
         i = [s.name for s in STAGES].index(name)
         self.stage_list.item(i).setIcon(state_icon(self.c.state(name)))
-        if state != "running":
-            self.pages[name].refresh()
+        self.pages[name].refresh()   # running: the page says so and greys its previous results
 
     def on_stage_event(self, stage: str, ev: dict[str, Any]) -> None:
         self.dock.on_event(stage, ev)
@@ -317,5 +702,6 @@ class MainWindow(QMainWindow):
     def on_finished(self, stage: str, ok: bool, message: str, hint: str) -> None:
         self.dock.end(ok, message if not hint else f"{message} — {hint}")
         self.refresh()
+        self.update_resume_bar()
         if not ok and message != "cancelled":
             self.statusBar().showMessage(f"{stage}: {message}", 15000)

@@ -43,6 +43,19 @@ def _shot(widget: Any, name: str, tmp: Path, show: Any = None) -> Path:
     return path
 
 
+def assert_in_view(win: Any, *widgets: Any) -> None:
+    """Each widget is shown whole inside the window (not scrolled away, not cut off by its parents)."""
+    from PySide6.QtCore import QPoint, QRect
+
+    frame = QRect(QPoint(0, 0), win.size())
+    for wd in widgets:
+        assert wd.isVisible(), f"{wd.objectName()} is hidden"
+        region = wd.visibleRegion().boundingRect()
+        assert region.size() == wd.size(), f"{wd.objectName()} is cut off: {region} of {wd.size()}"
+        top_left = wd.mapTo(win, QPoint(0, 0))
+        assert frame.contains(QRect(top_left, wd.size())), f"{wd.objectName()} lies outside the window"
+
+
 def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
     from app.core.runs import Workspace
     from app.ui.controller import RunController
@@ -113,23 +126,30 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         ch = w.pages["chat"]
         w.show_stage("chat")
         assert "SIMULATED" in ch.board_label.text()
+        # the Run Chat benchmark reply is a conversation of the run, shown in the transcript
+        assert ch.record is not None and ch.record.origin == "Run Chat benchmark"
+        assert len(ch.transcript.bubbles) == 2 and ch.transcript.bubbles[1].text.strip()
+        w.resize(1280, 720)   # a laptop screen: the message box, Send and Stop stay in view
+        ch.new_chat()
         ch.max_tokens.setValue(24)
         ch.input.setPlainText("What is the capital of France?")
-        task = asyncio.ensure_future(ch.send())
+        ch.send_button.click()
         # the reply streams in: text shows up while the reply is still being generated
         await wait_until(lambda: bool(ch.streamed), 120, "the first streamed chunk")
         assert ch.busy_chat and ch.stop_button.isEnabled()
-        partial = ch.transcript.toPlainText()
-        turn = await task
-        assert turn is not None and turn.state == "complete", turn
-        assert "Paris" in turn.reply
-        assert len(ch.transcript.toPlainText()) > len(partial)
+        assert_in_view(w, ch.input, ch.send_button, ch.stop_button)
+        await wait_until(lambda: not ch.busy_chat, 120, "the reply")
+        assert_in_view(w, ch.input, ch.send_button, ch.stop_button)
+        turn = ch.conversation.turns[-1]
+        assert turn.state == "complete", turn
+        assert "Paris" in turn.reply and "Paris" in ch.transcript.plain_text()
         assert turn.kpis["source"] == "simulated" and turn.kpis["gen_tok_s"] > 0
         assert ch.session is not None and ch.session.mode == "persistent", ch.session.fallback_reason
         assert "stays loaded" in ch.mode_label.text()
-        assert "SIMULATED" in ch.kpi_label.text()
-        assert ch.rate_plot.xs and ch.history_plot.rates == [pytest.approx(turn.kpis["gen_tok_s"])]
-        _shot(w, "07-chat", tmp_path, show=ch.kpi_label)
+        assert "SIMULATED" in ch.kpi_label.text() and "SIMULATED" in ch.transcript.bubbles[-1].kpi_label.text()
+        assert ch.rate_plot.xs and ch.history_plot.rates[-1] == pytest.approx(turn.kpis["gen_tok_s"])
+        assert "tokens" in ch.context_meter.format() and ch.context_meter.value() > 0
+        _shot(w, "07-chat", tmp_path)
         # a second turn keeps the conversation (multi-turn prompt) and can be stopped mid-reply
         ch.max_tokens.setValue(200)
         task = asyncio.ensure_future(ch.send("Tell me about the harbour."))
@@ -139,6 +159,9 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         turn2 = await task
         assert turn2 is not None and turn2.state == "aborted"
         assert not ch.busy_chat and ch.send_button.isEnabled()
+        chat_id = ch.record.id
+        assert [t.state for t in ch.record.turns] == ["complete", "aborted"]
+        w.resize(1280, 900)
 
         await run_page("report", 120)
         rp = w.pages["report"]
@@ -155,8 +178,21 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         assert sess["source"] == "simulated" and sess["mode"] == "persistent"
         _shot(w, "08-report", tmp_path)
 
-        # every stage shows done in the stage list
-        assert all(c.state(s) == "done" for s in w.pages)
+        # every stage shows done in the stage list (a stage another page adds may not have run)
+        assert all(c.state(s) == "done" for s in ("model", "preflight", "quantize", "validate", "compile",
+                                                   "board", "chat", "report"))
+        await ch.close_session()
+
+        # the studio opened again: the last run comes back with its conversations
+        c2 = RunController(Workspace(tmp_path / "ws"))
+        w2 = MainWindow(c2)
+        qtbot.addWidget(w2)
+        assert w2.restore_last_run() == c.manifest.run_id
+        assert c.manifest.run_id in w2.windowTitle()
+        ch2 = w2.pages["chat"]
+        assert ch2.record is not None and ch2.record.id == chat_id
+        assert "Paris" in ch2.transcript.plain_text() and len(ch2.transcript.bubbles) == 4
+        assert ch2.conv_list.count() == 2   # this chat and the Run Chat benchmark
 
     gui_loop.run_until_complete(scenario())
     for state in ("quantize:running", "quantize:done", "chat:done", "report:done"):

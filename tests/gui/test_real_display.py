@@ -1,0 +1,143 @@
+"""The studio on a real X server (Xvfb), driven as a person drives it (xdotool: keys, typing, the mouse wheel)
+and looked at with `import -window root`: at 1280x720 the chat input, Send and Stop are in view while a reply
+streams and after Send; quitting and starting again brings back the last run with its conversation.
+
+Skipped where Xvfb, xdotool or ImageMagick's `import` is missing (apt-get install xvfb xdotool imagemagick).
+With HEXSTUDIO_SCREENSHOTS=DIR the screens are kept there."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not all(shutil.which(t) for t in ("Xvfb", "xdotool", "import")),
+                                 reason="needs Xvfb, xdotool and ImageMagick (apt-get install xvfb xdotool "
+                                        "imagemagick)")]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def xvfb(width: int, height: int) -> Iterator[str]:
+    for n in range(90, 130):
+        if not Path(f"/tmp/.X11-unix/X{n}").exists() and not Path(f"/tmp/.X{n}-lock").exists():
+            break
+    display = f":{n}"
+    proc = subprocess.Popen(["Xvfb", display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not Path(f"/tmp/.X11-unix/X{n}").exists():
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("Xvfb did not start")
+            time.sleep(0.1)
+        yield display
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def xdo(display: str, *args: str) -> str:
+    return subprocess.run(["xdotool", *args], env={**os.environ, "DISPLAY": display}, capture_output=True,
+                          text=True, timeout=60).stdout.strip()
+
+
+def screenshot(display: str, name: str, out: Path) -> Path:
+    path = out / f"{name}.png"
+    subprocess.run(["import", "-window", "root", str(path)], env={**os.environ, "DISPLAY": display}, check=True,
+                   timeout=60)
+    keep = os.environ.get("HEXSTUDIO_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, Path(keep) / path.name)
+    return path
+
+
+def start_studio(display: str, ws: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "app", "gui", "--workspace", str(ws)], cwd=ROOT,
+                            env={**env, "DISPLAY": display, "QT_QPA_PLATFORM": "xcb"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    win = ""
+    while not win:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr and proc.poll() is not None else ""
+            raise AssertionError(f"the studio window did not appear: {err[-2000:]}")
+        win = xdo(display, "search", "--onlyvisible", "--name", "HexStudio").split("\n")[0]
+        time.sleep(0.3)
+    time.sleep(1.5)   # the first paint
+    return proc, win
+
+
+def conversations(run: Path) -> list[dict[str, object]]:
+    folder = run / "chats" / "conversations"
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+
+
+def test_chat_on_a_real_display_then_reopen(tmp_path: Path, compiled_sim_run: Path) -> None:
+    from app.core.pipeline import Pipeline
+    from app.core.runs import Workspace
+    from tests.support.sim_runs import copy_run
+
+    ws = tmp_path / "ws"
+    run = copy_run(compiled_sim_run, ws)
+    m = Workspace(ws).open_run(run.name)
+    assert asyncio.run(Pipeline(m).run(only="board")).ok
+    xdg = tmp_path / "xdg"
+    (xdg / "HexStudio").mkdir(parents=True)
+    (xdg / "HexStudio" / "HexStudio.conf").write_text(f"[recent]\nrun={run.name}\n")   # the last open run
+    env = {**os.environ, "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg"), "XDG_CONFIG_HOME": str(xdg)}
+    out = tmp_path / "screens"
+    out.mkdir()
+    with xvfb(1280, 720) as display:
+        proc, win = start_studio(display, ws, env)
+        try:
+            geo = xdo(display, "getwindowgeometry", win)
+            assert "1280x" in geo or "Geometry: 12" in geo, geo        # kept within the 1280x720 screen
+            xdo(display, "windowfocus", "--sync", win)
+            xdo(display, "key", "alt+7")              # the Chat page; the message box has focus
+            time.sleep(1.0)
+            xdo(display, "type", "--delay", "20", "What is the capital of France?")
+            xdo(display, "key", "ctrl+Return")
+            time.sleep(0.4)
+            screenshot(display, "chat-1280x720-streaming", out)
+            deadline = time.monotonic() + 60
+            while not any("Paris" in str(t.get("reply")) for c in conversations(run)
+                          for t in c["turns"]):    # type: ignore[attr-defined]
+                assert time.monotonic() < deadline, conversations(run)
+                time.sleep(0.5)
+            time.sleep(0.8)
+            screenshot(display, "chat-1280x720-after-send", out)
+            xdo(display, "key", "ctrl+q")
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        # started again: the last run is open, its conversation shown
+        proc, win = start_studio(display, ws, env)
+        try:
+            assert run.name in xdo(display, "getwindowname", win)
+            xdo(display, "windowfocus", "--sync", win)
+            xdo(display, "key", "alt+7")
+            time.sleep(1.0)
+            screenshot(display, "chat-1280x720-reopened", out)
+        finally:
+            xdo(display, "key", "ctrl+q")
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    convs = conversations(run)
+    mine = [c for c in convs if c["origin"] == "chat page"]
+    assert len(mine) == 1 and mine[0]["turns"][0]["user"] == "What is the capital of France?"  # type: ignore[index]
+    assert all(p.stat().st_size > 10_000 for p in out.glob("*.png"))

@@ -1,0 +1,99 @@
+"""The pages issue 24 changed, after real replies on the simulator board, at 1280x720 and 1600x1000 and in a
+dark palette (docs/screenshots: HEXSTUDIO_SCREENSHOTS=docs/screenshots keeps them). Each screen is also
+checked: the chat's message box, Send and Stop in view; the dark theme really dark."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gui.conftest import wait_until
+from tests.gui.test_flow import assert_in_view
+
+pytestmark = pytest.mark.slow
+
+
+def _keep(widget: Any, name: str, tmp: Path) -> Path:
+    from PySide6.QtWidgets import QApplication
+
+    for _ in range(5):
+        QApplication.processEvents()
+    path = tmp / f"{name}.png"
+    assert widget.grab().save(str(path))
+    keep = os.environ.get("HEXSTUDIO_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, Path(keep) / path.name)
+    return path
+
+
+def test_changed_pages_at_two_sizes_and_dark(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path,
+                                             compiled_sim_run: Path) -> None:
+    from app.core.runs import Workspace
+    from app.ui import theme
+    from app.ui.controller import RunController
+    from app.ui.main_window import AboutDialog, MainWindow, RunsDialog
+    from tests.support.sim_runs import copy_run
+
+    run = copy_run(compiled_sim_run, tmp_path / "ws")
+    c = RunController(Workspace(tmp_path / "ws"))
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    w.resize(1280, 720)
+    w.show()
+    c.open_run(run.name)
+
+    async def scenario() -> None:
+        w.show_stage("board")
+        w.pages["board"].run_button.click()
+        await wait_until(lambda: not c.busy, 180, "the board stage")
+        ch: Any = w.pages["chat"]
+        w.show_stage("chat")
+        ch.max_tokens.setValue(32)
+        for size, question in (((1280, 720), "What is the capital of France?"),
+                               ((1600, 1000), "And the capital of Italy?")):
+            w.resize(*size)
+            ch.input.setPlainText(question)
+            task = asyncio.ensure_future(ch.send())
+            await wait_until(lambda: ch.busy_chat and len(ch.streamed) > 8, 120, "the reply to stream")
+            assert_in_view(w, ch.input, ch.send_button, ch.stop_button)
+            _keep(w, f"chat-{size[0]}x{size[1]}-streaming", tmp_path)
+            await task
+            assert_in_view(w, ch.input, ch.send_button, ch.stop_button)
+            _keep(w, f"chat-{size[0]}x{size[1]}", tmp_path)
+        try:
+            w.set_theme("dark")
+            assert theme.is_dark()
+            for size in ((1600, 1000), (1280, 720)):
+                w.resize(*size)
+                _keep(w, f"chat-{size[0]}x{size[1]}-dark", tmp_path)
+            w.resize(1600, 1000)
+            w.show_stage("compile")
+            _keep(w, "compile-1600x1000-dark", tmp_path)
+            w.show_stage("report")
+            w.pages["report"].run_button.click()
+            await wait_until(lambda: not c.busy, 180, "the report stage")
+            _keep(w, "report-1600x1000-dark", tmp_path)
+            d = RunsDialog(c, w)
+            qtbot.addWidget(d)
+            d.show()
+            _keep(d, "10-runs-dashboard-dark", tmp_path)
+        finally:
+            w.set_theme("light")
+        d = RunsDialog(c, w)
+        qtbot.addWidget(d)
+        d.show()
+        _keep(d, "10-runs-dashboard", tmp_path)
+        a = AboutDialog(c, w)
+        qtbot.addWidget(a)
+        a.show()
+        _keep(a, "11-about", tmp_path)
+        await ch.close_session()
+        w.set_theme("system")
+
+    gui_loop.run_until_complete(scenario())
