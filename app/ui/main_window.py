@@ -51,6 +51,7 @@ from app.ui.job_dock import JobDock
 from app.ui.pages.base import StagePage
 from app.ui.pages.board import BoardPage
 from app.ui.pages.chat import ChatPage
+from app.ui.pages.evaluate import EvaluatePage
 from app.ui.pages.model import ModelPage
 from app.ui.pages.report import ReportPage
 from app.ui.pages.workstation import CompilePage, PreflightPage, QuantizePage, ValidatePage
@@ -424,7 +425,7 @@ class MainWindow(QMainWindow):
         self.pages: dict[str, StagePage] = {
             "model": ModelPage(self.c), "preflight": PreflightPage(self.c), "quantize": QuantizePage(self.c),
             "validate": ValidatePage(self.c), "compile": CompilePage(self.c), "board": BoardPage(self.c),
-            "chat": ChatPage(self.c), "report": ReportPage(self.c),
+            "chat": ChatPage(self.c), "evaluate": EvaluatePage(self.c), "report": ReportPage(self.c),
         }
         for s in STAGES:   # a stage with no page of its own yet still gets its stage page
             if s.name not in self.pages:
