@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from workers.errors import ActionableError
 from workers.rope import genie_rope_tables
 
 MASK_VALUE = -1000.0      # a float mask's "masked" value, as Genie writes it (nsp-model.cpp)
@@ -54,7 +55,7 @@ def is_kv(name: str) -> bool:
     return name.startswith("past_") and (name.endswith("_in") or name.endswith("_out"))
 
 
-class ContextFull(RuntimeError):
+class ContextFull(ActionableError, RuntimeError):
     """The KV cache holds context_length tokens: no room for more."""
 
 

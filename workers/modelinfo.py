@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from workers.errors import ActionableError
+
 GiB = 1024**3
 
 SUPPORTED_ARCHITECTURES = {
@@ -89,7 +91,7 @@ WHOLE_QUANTSIM_BYTES_PER_PARAM = 23.0   # whole-model QuantSim: bytes per parame
 FIXED_OVERHEAD_BYTES = QUANTIZE_FIXED_BYTES
 
 
-class ModelInfoError(ValueError):
+class ModelInfoError(ActionableError, ValueError):
     """config.json is missing or unreadable."""
 
 

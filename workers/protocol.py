@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Any, TextIO
 
+from workers.errors import ActionableError, error_fields
+
 PROTOCOL_VERSION = 1
 
 EVENT_TYPES = ("progress", "log", "metric", "artifact", "warning", "error", "done")
@@ -47,8 +49,10 @@ _REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
 LOG_LEVELS = ("debug", "info", "warn", "error")
 
 
-class ProtocolError(ValueError):
+class ProtocolError(ActionableError, ValueError):
     """A line from a worker that is not a valid event."""
+
+    code = "protocol_error"
 
 
 def parse_event(line: str | bytes) -> dict[str, Any]:
@@ -126,7 +130,8 @@ class Emitter:
         self.emit("warning", message=message, hint=hint, code=code)
 
     def error(self, code: str, message: str, hint: str | None = None) -> None:
-        self.emit("error", code=code, message=message, hint=hint)
+        """The one error shape (workers/errors.py): the CLI's --json error carries the same fields."""
+        self.emit("error", **error_fields(code, message, hint))
 
     def done(self, ok: bool, summary: dict[str, Any] | None = None) -> None:
         self.emit("done", ok=ok, summary=summary)

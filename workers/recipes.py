@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.errors import ActionableError
+
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "packaging" / "recipes"
 RECIPE_NAMES = ("validated", "current")
 DIRECTIVES = ("recipe", "python", "torch-index", "aimet-build")
@@ -24,7 +26,7 @@ _DIRECTIVE = re.compile(r"^#\s*([a-z][a-z0-9-]*)\s*:\s*(.+?)\s*$")
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!_-]+)\s*(?:#.*)?$")
 
 
-class RecipeError(ValueError):
+class RecipeError(ActionableError, ValueError):
     """A recipe file that cannot be read; the message names the file and line."""
 
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from workers.errors import ActionableError
+
 # rope types Genie 1.13's validator accepts in positional-encoding.rope-scaling
 GENIE_ROPE_TYPES = ("llama3", "default", "longrope")
 ROPE_SCALING_KEYS = ("rope-type", "factor", "low-freq-factor", "high-freq-factor",
@@ -40,7 +42,7 @@ ROPE_SCALING_KEYS = ("rope-type", "factor", "low-freq-factor", "high-freq-factor
 TOLERANCE = 1e-6
 
 
-class RopeError(ValueError):
+class RopeError(ActionableError, ValueError):
     """The model's rope cannot be expressed in a genie_config.json; the message says why and what to do."""
 
 

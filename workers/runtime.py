@@ -34,19 +34,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.errors import ActionableError
 from workers.protocol import Emitter
 
 SPEC_SCHEMA = 1
 
 
-class WorkerError(Exception):
+class WorkerError(ActionableError):
     """A failure a person can act on: code, message and what to do."""
 
     def __init__(self, code: str, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.hint = hint
+        super().__init__(message, hint, code=code)
 
 
 class Cancelled(Exception):
@@ -212,7 +210,9 @@ def worker_main(stage: str, run: Callable[[WorkerSpec, Emitter], dict[str, Any] 
         em.error("cancelled", f"The {stage} stage was cancelled.", None)
         em.done(False)
         code = 130
-    except WorkerError as exc:
+    except ActionableError as exc:   # WorkerError, or a library's error that says what to change (BundleError, ...)
+        if not isinstance(exc, WorkerError):
+            traceback.print_exc(file=sys.stderr)   # where it was raised, for the stage's log
         em.error(exc.code, exc.message, exc.hint)
         em.done(False)
         code = 1

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import secrets
+from workers.errors import ActionableError
 
 TOKEN_PAGE = "https://huggingface.co/settings/tokens"
 SOURCES = ("keyring", "environment", "hf login")
@@ -111,10 +112,8 @@ def token_file() -> Path:
 
 # -- config.json before the download -----------------------------------------------------------
 
-class HubConfigError(Exception):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.hint = message, hint
+class HubConfigError(ActionableError):
+    """A model's config.json cannot be fetched from Hugging Face: message and hint."""
 
 
 def fetch_config(model: str, revision: str | None = None) -> dict[str, Any]:

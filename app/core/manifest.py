@@ -16,6 +16,7 @@ from typing import Any
 
 from app.core.atomic import write_json_atomic
 from app.core.stages import STAGE_NAMES
+from workers.errors import ActionableError
 
 MANIFEST_SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "run.schema.json"
@@ -34,7 +35,7 @@ def boot_id() -> str:
         return "unknown"
 
 
-class ManifestError(Exception):
+class ManifestError(ActionableError):
     """run.json is missing, unreadable or does not match its schema."""
 
 

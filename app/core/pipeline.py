@@ -33,12 +33,13 @@ from app.core.remote import RemoteStageJob, remote_host_for, start_worker_job
 from app.core.runs import RunBusy, RunLock, artifacts_dir, stage_log_path
 from app.core.sampler import ResourceSample
 from app.core.stages import STAGES, Stage, get_stage
+from workers.errors import ActionableError
 from workers.protocol import Emitter
 
 SPEC_SCHEMA = 1
 
 
-class StageError(Exception):
+class StageError(ActionableError):
     """Raised by in-process stage actions: a failure a person can act on."""
 
     def __init__(self, code: str, message: str, hint: str | None = None) -> None:

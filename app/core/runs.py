@@ -19,15 +19,16 @@ from app.core.environment import collect_environment, package_versions
 from app.core.manifest import ManifestError, RunManifest
 from app.core.paths import default_workspace
 from app.core.settings import DEFAULT_RUN_SETTINGS, check_run_settings
+from workers.errors import ActionableError
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class RunNotFound(Exception):
+class RunNotFound(ActionableError):
     pass
 
 
-class WorkspaceError(Exception):
+class WorkspaceError(ActionableError):
     """The workspace cannot hold a new run (not a folder, read-only, full): `message` and `hint`."""
 
     def __init__(self, message: str, hint: str) -> None:
@@ -36,18 +37,20 @@ class WorkspaceError(Exception):
         self.hint = hint
 
 
-class RunBusy(Exception):
+class RunBusy(ActionableError):
     """Another process (or another pipeline in this one) is running this run's stages."""
 
     def __init__(self, run_id: str, pid: int | None) -> None:
         self.run_id = run_id
         self.pid = pid
         who = f"PID {pid}" if pid else "another process"
-        self.message = f"Run {run_id} is being run by {who} on this machine."
-        self.hint = (f"Wait for it to finish, or cancel it (Cancel in the studio, Ctrl+C in its terminal, or "
-                     f"`kill -INT {pid}`)" if pid else "Wait for it to finish, or cancel it") + \
-            ", then resume. Starting it twice would delete the running stage's output."
-        super().__init__(f"{self.message} {self.hint}")
+        super().__init__(f"Run {run_id} is being run by {who} on this machine.",
+                         (f"Wait for it to finish, or cancel it (Cancel in the studio, Ctrl+C in its terminal, or "
+                          f"`kill -INT {pid}`)" if pid else "Wait for it to finish, or cancel it")
+                         + ", then resume. Starting it twice would delete the running stage's output.")
+
+    def __str__(self) -> str:
+        return f"{self.message} {self.hint}"
 
 
 LOCK_NAME = ".lock"

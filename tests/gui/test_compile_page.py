@@ -113,7 +113,11 @@ def test_recorded_device_list_through_the_same_parsing() -> None:
            '"weight_sharing": true, "supported": true, "reason": "", "emulated": false}],\n  "emulated": false\n}\n')
     rows, emulated = parse_devices_output(0, out, "")
     assert rows[0]["soc_model"] == 77 and not emulated
-    with pytest.raises(DeviceListError) as e:
+    with pytest.raises(DeviceListError) as e:   # the CLI's --json error: the worker protocol's error shape
+        parse_devices_output(1, '{"ok": false, "error": {"code": "cli_error", "message": "Cannot reach AI Hub.", '
+                                '"hint": "Check the network."}}', "")
+    assert e.value.message == "Cannot reach AI Hub." and e.value.hint == "Check the network."
+    with pytest.raises(DeviceListError) as e:   # an older CLI's shape
         parse_devices_output(1, '{"ok": false, "error": "Cannot reach AI Hub.", "hint": "Check the network."}', "")
     assert e.value.message == "Cannot reach AI Hub." and e.value.hint == "Check the network."
     with pytest.raises(DeviceListError) as e:

@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from workers.errors import ActionableError
+
 # AI Hub device attributes HexStudio knows offline (facts/board.md). The live list comes from AI Hub.
 KNOWN_DEVICES: dict[str, dict[str, Any]] = {
     "Dragonwing IQ-9075 EVK": {"soc_model": 77, "dsp_arch": "v73", "chipset": "qualcomm-qcs9075",
@@ -29,7 +31,7 @@ KNOWN_DEVICES: dict[str, dict[str, Any]] = {
 SIMULATOR_DEVICE = {"name": "HexStudio simulator", "soc_model": 0, "dsp_arch": "sim", "attributes": ["simulated"]}
 
 
-class BundleError(ValueError):
+class BundleError(ActionableError, ValueError):
     """A check before writing failed; the message says what to change."""
 
 

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from workers.errors import ActionableError
+
 # model_id prefixes the plugin's LLM dispatcher knows (models/dispatch.h), in its order
 FAMILY_PREFIXES = ("qwen3_", "qwen2_5_", "falcon_v3_", "llama_v3_", "phi_3_5_")
 # HF config model_type -> the prefix of the plugin's pipeline for that architecture
@@ -21,7 +23,7 @@ ARCH_PREFIX = {"llama": "llama_v3_", "qwen3": "qwen3_", "qwen2": "qwen2_5_", "ph
 GENERATOR = "HexStudio (derived from the Genie bundle's graph specs)"
 
 
-class GenieXMetadataError(ValueError):
+class GenieXMetadataError(ActionableError, ValueError):
     def __init__(self, message: str, hint: str) -> None:
         super().__init__(message)
         self.message = message

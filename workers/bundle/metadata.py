@@ -35,13 +35,15 @@ from typing import Any
 
 import yaml
 
+from workers.errors import ActionableError
+
 RUNTIME = "genie"
 _COMPONENT_RE = re.compile(r"^(prompt|token)_ar\d+_cl\d+_(\d+_of_\d+)$")
 _KV_RE = re.compile(r"^past_(key|value)_\d+_(in|out)$")
 INTEGER_INPUTS = {"input_ids": "int32"}
 
 
-class MetadataError(ValueError):
+class MetadataError(ActionableError, ValueError):
     """A graph or an encodings file cannot be described; the message says which and why."""
 
 

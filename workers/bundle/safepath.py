@@ -17,13 +17,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+from workers.errors import ActionableError
+
 SAFE_PART = re.compile(r"^[A-Za-z0-9._+-]+$")
 MAX_PART = 255
 MAX_PATH = 1024
 MAX_DEPTH = 16
 
 
-class UnsafePath(ValueError):
+class UnsafePath(ActionableError, ValueError):
     """A path from a bundle, manifest, config or board that HexStudio will not use. `entry` names
     where it came from (e.g. "bundle.json files[3]"), `path` is the offending value, `why` the rule."""
 
@@ -31,14 +33,10 @@ class UnsafePath(ValueError):
         self.entry = entry
         self.path = path
         self.why = why
-        self.hint = what_to_do or ("This file was not made by HexStudio's compile stage or was changed since: "
-                                   "compile the bundle again (or ask whoever sent it for a bundle from "
-                                   "HexStudio) and do not use this one.")
-        super().__init__(f"{entry}: refused path {path!r}: {why}. Nothing was read or written for it.")
-
-    @property
-    def message(self) -> str:
-        return str(self)
+        super().__init__(f"{entry}: refused path {path!r}: {why}. Nothing was read or written for it.",
+                         what_to_do or ("This file was not made by HexStudio's compile stage or was changed "
+                                        "since: compile the bundle again (or ask whoever sent it for a bundle "
+                                        "from HexStudio) and do not use this one."))
 
 
 def check_relative(path: object, entry: str = "path") -> str:

@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from workers.errors import ActionableError
 from workers.export.weights import StreamedWeight
 
 INLINE_BYTES = 1024   # smaller initializers stay in the .onnx (as onnx.save's size_threshold)
 
 
-class StitchError(ValueError):
+class StitchError(ActionableError, ValueError):
     pass
 
 

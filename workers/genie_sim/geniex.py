@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workers.errors import ActionableError
+
 CLI_VERSION = "v0.7.0"                      # the simulated CLI's version (labeled simulated wherever shown)
 QAIRT_PLUGIN_VERSION = "v2.45.0.260326"     # geniex-qairt-plugin core/include/version.h GENIEX_QAIRT_VERSION
 LLAMA_CPP_HASH = "simulated"
@@ -51,7 +53,7 @@ PART_KEY = re.compile(r"(?:.*_)?part(\d+)_of_(\d+)\.bin")
 _VER = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
 
-class GenieXError(RuntimeError):
+class GenieXError(ActionableError, RuntimeError):
     """A load failure as GenieX reports it: the plugin's log lines, then the SDK's error."""
 
     def __init__(self, lines: list[str], code: str) -> None:

@@ -22,11 +22,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from workers.errors import ActionableError
+
 FORMAT = "hexstudio-simulated-context-binary"
 VERSION = 1
 
 
-class SimBinError(ValueError):
+class SimBinError(ActionableError, ValueError):
     """Not a simulated context binary (or a broken one); the message says which file and why."""
 
 

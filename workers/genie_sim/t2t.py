@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from workers.errors import ActionableError
+
 GENIE_API_VERSION = "1.17.0"
 BANNER = f"Using libGenie.so version {GENIE_API_VERSION} (HexStudio simulator: onnxruntime on the CPU, not a device)"
 
@@ -119,7 +121,7 @@ def profile_doc(init_us: float, q: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class GenieLoadError(RuntimeError):
+class GenieLoadError(ActionableError, RuntimeError):
     """The bundle fails a check Genie makes while it creates the dialog: `lines` are what Genie prints
     (stderr), `final` what genie-t2t-run says last."""
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from workers.errors import ActionableError
 
-class BoardError(Exception):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+
+class BoardError(ActionableError):
+    """A board operation failed: what happened (`message`) and what to do (`hint`)."""
 
 
 class ConnectionDropped(BoardError):

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from workers.errors import ActionableError
+
 
 @dataclass
 class CommandResult:
@@ -173,7 +175,7 @@ SFTP_REPLY_TIMEOUT_S = 120.0   # no SFTP reply for this long: the board is gone
 SFTP_WRITE = 32768 - 256
 
 
-class ConnectionLost(Exception):
+class ConnectionLost(ActionableError):
     """The SSH connection dropped (board rebooted, network gone)."""
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.paths import REPO_ROOT
+from workers.errors import ActionableError
 
 SHIPPED_DIR = REPO_ROOT / "resources" / "suites"
 SCORERS = ("tool_call", "exact", "contains", "regex", "instruction", "perplexity", "parity")
@@ -38,11 +39,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_CASES = 5000
 
 
-class SuiteError(Exception):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+class SuiteError(ActionableError):
+    """An evaluation suite file cannot be used: message and hint."""
 
 
 @dataclass

@@ -30,11 +30,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from workers.errors import ActionableError
+
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _SENTINEL = "\u2063HEXSTUDIO-REPLY-END\u2063"      # marks where the previous reply's text ends in a render
 
 
-class ChatTemplateError(Exception):
+class ChatTemplateError(ActionableError):
     """The template refused the conversation (its raise_exception) or is not valid Jinja."""
 
 

@@ -7,8 +7,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.errors import ActionableError
 
-class ProfileError(ValueError):
+
+class ProfileError(ActionableError, ValueError):
     pass
 
 

@@ -26,17 +26,15 @@ from typing import Any
 from app.core.device.board import Board, python_env
 from app.core.genie.profile import Kpis
 from app.core.paths import REPO_ROOT
+from workers.errors import ActionableError
 
 RUNTIMES = ("genie", "geniex")
 DEFAULT_RUNTIME = "genie"
 GENIEX_LAUNCHER = "~/.local/bin/geniex"
 
 
-class RuntimeError_(Exception):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+class RuntimeError_(ActionableError):
+    """The board's chat runtime cannot be chosen or started: message and hint."""
 
 
 def resolve_runtime(board: Board, runtime: str | None = None) -> str:

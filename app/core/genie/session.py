@@ -33,6 +33,7 @@ from app.core.genie.profile import Kpis, ProfileError, parse_profile
 from app.core.genie.run import Chunk, ChunkTokenCounter, ensure_dir, load_token_counter, run_query
 from app.core.genie.runtime import RuntimeError_, board_runtime, resolve_runtime
 from app.core.paths import REPO_ROOT
+from workers.errors import ActionableError
 
 HELPER_SOURCE = REPO_ROOT / "resources" / "board" / "genie_session.py"
 MODES = ("auto", "persistent", "per_turn")
@@ -44,11 +45,8 @@ SAMPLER_PRESETS: dict[str, dict[str, Any] | None] = {
 SESSION_CONFIG = "genie_config.hexstudio.json"   # the bundle's config with the chosen sampler
 
 
-class SessionError(Exception):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+class SessionError(ActionableError):
+    """A chat session cannot go on (bad message, board gone, dialog refused): message and hint."""
 
 
 MAX_MESSAGE_CHARS = 1 << 20   # 1 Mi characters: far beyond any context; refused before it reaches the board

@@ -10,17 +10,15 @@ from typing import Any
 
 from app.core.atomic import write_bytes_atomic, write_text_atomic
 from app.core.reports.svg import Series, line_chart
+from workers.errors import ActionableError
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 FORMATS = ("html", "pdf", "json")
 GIB = 1024 ** 3
 
 
-class ReportError(Exception):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+class ReportError(ActionableError):
+    """A report cannot be rendered or written: message and hint."""
 
 
 def _bytes(v: Any) -> str:

@@ -27,9 +27,10 @@ from app.core.eval.suites import Case
 from app.core.genie.conversation import Conversation
 from app.core.genie.run import Chunk
 from app.core.genie.session import SAMPLER_PRESETS, ChatSession, SessionError
+from workers.errors import ActionableError
 
 
-class BridgeError(Exception):
+class BridgeError(ActionableError):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.status = status

@@ -29,6 +29,7 @@ from typing import Any
 
 from app.core.eval.toolcall import parse_reply
 from app.core.serve.bridge import BridgeError, DialogBridge, genie_sampler
+from workers.errors import ActionableError
 
 MAX_BODY = 8 << 20
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
@@ -45,7 +46,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class BindRefused(Exception):
+class BindRefused(ActionableError):
     def __init__(self, message: str, hint: str) -> None:
         super().__init__(message)
         self.message = message

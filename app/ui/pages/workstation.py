@@ -32,6 +32,7 @@ from app.core.jobs import human_bytes
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.widgets import STATUS_COLORS, KeyValueTable, fmt_value, note
+from workers.errors import ActionableError
 
 
 def _known_devices() -> dict[str, dict[str, Any]]:
@@ -51,11 +52,8 @@ AIHUB_DEFAULT_DEVICE = "Dragonwing IQ-9075 EVK"
 DEVICE_LIST_TIMEOUT_S = 120.0
 
 
-class DeviceListError(Exception):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+class DeviceListError(ActionableError):
+    """`hexstudio bundle devices --aihub` failed: the CLI's own message and hint."""
 
 
 def parse_devices_output(returncode: int, stdout: str, stderr: str) -> tuple[list[dict[str, Any]], bool]:
@@ -69,8 +67,11 @@ def parse_devices_output(returncode: int, stdout: str, stderr: str) -> tuple[lis
         except ValueError:
             doc = None
     if isinstance(doc, dict) and doc.get("ok") is False:
-        raise DeviceListError(str(doc.get("error") or "Listing the AI Hub devices failed."),
-                              str(doc["hint"]) if doc.get("hint") else None)
+        err = doc.get("error")   # {code, message, hint}: the one error shape (workers/errors.py)
+        if not isinstance(err, dict):   # an older CLI: "error" the message, "hint" beside it
+            err = {"message": err, "hint": doc.get("hint")}
+        raise DeviceListError(str(err.get("message") or "Listing the AI Hub devices failed."),
+                              str(err["hint"]) if err.get("hint") else None)
     if returncode != 0 or not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
         last = next((ln for ln in reversed(stderr.strip().splitlines()) if ln.strip()), "no output")
         raise DeviceListError(f"Listing the AI Hub devices failed (exit status {returncode}): {last}",
