@@ -53,6 +53,7 @@ from workers.bundle import metadata as gm
 from workers.genie_config import checked_genie_config
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec
+from workers.shared.run_settings import DEFAULTS
 
 JOBS_FILE = "aihub_jobs.json"
 EMULATED_ATTRIBUTE = "hexstudio:emulated"
@@ -496,8 +497,8 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     ctx_bins = [bins[k] for k in pairs]
 
     cfg = checked_genie_config(hf_config, q, ctx_bins, s)   # before any upload
-    qairt = str(s.get("qairt_version") or "2.42")
-    device_name = str(s.get("device") or "Dragonwing IQ-9075 EVK")
+    qairt = str(s.get("qairt_version") or DEFAULTS.qairt_version)
+    device_name = str(s.get("device") or DEFAULTS.device)
     lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
     logs_dir = spec.run_dir / "logs" / "aihub"
     extra_options = str(s.get("aihub_compile_options") or "").strip()   # appended, as qai-hub-models' --compile-options

@@ -20,6 +20,7 @@ from workers import modelinfo
 from workers.genie_config import checked_genie_config
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
+from workers.shared.run_settings import DEFAULTS
 
 
 def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path, out: Path,
@@ -78,7 +79,7 @@ def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     s = spec.settings
-    target = s.get("compile_target", "auto")
+    target = s.get("compile_target", DEFAULTS.compile_target)
     board = spec.inputs.get("board", "sim")
     if target == "auto":
         target = "sim" if board == "sim" else "aihub"

@@ -22,10 +22,11 @@ from typing import Any
 from workers import modelinfo
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
+from workers.shared.artifacts import ModelDoc
+from workers.shared.run_settings import AUTO, resolve_settings
 
 BUILTIN_ID = "builtin:tiny-llama"
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "resources" / "builtin_model" / "tiny-llama"
-DEFAULT_CONTEXT = {"builtin": 512, "other": 4096}
 
 
 def check_safetensors(path: Path) -> int:
@@ -383,37 +384,30 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     check_tokenizer(hf_dir)
     em.progress(0.7, "checking the weight files (headers, sizes, no NaN or infinity)")
     weights = check_weights(hf_dir)
-    s = spec.settings
-    ctx = s.get("context_length", "auto")
-    context_length = int(DEFAULT_CONTEXT["builtin" if source == "builtin" else "other"] if ctx in (None, "auto")
-                         else ctx)
-    ar_n = int(s.get("ar_n", 128))
+    # "auto" context length and parts, as preflight and `hexstudio model inspect` resolve them
+    r, plan = resolve_settings(info, spec.settings, builtin=source == "builtin", board_name=spec.inputs.get("board"))
+    context_length, ar_n, parts = r["context_length"], r["ar_n"], r["parts"]
     err = modelinfo.check_context(info, context_length, ar_n)
     if err:
         raise WorkerError("bad_context_length", err, "Change the context length in the run settings.")
-    parts_setting = s.get("parts", "auto")
-    board_ram = int(s.get("board_ram_bytes") or 0) or None     # the target board's RAM, when known
-    plan = modelinfo.part_plan(info, context_length, board_ram, s.get("board"))
-    parts = int(plan["parts"]) if parts_setting in (None, "auto") else int(parts_setting)
     for line in plan["explanation"]:
         em.log(f"parts: {line}")
-    if parts_setting not in (None, "auto"):
+    if spec.settings.get("parts", AUTO) not in (None, AUTO):
         em.log(f"parts: {parts} as set (the plan above would pick {plan['parts']})")
     if not 1 <= parts <= info["num_layers"]:
         raise WorkerError("bad_parts", f"parts must be between 1 and the layer count ({info['num_layers']}).")
-    est = modelinfo.estimate(info, context_length, ar_n, parts, int(s.get("calibration_samples", 8)),
-                             int(s.get("calibration_seq_len", 128)))
+    est = modelinfo.estimate(info, context_length, ar_n, parts, r["calibration_samples"], r["calibration_seq_len"])
     # a copy inside this stage's folder is recorded relative to model.json (the folder is renamed when
     # the stage completes); a download or a local folder by its absolute path
     rel = hf_dir.relative_to(spec.out_dir).as_posix() if hf_dir.is_relative_to(spec.out_dir) else str(hf_dir)
     # revision: the commit the files came from (a download: the snapshot's commit hash); requested_revision:
     # what was asked for (`--revision`), None for the default branch
-    doc = {"model": model, "source": source, "revision": revision,
-           "requested_revision": requested_revision(spec) if source == "huggingface" else None,
-           "hf_dir": rel, "info": info,
-           "weights": weights, "resolved": {"context_length": context_length, "ar_n": ar_n, "parts": parts},
-           "part_plan": plan,
-           "estimates": est}
+    doc: ModelDoc = {"model": model, "source": source, "revision": revision,
+                     "requested_revision": requested_revision(spec) if source == "huggingface" else None,
+                     "hf_dir": rel, "info": info,
+                     "weights": weights, "resolved": {"context_length": context_length, "ar_n": ar_n, "parts": parts},
+                     "part_plan": plan,
+                     "estimates": est}
     (spec.out_dir / "model.json").write_text(json.dumps(doc, indent=2))
     em.artifact("model.json", kind="json", role="model")
     for key in ("num_parameters", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "vocab_size"):

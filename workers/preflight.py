@@ -24,6 +24,7 @@ from typing import Any
 from workers import modelinfo, recipes, wslconfig
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
+from workers.shared.run_settings import DEFAULTS
 
 GiB = 1024**3
 PROBE_VERSION = 1
@@ -600,7 +601,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     from huggingface_hub import constants as hf_constants
 
     # where downloads land, as huggingface_hub computes it (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)
-    p = probe(workspace, Path(hf_constants.HF_HUB_CACHE), smoke=bool(spec.settings.get("aimet_smoke", True)))
+    smoke = bool(spec.settings.get("aimet_smoke", DEFAULTS.aimet_smoke))
+    p = probe(workspace, Path(hf_constants.HF_HUB_CACHE), smoke=smoke)
     checks = run_checks(p, needs)
     failed = sum(c["status"] == "fail" for c in checks)
     warned = sum(c["status"] == "warn" for c in checks)

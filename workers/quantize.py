@@ -24,6 +24,7 @@ from typing import Any
 
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
+from workers.shared.run_settings import DEFAULTS
 
 
 def read_model_json(spec: WorkerSpec) -> dict[str, Any]:
@@ -84,20 +85,20 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     hf_dir = resolve_hf_dir(model_json, spec.upstream_dir("model"))
     cl, ar_n, parts = resolve_shape(model_json, settings)
     for key, allowed in (("weight_bits", (2, 4, 8)), ("activation_bits", (8, 16)), ("kv_bits", (8, 16))):
-        if int(settings.get(key, {"weight_bits": 4, "activation_bits": 16, "kv_bits": 8}[key])) not in allowed:
+        if int(settings.get(key, getattr(DEFAULTS, key))) not in allowed:
             raise WorkerError("bad_precision", f"{key} {settings.get(key)} is not supported.",
                               f"Use one of {', '.join(map(str, allowed))}.")
-    samples = int(settings.get("calibration_samples", 8))
+    samples = int(settings.get("calibration_samples", DEFAULTS.calibration_samples))
     seq_len = int(settings.get("calibration_seq_len", ar_n))
     if samples < 1 or seq_len < 2 or seq_len > cl:
         raise WorkerError("bad_calibration", f"calibration_samples {samples} / calibration_seq_len {seq_len} "
                           f"are out of range (1.., 2..{cl}).", "Use e.g. 8 samples of 128 tokens.")
-    unit = str(settings.get("calibration_unit", "layer"))
+    unit = str(settings.get("calibration_unit", DEFAULTS.calibration_unit))
     if unit not in ("layer", "part"):
         raise WorkerError("bad_calibration_unit", f"calibration_unit {unit!r} is not known.",
                           "Use \"layer\" (one QuantSim per decoder layer, least memory) or \"part\" "
                           "(one QuantSim per part).")
-    text = resolve_text(settings.get("calibration_text", "builtin"), "calibration")
+    text = resolve_text(settings.get("calibration_text", DEFAULTS.calibration_text), "calibration")
     out = spec.out_dir
     threads = _threads()
 
@@ -184,13 +185,13 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     em.metric("quantize_disk_bytes", storage["disk_bytes"], "B")
     em.log(f"storage: {storage['disk_bytes'] / 2**30:.2f} GiB on disk (hard links counted once); AI Hub upload "
            f"{storage['aihub_upload_bytes'] / 2**30:.2f} GiB ({len(graphs)} graphs, each with its part's weights)")
-    wb = int(settings.get("weight_bits", 4))
+    wb = int(settings.get("weight_bits", DEFAULTS.weight_bits))
     doc = {
         "context_length": cl, "ar_n": ar_n, "parts": parts, "num_layers": int(cfg.num_hidden_layers),
         "hidden_size": int(cfg.hidden_size), "num_kv_heads": kvh, "head_dim": hd, "vocab_size": int(cfg.vocab_size),
         "precision": {"weights": f"int{wb} LPBQ block 64",
-                      "activations": f"int{int(settings.get('activation_bits', 16))}",
-                      "kv_cache": f"int{int(settings.get('kv_bits', 8))}", "lm_head": "int8",
+                      "activations": f"int{int(settings.get('activation_bits', DEFAULTS.activation_bits))}",
+                      "kv_cache": f"int{int(settings.get('kv_bits', DEFAULTS.kv_bits))}", "lm_head": "int8",
                       "embeddings": "int8 per-channel"},
         "calibration": {"text": str(text), "samples": samples, "seq_len": seq_len, "blocks": len(blocks),
                         "unit": unit,

@@ -23,6 +23,7 @@ from typing import Any
 
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
+from workers.shared.run_settings import DEFAULTS
 
 EVAL_WINDOWS = 3          # held-out windows: prompt through the prompt processor, then teacher-forced AR-1 steps
 PROMPT_TOKENS = 48
@@ -72,7 +73,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     model = _load_json(spec.upstream_dir("model") / "model.json", "model")
     hf_dir = resolve_hf_dir(model, spec.upstream_dir("model"))
     thr = thresholds_from(spec.settings)
-    text_path = resolve_text(spec.settings.get("validation_text", "builtin"), "validation")
+    text_path = resolve_text(spec.settings.get("validation_text", DEFAULTS.validation_text), "validation")
     tok = load_tokenizer(hf_dir)
     ids = tok.encode(text_path.read_text(encoding="utf-8"), add_special_tokens=False).ids
     window = PROMPT_TOKENS + FORCED_STEPS + 1
@@ -87,7 +88,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         raise WorkerError("quantize_output_old", "quantize.json has no positional_encoding: it was written by an "
                           "older HexStudio whose graphs Genie cannot run (rope inside the graph).",
                           "Run the quantize stage again (--force).")
-    mode = str(spec.settings.get("validate_unit", "unit"))
+    mode = str(spec.settings.get("validate_unit", DEFAULTS.validate_unit))
     if mode not in ("unit", "part"):
         raise WorkerError("bad_validate_unit", f"validate_unit {mode!r} is not known.",
                           "Use \"unit\" (one decoder layer, embedding or lm_head chunk at a time) or \"part\".")

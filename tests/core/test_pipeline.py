@@ -260,7 +260,7 @@ def test_gate_failure_stops_and_override_is_recorded(workspace: Workspace) -> No
     def gate(_m: RunManifest) -> GateResult:
         return GateResult(False, "threshold missed", overridable=True)
 
-    st = dataclasses.replace(fake_stages(("model",))[0], gate=gate)
+    st = dataclasses.replace(fake_stages(("model",))[0], verdict=gate)
     m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
     pipe = Pipeline(m, stages=(st,))
     res = asyncio.run(pipe.run(until="model"))

@@ -47,8 +47,9 @@ def _add_host(srv: SshServer, root: Path, name: str = "box", trust: bool = True,
 def _stages() -> tuple[Stage, ...]:
     """model: the fake worker, here; quantize: the self-test worker, heavy, so it runs on the worker host."""
     by = {s.name: s for s in STAGES}
-    return (dataclasses.replace(by["model"], worker=FAKE, action=None, inputs=("mode",)),
-            dataclasses.replace(by["quantize"], worker="workers.selftest", inputs=("seconds",)))
+    return (dataclasses.replace(by["model"], worker=FAKE, action=None, inputs=("mode",), outputs=("result.txt",)),
+            dataclasses.replace(by["quantize"], worker="workers.selftest", inputs=("seconds",),
+                                outputs=("selftest.json",)))
 
 
 def _run(m: RunManifest, until: str = "quantize", **kw: Any) -> Any:

@@ -34,6 +34,7 @@ from workers.quant.units import (
     remap_ids,
     split_units,
 )
+from workers.shared.run_settings import DEFAULTS
 
 ProgressFn = Callable[[str, int, int], None]   # (graph name, sample index, total)
 
@@ -90,9 +91,9 @@ def build_sim(onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int
 
     from workers.quant import aimet_compat
 
-    wbits = int(settings.get("weight_bits", 4))
-    abits = int(settings.get("activation_bits", 16))
-    kvbits = int(settings.get("kv_bits", 8))
+    wbits = int(settings.get("weight_bits", DEFAULTS.weight_bits))
+    abits = int(settings.get("activation_bits", DEFAULTS.activation_bits))
+    kvbits = int(settings.get("kv_bits", DEFAULTS.kv_bits))
     model = onnx.load(str(onnx_path))
     backbone, head, embed = _weight_nodes(model)
     kv = [i.name for i in model.graph.input if i.name.startswith("past_")]
@@ -369,7 +370,7 @@ def _finish_part(part_graphs: list[dict[str, Any]], base: Path, work: Path, encs
     propagate_memory_encodings(structure.graph.node, acts)
     del structure
     report = tie_io_encodings(acts, list(pp["inputs"]), list(pp["outputs"]), fixed,
-                              int(settings.get("kv_bits", 8)))
+                              int(settings.get("kv_bits", DEFAULTS.kv_bits)))
     doc["version"] = ENCODING_VERSION
     doc["activation_encodings"] = list(acts.values())
     merged.write_text(json.dumps(doc, indent=1), encoding="utf-8")

@@ -11,6 +11,7 @@ from app.core.cli.common import CliError, add_json_flag, print_json
 from app.core.cli.preflight_cmd import model_config
 from app.core.jobs import human_bytes
 from workers import modelinfo
+from workers.shared.run_settings import AUTO, DEFAULTS, resolve_settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pi.add_argument("--revision", default=None, metavar="REV",
                     help="Hugging Face revision: a branch, tag or commit hash (default: main)")
     pi.add_argument("--context-length", type=int, default=None)
-    pi.add_argument("--ar-n", type=int, default=128)
+    pi.add_argument("--ar-n", type=int, default=None, help=f"prompt processor length (default: {DEFAULTS.ar_n})")
     pi.add_argument("--parts", type=int, default=None)
     pi.add_argument("--board-ram-gib", type=float, default=None,
                     help="the target board's RAM in GiB: part sizes and whether the bundle fits (default: unknown)")
@@ -29,22 +30,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pi.set_defaults(func=cmd_inspect)
 
 
-def inspect(model: str, context_length: int | None, ar_n: int, parts: int | None,
+def inspect(model: str, context_length: int | None, ar_n: int | None, parts: int | None,
             board_ram_gib: float | None = None, revision: str | None = None) -> dict[str, Any]:
     info = modelinfo.inspect_config(model_config(model, revision))
     out: dict[str, Any] = {"model": model, "revision": revision, **info}
     if not info["supported"]:
         return out
-    cl = context_length or (512 if model.startswith("builtin:") else 4096)
-    err = modelinfo.check_context(info, cl, ar_n)
+    # "auto" (an option left out) resolved as the Model stage resolves it
+    asked = {"context_length": context_length or AUTO, "parts": parts or AUTO, "ar_n": ar_n or DEFAULTS.ar_n,
+             "board_ram_bytes": int(board_ram_gib * 1024**3) if board_ram_gib else None}
+    r, plan = resolve_settings(info, asked, builtin=model.startswith("builtin:"))
+    err = modelinfo.check_context(info, r["context_length"], r["ar_n"])
     if err:
         raise CliError(err)
-    out["context_length"] = cl
-    out["ar_n"] = ar_n
-    ram = int(board_ram_gib * 1024**3) if board_ram_gib else None
-    out["part_plan"] = modelinfo.part_plan(info, cl, ram)
-    out["parts"] = parts or out["part_plan"]["parts"]
-    out["estimates"] = modelinfo.estimate(info, cl, ar_n, out["parts"])
+    out["context_length"] = r["context_length"]
+    out["ar_n"] = r["ar_n"]
+    out["part_plan"] = plan
+    out["parts"] = r["parts"]
+    out["estimates"] = modelinfo.estimate(info, r["context_length"], r["ar_n"], r["parts"])
     return out
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from app.core.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
 from app.core.paths import BUILTIN_MODEL_DIR, BUILTIN_MODEL_ID
 from workers import modelinfo, wslconfig
+from workers.shared.run_settings import ResolvedSettings, resolve_settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,23 +78,13 @@ def run_settings(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     return s
 
 
-def resolve_estimate_settings(info: dict[str, Any], model: str, settings: dict[str, Any]) -> dict[str, int]:
-    """context_length/parts "auto" resolved as the Model stage resolves them (workers/model.py)."""
-    from workers.model import DEFAULT_CONTEXT
-
-    ctx = settings.get("context_length", "auto")
-    parts = settings.get("parts", "auto")
-    return {
-        "context_length": int(DEFAULT_CONTEXT["builtin" if model == BUILTIN_MODEL_ID else "other"]
-                              if ctx in (None, "auto") else ctx),
-        "ar_n": int(settings.get("ar_n", 128)),
-        "parts": modelinfo.default_parts(info) if parts in (None, "auto") else int(parts),
-        "calibration_samples": int(settings["calibration_samples"]),
-        "calibration_seq_len": int(settings["calibration_seq_len"]),
-    }
+def resolve_estimate_settings(info: dict[str, Any], model: str, settings: dict[str, Any]) -> ResolvedSettings:
+    """context_length/parts "auto" resolved as the Model stage resolves them (run_settings.resolve_settings)."""
+    resolved, _plan = resolve_settings(info, settings, builtin=model == BUILTIN_MODEL_ID)
+    return resolved
 
 
-def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
+def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], ResolvedSettings]:
     info = modelinfo.inspect_config(model_config(model))
     if not info["supported"]:
         raise CliError(info["reason"], "Pick a dense Llama-family model (Llama 3.x, Nemotron-Nano-8B, Qwen2/3).")

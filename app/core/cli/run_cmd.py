@@ -21,29 +21,30 @@ from app.core.jobs import human_bytes
 from app.core.paths import BUILTIN_MODEL_ID
 from app.core.pipeline import Pipeline, display_state
 from app.core.runs import RunNotFound, WorkspaceError
-from app.core.settings import DEFAULT_RUN_SETTINGS, SettingsError, check_run_setting
+from app.core.settings import SettingsError
 from app.core.stages import STAGE_NAMES
+from workers.shared import run_settings
 
 
 def _parse_set(values: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` items, read and checked as the registry of run settings says (workers.shared.run_settings)."""
     out: dict[str, Any] = {}
     for item in values:
         if "=" not in item:
             raise CliError(f"--set expects KEY=VALUE, got '{item}'.", "Example: --set context_length=1024")
         k, v = item.split("=", 1)
         k = k.strip()
-        default = DEFAULT_RUN_SETTINGS.get(k)
-        if isinstance(default, str) and default != "auto":
-            out[k] = v                      # a text setting takes the text as given (qairt_version=2.42)
-        else:
-            try:
-                out[k] = json.loads(v)
-            except json.JSONDecodeError:
-                out[k] = v
-        why = check_run_setting(k, out[k])
+        spec = run_settings.spec(k)
+        if spec is None:
+            near = run_settings.closest(k)
+            raise CliError(f"--set {item}: {k} is not a run setting.",
+                           (f"Did you mean {near}? " if near else "") + "`hexstudio run --help` lists the run "
+                           "settings (docs/settings.md describes each).", code=EXIT_USAGE)
+        out[k] = run_settings.parse_cli_value(k, v)
+        why = run_settings.check(k, out[k])
         if why is not None:
             raise CliError(f"--set {item}: {why}",
-                           f"Give {k} as its default is written: {json.dumps(DEFAULT_RUN_SETTINGS[k])} "
+                           f"{k} takes {spec.type_text()}; its default is written {json.dumps(spec.default)} "
                            "(JSON: numbers bare, true/false in lower case, text in quotes if it looks like a number).",
                            code=EXIT_USAGE)
     return out
@@ -62,7 +63,8 @@ def _check_worker_host(name: str) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", help="create or resume a run and take it through the stages")
+    p = sub.add_parser("run", help="create or resume a run and take it through the stages",
+                       epilog=run_settings.cli_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help=f"model: {BUILTIN_MODEL_ID} (default), a Hugging Face id, or a folder")
     p.add_argument("--revision", default=None, metavar="REV",
                    help="Hugging Face revision of --model: a branch, tag or commit hash (default: main); "
@@ -73,7 +75,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--resume", metavar="RUN_ID", default=None, help="resume this run instead of making a new one")
     p.add_argument("--force", action="store_true", help="re-run stages even when they are current")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                   help="run setting (JSON value), e.g. --set context_length=1024 (repeatable)")
+                   help="a run setting (listed below), e.g. --set context_length=1024 (repeatable)")
     p.add_argument("--override-gate", action="append", default=[], choices=STAGE_NAMES, metavar="STAGE",
                    help="continue past this stage's failed gate (recorded in the run)")
     p.add_argument("--worker-host", default=None, metavar="NAME",

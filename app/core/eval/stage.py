@@ -25,6 +25,7 @@ from app.core.eval.render import PromptRenderer
 from app.core.eval.scoring import LEG_TITLES, parity, score_case, suite_scores
 from app.core.eval.suites import DEFAULT_SUITES, Suite, SuiteError, load_named
 from app.core.pipeline import SPEC_SCHEMA, StageContext, StageError, worker_env
+from workers.shared.run_settings import DEFAULTS
 
 EVAL_VERSION = 1
 
@@ -239,8 +240,9 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
         suites = load_named(list(names), ws_root)
     except SuiteError as exc:
         raise StageError("suite_invalid", exc.message, exc.hint) from None
-    legs = [x for x in (ctx.settings.get("eval_legs") or ["float", "sim", "board"]) if x in LEG_TITLES]
-    renderer = PromptRenderer.for_model(ctx.upstream.get("model"), str(ctx.settings.get("prompt_template", "auto")))
+    legs = [x for x in (ctx.settings.get("eval_legs") or DEFAULTS.eval_legs) if x in LEG_TITLES]
+    renderer = PromptRenderer.for_model(ctx.upstream.get("model"),
+                                        str(ctx.settings.get("prompt_template", DEFAULTS.prompt_template)))
     plan = Plan(suites, renderer)
     em.log(f"{len(plan.jobs)} cases in {len(suites)} suite(s): {', '.join(s.name for s in suites)}; prompts with "
            f"{renderer.label()}; tool calls read in the {renderer.tool_format} format")

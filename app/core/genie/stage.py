@@ -10,6 +10,7 @@ from app.core.genie.prompts import format_prompt
 from app.core.genie.run import Chunk, QueryResult, load_token_counter, run_query
 from app.core.pipeline import StageContext, StageError
 from app.core.settings import Settings
+from workers.shared.run_settings import DEFAULTS
 
 KPI_UNITS = {"init_ms": "ms", "prompt_tokens": "", "prompt_tok_s": "toks/sec", "ttft_ms": "ms",
              "generated_tokens": "", "gen_tok_s": "toks/sec", "gen_time_ms": "ms"}
@@ -33,8 +34,8 @@ async def run_chat_stage(ctx: StageContext) -> dict[str, Any]:
     except BoardError as exc:
         raise StageError("board_unavailable", exc.message, exc.hint) from None
     model_dir = ctx.upstream.get("model")
-    prompt = format_prompt(str(ctx.settings.get("benchmark_prompt", "What is the capital of France?")),
-                           model_dir, str(ctx.settings.get("prompt_template", "auto")))
+    prompt = format_prompt(str(ctx.settings.get("benchmark_prompt", DEFAULTS.benchmark_prompt)),
+                           model_dir, str(ctx.settings.get("prompt_template", DEFAULTS.prompt_template)))
     em.progress(0.1, f"running the benchmark prompt on {board.label}")
 
     def on_chunk(c: Chunk) -> None:
@@ -46,7 +47,8 @@ async def run_chat_stage(ctx: StageContext) -> dict[str, Any]:
     else:
         count = await load_token_counter(board, board_doc["remote_bundle"])   # each chunk's tokens, for the rate
         res = await run_query(board, board_doc["remote_bundle"], prompt, on_chunk=on_chunk,
-                              max_tokens=int(ctx.settings.get("benchmark_max_tokens", 32)), count_tokens=count)
+                              max_tokens=int(ctx.settings.get("benchmark_max_tokens", DEFAULTS.benchmark_max_tokens)),
+                              count_tokens=count)
         if res.exit_status != 0 or res.kpis is None:
             raise StageError("genie_failed", f"Genie failed on {board.label}: {res.error or 'no profile written'}",
                              "See the Board page's doctor, or `hexstudio explain --file` on the log.")
@@ -81,7 +83,8 @@ async def _chat_through_session(board: Any, board_doc: dict[str, Any], prompt: s
             return user
 
     s = ChatSession(board, board_doc["remote_bundle"], _Raw(template="qa"), mode="persistent",
-                    max_tokens=int(ctx.settings.get("benchmark_max_tokens", 32)), runtime=runtime)
+                    max_tokens=int(ctx.settings.get("benchmark_max_tokens", DEFAULTS.benchmark_max_tokens)),
+                    runtime=runtime)
     try:
         await s.open()
         r = await s.send(prompt)
