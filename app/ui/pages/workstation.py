@@ -29,26 +29,14 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.jobs import human_bytes
+from app.core.settings import settings_fields
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.widgets import STATUS_COLORS, KeyValueTable, fmt_value, note
+from workers.bundle import KNOWN_DEVICES
 from workers.errors import ActionableError
+from workers.shared.run_settings import DEFAULT_DEVICE
 
-
-def _known_devices() -> dict[str, dict[str, Any]]:
-    """The devices HexStudio knows offline (pure data, no ML imports)."""
-    try:
-        from workers.bundle import KNOWN_DEVICES
-        return dict(KNOWN_DEVICES)
-    except Exception:  # pragma: no cover - keep the page usable if the bundle module changes
-        return {"Dragonwing IQ-9075 EVK": {"soc_model": 77, "dsp_arch": "v73", "os": "qc_linux",
-                                           "weight_sharing": True}}
-
-
-DEVICE_NAMES = list(_known_devices())
-
-
-AIHUB_DEFAULT_DEVICE = "Dragonwing IQ-9075 EVK"
 DEVICE_LIST_TIMEOUT_S = 120.0
 
 
@@ -231,8 +219,7 @@ class PreflightPage(StagePage):
 
 
 class QuantizePage(StagePage):
-    settings_fields = (("calibration_samples", "Calibration samples", "int"),
-                       ("calibration_seq_len", "Calibration sequence length", "int"))
+    settings_fields = settings_fields("quantize")      # from the one run-settings registry
 
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("quantize", controller, parent)
@@ -312,10 +299,7 @@ class ValidatePage(StagePage):
 
 
 class CompilePage(StagePage):
-    settings_fields = (("compile_target", "Target", ["auto", "sim", "aihub"]),
-                       ("device", "Device", DEVICE_NAMES),
-                       ("qairt_version", "QAIRT version", "text"),
-                       ("aihub_consent", "I agree to upload model-derived files to Qualcomm AI Hub", "bool"))
+    settings_fields = settings_fields("compile")
 
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("compile", controller, parent)
@@ -366,7 +350,7 @@ class CompilePage(StagePage):
         self.devices_table.itemSelectionChanged.connect(self._device_row_chosen)
         self.inputs_layout.addWidget(self.devices_table)
         self.devices: list[dict[str, Any]] = [{"name": n, **d, "supported": True, "reason": "", "emulated": False}
-                                              for n, d in _known_devices().items()]
+                                              for n, d in KNOWN_DEVICES.items()]
         self.devices_table.set_rows([device_row(r) for r in self.devices])
         self._show_token_state()
         self.bundle_label = QLabel()
@@ -456,7 +440,7 @@ class CompilePage(StagePage):
         combo = self.device_combo
         m = self.c.manifest
         current = str(m.settings.get("device")) if m is not None and m.settings.get("device") else \
-            (combo.currentText() or AIHUB_DEFAULT_DEVICE)
+            (combo.currentText() or DEFAULT_DEVICE)
         names = [str(r["name"]) for r in rows if r.get("supported")]
         if current not in names:
             names.insert(0, current)
