@@ -276,8 +276,19 @@ fi
 write_file "$venv/bin/hexstudio-launch" 755 <<'EOF'
 #!/bin/sh
 # Starts HexStudio with the libpython hook set (used by the Start-menu entry and HexStudio.cmd).
+# The studio started without a terminal (the Start menu) or with HEXSTUDIO_LOG_OUTPUT=1 (HexStudio.cmd) keeps
+# its output in <config>/logs/launch.log, beside the studio's own log: a crash before that log opens (a missing
+# Qt library, a broken install) is kept there. HEXSTUDIO_LOG_OUTPUT=0 leaves the output where it was.
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/hexstudio-env.sh"
+if [ "${HEXSTUDIO_LOG_OUTPUT:-}" = 1 ] || { [ $# -eq 0 ] && [ "${HEXSTUDIO_LOG_OUTPUT:-}" != 0 ] && [ ! -t 1 ] && [ ! -t 2 ]; }; then
+    logs="${HEXSTUDIO_CONFIG_DIR:-${XDG_CONFIG_HOME:-$HOME/.config}/hexstudio}/logs"
+    if mkdir -p "$logs" 2>/dev/null && : >>"$logs/launch.log" 2>/dev/null; then
+        if [ "$(wc -c <"$logs/launch.log")" -gt 2000000 ]; then mv -f "$logs/launch.log" "$logs/launch.log.1"; fi
+        printf '\n=== %s hexstudio-launch %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$*" >>"$logs/launch.log"
+        exec >>"$logs/launch.log" 2>&1 </dev/null
+    fi
+fi
 exec "$here/hexstudio" "$@"
 EOF
 write_file "$venv/.hexstudio-workstation" 644 <<EOF

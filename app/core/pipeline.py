@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import signal
@@ -37,6 +38,7 @@ from workers.errors import ActionableError
 from workers.protocol import Emitter
 
 SPEC_SCHEMA = 1
+jobs_log = logging.getLogger("hexstudio.jobs")
 
 
 class StageError(ActionableError):
@@ -296,6 +298,8 @@ class Pipeline:
                    "peak_rss_bytes": None, "peak_vram_bytes": None})
         m.mark_running(stage.name)
         self._notify_stage(stage.name, "running")
+        jobs_log.info("run %s: %s stage started (attempt %s, %s)", m.run_id, stage.name, st.get("attempts"),
+                 f"worker {stage.worker}" if stage.worker else f"action {stage.action}")
         kinds: dict[str, dict[str, Any]] = {}
 
         def handle(ev: dict[str, Any]) -> None:
@@ -305,10 +309,16 @@ class Pipeline:
                                              "scope": ev.get("scope")}
                 if ev.get("scope") == "job":  # a remote job's id: on disk at once, so even a killed studio keeps it
                     m.save()
+                    jobs_log.info("run %s: %s: %s = %s", m.run_id, stage.name, ev["name"], ev["value"])  # AI Hub job
             elif t == "artifact":
                 kinds[ev["path"]] = {"kind": ev.get("kind"), "role": ev.get("role")}
             elif t == "warning":
                 st["warnings"].append({k: ev.get(k) for k in ("message", "hint", "code")})
+                jobs_log.warning("run %s: %s: warning %s: %s", m.run_id, stage.name, ev.get("code") or "-", ev.get("message"))
+            elif t == "error":
+                jobs_log.warning("run %s: %s: error %s: %s", m.run_id, stage.name, ev.get("code"), ev.get("message"))
+            elif t == "log":
+                jobs_log.debug("run %s: %s: %s", m.run_id, stage.name, ev.get("message"))
             if self.on_event is not None:
                 self.on_event(stage.name, ev)
 
@@ -355,6 +365,10 @@ class Pipeline:
                 result.kind, "failed")
             st["input_hash"] = None
         m.save()
+        jobs_log.log(logging.INFO if result.ok else logging.WARNING,
+                "run %s: %s stage ended: %s (code %s, exit %s) in %.1f s%s: %s", m.run_id, stage.name, result.kind,
+                result.code or "-", result.exit_code, result.duration_s,
+                f", peak RSS {human_bytes(result.peak_rss_bytes)}" if result.peak_rss_bytes else "", result.message)
         self._notify_stage(stage.name, st["state"])
         return result
 
@@ -413,9 +427,16 @@ class Pipeline:
         mod_name, func_name = stage.action.split(":")
         t0 = time.monotonic()
         try:
+            if importlib.util.find_spec(mod_name) is None:
+                return _not_implemented(stage)
             fn: StageAction = getattr(importlib.import_module(mod_name), func_name)
-        except (ImportError, AttributeError):
-            return _not_implemented(stage)
+        except (ImportError, AttributeError) as exc:   # the module is there but broken: say what failed
+            jobs_log.exception("run %s: the %s stage's action %s cannot be loaded", self.m.run_id, stage.name,
+                          stage.action)
+            return JobResult("failed", None, None, f"The {stage.title} stage could not start: {type(exc).__name__}: "
+                             f"{exc}", hint="This HexStudio installation is incomplete or broken (a missing "
+                             "package?); the studio log has the traceback.", code="import_failed",
+                             duration_s=time.monotonic() - t0)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as log:
 
@@ -426,7 +447,9 @@ class Pipeline:
             ctx = StageContext(self.m, stage, partial, self._upstream(stage), emit, self.cancel_event)
             try:
                 summary = await fn(ctx)
-            except StageError as exc:
+            except ActionableError as exc:   # StageError, or a board/session/bundle error that says what to do
+                if not isinstance(exc, StageError):
+                    jobs_log.warning("run %s: %s: %s", self.m.run_id, stage.name, exc.code, exc_info=True)
                 ctx.emitter.error(exc.code, exc.message, exc.hint)
                 return JobResult("failed", None, None, exc.message, hint=exc.hint, code=exc.code,
                                  duration_s=time.monotonic() - t0)

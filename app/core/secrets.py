@@ -9,6 +9,8 @@ from __future__ import annotations
 import keyring
 import keyring.errors
 
+from workers.errors import ActionableError
+
 SERVICE = "hexstudio"
 
 # Well-known secret names
@@ -29,19 +31,36 @@ def sudo_password_key(board: str) -> str:
     return f"board:{board}:sudo_password"
 
 
-class SecretStoreError(Exception):
+class SecretStoreError(ActionableError):
     pass
+
+
+_SEEN: set[str] = set()   # every secret value this process read or stored: the studio log never shows them
+
+
+def remember_secret(value: str | None) -> None:
+    """Note a secret this process holds without the keyring (a sudo password typed once) so that the studio
+    log (app.core.logs) scrubs it too."""
+    if value:
+        _SEEN.add(value)
+
+
+def seen_secret_values() -> list[str]:
+    return list(_SEEN)
 
 
 def get_secret(name: str) -> str | None:
     try:
-        return keyring.get_password(SERVICE, name)
+        value = keyring.get_password(SERVICE, name)
     except keyring.errors.KeyringError as exc:
         raise SecretStoreError(f"The keyring could not be read ({exc}). On WSL without a desktop keyring, "
                                "install `keyrings.alt` or set PYTHON_KEYRING_BACKEND.") from None
+    remember_secret(value)
+    return value
 
 
 def set_secret(name: str, value: str) -> None:
+    remember_secret(value)
     try:
         keyring.set_password(SERVICE, name, value)
     except keyring.errors.KeyringError as exc:

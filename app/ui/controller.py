@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from app.core import logs
 from app.core.manifest import RunManifest
 from app.core.pipeline import Pipeline, PipelineResult, display_state
 from app.core.runs import RunSummary, Workspace
 from app.core.sampler import ResourceSample
 from app.core.settings import Settings
 from app.core.stages import STAGES, get_stage
+
+log = logging.getLogger("hexstudio.gui")
 
 
 class RunController(QObject):
@@ -107,9 +111,11 @@ class RunController(QObject):
         assert self.pipeline is not None
         try:
             res = await self.pipeline.run(until=until, only=only, force=force)
-        except Exception as exc:  # a bug, not a stage failure: still tell the person
+        except Exception as exc:  # a bug, not a stage failure: still tell the person, the traceback in the log
+            logs.log_exception(log, f"the {self.running_stage or until} stage crashed the studio's runner", exc)
             res = PipelineResult(False, self.running_stage, f"{type(exc).__name__}: {exc}",
-                                 hint="This is a HexStudio bug: the run log has the details.")
+                                 hint=f"This is a HexStudio bug: the studio log ({logs.log_path()}) has the "
+                                      "traceback; please report it with that file.")
         self.running_stage = None
         self.last_result = res
         self._busy = False

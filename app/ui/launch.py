@@ -9,6 +9,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from app.core import logs
+
 # The GUI process stays light: these are imported only by worker processes (qai_hub: by the AI Hub
 # worker and the `bundle devices --aihub` child process the Compile page starts).
 HEAVY_MODULES = ("torch", "aimet_onnx", "onnxruntime", "transformers", "onnx", "qai_hub")
@@ -19,29 +21,17 @@ def heavy_modules_loaded() -> list[str]:
 
 
 def log_dir() -> Path:
-    """The studio's own log (studio.log: start, runs opened, stage ends, errors); each run's stage logs are
-    in <run>/logs/."""
-    from app.core.paths import config_dir
-
-    return config_dir() / "logs"
+    """The studio's own log folder (app.core.logs.log_dir)."""
+    return logs.log_dir()
 
 
 def start_logging() -> Path | None:
-    """Log the studio to <config>/logs/studio.log (rotated at 2 MB, 3 kept)."""
-    import logging
-    from logging.handlers import RotatingFileHandler
+    """The GUI's logging: <config>/logs/studio.log (app/core/logs.py), the exception hooks, Qt's messages."""
+    from app.ui.qt_log import install_qt_message_handler
 
-    try:
-        d = log_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        handler = RotatingFileHandler(d / "studio.log", maxBytes=2_000_000, backupCount=3, encoding="utf-8")
-    except OSError:
-        return None
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("hexstudio")
-    root.setLevel(logging.INFO)
-    root.addHandler(handler)
-    return d / "studio.log"
+    path = logs.setup_logging("gui")
+    install_qt_message_handler()
+    return path
 
 
 def launch_gui(argv: Sequence[str]) -> int:
@@ -79,11 +69,12 @@ def launch_gui(argv: Sequence[str]) -> int:
     app = QApplication.instance() or QApplication([sys.argv[0], *args])
     app.setApplicationName("HexStudio")
     app.setOrganizationName("HexStudio")
-    loop = qasync.QEventLoop(app)
-    asyncio.set_event_loop(loop)
     import logging
 
     start_logging()
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    logs.install_asyncio_handler(loop)
     log = logging.getLogger("hexstudio.gui")
     controller = RunController(Workspace(workspace) if workspace else None)
     win = MainWindow(controller)

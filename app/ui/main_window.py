@@ -43,10 +43,12 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.jobs import human_bytes
+from app.core.logs import log_dir
 from app.core.runs import RunSummary
 from app.core.sampler import ResourceSample
 from app.core.stages import STAGES, get_stage
 from app.ui.controller import RunController
+from app.ui.errors import show_error
 from app.ui.job_dock import JobDock
 from app.ui.pages.base import StagePage
 from app.ui.pages.board import BoardPage
@@ -56,6 +58,7 @@ from app.ui.pages.model import ModelPage
 from app.ui.pages.report import ReportPage
 from app.ui.pages.workstation import CompilePage, PreflightPage, QuantizePage, ValidatePage
 from app.ui.widgets import STATE_COLORS, STATE_TEXT, paper, state_icon
+from workers.errors import ActionableError
 
 
 def run_row(s: RunSummary) -> dict[str, Any]:
@@ -228,7 +231,7 @@ class RunsDialog(QDialog):
         try:
             text = self.comparison_html(runs)
         except Exception as exc:
-            QMessageBox.warning(self, "Compare runs", f"The runs could not be compared: {exc}")
+            show_error(self, "Compare runs", f"The runs could not be compared: {exc}", exc=exc)
             return
         d = QDialog(self)
         d.setObjectName("compare_dialog")
@@ -255,7 +258,7 @@ class RunsDialog(QDialog):
             try:
                 self.c.delete_run(rid)
             except RuntimeError as exc:
-                QMessageBox.warning(self, "Delete run", str(exc))
+                show_error(self, "Delete run", str(exc))
             self.reload()
 
 
@@ -310,8 +313,6 @@ class AboutDialog(QDialog):
 
         from app import __version__
         from app.core.paths import REPO_ROOT
-        from app.ui.launch import log_dir
-
         self.setWindowTitle("About HexStudio")
         self.setObjectName("about_dialog")
         lay = QVBoxLayout(self)
@@ -554,8 +555,6 @@ class MainWindow(QMainWindow):
         QDesktopServices.openUrl(QUrl.fromLocalFile(str(REPO_ROOT / "docs" / "gui.md")))
 
     def open_log_folder(self) -> None:
-        from app.ui.launch import log_dir
-
         open_folder(log_dir())
 
     def _restore_geometry(self) -> None:
@@ -624,7 +623,8 @@ class MainWindow(QMainWindow):
         try:
             self.c.open_run(run_id)
         except Exception as exc:
-            QMessageBox.warning(self, "Open run", str(exc))
+            show_error(self, "Open run", getattr(exc, "message", None) or str(exc), getattr(exc, "hint", None),
+                       exc=None if isinstance(exc, ActionableError) else exc)
 
     def resume(self) -> None:
         if self.c.manifest is None or self.c.busy:

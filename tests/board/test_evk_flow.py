@@ -181,11 +181,13 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
 def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_path: Path) -> None:
     """Runs after the flow above on the same (now fixed) board: the Board stage of a run probes, pushes and
     records the doctor in board.json; the password is in none of the run's files."""
+    from app.core import logs as studio_logs
     from app.core.device.stage import run_board_stage
     from app.core.pipeline import StageContext
     from app.core.runs import Workspace
     from app.core.stages import get_stage
 
+    studio_logs.setup_logging("gui")   # the studio's log: board connect and push are logged, never the password
     set_secret(board_password_key("evk"), CANARY)
     settings = settings_with("evk", evk.board_config(auth="password"))
 
@@ -212,6 +214,9 @@ def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_p
     everything = "\n".join(p.read_text(errors="replace") for p in ws.root.rglob("*") if p.is_file()
                            and p.suffix in (".json", ".jsonl", ".log", ".txt"))
     assert CANARY not in everything and CANARY not in json.dumps(events)
+    studio_log = studio_logs.log_path().read_text()
+    assert "board evk: connected" in studio_log and "push to" in studio_log and CANARY not in studio_log
+    studio_logs.close_logging()
 
     # an AI Hub EMULATOR bundle is refused by the stage on this (real, not allow-listed) board
     from app.core.pipeline import StageError

@@ -32,7 +32,7 @@ def test_profile_cli_refuses_a_truncated_file(tmp_path: Path, capsys: pytest.Cap
     f.write_text('{"header": {"artifact_type": "GENIE_PROFILE"}, "compo')
     assert main(["genie", "profile", str(f), "--json"]) == 1
     captured = capsys.readouterr()
-    assert "not JSON" in json.loads(captured.out)["error"] and "what to do" in captured.err
+    assert "not JSON" in json.loads(captured.out)["error"]["message"] and "what to do" in captured.err
 
 
 def test_transcript_cli_shapes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

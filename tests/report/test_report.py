@@ -179,6 +179,12 @@ def test_canary_secrets_never_appear_in_any_format(chatted_run: Path, tmp_path: 
     res = _cli("report", "compare", str(run), str(chatted_run), "--format", "json")
     assert res.returncode == 0 and CANARY_TOKEN not in res.stdout and CANARY_PASSWORD not in res.stdout
     assert CANARY_SETTINGS not in res.stdout
+    # the studio log these commands wrote (<config>/logs/studio.log) has none of them either
+    from app.core.logs import log_path
+
+    studio_log = log_path().read_text()
+    assert "hexstudio report: started" in studio_log
+    assert CANARY_TOKEN not in studio_log and CANARY_PASSWORD not in studio_log and CANARY_SETTINGS not in studio_log
 
 
 def test_host_names_are_left_out_when_asked(chatted_run: Path) -> None:

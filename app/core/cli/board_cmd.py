@@ -163,7 +163,7 @@ def cmd_password(args: argparse.Namespace) -> int:
     what = "sudo" if args.sudo else "SSH"
     pw = sys.stdin.readline().rstrip("\n") if args.stdin else getpass.getpass(f"{what} password for {args.name}: ")
     if not pw:
-        raise CliError("Empty password: nothing stored.", None, code=EXIT_USAGE)
+        raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
     set_secret(sudo_password_key(args.name) if args.sudo else board_password_key(args.name), pw)
     print(f"{what} password for {args.name} stored in the keyring")
     return 0
@@ -189,7 +189,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 return (await probe(b, only=only, bundle=bundle)).to_dict()
             except ValueError as exc:
                 raise CliError(str(exc), "See `hexstudio board probe NAME --json` for the check ids.",
-                               code=EXIT_USAGE) from None
+                               exit_code=EXIT_USAGE) from None
         finally:
             await b.transport.close()
     doc = asyncio.run(go())

@@ -10,18 +10,30 @@ from pathlib import Path
 from typing import Any
 
 from app.core.runs import Workspace
+from workers.errors import ActionableError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-class CliError(Exception):
-    def __init__(self, message: str, hint: str | None = None, code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-        self.code = code
+class CliError(ActionableError):
+    """A command's failure: `message`, `hint` and, as every error in HexStudio, a string `code` ("usage" for
+    a wrong command line, else "cli_error" unless given); `exit_code` is the process's exit status.
+    (An int as `code` is taken as the exit status, as callers wrote it before.)"""
+
+    def __init__(self, message: str, hint: str | None = None, exit_code: int = EXIT_FAILED, *,
+                 code: str | int | None = None) -> None:
+        if isinstance(code, int):
+            exit_code, code = code, None
+        super().__init__(message, hint, code=code or ("usage" if exit_code == EXIT_USAGE else None))
+        self.exit_code = exit_code
+
+
+def error_document(exc: ActionableError) -> dict[str, Any]:
+    """What `--json` prints when a command fails: {"ok": false, "error": {code, message, hint}}, the error in
+    the worker protocol's shape (workers/errors.py: error_fields)."""
+    return {"ok": False, "error": exc.fields()}
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:

@@ -30,7 +30,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         text = " ".join(args.text)
     else:
         raise CliError("Nothing to explain.", "Pass the message text, --file LOG, or - to read stdin.",
-                       code=EXIT_USAGE)
+                       exit_code=EXIT_USAGE)
     doc = explain_dict(text)
     if args.json:
         print_json(doc)

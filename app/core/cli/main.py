@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
 from app import __version__
-from app.core.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, eprint, print_json
+from app.core import logs
+from app.core.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, eprint, error_document, print_json
+from workers.errors import ActionableError
+
+log = logging.getLogger("hexstudio.cli")
 
 # Each module defines register(subparsers). Keep one command group per module.
 COMMAND_MODULES = (
@@ -38,10 +43,31 @@ def build_parser() -> argparse.ArgumentParser:
         description="HexStudio: Hugging Face LLM -> W4A16 -> AI Hub -> Genie on a Qualcomm Hexagon NPU board. "
                     "Without a command, starts the studio window.")
     parser.add_argument("--version", action="version", version=f"hexstudio {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help=f"log debug detail, on stderr too (the log: {logs.log_path()})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _add_verbose(sub)
     return parser
+
+
+def _add_verbose(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """--verbose after the command too (`hexstudio run ... --verbose`), on every subcommand."""
+    for p in set(sub.choices.values()):
+        if not any("--verbose" in a.option_strings for a in p._actions):
+            p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                           help="log debug detail, on stderr too")
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                _add_verbose(a)
+
+
+def _command_words(args: argparse.Namespace) -> str:
+    """The command and its action (`runs show`), never an argument's value (a path, a host, a prompt)."""
+    command = str(getattr(args, "command", None) or "")
+    action = getattr(args, f"{command.replace('-', '_')}_command", None)
+    return f"{command} {action}" if isinstance(action, str) else command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,18 +84,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.core.device.connect import set_default_prompts, tty_offer_known_hosts, tty_passphrase
 
         set_default_prompts(passphrase=tty_passphrase, offer_known_hosts=tty_offer_known_hosts)
+    what = _command_words(args)
+    logs.setup_logging("cli", verbose=bool(getattr(args, "verbose", False)))
+    log.info("hexstudio %s: started (version %s)", what, __version__)
     try:
-        rc = func(args)
-        return int(rc or 0)
-    except CliError as exc:
+        rc = int(func(args) or 0)
+    except ActionableError as exc:   # CliError, or a core error nobody turned into one: say it the same way
+        log.warning("hexstudio %s: failed: %s: %s", what, exc.code, exc.message,
+                    exc_info=not isinstance(exc, CliError))
         if getattr(args, "json", False):
-            print_json({"ok": False, "error": exc.message, "hint": exc.hint})
+            print_json(error_document(exc))
         eprint(f"error: {exc.message}")
         if exc.hint:
             eprint(f"  what to do: {exc.hint}")
-        return exc.code
+        return exc.exit_code if isinstance(exc, CliError) else EXIT_FAILED
     except KeyboardInterrupt:
+        log.info("hexstudio %s: interrupted", what)
         eprint("interrupted")
         return 130
     except BrokenPipeError:
         return EXIT_FAILED
+    except Exception as exc:   # a bug: the traceback goes to the log, then on as before (stderr, exit 1)
+        logs.log_exception(log, f"hexstudio {what}: crashed", exc)
+        eprint(f"hexstudio {what} crashed; the traceback is also in {logs.log_path()}")
+        raise
+    log.info("hexstudio %s: exit %d", what, rc)
+    return rc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from typing import Any
 from app.core.device.errors import BoardError
 from app.core.device.transport import LocalTransport
 from app.core.paths import REPO_ROOT, default_workspace
+
+log = logging.getLogger("hexstudio.board")
 
 __all__ = ["Board", "BoardError", "open_board", "python_env", "sim_board"]
 
@@ -88,8 +91,15 @@ async def open_board(name: str, settings: Any = None, workspace: Path | None = N
     if runner not in ("genie", "simulator"):
         raise BoardError(f"Board '{name}' has runner '{runner}', which HexStudio does not know.",
                          "Set the board's runner to 'genie' (Qualcomm's genie-t2t-run) or 'simulator'.")
-    t = await connect_ssh(name, cfg, trust=trust, password=password, on_state=on_state, passphrase=passphrase,
-                          offer_known_hosts=offer_known_hosts)
+    where = f"{cfg.get('user') or '?'}@{cfg.get('host') or name}:{cfg.get('port') or 22}"
+    log.info("board %s: connecting to %s (auth %s)", name, where, cfg.get("auth") or "default")
+    try:
+        t = await connect_ssh(name, cfg, trust=trust, password=password, on_state=on_state, passphrase=passphrase,
+                              offer_known_hosts=offer_known_hosts)
+    except BoardError as exc:
+        log.warning("board %s: connection to %s failed: %s: %s", name, where, exc.code, exc.message)
+        raise
+    log.info("board %s: connected (%s)", name, where)
     home = await t.home()
     if runner == "simulator":
         genie = cfg.get("genie_command") or [str(cfg.get("python") or "python3"), "-m", "workers.genie_sim.t2t"]

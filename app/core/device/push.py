@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import posixpath
 import re
@@ -24,6 +25,8 @@ from app.core.device.errors import (
     UnsafeBundle,
 )
 from workers.bundle.safepath import UnsafePath, check_bundle_files, check_name, resolve_under
+
+log = logging.getLogger("hexstudio.board")
 
 REMOTE_MANIFEST = ".hexstudio-pushed.json"
 
@@ -303,6 +306,7 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
     real board is probed for soc/qairt/memory when not given). `progress` gets a PushProgress on the event
     loop's thread as bytes go out. A connection lost on the way raises ConnectionDropped (pushing again
     resumes); a write the board refuses while connected raises BoardWriteFailed."""
+    log.info("board %s: push of %s (%s) started", board.name, bundle_dir, name)
     doc, files_in = load_bundle(bundle_dir)
     remote_checked_name = name
     if facts is None and not board.simulated:
@@ -446,4 +450,6 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
     pr = PushResult(remote, sent_files, skipped, st["sent"], time.monotonic() - t0, warnings,
                     emulated=bool(doc.get("emulated")), verified=verified, resent=resent,
                     verify_seconds=t_verify)
+    log.info("board %s: push to %s done: %d file(s) sent (%d bytes), %d skipped, %d resent, %s checked, %.1f s",
+             board.name, remote, sent_files, st["sent"], skipped, len(resent), verified, pr.seconds)
     return pr

@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
 
 from app.core.stages import Stage, get_stage
 from app.ui.controller import RunController
+from app.ui.errors import log_link_html
 from app.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, fmt_value, heading, note
 
 SettingSpec = tuple[str, str, Any]   # (key, label, kind: "int" | "bool" | "text" | list of choices)
@@ -155,6 +156,8 @@ class StagePage(QWidget):
         self.results_layout = QVBoxLayout(self.results_box)
         self.outcome_label = note("")
         self.outcome_label.setObjectName("outcome_label")
+        self.outcome_label.setOpenExternalLinks(True)   # a failure links to the studio log
+        self.outcome_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.results_layout.addWidget(self.outcome_label)
         self.metrics = KeyValueTable(["metric", "value", "scope"])
         self.metrics.setMinimumHeight(120)
@@ -324,7 +327,7 @@ class StagePage(QWidget):
                     else "failed")
             self.outcome_label.setText(f"<span style='color:{STATE_COLORS['failed']}'><b>Attempt {attempt} {what}"
                                        f"{_when(st.data.get('started'))}:</b> "
-                                       f"{html.escape(str(out.get('message')))}</span>{hint}")
+                                       f"{html.escape(str(out.get('message')))}</span>{hint}{log_link_html()}")
         elif state in ("done", "stale"):
             dur = st.data.get("duration_s")
             peak = st.data.get("peak_rss_bytes")
