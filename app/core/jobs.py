@@ -8,6 +8,17 @@ and says plainly how it ended.
 
 Workers run in their own process group (start_new_session), so cancel reaches
 every child they started, and nothing is left behind.
+
+It is also the one way the studio starts any child process of its own:
+
+    python_command(module, *args)  `python -m MODULE ARGS`, or what a frozen (PyInstaller) build runs
+                                   instead (cli_command, worker_command, code_command: the usual kinds)
+    spawn(argv, what=...)          the one call to create_subprocess_exec: its own process group, logged
+    run_child(argv, what=...)      a short command (the report export, the AI Hub device list): its
+                                   output, a timeout, and the cancel ladder when it times out or its
+                                   caller is cancelled
+    cancel_ladder(send, ended)     SIGINT -> SIGTERM(group) -> SIGKILL(group), for local and remote
+                                   jobs alike (app.core.remote.job sends the signals over SSH)
 """
 
 from __future__ import annotations
@@ -15,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import shlex
 import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -30,6 +43,9 @@ import psutil
 from app.core.sampler import ResourceSample, TreeSampler, sample_periodically
 from workers.protocol import ProtocolError, parse_event
 from workers.runtime import LIVENESS_ENV, PARENT_ENV
+from workers.wslconfig import target_limits
+
+log = logging.getLogger(__name__)
 
 EventHandler = Callable[[dict[str, Any]], None]
 SampleHandler = Callable[[ResourceSample], None]
@@ -38,8 +54,6 @@ def oom_hint(peak_rss: int, need_bytes: int | None = None, ram_bytes: int | None
              swap_bytes: int | None = None) -> str:
     """What to do after an out-of-memory kill, with limits computed for this job: the larger of what it
     reached and its estimate, with the same headroom preflight's .wslconfig fix uses."""
-    from workers.wslconfig import target_limits
-
     if ram_bytes is None or swap_bytes is None:
         ram_bytes = int(psutil.virtual_memory().total)
         swap_bytes = int(psutil.swap_memory().total)
@@ -90,11 +104,152 @@ class JobResult:
                 "exit_code": self.exit_code, "signal": self.signal}
 
 
+# -- how the studio starts a child process ------------------------------------------------------
+
+# A frozen build runs a module that is neither the CLI nor a top-level worker (workers.genie_sim.t2t...)
+# through its `-c` (app/__main__.py): argv[1] is the module, the rest its arguments.
+RUN_MODULE_CODE = ("import runpy, sys; m = sys.argv.pop(1); sys.argv[0] = m; "
+                   "runpy.run_module(m, run_name='__main__', alter_sys=True)")
+
+
+def frozen() -> bool:
+    """A PyInstaller build: sys.executable is hexstudio itself, and there is no separate Python."""
+    return bool(getattr(sys, "frozen", False))
+
+
+def python_command(module: str, *args: str) -> list[str]:
+    """`python -m MODULE ARGS` as this studio runs it. A frozen build has no separate Python: its own
+    executable is the CLI (`hexstudio ARGS` for the module "app"), a worker (`hexstudio --worker STAGE ARGS`
+    for workers.STAGE) and any other module (`hexstudio -c RUN_MODULE_CODE MODULE ARGS`); app/__main__.py
+    dispatches them."""
+    if not frozen():
+        return [sys.executable, "-m", module, *args]
+    if module == "app":
+        return [sys.executable, *args]
+    package, _, name = module.partition(".")
+    if package == "workers" and name and "." not in name:
+        return [sys.executable, "--worker", name, *args]
+    return [sys.executable, "-c", RUN_MODULE_CODE, module, *args]
+
+
+def cli_command(*args: str) -> list[str]:
+    """`hexstudio ARGS` in a child process (the report export, the AI Hub device list)."""
+    return python_command("app", *args)
+
+
 def worker_command(module: str, spec_path: Path) -> list[str]:
-    """How to start a worker: `python -m workers.X`, or the frozen app's own --worker dispatch."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable, "--worker", module.rsplit(".", 1)[-1], "--spec", str(spec_path)]
-    return [sys.executable, "-m", module, "--spec", str(spec_path)]
+    """How to start a worker: `python -m workers.X --spec FILE`, or the frozen app's --worker dispatch."""
+    return python_command(module, "--spec", str(spec_path))
+
+
+def code_command(code: str, *args: str) -> list[str]:
+    """`python -c CODE ARGS`; a frozen build runs `hexstudio -c CODE ARGS` the same way."""
+    return [sys.executable, "-c", code, *args]
+
+
+def _argv_text(argv: Sequence[str]) -> str:
+    return shlex.join(a if len(a) <= 200 else a[:200] + "…" for a in map(str, argv))
+
+
+async def spawn(argv: Sequence[str], *, what: str, cwd: Path | str | None = None,
+                env: dict[str, str] | None = None, stdin: int = asyncio.subprocess.DEVNULL,
+                limit: int = 1 << 16) -> asyncio.subprocess.Process:
+    """Start a child process the way every one of the studio's is started: in a process group of its own
+    (start_new_session; cancel reaches all it starts), stdout and stderr piped, logged with its pid."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=str(cwd) if cwd else None, env=env, stdin=stdin,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=limit)
+    log.info("%s: started pid %d: %s", what, proc.pid, _argv_text(argv))
+    return proc
+
+
+SignalSender = Callable[[signal.Signals, bool], Awaitable[None]]
+
+CANCEL_STEPS = ((signal.SIGINT, False), (signal.SIGTERM, True), (signal.SIGKILL, True))
+
+
+async def cancel_ladder(send: SignalSender, ended: asyncio.Future[Any], *, grace_s: float = 5.0, term_s: float = 3.0,
+                        kill_s: float = 5.0, what: str = "A child process") -> bool:
+    """The cancel ladder of every job, local or remote: SIGINT to the process (a worker stops cleanly and
+    says `cancelled`), then SIGTERM to its process group, then SIGKILL to the group, each step given its time
+    for `ended` to complete. `send(signal, whole_group)` delivers a signal: signal_local here, `kill` over
+    SSH on a worker host. `ended`: the task (or future) that completes when the process has ended.
+    Returns whether it ended."""
+    for (sig, group), wait_s in zip(CANCEL_STEPS, (grace_s, term_s, kill_s), strict=True):
+        log.info("%s: cancel: %s to the %s", what, sig.name, "process group" if group else "process")
+        await send(sig, group)
+        try:
+            await asyncio.wait_for(asyncio.shield(ended), wait_s)
+            return True
+        except asyncio.TimeoutError:
+            continue
+    log.warning("%s: still running after SIGKILL", what)
+    return False
+
+
+def signal_local(proc: asyncio.subprocess.Process, sig: signal.Signals, group: bool) -> None:
+    """One rung of the ladder on this machine: to the process, or to its whole group (its pid: spawn made it
+    the leader of its own)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(proc.pid, sig)
+        elif proc.returncode is None:
+            proc.send_signal(sig)
+
+
+@dataclass
+class ChildResult:
+    """How a short child process ended: exit status (None: it did not end), its output, and why it was
+    stopped when it was."""
+    argv: list[str]
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+async def run_child(argv: Sequence[str], *, what: str, timeout: float | None = None,
+                    cwd: Path | str | None = None, env: dict[str, str] | None = None, input: bytes | None = None,
+                    grace_s: float = 5.0, term_s: float = 3.0) -> ChildResult:
+    """Run a short child process to its end and return its output. Past `timeout`, or when the calling task
+    is cancelled (a window closing, a Stop button), it gets the cancel ladder; a cancelled caller then sees
+    its CancelledError. Nothing the child started outlives it (its group is killed when it ends)."""
+    t0 = time.monotonic()
+    proc = await spawn(argv, what=what, cwd=cwd, env=env, limit=1 << 24,
+                       stdin=asyncio.subprocess.DEVNULL if input is None else asyncio.subprocess.PIPE)
+    talk = asyncio.ensure_future(proc.communicate(input))
+
+    async def send(sig: signal.Signals, group: bool) -> None:
+        signal_local(proc, sig, group)
+
+    timed_out = False
+    try:
+        try:
+            out, err = await asyncio.wait_for(asyncio.shield(talk), timeout)
+        except asyncio.TimeoutError:
+            timed_out = True
+            log.warning("%s: no end after %.0f s", what, timeout or 0)
+            if await cancel_ladder(send, talk, grace_s=grace_s, term_s=term_s, what=what):
+                out, err = talk.result()
+            else:
+                talk.cancel()
+                out, err = b"", b""
+        except asyncio.CancelledError:
+            if not await cancel_ladder(send, talk, grace_s=grace_s, term_s=term_s, what=what):
+                talk.cancel()
+            raise
+    finally:
+        signal_local(proc, signal.SIGKILL, True)   # whatever it started ends with it
+    res = ChildResult(list(argv), proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                      timed_out, time.monotonic() - t0)
+    log.info("%s: pid %d ended: exit %s%s (%.1f s)", what, proc.pid, res.returncode,
+             ", timed out" if timed_out else "", res.duration_s)
+    return res
 
 
 def _memory_total() -> int:
@@ -139,6 +294,30 @@ class EventStream:
         if self.on_event is not None:
             self.on_event(ev)
 
+    def stderr_line(self, text: str) -> None:
+        """A line the worker wrote on stderr: kept in the job's log as a debug record, never parsed."""
+        if self.log is not None:
+            self.log.write(json.dumps({"v": 1, "type": "log", "level": "debug", "t": time.time(),
+                                       "stream": "stderr", "message": text}, ensure_ascii=False) + "\n")
+
+    def result(self, returncode: int | None, cancelled: bool, peak_rss: int, stderr: str, what: str,
+               memory_need: int | None = None, *, peak_vram: int | None = None, duration_s: float = 0.0,
+               stderr_tail: str | None = None) -> JobResult:
+        """How the job ended (classify), with its figures: the one ending of local and remote jobs."""
+        res = classify(returncode, self, cancelled, peak_rss, stderr, what, memory_need)
+        res.peak_rss_bytes = peak_rss
+        res.peak_vram_bytes = peak_vram
+        res.duration_s = duration_s
+        res.events = self.events
+        res.bad_lines = self.bad_lines
+        res.stderr_tail = stderr if stderr_tail is None else stderr_tail
+        return res
+
+
+def cancelled_result(what: str, returncode: int | None = None, sig: str | None = None) -> JobResult:
+    return JobResult("cancelled", returncode, sig, f"{what} was cancelled.",
+                     hint="Nothing from the cancelled attempt is kept. Start it again when ready.", code="cancelled")
+
 
 def classify(returncode: int | None, stream: EventStream, cancelled: bool, peak_rss: int,
              stderr_tail: str, what: str, memory_need: int | None = None) -> JobResult:
@@ -151,9 +330,7 @@ def classify(returncode: int | None, stream: EventStream, cancelled: bool, peak_
     if done is not None and done.get("ok") is True and returncode == 0:
         return JobResult("ok", returncode, None, f"{what} finished.", summary=done.get("summary") or {})
     if cancelled:
-        return JobResult("cancelled", returncode, sig, f"{what} was cancelled.",
-                         hint="Nothing from the cancelled attempt is kept. Start it again when ready.",
-                         code="cancelled")
+        return cancelled_result(what, returncode, sig)
     if sig == "SIGKILL" or returncode == 137:
         if peak_rss >= 0.6 * _memory_total():
             return JobResult("oom", returncode, sig or "SIGKILL",
@@ -180,7 +357,35 @@ def classify(returncode: int | None, stream: EventStream, cancelled: bool, peak_
                      code="failed")
 
 
-class LocalJob:
+class Job:
+    """What every job shares, here or on a worker host (LocalJob, app.core.remote's RemoteJob and
+    RemoteStageJob): start(), wait() -> JobResult, cancel() (cancel_ladder), and the same options."""
+
+    def __init__(self, *, what: str, on_event: EventHandler | None = None, on_sample: SampleHandler | None = None,
+                 grace_s: float = 5.0, term_s: float = 3.0) -> None:
+        self.what = what
+        self.on_event = on_event
+        self.on_sample = on_sample
+        self.grace_s = grace_s      # SIGINT -> SIGTERM: the worker's time to stop cleanly
+        self.term_s = term_s        # SIGTERM -> SIGKILL
+        self._cancelled = False
+        self._task: asyncio.Task[JobResult] | None = None
+        self._started = asyncio.Event()
+
+    async def wait(self) -> JobResult:
+        await self._started.wait()
+        assert self._task is not None
+        return await asyncio.shield(self._task)
+
+    def _begin(self, run: Awaitable[JobResult]) -> None:
+        self._task = asyncio.ensure_future(run)
+        self._started.set()
+
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+
+class LocalJob(Job):
     """A worker process on this machine."""
 
     def __init__(self, argv: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
@@ -188,6 +393,7 @@ class LocalJob:
                  log_path: Path | None = None, sample_hz: float = 4.0, what: str = "The worker",
                  grace_s: float = 5.0, term_s: float = 3.0, memory_need: int | None = None,
                  liveness: bool = False) -> None:
+        super().__init__(what=what, on_event=on_event, on_sample=on_sample, grace_s=grace_s, term_s=term_s)
         self.argv = list(argv)
         # a worker (workers.runtime.die_with_parent): its stdin is a pipe this process holds open while it
         # lives, and it arms a parent-death signal, so it never outlives us (kill -9 of the studio included)
@@ -195,20 +401,13 @@ class LocalJob:
         self.memory_need = memory_need  # the stage's estimated peak RSS (for the out-of-memory hint)
         self.cwd = cwd
         self.env = env
-        self.on_sample = on_sample
         self.log_path = log_path
         self.sample_hz = sample_hz
-        self.what = what
-        self.grace_s = grace_s
-        self.term_s = term_s
         self._log: IO[str] | None = None
         self.stream = EventStream(on_event, None)
         self.proc: asyncio.subprocess.Process | None = None
         self.sampler: TreeSampler | None = None
-        self._cancelled = False
         self._stderr: deque[str] = deque(maxlen=200)
-        self._task: asyncio.Task[JobResult] | None = None
-        self._started = asyncio.Event()
         self.pgid: int | None = None
 
     async def start(self) -> None:
@@ -220,15 +419,11 @@ class LocalJob:
         env.setdefault("PYTHONUNBUFFERED", "1")
         if self.liveness:
             env.update({PARENT_ENV: str(os.getpid()), LIVENESS_ENV: "stdin"})
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, cwd=str(self.cwd) if self.cwd else None, env=env,
-            stdin=asyncio.subprocess.PIPE if self.liveness else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True, limit=1 << 24)
+        self.proc = await spawn(self.argv, what=self.what, cwd=self.cwd, env=env, limit=1 << 24,
+                                stdin=asyncio.subprocess.PIPE if self.liveness else asyncio.subprocess.DEVNULL)
         self.pgid = self.proc.pid
         self.sampler = TreeSampler(self.proc.pid)
-        self._task = asyncio.ensure_future(self._run())
-        self._started.set()
+        self._begin(self._run())
 
     async def _read_stdout(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -255,9 +450,7 @@ class LocalJob:
                 break
             text = line.decode("utf-8", "replace").rstrip("\n")
             self._stderr.append(text)
-            if self._log is not None:
-                self._log.write(json.dumps({"v": 1, "type": "log", "level": "debug", "t": time.time(),
-                                            "stream": "stderr", "message": text}, ensure_ascii=False) + "\n")
+            self.stream.stderr_line(text)
 
     async def _run(self) -> JobResult:
         assert self.proc is not None and self.sampler is not None
@@ -275,15 +468,10 @@ class LocalJob:
                 self.proc.stdin.close()
             if self._log is not None:
                 self._log.close()
-        res = classify(rc, self.stream, self._cancelled, self.sampler.peak_rss, "\n".join(self._stderr),
-                       self.what, self.memory_need)
-        res.peak_rss_bytes = self.sampler.peak_rss
-        res.peak_vram_bytes = self.sampler.peak_vram
-        res.duration_s = time.monotonic() - t0
-        res.events = self.stream.events
-        res.bad_lines = self.stream.bad_lines
-        res.stderr_tail = "\n".join(list(self._stderr)[-20:])
-        return res
+        stderr = "\n".join(self._stderr)
+        return self.stream.result(rc, self._cancelled, self.sampler.peak_rss, stderr, self.what,
+                                  self.memory_need, peak_vram=self.sampler.peak_vram,
+                                  duration_s=time.monotonic() - t0, stderr_tail="\n".join(list(self._stderr)[-20:]))
 
     def _reap_group(self) -> None:
         """The worker has exited: make sure nothing it started outlives it."""
@@ -291,11 +479,6 @@ class LocalJob:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pgid, signal.SIGKILL)
-
-    async def wait(self) -> JobResult:
-        await self._started.wait()
-        assert self._task is not None
-        return await asyncio.shield(self._task)
 
     def group_alive(self) -> bool:
         if self.pgid is None:
@@ -309,24 +492,16 @@ class LocalJob:
         return True
 
     async def cancel(self) -> None:
-        """SIGINT to the worker, then SIGTERM to its group, then SIGKILL to the group."""
-        if self.proc is None or self.proc.returncode is not None:
+        """SIGINT to the worker, then SIGTERM to its group, then SIGKILL to the group (cancel_ladder)."""
+        if self.proc is None or self.proc.returncode is not None or self._task is None:
             return
         self._cancelled = True
-        steps = ((signal.SIGINT, False, self.grace_s), (signal.SIGTERM, True, self.term_s),
-                 (signal.SIGKILL, True, 5.0))
-        for sig, group, timeout in steps:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if group:
-                    os.killpg(self.proc.pid, sig)
-                else:
-                    self.proc.send_signal(sig)
-            try:
-                assert self._task is not None
-                await asyncio.wait_for(asyncio.shield(self._task), timeout)
-                return
-            except asyncio.TimeoutError:
-                continue
+        proc = self.proc
+
+        async def send(sig: signal.Signals, group: bool) -> None:
+            signal_local(proc, sig, group)
+
+        await cancel_ladder(send, self._task, grace_s=self.grace_s, term_s=self.term_s, what=self.what)
 
 
 class JobRunner:

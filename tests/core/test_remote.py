@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from app.core.remote.job import RemoteJob
 from tests.support.sshd import SshServer, sshd_available
 
 ok, why = sshd_available()
@@ -24,8 +25,6 @@ async def _connect(srv: SshServer) -> Any:
 
 
 def test_remote_selftest_worker_streams_events(tmp_path: Path) -> None:
-    from app.core.remote import RemoteJob
-
     out_dir = tmp_path / "remote-out"
     events: list[dict[str, Any]] = []
 
@@ -50,8 +49,6 @@ def test_remote_selftest_worker_streams_events(tmp_path: Path) -> None:
 
 
 def test_remote_cancel_kills_the_remote_process_group(tmp_path: Path) -> None:
-    from app.core.remote import RemoteJob
-
     async def go() -> tuple[Any, bool]:
         t = await _connect(srv)
         try:

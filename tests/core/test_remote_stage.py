@@ -19,7 +19,9 @@ import pytest
 
 from app.core.manifest import RunManifest
 from app.core.pipeline import Pipeline
-from app.core.remote import RemoteStageJob
+from app.core.remote.hosts import connect_worker_host, host_config, worker_hosts
+from app.core.remote.stage import RemoteStageJob
+from app.core.remote.sync import SYNC_MANIFEST, LocalHashes, map_json_paths, upload_tree
 from app.core.runs import Workspace
 from app.core.stages import STAGES, Stage
 from tests.core.conftest import FAKE
@@ -31,7 +33,6 @@ pytestmark = [pytest.mark.sshd, pytest.mark.skipif(not ok, reason=why)]
 
 def _add_host(srv: SshServer, root: Path, name: str = "box", trust: bool = True, **extra: Any) -> None:
     from app.core.device.connect import known_hosts_path
-    from app.core.remote import worker_hosts
     from app.core.settings import Settings
 
     if trust:
@@ -240,8 +241,6 @@ def test_worker_host_problems_fail_the_stage_clearly(tmp_path: Path, case: str) 
 
 
 def test_upload_skips_what_is_there_and_mirrors_the_folder(tmp_path: Path) -> None:
-    from app.core.remote import SYNC_MANIFEST, _LocalHashes, connect_worker_host, upload_tree
-
     src = tmp_path / "hf"
     (src / "sub").mkdir(parents=True)
     (src / "config.json").write_text('{"a": 1}')
@@ -249,20 +248,18 @@ def test_upload_skips_what_is_there_and_mirrors_the_folder(tmp_path: Path) -> No
     dst = tmp_path / "host" / "models" / "hf"
 
     async def go(srv: SshServer) -> list[tuple[int, int, int]]:
-        from app.core.remote import host_config
-
         t = await connect_worker_host("box", host_config("box"))
         out = []
         try:
             for _ in range(2):
-                s = await upload_tree(t, sys.executable, src, str(dst), _LocalHashes())
+                s = await upload_tree(t, sys.executable, src, str(dst), LocalHashes())
                 out.append((s.sent_files, s.skipped_files, s.sent_bytes))
             (src / "config.json").write_text('{"a": 2}')          # same size, other content
             (dst / "stale.txt").write_text("left over")
-            s = await upload_tree(t, sys.executable, src, str(dst), _LocalHashes())
+            s = await upload_tree(t, sys.executable, src, str(dst), LocalHashes())
             out.append((s.sent_files, s.skipped_files, s.sent_bytes))
             (dst / SYNC_MANIFEST).unlink()                         # no record: the host hashes its copies
-            s = await upload_tree(t, sys.executable, src, str(dst), _LocalHashes())
+            s = await upload_tree(t, sys.executable, src, str(dst), LocalHashes())
             out.append((s.sent_files, s.skipped_files, s.sent_bytes))
         finally:
             await t.close()
@@ -281,7 +278,6 @@ def test_upload_skips_what_is_there_and_mirrors_the_folder(tmp_path: Path) -> No
 
 
 def test_path_maps_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.core.remote import map_json_paths
     from workers.runtime import map_path
 
     monkeypatch.setenv("HEXSTUDIO_PATH_MAP", json.dumps([["/home/me/runs/R", "/srv/h/runs/R"],

@@ -20,6 +20,7 @@ from app.core.cli.common import (
 from app.core.jobs import human_bytes
 from app.core.paths import BUILTIN_MODEL_ID
 from app.core.pipeline import Pipeline, display_state
+from app.core.remote.hosts import WorkerHostError, host_config
 from app.core.runs import RunNotFound, WorkspaceError
 from app.core.settings import SettingsError
 from app.core.stages import STAGE_NAMES
@@ -54,8 +55,6 @@ def _check_worker_host(name: str) -> None:
     """Refuse an unknown worker host before a run is made (connecting happens when a heavy stage starts)."""
     if name == "local":
         return
-    from app.core.remote import WorkerHostError, host_config
-
     try:
         host_config(name)
     except WorkerHostError as exc:

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from app.core.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, print_json
-from app.core.remote import (
+from app.core.remote.hosts import (
     STAGE_PACKAGES,
     WorkerHostError,
     check_host,
     connect_worker_host,
     host_config,
-    install_workers,
     worker_hosts,
     worker_password_key,
 )
+from app.core.remote.sync import install_workers
 from app.core.secrets import delete_secret, set_secret
 from app.core.settings import Settings
 
