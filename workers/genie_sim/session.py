@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from workers.genie_sim.t2t import GENIE_API_VERSION, GenieLoadError, SimDialog, profile_doc
 
 _out_lock = threading.Lock()
@@ -81,9 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             dialog.reset()
             emit({"event": "reset"})
         elif op == "sampler":   # per-request sampler values on the loaded dialog (no reload)
-            import numpy as np
-
-            values = msg.get("sampler") if isinstance(msg.get("sampler"), dict) else {}
+            given = msg.get("sampler")
+            values: dict[str, Any] = given if isinstance(given, dict) else {}
             dialog.sampler = {**dialog.sampler, **values}
             dialog.rng = np.random.default_rng(int(dialog.sampler.get("seed", 42)))
             emit({"event": "sampler", "applied": True, "sampler": dialog.sampler})
