@@ -11,6 +11,7 @@ from typing import Any
 from app.core.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
 from app.core.paths import BUILTIN_MODEL_DIR, BUILTIN_MODEL_ID
 from workers import modelinfo, wslconfig
+from workers.errors import error_fields
 from workers.shared.run_settings import ResolvedSettings, resolve_settings
 
 
@@ -181,7 +182,7 @@ def cmd_write_wslconfig(args: argparse.Namespace) -> int:
         msg, hint = (f"Did not write {pl.path}.",
                      "Re-run with --yes to write it, or edit the file yourself as the diff shows.")
         if args.json:  # one JSON document on stdout, whatever happens
-            print_json({**out, "ok": False, "error": msg, "hint": hint})
+            print_json({**out, "ok": False, "error": error_fields("not_written", msg, hint)})
             print(f"error: {msg}\n  what to do: {hint}", file=sys.stderr)
             return 1
         raise CliError(msg, hint)
