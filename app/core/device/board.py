@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 from app.core.device.errors import BoardError
 from app.core.device.transport import LocalTransport
+from app.core.jobs import python_command
 from app.core.paths import REPO_ROOT, default_workspace
 
 log = logging.getLogger("hexstudio.board")
@@ -64,7 +64,7 @@ class Board:
 def sim_board(workspace: Path | None = None) -> Board:
     root = (workspace or default_workspace()) / "sim-board" / "home"
     return Board("sim", LocalTransport(root), True,
-                 genie_command=[sys.executable, "-m", "workers.genie_sim.t2t"])
+                 genie_command=python_command("workers.genie_sim.t2t"))
 
 
 async def open_board(name: str, settings: Any = None, workspace: Path | None = None, *,

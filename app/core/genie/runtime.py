@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from app.core.device.board import Board, python_env
 from app.core.genie.profile import Kpis
+from app.core.jobs import python_command
 from app.core.paths import REPO_ROOT
 from workers.errors import ActionableError
 
@@ -58,8 +58,7 @@ class BoardRuntime:
         cfg = board.config or {}
         if self.name == "genie":
             if board.simulated:
-                return [sys.executable, "-m", "workers.genie_sim.session", "-c", "genie_config.json", *extra], \
-                    python_env()
+                return python_command("workers.genie_sim.session", "-c", "genie_config.json", *extra), python_env()
             py = cfg.get("python") or "python3"
             argv = [str(py), helper_remote or "genie_session.py", "--config", "genie_config.json", *extra]
             if cfg.get("genie_lib"):
@@ -70,7 +69,7 @@ class BoardRuntime:
             return argv, None
         # geniex
         if board.simulated:   # the simulator's GenieX face (as the Genie helper: this machine's python)
-            return [sys.executable, "-m", "workers.genie_sim.geniex", "session", "-m", ".", *extra], python_env()
+            return python_command("workers.genie_sim.geniex", "session", "-m", ".", *extra), python_env()
         py = cfg.get("geniex_python") or cfg.get("python") or "python3"
         argv = [str(py), helper_remote or "geniex_session.py", "--bundle", ".", *extra]
         # the geniex wheel as HexStudio's fix installs it (pip --target ~/.local/share/geniex-python)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import html
 import re
-import sys
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QCheckBox, QFileDialog, QHBoxLayout, QPushButton, QTextBrowser, QWidget
 
+from app.core.jobs import cli_command, run_child
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.widgets import STATE_COLORS, note, paper
@@ -62,16 +62,14 @@ class ReportPage(StagePage):
         m = self.c.manifest
         if m is None:
             return False
-        argv = [sys.executable, "-m", "app", "report", str(m.run_dir), "--format", fmt, "--out", str(out)]
+        argv = cli_command("report", str(m.run_dir), "--format", fmt, "--out", str(out))
         if self.redact_hosts.isChecked():
             argv.append("--redact-hosts")
         self.export_message.setText(f"Writing the {fmt.upper()} report…")
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE)
-        _out, err = await proc.communicate()
-        if proc.returncode != 0:
+        res = await run_child(argv, what=f"The {fmt.upper()} report export")
+        if not res.ok:
             self.export_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>The report could not be "
-                                        f"written: {err.decode(errors='replace').strip()[-500:]}</span>")
+                                        f"written: {html.escape(res.stderr.strip()[-500:])}</span>")
             return False
         self.export_message.setText(f"Wrote {html.escape(str(out))} · <a href='{QUrl.fromLocalFile(str(out.parent)).toString()}'>"
                                     "open its folder</a>")

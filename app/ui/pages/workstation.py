@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import html
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.jobs import human_bytes
+from app.core.jobs import cli_command, human_bytes, run_child
 from app.core.settings import settings_fields
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
@@ -406,20 +405,13 @@ class CompilePage(StagePage):
         (qai_hub takes a second to import and does network I/O; the window stays responsive)."""
         self.refresh_devices_button.setEnabled(False)
         self.devices_message.setText("Asking AI Hub for its devices…")
-        argv = [sys.executable, "-m", "app", "bundle", "devices", "--aihub", "--json"]
         try:
-            proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.PIPE)
-            try:
-                out, err = await asyncio.wait_for(proc.communicate(), DEVICE_LIST_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                proc.kill()
-                await proc.wait()
+            res = await run_child(cli_command("bundle", "devices", "--aihub", "--json"), what="The AI Hub device list",
+                                  timeout=DEVICE_LIST_TIMEOUT_S, grace_s=2.0, term_s=2.0)
+            if res.timed_out:
                 raise DeviceListError(f"AI Hub did not answer within {DEVICE_LIST_TIMEOUT_S:.0f} s.",
-                                      "Check the network (and a proxy, if you use one), then refresh again.") \
-                    from None
-            rows, emulated = parse_devices_output(proc.returncode or 0, out.decode("utf-8", "replace"),
-                                                  err.decode("utf-8", "replace"))
+                                      "Check the network (and a proxy, if you use one), then refresh again.")
+            rows, emulated = parse_devices_output(res.returncode or 0, res.stdout, res.stderr)
         except DeviceListError as exc:
             hint = f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""
             self.devices_message.setText(f"<span style='color:{STATUS_COLORS['fail']}'>Could not list the AI Hub "
