@@ -152,7 +152,7 @@ def largest_part_params(hf: Path, parts: int) -> int:
     from safetensors import safe_open
 
     sys.path.insert(0, str(REPO))
-    from workers.modelinfo import layer_ranges
+    from workers.shared.modelinfo import layer_ranges
 
     sizes: dict[str, int] = {}
     for f in hf.glob("*.safetensors"):

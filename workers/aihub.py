@@ -11,7 +11,7 @@ qai_hub_models/models/_shared/llm/export.py and model.py; docs/compile.md):
   whose context binary is downloaded as `<model>_part_<i>_of_<n>.bin`;
 - tool-versions.yaml holds only `qairt: <full version>`, read from the link job's compiled model
   (metadata QAIRT_SDK_VERSION, as qai-hub-models' ToolVersions.from_compiled_model does);
-- metadata.yaml (workers/bundle/metadata.py), genie_config.json, htp_backend_ext_config.json and the
+- metadata.yaml (workers/bundle_metadata.py), genie_config.json, htp_backend_ext_config.json and the
   checkpoint's tokenizer.json, tokenizer_config.json and config.json complete the bundle.
 
 Resume: every submitted job id is written at once (atomically) to `<run>/aihub_jobs.json`, which
@@ -47,12 +47,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from workers import bundle as gb
-from workers import modelinfo
-from workers.bundle import metadata as gm
+from workers import bundle_metadata as gm
 from workers.genie_config import checked_genie_config
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec
+from workers.shared import bundle as gb
+from workers.shared import modelinfo
 from workers.shared.run_settings import DEFAULTS
 
 JOBS_FILE = "aihub_jobs.json"
@@ -82,7 +82,7 @@ def write_json_atomic(path: Path, doc: Any) -> None:
 
 def model_name(model_doc: dict[str, Any], settings: dict[str, Any] | None = None) -> str:
     """The `<model>` of file and job names, like qai-hub-models' model ids and the simulation bundle's
-    (workers.bundle.model_slug): "meta-llama/Llama-3.1-8B-Instruct" -> "llama_3_1_8b_instruct",
+    (workers.shared.bundle.model_slug): "meta-llama/Llama-3.1-8B-Instruct" -> "llama_3_1_8b_instruct",
     "builtin:tiny-llama" -> "tiny_llama" (setting aihub_model_name overrides)."""
     return gb.model_slug(str((settings or {}).get("aihub_model_name") or model_doc["model"]).replace("builtin:", ""))
 

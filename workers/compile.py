@@ -15,11 +15,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from workers import bundle as gb
-from workers import modelinfo
 from workers.genie_config import checked_genie_config
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
+from workers.shared import bundle as gb
+from workers.shared import modelinfo
 from workers.shared.run_settings import DEFAULTS
 
 
@@ -30,7 +30,7 @@ def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path
     htp_backend_ext_config.json, metadata.yaml, tokenizer.json, tokenizer_config.json, config.json; each
     .bin is a simulated context binary (workers/genie_sim/simbin.py) naming the part's QDQ ONNX graphs
     under sim/, which the simulator board runs. bundle.json says "simulated": true."""
-    from workers.bundle import metadata as md
+    from workers import bundle_metadata as md
     from workers.export.graphs import part_label
     from workers.genie_sim.simbin import write_sim_bin
 

@@ -68,7 +68,7 @@ def _tokenizer(spec: WorkerSpec) -> Any:
     candidates = [bundle / "bundle" / "tokenizer.json"] if bundle else []
     model_dir = spec.upstream.get("model")
     if model_dir is not None and (model_dir / "model.json").is_file():
-        from workers.modelinfo import hf_dir_of
+        from workers.shared.modelinfo import hf_dir_of
 
         doc = _read(model_dir / "model.json")
         candidates.append(Path(map_path(str(hf_dir_of(doc, model_dir)))) / "tokenizer.json")

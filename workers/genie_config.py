@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers import bundle as gb
-from workers.bundle.genie_schema import genie_config_errors
 from workers.runtime import WorkerError
+from workers.shared import bundle as gb
+from workers.shared.bundle.genie_schema import genie_config_errors
 
 
 def checked_genie_config(hf_config: dict[str, Any], q: dict[str, Any], ctx_bins: list[str],

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workers import modelinfo
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
+from workers.shared import modelinfo
 from workers.shared.artifacts import ModelDoc
 from workers.shared.run_settings import AUTO, resolve_settings
 

@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers import modelinfo, recipes, wslconfig
+from workers import wslconfig
 from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
+from workers.shared import modelinfo, recipes
 from workers.shared.run_settings import DEFAULTS
 
 GiB = 1024**3

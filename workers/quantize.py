@@ -116,7 +116,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise WorkerError("model_load_failed", f"Could not read the model configuration in {hf_dir}: {exc}",
                           "Check the model folder (model stage) and its config.json.") from None
-    from workers.rope import RopeError, genie_positional_encoding, genie_rope_tables
+    from workers.shared.rope import RopeError, genie_positional_encoding, genie_rope_tables
 
     try:
         # the rope Genie will compute from genie_config.json: calibration and validation feed the same tables

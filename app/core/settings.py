@@ -17,8 +17,8 @@ from typing import Any
 
 from app.core.atomic import write_json_atomic
 from app.core.paths import config_dir
-from workers.bundle import KNOWN_DEVICES
 from workers.shared import run_settings
+from workers.shared.bundle import KNOWN_DEVICES
 
 SETTINGS_VERSION = 2
 

@@ -63,7 +63,7 @@ QUERY_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p
 ALLOC_CB = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))
 
 
-# The path rules of workers/bundle/safepath.py, repeated here because this helper runs alone on the board
+# The path rules of workers/shared/bundle/safepath.py, repeated here because this helper runs alone on the board
 # (standard library only). A bundle pushed by an older studio, or edited on the board, is refused here too.
 SAFE_PART = re.compile(r"^[A-Za-z0-9._+-]+$")
 

@@ -22,7 +22,7 @@ from app.core.device.errors import LocalBundleError, UnsafeBundle
 from app.core.device.push import push_bundle, verify_pushed
 from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard, make_device_bundle
-from workers.bundle import safepath, verify_bundle
+from workers.shared.bundle import safepath, verify_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 FACTS = {"dsp_arch": "v73", "qairt_version": "2.45.0.260326", "mem_total_bytes": 16 << 30,
@@ -154,7 +154,7 @@ def test_report_lists_crafted_entries_as_refused() -> None:
 ])
 def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(tmp_path: Path, field: str,
                                                                           value: Any, entry: str) -> None:
-    import workers.bundle as gb
+    import workers.shared.bundle as gb
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()

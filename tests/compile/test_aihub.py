@@ -26,9 +26,9 @@ from app.core.runs import Workspace
 from tests.aihub_emulator import AIHubEmulator
 from tests.aihub_emulator.server import QAIRT_VERSIONS
 from tests.support.sim_runs import copy_run
-from workers import bundle as gb
+from workers import bundle_metadata as gm
 from workers.aihub import JOBS_FILE
-from workers.bundle import metadata as gm
+from workers.shared import bundle as gb
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from workers import bundle as gb
+from workers.shared import bundle as gb
 
 LLAMA_31_8B: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -43,7 +43,7 @@ def test_bundle_config_for_a_llama_31_8b_config_only_folder(tmp_path: Path) -> N
     assert d["engine"]["model"]["binary"]["ctx-bins"] == [f"{gb.model_slug(tmp_path.name)}_part_{i}_of_5.bin"
                                                           for i in range(1, 6)]
     # Genie's own validation accepts it, and so does the whole-bundle checker's config part
-    from workers.bundle.genie_schema import dialog_create_errors, genie_config_errors
+    from workers.shared.bundle.genie_schema import dialog_create_errors, genie_config_errors
 
     assert genie_config_errors(json.loads(out.stdout)) == [] and dialog_create_errors(json.loads(out.stdout)) == []
     for section in (d, d["context"], d["sampler"], d["tokenizer"], d["engine"], d["engine"]["backend"],
@@ -85,12 +85,12 @@ def test_simulation_bundle_is_complete_and_labeled(compiled_sim_run: Path) -> No
     assert part1[0]["inputs"]["past_key_0_in"] == {"shape": [2, 1, 64, 384], "dtype": "uint8",
                                                   "quantization_parameters": part1[0]["outputs"]["past_key_0_out"]
                                                   ["quantization_parameters"]}
-    from workers.bundle.check import check_bundle
+    from workers.shared.bundle.check import check_bundle
 
     assert [f for f in check_bundle(bdir) if f.severity == "error"] == []
     assert cfg["context"]["size"] == doc["context_length"] == 512
     # the simulation bundle passes Genie's schema too (backend QnnHtp; bundle.json says simulated)
-    from workers.bundle.genie_schema import dialog_create_errors, genie_config_errors
+    from workers.shared.bundle.genie_schema import dialog_create_errors, genie_config_errors
 
     full = json.loads((bdir / "genie_config.json").read_text())
     assert genie_config_errors(full) == [] and dialog_create_errors(full) == []
@@ -152,8 +152,8 @@ def test_the_pre_write_check_compares_the_rope_numerically(field: str, value: An
 def test_rope_scalings_genie_can_compute_are_mapped_and_pass_genie(tmp_path: Path, scaling: dict[str, Any]) -> None:
     """linear, YaRN, dynamic (within its range) and longrope are expressed in Genie's terms (llama3/longrope/
     none) and the tables Genie computes from the config equal the model's."""
-    from workers import rope
-    from workers.bundle.genie_schema import genie_config_errors
+    from workers.shared import rope
+    from workers.shared.bundle.genie_schema import genie_config_errors
 
     hf = {**LLAMA_31_8B, "rope_scaling": scaling}
     cfg = gb.genie_config(hf, 4096, ["a.bin"], 128)
@@ -170,7 +170,7 @@ def test_rope_scalings_genie_can_compute_are_mapped_and_pass_genie(tmp_path: Pat
     ({**LLAMA_31_8B, "partial_rotary_factor": 0.5}, "rotates only part"),
 ])
 def test_rope_genie_cannot_compute_is_refused(tmp_path: Path, hf: dict[str, Any], match: str) -> None:
-    from workers import modelinfo
+    from workers.shared import modelinfo
 
     with pytest.raises(gb.BundleError, match=match):
         gb.genie_config(hf, 4096, ["a.bin"], 128)
@@ -182,7 +182,7 @@ def test_rope_genie_cannot_compute_is_refused(tmp_path: Path, hf: dict[str, Any]
 
 
 def test_a_dynamic_rope_beyond_its_range_is_refused_at_compile_not_at_inspect() -> None:
-    from workers import modelinfo
+    from workers.shared import modelinfo
 
     hf = {**LLAMA_31_8B, "max_position_embeddings": 2048, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
     assert modelinfo.inspect_config(hf)["supported"] is True
@@ -279,9 +279,9 @@ def _fake_quantize(tmp_path: Path, hf: dict[str, Any], context_length: int, grap
 
 @pytest.mark.parametrize("case", ["context", "rope"])
 def test_the_compile_stage_check_fails_as_a_clear_worker_error(tmp_path: Path, case: str) -> None:
-    from workers.bundle.genie_schema import genie_config_errors
     from workers.genie_config import checked_genie_config
     from workers.runtime import WorkerError
+    from workers.shared.bundle.genie_schema import genie_config_errors
 
     if case == "context":   # quantize.json says 1024, the graphs were exported at 512
         qdir, hf_dir = _fake_quantize(tmp_path, LLAMA_31_8B, 1024, 512)

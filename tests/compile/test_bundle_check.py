@@ -1,4 +1,4 @@
-"""`hexstudio bundle check`: Genie's contract checked before a bundle reaches a board (workers/bundle/check.py,
+"""`hexstudio bundle check`: Genie's contract checked before a bundle reaches a board (workers/shared/bundle/check.py,
 genie_schema.py, genie_model.py), the push and doctor hooks, and the error decoder's contract rules.
 
 Every bundle here is built from small synthetic specs (tests/compile/genie_bundles.py): no quantization run."""
@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from tests.compile import genie_bundles as gbx
-from workers import bundle as gb
-from workers.bundle import genie_model as gm
-from workers.bundle import genie_schema as gs
-from workers.bundle.check import Finding, check_bundle, errors
+from workers.shared import bundle as gb
+from workers.shared.bundle import genie_model as gm
+from workers.shared.bundle import genie_schema as gs
+from workers.shared.bundle.check import Finding, check_bundle, errors
 
 FIXTURE = Path(__file__).parent / "fixtures" / f"{gbx.MODEL_ID}-genie-w4a16-qualcomm_qcs9075"
 BOARD = {"dsp_arch": "v73", "chip": "QCS9075", "soc_id": "676", "qairt_version": "2.42.0.251225135753"}
@@ -232,7 +232,7 @@ def test_the_llama_31_8b_config_from_bundle_config_passes_the_checker(tmp_path: 
 
 # -- the model checks, Genie's quirks included ---------------------------------------------------------
 def _comps(**kw: Any) -> dict[str, dict[str, Any]]:
-    from workers.bundle.check import graphs_from_metadata
+    from workers.shared.bundle.check import graphs_from_metadata
 
     return graphs_from_metadata({"components": gbx.graph_specs(**kw)}, 4096)
 
@@ -410,7 +410,7 @@ def test_explain_cli_on_genies_output(tmp_path: Path) -> None:
 
 def test_a_simulation_bundle_is_read_from_its_simulated_context_binaries(tmp_path: Path) -> None:
     """LEAD's simulated context binaries (JSON documents named <model>_part_i_of_n.bin) carry the graph specs."""
-    from workers.bundle.check import graphs_from_metadata
+    from workers.shared.bundle.check import graphs_from_metadata
 
     b = gbx.write_bundle(tmp_path / "b")
     (b / "metadata.yaml").unlink()

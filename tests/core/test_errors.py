@@ -69,11 +69,11 @@ def test_the_named_classes_really_are_actionable_errors() -> None:
     from app.core.genie.session import SessionError
     from app.core.runs import RunBusy
     from app.core.settings import SettingsError
-    from workers.bundle import BundleError
-    from workers.bundle.safepath import UnsafePath
     from workers.protocol import ProtocolError
-    from workers.rope import RopeError
     from workers.runtime import WorkerError
+    from workers.shared.bundle import BundleError
+    from workers.shared.bundle.safepath import UnsafePath
+    from workers.shared.rope import RopeError
 
     w = WorkerError("spec_invalid", "Spec file x is not valid JSON.", "Reinstall.")
     assert (w.code, w.message, w.hint, str(w)) == ("spec_invalid", "Spec file x is not valid JSON.", "Reinstall.",

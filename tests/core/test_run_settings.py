@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from workers import modelinfo
+from workers.shared import modelinfo
 from workers.shared import run_settings as rs
 from workers.shared.run_settings import RunSettings, setting
 
@@ -112,7 +112,7 @@ def test_set_refuses_a_name_that_is_not_a_run_setting() -> None:
 def test_the_field_lists_are_the_pages_fields() -> None:
     """The Qt-free field lists the stage pages build their forms from (app.ui.pages.base.SettingSpec rows)."""
     from app.core.settings import form_fields, settings_fields
-    from workers.bundle import KNOWN_DEVICES
+    from workers.shared.bundle import KNOWN_DEVICES
 
     assert settings_fields("quantize") == (("calibration_samples", "Calibration samples", "int"),
                                            ("calibration_seq_len", "Calibration sequence length", "int"))

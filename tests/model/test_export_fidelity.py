@@ -48,7 +48,7 @@ def _check(hf: Path, tmp: Path, pe_edit: Any = None) -> dict[str, Any]:
     from workers.arloop import UnitSessions, prefill_calls, run_unit_major
     from workers.export import export_deployment_graphs
     from workers.quant.rununits import split_for_run
-    from workers.rope import genie_positional_encoding
+    from workers.shared.rope import genie_positional_encoding
     from workers.validate import EXPORT_THRESHOLDS, _export_fidelity, _hidden_names
 
     cfg = json.loads((hf / "config.json").read_text())

@@ -17,7 +17,7 @@ import pytest
 from app.core.paths import BUILTIN_MODEL_DIR
 from app.core.pipeline import Pipeline
 from app.core.runs import Workspace
-from workers import modelinfo
+from workers.shared import modelinfo
 
 LLAMA_8B: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
                             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -105,7 +105,7 @@ def test_unsupported_architectures_are_refused_with_why(tmp_path: Path, cfg: dic
 
 def test_yarn_rope_is_accepted_since_genie_can_be_told_it(tmp_path: Path) -> None:
     """YaRN has no Genie rope-type of its own, but its tables are exactly Genie's longrope with per-frequency
-    divisors (workers/rope.py): accepted at inspect, no longer refused."""
+    divisors (workers/shared/rope.py): accepted at inspect, no longer refused."""
     out = _cli("model", "inspect", str(_config_folder(tmp_path, QWEN2_YARN)), "--json")
     assert out.returncode == 0, out.stdout
     assert json.loads(out.stdout)["supported"] is True
@@ -195,7 +195,7 @@ TOP_LEVEL = {"longrope": {"original_max_position_embeddings": 128}}
 
 
 def _pe(model: Any, context_length: int) -> dict[str, Any]:
-    from workers.rope import genie_positional_encoding
+    from workers.shared.rope import genie_positional_encoding
 
     return genie_positional_encoding(model.config.to_dict(), context_length)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers import modelinfo
+from workers.shared import modelinfo
 
 LLAMA_31_8B = {"num_parameters": 8_030_261_248, "num_layers": 32, "vocab_size": 128_256, "hidden_size": 4096,
                "num_kv_heads": 8, "head_dim": 128}

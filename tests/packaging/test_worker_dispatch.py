@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from app.core.paths import BUILTIN_MODEL_DIR, BUILTIN_MODEL_ID
-from workers import modelinfo
+from workers.shared import modelinfo
 
 HEXSTUDIO = Path(sys.executable).parent / "hexstudio"
 VOLATILE = {"t", "seconds", "free_bytes", "mem_available_bytes"}

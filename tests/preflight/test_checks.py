@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 
 from app.core.cli.preflight_cmd import preflight_report
-from workers import modelinfo
 from workers.preflight import MEMORY_MARGIN, parse_nvidia_smi, run_checks
+from workers.shared import modelinfo
 
 GiB = 1024**3
 SCHEMA = Path(__file__).resolve().parents[2] / "app" / "core" / "schemas" / "preflight.schema.json"

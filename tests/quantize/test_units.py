@@ -280,7 +280,7 @@ def test_partwise_quantization_with_a_chunked_lm_head(tmp_path: Path) -> None:
     graphs = export_deployment_graphs(HF, tmp_path / "float", context_length=CL, ar_n=AR, parts=2)
     blocks = blocks_from_windows(token_windows(HF, BUILTIN_TEXT / "calibration.txt", 2, AR), AR)
     lines: list[str] = []
-    from workers.rope import genie_positional_encoding, genie_rope_tables
+    from workers.shared.rope import genie_positional_encoding, genie_rope_tables
 
     pe = genie_positional_encoding(json.loads((HF / "config.json").read_text()), CL)
     quantize_partwise(graphs, tmp_path, blocks, {}, {"context_length": CL, "num_kv_heads": KVH, "head_dim": HD},

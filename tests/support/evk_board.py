@@ -393,7 +393,7 @@ if [ -e "$R/fastrpc_ready" ]; then /usr/local/sbin/udevadm trigger >/dev/null 2>
 
 
 def _genie_config(bins: list[str]) -> dict[str, Any]:
-    from workers import bundle as gb
+    from workers.shared import bundle as gb
 
     hf = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256, "head_dim": 64, "vocab_size": 512,
           "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 4096}
@@ -411,7 +411,7 @@ def make_device_bundle(path: Path, *, qairt: str = "2.45.0.260326154327", dsp_ar
     path.mkdir(parents=True, exist_ok=True)
     bins = [f"evk_model_part_{k}_of_{parts}.bin" for k in range(1, parts + 1)]   # qai-hub-models names
     files: dict[str, bytes] = {
-        # a genie_config.json Genie's schema accepts (push checks the contract: workers/bundle/check.py)
+        # a genie_config.json Genie's schema accepts (push checks the contract: workers/shared/bundle/check.py)
         "genie_config.json": json.dumps(_genie_config(bins)).encode(),
         "htp_backend_ext_config.json": json.dumps({"devices": [{"soc_model": 77, "dsp_arch": dsp_arch}]}).encode(),
         "tokenizer.json": b"{}",

@@ -11,7 +11,7 @@ from typing import Any
 from workers.export.segments import Dims, embed_module, head_module, layer_module
 from workers.export.stitch import PartGraphWriter, SharedData
 from workers.export.weights import CheckpointWeights, InMemoryWeights, StreamedWeight
-from workers.modelinfo import layer_ranges
+from workers.shared.modelinfo import layer_ranges
 
 MASK_VALUE = -1000.0  # additive mask; Qualcomm's -100 did not mask on larger models (facts/quantization.md)
 OPSET = 17

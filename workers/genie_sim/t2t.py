@@ -143,12 +143,12 @@ def legacy_positional_encoding(cfg: dict[str, Any]) -> dict[str, Any]:
 def load_simulated_model(cfg: dict[str, Any], root: Path) -> tuple[list[dict[str, Any]], dict[str, Path],
                                                                    dict[str, tuple[float, int, int]]]:
     """What Genie does with the ctx-bins before it runs them: open each (relative paths from the working
-    directory, as Genie resolves them), read the graphs' I/O, validate them (workers/bundle/genie_model.py:
+    directory, as Genie resolves them), read the graphs' I/O, validate them (workers/shared/bundle/genie_model.py:
     names, shapes, split order, chaining, identical quantization) and order the splits of each AR/CL by
     graph name. Returns (graph entries for the deployment pair, ONNX path per graph, I/O quantization)."""
-    from workers.bundle import safepath
-    from workers.bundle.genie_model import model_errors, splits
     from workers.genie_sim.simbin import SimBinError, read_sim_bin
+    from workers.shared.bundle import safepath
+    from workers.shared.bundle.genie_model import model_errors, splits
 
     specs: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
@@ -190,9 +190,9 @@ def load_simulated_model(cfg: dict[str, Any], root: Path) -> tuple[list[dict[str
 
 def refuse_what_a_board_would_run_wrong(root: Path) -> None:
     """After Genie's own checks pass: what Genie would load and then run wrong (parts that do not chain by
-    name, a rope that is not the model's, cos/sin or KV encodings the board misreads; workers/bundle/
+    name, a rope that is not the model's, cos/sin or KV encodings the board misreads; workers/shared/bundle/
     check.py). A real board gives degenerate output; the simulator refuses, saying so."""
-    from workers.bundle.check import check_bundle, errors
+    from workers.shared.bundle.check import check_bundle, errors
 
     found = errors(check_bundle(root))
     if found:
@@ -216,8 +216,8 @@ class SimDialog:
         from tokenizers import Tokenizer
 
         from workers.arloop import DeploymentPair
-        from workers.bundle import safepath
-        from workers.bundle.genie_schema import dialog_create_errors, genie_config_text_errors
+        from workers.shared.bundle import safepath
+        from workers.shared.bundle.genie_schema import dialog_create_errors, genie_config_text_errors
 
         t_init = time.perf_counter()
         text = config_path.read_text(encoding="utf-8")

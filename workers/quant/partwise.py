@@ -78,7 +78,7 @@ def release_memory() -> None:
 
 def target_dsp_arch(settings: dict[str, Any]) -> str | None:
     """The Hexagon version of the device the run compiles for (settings["device"], known offline)."""
-    from workers.bundle import KNOWN_DEVICES
+    from workers.shared.bundle import KNOWN_DEVICES
 
     return KNOWN_DEVICES.get(str(settings.get("device") or ""), {}).get("dsp_arch")
 

@@ -36,11 +36,11 @@ class ModelDoc(TypedDict):
     revision: str | None                # the commit the files came from (a download)
     requested_revision: str | None      # what --revision asked for (None: the default branch)
     hf_dir: str                         # the model folder, relative to model.json when inside the stage folder
-    info: dict[str, Any]                # workers.modelinfo.inspect_folder
+    info: dict[str, Any]                # workers.shared.modelinfo.inspect_folder
     weights: dict[str, Any]             # the weight files' check
     resolved: ResolvedShape
-    part_plan: dict[str, Any]           # workers.modelinfo.part_plan (parts and why)
-    estimates: dict[str, Any]           # workers.modelinfo.estimate
+    part_plan: dict[str, Any]           # workers.shared.modelinfo.part_plan (parts and why)
+    estimates: dict[str, Any]           # workers.shared.modelinfo.estimate
 
 
 class QuantizeDoc(TypedDict):
@@ -71,7 +71,7 @@ class BundleFile(TypedDict):
 
 
 class BundleDoc(TypedDict):
-    """artifacts/compile/bundle/bundle.json (workers.bundle.write_manifest, from workers/compile.py for the
+    """artifacts/compile/bundle/bundle.json (workers.shared.bundle.write_manifest, from workers/compile.py for the
     simulator board and workers/aihub.py for AI Hub)."""
 
     bundle_version: int

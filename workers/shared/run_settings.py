@@ -22,7 +22,7 @@ written into a run only when set; the others are written into every new run with
 `resolve_settings()` is the one "auto" rule for context_length and parts (the Model stage, preflight
 and `hexstudio model inspect` all call it).
 
-Light: standard library and workers.modelinfo (pure Python) only.
+Light: standard library and workers.shared.modelinfo (pure Python) only.
 """
 
 # ruff: noqa: RUF009  (a `setting(...)` default is `dataclasses.field(...)` with the declaration as its metadata)
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict, Union, get_args, get_origin, get_type_hints
 
-from workers import modelinfo
+from workers.shared import modelinfo
 
 DEFAULT_DEVICE = "Dragonwing IQ-9075 EVK"          # the device a new run compiles for (the IQ-9075 EVK)
 AUTO = "auto"
@@ -417,7 +417,7 @@ def resolve_settings(info: Mapping[str, Any], settings: Mapping[str, Any], *, bu
     """context_length and parts with "auto" (or unset) resolved, and the part plan behind parts.
 
     context_length "auto": AUTO_CONTEXT_LENGTH (the built-in model's, or every other model's). parts "auto":
-    the part plan's (workers.modelinfo.part_plan: model size, the context length, board_ram_bytes when set).
+    the part plan's (workers.shared.modelinfo.part_plan: model size, the context length, board_ram_bytes when set).
     The Model stage, preflight and `hexstudio model inspect` all resolve with this."""
     ctx = settings.get("context_length", DEFAULTS.context_length)
     context_length = int(AUTO_CONTEXT_LENGTH["builtin" if builtin else "other"] if ctx in (None, AUTO) else ctx)

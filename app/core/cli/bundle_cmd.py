@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from app.core.cli.common import CliError, add_json_flag, print_json
-from workers import bundle as gb
-from workers import modelinfo
+from workers.shared import bundle as gb
+from workers.shared import modelinfo
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -136,7 +136,7 @@ def _board_facts(name: str) -> dict[str, Any]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from workers.bundle.check import check_bundle, errors, report_text
+    from workers.shared.bundle.check import check_bundle, errors, report_text
 
     if not args.bundle_dir.is_dir():
         raise CliError(f"{args.bundle_dir} is not a folder.", "Give the bundle folder (it holds genie_config.json).")

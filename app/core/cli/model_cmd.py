@@ -10,7 +10,7 @@ from typing import Any
 from app.core.cli.common import CliError, add_json_flag, print_json
 from app.core.cli.preflight_cmd import model_config
 from app.core.jobs import human_bytes
-from workers import modelinfo
+from workers.shared import modelinfo
 from workers.shared.run_settings import AUTO, DEFAULTS, resolve_settings
 
 

@@ -10,8 +10,9 @@ from typing import Any
 
 from app.core.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
 from app.core.paths import BUILTIN_MODEL_DIR, BUILTIN_MODEL_ID
-from workers import modelinfo, wslconfig
+from workers import wslconfig
 from workers.errors import error_fields
+from workers.shared import modelinfo
 from workers.shared.run_settings import ResolvedSettings, resolve_settings
 
 

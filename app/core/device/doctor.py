@@ -608,8 +608,8 @@ async def probe(board: Board, only: Iterable[str] | None = None,
 
 
 def contract_check(bundle_dir: Path, facts: dict[str, Any]) -> Check:
-    """The local bundle against Genie's contract and this board (workers/bundle/check.py)."""
-    from workers.bundle.check import check_bundle, errors, report_text
+    """The local bundle against Genie's contract and this board (workers/shared/bundle/check.py)."""
+    from workers.shared.bundle.check import check_bundle, errors, report_text
 
     found = [f for f in check_bundle(bundle_dir, facts) if f.severity != "info"]
     c = Check("bundle_contract", "Bundle meets Genie's contract", OK, "genie_config.json, graphs, rope, quantization "

@@ -24,7 +24,7 @@ from app.core.device.errors import (
     LocalBundleError,
     UnsafeBundle,
 )
-from workers.bundle.safepath import UnsafePath, check_bundle_files, check_name, resolve_under
+from workers.shared.bundle.safepath import UnsafePath, check_bundle_files, check_name, resolve_under
 
 log = logging.getLogger("hexstudio.board")
 
@@ -300,7 +300,7 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
     every file computed on the board when the bundle changed since the last push (files were sent) or
     `verify` is True; a file found wrong is sent again and reported in PushResult.resent.
 
-    Every path of bundle.json is checked first (workers.bundle.safepath): one that is absolute, climbs with
+    Every path of bundle.json is checked first (workers.shared.bundle.safepath): one that is absolute, climbs with
     '..', leaves the safe character set or leads outside the folder by a symlink raises UnsafeBundle and
     nothing is sent. A local file missing or changed raises LocalBundleError. `facts`: the doctor's facts (a
     real board is probed for soc/qairt/memory when not given). `progress` gets a PushProgress on the event
@@ -315,7 +315,7 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
         facts = (await probe(board, only=("soc", "qairt", "memory"))).facts
     warnings = check_compatibility(doc, board, facts, bundle_dir, allow_emulated=allow_emulated)
     if not board.simulated:    # Genie's contract (`hexstudio bundle check`); the simulator board checks it at load
-        from workers.bundle.check import check_bundle, errors, report_text
+        from workers.shared.bundle.check import check_bundle, errors, report_text
 
         if refused := errors(check_bundle(bundle_dir, facts)):
             raise BoardError(f"Genie would refuse this bundle or run it wrong; nothing was sent.\n{report_text(refused)}",

@@ -28,7 +28,7 @@ from app.core.device.board import Board
 from app.core.device.doctor import DoctorReport, probe
 from app.core.device.errors import BoardError
 from app.core.paths import default_workspace
-from workers.bundle import bundle_qairt_version
+from workers.shared.bundle import bundle_qairt_version
 
 QAIRT_BASE = "/opt/qairt"
 MARKER = ".hexstudio-install"

@@ -10,7 +10,7 @@ JSON-lines protocol (resources/board/genie_session.py).
 
 The runtime is chosen by `runtime=` (CLI `--runtime`), else the board's setting `"runtime"`, else
 "genie". The same pushed bundle serves both: GenieX's extra file, metadata.json, is derived from the
-bundle's own graph specs and written beside it on the board (workers/bundle/geniex.py).
+bundle's own graph specs and written beside it on the board (workers/shared/bundle/geniex.py).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class BoardRuntime:
         meta = posixpath.join(bundle_dir, "metadata.json")
         if await t.exists(meta):
             return []
-        from workers.bundle.geniex import GenieXMetadataError, geniex_metadata
+        from workers.shared.bundle.geniex import GenieXMetadataError, geniex_metadata
 
         with tempfile.TemporaryDirectory(prefix="hexstudio-geniex-") as tmp:
             local = Path(tmp)

@@ -52,8 +52,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def _bundle_files(doc: dict[str, Any]) -> dict[str, Any]:
     """bundle.json's files for the report: entries whose path, sha256 or size fail the bundle checks
-    (workers.bundle.safepath) are not listed as files but named under `problems`."""
-    from workers.bundle.safepath import UnsafePath, check_bundle_files
+    (workers.shared.bundle.safepath) are not listed as files but named under `problems`."""
+    from workers.shared.bundle.safepath import UnsafePath, check_bundle_files
 
     files: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -150,7 +150,7 @@ def _status(stages: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
 
 def _recipe_rows(versions: dict[str, Any], python: str) -> list[dict[str, Any]]:
     try:
-        from workers import recipes
+        from workers.shared import recipes
     except ImportError:  # pragma: no cover
         return []
     try:

@@ -32,8 +32,8 @@ from app.core.settings import settings_fields
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.widgets import STATUS_COLORS, KeyValueTable, fmt_value, note
-from workers.bundle import KNOWN_DEVICES
 from workers.errors import ActionableError
+from workers.shared.bundle import KNOWN_DEVICES
 from workers.shared.run_settings import DEFAULT_DEVICE
 
 DEVICE_LIST_TIMEOUT_S = 120.0

@@ -55,7 +55,7 @@ def slug_of(ctx_bins: list[str]) -> str:
 def geniex_metadata(bundle: Path) -> dict[str, Any]:
     """metadata.json for the bundle folder `bundle` (which needs genie_config.json, the graph specs in
     metadata.yaml or simulated context binaries, and config.json for the architecture)."""
-    from workers.bundle.check import load_graph_specs
+    from workers.shared.bundle.check import load_graph_specs
 
     try:
         cfg = json.loads((bundle / "genie_config.json").read_text(encoding="utf-8"))["dialog"]

@@ -5,7 +5,7 @@ out (genie_config.json, `<model>_part_{i}_of_{n}.bin`, metadata.yaml, tool-versi
 htp_backend_ext_config.json, tokenizer.json, tokenizer_config.json, config.json). Each finding names
 the Genie error it prevents (Genie's exact text where Genie has one) and what to do about it.
 
-    from workers.bundle.check import check_bundle
+    from workers.shared.bundle.check import check_bundle
     for f in check_bundle(Path("bundle"), board_facts): print(f.severity, f.message, f.fix)
 
 `board_facts` are the board doctor's facts (app/core/device/doctor.py): dsp_arch, chip, soc_id,
@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.bundle import bundle_qairt_version
-from workers.bundle import genie_model as gm
-from workers.bundle import genie_schema as gs
+from workers.shared.bundle import bundle_qairt_version
+from workers.shared.bundle import genie_model as gm
+from workers.shared.bundle import genie_schema as gs
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 NO_MESSAGE = "(none: Genie loads the bundle and the model computes wrong output)"
@@ -346,7 +346,7 @@ def _context_findings(cfg: dict[str, Any], graphs: dict[str, dict[str, Any]], bi
 
 
 def _rope_findings(cfg: dict[str, Any], hf: dict[str, Any] | None) -> list[Finding]:
-    from workers import rope
+    from workers.shared import rope
 
     d = cfg.get("dialog") or {}
     size = (d.get("context") or {}).get("size")
@@ -391,7 +391,7 @@ def _version(v: str) -> tuple[int, ...]:
 
 
 def _board_findings(bundle: Path, facts: dict[str, Any] | None, simulated: bool) -> list[Finding]:
-    from workers.bundle import KNOWN_DEVICES
+    from workers.shared.bundle import KNOWN_DEVICES
 
     out = []
     ext = _read_json(bundle / "htp_backend_ext_config.json")

@@ -22,7 +22,7 @@ per-frequency divisors plus one cos/sin multiplier, which Genie's longrope carri
 divisors as short-factor (= long-factor) and the multiplier through `factor`. `genie_positional_
 encoding` does that, and checks the result numerically against the model's own tables.
 
-numpy only (app.core imports this through workers.bundle).
+numpy only (app.core imports this through workers.shared.bundle).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 
 from workers.errors import ActionableError
 
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "packaging" / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "packaging" / "recipes"
 RECIPE_NAMES = ("validated", "current")
 DIRECTIVES = ("recipe", "python", "torch-index", "aimet-build")
 

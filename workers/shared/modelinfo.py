@@ -176,10 +176,10 @@ def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
         if supported:
             info.update({"supported": False, "reason": f"config.json lacks or has a bad {exc}: it is incomplete."})
     if info["supported"]:
-        # the rope must be one Genie can compute (workers.rope: default, linear, dynamic within its range,
+        # the rope must be one Genie can compute (workers.shared.rope: default, linear, dynamic within its range,
         # llama3, yarn, longrope), or the compile stage would refuse it hours later. Checked at a short context:
         # only what no context length can express is refused here (a dynamic rope's limit is checked at compile).
-        from workers import rope
+        from workers.shared import rope
 
         try:
             info["rope_scaling"] = rope.rope_settings(cfg)[1] or None
