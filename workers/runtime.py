@@ -98,7 +98,7 @@ class WorkerSpec:
 def map_path(path: str) -> str:
     """A path written on the studio's machine (e.g. model.json's hf_dir), as this worker sees it. On a
     remote worker host the studio sets HEXSTUDIO_PATH_MAP to a JSON list of [studio prefix, host prefix]
-    pairs (app/core/remote.py); without it paths are unchanged."""
+    pairs (app/core/remote/sync.py); without it paths are unchanged."""
     raw = os.environ.get("HEXSTUDIO_PATH_MAP")
     if not raw or not path:
         return path
