@@ -21,6 +21,7 @@ from typing import Any
 
 from app.core import secrets
 from workers.errors import ActionableError
+from workers.shared.hub import hub_error
 
 TOKEN_PAGE = "https://huggingface.co/settings/tokens"
 SOURCES = ("keyring", "environment", "hf login")
@@ -127,8 +128,6 @@ def fetch_config(model: str, revision: str | None = None) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(Path(path).read_text())
         return data
     except Exception as exc:
-        from workers.model import hub_error
-
         mapped = hub_error(exc, model, revision, hub_cache(), has_token=token.found)
         at = f" at revision '{revision}'" if revision else ""
         if mapped is not None:

@@ -19,15 +19,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from workers.shared.run_settings import read_by
 
-if TYPE_CHECKING:
-    from app.core.manifest import RunManifest
+
+class StageView(Protocol):
+    """What a gate reads of one stage of a run (app.core.manifest.StageRecord is one)."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def artifacts(self) -> list[dict[str, Any]]: ...
+
+    def metric_value(self, name: str, default: Any = None) -> Any: ...
 
 
-def _verdict_board(m: RunManifest) -> GateResult:
+class RunView(Protocol):
+    """What a gate reads of a run (app.core.manifest.RunManifest is one): the declarations stay below the
+    manifest, which takes the stage names from here."""
+
+    def stage(self, name: str) -> StageView: ...
+
+
+def _verdict_board(m: RunView) -> GateResult:
     st = m.stage("board")
     if st.metric_value("bundle_verified") is False:
         return GateResult(False, "the bundle on the board was not checked file by file (sha256 on the board)")
@@ -43,11 +59,11 @@ class GateResult:
     overridable: bool = False
 
 
-def _verdict_done(m: RunManifest) -> GateResult:
+def _verdict_done(m: RunView) -> GateResult:
     return GateResult(True, "completed")
 
 
-def _verdict_preflight(m: RunManifest) -> GateResult:
+def _verdict_preflight(m: RunView) -> GateResult:
     st = m.stage("preflight")
     failed = int(st.metric_value("checks_failed", 0) or 0)
     if failed:
@@ -55,7 +71,7 @@ def _verdict_preflight(m: RunManifest) -> GateResult:
     return GateResult(True, "no failing checks")
 
 
-def _verdict_validate(m: RunManifest) -> GateResult:
+def _verdict_validate(m: RunView) -> GateResult:
     st = m.stage("validate")
     verdict = st.metric_value("verdict")
     if verdict == "pass":
@@ -64,7 +80,7 @@ def _verdict_validate(m: RunManifest) -> GateResult:
                              "does not match the float model closely enough", overridable=True)
 
 
-def _verdict_evaluate(m: RunManifest) -> GateResult:
+def _verdict_evaluate(m: RunView) -> GateResult:
     st = m.stage("evaluate")
     matched, total = st.metric_value("parity_matched"), st.metric_value("parity_total")
     if isinstance(matched, int) and isinstance(total, int) and matched != total:
@@ -83,7 +99,7 @@ class Stage:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     gate_text: str
-    verdict: Callable[[RunManifest], GateResult]   # the stage's own test, once it completed with its outputs
+    verdict: Callable[[RunView], GateResult]   # the stage's own test, once it completed with its outputs
     worker: str | None = None
     action: str | None = None
     version: int = 1
@@ -93,7 +109,7 @@ class Stage:
     def kind(self) -> str:
         return "worker" if self.worker else "action"
 
-    def gate(self, m: RunManifest) -> GateResult:
+    def gate(self, m: RunView) -> GateResult:
         """What must be true to proceed: the stage completed, wrote every declared output, and passes its
         verdict (the pipeline, the studio's gate box and the report all ask this)."""
         st = m.stage(self.name)

@@ -19,7 +19,8 @@ import pytest
 
 from app.core.device.board import open_board, sim_board
 from app.core.device.errors import LocalBundleError, UnsafeBundle
-from app.core.device.push import push_bundle, verify_pushed
+from app.core.device.push import push_bundle
+from app.core.device.verify import verify_pushed
 from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard, make_device_bundle
 from workers.shared.bundle import safepath, verify_bundle

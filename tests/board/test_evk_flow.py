@@ -18,9 +18,8 @@ from app.core.device import transport as tr
 from app.core.device.board import open_board
 from app.core.device.doctor import probe
 from app.core.device.errors import BoardError
-from app.core.device.fixes import apply_fix, plan_fix
+from app.core.device.fixes import apply_fix, plan_fix, plan_qairt_install
 from app.core.device.push import push_bundle
-from app.core.device.qairt import plan_qairt_install
 from app.core.secrets import board_password_key, set_secret
 from tests.board.conftest import CANARY, settings_with
 from tests.support.evk_board import EvkBoard, build_qairt_zip, make_device_bundle

@@ -20,9 +20,9 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
 from huggingface_hub.utils import hf_raise_for_status
 
-from workers.model import download, hub_error
+from workers.model import download
 from workers.protocol import Emitter
-from workers.runtime import WorkerError
+from workers.shared.hub import HubError, hub_error
 
 try:
     import httpx2 as httpx  # what this huggingface_hub uses
@@ -172,7 +172,7 @@ def test_a_resumed_download_counts_what_is_already_there(tmp_path: Path) -> None
 
 def test_a_full_disk_mid_download_is_a_clear_error(tmp_path: Path) -> None:
     snap = make_fake_snapshot(fail=OSError(errno.ENOSPC, "No space left on device"))
-    with pytest.raises(WorkerError) as info:
+    with pytest.raises(HubError) as info:
         download(MODEL, None, Emitter(io.StringIO()), snapshot=snap, repo_info=fake_info, cache_dir=tmp_path,
                  poll_s=0.05)
     assert info.value.code == "disk_full" and str(tmp_path) in info.value.message
@@ -188,7 +188,7 @@ def test_a_gated_model_fails_before_downloading(tmp_path: Path) -> None:
         called.append(1)
         return ""
 
-    with pytest.raises(WorkerError) as info:
+    with pytest.raises(HubError) as info:
         download(MODEL, None, Emitter(io.StringIO()), snapshot=snapshot, repo_info=gated, cache_dir=tmp_path)
     assert info.value.code == "gated_model" and not called
 

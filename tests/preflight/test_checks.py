@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from app.core.cli.preflight_cmd import preflight_report
-from workers.preflight import MEMORY_MARGIN, parse_nvidia_smi, run_checks
+from workers.shared.preflight_checks import MEMORY_MARGIN, parse_nvidia_smi, run_checks
 from workers.shared import modelinfo
 
 GiB = 1024**3
@@ -331,7 +331,7 @@ def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.M
         seen["args"] = a
         return real_estimate(info, *a, **k)
 
-    monkeypatch.setattr("workers.preflight.probe", fake_probe)
+    monkeypatch.setattr("workers.shared.preflight_checks.probe", fake_probe)
     monkeypatch.setattr(modelinfo, "estimate", spy)
     rep = preflight_cmd.preflight_report("builtin:tiny-llama", None, None, tmp_path, smoke=False)
     # the estimate inputs are settings the Preflight stage declares (or the Model stage resolves)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.preflight.test_checks import BASE_PROBE, by_id, needs_8b
-from workers.preflight import run_checks
+from workers.shared.preflight_checks import run_checks
 from workers.shared import recipes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +134,7 @@ def test_cuda_aimet_build_on_cpu_machine_is_fine() -> None:
 
 
 def test_live_probe_records_recipes_and_versions(tmp_path: Path) -> None:
-    from workers.preflight import probe as live_probe
+    from workers.shared.preflight_checks import probe as live_probe
 
     p = live_probe(tmp_path, tmp_path, smoke=False)
     assert set(p["recipes"]) == {"validated", "current"}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workers import preflight
+from workers.shared import preflight_checks
 
 pytest.importorskip("aimet_onnx")
 REPO = Path(__file__).resolve().parents[2]
@@ -45,8 +45,8 @@ def test_a_stack_that_cannot_quantize_fails_preflight_naming_the_step() -> None:
 
 
 def _smoke_checks(p: dict) -> list[dict]:
-    """The aimet_smoke check of preflight.run_checks for a probe holding only the smoke result."""
+    """The aimet_smoke check of preflight_checks.run_checks for a probe holding only the smoke result."""
     from tests.preflight.test_checks import needs_8b, probe
 
     full = probe(aimet_smoke=p["aimet_smoke"])
-    return [c for c in preflight.run_checks(full, needs_8b()) if c["id"] == "aimet_smoke"]
+    return [c for c in preflight_checks.run_checks(full, needs_8b()) if c["id"] == "aimet_smoke"]

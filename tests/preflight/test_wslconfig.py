@@ -194,7 +194,7 @@ def test_cli_json_refusal_is_one_json_document(home: Path, monkeypatch: pytest.M
 
 def test_wsl_check_shows_the_current_wslconfig_and_the_lines_to_write() -> None:
     from tests.preflight.test_checks import by_id, needs_8b, probe
-    from workers.preflight import run_checks
+    from workers.shared.preflight_checks import run_checks
 
     # a VM smaller than the 8B's part-wise quantization estimate (~6.5 GiB)
     cfg = {"path": "/mnt/c/Users/dev/.wslconfig", "exists": True, "text": "[wsl2]\nmemory=4GB\n",

@@ -38,9 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from workers.errors import ActionableError
+from workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
 
-CLI_VERSION = "v0.7.0"                      # the simulated CLI's version (labeled simulated wherever shown)
-QAIRT_PLUGIN_VERSION = "v2.45.0.260326"     # geniex-qairt-plugin core/include/version.h GENIEX_QAIRT_VERSION
 LLAMA_CPP_HASH = "simulated"
 SIM_LABEL = "(HexStudio simulator)"
 PREFILL_CHUNK = 128                         # the qairt engine pads a prompt to 128-token prefill chunks

@@ -217,8 +217,7 @@ def _print_upload(done: int, total: int, what: str) -> None:
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
-    from app.core.device.fixes import apply_fix, plan_fix
-    from app.core.device.qairt import plan_qairt_install
+    from app.core.device.fixes import apply_fix, plan_fix, plan_qairt_install
 
     async def go() -> dict[str, Any]:
         b = await _open(args)

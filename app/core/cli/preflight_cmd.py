@@ -101,7 +101,7 @@ def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], R
 
 def preflight_report(model: str, context_length: int | None, ar_n: int | None, workspace: Path,
                      smoke: bool = True, settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    from workers.preflight import probe, run_checks
+    from workers.shared.preflight_checks import probe, run_checks
 
     t0 = time.time()
     s = run_settings({**(settings or {}), "context_length": context_length, "ar_n": ar_n})
@@ -120,7 +120,7 @@ def wslconfig_plan(model: str, context_length: int | None, ar_n: int | None, pat
                    memory_gb: int | None = None, swap_gb: int | None = None,
                    settings: dict[str, Any] | None = None) -> tuple[wslconfig.Plan, dict[str, Any]]:
     """What `--write-wslconfig` would write, plus what it is based on (live memory, this model's need)."""
-    from workers.preflight import MEMORY_MARGIN, meminfo
+    from workers.shared.preflight_checks import MEMORY_MARGIN, meminfo
 
     path = path or wslconfig.locate()
     if path is None:

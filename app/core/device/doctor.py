@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from app.core.device.board import Board
+from app.core.device.errors import BoardError
 from app.core.device.explain import explain
+from app.core.device.qairt import parse_version
+from app.core.device.verify import verify_pushed
+from workers.shared.bundle import bundle_qairt_version
+from workers.shared.bundle.check import check_bundle, errors, report_text
+from workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -502,8 +508,6 @@ async def _geniex(p: _Probe, c: Check) -> None:
     """GenieX (docs/genie.md): its CLI, the qairt plugin's QAIRT (it runs bundles compiled with that QAIRT or
     earlier), and the Python package HexStudio's helper uses to keep a model loaded. Optional unless the
     board's runtime is geniex (then what is missing fails)."""
-    from app.core.device.qairt import bundle_qairt_version, parse_version
-
     wanted = str((p.board.config or {}).get("runtime") or "genie") == "geniex"
     missing = FAIL if wanted else SKIP   # an optional runtime the board does not use is not a problem
     py = str((p.board.config or {}).get("geniex_python") or (p.board.config or {}).get("python") or "python3")
@@ -588,12 +592,10 @@ async def probe(board: Board, only: Iterable[str] | None = None,
     if unknown:
         raise ValueError(f"unknown doctor checks: {sorted(unknown)}")
     if board.simulated:
-        from workers.genie_sim.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
-
         c = Check("soc", "Simulator board", OK, "Simulated board: runs the QDQ ONNX parts with onnxruntime on this "
                   "CPU; no Hexagon NPU, no FastRPC (simulated).")
         gx = Check("geniex", _TITLES["geniex"], OK, f"Simulated GenieX {CLI_VERSION} with QAIRT plugin "
-                   f"{QAIRT_PLUGIN_VERSION} (workers.genie_sim.geniex): both runtimes available (simulated).")
+                   f"{QAIRT_PLUGIN_VERSION} (the simulator, workers.genie_sim.geniex): both runtimes available (simulated).")
         report = DoctorReport(board.name, board.label, True, [c, gx], {"simulated": True, "geniex": {
             "cli": CLI_VERSION, "qairt_plugin": QAIRT_PLUGIN_VERSION, "simulated": True}})
     else:
@@ -609,8 +611,6 @@ async def probe(board: Board, only: Iterable[str] | None = None,
 
 def contract_check(bundle_dir: Path, facts: dict[str, Any]) -> Check:
     """The local bundle against Genie's contract and this board (workers/shared/bundle/check.py)."""
-    from workers.shared.bundle.check import check_bundle, errors, report_text
-
     found = [f for f in check_bundle(bundle_dir, facts) if f.severity != "info"]
     c = Check("bundle_contract", "Bundle meets Genie's contract", OK, "genie_config.json, graphs, rope, quantization "
               "and tokens pass `hexstudio bundle check`.")
@@ -624,9 +624,6 @@ def contract_check(bundle_dir: Path, facts: dict[str, Any]) -> Check:
 
 async def bundle_check(board: Board, bundle_dir: Path, name: str) -> Check:
     """The bundle on the board against the local one: sha256 of every file computed on the board."""
-    from app.core.device.errors import BoardError
-    from app.core.device.push import verify_pushed
-
     c = Check("bundle", "Bundle on the board matches the local one")
     try:
         bad = await verify_pushed(board, bundle_dir, name, hashes=True)

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import posixpath
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,14 +16,17 @@ from typing import Any
 
 from app.core.atomic import sha256_file
 from app.core.device.board import Board, BoardError
+from app.core.device.doctor import probe
 from app.core.device.errors import (
     BoardWriteFailed,
     ConnectionDropped,
     EmulatedBundle,
     LocalBundleError,
-    UnsafeBundle,
 )
-from workers.shared.bundle.safepath import UnsafePath, check_bundle_files, check_name, resolve_under
+from app.core.device.qairt import compare_qairt
+from app.core.device.verify import CTIMES, compare_on_board, load_bundle, remote_bundle_dir
+from workers.shared.bundle import bundle_qairt_version
+from workers.shared.bundle.check import check_bundle, errors, report_text
 
 log = logging.getLogger("hexstudio.board")
 
@@ -98,8 +100,6 @@ def check_compatibility(bundle: dict[str, Any], board: Board, facts: dict[str, A
                         "are emulator packages, not device results.")
     if board.simulated or facts is None:
         return warnings
-    from app.core.device.qairt import bundle_qairt_version, compare_qairt
-
     want = (bundle.get("device") or {}).get("dsp_arch")
     have = facts.get("dsp_arch")
     if want and have and want != have:
@@ -145,153 +145,6 @@ async def _free_space(board: Board, remote: str) -> str | None:
     return f"{avail_kb / 1024:.1f} MB free on the board's disk there"
 
 
-VERIFY_JOBS = 4          # files hashed at once on the board (sha256sum processes)
-STAT_LINE = re.compile(r"^(\d+) (\d+(?:\.\d+)?) (.+)$")
-CTIMES = "//ctime"          # key of the board manifest holding each file's ctime after the push (never a path)
-HASH_LINE = re.compile(r"^\\?([0-9a-f]{64}) [ *](.+)$")
-
-
-def load_bundle(bundle_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """bundle.json and its files, every path checked (safepath) and every local file present with the size
-    bundle.json gives, before anything is sent. Raises UnsafeBundle or LocalBundleError."""
-    manifest = bundle_dir / "bundle.json"
-    try:
-        doc = json.loads(manifest.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise LocalBundleError(f"{manifest} does not exist: {bundle_dir} is not a complete bundle folder.",
-                               "Give the compile stage's bundle folder (artifacts/compile/bundle), or compile "
-                               "again.") from None
-    except (OSError, ValueError) as exc:
-        raise LocalBundleError(f"{manifest} cannot be read ({exc}).",
-                               "Compile again: bundle.json is written last by the compile stage.") from None
-    if not isinstance(doc, dict):
-        raise LocalBundleError(f"{manifest} is not a JSON object.", "Compile again.")
-    try:
-        files = check_bundle_files(doc.get("files"))
-        for i, f in enumerate(files):
-            resolve_under(bundle_dir, f["path"], f"bundle.json files[{i}]")
-    except UnsafePath as exc:
-        raise UnsafeBundle(f"Refused to push {bundle_dir}: {exc}", exc.hint) from None
-    for i, f in enumerate(files):
-        local = bundle_dir / str(f["path"])
-        try:
-            size = local.stat().st_size
-        except FileNotFoundError:
-            raise LocalBundleError(
-                f"The local bundle file {local} (bundle.json files[{i}], '{f['path']}') is missing. Nothing was "
-                "sent for it; the board and its connection are fine.",
-                "The bundle folder is incomplete (deleted or moved files): run the Compile stage again, or "
-                f"`hexstudio bundle verify {bundle_dir}` to see every difference.") from None
-        except OSError as exc:
-            raise LocalBundleError(f"The local bundle file {local} cannot be read ({exc}).",
-                                   "Check its permissions and the disk, then push again.") from None
-        if not local.is_file():
-            raise LocalBundleError(f"The local bundle entry {local} (bundle.json files[{i}]) is not a file.",
-                                   "Compile the bundle again.")
-        if size != int(f["size"]):
-            raise LocalBundleError(
-                f"The local bundle file {local} has {size} bytes but bundle.json says {f['size']}: it changed "
-                "after the bundle was compiled. Nothing was sent.",
-                f"Run the Compile stage again (or `hexstudio bundle verify {bundle_dir}` to see what changed).")
-    return doc, files
-
-
-async def _board_lines(t: Any, argv: list[str], cwd: str, rels: list[str], timeout: float) -> list[str]:
-    res = await t.run(argv, cwd=cwd, stdin=b"\0".join(r.encode() for r in rels), timeout=timeout)
-    if res.exit_status == 124:
-        raise BoardError(f"Checking the bundle on the board timed out ({' '.join(argv[:3])}...).",
-                         "The board may be overloaded or its storage slow; push again.")
-    return list(res.stdout.splitlines())
-
-
-async def remote_stat(t: Any, remote: str, rels: list[str]) -> dict[str, tuple[int, str]]:
-    """{path: (size, ctime)} of the files that exist on the board (one `stat` for all of them). The ctime
-    changes with any write to a file and cannot be set back by its owner: a file changed on the board
-    after a push shows a new one."""
-    if not rels:
-        return {}
-    out: dict[str, tuple[int, str]] = {}
-    for fmt in ("%s %.9Z %n", "%s %Z %n"):   # an old coreutils stat lacks the fraction
-        for line in await _board_lines(t, ["xargs", "-0", "-r", "stat", "-c", fmt, "--"], remote, rels, 300):
-            m = STAT_LINE.match(line)
-            if m:
-                out[m.group(3)] = (int(m.group(1)), m.group(2))
-        if out:
-            break
-    return out
-
-
-async def remote_sha256(t: Any, remote: str, rels: list[str], jobs: int = VERIFY_JOBS) -> dict[str, str]:
-    """{path: sha256} computed ON the board, `jobs` files at a time (sha256sum, one process a file so each
-    answer is one atomic line); nothing is copied back. Files missing there are absent from the answer."""
-    if not rels:
-        return {}
-    out: dict[str, str] = {}
-    argv = ["xargs", "-0", "-r", "-n", "1", "-P", str(max(1, jobs)), "sha256sum", "--"]
-    for line in await _board_lines(t, argv, remote, rels, 3600):
-        m = HASH_LINE.match(line)
-        if m:
-            out[m.group(2)] = m.group(1)
-    return out
-
-
-async def compare_on_board(board: Board, remote: str, files: list[dict[str, Any]], *, hashes: bool,
-                           ctimes: dict[str, str] | None = None) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """The bundle files whose copy on the board is missing, of another size or of another sha256 than
-    bundle.json says: ([{"path", "why"}], {path: ctime} of the files found right). The sha256 is computed
-    on the board for every file when `hashes`, else only for files whose ctime differs from `ctimes` (what
-    the last push recorded) or that have none recorded."""
-    t = board.transport
-    rels = [str(f["path"]) for f in files]
-    if not await t.exists(remote):
-        return [{"path": r, "why": "missing on the board"} for r in rels], {}
-    stats = await remote_stat(t, remote, rels)
-    bad: list[dict[str, str]] = []
-    todo: list[dict[str, Any]] = []
-    for f in files:
-        rel, size = str(f["path"]), int(f["size"])
-        got = stats.get(rel)
-        if got is None:
-            bad.append({"path": rel, "why": "missing on the board"})
-        elif got[0] != size:
-            bad.append({"path": rel, "why": f"{got[0]} bytes on the board, {size} expected (truncated or changed)"})
-        elif hashes or (ctimes or {}).get(rel) != got[1]:
-            todo.append(f)
-    sums = await remote_sha256(t, remote, [str(f["path"]) for f in todo])
-    for f in todo:
-        got_sha = sums.get(str(f["path"]))
-        if got_sha is None:
-            bad.append({"path": str(f["path"]), "why": "could not be read on the board"})
-        elif got_sha != f["sha256"]:
-            bad.append({"path": str(f["path"]), "why": f"sha256 on the board {got_sha[:12]}..., "
-                                                    f"{str(f['sha256'])[:12]}... expected (content changed)"})
-    wrong = {b["path"] for b in bad}
-    return bad, {rel: st[1] for rel, st in stats.items() if rel not in wrong}
-
-
-async def remote_bundle_dir(board: Board, name: str) -> str:
-    try:
-        check_name(name, "bundle name")
-    except UnsafePath as exc:
-        raise UnsafeBundle(str(exc), "Name the bundle with letters, digits, '.', '_', '-' or '+' only "
-                                     "(a run id always is).") from None
-    home = await board.transport.home()
-    if not isinstance(home, str) or not home.startswith("/") or "\n" in home or "\x00" in home:
-        raise BoardError(f"The board answered {home!r} for the home folder, which is not an absolute path.",
-                         "Check the board user's home folder (echo $HOME on the board).")
-    return posixpath.join(home, "hexstudio", "bundles", name)
-
-
-async def verify_pushed(board: Board, bundle_dir: Path, name: str, *, hashes: bool = True) -> list[dict[str, str]]:
-    """Compare the bundle on the board with the local one (sizes; sha256 computed on the board when
-    `hashes`): the files that differ, [] when it matches. For the doctor and the Board stage's gate."""
-    _doc, files = load_bundle(bundle_dir)
-    entries = [*files, {"path": "bundle.json", "sha256": sha256_file(bundle_dir / "bundle.json"),
-                        "size": (bundle_dir / "bundle.json").stat().st_size}]
-    bad, _ = await compare_on_board(board, await remote_bundle_dir(board, name), entries, hashes=hashes)
-    return bad
-
-
 async def push_bundle(board: Board, bundle_dir: Path, name: str,
                       progress: Callable[[PushProgress], None] | None = None,
                       facts: dict[str, Any] | None = None, *, allow_emulated: bool = False,
@@ -310,16 +163,12 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
     doc, files_in = load_bundle(bundle_dir)
     remote_checked_name = name
     if facts is None and not board.simulated:
-        from app.core.device.doctor import probe
-
         facts = (await probe(board, only=("soc", "qairt", "memory"))).facts
     warnings = check_compatibility(doc, board, facts, bundle_dir, allow_emulated=allow_emulated)
-    if not board.simulated:    # Genie's contract (`hexstudio bundle check`); the simulator board checks it at load
-        from workers.shared.bundle.check import check_bundle, errors, report_text
-
-        if refused := errors(check_bundle(bundle_dir, facts)):
-            raise BoardError(f"Genie would refuse this bundle or run it wrong; nothing was sent.\n{report_text(refused)}",
-                             f"Fix what each finding says (`hexstudio bundle check {bundle_dir}`), then push again.")
+    # Genie's contract (`hexstudio bundle check`); the simulator board checks it at load
+    if not board.simulated and (refused := errors(check_bundle(bundle_dir, facts))):
+        raise BoardError(f"Genie would refuse this bundle or run it wrong; nothing was sent.\n{report_text(refused)}",
+                         f"Fix what each finding says (`hexstudio bundle check {bundle_dir}`), then push again.")
     t = board.transport
     loop = asyncio.get_running_loop()
     files = [*files_in, {"path": "bundle.json", "sha256": sha256_file(bundle_dir / "bundle.json"),

@@ -17,18 +17,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import posixpath
 import re
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Any
 
-from app.core.device.board import Board
-from app.core.device.doctor import DoctorReport, probe
 from app.core.device.errors import BoardError
-from app.core.paths import default_workspace
-from workers.shared.bundle import bundle_qairt_version
 
 QAIRT_BASE = "/opt/qairt"
 MARKER = ".hexstudio-install"
@@ -127,52 +121,3 @@ def build_payload(zip_path: Path, dsp_arch: str, out_dir: Path) -> tuple[str, Pa
         tar.addfile(ti, io.BytesIO(marker))
     tmp.replace(tar_path)
     return version, tar_path, digest, len(members) + 1
-
-
-async def plan_qairt_install(board: Board, zip_path: Path, report: DoctorReport | None = None, *,
-                             bundle_dir: Path | None = None, cache_dir: Path | None = None) -> Any:
-    """A FixPlan (app.core.device.fixes) that installs QAIRT from `zip_path`. With `bundle_dir`, refuses
-    a QAIRT older than the one that compiled the bundle."""
-    import asyncio
-
-    from app.core.device.fixes import AFFECTS, TITLES, FixPlan, Step, env_script_text
-
-    if report is None or "dsp_arch" not in report.facts:
-        report = await probe(board, only=("soc",))
-    arch = str(report.facts.get("dsp_arch") or "v73")
-    cache = cache_dir or (default_workspace() / "cache" / "qairt")
-    version, tar_path, digest, count = await asyncio.to_thread(build_payload, zip_path, arch, cache)
-    notes = [f"QAIRT {version}: {count} files for {ABI} and hexagon-{arch} "
-             f"({tar_path.stat().st_size / 1e6:.1f} MB of the {zip_path.stat().st_size / 1e6:.1f} MB zip)."]
-    if bundle_dir is not None:
-        status, msg = compare_qairt(version, bundle_qairt_version(bundle_dir))
-        if status == "refuse":
-            raise BoardError(msg.replace("The board's QAIRT", "This QAIRT SDK"),
-                             "Use the QAIRT SDK zip of the version that compiled the bundle, or newer.")
-        if status == "warn":
-            notes.append(msg)
-    elif parse_version(version)[:2] == (2, 38):
-        notes.append(f"QAIRT {version} has a known Genie issue: prefer another version.")
-    home = str(await board.transport.home())
-    tmp = posixpath.join(home, ".hexstudio", "tmp")
-    remote_tar = posixpath.join(tmp, tar_path.name)
-    dest = posixpath.join(QAIRT_BASE, version)
-    partial = dest + ".partial"
-    installed = ["grep", "-qF", digest, posixpath.join(dest, MARKER)]
-    steps = [
-        Step("run", ["mkdir", "-p", tmp], done_if=installed),
-        Step("upload", path=remote_tar, local=tar_path, done_if=installed),
-        Step("run", ["rm", "-rf", partial], sudo=True, done_if=installed),
-        Step("run", ["mkdir", "-p", partial], sudo=True, done_if=installed),
-        Step("run", ["tar", "-xf", remote_tar, "-C", partial, "--no-same-owner"], sudo=True, done_if=installed),
-        Step("run", ["chmod", "-R", "a+rX", partial], sudo=True, done_if=installed),
-        Step("run", ["rm", "-rf", dest], sudo=True, done_if=installed),
-        Step("run", ["mv", partial, dest], sudo=True, done_if=installed),
-        Step("run", ["ln", "-sfn", version, posixpath.join(QAIRT_BASE, "current")], sudo=True,
-             done_if=["sh", "-c", '[ "$(readlink "$1")" = "$2" ]', "is-current",
-                      posixpath.join(QAIRT_BASE, "current"), version]),
-        Step("run", ["rm", "-f", remote_tar], done_if=["sh", "-c", '! [ -e "$1" ]', "gone", remote_tar]),
-        Step("write", path=posixpath.join(home, "qairt-env.sh"),
-             content=env_script_text(posixpath.join(QAIRT_BASE, "current"), arch).encode()),
-    ]
-    return FixPlan("qairt_install", f"{TITLES['qairt_install']} ({version})", steps, AFFECTS["qairt_install"], notes)

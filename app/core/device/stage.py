@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.device.board import BoardError, open_board
+from app.core.device.doctor import probe
 from app.core.device.errors import (
     BoardWriteFailed,
     ConnectionDropped,
@@ -16,8 +17,10 @@ from app.core.device.errors import (
     LocalBundleError,
     UnsafeBundle,
 )
+from app.core.device.fixes import apply_fix, plan_qairt_install
 from app.core.device.push import PushProgress, push_bundle
 from app.core.pipeline import StageContext, StageError
+from app.core.secrets import get_secret, sudo_password_key
 from app.core.settings import Settings
 
 QAIRT_CHECKS = {"qairt", "qairt_env", "genie", "htp_validator"}
@@ -27,11 +30,6 @@ async def _install_qairt(ctx: StageContext, board: Any, name: str, zip_path: Pat
                          bundle_dir: Path) -> Any:
     """The board lacks only QAIRT and its settings name the SDK zip: install it (sudo password from the
     keyring, or none for NOPASSWD sudo), logging the exact commands; then check again."""
-    from app.core.device.doctor import probe
-    from app.core.device.fixes import apply_fix
-    from app.core.device.qairt import plan_qairt_install
-    from app.core.secrets import get_secret, sudo_password_key
-
     em = ctx.emitter
     em.progress(0.15, f"installing QAIRT on {name} from {zip_path.name}")
     if not zip_path.is_file():
@@ -82,8 +80,6 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
                                   "(simulated; no Hexagon NPU)."})
     facts: dict[str, Any] = {}
     if not board.simulated:
-        from app.core.device.doctor import probe
-
         em.progress(0.1, f"checking board {name} (doctor)")
         report = await probe(board)
         doctor = [c.to_dict() for c in report.checks]

@@ -20,6 +20,9 @@ from workers.errors import ActionableError
 FAMILY_PREFIXES = ("qwen3_", "qwen2_5_", "falcon_v3_", "llama_v3_", "phi_3_5_")
 # HF config model_type -> the prefix of the plugin's pipeline for that architecture
 ARCH_PREFIX = {"llama": "llama_v3_", "qwen3": "qwen3_", "qwen2": "qwen2_5_", "phi3": "phi_3_5_"}
+# The simulated GenieX (workers/genie_sim/geniex.py), as the simulator board's doctor reports it too
+CLI_VERSION = "v0.7.0"                      # the simulated CLI's version (labeled simulated wherever shown)
+QAIRT_PLUGIN_VERSION = "v2.45.0.260326"     # geniex-qairt-plugin core/include/version.h GENIEX_QAIRT_VERSION
 GENERATOR = "HexStudio (derived from the Genie bundle's graph specs)"
 
 
