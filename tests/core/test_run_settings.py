@@ -192,19 +192,20 @@ def test_resolve_settings_is_the_rule_for_auto() -> None:
 
 
 def test_preflight_and_model_inspect_resolve_as_the_model_stage(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.core.cli import model_cmd, preflight_cmd
+    from app.core.services import model as model_service
+    from app.core.services import preflight as preflight_service
 
     big = _big_info()
-    monkeypatch.setattr(model_cmd, "model_config", lambda model, revision=None: {"fake": model})
+    monkeypatch.setattr(model_service, "model_config", lambda model, revision=None: {"fake": model})
     monkeypatch.setattr(modelinfo, "inspect_config", lambda cfg: big)
     for ctx, parts in ((None, None), (2048, None), (None, 9)):
         want, _ = rs.resolve_settings(big, {"context_length": ctx or "auto", "parts": parts or "auto"}, builtin=False)
-        out = model_cmd.inspect("meta-llama/Llama-3.1-8B", ctx, None, parts)
+        out = model_service.inspect("meta-llama/Llama-3.1-8B", ctx, None, parts)
         assert (out["context_length"], out["ar_n"], out["parts"]) == (want["context_length"], want["ar_n"],
                                                                       want["parts"])
-        pre = preflight_cmd.resolve_estimate_settings(big, "meta-llama/Llama-3.1-8B",
-                                                      {**rs.default_run_settings(), "context_length": ctx or "auto",
-                                                       "parts": parts or "auto"})
+        pre = preflight_service.resolve_estimate_settings(big, "meta-llama/Llama-3.1-8B",
+                                                          {**rs.default_run_settings(), "context_length": ctx or "auto",
+                                                           "parts": parts or "auto"})
         assert pre == want
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from app.core.cli.preflight_cmd import preflight_report
-from workers.shared.preflight_checks import MEMORY_MARGIN, parse_nvidia_smi, run_checks
+from app.core.services.preflight import preflight_report
 from workers.shared import modelinfo
+from workers.shared.preflight_checks import MEMORY_MARGIN, parse_nvidia_smi, run_checks
 
 GiB = 1024**3
 SCHEMA = Path(__file__).resolve().parents[2] / "app" / "core" / "schemas" / "preflight.schema.json"
@@ -316,7 +316,7 @@ def test_no_onnxruntime_at_all_fails() -> None:
 # -- the CLI estimates with the settings a run would use -------------------------------------------
 
 def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.core.cli import preflight_cmd
+    from app.core.services import preflight as preflight_cmd
     from app.core.settings import DEFAULT_RUN_SETTINGS
     from app.core.stages import get_stage
 
@@ -331,7 +331,7 @@ def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.M
         seen["args"] = a
         return real_estimate(info, *a, **k)
 
-    monkeypatch.setattr("workers.shared.preflight_checks.probe", fake_probe)
+    monkeypatch.setattr(preflight_cmd, "probe", fake_probe)
     monkeypatch.setattr(modelinfo, "estimate", spy)
     rep = preflight_cmd.preflight_report("builtin:tiny-llama", None, None, tmp_path, smoke=False)
     # the estimate inputs are settings the Preflight stage declares (or the Model stage resolves)

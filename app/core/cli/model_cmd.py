@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from app.core.cli.common import CliError, add_json_flag, print_json
-from app.core.cli.preflight_cmd import model_config
+from app.core.cli.common import add_json_flag, print_json
 from app.core.jobs import human_bytes
-from workers.shared import modelinfo
-from workers.shared.run_settings import AUTO, DEFAULTS, resolve_settings
+from app.core.services.model import inspect
+from workers.shared.run_settings import DEFAULTS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,27 +26,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     help="the target board's RAM in GiB: part sizes and whether the bundle fits (default: unknown)")
     add_json_flag(pi)
     pi.set_defaults(func=cmd_inspect)
-
-
-def inspect(model: str, context_length: int | None, ar_n: int | None, parts: int | None,
-            board_ram_gib: float | None = None, revision: str | None = None) -> dict[str, Any]:
-    info = modelinfo.inspect_config(model_config(model, revision))
-    out: dict[str, Any] = {"model": model, "revision": revision, **info}
-    if not info["supported"]:
-        return out
-    # "auto" (an option left out) resolved as the Model stage resolves it
-    asked = {"context_length": context_length or AUTO, "parts": parts or AUTO, "ar_n": ar_n or DEFAULTS.ar_n,
-             "board_ram_bytes": int(board_ram_gib * 1024**3) if board_ram_gib else None}
-    r, plan = resolve_settings(info, asked, builtin=model.startswith("builtin:"))
-    err = modelinfo.check_context(info, r["context_length"], r["ar_n"])
-    if err:
-        raise CliError(err)
-    out["context_length"] = r["context_length"]
-    out["ar_n"] = r["ar_n"]
-    out["part_plan"] = plan
-    out["parts"] = r["parts"]
-    out["estimates"] = modelinfo.estimate(info, r["context_length"], r["ar_n"], r["parts"])
-    return out
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -20,9 +20,11 @@ from PySide6.QtWidgets import (
 
 from app.core.jobs import human_bytes
 from app.core.paths import BUILTIN_MODEL_ID
+from app.core.services import model as model_service
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.widgets import STATE_COLORS, KeyValueTable, note
+from workers.errors import ActionableError
 
 
 def inspect_rows(info: dict[str, Any]) -> list[list[str]]:
@@ -153,9 +155,6 @@ class ModelPage(StagePage):
         return BUILTIN_MODEL_ID
 
     async def inspect(self) -> dict[str, Any] | None:
-        from app.core.cli.common import CliError
-        from app.core.cli.model_cmd import inspect
-
         spec = self.model_spec()
         if not spec:
             self.inspect_message.setText("Type a Hugging Face id or choose a folder first.")
@@ -163,9 +162,9 @@ class ModelPage(StagePage):
         self.inspect_button.setEnabled(False)
         self.inspect_message.setText(f"Reading config.json of {spec}…")
         try:
-            info = await asyncio.to_thread(inspect, spec, self.context_spin.value() or None, 128, None)
-        except CliError as exc:
-            hint = f"<br><b>What to do:</b> {exc.hint}" if getattr(exc, "hint", None) else ""
+            info = await asyncio.to_thread(model_service.inspect, spec, self.context_spin.value() or None, 128, None)
+        except ActionableError as exc:
+            hint = f"<br><b>What to do:</b> {exc.hint}" if exc.hint else ""
             self.inspect_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{exc}</span>{hint}")
             return None
         finally:

@@ -28,10 +28,12 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.jobs import cli_command, human_bytes, run_child
+from app.core.services.preflight import wslconfig_plan
 from app.core.settings import settings_fields
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.widgets import STATUS_COLORS, KeyValueTable, fmt_value, note
+from workers import wslconfig
 from workers.errors import ActionableError
 from workers.shared.bundle import KNOWN_DEVICES
 from workers.shared.run_settings import DEFAULT_DEVICE
@@ -178,10 +180,6 @@ class PreflightPage(StagePage):
         fix = str(check.get("fix") or "")
         text = f"{check.get('message')}\n\n{fix}"
         if (fix.startswith("wslconfig:") or ".wslconfig" in fix) and self.c.manifest is not None:
-            from app.core.cli.common import CliError
-            from app.core.cli.preflight_cmd import wslconfig_plan
-            from workers import wslconfig
-
             m = self.c.manifest
             cl = m.settings.get("context_length")
             mem_gb: int | None = None
@@ -199,7 +197,7 @@ class PreflightPage(StagePage):
                 plan, _basis = wslconfig_plan(str(m.inputs.get("model")), cl if isinstance(cl, int) else None,
                                               int(m.settings.get("ar_n") or 128), self.wslconfig_path,
                                               memory_gb=mem_gb, swap_gb=swap_gb, settings=m.settings)
-            except CliError as exc:
+            except ActionableError as exc:
                 return FixDialog(f"Fix: {check['id']}", f"{text}\n\n{exc}", self)
             if not plan.changed:
                 return FixDialog(f"Fix: {check['id']}", f"{text}\n\n{plan.path} already has these limits.", self)
