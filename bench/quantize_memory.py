@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from workers.shared.data import builtin_model_dir
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
@@ -71,7 +73,7 @@ print(sum(p.numel() for p in m.parameters()))
 def make_model(root: Path, name: str) -> tuple[Path, int, int]:
     h, layers, nh, kvh, ffn, vocab = SIZES[name]
     out = root / name
-    src = REPO / "resources" / "builtin_model" / "tiny-llama"
+    src = builtin_model_dir()
     p = subprocess.run([PY, "-c", MAKE_MODEL, str(out), str(h), str(layers), str(nh), str(kvh), str(ffn), str(vocab),
                         str(src)],
                        capture_output=True, text=True, check=True)

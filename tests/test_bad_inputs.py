@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 from app.core.cli.main import main as cli
+from workers.shared.data import builtin_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
-BUILTIN = REPO / "resources" / "builtin_model" / "tiny-llama"
+BUILTIN = builtin_model_dir()
 
 
 @dataclass

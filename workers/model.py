@@ -21,11 +21,12 @@ from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
 from workers.shared import modelinfo
 from workers.shared.artifacts import ModelDoc
+from workers.shared.data import builtin_model_dir
 from workers.shared.hub import hub_error, hub_token
 from workers.shared.run_settings import AUTO, resolve_settings
 
 BUILTIN_ID = "builtin:tiny-llama"
-BUILTIN_DIR = Path(__file__).resolve().parents[1] / "resources" / "builtin_model" / "tiny-llama"
+BUILTIN_DIR = builtin_model_dir()   # package data (importlib.resources)
 
 
 def check_safetensors(path: Path) -> int:
@@ -232,7 +233,7 @@ def resolve_source(model: str, spec: WorkerSpec, em: Emitter) -> tuple[str, Path
     if model == BUILTIN_ID:
         if not (BUILTIN_DIR / "config.json").is_file():
             raise WorkerError("builtin_missing", f"The built-in model is missing from {BUILTIN_DIR}.",
-                              "Reinstall HexStudio, or rebuild it with resources/builtin_model/train_tiny_llama.py.")
+                              "Reinstall HexStudio, or rebuild it with tools/builtin_model/train_tiny_llama.py.")
         dest = spec.out_dir / "hf"
         shutil.copytree(BUILTIN_DIR, dest, ignore=shutil.ignore_patterns("training.json"))
         return "builtin", dest, None

@@ -1,6 +1,7 @@
 """Start-menu integration: the freedesktop entry that WSLg turns into "HexStudio" in the Windows Start
 menu, its icon, and a `~/.local/bin/hexstudio-launch` link that the Windows shortcut
-(packaging/windows/HexStudio.cmd) starts through wsl.exe.
+(HexStudio.cmd) starts through wsl.exe. The entry, the icons and the shortcut are package data in
+app/core/desktop_files/ (importlib.resources), so an installed wheel carries them.
 
 Qt-free. Every write is idempotent: an unchanged file is not rewritten.
 """
@@ -15,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.atomic import atomic_writer
-from app.core.paths import REPO_ROOT
+from workers.shared.data import package_path
 
-LINUX_DIR = REPO_ROOT / "packaging" / "linux"
-TEMPLATE = LINUX_DIR / "hexstudio.desktop"
-ICONS = {"scalable": LINUX_DIR / "hexstudio.svg", "256x256": LINUX_DIR / "hexstudio.png"}
+FILES = package_path("app.core", "desktop_files")   # package data (importlib.resources)
+TEMPLATE = FILES / "hexstudio.desktop"
+ICONS = {"scalable": FILES / "hexstudio.svg", "256x256": FILES / "hexstudio.png"}
+WINDOWS_CMD = FILES / "HexStudio.cmd"
 DESKTOP_ID = "hexstudio.desktop"
 _RESERVED = set(" \t\n\"'\\><~|&;$*?#()`")
 

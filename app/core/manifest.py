@@ -11,6 +11,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from app.core.stages import STAGE_NAMES
 from workers.errors import ActionableError
 
 MANIFEST_SCHEMA_VERSION = 1
-SCHEMA_PATH = Path(__file__).with_name("schemas") / "run.schema.json"
+SCHEMA_PATH = resources.files("app.core").joinpath("schemas", "run.schema.json")   # package data
 
 STAGE_STATES = ("pending", "running", "done", "failed", "interrupted", "cancelled")
 

@@ -1,13 +1,23 @@
-"""Where things live: the repository's resources, the default workspace, config."""
+"""Where things live: the built-in model (package data), the default workspace, config.
+
+Shipped data is package data found through importlib.resources (workers.shared.data, and each app
+package's own), never through the repository root: a wheel installed with pip or pipx has no checkout.
+REPO_ROOT is the folder holding the `app` package: a checkout's root when run from one (then it also has
+docs/), site-packages when installed. Only the studio's links to the checkout's docs/ use it.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from workers.shared.data import builtin_model_dir, package_path
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RESOURCES = REPO_ROOT / "resources"
-BUILTIN_MODEL_DIR = RESOURCES / "builtin_model" / "tiny-llama"
+# The folder that holds the workers package (a checkout's root, or site-packages): a child Python given it
+# on PYTHONPATH runs `python -m workers...` of this very install; a worker host's copy mirrors it.
+WORKERS_ROOT = package_path("workers").parent
+BUILTIN_MODEL_DIR = builtin_model_dir()
 BUILTIN_MODEL_ID = "builtin:tiny-llama"
 
 

@@ -24,6 +24,7 @@ from app.core.device.verify import verify_pushed
 from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard, make_device_bundle
 from workers.shared.bundle import safepath, verify_bundle
+from workers.shared.data import builtin_model_dir, package_path
 
 REPO = Path(__file__).resolve().parents[2]
 FACTS = {"dsp_arch": "v73", "qairt_version": "2.45.0.260326", "mem_total_bytes": 16 << 30,
@@ -159,7 +160,7 @@ def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(tmp_pa
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    hf = json.loads((REPO / "resources" / "builtin_model" / "tiny-llama" / "config.json").read_text())
+    hf = json.loads((builtin_model_dir() / "config.json").read_text())
     cfg: dict[str, Any] = gb.genie_config(hf, 512, ["sim/a.onnx"], 64, simulated=True)   # passes Genie's schema
     graphs = {"graphs": [{"name": "g", "sim_onnx": "sim/a.onnx"}]}
     if field == "tokenizer":
@@ -175,7 +176,7 @@ def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(tmp_pa
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "refused path" in out and entry in out, out
     if field != "graphs":   # the board helper reads genie_config.json only
-        h = subprocess.run([sys.executable, str(REPO / "resources" / "board" / "genie_session.py"),
+        h = subprocess.run([sys.executable, str(package_path("app.core.genie.helpers", "genie_session.py")),
                             "--config", str(bundle / "genie_config.json"), "--lib", "/nonexistent/libGenie.so"],
                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         ev = json.loads(h.stdout.splitlines()[0])

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from workers.shared import bundle as gb
+from workers.shared.data import builtin_model_dir
 
 LLAMA_31_8B: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -222,9 +223,7 @@ def test_default_rope_and_the_rope_parameters_layout(tmp_path: Path) -> None:
 
 
 def test_the_builtin_model_gets_its_real_theta() -> None:
-    from app.core.paths import REPO_ROOT
-
-    hf = json.loads((REPO_ROOT / "resources" / "builtin_model" / "tiny-llama" / "config.json").read_text())
+    hf = json.loads((builtin_model_dir() / "config.json").read_text())
     assert hf["rope_parameters"]["rope_theta"] == 500000.0
     # as shipped, and in the pure transformers-5 layout (theta only under rope_parameters)
     t5_only = {k: v for k, v in hf.items() if k != "rope_theta"}

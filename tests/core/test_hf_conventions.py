@@ -16,6 +16,7 @@ import pytest
 
 from app.core import secrets
 from tests.support.fake_hub import FakeHub, folder_files, hub_env
+from workers.shared.data import builtin_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "test-org/tiny-llama"
@@ -30,7 +31,7 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     secrets.delete_secret(secrets.HF_TOKEN)
-    files = folder_files(REPO / "resources" / "builtin_model" / "tiny-llama")
+    files = folder_files(builtin_model_dir())
     cfg = json.loads(files["config.json"])
     older = dict(files, **{"config.json": json.dumps({**cfg, "num_hidden_layers": 1}).encode()})
     with FakeHub() as h:

@@ -16,10 +16,11 @@ import pytest
 
 from workers.shared import modelinfo
 from workers.shared import run_settings as rs
+from workers.shared.data import builtin_model_dir
 from workers.shared.run_settings import RunSettings, setting
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILTIN_DIR = ROOT / "resources" / "builtin_model" / "tiny-llama"
+BUILTIN_DIR = builtin_model_dir()
 
 # What a new run got before the registry (app/core/settings.py's table): unchanged, so runs and resumes are too.
 OLD_DEFAULTS: dict[str, Any] = {

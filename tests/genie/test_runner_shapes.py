@@ -24,12 +24,12 @@ from app.core.genie.run import (
     load_token_counter,
     run_query,
 )
-from app.core.paths import REPO_ROOT
+from app.core.paths import BUILTIN_MODEL_DIR, REPO_ROOT
 from app.core.reports.collect import token_rate_series, token_rate_unit
 from tests.genie.conftest import SimWorkspace
 
 OLD_T2T = Path(__file__).parent / "fake_genie" / "old_t2t.py"
-TOKENIZER = REPO_ROOT / "resources" / "builtin_model" / "tiny-llama" / "tokenizer.json"
+TOKENIZER = BUILTIN_MODEL_DIR / "tokenizer.json"
 
 
 def _old_runtime_bundle(folder: Path, **knobs: object) -> Path:

@@ -37,7 +37,7 @@ def launcher(tmp_path: Path) -> Path:
 
 @needs_validator
 def test_shipped_desktop_entry_is_valid() -> None:
-    validate(ROOT / "packaging" / "linux" / "hexstudio.desktop")
+    validate(ROOT / "app" / "core" / "desktop_files" / "hexstudio.desktop")
 
 
 @needs_validator
@@ -86,7 +86,7 @@ def test_cli_install_desktop_without_launcher_explains(tmp_path: Path, capsys: p
 
 
 def test_windows_shortcut_starts_the_installed_launcher_through_wsl() -> None:
-    data = (ROOT / "packaging" / "windows" / "HexStudio.cmd").read_bytes()
+    data = (ROOT / "app" / "core" / "desktop_files" / "HexStudio.cmd").read_bytes()
     assert data.count(b"\r\n") == data.count(b"\n"), "a .cmd needs CRLF line endings"
     text = data.decode("ascii")
     assert "wsl.exe" in text and "~/.local/bin/hexstudio-launch" in text and "--cd ~" in text

@@ -159,7 +159,7 @@ def test_frozen_build_runs_the_preflight_worker(tmp_path: Path, case: str) -> No
         assert ev_b[-1] == {"v": 1, "type": "done", "ok": True, "summary": ev_b[-1]["summary"]}
         assert [e["type"] for e in ev_a if e["type"] != "warning"] == [e["type"] for e in ev_b if e["type"] != "warning"]
         doc = json.loads(Path(json.loads(b.read_text())["out_dir"], "preflight.json").read_text())
-        assert set(doc["probe"]["recipes"]) == {"validated", "current"}  # packaging/recipes is bundled
+        assert set(doc["probe"]["recipes"]) == {"validated", "current"}  # the recipes (package data) are bundled
     else:
         assert ev_a == ev_b
 

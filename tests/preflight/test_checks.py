@@ -14,6 +14,7 @@ import pytest
 
 from app.core.services.preflight import preflight_report
 from workers.shared import modelinfo
+from workers.shared.data import builtin_model_dir
 from workers.shared.preflight_checks import MEMORY_MARGIN, parse_nvidia_smi, run_checks
 
 GiB = 1024**3
@@ -139,7 +140,7 @@ def test_missing_libpython_explains_ptrtoint64() -> None:
 
 
 def test_cpu_only_machine_passes_for_the_tiny_model() -> None:
-    info = modelinfo.inspect_folder(Path(__file__).resolve().parents[2] / "resources" / "builtin_model" / "tiny-llama")
+    info = modelinfo.inspect_folder(builtin_model_dir())
     needs = modelinfo.estimate(info, 512)
     p = probe(mem_total_bytes=24 * GiB, gpu={"torch": "2.13.0+cpu", "cuda": False, "arch_list": [], "devices": []},
               packages={**BASE_PROBE["packages"], "onnxruntime": "1.32.0", "onnxruntime-gpu": None})
@@ -207,7 +208,7 @@ def test_gpu_vram_below_the_models_guidance_warns() -> None:
 
 
 def test_nvidia_gpu_with_cpu_only_torch_warns_for_the_tiny_model_and_fails_for_8b() -> None:
-    info = modelinfo.inspect_folder(Path(__file__).resolve().parents[2] / "resources" / "builtin_model" / "tiny-llama")
+    info = modelinfo.inspect_folder(builtin_model_dir())
     p = probe(gpu=CPU_TORCH, nvidia=NVIDIA_5090)
     tiny = by_id(run_checks(p, modelinfo.estimate(info, 512)))["gpu"]
     assert tiny["status"] == "warn"
@@ -342,7 +343,7 @@ def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.M
     assert rep["settings"]["ar_n"] == DEFAULT_RUN_SETTINGS["ar_n"]
     assert seen["args"][3:] == (DEFAULT_RUN_SETTINGS["calibration_samples"],
                                 DEFAULT_RUN_SETTINGS["calibration_seq_len"])
-    info = modelinfo.inspect_folder(Path(__file__).resolve().parents[2] / "resources" / "builtin_model" / "tiny-llama")
+    info = modelinfo.inspect_folder(builtin_model_dir())
     assert rep["needs"] == real_estimate(info, 512, 128, modelinfo.default_parts(info),
                                          DEFAULT_RUN_SETTINGS["calibration_samples"],
                                          DEFAULT_RUN_SETTINGS["calibration_seq_len"])
@@ -357,7 +358,7 @@ def test_nvidia_smi_without_a_driver_says_so() -> None:
           "error": "nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"}
     big = by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=nv), needs_8b()))["gpu"]
     assert big["status"] == "fail" and "couldn't communicate" in big["message"] and "Windows driver" in big["fix"]
-    info = modelinfo.inspect_folder(Path(__file__).resolve().parents[2] / "resources" / "builtin_model" / "tiny-llama")
+    info = modelinfo.inspect_folder(builtin_model_dir())
     tiny = by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=nv), modelinfo.estimate(info, 512)))["gpu"]
     assert tiny["status"] == "warn" and "NVIDIA driver" in tiny["fix"]
     # no nvidia-smi at all (NVML library missing) is just a CPU-only machine

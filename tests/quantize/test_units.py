@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from workers.quant.calib import pp_mask
+from workers.shared.data import builtin_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
-HF = REPO / "resources" / "builtin_model" / "tiny-llama"
+HF = builtin_model_dir()
 CL, AR = 256, 64
 HIDDEN, KVH, HD = 256, 2, 64
 

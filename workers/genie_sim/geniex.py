@@ -15,7 +15,7 @@ geniex_ProfileData. Everything it prints says it is simulated.
                                        [--seed S] [--verbose]
     python -m workers.genie_sim.geniex session -m BUNDLE_DIR [--sampler JSON]
 
-`session` is the twin of HexStudio's board helper for GenieX (resources/board/geniex_session.py,
+`session` is the twin of HexStudio's board helper for GenieX (app/core/genie/helpers/geniex_session.py,
 the `geniex` Python package): the JSON-lines protocol of workers/genie_sim/session.py, with
 `"runtime": "geniex"` in `ready` and GenieX's profile (`geniex_profile`) in each `end`.
 

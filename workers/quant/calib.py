@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 
 from workers.runtime import WorkerError, map_path
+from workers.shared import data
 
 MASK_VALUE = -1000.0
-REPO = Path(__file__).resolve().parents[2]
-BUILTIN_TEXT = REPO / "resources" / "builtin_model" / "text"
+BUILTIN_TEXT = data.data_path(*data.BUILTIN_TEXT)   # package data: calibration.txt, validation.txt
 
 
 def resolve_text(setting: Any, kind: str) -> Path:

@@ -24,7 +24,7 @@ STEPS = ("import", "graph", "quantsim", "calibrate", "export", "baked_weights", 
 
 FIX = ("Install a stack HexStudio quantizes with: the validated recipe (Python 3.10, aimet-onnx 2.26, onnx 1.18, "
        "transformers 4.45; `bash packaging/install-workstation.sh`) or the current one "
-       "(packaging/recipes/current.txt; `./dev setup`), then run preflight again.")
+       "(workers/shared/data/recipes/current.txt; `./dev setup`), then run preflight again.")
 
 
 def _graph(folder: Path) -> Path:

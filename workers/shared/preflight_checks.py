@@ -553,13 +553,13 @@ def _known_bad_check(p: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _recipe_checks(p: dict[str, Any]) -> list[dict[str, Any]]:
-    """The live versions against packaging/recipes/{validated,current}.txt: ok, or warn with the table."""
+    """The live versions against the recipes (workers/shared/data/recipes/{validated,current}.txt): ok, or warn with the table."""
     recs = p.get("recipes")
     if recs is None:
         return [_check("recipe_validated", "skip", None, None, "This probe did not record the recipes.")]
     if "error" in recs:
         return [_check("recipe_validated", "warn", None, None, f"The recipe files cannot be read: {recs['error']}",
-                       "Reinstall HexStudio (packaging/recipes/ is part of it).")]
+                       "Reinstall HexStudio (its package data workers/shared/data/recipes/ holds them).")]
     out = []
     texts = {
         "validated": ("the validated recipe (the stack known to give coherent 8B deployment graphs on an RTX 5090)",
@@ -573,7 +573,7 @@ def _recipe_checks(p: dict[str, Any]) -> list[dict[str, Any]]:
         rec = recs.get(name)
         cid = f"recipe_{name}"
         if not rec:
-            out.append(_check(cid, "skip", None, None, f"packaging/recipes/{name}.txt is not installed."))
+            out.append(_check(cid, "skip", None, None, f"The recipe {name}.txt (workers/shared/data/recipes/) is not installed."))
             continue
         rows = recipes.compare(rec, str(p.get("python", "")), p.get("packages") or {})
         table = {r["package"]: r["installed"] for r in rows}

@@ -1,4 +1,4 @@
-"""Environment recipes (packaging/recipes/*.txt): read them and compare an environment with them.
+"""Environment recipes (workers/shared/data/recipes/*.txt, package data): read them and compare an environment with them.
 
 A recipe is a pip constraints file (`name==version` lines) whose header comments carry
 `# key: value` directives (python, torch-index, aimet-build, ...). Stdlib only, no Qt, no app:
@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from workers.errors import ActionableError
+from workers.shared.data import recipes_dir
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "packaging" / "recipes"
+RECIPES_DIR = recipes_dir()   # package data (importlib.resources)
 RECIPE_NAMES = ("validated", "current")
 DIRECTIVES = ("recipe", "python", "torch-index", "aimet-build")
 

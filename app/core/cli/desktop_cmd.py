@@ -10,7 +10,7 @@ from app.core import desktop
 from app.core.cli.common import CliError, add_json_flag, print_json
 from workers import wslconfig
 
-WINDOWS_CMD = desktop.REPO_ROOT / "packaging" / "windows" / "HexStudio.cmd"
+WINDOWS_CMD = desktop.WINDOWS_CMD
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

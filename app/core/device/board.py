@@ -12,7 +12,7 @@ from typing import Any
 from app.core.device.errors import BoardError
 from app.core.device.transport import LocalTransport
 from app.core.jobs import python_command
-from app.core.paths import REPO_ROOT, default_workspace
+from app.core.paths import WORKERS_ROOT, default_workspace
 
 log = logging.getLogger("hexstudio.board")
 
@@ -110,4 +110,4 @@ async def open_board(name: str, settings: Any = None, workspace: Path | None = N
 
 def python_env() -> dict[str, str]:
     """Make `python -m workers...` importable for the simulator board."""
-    return {"PYTHONPATH": str(REPO_ROOT)}
+    return {"PYTHONPATH": str(WORKERS_ROOT)}

@@ -13,7 +13,7 @@ description, default scorer, max_tokens); every other line is a case:
      "text": "...",                                    # perplexity
      "max_tokens": 64, "category": "simple"}
 
-Shipped suites live in resources/suites/; a user's own in <workspace>/suites/ (`hexstudio eval add FILE`,
+Shipped suites are package data in app/core/eval/shipped_suites/ (importlib.resources); a user's own in <workspace>/suites/ (`hexstudio eval add FILE`,
 or the Evaluate page's "Add suite…"). A suite with the same name as a shipped one replaces it.
 """
 
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.core.paths import REPO_ROOT
 from workers.errors import ActionableError
+from workers.shared.data import package_path
 
-SHIPPED_DIR = REPO_ROOT / "resources" / "suites"
+SHIPPED_DIR = package_path("app.core.eval", "shipped_suites")   # package data (importlib.resources)
 SCORERS = ("tool_call", "exact", "contains", "regex", "instruction", "perplexity", "parity")
 DEFAULT_SUITES = ("tool_calling", "instruction_following", "perplexity", "greedy_parity")
 CHECK_TYPES = ("lowercase", "uppercase", "max_words", "min_words", "max_sentences", "bullets", "no_comma",

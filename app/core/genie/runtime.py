@@ -6,7 +6,7 @@ Everything that talks to a model on a board (the chat page, `hexstudio chat`, th
 each reply, stops on request, reports KPIs per turn and keeps the model loaded between turns. The
 runtime is a strategy of that session: which helper keeps the model loaded on the board, what it needs
 there first, and how its per-turn profile becomes HexStudio's KPIs. Both helpers speak the same
-JSON-lines protocol (resources/board/genie_session.py).
+JSON-lines protocol (app/core/genie/helpers/genie_session.py).
 
 The runtime is chosen by `runtime=` (CLI `--runtime`), else the board's setting `"runtime"`, else
 "genie". The same pushed bundle serves both: GenieX's extra file, metadata.json, is derived from the
@@ -20,13 +20,16 @@ import posixpath
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.core.device.board import Board, python_env
+from app.core.genie.helpers import helper_file
 from app.core.genie.profile import Kpis
 from app.core.jobs import python_command
-from app.core.paths import REPO_ROOT
 from workers.errors import ActionableError
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 RUNTIMES = ("genie", "geniex")
 DEFAULT_RUNTIME = "genie"
@@ -49,7 +52,7 @@ def resolve_runtime(board: Board, runtime: str | None = None) -> str:
 class BoardRuntime:
     name: str                    # "genie" | "geniex"
     title: str
-    helper: Path                 # copied to <home>/hexstudio/bin/ on a real board
+    helper: Traversable          # package data, copied to <home>/hexstudio/bin/ on a real board
     per_turn_fallback: bool      # can one-shot runs stand in when the helper cannot start
 
     def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
@@ -131,9 +134,9 @@ class BoardRuntime:
 
 
 _RUNTIMES = {
-    "genie": BoardRuntime("genie", "Genie (libGenie / genie-t2t-run)", REPO_ROOT / "resources/board/genie_session.py",
+    "genie": BoardRuntime("genie", "Genie (libGenie / genie-t2t-run)", helper_file("genie_session"),
                           True),
-    "geniex": BoardRuntime("geniex", "GenieX (qairt plugin)", REPO_ROOT / "resources/board/geniex_session.py",
+    "geniex": BoardRuntime("geniex", "GenieX (qairt plugin)", helper_file("geniex_session"),
                            False),
 }
 

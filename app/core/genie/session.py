@@ -2,7 +2,7 @@
 loaded between turns.
 
 Persistent mode starts a small helper on the board that keeps one GenieDialog open (libGenie's C API
-through ctypes: resources/board/genie_session.py; on the simulator board the simulator's own
+through ctypes: app/core/genie/helpers/genie_session.py; on the simulator board the simulator's own
 session mode, workers.genie_sim.session) and talks JSON lines over the process's stdin/stdout (the
 SSH channel for a real board). Only the first turn pays the model's init; later turns send only the
 new message (the dialog's KV cache holds the history). When the helper cannot start (no python3 or
@@ -32,10 +32,8 @@ from app.core.genie.conversation import _HEADER, Conversation, Turn
 from app.core.genie.profile import Kpis, ProfileError, parse_profile
 from app.core.genie.run import Chunk, ChunkTokenCounter, ensure_dir, load_token_counter, run_query
 from app.core.genie.runtime import RuntimeError_, board_runtime, resolve_runtime
-from app.core.paths import REPO_ROOT
 from workers.errors import ActionableError
 
-HELPER_SOURCE = REPO_ROOT / "resources" / "board" / "genie_session.py"
 MODES = ("auto", "persistent", "per_turn")
 SAMPLER_PRESETS: dict[str, dict[str, Any] | None] = {
     "deterministic": {"seed": 42, "temp": 0.0, "top-k": 1, "top-p": 1.0},

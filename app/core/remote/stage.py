@@ -33,7 +33,7 @@ from app.core.jobs import (
     human_bytes,
 )
 from app.core.manifest import RunManifest
-from app.core.paths import REPO_ROOT
+from app.core.paths import WORKERS_ROOT
 from app.core.remote.hosts import (
     STAGE_PACKAGES,
     WorkerHostError,
@@ -195,7 +195,7 @@ class RemoteStageJob(Job):
         upstream: dict[str, str] = {}
         forward: list[tuple[str, str]] = [(str(self.m.run_dir), rrun)]
         back: list[tuple[str, str]] = [(rout, str(local_out)), (rrun, str(self.m.run_dir)),
-                                       (workers_root, str(REPO_ROOT))]
+                                       (workers_root, str(WORKERS_ROOT))]
         for need in self.stage.needs:
             if need not in spec["upstream"]:
                 continue

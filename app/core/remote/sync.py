@@ -22,14 +22,16 @@ from typing import Any
 
 from app.core.atomic import sha256_file, write_json_atomic
 from app.core.device.transport import Transport
-from app.core.paths import REPO_ROOT, config_dir
+from app.core.paths import WORKERS_ROOT, config_dir
 from app.core.remote.hosts import WorkerHostError
 from workers.remote import host_command
+from workers.shared import data
 
-WORKERS_DIR = REPO_ROOT / "workers"
-# Data files the workers read from the repository (workers/quant/calib.py BUILTIN_TEXT, workers/recipes.py
-# RECIPES_DIR): copied with them, at the same place relative to the workers package.
-WORKER_DATA = ("resources/builtin_model/text", "packaging/recipes")
+WORKERS_DIR = WORKERS_ROOT / "workers"     # the installed (or checked-out) workers package
+# Package data the workers read on the host (the built-in calibration/validation text, the recipes): copied
+# with the modules, at the same place inside the package. Not the built-in model: the model stage's output
+# (hf/) is uploaded with the run.
+WORKER_DATA = (data.data_path(*data.BUILTIN_TEXT), data.recipes_dir())
 # A synced folder's record on the host: rel -> [size, sha256] of the files known complete there.
 SYNC_MANIFEST = ".hexstudio-synced.json"
 
@@ -37,15 +39,15 @@ SYNC_MANIFEST = ".hexstudio-synced.json"
 def workers_bundle() -> tuple[str, bytes]:
     """The workers package as a tar.gz and its content hash (the remote folder's name)."""
     files = sorted(p for p in WORKERS_DIR.rglob("*.py") if "__pycache__" not in p.parts)
-    for rel in WORKER_DATA:
-        files += sorted(p for p in (REPO_ROOT / rel).rglob("*") if p.is_file())
+    for folder in WORKER_DATA:
+        files += sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "train.txt")
     h = hashlib.sha256()
     for p in files:
-        h.update(p.relative_to(REPO_ROOT).as_posix().encode() + b"\0" + p.read_bytes())
+        h.update(p.relative_to(WORKERS_ROOT).as_posix().encode() + b"\0" + p.read_bytes())
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for p in files:
-            tar.add(p, arcname=p.relative_to(REPO_ROOT).as_posix())
+            tar.add(p, arcname=p.relative_to(WORKERS_ROOT).as_posix())
     return h.hexdigest()[:16], buf.getvalue()
 
 

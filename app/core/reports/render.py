@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from app.core.atomic import write_bytes_atomic, write_text_atomic
 from app.core.reports.svg import Series, line_chart
 from workers.errors import ActionableError
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = resources.files(__package__).joinpath("templates")   # package data (importlib.resources)
 FORMATS = ("html", "pdf", "json")
 GIB = 1024 ** 3
 
@@ -55,7 +56,11 @@ def _when(v: Any) -> str:
 def jinja_env() -> Any:
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+    def template_source(name: str) -> str | None:
+        node = TEMPLATES.joinpath(name)
+        return node.read_text(encoding="utf-8") if node.is_file() else None
+
+    env = jinja2.Environment(loader=jinja2.FunctionLoader(template_source), autoescape=True,
                              undefined=jinja2.ChainableUndefined)
     env.filters["bytes"] = _bytes
     env.filters["num"] = _num
@@ -149,7 +154,7 @@ def write(r: dict[str, Any], fmt: str, out: Path) -> Path:
     return out
 
 
-SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "report.schema.json"
+SCHEMA = resources.files("app.core").joinpath("schemas", "report.schema.json")   # package data
 
 
 def validate_report(r: dict[str, Any]) -> None:

@@ -1,11 +1,11 @@
 """Trains `builtin:tiny-llama`, the small Llama-architecture model shipped with HexStudio.
 
-    .venv/bin/python resources/builtin_model/train_tiny_llama.py [--steps 1500] [--threads 2]
+    PYTHONPATH=. .venv/bin/python tools/builtin_model/train_tiny_llama.py [--steps 1500] [--threads 2]
 
-Writes resources/builtin_model/tiny-llama/ in Hugging Face layout: config.json,
+Writes workers/shared/data/builtin_model/tiny-llama/ (package data) in Hugging Face layout: config.json,
 model.safetensors (float16), generation_config.json, tokenizer.json and
 tokenizer_config.json with a Llama-3-style chat template. The corpus is project-written
-(make_corpus.py); see PROVENANCE.md. Deterministic for a given seed and thread count.
+(make_corpus.py, beside this script); see workers/shared/data/builtin_model/PROVENANCE.md. Deterministic for a given seed and thread count.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE / "tiny-llama"
+DATA = HERE.parents[1] / "workers" / "shared" / "data" / "builtin_model"   # a checkout's package data
+OUT = DATA / "tiny-llama"
 SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
            "<|pad|>"]
 CHAT_TEMPLATE = (
@@ -55,7 +56,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     torch.set_num_threads(args.threads)
-    text_dir = HERE / "text"
+    text_dir = DATA / "text"
     make_corpus.main(text_dir)
     tok = train_tokenizer(text_dir / "train.txt", 2048)
     OUT.mkdir(parents=True, exist_ok=True)

@@ -90,19 +90,21 @@ def unsafe_reason(path: object, root: str) -> str | None:
 
 def config_paths(cfg: dict) -> list:
     """(entry, path) of every file a genie_config.json names."""
-    d = cfg.get("dialog") if isinstance(cfg, dict) else None
-    d = d if isinstance(d, dict) else {}
+    def section(parent: dict, key: str) -> dict:
+        value = parent.get(key)
+        return value if isinstance(value, dict) else {}
+
+    d = section(cfg, "dialog") if isinstance(cfg, dict) else {}
     out = []
     tok = d.get("tokenizer")
     if isinstance(tok, dict) and "path" in tok:
         out.append(("dialog.tokenizer.path", tok["path"]))
-    engine = d.get("engine") if isinstance(d.get("engine"), dict) else {}
-    model = engine.get("model") if isinstance(engine.get("model"), dict) else {}
-    binary = model.get("binary") if isinstance(model.get("binary"), dict) else {}
+    engine = section(d, "engine")
+    binary = section(section(engine, "model"), "binary")
     bins = binary.get("ctx-bins")
     for i, b in enumerate(bins if isinstance(bins, list) else ([] if bins is None else [bins])):
         out.append((f"dialog.engine.model.binary.ctx-bins[{i}]", b))
-    backend = engine.get("backend") if isinstance(engine.get("backend"), dict) else {}
+    backend = section(engine, "backend")
     if "extensions" in backend:
         out.append(("dialog.engine.backend.extensions", backend["extensions"]))
     return out
