@@ -552,7 +552,14 @@ class MainWindow(QMainWindow):
     def open_docs(self) -> None:
         from app.core.paths import REPO_ROOT
 
-        QDesktopServices.openUrl(QUrl.fromLocalFile(str(REPO_ROOT / "docs" / "gui.md")))
+        guide = REPO_ROOT / "docs" / "gui.md"
+        if guide.is_file():      # a checkout; an installed wheel carries no docs/
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(guide)))
+        else:
+            QMessageBox.information(self, "Documentation",
+                                    "The guides (docs/gui.md and the others) live in HexStudio's source "
+                                    "repository; this installed copy does not carry them. Help → About shows "
+                                    "the versions and where the logs are.")
 
     def open_log_folder(self) -> None:
         open_folder(log_dir())

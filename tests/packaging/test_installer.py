@@ -94,7 +94,7 @@ def test_second_run_has_nothing_to_install(fake_venv) -> None:
     (venv / "bin" / "hexstudio").write_text("#!/bin/sh\n")
     (venv / "bin" / "hexstudio").chmod(0o755)
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in (
-        ROOT / "pyproject.toml", ROOT / "packaging" / "recipes" / "current.txt",
+        ROOT / "pyproject.toml", ROOT / "workers" / "shared" / "data" / "recipes" / "current.txt",
         ROOT / "packaging" / "constraints" / "dev.txt"))).hexdigest()[:16]
     (venv / ".hexstudio-install.stamp").write_text(f"cpu 0 {digest}\n")
     r = run_installer("--dry-run", "--venv", str(venv), "--no-desktop", gpu="none")

@@ -1,4 +1,4 @@
-"""packaging/recipes/: the parser, version matching, and the preflight checks against both recipes."""
+"""The recipes (workers/shared/data/recipes/): the parser, version matching, and the preflight checks against both recipes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from workers.shared.preflight_checks import run_checks
 from workers.shared import recipes
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = recipes.load_recipes(ROOT / "packaging" / "recipes")
+RECIPES = recipes.load_recipes()   # the shipped recipes (package data)
 
 VALIDATED_PACKAGES = {"aimet-onnx": "2.26.0", "onnxruntime": None, "onnxruntime-gpu": "1.23.2",
                       "torch": "2.7.1+cu128", "torchvision": "0.22.1+cu128", "onnx": "1.18.0",
