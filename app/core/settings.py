@@ -17,6 +17,7 @@ from typing import Any
 
 from app.core.atomic import write_json_atomic
 from app.core.paths import config_dir
+from workers.errors import ActionableError
 from workers.shared import run_settings
 from workers.shared.bundle import KNOWN_DEVICES
 
@@ -91,7 +92,7 @@ def _v1_to_v2(d: dict[str, Any]) -> dict[str, Any]:
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1, 1: _v1_to_v2}
 
 
-class SettingsError(Exception):
+class SettingsError(ActionableError):
     pass
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests.preflight.test_checks import BASE_PROBE, by_id, needs_8b
-from workers.shared.preflight_checks import run_checks
 from workers.shared import recipes
+from workers.shared.preflight_checks import run_checks
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = recipes.load_recipes()   # the shipped recipes (package data)

@@ -130,7 +130,7 @@ def _print_check(doc: dict[str, Any]) -> None:
 def cmd_add(args: argparse.Namespace) -> int:
     if args.name in ("local", ""):
         raise CliError("'local' means this machine and cannot name a worker host.", "Pick another name.",
-                       code=EXIT_USAGE)
+                       exit_code=EXIT_USAGE)
     s = Settings.load()
     cfg: dict[str, Any] = {"host": args.host, "port": args.port, "user": args.user, "auth": args.auth,
                            "python": args.python, "root": args.root}
@@ -174,7 +174,7 @@ def cmd_password(args: argparse.Namespace) -> int:
         raise CliError(exc.message, exc.hint) from None
     pw = sys.stdin.readline().rstrip("\n") if args.stdin else getpass.getpass(f"SSH password for {args.name}: ")
     if not pw:
-        raise CliError("Empty password: nothing stored.", None, code=EXIT_USAGE)
+        raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
     set_secret(worker_password_key(args.name), pw)
     print(f"SSH password for worker host {args.name} stored in the keyring")
     return 0
