@@ -132,6 +132,13 @@ def push(e: Env, bundle: Path, name: str = "b", workspace: Path | None = None) -
     return "ok"
 
 
+def key_file(e: Env) -> Path:
+    """A key file that exists (its content never matters: the connection fails before it is read)."""
+    p = e.tmp / "k"
+    p.write_text("not a key\n")
+    return p
+
+
 def board(e: Env, cfg: dict[str, Any] | None, name: str = "b") -> str:
     from app.core.device.board import BoardError, open_board
     from app.core.settings import Settings
@@ -251,7 +258,7 @@ ROWS: list[Any] = [
     # boards: unknown, unreachable, refusing, wrong keys (core service the Board page calls)
     ("board unknown name", lambda e: board(e, None, "nope"), ["No board named 'nope'"], None),
     ("board unreachable port", lambda e: board(e, {"host": "127.0.0.1", "port": closed_port(), "user": "u",
-                                                   "auth": "key", "key_path": str(e.tmp / "k")}),
+                                                   "auth": "key", "key_path": str(key_file(e))}),
      ["127.0.0.1"], None),
     ("board key file missing", lambda e: board(e, {"host": "127.0.0.1", "port": 22, "user": "u", "auth": "key"}),
      ["no key_path"], None),

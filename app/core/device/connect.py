@@ -576,8 +576,8 @@ def _authenticate(t: Any, name: str, r: dict[str, Any], plan: _Plan, ask: AskPas
 
 def _open_hop(name: str, r: dict[str, Any], sock: Any, *, trust: Callable[[str, int, str, str], bool] | None,
               offer: OfferKnownHosts | None, ask: AskPassphrase | None, password: str | None,
-              timeout: float) -> Any:
-    plan = _auth_plan(name, r, password)
+              timeout: float, plan: _Plan | None = None) -> Any:
+    plan = plan or _auth_plan(name, r, password)
     t = _fast_transport(sock)
     t.banner_timeout = timeout
     t.auth_timeout = timeout
@@ -626,6 +626,7 @@ def _connect_chain(name: str, r: dict[str, Any], *, trust: Callable[[str, int, s
                    timeout: float) -> SshSession:
     import paramiko
 
+    plan = _auth_plan(name, r, password)     # a missing key or password is said before any connection
     hops: list[Any] = []
     sock: Any = None
     hop_label = ""
@@ -678,7 +679,8 @@ def _connect_chain(name: str, r: dict[str, Any], *, trust: Callable[[str, int, s
                 hop_label = f"via {', '.join(s.strip() for s in specs)}"
         else:
             sock = _direct_socket(r, timeout)
-        t = _open_hop(name, r, sock, trust=trust, offer=offer, ask=ask, password=password, timeout=timeout)
+        t = _open_hop(name, r, sock, trust=trust, offer=offer, ask=ask, password=password, timeout=timeout,
+                      plan=plan)
     except BaseException:
         for h in reversed(hops):
             with contextlib.suppress(Exception):
