@@ -87,25 +87,32 @@ def _assert_wslconfig_fix(c: dict[str, dict[str, Any]], need: int) -> None:
     assert "wsl --shutdown" in c["memory"]["fix"]
 
 
-def test_8b_passes_on_a_16_gib_100_gb_machine() -> None:
-    """Issue 20: part-wise quantization and unit-wise validation fit an 8B (Llama-3.1 shapes, context 4096,
-    5 parts) on 16 GiB of RAM, and the run folder plus the download fit 100 GB, even on one filesystem."""
+def test_8b_on_a_16_gib_100_gb_machine() -> None:
+    """Issue 20: for an 8B (Llama-3.1 shapes, context 4096, 5 parts) part-wise quantization fits 16 GiB and the
+    run folder plus the download fit 100 GB, even on one filesystem. Validation, as MEASURED at 8B layer
+    shapes, grew with the layers (docs/PERFORMANCE.md), so its conservative estimate (~22.7 GiB) does not fit
+    16 GiB yet: the memory check says so, naming the larger of the two peaks."""
     needs = needs_8b()
     assert needs["peak_rss_bytes"] == max(needs["quantize_peak_rss_bytes"], needs["validate_peak_rss_bytes"])
-    assert needs["validate_peak_rss_bytes"] < 8 * GiB and needs["quantize_peak_rss_bytes"] < 8 * GiB
+    assert needs["quantize_peak_rss_bytes"] < 8 * GiB
+    assert 20 * GiB < needs["validate_peak_rss_bytes"] < 25 * GiB
     assert needs["disk_bytes"] + needs["hf_download_bytes"] <= 100 * 10**9
     disk = {"free_bytes": 100 * 10**9, "device": 2049}
     p = probe(mem_total_bytes=16 * GiB, swap_total_bytes=0, mem_available_bytes=15 * GiB,
               workspace={"path": "/home/dev/hexstudio-workspace", **disk},
               hf_cache={"path": "/home/dev/.cache/huggingface", **disk})
     checks = by_id(run_checks(p, needs))
-    assert [c["id"] for c in checks.values() if c["status"] == "fail"] == []
-    assert checks["memory"]["status"] == "ok" and checks["memory"]["required"] == needs["peak_rss_bytes"]
+    assert [c["id"] for c in checks.values() if c["status"] == "fail"] == ["memory"]
+    assert checks["memory"]["required"] == needs["peak_rss_bytes"]
+    roomy = by_id(run_checks(probe(mem_total_bytes=32 * GiB, swap_total_bytes=0, workspace={
+        "path": "/home/dev/hexstudio-workspace", **disk}, hf_cache={"path": "/home/dev/.cache/huggingface", **disk}),
+        needs))
+    assert [c["id"] for c in roomy.values() if c["status"] == "fail"] == []
 
 
 def test_wsl_with_enough_memory_is_ok() -> None:
     needs = needs_8b()
-    have = int(int(needs["quantize_peak_rss_bytes"]) * 2)
+    have = int(int(needs["peak_rss_bytes"]) * 2)
     cfg = {"path": "/mnt/c/Users/dev/.wslconfig", "exists": True, "text": "[wsl2]\nmemory=176GB\n",
            "limits": {"memory": "176GB", "swap": None}}
     c = by_id(run_checks(probe(wsl=True, mem_total_bytes=have, swap_total_bytes=0, wslconfig=cfg), needs))
@@ -254,7 +261,7 @@ def test_missing_libpython_under_conda_uses_activate_d() -> None:
 
 def test_workspace_disk_too_small_fails_with_the_amount_to_free() -> None:
     needs = needs_8b()
-    p = probe(workspace={"path": "/data/ws", "free_bytes": 50 * GiB, "device": 1},
+    p = probe(workspace={"path": "/data/ws", "free_bytes": 20 * GiB, "device": 1},
               hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": 2000 * GiB, "device": 2})
     c = by_id(run_checks(p, needs))
     assert c["disk_workspace"]["status"] == "fail" and c["disk_workspace"]["required"] == needs["disk_bytes"]

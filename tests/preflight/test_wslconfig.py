@@ -203,7 +203,7 @@ def test_wsl_check_shows_the_current_wslconfig_and_the_lines_to_write() -> None:
                          needs_8b()))["wsl"]
     assert c["status"] == "fail" and "memory=4GB" in c["message"] and c["fix"].startswith("wslconfig:memory=")
     mem, swap = (int(x.split("=")[1].rstrip("GB")) for x in c["fix"].split(":", 1)[1].split(","))
-    assert (mem, swap) == wslconfig.target_limits(needs_8b()["quantize_peak_rss_bytes"])
+    assert (mem, swap) == wslconfig.target_limits(needs_8b()["peak_rss_bytes"])
     big = by_id(run_checks(probe(wsl=True, mem_total_bytes=250 * GiB, wslconfig={
         **cfg, "limits": {"memory": "256GB", "swap": "64GB"}}), needs_8b()))["wsl"]
     assert big["status"] == "ok" and "memory=256GB, swap=64GB" in big["message"]
