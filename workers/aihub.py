@@ -49,10 +49,10 @@ from typing import Any
 
 from workers import bundle_metadata as gm
 from workers.genie_config import checked_genie_config
-from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec
 from workers.shared import bundle as gb
 from workers.shared import modelinfo
+from workers.shared.protocol import Emitter
 from workers.shared.run_settings import DEFAULTS
 
 JOBS_FILE = "aihub_jobs.json"

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 from workers.shared.rope import genie_rope_tables
 
 MASK_VALUE = -1000.0      # a float mask's "masked" value, as Genie writes it (nsp-model.cpp)

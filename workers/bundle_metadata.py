@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 RUNTIME = "genie"
 _COMPONENT_RE = re.compile(r"^(prompt|token)_ar\d+_cl\d+_(\d+_of_\d+)$")

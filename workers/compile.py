@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from workers.genie_config import checked_genie_config
-from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
 from workers.shared import bundle as gb
 from workers.shared import modelinfo
+from workers.shared.protocol import Emitter
 from workers.shared.run_settings import DEFAULTS
 
 

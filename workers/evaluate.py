@@ -23,8 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, map_path, worker_main
+from workers.shared.protocol import Emitter
 
 LEGS = ("float", "sim")
 

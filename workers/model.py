@@ -17,12 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
 from workers.shared import modelinfo
 from workers.shared.artifacts import ModelDoc
 from workers.shared.data import builtin_model_dir
 from workers.shared.hub import hub_error, hub_token
+from workers.shared.protocol import Emitter
 from workers.shared.run_settings import AUTO, resolve_settings
 
 BUILTIN_ID = "builtin:tiny-llama"

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
 from workers.shared.preflight_checks import probe, run_checks
+from workers.shared.protocol import Emitter
 from workers.shared.run_settings import DEFAULTS
 
 

@@ -22,8 +22,8 @@ import os
 import time
 from typing import Any
 
-from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
+from workers.shared.protocol import Emitter
 from workers.shared.run_settings import DEFAULTS
 
 

@@ -3,7 +3,7 @@
 A worker module looks like:
 
     from workers.runtime import WorkerSpec, WorkerError, worker_main
-    from workers.protocol import Emitter
+    from workers.shared.protocol import Emitter
 
     def run(spec: WorkerSpec, em: Emitter) -> dict:   # returns the done summary
         ...
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.errors import ActionableError
-from workers.protocol import Emitter
+from workers.shared.errors import ActionableError
+from workers.shared.protocol import LIVENESS_ENV, PARENT_ENV, Emitter
 
 SPEC_SCHEMA = 1
 
@@ -112,9 +112,6 @@ def map_path(path: str) -> str:
     return path
 
 
-PARENT_ENV = "HEXSTUDIO_PARENT_PID"   # the studio's pid: the worker dies with it (Linux parent-death signal)
-LIVENESS_ENV = "HEXSTUDIO_LIVENESS"   # "stdin": the starter holds our stdin open while it lives (a pipe locally,
-                                      # the SSH channel remotely); its end means the starter is gone
 PR_SET_PDEATHSIG = 1
 # Runs beside the worker, in its process group: waits for the end of stdin, then kills the whole group
 # (the worker and anything it started) at once, even when the worker is busy in native code for minutes.

@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Any
 
-from workers.protocol import Emitter
 from workers.runtime import WorkerSpec, worker_main
+from workers.shared.protocol import Emitter
 
 
 def _meminfo() -> dict[str, int]:

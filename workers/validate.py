@@ -21,8 +21,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
+from workers.shared.protocol import Emitter
 from workers.shared.run_settings import DEFAULTS
 
 EVAL_WINDOWS = 3          # held-out windows: prompt through the prompt processor, then teacher-forced AR-1 steps

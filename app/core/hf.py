@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import secrets
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 from workers.shared.hub import hub_error
 
 TOKEN_PAGE = "https://huggingface.co/settings/tokens"

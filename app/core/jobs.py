@@ -41,9 +41,8 @@ from typing import IO, Any
 import psutil
 
 from app.core.sampler import ResourceSample, TreeSampler, sample_periodically
-from workers.protocol import ProtocolError, parse_event
-from workers.runtime import LIVENESS_ENV, PARENT_ENV
-from workers.wslconfig import target_limits
+from workers.shared.protocol import LIVENESS_ENV, PARENT_ENV, ProtocolError, parse_event
+from workers.shared.wslconfig import target_limits
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from app.core.atomic import write_json_atomic
 from app.core.stages import STAGE_NAMES
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 MANIFEST_SCHEMA_VERSION = 1
 SCHEMA_PATH = resources.files("app.core").joinpath("schemas", "run.schema.json")   # package data

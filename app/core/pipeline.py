@@ -34,8 +34,8 @@ from app.core.remote import RemoteStageJob, remote_host_for, start_worker_job
 from app.core.runs import RunBusy, RunLock, artifacts_dir, stage_log_path
 from app.core.sampler import ResourceSample
 from app.core.stages import STAGES, Stage, get_stage
-from workers.errors import ActionableError
-from workers.protocol import Emitter
+from workers.shared.errors import ActionableError
+from workers.shared.protocol import Emitter
 
 SPEC_SCHEMA = 1
 jobs_log = logging.getLogger("hexstudio.jobs")

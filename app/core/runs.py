@@ -19,7 +19,7 @@ from app.core.environment import collect_environment, package_versions
 from app.core.manifest import ManifestError, RunManifest
 from app.core.paths import default_workspace
 from app.core.settings import DEFAULT_RUN_SETTINGS, check_run_settings
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import keyring
 import keyring.errors
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 SERVICE = "hexstudio"
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from app.core.atomic import write_json_atomic
 from app.core.paths import config_dir
-from workers.errors import ActionableError
 from workers.shared import run_settings
 from workers.shared.bundle import KNOWN_DEVICES
+from workers.shared.errors import ActionableError
 
 SETTINGS_VERSION = 2
 

@@ -3,7 +3,7 @@
 A stage is either a worker process (`worker="workers.<name>"`, heavy or
 long work, run by the job runner) or an in-process async action
 (`action="module:function"`, board/chat/report work that talks to the board
-or reads the run). Both speak the worker protocol (workers/protocol.py).
+or reads the run). Both speak the worker protocol (workers/shared/protocol.py).
 
 `inputs` names what a stage's results depend on: the run inputs it names here
 (model, board) and the run settings that declare the stage in the registry of

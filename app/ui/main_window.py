@@ -58,7 +58,7 @@ from app.ui.pages.model import ModelPage
 from app.ui.pages.report import ReportPage
 from app.ui.pages.workstation import CompilePage, PreflightPage, QuantizePage, ValidatePage
 from app.ui.widgets import STATE_COLORS, STATE_TEXT, paper, state_icon
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 
 def run_row(s: RunSummary) -> dict[str, Any]:

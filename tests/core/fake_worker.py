@@ -22,8 +22,8 @@ import sys
 import time
 from typing import Any
 
-from workers.protocol import Emitter
 from workers.runtime import WorkerError, WorkerSpec, worker_main
+from workers.shared.protocol import Emitter
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:

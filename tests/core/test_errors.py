@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.errors import ERROR_KEYS, ActionableError, error_fields, fields_of
+from workers.shared.errors import ERROR_KEYS, ActionableError, error_fields, fields_of
 
 REPO = Path(__file__).resolve().parents[2]
 EXCEPTION_ROOTS = {"Exception", "ValueError", "RuntimeError", "KeyError", "LookupError", "TypeError", "OSError",
@@ -59,7 +59,7 @@ def test_every_error_class_derives_from_the_one_base() -> None:
 
     outside = sorted(f"{f}: {n}" for n, (f, _b) in found.items()
                      if n != "ActionableError" and n not in NOT_ERRORS and not reaches_base(n))
-    assert outside == [], "error classes not derived from workers.errors.ActionableError:\n" + "\n".join(outside)
+    assert outside == [], "error classes not derived from workers.shared.errors.ActionableError:\n" + "\n".join(outside)
 
 
 def test_the_named_classes_really_are_actionable_errors() -> None:
@@ -69,10 +69,10 @@ def test_the_named_classes_really_are_actionable_errors() -> None:
     from app.core.genie.session import SessionError
     from app.core.runs import RunBusy
     from app.core.settings import SettingsError
-    from workers.protocol import ProtocolError
     from workers.runtime import WorkerError
     from workers.shared.bundle import BundleError
     from workers.shared.bundle.safepath import UnsafePath
+    from workers.shared.protocol import ProtocolError
     from workers.shared.rope import RopeError
 
     w = WorkerError("spec_invalid", "Spec file x is not valid JSON.", "Reinstall.")
@@ -110,7 +110,7 @@ def test_fields_shape() -> None:
 def test_cli_json_error_and_worker_error_event_have_the_same_shape(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from app.core.cli.main import main
-    from workers.protocol import parse_event
+    from workers.shared.protocol import parse_event
 
     # the CLI: a command that fails with --json
     f = tmp_path / "profile.json"
@@ -130,8 +130,8 @@ def test_cli_json_error_and_worker_error_event_have_the_same_shape(tmp_path: Pat
 
 
 def test_the_base_is_light() -> None:
-    """workers/errors.py is imported by the GUI process and copied to remote worker hosts: stdlib only."""
-    code = ("import sys; import workers.errors; "
+    """workers/shared/errors.py is imported by the GUI process and copied to remote worker hosts: stdlib only."""
+    code = ("import sys; import workers.shared.errors; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('app', 'PySide6', 'torch', 'onnx', 'onnxruntime', "
             "'numpy', 'transformers')]; print(bad); raise SystemExit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)

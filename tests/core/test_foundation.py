@@ -17,7 +17,7 @@ from app.core.atomic import atomic_writer, write_json_atomic
 from app.core.manifest import ManifestError, RunManifest, validate_manifest
 from app.core.runs import RunNotFound, Workspace
 from app.core.settings import SETTINGS_VERSION, Settings, SettingsError
-from workers.protocol import Emitter, ProtocolError, event_json_schema, parse_event
+from workers.shared.protocol import Emitter, ProtocolError, event_json_schema, parse_event
 
 REPO = Path(__file__).resolve().parents[2]
 

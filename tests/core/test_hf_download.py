@@ -21,8 +21,8 @@ from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
 from huggingface_hub.utils import hf_raise_for_status
 
 from workers.model import download
-from workers.protocol import Emitter
 from workers.shared.hub import HubError, hub_error
+from workers.shared.protocol import Emitter
 
 try:
     import httpx2 as httpx  # what this huggingface_hub uses

@@ -316,7 +316,7 @@ def test_cli_worker_add_check_and_run_flag(tmp_path: Path) -> None:
         assert p.returncode == 0, p.stderr
         doc = json.loads(p.stdout)
         assert doc["check"]["stages"]["quantize"]["ok"] and doc["check"]["stages"]["validate"]["ok"]
-        assert Path(doc["check"]["workers"], "workers", "protocol.py").is_file()
+        assert Path(doc["check"]["workers"], "workers", "shared", "protocol.py").is_file()
         assert Path(doc["check"]["workers"], "workers", "shared", "data", "builtin_model", "text", "calibration.txt").is_file()
         lst = json.loads(subprocess.run([exe, "worker", "list", "--json"], capture_output=True, text=True,
                                         timeout=60, env=env).stdout)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.core.cli.main import main as cli_main
-from workers import wslconfig
+from workers.shared import wslconfig
 
 GiB = 1024**3
 

@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.errors import ActionableError
 from workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
+from workers.shared.errors import ActionableError
 
 LLAMA_CPP_HASH = "simulated"
 SIM_LABEL = "(HexStudio simulator)"

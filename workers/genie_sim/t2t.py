@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 GENIE_API_VERSION = "1.17.0"
 BANNER = f"Using libGenie.so version {GENIE_API_VERSION} (HexStudio simulator: onnxruntime on the CPU, not a device)"

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 
 class HubError(ActionableError):

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 GiB = 1024**3
 

@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers import wslconfig
-from workers.shared import modelinfo, recipes
+from workers.shared import modelinfo, recipes, wslconfig
 
 GiB = 1024**3
 PROBE_VERSION = 1

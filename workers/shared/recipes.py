@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.errors import ActionableError
 from workers.shared.data import recipes_dir
+from workers.shared.errors import ActionableError
 
 RECIPES_DIR = recipes_dir()   # package data (importlib.resources)
 RECIPE_NAMES = ("validated", "current")

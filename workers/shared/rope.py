@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 # rope types Genie 1.13's validator accepts in positional-encoding.rope-scaling
 GENIE_ROPE_TYPES = ("llama3", "default", "longrope")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.runs import Workspace
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -32,7 +32,7 @@ class CliError(ActionableError):
 
 def error_document(exc: ActionableError) -> dict[str, Any]:
     """What `--json` prints when a command fails: {"ok": false, "error": {code, message, hint}}, the error in
-    the worker protocol's shape (workers/errors.py: error_fields)."""
+    the worker protocol's shape (workers/shared/errors.py: error_fields)."""
     return {"ok": False, "error": exc.fields()}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from app.core import desktop
 from app.core.cli.common import CliError, add_json_flag, print_json
-from workers import wslconfig
+from workers.shared import wslconfig
 
 WINDOWS_CMD = desktop.WINDOWS_CMD
 

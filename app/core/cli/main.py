@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from app import __version__
 from app.core import logs
 from app.core.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, eprint, error_document, print_json
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 log = logging.getLogger("hexstudio.cli")
 

@@ -10,8 +10,8 @@ from typing import Any
 from app.core.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
 from app.core.paths import BUILTIN_MODEL_ID
 from app.core.services.preflight import preflight_report, wslconfig_plan
-from workers import wslconfig
-from workers.errors import error_fields
+from workers.shared import wslconfig
+from workers.shared.errors import error_fields
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 
 class BoardError(ActionableError):

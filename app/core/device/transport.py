@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 
 @dataclass

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.errors import ActionableError
 from workers.shared.data import package_path
+from workers.shared.errors import ActionableError
 
 SHIPPED_DIR = package_path("app.core.eval", "shipped_suites")   # package data (importlib.resources)
 SCORERS = ("tool_call", "exact", "contains", "regex", "instruction", "perplexity", "parity")

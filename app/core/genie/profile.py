@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 
 class ProfileError(ActionableError, ValueError):

@@ -26,7 +26,7 @@ from app.core.device.board import Board, python_env
 from app.core.genie.helpers import helper_file
 from app.core.genie.profile import Kpis
 from app.core.jobs import python_command
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable

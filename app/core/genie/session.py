@@ -32,7 +32,7 @@ from app.core.genie.conversation import _HEADER, Conversation, Turn
 from app.core.genie.profile import Kpis, ProfileError, parse_profile
 from app.core.genie.run import Chunk, ChunkTokenCounter, ensure_dir, load_token_counter, run_query
 from app.core.genie.runtime import RuntimeError_, board_runtime, resolve_runtime
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 MODES = ("auto", "persistent", "per_turn")
 SAMPLER_PRESETS: dict[str, dict[str, Any] | None] = {

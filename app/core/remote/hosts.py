@@ -16,8 +16,8 @@ from app.core.device.errors import BoardError
 from app.core.device.transport import SshTransport, Transport
 from app.core.secrets import SecretStoreError, get_secret
 from app.core.settings import Settings
-from workers.errors import ActionableError
 from workers.remote import host_command
+from workers.shared.errors import ActionableError
 
 WORKER_HOSTS = "worker_hosts"          # settings key: name -> {host, port, user, auth, key_path, python, root}
 # What each stage's worker imports on the host (module names as `importlib.util.find_spec` sees them).

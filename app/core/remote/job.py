@@ -24,7 +24,7 @@ from app.core.jobs import EventHandler, EventStream, Job, JobResult, SampleHandl
 from app.core.remote.sync import install_workers
 from app.core.sampler import ResourceSample
 from workers.remote import host_command
-from workers.runtime import LIVENESS_ENV
+from workers.shared.protocol import LIVENESS_ENV
 
 PID_MARK = "HEXSTUDIO_PID:"
 

@@ -56,7 +56,7 @@ async def install_workers(transport: Transport, base: str | None = None) -> str:
     digest, blob = workers_bundle()
     home = await transport.home()
     root = posixpath.join(base or posixpath.join(home, ".cache", "hexstudio"), f"workers-{digest}")
-    if await transport.exists(posixpath.join(root, "workers", "protocol.py")):
+    if await transport.exists(posixpath.join(root, "workers", "shared", "protocol.py")):
         return root
     tmp_tar = posixpath.join(posixpath.dirname(root), f".workers-{digest}.tar.gz")
     staging = f"{root}.partial"

@@ -11,7 +11,7 @@ from typing import Any
 
 from app.core.atomic import write_bytes_atomic, write_text_atomic
 from app.core.reports.svg import Series, line_chart
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 TEMPLATES = resources.files(__package__).joinpath("templates")   # package data (importlib.resources)
 FORMATS = ("html", "pdf", "json")

@@ -27,7 +27,7 @@ from app.core.eval.suites import Case
 from app.core.genie.conversation import Conversation
 from app.core.genie.run import Chunk
 from app.core.genie.session import SAMPLER_PRESETS, ChatSession, SessionError
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 
 class BridgeError(ActionableError):

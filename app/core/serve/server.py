@@ -29,7 +29,7 @@ from typing import Any
 
 from app.core.eval.toolcall import parse_reply
 from app.core.serve.bridge import BridgeError, DialogBridge, genie_sampler
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 MAX_BODY = 8 << 20
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",

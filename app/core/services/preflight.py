@@ -14,8 +14,7 @@ from app.core.paths import BUILTIN_MODEL_ID
 from app.core.services import ServiceError
 from app.core.services.model import model_config
 from app.core.settings import DEFAULT_RUN_SETTINGS, Settings, SettingsError
-from workers import wslconfig
-from workers.shared import modelinfo
+from workers.shared import modelinfo, wslconfig
 from workers.shared.preflight_checks import MEMORY_MARGIN, meminfo, probe, run_checks
 from workers.shared.run_settings import ResolvedSettings, resolve_settings
 

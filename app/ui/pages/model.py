@@ -24,7 +24,7 @@ from app.core.services import model as model_service
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.widgets import STATE_COLORS, KeyValueTable, note
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 
 def inspect_rows(info: dict[str, Any]) -> list[list[str]]:

@@ -33,9 +33,9 @@ from app.core.settings import settings_fields
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.widgets import STATUS_COLORS, KeyValueTable, fmt_value, note
-from workers import wslconfig
-from workers.errors import ActionableError
+from workers.shared import wslconfig
 from workers.shared.bundle import KNOWN_DEVICES
+from workers.shared.errors import ActionableError
 from workers.shared.run_settings import DEFAULT_DEVICE
 
 DEVICE_LIST_TIMEOUT_S = 120.0
@@ -56,7 +56,7 @@ def parse_devices_output(returncode: int, stdout: str, stderr: str) -> tuple[lis
         except ValueError:
             doc = None
     if isinstance(doc, dict) and doc.get("ok") is False:
-        err = doc.get("error")   # {code, message, hint}: the one error shape (workers/errors.py)
+        err = doc.get("error")   # {code, message, hint}: the one error shape (workers/shared/errors.py)
         if not isinstance(err, dict):   # an older CLI: "error" the message, "hint" beside it
             err = {"message": err, "hint": doc.get("hint")}
         raise DeviceListError(str(err.get("message") or "Listing the AI Hub devices failed."),

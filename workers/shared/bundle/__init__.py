@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 # AI Hub device attributes HexStudio knows offline (facts/board.md). The live list comes from AI Hub.
 KNOWN_DEVICES: dict[str, dict[str, Any]] = {

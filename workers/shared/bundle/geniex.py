@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 # model_id prefixes the plugin's LLM dispatcher knows (models/dispatch.h), in its order
 FAMILY_PREFIXES = ("qwen3_", "qwen2_5_", "falcon_v3_", "llama_v3_", "phi_3_5_")

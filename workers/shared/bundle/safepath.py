@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from workers.errors import ActionableError
+from workers.shared.errors import ActionableError
 
 SAFE_PART = re.compile(r"^[A-Za-z0-9._+-]+$")
 MAX_PART = 255

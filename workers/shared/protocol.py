@@ -30,9 +30,15 @@ import threading
 import time
 from typing import Any, TextIO
 
-from workers.errors import ActionableError, error_fields
+from workers.shared.errors import ActionableError, error_fields
 
 PROTOCOL_VERSION = 1
+
+# How a worker knows its starter is alive (workers/runtime.py acts on them; app/core/jobs.py and the remote
+# job set them): the environment variables the starter passes
+PARENT_ENV = "HEXSTUDIO_PARENT_PID"   # the studio's pid: the worker dies with it (Linux parent-death signal)
+LIVENESS_ENV = "HEXSTUDIO_LIVENESS"   # "stdin": the starter holds our stdin open while it lives (a pipe locally,
+                                      # the SSH channel remotely); its end means the starter is gone
 
 EVENT_TYPES = ("progress", "log", "metric", "artifact", "warning", "error", "done")
 
@@ -130,7 +136,7 @@ class Emitter:
         self.emit("warning", message=message, hint=hint, code=code)
 
     def error(self, code: str, message: str, hint: str | None = None) -> None:
-        """The one error shape (workers/errors.py): the CLI's --json error carries the same fields."""
+        """The one error shape (workers/shared/errors.py): the CLI's --json error carries the same fields."""
         self.emit("error", **error_fields(code, message, hint))
 
     def done(self, ok: bool, summary: dict[str, Any] | None = None) -> None:
