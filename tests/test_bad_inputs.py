@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,9 @@ def aihub(e: Env, status: int | str) -> str:
             if status == "drop":
                 self.connection.close()
                 return
+            if status == "stall":       # accepted, then no answer: the client's read timeout (28 s) ends it
+                time.sleep(40)
+                return
             self.send_response(int(status))
             self.send_header("Content-Type", "application/json")
             if status == 429:
@@ -319,6 +323,9 @@ ROWS += [
     # AI Hub answered, it is busy or down: said so, never "could not reach"
     ("AI Hub 503", lambda e: aihub(e, 503), ["503", "unavailable", "wait a few minutes"], None),
     ("AI Hub connection dropped", lambda e: aihub(e, "drop"), ["AI Hub"], None),
+    # AI Hub accepts the request and never answers (overloaded, a stuck proxy): said as a time-out, not "unreachable"
+    pytest.param("AI Hub stalls (read timeout)", lambda e: aihub(e, "stall"), ["did not answer", "time"], None,
+                 marks=pytest.mark.slow),
 ]
 
 

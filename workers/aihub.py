@@ -243,6 +243,11 @@ def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> It
                               f"is unavailable or overloaded) while {what}: it was reached, it did not serve the request.",
                               "This is on AI Hub's side: wait a few minutes and check its status page "
                               f"({api_url}). " + after) from None
+        if "Read timed out" in chain or "ReadTimeout" in chain:
+            raise WorkerError("aihub_timeout", f"Qualcomm AI Hub did not answer in time while {what} (it accepted the "
+                              "connection, then sent nothing before the client's read time-out).",
+                              "AI Hub or a proxy on the way is overloaded or stuck: try again in a few minutes. "
+                              + after) from None
         if "connect" in chain.lower() or "Timeout" in chain:
             raise WorkerError("aihub_unreachable", f"Could not reach Qualcomm AI Hub at {api_url} while {what}.",
                               "Check the network and any proxy (HTTPS_PROXY/NO_PROXY) from this machine. "
