@@ -96,7 +96,15 @@ def main(argv: list[str] | None = None) -> int:
             def on_text(text: str, tokens: int = 1, qid: Any = qid) -> None:
                 emit({"event": "text", "id": qid, "text": text, "tokens": tokens, "mono": time.monotonic()})
 
-            q = dialog.query(str(msg.get("prompt", "")), msg.get("max_tokens"), on_text, abort.is_set)
+            try:
+                q = dialog.query(str(msg.get("prompt", "")), msg.get("max_tokens"), on_text, abort.is_set)
+            except Exception as exc:   # never leave the caller waiting for an end that will not come
+                import traceback
+
+                traceback.print_exc(file=sys.stderr)
+                emit({"event": "error", "id": qid, "code": "query_failed",
+                      "message": f"the simulated query failed: {type(exc).__name__}: {exc}"})
+                continue
             state = q["state"]
             doc = profile_doc(dialog.init_us, q)
             emit({"event": "end", "id": qid, "state": state, "status": 4 if state == "context_full" else 0,

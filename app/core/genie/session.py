@@ -512,7 +512,8 @@ class ChatSession:
                     if aborting_since is not None and state != "failed":
                         state = "aborted"
                     break
-                elif kind == "eof" or (kind == "error" and ev.get("code") == "connection_lost"):
+                elif kind == "eof" or (kind == "error" and (ev.get("code") == "connection_lost"
+                                                            or ev.get("id") == qid)):
                     error = _explain(str(ev.get("message") or h.stderr_tail() or "the chat helper exited"))
                     break
         finally:
