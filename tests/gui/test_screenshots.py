@@ -63,7 +63,7 @@ def test_changed_pages_at_two_sizes_and_dark(qtbot: Any, gui_loop: asyncio.Abstr
             await wait_until(lambda: ch.busy_chat and len(ch.streamed) > 8, 120, "the reply to stream")
             assert_in_view(w, ch.input, ch.send_button, ch.stop_button)
             _keep(w, f"chat-{size[0]}x{size[1]}-streaming", tmp_path)
-            await task
+            await asyncio.wait_for(task, 180)       # a reply that never ends is a failure, not a hang
             assert_in_view(w, ch.input, ch.send_button, ch.stop_button)
             _keep(w, f"chat-{size[0]}x{size[1]}", tmp_path)
         try:
