@@ -306,7 +306,7 @@ fi
 # ---------------------------------------------------------------------------------------------
 say "[7/7] verify"
 if [ "$dry" = 1 ]; then
-    echo "+ $(q "$venv/bin/python") -c 'from workers.preflight import SMOKE_TEST; exec(SMOKE_TEST)'   # AIMET smoke test"
+    echo "+ $(q "$venv/bin/python") -c 'from workers.shared.preflight_checks import SMOKE_TEST; exec(SMOKE_TEST)'   # AIMET smoke test"
     [ "$mode" = cuda ] && echo "+ $(q "$venv/bin/python") -c 'import torch; ...'   # torch.cuda.get_arch_list() has $sm; aimet-onnx is the CUDA build"
 elif [ "$smoke" = 1 ]; then
     if [ "$mode" = cuda ]; then
@@ -317,12 +317,12 @@ elif [ "$smoke" = 1 ]; then
             *" no-cuda "*) die "torch cannot see the GPU (torch.cuda.is_available() is False): check the NVIDIA driver (on WSL2, the Windows driver) with nvidia-smi." ;;
             *) die "torch $(have torch) has no $sm kernels (it has: $arches). It would recognise the GPU but cannot run on it." ;;
         esac
-        build=$(cd "$root" && "$vpy" -c 'from workers.preflight import _aimet_build; print((_aimet_build() or {}).get("build"))')
+        build=$(cd "$root" && "$vpy" -c 'from workers.shared.preflight_checks import _aimet_build; print((_aimet_build() or {}).get("build"))')
         [ "$build" = cuda ] || die "aimet-onnx $(have aimet-onnx) is not the CUDA build ($build): under the CUDA runtime it fails with \"No opset import for domain 'aimet.customop.cuda'\". Install the CUDA wheel: $(q "${pip[@]}") install --no-deps --force-reinstall aimet-onnx==$aimet"
         note "aimet-onnx $(have aimet-onnx) is the CUDA build"
     fi
     # shellcheck disable=SC1091
-    res=$(. "$venv/bin/hexstudio-env.sh"; cd "$root" && "$vpy" -c 'from workers.preflight import SMOKE_TEST; exec(SMOKE_TEST)' 2>/dev/null | tail -1)
+    res=$(. "$venv/bin/hexstudio-env.sh"; cd "$root" && "$vpy" -c 'from workers.shared.preflight_checks import SMOKE_TEST; exec(SMOKE_TEST)' 2>/dev/null | tail -1)
     if "$vpy" -c 'import json,sys; sys.exit(0 if json.loads(sys.argv[1]).get("ok") else 1)' "$res" 2>/dev/null; then
         note "AIMET smoke test passed: $res"
     else
