@@ -38,15 +38,21 @@ def checkpoint_forward(hf_dir: str | Path, token_ids: Sequence[int]) -> tuple[li
         with safe_open(str(src.index[key]), framework="pt") as sf:
             sl = sf.get_slice(key)
             x = torch.stack([sl[i:i + 1][0].to(torch.float32) for i in ids])[None]
-        rotary = type(inner.rotary_emb)(config=cfg)
         pos = torch.arange(t)[None]
-        cos_sin = rotary(x, pos)
+        shared_rotary = getattr(inner, "rotary_emb", None)
+        # the model's own rotary embedding computes cos/sin once for every layer; older transformers (4.45's
+        # Mistral) give each attention its own, which the layer calls with position_ids itself
+        rope_kwargs = {"position_embeddings": _fresh_rotary(shared_rotary, cfg)(x, pos)} \
+            if shared_rotary is not None else {}
         mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
         hidden: list[np.ndarray] = []
         for i, layer in enumerate(inner.layers):
             src.load(layer, f"model.layers.{i}.")
+            own = getattr(layer.self_attn, "rotary_emb", None)
+            if own is not None:   # its inv_freq is a non-persistent buffer, still on the meta device
+                layer.self_attn.rotary_emb = _fresh_rotary(own, cfg)
             try:
-                out = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=cos_sin, use_cache=False)
+                out = layer(x, attention_mask=mask, position_ids=pos, use_cache=False, **rope_kwargs)
             finally:
                 src.release(layer)
             x = out[0] if isinstance(out, tuple) else out
@@ -66,6 +72,17 @@ def checkpoint_forward(hf_dir: str | Path, token_ids: Sequence[int]) -> tuple[li
                 w = sl[r0:min(rows, r0 + step)].to(torch.float32).numpy()
                 logits[:, r0:r0 + w.shape[0]] = h @ w.T
     return hidden, logits
+
+
+def _fresh_rotary(module: Any, cfg: Any) -> Any:
+    """A new rotary embedding of the model's own class on the CPU (the skeleton's is on the meta device):
+    built from the config where the class takes one, else from the attention's (dim, positions, base)
+    as transformers 4.45's Mistral builds it."""
+    cls = type(module)
+    try:
+        return cls(config=cfg)
+    except TypeError:
+        return cls(module.dim, max_position_embeddings=module.max_position_embeddings, base=module.base)
 
 
 def fidelity(graph_hidden: dict[int, np.ndarray], graph_logits: np.ndarray, ref_hidden: list[np.ndarray],
