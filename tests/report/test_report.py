@@ -75,6 +75,9 @@ def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -
     assert kpis["gen_tok_s"]["value"] > 0 and kpis["gen_tok_s"]["reference"] == 10.03
     assert rep["validation"]["verdict"] == "pass" and rep["bundle"]["files"]
     assert rep["series"]["token_rate"] and "quantize" in rep["series"]["resources"]
+    # each heavy stage's memory chart carries the preflight's estimate as its dashed line
+    est = rep["model"]["estimates"]
+    assert est["quantize_peak_rss_bytes"] > 0 and est["validate_peak_rss_bytes"] > 0
     assert [s["name"] for s in rep["stages"]][-1] == "report"
     # package versions against the recipe pins: this CPU stack differs from the validated GPU recipe, flagged
     from app.core.reports.render import to_html
@@ -83,6 +86,7 @@ def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -
     assert torch_row["validated"]["pinned"].startswith("2.7.1") and torch_row["validated"]["match"] is False
     html = to_html(rep)
     assert re.search(r'<td class="warn">2\.7\.1[^<]* ≠</td>', html)
+    assert f"preflight estimate {est['quantize_peak_rss_bytes'] / 1024**3:.2f} GiB" in html
     # the calibration-shape graph's own score sits beside the deployment pair's, and the known trap is named
     assert rep["validation"]["calibration_graph"]["verdict"] == "pass" and "Calibration-shape graph alone" in html
     rep["validation"]["verdict"] = "fail"
@@ -408,3 +412,64 @@ def test_interactive_chat_sessions_are_in_the_report(chatted_run: Path, tmp_path
     assert len(s["turns"][0]["user"]) == 80 and s["turns"][0]["user"].endswith("...")
     html = to_html(rep)
     assert "<h2>Chat sessions</h2>" in html and "kept loaded" in html and "median generation 13.50 tok/s" in html
+
+
+def _bench_doc(ttfts: list[float], source: str = "simulated") -> dict[str, Any]:
+    """A `hexstudio bench` result from a runner with known timings (tests/genie/test_bench.py's)."""
+    from app.core.genie.bench import BenchPlan, run_bench
+    from tests.genie.test_bench import KnownRunner
+
+    r = KnownRunner("genie", ttfts, warmup=1)
+    r.simulated = source == "simulated"
+
+    async def make() -> KnownRunner:
+        return r
+    doc = asyncio.run(run_bench([make], BenchPlan(prompt_lengths=(10, 50), context_fills=(0.0, 0.5), warmup=1,
+                                                   runs=3, gen_tokens=20, init_runs=2)))
+    doc["board"], doc["board_label"] = "sim", "simulator board"
+    return doc
+
+
+def test_bench_results_in_the_report_and_in_compare(chatted_run: Path, tmp_path: Path) -> None:
+    """`hexstudio bench` stored in a run: its medians, spreads and published figures in the report (tables and
+    plots, labeled simulated / published), and its medians as Compare rows, judged; a device bench is never
+    set against a simulated one."""
+    from app.core.reports.collect import build_report
+    from app.core.reports.compare import compare_html, compare_reports
+    from app.core.reports.render import to_html, validate_report
+
+    runs = []
+    for name, ttfts in (("fast", [100.0, 140.0, 120.0]), ("slow", [200.0, 280.0, 240.0])):
+        run = tmp_path / name
+        shutil.copytree(chatted_run, run)
+        (run / "artifacts" / "bench").mkdir(parents=True, exist_ok=True)
+        (run / "artifacts" / "bench" / "bench.json").write_text(json.dumps(_bench_doc(ttfts)))
+        runs.append(run)
+    rep = build_report(runs[0])
+    validate_report(rep)
+    (rt,) = rep["bench"]["runtimes"]
+    assert rt["runtime"] == "genie" and rt["source"] == "simulated" and rt["init_ms"]["median"] == 1000.0
+    cell = rt["cells"][0]
+    assert (cell["prompt_tokens"], cell["fill_tokens"]) == (10, 0)
+    assert cell["ttft_ms"]["median"] == 120.0 and cell["ttft_ms"]["stdev"] == pytest.approx(20.0)
+    assert (cell["ttft_ms"]["min"], cell["ttft_ms"]["max"], cell["ttft_ms"]["n"]) == (100.0, 140.0, 3)
+    html = to_html(rep)
+    assert "<code>hexstudio bench</code> on simulator board" in html
+    assert "SIMULATED (CPU, not a device result)" in html and "120.00 ± 20.00" in html
+    assert "Benchmark decode (median, simulated)" in html and "Benchmark TTFT (median, simulated)" in html
+    assert "not measured here" in html and 'class="badge reference">published' in html
+    # Compare: the slow run's TTFT is twice the fast one's, its decode rate half
+    c = compare_reports([build_report(runs[0]), build_report(runs[1])])
+    rows = {r["label"]: r for r in c["rows"] if r["section"] == "bench"}
+    ttft = rows["genie TTFT, prompt 10 fill 0 (median)"]
+    assert ttft["values"] == [120.0, 240.0] and ttft["judgement"] == ["worse"] and ttft["sources"] == ["simulated"] * 2
+    dec = rows["genie decode, prompt 50 fill 500 (median)"]
+    assert dec["deltas"][0] == pytest.approx(-0.5, abs=1e-3) and dec["judgement"] == ["worse"]
+    assert rows["genie init (median)"]["judgement"] == ["same"]
+    assert "Benchmark (hexstudio bench, medians)" in compare_html(c)
+    # a device bench is not set against a simulated one, and the comparison says why
+    (runs[1] / "artifacts" / "bench" / "bench.json").write_text(json.dumps(_bench_doc([200.0, 280.0, 240.0],
+                                                                                       source="device")))
+    c2 = compare_reports([build_report(runs[0]), build_report(runs[1])])
+    assert not any(r["section"] == "bench" for r in c2["rows"])
+    assert any("Benchmark genie" in s and "different kinds of board" in s for s in c2["skipped"])

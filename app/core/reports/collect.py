@@ -14,6 +14,7 @@ from typing import Any
 
 from app.core.genie.journal import read_journals
 from app.core.manifest import RunManifest, now_iso
+from app.core.reports.bench import bench_section
 from app.core.reports.redact import scrub, secret_values_in
 from app.core.stages import STAGES
 
@@ -184,7 +185,10 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
         "model": {"id": m.inputs.get("model"), "revision": model_doc.get("revision"),
                   "source": model_doc.get("source"), "architecture": info.get("architecture"),
                   "num_parameters": info.get("num_parameters"), "num_layers": info.get("num_layers"),
-                  "hidden_size": info.get("hidden_size"), "vocab_size": info.get("vocab_size")},
+                  "hidden_size": info.get("hidden_size"), "vocab_size": info.get("vocab_size"),
+                  # the preflight's memory estimates: the dashed line on each heavy stage's memory chart
+                  "estimates": {k: v for k, v in (model_doc.get("estimates") or {}).items()
+                                if k.endswith("_peak_rss_bytes") and isinstance(v, (int, float))}},
         "settings": {k: resolved.get(k, settings.get(k)) for k in SETTING_KEYS if k in settings or k in resolved},
         "environment": {**{k: env.get(k) for k in ("host", "os", "wsl", "python", "cpu_count", "memory_bytes",
                                                    "swap_bytes", "gpus")},
@@ -192,6 +196,7 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
                                                                                   platform.python_version()))},
         "stages": stages,
         "validation": None, "compile": None, "bundle": None, "board": None, "chat": None,
+        "bench": bench_section(art / "bench" / "bench.json"),   # `hexstudio bench`, not a stage: any time
         "kpis": [], "series": {"resources": {}, "token_rate": []},
         "events": [{"t": e.get("t"), "kind": e.get("kind"), "message": e.get("message")}
                    for e in m.data.get("events") or []],

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.manifest import now_iso
+from app.core.reports.bench import bench_rows
 from app.core.reports.render import ReportError
 
 SIGNIFICANT = 0.05
@@ -110,6 +111,7 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
                                          [b[name]["source"] for b in by]))
     elif any(r.get("kpis") for r in reports):
         skipped.append("Chat KPIs: not every run got as far as chatting on a board.")
+    measured += bench_rows(reports, skipped, _row)
     eval_plot = ""
     if all(r.get("evaluation") for r in reports):   # suite scores per leg (app/core/eval/)
         ev_rows, bars = _evaluation_rows(reports, skipped)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.atomic import write_bytes_atomic, write_text_atomic
+from app.core.reports.bench import bench_plots
 from app.core.reports.svg import Series, line_chart
 from workers.shared.errors import ActionableError
 
@@ -114,7 +115,7 @@ def plots(r: dict[str, Any]) -> dict[str, Any]:
     token = line_chart([Series(f"{unit} ({source})", [(p[0], p[1]) for p in tr])],
                        title=f"{what} during the benchmark reply ({source})", x_label="seconds since the prompt",
                        y_label=unit) if tr else ""
-    return {"resources": res, "token_rate": token}
+    return {"resources": res, "token_rate": token, "bench": bench_plots(r.get("bench"))}
 
 
 def recipe_names(r: dict[str, Any]) -> list[str]:
