@@ -135,3 +135,62 @@ def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.Abstra
         console = page.console.toPlainText()
         assert "groupadd" in console or "usermod" in console
         assert SUDO not in console and SUDO not in page.conn_label.text()
+
+
+def test_geniex_fix_from_the_board_page_takes_the_release_file_the_user_picks(
+        qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    """A board whose runtime is GenieX and has none: the doctor offers the GenieX fix; closing the file picker
+    does nothing; picking the release tarball installs it (no sudo, commands shown) and the re-run check
+    finds GenieX (what is left is its Python package, a warning)."""
+    from app.core.runs import Workspace
+    from app.core.settings import Settings
+    from app.ui.controller import RunController
+    from app.ui.main_window import MainWindow
+    from tests.board.test_geniex_setup import geniex_tarball
+    from tests.support.evk_board import EvkBoard
+
+    tarball = geniex_tarball(tmp_path, "v0.7.0", "v2.45.0.260326")
+    with EvkBoard(tmp_path / "evk", fastrpc_ready=True) as evk:
+        s = Settings.load()
+        s.boards["evk-gx"] = {**evk.board_config(), "runtime": "geniex"}
+        s.save()
+        c = RunController(Workspace(tmp_path / "ws"), Settings.load())
+        w = MainWindow(c)
+        qtbot.addWidget(w)
+        w.resize(1280, 1000)
+        w.show()
+        w.show_stage("board")
+        page: Any = w.pages["board"]
+        page.reload_boards()
+        page.boards.setCurrentRow([page.boards.item(i).data(256) for i in range(page.boards.count())].index("evk-gx"))
+        page.confirm_trust = lambda *a: True
+        page.offer_known_hosts = lambda *a: False
+        shown: list[list[str]] = []
+
+        def confirm_fix(plan: Any, stored: str | None) -> tuple[bool, str | None, bool]:
+            shown.append(plan.commands)
+            return True, None, False
+        page.confirm_fix = confirm_fix
+        picks: list[Path | None] = [None, tarball]
+        page.choose_geniex_file = lambda: picks.pop(0)
+
+        def status(check: str) -> str:
+            return next(page.doctor.topLevelItem(i).text(1) for i in range(page.doctor.topLevelItemCount())
+                        if page.doctor.topLevelItem(i).data(0, 256) == check)
+
+        async def scenario() -> None:
+            await page.probe()
+            assert status("geniex") == "fail" and "geniex_install" in page.fix_buttons
+            page.fix_buttons["geniex_install"].click()            # the picker closed: nothing is done
+            await wait_until(lambda: page._task.done(), 60, "the cancelled pick")
+            assert page._task.result() is None and not shown
+            assert "no file chosen, nothing done" in page.console.toPlainText()
+            page.fix_buttons["geniex_install"].click()            # the tarball picked
+            await wait_until(lambda: page._task.done(), 120, "the geniex_install fix")
+            res = page._task.result()
+            assert res is not None and res.status == "applied", res
+            assert shown and any(tarball.name in cmd for cmd in shown[0])
+            assert status("geniex") == "warn"                     # installed; its Python package is what is left
+
+        gui_loop.run_until_complete(scenario())
+        assert not picks

@@ -282,6 +282,23 @@ class BoardPage(StagePage):
                                               "QAIRT SDK (*.zip)")
         return Path(path) if path else None
 
+    def choose_geniex_file(self) -> Path | None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "GenieX release file (the CLI tarball or the Python wheel)", str(Path.home()),
+            "GenieX (geniex-cli-linux-arm64-*.tar.gz geniex-*.whl);;All files (*)")
+        return Path(path) if path else None
+
+    def choose_fix_file(self, fix_id: str) -> tuple[bool, dict[str, Path]]:
+        """The file a fix installs from, picked on the workstation (the board needs no internet): (False, {})
+        when the user closes the picker."""
+        pickers = {"qairt_install": ("qairt_zip", self.choose_qairt_zip),
+                   "geniex_install": ("geniex_file", self.choose_geniex_file)}
+        if fix_id not in pickers:
+            return True, {}
+        key, choose = pickers[fix_id]
+        path = choose()
+        return (path is not None), ({key: path} if path is not None else {})
+
     async def open_selected(self) -> Any:
         """Connect to the selected board; on first contact ask to trust its host key, then connect again."""
         from app.core.device.board import open_board
@@ -435,10 +452,11 @@ class BoardPage(StagePage):
             self._error(exc, name)
             return None
         try:
-            zip_path = self.choose_qairt_zip() if fix_id == "qairt_install" else None
-            if fix_id == "qairt_install" and zip_path is None:
+            picked, files = self.choose_fix_file(fix_id)
+            if not picked:
+                self.log(f"# fix {fix_id}: no file chosen, nothing done")
                 return None
-            plan = await fixes.plan_fix(board, fix_id, getattr(self, "_report", None), qairt_zip=zip_path)
+            plan = await fixes.plan_fix(board, fix_id, getattr(self, "_report", None), **files)
             stored = get_secret(sudo_password_key(name))
             ok, password, remember = self.confirm_fix(plan, stored)
             if not ok:
