@@ -47,6 +47,15 @@ def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.Ab
     assert page.device_combo.currentText() == "Dragonwing IQ-9075 EVK"   # offline list, the EVK first
     assert page.token_edit.echoMode() == page.token_edit.EchoMode.Password
     assert "No AI Hub token" in page.token_state.text()
+    # a token in the qai_hub client's own file is one the Compile stage uses: the page says so (as the CLI does)
+    ini = tmp_path / "home" / ".qai_hub" / "client.ini"
+    ini.parent.mkdir(parents=True)
+    ini.write_text("[api]\napi_token = from-client-ini\n")
+    page._show_token_state()
+    assert "stored in" in page.token_state.text() and "client.ini" in page.token_state.text()
+    assert "from-client-ini" not in page.token_state.text()
+    ini.unlink()
+    page._show_token_state()
 
     # no token: a clear error with what to do, and the offline list stays
     assert gui_loop.run_until_complete(page.refresh_devices()) is None

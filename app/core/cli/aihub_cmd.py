@@ -8,15 +8,17 @@ The token itself is never printed.
 from __future__ import annotations
 
 import argparse
-import configparser
-import os
-from pathlib import Path
-from typing import Any
 
 from app.core import secrets
 from app.core.cli.common import CliError, add_json_flag, print_json, read_token
-
-TOKEN_PAGE = "https://app.aihub.qualcomm.com/account/"
+from app.core.services.aihub_token import (
+    TOKEN_PAGE,
+    client_ini_path,
+    describe,
+    remove_token,
+    store_token,
+    token_status,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,58 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st.set_defaults(func=cmd_status)
 
 
-def client_ini_path() -> Path:
-    """Where the qai_hub client reads its INI (the same rule as qai_hub.api_utils.get_config_path)."""
-    env = os.environ.get("QAIHUB_CLIENT_INI")
-    return Path(env).expanduser() if env else Path.home() / ".qai_hub" / "client.ini"
-
-
-def _ini_has_token(path: Path) -> bool:
-    cp = configparser.ConfigParser()
-    try:
-        cp.read(path, encoding="utf-8")
-    except (OSError, configparser.Error):
-        return False
-    return bool(cp.has_section("api") and cp.get("api", "api_token", fallback="").strip())
-
-
-def token_status() -> dict[str, Any]:
-    """Where the Compile stage would find a token, in its order: keyring, $HEXSTUDIO_AIHUB_TOKEN,
-    client.ini. Never the token itself."""
-    keyring_error = None
-    try:
-        in_keyring = bool(secrets.get_secret(secrets.AIHUB_TOKEN))
-    except secrets.SecretStoreError as exc:
-        in_keyring, keyring_error = False, str(exc)
-    in_env = bool(os.environ.get("HEXSTUDIO_AIHUB_TOKEN"))
-    ini = client_ini_path()
-    in_ini = ini.is_file() and _ini_has_token(ini)
-    source = "keyring" if in_keyring else "environment" if in_env else "client.ini" if in_ini else None
-    return {"found": source is not None, "source": source, "keyring": in_keyring, "environment": in_env,
-            "client_ini": str(ini), "client_ini_has_token": in_ini, "keyring_error": keyring_error}
-
-
-def _describe(st: dict[str, Any]) -> str:
-    if st["source"] == "keyring":
-        where = "in HexStudio's keyring entry"
-    elif st["source"] == "environment":
-        where = "in $HEXSTUDIO_AIHUB_TOKEN"
-    elif st["source"] == "client.ini":
-        where = f"in {st['client_ini']} (the qai_hub client's own file)"
-    else:
-        return ("No AI Hub token found: not in the keyring, not in $HEXSTUDIO_AIHUB_TOKEN, and "
-                f"{st['client_ini']} has none. Store one with `hexstudio aihub login`.")
-    extra = " (client.ini also has one; the keyring's is used)" if st["keyring"] and st["client_ini_has_token"] \
-        else ""
-    return f"An AI Hub token is stored {where}{extra}."
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     st = token_status()
     if args.json:
         print_json({"ok": True, **st})
     else:
-        print(_describe(st))
+        print(describe(st))
         if st["keyring_error"]:
             print(f"(keyring: {st['keyring_error']})")
     return 0 if st["found"] else 1
@@ -101,11 +57,10 @@ def cmd_login(args: argparse.Namespace) -> int:
         return cmd_status(args)
     token = _read_token(args.stdin)
     try:
-        secrets.set_secret(secrets.AIHUB_TOKEN, token)
+        st = store_token(token)
     except secrets.SecretStoreError as exc:
         raise CliError(str(exc), "Or run `qai-hub configure --api_token TOKEN`, which writes "
                        f"{client_ini_path()} (HexStudio reads it too).") from None
-    st = token_status()
     if args.json:
         print_json({"ok": True, "stored": "keyring", **st})
     else:
@@ -116,11 +71,9 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 def cmd_logout(args: argparse.Namespace) -> int:
     try:
-        had = bool(secrets.get_secret(secrets.AIHUB_TOKEN))
-        secrets.delete_secret(secrets.AIHUB_TOKEN)
+        had, st = remove_token()
     except secrets.SecretStoreError as exc:
         raise CliError(str(exc)) from None
-    st = token_status()
     if args.json:
         print_json({"ok": True, "removed": had, **st})
         return 0

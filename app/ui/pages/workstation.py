@@ -370,18 +370,20 @@ class CompilePage(StagePage):
 
     # -- AI Hub token and devices -------------------------------------------------------------
     def _show_token_state(self) -> None:
-        from app.core.secrets import AIHUB_TOKEN, SecretStoreError, get_secret
+        """Where the Compile stage would find a token (keyring, environment or the qai_hub client.ini), as
+        `hexstudio aihub status` says it."""
+        from app.core.services.aihub_token import describe, token_status
 
-        try:
-            stored = bool(get_secret(AIHUB_TOKEN))
-        except SecretStoreError as exc:
-            self.token_state.setText(f"<span style='color:{STATUS_COLORS['fail']}'>{html.escape(str(exc))}</span>")
+        st = token_status()
+        if st["keyring_error"] and not st["found"]:
+            self.token_state.setText(f"<span style='color:{STATUS_COLORS['fail']}'>"
+                                     f"{html.escape(st['keyring_error'])}</span>")
             return
-        self.token_state.setText("An AI Hub token is stored in the system keyring." if stored else
-                                 "No AI Hub token stored yet: paste yours above (or run `hexstudio aihub login`).")
+        self.token_state.setText(html.escape(describe(st)))
 
     def store_token(self) -> None:
-        from app.core.secrets import AIHUB_TOKEN, SecretStoreError, set_secret
+        from app.core.secrets import SecretStoreError
+        from app.core.services.aihub_token import store_token
 
         token = self.token_edit.text().strip()
         self.token_edit.clear()
@@ -389,7 +391,7 @@ class CompilePage(StagePage):
             self.token_state.setText("Paste the token first: it is on your AI Hub account page.")
             return
         try:
-            set_secret(AIHUB_TOKEN, token)
+            store_token(token)
         except SecretStoreError as exc:
             self.token_state.setText(f"<span style='color:{STATUS_COLORS['fail']}'>{html.escape(str(exc))}</span>")
             return
