@@ -117,3 +117,28 @@ def test_geniex_has_no_per_turn_mode(sim_workspace: SimWorkspace) -> None:
         asyncio.run(go())
     with pytest.raises(SessionError, match="Unknown runtime"):
         ChatSession(sim_board(sim_workspace.root), posixpath.join("x"), runtime="llamacpp")
+
+
+def test_geniex_refuses_a_bundle_without_a_chat_template(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
+    """GenieX's qairt pipeline applies the model's chat template itself and will not load without one; HexStudio
+    says so before starting GenieX on the board, and points to Genie (same bundle)."""
+    import shutil
+
+    from app.core.device.board import sim_board
+    from app.core.genie.runtime import RuntimeError_, board_runtime
+    from workers.genie_sim.geniex import GenieXError, check_bundle
+
+    src = _bundle_local(sim_workspace)
+    if not (src / "metadata.json").exists():
+        _turns(sim_workspace, "geniex", ["Hi"])
+    b = tmp_path / "b"
+    shutil.copytree(src, b)
+    tc = json.loads((b / "tokenizer_config.json").read_text())
+    del tc["chat_template"]
+    (b / "tokenizer_config.json").write_text(json.dumps(tc))
+    with pytest.raises(GenieXError, match=r"LLMPipeline: tokenizer_config.json at '.*' has no chat_template"):
+        check_bundle(b)
+    board = sim_board(sim_workspace.root)
+    with pytest.raises(RuntimeError_, match="no chat template") as exc:
+        asyncio.run(board_runtime("geniex").prepare(board, str(b)))
+    assert "genie" in (exc.value.hint or "") and "no re-push" in (exc.value.hint or "")

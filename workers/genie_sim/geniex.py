@@ -3,7 +3,7 @@
 Genie's twin (workers/genie_sim/t2t.py) loads and runs the bundle; this face adds what GenieX itself
 does differently (docs/genie.md, "GenieX"): the qairt plugin's bundle rules (tokenizer.json and
 metadata.json required, the pipeline chosen by metadata.json's model_id prefix, bundles compiled with
-a QAIRT newer than the plugin's refused), `geniex version`'s three lines, `pull --local-path`,
+a QAIRT newer than the plugin's refused, a tokenizer_config.json with a chat_template required), `geniex version`'s three lines, `pull --local-path`,
 `list`, `infer` with its `> prompt` echo and its profile lines, and the per-turn profile fields of
 geniex_ProfileData. Everything it prints says it is simulated.
 
@@ -14,6 +14,7 @@ geniex_ProfileData. Everything it prints says it is simulated.
                                        [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
                                        [--seed S] [--verbose]
     python -m workers.genie_sim.geniex session -m BUNDLE_DIR [--sampler JSON]
+    python -m workers.genie_sim.geniex serve [--host 127.0.0.1:18181] [--keepalive 300]   (geniex_serve.py)
 
 `session` is the twin of HexStudio's board helper for GenieX (app/core/genie/helpers/geniex_session.py,
 the `geniex` Python package): the JSON-lines protocol of workers/genie_sim/session.py, with
@@ -21,7 +22,7 @@ the `geniex` Python package): the JSON-lines protocol of workers/genie_sim/sessi
 
 Differences from the real CLI, said here rather than hidden: `pull` records the folder instead of
 copying it into the cache; `infer` sends the text as given (the real one applies the model's chat
-template to its history first); no REPL (a REPL needs a terminal), no `serve`, no llama_cpp plugin.
+template to its history first; `serve` does); no REPL (a REPL needs a terminal), no llama_cpp plugin.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
+from workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION, chat_template_problem
 from workers.shared.errors import ActionableError
 
 LLAMA_CPP_HASH = "simulated"
@@ -126,6 +127,14 @@ def check_bundle(bundle: Path) -> dict[str, Any]:
                            f"plugin ({QAIRT_PLUGIN_VERSION}, which runs bundles compiled with it or earlier); a "
                            "board cannot create the context from the binary (QNN error 5000).", fail],
                           "GENIEX_ERROR_COMMON_MODEL_LOAD")
+    tc_path = bundle / "tokenizer_config.json"
+    try:
+        tc = json.loads(tc_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        tc = None
+    no_template = chat_template_problem(tc, str(tc_path))
+    if no_template:
+        raise GenieXError([no_template, fail], "GENIEX_ERROR_COMMON_MODEL_LOAD")
     return meta
 
 
@@ -337,6 +346,12 @@ def cmd_session(args: argparse.Namespace) -> int:
             emit({"event": "error", "code": "bad_request", "message": f"unknown op {op!r}"})
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from workers.genie_sim.geniex_serve import serve
+
+    return serve(args.host, data_dir(args.data_dir), args.keepalive)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="geniex", description=f"GenieX CLI {SIM_LABEL}")
     p.add_argument("--data-dir", default=None)
@@ -363,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     inf.add_argument("--seed", type=int, default=0)
     inf.add_argument("-c", "--compute", default="")
     inf.add_argument("--verbose", action="store_true")
+    srv = sub.add_parser("serve")
+    srv.add_argument("--host", default=os.environ.get("GENIEX_HOST", "127.0.0.1:18181"))
+    srv.add_argument("--keepalive", type=float, default=float(os.environ.get("GENIEX_KEEPALIVE", 300)))
+    srv.add_argument("-c", "--compute", default="")
     ses = sub.add_parser("session")
     ses.add_argument("-m", "--model-dir", required=True)
     ses.add_argument("--sampler", default=None)
@@ -376,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "infer" and args.compute and args.compute.lower() not in ("npu", "auto"):
         print(f"Warning: qairt runs on the NPU only; --compute {args.compute} coerced to npu", file=sys.stderr)
-    handlers = {"pull": cmd_pull, "list": cmd_list, "ls": cmd_list, "infer": cmd_infer, "session": cmd_session}
+    handlers = {"pull": cmd_pull, "list": cmd_list, "ls": cmd_list, "infer": cmd_infer, "session": cmd_session,
+                "serve": cmd_serve}
     if args.cmd not in handlers:
         build_parser().print_help()
         return 0

@@ -83,11 +83,23 @@ class BoardRuntime:
         """What the runtime needs beside the pushed bundle; returns notes of what was written."""
         if self.name != "geniex":
             return []
+        from workers.shared.bundle.geniex import GenieXMetadataError, chat_template_problem, geniex_metadata
+
         t = board.transport
+        tc_path = posixpath.join(bundle_dir, "tokenizer_config.json")
+        try:
+            tc = json.loads(await t.read_bytes(tc_path)) if await t.exists(tc_path) else None
+        except ValueError:
+            tc = None
+        if chat_template_problem(tc, tc_path):
+            raise RuntimeError_(
+                f"GenieX cannot load this bundle: {tc_path} has no chat template, and GenieX's qairt plugin applies "
+                "the model's chat template itself (it refuses to create the pipeline without one).",
+                "Chat through Genie instead (set the board's runtime to genie: the same bundle, no re-push), or "
+                "compile an instruct model whose tokenizer_config.json carries a chat_template.")
         meta = posixpath.join(bundle_dir, "metadata.json")
         if await t.exists(meta):
             return []
-        from workers.shared.bundle.geniex import GenieXMetadataError, geniex_metadata
 
         with tempfile.TemporaryDirectory(prefix="hexstudio-geniex-") as tmp:
             local = Path(tmp)

@@ -84,3 +84,14 @@ def geniex_metadata(bundle: Path) -> dict[str, Any]:
              for name, spec in sorted(shaped.items())}
     return {"model_id": model_id_for(slug_of(bins), hf), "model_files": files,
             "generator": GENERATOR, "graph_specs_from": source}
+
+
+def chat_template_problem(tokenizer_config: Any, where: str) -> str | None:
+    """GenieX's qairt pipeline applies the model's chat template itself, from tokenizer_config.json beside the
+    bundle, and refuses to create the pipeline when it has none (geniex-qairt-plugin
+    core/src/pipeline/llm_pipeline.cpp: resolveTokenizerConfigPath, has_chat_template). The plugin's own
+    log line when `tokenizer_config` (the parsed file, or None when missing or unreadable) lacks one."""
+    tmpl = tokenizer_config.get("chat_template") if isinstance(tokenizer_config, dict) else None
+    if (isinstance(tmpl, str) and tmpl.strip()) or (isinstance(tmpl, list) and tmpl):
+        return None
+    return f"LLMPipeline: tokenizer_config.json at '{where}' has no chat_template"
