@@ -141,3 +141,49 @@ def test_chat_on_a_real_display_then_reopen(tmp_path: Path, compiled_sim_run: Pa
     mine = [c for c in convs if c["origin"] == "chat page"]
     assert len(mine) == 1 and mine[0]["turns"][0]["user"] == "What is the capital of France?"  # type: ignore[index]
     assert all(p.stat().st_size > 10_000 for p in out.glob("*.png"))
+
+
+def _size(display: str, win: str) -> tuple[int, int]:
+    geo = xdo(display, "getwindowgeometry", win)
+    line = next(s for s in geo.splitlines() if "Geometry:" in s)
+    w, h = line.split("Geometry:")[1].strip().split("x")
+    return int(w), int(h)
+
+
+def test_window_restored_within_the_screen_at_150_percent_scaling(tmp_path: Path) -> None:
+    """A window left large on a big screen is restored inside a 1280x720 screen scaled to 150%
+    (QT_SCALE_FACTOR=1.5: 853x480 device-independent pixels), not bigger than the screen."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = {**os.environ, "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    out = tmp_path / "screens"
+    out.mkdir()
+    with xvfb(1920, 1200) as display:
+        proc, win = start_studio(display, ws, env)
+        try:
+            xdo(display, "windowsize", "--sync", win, "1880", "1150")
+            time.sleep(0.8)
+            assert _size(display, win)[0] > 1280
+            xdo(display, "windowfocus", "--sync", win)
+            xdo(display, "key", "ctrl+q")      # quitting saves the window's geometry
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert list((tmp_path / "xdg").rglob("*.conf")), "the window geometry was not saved"
+    with xvfb(1280, 720) as display:
+        proc, win = start_studio(display, ws, {**env, "QT_SCALE_FACTOR": "1.5"})
+        try:
+            time.sleep(0.5)
+            w, h = _size(display, win)
+            screenshot(display, "studio-1280x720-at-150-percent", out)
+            assert w <= 1280 and h <= 720, (w, h)
+            x, y = (int(v) for v in xdo(display, "getwindowgeometry", win).splitlines()[1]
+                    .split("Position:")[1].split("(")[0].strip().split(","))
+            assert x >= 0 and y >= 0 and x + w <= 1280 and y + h <= 720, (x, y, w, h)
+        finally:
+            xdo(display, "key", "ctrl+q")
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
