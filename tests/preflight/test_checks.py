@@ -88,26 +88,27 @@ def _assert_wslconfig_fix(c: dict[str, dict[str, Any]], need: int) -> None:
 
 
 def test_8b_on_a_16_gib_100_gb_machine() -> None:
-    """Issue 20: for an 8B (Llama-3.1 shapes, context 4096, 5 parts) part-wise quantization fits 16 GiB and the
-    run folder plus the download fit 100 GB, even on one filesystem. Validation, as MEASURED at 8B layer
-    shapes, grew with the layers (docs/PERFORMANCE.md), so its conservative estimate (~22.7 GiB) does not fit
-    16 GiB yet: the memory check says so, naming the larger of the two peaks."""
+    """Issue 20: for an 8B (Llama-3.1 shapes, context 4096, 5 parts) part-wise quantization and unit-wise validation
+    both fit 16 GiB, and the run folder plus the download fit 100 GB, even on one filesystem: the preflight passes.
+    The estimates sit above what bench/llama8b_shapes.py measured at the true layer shapes (quantize 5.42 GiB,
+    validate 3.04 GiB, both flat from 2 to 4 layers; docs/PERFORMANCE.md) and under the 8 GiB target."""
     needs = needs_8b()
     assert needs["peak_rss_bytes"] == max(needs["quantize_peak_rss_bytes"], needs["validate_peak_rss_bytes"])
-    assert needs["quantize_peak_rss_bytes"] < 8 * GiB
-    assert 20 * GiB < needs["validate_peak_rss_bytes"] < 25 * GiB
+    assert 5.42 * GiB < needs["quantize_peak_rss_bytes"] < 8 * GiB
+    assert 3.04 * GiB < needs["validate_peak_rss_bytes"] < 8 * GiB
     assert needs["disk_bytes"] + needs["hf_download_bytes"] <= 100 * 10**9
     disk = {"free_bytes": 100 * 10**9, "device": 2049}
     p = probe(mem_total_bytes=16 * GiB, swap_total_bytes=0, mem_available_bytes=15 * GiB,
               workspace={"path": "/home/dev/hexstudio-workspace", **disk},
               hf_cache={"path": "/home/dev/.cache/huggingface", **disk})
     checks = by_id(run_checks(p, needs))
-    assert [c["id"] for c in checks.values() if c["status"] == "fail"] == ["memory"]
-    assert checks["memory"]["required"] == needs["peak_rss_bytes"]
-    roomy = by_id(run_checks(probe(mem_total_bytes=32 * GiB, swap_total_bytes=0, workspace={
-        "path": "/home/dev/hexstudio-workspace", **disk}, hf_cache={"path": "/home/dev/.cache/huggingface", **disk}),
-        needs))
-    assert [c["id"] for c in roomy.values() if c["status"] == "fail"] == []
+    assert [c["id"] for c in checks.values() if c["status"] == "fail"] == []
+    assert checks["memory"]["status"] == "ok" and checks["memory"]["required"] == needs["peak_rss_bytes"]
+    # a 4 GiB machine is refused on memory
+    small = by_id(run_checks(probe(mem_total_bytes=4 * GiB, swap_total_bytes=0, mem_available_bytes=3 * GiB,
+                                   workspace={"path": "/home/dev/hexstudio-workspace", **disk},
+                                   hf_cache={"path": "/home/dev/.cache/huggingface", **disk}), needs))
+    assert [c["id"] for c in small.values() if c["status"] == "fail"] == ["memory"]
 
 
 def test_wsl_with_enough_memory_is_ok() -> None:

@@ -76,15 +76,17 @@ QUANTIZE_BYTES_PER_HEAD_PARAM = 10.9
 # initializers + onnxruntime's pre-packed MatMul weights; the embedding table is a unit of its own) + the
 # running layer's KV cache in its full layout for every sequence (3 windows, both graph kinds).
 # (Before: 0.15 GiB + 25 bytes per largest-PART parameter, part-major sessions: ~51 GiB for an 8B.)
-# MEASURED at the true 8B layer shapes (bench/llama8b_shapes.py, 2026-11-25: 2 and 4 layers, 2 parts, context
-# 4096): 3.76 and 5.02 GiB, i.e. NOT flat: +0.63 GiB per 218M-parameter layer (3.1 bytes per decoder-layer
-# parameter) on an intercept of 2.51 GiB (0.6 GiB fixed + 3.9 bytes per embedding parameter). Both points have
-# 2 parts, so the growth may follow the layers of a part or all layers; the estimate takes the conservative
-# reading (all layers): ~22.7 GiB for an 8B, until the growth is found (docs/PERFORMANCE.md).
+# MEASURED at the true 8B layer shapes (bench/llama8b_shapes.py, 2026-11-25 20:00, 2 and 4 layers, 2 parts,
+# context 4096, after onnxruntime outputs were copied instead of viewed): 3.04 and 2.99 GiB: flat in the
+# layers (an earlier run, before that fix, grew +0.63 GiB per layer). The run unit there is the 525M-parameter
+# embedding table: 4.6 bytes per unit parameter above FIXED and the KV term. The unit term is the smaller of
+# 8.0 bytes per unit parameter (small units, where onnxruntime's own allocations dominate) and 0.5 GiB + 4.6
+# bytes per unit parameter (large units; the 0.5 GiB is margin over the two measured points): an 8B
+# (Llama-3.1 shapes, context 4096) estimates ~3.5 GiB, against 3.04 GiB measured.
 VALIDATE_FIXED_BYTES = int(0.6 * GiB)
-VALIDATE_BYTES_PER_UNIT_PARAM = 8.0       # the unit term (unit sizes below the measured 8B-shape points)
-VALIDATE_BYTES_PER_EMBED_PARAM = 3.9
-VALIDATE_BYTES_PER_LAYER_PARAM = 3.1
+VALIDATE_BYTES_PER_UNIT_PARAM = 8.0          # small units
+VALIDATE_LARGE_UNIT_BYTES = int(0.5 * GiB)   # large units: this + the per-parameter term below
+VALIDATE_BYTES_PER_LARGE_UNIT_PARAM = 4.6
 # Disk of the run folder (weights stored once, issue 20): the float weights once per part in fp32 (the prompt
 # processor and token generator share one data file; the upload graphs hard-link it): 4 bytes per parameter;
 # the simulation weights once per part as integers: int4 + an fp32 scale per 64-weight block (0.5625 bytes) for
@@ -381,9 +383,9 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
     # validation: one run unit's float or QDQ sessions (a layer, the embedding table, an lm_head chunk no
     # larger than a layer) + the running layer's fp32 KV cache for 3 sequences, both graph kinds
     run_unit = max(per_layer, emb)
-    measured = VALIDATE_BYTES_PER_EMBED_PARAM * emb + VALIDATE_BYTES_PER_LAYER_PARAM * per_layer * layers
-    validate = VALIDATE_FIXED_BYTES + int(max(VALIDATE_BYTES_PER_UNIT_PARAM * run_unit, measured)) \
-        + 2 * 3 * 2 * kvh * hd * context_length * 4
+    unit_bytes = min(VALIDATE_BYTES_PER_UNIT_PARAM * run_unit,
+                     VALIDATE_LARGE_UNIT_BYTES + VALIDATE_BYTES_PER_LARGE_UNIT_PARAM * run_unit)
+    validate = VALIDATE_FIXED_BYTES + int(unit_bytes) + 2 * 3 * 2 * kvh * hd * context_length * 4
     bundle = int(0.6 * n)                                # W4 weights + int8 lm_head + context metadata
     sim = SIM_BYTES_PER_LAYER_PARAM * per_layer * layers + 1 * emb + 2 * emb      # layers int4, lm_head int8, table uint16
     disk = int(FLOAT_BYTES_PER_PARAM * n + sim + max(4 * largest_part_params, 5 * emb)) + bundle
