@@ -142,3 +142,56 @@ def test_geniex_refuses_a_bundle_without_a_chat_template(sim_workspace: SimWorks
     with pytest.raises(RuntimeError_, match="no chat template") as exc:
         asyncio.run(board_runtime("geniex").prepare(board, str(b)))
     assert "genie" in (exc.value.hint or "") and "no re-push" in (exc.value.hint or "")
+
+
+@pytest.mark.parametrize("runtime", ["genie", "geniex"])
+def test_sampler_changes_without_a_reload_on_both_runtimes(sim_workspace: SimWorkspace, runtime: str) -> None:
+    """The chat panel's sampler change reaches the loaded model through the runtime interface (the helper's
+    sampler op): applied, no new init, and the next turn still streams."""
+    async def go() -> None:
+        s = ChatSession(sim_board(sim_workspace.root), sim_workspace.remote_bundle, Conversation(template="qa"),
+                        max_tokens=8, runtime=runtime)
+        await s.open()
+        try:
+            first = await s.send("What is the capital of France?")
+            assert await s.apply_sampler({"temp": 0.8, "top-k": 40, "top-p": 0.95, "seed": 7}) is None
+            assert s.sampler == "custom" and s.sampler_values is not None and s.sampler_values["seed"] == 7
+            second = await s.send("And of Italy?")
+            assert second.state == "complete" and second.text.strip(), second.as_json()
+            assert second.kpis is not None and not second.kpis.init_ms and first.runtime == runtime
+        finally:
+            await s.close()
+    asyncio.run(go())
+
+
+def test_geniex_chat_template_and_repl(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
+    """The plugin's chat template rules (a default system prompt on a fresh cache, only the new messages after
+    a turn) and `geniex infer` without a prompt: GenieX's REPL commands over stdin."""
+    from workers.genie_sim.geniex import DEFAULT_SYSTEM_PROMPT, SimGenieX
+
+    bundle = _bundle_local(sim_workspace)
+    if not (bundle / "metadata.json").exists():
+        _turns(sim_workspace, "geniex", ["Hi"])
+    m = SimGenieX(bundle)
+    first = m.apply_chat_template([{"role": "user", "content": "Hello"}])
+    assert DEFAULT_SYSTEM_PROMPT in first and first.rstrip().endswith("assistant<|end_header_id|>")
+    m.generate(first, 2, lambda text, tokens=1: None)
+    later = m.apply_chat_template([{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"},
+                                   {"role": "user", "content": "Bye"}])
+    assert DEFAULT_SYSTEM_PROMPT not in later and "Hello" not in later and "Bye" in later
+    with pytest.raises(ValueError, match="No new messages since last assistant turn"):
+        m.apply_chat_template([{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"}])
+    m.reset()
+    assert DEFAULT_SYSTEM_PROMPT in m.apply_chat_template([{"role": "user", "content": "Hello"}])
+
+    env = {**python_env(), "GENIEX_DATADIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    cmd = [sys.executable, "-m", "workers.genie_sim.geniex"]
+    subprocess.run([*cmd, "pull", "local/tiny", "--local-path", str(bundle)], env=env, check=True, timeout=120,
+                   capture_output=True)
+    r = subprocess.run([*cmd, "infer", "local/tiny", "--max-tokens", "6"], env=env, text=True, capture_output=True,
+                       input="/?\nWhat is the capital of France?\n/foo\n/clear\n/exit\nnever asked\n", timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "Commands:" in out and "/clear" in out and "Clear the screen and conversation history" in out
+    assert "> What is the capital of France?" in out and "first token" in out
+    assert "Unknown command: /foo" in out and "\033[H\033[2J" in out and "never asked" not in out

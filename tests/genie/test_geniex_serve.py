@@ -189,3 +189,18 @@ def test_a_prompt_longer_than_the_context(server: tuple[str, Path], sim_workspac
                                  "type": "invalid_request_error", "code": "context_length_exceeded"}
     raw = _post(base, "/v1/chat/completions", {"model": "local/tiny", "messages": long, "stream": True}).text
     assert json.loads(raw.strip().split("data:", 1)[1]) == {"error": "SDKError(Input prompt too long)", "code": -200103}
+
+
+def test_keep_cache_formats_only_what_is_new(server: tuple[str, Path]) -> None:
+    """Without `GenieX-KeepCache: true` the cache is reset and the whole history is formatted (the plugin's
+    default system prompt first); with it, only the messages after the last assistant reply are prefilled."""
+    base, _ = server
+    q1 = _post(base, "/v1/chat/completions", {"model": "local/tiny", "messages": QUESTION,
+                                              "max_completion_tokens": 4}).json()
+    reply = q1["choices"][0]["message"]["content"]
+    history = [*QUESTION, {"role": "assistant", "content": reply}, {"role": "user", "content": "And of Italy?"}]
+    kept = _post(base, "/v1/chat/completions", {"model": "local/tiny", "messages": history,
+                                                "max_completion_tokens": 4}, **{"GenieX-KeepCache": "true"}).json()
+    fresh = _post(base, "/v1/chat/completions", {"model": "local/tiny", "messages": history,
+                                                 "max_completion_tokens": 4}).json()
+    assert kept["usage"]["prompt_tokens"] < q1["usage"]["prompt_tokens"] < fresh["usage"]["prompt_tokens"]

@@ -21,8 +21,9 @@ the `geniex` Python package): the JSON-lines protocol of workers/genie_sim/sessi
 `"runtime": "geniex"` in `ready` and GenieX's profile (`geniex_profile`) in each `end`.
 
 Differences from the real CLI, said here rather than hidden: `pull` records the folder instead of
-copying it into the cache; `infer` sends the text as given (the real one applies the model's chat
-template to its history first; `serve` does); no REPL (a REPL needs a terminal), no llama_cpp plugin.
+copying it into the cache; `infer` keeps the conversation and applies the bundle's chat template as the
+plugin does (SimGenieX.apply_chat_template). `infer` without -p/-i is the REPL (/?, /exit, /clear) over lines of stdin
+(the real one needs a terminal). No llama_cpp plugin, no geniex-bench.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION, chat
 from workers.shared.errors import ActionableError
 
 LLAMA_CPP_HASH = "simulated"
+DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant."   # the qairt plugin's (llm.cpp kDefaultSystemPrompt)
 SIM_LABEL = "(HexStudio simulator)"
 PREFILL_CHUNK = 128                         # the qairt engine pads a prompt to 128-token prefill chunks
 # metadata.json model_id prefix -> the plugin's pipeline (models/dispatch.h), in its order
@@ -152,6 +154,8 @@ class SimGenieX:
         except GenieLoadError as exc:
             raise GenieXError([*exc.lines, exc.final, f"Failed to create QAIRT LLM pipeline from bundle: {bundle}"],
                               "GENIEX_ERROR_COMMON_MODEL_LOAD") from None
+        self.dialog.bos_on_fresh_cache_only = True
+        self.first_turn = True
         self.init_us = (time.perf_counter() - t0) * 1e6
 
     @property
@@ -160,12 +164,55 @@ class SimGenieX:
 
     def reset(self) -> None:
         self.dialog.reset()
+        self.first_turn = True
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """The qairt plugin's apply_chat_template (sdk/plugins/qairt/src/llm.cpp): on a fresh cache the whole
+        history, with its default system prompt when there is none; after a turn only the messages since the
+        last assistant message (the cache holds the rest; none is INVALID_INPUT). The template is the
+        bundle's tokenizer_config.json chat_template, with the generation prompt; a leading bos text is left
+        to the pipeline, which adds bos itself on a fresh cache."""
+        start = 0
+        if not self.first_turn:
+            last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+            start = last + 1
+            if start >= len(messages):
+                raise ValueError("No new messages since last assistant turn")
+        msgs = [dict(m) for m in messages[start:]]
+        if self.first_turn and not any(m.get("role") == "system" for m in msgs):
+            msgs.insert(0, {"role": "system", "content": DEFAULT_SYSTEM_PROMPT})
+        return render_chat_template(self.bundle, msgs)
 
     def generate(self, prompt: str, max_tokens: int | None, on_text: Any,
                  should_stop: Any = lambda: False) -> tuple[dict[str, Any], dict[str, Any]]:
         """One generation; returns (geniex_ProfileData as a dict, SimDialog's numbers)."""
         q = self.dialog.query(prompt, max_tokens, on_text, should_stop)
+        self.first_turn = False
         return profile(q, max_tokens), q
+
+
+def render_chat_template(bundle: Path, messages: list[dict[str, str]]) -> str:
+    """tokenizer_config.json's chat_template over `messages` with the generation prompt (Jinja, as
+    transformers renders it); a leading bos text dropped."""
+    import jinja2
+
+    tc = json.loads((bundle / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tmpl = tc["chat_template"]
+    if isinstance(tmpl, list):
+        tmpl = next((t["template"] for t in tmpl if t.get("name") == "default"), tmpl[0]["template"])
+
+    def tok(v: Any) -> str:
+        return str(v.get("content") if isinstance(v, dict) else v or "")
+
+    def refuse(msg: str) -> None:
+        raise ValueError(msg)
+
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.globals["raise_exception"] = refuse
+    bos = tok(tc.get("bos_token"))
+    text = env.from_string(tmpl).render(messages=messages, add_generation_prompt=True, bos_token=bos,
+                                        eos_token=tok(tc.get("eos_token")))
+    return text[len(bos):] if bos and text.startswith(bos) else text
 
 
 def profile(q: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
@@ -233,6 +280,45 @@ def _resolve(name: str, dd: Path) -> Path | None:
     return p if p.is_dir() else None
 
 
+REPL_HELP = (("/?, /h, /help", "Show this help message"), ("/exit", "Exit the REPL"),
+             ("/clear", "Clear the screen and conversation history"))
+
+
+def repl_lines(stdin: Any) -> Any:
+    """GenieX's REPL (cli/cmd/geniex/common/repl.go) over lines of stdin: yields the prompts; answers /?, /h,
+    /help, /exit, /clear (yields None: reset) and unknown commands itself. A line whose first word holds a
+    second '/' or a '.' is a prompt (a path), not a command. The real one reads a terminal in raw mode."""
+    while True:
+        sys.stdout.write("> ")
+        sys.stdout.flush()
+        line = stdin.readline()
+        if not line:
+            print()
+            return
+        line = line.rstrip("\n")
+        print(line)              # what a terminal would have echoed
+        if not line.startswith("/"):
+            yield line
+            continue
+        first = line.strip().split()[0] if line.strip() else "/"
+        if "/" in first[1:] or "." in first:
+            yield line
+            continue
+        if first in ("/?", "/h", "/help"):
+            print("Commands:")
+            for cmd, what in REPL_HELP:
+                print(f"  {cmd:<25} {what}")
+            print()
+        elif first == "/exit":
+            return
+        elif first == "/clear":
+            print("\033[H\033[2J", end="")
+            yield None
+        else:
+            print(f"Unknown command: {first}")
+            print()
+
+
 def cmd_infer(args: argparse.Namespace) -> int:
     bundle = _resolve(args.model, data_dir(args.data_dir))
     if bundle is None:
@@ -240,8 +326,6 @@ def cmd_infer(args: argparse.Namespace) -> int:
     prompts: list[str] = list(args.prompt or [])
     if args.input:
         prompts.insert(0, Path(args.input).read_text(encoding="utf-8").strip())
-    if not prompts:
-        return _err("the simulator has no REPL (it needs a terminal): pass -p TEXT or -i FILE")
     sampler = {k: v for k, v in (("temp", args.temperature), ("top-k", args.top_k), ("top-p", args.top_p),
                                  ("seed", args.seed)) if v}
     try:
@@ -252,17 +336,31 @@ def cmd_infer(args: argparse.Namespace) -> int:
         return _err(f"GenieXError({exc.code}): model load failed")
     if args.verbose:
         print(f"Model loaded: runtime=qairt compute=npu {SIM_LABEL}")
-    for p in prompts:
-        first, *rest = p.splitlines() or [""]
-        print(f"> {first}")
-        for line in rest:
-            print(f". {line}")
+    # infer keeps the conversation and sends the chat template of it (infer.go): the plugin formats what is new
+    system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
+    history: list[dict[str, str]] = list(system)
+    source = iter(prompts) if prompts else repl_lines(sys.stdin)
+    for p in source:
+        if p is None:                  # /clear: the cache and the conversation
+            model.reset()
+            history = list(system)
+            continue
+        if prompts:
+            first, *rest = p.splitlines() or [""]
+            print(f"> {first}")
+            for line in rest:
+                print(f". {line}")
+        history.append({"role": "user", "content": p})
 
-        def on_text(text: str, tokens: int = 1) -> None:
+        parts: list[str] = []
+
+        def on_text(text: str, tokens: int = 1, parts: list[str] = parts) -> None:
+            parts.append(text)
             sys.stdout.write(text)
             sys.stdout.flush()
 
-        pd, _ = model.generate(p, args.max_tokens, on_text)
+        pd, _ = model.generate(model.apply_chat_template(history), args.max_tokens, on_text)
+        history.append({"role": "assistant", "content": "".join(parts)})
         print("\n")
         if args.verbose:
             total = pd["media_time"] + pd["prompt_time"] + pd["decode_time"]
@@ -277,6 +375,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
         print(f"(simulated {SIM_LABEL})\n")
         if pd["stop_reason"] == "context_length":
             model.reset()
+            history = list(system)
             print("Model context length exceeded; conversation is reset.")
     return 0
 
@@ -331,6 +430,13 @@ def cmd_session(args: argparse.Namespace) -> int:
         if op == "reset":
             model.reset()
             emit({"event": "reset"})
+        elif op == "sampler":   # GenieX takes the sampler per generate(): from the next query on, no reload
+            import numpy as np
+
+            given = msg.get("sampler")
+            model.dialog.sampler = {**model.dialog.sampler, **(given if isinstance(given, dict) else {})}
+            model.dialog.rng = np.random.default_rng(int(model.dialog.sampler.get("seed", 42)))
+            emit({"event": "sampler", "applied": True, "sampler": model.dialog.sampler})
         elif op == "query":
             qid = msg.get("id")
             abort.clear()
@@ -377,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     inf.add_argument("--top-p", type=float, default=0.0)
     inf.add_argument("--seed", type=int, default=0)
     inf.add_argument("-c", "--compute", default="")
+    inf.add_argument("-s", "--system-prompt", default="")
     inf.add_argument("--verbose", action="store_true")
     srv = sub.add_parser("serve")
     srv.add_argument("--host", default=os.environ.get("GENIEX_HOST", "127.0.0.1:18181"))

@@ -11,8 +11,10 @@ handler/{chat,chat_stream,chat_response,chat_messages,model}.go, middleware/gil.
 - one request at a time (the server's global lock); one model kept loaded (`--keepalive` seconds idle,
   default 300), its KV cache reset before each request unless the request sends `GenieX-KeepCache: true`.
 - a request with no messages, or only a system message, loads the model and answers `null` (warm-up).
-- the model's chat template (tokenizer_config.json beside the bundle) is applied to the whole message
-  history; text content parts only (`{"error": "not support content part type"}` otherwise).
+- the model's chat template (tokenizer_config.json beside the bundle) is applied as the qairt plugin
+  applies it (SimGenieX.apply_chat_template): on a fresh cache the whole history, with the plugin's default
+  system prompt when there is none; with `GenieX-KeepCache: true` only the messages since the last
+  assistant reply. Text content parts only (`{"error": "not support content part type"}` otherwise).
 - `max_completion_tokens` (default 2048) bounds the reply; `max_tokens` is not read (GenieX's handler reads
   only max_completion_tokens); `temperature`, `top_p`, `top_k`, `seed` set the sampler.
 - streaming: server-sent events as gin writes them (`data:{json}` and a blank line, no space after the
@@ -135,28 +137,6 @@ class Keeper:
         with self.lock:
             if self.model is not None and time.monotonic() - self.last > self.keepalive_s:
                 self.model, self.name = None, None
-
-
-def chat_prompt(model: SimGenieX, messages: list[dict[str, str]]) -> str:
-    """The model's chat template over the whole history, with the generation prompt (the qairt pipeline's
-    applyChatTemplate, from tokenizer_config.json); a leading BOS text is dropped because the pipeline adds
-    BOS itself on a fresh cache."""
-    import jinja2
-
-    tc = json.loads((model.bundle / "tokenizer_config.json").read_text(encoding="utf-8"))
-    tmpl = tc["chat_template"]
-    if isinstance(tmpl, list):
-        tmpl = next((t["template"] for t in tmpl if t.get("name") == "default"), tmpl[0]["template"])
-
-    def tok(v: Any) -> str:
-        return str(v.get("content") if isinstance(v, dict) else v or "")
-
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.globals["raise_exception"] = lambda msg: (_ for _ in ()).throw(ValueError(msg))
-    bos = tok(tc.get("bos_token"))
-    text = env.from_string(tmpl).render(messages=messages, add_generation_prompt=True, bos_token=bos,
-                                        eos_token=tok(tc.get("eos_token")))
-    return text[len(bos):] if bos and text.startswith(bos) else text
 
 
 def set_sampler(model: SimGenieX, body: dict[str, Any]) -> None:
@@ -303,7 +283,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if chat:
             try:
-                prompt = chat_prompt(model, messages)
+                prompt = model.apply_chat_template(messages)
             except Exception as exc:   # the template refused the history (raise_exception) or failed
                 self._json(500, {"error": f"SDKError(Invalid input parameters or handle), {exc}", "code": -100001})
                 return

@@ -256,6 +256,10 @@ class SimDialog:
     def capacity(self) -> int:
         return int(self.pair.capacity)
 
+    # GenieX's qairt pipeline (geniex-qairt-plugin llm_pipeline.cpp generate) prepends bos only while the cache
+    # is empty; Genie's dialog (the default) starts every later query with eos, bos
+    bos_on_fresh_cache_only = False
+
     def reset(self) -> None:
         self.pair.reset()
         self.queries = 0
@@ -268,10 +272,13 @@ class SimDialog:
         from workers.arloop import ContextFull
 
         pre: list[int] = []
-        if self.queries and self.eos:
-            pre.append(min(self.eos))
-        if isinstance(self.bos, int):
-            pre.append(self.bos)
+        if not self.bos_on_fresh_cache_only:     # Genie: every query after the first starts eos, bos
+            if self.queries and self.eos:
+                pre.append(min(self.eos))
+            if isinstance(self.bos, int):
+                pre.append(self.bos)
+        elif isinstance(self.bos, int) and self.pair.n_past == 0:
+            pre.append(self.bos)                  # GenieX's pipeline: bos on a fresh cache only
         ids = pre + self.tok.encode(prompt, add_special_tokens=False).ids
         self.queries += 1
         room = self.pair.capacity - self.pair.n_past - len(ids)

@@ -7,11 +7,13 @@ Copied to the board as <home>/hexstudio/bin/geniex_session.py and run from the b
     python3 geniex_session.py --bundle . [--sampler JSON]
 
 stdin: {"op": "query", "id", "prompt", "max_tokens"} | {"op": "abort"} | {"op": "reset"} | {"op": "quit"}
+       | {"op": "sampler", "sampler": {seed, temp, top-k, top-p}}  (GenieX takes the sampler per generate():
+         the values apply from the next query on, nothing is reloaded)
 stdout: {"event": "ready", "runtime": "geniex", "runtime_version", "init_ms", "context_length", "pid"}
         {"event": "text", "id", "text", "tokens", "mono"}
         {"event": "end", "id", "state", "status", "geniex_profile": {ttft, prompt_time, decode_time (us),
          prompt_tokens, generated_tokens, prefill_speed, decoding_speed (tok/s), stop_reason}}
-        {"event": "reset"} | {"event": "error", "code", "message"}
+        {"event": "reset"} | {"event": "sampler", "applied": true, "sampler"} | {"event": "error", "code", "message"}
 The prompt is sent as HexStudio formatted it (generate() applies no chat template). The user's text only
 travels inside these JSON strings.
 """
@@ -101,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         if msg.get("op") == "reset":
             model.reset()
             emit({"event": "reset"})
+            continue
+        if msg.get("op") == "sampler":
+            given = msg.get("sampler")
+            sampler = {**sampler, **(given if isinstance(given, dict) else {})}
+            emit({"event": "sampler", "applied": True, "sampler": sampler})
             continue
         if msg.get("op") != "query":
             emit({"event": "error", "code": "bad_request", "message": f"unknown op {msg.get('op')!r}"})
