@@ -21,29 +21,36 @@ pytestmark = [pytest.mark.sshd, pytest.mark.slow, pytest.mark.skipif(not ok, rea
 SUDO = "evk-sudo-canary-91d2"
 
 
-def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
-    from PySide6.QtWidgets import QApplication, QScrollArea
-
+def board_page(qtbot: Any, tmp_path: Path, name: str, config: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The studio at 1280x1000 on its Board page, with board `name` (config) in the settings and selected:
+    (window, controller, page)."""
     from app.core.runs import Workspace
     from app.core.settings import Settings
     from app.ui.controller import RunController
     from app.ui.main_window import MainWindow
+
+    s = Settings.load()
+    s.boards[name] = config
+    s.save()
+    c = RunController(Workspace(tmp_path / "ws"), Settings.load())
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    w.resize(1280, 1000)
+    w.show()
+    w.show_stage("board")
+    page: Any = w.pages["board"]
+    page.reload_boards()
+    page.boards.setCurrentRow([page.boards.item(i).data(256) for i in range(page.boards.count())].index(name))
+    return w, c, page
+
+
+def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    from PySide6.QtWidgets import QApplication, QScrollArea
+
     from tests.support.evk_board import EvkBoard
 
     with EvkBoard(tmp_path / "evk", sudo_password=SUDO) as evk:
-        s = Settings.load()
-        s.boards["evk"] = evk.board_config()
-        s.save()
-        c = RunController(Workspace(tmp_path / "ws"), Settings.load())
-        w = MainWindow(c)
-        qtbot.addWidget(w)
-        w.resize(1280, 1000)
-        w.show()
-        w.show_stage("board")
-        page: Any = w.pages["board"]
-        page.reload_boards()
-        rows = [page.boards.item(i).data(256) for i in range(page.boards.count())]
-        page.boards.setCurrentRow(rows.index("evk"))
+        w, c, page = board_page(qtbot, tmp_path, "evk", evk.board_config())
         asked: list[tuple[Any, ...]] = []
 
         def trust(*a: Any) -> bool:
@@ -142,27 +149,12 @@ def test_geniex_fix_from_the_board_page_takes_the_release_file_the_user_picks(
     """A board whose runtime is GenieX and has none: the doctor offers the GenieX fix; closing the file picker
     does nothing; picking the release tarball installs it (no sudo, commands shown) and the re-run check
     finds GenieX (what is left is its Python package, a warning)."""
-    from app.core.runs import Workspace
-    from app.core.settings import Settings
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
     from tests.board.test_geniex_setup import geniex_tarball
     from tests.support.evk_board import EvkBoard
 
     tarball = geniex_tarball(tmp_path, "v0.7.0", "v2.45.0.260326")
     with EvkBoard(tmp_path / "evk", fastrpc_ready=True) as evk:
-        s = Settings.load()
-        s.boards["evk-gx"] = {**evk.board_config(), "runtime": "geniex"}
-        s.save()
-        c = RunController(Workspace(tmp_path / "ws"), Settings.load())
-        w = MainWindow(c)
-        qtbot.addWidget(w)
-        w.resize(1280, 1000)
-        w.show()
-        w.show_stage("board")
-        page: Any = w.pages["board"]
-        page.reload_boards()
-        page.boards.setCurrentRow([page.boards.item(i).data(256) for i in range(page.boards.count())].index("evk-gx"))
+        _w, _c, page = board_page(qtbot, tmp_path, "evk-gx", {**evk.board_config(), "runtime": "geniex"})
         page.confirm_trust = lambda *a: True
         page.offer_known_hosts = lambda *a: False
         shown: list[list[str]] = []

@@ -79,6 +79,27 @@ def start_studio(display: str, ws: Path, env: dict[str, str]) -> tuple[subproces
     return proc, win
 
 
+def quit_studio(display: str, proc: subprocess.Popen[bytes]) -> bool:
+    """Ctrl+Q, as a person quits: True when the studio ended by itself within 30 s (else it is killed)."""
+    xdo(display, "key", "ctrl+q")
+    try:
+        proc.wait(30)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the studio if it still runs; close its stderr pipe."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    if proc.stderr:
+        proc.stderr.close()
+
+
 def conversations(run: Path) -> list[dict[str, object]]:
     folder = run / "chats" / "conversations"
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
@@ -118,11 +139,9 @@ def test_chat_on_a_real_display_then_reopen(tmp_path: Path, compiled_sim_run: Pa
                 time.sleep(0.5)
             time.sleep(0.8)
             screenshot(display, "chat-1280x720-after-send", out)
-            xdo(display, "key", "ctrl+q")
-            proc.wait(30)
+            assert quit_studio(display, proc), "Ctrl+Q did not quit the studio"
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            stop(proc)
         # started again: the last run is open, its conversation shown
         proc, win = start_studio(display, ws, env)
         try:
@@ -132,11 +151,7 @@ def test_chat_on_a_real_display_then_reopen(tmp_path: Path, compiled_sim_run: Pa
             time.sleep(1.0)
             screenshot(display, "chat-1280x720-reopened", out)
         finally:
-            xdo(display, "key", "ctrl+q")
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            quit_studio(display, proc)
     convs = conversations(run)
     mine = [c for c in convs if c["origin"] == "chat page"]
     assert len(mine) == 1 and mine[0]["turns"][0]["user"] == "What is the capital of France?"  # type: ignore[index]
@@ -165,11 +180,9 @@ def test_window_restored_within_the_screen_at_150_percent_scaling(tmp_path: Path
             time.sleep(0.8)
             assert _size(display, win)[0] > 1280
             xdo(display, "windowfocus", "--sync", win)
-            xdo(display, "key", "ctrl+q")      # quitting saves the window's geometry
-            proc.wait(30)
+            assert quit_studio(display, proc), "Ctrl+Q did not quit the studio"   # quitting saves the geometry
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            stop(proc)
     assert list((tmp_path / "xdg").rglob("*.conf")), "the window geometry was not saved"
     with xvfb(1280, 720) as display:
         proc, win = start_studio(display, ws, {**env, "QT_SCALE_FACTOR": "1.5"})
@@ -182,8 +195,4 @@ def test_window_restored_within_the_screen_at_150_percent_scaling(tmp_path: Path
                     .split("Position:")[1].split("(")[0].strip().split(","))
             assert x >= 0 and y >= 0 and x + w <= 1280 and y + h <= 720, (x, y, w, h)
         finally:
-            xdo(display, "key", "ctrl+q")
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            quit_studio(display, proc)
