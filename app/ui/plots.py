@@ -99,7 +99,7 @@ class ResourcePlot(StyledPlot):
         super().__init__(parent)
         self.setLabel("left", "GiB")
         self.setLabel("bottom", "s")
-        self.addLegend(offset=(6, 6))
+        self.addLegend(offset=(-6, -6))   # bottom right: memory curves rise and stay up, the peak label is up top
         self.rss_curve = self.plot([], [], pen=pg.mkPen("#2f81f7", width=2), name="RSS")
         self.vram_curve = self.plot([], [], pen=pg.mkPen("#8250df", width=2), name="VRAM")
         self.peak = pg.ScatterPlotItem(size=9, brush=pg.mkBrush("#d1242f"), pen=None)
@@ -137,12 +137,13 @@ class ResourcePlot(StyledPlot):
 
     def set_estimate(self, bytes_: float | None) -> None:
         if bytes_:
-            # the label's text is made when the line moves: set its format first, then the value (the other
-            # way round it kept the previous stage's figure), and draw the text now
+            # the label's text is made when the line moves, and only while it is visible: show the line first,
+            # then set the format, then the value (the other way round the label kept "estimate" or the
+            # previous stage's figure), and draw the text now
+            self.estimate.setVisible(True)
             self.estimate.label.setFormat(f"preflight estimate {bytes_ / GIB:.2f} GiB")
             self.estimate.setValue(bytes_ / GIB)
             self.estimate.label.valueChanged()
-            self.estimate.setVisible(True)
         else:
             self.estimate.setVisible(False)
 

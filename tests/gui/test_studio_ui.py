@@ -229,3 +229,29 @@ def test_report_memory_chart_shows_one_attempt(rows: list[list[float]], expected
     assert len(svgs) == 1 and "preflight estimate 3.00 GiB" in svgs[0] and 'fill="currentColor"' in svgs[0]
     if expected > 1:
         assert f"attempt {expected} of {expected}" in svgs[0]
+
+
+def test_job_dock_estimate_line_says_its_figure(qtbot: Any) -> None:
+    """The dock's memory plot labels its dashed line with the stage's own preflight estimate, from the first
+    stage on and when the next stage brings another figure (it once read just "estimate", or the previous
+    stage's figure); its legend stays clear of the peak label."""
+    from app.ui.plots import ResourcePlot
+
+    plot = ResourcePlot()
+    qtbot.addWidget(plot)
+    plot.resize(600, 200)
+    plot.show()
+    gib = 1024**3
+    plot.set_estimate(0.58 * gib)
+    assert plot.estimate.isVisible() and plot.estimate.label.toPlainText() == "preflight estimate 0.58 GiB"
+    assert abs(plot.estimate.value() - 0.58) < 1e-9
+    plot.set_estimate(1.25 * gib)
+    assert plot.estimate.label.toPlainText() == "preflight estimate 1.25 GiB"
+    plot.set_estimate(None)
+    assert not plot.estimate.isVisible()
+    for i in range(10):
+        plot.add(float(i), (0.1 + 0.05 * i) * gib, None)
+    plot.redraw()
+    assert plot.peak_label.toPlainText() == "peak 0.55 GiB"
+    legend = plot.getPlotItem().legend
+    assert legend is not None and legend.offset[0] < 0 and legend.offset[1] < 0     # anchored bottom right
