@@ -26,6 +26,8 @@ def _shot(widget: Any, name: str, tmp: Path, show: Any = None) -> Path:
     out = tmp / "screens"
     out.mkdir(exist_ok=True)
     path = out / f"{name}.png"
+    for _ in range(5):          # let the layouts settle (a reply just finished re-lays its bubble), as a person sees it
+        QApplication.processEvents()
     if show is not None:
         widget.dock.hide()
         for _ in range(3):
