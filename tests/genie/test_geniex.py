@@ -89,7 +89,7 @@ def test_geniex_refuses_what_its_qairt_plugin_refuses(sim_workspace: SimWorkspac
     """No metadata.json, a model_id the plugin cannot dispatch, a bundle compiled with a newer QAIRT."""
     import shutil
 
-    from workers.genie_sim.geniex import GenieXError, check_bundle
+    from workers.genie_sim.geniex_model import GenieXError, check_bundle
 
     src = _bundle_local(sim_workspace)
     b = tmp_path / "b"
@@ -126,7 +126,7 @@ def test_geniex_refuses_a_bundle_without_a_chat_template(sim_workspace: SimWorks
 
     from app.core.device.board import sim_board
     from app.core.genie.runtime import RuntimeError_, board_runtime
-    from workers.genie_sim.geniex import GenieXError, check_bundle
+    from workers.genie_sim.geniex_model import GenieXError, check_bundle
 
     src = _bundle_local(sim_workspace)
     if not (src / "metadata.json").exists():
@@ -167,7 +167,7 @@ def test_sampler_changes_without_a_reload_on_both_runtimes(sim_workspace: SimWor
 def test_geniex_chat_template_and_repl(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
     """The plugin's chat template rules (a default system prompt on a fresh cache, only the new messages after
     a turn) and `geniex infer` without a prompt: GenieX's REPL commands over stdin."""
-    from workers.genie_sim.geniex import DEFAULT_SYSTEM_PROMPT, SimGenieX
+    from workers.genie_sim.geniex_model import DEFAULT_SYSTEM_PROMPT, SimGenieX
 
     bundle = _bundle_local(sim_workspace)
     if not (bundle / "metadata.json").exists():

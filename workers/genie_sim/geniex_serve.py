@@ -44,7 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from workers.genie_sim.geniex import SIM_LABEL, GenieXError, SimGenieX, _registry, _resolve
+from workers.genie_sim.geniex_model import SIM_LABEL, GenieXError, SimGenieX, _registry, _resolve
 
 ERR_FILE_NOT_FOUND = -100004
 ERR_MODEL_LOAD = -100201

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import posixpath
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from app.core.genie.session import (
     TurnResult,
     template_for_bundle,
 )
+from workers.shared.errors import ActionableError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -69,67 +68,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _latest_run_with_bundle(args: argparse.Namespace) -> Path | None:
+    from app.core.services.chat_target import latest_run_with_bundle
+
     ws = workspace_from(args)
     if args.run:
         d = ws.run_dir(args.run)
         if not d.is_dir():
             raise CliError(f"No run '{args.run}' in {ws.runs_dir}.", "`hexstudio runs list` shows the runs.")
         return d
-    for r in ws.list_runs():
-        if (r.path / "artifacts" / "board" / "board.json").is_file() or \
-                (r.path / "artifacts" / "compile" / "bundle" / "bundle.json").is_file():
-            return r.path
-    return None
+    return latest_run_with_bundle(ws)
 
 
 async def _target(args: argparse.Namespace) -> tuple[Any, str, dict[str, Any], Path | None]:
-    """(board, remote bundle dir, bundle.json doc or {}, run dir or None)."""
-    from app.core.device.board import BoardError, open_board
-    from app.core.device.push import push_bundle
+    """(board, remote bundle dir, bundle.json doc or {}, run dir or None): app.core.services.chat_target."""
+    from app.core.services.chat_target import chat_target
     from app.core.settings import Settings
 
     run_dir = None if args.bundle else _latest_run_with_bundle(args)
-    board_doc: dict[str, Any] = {}
-    if run_dir is not None and (run_dir / "artifacts" / "board" / "board.json").is_file():
-        board_doc = json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())
-    name = args.board or board_doc.get("board") or "sim"
-    ws = workspace_from(args)
     try:
-        board = await open_board(name, Settings.load(), ws.root)
-    except BoardError as exc:
+        t = await chat_target(workspace_from(args), Settings.load(), run_dir=run_dir, board=args.board,
+                              bundle=args.bundle, say=eprint)
+    except ActionableError as exc:   # the board cannot be reached, no bundle: said as the CLI says it
         raise CliError(exc.message, exc.hint) from None
-    local: Path | None = None
-    remote: str | None = None
-    if args.bundle:
-        if (Path(args.bundle) / "bundle.json").is_file():
-            local = Path(args.bundle).resolve()
-        else:
-            remote = args.bundle
-    elif run_dir is None:
-        raise CliError("No run with a bundle in this workspace.",
-                       "Run the flow first (`hexstudio run`), or pass --bundle DIR.")
-    elif board_doc.get("board") == name and board_doc.get("remote_bundle"):
-        remote = str(board_doc["remote_bundle"])
-    else:
-        local = run_dir / "artifacts" / "compile" / "bundle"
-        if not (local / "bundle.json").is_file():
-            raise CliError(f"Run {run_dir.name} has no compiled bundle.", "Run its compile stage first.")
-    doc: dict[str, Any] = {}
-    if local is not None:
-        doc = json.loads((local / "bundle.json").read_text())
-        eprint(f"pushing {local} to {board.label} (unchanged files are skipped)")
-        try:
-            pr = await push_bundle(board, local, run_dir.name if run_dir is not None else local.name)
-        except BoardError as exc:
-            raise CliError(exc.message, exc.hint) from None
-        remote = pr.remote_dir
-    assert remote is not None
-    if not doc:
-        try:
-            doc = json.loads((await board.transport.read_bytes(posixpath.join(remote, "bundle.json"))).decode())
-        except (OSError, ValueError):
-            doc = {}
-    return board, remote, doc, run_dir
+    return t.board, t.remote_bundle, t.bundle_doc, t.run_dir
 
 
 def _template(args: argparse.Namespace, doc: dict[str, Any], run_dir: Path | None) -> str:

@@ -229,7 +229,8 @@ def score_all(plan: Plan, records: dict[str, dict[str, Any]], tool_format: str,
 
 
 async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
-    from app.core.device.board import BoardError, open_board
+    from app.core.device.board import BoardError
+    from app.core.services.chat_target import open_run_board
     from app.core.settings import Settings
 
     em = ctx.emitter
@@ -264,7 +265,7 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
         if not board_doc:
             raise StageError("no_board", "The Evaluate stage needs the board stage's result.", "Run the board stage.")
         try:
-            board = await open_board(board_doc["board"], Settings.load(), ws_root)
+            board = (await open_run_board(board_doc, Settings.load(), ws_root)).board
         except BoardError as exc:
             raise StageError("board_unavailable", exc.message, exc.hint) from None
         if board.simulated:

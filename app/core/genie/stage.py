@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.core.device.board import BoardError, open_board
+from app.core.device.board import BoardError
 from app.core.genie.prompts import format_prompt
 from app.core.genie.run import Chunk, QueryResult, load_token_counter, run_query
 from app.core.pipeline import StageContext, StageError
+from app.core.services.chat_target import open_run_board
 from app.core.settings import Settings
 from workers.shared.run_settings import DEFAULTS
 
@@ -30,7 +31,7 @@ async def run_chat_stage(ctx: StageContext) -> dict[str, Any]:
     em = ctx.emitter
     board_doc = json.loads((ctx.upstream["board"] / "board.json").read_text())
     try:
-        board = await open_board(board_doc["board"], Settings.load(), ctx.manifest.run_dir.parent.parent)
+        board = (await open_run_board(board_doc, Settings.load(), ctx.manifest.run_dir.parent.parent)).board
     except BoardError as exc:
         raise StageError("board_unavailable", exc.message, exc.hint) from None
     model_dir = ctx.upstream.get("model")

@@ -437,14 +437,9 @@ class ChatPage(StagePage):
 
     # -- run context ----------------------------------------------------------------------------
     def board_doc(self) -> dict[str, Any] | None:
-        d = self.c.stage_dir("board")
-        if d is None or not (d / "board.json").is_file():
-            return None
-        try:
-            doc: dict[str, Any] = json.loads((d / "board.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return doc
+        from app.core.services.chat_target import board_doc
+
+        return board_doc(self.c.stage_dir("board"))
 
     def model_dir(self) -> Path | None:
         return self.c.stage_dir("model")
@@ -664,16 +659,17 @@ class ChatPage(StagePage):
     async def open_session(self) -> Any:
         """Connect to the run's board and open a chat session on its bundle: the model stays loaded
         between turns where the board allows it (else one genie-t2t-run per turn)."""
-        from app.core.device.board import open_board
         from app.core.genie.journal import ChatJournal
         from app.core.genie.session import ChatSession
+        from app.core.services.chat_target import open_run_board
 
         doc = self.board_doc()
         assert doc is not None
         self._conversation_settings()
-        board = await open_board(str(doc["board"]), self.c.settings, self.c.workspace.root)
+        target = await open_run_board(doc, self.c.settings, self.c.workspace.root)
+        board = target.board
         sampler = self.sampler_settings()
-        session = ChatSession(board, str(doc["remote_bundle"]), self.conversation, mode=self.session_mode,
+        session = ChatSession(board, target.remote_bundle, self.conversation, mode=self.session_mode,
                               max_tokens=self.max_tokens.value(), sampler=sampler if sampler is not None else "bundle",
                               on_status=lambda text: self.chat_message.setText(html.escape(text)),
                               runtime=self.runtime())
