@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,3 +197,49 @@ def test_window_restored_within_the_screen_at_150_percent_scaling(tmp_path: Path
             assert x >= 0 and y >= 0 and x + w <= 1280 and y + h <= 720, (x, y, w, h)
         finally:
             quit_studio(display, proc)
+
+
+def test_a_wheel_over_an_unfocused_spin_box_changes_nothing_on_a_real_display(tmp_path: Path,
+                                                                               compiled_sim_run: Path) -> None:
+    """On the Quantize page at 1280x720, the mouse wheel turned over the calibration-samples spin box without the
+    focus changes no run setting and records nothing; clicked (focused), the same wheel changes it and one
+    history entry is recorded when editing ends (the positive control: the pointer is on the spin box)."""
+    from tests.support.sim_runs import copy_run
+
+    ws = tmp_path / "ws"
+    run = copy_run(compiled_sim_run, ws)
+    xdg = tmp_path / "xdg"
+    (xdg / "HexStudio").mkdir(parents=True)
+    (xdg / "HexStudio" / "HexStudio.conf").write_text(f"[recent]\nrun={run.name}\n")
+    env = {**os.environ, "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg"), "XDG_CONFIG_HOME": str(xdg)}
+
+    def state() -> tuple[Any, int]:
+        doc = json.loads((run / "run.json").read_text())
+        events = [e for e in doc.get("events") or [] if e.get("kind") == "setting_changed"]
+        return doc["inputs"]["settings"].get("calibration_samples"), len(events)
+
+    before, changes = state()
+    out = tmp_path / "screens"
+    out.mkdir()
+    with xvfb(1280, 720) as display:
+        proc, win = start_studio(display, ws, env)
+        try:
+            xdo(display, "windowfocus", "--sync", win)
+            xdo(display, "mousemove", "--sync", "58", "118")      # the stage list: Quantize (focus on the list)
+            xdo(display, "click", "1")
+            time.sleep(1.0)
+            xdo(display, "mousemove", "--sync", "800", "199")     # the calibration-samples spin box
+            xdo(display, "click", "--repeat", "3", "--delay", "120", "4")     # wheel up, three notches
+            time.sleep(0.8)
+            screenshot(display, "quantize-1280x720-after-wheel", out)
+            assert state() == (before, changes), "a wheel over an unfocused spin box changed a run setting"
+            xdo(display, "click", "1")                            # now focused: the wheel edits the value
+            xdo(display, "click", "--repeat", "2", "--delay", "120", "4")
+            xdo(display, "key", "Tab")                            # editing ends: recorded once
+            deadline = time.monotonic() + 10
+            while state()[0] == before and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert state() == (before + 2, changes + 1), state()
+            assert quit_studio(display, proc), "Ctrl+Q did not quit the studio"
+        finally:
+            stop(proc)
