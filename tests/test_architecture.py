@@ -91,3 +91,14 @@ def test_no_function_level_import_dodges_a_cycle() -> None:
     dodged = [f"{src}:{line} imports {dst} inside a function; {dst} imports it back: {' -> '.join(c)}"
               for src, dst, line in sorted(set(inner)) if dst != src and (c := chain(dst, src))]
     assert not dodged, "\n".join(dodged)
+
+
+def test_every_code_folder_is_a_regular_package() -> None:
+    """A folder of modules without __init__.py is a namespace package: PyInstaller's collect_submodules does not
+    walk it, so a module only imported by name at run time (the AIMET smoke test, workers.quant.smoke) was
+    missing from the frozen build and its preflight failed. Every folder of app/ and workers/ holding modules
+    has an __init__.py."""
+    missing = sorted(str(d.relative_to(REPO)) for pkg in ("app", "workers") for d in (REPO / pkg).rglob("*")
+                     if d.is_dir() and "__pycache__" not in d.parts and any(d.glob("*.py"))
+                     and not (d / "__init__.py").is_file())
+    assert not missing, f"folders of modules without __init__.py: {missing}"
