@@ -45,7 +45,7 @@ def board_page(qtbot: Any, tmp_path: Path, name: str, config: dict[str, Any]) ->
 
 
 def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
-    from PySide6.QtWidgets import QApplication, QScrollArea
+    from PySide6.QtWidgets import QScrollArea
 
     from tests.support.evk_board import EvkBoard
 
@@ -112,8 +112,7 @@ def test_doctor_and_fix_from_the_board_page(qtbot: Any, gui_loop: asyncio.Abstra
                     if item.data(0, 256) in ("fastrpc_device", "udev_rule"):
                         page.doctor.expandItem(item)
                 w.dock.hide()
-                for _ in range(5):
-                    QApplication.processEvents()
+                await asyncio.sleep(0.2)      # settle by awaiting: processEvents() inside a task re-enters qasync
                 scroll = page.findChild(QScrollArea)
                 scroll.ensureWidgetVisible(page.doctor)
                 path = tmp_path / "06-board-evk.png"

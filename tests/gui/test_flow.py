@@ -19,22 +19,22 @@ from tests.gui.conftest import wait_until
 pytestmark = pytest.mark.slow
 
 
-def _shot(widget: Any, name: str, tmp: Path, show: Any = None) -> Path:
-    """Grab the window; with `show`, the job dock is hidden and the page scrolled so that widget is in view."""
-    from PySide6.QtWidgets import QApplication, QScrollArea
+async def _shot(widget: Any, name: str, tmp: Path, show: Any = None) -> Path:
+    """Grab the window; with `show`, the job dock is hidden and the page scrolled so that widget is in view. The
+    layouts settle by awaiting (never processEvents() inside the running task: see test_screenshots._keep)."""
+    from PySide6.QtWidgets import QScrollArea
 
     out = tmp / "screens"
     out.mkdir(exist_ok=True)
     path = out / f"{name}.png"
-    for _ in range(5):          # let the layouts settle (a reply just finished re-lays its bubble), as a person sees it
-        QApplication.processEvents()
+    for _ in range(3):          # let the layouts settle (a reply just finished re-lays its bubble), as a person sees it
+        await asyncio.sleep(0.05)
     if show is not None:
         widget.dock.hide()
-        for _ in range(3):
-            QApplication.processEvents()
+        await asyncio.sleep(0.1)
         page = widget.stack.currentWidget()
         page.findChild(QScrollArea).ensureWidgetVisible(show, 0, 0)
-        QApplication.processEvents()
+        await asyncio.sleep(0.05)
     assert widget.grab().save(str(path)), f"could not save {path}"
     if show is not None:
         widget.dock.show()
@@ -88,7 +88,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         info = await mp.inspect()
         assert info is not None and info["supported"] and info["num_layers"] == 4
         assert mp.inspect_table.rowCount() >= 6
-        _shot(w, "01-model-inspect", tmp_path)
+        await _shot(w, "01-model-inspect", tmp_path)
         mp.calib_spin.setValue(4)
         mp.new_run_button.click()
         assert c.manifest is not None and c.manifest.settings["calibration_samples"] == 4
@@ -99,22 +99,22 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         assert pf.checks.rowCount() >= 5
         ids = [pf.checks.item(r, 0).text() for r in range(pf.checks.rowCount())]
         assert "memory" in ids and "gpu" in ids
-        _shot(w, "02-preflight", tmp_path)
+        await _shot(w, "02-preflight", tmp_path)
 
         await run_page("quantize", 300)
         # the job dock followed the worker: progress, log lines and RSS samples
         assert "quantize" in seen["progress"] and w.dock.plot.t and w.dock.plot.peak_rss > 0
         assert w.dock.progress.value() == 1000 and w.pages["quantize"].graphs.rowCount() == 4
-        _shot(w, "03-quantize", tmp_path)
+        await _shot(w, "03-quantize", tmp_path)
 
         await run_page("validate", 300)
         assert "pass" in w.pages["validate"].verdict.text()
-        _shot(w, "04-validate", tmp_path)
+        await _shot(w, "04-validate", tmp_path)
 
         await run_page("compile", 120)
         cp = w.pages["compile"]
         assert cp.files.rowCount() >= 5 and "SIMULATION" in cp.bundle_label.text()
-        _shot(w, "05-compile", tmp_path, show=cp.files)
+        await _shot(w, "05-compile", tmp_path, show=cp.files)
 
         await run_page("board", 120)
         bp = w.pages["board"]
@@ -122,7 +122,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         items = await bp.probe()
         assert items and items[0]["status"] == "ok" and "local simulator" in bp.console.toPlainText() + \
             bp.conn_label.text()
-        _shot(w, "06-board", tmp_path, show=bp.push_label)
+        await _shot(w, "06-board", tmp_path, show=bp.push_label)
 
         await run_page("chat", 120)
         ch = w.pages["chat"]
@@ -151,7 +151,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         assert "SIMULATED" in ch.kpi_label.text() and "SIMULATED" in ch.transcript.bubbles[-1].kpi_label.text()
         assert ch.rate_plot.xs and ch.history_plot.rates[-1] == pytest.approx(turn.kpis["gen_tok_s"])
         assert "tokens" in ch.context_meter.format() and ch.context_meter.value() > 0
-        _shot(w, "07-chat", tmp_path)
+        await _shot(w, "07-chat", tmp_path)
         # a second turn keeps the conversation (multi-turn prompt) and can be stopped mid-reply
         ch.max_tokens.setValue(200)
         task = asyncio.ensure_future(ch.send("Tell me about the harbour."))
@@ -178,7 +178,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         (sess,) = exported["chat_sessions"]
         assert [t["state"] for t in sess["turns"]] == ["complete", "aborted"]
         assert sess["source"] == "simulated" and sess["mode"] == "persistent"
-        _shot(w, "08-report", tmp_path)
+        await _shot(w, "08-report", tmp_path)
 
         # every stage shows done in the stage list (a stage another page adds may not have run)
         assert all(c.state(s) == "done" for s in ("model", "preflight", "quantize", "validate", "compile",

@@ -18,11 +18,12 @@ from tests.gui.test_flow import assert_in_view
 pytestmark = pytest.mark.slow
 
 
-def _keep(widget: Any, name: str, tmp: Path) -> Path:
-    from PySide6.QtWidgets import QApplication
-
-    for _ in range(5):
-        QApplication.processEvents()
+async def _keep(widget: Any, name: str, tmp: Path) -> Path:
+    """Grab `widget` once the layouts have settled. The settling is an await, never processEvents(): under
+    qasync that would run asyncio callbacks inside the running task ("Cannot enter into task"), and a chat
+    helper's reader could lose its wake-up and the reply never end."""
+    for _ in range(3):
+        await asyncio.sleep(0.05)
     path = tmp / f"{name}.png"
     assert widget.grab().save(str(path))
     keep = os.environ.get("HEXSTUDIO_SCREENSHOTS")
@@ -62,37 +63,37 @@ def test_changed_pages_at_two_sizes_and_dark(qtbot: Any, gui_loop: asyncio.Abstr
             task = asyncio.ensure_future(ch.send())
             await wait_until(lambda: ch.busy_chat and len(ch.streamed) > 8, 120, "the reply to stream")
             assert_in_view(w, ch.input, ch.send_button, ch.stop_button)
-            _keep(w, f"chat-{size[0]}x{size[1]}-streaming", tmp_path)
+            await _keep(w, f"chat-{size[0]}x{size[1]}-streaming", tmp_path)
             await asyncio.wait_for(task, 180)       # a reply that never ends is a failure, not a hang
             assert_in_view(w, ch.input, ch.send_button, ch.stop_button)
-            _keep(w, f"chat-{size[0]}x{size[1]}", tmp_path)
+            await _keep(w, f"chat-{size[0]}x{size[1]}", tmp_path)
         try:
             w.set_theme("dark")
             assert theme.is_dark()
             for size in ((1600, 1000), (1280, 720)):
                 w.resize(*size)
-                _keep(w, f"chat-{size[0]}x{size[1]}-dark", tmp_path)
+                await _keep(w, f"chat-{size[0]}x{size[1]}-dark", tmp_path)
             w.resize(1600, 1000)
             w.show_stage("compile")
-            _keep(w, "compile-1600x1000-dark", tmp_path)
+            await _keep(w, "compile-1600x1000-dark", tmp_path)
             w.show_stage("report")
             w.pages["report"].run_button.click()
             await wait_until(lambda: not c.busy, 180, "the report stage")
-            _keep(w, "report-1600x1000-dark", tmp_path)
+            await _keep(w, "report-1600x1000-dark", tmp_path)
             d = RunsDialog(c, w)
             qtbot.addWidget(d)
             d.show()
-            _keep(d, "10-runs-dashboard-dark", tmp_path)
+            await _keep(d, "10-runs-dashboard-dark", tmp_path)
         finally:
             w.set_theme("light")
         d = RunsDialog(c, w)
         qtbot.addWidget(d)
         d.show()
-        _keep(d, "10-runs-dashboard", tmp_path)
+        await _keep(d, "10-runs-dashboard", tmp_path)
         a = AboutDialog(c, w)
         qtbot.addWidget(a)
         a.show()
-        _keep(a, "11-about", tmp_path)
+        await _keep(a, "11-about", tmp_path)
         await ch.close_session()
         w.set_theme("system")
 
