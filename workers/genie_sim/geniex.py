@@ -231,12 +231,9 @@ def cmd_session(args: argparse.Namespace) -> int:
             model.reset()
             emit({"event": "reset"})
         elif op == "sampler":   # GenieX takes the sampler per generate(): from the next query on, no reload
-            import numpy as np
-
             given = msg.get("sampler")
-            model.dialog.sampler = {**model.dialog.sampler, **(given if isinstance(given, dict) else {})}
-            model.dialog.rng = np.random.default_rng(int(model.dialog.sampler.get("seed", 42)))
-            emit({"event": "sampler", "applied": True, "sampler": model.dialog.sampler})
+            emit({"event": "sampler", "applied": True,
+                  "sampler": model.dialog.apply_sampler(given if isinstance(given, dict) else {})})
         elif op == "query":
             qid = msg.get("id")
             abort.clear()

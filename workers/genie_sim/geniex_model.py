@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION, chat_template_problem
+from workers.shared.chat_template import load_chat_format
 from workers.shared.errors import ActionableError
 
 LLAMA_CPP_HASH = "simulated"
@@ -144,8 +145,8 @@ class SimGenieX:
         """The qairt plugin's apply_chat_template (sdk/plugins/qairt/src/llm.cpp): on a fresh cache the whole
         history, with its default system prompt when there is none; after a turn only the messages since the
         last assistant message (the cache holds the rest; none is INVALID_INPUT). The template is the
-        bundle's tokenizer_config.json chat_template, with the generation prompt; a leading bos text is left
-        to the pipeline, which adds bos itself on a fresh cache."""
+        bundle's own (workers.shared.chat_template, rendered as transformers does), with the generation prompt;
+        a leading bos text is left to the pipeline, which adds bos itself on a fresh cache."""
         start = 0
         if not self.first_turn:
             last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
@@ -155,7 +156,8 @@ class SimGenieX:
         msgs = [dict(m) for m in messages[start:]]
         if self.first_turn and not any(m.get("role") == "system" for m in msgs):
             msgs.insert(0, {"role": "system", "content": DEFAULT_SYSTEM_PROMPT})
-        return render_chat_template(self.bundle, msgs)
+        fmt = load_chat_format(self.bundle, genie_bos=True)
+        return fmt.strip_bos(fmt.render(msgs, add_generation_prompt=True))
 
     def generate(self, prompt: str, max_tokens: int | None, on_text: Any,
                  should_stop: Any = lambda: False) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -163,30 +165,6 @@ class SimGenieX:
         q = self.dialog.query(prompt, max_tokens, on_text, should_stop)
         self.first_turn = False
         return profile(q, max_tokens), q
-
-
-def render_chat_template(bundle: Path, messages: list[dict[str, str]]) -> str:
-    """tokenizer_config.json's chat_template over `messages` with the generation prompt (Jinja, as
-    transformers renders it); a leading bos text dropped."""
-    import jinja2
-
-    tc = json.loads((bundle / "tokenizer_config.json").read_text(encoding="utf-8"))
-    tmpl = tc["chat_template"]
-    if isinstance(tmpl, list):
-        tmpl = next((t["template"] for t in tmpl if t.get("name") == "default"), tmpl[0]["template"])
-
-    def tok(v: Any) -> str:
-        return str(v.get("content") if isinstance(v, dict) else v or "")
-
-    def refuse(msg: str) -> None:
-        raise ValueError(msg)
-
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.globals["raise_exception"] = refuse
-    bos = tok(tc.get("bos_token"))
-    text = env.from_string(tmpl).render(messages=messages, add_generation_prompt=True, bos_token=bos,
-                                        eos_token=tok(tc.get("eos_token")))
-    return text[len(bos):] if bos and text.startswith(bos) else text
 
 
 def profile(q: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:

@@ -44,7 +44,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from workers.genie_sim.geniex_model import SIM_LABEL, GenieXError, SimGenieX, _registry, _resolve
+from workers.genie_sim.geniex_model import SIM_LABEL, GenieXError, SimGenieX, _registry
+from workers.shared.chat_template import ChatTemplateError
 
 ERR_FILE_NOT_FOUND = -100004
 ERR_MODEL_LOAD = -100201
@@ -124,10 +125,10 @@ class Keeper:
         self.model: SimGenieX | None = None
         self.last = time.monotonic()
 
-    def get(self, name: str, reset: bool) -> SimGenieX:
+    def get(self, name: str, bundle: str, reset: bool) -> SimGenieX:
         if self.model is None or self.name != name:
             self.model, self.name = None, None
-            self.model = SimGenieX(Path(_registry(self.data_dir)[name]))   # GenieXError when the plugin refuses
+            self.model = SimGenieX(Path(bundle))   # GenieXError when the plugin refuses
             self.name = name
         if reset:
             self.model.reset()
@@ -140,15 +141,13 @@ class Keeper:
 
 
 def set_sampler(model: SimGenieX, body: dict[str, Any]) -> None:
-    import numpy as np
-
-    temp = float(body.get("temperature") or 0.0)
+    """The request's sampler, as the handler builds GenieX's SamplerConfig per request (an omitted value is 0:
+    temperature 0 is greedy, top_k/top_p 0 leave the distribution whole, seed 0)."""
     top_k = int(body.get("top_k") or 0)
     top_p = float(body.get("top_p") or 0.0)
-    model.dialog.sampler = {**model.dialog.sampler, "temp": temp, "top-k": top_k if top_k > 0 else 1 << 30,
-                            "top-p": top_p if 0 < top_p <= 1 else 1.0}
-    if body.get("seed") is not None:
-        model.dialog.rng = np.random.default_rng(int(body["seed"]))
+    model.dialog.apply_sampler({"temp": float(body.get("temperature") or 0.0),
+                                "top-k": top_k if top_k > 0 else 1 << 30, "top-p": top_p if 0 < top_p <= 1 else 1.0,
+                                "seed": int(body.get("seed") or 0)})
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -266,7 +265,8 @@ class Handler(BaseHTTPRequestHandler):
                 return
             prompt = body["prompt"] if isinstance(body["prompt"], str) else body["prompt"][0]
         name = str(body.get("model") or "").split(":", 1)[0]
-        if name not in _registry(self.keeper.data_dir) or _resolve(name, self.keeper.data_dir) is None:
+        bundle = _registry(self.keeper.data_dir).get(name)   # only pulled models are served
+        if bundle is None:
             self._json(400, {"error": "SDKError(File not found or inaccessible)"})
             return
         messages = messages_of(body) if chat else []
@@ -274,7 +274,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": "not support content part type"})
             return
         try:
-            model = self.keeper.get(name, reset=self.headers.get("GenieX-KeepCache") != "true")
+            model = self.keeper.get(name, bundle, reset=self.headers.get("GenieX-KeepCache") != "true")
         except GenieXError:
             self._json(500, {"error": "SDKError(Model loading failed)", "code": ERR_MODEL_LOAD})
             return
@@ -284,7 +284,7 @@ class Handler(BaseHTTPRequestHandler):
         if chat:
             try:
                 prompt = model.apply_chat_template(messages)
-            except Exception as exc:   # the template refused the history (raise_exception) or failed
+            except (ValueError, ChatTemplateError) as exc:   # nothing new since the last reply, or the template refused
                 self._json(500, {"error": f"SDKError(Invalid input parameters or handle), {exc}", "code": -100001})
                 return
         set_sampler(model, body)

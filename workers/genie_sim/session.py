@@ -23,8 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from workers.genie_sim.t2t import GENIE_API_VERSION, GenieLoadError, SimDialog, profile_doc
 
 _out_lock = threading.Lock()
@@ -84,10 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             emit({"event": "reset"})
         elif op == "sampler":   # per-request sampler values on the loaded dialog (no reload)
             given = msg.get("sampler")
-            values: dict[str, Any] = given if isinstance(given, dict) else {}
-            dialog.sampler = {**dialog.sampler, **values}
-            dialog.rng = np.random.default_rng(int(dialog.sampler.get("seed", 42)))
-            emit({"event": "sampler", "applied": True, "sampler": dialog.sampler})
+            emit({"event": "sampler", "applied": True,
+                  "sampler": dialog.apply_sampler(given if isinstance(given, dict) else {})})
         elif op == "query":
             qid = msg.get("id")
             abort.clear()

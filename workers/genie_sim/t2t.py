@@ -212,7 +212,6 @@ class SimDialog:
     GenieFeeds)."""
 
     def __init__(self, config_path: Path, sampler: dict[str, Any] | None = None) -> None:
-        import numpy as np
         from tokenizers import Tokenizer
 
         from workers.arloop import DeploymentPair
@@ -243,8 +242,8 @@ class SimDialog:
         self.pair = DeploymentPair.from_graphs(entries, root, positional_encoding=pe, paths=paths, quant=quant,
                                                context_length=int(cfg["context"]["size"]),
                                                intra_op_threads=int(os.environ.get("HEXSTUDIO_SIM_THREADS", "2")))
-        self.sampler = {**cfg.get("sampler", {}), **(sampler or {})}
-        self.rng = np.random.default_rng(int(self.sampler.get("seed", 42)))
+        self.sampler: dict[str, Any] = dict(cfg.get("sampler", {}))
+        self.apply_sampler(sampler or {})
         eos = cfg["context"].get("eos-token")
         self.eos = set(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
         bos = cfg["context"].get("bos-token")
@@ -259,6 +258,15 @@ class SimDialog:
     # GenieX's qairt pipeline (geniex-qairt-plugin llm_pipeline.cpp generate) prepends bos only while the cache
     # is empty; Genie's dialog (the default) starts every later query with eos, bos
     bos_on_fresh_cache_only = False
+
+    def apply_sampler(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Sampler values (Genie's keys: seed, temp, top-k, top-p) for the next queries, the random state
+        seeded again from the seed (GenieSampler_applyConfig; GenieX takes them per generate())."""
+        import numpy as np
+
+        self.sampler = {**self.sampler, **values}
+        self.rng = np.random.default_rng(int(self.sampler.get("seed", 42)))
+        return self.sampler
 
     def reset(self) -> None:
         self.pair.reset()

@@ -1,5 +1,5 @@
 """A case's prompt as Genie gets it: rendered with the model's own chat template, tool definitions included
-where the template takes them (app.core.genie.chat_template), without the BOS Genie pushes itself.
+where the template takes them (workers.shared.chat_template), without the BOS Genie pushes itself.
 
 The same text goes to the board and to both host legs, so the three legs see identical tokens."""
 
@@ -12,8 +12,8 @@ from typing import Any
 
 from app.core.eval.suites import Case
 from app.core.eval.toolcall import detect_format
-from app.core.genie.chat_template import ChatFormat
 from app.core.genie.prompts import chat_format_for, chat_prompt, template_for
+from workers.shared.chat_template import ChatFormat
 
 GENERIC_TOOLS = ("You can call these functions:\n{tools}\n\nTo call one or more, reply with only JSON: "
                  "{{\"name\": <function name>, \"arguments\": {{...}}}} (a list for several calls). If none of "

@@ -230,6 +230,7 @@ def score_all(plan: Plan, records: dict[str, dict[str, Any]], tool_format: str,
 
 async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     from app.core.device.board import BoardError
+    from app.core.services.chat_target import board_doc as read_board_doc
     from app.core.services.chat_target import open_run_board
     from app.core.settings import Settings
 
@@ -249,7 +250,7 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
            f"{renderer.label()}; tool calls read in the {renderer.tool_format} format")
     st = ctx.manifest.data["stages"]
     digest = {n: (st.get(n) or {}).get("output_digest") for n in ("quantize", "compile", "board")}
-    board_doc = json.loads((ctx.upstream["board"] / "board.json").read_text()) if "board" in ctx.upstream else {}
+    board_doc = read_board_doc(ctx.upstream.get("board")) or {}
     runtime = str(ctx.settings.get("runtime") or "") or None
     host_journal = run_dir / "eval" / f"host-{_h(digest['quantize'], digest['compile'], EVAL_VERSION)}.jsonl"
     board_journal = run_dir / "eval" / (f"board-{board_doc.get('board', 'none')}-"

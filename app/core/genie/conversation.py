@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.core.genie.chat_template import ChatFormat
 from app.core.genie.prompts import LLAMA3
+from workers.shared.chat_template import ChatFormat
 
 # model: the model's own chat template (conversation.chat_format); plain: completion, the text as typed
 TEMPLATES = ("auto", "model", "plain", "llama3", "nemotron-reasoning-off", "nemotron-reasoning-on", "qa")

@@ -1,5 +1,5 @@
 """Prompt templates. `model`: the model's own chat template, rendered as transformers renders it
-(app/core/genie/chat_template.py); `plain`: completion, the text as typed (base models without a chat
+(workers/shared/chat_template.py); `plain`: completion, the text as typed (base models without a chat
 template); `qa`: the built-in toy model's completion format ("Question: ... Answer:", what its corpus
 taught it). The hand-written `llama3` and `nemotron` strings remain for a bundle with no model files."""
 
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.core.genie.chat_template import ChatFormat, load_chat_format
+from workers.shared.chat_template import ChatFormat, load_chat_format
 
 LLAMA3 = ("<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>"
           "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|>"

@@ -9,6 +9,7 @@ from app.core.device.board import BoardError
 from app.core.genie.prompts import format_prompt
 from app.core.genie.run import Chunk, QueryResult, load_token_counter, run_query
 from app.core.pipeline import StageContext, StageError
+from app.core.services.chat_target import board_doc as read_board_doc
 from app.core.services.chat_target import open_run_board
 from app.core.settings import Settings
 from workers.shared.run_settings import DEFAULTS
@@ -29,7 +30,10 @@ def chat_record(board_name: str, prompt: str, res: QueryResult) -> dict[str, Any
 
 async def run_chat_stage(ctx: StageContext) -> dict[str, Any]:
     em = ctx.emitter
-    board_doc = json.loads((ctx.upstream["board"] / "board.json").read_text())
+    board_doc = read_board_doc(ctx.upstream["board"])
+    if board_doc is None:
+        raise StageError("no_board", "The Chat stage needs the board stage's result (board.json).",
+                         "Run the board stage again.")
     try:
         board = (await open_run_board(board_doc, Settings.load(), ctx.manifest.run_dir.parent.parent)).board
     except BoardError as exc:

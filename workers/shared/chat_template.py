@@ -1,5 +1,6 @@
 """The model's own chat template, rendered exactly as transformers' `apply_chat_template` renders it, and
-the prompts Genie needs from it.
+the prompts Genie needs from it. Shared by the studio (chat, evaluation) and the simulator board's GenieX
+face, which applies the template as GenieX's qairt plugin does (workers/genie_sim/geniex_model.py).
 
 Rendering (transformers `utils/chat_template_utils.py`): a jinja2 ImmutableSandboxedEnvironment with
 trim_blocks and lstrip_blocks and the loopcontrols extension (plus transformers' `{% generation %}`
@@ -179,7 +180,7 @@ class ChatFormat:
             return "".join(f"{u}{r}" for u, r in turns) + user
         system, opts = self._options(thinking, system, variables)
         text = self.render(self._messages(system, turns, user), add_generation_prompt=True, tools=tools, **opts)
-        return self._strip_bos(text)
+        return self.strip_bos(text)
 
     def genie_continuation(self, turns: list[tuple[str, str]], user: str, *, system: str = "",
                            thinking: bool | None = None, tools: list[dict[str, Any]] | None = None,
@@ -204,7 +205,7 @@ class ChatFormat:
             if rest.startswith(end):
                 rest = rest[len(end):]
                 break
-        return self._strip_bos(rest)
+        return self.strip_bos(rest)
 
     def eot_texts(self) -> list[str]:
         """Texts that end a turn in this template and are among the model's EOS tokens (e.g. <|eot_id|>,
@@ -212,7 +213,8 @@ class ChatFormat:
         return [t for t in ("<|eot_id|>", "<|im_end|>", "<|end|>", "</s>", "<|endoftext|>", "<end_of_turn>")
                 if self.template and t in self.template]
 
-    def _strip_bos(self, text: str) -> str:
+    def strip_bos(self, text: str) -> str:
+        """`text` without a leading BOS text when the runtime pushes BOS itself."""
         bos = self.special.get("bos_token")
         if self.genie_bos and bos and text.startswith(bos):
             return text[len(bos):]
