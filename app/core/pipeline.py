@@ -259,7 +259,7 @@ class Pipeline:
     def _override_record(self, name: str) -> dict[str, Any] | None:
         for ev in reversed(self.m.data.get("events", [])):
             if ev.get("kind") == "gate_override" and ev.get("stage") == name:
-                return {"t": ev["t"], "reason": ev.get("message")}
+                return {"t": ev["t"], "reason": ev.get("message"), "by": ev.get("by") or "unknown"}
         return None
 
     def override_gate(self, name: str, reason: str) -> None:
@@ -267,7 +267,10 @@ class Pipeline:
         if name not in overrides:
             overrides.append(name)
         self.m.settings["override_gates"] = overrides
-        self.m.add_event("gate_override", reason, stage=name)
+        self.m.add_event("gate_override", reason, stage=name, by=_login_name())
+        gate = self.m.stage(name).data.get("gate")
+        if isinstance(gate, dict):   # the stored gate says so too, not only after the next run
+            gate["override"] = self._override_record(name)
         self.m.save()
 
     async def cancel(self) -> None:
@@ -478,6 +481,16 @@ def _run_processes(pgid: int, tag: str) -> list[psutil.Process]:
         except (psutil.Error, OSError):
             continue
     return found
+
+
+def _login_name() -> str:
+    """Who overrode a gate (recorded beside the reason; the studio and the CLI show it)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name (some containers)
+        return "unknown"
 
 
 def stop_stale_workers(m: RunManifest, term_s: float = 3.0) -> list[str]:

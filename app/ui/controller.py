@@ -22,6 +22,7 @@ from app.core.runs import RunSummary, Workspace
 from app.core.sampler import ResourceSample
 from app.core.settings import Settings
 from app.core.stages import STAGES, get_stage
+from app.core.status import KINDS, StageStatus, stage_status
 
 log = logging.getLogger("hexstudio.gui")
 
@@ -44,6 +45,7 @@ class RunController(QObject):
         self.task: asyncio.Task[PipelineResult] | None = None
         self.running_stage: str | None = None
         self.last_result: PipelineResult | None = None
+        self.last_target: str | None = None        # the stage the latest start() was asked to reach
         self._busy = False
 
     # -- runs ----------------------------------------------------------------------------------
@@ -83,6 +85,13 @@ class RunController(QObject):
             return "running"
         return display_state(self.manifest, stage, get_stage(stage))
 
+    def status(self, stage: str) -> StageStatus:
+        """The stage's status in the one status model (app.core.status): what the stage list, the page and
+        every other face say."""
+        if self.manifest is None:
+            return StageStatus(stage, get_stage(stage).title, KINDS["pending"], "No run is open.")
+        return stage_status(self.manifest, stage, get_stage(stage), running=self.running_stage == stage)
+
     def stage_dir(self, stage: str) -> Path | None:
         if self.manifest is None:
             return None
@@ -100,6 +109,7 @@ class RunController(QObject):
             raise RuntimeError("Open or create a run first.")
         if self.busy:
             raise RuntimeError(f"The {self.running_stage} stage is still working: wait for it or cancel it.")
+        self.last_target = only or until
         self.pipeline = Pipeline(self.manifest, on_event=self._on_event, on_sample=self._on_sample,
                                  on_stage=self._on_stage)
         self._busy = True

@@ -44,9 +44,11 @@ from PySide6.QtWidgets import (
 
 from app.core.jobs import human_bytes
 from app.core.logs import log_dir
+from app.core.manifest import ManifestError, RunManifest
 from app.core.runs import RunSummary
 from app.core.sampler import ResourceSample
 from app.core.stages import STAGES, get_stage
+from app.core.status import KINDS, run_status, stage_statuses
 from app.ui.controller import RunController
 from app.ui.errors import show_error
 from app.ui.job_dock import JobDock
@@ -57,7 +59,7 @@ from app.ui.pages.evaluate import EvaluatePage
 from app.ui.pages.model import ModelPage
 from app.ui.pages.report import ReportPage
 from app.ui.pages.workstation import CompilePage, PreflightPage, QuantizePage, ValidatePage
-from app.ui.widgets import STATE_COLORS, STATE_TEXT, paper, state_icon
+from app.ui.widgets import STATE_COLORS, paper, state_icon
 from workers.shared.errors import ActionableError
 
 
@@ -69,27 +71,20 @@ def run_row(s: RunSummary) -> dict[str, Any]:
     except (OSError, ValueError):
         data = {}
     stages = data.get("stages") or {}
-    states = [str((stages.get(st.name) or {}).get("state") or "pending") for st in STAGES]
-    if any(x == "running" for x in states):
-        status = "running"
-    elif any(x in ("failed", "interrupted", "cancelled") for x in states):
-        bad = next(st.name for st, x in zip(STAGES, states, strict=True) if x in ("failed", "interrupted",
-                                                                                   "cancelled"))
-        status = f"{states[[st.name for st in STAGES].index(bad)]} at {bad}"
-    elif all(x == "done" for x in states):
-        status = "complete"
-    else:
-        done = sum(x == "done" for x in states)
-        status = f"{done}/{len(states)} stages done"
+    try:   # the one status model (app.core.status): the same words as the stage list, the report and the CLI
+        statuses = stage_statuses(RunManifest.load(s.path))
+        rs = run_status(statuses)
+        status, status_key = rs.word, rs.key
+        verdict_status = next(x for x in statuses if x.stage == "validate")
+        verdict = "" if verdict_status.key in ("pending", "running") else verdict_status.word
+    except (ManifestError, OSError, KeyError, ValueError):
+        status, status_key, verdict = "unreadable run.json", "failed", ""
 
     def metric(stage: str, name: str) -> float | None:
         v = ((stages.get(stage) or {}).get("metrics") or {}).get(name)
         v = v.get("value") if isinstance(v, dict) else v
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    gate = (stages.get("validate") or {}).get("gate") or {}
-    verdict = "" if not gate else ("pass" if gate.get("passed") else
-                                   "overridden" if gate.get("override") else "FAIL")
     peaks = [float(p) for st in stages.values() if isinstance(st, dict)
              for p in [st.get("peak_rss_bytes")] if isinstance(p, (int, float))]
     chat_source = ""
@@ -100,7 +95,7 @@ def run_row(s: RunSummary) -> dict[str, Any]:
         except (OSError, ValueError):
             chat_source = ""
     return {"run": s.run_id, "name": data.get("name") or s.run_id, "model": s.model, "created": s.created,
-            "status": status, "verdict": verdict, "tok_s": metric("chat", "gen_tok_s"),
+            "status": status, "status_key": status_key, "verdict": verdict, "tok_s": metric("chat", "gen_tok_s"),
             "ttft_ms": metric("chat", "ttft_ms"), "peak_rss": max(peaks) if peaks else None, "board": s.board,
             "source": chat_source}
 
@@ -186,8 +181,14 @@ class RunsDialog(QDialog):
             ]
             cells[0].setData(Qt.ItemDataRole.UserRole, row["run"])
             cells[0].setToolTip(f"{row['run']}\n{row['model']}")
-            if row["verdict"] == "FAIL" or row["status"].startswith(("failed", "interrupted")):
-                cells[3 if row["verdict"] != "FAIL" else 4].setForeground(QColor(STATE_COLORS["failed"]))
+            run_kind = {"complete": "passed", "in_progress": "pending"}.get(row["status_key"], row["status_key"])
+            cells[3].setIcon(state_icon(run_kind))
+            if run_kind in KINDS:
+                cells[3].setForeground(QColor(KINDS[run_kind].color))
+            verdict_kind = next((k for k in KINDS.values() if k.word == row["verdict"]), None)
+            if verdict_kind is not None:
+                cells[4].setIcon(state_icon(verdict_kind.key))
+                cells[4].setForeground(QColor(verdict_kind.color))
             for col, item in enumerate(cells):
                 self.table.setItem(r, col, item)
         self.table.setSortingEnabled(True)
@@ -376,6 +377,36 @@ class ResumeBar(QFrame):
         self.hide()
 
 
+class GateBar(QFrame):
+    """Shown above the pages while a stage of the open run has a failed gate that nobody overrode: why, and the
+    way on (override it, recorded with who and when; or open the stage to fix it). A run that stops at such a
+    gate (Run Report after a failed Evaluate gate, say) says so here, not only in the status bar."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("gate_bar")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setStyleSheet(f"QFrame#gate_bar {{ border: 1px solid {KINDS['gate_failed'].color}; "
+                           "border-radius: 4px; }")
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(10, 4, 6, 4)
+        self.label = QLabel("")
+        self.label.setObjectName("gate_bar_label")
+        self.label.setTextFormat(Qt.TextFormat.RichText)
+        self.label.setWordWrap(True)
+        lay.addWidget(self.label, 1)
+        self.override_button = QPushButton("Override the gate…")
+        self.override_button.setObjectName("gate_bar_override")
+        self.override_button.setToolTip("Continue past this gate anyway: your reason, your name and the time are "
+                                        "recorded in the run and shown in its report")
+        lay.addWidget(self.override_button)
+        self.show_button = QPushButton("Show the stage")
+        self.show_button.setObjectName("gate_bar_show")
+        lay.addWidget(self.show_button)
+        self.stage: str | None = None
+        self.hide()
+
+
 def open_folder(path: Path) -> bool:
     """Show a folder in the system's file manager (made first if it does not exist yet)."""
     try:
@@ -461,6 +492,11 @@ class MainWindow(QMainWindow):
         self.resume_bar = ResumeBar()
         self.resume_bar.resume_button.clicked.connect(self.resume)
         cl.addWidget(self.resume_bar)
+        self.gate_bar = GateBar()
+        self._gate_stopped: str | None = None
+        self.gate_bar.override_button.clicked.connect(self._override_from_bar)
+        self.gate_bar.show_button.clicked.connect(self._show_gate)
+        cl.addWidget(self.gate_bar)
         cl.addWidget(split, 1)
         self.setCentralWidget(central)
         self.dock = JobDock(self)
@@ -668,6 +704,46 @@ class MainWindow(QMainWindow):
                                       "clean state, then every later stage that is not done.")
         self.resume_bar.show()
 
+    def update_gate_bar(self, stopped: str | None = None) -> None:
+        """Show the first stage whose gate failed and was not overridden; `stopped` is the stage a run was
+        started for and did not reach because of it."""
+        blocked = next((st for st in (self.c.status(s.name) for s in STAGES) if st.key == "gate_failed"), None)
+        self._gate_stopped = stopped if blocked is not None else None
+        if blocked is None or self.c.busy:
+            self.gate_bar.hide()
+            self.gate_bar.stage = None
+            return
+        lead = ""
+        if stopped:
+            lead = f"<b>{html.escape(get_stage(stopped).title)} did not run:</b> "
+        self.gate_bar.stage = blocked.stage
+        self.gate_bar.label.setText(
+            f"{lead}<span style='color:{blocked.color}'><b>{blocked.symbol} The {html.escape(blocked.title)} gate "
+            f"failed</b></span> — {html.escape(str(blocked.gate_reason))}. Later stages wait until it passes "
+            "(fix and run the stage again) or you override it.")
+        self.gate_bar.override_button.setVisible(blocked.overridable)
+        self.gate_bar.show()
+
+    def _show_gate(self) -> None:
+        """Open the blocked stage's page scrolled to its gate, where the reason and the Override button are."""
+        name = self.gate_bar.stage
+        page = self.pages.get(name) if name else None
+        if isinstance(page, StagePage):
+            self.show_stage(page.stage.name)
+            if page.scroll_area is not None:
+                page.scroll_area.ensureWidgetVisible(page.gate_box)
+            if page.override_button.isVisible():
+                page.override_button.setFocus()
+
+    def _override_from_bar(self) -> None:
+        name = self.gate_bar.stage
+        page = self.pages.get(name) if name else None
+        if isinstance(page, StagePage):
+            page.override()
+            if self.c.status(page.stage.name).key == "overridden":
+                self.statusBar().showMessage(f"{page.stage.title} gate overridden: recorded in the run", 15000)
+        self.refresh()
+
     def refresh(self) -> None:
         m = self.c.manifest
         if m is None:
@@ -679,14 +755,21 @@ class MainWindow(QMainWindow):
             self.run_label.setToolTip(str(m.run_dir))
             self.setWindowTitle(f"{m.run_id} — HexStudio")
         for i, s in enumerate(STAGES):
-            state = self.c.state(s.name)
-            item = self.stage_list.item(i)
-            item.setIcon(state_icon(state))
-            item.setToolTip(f"{s.title}: {STATE_TEXT.get(state, state)}")
+            self._show_status(i, s.name)
         for p in self.pages.values():
             p.refresh()
         if self.c.busy:
             self.resume_bar.hide()
+        self.update_gate_bar(self._gate_stopped)
+
+    def _show_status(self, i: int, name: str) -> None:
+        """One stage list entry: the status's icon, and its word and detail in the tooltip and for screen readers."""
+        st = self.c.status(name)
+        item = self.stage_list.item(i)
+        item.setIcon(state_icon(st.key))
+        item.setToolTip(f"{st.title}: {st.word} — {st.detail}")
+        item.setData(Qt.ItemDataRole.AccessibleDescriptionRole, st.word)
+        item.setData(Qt.ItemDataRole.UserRole, st.key)
 
     def on_stage_state(self, name: str, state: str) -> None:
         if state == "running":
@@ -697,8 +780,7 @@ class MainWindow(QMainWindow):
                 if doc:
                     est = (doc.get("estimates") or {}).get(f"{name}_peak_rss_bytes")
             self.dock.begin(name, get_stage(name).title, est)
-        i = [s.name for s in STAGES].index(name)
-        self.stage_list.item(i).setIcon(state_icon(self.c.state(name)))
+        self._show_status([s.name for s in STAGES].index(name), name)
         self.pages[name].refresh()   # running: the page says so and greys its previous results
 
     def on_stage_event(self, stage: str, ev: dict[str, Any]) -> None:
@@ -713,3 +795,6 @@ class MainWindow(QMainWindow):
         self.update_resume_bar()
         if not ok and message != "cancelled":
             self.statusBar().showMessage(f"{stage}: {message}", 15000)
+            if self.c.status(stage).key == "gate_failed":
+                target = self.c.last_target if self.c.last_target != stage else None
+                self.update_gate_bar(stopped=target)

@@ -4,27 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QPointF, QSize, Qt
 from PySide6.QtGui import QColor, QIcon, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import QHeaderView, QLabel, QSizePolicy, QTableWidget, QTableWidgetItem, QWidget
 
-STATE_COLORS = {
-    "pending": "#8a8f98", "running": "#2f81f7", "done": "#2da44e", "failed": "#d1242f",
-    "stale": "#bf8700", "interrupted": "#d1242f", "cancelled": "#8a8f98",
-}
-STATE_TEXT = {
-    "pending": "not run yet", "running": "working…", "done": "done", "failed": "failed",
-    "stale": "stale: its inputs changed since it ran",
-    "interrupted": "interrupted (crash or reboot): resume to run it again",
-    "cancelled": "cancelled by you",
-}
+from app.core.status import KINDS
+
+# The one status model (app.core.status): colours, words and marks come from there; "done" stays a key for
+# the few widgets that show a plain success (a board connection, a fix applied).
+STATE_COLORS = {k.key: k.color for k in KINDS.values()} | {"done": KINDS["passed"].color}
+STATE_TEXT = {k.key: k.word for k in KINDS.values()} | {
+    "done": "done", "running": "working…",
+    "interrupted": "interrupted (crash or reboot): resume to run it again", "cancelled": "cancelled by you",
+    "stale": "stale: its inputs changed since it ran"}
 STATUS_COLORS = {"ok": "#2da44e", "warn": "#bf8700", "fail": "#d1242f", "skip": "#8a8f98"}
 
 _icon_cache: dict[str, QIcon] = {}
 
 
 def state_icon(state: str, size: int = 16) -> QIcon:
-    """A drawn icon per state (no image files): a dot, a ring for running, a cross for failures."""
+    """A drawn icon per status (no image files, no font glyphs), the same mark as the status's symbol that the
+    CLI and the report print: ✓ passed, ! gate failed, ⚑ overridden, ✗ failed, ↯ interrupted, ⊘ cancelled,
+    ↻ stale, ○ not run yet, ◐ running."""
+    state = {"done": "passed"}.get(state, state)
     key = f"{state}:{size}"
     if key in _icon_cache:
         return _icon_cache[key]
@@ -34,27 +36,39 @@ def state_icon(state: str, size: int = 16) -> QIcon:
     p.setRenderHint(QPainter.RenderHint.Antialiasing)
     color = QColor(STATE_COLORS.get(state, "#8a8f98"))
     m = 2
+    c = size / 2
     if state == "running":
         p.setPen(QPen(color, 2.5))
         p.drawArc(m, m, size - 2 * m, size - 2 * m, 30 * 16, 300 * 16)
     elif state in ("pending", "cancelled"):
         p.setPen(QPen(color, 1.8))
         p.drawEllipse(m, m, size - 2 * m, size - 2 * m)
+        if state == "cancelled":
+            p.drawLine(QPointF(c - 3.5, c + 3.5), QPointF(c + 3.5, c - 3.5))
     else:
         p.setPen(Qt.PenStyle.NoPen)
         p.setBrush(color)
         p.drawEllipse(m, m, size - 2 * m, size - 2 * m)
-        p.setPen(QPen(QColor("white"), 2))
-        c = size / 2
-        if state == "done":
-            p.drawLine(int(c - 4), int(c), int(c - 1), int(c + 3))
-            p.drawLine(int(c - 1), int(c + 3), int(c + 4), int(c - 3))
-        elif state in ("failed", "interrupted"):
-            p.drawLine(int(c - 3), int(c - 3), int(c + 3), int(c + 3))
-            p.drawLine(int(c - 3), int(c + 3), int(c + 3), int(c - 3))
-        elif state == "stale":
-            p.drawLine(int(c), int(c - 4), int(c), int(c + 1))
-            p.drawPoint(int(c), int(c + 4))
+        pen = QPen(QColor("white"), 2)
+        pen.setCapStyle(Qt.PenCapStyle.RoundCap)
+        p.setPen(pen)
+        if state == "passed":
+            p.drawLine(QPointF(c - 4, c), QPointF(c - 1, c + 3))
+            p.drawLine(QPointF(c - 1, c + 3), QPointF(c + 4, c - 3))
+        elif state == "failed":
+            p.drawLine(QPointF(c - 3, c - 3), QPointF(c + 3, c + 3))
+            p.drawLine(QPointF(c - 3, c + 3), QPointF(c + 3, c - 3))
+        elif state in ("gate_failed", "stale"):
+            p.drawLine(QPointF(c, c - 4), QPointF(c, c + 0.5))
+            p.drawPoint(QPointF(c, c + 3.5))
+        elif state == "overridden":   # a flag
+            p.drawLine(QPointF(c - 3, c - 4), QPointF(c - 3, c + 4))
+            p.setBrush(QColor("white"))
+            p.setPen(Qt.PenStyle.NoPen)
+            p.drawPolygon([QPointF(c - 3, c - 4), QPointF(c + 4, c - 2), QPointF(c - 3, c + 1)])
+        elif state == "interrupted":  # a broken line
+            p.drawPolyline([QPointF(c + 1, c - 4.5), QPointF(c - 2.5, c + 0.5), QPointF(c + 2.5, c - 0.5),
+                            QPointF(c - 1, c + 4.5)])
     p.end()
     icon = QIcon(pm)
     _icon_cache[key] = icon

@@ -179,8 +179,8 @@ def test_runs_dashboard_sorts_and_compares(qtbot: Any, tmp_path: Path, compiled_
     rows = {d.table.item(r, 0).data(256): [d.table.item(r, col).text() for col in range(len(RUN_COLUMNS))]
             for r in range(d.table.rowCount())}
     assert set(rows) == {done.name, fresh.run_id}
-    assert rows[done.name][4] == "pass" and rows[done.name][7].endswith("B")   # verdict, peak RSS
-    assert rows[fresh.run_id][3].endswith("stages done")
+    assert rows[done.name][4] == "passed" and rows[done.name][7].endswith("B")   # verdict (status word), peak RSS
+    assert rows[fresh.run_id][3] == "0/9 stages passed"
     d.table.sortItems(2, Qt.SortOrder.AscendingOrder)   # by creation time, oldest first
     first = d.table.item(0, 0).data(256)
     d.table.sortItems(2, Qt.SortOrder.DescendingOrder)

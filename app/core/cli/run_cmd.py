@@ -24,6 +24,7 @@ from app.core.remote.hosts import WorkerHostError, host_config
 from app.core.runs import RunNotFound, WorkspaceError
 from app.core.settings import SettingsError
 from app.core.stages import STAGE_NAMES
+from app.core.status import stage_status
 from workers.shared import run_settings
 
 
@@ -167,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for name in res.ran:
             st = m.stage(name).data
             peak = st.get("peak_rss_bytes")
-            print(f"  {name:10s} {st['state']:12s} {st.get('duration_s') or 0:8.1f} s  peak RSS "
+            print(f"  {name:10s} {stage_status(m, name).line():14s} {st.get('duration_s') or 0:8.1f} s  peak RSS "
                   f"{human_bytes(peak)}", file=sys.stderr)
         if res.ok:
             print(f"ok: {res.message} (run {m.run_id})")
@@ -175,5 +176,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"stopped at {res.stopped_at}: {res.message}", file=sys.stderr)
             if res.hint:
                 print(f"  what to do: {res.hint}", file=sys.stderr)
-            print(f"  resume with: hexstudio run --resume {m.run_id}", file=sys.stderr)
+            if res.stopped_at is None or stage_status(m, res.stopped_at).key != "gate_failed":
+                # after a failed gate a plain resume only stops at the same gate: the hint above says what to do
+                print(f"  resume with: hexstudio run --resume {m.run_id}", file=sys.stderr)
     return 0 if res.ok else 1

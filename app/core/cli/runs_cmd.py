@@ -9,6 +9,7 @@ from app.core.jobs import human_bytes
 from app.core.pipeline import display_state
 from app.core.runs import RunNotFound
 from app.core.stages import STAGES
+from app.core.status import legend, run_status, stage_statuses
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,11 +40,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not runs:
         print("no runs yet. Start one with: hexstudio run")
         return 0
+    ws = workspace_from(args)
     for r in runs:
-        done = sum(1 for s in r.states.values() if s == "done")
-        failed = [k for k, s in r.states.items() if s in ("failed", "interrupted")]
-        flag = f"  ({', '.join(failed)} {'failed' if failed else ''})" if failed else ""
-        print(f"{r.run_id}  {r.model}  board={r.board}  {done}/{len(r.states)} done{flag}")
+        try:
+            word = run_status(stage_statuses(ws.open_run(r.run_id))).word
+        except Exception:  # an unreadable run still gets listed
+            word = "unreadable run.json"
+        print(f"{r.run_id}  {r.model}  board={r.board}  {word}")
     return 0
 
 
@@ -52,23 +55,33 @@ def cmd_show(args: argparse.Namespace) -> int:
         m = workspace_from(args).open_run(args.run_id)
     except RunNotFound as exc:
         raise CliError(str(exc)) from None
+    statuses = stage_statuses(m)
     if args.json:
         data = dict(m.data)
         data["display_states"] = {s.name: display_state(m, s.name) for s in STAGES}
+        data["statuses"] = {s.stage: s.as_json() for s in statuses}
+        data["run_status"] = run_status(statuses).as_json()
         print_json(data)
         return 0
-    print(f"run {m.run_id}\n  model {m.inputs['model']}  board {m.inputs['board']}\n  folder {m.run_dir}")
-    for s in STAGES:
+    print(f"run {m.run_id}  ({run_status(statuses).word})\n  model {m.inputs['model']}  board {m.inputs['board']}"
+          f"\n  folder {m.run_dir}")
+    for s, status in zip(STAGES, statuses, strict=True):
         st = m.stage(s.name).data
-        line = f"  {s.name:10s} {display_state(m, s.name):12s}"
+        line = f"  {s.name:10s} {status.line():14s}"
         if st.get("duration_s") is not None:
             line += f" {st['duration_s']:8.1f} s  peak RSS {human_bytes(st.get('peak_rss_bytes'))}"
         print(line)
+        if status.key in ("gate_failed", "overridden"):
+            print(f"             {status.detail}")
+            if status.key == "gate_failed" and status.overridable:
+                print(f"             what to do: fix it and run the stage again, or continue anyway with "
+                      f"`hexstudio run --resume {m.run_id} --override-gate {s.name}` (recorded in the run)")
         out = st.get("outcome") or {}
-        if out.get("kind") not in (None, "ok"):
+        if status.key in ("failed", "cancelled", "interrupted") and out.get("kind") not in (None, "ok"):
             print(f"             {out.get('message')}")
             if out.get("hint"):
                 print(f"             what to do: {out['hint']}")
+    print(f"  legend: {legend()}")
     return 0
 
 

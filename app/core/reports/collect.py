@@ -17,6 +17,7 @@ from app.core.manifest import RunManifest, now_iso
 from app.core.reports.bench import bench_section
 from app.core.reports.redact import scrub, secret_values_in
 from app.core.stages import STAGES
+from app.core.status import RunStatus, run_status, stage_statuses
 
 REPORT_VERSION = 1
 
@@ -39,6 +40,9 @@ NEXT_STEP = {
                "are not submitted again.",
     "board": "Run the doctor on the Board page and apply its fixes, then resume.",
     "chat": "Run `hexstudio explain --file` on the chat log for the cause, fix the board, then resume.",
+    "evaluate": "Open the Evaluate page: it shows where the board's greedy continuation left the host "
+                "simulation's. Run the stage again after fixing the board or bundle, or override the gate "
+                "knowingly (the override is recorded and shown here).",
     "report": "Run `hexstudio report RUN --format json` to see the error in full.",
 }
 
@@ -117,36 +121,43 @@ def token_rate_series(chunks: list[dict[str, Any]], window_s: float = 1.0) -> li
 
 def _stage_rows(m: RunManifest) -> list[dict[str, Any]]:
     rows = []
-    for s in STAGES:
+    for s, status in zip(STAGES, stage_statuses(m), strict=True):
         st = m.stage(s.name).data
         out = st.get("outcome") or {}
         gate = st.get("gate") or {}
         rows.append({"name": s.name, "title": s.title, "state": st.get("state", "pending"),
+                     "status": {**status.as_json(), "color": status.color},
                      "started": st.get("started"), "ended": st.get("ended"), "duration_s": st.get("duration_s"),
                      "peak_rss_bytes": st.get("peak_rss_bytes"), "peak_vram_bytes": st.get("peak_vram_bytes"),
                      "outcome": {"kind": out.get("kind"), "code": out.get("code"), "message": out.get("message"),
                                  "hint": out.get("hint")} if out else None,
                      "gate": {"passed": gate.get("passed"), "reason": gate.get("reason"),
-                              "override": gate.get("override")} if gate else None,
+                              "override": status.override or gate.get("override")} if gate else None,
                      "warnings": [w.get("message") for w in st.get("warnings") or []]})
     return rows
 
 
-def _status(stages: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
-    for s in stages:
-        if s["state"] in ("failed", "interrupted", "cancelled"):
-            out = s.get("outcome") or {}
-            return "failed", {"stage": s["name"], "state": s["state"], "code": out.get("code"),
-                              "message": out.get("message") or f"{s['title']} did not complete ({s['state']}).",
-                              "hint": out.get("hint"), "next_step": NEXT_STEP.get(s["name"], "")}
-        if s["state"] == "done" and s.get("gate") and not s["gate"].get("passed") and not s["gate"].get("override"):
-            return "failed", {"stage": s["name"], "state": "gate", "code": "gate_not_passed",
-                              "message": f"{s['title']} gate not passed: {s['gate'].get('reason')}", "hint": None,
-                              "next_step": NEXT_STEP.get(s["name"], "")}
-    done = [s for s in stages if s["name"] != "report"]
-    if all(s["state"] == "done" for s in done):
-        return "complete", None
-    return "in_progress", None
+def _status(m: RunManifest, stages: list[dict[str, Any]]) -> tuple[RunStatus, dict[str, Any] | None]:
+    """The run's status from the one status model (app.core.status), the Report stage itself left out (it is
+    running while it writes this); the failure names the stage that holds the run back, why and what next."""
+    statuses = [x for x in stage_statuses(m) if x.stage != "report"]
+    rs = run_status(statuses)
+    if rs.key not in ("failed", "gate_failed", "cancelled", "interrupted") or rs.stage is None:
+        return rs, None
+    s = next(x for x in stages if x["name"] == rs.stage)
+    st = next(x for x in statuses if x.stage == rs.stage)
+    if rs.key == "gate_failed":
+        hint = (f"Fix what the stage reported and run it again, or override the gate (the studio's Override "
+                f"button, or `hexstudio run --resume {m.run_id} --override-gate {rs.stage}`); an override is "
+                "recorded with who and when." if st.overridable else f"Run the {rs.stage} stage again.")
+        return rs, {"stage": rs.stage, "state": "gate failed", "code": "gate_not_passed",
+                    "message": f"{s['title']} gate not passed: {st.gate_reason}", "hint": hint,
+                    "next_step": NEXT_STEP.get(rs.stage) or hint}
+    out = s.get("outcome") or {}
+    return rs, {"stage": rs.stage, "state": st.word, "code": out.get("code"),
+                "message": out.get("message") or f"{s['title']} did not complete ({st.word}).",
+                "hint": out.get("hint"),
+                "next_step": NEXT_STEP.get(rs.stage) or f"Resume the run (hexstudio run --resume {m.run_id})."}
 
 
 def _recipe_rows(versions: dict[str, Any], python: str) -> list[dict[str, Any]]:
@@ -172,7 +183,7 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
     model_doc = (_read_json(art / "model" / "model.json") or {}) if m.stage("model").state == "done" else {}
     info = model_doc.get("info") or {}
     stages = _stage_rows(m)
-    status, failure = _status(stages)
+    rstatus, failure = _status(m, stages)
     env = dict(m.data.get("environment") or {})
     versions = dict(m.data.get("versions") or {})
     settings = m.settings
@@ -181,7 +192,7 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
         "report_version": REPORT_VERSION, "generated": now_iso(),
         "generator": f"HexStudio {versions.get('hexstudio', '?')}",
         "run": {"run_id": m.run_id, "created": m.data.get("created"), "updated": m.data.get("updated"),
-                "status": status, "failure": failure},
+                "status": rstatus.report_status, "status_word": rstatus.word, "failure": failure},
         "model": {"id": m.inputs.get("model"), "revision": model_doc.get("revision"),
                   "source": model_doc.get("source"), "architecture": info.get("architecture"),
                   "num_parameters": info.get("num_parameters"), "num_layers": info.get("num_layers"),

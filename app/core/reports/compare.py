@@ -128,7 +128,8 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
                           "in all of them on the same kind of machine, and no validation metric or KPI is shared.",
                           "Compare runs that both got at least as far as the same stage (e.g. both validated, "
                           "or both chatted on a board).")
-    runs = [{"run_id": r["run"]["run_id"], "model": r["model"]["id"], "status": r["run"]["status"],
+    runs = [{"run_id": r["run"]["run_id"], "model": r["model"]["id"],
+             "status": r["run"].get("status_word") or r["run"]["status"],
              "simulated": bool((r.get("compile") or {}).get("simulated")),
              "kpi_source": (r.get("chat") or {}).get("source")} for r in reports]
     return {"compare_version": 1, "generated": now_iso(), "runs": runs, "rows": rows + measured,

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.stages import Stage, get_stage
+from app.core.status import override_text
 from app.ui.controller import RunController
 from app.ui.errors import log_link_html
 from app.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, fmt_value, heading, note
@@ -98,11 +99,13 @@ class StagePage(QWidget):
         body = QWidget()
         if scroll:   # a page taller than the window scrolls; the Chat page lays itself out to fit instead
             area = QScrollArea()
+            self.scroll_area: QScrollArea | None = area
             area.setWidgetResizable(True)
             area.setFrameShape(QScrollArea.Shape.NoFrame)
             outer.addWidget(area)
             area.setWidget(body)
         else:
+            self.scroll_area = None
             outer.addWidget(body)
         self.body = QVBoxLayout(body)
         self.body.setContentsMargins(18, 14, 18, 14)
@@ -274,12 +277,15 @@ class StagePage(QWidget):
     def refresh(self) -> None:
         m = self.c.manifest
         state = self.c.state(self.stage.name)
-        color = STATE_COLORS.get(state, "#8a8f98")
+        status = self.c.status(self.stage.name)   # the one status model: the stage list says the same
         attempt = int(m.stage(self.stage.name).data.get("attempts") or 0) if m is not None else 0
-        label = STATE_TEXT.get(state, state)
-        if state == "running":
+        label = STATE_TEXT.get(status.key, status.word)
+        if status.key == "running":
             label = f"working… (attempt {max(attempt, 1)})"
-        self.state_label.setText(f"<span style='color:{color}'>● {label}</span>")
+        self.state_label.setText(f"<span style='color:{status.color}'>{html.escape(status.symbol)} "
+                                 f"{html.escape(label)}</span>")
+        self.state_label.setToolTip(status.kind.explain)
+        self.state_label.setProperty("status", status.key)
         busy = self.c.busy
         running = state == "running"
         # while the stage runs, what is shown below is the previous attempt's: greyed and said so
@@ -298,16 +304,17 @@ class StagePage(QWidget):
             self.refresh_results()
             return
         st = m.stage(self.stage.name)
-        gate = st.data.get("gate")
-        if gate:
-            ov = gate.get("override")
-            text = ("passed: " if gate.get("passed") else "NOT passed: ") + str(gate.get("reason"))
-            if ov:
-                text += f" — overridden: {ov.get('reason')}"
-            col = STATE_COLORS["done" if gate.get("passed") or ov else "failed"]
-            self.gate_label.setText(f"<span style='color:{col}'>{text}</span>")
-            self.override_button.setVisible(not gate.get("passed") and not ov and not busy
-                                            and self.stage.gate(m).overridable)
+        if status.key in ("passed", "gate_failed", "overridden"):
+            text = {"passed": "✓ passed: ", "gate_failed": "! gate failed: ",
+                    "overridden": "⚑ gate failed, overridden: "}[status.key] + str(status.gate_reason)
+            if status.override:
+                text = f"{text}<br><b>{html.escape(override_text(status.override))}</b>"
+            self.gate_label.setText(f"<span style='color:{status.color}'>{text}</span>")
+            self.override_button.setVisible(status.key == "gate_failed" and status.overridable and not busy)
+        elif status.key == "stale" and status.gate_reason:
+            self.gate_label.setText(f"<span style='color:{status.color}'>↻ stale (runs again on resume); last "
+                                    f"gate: {html.escape(status.gate_reason)}</span>")
+            self.override_button.setVisible(False)
         else:
             self.gate_label.setText("not evaluated yet")
             self.override_button.setVisible(False)
