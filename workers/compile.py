@@ -1,11 +1,15 @@
 """Compile stage: turn the validated graphs into a bundle Genie (or the simulator board) can run.
 
 Targets (settings["compile_target"]):
-  sim    the simulation bundle, laid out like AI Hub's: its context binaries are simulated ones naming
-         the QDQ ONNX parts, for the simulator board; labeled "simulated": true everywhere.
+  local  QNN 2.51 on this machine (the onnxruntime-qnn wheel: no account, no upload): real context binaries
+         (workers/qnn/bundle.py). For the simulator board one binary per graph (the x86 HTP simulator cannot
+         load shared weights), for a real board one per part with both graphs sharing weights.
   aihub  Qualcomm AI Hub: compile both graphs per part, link them with shared weights, download the
          context binaries (workers/aihub.py).
-  auto   sim for the simulator board, aihub otherwise.
+  sim    the onnxruntime twin's bundle, laid out like AI Hub's: its context binaries are simulated stand-ins
+         naming the QDQ ONNX parts; labeled "simulated": true everywhere. The fallback where onnxruntime-qnn
+         cannot be installed.
+  auto   local for the simulator board (sim where onnxruntime-qnn is missing), aihub otherwise.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path
     .bin is a simulated context binary (workers/genie_sim/simbin.py) naming the part's QDQ ONNX graphs
     under sim/, which the simulator board runs. bundle.json says "simulated": true."""
     from workers import bundle_metadata as md
-    from workers.export.graphs import part_label
     from workers.genie_sim.simbin import write_sim_bin
 
     q = json.loads((quantize_dir / "quantize.json").read_text())
@@ -56,7 +59,7 @@ def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path
             except md.MetadataError as exc:
                 raise WorkerError("graph_io_unreadable", str(exc), "Re-run the Quantize stage.") from None
             entries.append({"name": g["name"], "onnx": f"sim/{g['name']}.onnx", **spec})
-        name = f"{slug}_part_{part_label(k, parts)}.bin"
+        name = f"{slug}_part_{gb.part_label(k, parts)}.bin"
         write_sim_bin(bdir / name, entries)
         ctx_bins.append(name)
     cfg = checked_genie_config(hf_config, q, ctx_bins, settings, simulated=True)
@@ -82,10 +85,24 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     target = s.get("compile_target", DEFAULTS.compile_target)
     board = spec.inputs.get("board", "sim")
     if target == "auto":
-        target = "sim" if board == "sim" else "aihub"
+        target = resolve_auto_target(board, em)
     model_doc = json.loads((spec.upstream_dir("model") / "model.json").read_text())
     qdir = spec.upstream_dir("quantize")
-    if target == "sim":
+    if target == "local":
+        from workers.qnn.bundle import write_local_bundle
+        from workers.qnn.compile import LocalCompileError
+
+        hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
+        try:
+            device = gb.device_info(str(s.get("device") or DEFAULTS.device))
+        except gb.BundleError as exc:
+            raise WorkerError("unknown_device", str(exc), "Pick a device from the Compile page's list.") from None
+        form = "single" if board == "sim" else "shared"
+        try:
+            doc = write_local_bundle(qdir, model_doc, hf_dir, spec.out_dir, s, device, form, em)
+        except LocalCompileError as exc:
+            raise WorkerError(exc.code, exc.message, exc.hint) from None
+    elif target == "sim":
         em.progress(0.1, "writing the simulation bundle (QDQ ONNX parts for the simulator board)")
         hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
         doc = write_sim_bundle(qdir, model_doc, hf_dir, spec.out_dir, s, em)
@@ -97,7 +114,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
                               "build yet.", "Use the simulator board (compile_target=sim) for now.") from None
         doc = aihub.compile_bundle(spec, model_doc, qdir, em)
     else:
-        raise WorkerError("bad_target", f"compile_target '{target}' is not one of auto, sim, aihub.")
+        raise WorkerError("bad_target", f"compile_target '{target}' is not one of auto, local, aihub, sim.")
     for f in doc["files"]:
         em.artifact(f"bundle/{f['path']}", kind="bundle")
     em.metric("bundle_files", len(doc["files"]))
@@ -106,7 +123,23 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     em.metric("emulated", bool(doc.get("emulated")))
     em.progress(1.0, f"bundle with {len(doc['files'])} files")
     return {"target": target, "simulated": doc["simulated"], "emulated": bool(doc.get("emulated")),
-            "files": len(doc["files"])}
+            "files": len(doc["files"]), "qnn_version": doc.get("qnn_version"),
+            "context_binary_form": doc.get("context_binary_form")}
+
+
+def resolve_auto_target(board: str, em: Emitter) -> str:
+    """auto: local for the simulator board where Qualcomm's QNN libraries are installed, the onnxruntime
+    twin's bundle where they are not (said as a warning), AI Hub for a real board."""
+    if board != "sim":
+        return "aihub"
+    from workers.qnn.libs import INSTALL_HINT, find_qnn_libs
+
+    if find_qnn_libs() is not None:
+        return "local"
+    em.warning("Qualcomm's QNN libraries (onnxruntime-qnn) are not installed, so the simulator board gets the "
+               "onnxruntime twin's bundle: its context binaries are stand-ins and nothing from Qualcomm runs.",
+               hint=INSTALL_HINT, code="qnn_missing_twin_fallback")
+    return "sim"
 
 
 if __name__ == "__main__":

@@ -176,7 +176,7 @@ def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(tmp_pa
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "refused path" in out and entry in out, out
     if field != "graphs":   # the board helper reads genie_config.json only
-        h = subprocess.run([sys.executable, str(package_path("app.core.genie.helpers", "genie_session.py")),
+        h = subprocess.run([sys.executable, str(package_path("workers.board", "genie_session.py")),
                             "--config", str(bundle / "genie_config.json"), "--lib", "/nonexistent/libGenie.so"],
                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         ev = json.loads(h.stdout.splitlines()[0])

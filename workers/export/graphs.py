@@ -11,6 +11,7 @@ from typing import Any
 from workers.export.segments import Dims, embed_module, head_module, layer_module
 from workers.export.stitch import PartGraphWriter, SharedData
 from workers.export.weights import CheckpointWeights, InMemoryWeights, StreamedWeight
+from workers.shared.bundle import part_label
 from workers.shared.modelinfo import layer_ranges
 
 MASK_VALUE = -1000.0  # additive mask; Qualcomm's -100 did not mask on larger models (facts/quantization.md)
@@ -18,12 +19,6 @@ OPSET = 17
 
 
 ROPE_INPUTS = ("position_ids_cos", "position_ids_sin")
-
-
-def part_label(part: int, parts: int) -> str:
-    """`3_of_5`; the part number zero-padded to the width of the count (`03_of_12`): Genie runs the graphs
-    of one AR/CL in the lexicographic order of their names, so `10_of_12` must not sort before `2_of_12`."""
-    return f"{part:0{len(str(parts))}d}_of_{parts}"
 
 
 def graph_name(kind: str, ar: int, context_length: int, part: int, parts: int) -> str:

@@ -16,7 +16,7 @@ geniex_ProfileData. Everything it prints says it is simulated.
     python -m workers.genie_sim.geniex session -m BUNDLE_DIR [--sampler JSON]
     python -m workers.genie_sim.geniex serve [--host 127.0.0.1:18181] [--keepalive 300]   (geniex_serve.py)
 
-`session` is the twin of HexStudio's board helper for GenieX (app/core/genie/helpers/geniex_session.py,
+`session` is the twin of HexStudio's board helper for GenieX (workers/board/geniex_session.py,
 the `geniex` Python package): the JSON-lines protocol of workers/genie_sim/session.py, with
 `"runtime": "geniex"` in `ready` and GenieX's profile (`geniex_profile`) in each `end`.
 

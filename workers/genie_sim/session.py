@@ -1,5 +1,5 @@
 """The simulator's persistent chat session: the same JSON-lines protocol as the board helper
-(app/core/genie/helpers/genie_session.py), over a SimDialog kept loaded between turns.
+(workers/board/genie_session.py), over a SimDialog kept loaded between turns.
 
     python -m workers.genie_sim.session -c genie_config.json [--sampler JSON]
 

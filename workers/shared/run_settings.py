@@ -123,9 +123,11 @@ class RunSettings:
         8, label="KV cache bits", unit="bits", choices=(8, 16), stages=("quantize",), help="KV cache precision.")
     # -- compile ------------------------------------------------------------------------------------------
     compile_target: str = setting(
-        AUTO, label="Target", choices=("auto", "sim", "aihub"), stages=("compile",), page="compile",
-        help='"sim": the simulation bundle for the simulator board; "aihub": compile on Qualcomm AI Hub; '
-             '"auto": sim for the simulator board, aihub for a real one.')
+        AUTO, label="Target", choices=("auto", "local", "aihub", "sim"), stages=("compile",), page="compile",
+        help='"local": QNN 2.51 on this machine (onnxruntime-qnn: no account, no upload) writes real context '
+             'binaries; "aihub": compile on Qualcomm AI Hub; "sim": the onnxruntime twin\'s stand-in bundle '
+             '(a labeled fallback where onnxruntime-qnn cannot be installed); "auto": local for the simulator '
+             'board (sim without onnxruntime-qnn), aihub for a real one.')
     device: str = setting(
         DEFAULT_DEVICE, label="Device", stages=("quantize", "compile"), page="compile", widget="device",
         help="The AI Hub device the bundle is compiled for (its Hexagon version also shapes quantization).")

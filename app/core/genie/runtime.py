@@ -6,7 +6,7 @@ Everything that talks to a model on a board (the chat page, `hexstudio chat`, th
 each reply, stops on request, reports KPIs per turn and keeps the model loaded between turns. The
 runtime is a strategy of that session: which helper keeps the model loaded on the board, what it needs
 there first, and how its per-turn profile becomes HexStudio's KPIs. Both helpers speak the same
-JSON-lines protocol (app/core/genie/helpers/genie_session.py).
+JSON-lines protocol (workers/board/genie_session.py).
 
 The runtime is chosen by `runtime=` (CLI `--runtime`), else the board's setting `"runtime"`, else
 "genie". The same pushed bundle serves both: GenieX's extra file, metadata.json, is derived from the
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.core.device.board import Board, python_env
-from app.core.genie.helpers import helper_file
 from app.core.genie.profile import Kpis
 from app.core.jobs import python_command
+from workers.board import helper_file
 from workers.shared.errors import ActionableError
 
 if TYPE_CHECKING:

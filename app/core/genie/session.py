@@ -2,7 +2,7 @@
 loaded between turns.
 
 Persistent mode starts a small helper on the board that keeps one GenieDialog open (libGenie's C API
-through ctypes: app/core/genie/helpers/genie_session.py; on the simulator board the simulator's own
+through ctypes: workers/board/genie_session.py; on the simulator board the simulator's own
 session mode, workers.genie_sim.session) and talks JSON lines over the process's stdin/stdout (the
 SSH channel for a real board). Only the first turn pays the model's init; later turns send only the
 new message (the dialog's KV cache holds the history). When the helper cannot start (no python3 or

@@ -210,6 +210,11 @@ def check_genie_config(cfg: dict[str, Any], hf_config: dict[str, Any], compiled_
                           "(hexstudio bundle config shows what it should hold).")
 
 
+def part_label(part: int, parts: int) -> str:
+    """`3_of_5`, zero-padded to the count's width (`03_of_12`): Genie orders a group's graphs by name."""
+    return f"{part:0{len(str(parts))}d}_of_{parts}"
+
+
 def htp_ext_config(dev: dict[str, Any]) -> dict[str, Any]:
     return {"devices": [{"soc_model": dev["soc_model"], "dsp_arch": dev["dsp_arch"],
                          "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}]}],

@@ -7,7 +7,7 @@ set of characters (letters, digits, `.`, `_`, `-`, `+`), never starting with `-`
 folder it must stay inside it, symlinks included.
 
 Pure Python (standard library only): app.core imports it, the simulator board's runner uses it, and
-app/core/genie/helpers/genie_session.py carries a copy of the same rules (it runs alone on the board).
+workers/board/genie_session.py carries a copy of the same rules (it runs alone on the board).
 """
 
 from __future__ import annotations

@@ -6,9 +6,16 @@ Standard library only (it is copied to the board as <home>/hexstudio/bin/genie_s
 from the bundle folder after sourcing the QAIRT environment):
 
     python3 genie_session.py --config genie_config.json [--lib libGenie.so] [--sampler JSON]
+                             [--engine JSON] [--log-level error|warn|info|verbose]
+
+--engine merges a JSON object into dialog.engine before the dialog is created (the simulator board's
+x86 settings: n-threads 1, poll false; the bundle's file is not changed). --log-level binds a GenieLog
+logger (GenieLog_create + GenieDialogConfig_bindLogger) and forwards Genie's own lines as log events.
 
 stdin, one JSON object a line:
-    {"op": "query", "id": N, "prompt": TEXT, "max_tokens": N|null}
+    {"op": "query", "id": N, "prompt": TEXT, "max_tokens": N|null, "stop": [TEXT, ...]|absent}
+                           (stop: GenieDialog_setStopSequence({"stop-sequence": [...]}) before the query;
+                            Dialog.cpp's format, an empty list clears them)
     {"op": "abort"}        (during a query: GenieDialog_signal(ABORT))
     {"op": "reset"}        (GenieDialog_reset: clears the KV cache)
     {"op": "sampler", "sampler": {...}}  (GenieSampler_applyConfig: seed/temp/top-k/top-p for later queries)
@@ -23,6 +30,7 @@ stdout, one JSON object a line:
      "measured": {"ttft_ms", "gen_ms", "callbacks"}}
     {"event": "reset", "status"}
     {"event": "error", "code", "message"}       (then exit, when it happens before "ready")
+    {"event": "log", "level", "message"}         Genie's own log lines (with --log-level)
 The user's text only ever travels inside these JSON strings: never on a command line.
 """
 
@@ -33,6 +41,7 @@ import codecs
 import ctypes
 import json
 import os
+import platform
 import queue
 import re
 import sys
@@ -60,6 +69,11 @@ def fail(code: str, message: str, rc: int = 2) -> int:
 
 
 QUERY_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
+# GenieLog_Callback_t(handle, fmt, level, timestamp, va_list): va_list reaches C code as a pointer on x86_64
+# and aarch64 alike (an array type on one, a large struct passed by reference on the other)
+LOG_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p)
+LOG_LEVELS = {"error": 1, "warn": 2, "info": 3, "verbose": 4}
+LOG_NAMES = {v: k for k, v in LOG_LEVELS.items()}
 ALLOC_CB = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))
 
 
@@ -139,6 +153,10 @@ def bind(lib: ctypes.CDLL) -> dict:
         "GenieSamplerConfig_createFromJson": ([ctypes.c_char_p, pvp], False),
         "GenieSampler_applyConfig": ([vp, vp], False),
         "GenieSamplerConfig_free": ([vp], False),
+        "GenieLog_create": ([vp, LOG_CB, ctypes.c_int, pvp], False),
+        "GenieLog_free": ([vp], False),
+        "GenieDialogConfig_bindLogger": ([vp, vp], False),
+        "GenieDialog_setStopSequence": ([vp, ctypes.c_char_p], False),
         "Genie_getApiMajorVersion": ([], False),
         "Genie_getApiMinorVersion": ([], False),
         "Genie_getApiPatchVersion": ([], False),
@@ -157,17 +175,51 @@ def bind(lib: ctypes.CDLL) -> dict:
     return fns
 
 
+def genie_logger(fns: dict, level: str, sink: object) -> tuple:
+    """(log handle, callback keep-alive) for GenieLog_create; `sink(level_name, text)` gets each formatted line.
+    (None, None) when this libGenie has no logging API."""
+    if "GenieLog_create" not in fns:
+        return None, None
+    libc = ctypes.CDLL(None)
+    vsnprintf = libc.vsnprintf
+    vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
+    vsnprintf.restype = ctypes.c_int
+
+    def on_log(_handle: object, fmt: bytes | None, lvl: int, _ts: int, args: object) -> None:
+        buf = ctypes.create_string_buffer(4096)
+        try:
+            vsnprintf(buf, len(buf), fmt or b"", args)
+            text = buf.value.decode("utf-8", "replace").rstrip()
+        except Exception:   # never let a log line break the dialog
+            text = (fmt or b"").decode("utf-8", "replace").rstrip()
+        if text:
+            sink(LOG_NAMES.get(int(lvl), str(lvl)), text)  # type: ignore[operator]
+
+    cb = LOG_CB(on_log)
+    handle = ctypes.c_void_p()
+    if fns["GenieLog_create"](None, cb, LOG_LEVELS.get(level, 3), ctypes.byref(handle)) != SUCCESS:
+        return None, None
+    return handle, cb
+
+
 class Helper:
-    def __init__(self, fns: dict, config_json: str) -> None:
+    def __init__(self, fns: dict, config_json: str, log_level: str | None = None) -> None:
         self.f = fns
         self.cfg = ctypes.c_void_p()
         self.dialog = ctypes.c_void_p()
         self.profile = ctypes.c_void_p()
+        self.log = None
+        self._log_cb = None
         self.in_query = threading.Event()
         self._keep: list[ctypes.Array[ctypes.c_char]] = []
         st = self.f["GenieDialogConfig_createFromJson"](config_json.encode("utf-8"), ctypes.byref(self.cfg))
         if st != SUCCESS:
             raise RuntimeError(f"GenieDialogConfig_createFromJson failed (status {st}): the config is invalid")
+        if log_level and "GenieDialogConfig_bindLogger" in self.f:
+            self.log, self._log_cb = genie_logger(
+                self.f, log_level, lambda lvl, text: emit({"event": "log", "level": lvl, "message": text}))
+            if self.log is not None:
+                self.f["GenieDialogConfig_bindLogger"](self.cfg, self.log)
         can_profile = "GenieProfile_create" in self.f and "GenieDialogConfig_bindProfiler" in self.f
         if can_profile and (self.f["GenieProfile_create"](None, ctypes.byref(self.profile)) != SUCCESS or
                             self.f["GenieDialogConfig_bindProfiler"](self.cfg, self.profile) != SUCCESS):
@@ -204,6 +256,15 @@ class Helper:
             return json.loads(raw.decode("utf-8", "replace"))
         except ValueError:
             return None
+
+    def set_stop(self, stop: object) -> str | None:
+        """GenieDialog_setStopSequence with Dialog.cpp's JSON ({"stop-sequence": [...]}); None when applied."""
+        if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
+            return "stop must be a list of strings"
+        if "GenieDialog_setStopSequence" not in self.f:
+            return "this libGenie has no GenieDialog_setStopSequence"
+        st = self.f["GenieDialog_setStopSequence"](self.dialog, json.dumps({"stop-sequence": stop}).encode("utf-8"))
+        return None if st == SUCCESS else f"GenieDialog_setStopSequence failed (status {st})"
 
     def query(self, qid: object, prompt: str, max_tokens: object) -> None:
         if max_tokens and "GenieDialog_setMaxNumTokens" in self.f:
@@ -293,6 +354,17 @@ class Helper:
             self.f["GenieProfile_free"](self.profile)
         if self.cfg and "GenieDialogConfig_free" in self.f:
             self.f["GenieDialogConfig_free"](self.cfg)
+        if self.log and "GenieLog_free" in self.f:
+            self.f["GenieLog_free"](self.log)
+
+
+def merge(base: dict, extra: dict) -> None:
+    """Deep-merge `extra` into `base` (objects merged key by key, anything else replaced)."""
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            merge(base[k], v)
+        else:
+            base[k] = v
 
 
 def main() -> int:
@@ -300,13 +372,17 @@ def main() -> int:
     ap.add_argument("--config", required=True)
     ap.add_argument("--lib", default=os.environ.get("HEXSTUDIO_GENIE_LIB", "libGenie.so"))
     ap.add_argument("--sampler", default=None, help="JSON object merged into dialog.sampler")
+    ap.add_argument("--engine", default=None, help="JSON object merged into dialog.engine (e.g. the x86 simulator's)")
+    ap.add_argument("--log-level", default=None, choices=tuple(LOG_LEVELS), help="forward Genie's log lines")
     args = ap.parse_args()
     try:
         with open(args.config, encoding="utf-8") as fh:
             cfg = json.load(fh)
         if args.sampler:
             cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(json.loads(args.sampler))
-    except (OSError, ValueError) as exc:
+        if args.engine:
+            merge(cfg.setdefault("dialog", {}).setdefault("engine", {}), json.loads(args.engine))
+    except (OSError, ValueError, AttributeError) as exc:
         return fail("config_unreadable", f"Cannot read {args.config}: {exc}")
     unsafe = check_config_paths(cfg, os.path.dirname(os.path.abspath(args.config)))
     if unsafe is not None:
@@ -321,12 +397,16 @@ def main() -> int:
     except AttributeError as exc:
         return fail("lib_incompatible", f"{args.lib} lacks the GenieDialog API: {exc}")
     try:
-        h = Helper(fns, json.dumps(cfg))
+        h = Helper(fns, json.dumps(cfg), args.log_level)
     except RuntimeError as exc:
         return fail("dialog_create_failed", str(exc), 1)
     ctx = ((cfg.get("dialog") or {}).get("context") or {}).get("size")
+    # No Hexagon NPU sits in an x86_64 machine: there libQnnHtp runs Qualcomm's HTP simulator, and every figure
+    # it gives is simulated, never a device result.
+    on_sim = platform.machine().lower() in ("x86_64", "amd64")
     emit({"event": "ready", "genie_version": h.version(), "init_ms": round(h.init_ms, 3), "context_length": ctx,
-          "profile": bool(h.profile), "pid": os.getpid(), "simulated": False})
+          "profile": bool(h.profile), "pid": os.getpid(), "simulated": on_sim,
+          "runner": f"Genie {h.version()} on the HTP simulator (x86)" if on_sim else f"Genie {h.version()}"})
     ops: queue.Queue = queue.Queue()
 
     def reader() -> None:
@@ -352,6 +432,10 @@ def main() -> int:
             if msg is None or msg.get("op") == "quit":
                 return 0
             if msg.get("op") == "query":
+                if "stop" in msg:
+                    why = h.set_stop(msg.get("stop"))
+                    if why is not None:
+                        emit({"event": "log", "level": "warn", "message": f"stop sequences not applied: {why}"})
                 h.query(msg.get("id"), str(msg.get("prompt", "")), msg.get("max_tokens"))
             elif msg.get("op") == "reset":
                 h.reset()
