@@ -14,11 +14,27 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from app.core.cli.common import CliError, add_workspace_flag, eprint
 from app.core.genie.runtime import RUNTIMES
 from app.core.genie.session import SAMPLER_PRESETS
+from app.core.serve.limits import Limits
+
+
+def _ranged(kind: type, lo: float, hi: float) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` from lo to hi, else a usage error naming the range (no traceback)."""
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number") from None
+        if not lo <= v <= hi or v != v:
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give {lo:g} to {hi:g}")
+        return v
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,7 +44,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--run", default=None, help="serve this run's bundle (default: the latest run with one)")
     p.add_argument("--bundle", default=None, help="a bundle folder (local: pushed first; else on the board)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, loopback only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--port", type=_ranged(int, 0, 65535), default=8000,
+                   help="port (default 8000; 0 picks a free one)")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host (needs an API key too)")
     p.add_argument("--api-key-env", default=None, metavar="VAR",
@@ -37,7 +54,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--runtime", choices=RUNTIMES, default=None, help="genie or geniex (default: the board's)")
     p.add_argument("--sampler", choices=tuple(k for k in SAMPLER_PRESETS if k != "bundle"), default="deterministic",
                    help="the sampler a request without temperature/top_p/seed gets (default deterministic)")
-    p.add_argument("--max-tokens", type=int, default=256, help="reply budget when a request gives none")
+    p.add_argument("--max-tokens", type=_ranged(int, 1, 1 << 20), default=256,
+                   help="reply budget when a request gives none (default 256)")
+    d = Limits()
+    lim = p.add_argument_group("limits (what one client may hold or send)")
+    lim.add_argument("--max-queue", type=_ranged(int, 0, 10_000), default=d.max_queue,
+                     help=f"requests waiting for the dialog; more get 429 + Retry-After (default {d.max_queue})")
+    lim.add_argument("--max-connections", type=_ranged(int, 1, 1_000_000), default=d.max_connections,
+                     help=f"open connections; more get 503 and are closed (default {d.max_connections}; capped "
+                          "by the open-file limit)")
+    lim.add_argument("--max-body", type=_ranged(int, 1024, 1 << 30), default=d.max_body, metavar="BYTES",
+                     help=f"request body size (default {d.max_body})")
+    lim.add_argument("--header-timeout", type=_ranged(float, 0.1, 3600), default=d.header_timeout, metavar="S",
+                     help=f"seconds to send the request headers (default {d.header_timeout:g})")
+    lim.add_argument("--body-timeout", type=_ranged(float, 0.1, 3600), default=d.body_timeout, metavar="S",
+                     help=f"seconds to send the request body (default {d.body_timeout:g})")
+    lim.add_argument("--keep-alive", type=_ranged(float, 0.1, 3600), default=d.keep_alive, metavar="S",
+                     help=f"seconds an idle connection is kept open (default {d.keep_alive:g})")
+    lim.add_argument("--shutdown-grace", type=_ranged(float, 0, 3600), default=d.shutdown_grace, metavar="S",
+                     help=f"seconds a running reply gets to finish on Ctrl-C/SIGTERM (default {d.shutdown_grace:g})")
     p.add_argument("--template", default="auto", help="prompt format: auto (from the model), model, plain, qa")
     p.add_argument("--port-file", default=None, help="write the port here once listening (for scripts)")
     add_workspace_flag(p)
@@ -72,7 +107,10 @@ async def _serve(args: argparse.Namespace) -> int:
     except BridgeError as exc:
         await board.transport.close()
         raise CliError(exc.message, "See `hexstudio board probe " + board.name + "` (the doctor).") from None
-    server = OpenAIServer(bridge, api_key=key)
+    limits = Limits(max_body=args.max_body, header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                    keep_alive=args.keep_alive, max_connections=_fd_budget(args.max_connections),
+                    max_queue=args.max_queue, shutdown_grace=args.shutdown_grace)
+    server = OpenAIServer(bridge, api_key=key, limits=limits)
     try:
         port = await server.start(args.host, args.port)
     except OSError as exc:
@@ -81,8 +119,15 @@ async def _serve(args: argparse.Namespace) -> int:
         raise CliError(f"Cannot listen on {args.host}:{args.port}: {exc.strerror or exc}.",
                        "Pick another --port (or 0 for any free one).") from None
     if args.port_file:
-        with open(args.port_file, "w", encoding="utf-8") as f:
-            f.write(str(port))
+        try:
+            with open(args.port_file, "w", encoding="utf-8") as f:
+                f.write(str(port))
+        except OSError as exc:
+            await server.close()
+            await bridge.close()
+            await board.transport.close()
+            raise CliError(f"Cannot write the port file {args.port_file}: {exc.strerror or exc}.",
+                           "Give a --port-file in a folder you can write to.") from None
     sim = " — SIMULATED board: CPU numbers, not a device result" if bridge.simulated else ""
     init = bridge.inits[-1]["init_ms"] if bridge.inits else None
     eprint(f"serving {model_id} on {board.label}{sim}")
@@ -102,6 +147,24 @@ async def _serve(args: argparse.Namespace) -> int:
         summary: dict[str, Any] = {"served": bridge.served, "loads": len(bridge.inits)}
         eprint(f"stopped: {json.dumps(summary)}")
     return 0
+
+
+def _fd_budget(wanted: int) -> int:
+    """Raise the soft open-file limit toward the hard one, and keep the connection cap below it (with room
+    for the board's connection, logs and the dialog's helper), so a flood of connections gets 503s instead
+    of 'too many open files' for everything, /health included."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = wanted + 256
+        cap = hard if hard != resource.RLIM_INFINITY else want
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, cap), hard))
+            soft = min(want, cap)
+        return max(1, min(wanted, int(soft) - 128))
+    except (ImportError, ValueError, OSError):
+        return wanted
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -26,16 +26,20 @@ from app.core.eval.render import PromptRenderer
 from app.core.eval.suites import Case
 from app.core.genie.conversation import Conversation
 from app.core.genie.run import Chunk
-from app.core.genie.session import SAMPLER_PRESETS, ChatSession, SessionError
+from app.core.genie.session import SAMPLER_PRESETS, ChatSession, SessionError, check_message
 from workers.shared.errors import ActionableError
 
 
 class BridgeError(ActionableError):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", *, param: str | None = None,
+                 code: str | None = None, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
 
 
 class _Raw(Conversation):
@@ -50,26 +54,43 @@ class _Raw(Conversation):
 
 
 def genie_sampler(body: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI sampling fields as Genie's sampler keys; temperature 0 is greedy (top-k 1)."""
+    """OpenAI sampling fields as Genie's sampler keys; temperature 0 is greedy (top-k 1). The body was validated
+    (schema.py); the bounds are checked again here because a value Genie refuses must never reach the dialog."""
     s = dict(default)
-    if body.get("temperature") is not None:
-        t = float(body["temperature"])
-        if not 0 <= t <= 2:
-            raise BridgeError(400, "temperature must be between 0 and 2")
+
+    def number(key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+        v = body.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or not (lo < v if lo_open else lo <= v) \
+                or v > hi:
+            raise BridgeError(400, f"{key} must be a number from {lo} to {hi} (got {v!r})", param=key)
+        return float(v)
+
+    def whole(key: str, lo: int, hi: int) -> int | None:
+        v = body.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise BridgeError(400, f"{key} must be a whole number from {lo} to {hi} (got {v!r})", param=key)
+        return v
+
+    t = number("temperature", 0, 2)
+    if t is not None:
         s["temp"] = t
         if t == 0:
             s["top-k"] = 1
         elif s.get("top-k") == 1:
             s["top-k"] = 40
-    if body.get("top_p") is not None:
-        p = float(body["top_p"])
-        if not 0 < p <= 1:
-            raise BridgeError(400, "top_p must be in (0, 1]")
+    p = number("top_p", 0, 1, lo_open=True)
+    if p is not None:
         s["top-p"] = p
-    if body.get("top_k") is not None:
-        s["top-k"] = max(1, int(body["top_k"]))
-    if body.get("seed") is not None:
-        s["seed"] = int(body["seed"])
+    k = whole("top_k", 0, 100_000)
+    if k is not None:
+        s["top-k"] = max(1, k)
+    seed = whole("seed", 0, 2**32 - 1)
+    if seed is not None:
+        s["seed"] = seed
     return s
 
 
@@ -102,6 +123,9 @@ class DialogBridge:
         self._tools_key: Any = None
         self._sampler: dict[str, Any] = dict(self.default_sampler)
         self.waiting = 0
+        self.max_queue = 16                                  # requests waiting beyond the running one: 429 above
+        self.draining = False                                # the server is stopping: waiting requests get 503
+        self._drain = asyncio.Event()
         self.served = 0
         self.inits: list[dict[str, Any]] = []                # every dialog load: when and why, its init_ms
         self.history: deque[dict[str, Any]] = deque(maxlen=200)
@@ -127,6 +151,30 @@ class DialogBridge:
         self.session = s
         self._content = None
         self.inits.append({"t": time.time(), "why": why, "init_ms": s.init_ms})
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def _retry_after(self, ahead: int) -> int:
+        walls = [float(x.get("wall_ms") or 0) for x in list(self.history)[-8:]]
+        per = (sum(walls) / len(walls) / 1000) if walls else 2.0
+        return max(1, min(600, int(per * (ahead + 1) + 0.999)))
+
+    def admit(self) -> None:
+        """Raises 429 (the queue is full) or 503 (stopping) with a Retry-After, before a request starts."""
+        if self.draining:
+            raise BridgeError(503, "the server is stopping; send the request to its next start", "server_error",
+                              retry_after=5)
+        if self.waiting >= self.max_queue:
+            raise BridgeError(429, f"{self.waiting} requests are waiting for the board's dialog already (at most "
+                                   f"{self.max_queue}); retry after the Retry-After seconds", "rate_limit_exceeded",
+                              code="queue_full", retry_after=self._retry_after(self.waiting))
+
+    def drain(self) -> None:
+        """The server stops: requests still waiting for the dialog are answered 503 now."""
+        self.draining = True
+        self._drain.set()
 
     async def close(self) -> None:
         if self.session is not None:
@@ -205,9 +253,10 @@ class DialogBridge:
                   cancelled: asyncio.Event, content_after: Callable[[str], list[dict[str, Any]] | None],
                   tools_key: Any = None) -> Reply:
         t_arrive = time.monotonic()
+        self.admit()
         self.waiting += 1
         try:
-            await self._lock.acquire()
+            await self._acquire(cancelled)
         finally:
             self.waiting -= 1
         try:
@@ -217,27 +266,73 @@ class DialogBridge:
         finally:
             self._lock.release()
 
+    async def _acquire(self, cancelled: asyncio.Event) -> None:
+        """Wait for the dialog (FIFO), unless the client goes away or the server stops first."""
+        acq = asyncio.ensure_future(self._lock.acquire())
+        gone = asyncio.ensure_future(cancelled.wait())
+        drain = asyncio.ensure_future(self._drain.wait())
+        try:
+            await asyncio.wait({acq, gone, drain}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            drain.cancel()
+            if not acq.done():
+                acq.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await acq
+        if acq.cancelled():
+            if cancelled.is_set():
+                raise BridgeError(499, "the client went away before its turn", "cancelled")
+            raise BridgeError(503, "the server is stopping; send the request to its next start", "server_error",
+                              retry_after=5)
+
+    async def _set_sampler(self, sampler: dict[str, Any]) -> str | None:
+        """Apply `sampler` to the loaded dialog, reloading it when the runtime cannot change it in place. A value
+        the runtime refuses leaves the dialog as it was (reloaded with the last good sampler) and is a 400: one
+        request must never leave the server unable to answer the next (issue 27: "seed": -1)."""
+        s = self.session
+        assert s is not None
+        good = dict(self._sampler)
+        try:
+            why = await s.apply_sampler(sampler)
+        except Exception as exc:   # the helper refused or died on it
+            why = f"failed: {exc}"
+        if why is None:
+            self._sampler = dict(sampler)
+            return None
+        await self.close()
+        self._sampler = dict(sampler)
+        try:
+            await self.open(f"sampler ({why})")
+            return "sampler"
+        except BridgeError as exc:
+            self._sampler = good
+            try:
+                await self.open("sampler refused: back to the last good one")
+            except BridgeError:
+                pass   # the next request tries again (503 with Retry-After meanwhile)
+            raise BridgeError(400, f"the board's runtime refused these sampler values ({exc.message})",
+                              param="sampler") from None
+
     async def _run_locked(self, prompt: str, continuation: str | None, max_tokens: int | None,
                           sampler: dict[str, Any], stop_strings: list[str], on_text: Callable[[str], None] | None,
                           cancelled: asyncio.Event, content_after: Callable[[str], list[dict[str, Any]] | None],
                           tools_key: Any, waited_ms: float) -> Reply:
         reinit = None
+        if cancelled.is_set():
+            raise BridgeError(499, "the client went away before its turn", "cancelled")
         if self.session is None:
-            await self.open("reload")
+            try:
+                await self.open("reload")
+            except BridgeError as exc:
+                exc.retry_after = 10
+                raise
             reinit = "reload"
+        if sampler != self._sampler and await self._set_sampler(sampler) is not None:   # reloaded with it
+            reinit = "sampler"
+            continuation = None
         s = self.session
         assert s is not None
-        if sampler != self._sampler:
-            why = await s.apply_sampler(sampler)
-            if why is not None:   # this runtime cannot change it in place: reload with it (and say so)
-                await self.close()
-                self._sampler = dict(sampler)
-                await self.open(f"sampler ({why})")
-                reinit = "sampler"
-                s = self.session
-                assert s is not None
-                continuation = None
-            self._sampler = dict(sampler)
         budget = max_tokens or self.max_tokens
         count = s.token_counter or (lambda t: max(1, len(t) // 3))
         used = sum(int(x.get("prompt_tokens") or 0) + int(x.get("generated_tokens") or 0)
@@ -282,12 +377,19 @@ class DialogBridge:
                 on_text(new)
             emitted += new
 
+        try:
+            check_message(text_in)
+        except SessionError as exc:   # empty, a NUL, not UTF-8, too long: Genie cannot take it
+            raise BridgeError(400, exc.message) from None
         t0 = time.monotonic()
         try:
             r = await s.send(text_in, on_chunk=chunk, stop=stop)
         except SessionError as exc:
             self._content = None
             raise BridgeError(500, f"the board's dialog failed: {exc.message}", "server_error") from None
+        except ValueError as exc:   # the message alone does not fit, or Genie cannot take it
+            self._content = None
+            raise BridgeError(400, str(exc), "context_length_exceeded") from None
         finally:
             watcher.cancel()
         if not hit_stop and len(full) > len(emitted) and on_text is not None:
