@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "app.core.cli.run_cmd",
     "app.core.cli.runs_cmd",
     "app.core.cli.preflight_cmd",
+    "app.core.cli.predict_cmd",
     "app.core.cli.bundle_cmd",
     "app.core.cli.aihub_cmd",
     "app.core.cli.hf_cmd",
