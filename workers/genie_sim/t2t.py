@@ -330,11 +330,29 @@ class SimDialog:
                 "gen_us": gen_us, "total_us": ttft_us + gen_us, "state": state, "n_past": self.pair.n_past}
 
 
+def holds_real_binaries(config: str) -> bool:
+    """True when the config's first ctx-bin is a real QNN context binary (a local or AI Hub compile), not
+    the twin's simulated stand-in: then Qualcomm's libGenie runs it (workers.qnn.genie_t2t)."""
+    from workers.genie_sim.simbin import is_sim_bin
+
+    try:
+        cfg = json.loads(Path(config).read_text(encoding="utf-8"))
+        bins = cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
+        first = Path(config).parent / str(bins[0])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return False
+    return first.is_file() and not is_sim_bin(first)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.config:
         print("ERROR: Please provide config using --config.", file=sys.stderr)
         return 1
+    if holds_real_binaries(args.config):
+        from workers.qnn.genie_t2t import main as real_genie
+
+        return real_genie(argv)
     if args.prompt and args.prompt_file:
         print("ERROR: Please provide only one of --prompt or --prompt_file.", file=sys.stderr)
         return 1

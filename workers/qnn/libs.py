@@ -59,3 +59,12 @@ def find_qnn_libs() -> QnnLibs | None:
     ver = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", text)
     return QnnLibs(folder=folder, qnn_version=qnn.group(1) if qnn else "unknown",
                    wheel_version=ver.group(1) if ver else "unknown")
+
+
+# The simulator board runs Genie on an x86 workstation, not on the board's 8 Kryo cores: one thread and no
+# polling are fastest there (facts: ~3x slower with 3 threads and polling on 2 cores), and the board's cpu-mask
+# 0xe0 names cores a PC may lack. Merged into dialog.engine when the dialog is created; the bundle's own
+# genie_config.json is not changed.
+def x86_engine_overrides(cpus: int) -> dict[str, object]:
+    n = max(1, min(int(cpus), 16))
+    return {"n-threads": 1, "backend": {"QnnHtp": {"poll": False, "cpu-mask": hex((1 << n) - 1)}}}

@@ -85,8 +85,17 @@ def check_compatibility(bundle: dict[str, Any], board: Board, facts: dict[str, A
         raise BoardError("This is a simulation bundle (ONNX parts for the simulator); a real board needs "
                          "context binaries compiled by AI Hub.", "Compile for the board's device, then push.")
     if not bundle.get("simulated") and board.simulated:
-        raise BoardError("The simulator board runs simulation bundles only.",
-                         "Compile with compile_target=sim for the simulator board.")
+        if bundle.get("emulated") or bundle.get("binaries") != "qnn" and bundle.get("compile_target") != "local":
+            raise BoardError("The simulator board runs bundles compiled on this machine (compile_target local: real "
+                             "QNN context binaries on Qualcomm's HTP simulator) or the onnxruntime twin's bundles; "
+                             "this one came from elsewhere.",
+                             "Compile with compile_target=local (or auto) for the simulator board.")
+        if bundle.get("weight_sharing"):
+            raise BoardError("This bundle's context binaries share weights between the prompt processor and the token "
+                             "generator, and Qualcomm's x86 HTP simulator cannot load shared weights (QNN says "
+                             "\"Shared weights buffer isn't supported on this platform\").",
+                             "Compile for the simulator board (compile_target local with --board sim: one context "
+                             "binary per graph); push this bundle to a real board.")
     warnings: list[str] = []
     if bundle.get("emulated") and not board.simulated:
         if not _allow_emulated(board, allow_emulated):

@@ -59,6 +59,34 @@ async def _close_quietly(board: Any) -> None:
         await board.transport.close()
 
 
+def sim_runtime_check(bundle_dir: Path) -> dict[str, Any]:
+    """What runs the bundle on the simulator board: Qualcomm's libGenie on the HTP simulator for real context
+    binaries, the onnxruntime twin for stand-ins. Both simulated (no Hexagon NPU in this machine)."""
+    from workers.qnn.libs import INSTALL_HINT, find_qnn_libs
+
+    try:
+        doc = json.loads((bundle_dir / "bundle.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        doc = {}
+    libs = find_qnn_libs()
+    ev: dict[str, Any] = {"machine": platform.machine(), "bundle_binaries": doc.get("binaries") or "stand-in"}
+    if doc.get("binaries") == "qnn":
+        if libs is None:
+            return {"id": "soc", "status": "fail", "evidence": ev, "fix": INSTALL_HINT,
+                    "message": "The bundle holds real QNN context binaries and Qualcomm's libGenie is not installed "
+                               "here to run them."}
+        ev.update({"genie": "libGenie.so (onnxruntime-qnn " + libs.wheel_version + ")", "qnn": libs.qnn_version,
+                   "lib_dir": str(libs.folder)})
+        return {"id": "soc", "status": "ok", "evidence": ev,
+                "message": f"Simulator board: Qualcomm's libGenie and QNN {libs.qnn_version} run the bundle's context "
+                           "binaries on the HTP simulator on this CPU (simulated; no Hexagon NPU)."}
+    return {"id": "soc", "status": "ok" if libs is None else "warn", "evidence": ev,
+            "message": "Simulator board: HexStudio's onnxruntime twin runs the QDQ ONNX parts on this CPU (a labeled "
+                       "fallback; simulated; no Hexagon NPU)."
+                       + ("" if libs is None else " Qualcomm's runtime is installed: compile with compile_target "
+                          "local to run the bundle on it.")}
+
+
 async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
     em = ctx.emitter
     name = str(ctx.manifest.inputs.get("board", "sim"))
@@ -75,9 +103,7 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
                        "evidence": {"command": "genie-t2t-run --help (simulator)", "exit_status": res.exit_status},
                        "message": "The simulator's genie-t2t-run starts." if res.exit_status == 0
                        else f"The simulator cannot start: {res.stderr.strip()[-300:]}"})
-        doctor.append({"id": "soc", "status": "ok", "evidence": {"machine": platform.machine()},
-                       "message": "Simulator board: runs the QDQ ONNX parts with onnxruntime on this CPU "
-                                  "(simulated; no Hexagon NPU)."})
+        doctor.append(sim_runtime_check(bundle_dir))
     facts: dict[str, Any] = {}
     if not board.simulated:
         em.progress(0.1, f"checking board {name} (doctor)")

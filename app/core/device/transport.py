@@ -152,6 +152,13 @@ class LocalTransport:
     async def read_bytes(self, remote: str) -> bytes:
         return await asyncio.to_thread(Path(remote).read_bytes)
 
+    async def read_head(self, remote: str, size: int) -> bytes:
+        """The file's first `size` bytes (a context binary may be gigabytes)."""
+        def head() -> bytes:
+            with open(remote, "rb") as fh:
+                return fh.read(size)
+        return await asyncio.to_thread(head)
+
     async def exists(self, remote: str) -> bool:
         return Path(remote).exists()
 

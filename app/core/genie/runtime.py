@@ -1,24 +1,33 @@
-"""The board-side LLM runtimes behind one interface: Genie (QAIRT's libGenie / genie-t2t-run) and GenieX
-(Qualcomm's successor: the `geniex` CLI and Python package with its qairt plugin; docs/genie.md).
+"""The board-side LLM runtimes behind one interface (`BoardRuntime`), one implementation each:
+
+    GenieOnBoard        Qualcomm's libGenie on a real board over SSH (the helper workers/board/genie_session.py
+                        copied there, driven through Genie's C API)
+    GenieHtpSimulator   the same helper and Genie's C API, on this machine: Qualcomm's x86 libGenie 1.21 over
+                        the bundle's real context binaries on the HTP simulator (onnxruntime-qnn). Labeled
+                        "Genie 1.21 on the HTP simulator (x86)"; everything it measures is simulated.
+    OnnxruntimeTwin     HexStudio's own onnxruntime twin of Genie (workers/genie_sim), for a bundle whose
+                        context binaries are stand-ins: the labeled fallback where onnxruntime-qnn is missing
+    GenieX              Qualcomm's successor (the `geniex` package and qairt plugin) on a board, or its twin
 
 Everything that talks to a model on a board (the chat page, `hexstudio chat`, the chat stage,
-`hexstudio bench`) goes through app.core.genie.session.ChatSession, which loads the bundle once, streams
-each reply, stops on request, reports KPIs per turn and keeps the model loaded between turns. The
-runtime is a strategy of that session: which helper keeps the model loaded on the board, what it needs
-there first, and how its per-turn profile becomes HexStudio's KPIs. Both helpers speak the same
-JSON-lines protocol (workers/board/genie_session.py).
+`hexstudio bench`, `hexstudio serve`) goes through app.core.genie.session.ChatSession, which loads the bundle
+once, streams each reply, stops on request, reports KPIs per turn and keeps the model loaded between turns.
+The runtime is a strategy of that session: which helper keeps the model loaded, what it needs first, and how
+its per-turn profile becomes HexStudio's KPIs. All helpers speak one JSON-lines protocol
+(workers/board/genie_session.py).
 
-The runtime is chosen by `runtime=` (CLI `--runtime`), else the board's setting `"runtime"`, else
-"genie". The same pushed bundle serves both: GenieX's extra file, metadata.json, is derived from the
-bundle's own graph specs and written beside it on the board (workers/shared/bundle/geniex.py).
+A user picks "genie" or "geniex" (`runtime=`, CLI `--runtime`, else the board's setting "runtime", else
+genie); `select_runtime` picks the implementation from the board and the bundle it holds. A new runtime is
+one class and one `register_runtime` call (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,31 +57,92 @@ def resolve_runtime(board: Board, runtime: str | None = None) -> str:
     return name
 
 
-@dataclass(frozen=True)
 class BoardRuntime:
-    name: str                    # "genie" | "geniex"
-    title: str
-    helper: Traversable          # package data, copied to <home>/hexstudio/bin/ on a real board
-    per_turn_fallback: bool      # can one-shot runs stand in when the helper cannot start
+    """One way of running a bundle's dialog. Subclasses set the class attributes and override what differs."""
+
+    key: str = ""                 # registry key, e.g. "genie-htp-sim"
+    name: str = ""                # what the user chose: "genie" | "geniex"
+    title: str = ""               # shown in the UI, the CLI and reports
+    per_turn_fallback: bool = False   # can one-shot runs (genie-t2t-run) stand in when the helper cannot start
+    helper: Traversable | None = None  # a program copied to a real board's <home>/hexstudio/bin/
+    simulated: bool = False       # everything it measures is simulated (never a device figure)
 
     def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
                     bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
-        extra = ["--sampler", json.dumps(sampler)] if sampler is not None else []
+        raise NotImplementedError
+
+    async def prepare(self, board: Board, bundle_dir: str) -> list[str]:
+        """What the runtime needs beside the pushed bundle; returns notes of what was written."""
+        return []
+
+    def kpis(self, end: dict[str, Any], simulated: bool) -> Kpis | None:
+        """KPIs from a helper's end event when they are not Genie's profile (which the session parses)."""
+        return None
+
+
+def _sampler_args(sampler: dict[str, Any] | None) -> list[str]:
+    return ["--sampler", json.dumps(sampler)] if sampler is not None else []
+
+
+class GenieOnBoard(BoardRuntime):
+    key, name, title, per_turn_fallback = "genie", "genie", "Genie (libGenie / genie-t2t-run)", True
+    helper = helper_file("genie_session")
+
+    def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
+                    bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
         cfg = board.config or {}
-        if self.name == "genie":
-            if board.simulated:
-                return python_command("workers.genie_sim.session", "-c", "genie_config.json", *extra), python_env()
-            py = cfg.get("python") or "python3"
-            argv = [str(py), helper_remote or "genie_session.py", "--config", "genie_config.json", *extra]
-            if cfg.get("genie_lib"):
-                argv += ["--lib", str(cfg["genie_lib"])]
-            if board.env_script:
-                argv = ["bash", "-c", 'if [ -f "$1" ]; then source "$1"; fi; shift; exec "$@"', "_",
-                        board.env_script, *argv]
-            return argv, None
-        # geniex
+        py = cfg.get("python") or "python3"
+        argv = [str(py), helper_remote or "genie_session.py", "--config", "genie_config.json",
+                *_sampler_args(sampler), "--log-level", "warn"]
+        if cfg.get("genie_lib"):
+            argv += ["--lib", str(cfg["genie_lib"])]
+        if board.env_script:
+            argv = ["bash", "-c", 'if [ -f "$1" ]; then source "$1"; fi; shift; exec "$@"', "_",
+                    board.env_script, *argv]
+        return argv, None
+
+
+class GenieHtpSimulator(BoardRuntime):
+    key, name, per_turn_fallback, simulated = "genie-htp-sim", "genie", True, True
+    title = "Genie 1.21 on the HTP simulator (x86)"
+
+    def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
+                    bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
+        from workers.qnn.libs import INSTALL_HINT, find_qnn_libs
+
+        libs = find_qnn_libs()
+        if libs is None:
+            raise RuntimeError_("This bundle holds real QNN context binaries, and Qualcomm's libGenie is not "
+                                "installed here to run them.", INSTALL_HINT)
+        from workers.qnn.libs import x86_engine_overrides
+
+        argv = python_command("workers.board.genie_session", "--config", "genie_config.json",
+                              "--lib", str(libs.genie), *_sampler_args(sampler),
+                              "--engine", json.dumps(x86_engine_overrides(os.cpu_count() or 1)),
+                              "--log-level", "warn")
+        return argv, libs.env(python_env())
+
+
+class OnnxruntimeTwin(BoardRuntime):
+    key, name, per_turn_fallback, simulated = "ort-twin", "genie", True, True
+    title = "HexStudio's onnxruntime twin of Genie (fallback: onnxruntime-qnn not installed)"
+
+    def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
+                    bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
+        return python_command("workers.genie_sim.session", "-c", "genie_config.json",
+                              *_sampler_args(sampler)), python_env()
+
+
+class GenieX(BoardRuntime):
+    key, name, title = "geniex", "geniex", "GenieX (qairt plugin)"
+    helper = helper_file("geniex_session")
+
+    def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
+                    bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
+        extra = _sampler_args(sampler)
         if board.simulated:   # the simulator's GenieX face (as the Genie helper: this machine's python)
             return python_command("workers.genie_sim.geniex", "session", "-m", ".", *extra), python_env()
+        cfg = board.config or {}
         py = cfg.get("geniex_python") or cfg.get("python") or "python3"
         argv = [str(py), helper_remote or "geniex_session.py", "--bundle", ".", *extra]
         # the geniex wheel as HexStudio's fix installs it (pip --target ~/.local/share/geniex-python)
@@ -80,9 +150,6 @@ class BoardRuntime:
                 *argv], None
 
     async def prepare(self, board: Board, bundle_dir: str) -> list[str]:
-        """What the runtime needs beside the pushed bundle; returns notes of what was written."""
-        if self.name != "geniex":
-            return []
         from workers.shared.bundle.geniex import GenieXMetadataError, chat_template_problem, geniex_metadata
 
         t = board.transport
@@ -145,15 +212,74 @@ class BoardRuntime:
                     origin="geniex_profile")
 
 
-_RUNTIMES = {
-    "genie": BoardRuntime("genie", "Genie (libGenie / genie-t2t-run)", helper_file("genie_session"),
-                          True),
-    "geniex": BoardRuntime("geniex", "GenieX (qairt plugin)", helper_file("geniex_session"),
-                           False),
-}
 
 
-def board_runtime(name: str) -> BoardRuntime:
-    if name not in _RUNTIMES:
-        raise RuntimeError_(f"Unknown runtime '{name}'.", f"Use one of: {', '.join(RUNTIMES)}.")
-    return _RUNTIMES[name]
+_REGISTRY: dict[str, BoardRuntime] = {}
+
+
+def register_runtime(runtime: BoardRuntime) -> None:
+    """Add (or replace) a runtime under its key; `select_runtime` and `board_runtime` find it there."""
+    _REGISTRY[runtime.key] = runtime
+
+
+for _rt in (GenieOnBoard(), GenieHtpSimulator(), OnnxruntimeTwin(), GenieX()):
+    register_runtime(_rt)
+
+# Which implementation serves a choice on a board holding a kind of bundle: (name, simulated board, binaries).
+# binaries: "qnn" (real context binaries), "stand-in" (the twin's simulated ones). A test or a plug-in may add
+# rules; the first match wins.
+Rule = Callable[[str, Board, str], "str | None"]
+
+
+def _default_rule(name: str, board: Board, binaries: str) -> str | None:
+    if name == "geniex":
+        return "geniex"
+    if not board.simulated:
+        return "genie"
+    return "genie-htp-sim" if binaries == "qnn" else "ort-twin"
+
+
+RULES: list[Rule] = [_default_rule]
+
+
+def board_runtime(key: str) -> BoardRuntime:
+    if key not in _REGISTRY:
+        raise RuntimeError_(f"Unknown runtime '{key}'.", f"Use one of: {', '.join(RUNTIMES)}.")
+    return _REGISTRY[key]
+
+
+def runtime_for(name: str, board: Board, binaries: str) -> BoardRuntime:
+    for rule in RULES:
+        key = rule(name, board, binaries)
+        if key is not None:
+            return board_runtime(key)
+    raise RuntimeError_(f"No runtime serves '{name}' on {board.name}.", "Use --runtime genie.")
+
+
+async def bundle_binaries(board: Board, bundle_dir: str) -> str:
+    """"qnn" when the bundle's first ctx-bin is a real QNN context binary, "stand-in" for the twin's simulated
+    ones (a small JSON document), "unknown" when it cannot be read. Only the file's first bytes are read."""
+    from workers.genie_sim.simbin import FORMAT
+
+    t = board.transport
+    try:
+        cfg = json.loads((await t.read_bytes(posixpath.join(bundle_dir, "genie_config.json"))).decode("utf-8"))
+        first = str(cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"][0])
+        head = await t.read_head(posixpath.join(bundle_dir, first), 256) if hasattr(t, "read_head") else \
+            (await t.read_bytes(posixpath.join(bundle_dir, first)))[:256]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return "unknown"
+    return "stand-in" if FORMAT.encode() in head else "qnn"
+
+
+async def select_runtime(board: Board, bundle_dir: str, runtime: str | None = None) -> BoardRuntime:
+    """The implementation for the user's choice (or the board's setting) and the bundle on the board."""
+    name = resolve_runtime(board, runtime)
+    binaries = await bundle_binaries(board, bundle_dir) if board.simulated else "qnn"
+    rt = runtime_for(name, board, binaries)
+    if rt.key == "geniex" and board.simulated and binaries == "qnn":
+        raise RuntimeError_("GenieX's qairt plugin does not run on an x86 workstation, and this bundle holds real "
+                            "context binaries that only Qualcomm's runtimes can run.",
+                            "Chat through Genie (--runtime genie): Qualcomm's libGenie runs them on the HTP "
+                            "simulator.")
+    return rt

@@ -19,8 +19,10 @@ which re-sends the whole conversation each turn and pays the init every time.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
+import logging
 import posixpath
 import time
 from collections.abc import Callable
@@ -31,7 +33,7 @@ from app.core.device.board import Board
 from app.core.genie.conversation import _HEADER, Conversation, Turn
 from app.core.genie.profile import Kpis, ProfileError, parse_profile
 from app.core.genie.run import Chunk, ChunkTokenCounter, ensure_dir, load_token_counter, run_query
-from app.core.genie.runtime import RuntimeError_, board_runtime, resolve_runtime
+from app.core.genie.runtime import RuntimeError_, resolve_runtime, runtime_for, select_runtime
 from workers.shared.errors import ActionableError
 
 MODES = ("auto", "persistent", "per_turn")
@@ -41,6 +43,9 @@ SAMPLER_PRESETS: dict[str, dict[str, Any] | None] = {
     "bundle": None,                                                        # the bundle's own sampler
 }
 SESSION_CONFIG = "genie_config.hexstudio.json"   # the bundle's config with the chosen sampler
+
+
+genie_log = logging.getLogger("hexstudio.genie.log")
 
 
 class SessionError(ActionableError):
@@ -122,8 +127,10 @@ def template_for_bundle(bundle_doc: dict[str, Any]) -> str:
 class _Helper:
     """The helper process and its JSON-lines event stream."""
 
-    def __init__(self, proc: Any) -> None:
+    def __init__(self, proc: Any, on_log: Callable[[str, str], None] | None = None) -> None:
         self.proc = proc
+        self.on_log = on_log
+        self.log_lines: collections.deque[str] = collections.deque(maxlen=400)   # Genie's own log lines
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.stderr = bytearray()
         self.alive = True
@@ -143,6 +150,13 @@ class _Helper:
                         ev = json.loads(line)
                     except ValueError:
                         ev = {"event": "noise", "line": line.decode("utf-8", "replace")}
+                    if ev.get("event") == "log":     # Genie's log (GenieLog): kept and shown, not a protocol event
+                        level, text = str(ev.get("level", "info")), str(ev.get("message", ""))
+                        self.log_lines.append(f"[{level.upper()}] {text}")
+                        genie_log.debug("%s: %s", level, text)
+                        if self.on_log is not None:
+                            self.on_log(level, text)
+                        continue
                     self.events.put_nowait(ev)
         except Exception as exc:  # the connection dropped
             self.events.put_nowait({"event": "error", "code": "connection_lost", "message": str(exc)})
@@ -194,10 +208,11 @@ class ChatSession:
         else:
             self.sampler_values = SAMPLER_PRESETS[sampler]
         self.board = board
-        try:
-            self.runtime = board_runtime(resolve_runtime(board, runtime))
+        try:   # the implementation is settled in open(), from the bundle on the board (select_runtime)
+            self.runtime = runtime_for(resolve_runtime(board, runtime), board, "qnn")
         except RuntimeError_ as exc:
             raise SessionError(exc.message, exc.hint) from None
+        self._runtime_choice = runtime
         self.bundle_dir = bundle_dir
         self.conversation = conversation or Conversation()
         self.requested_mode = mode
@@ -218,6 +233,7 @@ class ChatSession:
         self._runner_simulated = False            # the runner said so: helper hello, banner, profile
         self.token_counter: Callable[[str], int] | None = None   # the bundle's tokenizer, when readable
         self.on_turn: Callable[[TurnResult], None] | None = None  # e.g. the run's chat journal
+        self.on_genie_log: Callable[[str, str], None] | None = None   # (level, line) of Genie's own log
 
     @property
     def simulated(self) -> bool:
@@ -250,6 +266,10 @@ class ChatSession:
             await t.write_bytes(posixpath.join(self.bundle_dir, SESSION_CONFIG),
                                 json.dumps(cfg, indent=2).encode("utf-8"))
             self._config = SESSION_CONFIG
+        try:
+            self.runtime = await select_runtime(self.board, self.bundle_dir, self._runtime_choice)
+        except RuntimeError_ as exc:
+            raise SessionError(exc.message, exc.hint) from None
         self._opened = True
         if self.runtime.name != "genie":
             if self.mode == "per_turn":
@@ -280,7 +300,10 @@ class ChatSession:
             self.conversation.count_tokens = count
 
     def helper_argv(self) -> tuple[list[str], dict[str, str] | None]:
-        return self.runtime.helper_argv(self.board, self.sampler_values, self._helper_remote, self.bundle_dir)
+        try:
+            return self.runtime.helper_argv(self.board, self.sampler_values, self._helper_remote, self.bundle_dir)
+        except RuntimeError_ as exc:
+            raise SessionError(exc.message, exc.hint) from None
 
     _helper_remote: str | None = None
 
@@ -301,7 +324,7 @@ class ChatSession:
             proc = await t.start(argv, cwd=self.bundle_dir, env=env)
         except Exception as exc:
             raise SessionError(f"the chat helper could not start: {exc}") from None
-        h = _Helper(proc)
+        h = _Helper(proc, self.on_genie_log)
         while True:
             try:
                 ev = await h.next_event(self.ready_timeout)
@@ -321,10 +344,15 @@ class ChatSession:
             self._runner_simulated = True
         self.init_ms = float(ev.get("init_ms") or (time.monotonic() - t0) * 1000)
         self.genie_version = ev.get("genie_version")
-        self.runtime_version = ev.get("runtime_version") or (
+        self.runtime_version = ev.get("runtime_version") or ev.get("runner") or (
             f"Genie API {self.genie_version}" if self.genie_version else None)
         self._n_past = 0
         self._status(f"model loaded in {self.init_ms / 1000:.1f} s; it stays loaded between turns")
+
+    @property
+    def genie_log(self) -> list[str]:
+        """The runtime's own log lines so far (Genie's GenieLog output: what the console shows)."""
+        return list(self._helper.log_lines) if self._helper is not None else []
 
     async def reset(self) -> None:
         """A new chat: forget the history and clear the dialog's KV cache."""
