@@ -142,10 +142,10 @@ def graph_main(argv: list[str]) -> int:
 
 def measure(shape: dict[str, Any], target: Target, cache_dir: Path, qnn: str, em: Emitter | None = None) -> GraphTiming:
     """One graph's timing, from the cache (per QNN version, target and shape) or a child process."""
-    from workers.predict_graphs import LayerShape
+    from workers.predict_graphs import GRAPHS_VERSION, LayerShape
 
     s = LayerShape(**shape)
-    cached = cache_dir / f"qnn-{qnn}" / target.key() / f"{s.key()}.json"
+    cached = cache_dir / f"qnn-{qnn}" / target.key() / f"graphs-v{GRAPHS_VERSION}" / f"{s.key()}.json"
     if cached.is_file():
         try:
             return GraphTiming.from_json({**json.loads(cached.read_text()), "cached": True})

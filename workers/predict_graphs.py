@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+GRAPHS_VERSION = 2    # bump when the graphs change: cached timings of older graphs are not reused
 OPSET = 21            # block-wise Q/DQ, int4 and 16-bit Q/DQ
 BLOCK = 64            # LPBQ block along the input features
 U16, U8 = TensorProto.UINT16, TensorProto.UINT8
@@ -44,9 +45,16 @@ class LayerShape:
     layers: int = 1
     vocab: int = 0            # > 0: an lm_head graph of this many columns instead of decoder layers
     rms_eps: float = 1e-5
+    sha: bool | None = None   # single-head attention; None: for the prompt processor (seq > 1) only
+
+    def single_head_attention(self) -> bool:
+        """Per-head attention ops (MHA -> SHA) for AR-N, where a whole [heads, n, ctx] score tensor spills
+        out of VTCM (1B, AR-128, CL 4096: 9.4 ms vs 40.8 ms simulated per layer); one grouped op for AR-1,
+        where 32 small heads cost more in op overhead than they save (3.4 ms vs 1.7 ms)."""
+        return self.seq > 1 if self.sha is None else self.sha
 
     def key(self) -> str:
-        kind = f"lm{self.vocab}" if self.vocab else f"L{self.layers}"
+        kind = f"lm{self.vocab}" if self.vocab else f"L{self.layers}" + ("-sha" if self.single_head_attention() else "")
         return (f"h{self.hidden}-a{self.heads}-kv{self.kv_heads}-d{self.head_dim}-i{self.intermediate}-"
                 f"s{self.seq}-c{self.context}-{kind}")
 
@@ -107,6 +115,11 @@ class _Builder:
 
     def reshape(self, x: str, dims: list[int]) -> str:
         return self.op("Reshape", [x, self.shape(dims)])
+
+    def axis_range(self, start: int, end: int, axis: int) -> list[str]:
+        """Slice's starts, ends and axes inputs for [start, end) along one axis."""
+        return [self.const("b", np.array([start], np.int64)), self.const("e", np.array([end], np.int64)),
+                self.const("a", np.array([axis], np.int64))]
 
     def transpose(self, x: str, perm: list[int]) -> str:
         return self.op("Transpose", [x], perm=perm)
@@ -185,13 +198,34 @@ def _layer(b: _Builder, s: LayerShape, x: str, mask: str, cos: str, sin: str, i:
     v_new = b.qdq(v_new, kv_scale, 8, out_q=f"past_value_{i}_out")
     keys = b.op("Concat", [b.deq(pk, kv_scale, 8), k_new], kv_scale, 8, axis=3)    # [kvh, 1, hd, ctx]
     values = b.op("Concat", [b.deq(pv, kv_scale, 8), v_new], kv_scale, 8, axis=2)  # [kvh, 1, ctx, hd]
-    qg = b.reshape(q, [kvh, 1, rep * n, hd])                                    # heads of a KV group together
-    scores = b.op("MatMul", [qg, keys], 0.5)                                    # [kvh, 1, rep*n, ctx]
-    scores = b.op("Add", [b.reshape(scores, [kvh, rep, n, s.context]), mask], 0.5)
-    probs = b.op("Softmax", [scores], 1.0 / 65535, axis=-1)
-    ctx = b.op("MatMul", [b.reshape(probs, [kvh, 1, rep * n, s.context]), values], 0.05)
-    ctx = b.reshape(b.transpose(b.reshape(ctx, [1, s.heads, n, hd]), [0, 2, 1, 3]), [1, n, s.heads * hd])
-    attn = b.lpbq_matmul(ctx, s.heads * hd, h, 0.05)
+    if not s.single_head_attention():
+        # heads of a KV group together: one [kvh, 1, rep*n, ctx] score tensor, few ops (the token generator)
+        qg = b.reshape(q, [kvh, 1, rep * n, hd])
+        scores = b.op("MatMul", [qg, keys], 0.5)
+        scores = b.op("Add", [b.reshape(scores, [kvh, rep, n, s.context]), mask], 0.5)
+        probs = b.op("Softmax", [scores], 1.0 / 65535, axis=-1)
+        ctx = b.op("MatMul", [b.reshape(probs, [kvh, 1, rep * n, s.context]), values], 0.05)
+        ctx = b.reshape(b.transpose(b.reshape(ctx, [1, s.heads, n, hd]), [0, 2, 1, 3]), [1, n, s.heads * hd])
+        return _mlp(b, s, x, ctx)
+    # single-head attention, as Qualcomm's LLM exports lay it out for HTP (MHA -> SHA): each head's scores
+    # [1, 1, n, ctx] stay small enough for VTCM where one [kvh, rep*n, ctx] tensor would spill to DDR
+    group_k = [b.op("Slice", [keys, *b.axis_range(g, g + 1, 0)]) for g in range(kvh)]
+    group_v = [b.op("Slice", [values, *b.axis_range(g, g + 1, 0)]) for g in range(kvh)]
+    heads = []
+    for hh in range(s.heads):
+        qh = b.op("Slice", [q, *b.axis_range(hh, hh + 1, 1)])                   # [1, 1, n, hd]
+        scores = b.op("MatMul", [qh, group_k[hh // rep]], 0.5)                  # [1, 1, n, ctx]
+        probs = b.op("Softmax", [b.op("Add", [scores, mask], 0.5)], 1.0 / 65535, axis=-1)
+        heads.append(b.op("MatMul", [probs, group_v[hh // rep]], 0.05))         # [1, 1, n, hd]
+    ctx = b.op("Concat", heads, 0.05, axis=1)                                   # [1, heads, n, hd]
+    ctx = b.reshape(b.transpose(ctx, [0, 2, 1, 3]), [1, n, s.heads * hd])
+    return _mlp(b, s, x, ctx)
+
+
+def _mlp(b: _Builder, s: LayerShape, x: str, ctx: str) -> str:
+    """o_proj + residual, then the SwiGLU MLP + residual."""
+    h = s.hidden
+    attn = b.lpbq_matmul(ctx, s.heads * s.head_dim, h, 0.05)
     x = b.op("Add", [x, attn], 0.1)
     xn = b.rmsnorm(x, h, s.rms_eps)
     gate = b.lpbq_matmul(xn, h, s.intermediate, 0.05)

@@ -159,7 +159,7 @@ def test_tiny_model_on_the_htp_simulator_end_to_end_and_cached(tmp_path: Path) -
     assert tg2["sim_us"] > tg1["sim_us"] and pp1["sim_us"] > tg1["sim_us"]
     assert doc["ttft_ms"]["256"]["value"] == pytest.approx(8 * doc["ttft_ms"]["32"]["value"], abs=0.01)
     assert any(e.get("type") == "progress" for e in events)
-    cached = list((tmp_path / "cache" / "predict").glob("qnn-*/soc77-v73/*.json"))
+    cached = list((tmp_path / "cache" / "predict").glob("qnn-*/soc77-v73/graphs-v*/*.json"))
     assert len(cached) == 6
     again = asyncio.run(run_prediction(tiny_plan(256), tmp_path))
     assert all(g["cached"] for g in again["graphs"])
