@@ -8,9 +8,16 @@ import asyncio
 import sys
 from typing import Any
 
-from app.core.cli.common import add_json_flag, add_workspace_flag, eprint, print_json, workspace_from
+from app.core.cli.common import (
+    CliError,
+    add_json_flag,
+    add_workspace_flag,
+    eprint,
+    print_json,
+    workspace_from,
+)
 from app.core.paths import BUILTIN_MODEL_ID
-from app.core.services.predict import PredictRequest, plan, run_prediction
+from app.core.services.predict import PredictRequest, plan, request_for_run, run_prediction, save_for_run
 from workers.shared.predict import summary_lines
 
 
@@ -30,6 +37,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="context length (default: the run default)")
     p.add_argument("--ar-n", type=int, default=None, help="prompt processor length (default: the run default)")
     p.add_argument("--parts", type=int, default=None, help="parts (default: the run default; auto by model size)")
+    p.add_argument("--run", default=None, metavar="RUN_ID",
+                   help="predict for a run's model, board and settings, and keep the prediction with the run "
+                        "(its report and Compare show it beside the measured figures, labeled predicted)")
     p.add_argument("--one-layer", action="store_true",
                    help="simulate 1-layer graphs only (faster; no per-graph fixed cost from the 2-layer slope)")
     add_workspace_flag(p)
@@ -38,10 +48,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    req = PredictRequest(model=args.model, board=args.board, device=args.device, context_length=args.context_length,
-                         ar_n=args.ar_n, parts=args.parts, two_layers=not args.one_layer)
+    ws_ = workspace_from(args)
+    ws = ws_.root
+    run_dir = ws_.run_dir(args.run) if args.run else None
+    if run_dir is not None and not (run_dir / "run.json").is_file():
+        raise CliError(f"No run '{args.run}' in {ws_.runs_dir}.", "`hexstudio runs list` shows the runs.")
+    if run_dir is not None:
+        req = request_for_run(run_dir, two_layers=not args.one_layer)
+    else:
+        req = PredictRequest(model=args.model, board=args.board, device=args.device,
+                             context_length=args.context_length, ar_n=args.ar_n, parts=args.parts,
+                             two_layers=not args.one_layer)
     pl = plan(req)
-    ws = workspace_from(args).root
 
     def on_event(ev: dict[str, Any]) -> None:
         if ev.get("type") in ("progress", "log") and not args.json and sys.stderr.isatty():
@@ -51,6 +69,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         eprint(f"predicting {pl.model} on {pl.target.name} ({pl.target.dsp_arch}, soc_model {pl.target.soc_model}): "
                f"context {pl.context_length}, AR-{pl.ar_n}, {pl.parts} parts ...")
     doc = asyncio.run(run_prediction(pl, ws, on_event))
+    if run_dir is not None:
+        kept = save_for_run(run_dir, doc)
+        if not args.json:
+            eprint(f"kept with run {args.run}: {kept}")
     if args.json:
         print_json(doc)
     else:

@@ -15,6 +15,7 @@ from typing import Any
 from app.core.genie.journal import read_journals
 from app.core.manifest import RunManifest, now_iso
 from app.core.reports.bench import bench_section
+from app.core.reports.predicted import predicted_section, read_prediction
 from app.core.reports.redact import scrub, secret_values_in
 from app.core.stages import STAGES
 from app.core.status import RunStatus, run_status, stage_statuses
@@ -243,6 +244,8 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
         rep["series"]["token_rate"] = token_rate_series(ch.get("chunks") or [])
         rep["series"]["token_rate_unit"] = token_rate_unit(ch.get("chunks") or [])
     rep["chat_sessions"] = _chat_sessions(run_dir)
+    # the speed predictor's figures (issue 28): labeled predicted, beside the measured KPIs, never in them
+    rep["predicted"] = predicted_section(read_prediction(run_dir), rep["kpis"])
     ev = artifact("evaluate", "evaluate.json")
     if ev:   # the Evaluate stage: every suite float -> simulated -> board (app/core/eval/)
         rep["evaluation"] = {k: ev.get(k) for k in ("source", "simulated", "legs", "leg_titles", "prompt_format",

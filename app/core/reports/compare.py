@@ -8,11 +8,12 @@ from typing import Any
 
 from app.core.manifest import now_iso
 from app.core.reports.bench import bench_rows
+from app.core.reports.predicted import predicted_rows
 from app.core.reports.render import ReportError
 
 SIGNIFICANT = 0.05
-HIGHER_IS_BETTER = {"prompt_tok_s", "gen_tok_s", "top1_agreement", "greedy_agreement", "eval_score"}
-LOWER_IS_BETTER = {"eval_perplexity", "init_ms", "ttft_ms", "gen_time_ms", "kl_divergence", "perplexity_ratio", "salad_score",
+HIGHER_IS_BETTER = {"prompt_tok_s", "gen_tok_s", "predicted_decode_tok_s", "top1_agreement", "greedy_agreement", "eval_score"}
+LOWER_IS_BETTER = {"eval_perplexity", "init_ms", "ttft_ms", "predicted_ttft_ms", "gen_time_ms", "kl_divergence", "perplexity_ratio", "salad_score",
                    "duration_s", "peak_rss_bytes"}
 
 
@@ -112,6 +113,7 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
     elif any(r.get("kpis") for r in reports):
         skipped.append("Chat KPIs: not every run got as far as chatting on a board.")
     measured += bench_rows(reports, skipped, _row)
+    predicted = predicted_rows(reports, skipped, _row)   # a section of their own, labeled predicted
     eval_plot = ""
     if all(r.get("evaluation") for r in reports):   # suite scores per leg (app/core/eval/)
         ev_rows, bars = _evaluation_rows(reports, skipped)
@@ -122,7 +124,7 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
                                        for r in reports], "rows": bars})
     elif any(r.get("evaluation") for r in reports):
         skipped.append("Evaluation: not every run has run the Evaluate stage.")
-    substantial = substantial or any(r["section"] != "stages" for r in measured)
+    substantial = substantial or any(r["section"] != "stages" for r in measured) or bool(predicted)
     if not substantial:
         raise ReportError("These runs have nothing in common to compare: no stage past Model and Preflight completed "
                           "in all of them on the same kind of machine, and no validation metric or KPI is shared.",
@@ -132,7 +134,7 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
              "status": r["run"].get("status_word") or r["run"]["status"],
              "simulated": bool((r.get("compile") or {}).get("simulated")),
              "kpi_source": (r.get("chat") or {}).get("source")} for r in reports]
-    return {"compare_version": 1, "generated": now_iso(), "runs": runs, "rows": rows + measured,
+    return {"compare_version": 1, "generated": now_iso(), "runs": runs, "rows": rows + measured + predicted,
             "skipped": skipped, "eval_plot": eval_plot}
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from app.core.atomic import write_json_atomic
 from app.core.jobs import JobRunner
+from app.core.manifest import RunManifest
+from app.core.reports.predicted import PREDICTION_FILE, read_prediction
 from app.core.services import ServiceError
 from app.core.services.model import model_config
 from app.core.services.preflight import resolve_estimate_settings, run_settings
@@ -132,3 +134,32 @@ async def run_prediction(p: PredictPlan, workspace: Path,
         raise ServiceError(res.message or "The speed predictor failed.", res.hint)
     doc: dict[str, Any] = json.loads((out / "prediction.json").read_text(encoding="utf-8"))
     return doc
+
+
+def request_for_run(run_dir: Path, two_layers: bool = True) -> PredictRequest:
+    """A run's model, board and settings (context length, AR-N, parts where set) as a prediction request."""
+    m = RunManifest.load(run_dir)
+
+    def num(key: str) -> int | None:
+        v = m.settings.get(key)
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+    return PredictRequest(model=str(m.inputs.get("model")), board=str(m.inputs.get("board") or SIM_BOARD),
+                          context_length=num("context_length"), ar_n=num("ar_n"), parts=num("parts"),
+                          two_layers=two_layers)
+
+
+def save_for_run(run_dir: Path, doc: dict[str, Any]) -> Path:
+    """Keep a prediction with its run (runs/<id>/predicted/, apart from every measured artifact): the report and
+    Compare show it beside the measured figures, labeled predicted."""
+    if doc.get("predicted") is not True:
+        raise ServiceError("Only a prediction document (labeled predicted) can be kept as a run's prediction.")
+    path = run_dir / PREDICTION_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, doc)
+    return path
+
+
+def run_prediction_doc(run_dir: Path) -> dict[str, Any] | None:
+    """The prediction kept with a run, if any."""
+    return read_prediction(run_dir)
