@@ -270,6 +270,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         info = modelinfo.inspect_folder(hf_dir)
     except modelinfo.ModelInfoError as exc:
         raise WorkerError("bad_config", str(exc)) from None
+    if info.get("error"):   # a number out of any real model's range (workers.shared.config_bounds)
+        raise WorkerError(info["error"]["code"], info["error"]["message"], info["error"].get("hint"))
     if not info["supported"]:
         raise WorkerError("unsupported_architecture", info["reason"],
                           "Pick a dense Llama-family model (Llama 3.x, Nemotron-Nano-8B, Qwen2/Qwen3 dense).")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from workers.shared import config_bounds
 from workers.shared.errors import ActionableError
 
 GiB = 1024**3
@@ -157,6 +158,13 @@ INSPECT_CONTEXT = 512   # the context length the inspect-time rope check uses
 
 
 def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    try:   # every number in range before anything is sized from it (workers.shared.config_bounds)
+        config_bounds.check_config(cfg)
+    except config_bounds.ConfigBoundsError as exc:
+        archs = cfg.get("architectures")
+        arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else "this model"
+        return {"architecture": arch, "model_type": cfg.get("model_type") if isinstance(cfg.get("model_type"), str)
+                else None, "supported": False, "reason": f"{exc.message} {exc.hint}", "error": exc.fields()}
     supported, arch, reason = _classify(cfg)
     info: dict[str, Any] = {"architecture": arch, "model_type": cfg.get("model_type"),
                             "supported": supported, "reason": reason}

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from workers.shared.config_bounds import check_config
 from workers.shared.errors import ActionableError
 
 # rope types Genie 1.13's validator accepts in positional-encoding.rope-scaling
@@ -50,7 +51,9 @@ class RopeError(ActionableError, ValueError):
 def rope_settings(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(rope theta, rope scaling or None) from either config.json layout: transformers < 5 (`rope_theta` and
     `rope_scaling` at the top level) or transformers 5 (`rope_parameters` holding both). A scaling of type
-    "default" (or none) means no scaling."""
+    "default" (or none) means no scaling. Every number is checked against its plausible range first
+    (workers.shared.config_bounds: ConfigBoundsError, a ValueError) so no table is sized from a crafted one."""
+    check_config(hf_config)
     params = hf_config.get("rope_parameters")
     if isinstance(params, dict) and "full_attention" in params and isinstance(params["full_attention"], dict):
         params = params["full_attention"]   # per-layer-type layout: the decoder layers' entry

@@ -40,6 +40,8 @@ def resolve_estimate_settings(info: dict[str, Any], model: str, settings: dict[s
 
 def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], ResolvedSettings]:
     info = modelinfo.inspect_config(model_config(model))
+    if info.get("error"):   # a number out of any real model's range (workers.shared.config_bounds)
+        raise ServiceError(info["error"]["message"], info["error"].get("hint"))
     if not info["supported"]:
         raise ServiceError(info["reason"], "Pick a dense Llama-family model (Llama 3.x, Nemotron-Nano-8B, Qwen2/3).")
     r = resolve_estimate_settings(info, model, settings)
