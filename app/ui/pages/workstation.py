@@ -32,6 +32,7 @@ from app.core.services.preflight import wslconfig_plan
 from app.core.settings import settings_fields
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
+from app.ui.predict_panel import PredictPanel
 from app.ui.widgets import STATUS_COLORS, KeyValueTable, fmt_value, note
 from workers.shared import wslconfig
 from workers.shared.bundle import KNOWN_DEVICES
@@ -147,8 +148,11 @@ class PreflightPage(StagePage):
         self.fix_row = QHBoxLayout()
         self.results_layout.insertLayout(2, self.fix_row)
         self._fix_buttons: list[QPushButton] = []
+        self.predict_panel = PredictPanel(controller, self)   # speed, predicted by the HTP simulator (issue 28)
+        self.body.insertWidget(self.body.count() - 1, self.predict_panel)
 
     def refresh_results(self) -> None:
+        self.predict_panel.refresh()
         doc = self.artifact_json("preflight.json")
         for b in self._fix_buttons:
             b.deleteLater()

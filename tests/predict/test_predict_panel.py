@@ -1,0 +1,54 @@
+"""The Preflight page's speed panel: shows the run's prediction, every figure labeled predicted (issue 28)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.services.predict import save_for_run
+from tests.predict.test_predicted_in_reports import prediction
+
+pytest.importorskip("PySide6", reason="the GUI needs PySide6")
+
+
+def _window(tmp_path: Path, qtbot: Any) -> Any:
+    from app.core.runs import Workspace
+    from app.ui.controller import RunController
+    from app.ui.main_window import MainWindow
+
+    c = RunController(Workspace(tmp_path / "ws"))
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    return c, w
+
+
+def test_the_preflight_page_shows_a_kept_prediction_labeled(qtbot: Any, tmp_path: Path) -> None:
+    c, w = _window(tmp_path, qtbot)
+    panel = w.pages["preflight"].predict_panel
+    assert not panel.button.isEnabled()            # no run yet
+    m = c.new_run("builtin:tiny-llama", "sim", {"context_length": 512})
+    w.pages["preflight"].refresh_results()
+    assert panel.button.isEnabled() and panel.table.rowCount() == 0
+    assert "--run" in panel.command() and m.run_id in panel.command()
+    save_for_run(m.run_dir, prediction())
+    w.pages["preflight"].refresh_results()
+    labels = [panel.table.item(r, 0).text() for r in range(panel.table.rowCount())]
+    assert labels == ["predicted TTFT, 128-token prompt", "predicted TTFT, 512-token prompt",
+                      "predicted decode, short context", "predicted decode, full context"]
+    assert "predicted (HTP simulator)" in panel.title() and "predicted (HTP simulator)" in panel.message.text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime_qnn") is None, reason="onnxruntime-qnn is not installed")
+def test_predict_button_runs_the_real_predictor_for_the_run(qtbot: Any, tmp_path: Path) -> None:
+    c, w = _window(tmp_path, qtbot)
+    m = c.new_run("builtin:tiny-llama", "sim", {"context_length": 512})
+    panel = w.pages["preflight"].predict_panel
+    panel.refresh()
+    doc = asyncio.run(panel.predict())
+    assert doc is not None and doc["label"] == "predicted (HTP simulator)"
+    assert (m.run_dir / "predicted" / "prediction.json").is_file()
+    assert panel.table.rowCount() == 4 and panel.button.isEnabled()
