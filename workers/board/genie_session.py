@@ -44,6 +44,7 @@ import os
 import platform
 import queue
 import re
+import stat
 import sys
 import threading
 import time
@@ -99,28 +100,47 @@ def unsafe_reason(path: object, root: str) -> str | None:
     target = os.path.realpath(os.path.join(base, path))
     if target != base and not target.startswith(base + os.sep):
         return f"it leads outside the bundle folder through a symbolic link (to {target})"
-    return None
+    return not_regular(target)
 
 
-def config_paths(cfg: dict) -> list:
-    """(entry, path) of every file a genie_config.json names."""
-    def section(parent: dict, key: str) -> dict:
-        value = parent.get(key)
-        return value if isinstance(value, dict) else {}
+def not_regular(target: str) -> str | None:
+    """Why `target` may not be opened as a file (a FIFO would hang the load, a device read forever); None when
+    it is a regular file or absent (Genie then says it is missing)."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"it cannot be examined ({exc})"
+    if stat.S_ISREG(mode):
+        return None
+    return "it is " + ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
+                       else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file") \
+        + ", not a regular file"
 
-    d = section(cfg, "dialog") if isinstance(cfg, dict) else {}
-    out = []
-    tok = d.get("tokenizer")
-    if isinstance(tok, dict) and "path" in tok:
-        out.append(("dialog.tokenizer.path", tok["path"]))
-    engine = section(d, "engine")
-    binary = section(section(engine, "model"), "binary")
-    bins = binary.get("ctx-bins")
-    for i, b in enumerate(bins if isinstance(bins, list) else ([] if bins is None else [bins])):
-        out.append((f"dialog.engine.model.binary.ctx-bins[{i}]", b))
-    backend = section(engine, "backend")
-    if "extensions" in backend:
-        out.append(("dialog.engine.backend.extensions", backend["extensions"]))
+
+# keys whose values name files of the bundle, wherever they sit (workers/shared/bundle/safepath.py GENIE_PATH_KEYS)
+PATH_KEYS = frozenset({"ctx-bins", "bin-sections", "extensions", "path", "lut-path", "model-bin", "model-path",
+                       "draft-model", "lora-bin", "tokenizer-path"})
+
+
+def config_paths(cfg: object, where: str = "") -> list:
+    """(entry, path) of every file a genie_config.json names, anywhere in it (ctx-bins, tokenizer, extensions,
+    LoRA bin-sections, a draft model's engine)."""
+    out: list = []
+    if isinstance(cfg, dict):
+        for k, v in cfg.items():
+            here = f"{where}.{k}" if where else str(k)
+            if k in PATH_KEYS and not isinstance(v, (dict, bool, int, float)):
+                if isinstance(v, list):
+                    out += [(f"{here}[{i}]", x) for i, x in enumerate(v)]
+                elif v is not None:
+                    out.append((here, v))
+            else:
+                out += config_paths(v, here)
+    elif isinstance(cfg, list):
+        for i, x in enumerate(cfg):
+            out += config_paths(x, f"{where}[{i}]")
     return out
 
 
@@ -376,6 +396,9 @@ def main() -> int:
     ap.add_argument("--log-level", default=None, choices=tuple(LOG_LEVELS), help="forward Genie's log lines")
     args = ap.parse_args()
     try:
+        why = not_regular(args.config)
+        if why is not None:
+            return fail("unsafe_path", f"{args.config}: {why}. Nothing was loaded.")
         with open(args.config, encoding="utf-8") as fh:
             cfg = json.load(fh)
         if args.sampler:

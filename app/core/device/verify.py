@@ -17,8 +17,16 @@ from app.core.device.errors import (
     LocalBundleError,
     UnsafeBundle,
 )
-from workers.shared.bundle.safepath import UnsafePath, check_bundle_files, check_name, resolve_under
+from workers.shared.bundle.safepath import (
+    UnsafePath,
+    check_bundle_files,
+    check_genie_config,
+    check_name,
+    open_regular,
+    resolve_under,
+)
 
+MAX_MANIFEST_BYTES = 64 << 20   # bundle.json / genie_config.json: far beyond any real one
 VERIFY_JOBS = 4          # files hashed at once on the board (sha256sum processes)
 STAT_LINE = re.compile(r"^(\d+) (\d+(?:\.\d+)?) (.+)$")
 CTIMES = "//ctime"          # key of the board manifest holding each file's ctime after the push (never a path)
@@ -30,7 +38,10 @@ def load_bundle(bundle_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
     bundle.json gives, before anything is sent. Raises UnsafeBundle or LocalBundleError."""
     manifest = bundle_dir / "bundle.json"
     try:
-        doc = json.loads(manifest.read_text(encoding="utf-8"))
+        with open_regular(bundle_dir, "bundle.json", "bundle.json") as fh:   # a FIFO here must not hang the push
+            doc = json.loads(fh.read(MAX_MANIFEST_BYTES).decode("utf-8"))
+    except UnsafePath as exc:
+        raise UnsafeBundle(f"Refused to push {bundle_dir}: {exc}", exc.hint) from None
     except FileNotFoundError:
         raise LocalBundleError(f"{manifest} does not exist: {bundle_dir} is not a complete bundle folder.",
                                "Give the compile stage's bundle folder (artifacts/compile/bundle), or compile "
@@ -44,8 +55,17 @@ def load_bundle(bundle_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
         files = check_bundle_files(doc.get("files"))
         for i, f in enumerate(files):
             resolve_under(bundle_dir, f["path"], f"bundle.json files[{i}]")
+        if any(f["path"] == "genie_config.json" for f in files):
+            # every file genie_config.json names (ctx-bins, tokenizer, extensions, LoRA, draft model): inside the
+            # bundle, no symlink out, a regular file, so nothing outside it is sent, read or loaded on the board
+            with open_regular(bundle_dir, "genie_config.json", "genie_config.json") as fh:
+                cfg = json.loads(fh.read(MAX_MANIFEST_BYTES).decode("utf-8"))
+            check_genie_config(cfg, bundle_dir)
     except UnsafePath as exc:
         raise UnsafeBundle(f"Refused to push {bundle_dir}: {exc}", exc.hint) from None
+    except (OSError, ValueError) as exc:   # genie_config.json unreadable or not JSON
+        raise LocalBundleError(f"{bundle_dir / 'genie_config.json'} cannot be read ({exc}).",
+                               "Compile the bundle again (`hexstudio bundle check` says what is wrong).") from None
     for i, f in enumerate(files):
         local = bundle_dir / str(f["path"])
         try:

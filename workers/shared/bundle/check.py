@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.shared.bundle import bundle_qairt_version
+from workers.shared.bundle import bundle_qairt_version, safepath
 from workers.shared.bundle import genie_model as gm
 from workers.shared.bundle import genie_schema as gs
 
@@ -379,10 +379,14 @@ def _rope_findings(cfg: dict[str, Any], hf: dict[str, Any] | None) -> list[Findi
     return out
 
 
+MAX_CONFIG_BYTES = 16 << 20   # genie_config.json, config.json, bundle.json ...: far beyond any real one
+
+
 def _read_json(p: Path) -> Any:
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        with safepath.open_regular(p.parent, p.name, p.name) as fh:   # a FIFO or device is not read
+            return json.loads(fh.read(64 * MAX_CONFIG_BYTES).decode("utf-8"))
+    except (OSError, ValueError):   # missing, unsafe (UnsafePath), not UTF-8, not JSON
         return None
 
 
@@ -514,15 +518,24 @@ def check_bundle(path: Path | str, board_facts: dict[str, Any] | None = None) ->
         out.append(Finding("simulated", INFO, "A simulation bundle (runs on the simulator board only).", None,
                            "Compile for a real device to run on a board."))
     cfg_path = bundle / "genie_config.json"
-    try:
-        text = cfg_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    try:   # a regular file only (a FIFO here hung `bundle check`, issue 27), at most MAX_CONFIG_BYTES
+        with safepath.open_regular(bundle, "genie_config.json", "genie_config.json") as fh:
+            text = fh.read(MAX_CONFIG_BYTES + 1).decode("utf-8")
+        if len(text) > MAX_CONFIG_BYTES:
+            raise ValueError(f"it is larger than {MAX_CONFIG_BYTES} bytes")
+    except safepath.UnsafePath as exc:
+        return [*out, Finding("unsafe_path", ERROR, exc.message, NO_MESSAGE, exc.hint)]
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         return [*out, Finding("config_missing", ERROR, f"{cfg_path} cannot be read ({exc}).",
                               "Failed to create the dialog config.", "Every Genie bundle needs genie_config.json.")]
     cfg, found = _config_findings(text)
     out += found
     if cfg is None:
         return out
+    try:   # every file it names: inside the bundle, no symlink out, a regular file; before any is opened
+        safepath.check_genie_config(cfg, bundle)
+    except safepath.UnsafePath as exc:
+        return [*out, Finding("unsafe_path", ERROR, exc.message, NO_MESSAGE, exc.hint)]
     bins = [b for b in _obj(cfg, "dialog", "engine", "model", "binary").get("ctx-bins") or [] if isinstance(b, str)]
     tok = _obj(cfg, "dialog", "tokenizer").get("path")
     if isinstance(tok, str) and not (bundle / tok).is_file():

@@ -12,10 +12,12 @@ workers/board/genie_session.py carries a copy of the same rules (it runs alone o
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from workers.shared.errors import ActionableError
 
@@ -138,26 +140,93 @@ def check_graphs(graphs: object, root: Path | str, entry: str = "graphs.json") -
                 resolve_under(root, g[key], f"{entry} graphs[{i}].{key}")
 
 
-def check_genie_config(cfg: object, root: Path | str, entry: str = "genie_config.json") -> None:
-    """The files a genie_config.json names (ctx-bins, tokenizer path, backend extensions), checked and
-    resolved under the bundle folder `root`."""
+# keys of genie_config.json whose values (a string or a list of strings) name files of the bundle, wherever they
+# sit (one engine or a list of them for speculative decoding's target and draft, LoRA adapters, embeddings)
+GENIE_PATH_KEYS = frozenset({"ctx-bins", "bin-sections", "extensions", "path", "lut-path", "model-bin",
+                             "model-path", "draft-model", "lora-bin", "tokenizer-path"})
+
+
+def genie_config_paths(cfg: object, where: str = "") -> list[tuple[str, object]]:
+    """(entry, path) of every file a genie_config.json names, anywhere in it."""
+    out: list[tuple[str, object]] = []
+    if isinstance(cfg, dict):
+        for k, v in cfg.items():
+            here = f"{where}.{k}" if where else str(k)
+            if k in GENIE_PATH_KEYS and not isinstance(v, (dict, bool, int, float)):
+                if isinstance(v, list):
+                    out += [(f"{here}[{i}]", x) for i, x in enumerate(v)]
+                elif v is not None:
+                    out.append((here, v))
+            else:
+                out += genie_config_paths(v, here)
+    elif isinstance(cfg, list):
+        for i, x in enumerate(cfg):
+            out += genie_config_paths(x, f"{where}[{i}]")
+    return out
+
+
+def check_genie_config(cfg: object, root: Path | str, entry: str = "genie_config.json", *,
+                       regular: bool = True) -> None:
+    """Every file a genie_config.json names (ctx-bins, tokenizer path, backend extensions, LoRA bin-sections, a
+    draft model's files, ...), checked and resolved under the bundle folder `root`; with `regular`, each that
+    exists must be a regular file (a FIFO would hang whoever opens it, a device would read forever)."""
     d: Any = cfg.get("dialog") if isinstance(cfg, dict) else None
     if not isinstance(d, dict):
         raise UnsafePath(entry, "dialog", "it has no 'dialog' object")
-    tok = (d.get("tokenizer") or {}).get("path") if isinstance(d.get("tokenizer"), dict) else None
-    if tok is not None:
-        resolve_under(root, tok, f"{entry} dialog.tokenizer.path")
-    engine = _obj(d.get("engine"))
-    binary = _obj(_obj(engine.get("model")).get("binary"))
-    bins = binary.get("ctx-bins")
-    if bins is not None:
-        if not isinstance(bins, list):
-            raise UnsafePath(f"{entry} dialog.engine.model.binary.ctx-bins", bins, "it must be a list of file names")
-        for i, b in enumerate(bins):
-            resolve_under(root, b, f"{entry} dialog.engine.model.binary.ctx-bins[{i}]")
-    ext = _obj(engine.get("backend")).get("extensions")
-    if ext is not None:
-        resolve_under(root, ext, f"{entry} dialog.engine.backend.extensions")
+    for where, path in genie_config_paths(cfg):
+        target = resolve_under(root, path, f"{entry} {where}")
+        if regular:
+            check_regular(target, f"{entry} {where}", path)
+
+
+def _kind(mode: int) -> str | None:
+    if stat.S_ISREG(mode):
+        return None
+    return ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "not a regular file")
+
+
+def check_regular(target: Path | str, entry: str, shown: object = None, *, must_exist: bool = False) -> None:
+    """`target` (already resolved) is a regular file, or absent (unless must_exist). Never opens it."""
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        if must_exist:
+            raise UnsafePath(entry, shown if shown is not None else str(target), "it does not exist in the folder",
+                             "The folder is incomplete: compile the bundle again.") from None
+        return
+    except OSError as exc:
+        raise UnsafePath(entry, shown if shown is not None else str(target), f"it cannot be examined ({exc})") \
+            from None
+    kind = _kind(st.st_mode)
+    if kind is not None:
+        raise UnsafePath(entry, shown if shown is not None else str(target),
+                         f"it is {kind}, not a regular file (reading it could hang or never end)")
+
+
+def open_regular(root: Path | str, path: object, entry: str = "path") -> BinaryIO:
+    """Open `root / path` for reading, after resolve_under, only if it is a regular file: opened with
+    O_NOFOLLOW (the resolved name cannot have been swapped for a symlink since the check) and O_NONBLOCK (a FIFO
+    cannot hang the open), then checked with fstat on the descriptor itself."""
+    target = resolve_under(root, path, entry)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(target, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(entry, path, "it became a symbolic link while it was being opened") from None
+        raise
+    try:
+        kind = _kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise UnsafePath(entry, path, f"it is {kind}, not a regular file (reading it could hang or never end)")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _obj(v: object) -> dict[str, Any]:
