@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -193,10 +195,14 @@ def worker_main(stage: str, run: Callable[[WorkerSpec, Emitter], dict[str, Any] 
     signal.signal(signal.SIGINT, _raise_cancelled)
     signal.signal(signal.SIGTERM, _raise_cancelled)
     code = 0
+    tmp: Path | None = None
     try:
         spec = WorkerSpec.load(args.spec)
         spec.out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = private_tmp(spec.run_dir, stage)
         summary = run(spec, em)
+        _drop_tmp(tmp)   # before `done`: the studio may move the stage's folder as soon as it reads it
+        tmp = None
         em.done(True, summary or {})
     except Cancelled as exc:
         em.error("cancelled", f"The {stage} stage was cancelled ({exc}).",
@@ -226,10 +232,38 @@ def worker_main(stage: str, run: Callable[[WorkerSpec, Emitter], dict[str, Any] 
         em.done(False)
         code = 1
     finally:
+        _drop_tmp(tmp)
         try:
             sys.stdout.flush()
         except Exception:
             pass
         _stop_watcher()
     return code
+
+
+def private_tmp(run_dir: Path, stage: str) -> Path | None:
+    """The worker's temporary folder, inside its run folder (run_dir/tmp/<stage>, mode 0700) and set as TMPDIR for
+    it and its children: the temporary files of the libraries it uses (the qai_hub client's `*.aimet.zip`
+    uploads, onnx and aimet scratch files) stay with the run, unreadable to other users, and are removed when
+    the worker ends (issue 27: they were left world-readable in /tmp). A folder left by a killed worker is
+    emptied when the stage starts again. None (the system's) when the run folder cannot hold it."""
+    tmp = Path(run_dir) / "tmp" / stage
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True, mode=0o700, exist_ok=True)
+        os.chmod(tmp, 0o700)
+    except OSError:
+        return None
+    os.environ["TMPDIR"] = os.environ["TMP"] = os.environ["TEMP"] = str(tmp)
+    tempfile.tempdir = str(tmp)
+    return tmp
+
+
+def _drop_tmp(tmp: Path | None) -> None:
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.parent.rmdir()   # run_dir/tmp, when no other stage's folder is left in it
+        except OSError:
+            pass
 

@@ -1,0 +1,55 @@
+"""A worker's temporary files live in its run folder (issue 27 #5): the qai_hub client left
+/tmp/tmp*.aimet/*.aimet.zip behind, world-readable. A real worker process (worker_main) whose run makes
+temporary files as libraries do (tempfile in Python, $TMPDIR in a child) and leaves them: they are in
+run_dir/tmp/<stage>, private to the user while it runs, and gone when it ends, done or failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = r'''
+import json, os, stat, subprocess, sys, tempfile
+from workers.runtime import WorkerError, worker_main
+
+def run(spec, em):
+    d = tempfile.mkdtemp(suffix=".aimet")                  # what qai_hub does for an upload
+    open(os.path.join(d, "model.aimet.zip"), "wb").write(b"weights")
+    fd, f = tempfile.mkstemp(); os.close(fd)                # left behind on purpose
+    subprocess.run(["sh", "-c", 'echo x > "$TMPDIR/from-child"'], check=True)
+    mode = stat.S_IMODE(os.stat(os.environ["TMPDIR"]).st_mode)
+    em.log(json.dumps({"dir": d, "file": f, "tmpdir": os.environ["TMPDIR"], "mode": mode}))
+    if spec.settings.get("fail"):
+        raise WorkerError("boom", "failed on purpose")
+    return {}
+
+sys.exit(worker_main("compile", run))
+'''
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["done", "failed"])
+def test_temporary_files_stay_in_the_run_and_are_removed(tmp_path: Path, fail: bool) -> None:
+    run_dir = tmp_path / "run"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"schema": 1, "stage": "compile", "run_dir": str(run_dir),
+                                "out_dir": str(run_dir / "artifacts" / "compile"), "settings": {"fail": fail}}))
+    env = {k: v for k, v in os.environ.items() if k not in ("HEXSTUDIO_PARENT_PID", "HEXSTUDIO_LIVENESS")}
+    r = subprocess.run([sys.executable, "-c", WORKER, "--spec", str(spec)], cwd=REPO, capture_output=True,
+                       text=True, timeout=60, env={**env, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path / "sys")},
+                       stdin=subprocess.DEVNULL)
+    events = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    logged = [json.loads(e["message"]) for e in events if e.get("type") == "log"]
+    assert logged, (r.stdout, r.stderr)
+    where = logged[0]
+    tmp = run_dir / "tmp" / "compile"
+    assert where["tmpdir"] == str(tmp) and where["mode"] == 0o700, where
+    assert Path(where["dir"]).parent == tmp and Path(where["file"]).parent == tmp
+    assert not (run_dir / "tmp").exists(), list((run_dir / "tmp").rglob("*"))
+    assert not (tmp_path / "sys").exists() or not any((tmp_path / "sys").iterdir())
+    assert events[-1]["type"] == "done" and events[-1]["ok"] is (not fail)
