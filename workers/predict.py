@@ -103,6 +103,11 @@ def measure_here(shape: dict[str, Any], target: Target, work: Path) -> dict[str,
     so = ort.SessionOptions()
     so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")   # nothing may run on the CPU EP
     so.log_severity_level = 3
+    # also write the QNN context binary, as a local compile does: its size is the compile's output (issue 28 #5)
+    so.add_session_config_entry("ep.context_enable", "1")
+    so.add_session_config_entry("ep.context_embed_mode", "0")
+    so.add_session_config_entry("ep.context_file_path", str(work / "ctx" / "graph_ctx.onnx"))
+    (work / "ctx").mkdir()
     profile = work / "profile.csv"
     so.add_provider_for_devices(devices, {
         "backend_path": str(lib.parent / "libQnnHtp.so"), "htp_arch": target.htp_arch,
@@ -115,11 +120,13 @@ def measure_here(shape: dict[str, Any], target: Target, work: Path) -> dict[str,
                           f"{target.dsp_arch}: {str(exc)[:400]}",
                           "Check that the target's Hexagon arch is v69 or newer (LPBQ int4 weights).") from None
     compile_s = time.monotonic() - t0
+    context_bytes = sum(f.stat().st_size for f in (work / "ctx").glob("*.bin"))
     t0 = time.monotonic()
     sess.run(None, feeds(s))
     run_s = time.monotonic() - t0
     del sess   # the profile is written when the session ends
-    return {**parse_profile(profile), "compile_s": round(compile_s, 2), "run_s": round(run_s, 2)}
+    return {**parse_profile(profile), "compile_s": round(compile_s, 2), "run_s": round(run_s, 2),
+            "context_bytes": context_bytes}
 
 
 def graph_main(argv: list[str]) -> int:

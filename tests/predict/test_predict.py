@@ -14,8 +14,17 @@ import pytest
 
 from app.core.services import ServiceError
 from app.core.services.predict import PredictPlan, PredictRequest, plan, resolve_target, run_prediction
-from workers.shared.predict import (LABEL, Bandwidth, GraphTiming, ModelShape, Target, combine, per_layer,
-                                    summary_lines, target_for_device)
+from workers.shared.predict import (
+    LABEL,
+    Bandwidth,
+    GraphTiming,
+    ModelShape,
+    Target,
+    combine,
+    per_layer,
+    summary_lines,
+    target_for_device,
+)
 
 HAVE_QNN = importlib.util.find_spec("onnxruntime_qnn") is not None
 needs_qnn = pytest.mark.skipif(not HAVE_QNN, reason="onnxruntime-qnn (Qualcomm's x86 QNN HTP simulator) is not "
@@ -33,9 +42,11 @@ def timing(key: str, seq: int, layers: int, us: float, vocab: int = 0, spread: f
 def test_per_layer_is_the_slope_and_the_intercept_is_the_fixed_cost() -> None:
     layer, fixed = per_layer(timing("a", 1, 1, 1500), timing("b", 1, 2, 2500))
     assert layer.value == pytest.approx(1.0) and fixed.value == pytest.approx(0.5)
-    # a 2-layer graph costing more than twice the 1-layer one: no negative fixed cost
+    # a 2-layer graph costing more than twice the 1-layer one: the line through both, whose intercept is
+    # negative, so that n layers in one graph cost t1 + (n - 1) x slope
     layer, fixed = per_layer(timing("a", 1, 1, 1000), timing("b", 1, 2, 2400))
-    assert layer.value == pytest.approx(1.4) and fixed.value == 0.0
+    assert layer.value == pytest.approx(1.4) and fixed.value == pytest.approx(-0.4)
+    assert (fixed + layer.scaled(5)).value == pytest.approx(1.0 + 4 * 1.4)
     layer, fixed = per_layer(timing("a", 1, 1, 1000), None)
     assert layer.value == pytest.approx(1.0) and fixed.value == 0.0
 
@@ -150,6 +161,7 @@ def test_tiny_model_on_the_htp_simulator_end_to_end_and_cached(tmp_path: Path) -
     assert len(graphs) == 6 and all(g["sim_us"] > 0 and g["sim_lower_us"] <= g["sim_us"] <= g["sim_upper_us"]
                                     for g in graphs.values())
     assert all(not g["cached"] for g in graphs.values())
+    assert all(g["context_bytes"] > 0 for g in graphs.values())   # the QNN context binary each compile wrote
     # the weights are filled from DDR: at least the int4 weights of one layer show up as Input Fill
     tg1 = next(g for g in graphs.values() if g["seq"] == 1 and g["layers"] == 1 and not g["vocab"])
     assert tg1["input_fill_bytes"] >= TINY.layer_weight_bytes() * 0.9

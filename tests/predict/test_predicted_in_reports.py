@@ -13,8 +13,8 @@ from app.core.reports.render import to_html, validate_report
 from app.core.runs import Workspace
 from app.core.services import ServiceError
 from app.core.services.predict import request_for_run, run_prediction_doc, save_for_run
-from workers.shared.predict import LABEL, GraphTiming, combine
 from tests.predict.test_predict import EVK, TINY
+from workers.shared.predict import LABEL, GraphTiming, combine
 
 
 def prediction(scale: float = 1.0) -> dict[str, object]:

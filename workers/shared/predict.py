@@ -145,6 +145,7 @@ class GraphTiming:
     compile_s: float = 0.0
     run_s: float = 0.0
     peak_rss_bytes: int = 0
+    context_bytes: int = 0        # the QNN context binary the compile wrote (what a local compile outputs)
     qnn_version: str = ""
     cached: bool = False
 
@@ -185,14 +186,15 @@ def zero() -> Bounds:
 
 def per_layer(one: GraphTiming, two: GraphTiming | None) -> tuple[Bounds, Bounds]:
     """(per-layer cost, per-graph fixed cost) in ms from a 1-layer and a 2-layer graph: the slope and the
-    intercept (never below 0). With only the 1-layer graph: all of it per layer, no fixed cost."""
+    intercept of the line through both, so a part of n layers costs t1 + (n - 1) x slope. The intercept may be
+    negative: at 1B shapes a 2-layer AR-1 graph simulates at 2.2x the 1-layer one (the first layer of a graph
+    is cheaper than the next). With only the 1-layer graph: all of it per layer, no fixed cost."""
     t1 = Bounds(one.sim_us, one.sim_lower_us, one.sim_upper_us).scaled(1e-3)
     if two is None:
         return t1, zero()
     t2 = Bounds(two.sim_us, two.sim_lower_us, two.sim_upper_us).scaled(1e-3)
     slope = Bounds(t2.value - t1.value, t2.lower - t1.lower, t2.upper - t1.upper)
-    fixed = Bounds(max(0.0, t1.value - slope.value), max(0.0, t1.lower - slope.lower), max(0.0, t1.upper - slope.upper))
-    return slope, fixed
+    return slope, Bounds(t1.value - slope.value, t1.lower - slope.lower, t1.upper - slope.upper)
 
 
 @dataclass
