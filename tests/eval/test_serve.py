@@ -1,5 +1,7 @@
 """`hexstudio serve` with the official openai client against the simulator board: streaming, a second request
-waiting for the first, a turn-2 request that reuses the loaded dialog (no re-init), a tool call, the bind rules."""
+waiting for the first, a turn-2 request that reuses the loaded dialog (no re-init), a tool call, the bind rules.
+The dialog is the onnxruntime twin's (twin_workspace: these need replies of tens of tokens in seconds); one
+test serves a bundle of real QNN context binaries through Qualcomm's libGenie on the HTP simulator."""
 
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ from app.core.serve.server import BindRefused, check_bind  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def server(eval_workspace: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    ws, run_dir = eval_workspace
+def server(twin_workspace: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    ws, run_dir = twin_workspace
     port_file = tmp_path_factory.mktemp("serve") / "port"
     env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}
     proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--board", "sim", "--run", run_dir.name,
@@ -113,7 +115,7 @@ def test_per_request_sampler_and_completions(server: str) -> None:
         c.completions.create(model="another-model", prompt="x", max_tokens=1)
 
 
-def test_tool_call_streams_as_tool_calls(eval_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tool_call_streams_as_tool_calls(twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """The toy model never calls a tool, so here the board's dialog is a scripted helper (scripted_helper.py)
     answering in the model's own format; everything else (bridge, server, parsing, the client) is real."""
     import asyncio
@@ -125,12 +127,13 @@ def test_tool_call_streams_as_tool_calls(eval_workspace: tuple[Path, Path], monk
     from app.core.serve.server import OpenAIServer
     from app.core.settings import Settings
 
-    ws, run_dir = eval_workspace
+    ws, run_dir = twin_workspace
     script = {"Paris": '{"name": "get_weather", "arguments": {"city": "Paris"}}'}
     helper = Path(__file__).with_name("scripted_helper.py")
-    monkeypatch.setattr(BoardRuntime, "helper_argv",
-                        lambda self, board, sampler, remote, bundle: ([sys.executable, str(helper),
-                                                                        json.dumps(script)], None))
+    for cls in (BoardRuntime, *BoardRuntime.__subclasses__()):
+        monkeypatch.setattr(cls, "helper_argv",
+                            lambda self, board, sampler, remote, bundle: ([sys.executable, str(helper),
+                                                                            json.dumps(script)], None))
     board_doc = json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())
     loop = asyncio.new_event_loop()
     started = threading.Event()
@@ -181,3 +184,34 @@ def test_bind_rules() -> None:
     with pytest.raises(BindRefused):
         check_bind("0.0.0.0", True, None)
     check_bind("0.0.0.0", True, "a-key")
+
+
+def test_real_genie_on_the_htp_simulator(eval_workspace: tuple[Path, Path], tmp_path: Path) -> None:
+    """The same server over a bundle of real QNN context binaries: Qualcomm's libGenie on the HTP simulator."""
+    ws, run_dir = eval_workspace
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--board", "sim", "--run", run_dir.name,
+                             "--port", "0", "--port-file", str(port_file)],
+                            env={**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not port_file.is_file() or not port_file.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"hexstudio serve did not start: {proc.communicate()[0]}")
+            time.sleep(0.1)
+        c = client(f"http://127.0.0.1:{port_file.read_text()}/v1")
+        raw = c.completions.with_raw_response.create(model="builtin:tiny-llama", prompt="The harbour", max_tokens=2,
+                                                     temperature=0)
+        assert raw.headers["x-hexstudio-source"] == "simulated"
+        k = raw.parse().model_extra["hexstudio"]
+        assert k["runtime"] == "genie" and k["generated_tokens"] >= 1, k
+        with pytest.raises(openai.BadRequestError):
+            c.completions.create(model="builtin:tiny-llama", prompt="x", max_tokens=1, seed=-1)
+        again = c.completions.create(model="builtin:tiny-llama", prompt="The harbour", max_tokens=2, seed=5)
+        assert again.model_extra["hexstudio"]["sampler"]["seed"] == 5
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=60)[0]
+    assert "SIMULATED" in out and "Traceback" not in out, out

@@ -1,7 +1,9 @@
 """`hexstudio serve` under hostile and unlucky clients (issue 27): malformed HTTP, bad fields, a sampler Genie
 refuses, half-open and idle connections, a full queue, clients that go away mid-reply, and a stop while a reply
 streams. A real server process on the simulator board, real sockets and the official openai client on
-127.0.0.1; after every bad request the next good one must be answered."""
+127.0.0.1; after every bad request the next good one must be answered. The board's dialog is the onnxruntime
+twin (twin_workspace): these tests need long replies in seconds; Genie on the HTP simulator runs in
+test_serve.py."""
 
 from __future__ import annotations
 
@@ -43,8 +45,8 @@ def _start(ws: Path, run: str, tmp: Path, extra: list[str]) -> tuple[subprocess.
 
 
 @pytest.fixture(scope="module")
-def port(eval_workspace: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    ws, run_dir = eval_workspace
+def port(twin_workspace: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    ws, run_dir = twin_workspace
     proc, p = _start(ws, run_dir.name, tmp_path_factory.mktemp("serve-hostile"), LIMITS)
     try:
         yield p
@@ -319,8 +321,8 @@ def test_client_gone_stops_the_generation(port: int, stream: bool) -> None:
     assert waited < 100 + 50, (waited, time.monotonic() - t_gone)   # the next request started within ~100 ms
 
 
-def test_api_key_is_enforced(eval_workspace: tuple[Path, Path], tmp_path: Path) -> None:
-    ws, run_dir = eval_workspace
+def test_api_key_is_enforced(twin_workspace: tuple[Path, Path], tmp_path: Path) -> None:
+    ws, run_dir = twin_workspace
     os.environ["HEXSTUDIO_TEST_KEY"] = "k-" + "x" * 30
     proc, p = _start(ws, run_dir.name, tmp_path, ["--api-key-env", "HEXSTUDIO_TEST_KEY"])
     try:
