@@ -175,7 +175,8 @@ def measure(shape: dict[str, Any], target: Target, cache_dir: Path, qnn: str, em
     if "error" in res:
         e = res["error"]
         raise WorkerError(e.get("code", "predict_failed"), e.get("message", "?"), e.get("hint"))
-    t = GraphTiming(key=s.key(), seq=s.seq, context=s.context, layers=s.layers, vocab=s.vocab, qnn_version=qnn, **res)
+    t = GraphTiming.from_json({**res, "key": s.key(), "seq": s.seq, "context": s.context, "layers": s.layers,
+                               "vocab": s.vocab, "qnn_version": qnn})
     tmp_path = cached.with_suffix(".tmp")
     tmp_path.write_text(json.dumps(t.to_json(), indent=1))
     os.replace(tmp_path, cached)
