@@ -130,7 +130,7 @@ class _Builder:
             raise ValueError(f"LPBQ needs input features divisible by {BLOCK}, not {k}")
         w = (self.rng.standard_normal((k, n), dtype=np.float32) * 0.02).astype(np.float32)
         blocks = k // BLOCK
-        channel = np.full((n,), 0.02 / 7 / 8, np.float32)                      # per output channel
+        channel: np.ndarray = np.full((n,), 0.02 / 7 / 8, np.float32)          # per output channel
         int_scale = self.rng.integers(1, 16, size=(blocks, n), dtype=np.uint8)  # 4-bit block scales
         ib = self.const("lpbq_int_scale", int_scale)
         pc = self.const("lpbq_channel_scale", channel)

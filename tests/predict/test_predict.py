@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,8 +99,8 @@ def test_targets_from_devices_and_boards() -> None:
     t = resolve_target(None, "Snapdragon 8 Gen 3 QRD")
     assert (t.soc_model, t.htp_arch) == (57, "75")
     assert resolve_target("sim", None).soc_model == 77
-    boards = {"evk": {"host": "x", "device": "Dragonwing IQ-9075 EVK"}, "raw": {"soc_model": 43, "dsp_arch": "v73"},
-              "bare": {"host": "y"}}
+    boards: dict[str, dict[str, Any]] = {"evk": {"host": "x", "device": "Dragonwing IQ-9075 EVK"},
+                                         "raw": {"soc_model": 43, "dsp_arch": "v73"}, "bare": {"host": "y"}}
     assert resolve_target("evk", None, boards).bandwidth == EVK.bandwidth
     assert resolve_target("raw", None, boards).soc_model == 43
     bare = resolve_target("bare", None, boards)

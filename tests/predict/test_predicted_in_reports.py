@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from tests.predict.test_predict import EVK, TINY
 from workers.shared.predict import LABEL, GraphTiming, combine
 
 
-def prediction(scale: float = 1.0) -> dict[str, object]:
+def prediction(scale: float = 1.0) -> dict[str, Any]:
     def t(key: str, seq: int, layers: int, us: float, vocab: int = 0) -> GraphTiming:
         us *= scale
         return GraphTiming(key=key, seq=seq, context=512, layers=layers, vocab=vocab, sim_us=us,
