@@ -548,7 +548,7 @@ def worker_env() -> dict[str, str]:
             value = secrets.get_secret(name)
         except secrets.SecretStoreError:
             value = None
-        if value and var not in env:
+        if value:   # the keyring's wins over the environment (services.aihub_token.TOKEN_ORDER)
             env[var] = value
     return env
 

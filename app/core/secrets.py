@@ -87,3 +87,47 @@ def known_secret_values(names: list[str] | None = None) -> list[str]:
         if v:
             out.append(v)
     return out
+
+
+# How each keyring backend keeps what it stores: True encrypted at rest, False plain text on disk, None nothing
+# kept (or unknown). By class name (module.Class) as keyring reports it.
+_BACKENDS: dict[str, tuple[bool | None, str]] = {
+    "keyring.backends.SecretService.Keyring": (True, "the desktop's Secret Service (GNOME Keyring, KWallet ...), "
+                                                     "encrypted with your login"),
+    "keyring.backends.libsecret.Keyring": (True, "libsecret (the desktop's Secret Service), encrypted with your "
+                                                 "login"),
+    "keyring.backends.kwallet.DBusKeyring": (True, "KWallet, encrypted"),
+    "keyring.backends.macOS.Keyring": (True, "the macOS Keychain, encrypted"),
+    "keyring.backends.Windows.WinVaultKeyring": (True, "the Windows Credential Manager, encrypted for your user"),
+    "keyrings.alt.file.EncryptedKeyring": (True, "keyrings.alt's file, encrypted with a password you chose"),
+    "keyrings.alt.file.PlaintextKeyring": (False, "keyrings.alt's PLAIN-TEXT file: anyone who can read your home "
+                                                  "folder can read the secrets"),
+    "keyrings.alt.Windows.RegistryKeyring": (True, "the Windows registry, encrypted for your user (DPAPI)"),
+    "keyring.backends.null.Keyring": (None, "the null keyring: nothing is stored"),
+    "keyring.backends.fail.Keyring": (None, "no keyring is available: nothing can be stored"),
+}
+
+
+def backend_info() -> dict[str, object]:
+    """Which keyring backend holds HexStudio's secrets and whether it encrypts them (for `hexstudio doctor`,
+    `aihub login --status` and About): {"name", "encrypted": True|False|None, "what", "warning"}. A chainer
+    backend is reported by the backend that writes (the first, by priority)."""
+    try:
+        kr = keyring.get_keyring()
+    except Exception as exc:   # a broken keyring configuration
+        return {"name": None, "encrypted": None, "what": f"the keyring cannot be loaded ({exc})",
+                "warning": "No keyring: secrets cannot be stored. Install a desktop keyring or keyrings.alt."}
+    inner = list(getattr(kr, "backends", None) or [kr])
+    b = inner[0] if inner else kr
+    name = f"{type(b).__module__}.{type(b).__qualname__}"
+    encrypted, what = _BACKENDS.get(name, (None, "a keyring backend HexStudio does not know (whether it "
+                                                 "encrypts is not known)"))
+    warning = None
+    if encrypted is False:
+        path = getattr(b, "file_path", None)
+        warning = (f"Secrets are stored in PLAIN TEXT{f' in {path}' if path else ''} ({name}). Use an encrypting "
+                   "keyring: a desktop Secret Service, or `keyrings.alt.file.EncryptedKeyring` "
+                   "(PYTHON_KEYRING_BACKEND=keyrings.alt.file.EncryptedKeyring).")
+    elif encrypted is None and name.endswith((".null.Keyring", ".fail.Keyring")):
+        warning = f"No secret can be kept ({what}): logins must be given again each time."
+    return {"name": name, "encrypted": encrypted, "what": what, "warning": warning}

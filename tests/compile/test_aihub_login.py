@@ -127,3 +127,40 @@ def test_login_asks_on_a_terminal_without_echo(no_token_env: Path) -> None:
     assert TOKEN.encode() not in seen                     # echo was off
     assert b"stored in the keyring" in seen
     assert secrets.get_secret(secrets.AIHUB_TOKEN) == TOKEN
+
+
+def test_one_token_order_a_stale_variable_never_hides_the_stored_token(no_token_env: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27 #6: the environment variable won over the keyring in the worker while status said the keyring's
+    was used. One rule now: the keyring, then $HEXSTUDIO_AIHUB_TOKEN, then client.ini, for both."""
+    from app.core.pipeline import worker_env
+
+    assert _cli("aihub", "login", "--stdin", stdin=TOKEN).returncode == 0
+    stale = {"HEXSTUDIO_AIHUB_TOKEN": "stale-token-from-an-old-shell"}
+    r = _cli("aihub", "login", "--status", "--json", env=stale)
+    doc = json.loads(r.stdout)
+    assert (doc["source"], doc["unused"], doc["order"]) == ("keyring", ["environment"],
+                                                            ["keyring", "environment", "client.ini"])
+    r = _cli("aihub", "login", "--status", env=stale)
+    assert "Order: the keyring, then $HEXSTUDIO_AIHUB_TOKEN" in r.stdout and "not used" in r.stdout
+    assert TOKEN not in r.stdout and stale["HEXSTUDIO_AIHUB_TOKEN"] not in r.stdout
+    monkeypatch.setenv("HEXSTUDIO_AIHUB_TOKEN", stale["HEXSTUDIO_AIHUB_TOKEN"])
+    assert worker_env()["HEXSTUDIO_AIHUB_TOKEN"] == TOKEN          # what the Compile stage's worker gets
+    secrets.delete_secret(secrets.AIHUB_TOKEN)
+    assert worker_env()["HEXSTUDIO_AIHUB_TOKEN"] == stale["HEXSTUDIO_AIHUB_TOKEN"]   # then the variable
+
+
+@pytest.mark.parametrize(("backend", "level", "words"), [
+    ("keyrings.alt.file.PlaintextKeyring", "warning", "PLAIN TEXT"),
+    ("keyring.backends.null.Keyring", "warning", "nothing is stored"),
+])
+def test_doctor_names_the_keyring_backend_and_warns_for_plain_text(no_token_env: Path, backend: str, level: str,
+                                                                   words: str) -> None:
+    r = _cli("doctor", "--json", env={"PYTHON_KEYRING_BACKEND": backend})
+    doc = json.loads(r.stdout)
+    kr = next(c for c in doc["checks"] if c["check"] == "keyring")
+    assert kr["backend"]["name"] == backend and kr["level"] == level and words in (kr["hint"] or ""), kr
+    r = _cli("doctor", env={"PYTHON_KEYRING_BACKEND": backend})
+    assert backend in r.stdout and "Traceback" not in r.stderr
+    r = _cli("aihub", "status", env={"PYTHON_KEYRING_BACKEND": backend})
+    assert f"Keyring: {backend}" in r.stdout

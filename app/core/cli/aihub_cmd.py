@@ -26,13 +26,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = p.add_subparsers(dest="aihub_command", metavar="ACTION", required=True)
     li = s.add_parser("login", help="store the AI Hub API token in the keyring (asked without echo)")
     li.add_argument("--stdin", action="store_true", help="read the token from standard input (first line)")
-    li.add_argument("--status", action="store_true", help="only tell whether a token is found, and where")
+    li.add_argument("--status", action="store_true",
+                    help="only tell whether a token is found, where, the order the sources are read in, and the "
+                         "keyring backend")
     add_json_flag(li)
     li.set_defaults(func=cmd_login)
     lo = s.add_parser("logout", help="remove the AI Hub API token from the keyring")
     add_json_flag(lo)
     lo.set_defaults(func=cmd_logout)
-    st = s.add_parser("status", help="whether a token is found, and where (keyring or client.ini)")
+    st = s.add_parser("status", help="whether a token is found and where (the keyring, then "
+                                     "$HEXSTUDIO_AIHUB_TOKEN, then client.ini), and the keyring backend")
     add_json_flag(st)
     st.set_defaults(func=cmd_status)
 
@@ -45,6 +48,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(describe(st))
         if st["keyring_error"]:
             print(f"(keyring: {st['keyring_error']})")
+        kb = st["keyring_backend"]
+        print(f"Keyring: {kb['name']} ({kb['what']}).")
+        if kb["warning"]:
+            print(f"warning: {kb['warning']}")
     return 0 if st["found"] else 1
 
 
@@ -66,6 +73,8 @@ def cmd_login(args: argparse.Namespace) -> int:
     else:
         print("AI Hub token stored in the keyring. The Compile stage uses it from now on "
               "(`hexstudio aihub logout` removes it).")
+        if st["keyring_backend"]["warning"]:
+            print(f"warning: {st['keyring_backend']['warning']}")
     return 0
 
 

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "app.core.cli.predict_cmd",
     "app.core.cli.bundle_cmd",
     "app.core.cli.aihub_cmd",
+    "app.core.cli.doctor_cmd",
     "app.core.cli.hf_cmd",
     "app.core.cli.model_cmd",
     "app.core.cli.explain_cmd",

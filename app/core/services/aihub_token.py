@@ -1,9 +1,11 @@
 """Where the Compile stage finds the Qualcomm AI Hub API token, and storing or removing HexStudio's own copy:
 one answer for `hexstudio aihub ...` and the Compile page. The token itself is never returned or printed.
 
-Order (the compile worker's, workers/aihub.py): HexStudio's keyring entry (passed to the worker by
-environment), else $HEXSTUDIO_AIHUB_TOKEN, else the qai_hub client's own INI ($QAIHUB_CLIENT_INI or
-~/.qai_hub/client.ini, the rule of qai_hub.api_utils.get_config_path).
+The one rule (TOKEN_ORDER), the same for the Compile stage (app.core.pipeline.worker_env passes the keyring's
+token to the worker as $HEXSTUDIO_AIHUB_TOKEN, replacing one set in the environment), `hexstudio bundle
+devices`, `aihub login --status` and the Compile page: HexStudio's keyring entry, else $HEXSTUDIO_AIHUB_TOKEN,
+else the qai_hub client's own INI ($QAIHUB_CLIENT_INI or ~/.qai_hub/client.ini, the rule of
+qai_hub.api_utils.get_config_path). A stale variable never hides a good stored token (issue 27).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 from app.core import secrets
 
 TOKEN_PAGE = "https://app.aihub.qualcomm.com/account/"
+TOKEN_ORDER = ("keyring", "environment", "client.ini")
+ORDER_TEXT = "the keyring, then $HEXSTUDIO_AIHUB_TOKEN, then the qai_hub client's client.ini"
 
 
 def client_ini_path() -> Path:
@@ -43,9 +47,12 @@ def token_status() -> dict[str, Any]:
     in_env = bool(os.environ.get("HEXSTUDIO_AIHUB_TOKEN"))
     ini = client_ini_path()
     in_ini = ini.is_file() and _ini_has_token(ini)
-    source = "keyring" if in_keyring else "environment" if in_env else "client.ini" if in_ini else None
-    return {"found": source is not None, "source": source, "keyring": in_keyring, "environment": in_env,
-            "client_ini": str(ini), "client_ini_has_token": in_ini, "keyring_error": keyring_error}
+    has = {"keyring": in_keyring, "environment": in_env, "client.ini": in_ini}
+    source = next((s for s in TOKEN_ORDER if has[s]), None)
+    return {"found": source is not None, "source": source, "order": list(TOKEN_ORDER),
+            "unused": [s for s in TOKEN_ORDER if has[s] and s != source], "keyring": in_keyring,
+            "environment": in_env, "client_ini": str(ini), "client_ini_has_token": in_ini,
+            "keyring_error": keyring_error, "keyring_backend": secrets.backend_info()}
 
 
 def describe(st: dict[str, Any]) -> str:
@@ -60,9 +67,11 @@ def describe(st: dict[str, Any]) -> str:
         return ("No AI Hub token found: not in the keyring, not in $HEXSTUDIO_AIHUB_TOKEN, and "
                 f"{st['client_ini']} has none. Paste yours on the Compile page or run `hexstudio aihub login` "
                 f"(it is on {TOKEN_PAGE}).")
-    extra = " (client.ini also has one; the keyring's is used)" if st["keyring"] and st["client_ini_has_token"] \
-        else ""
-    return f"An AI Hub token is stored {where}{extra}."
+    names = {"keyring": "the keyring", "environment": "$HEXSTUDIO_AIHUB_TOKEN", "client.ini": st["client_ini"]}
+    unused = st.get("unused") or []
+    extra = f" ({' and '.join(names[u] for u in unused)} also {'has' if len(unused) == 1 else 'have'} one, not " \
+            "used)" if unused else ""
+    return f"The AI Hub token used is the one {where}{extra}. Order: {ORDER_TEXT}."
 
 
 def store_token(token: str) -> dict[str, Any]:
