@@ -28,7 +28,7 @@ numpy + onnxruntime only: used by validation on the workstation and by the simul
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -250,16 +250,20 @@ class DeploymentPair:
     def from_graphs(cls, graphs: Sequence[dict[str, Any]], base_dir: str | Path, *,
                     positional_encoding: dict[str, Any], variant: str = "sim", context_length: int | None = None,
                     ar_n: int | None = None, intra_op_threads: int = 1, providers: list[str] | None = None,
-                    quant: dict[str, Quant] | None = None, paths: dict[str, Path] | None = None) -> DeploymentPair:
-        """`paths`: graph name -> ONNX file, instead of the graph entries' `<variant>_onnx` keys."""
+                    quant: dict[str, Quant] | None = None, paths: dict[str, Path] | None = None,
+                    session_factory: Callable[[Path], Any] | None = None) -> DeploymentPair:
+        """`paths`: graph name -> ONNX file, instead of the graph entries' `<variant>_onnx` keys.
+        `session_factory(path)`: an object with onnxruntime's get_inputs/get_outputs/run (e.g. an HTP graph on
+        Qualcomm's simulator, workers/qnn/htp_session.py) instead of a CPU session."""
         base = Path(base_dir)
         chains: dict[str, PartChain] = {}
         for kind in ("prompt_processor", "token_generator"):
             gs = sorted((g for g in graphs if g["kind"] == kind), key=lambda g: g["part"])
             if not gs:
                 raise ValueError(f"no {kind} graphs in the graph list")
-            sessions = [_session(paths[g["name"]] if paths else base / g[VARIANT_KEY[variant]], intra_op_threads,
-                                 providers) for g in gs]
+            files = [paths[g["name"]] if paths else base / g[VARIANT_KEY[variant]] for g in gs]
+            sessions = [session_factory(f) if session_factory is not None else
+                        _session(f, intra_op_threads, providers) for f in files]
             chains[kind] = PartChain(sessions, int(gs[0]["seq_len"]), kind)
         p = chains["prompt_processor"]
         shape = next(i.shape for i in p.sessions[0].get_inputs() if is_kv(i.name) and "key" in i.name)

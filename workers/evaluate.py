@@ -5,8 +5,8 @@ processor over AR-N blocks, then the token generator on the KV cache).
     python -m workers.evaluate --spec spec.json
 
 The spec carries, beside the pipeline's fields (upstream: model, quantize, compile):
-    "legs": ["float", "sim"],
-    "jobs": [{"key": "...", "kind": "generate", "prompt": TEXT, "max_tokens": N}
+    "legs": ["float", "sim", "htp"],      (htp: the local compile's HTP graphs on Qualcomm's simulator)
+    "jobs": [{"key": "...", "kind": "generate", "prompt": TEXT, "max_tokens": N, "legs": [...]}
              | {"key": "...", "kind": "nll", "text": TEXT}],
     "journal": "/abs/<run>/eval/host.jsonl"       # one line a finished (leg, key): resume skips them
 
@@ -26,7 +26,38 @@ from typing import Any
 from workers.runtime import WorkerError, WorkerSpec, map_path, worker_main
 from workers.shared.protocol import Emitter
 
-LEGS = ("float", "sim")
+LEGS = ("float", "sim", "htp")
+
+
+def htp_pair_args(spec: WorkerSpec, q: dict[str, Any]) -> dict[str, Any]:
+    """from_graphs arguments for the "htp" leg: the local compile's HTP graphs (artifacts/compile/htp/graphs)
+    run on Qualcomm's x86 HTP simulator, fed as Genie feeds them (quantized with the graphs' I/O encodings)."""
+    from workers.qnn.ep import HtpTarget
+    from workers.qnn.htp_session import HtpSession
+
+    cdir = spec.upstream_dir("compile")
+    gdir = cdir / "htp" / "graphs"
+    paths: dict[str, Path] = {}
+    for g in q["graphs"]:
+        found = sorted(gdir.glob(f"{g['name']}~*.onnx"))
+        if not found:
+            raise WorkerError("htp_graphs_missing", f"The local compile left no HTP graph for {g['name']} in {gdir}.",
+                              "Compile locally (compile_target local) before an HTP-simulation leg.")
+        paths[str(g["name"])] = found[0]
+    bundle = _read(cdir / "bundle" / "bundle.json")
+    dev = bundle.get("device") or {}
+    target = HtpTarget(int(dev.get("soc_model") or 77), str(dev.get("dsp_arch") or "v73"))
+    import onnx
+
+    from workers.qnn.htp_graph import deployment_io
+
+    quant: dict[str, tuple[float, int, int]] = {}
+    for path in paths.values():      # every graph's I/O encodings (KV tied in and out; one per layer)
+        ins, outs = deployment_io(onnx.load(str(path), load_external_data=False))
+        for t in [*ins, *outs]:
+            if t.scale is not None and t.dtype in ("uint8", "uint16"):
+                quant.setdefault(t.name, (t.scale, -int(t.zero_point or 0), 8 if t.dtype == "uint8" else 16))
+    return {"paths": paths, "quant": quant, "session_factory": lambda p: HtpSession(p, target)}
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -113,8 +144,11 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     tok = _tokenizer(spec)
     bos, eos = _special(spec)
     done = done_keys(journal)
-    todo = [(leg, j) for leg in legs for j in jobs if (leg, str(j["key"])) not in done]
-    total = len(legs) * len(jobs)
+    def runs_on(leg: str, j: dict[str, Any]) -> bool:   # a job lists its legs (the HTP leg runs few cases)
+        return leg in (j.get("legs") or legs)
+
+    todo = [(leg, j) for leg in legs for j in jobs if runs_on(leg, j) and (leg, str(j["key"])) not in done]
+    total = sum(1 for leg in legs for j in jobs if runs_on(leg, j))
     finished = total - len(todo)
     em.progress(finished / max(total, 1), f"host legs: {finished} of {total} case runs already done"
                 if finished else f"host legs: {total} case runs")
@@ -124,9 +158,11 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         if not mine:
             continue
         try:
+            extra = htp_pair_args(spec, q) if leg == "htp" else {}
             pair = DeploymentPair.from_graphs(q["graphs"], qdir, positional_encoding=q["positional_encoding"],
-                                              variant=leg, context_length=int(q["context_length"]),
-                                              ar_n=int(q["ar_n"]), intra_op_threads=threads)
+                                              variant="sim" if leg == "htp" else leg,
+                                              context_length=int(q["context_length"]),
+                                              ar_n=int(q["ar_n"]), intra_op_threads=threads, **extra)
         except (OSError, KeyError, ValueError) as exc:
             raise WorkerError("graphs_unreadable", f"The {leg} deployment graphs cannot be loaded: {exc}.",
                               "Run the quantize stage again (hexstudio run --resume RUN --only quantize).") from None

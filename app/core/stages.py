@@ -83,9 +83,12 @@ def _verdict_validate(m: RunView) -> GateResult:
 def _verdict_evaluate(m: RunView) -> GateResult:
     st = m.stage("evaluate")
     matched, total = st.metric_value("parity_matched"), st.metric_value("parity_total")
+    ref = st.metric_value("parity_reference")
+    what = ("host HTP simulation's (Qualcomm's arithmetic: real Genie must match it token for token)"
+            if ref == "htp" else "host quantized simulation's")
     if isinstance(matched, int) and isinstance(total, int) and matched != total:
         return GateResult(False, f"greedy parity {matched}/{total}: the board's greedy continuation differs from the "
-                                 "host quantized simulation's", overridable=True)
+                                 f"{what}", overridable=True)
     parity = f"; greedy parity {matched}/{total}" if isinstance(total, int) else ""
     return GateResult(True, f"every suite scored on each leg{parity}")
 

@@ -118,7 +118,7 @@ def test_the_field_lists_are_the_pages_fields() -> None:
     assert settings_fields("quantize") == (("calibration_samples", "Calibration samples", "int"),
                                            ("calibration_seq_len", "Calibration sequence length", "int"))
     assert settings_fields("compile") == (
-        ("compile_target", "Target", ["auto", "sim", "aihub"]), ("device", "Device", list(KNOWN_DEVICES)),
+        ("compile_target", "Target", ["auto", "local", "aihub", "sim"]), ("device", "Device", list(KNOWN_DEVICES)),
         ("qairt_version", "QAIRT version", "text"),
         ("aihub_consent", "I agree to upload model-derived files to Qualcomm AI Hub", "bool"))
     (samples, _) = form_fields("quantize")

@@ -378,6 +378,15 @@ class Helper:
             self.f["GenieLog_free"](self.log)
 
 
+def orphan_watch(parent: int) -> None:
+    """Exit when the process that started us is gone (a killed studio, a dropped SSH session): a query in
+    flight never reads stdin's EOF, and an orphaned dialog would hold the NPU (or the CPU) for nothing."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(3)
+
+
 def merge(base: dict, extra: dict) -> None:
     """Deep-merge `extra` into `base` (objects merged key by key, anything else replaced)."""
     for k, v in extra.items():
@@ -449,6 +458,7 @@ def main() -> int:
         ops.put(None)
 
     threading.Thread(target=reader, daemon=True).start()
+    threading.Thread(target=orphan_watch, args=(os.getppid(),), daemon=True).start()
     try:
         while True:
             msg = ops.get()

@@ -31,6 +31,8 @@ from workers.qnn.ep import HtpTarget, session_options
 from workers.qnn.libs import find_qnn_libs
 
 UNSUPPORTED_RE = re.compile(r"Unsupported nodes in QNN EP: (.*)")
+REFUSED_NODE_RE = re.compile(r"failed for node `([^`]+)` of type `([^`]+)` with error code (\d+)")
+CPU_FALLBACK = "fallback to CPU EP has been explicitly disabled"
 
 
 class LocalCompileError(Exception):
@@ -96,10 +98,12 @@ def compile_part(graphs: list[GraphToCompile], out: Path, target: HtpTarget, sha
     if proc.returncode != 0 or not result.get("bins"):
         names = ", ".join(g.name for g in graphs)
         unsupported = UNSUPPORTED_RE.findall(proc.stderr)
-        if unsupported:
+        refused = dict.fromkeys(f"{n} ({t}, QNN error {c})" for n, t, c in REFUSED_NODE_RE.findall(proc.stderr))
+        if unsupported or refused or CPU_FALLBACK in proc.stderr:
+            what = unsupported[-1].strip() if unsupported else ", ".join(refused) or "see the log"
             raise LocalCompileError(
                 "htp_unsupported_nodes",
-                f"QNN HTP cannot run every node of {names}: {unsupported[-1].strip()[:600]}. Nothing ran on the CPU "
+                f"QNN HTP cannot run every node of {names}: {what[:600]}. Nothing ran on the CPU "
                 "instead (CPU fallback is off, as on the board).",
                 f"This is a HexStudio bug in the graph rewrite (workers/qnn/htp_graph.py): report it with {out}/compile.log.")
         tail = (result.get("error") or proc.stderr.strip().splitlines()[-1:] or [f"exit code {proc.returncode}"])

@@ -32,8 +32,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_json_flag(pv)
     pv.set_defaults(func=cmd_verify)
     pk = bs.add_parser("check", help="check a bundle against Genie's contract (config schema, graphs, rope, "
-                                     "quantization, tokens; with --board: dsp_arch, soc_model, QAIRT)")
+                                     "quantization, tokens; with --board: dsp_arch, soc_model, QAIRT); where "
+                                     "onnxruntime-qnn is installed, with Genie's own parser and QNN's binary reader")
     pk.add_argument("bundle_dir", type=Path, metavar="PATH")
+    pk.add_argument("--no-qualcomm", action="store_true",
+                    help="skip Qualcomm's own checks (Genie's parser, QNN's reader): HexStudio's checks only")
     pk.add_argument("--board", default=None, metavar="NAME", help="also check against this board (the doctor's facts)")
     add_json_flag(pk)
     pk.set_defaults(func=cmd_check)
@@ -103,8 +106,11 @@ def _aihub_devices(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     problems = gb.verify_bundle(args.bundle_dir)
-    doc = json.loads((args.bundle_dir / "bundle.json").read_text()) if not problems or \
-        (args.bundle_dir / "bundle.json").is_file() else {}
+    try:   # a malformed bundle.json is one of the problems already: its "simulated" is unknown
+        doc = json.loads((args.bundle_dir / "bundle.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        doc = {}
+    doc = doc if isinstance(doc, dict) else {}
     if args.json:
         print_json({"ok": not problems, "problems": problems, "simulated": doc.get("simulated")})
     else:
@@ -136,12 +142,13 @@ def _board_facts(name: str) -> dict[str, Any]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from workers.shared.bundle.check import check_bundle, errors, report_text
+    from app.core.services.bundle_check import check
+    from workers.shared.bundle.check import errors, report_text
 
     if not args.bundle_dir.is_dir():
         raise CliError(f"{args.bundle_dir} is not a folder.", "Give the bundle folder (it holds genie_config.json).")
     facts = _board_facts(args.board) if args.board else None
-    findings = check_bundle(args.bundle_dir, facts)
+    findings = check(args.bundle_dir, facts, qualcomm=not args.no_qualcomm)
     bad = errors(findings)
     if args.json:
         print_json({"ok": not bad, "errors": len(bad), "board": args.board, "board_facts": facts,

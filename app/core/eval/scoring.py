@@ -12,8 +12,9 @@ from typing import Any
 from app.core.eval.suites import Case
 from app.core.eval.toolcall import parse_reply, score_tool_call
 
-LEGS = ("float", "sim", "board")
-LEG_TITLES = {"float": "host float", "sim": "host quantized (simulation)", "board": "board"}
+LEGS = ("float", "sim", "htp", "board")
+LEG_TITLES = {"float": "host float", "sim": "host quantized (simulation)",
+              "htp": "host HTP simulation (Qualcomm QNN, x86)", "board": "board"}
 
 
 def _words(text: str) -> list[str]:
@@ -120,7 +121,7 @@ def suite_scores(cases: list[Case], results: dict[str, dict[str, dict[str, Any]]
                 "value": perplexity(nll, toks), "tokens": toks, "cases": len(done), "of": len(cases),
                 "text": f"{perplexity(nll, toks):.3f}"}
         elif scorer == "parity":
-            if leg != "board" or not done:
+            if leg not in ("board", "htp") or not done:
                 out["legs"][leg] = None
                 continue
             m = sum(int(r["parity"]["matched"]) for r in done if r.get("parity"))

@@ -59,10 +59,20 @@ def append_journal(path: Path, doc: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-class Plan:
-    """What runs where: one job per (suite, case), its prompt rendered once for all three legs."""
+# Qualcomm's HTP simulator runs ~1 s a token on the built-in model (both for the board's Genie and the host's
+# HTP leg): on a simulated board that runs it, the board leg takes the greedy-parity suite only, its first
+# cases and a shorter budget, so the default flow stays a few minutes. A real board runs every case.
+HTP_SIM_PARITY_CASES = 3
+HTP_SIM_MAX_TOKENS = 16
 
-    def __init__(self, suites: list[Suite], renderer: PromptRenderer) -> None:
+
+class Plan:
+    """What runs where: one job per (suite, case), its prompt rendered once for all legs. `htp_board`: the
+    board is Qualcomm's HTP simulator (real Genie on x86), so greedy parity is judged against the host's HTP
+    simulation leg, and the board leg is budgeted (HTP_SIM_*)."""
+
+    def __init__(self, suites: list[Suite], renderer: PromptRenderer, htp_board: bool = False) -> None:
+        self.htp_board = htp_board
         self.suites = suites
         self.renderer = renderer
         self.jobs: list[dict[str, Any]] = []
@@ -74,8 +84,16 @@ class Plan:
                     job = {"kind": "nll", "text": c.text, "legs": ("float", "sim")}
                 else:
                     prompt = renderer.prompt(c)
-                    legs = ("sim", "board") if c.scorer == "parity" else ("float", "sim", "board")
-                    job = {"kind": "generate", "prompt": prompt, "max_tokens": c.max_tokens, "legs": legs}
+                    max_tokens = c.max_tokens
+                    if c.scorer == "parity" and htp_board:
+                        on_board = [x.id for x in s.cases][:HTP_SIM_PARITY_CASES]
+                        legs = ("sim", "htp", "board") if c.id in on_board else ("sim",)
+                        max_tokens = min(int(c.max_tokens or 64), HTP_SIM_MAX_TOKENS)
+                    elif c.scorer == "parity":
+                        legs = ("sim", "board")
+                    else:
+                        legs = ("float", "sim") if htp_board else ("float", "sim", "board")
+                    job = {"kind": "generate", "prompt": prompt, "max_tokens": max_tokens, "legs": legs}
                 job["key"] = f"{s.name}/{c.id}/{_h(job.get('prompt'), job.get('text'), job.get('max_tokens'))}"
                 job["suite"], job["case"] = s.name, c.id
                 self.jobs.append(job)
@@ -89,7 +107,8 @@ async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal:
     """workers/evaluate.py over the float and simulation graphs; its progress mapped onto [0, 0.5]."""
     from app.core.jobs import JobRunner
 
-    jobs = [{k: j[k] for k in ("key", "kind", "prompt", "text", "max_tokens") if k in j}
+    jobs = [{**{k: j[k] for k in ("key", "kind", "prompt", "text", "max_tokens") if k in j},
+             "legs": [leg for leg in legs if leg in j["legs"]]}
             for j in plan.jobs if any(leg in j["legs"] for leg in legs)]
     done = read_journal(journal)
     if all(f"{leg}\0{j['key']}" in done for j in plan.jobs for leg in legs if leg in j["legs"]):
@@ -182,6 +201,15 @@ async def run_board_leg(ctx: StageContext, plan: Plan, journal: Path, board: Any
     return info
 
 
+def _bundle_binaries(ctx: StageContext) -> str:
+    """"qnn" when the compile stage's bundle holds real QNN context binaries (a local or AI Hub compile)."""
+    try:
+        doc = json.loads((ctx.upstream["compile"] / "bundle" / "bundle.json").read_text(encoding="utf-8"))
+    except (KeyError, OSError, ValueError):
+        return "unknown"
+    return "qnn" if doc.get("binaries") == "qnn" else "stand-in"
+
+
 def _setter(ev: asyncio.Event) -> Any:
     return lambda _f: ev.set()
 
@@ -202,7 +230,7 @@ def score_all(plan: Plan, records: dict[str, dict[str, Any]], tool_format: str,
     per: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     rows = []
     for s in plan.suites:
-        legs: dict[str, dict[str, dict[str, Any]]] = {"float": {}, "sim": {}, "board": {}}
+        legs: dict[str, dict[str, dict[str, Any]]] = {"float": {}, "sim": {}, "htp": {}, "board": {}}
         for c in s.cases:
             j = plan.by_case[(s.name, c.id)]
             row: dict[str, Any] = {"suite": s.name, "case": c.id, "category": c.category, "legs": {}}
@@ -214,10 +242,20 @@ def score_all(plan: Plan, records: dict[str, dict[str, Any]], tool_format: str,
                 if c.scorer == "perplexity":
                     res.update({"nll_sum": rec.get("nll_sum"), "tokens": rec.get("tokens")})
                 elif c.scorer == "parity":
+                    # the board against the HTP simulation when there is one (real Genie must match it token for
+                    # token), else against the onnxruntime simulation; the HTP leg against the onnxruntime one is
+                    # an agreement figure (two arithmetics), not a gate
+                    ref = "htp" if "htp" in j["legs"] else "sim"
                     if leg == "board":
-                        host = records.get(f"sim\0{j['key']}")
+                        host = records.get(f"{ref}\0{j['key']}")
                         if host is not None and encode is not None:
                             res["parity"] = parity(encode(rec.get("text") or ""), list(host.get("ids") or []))
+                            res["reference"] = ref
+                    elif leg == "htp":
+                        sim = records.get(f"sim\0{j['key']}")
+                        if sim is not None:
+                            res["parity"] = parity(list(rec.get("ids") or []), list(sim.get("ids") or []))
+                            res["reference"] = "sim"
                 else:
                     res["score"] = score_case(c, str(rec.get("text") or ""), tool_format)
                 legs[leg][c.id] = res
@@ -245,17 +283,24 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     legs = [x for x in (ctx.settings.get("eval_legs") or DEFAULTS.eval_legs) if x in LEG_TITLES]
     renderer = PromptRenderer.for_model(ctx.upstream.get("model"),
                                         str(ctx.settings.get("prompt_template", DEFAULTS.prompt_template)))
-    plan = Plan(suites, renderer)
+    board_doc = read_board_doc(ctx.upstream.get("board")) or {}
+    htp_board = "board" in legs and bool(board_doc.get("simulated")) and _bundle_binaries(ctx) == "qnn"
+    if htp_board:
+        legs = [*legs[: legs.index("board")], "htp", *legs[legs.index("board"):]] if "htp" not in legs else legs
+    plan = Plan(suites, renderer, htp_board=htp_board)
+    if htp_board:
+        em.log(f"The board is Qualcomm's HTP simulator (real Genie on x86, ~1 s a token): its leg runs the first "
+               f"{HTP_SIM_PARITY_CASES} greedy-parity cases, {HTP_SIM_MAX_TOKENS} tokens each, judged against the "
+               "host's HTP simulation; the other suites score the host legs (a real board runs every case).")
     em.log(f"{len(plan.jobs)} cases in {len(suites)} suite(s): {', '.join(s.name for s in suites)}; prompts with "
            f"{renderer.label()}; tool calls read in the {renderer.tool_format} format")
     st = ctx.manifest.data["stages"]
     digest = {n: (st.get(n) or {}).get("output_digest") for n in ("quantize", "compile", "board")}
-    board_doc = read_board_doc(ctx.upstream.get("board")) or {}
     runtime = str(ctx.settings.get("runtime") or "") or None
     host_journal = run_dir / "eval" / f"host-{_h(digest['quantize'], digest['compile'], EVAL_VERSION)}.jsonl"
     board_journal = run_dir / "eval" / (f"board-{board_doc.get('board', 'none')}-"
                                         f"{_h(digest['compile'], digest['board'], runtime, EVAL_VERSION)}.jsonl")
-    host_legs = [x for x in legs if x in ("float", "sim")]
+    host_legs = [x for x in legs if x in ("float", "sim", "htp")]
     if host_legs:
         await run_host_legs(ctx, plan, host_legs, host_journal)
     ctx.check_cancelled()
@@ -310,6 +355,9 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             b = t["legs"]["board"]
             em.metric("parity_matched", b["matched"])
             em.metric("parity_total", b["total"])
+            em.metric("parity_reference", "htp" if htp_board else "sim")
+        if t["scorer"] == "parity" and t["legs"].get("htp"):
+            em.metric("htp_sim_agreement", t["legs"]["htp"]["value"])
     em.metric("source", source)
     line = "; ".join(f"{t['suite']} " + " → ".join((t['legs'].get(leg) or {}).get("text", "—") for leg in legs)
                      for t in table)

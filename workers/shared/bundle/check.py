@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.shared.bundle import bundle_qairt_version, safepath
+from workers.shared.bundle import KNOWN_DEVICES, bundle_qairt_version, safepath
 from workers.shared.bundle import genie_model as gm
 from workers.shared.bundle import genie_schema as gs
 
@@ -52,7 +52,8 @@ def report_text(findings: list[Finding]) -> str:
         lines.append(f"[{f.severity.upper()}] {f.code}: {f.message}")
         if f.genie_error:
             lines.append("  Genie says: " + f.genie_error.replace("\n", "\n              "))
-        lines.append(f"  Fix: {f.fix}")
+        if f.fix:
+            lines.append(f"  Fix: {f.fix}")
     return "\n".join(lines)
 
 
@@ -219,6 +220,34 @@ _BIN = re.compile(r"^(?P<model>.+?)_(?:part_)?(?P<i>\d+)_of_(?P<n>\d+)(?P<ext>\.
 _GRAPH = re.compile(r"^(?P<kind>prompt|token)_ar(?P<ar>\d+)_cl(?P<cl>\d+)_(?P<i>\d+)_of_(?P<n>\d+)$")
 
 
+_KIND_BIN = re.compile(r"^(?P<model>.+?)_(?P<kind>prompt|token)_part_(?P<rest>\d+_of_\d+(?:\.serialized)?\.bin)$")
+
+
+def _part_findings(bins: list[str], shown: list[str]) -> list[Finding]:
+    """`bins` (names as <model>_part_<i>_of_<n>.bin) form one model's parts 1..n; `shown`: the names to print."""
+    out = []
+    parsed = [_BIN.match(Path(b).name) for b in bins]
+    if not bins or not all(parsed):
+        bad = [b for b, m in zip(shown, parsed, strict=True) if not m]
+        if bad:
+            out.append(Finding("ctx_bin_names", WARNING, f"ctx-bins {', '.join(bad)} are not named "
+                               "<model>_part_<i>_of_<n>.bin, so the parts cannot be checked for completeness.",
+                               None, "Name the context binaries as qai-hub-models does: <model>_part_1_of_5.bin ..."))
+        return out
+    models = {m.group("model") for m in parsed if m}
+    totals = {int(m.group("n")) for m in parsed if m}
+    idx = [int(m.group("i")) for m in parsed if m]
+    if len(models) > 1 or len(totals) > 1 or totals != {len(bins)} or sorted(idx) != list(range(1, len(bins) + 1)):
+        out.append(Finding("ctx_bin_names", ERROR, f"ctx-bins do not form one model's parts 1..n: {', '.join(shown)}.",
+                           "Tensor not found (the last split's logits, or a part's hidden state is never written)",
+                           "List every part of one model once: <model>_part_1_of_N.bin ... <model>_part_N_of_N.bin."))
+    elif idx != sorted(idx):
+        out.append(Finding("ctx_bin_order", WARNING, f"ctx-bins are not in part order: {', '.join(shown)}.", None,
+                           "List them as part 1, 2, ... n (Genie orders splits by graph name, but people read this "
+                           "list)."))
+    return out
+
+
 def _ctx_bin_findings(bundle: Path, bins: list[str]) -> list[Finding]:
     out = []
     for i, b in enumerate(bins):
@@ -232,25 +261,15 @@ def _ctx_bin_findings(bundle: Path, bins: list[str]) -> list[Finding]:
             out.append(Finding("ctx_bin_empty", ERROR, f"ctx-bins[{i}] {b} is an empty file.",
                                f"Received path to an empty file for context index = {i}. Nothing to deserialize.",
                                "Download or compile that part again."))
-    parsed = [_BIN.match(Path(b).name) for b in bins]
-    if not bins or not all(parsed):
-        bad = [b for b, m in zip(bins, parsed, strict=True) if not m]
-        if bad:
-            out.append(Finding("ctx_bin_names", WARNING, f"ctx-bins {', '.join(bad)} are not named "
-                               "<model>_part_<i>_of_<n>.bin, so the parts cannot be checked for completeness.",
-                               None, "Name the context binaries as qai-hub-models does: <model>_part_1_of_5.bin ..."))
-        return out
-    models = {m.group("model") for m in parsed if m}
-    totals = {int(m.group("n")) for m in parsed if m}
-    idx = [int(m.group("i")) for m in parsed if m]
-    if len(models) > 1 or len(totals) > 1 or totals != {len(bins)} or sorted(idx) != list(range(1, len(bins) + 1)):
-        out.append(Finding("ctx_bin_names", ERROR, f"ctx-bins do not form one model's parts 1..n: {', '.join(bins)}.",
-                           "Tensor not found (the last split's logits, or a part's hidden state is never written)",
-                           "List every part of one model once: <model>_part_1_of_N.bin ... <model>_part_N_of_N.bin."))
-    elif idx != sorted(idx):
-        out.append(Finding("ctx_bin_order", WARNING, f"ctx-bins are not in part order: {', '.join(bins)}.", None,
-                           "List them as part 1, 2, ... n (Genie orders splits by graph name, but people read this "
-                           "list)."))
+    # a local compile for the x86 simulator writes one binary per graph: <model>_{prompt|token}_part_<i>_of_<n>.bin;
+    # each kind then forms parts 1..n on its own
+    groups: dict[str, list[str]] = {}
+    for b in bins:
+        m = _KIND_BIN.match(Path(b).name)
+        groups.setdefault(m.group("kind") if m else "", []).append(
+            f"{m.group('model')}_part_{m.group('rest')}" if m else b)
+    for kind, names in groups.items():
+        out += _part_findings(names, bins if not kind else [b for b in bins if f"_{kind}_part_" in Path(b).name])
     return out
 
 
@@ -395,7 +414,6 @@ def _version(v: str) -> tuple[int, ...]:
 
 
 def _board_findings(bundle: Path, facts: dict[str, Any] | None, simulated: bool) -> list[Finding]:
-    from workers.shared.bundle import KNOWN_DEVICES
 
     out = []
     ext = _read_json(bundle / "htp_backend_ext_config.json")
@@ -508,8 +526,34 @@ def _token_findings(bundle: Path, cfg: dict[str, Any], hf: dict[str, Any] | None
     return out
 
 
-def check_bundle(path: Path | str, board_facts: dict[str, Any] | None = None) -> list[Finding]:
-    """Every finding about the bundle folder `path` (errors: Genie would refuse it or run it wrong)."""
+def _real_findings(bundle: Path, real: dict[str, Any], facts: dict[str, Any] | None) -> list[Finding]:
+    from workers.shared.bundle.qnn_findings import binary_problems, parser_finding
+
+    out: list[Finding] = []
+    pf = parser_finding(real)
+    if pf is not None:
+        code, sev, genie, message = pf
+        out.append(Finding(code, sev, message, genie, "Fix the key Genie names (docs/genie.md lists the schema), "
+                           "or compile again." if sev == ERROR else None))
+    ext = _read_json(bundle / "htp_backend_ext_config.json")
+    dev = (ext.get("devices") or [{}])[0] if isinstance(ext, dict) and isinstance(ext.get("devices"), list) else {}
+    ext_soc = dev.get("soc_model") if isinstance(dev, dict) and isinstance(dev.get("soc_model"), int) else None
+    board_soc = None
+    chip = str((facts or {}).get("chip") or "").lower()
+    if chip:
+        board_soc = next((int(d["soc_model"]) for d in KNOWN_DEVICES.values() if str(d["chipset"]).endswith(chip)),
+                         None)
+    for code, sev, message, fix in binary_problems(real, ext_soc if ext_soc else None, board_soc,
+                                                   (facts or {}).get("qairt_version")):
+        out.append(Finding(code, sev, message, None, fix))
+    return out
+
+
+def check_bundle(path: Path | str, board_facts: dict[str, Any] | None = None,
+                 real: dict[str, Any] | None = None) -> list[Finding]:
+    """Every finding about the bundle folder `path` (errors: Genie would refuse it or run it wrong). `real`:
+    what Qualcomm's own code said (workers/qnn/genie_check.py: Genie's parser, QNN's binary reader); its
+    findings come first and its graph specs replace metadata.yaml's."""
     bundle = Path(path)
     manifest = _read_json(bundle / "bundle.json")
     simulated = bool(isinstance(manifest, dict) and manifest.get("simulated"))
@@ -545,6 +589,13 @@ def check_bundle(path: Path | str, board_facts: dict[str, Any] | None = None) ->
     out += _ctx_bin_findings(bundle, bins)
     size = _obj(cfg, "dialog", "context").get("size")
     graphs, source = load_graph_specs(bundle, bins, size if isinstance(size, int) else None)
+    if real and real.get("available"):
+        out += _real_findings(bundle, real, board_facts)
+        from workers.shared.bundle.qnn_findings import graphs_from_binaries
+
+        from_bins = graphs_from_binaries([b for b in real.get("binaries") or [] if not b.get("simulated")])
+        if from_bins:
+            graphs, source = from_bins, f"the context binaries (read by QNN {real.get('qnn_version')}'s libQnnSystem)"
     if graphs:
         out += _graph_findings(graphs, source, cfg)
     else:

@@ -1,0 +1,57 @@
+"""`bundle check` as a service: HexStudio's contract checks plus Qualcomm's own, where they are installed.
+
+Qualcomm's checks (Genie 1.21's config parser, QNN 2.51's context binary reader: workers/qnn/genie_check.py)
+run in a child process with a time limit, so a malformed binary or a hung library cannot take the studio
+or the CLI with it. Without onnxruntime-qnn the light checks still run, and the report says Qualcomm's did not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from app.core.device.board import python_env
+from app.core.jobs import python_command
+from workers.shared.bundle.check import ERROR, INFO, WARNING, Finding, check_bundle
+
+QUALCOMM_CHECK_TIMEOUT_S = 120.0
+
+
+def qualcomm_checks(bundle_dir: Path, timeout: float = QUALCOMM_CHECK_TIMEOUT_S) -> tuple[dict[str, Any] | None,
+                                                                                           Finding | None]:
+    """(what Genie's parser and QNN's reader said, a finding about running them when that failed)."""
+    argv = python_command("workers.qnn.genie_check", os.fspath(bundle_dir))
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                              env={**os.environ, **python_env()}, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, Finding("qualcomm_check_timeout", WARNING, f"Qualcomm's checks (Genie's parser, QNN's reader) "
+                             f"did not finish within {timeout:.0f} s; only HexStudio's checks ran.", None,
+                             "Run `hexstudio bundle check` again; a context binary that hangs QNN's reader will "
+                             "not load on a board either.")
+    doc = None
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            break
+    if proc.returncode != 0 or not isinstance(doc, dict):
+        tail = (proc.stderr or proc.stdout).strip()[-400:]
+        return None, Finding("qualcomm_check_failed", ERROR, f"Qualcomm's checks ended abnormally (exit "
+                             f"{proc.returncode}) on this bundle: {tail}", None,
+                             "A binary that crashes QNN's reader will not load on a board: compile that part again.")
+    if not doc.get("available"):
+        return None, Finding("qualcomm_checks_missing", INFO, "Qualcomm's own checks did not run: onnxruntime-qnn "
+                             "(libGenie, libQnnSystem) is not installed.", None, str(doc.get("hint") or ""))
+    return doc, None
+
+
+def check(bundle_dir: Path, board_facts: dict[str, Any] | None = None, *, qualcomm: bool = True) -> list[Finding]:
+    real, problem = qualcomm_checks(bundle_dir) if qualcomm else (None, None)
+    findings = check_bundle(bundle_dir, board_facts, real)
+    return [problem, *findings] if problem is not None else findings

@@ -1,0 +1,34 @@
+"""Qualcomm's real runtime on this machine (onnxruntime-qnn: QNN 2.51, Genie 1.21): a validated run compiled
+locally, shared by the tests of this folder. Skipped, saying why, where the wheel is not installed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from workers.qnn.libs import INSTALL_HINT, find_qnn_libs
+
+needs_qnn = pytest.mark.skipif(find_qnn_libs() is None, reason=f"onnxruntime-qnn is not installed: {INSTALL_HINT}")
+
+
+@pytest.fixture(scope="session")
+def local_run(validated_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in model's validated run, compiled locally for the simulator board (compile_target local:
+    real context binaries, one per graph) and pushed to it."""
+    if find_qnn_libs() is None:
+        pytest.skip(f"onnxruntime-qnn is not installed: {INSTALL_HINT}")
+    from app.core.pipeline import Pipeline
+    from app.core.runs import Workspace
+    from tests.support.sim_runs import copy_run
+
+    ws = tmp_path_factory.mktemp("local-ws")
+    dest = copy_run(validated_run, ws)
+    m = Workspace(ws).open_run(dest.name)
+    m.settings.update({"compile_target": "local"})
+    m.save()
+    for stage in ("compile", "board"):
+        res = asyncio.run(Pipeline(m).run(only=stage))
+        assert res.ok, f"{stage}: {res.message} ({res.hint})"
+    return dest
