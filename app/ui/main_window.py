@@ -36,7 +36,6 @@ from PySide6.QtWidgets import (
     QStackedWidget,
     QTableWidget,
     QTableWidgetItem,
-    QTextBrowser,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -59,7 +58,7 @@ from app.ui.pages.evaluate import EvaluatePage
 from app.ui.pages.model import ModelPage
 from app.ui.pages.report import ReportPage
 from app.ui.pages.workstation import CompilePage, PreflightPage, QuantizePage, ValidatePage
-from app.ui.widgets import STATE_COLORS, paper, state_icon
+from app.ui.widgets import STATE_COLORS, state_icon
 from workers.shared.errors import ActionableError
 
 
@@ -218,35 +217,27 @@ class RunsDialog(QDialog):
         self.compare_button.setEnabled(n >= 2)
         self.delete_button.setEnabled(n == 1)
 
-    def comparison_html(self, runs: list[str]) -> str:
+    def comparison_reports(self, runs: list[str]) -> list[dict[str, Any]]:
         from app.core.reports.collect import build_report
+
+        return [build_report(self.c.workspace.run_dir(r), redact_hosts=True) for r in runs]
+
+    def comparison_html(self, runs: list[str]) -> str:
         from app.core.reports.compare import compare_html, compare_reports
 
-        reports = [build_report(self.c.workspace.run_dir(r), redact_hosts=True) for r in runs]
-        return compare_html(compare_reports(reports))
+        return compare_html(compare_reports(self.comparison_reports(runs)))
 
     def compare_selected(self) -> None:
+        from app.ui.compare import CompareDialog
+
         runs = self.selected_runs()
         if len(runs) < 2:
             return
         try:
-            text = self.comparison_html(runs)
+            d = CompareDialog(self.comparison_reports(runs), self)
         except Exception as exc:
             show_error(self, "Compare runs", f"The runs could not be compared: {exc}", exc=exc)
             return
-        d = QDialog(self)
-        d.setObjectName("compare_dialog")
-        d.setWindowTitle("Compare: " + " vs ".join(runs))
-        d.resize(1000, 640)
-        dl = QVBoxLayout(d)
-        view = QTextBrowser()
-        view.setObjectName("compare_view")
-        paper(view)
-        view.setHtml(text)
-        dl.addWidget(view)
-        bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
-        bb.rejected.connect(d.reject)
-        dl.addWidget(bb)
         self.compare_dialog = d
         d.show()
 
@@ -515,6 +506,7 @@ class MainWindow(QMainWindow):
         self.resize(1280, 860)
         self.resizeDocks([self.dock], [230], Qt.Orientation.Vertical)
         self._restore_geometry()
+        self._fit_dock()
         self._closing_after_cancel = False
         self.refresh()
 
@@ -548,7 +540,11 @@ class MainWindow(QMainWindow):
         m.addSeparator()
         m.addAction(quit_)
         v = self.menuBar().addMenu("&View")
-        v.addAction(self.dock.toggleViewAction())
+        job = self.dock.toggleViewAction()
+        job.setText("&Job (progress, log, memory)")
+        job.setShortcut(QKeySequence("Ctrl+J"))
+        job.setObjectName("view_job")
+        v.addAction(job)
         for i, s in enumerate(STAGES):
             a = QAction(s.title, self)
             a.setShortcut(f"Alt+{i + 1}")
@@ -611,8 +607,15 @@ class MainWindow(QMainWindow):
         if QGuiApplication.platformName() != "offscreen":
             fit_to_screen(self)
 
+    def _fit_dock(self) -> None:
+        """The job dock takes at most a quarter of the window's height (a 720-px screen at 150 % keeps its
+        pages); the person can drag it smaller still, or hide it (View → Job)."""
+        if self.dock.isVisible() and not self.dock.isFloating() and self.dock.height() > self.height() // 4:
+            self.resizeDocks([self.dock], [max(self.height() // 4, 60)], Qt.Orientation.Vertical)
+
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
+        QTimer.singleShot(0, self._fit_dock)
         if QGuiApplication.platformName() != "offscreen":   # the offscreen test screen is only 800 x 600
             fit_to_screen(self)
             QTimer.singleShot(0, lambda: fit_to_screen(self))   # once the window system has placed it

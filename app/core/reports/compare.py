@@ -1,5 +1,6 @@
-"""Compare runs side by side (float vs W4A16, two models on one board, ...): like-for-like rows only,
-the first run is the baseline, deltas beyond 5 % are highlighted as better or worse."""
+"""Compare runs side by side (float vs W4A16, two models on one board, ...): like-for-like rows only, against
+a baseline of your choice (the first run by default; it becomes the first column); a difference is marked
+better or worse only beyond the noise (app.core.reports.noise: the measured spread, else a stated tolerance)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any
 
 from app.core.manifest import now_iso
 from app.core.reports.bench import bench_rows
+from app.core.reports.noise import QUALITY_TOLERANCE, TIMING_TOLERANCE, bench_spreads, compare_csv, judge_row
 from app.core.reports.predicted import predicted_rows
 from app.core.reports.render import ReportError
 
-SIGNIFICANT = 0.05
 HIGHER_IS_BETTER = {"prompt_tok_s", "gen_tok_s", "predicted_decode_tok_s", "top1_agreement", "greedy_agreement", "eval_score"}
 LOWER_IS_BETTER = {"eval_perplexity", "init_ms", "ttft_ms", "predicted_ttft_ms", "gen_time_ms", "kl_divergence", "perplexity_ratio", "salad_score",
                    "duration_s", "peak_rss_bytes"}
@@ -24,19 +25,10 @@ def _row(section: str, name: str, label: str, values: list[Any], unit: str = "",
     base = values[0]
     for v in values[1:]:
         if isinstance(base, (int, float)) and isinstance(v, (int, float)) and not isinstance(v, bool) and base:
-            d = (v - base) / abs(base)
-            row["deltas"].append(round(d, 4))
-            if abs(d) < SIGNIFICANT:
-                row["judgement"].append("same")
-            elif name in HIGHER_IS_BETTER:
-                row["judgement"].append("better" if d > 0 else "worse")
-            elif name in LOWER_IS_BETTER:
-                row["judgement"].append("better" if d < 0 else "worse")
-            else:
-                row["judgement"].append("changed")
+            row["deltas"].append(round((v - base) / abs(base), 4))
         else:
             row["deltas"].append(None)
-            row["judgement"].append("same" if v == base else "changed")
+    judge_row(row, None, (TIMING_TOLERANCE, QUALITY_TOLERANCE), HIGHER_IS_BETTER, LOWER_IS_BETTER)
     return row
 
 
@@ -63,9 +55,19 @@ def _machine_text(m: tuple[Any, ...]) -> str:
     return f"{m[1] or '?'}, {m[2] or '?'} cores, {mem}" + (f", {', '.join(m[4])}" if m[4] else ", no GPU")
 
 
-def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
+def compare_reports(reports: list[dict[str, Any]], baseline: int | str = 0,
+                    timing_tolerance: float = TIMING_TOLERANCE,
+                    quality_tolerance: float = QUALITY_TOLERANCE) -> dict[str, Any]:
+    """Compare `reports` against the baseline (an index or a run id), with the stated tolerances."""
     if len(reports) < 2:
         raise ReportError("Compare needs at least two runs.", "Give two or more run ids.")
+    ids = [r["run"]["run_id"] for r in reports]
+    if isinstance(baseline, str):
+        if baseline not in ids:
+            raise ReportError(f"The baseline {baseline} is not one of the compared runs.",
+                              "Pick one of: " + ", ".join(ids))
+        baseline = ids.index(baseline)
+    reports = [reports[baseline]] + [r for i, r in enumerate(reports) if i != baseline]
     rows: list[dict[str, Any]] = []
     # settings present in every run
     keys = [k for k in reports[0]["settings"] if all(k in r["settings"] for r in reports)]
@@ -134,8 +136,17 @@ def compare_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
              "status": r["run"].get("status_word") or r["run"]["status"],
              "simulated": bool((r.get("compile") or {}).get("simulated")),
              "kpi_source": (r.get("chat") or {}).get("source")} for r in reports]
+    spreads = bench_spreads(reports)
+    for row in rows + measured + predicted:   # judged against the chosen tolerances and measured spreads
+        judge_row(row, spreads.get(row["label"]) if row["section"] == "bench" else None,
+                  (timing_tolerance, quality_tolerance), HIGHER_IS_BETTER, LOWER_IS_BETTER)
     return {"compare_version": 1, "generated": now_iso(), "runs": runs, "rows": rows + measured + predicted,
-            "skipped": skipped, "eval_plot": eval_plot}
+            "skipped": skipped, "eval_plot": eval_plot, "baseline": runs[0]["run_id"],
+            "tolerances": {"timing": timing_tolerance, "quality": quality_tolerance},
+            "noise_rule": (f"Marked better or worse only beyond the noise: the measured run-to-run spread where "
+                           f"the runs measured one (2× their stdev), else a stated tolerance of "
+                           f"±{timing_tolerance * 100:g} % for timings and memory and ±{quality_tolerance * 100:g} % "
+                           "for quality figures.")}
 
 
 def _evaluation_rows(reports: list[dict[str, Any]], skipped: list[str]) -> tuple[list[dict[str, Any]],
@@ -167,7 +178,7 @@ def _evaluation_rows(reports: list[dict[str, Any]], skipped: list[str]) -> tuple
 
 
 def write_compare(c: dict[str, Any], fmt: str, out: Path) -> Path:
-    """Write a comparison as json, html or pdf (atomically)."""
+    """Write a comparison as json, html, pdf or csv (atomically)."""
     import json
 
     from app.core.atomic import write_bytes_atomic, write_text_atomic
@@ -180,8 +191,10 @@ def write_compare(c: dict[str, Any], fmt: str, out: Path) -> Path:
         write_text_atomic(out, compare_html(c))
     elif fmt == "pdf":
         write_bytes_atomic(out, to_pdf(compare_html(c)))
+    elif fmt == "csv":
+        write_text_atomic(out, compare_csv(c))
     else:
-        raise ReportError(f"Unknown comparison format '{fmt}'.", "Use html, pdf or json.")
+        raise ReportError(f"Unknown comparison format '{fmt}'.", "Use html, pdf, json or csv.")
     return out
 
 
