@@ -85,7 +85,7 @@ def check_compatibility(bundle: dict[str, Any], board: Board, facts: dict[str, A
         raise BoardError("This is a simulation bundle (ONNX parts for the simulator); a real board needs "
                          "context binaries compiled by AI Hub.", "Compile for the board's device, then push.")
     if not bundle.get("simulated") and board.simulated:
-        if bundle.get("emulated") or bundle.get("binaries") != "qnn" and bundle.get("compile_target") != "local":
+        if bundle.get("emulated") or (bundle.get("binaries") != "qnn" and bundle.get("compile_target") != "local"):
             raise BoardError("The simulator board runs bundles compiled on this machine (compile_target local: real "
                              "QNN context binaries on Qualcomm's HTP simulator) or the onnxruntime twin's bundles; "
                              "this one came from elsewhere.",
