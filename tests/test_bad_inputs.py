@@ -329,6 +329,90 @@ ROWS += [
 ]
 
 
+# -- issue 27: inputs that ended in a traceback, or were accepted when they should be refused ---------------
+
+def _settings_file(e: Env, content: bytes) -> tuple[int, str]:
+    """settings.json holding `content`, then a command that reads it (`board list`)."""
+    from app.core.paths import config_dir
+
+    p = config_dir() / "settings.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(content)
+    return run_cli(e, "board", "list")
+
+
+def _with_stdin_closed(e: Env, *argv: str) -> tuple[int, str]:
+    saved = sys.stdin
+    sys.stdin = None  # type: ignore[assignment]   # as `hexstudio ... <&-` starts
+    try:
+        return run_cli(e, *argv)
+    finally:
+        sys.stdin = saved
+
+
+def _a_run(e: Env) -> str:
+    rc, out = run_cli(e, "run", "--until", "model")
+    assert rc == 0, out
+    return e.runs()[0]
+
+
+def _no_board(name: str) -> Callable[[Env], bool]:
+    def left(e: Env) -> bool:
+        from app.core.settings import Settings
+
+        return name not in Settings.load().boards
+    return left
+
+
+def _crafted_config(e: Env, **changes: Any) -> Path:
+    import shutil
+
+    d = e.tmp / "crafted-config"
+    shutil.copytree(BUILTIN, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+ROWS += [
+    ("bundle verify malformed bundle.json", lambda e: run_cli(e, "bundle", "verify", str(_malformed(e))),
+     ["bundle.json unreadable"], None),
+    ("report --out a folder", lambda e: run_cli(e, "report", _a_run(e), "--out", str(e.tmp)),
+     ["is a folder", "give a file name"], lambda e: not list(e.tmp.glob("*.html"))),
+    ("report --out /nonexistent/dir/r.html", lambda e: run_cli(e, "report", _a_run(e), "--out",
+                                                               "/nonexistent-hexstudio/dir/r.html"),
+     ["does not exist", "Create the folder first"], lambda e: not Path("/nonexistent-hexstudio").exists()),
+    ("serve --port 70000", lambda e: run_cli(e, "serve", "--port", "70000"), ["70000 is out of range", "0 to 65535"],
+     None),
+    ("serve --max-tokens -5", lambda e: run_cli(e, "serve", "--max-tokens", "-5"), ["-5 is out of range"], None),
+    ("chat --max-tokens -1", lambda e: run_cli(e, "chat", "--max-tokens", "-1"), ["-1 is out of range"], None),
+    ("runs delete with stdin closed", lambda e: _with_stdin_closed(e, "runs", "delete", _a_run(e)),
+     ["no terminal to ask on", "--yes"], lambda e: len(e.runs()) == 1),
+    ("run --resume \"\"", lambda e: run_cli(e, "run", "--resume", ""), ["--resume needs a run id"], NO_RUN),
+    ("settings.json holding []", lambda e: _settings_file(e, b"[]"), ["holds a JSON list", "move it away"], None),
+    ("settings.json boards \"x\"", lambda e: _settings_file(e, b'{"boards": "x"}'), ['"boards" is str'], None),
+    ("settings.json board entry 5", lambda e: _settings_file(e, b'{"boards": {"b": 5}}'), ["the board 'b' is 5"],
+     None),
+    ("settings.json not UTF-8", lambda e: _settings_file(e, b'{"boards": "\xff"}'), ["cannot be read", "utf-8"],
+     None),
+    ("board name ../../etc", lambda e: run_cli(e, "board", "add", "../../etc", "--host", "127.0.0.1",
+                                               "--no-connect"), ["is not allowed"], _no_board("../../etc")),
+    ("board name $(id)", lambda e: run_cli(e, "board", "add", "$(id)", "--host", "127.0.0.1", "--no-connect"),
+     ["is not allowed"], _no_board("$(id)")),
+    ("board name empty", lambda e: run_cli(e, "board", "add", "", "--host", "127.0.0.1", "--no-connect"),
+     ["is not allowed"], _no_board("")),
+    ("set thresholds wrong type", _set('thresholds={"top1_agreement": "high"}'),
+     ["thresholds.top1_agreement must be a number"], NO_RUN),
+    ("set thresholds unknown name", _set('thresholds={"top1": 0.9}'), ["thresholds.top1 is not a validation threshold"],
+     NO_RUN),
+    ("model inspect hidden_size 1e12", lambda e: run_cli(e, "model", "inspect", str(_crafted_config(
+        e, hidden_size=10**12))), ["hidden_size", "No real model has that"], NO_RUN),
+    ("preflight vocab_size 1e12", lambda e: run_cli(e, "preflight", "--model", str(_crafted_config(
+        e, vocab_size=10**12))), ["vocab_size", "No real model has that"], NO_RUN),
+]
+
+
 def prompt(text: str) -> str:
     """A chat message as the Chat page and `hexstudio chat` send it (app.core.genie.session.check_message,
     called by ChatSession.send before anything reaches a board)."""
@@ -465,3 +549,11 @@ def test_bad_input(env: Env, given: str, fn: Callable[[Env], Any], words: list[s
 def test_the_suite_has_at_least_40_rows() -> None:
     assert len(ROWS) >= 40
     assert sys.version_info >= (3, 10)
+
+
+def test_threshold_names_are_the_validate_stages() -> None:
+    from workers.metrics import DEFAULT_THRESHOLDS
+    from workers.shared.run_settings import THRESHOLD_NAMES
+    from workers.validate import EXPORT_THRESHOLDS
+
+    assert set(THRESHOLD_NAMES) == set(DEFAULT_THRESHOLDS) | set(EXPORT_THRESHOLDS)

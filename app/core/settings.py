@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,46 @@ class SettingsError(ActionableError):
     pass
 
 
+# sections of settings.json that are objects of named entries, or objects
+_OBJECT_SECTIONS = ("boards", "worker_hosts", "aihub", "run_defaults")
+
+
+def check_settings_shape(raw: Any, path: Path) -> None:
+    """settings.json as HexStudio wrote it: an object whose sections have their types (issue 27: `[]`,
+    `{"boards": "x"}` or a board entry `5` ended in a traceback). Raises SettingsError naming what is wrong."""
+    fix = f"Fix {path} or move it away; HexStudio then starts from defaults (boards must be added again)."
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{path} holds a JSON {type(raw).__name__}, not an object of settings.", fix)
+    v = raw.get("settings_version", 0)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SettingsError(f"{path}: settings_version is {v!r}, not a whole number.", fix)
+    for key in _OBJECT_SECTIONS:
+        if key in raw and raw[key] is not None and not isinstance(raw[key], dict) and \
+                not (key == "boards" and isinstance(raw[key], list) and v == 0):   # v0 kept boards as a list
+            raise SettingsError(f"{path}: \"{key}\" is {type(raw[key]).__name__} {raw[key]!r:.40}, not an object.",
+                                fix)
+    for key in ("boards", "worker_hosts"):
+        for name, entry in (raw.get(key) or {}).items() if isinstance(raw.get(key), dict) else ():
+            if not isinstance(entry, dict):
+                raise SettingsError(f"{path}: the {key[:-1].replace('_', ' ')} {name!r} is {entry!r:.40}, not an "
+                                    "object {host, port, user, auth, ...}.", fix)
+
+
+BOARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_board_name(name: object) -> str:
+    """A board's name as HexStudio uses it (settings, keyring entries, file names, the CLI): 1-64 letters,
+    digits, '.', '_' or '-', starting with a letter or digit; not "sim" (the simulator board)."""
+    if not isinstance(name, str) or not BOARD_NAME.match(name):
+        raise SettingsError(f"The board name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+                            "starting with a letter or digit (e.g. evk-lab2).",
+                            "Pick another name for the board.")
+    if name == "sim":
+        raise SettingsError("The board name 'sim' is the simulator board's.", "Pick another name for the board.")
+    return name
+
+
 def migrate(data: dict[str, Any]) -> dict[str, Any]:
     d = copy.deepcopy(data)
     version = int(d.get("settings_version", 0))
@@ -122,9 +163,10 @@ class Settings:
             return s
         try:
             raw = json.loads(s.path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:   # ValueError: not JSON, or not UTF-8
             raise SettingsError(f"{s.path} cannot be read ({exc}). Fix or delete it; HexStudio will "
                                 "recreate it with defaults.") from None
+        check_settings_shape(raw, s.path)
         old = int(raw.get("settings_version", 0))
         s.data = migrate(raw)
         if old != SETTINGS_VERSION:

@@ -27,7 +27,8 @@ def _log(config: Path) -> str:
 
 
 def test_a_cli_crash_lands_in_the_log_with_its_traceback(tmp_path: Path) -> None:
-    """A command that raises (a bug): exit 1 with the traceback on stderr as before, and in the log."""
+    """A command that raises (a bug): exit 1, one sentence on stderr (what failed, that it is a bug, where the
+    traceback is: no traceback reaches the person, issue 27), the traceback in the log, secrets scrubbed."""
     cfg = tmp_path / "cfg"
     r = _run(f"""
         import sys
@@ -43,6 +44,7 @@ def test_a_cli_crash_lands_in_the_log_with_its_traceback(tmp_path: Path) -> None
         """, cfg)
     assert r.returncode == 1, r.stderr
     assert "RuntimeError: boom in the CLI" in r.stderr and "studio.log" in r.stderr
+    assert "Traceback" not in r.stderr and "HexStudio bug" in r.stderr and CANARY not in r.stderr
     text = _log(cfg)
     assert "hexstudio runs list: started" in text and "hexstudio runs list: crashed" in text
     assert "Traceback (most recent call last)" in text and "in boom" in text and "RuntimeError: boom in the CLI" in text

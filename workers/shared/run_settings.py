@@ -70,6 +70,12 @@ def setting(default: Any, *, label: str, help: str, stages: tuple[str, ...] = ()
     return field(default=default, metadata=meta)
 
 
+# the Validate stage's thresholds (workers.metrics.DEFAULT_THRESHOLDS and workers.validate.EXPORT_THRESHOLDS;
+# tests/core/test_run_settings.py keeps the names equal): what `thresholds` may override
+THRESHOLD_NAMES = ("top1_agreement", "kl_divergence", "greedy_agreement", "perplexity_ratio", "salad_score",
+                   "export_top1_agreement", "export_max_logit_error", "export_layer_error")
+
+
 @dataclass
 class Sampler:
     """Genie's sampler (genie_config.json "sampler"); greedy by default, so replies are reproducible."""
@@ -340,6 +346,12 @@ def _check_value(s: SettingSpec, name: str, value: Any) -> str | None:
     elif s.kind == "object":
         if not isinstance(value, dict):
             return f"{name} must be a JSON object, not {given}."
+        if name == "thresholds":   # checked when set, not found wrong after hours of quantize (issue 27)
+            for k, v in value.items():
+                if k not in THRESHOLD_NAMES:
+                    return f"thresholds.{k} is not a validation threshold (known: {', '.join(THRESHOLD_NAMES)})."
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or not 0 <= v <= 1e6:
+                    return f"thresholds.{k} must be a number from 0 to 1000000, not {_given_typed(v)}."
     elif s.kind == "list":
         if not isinstance(value, list):
             return f"{name} must be a JSON list, not {given}."

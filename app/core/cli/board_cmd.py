@@ -118,6 +118,9 @@ async def _open(args: argparse.Namespace) -> Board:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
+    from app.core.settings import check_board_name
+
+    check_board_name(args.name)   # before anything is saved (issue 27: '../../etc', '$(id)', '' were kept)
     s = Settings.load()
     cfg: dict[str, Any] = {"host": args.host, "port": args.port, "user": args.user, "auth": args.auth}
     if args.key_path:

@@ -18,6 +18,7 @@ from app.core.cli.common import (
     add_json_flag,
     add_workspace_flag,
     eprint,
+    int_in,
     print_json,
     workspace_from,
 )
@@ -51,7 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--thinking", choices=("on", "off"), default=None,
                    help="the chat template's thinking switch (enable_thinking, or Nemotron's system text), where "
                         "it has one (default: off)")
-    p.add_argument("--max-tokens", type=int, default=256, help="reply budget in tokens (default 256)")
+    p.add_argument("--max-tokens", type=int_in(1, 1 << 20), default=256, help="reply budget in tokens (default 256)")
     p.add_argument("--sampler", choices=tuple(SAMPLER_PRESETS), default=None,
                    help="deterministic (seed 42, temp 0, top-k 1, top-p 1; the default), thinking (Nemotron "
                         "reasoning on: 0.6/40/0.95; the default with that template) or bundle (the bundle's own)")

@@ -6,6 +6,7 @@ import argparse
 import getpass
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,24 @@ def read_token(what: str, page: str, command: str, from_stdin: bool) -> str:
         raise CliError(f"That does not look like {article} {what} (it contains spaces or line breaks).",
                        f"Copy just the token from {page} (one line), then run `{command}` again.")
     return token
+
+
+def number_in(kind: type, lo: float, hi: float) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` (int or float) from lo to hi, else a usage error naming the range
+    (argparse prints it and exits 2: no traceback)."""
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number") from None
+        if v != v or not lo <= v <= hi:
+            span = f"{int(lo)} to {int(hi)}" if kind is int else f"{lo:g} to {hi:g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give {span}")
+        return v
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def int_in(lo: int, hi: int) -> Callable[[str], Any]:
+    """A whole number from lo to hi (number_in)."""
+    return number_in(int, lo, hi)

@@ -24,8 +24,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def checks(args: argparse.Namespace) -> list[dict[str, Any]]:
     from app.core import secrets
     from app.core.services.aihub_token import describe, token_status
+    from app.core.settings import Settings, SettingsError
 
     out: list[dict[str, Any]] = []
+    try:
+        s = Settings.load()
+        out.append({"check": "settings", "ok": True, "level": "ok", "message": f"{s.path} reads well.", "hint": None})
+    except SettingsError as exc:
+        out.append({"check": "settings", "ok": False, "level": "error", "message": exc.message, "hint": exc.hint})
     kb = secrets.backend_info()
     out.append({"check": "keyring", "ok": kb["encrypted"] is True, "level": "ok" if kb["encrypted"] else "warning",
                 "message": f"{kb['name']}: {kb['what']}.", "hint": kb["warning"], "backend": kb})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -80,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USAGE
-    if sys.stdin.isatty():
+    if sys.stdin is not None and not sys.stdin.closed and sys.stdin.isatty():
         # an encrypted SSH key asks for its passphrase here (getpass); a newly trusted host key may also go to
         # ~/.ssh/known_hosts if the person says yes (app.core.device.connect)
         from app.core.device.connect import set_default_prompts, tty_offer_known_hosts, tty_passphrase
@@ -106,9 +107,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_FAILED
-    except Exception as exc:   # a bug: the traceback goes to the log, then on as before (stderr, exit 1)
+    except Exception as exc:   # a bug: the traceback goes to the log (and to stderr with -v), a sentence to the person
         logs.log_exception(log, f"hexstudio {what}: crashed", exc)
-        eprint(f"hexstudio {what} crashed; the traceback is also in {logs.log_path()}")
-        raise
+        if getattr(args, "verbose", False) or os.environ.get("HEXSTUDIO_TRACEBACK"):
+            import traceback
+
+            traceback.print_exc()
+        detail = logs.scrub_text(f"{type(exc).__name__}: {exc}")
+        if getattr(args, "json", False):
+            print_json({"ok": False, "error": {"code": "internal", "message": f"hexstudio {what} failed: {detail}",
+                                               "hint": f"The traceback is in {logs.log_path()}."}})
+        eprint(f"error: hexstudio {what} failed unexpectedly ({detail[:300]}).")
+        eprint(f"  what to do: this is a HexStudio bug, not something you did; the traceback is in "
+               f"{logs.log_path()} (run again with -v to see it here). Please report it with that file.")
+        return EXIT_FAILED
     log.info("hexstudio %s: exit %d", what, rc)
     return rc

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.core.cli.common import add_json_flag, print_json
+from app.core.cli.common import add_json_flag, int_in, print_json
 from app.core.jobs import human_bytes
 from app.core.services.model import inspect
 from workers.shared.run_settings import DEFAULTS
@@ -19,9 +19,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pi.add_argument("model", help="builtin:tiny-llama, a Hugging Face id, or a folder holding config.json")
     pi.add_argument("--revision", default=None, metavar="REV",
                     help="Hugging Face revision: a branch, tag or commit hash (default: main)")
-    pi.add_argument("--context-length", type=int, default=None)
-    pi.add_argument("--ar-n", type=int, default=None, help=f"prompt processor length (default: {DEFAULTS.ar_n})")
-    pi.add_argument("--parts", type=int, default=None)
+    pi.add_argument("--context-length", type=int_in(1, 1 << 24), default=None)
+    pi.add_argument("--ar-n", type=int_in(1, 1 << 16), default=None,
+                    help=f"prompt processor length (default: {DEFAULTS.ar_n})")
+    pi.add_argument("--parts", type=int_in(1, 1024), default=None)
     pi.add_argument("--board-ram-gib", type=float, default=None,
                     help="the target board's RAM in GiB: part sizes and whether the bundle fits (default: unknown)")
     add_json_flag(pi)

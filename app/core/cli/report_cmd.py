@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -49,12 +50,27 @@ def _redact_hosts(args: argparse.Namespace) -> bool:
         return True
 
 
+def _check_out(out: Path) -> None:
+    """--out names a file in a folder that exists and can be written: no folder is ever created for it (issue 27:
+    `--out /nonexistent/dir/r.html` made folders at the filesystem root, `--out <a folder>` ended in a traceback)."""
+    if out.is_dir():
+        raise CliError(f"--out {out} is a folder; give a file name.", f"For example --out {out / 'report.html'}")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise CliError(f"The folder {parent} does not exist, so {out.name} cannot be written there.",
+                       "Create the folder first, or give --out a file in an existing folder.")
+    if not os.access(parent, os.W_OK):
+        raise CliError(f"The folder {parent} cannot be written to.", "Give --out a file in a folder you can write.")
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from app.core.reports.collect import build_report
     from app.core.reports.compare import compare_html, compare_reports, write_compare
     from app.core.reports.render import ReportError, validate_report, write
 
     args.redact_hosts = _redact_hosts(args)
+    if args.out is not None:
+        _check_out(args.out)
     try:
         if args.runs[0] == "compare":
             if len(args.runs) < 3:

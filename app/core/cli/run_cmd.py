@@ -90,6 +90,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     ws = workspace_from(args)
+    if args.resume is not None and not args.resume.strip():
+        raise CliError("--resume needs a run id; it was given empty (a shell variable that was not set?).",
+                       "`hexstudio runs list` shows the run ids; leave --resume out to start a new run.")
     if args.resume:
         if args.model or args.board or args.settings or args.revision:
             raise CliError("--resume continues a run with its own inputs; --model, --revision, --board and --set "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from app.core.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
 from app.core.jobs import human_bytes
@@ -88,6 +89,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_delete(args: argparse.Namespace) -> int:
     ws = workspace_from(args)
     if not args.yes and not args.json:
+        if sys.stdin is None or sys.stdin.closed or not sys.stdin.isatty():
+            raise CliError(f"Not deleting run {args.run_id}: there is no terminal to ask on (stdin is closed or "
+                           "not a terminal).", f"Run `hexstudio runs delete {args.run_id} --yes` to delete it "
+                                               "without asking.")
         ans = input(f"Delete run {args.run_id} and all its artifacts? [y/N] ")
         if ans.strip().lower() not in ("y", "yes"):
             print("kept")

@@ -14,27 +14,12 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Callable
 from typing import Any
 
-from app.core.cli.common import CliError, add_workspace_flag, eprint
+from app.core.cli.common import CliError, add_workspace_flag, eprint, number_in
 from app.core.genie.runtime import RUNTIMES
 from app.core.genie.session import SAMPLER_PRESETS
 from app.core.serve.limits import Limits
-
-
-def _ranged(kind: type, lo: float, hi: float) -> Callable[[str], Any]:
-    """An argparse type: a number of `kind` from lo to hi, else a usage error naming the range (no traceback)."""
-    def parse(text: str) -> Any:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number") from None
-        if not lo <= v <= hi or v != v:
-            raise argparse.ArgumentTypeError(f"{text} is out of range: give {lo:g} to {hi:g}")
-        return v
-    parse.__name__ = kind.__name__
-    return parse
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--run", default=None, help="serve this run's bundle (default: the latest run with one)")
     p.add_argument("--bundle", default=None, help="a bundle folder (local: pushed first; else on the board)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, loopback only)")
-    p.add_argument("--port", type=_ranged(int, 0, 65535), default=8000,
+    p.add_argument("--port", type=number_in(int, 0, 65535), default=8000,
                    help="port (default 8000; 0 picks a free one)")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host (needs an API key too)")
@@ -54,24 +39,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--runtime", choices=RUNTIMES, default=None, help="genie or geniex (default: the board's)")
     p.add_argument("--sampler", choices=tuple(k for k in SAMPLER_PRESETS if k != "bundle"), default="deterministic",
                    help="the sampler a request without temperature/top_p/seed gets (default deterministic)")
-    p.add_argument("--max-tokens", type=_ranged(int, 1, 1 << 20), default=256,
+    p.add_argument("--max-tokens", type=number_in(int, 1, 1 << 20), default=256,
                    help="reply budget when a request gives none (default 256)")
     d = Limits()
     lim = p.add_argument_group("limits (what one client may hold or send)")
-    lim.add_argument("--max-queue", type=_ranged(int, 0, 10_000), default=d.max_queue,
+    lim.add_argument("--max-queue", type=number_in(int, 0, 10_000), default=d.max_queue,
                      help=f"requests waiting for the dialog; more get 429 + Retry-After (default {d.max_queue})")
-    lim.add_argument("--max-connections", type=_ranged(int, 1, 1_000_000), default=d.max_connections,
+    lim.add_argument("--max-connections", type=number_in(int, 1, 1_000_000), default=d.max_connections,
                      help=f"open connections; more get 503 and are closed (default {d.max_connections}; capped "
                           "by the open-file limit)")
-    lim.add_argument("--max-body", type=_ranged(int, 1024, 1 << 30), default=d.max_body, metavar="BYTES",
+    lim.add_argument("--max-body", type=number_in(int, 1024, 1 << 30), default=d.max_body, metavar="BYTES",
                      help=f"request body size (default {d.max_body})")
-    lim.add_argument("--header-timeout", type=_ranged(float, 0.1, 3600), default=d.header_timeout, metavar="S",
+    lim.add_argument("--header-timeout", type=number_in(float, 0.1, 3600), default=d.header_timeout, metavar="S",
                      help=f"seconds to send the request headers (default {d.header_timeout:g})")
-    lim.add_argument("--body-timeout", type=_ranged(float, 0.1, 3600), default=d.body_timeout, metavar="S",
+    lim.add_argument("--body-timeout", type=number_in(float, 0.1, 3600), default=d.body_timeout, metavar="S",
                      help=f"seconds to send the request body (default {d.body_timeout:g})")
-    lim.add_argument("--keep-alive", type=_ranged(float, 0.1, 3600), default=d.keep_alive, metavar="S",
+    lim.add_argument("--keep-alive", type=number_in(float, 0.1, 3600), default=d.keep_alive, metavar="S",
                      help=f"seconds an idle connection is kept open (default {d.keep_alive:g})")
-    lim.add_argument("--shutdown-grace", type=_ranged(float, 0, 3600), default=d.shutdown_grace, metavar="S",
+    lim.add_argument("--shutdown-grace", type=number_in(float, 0, 3600), default=d.shutdown_grace, metavar="S",
                      help=f"seconds a running reply gets to finish on Ctrl-C/SIGTERM (default {d.shutdown_grace:g})")
     p.add_argument("--template", default="auto", help="prompt format: auto (from the model), model, plain, qa")
     p.add_argument("--port-file", default=None, help="write the port here once listening (for scripts)")

@@ -60,7 +60,7 @@ def load_bundle(bundle_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
             # bundle, no symlink out, a regular file, so nothing outside it is sent, read or loaded on the board
             with open_regular(bundle_dir, "genie_config.json", "genie_config.json") as fh:
                 cfg = json.loads(fh.read(MAX_MANIFEST_BYTES).decode("utf-8"))
-            check_genie_config(cfg, bundle_dir)
+            check_genie_config(cfg, bundle_dir, require_dialog=False)
     except UnsafePath as exc:
         raise UnsafeBundle(f"Refused to push {bundle_dir}: {exc}", exc.hint) from None
     except (OSError, ValueError) as exc:   # genie_config.json unreadable or not JSON

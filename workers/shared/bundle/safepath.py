@@ -166,12 +166,13 @@ def genie_config_paths(cfg: object, where: str = "") -> list[tuple[str, object]]
 
 
 def check_genie_config(cfg: object, root: Path | str, entry: str = "genie_config.json", *,
-                       regular: bool = True) -> None:
+                       regular: bool = True, require_dialog: bool = True) -> None:
     """Every file a genie_config.json names (ctx-bins, tokenizer path, backend extensions, LoRA bin-sections, a
     draft model's files, ...), checked and resolved under the bundle folder `root`; with `regular`, each that
-    exists must be a regular file (a FIFO would hang whoever opens it, a device would read forever)."""
+    exists must be a regular file (a FIFO would hang whoever opens it, a device would read forever). Without
+    `require_dialog` (the push: Genie's schema is `bundle check`'s business) only the paths are checked."""
     d: Any = cfg.get("dialog") if isinstance(cfg, dict) else None
-    if not isinstance(d, dict):
+    if require_dialog and not isinstance(d, dict):
         raise UnsafePath(entry, "dialog", "it has no 'dialog' object")
     for where, path in genie_config_paths(cfg):
         target = resolve_under(root, path, f"{entry} {where}")
