@@ -23,7 +23,11 @@ from app.core.atomic import write_text_atomic
 from app.core.genie.journal import CHATS_DIR, read_journals
 
 FOLDER = "conversations"
+SETTINGS_FILE = "settings.json"
 TITLE_CHARS = 48
+# the chat's settings kept per run (<run>/chats/settings.json), restored when the run is opened again
+SETTING_KEYS = ("runtime", "template", "thinking", "system", "max_tokens", "sampler_preset", "sampler",
+                "enter_sends")
 
 
 def now() -> str:
@@ -34,11 +38,15 @@ def now() -> str:
 class ChatTurn:
     user: str
     reply: str = ""
-    state: str = "pending"                 # pending | complete | aborted | failed
+    state: str = "pending"                 # pending | streaming | complete | aborted | failed
     kpis: dict[str, Any] = field(default_factory=dict)
     t: str = ""
     note: str | None = None
     error: str | None = None
+    # earlier replies to the same message (Regenerate keeps them): [{"reply", "kpis", "state"}], oldest first;
+    # the turn's own reply/kpis are the version shown (and the one the conversation continues from)
+    versions: list[dict[str, Any]] = field(default_factory=list)
+    version: int = 0                       # which of versions the turn shows (== len(versions)-1 when present)
 
 
 @dataclass
@@ -91,6 +99,20 @@ class ChatStore:
         rec.retitle()
         self.folder.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.path(rec.id), json.dumps(rec.as_json(), indent=1, ensure_ascii=False))
+
+    def load_settings(self) -> dict[str, Any]:
+        """The chat settings last used in this run ({} when none were saved)."""
+        try:
+            doc = json.loads((self.run_dir / CHATS_DIR / SETTINGS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in doc.items() if k in SETTING_KEYS} if isinstance(doc, dict) else {}
+
+    def save_settings(self, values: dict[str, Any]) -> None:
+        folder = self.run_dir / CHATS_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(folder / SETTINGS_FILE, json.dumps({k: values.get(k) for k in SETTING_KEYS}, indent=1,
+                                                             ensure_ascii=False))
 
     def delete(self, cid: str) -> None:
         self.path(cid).unlink(missing_ok=True)

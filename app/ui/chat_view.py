@@ -5,10 +5,12 @@ A reply is re-rendered as it streams; only the bubble being written changes, at 
 
 from __future__ import annotations
 
+import contextlib
 import html
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication
@@ -16,6 +18,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QPushButton,
     QScrollArea,
     QSizePolicy,
     QToolButton,
@@ -100,6 +103,18 @@ def _tool(text: str, tip: str, name: str) -> QToolButton:
     return b
 
 
+def flash(button: QToolButton | QPushButton, text: str = "Copied ✓", ms: int = 1500) -> None:
+    """Feedback on a button that does something invisible (Copy): its text says it happened, for a moment."""
+    original = button.property("idle_text") or button.text()
+    button.setProperty("idle_text", original)
+    button.setText(text)
+
+    def back() -> None:
+        with contextlib.suppress(RuntimeError):   # the button was deleted meanwhile (a new chat)
+            button.setText(str(button.property("idle_text")))
+    QTimer.singleShot(ms, back)
+
+
 class CodeBlock(QFrame):
     """A fenced code block: the language, a Copy button, the code in a monospaced font (never wrapped
     into the next line silently: long lines wrap anywhere)."""
@@ -120,7 +135,7 @@ class CodeBlock(QFrame):
         head.addStretch(1)
         self.copy_button = _tool("Copy code", "Copy this code block", "copy_code")
         self.code: str = ""
-        self.copy_button.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.code))
+        self.copy_button.clicked.connect(self.copy)
         head.addWidget(self.copy_button)
         lay.addLayout(head)
         self.body = _wrap_label("", Qt.TextFormat.PlainText)
@@ -128,6 +143,10 @@ class CodeBlock(QFrame):
         self.body.setWordWrap(True)
         lay.addWidget(self.body)
         self.set_code(code, lang)
+
+    def copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.code)
+        flash(self.copy_button)
 
     def set_code(self, code: str, lang: str) -> None:
         if code != self.code:
@@ -141,6 +160,7 @@ class MessageBubble(QFrame):
     thinking folded, its answer rendered from Markdown and a footer: KPIs, Copy, Regenerate."""
 
     regenerateRequested = Signal()
+    versionChosen = Signal(int)      # Regenerate keeps the earlier replies: ‹ 1/2 › picks one
 
     def __init__(self, role: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -192,8 +212,20 @@ class MessageBubble(QFrame):
         self.copy_button.clicked.connect(self.copy)
         self.footer.addWidget(self.copy_button)
         self.regen_button: QToolButton | None = None
+        self.versions: list[dict[str, Any]] = []    # {"reply", "kpis", "state"}; more than one after Regenerate
+        self.version = 0
+        self.prev_button = _tool("‹", "The earlier reply", "previous_version")
+        self.next_button = _tool("›", "The later reply", "next_version")
+        self.version_label = QLabel("")
+        self.version_label.setObjectName("version_label")
+        self.prev_button.clicked.connect(lambda: self._step(-1))
+        self.next_button.clicked.connect(lambda: self._step(1))
+        for w in (self.prev_button, self.version_label, self.next_button):
+            w.setVisible(False)
+            self.footer.addWidget(w)
         if role == "assistant":
-            self.regen_button = _tool("Regenerate", "Ask again: this reply is replaced by a new one", "regenerate")
+            self.regen_button = _tool("Regenerate", "Ask again: a new reply; the earlier ones are kept (‹ 1/2 ›)",
+                                      "regenerate")
             self.regen_button.clicked.connect(self.regenerateRequested.emit)
             self.footer.addWidget(self.regen_button)
         self.lay.addLayout(self.footer)
@@ -205,6 +237,31 @@ class MessageBubble(QFrame):
 
     def copy(self) -> None:
         QGuiApplication.clipboard().setText(self.answer().strip())
+        flash(self.copy_button)
+
+    # -- versions (Regenerate keeps the earlier replies) ----------------------------------------------
+    def set_versions(self, versions: list[dict[str, Any]], index: int, navigable: bool = True) -> None:
+        self.versions = list(versions)
+        self.version = max(0, min(index, len(self.versions) - 1))
+        self._show_nav(navigable)
+
+    def _show_nav(self, navigable: bool = True) -> None:
+        many = len(self.versions) > 1
+        for w in (self.prev_button, self.version_label, self.next_button):
+            w.setVisible(many)
+        self.version_label.setText(f"{self.version + 1}/{len(self.versions)}")
+        self.prev_button.setEnabled(navigable and self.version > 0 and not self.streaming)
+        self.next_button.setEnabled(navigable and self.version < len(self.versions) - 1 and not self.streaming)
+
+    def _step(self, d: int) -> None:
+        i = self.version + d
+        if 0 <= i < len(self.versions):
+            self.version = i
+            v = self.versions[i]
+            self.set_text(str(v.get("reply") or ""))
+            self.set_kpis(str(v.get("kpi_line") or ""))
+            self._show_nav()
+            self.versionChosen.emit(i)
 
     def _fold(self, open_: bool) -> None:
         assert self.think_button is not None and self.think_label is not None

@@ -63,13 +63,13 @@ def test_tab_walks_the_chat_page_message_send_stop_then_settings_then_the_rest(q
     ch.thinking_box.setEnabled(True)  # as it is where the model's chat template has a thinking switch
     names = {ch.input: "message", ch.send_button: "send", ch.stop_button: "stop", ch.runtime_combo: "runtime",
              ch.template_combo: "template", ch.thinking_box: "thinking", ch.system_edit: "system",
-             ch.max_tokens: "max_tokens", ch.sampler_combo: "sampler", ch.temp_spin: "temp", ch.topk_spin: "top_k",
+             ch.max_tokens: "max_tokens", ch.enter_sends_box: "enter_sends", ch.sampler_combo: "sampler", ch.temp_spin: "temp", ch.topk_spin: "top_k",
              ch.topp_spin: "top_p", ch.seed_spin: "seed", ch.new_button: "new", ch.conv_list: "conversations",
              ch.copy_button: "copy", ch.export_button: "export", ch.run_button: "run", ch.transcript: "transcript",
              ch.metrics: "metrics"}
     seen = _walk(qtbot, ch.input, names, 24)
-    first = ["message", "send", "stop", "runtime", "template", "thinking", "system", "max_tokens", "sampler", "temp",
-             "top_k", "top_p", "seed"]
+    first = ["message", "send", "stop", "runtime", "template", "thinking", "system", "max_tokens", "enter_sends",
+             "sampler", "temp", "top_k", "top_p", "seed"]
     assert seen[:len(first)] == first, seen
     _assert_before(seen, "seed", "new", "conversations", "copy", "export", "run", "transcript", "metrics")
     assert not any(p.focusPolicy() & 0x1 for p in ch.findChildren(StyledPlot))  # plots take no Tab focus

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut, QShowEvent
+from PySide6.QtCore import QEvent, QObject, Qt
+from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence, QResizeEvent, QShortcut, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -47,7 +47,7 @@ from app.core.genie.conversation import TEMPLATES, Conversation, Turn, token_cou
 from app.core.genie.prompts import DETERMINISTIC, NEMOTRON_THINKING_ON, chat_format_for, template_for
 from app.core.genie.runtime import RUNTIMES
 from app.ui.chat_store import ChatRecord, ChatStore, ChatTurn
-from app.ui.chat_view import MessageBubble, TranscriptView
+from app.ui.chat_view import MessageBubble, TranscriptView, flash
 from app.ui.controller import RunController
 from app.ui.pages.base import StagePage
 from app.ui.plots import ReplyHistoryPlot, TokenRatePlot
@@ -136,6 +136,11 @@ class ChatPage(StagePage):
         self.system_edit = QLineEdit()
         self.system_edit.setObjectName("system_prompt")
         self.system_edit.setPlaceholderText("System prompt (Llama 3 / model templates)")
+        self.enter_sends_box = QCheckBox("Enter sends (Shift+Enter: new line)")
+        self.enter_sends_box.setObjectName("enter_sends")
+        self.enter_sends_box.setChecked(True)
+        self.enter_sends_box.setToolTip("On: Enter sends the message and Shift+Enter starts a new line. Off: Enter "
+                                        "starts a new line. Ctrl+Enter always sends.")
         self.max_tokens = QSpinBox()
         self.max_tokens.setObjectName("max_tokens")
         self.max_tokens.setRange(1, 4096)
@@ -186,6 +191,7 @@ class ChatPage(StagePage):
         mf.addRow(self.template_in_use)
         _form_row(mf, "System", self.system_edit)
         _form_row(mf, "Max reply", self.max_tokens)
+        mf.addRow(self.enter_sends_box)
         sl.addWidget(model_box)
         sampler_box = QGroupBox("Sampler")
         sf = QFormLayout(sampler_box)
@@ -208,7 +214,7 @@ class ChatPage(StagePage):
                                       "message is sent with), and the room kept for the reply. When it is "
                                       "full, the oldest turns are left out (you are told).")
         cxl.addWidget(self.context_meter)
-        self.context_label = note("")
+        self.context_label = rich(note(""))
         self.context_label.setObjectName("context_label")
         cxl.addWidget(self.context_label)
         sl.addWidget(ctx_box)
@@ -288,6 +294,20 @@ class ChatPage(StagePage):
         cl.setSpacing(4)
         self.board_label = rich(note(""))
         self.board_label.setObjectName("chat_board_label")
+        head = QHBoxLayout()
+        head.setSpacing(4)
+        self.convs_toggle = QPushButton("Chats")
+        self.convs_toggle.setObjectName("show_conversations")
+        self.convs_toggle.setCheckable(True)
+        self.convs_toggle.setToolTip("Show or hide the conversations (the window is narrow, so they fold away)")
+        self.side_toggle = QPushButton("Settings")
+        self.side_toggle.setObjectName("show_chat_settings")
+        self.side_toggle.setCheckable(True)
+        self.side_toggle.setToolTip("Show or hide the chat settings, context and rates (folded on a narrow window)")
+        head.addWidget(self.convs_toggle)
+        head.addStretch(1)
+        head.addWidget(self.side_toggle)
+        cl.addLayout(head)
         cl.addWidget(self.board_label)
         self.transcript = TranscriptView()
         self.transcript.setMinimumHeight(90)
@@ -299,7 +319,7 @@ class ChatPage(StagePage):
         row = QHBoxLayout()
         self.input = QPlainTextEdit()
         self.input.setObjectName("chat_input")
-        self.input.setPlaceholderText("Ask something… (Ctrl+Enter sends)")
+        self.input.installEventFilter(self)
         self.input.setMinimumHeight(52)
         self.input.setMaximumHeight(96)
         self.input.setTabChangesFocus(True)
@@ -310,12 +330,12 @@ class ChatPage(StagePage):
         self.send_button = QPushButton("Send")
         self.send_button.setObjectName("send_button")
         self.send_button.setDefault(False)
-        self.send_button.setToolTip("Send the message (Ctrl+Enter)")
+        self.send_button.setToolTip("Send the message (Enter, or Ctrl+Enter)")
         self.send_button.clicked.connect(lambda: asyncio.ensure_future(self.send()))
         self.stop_button = QPushButton("Stop")
         self.stop_button.setObjectName("stop_button")
         self.stop_button.setEnabled(False)
-        self.stop_button.setToolTip("Stop the reply now (what came so far is kept)")
+        self.stop_button.setToolTip("Stop the reply now (Esc; what came so far is kept)")
         self.stop_button.clicked.connect(self.stop)
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
@@ -326,6 +346,9 @@ class ChatPage(StagePage):
             sc = QShortcut(QKeySequence(seq), self)
             sc.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
             sc.activated.connect(self._send_shortcut)
+        esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
+        esc.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        esc.activated.connect(self._escape)
 
         split = QSplitter(Qt.Orientation.Horizontal)
         split.setObjectName("chat_splitter")
@@ -339,6 +362,11 @@ class ChatPage(StagePage):
         split.setSizes([180, 560, 300])
         self.splitter = split
         self.body.addWidget(split, 1)
+        self.convs_panel, self.side_panel = convs, side_scroll
+        self.compact = False
+        self.convs_toggle.toggled.connect(lambda on: self._show_panel(self.convs_panel, on))
+        self.side_toggle.toggled.connect(lambda on: self._show_panel(self.side_panel, on))
+        self._set_compact(False)
 
         self._apply_preset("deterministic")
         self.sampler_combo.currentIndexChanged.connect(lambda _i: self._preset_chosen())
@@ -348,6 +376,12 @@ class ChatPage(StagePage):
         self.system_edit.editingFinished.connect(self._settings_changed)
         self.thinking_box.toggled.connect(lambda _on: self._settings_changed())
         self.max_tokens.valueChanged.connect(lambda _v: self.update_context_meter())
+        self.enter_sends_box.toggled.connect(lambda _on: self._enter_mode_changed())
+        for w in (self.runtime_combo, self.sampler_combo):
+            w.currentIndexChanged.connect(lambda _i: self.save_chat_settings())
+        for spin in (self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin, self.max_tokens):
+            spin.editingFinished.connect(self.save_chat_settings)
+        self._enter_mode_changed()
 
         self.conversation = Conversation()
         self.record: ChatRecord | None = None
@@ -363,6 +397,11 @@ class ChatPage(StagePage):
         self._bench_stamp: float | None = None
         self._counters: dict[str, Callable[[str], int]] = {}
         self._reply_bubble: MessageBubble | None = None
+        # what the open conversation was started with: a change asks first, and only a real change counts
+        self._applied: tuple[str, str, bool | None] = self._chosen()
+        self._asking = False
+        self._prior_versions: list[dict[str, Any]] | None = None
+        self._context_length: tuple[Path | None, int | None] = (None, None)
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
@@ -373,11 +412,72 @@ class ChatPage(StagePage):
         if self.send_button.isEnabled():
             self.send_button.click()
 
+    # -- keyboard -------------------------------------------------------------------------------
+    def eventFilter(self, obj: QObject, ev: QEvent) -> bool:
+        """The message box: Enter sends and Shift+Enter starts a new line (or, with "Enter sends" off, Enter is
+        a new line); Ctrl+Enter always sends (the page's shortcut)."""
+        if (obj is self.input and ev.type() == QEvent.Type.KeyPress and isinstance(ev, QKeyEvent)
+                and ev.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)):
+            mods = ev.modifiers()
+            if mods & Qt.KeyboardModifier.ShiftModifier:
+                self.input.insertPlainText("\n")
+                return True
+            if mods & Qt.KeyboardModifier.ControlModifier:
+                self._send_shortcut()
+                return True
+            if self.enter_sends_box.isChecked():
+                self._send_shortcut()
+                return True
+        return super().eventFilter(obj, ev)
+
+    def _escape(self) -> None:
+        """Esc stops a streaming reply (what came so far is kept); otherwise it takes you back to the message box."""
+        if self.busy_chat:
+            self.stop()
+            self.chat_message.setText("Stopping the reply (Esc)…")
+        else:
+            self.input.setFocus(Qt.FocusReason.ShortcutFocusReason)
+
+    def _enter_mode_changed(self) -> None:
+        enter = self.enter_sends_box.isChecked()
+        self.input.setPlaceholderText("Ask something… (Enter sends · Shift+Enter new line)" if enter else
+                                      "Ask something… (Ctrl+Enter sends · Enter new line)")
+        self.save_chat_settings()
+
+    # -- a narrow window (1280x720 at 150 %): the side panels fold away behind two buttons -------------
+    COMPACT_BELOW = 900
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        compact = self.width() < self.COMPACT_BELOW
+        if compact != self.compact:
+            self._set_compact(compact)
+
+    def _set_compact(self, compact: bool) -> None:
+        self.compact = compact
+        for toggle, panel in ((self.convs_toggle, self.convs_panel), (self.side_toggle, self.side_panel)):
+            toggle.setVisible(compact)
+            toggle.blockSignals(True)
+            toggle.setChecked(False)
+            toggle.blockSignals(False)
+            panel.setVisible(not compact)
+        self.convs_panel.setMinimumWidth(120 if compact else 150)
+        self.side_panel.setMinimumWidth(200 if compact else 220)
+
+    def _show_panel(self, panel: QWidget, on: bool) -> None:
+        panel.setVisible(on or not self.compact)
+        if on and self.compact:   # one side panel at a time on a narrow window, so the chat keeps its room
+            other, toggle = ((self.side_panel, self.side_toggle) if panel is self.convs_panel else
+                             (self.convs_panel, self.convs_toggle))
+            toggle.setChecked(False)
+            other.setVisible(False)
+
     def tab_groups(self) -> tuple[list[QWidget], list[QWidget], list[QWidget]]:
         # the message, Send and Stop first; then the chat's settings; then the conversations and the stage
-        inputs: list[QWidget] = [self.input, self.send_button, self.stop_button, self.runtime_combo,
-                                 self.template_combo, self.thinking_box, self.system_edit, self.max_tokens,
-                                 self.sampler_combo, self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin]
+        inputs: list[QWidget] = [self.input, self.send_button, self.stop_button, self.convs_toggle, self.side_toggle,
+                                 self.runtime_combo, self.template_combo, self.thinking_box, self.system_edit,
+                                 self.max_tokens, self.enter_sends_box, self.sampler_combo, self.temp_spin,
+                                 self.topk_spin, self.topp_spin, self.seed_spin]
         actions: list[QWidget] = [self.new_button, self.conv_list, self.copy_button, self.export_button,
                                   self.delete_button, self.run_button, self.rerun_button, self.override_button]
         return inputs, actions, [self.transcript, self.metrics]
@@ -461,7 +561,10 @@ class ChatPage(StagePage):
         badge = (f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED</b> — the simulator board runs the "
                  "QDQ ONNX parts on this CPU; its rates are not device results.</span>" if sim else
                  "<b>device</b>")
-        self.board_label.setText(f"Board <b>{html.escape(str(doc.get('label')))}</b> · {badge}")
+        label = str(doc.get("label"))
+        short = label if len(label) <= 48 else label[:22] + "…" + label[-22:]
+        self.board_label.setText(f"Board <b>{html.escape(short)}</b> · {badge}")
+        self.board_label.setToolTip(label)
         self.send_button.setEnabled(not self.busy_chat)
         self.transcript.set_placeholder("Ask something: the reply streams in here, with its token rate and "
                                         "KPIs.")
@@ -496,18 +599,47 @@ class ChatPage(StagePage):
         self.conversation.chat_format, self.conversation.thinking = self._show_template(t)
         self.conversation.system = self.system_edit.text()
         self.conversation.max_reply_tokens = self.max_tokens.value()
-        if m is not None and self.session is None:
+        cl = self.context_length()
+        if cl is not None:   # every conversation, new ones too: the model's context, never the 4,096 default
+            self.conversation.context_length = cl
+        model_dir = self.model_dir()
+        if m is not None and self.session is None and model_dir is not None and (model_dir / "model.json").is_file():
+            try:
+                md = json.loads((model_dir / "model.json").read_text())
+            except (OSError, ValueError):
+                md = {}
+            self.conversation.count_tokens = self._counter(model_dir / str(md.get("hf_dir", "hf")))
+
+    def context_length(self) -> int | None:
+        """The bundle's context length: what the model was compiled for (the Compile stage's bundle), else what
+        Quantize and the model resolved, else the run's setting."""
+        m = self.c.manifest
+        if m is None:
+            return None
+        if self._context_length[0] == m.run_dir and self._context_length[1] is not None:
+            return self._context_length[1]
+        cl: Any = None
+        bundle = m.run_dir / "artifacts" / "compile" / "bundle" / "bundle.json"
+        for doc_path, keys in ((bundle, ("context_length",)),
+                               (m.run_dir / "artifacts" / "model" / "model.json", ("resolved", "context_length"))):
+            try:
+                doc: Any = json.loads(doc_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            for k in keys:
+                doc = doc.get(k) if isinstance(doc, dict) else None
+            if isinstance(doc, int) and doc > 0:
+                cl = doc
+                break
+        if cl is None:
             cl = m.stage("quantize").metric_value("context_length") or m.settings.get("context_length")
-            model_dir = self.model_dir()
-            if model_dir is not None and (model_dir / "model.json").is_file():
-                try:
-                    md = json.loads((model_dir / "model.json").read_text())
-                except (OSError, ValueError):
-                    md = {}
-                cl = (md.get("resolved") or {}).get("context_length", cl)
-                self.conversation.count_tokens = self._counter(model_dir / str(md.get("hf_dir", "hf")))
-            if isinstance(cl, int):
-                self.conversation.context_length = cl
+        if cl in (None, "auto"):   # not resolved yet (no Model stage): the "auto" rule's figure
+            from workers.shared.run_settings import AUTO_CONTEXT_LENGTH
+
+            cl = AUTO_CONTEXT_LENGTH["builtin" if str(m.inputs.get("model") or "").startswith("builtin:") else "other"]
+        value = int(cl) if isinstance(cl, int) and cl > 0 else None
+        self._context_length = (m.run_dir, value)
+        return value
 
     def update_context_meter(self) -> None:
         conv = self.conversation
@@ -518,24 +650,36 @@ class ChatPage(StagePage):
             self.context_meter.setFormat("no run open")
             self.context_label.setText("")
             return
+        total = max(int(conv.context_length), 1)
+        reply = self.max_tokens.value()
         try:
             self._conversation_settings()
-            used = conv.count_tokens(conv._render(history, "")) if history else 0
+            total = max(int(conv.context_length), 1)
+            budget = max(total - reply, 1)
+            # what the next prompt is made of: as Conversation.prompt_for, the oldest turns go first when the
+            # conversation and the reply's room no longer fit
+            kept = list(history)
+            used = conv.count_tokens(conv._render(kept, "")) if kept else 0
+            while kept and used > budget:
+                kept = kept[1:]
+                used = conv.count_tokens(conv._render(kept, "")) if kept else 0
         except Exception as exc:   # a broken chat template: say so, never break the page
             self.context_meter.setFormat("unknown")
             self.context_label.setText(f"The prompt could not be rendered: {exc}")
             return
-        total = max(int(conv.context_length), 1)
-        reply = self.max_tokens.value()
+        dropped = len(history) - len(kept)
+        shown = min(used, total)
         self.context_meter.setRange(0, total)
-        self.context_meter.setValue(min(used, total))
-        pct = 100 * used / total
-        self.context_meter.setFormat(f"{used:,} / {total:,} tokens ({pct:.0f}%)")
-        free = total - used - reply
-        dropped = f" The oldest {conv.dropped_turns} turn(s) no longer fit and were left out." \
-            if conv.dropped_turns else ""
-        self.context_label.setText(f"{reply} kept for the reply; {max(free, 0):,} free." + (
-            " Full: the oldest turns are left out of the next prompt." if free < 0 else "") + dropped)
+        self.context_meter.setValue(shown)
+        self.context_meter.setFormat(f"{shown:,} / {total:,} tokens ({100 * shown / total:.0f}%)")
+        free = max(total - used - reply, 0)
+        text = f"{reply:,} kept for the reply; {free:,} free (the model's context: {total:,} tokens)."
+        if dropped:
+            first = kept[0].user if kept else ""
+            text = (f"<span style='color:{STATE_COLORS['stale']}'><b>Full:</b> the oldest {dropped} of "
+                    f"{len(history)} turns no longer fit and are left out of the next prompt"
+                    + (f" (it starts at “{html.escape(first[:40])}”)" if first else "") + ".</span> " + text)
+        self.context_label.setText(text)
 
     # -- the run's conversations ------------------------------------------------------------------
     def _sync_run(self) -> None:
@@ -559,6 +703,9 @@ class ChatPage(StagePage):
         self.store = ChatStore(m.run_dir) if m is not None else None
         self.record = None
         self.conversation = Conversation()
+        self._context_length = (None, None)
+        self.load_chat_settings()
+        self._applied = self._chosen()
         self.transcript.clear()
         self.history_plot.reset()
         self.kpi_label.setText("")
@@ -619,6 +766,8 @@ class ChatPage(StagePage):
             self.thinking_box.blockSignals(True)
             self.thinking_box.setChecked(bool(rec.thinking))
             self.thinking_box.blockSignals(False)
+        self._show_template()
+        self._applied = self._chosen()
         self.transcript.clear()
         self.history_plot.reset()
         last_kpis: dict[str, Any] = {}
@@ -627,7 +776,12 @@ class ChatPage(StagePage):
             b = self.transcript.add("assistant", "", on_regenerate=self.regenerate)
             b.set_text(t.reply + ("" if t.state == "complete" else
                                   "\n\n*(stopped)*" if t.state == "aborted" else
+                                  "\n\n*(interrupted: the studio stopped during this reply)*"
+                                  if t.state in ("pending", "streaming") else
                                   f"\n\n*(failed: {t.error or t.state})*"))
+            if t.versions:
+                b.set_versions(t.versions, t.version, navigable=t is rec.turns[-1])
+                b.versionChosen.connect(self._version_chosen)
             if t.kpis:
                 b.set_kpis(kpi_line(t.kpis))
                 last_kpis = t.kpis
@@ -697,6 +851,7 @@ class ChatPage(StagePage):
         if not user or self.board_doc() is None or self.busy_chat:
             return None
         self.busy_chat = True
+        self.save_chat_settings()   # what this message is sent with is what the run keeps
         self.send_button.setEnabled(False)
         self.stop_button.setEnabled(True)
         self.conv_list.setEnabled(False)
@@ -709,14 +864,20 @@ class ChatPage(StagePage):
         if self.record is None and self.store is not None:
             self.record = self.store.new(template=self.template_combo.currentText(), system=self.system_edit.text())
         rec_turn = ChatTurn(user=user, t=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        self._rec_turn: ChatTurn | None = rec_turn
         if self.record is not None:
             self.record.turns.append(rec_turn)
             self._save_record()
             self.reload_conversations()
         self.transcript.add("user", user)
+        for b in self.transcript.bubbles:   # earlier replies' versions are fixed once the chat goes on
+            if b.versions:
+                b.set_versions(b.versions, b.version, navigable=False)
         bubble = self.transcript.add("assistant", "", on_regenerate=self.regenerate)
+        bubble.versionChosen.connect(self._version_chosen)
         bubble.set_text("", streaming=True)
         self._reply_bubble = bubble
+        prior, self._prior_versions = self._prior_versions, None
         self.input.setFocus()
         turn: Turn | None = None
         try:
@@ -749,6 +910,8 @@ class ChatPage(StagePage):
                     self.history_plot.add_reply(float(res.kpis.gen_tok_s))
             if self.record is not None:
                 self.record.source = "simulated" if res.simulated else "device"
+            if res.state == "aborted":
+                self.chat_message.setText("Reply stopped; what came so far is kept.")
             if res.note:
                 self.chat_message.setText(html.escape(res.note))
             if res.error and res.state == "failed":
@@ -767,8 +930,14 @@ class ChatPage(StagePage):
         finally:
             self.busy_chat = False
             self._reply_bubble = None
-            if rec_turn.state == "pending":
+            if rec_turn.state in ("pending", "streaming"):
                 rec_turn.state = "failed"
+            self._rec_turn = None
+            if prior:
+                versions = [*prior, {"reply": rec_turn.reply, "kpis": dict(rec_turn.kpis), "state": rec_turn.state,
+                                     "kpi_line": kpi_line(rec_turn.kpis) if rec_turn.kpis else ""}]
+                bubble.set_versions(versions, len(versions) - 1)
+                rec_turn.versions, rec_turn.version = versions, len(versions) - 1
             self.send_button.setEnabled(self.board_doc() is not None)
             self.stop_button.setEnabled(False)
             self.conv_list.setEnabled(True)
@@ -787,11 +956,35 @@ class ChatPage(StagePage):
             self.chat_message.setText("Only the last reply can be generated again.")
             return
         last = self.conversation.turns.pop()
+        old_bubble = self.transcript.bubbles[-1]
+        # the earlier replies are kept: the new one becomes version n+1 (‹ n+1/n+1 ›)
+        prior = [dict(v) for v in old_bubble.versions] or [
+            {"reply": last.reply, "kpis": dict(last.kpis), "state": last.state,
+             "kpi_line": kpi_line(last.kpis) if last.kpis else ""}]
         if self.record is not None and self.record.turns:
             self.record.turns.pop()
         self.transcript.remove_last()
         self.transcript.remove_last()
+        self._prior_versions = prior
         self._regen = asyncio.ensure_future(self._regenerate(last.user))
+
+    def _version_chosen(self, index: int) -> None:
+        """‹ › on the last reply: that version becomes the reply the conversation continues from."""
+        bubble = self.sender()
+        if (self.busy_chat or not isinstance(bubble, MessageBubble) or not self.transcript.bubbles
+                or bubble is not self.transcript.bubbles[-1] or not self.conversation.turns):
+            return
+        v = bubble.versions[index]
+        turn = self.conversation.turns[-1]
+        turn.reply, turn.kpis, turn.state = str(v.get("reply") or ""), dict(v.get("kpis") or {}), \
+            str(v.get("state") or "complete")
+        if self.record is not None and self.record.turns:
+            rt = self.record.turns[-1]
+            rt.reply, rt.kpis, rt.state, rt.version = turn.reply, dict(turn.kpis), turn.state, index
+            self._save_record()
+        # the loaded dialog's KV cache holds the other reply: the next message loads the conversation again
+        self._closing = asyncio.ensure_future(self.close_session())
+        self.update_context_meter()
 
     async def _regenerate(self, user: str) -> Turn | None:
         await self.close_session()   # the loaded dialog's KV cache still holds the old reply
@@ -800,9 +993,15 @@ class ChatPage(StagePage):
     def show_chunk(self, t: float, text: str, tokens: int | None = None) -> None:
         """A piece of the reply arrived `t` seconds after the prompt was sent, holding `tokens` tokens (from the
         runner, or counted with the bundle's tokenizer). Unknown: the plot counts chunks and says so."""
+        first = not self.streamed
         self.streamed += text
         if self._reply_bubble is not None:
             self.transcript.stream(self._reply_bubble, self.streamed)
+        rec_turn = getattr(self, "_rec_turn", None)
+        if first and rec_turn is not None and self.busy_chat:
+            # the reply has started: kept in the run at once (a crash mid-reply still leaves its start), once
+            rec_turn.reply, rec_turn.state = self.streamed, "streaming"
+            self._save_record()
         unit = "tokens/s" if tokens is not None else "chunks/s (token count unknown)"
         if getattr(self, "_rate_unit", "tokens/s") != unit:
             self._rate_unit = unit
@@ -822,14 +1021,114 @@ class ChatPage(StagePage):
         if self._stop is not None:
             self._stop.set()
 
+    def _chosen(self) -> tuple[str, str, bool | None]:
+        """The template, system prompt and thinking switch as the controls show them now."""
+        thinking = self.thinking_box.isChecked() if self.thinking_box.isEnabled() else None
+        return self.template_combo.currentText(), self.system_edit.text().strip(), thinking
+
+    def _show_chosen(self, chosen: tuple[str, str, bool | None]) -> None:
+        template, system, thinking = chosen
+        for w in (self.template_combo, self.system_edit, self.thinking_box):
+            w.blockSignals(True)
+        if self.template_combo.findText(template) >= 0:
+            self.template_combo.setCurrentText(template)
+        self.system_edit.setText(system)
+        if thinking is not None:
+            self.thinking_box.setChecked(thinking)
+        for w in (self.template_combo, self.system_edit, self.thinking_box):
+            w.blockSignals(False)
+        self._show_template()
+
     def _settings_changed(self) -> None:
-        if self.busy_chat:
+        """The template, system prompt or thinking switch was edited. Nothing happens unless the value really
+        changed (Tab through the fields changes nothing); with messages in the chat, ask before starting a
+        new one (No puts the old value back)."""
+        chosen = self._chosen()
+        if chosen == self._applied or self._asking:
+            self.update_context_meter()
             return
-        if self.session is not None or self.conversation.turns:
+        if self.busy_chat:
+            self._show_chosen(self._applied)
+            self.chat_message.setText("Wait for the reply to end (or stop it with Esc) before changing the "
+                                      "template or system prompt.")
+            return
+        if self.conversation.turns:
+            self._asking = True
+            try:
+                box = QMessageBox(QMessageBox.Icon.Question, "Start a new chat?",
+                                  "The template or system prompt changed. The model reads the conversation with "
+                                  "them, so a new chat starts with the new ones.\n\nThis conversation stays in the "
+                                  "list.", QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, self)
+                box.setObjectName("new_chat_question")
+                box.button(QMessageBox.StandardButton.Yes).setText("New chat")
+                box.button(QMessageBox.StandardButton.No).setText("Keep this chat")
+                box.setDefaultButton(QMessageBox.StandardButton.No)
+                answer = box.exec()
+            finally:
+                self._asking = False
+            if answer != QMessageBox.StandardButton.Yes:
+                self._show_chosen(self._applied)
+                self.chat_message.setText("Kept this chat and its template and system prompt.")
+                return
             self.new_chat()
-            self.chat_message.setText("The template or system prompt changed: a new chat starts (the last one is "
+            self.chat_message.setText("The template or system prompt changed: a new chat started (the last one is "
                                       "kept in the list).")
+        elif self.session is not None:   # no messages yet: the model loads again with them at the next send
+            self._closing = asyncio.ensure_future(self.close_session())
+        self._applied = self._chosen()
+        self.save_chat_settings()
         self.update_context_meter()
+
+    # -- settings kept per run (<run>/chats/settings.json) ----------------------------------------------
+    def chat_settings(self) -> dict[str, Any]:
+        template, system, thinking = self._chosen()
+        return {"runtime": self.runtime(), "template": template, "thinking": thinking, "system": system,
+                "max_tokens": self.max_tokens.value(), "sampler_preset": self.sampler_preset(),
+                "sampler": self.sampler_settings(), "enter_sends": self.enter_sends_box.isChecked()}
+
+    def save_chat_settings(self) -> None:
+        if getattr(self, "_loading_settings", False) or getattr(self, "store", None) is None:
+            return
+        assert self.store is not None
+        try:
+            self.store.save_settings(self.chat_settings())
+        except OSError:   # a read-only run folder: the settings still apply to this session
+            pass
+
+    def load_chat_settings(self) -> None:
+        values = self.store.load_settings() if self.store is not None else {}
+        if not values:
+            return
+        self._loading_settings = True
+        widgets = (self.runtime_combo, self.template_combo, self.system_edit, self.thinking_box, self.max_tokens,
+                   self.sampler_combo, self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin,
+                   self.enter_sends_box)
+        for w in widgets:
+            w.blockSignals(True)
+        try:
+            i = self.runtime_combo.findData(values.get("runtime"))
+            if i >= 0:
+                self.runtime_combo.setCurrentIndex(i)
+            if isinstance(values.get("max_tokens"), int):
+                self.max_tokens.setValue(int(values["max_tokens"]))
+            preset = values.get("sampler_preset")
+            if preset in SAMPLER_PRESETS:
+                self._apply_preset(str(preset))
+                sampler = values.get("sampler")
+                if preset == "custom" and isinstance(sampler, dict):
+                    self.temp_spin.setValue(float(sampler.get("temp", self.temp_spin.value())))
+                    self.topk_spin.setValue(int(sampler.get("top-k", self.topk_spin.value())))
+                    self.topp_spin.setValue(float(sampler.get("top-p", self.topp_spin.value())))
+                    self.seed_spin.setValue(int(sampler.get("seed", self.seed_spin.value())))
+            if isinstance(values.get("enter_sends"), bool):
+                self.enter_sends_box.setChecked(bool(values["enter_sends"]))
+            self._show_chosen((str(values.get("template") or "auto"), str(values.get("system") or ""),
+                               values.get("thinking") if isinstance(values.get("thinking"), bool) else None))
+        finally:
+            for w in widgets:
+                w.blockSignals(False)
+            self._loading_settings = False
+        self._enter_mode_changed()
 
     def new_chat(self) -> None:
         if self.busy_chat:
@@ -837,6 +1136,7 @@ class ChatPage(StagePage):
         self._closing = asyncio.ensure_future(self.close_session())
         self.conversation = Conversation()
         self.record = None
+        self._applied = self._chosen()
         self.transcript.clear()
         self.kpi_label.setText("")
         self.chat_message.setText("")
@@ -856,6 +1156,9 @@ class ChatPage(StagePage):
 
     def copy_conversation(self) -> None:
         QGuiApplication.clipboard().setText(self.conversation.as_markdown())
+        flash(self.copy_button)
+        n = len(self.conversation.turns)
+        self.chat_message.setText(f"Copied the conversation ({n} {'reply' if n == 1 else 'replies'}) as Markdown.")
 
     def export_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export the conversation", "conversation.md",
