@@ -51,7 +51,15 @@ def qualcomm_checks(bundle_dir: Path, timeout: float = QUALCOMM_CHECK_TIMEOUT_S)
     return doc, None
 
 
+# findings after which no file of the bundle is handed to a Qualcomm library (a path out of the bundle, a FIFO,
+# an unreadable config)
+BLOCKING = {"unsafe_path", "config_missing"}
+
+
 def check(bundle_dir: Path, board_facts: dict[str, Any] | None = None, *, qualcomm: bool = True) -> list[Finding]:
-    real, problem = qualcomm_checks(bundle_dir) if qualcomm else (None, None)
-    findings = check_bundle(bundle_dir, board_facts, real)
+    light = check_bundle(bundle_dir, board_facts)
+    if not qualcomm or any(f.code in BLOCKING for f in light):
+        return light
+    real, problem = qualcomm_checks(bundle_dir)
+    findings = check_bundle(bundle_dir, board_facts, real) if real is not None else light
     return [problem, *findings] if problem is not None else findings

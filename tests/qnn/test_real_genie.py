@@ -1,0 +1,99 @@
+"""Qualcomm's libGenie 1.21 on the x86 HTP simulator answers from the built-in model's locally compiled bundle,
+through the same helper and protocol as a real board, and computes what the host's HTP simulation computes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.qnn.conftest import needs_qnn
+
+pytestmark = [needs_qnn, pytest.mark.slow]
+
+
+def _remote_bundle(local_run: Path) -> str:
+    return str(json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
+
+
+def test_chat_session_runs_real_genie_on_the_htp_simulator(local_run: Path) -> None:
+    from app.core.device.board import sim_board
+    from app.core.genie.session import ChatSession
+
+    board = sim_board(local_run.parent.parent)
+
+    async def go() -> tuple[object, ChatSession]:
+        s = ChatSession(board, _remote_bundle(local_run), mode="persistent", max_tokens=6, sampler="deterministic")
+        async with s:
+            r = await s.send("The capital of France is")
+            return r, s
+
+    r, s = asyncio.run(go())
+    assert s.runtime.key == "genie-htp-sim" and s.mode == "persistent"
+    assert s.simulated and "HTP simulator" in str(s.runtime_version) and "1.21" in str(s.runtime_version)
+    assert r.text.strip() and r.state == "complete"       # type: ignore[attr-defined]
+    assert r.kpis is not None and r.kpis.source == "simulated"   # type: ignore[attr-defined]
+    assert r.kpis.origin == "profile"                     # type: ignore[attr-defined]  # Genie's own profile
+
+
+def test_greedy_real_genie_equals_the_host_htp_simulation(local_run: Path) -> None:
+    """The board's Genie and the host's HTP leg run the same arithmetic: token for token."""
+    from tokenizers import Tokenizer
+
+    from workers.arloop import DeploymentPair
+    from workers.evaluate import htp_pair_args
+
+    art = local_run / "artifacts"
+
+    class Spec:
+        def upstream_dir(self, n: str) -> Path:
+            return art / n
+
+    q = json.loads((art / "quantize" / "quantize.json").read_text())
+    pair = DeploymentPair.from_graphs(q["graphs"], art / "quantize", positional_encoding=q["positional_encoding"],
+                                      variant="sim", context_length=int(q["context_length"]), ar_n=int(q["ar_n"]),
+                                      **htp_pair_args(Spec(), q))   # type: ignore[arg-type]
+    bundle = art / "compile" / "bundle"
+    tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    cfg = json.loads((bundle / "genie_config.json").read_text())
+    bos = int(cfg["dialog"]["context"]["bos-token"])
+    prompt = "Tell me about the workshop."
+    ids = ([bos] if bos >= 0 else []) + tok.encode(prompt, add_special_tokens=False).ids
+    host = pair.generate(ids, 8)
+    helper = subprocess.run(
+        [sys.executable, "-m", "workers.genie_sim.t2t", "-c", "genie_config.json", "-p", prompt, "--max-tokens", "8"],
+        cwd=_remote_bundle(local_run), capture_output=True, text=True, timeout=300)
+    assert helper.returncode == 0, helper.stderr[-2000:]
+    assert "Qualcomm's libGenie on the HTP simulator" in helper.stdout    # the real driver, labeled simulated
+    reply = helper.stdout.split("[BEGIN]: ", 1)[1].rsplit("[END]", 1)[0]
+    assert tok.encode(reply, add_special_tokens=False).ids == host[: len(tok.encode(reply, add_special_tokens=False).ids)]
+    assert tok.decode(host) == reply
+
+
+def test_the_helper_protocol_stop_sequences_and_genies_log(local_run: Path) -> None:
+    from workers.qnn.libs import find_qnn_libs, x86_engine_overrides
+
+    libs = find_qnn_libs()
+    assert libs is not None
+    msgs = [{"op": "query", "id": 1, "prompt": "The capital of France is", "max_tokens": 8, "stop": ["."]},
+            {"op": "quit"}]
+    p = subprocess.run([sys.executable, "-m", "workers.board.genie_session", "--config", "genie_config.json",
+                        "--lib", str(libs.genie), "--log-level", "warn",
+                        "--engine", json.dumps(x86_engine_overrides(2))],
+                       input="".join(json.dumps(m) + "\n" for m in msgs), cwd=_remote_bundle(local_run),
+                       capture_output=True, text=True, timeout=300, env=libs.env())
+    events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    ready = next(e for e in events if e["event"] == "ready")
+    assert ready["simulated"] is True and ready["genie_version"] == "1.21.0" and "HTP simulator" in ready["runner"]
+    text = "".join(e["text"] for e in events if e["event"] == "text")
+    end = next(e for e in events if e["event"] == "end")
+    # Genie ends the reply at the stop sequence and does not emit the sequence itself (unconstrained, the reply runs
+    # on: " Paris.\n\nThe sky ...")
+    assert end["state"] == "complete" and text == " Paris"
+    assert sum(1 for e in events if e["event"] == "text") < 8
+    assert any(e["event"] == "log" for e in events)                  # Genie's own lines, through GenieLog
+    assert end["profile"]["components"][0]["events"]                 # GenieProfile's JSON
