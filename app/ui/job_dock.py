@@ -47,8 +47,10 @@ class JobDock(QDockWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Job", parent)
         self.setObjectName("job_dock")
+        # closable: View → Job (Ctrl+J) hides and shows it; it can also be dragged down to its first line
         self.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
-                         | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+                         | QDockWidget.DockWidgetFeature.DockWidgetFloatable
+                         | QDockWidget.DockWidgetFeature.DockWidgetClosable)
         body = QWidget()
         lay = QVBoxLayout(body)
         lay.setContentsMargins(6, 4, 6, 4)
@@ -104,6 +106,10 @@ class JobDock(QDockWidget):
         split.addWidget(self.plot)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
+        # small enough for a 720-px screen at 150 %: the log and the plot shrink to nothing before the
+        # progress line does (a minimum of 0 would mean "use the size hint": 1 px overrides it)
+        for w in (self.log_view, self.plot, logbox, split):
+            w.setMinimumHeight(1)
         lay.addWidget(split, 1)
         self.setWidget(body)
 
@@ -112,6 +118,7 @@ class JobDock(QDockWidget):
         self.pending: list[tuple[str, str]] = []
         self.dropped = 0
         self.started = 0.0
+        self._ended = True
         self.fraction = 0.0
         self.message = ""
         self.stage: str | None = None
@@ -127,6 +134,7 @@ class JobDock(QDockWidget):
     def begin(self, stage: str, title: str, estimate_bytes: float | None = None) -> None:
         self.stage = stage
         self.started = time.monotonic()
+        self._ended = False
         self.fraction = 0.0
         self.message = ""
         self.stage_label.setText(f"<b>{title}</b>")
@@ -140,11 +148,19 @@ class JobDock(QDockWidget):
         self.append("info", f"── {title} ──")
 
     def end(self, ok: bool, message: str) -> None:
+        """The run the studio started has ended. Its time is the job's that began last, and only if one began
+        since the previous end: a Run Report that stops at a gate before any job starts leaves the previous
+        job's time as it was (it once became the minutes since that job began)."""
         self.cancel_button.setEnabled(False)
+        began = self.started and not self._ended
+        self._ended = True
+        if not began:
+            self.progress.setFormat(("done: " if ok else "nothing ran: ") + message[:120])
+            return
         if ok:
             self.progress.setValue(1000)
         self.progress.setFormat(("done: " if ok else "stopped: ") + message[:120])
-        self.eta_label.setText(fmt_eta(time.monotonic() - self.started) if self.started else "")
+        self.eta_label.setText(fmt_eta(time.monotonic() - self.started))
 
     # -- data ----------------------------------------------------------------------------------
     def on_event(self, stage: str, ev: dict[str, Any]) -> None:

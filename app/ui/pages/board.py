@@ -171,7 +171,7 @@ class BoardPage(StagePage):
 
     def _show_board_state(self, item: QListWidgetItem) -> None:
         name = str(item.data(256))
-        state, detail, when = self.board_states.get(name, ("not connected", "", ""))
+        state, detail, when = self.board_states.get(name) or self._stage_board_state(name)
         icon = {"connecting": "running", "ready": "done", "failed": "failed"}.get(state, "pending")
         line = {"connecting": "connecting…", "ready": f"ready ({when})", "failed": f"FAILED ({when})"}.get(
             state, "not connected yet")
@@ -182,6 +182,22 @@ class BoardPage(StagePage):
         item.setToolTip(f"{item.data(257)}\n{state}" + (f" at {when}" if when else "") + (f": {detail}" if detail
                                                                                             else ""))
         item.setForeground(QColor(STATE_COLORS["failed"]) if state == "failed" else self.boards.palette().text().color())
+
+    def _stage_board_state(self, name: str) -> tuple[str, str, str]:
+        """Before this window connects to it: what the run's Board stage found on its board, so the list agrees
+        with the stage (a passed Board stage is a ready board, not "not connected yet")."""
+        m = self.c.manifest
+        if m is None or str(m.inputs.get("board", "sim")) != name:
+            return ("not connected", "", "")
+        st = self.c.status("board")
+        ended = str(m.stage("board").data.get("ended") or "")
+        when = ended[11:19] if len(ended) >= 19 else ""
+        if st.key in ("passed", "overridden"):
+            return ("ready", "the run's Board stage connected, ran the doctor and pushed the bundle",
+                    f"Board stage {when}".strip())
+        if st.key in ("failed", "gate_failed"):
+            return ("failed", f"the run's Board stage: {st.detail}", f"Board stage {when}".strip())
+        return ("not connected", "", "")
 
     def selected_board(self) -> str:
         it = self.boards.currentItem()
@@ -495,6 +511,8 @@ class BoardPage(StagePage):
             self.log(str(ev.get("message")))
 
     def refresh_results(self) -> None:
+        for i in range(self.boards.count()):   # the list agrees with the stage as it ends
+            self._show_board_state(self.boards.item(i))
         d = self.c.stage_dir("board")
         if d is None or not (d / "board.json").is_file():
             self.doctor.clear()

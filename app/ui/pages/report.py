@@ -73,6 +73,11 @@ class ReportPage(StagePage):
             return False
         self.export_message.setText(f"Wrote {html.escape(str(out))} · <a href='{QUrl.fromLocalFile(str(out.parent)).toString()}'>"
                                     "open its folder</a>")
+        if fmt == "html" and m is self.c.manifest:   # the preview and Open in browser show what was just written
+            self.exported_html = (m.run_dir, out)
+            self.refresh_results()
+            self.export_message.setText(f"Wrote {html.escape(str(out))} (shown below) · "
+                                        f"<a href='{QUrl.fromLocalFile(str(out.parent)).toString()}'>open its folder</a>")
         return True
 
     async def export_dialog(self, fmt: str) -> None:
@@ -84,8 +89,19 @@ class ReportPage(StagePage):
         if path:
             await self.export(fmt, Path(path))
 
-    def open_in_browser(self) -> None:
+    def html_path(self) -> Path | None:
+        """The report the preview shows: the Report stage's, else the HTML last exported from this run."""
         p = self.artifact_path("report.html")
+        if p is not None:
+            return p
+        m = self.c.manifest
+        ex = getattr(self, "exported_html", None)
+        if m is not None and ex is not None and ex[0] == m.run_dir and ex[1].is_file():
+            return Path(ex[1])
+        return None
+
+    def open_in_browser(self) -> None:
+        p = self.html_path()
         if p is not None:
             QDesktopServices.openUrl(QUrl.fromLocalFile(str(p)))
 
@@ -96,7 +112,7 @@ class ReportPage(StagePage):
 
     def refresh_results(self) -> None:
         self.folder_button.setEnabled(self.c.stage_dir("report") is not None)
-        p = self.artifact_path("report.html")
+        p = self.html_path()
         for b in self.export_buttons.values():
             b.setEnabled(self.c.manifest is not None)
         self.open_button.setEnabled(p is not None)

@@ -85,9 +85,34 @@ def device_row(r: dict[str, Any]) -> list[str]:
             "yes" if r.get("supported") else f"no — {r.get('reason') or ''}".rstrip(" —")]
 
 
+# what each preflight check is called on the page (its id, in the tooltip, is what the CLI and JSON use)
+CHECK_TITLES = {
+    "memory": "Memory (RAM + swap)", "wsl": "WSL memory limit", "python": "Python version",
+    "onnxruntime_conflict": "onnxruntime package", "libpython": "libpython (shared)", "aimet": "AIMET installed",
+    "aimet_smoke": "AIMET smoke test", "aimet_build": "AIMET build", "disk_workspace": "Disk: workspace",
+    "disk_hf_cache": "Disk: Hugging Face cache", "workspace_location": "Workspace location", "gpu": "GPU",
+    "known_bad_stack": "Known-bad package combination", "recipe_validated": "Validated recipe pins",
+}
+
+
+def check_title(check_id: str) -> str:
+    return CHECK_TITLES.get(check_id) or check_id.replace("_", " ").capitalize()
+
+
 def _measure(v: Any, check_id: str) -> str:
+    """A measured or required value as a person reads it: sizes in GiB, a record as "key value · key value"
+    (never a Python dict), a list joined."""
     if isinstance(v, (int, float)) and not isinstance(v, bool) and (check_id.startswith(("memory", "disk"))):
         return human_bytes(v)
+    if isinstance(v, dict):
+        parts = []
+        for k, x in v.items():
+            name = str(k).removesuffix("_bytes").replace("_", " ")
+            value = human_bytes(x) if str(k).endswith("_bytes") and isinstance(x, (int, float)) else _measure(x, "")
+            parts.append(f"{name} {value}")
+        return " · ".join(parts)
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_measure(x, check_id) for x in v)
     return fmt_value(v)
 
 
@@ -160,18 +185,20 @@ class PreflightPage(StagePage):
         checks: list[dict[str, Any]] = list(doc.get("checks") or []) if doc else []
         self.checks.setRowCount(len(checks))
         for r, c in enumerate(checks):
-            cells = [c["id"], c["status"], _measure(c.get("measured"), c["id"]), _measure(c.get("required"), c["id"]),
-                     str(c.get("message") or ""), "Fix available" if c.get("fix") else ""]
+            cells = [check_title(c["id"]), c["status"], _measure(c.get("measured"), c["id"]),
+                     _measure(c.get("required"), c["id"]), str(c.get("message") or ""),
+                     "Fix available" if c.get("fix") else ""]
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setToolTip(str(c.get("fix") or text) if col == 5 else text)
+                item.setToolTip(str(c.get("fix") or text) if col == 5 else
+                                f"{text}\n(check id: {c['id']})" if col == 0 else text)
                 if col == 1:
                     from PySide6.QtGui import QColor
 
                     item.setForeground(QColor(STATUS_COLORS.get(c["status"], "#8a8f98")))
                 self.checks.setItem(r, col, item)
             if c.get("fix") and c["status"] in ("warn", "fail"):
-                b = QPushButton(f"Fix {c['id']}…")
+                b = QPushButton(f"Fix: {check_title(c['id'])}…")
                 b.setObjectName(f"fix_{c['id']}")
                 b.clicked.connect(lambda _=False, cc=c: self.show_fix(cc))
                 self.fix_row.addWidget(b)

@@ -1,0 +1,115 @@
+"""Issue 32, "Elsewhere": the job dock can be hidden and made small, and a Run Report that stops at a gate
+does not rewrite the last job's time; Preflight shows no Python dicts or snake_case check names; the Board
+page's list agrees with the Board stage; Export HTML fills the preview and enables Open in browser."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.gui.conftest import wait_until
+from tests.support.gate_runs import finish_stage, gate_failed_run
+
+
+def _window(ws: Path, qtbot: Any) -> Any:
+    from app.core.runs import Workspace
+    from app.ui.controller import RunController
+    from app.ui.main_window import MainWindow
+
+    c = RunController(Workspace(ws))
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    w.resize(1280, 720)
+    return c, w
+
+
+def test_job_dock_hides_shrinks_and_keeps_its_time(qtbot: Any, tmp_path: Path,
+                                                   gui_loop: asyncio.AbstractEventLoop) -> None:
+    from PySide6.QtCore import Qt
+
+    ws = tmp_path / "ws"
+    m = gate_failed_run(ws, "evaluate")
+    c, w = _window(ws, qtbot)
+    c.open_run(m.run_id)
+    w.show()
+    qtbot.waitUntil(lambda: w.dock.isVisible(), timeout=3000)
+    qtbot.waitUntil(lambda: w.dock.height() <= w.height() // 4 + 2, timeout=3000)   # a quarter at most
+    action = next(a for a in w.findChildren(type(w.dock.toggleViewAction())) if a.objectName() == "view_job")
+    assert action.isEnabled() and action.shortcut().toString() == "Ctrl+J"
+    action.trigger()
+    assert not w.dock.isVisible()
+    action.trigger()
+    assert w.dock.isVisible()
+    assert w.dock.minimumSizeHint().height() < 110, w.dock.minimumSizeHint()
+    w.resizeDocks([w.dock], [70], Qt.Orientation.Vertical)
+    qtbot.waitUntil(lambda: w.dock.height() < 110, timeout=3000)
+    # a job's time stays its own when a later Run Report stops at a gate before any job starts
+    w.dock.begin("quantize", "Quantize")
+    w.dock.end(True, "completed")
+    took = w.dock.eta_label.text()
+    w.dock.started -= 300          # as if five minutes passed
+
+    async def run_report() -> None:
+        w.pages["report"].run_button.click()
+        await wait_until(lambda: not c.busy and c.last_result is not None, 60, "Run Report to end")
+    gui_loop.run_until_complete(run_report())
+    assert w.dock.eta_label.text() == took and "nothing ran" in w.dock.progress.format()
+
+
+def test_preflight_shows_titles_and_readable_values(qtbot: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    m = gate_failed_run(ws, "preflight")
+    (m.run_dir / "artifacts" / "preflight" / "preflight.json").write_text(json.dumps({"checks": [
+        {"id": "wsl", "status": "warn", "measured": {"mem_total_bytes": 16 * 1024 ** 3, "wsl_version": 2},
+         "required": 32 * 1024 ** 3, "message": "WSL has 16 GiB.", "fix": "wslconfig:memory=40GB,swap=20GB"},
+        {"id": "python", "status": "ok", "measured": "3.11.7", "required": "3.10–3.12", "message": "ok",
+         "fix": None},
+        {"id": "disk_hf_cache", "status": "fail", "measured": 5 * 1024 ** 3, "required": 20 * 1024 ** 3,
+         "message": "Not enough disk.", "fix": None}]}))
+    c, w = _window(ws, qtbot)
+    c.open_run(m.run_id)
+    page = w.pages["preflight"]
+    page.refresh()
+    t = page.checks
+    cells = [[t.item(r, col).text() for col in range(t.columnCount())] for r in range(t.rowCount())]
+    assert [row[0] for row in cells] == ["WSL memory limit", "Python version", "Disk: Hugging Face cache"]
+    text = " ".join(" ".join(row) for row in cells)
+    assert "{" not in text and "'" not in text and "_" not in text, text
+    assert cells[0][2] == "mem total 16.0 GiB · wsl version 2", cells[0][2]
+    assert "check id: wsl" in t.item(0, 0).toolTip()
+    assert [b.text() for b in page._fix_buttons] == ["Fix: WSL memory limit…"]
+
+
+def test_board_list_agrees_with_the_board_stage(qtbot: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    m = gate_failed_run(ws, "evaluate")      # its Board stage passed
+    c, w = _window(ws, qtbot)
+    c.open_run(m.run_id)
+    page = w.pages["board"]
+    page.refresh()
+    item = page.board_item("sim")
+    assert item is not None and "ready (Board stage" in item.text() and "not connected" not in item.text()
+    fresh = c.new_run("builtin:tiny-llama")
+    assert fresh is c.manifest
+    page.reload_boards()
+    assert "not connected yet" in page.board_item("sim").text()
+
+
+def test_export_html_fills_the_preview_and_open_in_browser(qtbot: Any, tmp_path: Path,
+                                                           gui_loop: asyncio.AbstractEventLoop) -> None:
+    ws = tmp_path / "ws"
+    m = gate_failed_run(ws, "evaluate")
+    finish_stage(m, "evaluate", {"parity_matched": 256, "parity_total": 256})
+    c, w = _window(ws, qtbot)
+    c.open_run(m.run_id)
+    page = w.pages["report"]
+    page.refresh()
+    assert not page.open_button.isEnabled() and "Run the Report stage" in page.preview.toPlainText()
+    out = tmp_path / "exported" / "report.html"
+    out.parent.mkdir()
+    ok = gui_loop.run_until_complete(page.export("html", out))
+    assert ok, page.export_message.text()
+    assert page.open_button.isEnabled() and "HexStudio run report" in page.preview.toPlainText()
+    assert "shown below" in page.export_message.text() and page.html_path() == out
