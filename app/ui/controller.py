@@ -144,8 +144,9 @@ class RunController(QObject):
         m = self.manifest
         if m is None or self.busy or m.settings.get(key) == value:
             return False
+        old = m.settings.get(key)
         m.settings[key] = value
-        m.add_event("setting_changed", f"{key} = {value!r}", key=key)
+        m.add_event("setting_changed", f"{key}: {old!r} → {value!r}", key=key, old=old, new=value)
         m.save()
         self.settingsChanged.emit()
         return True

@@ -113,3 +113,54 @@ def test_export_html_fills_the_preview_and_open_in_browser(qtbot: Any, tmp_path:
     assert ok, page.export_message.text()
     assert page.open_button.isEnabled() and "HexStudio run report" in page.preview.toPlainText()
     assert "shown below" in page.export_message.text() and page.html_path() == out
+
+
+def test_model_page_shows_the_open_runs_settings(qtbot: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    m = gate_failed_run(ws, "evaluate")
+    c, w = _window(ws, qtbot)
+    c.open_run(m.run_id)
+    page = w.pages["model"]
+    page.refresh()
+    assert page.calib_spin.value() == m.settings["calibration_samples"]
+    c.set_setting("calibration_samples", 11)     # as the Quantize page does
+    w.refresh()
+    assert page.calib_spin.value() == 11 and m.run_id in page.calib_spin.toolTip()
+
+
+def test_history_shows_the_old_value(qtbot: Any, tmp_path: Path) -> None:
+    from app.ui.main_window import HistoryDialog
+
+    ws = tmp_path / "ws"
+    m = gate_failed_run(ws, "evaluate")
+    c, w = _window(ws, qtbot)
+    c.open_run(m.run_id)
+    before = m.settings["calibration_samples"]
+    c.set_setting("calibration_samples", 11)
+    ev = c.manifest.data["events"][-1]
+    assert ev["old"] == before and ev["new"] == 11 and f"calibration_samples: {before} → 11" == ev["message"]
+    d = HistoryDialog(c, w)
+    qtbot.addWidget(d)
+    texts = [d.table.item(r, 2).text() for r in range(d.table.rowCount())]
+    assert f"calibration_samples: {before} → 11" in texts
+
+
+def test_evaluate_chart_has_a_legend(qtbot: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    m = gate_failed_run(ws, "evaluate")
+    titles = {"float": "host float", "sim": "host quantized (sim)", "board": "board"}
+    (m.run_dir / "artifacts" / "evaluate" / "evaluate.json").write_text(json.dumps({
+        "simulated": True, "prompt_format": "chat", "tool_format": "json", "legs": list(titles),
+        "leg_titles": titles, "suites": [
+            {"suite": "instruction", "title": "Instruction following", "scorer": "rules", "cases": 8,
+             "legs": {leg: {"value": v, "text": f"{v:.0%}"} for leg, v in (("float", 0.75), ("sim", 0.5),
+                                                                             ("board", 0.5))},
+             "drops": {"float->sim": 0.25, "sim->board": 0.0}}]}))
+    c, w = _window(ws, qtbot)
+    c.open_run(m.run_id)
+    page = w.pages["evaluate"]
+    page.refresh()
+    names = [label.text for _sample, label in page.plot_legend.items]
+    assert names == list(titles.values()), names
+    compare_names = [label.text for _sample, label in page.compare_legend.items]
+    assert compare_names and m.run_id in compare_names[0]

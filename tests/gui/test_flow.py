@@ -81,7 +81,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         await wait_until(lambda: not c.busy, timeout, f"the {name} stage")
         assert c.last_result is not None and c.last_result.ok, (c.last_result.message, c.last_result.hint)
         assert c.state(name) == "done"
-        assert "done" in page.state_label.text()
+        assert "✓ passed" in page.state_label.text()    # the one status model: a passed gate, not "done"
 
     async def scenario() -> None:
         mp = w.pages["model"]
@@ -97,8 +97,8 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         await run_page("preflight", 120)
         pf = w.pages["preflight"]
         assert pf.checks.rowCount() >= 5
-        ids = [pf.checks.item(r, 0).text() for r in range(pf.checks.rowCount())]
-        assert "memory" in ids and "gpu" in ids
+        titles = [pf.checks.item(r, 0).text() for r in range(pf.checks.rowCount())]
+        assert "Memory (RAM + swap)" in titles and "GPU" in titles      # titles, never snake_case ids
         await _shot(w, "02-preflight", tmp_path)
 
         await run_page("quantize", 300)
@@ -252,7 +252,7 @@ def test_runs_dialog_opens_and_deletes(qtbot: Any, gui_loop: asyncio.AbstractEve
     h = HistoryDialog(c, w)
     qtbot.addWidget(h)
     texts = [h.table.item(r, 2).text() for r in range(h.table.rowCount())]
-    assert any("calibration_samples = 5" in t for t in texts)
+    assert any("calibration_samples:" in t and "→ 5" in t for t in texts)   # the old value too
     c.delete_run(b.run_id)
     d.reload()
     assert d.table.rowCount() == 1 and not b.run_dir.exists()

@@ -89,6 +89,7 @@ class EvaluatePage(StagePage):
         self.plot.setMinimumHeight(190)
         self.plot.setLabel("left", "score")
         self.plot.setYRange(0, 1)
+        self.plot_legend = self.plot.addLegend(offset=(-10, 10))   # which colour is which leg
         self.results_layout.insertWidget(3, self.plot)
 
         self.compare_box = QGroupBox("Compare runs")
@@ -109,6 +110,7 @@ class EvaluatePage(StagePage):
         self.compare_plot.setMinimumHeight(190)
         self.compare_plot.setLabel("left", "board score")
         self.compare_plot.setYRange(0, 1)
+        self.compare_legend = self.compare_plot.addLegend(offset=(-10, 10))   # which colour is which run
         cl.addWidget(self.compare_plot)
         self.body.insertWidget(self.body.indexOf(self.results_box) + 1, self.compare_box)
 
@@ -172,6 +174,7 @@ class EvaluatePage(StagePage):
         self._load_suites()
         doc = self.artifact_json("evaluate.json")
         self.plot.clear()
+        self.plot_legend.clear()
         if doc is None:
             self.source_label.setText("Run the Evaluate stage to score the suites on each leg.")
             _fill(self.scores, [])
@@ -192,7 +195,7 @@ class EvaluatePage(StagePage):
 
                 rows.append([t.get("title") or t["suite"], *[(legs.get(x) or {}).get("text", "—") for x in LEGS],
                              d("float->sim"), d("sim->board")])
-                worse = [None, None, None, None,
+                worse = [None] * (1 + len(LEGS)) + [   # one per leg (LEGS grew an htp leg), then the drops
                          STATE_COLORS["failed"] if (drops.get("float->sim") or 0) > 0.05 else None,
                          STATE_COLORS["failed"] if (drops.get("sim->board") or 0) > 0.05 else None]
                 colors.append(worse)
@@ -203,11 +206,13 @@ class EvaluatePage(StagePage):
                 for i, t in enumerate(acc):
                     v = (t.get("legs") or {}).get(leg)
                     if v and v.get("value") is not None:
-                        xs.append(i + (li - 1) * 0.27)
+                        xs.append(i + (li - (len(LEGS) - 1) / 2) * 0.8 / len(LEGS))
                         hs.append(float(v["value"]))
                 if xs:
-                    self.plot.addItem(pg.BarGraphItem(x=xs, height=hs, width=0.25, brush=BAR_COLORS[li],
-                                                      name=leg))
+                    titles = doc.get("leg_titles") or {}
+                    self.plot.addItem(pg.BarGraphItem(x=xs, height=hs, width=0.75 / len(LEGS),
+                                                      brush=BAR_COLORS[li % len(BAR_COLORS)],
+                                                      name=str(titles.get(leg) or leg)))
             ax = self.plot.getAxis("bottom")
             ax.setTicks([[(i, t["suite"]) for i, t in enumerate(acc)]])
         self._load_runs()
@@ -239,6 +244,7 @@ class EvaluatePage(StagePage):
         ids = [self.run_list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.run_list.count())
                if self.run_list.item(i).checkState() == Qt.CheckState.Checked]
         self.compare_plot.clear()
+        self.compare_legend.clear()
         if ws is None or not ids:
             _fill(self.compare_table, [])
             return
@@ -255,6 +261,8 @@ class EvaluatePage(StagePage):
             xs = [gi + (ri - (n - 1) / 2) * 0.8 / n for gi, r in enumerate(rows) if r["values"][ri] is not None]
             hs = [float(r["values"][ri]) for r in rows if r["values"][ri] is not None]
             if xs:
+                run = c["runs"][ri]
                 self.compare_plot.addItem(pg.BarGraphItem(x=xs, height=hs, width=0.75 / n,
-                                                          brush=BAR_COLORS[ri % len(BAR_COLORS)]))
+                                                          brush=BAR_COLORS[ri % len(BAR_COLORS)],
+                                                          name=f"{run['run_id']} ({run.get('source')})"))
         self.compare_plot.getAxis("bottom").setTicks([[(i, r["suite"]) for i, r in enumerate(rows)]])

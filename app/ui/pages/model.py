@@ -190,7 +190,29 @@ class ModelPage(StagePage):
             self.inspect_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>Could not create the run: "
                                          f"{exc}</span>")
 
+    def _show_run_settings(self) -> None:
+        """The fields show the open run's own values (they once showed 8 calibration samples while the run used
+        11); New run starts from them. Set again only when the run or its values change, so an edit meant for
+        the next run is not undone by a refresh."""
+        m = self.c.manifest
+        if m is None:
+            return
+        cs, cl = m.settings.get("calibration_samples"), m.settings.get("context_length")
+        key = (m.run_dir, cs, cl, m.inputs.get("board"))
+        if key == getattr(self, "_shown_settings", None):
+            return
+        self._shown_settings = key
+        if isinstance(cs, int):
+            self.calib_spin.setValue(cs)
+        self.context_spin.setValue(cl if isinstance(cl, int) else 0)
+        i = self.board_combo.findText(str(m.inputs.get("board") or ""))
+        if i >= 0:
+            self.board_combo.setCurrentIndex(i)
+        for w in (self.calib_spin, self.context_spin, self.board_combo):
+            w.setToolTip(f"Run {m.run_id} uses this value; New run starts a run with what is shown here.")
+
     def refresh_results(self) -> None:
+        self._show_run_settings()
         self.new_run_button.setEnabled(not self.c.busy)
         doc = self.artifact_json("model.json")
         if doc is not None:
