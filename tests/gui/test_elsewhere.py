@@ -164,3 +164,26 @@ def test_evaluate_chart_has_a_legend(qtbot: Any, tmp_path: Path) -> None:
     assert names == list(titles.values()), names
     compare_names = [label.text for _sample, label in page.compare_legend.items]
     assert compare_names and m.run_id in compare_names[0]
+
+
+def test_inspect_shows_it_is_busy_and_clears_the_previous_model(qtbot: Any, tmp_path: Path,
+                                                                gui_loop: asyncio.AbstractEventLoop) -> None:
+    from tests.gui.test_pages import _config_only_8b
+
+    c, w = _window(tmp_path / "ws", qtbot)
+    page = w.pages["model"]
+    w.show()
+    page.inspect_table.set_rows([["model", "the previous one"]])
+    page.folder_radio.setChecked(True)
+    page.folder_edit.setText(str(_config_only_8b(tmp_path)))
+    seen: dict[str, Any] = {}
+
+    async def go() -> Any:
+        task = asyncio.ensure_future(page.inspect())
+        await asyncio.sleep(0)          # inspect has started reading config.json in a thread
+        seen["busy"] = page.inspect_busy.isVisible()
+        seen["rows"] = page.inspect_table.rowCount()
+        return await task
+    info = gui_loop.run_until_complete(go())
+    assert seen == {"busy": True, "rows": 0}
+    assert info is not None and not page.inspect_busy.isVisible() and page.inspect_table.rowCount() > 3

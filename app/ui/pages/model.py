@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QLineEdit,
+    QProgressBar,
     QPushButton,
     QRadioButton,
     QSpinBox,
@@ -118,6 +119,14 @@ class ModelPage(StagePage):
         self.inputs_layout.addLayout(buttons)
         self.inspect_message = note("")
         self.inputs_layout.addWidget(self.inspect_message)
+        # busy while config.json is read (offline, the Hub client retries for many seconds before its error)
+        self.inspect_busy = QProgressBar()
+        self.inspect_busy.setObjectName("inspect_busy")
+        self.inspect_busy.setRange(0, 0)
+        self.inspect_busy.setMaximumHeight(8)
+        self.inspect_busy.setTextVisible(False)
+        self.inspect_busy.setVisible(False)
+        self.inputs_layout.addWidget(self.inspect_busy)
         self.inspect_table = KeyValueTable(["", ""])
         self.inspect_table.horizontalHeader().setVisible(False)
         self.inspect_table.setMinimumHeight(200)
@@ -160,7 +169,10 @@ class ModelPage(StagePage):
             self.inspect_message.setText("Type a Hugging Face id or choose a folder first.")
             return None
         self.inspect_button.setEnabled(False)
-        self.inspect_message.setText(f"Reading config.json of {spec}…")
+        self.inspect_message.setText(f"Reading config.json of {spec}… (from the Hugging Face Hub unless it is "
+                                     "cached: offline this takes a while before it says so)")
+        self.inspect_table.set_rows([])          # never the previous model's figures under this one's name
+        self.inspect_busy.setVisible(True)
         try:
             info = await asyncio.to_thread(model_service.inspect, spec, self.context_spin.value() or None, 128, None)
         except ActionableError as exc:
@@ -169,6 +181,7 @@ class ModelPage(StagePage):
             return None
         finally:
             self.inspect_button.setEnabled(True)
+            self.inspect_busy.setVisible(False)
         ok = info.get("supported")
         self.inspect_message.setText(f"<b>{spec}</b>: " + ("supported." if ok else
                                                             f"<span style='color:{STATE_COLORS['failed']}'>"
