@@ -170,7 +170,7 @@ def test_inspect_shows_it_is_busy_and_clears_the_previous_model(qtbot: Any, tmp_
                                                                 gui_loop: asyncio.AbstractEventLoop) -> None:
     from tests.gui.test_pages import _config_only_8b
 
-    c, w = _window(tmp_path / "ws", qtbot)
+    _c, w = _window(tmp_path / "ws", qtbot)
     page = w.pages["model"]
     w.show()
     page.inspect_table.set_rows([["model", "the previous one"]])
@@ -187,3 +187,22 @@ def test_inspect_shows_it_is_busy_and_clears_the_previous_model(qtbot: Any, tmp_
     info = gui_loop.run_until_complete(go())
     assert seen == {"busy": True, "rows": 0}
     assert info is not None and not page.inspect_busy.isVisible() and page.inspect_table.rowCount() > 3
+
+
+def test_run_keeps_the_status_line_and_run_buttons_in_view(qtbot: Any, tmp_path: Path,
+                                                           gui_loop: asyncio.AbstractEventLoop) -> None:
+    c, w = _window(tmp_path / "ws", qtbot)
+    c.new_run("builtin:tiny-llama")
+    w.show()
+    w.show_stage("preflight")
+    page = w.pages["preflight"]
+    page.run_button.setFocus()
+    qtbot.waitUntil(page.run_button.hasFocus, timeout=3000)
+
+    async def go() -> None:
+        page.run_button.click()
+        await wait_until(lambda: not c.busy, 180, "the preflight stage")
+    gui_loop.run_until_complete(go())
+    bar = page.scroll_area.verticalScrollBar()
+    assert bar.value() == 0, bar.value()                 # the status line and Run are still in view
+    qtbot.waitUntil(lambda: page.run_button.hasFocus() or page.hasFocus(), timeout=3000)

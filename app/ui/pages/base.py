@@ -93,6 +93,7 @@ class StagePage(QWidget):
         super().__init__(parent)
         self.stage: Stage = get_stage(stage_name)
         self.c = controller
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)   # holds the focus while its Run button is disabled
         self.setObjectName(f"page_{stage_name}")
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
@@ -244,6 +245,13 @@ class StagePage(QWidget):
 
     # -- actions -------------------------------------------------------------------------------
     def start(self, force: bool = False) -> None:
+        # the Run button is about to be disabled: Qt would pass its focus to the next widget down the page and
+        # scroll there, taking the status line and the Run buttons out of view; the page keeps the focus instead
+        if self.run_button.hasFocus() or self.rerun_button.hasFocus():
+            self._focus_back = self.rerun_button if self.rerun_button.hasFocus() else self.run_button
+            self.setFocus(Qt.FocusReason.OtherFocusReason)
+        if self.scroll_area is not None:
+            self.scroll_area.ensureWidgetVisible(self.state_label)
         try:
             if force:
                 self.c.start(self.stage.name, only=self.stage.name, force=True)
@@ -294,6 +302,10 @@ class StagePage(QWidget):
         self.results_box.setTitle("Results — from the previous attempt; this stage is running now" if running
                                   else "Results")
         self.run_button.setEnabled(m is not None and not busy)
+        back = getattr(self, "_focus_back", None)
+        if back is not None and not busy and self.hasFocus():   # the run ended: the focus goes back to Run
+            self._focus_back = None
+            back.setFocus(Qt.FocusReason.OtherFocusReason)
         self.rerun_button.setEnabled(m is not None and not busy and state in ("done", "stale", "failed"))
         self._load_settings()
         if m is None:
