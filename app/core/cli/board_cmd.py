@@ -13,6 +13,7 @@ from typing import Any
 from app.core.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, print_json
 from app.core.device.board import Board, open_board
 from app.core.device.errors import BoardError
+from app.core.device.verify import default_remote_name
 from app.core.secrets import board_password_key, get_secret, set_secret, sudo_password_key
 from app.core.settings import Settings
 
@@ -51,8 +52,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pp.add_argument("--only", default=None, help="comma-separated check ids")
     pp.add_argument("--bundle", type=Path, default=None,
                     help="also compare this local bundle folder with its copy on the board (sha256 on the board)")
-    pp.add_argument("--as", dest="remote_name", default=None, help="the bundle's name on the board "
-                                                                   "(default: the folder's name)")
+    pp.add_argument("--as", dest="remote_name", default=None,
+                    help="the bundle's name on the board (default: a run's bundle by its run id, as the Board stage "
+                         "pushes it; another folder by its name)")
     _trust_flag(pp)
     add_json_flag(pp)
     pp.set_defaults(func=cmd_probe)
@@ -76,7 +78,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pu = bs.add_parser("push", help="push a bundle folder to the board (resumable; unchanged files skipped)")
     pu.add_argument("name")
     pu.add_argument("bundle_dir", type=Path)
-    pu.add_argument("--as", dest="remote_name", default=None, help="bundle name on the board (default: folder name)")
+    pu.add_argument("--as", dest="remote_name", default=None,
+                    help="bundle name on the board (default: a run's bundle by its run id; else the folder's name)")
     pu.add_argument("--verify", action="store_true",
                     help="compare the sha256 of every file, computed on the board, even when nothing changed "
                          "(files found wrong are sent again)")
@@ -188,7 +191,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         try:
             only = [x.strip() for x in args.only.split(",")] if args.only else None
             try:
-                bundle = (args.bundle, args.remote_name or args.bundle.name) if args.bundle else None
+                bundle = (args.bundle, args.remote_name or default_remote_name(args.bundle)) if args.bundle else None
                 return (await probe(b, only=only, bundle=bundle)).to_dict()
             except ValueError as exc:
                 raise CliError(str(exc), "See `hexstudio board probe NAME --json` for the check ids.",
@@ -277,7 +280,8 @@ def cmd_push(args: argparse.Namespace) -> int:
                     print(f"\r  {p.done / 1e6:8.1f} / {p.total / 1e6:.1f} MB  {rate}  {p.file[:50]:50s}", end="",
                           flush=True)
             try:
-                r = await push_bundle(b, args.bundle_dir, args.remote_name or args.bundle_dir.name, progress,
+                r = await push_bundle(b, args.bundle_dir, args.remote_name or default_remote_name(args.bundle_dir),
+                                      progress,
                                       verify=True if args.verify else None)
             except BoardError as exc:
                 raise CliError(exc.message, exc.hint) from None

@@ -22,9 +22,18 @@ from app.core.device.errors import (
     ConnectionDropped,
     EmulatedBundle,
     LocalBundleError,
+    UnsafeBundle,
 )
 from app.core.device.qairt import compare_qairt
-from app.core.device.verify import CTIMES, compare_on_board, load_bundle, remote_bundle_dir
+from app.core.device.verify import (
+    CTIMES,
+    compare_on_board,
+    load_bundle,
+    load_local_record,
+    remote_bundle_dir,
+    save_local_record,
+    symlinks_on_board,
+)
 from workers.shared.bundle import bundle_qairt_version
 from workers.shared.bundle.check import check_bundle, errors, report_text
 
@@ -239,6 +248,7 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
     t_verify = 0.0
     try:
         remote = await remote_bundle_dir(board, remote_checked_name)
+        await _refuse_symlinks(board, remote)
         man = posixpath.join(remote, REMOTE_MANIFEST)
         if await t.exists(man):
             try:
@@ -261,9 +271,10 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
         tv = time.monotonic()
         hashes = bool(verify) or sent_files > 0
         verified = "sha256" if hashes else "size"
-        seen = pushed.get(CTIMES)
-        bad, ctimes = await compare_on_board(board, remote, files, hashes=hashes,
-                                             ctimes=seen if isinstance(seen, dict) else {})
+        # the ctimes this studio recorded after its last push here: the board's copy is only a note (anyone who
+        # can write the folder can edit it); no local record: every sha256 is computed on the board
+        seen = load_local_record(board, remote)
+        bad, ctimes = await compare_on_board(board, remote, files, hashes=hashes, ctimes=seen)
         by_path = {str(f["path"]): f for f in files}
         for b in bad:
             rel = b["path"]
@@ -280,6 +291,8 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
             ctimes.update(fixed)
         rel = ""
         if ctimes != seen:   # what the files look like now, so the next push sees any later change
+            save_local_record(board, remote, ctimes)
+        if ctimes != pushed.get(CTIMES):
             pushed[CTIMES] = ctimes
             await t.write_bytes(man, json.dumps(pushed).encode())
         t_verify = time.monotonic() - tv
@@ -311,3 +324,29 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
     log.info("board %s: push to %s done: %d file(s) sent (%d bytes), %d skipped, %d resent, %s checked, %.1f s",
              board.name, remote, sent_files, st["sent"], skipped, len(resent), verified, pr.seconds)
     return pr
+
+
+async def _refuse_symlinks(board: Board, remote: str) -> None:
+    links = await symlinks_on_board(board, remote)
+    if links:
+        raise UnsafeBundle(f"{links[0]} is a symbolic link on {board.label}: a push would write through it to "
+                           "wherever it points. Nothing was sent.",
+                           f"Remove the link on the board (rm {links[0]}), then push again; HexStudio makes its "
+                           "folders itself under ~/hexstudio/bundles.")
+
+
+async def recheck_pushed(board: Board, bundle_dir: Path, name: str) -> list[dict[str, str]]:
+    """Before a chat or evaluate session on a bundle pushed earlier (the Board stage may be skipped as current on
+    a resume): one `stat` of the bundle on the board against what this studio recorded after its push; a file
+    whose size or ctime changed since (or with no record) gets its sha256 computed on the board. The files
+    found wrong ([] when the bundle is as pushed); symlinks in the way raise UnsafeBundle."""
+    _doc, files = load_bundle(bundle_dir)
+    entries = [*files, {"path": "bundle.json", "sha256": sha256_file(bundle_dir / "bundle.json"),
+                        "size": (bundle_dir / "bundle.json").stat().st_size}]
+    remote = await remote_bundle_dir(board, name)
+    await _refuse_symlinks(board, remote)
+    bad, _ctimes = await compare_on_board(board, remote, entries, hashes=False, ctimes=load_local_record(board, remote))
+    if bad:
+        log.warning("board %s: bundle %s changed on the board since the push: %s", board.name, name,
+                    "; ".join(f"{b['path']} ({b['why']})" for b in bad[:5]))
+    return bad

@@ -5,7 +5,9 @@ and the Board stage's gate call verify_pushed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import posixpath
 import re
 from pathlib import Path
@@ -174,6 +176,56 @@ async def remote_bundle_dir(board: Board, name: str) -> str:
         raise BoardError(f"The board answered {home!r} for the home folder, which is not an absolute path.",
                          "Check the board user's home folder (echo $HOME on the board).")
     return posixpath.join(home, "hexstudio", "bundles", name)
+
+
+def default_remote_name(bundle_dir: Path) -> str:
+    """The name a bundle folder has on the board when none is given: a run's compiled bundle
+    (<runs>/<run-id>/artifacts/compile/bundle) is pushed as its run id, as the Board stage pushes it; any other
+    folder by its own name (issue 27: `board probe --bundle RUN/artifacts/compile/bundle` compared "bundle")."""
+    p = Path(os.path.abspath(bundle_dir))
+    if p.name == "bundle" and p.parent.name == "compile" and p.parent.parent.name == "artifacts":
+        return p.parent.parent.parent.name
+    return p.name
+
+
+def local_record_path(board: Board, remote: str) -> Path:
+    """Where the studio keeps what it found on the board after its last push there: the ctime and size of each
+    file. The trust anchor for the next comparison: the copy on the board (REMOTE_MANIFEST) can be edited by
+    anyone who can write the bundle folder, so a flipped byte plus an edited ctime there would hide (issue 27)."""
+    from app.core.paths import config_dir
+
+    key = hashlib.sha256(f"{board.name}\0{remote}".encode()).hexdigest()[:32]
+    return config_dir() / "pushes" / f"{key}.json"
+
+
+def load_local_record(board: Board, remote: str) -> dict[str, str]:
+    try:
+        doc = json.loads(local_record_path(board, remote).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    got = doc.get("ctimes") if isinstance(doc, dict) else None
+    return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}
+
+
+def save_local_record(board: Board, remote: str, ctimes: dict[str, str]) -> None:
+    from app.core.atomic import write_json_atomic
+
+    try:
+        write_json_atomic(local_record_path(board, remote), {"board": board.name, "remote": remote,
+                                                             "ctimes": ctimes})
+    except OSError:   # no record: the next comparison computes every sha256 on the board (slower, as safe)
+        pass
+
+
+async def symlinks_on_board(board: Board, remote: str) -> list[str]:
+    """The bundle folder, its parents under ~/hexstudio, or anything inside it that is a symbolic link on the
+    board: a push would write through it (issue 27: a symlinked folder already on the board was followed)."""
+    parent = posixpath.dirname(remote)
+    script = ('for p in "$1" "$2" "$3"; do [ -L "$p" ] && echo "$p"; done; '
+              '[ -d "$3" ] && [ ! -L "$3" ] && find "$3" -mindepth 1 -type l -print 2>/dev/null; true')
+    res = await board.transport.run(["sh", "-c", script, "_", posixpath.dirname(parent), parent, remote],
+                                    timeout=120)
+    return [ln for ln in res.stdout.splitlines() if ln.strip()]
 
 
 async def verify_pushed(board: Board, bundle_dir: Path, name: str, *, hashes: bool = True) -> list[dict[str, str]]:

@@ -38,7 +38,7 @@ class BridgeError(ActionableError):
         self.message = message
         self.kind = kind
         self.param = param
-        self.code = code
+        self.openai_code = code   # OpenAI's error.code ("queue_full", "model_not_found"); `code` is HexStudio's
         self.retry_after = retry_after
 
 

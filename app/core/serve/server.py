@@ -96,7 +96,7 @@ def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Respo
 
 def _fail(exc: BridgeError) -> Response:
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-    return _json(exc.status, _error(exc.status, exc.message, exc.kind, exc.param, exc.code), headers)
+    return _json(exc.status, _error(exc.status, exc.message, exc.kind, exc.param, exc.openai_code), headers)
 
 
 def kpi_headers(stats: dict[str, Any]) -> dict[str, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.device.board import Board, open_board
-from app.core.device.push import push_bundle
+from app.core.device.push import push_bundle, recheck_pushed
 from app.core.runs import Workspace
 from app.core.services import ServiceError
 from app.core.settings import Settings
@@ -76,6 +76,15 @@ async def chat_target(ws: Workspace, settings: Settings, *, run_dir: Path | None
                            "Run the flow first (`hexstudio run`), or pass --bundle DIR.")
     elif doc.get("board") == name and doc.get("remote_bundle"):
         remote = str(doc["remote_bundle"])
+        pushed_from = run_dir / "artifacts" / "compile" / "bundle"
+        if (pushed_from / "bundle.json").is_file():
+            # the Board stage may have been skipped as current (a resume): is the bundle on the board still the
+            # one it pushed? (sizes and ctimes against this studio's record; sha256 on the board where they moved)
+            bad = await recheck_pushed(target_board, pushed_from, posixpath.basename(remote.rstrip("/")))
+            if bad:
+                say(f"{len(bad)} file(s) of the bundle changed on {target_board.label} since the push (first: "
+                    f"{bad[0]['path']}: {bad[0]['why']}); sending them again")
+                local = pushed_from
     else:
         local = run_dir / "artifacts" / "compile" / "bundle"
         if not (local / "bundle.json").is_file():

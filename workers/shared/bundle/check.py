@@ -568,7 +568,7 @@ def check_bundle(path: Path | str, board_facts: dict[str, Any] | None = None,
         if len(text) > MAX_CONFIG_BYTES:
             raise ValueError(f"it is larger than {MAX_CONFIG_BYTES} bytes")
     except safepath.UnsafePath as exc:
-        return [*out, Finding("unsafe_path", ERROR, exc.message, NO_MESSAGE, exc.hint)]
+        return [*out, Finding("unsafe_path", ERROR, exc.message, NO_MESSAGE, exc.hint or "")]
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return [*out, Finding("config_missing", ERROR, f"{cfg_path} cannot be read ({exc}).",
                               "Failed to create the dialog config.", "Every Genie bundle needs genie_config.json.")]
@@ -579,7 +579,7 @@ def check_bundle(path: Path | str, board_facts: dict[str, Any] | None = None,
     try:   # every file it names: inside the bundle, no symlink out, a regular file; before any is opened
         safepath.check_genie_config(cfg, bundle)
     except safepath.UnsafePath as exc:
-        return [*out, Finding("unsafe_path", ERROR, exc.message, NO_MESSAGE, exc.hint)]
+        return [*out, Finding("unsafe_path", ERROR, exc.message, NO_MESSAGE, exc.hint or "")]
     bins = [b for b in _obj(cfg, "dialog", "engine", "model", "binary").get("ctx-bins") or [] if isinstance(b, str)]
     tok = _obj(cfg, "dialog", "tokenizer").get("path")
     if isinstance(tok, str) and not (bundle / tok).is_file():

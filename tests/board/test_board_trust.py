@@ -1,0 +1,112 @@
+"""Board trust (issue 27 #7), on the simulator board: what the board says about itself is not believed. A flipped
+byte hidden by editing the board's manifest (its recorded ctime) is still found, by the ctime this studio recorded
+after its push; a chat or evaluate session on a bundle pushed earlier (the Board stage skipped on a resume)
+re-checks it first and sends what changed; a symlinked folder on the board is refused, nothing written through
+it; `board probe --bundle RUN/artifacts/compile/bundle` compares the bundle the Board stage pushed (its run id)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from app.core.device.board import sim_board
+from app.core.device.errors import UnsafeBundle
+from app.core.device.push import REMOTE_MANIFEST, push_bundle, recheck_pushed
+from app.core.device.verify import CTIMES, default_remote_name
+from tests.board.test_crafted_bundle import _flip, _tree, sim_bundle
+
+
+def _ctimes_now(remote: Path, rels: list[str]) -> dict[str, str]:
+    """The ctimes as the push reads them on the board (`stat -c %.9Z`)."""
+    out = subprocess.run(["stat", "-c", "%.9Z", *[str(remote / r) for r in rels]], capture_output=True, text=True,
+                         check=True).stdout.split()
+    return dict(zip(rels, out, strict=True))
+
+
+def test_an_edited_board_manifest_does_not_hide_a_flipped_byte(tmp_path: Path) -> None:
+    bundle = sim_bundle(tmp_path / "bundle")
+    board = sim_board(tmp_path / "ws")
+    remote = Path(asyncio.run(push_bundle(board, bundle, "trust")).remote_dir)
+    _flip(remote / "sim" / "a.onnx")
+    # whoever flipped it also writes the file's new ctime into the board's manifest, as if the push had seen it
+    man = remote / REMOTE_MANIFEST
+    doc = json.loads(man.read_text())
+    doc[CTIMES] = {**doc.get(CTIMES, {}), **_ctimes_now(remote, ["sim/a.onnx"])}
+    man.write_text(json.dumps(doc))
+    res = asyncio.run(push_bundle(board, bundle, "trust"))
+    assert [r["path"] for r in res.resent] == ["sim/a.onnx"], res
+    assert (remote / "sim" / "a.onnx").read_bytes() == (bundle / "sim" / "a.onnx").read_bytes()
+
+
+def test_a_session_rechecks_the_bundle_it_did_not_push(tmp_path: Path) -> None:
+    bundle = sim_bundle(tmp_path / "bundle")
+    board = sim_board(tmp_path / "ws")
+    remote = Path(asyncio.run(push_bundle(board, bundle, "trust")).remote_dir)
+    assert asyncio.run(recheck_pushed(board, bundle, "trust")) == []
+    _flip(remote / "tokenizer.json", 0)
+    bad = asyncio.run(recheck_pushed(board, bundle, "trust"))
+    assert [b["path"] for b in bad] == ["tokenizer.json"] and "sha256" in bad[0]["why"], bad
+
+
+def test_a_symlinked_folder_on_the_board_is_refused(tmp_path: Path) -> None:
+    bundle = sim_bundle(tmp_path / "bundle")
+    board = sim_board(tmp_path / "ws")
+    bundles = tmp_path / "ws" / "sim-board" / "home" / "hexstudio" / "bundles"
+    bundles.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (bundles / "linked").symlink_to(outside)
+    before = _tree(tmp_path, skip=tmp_path / "ws")
+    with pytest.raises(UnsafeBundle) as e:
+        asyncio.run(push_bundle(board, bundle, "linked"))
+    assert "symbolic link" in e.value.message and "Nothing was sent" in e.value.message
+    assert not any(outside.iterdir()) and _tree(tmp_path, skip=tmp_path / "ws") == before
+    # a link inside an already pushed bundle folder, too
+    remote = Path(asyncio.run(push_bundle(board, bundle, "inner")).remote_dir)
+    (remote / "sim").rename(remote / "sim-real")
+    (remote / "sim").symlink_to(outside)
+    with pytest.raises(UnsafeBundle):
+        asyncio.run(push_bundle(board, bundle, "inner"))
+    assert not any(outside.iterdir())
+
+
+def test_default_remote_name_is_the_run_id_for_a_runs_bundle(tmp_path: Path) -> None:
+    run_bundle = tmp_path / "runs" / "20261127-010203-tiny-llama-ab12" / "artifacts" / "compile" / "bundle"
+    assert default_remote_name(run_bundle) == "20261127-010203-tiny-llama-ab12"
+    assert default_remote_name(tmp_path / "my-bundle") == "my-bundle"
+
+
+def test_a_chat_session_on_a_pushed_run_resends_what_changed(tmp_path: Path) -> None:
+    """The chat-target service (Chat, Evaluate, `hexstudio chat` and `serve`) on a run whose Board stage is done:
+    the run's board.json is believed only after the bundle on the board is re-checked."""
+    from app.core.runs import Workspace
+    from app.core.services.chat_target import chat_target
+    from app.core.settings import Settings
+
+    ws = tmp_path / "ws"
+    run_dir = ws / "runs" / "20261127-000000-tiny-llama-0000"
+    local = sim_bundle(run_dir / "artifacts" / "compile" / "bundle")
+    board = sim_board(ws)
+    remote = Path(asyncio.run(push_bundle(board, local, run_dir.name)).remote_dir)
+    (run_dir / "artifacts" / "board").mkdir(parents=True)
+    (run_dir / "artifacts" / "board" / "board.json").write_text(json.dumps({"board": "sim",
+                                                                             "remote_bundle": str(remote)}))
+    _flip(remote / "sim" / "a.onnx.data", 7)
+    said: list[str] = []
+
+    async def session() -> None:
+        t = await chat_target(Workspace(ws), Settings.load(), run_dir=run_dir, board="sim", bundle=None,
+                              say=said.append)
+        assert t.remote_bundle == str(remote)
+        await t.board.transport.close()
+
+    asyncio.run(session())
+    assert any("changed on" in s and "sim/a.onnx.data" in s for s in said), said
+    assert (remote / "sim" / "a.onnx.data").read_bytes() == (local / "sim" / "a.onnx.data").read_bytes()
+    said.clear()
+    asyncio.run(session())   # as pushed now: nothing to say, nothing sent
+    assert not any("changed on" in s for s in said), said
