@@ -115,3 +115,19 @@ def test_cli_inspect_and_preflight_bounded(what: str, changes: dict[str, Any], f
         assert wall < 5, (what, argv[3], wall)
         assert peak < 500, (what, argv[3], peak)
     assert not (tmp_path / "ws" / "runs").exists() or not any((tmp_path / "ws" / "runs").iterdir())
+
+
+def test_a_local_copy_of_the_builtin_model_inspects_without_a_context_error(tmp_path: Path) -> None:
+    """Issue 27 #8: "auto" took 4096 for any model but the built-in one, so a local copy of it (2048 positions)
+    was told "context_length 4096 beyond 2048"; auto now stops at the model's own limit."""
+    import shutil
+
+    from workers.shared.data import builtin_model_dir
+
+    d = tmp_path / "tiny-copy"
+    shutil.copytree(builtin_model_dir(), d)
+    r = subprocess.run([sys.executable, "-m", "app", "model", "inspect", str(d), "--json"], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")})
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["supported"] and doc["context_length"] == BASE["max_position_embeddings"], doc

@@ -430,11 +430,19 @@ def resolve_settings(info: Mapping[str, Any], settings: Mapping[str, Any], *, bu
                      board_name: str | None = None) -> tuple[ResolvedSettings, dict[str, Any]]:
     """context_length and parts with "auto" (or unset) resolved, and the part plan behind parts.
 
-    context_length "auto": AUTO_CONTEXT_LENGTH (the built-in model's, or every other model's). parts "auto":
+    context_length "auto": AUTO_CONTEXT_LENGTH (the built-in model's, or every other model's), never beyond the
+    model's max_position_embeddings (issue 27: a local copy of the built-in model was told "context_length 4096
+    beyond 2048", a limit nobody had asked for). parts "auto":
     the part plan's (workers.shared.modelinfo.part_plan: model size, the context length, board_ram_bytes when set).
     The Model stage, preflight and `hexstudio model inspect` all resolve with this."""
     ctx = settings.get("context_length", DEFAULTS.context_length)
-    context_length = int(AUTO_CONTEXT_LENGTH["builtin" if builtin else "other"] if ctx in (None, AUTO) else ctx)
+    if ctx in (None, AUTO):
+        context_length = AUTO_CONTEXT_LENGTH["builtin" if builtin else "other"]
+        maxpos = info.get("max_position_embeddings")
+        if isinstance(maxpos, int) and not isinstance(maxpos, bool) and 0 < maxpos < context_length:
+            context_length = maxpos   # a model made for shorter contexts: its own limit
+    else:
+        context_length = int(ctx)
     board_ram = int(settings.get("board_ram_bytes") or 0) or None
     plan = modelinfo.part_plan(dict(info), context_length, board_ram, board_name)
     parts_setting = settings.get("parts", DEFAULTS.parts)
