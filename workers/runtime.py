@@ -24,6 +24,7 @@ Stdlib only: this file is copied to remote hosts.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
@@ -217,6 +218,23 @@ def worker_main(stage: str, run: Callable[[WorkerSpec, Emitter], dict[str, Any] 
         if not isinstance(exc, WorkerError):
             traceback.print_exc(file=sys.stderr)   # where it was raised, for the stage's log
         em.error(exc.code, exc.message, exc.hint)
+        em.done(False)
+        code = 1
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            traceback.print_exc(file=sys.stderr)
+            em.error("internal", f"The {stage} worker crashed: {type(exc).__name__}: {exc}",
+                     "This is a HexStudio bug. The traceback is in the stage's log; please report it.")
+        else:   # the disk, not a bug (issue 27: a disk filling during quantize was reported as a HexStudio bug)
+            traceback.print_exc(file=sys.stderr)
+            where = f" writing {exc.filename}" if exc.filename else ""
+            full = exc.errno != errno.EROFS
+            em.error("disk_full" if full else "disk_read_only",
+                     f"The {stage} worker could not write{where}: the disk "
+                     + ("is full (or your quota is used up)." if full else "is read-only."),
+                     ("Free space on that disk (`df -h` shows the disks; old runs can go with `hexstudio runs delete "
+                      "RUN`), then resume the run: finished stages are kept." if full else
+                      "Put the workspace on a writable disk (--workspace or HEXSTUDIO_WORKSPACE), then resume."))
         em.done(False)
         code = 1
     except MemoryError:

@@ -53,3 +53,30 @@ def test_temporary_files_stay_in_the_run_and_are_removed(tmp_path: Path, fail: b
     assert not (run_dir / "tmp").exists(), list((run_dir / "tmp").rglob("*"))
     assert not (tmp_path / "sys").exists() or not any((tmp_path / "sys").iterdir())
     assert events[-1]["type"] == "done" and events[-1]["ok"] is (not fail)
+
+
+FULL = r'''
+import sys
+from workers.runtime import worker_main
+
+def run(spec, em):
+    with open("/dev/full", "wb") as fh:   # a real ENOSPC, as a disk filling during quantize gives
+        fh.write(b"x" * 65536)
+        fh.flush()
+
+sys.exit(worker_main("quantize", run))
+'''
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_a_full_disk_is_said_as_such_not_as_a_bug(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"schema": 1, "stage": "quantize", "run_dir": str(tmp_path / "run"),
+                                "out_dir": str(tmp_path / "run" / "artifacts" / "quantize")}))
+    env = {k: v for k, v in os.environ.items() if k not in ("HEXSTUDIO_PARENT_PID", "HEXSTUDIO_LIVENESS")}
+    r = subprocess.run([sys.executable, "-c", FULL, "--spec", str(spec)], cwd=REPO, capture_output=True, text=True,
+                       timeout=60, env={**env, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL)
+    errors = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{") and '"error"' in ln]
+    assert errors and errors[0]["code"] == "disk_full", r.stdout
+    assert "disk is full" in errors[0]["message"] and "HexStudio bug" not in errors[0]["message"] + \
+        errors[0].get("hint", "") and "df -h" in errors[0]["hint"]
