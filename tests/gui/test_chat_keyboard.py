@@ -62,7 +62,9 @@ def test_tab_through_the_settings_changes_nothing(qtbot: Any, tmp_path: Path) ->
     page.system_edit.setFocus()
     qtbot.waitUntil(page.system_edit.hasFocus, timeout=3000)
     for _ in range(6):                 # Tab out of the empty system prompt and on through the settings
-        QTest.keyClick(QApplication.focusWidget(), Qt.Key.Key_Tab)
+        focused = QApplication.focusWidget()
+        assert focused is not None
+        QTest.keyClick(focused, Qt.Key.Key_Tab)
     page.system_edit.editingFinished.emit()
     page.thinking_box.toggled.emit(False)
     assert len(page.conversation.turns) == 2 and len(page.transcript.bubbles) == 4

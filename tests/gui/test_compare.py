@@ -59,7 +59,7 @@ def test_differences_are_marked_only_beyond_the_noise_against_the_chosen_baselin
     # a tighter stated tolerance marks the 4 % too
     assert _row(compare_runs(reps, timing_tolerance=0.02), "Quantize duration")["judgement"][0] == "worse"
     # a measured spread wider than the tolerance keeps a difference within it "same"
-    row = {"name": "gen_tok_s", "values": [30.0, 27.0], "deltas": [-0.1], "judgement": [], "section": "bench"}
+    row: dict[str, Any] = {"name": "gen_tok_s", "values": [30.0, 27.0], "deltas": [-0.1], "judgement": [], "section": "bench"}
     judge_row(row, [1.5, 1.5], (0.05, 0.02), HIGHER_IS_BETTER, LOWER_IS_BETTER)
     assert row["judgement"] == ["same"] and row["noise"][0]["how"].startswith("measured spread")
     judge_row(row, [0.1, 0.1], (0.05, 0.02), HIGHER_IS_BETTER, LOWER_IS_BETTER)

@@ -141,7 +141,7 @@ def test_history_shows_the_old_value(qtbot: Any, tmp_path: Path) -> None:
     assert ev["old"] == before and ev["new"] == 11 and f"calibration_samples: {before} → 11" == ev["message"]
     d = HistoryDialog(c, w)
     qtbot.addWidget(d)
-    texts = [d.table.item(r, 2).text() for r in range(d.table.rowCount())]
+    texts = [d.table.item(r, 2).text() for r in range(d.table.rowCount())]  # type: ignore[union-attr]
     assert f"calibration_samples: {before} → 11" in texts
 
 

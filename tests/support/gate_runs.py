@@ -41,7 +41,7 @@ def end_stage(m: RunManifest, name: str, kind: str, message: str) -> None:
     m.save()
 
 
-PASSING = {"model": {}, "preflight": {"checks_failed": 0}, "quantize": {}, "validate": {"verdict": "pass"},
+PASSING: dict[str, dict[str, Any]] = {"model": {}, "preflight": {"checks_failed": 0}, "quantize": {}, "validate": {"verdict": "pass"},
            "compile": {}, "board": {"bundle_verified": True}, "chat": {},
            "evaluate": {"parity_matched": 256, "parity_total": 256}, "report": {}}
 
@@ -51,7 +51,7 @@ def gate_failed_run(workspace_root: Path, failing: str = "evaluate") -> RunManif
     Evaluate, as in issue 32; a failed validation verdict for Validate)."""
     ws = Workspace(workspace_root)
     m = ws.create_run("builtin:tiny-llama", "sim", {})
-    bad = {"evaluate": {"parity_matched": 248, "parity_total": 256}, "validate": {"verdict": "fail"},
+    bad: dict[str, dict[str, Any]] = {"evaluate": {"parity_matched": 248, "parity_total": 256}, "validate": {"verdict": "fail"},
            "preflight": {"checks_failed": 2}}
     for name in PASSING:
         if name == "report":

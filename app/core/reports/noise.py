@@ -65,8 +65,9 @@ def judge_row(row: dict[str, Any], spreads: list[float | None] | None, tolerance
             row["judgement"].append("same" if v == base else "changed")
             continue
         noise, how = tol * abs(base), f"stated tolerance ±{tol * 100:g} %"
-        if spreads and spreads[0] is not None and spreads[i] is not None:
-            measured = 2 * (float(spreads[0]) ** 2 + float(spreads[i]) ** 2) ** 0.5
+        sb, sv = (spreads[0], spreads[i]) if spreads else (None, None)
+        if sb is not None and sv is not None:
+            measured = 2 * (float(sb) ** 2 + float(sv) ** 2) ** 0.5
             if measured > noise:
                 noise, how = measured, f"measured spread ±{measured:.3g} (2× the runs' stdev)"
         row["noise"].append({"abs": noise, "how": how})

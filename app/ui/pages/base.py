@@ -248,7 +248,8 @@ class StagePage(QWidget):
         # the Run button is about to be disabled: Qt would pass its focus to the next widget down the page and
         # scroll there, taking the status line and the Run buttons out of view; the page keeps the focus instead
         if self.run_button.hasFocus() or self.rerun_button.hasFocus():
-            self._focus_back = self.rerun_button if self.rerun_button.hasFocus() else self.run_button
+            self._focus_back: QPushButton | None = (self.rerun_button if self.rerun_button.hasFocus()
+                                                    else self.run_button)
             self.setFocus(Qt.FocusReason.OtherFocusReason)
         if self.scroll_area is not None:
             self.scroll_area.ensureWidgetVisible(self.state_label)
