@@ -73,7 +73,8 @@ def run_row(s: RunSummary) -> dict[str, Any]:
     try:   # the one status model (app.core.status): the same words as the stage list, the report and the CLI
         statuses = stage_statuses(RunManifest.load(s.path))
         rs = run_status(statuses)
-        status, status_key = rs.word, rs.key
+        # a run completed past an overridden gate carries the override's mark, never a plain tick
+        status, status_key = rs.word, ("overridden" if rs.key == "complete" and rs.overridden else rs.key)
         verdict_status = next(x for x in statuses if x.stage == "validate")
         verdict = "" if verdict_status.key in ("pending", "running") else verdict_status.word
     except (ManifestError, OSError, KeyError, ValueError):

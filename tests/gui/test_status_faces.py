@@ -99,7 +99,30 @@ def test_failed_gate_run_report_and_override(qtbot: Any, tmp_path: Path, gui_loo
     gui_loop.run_until_complete(run_report_again())
     assert c.status("report").key == "passed", c.last_result
     row = run_row(next(s for s in c.list_runs() if s.run_id == m.run_id))
-    assert row["status"] == "complete (1 gate overridden)"
+    assert row["status"] == "complete (1 gate overridden)" and row["status_key"] == "overridden"
+    # the report page says the same, in both palettes; so does the dashboard
+    from app.ui import theme
+    from app.ui.main_window import RunsDialog
+
+    w.show_stage("report")
+    text = w.pages["report"].preview.toPlainText()
+    assert "complete (1 gate overridden)" in text and "⚑ overridden" in text and "overridden by" in text
+    qtbot.wait(100)
+    keep_screenshot(w, "status-report-overridden", tmp_path)
+    d = RunsDialog(c, w)
+    qtbot.addWidget(d)
+    d.show()
+    try:
+        w.set_theme("dark")
+        assert theme.is_dark()
+        qtbot.wait(100)
+        keep_screenshot(w, "status-report-overridden-dark", tmp_path)
+        keep_screenshot(d, "10-runs-dashboard-dark", tmp_path)
+    finally:
+        w.set_theme("light")
+    qtbot.wait(50)
+    keep_screenshot(d, "10-runs-dashboard", tmp_path)
+    w.set_theme("system")
 
 
 def test_compare_and_dashboard_use_the_same_words(qtbot: Any, tmp_path: Path) -> None:
