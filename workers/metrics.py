@@ -19,7 +19,7 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     "perplexity_ratio": 1.15,      # maximum: quantized / float perplexity on held-out text
     "salad_score": 0.25,           # maximum: token-salad score of the quantized continuation above float's
 }
-HIGHER_IS_BETTER = {"top1_agreement", "greedy_agreement"}
+HIGHER_IS_BETTER = {"top1_agreement", "greedy_agreement", "htp_logits_argmax_agreement"}
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -39,6 +39,36 @@ EXPORT_THRESHOLDS: dict[str, float] = {
 }
 
 
+# the "HTP simulation" leg: the onnxruntime simulation against Qualcomm's HTP simulator, part by part
+# (workers/qnn/htp_agreement.py says why these are thresholds and not equality)
+HTP_THRESHOLDS: dict[str, float] = {
+    "htp_logits_argmax_agreement": 0.95,  # minimum: logits argmax, onnxruntime simulation == HTP simulator
+    "htp_logits_mean_code_error": 0.002,  # maximum: mean |logits code difference| / code range
+}
+
+
+def _htp_leg(q: dict[str, Any], qdir: Path, ids: list[int], spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
+    """Run the HTP leg where Qualcomm's simulator is installed and the model is small enough for it."""
+    from workers.qnn.libs import find_qnn_libs
+
+    if find_qnn_libs() is None:
+        return {"ran": False, "why": "onnxruntime-qnn (Qualcomm's QNN HTP simulator) is not installed"}
+    from workers.qnn.htp_agreement import MAX_SIM_BYTES, measure, sim_bytes
+
+    size = sim_bytes(qdir, q["graphs"])
+    if size > MAX_SIM_BYTES:
+        return {"ran": False, "why": f"the quantized graphs hold {size / 2**30:.1f} GiB; Qualcomm's HTP simulator "
+                                     "runs them far too slowly on a CPU (it runs on the board instead)"}
+    em.progress(0.86, "HTP simulation leg: each part on Qualcomm's HTP simulator (QNN, x86) against the onnxruntime "
+                      "simulation")
+    work = spec.out_dir / "htp.tmp"
+    try:
+        r = measure(qdir, q, work, ids)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"ran": True, **r.to_json()}
+
+
 def _load_json(p: Path, stage: str) -> dict[str, Any]:
     try:
         return dict(json.loads(p.read_text(encoding="utf-8")))
@@ -52,7 +82,7 @@ def _load_json(p: Path, stage: str) -> dict[str, Any]:
 def thresholds_from(settings: dict[str, Any]) -> dict[str, float]:
     from workers.metrics import DEFAULT_THRESHOLDS
 
-    thr = {**DEFAULT_THRESHOLDS, **EXPORT_THRESHOLDS}
+    thr = {**DEFAULT_THRESHOLDS, **EXPORT_THRESHOLDS, **HTP_THRESHOLDS}
     for k, v in (settings.get("thresholds") or {}).items():
         if k not in thr:
             raise WorkerError("bad_threshold", f"Unknown validation threshold {k!r}.",
@@ -249,6 +279,12 @@ def _validate(spec: WorkerSpec, em: Emitter, q: dict[str, Any], qdir: Path, mode
              "kl_divergence": round(kl_divergence(pp_logits["float"], pp_logits["sim"]), 6)}
     cj = judge({k: float(calib[k]) for k in ("top1_agreement", "kl_divergence")}, {k: thr[k] for k in ("top1_agreement", "kl_divergence")})
     calib["verdict"] = cj["verdict"]
+    htp = _htp_leg(q, qdir, ids, spec, em)
+    if htp["ran"]:
+        values["htp_logits_argmax_agreement"] = htp["logits_argmax_agreement"]
+        values["htp_logits_mean_code_error"] = htp["logits_mean_code_error"]
+    else:
+        em.log(f"HTP simulation leg skipped: {htp['why']}")
     em.progress(0.9, "judging")
 
     result = judge(values, thr)
@@ -274,6 +310,9 @@ def _validate(spec: WorkerSpec, em: Emitter, q: dict[str, Any], qdir: Path, mode
     else:
         summary = "the quantized model differs from the float model beyond the thresholds"
     failed = [k for k, c in result["checks"].items() if not c["ok"]]
+    if failed and all(k.startswith("htp_") for k in failed):
+        summary = ("the onnxruntime simulation and Qualcomm's HTP simulator disagree beyond the thresholds: a graph, "
+                   "encoding or rewrite fault, not quantization (validation.json: htp_simulation, part by part)")
     for name, value in values.items():
         em.metric(name, value)
     for name, c in result["checks"].items():
@@ -297,6 +336,7 @@ def _validate(spec: WorkerSpec, em: Emitter, q: dict[str, Any], qdir: Path, mode
            "deployment_pair": {"windows": EVAL_WINDOWS, "prompt_tokens": PROMPT_TOKENS, "forced_steps": FORCED_STEPS,
                                "positions": len(targets), "context_length": cl, "ar_n": ar_n},
            "greedy": greedy, "validation_text": str(text_path), "quantized": "sim (QDQ ONNX, onnxruntime)",
+           "htp_simulation": htp,
            "float_export": export,
            "memory": {"mode": "unit-major: one run unit's sessions open at a time (a decoder layer, the embedding "
                               "or an lm_head column chunk)" if mode == "unit" else

@@ -82,7 +82,7 @@ def test_the_helper_protocol_stop_sequences_and_genies_log(local_run: Path) -> N
     msgs = [{"op": "query", "id": 1, "prompt": "The capital of France is", "max_tokens": 8, "stop": ["."]},
             {"op": "quit"}]
     p = subprocess.run([sys.executable, "-m", "workers.board.genie_session", "--config", "genie_config.json",
-                        "--lib", str(libs.genie), "--log-level", "warn",
+                        "--lib", str(libs.genie), "--log-level", "warn", "--htp-simulator",
                         "--engine", json.dumps(x86_engine_overrides(2))],
                        input="".join(json.dumps(m) + "\n" for m in msgs), cwd=_remote_bundle(local_run),
                        capture_output=True, text=True, timeout=300, env=libs.env())

@@ -41,7 +41,6 @@ import codecs
 import ctypes
 import json
 import os
-import platform
 import queue
 import re
 import stat
@@ -403,6 +402,8 @@ def main() -> int:
     ap.add_argument("--sampler", default=None, help="JSON object merged into dialog.sampler")
     ap.add_argument("--engine", default=None, help="JSON object merged into dialog.engine (e.g. the x86 simulator's)")
     ap.add_argument("--log-level", default=None, choices=tuple(LOG_LEVELS), help="forward Genie's log lines")
+    ap.add_argument("--htp-simulator", action="store_true",
+                    help="libGenie runs on Qualcomm's x86 HTP simulator: label everything simulated")
     args = ap.parse_args()
     try:
         why = not_regular(args.config)
@@ -433,9 +434,9 @@ def main() -> int:
     except RuntimeError as exc:
         return fail("dialog_create_failed", str(exc), 1)
     ctx = ((cfg.get("dialog") or {}).get("context") or {}).get("size")
-    # No Hexagon NPU sits in an x86_64 machine: there libQnnHtp runs Qualcomm's HTP simulator, and every figure
-    # it gives is simulated, never a device result.
-    on_sim = platform.machine().lower() in ("x86_64", "amd64")
+    # --htp-simulator: the studio runs this helper on its own x86 machine, where libQnnHtp is Qualcomm's HTP
+    # simulator (no Hexagon NPU sits in a PC): every figure is simulated, never a device result.
+    on_sim = bool(args.htp_simulator)
     emit({"event": "ready", "genie_version": h.version(), "init_ms": round(h.init_ms, 3), "context_length": ctx,
           "profile": bool(h.profile), "pid": os.getpid(), "simulated": on_sim,
           "runner": f"Genie {h.version()} on the HTP simulator (x86)" if on_sim else f"Genie {h.version()}"})

@@ -14,7 +14,6 @@ HTP simulator cannot load shared weights).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -37,9 +36,7 @@ def qairt_of_build(build_id: str) -> str:
 def prepare_htp_graphs(quantize_dir: Path, q: dict[str, Any], work: Path, em: Emitter) -> list[GraphToCompile]:
     """Each quantized simulation graph rewritten for HTP (workers.qnn.htp_graph) and saved at a path whose
     EP graph name sorts in part order."""
-    import onnx
-
-    from workers.qnn.htp_graph import HtpGraphError, htp_graph
+    from workers.qnn.htp_graph import HtpGraphError, htp_graph, load_sim_graph, save_htp_graph
 
     gdir = work / "graphs"
     if gdir.exists():
@@ -52,12 +49,13 @@ def prepare_htp_graphs(quantize_dir: Path, q: dict[str, Any], work: Path, em: Em
             raise LocalCompileError("missing_graph", f"Graph {g['name']} has no quantized ONNX.",
                                     "Run the Quantize stage again.")
         try:
-            model, report = htp_graph(onnx.load(os.fspath(quantize_dir / g["sim_onnx"])))
+            src = quantize_dir / g["sim_onnx"]
+            model, report = htp_graph(load_sim_graph(src))
         except HtpGraphError as exc:
             raise LocalCompileError("htp_graph", f"Graph {g['name']} cannot be put in HTP's form: {exc}.",
                                     "This is a HexStudio bug: report it with the run folder.") from None
         path = ordered_path(gdir, str(g["name"]), int(g["part"]), parts)
-        onnx.save(model, os.fspath(path), save_as_external_data=True, location=f"{path.name}.data")
+        save_htp_graph(model, path, src.parent)
         em.log(f"{g['name']}: Genie's quantized I/O ({len(report.quantized_inputs)} inputs, "
                f"{len(report.quantized_outputs)} outputs), {len(report.embedding_gathers)} embedding lookups as "
                f"DQ-Gather-Q, {len(report.requantized_matmuls)} mixed-precision MatMuls requantized")

@@ -26,7 +26,10 @@ a simulation graph into the graph that is compiled, changing no arithmetic excep
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -263,3 +266,31 @@ def deployment_io(model: onnx.ModelProto) -> tuple[list[IoTensor], list[IoTensor
 
 def io_doc(t: IoTensor) -> dict[str, Any]:
     return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
+
+
+def load_sim_graph(path: Path) -> onnx.ModelProto:
+    """A simulation graph without its weights: they stay in the external data files the rewrite never changes
+    (onnx refuses to read hard-linked data files, and the run folder hard-links its copies)."""
+    return onnx.load(os.fspath(path), load_external_data=False)
+
+
+def save_htp_graph(model: onnx.ModelProto, dest: Path, src_dir: Path) -> None:
+    """Write the rewritten graph at `dest`, its weights still referencing the simulation graph's external data
+    files, which are hard-linked (else copied) beside it."""
+    locations = set()
+    for t in model.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            loc = next((e.value for e in t.external_data if e.key == "location"), None)
+            if loc is None or "/" in loc or "\\" in loc or loc in (".", ".."):
+                raise HtpGraphError(f"the initializer {t.name} has an unexpected external data location {loc!r}")
+            locations.add(loc)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for loc in locations:
+        target = dest.parent / loc
+        if target.exists():
+            continue
+        try:
+            os.link(src_dir / loc, target)
+        except OSError:
+            shutil.copy2(src_dir / loc, target)
+    onnx.save(model, os.fspath(dest))

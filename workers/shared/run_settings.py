@@ -73,7 +73,8 @@ def setting(default: Any, *, label: str, help: str, stages: tuple[str, ...] = ()
 # the Validate stage's thresholds (workers.metrics.DEFAULT_THRESHOLDS and workers.validate.EXPORT_THRESHOLDS;
 # tests/core/test_run_settings.py keeps the names equal): what `thresholds` may override
 THRESHOLD_NAMES = ("top1_agreement", "kl_divergence", "greedy_agreement", "perplexity_ratio", "salad_score",
-                   "export_top1_agreement", "export_max_logit_error", "export_layer_error")
+                   "export_top1_agreement", "export_max_logit_error", "export_layer_error",
+                   "htp_logits_argmax_agreement", "htp_logits_mean_code_error")
 
 
 @dataclass

@@ -119,7 +119,7 @@ class GenieHtpSimulator(BoardRuntime):
         argv = python_command("workers.board.genie_session", "--config", "genie_config.json",
                               "--lib", str(libs.genie), *_sampler_args(sampler),
                               "--engine", json.dumps(x86_engine_overrides(os.cpu_count() or 1)),
-                              "--log-level", "warn")
+                              "--log-level", "warn", "--htp-simulator")
         return argv, libs.env(python_env())
 
 
