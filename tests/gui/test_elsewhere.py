@@ -206,3 +206,26 @@ def test_run_keeps_the_status_line_and_run_buttons_in_view(qtbot: Any, tmp_path:
     bar = page.scroll_area.verticalScrollBar()
     assert bar.value() == 0, bar.value()                 # the status line and Run are still in view
     qtbot.waitUntil(lambda: page.run_button.hasFocus() or page.hasFocus(), timeout=3000)
+
+
+def test_board_form_is_cleared_and_a_board_can_be_edited_and_removed(qtbot: Any, tmp_path: Path) -> None:
+    c, w = _window(tmp_path / "ws", qtbot)
+    page = w.pages["board"]
+    page.name_edit.setText("evk")
+    page.host_edit.setText("192.168.1.50")
+    page.user_edit.setText("ubuntu")
+    page.add_button.click()
+    assert c.settings.boards["evk"]["host"] == "192.168.1.50" and "added" in page.conn_label.text()
+    assert page.name_edit.text() == "" and page.host_edit.text() == "" and page.user_edit.text() == ""
+    page.boards.setCurrentRow(next(i for i in range(page.boards.count()) if page.boards.item(i).data(256) == "evk"))
+    assert page.edit_button.isEnabled() and page.remove_button.isEnabled()
+    page.edit_button.click()
+    assert page.name_edit.text() == "evk" and page.user_edit.text() == "ubuntu" and page.add_button.text() == "Save board"
+    page.host_edit.setText("192.168.1.51")
+    page.add_button.click()
+    assert c.settings.boards["evk"]["host"] == "192.168.1.51" and "saved" in page.conn_label.text()
+    page.boards.setCurrentRow(next(i for i in range(page.boards.count()) if page.boards.item(i).data(256) == "evk"))
+    page.remove_selected(confirm=False)
+    assert "evk" not in c.settings.boards and page.board_item("evk") is None
+    page.boards.setCurrentRow(0)                       # the simulator board cannot be edited or removed
+    assert not page.edit_button.isEnabled() and not page.remove_button.isEnabled()

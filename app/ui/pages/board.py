@@ -61,6 +61,19 @@ class BoardPage(StagePage):
         self.probe_button.setObjectName("probe_button")
         self.probe_button.clicked.connect(lambda: self._start(self.probe()))
         left.addWidget(self.probe_button)
+        manage = QHBoxLayout()
+        self.edit_button = QPushButton("Edit…")
+        self.edit_button.setObjectName("edit_board")
+        self.edit_button.setToolTip("Put the selected board into the form: change it there and save")
+        self.edit_button.clicked.connect(self.edit_selected)
+        self.remove_button = QPushButton("Remove")
+        self.remove_button.setObjectName("remove_board")
+        self.remove_button.setToolTip("Remove the selected board from HexStudio (and its password from the keyring)")
+        self.remove_button.clicked.connect(self.remove_selected)
+        manage.addWidget(self.edit_button)
+        manage.addWidget(self.remove_button)
+        left.addLayout(manage)
+        self.boards.currentRowChanged.connect(lambda _r: self._manage_enabled())
         row.addLayout(left)
 
         add = QGroupBox("Add a board")
@@ -132,7 +145,7 @@ class BoardPage(StagePage):
     def tab_groups(self) -> tuple[list[QWidget], list[QWidget], list[QWidget]]:
         inputs, actions, results = super().tab_groups()
         # as the page reads: the board list and its Connect button, then the Add a board form
-        first = [self.boards, self.probe_button]
+        first = [self.boards, self.probe_button, self.edit_button, self.remove_button]
         form = [w for w in inputs if w not in first]
         return ([*first, *form, self.add_button], [a for a in actions if a not in (*first, self.add_button)],
                 [r for r in results if r not in first])
@@ -155,6 +168,7 @@ class BoardPage(StagePage):
         for i in range(self.boards.count()):
             if self.boards.item(i).data(256) == run_board:
                 self.boards.setCurrentRow(i)
+        self._manage_enabled()
 
     def board_item(self, name: str) -> QListWidgetItem | None:
         for i in range(self.boards.count()):
@@ -222,10 +236,63 @@ class BoardPage(StagePage):
         if auth == "password" and self.password_edit.text():
             set_secret(board_password_key(name), self.password_edit.text())
         self.password_edit.clear()
+        existed = name in self.c.settings.boards
         self.c.settings.boards[name] = cfg
         self.c.settings.save()
         self.reload_boards()
-        self.conn_label.setText(f"Board <b>{html.escape(name)}</b> added. Select it and run the doctor.")
+        self.clear_form()
+        self.conn_label.setText(f"Board <b>{html.escape(name)}</b> {'saved' if existed else 'added'}. Select it and "
+                                "run the doctor.")
+
+    def clear_form(self) -> None:
+        """After a board is added or saved the form is empty again, ready for the next one."""
+        for e in (self.name_edit, self.host_edit, self.user_edit, self.key_edit, self.password_edit):
+            e.clear()
+        self.port_spin.setValue(22)
+        self.auth_combo.setCurrentIndex(0)
+        self.add_button.setText("Add board")
+
+    def _manage_enabled(self) -> None:
+        own = self.selected_board() != "sim"   # the simulator board is built in
+        self.edit_button.setEnabled(own and not self.c.busy)
+        self.remove_button.setEnabled(own and not self.c.busy)
+
+    def edit_selected(self) -> None:
+        name = self.selected_board()
+        cfg = self.c.settings.boards.get(name)
+        if cfg is None:
+            return
+        self.name_edit.setText(name)
+        self.host_edit.setText(str(cfg.get("ssh_alias") or cfg.get("host") or ""))
+        self.port_spin.setValue(int(cfg.get("port") or 22))
+        self.user_edit.setText(str(cfg.get("user") or ""))
+        i = self.auth_combo.findText(str(cfg.get("auth") or "key"))
+        self.auth_combo.setCurrentIndex(max(i, 0))
+        self.key_edit.setText(str(cfg.get("key_path") or ""))
+        self.add_button.setText("Save board")
+        self.conn_label.setText(f"Editing <b>{html.escape(name)}</b>: change the form and Save (a new password "
+                                "replaces the one in the keyring; empty keeps it).")
+        self.host_edit.setFocus()
+
+    def remove_selected(self, confirm: bool = True) -> None:
+        from app.core.secrets import board_password_key, delete_secret
+
+        name = self.selected_board()
+        if name not in self.c.settings.boards:
+            return
+        if confirm and QMessageBox.question(self, "Remove board", f"Remove the board {name} from HexStudio? Its "
+                                            "password (if any) is deleted from the keyring; runs that used it keep "
+                                            "their records.") != QMessageBox.StandardButton.Yes:
+            return
+        del self.c.settings.boards[name]
+        self.c.settings.save()
+        try:
+            delete_secret(board_password_key(name))
+        except Exception:   # no keyring entry, or no keyring: nothing to delete
+            pass
+        self.board_states.pop(name, None)
+        self.reload_boards()
+        self.conn_label.setText(f"Board <b>{html.escape(name)}</b> removed.")
 
     # -- connecting -------------------------------------------------------------------------------
     def confirm_trust(self, host: str, port: int, key_type: str, fp: str) -> bool:
