@@ -229,3 +229,22 @@ def test_board_form_is_cleared_and_a_board_can_be_edited_and_removed(qtbot: Any,
     assert "evk" not in c.settings.boards and page.board_item("evk") is None
     page.boards.setCurrentRow(0)                       # the simulator board cannot be edited or removed
     assert not page.edit_button.isEnabled() and not page.remove_button.isEnabled()
+
+
+def test_board_console_shows_what_the_stage_did(qtbot: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    m = gate_failed_run(ws, "evaluate")
+    (m.run_dir / "logs").mkdir(exist_ok=True)
+    events = [{"type": "progress", "fraction": 0.05, "message": "connecting to board sim"},
+              {"type": "progress", "fraction": 0.3, "message": "pushing config.json (0.0 of 3.2 MB)"},
+              {"type": "log", "level": "info", "message": "doctor: 7 checks passed"},
+              {"type": "warning", "message": "the board's clock is 3 s behind"}]
+    (m.run_dir / "logs" / "board.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    c, w = _window(ws, qtbot)
+    c.open_run(m.run_id)
+    page = w.pages["board"]
+    page.refresh()
+    text = page.console.toPlainText()
+    assert "what the Board stage did" in text and "connecting to board sim" in text
+    assert "doctor: 7 checks passed" in text and "WARNING: the board's clock is 3 s behind" in text
+    assert "pushing config.json" not in text

@@ -577,9 +577,38 @@ class BoardPage(StagePage):
         elif ev.get("type") in ("log", "warning", "error"):
             self.log(str(ev.get("message")))
 
+    def _console_from_stage_log(self) -> None:
+        """The console was empty after the Board stage ran (from another window, the CLI or an earlier studio):
+        it shows what the stage did, from its log (logs/board.jsonl), once per opened run."""
+        m = self.c.manifest
+        path = m.run_dir / "logs" / "board.jsonl" if m is not None else None
+        if path is None or self.console.toPlainText() or getattr(self, "_console_run", None) == m.run_dir:
+            return
+        self._console_run = m.run_dir
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return
+        out = []
+        for line in lines:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            msg = str(ev.get("message") or "")
+            if not msg or (ev.get("type") == "progress" and msg.startswith("pushing ") and " MB)" in msg):
+                continue   # one line per file pushed is the job dock's business, not the console's
+            kind = ev.get("type")
+            out.append(f"{'WARNING: ' if kind == 'warning' else 'ERROR: ' if kind == 'error' else ''}{msg}")
+        if out:
+            self.log(f"── what the Board stage did (from {path.relative_to(m.run_dir)}) ──")
+            for text in out:
+                self.log(text)
+
     def refresh_results(self) -> None:
         for i in range(self.boards.count()):   # the list agrees with the stage as it ends
             self._show_board_state(self.boards.item(i))
+        self._console_from_stage_log()
         d = self.c.stage_dir("board")
         if d is None or not (d / "board.json").is_file():
             self.doctor.clear()
