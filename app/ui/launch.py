@@ -34,9 +34,39 @@ def start_logging() -> Path | None:
     return path
 
 
+GUI_HELP = """usage: hexstudio [gui] [--workspace FOLDER] [--startup-check]
+
+Open the HexStudio window: the stages of a run on the left, one page per stage, the job dock below.
+
+options:
+  --workspace FOLDER  the workspace whose runs the window shows (default: the studio setting, else
+                      ~/hexstudio-workspace)
+  --startup-check     open the window, print how long it took and which heavy modules it loaded, and quit
+  -h, --help          show this help and exit (needs no display)
+
+The window needs a display (WSLg on Windows 11, X11 or Wayland on Linux) and Qt's xcb libraries on X11
+(`./dev qt-libs` installs them). Everything the window does, the CLI does too: `hexstudio --help`."""
+
+# the system libraries Qt's xcb platform plugin loads and PySide6 does not carry (docs/gui.md); a missing one
+# made Qt abort with its own "Reinstalling the application may fix this problem"
+XCB_LIBS = {"xcb-cursor": "libxcb-cursor0", "xcb-icccm": "libxcb-icccm4", "xcb-keysyms": "libxcb-keysyms1",
+            "xcb-image": "libxcb-image0", "xcb-render-util": "libxcb-render-util0", "xcb-xkb": "libxcb-xkb1",
+            "xkbcommon-x11": "libxkbcommon-x11-0"}
+
+
+def missing_xcb_packages() -> list[str]:
+    """The Debian/Ubuntu packages of XCB_LIBS that the dynamic linker cannot find ([] when all are there)."""
+    import ctypes.util
+
+    return [pkg for lib, pkg in XCB_LIBS.items() if ctypes.util.find_library(lib) is None]
+
+
 def launch_gui(argv: Sequence[str]) -> int:
     t0 = time.perf_counter()
     args = list(argv)
+    if "-h" in args or "--help" in args:
+        print(GUI_HELP)
+        return 0
     startup_check = "--startup-check" in args
     if startup_check:
         args.remove("--startup-check")
@@ -55,6 +85,14 @@ def launch_gui(argv: Sequence[str]) -> int:
               "server use the CLI (`hexstudio run --help`), or set QT_QPA_PLATFORM=offscreen for a headless "
               "check.", file=sys.stderr)
         return 2
+    platform = os.environ.get("QT_QPA_PLATFORM", "")
+    if sys.platform.startswith("linux") and os.environ.get("DISPLAY") and platform in ("", "xcb"):
+        missing = missing_xcb_packages()
+        if missing:
+            print(f"error: Qt's X11 (xcb) plugin needs system libraries that are not installed: {', '.join(missing)}.\n"
+                  f"  what to do: sudo apt-get install {' '.join(missing)}   (or `./dev qt-libs`), then start "
+                  "HexStudio again; on Wayland, QT_QPA_PLATFORM=wayland avoids xcb.", file=sys.stderr)
+            return 2
     import asyncio
 
     import qasync
