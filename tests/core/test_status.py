@@ -96,3 +96,4 @@ def test_every_ending_has_its_own_word(tmp_path: Path) -> None:
     assert stage_status(m, "quantize").key == "stale"
     # every key has its own word and symbol
     assert len({k.word for k in KINDS.values()}) == len(KINDS) == len({k.symbol for k in KINDS.values()})
+

@@ -83,7 +83,8 @@ async def open_board(name: str, settings: Any = None, workspace: Path | None = N
         return b
     if name not in boards:
         raise BoardError(f"No board named '{name}'.",
-                         "Add it on the Board page (host, user, key), or use the simulator board 'sim'.")
+                         f"Add it: `hexstudio board add {name} --host HOST --user USER` (or the studio's Board "
+                         "page), or use the simulator board 'sim'.")
     from app.core.device.connect import connect_ssh
 
     cfg = dict(boards[name])
