@@ -581,9 +581,9 @@ class BoardPage(StagePage):
         """The console was empty after the Board stage ran (from another window, the CLI or an earlier studio):
         it shows what the stage did, from its log (logs/board.jsonl), once per opened run."""
         m = self.c.manifest
-        path = m.run_dir / "logs" / "board.jsonl" if m is not None else None
-        if path is None or self.console.toPlainText() or getattr(self, "_console_run", None) == m.run_dir:
+        if m is None or self.console.toPlainText() or getattr(self, "_console_run", None) == m.run_dir:
             return
+        path = m.run_dir / "logs" / "board.jsonl"
         self._console_run = m.run_dir
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
