@@ -213,6 +213,37 @@ else
 fi
 
 # ---------------------------------------------------------------------------------------------
+# Qualcomm's x86 runtime: onnxruntime-qnn 2.7.0 (libGenie 1.21, QNN 2.51: local compile and real Genie on the
+# HTP simulator) needs Python 3.11+ and onnxruntime >= 1.24.2, so beside the validated GPU recipe (Python 3.10,
+# onnxruntime-gpu) it goes into a side environment that <venv>/.hexstudio-qnn names (workers/qnn/libs.py).
+QNN_DEPS=("onnxruntime-qnn==2.7.0" "mmh3>=4")
+say "[4b/7] Qualcomm's x86 runtime (onnxruntime-qnn: local compile, real Genie on the HTP simulator)"
+if [ "$mode" = cpu ] && [ -x "$vpy" ] && "$vpy" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else 1)' 2>/dev/null; then
+    if [ "$(have onnxruntime-qnn)" = 2.7.0 ] && [ -n "$(have mmh3)" ]; then
+        note "onnxruntime-qnn 2.7.0 already installed"
+    else
+        run "${pip[@]}" install -c "$root/packaging/constraints/dev.txt" "${QNN_DEPS[@]}"
+        did+=("installed onnxruntime-qnn in $venv")
+    fi
+else
+    side="${venv}-qnn"; qpy=""
+    for c in python3.12 python3.11 python3.13; do command -v "$c" >/dev/null 2>&1 && { qpy=$c; break; }; done
+    if [ -z "$qpy" ]; then
+        note "warning: no Python 3.11+ for Qualcomm's runtime: local compile and real Genie on the simulator board"
+        note "are unavailable (the onnxruntime twin stands in, labeled). Install python3.11-venv and run this again."
+    elif [ -x "$side/bin/python" ] && "$side/bin/python" -c 'import onnxruntime_qnn, mmh3, onnx' 2>/dev/null \
+            && [ "$(cat "$venv/.hexstudio-qnn" 2>/dev/null)" = "$side/bin/python" ]; then
+        note "onnxruntime-qnn already installed in the side environment $side"
+    else
+        [ -x "$side/bin/python" ] || run "$qpy" -m venv "$side"
+        run "$side/bin/python" -m pip --disable-pip-version-check -q install -c "$root/packaging/constraints/dev.txt" \
+            "${QNN_DEPS[@]}" numpy "onnx>=1.16"
+        [ "$dry" = 1 ] || echo "$side/bin/python" > "$venv/.hexstudio-qnn"
+        did+=("installed onnxruntime-qnn in the side environment $side")
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
 say "[5/7] aimet-onnx, then onnxruntime$([ "$mode" = cuda ] && echo -gpu) last"
 aimet=$(pin "$recipe" aimet-onnx); got=$(have aimet-onnx)
 if [ "${got%%+*}" = "$aimet" ] && { [ "$mode" = cpu ] || [[ "$got" != *+cpu ]]; }; then
@@ -245,6 +276,7 @@ if [ "$dry" = 0 ] && [ -n "$(have "$drop")" ]; then
     die "$drop came back beside $keep (a dependency pulled it in). Run: $(q "${pip[@]}") uninstall -y $drop $keep && $(q "${pip[@]}") install $keep==$ort"
 fi
 
+# ---------------------------------------------------------------------------------------------
 # ---------------------------------------------------------------------------------------------
 say "[6/7] libpython hook, launcher and Start-menu entry"
 if [ -x "$vpy" ]; then pyx=$vpy; else pyx=$python; fi

@@ -51,8 +51,12 @@ def _htp_leg(q: dict[str, Any], qdir: Path, ids: list[int], spec: WorkerSpec, em
     """Run the HTP leg where Qualcomm's simulator is installed and the model is small enough for it."""
     from workers.qnn.libs import find_qnn_libs
 
-    if find_qnn_libs() is None:
+    libs = find_qnn_libs()
+    if libs is None:
         return {"ran": False, "why": "onnxruntime-qnn (Qualcomm's QNN HTP simulator) is not installed"}
+    if not libs.in_process:
+        return {"ran": False, "why": f"onnxruntime-qnn lives in a side environment ({libs.python}) beside this "
+                                     "recipe's; the HTP leg runs where it imports in the worker's own environment"}
     from workers.qnn.htp_agreement import MAX_SIM_BYTES, measure, sim_bytes
 
     size = sim_bytes(qdir, q["graphs"])

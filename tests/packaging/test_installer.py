@@ -89,7 +89,8 @@ def test_cpu_onnxruntime_gpu_leftover_is_removed_before_installing_the_one_we_ke
 
 def test_second_run_has_nothing_to_install(fake_venv) -> None:
     venv, add = fake_venv
-    for d, v in (("torch", "2.13.0+cpu"), ("aimet-onnx", "2.42.0"), ("onnxruntime", "1.32.0")):
+    for d, v in (("torch", "2.13.0+cpu"), ("aimet-onnx", "2.42.0"), ("onnxruntime", "1.32.0"), ("onnxruntime-qnn", "2.7.0"),
+                 ("mmh3", "5.3.1")):
         add(d, v)
     (venv / "bin" / "hexstudio").write_text("#!/bin/sh\n")
     (venv / "bin" / "hexstudio").chmod(0o755)
@@ -120,11 +121,16 @@ def test_ml_dependency_list_matches_pyproject() -> None:
     def name(req: str) -> str:
         return re.split(r"[<>=!~ ;\[]", req, maxsplit=1)[0].lower().replace("_", "-")
 
-    want = {name(r) for r in extra} - {"torch", "onnxruntime"}
+    # torch and onnxruntime are the GPU steps' own; Qualcomm's x86 runtime (onnxruntime-qnn and mmh3) goes where
+    # Python 3.11+ and onnxruntime >= 1.24.2 can hold it: this venv on a CPU recipe, else a side environment
+    qnn = {"onnxruntime-qnn", "mmh3"}
+    want = {name(r) for r in extra} - {"torch", "onnxruntime"} - qnn
     m = re.search(r"ML_DEPS=\((.*?)\)", INSTALLER.read_text(), re.S)
     assert m
     have = {name(r) for r in shlex.split(m.group(1))}
     assert have == want
+    mq = re.search(r"QNN_DEPS=\((.*?)\)", INSTALLER.read_text(), re.S)
+    assert mq and {name(r) for r in shlex.split(mq.group(1))} == qnn
 
 
 def test_help_and_unknown_options() -> None:

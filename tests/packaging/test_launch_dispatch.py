@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from app.core.device.board import python_env, sim_board
-from app.core.genie.runtime import BoardRuntime
+from app.core.genie.runtime import board_runtime
 from app.core.jobs import ChildResult, JobRunner, cli_command, code_command, run_child
 from app.core.paths import REPO_ROOT
 
@@ -72,13 +72,14 @@ def test_a_failing_cli_command_fails_the_same(monkeypatch: pytest.MonkeyPatch, f
 
 
 def test_simulator_commands(monkeypatch: pytest.MonkeyPatch, frozen_exe: Path, tmp_path: Path) -> None:
-    """The simulator board's genie-t2t-run and the two session helpers (genie, geniex) of BoardRuntime."""
+    """The simulator board's genie-t2t-run and the session helpers of the runtimes that run on this machine (real
+    Genie on the HTP simulator, the onnxruntime twin, GenieX's twin)."""
     board = sim_board(tmp_path / "ws")
     direct, frozen = both(monkeypatch, frozen_exe, lambda: [*sim_board(tmp_path / "ws").genie_command, "--help"])
     assert direct.returncode == frozen.returncode == 0, frozen.stderr
     assert direct.stdout == frozen.stdout and "--profile" in direct.stdout
-    for name in ("genie", "geniex"):
-        rt = BoardRuntime(name, name, Path("unused"), False)
+    for name in ("genie-htp-sim", "ort-twin", "geniex"):
+        rt = board_runtime(name)
         direct, frozen = both(monkeypatch, frozen_exe,
                               lambda rt=rt: [*rt.helper_argv(board, None, None, ".")[0], "--help"])
         assert direct.returncode == frozen.returncode == 0, (name, frozen.stderr)

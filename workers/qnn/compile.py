@@ -29,16 +29,18 @@ from pathlib import Path
 from workers.qnn.context_info import ContextInfo, read_context_info
 from workers.qnn.ep import HtpTarget, session_options
 from workers.qnn.libs import find_qnn_libs
+from workers.shared.errors import ActionableError
 
 UNSUPPORTED_RE = re.compile(r"Unsupported nodes in QNN EP: (.*)")
 REFUSED_NODE_RE = re.compile(r"failed for node `([^`]+)` of type `([^`]+)` with error code (\d+)")
 CPU_FALLBACK = "fallback to CPU EP has been explicitly disabled"
 
 
-class LocalCompileError(Exception):
+class LocalCompileError(ActionableError):
+    """The local compile failed: `code`, QNN's own words in `message`, what to do in `hint`."""
+
     def __init__(self, code: str, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.code, self.message, self.hint = code, message, hint
+        super().__init__(message, hint, code=code)
 
 
 @dataclass
@@ -83,9 +85,14 @@ def compile_part(graphs: list[GraphToCompile], out: Path, target: HtpTarget, sha
     out.mkdir(parents=True)
     spec = {"graphs": [[g.name, os.fspath(g.onnx)] for g in graphs], "out": os.fspath(out),
             "soc_model": target.soc_model, "dsp_arch": target.dsp_arch, "shared": shared}
+    libs = find_qnn_libs()
+    python = libs.python if libs is not None else sys.executable   # this env, or the installer's side env
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])                  # the folder holding `workers`
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "workers.qnn.compile", "--part", json.dumps(spec)],
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    proc = subprocess.run([python, "-m", "workers.qnn.compile", "--part", json.dumps(spec)],
+                          capture_output=True, text=True, timeout=timeout, check=False, env=env)
     seconds = time.monotonic() - t0
     (out / "compile.log").write_text(proc.stderr[-200_000:], encoding="utf-8")
     result: dict[str, object] = {}

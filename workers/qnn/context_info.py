@@ -20,6 +20,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from workers.shared.errors import ActionableError
+
 # Qnn_DataType_t (QnnTypes.h) -> the name HexStudio uses everywhere (metadata.yaml, bundle check)
 DATATYPES = {
     0x0008: "int8", 0x0016: "int16", 0x0032: "int32", 0x0064: "int64",
@@ -162,7 +164,7 @@ class SystemInterface(C.Structure):
                 ("fns", SystemInterfaceFns)]
 
 
-class ContextInfoError(Exception):
+class ContextInfoError(ActionableError):
     """The file is not a context binary this libQnnSystem reads (the message says why)."""
 
 

@@ -36,13 +36,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from workers.shared.errors import ActionableError
+
 # ONNX element type of the zero point -> storage type Genie feeds
 _ONNX_DTYPE = {TensorProto.UINT8: "uint8", TensorProto.UINT16: "uint16", TensorProto.INT8: "int8",
                TensorProto.INT16: "int16", TensorProto.INT32: "int32", TensorProto.FLOAT: "float32"}
 _BITS = {TensorProto.UINT8: 8, TensorProto.INT8: 8, TensorProto.UINT16: 16, TensorProto.INT16: 16}
 
 
-class HtpGraphError(ValueError):
+class HtpGraphError(ActionableError, ValueError):
     """The graph does not have the shape this rewrite expects (the message names the tensor)."""
 
 

@@ -201,6 +201,13 @@ async def run_board_leg(ctx: StageContext, plan: Plan, journal: Path, board: Any
     return info
 
 
+def _htp_leg_available() -> bool:
+    from workers.qnn.libs import find_qnn_libs
+
+    libs = find_qnn_libs()
+    return libs is not None and libs.in_process
+
+
 def _bundle_binaries(ctx: StageContext) -> str:
     """"qnn" when the compile stage's bundle holds real QNN context binaries (a local or AI Hub compile)."""
     try:
@@ -285,6 +292,13 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
                                         str(ctx.settings.get("prompt_template", DEFAULTS.prompt_template)))
     board_doc = read_board_doc(ctx.upstream.get("board")) or {}
     htp_board = "board" in legs and bool(board_doc.get("simulated")) and _bundle_binaries(ctx) == "qnn"
+    agreement_only = htp_board and not _htp_leg_available()
+    if agreement_only:
+        em.warning("The board runs real Genie on the HTP simulator, but the host's HTP leg cannot run here "
+                   "(onnxruntime-qnn is in a side environment): greedy parity is measured against the onnxruntime "
+                   "simulation, an agreement figure between two arithmetics, not the exact gate.",
+                   code="htp_leg_unavailable")
+        htp_board = False
     if htp_board:
         legs = [*legs[: legs.index("board")], "htp", *legs[legs.index("board"):]] if "htp" not in legs else legs
     plan = Plan(suites, renderer, htp_board=htp_board)
@@ -355,7 +369,7 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             b = t["legs"]["board"]
             em.metric("parity_matched", b["matched"])
             em.metric("parity_total", b["total"])
-            em.metric("parity_reference", "htp" if htp_board else "sim")
+            em.metric("parity_reference", "htp" if htp_board else "sim-agreement" if agreement_only else "sim")
         if t["scorer"] == "parity" and t["legs"].get("htp"):
             em.metric("htp_sim_agreement", t["legs"]["htp"]["value"])
     em.metric("source", source)
