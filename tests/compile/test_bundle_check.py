@@ -390,8 +390,8 @@ def test_the_doctor_reports_the_contract_of_a_bundle(tmp_path: Path) -> None:
     ("QnnDevice_create failed: 4000 (QNN_BACKEND_CANNOT_INITIALIZE)", "qnn_backend_4000"),
     ("Failed to free device: 14003\ncontext error 1007", "qnn_1007_oom"),
     ("Failed to free device: 14003", "free_device_14003"),
-    ("QnnBackend_create error 1009", "qnn_interface_1009"),
-    ("Unable to find a valid interface.", "qnn_interface_1009"),
+    ("QnnBackend_create error 1009", "qnn_1009_loading_binaries"),
+    ("Unable to find a valid interface.", "qnn_interface"),
     ("remote_handle64_open failed 0x80000416", "fastrpc_0x80000416"),
     ("export ADSP_LIBRARY_PATH=/opt/qairt/2.42/lib/hexagon-v73/unsigned:/usr/lib/rfsa/adsp", "adsp_path_colon"),
 ])

@@ -191,12 +191,48 @@ RULES: tuple[Rule, ...] = (
          "binaries and the KV cache do not fit beside what else runs.",
          "Free RAM on the board (stop other processes), or use a smaller model, more parts or a shorter context.",
          code="1007"),
-    Rule("qnn_interface_1009", (r"Unable to find a valid interface", r"(?:error|err|status)[ :=]*1009\b"),
-         "QNN loaded a library with no interface it can use (1009): a libQnn*.so from /vendor/lib64 or /usr/lib "
+    Rule("qnn_interface", (r"Unable to find a valid interface",),
+         "QNN loaded a library with no interface it can use: a libQnn*.so from /vendor/lib64 or /usr/lib "
          "(another QNN version) shadows the QAIRT install's.",
          "Put $QAIRT_HOME/lib/aarch64-oe-linux-gcc11.2 first in LD_LIBRARY_PATH (the QAIRT environment script) "
          "and remove the other QNN copies from the library path.",
-         fix_ids=("qairt_env",), code="1009"),
+         fix_ids=("qairt_env",)),
+    # QnnCommon.h: QNN_MIN_ERROR_COMMON 1000; +8 INCOMPATIBLE_BINARIES, +9 LOADING_BINARIES, +0 NOT_SUPPORTED
+    Rule("qnn_1009_loading_binaries", (r"(?:error|err|status)[ :=]*1009\b", r"\b1009\b.*(?:context|binar)",
+                                       r"(?:context|binar).*\b1009\b"),
+         "QNN could not load the context binaries (1009 = QNN_COMMON_ERROR_LOADING_BINARIES in QnnCommon.h): they "
+         "were prepared for another target (another SoC model or Hexagon arch than this board's), or are damaged.",
+         "Compile for this board's device (the IQ-9075 EVK is soc_model 77, v73); `hexstudio bundle check BUNDLE "
+         "--board NAME` compares each binary's SoC model (read by QNN's own reader) with the board's.",
+         code="1009"),
+    Rule("qnn_1008_incompatible", (r"(?:context|binar|graph|create).*\b1008\b", r"\b1008\b.*(?:context|binar)"),
+         "QNN refuses the context binary as incompatible (1008 = QNN_COMMON_ERROR_INCOMPATIBLE_BINARIES in "
+         "QnnCommon.h): it needs a feature this HTP lacks, typically weight sharing between the prompt processor "
+         "and the token generator, which Hexagon v68 and older do not have, or it was built for another arch.",
+         "Compile for a v73+ device that matches the board (the IQ-9075 EVK is v73); on an older HTP use one "
+         "context binary per graph (no weight sharing).", code="1008"),
+    Rule("qnn_create_device_1400", (r"Failed to create device:?\s*1400\b",),
+         "QNN could not create the HTP device (1400). 1400 is not in QnnCommon.h's code tables; it appears when the "
+         "backend library cannot bring up the device of this platform: a libQnnHtp for another platform, or the "
+         "DSP not reachable (the same family as 14001).",
+         "Run the board doctor (`hexstudio board probe NAME`): it checks the QAIRT libraries for this SoC, "
+         "FastRPC access and the environment script.",
+         fix_ids=("qairt_env", "fastrpc_packages", "group_add"), code="1400"),
+    Rule("x86_shared_weights", (r"Shared weights buffer isn't supported on this platform",),
+         "Qualcomm's x86 HTP simulator cannot load context binaries whose graphs share weights (the board's form).",
+         "For the simulator board compile with one context binary per graph (compile_target local with --board "
+         "sim); push the shared-weight bundle to a real board.", code="x86_shared_weights"),
+    Rule("htp_3110_unsupported", (r"with error code 3110", r"backendValidateOpConfig\(\) failed"),
+         "QNN HTP refused a node (3110): its datatypes are not supported in that form for this htp_arch (e.g. a "
+         "Gather over a raw uint16 table, or int4 weights on the default v68).",
+         "Give the QNN EP htp_arch (73 for the IQ-9075) and put the graph in HTP's form (HexStudio's local compile "
+         "does both: docs/compile.md).", code="3110"),
+    Rule("fastrpc_0x80000442", (r"0x80000442",),
+         "The DSP loaded a skel from the wrong folder (0x80000442): ADSP_LIBRARY_PATH is separated with ':' but "
+         "the DSP loader splits it on ';', so it falls back to the vendor's older libQnnHtpV73Skel.so in "
+         "/usr/lib/rfsa/adsp or /dsp, which does not match QAIRT's CPU-side libraries.",
+         "Separate ADSP_LIBRARY_PATH entries with ';' and put $QAIRT_HOME/lib/hexagon-v73/unsigned first; the "
+         "QAIRT environment script writes it right.", fix_ids=("qairt_env",), code="0x80000442"),
     Rule("fastrpc_0x80000416", (r"0x80000416",),
          "A FastRPC call into the DSP failed (0x80000416): the DSP-side skel library was not found or is not the "
          "one the CPU side expects (a wrong ADSP_LIBRARY_PATH, or stub and skel from different QAIRT versions).",
