@@ -5,6 +5,7 @@ render from it. Every KPI carries its source: "device", "simulated", "emulated" 
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import platform
@@ -18,7 +19,7 @@ from app.core.reports.bench import bench_section
 from app.core.reports.predicted import predicted_section, read_prediction
 from app.core.reports.redact import scrub, secret_values_in
 from app.core.stages import STAGES
-from app.core.status import RunStatus, run_status, stage_statuses
+from app.core.status import KINDS, RunStatus, run_status, stage_statuses
 
 REPORT_VERSION = 1
 
@@ -139,9 +140,11 @@ def _stage_rows(m: RunManifest) -> list[dict[str, Any]]:
 
 
 def _status(m: RunManifest, stages: list[dict[str, Any]]) -> tuple[RunStatus, dict[str, Any] | None]:
-    """The run's status from the one status model (app.core.status), the Report stage itself left out (it is
-    running while it writes this); the failure names the stage that holds the run back, why and what next."""
-    statuses = [x for x in stage_statuses(m) if x.stage != "report"]
+    """The run's status from the one status model (app.core.status), in the words the dashboard and the CLI use;
+    the Report stage counts as passed while it runs (this is its output). The failure names the stage that
+    holds the run back, why and what next."""
+    statuses = [dataclasses.replace(x, kind=KINDS["passed"]) if x.stage == "report" and x.key == "running" else x
+                for x in stage_statuses(m)]
     rs = run_status(statuses)
     if rs.key not in ("failed", "gate_failed", "cancelled", "interrupted") or rs.stage is None:
         return rs, None
