@@ -17,3 +17,9 @@ def test_probe_of_an_unknown_board_points_to_board_add(tmp_path: Path) -> None:
                        cwd=REPO, timeout=120, env={**os.environ, "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg")})
     assert r.returncode != 0 and "hexstudio board add nosuch --host" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_help_lists_gui() -> None:
+    """`hexstudio --help` named every command but the window's."""
+    r = subprocess.run([sys.executable, "-m", "app", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0 and "\n    gui " in r.stdout and "studio window" in r.stdout, r.stdout

@@ -49,10 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true",
                         help=f"log debug detail, on stderr too (the log: {logs.log_path()})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # the window: started by app/__main__.py before this parser (the CLI never imports the GUI); listed here so
+    # `hexstudio --help` names it
+    gui = sub.add_parser("gui", help="open the studio window (also the default without a command; "
+                                     "`hexstudio gui --help` needs no display)")
+    gui.set_defaults(func=_gui_elsewhere)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     _add_verbose(sub)
     return parser
+
+
+def _gui_elsewhere(_args: argparse.Namespace) -> int:
+    print("error: the window starts from the `hexstudio` command itself: run `hexstudio gui`.", file=sys.stderr)
+    return 2
 
 
 def _add_verbose(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
