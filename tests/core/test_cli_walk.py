@@ -23,3 +23,38 @@ def test_help_lists_gui() -> None:
     """`hexstudio --help` named every command but the window's."""
     r = subprocess.run([sys.executable, "-m", "app", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0 and "\n    gui " in r.stdout and "studio window" in r.stdout, r.stdout
+
+
+def test_report_compare_takes_a_baseline_tolerances_and_csv(tmp_path: Path) -> None:
+    """Compare from the CLI as in the studio: a chosen baseline, stated tolerances, CSV."""
+    import csv
+    import io
+    import json
+
+    from app.core.runs import Workspace
+    from tests.support.gate_runs import PASSING, finish_stage
+
+    ws = tmp_path / "ws"
+    runs = []
+    for compile_s in (10.0, 20.0):
+        m = Workspace(ws).create_run("builtin:tiny-llama", "sim", {})
+        for name in ("model", "preflight", "quantize", "validate", "compile"):
+            finish_stage(m, name, PASSING[name], duration_s=compile_s if name == "compile" else 1.0)
+        runs.append(m.run_id)
+
+    def compare(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "app", "report", "compare", *runs, "--workspace", str(ws),
+                               *extra], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+    r = compare("--format", "json", "--baseline", runs[1])
+    assert r.returncode == 0, r.stderr
+    c = json.loads(r.stdout)
+    assert c["baseline"] == runs[1] and c["runs"][0]["run_id"] == runs[1]
+    row = next(x for x in c["rows"] if x["label"] == "Compile duration")
+    assert row["judgement"] == ["better"]
+    r = compare("--format", "csv", "--timing-tolerance", "150")
+    lines = list(csv.reader(io.StringIO(r.stdout)))
+    assert r.returncode == 0 and lines[0][3] == f"{runs[0]} (baseline)"
+    assert "same" in next(x for x in lines if x[1] == "Compile duration")   # within a stated 150 %
+    r = compare("--baseline", "nosuch-run")
+    assert r.returncode != 0 and "Traceback" not in r.stderr

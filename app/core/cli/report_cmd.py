@@ -15,10 +15,19 @@ from app.core.runs import RunNotFound
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("report", help="write a run report (html, pdf, json) or compare runs",
                        description="hexstudio report RUN --format html|pdf|json --out FILE\n"
-                                   "hexstudio report compare RUN_A RUN_B ... --format html|pdf|json --out FILE",
+                                   "hexstudio report compare RUN_A RUN_B ... --format html|pdf|json|csv --out FILE "
+                                   "[--baseline RUN] [--timing-tolerance PCT] [--quality-tolerance PCT]",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN", help="a run id or run folder; or `compare` and two or more runs")
-    p.add_argument("--format", choices=("html", "pdf", "json"), default="html")
+    p.add_argument("--format", choices=("html", "pdf", "json", "csv"), default="html",
+                   help="csv: comparisons only")
+    p.add_argument("--baseline", metavar="RUN", default=None,
+                   help="compare: the run the others are set against (default: the first)")
+    p.add_argument("--timing-tolerance", type=float, default=10.0, metavar="PCT",
+                   help="compare: timings and memory within this %% are the same (default 10; a measured "
+                        "run-to-run spread counts where it is larger)")
+    p.add_argument("--quality-tolerance", type=float, default=2.0, metavar="PCT",
+                   help="compare: quality figures within this %% are the same (default 2)")
     p.add_argument("--out", type=Path, default=None, help="output file (default: stdout for json, else required)")
     hosts = p.add_mutually_exclusive_group()
     hosts.add_argument("--redact-hosts", dest="redact_hosts", action="store_true", default=None,
@@ -76,15 +85,31 @@ def cmd_report(args: argparse.Namespace) -> int:
             if len(args.runs) < 3:
                 raise CliError("Compare needs two or more runs.", "hexstudio report compare RUN_A RUN_B ...")
             reports = [build_report(_run_dir(args, r), redact_hosts=args.redact_hosts) for r in args.runs[1:]]
-            c = compare_reports(reports)
+            baseline = 0
+            if args.baseline:
+                dirs = [_run_dir(args, r) for r in args.runs[1:]]
+                want = _run_dir(args, args.baseline)
+                if want not in dirs:
+                    raise CliError(f"--baseline {args.baseline} is not one of the compared runs.",
+                                   "Give one of the runs after `compare`.")
+                baseline = dirs.index(want)
+            c = compare_reports(reports, baseline, args.timing_tolerance / 100, args.quality_tolerance / 100)
             if args.out is None:
                 if args.format == "pdf":
                     raise CliError("--format pdf needs --out FILE.")
+                if args.format == "csv":
+                    from app.core.reports.noise import compare_csv
+
+                    print(compare_csv(c), end="")
+                    return 0
                 print(json.dumps(c, indent=2, ensure_ascii=False) if args.format == "json" else compare_html(c))
                 return 0
             write_compare(c, args.format, args.out)
             print(f"wrote {args.out} ({len(reports)} runs, {len(c['rows'])} rows in common)", file=sys.stderr)
             return 0
+        if args.format == "csv":
+            raise CliError("--format csv is for comparisons (`hexstudio report compare RUN_A RUN_B ...`).",
+                           "For one run use html, pdf or json.")
         if len(args.runs) != 1:
             raise CliError("Give one run (or `compare` and two or more).")
         rep = build_report(_run_dir(args, args.runs[0]), redact_hosts=args.redact_hosts)
