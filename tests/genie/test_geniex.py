@@ -41,7 +41,7 @@ def test_both_runtimes_chat_on_the_same_pushed_bundle(sim_workspace: SimWorkspac
     x, geniex_turns = _turns(sim_workspace, "geniex", ["What is the capital of France?", "And of Italy?"])
     assert g.mode == x.mode == "persistent"
     for t in genie_turns:
-        assert t.runtime == "genie" and t.runtime_version and "Genie API" in t.runtime_version
+        assert t.runtime == "genie" and t.runtime_version and "twin of Genie" in t.runtime_version   # labeled, not Genie
     for t in geniex_turns:
         assert t.state == "complete" and t.text.strip(), t.as_json()
         assert t.runtime == "geniex" and "GenieX" in (t.runtime_version or "") and "simulator" in t.runtime_version

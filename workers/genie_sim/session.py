@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.genie_sim.t2t import GENIE_API_VERSION, GenieLoadError, SimDialog, profile_doc
+from workers.genie_sim.t2t import GENIE_API_VERSION, RUNNER, GenieLoadError, SimDialog, profile_doc
 
 _out_lock = threading.Lock()
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         emit({"event": "error", "code": "dialog_create_failed",
               "message": f"Create From Binary FAILED! ({type(exc).__name__}: {exc})"})
         return 1
-    emit({"event": "ready", "genie_version": GENIE_API_VERSION, "simulated": True, "pid": os.getpid(),
+    emit({"event": "ready", "genie_version": GENIE_API_VERSION, "simulated": True, "pid": os.getpid(), "runner": RUNNER,
           "init_ms": round(dialog.init_us / 1000, 3), "context_length": dialog.capacity, "profile": True})
     ops: queue.Queue[dict[str, Any] | None] = queue.Queue()
     abort = threading.Event()

@@ -20,8 +20,12 @@ from typing import Any, NoReturn
 
 from workers.shared.errors import ActionableError
 
-GENIE_API_VERSION = "1.17.0"
-BANNER = f"Using libGenie.so version {GENIE_API_VERSION} (HexStudio simulator: onnxruntime on the CPU, not a device)"
+# Not Genie: HexStudio's onnxruntime twin, which enforces the contract of Genie 1.13's sources (Dialog.cpp,
+# nsp-model.cpp). Its version says so; the real Genie (1.21, onnxruntime-qnn) runs real bundles instead.
+GENIE_API_VERSION = "1.13.0-twin"
+RUNNER = "HexStudio's onnxruntime twin of Genie (Genie 1.13's contract; not Genie)"
+BANNER = (f"Using libGenie.so version {GENIE_API_VERSION} ({RUNNER}: onnxruntime on the CPU, simulated, "
+          "not a device)")
 
 
 class _Parser(argparse.ArgumentParser):

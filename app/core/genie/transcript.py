@@ -191,7 +191,7 @@ class TranscriptParser:
             return
         if line.startswith("Using libGenie.so version"):
             self.t.genie_version = line.split("version", 1)[1].split()[0]
-            self.t.simulated = "simulator" in line.lower()
+            self.t.simulated = "simulator" in line.lower() or "simulated" in line.lower()
             return
         m = LOG_RE.match(line)
         if m:
