@@ -286,3 +286,28 @@ def rope_mismatch(pe: dict[str, Any], hf_config: dict[str, Any], context_size: i
     if abs(got_af - want_af) > TOLERANCE * max(1.0, abs(want_af)):
         return f"cos/sin multiplier: Genie {got_af:.9g}, model {want_af:.9g}"
     return None
+
+
+def rope_effect(pe: dict[str, Any], hf_config: dict[str, Any], context_size: int) -> dict[str, Any] | None:
+    """What a rope that Genie can compute, but that differs from the model's, does over the context: None when
+    they agree (within TOLERANCE). Raises RopeError/KeyError/... when either side cannot be computed.
+
+    {"pairs": frequency pairs that differ, "of": their count, "max_angle_rad": the largest angle difference at
+    the context's last position, "within_0_1_rad_until": the last position where every angle is within 0.1 rad
+    (context_size when all are), "attention_factor": (Genie's, the model's) when the cos/sin multiplier differs}"""
+    want_inv, want_af = model_inv_freq(hf_config, context_size)
+    got_inv, got_af = genie_inv_freq(pe, context_size)
+    if got_inv.shape != want_inv.shape:
+        raise RopeError(f"rope-dim {got_inv.size}, the model rotates {want_inv.size} frequency pairs (head_dim / 2)")
+    diff = np.abs(got_inv - want_inv)
+    rel = diff / np.maximum(np.abs(want_inv), 1e-30)
+    af_differs = abs(got_af - want_af) > TOLERANCE * max(1.0, abs(want_af))
+    if float(rel.max()) <= TOLERANCE and not af_differs:
+        return None
+    worst = float(diff.max())
+    until = context_size if worst * (context_size - 1) <= 0.1 else int(0.1 / worst) if worst > 0 else context_size
+    out: dict[str, Any] = {"pairs": int((rel > TOLERANCE).sum()), "of": int(want_inv.size),
+                           "max_angle_rad": round(worst * (context_size - 1), 4), "within_0_1_rad_until": until}
+    if af_differs:
+        out["attention_factor"] = (round(got_af, 6), round(want_af, 6))
+    return out

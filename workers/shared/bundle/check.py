@@ -380,12 +380,24 @@ def _rope_findings(cfg: dict[str, Any], hf: dict[str, Any] | None) -> list[Findi
     if not isinstance(pe, dict):   # legacy: rope with pos-id-dim / QnnHtp.rope-theta, no scaling
         pe = {"type": "rope", "rope-dim": htp.get("pos-id-dim", 64), "rope-theta": htp.get("rope-theta", 10000)}
     out = []
-    diff = rope.rope_mismatch(pe, hf, size)
-    if diff is not None:
+    fix = ("Write positional-encoding from the model's own config.json (`hexstudio bundle config --model HF_FOLDER` "
+           "prints it; never a hard-coded factor).")
+    try:
+        effect = rope.rope_effect(pe, hf, size)
+    except (rope.RopeError, KeyError, TypeError, ValueError) as exc:   # Genie cannot compute what the model needs
         out.append(Finding("rope_mismatch", ERROR, f"The rope Genie computes from genie_config.json differs from "
-                           f"the model's config.json: {diff}.", NO_MESSAGE,
-                           "Write positional-encoding from the model's own config.json (`hexstudio bundle config "
-                           "--model HF_FOLDER` prints it; never a hard-coded factor)."))
+                           f"the model's config.json: {exc}.", NO_MESSAGE, fix))
+        effect = None
+    if effect is not None:
+        # Genie loads it and runs: a warning with the measured effect, not a refusal (Qualcomm's own Llama 3.2
+        # bundles write rope factor 8.0 where the checkpoint says 32.0)
+        af = (f"; the cos/sin multiplier is {effect['attention_factor'][0]} instead of "
+              f"{effect['attention_factor'][1]}" if "attention_factor" in effect else "")
+        out.append(Finding("rope_differs", WARNING, f"The rope Genie computes from genie_config.json differs from the "
+                           f"model's config.json in {effect['pairs']} of {effect['of']} frequency pairs: at the "
+                           f"context's end (position {size - 1}) angles differ by up to {effect['max_angle_rad']} rad; "
+                           f"every angle is within 0.1 rad up to position {effect['within_0_1_rad_until']}{af}. "
+                           "Genie loads it; long prompts drift from what the model was trained on.", NO_MESSAGE, fix))
     try:
         hd = rope.head_dim_of(hf)
     except (KeyError, TypeError, ValueError):
