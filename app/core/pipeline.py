@@ -94,6 +94,12 @@ def output_digest(artifacts: list[dict[str, Any]]) -> str:
     return h.hexdigest()
 
 
+def summary_digest(summary: dict[str, Any], inputs: str) -> str:
+    """The output digest of a stage declared digest_from_summary: what it did (its summary) from what inputs."""
+    payload = json.dumps({"summary": summary, "inputs": inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
 def input_hash(m: RunManifest, stage: Stage) -> str:
     settings = m.settings
     payload: dict[str, Any] = {
@@ -359,8 +365,9 @@ class Pipeline:
             partial.rename(final)
             shutil.rmtree(old, ignore_errors=True)
             st["artifacts"] = hash_tree(final, kinds)
-            st["output_digest"] = output_digest(st["artifacts"])
             st["input_hash"] = input_hash(m, stage)
+            st["output_digest"] = (summary_digest(result.summary, st["input_hash"])
+                                   if stage.digest_from_summary and result.summary else output_digest(st["artifacts"]))
             st["state"] = "done"
         else:
             shutil.rmtree(partial, ignore_errors=True)

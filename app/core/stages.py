@@ -111,6 +111,11 @@ class Stage:
     action: str | None = None
     version: int = 1
     heavy: bool = False
+    # what later stages depend on, when the outputs' bytes change on every run without meaning anything new:
+    # True takes the stage's summary (its action's return) and its input hash as its output digest, so an
+    # unchanged re-run (the Board stage: the same bundle pushed to the same board again; board.json records
+    # times and rates) does not make Chat and Evaluate stale
+    digest_from_summary: bool = False
 
     @property
     def kind(self) -> str:
@@ -182,7 +187,7 @@ STAGES: tuple[Stage, ...] = (
         needs=("compile",), inputs=("board", *read_by("board")),
         outputs=("board.json",),
         gate_text="The doctor passes and the bundle on the board matches the local one.",
-        verdict=_verdict_board, action="app.core.device.stage:run_board_stage",
+        verdict=_verdict_board, action="app.core.device.stage:run_board_stage", digest_from_summary=True,
     ),
     Stage(
         name="chat", title="Chat",

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from app.core.manifest import RunManifest
 from app.core.pipeline import Pipeline
 from app.core.reports.collect import build_report
@@ -97,3 +99,27 @@ def test_every_ending_has_its_own_word(tmp_path: Path) -> None:
     # every key has its own word and symbol
     assert len({k.word for k in KINDS.values()}) == len(KINDS) == len({k.symbol for k in KINDS.values()})
 
+
+
+@pytest.mark.slow
+def test_an_unchanged_board_rerun_leaves_chat_passed(tmp_path: Path, compiled_sim_run: Path) -> None:
+    """Issue 32: running the Board stage again, unchanged (the same bundle to the same board), marked Chat and
+    Evaluate stale: board.json records times and rates, so its bytes differ on every push."""
+    import asyncio
+
+    from app.core.runs import Workspace
+    from tests.support.sim_runs import copy_run
+
+    run = copy_run(compiled_sim_run, tmp_path / "ws")
+    m = Workspace(tmp_path / "ws").open_run(run.name)
+    assert asyncio.run(Pipeline(m).run(only="board")).ok
+    assert asyncio.run(Pipeline(m).run(only="chat")).ok
+    assert stage_status(m, "chat").key == "passed"
+    first = m.stage("board").data["output_digest"]
+    assert asyncio.run(Pipeline(m).run(only="board", force=True)).ok      # pushed again, nothing changed
+    m = RunManifest.load(m.run_dir)
+    assert m.stage("board").data["output_digest"] == first
+    assert stage_status(m, "chat").key == "passed", stage_status(m, "chat")
+    # a real change still makes it stale: another board
+    m.inputs["board"] = "evk"
+    assert stage_status(m, "board").key == "stale"
