@@ -24,12 +24,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-GRAPHS_VERSION = 3    # bump when the graphs change: cached timings of older graphs are not reused
+GRAPHS_VERSION = 4    # bump when the graphs change: cached timings of older graphs are not reused
 OPSET = 21            # block-wise Q/DQ, int4 and 16-bit Q/DQ
 BLOCK = 64            # LPBQ block along the input features
 U16, U8 = TensorProto.UINT16, TensorProto.UINT8
 MID16 = 32768         # the zero point of a symmetric uint16 activation
 MID8 = 128
+UNIT = 1.0 / 65536    # [0, 1) outputs (softmax, sigmoid): scale 2^-16, zero point 0, HTP's own encoding for them
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ class _Builder:
 
     def _qparams(self, scale: float, bits: int) -> tuple[str, str]:
         s = self.const("s", np.array(scale, np.float32))
-        z = self.const("z", np.array(MID16, np.uint16) if bits == 16 else np.array(MID8, np.uint8))
+        mid = 0 if scale == UNIT else (MID16 if bits == 16 else MID8)
+        z = self.const("z", np.array(mid, np.uint16) if bits == 16 else np.array(mid, np.uint8))
         return s, z
 
     def qdq(self, x: str, scale: float, bits: int = 16, out_q: str | None = None) -> str:
@@ -240,10 +242,10 @@ def _attend(b: _Builder, q: str, k_past: str, k_new: str | None, v_past: str, v_
     concatenated (a [.., rows, ctx] tensor) and the probabilities split again. Which is faster depends on the
     shapes (3B, AR-1, context 4096: 4.4 ms per layer concatenated vs 3.0 split; 1B: 1.7 vs 2.2)."""
     if k_new is None:
-        probs = b.op("Softmax", [add_mask(b.op("MatMul", [q, k_past], 0.5))], 1.0 / 65535, axis=-1)
+        probs = b.op("Softmax", [add_mask(b.op("MatMul", [q, k_past], 0.5))], UNIT, axis=-1)
         return b.op("MatMul", [probs, v_past], 0.05)
     scores = b.op("Concat", [b.op("MatMul", [q, k_past], 0.5), b.op("MatMul", [q, k_new], 0.5)], 0.5, axis=3)
-    probs = b.op("Softmax", [add_mask(scores)], 1.0 / 65535, axis=-1)
+    probs = b.op("Softmax", [add_mask(scores)], UNIT, axis=-1)
     p_past = b.op("Slice", [probs, *b.axis_range(0, past, 3)])
     p_new = b.op("Slice", [probs, *b.axis_range(past, past + n, 3)])
     return b.op("Add", [b.op("MatMul", [p_past, v_past], 0.05), b.op("MatMul", [p_new, v_new], 0.05)], 0.05)
@@ -257,7 +259,7 @@ def _mlp(b: _Builder, s: LayerShape, x: str, ctx: str) -> str:
     xn = b.rmsnorm(x, h, s.rms_eps)
     gate = b.lpbq_matmul(xn, h, s.intermediate, 0.05)
     up = b.lpbq_matmul(xn, h, s.intermediate, 0.05)
-    act = b.op("Mul", [gate, b.op("Sigmoid", [gate], 1.0 / 65535)], 0.05)
+    act = b.op("Mul", [gate, b.op("Sigmoid", [gate], UNIT)], 0.05)
     down = b.lpbq_matmul(b.op("Mul", [act, up], 0.05), s.intermediate, h, 0.05)
     return b.op("Add", [x, down], 0.1)
 
