@@ -132,8 +132,8 @@ def write_local_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Pa
             cp = compile_part(unit, work / "ctx" / unit[0].name, target, shared=form == "shared")
             read_back(cp, unit)
             compiled.append(cp)
-            em.metric(f"compile_seconds_part_{k}", round(cp.seconds, 2), unit="s")
-            em.metric(f"compile_peak_rss_part_{k}", cp.peak_rss_bytes, unit="bytes")
+            em.metric(f"compile_seconds.{unit[0].name}", round(cp.seconds, 2), unit="s")
+            em.metric(f"compile_peak_rss.{unit[0].name}", cp.peak_rss_bytes, unit="bytes")
             label = gb.part_label(k, nparts)
             if form == "shared":
                 name = f"{slug}_part_{label}.bin"
