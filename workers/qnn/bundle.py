@@ -162,7 +162,7 @@ def write_local_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Pa
     em.metric("compile_seconds", round(sum(c.seconds for c in compiled), 2), unit="s")
     em.metric("compile_peak_rss", max((c.peak_rss_bytes for c in compiled), default=0), unit="bytes")
     em.progress(0.9, "writing bundle.json")
-    dev = {k: device[k] for k in ("name", "soc_model", "dsp_arch") if k in device}
+    dev: dict[str, Any] = {k: device[k] for k in ("name", "soc_model", "dsp_arch") if k in device}
     dev["attributes"] = list(device.get("attributes") or [])
     return gb.write_manifest(bdir, {
         "model": model_doc["model"], "simulated": False, "emulated": False, "device": dev,

@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from workers.qnn.context_info import ContextInfo, read_context_info
 from workers.qnn.ep import HtpTarget, session_options
@@ -95,7 +96,7 @@ def compile_part(graphs: list[GraphToCompile], out: Path, target: HtpTarget, sha
                           capture_output=True, text=True, timeout=timeout, check=False, env=env)
     seconds = time.monotonic() - t0
     (out / "compile.log").write_text(proc.stderr[-200_000:], encoding="utf-8")
-    result: dict[str, object] = {}
+    result: dict[str, Any] = {}
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
             try:
@@ -113,14 +114,17 @@ def compile_part(graphs: list[GraphToCompile], out: Path, target: HtpTarget, sha
                 f"QNN HTP cannot run every node of {names}: {what[:600]}. Nothing ran on the CPU "
                 "instead (CPU fallback is off, as on the board).",
                 f"This is a HexStudio bug in the graph rewrite (workers/qnn/htp_graph.py): report it with {out}/compile.log.")
-        tail = (result.get("error") or proc.stderr.strip().splitlines()[-1:] or [f"exit code {proc.returncode}"])
+        lines = proc.stderr.strip().splitlines()
+        tail = str(result.get("error") or (lines[-1] if lines else f"exit code {proc.returncode}"))
         raise LocalCompileError(
             "local_compile_failed",
-            f"QNN could not compile {names} (exit {proc.returncode}): {str(tail if isinstance(tail, str) else tail[-1])[:600]}",
+            f"QNN could not compile {names} (exit {proc.returncode}): {tail[:600]}",
             f"The full log is {out}/compile.log. A killed process (exit -9) usually means the machine ran out of "
             "memory: close other programs or compile on a bigger machine.")
-    part = CompiledPart(part=graphs[0].part, bins=[Path(str(b)) for b in result["bins"]],  # type: ignore[union-attr]
-                        seconds=seconds, peak_rss_bytes=int(result.get("peak_rss_bytes") or 0))  # type: ignore[call-overload]
+    bins = result["bins"] if isinstance(result.get("bins"), list) else []
+    peak = result.get("peak_rss_bytes")
+    part = CompiledPart(part=graphs[0].part, bins=[Path(str(b)) for b in bins],
+                        seconds=seconds, peak_rss_bytes=int(peak) if isinstance(peak, int) else 0)
     return part
 
 

@@ -85,6 +85,7 @@ class Plan:
                 else:
                     prompt = renderer.prompt(c)
                     max_tokens = c.max_tokens
+                    legs: tuple[str, ...]
                     if c.scorer == "parity" and htp_board:
                         on_board = [x.id for x in s.cases][:HTP_SIM_PARITY_CASES]
                         legs = ("sim", "htp", "board") if c.id in on_board else ("sim",)

@@ -312,6 +312,8 @@ class ChatSession:
         if not self.board.simulated:
             try:
                 src = self.runtime.helper
+                if src is None:
+                    raise SessionError(f"{self.runtime.title} has no helper to copy to a board.")
                 self._helper_remote = posixpath.join(await t.home(), "hexstudio", "bin", src.name)
                 await ensure_dir(self.board, posixpath.dirname(self._helper_remote))
                 await t.write_bytes(self._helper_remote, src.read_bytes(), 0o755)

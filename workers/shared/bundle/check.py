@@ -546,7 +546,7 @@ def _real_findings(bundle: Path, real: dict[str, Any], facts: dict[str, Any] | N
     if pf is not None:
         code, sev, genie, message = pf
         out.append(Finding(code, sev, message, genie, "Fix the key Genie names (docs/genie.md lists the schema), "
-                           "or compile again." if sev == ERROR else None))
+                           "or compile again." if sev == ERROR else ""))
     ext = _read_json(bundle / "htp_backend_ext_config.json")
     dev = (ext.get("devices") or [{}])[0] if isinstance(ext, dict) and isinstance(ext.get("devices"), list) else {}
     ext_soc = dev.get("soc_model") if isinstance(dev, dict) and isinstance(dev.get("soc_model"), int) else None
