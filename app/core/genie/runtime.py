@@ -125,7 +125,7 @@ class GenieHtpSimulator(BoardRuntime):
 
 class OnnxruntimeTwin(BoardRuntime):
     key, name, per_turn_fallback, simulated = "ort-twin", "genie", True, True
-    title = "HexStudio's onnxruntime twin of Genie (fallback: onnxruntime-qnn not installed)"
+    title = "HexStudio's onnxruntime twin of Genie (a stand-in bundle; not Genie)"
 
     def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
                     bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
