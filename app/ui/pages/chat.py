@@ -558,9 +558,9 @@ class ChatPage(StagePage):
         # the board record, or what the runner itself reported (a simulator installed on an SSH board)
         session = self.session
         sim = doc.get("simulated") or (session is not None and session.simulated)
-        badge = (f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED</b> — the simulator board runs the "
-                 "QDQ ONNX parts on this CPU; its rates are not device results.</span>" if sim else
-                 "<b>device</b>")
+        runner = session.runtime.title if session is not None else "the simulator board"
+        badge = (f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED</b> — {html.escape(runner)} on this "
+                 "CPU; its rates are not device results.</span>" if sim else "<b>device</b>")
         label = str(doc.get("label"))
         short = label if len(label) <= 48 else label[:22] + "…" + label[-22:]
         self.board_label.setText(f"Board <b>{html.escape(short)}</b> · {badge}")

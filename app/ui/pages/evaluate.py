@@ -182,7 +182,8 @@ class EvaluatePage(StagePage):
             sim = doc.get("simulated")
             self.source_label.setText(
                 (f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED board</b>: the board column comes from "
-                 "the simulator board (CPU), not a device.</span> " if sim else "<b>Board: device.</b> ")
+                 "the simulator board on this CPU (real Genie on Qualcomm's HTP simulator, or the onnxruntime "
+                 "twin), not a device.</span> " if sim else "<b>Board: device.</b> ")
                 + f"Prompts: {doc.get('prompt_format')}; tool calls read in the {doc.get('tool_format')} format.")
             rows, colors = [], []
             for t in doc.get("suites") or []:

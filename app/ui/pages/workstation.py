@@ -501,9 +501,14 @@ class CompilePage(StagePage):
 
         doc = json.loads(path.read_text())
         dev = doc.get("device") or {}
-        label = ("SIMULATION bundle (for the simulator board; not a device result)" if doc.get("simulated") else
+        form = doc.get("context_binary_form")
+        label = ("SIMULATION bundle: the onnxruntime twin's stand-in binaries (for the simulator board; not a device "
+                 "result)" if doc.get("simulated") else
                  "EMULATED AI Hub bundle (test emulator; not a real context binary)" if doc.get("emulated") else
-                 "Genie bundle")
+                 f"Genie bundle of real QNN context binaries, compiled on this PC by QNN {doc.get('qnn_version')} "
+                 + ("(one per graph: what Qualcomm's HTP simulator loads)" if form == "single" else
+                    "(both graphs of a part sharing weights, for a board)")
+                 if doc.get("compile_target") == "local" else "Genie bundle")
         self.bundle_label.setText(f"<b>{label}</b><br>device {dev.get('name')} (soc_model {dev.get('soc_model')}, "
                                   f"dsp_arch {dev.get('dsp_arch')}), QAIRT {doc.get('qairt_version') or '—'}, "
                                   f"context length {doc.get('context_length')}, {doc.get('parts')} part(s), "
