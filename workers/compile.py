@@ -115,6 +115,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         doc = aihub.compile_bundle(spec, model_doc, qdir, em)
     else:
         raise WorkerError("bad_target", f"compile_target '{target}' is not one of auto, local, aihub, sim.")
+    if not doc.get("simulated") and not doc.get("emulated"):
+        qualcomm_check(spec.out_dir / "bundle", em)
     for f in doc["files"]:
         em.artifact(f"bundle/{f['path']}", kind="bundle")
     em.metric("bundle_files", len(doc["files"]))
@@ -125,6 +127,43 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     return {"target": target, "simulated": doc["simulated"], "emulated": bool(doc.get("emulated")),
             "files": len(doc["files"]), "qnn_version": doc.get("qnn_version"),
             "context_binary_form": doc.get("context_binary_form")}
+
+
+def qualcomm_check(bdir: Path, em: Emitter) -> None:
+    """A bundle of real context binaries (a local or an AI Hub compile) through Qualcomm's own checks before the
+    stage passes: Genie 1.21's parser on genie_config.json and QNN's reader on every ctx-bin, whose graphs feed the
+    Genie-model checks (workers/shared/bundle/check.py). Run in a child process: a crash in a library is a failed
+    check, not a dead worker. Skipped, saying so, where onnxruntime-qnn is not installed."""
+    import subprocess
+    import sys
+
+    from workers.shared.bundle.check import check_bundle, errors
+
+    em.progress(0.95, "checking the bundle with Genie's own parser and QNN's binary reader")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "workers.qnn.genie_check", str(bdir)], capture_output=True,
+                              text=True, timeout=600, check=False)
+        real = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() \
+            else None
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        real = None
+    if real is None:
+        raise WorkerError("qualcomm_check_failed", "Qualcomm's checks of the new bundle ended abnormally (Genie's "
+                          "parser or QNN's reader).", "Run `hexstudio bundle check` on artifacts/compile/bundle for "
+                          "the details; report it with the run folder.")
+    if not real.get("available"):
+        em.warning("Qualcomm's own checks did not run (onnxruntime-qnn is not installed): only HexStudio's did.",
+                   hint=str(real.get("hint") or ""), code="qualcomm_checks_missing")
+        return
+    bad = errors(check_bundle(bdir, None, real))
+    if bad:
+        first = bad[0]
+        raise WorkerError("bundle_check", f"The compiled bundle fails Qualcomm's checks: {first.message}"
+                          + (f" Genie/QNN say: {first.genie_error}" if first.genie_error else ""),
+                          first.fix or "Run `hexstudio bundle check` on artifacts/compile/bundle.")
+    em.log(f"Genie {real['config'].get('genie_version')}'s parser accepts genie_config.json; QNN "
+           f"{real.get('qnn_version')}'s reader read {len(real.get('binaries') or [])} context binaries and the "
+           "graphs pass Genie's checks")
 
 
 def resolve_auto_target(board: str, em: Emitter) -> str:
