@@ -133,3 +133,21 @@ def test_the_rewrite_keeps_the_arithmetic(local_run: Path) -> None:
             assert diff.max() <= 1, t.name
         else:
             assert diff.max() == 0, t.name
+
+
+def test_the_board_form_shares_weights_in_one_binary_per_part(local_run: Path, tmp_path: Path) -> None:
+    """For a real board, one context binary per part holds the prompt processor and the token generator with
+    shared weights (what AI Hub's link job makes); QNN's reader sees both graphs in it."""
+    from workers.qnn.compile import GraphToCompile, compile_part, read_back
+    from workers.qnn.ep import HtpTarget
+
+    q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
+    gdir = local_run / "artifacts" / "compile" / "htp" / "graphs"
+    part1 = [GraphToCompile(g["name"], g["kind"], 1, int(q["parts"]), next(gdir.glob(f"{g['name']}~*.onnx")))
+             for g in sorted(q["graphs"], key=lambda g: g["kind"] != "prompt_processor") if g["part"] == 1]
+    cp = compile_part(part1, tmp_path / "shared", HtpTarget(77, "v73"), shared=True)
+    read_back(cp, part1)
+    assert len(cp.bins) == 1 and len(cp.infos[0].graphs) == 2
+    assert set(cp.graphs) == {g.name for g in part1}
+    single = sum(p.stat().st_size for p in (local_run / "artifacts" / "compile" / "bundle").glob("*_part_1_of_2.bin"))
+    assert cp.bins[0].stat().st_size < single    # the weights are stored once

@@ -1,0 +1,43 @@
+"""The README's main command, as a user runs it: `hexstudio run --model builtin:tiny-llama --board sim` with the
+default settings (no test shortcuts), every stage passing its gate with no override. Where onnxruntime-qnn is
+installed the flow compiles locally and the simulator board runs real Genie, so greedy parity is judged against
+the host's HTP simulation and must be N/N."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workers.qnn.libs import find_qnn_libs
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_readme_command_passes_every_gate_on_the_defaults(tmp_path: Path) -> None:
+    env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")}
+    p = subprocess.run([sys.executable, "-m", "app", "run", "--model", "builtin:tiny-llama", "--board", "sim",
+                        "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 0 and doc["ok"], (doc, p.stderr[-3000:])
+    run = json.loads((Path(doc["run_dir"]) / "run.json").read_text())
+    assert run["settings"].get("override_gates") in (None, [])
+    assert "compile_target" not in run["settings"] or run["settings"]["compile_target"] == "auto"
+    for name, st in run["stages"].items():
+        assert st["state"] == "done", (name, st.get("state"), st.get("error"))
+        assert not st.get("overridden"), name
+    ev = {k: (m["value"] if isinstance(m, dict) else m) for k, m in run["stages"]["evaluate"]["metrics"].items()}
+    assert ev["parity_matched"] == ev["parity_total"] > 0
+    bundle = json.loads((Path(doc["run_dir"]) / "artifacts" / "compile" / "bundle" / "bundle.json").read_text())
+    if find_qnn_libs() is not None:      # Qualcomm's runtime: a local compile, real Genie, the exact HTP reference
+        assert bundle["compile_target"] == "local" and bundle["binaries"] == "qnn"
+        assert ev["parity_reference"] == "htp"
+        val = json.loads((Path(doc["run_dir"]) / "artifacts" / "validate" / "validation.json").read_text())
+        assert val["htp_simulation"]["ran"] and val["checks"]["htp_logits_argmax_agreement"]["ok"]
+    else:
+        assert bundle["simulated"] is True
