@@ -440,3 +440,23 @@ def test_a_simulation_bundle_is_read_from_its_simulated_context_binaries(tmp_pat
     part3["graphs"][1]["inputs"]["past_key_9_in"]["quantization_parameters"]["offset"] = -100
     (b / f"{gbx.MODEL_ID}_part_3_of_3.bin").write_text(json.dumps(part3))
     assert "graph_non_identical_quant" in _codes(check_bundle(b, None))
+
+
+def test_the_checker_reads_the_files_the_config_names(tmp_path: Path) -> None:
+    """extensions and tokenizer.path are read where genie_config.json points, as Genie reads them (not by the
+    conventional names): a board-specific extension file with the wrong SoC is found; renamed files are no gap."""
+    b = gbx.write_bundle(tmp_path / "b")
+    (b / "htp_backend_ext_config.json").rename(b / "board_ext.json")
+    (b / "tokenizer.json").rename(b / "tok.json")
+
+    def point(c: dict[str, Any]) -> None:
+        c["dialog"]["engine"]["backend"]["extensions"] = "board_ext.json"
+        c["dialog"]["tokenizer"]["path"] = "tok.json"
+
+    _cfg(b, point)
+    found = check_bundle(b, BOARD)
+    assert errors(found) == [] and not any(f.code in ("htp_ext", "tokens_unchecked") for f in found), _codes(found)
+    ext = json.loads((b / "board_ext.json").read_text())
+    ext["devices"][0]["soc_model"] = 43
+    (b / "board_ext.json").write_text(json.dumps(ext))
+    assert "soc_model" in _codes(check_bundle(b, BOARD))

@@ -425,10 +425,24 @@ def _version(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
 
 
-def _board_findings(bundle: Path, facts: dict[str, Any] | None, simulated: bool) -> list[Finding]:
+def _named_file(cfg: dict[str, Any] | None, *keys: str, default: str) -> str:
+    """The file genie_config.json names at `keys` (e.g. dialog.engine.backend.extensions), as Genie reads it; the
+    conventional name when the config names none (the path rules were checked before: safepath)."""
+    node: Any = cfg or {}
+    for k in keys:
+        node = node.get(k) if isinstance(node, dict) else None
+    return node if isinstance(node, str) and node else default
+
+
+def _ext_name(cfg: dict[str, Any] | None) -> str:
+    return _named_file(cfg, "dialog", "engine", "backend", "extensions", default="htp_backend_ext_config.json")
+
+
+def _board_findings(bundle: Path, facts: dict[str, Any] | None, simulated: bool,
+                    cfg: dict[str, Any] | None = None) -> list[Finding]:
 
     out = []
-    ext = _read_json(bundle / "htp_backend_ext_config.json")
+    ext = _read_json(bundle / _ext_name(cfg))
     dev = (ext.get("devices") or [{}])[0] if isinstance(ext, dict) and isinstance(ext.get("devices"), list) and \
         ext["devices"] else {}
     if not isinstance(dev, dict):
@@ -467,9 +481,10 @@ def _board_findings(bundle: Path, facts: dict[str, Any] | None, simulated: bool)
     return out
 
 
-def _token_ids(bundle: Path) -> tuple[dict[str, int], bool]:
-    """Token content -> id from tokenizer.json (added tokens and vocabulary); False when unreadable."""
-    doc = _read_json(bundle / "tokenizer.json")
+def _token_ids(bundle: Path, cfg: dict[str, Any] | None = None) -> tuple[dict[str, int], bool]:
+    """Token content -> id from the tokenizer the config names (dialog.tokenizer.path: added tokens and
+    vocabulary); False when unreadable."""
+    doc = _read_json(bundle / _named_file(cfg, "dialog", "tokenizer", "path", default="tokenizer.json"))
     if not isinstance(doc, dict):
         return {}, False
     ids: dict[str, int] = {}
@@ -493,7 +508,7 @@ def _token_findings(bundle: Path, cfg: dict[str, Any], hf: dict[str, Any] | None
     ctx = (cfg.get("dialog") or {}).get("context") or {}
     bos, eos = ctx.get("bos-token"), ctx.get("eos-token")
     eos_ids = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int)]
-    ids, readable = _token_ids(bundle)
+    ids, readable = _token_ids(bundle, cfg)
     by_id = {v: k for k, v in ids.items()}
     out = []
     tc = _read_json(bundle / "tokenizer_config.json")
@@ -538,7 +553,8 @@ def _token_findings(bundle: Path, cfg: dict[str, Any], hf: dict[str, Any] | None
     return out
 
 
-def _real_findings(bundle: Path, real: dict[str, Any], facts: dict[str, Any] | None) -> list[Finding]:
+def _real_findings(bundle: Path, real: dict[str, Any], facts: dict[str, Any] | None,
+                   cfg: dict[str, Any] | None = None) -> list[Finding]:
     from workers.shared.bundle.qnn_findings import binary_problems, parser_finding
 
     out: list[Finding] = []
@@ -547,7 +563,7 @@ def _real_findings(bundle: Path, real: dict[str, Any], facts: dict[str, Any] | N
         code, sev, genie, message = pf
         out.append(Finding(code, sev, message, genie, "Fix the key Genie names (docs/genie.md lists the schema), "
                            "or compile again." if sev == ERROR else ""))
-    ext = _read_json(bundle / "htp_backend_ext_config.json")
+    ext = _read_json(bundle / _ext_name(cfg))
     dev = (ext.get("devices") or [{}])[0] if isinstance(ext, dict) and isinstance(ext.get("devices"), list) else {}
     ext_soc = dev.get("soc_model") if isinstance(dev, dict) and isinstance(dev.get("soc_model"), int) else None
     board_soc = None
@@ -602,7 +618,7 @@ def check_bundle(path: Path | str, board_facts: dict[str, Any] | None = None,
     size = _obj(cfg, "dialog", "context").get("size")
     graphs, source = load_graph_specs(bundle, bins, size if isinstance(size, int) else None)
     if real and real.get("available"):
-        out += _real_findings(bundle, real, board_facts)
+        out += _real_findings(bundle, real, board_facts, cfg)
         from workers.shared.bundle.qnn_findings import graphs_from_binaries
 
         from_bins = graphs_from_binaries([b for b in real.get("binaries") or [] if not b.get("simulated")])
@@ -618,6 +634,6 @@ def check_bundle(path: Path | str, board_facts: dict[str, Any] | None = None,
     hf = _read_json(bundle / "config.json")
     hf = hf if isinstance(hf, dict) else None
     out += _rope_findings(cfg, hf)
-    out += _board_findings(bundle, board_facts, simulated)
+    out += _board_findings(bundle, board_facts, simulated, cfg)
     out += _token_findings(bundle, cfg, hf, graphs)
     return out
