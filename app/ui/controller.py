@@ -35,6 +35,7 @@ class RunController(QObject):
     busyChanged = Signal(bool)
     settingsChanged = Signal()                  # a run setting changed: later stages may be stale now
     finished = Signal(str, bool, str, str)      # last stage, ok, message, hint
+    runtimeLog = Signal(str, str)               # level, a line of the board runtime's own log (Genie's GenieLog)
 
     def __init__(self, workspace: Workspace | None = None, settings: Settings | None = None) -> None:
         super().__init__()

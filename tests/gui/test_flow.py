@@ -152,6 +152,9 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         assert "SIMULATED" in ch.kpi_label.text() and "SIMULATED" in ch.transcript.bubbles[-1].kpi_label.text()
         assert ch.rate_plot.xs and ch.history_plot.rates[-1] == pytest.approx(turn.kpis["gen_tok_s"])
         assert "tokens" in ch.context_meter.format() and ch.context_meter.value() > 0
+        if ch.session.runtime.key == "genie-htp-sim":     # real Genie: its own log lines reach the device console
+            assert "[Genie " in w.pages["board"].console.toPlainText()
+            assert "HTP simulator" in ch.board_label.text()
         await _shot(w, "07-chat", tmp_path)
         # a second turn keeps the conversation (multi-turn prompt) and can be stopped mid-reply
         ch.max_tokens.setValue(200)

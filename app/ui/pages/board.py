@@ -129,6 +129,7 @@ class BoardPage(StagePage):
         self.console.setObjectName("console")
         self.console.setReadOnly(True)
         self.console.setMaximumBlockCount(5000)
+        controller.runtimeLog.connect(lambda level, text: self.log(f"[Genie {level}] {text}"))
         f = self.console.font()
         f.setFamily("monospace")
         self.console.setFont(f)

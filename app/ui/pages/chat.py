@@ -827,6 +827,7 @@ class ChatPage(StagePage):
                               max_tokens=self.max_tokens.value(), sampler=sampler if sampler is not None else "bundle",
                               on_status=lambda text: self.chat_message.setText(html.escape(text)),
                               runtime=self.runtime())
+        session.on_genie_log = self.c.runtimeLog.emit     # Genie's own lines, into the Board page's console
         mode = await session.open()
         self.journal = None
         if self.c.manifest is not None:  # the turns go into the run, for its report (<run>/chats/)
