@@ -52,7 +52,7 @@ def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.Ab
     ini.parent.mkdir(parents=True)
     ini.write_text("[api]\napi_token = from-client-ini\n")
     page._show_token_state()
-    assert "stored in" in page.token_state.text() and "client.ini" in page.token_state.text()
+    assert "token used is the one in" in page.token_state.text() and "client.ini" in page.token_state.text()
     assert "from-client-ini" not in page.token_state.text()
     ini.unlink()
     page._show_token_state()
