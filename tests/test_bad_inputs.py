@@ -554,6 +554,6 @@ def test_the_suite_has_at_least_40_rows() -> None:
 def test_threshold_names_are_the_validate_stages() -> None:
     from workers.metrics import DEFAULT_THRESHOLDS
     from workers.shared.run_settings import THRESHOLD_NAMES
-    from workers.validate import EXPORT_THRESHOLDS
+    from workers.validate import EXPORT_THRESHOLDS, HTP_THRESHOLDS
 
-    assert set(THRESHOLD_NAMES) == set(DEFAULT_THRESHOLDS) | set(EXPORT_THRESHOLDS)
+    assert set(THRESHOLD_NAMES) == set(DEFAULT_THRESHOLDS) | set(EXPORT_THRESHOLDS) | set(HTP_THRESHOLDS)

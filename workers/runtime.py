@@ -272,12 +272,26 @@ def private_tmp(run_dir: Path, stage: str) -> Path | None:
         os.chmod(tmp, 0o700)
     except OSError:
         return None
+    _saved_tmp.append(({k: os.environ.get(k) for k in ("TMPDIR", "TMP", "TEMP")}, tempfile.tempdir))
     os.environ["TMPDIR"] = os.environ["TMP"] = os.environ["TEMP"] = str(tmp)
     tempfile.tempdir = str(tmp)
     return tmp
 
 
+# what private_tmp replaced, put back when the worker ends: a worker run in-process (tests, the frozen build's
+# dispatcher) must not leave TMPDIR and tempfile's cached folder pointing at a folder that is about to go
+_saved_tmp: list[tuple[dict[str, str | None], str | None]] = []
+
+
 def _drop_tmp(tmp: Path | None) -> None:
+    if _saved_tmp and tmp is not None:
+        env, cached = _saved_tmp.pop()
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        tempfile.tempdir = cached
     if tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
         try:

@@ -143,6 +143,10 @@ def write_local_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Pa
             shutil.copy2(cp.bins[0], bdir / name)
             ctx_bins.append(name)
     check_graph_order(compiled, graphs)
+    from workers.qnn.htp_agreement import MAX_SIM_BYTES, sim_bytes
+
+    if sim_bytes(quantize_dir, q["graphs"]) > MAX_SIM_BYTES:   # no HTP leg runs at this size: drop the weight copies
+        shutil.rmtree(work / "graphs", ignore_errors=True)
     infos: list[ContextInfo] = [i for c in compiled for i in c.infos]
     build = infos[0].build_id if infos else ""
     qairt = qairt_of_build(build) or libs.qnn_version

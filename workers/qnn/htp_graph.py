@@ -272,13 +272,13 @@ def io_doc(t: IoTensor) -> dict[str, Any]:
 
 def load_sim_graph(path: Path) -> onnx.ModelProto:
     """A simulation graph without its weights: they stay in the external data files the rewrite never changes
-    (onnx refuses to read hard-linked data files, and the run folder hard-links its copies)."""
+    (nothing is read or copied: at 8B shapes they are gigabytes)."""
     return onnx.load(os.fspath(path), load_external_data=False)
 
 
 def save_htp_graph(model: onnx.ModelProto, dest: Path, src_dir: Path) -> None:
     """Write the rewritten graph at `dest`, its weights still referencing the simulation graph's external data
-    files, which are hard-linked (else copied) beside it."""
+    files, copied beside it."""
     locations = set()
     for t in model.graph.initializer:
         if t.data_location == TensorProto.EXTERNAL:
@@ -291,8 +291,8 @@ def save_htp_graph(model: onnx.ModelProto, dest: Path, src_dir: Path) -> None:
         target = dest.parent / loc
         if target.exists():
             continue
-        try:
-            os.link(src_dir / loc, target)
-        except OSError:
-            shutil.copy2(src_dir / loc, target)
+        # a copy: onnxruntime refuses external data reached through a symbolic link out of the model's folder
+        # ("External data path escapes model directory"), and a hard link makes onnx refuse to load the
+        # simulation graph's own data later ("multiple hard links ... hardlink attack")
+        shutil.copy2(src_dir / loc, target)
     onnx.save(model, os.fspath(dest))
