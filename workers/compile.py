@@ -134,19 +134,13 @@ def qualcomm_check(bdir: Path, em: Emitter) -> None:
     stage passes: Genie 1.21's parser on genie_config.json and QNN's reader on every ctx-bin, whose graphs feed the
     Genie-model checks (workers/shared/bundle/check.py). Run in a child process: a crash in a library is a failed
     check, not a dead worker. Skipped, saying so, where onnxruntime-qnn is not installed."""
-    import subprocess
     import sys
 
     from workers.shared.bundle.check import check_bundle, errors
+    from workers.shared.bundle.qualcomm_run import MODULE, run_qualcomm_checks
 
     em.progress(0.95, "checking the bundle with Genie's own parser and QNN's binary reader")
-    try:
-        proc = subprocess.run([sys.executable, "-m", "workers.qnn.genie_check", str(bdir)], capture_output=True,
-                              text=True, timeout=600, check=False)
-        real = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() \
-            else None
-    except (subprocess.TimeoutExpired, ValueError, IndexError):
-        real = None
+    real = run_qualcomm_checks(bdir, [sys.executable, "-m", MODULE], timeout_s=600).doc
     if real is None:
         raise WorkerError("qualcomm_check_failed", "Qualcomm's checks of the new bundle ended abnormally (Genie's "
                           "parser or QNN's reader).", "Run `hexstudio bundle check` on artifacts/compile/bundle for "

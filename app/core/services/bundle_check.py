@@ -7,15 +7,15 @@ or the CLI with it. Without onnxruntime-qnn the light checks still run, and the 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from app.core.device.board import python_env
 from app.core.jobs import python_command
 from workers.shared.bundle.check import ERROR, INFO, WARNING, Finding, check_bundle
+from workers.shared.bundle.qualcomm_run import MODULE as QUALCOMM_MODULE
+from workers.shared.bundle.qualcomm_run import run_qualcomm_checks
 
 QUALCOMM_CHECK_TIMEOUT_S = 120.0
 
@@ -23,27 +23,17 @@ QUALCOMM_CHECK_TIMEOUT_S = 120.0
 def qualcomm_checks(bundle_dir: Path, timeout: float = QUALCOMM_CHECK_TIMEOUT_S) -> tuple[dict[str, Any] | None,
                                                                                            Finding | None]:
     """(what Genie's parser and QNN's reader said, a finding about running them when that failed)."""
-    argv = python_command("workers.qnn.genie_check", os.fspath(bundle_dir))
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
-                              env={**os.environ, **python_env()}, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    run = run_qualcomm_checks(bundle_dir, python_command(QUALCOMM_MODULE), timeout_s=timeout,
+                              env={**os.environ, **python_env()})
+    if run.timed_out:
         return None, Finding("qualcomm_check_timeout", WARNING, f"Qualcomm's checks (Genie's parser, QNN's reader) "
                              f"did not finish within {timeout:.0f} s; only HexStudio's checks ran.", None,
                              "Run `hexstudio bundle check` again; a context binary that hangs QNN's reader will "
                              "not load on a board either.")
-    doc = None
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            break
-    if proc.returncode != 0 or not isinstance(doc, dict):
-        tail = (proc.stderr or proc.stdout).strip()[-400:]
+    doc = run.doc
+    if doc is None:
         return None, Finding("qualcomm_check_failed", ERROR, f"Qualcomm's checks ended abnormally (exit "
-                             f"{proc.returncode}) on this bundle: {tail}", None,
+                             f"{run.returncode}) on this bundle: {run.tail}", None,
                              "A binary that crashes QNN's reader will not load on a board: compile that part again.")
     if not doc.get("available"):
         return None, Finding("qualcomm_checks_missing", INFO, "Qualcomm's own checks did not run: onnxruntime-qnn "
