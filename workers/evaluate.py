@@ -203,7 +203,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
                 rec.update({"state": "context_full", "error": str(exc), "ids": [], "text": ""})
             append(journal, rec)
             finished += 1
-            em.progress(finished / max(total, 1), f"{leg}: {j['key']} ({finished}/{total})", leg=leg, key=j["key"])
+            em.progress(finished / max(total, 1), f"{leg}: {j['key']} ({finished}/{total})", leg=leg, key=j["key"],
+                        finished=finished, total=total)
         del pair
     return {"case_runs": total, "legs": legs}
 

@@ -16,6 +16,21 @@ from app.core.pipeline import Pipeline
 from app.core.runs import Workspace
 
 
+def assert_progress_words_agree(seen: list[dict[str, Any]]) -> None:
+    """Issue 32: the page showed "50 % … (72/72)". The percentage and the count told must be the same thing:
+    every progress line of the stage counts case runs over the whole stage (host and board legs)."""
+    counted = [ev for ev in seen if ev.get("type") == "progress" and ev.get("cases_total")]
+    assert counted
+    for ev in counted:
+        n, total = int(ev["cases_done"]), int(ev["cases_total"])
+        assert f"({n}/{total} case runs)" in str(ev["message"]), ev
+        assert abs(float(ev["fraction"]) - n / total) < 1e-6, ev
+    hosts = [ev for ev in counted if str(ev["message"]).startswith("host ")]
+    boards = [ev for ev in counted if str(ev["message"]).startswith("board ")]
+    if hosts and boards:   # the host legs end short of 100 %: the board's cases are still to run
+        assert max(float(ev["fraction"]) for ev in hosts) < 1.0
+
+
 def test_evaluate_three_ways_cancel_and_resume(eval_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     ws, run_dir = eval_workspace
@@ -27,7 +42,7 @@ def test_evaluate_three_ways_cancel_and_resume(eval_workspace: tuple[Path, Path]
 
     def on_event(stage: str, ev: dict[str, Any]) -> None:
         seen.append(ev)
-        if ev.get("type") == "progress" and (ev.get("cases_done") or 0) >= 5:
+        if ev.get("type") == "progress" and (ev.get("board_cases_done") or 0) >= 5:
             tasks.append(asyncio.ensure_future(pipe.cancel()))
 
     pipe = Pipeline(m, on_event=on_event)
@@ -37,12 +52,14 @@ def test_evaluate_three_ways_cancel_and_resume(eval_workspace: tuple[Path, Path]
     assert journals and 5 <= len(journals[0].read_text().splitlines()) < 28
     # live progress: cases done and a running score
     assert any("so far" in str(ev.get("message")) for ev in seen if ev.get("type") == "progress")
+    assert_progress_words_agree(seen)
 
     m = Workspace(ws).open_run(run_dir.name)
     seen.clear()
     res = asyncio.run(Pipeline(m, on_event=lambda s, e: seen.append(e)).run(only="evaluate"))
     assert res.ok, res
     assert any("already done" in str(e.get("message")) for e in seen if e.get("type") == "progress")
+    assert_progress_words_agree(seen)
     doc = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
     assert doc["board_session"]["skipped_done"] >= 5
     assert doc["simulated"] is True and "SIMULATED" in doc["leg_titles"]["board"]

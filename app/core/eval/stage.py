@@ -104,16 +104,27 @@ class Plan:
         return [j for j in self.jobs if leg in j["legs"]]
 
 
-async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal: Path) -> None:
-    """workers/evaluate.py over the float and simulation graphs; its progress mapped onto [0, 0.5]."""
+def case_runs(plan: Plan, legs: list[str]) -> int:
+    """How many (leg, case) runs the legs make: the one count the stage's progress is told in."""
+    return sum(1 for j in plan.jobs for leg in legs if leg in j["legs"])
+
+
+async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal: Path, all_runs: int = 0) -> None:
+    """workers/evaluate.py over the float and simulation graphs.
+
+    Its progress is told over every case run of the stage (`all_runs`: host and board legs together), so
+    the percentage and the count in the words always agree ("25 % … (72/288 case runs)")."""
     from app.core.jobs import JobRunner
 
     jobs = [{**{k: j[k] for k in ("key", "kind", "prompt", "text", "max_tokens") if k in j},
              "legs": [leg for leg in legs if leg in j["legs"]]}
             for j in plan.jobs if any(leg in j["legs"] for leg in legs)]
+    host_runs = case_runs(plan, legs)
+    all_runs = max(all_runs, host_runs, 1)
     done = read_journal(journal)
     if all(f"{leg}\0{j['key']}" in done for j in plan.jobs for leg in legs if leg in j["legs"]):
-        ctx.emitter.progress(0.5, "host legs: every case already done (from an earlier attempt)")
+        ctx.emitter.progress(host_runs / all_runs, f"host legs: every case already done (from an earlier attempt) "
+                             f"({host_runs}/{all_runs} case runs)", cases_done=host_runs, cases_total=all_runs)
         return
     spec = {"schema": SPEC_SCHEMA, "stage": "evaluate", "run_dir": str(ctx.manifest.run_dir),
             "out_dir": str(ctx.out_dir / "host"), "upstream": {k: str(v) for k, v in ctx.upstream.items()},
@@ -123,7 +134,11 @@ async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal:
 
     def on_event(ev: dict[str, Any]) -> None:
         if ev.get("type") == "progress":
-            ctx.emitter.progress(0.5 * float(ev.get("fraction") or 0), f"host {ev.get('message', '')}")
+            n = int(ev["finished"]) if isinstance(ev.get("finished"), int) else round(
+                float(ev.get("fraction") or 0) * host_runs)
+            what = f"{ev['leg']}: {ev['key']}" if ev.get("leg") and ev.get("key") else str(ev.get("message", ""))
+            ctx.emitter.progress(n / all_runs, f"host {what} ({n}/{all_runs} case runs)",
+                                 cases_done=n, cases_total=all_runs)
         elif ev.get("type") in ("log", "warning"):
             ctx.emit(ev)
 
@@ -316,8 +331,10 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     board_journal = run_dir / "eval" / (f"board-{board_doc.get('board', 'none')}-"
                                         f"{_h(digest['compile'], digest['board'], runtime, EVAL_VERSION)}.jsonl")
     host_legs = [x for x in legs if x in ("float", "sim", "htp")]
+    host_runs = case_runs(plan, host_legs)
+    all_runs = host_runs + (len(plan.for_leg("board")) if "board" in legs else 0)
     if host_legs:
-        await run_host_legs(ctx, plan, host_legs, host_journal)
+        await run_host_legs(ctx, plan, host_legs, host_journal, all_runs)
     ctx.check_cancelled()
     encode = _token_ids(ctx.upstream["compile"] / "bundle" if "compile" in ctx.upstream else None)
     board_info: dict[str, Any] = {}
@@ -338,8 +355,9 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             s = next(x for x in plan.suites if x.name == j["suite"])
             sc = suite_scores(s.cases, per[s.name], s.scorer)["legs"].get("board")
             running = f" · {s.name} so far {sc['text']}" if sc else ""
-            em.progress(0.5 + 0.5 * n / max(total, 1), f"board ({source}): {n}/{total} cases{running}",
-                        cases_done=n, cases_total=total)
+            em.progress((host_runs + n) / max(all_runs, 1),
+                        f"board ({source}): case {n} of {total}{running} ({host_runs + n}/{all_runs} case runs)",
+                        cases_done=host_runs + n, cases_total=all_runs, board_cases_done=n, board_cases_total=total)
 
         try:
             board_info = await run_board_leg(ctx, plan, board_journal, board, board_doc["remote_bundle"], runtime,
