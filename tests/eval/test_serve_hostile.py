@@ -120,8 +120,11 @@ FRAMING = [
 
 @pytest.mark.parametrize(("what", "data", "status"), FRAMING, ids=[f[0] for f in FRAMING])
 def test_malformed_http_gets_an_answer(port: int, what: str, data: bytes, status: tuple[int, ...]) -> None:
-    got, _h, _b = raw(port, data)
-    assert got in status, (what, got, _b[:200])
+    got, hs, body = raw(port, data)
+    assert got in status, (what, got, body[:200])
+    # in OpenAI's error shape like every other answer, not uvicorn's plain-text 400 (test_serve_framing.py)
+    assert hs["content-type"].startswith("application/json"), (what, hs, body[:200])
+    assert json.loads(body)["error"]["message"]
     assert health(port)["ok"] is True
 
 

@@ -40,7 +40,7 @@ import uvicorn
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -129,6 +129,44 @@ def _raw(head: bytes, status: int, message: str) -> bytes:
     return head % len(body) + body
 
 
+# h11's RemoteProtocolError carries the status it suggests; these are the ones it uses (400 otherwise)
+_FRAMING_STATUS = {400: b"400 Bad Request", 413: b"413 Content Too Large", 414: b"414 URI Too Long",
+                   431: b"431 Request Header Fields Too Large", 501: b"501 Not Implemented",
+                   505: b"505 HTTP Version Not Supported"}
+_LINGER_S = 2.0   # after a framing error: seconds to read and drop what the client still sends, then close
+
+
+def framing_answer(exc: h11.RemoteProtocolError | None) -> bytes:
+    """The whole HTTP answer to a request h11 refused while parsing it, in OpenAI's error shape."""
+    status = exc.error_status_hint if exc is not None else 400
+    if status not in _FRAMING_STATUS:
+        status = 400
+    why = str(exc) if exc is not None and str(exc) else "malformed request"
+    if status == 431 or why == "Receive buffer too long":
+        status, why = 431, "the request line and headers are larger than this server takes"
+    if len(why) > 200:
+        why = why[:200] + "..."
+    message = f"malformed HTTP request: {why}"
+    body = json.dumps(_error(status, message, "server_error" if status >= 500 else "invalid_request_error",
+                             code="malformed_http")).encode()
+    return (b"HTTP/1.1 " + _FRAMING_STATUS[status] + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n" % len(body) + body)
+
+
+class _Conn(h11.Connection):
+    """h11's connection, keeping the protocol error it raised: uvicorn's handler drops it and answers a fixed
+    plain-text 400, and the error says which status fits (431, 501 ...) and what was wrong."""
+
+    protocol_error: h11.RemoteProtocolError | None = None
+
+    def next_event(self) -> Any:
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.protocol_error = exc
+            raise
+
+
 def protocol_for(limits: Limits) -> type[H11Protocol]:
     class Protocol(H11Protocol):
         """uvicorn's HTTP/1.1 connection, plus: the request line and headers must arrive within
@@ -137,6 +175,44 @@ def protocol_for(limits: Limits) -> type[H11Protocol]:
 
         _timer: asyncio.TimerHandle | None = None
         _armed_cycle: Any = None
+        _lingering = False
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.conn = _Conn(h11.SERVER, limits.max_header)
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn calls this when h11 refuses the request's framing (Content-Length -1, abc or given twice
+            with different values, headers over `max_header`, a bad request line or chunk, a Transfer-Encoding
+            other than chunked, no Host): it would answer a plain-text 400. The studio answers in OpenAI's
+            error shape with the status h11 suggests, then reads and drops what the client still sends for a
+            moment before closing, so the answer is not lost to a reset while the client is still sending."""
+            conn = self.conn
+            exc = conn.protocol_error if isinstance(conn, _Conn) else None
+            log.info("serve: malformed HTTP request from %s: %s", self.client, exc or msg)
+            started = self.cycle is not None and self.cycle.response_started
+            if self.transport.is_closing() or started or conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+                self.transport.close()   # an answer is already under way: all that is left is to close
+                return
+            if self.cycle is not None:
+                self.cycle.disconnected = True   # the app waiting for this body is told the client is gone
+                self.cycle.message_event.set()
+            self.transport.write(framing_answer(exc))
+            self._linger()
+
+        def _linger(self) -> None:
+            self._lingering = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(_LINGER_S, self.transport.close)
+
+        def data_received(self, data: bytes) -> None:
+            if self._lingering:
+                return   # the rest of a refused request: dropped
+            super().data_received(data)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -255,7 +331,7 @@ class OpenAIServer:
                                 log_level="warning", access_log=False, server_header=False,
                                 timeout_keep_alive=lim.keep_alive,  # type: ignore[arg-type]
                                 timeout_graceful_shutdown=max(1, math.ceil(lim.shutdown_grace)),
-                                h11_max_incomplete_event_size=lim.max_header, backlog=2048)
+                                h11_max_incomplete_event_size=lim.max_header, backlog=2048, ws="none")
         self._server = _Uvicorn(config)
         self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
         while not self._server.started:
@@ -366,6 +442,9 @@ class OpenAIServer:
             body = await asyncio.wait_for(read(), lim.body_timeout)
         except asyncio.TimeoutError:
             raise BridgeError(408, f"the request body did not arrive within {lim.body_timeout:g} s") from None
+        except ClientDisconnect:
+            # gone, or its body's framing was refused (answered already): nothing more can be sent
+            raise BridgeError(400, "the client went away before its body arrived") from None
         try:
             doc = json.loads(body or b"{}")
         except (ValueError, RecursionError):
