@@ -49,14 +49,9 @@ def htp_pair_args(spec: WorkerSpec, q: dict[str, Any]) -> dict[str, Any]:
     target = HtpTarget(int(dev.get("soc_model") or 77), str(dev.get("dsp_arch") or "v73"))
     import onnx
 
-    from workers.qnn.htp_graph import deployment_io
+    from workers.qnn.htp_graph import genie_feed_quant
 
-    quant: dict[str, tuple[float, int, int]] = {}
-    for path in paths.values():      # every graph's I/O encodings (KV tied in and out; one per layer)
-        ins, outs = deployment_io(onnx.load(str(path), load_external_data=False))
-        for t in [*ins, *outs]:
-            if t.scale is not None and t.dtype in ("uint8", "uint16"):
-                quant.setdefault(t.name, (t.scale, -int(t.zero_point or 0), 8 if t.dtype == "uint8" else 16))
+    quant = genie_feed_quant(onnx.load(str(p), load_external_data=False) for p in paths.values())
     return {"paths": paths, "quant": quant, "session_factory": lambda p: HtpSession(p, target)}
 
 

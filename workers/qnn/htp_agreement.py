@@ -79,25 +79,23 @@ def measure(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: list[i
 
     from workers.arloop import GenieFeeds, KVCache, _io_of, feed_graph, store_kv
     from workers.qnn.ep import HtpTarget
-    from workers.qnn.htp_graph import deployment_io, htp_graph, load_sim_graph, save_htp_graph
+    from workers.qnn.htp_graph import genie_feed_quant, htp_graph, load_sim_graph, save_htp_graph
     from workers.qnn.htp_session import HtpSession
 
     target = target or HtpTarget(77, "v73")
     work.mkdir(parents=True, exist_ok=True)
     cl, ar_n = int(q["context_length"]), int(q["ar_n"])
-    encs: dict[str, tuple[float, int, int]] = {}
     htp_paths: dict[str, Path] = {}
+    models = []
     for g in q["graphs"]:
         src = quantize_dir / g["sim_onnx"]
         model, _ = (rewrite or htp_graph)(load_sim_graph(src))
         path = work / f"{g['name']}.onnx"
         save_htp_graph(model, path, src.parent)
         htp_paths[str(g["name"])] = path
-        ins, outs = deployment_io(model)
-        for t in [*ins, *outs]:
-            if t.scale is not None and t.dtype in ("uint8", "uint16"):
-                encs.setdefault(t.name, (float(t.scale), int(t.zero_point or 0), 8 if t.dtype == "uint8" else 16))
-    quant = {n: (s, -z, b) for n, (s, z, b) in encs.items()}
+        models.append(model)
+    quant = genie_feed_quant(models)
+    encs = {n: (s, -off, b) for n, (s, off, b) in quant.items()}       # (scale, zero point, bits) for the codes
     feeds = GenieFeeds(q["positional_encoding"], cl, quant)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,18 @@ def deployment_io(model: onnx.ModelProto) -> tuple[list[IoTensor], list[IoTensor
                         tuple(int(d.dim_value) for d in tt.shape.dim), scale, zp)
 
     return [one(v, True) for v in G.g.input], [one(v, False) for v in G.g.output]
+
+
+def genie_feed_quant(models: Iterable[onnx.ModelProto]) -> dict[str, tuple[float, int, int]]:
+    """How Genie quantizes what it feeds and reads, from the graphs' own I/O encodings: name -> (scale, QNN offset
+    = -zero point, bits) for every 8/16-bit tensor (a KV tensor is tied in and out, so its first encoding holds)."""
+    quant: dict[str, tuple[float, int, int]] = {}
+    for model in models:
+        ins, outs = deployment_io(model)
+        for t in [*ins, *outs]:
+            if t.scale is not None and t.dtype in ("uint8", "uint16"):
+                quant.setdefault(t.name, (float(t.scale), -int(t.zero_point or 0), 8 if t.dtype == "uint8" else 16))
+    return quant
 
 
 def io_doc(t: IoTensor) -> dict[str, Any]:
