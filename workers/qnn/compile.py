@@ -23,13 +23,15 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.qnn.context_info import ContextInfo, read_context_info
+from workers.qnn.context_info import ContextInfo, GraphInfoDoc, read_context_info
 from workers.qnn.ep import HtpTarget, session_options
 from workers.qnn.libs import find_qnn_libs
+from workers.shared.bundle.genie_model import variant_of
+from workers.shared.bundle.qnn_findings import spec_of
 from workers.shared.errors import ActionableError
 
 UNSUPPORTED_RE = re.compile(r"Unsupported nodes in QNN EP: (.*)")
@@ -128,12 +130,10 @@ def compile_part(graphs: list[GraphToCompile], out: Path, target: HtpTarget, sha
     return part
 
 
-def graph_ar(info_graph: object) -> int | None:
-    """AR of a compiled graph: attention_mask is [1, 1, AR, CL] in every part (nsp-model.cpp reads it so too)."""
-    for t in getattr(info_graph, "inputs", []):
-        if t.name == "attention_mask" and len(t.shape) >= 2:
-            return int(t.shape[-2])
-    return None
+def graph_variant(graph: GraphInfoDoc) -> tuple[int, int]:
+    """(AR, CL) of a compiled graph as Genie determines it (workers.shared.bundle.genie_model.variant_of: from the
+    I/O shapes first, then the name): QNN names the graphs itself, so ours are matched by what Genie will see."""
+    return variant_of(graph.name, spec_of(asdict(graph)))
 
 
 def read_back(part: CompiledPart, graphs: list[GraphToCompile]) -> None:
@@ -148,7 +148,8 @@ def read_back(part: CompiledPart, graphs: list[GraphToCompile]) -> None:
                                 f"Part {part.part}'s context binaries hold {len(qnn_graphs)} graphs; {len(graphs)} "
                                 "were compiled.", "Report it with the compile folder.")
     for g in graphs:
-        match = [qg for qg in qnn_graphs if (graph_ar(qg) == 1) == (g.kind == "token_generator")]
+        want = variant_of(g.name, {})          # our names carry ar{N}_cl{M}
+        match = [qg for qg in qnn_graphs if graph_variant(qg) == want]
         if len(match) != 1:
             raise LocalCompileError("context_binary_mismatch",
                                     f"Cannot tell which compiled graph of part {part.part} is {g.name}.",

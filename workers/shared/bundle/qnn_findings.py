@@ -22,7 +22,7 @@ from workers.shared.bundle import genie_model as gm
 _SPLIT = re.compile(r"_(\d+)_of_(\d+)$")
 
 
-def _spec(graph: dict[str, Any]) -> dict[str, Any]:
+def spec_of(graph: dict[str, Any]) -> dict[str, Any]:
     def tensors(ts: list[dict[str, Any]]) -> dict[str, Any]:
         out = {}
         for t in ts:
@@ -39,7 +39,7 @@ def graphs_from_binaries(binaries: list[dict[str, Any]]) -> dict[str, dict[str, 
     groups: dict[tuple[int, int], list[tuple[str, dict[str, Any]]]] = {}
     for b in binaries:
         for g in b.get("graphs") or []:
-            spec = _spec(g)
+            spec = spec_of(g)
             try:
                 ar, cl = gm.variant_of(str(g.get("name")), spec)
             except ValueError:
