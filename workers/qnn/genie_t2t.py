@@ -64,9 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     def to_stderr(level: str, text: str) -> None:
         print(f"[{level.upper()}]  \"{text}\"", file=sys.stderr, flush=True)
 
-    def events(obj: dict[str, Any]) -> None:   # the helper's JSON events are not genie-t2t-run's output;
-        if obj.get("event") == "log":          # Genie's own log lines go to stderr as genie-t2t-run prints them
+    end: dict[str, Any] = {}
+
+    def events(obj: dict[str, Any]) -> None:   # the helper's JSON events become genie-t2t-run's output:
+        if obj.get("event") == "log":          # Genie's own log lines go to stderr as genie-t2t-run prints them,
             to_stderr(str(obj.get("level", "info")), str(obj.get("message", "")))
+        elif obj.get("event") == "text":       # the reply's text to stdout as it streams,
+            sys.stdout.write(str(obj.get("text", "")))
+            sys.stdout.flush()
+        elif obj.get("event") == "end":        # and the query's end decides [END] or [ABORT]
+            end.update(obj)
 
     gs.emit = events
     try:
@@ -79,26 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n[PROMPT]: {prompt}\n", flush=True)
     sys.stdout.write("[BEGIN]: ")
     sys.stdout.flush()
-    if args.max_tokens and "GenieDialog_setMaxNumTokens" in fns:
-        fns["GenieDialog_setMaxNumTokens"](h.dialog, int(args.max_tokens))
-    aborted = {"v": False}
-
-    def on_token(resp: bytes | None, code: int, _user: object) -> None:
-        if code == gs.SENTENCE_ABORT:
-            aborted["v"] = True
-        if resp:
-            sys.stdout.write(resp.decode("utf-8", "replace"))
-            sys.stdout.flush()
-
     if args.action == "ABORT":
         def later() -> None:
             time.sleep((args.sleep or 0) / 1000)
+            while not h.in_query.is_set() and not end:   # the signal only reaches a query that has started
+                time.sleep(0.005)
             h.abort()
-        h.in_query.set()
         threading.Thread(target=later, daemon=True).start()
-    cb = gs.QUERY_CB(on_token)
-    st = fns["GenieDialog_query"](h.dialog, prompt.encode("utf-8"), gs.SENTENCE_COMPLETE, cb, None)
-    if aborted["v"] or st in (gs.WARNING_ABORTED, gs.WARNING_PAUSED):
+    h.query("t2t", prompt, args.max_tokens)     # the one query loop the board's helper uses (workers/board)
+    st = int(end.get("status", -1))
+    if end.get("state") == "aborted":
         sys.stdout.write("[ABORT]: \nQuery successfully aborted\n")
     else:
         sys.stdout.write("[END]\n")
