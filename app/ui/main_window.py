@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, QUrl, qVersion
+from PySide6.QtCore import QByteArray, QRect, QSettings, Qt, QTimer, QUrl, qVersion
 from PySide6.QtGui import (
     QAction,
     QActionGroup,
@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QSizePolicy,
     QSplitter,
     QStackedWidget,
+    QStyle,
     QTableWidget,
     QTableWidgetItem,
     QToolButton,
@@ -408,25 +409,37 @@ def open_folder(path: Path) -> bool:
     return QDesktopServices.openUrl(QUrl.fromLocalFile(str(path)))
 
 
+def fitted_frame(avail: QRect, client: QRect, frame: QRect, title_guess: int = 0) -> tuple[int, int, int, int]:
+    """Where a window goes to lie inside `avail` (a screen's available area), frame included: the frame's
+    top-left and the client's new size, as (x, y, width, height).
+
+    `frame` is the window system's frame (title bar and borders) around `client`; before the window manager
+    has decorated the window the two are equal, and `title_guess` pixels are kept for the title bar it will
+    add (at 150 % a restored window otherwise lost its title bar 20 px above the screen)."""
+    extra_w = max(frame.width() - client.width(), 0)
+    extra_h = max(frame.height() - client.height(), 0)
+    if extra_h == 0:          # not decorated yet: keep room for the title bar to come
+        extra_h = max(title_guess, 0)
+    w = max(min(client.width(), avail.width() - extra_w), 320)
+    h = max(min(client.height(), avail.height() - extra_h), 240)
+    fw, fh = w + extra_w, h + extra_h
+    x = min(max(frame.x(), avail.x()), avail.x() + max(avail.width() - fw, 0))
+    y = min(max(frame.y(), avail.y()), avail.y() + max(avail.height() - fh, 0))
+    return x, y, w, h
+
+
 def fit_to_screen(win: QWidget) -> None:
-    """Keep a restored window inside the screen it is on (at any scaling, a saved size can be larger than
-    the screen's available area in device-independent pixels)."""
+    """Keep a restored window, title bar and borders included, inside the available area of the screen it
+    is on (at any scaling, a saved size can be larger than the screen in device-independent pixels)."""
     screen = win.screen() or QGuiApplication.primaryScreen()
     if screen is None:
         return
-    avail = screen.availableGeometry()
-    frame = win.frameGeometry()
-    extra_w = max(frame.width() - win.width(), 0)
-    extra_h = max(frame.height() - win.height(), 0)
-    w = min(win.width(), avail.width() - extra_w)
-    h = min(win.height(), avail.height() - extra_h)
+    guess = win.style().pixelMetric(QStyle.PixelMetric.PM_TitleBarHeight) + 4
+    x, y, w, h = fitted_frame(screen.availableGeometry(), win.geometry(), win.frameGeometry(), guess)
     if (w, h) != (win.width(), win.height()):
-        win.resize(max(w, 640), max(h, 480))
-    frame = win.frameGeometry()
-    x = min(max(frame.x(), avail.x()), avail.x() + max(avail.width() - frame.width(), 0))
-    y = min(max(frame.y(), avail.y()), avail.y() + max(avail.height() - frame.height(), 0))
-    if (x, y) != (frame.x(), frame.y()):
-        win.move(x, y)
+        win.resize(w, h)
+    if (x, y) != (win.frameGeometry().x(), win.frameGeometry().y()):
+        win.move(x, y)      # a top-level's move() places its frame
 
 
 class MainWindow(QMainWindow):
@@ -619,7 +632,8 @@ class MainWindow(QMainWindow):
         QTimer.singleShot(0, self._fit_dock)
         if QGuiApplication.platformName() != "offscreen":   # the offscreen test screen is only 800 x 600
             fit_to_screen(self)
-            QTimer.singleShot(0, lambda: fit_to_screen(self))   # once the window system has placed it
+            for ms in (0, 300, 1200):      # once the window manager has placed and decorated it
+                QTimer.singleShot(ms, lambda: fit_to_screen(self))
 
     def restore_last_run(self) -> str | None:
         """Open the run that was open when the studio last closed (the recent run); None if there is none
