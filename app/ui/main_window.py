@@ -49,6 +49,7 @@ from app.core.runs import RunSummary
 from app.core.sampler import ResourceSample
 from app.core.stages import STAGES, get_stage
 from app.core.status import KINDS, run_status, stage_statuses
+from app.core.units import fmt_rate
 from app.ui.controller import RunController
 from app.ui.errors import show_error
 from app.ui.job_dock import JobDock
@@ -174,7 +175,7 @@ class RunsDialog(QDialog):
                 SortItem(row["name"]), SortItem(row["model"]),
                 SortItem(str(row["created"]).replace("T", " ")[:19], row["created"]),
                 SortItem(row["status"]), SortItem(row["verdict"]),
-                SortItem("" if row["tok_s"] is None else f"{row['tok_s']:.1f}{tag}", row["tok_s"] or -1.0),
+                SortItem("" if row["tok_s"] is None else f"{fmt_rate(row['tok_s'])}{tag}", row["tok_s"] or -1.0),
                 SortItem("" if row["ttft_ms"] is None else f"{row['ttft_ms']:.0f}{tag}",
                          row["ttft_ms"] if row["ttft_ms"] is not None else float("inf")),
                 SortItem("" if row["peak_rss"] is None else human_bytes(row["peak_rss"]), row["peak_rss"] or -1.0),

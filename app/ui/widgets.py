@@ -108,6 +108,11 @@ def note(text: str) -> QLabel:
 
 
 def fmt_value(v: Any, unit: str | None = None) -> str:
+    from app.core.units import fmt_quantity
+
+    q = fmt_quantity(v, unit) if isinstance(v, (int, float)) else None
+    if q is not None:          # rates and times: the one rule the CLI prints them by (app/core/units.py)
+        return q
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):

@@ -68,7 +68,7 @@ def test_bench_protocol_on_a_runner_with_known_timings() -> None:
         assert math.isclose(d["median"], 20 / 1.2, rel_tol=1e-3)
         assert math.isclose(d["stdev"], statistics.stdev([20 / t * 100 for t in ttfts]), rel_tol=1e-3)
     text = report_text(doc)
-    assert "120.0 ± 20.0" in text and "SIMULATED" in text and "not measured here" in text
+    assert "120 ± 20" in text and "SIMULATED" in text and "not measured here" in text
     assert all(p["label"].startswith("published") for p in doc["published"])
 
 

@@ -35,6 +35,7 @@ from app.core.genie.session import (
     TurnResult,
     template_for_bundle,
 )
+from app.core.units import fmt_ms, fmt_rate
 from workers.shared.errors import ActionableError
 
 
@@ -108,9 +109,9 @@ def _kpi_line(r: TurnResult) -> str:
     tag = "SIMULATED" if r.simulated else "device"
     if k is None:
         return f"[{tag}] no profile for this turn"
-    init = "model kept loaded" if r.mode == "persistent" and not k.init_ms else f"init {k.init_ms} ms"
-    return (f"[{tag} · {r.runtime} · {r.mode}] TTFT {k.ttft_ms} ms · prompt {k.prompt_tokens} tok at {k.prompt_tok_s} tok/s · "
-            f"{k.generated_tokens} tok at {k.gen_tok_s} tok/s · {init}")
+    init = "model kept loaded" if r.mode == "persistent" and not k.init_ms else f"init {fmt_ms(k.init_ms)} ms"
+    return (f"[{tag} · {r.runtime} · {r.mode}] TTFT {fmt_ms(k.ttft_ms)} ms · prompt {k.prompt_tokens} tok at "
+            f"{fmt_rate(k.prompt_tok_s)} tok/s · {k.generated_tokens} tok at {fmt_rate(k.gen_tok_s)} tok/s · {init}")
 
 
 async def _chat(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from app.core.cli.common import CliError, add_json_flag, print_json
 from app.core.genie.profile import ProfileError, parse_profile
 from app.core.genie.run import explain_failure
 from app.core.genie.transcript import parse_transcript
+from app.core.units import fmt_quantity
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,7 +58,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             ("time to first token", k.ttft_ms, "ms"), ("generated tokens", k.generated_tokens, ""),
             ("generation rate", k.gen_tok_s, "tok/s"), ("generation time", k.gen_time_ms, "ms")]
     for name, value, unit in rows:
-        print(f"  {name:<20} {'-' if value is None else value} {unit}".rstrip())
+        shown = fmt_quantity(value, unit) or f"{'-' if value is None else value} {unit}"
+        print(f"  {name:<20} {shown}".rstrip())
     return 0
 
 

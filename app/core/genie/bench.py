@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from app.core.genie.profile import Kpis
+from app.core.units import fmt_ms, fmt_rate
 
 METRICS = ("ttft_ms", "prompt_tok_s", "gen_tok_s")
 # Published figures (Qualcomm AI Hub model cards perf.yaml, and a user's EVK measurements), as
@@ -110,8 +111,8 @@ async def bench_runtime(runner: BenchRunner, plan: BenchPlan,
                              {m: stats([r[m] for r in runs]) for m in METRICS})
             cells.append(cell)
             s = cell.stats
-            say(f"{runner.runtime}: prompt {plen} fill {fill_tokens}: TTFT {s['ttft_ms']['median']} ms, decode "
-                f"{s['gen_tok_s']['median']} tok/s (median of {len(runs)})")
+            say(f"{runner.runtime}: prompt {plen} fill {fill_tokens}: TTFT {fmt_ms(s['ttft_ms']['median'], 'ms')}, "
+                f"decode {fmt_rate(s['gen_tok_s']['median'], 'tok/s')} (median of {len(runs)})")
     return {"runtime": runner.runtime, "runtime_version": runner.runtime_version, "simulated": runner.simulated,
             "source": "simulated" if runner.simulated else "device", "context_length": runner.context_length,
             "init_ms": stats(inits), "init_runs": inits, "cells": [asdict(c) for c in cells]}
@@ -205,12 +206,13 @@ def report_text(doc: dict[str, Any]) -> str:
         label = "SIMULATED (CPU, not a device result)" if rt["simulated"] else "measured on the device"
         i = rt["init_ms"]
         lines.append(f"{rt['runtime']} [{rt['runtime_version'] or '?'}] — {label}")
-        lines.append(f"  init: median {i['median']} ms ± {i['stdev']} (n={i['n']})")
+        lines.append(f"  init: median {fmt_ms(i['median'])} ms ± {fmt_ms(i['stdev'])} (n={i['n']})")
         lines.append(f"  {'prompt':>6} {'fill':>6}  {'TTFT ms':>18}  {'prefill tok/s':>18}  {'decode tok/s':>18}")
         for c in rt["cells"]:
             def fmt(m: str, c: dict[str, Any] = c) -> str:
                 s = c["stats"][m]
-                return f"{s['median']} ± {s['stdev']}" if s["median"] is not None else "-"
+                f = fmt_ms if m.endswith("_ms") else fmt_rate
+                return f"{f(s['median'])} ± {f(s['stdev'])}" if s["median"] is not None else "-"
             lines.append(f"  {c['prompt_tokens']:>6} {c['fill_tokens']:>6}  {fmt('ttft_ms'):>18}  "
                          f"{fmt('prompt_tok_s'):>18}  {fmt('gen_tok_s'):>18}")
     lines.append("Published figures (not measured here; facts/numbers.md):")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.genie.prompts import LLAMA3
+from app.core.units import fmt_ms, fmt_rate
 from workers.shared.chat_template import ChatFormat
 
 # model: the model's own chat template (conversation.chat_format); plain: completion, the text as typed
@@ -123,8 +124,9 @@ class Conversation:
             out += [f"**You**: {t.user}", "", f"**Model**: {t.reply}", ""]
             if t.kpis:
                 k = t.kpis
-                out += [f"_TTFT {k.get('ttft_ms')} ms, prompt {k.get('prompt_tok_s')} tok/s, generation "
-                        f"{k.get('gen_tok_s')} tok/s, init {k.get('init_ms')} ms ({k.get('source')})_", ""]
+                out += [f"_TTFT {fmt_ms(k.get('ttft_ms'))} ms, prompt {fmt_rate(k.get('prompt_tok_s'))} tok/s, "
+                        f"generation {fmt_rate(k.get('gen_tok_s'))} tok/s, init {fmt_ms(k.get('init_ms'))} ms "
+                        f"({k.get('source')})_", ""]
         return "\n".join(out)
 
     def save(self, path: Path) -> None:

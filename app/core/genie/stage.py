@@ -12,6 +12,7 @@ from app.core.pipeline import StageContext, StageError
 from app.core.services.chat_target import board_doc as read_board_doc
 from app.core.services.chat_target import open_run_board
 from app.core.settings import Settings
+from app.core.units import fmt_rate
 from workers.shared.run_settings import DEFAULTS
 
 KPI_UNITS = {"init_ms": "ms", "prompt_tokens": "", "prompt_tok_s": "toks/sec", "ttft_ms": "ms",
@@ -69,7 +70,7 @@ async def run_chat_stage(ctx: StageContext) -> dict[str, Any]:
     em.metric("source", source)
     em.metric("runtime", doc.get("runtime"))
     em.metric("runtime_version", doc.get("runtime_version"))
-    rate = f"{k['gen_tok_s']:.1f}" if k.get("gen_tok_s") is not None else "?"
+    rate = fmt_rate(k.get("gen_tok_s")) if k.get("gen_tok_s") is not None else "?"
     origin = " from the printed [KPIS] block" if k.get("origin") == "kpis_block" else ""
     em.progress(1.0, f"{k['generated_tokens']} tokens at {rate} tok/s ({source}{origin})")
     return {"source": source, "generated_tokens": k["generated_tokens"]}

@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
 from app.core.genie.conversation import TEMPLATES, Conversation, Turn, token_counter
 from app.core.genie.prompts import DETERMINISTIC, NEMOTRON_THINKING_ON, chat_format_for, template_for
 from app.core.genie.runtime import RUNTIMES
+from app.core.units import fmt_ms, fmt_rate
 from app.ui.chat_store import ChatRecord, ChatStore, ChatTurn
 from app.ui.chat_view import MessageBubble, TranscriptView, flash
 from app.ui.controller import RunController
@@ -75,14 +76,11 @@ def genie_sampler(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def kpi_line(k: dict[str, Any]) -> str:
-    def f(v: Any, nd: int = 1) -> str:
-        return "—" if v is None else f"{float(v):.{nd}f}"
-
     src = k.get("source", "device")
     tag = "SIMULATED" if src == "simulated" else "device"
-    return (f"TTFT {f(k.get('ttft_ms'), 0)} ms · prompt {f(k.get('prompt_tok_s'))} tok/s · generation "
-            f"{f(k.get('gen_tok_s'))} tok/s · init {f(k.get('init_ms'), 0)} ms · {k.get('generated_tokens')} tokens "
-            f"[{tag}]")
+    return (f"TTFT {fmt_ms(k.get('ttft_ms'))} ms · prompt {fmt_rate(k.get('prompt_tok_s'))} tok/s · generation "
+            f"{fmt_rate(k.get('gen_tok_s'))} tok/s · init {fmt_ms(k.get('init_ms'))} ms · "
+            f"{k.get('generated_tokens')} tokens [{tag}]")
 
 
 def rich(label: QLabel) -> QLabel:
