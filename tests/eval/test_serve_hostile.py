@@ -200,6 +200,29 @@ def test_unknown_paths_and_methods_in_openai_shape(port: int) -> None:
     assert status == 405 and json.loads(data)["error"]["message"]
 
 
+def test_stop_strings_on_a_runtime_without_genies_stop_are_cut_on_the_host(port: int) -> None:
+    """Issue 31: the onnxruntime twin cannot take stop strings (its helper does not say stop_sequences), so the
+    session cuts the reply on the host: what the client gets, streamed or whole, ends before the stop string,
+    finish_reason "stop", and the KPIs say who stopped it. (Genie's own stop: tests/qnn/test_real_genie.py.)"""
+    c = client(port)
+    prompt = "Question: What is the capital of France? Answer:"
+    whole = c.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+    text = str(whole.choices[0].text)
+    assert len(text) > 12, text
+    stop = text[6:10]
+    want = text[: text.index(stop)]
+    r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop, "never-said"])
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    assert r.model_extra["hexstudio"]["stop_by"] == "host"
+    streamed = c.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=stop, stream=True)
+    got, finish = "", None
+    for ch in streamed:
+        got += ch.choices[0].text or ""
+        finish = ch.choices[0].finish_reason or finish
+    assert got == want and finish == "stop"
+    good(port)
+
+
 # -- connections: half-open, trickling and idle ones are closed; past the cap a 503 ---------------------------
 def test_half_open_and_trickling_connections_are_closed(port: int) -> None:
     t0 = time.monotonic()

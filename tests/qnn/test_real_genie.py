@@ -89,6 +89,9 @@ def test_the_helper_protocol_stop_sequences_and_genies_log(local_run: Path) -> N
     events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
     ready = next(e for e in events if e["event"] == "ready")
     assert ready["simulated"] is True and ready["genie_version"] == "1.21.0" and "HTP simulator" in ready["runner"]
+    assert ready["stop_sequences"] is True
+    assert next(e for e in events if e["event"] == "stop") == {"event": "stop", "id": 1, "applied": True,
+                                                                "message": None}
     text = "".join(e["text"] for e in events if e["event"] == "text")
     end = next(e for e in events if e["event"] == "end")
     # Genie ends the reply at the stop sequence and does not emit the sequence itself (unconstrained, the reply runs
@@ -97,3 +100,32 @@ def test_the_helper_protocol_stop_sequences_and_genies_log(local_run: Path) -> N
     assert sum(1 for e in events if e["event"] == "text") < 8
     assert any(e["event"] == "log" for e in events)                  # Genie's own lines, through GenieLog
     assert end["profile"]["components"][0]["events"]                 # GenieProfile's JSON
+
+
+def test_chat_session_hands_stop_strings_to_genie(local_run: Path) -> None:
+    """Issue 31: the session gives its stop strings to the dialog (GenieDialog_setStopSequence) instead of cutting
+    the text itself: Genie ends the reply there and leaves the matched text out; a later turn without them runs
+    past it (they are cleared), and one with them again stops again."""
+    from app.core.device.board import sim_board
+    from app.core.genie.session import ChatSession, TurnResult
+    from app.core.serve.bridge import _Raw
+
+    board = sim_board(local_run.parent.parent)
+    prompt = "The capital of France is"
+
+    async def go() -> tuple[ChatSession, list[TurnResult]]:
+        s = ChatSession(board, _remote_bundle(local_run), _Raw(template="plain"), mode="persistent",
+                        max_tokens=8, sampler="deterministic")
+        out = []
+        async with s:
+            for stops in (["."], [], ["."]):
+                await s.reset()
+                out.append(await s.send(prompt, stop_strings=stops))
+        return s, out
+
+    s, (stopped, free, again) = asyncio.run(go())
+    assert s.runtime.key == "genie-htp-sim" and s.stop_sequences is True
+    assert stopped.stop == "genie" and not stopped.stop_hit and stopped.state == "complete"
+    assert stopped.text == " Paris"                      # Genie's cut: the "." is not in the reply
+    assert free.stop is None and free.text.startswith(" Paris.")   # cleared: it runs on past the "."
+    assert again.stop == "genie" and again.text == " Paris"

@@ -15,13 +15,17 @@ logger (GenieLog_create + GenieDialogConfig_bindLogger) and forwards Genie's own
 stdin, one JSON object a line:
     {"op": "query", "id": N, "prompt": TEXT, "max_tokens": N|null, "stop": [TEXT, ...]|absent}
                            (stop: GenieDialog_setStopSequence({"stop-sequence": [...]}) before the query;
-                            Dialog.cpp's format, an empty list clears them)
+                            Dialog.cpp's format, an empty list clears them; they stay set for later queries;
+                            Genie ends the reply at one and does not emit the matched text)
     {"op": "abort"}        (during a query: GenieDialog_signal(ABORT))
     {"op": "reset"}        (GenieDialog_reset: clears the KV cache)
     {"op": "sampler", "sampler": {...}}  (GenieSampler_applyConfig: seed/temp/top-k/top-p for later queries)
     {"op": "quit"}         (or EOF: GenieDialog_free, exit 0)
 stdout, one JSON object a line:
-    {"event": "ready", "genie_version", "init_ms", "context_length", "profile": bool, "pid"}
+    {"event": "ready", "genie_version", "init_ms", "context_length", "profile": bool, "pid",
+     "stop_sequences": bool}                    (whether this libGenie has GenieDialog_setStopSequence)
+    {"event": "stop", "id", "applied": bool, "message"}   (a query's "stop", before its text: applied, or why
+                                                not: the host then cuts the reply at them itself)
     {"event": "text", "id", "text", "tokens", "mono"}  as the dialog's callback delivers it: one
                                                 callback a token (tokens: 1; absent when a whole reply
                                                 came in one callback; mono: the helper's
@@ -395,6 +399,24 @@ def merge(base: dict, extra: dict) -> None:
             base[k] = v
 
 
+def merge_engines(dialog: dict, extra: dict) -> None:
+    """Merge engine settings (the x86 simulator's n-threads, poll...) into every engine: one object, or spd's
+    array of a draft and a target engine."""
+    eng = dialog.setdefault("engine", {})
+    for e in eng if isinstance(eng, list) else [eng]:
+        if isinstance(e, dict):
+            merge(e, extra)
+
+
+def dialog_sampler(dialog: dict, values: dict) -> dict:
+    """Sampler values as this dialog can take them: Genie's spd asserts temp > 0 in the draft's sampler (a
+    process abort, not a status), so a greedy request (temp 0) becomes "greedy": true with temp 1 there."""
+    out = dict(values)
+    if dialog.get("type") == "spd" and float(out.get("temp", 1.0) or 0.0) <= 0.0:
+        out["temp"], out["greedy"] = 1.0, True
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="genie_session.py")
     ap.add_argument("--config", required=True)
@@ -412,9 +434,10 @@ def main() -> int:
         with open(args.config, encoding="utf-8") as fh:
             cfg = json.load(fh)
         if args.sampler:
-            cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(json.loads(args.sampler))
+            sampler = cfg.setdefault("dialog", {}).setdefault("sampler", {})
+            sampler.update(dialog_sampler(cfg["dialog"], json.loads(args.sampler)))
         if args.engine:
-            merge(cfg.setdefault("dialog", {}).setdefault("engine", {}), json.loads(args.engine))
+            merge_engines(cfg.setdefault("dialog", {}), json.loads(args.engine))
     except (OSError, ValueError, AttributeError) as exc:
         return fail("config_unreadable", f"Cannot read {args.config}: {exc}")
     unsafe = check_config_paths(cfg, os.path.dirname(os.path.abspath(args.config)))
@@ -439,6 +462,7 @@ def main() -> int:
     on_sim = bool(args.htp_simulator)
     emit({"event": "ready", "genie_version": h.version(), "init_ms": round(h.init_ms, 3), "context_length": ctx,
           "profile": bool(h.profile), "pid": os.getpid(), "simulated": on_sim,
+          "stop_sequences": "GenieDialog_setStopSequence" in h.f,
           "runner": f"Genie {h.version()} on the HTP simulator (x86)" if on_sim else f"Genie {h.version()}"})
     ops: queue.Queue = queue.Queue()
 
@@ -468,13 +492,13 @@ def main() -> int:
             if msg.get("op") == "query":
                 if "stop" in msg:
                     why = h.set_stop(msg.get("stop"))
-                    if why is not None:
-                        emit({"event": "log", "level": "warn", "message": f"stop sequences not applied: {why}"})
+                    emit({"event": "stop", "id": msg.get("id"), "applied": why is None, "message": why})
                 h.query(msg.get("id"), str(msg.get("prompt", "")), msg.get("max_tokens"))
             elif msg.get("op") == "reset":
                 h.reset()
             elif msg.get("op") == "sampler":
-                why = h.apply_sampler(msg.get("sampler") if isinstance(msg.get("sampler"), dict) else {})
+                values = msg.get("sampler") if isinstance(msg.get("sampler"), dict) else {}
+                why = h.apply_sampler(dialog_sampler(cfg.get("dialog") or {}, values))
                 emit({"event": "sampler", "applied": why is None, "message": why})
             else:
                 emit({"event": "error", "code": "bad_request", "message": f"unknown op {msg.get('op')!r}"})

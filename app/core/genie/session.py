@@ -25,7 +25,7 @@ import json
 import logging
 import posixpath
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,6 +46,7 @@ SESSION_CONFIG = "genie_config.hexstudio.json"   # the bundle's config with the 
 
 
 genie_log = logging.getLogger("hexstudio.genie.log")
+log = logging.getLogger("hexstudio.genie.session")
 
 
 class SessionError(ActionableError):
@@ -76,6 +77,46 @@ def check_message(user: object) -> str:
     return user
 
 
+class StopCut:
+    """The reply cut at the first stop string, on the host: the fallback for runtimes that cannot take stop strings
+    (the onnxruntime twin, GenieX, one-shot genie-t2t-run, a libGenie without GenieDialog_setStopSequence). A tail
+    that may be the start of a stop string is held back until it is not; at a match only the text before it is
+    kept (OpenAI's and Genie's rule: the stop string itself is not part of the reply)."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [x for x in stops if x]
+        self.keep = max((len(x) - 1 for x in self.stops), default=0)
+        self.full = ""
+        self.emitted = 0
+        self.hit = False
+
+    def feed(self, text: str) -> str:
+        """The part of the reply that can be released now."""
+        if self.hit:
+            return ""
+        self.full += text
+        # a match starts at or after what was released: `keep` characters are always held back
+        cut = min((i for i in (self.full.find(x, self.emitted) for x in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.hit = True
+            self.full = self.full[:cut]
+            end = cut
+        else:   # hold back the longest tail that is the start of a stop string
+            n = len(self.full)
+            held = next((k for k in range(min(self.keep, n - self.emitted), 0, -1)
+                         if any(x.startswith(self.full[n - k:]) for x in self.stops)), 0)
+            end = n - held
+        new = self.full[self.emitted:end]
+        self.emitted = end
+        return new
+
+    def flush(self) -> str:
+        """What was held back, once the reply has ended without a match."""
+        new = self.full[self.emitted:]
+        self.emitted = len(self.full)
+        return new
+
+
 @dataclass
 class TurnResult:
     turn: Turn
@@ -92,6 +133,9 @@ class TurnResult:
     extra: dict[str, Any] = field(default_factory=dict)
     runtime: str = "genie"              # which runtime produced these numbers (app.core.genie.runtime)
     runtime_version: str | None = None  # as the runtime reported it
+    stop: str | None = None             # who applied the stop strings: "genie" (GenieDialog_setStopSequence),
+                                        # "host" (StopCut, for runtimes that cannot), None when none were given
+    stop_hit: bool = False              # the host cut the reply at a stop string (Genie's own stop does not say)
 
     def as_json(self) -> dict[str, Any]:
         return {"text": self.text, "state": self.state, "kpis": self.kpis.as_json() if self.kpis else None,
@@ -234,6 +278,11 @@ class ChatSession:
         self.token_counter: Callable[[str], int] | None = None   # the bundle's tokenizer, when readable
         self.on_turn: Callable[[TurnResult], None] | None = None  # e.g. the run's chat journal
         self.on_genie_log: Callable[[str, str], None] | None = None   # (level, line) of Genie's own log
+        # the loaded dialog takes stop strings itself (its helper said so: GenieDialog_setStopSequence); where
+        # not, replies are cut on the host (StopCut)
+        self.stop_sequences = False
+        self._config_stops: list[str] = []        # genie_config.json's own dialog "stop-sequence", kept in every set
+        self._stops_on_dialog: list[str] | None = []   # what the loaded dialog holds now (None: not known)
 
     @property
     def simulated(self) -> bool:
@@ -258,6 +307,8 @@ class ChatSession:
         size = ((cfg.get("dialog") or {}).get("context") or {}).get("size")
         if isinstance(size, int) and size > 0:
             self.conversation.context_length = size
+        own = (cfg.get("dialog") or {}).get("stop-sequence") if isinstance(cfg.get("dialog"), dict) else None
+        self._config_stops = [x for x in own if isinstance(x, str) and x] if isinstance(own, list) else []
         self.conversation.max_reply_tokens = self.max_tokens
         await self._maybe_tokenizer(cfg)
         override = self.sampler_values
@@ -346,6 +397,8 @@ class ChatSession:
             self._runner_simulated = True
         self.init_ms = float(ev.get("init_ms") or (time.monotonic() - t0) * 1000)
         self.genie_version = ev.get("genie_version")
+        self.stop_sequences = ev.get("stop_sequences") is True
+        self._stops_on_dialog = list(self._config_stops)
         self.runtime_version = ev.get("runtime_version") or ev.get("runner") or (
             f"Genie API {self.genie_version}" if self.genie_version else None)
         self._n_past = 0
@@ -413,58 +466,86 @@ class ChatSession:
 
     # -- turns -------------------------------------------------------------------------------------
     async def send(self, user: str, *, on_chunk: Callable[[Chunk], None] | None = None,
-                   stop: asyncio.Event | None = None) -> TurnResult:
+                   stop: asyncio.Event | None = None, stop_strings: Sequence[str] | None = None) -> TurnResult:
         """One chat turn. `on_chunk(Chunk(t, text))` gets the reply as it is generated (t: seconds since
-        the query went out). Raises ValueError when the message alone does not fit in the context, and
-        SessionError for a message Genie cannot take (check_message)."""
+        the query went out). `stop_strings` (default: the model's own, generation_config.json's
+        `stop_strings`) end the reply, the matched text left out: handed to Genie where the loaded dialog takes
+        them (GenieDialog_setStopSequence), else cut here (StopCut). Raises ValueError when the message alone
+        does not fit in the context, and SessionError for a message Genie cannot take (check_message)."""
         check_message(user)
         if not self._opened:
             await self.open()
+        if stop_strings is None:
+            fmt = self.conversation.chat_format
+            stop_strings = fmt.stop_strings if fmt is not None else []
+        stops = [x for x in stop_strings if isinstance(x, str) and x]
         async with self._lock:
             if self.mode == "persistent":
-                r = await self._send_persistent(user, on_chunk, stop)
+                r = await self._send_persistent(user, on_chunk, stop, stops=stops)
                 if r.extra.get("retry_without_history"):
                     # the re-sent history did not fit after all (the token count was off): once more, without it
                     self.conversation.turns.remove(r.turn)
-                    r = await self._send_persistent(user, on_chunk, stop, history=False)
+                    r = await self._send_persistent(user, on_chunk, stop, history=False, stops=stops)
             else:
-                r = await self._send_per_turn(user, on_chunk, stop)
+                r = await self._send_per_turn(user, on_chunk, stop, stops)
         if self.on_turn is not None:
             self.on_turn(r)
         return r
 
     async def _send_per_turn(self, user: str, on_chunk: Callable[[Chunk], None] | None,
-                             stop: asyncio.Event | None) -> TurnResult:
+                             stop: asyncio.Event | None, stops: list[str]) -> TurnResult:
         conv = self.conversation
         prompt = conv.prompt_for(user)
         note = self._full_note(conv.dropped_turns, cleared=False) if conv.dropped_turns else None
         turn = conv.add(user)
         t0 = time.monotonic()
         first: list[float] = []
+        cut = StopCut(stops) if stops else None   # genie-t2t-run takes no stop strings per query: cut here
+        halt, relay = _halt_on(stop)
 
         def chunk(c: Chunk) -> None:
             if not first:
                 first.append((time.monotonic() - t0) * 1000)
+            if cut is not None:
+                c = replace(c, text=cut.feed(c.text))
+                if cut.hit:
+                    halt.set()
+                if not c.text:
+                    return
             turn.reply += c.text
             if on_chunk is not None:
                 on_chunk(c)
 
-        res = await run_query(self.board, self.bundle_dir, prompt, on_chunk=chunk, stop=stop,
-                              max_tokens=self.max_tokens, config=self._config, count_tokens=self.token_counter)
-        turn.reply = res.text
+        try:
+            res = await run_query(self.board, self.bundle_dir, prompt, on_chunk=chunk, stop=halt,
+                                  max_tokens=self.max_tokens, config=self._config, count_tokens=self.token_counter)
+        finally:
+            if relay is not None:
+                relay.cancel()
+        text = res.text
+        if cut is not None:
+            if not cut.hit and (rest := cut.flush()):
+                turn.reply += rest
+                if on_chunk is not None:
+                    on_chunk(Chunk(time.monotonic() - t0, rest, None, 0))
+            text = turn.reply if cut.hit else cut.full
+        turn.reply = text
         if res.simulated:
             self._runner_simulated = True
         state = res.transcript.state if res.exit_status == 0 or res.transcript.state == "aborted" else "failed"
         state = state if state in ("complete", "aborted") else "failed"
+        if cut is not None and cut.hit and state == "aborted" and not (stop is not None and stop.is_set()):
+            state = "complete"   # ended at a stop string: stopped here, a complete reply
         turn.state = state
         if res.kpis is not None:
             turn.kpis = res.kpis.as_json()
         if res.transcript.genie_version:
             self.runtime_version = f"Genie API {res.transcript.genie_version}"
-        return TurnResult(turn, res.text, state, res.kpis, res.chunks, "per_turn", self.simulated,
+        return TurnResult(turn, text, state, res.kpis, res.chunks, "per_turn", self.simulated,
                           first[0] if first else None, (time.monotonic() - t0) * 1000,
                           error=res.error if state == "failed" else None, note=note,
-                          runtime=self.runtime.name, runtime_version=self.runtime_version)
+                          runtime=self.runtime.name, runtime_version=self.runtime_version,
+                          stop="host" if cut is not None else None, stop_hit=bool(cut and cut.hit))
 
     def _full_note(self, dropped: int, cleared: bool) -> str:
         cl = self.conversation.context_length
@@ -475,7 +556,9 @@ class ChatSession:
         return head + what + ". Start a new chat to begin afresh."
 
     async def _send_persistent(self, user: str, on_chunk: Callable[[Chunk], None] | None,
-                               stop: asyncio.Event | None, history: bool = True) -> TurnResult:
+                               stop: asyncio.Event | None, history: bool = True,
+                               stops: list[str] | None = None) -> TurnResult:
+        stops = stops or []
         conv = self.conversation
         note = None
         if self._helper is None or not self._helper.alive:
@@ -499,11 +582,21 @@ class ChatSession:
         h.queries += 1
         qid = h.queries
         t0 = time.monotonic()
-        await h.send({"op": "query", "id": qid, "prompt": prompt, "max_tokens": self.max_tokens})
+        query: dict[str, Any] = {"op": "query", "id": qid, "prompt": prompt, "max_tokens": self.max_tokens}
+        cut: StopCut | None = None
+        stop_by: str | None = None
+        wanted = [*self._config_stops, *(x for x in stops if x not in self._config_stops)]
+        if self.stop_sequences and wanted != self._stops_on_dialog:
+            query["stop"] = wanted   # Genie's own: GenieDialog_setStopSequence (they stay set for later queries)
+        if stops:
+            stop_by = "genie" if self.stop_sequences else "host"
+            cut = None if self.stop_sequences else StopCut(stops)
+        await h.send(query)
         chunks: list[Chunk] = []
         counter = ChunkTokenCounter(self.token_counter) if self.token_counter is not None else None
         state, error, end = "failed", None, None
-        stop_task = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        halt, relay = _halt_on(stop)
+        stop_task = asyncio.ensure_future(halt.wait())
         aborting_since: float | None = None
         try:
             while True:
@@ -526,15 +619,28 @@ class ChatSession:
                     continue
                 ev = get.result()
                 kind = ev.get("event")
-                if kind == "text" and ev.get("id") == qid:
+                if kind == "stop" and ev.get("id") == qid:   # before the query's text
+                    if ev.get("applied"):
+                        self._stops_on_dialog = wanted
+                    else:
+                        log.warning("the dialog did not take the stop strings %r (%s): cut on the host instead",
+                                    wanted, ev.get("message"))
+                        self._stops_on_dialog = None   # not known: set again on the next query
+                        if stops:
+                            cut, stop_by = StopCut(stops), "host"
+                elif kind == "text" and ev.get("id") == qid:
                     text = str(ev.get("text", ""))
                     n = ev.get("tokens")   # the helper: one dialog callback a token
                     if not isinstance(n, int):
                         n = counter(text) if counter is not None else None
+                    if cut is not None:
+                        text = cut.feed(text)
+                        if cut.hit and aborting_since is None:
+                            halt.set()   # the reply reached a stop string: the dialog is told to abort
                     c = Chunk(time.monotonic() - t0, text, ev.get("mono"), n)
-                    chunks.append(c)
+                    chunks.append(c)   # even when held back: its token count and time still count
                     turn.reply += c.text
-                    if on_chunk is not None:
+                    if on_chunk is not None and c.text:
                         on_chunk(c)
                 elif kind == "end" and ev.get("id") == qid:
                     end = ev
@@ -547,8 +653,17 @@ class ChatSession:
                     error = _explain(str(ev.get("message") or h.stderr_tail() or "the chat helper exited"))
                     break
         finally:
-            if stop_task is not None:
-                stop_task.cancel()
+            stop_task.cancel()
+            if relay is not None:
+                relay.cancel()
+        if cut is not None and not cut.hit and (rest := cut.flush()):
+            c = Chunk(time.monotonic() - t0, rest, None, 0)
+            chunks.append(c)
+            if on_chunk is not None:
+                on_chunk(c)
+        hit = cut is not None and cut.hit
+        if hit and state == "aborted" and not (stop is not None and stop.is_set()):
+            state = "complete"   # ended at a stop string, by the host: a complete reply
         text = "".join(c.text for c in chunks)
         turn.reply = text
         kpis = self._kpis(end, fresh_dialog=h.queries == 1)
@@ -559,7 +674,8 @@ class ChatSession:
             self._n_past += conv.count_tokens(prompt + text)
         if end is not None and isinstance(end.get("n_past"), int):
             self._n_past = int(end["n_past"])   # the simulator reports its KV fill exactly
-        clear = state in ("context_full", "failed")
+        # after a host cut the dialog holds tokens past the stop string: cleared, the next turn re-sends the history
+        clear = state in ("context_full", "failed") or hit
         if state == "context_full":  # the context filled up during this reply
             if text:
                 state = "complete"
@@ -580,7 +696,8 @@ class ChatSession:
         return TurnResult(turn, text, state, kpis, chunks, "persistent", self.simulated,
                           round(chunks[0].t * 1000, 3) if chunks else None, (time.monotonic() - t0) * 1000,
                           error=error, note=note, extra={"retry_without_history": retry},
-                          runtime=self.runtime.name, runtime_version=self.runtime_version)
+                          runtime=self.runtime.name, runtime_version=self.runtime_version,
+                          stop=stop_by, stop_hit=hit)
 
     def _kpis(self, end: dict[str, Any] | None, fresh_dialog: bool) -> Kpis | None:
         if end is None:
@@ -603,6 +720,20 @@ class ChatSession:
             k = replace(k, source="simulated")
         # the init was paid once, when the dialog was created: only the first turn carries it
         return replace(k, init_ms=self.init_ms if fresh_dialog else 0.0)
+
+
+def _halt_on(stop: asyncio.Event | None) -> tuple[asyncio.Event, asyncio.Future[Any] | None]:
+    """An event set when `stop` is (the caller's: the user pressed Stop, the client went away) or when the
+    session sets it itself (a stop string reached); and the relay task to cancel afterwards."""
+    halt = asyncio.Event()
+    if stop is None:
+        return halt, None
+    if stop.is_set():
+        halt.set()
+        return halt, None
+    relay = asyncio.ensure_future(stop.wait())
+    relay.add_done_callback(lambda f: halt.set() if not f.cancelled() else None)
+    return halt, relay
 
 
 def _explain(text: str) -> str:

@@ -355,27 +355,15 @@ class DialogBridge:
         stop = asyncio.Event()
         watcher = asyncio.ensure_future(cancelled.wait())
         watcher.add_done_callback(lambda _f: stop.set())
-        emitted = ""
         full = ""
-        hit_stop = False
 
         def chunk(c: Chunk) -> None:
-            nonlocal emitted, full, hit_stop
-            if hit_stop:
-                return
+            # the stop strings are the session's: Genie's own stop sequences where the dialog takes them, else
+            # cut on the host (StopCut); either way what arrives here ends before a stop string
+            nonlocal full
             full += c.text
-            cut = min((i for i in (full.find(x) for x in stop_strings if x) if i >= 0), default=-1)
-            if cut >= 0:
-                hit_stop = True
-                stop.set()
-                new = full[len(emitted):cut]
-                full = full[:cut]
-            else:
-                keep = max((len(x) - 1 for x in stop_strings if x), default=0)   # a stop string may be starting
-                new = full[len(emitted):len(full) - keep] if keep else full[len(emitted):]
-            if new and on_text is not None:
-                on_text(new)
-            emitted += new
+            if c.text and on_text is not None:
+                on_text(c.text)
 
         try:
             check_message(text_in)
@@ -383,7 +371,7 @@ class DialogBridge:
             raise BridgeError(400, exc.message) from None
         t0 = time.monotonic()
         try:
-            r = await s.send(text_in, on_chunk=chunk, stop=stop)
+            r = await s.send(text_in, on_chunk=chunk, stop=stop, stop_strings=stop_strings)
         except SessionError as exc:
             self._content = None
             raise BridgeError(500, f"the board's dialog failed: {exc.message}", "server_error") from None
@@ -392,18 +380,21 @@ class DialogBridge:
             raise BridgeError(400, str(exc), "context_length_exceeded") from None
         finally:
             watcher.cancel()
-        if not hit_stop and len(full) > len(emitted) and on_text is not None:
-            on_text(full[len(emitted):])
-        text = full if (hit_stop or full) else r.text
+        hit_stop = r.stop_hit
+        text = full or r.text
         if r.state == "failed":
             self._content = None
             raise BridgeError(500, f"the board's dialog failed: {r.error}", "server_error")
         k = r.kpis.as_json() if r.kpis else {}
         self._turn_tokens.append({"prompt_tokens": k.get("prompt_tokens"), "generated_tokens": k.get("generated_tokens")})
         aborted = r.state == "aborted" and not hit_stop
-        self._content = None if aborted or hit_stop else content_after(text)
-        self._tools_key = tools_key
         gen = int(k.get("generated_tokens") or 0)
+        # Genie's own stop does not say whether a stop sequence or the end of the turn ended the reply, and a
+        # stop sequence's first tokens stay in the KV cache: a reply that may have ended at one is not continued
+        # from the cache (the next request re-sends its prompt), like one cut on the host
+        maybe_stopped = r.stop == "genie" and r.state == "complete" and gen < budget
+        self._content = None if aborted or hit_stop or maybe_stopped else content_after(text)
+        self._tools_key = tools_key
         finish = "stop" if hit_stop or (r.state == "complete" and gen < budget) else "length"
         self.served += 1
         stats = {"request": self.served, "queue_wait_ms": round(waited_ms, 3), "kv_reused": kv_reused,
@@ -413,7 +404,8 @@ class DialogBridge:
                  "ttft_ms": k.get("ttft_ms"), "prompt_tokens": k.get("prompt_tokens"),
                  "prompt_tok_s": k.get("prompt_tok_s"), "generated_tokens": k.get("generated_tokens"),
                  "gen_tok_s": k.get("gen_tok_s"), "source": "simulated" if r.simulated else "device",
-                 "runtime": r.runtime, "sampler": dict(self._sampler), "state": r.state}
+                 "runtime": r.runtime, "sampler": dict(self._sampler), "state": r.state,
+                 "stop_by": r.stop}
         self.history.append(stats)
         return Reply(text, r.state, k, finish, stats)
 
