@@ -89,3 +89,26 @@ def test_bench_cli_on_the_simulator_board_both_runtimes(sim_workspace: SimWorksp
             assert c["stats"]["gen_tok_s"]["n"] == 2 and c["stats"]["ttft_ms"]["median"] > 0
     stored = sim_workspace.run_dir / "artifacts" / "bench" / "bench.json"
     assert json.loads(stored.read_text())["runtimes"][1]["runtime"] == "geniex"
+
+
+def test_published_figures_name_their_units_and_public_source() -> None:
+    """Issue 32: "TTFT 183.5 at 29 prompt tokens ms" and a citation of a facts/ folder not in the repository.
+    Every published figure prints a number then its unit, its conditions apart, and cites its public source."""
+    import re
+
+    from app.core.genie.bench import PUBLISHED, published_line
+
+    doc = {"runtimes": [], "published": [dict(p, label="published (not measured here)") for p in PUBLISHED]}
+    text = report_text(doc)
+    assert "facts/" not in text
+    number = r"[\d.,]+(?:[–/ ]+[\d.,]+)*"
+    for p in PUBLISHED:
+        line = published_line(p)
+        assert line in text
+        assert re.search(rf"decode {number} tok/s, TTFT {number} ms", line), line
+        assert re.fullmatch(number, p["gen_tok_s"]) and re.fullmatch(number, p["ttft_ms"]), p
+        if p["url"]:
+            assert p["url"].startswith("https://github.com/quic/ai-hub-models/blob/main/qai_hub_models/models/")
+            assert p["url"].endswith("/perf.yaml") and "https://aihub.qualcomm.com/models/" in line
+        else:
+            assert "a user's own measurement" in line

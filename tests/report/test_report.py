@@ -461,6 +461,7 @@ def test_bench_results_in_the_report_and_in_compare(chatted_run: Path, tmp_path:
     assert "SIMULATED (CPU, not a device result)" in html and "120.00 ± 20.00" in html
     assert "Benchmark decode (median, simulated)" in html and "Benchmark TTFT (median, simulated)" in html
     assert "not measured here" in html and 'class="badge reference">published' in html
+    assert "qai_hub_models/models/llama_v3_1_8b_instruct/perf.yaml" in html and "facts/" not in html
     # Compare: the slow run's TTFT is twice the fast one's, its decode rate half
     c = compare_reports([build_report(runs[0]), build_report(runs[1])])
     rows = {r["label"]: r for r in c["rows"] if r["section"] == "bench"}

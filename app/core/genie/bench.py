@@ -6,7 +6,8 @@ prompt length and context fill, warm-up runs (discarded) and N measured runs, ea
 the fill is not 0. Per cell: the median, sample standard deviation (n-1, 0 for one run), min and max of
 TTFT (ms), prefill and decode rates (tok/s) - the statistics geniex-bench reports (docs/genie.md).
 Every cell names the runtime and version that produced it and whether it is simulated. Published
-figures (facts/numbers.md) are shown beside them, labeled as published, never as measured.
+figures (Qualcomm AI Hub's model pages and qai-hub-models' perf.yaml; a user's EVK measurement) are shown
+beside them, each with its source, labeled as published, never as measured.
 
 The measuring is behind `BenchRunner`, so the statistics can be checked on a runner with known timings.
 """
@@ -23,22 +24,42 @@ from app.core.genie.profile import Kpis
 from app.core.units import fmt_ms, fmt_rate
 
 METRICS = ("ttft_ms", "prompt_tok_s", "gen_tok_s")
-# Published figures (Qualcomm AI Hub model cards perf.yaml, and a user's EVK measurements), as
-# facts/numbers.md lists them: for comparison only; never shown as measured here.
+# Published figures, for comparison only; never shown as measured here. Each row names where it comes from:
+# Qualcomm AI Hub's model pages, whose figures are the perf.yaml files of qai-hub-models (Genie runtime, W4A16,
+# context 4096; TTFT from one 128-token prompt pass to a full 4,096-token context), or a user's own measurement
+# on an IQ-9075 EVK (no public benchmark). `gen_tok_s` is in tok/s and `ttft_ms` in ms, numbers only: the
+# conditions a figure was measured under are in `conditions`.
+AIHUB_PERF = "https://github.com/quic/ai-hub-models/blob/main/qai_hub_models/models/{0}/perf.yaml"
+AIHUB_PAGE = "https://aihub.qualcomm.com/models/{0}"
+AIHUB_CONDITIONS = "W4A16, context 4096; TTFT from a 128-token prompt to a full 4,096-token context"
+USER_SOURCE = "a user's own measurement on their EVK (not a public benchmark)"
+
+
+def _aihub(model: str, device: str, gen: str, ttft: str, slug: str) -> dict[str, Any]:
+    return {"model": model, "device": device, "runtime": "genie", "gen_tok_s": gen, "ttft_ms": ttft,
+            "conditions": AIHUB_CONDITIONS, "source": f"Qualcomm AI Hub, {AIHUB_PAGE.format(slug)}",
+            "url": AIHUB_PERF.format(slug)}
+
+
 PUBLISHED: tuple[dict[str, Any], ...] = (
-    {"model": "Llama 3.1 8B", "device": "Snapdragon 8 Elite QRD", "runtime": "genie", "gen_tok_s": "13.05-14.14",
-     "ttft_ms": "143-4,945", "source": "Qualcomm AI Hub model card (context 4096, W4A16)"},
-    {"model": "Llama 3.1 8B", "device": "X Elite CRD", "runtime": "genie", "gen_tok_s": "7.41-9.36",
-     "ttft_ms": "208-7,262", "source": "Qualcomm AI Hub model card (context 4096, W4A16)"},
-    {"model": "Llama 3.1 8B", "device": "SA8255P ADP (v73)", "runtime": "genie", "gen_tok_s": "7.93",
-     "ttft_ms": "330-10,551", "source": "Qualcomm AI Hub model card (context 4096, W4A16)"},
+    _aihub("Llama 3.1 8B", "Snapdragon 8 Elite QRD", "13.05–14.14", "143–4,945", "llama_v3_1_8b_instruct"),
+    _aihub("Llama 3.1 8B", "X Elite CRD", "7.41–9.36", "208–7,262", "llama_v3_1_8b_instruct"),
+    _aihub("Llama 3.1 8B", "SA8255P ADP (v73)", "7.93", "330–10,551", "llama_v3_1_8b_instruct"),
     {"model": "Llama 3.1 8B / Nemotron Nano 8B", "device": "IQ-9075 EVK", "runtime": "genie",
-     "gen_tok_s": "9.50 / 10.03", "ttft_ms": "183.5 at 29 prompt tokens", "source": "measured by a user (published)"},
-    {"model": "Llama 3.2 3B", "device": "SA8775P ADP (v73)", "runtime": "genie", "gen_tok_s": "17.47",
-     "ttft_ms": "110-3,508", "source": "Qualcomm AI Hub model card (context 4096, W4A16)"},
-    {"model": "Qwen3-4B", "device": "IQ-9075 EVK", "runtime": "genie", "gen_tok_s": "16.4 (prompt 948 tok/s)",
-     "ttft_ms": "353 median", "source": "measured by a user (published)"},
+     "gen_tok_s": "9.50 / 10.03", "ttft_ms": "183.5", "conditions": "TTFT at a 29-token prompt",
+     "source": USER_SOURCE, "url": None},
+    _aihub("Llama 3.2 3B", "SA8775P ADP (v73)", "17.47", "110–3,508", "llama_v3_2_3b_instruct"),
+    {"model": "Qwen3-4B", "device": "IQ-9075 EVK", "runtime": "genie", "gen_tok_s": "16.4", "ttft_ms": "353",
+     "conditions": "TTFT median; prompt processing 948 tok/s", "source": USER_SOURCE, "url": None},
 )
+
+
+def published_line(p: dict[str, Any]) -> str:
+    """One published figure in words, every number with its unit: "Llama 3.1 8B on X Elite CRD: decode
+    7.41–9.36 tok/s, TTFT 208–7,262 ms (W4A16, …) — Qualcomm AI Hub, https://…"."""
+    cond = f" ({p['conditions']})" if p.get("conditions") else ""
+    return (f"{p['model']} on {p['device']}: decode {p['gen_tok_s']} tok/s, TTFT {p['ttft_ms']} ms{cond} — "
+            f"{p['source']}")
 
 
 def stats(values: Sequence[float | None]) -> dict[str, Any]:
@@ -215,8 +236,8 @@ def report_text(doc: dict[str, Any]) -> str:
                 return f"{f(s['median'])} ± {f(s['stdev'])}" if s["median"] is not None else "-"
             lines.append(f"  {c['prompt_tokens']:>6} {c['fill_tokens']:>6}  {fmt('ttft_ms'):>18}  "
                          f"{fmt('prompt_tok_s'):>18}  {fmt('gen_tok_s'):>18}")
-    lines.append("Published figures (not measured here; facts/numbers.md):")
+    lines.append("Published figures (not measured here), each with its source:")
     for p in doc["published"]:
-        lines.append(f"  {p['model']} on {p['device']}: {p['gen_tok_s']} tok/s, TTFT {p['ttft_ms']} ms — {p['source']}")
+        lines.append(f"  {published_line(p)}")
     lines.append("median ± sample standard deviation over the measured runs; warm-up discarded.")
     return "\n".join(lines)

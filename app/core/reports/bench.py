@@ -45,7 +45,8 @@ def bench_section(path: Path) -> dict[str, Any] | None:
     return {"created": doc.get("created"), "board": doc.get("board_label") or doc.get("board"),
             "protocol": {k: proto.get(k) for k in ("warmup", "runs", "gen_tokens", "init_runs", "statistics")},
             "runtimes": runtimes,
-            "published": [{k: p.get(k) for k in ("model", "device", "runtime", "gen_tok_s", "ttft_ms", "source")}
+            "published": [{k: p.get(k) for k in ("model", "device", "runtime", "gen_tok_s", "ttft_ms", "conditions",
+                                                 "source", "url")}
                           for p in doc.get("published") or [] if isinstance(p, dict)]}
 
 
