@@ -3,7 +3,9 @@ qai-hub-models builds AI Hub's own Genie bundles (quic/ai-hub-models,
 qai_hub_models/models/_shared/llm/export.py and model.py; docs/compile.md):
 
 - per graph, a directory `<model>_<prompt|token>_<i>_of_<n>.aimet/` holding `<same>.onnx` (its external
-  data location renamed), `<same>.data` and `<same>.encodings`, uploaded with `upload_model(dir)`;
+  data location renamed), `<same>.data` and `<same>.encodings`, uploaded with `upload_model(dir)`; the
+  integer-encoded weights in fp16, which re-quantize to the same integers (workers/aihub_upload.py,
+  docs/aihub-upload.md): half the bytes of fp32; the size and an ETA are shown before the first upload;
 - per graph a compile job named `<model>_<prompt|token>_<i>_of_<n>` with `--target_runtime qnn_dlc
   --qairt_version V --output_names <the graph's outputs> --quantize_io --qnn_options
   context_enable_graphs=<graph> --quantize_full_type w8a16`;
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from workers import bundle_metadata as gm
+from workers.aihub_upload import UploadError, UploadStats, plan_bytes, write_upload_dir
 from workers.genie_config import checked_genie_config
 from workers.runtime import WorkerError, WorkerSpec
 from workers.shared import bundle as gb
@@ -428,38 +431,36 @@ def wait_jobs(client: Any, store: JobStore, names: list[str], em: Emitter, poll_
             time.sleep(poll_s)
 
 
-def stage_aimet_dir(g: dict[str, Any], qdir: Path, dest: Path, base: str) -> Path:
+def stage_aimet_dir(g: dict[str, Any], qdir: Path, dest: Path, base: str) -> tuple[Path, UploadStats]:
     """`dest/<base>.aimet/` holding `<base>.onnx`, `<base>.data` and `<base>.encodings` for graph entry `g`,
-    as qai-hub-models' split_onnx writes each part: the ONNX is rewritten with its external-data location
-    renamed to `<base>.data`; the weights are hard-linked (copied across file systems), never rewritten."""
-    import onnx
+    as qai-hub-models' split_onnx writes each part, with the integer-encoded weights in fp16 (checked to
+    re-quantize to the same integers; workers/aihub_upload.py): half the bytes of the fp32 part."""
+    try:
+        return write_upload_dir(qdir / g["onnx"], qdir / g["encodings"], dest, base)
+    except UploadError as exc:
+        raise WorkerError("missing_graph", f"Graph {g['name']}: {exc}.", "Re-run the Quantize stage.") from None
 
-    src = qdir / g["onnx"]
-    out = dest / f"{base}.aimet"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    model = onnx.load(str(src), load_external_data=False)
-    locations = sorted({e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"})
-    if len(locations) > 1:
-        raise WorkerError("missing_graph", f"Graph {g['name']} keeps its weights in {len(locations)} files "
-                          f"({', '.join(locations)}); an AI Hub upload holds one .data file.",
-                          "Re-run the Quantize stage.")
-    if locations:
-        data = src.parent / locations[0]
-        if not data.is_file():
-            raise WorkerError("missing_graph", f"Graph {g['name']}'s weights {data} are missing.",
-                              "Re-run the Quantize stage.")
-        for t in model.graph.initializer:
-            for e in t.external_data:
-                if e.key == "location":
-                    e.value = f"{base}.data"
-        try:
-            os.link(data, out / f"{base}.data")
-        except OSError:
-            shutil.copyfile(data, out / f"{base}.data")
-    onnx.save(model, str(out / f"{base}.onnx"))
-    shutil.copyfile(qdir / g["encodings"], out / f"{base}.encodings")
-    return out
+
+DEFAULT_LINK_MBPS = 100.0   # assumed upload link speed when setting aihub_link_mbps is unset
+
+
+def link_speed(settings: dict[str, Any]) -> tuple[float, str]:
+    """(Mbit/s, where it comes from): setting aihub_link_mbps, else an assumed 100 Mbit/s."""
+    v = settings.get("aihub_link_mbps")
+    if v:
+        return float(v), "setting aihub_link_mbps"
+    return DEFAULT_LINK_MBPS, "assumed; set aihub_link_mbps to your uplink"
+
+
+def eta_text(n_bytes: float, mbps: float) -> str:
+    s = n_bytes * 8 / (mbps * 1e6)
+    return f"{s / 3600:.1f} h" if s >= 5400 else (f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s")
+
+
+def upload_plan(pairs: dict[int, dict[str, dict[str, Any]]], qdir: Path, skip: set[str]) -> dict[str, int]:
+    """Bytes each graph's upload will hold (graphs named in `skip`, already compiled, are left out)."""
+    return {g["name"]: plan_bytes(qdir / g["onnx"], qdir / g["encodings"])
+            for pair in pairs.values() for g in pair.values() if g["name"] not in skip}
 
 
 def precision_name(q: dict[str, Any]) -> str:
@@ -522,6 +523,14 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         def errs(what: str) -> contextlib.AbstractContextManager[None]:
             return hub_errors(what, ccfg.api_url, ccfg.web_url)
 
+        # the upload's size and ETA first, before anything is sent (the CLI prints a stage's first progress line)
+        plan = upload_plan(pairs, qdir, set())
+        mbps, speed_from = link_speed(s)
+        left = float(sum(plan.values()))
+        em.metric("upload_planned_bytes", int(left), "B")
+        em.progress(0.01, f"AI Hub upload: {left / 1e9:.2f} GB in {len(plan)} graphs (integer-encoded weights in "
+                    f"fp16), ETA {eta_text(left, mbps)} at {mbps:g} Mbit/s ({speed_from}); the client zips each "
+                    "upload, so it may send less")
         em.progress(0.02, f"AI Hub: looking up {device_name}")
         with errs(f"looking up the device {device_name}"):
             dev = resolve_device(client, device_name, lpbq)
@@ -539,6 +548,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         n_graphs = 2 * len(pairs)
         i = 0
         staging = spec.out_dir / "aimet"
+        sent = sent_s = 0.0
         for part, pair in pairs.items():
             for kind in KINDS:
                 g = pair[kind]
@@ -549,18 +559,33 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                     em.log(f"reusing AI Hub compile job {store.jobs[name]['job_id']} for {g['name']} "
                            "(submitted before a restart)")
                     record_job(em, name, store.jobs[name])
+                    left = max(0.0, left - plan[g["name"]])
                     continue
                 em.progress(0.03 + 0.3 * i / n_graphs, f"AI Hub: uploading {job_name}.aimet ({i}/{n_graphs})",
                             part=part, parts=parts)
-                src = stage_aimet_dir(g, qdir, staging, job_name)
+                src, ustats = stage_aimet_dir(g, qdir, staging, job_name)
+                if ustats.inexact:
+                    em.warning(f"{len(ustats.inexact)} weight(s) of {g['name']} are uploaded in fp32: their fp16 form "
+                               f"would not re-quantize to the same integers ({', '.join(ustats.inexact[:3])}).",
+                               code="aihub_upload_fp32")
                 options = compile_options(g["name"], qairt, outputs_of(g))
                 if extra_options:
                     options = f"{options} {extra_options}"
+                t_up = time.monotonic()
                 try:
                     with errs(f"uploading {src.name}"):
                         uploaded = client.upload_model(str(src))
                 finally:
                     shutil.rmtree(src, ignore_errors=True)
+                sent += ustats.bytes
+                sent_s += time.monotonic() - t_up
+                left = max(0.0, left - plan.get(g["name"], ustats.bytes))
+                rate = sent * 8 / max(sent_s, 1e-3) / 1e6
+                em.log(f"uploaded {src.name}: {ustats.bytes / 1e9:.2f} GB ({ustats.fp16_params / 1e6:.0f}M weights in "
+                       f"fp16, {ustats.fp32_params / 1e6:.0f}M fp32) in {time.monotonic() - t_up:.0f} s "
+                       f"(zip + send: {rate:.0f} Mbit/s measured); {left / 1e9:.2f} GB left, ETA "
+                       f"{eta_text(left, rate)}")
+                em.metric("upload_sent_bytes", int(sent), "B")
                 with errs(f"submitting the compile job {job_name}"):
                     job = client.submit_compile_job(uploaded, hub_dev, name=job_name, options=options, retry=False)
                 store.put(name, {"kind": "compile", "part": part, "graph": g["name"], "what": job_name,

@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import onnx
 import pytest
 import yaml
 
@@ -140,6 +141,11 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
         with zipfile.ZipFile(io.BytesIO(upload.data or b"")) as z:
             assert sorted(n for n in z.namelist() if not n.endswith("/")) == \
                 [f"{base}.aimet/{base}.{ext}" for ext in ("data", "encodings", "onnx")]
+            # the integer-encoded weights travel in fp16 (tests/compile/test_aihub_upload.py: same integers)
+            up = onnx.load_model_from_string(z.read(f"{base}.aimet/{base}.onnx"))
+            assert sum(i.data_type == onnx.TensorProto.FLOAT16 for i in up.graph.initializer) >= 7
+            part_data = (m.run_dir / "artifacts" / "quantize" / entry["onnx"]).parent / "model.data"
+            assert z.getinfo(f"{base}.aimet/{base}.data").file_size < 0.75 * part_data.stat().st_size
     assert not (m.run_dir / "artifacts" / "compile" / "aimet").exists(), "staged uploads are removed"
 
     # job ids: in the bundle manifest, compile.json, the jobs file and the run's metrics
@@ -154,6 +160,12 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
     metrics = m2.stage("compile").data["metrics"]
     assert metrics["emulated"]["value"] is True and metrics["simulated"]["value"] is False
     assert {v["value"] for k, v in metrics.items() if k.startswith("aihub_") and k != "aihub_jobs"} == ids
+    # the upload's size was announced before anything was sent, and is what was sent
+    assert metrics["upload_planned_bytes"]["value"] == pytest.approx(metrics["upload_sent_bytes"]["value"], rel=0.01)
+    first = next(json.loads(ln) for ln in (m.run_dir / "logs" / "compile.jsonl").read_text().splitlines()
+                 if '"progress"' in ln)
+    assert first["message"].startswith("AI Hub upload: ") and " ETA " in first["message"], first
+    assert "100 Mbit/s (assumed; set aihub_link_mbps" in first["message"]
     assert emu.token not in (m.run_dir / "run.json").read_text()
 
     # forcing the stage again with the same inputs reuses the finished jobs: nothing is submitted

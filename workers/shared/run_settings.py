@@ -202,6 +202,10 @@ class RunSettings:
     aihub_http_backoff_s: float | None = setting(
         None, label="AI Hub HTTP backoff", unit="s", range=(0.0, 600.0), advanced=True,
         help="Backoff factor between AI Hub retries (unset: the client's default).")
+    aihub_link_mbps: float | None = setting(
+        None, label="AI Hub upload link speed", unit="Mbit/s", range=(0.01, 1e6), advanced=True,
+        help="Your uplink to Qualcomm AI Hub, for the upload size and ETA the Compile stage shows before it uploads "
+             "(unset: 100 Mbit/s assumed; after each upload the stage reports the rate it measured).")
     aihub_api_url: str | None = setting(
         None, label="AI Hub API address", advanced=True,
         help="AI Hub's API address (unset: $HEXSTUDIO_AIHUB_API_URL, else Qualcomm's).")

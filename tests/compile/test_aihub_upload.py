@@ -1,0 +1,168 @@
+"""The AI Hub upload at half the bytes (issue 28, docs/aihub-upload.md): integer-encoded weights in fp16,
+re-quantizing to exactly the integers the fp32 weights quantize to; the rest as it was; a graph the
+emulator (and AI Hub) type-checks and onnxruntime runs to the same outputs as the fake-quantized graph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from workers import aihub_upload as au
+from workers.quant.qdq import int_form
+
+
+def _external_fp32(init: Any, base: Path) -> np.ndarray:
+    """A float32 initializer from its external data (the quantize stage hard-links its data files, which
+    onnx's own loader refuses to read)."""
+    ext = {e.key: e.value for e in init.external_data}
+    return np.fromfile(base / ext["location"], dtype=np.float32, count=int(np.prod(init.dims)),
+                       offset=int(ext.get("offset", 0))).reshape([int(d) for d in init.dims])
+
+
+def _requantize_everything(qdir: Path, g: dict[str, Any], up: Path) -> dict[str, int]:
+    """For every param encoding of graph `g`: the uploaded weight's integers == the fp32 weight's."""
+    import onnx
+
+    src = qdir / g["onnx"]
+    model = onnx.load(str(src), load_external_data=False)
+    inits = {i.name: i for i in model.graph.initializer}
+    seen = {"fp16": 0, "fp32": 0}
+    for name, enc in au.param_encodings(qdir / g["encodings"]).items():
+        w = _external_fp32(inits[name], src.parent)
+        got = au.uploaded_weight(up, name)
+        form = int_form(enc, list(w.shape))
+        if form is None:   # e.g. a 16-bit per-tensor norm weight: uploaded exactly as it was
+            assert np.array_equal(got, w), name
+            seen["fp32"] += 1
+            continue
+        before = au.quantize_ints(w, form)
+        after = au.quantize_ints(got, form)
+        assert np.array_equal(before, after), f"{name}: {int((before != after).sum())} integers changed"
+        assert got.dtype == np.float32 and np.array_equal(got, got.astype(np.float16).astype(np.float32))
+        seen["fp16"] += 1
+    return seen
+
+
+def test_uploaded_fp16_weights_requantize_to_the_same_integers(validated_run: Path, tmp_path: Path) -> None:
+    import onnx
+
+    qdir = validated_run / "artifacts" / "quantize"
+    q = json.loads((qdir / "quantize.json").read_text())
+    total_fp16 = 0
+    for g in q["graphs"]:
+        before = sum(f.stat().st_size for f in (qdir / g["onnx"]).parent.iterdir())
+        planned = au.plan_bytes(qdir / g["onnx"], qdir / g["encodings"])
+        up, st = au.write_upload_dir(qdir / g["onnx"], qdir / g["encodings"], tmp_path, g["name"])
+        assert sorted(p.name for p in up.iterdir()) == [f"{g['name']}.{x}" for x in ("data", "encodings", "onnx")]
+        assert st.inexact == [] and st.fp16_tensors > 0
+        assert abs(st.bytes - planned) < 64 << 10, (st.bytes, planned)   # the plan: the .onnx's Cast nodes aside
+        assert st.bytes < 0.75 * before, (st.bytes, before)
+        seen = _requantize_everything(qdir, g, up)
+        assert seen["fp16"] == st.fp16_tensors
+        total_fp16 += seen["fp16"]
+        m = onnx.load(str(up / f"{g['name']}.onnx"), load_external_data=False)
+        onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=True)
+        assert [i.name for i in m.graph.input] == g["inputs"] and [o.name for o in m.graph.output] == g["outputs"]
+    assert total_fp16 == sum(g["stats"]["int4_lpbq_weight_encodings"] for g in q["graphs"]) + 2   # + the lm_head x2
+
+
+def _tiny_graph(d: Path, scale_lpbq: float = 0.01) -> tuple[Path, Path, dict[str, np.ndarray]]:
+    """x @ W (LPBQ, 128 x 8, block 64) * g (16-bit per-tensor) @ H (int8 per-channel, 8 x 4), weights external."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((128, 8)) * scale_lpbq * 3).astype(np.float32)
+    gamma = (1 + 0.1 * rng.standard_normal(8)).astype(np.float32)
+    h = (rng.standard_normal((8, 4)) * 0.05).astype(np.float32)
+    arrays = {"W": w, "G": gamma, "H": h}
+    inits = [numpy_helper.from_array(a, n) for n, a in arrays.items()]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["a"]), helper.make_node("Mul", ["a", "G"], ["b"]),
+         helper.make_node("MatMul", ["b", "H"], ["y"])], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    d.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(d / "model.onnx"), save_as_external_data=True, location="model.data",
+              size_threshold=0)
+    lpbq_scale: np.ndarray = np.full(8, scale_lpbq, np.float32)
+    ib = rng.integers(1, 17, size=8 * 2)
+    encs = {"version": "1.0.0", "activation_encodings": [], "param_encodings": [
+        {"name": "W", "enc_type": "LPBQ", "bw": 8, "compressed_bw": 4, "block_size": 64, "is_sym": True,
+         "dtype": "INT", "scale": lpbq_scale.tolist(), "offset": [-128] * 8, "per_block_int_scale": ib.tolist()},
+        {"name": "G", "enc_type": "PER_TENSOR", "bw": 16, "is_sym": False, "dtype": "INT",
+         "scale": [float(gamma.max()) / 65535], "offset": [0]},
+        {"name": "H", "enc_type": "PER_CHANNEL", "bw": 8, "is_sym": True, "dtype": "INT",
+         "scale": (np.abs(h).max(axis=0) / 127).tolist(), "offset": [-128] * 4}]}
+    (d / "model.encodings").write_text(json.dumps(encs))
+    return d / "model.onnx", d / "model.encodings", arrays
+
+
+def test_a_tiny_graph_upload_runs_like_the_fake_quantized_graph(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    src, enc, arrays = _tiny_graph(tmp_path / "src")
+    up, st = au.write_upload_dir(src, enc, tmp_path / "up", "tiny")
+    assert (st.fp16_tensors, st.fp32_tensors, st.inexact) == (2, 1, [])
+    assert st.data_bytes == 2 * (128 * 8 + 8 * 4) + 4 * 8
+    encs = au.param_encodings(enc)
+    x = np.random.default_rng(1).standard_normal((1, 128)).astype(np.float32)
+    # the reference: the fake-quantized weights in fp32 (what the compiler computes from the fp32 upload)
+    ref = {}
+    for n, a in arrays.items():
+        form = int_form(encs[n], list(a.shape))
+        ref[n] = a if form is None else (au.quantize_ints(a, form) * form.expand(a.shape)).astype(np.float32)
+    want = ((x @ ref["W"]) * ref["G"]) @ ref["H"]
+    got = ort.InferenceSession(str(up / "tiny.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    # onnxruntime computes with the fp16 values themselves (within fp16's rounding of the fake-quantized
+    # weights); a compiler re-quantizes them to the same integers, i.e. to `ref` exactly (checked below)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * float(np.abs(want).max()))
+    up16 = {n: au.uploaded_weight(up, n) for n in arrays}
+    np.testing.assert_allclose(got, ((x @ up16["W"]) * up16["G"]) @ up16["H"], rtol=1e-5, atol=1e-7)
+    for n, a in arrays.items():
+        form = int_form(encs[n], list(a.shape))
+        if form is not None:
+            assert np.array_equal(au.quantize_ints(au.uploaded_weight(up, n), form), au.quantize_ints(a, form))
+
+
+def test_a_weight_fp16_cannot_hold_exactly_stays_fp32(tmp_path: Path) -> None:
+    """Scales in fp16's subnormal range: the fp16 value would not re-quantize to the same integers."""
+    src, enc, arrays = _tiny_graph(tmp_path / "src", scale_lpbq=1e-9)
+    up, st = au.write_upload_dir(src, enc, tmp_path / "up", "tiny")
+    assert st.inexact == ["W"] and st.fp16_tensors == 1
+    assert np.array_equal(au.uploaded_weight(up, "W"), arrays["W"])
+
+
+def test_the_emulator_refuses_an_fp16_weight_fed_straight_to_a_float_op(tmp_path: Path) -> None:
+    """What AI Hub refuses (a type error), the emulator refuses too; the Cast form passes."""
+    import onnx
+    from qai_hub import public_api_pb2 as pb
+    from qai_hub.util.zipped_model import zip_model
+
+    from tests.aihub_emulator.server import JobRefused, uploaded_model_outputs
+
+    src, enc, _ = _tiny_graph(tmp_path / "src")
+    up, _ = au.write_upload_dir(src, enc, tmp_path / "up", "tiny")
+    ok = Path(zip_model(str(tmp_path / "z1"), str(up))).read_bytes()
+    assert uploaded_model_outputs(pb.MODEL_TYPE_AIMET_ONNX, ok, True) == ["y"]
+    m = onnx.load(str(up / "tiny.onnx"), load_external_data=False)
+    cast = next(n for n in m.graph.node if n.op_type == "Cast" and n.output[0] == "W")
+    m.graph.node.remove(cast)
+    next(i for i in m.graph.initializer if i.name == "W" + au.FP16_SUFFIX).name = "W"
+    onnx.save(m, str(up / "tiny.onnx"))
+    bad = Path(zip_model(str(tmp_path / "z2"), str(up))).read_bytes()
+    with pytest.raises(JobRefused, match="inconsistent type"):
+        uploaded_model_outputs(pb.MODEL_TYPE_AIMET_ONNX, bad, True)
+
+
+def test_eta_and_link_speed_say_where_the_speed_comes_from() -> None:
+    from workers.aihub import eta_text, link_speed
+
+    assert link_speed({}) == (100.0, "assumed; set aihub_link_mbps to your uplink")
+    assert link_speed({"aihub_link_mbps": 40}) == (40.0, "setting aihub_link_mbps")
+    assert eta_text(25e9, 100) == "33 min" and eta_text(1e6, 100) == "0 s" and eta_text(66e9, 50) == "2.9 h"
