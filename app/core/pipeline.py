@@ -213,7 +213,7 @@ class Pipeline:
                     message, hint = blocked
                     return PipelineResult(False, stage.name, f"{stage.title} cannot run: {message}", hint=hint,
                                           ran=res.ran, skipped=res.skipped)
-            if not force and stage_is_current(self.m, stage):
+            if not force and stage_is_current(self.m, stage) and await self._still_in_place(stage):
                 res.skipped.append(stage.name)
                 self._notify_stage(stage.name, "done")
             else:
@@ -236,6 +236,28 @@ class Pipeline:
                                       hint=hint, ran=res.ran, skipped=res.skipped)
         res.message = f"completed up to {targets[-1].name}" if targets else "nothing to do"
         return res
+
+    async def _still_in_place(self, stage: Stage) -> bool:
+        """A current stage with a `recheck` (the Board stage: its bundle on the board) is asked before it is
+        skipped; False, and the stage runs again, when what it produced is no longer as it left it."""
+        if stage.recheck is None:
+            return True
+        mod_name, func_name = stage.recheck.split(":")
+        jobs_log.info("run %s: %s is current: checking that it is still in place", self.m.run_id, stage.name)
+        try:
+            fn: Callable[[RunManifest], Awaitable[str | None]] = getattr(importlib.import_module(mod_name), func_name)
+            why = await fn(self.m)
+        except Exception as exc:   # cannot tell: run it again rather than trust it
+            why = f"it could not be checked ({type(exc).__name__}: {exc})"
+        if why is None:
+            jobs_log.info("run %s: %s is current and still in place: skipped", self.m.run_id, stage.name)
+            self.m.add_event("recheck", f"{stage.title}: still in place, skipped", stage=stage.name, passed=True)
+            self.m.save()
+            return True
+        jobs_log.warning("run %s: %s runs again: %s", self.m.run_id, stage.name, why)
+        self.m.add_event("recheck", f"{stage.title} runs again: {why}", stage=stage.name, passed=False)
+        self.m.save()
+        return False
 
     def _targets(self, until: str, only: str | None) -> tuple[Stage, ...]:
         if only:

@@ -116,6 +116,11 @@ class Stage:
     # unchanged re-run (the Board stage: the same bundle pushed to the same board again; board.json records
     # times and rates) does not make Chat and Evaluate stale
     digest_from_summary: bool = False
+    # "module:function", an async function(manifest) -> str | None, asked before the stage is skipped as current:
+    # None when what it produced is still in place, else why not, and the stage runs again. The Board stage's
+    # output lives on the board, where anyone with the board's login can change it (issue 27: on --resume chat and
+    # evaluate ran on a bundle tampered there): its sha256 are computed on the board again.
+    recheck: str | None = None
 
     @property
     def kind(self) -> str:
@@ -188,6 +193,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=("board.json",),
         gate_text="The doctor passes and the bundle on the board matches the local one.",
         verdict=_verdict_board, action="app.core.device.stage:run_board_stage", digest_from_summary=True,
+        recheck="app.core.device.stage:board_still_in_place",
     ),
     Stage(
         name="chat", title="Chat",

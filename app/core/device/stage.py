@@ -19,6 +19,7 @@ from app.core.device.errors import (
 )
 from app.core.device.fixes import apply_fix, plan_qairt_install
 from app.core.device.push import PushProgress, push_bundle
+from app.core.manifest import RunManifest
 from app.core.pipeline import StageContext, StageError
 from app.core.secrets import get_secret, sudo_password_key
 from app.core.settings import Settings
@@ -85,6 +86,34 @@ def sim_runtime_check(bundle_dir: Path) -> dict[str, Any]:
                        "fallback; simulated; no Hexagon NPU)."
                        + ("" if libs is None else " Qualcomm's runtime is installed: compile with compile_target "
                           "local to run the bundle on it.")}
+
+
+async def board_still_in_place(m: RunManifest) -> str | None:
+    """The Board stage's recheck (stages.py), before a resumed run skips it as current: the bundle it pushed is
+    compared with the local one by content, every file's sha256 computed on the board (verify_pushed), and
+    symlinks there refused. None when it is as pushed; else why not, and the Board stage runs again (the push
+    sends what differs, or says why it cannot)."""
+    from app.core.device.verify import remote_bundle_dir, symlinks_on_board, verify_pushed
+
+    name = str(m.inputs.get("board", "sim"))
+    bundle_dir = m.run_dir / "artifacts" / "compile" / "bundle"
+    try:
+        board = await open_board(name, Settings.load(), m.run_dir.parent.parent)
+    except BoardError as exc:
+        return f"board {name} cannot be reached to check the bundle on it ({exc.message})"
+    try:
+        links = await symlinks_on_board(board, await remote_bundle_dir(board, m.run_id))
+        if links:
+            return f"a symbolic link is in the way on the board ({links[0]})"
+        bad = await verify_pushed(board, bundle_dir, m.run_id, hashes=True)
+    except (BoardError, OSError) as exc:
+        return f"the bundle on board {name} could not be checked ({getattr(exc, 'message', None) or exc})"
+    finally:
+        await _close_quietly(board)
+    if bad:
+        return (f"{len(bad)} bundle file(s) on board {name} differ from the local bundle, first "
+                f"{bad[0]['path']}: {bad[0]['why']}")
+    return None
 
 
 async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
