@@ -360,7 +360,7 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
         checks.append(_check("aimet", "fail", None, "aimet-onnx", "aimet-onnx is not installed.",
                              "Install it: bash packaging/install-workstation.sh"))
     checks.extend(_aimet_build_check(p))
-    checks.extend(_recipe_checks(p))
+    checks.extend(_recipe_checks(p, needs))
     checks.extend(_known_bad_check(p))
     smoke = p.get("aimet_smoke")
     if smoke is None:
@@ -395,11 +395,11 @@ def _disk_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any
         ok = ws["free_bytes"] >= need
         both = (f"the workspace ({ws['path']}, about {_gib(ws_need)}) and the Hugging Face cache ({hf['path']}, "
                 f"about {_gib(hf_need)}) are on the same filesystem")
-        for cid, where in (("disk_workspace", ws), ("disk_hf_cache", hf)):
-            out.append(_check(cid, "ok" if ok else "fail", where["free_bytes"], need,
-                              f"{_gib(where['free_bytes'])} free; {both}: {_gib(need)} together.",
-                              None if ok else f"Free {_gib(need - where['free_bytes'])} on that disk, or move the "
-                              "workspace (--workspace) or the Hugging Face cache (HF_HOME) to a bigger disk."))
+        # one filesystem, one problem: one row (two FAILs for one full disk read as two problems)
+        out.append(_check("disk_workspace", "ok" if ok else "fail", ws["free_bytes"], need,
+                          f"{_gib(ws['free_bytes'])} free; {both}: {_gib(need)} together.",
+                          None if ok else f"Free {_gib(need - ws['free_bytes'])} on that disk, or move the "
+                          "workspace (--workspace) or the Hugging Face cache (HF_HOME) to a bigger disk."))
     else:
         ok = ws["free_bytes"] >= ws_need
         out.append(_check("disk_workspace", "ok" if ok else "fail", ws["free_bytes"], ws_need,
@@ -551,7 +551,11 @@ def _known_bad_check(p: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-def _recipe_checks(p: dict[str, Any]) -> list[dict[str, Any]]:
+# From this size on the validated recipe matters: it is the only stack proven on an 8B-class model.
+BIG_MODEL_PARAMS = 3_000_000_000
+
+
+def _recipe_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]:
     """The live versions against the recipes (workers/shared/data/recipes/{validated,current}.txt): ok, or warn with the table."""
     recs = p.get("recipes")
     if recs is None:
@@ -561,13 +565,14 @@ def _recipe_checks(p: dict[str, Any]) -> list[dict[str, Any]]:
                        "Reinstall HexStudio (its package data workers/shared/data/recipes/ holds them).")]
     out = []
     texts = {
+        "current": ("the stack the README installs (./dev setup) and HexStudio's test suite runs with",
+                    "Untested combinations may break; the CPU stack: ./dev setup, a GPU workstation: "
+                    "bash packaging/install-workstation.sh"),
         "validated": ("the validated recipe (the stack known to give coherent 8B deployment graphs on an RTX 5090)",
                       "Other versions can work, but only the validate stage's deployment-pair gate proves it; "
                       "to install the validated stack on an NVIDIA workstation: bash packaging/install-workstation.sh"),
-        "current": ("the stack HexStudio's test suite runs with",
-                    "Untested combinations may break; the CPU stack: ./dev setup, a GPU workstation: "
-                    "bash packaging/install-workstation.sh"),
     }
+    readme_install = False       # the live stack is the README's (packaging/constraints/dev.txt = current.txt)
     for name, (what, fix) in texts.items():
         rec = recs.get(name)
         cid = f"recipe_{name}"
@@ -579,9 +584,26 @@ def _recipe_checks(p: dict[str, Any]) -> list[dict[str, Any]]:
         pinned = {r["package"]: r["pinned"] for r in rows}
         diff = [r for r in rows if not r["match"]]
         if not diff:
+            readme_install = readme_install or name == "current"
             out.append(_check(cid, "ok", table, pinned, f"Matches {what}: {len(rows)} pins."))
             continue
         listed = ", ".join(f"{r['package']} {r['installed'] or 'missing'} (recipe {r['pinned']})" for r in diff)
+        if name == "validated" and readme_install:
+            # The README's own install is not the 8B GPU recipe, by design: say so, and warn only where it matters
+            big = int(needs.get("num_parameters", 0)) >= BIG_MODEL_PARAMS
+            key_pins = ", ".join(f"{'Python' if r['package'] == 'python' else r['package']} {r['pinned']}"
+                                 for r in rows if r["package"] in ("python", "torch", "aimet-onnx", "onnxruntime-gpu"))
+            if big:
+                out.append(_check(cid, "warn", table, pinned,
+                                  "This is the README's install (HexStudio's tested stack), not the validated "
+                                  f"recipe, the only stack proven on an 8B-class model; it differs in {listed}.",
+                                  fix))
+            else:
+                out.append(_check(cid, "ok", table, pinned,
+                                  "This is the README's install (HexStudio's tested stack): right for this model. The "
+                                  f"validated recipe ({key_pins}) matters for 8B-class models on an NVIDIA GPU: bash "
+                                  "packaging/install-workstation.sh."))
+            continue
         out.append(_check(cid, "warn", table, pinned,
                           f"{len(diff)} of {len(rows)} pins differ from {what}: {listed}.", fix))
     return out
