@@ -211,6 +211,20 @@ def test_real_genie_on_the_htp_simulator(eval_workspace: tuple[Path, Path], tmp_
             c.completions.create(model="builtin:tiny-llama", prompt="x", max_tokens=1, seed=-1)
         again = c.completions.create(model="builtin:tiny-llama", prompt="The harbour", max_tokens=2, seed=5)
         assert again.model_extra["hexstudio"]["sampler"]["seed"] == 5
+        # issue 31: the request's stop strings go to Genie (GenieDialog_setStopSequence), which ends the reply
+        # there and leaves the matched text out; only a runtime that cannot (the twin) has them cut on the host.
+        # Either way the client sees the same reply.
+        free = c.completions.create(model="builtin:tiny-llama", prompt="The capital of France is", max_tokens=8,
+                                    temperature=0)
+        stopped = c.completions.create(model="builtin:tiny-llama", prompt="The capital of France is", max_tokens=8,
+                                       temperature=0, stop=["."])
+        real = "HTP simulator" in str(stats(f"http://127.0.0.1:{port_file.read_text()}").get("runtime_version"))
+        assert stopped.model_extra["hexstudio"]["stop_by"] == ("genie" if real else "host")
+        assert free.model_extra["hexstudio"]["stop_by"] is None
+        text = str(stopped.choices[0].text)
+        assert "." not in text and str(free.choices[0].text).startswith(text), (text, free.choices[0].text)
+        if "." in str(free.choices[0].text):
+            assert str(free.choices[0].text).startswith(text + ".") and stopped.choices[0].finish_reason == "stop"
     finally:
         proc.terminate()
         out = proc.communicate(timeout=60)[0]
