@@ -36,6 +36,7 @@ from app.core.genie.session import (
     template_for_bundle,
 )
 from app.core.units import fmt_ms, fmt_rate
+from workers.shared.bundle.speculative import DIALOG_TYPES
 from workers.shared.errors import ActionableError
 
 
@@ -60,6 +61,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--runtime", choices=RUNTIMES, default=None,
                    help="genie or geniex (default: the board's \"runtime\" setting, else genie); the same pushed "
                         "bundle serves both")
+    p.add_argument("--dialog", choices=DIALOG_TYPES, default="basic",
+                   help="Genie's dialog: basic, or a speculative one the bundle carries (lade: lookahead; spd: a draft "
+                        "model); the reply KPIs then show the tokens accepted per step")
     p.add_argument("--mode", choices=MODES, default="auto",
                    help="persistent keeps the model loaded between turns; per_turn runs genie-t2t-run each turn; "
                         "auto (default) tries persistent and falls back")
@@ -92,7 +96,36 @@ async def _target(args: argparse.Namespace) -> tuple[Any, str, dict[str, Any], P
                               bundle=args.bundle, say=eprint)
     except ActionableError as exc:   # the board cannot be reached, no bundle: said as the CLI says it
         raise CliError(exc.message, exc.hint) from None
+    for line in target_lines(args, t.run_dir, t.remote_bundle, t.board.label):
+        eprint(line)
     return t.board, t.remote_bundle, t.bundle_doc, t.run_dir
+
+
+def target_lines(args: argparse.Namespace, run_dir: Path | None, remote: str, board_label: str) -> list[str]:
+    """What `chat`, `bench` and `serve` say before they start: which run's bundle (and why that one) on which
+    board, and a warning when that run did not pass every gate it ran (issue 32: they used the latest run's
+    bundle, even one that failed its gate, without naming it)."""
+    from app.core.runs import Workspace
+    from app.core.status import override_text, stage_statuses
+
+    if run_dir is None:
+        return [f"Using the bundle {args.bundle or remote} on {board_label} (not from a run)."]
+    why = "--run" if getattr(args, "run", None) else "the latest run with a bundle; --run RUN chooses another"
+    lines = [f"Using run {run_dir.name}'s bundle ({why}): {remote} on {board_label}."]
+    try:
+        m = Workspace(run_dir.parent.parent).open_run(run_dir.name)
+    except (ActionableError, OSError, ValueError) as exc:
+        return [*lines, f"warning: run {run_dir.name}'s run.json cannot be read ({exc}): its gates are unknown."]
+    sts = stage_statuses(m)
+    bad = [s for s in sts if s.key in ("gate_failed", "failed", "interrupted", "cancelled")]
+    for s in bad:
+        lines.append(f"warning: in run {run_dir.name} the {s.title} stage {s.word}: {s.gate_reason or s.detail}. "
+                     f"This bundle has not passed every check; `hexstudio runs show {run_dir.name}` tells more.")
+    for s in sts:
+        if s.key == "overridden" and s.override:
+            lines.append(f"note: in run {run_dir.name} the {s.title} stage's gate did not pass "
+                         f"({s.gate_reason}) and was {override_text(s.override)}.")
+    return lines
 
 
 def _template(args: argparse.Namespace, doc: dict[str, Any], run_dir: Path | None) -> str:
@@ -111,7 +144,8 @@ def _kpi_line(r: TurnResult) -> str:
         return f"[{tag}] no profile for this turn"
     init = "model kept loaded" if r.mode == "persistent" and not k.init_ms else f"init {fmt_ms(k.init_ms)} ms"
     return (f"[{tag} · {r.runtime} · {r.mode}] TTFT {fmt_ms(k.ttft_ms)} ms · prompt {k.prompt_tokens} tok at "
-            f"{fmt_rate(k.prompt_tok_s)} tok/s · {k.generated_tokens} tok at {fmt_rate(k.gen_tok_s)} tok/s · {init}")
+            f"{fmt_rate(k.prompt_tok_s)} tok/s · {k.generated_tokens} tok at {fmt_rate(k.gen_tok_s)} tok/s · {init}"
+            + (f" · {k.accepted_per_step:.2f} tokens accepted per step" if k.accepted_per_step is not None else ""))
 
 
 async def _chat(args: argparse.Namespace) -> int:
@@ -124,7 +158,7 @@ async def _chat(args: argparse.Namespace) -> int:
     sampler = args.sampler or ("thinking" if conv.template == "nemotron-reasoning-on" else "deterministic")
     try:
         session = ChatSession(board, remote, conv, mode=args.mode, max_tokens=args.max_tokens, sampler=sampler,
-                              on_status=None if args.json else eprint, runtime=args.runtime)
+                              on_status=None if args.json else eprint, runtime=args.runtime, dialog=args.dialog)
     except SessionError as exc:
         raise CliError(exc.message, exc.hint) from None
     if run_dir is not None:  # the turns go into the run, for its report (<run>/chats/)
