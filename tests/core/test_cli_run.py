@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from app.core.manifest import validate_manifest
+from app.core.status import KINDS
 
 
 def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
@@ -25,6 +26,21 @@ def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
     assert data["stages"]["preflight"]["metrics"]["checks_failed"]["value"] == 0
     assert data["stages"]["quantize"]["state"] == "pending"
     assert data["stages"]["preflight"]["peak_rss_bytes"] > 0
+    # issue 32: the statuses `run --json` prints are the one status model's (app/core/status.py), the same as
+    # `runs show --json` and `runs list --json` print
+    words = {k.key: k.word for k in KINDS.values()}
+    assert {s["key"] for s in out["statuses"].values()} <= set(words)
+    assert all(s["word"] == words[s["key"]] for s in out["statuses"].values())
+    assert out["statuses"]["model"]["word"] == "passed" and out["statuses"]["preflight"]["word"] == "passed"
+    assert out["statuses"]["quantize"]["key"] == "pending"
+    assert out["run_status"]["key"] == "in_progress" and out["run_status"]["word"].startswith("2/")
+    show = subprocess.run([str(exe), "runs", "show", out["run_id"], "--workspace", str(tmp_path), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    shown = json.loads(show.stdout)
+    assert shown["statuses"] == out["statuses"] and shown["run_status"] == out["run_status"]
+    listed = subprocess.run([str(exe), "runs", "list", "--workspace", str(tmp_path), "--json"],
+                            capture_output=True, text=True, timeout=300)
+    assert json.loads(listed.stdout)["runs"][0]["run_status"] == out["run_status"]
     # resume: nothing to do, both skipped
     again = subprocess.run([str(exe), "run", "--resume", out["run_id"], "--until", "preflight", "--workspace",
                             str(tmp_path), "--json"], capture_output=True, text=True, timeout=300)

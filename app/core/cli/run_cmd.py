@@ -24,7 +24,7 @@ from app.core.remote.hosts import WorkerHostError, host_config
 from app.core.runs import RunNotFound, WorkspaceError
 from app.core.settings import SettingsError
 from app.core.stages import STAGE_NAMES
-from app.core.status import stage_status
+from app.core.status import run_status, stage_status, stage_statuses
 from workers.shared import run_settings
 
 
@@ -164,9 +164,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     res = asyncio.run(go())
     states = {n: display_state(m, n) for n in STAGE_NAMES}
     if args.json:
+        # "statuses" and "run_status": the one status model's words (app/core/status.py), as `runs show --json`
+        # prints them; "states" keeps the pipeline's raw states (done, failed, ...) for scripts that read them
+        statuses = stage_statuses(m)
         print_json({"ok": res.ok, "run_id": m.run_id, "run_dir": str(m.run_dir), "stopped_at": res.stopped_at,
                     "message": res.message, "hint": res.hint, "ran": res.ran, "skipped": res.skipped,
-                    "states": states})
+                    "statuses": {s.stage: s.as_json() for s in statuses},
+                    "run_status": run_status(statuses).as_json(), "states": states})
     else:
         for name in res.ran:
             st = m.stage(name).data

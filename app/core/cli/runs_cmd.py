@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from app.core.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
 from app.core.jobs import human_bytes
@@ -36,7 +37,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     runs = workspace_from(args).list_runs()
     if args.json:
-        print_json({"runs": [r.as_json() for r in runs]})
+        ws = workspace_from(args)
+
+        def status(run_id: str) -> dict[str, Any] | None:   # the one status model's words (app/core/status.py)
+            try:
+                return run_status(stage_statuses(ws.open_run(run_id))).as_json()
+            except Exception:  # an unreadable run still gets listed
+                return None
+        print_json({"runs": [{**r.as_json(), "run_status": status(r.run_id)} for r in runs]})
         return 0
     if not runs:
         print("no runs yet. Start one with: hexstudio run")
