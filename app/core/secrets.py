@@ -130,4 +130,19 @@ def backend_info() -> dict[str, object]:
                    "(PYTHON_KEYRING_BACKEND=keyrings.alt.file.EncryptedKeyring).")
     elif encrypted is None and name.endswith((".null.Keyring", ".fail.Keyring")):
         warning = f"No secret can be kept ({what}): logins must be given again each time."
-    return {"name": name, "encrypted": encrypted, "what": what, "warning": warning}
+    return {"name": name, "encrypted": encrypted, "what": what, "warning": warning,
+            "path": str(getattr(b, "file_path", "") or "") or None}
+
+
+def stored_where(info: dict[str, object] | None = None) -> str:
+    """Where a secret just stored went, in words true of the backend in use (issue 27): "in the keyring
+    (libsecret …, encrypted …)", or "in a PLAIN-TEXT file at PATH (keyrings.alt), not encrypted"."""
+    kb = info or backend_info()
+    name = str(kb.get("name") or "no keyring")
+    if kb.get("encrypted") is False:
+        at = f" at {kb['path']}" if kb.get("path") else ""
+        return (f"in a PLAIN-TEXT file{at} ({name}), not encrypted — for an encrypted "
+                "one use a desktop Secret Service or PYTHON_KEYRING_BACKEND=keyrings.alt.file.EncryptedKeyring")
+    if kb.get("encrypted") is True:
+        return f"in the keyring: {kb.get('what')} ({name})"
+    return f"in the keyring backend {name} ({kb.get('what')})"

@@ -206,6 +206,13 @@ def test_title_about_and_theme(qtbot: Any, tmp_path: Path) -> None:
     qtbot.addWidget(about)
     text = about.text.text()
     assert "PySide6" in text and "Qt " in text and "gui.md" in text and "log" in text
+    # issue 27: the keyring backend in use, said truly: the tests' keyrings.alt plain-text file is no keyring
+    # that encrypts, and About says where the file is and how to get one that does
+    from app.core.secrets import backend_info
+
+    path = str(backend_info()["path"])
+    assert "PLAIN-TEXT file at" in text and path in text and "keyrings.alt.file.PlaintextKeyring" in text
+    assert "not encrypted" in text and "EncryptedKeyring" in text and "Warning" in text
     try:
         w.set_theme("dark")
         assert theme.is_dark() and QSettings().value("ui/theme") == "dark"

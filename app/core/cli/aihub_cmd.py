@@ -71,7 +71,9 @@ def cmd_login(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"ok": True, "stored": "keyring", **st})
     else:
-        print("AI Hub token stored in the keyring. The Compile stage uses it from now on "
+        from app.core.secrets import stored_where
+
+        print(f"AI Hub token stored {stored_where(st['keyring_backend'])}. The Compile stage uses it from now on "
               "(`hexstudio aihub logout` removes it).")
         if st["keyring_backend"]["warning"]:
             print(f"warning: {st['keyring_backend']['warning']}")

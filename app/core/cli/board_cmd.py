@@ -171,7 +171,9 @@ def cmd_password(args: argparse.Namespace) -> int:
     if not pw:
         raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
     set_secret(sudo_password_key(args.name) if args.sudo else board_password_key(args.name), pw)
-    print(f"{what} password for {args.name} stored in the keyring")
+    from app.core.secrets import stored_where
+
+    print(f"{what} password for {args.name} stored {stored_where()}")
     return 0
 
 

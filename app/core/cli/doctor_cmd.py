@@ -34,7 +34,7 @@ def checks(args: argparse.Namespace) -> list[dict[str, Any]]:
         out.append({"check": "settings", "ok": False, "level": "error", "message": exc.message, "hint": exc.hint})
     kb = secrets.backend_info()
     out.append({"check": "keyring", "ok": kb["encrypted"] is True, "level": "ok" if kb["encrypted"] else "warning",
-                "message": f"{kb['name']}: {kb['what']}.", "hint": kb["warning"], "backend": kb})
+                "message": f"Secrets are kept {secrets.stored_where(kb)}.", "hint": kb["warning"], "backend": kb})
     st = token_status()
     out.append({"check": "aihub_token", "ok": st["found"], "level": "ok" if st["found"] else "warning",
                 "message": describe(st), "hint": None,

@@ -69,7 +69,9 @@ def cmd_login(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"ok": True, "stored": "keyring", **token_status()})
     else:
-        print("Hugging Face token stored in the keyring. The Model stage uses it for downloads from now on "
+        from app.core.secrets import stored_where
+
+        print(f"Hugging Face token stored {stored_where()}. The Model stage uses it for downloads from now on "
               "(`hexstudio hf logout` removes it).")
     return 0
 

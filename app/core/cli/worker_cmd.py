@@ -176,7 +176,9 @@ def cmd_password(args: argparse.Namespace) -> int:
     if not pw:
         raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
     set_secret(worker_password_key(args.name), pw)
-    print(f"SSH password for worker host {args.name} stored in the keyring")
+    from app.core.secrets import stored_where
+
+    print(f"SSH password for worker host {args.name} stored {stored_where()}")
     return 0
 
 
