@@ -326,9 +326,9 @@ class AboutDialog(QDialog):
             f"<p><b>Versions</b>: Python {platform.python_version()} · Qt {qVersion()} · PySide6 "
             f"{PySide6.__version__} · pyqtgraph {pyqtgraph.__version__} · {html.escape(platform.platform())}</p>"
             f"<p><b>Documentation</b>: <a href='{QUrl.fromLocalFile(str(readme)).toString()}'>README</a> · {links}</p>"
-            f"<p><b>Secrets</b> (passwords, tokens) are kept {html.escape(stored_where(kb))}."
-            + (f"<br><span style='color:{STATE_COLORS['failed']}'><b>Warning</b>: "
-               f"{html.escape(str(kb['warning']))}</span>" if kb.get("warning") else "") + "</p>"
+            + (f"<p style='color:{STATE_COLORS['failed']}'><b>Warning</b>: secrets (passwords, tokens) are kept "
+               if kb.get("warning") else "<p><b>Secrets</b> (passwords, tokens) are kept ")
+            + f"{html.escape(stored_where(kb))}.</p>"
             f"<p><b>Studio log</b>: {html.escape(str(log_dir()))}<br>"
             f"<b>Workspace</b>: {html.escape(str(controller.workspace.root))}"
             + (f"<br><b>This run's logs</b>: {html.escape(str(run.run_dir / 'logs'))}" if run else "") + "</p>")
