@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from workers.genie_config import checked_genie_config
+from workers.genie_config import checked_genie_config, speculative_of
 from workers.runtime import WorkerError, WorkerSpec, worker_main
 from workers.shared import bundle as gb
 from workers.shared import modelinfo
@@ -64,6 +64,12 @@ def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path
         ctx_bins.append(name)
     cfg = checked_genie_config(hf_config, q, ctx_bins, settings, simulated=True)
     (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=4))
+    asked, _, _ = speculative_of(settings)
+    if asked:
+        em.warning("The onnxruntime twin runs Genie's basic dialog only, so no speculative dialog "
+                   f"({', '.join(asked)}) was written into this stand-in bundle.",
+                   hint="Compile with compile_target local (onnxruntime-qnn) or aihub for lade/spd: real Genie runs "
+                   "them.", code="speculative_needs_real_bundle")
     (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(gb.SIMULATOR_DEVICE), indent=4))
     md.write_metadata(bdir / "metadata.yaml", md.build_metadata(q["graphs"], quantize_dir))
     for f in ("tokenizer.json", "tokenizer_config.json", "config.json"):

@@ -3,11 +3,22 @@ compile stage's simulation bundle and its AI Hub bundle both take it from here (
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from workers.runtime import WorkerError
 from workers.shared import bundle as gb
 from workers.shared.bundle.genie_schema import genie_config_errors
+from workers.shared.bundle.speculative import (
+    REFUSED,
+    Lade,
+    Spd,
+    config_name,
+    dialog_config,
+    lade_problem,
+    spd_problem,
+)
 
 
 def checked_genie_config(hf_config: dict[str, Any], q: dict[str, Any], ctx_bins: list[str],
@@ -33,3 +44,50 @@ def checked_genie_config(hf_config: dict[str, Any], q: dict[str, Any], ctx_bins:
                           f"one the graphs were calibrated and validated with ({pe} vs {q['positional_encoding']}).",
                           "Run the Quantize stage again (--force).")
     return cfg
+
+
+def speculative_of(settings: dict[str, Any]) -> tuple[list[str], Lade, Spd]:
+    """The speculative dialogs a run asks for (settings `speculative_dialogs`, `lade`, `spd_draft_len`)."""
+    raw = settings.get("speculative_dialogs") or "none"
+    types = [t.strip() for t in (raw.split(",") if isinstance(raw, str) else [str(x) for x in raw])
+             if t.strip() and t.strip() != "none"]
+    lade_s = settings.get("lade") or {}
+    lade = Lade(**{k: lade_s[k] for k in ("window", "ngram", "gcap", "update_mode") if k in lade_s})
+    return types, lade, Spd(draft_len=int(settings.get("spd_draft_len") or Spd().draft_len))
+
+
+def check_speculative(hf_config: dict[str, Any], q: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+    """The speculative dialogs the run asks for, each one this model can have; else a WorkerError naming why.
+    Called before the compile starts (nothing is compiled or uploaded for a request that cannot be met)."""
+    types, lade, spd = speculative_of(settings)
+    ar_sizes = sorted({int(q["ar_n"]), 1})
+    n_vocab = int(hf_config.get("vocab_size") or 0)
+    for t in types:
+        if t in REFUSED:
+            raise WorkerError("dialog_unsupported", REFUSED[t], "Remove it from speculative_dialogs.")
+        problem = lade_problem(n_vocab, ar_sizes, lade) if t == "lade" else \
+            spd_problem(spd, n_vocab, n_vocab, ar_sizes) if t == "spd" else \
+            f"Unknown speculative dialog '{t}' (use lade or spd)."
+        if problem is not None:
+            raise WorkerError("dialog_unsupported", problem, f"Remove {t} from speculative_dialogs, or change what "
+                              "the message names; nothing was compiled.")
+    return types
+
+
+def write_dialog_configs(bdir: Path, cfg: dict[str, Any], hf_config: dict[str, Any], q: dict[str, Any],
+                         settings: dict[str, Any]) -> list[str]:
+    """genie_config.json (basic) and one genie_config.<type>.json per speculative dialog the run asks for (see
+    check_speculative), each checked against Genie's schema as HexStudio knows it. Returns the files written."""
+    _, lade, spd = speculative_of(settings)
+    variants: dict[str, dict[str, Any]] = {}
+    for t in check_speculative(hf_config, q, settings):
+        variant = dialog_config(cfg, t, lade=lade, spd=spd)
+        errors = genie_config_errors(variant)
+        if errors:
+            raise WorkerError("genie_config_invalid", f"The {t} dialog config HexStudio wrote fails Genie's schema: "
+                              f"{errors[0]}", "This is a HexStudio bug: report it with the run folder.")
+        variants[config_name(t)] = variant
+    (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=4))
+    for name, variant in variants.items():
+        (bdir / name).write_text(json.dumps(variant, indent=4))
+    return ["genie_config.json", *variants]

@@ -100,12 +100,17 @@ def summary_digest(summary: dict[str, Any], inputs: str) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+# Settings added after runs existed: absent from a run means their default, and they are left out of its input hash
+# so a run made before them keeps its completed stages current (a run that sets one hashes it).
+HASHED_WHEN_SET = frozenset({"speculative_dialogs", "spd_draft_len", "dialog_type"})
+
+
 def input_hash(m: RunManifest, stage: Stage) -> str:
     settings = m.settings
     payload: dict[str, Any] = {
         "stage": stage.name, "version": stage.version,
         "model": m.inputs.get("model"), "board": m.inputs.get("board"),
-        "settings": {k: settings.get(k) for k in stage.inputs},
+        "settings": {k: settings.get(k) for k in stage.inputs if k in settings or k not in HASHED_WHEN_SET},
         "upstream": {n: m.stage(n).data.get("output_digest") for n in stage.needs},
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from app.core.device import push as push_mod
 from app.core.device import transport as tr
 from app.core.device.board import open_board, sim_board
 from app.core.device.errors import EmulatedBundle
-from app.core.device import push as push_mod
 from app.core.device.push import PushProgress, push_bundle
 from tests.board.conftest import settings_with
 from tests.support.evk_board import make_device_bundle

@@ -28,7 +28,9 @@ OLD_DEFAULTS: dict[str, Any] = {
     "calibration_text": "builtin", "calibration_unit": "layer", "validation_text": "builtin", "weight_bits": 4,
     "activation_bits": 16, "kv_bits": 8, "device": "Dragonwing IQ-9075 EVK", "qairt_version": "2.42",
     "compile_target": "auto", "aihub_consent": False, "benchmark_prompt": "What is the capital of France?",
-    "sampler": {"seed": 42, "temp": 0.0, "top_k": 1, "top_p": 1.0}, "thresholds": {}, "override_gates": []}
+    "sampler": {"seed": 42, "temp": 0.0, "top_k": 1, "top_p": 1.0}, "thresholds": {}, "override_gates": [],
+    # added since (issue 29): a run without it hashes as before (app.core.pipeline.HASHED_WHEN_SET)
+    "speculative_dialogs": "none"}
 # Each stage's inputs before the registry: the same names keep every completed stage's input hash.
 OLD_INPUTS: dict[str, set[str]] = {
     "model": {"model", "revision", "context_length", "ar_n", "parts"},
@@ -36,9 +38,10 @@ OLD_INPUTS: dict[str, set[str]] = {
     "quantize": {"context_length", "ar_n", "parts", "calibration_samples", "calibration_seq_len", "calibration_text",
                  "calibration_unit", "weight_bits", "activation_bits", "kv_bits", "device"},
     "validate": {"validation_text", "thresholds"},
-    "compile": {"board", "device", "qairt_version", "aihub_consent", "compile_target"},
+    "compile": {"board", "device", "qairt_version", "aihub_consent", "compile_target",
+                "speculative_dialogs", "spd_draft_len"},                 # added since: HASHED_WHEN_SET
     "board": {"board"}, "chat": {"board", "benchmark_prompt", "sampler"},
-    "evaluate": {"board", "eval_suites", "eval_legs", "prompt_template", "runtime"}, "report": set()}
+    "evaluate": {"board", "eval_suites", "eval_legs", "prompt_template", "runtime", "dialog_type"}, "report": set()}
 
 
 def test_defaults_and_stage_inputs_are_what_they_were() -> None:
@@ -51,6 +54,24 @@ def test_defaults_and_stage_inputs_are_what_they_were() -> None:
         assert set(rs.read_by(s.name)) <= set(s.inputs)
         assert set(s.inputs) - set(rs.read_by(s.name)) <= {"model", "board", "workspace"}
     assert not hasattr(STAGES[0], "produces")
+
+
+def test_a_run_from_before_the_speculative_settings_keeps_its_stages_current() -> None:
+    from types import SimpleNamespace
+
+    from app.core.pipeline import HASHED_WHEN_SET, input_hash
+    from app.core.stages import STAGES
+
+    old = {k: v for k, v in OLD_DEFAULTS.items() if k not in HASHED_WHEN_SET}
+    m = SimpleNamespace(settings=old, inputs={"model": "builtin:tiny-llama", "board": "sim"},
+                        stage=lambda n: SimpleNamespace(data={}))
+    for s in STAGES:
+        narrowed = dataclasses.replace(s, inputs=tuple(k for k in s.inputs if k not in HASHED_WHEN_SET))
+        assert input_hash(m, s) == input_hash(m, narrowed), s.name        # type: ignore[arg-type]
+    m.settings = {**old, "speculative_dialogs": "spd"}                   # a run that sets one hashes it
+    compile_ = next(s for s in STAGES if s.name == "compile")
+    assert input_hash(m, compile_) != input_hash(m, dataclasses.replace(compile_, inputs=tuple(
+        k for k in compile_.inputs if k not in HASHED_WHEN_SET)))          # type: ignore[arg-type]
 
 
 def test_every_setting_is_fully_declared() -> None:
@@ -120,7 +141,8 @@ def test_the_field_lists_are_the_pages_fields() -> None:
     assert settings_fields("compile") == (
         ("compile_target", "Target", ["auto", "local", "aihub", "sim"]), ("device", "Device", list(KNOWN_DEVICES)),
         ("qairt_version", "QAIRT version", "text"),
-        ("aihub_consent", "I agree to upload model-derived files to Qualcomm AI Hub", "bool"))
+        ("aihub_consent", "I agree to upload model-derived files to Qualcomm AI Hub", "bool"),
+        ("speculative_dialogs", "Speculative dialogs", ["none", "lade", "spd", "lade,spd"]))
     (samples, _) = form_fields("quantize")
     assert (samples.widget, samples.unit, samples.minimum, samples.maximum) == ("spin", "samples", 1, 100000)
     assert samples.help and form_fields("report") == ()

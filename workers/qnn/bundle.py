@@ -99,7 +99,7 @@ def check_graph_order(parts: list[CompiledPart], graphs: list[GraphToCompile]) -
 
 def write_local_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path, out: Path,
                        settings: dict[str, Any], device: dict[str, Any], form: str, em: Emitter) -> dict[str, Any]:
-    from workers.genie_config import checked_genie_config
+    from workers.genie_config import check_speculative, checked_genie_config, write_dialog_configs
 
     if form not in FORMS:
         raise LocalCompileError("bad_form", f"Unknown context binary form '{form}'.", f"Use one of {FORMS}.")
@@ -111,6 +111,7 @@ def write_local_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Pa
                                 "which are not installed in this environment.", INSTALL_HINT)
     q = json.loads((quantize_dir / "quantize.json").read_text())
     hf_config = json.loads((hf_dir / "config.json").read_text())
+    check_speculative(hf_config, q, settings)        # before anything compiles
     target = HtpTarget(int(device["soc_model"]), str(device["dsp_arch"]))
     work = out / "htp"
     bdir = out / "bundle"
@@ -151,7 +152,7 @@ def write_local_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Pa
     build = infos[0].build_id if infos else ""
     qairt = qairt_of_build(build) or libs.qnn_version
     cfg = checked_genie_config(hf_config, q, ctx_bins, settings, simulated=False)
-    (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=4))
+    write_dialog_configs(bdir, cfg, hf_config, q, settings)      # basic, and each speculative dialog asked for
     (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(device), indent=4))
     from workers.bundle_metadata import write_metadata
 

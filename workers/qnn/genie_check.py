@@ -74,6 +74,18 @@ def genie_parse(config_text: str, lib: Path) -> dict[str, Any]:
     return {"status": status, "message": msg, "genie_version": version}
 
 
+def read_config(path: Path) -> str:
+    """A config file's text: a regular file (no link followed, no FIFO waited on), at most MAX_CONFIG_BYTES."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as fh:
+        if not os.path.isfile(path):
+            raise OSError("not a regular file")
+        text = fh.read(MAX_CONFIG_BYTES + 1).decode("utf-8")
+    if len(text) > MAX_CONFIG_BYTES:
+        raise OSError(f"larger than {MAX_CONFIG_BYTES} bytes")
+    return text
+
+
 def check(bundle: Path) -> dict[str, Any]:
     libs = find_qnn_libs()
     if libs is None:
@@ -81,17 +93,17 @@ def check(bundle: Path) -> dict[str, Any]:
     doc: dict[str, Any] = {"available": True, "qnn_version": libs.qnn_version, "wheel": libs.wheel_version}
     cfg_path = bundle / "genie_config.json"
     try:
-        fd = os.open(cfg_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as fh:
-            if not os.path.isfile(cfg_path):
-                raise OSError("not a regular file")
-            text = fh.read(MAX_CONFIG_BYTES + 1).decode("utf-8")
-        if len(text) > MAX_CONFIG_BYTES:
-            raise OSError(f"larger than {MAX_CONFIG_BYTES} bytes")
+        text = read_config(cfg_path)
     except (OSError, UnicodeDecodeError) as exc:
         doc["config"] = {"status": None, "message": f"cannot read {cfg_path}: {exc}"}
         return doc
     doc["config"] = genie_parse(text, libs.genie)
+    doc["dialogs"] = {}      # the speculative dialogs' configs beside it (genie_config.lade.json, ...)
+    for variant in sorted(bundle.glob("genie_config.*.json")):
+        try:
+            doc["dialogs"][variant.name] = genie_parse(read_config(variant), libs.genie)
+        except (OSError, UnicodeDecodeError) as exc:
+            doc["dialogs"][variant.name] = {"status": None, "message": f"cannot read {variant}: {exc}"}
     try:
         cfg = json.loads(text)
         bins = cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]

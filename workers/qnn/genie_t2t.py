@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         cfg = json.loads(Path(args.config).read_text(encoding="utf-8"))
-        gs.merge(cfg.setdefault("dialog", {}).setdefault("engine", {}), x86_engine_overrides(os.cpu_count() or 1))
+        gs.merge_engines(cfg.setdefault("dialog", {}), x86_engine_overrides(os.cpu_count() or 1))
     except (OSError, ValueError, AttributeError) as exc:
         print(f"ERROR: Cannot read {args.config}: {exc}", file=sys.stderr)
         return 1

@@ -144,6 +144,16 @@ class RunSettings:
     aihub_consent: bool = setting(
         False, label="I agree to upload model-derived files to Qualcomm AI Hub", stages=("compile",),
         page="compile", help="Nothing is uploaded to AI Hub unless this is true.")
+    speculative_dialogs: str = setting(
+        "none", label="Speculative dialogs", choices=("none", "lade", "spd", "lade,spd"), stages=("compile",),
+        page="compile",
+        help='Genie dialogs written beside the basic one (genie_config.<type>.json), for Chat, serve and Evaluate to '
+             'choose: "lade" (lookahead decoding, no draft model; needs a vocabulary over 1,008 tokens), "spd" (a '
+             'draft model proposes, the model verifies; the draft is the model itself for now). Real bundles only '
+             '(compile_target local or aihub).')
+    spd_draft_len: int = setting(
+        3, label="spd draft length", unit="tokens", range=(1, 64), stages=("compile",), advanced=True,
+        help="Tokens the draft proposes per spd step (Genie's dialog.spd.draft-len).")
     # -- chat ---------------------------------------------------------------------------------------------
     benchmark_prompt: str = setting(
         "What is the capital of France?", label="Benchmark prompt", stages=("chat",), nonempty=True,
@@ -151,6 +161,12 @@ class RunSettings:
     sampler: dict[str, float] = setting(
         dataclasses.asdict(Sampler()), label="Sampler", stages=("chat",), fields_of=Sampler,
         help="Genie's sampler: seed, temp, top_k, top_p (a JSON object; keys left out keep their default).")
+    dialog_type: str = setting(
+        "basic", label="Dialog", choices=("basic", "lade", "spd"), stages=("evaluate",), advanced=True,
+        help='The Genie dialog the Evaluate stage runs on the board (chat and serve take --dialog): "basic", or a '
+             "speculative one the Compile stage wrote (speculative_dialogs). With greedy sampling every dialog must "
+             "give the basic one's tokens (the parity gate checks it); lade and spd report the tokens accepted per "
+             "step.")
     # -- gates --------------------------------------------------------------------------------------------
     thresholds: dict[str, float] = setting(
         {}, label="Validation thresholds", stages=("validate",),

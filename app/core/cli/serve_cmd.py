@@ -20,6 +20,7 @@ from app.core.cli.common import CliError, add_workspace_flag, eprint, number_in
 from app.core.genie.runtime import RUNTIMES
 from app.core.genie.session import SAMPLER_PRESETS
 from app.core.serve.limits import Limits
+from workers.shared.bundle.speculative import DIALOG_TYPES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,6 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="environment variable holding the API key clients must send (required with "
                         "--allow-remote; optional on loopback)")
     p.add_argument("--runtime", choices=RUNTIMES, default=None, help="genie or geniex (default: the board's)")
+    p.add_argument("--dialog", choices=DIALOG_TYPES, default="basic",
+                   help="Genie's dialog: basic, or a speculative one the bundle carries (lade, spd)")
     p.add_argument("--sampler", choices=tuple(k for k in SAMPLER_PRESETS if k != "bundle"), default="deterministic",
                    help="the sampler a request without temperature/top_p/seed gets (default deterministic)")
     p.add_argument("--max-tokens", type=number_in(int, 1, 1 << 20), default=256,
@@ -86,7 +89,7 @@ async def _serve(args: argparse.Namespace) -> int:
                                         args.template)
     model_id = str(doc.get("model") or (run_dir.name if run_dir else "bundle"))
     bridge = DialogBridge(board, remote, renderer, model_id=model_id, runtime=args.runtime, sampler=args.sampler,
-                          max_tokens=args.max_tokens, on_status=eprint)
+                          max_tokens=args.max_tokens, on_status=eprint, dialog=args.dialog)
     try:
         await bridge.open()
     except BridgeError as exc:

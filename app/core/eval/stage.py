@@ -163,8 +163,9 @@ async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal:
 
 
 async def run_board_leg(ctx: StageContext, plan: Plan, journal: Path, board: Any, remote_bundle: str,
-                        runtime: str | None, on_case: Any) -> dict[str, Any]:
-    """The cases on the board through one persistent dialog: loaded once, its KV cache cleared between cases."""
+                        runtime: str | None, on_case: Any, dialog: str = "basic") -> dict[str, Any]:
+    """The cases on the board through one persistent dialog (`dialog`: basic, or a speculative one the bundle
+    carries): loaded once, its KV cache cleared between cases."""
     from app.core.genie.conversation import Conversation
     from app.core.genie.session import ChatSession, SessionError
 
@@ -179,8 +180,9 @@ async def run_board_leg(ctx: StageContext, plan: Plan, journal: Path, board: Any
     info: dict[str, Any] = {"cases": len(jobs), "skipped_done": len(jobs) - len(todo)}
     if not todo:
         return info
+    info["dialog"] = dialog
     session = ChatSession(board, remote_bundle, _Raw(template="qa"), mode="persistent", max_tokens=64,
-                          sampler="deterministic", runtime=runtime)
+                          sampler="deterministic", runtime=runtime, dialog=dialog)
     try:
         try:
             await session.open()
@@ -328,8 +330,9 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     digest = {n: (st.get(n) or {}).get("output_digest") for n in ("quantize", "compile", "board")}
     runtime = str(ctx.settings.get("runtime") or "") or None
     host_journal = run_dir / "eval" / f"host-{_h(digest['quantize'], digest['compile'], EVAL_VERSION)}.jsonl"
+    dialog = str(ctx.settings.get("dialog_type") or "basic")    # a speculative dialog has a journal of its own
     board_journal = run_dir / "eval" / (f"board-{board_doc.get('board', 'none')}-"
-                                        f"{_h(digest['compile'], digest['board'], runtime, EVAL_VERSION)}.jsonl")
+                                        f"{_h(digest['compile'], digest['board'], runtime, EVAL_VERSION, *([dialog] if dialog != 'basic' else []))}.jsonl")
     host_legs = [x for x in legs if x in ("float", "sim", "htp")]
     host_runs = case_runs(plan, host_legs)
     all_runs = host_runs + (len(plan.for_leg("board")) if "board" in legs else 0)
@@ -361,11 +364,18 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
 
         try:
             board_info = await run_board_leg(ctx, plan, board_journal, board, board_doc["remote_bundle"], runtime,
-                                             on_case)
+                                             on_case, dialog)
         finally:
             with contextlib.suppress(Exception):
                 await board.transport.close()
     records = {**read_journal(host_journal), **read_journal(board_journal)}
+    accepted = [float(r["kpis"]["accepted_per_step"]) for r in read_journal(board_journal).values()
+                if isinstance(r.get("kpis"), dict) and isinstance(r["kpis"].get("accepted_per_step"), (int, float))]
+    if "board" in legs:
+        board_info["dialog"] = dialog
+        if accepted:   # Genie's token-acceptance-rate over the user's own cases (lade, spd)
+            board_info["accepted_per_step"] = round(sum(accepted) / len(accepted), 3)
+            board_info["accepted_per_step_cases"] = len(accepted)
     per, rows = score_all(plan, records, renderer.tool_format, encode)
     table = []
     for s in suites:
@@ -392,6 +402,11 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
         if t["scorer"] == "parity" and t["legs"].get("htp"):
             em.metric("htp_sim_agreement", t["legs"]["htp"]["value"])
     em.metric("source", source)
+    if board_info.get("dialog") not in (None, "basic"):
+        em.metric("dialog", board_info["dialog"])
+        if "accepted_per_step" in board_info:
+            em.metric("accepted_per_step", board_info["accepted_per_step"], unit="tokens/step",
+                      scope="simulated" if source == "simulated" else "device")
     line = "; ".join(f"{t['suite']} " + " → ".join((t['legs'].get(leg) or {}).get("text", "—") for leg in legs)
                      for t in table)
     em.progress(1.0, line)

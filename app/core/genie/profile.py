@@ -26,9 +26,13 @@ class Kpis:
     source: str                  # "device" | "simulated"
     queries: int = 1
     origin: str = "profile"      # "profile" (--profile JSON) | "kpis_block" (old QAIRT's printed [KPIS]: block)
+    accepted_per_step: float | None = None   # lade/spd: Genie's token-acceptance-rate (tokens per step)
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        if doc["accepted_per_step"] is None:    # only speculative dialogs have it: basic documents stay as they were
+            del doc["accepted_per_step"]
+        return doc
 
 
 def _value(ev: dict[str, Any], key: str) -> Any:
@@ -70,6 +74,7 @@ def parse_profile(data: dict[str, Any] | str | Path) -> Kpis:
     gt = _value(q, "num-generated-tokens")
     pr = _value(q, "prompt-processing-rate")
     gr = _value(q, "token-generation-rate")
+    acc = _value(q, "token-acceptance-rate")      # only a speculative dialog (lade, spd) reports it
     return Kpis(
         init_ms=_ms(creates[-1], "init-time") if creates else None,
         prompt_tokens=int(pt) if pt is not None else None,
@@ -80,6 +85,7 @@ def parse_profile(data: dict[str, Any] | str | Path) -> Kpis:
         gen_time_ms=_ms(q, "token-generation-time"),
         source="simulated" if simulated else "device",
         queries=len(queries),
+        accepted_per_step=round(float(acc), 3) if isinstance(acc, (int, float)) else None,
     )
 
 

@@ -66,9 +66,10 @@ class BoardRuntime:
     per_turn_fallback: bool = False   # can one-shot runs (genie-t2t-run) stand in when the helper cannot start
     helper: Traversable | None = None  # a program copied to a real board's <home>/hexstudio/bin/
     simulated: bool = False       # everything it measures is simulated (never a device figure)
+    dialogs: tuple[str, ...] = ("basic",)   # the Genie dialog types it runs (genie_config.<type>.json)
 
     def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
-                    bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
+                    bundle_dir: str, config: str = "genie_config.json") -> tuple[list[str], dict[str, str] | None]:
         raise NotImplementedError
 
     async def prepare(self, board: Board, bundle_dir: str) -> list[str]:
@@ -86,13 +87,14 @@ def _sampler_args(sampler: dict[str, Any] | None) -> list[str]:
 
 class GenieOnBoard(BoardRuntime):
     key, name, title, per_turn_fallback = "genie", "genie", "Genie (libGenie / genie-t2t-run)", True
+    dialogs = ("basic", "lade", "spd")
     helper = helper_file("genie_session")
 
     def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
-                    bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
+                    bundle_dir: str, config: str = "genie_config.json") -> tuple[list[str], dict[str, str] | None]:
         cfg = board.config or {}
         py = cfg.get("python") or "python3"
-        argv = [str(py), helper_remote or "genie_session.py", "--config", "genie_config.json",
+        argv = [str(py), helper_remote or "genie_session.py", "--config", config,
                 *_sampler_args(sampler), "--log-level", "warn"]
         if cfg.get("genie_lib"):
             argv += ["--lib", str(cfg["genie_lib"])]
@@ -104,10 +106,11 @@ class GenieOnBoard(BoardRuntime):
 
 class GenieHtpSimulator(BoardRuntime):
     key, name, per_turn_fallback, simulated = "genie-htp-sim", "genie", True, True
+    dialogs = ("basic", "lade", "spd")
     title = "Genie 1.21 on the HTP simulator (x86)"
 
     def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
-                    bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
+                    bundle_dir: str, config: str = "genie_config.json") -> tuple[list[str], dict[str, str] | None]:
         from workers.qnn.libs import INSTALL_HINT, find_qnn_libs
 
         libs = find_qnn_libs()
@@ -116,7 +119,7 @@ class GenieHtpSimulator(BoardRuntime):
                                 "installed here to run them.", INSTALL_HINT)
         from workers.qnn.libs import x86_engine_overrides
 
-        argv = python_command("workers.board.genie_session", "--config", "genie_config.json",
+        argv = python_command("workers.board.genie_session", "--config", config,
                               "--lib", str(libs.genie), *_sampler_args(sampler),
                               "--engine", json.dumps(x86_engine_overrides(os.cpu_count() or 1)),
                               "--log-level", "warn", "--htp-simulator")
@@ -128,7 +131,7 @@ class OnnxruntimeTwin(BoardRuntime):
     title = "HexStudio's onnxruntime twin of Genie (a stand-in bundle; not Genie)"
 
     def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
-                    bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
+                    bundle_dir: str, config: str = "genie_config.json") -> tuple[list[str], dict[str, str] | None]:
         return python_command("workers.genie_sim.session", "-c", "genie_config.json",
                               *_sampler_args(sampler)), python_env()
 
@@ -138,7 +141,7 @@ class GenieX(BoardRuntime):
     helper = helper_file("geniex_session")
 
     def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
-                    bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
+                    bundle_dir: str, config: str = "genie_config.json") -> tuple[list[str], dict[str, str] | None]:
         extra = _sampler_args(sampler)
         if board.simulated:   # the simulator's GenieX face (as the Genie helper: this machine's python)
             return python_command("workers.genie_sim.geniex", "session", "-m", ".", *extra), python_env()

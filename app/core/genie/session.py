@@ -34,6 +34,7 @@ from app.core.genie.conversation import _HEADER, Conversation, Turn
 from app.core.genie.profile import Kpis, ProfileError, parse_profile
 from app.core.genie.run import Chunk, ChunkTokenCounter, ensure_dir, load_token_counter, run_query
 from app.core.genie.runtime import RuntimeError_, resolve_runtime, runtime_for, select_runtime
+from workers.shared.bundle.speculative import DIALOG_TYPES, config_name, spd_sampler
 from workers.shared.errors import ActionableError
 
 MODES = ("auto", "persistent", "per_turn")
@@ -240,9 +241,12 @@ class ChatSession:
     def __init__(self, board: Board, bundle_dir: str, conversation: Conversation | None = None, *,
                  mode: str = "auto", max_tokens: int = 256, sampler: str | dict[str, Any] = "deterministic",
                  on_status: Callable[[str], None] | None = None, ready_timeout: float = 300.0,
-                 runtime: str | None = None) -> None:
+                 runtime: str | None = None, dialog: str = "basic") -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
+        if dialog not in DIALOG_TYPES:
+            raise SessionError(f"Unknown dialog '{dialog}'.", f"Use one of: {', '.join(DIALOG_TYPES)}.")
+        self.dialog = dialog                      # basic, or a speculative one the bundle carries (lade, spd)
         # a preset name, or the sampler values themselves (Genie's keys: seed, temp, top-k, top-p)
         if isinstance(sampler, dict):
             self.sampler_values: dict[str, Any] | None = dict(sampler)
@@ -297,13 +301,19 @@ class ChatSession:
     async def open(self) -> str:
         """Read the bundle's config, start the helper (persistent) or prepare per-turn runs. Returns the mode."""
         t = self.board.transport
-        cfg_path = posixpath.join(self.bundle_dir, "genie_config.json")
+        cfg_path = posixpath.join(self.bundle_dir, config_name(self.dialog))
+        if self.dialog != "basic" and not await t.exists(cfg_path):
+            raise SessionError(f"The bundle on {self.board.label} has no {self.dialog} dialog ({cfg_path} is missing).",
+                               f"Compile with speculative_dialogs including {self.dialog} (Compile page, or "
+                               f"`hexstudio run --set speculative_dialogs={self.dialog}`), push it, or chat with the "
+                               "basic dialog.")
         try:
             cfg = json.loads((await t.read_bytes(cfg_path)).decode("utf-8"))
         except (OSError, ValueError) as exc:
             raise SessionError(f"Cannot read {cfg_path} on {self.board.label}: {exc}.",
                                "Push the bundle to the board first (Board stage, or `hexstudio run --only board`).") \
                 from None
+        self._config = config_name(self.dialog)
         size = ((cfg.get("dialog") or {}).get("context") or {}).get("size")
         if isinstance(size, int) and size > 0:
             self.conversation.context_length = size
@@ -313,7 +323,8 @@ class ChatSession:
         await self._maybe_tokenizer(cfg)
         override = self.sampler_values
         if override is not None:
-            cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(override)
+            values = spd_sampler(override) if self.dialog == "spd" else override   # Genie's spd needs temp > 0
+            cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(values)
             await t.write_bytes(posixpath.join(self.bundle_dir, SESSION_CONFIG),
                                 json.dumps(cfg, indent=2).encode("utf-8"))
             self._config = SESSION_CONFIG
@@ -321,6 +332,10 @@ class ChatSession:
             self.runtime = await select_runtime(self.board, self.bundle_dir, self._runtime_choice)
         except RuntimeError_ as exc:
             raise SessionError(exc.message, exc.hint) from None
+        if self.dialog not in self.runtime.dialogs:
+            raise SessionError(f"{self.runtime.title} runs only the {', '.join(self.runtime.dialogs)} dialog, not "
+                               f"{self.dialog}.", "Chat with the basic dialog, or compile a real bundle "
+                               "(compile_target local or aihub) for Qualcomm's Genie to run it.")
         self._opened = True
         if self.runtime.name != "genie":
             if self.mode == "per_turn":
@@ -352,7 +367,10 @@ class ChatSession:
 
     def helper_argv(self) -> tuple[list[str], dict[str, str] | None]:
         try:
-            return self.runtime.helper_argv(self.board, self.sampler_values, self._helper_remote, self.bundle_dir)
+            if self.dialog == "basic":    # a plug-in runtime that knows only the basic dialog takes no config name
+                return self.runtime.helper_argv(self.board, self.sampler_values, self._helper_remote, self.bundle_dir)
+            return self.runtime.helper_argv(self.board, self.sampler_values, self._helper_remote, self.bundle_dir,
+                                            config=config_name(self.dialog))
         except RuntimeError_ as exc:
             raise SessionError(exc.message, exc.hint) from None
 

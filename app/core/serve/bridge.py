@@ -106,8 +106,9 @@ class Reply:
 class DialogBridge:
     def __init__(self, board: Any, remote_bundle: str, renderer: PromptRenderer, *, model_id: str,
                  runtime: str | None = None, sampler: str = "deterministic", max_tokens: int = 256,
-                 on_status: Callable[[str], None] | None = None) -> None:
+                 on_status: Callable[[str], None] | None = None, dialog: str = "basic") -> None:
         self.board = board
+        self.dialog = dialog          # Genie's dialog type: basic, lade or spd (genie_config.<type>.json)
         self.remote_bundle = remote_bundle
         self.renderer = renderer
         self.model_id = model_id
@@ -142,7 +143,7 @@ class DialogBridge:
     async def open(self, why: str = "start") -> None:
         s = ChatSession(self.board, self.remote_bundle, _Raw(template="plain"), mode="persistent",
                         max_tokens=self.max_tokens, sampler=dict(self._sampler), on_status=self.on_status,
-                        runtime=self.runtime)
+                        runtime=self.runtime, dialog=self.dialog)
         try:
             await s.open()
         except SessionError as exc:

@@ -558,11 +558,12 @@ def _real_findings(bundle: Path, real: dict[str, Any], facts: dict[str, Any] | N
     from workers.shared.bundle.qnn_findings import binary_problems, parser_finding
 
     out: list[Finding] = []
-    pf = parser_finding(real)
-    if pf is not None:
-        code, sev, genie, message = pf
-        out.append(Finding(code, sev, message, genie, "Fix the key Genie names (docs/genie.md lists the schema), "
-                           "or compile again." if sev == ERROR else ""))
+    for name in ["genie_config.json", *sorted(real.get("dialogs") or {})]:   # the basic config, then lade/spd's
+        pf = parser_finding(real, name)
+        if pf is not None:
+            code, sev, genie, message = pf
+            out.append(Finding(code, sev, message, genie, "Fix the key Genie names (docs/genie.md lists the "
+                               "schema), or compile again." if sev == ERROR else ""))
     ext = _read_json(bundle / _ext_name(cfg))
     dev = (ext.get("devices") or [{}])[0] if isinstance(ext, dict) and isinstance(ext.get("devices"), list) else {}
     ext_soc = dev.get("soc_model") if isinstance(dev, dict) and isinstance(dev.get("soc_model"), int) else None

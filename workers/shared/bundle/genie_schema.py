@@ -161,9 +161,14 @@ def _dialog_after(cfg: dict[str, Any], w: Walk) -> None:
         _walk(SECTIONS["engine"], eng, w)
         if w.dialog_type in ("spd", "kv-share"):
             w.error(f"engine config for {w.dialog_type} is not an array")
+        if "role" in eng:
+            w.error("engine role is only for the engines of an spd dialog (an array of draft and target)")
     elif isinstance(eng, list) and w.dialog_type in ("spd", "kv-share", "eaglet"):
         for e in eng:
             _walk(SECTIONS["engine"], e, w)
+        roles = sorted(str(e.get("role")) for e in eng if isinstance(e, dict))
+        if w.dialog_type == "spd" and roles != ["draft", "target"]:
+            w.error(f"spd needs exactly two engines, roles draft and target (found {roles})")
     elif eng is not None:
         w.error("engine config is not an object or an array")
     for sub in ("ssd-q1", "lade", "spd"):
@@ -217,7 +222,9 @@ SECTIONS: dict[str, Section] = {s.name: s for s in (
     Section("debug", {"path": _v(STR), "dump-tensors": _v(BOOL), "dump-specs": _v(BOOL), "dump-outputs": _v(BOOL)},
             versioned=False, unknown="Unknown multistream config key: {k}"),
     Section("engine", {"version": _v(NUM), "backend": _v(OBJ, section="backend"), "model": _v(OBJ, section="model"),
-                       "n-threads": _v(NUM), "longcontext": _v(OBJ), "cache-groups": _v(ARR)},
+                       "n-threads": _v(NUM), "longcontext": _v(OBJ), "cache-groups": _v(ARR),
+                       # Genie 1.21's schema: an engine of spd's array names its role (draft | target)
+                       "role": _v(STR, values=("draft", "target"), bad_value="Invalid engine role: {v}")},
             mandatory=("version", "backend", "model", "n-threads")),
     Section("backend", {"version": _v(NUM),
                         "type": _v(STR, values=BACKEND_TYPES,

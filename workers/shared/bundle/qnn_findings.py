@@ -58,18 +58,18 @@ def graphs_from_binaries(binaries: list[dict[str, Any]]) -> dict[str, dict[str, 
     return out
 
 
-def parser_finding(doc: dict[str, Any]) -> tuple[str, str, str | None, str] | None:
-    """(code, severity, genie text, message) for Genie's parser result, None when it was not run."""
-    c = doc.get("config") or {}
+def parser_finding(doc: dict[str, Any], name: str = "genie_config.json") -> tuple[str, str, str | None, str] | None:
+    """(code, severity, genie text, message) for Genie's parser result on the config `name` (genie_config.json,
+    or a speculative dialog's genie_config.<type>.json), None when it was not run."""
+    c = (doc.get("config") if name == "genie_config.json" else (doc.get("dialogs") or {}).get(name)) or {}
     if c.get("status") is None:
         return None
     ver = c.get("genie_version") or "?"
     if int(c["status"]) == 0:
         return ("genie_parser_ok", "info", None, f"Genie {ver}'s own parser (libGenie, GenieDialogConfig_createFromJson)"
-                                                 " accepts genie_config.json.")
+                                                 f" accepts {name}.")
     return ("genie_parser", "error", str(c.get("message") or f"status {c['status']}"),
-            f"Genie {ver}'s own parser refuses genie_config.json (GenieDialogConfig_createFromJson status "
-            f"{c['status']}).")
+            f"Genie {ver}'s own parser refuses {name} (GenieDialogConfig_createFromJson status {c['status']}).")
 
 
 def binary_problems(doc: dict[str, Any], ext_soc: int | None, board_soc: int | None,

@@ -1,0 +1,121 @@
+"""Genie's speculative dialogs (lade, spd) beside the basic one in one bundle: written only where the model can
+have them, accepted by Genie 1.21's own parser, and run by real Genie on the HTP simulator with greedy output
+token for token the basic dialog's, reporting Genie's tokens accepted per step."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.qnn.conftest import needs_qnn
+from workers.runtime import WorkerError
+from workers.shared.bundle import speculative as sp
+from workers.shared.bundle.genie_schema import genie_config_errors
+
+BUILTIN_CONFIG = Path(__file__).resolve().parents[2] / "workers/shared/data/builtin_model/tiny-llama/config.json"
+
+
+def _basic() -> dict:
+    from workers.shared import bundle as gb
+
+    hf = json.loads(BUILTIN_CONFIG.read_text())
+    return gb.genie_config(hf, 512, ["m_part_1_of_2.bin", "m_part_2_of_2.bin"], 64)
+
+
+def test_lade_and_spd_configs_follow_genies_schema_and_leave_basic_alone() -> None:
+    basic = _basic()
+    before = json.dumps(basic)
+    lade = sp.dialog_config(basic, "lade")
+    spd = sp.dialog_config(basic, "spd", spd=sp.Spd(draft_len=5))
+    assert json.dumps(basic) == before                                   # derived, never changed in place
+    assert lade["dialog"]["type"] == "lade" and lade["dialog"]["lade"] == {
+        "version": 1, "update-mode": "ALWAYS_FWD_ONE", "window": 8, "ngram": 4, "gcap": 8}
+    assert isinstance(lade["dialog"]["engine"], dict) and "role" not in lade["dialog"]["engine"]
+    eng = spd["dialog"]["engine"]
+    assert [e["role"] for e in eng] == ["draft", "target"] and spd["dialog"]["spd"] == {"version": 1, "draft-len": 5}
+    assert sp.target_engine(spd["dialog"])["role"] == "target"
+    assert sp.ctx_bins(spd["dialog"]) == ["m_part_1_of_2.bin", "m_part_2_of_2.bin"]   # the model drafts for itself
+    # Genie's spd asserts temp > 0: the greedy default becomes greedy: true
+    assert spd["dialog"]["sampler"]["temp"] == 1.0 and spd["dialog"]["sampler"]["greedy"] is True
+    assert genie_config_errors(lade) == [] and genie_config_errors(spd) == []
+    assert sp.config_name("basic") == "genie_config.json" and sp.config_name("spd") == "genie_config.spd.json"
+
+
+def test_what_a_model_cannot_have_is_refused_with_the_reason_before_anything_compiles() -> None:
+    from workers.genie_config import check_speculative
+
+    hf = json.loads(BUILTIN_CONFIG.read_text())       # vocab 840: Genie seeds lade with token ids 1000+
+    q = {"ar_n": 128}
+    with pytest.raises(WorkerError) as ei:
+        check_speculative(hf, q, {"speculative_dialogs": "lade,spd"})
+    assert ei.value.code == "dialog_unsupported" and "1008" in ei.value.message and "840" in ei.value.message
+    assert check_speculative(hf, q, {"speculative_dialogs": "spd"}) == ["spd"]
+    assert check_speculative(hf, q, {"speculative_dialogs": "none"}) == []
+    big = {**hf, "vocab_size": 32000}
+    assert check_speculative(big, q, {"speculative_dialogs": "lade,spd"}) == ["lade", "spd"]
+    assert "AR-16" in str(sp.lade_problem(32000, [1, 16], sp.Lade()))   # a step of 48 tokens needs AR >= 48
+    with pytest.raises(WorkerError, match="SSD training"):
+        check_speculative(big, q, {"speculative_dialogs": ["ssd-q1"]})
+    assert "same tokenizer" in str(sp.spd_problem(sp.Spd(), 32000, 32064, [1, 128]))
+
+
+def test_genies_profile_acceptance_is_read_as_tokens_per_step() -> None:
+    from app.core.genie.profile import parse_profile
+
+    doc = {"header": {"artifact_type": "GENIE_PROFILE"}, "components": [{"events": [
+        {"type": "GenieDialog_create", "init-time": {"value": 1000, "unit": "us"}},
+        {"type": "GenieDialog_query", "num-prompt-tokens": {"value": 7}, "num-generated-tokens": {"value": 12},
+         "token-acceptance-rate": {"value": 3.6666667, "unit": "toks/iteration"}}]}]}
+    assert parse_profile(doc).accepted_per_step == 3.667
+    assert sp.acceptance(doc) == pytest.approx(3.6666667)
+    doc["components"][0]["events"][1].pop("token-acceptance-rate")     # a basic dialog reports none
+    assert parse_profile(doc).accepted_per_step is None
+
+
+@needs_qnn
+@pytest.mark.slow
+def test_real_genie_runs_spd_greedy_token_for_token_as_basic(local_run: Path, tmp_path: Path) -> None:
+    from app.core.device.board import sim_board
+    from app.core.genie.session import ChatSession, SessionError, TurnResult
+    from app.core.serve.bridge import _Raw
+    from app.core.services.bundle_check import check
+    from workers.genie_config import write_dialog_configs
+    from workers.shared.bundle.check import errors
+
+    remote = Path(json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
+    q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
+    hf = json.loads((remote / "config.json").read_text())
+    basic = json.loads((remote / "genie_config.json").read_text())
+    # what the Compile stage writes with speculative_dialogs=spd, on a copy of the pushed bundle
+    bundle = tmp_path / "bundle"
+    shutil.copytree(remote, bundle)
+    assert write_dialog_configs(bundle, basic, hf, q, {"speculative_dialogs": "spd", "spd_draft_len": 3}) == [
+        "genie_config.json", "genie_config.spd.json"]
+    findings = check(bundle)                         # Genie 1.21's own parser on both configs
+    assert not errors(findings), [f.message for f in errors(findings)]
+    assert any(f.code == "genie_parser_ok" and "genie_config.spd.json" in f.message for f in findings)
+    # the real runtime, through the session the studio uses (persistent helper on the HTP simulator)
+    shutil.copy2(bundle / "genie_config.spd.json", remote / "genie_config.spd.json")
+    board = sim_board(local_run.parent.parent)
+
+    async def go(dialog: str) -> TurnResult:
+        s = ChatSession(board, str(remote), _Raw(template="plain"), mode="persistent", max_tokens=8,
+                        sampler="deterministic", dialog=dialog)
+        async with s:
+            return await s.send("Once upon a time, Emma")
+
+    try:
+        plain, spd = asyncio.run(go("basic")), asyncio.run(go("spd"))
+        with pytest.raises(SessionError, match="no lade dialog"):      # not compiled: said, with what to do
+            asyncio.run(go("lade"))
+    finally:
+        (remote / "genie_config.spd.json").unlink()
+    assert plain.state == spd.state == "complete" and plain.text.strip()
+    assert spd.text == plain.text                                       # greedy: the same tokens
+    assert plain.kpis is not None and plain.kpis.accepted_per_step is None
+    assert spd.kpis is not None and spd.kpis.accepted_per_step is not None and spd.kpis.accepted_per_step > 1.0
+    assert spd.kpis.source == "simulated"
