@@ -160,7 +160,13 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         if i == n:
             done_graphs.append(name)
         frac = 0.1 + 0.88 * (len(done_graphs) + (i / n if i < n else 0)) / len(calibrated)
-        msg = f"{name}: calibrated" if i == n else f"{name}: calibration sample {i + 1}/{n}"
+        if i == n:
+            msg = f"{name}: calibrated"
+        elif n % samples == 0 and n > samples:   # partwise: every unit (embedding, layers, head) sees every sample
+            msg = (f"{name}: calibration step {i + 1}/{n} (sample {i % samples + 1} of {samples} through unit "
+                   f"{i // samples + 1} of {n // samples})")
+        else:
+            msg = f"{name}: calibration sample {i + 1}/{n}"
         em.progress(frac, msg, graph=name, sample=i, samples=n)
 
     t1 = time.monotonic()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -257,7 +258,7 @@ def test_cancel_mid_calibration_leaves_nothing_marked_done(tmp_path: Path) -> No
 
         def on_event(stage: str, ev: dict[str, Any]) -> None:
             msg = str(ev.get("message", ""))
-            if ev["type"] == "progress" and "calibration sample" in msg and not seen:
+            if ev["type"] == "progress" and "calibration step" in msg and not seen:
                 seen.append(msg)
                 asyncio.get_running_loop().create_task(pipe.cancel())
 
@@ -266,6 +267,9 @@ def test_cancel_mid_calibration_leaves_nothing_marked_done(tmp_path: Path) -> No
 
     res = asyncio.run(go())
     assert seen, "calibration never started"
+    # the step count is units x samples, and the words say so (not "sample 1/24" for 8 samples)
+    samples = int(FAST_QUANTIZE_SETTINGS.get("calibration_samples", 8))
+    assert re.search(rf"calibration step 1/\d+ \(sample 1 of {samples} through unit 1 of \d+\)", seen[0]), seen
     assert not res.ok
     assert m.stage("quantize").state != "done"
     arts = Path(m.run_dir) / "artifacts"
