@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import html
-import json
-from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QRect, QSettings, Qt, QTimer, QUrl, qVersion
+from PySide6.QtCore import QByteArray, QRect, QSettings, Qt, QTimer, QUrl
 from PySide6.QtGui import (
     QAction,
     QActionGroup,
     QCloseEvent,
-    QColor,
     QDesktopServices,
     QGuiApplication,
     QKeySequence,
@@ -21,36 +18,26 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QDialog,
-    QDialogButtonBox,
-    QFrame,
-    QHBoxLayout,
-    QHeaderView,
     QLabel,
     QListWidget,
     QListWidgetItem,
     QMainWindow,
     QMessageBox,
-    QPushButton,
     QSizePolicy,
     QSplitter,
     QStackedWidget,
     QStyle,
-    QTableWidget,
-    QTableWidgetItem,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
-from app.core.jobs import human_bytes
 from app.core.logs import log_dir
-from app.core.manifest import ManifestError, RunManifest
-from app.core.runs import RunSummary
 from app.core.sampler import ResourceSample
 from app.core.stages import STAGES, get_stage
-from app.core.status import KINDS, run_status, stage_statuses
-from app.core.units import fmt_rate
 from app.ui.controller import RunController
+from app.ui.dialogs.about import AboutDialog
+from app.ui.dialogs.history import HistoryDialog
+from app.ui.dialogs.runs import RunsDialog
 from app.ui.errors import show_error
 from app.ui.job_dock import JobDock
 from app.ui.pages.base import StagePage
@@ -60,359 +47,9 @@ from app.ui.pages.evaluate import EvaluatePage
 from app.ui.pages.model import ModelPage
 from app.ui.pages.report import ReportPage
 from app.ui.pages.workstation import CompilePage, PreflightPage, QuantizePage, ValidatePage
-from app.ui.widgets import STATE_COLORS, state_icon
+from app.ui.run_bars import GateBar, ResumeBar
+from app.ui.widgets import open_folder, state_icon
 from workers.shared.errors import ActionableError
-
-
-def run_row(s: RunSummary) -> dict[str, Any]:
-    """One row of the runs dashboard: what the run is and how it went, from run.json alone (fast for
-    hundreds of runs): status, the Validate verdict, the chat KPIs, the peak RSS of the heavy stages."""
-    try:
-        data = json.loads((s.path / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        data = {}
-    stages = data.get("stages") or {}
-    try:   # the one status model (app.core.status): the same words as the stage list, the report and the CLI
-        statuses = stage_statuses(RunManifest.load(s.path))
-        rs = run_status(statuses)
-        # a run completed past an overridden gate carries the override's mark, never a plain tick
-        status, status_key = rs.word, ("overridden" if rs.key == "complete" and rs.overridden else rs.key)
-        verdict_status = next(x for x in statuses if x.stage == "validate")
-        verdict = "" if verdict_status.key in ("pending", "running") else verdict_status.word
-    except (ManifestError, OSError, KeyError, ValueError):
-        status, status_key, verdict = "unreadable run.json", "failed", ""
-
-    def metric(stage: str, name: str) -> float | None:
-        v = ((stages.get(stage) or {}).get("metrics") or {}).get(name)
-        v = v.get("value") if isinstance(v, dict) else v
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    peaks = [float(p) for st in stages.values() if isinstance(st, dict)
-             for p in [st.get("peak_rss_bytes")] if isinstance(p, (int, float))]
-    chat_source = ""
-    cj = s.path / "artifacts" / "chat" / "chat.json"
-    if cj.is_file():
-        try:
-            chat_source = str(json.loads(cj.read_text(encoding="utf-8")).get("source") or "")
-        except (OSError, ValueError):
-            chat_source = ""
-    return {"run": s.run_id, "name": data.get("name") or s.run_id, "model": s.model, "created": s.created,
-            "status": status, "status_key": status_key, "verdict": verdict, "tok_s": metric("chat", "gen_tok_s"),
-            "ttft_ms": metric("chat", "ttft_ms"), "peak_rss": max(peaks) if peaks else None, "board": s.board,
-            "source": chat_source}
-
-
-class SortItem(QTableWidgetItem):
-    """Sorts by the value it was made from (numbers as numbers, blanks last), shows its text."""
-
-    def __init__(self, text: str, key: Any = None) -> None:
-        super().__init__(text)
-        self.key = key if key is not None else text
-
-    def __lt__(self, other: QTableWidgetItem) -> bool:
-        k = other.key if isinstance(other, SortItem) else other.text()
-        a, b = self.key, k
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-            return a < b
-        return str(a) < str(b)
-
-
-RUN_COLUMNS = ("name", "model", "created", "status", "verdict", "gen tok/s", "TTFT ms", "peak RSS", "board")
-
-
-class RunsDialog(QDialog):
-    """The runs dashboard: every run of the workspace in a sortable table; open one, compare several side
-    by side (the report's comparison), delete."""
-
-    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.c = controller
-        self.setWindowTitle("Runs")
-        self.setObjectName("runs_dialog")
-        self.resize(1100, 520)
-        lay = QVBoxLayout(self)
-        where = QLabel(f"Runs in {controller.workspace.runs_dir} — click a column to sort; select two or more "
-                       "to compare them.")
-        where.setWordWrap(True)
-        lay.addWidget(where)
-        self.table = QTableWidget(0, len(RUN_COLUMNS))
-        self.table.setObjectName("runs_table")
-        self.table.setHorizontalHeaderLabels(list(RUN_COLUMNS))
-        hh = self.table.horizontalHeader()
-        hh.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
-        hh.setStretchLastSection(True)
-        self.table.verticalHeader().setVisible(False)
-        self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QTableWidget.SelectionMode.ExtendedSelection)
-        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.table.setAlternatingRowColors(True)
-        self.table.doubleClicked.connect(self.accept)
-        lay.addWidget(self.table)
-        bb = QDialogButtonBox()
-        self.open_button = bb.addButton("Open", QDialogButtonBox.ButtonRole.AcceptRole)
-        self.compare_button = bb.addButton("Compare…", QDialogButtonBox.ButtonRole.ActionRole)
-        self.compare_button.setObjectName("compare_button")
-        self.compare_button.setToolTip("Side by side: settings, metrics and KPIs of the selected runs (the first "
-                                       "one is the baseline)")
-        self.delete_button = bb.addButton("Delete…", QDialogButtonBox.ButtonRole.DestructiveRole)
-        bb.addButton(QDialogButtonBox.StandardButton.Close)
-        bb.accepted.connect(self.accept)
-        bb.rejected.connect(self.reject)
-        self.delete_button.clicked.connect(self.delete_selected)
-        self.compare_button.clicked.connect(self.compare_selected)
-        self.table.itemSelectionChanged.connect(self._selection_changed)
-        lay.addWidget(bb)
-        self.rows: list[dict[str, Any]] = []
-        self.reload()
-
-    def reload(self) -> None:
-        self.rows = [run_row(s) for s in self.c.list_runs()]
-        self.table.setSortingEnabled(False)
-        self.table.setRowCount(len(self.rows))
-        for r, row in enumerate(self.rows):
-            tag = " (sim)" if row["source"] == "simulated" else ""
-            cells = [
-                SortItem(row["name"]), SortItem(row["model"]),
-                SortItem(str(row["created"]).replace("T", " ")[:19], row["created"]),
-                SortItem(row["status"]), SortItem(row["verdict"]),
-                SortItem("" if row["tok_s"] is None else f"{fmt_rate(row['tok_s'])}{tag}", row["tok_s"] or -1.0),
-                SortItem("" if row["ttft_ms"] is None else f"{row['ttft_ms']:.0f}{tag}",
-                         row["ttft_ms"] if row["ttft_ms"] is not None else float("inf")),
-                SortItem("" if row["peak_rss"] is None else human_bytes(row["peak_rss"]), row["peak_rss"] or -1.0),
-                SortItem(row["board"]),
-            ]
-            cells[0].setData(Qt.ItemDataRole.UserRole, row["run"])
-            cells[0].setToolTip(f"{row['run']}\n{row['model']}")
-            run_kind = {"complete": "passed", "in_progress": "pending"}.get(row["status_key"], row["status_key"])
-            cells[3].setIcon(state_icon(run_kind))
-            if run_kind in KINDS:
-                cells[3].setForeground(QColor(KINDS[run_kind].color))
-            verdict_kind = next((k for k in KINDS.values() if k.word == row["verdict"]), None)
-            if verdict_kind is not None:
-                cells[4].setIcon(state_icon(verdict_kind.key))
-                cells[4].setForeground(QColor(verdict_kind.color))
-            for col, item in enumerate(cells):
-                self.table.setItem(r, col, item)
-        self.table.setSortingEnabled(True)
-        self.table.sortItems(2, Qt.SortOrder.DescendingOrder)
-        self.table.resizeColumnsToContents()
-        for col in (0, 1):
-            self.table.setColumnWidth(col, min(self.table.columnWidth(col), 300))
-        if self.rows:
-            self.table.selectRow(0)
-        self._selection_changed()
-
-    def selected_runs(self) -> list[str]:
-        out = []
-        for idx in sorted(self.table.selectionModel().selectedRows(), key=lambda i: i.row()):
-            item = self.table.item(idx.row(), 0)
-            if item is not None:
-                out.append(str(item.data(Qt.ItemDataRole.UserRole)))
-        return out
-
-    def selected(self) -> str | None:
-        runs = self.selected_runs()
-        return runs[0] if runs else None
-
-    def _selection_changed(self) -> None:
-        n = len(self.selected_runs())
-        self.open_button.setEnabled(n == 1)
-        self.compare_button.setEnabled(n >= 2)
-        self.delete_button.setEnabled(n == 1)
-
-    def comparison_reports(self, runs: list[str]) -> list[dict[str, Any]]:
-        from app.core.reports.collect import build_report
-
-        return [build_report(self.c.workspace.run_dir(r), redact_hosts=True) for r in runs]
-
-    def comparison_html(self, runs: list[str]) -> str:
-        from app.core.reports.compare import compare_html, compare_reports
-
-        return compare_html(compare_reports(self.comparison_reports(runs)))
-
-    def compare_selected(self) -> None:
-        from app.ui.compare import CompareDialog
-
-        runs = self.selected_runs()
-        if len(runs) < 2:
-            return
-        try:
-            d = CompareDialog(self.comparison_reports(runs), self)
-        except Exception as exc:
-            show_error(self, "Compare runs", f"The runs could not be compared: {exc}", exc=exc)
-            return
-        self.compare_dialog = d
-        d.show()
-
-    def delete_selected(self) -> None:
-        rid = self.selected()
-        if rid is None:
-            return
-        if QMessageBox.question(self, "Delete run", f"Delete run {rid} and all its files? This cannot be undone.") \
-                == QMessageBox.StandardButton.Yes:
-            try:
-                self.c.delete_run(rid)
-            except RuntimeError as exc:
-                show_error(self, "Delete run", str(exc))
-            self.reload()
-
-
-class HistoryDialog(QDialog):
-    """What happened to the open run: each stage's attempts and outcome, and run-level events
-    (resumes, gate overrides, setting changes), oldest first."""
-
-    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        m = controller.manifest
-        self.setWindowTitle(f"History of {m.run_id}" if m else "History")
-        self.resize(900, 460)
-        lay = QVBoxLayout(self)
-        self.table = QTableWidget(0, 3)
-        self.table.setObjectName("history_table")
-        self.table.setHorizontalHeaderLabels(["when", "what", "details"])
-        self.table.horizontalHeader().setStretchLastSection(True)
-        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        lay.addWidget(self.table)
-        rows: list[tuple[str, str, str]] = []
-        if m is not None:
-            for s in STAGES:
-                st = m.stage(s.name).data
-                if st.get("started"):
-                    out = st.get("outcome") or {}
-                    detail = f"{st.get('state')} after {st.get('duration_s')} s (attempt {st.get('attempts')})"
-                    if out.get("message") and out.get("kind") != "ok":
-                        detail += f": {out.get('message')}"
-                    rows.append((str(st.get("started")), f"stage {s.name}", detail))
-            for ev in m.data.get("events", []):
-                rows.append((str(ev.get("t")), str(ev.get("kind")), str(ev.get("message"))))
-        rows.sort()
-        self.table.setRowCount(len(rows))
-        for r, row in enumerate(rows):
-            for col, text in enumerate(row):
-                self.table.setItem(r, col, QTableWidgetItem(text))
-        self.table.resizeColumnsToContents()
-        bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
-        bb.rejected.connect(self.reject)
-        lay.addWidget(bb)
-
-
-class AboutDialog(QDialog):
-    """Help → About: versions, where the documentation and the logs are."""
-
-    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        import platform
-
-        import pyqtgraph
-        import PySide6
-
-        from app import __version__
-        from app.core.paths import REPO_ROOT
-        from app.core.secrets import backend_info, stored_where
-        self.setWindowTitle("About HexStudio")
-        self.setObjectName("about_dialog")
-        lay = QVBoxLayout(self)
-        docs = REPO_ROOT / "docs"
-        links = " · ".join(f"<a href='{QUrl.fromLocalFile(str(docs / f)).toString()}'>{f}</a>"
-                           for f in ("gui.md", "genie.md", "board.md", "reports.md", "PERFORMANCE.md")
-                           if (docs / f).is_file())
-        readme = REPO_ROOT / "README.md"
-        run = controller.manifest
-        kb = backend_info()       # the keyring backend in use, and whether it encrypts (issue 27)
-        self.text = QLabel(
-            f"<h2>HexStudio {__version__}</h2>"
-            "<p>Deploys Hugging Face LLMs to Qualcomm Hexagon NPU boards: quantize (AIMET-ONNX W4A16), validate, "
-            "compile (AI Hub → Genie bundle), push over SSH, chat, report.</p>"
-            f"<p><b>Versions</b>: Python {platform.python_version()} · Qt {qVersion()} · PySide6 "
-            f"{PySide6.__version__} · pyqtgraph {pyqtgraph.__version__} · {html.escape(platform.platform())}</p>"
-            f"<p><b>Documentation</b>: <a href='{QUrl.fromLocalFile(str(readme)).toString()}'>README</a> · {links}</p>"
-            + (f"<p style='color:{STATE_COLORS['failed']}'><b>Warning</b>: secrets (passwords, tokens) are kept "
-               if kb.get("warning") else "<p><b>Secrets</b> (passwords, tokens) are kept ")
-            + f"{html.escape(stored_where(kb))}.</p>"
-            f"<p><b>Studio log</b>: {html.escape(str(log_dir()))}<br>"
-            f"<b>Workspace</b>: {html.escape(str(controller.workspace.root))}"
-            + (f"<br><b>This run's logs</b>: {html.escape(str(run.run_dir / 'logs'))}" if run else "") + "</p>")
-        self.text.setTextFormat(Qt.TextFormat.RichText)
-        self.text.setWordWrap(True)
-        self.text.setOpenExternalLinks(True)
-        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
-        lay.addWidget(self.text)
-        bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
-        logs = bb.addButton("Open the log folder", QDialogButtonBox.ButtonRole.ActionRole)
-        logs.clicked.connect(lambda: open_folder(log_dir()))
-        if run is not None:
-            rl = bb.addButton("Open this run's folder", QDialogButtonBox.ButtonRole.ActionRole)
-            rl.clicked.connect(lambda: open_folder(run.run_dir))
-        bb.rejected.connect(self.reject)
-        lay.addWidget(bb)
-        self.resize(640, 360)
-
-
-class ResumeBar(QFrame):
-    """Shown above the pages when the open run has a heavy stage that was interrupted or cancelled."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("resume_bar")
-        self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setStyleSheet(f"QFrame#resume_bar {{ border: 1px solid {STATE_COLORS['stale']}; border-radius: 4px; }}")
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(10, 4, 6, 4)
-        self.label = QLabel("")
-        self.label.setTextFormat(Qt.TextFormat.RichText)
-        self.label.setWordWrap(True)
-        lay.addWidget(self.label, 1)
-        self.resume_button = QPushButton("Resume")
-        self.resume_button.setObjectName("resume_button")
-        self.resume_button.setToolTip("Run every stage that is not done, starting with the interrupted one "
-                                      "(Ctrl+R)")
-        lay.addWidget(self.resume_button)
-        self.dismiss_button = QToolButton()
-        self.dismiss_button.setText("✕")
-        self.dismiss_button.setToolTip("Hide this message")
-        self.dismiss_button.setAutoRaise(True)
-        self.dismiss_button.clicked.connect(self.hide)
-        lay.addWidget(self.dismiss_button)
-        self.hide()
-
-
-class GateBar(QFrame):
-    """Shown above the pages while a stage of the open run has a failed gate that nobody overrode: why, and the
-    way on (override it, recorded with who and when; or open the stage to fix it). A run that stops at such a
-    gate (Run Report after a failed Evaluate gate, say) says so here, not only in the status bar."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("gate_bar")
-        self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setStyleSheet(f"QFrame#gate_bar {{ border: 1px solid {KINDS['gate_failed'].color}; "
-                           "border-radius: 4px; }")
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(10, 4, 6, 4)
-        self.label = QLabel("")
-        self.label.setObjectName("gate_bar_label")
-        self.label.setTextFormat(Qt.TextFormat.RichText)
-        self.label.setWordWrap(True)
-        lay.addWidget(self.label, 1)
-        self.override_button = QPushButton("Override the gate…")
-        self.override_button.setObjectName("gate_bar_override")
-        self.override_button.setToolTip("Continue past this gate anyway: your reason, your name and the time are "
-                                        "recorded in the run and shown in its report")
-        lay.addWidget(self.override_button)
-        self.show_button = QPushButton("Show the stage")
-        self.show_button.setObjectName("gate_bar_show")
-        lay.addWidget(self.show_button)
-        self.stage: str | None = None
-        self.hide()
-
-
-def open_folder(path: Path) -> bool:
-    """Show a folder in the system's file manager (made first if it does not exist yet)."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        pass
-    return QDesktopServices.openUrl(QUrl.fromLocalFile(str(path)))
 
 
 def fitted_frame(avail: QRect, client: QRect, frame: QRect, title_guess: int = 0) -> tuple[int, int, int, int]:

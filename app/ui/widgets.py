@@ -1,11 +1,12 @@
-"""Small shared widgets: stage state icons, key/value tables, section headers."""
+"""Small shared widgets: stage state icons, key/value tables, section headers; showing a folder."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QPointF, QSize, Qt
-from PySide6.QtGui import QColor, QIcon, QPainter, QPen, QPixmap
+from PySide6.QtCore import QPointF, QSize, Qt, QUrl
+from PySide6.QtGui import QColor, QDesktopServices, QIcon, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import QHeaderView, QLabel, QSizePolicy, QTableWidget, QTableWidgetItem, QWidget
 
 from app.core.status import KINDS
@@ -155,3 +156,12 @@ class KeyValueTable(QTableWidget):
                     item.setForeground(QColor(colors[r]))
                 self.setItem(r, c, item)
         self.resizeRowsToContents()
+
+
+def open_folder(path: Path) -> bool:
+    """Show a folder in the system's file manager (made first if it does not exist yet)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+    return QDesktopServices.openUrl(QUrl.fromLocalFile(str(path)))

@@ -129,7 +129,7 @@ def test_model_page_shows_the_open_runs_settings(qtbot: Any, tmp_path: Path) -> 
 
 
 def test_history_shows_the_old_value(qtbot: Any, tmp_path: Path) -> None:
-    from app.ui.main_window import HistoryDialog
+    from app.ui.dialogs.history import HistoryDialog
 
     ws = tmp_path / "ws"
     m = gate_failed_run(ws, "evaluate")

@@ -240,7 +240,9 @@ def test_cancel_a_running_stage_from_the_dock(qtbot: Any, gui_loop: asyncio.Abst
 def test_runs_dialog_opens_and_deletes(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
     from app.core.runs import Workspace
     from app.ui.controller import RunController
-    from app.ui.main_window import HistoryDialog, MainWindow, RunsDialog
+    from app.ui.dialogs.history import HistoryDialog
+    from app.ui.dialogs.runs import RunsDialog
+    from app.ui.main_window import MainWindow
 
     c = RunController(Workspace(tmp_path / "ws"))
     w = MainWindow(c)

@@ -38,7 +38,9 @@ def test_changed_pages_at_two_sizes_and_dark(qtbot: Any, gui_loop: asyncio.Abstr
     from app.core.runs import Workspace
     from app.ui import theme
     from app.ui.controller import RunController
-    from app.ui.main_window import AboutDialog, MainWindow, RunsDialog
+    from app.ui.dialogs.about import AboutDialog
+    from app.ui.dialogs.runs import RunsDialog
+    from app.ui.main_window import MainWindow
     from tests.support.sim_runs import copy_run
 
     run = copy_run(compiled_sim_run, tmp_path / "ws")

@@ -35,7 +35,7 @@ def test_failed_gate_run_report_and_override(qtbot: Any, tmp_path: Path, gui_loo
     from PySide6.QtCore import Qt, QTimer
     from PySide6.QtWidgets import QApplication, QInputDialog
 
-    from app.ui.main_window import run_row
+    from app.ui.dialogs.runs import run_row
 
     ws = tmp_path / "ws"
     m = gate_failed_run(ws, "evaluate")
@@ -102,7 +102,7 @@ def test_failed_gate_run_report_and_override(qtbot: Any, tmp_path: Path, gui_loo
     assert row["status"] == "complete (1 gate overridden)" and row["status_key"] == "overridden"
     # the report page says the same, in both palettes; so does the dashboard
     from app.ui import theme
-    from app.ui.main_window import RunsDialog
+    from app.ui.dialogs.runs import RunsDialog
 
     w.show_stage("report")
     text = w.pages["report"].preview.toPlainText()
@@ -128,7 +128,7 @@ def test_failed_gate_run_report_and_override(qtbot: Any, tmp_path: Path, gui_loo
 def test_compare_and_dashboard_use_the_same_words(qtbot: Any, tmp_path: Path) -> None:
     from app.core.reports.collect import build_report
     from app.core.reports.compare import compare_reports
-    from app.ui.main_window import run_row
+    from app.ui.dialogs.runs import run_row
 
     ws = tmp_path / "ws"
     a = gate_failed_run(ws, "validate")

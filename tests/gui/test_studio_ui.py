@@ -166,7 +166,7 @@ def test_stage_page_states_are_honest(qtbot: Any, tmp_path: Path) -> None:
 def test_runs_dashboard_sorts_and_compares(qtbot: Any, tmp_path: Path, compiled_sim_run: Path) -> None:
     from PySide6.QtCore import Qt
 
-    from app.ui.main_window import RUN_COLUMNS, RunsDialog
+    from app.ui.dialogs.runs import RUN_COLUMNS, RunsDialog
     from tests.support.sim_runs import copy_run
 
     c, w = _window(tmp_path, qtbot)
@@ -195,7 +195,7 @@ def test_title_about_and_theme(qtbot: Any, tmp_path: Path) -> None:
     from PySide6.QtCore import QSettings
 
     from app.ui import theme
-    from app.ui.main_window import AboutDialog
+    from app.ui.dialogs.about import AboutDialog
 
     c, w = _window(tmp_path, qtbot)
     assert w.windowTitle() == "HexStudio"

@@ -1,0 +1,1 @@
+"""The studio's dialogs, one module each: the runs dashboard, a run's history, About."""
