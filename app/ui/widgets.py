@@ -108,6 +108,12 @@ def note(text: str) -> QLabel:
     return lab
 
 
+def rich(label: QLabel) -> QLabel:
+    """A label whose text is always read as HTML (escaped text never shows its entities raw)."""
+    label.setTextFormat(Qt.TextFormat.RichText)
+    return label
+
+
 def fmt_value(v: Any, unit: str | None = None) -> str:
     from app.core.units import fmt_quantity
 

@@ -72,7 +72,7 @@ def test_bench_report_text() -> None:
 
 def test_gui_kpi_line_and_tables() -> None:
     pytest.importorskip("PySide6")
-    from app.ui.pages.chat import kpi_line
+    from app.core.services.chat import kpi_line
     from app.ui.widgets import fmt_value
 
     line = kpi_line(KPIS.as_json())

@@ -17,8 +17,8 @@ from tests.gui.conftest import keep_screenshot
 
 
 def _page(tmp_path: Path, qtbot: Any, turns: int = 0, words: int = 4) -> Any:
+    from app.core.genie.chat_store import ChatStore, ChatTurn
     from app.core.runs import Workspace
-    from app.ui.chat_store import ChatStore, ChatTurn
     from app.ui.controller import RunController
     from app.ui.pages.chat import ChatPage
 

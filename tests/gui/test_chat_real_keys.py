@@ -24,8 +24,8 @@ def test_enter_regenerate_versions_and_esc(qtbot: Any, gui_loop: asyncio.Abstrac
     from PySide6.QtCore import Qt
     from PySide6.QtTest import QTest
 
+    from app.core.genie.chat_store import ChatStore
     from app.core.runs import Workspace
-    from app.ui.chat_store import ChatStore
     from app.ui.controller import RunController
     from app.ui.main_window import MainWindow
     from tests.support.sim_runs import copy_run

@@ -68,7 +68,7 @@ def test_message_bubble_renders_markdown_code_and_folded_thinking(qtbot: Any) ->
 
 
 def test_conversations_are_kept_in_the_run_and_chats_made_elsewhere_are_listed(tmp_path: Path) -> None:
-    from app.ui.chat_store import ChatStore, ChatTurn
+    from app.core.genie.chat_store import ChatStore, ChatTurn
 
     run = tmp_path / "run"
     (run / "artifacts" / "chat").mkdir(parents=True)

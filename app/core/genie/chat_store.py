@@ -6,7 +6,7 @@ Chats the page did not make are listed too: the Chat stage's benchmark reply (ar
 sessions of `hexstudio chat` found in the run's chat journals (app.core.genie.journal). They are turned into
 conversation files the first time the list is read, so they can be read and continued like any other.
 
-No Qt here: the page and the tests read the same records.
+No Qt here: the page, its controller (app.core.services.chat) and the tests read the same records.
 """
 
 from __future__ import annotations
