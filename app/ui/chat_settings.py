@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 from app.core.genie.conversation import TEMPLATES
 from app.core.genie.prompts import DETERMINISTIC, NEMOTRON_THINKING_ON
 from app.core.genie.runtime import RUNTIMES
+from app.core.services.chat import DIALOG_LABELS
 from workers.shared.chat_template import ChatFormat
 
 # preset key -> (label, values); the keys match app.core.genie.session's presets (and the CLI's --sampler)
@@ -71,6 +72,15 @@ class ChatSettingsPanel(QWidget):
             self.runtime_combo.addItem({"genie": "Genie", "geniex": "GenieX"}.get(r, r), r)
         self.runtime_combo.setToolTip("Which runtime runs the model on the board: Genie (libGenie) or GenieX; "
                                       "by default the board's \"runtime\" setting (Genie if none).")
+        self.dialog_combo = QComboBox()
+        self.dialog_combo.setObjectName("dialog")
+        self.dialog_combo.setToolTip("Genie's dialog: basic (one token a step), or a speculative one the bundle "
+                                     "carries (the Compile stage's speculative_dialogs): lade looks ahead, spd "
+                                     "drafts with a small model; both may accept several tokens a step. Only the "
+                                     "dialogs of the open bundle are listed; a change loads the model again.")
+        self._wanted_dialog = "basic"   # the user's (or the run's kept) choice, shown when the bundle has it
+        self.set_dialogs(["basic"])
+        self.dialog_combo.currentIndexChanged.connect(lambda _i: self._dialog_picked())
         self.template_combo = QComboBox()
         self.template_combo.setObjectName("template")
         self.template_combo.addItems(list(TEMPLATES))
@@ -125,7 +135,7 @@ class ChatSettingsPanel(QWidget):
         self.seed_spin.setObjectName("sampler_seed")
         self.seed_spin.setRange(0, 2 ** 31 - 1)
         self.seed_spin.setToolTip("Seed of the sampler's random numbers: the same seed gives the same reply.")
-        for w in (self.runtime_combo, self.template_combo, self.sampler_combo, self.temp_spin, self.topk_spin,
+        for w in (self.runtime_combo, self.dialog_combo, self.template_combo, self.sampler_combo, self.temp_spin, self.topk_spin,
                   self.topp_spin, self.seed_spin, self.max_tokens):
             w.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
             w.setMinimumWidth(60)
@@ -137,6 +147,7 @@ class ChatSettingsPanel(QWidget):
         mf = QFormLayout(model_box)
         mf.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         form_row(mf, "Runtime", self.runtime_combo)
+        form_row(mf, "Dialog", self.dialog_combo)
         form_row(mf, "Template", self.template_combo)
         mf.addRow(self.thinking_box)
         mf.addRow(self.template_in_use)
@@ -162,7 +173,7 @@ class ChatSettingsPanel(QWidget):
         self.template_combo.currentTextChanged.connect(self._template_chosen)
 
     def tab_order(self) -> list[QWidget]:
-        return [self.runtime_combo, self.template_combo, self.thinking_box, self.system_edit, self.max_tokens,
+        return [self.runtime_combo, self.dialog_combo, self.template_combo, self.thinking_box, self.system_edit, self.max_tokens,
                 self.enter_sends_box, self.sampler_combo, self.temp_spin, self.topk_spin, self.topp_spin,
                 self.seed_spin]
 
@@ -170,6 +181,27 @@ class ChatSettingsPanel(QWidget):
     def runtime(self) -> str | None:
         v = self.runtime_combo.currentData()
         return str(v) if v else None
+
+    def dialog(self) -> str:
+        return str(self.dialog_combo.currentData() or "basic")
+
+    def _dialog_picked(self) -> None:
+        self._wanted_dialog = self.dialog()
+
+    def set_dialogs(self, dialogs: list[str]) -> None:
+        """List the dialogs the open bundle has (basic always), showing the one last chosen where the bundle has
+        it, else basic. No change signal: the caller says what a change means."""
+        if [self.dialog_combo.itemData(i) for i in range(self.dialog_combo.count())] == dialogs:
+            return
+        want = self._wanted_dialog
+        self.dialog_combo.blockSignals(True)
+        self.dialog_combo.clear()
+        for d in dialogs:
+            self.dialog_combo.addItem(DIALOG_LABELS.get(d, d), d)
+        i = self.dialog_combo.findData(want)
+        self.dialog_combo.setCurrentIndex(i if i >= 0 else 0)
+        self.dialog_combo.setEnabled(len(dialogs) > 1)
+        self.dialog_combo.blockSignals(False)
 
     def thinking(self) -> bool | None:
         return self.thinking_box.isChecked() if self.thinking_box.isEnabled() else None
@@ -249,13 +281,13 @@ class ChatSettingsPanel(QWidget):
     # -- kept per run (<run>/chats/settings.json) ---------------------------------------------------------
     def values(self) -> dict[str, Any]:
         template, system, thinking = self.chosen()
-        return {"runtime": self.runtime(), "template": template, "thinking": thinking, "system": system,
+        return {"runtime": self.runtime(), "dialog": self.dialog(), "template": template, "thinking": thinking, "system": system,
                 "max_tokens": self.max_tokens.value(), "sampler_preset": self.sampler_preset(),
                 "sampler": self.sampler_settings(), "enter_sends": self.enter_sends_box.isChecked()}
 
     def load(self, values: dict[str, Any]) -> None:
         """Show the settings a run kept (no change signals)."""
-        widgets = (self.runtime_combo, self.template_combo, self.system_edit, self.thinking_box, self.max_tokens,
+        widgets = (self.runtime_combo, self.dialog_combo, self.template_combo, self.system_edit, self.thinking_box, self.max_tokens,
                    self.sampler_combo, self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin,
                    self.enter_sends_box)
         for w in widgets:
@@ -264,6 +296,11 @@ class ChatSettingsPanel(QWidget):
             i = self.runtime_combo.findData(values.get("runtime"))
             if i >= 0:
                 self.runtime_combo.setCurrentIndex(i)
+            if isinstance(values.get("dialog"), str):   # kept where the bundle has it (set_dialogs)
+                self._wanted_dialog = str(values["dialog"])
+                i = self.dialog_combo.findData(self._wanted_dialog)
+                if i >= 0:
+                    self.dialog_combo.setCurrentIndex(i)
             if isinstance(values.get("max_tokens"), int):
                 self.max_tokens.setValue(int(values["max_tokens"]))
             preset = values.get("sampler_preset")

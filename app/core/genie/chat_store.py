@@ -26,7 +26,7 @@ FOLDER = "conversations"
 SETTINGS_FILE = "settings.json"
 TITLE_CHARS = 48
 # the chat's settings kept per run (<run>/chats/settings.json), restored when the run is opened again
-SETTING_KEYS = ("runtime", "template", "thinking", "system", "max_tokens", "sampler_preset", "sampler",
+SETTING_KEYS = ("runtime", "dialog", "template", "thinking", "system", "max_tokens", "sampler_preset", "sampler",
                 "enter_sends")
 
 
@@ -61,6 +61,7 @@ class ChatRecord:
     thinking: bool | None = None
     sampler: dict[str, Any] | None = None
     runtime: str | None = None
+    dialog: str = "basic"                  # Genie's dialog type the replies came from (basic, lade, spd)
     source: str | None = None              # simulated | device (of the replies)
     journals: list[str] = field(default_factory=list)
     turns: list[ChatTurn] = field(default_factory=list)

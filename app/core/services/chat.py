@@ -21,15 +21,38 @@ from app.core.genie.conversation import Conversation, Turn, token_counter
 from app.core.manifest import RunManifest
 from app.core.settings import Settings
 from app.core.units import fmt_ms, fmt_rate
+from workers.shared.bundle.speculative import DIALOG_TYPES, config_name
+
+# Genie's dialog types as the chat's settings name them (app.core.genie.session runs them)
+DIALOG_LABELS = {"basic": "Basic", "lade": "Lookahead (lade)", "spd": "Draft model (spd)"}
 
 
 def kpi_line(k: dict[str, Any]) -> str:
     """One reply's KPIs in a line, labelled SIMULATED where no device measured them."""
     src = k.get("source", "device")
     tag = "SIMULATED" if src == "simulated" else "device"
+    accepted = k.get("accepted_per_step")    # a speculative dialog's (lade, spd) tokens accepted per step
     return (f"TTFT {fmt_ms(k.get('ttft_ms'))} ms · prompt {fmt_rate(k.get('prompt_tok_s'))} tok/s · generation "
             f"{fmt_rate(k.get('gen_tok_s'))} tok/s · init {fmt_ms(k.get('init_ms'))} ms · "
-            f"{k.get('generated_tokens')} tokens [{tag}]")
+            f"{k.get('generated_tokens')} tokens"
+            + (f" · {float(accepted):.2f} tokens/step accepted" if isinstance(accepted, (int, float)) else "")
+            + f" [{tag}]")
+
+
+def bundle_dialogs(bundle_dir: Path | None) -> list[str]:
+    """The dialog types a bundle carries: basic always, and each speculative one whose config the Compile stage
+    wrote beside genie_config.json (genie_config.lade.json, genie_config.spd.json)."""
+    return ["basic", *(t for t in DIALOG_TYPES if t != "basic" and bundle_dir is not None
+                       and (bundle_dir / config_name(t)).is_file())]
+
+
+def run_bundle_dir(run_dir: Path, board_doc: dict[str, Any] | None = None) -> Path | None:
+    """The open run's bundle as chat runs it: the pushed one where it is a folder on this machine (the simulator
+    board), else the Compile stage's (what was pushed to a board over SSH)."""
+    candidates = [run_dir / "artifacts" / "compile" / "bundle"]
+    if board_doc and board_doc.get("remote_bundle"):
+        candidates.insert(0, Path(str(board_doc["remote_bundle"])))
+    return next((c for c in candidates if c.is_dir()), None)
 
 
 def run_context_length(m: RunManifest) -> int | None:
@@ -63,16 +86,19 @@ class SessionSetup:
 
     runtime: str | None = None                 # None: the board's setting
     sampler: dict[str, Any] | None = None      # Genie's keys; None: the bundle's own sampler
+    dialog: str = "basic"                      # Genie's dialog type: basic, lade, spd (the bundle's configs)
 
 
 def reopen_reason(loaded: SessionSetup, wanted: SessionSetup) -> str | None:
     """Why the loaded session must be closed before the next message (None: it can go on as it is)."""
     changed = [what for what, a, b in (("sampler", loaded.sampler, wanted.sampler),
-                                       ("runtime", loaded.runtime, wanted.runtime)) if a != b]
+                                       ("runtime", loaded.runtime, wanted.runtime),
+                                       ("dialog", loaded.dialog, wanted.dialog)) if a != b]
     if not changed:
         return None
-    return (f"The {' and '.join(changed)} changed: the model loads again with "
-            f"{'them' if len(changed) > 1 else 'it'}; the conversation is kept.")
+    what = changed[0] if len(changed) == 1 else f"{', '.join(changed[:-1])} and {changed[-1]}"
+    return (f"The {what} changed: the model loads again with {'them' if len(changed) > 1 else 'it'}; the "
+            "conversation is kept.")
 
 
 @dataclass
@@ -176,12 +202,13 @@ class ChatController:
         return self.record
 
     def save_record(self, *, template: str, system: str, thinking: bool | None, sampler: dict[str, Any] | None,
-                    runtime: str | None) -> None:
+                    runtime: str | None, dialog: str = "basic") -> None:
         """Keep the open conversation in the run with what it was sent with. Raises OSError (a read-only run)."""
         if self.store is None or self.record is None:
             return
         rec = self.record
         rec.template, rec.system, rec.thinking, rec.sampler, rec.runtime = template, system, thinking, sampler, runtime
+        rec.dialog = dialog
         if self.journal is not None and self.journal.path.stem not in rec.journals and self.journal.turns:
             rec.journals.append(self.journal.path.stem)
         self.store.save(rec)
@@ -213,7 +240,7 @@ class ChatController:
         board = target.board
         session = ChatSession(board, target.remote_bundle, self.conversation, mode=self.mode, max_tokens=max_tokens,
                               sampler=setup.sampler if setup.sampler is not None else "bundle", on_status=on_status,
-                              runtime=setup.runtime)
+                              runtime=setup.runtime, dialog=setup.dialog)
         if on_genie_log is not None:
             session.on_genie_log = on_genie_log     # Genie's own lines, into the Board page's console
         mode = await session.open()
@@ -229,9 +256,11 @@ class ChatController:
         """How the open session runs, in a line (the runtime, and whether the model stays loaded)."""
         s = self.session
         runtime = getattr(getattr(s, "runtime", None), "title", "")
+        dialog = getattr(s, "dialog", "basic")
         return (f"{runtime}: " if runtime else "") + (
             "model stays loaded between turns" if mode == "persistent" else
-            f"one genie-t2t-run per turn ({getattr(s, 'fallback_reason', None) or 'chosen'})")
+            f"one genie-t2t-run per turn ({getattr(s, 'fallback_reason', None) or 'chosen'})") + (
+            f"; {DIALOG_LABELS.get(dialog, dialog)} dialog" if dialog != "basic" else "")
 
     async def close_session(self) -> None:
         s, self.session, self.loaded = self.session, None, None

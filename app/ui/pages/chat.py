@@ -38,7 +38,15 @@ from PySide6.QtWidgets import (
 from app.core.genie.chat_store import ChatRecord, ChatStore, ChatTurn
 from app.core.genie.conversation import Conversation, Turn
 from app.core.genie.prompts import chat_format_for, template_for
-from app.core.services.chat import ChatController, SessionSetup, context_use, kpi_line
+from app.core.services.chat import (
+    DIALOG_LABELS,
+    ChatController,
+    SessionSetup,
+    bundle_dialogs,
+    context_use,
+    kpi_line,
+    run_bundle_dir,
+)
 from app.ui.chat_context import ContextPanel
 from app.ui.chat_conversations import ConversationsPanel
 from app.ui.chat_kpis import PerformancePanel
@@ -72,6 +80,7 @@ class ChatPage(StagePage):
         self.performance = PerformancePanel()
         s, cx, perf = self.settings_panel, self.context_panel, self.performance
         self.runtime_combo, self.template_combo, self.thinking_box = s.runtime_combo, s.template_combo, s.thinking_box
+        self.dialog_combo = s.dialog_combo
         self.template_in_use, self.system_edit, self.enter_sends_box = s.template_in_use, s.system_edit, \
             s.enter_sends_box
         self.max_tokens, self.sampler_combo = s.max_tokens, s.sampler_combo
@@ -201,6 +210,7 @@ class ChatPage(StagePage):
         self.enter_sends_box.toggled.connect(lambda _on: self._enter_mode_changed())
         for w in (self.runtime_combo, self.sampler_combo):
             w.currentIndexChanged.connect(lambda _i: self.save_chat_settings())
+        self.dialog_combo.currentIndexChanged.connect(lambda _i: self._dialog_changed())
         for spin in (self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin, self.max_tokens):
             spin.editingFinished.connect(self.save_chat_settings)
         self._enter_mode_changed()
@@ -335,9 +345,27 @@ class ChatPage(StagePage):
     def runtime(self) -> str | None:
         return self.settings_panel.runtime()
 
+    def dialog(self) -> str:
+        """Genie's dialog type the next message runs with (basic, or one of the bundle's speculative ones)."""
+        return self.settings_panel.dialog()
+
     def session_setup(self) -> SessionSetup:
         """What the next message's session must be loaded with."""
-        return SessionSetup(runtime=self.runtime(), sampler=self.sampler_settings())
+        return SessionSetup(runtime=self.runtime(), sampler=self.sampler_settings(), dialog=self.dialog())
+
+    def _dialog_changed(self) -> None:
+        """Another dialog: the loaded model goes (the next message loads it again with the conversation kept)."""
+        self.save_chat_settings()
+        if self.busy_chat:
+            return   # the reply goes on with the dialog it started with; the next message takes the new one
+        self.chat_message.setText(f"Dialog: {html.escape(DIALOG_LABELS.get(self.dialog(), self.dialog()))}; the "
+                                  "next message loads the model with it (the conversation is kept).")
+
+    def show_dialogs(self, doc: dict[str, Any] | None) -> None:
+        """List the dialogs the open run's bundle carries (genie_config.<type>.json beside genie_config.json)."""
+        m = self.c.manifest
+        bundle = run_bundle_dir(m.run_dir, doc) if m is not None else None
+        self.settings_panel.set_dialogs(bundle_dialogs(bundle))
 
     # -- run context ----------------------------------------------------------------------------
     def board_doc(self) -> dict[str, Any] | None:
@@ -351,6 +379,7 @@ class ChatPage(StagePage):
     def refresh_results(self) -> None:
         self._sync_run()
         doc = self.board_doc()
+        self.show_dialogs(doc)
         if doc is None:
             self.board_label.setText("Run the Board stage first: it pushes the bundle that chat runs." if
                                      self.c.manifest is not None else "No run is open: create one on the Model "
@@ -499,7 +528,7 @@ class ChatPage(StagePage):
         try:
             self.chat.save_record(template=self.template_combo.currentText(), system=self.system_edit.text(),
                                   thinking=self.settings_panel.thinking(), sampler=self.sampler_settings(),
-                                  runtime=self.runtime())
+                                  runtime=self.runtime(), dialog=self.dialog())
         except OSError as exc:
             self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>The conversation could not "
                                       f"be saved in the run: {html.escape(str(exc))}</span>")
