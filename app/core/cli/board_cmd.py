@@ -6,11 +6,18 @@ import argparse
 import asyncio
 import getpass
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.core.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, print_json
+from app.core.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CliError,
+    add_json_flag,
+    add_trust_flag,
+    host_key_prompt,
+    print_json,
+)
 from app.core.device.board import Board, open_board
 from app.core.device.errors import BoardError
 from app.core.device.verify import default_remote_name
@@ -32,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pa.add_argument("--qairt-zip", default=None,
                     help="QAIRT SDK zip on this machine: the Board stage installs it when the board lacks QAIRT")
     pa.add_argument("--no-connect", action="store_true", help="save only; do not try to connect")
-    _trust_flag(pa)
+    add_trust_flag(pa)
     add_json_flag(pa)
     pa.set_defaults(func=cmd_add)
 
@@ -55,7 +62,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pp.add_argument("--as", dest="remote_name", default=None,
                     help="the bundle's name on the board (default: a run's bundle by its run id, as the Board stage "
                          "pushes it; another folder by its name)")
-    _trust_flag(pp)
+    add_trust_flag(pp)
     add_json_flag(pp)
     pp.set_defaults(func=cmd_probe)
 
@@ -71,7 +78,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pf.add_argument("--dry-run", action="store_true", help="show the commands only")
     pf.add_argument("--sudo-password-stdin", action="store_true", help="read the sudo password from stdin")
     pf.add_argument("--remember", action="store_true", help="store the sudo password in the keyring")
-    _trust_flag(pf)
+    add_trust_flag(pf)
     add_json_flag(pf)
     pf.set_defaults(func=cmd_fix)
 
@@ -83,34 +90,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pu.add_argument("--verify", action="store_true",
                     help="compare the sha256 of every file, computed on the board, even when nothing changed "
                          "(files found wrong are sent again)")
-    _trust_flag(pu)
+    add_trust_flag(pu)
     add_json_flag(pu)
     pu.set_defaults(func=cmd_push)
 
 
-def _trust_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trust", metavar="SHA256:...", default=None,
-                   help="trust the board's host key on first contact if its fingerprint is exactly this")
-
-
-def _trust(args: argparse.Namespace) -> Callable[[str, int, str, str], bool] | None:
-    want = getattr(args, "trust", None)
-
-    def ask(host: str, port: int, key_type: str, fp: str) -> bool:
-        if want:
-            return bool(fp == want)
-        if sys.stdin.isatty() and not getattr(args, "json", False):
-            ans = input(f"First connection to {host}:{port}. Host key {key_type} {fp}.\n"
-                        "Compare with the board's `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`. "
-                        "Trust it? [y/N] ")
-            return ans.strip().lower() in ("y", "yes")
-        return False
-    return ask
-
-
 async def _open(args: argparse.Namespace) -> Board:
     try:
-        return await open_board(args.name, Settings.load(), trust=_trust(args))
+        return await open_board(args.name, Settings.load(), trust=host_key_prompt(args))
     except BoardError as exc:
         from app.core.device.connect import HostKeyUnknown
 

@@ -97,3 +97,27 @@ def number_in(kind: type, lo: float, hi: float) -> Callable[[str], Any]:
 def int_in(lo: int, hi: int) -> Callable[[str], Any]:
     """A whole number from lo to hi (number_in)."""
     return number_in(int, lo, hi)
+
+
+def add_trust_flag(p: argparse.ArgumentParser, what: str = "board") -> None:
+    """--trust SHA256:...: the host key a first connection accepts without asking (what: board | host)."""
+    whose = "board's host" if what == "board" else f"{what}'s"
+    p.add_argument("--trust", metavar="SHA256:...", default=None,
+                   help=f"trust the {whose} key on first contact if its fingerprint is exactly this")
+
+
+def host_key_prompt(args: argparse.Namespace, what: str = "board") -> Callable[[str, int, str, str], bool]:
+    """How a first SSH connection decides on an unknown host key: the fingerprint given with --trust, else a
+    question on a terminal (never with --json), else no."""
+    want = getattr(args, "trust", None)
+
+    def ask(host: str, port: int, key_type: str, fp: str) -> bool:
+        if want:
+            return bool(fp == want)
+        if sys.stdin.isatty() and not getattr(args, "json", False):
+            ans = input(f"First connection to {host}:{port}. Host key {key_type} {fp}.\n"
+                        f"Compare with the {what}'s `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`. "
+                        "Trust it? [y/N] ")
+            return ans.strip().lower() in ("y", "yes")
+        return False
+    return ask

@@ -7,11 +7,18 @@ import argparse
 import asyncio
 import getpass
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.core.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, print_json
+from app.core.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CliError,
+    add_json_flag,
+    add_trust_flag,
+    host_key_prompt,
+    print_json,
+)
 from app.core.remote.hosts import (
     STAGE_PACKAGES,
     WorkerHostError,
@@ -44,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pa.add_argument("--root", default=None,
                     help="folder on the host for HexStudio's workers and run copies (default ~/.cache/hexstudio)")
     pa.add_argument("--no-connect", action="store_true", help="save only; do not connect and check")
-    _trust_flag(pa)
+    add_trust_flag(pa, "host")
     add_json_flag(pa)
     pa.set_defaults(func=cmd_add)
 
@@ -59,7 +66,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     pc = ws.add_parser("check", help="connect, check Python and the packages each stage needs, install the workers")
     pc.add_argument("name")
-    _trust_flag(pc)
+    add_trust_flag(pc, "host")
     add_json_flag(pc)
     pc.set_defaults(func=cmd_check)
 
@@ -68,31 +75,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pr.set_defaults(func=cmd_remove)
 
 
-def _trust_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trust", metavar="SHA256:...", default=None,
-                   help="trust the host's key on first contact if its fingerprint is exactly this")
-
-
-def _trust(args: argparse.Namespace) -> Callable[[str, int, str, str], bool]:
-    want = getattr(args, "trust", None)
-
-    def ask(host: str, port: int, key_type: str, fp: str) -> bool:
-        if want:
-            return bool(fp == want)
-        if sys.stdin.isatty() and not getattr(args, "json", False):
-            ans = input(f"First connection to {host}:{port}. Host key {key_type} {fp}.\n"
-                        "Compare with the host's `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`. "
-                        "Trust it? [y/N] ")
-            return ans.strip().lower() in ("y", "yes")
-        return False
-    return ask
-
-
 async def _check(name: str, cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Connect (asking about an unknown host key), probe Python and every stage's packages, install the
     workers. Raises CliError with what to do."""
     try:
-        t = await connect_worker_host(name, cfg, trust=_trust(args))
+        t = await connect_worker_host(name, cfg, trust=host_key_prompt(args, "host"))
     except WorkerHostError as exc:
         raise CliError(exc.message, exc.hint) from None
     python = str(cfg.get("python") or "python3")
