@@ -55,6 +55,13 @@ async def _install_qairt(ctx: StageContext, board: Any, name: str, zip_path: Pat
     return await probe(board)
 
 
+# how a failed push ends the stage: the first kind that matches names the error code
+PUSH_ERRORS: tuple[tuple[type[BoardError], str], ...] = (
+    (LocalBundleError, "local_bundle_file"), (UnsafeBundle, "unsafe_bundle_path"),
+    (BoardWriteFailed, "board_write_failed"), (ConnectionDropped, "push_interrupted"),
+    (EmulatedBundle, "emulated_bundle"), (BoardError, "incompatible_bundle"))
+
+
 async def _close_quietly(board: Any) -> None:
     with contextlib.suppress(Exception):
         await board.transport.close()
@@ -170,24 +177,10 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
         # verify=True: the gate "the bundle on the board matches the local one" is checked by sha256 of
         # every file, computed on the board; a file found wrong is sent again (pr.resent)
         pr = await push_bundle(board, bundle_dir, ctx.manifest.run_id, progress, facts=facts or None, verify=True)
-    except LocalBundleError as exc:
-        await _close_quietly(board)
-        raise StageError("local_bundle_file", exc.message, exc.hint) from None
-    except UnsafeBundle as exc:
-        await _close_quietly(board)
-        raise StageError("unsafe_bundle_path", exc.message, exc.hint) from None
-    except BoardWriteFailed as exc:
-        await _close_quietly(board)
-        raise StageError("board_write_failed", exc.message, exc.hint) from None
-    except ConnectionDropped as exc:
-        await _close_quietly(board)
-        raise StageError("push_interrupted", exc.message, exc.hint) from None
-    except EmulatedBundle as exc:
-        await _close_quietly(board)
-        raise StageError("emulated_bundle", exc.message, exc.hint) from None
     except BoardError as exc:
         await _close_quietly(board)
-        raise StageError("incompatible_bundle", exc.message, exc.hint) from None
+        code = next(c for kind, c in PUSH_ERRORS if isinstance(exc, kind))
+        raise StageError(code, exc.message, exc.hint) from None
     for w in pr.warnings:
         em.warning(w)
     doc = {"board": name, "label": board.label, "simulated": board.simulated, "emulated_bundle": pr.emulated,

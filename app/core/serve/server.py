@@ -33,7 +33,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import h11
 import uvicorn
@@ -49,8 +49,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from app.core.eval.toolcall import parse_reply
 from app.core.serve.bridge import BridgeError, DialogBridge, genie_sampler
 from app.core.serve.limits import Limits
-from app.core.serve.schema import ChatRequest, CompletionRequest, first_error
+from app.core.serve.schema import ChatRequest, CompletionRequest, _Request, first_error
 from workers.shared.errors import ActionableError
+
+M = TypeVar("M", bound=_Request)   # an OpenAI request schema (app.core.serve.schema)
 
 log = logging.getLogger("hexstudio.serve")
 
@@ -454,15 +456,20 @@ class OpenAIServer:
         return doc
 
     # -- endpoints ----------------------------------------------------------------------------------
+    async def _request(self, request: Request, schema: type[M]) -> tuple[dict[str, Any], M]:
+        """The request's JSON body, checked against OpenAI's request schema and the served model's name."""
+        doc = await self._body(request)
+        try:
+            req = schema.model_validate(doc)
+        except ValidationError as exc:
+            param, msg = first_error(exc)
+            raise BridgeError(400, msg, param=param) from None
+        self._check_model(req.model)
+        return doc, req
+
     async def _chat(self, request: Request) -> Response:
         try:
-            doc = await self._body(request)
-            try:
-                req = ChatRequest.model_validate(doc)
-            except ValidationError as exc:
-                param, msg = first_error(exc)
-                raise BridgeError(400, msg, param=param) from None
-            self._check_model(req.model)
+            doc, _req = await self._request(request, ChatRequest)
             prompt, cont, msgs, tools_key = self.bridge.chat_prompt(doc)
             tools = doc.get("tools") if doc.get("tool_choice") != "none" else None
             fmt = self.bridge.renderer.tool_format
@@ -480,13 +487,7 @@ class OpenAIServer:
 
     async def _completion(self, request: Request) -> Response:
         try:
-            doc = await self._body(request)
-            try:
-                req = CompletionRequest.model_validate(doc)
-            except ValidationError as exc:
-                param, msg = first_error(exc)
-                raise BridgeError(400, msg, param=param) from None
-            self._check_model(req.model)
+            doc, req = await self._request(request, CompletionRequest)
             p = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
             return await self._generate(request, doc, "text_completion", p, None, lambda _t: None, None, None)
         except BridgeError as exc:
