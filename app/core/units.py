@@ -49,3 +49,15 @@ def fmt_quantity(v: Any, unit: str | None) -> str | None:
     if unit == "ms":
         return fmt_ms(v, unit)
     return None
+
+
+def nice_ceiling(v: float) -> float:
+    """The next of 1, 2, 5 × 10^k at or above v: a chart's axis limit (the report's SVG charts, the GUI's plots,
+    where it also keeps the axes from being redrawn on every update)."""
+    if v <= 0:
+        return 1.0
+    k = 10 ** math.floor(math.log10(v))
+    for m in (1, 2, 5, 10):
+        if m * k >= v:
+            return float(m * k)
+    return float(10 * k)

@@ -13,6 +13,8 @@ from PySide6.QtCore import QEvent, QSize, Qt, QTimer
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QWidget
 
+from app.core.units import nice_ceiling
+
 GIB = 1024 ** 3
 MAX_POINTS = 20_000
 
@@ -59,20 +61,6 @@ class StyledPlot(pg.PlotWidget):
         if self._styled and ev.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
             _apply_palette(self)
         super().changeEvent(ev)
-
-
-def nice_ceiling(v: float) -> float:
-    """The next of 1, 2, 5 × 10^k at or above v: axis limits that change rarely, so the axes are not
-    redrawn on every update."""
-    import math
-
-    if v <= 0:
-        return 1.0
-    k = 10 ** math.floor(math.log10(v))
-    for m in (1, 2, 5, 10):
-        if m * k >= v:
-            return float(m * k)
-    return float(10 * k)
 
 
 class SteadyRange:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import html
-import math
 from dataclasses import dataclass
+
+from app.core.units import nice_ceiling
 
 PALETTE = ("#2f81f7", "#8250df", "#2da44e", "#d1242f", "#bf8700")
 
@@ -15,16 +16,6 @@ class Series:
     points: list[tuple[float, float]]
 
 
-def _nice(v: float) -> float:
-    if v <= 0:
-        return 1.0
-    k = 10 ** math.floor(math.log10(v))
-    for m in (1, 2, 5, 10):
-        if m * k >= v:
-            return float(m * k)
-    return float(10 * k)
-
-
 def line_chart(series: list[Series], *, title: str, x_label: str, y_label: str, width: int = 640,
                height: int = 240, hline: tuple[float, str] | None = None) -> str:
     pts = [p for s in series for p in s.points]
@@ -32,8 +23,8 @@ def line_chart(series: list[Series], *, title: str, x_label: str, y_label: str, 
         return ""
     left, right, top, bottom = 56, 12, 26, 36
     w, h = width - left - right, height - top - bottom
-    xmax = _nice(max(p[0] for p in pts) or 1.0)
-    ymax = _nice(max([p[1] for p in pts] + ([hline[0]] if hline else [])) * 1.1 or 1.0)
+    xmax = nice_ceiling(max(p[0] for p in pts) or 1.0)
+    ymax = nice_ceiling(max([p[1] for p in pts] + ([hline[0]] if hline else [])) * 1.1 or 1.0)
 
     def sx(x: float) -> float:
         return left + w * x / xmax
