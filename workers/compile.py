@@ -64,6 +64,11 @@ def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path
         ctx_bins.append(name)
     cfg = checked_genie_config(hf_config, q, ctx_bins, settings, simulated=True)
     (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=4))
+    if q.get("variants"):
+        em.warning(f"The onnxruntime twin runs one context length ({q['context_length']}), so the graphs for "
+                   f"{', '.join(str(c) for c in q.get('context_lengths') or [] if c != q['context_length'])} are "
+                   "not in this stand-in bundle.", hint="Compile with compile_target local (onnxruntime-qnn) or "
+                   "aihub: real Genie switches between them.", code="context_lengths_need_real_bundle")
     asked, _, _ = speculative_of(settings)
     if asked:
         em.warning("The onnxruntime twin runs Genie's basic dialog only, so no speculative dialog "
@@ -118,6 +123,15 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         except ImportError:
             raise WorkerError("not_implemented", "Compiling through Qualcomm AI Hub is not implemented in this "
                               "build yet.", "Use the simulator board (compile_target=sim) for now.") from None
+        q = json.loads((qdir / "quantize.json").read_text())
+        asked, _, _ = speculative_of(s)
+        if q.get("variants") or asked:      # refused before anything is uploaded
+            what = " and ".join(x for x in (("several context lengths" if q.get("variants") else ""),
+                                            (f"speculative dialogs ({', '.join(asked)})" if asked else "")) if x)
+            raise WorkerError("aihub_not_supported", f"HexStudio's AI Hub compile does not build {what} yet; "
+                              "nothing was uploaded.", "Compile locally (compile_target local: QNN 2.51 writes "
+                              "shared-weight context binaries for the board, with every context length and dialog), "
+                              "or clear context_lengths / speculative_dialogs for AI Hub.")
         doc = aihub.compile_bundle(spec, model_doc, qdir, em)
     else:
         raise WorkerError("bad_target", f"compile_target '{target}' is not one of auto, local, aihub, sim.")

@@ -27,7 +27,7 @@ def checked_genie_config(hf_config: dict[str, Any], q: dict[str, Any], ctx_bins:
     size against the context length baked into the graphs (their `_cl<N>_` names), the rope settings
     against config.json. A failed check is a WorkerError with what to do."""
     try:
-        compiled = gb.compiled_context_length([str(g["name"]) for g in q["graphs"]])
+        compiled = gb.compiled_context_length([str(g["name"]) for g in [*q["graphs"], *(q.get("variants") or [])]])
         cfg = gb.genie_config(hf_config, int(q["context_length"]), ctx_bins, int(q["head_dim"]),
                               settings.get("sampler"), simulated=simulated)
         gb.check_genie_config(cfg, hf_config, compiled)

@@ -93,6 +93,16 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     if samples < 1 or seq_len < 2 or seq_len > cl:
         raise WorkerError("bad_calibration", f"calibration_samples {samples} / calibration_seq_len {seq_len} "
                           f"are out of range (1.., 2..{cl}).", "Use e.g. 8 samples of 128 tokens.")
+    from workers.shared.run_settings import extra_context_lengths, genie_cl_problem
+
+    if (why := genie_cl_problem(cl, ar_n)) is not None:
+        raise WorkerError("bad_context_length", why[0].upper() + why[1:], "Set context_length or ar_n so that the "
+                          "context length is not twice ar_n (e.g. ar_n 128 with 512 or 1024).")
+    try:
+        more_cls = extra_context_lengths(settings.get("context_lengths", ""), cl, ar_n)
+    except ValueError as exc:
+        raise WorkerError("bad_context_lengths", str(exc), "Fix context_lengths (or leave it empty), then run the "
+                          "Quantize stage again.") from None
     unit = str(settings.get("calibration_unit", DEFAULTS.calibration_unit))
     if unit not in ("layer", "part"):
         raise WorkerError("bad_calibration_unit", f"calibration_unit {unit!r} is not known.",
@@ -133,13 +143,14 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
 
     try:
         graphs = export_deployment_graphs(hf_dir, out / "float", context_length=cl, ar_n=ar_n, parts=parts,
-                                          after_part=exported)
+                                          after_part=exported, extra_context_lengths=tuple(more_cls))
     except (OSError, ValueError) as exc:
         raise WorkerError("model_load_failed", f"Could not load the model from {hf_dir}: {exc}",
                           "Check the model folder (model stage) and its safetensors files.") from None
     gc.collect()
     em.metric("export_seconds", round(time.monotonic() - t0, 2), "s")
-    em.log(f"exported {len(graphs)} float graphs ({parts} parts, context {cl}, AR-{ar_n} and AR-1)")
+    em.log(f"exported {len(graphs)} float graphs ({parts} parts, context {cl}"
+           + (f" and {', '.join(map(str, more_cls))}" if more_cls else "") + f", AR-{ar_n} and AR-1)")
     providers = ort_providers(em.log)
 
     # 2. calibration data
@@ -149,7 +160,9 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     # 3. sequential part-wise QuantSim
     from workers.quant.partwise import quantize_partwise, shared_weight_check
 
-    calibrated = [g["name"] for g in graphs if g["kind"] == "prompt_processor"]   # the token generators share them
+    # the main context length's prompt processors are calibrated; their token generators and every other context
+    # length's graphs take their part's encodings (identical tensor names: Genie requires identical encodings)
+    calibrated = [g["name"] for g in graphs if g["kind"] == "prompt_processor" and "variant_of" not in g]
     done_graphs: list[str] = []
 
     def progress(name: str, i: int, n: int) -> None:
@@ -173,6 +186,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     quantize_partwise(graphs, out, blocks, settings, dims, progress, em.log, rope=genie_rope_tables(pe, cl),
                       threads=threads, providers=providers, per_layer=unit == "layer")
     em.metric("calibration_seconds", round(time.monotonic() - t1, 2), "s")
+    variants = [g for g in graphs if "variant_of" in g]       # other context lengths: quantize.json "variants"
+    graphs = [g for g in graphs if "variant_of" not in g]
     sharing = shared_weight_check(graphs, out)
     mismatched = sum(v["different"] for v in sharing.values())
     if mismatched:
@@ -186,7 +201,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     em.metric("activation_encodings", sum(g["stats"]["activation_encodings"] for g in graphs))
     em.metric("shared_weight_encodings", sum(v["shared"] for v in sharing.values()))
     em.metric("graphs", len(graphs))
-    storage = storage_report(out, graphs)
+    storage = storage_report(out, graphs + variants)
     em.metric("aihub_upload_bytes", storage["aihub_upload_bytes"], "B")
     em.metric("quantize_disk_bytes", storage["disk_bytes"], "B")
     em.log(f"storage: {storage['disk_bytes'] / 2**30:.2f} GiB on disk (hard links counted once); AI Hub upload "
@@ -213,6 +228,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         "encodings_version": "1.0.0",
         "tool": {"aimet_onnx": _version("aimet_onnx"), "onnxruntime": _version("onnxruntime")},
         "graphs": graphs,
+        "context_lengths": [cl, *more_cls] if more_cls else [cl],
+        "variants": variants,
     }
     tmp = out / "quantize.json.tmp"
     tmp.write_text(json.dumps(doc, indent=2), encoding="utf-8")

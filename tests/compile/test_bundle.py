@@ -254,8 +254,11 @@ def test_each_device_check_can_fire() -> None:
 def test_compiled_context_length_comes_from_the_graph_names() -> None:
     names = ["prompt_ar128_cl4096_1_of_2", "token_ar1_cl4096_1_of_2", "prompt_ar128_cl4096_2_of_2"]
     assert gb.compiled_context_length(names) == 4096
-    with pytest.raises(gb.BundleError, match="different context lengths"):
-        gb.compiled_context_length([*names, "token_ar1_cl2048_2_of_2"])
+    # a second context length must hold every graph the first does (Genie switches between whole variants)
+    with pytest.raises(gb.BundleError, match=r"not the same set .*prompt_ar128_cl2048_1_of_2"):
+        gb.compiled_context_length([*names, "token_ar1_cl2048_1_of_2", "prompt_ar128_cl2048_2_of_2"])
+    both = [*names, *(n.replace("cl4096", "cl2048") for n in names)]
+    assert gb.compiled_context_length(both) == 4096           # the largest: genie_config's context size
     with pytest.raises(gb.BundleError, match="does not name its context length"):
         gb.compiled_context_length(["prompt_part1"])
 

@@ -36,7 +36,8 @@ OLD_INPUTS: dict[str, set[str]] = {
     "model": {"model", "revision", "context_length", "ar_n", "parts"},
     "preflight": {"context_length", "calibration_samples", "calibration_seq_len", "workspace"},
     "quantize": {"context_length", "ar_n", "parts", "calibration_samples", "calibration_seq_len", "calibration_text",
-                 "calibration_unit", "weight_bits", "activation_bits", "kv_bits", "device"},
+                 "calibration_unit", "weight_bits", "activation_bits", "kv_bits", "device",
+                 "context_lengths"},                                    # added since: HASHED_WHEN_SET
     "validate": {"validation_text", "thresholds"},
     "compile": {"board", "device", "qairt_version", "aihub_consent", "compile_target",
                 "speculative_dialogs", "spd_draft_len"},                 # added since: HASHED_WHEN_SET
@@ -94,6 +95,20 @@ def test_the_docs_table_is_the_registry() -> None:
         "docs/settings.md is not the registry's table; regenerate it: .venv/bin/python -c \"from "
         "workers.shared.run_settings import markdown_table; print(markdown_table())\" and paste it between the "
         "markers")
+
+
+def test_more_context_lengths_are_checked_when_set() -> None:
+    assert rs.check("context_lengths", "1024, 2048") is None and rs.check("context_lengths", "") is None
+    assert "multiple of 32" in str(rs.check("context_lengths", "1000"))
+    assert "whole number" in str(rs.check("context_lengths", "1k"))
+    assert rs.extra_context_lengths("2048,1024,1024") == [1024, 2048]
+    with pytest.raises(ValueError, match="below context_length 512"):
+        rs.extra_context_lengths("512", 512, 128)
+    with pytest.raises(ValueError, match="exceed ar_n"):
+        rs.extra_context_lengths("128", 512, 128)
+    with pytest.raises(ValueError, match="twice ar_n 32"):      # Genie 1.21 answers wrong at CL = 2 x AR
+        rs.extra_context_lengths("64", 256, 32)
+    assert rs.genie_cl_problem(512, 128) is None and rs.genie_cl_problem(256, 128)
 
 
 def test_check_messages_name_the_setting_the_value_and_what_it_takes() -> None:

@@ -64,7 +64,8 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
                              parts: int, model: Any = None, kinds: tuple[str, ...] = ("prompt_processor",
                                                                                       "token_generator"),
                              seq_lens: dict[str, int] | None = None,
-                             after_part: PartHook | None = None) -> list[dict[str, Any]]:
+                             after_part: PartHook | None = None,
+                             extra_context_lengths: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     """Export float ONNX graphs for every part and kind into out_dir/<graph>.onnx (weights named by
     checkpoint name, in ONE data file per part, the first kind's `<graph>.onnx.data`, which the part's
     other graph references too: entry key `float_data`); returns the quantize.json "graphs" entries
@@ -75,7 +76,11 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
     weights dropped before the next is read. Without `model`, a piece's weights are read from
     hf_dir's safetensors just before its export, so memory holds one decoder layer's (or the
     embedding's, or the head's) fp32 weights. `after_part(entries, names)` is called after each
-    part with its graph entries and the checkpoint names of the weights it read."""
+    part with its graph entries and the checkpoint names of the weights it read.
+
+    `extra_context_lengths`: more context lengths to export every kind at (Genie switches between a bundle's CL
+    variants as a dialog grows): their entries carry "context_length" and "variant_of" (the graph at
+    `context_length` whose encodings they take), share the part's data file, and come after the main ones."""
     import tempfile
 
     out = Path(out_dir)
@@ -90,17 +95,21 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
     dims = Dims.of(cfg)
     inner = src.model.model
     seq = {kind: (seq_lens or {}).get(kind, ar_n if kind == "prompt_processor" else 1) for kind in kinds}
+    cls = [context_length, *sorted({int(c) for c in extra_context_lengths} - {context_length})]
+    # one writer per (kind, CL) variant; the main CL's keys are the kinds themselves
+    variants = {(kind if cl == context_length else f"{kind}@cl{cl}"): (kind, cl) for cl in cls for kind in kinds}
     graphs: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix=".pieces-", dir=out))
     try:
         for k, (start, stop) in enumerate(layer_ranges(cfg.num_hidden_layers, parts), start=1):
             first, last = k == 1, k == parts
-            names = {kind: graph_name(kind, seq[kind], context_length, k, parts) for kind in kinds}
+            names = {key: graph_name(kind, seq[kind], cl, k, parts) for key, (kind, cl) in variants.items()}
             ins, outs = graph_io_names(k, parts, range(start, stop))
-            # one data file per part (the first kind's `<graph>.onnx.data`): both graphs reference the same weights
+            # one data file per part (the first kind's `<graph>.onnx.data`): every graph references the same weights
             shared = SharedData(out / f"{names[kinds[0]]}.onnx.data")
-            writers = {kind: PartGraphWriter(out / f"{names[kind]}.onnx", ins, outs, shared) for kind in kinds}
-            pieces = _Pieces(src, writers, seq, context_length, dims, tmp)
+            writers = {key: PartGraphWriter(out / f"{names[key]}.onnx", ins, outs, shared) for key in variants}
+            shapes = {key: (seq[kind], cl) for key, (kind, cl) in variants.items()}
+            pieces = _Pieces(src, writers, shapes, dims, tmp)
             try:
                 read = pieces.part(inner, src.model, start, stop, first, last)
                 for w in writers.values():
@@ -109,10 +118,11 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
                 for w in writers.values():
                     w.abort()
                 raise
-            entries = [{"name": names[kind], "kind": kind, "part": k, "seq_len": seq[kind],
-                        "layers": list(range(start, stop)), "float_onnx": f"{out.name}/{names[kind]}.onnx",
-                        "float_data": f"{out.name}/{shared.name}",
-                        "inputs": ins, "outputs": outs} for kind in kinds]
+            entries = [{"name": names[key], "kind": kind, "part": k, "seq_len": seq[kind],
+                        "layers": list(range(start, stop)), "float_onnx": f"{out.name}/{names[key]}.onnx",
+                        "float_data": f"{out.name}/{shared.name}", "inputs": ins, "outputs": outs,
+                        **({} if cl == context_length else {"context_length": cl, "variant_of": names[kind]})}
+                       for key, (kind, cl) in variants.items()]
             if after_part is not None:
                 after_part(entries, read)
             graphs.extend(entries)
@@ -120,7 +130,7 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     order = {kind: i for i, kind in enumerate(kinds)}
-    graphs.sort(key=lambda g: (order[g["kind"]], g["part"]))
+    graphs.sort(key=lambda g: ("variant_of" in g, g.get("context_length", 0), order[g["kind"]], g["part"]))
     return graphs
 
 
@@ -128,25 +138,26 @@ class _Pieces:
     """Exports one part's pieces for every kind and hands them to the part's writers."""
 
     def __init__(self, src: InMemoryWeights | CheckpointWeights, writers: dict[str, PartGraphWriter],
-                 seq: dict[str, int], context_length: int, dims: Dims, tmp: Path) -> None:
-        self.src, self.writers, self.seq, self.cl, self.dims, self.tmp = src, writers, seq, context_length, dims, tmp
+                 shapes: dict[str, tuple[int, int]], dims: Dims, tmp: Path) -> None:
+        """`shapes`: per writer, the (sequence length, context length) its graph is exported at."""
+        self.src, self.writers, self.shapes, self.dims, self.tmp = src, writers, shapes, dims, tmp
 
     def part(self, inner: Any, causal_lm: Any, start: int, stop: int, first: bool, last: bool) -> list[str]:
         import torch
 
-        d, cl = self.dims, self.cl
+        d = self.dims
         read: list[str] = []
         if first:
             h = "/embed/hidden"
             read += self.piece("/embed", embed_module(inner.embed_tokens), [("embed", "model.embed_tokens.")],
-                               lambda s: (torch.zeros((1, s), dtype=torch.int32),), ["input_ids"], ["hidden"],
+                               lambda s, cl: (torch.zeros((1, s), dtype=torch.int32),), ["input_ids"], ["hidden"],
                                {"input_ids": "input_ids", "hidden": h})
         else:
             h = boundary_name(start - 1)
         for i in range(start, stop):
             block = layer_module(inner.layers[i], d)
 
-            def layer_args(s: int) -> tuple[Any, ...]:
+            def layer_args(s: int, cl: int) -> tuple[Any, ...]:
                 return (torch.zeros((1, s, d.hidden)), torch.zeros((1, 1, s, cl)),
                         torch.zeros((1, 1, s, d.head_dim // 2)), torch.zeros((1, 1, s, d.head_dim // 2)),
                         torch.zeros((d.kv_heads, 1, d.head_dim, cl - s)), torch.zeros((d.kv_heads, 1, cl - s, d.head_dim)))
@@ -163,11 +174,12 @@ class _Pieces:
         if last:
             head = head_module(inner.norm, causal_lm.lm_head)
             read += self.piece("/head", head, [("norm", "model.norm."), ("lm_head", "lm_head.")],
-                               lambda s: (torch.zeros((1, s, d.hidden)),), ["hidden"], ["logits"],
+                               lambda s, cl: (torch.zeros((1, s, d.hidden)),), ["hidden"], ["logits"],
                                {"hidden": h, "logits": "logits"}, vocab_output="logits")
         return read
 
-    def piece(self, prefix: str, root: Any, owned: list[tuple[str, str]], args: Callable[[int], tuple[Any, ...]],
+    def piece(self, prefix: str, root: Any, owned: list[tuple[str, str]],
+              args: Callable[[int, int], tuple[Any, ...]],
               in_names: list[str], out_names: list[str], io: dict[str, str],
               vocab_output: str | None = None) -> list[str]:
         """Export `root` for every kind and stitch it in; `owned`: (attribute of root, checkpoint
@@ -201,10 +213,10 @@ class _Pieces:
                 for local, p in sub.named_parameters(remove_duplicate=False):
                     direct[f"{attr}.{local}"] = ckpt + local
                     params[ckpt + local] = p.detach().numpy()
-            for kind, writer in self.writers.items():
-                path = self.tmp / f"{prefix.strip('/')}.{kind}.onnx"
+            for key, writer in self.writers.items():
+                path = self.tmp / f"{prefix.strip('/')}.{key}.onnx"
                 with torch.no_grad():
-                    torch.onnx.export(root, args(self.seq[kind]), str(path), input_names=in_names,
+                    torch.onnx.export(root, args(*self.shapes[key]), str(path), input_names=in_names,
                                       output_names=out_names, opset_version=OPSET, dynamo=False,
                                       do_constant_folding=True)
                 writer.add(path, prefix, io, direct, params, streamed, widened)

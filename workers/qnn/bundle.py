@@ -44,7 +44,9 @@ def prepare_htp_graphs(quantize_dir: Path, q: dict[str, Any], work: Path, em: Em
     gdir.mkdir(parents=True)
     out: list[GraphToCompile] = []
     parts = int(q["parts"])
-    for g in sorted(q["graphs"], key=lambda g: (int(g["part"]), g["kind"] != "prompt_processor")):
+    every = [*q["graphs"], *(q.get("variants") or [])]       # the main context length's graphs, then other CLs'
+    for g in sorted(every, key=lambda g: (int(g["part"]), "variant_of" in g, g.get("context_length", 0),
+                                          g["kind"] != "prompt_processor")):
         if "sim_onnx" not in g:
             raise LocalCompileError("missing_graph", f"Graph {g['name']} has no quantized ONNX.",
                                     "Run the Quantize stage again.")
@@ -73,14 +75,18 @@ def _tensor_doc(t: TensorInfo) -> dict[str, Any]:
 def metadata_from_binaries(parts: list[CompiledPart], graphs: list[GraphToCompile]) -> dict[str, Any]:
     """metadata.yaml's document from what the binaries hold (qai-hub-models' component names)."""
     from workers.bundle_metadata import component_name
+    from workers.shared.bundle.genie_model import variant_of
 
     by_qnn = {qg.name: qg for p in parts for info in p.infos for qg in info.graphs}
     comps: dict[str, Any] = {}
+    main_cl = max((variant_of(g.name, {})[1] for g in graphs), default=0)
     for kind in ("prompt_processor", "token_generator"):
         for g in (g for g in graphs if g.kind == kind):
             qnn_name = next(p.graphs[g.name] for p in parts if g.name in p.graphs)
             qg = by_qnn[qnn_name]
-            comps[component_name(g.name)] = {"qnn_graph": qnn_name,
+            cl = variant_of(g.name, {})[1]     # another context length's graph: its own component
+            comp = component_name(g.name) + ("" if cl == main_cl else f"_cl{cl}")
+            comps[comp] = {"qnn_graph": qnn_name,
                                               "inputs": {t.name: _tensor_doc(t) for t in qg.inputs},
                                               "outputs": {t.name: _tensor_doc(t) for t in qg.outputs}}
     return {"components": comps, "precision": "w4a16", "runtime": "genie"}
@@ -88,18 +94,21 @@ def metadata_from_binaries(parts: list[CompiledPart], graphs: list[GraphToCompil
 
 def check_graph_order(parts: list[CompiledPart], graphs: list[GraphToCompile]) -> None:
     """Genie orders each (AR, CL) group's graphs by name: the compiled names must sort in part order."""
-    for kind in ("prompt_processor", "token_generator"):
+    from workers.shared.bundle.genie_model import variant_of
+
+    for group in sorted({variant_of(g.name, {}) for g in graphs}):
         seq = [next(p.graphs[g.name] for p in parts if g.name in p.graphs)
-               for g in sorted((g for g in graphs if g.kind == kind), key=lambda g: g.part)]
+               for g in sorted((g for g in graphs if variant_of(g.name, {}) == group), key=lambda g: g.part)]
         if seq != sorted(seq):
-            raise LocalCompileError("graph_order", f"The compiled {kind} graphs do not sort in part order ({seq}): "
-                                    "Genie would run the parts in the wrong order.",
+            raise LocalCompileError("graph_order", f"The compiled AR-{group[0]} CL-{group[1]} graphs do not sort "
+                                    f"in part order ({seq}): Genie would run the parts in the wrong order.",
                                     "This is a HexStudio bug (workers/qnn/ep.py ordered_path): report it.")
 
 
 def write_local_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path, out: Path,
                        settings: dict[str, Any], device: dict[str, Any], form: str, em: Emitter) -> dict[str, Any]:
     from workers.genie_config import check_speculative, checked_genie_config, write_dialog_configs
+    from workers.shared.bundle.genie_model import variant_of
 
     if form not in FORMS:
         raise LocalCompileError("bad_form", f"Unknown context binary form '{form}'.", f"Use one of {FORMS}.")
@@ -140,7 +149,9 @@ def write_local_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Pa
                 name = f"{slug}_part_{label}.bin"
             else:
                 kind = "prompt" if unit[0].kind == "prompt_processor" else "token"
-                name = f"{slug}_{kind}_part_{label}.bin"
+                cl = variant_of(unit[0].name, {})[1]
+                name = f"{slug}_{kind}_part_{label}.bin" if cl == int(q["context_length"]) else \
+                    f"{slug}_{kind}_cl{cl}_part_{label}.bin"
             shutil.copy2(cp.bins[0], bdir / name)
             ctx_bins.append(name)
     check_graph_order(compiled, graphs)
@@ -174,5 +185,6 @@ def write_local_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Pa
         "compile_target": "local", "binaries": "qnn", "context_binary_form": form,
         "weight_sharing": form == "shared", "qairt_version": qairt, "qnn_version": libs.qnn_version,
         "qnn_build_id": build, "context_length": q["context_length"], "ar_n": q["ar_n"], "parts": q["parts"],
+        "context_lengths": q.get("context_lengths") or [q["context_length"]],
         "aihub_jobs": [],
     })

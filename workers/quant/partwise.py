@@ -473,8 +473,10 @@ def quantize_partwise(graphs: list[dict[str, Any]], base: Path, blocks: list[Blo
     try:
         for k in parts:
             t0 = time.monotonic()
-            pp = next(g for g in graphs if g["part"] == k and g["kind"] == "prompt_processor")
-            others = [g for g in graphs if g["part"] == k and g["kind"] != "prompt_processor"]
+            # the main context length's prompt processor is calibrated; every other graph of the part (its token
+            # generator, other context lengths' variants) takes its encodings
+            pp = next(g for g in graphs if g["part"] == k and g["kind"] == "prompt_processor" and "variant_of" not in g)
+            others = [g for g in graphs if g["part"] == k and g is not pp]
             s = int(pp["seq_len"])
             work = store_root / f"part{k}"
             units = split_units(base / pp["float_onnx"], work / "units", "pp", per_layer, vocab_ids,
@@ -511,9 +513,10 @@ def shared_weight_check(graphs: list[dict[str, Any]], base: Path) -> dict[str, A
     """Count weight encodings that differ between the two graphs of each part (must be 0)."""
     result: dict[str, Any] = {}
     for g in graphs:
-        if g["kind"] != "prompt_processor":
+        if g["kind"] != "prompt_processor" or "variant_of" in g:
             continue
-        t = next((x for x in graphs if x["part"] == g["part"] and x["kind"] == "token_generator"), None)
+        t = next((x for x in graphs if x["part"] == g["part"] and x["kind"] == "token_generator"
+                  and "variant_of" not in x), None)
         if t is None:
             continue
         a = {p["name"]: p for p in json.loads((base / g["encodings"]).read_text())["param_encodings"]}

@@ -100,6 +100,11 @@ class RunSettings:
     ar_n: int = setting(
         128, label="Prompt processor length (AR-N)", unit="tokens", range=(1, 4096), stages=("model", "quantize"),
         help="Tokens the prompt processor takes per call; the token generator takes one (AR-1).")
+    context_lengths: str = setting(
+        "", label="More context lengths", stages=("quantize",), advanced=True,
+        help='Smaller context lengths to put in the bundle beside context_length, comma-separated (e.g. "1024,2048"): '
+             "Genie runs the smallest one that holds the dialog and switches up as it grows (shorter attention, "
+             "faster tokens early on). Each a multiple of 32, above ar_n, below context_length.")
     parts: int | Literal["auto"] = setting(
         AUTO, label="Parts", range=(1, 64), stages=("model", "quantize"),
         help='How many parts (context binaries) the model is split in. "auto": by model size and, when known, '
@@ -407,7 +412,48 @@ def check(name: str, value: Any) -> str | None:
     """Why `value` is not acceptable for the run setting `name` (a sentence naming the setting, what was
     given and what is expected); None when it is, or when `name` is not a run setting (a test hook)."""
     s = SETTINGS.get(name)
-    return None if s is None else _check_value(s, name, value)
+    why = None if s is None else _check_value(s, name, value)
+    if why is None and name == "context_lengths":      # checked when set, not after an hour of quantizing
+        try:
+            extra_context_lengths(value)
+        except ValueError as exc:
+            return str(exc)
+    return why
+
+
+def genie_cl_problem(context_length: int, ar_n: int) -> str | None:
+    """Why Genie would run this (CL, AR) pair wrong, or None. Measured with Genie 1.21 on the HTP simulator: a
+    prompt-processor graph whose past KV length CL - AR equals its AR (CL = 2 x AR) gives different tokens under
+    Genie than the same compiled graph fed directly (which matches the host simulation), deterministically; at
+    every other CL tried (CL-128/160/256/512 with AR-32, CL-512 with AR-128) they agree."""
+    if context_length == 2 * ar_n:
+        return (f"context length {context_length} is twice ar_n {ar_n}: Genie 1.21 then mistakes the prompt "
+                "processor's past KV (CL - AR entries) for its new one and answers wrong. Use another context "
+                "length or ar_n.")
+    return None
+
+
+def extra_context_lengths(value: Any, context_length: int | None = None, ar_n: int | None = None) -> list[int]:
+    """The `context_lengths` setting as sorted ints; ValueError (a sentence) for a bad one. With the run's
+    context_length and ar_n, each must lie strictly between them (Genie's KV holds CL - AR entries)."""
+    text = str(value or "").strip()
+    out: set[int] = set()
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        if not item.isdigit():
+            raise ValueError(f"context_lengths: {item!r} is not a whole number (give e.g. \"1024,2048\").")
+        n = int(item)
+        if n % 32:
+            raise ValueError(f"context_lengths: {n} is not a multiple of 32 (Genie's KV cache moves in 32s).")
+        if context_length is not None and n >= context_length:
+            raise ValueError(f"context_lengths: {n} is not below context_length {context_length}; the largest "
+                             "context length is context_length itself.")
+        if ar_n is not None and n <= ar_n:
+            raise ValueError(f"context_lengths: {n} leaves no room past the prompt processor's {ar_n} tokens "
+                             f"(it must exceed ar_n).")
+        if ar_n is not None and (why := genie_cl_problem(n, ar_n)):
+            raise ValueError(f"context_lengths: {why}")
+        out.add(n)
+    return sorted(out)
 
 
 def check_all(values: Mapping[str, Any]) -> list[str]:

@@ -69,8 +69,10 @@ _CL_RE = re.compile(r"_cl(\d+)(?:_|$)")
 
 
 def compiled_context_length(graph_names: list[str]) -> int:
-    """The context length baked into the graphs, from their names (`prompt_ar128_cl4096_1_of_5`). Raises
-    BundleError when a name carries none or the graphs disagree."""
+    """The largest context length baked into the graphs, from their names (`prompt_ar128_cl4096_1_of_5`): what
+    genie_config's context size must be (Genie runs the smaller CL variants of a bundle first and switches up).
+    Raises BundleError when a name carries none, or when a context length lacks a graph the others have (every
+    CL needs every kind of every part)."""
     found: dict[str, int] = {}
     for name in graph_names:
         m = _CL_RE.search(name)
@@ -81,11 +83,15 @@ def compiled_context_length(graph_names: list[str]) -> int:
     values = sorted(set(found.values()))
     if not values:
         raise BundleError("There are no graphs to check the context length against. Re-run the Quantize stage.")
-    if len(values) > 1:
-        raise BundleError("The graphs were exported for different context lengths ("
-                          + ", ".join(f"{n}: {v}" for n, v in found.items())
-                          + "): they cannot form one Genie bundle. Re-run the Quantize stage.")
-    return values[0]
+    by_cl = {v: sorted(_CL_RE.sub("_cl*_", n) for n, c in found.items() if c == v) for v in values}
+    full = by_cl[values[-1]]
+    for v, names in by_cl.items():
+        if names != full:
+            missing = sorted(set(full) - set(names)) or sorted(set(names) - set(full))
+            raise BundleError(f"The graphs for context length {v} are not the same set as for {values[-1]} "
+                              f"({', '.join(n.replace('_cl*_', f'_cl{v}_') for n in missing)}): Genie needs every "
+                              "graph at every context length. Re-run the Quantize stage.")
+    return values[-1]
 
 
 def rope_settings(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

@@ -220,7 +220,8 @@ _BIN = re.compile(r"^(?P<model>.+?)_(?:part_)?(?P<i>\d+)_of_(?P<n>\d+)(?P<ext>\.
 _GRAPH = re.compile(r"^(?P<kind>prompt|token)_ar(?P<ar>\d+)_cl(?P<cl>\d+)_(?P<i>\d+)_of_(?P<n>\d+)$")
 
 
-_KIND_BIN = re.compile(r"^(?P<model>.+?)_(?P<kind>prompt|token)_part_(?P<rest>\d+_of_\d+(?:\.serialized)?\.bin)$")
+_KIND_BIN = re.compile(r"^(?P<model>.+?)_(?P<kind>(?:prompt|token)(?:_cl\d+)?)_part_"
+                       r"(?P<rest>\d+_of_\d+(?:\.serialized)?\.bin)$")
 
 
 def _part_findings(bins: list[str], shown: list[str]) -> list[Finding]:
@@ -261,8 +262,8 @@ def _ctx_bin_findings(bundle: Path, bins: list[str]) -> list[Finding]:
             out.append(Finding("ctx_bin_empty", ERROR, f"ctx-bins[{i}] {b} is an empty file.",
                                f"Received path to an empty file for context index = {i}. Nothing to deserialize.",
                                "Download or compile that part again."))
-    # a local compile for the x86 simulator writes one binary per graph: <model>_{prompt|token}_part_<i>_of_<n>.bin;
-    # each kind then forms parts 1..n on its own
+    # a local compile for the x86 simulator writes one binary per graph: <model>_{prompt|token}_part_<i>_of_<n>.bin,
+    # and <model>_{prompt|token}_cl<CL>_part_... for another context length; each kind and CL forms parts 1..n
     groups: dict[str, list[str]] = {}
     for b in bins:
         m = _KIND_BIN.match(Path(b).name)

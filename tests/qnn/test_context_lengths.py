@@ -1,0 +1,92 @@
+"""Several context lengths in one bundle: the Quantize stage exports every graph at each (one calibration, one set of
+encodings), the local compile writes them as real context binaries, and Qualcomm's libGenie 1.21 on the HTP
+simulator starts in the smallest and switches up as the dialog grows (its own log says so), giving the tokens the
+single-context-length bundle gives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.qnn.conftest import needs_qnn
+
+pytestmark = [needs_qnn, pytest.mark.slow]
+
+# AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: workers.shared.run_settings.genie_cl_problem)
+SETTINGS = {"calibration_samples": 2, "calibration_seq_len": 64, "context_length": 256, "ar_n": 32,
+            "context_lengths": "128", "compile_target": "local", "aimet_smoke": False}
+
+
+@pytest.fixture(scope="module")
+def two_cl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from app.core.pipeline import Pipeline
+    from app.core.runs import Workspace
+
+    ws = tmp_path_factory.mktemp("two-cl")
+    m = Workspace(ws).create_run("builtin:tiny-llama", "sim", dict(SETTINGS))
+    res = asyncio.run(Pipeline(m).run(until="board"))
+    assert res.ok, f"{res.message} ({res.hint})"
+    return Path(m.run_dir)
+
+
+def _genie(bundle: Path, config: str, prompt: str, max_tokens: int) -> tuple[str, list[str]]:
+    from workers.qnn.libs import find_qnn_libs, x86_engine_overrides
+
+    libs = find_qnn_libs()
+    assert libs is not None
+    msgs = [{"op": "query", "id": 1, "prompt": prompt, "max_tokens": max_tokens}, {"op": "quit"}]
+    p = subprocess.run([sys.executable, "-m", "workers.board.genie_session", "--config", config, "--lib",
+                        str(libs.genie), "--log-level", "verbose", "--htp-simulator",
+                        "--engine", json.dumps(x86_engine_overrides(2))],
+                       input="".join(json.dumps(m) + "\n" for m in msgs), cwd=bundle, capture_output=True, text=True,
+                       timeout=600, env=libs.env())
+    events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    end = next(e for e in events if e["event"] == "end")
+    assert end["state"] == "complete", (end, p.stderr[-2000:])
+    return "".join(e["text"] for e in events if e["event"] == "text"), \
+        [str(e["message"]) for e in events if e["event"] == "log"]
+
+
+def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_cl_run: Path) -> None:
+    art = two_cl_run / "artifacts"
+    q = json.loads((art / "quantize" / "quantize.json").read_text())
+    assert q["context_lengths"] == [256, 128] and q["context_length"] == 256
+    assert sorted(g["name"] for g in q["variants"]) == ["prompt_ar32_cl128_1_of_2", "prompt_ar32_cl128_2_of_2",
+                                                        "token_ar1_cl128_1_of_2", "token_ar1_cl128_2_of_2"]
+    # one calibration: every variant carries its part's encodings, byte for byte
+    for v in q["variants"]:
+        main = next(g for g in q["graphs"] if g["name"] == v["variant_of"])
+        assert (art / "quantize" / v["encodings"]).read_bytes() == (art / "quantize" / main["encodings"]).read_bytes()
+    remote = Path(json.loads((art / "board" / "board.json").read_text())["remote_bundle"])
+    cfg = json.loads((remote / "genie_config.json").read_text())
+    bins = cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
+    assert cfg["dialog"]["context"]["size"] == 256 and len(bins) == 8
+    assert sum("_cl128_" in b for b in bins) == 4
+    assert json.loads((remote / "bundle.json").read_text())["context_lengths"] == [256, 128]
+    # the reference: the same bundle with the CL-256 graphs only
+    one = json.loads(json.dumps(cfg))
+    one["dialog"]["engine"]["model"]["binary"]["ctx-bins"] = [b for b in bins if "_cl128_" not in b]
+    (remote / "genie_config.one-cl.json").write_text(json.dumps(one))
+    prompt = "Emma found a small board in the kitchen at night. The sky was grey and the wind was strong. " * 3
+    from tokenizers import Tokenizer
+
+    n_prompt = len(Tokenizer.from_file(str(remote / "tokenizer.json")).encode(prompt).ids)
+    assert 32 < n_prompt <= 96             # two AR-32 prompt chunks fit CL-128; the replies cross it at 127 tokens
+    n = 128 - n_prompt + 6
+    try:
+        both, log = _genie(remote, "genie_config.json", prompt, n)
+        ref, ref_log = _genie(remote, "genie_config.one-cl.json", prompt, n)
+    finally:
+        (remote / "genie_config.one-cl.json").unlink()
+    loaded = next(line for line in log if "Graphs loaded" in line)
+    assert "(1, 128): 2" in loaded and "(32, 128): 2" in loaded and "(32, 256): 2" in loaded, loaded
+    # Genie starts in the small context and moves up as the KV cache fills (crossing CL-128 while generating)
+    assert any("Initializing to AR-32 CL-128" in line for line in log), log
+    assert any("reshapeCache(AR-1 CL-128 -> AR-1 CL-256)" in line for line in log), [x for x in log if "reshape" in x]
+    assert any("Initializing to AR-32 CL-256" in line for line in ref_log)
+    assert both == ref and len(both) > 100                    # the same tokens across the switch
