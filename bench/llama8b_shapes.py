@@ -151,6 +151,7 @@ def compile_run(run: Path, work: Path) -> dict[str, Any]:
     if p.returncode != 0:
         raise RuntimeError(f"local compile failed: {p.stderr[-3000:]}")
     doc: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    doc["work_disk_bytes"] = disk(work / "htp")   # the rewritten graphs + the context binaries
     shutil.rmtree(work / "htp", ignore_errors=True)
     return doc
 
@@ -179,7 +180,7 @@ def main() -> int:
                   f"{part['seconds']:.0f} s, peak {part['peak_rss_bytes'] / 2**30:.2f} GiB, "
                   f"context binary {part['bin_bytes'] / 1e9:.2f} GB", flush=True)
         print(f"rewrite: {doc['rewrite_s']:.0f} s, peak {doc['rewrite_peak_rss_bytes'] / 2**30:.2f} GiB; "
-              f"total {doc['wall_s']:.0f} s")
+              f"total {doc['wall_s']:.0f} s; work folder {doc['work_disk_bytes'] / 1e9:.2f} GB")
         if args.json:
             args.json.write_text(json.dumps(doc, indent=2))
         return 0

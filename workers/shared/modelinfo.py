@@ -96,6 +96,24 @@ VALIDATE_BYTES_PER_LARGE_UNIT_PARAM = 4.6
 # parameter) and the validate stage's (the lm_head's column chunks, float fp32 + simulation int8: 5 bytes per
 # lm_head parameter); + the bundle.
 FLOAT_BYTES_PER_PARAM = 4.0
+# Local QNN compile (compile_target local; bench/llama8b_shapes.py --compile-run, issue 28), MEASURED 2026-11-27 on a
+# 4-layer slice at the true Llama-3.1-8B shapes (context 4096, AR-128, 2 parts, shared form, 2 cores): part 1 (2 layers
+# + the embedding table) 479 s, peak 11.60 GiB, binary 1.29 GB; part 2 (2 layers + the lm_head) 76 s, 6.45 GiB,
+# 0.76 GB; HTP rewrite 6 s / 0.19 GiB; work folder 4.17 GB. A slice's parts hold one kind of layer each, so the
+# per-layer terms come from `hexstudio predict`'s compiles at the same shapes on the same QNN EP path (~2.5 GiB and
+# ~47 s per decoder layer, docs/PERFORMANCE.md); the rest of part 1's peak is the embedding table's, the rest of
+# the wall time the embedding's and the lm_head's. The peak is one part's compile child (parts compile one at a time).
+LOCAL_COMPILE_BYTES_PER_LAYER_PARAM = 2.5 * GiB / 218.1e6
+LOCAL_COMPILE_BYTES_PER_EMBED_PARAM = (11.60 - 2 * 2.5) * GiB / 525.3e6
+LOCAL_COMPILE_SECONDS_PER_LAYER_PARAM = 47.0 / 218.1e6
+LOCAL_COMPILE_SECONDS_PER_VOCAB_PARAM = (563.0 - 4 * 47.0) / (2 * 525.3e6)   # embedding + lm_head
+# disk: the rewritten graphs and the context binaries each hold about the simulation weights (int4 + block scales
+# for the layers, uint16 embedding table, int8 lm_head): 4.13 GB estimated for the slice, 4.17 GB measured
+# The AI Hub upload (workers/aihub_upload.py): each of a part's two graphs carries its weights, the
+# integer-encoded ones (decoder layers, lm_head) in fp16, the rest (the embedding table, norms) in fp32; the
+# client zips each upload (deflate level 1): MEASURED 27.09 GB sent of 36.01 GB at 32 layers (bench/llama8b_shapes.py)
+AIHUB_UPLOAD_ZIP_RATIO = 27.09 / 36.01
+AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM = 0.256   # the bench's slope above 2 x 2 B per layer parameter
 SIM_BYTES_PER_LAYER_PARAM = 0.5625
 WHOLE_QUANTSIM_BYTES_PER_PARAM = 23.0   # whole-model QuantSim: bytes per parameter of the whole model
 FIXED_OVERHEAD_BYTES = QUANTIZE_FIXED_BYTES
@@ -395,6 +413,8 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
                      VALIDATE_LARGE_UNIT_BYTES + VALIDATE_BYTES_PER_LARGE_UNIT_PARAM * run_unit)
     validate = VALIDATE_FIXED_BYTES + int(unit_bytes) + 2 * 3 * 2 * kvh * hd * context_length * 4
     bundle = int(0.6 * n)                                # W4 weights + int8 lm_head + context metadata
+    # 2 graphs per part; the embedding table fp32; + the encodings' JSON (LPBQ block scales: 0.26 B per layer parameter)
+    upload = int(2 * (2 * (n - emb) + 4 * emb) + AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM * per_layer * layers)
     sim = SIM_BYTES_PER_LAYER_PARAM * per_layer * layers + 1 * emb + 2 * emb      # layers int4, lm_head int8, table uint16
     disk = int(FLOAT_BYTES_PER_PARAM * n + sim + max(4 * largest_part_params, 5 * emb)) + bundle
     return {
@@ -416,6 +436,16 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
         "disk_bytes": disk,
         "bundle_bytes": bundle,
         "kv_cache_bytes": kv_bytes,
+        # a local QNN compile (compile_target local): the largest part's compile child, the whole model's wall
+        # time on 2 cores, the work folder (rewritten graphs + context binaries); measured at 8B shapes
+        "local_compile_peak_rss_bytes": int(LOCAL_COMPILE_BYTES_PER_LAYER_PARAM * per_layer * -(-layers // parts)
+                                            + LOCAL_COMPILE_BYTES_PER_EMBED_PARAM * emb),
+        "local_compile_seconds": int(LOCAL_COMPILE_SECONDS_PER_LAYER_PARAM * per_layer * layers
+                                     + LOCAL_COMPILE_SECONDS_PER_VOCAB_PARAM * 2 * emb),
+        "local_compile_disk_bytes": int(2 * (SIM_BYTES_PER_LAYER_PARAM * per_layer * layers + 2 * emb + emb)),
+        # the AI Hub compile's upload (the directories; the zips the client sends)
+        "aihub_upload_bytes": upload,
+        "aihub_upload_zipped_bytes": int(AIHUB_UPLOAD_ZIP_RATIO * upload),
         "reference": REFERENCE,
     }
 

@@ -310,6 +310,7 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
         checks.append(_check("memory", "fail" if have < need else "warn", have, need,
                              f"RAM + swap is {_gib(have)}; quantization and validation need about {_gib(need)} "
                              f"(the reference whole-model recipe peaked at {_gib(ref)}).", fix))
+    checks.append(_local_compile_check(have, needs))
     if p.get("wsl"):
         cfg = p.get("wslconfig") or {}
         limits = cfg.get("limits") or {}
@@ -380,6 +381,24 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
                              (smoke.get("fix") or "") + " Fix the AIMET install before spending an hour on the "
                              "model (see the libpython and onnxruntime checks)."))
     return checks
+
+
+def _local_compile_check(have: int, needs: dict[str, Any]) -> dict[str, Any]:
+    """What a local QNN compile of this model needs (compile_target local; measured at 8B shapes, scaled by
+    parameters) and what the AI Hub compile uploads instead: a warning, never a failure (AI Hub needs neither)."""
+    ram = int(needs.get("local_compile_peak_rss_bytes", 0))
+    secs = float(needs.get("local_compile_seconds", 0))
+    disk = int(needs.get("local_compile_disk_bytes", 0))
+    up, upz = int(needs.get("aihub_upload_bytes", 0)), int(needs.get("aihub_upload_zipped_bytes", 0))
+    when = f"{secs / 3600:.1f} h" if secs >= 5400 else f"{secs / 60:.0f} min"
+    text = (f"A local QNN compile of this model needs about {_gib(ram)} RAM (its largest part), {when} on 2 cores "
+            f"and {disk / 1e9:.1f} GB of disk (measured at Llama-3.1-8B shapes, scaled to this model); compiling on "
+            f"AI Hub instead uploads {up / 1e9:.1f} GB ({upz / 1e9:.1f} GB zipped as the client sends it).")
+    required = {"ram_bytes": ram, "seconds": int(secs), "disk_bytes": disk, "aihub_upload_bytes": up}
+    if have >= ram:
+        return _check("local_compile", "ok", have, required, text)
+    return _check("local_compile", "warn", have, required, text + f" This machine has {_gib(have)}.",
+                  "Compile on AI Hub (compile_target aihub), or on a machine with more memory.")
 
 
 def _disk_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,34 @@
+"""Preflight says what a local QNN compile of the model needs (RAM, time, disk: measured at 8B shapes, issue 28)
+and what the AI Hub compile uploads instead; a warning where the RAM is short, never a failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.preflight.test_checks import BASE_PROBE, needs_8b
+from workers.shared.preflight_checks import run_checks
+
+GiB = 1024**3
+
+
+def _needs_8b() -> dict[str, Any]:
+    return needs_8b(4096)
+
+
+def test_an_8b_local_compile_and_upload_are_in_the_model_needs() -> None:
+    needs = _needs_8b()
+    # the upload: 2 graphs per part, integer-encoded weights fp16, the embedding table fp32 (bench: 36.0 GB)
+    assert 34e9 < needs["aihub_upload_bytes"] < 38e9
+    assert 25e9 < needs["aihub_upload_zipped_bytes"] < 29e9
+    assert 1 * GiB < needs["local_compile_peak_rss_bytes"] < 64 * GiB
+    assert needs["local_compile_seconds"] > 600 and needs["local_compile_disk_bytes"] > 4e9
+
+
+def test_the_preflight_row_warns_where_the_ram_is_short_and_never_fails() -> None:
+    needs = _needs_8b()
+    ok = {c["id"]: c for c in run_checks(dict(BASE_PROBE), needs)}["local_compile"]
+    assert ok["status"] == "ok" and "local QNN compile" in ok["message"] and "AI Hub" in ok["message"]
+    assert ok["required"]["ram_bytes"] == needs["local_compile_peak_rss_bytes"]
+    small = {**BASE_PROBE, "mem_total_bytes": needs["local_compile_peak_rss_bytes"] // 2, "swap_total_bytes": 0}
+    warn = {c["id"]: c for c in run_checks(small, needs)}["local_compile"]
+    assert warn["status"] == "warn" and "compile_target aihub" in (warn["fix"] or "")
