@@ -4,6 +4,7 @@ compile stage's simulation bundle and its AI Hub bundle both take it from here (
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,14 @@ from workers.runtime import WorkerError
 from workers.shared import bundle as gb
 from workers.shared.bundle.genie_schema import genie_config_errors
 from workers.shared.bundle.speculative import (
+    DRAFT_DIR,
     REFUSED,
     Lade,
     Spd,
+    SpeculativeError,
     config_name,
     dialog_config,
+    draft_engine,
     lade_problem,
     spd_problem,
 )
@@ -53,13 +57,22 @@ def speculative_of(settings: dict[str, Any]) -> tuple[list[str], Lade, Spd]:
              if t.strip() and t.strip() != "none"]
     lade_s = settings.get("lade") or {}
     lade = Lade(**{k: lade_s[k] for k in ("window", "ngram", "gcap", "update_mode") if k in lade_s})
-    return types, lade, Spd(draft_len=int(settings.get("spd_draft_len") or Spd().draft_len))
+    return types, lade, Spd(draft_len=int(settings.get("spd_draft_len") or Spd().draft_len),
+                            draft=str(settings.get("spd_draft") or "self"))
 
 
-def check_speculative(hf_config: dict[str, Any], q: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+def check_speculative(hf_config: dict[str, Any], q: dict[str, Any], settings: dict[str, Any],
+                      tokenizer: bytes | None = None) -> list[str]:
     """The speculative dialogs the run asks for, each one this model can have; else a WorkerError naming why.
-    Called before the compile starts (nothing is compiled or uploaded for a request that cannot be met)."""
+    Called before the compile starts (nothing is compiled or uploaded for a request that cannot be met); with the
+    model's tokenizer.json, an spd draft bundle is checked against it then too."""
     types, lade, spd = speculative_of(settings)
+    if "spd" in types and spd.draft != "self" and tokenizer is not None:
+        try:
+            draft_engine(Path(spd.draft).expanduser(), tokenizer, int(hf_config.get("vocab_size") or 0))
+        except SpeculativeError as exc:
+            raise WorkerError("spd_draft", str(exc), "Set spd_draft to the draft run's artifacts/compile/bundle "
+                              "folder (compiled locally or on AI Hub), or to self; nothing was compiled.") from None
     ar_sizes = sorted({int(q["ar_n"]), 1})
     n_vocab = int(hf_config.get("vocab_size") or 0)
     for t in types:
@@ -80,14 +93,26 @@ def write_dialog_configs(bdir: Path, cfg: dict[str, Any], hf_config: dict[str, A
     check_speculative), each checked against Genie's schema as HexStudio knows it. Returns the files written."""
     _, lade, spd = speculative_of(settings)
     variants: dict[str, dict[str, Any]] = {}
+    draft: tuple[dict[str, Any], list[Path]] | None = None
     for t in check_speculative(hf_config, q, settings):
-        variant = dialog_config(cfg, t, lade=lade, spd=spd)
+        if t == "spd" and spd.draft != "self":
+            try:
+                draft = draft_engine(Path(spd.draft).expanduser(), (bdir / "tokenizer.json").read_bytes(),
+                                     int(cfg["dialog"]["context"]["n-vocab"]))
+            except (SpeculativeError, OSError) as exc:
+                raise WorkerError("spd_draft", str(exc), "Set spd_draft to the draft run's artifacts/compile/bundle "
+                                  "folder (compiled locally or on AI Hub), or to self.") from None
+        variant = dialog_config(cfg, t, lade=lade, spd=spd, draft_engine=draft[0] if t == "spd" and draft else None)
         errors = genie_config_errors(variant)
         if errors:
             raise WorkerError("genie_config_invalid", f"The {t} dialog config HexStudio wrote fails Genie's schema: "
                               f"{errors[0]}", "This is a HexStudio bug: report it with the run folder.")
         variants[config_name(t)] = variant
     (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=4))
+    if draft is not None:       # the draft model's context binaries, under draft/
+        (bdir / DRAFT_DIR).mkdir(exist_ok=True)
+        for b in draft[1]:
+            shutil.copy2(b, bdir / DRAFT_DIR / b.name)
     for name, variant in variants.items():
         (bdir / name).write_text(json.dumps(variant, indent=4))
     return ["genie_config.json", *variants]

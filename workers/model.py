@@ -20,7 +20,7 @@ from typing import Any
 from workers.runtime import WorkerError, WorkerSpec, worker_main
 from workers.shared import modelinfo
 from workers.shared.artifacts import ModelDoc
-from workers.shared.data import builtin_model_dir
+from workers.shared.data import BUILTIN_MODELS, builtin_model_dir
 from workers.shared.hub import hub_error, hub_token
 from workers.shared.protocol import Emitter
 from workers.shared.run_settings import AUTO, resolve_settings
@@ -230,16 +230,17 @@ def download(model_id: str, revision: str | None, em: Emitter, *, snapshot: Call
 
 
 def resolve_source(model: str, spec: WorkerSpec, em: Emitter) -> tuple[str, Path, str | None]:
-    if model == BUILTIN_ID:
-        if not (BUILTIN_DIR / "config.json").is_file():
-            raise WorkerError("builtin_missing", f"The built-in model is missing from {BUILTIN_DIR}.",
+    if model in BUILTIN_MODELS:
+        src = builtin_model_dir(model)
+        if not (src / "config.json").is_file():
+            raise WorkerError("builtin_missing", f"The built-in model {model} is missing from {src}.",
                               "Reinstall HexStudio, or rebuild it with tools/builtin_model/train_tiny_llama.py.")
         dest = spec.out_dir / "hf"
-        shutil.copytree(BUILTIN_DIR, dest, ignore=shutil.ignore_patterns("training.json"))
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("training.json"))
         return "builtin", dest, None
     if model.startswith("builtin:"):
         raise WorkerError("unknown_builtin", f"There is no built-in model '{model}'.",
-                          f"The built-in model is {BUILTIN_ID}.")
+                          f"The built-in models are {', '.join(BUILTIN_MODELS)}.")
     p = Path(model).expanduser()
     if p.is_dir():
         return "local", p.resolve(), None

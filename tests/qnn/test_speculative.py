@@ -119,3 +119,63 @@ def test_real_genie_runs_spd_greedy_token_for_token_as_basic(local_run: Path, tm
     assert plain.kpis is not None and plain.kpis.accepted_per_step is None
     assert spd.kpis is not None and spd.kpis.accepted_per_step is not None and spd.kpis.accepted_per_step > 1.0
     assert spd.kpis.source == "simulated"
+
+
+@pytest.fixture(scope="module")
+def draft_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """builtin:tiny-llama-draft (1 layer, the built-in model's tokenizer) compiled locally: spd's draft."""
+    from app.core.pipeline import Pipeline
+    from app.core.runs import Workspace
+
+    ws = tmp_path_factory.mktemp("draft-ws")
+    m = Workspace(ws).create_run("builtin:tiny-llama-draft", "sim", {
+        "calibration_samples": 4, "compile_target": "local", "aimet_smoke": False})
+    res = asyncio.run(Pipeline(m).run(until="compile"))
+    assert res.ok, f"{res.message} ({res.hint})"
+    return Path(m.run_dir) / "artifacts" / "compile" / "bundle"
+
+
+@needs_qnn
+@pytest.mark.slow
+def test_the_built_in_draft_model_drafts_for_the_built_in_model_on_real_genie(local_run: Path, draft_bundle: Path,
+                                                                               tmp_path: Path) -> None:
+    from app.core.device.board import sim_board
+    from app.core.genie.session import ChatSession, TurnResult
+    from app.core.serve.bridge import _Raw
+    from workers.genie_config import check_speculative, write_dialog_configs
+
+    remote = Path(json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
+    q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
+    hf = json.loads((remote / "config.json").read_text())
+    basic = json.loads((remote / "genie_config.json").read_text())
+    settings = {"speculative_dialogs": "spd", "spd_draft": str(draft_bundle), "spd_draft_len": 3}
+    tok = (remote / "tokenizer.json").read_bytes()
+    assert check_speculative(hf, q, settings, tok) == ["spd"]
+    with pytest.raises(WorkerError, match="another tokenizer"):          # a draft must share the tokenizer
+        check_speculative(hf, q, settings, tok + b" ")
+    bundle = tmp_path / "bundle"
+    shutil.copytree(remote, bundle)
+    write_dialog_configs(bundle, basic, hf, q, settings)
+    spd_cfg = json.loads((bundle / "genie_config.spd.json").read_text())
+    draft_bins = spd_cfg["dialog"]["engine"][0]["model"]["binary"]["ctx-bins"]
+    assert spd_cfg["dialog"]["engine"][0]["role"] == "draft" and all(b.startswith("draft/") for b in draft_bins)
+    assert all((bundle / b).is_file() for b in draft_bins)
+    # on the simulator board, through the studio's session, against the basic dialog
+    shutil.copytree(bundle / "draft", remote / "draft")
+    shutil.copy2(bundle / "genie_config.spd.json", remote / "genie_config.spd.json")
+    board = sim_board(local_run.parent.parent)
+
+    async def go(dialog: str) -> TurnResult:
+        s = ChatSession(board, str(remote), _Raw(template="plain"), mode="persistent", max_tokens=12,
+                        sampler="deterministic", dialog=dialog)
+        async with s:
+            return await s.send("The sky was grey and")
+
+    try:
+        plain, spd = asyncio.run(go("basic")), asyncio.run(go("spd"))
+    finally:
+        (remote / "genie_config.spd.json").unlink()
+        shutil.rmtree(remote / "draft")
+    assert spd.state == "complete" and spd.text == plain.text and plain.text.strip()
+    assert spd.kpis is not None and spd.kpis.accepted_per_step is not None
+    assert 1.0 < spd.kpis.accepted_per_step <= 4.0                # at most draft-len + 1 a step

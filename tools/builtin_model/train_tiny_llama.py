@@ -1,6 +1,10 @@
 """Trains `builtin:tiny-llama`, the small Llama-architecture model shipped with HexStudio.
 
     PYTHONPATH=. .venv/bin/python tools/builtin_model/train_tiny_llama.py [--steps 1500] [--threads 2]
+    PYTHONPATH=. .venv/bin/python tools/builtin_model/train_tiny_llama.py --draft [--steps 800]
+
+--draft trains `builtin:tiny-llama-draft` instead: one decoder layer of width 128 on the same corpus with the SAME
+tokenizer (copied from tiny-llama, not retrained), the draft model of Genie's spd dialog for the built-in model.
 
 Writes workers/shared/data/builtin_model/tiny-llama/ (package data) in Hugging Face layout: config.json,
 model.safetensors (float16), generation_config.json, tokenizer.json and
@@ -46,7 +50,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--draft", action="store_true", help="train the 1-layer draft model (same tokenizer)")
     args = ap.parse_args()
+    out = DATA / "tiny-llama-draft" if args.draft else OUT
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -58,20 +64,24 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     text_dir = DATA / "text"
     make_corpus.main(text_dir)
-    tok = train_tokenizer(text_dir / "train.txt", 2048)
-    OUT.mkdir(parents=True, exist_ok=True)
-    tok.save(str(OUT / "tokenizer.json"))  # type: ignore[attr-defined]
-    fast = PreTrainedTokenizerFast(tokenizer_file=str(OUT / "tokenizer.json"), bos_token="<|begin_of_text|>",
+    out.mkdir(parents=True, exist_ok=True)
+    if args.draft:     # the target's own tokenizer: spd compares both models' logits token id by token id
+        (out / "tokenizer.json").write_bytes((OUT / "tokenizer.json").read_bytes())
+    else:
+        tok = train_tokenizer(text_dir / "train.txt", 2048)
+        tok.save(str(OUT / "tokenizer.json"))  # type: ignore[attr-defined]
+    fast = PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"), bos_token="<|begin_of_text|>",
                                    eos_token="<|eot_id|>", pad_token="<|pad|>")
     fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(str(OUT))
+    fast.save_pretrained(str(out))
     ids = fast.convert_tokens_to_ids(SPECIAL)
     bos, eot_text, eot = ids[0], ids[1], ids[4]
 
     data = torch.tensor(fast(text_dir.joinpath("train.txt").read_text(), add_special_tokens=False)["input_ids"])
     print(f"corpus: {len(data):,} tokens")
-    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+    width, ffn, layers, heads, kv_heads = (128, 384, 1, 2, 1) if args.draft else (256, 768, 4, 4, 2)
+    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=width, intermediate_size=ffn, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=2048,
                       rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=bos, eos_token_id=[eot_text, eot],
                       pad_token_id=ids[5], tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg)
@@ -95,14 +105,14 @@ def main() -> None:
             print(f"step {step:5d} loss {loss.item():.3f} ({time.time() - t0:.0f} s)", flush=True)
     model.eval()
     model.generation_config.eos_token_id = [eot_text, eot]
-    model.to(torch.float16).save_pretrained(str(OUT), safe_serialization=True)
-    portable_layout(OUT)
+    model.to(torch.float16).save_pretrained(str(out), safe_serialization=True)
+    portable_layout(out)
     prompt = fast("Emma found a small board in the", return_tensors="pt")
     with torch.no_grad():
-        out = model.to(torch.float32).generate(**prompt, max_new_tokens=20, do_sample=False)
-    sample = fast.decode(out[0])
+        gen = model.to(torch.float32).generate(**prompt, max_new_tokens=20, do_sample=False)
+    sample = fast.decode(gen[0])
     print("sample:", sample)
-    (OUT / "training.json").write_text(json.dumps({
+    (out / "training.json").write_text(json.dumps({
         "steps": args.steps, "seed": args.seed, "threads": args.threads, "final_loss": round(loss.item(), 4),
         "train_seconds": round(time.time() - t0, 1), "corpus_tokens": len(data), "sample": sample,
     }, indent=2))

@@ -120,7 +120,8 @@ def write_local_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Pa
                                 "which are not installed in this environment.", INSTALL_HINT)
     q = json.loads((quantize_dir / "quantize.json").read_text())
     hf_config = json.loads((hf_dir / "config.json").read_text())
-    check_speculative(hf_config, q, settings)        # before anything compiles
+    tok = hf_dir / "tokenizer.json"
+    check_speculative(hf_config, q, settings, tok.read_bytes() if tok.is_file() else None)   # before anything compiles
     target = HtpTarget(int(device["soc_model"]), str(device["dsp_arch"]))
     work = out / "htp"
     bdir = out / "bundle"

@@ -156,6 +156,11 @@ class RunSettings:
              'choose: "lade" (lookahead decoding, no draft model; needs a vocabulary over 1,008 tokens), "spd" (a '
              'draft model proposes, the model verifies; the draft is the model itself for now). Real bundles only '
              '(compile_target local or aihub).')
+    spd_draft: str = setting(
+        "self", label="spd draft model", stages=("compile",), advanced=True,
+        help='The draft of the spd dialog: "self" (the model drafts for itself: checks the dialog, no speed-up) or '
+             "the folder of the draft model's compiled bundle with the same tokenizer (the run of e.g. "
+             "builtin:tiny-llama-draft: <run>/artifacts/compile/bundle); its context binaries go under draft/.")
     spd_draft_len: int = setting(
         3, label="spd draft length", unit="tokens", range=(1, 64), stages=("compile",), advanced=True,
         help="Tokens the draft proposes per spd step (Genie's dialog.spd.draft-len).")

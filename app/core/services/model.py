@@ -8,17 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from app.core.hf import fetch_config
-from app.core.paths import BUILTIN_MODEL_DIR, BUILTIN_MODEL_ID
+from app.core.paths import BUILTIN_MODEL_ID
 from app.core.services import ServiceError
 from workers.shared import modelinfo
+from workers.shared.data import BUILTIN_MODELS, builtin_model_dir
 from workers.shared.run_settings import AUTO, DEFAULTS, resolve_settings
 
 
 def model_config(model: str, revision: str | None = None) -> dict[str, Any]:
     """config.json only: a user can check a model before downloading its weights (a Hugging Face id at
     `revision`, with HexStudio's one Hugging Face token: app.core.hf)."""
-    if model == BUILTIN_MODEL_ID:
-        return modelinfo.read_config(BUILTIN_MODEL_DIR)
+    if model in BUILTIN_MODELS:
+        return modelinfo.read_config(builtin_model_dir(model))
     if Path(model).expanduser().is_dir():
         try:
             return modelinfo.read_config(Path(model).expanduser())

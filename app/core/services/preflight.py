@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from app.core.hf import hub_cache
-from app.core.paths import BUILTIN_MODEL_ID
 from app.core.services import ServiceError
 from app.core.services.model import model_config
 from app.core.settings import DEFAULT_RUN_SETTINGS, Settings, SettingsError
@@ -34,7 +33,7 @@ def run_settings(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def resolve_estimate_settings(info: dict[str, Any], model: str, settings: dict[str, Any]) -> ResolvedSettings:
     """context_length/parts "auto" resolved as the Model stage resolves them (run_settings.resolve_settings)."""
-    resolved, _plan = resolve_settings(info, settings, builtin=model == BUILTIN_MODEL_ID)
+    resolved, _plan = resolve_settings(info, settings, builtin=model.startswith("builtin:"))
     return resolved
 
 

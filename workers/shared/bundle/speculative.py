@@ -20,7 +20,9 @@ What Genie 1.21 accepts and does (docs/genie.md, "Speculative dialogs", cites Qu
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 DIALOG_TYPES = ("basic", "lade", "spd")
@@ -50,13 +52,42 @@ class Lade:
 
 @dataclass(frozen=True)
 class Spd:
-    """dialog.spd. draft: "self" (the model drafts for itself: checks the dialog end to end, no speed-up)."""
+    """dialog.spd. draft: "self" (the model drafts for itself: checks the dialog end to end, no speed-up), or the
+    folder of another model's compiled bundle with the same tokenizer (e.g. builtin:tiny-llama-draft's)."""
 
     draft_len: int = 3
     draft: str = "self"
 
     def block(self) -> dict[str, Any]:
         return {"version": 1, "draft-len": self.draft_len}
+
+
+DRAFT_DIR = "draft"      # a draft model's context binaries inside the target's bundle
+
+
+def draft_engine(draft_bundle: Path, target_tokenizer: bytes, n_vocab: int) -> tuple[dict[str, Any], list[Path]]:
+    """The engine of a draft model's compiled bundle, its ctx-bins moved under draft/, and the binaries to copy.
+    Raises SpeculativeError when it cannot draft for this target: not a compiled bundle of real context binaries,
+    another tokenizer or vocabulary (Genie's spd compares the two models' logits token id by token id)."""
+    try:
+        cfg = json.loads((draft_bundle / "genie_config.json").read_text(encoding="utf-8"))
+        manifest = json.loads((draft_bundle / "bundle.json").read_text(encoding="utf-8"))
+        tok = (draft_bundle / "tokenizer.json").read_bytes()
+    except (OSError, ValueError) as exc:
+        raise SpeculativeError(f"The draft bundle {draft_bundle} cannot be read ({exc}): give the folder of a "
+                               "compiled bundle (a run's artifacts/compile/bundle).") from None
+    if manifest.get("binaries") != "qnn" or manifest.get("simulated"):
+        raise SpeculativeError(f"The draft bundle {draft_bundle} holds no real context binaries (compiled with the "
+                               "twin): compile the draft with compile_target local or aihub.")
+    d = cfg.get("dialog") or {}
+    if tok != target_tokenizer or int((d.get("context") or {}).get("n-vocab", -1)) != n_vocab:
+        raise SpeculativeError(f"The draft bundle {draft_bundle} has another tokenizer than this model: Genie's spd "
+                               "compares both models' logits token by token, so the draft must share the tokenizer.")
+    eng = copy.deepcopy(target_engine(d))
+    bins = [draft_bundle / b for b in ctx_bins(d)]
+    eng.setdefault("model", {}).setdefault("binary", {})["ctx-bins"] = [f"{DRAFT_DIR}/{b.name}" for b in bins]
+    eng.pop("role", None)
+    return eng, bins
 
 
 class SpeculativeError(ValueError):

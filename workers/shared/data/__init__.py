@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
 BUILTIN_MODEL = ("builtin_model", "tiny-llama")
+# every built-in model id -> its folder under builtin_model/ (tools/builtin_model/train_tiny_llama.py made them)
+BUILTIN_MODELS = {"builtin:tiny-llama": "tiny-llama",
+                  "builtin:tiny-llama-draft": "tiny-llama-draft"}   # 1 layer, the same tokenizer: spd's draft
 BUILTIN_TEXT = ("builtin_model", "text")
 RECIPES = ("recipes",)
 
@@ -55,9 +58,9 @@ def data_path(*parts: str) -> Path:
     return package_path(__name__, *parts)
 
 
-def builtin_model_dir() -> Path:
-    """The built-in model's folder (config.json, model.safetensors, tokenizer.json, ...)."""
-    return data_path(*BUILTIN_MODEL)
+def builtin_model_dir(model_id: str = "builtin:tiny-llama") -> Path:
+    """A built-in model's folder (config.json, model.safetensors, tokenizer.json, ...); KeyError for an unknown id."""
+    return data_path(BUILTIN_MODEL[0], BUILTIN_MODELS[model_id])
 
 
 def builtin_text(name: str) -> Path:
