@@ -179,3 +179,36 @@ def test_the_built_in_draft_model_drafts_for_the_built_in_model_on_real_genie(lo
     assert spd.state == "complete" and spd.text == plain.text and plain.text.strip()
     assert spd.kpis is not None and spd.kpis.accepted_per_step is not None
     assert 1.0 < spd.kpis.accepted_per_step <= 4.0                # at most draft-len + 1 a step
+
+
+@needs_qnn
+@pytest.mark.slow
+def test_genie_loads_lade_and_fails_its_first_step_as_the_vocabulary_rule_says(local_run: Path, tmp_path: Path) -> None:
+    """Why HexStudio refuses lade for the built-in model (840 tokens): Genie 1.21 creates the lade dialog, then its
+    first lookahead step gathers token id 1000 from an 840-row embedding and the query fails."""
+    from workers.qnn.libs import find_qnn_libs, x86_engine_overrides
+
+    remote = Path(json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
+    basic = json.loads((remote / "genie_config.json").read_text())
+    assert sp.lade_problem(int(basic["dialog"]["context"]["n-vocab"]), [1, 128], sp.Lade()) is not None
+    (remote / "genie_config.lade.json").write_text(json.dumps(sp.dialog_config(basic, "lade")))
+    libs = find_qnn_libs()
+    assert libs is not None
+    msgs = [{"op": "query", "id": 1, "prompt": "The sky was grey and", "max_tokens": 8}, {"op": "quit"}]
+    import subprocess
+    import sys
+
+    try:
+        p = subprocess.run([sys.executable, "-m", "workers.board.genie_session", "--config", "genie_config.lade.json",
+                            "--lib", str(libs.genie), "--log-level", "error", "--htp-simulator",
+                            "--engine", json.dumps(x86_engine_overrides(2))],
+                           input="".join(json.dumps(m) + "\n" for m in msgs), cwd=remote, capture_output=True,
+                           text=True, timeout=300, env=libs.env())
+    finally:
+        (remote / "genie_config.lade.json").unlink()
+    events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    assert any(e["event"] == "ready" for e in events)                   # Genie accepts and loads the lade dialog
+    end = next(e for e in events if e["event"] == "end")
+    assert end["state"] == "failed"                                      # ... and cannot run a step of it
+    said = " ".join(str(e.get("message")) for e in events if e["event"] == "log") + p.stderr
+    assert "1000" in said or "EXECUTE FAILED" in said or "Failed to execute graph" in said, said[-2000:]

@@ -325,7 +325,9 @@ class Helper:
         tail = dec.decode(b"", final=True)
         if tail:
             emit({"event": "text", "id": qid, "text": tail, **({} if m["whole"] else {"tokens": int(m["held"])})})
-        if m["aborted"] or st in (WARNING_ABORTED, WARNING_PAUSED) or (st > 0 and self.aborting):
+        if st < SUCCESS and not self.aborting:
+            state = "failed"        # an error ends the sentence with ABORT too: it is a failure, not a stop asked for
+        elif m["aborted"] or st in (WARNING_ABORTED, WARNING_PAUSED) or (st > 0 and self.aborting):
             state = "aborted"
         elif st == WARNING_CONTEXT_EXCEEDED:
             state = "context_full"   # the reply was cut short: the dialog's context is full
