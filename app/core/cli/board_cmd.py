@@ -14,6 +14,7 @@ from app.core.cli.common import (
     EXIT_USAGE,
     CliError,
     add_json_flag,
+    add_ssh_flags,
     add_trust_flag,
     host_key_prompt,
     print_json,
@@ -31,11 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     pa = bs.add_parser("add", help="add or change a board (host, port, user, auth)")
     pa.add_argument("name")
-    pa.add_argument("--host", required=True, help="host name, IP, or the ~/.ssh/config alias (auth ssh_config)")
-    pa.add_argument("--port", type=int, default=22)
-    pa.add_argument("--user", default=None)
-    pa.add_argument("--auth", choices=("key", "agent", "ssh_config", "password"), default="key")
-    pa.add_argument("--key", dest="key_path", default=None, help="private key file (auth key)")
+    add_ssh_flags(pa)
     pa.add_argument("--qairt-zip", default=None,
                     help="QAIRT SDK zip on this machine: the Board stage installs it when the board lacks QAIRT")
     pa.add_argument("--no-connect", action="store_true", help="save only; do not try to connect")

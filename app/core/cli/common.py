@@ -99,6 +99,15 @@ def int_in(lo: int, hi: int) -> Callable[[str], Any]:
     return number_in(int, lo, hi)
 
 
+def add_ssh_flags(p: argparse.ArgumentParser) -> None:
+    """How to reach a machine over SSH (a board or a worker host): --host, --port, --user, --auth, --key."""
+    p.add_argument("--host", required=True, help="host name, IP, or the ~/.ssh/config alias (auth ssh_config)")
+    p.add_argument("--port", type=int, default=22)
+    p.add_argument("--user", default=None)
+    p.add_argument("--auth", choices=("key", "agent", "ssh_config", "password"), default="key")
+    p.add_argument("--key", dest="key_path", default=None, help="private key file (auth key)")
+
+
 def add_trust_flag(p: argparse.ArgumentParser, what: str = "board") -> None:
     """--trust SHA256:...: the host key a first connection accepts without asking (what: board | host)."""
     whose = "board's host" if what == "board" else f"{what}'s"

@@ -15,6 +15,7 @@ from app.core.cli.common import (
     EXIT_USAGE,
     CliError,
     add_json_flag,
+    add_ssh_flags,
     add_trust_flag,
     host_key_prompt,
     print_json,
@@ -40,11 +41,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     pa = ws.add_parser("add", help="add or change a worker host (host, port, user, auth, python)")
     pa.add_argument("name")
-    pa.add_argument("--host", required=True, help="host name, IP, or the ~/.ssh/config alias (auth ssh_config)")
-    pa.add_argument("--port", type=int, default=22)
-    pa.add_argument("--user", default=None)
-    pa.add_argument("--auth", choices=("key", "agent", "ssh_config", "password"), default="key")
-    pa.add_argument("--key", dest="key_path", default=None, help="private key file (auth key)")
+    add_ssh_flags(pa)
     pa.add_argument("--python", default=None,
                     help="the Python that runs the workers there (default python3; use the environment "
                          "packaging/install-workstation.sh made, e.g. ~/hexstudio/.venv/bin/python)")
