@@ -439,12 +439,19 @@ def _env_prefix() -> str:
     return '[ -f "$1" ] && . "$1"; '
 
 
-async def _genie(p: _Probe, c: Check) -> None:
+async def _qairt_home(p: _Probe, c: Check) -> str | None:
+    """The board's home for a check that runs a QAIRT tool; None (the check skipped) while QAIRT is missing."""
     await _need(p, "qairt")
     if not p.facts.get("qairt_home"):
         c.status, c.fix, c.message = SKIP, "qairt_install", "No QAIRT installed yet."
+        return None
+    return await p.home()
+
+
+async def _genie(p: _Probe, c: Check) -> None:
+    home = await _qairt_home(p, c)
+    if home is None:
         return
-    home = await p.home()
     e = await p.sh(_env_prefix() + "command -v genie-t2t-run && genie-t2t-run -h 2>&1 | head -n 5",
                    f"{home}/{ENV_SCRIPT}", shown=f". ~/{ENV_SCRIPT}; command -v genie-t2t-run && genie-t2t-run -h")
     c.evidence.append(e)
@@ -457,11 +464,9 @@ async def _genie(p: _Probe, c: Check) -> None:
 
 
 async def _htp_validator(p: _Probe, c: Check) -> None:
-    await _need(p, "qairt")
-    if not p.facts.get("qairt_home"):
-        c.status, c.fix, c.message = SKIP, "qairt_install", "No QAIRT installed yet."
+    home = await _qairt_home(p, c)
+    if home is None:
         return
-    home = await p.home()
     e = await p.sh(_env_prefix() + "qnn-platform-validator --backend dsp --coreVersion --libVersion --testBackend",
                    f"{home}/{ENV_SCRIPT}", timeout=120,
                    shown=f". ~/{ENV_SCRIPT}; qnn-platform-validator --backend dsp --coreVersion --libVersion "
