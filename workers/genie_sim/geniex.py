@@ -31,13 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from workers.genie_sim.commands import read_commands
 from workers.genie_sim.geniex_model import (
     SIM_LABEL,
     GenieXError,
@@ -203,25 +203,7 @@ def cmd_session(args: argparse.Namespace) -> int:
     emit({"event": "ready", "runtime": "geniex", "simulated": True, "pid": os.getpid(),
           "runtime_version": f"GenieX {CLI_VERSION} {SIM_LABEL}, qairt plugin {QAIRT_PLUGIN_VERSION}",
           "init_ms": round(model.init_us / 1000, 3), "context_length": model.capacity, "profile": True})
-    ops: queue.Queue[dict[str, Any] | None] = queue.Queue()
-    abort = threading.Event()
-
-    def reader() -> None:
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                emit({"event": "error", "code": "bad_request", "message": "not a JSON line"})
-                continue
-            if msg.get("op") == "abort":
-                abort.set()
-            else:
-                ops.put(msg)
-        ops.put(None)
-
-    threading.Thread(target=reader, daemon=True).start()
+    ops, abort = read_commands(emit)
     while True:
         msg = ops.get()
         if msg is None or msg.get("op") == "quit":

@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from workers.genie_sim.commands import read_commands
 from workers.genie_sim.t2t import GENIE_API_VERSION, RUNNER, GenieLoadError, SimDialog, profile_doc
 
 _out_lock = threading.Lock()
@@ -52,26 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     emit({"event": "ready", "genie_version": GENIE_API_VERSION, "simulated": True, "pid": os.getpid(), "runner": RUNNER,
           "init_ms": round(dialog.init_us / 1000, 3), "context_length": dialog.capacity, "profile": True})
-    ops: queue.Queue[dict[str, Any] | None] = queue.Queue()
-    abort = threading.Event()
-
-    def reader() -> None:
-        for line in sys.stdin:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                emit({"event": "error", "code": "bad_request", "message": "not a JSON line"})
-                continue
-            if msg.get("op") == "abort":
-                abort.set()
-            else:
-                ops.put(msg)
-        ops.put(None)
-
-    threading.Thread(target=reader, daemon=True).start()
+    ops, abort = read_commands(emit)
     while True:
         msg = ops.get()
         if msg is None or msg.get("op") == "quit":
