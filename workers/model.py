@@ -294,7 +294,14 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         em.log(f"parts: {parts} as set (the plan above would pick {plan['parts']})")
     if not 1 <= parts <= info["num_layers"]:
         raise WorkerError("bad_parts", f"parts must be between 1 and the layer count ({info['num_layers']}).")
-    est = modelinfo.estimate(info, context_length, ar_n, parts, r["calibration_samples"], r["calibration_seq_len"])
+    from workers.shared.run_settings import extra_context_lengths
+
+    try:
+        variants = 1 + len(extra_context_lengths(spec.settings.get("context_lengths", ""), context_length, ar_n))
+    except ValueError as exc:
+        raise WorkerError("bad_context_lengths", str(exc), "Fix context_lengths (or leave it empty).") from None
+    est = modelinfo.estimate(info, context_length, ar_n, parts, r["calibration_samples"], r["calibration_seq_len"],
+                             context_variants=variants)
     # a copy inside this stage's folder is recorded relative to model.json (the folder is renamed when
     # the stage completes); a download or a local folder by its absolute path
     rel = hf_dir.relative_to(spec.out_dir).as_posix() if hf_dir.is_relative_to(spec.out_dir) else str(hf_dir)

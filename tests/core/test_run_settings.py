@@ -33,8 +33,8 @@ OLD_DEFAULTS: dict[str, Any] = {
     "speculative_dialogs": "none"}
 # Each stage's inputs before the registry: the same names keep every completed stage's input hash.
 OLD_INPUTS: dict[str, set[str]] = {
-    "model": {"model", "revision", "context_length", "ar_n", "parts"},
-    "preflight": {"context_length", "calibration_samples", "calibration_seq_len", "workspace"},
+    "model": {"model", "revision", "context_length", "ar_n", "parts", "context_lengths"},    # added since
+    "preflight": {"context_length", "calibration_samples", "calibration_seq_len", "workspace", "context_lengths"},
     "quantize": {"context_length", "ar_n", "parts", "calibration_samples", "calibration_seq_len", "calibration_text",
                  "calibration_unit", "weight_bits", "activation_bits", "kv_bits", "device",
                  "context_lengths"},                                    # added since: HASHED_WHEN_SET

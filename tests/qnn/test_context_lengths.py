@@ -15,8 +15,6 @@ import pytest
 
 from tests.qnn.conftest import needs_qnn
 
-pytestmark = [needs_qnn, pytest.mark.slow]
-
 # AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: workers.shared.run_settings.genie_cl_problem)
 SETTINGS = {"calibration_samples": 2, "calibration_seq_len": 64, "context_length": 256, "ar_n": 32,
             "context_lengths": "128", "compile_target": "local", "aimet_smoke": False}
@@ -52,6 +50,8 @@ def _genie(bundle: Path, config: str, prompt: str, max_tokens: int) -> tuple[str
         [str(e["message"]) for e in events if e["event"] == "log"]
 
 
+@needs_qnn
+@pytest.mark.slow
 def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_cl_run: Path) -> None:
     art = two_cl_run / "artifacts"
     q = json.loads((art / "quantize" / "quantize.json").read_text())
@@ -90,3 +90,20 @@ def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_
     assert any("reshapeCache(AR-1 CL-128 -> AR-1 CL-256)" in line for line in log), [x for x in log if "reshape" in x]
     assert any("Initializing to AR-32 CL-256" in line for line in ref_log)
     assert both == ref and len(both) > 100                    # the same tokens across the switch
+
+
+def test_preflight_counts_every_context_length_the_bundle_holds() -> None:
+    """Each variant compiles every graph again (time; the simulator's one-graph binaries: disk); the KV cache and the
+    board's weight-shared bundle are sized by the largest CL as before."""
+    from app.core.services.preflight import context_variants
+    from workers.shared import modelinfo
+    from workers.shared.data import builtin_model_dir
+
+    info = modelinfo.inspect_folder(builtin_model_dir())
+    one = modelinfo.estimate(info, 4096)
+    three = modelinfo.estimate(info, 4096, context_variants=context_variants({"context_lengths": "1024,2048"}))
+    assert three["context_variants"] == 3 and one["context_variants"] == 1
+    assert three["local_compile_seconds"] == pytest.approx(3 * one["local_compile_seconds"], abs=2)
+    assert three["local_compile_disk_bytes"] == pytest.approx(3 * one["local_compile_disk_bytes"], abs=4)
+    assert three["kv_cache_bytes"] == one["kv_cache_bytes"] and three["bundle_bytes"] == one["bundle_bytes"]
+    assert context_variants({"context_lengths": "1k"}) == 1          # the setting check says what is wrong

@@ -372,8 +372,12 @@ def check_context(info: dict[str, Any], context_length: int, ar_n: int) -> str |
 
 
 def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: int | None = None,
-             calibration_samples: int = 20, calibration_seq_len: int = 2048) -> dict[str, Any]:
-    """Memory and disk each stage needs, in bytes (planning figures, not guarantees)."""
+             calibration_samples: int = 20, calibration_seq_len: int = 2048,
+             context_variants: int = 1) -> dict[str, Any]:
+    """Memory and disk each stage needs, in bytes (planning figures, not guarantees). `context_variants`: how many
+    context lengths the bundle holds (context_length and the smaller `context_lengths`): each compiles every graph
+    again (time; for the simulator's one-graph binaries also disk), while the quantize stage's files, the board's
+    weight-shared binaries and the KV cache (sized by the largest CL) stay as for one."""
     n = int(info.get("num_parameters") or 0)
     parts = parts or default_parts(info)
     layers = int(info.get("num_layers") or 1)
@@ -440,9 +444,12 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
         # time on 2 cores, the work folder (rewritten graphs + context binaries); measured at 8B shapes
         "local_compile_peak_rss_bytes": int(LOCAL_COMPILE_BYTES_PER_LAYER_PARAM * per_layer * -(-layers // parts)
                                             + LOCAL_COMPILE_BYTES_PER_EMBED_PARAM * emb),
-        "local_compile_seconds": int(LOCAL_COMPILE_SECONDS_PER_LAYER_PARAM * per_layer * layers
-                                     + LOCAL_COMPILE_SECONDS_PER_VOCAB_PARAM * 2 * emb),
-        "local_compile_disk_bytes": int(2 * (SIM_BYTES_PER_LAYER_PARAM * per_layer * layers + 2 * emb + emb)),
+        "local_compile_seconds": int(max(1, context_variants) * (LOCAL_COMPILE_SECONDS_PER_LAYER_PARAM * per_layer
+                                                                 * layers + LOCAL_COMPILE_SECONDS_PER_VOCAB_PARAM
+                                                                 * 2 * emb)),
+        "local_compile_disk_bytes": int(max(1, context_variants) * 2 * (SIM_BYTES_PER_LAYER_PARAM * per_layer * layers
+                                                                      + 2 * emb + emb)),
+        "context_variants": max(1, context_variants),
         # the AI Hub compile's upload (the directories; the zips the client sends)
         "aihub_upload_bytes": upload,
         "aihub_upload_zipped_bytes": int(AIHUB_UPLOAD_ZIP_RATIO * upload),

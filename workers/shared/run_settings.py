@@ -101,7 +101,7 @@ class RunSettings:
         128, label="Prompt processor length (AR-N)", unit="tokens", range=(1, 4096), stages=("model", "quantize"),
         help="Tokens the prompt processor takes per call; the token generator takes one (AR-1).")
     context_lengths: str = setting(
-        "", label="More context lengths", stages=("quantize",), advanced=True,
+        "", label="More context lengths", stages=("model", "preflight", "quantize"), advanced=True,
         help='Smaller context lengths to put in the bundle beside context_length, comma-separated (e.g. "1024,2048"): '
              "Genie runs the smallest one that holds the dialog and switches up as it grows (shorter attention, "
              "faster tokens early on). Each a multiple of 32, above ar_n, below context_length.")

@@ -37,6 +37,17 @@ def resolve_estimate_settings(info: dict[str, Any], model: str, settings: dict[s
     return resolved
 
 
+def context_variants(settings: dict[str, Any]) -> int:
+    """How many context lengths the bundle will hold (context_length and the smaller `context_lengths`); a bad
+    value counts as none here (the setting check and the Quantize stage say what is wrong with it)."""
+    from workers.shared.run_settings import extra_context_lengths
+
+    try:
+        return 1 + len(extra_context_lengths(settings.get("context_lengths", "")))
+    except ValueError:
+        return 1
+
+
 def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], ResolvedSettings]:
     info = modelinfo.inspect_config(model_config(model))
     if info.get("error"):   # a number out of any real model's range (workers.shared.config_bounds)
@@ -48,7 +59,7 @@ def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], R
     if err:
         raise ServiceError(err)
     needs = modelinfo.estimate(info, r["context_length"], r["ar_n"], r["parts"], r["calibration_samples"],
-                               r["calibration_seq_len"])
+                               r["calibration_seq_len"], context_variants=context_variants(settings))
     return needs, r
 
 
