@@ -477,3 +477,24 @@ def test_bench_results_in_the_report_and_in_compare(chatted_run: Path, tmp_path:
     c2 = compare_reports([build_report(runs[0]), build_report(runs[1])])
     assert not any(r["section"] == "bench" for r in c2["rows"])
     assert any("Benchmark genie" in s and "different kinds of board" in s for s in c2["skipped"])
+
+
+def test_a_speculative_board_dialog_shows_its_acceptance_labeled(chatted_run: Path) -> None:
+    """Issue 29: the report names the board's speculative dialog and Genie's tokens accepted per step over the
+    user's own cases, labeled simulated where the board is the simulator."""
+    import copy
+
+    from app.core.reports.collect import build_report
+    from app.core.reports.render import to_html, validate_report
+
+    rep = copy.deepcopy(build_report(chatted_run))
+    assert "speculative" not in to_html(rep)                   # a basic dialog: nothing said
+    rep["evaluation"]["board_session"] = {**(rep["evaluation"].get("board_session") or {}), "dialog": "spd",
+                                          "accepted_per_step": 3.667, "accepted_per_step_cases": 3}
+    validate_report(rep)
+    html = to_html(rep)
+    m = re.search(r'<p id="speculative">(.*?)</p>', html, re.S)
+    assert m is not None
+    text = re.sub(r"<[^>]+>", "", m.group(1))
+    assert "spd" in text and "3.67 tokens accepted per step" in text and "3 of your cases" in text
+    assert "SIMULATED" in text                                 # the chatted run's board is the simulator
