@@ -78,3 +78,20 @@ def test_evaluate_three_ways_cancel_and_resume(eval_workspace: tuple[Path, Path]
     assert main(["eval", "show", run_dir.name]) == 0
     out = capsys.readouterr().out
     assert "greedy_parity" in out and f"{par['total']}/{par['total']}" in out and "SIMULATOR" in out
+
+
+def test_a_speculative_dialog_the_runtime_cannot_run_stops_the_board_leg_saying_so(
+        twin_workspace: tuple[Path, Path], tmp_path: Path) -> None:
+    """dialog_type spd on the onnxruntime twin (basic only): the stage fails before any case, naming the runtime
+    and what to do; a basic run's board journal is not touched (the dialog has a journal of its own)."""
+    from tests.support.sim_runs import copy_run
+
+    _, twin_run = twin_workspace
+    run_dir = copy_run(twin_run, tmp_path)
+    m = Workspace(tmp_path).open_run(run_dir.name)
+    m.settings.update({"dialog_type": "spd", "eval_legs": ["board"]})
+    m.save()
+    res = asyncio.run(Pipeline(m).run(only="evaluate"))
+    assert not res.ok and m.stage("evaluate").state == "failed", res
+    assert "onnxruntime twin" in res.message and "basic" in res.message and "spd" in res.message, res.message
+    assert res.hint and "compile_target local" in res.hint

@@ -302,6 +302,8 @@ class ChatSession:
         """Read the bundle's config, start the helper (persistent) or prepare per-turn runs. Returns the mode."""
         t = self.board.transport
         cfg_path = posixpath.join(self.bundle_dir, config_name(self.dialog))
+        if self.dialog != "basic":        # the runtime first: the twin cannot run a speculative dialog at all
+            await self._select_runtime()
         if self.dialog != "basic" and not await t.exists(cfg_path):
             raise SessionError(f"The bundle on {self.board.label} has no {self.dialog} dialog ({cfg_path} is missing).",
                                f"Compile with speculative_dialogs including {self.dialog} (Compile page, or "
@@ -328,14 +330,7 @@ class ChatSession:
             await t.write_bytes(posixpath.join(self.bundle_dir, SESSION_CONFIG),
                                 json.dumps(cfg, indent=2).encode("utf-8"))
             self._config = SESSION_CONFIG
-        try:
-            self.runtime = await select_runtime(self.board, self.bundle_dir, self._runtime_choice)
-        except RuntimeError_ as exc:
-            raise SessionError(exc.message, exc.hint) from None
-        if self.dialog not in self.runtime.dialogs:
-            raise SessionError(f"{self.runtime.title} runs only the {', '.join(self.runtime.dialogs)} dialog, not "
-                               f"{self.dialog}.", "Chat with the basic dialog, or compile a real bundle "
-                               "(compile_target local or aihub) for Qualcomm's Genie to run it.")
+        await self._select_runtime()
         self._opened = True
         if self.runtime.name != "genie":
             if self.mode == "per_turn":
@@ -357,6 +352,16 @@ class ChatSession:
                 self._status(f"The model cannot stay loaded ({exc.message}); each turn runs genie-t2t-run "
                              "again and pays the init.")
         return self.mode
+
+    async def _select_runtime(self) -> None:
+        try:
+            self.runtime = await select_runtime(self.board, self.bundle_dir, self._runtime_choice)
+        except RuntimeError_ as exc:
+            raise SessionError(exc.message, exc.hint) from None
+        if self.dialog not in self.runtime.dialogs:
+            raise SessionError(f"{self.runtime.title} runs only the {', '.join(self.runtime.dialogs)} dialog, not "
+                               f"{self.dialog}.", "Chat with the basic dialog, or compile a real bundle "
+                               "(compile_target local) for Qualcomm's Genie to run it.")
 
     async def _maybe_tokenizer(self, cfg: dict[str, Any]) -> None:
         """Count tokens with the bundle's own tokenizer.json when it can be read (else ~3 chars a token)."""
