@@ -9,8 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.gui.conftest import wait_until
-from tests.support.gate_runs import finish_stage, gate_failed_run
+from tests.support.gate_runs import finish_stage, gate_failed_run, skip_board_recheck
 
 
 def _window(ws: Path, qtbot: Any) -> Any:
@@ -25,8 +27,9 @@ def _window(ws: Path, qtbot: Any) -> Any:
     return c, w
 
 
-def test_job_dock_hides_shrinks_and_keeps_its_time(qtbot: Any, tmp_path: Path,
-                                                   gui_loop: asyncio.AbstractEventLoop) -> None:
+def test_job_dock_hides_shrinks_and_keeps_its_time(qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    skip_board_recheck(monkeypatch)      # a synthetic run: no pushed bundle to recheck
     from PySide6.QtCore import Qt
 
     ws = tmp_path / "ws"

@@ -9,8 +9,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.gui.conftest import keep_screenshot, wait_until
-from tests.support.gate_runs import finish_stage, gate_failed_run
+from tests.support.gate_runs import finish_stage, gate_failed_run, skip_board_recheck
 
 
 def _window(ws: Path, qtbot: Any) -> Any:
@@ -31,8 +33,11 @@ def _item(w: Any, name: str) -> Any:
     return w.stage_list.item([s.name for s in STAGES].index(name))
 
 
-def test_failed_gate_run_report_and_override(qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop) -> None:
+def test_failed_gate_run_report_and_override(qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from PySide6.QtCore import Qt, QTimer
+
+    skip_board_recheck(monkeypatch)      # a synthetic run: no pushed bundle to recheck
     from PySide6.QtWidgets import QApplication, QInputDialog
 
     from app.ui.dialogs.runs import run_row

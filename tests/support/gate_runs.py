@@ -60,3 +60,12 @@ def gate_failed_run(workspace_root: Path, failing: str = "evaluate") -> RunManif
         if name == failing:
             break
     return m
+
+
+def skip_board_recheck(monkeypatch: Any) -> None:
+    """For the synthetic runs above, which have stage records but no pushed bundle: the Board stage's recheck before
+    a resumed run skips it (tested on real pushes in tests/board/test_resume_board.py) would find nothing to check
+    and run the stage again instead of stopping at the failed gate the test is about."""
+    async def in_place(_m: Any) -> None:
+        return None
+    monkeypatch.setattr("app.core.device.stage.board_still_in_place", in_place)

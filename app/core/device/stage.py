@@ -104,6 +104,8 @@ async def board_still_in_place(m: RunManifest) -> str | None:
 
     name = str(m.inputs.get("board", "sim"))
     bundle_dir = m.run_dir / "artifacts" / "compile" / "bundle"
+    if not (bundle_dir / "bundle.json").is_file():
+        return "the Compile stage's bundle is no longer on this machine"
     try:
         board = await open_board(name, Settings.load(), m.run_dir.parent.parent)
     except BoardError as exc:
@@ -126,6 +128,11 @@ async def board_still_in_place(m: RunManifest) -> str | None:
 async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
     em = ctx.emitter
     name = str(ctx.manifest.inputs.get("board", "sim"))
+    if not (ctx.upstream["compile"] / "bundle" / "bundle.json").is_file():
+        raise StageError("bundle_missing", f"The Compile stage's bundle is not on this machine "
+                         f"({ctx.upstream['compile'] / 'bundle'} has no bundle.json): there is nothing to push.",
+                         "Run the Compile stage again (`hexstudio run --resume RUN --only compile --force`, or Run "
+                         "on the Compile page).")
     em.progress(0.05, f"connecting to board {name}")
     try:
         board = await open_board(name, Settings.load(), ctx.manifest.run_dir.parent.parent)
