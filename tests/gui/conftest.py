@@ -23,6 +23,14 @@ def gui_loop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
 
 
 @pytest.fixture(autouse=True)
+def _qasync_loop_is_current(gui_loop: asyncio.AbstractEventLoop) -> None:
+    """Every GUI test starts with the studio's qasync loop as the current loop, as in the studio: an earlier test's
+    asyncio.run() ends by setting no loop at all, and a page scheduling a coroutine (asyncio.ensure_future) then
+    fails with 'There is no current event loop' depending on test order."""
+    asyncio.set_event_loop(gui_loop)
+
+
+@pytest.fixture(autouse=True)
 def _isolated_qsettings(qapp: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Window geometry and recent runs go to a temp folder, never the user's QSettings."""
     from PySide6.QtCore import QSettings
