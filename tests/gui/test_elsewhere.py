@@ -70,14 +70,19 @@ def test_preflight_shows_titles_and_readable_values(qtbot: Any, tmp_path: Path) 
         {"id": "python", "status": "ok", "measured": "3.11.7", "required": "3.10–3.12", "message": "ok",
          "fix": None},
         {"id": "disk_hf_cache", "status": "fail", "measured": 5 * 1024 ** 3, "required": 20 * 1024 ** 3,
-         "message": "Not enough disk.", "fix": None}]}))
+         "message": "Not enough disk.", "fix": None},
+        {"id": "local_compile", "status": "warn", "measured": 25_276_502_016,
+         "required": {"ram_bytes": 24 * 1024 ** 3, "seconds": 1860, "disk_bytes": 11 * 10 ** 9},
+         "message": "A local QNN compile needs about 24 GiB.", "fix": None}]}))
     c, w = _window(ws, qtbot)
     c.open_run(m.run_id)
     page = w.pages["preflight"]
     page.refresh()
     t = page.checks
     cells = [[t.item(r, col).text() for col in range(t.columnCount())] for r in range(t.rowCount())]
-    assert [row[0] for row in cells] == ["WSL memory limit", "Python version", "Disk: Hugging Face cache"]
+    assert [row[0] for row in cells][:3] == ["WSL memory limit", "Python version", "Disk: Hugging Face cache"]
+    # sizes and times in a person's units (not 25276502016 or "seconds 1860")
+    assert cells[3][2] == "23.5 GiB" and "time 31 min" in cells[3][3] and "ram 24.0 GiB" in cells[3][3], cells[3]
     text = " ".join(" ".join(row) for row in cells)
     assert "{" not in text and "'" not in text and "_" not in text, text
     assert cells[0][2] == "mem total 16.0 GiB · wsl version 2", cells[0][2]

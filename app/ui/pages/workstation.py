@@ -102,13 +102,20 @@ def check_title(check_id: str) -> str:
 def _measure(v: Any, check_id: str) -> str:
     """A measured or required value as a person reads it: sizes in GiB, a record as "key value · key value"
     (never a Python dict), a list joined."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and (check_id.startswith(("memory", "disk"))):
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and (check_id.startswith(("memory", "disk",
+                                                                                          "local_compile"))):
         return human_bytes(v)
     if isinstance(v, dict):
         parts = []
         for k, x in v.items():
             name = str(k).removesuffix("_bytes").replace("_", " ")
-            value = human_bytes(x) if str(k).endswith("_bytes") and isinstance(x, (int, float)) else _measure(x, "")
+            if str(k).endswith("_bytes") and isinstance(x, (int, float)):
+                value = human_bytes(x)
+            elif str(k) == "seconds" and isinstance(x, (int, float)):    # a duration as a person says it
+                name, value = "time", (f"{x / 3600:.1f} h" if x >= 5400 else f"{x / 60:.0f} min" if x >= 90
+                                       else f"{x:.0f} s")
+            else:
+                value = _measure(x, "")
             parts.append(f"{name} {value}")
         return " · ".join(parts)
     if isinstance(v, (list, tuple)):
