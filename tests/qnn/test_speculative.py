@@ -212,3 +212,21 @@ def test_genie_loads_lade_and_fails_its_first_step_as_the_vocabulary_rule_says(l
     assert end["state"] == "failed"                                      # ... and cannot run a step of it
     said = " ".join(str(e.get("message")) for e in events if e["event"] == "log") + p.stderr
     assert "1000" in said or "EXECUTE FAILED" in said or "Failed to execute graph" in said, said[-2000:]
+
+
+def test_a_speculative_config_is_held_to_the_bundles_path_rules(tmp_path: Path) -> None:
+    """issue 27 item 3 for the dialogs' own configs: a draft ctx-bin out of the bundle is refused before anything
+    is opened; one that is missing is named."""
+    from workers.shared.bundle.check import check_bundle
+
+    basic = _basic()
+    (tmp_path / "genie_config.json").write_text(json.dumps(basic))
+    spd = sp.dialog_config(basic, "spd")
+    spd["dialog"]["engine"][0]["model"]["binary"]["ctx-bins"] = ["../../outside.bin"]
+    (tmp_path / "genie_config.spd.json").write_text(json.dumps(spd))
+    found = check_bundle(tmp_path)
+    assert any(f.code == "unsafe_path" and "genie_config.spd.json" in f.message for f in found), found
+    spd["dialog"]["engine"][0]["model"]["binary"]["ctx-bins"] = ["draft/d_part_1_of_1.bin"]
+    (tmp_path / "genie_config.spd.json").write_text(json.dumps(spd))
+    found = check_bundle(tmp_path)
+    assert any(f.code == "ctx_bin_missing" and "draft/d_part_1_of_1.bin" in f.message for f in found), found

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.shared.bundle import KNOWN_DEVICES, bundle_qairt_version, safepath
+from workers.shared.bundle import KNOWN_DEVICES, bundle_qairt_version, safepath, speculative
 from workers.shared.bundle import genie_model as gm
 from workers.shared.bundle import genie_schema as gs
 
@@ -610,6 +610,25 @@ def check_bundle(path: Path | str, board_facts: dict[str, Any] | None = None,
         safepath.check_genie_config(cfg, bundle)
     except safepath.UnsafePath as exc:
         return [*out, Finding("unsafe_path", ERROR, exc.message, NO_MESSAGE, exc.hint or "")]
+    for variant in sorted(bundle.glob("genie_config.*.json")):   # the speculative dialogs' configs: the same rules
+        try:
+            with safepath.open_regular(bundle, variant.name, variant.name) as fh:
+                vtext = fh.read(MAX_CONFIG_BYTES + 1).decode("utf-8")
+            vcfg = json.loads(vtext) if len(vtext) <= MAX_CONFIG_BYTES else None
+            if not isinstance(vcfg, dict):
+                raise ValueError("it is not one JSON object of at most 16 MiB")
+            safepath.check_genie_config(vcfg, bundle, variant.name)
+        except safepath.UnsafePath as exc:
+            return [*out, Finding("unsafe_path", ERROR, exc.message, NO_MESSAGE, exc.hint or "")]
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            out.append(Finding("dialog_config_unreadable", ERROR, f"{variant.name} cannot be read ({exc}).",
+                               "Failed to create the dialog config.", "Compile the bundle again (Compile stage)."))
+            continue
+        missing = [b for b in (speculative.ctx_bins(vcfg.get("dialog") or {})) if not (bundle / b).is_file()]
+        if missing:
+            out.append(Finding("ctx_bin_missing", ERROR, f"{variant.name} names {missing[0]}, which is not in the "
+                               "bundle.", f"NSPModel: Can't access model file : {missing[0]}\n{gs.DIALOG_FAILED}",
+                               "Compile the bundle again (the spd draft's binaries go under draft/)."))
     bins = [b for b in _obj(cfg, "dialog", "engine", "model", "binary").get("ctx-bins") or [] if isinstance(b, str)]
     tok = _obj(cfg, "dialog", "tokenizer").get("path")
     if isinstance(tok, str) and not (bundle / tok).is_file():
