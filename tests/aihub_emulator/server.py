@@ -21,15 +21,54 @@ and, outside the API (no token, like pre-signed S3 urls): PUT /_upload/{model}/{
 
 What it checks, as the real service would (a check that fails ends the job FAILED with a reason in
 AI Hub's style; `emu.failure_reasons` lists them): every option must be one it knows (compile:
-OPTIONS, link: LINK_OPTIONS; a `--qnn_options` key too, QNN_OPTIONS), with a valid value; the QAIRT
-version must be one it offers (QAIRT_VERSIONS); a compile to qnn_dlc needs `--qnn_options
-context_enable_graphs=<one graph name>` (a C identifier); every `--output_names` name must be an output
-of the uploaded model; an AIMET upload (a directory with an .encodings) must hold exactly one .onnx,
-the .data it references and one .encodings in AIMET format 1.0.0, and its ONNX must type-check (fp16
-initializers are accepted, as AI Hub accepts them, where they feed ops that take fp16, e.g. a Cast); a link job takes QNN DLCs compiled
-for its device and one QAIRT version, with distinct graph names. A compiled DLC and a linked context
-binary carry the model metadata QAIRT_SDK_VERSION (the full version, e.g. 2.42.0.251225135753_193295)
-and QNN_MODEL_GRAPH_NAMES, as AI Hub's do.
+OPTIONS, link: LINK_OPTIONS; a `--qnn_options` key too, QNN_OPTIONS), with a valid value (a repeated
+option: the last value wins, repeated `--qnn_options` add up); the QAIRT version must be one it offers
+(QAIRT_VERSIONS); a compile to qnn_dlc needs `--qnn_options context_enable_graphs=<one graph name>` (a C
+identifier); an AIMET upload (a directory with an .encodings) must hold exactly one .onnx, the .data it
+references and one .encodings in AIMET format 0.6.1 or 1.0.0, and its ONNX must type-check (fp16
+initializers are accepted, as AI Hub accepts them, where they feed ops that take fp16, e.g. a Cast); a
+link job takes QNN DLCs compiled for its device and one QAIRT version, with distinct graph names. A
+compiled DLC and a linked context binary carry the model metadata QAIRT_SDK_VERSION (the full version,
+e.g. 2.42.0.251225135753_193295) and QNN_MODEL_GRAPH_NAMES, as AI Hub's do.
+
+Where these come from (Qualcomm's sources unless marked; qai-hub-models = github.com/qualcomm/ai-hub-models
+v0.47.0, b61a009, and quic/ai-hub-models v0.46.1, 52c080d; qai_hub = the installed client 0.56):
+- `--output_names`: names that are not outputs of the uploaded model are IGNORED (emulated.json lists the
+  ones used). qai-hub-models' LLM export (models/_shared/llm/export.py) compiles every split part with
+  `get_hub_compile_options`, which appends `--output_names` + ALL of the model's outputs (utils/base_model.py
+  get_hub_compile_options; models/_shared/llm/model.py `_get_output_names`: logits, past_key_{i}_out,
+  past_value_{i}_out for every layer); parts 1..N-1 hold none of logits nor the other parts' KV outputs
+  (split_onnx_utils), and those jobs succeed on AI Hub. Inferred from that, not from a statement of the
+  service's: what it does with a name that IS an output (ordering, renaming) is not emulated.
+- LLM compile options as qai-hub-models sends them: `--target_runtime qnn_dlc --qairt_version 2.42
+  --output_names ... --quantize_io --qnn_options context_enable_graphs=<graph> --quantize_full_type w8a16
+  --quantize_io` (`--quantize_io` twice: base_model.py adds it for the precision, llm/model.py again).
+  `--force_channel_last_input/--force_channel_last_output`: base_model.py get_hub_compile_options.
+- `--qnn_options` keys: context_enable_graphs (base_model.py get_hub_compile_options/get_hub_profile_options),
+  default_graph_gpu_precision (qai-hub-models scorecard/path_profile.py), default_graph_htp_precision
+  (compile) and default_graph_htp_optimizations=O=3 (LINK options) in qai_hub client.py's
+  submit_compile_and_link_jobs docstring, whose code also appends `--qnn_options context_enable_graphs=...`
+  and `--target_runtime qnn_dlc` to the caller's options (so repeats must be taken). The other keys are
+  AI Hub's documented QNN options (app.aihub.qualcomm.com/docs/hub/api.html, "profile & inference options")
+  as a third-party wrapper transcribes them (NOT read from Qualcomm's page). Values are not checked, except
+  graph names. The refusal's wording is ours: no real AI Hub message for an unknown key was found.
+- AIMET encodings: 0.6.1 (activation_encodings/param_encodings as dicts keyed by tensor name) and 1.0.0
+  (lists of encodings with a "name"): qai-hub-models reads and re-writes both when it splits an .aimet
+  model into the parts it uploads (split_onnx_utils/utils.py `_load_encoding`, `split_onnx_by_names`;
+  `uses_lists = version >= 1.0.0`), and its own quantsim exports 1.0.0 (llm/model.py
+  `qs.encoding_version = "1.0.0"`). AIMET also writes 2.0.0 and 2.1.0 (aimet_common/quantsim.py
+  VALID_ENCODING_VERSIONS); nothing at hand says whether AI Hub takes them, so they are refused with an
+  "[emulator]" reason that says so.
+- Dragonwing IQ-9075 EVK: os "1.7" and `os:qc_linux` (qai-hub-models v0.47.0 devices_and_chipsets.yaml,
+  generated from hub.get_devices() by configs/devices_and_chipsets_yaml.py: ostype "Qualcomm Linux" =
+  ScorecardDevice.OperatingSystemType.QC_LINUX, read from the `os:` attribute by scorecard/device.py;
+  v0.46.1 had 1.5), chipset:qualcomm-qcs9075 (same yaml). `abi:aarch64-oe-linux-gcc11`, framework:tflite
+  and htp-supports-fp16:true: a third party's recorded live device query (not a Qualcomm source);
+  qai-hub-models reads the `abi:` attribute as the QAIRT SDK lib folder (utils/llm_helpers.py
+  copy_qairt_files_for_genie_bundle). AI Hub also lists the alias chipset:qcs9075 (the yaml's aliases are
+  the device's `chipset:` attributes); it is left out here because workers/aihub.py parse_device keeps the
+  LAST `chipset:` attribute and would record "qcs9075". `abi:aarch64-android` on the Android devices: the
+  same third party's records.
 
 Job states: compile CREATED -> OPTIMIZING_MODEL -> DONE|FAILED, link CREATED -> LINKING_MODELS ->
 DONE|FAILED, advancing with time (`queue_s`, `run_s`); `hold_jobs()` keeps jobs running (a slow job)
@@ -85,11 +124,38 @@ OPTIONS: dict[str, tuple[str, ...] | None] = {
     "--compute_unit": None,
     "--truncate_64bit_io": (),
     "--truncate_64bit_tensors": (),
+    "--force_channel_last_input": None,      # qai-hub-models utils/base_model.py get_hub_compile_options
+    "--force_channel_last_output": None,
 }
-LINK_OPTIONS: dict[str, tuple[str, ...] | None] = {"--qairt_version": None}
-QNN_OPTIONS = ("context_enable_graphs", "default_graph_htp_optimization_value")
+# Link options: --qnn_options too (qai_hub 0.56 client.py, submit_compile_and_link_jobs' docstring:
+# link_options="--qnn_options default_graph_htp_optimizations=O=3").
+LINK_OPTIONS: dict[str, tuple[str, ...] | None] = {"--qairt_version": None, "--qnn_options": None}
+# --qnn_options keys (see the module docstring for where each comes from). Values are not checked, except
+# context_enable_graphs' graph names: no Qualcomm source at hand lists the values the service takes.
+QNN_OPTIONS = (
+    # Qualcomm's own callers: qai-hub-models (context_enable_graphs, default_graph_gpu_precision) and the
+    # qai_hub 0.56 client's docstrings (default_graph_htp_precision, default_graph_htp_optimizations)
+    "context_enable_graphs", "default_graph_gpu_precision", "default_graph_htp_precision",
+    "default_graph_htp_optimizations",
+    # AI Hub's documented QNN options (api.html "profile & inference options"; the list as transcribed by
+    # a third party, not read from Qualcomm's page itself)
+    "context_async_execution_queue_depth_numeric", "context_error_reporting_options_level",
+    "context_error_reporting_options_storage_limit", "context_memory_limit_hint", "context_priority",
+    "context_gpu_performance_hint", "context_gpu_use_gl_buffers", "context_htp_performance_mode",
+    "default_graph_priority", "default_graph_gpu_disable_memory_optimizations",
+    "default_graph_gpu_disable_node_optimizations", "default_graph_gpu_disable_queue_recording",
+    "default_graph_htp_disable_fold_relu_activation_into_conv", "default_graph_htp_num_hvx_threads",
+    "default_graph_htp_optimization_type", "default_graph_htp_optimization_value",
+    "default_graph_htp_disable_short_depth_conv_on_hmx", "default_graph_htp_vtcm_size",
+)
 GRAPH_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-AIMET_ENCODINGS_VERSION = "1.0.0"
+# AIMET encodings formats Qualcomm's own LLM pipeline uploads to AI Hub (qai-hub-models
+# _shared/llm/split_onnx_utils/utils.py keeps either form in the .aimet parts it uploads): version -> whether
+# activation_encodings/param_encodings are lists of named encodings (1.0.0) or dicts keyed by name (0.6.1).
+AIMET_ENCODINGS_FORMATS: dict[str, bool] = {"0.6.1": False, "1.0.0": True}
+# Formats AIMET itself can write (aimet_common/quantsim.py VALID_ENCODING_VERSIONS) with no evidence at hand
+# either way about AI Hub: refused, with an [emulator] reason that says so.
+AIMET_ENCODINGS_UNVERIFIED = ("2.0.0", "2.1.0")
 
 # Run settings that make workers/aihub.py poll fast and never sit in HTTP retries.
 FAST_RUN_SETTINGS: dict[str, Any] = {"aihub_poll_interval_s": 0.05, "aihub_http_retries": 0,
@@ -119,24 +185,25 @@ def no_proxy_env() -> dict[str, str]:
     value = ",".join(sorted(hosts | {"127.0.0.1", "localhost"}))
     return {"NO_PROXY": value, "no_proxy": value}
 
-# Device records as AI Hub lists them (attributes per facts/aihub.md). One old device without weight
-# sharing (v68) and one v69 device show the refusals.
+# Device records as AI Hub lists them (see the module docstring for the sources). One old device without
+# weight sharing (v68) and one v69 device show the refusals.
 DEVICES: list[dict[str, Any]] = [
-    {"name": "Dragonwing IQ-9075 EVK", "os": "1.5", "soc_description": "Qualcomm QCS9075",
-     "attributes": ["chipset:qualcomm-qcs9075", "format:iot", "framework:onnx", "framework:qnn",
-                    "hexagon:v73", "htp-supports-weight-sharing:true", "os:linux", "soc-model:77",
-                    "vendor:qualcomm"]},
+    {"name": "Dragonwing IQ-9075 EVK", "os": "1.7", "soc_description": "Qualcomm QCS9075",
+     "attributes": ["abi:aarch64-oe-linux-gcc11", "chipset:qualcomm-qcs9075", "format:iot", "framework:onnx",
+                    "framework:qnn", "framework:tflite", "hexagon:v73", "htp-supports-fp16:true",
+                    "htp-supports-weight-sharing:true", "os:qc_linux", "soc-model:77", "vendor:qualcomm"]},
     {"name": "Snapdragon 8 Gen 3 QRD", "os": "14", "soc_description": "Qualcomm Snapdragon 8 Gen 3",
-     "attributes": ["chipset:qualcomm-snapdragon-8gen3", "format:phone", "framework:onnx", "framework:qnn",
-                    "framework:tflite", "hexagon:v75", "htp-supports-weight-sharing:true", "os:android",
-                    "soc-model:57", "vendor:qualcomm"]},
+     "attributes": ["abi:aarch64-android", "chipset:qualcomm-snapdragon-8gen3", "format:phone", "framework:onnx",
+                    "framework:qnn", "framework:tflite", "hexagon:v75", "htp-supports-weight-sharing:true",
+                    "os:android", "soc-model:57", "vendor:qualcomm"]},
     {"name": "Snapdragon 8 Gen 1 QRD", "os": "12", "soc_description": "Qualcomm Snapdragon 8 Gen 1",
-     "attributes": ["chipset:qualcomm-snapdragon-8gen1", "format:phone", "framework:onnx", "framework:qnn",
-                    "framework:tflite", "hexagon:v69", "htp-supports-weight-sharing:false", "os:android",
-                    "soc-model:36", "vendor:qualcomm"]},
+     "attributes": ["abi:aarch64-android", "chipset:qualcomm-snapdragon-8gen1", "format:phone", "framework:onnx",
+                    "framework:qnn", "framework:tflite", "hexagon:v69", "htp-supports-weight-sharing:false",
+                    "os:android", "soc-model:36", "vendor:qualcomm"]},
     {"name": "RB3 Gen 2 (Proxy)", "os": "12", "soc_description": "Qualcomm QCS6490",
-     "attributes": ["chipset:qualcomm-qcs6490-proxy", "format:iot", "framework:onnx", "framework:qnn",
-                    "framework:tflite", "hexagon:v68", "os:android", "soc-model:35", "vendor:qualcomm"]},
+     "attributes": ["abi:aarch64-android", "chipset:qualcomm-qcs6490-proxy", "format:iot", "framework:onnx",
+                    "framework:qnn", "framework:tflite", "hexagon:v68", "os:android", "soc-model:35",
+                    "vendor:qualcomm"]},
 ]
 
 README = """EMULATED by HexStudio's AI Hub emulator (tests/aihub_emulator).
@@ -182,7 +249,10 @@ def parse_options(options: str, known: dict[str, tuple[str, ...] | None], what: 
         value = toks[i + 1]
         if allowed is not None and value not in allowed:
             raise JobRefused(f"Invalid value '{value}' for option '{t}'. Valid values: {', '.join(allowed)}.")
-        out[t] = value
+        # a repeated option: the last value wins, except --qnn_options, whose entries add up (the qai_hub client's
+        # submit_compile_and_link_jobs appends its own --qnn_options and --target_runtime to the caller's, and
+        # qai-hub-models' LLM options carry --quantize_io twice)
+        out[t] = f"{out[t]};{value}" if t == "--qnn_options" and out.get(t) else value
         i += 2
     return out
 
@@ -193,7 +263,7 @@ def qnn_options(value: str) -> dict[str, str]:
         key, eq, val = item.partition("=")
         if key not in QNN_OPTIONS or not eq:
             raise JobRefused(f"Invalid --qnn_options entry '{item}': unknown option '{key}'. "
-                             f"Valid --qnn_options: {', '.join(QNN_OPTIONS)}.")
+                             f"Valid --qnn_options: {', '.join(sorted(QNN_OPTIONS))}.")
         out[key] = val
     return out
 
@@ -228,7 +298,7 @@ def _graphs_from_options(options: str) -> list[str]:
 def uploaded_model_outputs(model_type: int, data: bytes, is_directory: bool) -> list[str]:
     """The output names of an uploaded ONNX or AIMET-ONNX model, after the checks AI Hub makes on the
     upload (raises JobRefused): a directory holds exactly one .onnx, the .data file it references (if
-    any) and, for AIMET, one .encodings in format 1.0.0."""
+    any) and, for AIMET, one .encodings in a format AI Hub takes (AIMET_ENCODINGS_FORMATS)."""
     import onnx
 
     if not is_directory:
@@ -277,11 +347,35 @@ def uploaded_model_outputs(model_type: int, data: bytes, is_directory: bool) -> 
             doc = json.loads(z.read(f"{base}/{encs[0]}"))
         except ValueError as exc:
             raise JobRefused(f"Failed to parse the AIMET encodings {encs[0]}: {exc}") from None
-        version = doc.get("version") if isinstance(doc, dict) else None
-        if version != AIMET_ENCODINGS_VERSION or not isinstance(doc.get("activation_encodings"), list):
-            raise JobRefused(f"Unsupported AIMET encodings format in {encs[0]}: version {version!r}; "
-                             f"expected version {AIMET_ENCODINGS_VERSION} (lists of named encodings).")
+        check_aimet_encodings(encs[0], doc)
     return [o.name for o in model.graph.output]
+
+
+def check_aimet_encodings(name: str, doc: Any) -> None:
+    """An AIMET .encodings document in a format AI Hub takes, its two sections of that format's shape
+    (1.0.0: lists of encodings each with a "name"; 0.6.1: dicts keyed by tensor name). Raises JobRefused."""
+    version = doc.get("version") if isinstance(doc, dict) else None
+    accepted = " and ".join(f"{v} ({'lists of named encodings' if lists else 'dicts keyed by tensor name'})"
+                            for v, lists in AIMET_ENCODINGS_FORMATS.items())
+    if version in AIMET_ENCODINGS_UNVERIFIED:
+        raise JobRefused(f"[emulator] AIMET encodings format {version} in {name}: AIMET writes it, but this emulator "
+                         f"has no evidence that AI Hub takes it. Export {accepted} instead.")
+    if not isinstance(version, str) or version not in AIMET_ENCODINGS_FORMATS:
+        raise JobRefused(f"Unsupported AIMET encodings format in {name}: version {version!r}. "
+                         f"Supported versions: {accepted}.")
+    lists = AIMET_ENCODINGS_FORMATS[version]
+    for section in ("activation_encodings", "param_encodings"):
+        body = doc.get(section)
+        ok = (isinstance(body, list) and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in body)) \
+            if lists else isinstance(body, dict)
+        if not ok:
+            # the other format's shape under this version: say which version the file's shape is
+            other = next((v for v, ls in AIMET_ENCODINGS_FORMATS.items() if ls != lists
+                          and isinstance(body, list if ls else dict)), None)
+            hint = f" Its '{section}' has the shape of format {other}: expected version {other}." if other else ""
+            raise JobRefused(f"Malformed AIMET encodings {name}: '{section}' must be "
+                             f"{'a list of encodings with a name' if lists else 'a dict keyed by tensor name'} "
+                             f"in format {version}.{hint}")
 
 
 def _package(what: str, meta: dict[str, Any], inputs: dict[str, bytes]) -> bytes:
@@ -487,8 +581,9 @@ class AIHubEmulator:
                                   graphs=list(graphs or []))
         return m
 
-    def check_compile(self, cj: Any, src: _Model) -> tuple[str, list[str], str]:
-        """(target_runtime, graphs, full QAIRT version) of a compile job; JobRefused when AI Hub would fail it."""
+    def check_compile(self, cj: Any, src: _Model) -> tuple[str, list[str], str, list[str]]:
+        """(target_runtime, graphs, full QAIRT version, the --output_names that are outputs of the model) of a
+        compile job; JobRefused when AI Hub would fail it."""
         opts = parse_options(cj.options, OPTIONS, "compile")
         runtime = opts.get("--target_runtime", "tflite")
         if runtime not in ("qnn_dlc", "qnn_context_binary"):
@@ -507,18 +602,18 @@ class AIHubEmulator:
         if src.pb.model_type not in (pb.MODEL_TYPE_ONNX, pb.MODEL_TYPE_AIMET_ONNX):
             raise JobRefused("[emulator] this emulator compiles ONNX and AIMET-ONNX models only.")
         outputs = uploaded_model_outputs(int(src.pb.model_type), src.data or b"", bool(src.pb.is_directory))
-        if "--output_names" in opts:
-            wanted = [n for n in opts["--output_names"].split(",") if n]
-            missing = [n for n in wanted if n not in outputs]
-            if missing or not wanted:
-                raise JobRefused(f"--output_names: {', '.join(missing) or '(empty)'} is not an output of the model. "
-                                 f"The model's outputs: {', '.join(outputs)}.")
-        return runtime, graphs, qairt
+        # --output_names: a name that is not an output of the uploaded model is ignored, not refused.
+        # qai-hub-models passes the WHOLE model's outputs (logits, past_key_i_out, past_value_i_out for every
+        # layer: _shared/llm/model.py _get_output_names via utils/base_model.py get_hub_compile_options) to the
+        # compile of every split part, and parts 1..N-1 have none of logits nor the other parts' KV outputs.
+        wanted = [n for n in opts.get("--output_names", "").split(",") if n]
+        return runtime, graphs, qairt, [n for n in wanted if n in outputs]
 
     def check_link(self, lj: Any, ins: list[_Model], dev: dict[str, Any]) -> tuple[list[str], str]:
         """(graphs, full QAIRT version) of a link job; JobRefused when AI Hub would fail it."""
         opts = parse_options(lj.options, LINK_OPTIONS, "link")
         qairt = qairt_full_version(opts)
+        qnn_options(opts.get("--qnn_options", ""))
         for src in ins:
             if src.device != dev["name"]:
                 raise JobRefused(f"Model {src.pb.model_id} was compiled for {src.device or 'no device'}, not for "
@@ -557,8 +652,9 @@ class AIHubEmulator:
             if not devs or not any(d.name == x["name"] for d in devs for x in self.devices):
                 return 400, {"detail": "No available device was given."}
             dev = next(x for x in self.devices if x["name"] == devs[0].name)
+            used_outputs: list[str] = []
             try:
-                runtime, rec.graphs, qairt = self.check_compile(cj, src)
+                runtime, rec.graphs, qairt, used_outputs = self.check_compile(cj, src)
             except JobRefused as exc:
                 refused, runtime, qairt = str(exc), "qnn_dlc", ""
                 rec.graphs = _graphs_from_options(cj.options)
@@ -571,7 +667,8 @@ class AIHubEmulator:
             ext = ".dlc" if dlc else ".bin"
             data = _package("QNN DLC" if dlc else "QNN context binary", {
                 "kind": "compile", "job_id": jid, "device": dev["name"], "options": cj.options,
-                "qairt_version": qairt, "graphs": rec.graphs, "input_model_id": src.pb.model_id,
+                "qairt_version": qairt, "graphs": rec.graphs, "output_names": used_outputs,
+                "input_model_id": src.pb.model_id,
                 "input_name": src.pb.name, "input_sha256": hashlib.sha256(src.data).hexdigest()},
                 {f"{src.pb.model_id}.zip": src.data})
             cj.target_model.CopyFrom(self.produce_model(f"{cj.name}{ext}", mtype, data, f"{cj.name or jid}{ext}",

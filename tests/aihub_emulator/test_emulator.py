@@ -35,8 +35,10 @@ def _aimet_dir(tmp_path: Path, name: str, outputs: tuple[str, ...] = ("logits",)
                   size_threshold=0)
     else:
         onnx.save(model, str(d / f"{name}.onnx"))
-    (d / f"{name}.encodings").write_text(json.dumps({"version": encodings_version, "activation_encodings": [],
-                                                      "param_encodings": []}))
+    # 1.0.0: lists of named encodings; 0.6.1 (legacy): dicts keyed by tensor name
+    enc: dict[str, object] = ({"activation_encodings": [], "param_encodings": []} if not encodings_version.startswith("0.")
+                              else {"activation_encodings": {}, "param_encodings": {}})
+    (d / f"{name}.encodings").write_text(json.dumps({"version": encodings_version, **enc}))
     if extra:
         (d / extra).write_text("x")
     return d
@@ -71,6 +73,10 @@ def test_devices_carry_the_attributes_the_worker_reads(aihub_emulator: AIHubEmul
     for a in ("chipset:qualcomm-qcs9075", "hexagon:v73", "soc-model:77", "htp-supports-weight-sharing:true",
               "framework:qnn", EMULATED_ATTRIBUTE):
         assert a in iq.attributes
+    # as AI Hub reports it (qai-hub-models v0.47.0 devices_and_chipsets.yaml: Qualcomm Linux 1.7), with its ABI
+    assert iq.os == "1.7" and "os:qc_linux" in iq.attributes and "abi:aarch64-oe-linux-gcc11" in iq.attributes
+    assert [a for a in iq.attributes if a.startswith("chipset:")] == ["chipset:qualcomm-qcs9075"]
+    assert all(any(a.startswith("abi:") for a in d.attributes) for d in devs.values())
     assert any("hexagon:v68" in d.attributes for d in devs.values())
     assert [d.name for d in c.get_devices(attributes="hexagon:v73")] == [IQ9075]
     assert c.get_devices(name="No Such Device") == []
@@ -147,10 +153,11 @@ REFUSALS = {
     "unknown_qairt": (dict(), _opts("g", qairt="1.0"), "QAIRT version '1.0' is not available"),
     "no_graph_name": (dict(), "--target_runtime qnn_dlc --quantize_io", "context_enable_graphs=<name>"),
     "bad_graph_name": (dict(), _opts("prompt-1.of.2"), "Invalid graph name 'prompt-1.of.2'"),
-    "output_not_in_model": (dict(), _opts("g", outputs="logits,hidden_states_out"),
-                            "--output_names: hidden_states_out is not an output of the model"),
     "no_data": (dict(data=False, extra="g.data"), _opts("g"), "does not reference as its external data"),
-    "old_encodings": (dict(encodings_version="0.6.1"), _opts("g"), "expected version 1.0.0"),
+    "unknown_encodings": (dict(encodings_version="0.5.0"), _opts("g"),
+                          "Unsupported AIMET encodings format in g.encodings: version '0.5.0'"),
+    "unverified_encodings": (dict(encodings_version="2.0.0"), _opts("g"),
+                             "[emulator] AIMET encodings format 2.0.0"),
 }
 
 
@@ -164,8 +171,71 @@ def test_the_compile_checks_the_real_service_makes(case: str, aihub_emulator: AI
     assert st.failure and reason in (st.message or ""), st.message
     assert aihub_emulator.failure_reasons[job.job_id] == st.message
     # the same upload with the options qai-hub-models sends compiles
-    if case not in ("no_data", "old_encodings"):
+    if case not in ("no_data", "unknown_encodings", "unverified_encodings"):
         assert _until_finished(c.submit_compile_job(model, hub.Device(IQ9075), options=_opts("g"), retry=False)).success
+
+
+def test_what_qai_hub_models_sends_compiles(aihub_emulator: AIHubEmulator, tmp_path: Path) -> None:
+    """qai-hub-models' own strings: --output_names lists the WHOLE model's outputs for every split part (names
+    that are not outputs of the part are ignored), --quantize_io twice, the legacy 0.6.1 encodings too."""
+    c = hub.Client(config=aihub_emulator.client_config())
+    whole = ",".join(["logits"] + [f"past_{kv}_{i}_out" for i in range(4) for kv in ("key", "value")])
+    part1 = "token_ar1_cl512_1_of_2"
+    options = (f"--target_runtime qnn_dlc --qairt_version 2.42 --output_names {whole} --quantize_io "
+               f"--qnn_options context_enable_graphs={part1} --quantize_full_type w8a16 --quantize_io")
+    for graph, outputs, version in ((part1, ("hidden_out",), "1.0.0"),               # part 1: no logits, no KV
+                                    ("prompt_ar128_cl512_2_of_2", ("logits", "past_key_3_out"), "0.6.1")):
+        opts = options.replace(part1, graph)
+        job = c.submit_compile_job(str(_aimet_dir(tmp_path / graph, graph, outputs, encodings_version=version)),
+                                   hub.Device(IQ9075), options=opts, retry=False)
+        assert _until_finished(job).success, aihub_emulator.failure_reasons
+        with zipfile.ZipFile(job.download_target_model(str(tmp_path / graph / "out"))) as z:
+            meta = json.loads(z.read("emulated.json"))
+        assert meta["output_names"] == [o for o in outputs if o in whole.split(",")]
+
+
+def test_the_qnn_options_qualcomm_uses(aihub_emulator: AIHubEmulator, tmp_path: Path) -> None:
+    """Keys from qai-hub-models and the qai_hub client's own examples; repeated --qnn_options add up (the client's
+    submit_compile_and_link_jobs appends its own); a link takes --qnn_options too; an unknown key is refused."""
+    c = hub.Client(config=aihub_emulator.client_config())
+    iq = hub.Device(IQ9075)
+    dlcs = []
+    for g in ("prompt_ar128_cl512_1_of_1", "token_ar1_cl512_1_of_1"):
+        opts = (f"--qnn_options default_graph_htp_precision=FLOAT16 --qnn_options context_enable_graphs={g} "
+                "--target_runtime qnn_dlc --qnn_options default_graph_htp_optimization_value=3")
+        j = c.submit_compile_job(str(_aimet_dir(tmp_path / g, g)), iq, options=opts, retry=False)
+        assert _until_finished(j).success, aihub_emulator.failure_reasons
+        assert j.get_target_model().metadata[hub.ModelMetadataKey.QNN_MODEL_GRAPH_NAMES] == g
+        dlcs.append(j.get_target_model())
+    ok = c.submit_link_job(dlcs, iq, name="part_1_of_1",
+                           options="--qairt_version 2.42 --qnn_options default_graph_htp_optimizations=O=3")
+    assert _until_finished(ok).success, aihub_emulator.failure_reasons
+    bad = _until_finished(c.submit_link_job(dlcs, iq, name="part_1_of_1", options="--qnn_options turbo=1"))
+    assert bad.failure and "unknown option 'turbo'" in (bad.message or "")
+    assert "context_enable_graphs, context_error_reporting_options_level" in (bad.message or "")
+
+
+def test_the_aimet_encodings_formats(tmp_path: Path) -> None:
+    from tests.aihub_emulator.server import JobRefused, check_aimet_encodings
+
+    check_aimet_encodings("a.encodings", {"version": "1.0.0", "activation_encodings": [{"name": "x", "bw": 16}],
+                                          "param_encodings": []})
+    check_aimet_encodings("a.encodings", {"version": "0.6.1", "activation_encodings": {"x": [{"bitwidth": 16}]},
+                                          "param_encodings": {}})
+    for doc, reason in (({"version": "1.0.0", "activation_encodings": {}, "param_encodings": []},
+                         "'activation_encodings' must be a list of encodings with a name in format 1.0.0. Its "
+                         "'activation_encodings' has the shape of format 0.6.1: expected version 0.6.1."),
+                        ({"version": "0.6.1", "activation_encodings": {}, "param_encodings": []},
+                         "'param_encodings' must be a dict keyed by tensor name in format 0.6.1. Its "
+                         "'param_encodings' has the shape of format 1.0.0: expected version 1.0.0."),
+                        ({"version": "1.0.0", "activation_encodings": [{"bw": 8}], "param_encodings": []},
+                         "must be a list of encodings with a name in format 1.0.0."),
+                        ({"version": "2.1.0"}, "[emulator]"),
+                        ({"activation_encodings": []}, "version None"),
+                        ([], "version None")):
+        with pytest.raises(JobRefused) as ei:
+            check_aimet_encodings("a.encodings", doc)
+        assert reason in str(ei.value), str(ei.value)
 
 
 def test_an_upload_the_client_would_not_make_is_refused_too(tmp_path: Path) -> None:
