@@ -30,11 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from workers.shared.errors import ActionableError
+
 FP16_SUFFIX = "__fp16"
 ROW_BLOCK_BYTES = 64 << 20     # fp32 bytes of one block of rows converted at a time
 
 
-class UploadError(ValueError):
+class UploadError(ActionableError, ValueError):
     """The graph cannot be prepared for upload (missing or several data files)."""
 
 

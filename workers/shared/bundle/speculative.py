@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.shared.errors import ActionableError
+
 DIALOG_TYPES = ("basic", "lade", "spd")
 REFUSED = {"ssd-q1": "ssd-q1 needs forecast-token embeddings and a prefix KV cache that only Qualcomm's SSD "
                      "training produces; HexStudio cannot make them for your checkpoint. Use lade or spd.",
@@ -90,7 +92,7 @@ def draft_engine(draft_bundle: Path, target_tokenizer: bytes, n_vocab: int) -> t
     return eng, bins
 
 
-class SpeculativeError(ValueError):
+class SpeculativeError(ActionableError, ValueError):
     """A dialog type this bundle cannot have; the message says why and what to do instead."""
 
 
