@@ -122,7 +122,10 @@ def link_options(qairt_version: str) -> str:
 
 def parse_device(name: str, os_name: str, attributes: list[str]) -> dict[str, Any]:
     """A device record as the bundle and the checks want it, from AI Hub's attributes."""
-    attrs = {a.split(":", 1)[0]: a.split(":", 1)[1] for a in attributes if ":" in a}
+    attrs: dict[str, str] = {}
+    for a in attributes:      # the first of a repeated key wins: AI Hub lists aliases after (chipset:qcs9075)
+        if ":" in a:
+            attrs.setdefault(a.split(":", 1)[0], a.split(":", 1)[1])
     known = gb.KNOWN_DEVICES.get(name, {})
     soc = attrs.get("soc-model")
     ws = attrs.get("htp-supports-weight-sharing")

@@ -189,7 +189,10 @@ def no_proxy_env() -> dict[str, str]:
 # weight sharing (v68) and one v69 device show the refusals.
 DEVICES: list[dict[str, Any]] = [
     {"name": "Dragonwing IQ-9075 EVK", "os": "1.7", "soc_description": "Qualcomm QCS9075",
-     "attributes": ["abi:aarch64-oe-linux-gcc11", "chipset:qualcomm-qcs9075", "format:iot", "framework:onnx",
+     # chipset:qcs9075 is the alias AI Hub lists after the chipset (qai-hub-models v0.47.0 devices_and_chipsets.yaml
+     # takes a device's aliases from its chipset: attributes); HexStudio keeps the first (workers/aihub.parse_device)
+     "attributes": ["abi:aarch64-oe-linux-gcc11", "chipset:qualcomm-qcs9075", "chipset:qcs9075", "format:iot",
+                    "framework:onnx",
                     "framework:qnn", "framework:tflite", "hexagon:v73", "htp-supports-fp16:true",
                     "htp-supports-weight-sharing:true", "os:qc_linux", "soc-model:77", "vendor:qualcomm"]},
     {"name": "Snapdragon 8 Gen 3 QRD", "os": "14", "soc_description": "Qualcomm Snapdragon 8 Gen 3",

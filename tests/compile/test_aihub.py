@@ -407,3 +407,11 @@ def test_what_ai_hub_refuses_fails_the_stage_with_its_reason(case: str, validate
     if code == "aihub_job_failed":
         assert any(words in r for r in emu.failure_reasons.values())
         assert emu.submissions["link"] == 0
+
+
+def test_a_chipset_alias_after_the_chipset_does_not_replace_it() -> None:
+    from workers.aihub import parse_device
+
+    d = parse_device("Dragonwing IQ-9075 EVK", "1.7", ["chipset:qualcomm-qcs9075", "chipset:qcs9075", "hexagon:v73",
+                                                       "soc-model:77", "htp-supports-weight-sharing:true"])
+    assert (d["chipset"], d["dsp_arch"], d["soc_model"], d["weight_sharing"]) == ("qualcomm-qcs9075", "v73", 77, True)

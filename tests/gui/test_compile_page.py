@@ -80,8 +80,8 @@ def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.Ab
     assert not by["Snapdragon 8 Gen 1 QRD"]["supported"]          # v69 without weight sharing is refused
     table = {page.devices_table.item(r, 0).text(): [page.devices_table.item(r, k).text() for k in range(6)]
              for r in range(page.devices_table.rowCount())}
-    assert table["Dragonwing IQ-9075 EVK"][1:5] == ["v73", "77", "yes", f"linux {evk['os']}"]
-    assert table["Snapdragon 8 Gen 3 QRD"][4] == f"android {by['Snapdragon 8 Gen 3 QRD']['os']}"
+    assert table["Dragonwing IQ-9075 EVK"][1:5] == ["v73", "77", "yes", f"Qualcomm Linux {evk['os']}"]
+    assert table["Snapdragon 8 Gen 3 QRD"][4] == f"Android {by['Snapdragon 8 Gen 3 QRD']['os']}"
     assert table["Snapdragon 8 Gen 1 QRD"][5].startswith("no — ")
     assert "EMULATED" in page.devices_message.text()
     combo = [page.device_combo.itemText(i) for i in range(page.device_combo.count())]

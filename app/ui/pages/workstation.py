@@ -70,10 +70,14 @@ def parse_devices_output(returncode: int, stdout: str, stderr: str) -> tuple[lis
     return rows, bool(doc.get("emulated"))
 
 
+OS_FAMILIES = {"qc_linux": "Qualcomm Linux", "android": "Android", "linux": "Linux", "windows": "Windows"}
+
+
 def device_os(r: dict[str, Any]) -> str:
-    """'android 14', 'linux 1.5': AI Hub gives the OS family as an attribute and the version as `os`;
-    the offline list has only the family."""
+    """'Android 14', 'Qualcomm Linux 1.7': AI Hub gives the OS family as an attribute (`os:qc_linux`, named as
+    qai-hub-models' scorecard names it) and the version as `os`; the offline list has only the family."""
     family = next((str(a).split(":", 1)[1] for a in r.get("attributes") or [] if str(a).startswith("os:")), None)
+    family = OS_FAMILIES.get(family, family) if family else None
     version = str(r.get("os") or "")
     return f"{family} {version}".strip() if family else (version or "?")
 
