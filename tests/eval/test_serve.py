@@ -186,8 +186,10 @@ def test_bind_rules() -> None:
     check_bind("0.0.0.0", True, "a-key")
 
 
-def test_real_genie_on_the_htp_simulator(eval_workspace: tuple[Path, Path], tmp_path: Path) -> None:
-    """The same server over a bundle of real QNN context binaries: Qualcomm's libGenie on the HTP simulator."""
+def test_serve_on_the_eval_workspace_bundle(eval_workspace: tuple[Path, Path], tmp_path: Path) -> None:
+    """The same server over the Evaluate tests' workspace (its bundle is the twin's where the fixture compiles with
+    compile_target sim, real QNN binaries where local): whichever runtime serves, the same replies. Real Genie on
+    the HTP simulator behind serve, asserted as such: tests/qnn/test_serve_real_genie.py."""
     ws, run_dir = eval_workspace
     port_file = tmp_path / "port"
     proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--board", "sim", "--run", run_dir.name,
