@@ -8,6 +8,7 @@ import asyncio
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,22 @@ def _basic() -> dict:
 
     hf = json.loads(BUILTIN_CONFIG.read_text())
     return gb.genie_config(hf, 512, ["m_part_1_of_2.bin", "m_part_2_of_2.bin"], 64)
+
+
+def _turn(local_run: Path, dialog: str, prompt: str, max_tokens: int) -> Any:
+    """One greedy turn through the studio's session (the persistent helper) on the simulator board."""
+    from app.core.device.board import sim_board
+    from app.core.genie.session import ChatSession
+    from app.core.serve.bridge import _Raw
+
+    remote = json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
+
+    async def go() -> Any:
+        s = ChatSession(sim_board(local_run.parent.parent), str(remote), _Raw(template="plain"), mode="persistent",
+                        max_tokens=max_tokens, sampler="deterministic", dialog=dialog)
+        async with s:
+            return await s.send(prompt)
+    return asyncio.run(go())
 
 
 def test_lade_and_spd_configs_follow_genies_schema_and_leave_basic_alone() -> None:
@@ -66,7 +83,7 @@ def test_what_a_model_cannot_have_is_refused_with_the_reason_before_anything_com
 def test_genies_profile_acceptance_is_read_as_tokens_per_step() -> None:
     from app.core.genie.profile import parse_profile
 
-    doc = {"header": {"artifact_type": "GENIE_PROFILE"}, "components": [{"events": [
+    doc: dict[str, Any] = {"header": {"artifact_type": "GENIE_PROFILE"}, "components": [{"events": [
         {"type": "GenieDialog_create", "init-time": {"value": 1000, "unit": "us"}},
         {"type": "GenieDialog_query", "num-prompt-tokens": {"value": 7}, "num-generated-tokens": {"value": 12},
          "token-acceptance-rate": {"value": 3.6666667, "unit": "toks/iteration"}}]}]}
@@ -79,9 +96,7 @@ def test_genies_profile_acceptance_is_read_as_tokens_per_step() -> None:
 @needs_qnn
 @pytest.mark.slow
 def test_real_genie_runs_spd_greedy_token_for_token_as_basic(local_run: Path, tmp_path: Path) -> None:
-    from app.core.device.board import sim_board
-    from app.core.genie.session import ChatSession, SessionError, TurnResult
-    from app.core.serve.bridge import _Raw
+    from app.core.genie.session import SessionError
     from app.core.services.bundle_check import check
     from workers.genie_config import write_dialog_configs
     from workers.shared.bundle.check import errors
@@ -100,18 +115,11 @@ def test_real_genie_runs_spd_greedy_token_for_token_as_basic(local_run: Path, tm
     assert any(f.code == "genie_parser_ok" and "genie_config.spd.json" in f.message for f in findings)
     # the real runtime, through the session the studio uses (persistent helper on the HTP simulator)
     shutil.copy2(bundle / "genie_config.spd.json", remote / "genie_config.spd.json")
-    board = sim_board(local_run.parent.parent)
-
-    async def go(dialog: str) -> TurnResult:
-        s = ChatSession(board, str(remote), _Raw(template="plain"), mode="persistent", max_tokens=8,
-                        sampler="deterministic", dialog=dialog)
-        async with s:
-            return await s.send("Once upon a time, Emma")
-
+    prompt = "Once upon a time, Emma"
     try:
-        plain, spd = asyncio.run(go("basic")), asyncio.run(go("spd"))
+        plain, spd = _turn(local_run, "basic", prompt, 8), _turn(local_run, "spd", prompt, 8)
         with pytest.raises(SessionError, match="no lade dialog"):      # not compiled: said, with what to do
-            asyncio.run(go("lade"))
+            _turn(local_run, "lade", prompt, 8)
     finally:
         (remote / "genie_config.spd.json").unlink()
     assert plain.state == spd.state == "complete" and plain.text.strip()
@@ -139,9 +147,6 @@ def draft_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_the_built_in_draft_model_drafts_for_the_built_in_model_on_real_genie(local_run: Path, draft_bundle: Path,
                                                                                tmp_path: Path) -> None:
-    from app.core.device.board import sim_board
-    from app.core.genie.session import ChatSession, TurnResult
-    from app.core.serve.bridge import _Raw
     from workers.genie_config import check_speculative, write_dialog_configs
 
     remote = Path(json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
@@ -163,16 +168,9 @@ def test_the_built_in_draft_model_drafts_for_the_built_in_model_on_real_genie(lo
     # on the simulator board, through the studio's session, against the basic dialog
     shutil.copytree(bundle / "draft", remote / "draft")
     shutil.copy2(bundle / "genie_config.spd.json", remote / "genie_config.spd.json")
-    board = sim_board(local_run.parent.parent)
-
-    async def go(dialog: str) -> TurnResult:
-        s = ChatSession(board, str(remote), _Raw(template="plain"), mode="persistent", max_tokens=12,
-                        sampler="deterministic", dialog=dialog)
-        async with s:
-            return await s.send("The sky was grey and")
-
     try:
-        plain, spd = asyncio.run(go("basic")), asyncio.run(go("spd"))
+        plain, spd = _turn(local_run, "basic", "The sky was grey and", 12), \
+            _turn(local_run, "spd", "The sky was grey and", 12)
     finally:
         (remote / "genie_config.spd.json").unlink()
         shutil.rmtree(remote / "draft")
