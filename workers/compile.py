@@ -77,12 +77,11 @@ def write_sim_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Path
                    "them.", code="speculative_needs_real_bundle")
     (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(gb.SIMULATOR_DEVICE), indent=4))
     md.write_metadata(bdir / "metadata.yaml", md.build_metadata(q["graphs"], quantize_dir))
-    for f in ("tokenizer.json", "tokenizer_config.json", "config.json"):
-        if (hf_dir / f).is_file():
-            shutil.copy2(hf_dir / f, bdir / f)
-    if not (bdir / "tokenizer.json").is_file():
-        raise WorkerError("tokenizer_missing", f"{hf_dir} has no tokenizer.json: Genie needs one.",
-                          "Use a model with a fast tokenizer (tokenizer.json).")
+    try:
+        gb.copy_model_files(hf_dir, bdir)
+    except gb.BundleError as exc:
+        raise WorkerError("tokenizer_missing", str(exc), "Use a model with a fast tokenizer (tokenizer.json).") \
+            from None
     em.progress(0.8, "writing bundle.json")
     return gb.write_manifest(bdir, {
         "model": model_doc["model"], "simulated": True, "emulated": False, "device": gb.SIMULATOR_DEVICE,

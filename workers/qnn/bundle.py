@@ -169,12 +169,11 @@ def write_local_bundle(quantize_dir: Path, model_doc: dict[str, Any], hf_dir: Pa
     from workers.bundle_metadata import write_metadata
 
     write_metadata(bdir / "metadata.yaml", metadata_from_binaries(compiled, graphs))
-    for f in ("tokenizer.json", "tokenizer_config.json", "config.json"):
-        if (hf_dir / f).is_file():
-            shutil.copy2(hf_dir / f, bdir / f)
-    if not (bdir / "tokenizer.json").is_file():
-        raise LocalCompileError("tokenizer_missing", f"{hf_dir} has no tokenizer.json: Genie needs one.",
-                                "Use a model with a fast tokenizer (tokenizer.json).")
+    try:
+        gb.copy_model_files(hf_dir, bdir)
+    except gb.BundleError as exc:
+        raise LocalCompileError("tokenizer_missing", str(exc), "Use a model with a fast tokenizer "
+                                "(tokenizer.json).") from None
     (bdir / "tool-versions.yaml").write_text(f"qairt: {qairt}\n")
     em.metric("compile_seconds", round(sum(c.seconds for c in compiled), 2), unit="s")
     em.metric("compile_peak_rss", max((c.peak_rss_bytes for c in compiled), default=0), unit="bytes")

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +247,20 @@ def sha256_file(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")
+
+
+def copy_model_files(hf_dir: Path, bundle_dir: Path) -> None:
+    """The model's tokenizer and configs beside the binaries (Genie reads tokenizer.json; the checks and GenieX read
+    the others). BundleError when there is no tokenizer.json: Genie cannot run without one."""
+    for f in MODEL_FILES:
+        if (hf_dir / f).is_file():
+            shutil.copy2(hf_dir / f, bundle_dir / f)
+    if not (bundle_dir / "tokenizer.json").is_file():
+        raise BundleError(f"{hf_dir} has no tokenizer.json: Genie needs one. Use a model with a fast tokenizer "
+                          "(tokenizer.json).")
 
 
 def write_manifest(bundle_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
