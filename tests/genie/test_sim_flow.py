@@ -66,10 +66,14 @@ def test_hostile_prompt_arrives_verbatim_and_runs_nothing(chat_run: Path, tmp_pa
     board = sim_board(chat_run.parent.parent)
     bundle_dir = json.loads((chat_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
     chunks: list[Chunk] = []
+    runs = Path(bundle_dir, ".hexstudio-runs")
+    before = set(runs.glob("prompt-*.txt"))
     res = asyncio.run(run_query(board, bundle_dir, prompt, on_chunk=chunks.append, max_tokens=4))
     assert res.exit_status == 0, res.stderr
     assert not canary.exists()
-    sent = sorted(Path(bundle_dir, ".hexstudio-runs").glob("prompt-*.txt"))[-1]
+    # this query's prompt file: names sort by second and then a random suffix, so an earlier test's query in the
+    # same second may sort after it (the full run of 2026-11-27 picked the benchmark prompt that way)
+    (sent,) = set(runs.glob("prompt-*.txt")) - before
     assert sent.read_text(encoding="utf-8") == prompt
     assert res.transcript.prompt == prompt
     # the echoed prompt is neither reply text nor an error, however much it looks like one
