@@ -51,12 +51,11 @@ def checked_genie_config(hf_config: dict[str, Any], q: dict[str, Any], ctx_bins:
 
 
 def speculative_of(settings: dict[str, Any]) -> tuple[list[str], Lade, Spd]:
-    """The speculative dialogs a run asks for (settings `speculative_dialogs`, `lade`, `spd_draft_len`)."""
+    """The speculative dialogs a run asks for (settings `speculative_dialogs`, `spd_draft`, `spd_draft_len`)."""
     raw = settings.get("speculative_dialogs") or "none"
     types = [t.strip() for t in (raw.split(",") if isinstance(raw, str) else [str(x) for x in raw])
              if t.strip() and t.strip() != "none"]
-    lade_s = settings.get("lade") or {}
-    lade = Lade(**{k: lade_s[k] for k in ("window", "ngram", "gcap", "update_mode") if k in lade_s})
+    lade = Lade()      # Qualcomm's example values (no run setting: nothing here runs lade to tune them against)
     return types, lade, Spd(draft_len=int(settings.get("spd_draft_len") or Spd().draft_len),
                             draft=str(settings.get("spd_draft") or "self"))
 
