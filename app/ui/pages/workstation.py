@@ -79,7 +79,7 @@ def device_os(r: dict[str, Any]) -> str:
     family = next((str(a).split(":", 1)[1] for a in r.get("attributes") or [] if str(a).startswith("os:")), None)
     family = OS_FAMILIES.get(family, family) if family else None
     version = str(r.get("os") or "")
-    return f"{family} {version}".strip() if family else (version or "?")
+    return f"{family} {version}".strip() if family else (OS_FAMILIES.get(version, version) or "?")
 
 
 def device_row(r: dict[str, Any]) -> list[str]:
