@@ -331,14 +331,20 @@ class SshTransport:
 
     async def run(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
                   timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
-        cmd = wrap_command(argv, cwd, env)
+        # A command with no input reads /dev/null, and its channel's stdin is never closed from here:
+        # paramiko builds a channel EOF under the channel's lock but sends it after, so a command that
+        # ends at once (and whose CLOSE paramiko answers meanwhile) can see our EOF arrive after the
+        # CLOSE, and OpenSSH then drops the whole connection ("ieof packet referred to nonexistent
+        # channel"), seen on a loaded 2-core machine. With input, the command reads until our EOF.
+        cmd = wrap_command(argv, cwd, env) + ("" if stdin is not None else " </dev/null")
 
         def go() -> CommandResult:
             ch = self._open_channel(cmd)
             try:
                 if stdin is not None:
                     ch.sendall(stdin)
-                ch.shutdown_write()
+                    if not ch.closed and not ch.exit_status_ready():
+                        ch.shutdown_write()
                 out, err = bytearray(), bytearray()
                 deadline = None if timeout is None else time.monotonic() + timeout
                 ch.settimeout(0.2)
