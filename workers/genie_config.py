@@ -51,11 +51,14 @@ def checked_genie_config(hf_config: dict[str, Any], q: dict[str, Any], ctx_bins:
 
 
 def speculative_of(settings: dict[str, Any]) -> tuple[list[str], Lade, Spd]:
-    """The speculative dialogs a run asks for (settings `speculative_dialogs`, `spd_draft`, `spd_draft_len`)."""
+    """The speculative dialogs a run asks for (settings `speculative_dialogs`, `spd_draft`, `spd_draft_len`,
+    `lade_window`, `lade_ngram`, `lade_gcap`)."""
     raw = settings.get("speculative_dialogs") or "none"
     types = [t.strip() for t in (raw.split(",") if isinstance(raw, str) else [str(x) for x in raw])
              if t.strip() and t.strip() != "none"]
-    lade = Lade()      # Qualcomm's example values (no run setting: nothing here runs lade to tune them against)
+    d = Lade()         # Qualcomm's example values unless the run sets them
+    lade = Lade(window=int(settings.get("lade_window") or d.window), ngram=int(settings.get("lade_ngram") or d.ngram),
+                gcap=int(d.gcap if settings.get("lade_gcap") is None else settings["lade_gcap"]))
     return types, lade, Spd(draft_len=int(settings.get("spd_draft_len") or Spd().draft_len),
                             draft=str(settings.get("spd_draft") or "self"))
 
@@ -77,7 +80,7 @@ def check_speculative(hf_config: dict[str, Any], q: dict[str, Any], settings: di
     for t in types:
         if t in REFUSED:
             raise WorkerError("dialog_unsupported", REFUSED[t], "Remove it from speculative_dialogs.")
-        problem = lade_problem(n_vocab, ar_sizes, lade) if t == "lade" else \
+        problem = lade_problem(ar_sizes, lade) if t == "lade" else \
             spd_problem(spd, n_vocab, n_vocab, ar_sizes) if t == "spd" else \
             f"Unknown speculative dialog '{t}' (use lade or spd)."
         if problem is not None:

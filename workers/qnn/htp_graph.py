@@ -13,6 +13,10 @@ a simulation graph into the graph that is compiled, changing no arithmetic excep
 2. **The embedding lookup.** HTP refuses a Gather over a raw uint16 table (`Unsupported input/output
    datatypes ... Gather`, error 3110). The table is dequantized, gathered and quantized again with the
    table's own (per-tensor) encoding: DQ -> Gather -> Q. Exact: gathering rows does not change values.
+   A table of fewer than 1,024 rows (the built-in models') gathers with its ids clamped to the last row:
+   Genie's lookahead dialog seeds its levels with token ids 1000 + i (lhd-dec.cpp 126), which HTP would
+   refuse (`bad input in InputGather2DDMA; weight sel = 1000`). Ids inside the table are unchanged, and a
+   lookahead guess is only ever kept when the model itself verifies it, so the output does not change.
 3. **Mixed-precision MatMuls.** A MatMul with 16-bit activations in and an 8-bit output (v_proj, whose
    output is the 8-bit KV cache) is not grouped by the QNN EP, leaving a standalone blockwise weight DQ
    that HTP refuses (`QNN EP does not support a standalone DQ op with per-channel quantization`). The
@@ -165,8 +169,34 @@ def _quantize_outputs(G: _Graph) -> list[str]:
     return done
 
 
+CLAMP_IDS_BELOW_ROWS = 1024    # Genie's lade seeds ids 1000 + i (window <= 23 then stays inside a clamped table)
+
+
+def _index_elem(G: _Graph, name: str) -> int:
+    """The integer type of a Gather's index tensor: a graph input's, or the type a Cast makes."""
+    vi = next((v for v in G.g.input if v.name == name), None)
+    if vi is not None:
+        return int(vi.type.tensor_type.elem_type)
+    p = G.producer.get(name)
+    if p is not None and p.op_type == "Cast":
+        return int(next(a.i for a in p.attribute if a.name == "to"))
+    raise HtpGraphError(f"the embedding lookup's ids {name} are neither a graph input nor a Cast")
+
+
+def _clamped_ids(G: _Graph, gather: onnx.NodeProto, rows: int) -> list[onnx.NodeProto]:
+    """Min(ids, rows - 1) in front of a small table's Gather (see the module's note 2)."""
+    ids = gather.input[1]
+    dtype = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}.get(_index_elem(G, ids))
+    if dtype is None:
+        raise HtpGraphError(f"the embedding lookup's ids {ids} are not int32 or int64")
+    last = G.add_init(f"{gather.name}__last_row", np.array(rows - 1, dtype=dtype))
+    clamped = f"{ids}__clamped"
+    return [helper.make_node("Min", [ids, last], [clamped], name=f"{gather.name}__ClampIds")]
+
+
 def _embedding_gathers(G: _Graph) -> list[str]:
-    """Gather(uint table, ids) -> DQ  ==>  DQ(table) -> Gather -> Q -> DQ (the table's own encoding)."""
+    """Gather(uint table, ids) -> DQ  ==>  DQ(table) -> Gather -> Q -> DQ (the table's own encoding), the ids
+    clamped into a table of fewer than CLAMP_IDS_BELOW_ROWS rows."""
     done = []
     for n in list(G.g.node):
         if n.op_type != "Gather" or n.input[0] not in G.init:
@@ -184,10 +214,14 @@ def _embedding_gathers(G: _Graph) -> list[str]:
         table_f = f"{table.name}__dq_table"
         gathered_f = f"{n.output[0]}__float"
         gathered_q = n.output[0]
+        axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+        rows = int(table.dims[axis])
+        clamp = _clamped_ids(G, n, rows) if rows < CLAMP_IDS_BELOW_ROWS else []
+        ids = clamp[0].output[0] if clamp else n.input[1]
         nodes = [
+            *clamp,
             helper.make_node("DequantizeLinear", [table.name, scale, zp], [table_f], name=f"{n.name}__TableDQ"),
-            helper.make_node("Gather", [table_f, n.input[1]], [gathered_f], name=n.name,
-                             axis=next((a.i for a in n.attribute if a.name == "axis"), 0)),
+            helper.make_node("Gather", [table_f, ids], [gathered_f], name=n.name, axis=axis),
             helper.make_node("QuantizeLinear", [gathered_f, scale, zp], [gathered_q], name=f"{n.name}__Q"),
         ]
         pos = list(G.g.node).index(n)

@@ -5,9 +5,9 @@ pushed bundle serves every dialog and the basic one stays the reference the othe
 What Genie 1.21 accepts and does (docs/genie.md, "Speculative dialogs", cites Qualcomm's sources):
 - lade: `dialog.lade {version 1, update-mode, window, ngram, gcap}`, one engine. Each step runs
   (window + gcap) x (ngram - 1) tokens at once on the smallest AR variant that holds them (the prompt
-  processor, AR-N), with every position's logits. Genie seeds the lookahead levels with token ids 1000 + i, so
-  the model's vocabulary must hold more than 1000 + window ids (a smaller one fails in the embedding gather:
-  `bad input in InputGather2DDMA; weight sel = 1000`).
+  processor, AR-N), with every position's logits. Genie seeds the lookahead levels with token ids 1000 + i: an
+  embedding of fewer rows would fail in the gather (`bad input in InputGather2DDMA; weight sel = 1000`), so the
+  local compile clamps the ids of such a table (workers.qnn.htp_graph, note 2).
 - spd: `dialog.spd {version 1, draft-len}` and `dialog.engine` an array of two engines with roles "draft" and
   "target", one context and tokenizer for both (the same vocabulary). Per step the draft generates draft-len
   tokens (AR-1) and the target verifies draft-len + 1 at once. Genie's sampler asserts temp > 0 for spd (a
@@ -124,11 +124,7 @@ def ctx_bins(dialog: dict[str, Any]) -> list[str]:
     return out
 
 
-def lade_problem(n_vocab: int, ar_sizes: list[int], lade: Lade) -> str | None:
-    if n_vocab <= LADE_SEED_BASE + lade.window:
-        return (f"lade needs a vocabulary of more than {LADE_SEED_BASE + lade.window} tokens: Genie seeds the "
-                f"lookahead with token ids {LADE_SEED_BASE}+, and this model has {n_vocab} (Genie's HTP run would "
-                "fail in the embedding gather). Use spd, or a model with a larger vocabulary.")
+def lade_problem(ar_sizes: list[int], lade: Lade) -> str | None:
     if lade.ngram < 2 or lade.window < 1 or lade.gcap < 0:
         return "lade needs ngram >= 2, window >= 1 and gcap >= 0."
     if ar_sizes and lade.step_tokens > max(ar_sizes):
