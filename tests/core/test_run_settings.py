@@ -40,7 +40,8 @@ OLD_INPUTS: dict[str, set[str]] = {
                  "context_lengths"},                                    # added since: HASHED_WHEN_SET
     "validate": {"validation_text", "thresholds"},
     "compile": {"board", "device", "qairt_version", "aihub_consent", "compile_target",
-                "speculative_dialogs", "spd_draft", "spd_draft_len"},    # added since: HASHED_WHEN_SET
+                "speculative_dialogs", "spd_draft", "spd_draft_len",     # added since: HASHED_WHEN_SET
+                "lade_window", "lade_ngram", "lade_gcap"},
     "board": {"board"}, "chat": {"board", "benchmark_prompt", "sampler"},
     "evaluate": {"board", "eval_suites", "eval_legs", "prompt_template", "runtime", "dialog_type"}, "report": set()}
 

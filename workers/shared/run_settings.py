@@ -153,7 +153,7 @@ class RunSettings:
         "none", label="Speculative dialogs", choices=("none", "lade", "spd", "lade,spd"), stages=("compile",),
         page="compile",
         help='Genie dialogs written beside the basic one (genie_config.<type>.json), for Chat, serve and Evaluate to '
-             'choose: "lade" (lookahead decoding, no draft model; needs a vocabulary over 1,008 tokens), "spd" (a '
+             'choose: "lade" (lookahead decoding, no draft model; lade_window, lade_ngram, lade_gcap), "spd" (a '
              'draft model proposes, the model verifies; the draft is the model itself for now). Real bundles only '
              '(compile_target local or aihub).')
     spd_draft: str = setting(
@@ -164,6 +164,16 @@ class RunSettings:
     spd_draft_len: int = setting(
         3, label="spd draft length", unit="tokens", range=(1, 64), stages=("compile",), advanced=True,
         help="Tokens the draft proposes per spd step (Genie's dialog.spd.draft-len).")
+    lade_window: int = setting(
+        8, label="lade window", unit="tokens", range=(1, 64), stages=("compile",), advanced=True,
+        help="Lookahead decoding's window (Genie's dialog.lade.window). A lade step runs (window + gcap) x "
+             "(ngram - 1) tokens at once; it must fit the prompt processor (ar_n).")
+    lade_ngram: int = setting(
+        4, label="lade n-gram", unit="tokens", range=(2, 16), stages=("compile",), advanced=True,
+        help="Lookahead decoding's n-gram size (Genie's dialog.lade.ngram): the longest guess checked per step.")
+    lade_gcap: int = setting(
+        8, label="lade guesses per step", range=(0, 64), stages=("compile",), advanced=True,
+        help="Lookahead decoding's guess cap (Genie's dialog.lade.gcap): n-grams verified per step.")
     # -- chat ---------------------------------------------------------------------------------------------
     benchmark_prompt: str = setting(
         "What is the capital of France?", label="Benchmark prompt", stages=("chat",), nonempty=True,
