@@ -80,3 +80,49 @@ def test_a_runs_report_and_compare_show_the_prediction_labeled(tmp_path: Path) -
     (runs[1].run_dir / "predicted" / "prediction.json").unlink()
     with pytest.raises(Exception, match="nothing in common"):
         compare_reports([build_report(m.run_dir) for m in runs])
+
+
+def test_a_speculative_dialog_is_costed_at_its_measured_acceptance(tmp_path: Path) -> None:
+    """issue 29: predicted tok/s with and without the dialog. lade: a step is one AR-N pass; spd: draft_len draft
+    tokens + one AR-N verification; the dialog gains only above step time / token time tokens per step."""
+    from app.core.reports.predicted import speculative_prediction
+    from workers.shared.predict import speculative_rate
+
+    doc = prediction()
+    token, pp = doc["token"]["total_ms"]["value"], doc["prompt_pass"]["total_ms"]["value"]
+    lade = speculative_rate(doc, "lade", 3.0)
+    assert lade is not None and lade["label"] == LABEL
+    assert lade["tok_s"]["value"] == pytest.approx(3.0 * 1000 / pp, rel=1e-3)
+    assert lade["basic_tok_s"]["value"] == pytest.approx(1000 / token, rel=1e-3)
+    assert lade["break_even_accepted"] == pytest.approx(pp / token, abs=0.01)
+    assert lade["tok_s"]["lower"] <= lade["tok_s"]["value"] <= lade["tok_s"]["upper"]
+    small = prediction(0.25)                                  # a draft simulated at a quarter of the cost
+    spd = speculative_rate(doc, "spd", 2.0, draft_len=3, draft=small)
+    assert spd is not None and "3 draft tokens" in spd["step"]
+    assert spd["step_ms"]["value"] == pytest.approx(3 * small["token"]["total_ms"]["value"] + pp, rel=1e-3)
+    assert speculative_rate(doc, "spd", 2.0) is None          # no draft cost: no figure
+    assert speculative_rate(doc, "basic", 1.0) is None
+
+    ws = Workspace(tmp_path / "ws")
+    target, draft = (ws.create_run(m, "sim", {}) for m in ("builtin:tiny-llama", "builtin:tiny-llama-draft"))
+    assert speculative_prediction(target.run_dir, {}, {"dialog": "lade", "accepted_per_step": 2.0}) is None
+    save_for_run(target.run_dir, doc)
+    assert speculative_prediction(target.run_dir, {}, {"dialog": "basic"}) is None
+    got = speculative_prediction(target.run_dir, {}, {"dialog": "lade", "accepted_per_step": 3.0})
+    assert got == lade
+    bundle = draft.run_dir / "artifacts" / "compile" / "bundle"
+    settings = {"spd_draft": str(bundle), "spd_draft_len": 3}
+    missing = speculative_prediction(target.run_dir, settings, {"dialog": "spd", "accepted_per_step": 2.0})
+    assert missing is not None and "hexstudio predict" in missing["missing"]
+    save_for_run(draft.run_dir, small)
+    assert speculative_prediction(target.run_dir, settings, {"dialog": "spd", "accepted_per_step": 2.0}) == spd
+    # in the report: beside the measured acceptance, labeled predicted
+    r = build_report(target.run_dir)
+    r["evaluation"] = {"source": "simulated", "simulated": True, "legs": [], "leg_titles": {}, "suites": [],
+                       "prompt_format": "plain", "tool_format": "none",
+                       "board_session": {"dialog": "lade", "accepted_per_step": 3.0, "accepted_per_step_cases": 4}}
+    r["predicted"]["speculative"] = got
+    validate_report(r)
+    html = to_html(r)
+    assert "3.00 tokens accepted per step" in html and f"{lade['tok_s']['value']:.2f} tok/s" in html
+    assert f"gains only above {lade['break_even_accepted']:.2f} tokens accepted per step" in html

@@ -328,3 +328,32 @@ def summary_lines(p: dict[str, Any]) -> list[str]:
                      f"({b['lower']:.2f}-{b['upper']:.2f})")
     lines += [f"  note: {n}" for n in p.get("notes", [])]
     return lines
+
+
+def _b(d: dict[str, Any]) -> Bounds:
+    return Bounds(float(d["value"]), float(d["lower"]), float(d["upper"]))
+
+
+def speculative_rate(target: dict[str, Any], dialog: str, accepted_per_step: float, *, draft_len: int = 3,
+                     draft: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Predicted decode tokens/s of a speculative dialog at a measured acceptance (tokens per step), beside the
+    basic dialog's, from predictions (Prediction.to_json) of the target and, for spd, of the draft model.
+
+    A step runs on the smallest graph that holds it, and a bundle has AR-N and AR-1 graphs, so (Genie's lhd-dec
+    and spec-dec; docs/genie.md):  lade step = one AR-N pass;  spd step = draft_len draft tokens (AR-1) + one AR-N
+    verification pass. Break-even: the acceptance at which the dialog equals basic (step time / token time).
+    None when the step cannot be costed (spd without a prediction of its draft)."""
+    token, prompt_pass = _b(target["token"]["total_ms"]), _b(target["prompt_pass"]["total_ms"])
+    if dialog == "lade":
+        step = prompt_pass
+    elif dialog == "spd" and draft is not None:
+        step = _b(draft["token"]["total_ms"]).scaled(draft_len) + prompt_pass
+    else:
+        return None
+    a = max(0.0, float(accepted_per_step))
+    rate = Bounds(a * 1000.0 / step.value, a * 1000.0 / step.upper, a * 1000.0 / step.lower)
+    return {"label": LABEL, "dialog": dialog, "accepted_per_step": round(a, 3), "step_ms": step.to_json(),
+            "tok_s": rate.to_json(), "basic_tok_s": token.inverse_rate().to_json(),
+            "break_even_accepted": round(step.value / token.value, 2),
+            "step": (f"one AR-{target['ar_n']} pass" if dialog == "lade" else
+                     f"{draft_len} draft tokens (AR-1) + one AR-{target['ar_n']} verification pass")}

@@ -16,7 +16,7 @@ from typing import Any
 from app.core.genie.journal import read_journals
 from app.core.manifest import RunManifest, now_iso
 from app.core.reports.bench import bench_section
-from app.core.reports.predicted import predicted_section, read_prediction
+from app.core.reports.predicted import predicted_section, read_prediction, speculative_prediction
 from app.core.reports.redact import scrub, secret_values_in
 from app.core.stages import STAGES
 from app.core.status import KINDS, RunStatus, run_status, stage_statuses
@@ -255,6 +255,8 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
                                                      "tool_format", "board_session")}
         rep["evaluation"]["suites"] = [{k: t.get(k) for k in ("suite", "title", "description", "scorer", "cases",
                                                               "legs", "drops")} for t in ev.get("suites") or []]
+        if rep["predicted"] is not None:   # a speculative dialog's predicted speed at the acceptance measured
+            rep["predicted"]["speculative"] = speculative_prediction(run_dir, m.settings, ev.get("board_session"))
     for s in STAGES:
         series = _resources(run_dir, s.name) if m.stage(s.name).state != "pending" else []
         if series:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workers.shared.predict import LABEL
+from workers.shared.predict import LABEL, speculative_rate
 
 PREDICTION_FILE = Path("predicted") / "prediction.json"
 
@@ -60,6 +60,29 @@ def predicted_section(doc: dict[str, Any] | None, kpis: list[dict[str, Any]]) ->
             "ttft_ms": [{"prompt_tokens": int(k), **_bounds(v)} for k, v in sorted(doc["ttft_ms"].items(),
                                                                                    key=lambda kv: int(kv[0]))],
             "notes": [str(x) for x in doc.get("notes") or []], "beside": beside}
+
+
+def speculative_prediction(run_dir: Path, settings: dict[str, Any], board_session: Any) -> dict[str, Any] | None:
+    """The Evaluate stage's speculative dialog (lade, spd) at its measured tokens accepted per step, costed with the
+    run's prediction (and, for spd with a draft bundle, the draft run's own prediction): workers.shared.predict.
+    speculative_rate. None when the dialog is basic, nothing was accepted, or a cost is unknown."""
+    doc = read_prediction(run_dir)
+    bs = board_session if isinstance(board_session, dict) else {}
+    dialog, accepted = bs.get("dialog"), bs.get("accepted_per_step")
+    if doc is None or dialog not in ("lade", "spd") or not isinstance(accepted, (int, float)):
+        return None
+    draft = None
+    if dialog == "spd":
+        where = str(settings.get("spd_draft") or "self")
+        # a draft bundle is <draft run>/artifacts/compile/bundle: that run's prediction, if it has one
+        folder = Path(where).expanduser()
+        draft = doc if where == "self" else read_prediction(folder.parents[2]) if len(folder.parents) > 2 else None
+    out = speculative_rate(doc, str(dialog), float(accepted), draft_len=int(settings.get("spd_draft_len") or 3),
+                           draft=draft)
+    if out is None and dialog == "spd":
+        return {"label": LABEL, "dialog": dialog, "missing": "the draft model has no prediction: run `hexstudio "
+                "predict --run DRAFT_RUN` (or its Preflight page's speed panel) for the draft model's run"}
+    return out
 
 
 RowMaker = Callable[..., dict[str, Any]]
