@@ -54,23 +54,20 @@ def _htp_leg(q: dict[str, Any], qdir: Path, ids: list[int], spec: WorkerSpec, em
     libs = find_qnn_libs()
     if libs is None:
         return {"ran": False, "why": "onnxruntime-qnn (Qualcomm's QNN HTP simulator) is not installed"}
-    if not libs.in_process:
-        return {"ran": False, "why": f"onnxruntime-qnn lives in a side environment ({libs.python}) beside this "
-                                     "recipe's; the HTP leg runs where it imports in the worker's own environment"}
-    from workers.qnn.htp_agreement import MAX_SIM_BYTES, measure, sim_bytes
+    from workers.qnn.htp_agreement import MAX_SIM_BYTES, measure_json, sim_bytes
 
     size = sim_bytes(qdir, q["graphs"])
     if size > MAX_SIM_BYTES:
         return {"ran": False, "why": f"the quantized graphs hold {size / 2**30:.1f} GiB; Qualcomm's HTP simulator "
                                      "runs them far too slowly on a CPU (it runs on the board instead)"}
     em.progress(0.86, "HTP simulation leg: each part on Qualcomm's HTP simulator (QNN, x86) against the onnxruntime "
-                      "simulation")
+                      "simulation" + ("" if libs.in_process else f" (in the side environment {libs.python})"))
     work = spec.out_dir / "htp.tmp"
     try:
-        r = measure(qdir, q, work, ids)
+        r = measure_json(qdir, q, work, ids)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"ran": True, **r.to_json()}
+    return {"ran": True, **r}
 
 
 def _load_json(p: Path, stage: str) -> dict[str, Any]:

@@ -51,3 +51,35 @@ def test_a_wrong_encoding_in_the_compiled_graph_fails_the_leg(validated_run: Pat
     bad = measure(art / "quantize", q, tmp_path / "bad", ids, rewrite=faulty)
     assert good.ok and not bad.ok
     assert bad.logits_mean_code_error > 10 * good.logits_mean_code_error
+
+
+def test_the_leg_runs_in_the_installers_side_environment_with_the_same_figures(validated_run: Path, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The validated GPU recipe (Python 3.10) cannot hold onnxruntime-qnn: the workstation installer puts it in a side
+    environment (workers.qnn.libs). The leg then runs in a child process of that environment, with the figures it
+    gives in process (here the 'side environment' is this one behind another interpreter path)."""
+    import dataclasses
+    import sys
+
+    from workers.qnn import libs as qnn_libs
+    from workers.qnn.htp_agreement import measure_json
+    from workers.quant.calib import load_tokenizer
+    from workers.shared.errors import ActionableError
+
+    here = qnn_libs.find_qnn_libs()
+    assert here is not None and here.in_process
+    art = validated_run / "artifacts"
+    q = json.loads((art / "quantize" / "quantize.json").read_text())
+    ids = load_tokenizer(art / "model" / "hf").encode("The sky was grey and the wind was strong.",
+                                                      add_special_tokens=False).ids
+    inside = measure_json(art / "quantize", q, tmp_path / "in", ids)
+    side = tmp_path / "side-env" / "python"
+    side.parent.mkdir()
+    side.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    side.chmod(0o755)
+    monkeypatch.setattr(qnn_libs, "find_qnn_libs", lambda: dataclasses.replace(here, python=str(side)))
+    assert not qnn_libs.find_qnn_libs().in_process
+    assert measure_json(art / "quantize", q, tmp_path / "side", ids) == inside
+    side.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named onnxruntime_qnn' >&2; exit 1\n")
+    with pytest.raises(ActionableError, match=r"side environment .* No module named onnxruntime_qnn"):
+        measure_json(art / "quantize", q, tmp_path / "broken", ids)

@@ -18,6 +18,7 @@ rewrite, tests/qnn/test_htp_leg.py): 94.4 % and 0.70 %, refused.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,3 +152,51 @@ def measure(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: list[i
     mean_err = float(np.abs(la - lb).mean()) / rng
     return HtpAgreement(parts_out, round(agree, 4), round(mean_err, 6), int(np.abs(la - lb).max()), int(la.shape[0]),
                         ok=agree >= HTP_ARGMAX_MIN and mean_err <= HTP_MEAN_CODE_MAX)
+
+
+def measure_json(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: list[int]) -> dict[str, Any]:
+    """measure(...).to_json(), where onnxruntime-qnn imports: in this process, or in a child process of the
+    workstation installer's side environment (workers.qnn.libs: the validated GPU recipe's Python 3.10 cannot
+    hold the wheel). The child gets the same arguments as a JSON file and prints the result as one JSON line."""
+    import json
+    import subprocess
+
+    from workers.qnn.libs import find_qnn_libs
+    from workers.shared.errors import ActionableError
+
+    libs = find_qnn_libs()
+    if libs is None or libs.in_process:
+        return measure(quantize_dir, q, work, token_ids).to_json()
+    work.mkdir(parents=True, exist_ok=True)
+    args = work / "measure.json"
+    args.write_text(json.dumps({"quantize_dir": os.fspath(quantize_dir), "q": q, "work": os.fspath(work),
+                                "token_ids": list(token_ids)}), encoding="utf-8")
+    env = libs.env()
+    root = str(Path(__file__).resolve().parents[2])                 # the folder holding `workers`
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run([libs.python, "-m", "workers.qnn.htp_agreement", "--measure", os.fspath(args)],
+                          capture_output=True, text=True, env=env, check=False, timeout=3 * 3600)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        raise ActionableError(f"The HTP simulation leg failed in the side environment ({libs.python}): {tail[:500]}",
+                              "Check that environment: `<its python> -c \"import onnxruntime_qnn, onnx, numpy\"` "
+                              "(packaging/install-workstation.sh makes it), or clear the thresholds it gates by "
+                              "running without it.")
+    return dict(json.loads(lines[-1]))
+
+
+def _main(argv: list[str]) -> int:
+    import json
+
+    if len(argv) != 2 or argv[0] != "--measure":
+        print("usage: python -m workers.qnn.htp_agreement --measure ARGS.json", file=sys.stderr)
+        return 2
+    a = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    r = measure(Path(a["quantize_dir"]), a["q"], Path(a["work"]), [int(x) for x in a["token_ids"]])
+    print(json.dumps(r.to_json()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))
