@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.runtime import WorkerError, WorkerSpec, map_path, worker_main
+from workers.shared.journal import append_journal, done_keys
 from workers.shared.protocol import Emitter
 
 LEGS = ("float", "sim", "htp")
@@ -62,29 +63,6 @@ def _read(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise WorkerError("missing_upstream", f"Cannot read {path}: {exc}.",
                           "Run the earlier stages first (hexstudio run --until compile).") from None
-
-
-def done_keys(journal: Path) -> set[tuple[str, str]]:
-    """(leg, key) pairs already in the journal; a torn last line (a crash mid-write) is ignored."""
-    out: set[tuple[str, str]] = set()
-    if not journal.is_file():
-        return out
-    for line in journal.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and "leg" in doc and "key" in doc:
-            out.add((str(doc["leg"]), str(doc["key"])))
-    return out
-
-
-def append(journal: Path, doc: dict[str, Any]) -> None:
-    journal.parent.mkdir(parents=True, exist_ok=True)
-    with open(journal, "a", encoding="utf-8") as f:
-        f.write(json.dumps(doc, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _tokenizer(spec: WorkerSpec) -> Any:
@@ -196,7 +174,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
                     rec.update({"ids": out, "text": tok.decode(out), "prompt_tokens": len(ids), "state": state})
             except ContextFull as exc:
                 rec.update({"state": "context_full", "error": str(exc), "ids": [], "text": ""})
-            append(journal, rec)
+            append_journal(journal, rec)
             finished += 1
             em.progress(finished / max(total, 1), f"{leg}: {j['key']} ({finished}/{total})", leg=leg, key=j["key"],
                         finished=finished, total=total)

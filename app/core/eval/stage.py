@@ -25,6 +25,7 @@ from app.core.eval.render import PromptRenderer
 from app.core.eval.scoring import LEG_TITLES, parity, score_case, suite_scores
 from app.core.eval.suites import DEFAULT_SUITES, Suite, SuiteError, load_named
 from app.core.pipeline import SPEC_SCHEMA, StageContext, StageError, worker_env
+from workers.shared.journal import append_journal, read_journal
 from workers.shared.run_settings import DEFAULTS
 
 EVAL_VERSION = 1
@@ -32,31 +33,6 @@ EVAL_VERSION = 1
 
 def _h(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def read_journal(path: Path) -> dict[str, dict[str, Any]]:
-    """key -> record, per leg; a torn last line (a crash mid-write) is skipped."""
-    out: dict[str, dict[str, Any]] = {}
-    if not path.is_file():
-        return out
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and "key" in doc:
-            out[f"{doc.get('leg')}\0{doc['key']}"] = doc
-    return out
-
-
-def append_journal(path: Path, doc: dict[str, Any]) -> None:
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(doc, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 # Qualcomm's HTP simulator runs ~1 s a token on the built-in model (both for the board's Genie and the host's
