@@ -15,9 +15,11 @@ import pytest
 
 from tests.qnn.conftest import needs_qnn
 
-# AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: workers.shared.run_settings.genie_cl_problem)
+# AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: workers.shared.run_settings.genie_cl_problem);
+# with a lade dialog whose step (2 + 4) x 1 = 6 tokens fits AR-32, and spd (the model drafting for itself)
 SETTINGS = {"calibration_samples": 2, "calibration_seq_len": 64, "context_length": 256, "ar_n": 32,
-            "context_lengths": "128", "compile_target": "local", "aimet_smoke": False}
+            "context_lengths": "128", "compile_target": "local", "aimet_smoke": False,
+            "speculative_dialogs": "lade,spd", "lade_window": 2, "lade_ngram": 2, "lade_gcap": 4, "spd_draft_len": 3}
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +92,32 @@ def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_
     assert any("reshapeCache(AR-1 CL-128 -> AR-1 CL-256)" in line for line in log), [x for x in log if "reshape" in x]
     assert any("Initializing to AR-32 CL-256" in line for line in ref_log)
     assert both == ref and len(both) > 100                    # the same tokens across the switch
+
+
+@needs_qnn
+@pytest.mark.slow
+def test_one_bundle_holds_two_context_lengths_and_a_lade_and_an_spd_dialog(two_cl_run: Path) -> None:
+    """issue 29's acceptance on the built-in model: one bundle, two CLs, the basic, lade and spd configs, each
+    accepted by Genie 1.21's own parser and loaded by real Genie on the HTP simulator, greedy tokens equal."""
+    from app.core.services.bundle_check import check
+    from tests.qnn.test_speculative import _first_texts
+    from workers.shared.bundle import speculative as sp
+    from workers.shared.bundle.check import errors
+
+    bundle = two_cl_run / "artifacts" / "compile" / "bundle"
+    findings = check(bundle)
+    assert not errors(findings), [f.message for f in errors(findings)]
+    for name in ("genie_config.json", "genie_config.lade.json", "genie_config.spd.json"):
+        assert any(f.code == "genie_parser_ok" and name in f.message for f in findings), name
+        cfg = json.loads((bundle / name).read_text())
+        assert sum("_cl128_" in b for b in sp.ctx_bins(cfg["dialog"])) == 4    # every dialog holds both CLs
+    remote = Path(json.loads((two_cl_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
+    prompt = "The sky was grey and"
+    texts = {c: _first_texts(remote, c, prompt, 4) for c in
+             ("genie_config.json", "genie_config.lade.json", "genie_config.spd.json")}
+    basic = texts["genie_config.json"]
+    assert len(basic) == 4 and "".join(basic).strip()
+    assert texts["genie_config.lade.json"] == basic and texts["genie_config.spd.json"] == basic, texts
 
 
 def test_preflight_counts_every_context_length_the_bundle_holds() -> None:
