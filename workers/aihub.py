@@ -51,7 +51,7 @@ from typing import Any
 
 from workers import bundle_metadata as gm
 from workers.aihub_upload import UploadError, UploadStats, plan_bytes, write_upload_dir
-from workers.genie_config import checked_genie_config
+from workers.genie_config import check_speculative, checked_genie_config, write_dialog_configs
 from workers.runtime import WorkerError, WorkerSpec
 from workers.shared import bundle as gb
 from workers.shared import modelinfo
@@ -506,6 +506,8 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     ctx_bins = [bins[k] for k in pairs]
 
     cfg = checked_genie_config(hf_config, q, ctx_bins, s)   # before any upload
+    tok = hf_dir / "tokenizer.json"
+    check_speculative(hf_config, q, s, tok.read_bytes() if tok.is_file() else None, clamps_small_tables=False)
     qairt = str(s.get("qairt_version") or DEFAULTS.qairt_version)
     device_name = str(s.get("device") or DEFAULTS.device)
     lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
@@ -655,7 +657,8 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     for extra in ("tokenizer_config.json", "config.json"):
         if (hf_dir / extra).is_file():
             shutil.copy2(hf_dir / extra, bdir / extra)
-    (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=2))
+    # genie_config.json, and one genie_config.<type>.json per speculative dialog asked for (spd's draft under draft/)
+    write_dialog_configs(bdir, cfg, hf_config, q, s, clamps_small_tables=False)
     (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(dev), indent=2))
     gm.write_metadata(bdir / "metadata.yaml", meta_doc)
     head = ("# EMULATED: compiled by HexStudio's AI Hub emulator, which packages its inputs; no QAIRT ran.\n"

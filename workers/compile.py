@@ -123,14 +123,11 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             raise WorkerError("not_implemented", "Compiling through Qualcomm AI Hub is not implemented in this "
                               "build yet.", "Use the simulator board (compile_target=sim) for now.") from None
         q = json.loads((qdir / "quantize.json").read_text())
-        asked, _, _ = speculative_of(s)
-        if q.get("variants") or asked:      # refused before anything is uploaded
-            what = " and ".join(x for x in (("several context lengths" if q.get("variants") else ""),
-                                            (f"speculative dialogs ({', '.join(asked)})" if asked else "")) if x)
-            raise WorkerError("aihub_not_supported", f"HexStudio's AI Hub compile does not build {what} yet; "
-                              "nothing was uploaded.", "Compile locally (compile_target local: QNN 2.51 writes "
-                              "shared-weight context binaries for the board, with every context length and dialog), "
-                              "or clear context_lengths / speculative_dialogs for AI Hub.")
+        if q.get("variants"):      # refused before anything is uploaded
+            raise WorkerError("aihub_not_supported", "HexStudio's AI Hub compile does not build several context "
+                              "lengths yet; nothing was uploaded.", "Compile locally (compile_target local: QNN 2.51 "
+                              "writes shared-weight context binaries for the board, with every context length), or "
+                              "clear context_lengths for AI Hub.")
         doc = aihub.compile_bundle(spec, model_doc, qdir, em)
     else:
         raise WorkerError("bad_target", f"compile_target '{target}' is not one of auto, local, aihub, sim.")

@@ -64,10 +64,11 @@ def speculative_of(settings: dict[str, Any]) -> tuple[list[str], Lade, Spd]:
 
 
 def check_speculative(hf_config: dict[str, Any], q: dict[str, Any], settings: dict[str, Any],
-                      tokenizer: bytes | None = None) -> list[str]:
+                      tokenizer: bytes | None = None, *, clamps_small_tables: bool = True) -> list[str]:
     """The speculative dialogs the run asks for, each one this model can have; else a WorkerError naming why.
     Called before the compile starts (nothing is compiled or uploaded for a request that cannot be met); with the
-    model's tokenizer.json, an spd draft bundle is checked against it then too."""
+    model's tokenizer.json, an spd draft bundle is checked against it then too. `clamps_small_tables`: the compile
+    clamps lade's seed ids into a small embedding (the local one does; AI Hub compiles the graph as exported)."""
     types, lade, spd = speculative_of(settings)
     if "spd" in types and spd.draft != "self" and tokenizer is not None:
         try:
@@ -80,7 +81,7 @@ def check_speculative(hf_config: dict[str, Any], q: dict[str, Any], settings: di
     for t in types:
         if t in REFUSED:
             raise WorkerError("dialog_unsupported", REFUSED[t], "Remove it from speculative_dialogs.")
-        problem = lade_problem(ar_sizes, lade) if t == "lade" else \
+        problem = lade_problem(ar_sizes, lade, None if clamps_small_tables else n_vocab) if t == "lade" else \
             spd_problem(spd, n_vocab, n_vocab, ar_sizes) if t == "spd" else \
             f"Unknown speculative dialog '{t}' (use lade or spd)."
         if problem is not None:
@@ -90,13 +91,13 @@ def check_speculative(hf_config: dict[str, Any], q: dict[str, Any], settings: di
 
 
 def write_dialog_configs(bdir: Path, cfg: dict[str, Any], hf_config: dict[str, Any], q: dict[str, Any],
-                         settings: dict[str, Any]) -> list[str]:
+                         settings: dict[str, Any], *, clamps_small_tables: bool = True) -> list[str]:
     """genie_config.json (basic) and one genie_config.<type>.json per speculative dialog the run asks for (see
     check_speculative), each checked against Genie's schema as HexStudio knows it. Returns the files written."""
     _, lade, spd = speculative_of(settings)
     variants: dict[str, dict[str, Any]] = {}
     draft: tuple[dict[str, Any], list[Path]] | None = None
-    for t in check_speculative(hf_config, q, settings):
+    for t in check_speculative(hf_config, q, settings, clamps_small_tables=clamps_small_tables):
         if t == "spd" and spd.draft != "self":
             try:
                 draft = draft_engine(Path(spd.draft).expanduser(), (bdir / "tokenizer.json").read_bytes(),

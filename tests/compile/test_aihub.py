@@ -415,3 +415,26 @@ def test_a_chipset_alias_after_the_chipset_does_not_replace_it() -> None:
     d = parse_device("Dragonwing IQ-9075 EVK", "1.7", ["chipset:qualcomm-qcs9075", "chipset:qcs9075", "hexagon:v73",
                                                        "soc-model:77", "htp-supports-weight-sharing:true"])
     assert (d["chipset"], d["dsp_arch"], d["soc_model"], d["weight_sharing"]) == ("qualcomm-qcs9075", "v73", 77, True)
+
+
+def test_ai_hub_bundles_carry_the_speculative_dialogs_asked_for(validated_run: Path, tmp_path: Path,
+                                                                aihub_emulator: AIHubEmulator) -> None:
+    """issue 29 on the AI Hub path: spd's config is written beside the basic one; lade on the built-in model (840
+    tokens, an embedding AI Hub compiles as exported) is refused with the reason before anything is uploaded."""
+    emu = aihub_emulator
+    lade = _aihub_run(validated_run, tmp_path / "ws-lade", emu, speculative_dialogs="lade")
+    res = _compile(lade)
+    assert not res.ok and "1000+" in res.message and "Compile locally" in res.message, res.message
+    assert emu.uploads == 0 and emu.submissions.get("compile", 0) == 0
+    m = _aihub_run(validated_run, tmp_path / "ws", emu, speculative_dialogs="spd", spd_draft_len=2)
+    res = _compile(m)
+    assert res.ok, f"{res.message} / {res.hint}"
+    bdir = m.run_dir / "artifacts" / "compile" / "bundle"
+    assert gb.verify_bundle(bdir) == []
+    names = {f["path"] for f in json.loads((bdir / "bundle.json").read_text())["files"]}
+    assert {"genie_config.json", "genie_config.spd.json"} <= names
+    basic = json.loads((bdir / "genie_config.json").read_text())["dialog"]
+    spd = json.loads((bdir / "genie_config.spd.json").read_text())["dialog"]
+    assert basic["type"] == "basic" and spd["type"] == "spd" and spd["spd"]["draft-len"] == 2
+    assert [e["role"] for e in spd["engine"]] == ["draft", "target"]
+    assert spd["engine"][1]["model"]["binary"]["ctx-bins"] == basic["engine"]["model"]["binary"]["ctx-bins"]

@@ -124,7 +124,14 @@ def ctx_bins(dialog: dict[str, Any]) -> list[str]:
     return out
 
 
-def lade_problem(ar_sizes: list[int], lade: Lade) -> str | None:
+def lade_problem(ar_sizes: list[int], lade: Lade, n_vocab: int | None = None) -> str | None:
+    """Why this lade block cannot run on these graphs, else None. `n_vocab`: given where the graphs are compiled as
+    exported (AI Hub), whose embedding gather then refuses Genie's seed ids past the vocabulary; the local compile
+    clamps them (workers.qnn.htp_graph) and passes None."""
+    if n_vocab is not None and n_vocab <= LADE_SEED_BASE + lade.window:
+        return (f"lade seeds its lookahead with token ids {LADE_SEED_BASE}+ and this model's vocabulary has {n_vocab} "
+                "tokens: AI Hub compiles the embedding as exported and the HTP would refuse those ids. Compile locally "
+                "(compile_target local clamps the ids of so small a table), or use spd.")
     if lade.ngram < 2 or lade.window < 1 or lade.gcap < 0:
         return "lade needs ngram >= 2, window >= 1 and gcap >= 0."
     if ar_sizes and lade.step_tokens > max(ar_sizes):
