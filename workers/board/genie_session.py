@@ -235,6 +235,11 @@ class Helper:
         self._log_cb = None
         self.in_query = threading.Event()
         self._keep: list[ctypes.Array[ctypes.c_char]] = []
+        try:
+            self.dialog_type = str((json.loads(config_json).get("dialog") or {}).get("type") or "basic")
+        except (ValueError, AttributeError):
+            self.dialog_type = "basic"
+        self.sampler_values: dict | None = None      # the last applied (re-applied to a recreated dialog)
         st = self.f["GenieDialogConfig_createFromJson"](config_json.encode("utf-8"), ctypes.byref(self.cfg))
         if st != SUCCESS:
             raise RuntimeError(f"GenieDialogConfig_createFromJson failed (status {st}): the config is invalid")
@@ -366,9 +371,24 @@ class Helper:
         finally:
             if "GenieSamplerConfig_free" in self.f:
                 self.f["GenieSamplerConfig_free"](cfg)
+        if st == SUCCESS:
+            self.sampler_values = dict(values)
         return None if st == SUCCESS else f"GenieSampler_applyConfig failed (status {st})"
 
     def reset(self) -> None:
+        if self.dialog_type == "spd":
+            # Genie 1.21's spd reset clears its per-length acceptance counts to an empty vector (qualla
+            # dialogs/spec-dec.cpp SpecDecDialog::reset: `_accepted_counts.clear()`), which the next query then
+            # indexes past its end and divides by (token-acceptance-rate null, measured). The dialog is made
+            # again instead, from the same config (its KV cache starts empty, as a reset leaves it).
+            self.f["GenieDialog_free"](self.dialog)
+            self.dialog = ctypes.c_void_p()
+            t0 = time.perf_counter()
+            st = self.f["GenieDialog_create"](self.cfg, ctypes.byref(self.dialog))
+            why = self.apply_sampler(self.sampler_values) if st == SUCCESS and self.sampler_values else None
+            emit({"event": "reset", "status": st, "recreated": True,
+                  "init_ms": round((time.perf_counter() - t0) * 1000, 3), **({"sampler": why} if why else {})})
+            return
         st = self.f["GenieDialog_reset"](self.dialog) if "GenieDialog_reset" in self.f else -1
         emit({"event": "reset", "status": st})
 
