@@ -342,11 +342,12 @@ class Pipeline:
         def handle(ev: dict[str, Any]) -> None:
             t = ev.get("type")
             if t == "metric":
-                st["metrics"][ev["name"]] = {"value": ev["value"], "unit": ev.get("unit"),
+                # the emitter leaves out a None field: a metric without a value was not measured
+                st["metrics"][ev["name"]] = {"value": ev.get("value"), "unit": ev.get("unit"),
                                              "scope": ev.get("scope")}
                 if ev.get("scope") == "job":  # a remote job's id: on disk at once, so even a killed studio keeps it
                     m.save()
-                    jobs_log.info("run %s: %s: %s = %s", m.run_id, stage.name, ev["name"], ev["value"])  # AI Hub job
+                    jobs_log.info("run %s: %s: %s = %s", m.run_id, stage.name, ev["name"], ev.get("value"))  # AI Hub job
             elif t == "artifact":
                 kinds[ev["path"]] = {"kind": ev.get("kind"), "role": ev.get("role")}
             elif t == "warning":

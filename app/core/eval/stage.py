@@ -367,7 +367,7 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     em.artifact("evaluate.json", kind="json", role="evaluation")
     for t in table:
         for leg, v in t["legs"].items():
-            if v is not None:
+            if v is not None and v.get("value") is not None:   # e.g. the HTP leg's agreement with an absent sim leg
                 em.metric(f"{t['suite']}.{leg}", v["value"], unit="ppl" if t["scorer"] == "perplexity" else "",
                           scope="simulated" if leg == "board" and source == "simulated" else leg)
         if t["scorer"] == "parity" and t["legs"].get("board"):
@@ -375,7 +375,7 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             em.metric("parity_matched", b["matched"])
             em.metric("parity_total", b["total"])
             em.metric("parity_reference", "htp" if htp_board else "sim-agreement" if agreement_only else "sim")
-        if t["scorer"] == "parity" and t["legs"].get("htp"):
+        if t["scorer"] == "parity" and (t["legs"].get("htp") or {}).get("value") is not None:
             em.metric("htp_sim_agreement", t["legs"]["htp"]["value"])
     em.metric("source", source)
     if board_info.get("dialog") not in (None, "basic"):
