@@ -261,3 +261,32 @@ def test_a_speculative_config_is_held_to_the_bundles_path_rules(tmp_path: Path) 
     (tmp_path / "genie_config.spd.json").write_text(json.dumps(spd))
     found = check_bundle(tmp_path)
     assert any(f.code == "ctx_bin_missing" and "draft/d_part_1_of_1.bin" in f.message for f in found), found
+
+
+@needs_qnn
+@pytest.mark.slow
+def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(local_run: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole Evaluate stage with dialog_type spd on the simulator board (real Genie 1.21 on the HTP simulator):
+    greedy parity against the host's HTP simulation is N/N, and Genie's tokens accepted per step are recorded, on
+    every case (each after a reset: workers/board/genie_session.py makes an spd dialog again instead, as Genie
+    1.21's spd reset loses its acceptance counts). Two cases of 8 tokens, to keep the suite's time."""
+    from app.core.eval import stage as eval_stage
+    from app.core.pipeline import Pipeline
+    from app.core.runs import Workspace
+    from tests.support.sim_runs import copy_run
+
+    run_dir = copy_run(local_run, tmp_path)
+    m = Workspace(tmp_path).open_run(run_dir.name)
+    m.settings.update({"speculative_dialogs": "spd", "spd_draft_len": 3, "dialog_type": "spd",
+                       "eval_suites": ["greedy_parity"], "eval_legs": ["board"]})
+    m.save()
+    monkeypatch.setattr(eval_stage, "HTP_SIM_PARITY_CASES", 2)
+    monkeypatch.setattr(eval_stage, "HTP_SIM_MAX_TOKENS", 8)
+    res = asyncio.run(Pipeline(m).run(until="evaluate"))
+    assert res.ok, f"{res.message} ({res.hint})"
+    ev = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
+    bs = ev["board_session"]
+    assert bs["dialog"] == "spd" and bs["accepted_per_step"] > 1.0 and bs["accepted_per_step_cases"] == 2
+    metrics = {k: (v["value"] if isinstance(v, dict) else v) for k, v in m.stage("evaluate").data["metrics"].items()}
+    assert metrics["parity_reference"] == "htp" and metrics["parity_matched"] == metrics["parity_total"] > 0
