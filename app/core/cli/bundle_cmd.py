@@ -81,6 +81,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+LISTING_RETRIES = {"aihub_http_retries": 2, "aihub_http_backoff_s": 0.5}
+
+
 def _aihub_devices(args: argparse.Namespace) -> int:
     from app.core import secrets
     from workers import aihub
@@ -91,7 +94,9 @@ def _aihub_devices(args: argparse.Namespace) -> int:
     except secrets.SecretStoreError:
         token = None
     try:
-        rows = aihub.list_devices({}, token)
+        # someone is waiting at the Compile page: 2 quick retries (~1.5 s), not the client's 6 with backoff (~30 s)
+        # before "cannot reach AI Hub"; a compile keeps the client's patience
+        rows = aihub.list_devices(dict(LISTING_RETRIES), token)
     except WorkerError as exc:
         raise CliError(exc.message, exc.hint) from None
     if args.json:
