@@ -29,7 +29,7 @@ from typing import Any
 
 from workers.qnn.context_info import ContextInfo, GraphInfoDoc, read_context_info
 from workers.qnn.ep import HtpTarget, session_options
-from workers.qnn.libs import find_qnn_libs
+from workers.qnn.libs import find_qnn_libs, with_workers_on_path
 from workers.shared.bundle.genie_model import variant_of
 from workers.shared.bundle.qnn_findings import spec_of
 from workers.shared.errors import ActionableError
@@ -90,9 +90,7 @@ def compile_part(graphs: list[GraphToCompile], out: Path, target: HtpTarget, sha
             "soc_model": target.soc_model, "dsp_arch": target.dsp_arch, "shared": shared}
     libs = find_qnn_libs()
     python = libs.python if libs is not None else sys.executable   # this env, or the installer's side env
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])                  # the folder holding `workers`
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = with_workers_on_path(dict(os.environ))
     t0 = time.monotonic()
     proc = subprocess.run([python, "-m", "workers.qnn.compile", "--part", json.dumps(spec)],
                           capture_output=True, text=True, timeout=timeout, check=False, env=env)

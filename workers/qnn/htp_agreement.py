@@ -161,7 +161,7 @@ def measure_json(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: l
     import json
     import subprocess
 
-    from workers.qnn.libs import find_qnn_libs
+    from workers.qnn.libs import find_qnn_libs, with_workers_on_path
     from workers.shared.errors import ActionableError
 
     libs = find_qnn_libs()
@@ -171,9 +171,7 @@ def measure_json(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: l
     args = work / "measure.json"
     args.write_text(json.dumps({"quantize_dir": os.fspath(quantize_dir), "q": q, "work": os.fspath(work),
                                 "token_ids": list(token_ids)}), encoding="utf-8")
-    env = libs.env()
-    root = str(Path(__file__).resolve().parents[2])                 # the folder holding `workers`
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = with_workers_on_path(libs.env())
     proc = subprocess.run([libs.python, "-m", "workers.qnn.htp_agreement", "--measure", os.fspath(args)],
                           capture_output=True, text=True, env=env, check=False, timeout=3 * 3600)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]

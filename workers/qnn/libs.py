@@ -57,6 +57,14 @@ class QnnLibs:
         return env
 
 
+def with_workers_on_path(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the folder holding `workers` first on PYTHONPATH: for a child of another interpreter (the side
+    environment's) that runs `python -m workers...`."""
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
 def _folder_in_this_env() -> Path | None:
     try:
         spec = importlib.util.find_spec(PACKAGE)
