@@ -231,13 +231,13 @@ else
     if [ -z "$qpy" ]; then
         note "warning: no Python 3.11+ for Qualcomm's runtime: local compile and real Genie on the simulator board"
         note "are unavailable (the onnxruntime twin stands in, labeled). Install python3.11-venv and run this again."
-    elif [ -x "$side/bin/python" ] && "$side/bin/python" -c 'import onnxruntime_qnn, mmh3, onnx' 2>/dev/null \
+    elif [ -x "$side/bin/python" ] && "$side/bin/python" -c 'import onnxruntime_qnn, mmh3, onnx, tokenizers' 2>/dev/null \
             && [ "$(cat "$venv/.hexstudio-qnn" 2>/dev/null)" = "$side/bin/python" ]; then
         note "onnxruntime-qnn already installed in the side environment $side"
     else
         [ -x "$side/bin/python" ] || run "$qpy" -m venv "$side"
         run "$side/bin/python" -m pip --disable-pip-version-check -q install -c "$root/packaging/constraints/dev.txt" \
-            "${QNN_DEPS[@]}" numpy "onnx>=1.16"
+            "${QNN_DEPS[@]}" numpy "onnx>=1.16" tokenizers
         [ "$dry" = 1 ] || echo "$side/bin/python" > "$venv/.hexstudio-qnn"
         did+=("installed onnxruntime-qnn in the side environment $side")
     fi

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -270,11 +271,18 @@ def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(local_ru
     """The whole Evaluate stage with dialog_type spd on the simulator board (real Genie 1.21 on the HTP simulator):
     greedy parity against the host's HTP simulation is N/N, and Genie's tokens accepted per step are recorded, on
     every case (each after a reset: workers/board/genie_session.py makes an spd dialog again instead, as Genie
-    1.21's spd reset loses its acceptance counts). Two cases of 8 tokens, to keep the suite's time."""
+    1.21's spd reset loses its acceptance counts). Two cases of 8 tokens, to keep the suite's time.
+
+    onnxruntime-qnn is taken to live in the workstation installer's side environment (the validated GPU recipe's
+    Python 3.10 cannot hold it; here the "side environment" is this interpreter behind another path), so the
+    host's HTP leg runs as a worker of that interpreter, beside the board leg."""
+    import dataclasses
+
     from app.core.eval import stage as eval_stage
     from app.core.pipeline import Pipeline
     from app.core.runs import Workspace
     from tests.support.sim_runs import copy_run
+    from workers.qnn import libs as qnn_libs
 
     run_dir = copy_run(local_run, tmp_path)
     m = Workspace(tmp_path).open_run(run_dir.name)
@@ -283,8 +291,17 @@ def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(local_ru
     m.save()
     monkeypatch.setattr(eval_stage, "HTP_SIM_PARITY_CASES", 2)
     monkeypatch.setattr(eval_stage, "HTP_SIM_MAX_TOKENS", 8)
+    here = qnn_libs.find_qnn_libs()
+    assert here is not None
+    side = tmp_path / "side-env" / "python"
+    side.parent.mkdir()
+    side.write_text(f"#!/bin/sh\necho \"$@\" >> {side.parent}/calls\nexec {sys.executable} \"$@\"\n")
+    side.chmod(0o755)
+    monkeypatch.setattr(qnn_libs, "find_qnn_libs", lambda: dataclasses.replace(here, python=str(side)))
     res = asyncio.run(Pipeline(m).run(until="evaluate"))
     assert res.ok, f"{res.message} ({res.hint})"
+    calls = (side.parent / "calls").read_text()
+    assert "-m workers.evaluate --spec" in calls and "evaluate.htp.json" in calls, calls
     ev = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
     bs = ev["board_session"]
     assert bs["dialog"] == "spd" and bs["accepted_per_step"] > 1.0 and bs["accepted_per_step_cases"] == 2

@@ -85,42 +85,61 @@ def case_runs(plan: Plan, legs: list[str]) -> int:
     return sum(1 for j in plan.jobs for leg in legs if leg in j["legs"])
 
 
-async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal: Path, all_runs: int = 0) -> None:
-    """workers/evaluate.py over the float and simulation graphs.
+class Progress:
+    """The stage's one progress count over every case run (host legs and board leg together), fed by legs that
+    run at the same time: the percentage and the count in the words always agree ("25 % … (72/288 case runs)")."""
 
-    Its progress is told over every case run of the stage (`all_runs`: host and board legs together), so
-    the percentage and the count in the words always agree ("25 % … (72/288 case runs)")."""
-    from app.core.jobs import JobRunner
+    def __init__(self, ctx: StageContext, all_runs: int) -> None:
+        self.ctx = ctx
+        self.all_runs = max(all_runs, 1)
+        self.done: dict[str, int] = {}
+
+    def tell(self, part: str, n: int, what: str, **extra: Any) -> None:
+        self.done[part] = n
+        total = sum(self.done.values())
+        self.ctx.emitter.progress(total / self.all_runs, f"{what} ({total}/{self.all_runs} case runs)",
+                                  cases_done=total, cases_total=self.all_runs, **extra)
+
+
+async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal: Path, progress: Progress, *,
+                        part: str = "host", python: str | None = None, env: dict[str, str] | None = None) -> None:
+    """workers/evaluate.py over `legs` of the host (float and simulation graphs, or the HTP graphs on Qualcomm's
+    simulator). `python`: another interpreter to run it under (the workstation installer's side environment that
+    holds onnxruntime-qnn when the recipe's Python cannot); `part` names the worker in the logs and the spec."""
+    from app.core.jobs import JobRunner, worker_command
 
     jobs = [{**{k: j[k] for k in ("key", "kind", "prompt", "text", "max_tokens") if k in j},
              "legs": [leg for leg in legs if leg in j["legs"]]}
             for j in plan.jobs if any(leg in j["legs"] for leg in legs)]
-    host_runs = case_runs(plan, legs)
-    all_runs = max(all_runs, host_runs, 1)
+    runs = case_runs(plan, legs)
     done = read_journal(journal)
     if all(f"{leg}\0{j['key']}" in done for j in plan.jobs for leg in legs if leg in j["legs"]):
-        ctx.emitter.progress(host_runs / all_runs, f"host legs: every case already done (from an earlier attempt) "
-                             f"({host_runs}/{all_runs} case runs)", cases_done=host_runs, cases_total=all_runs)
+        progress.tell(part, runs, f"{part} legs: every case already done (from an earlier attempt)")
         return
     spec = {"schema": SPEC_SCHEMA, "stage": "evaluate", "run_dir": str(ctx.manifest.run_dir),
-            "out_dir": str(ctx.out_dir / "host"), "upstream": {k: str(v) for k, v in ctx.upstream.items()},
+            "out_dir": str(ctx.out_dir / part), "upstream": {k: str(v) for k, v in ctx.upstream.items()},
             "settings": ctx.settings, "inputs": {}, "legs": legs, "jobs": jobs, "journal": str(journal)}
-    spec_path = ctx.manifest.run_dir / "specs" / "evaluate.host.json"
+    spec_path = ctx.manifest.run_dir / "specs" / f"evaluate.{part}.json"
     write_json_atomic(spec_path, spec)
 
     def on_event(ev: dict[str, Any]) -> None:
         if ev.get("type") == "progress":
             n = int(ev["finished"]) if isinstance(ev.get("finished"), int) else round(
-                float(ev.get("fraction") or 0) * host_runs)
+                float(ev.get("fraction") or 0) * runs)
             what = f"{ev['leg']}: {ev['key']}" if ev.get("leg") and ev.get("key") else str(ev.get("message", ""))
-            ctx.emitter.progress(n / all_runs, f"host {what} ({n}/{all_runs} case runs)",
-                                 cases_done=n, cases_total=all_runs)
+            progress.tell(part, n, f"host {what}")
         elif ev.get("type") in ("log", "warning"):
             ctx.emit(ev)
 
-    job = await JobRunner().start_local("workers.evaluate", spec_path, on_event=on_event,
-                                        log_path=ctx.manifest.run_dir / "logs" / "evaluate.host.jsonl",
-                                        env=worker_env(), what="The Evaluate stage's host legs")
+    what = f"The Evaluate stage's host legs ({', '.join(legs)})"
+    log_path = ctx.manifest.run_dir / "logs" / f"evaluate.{part}.jsonl"
+    if python is None:
+        job = await JobRunner().start_local("workers.evaluate", spec_path, on_event=on_event, log_path=log_path,
+                                            env=env or worker_env(), what=what)
+    else:
+        argv = [python, *worker_command("workers.evaluate", spec_path)[1:]]
+        job = await JobRunner().start_argv(argv, on_event=on_event, log_path=log_path, env=env or worker_env(),
+                                           what=f"{what} in {python}", liveness=True)
     waiter = asyncio.ensure_future(job.wait())
     cancel = asyncio.ensure_future(ctx.cancel_event.wait())
     try:
@@ -129,12 +148,20 @@ async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal:
             await job.cancel()
             await waiter
             raise asyncio.CancelledError()
+    except asyncio.CancelledError:   # a sibling leg failed, or the stage was cancelled: stop the worker too
+        if not waiter.done():
+            await job.cancel()
+            with contextlib.suppress(Exception):
+                await waiter
+        raise
     finally:
         cancel.cancel()
     res = waiter.result()
     if not res.ok:
-        raise StageError(res.code or "host_legs_failed", f"The host legs of the evaluation failed: {res.message}",
-                         res.hint or "See logs/evaluate.host.jsonl in the run folder; cases already finished are "
+        side = f" (in {python})" if python else ""
+        raise StageError(res.code or "host_legs_failed",
+                         f"The host legs of the evaluation ({', '.join(legs)}){side} failed: {res.message}",
+                         res.hint or f"See logs/evaluate.{part}.jsonl in the run folder; cases already finished are "
                                      "kept and skipped when you run the stage again.")
 
 
@@ -196,10 +223,45 @@ async def run_board_leg(ctx: StageContext, plan: Plan, journal: Path, board: Any
 
 
 def _htp_leg_available() -> bool:
+    """Whether onnxruntime-qnn imports here or in the workstation installer's side environment."""
     from workers.qnn.libs import find_qnn_libs
 
+    return find_qnn_libs() is not None
+
+
+async def _run_htp_leg(ctx: StageContext, plan: Plan, journal: Path, progress: Progress) -> None:
+    """The host's HTP leg (the local compile's graphs on Qualcomm's HTP simulator) in a worker of its own: under
+    this environment's Python when it holds onnxruntime-qnn, else under the side environment's."""
+    from workers.qnn.libs import find_qnn_libs, with_workers_on_path
+
     libs = find_qnn_libs()
-    return libs is not None and libs.in_process
+    if libs is None or libs.in_process:
+        await run_host_legs(ctx, plan, ["htp"], journal, progress, part="htp")
+        return
+    await run_host_legs(ctx, plan, ["htp"], journal, progress, part="htp", python=libs.python,
+                        env=with_workers_on_path(libs.env(worker_env())))
+
+
+async def _all_or_none(legs: list[Any]) -> None:
+    """Run the legs at the same time; the first that fails (or a cancel) stops the others, and its error is
+    the stage's. What each finished is already in its journal."""
+    tasks = [asyncio.ensure_future(c) for c in legs]
+    if not tasks:
+        return
+    try:
+        _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except asyncio.CancelledError:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for t in tasks:
+        exc = t.exception() if t.done() and not t.cancelled() else None
+        if exc is not None:
+            raise exc
 
 
 def _bundle_binaries(ctx: StageContext) -> str:
@@ -288,9 +350,10 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     htp_board = "board" in legs and bool(board_doc.get("simulated")) and _bundle_binaries(ctx) == "qnn"
     agreement_only = htp_board and not _htp_leg_available()
     if agreement_only:
-        em.warning("The board runs real Genie on the HTP simulator, but the host's HTP leg cannot run here "
-                   "(onnxruntime-qnn is in a side environment): greedy parity is measured against the onnxruntime "
-                   "simulation, an agreement figure between two arithmetics, not the exact gate.",
+        em.warning("The board runs real Genie on the HTP simulator, but the host's HTP leg cannot run: onnxruntime-qnn "
+                   "imports neither here nor in a side environment (packaging/install-workstation.sh makes one). "
+                   "Greedy parity is measured against the onnxruntime simulation, an agreement figure between two "
+                   "arithmetics, not the exact gate.",
                    code="htp_leg_unavailable")
         htp_board = False
     if htp_board:
@@ -309,15 +372,20 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     dialog = str(ctx.settings.get("dialog_type") or "basic")    # a speculative dialog has a journal of its own
     board_journal = run_dir / "eval" / (f"board-{board_doc.get('board', 'none')}-"
                                         f"{_h(digest['compile'], digest['board'], runtime, EVAL_VERSION, *([dialog] if dialog != 'basic' else []))}.jsonl")
-    host_legs = [x for x in legs if x in ("float", "sim", "htp")]
-    host_runs = case_runs(plan, host_legs)
+    htp_journal = run_dir / "eval" / f"htp-{_h(digest['quantize'], digest['compile'], EVAL_VERSION)}.jsonl"
+    host_legs = [x for x in legs if x in ("float", "sim")]
+    host_runs = case_runs(plan, host_legs) + case_runs(plan, ["htp"] if "htp" in legs else [])
     all_runs = host_runs + (len(plan.for_leg("board")) if "board" in legs else 0)
-    if host_legs:
-        await run_host_legs(ctx, plan, host_legs, host_journal, all_runs)
-    ctx.check_cancelled()
+    progress = Progress(ctx, all_runs)
     encode = _token_ids(ctx.upstream["compile"] / "bundle" if "compile" in ctx.upstream else None)
     board_info: dict[str, Any] = {}
     source = "simulated" if board_doc.get("simulated") else "device"
+    # A real board is another machine: its leg runs beside the host's from the start. On this machine the host's
+    # float and simulation legs (onnxruntime on every core it is given) go first, then the legs that each keep
+    # one core busy run side by side: the host's HTP leg and a simulator board's Genie (on 2 cores, 4 threads
+    # spinning at once cost more than they gave).
+    board_leg_fn: Any = None
+    board: Any = None
     if "board" in legs:
         if not board_doc:
             raise StageError("no_board", "The Evaluate stage needs the board stage's result.", "Run the board stage.")
@@ -329,22 +397,36 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             source = "simulated"
 
         def on_case(n: int, total: int, j: dict[str, Any]) -> None:
-            recs = {**read_journal(host_journal), **read_journal(board_journal)}
+            recs = {**read_journal(host_journal), **read_journal(htp_journal), **read_journal(board_journal)}
             per, _ = score_all(plan, recs, renderer.tool_format, encode)
             s = next(x for x in plan.suites if x.name == j["suite"])
             sc = suite_scores(s.cases, per[s.name], s.scorer)["legs"].get("board")
             running = f" · {s.name} so far {sc['text']}" if sc else ""
-            em.progress((host_runs + n) / max(all_runs, 1),
-                        f"board ({source}): case {n} of {total}{running} ({host_runs + n}/{all_runs} case runs)",
-                        cases_done=host_runs + n, cases_total=all_runs, board_cases_done=n, board_cases_total=total)
+            progress.tell("board", n, f"board ({source}): case {n} of {total}{running}",
+                          board_cases_done=n, board_cases_total=total)
 
-        try:
-            board_info = await run_board_leg(ctx, plan, board_journal, board, board_doc["remote_bundle"], runtime,
-                                             on_case, dialog)
-        finally:
+        async def board_leg() -> None:
+            board_info.update(await run_board_leg(ctx, plan, board_journal, board, board_doc["remote_bundle"],
+                                                  runtime, on_case, dialog))
+
+        board_leg_fn = board_leg
+    board_is_local = board_leg_fn is not None and source == "simulated"
+
+    async def on_this_machine() -> None:
+        if host_legs:
+            await run_host_legs(ctx, plan, host_legs, host_journal, progress)
+        await _all_or_none([*([_run_htp_leg(ctx, plan, htp_journal, progress)] if "htp" in legs else []),
+                            *([board_leg_fn()] if board_leg_fn is not None and board_is_local else [])])
+
+    try:
+        await _all_or_none([on_this_machine(),
+                            *([board_leg_fn()] if board_leg_fn is not None and not board_is_local else [])])
+    finally:
+        if board is not None:
             with contextlib.suppress(Exception):
                 await board.transport.close()
-    records = {**read_journal(host_journal), **read_journal(board_journal)}
+    ctx.check_cancelled()
+    records = {**read_journal(host_journal), **read_journal(htp_journal), **read_journal(board_journal)}
     accepted = [float(r["kpis"]["accepted_per_step"]) for r in read_journal(board_journal).values()
                 if isinstance(r.get("kpis"), dict) and isinstance(r["kpis"].get("accepted_per_step"), (int, float))]
     if "board" in legs:
