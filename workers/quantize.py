@@ -158,7 +158,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     blocks = blocks_from_windows(windows, ar_n)
 
     # 3. sequential part-wise QuantSim
-    from workers.quant.partwise import quantize_partwise, shared_weight_check
+    from workers.quant.partwise import quantize_partwise, quantsim_kind, shared_weight_check
 
     # the main context length's prompt processors are calibrated; their token generators and every other context
     # length's graphs take their part's encodings (identical tensor names: Genie requires identical encodings)
@@ -215,7 +215,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
                       "kv_cache": f"int{int(settings.get('kv_bits', DEFAULTS.kv_bits))}", "lm_head": "int8",
                       "embeddings": "int8 per-channel"},
         "calibration": {"text": str(text), "samples": samples, "seq_len": seq_len, "blocks": len(blocks),
-                        "unit": unit,
+                        "unit": unit, "quantsim_config": quantsim_kind(settings),
                         "method": "sequential part-wise, one calibration unit (" + ("decoder layer" if unit == "layer"
                                   else "part") + ") at a time on the prompt processor; each unit calibrated on the "
                                   "quantized outputs of the one before; one encodings file per part, used by its "

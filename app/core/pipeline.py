@@ -103,7 +103,7 @@ def summary_digest(summary: dict[str, Any], inputs: str) -> str:
 # Settings added after runs existed: absent from a run means their default, and they are left out of its input hash
 # so a run made before them keeps its completed stages current (a run that sets one hashes it).
 HASHED_WHEN_SET = frozenset({"speculative_dialogs", "spd_draft_len", "dialog_type", "context_lengths",
-                             "spd_draft", "lade_window", "lade_ngram", "lade_gcap"})
+                             "spd_draft", "lade_window", "lade_ngram", "lade_gcap", "quantsim_config"})
 
 
 def input_hash(m: RunManifest, stage: Stage) -> str:

@@ -37,7 +37,7 @@ OLD_INPUTS: dict[str, set[str]] = {
     "preflight": {"context_length", "calibration_samples", "calibration_seq_len", "workspace", "context_lengths"},
     "quantize": {"context_length", "ar_n", "parts", "calibration_samples", "calibration_seq_len", "calibration_text",
                  "calibration_unit", "weight_bits", "activation_bits", "kv_bits", "device",
-                 "context_lengths"},                                    # added since: HASHED_WHEN_SET
+                 "context_lengths", "quantsim_config"},                 # added since: HASHED_WHEN_SET
     "validate": {"validation_text", "thresholds"},
     "compile": {"board", "device", "qairt_version", "aihub_consent", "compile_target",
                 "speculative_dialogs", "spd_draft", "spd_draft_len",     # added since: HASHED_WHEN_SET

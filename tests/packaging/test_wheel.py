@@ -37,6 +37,7 @@ SHIPPED = [
     "workers/shared/data/builtin_model/PROVENANCE.md",
     "workers/shared/data/recipes/validated.txt",
     "workers/shared/data/recipes/current.txt",
+    "workers/shared/data/quantsim/htp_llm_v73.json",
     "workers/remote/probe.py",
     "app/core/eval/shipped_suites/tool_calling.jsonl",
     "app/core/reports/templates/report.html.j2",

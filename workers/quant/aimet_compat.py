@@ -8,6 +8,8 @@ installed release offers (never by its version string):
 |                              |   nodes_to_include=, strict=False)               |   exclude=) (strict=False only with op_types there)    |
 | int8 lm_head                 | set_param_type(..., strict=False)                | set_param_type(...) (no strict)                        |
 | 8-bit KV tensors             | sim.set_tensor_precision(names, int8, strict=)   | each tensor's enabled quantizer set to 8 bits          |
+| LLM globals (Concat tie,     | quantsim.op_types_to_tie_qtzrs, _tie_qtzrs,      | the same globals (set only where present, restored     |
+|   Slice/Constant unquantized)|   op_outputs_to_ignore (llm_quantsim_globals)    |   after the sim is built)                              |
 
 Used by workers/quant/partwise.build_sim and by preflight's AIMET smoke test, so the smoke test fails
 on a stack that cannot quantize.
@@ -15,8 +17,10 @@ on a stack that cannot quantize.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Literal
 
 
 def features() -> dict[str, bool]:
@@ -36,28 +40,83 @@ def features() -> dict[str, bool]:
 
 DEFAULT_TARGET_ARCH = "v73"      # the Dragonwing IQ-9075 EVK (QCS9075)
 
+QuantsimConfigKind = Literal["aimet", "llm"]
+QUANTSIM_CONFIGS: tuple[QuantsimConfigKind, ...] = ("aimet", "llm")
 
-def quantsim_config(dsp_arch: str | None) -> str:
-    """AIMET's HTP quantsim configuration for the target's Hexagon version (`htp_v73` for the IQ-9075), as
-    Qualcomm's LLM recipe configures QuantSim for the hardware it compiles for; the nearest older one this
-    aimet-onnx ships when it has none for that version."""
+
+def _nearest(want: int, have: list[int]) -> int:
+    """The newest of `have` not newer than `want`, else the oldest."""
+    older = [v for v in sorted(have) if v <= want]
+    return older[-1] if older else min(have)
+
+
+def quantsim_config(dsp_arch: str | None, kind: QuantsimConfigKind = "aimet") -> str:
+    """The QuantSim configuration for the target's Hexagon version (v73 for the IQ-9075), by `kind`:
+    "aimet" (the default): AIMET's stock `htp_v<N>` alias, as Qualcomm's recipe configures QuantSim for the
+    hardware it compiles for; "llm": HexStudio's LLM configuration (workers/shared/data/quantsim/
+    htp_llm_v<N>.json, after the one qai-hub-models quantizes its LLMs with: per-channel weights, data-movement
+    outputs not quantized). Either the nearest older version shipped when there is none for that version.
+    Build the sim with `make_sim(..., llm_globals=(kind == "llm"))`. docs/quantize.md has both measured."""
+    arch = str(dsp_arch or DEFAULT_TARGET_ARCH).lower().lstrip("v")
+    want = int(arch) if arch.isdigit() else int(DEFAULT_TARGET_ARCH[1:])
+    if kind == "llm":
+        from workers.shared.data import quantsim_configs
+
+        ours = quantsim_configs()
+        return str(ours[_nearest(want, list(ours))])
+    if kind != "aimet":
+        raise ValueError(f"unknown quantsim configuration {kind!r} (one of {', '.join(QUANTSIM_CONFIGS)})")
     try:
         from aimet_onnx.common.quantsim_config.quantsim_config import _config_file_aliases as known
     except ImportError:
         known = {}
-    arch = str(dsp_arch or DEFAULT_TARGET_ARCH).lower().lstrip("v")
-    want = int(arch) if arch.isdigit() else int(DEFAULT_TARGET_ARCH[1:])
-    have = sorted(int(k[5:]) for k in known if k.startswith("htp_v") and k[5:].isdigit())
-    if not have:
-        return f"htp_v{want}"
-    older = [v for v in have if v <= want]
-    return f"htp_v{older[-1] if older else have[0]}"
+    have = [int(k[5:]) for k in known if k.startswith("htp_v") and k[5:].isdigit()]
+    return f"htp_v{_nearest(want, have) if have else want}"
+
+
+# the aimet-onnx module globals qai-hub-models sets before it builds an LLM's QuantSim
+# (`_shared/llm/model.py`, LLM_AIMETOnnx.create_quantsim): tie the quantizers of Concat's inputs and output
+# only, and quantize no output of Slice or Constant
+LLM_TIE_OP_TYPES = ["Concat"]
+LLM_OUTPUTS_TO_IGNORE = ("Slice", "Constant")
+
+
+@contextlib.contextmanager
+def llm_quantsim_globals() -> Iterator[list[str]]:
+    """qai-hub-models' LLM globals on aimet_onnx.quantsim for the QuantizationSimModel built inside (they are read
+    while it is built); each one only where this aimet-onnx has it, all restored on leaving so nothing leaks to
+    the next sim. Yields the names of the globals it set."""
+    from aimet_onnx import quantsim
+
+    saved: dict[str, Any] = {}
+    try:
+        if isinstance(getattr(quantsim, "op_types_to_tie_qtzrs", None), list) and hasattr(quantsim, "_tie_qtzrs"):
+            saved["op_types_to_tie_qtzrs"] = quantsim.op_types_to_tie_qtzrs
+            saved["_tie_qtzrs"] = quantsim._tie_qtzrs
+            quantsim.op_types_to_tie_qtzrs = list(LLM_TIE_OP_TYPES)
+            quantsim._tie_qtzrs = True
+        ignore = getattr(quantsim, "op_outputs_to_ignore", None)
+        if isinstance(ignore, list):
+            saved["op_outputs_to_ignore"] = ignore
+            quantsim.op_outputs_to_ignore = ignore + [t for t in LLM_OUTPUTS_TO_IGNORE if t not in ignore]
+        yield list(saved)
+    finally:
+        for name, value in saved.items():
+            setattr(quantsim, name, value)
 
 
 def make_sim(model: Any, *, param_bits: int, activation_bits: int, path: str, providers: list[str],
-             session_options: dict[str, Any], config_file: str = "htp_v73") -> Any:
+             session_options: dict[str, Any], config_file: str = "htp_v73", llm_globals: bool = False) -> Any:
     """QuantizationSimModel(min_max, the target's HTP config: quantsim_config) with `session_options`
-    (intra_op_num_threads, enable_cpu_mem_arena, ...) applied to its onnxruntime session."""
+    (intra_op_num_threads, enable_cpu_mem_arena, ...) applied to its onnxruntime session; `llm_globals`:
+    built under qai-hub-models' LLM globals (the "llm" configuration)."""
+    with llm_quantsim_globals() if llm_globals else contextlib.nullcontext():
+        return _make_sim(model, param_bits=param_bits, activation_bits=activation_bits, path=path,
+                         providers=providers, session_options=session_options, config_file=config_file)
+
+
+def _make_sim(model: Any, *, param_bits: int, activation_bits: int, path: str, providers: list[str],
+              session_options: dict[str, Any], config_file: str) -> Any:
     from aimet_onnx import QuantizationSimModel
     from aimet_onnx.common.defs import qtype
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from workers.quant import aimet_compat
 from workers.quant.calib import Block, pp_mask
 from workers.quant.io_encodings import ENCODING_VERSION, propagate_memory_encodings, tie_io_encodings
 from workers.quant.qdq import build_qdq, link_graph
@@ -83,13 +84,21 @@ def target_dsp_arch(settings: dict[str, Any]) -> str | None:
     return KNOWN_DEVICES.get(str(settings.get("device") or ""), {}).get("dsp_arch")
 
 
+def quantsim_kind(settings: dict[str, Any]) -> aimet_compat.QuantsimConfigKind:
+    """The run's QuantSim configuration (settings["quantsim_config"]: "aimet" or "llm")."""
+    want = str(settings.get("quantsim_config") or DEFAULTS.quantsim_config)
+    for kind in aimet_compat.QUANTSIM_CONFIGS:
+        if kind == want:
+            return kind
+    raise ValueError(f"quantsim_config {want!r} is not one of {', '.join(aimet_compat.QUANTSIM_CONFIGS)}")
+
+
 def build_sim(onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int,
               providers: list[str] | None = None) -> tuple[Any, dict[str, int]]:
-    """The unit's QuantSim: int16 activations, LPBQ int4 backbone weights, int8 lm_head, 8-bit KV tensors
-    (through workers/quant/aimet_compat.py: the same calls on every supported aimet-onnx)."""
+    """The unit's QuantSim under the run's configuration (quantsim_kind): int16 activations, LPBQ int4 backbone
+    weights, int8 lm_head, 8-bit KV tensors (through workers/quant/aimet_compat.py: the same calls on every
+    supported aimet-onnx)."""
     import onnx
-
-    from workers.quant import aimet_compat
 
     wbits = int(settings.get("weight_bits", DEFAULTS.weight_bits))
     abits = int(settings.get("activation_bits", DEFAULTS.activation_bits))
@@ -98,10 +107,12 @@ def build_sim(onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int
     backbone, head, embed = _weight_nodes(model)
     kv = [i.name for i in model.graph.input if i.name.startswith("past_")]
     kv += [o.name for o in model.graph.output if o.name.startswith("past_")]
+    kind = quantsim_kind(settings)
     sim = aimet_compat.make_sim(model, param_bits=8, activation_bits=abits, path=str(tmp),
                                 providers=providers or ["CPUExecutionProvider"],
                                 session_options={"intra_op_num_threads": threads, **LEAN_SESSION},
-                                config_file=aimet_compat.quantsim_config(target_dsp_arch(settings)))
+                                config_file=aimet_compat.quantsim_config(target_dsp_arch(settings), kind),
+                                llm_globals=kind == "llm")
     del model
     aimet_compat.set_lpbq(sim, set(backbone), wbits, block_size=64, scale_bits=4)
     aimet_compat.set_param_bits(sim, set(head), 8)

@@ -55,7 +55,7 @@ class QuantizeDoc(TypedDict):
     head_dim: int
     vocab_size: int
     precision: dict[str, str]           # weights, activations, kv_cache, lm_head, embeddings
-    calibration: dict[str, Any]         # text, samples, seq_len, blocks, unit, method
+    calibration: dict[str, Any]         # text, samples, seq_len, blocks, unit, quantsim_config, method
     weight_sharing: dict[str, Any]
     storage: dict[str, Any]
     positional_encoding: dict[str, Any]

@@ -133,6 +133,12 @@ class RunSettings:
         help="Activation precision.")
     kv_bits: int = setting(
         8, label="KV cache bits", unit="bits", choices=(8, 16), stages=("quantize",), help="KV cache precision.")
+    quantsim_config: str = setting(
+        "aimet", label="QuantSim configuration", choices=("aimet", "llm"), stages=("quantize",), advanced=True,
+        help='AIMET QuantSim\'s rules for the target: "aimet": AIMET\'s stock htp_v<N> configuration; "llm": '
+             "HexStudio's LLM configuration after qai-hub-models' (per-channel weights, RMSNorm's included; "
+             "data-movement outputs not quantized; Constant outputs not quantized; only Concat's quantizers tied). "
+             'docs/quantize.md has both measured on the HTP simulator ("llm" agreed with it slightly less).')
     # -- compile ------------------------------------------------------------------------------------------
     compile_target: str = setting(
         AUTO, label="Target", choices=("auto", "local", "aihub", "sim"), stages=("compile",), page="compile",

@@ -3,6 +3,7 @@
     builtin_model/tiny-llama/   the built-in model `builtin:tiny-llama` (Hugging Face layout; PROVENANCE.md)
     builtin_model/text/         its calibration and validation text (the `builtin` calibration/validation text)
     recipes/                    the environment recipes (validated.txt, current.txt: pip constraints files)
+    quantsim/                   HexStudio's AIMET QuantSim configurations (htp_llm_v73.json; README.md: sources)
 
 Found through importlib.resources only, never through the repository root, so a checkout, a wheel
 installed with pip or pipx, and the PyInstaller build find the same files. `data_path` (this package's
@@ -29,6 +30,7 @@ BUILTIN_MODELS = {"builtin:tiny-llama": "tiny-llama",
                   "builtin:tiny-llama-draft": "tiny-llama-draft"}   # 1 layer, the same tokenizer: spd's draft
 BUILTIN_TEXT = ("builtin_model", "text")
 RECIPES = ("recipes",)
+QUANTSIM = ("quantsim",)
 
 _extracted = contextlib.ExitStack()
 atexit.register(_extracted.close)
@@ -71,3 +73,13 @@ def builtin_text(name: str) -> Path:
 def recipes_dir() -> Path:
     """The folder of the environment recipes (validated.txt, current.txt)."""
     return data_path(*RECIPES)
+
+
+def quantsim_configs() -> dict[int, Path]:
+    """HexStudio's LLM QuantSim configurations by Hexagon version (htp_llm_v73.json -> 73), as real files."""
+    out = {}
+    for node in package_files(__name__, *QUANTSIM).iterdir():
+        stem = node.name.removesuffix(".json")
+        if node.name.endswith(".json") and stem.startswith("htp_llm_v") and stem[9:].isdigit():
+            out[int(stem[9:])] = data_path(*QUANTSIM, node.name)
+    return out
