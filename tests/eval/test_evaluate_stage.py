@@ -4,6 +4,7 @@ suite, greedy parity N/N, cancelled part-way and resumed without redoing finishe
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,8 @@ def assert_progress_words_agree(seen: list[dict[str, Any]]) -> None:
     # the legs run at the same time and each tells its own count: the stage's count never goes back and never
     # passes the total
     runs = [(int(ev["cases_done"]), int(ev["cases_total"])) for ev in counted]
-    for (a, total), (b, _) in zip(runs, runs[1:]):
-        assert b >= a and b <= total, runs
+    for (a, total), (b, _) in itertools.pairwise(runs):
+        assert a <= b <= total, runs
 
 
 def test_evaluate_three_ways_cancel_and_resume(eval_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
