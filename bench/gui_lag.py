@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-FLOOD = r'''
+FLOOD = r"""
 import sys, time
 from workers.shared.protocol import Emitter
 em = Emitter(sys.stdout)
@@ -37,7 +37,7 @@ while time.monotonic() - t0 < seconds:
         n += 1
     time.sleep(0.002)
 em.done({"lines": n})
-'''
+"""
 
 
 def main() -> int:
@@ -73,16 +73,20 @@ def main() -> int:
     events = [0]
 
     async def scenario() -> None:
-        w.dock.begin("quantize", "Quantize (bench flood)", 2 * 1024 ** 3)
+        w.dock.begin("quantize", "Quantize (bench flood)", 2 * 1024**3)
         runner = JobRunner()
 
         def on_event(ev: dict[str, object]) -> None:
             events[0] += 1
             w.dock.on_event("quantize", ev)
 
-        job = await runner.start_argv([sys.executable, str(flood), str(args.lines_per_s), str(args.seconds)],
-                                      cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, on_event=on_event,
-                                      on_sample=lambda s: w.dock.on_sample("quantize", s))
+        job = await runner.start_argv(
+            [sys.executable, str(flood), str(args.lines_per_s), str(args.seconds)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            on_event=on_event,
+            on_sample=lambda s: w.dock.on_sample("quantize", s),
+        )
         chat.rate_plot.begin_reply()
         t0 = time.monotonic()
 
@@ -115,8 +119,10 @@ def main() -> int:
     lat = sorted(lateness)
     p50 = statistics.median(lat)
     p99 = lat[int(len(lat) * 0.99) - 1]
-    print(f"timer ticks: {len(lat)}; worker events delivered: {events[0]:,} "
-          f"({events[0] / args.seconds:,.0f}/s); chat tokens at {args.tokens_per_s:g}/s")
+    print(
+        f"timer ticks: {len(lat)}; worker events delivered: {events[0]:,} "
+        f"({events[0] / args.seconds:,.0f}/s); chat tokens at {args.tokens_per_s:g}/s"
+    )
     print(f"5 ms QTimer lateness: p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {lat[-1]:.2f} ms")
     print(f"p99 / 16 ms target = {p99 / 16:.2f} ({'meets' if p99 <= 16 else 'MISSES'} the target)")
     return 0

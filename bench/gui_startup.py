@@ -36,8 +36,14 @@ def main() -> int:
     heavy: list[str] = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "app", "gui", "--startup-check", "--workspace", str(tmp / "ws")],
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "app", "gui", "--startup-check", "--workspace", str(tmp / "ws")],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if out.returncode != 0:
             print(out.stderr, file=sys.stderr)
             return 1
@@ -46,8 +52,10 @@ def main() -> int:
         inner.append(doc["first_window_s"])
         heavy = doc["heavy_modules"]
     med = statistics.median(walls)
-    print(f"cold start to first window: median {med:.2f} s over {args.repeat} runs (process spawn to window; "
-          f"inside the process: {statistics.median(inner):.2f} s); max {max(walls):.2f} s")
+    print(
+        f"cold start to first window: median {med:.2f} s over {args.repeat} runs (process spawn to window; "
+        f"inside the process: {statistics.median(inner):.2f} s); max {max(walls):.2f} s"
+    )
     print(f"heavy modules imported by the GUI process: {heavy or 'none'}")
     print(f"median / 2 s target = {med / 2:.2f} ({'meets' if med < 2 else 'MISSES'} the target)")
     return 0

@@ -72,8 +72,24 @@ print(n)
 def make(work: Path, layers: int) -> tuple[Path, int]:
     out = work / f"llama8b-{layers}l"
     src = builtin_model_dir()
-    p = subprocess.run([qm.PY, "-c", MAKE, str(out), str(layers), str(HIDDEN), str(FFN), str(HEADS), str(KV_HEADS),
-                        str(VOCAB), str(src)], capture_output=True, text=True, check=True)
+    p = subprocess.run(
+        [
+            qm.PY,
+            "-c",
+            MAKE,
+            str(out),
+            str(layers),
+            str(HIDDEN),
+            str(FFN),
+            str(HEADS),
+            str(KV_HEADS),
+            str(VOCAB),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out, int(p.stdout.strip().splitlines()[-1])
 
 
@@ -146,12 +162,17 @@ def compile_run(run: Path, work: Path) -> dict[str, Any]:
     """Compile a kept slice's quantize output locally with QNN (the Compile stage's local path: the HTP graph
     rewrite in this child, then one child per part, shared form, read back through libQnnSystem)."""
     qdir = run / "artifacts" / "quantize"
-    p = subprocess.run([qm.PY, "-c", COMPILE, str(qdir), str(work / "htp")], capture_output=True, text=True,
-                       cwd=REPO, check=False)
+    p = subprocess.run(
+        [qm.PY, "-c", COMPILE, str(qdir), str(work / "htp")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
     if p.returncode != 0:
         raise RuntimeError(f"local compile failed: {p.stderr[-3000:]}")
     doc: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
-    doc["work_disk_bytes"] = disk(work / "htp")   # the rewritten graphs + the context binaries
+    doc["work_disk_bytes"] = disk(work / "htp")  # the rewritten graphs + the context binaries
     shutil.rmtree(work / "htp", ignore_errors=True)
     return doc
 
@@ -170,17 +191,29 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--no-validate", action="store_true", help="quantize and measure the AI Hub upload only")
-    ap.add_argument("--compile-run", type=Path, help="only compile this kept slice's run folder locally (QNN), "
-                    "measured: wall, peak RSS, context binary bytes per part")
+    ap.add_argument(
+        "--compile-run",
+        type=Path,
+        help="only compile this kept slice's run folder locally (QNN), "
+        "measured: wall, peak RSS, context binary bytes per part",
+    )
     args = ap.parse_args()
     if args.compile_run:
-        doc = compile_run(args.compile_run, Path(tempfile.mkdtemp(prefix="hexbench-8bc-", dir=os.environ.get("HEXBENCH_DIR"))))
+        doc = compile_run(
+            args.compile_run,
+            Path(tempfile.mkdtemp(prefix="hexbench-8bc-", dir=os.environ.get("HEXBENCH_DIR"))),
+        )
         for part in doc["parts"]:
-            print(f"part {part['part']} ({part['layers']} decoder layers; {', '.join(part['graphs'])}): "
-                  f"{part['seconds']:.0f} s, peak {part['peak_rss_bytes'] / 2**30:.2f} GiB, "
-                  f"context binary {part['bin_bytes'] / 1e9:.2f} GB", flush=True)
-        print(f"rewrite: {doc['rewrite_s']:.0f} s, peak {doc['rewrite_peak_rss_bytes'] / 2**30:.2f} GiB; "
-              f"total {doc['wall_s']:.0f} s; work folder {doc['work_disk_bytes'] / 1e9:.2f} GB")
+            print(
+                f"part {part['part']} ({part['layers']} decoder layers; {', '.join(part['graphs'])}): "
+                f"{part['seconds']:.0f} s, peak {part['peak_rss_bytes'] / 2**30:.2f} GiB, "
+                f"context binary {part['bin_bytes'] / 1e9:.2f} GB",
+                flush=True,
+            )
+        print(
+            f"rewrite: {doc['rewrite_s']:.0f} s, peak {doc['rewrite_peak_rss_bytes'] / 2**30:.2f} GiB; "
+            f"total {doc['wall_s']:.0f} s; work folder {doc['work_disk_bytes'] / 1e9:.2f} GB"
+        )
         if args.json:
             args.json.write_text(json.dumps(doc, indent=2))
         return 0
@@ -191,7 +224,10 @@ def main() -> int:
     try:
         for layers in [int(x) for x in args.layers.split(",")]:
             hf, params = make(work, layers)
-            print(f"{layers} layers: {params / 1e9:.2f}B parameters (bf16 checkpoint {disk(hf) / 1e9:.1f} GB)", flush=True)
+            print(
+                f"{layers} layers: {params / 1e9:.2f}B parameters (bf16 checkpoint {disk(hf) / 1e9:.1f} GB)",
+                flush=True,
+            )
             q = qm.measure(hf, layers, PARTS, work, keep_output=True, unit="layer")
             run = Path(str(q["run"]))
             qdisk = disk(run)
@@ -202,18 +238,33 @@ def main() -> int:
             if not args.no_validate:
                 v = qm.validate(run)
                 vdoc = json.loads((run / "artifacts" / "validate.partial" / "validation.json").read_text())
-            row = {"layers": layers, "params": params, "quantize_peak": q["peak_rss_bytes"], "quantize_wall": q["wall_s"],
-                   "validate_peak": v["peak_rss_bytes"], "validate_wall": v["wall_s"], "run_disk": disk(run),
-                   "quantize_disk": qdisk, "aihub_upload_fp32": qdoc["storage"]["aihub_upload_bytes"],
-                   "aihub_upload": up["bytes"], "aihub_upload_zipped": up["zipped"], "upload_prepare_s": up["prepare_s"],
-                   "upload_fp16_params": up["fp16_params"], "upload_fp32_params": up["fp32_params"],
-                   "verdict": vdoc["verdict"], "export_check": vdoc.get("float_export", {}).get("checks")}
+            row = {
+                "layers": layers,
+                "params": params,
+                "quantize_peak": q["peak_rss_bytes"],
+                "quantize_wall": q["wall_s"],
+                "validate_peak": v["peak_rss_bytes"],
+                "validate_wall": v["wall_s"],
+                "run_disk": disk(run),
+                "quantize_disk": qdisk,
+                "aihub_upload_fp32": qdoc["storage"]["aihub_upload_bytes"],
+                "aihub_upload": up["bytes"],
+                "aihub_upload_zipped": up["zipped"],
+                "upload_prepare_s": up["prepare_s"],
+                "upload_fp16_params": up["fp16_params"],
+                "upload_fp32_params": up["fp32_params"],
+                "verdict": vdoc["verdict"],
+                "export_check": vdoc.get("float_export", {}).get("checks"),
+            }
             rows.append(row)
-            print(f"   quantize: peak {row['quantize_peak'] / gib:.2f} GiB, {row['quantize_wall']:.0f} s; validate: peak "
-                  f"{row['validate_peak'] / gib:.2f} GiB, {row['validate_wall']:.0f} s ({row['verdict']}); run folder "
-                  f"{row['run_disk'] / 1e9:.1f} GB; AI Hub upload {row['aihub_upload'] / 1e9:.2f} GB "
-                  f"(zipped as the client sends it {row['aihub_upload_zipped'] / 1e9:.2f} GB; fp32 before "
-                  f"{row['aihub_upload_fp32'] / 1e9:.2f} GB)", flush=True)
+            print(
+                f"   quantize: peak {row['quantize_peak'] / gib:.2f} GiB, {row['quantize_wall']:.0f} s; validate: peak "
+                f"{row['validate_peak'] / gib:.2f} GiB, {row['validate_wall']:.0f} s ({row['verdict']}); run folder "
+                f"{row['run_disk'] / 1e9:.1f} GB; AI Hub upload {row['aihub_upload'] / 1e9:.2f} GB "
+                f"(zipped as the client sends it {row['aihub_upload_zipped'] / 1e9:.2f} GB; fp32 before "
+                f"{row['aihub_upload_fp32'] / 1e9:.2f} GB)",
+                flush=True,
+            )
             if args.json:
                 args.json.write_text(json.dumps({"rows": rows}, indent=2))
             shutil.rmtree(hf, ignore_errors=True)
@@ -226,15 +277,22 @@ def main() -> int:
     out: dict[str, Any] = {"rows": rows}
     if len(rows) >= 2:
         print("\nper-layer slope, intercept, extrapolated to 32 layers (Llama-3.1-8B):")
-        for key, unit, scale, target in (("quantize_peak", "GiB", gib, TARGET_RSS), ("validate_peak", "GiB", gib, TARGET_RSS),
-                                         ("run_disk", "GB", 1e9, TARGET_DISK), ("aihub_upload_fp32", "GB", 1e9, None),
-                                         ("aihub_upload", "GB", 1e9, TARGET_UPLOAD),
-                                         ("aihub_upload_zipped", "GB", 1e9, TARGET_UPLOAD),
-                                         ("quantize_wall", "s", 1, None), ("validate_wall", "s", 1, None)):
+        for key, unit, scale, target in (
+            ("quantize_peak", "GiB", gib, TARGET_RSS),
+            ("validate_peak", "GiB", gib, TARGET_RSS),
+            ("run_disk", "GB", 1e9, TARGET_DISK),
+            ("aihub_upload_fp32", "GB", 1e9, None),
+            ("aihub_upload", "GB", 1e9, TARGET_UPLOAD),
+            ("aihub_upload_zipped", "GB", 1e9, TARGET_UPLOAD),
+            ("quantize_wall", "s", 1, None),
+            ("validate_wall", "s", 1, None),
+        ):
             s, c, at32 = line(xs, [float(r[key]) for r in rows])
             ok = "" if target is None else ("  target met" if at32 <= target else "  target NOT met")
-            print(f"  {key:14s} slope {s / scale:8.3f} {unit}/layer  intercept {c / scale:8.2f} {unit}  "
-                  f"32 layers {at32 / scale:8.2f} {unit}{ok}")
+            print(
+                f"  {key:14s} slope {s / scale:8.3f} {unit}/layer  intercept {c / scale:8.2f} {unit}  "
+                f"32 layers {at32 / scale:8.2f} {unit}{ok}"
+            )
             out[key + "_line"] = {"slope": s, "intercept": c, "at_32_layers": at32}
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

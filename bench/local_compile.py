@@ -29,8 +29,15 @@ ANCHOR_S = 60.0
 
 def hexstudio(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}
-    return subprocess.run([sys.executable, "-m", "app", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=3600, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
 
 
 def main() -> int:
@@ -40,8 +47,19 @@ def main() -> int:
     ap.add_argument("--workspace", type=Path, default=None)
     args = ap.parse_args()
     ws = args.workspace or Path(tempfile.mkdtemp(prefix="hexstudio-bench-compile-"))
-    r = hexstudio(ws, "run", "--model", "builtin:tiny-llama", "--board", "sim", "--until", "validate",
-                  "--set", "calibration_samples=4", "--json")
+    r = hexstudio(
+        ws,
+        "run",
+        "--model",
+        "builtin:tiny-llama",
+        "--board",
+        "sim",
+        "--until",
+        "validate",
+        "--set",
+        "calibration_samples=4",
+        "--json",
+    )
     if r.returncode != 0:
         print(r.stdout[-2000:], r.stderr[-2000:])
         return 1
@@ -56,28 +74,50 @@ def main() -> int:
             print(r.stdout[-2000:], r.stderr[-2000:])
             return 1
         st = json.loads((run_dir / "run.json").read_text())["stages"]["compile"]
-        metrics = {k: (m["value"] if isinstance(m, dict) else m) for k, m in (st.get("metrics") or {}).items()}
+        metrics = {
+            k: (m["value"] if isinstance(m, dict) else m) for k, m in (st.get("metrics") or {}).items()
+        }
         peaks.append(int(metrics.get("compile_peak_rss") or 0))
     bundle = run_dir / "artifacts" / "compile" / "bundle"
     bins = sum(p.stat().st_size for p in bundle.glob("*.bin"))
     wall = statistics.median(walls)
-    print(f"local compile of builtin:tiny-llama (4 graphs, QNN 2.51, v73 / soc_model 77): median {wall:.1f} s "
-          f"(min {min(walls):.1f}, max {max(walls):.1f}) over {len(walls)} runs; children's peak RSS "
-          f"{max(peaks) / 2**20:.0f} MiB; context binaries {bins / 2**20:.1f} MiB")
+    print(
+        f"local compile of builtin:tiny-llama (4 graphs, QNN 2.51, v73 / soc_model 77): median {wall:.1f} s "
+        f"(min {min(walls):.1f}, max {max(walls):.1f}) over {len(walls)} runs; children's peak RSS "
+        f"{max(peaks) / 2**20:.0f} MiB; context binaries {bins / 2**20:.1f} MiB"
+    )
     print(f"ratio to the anchor ({ANCHOR_S:.0f} s): {wall / ANCHOR_S:.3f}")
     r = hexstudio(ws, "run", "--resume", run_id, "--only", "board", "--quiet")
     remote = json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "workers.genie_sim.t2t", "-c", "genie_config.json", "-p",
-                        "The capital of France is", "--max-tokens", str(args.tokens), "--profile",
-                        str(Path(remote) / f"bench-profile-{os.getpid()}.json")], cwd=remote, capture_output=True,
-                       text=True, timeout=1800, check=False)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workers.genie_sim.t2t",
+            "-c",
+            "genie_config.json",
+            "-p",
+            "The capital of France is",
+            "--max-tokens",
+            str(args.tokens),
+            "--profile",
+            str(Path(remote) / f"bench-profile-{os.getpid()}.json"),
+        ],
+        cwd=remote,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     wall_g = time.monotonic() - t0
     prof = json.loads((Path(remote) / f"bench-profile-{os.getpid()}.json").read_text())
     ev = next(e for e in prof["components"][0]["events"] if e["type"] == "GenieDialog_query")
-    print(f"SIMULATED real Genie on the HTP simulator: {ev['num-generated-tokens']['value']} tokens at "
-          f"{ev['token-generation-rate']['value']:.2f} tok/s, TTFT {ev['time-to-first-token']['value'] / 1000:.0f} ms "
-          f"({ev['num-prompt-tokens']['value']} prompt tokens); process wall {wall_g:.1f} s; exit {p.returncode}")
+    print(
+        f"SIMULATED real Genie on the HTP simulator: {ev['num-generated-tokens']['value']} tokens at "
+        f"{ev['token-generation-rate']['value']:.2f} tok/s, TTFT {ev['time-to-first-token']['value'] / 1000:.0f} ms "
+        f"({ev['num-prompt-tokens']['value']} prompt tokens); process wall {wall_g:.1f} s; exit {p.returncode}"
+    )
     return 0
 
 

@@ -44,7 +44,9 @@ def one_run(workspace: Path, tree: Path) -> tuple[float, float, dict[str, object
     try:
         rep: dict[str, object] = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        sys.exit(f"preflight did not print JSON (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        sys.exit(
+            f"preflight did not print JSON (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return wall, cpu, rep
 
 
@@ -66,17 +68,23 @@ def main() -> int:
             cpus.append(cpu)
             checks = {c["id"]: c for c in rep["checks"]}  # type: ignore[attr-defined]
             smoke = checks.get("aimet_smoke", {})
-            print(f"run {i + 1}     {wall:6.2f} s wall, {cpu:5.2f} s CPU  (smoke test {smoke.get('status')}: {smoke.get('measured')}; "
-                  f"{rep['checks_failed']} failed, {rep['checks_warned']} warnings)")
+            print(
+                f"run {i + 1}     {wall:6.2f} s wall, {cpu:5.2f} s CPU  (smoke test {smoke.get('status')}: {smoke.get('measured')}; "
+                f"{rep['checks_failed']} failed, {rep['checks_warned']} warnings)"
+            )
     med = statistics.median(walls)
     try:
         load = os.getloadavg()[0]
     except OSError:
         load = float("nan")
-    print(f"median    {med:6.2f} s over {len(walls)} runs (min {min(walls):.2f}, max {max(walls):.2f}; "
-          f"load average {load:.1f}, {os.cpu_count()} CPUs)")
-    print(f"CPU time  median {statistics.median(cpus):.2f} s for the whole process tree (what an idle machine's "
-          "wall time comes to: the work is one process importing aimet-onnx)")
+    print(
+        f"median    {med:6.2f} s over {len(walls)} runs (min {min(walls):.2f}, max {max(walls):.2f}; "
+        f"load average {load:.1f}, {os.cpu_count()} CPUs)"
+    )
+    print(
+        f"CPU time  median {statistics.median(cpus):.2f} s for the whole process tree (what an idle machine's "
+        "wall time comes to: the work is one process importing aimet-onnx)"
+    )
     print(f"ratio     {med / ANCHOR_S:.2f} of the {ANCHOR_S:.0f} s budget")
     return 0 if med < ANCHOR_S else 1
 

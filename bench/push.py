@@ -28,8 +28,12 @@ from app.core.device.push import push_bundle
 from tests.support.evk_board import make_device_bundle
 from tests.support.sshd import SshServer
 
-FACTS = {"dsp_arch": "v73", "qairt_version": "2.45.0.260326", "mem_total_bytes": 64 << 30,
-         "mem_available_bytes": 48 << 30}
+FACTS = {
+    "dsp_arch": "v73",
+    "qairt_version": "2.45.0.260326",
+    "mem_total_bytes": 64 << 30,
+    "mem_available_bytes": 48 << 30,
+}
 
 
 def main() -> int:
@@ -40,22 +44,36 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-push-") as tmp:
         base = Path(tmp)
         os.environ["HEXSTUDIO_CONFIG_DIR"] = str(base / "config")
-        bundle = make_device_bundle(base / "bundle", parts=args.files,
-                                    part_bytes=(args.size_mb << 20) // args.files)
+        bundle = make_device_bundle(
+            base / "bundle", parts=args.files, part_bytes=(args.size_mb << 20) // args.files
+        )
         total = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
         with SshServer(base / "sshd") as srv:
             dest = base / "remote"
             dest.mkdir()
             argv = srv.ssh_argv()
-            scp = ["scp", "-q", "-r", "-P", str(srv.port), *argv[3:-1], str(bundle),
-                   f"root@{srv.host}:{dest / 'scp'}"]
+            scp = [
+                "scp",
+                "-q",
+                "-r",
+                "-P",
+                str(srv.port),
+                *argv[3:-1],
+                str(bundle),
+                f"root@{srv.host}:{dest / 'scp'}",
+            ]
             t0 = time.perf_counter()
             subprocess.run(scp, check=True)
             t_scp = time.perf_counter() - t0
 
             async def push() -> tuple[float, float, int, int]:
-                cfg = {"host": srv.host, "port": srv.port, "user": "root", "auth": "key",
-                       "key_path": str(srv.client_key_path)}
+                cfg = {
+                    "host": srv.host,
+                    "port": srv.port,
+                    "user": "root",
+                    "auth": "key",
+                    "key_path": str(srv.client_key_path),
+                }
                 t = await connect_ssh("bench", cfg, trust=lambda *a: True)
                 board = Board("bench", t, False, config=cfg)
                 t1 = time.perf_counter()
@@ -67,13 +85,18 @@ def main() -> int:
                 await board.transport.run(["rm", "-rf", "--", r1.remote_dir])
                 await t.close()
                 return t_push, t_again, r1.sent_bytes, r2.sent_bytes
+
             t_push, t_again, sent1, sent2 = asyncio.run(push())
     scp_mbs = total / 1e6 / t_scp
     push_mbs = sent1 / 1e6 / t_push
     print(f"bundle: {total / 2**20:.0f} MiB in {args.files + 5} files")
     print(f"scp -r (anchor):     {t_scp:6.2f} s  {scp_mbs:7.1f} MB/s")
-    print(f"hexstudio push:      {t_push:6.2f} s  {push_mbs:7.1f} MB/s  ratio {push_mbs / scp_mbs:.2f} (target >= 0.8)")
-    print(f"unchanged re-push:   {t_again:6.3f} s  sent {sent2} bytes  ratio {t_again / 2.0:.3f} of the 2 s budget")
+    print(
+        f"hexstudio push:      {t_push:6.2f} s  {push_mbs:7.1f} MB/s  ratio {push_mbs / scp_mbs:.2f} (target >= 0.8)"
+    )
+    print(
+        f"unchanged re-push:   {t_again:6.3f} s  sent {sent2} bytes  ratio {t_again / 2.0:.3f} of the 2 s budget"
+    )
     return 0
 
 

@@ -37,17 +37,23 @@ PY = sys.executable
 # name: (hidden, layers, heads, kv_heads, ffn, vocab); vocab 0 = 840 (the built-in tokenizer's; a larger
 # vocabulary only adds rows the calibration text never reaches, as a Llama-3 lm_head/embedding does)
 SIZES = {
-    "10m": (384, 8, 6, 2, 1024, 0),           # ~ 13M params (quick check)
-    "20m": (512, 8, 8, 2, 1280, 0),           # ~ 22M
-    "80m": (768, 12, 12, 4, 2304, 0),         # ~ 84M
-    "300m": (1024, 24, 16, 4, 3072, 0),       # ~ 291M
+    "10m": (384, 8, 6, 2, 1024, 0),  # ~ 13M params (quick check)
+    "20m": (512, 8, 8, 2, 1280, 0),  # ~ 22M
+    "80m": (768, 12, 12, 4, 2304, 0),  # ~ 84M
+    "300m": (1024, 24, 16, 4, 3072, 0),  # ~ 291M
     "270m-v32k": (1024, 16, 16, 4, 3072, 32768),  # ~ 269M, the lm_head (33.6M) 2.7x a decoder layer (12.6M)
 }
 BASELINE = "import torch, transformers, onnx, onnxruntime, aimet_onnx, numpy"
-VALIDATE_BASELINE = "import onnxruntime, numpy, tokenizers"   # what the validate worker imports
+VALIDATE_BASELINE = "import onnxruntime, numpy, tokenizers"  # what the validate worker imports
 CONTEXT, AR_N = 256, 64
-SETTINGS = {"calibration_samples": 2, "calibration_seq_len": 64, "weight_bits": 4, "activation_bits": 16,
-            "kv_bits": 8, "calibration_text": "builtin"}
+SETTINGS = {
+    "calibration_samples": 2,
+    "calibration_seq_len": 64,
+    "weight_bits": 4,
+    "activation_bits": 16,
+    "kv_bits": 8,
+    "calibration_text": "builtin",
+}
 
 MAKE_MODEL = r"""
 import sys, shutil, torch
@@ -74,9 +80,24 @@ def make_model(root: Path, name: str) -> tuple[Path, int, int]:
     h, layers, nh, kvh, ffn, vocab = SIZES[name]
     out = root / name
     src = builtin_model_dir()
-    p = subprocess.run([PY, "-c", MAKE_MODEL, str(out), str(h), str(layers), str(nh), str(kvh), str(ffn), str(vocab),
-                        str(src)],
-                       capture_output=True, text=True, check=True)
+    p = subprocess.run(
+        [
+            PY,
+            "-c",
+            MAKE_MODEL,
+            str(out),
+            str(h),
+            str(layers),
+            str(nh),
+            str(kvh),
+            str(ffn),
+            str(vocab),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out, int(p.stdout.strip().splitlines()[-1]), layers
 
 
@@ -84,7 +105,9 @@ def child_peak(argv: list[str], log: Path, cwd: Path = REPO) -> tuple[int, float
     """(exit code, wall seconds, peak RSS bytes) of a child process."""
     t0 = time.monotonic()
     with open(log.with_suffix(".out"), "wb") as so, open(log.with_suffix(".err"), "wb") as se:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=so, stderr=se, env={**os.environ, "HEXSTUDIO_THREADS": "2"})
+        proc = subprocess.Popen(
+            argv, cwd=cwd, stdout=so, stderr=se, env={**os.environ, "HEXSTUDIO_THREADS": "2"}
+        )
         _, status, ru = os.wait4(proc.pid, 0)
     return os.waitstatus_to_exitcode(status), time.monotonic() - t0, ru.ru_maxrss * 1024
 
@@ -98,30 +121,59 @@ def baseline(work: Path, code: str = BASELINE) -> int:
 
 def validate(run: Path) -> dict[str, float]:
     """Validate the part-wise run (its quantize output must be in artifacts/quantize)."""
-    spec = {"schema": 1, "stage": "validate", "run_dir": str(run), "out_dir": str(run / "artifacts" / "validate.partial"),
-            "upstream": {"model": str(run / "artifacts" / "model"), "quantize": str(run / "artifacts" / "quantize")},
-            "settings": {}}
+    spec = {
+        "schema": 1,
+        "stage": "validate",
+        "run_dir": str(run),
+        "out_dir": str(run / "artifacts" / "validate.partial"),
+        "upstream": {
+            "model": str(run / "artifacts" / "model"),
+            "quantize": str(run / "artifacts" / "quantize"),
+        },
+        "settings": {},
+    }
     (run / "vspec.json").write_text(json.dumps(spec))
     (run / "artifacts" / "validate.partial").mkdir(parents=True, exist_ok=True)
-    rc, wall, peak = child_peak([PY, "-m", "workers.validate", "--spec", str(run / "vspec.json")], run / "validate")
+    rc, wall, peak = child_peak(
+        [PY, "-m", "workers.validate", "--spec", str(run / "vspec.json")], run / "validate"
+    )
     if rc != 0:
-        raise SystemExit(f"validate failed for {run}:\n" + (run / "validate.err").read_text(errors="replace")[-2000:])
+        raise SystemExit(
+            f"validate failed for {run}:\n" + (run / "validate.err").read_text(errors="replace")[-2000:]
+        )
     return {"peak_rss_bytes": peak, "wall_s": round(wall, 1)}
 
 
-def measure(hf: Path, layers: int, parts: int, work: Path, keep_output: bool = False, unit: str = "layer"
-            ) -> dict[str, float]:
+def measure(
+    hf: Path, layers: int, parts: int, work: Path, keep_output: bool = False, unit: str = "layer"
+) -> dict[str, float]:
     run = work / f"run-p{parts}"
     shutil.rmtree(run, ignore_errors=True)
     (run / "artifacts" / "model").mkdir(parents=True)
-    (run / "artifacts" / "model" / "model.json").write_text(json.dumps({
-        "model": str(hf), "source": "local", "revision": None, "hf_dir": str(hf), "info": {"num_layers": layers},
-        "resolved": {"context_length": CONTEXT, "ar_n": AR_N, "parts": parts}}))
-    spec = {"schema": 1, "stage": "quantize", "run_dir": str(run), "out_dir": str(run / "artifacts" / "quantize.partial"),
-            "upstream": {"model": str(run / "artifacts" / "model")},
-            "settings": {**SETTINGS, "calibration_unit": unit}}
+    (run / "artifacts" / "model" / "model.json").write_text(
+        json.dumps(
+            {
+                "model": str(hf),
+                "source": "local",
+                "revision": None,
+                "hf_dir": str(hf),
+                "info": {"num_layers": layers},
+                "resolved": {"context_length": CONTEXT, "ar_n": AR_N, "parts": parts},
+            }
+        )
+    )
+    spec = {
+        "schema": 1,
+        "stage": "quantize",
+        "run_dir": str(run),
+        "out_dir": str(run / "artifacts" / "quantize.partial"),
+        "upstream": {"model": str(run / "artifacts" / "model")},
+        "settings": {**SETTINGS, "calibration_unit": unit},
+    }
     (run / "spec.json").write_text(json.dumps(spec))
-    rc, wall, peak = child_peak([PY, "-m", "workers.quantize", "--spec", str(run / "spec.json")], run / "quantize")
+    rc, wall, peak = child_peak(
+        [PY, "-m", "workers.quantize", "--spec", str(run / "spec.json")], run / "quantize"
+    )
     if rc != 0:
         tail = (run / "quantize.err").read_text(errors="replace")[-2000:]
         raise SystemExit(f"quantize failed for {hf.name} parts={parts}:\n{tail}")
@@ -164,11 +216,17 @@ def largest_part_params(hf: Path, parts: int) -> int:
     layers = 1 + max(int(k.split(".layers.")[1].split(".")[0]) for k in sizes if ".layers." in k)
     best = 0
     for i, (a, b) in enumerate(layer_ranges(layers, parts)):
-        n = sum(v for k, v in sizes.items() if ".layers." in k and a <= int(k.split(".layers.")[1].split(".")[0]) < b)
+        n = sum(
+            v
+            for k, v in sizes.items()
+            if ".layers." in k and a <= int(k.split(".layers.")[1].split(".")[0]) < b
+        )
         if i == 0:
             n += sum(v for k, v in sizes.items() if "embed_tokens" in k)
         if i == parts - 1:
-            n += sum(v for k, v in sizes.items() if k.startswith("lm_head") or k.endswith("model.norm.weight"))
+            n += sum(
+                v for k, v in sizes.items() if k.startswith("lm_head") or k.endswith("model.norm.weight")
+            )
         best = max(best, n)
     return best
 
@@ -187,8 +245,10 @@ def main() -> int:
     try:
         base = baseline(work)
         vbase = baseline(work, VALIDATE_BASELINE)
-        print(f"baseline (imports only): quantize {base / mib:.0f} MiB, validate {vbase / mib:.0f} MiB peak RSS",
-              flush=True)
+        print(
+            f"baseline (imports only): quantize {base / mib:.0f} MiB, validate {vbase / mib:.0f} MiB peak RSS",
+            flush=True,
+        )
         for name in args.sizes.split(","):
             hf, params, layers = make_model(work, name)
             fp16 = params * 2
@@ -198,33 +258,55 @@ def main() -> int:
             a = measure(hf, layers, 1, work, unit="part")
             b = measure(hf, layers, parts, work, keep_output=not args.no_validate, unit="layer")
             v = None if args.no_validate else validate(Path(str(b["run"])))
-            row = {"size": name, "params": params, "layers": layers, "parts": parts, "fp16_bytes": fp16,
-                   "largest_part_fp16_bytes": part_fp16, "largest_unit_params": unit_params, "baseline_bytes": base,
-                   "whole_peak": a["peak_rss_bytes"], "whole_wall": a["wall_s"],
-                   "partwise_peak": b["peak_rss_bytes"], "partwise_wall": b["wall_s"],
-                   "whole_ratio": a["peak_rss_bytes"] / fp16, "partwise_ratio": b["peak_rss_bytes"] / fp16,
-                   "whole_net_ratio": (a["peak_rss_bytes"] - base) / fp16,
-                   "partwise_net_ratio": (b["peak_rss_bytes"] - base) / fp16,
-                   "partwise_net_per_part_fp16": (b["peak_rss_bytes"] - base) / part_fp16,
-                   "partwise_net_bytes_per_unit_param": (b["peak_rss_bytes"] - base) / unit_params}
+            row = {
+                "size": name,
+                "params": params,
+                "layers": layers,
+                "parts": parts,
+                "fp16_bytes": fp16,
+                "largest_part_fp16_bytes": part_fp16,
+                "largest_unit_params": unit_params,
+                "baseline_bytes": base,
+                "whole_peak": a["peak_rss_bytes"],
+                "whole_wall": a["wall_s"],
+                "partwise_peak": b["peak_rss_bytes"],
+                "partwise_wall": b["wall_s"],
+                "whole_ratio": a["peak_rss_bytes"] / fp16,
+                "partwise_ratio": b["peak_rss_bytes"] / fp16,
+                "whole_net_ratio": (a["peak_rss_bytes"] - base) / fp16,
+                "partwise_net_ratio": (b["peak_rss_bytes"] - base) / fp16,
+                "partwise_net_per_part_fp16": (b["peak_rss_bytes"] - base) / part_fp16,
+                "partwise_net_bytes_per_unit_param": (b["peak_rss_bytes"] - base) / unit_params,
+            }
             if v is not None:
-                row.update({"validate_peak": v["peak_rss_bytes"], "validate_wall": v["wall_s"],
-                            "validate_baseline_bytes": vbase,
-                            "validate_net_per_part_fp16": (v["peak_rss_bytes"] - vbase) / part_fp16})
+                row.update(
+                    {
+                        "validate_peak": v["peak_rss_bytes"],
+                        "validate_wall": v["wall_s"],
+                        "validate_baseline_bytes": vbase,
+                        "validate_net_per_part_fp16": (v["peak_rss_bytes"] - vbase) / part_fp16,
+                    }
+                )
             rows.append(row)
-            print(f"{name:5s} {params / 1e6:6.1f}M params  fp16 {fp16 / mib:6.0f} MiB (largest of {parts} parts "
-                  f"{part_fp16 / mib:5.0f} MiB)\n"
-                  f"   (a) whole-model : peak {a['peak_rss_bytes'] / mib:6.0f} MiB  peak/fp16 {row['whole_ratio']:5.2f}"
-                  f"  (peak-baseline)/fp16 {row['whole_net_ratio']:5.2f}  {a['wall_s']:6.1f} s\n"
-                  f"   (b) part-wise   : peak {b['peak_rss_bytes'] / mib:6.0f} MiB  peak/fp16 "
-                  f"{row['partwise_ratio']:5.2f}  (peak-baseline)/fp16 {row['partwise_net_ratio']:5.2f}  "
-                  f"(peak-baseline)/largest-part fp16 {row['partwise_net_per_part_fp16']:5.2f}  "
-                  f"{b['wall_s']:6.1f} s\n"
-                  f"                     largest calibration unit {unit_params / 1e6:.1f}M params: (peak-baseline)"
-                  f" / its params {row['partwise_net_bytes_per_unit_param']:5.1f} bytes", flush=True)
+            print(
+                f"{name:5s} {params / 1e6:6.1f}M params  fp16 {fp16 / mib:6.0f} MiB (largest of {parts} parts "
+                f"{part_fp16 / mib:5.0f} MiB)\n"
+                f"   (a) whole-model : peak {a['peak_rss_bytes'] / mib:6.0f} MiB  peak/fp16 {row['whole_ratio']:5.2f}"
+                f"  (peak-baseline)/fp16 {row['whole_net_ratio']:5.2f}  {a['wall_s']:6.1f} s\n"
+                f"   (b) part-wise   : peak {b['peak_rss_bytes'] / mib:6.0f} MiB  peak/fp16 "
+                f"{row['partwise_ratio']:5.2f}  (peak-baseline)/fp16 {row['partwise_net_ratio']:5.2f}  "
+                f"(peak-baseline)/largest-part fp16 {row['partwise_net_per_part_fp16']:5.2f}  "
+                f"{b['wall_s']:6.1f} s\n"
+                f"                     largest calibration unit {unit_params / 1e6:.1f}M params: (peak-baseline)"
+                f" / its params {row['partwise_net_bytes_per_unit_param']:5.1f} bytes",
+                flush=True,
+            )
             if v is not None:
-                print(f"   validate (b)    : peak {v['peak_rss_bytes'] / mib:6.0f} MiB  (peak-baseline)/largest-part "
-                      f"fp16 {row['validate_net_per_part_fp16']:5.2f}  {v['wall_s']:6.1f} s", flush=True)
+                print(
+                    f"   validate (b)    : peak {v['peak_rss_bytes'] / mib:6.0f} MiB  (peak-baseline)/largest-part "
+                    f"fp16 {row['validate_net_per_part_fp16']:5.2f}  {v['wall_s']:6.1f} s",
+                    flush=True,
+                )
             shutil.rmtree(hf, ignore_errors=True)
             if not args.keep:
                 for r in work.glob("run-p*"):
@@ -235,15 +317,32 @@ def main() -> int:
     last = rows[-1]
     ratio = last["partwise_peak"] / last["whole_peak"]
     net = (last["partwise_peak"] - base) / max(last["whole_peak"] - base, 1)
-    print(f"\n(b)/(a) peak RSS at the largest size ({last['size']}): {ratio:.2f} (net of baseline {net:.2f}); "
-          f"target <= 0.50: {'met' if ratio <= 0.5 else 'NOT met'}")
-    print("(b) peak/fp16 across sizes: " + ", ".join(f"{r['partwise_ratio']:.2f}" for r in rows)
-          + "; (peak-baseline)/fp16: " + ", ".join(f"{r['partwise_net_ratio']:.2f}" for r in rows))
+    print(
+        f"\n(b)/(a) peak RSS at the largest size ({last['size']}): {ratio:.2f} (net of baseline {net:.2f}); "
+        f"target <= 0.50: {'met' if ratio <= 0.5 else 'NOT met'}"
+    )
+    print(
+        "(b) peak/fp16 across sizes: "
+        + ", ".join(f"{r['partwise_ratio']:.2f}" for r in rows)
+        + "; (peak-baseline)/fp16: "
+        + ", ".join(f"{r['partwise_net_ratio']:.2f}" for r in rows)
+    )
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "ratio_b_over_a_largest": ratio, "largest_part_params": [
-                                             r["largest_part_fp16_bytes"] // 2 for r in rows],
-                                         "net_ratio_b_over_a_largest": net, "baseline_bytes": base,
-                                         "context_length": CONTEXT, "ar_n": AR_N, "settings": SETTINGS}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "ratio_b_over_a_largest": ratio,
+                    "largest_part_params": [r["largest_part_fp16_bytes"] // 2 for r in rows],
+                    "net_ratio_b_over_a_largest": net,
+                    "baseline_bytes": base,
+                    "context_length": CONTEXT,
+                    "ar_n": AR_N,
+                    "settings": SETTINGS,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

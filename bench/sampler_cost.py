@@ -22,9 +22,11 @@ TARGET = 0.01
 SECONDS = 20.0
 HZ = 4.0
 
-TREE = ("import subprocess, sys, time\n"
-        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']) for _ in range(4)]\n"
-        "time.sleep(120)\n")
+TREE = (
+    "import subprocess, sys, time\n"
+    "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']) for _ in range(4)]\n"
+    "time.sleep(120)\n"
+)
 
 
 async def run(pid: int) -> tuple[float, int]:
@@ -49,9 +51,14 @@ def main() -> None:
     finally:
         import os
         import signal
+
         os.killpg(proc.pid, signal.SIGKILL)
-    print(f"sampler at {HZ:g} Hz over a 6-process tree: {frac * 100:.3f}% of one core ({n} samples in {SECONDS:g} s)")
-    print(f"ratio to target ({TARGET * 100:.0f}% of one core): {frac / TARGET:.3f} (below 1 is within target)")
+    print(
+        f"sampler at {HZ:g} Hz over a 6-process tree: {frac * 100:.3f}% of one core ({n} samples in {SECONDS:g} s)"
+    )
+    print(
+        f"ratio to target ({TARGET * 100:.0f}% of one core): {frac / TARGET:.3f} (below 1 is within target)"
+    )
 
 
 if __name__ == "__main__":

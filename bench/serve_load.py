@@ -52,7 +52,7 @@ def build_workspace() -> tuple[Path, str]:
     ws.mkdir()
     run_dir = copy_run(validated, ws)
     m = Workspace(ws).open_run(run_dir.name)
-    m.settings.update({"compile_target": "sim"})   # the onnxruntime twin: replies in milliseconds a token
+    m.settings.update({"compile_target": "sim"})  # the onnxruntime twin: replies in milliseconds a token
     m.save()
     for stage in ("compile", "board"):
         res = asyncio.run(Pipeline(Workspace(ws).open_run(run_dir.name)).run(only=stage))
@@ -91,7 +91,7 @@ async def read_body(r: asyncio.StreamReader, hs: dict[str, str]) -> bytes:
     if "content-length" in hs:
         return await r.readexactly(int(hs["content-length"]))
     out = b""
-    while True:   # chunked
+    while True:  # chunked
         size = int((await r.readline()).strip() or b"0", 16)
         if size == 0:
             await r.readline()
@@ -104,13 +104,20 @@ def request(path: str, body: dict[str, Any] | None = None, close: bool = True) -
     if body is None:
         return f"GET {path} HTTP/1.1\r\nHost: x\r\n{'Connection: close' if close else ''}\r\n\r\n".encode()
     data = json.dumps(body).encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-            f"Connection: close\r\n\r\n").encode() + data
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+        f"Connection: close\r\n\r\n"
+    ).encode() + data
 
 
 async def streamer(i: int, port: int, st: Stats, until: float) -> None:
-    body = {"model": "default", "stream": True, "max_tokens": 12, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Question {i}: tell me about the harbour."}]}
+    body = {
+        "model": "default",
+        "stream": True,
+        "max_tokens": 12,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": f"Question {i}: tell me about the harbour."}],
+    }
     while time.monotonic() < until:
         try:
             r, w = await asyncio.open_connection(HOST, port)
@@ -130,7 +137,9 @@ async def streamer(i: int, port: int, st: Stats, until: float) -> None:
             w.close()
             events = [ln[6:] for ln in text.decode().split("\n") if ln.startswith("data: ")]
             if not events or events[-1] != "[DONE]" or any('"error"' in e for e in events):
-                st.failures.append(f"streamer {i}: incomplete stream {events[-2:] if events else text[:200]!r}")
+                st.failures.append(
+                    f"streamer {i}: incomplete stream {events[-2:] if events else text[:200]!r}"
+                )
             else:
                 st.streams_ok += 1
                 st.tokens += sum(1 for e in events if '"content"' in e)
@@ -140,14 +149,19 @@ async def streamer(i: int, port: int, st: Stats, until: float) -> None:
 
 
 async def leaver(i: int, port: int, st: Stats, until: float) -> None:
-    body = {"stream": True, "max_tokens": 400, "temperature": 0.7, "seed": i,
-            "messages": [{"role": "user", "content": "Tell me a long story about the workshop."}]}
+    body = {
+        "stream": True,
+        "max_tokens": 400,
+        "temperature": 0.7,
+        "seed": i,
+        "messages": [{"role": "user", "content": "Tell me a long story about the workshop."}],
+    }
     while time.monotonic() < until:
         try:
             r, w = await asyncio.open_connection(HOST, port)
             w.write(request("/v1/chat/completions", body))
             try:
-                await asyncio.wait_for(r.read(400), random.uniform(0.2, 3.0))   # some tokens, or still queued
+                await asyncio.wait_for(r.read(400), random.uniform(0.2, 3.0))  # some tokens, or still queued
             except asyncio.TimeoutError:
                 pass
             w.close()
@@ -167,7 +181,7 @@ async def idle(port: int, st: Stats, until: float) -> None:
         st.idle_open += 1
         st.idle_peak = max(st.idle_peak, st.idle_open)
         try:
-            await asyncio.wait_for(r.read(), max(0.1, until - time.monotonic()))   # until the server closes it
+            await asyncio.wait_for(r.read(), max(0.1, until - time.monotonic()))  # until the server closes it
         except (asyncio.TimeoutError, OSError):
             pass
         finally:
@@ -198,7 +212,7 @@ async def load(port: int, seconds: float, streamers: int, idles: int, leavers: i
     st = Stats()
     until = time.monotonic() + seconds
     tasks = [asyncio.ensure_future(idle(port, st, until)) for _ in range(idles)]
-    await asyncio.sleep(1.0)   # the idle pool first, then the real clients
+    await asyncio.sleep(1.0)  # the idle pool first, then the real clients
     tasks += [asyncio.ensure_future(streamer(i, port, st, until)) for i in range(streamers)]
     tasks += [asyncio.ensure_future(leaver(i, port, st, until)) for i in range(leavers)]
     tasks.append(asyncio.ensure_future(health(port, st, until)))
@@ -232,12 +246,25 @@ def main() -> int:
     else:
         ap.error("give --workspace WS (a run on the sim board) or --build")
     port_file = Path(tempfile.mkdtemp(prefix="hexstudio-bench-")) / "port"
-    argv = [sys.executable, "-m", "app", "serve", "--board", "sim", "--port", "0", "--port-file", str(port_file),
-            "--max-queue", str(args.streamers + args.leavers + 8)]
+    argv = [
+        sys.executable,
+        "-m",
+        "app",
+        "serve",
+        "--board",
+        "sim",
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+        "--max-queue",
+        str(args.streamers + args.leavers + 8),
+    ]
     if run:
         argv += ["--run", run]
-    proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)},
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env={**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 300
         while not (port_file.is_file() and port_file.read_text()):
@@ -258,16 +285,22 @@ def main() -> int:
             err = proc.communicate()[1]
     traceback = "Traceback" in (err or "")
     p50, p99, mx = pct(st.health_ms, 50), pct(st.health_ms, 99), max(st.health_ms or [float("nan")])
-    print(f"load {wall:.0f} s on loopback: {args.streamers} streaming clients, {args.idle} idle connections "
-          f"(peak open {st.idle_peak}, {st.idle_cycles} closed by the server's header deadline and reopened), "
-          f"{args.leavers} clients leaving mid-reply ({st.left} left)")
-    print(f"streams complete {st.streams_ok} ({st.tokens} content chunks), 429 honoured {st.retried}, "
-          f"failures {len(st.failures)}; server stopped with exit {proc.returncode}"
-          f"{', TRACEBACK in its output' if traceback else ''}")
+    print(
+        f"load {wall:.0f} s on loopback: {args.streamers} streaming clients, {args.idle} idle connections "
+        f"(peak open {st.idle_peak}, {st.idle_cycles} closed by the server's header deadline and reopened), "
+        f"{args.leavers} clients leaving mid-reply ({st.left} left)"
+    )
+    print(
+        f"streams complete {st.streams_ok} ({st.tokens} content chunks), 429 honoured {st.retried}, "
+        f"failures {len(st.failures)}; server stopped with exit {proc.returncode}"
+        f"{', TRACEBACK in its output' if traceback else ''}"
+    )
     for f in st.failures[:10]:
         print("  failure:", f)
-    print(f"/health: {len(st.health_ms)} answered, {st.health_fail} failed; p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
-          f"max {mx:.1f} ms (median of all {statistics.median(st.health_ms) if st.health_ms else float('nan'):.1f})")
+    print(
+        f"/health: {len(st.health_ms)} answered, {st.health_fail} failed; p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+        f"max {mx:.1f} ms (median of all {statistics.median(st.health_ms) if st.health_ms else float('nan'):.1f})"
+    )
     ok = not st.failures and st.health_fail == 0 and p99 < TARGET_MS and not traceback and st.streams_ok > 0
     print(f"/health p99 / {TARGET_MS:.0f} ms = {p99 / TARGET_MS:.2f} {'OK' if ok else 'MISSED'}")
     return 0 if ok else 2

@@ -46,8 +46,11 @@ def main() -> int:
         while not (port_file.is_file() and port_file.read_text()):
             if proc.poll() is not None or time.monotonic() > deadline:
                 print(proc.stderr.read() if proc.stderr else "", file=sys.stderr)
-                print("hexstudio serve did not start (a run with a compiled bundle is needed: hexstudio run "
-                      "--model builtin:tiny-llama --board sim --until board)", file=sys.stderr)
+                print(
+                    "hexstudio serve did not start (a run with a compiled bundle is needed: hexstudio run "
+                    "--model builtin:tiny-llama --board sim --until board)",
+                    file=sys.stderr,
+                )
                 return 1
             time.sleep(0.1)
         url = f"http://127.0.0.1:{port_file.read_text()}/v1"
@@ -57,8 +60,11 @@ def main() -> int:
         for _ in range(args.repeats):
             first: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
             r1 = c.chat.completions.create(model=model, messages=first, max_tokens=16)
-            msgs: list[Any] = [*first, {"role": "assistant", "content": r1.choices[0].message.content or ""},
-                    {"role": "user", "content": "Tell me about the workshop."}]
+            msgs: list[Any] = [
+                *first,
+                {"role": "assistant", "content": r1.choices[0].message.content or ""},
+                {"role": "user", "content": "Tell me about the workshop."},
+            ]
             k2 = None
             for ch in c.chat.completions.create(model=model, messages=msgs, max_tokens=16, stream=True):
                 k2 = (getattr(ch, "model_extra", None) or {}).get("hexstudio") or k2
@@ -72,11 +78,15 @@ def main() -> int:
         ratios = [s / init for s in starts]
         med = statistics.median(ratios)
         tag = "SIMULATED" if st["simulated"] else "device"
-        print(f"board {st['board_label']} [{tag}]: dialog loads {len(loads)} (init {init:.1f} ms), turn-2 start "
-              f"median {statistics.median(starts):.1f} ms over {len(starts)}")
+        print(
+            f"board {st['board_label']} [{tag}]: dialog loads {len(loads)} (init {init:.1f} ms), turn-2 start "
+            f"median {statistics.median(starts):.1f} ms over {len(starts)}"
+        )
         print(f"turn-2 first token (compute included) / init = {statistics.median(firsts) / init:.3f}")
-        print(f"turn-2 start / init = {med:.3f} (target < {TARGET}) -> ratio to target {med / TARGET:.2f} "
-              f"{'OK' if med < TARGET and len(loads) == 1 else 'MISSED'}")
+        print(
+            f"turn-2 start / init = {med:.3f} (target < {TARGET}) -> ratio to target {med / TARGET:.2f} "
+            f"{'OK' if med < TARGET and len(loads) == 1 else 'MISSED'}"
+        )
         return 0 if med < TARGET and len(loads) == 1 else 2
     finally:
         proc.terminate()

@@ -98,8 +98,13 @@ async def session_latencies(board: object, bundle: str, runs: int, tokens: int) 
     from app.core.genie.session import ChatSession
 
     lat: list[float] = []
-    async with ChatSession(board, bundle, Conversation(template="qa"), mode="persistent",  # type: ignore[arg-type]
-                           max_tokens=tokens) as s:
+    async with ChatSession(
+        board,
+        bundle,
+        Conversation(template="qa"),
+        mode="persistent",  # type: ignore[arg-type]
+        max_tokens=tokens,
+    ) as s:
         for i in range(runs + 1):
             got: list[float] = []
 
@@ -132,17 +137,29 @@ async def main_async(args: argparse.Namespace, tmp: Path) -> int:
     bundle = Path(args.bundle) if args.bundle else find_bundle(None) or build_bundle(tmp)
     local_log, ssh_log = tmp / "local-tokens.json", tmp / "ssh-tokens.json"
     sim = [sys.executable, "-m", "workers.genie_sim.t2t"]
-    local = Board("sim", LocalTransport(tmp / "sim-home"), True,
-                  genie_command=["env", f"HEXSTUDIO_SIM_TOKEN_LOG={local_log}", *sim])
+    local = Board(
+        "sim",
+        LocalTransport(tmp / "sim-home"),
+        True,
+        genie_command=["env", f"HEXSTUDIO_SIM_TOKEN_LOG={local_log}", *sim],
+    )
     remote_bundle = (await push_bundle(local, bundle, "bench-stream")).remote_dir
     with SshServer(tmp / "sshd") as srv:
-        cfg = {"host": srv.host, "port": srv.port, "user": srv.user, "key_path": str(srv.client_key_path),
-               "auth": "key"}
+        cfg = {
+            "host": srv.host,
+            "port": srv.port,
+            "user": srv.user,
+            "key_path": str(srv.client_key_path),
+            "auth": "key",
+        }
         t = await connect_ssh("bench", cfg, trust=lambda *_a: True)
         ssh = Board("bench-ssh", t, True, genie_command=["env", f"HEXSTUDIO_SIM_TOKEN_LOG={ssh_log}", *sim])
         try:
-            print(f"simulation bundle {bundle}; {args.runs} runs x {args.tokens} tokens per path "
-                  "(SIMULATED runner: CPU)", flush=True)
+            print(
+                f"simulation bundle {bundle}; {args.runs} runs x {args.tokens} tokens per path "
+                "(SIMULATED runner: CPU)",
+                flush=True,
+            )
             r_local = await t2t_latencies(local, remote_bundle, local_log, args.runs, args.tokens)
             r_ssh = await t2t_latencies(ssh, remote_bundle, ssh_log, args.runs, args.tokens)
             s_local = await session_latencies(local, remote_bundle, args.runs, args.tokens)
@@ -156,15 +173,21 @@ async def main_async(args: argparse.Namespace, tmp: Path) -> int:
     added_run = statistics.median(r_ssh) - statistics.median(r_local)
     added_session = statistics.median(s_ssh) - statistics.median(s_local)
     worst = max(added_run, added_session)
-    print(f"SSH adds per token (median): genie-t2t-run {added_run:.3f} ms, chat session {added_session:.3f} ms")
-    print(f"figure: {worst:.3f} ms added (worst path); target <= {TARGET_MS} ms; ratio {worst / TARGET_MS:.2f} "
-          f"of budget -> {'OK' if worst <= TARGET_MS else 'OVER'}")
+    print(
+        f"SSH adds per token (median): genie-t2t-run {added_run:.3f} ms, chat session {added_session:.3f} ms"
+    )
+    print(
+        f"figure: {worst:.3f} ms added (worst path); target <= {TARGET_MS} ms; ratio {worst / TARGET_MS:.2f} "
+        f"of budget -> {'OK' if worst <= TARGET_MS else 'OVER'}"
+    )
     return 0 if worst <= TARGET_MS else 1
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bundle", default=None, help="a simulation bundle folder (default: the workspace's newest)")
+    ap.add_argument(
+        "--bundle", default=None, help="a simulation bundle folder (default: the workspace's newest)"
+    )
     ap.add_argument("--runs", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()

@@ -16,17 +16,34 @@ os.environ["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
 
 # The fast tier (`./dev test --fast`, the inner loop): everything but the tests that need a real quantization run
 # (these session fixtures build one), an OpenSSH server, a real X display or Qualcomm's simulator at length.
-HEAVY_FIXTURES = {"validated_run", "compiled_sim_run", "local_run", "eval_workspace", "twin_workspace",
-                  "sim_workspace", "evk_board", "sshd_board", "frozen_exe"}
+HEAVY_FIXTURES = {
+    "validated_run",
+    "compiled_sim_run",
+    "local_run",
+    "eval_workspace",
+    "twin_workspace",
+    "sim_workspace",
+    "evk_board",
+    "sshd_board",
+    "frozen_exe",
+}
 HEAVY_FOLDERS = {"quantize", "qnn", "board", "model"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        folder = Path(str(item.fspath)).relative_to(REPO / "tests").parts[0] if str(item.fspath).startswith(
-            str(REPO / "tests")) else ""
-        if (HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))) or item.get_closest_marker("slow") \
-                or item.get_closest_marker("sshd") or folder in HEAVY_FOLDERS or "real_display" in item.nodeid:
+        folder = (
+            Path(str(item.fspath)).relative_to(REPO / "tests").parts[0]
+            if str(item.fspath).startswith(str(REPO / "tests"))
+            else ""
+        )
+        if (
+            (HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())))
+            or item.get_closest_marker("slow")
+            or item.get_closest_marker("sshd")
+            or folder in HEAVY_FOLDERS
+            or "real_display" in item.nodeid
+        ):
             item.add_marker(pytest.mark.heavy)
 
 

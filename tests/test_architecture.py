@@ -74,7 +74,7 @@ def test_no_function_level_import_dodges_a_cycle() -> None:
     """Issue 21: an import inside a function is there to keep start-up light, never to hide a cycle: no
     module imported from inside a function imports (at its top, transitively) the module that imports it."""
     top, inner = _module_imports()
-    assert sum(len(v) for v in top.values()) > 500 and len(inner) > 100    # the walk saw the tree
+    assert sum(len(v) for v in top.values()) > 500 and len(inner) > 100  # the walk saw the tree
 
     def chain(a: str, b: str) -> list[str] | None:
         seen, stack = {a}, [[a]]
@@ -88,8 +88,11 @@ def test_no_function_level_import_dodges_a_cycle() -> None:
                     stack.append([*path, n])
         return None
 
-    dodged = [f"{src}:{line} imports {dst} inside a function; {dst} imports it back: {' -> '.join(c)}"
-              for src, dst, line in sorted(set(inner)) if dst != src and (c := chain(dst, src))]
+    dodged = [
+        f"{src}:{line} imports {dst} inside a function; {dst} imports it back: {' -> '.join(c)}"
+        for src, dst, line in sorted(set(inner))
+        if dst != src and (c := chain(dst, src))
+    ]
     assert not dodged, "\n".join(dodged)
 
 
@@ -98,7 +101,13 @@ def test_every_code_folder_is_a_regular_package() -> None:
     walk it, so a module only imported by name at run time (the AIMET smoke test, workers.quant.smoke) was
     missing from the frozen build and its preflight failed. Every folder of app/ and workers/ holding modules
     has an __init__.py."""
-    missing = sorted(str(d.relative_to(REPO)) for pkg in ("app", "workers") for d in (REPO / pkg).rglob("*")
-                     if d.is_dir() and "__pycache__" not in d.parts and any(d.glob("*.py"))
-                     and not (d / "__init__.py").is_file())
+    missing = sorted(
+        str(d.relative_to(REPO))
+        for pkg in ("app", "workers")
+        for d in (REPO / pkg).rglob("*")
+        if d.is_dir()
+        and "__pycache__" not in d.parts
+        and any(d.glob("*.py"))
+        and not (d / "__init__.py").is_file()
+    )
     assert not missing, f"folders of modules without __init__.py: {missing}"

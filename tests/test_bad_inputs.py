@@ -51,13 +51,14 @@ def env(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.
 def run_cli(e: Env, *argv: str) -> tuple[int, str]:
     try:
         rc = cli(list(argv))
-    except SystemExit as exc:        # argparse's own refusals
+    except SystemExit as exc:  # argparse's own refusals
         rc = int(exc.code or 0)
     out = e.capsys.readouterr()
     return rc, out.out + out.err
 
 
 # -- inputs ------------------------------------------------------------------------------------------------
+
 
 def model_folder(e: Env, kind: str) -> Path:
     """A copy of the built-in model folder, damaged as `kind` says."""
@@ -75,9 +76,15 @@ def model_folder(e: Env, kind: str) -> Path:
         with open(st, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(n))
-        _name, t = next((k, v) for k, v in header.items() if k != "__metadata__" and v["dtype"] in ("F32", "F16", "BF16"))
+        _name, t = next(
+            (k, v) for k, v in header.items() if k != "__metadata__" and v["dtype"] in ("F32", "F16", "BF16")
+        )
         width = 4 if t["dtype"] == "F32" else 2
-        nan = struct.pack("<I", 0x7FC00000) if width == 4 else (b"\x00\x7e" if t["dtype"] == "F16" else b"\xc0\x7f")
+        nan = (
+            struct.pack("<I", 0x7FC00000)
+            if width == 4
+            else (b"\x00\x7e" if t["dtype"] == "F16" else b"\xc0\x7f")
+        )
         with open(st, "r+b") as fh:
             fh.seek(8 + n + t["data_offsets"][0] + 3 * width)
             fh.write(nan)
@@ -172,7 +179,7 @@ def aihub(e: Env, status: int | str) -> str:
             if status == "drop":
                 self.connection.close()
                 return
-            if status == "stall":       # accepted, then no answer: the client's read timeout ends it
+            if status == "stall":  # accepted, then no answer: the client's read timeout ends it
                 time.sleep(40)
                 return
             self.send_response(int(status))
@@ -195,8 +202,10 @@ def aihub(e: Env, status: int | str) -> str:
     if status == "stall" and defaults is not None and len(defaults) == 3:
         hub_session.create_session.__defaults__ = (defaults[0], 3, defaults[2])
     try:
-        hub.list_devices({"aihub_api_url": url, "aihub_web_url": url, "aihub_http_retries": 0,
-                          "aihub_http_backoff_s": 0}, "test-token-0123456789")
+        hub.list_devices(
+            {"aihub_api_url": url, "aihub_web_url": url, "aihub_http_retries": 0, "aihub_http_backoff_s": 0},
+            "test-token-0123456789",
+        )
     except WorkerError as exc:
         return f"{exc.code}: {exc.message} || {exc.hint}"
     finally:
@@ -214,9 +223,12 @@ def setting(key: str, value: Any) -> str:
 # -- the table -----------------------------------------------------------------------------------------------
 
 Row = tuple[str, Callable[[Env], Any], list[str], Callable[[Env], bool] | None]
-NO_RUN: Callable[[Env], bool] = lambda e: e.runs() == []   # noqa: E731
-NOTHING_OUTSIDE: Callable[[Env], bool] = lambda e: not (e.ws / "sim-board" / "home" / "hexstudio" / "bundles").exists() \
-    or not any((e.ws / "sim-board" / "home" / "hexstudio" / "bundles").iterdir())   # noqa: E731
+NO_RUN: Callable[[Env], bool] = lambda e: e.runs() == []  # noqa: E731
+
+
+def NOTHING_OUTSIDE(e: Env) -> bool:
+    bundles = e.ws / "sim-board" / "home" / "hexstudio" / "bundles"
+    return not bundles.exists() or not any(bundles.iterdir())
 
 
 def _set(v: str) -> Callable[[Env], Any]:
@@ -226,80 +238,204 @@ def _set(v: str) -> Callable[[Env], Any]:
 ROWS: list[Any] = [
     # run settings, wrong type or out of range (CLI --set): refused, no run made
     ("set ar_n=true", _set("ar_n=true"), ["ar_n must be a whole number", "true"], NO_RUN),
-    ("set ar_n=\"128\"", _set('ar_n="128"'), ["ar_n must be a whole number", "'128'"], NO_RUN),
+    ('set ar_n="128"', _set('ar_n="128"'), ["ar_n must be a whole number", "'128'"], NO_RUN),
     ("set ar_n=0", _set("ar_n=0"), ["ar_n 0 is out of range"], NO_RUN),
     ("set context_length=1.5", _set("context_length=1.5"), ['whole number or "auto"'], NO_RUN),
     ("set context_length=10", _set("context_length=10"), ["out of range (64 to 131072)"], NO_RUN),
     ("set parts=0", _set("parts=0"), ["parts 0 is out of range"], NO_RUN),
     ("set parts=null", _set("parts=null"), ["parts must be a whole number"], NO_RUN),
-    ("set calibration_samples=-1", _set("calibration_samples=-1"), ["calibration_samples -1 is out of range"], NO_RUN),
-    ("set calibration_seq_len=abc", _set("calibration_seq_len=abc"), ["calibration_seq_len must be a whole number"],
-     NO_RUN),
+    (
+        "set calibration_samples=-1",
+        _set("calibration_samples=-1"),
+        ["calibration_samples -1 is out of range"],
+        NO_RUN,
+    ),
+    (
+        "set calibration_seq_len=abc",
+        _set("calibration_seq_len=abc"),
+        ["calibration_seq_len must be a whole number"],
+        NO_RUN,
+    ),
     ("set weight_bits=3", _set("weight_bits=3"), ["weight_bits 3 is not one of 2, 4, 8"], NO_RUN),
     ("set activation_bits=4", _set("activation_bits=4"), ["activation_bits 4 is not one of 8, 16"], NO_RUN),
     ("set kv_bits=true", _set("kv_bits=true"), ["kv_bits must be a whole number"], NO_RUN),
-    ("set calibration_unit=block", _set("calibration_unit=block"), ["calibration_unit 'block' is not one of"], NO_RUN),
+    (
+        "set calibration_unit=block",
+        _set("calibration_unit=block"),
+        ["calibration_unit 'block' is not one of"],
+        NO_RUN,
+    ),
     ("set compile_target=gpu", _set("compile_target=gpu"), ["compile_target 'gpu' is not one of"], NO_RUN),
     ("set aihub_consent=yes", _set("aihub_consent=yes"), ["aihub_consent must be true or false"], NO_RUN),
     ("set sampler temp -1", _set('sampler={"temp": -1}'), ["sampler.temp -1 is out of range"], NO_RUN),
-    ("set sampler top_k 1.5", _set('sampler={"top_k": 1.5}'), ["sampler.top_k must be a whole number"], NO_RUN),
-    ("set sampler unknown key", _set('sampler={"topk": 1}'), ["sampler.topk is not a sampler setting"], NO_RUN),
+    (
+        "set sampler top_k 1.5",
+        _set('sampler={"top_k": 1.5}'),
+        ["sampler.top_k must be a whole number"],
+        NO_RUN,
+    ),
+    (
+        "set sampler unknown key",
+        _set('sampler={"topk": 1}'),
+        ["sampler.topk is not a sampler setting"],
+        NO_RUN,
+    ),
     ("set thresholds=[]", _set("thresholds=[]"), ["thresholds must be a JSON object"], NO_RUN),
     ("set benchmark_prompt empty", _set("benchmark_prompt= "), ["benchmark_prompt is empty"], NO_RUN),
     ("set without =", _set("ar_n"), ["--set expects KEY=VALUE"], NO_RUN),
     # unknown run ids
-    ("run --resume unknown", lambda e: run_cli(e, "run", "--resume", "no-such-run"), ["No run 'no-such-run'"], NO_RUN),
+    (
+        "run --resume unknown",
+        lambda e: run_cli(e, "run", "--resume", "no-such-run"),
+        ["No run 'no-such-run'"],
+        NO_RUN,
+    ),
     ("runs show unknown", lambda e: run_cli(e, "runs", "show", "no-such-run"), ["no-such-run"], NO_RUN),
     ("report unknown", lambda e: run_cli(e, "report", "no-such-run"), ["no-such-run"], NO_RUN),
-    ("open_run unknown (GUI)", lambda e: _raises(lambda: __import__("app.core.runs", fromlist=["Workspace"])
-                                                 .Workspace(e.ws).open_run("../../etc")), ["not a valid run id"], NO_RUN),
+    (
+        "open_run unknown (GUI)",
+        lambda e: _raises(
+            lambda: __import__("app.core.runs", fromlist=["Workspace"]).Workspace(e.ws).open_run("../../etc")
+        ),
+        ["not a valid run id"],
+        NO_RUN,
+    ),
     # models: missing, malformed, unsupported (CLI inspect: config.json only)
-    ("model inspect missing folder", lambda e: run_cli(e, "model", "inspect", str(e.tmp / "nope")),
-     ["does not exist", "config.json"], NO_RUN),
-    ("model inspect a file", lambda e: run_cli(e, "model", "inspect", str(Path(__file__))),
-     ["is a file, not a model folder"], NO_RUN),
-    ("model inspect empty folder", lambda e: run_cli(e, "model", "inspect", str(e.tmp)),
-     ["config.json does not exist"], NO_RUN),
-    ("model inspect malformed config", lambda e: run_cli(e, "model", "inspect", str(model_folder(e, "bad_config"))),
-     ["config.json cannot be read"], NO_RUN),
-    ("model inspect unsupported", lambda e: run_cli(e, "model", "inspect", str(model_folder(e, "unsupported"))),
-     ["MixtralForCausalLM", "not supported"], NO_RUN),
-    ("model inspect unknown id offline", lambda e: run_cli(e, "model", "inspect", "nobody/no-such-model-xyz"),
-     ["not in the local Hugging Face cache", "HF_HUB_OFFLINE"], NO_RUN),
+    (
+        "model inspect missing folder",
+        lambda e: run_cli(e, "model", "inspect", str(e.tmp / "nope")),
+        ["does not exist", "config.json"],
+        NO_RUN,
+    ),
+    (
+        "model inspect a file",
+        lambda e: run_cli(e, "model", "inspect", str(Path(__file__))),
+        ["is a file, not a model folder"],
+        NO_RUN,
+    ),
+    (
+        "model inspect empty folder",
+        lambda e: run_cli(e, "model", "inspect", str(e.tmp)),
+        ["config.json does not exist"],
+        NO_RUN,
+    ),
+    (
+        "model inspect malformed config",
+        lambda e: run_cli(e, "model", "inspect", str(model_folder(e, "bad_config"))),
+        ["config.json cannot be read"],
+        NO_RUN,
+    ),
+    (
+        "model inspect unsupported",
+        lambda e: run_cli(e, "model", "inspect", str(model_folder(e, "unsupported"))),
+        ["MixtralForCausalLM", "not supported"],
+        NO_RUN,
+    ),
+    (
+        "model inspect unknown id offline",
+        lambda e: run_cli(e, "model", "inspect", "nobody/no-such-model-xyz"),
+        ["not in the local Hugging Face cache", "HF_HUB_OFFLINE"],
+        NO_RUN,
+    ),
     # boards: unknown, unreachable, refusing, wrong keys (core service the Board page calls)
     ("board unknown name", lambda e: board(e, None, "nope"), ["No board named 'nope'"], None),
-    ("board unreachable port", lambda e: board(e, {"host": "127.0.0.1", "port": closed_port(), "user": "u",
-                                                   "auth": "key", "key_path": str(key_file(e))}),
-     ["127.0.0.1"], None),
-    ("board key file missing", lambda e: board(e, {"host": "127.0.0.1", "port": 22, "user": "u", "auth": "key"}),
-     ["no key_path"], None),
-    ("board unknown auth", lambda e: board(e, {"host": "127.0.0.1", "auth": "magic"}), ["Unknown board auth 'magic'"],
-     None),
+    (
+        "board unreachable port",
+        lambda e: board(
+            e,
+            {
+                "host": "127.0.0.1",
+                "port": closed_port(),
+                "user": "u",
+                "auth": "key",
+                "key_path": str(key_file(e)),
+            },
+        ),
+        ["127.0.0.1"],
+        None,
+    ),
+    (
+        "board key file missing",
+        lambda e: board(e, {"host": "127.0.0.1", "port": 22, "user": "u", "auth": "key"}),
+        ["no key_path"],
+        None,
+    ),
+    (
+        "board unknown auth",
+        lambda e: board(e, {"host": "127.0.0.1", "auth": "magic"}),
+        ["Unknown board auth 'magic'"],
+        None,
+    ),
     ("board no host", lambda e: board(e, {"auth": "key", "key_path": "/x"}), ["no host"], None),
-    ("board password not stored", lambda e: board(e, {"host": "127.0.0.1", "user": "u", "auth": "password"}),
-     ["no password is stored"], None),
-    ("board unknown runner", lambda e: board(e, {"host": "127.0.0.1", "runner": "qnn"}), ["runner 'qnn'"], None),
+    (
+        "board password not stored",
+        lambda e: board(e, {"host": "127.0.0.1", "user": "u", "auth": "password"}),
+        ["no password is stored"],
+        None,
+    ),
+    (
+        "board unknown runner",
+        lambda e: board(e, {"host": "127.0.0.1", "runner": "qnn"}),
+        ["runner 'qnn'"],
+        None,
+    ),
     # bundles pushed to the simulator board
-    ("push crafted ../ entry", lambda e: push(e, _crafted(e, "../../.bashrc")),
-     ["UnsafeBundle", "files[2]", "'..'", "Nothing was read or written"], NOTHING_OUTSIDE),
+    (
+        "push crafted ../ entry",
+        lambda e: push(e, _crafted(e, "../../.bashrc")),
+        ["UnsafeBundle", "files[2]", "'..'", "Nothing was read or written"],
+        NOTHING_OUTSIDE,
+    ),
     ("push absolute entry", lambda e: push(e, _crafted(e, "/etc/cron.d/x")), ["absolute"], NOTHING_OUTSIDE),
-    ("push bundle name with shell text", lambda e: push(e, sim_bundle(e), "x; rm -rf ~"),
-     ["bundle name", "safe set"], NOTHING_OUTSIDE),
-    ("push missing local file", lambda e: push(e, _missing(e)),
-     ["LocalBundleError", "sim/a.onnx", "missing", "Compile"], NOTHING_OUTSIDE),
-    ("push malformed bundle.json", lambda e: push(e, _malformed(e)), ["LocalBundleError", "cannot be read"],
-     NOTHING_OUTSIDE),
-    ("push folder without bundle.json", lambda e: push(e, e.tmp), ["LocalBundleError", "does not exist"],
-     NOTHING_OUTSIDE),
-    ("push: board out of disk", lambda e: _full_disk(e), ["BoardWriteFailed", "refused to write", "MB free",
-                                                          "Free space"], None),
+    (
+        "push bundle name with shell text",
+        lambda e: push(e, sim_bundle(e), "x; rm -rf ~"),
+        ["bundle name", "safe set"],
+        NOTHING_OUTSIDE,
+    ),
+    (
+        "push missing local file",
+        lambda e: push(e, _missing(e)),
+        ["LocalBundleError", "sim/a.onnx", "missing", "Compile"],
+        NOTHING_OUTSIDE,
+    ),
+    (
+        "push malformed bundle.json",
+        lambda e: push(e, _malformed(e)),
+        ["LocalBundleError", "cannot be read"],
+        NOTHING_OUTSIDE,
+    ),
+    (
+        "push folder without bundle.json",
+        lambda e: push(e, e.tmp),
+        ["LocalBundleError", "does not exist"],
+        NOTHING_OUTSIDE,
+    ),
+    (
+        "push: board out of disk",
+        lambda e: _full_disk(e),
+        ["BoardWriteFailed", "refused to write", "MB free", "Free space"],
+        None,
+    ),
     # workspace problems
-    ("workspace is a file", lambda e: _ws_is_file(e), ["Cannot make a run", "not a folder", "what to do"],
-     lambda e: not (e.tmp / "ws-file").is_dir()),
-    ("workspace full", lambda e: _ws_full(e), ["Cannot make a run", "disk is full", "Free disk space"],
-     lambda e: True),
-    ("workspace read-only", lambda e: _ws_readonly(e), ["Cannot make a run", "read-only", "another workspace"],
-     lambda e: True),
+    (
+        "workspace is a file",
+        lambda e: _ws_is_file(e),
+        ["Cannot make a run", "not a folder", "what to do"],
+        lambda e: not (e.tmp / "ws-file").is_dir(),
+    ),
+    (
+        "workspace full",
+        lambda e: _ws_full(e),
+        ["Cannot make a run", "disk is full", "Free disk space"],
+        lambda e: True,
+    ),
+    (
+        "workspace read-only",
+        lambda e: _ws_readonly(e),
+        ["Cannot make a run", "read-only", "another workspace"],
+        lambda e: True,
+    ),
 ]
 
 ROWS += [
@@ -307,23 +443,55 @@ ROWS += [
     ("prompt empty", lambda e: prompt(""), ["The message is empty"], None),
     ("prompt only spaces", lambda e: prompt("  \n\t "), ["The message is empty"], None),
     ("prompt with NUL", lambda e: prompt("abc\x00rm -rf"), ["NUL character", "position 3"], None),
-    ("prompt not UTF-8 (argv bytes)", lambda e: prompt(b"caf\xe9".decode("utf-8", "surrogateescape")),
-     ["not valid UTF-8", "LANG=C.UTF-8"], None),
-    ("prompt of 2 Mi characters", lambda e: prompt("x" * (2 << 20)), ["more than any context can hold"], None),
-
+    (
+        "prompt not UTF-8 (argv bytes)",
+        lambda e: prompt(b"caf\xe9".decode("utf-8", "surrogateescape")),
+        ["not valid UTF-8", "LANG=C.UTF-8"],
+        None,
+    ),
+    (
+        "prompt of 2 Mi characters",
+        lambda e: prompt("x" * (2 << 20)),
+        ["more than any context can hold"],
+        None,
+    ),
     # the Model stage's worker on damaged model folders: the stage fails with the message, nothing kept
-    ("model stage: truncated safetensors", lambda e: model_stage(e, str(model_folder(e, "truncated_safetensors"))),
-     ["truncated", "download the model again"], None),
-    ("model stage: garbage safetensors", lambda e: model_stage(e, str(model_folder(e, "garbage_safetensors"))),
-     ["not a valid safetensors file"], None),
-    ("model stage: NaN weights", lambda e: model_stage(e, str(model_folder(e, "nan_weights"))),
-     ["NaN or infinite values", "tensor"], None),
-    ("model stage: no weights", lambda e: model_stage(e, str(model_folder(e, "no_weights"))),
-     ["No *.safetensors weights"], None),
-    ("model stage: corrupt tokenizer", lambda e: model_stage(e, str(model_folder(e, "corrupt_tokenizer"))),
-     ["tokenizer.json cannot be read"], None),
-    ("model stage: no tokenizer", lambda e: model_stage(e, str(model_folder(e, "no_tokenizer"))),
-     ["has no tokenizer.json"], None),
+    (
+        "model stage: truncated safetensors",
+        lambda e: model_stage(e, str(model_folder(e, "truncated_safetensors"))),
+        ["truncated", "download the model again"],
+        None,
+    ),
+    (
+        "model stage: garbage safetensors",
+        lambda e: model_stage(e, str(model_folder(e, "garbage_safetensors"))),
+        ["not a valid safetensors file"],
+        None,
+    ),
+    (
+        "model stage: NaN weights",
+        lambda e: model_stage(e, str(model_folder(e, "nan_weights"))),
+        ["NaN or infinite values", "tensor"],
+        None,
+    ),
+    (
+        "model stage: no weights",
+        lambda e: model_stage(e, str(model_folder(e, "no_weights"))),
+        ["No *.safetensors weights"],
+        None,
+    ),
+    (
+        "model stage: corrupt tokenizer",
+        lambda e: model_stage(e, str(model_folder(e, "corrupt_tokenizer"))),
+        ["tokenizer.json cannot be read"],
+        None,
+    ),
+    (
+        "model stage: no tokenizer",
+        lambda e: model_stage(e, str(model_folder(e, "no_tokenizer"))),
+        ["has no tokenizer.json"],
+        None,
+    ),
     # AI Hub answers (the device list, as the Compile page asks for it)
     ("AI Hub 401", lambda e: aihub(e, 401), ["token"], None),
     ("AI Hub 429", lambda e: aihub(e, 429), ["429"], None),
@@ -331,12 +499,18 @@ ROWS += [
     ("AI Hub 503", lambda e: aihub(e, 503), ["503", "unavailable", "wait a few minutes"], None),
     ("AI Hub connection dropped", lambda e: aihub(e, "drop"), ["AI Hub"], None),
     # AI Hub accepts the request and never answers (overloaded, a stuck proxy): said as a time-out, not "unreachable"
-    pytest.param("AI Hub stalls (read timeout)", lambda e: aihub(e, "stall"), ["did not answer", "time"], None,
-                 marks=pytest.mark.slow),
+    pytest.param(
+        "AI Hub stalls (read timeout)",
+        lambda e: aihub(e, "stall"),
+        ["did not answer", "time"],
+        None,
+        marks=pytest.mark.slow,
+    ),
 ]
 
 
 # -- issue 27: inputs that ended in a traceback, or were accepted when they should be refused ---------------
+
 
 def _settings_file(e: Env, content: bytes) -> tuple[int, str]:
     """settings.json holding `content`, then a command that reads it (`board list`)."""
@@ -368,6 +542,7 @@ def _no_board(name: str) -> Callable[[Env], bool]:
         from app.core.settings import Settings
 
         return name not in Settings.load().boards
+
     return left
 
 
@@ -383,40 +558,110 @@ def _crafted_config(e: Env, **changes: Any) -> Path:
 
 
 ROWS += [
-    ("bundle verify malformed bundle.json", lambda e: run_cli(e, "bundle", "verify", str(_malformed(e))),
-     ["bundle.json unreadable"], None),
-    ("report --out a folder", lambda e: run_cli(e, "report", _a_run(e), "--out", str(e.tmp)),
-     ["is a folder", "give a file name"], lambda e: not list(e.tmp.glob("*.html"))),
-    ("report --out /nonexistent/dir/r.html", lambda e: run_cli(e, "report", _a_run(e), "--out",
-                                                               "/nonexistent-hexstudio/dir/r.html"),
-     ["does not exist", "Create the folder first"], lambda e: not Path("/nonexistent-hexstudio").exists()),
-    ("serve --port 70000", lambda e: run_cli(e, "serve", "--port", "70000"), ["70000 is out of range", "0 to 65535"],
-     None),
-    ("serve --max-tokens -5", lambda e: run_cli(e, "serve", "--max-tokens", "-5"), ["-5 is out of range"], None),
-    ("chat --max-tokens -1", lambda e: run_cli(e, "chat", "--max-tokens", "-1"), ["-1 is out of range"], None),
-    ("runs delete with stdin closed", lambda e: _with_stdin_closed(e, "runs", "delete", _a_run(e)),
-     ["no terminal to ask on", "--yes"], lambda e: len(e.runs()) == 1),
-    ("run --resume \"\"", lambda e: run_cli(e, "run", "--resume", ""), ["--resume needs a run id"], NO_RUN),
-    ("settings.json holding []", lambda e: _settings_file(e, b"[]"), ["holds a JSON list", "move it away"], None),
-    ("settings.json boards \"x\"", lambda e: _settings_file(e, b'{"boards": "x"}'), ['"boards" is str'], None),
-    ("settings.json board entry 5", lambda e: _settings_file(e, b'{"boards": {"b": 5}}'), ["the board 'b' is 5"],
-     None),
-    ("settings.json not UTF-8", lambda e: _settings_file(e, b'{"boards": "\xff"}'), ["cannot be read", "utf-8"],
-     None),
-    ("board name ../../etc", lambda e: run_cli(e, "board", "add", "../../etc", "--host", "127.0.0.1",
-                                               "--no-connect"), ["is not allowed"], _no_board("../../etc")),
-    ("board name $(id)", lambda e: run_cli(e, "board", "add", "$(id)", "--host", "127.0.0.1", "--no-connect"),
-     ["is not allowed"], _no_board("$(id)")),
-    ("board name empty", lambda e: run_cli(e, "board", "add", "", "--host", "127.0.0.1", "--no-connect"),
-     ["is not allowed"], _no_board("")),
-    ("set thresholds wrong type", _set('thresholds={"top1_agreement": "high"}'),
-     ["thresholds.top1_agreement must be a number"], NO_RUN),
-    ("set thresholds unknown name", _set('thresholds={"top1": 0.9}'), ["thresholds.top1 is not a validation threshold"],
-     NO_RUN),
-    ("model inspect hidden_size 1e12", lambda e: run_cli(e, "model", "inspect", str(_crafted_config(
-        e, hidden_size=10**12))), ["hidden_size", "No real model has that"], NO_RUN),
-    ("preflight vocab_size 1e12", lambda e: run_cli(e, "preflight", "--model", str(_crafted_config(
-        e, vocab_size=10**12))), ["vocab_size", "No real model has that"], NO_RUN),
+    (
+        "bundle verify malformed bundle.json",
+        lambda e: run_cli(e, "bundle", "verify", str(_malformed(e))),
+        ["bundle.json unreadable"],
+        None,
+    ),
+    (
+        "report --out a folder",
+        lambda e: run_cli(e, "report", _a_run(e), "--out", str(e.tmp)),
+        ["is a folder", "give a file name"],
+        lambda e: not list(e.tmp.glob("*.html")),
+    ),
+    (
+        "report --out /nonexistent/dir/r.html",
+        lambda e: run_cli(e, "report", _a_run(e), "--out", "/nonexistent-hexstudio/dir/r.html"),
+        ["does not exist", "Create the folder first"],
+        lambda e: not Path("/nonexistent-hexstudio").exists(),
+    ),
+    (
+        "serve --port 70000",
+        lambda e: run_cli(e, "serve", "--port", "70000"),
+        ["70000 is out of range", "0 to 65535"],
+        None,
+    ),
+    (
+        "serve --max-tokens -5",
+        lambda e: run_cli(e, "serve", "--max-tokens", "-5"),
+        ["-5 is out of range"],
+        None,
+    ),
+    (
+        "chat --max-tokens -1",
+        lambda e: run_cli(e, "chat", "--max-tokens", "-1"),
+        ["-1 is out of range"],
+        None,
+    ),
+    (
+        "runs delete with stdin closed",
+        lambda e: _with_stdin_closed(e, "runs", "delete", _a_run(e)),
+        ["no terminal to ask on", "--yes"],
+        lambda e: len(e.runs()) == 1,
+    ),
+    ('run --resume ""', lambda e: run_cli(e, "run", "--resume", ""), ["--resume needs a run id"], NO_RUN),
+    (
+        "settings.json holding []",
+        lambda e: _settings_file(e, b"[]"),
+        ["holds a JSON list", "move it away"],
+        None,
+    ),
+    ('settings.json boards "x"', lambda e: _settings_file(e, b'{"boards": "x"}'), ['"boards" is str'], None),
+    (
+        "settings.json board entry 5",
+        lambda e: _settings_file(e, b'{"boards": {"b": 5}}'),
+        ["the board 'b' is 5"],
+        None,
+    ),
+    (
+        "settings.json not UTF-8",
+        lambda e: _settings_file(e, b'{"boards": "\xff"}'),
+        ["cannot be read", "utf-8"],
+        None,
+    ),
+    (
+        "board name ../../etc",
+        lambda e: run_cli(e, "board", "add", "../../etc", "--host", "127.0.0.1", "--no-connect"),
+        ["is not allowed"],
+        _no_board("../../etc"),
+    ),
+    (
+        "board name $(id)",
+        lambda e: run_cli(e, "board", "add", "$(id)", "--host", "127.0.0.1", "--no-connect"),
+        ["is not allowed"],
+        _no_board("$(id)"),
+    ),
+    (
+        "board name empty",
+        lambda e: run_cli(e, "board", "add", "", "--host", "127.0.0.1", "--no-connect"),
+        ["is not allowed"],
+        _no_board(""),
+    ),
+    (
+        "set thresholds wrong type",
+        _set('thresholds={"top1_agreement": "high"}'),
+        ["thresholds.top1_agreement must be a number"],
+        NO_RUN,
+    ),
+    (
+        "set thresholds unknown name",
+        _set('thresholds={"top1": 0.9}'),
+        ["thresholds.top1 is not a validation threshold"],
+        NO_RUN,
+    ),
+    (
+        "model inspect hidden_size 1e12",
+        lambda e: run_cli(e, "model", "inspect", str(_crafted_config(e, hidden_size=10**12))),
+        ["hidden_size", "No real model has that"],
+        NO_RUN,
+    ),
+    (
+        "preflight vocab_size 1e12",
+        lambda e: run_cli(e, "preflight", "--model", str(_crafted_config(e, vocab_size=10**12))),
+        ["vocab_size", "No real model has that"],
+        NO_RUN,
+    ),
 ]
 
 
@@ -464,8 +709,12 @@ def _malformed(e: Env) -> Path:
 
 def _mount_tmpfs(where: Path, size: str) -> bool:
     where.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "hexstudio-test", str(where)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "hexstudio-test", str(where)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def _umount(where: Path) -> None:
@@ -484,7 +733,9 @@ def _full_disk(e: Env) -> str:
         big = os.urandom(1 << 20)
         (b / "sim" / "big.onnx.data").write_bytes(big)
         doc = json.loads((b / "bundle.json").read_text())
-        doc["files"].append({"path": "sim/big.onnx.data", "sha256": hashlib.sha256(big).hexdigest(), "size": len(big)})
+        doc["files"].append(
+            {"path": "sim/big.onnx.data", "sha256": hashlib.sha256(big).hexdigest(), "size": len(big)}
+        )
         (b / "bundle.json").write_text(json.dumps(doc))
         return push(e, b)
     finally:
@@ -526,10 +777,10 @@ def _ws_readonly(e: Env) -> tuple[int, str]:
 
 def _check(e: Env, fn: Callable[[Env], Any], words: list[str], left: Callable[[Env], bool] | None) -> None:
     got = fn(e)
-    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], int):   # a CLI call: (rc, output)
+    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], int):  # a CLI call: (rc, output)
         rc, text = got
         assert rc != 0, f"the command succeeded: {text}"
-    elif isinstance(got, tuple):                                               # the Model stage: (state, msg, left)
+    elif isinstance(got, tuple):  # the Model stage: (state, msg, left)
         state, text, artifacts = got
         assert state == "failed", (state, text)
         assert artifacts == [], f"left behind: {artifacts}"
@@ -548,8 +799,9 @@ def _id(r: Any) -> str:
 
 
 @pytest.mark.parametrize(("given", "fn", "words", "left"), ROWS, ids=[_id(r) for r in ROWS])
-def test_bad_input(env: Env, given: str, fn: Callable[[Env], Any], words: list[str],
-                   left: Callable[[Env], bool] | None) -> None:
+def test_bad_input(
+    env: Env, given: str, fn: Callable[[Env], Any], words: list[str], left: Callable[[Env], bool] | None
+) -> None:
     _check(env, fn, words, left)
 
 

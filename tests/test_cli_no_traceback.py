@@ -56,8 +56,13 @@ SWEEP: list[tuple[str, list[str]]] = [
     ("doctor", ["doctor"]),
 ]
 
-SETTINGS = [("[]", b"[]"), ("boards x", b'{"boards": "x"}'), ("board 5", b'{"boards": {"b": 5}}'),
-            ("not UTF-8", b'{"boards": "\xff"}'), ("truncated", b'{"boards": {')]
+SETTINGS = [
+    ("[]", b"[]"),
+    ("boards x", b'{"boards": "x"}'),
+    ("board 5", b'{"boards": {"b": 5}}'),
+    ("not UTF-8", b'{"boards": "\xff"}'),
+    ("truncated", b'{"boards": {'),
+]
 
 
 def _hexstudio(tmp: Path, argv: list[str], config: Path) -> subprocess.CompletedProcess[str]:
@@ -67,15 +72,29 @@ def _hexstudio(tmp: Path, argv: list[str], config: Path) -> subprocess.Completed
     nojson.mkdir(exist_ok=True)
     (nojson / "bundle.json").write_text('{"files": [')
     (nojson / "genie_config.json").write_text("{{")
-    args = [a.replace("{tmp}", str(tmp)).replace("{file}", str(garbage)).replace("{nojson}", str(nojson))
-            for a in argv]
-    env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp / "ws"), "HEXSTUDIO_CONFIG_DIR": str(config),
-           "HF_HUB_OFFLINE": "1", "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring",
-           "PYTHONWARNINGS": "ignore"}
+    args = [
+        a.replace("{tmp}", str(tmp)).replace("{file}", str(garbage)).replace("{nojson}", str(nojson))
+        for a in argv
+    ]
+    env = {
+        **os.environ,
+        "HEXSTUDIO_WORKSPACE": str(tmp / "ws"),
+        "HEXSTUDIO_CONFIG_DIR": str(config),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring",
+        "PYTHONWARNINGS": "ignore",
+    }
     env.pop("HEXSTUDIO_TRACEBACK", None)
     with open(os.devnull, "rb") as devnull:
-        return subprocess.run([sys.executable, "-m", "app", *args], cwd=REPO, env=env, stdin=devnull,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "app", *args],
+            cwd=REPO,
+            env=env,
+            stdin=devnull,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
 
 @pytest.mark.parametrize(("what", "argv"), SWEEP, ids=[s[0] for s in SWEEP])
@@ -83,17 +102,21 @@ def test_no_traceback(tmp_path: Path, what: str, argv: list[str]) -> None:
     r = _hexstudio(tmp_path, argv, tmp_path / "config")
     out = r.stdout + r.stderr
     assert "Traceback" not in out, out
-    assert "failed unexpectedly" not in out, out   # the CLI's last net: a bug, not a message
+    assert "failed unexpectedly" not in out, out  # the CLI's last net: a bug, not a message
     if what != "doctor":
         assert r.returncode != 0, out
         assert out.strip(), "no words at all"
 
 
 @pytest.mark.parametrize(("what", "content"), SETTINGS, ids=[s[0] for s in SETTINGS])
-@pytest.mark.parametrize("argv", [["board", "list"], ["run", "--until", "model"], ["doctor"],
-                                  ["chat", "--prompt", "hi"]], ids=lambda a: " ".join(a[:2]))
-def test_no_traceback_with_a_broken_settings_file(tmp_path: Path, what: str, content: bytes,
-                                                  argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [["board", "list"], ["run", "--until", "model"], ["doctor"], ["chat", "--prompt", "hi"]],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_no_traceback_with_a_broken_settings_file(
+    tmp_path: Path, what: str, content: bytes, argv: list[str]
+) -> None:
     config = tmp_path / "config"
     config.mkdir()
     (config / "settings.json").write_bytes(content)

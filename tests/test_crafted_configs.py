@@ -18,8 +18,11 @@ import pytest
 
 from workers.shared import config_bounds, modelinfo, rope
 
-BASE = json.loads((Path(__file__).resolve().parents[1] / "workers/shared/data/builtin_model/tiny-llama/config.json")
-                  .read_text())
+BASE = json.loads(
+    (
+        Path(__file__).resolve().parents[1] / "workers/shared/data/builtin_model/tiny-llama/config.json"
+    ).read_text()
+)
 
 CRAFTED: list[tuple[str, dict[str, Any], str]] = [
     ("hidden_size 1e12", {"hidden_size": 1_000_000_000_000}, "hidden_size"),
@@ -36,12 +39,23 @@ CRAFTED: list[tuple[str, dict[str, Any], str]] = [
     ("rope_theta 1e300", {"rope_theta": 1e300, "rope_parameters": None}, "rope_theta"),
     ("rope_theta NaN", {"rope_theta": math.nan, "rope_parameters": None}, "rope_theta"),
     ("rope factor 1e308", {"rope_scaling": {"rope_type": "linear", "factor": 1e308}}, "rope_scaling.factor"),
-    ("longrope factors 1e6 long", {"rope_scaling": {"rope_type": "longrope", "factor": 2.0,
-                                                    "short_factor": [1.0] * 1_000_000, "long_factor": [1.0]}},
-     "rope_scaling.short_factor"),
-    ("rope_parameters theta 1e300", {"rope_theta": None, "rope_parameters": {"rope_type": "default",
-                                                                             "rope_theta": 1e300}},
-     "rope_parameters.rope_theta"),
+    (
+        "longrope factors 1e6 long",
+        {
+            "rope_scaling": {
+                "rope_type": "longrope",
+                "factor": 2.0,
+                "short_factor": [1.0] * 1_000_000,
+                "long_factor": [1.0],
+            }
+        },
+        "rope_scaling.short_factor",
+    ),
+    (
+        "rope_parameters theta 1e300",
+        {"rope_theta": None, "rope_parameters": {"rope_type": "default", "rope_theta": 1e300}},
+        "rope_parameters.rope_theta",
+    ),
     ("eos list 1e5 long", {"eos_token_id": list(range(100_000))}, "eos_token_id"),
     ("architectures a number", {"architectures": 5}, "architectures"),
 ]
@@ -68,17 +82,31 @@ def test_bounds_refuse_before_sizing(what: str, changes: dict[str, Any], field: 
     assert field in e.value.message and e.value.hint, e.value.message
     info = modelinfo.inspect_config(cfg)
     assert info["supported"] is False and field in info["reason"] and "num_parameters" not in info
-    with pytest.raises(ValueError):   # the rope tables are never sized from it either
+    with pytest.raises(ValueError):  # the rope tables are never sized from it either
         rope.genie_positional_encoding(cfg, 512)
 
 
 def test_real_configs_stay_accepted() -> None:
     config_bounds.check_config(BASE)
-    llama405 = {**BASE, "hidden_size": 16384, "num_hidden_layers": 126, "num_attention_heads": 128,
-                "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 53248, "vocab_size": 128256,
-                "max_position_embeddings": 131072, "rope_theta": 500000.0,
-                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+    llama405 = {
+        **BASE,
+        "hidden_size": 16384,
+        "num_hidden_layers": 126,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 53248,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    }
     config_bounds.check_config(llama405)
     info = modelinfo.inspect_config(llama405)
     assert info["supported"] and info["num_parameters"] > 400e9
@@ -94,7 +122,9 @@ def _run_measured(argv: list[str], env: dict[str, str]) -> tuple[int, str, float
 
     t0 = time.monotonic()
     with open(os.devnull, "rb") as devnull:
-        proc = subprocess.Popen(argv, env=env, stdin=devnull, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, env=env, stdin=devnull, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
     peak = [0]
     done = threading.Event()
 
@@ -111,7 +141,7 @@ def _run_measured(argv: list[str], env: dict[str, str]) -> tuple[int, str, float
     th.start()
     out = b""
     assert proc.stdout is not None
-    for chunk in iter(lambda: proc.stdout.read(65536), b""):   # type: ignore[union-attr]
+    for chunk in iter(lambda: proc.stdout.read(65536), b""):  # type: ignore[union-attr]
         out += chunk
     proc.stdout.close()
     proc.wait()
@@ -120,16 +150,32 @@ def _run_measured(argv: list[str], env: dict[str, str]) -> tuple[int, str, float
     return proc.returncode, out.decode("utf-8", "replace"), time.monotonic() - t0, peak[0] / 2**20
 
 
-CLI_CASES = [c for c in CRAFTED if c[0] in ("hidden_size 1e12", "layers 1e9", "vocab 1e12", "head_dim 1e9",
-                                             "rope factor 1e308", "longrope factors 1e6 long", "max positions 1e15")]
+CLI_CASES = [
+    c
+    for c in CRAFTED
+    if c[0]
+    in (
+        "hidden_size 1e12",
+        "layers 1e9",
+        "vocab 1e12",
+        "head_dim 1e9",
+        "rope factor 1e308",
+        "longrope factors 1e6 long",
+        "max positions 1e15",
+    )
+]
 
 
 @pytest.mark.parametrize(("what", "changes", "field"), CLI_CASES, ids=[c[0] for c in CLI_CASES])
-def test_cli_inspect_and_preflight_bounded(what: str, changes: dict[str, Any], field: str, tmp_path: Path) -> None:
+def test_cli_inspect_and_preflight_bounded(
+    what: str, changes: dict[str, Any], field: str, tmp_path: Path
+) -> None:
     folder = _write(tmp_path / "model", changes)
     env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")}
-    for argv in ([sys.executable, "-m", "app", "model", "inspect", str(folder)],
-                 [sys.executable, "-m", "app", "preflight", "--model", str(folder)]):
+    for argv in (
+        [sys.executable, "-m", "app", "model", "inspect", str(folder)],
+        [sys.executable, "-m", "app", "preflight", "--model", str(folder)],
+    ):
         rc, out, wall, peak = _run_measured(argv, env)
         assert rc != 0 and field in out and "No real model has that" in out, (argv, out)
         assert "Traceback" not in out, out
@@ -147,8 +193,13 @@ def test_a_local_copy_of_the_builtin_model_inspects_without_a_context_error(tmp_
 
     d = tmp_path / "tiny-copy"
     shutil.copytree(builtin_model_dir(), d)
-    r = subprocess.run([sys.executable, "-m", "app", "model", "inspect", str(d), "--json"], capture_output=True,
-                       text=True, timeout=60, env={**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")})
+    r = subprocess.run(
+        [sys.executable, "-m", "app", "model", "inspect", str(d), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(r.stdout)
     assert doc["supported"] and doc["context_length"] == BASE["max_position_embeddings"], doc

@@ -13,9 +13,13 @@ OWNED_ELSEWHERE = {"genie.md", "compile.md"}
 
 def test_no_doc_cites_a_facts_folder() -> None:
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    cited = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in pages if p.name not in OWNED_ELSEWHERE
-             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-             if re.search(r"(^|[^a-z])facts/|\(facts\)", line)]
+    cited = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in pages
+        if p.name not in OWNED_ELSEWHERE
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"(^|[^a-z])facts/|\(facts\)", line)
+    ]
     assert not cited, "\n".join(cited)
 
 

@@ -63,8 +63,10 @@ EMULATED_ATTRIBUTE = "hexstudio:emulated"
 DEFAULT_POLL_S = 15.0
 KINDS = ("prompt_processor", "token_generator")
 TOKEN_WHERE = "the Compile page's AI Hub token field, or `hexstudio aihub login`"
-RESUME_HINT = ("Resume the run when that is fixed: jobs already submitted are kept in the run's "
-               f"{JOBS_FILE} and are not submitted again.")
+RESUME_HINT = (
+    "Resume the run when that is fixed: jobs already submitted are kept in the run's "
+    f"{JOBS_FILE} and are not submitted again."
+)
 
 
 # -- small helpers -----------------------------------------------------------------------------
@@ -87,11 +89,13 @@ def model_name(model_doc: dict[str, Any], settings: dict[str, Any] | None = None
     """The `<model>` of file and job names, like qai-hub-models' model ids and the simulation bundle's
     (workers.shared.bundle.model_slug): "meta-llama/Llama-3.1-8B-Instruct" -> "llama_3_1_8b_instruct",
     "builtin:tiny-llama" -> "tiny_llama" (setting aihub_model_name overrides)."""
-    return gb.model_slug(str((settings or {}).get("aihub_model_name") or model_doc["model"]).replace("builtin:", ""))
+    return gb.model_slug(
+        str((settings or {}).get("aihub_model_name") or model_doc["model"]).replace("builtin:", "")
+    )
 
 
 def part_suffix(graph: str) -> str:
-    """"prompt_ar128_cl512_1_of_2" -> "1_of_2" (the graph name's own zero padding)."""
+    """ "prompt_ar128_cl512_1_of_2" -> "1_of_2" (the graph name's own zero padding)."""
     return gm.component_name(graph).split("_", 1)[1]
 
 
@@ -112,8 +116,10 @@ def bin_name(model: str, graph: str) -> str:
 def compile_options(graph: str, qairt_version: str, output_names: list[str]) -> str:
     """qai-hub-models' compile options for one graph of a Genie LLM (LLM_AIMETOnnx.get_hub_compile_options),
     each once, with this graph's own outputs as --output_names."""
-    return (f"--target_runtime qnn_dlc --qairt_version {qairt_version} --output_names {','.join(output_names)} "
-            f"--quantize_io --qnn_options context_enable_graphs={graph} --quantize_full_type w8a16")
+    return (
+        f"--target_runtime qnn_dlc --qairt_version {qairt_version} --output_names {','.join(output_names)} "
+        f"--quantize_io --qnn_options context_enable_graphs={graph} --quantize_full_type w8a16"
+    )
 
 
 def link_options(qairt_version: str) -> str:
@@ -123,24 +129,30 @@ def link_options(qairt_version: str) -> str:
 def parse_device(name: str, os_name: str, attributes: list[str]) -> dict[str, Any]:
     """A device record as the bundle and the checks want it, from AI Hub's attributes."""
     attrs: dict[str, str] = {}
-    for a in attributes:      # the first of a repeated key wins: AI Hub lists aliases after (chipset:qcs9075)
+    for a in attributes:  # the first of a repeated key wins: AI Hub lists aliases after (chipset:qcs9075)
         if ":" in a:
             attrs.setdefault(a.split(":", 1)[0], a.split(":", 1)[1])
     known = gb.KNOWN_DEVICES.get(name, {})
     soc = attrs.get("soc-model")
     ws = attrs.get("htp-supports-weight-sharing")
-    return {"name": name, "os": os_name,
-            "soc_model": int(soc) if soc and soc.isdigit() else known.get("soc_model", 0),
-            "dsp_arch": attrs.get("hexagon", known.get("dsp_arch", "unknown")),
-            "chipset": attrs.get("chipset", known.get("chipset")),
-            "weight_sharing": (ws == "true") if ws is not None else bool(known.get("weight_sharing", False)),
-            "attributes": list(attributes), "emulated": EMULATED_ATTRIBUTE in attributes}
+    return {
+        "name": name,
+        "os": os_name,
+        "soc_model": int(soc) if soc and soc.isdigit() else known.get("soc_model", 0),
+        "dsp_arch": attrs.get("hexagon", known.get("dsp_arch", "unknown")),
+        "chipset": attrs.get("chipset", known.get("chipset")),
+        "weight_sharing": (ws == "true") if ws is not None else bool(known.get("weight_sharing", False)),
+        "attributes": list(attributes),
+        "emulated": EMULATED_ATTRIBUTE in attributes,
+    }
 
 
 def is_emulated_package(path: Path) -> bool:
     try:
         with zipfile.ZipFile(path) as z:
-            return "emulated.json" in z.namelist() and bool(json.loads(z.read("emulated.json")).get("emulated"))
+            return "emulated.json" in z.namelist() and bool(
+                json.loads(z.read("emulated.json")).get("emulated")
+            )
     except (zipfile.BadZipFile, OSError, ValueError, KeyError):
         return False
 
@@ -184,27 +196,36 @@ def client_config(settings: dict[str, Any], token: str | None = None) -> Any:
     web_url = settings.get("aihub_web_url") or os.environ.get("HEXSTUDIO_AIHUB_WEB_URL")
     token = token or os.environ.get("HEXSTUDIO_AIHUB_TOKEN")
     if token:
-        return ClientConfig(api_token=token, api_url=api_url or DEFAULT_HUB_API_URL,
-                            web_url=web_url or api_url or DEFAULT_HUB_WEB_URL, verbose=False)
+        return ClientConfig(
+            api_token=token,
+            api_url=api_url or DEFAULT_HUB_API_URL,
+            web_url=web_url or api_url or DEFAULT_HUB_WEB_URL,
+            verbose=False,
+        )
     ini = get_config_path()
     if os.path.exists(ini):
         try:
             cfg = load_api_config_from_file(ini)
         except Exception as exc:
-            raise WorkerError("aihub_token_missing", f"{ini} cannot be used: {_first_line(exc)}",
-                              "It needs an [api] section with api_token, api_url and web_url; run "
-                              "`qai-hub configure --api_token TOKEN`, or store the token in HexStudio's "
-                              "keyring instead (" + TOKEN_WHERE + ").") from None
+            raise WorkerError(
+                "aihub_token_missing",
+                f"{ini} cannot be used: {_first_line(exc)}",
+                "It needs an [api] section with api_token, api_url and web_url; run "
+                "`qai-hub configure --api_token TOKEN`, or store the token in HexStudio's "
+                "keyring instead (" + TOKEN_WHERE + ").",
+            ) from None
         if api_url:
             cfg.api_url = api_url
             cfg.web_url = web_url or api_url
         cfg.verbose = False
         return cfg
-    raise WorkerError("aihub_token_missing", "No Qualcomm AI Hub API token was found (not in HexStudio's keyring, "
-                      f"and {ini} does not exist).",
-                      "Copy your token from the AI Hub account page (https://app.aihub.qualcomm.com/account/) and "
-                      "store it: " + TOKEN_WHERE + ", or `qai-hub configure --api_token TOKEN`; then resume "
-                      "the run.")
+    raise WorkerError(
+        "aihub_token_missing",
+        f"No Qualcomm AI Hub API token was found (not in HexStudio's keyring, and {ini} does not exist).",
+        "Copy your token from the AI Hub account page (https://app.aihub.qualcomm.com/account/) and "
+        "store it: " + TOKEN_WHERE + ", or `qai-hub configure --api_token TOKEN`; then resume "
+        "the run.",
+    )
 
 
 @contextlib.contextmanager
@@ -220,49 +241,79 @@ def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> It
     except WorkerError:
         raise
     except RateLimitedError as exc:
-        raise WorkerError("aihub_rate_limited", f"Qualcomm AI Hub is rate-limiting this account (429 Too Many "
-                          f"Requests) while {what}: {_first_line(exc)}",
-                          "Wait a few minutes (or for your other AI Hub jobs to finish). " + after) from None
+        raise WorkerError(
+            "aihub_rate_limited",
+            f"Qualcomm AI Hub is rate-limiting this account (429 Too Many "
+            f"Requests) while {what}: {_first_line(exc)}",
+            "Wait a few minutes (or for your other AI Hub jobs to finish). " + after,
+        ) from None
     except hub.UserError as exc:
         text = str(exc)
         if "authenticate" in text or "API token" in text:
-            raise WorkerError("aihub_auth", f"Qualcomm AI Hub rejected the API token while {what} (bad or "
-                              "expired token).",
-                              f"Copy a fresh token from {web_url.rstrip('/')}/account/ and store it: "
-                              + TOKEN_WHERE + ", or `qai-hub configure --api_token TOKEN`. " + after) from None
+            raise WorkerError(
+                "aihub_auth",
+                f"Qualcomm AI Hub rejected the API token while {what} (bad or expired token).",
+                f"Copy a fresh token from {web_url.rstrip('/')}/account/ and store it: "
+                + TOKEN_WHERE
+                + ", or `qai-hub configure --api_token TOKEN`. "
+                + after,
+            ) from None
         if "not available" in text:
-            raise WorkerError("aihub_device_unavailable", f"Qualcomm AI Hub says the device is not available "
-                              f"while {what}: {_first_line(exc)}",
-                              "Pick another device (Compile page; command line: a new run with --set device=NAME). " + after) from None
-        raise WorkerError("aihub_rejected", f"Qualcomm AI Hub refused {what}: {_first_line(exc)}",
-                          "Check the inputs named above. " + after) from None
+            raise WorkerError(
+                "aihub_device_unavailable",
+                f"Qualcomm AI Hub says the device is not available while {what}: {_first_line(exc)}",
+                "Pick another device (Compile page; command line: a new run with --set device=NAME). "
+                + after,
+            ) from None
+        raise WorkerError(
+            "aihub_rejected",
+            f"Qualcomm AI Hub refused {what}: {_first_line(exc)}",
+            "Check the inputs named above. " + after,
+        ) from None
     except hub.InternalError as exc:
         chain = _chain_text(exc)
         if "429" in chain:
-            raise WorkerError("aihub_rate_limited", f"Qualcomm AI Hub is rate-limiting this account (429 Too Many "
-                              f"Requests) while {what}.",
-                              "Wait a few minutes (or for your other AI Hub jobs to finish). " + after) from None
-        status = re.search(r"too many (5\d\d) error responses|\b(5\d\d) (?:Server Error|Service Unavailable)", chain)
+            raise WorkerError(
+                "aihub_rate_limited",
+                f"Qualcomm AI Hub is rate-limiting this account (429 Too Many Requests) while {what}.",
+                "Wait a few minutes (or for your other AI Hub jobs to finish). " + after,
+            ) from None
+        status = re.search(
+            r"too many (5\d\d) error responses|\b(5\d\d) (?:Server Error|Service Unavailable)", chain
+        )
         if status or "is unavailable right now" in chain:
             code = next((g for g in (status.groups() if status else ()) if g), None)
-            raise WorkerError("aihub_unavailable", f"Qualcomm AI Hub answered{' ' + code if code else ''} (the service "
-                              f"is unavailable or overloaded) while {what}: it was reached, it did not serve the request.",
-                              "This is on AI Hub's side: wait a few minutes and check its status page "
-                              f"({api_url}). " + after) from None
+            raise WorkerError(
+                "aihub_unavailable",
+                f"Qualcomm AI Hub answered{' ' + code if code else ''} (the service "
+                f"is unavailable or overloaded) while {what}: it was reached, it did not serve the request.",
+                "This is on AI Hub's side: wait a few minutes and check its status page "
+                f"({api_url}). " + after,
+            ) from None
         if "Read timed out" in chain or "ReadTimeout" in chain:
-            raise WorkerError("aihub_timeout", f"Qualcomm AI Hub did not answer in time while {what} (it accepted the "
-                              "connection, then sent nothing before the client's read time-out).",
-                              "AI Hub or a proxy on the way is overloaded or stuck: try again in a few minutes. "
-                              + after) from None
+            raise WorkerError(
+                "aihub_timeout",
+                f"Qualcomm AI Hub did not answer in time while {what} (it accepted the "
+                "connection, then sent nothing before the client's read time-out).",
+                "AI Hub or a proxy on the way is overloaded or stuck: try again in a few minutes. " + after,
+            ) from None
         if "connect" in chain.lower() or "Timeout" in chain:
-            raise WorkerError("aihub_unreachable", f"Could not reach Qualcomm AI Hub at {api_url} while {what}.",
-                              "Check the network and any proxy (HTTPS_PROXY/NO_PROXY) from this machine. "
-                              + after) from None
-        raise WorkerError("aihub_error", f"Qualcomm AI Hub failed while {what}: {_first_line(exc)}",
-                          "This is usually temporary on AI Hub's side. " + after) from None
+            raise WorkerError(
+                "aihub_unreachable",
+                f"Could not reach Qualcomm AI Hub at {api_url} while {what}.",
+                "Check the network and any proxy (HTTPS_PROXY/NO_PROXY) from this machine. " + after,
+            ) from None
+        raise WorkerError(
+            "aihub_error",
+            f"Qualcomm AI Hub failed while {what}: {_first_line(exc)}",
+            "This is usually temporary on AI Hub's side. " + after,
+        ) from None
     except APIException as exc:
-        raise WorkerError("aihub_error", f"Qualcomm AI Hub answered {exc.status_code} while {what}: "
-                          f"{_first_line(exc)}", after) from None
+        raise WorkerError(
+            "aihub_error",
+            f"Qualcomm AI Hub answered {exc.status_code} while {what}: {_first_line(exc)}",
+            after,
+        ) from None
 
 
 # -- the jobs file -------------------------------------------------------------------------------
@@ -286,8 +337,16 @@ class JobStore:
             self.jobs, self.failed = {}, list(doc.get("failed") or [])
 
     def save(self) -> None:
-        write_json_atomic(self.path, {"version": 1, "key": self.key, "jobs": self.jobs, "failed": self.failed,
-                                      "abandoned": self.abandoned or None})
+        write_json_atomic(
+            self.path,
+            {
+                "version": 1,
+                "key": self.key,
+                "jobs": self.jobs,
+                "failed": self.failed,
+                "abandoned": self.abandoned or None,
+            },
+        )
 
     def put(self, name: str, rec: dict[str, Any]) -> None:
         self.jobs[name] = rec
@@ -299,8 +358,9 @@ class JobStore:
         self.save()
 
 
-def inputs_key(qdir: Path, q: dict[str, Any], device: str, qairt_version: str, model: str,
-               extra_options: str = "") -> str:
+def inputs_key(
+    qdir: Path, q: dict[str, Any], device: str, qairt_version: str, model: str, extra_options: str = ""
+) -> str:
     h = hashlib.sha256()
     h.update((qdir / "quantize.json").read_bytes())
     for g in q["graphs"]:
@@ -308,8 +368,10 @@ def inputs_key(qdir: Path, q: dict[str, Any], device: str, qairt_version: str, m
         for p in sorted(gdir.iterdir()):
             h.update(f"{g['name']}/{p.name}:{p.stat().st_size}\n".encode())
         h.update(gb.sha256_file(qdir / g["encodings"]).encode())
-    h.update(f"{device}\n{qairt_version}\n{compile_options('G', qairt_version, ['O'])}\n"
-             f"{link_options(qairt_version)}\n{model}\n{extra_options}".encode())
+    h.update(
+        f"{device}\n{qairt_version}\n{compile_options('G', qairt_version, ['O'])}\n"
+        f"{link_options(qairt_version)}\n{model}\n{extra_options}".encode()
+    )
     return h.hexdigest()
 
 
@@ -326,13 +388,19 @@ def _pairs(q: dict[str, Any], qdir: Path) -> dict[int, dict[str, dict[str, Any]]
     for g in q["graphs"]:
         for k in ("onnx", "encodings"):
             if not g.get(k) or not (qdir / g[k]).is_file():
-                raise WorkerError("missing_graph", f"Graph {g['name']} has no AIMET export ({k}) to upload.",
-                                  "Re-run the Quantize stage.")
+                raise WorkerError(
+                    "missing_graph",
+                    f"Graph {g['name']} has no AIMET export ({k}) to upload.",
+                    "Re-run the Quantize stage.",
+                )
         pairs.setdefault(int(g["part"]), {})[g["kind"]] = g
     for part, d in pairs.items():
         if set(d) != set(KINDS):
-            raise WorkerError("missing_graph", f"Part {part} lacks a {' or '.join(set(KINDS) - set(d))} graph.",
-                              "Re-run the Quantize stage.")
+            raise WorkerError(
+                "missing_graph",
+                f"Part {part} lacks a {' or '.join(set(KINDS) - set(d))} graph.",
+                "Re-run the Quantize stage.",
+            )
     return dict(sorted(pairs.items()))
 
 
@@ -340,16 +408,20 @@ def resolve_device(client: Any, name: str, lpbq: bool) -> dict[str, Any]:
     devs = client.get_devices(name=name)
     if not devs:
         names = sorted({d.name for d in client.get_devices()})
-        raise WorkerError("aihub_device_unavailable", f"Qualcomm AI Hub has no device named '{name}' available.",
-                          f"Pick one of: {', '.join(names[:12])}{' ...' if len(names) > 12 else ''} "
-                          "(Compile page; command line: a new run with --set device=NAME).")
+        raise WorkerError(
+            "aihub_device_unavailable",
+            f"Qualcomm AI Hub has no device named '{name}' available.",
+            f"Pick one of: {', '.join(names[:12])}{' ...' if len(names) > 12 else ''} "
+            "(Compile page; command line: a new run with --set device=NAME).",
+        )
     d = devs[0]
     dev = parse_device(d.name, d.os, list(d.attributes))
     try:
         gb.check_device(dev, lpbq=lpbq)
     except gb.BundleError as exc:
-        raise WorkerError("device_unsupported", str(exc),
-                          "Choose a Hexagon v73+ device such as the Dragonwing IQ-9075 EVK.") from None
+        raise WorkerError(
+            "device_unsupported", str(exc), "Choose a Hexagon v73+ device such as the Dragonwing IQ-9075 EVK."
+        ) from None
     return dev
 
 
@@ -377,8 +449,18 @@ def list_devices(settings: dict[str, Any] | None = None, token: str | None = Non
     return sorted(rows, key=lambda r: (not r["supported"], r["name"]))
 
 
-def wait_jobs(client: Any, store: JobStore, names: list[str], em: Emitter, poll_s: float, f0: float,
-              f1: float, what: str, logs_dir: Path, errs: Any) -> None:
+def wait_jobs(
+    client: Any,
+    store: JobStore,
+    names: list[str],
+    em: Emitter,
+    poll_s: float,
+    f0: float,
+    f1: float,
+    what: str,
+    logs_dir: Path,
+    errs: Any,
+) -> None:
     import qai_hub as hub
     from qai_hub.public_rest_api import APIException
 
@@ -392,11 +474,13 @@ def wait_jobs(client: Any, store: JobStore, names: list[str], em: Emitter, poll_
             if exc.code != "aihub_rejected" or "could not be found" not in exc.message:
                 raise
             store.fail(n, "the job is no longer on AI Hub (deleted, expired or another account)")
-            raise WorkerError("aihub_job_missing", f"AI Hub {rec['kind']} job {rec['job_id']} for {rec['what']}, "
-                              "recorded before a restart, is no longer on AI Hub (deleted, expired, or the token "
-                              "belongs to another account).",
-                              "Resume the run: this job is submitted again; the other recorded jobs are reused."
-                              ) from None
+            raise WorkerError(
+                "aihub_job_missing",
+                f"AI Hub {rec['kind']} job {rec['job_id']} for {rec['what']}, "
+                "recorded before a restart, is no longer on AI Hub (deleted, expired, or the token "
+                "belongs to another account).",
+                "Resume the run: this job is submitted again; the other recorded jobs are reused.",
+            ) from None
     pending = set(names)
     em.log(f"waiting for AI Hub {what} jobs: " + ", ".join(f"{n} {store.jobs[n]['job_id']}" for n in names))
     last_msg, last_t = "", 0.0
@@ -419,13 +503,16 @@ def wait_jobs(client: Any, store: JobStore, names: list[str], em: Emitter, poll_
                     if got:
                         log_note = f" The job's log is in {got[0]}."
                 store.fail(n, reason)
-                raise WorkerError("aihub_job_failed", f"AI Hub {rec['kind']} job {rec['job_id']} for {rec['what']} "
-                                  f"failed: {reason}",
-                                  f"Details: {rec['url']}.{log_note} Fix the cause and resume the run: only this "
-                                  "job is submitted again; the jobs that succeeded are reused.")
+                raise WorkerError(
+                    "aihub_job_failed",
+                    f"AI Hub {rec['kind']} job {rec['job_id']} for {rec['what']} failed: {reason}",
+                    f"Details: {rec['url']}.{log_note} Fix the cause and resume the run: only this "
+                    "job is submitted again; the jobs that succeeded are reused.",
+                )
         done = len(names) - len(pending)
         msg = f"AI Hub {what}: {done}/{len(names)} done" + (
-            f"; waiting ({', '.join(sorted(set(states.values()) - {'SUCCESS'}))})" if pending else "")
+            f"; waiting ({', '.join(sorted(set(states.values()) - {'SUCCESS'}))})" if pending else ""
+        )
         now = time.monotonic()
         if msg != last_msg or now - last_t > 30:
             em.progress(f0 + (f1 - f0) * done / len(names), msg)
@@ -441,10 +528,12 @@ def stage_aimet_dir(g: dict[str, Any], qdir: Path, dest: Path, base: str) -> tup
     try:
         return write_upload_dir(qdir / g["onnx"], qdir / g["encodings"], dest, base)
     except UploadError as exc:
-        raise WorkerError("missing_graph", f"Graph {g['name']}: {exc}.", "Re-run the Quantize stage.") from None
+        raise WorkerError(
+            "missing_graph", f"Graph {g['name']}: {exc}.", "Re-run the Quantize stage."
+        ) from None
 
 
-DEFAULT_LINK_MBPS = 100.0   # assumed upload link speed when setting aihub_link_mbps is unset
+DEFAULT_LINK_MBPS = 100.0  # assumed upload link speed when setting aihub_link_mbps is unset
 
 
 def link_speed(settings: dict[str, Any]) -> tuple[float, str]:
@@ -462,8 +551,12 @@ def eta_text(n_bytes: float, mbps: float) -> str:
 
 def upload_plan(pairs: dict[int, dict[str, dict[str, Any]]], qdir: Path, skip: set[str]) -> dict[str, int]:
     """Bytes each graph's upload will hold (graphs named in `skip`, already compiled, are left out)."""
-    return {g["name"]: plan_bytes(qdir / g["onnx"], qdir / g["encodings"])
-            for pair in pairs.values() for g in pair.values() if g["name"] not in skip}
+    return {
+        g["name"]: plan_bytes(qdir / g["onnx"], qdir / g["encodings"])
+        for pair in pairs.values()
+        for g in pair.values()
+        if g["name"] not in skip
+    }
 
 
 def precision_name(q: dict[str, Any]) -> str:
@@ -485,11 +578,14 @@ def qairt_of_model(model: Any) -> str | None:
 def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: Emitter) -> dict[str, Any]:
     s = spec.settings
     if not s.get("aihub_consent"):
-        raise WorkerError("aihub_consent_required", "Compiling on Qualcomm AI Hub uploads model-derived files "
-                          "(the quantized ONNX graphs and their encodings) to Qualcomm's cloud, and you have "
-                          "not agreed to that for this run.",
-                          "Give consent on the Compile page (command line: start the run with --set aihub_consent=true), "
-                          "or compile for the simulator board instead (compile_target sim).")
+        raise WorkerError(
+            "aihub_consent_required",
+            "Compiling on Qualcomm AI Hub uploads model-derived files "
+            "(the quantized ONNX graphs and their encodings) to Qualcomm's cloud, and you have "
+            "not agreed to that for this run.",
+            "Give consent on the Compile page (command line: start the run with --set aihub_consent=true), "
+            "or compile for the simulator board instead (compile_target sim).",
+        )
     q = json.loads((qdir / "quantize.json").read_text())
     pairs = _pairs(q, qdir)
     parts = int(q["parts"])
@@ -497,22 +593,30 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     hf_config = json.loads((hf_dir / "config.json").read_text())
     model = model_name(model_doc, s)
     try:
-        names = {g["name"]: graph_job_name(model, g["name"]) for pair in pairs.values() for g in pair.values()}
+        names = {
+            g["name"]: graph_job_name(model, g["name"]) for pair in pairs.values() for g in pair.values()
+        }
         bins = {part: bin_name(model, pair[KINDS[0]]["name"]) for part, pair in pairs.items()}
         precision = precision_name(q)
-        meta_doc = gm.build_metadata(q["graphs"], qdir, precision)   # reads every graph's I/O: before any upload
+        meta_doc = gm.build_metadata(
+            q["graphs"], qdir, precision
+        )  # reads every graph's I/O: before any upload
     except gm.MetadataError as exc:
-        raise WorkerError("bundle_check", str(exc), "Re-run the Quantize stage (nothing was uploaded).") from None
+        raise WorkerError(
+            "bundle_check", str(exc), "Re-run the Quantize stage (nothing was uploaded)."
+        ) from None
     ctx_bins = [bins[k] for k in pairs]
 
-    cfg = checked_genie_config(hf_config, q, ctx_bins, s)   # before any upload
+    cfg = checked_genie_config(hf_config, q, ctx_bins, s)  # before any upload
     tok = hf_dir / "tokenizer.json"
     check_speculative(hf_config, q, s, tok.read_bytes() if tok.is_file() else None, clamps_small_tables=False)
     qairt = str(s.get("qairt_version") or DEFAULTS.qairt_version)
     device_name = str(s.get("device") or DEFAULTS.device)
     lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
     logs_dir = spec.run_dir / "logs" / "aihub"
-    extra_options = str(s.get("aihub_compile_options") or "").strip()   # appended, as qai-hub-models' --compile-options
+    extra_options = str(
+        s.get("aihub_compile_options") or ""
+    ).strip()  # appended, as qai-hub-models' --compile-options
 
     def outputs_of(g: dict[str, Any]) -> list[str]:
         return list(g.get("outputs") or meta_doc["components"][gm.component_name(g["name"])]["outputs"])
@@ -533,21 +637,32 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         mbps, speed_from = link_speed(s)
         left = float(sum(plan.values()))
         em.metric("upload_planned_bytes", int(left), "B")
-        em.progress(0.01, f"AI Hub upload: {left / 1e9:.2f} GB in {len(plan)} graphs (integer-encoded weights in "
-                    f"fp16), ETA {eta_text(left, mbps)} at {mbps:g} Mbit/s ({speed_from}); the client zips each "
-                    "upload, so it may send less")
+        em.progress(
+            0.01,
+            f"AI Hub upload: {left / 1e9:.2f} GB in {len(plan)} graphs (integer-encoded weights in "
+            f"fp16), ETA {eta_text(left, mbps)} at {mbps:g} Mbit/s ({speed_from}); the client zips each "
+            "upload, so it may send less",
+        )
         em.progress(0.02, f"AI Hub: looking up {device_name}")
         with errs(f"looking up the device {device_name}"):
             dev = resolve_device(client, device_name, lpbq)
         emulated = bool(dev["emulated"])
         if emulated:
-            em.warning("This AI Hub is the HexStudio emulator: the context binaries are EMULATED packages, not "
-                       "device results.", code="emulated")
+            em.warning(
+                "This AI Hub is the HexStudio emulator: the context binaries are EMULATED packages, not "
+                "device results.",
+                code="emulated",
+            )
         hub_dev = hub.Device(dev["name"])
-        store = JobStore(spec.run_dir / JOBS_FILE, inputs_key(qdir, q, dev["name"], qairt, model, extra_options))
+        store = JobStore(
+            spec.run_dir / JOBS_FILE, inputs_key(qdir, q, dev["name"], qairt, model, extra_options)
+        )
         if store.abandoned:
-            em.warning(f"{len(store.abandoned)} AI Hub job(s) recorded for earlier inputs (other graphs, device or "
-                       "QAIRT version) are not reused.", code="aihub_jobs_abandoned")
+            em.warning(
+                f"{len(store.abandoned)} AI Hub job(s) recorded for earlier inputs (other graphs, device or "
+                "QAIRT version) are not reused.",
+                code="aihub_jobs_abandoned",
+            )
 
         # 1. upload + compile each graph (unless a job was recorded before a restart)
         n_graphs = 2 * len(pairs)
@@ -561,18 +676,26 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                 job_name = names[g["name"]]
                 i += 1
                 if name in store.jobs:
-                    em.log(f"reusing AI Hub compile job {store.jobs[name]['job_id']} for {g['name']} "
-                           "(submitted before a restart)")
+                    em.log(
+                        f"reusing AI Hub compile job {store.jobs[name]['job_id']} for {g['name']} "
+                        "(submitted before a restart)"
+                    )
                     record_job(em, name, store.jobs[name])
                     left = max(0.0, left - plan[g["name"]])
                     continue
-                em.progress(0.03 + 0.3 * i / n_graphs, f"AI Hub: uploading {job_name}.aimet ({i}/{n_graphs})",
-                            part=part, parts=parts)
+                em.progress(
+                    0.03 + 0.3 * i / n_graphs,
+                    f"AI Hub: uploading {job_name}.aimet ({i}/{n_graphs})",
+                    part=part,
+                    parts=parts,
+                )
                 src, ustats = stage_aimet_dir(g, qdir, staging, job_name)
                 if ustats.inexact:
-                    em.warning(f"{len(ustats.inexact)} weight(s) of {g['name']} are uploaded in fp32: their fp16 form "
-                               f"would not re-quantize to the same integers ({', '.join(ustats.inexact[:3])}).",
-                               code="aihub_upload_fp32")
+                    em.warning(
+                        f"{len(ustats.inexact)} weight(s) of {g['name']} are uploaded in fp32: their fp16 form "
+                        f"would not re-quantize to the same integers ({', '.join(ustats.inexact[:3])}).",
+                        code="aihub_upload_fp32",
+                    )
                 options = compile_options(g["name"], qairt, outputs_of(g))
                 if extra_options:
                     options = f"{options} {extra_options}"
@@ -586,17 +709,34 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                 sent_s += time.monotonic() - t_up
                 left = max(0.0, left - plan.get(g["name"], ustats.bytes))
                 rate = sent * 8 / max(sent_s, 1e-3) / 1e6
-                em.log(f"uploaded {src.name}: {ustats.bytes / 1e9:.2f} GB ({ustats.fp16_params / 1e6:.0f}M weights in "
-                       f"fp16, {ustats.fp32_params / 1e6:.0f}M fp32) in {time.monotonic() - t_up:.0f} s "
-                       f"(zip + send: {rate:.0f} Mbit/s measured); {left / 1e9:.2f} GB left, ETA "
-                       f"{eta_text(left, rate)}")
+                em.log(
+                    f"uploaded {src.name}: {ustats.bytes / 1e9:.2f} GB ({ustats.fp16_params / 1e6:.0f}M weights in "
+                    f"fp16, {ustats.fp32_params / 1e6:.0f}M fp32) in {time.monotonic() - t_up:.0f} s "
+                    f"(zip + send: {rate:.0f} Mbit/s measured); {left / 1e9:.2f} GB left, ETA "
+                    f"{eta_text(left, rate)}"
+                )
                 em.metric("upload_sent_bytes", int(sent), "B")
                 with errs(f"submitting the compile job {job_name}"):
-                    job = client.submit_compile_job(uploaded, hub_dev, name=job_name, options=options, retry=False)
-                store.put(name, {"kind": "compile", "part": part, "graph": g["name"], "what": job_name,
-                                 "job_id": job.job_id, "url": job.url, "state": "SUBMITTED", "options": options})
+                    job = client.submit_compile_job(
+                        uploaded, hub_dev, name=job_name, options=options, retry=False
+                    )
+                store.put(
+                    name,
+                    {
+                        "kind": "compile",
+                        "part": part,
+                        "graph": g["name"],
+                        "what": job_name,
+                        "job_id": job.job_id,
+                        "url": job.url,
+                        "state": "SUBMITTED",
+                        "options": options,
+                    },
+                )
                 record_job(em, name, store.jobs[name])
-                em.log(f"submitted AI Hub compile job {job.job_id} ({job_name}, graph {g['name']}): {job.url}")
+                em.log(
+                    f"submitted AI Hub compile job {job.job_id} ({job_name}, graph {g['name']}): {job.url}"
+                )
         shutil.rmtree(staging, ignore_errors=True)
         compile_names = [f"compile:{pair[k]['name']}" for pair in pairs.values() for k in KINDS]
         wait_jobs(client, store, compile_names, em, poll_s, 0.35, 0.6, "compile", logs_dir, errs)
@@ -610,12 +750,24 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                 record_job(em, name, store.jobs[name])
                 continue
             with errs(f"submitting the link job {link_name}"):
-                models = [client.get_job(store.jobs[f"compile:{pair[k]['name']}"]["job_id"]).get_target_model()
-                          for k in KINDS]
+                models = [
+                    client.get_job(store.jobs[f"compile:{pair[k]['name']}"]["job_id"]).get_target_model()
+                    for k in KINDS
+                ]
                 job = client.submit_link_job(models, hub_dev, name=link_name, options=link_options(qairt))
-            store.put(name, {"kind": "link", "part": part, "graph": None, "what": link_name,
-                             "job_id": job.job_id, "url": job.url, "state": "SUBMITTED",
-                             "options": link_options(qairt)})
+            store.put(
+                name,
+                {
+                    "kind": "link",
+                    "part": part,
+                    "graph": None,
+                    "what": link_name,
+                    "job_id": job.job_id,
+                    "url": job.url,
+                    "state": "SUBMITTED",
+                    "options": link_options(qairt),
+                },
+            )
             record_job(em, name, store.jobs[name])
             em.log(f"submitted AI Hub link job {job.job_id} ({link_name}): {job.url}")
         link_names = [f"link:part{part}" for part in pairs]
@@ -629,14 +781,19 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         for k, part in enumerate(pairs):
             rec = store.jobs[f"link:part{part}"]
             em.progress(0.8 + 0.15 * k / len(pairs), f"AI Hub: downloading {bins[part]}")
-            with errs(f"downloading the context binary of part {part} (job {rec['job_id']})"), \
-                    tempfile.TemporaryDirectory(dir=spec.out_dir) as tmp:
+            with (
+                errs(f"downloading the context binary of part {part} (job {rec['job_id']})"),
+                tempfile.TemporaryDirectory(dir=spec.out_dir) as tmp,
+            ):
                 job = client.get_job(rec["job_id"])
                 target = job.get_target_model()
                 got = job.download_target_model(tmp)
                 if not got or target is None:
-                    raise WorkerError("aihub_download", f"AI Hub link job {rec['job_id']} has no context binary.",
-                                      f"Details: {rec['url']}. " + RESUME_HINT)
+                    raise WorkerError(
+                        "aihub_download",
+                        f"AI Hub link job {rec['job_id']} has no context binary.",
+                        f"Details: {rec['url']}. " + RESUME_HINT,
+                    )
                 os.replace(got, bdir / bins[part])
                 full_versions[part] = qairt_of_model(target)
                 with contextlib.suppress(hub.Error, APIException, OSError):
@@ -646,12 +803,19 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     # 4. the rest of the bundle
     first = full_versions[next(iter(pairs))]
     if len(set(full_versions.values())) > 1:
-        raise WorkerError("aihub_qairt_mismatch", "AI Hub linked the parts with different QAIRT versions ("
-                          + ", ".join(f"part {p}: {v}" for p, v in full_versions.items()) + ").",
-                          "Remove the run's aihub_jobs.json and compile again with one --set qairt_version.")
+        raise WorkerError(
+            "aihub_qairt_mismatch",
+            "AI Hub linked the parts with different QAIRT versions ("
+            + ", ".join(f"part {p}: {v}" for p, v in full_versions.items())
+            + ").",
+            "Remove the run's aihub_jobs.json and compile again with one --set qairt_version.",
+        )
     if first is None:
-        em.warning(f"AI Hub recorded no QAIRT version on the linked models; tool-versions.yaml holds the requested "
-                   f"{qairt}.", code="aihub_qairt_unknown")
+        em.warning(
+            f"AI Hub recorded no QAIRT version on the linked models; tool-versions.yaml holds the requested "
+            f"{qairt}.",
+            code="aihub_qairt_unknown",
+        )
     qairt_full = first or qairt
     shutil.copy2(hf_dir / "tokenizer.json", bdir / "tokenizer.json")
     for extra in ("tokenizer_config.json", "config.json"):
@@ -661,27 +825,56 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     write_dialog_configs(bdir, cfg, hf_config, q, s, clamps_small_tables=False)
     (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(dev), indent=2))
     gm.write_metadata(bdir / "metadata.yaml", meta_doc)
-    head = ("# EMULATED: compiled by HexStudio's AI Hub emulator, which packages its inputs; no QAIRT ran.\n"
-            if emulated else "")
+    head = (
+        "# EMULATED: compiled by HexStudio's AI Hub emulator, which packages its inputs; no QAIRT ran.\n"
+        if emulated
+        else ""
+    )
     (bdir / "tool-versions.yaml").write_text(f"{head}qairt: {qairt_full}\n")
     if emulated:
         (bdir / "EMULATED.txt").write_text(
             "This bundle was compiled by HexStudio's AI Hub EMULATOR (tests/aihub_emulator).\n"
-            "Its .bin files are zip packages of the inputs, not QNN context binaries: Genie cannot load them.\n")
-    recs = sorted(store.jobs.items(), key=lambda kv: (kv[1]["part"], kv[1]["kind"] != "compile", kv[1]["graph"] or ""))
+            "Its .bin files are zip packages of the inputs, not QNN context binaries: Genie cannot load them.\n"
+        )
+    recs = sorted(
+        store.jobs.items(), key=lambda kv: (kv[1]["part"], kv[1]["kind"] != "compile", kv[1]["graph"] or "")
+    )
     jobs = [{k: r.get(k) for k in ("part", "kind", "graph", "what", "job_id", "url")} for _, r in recs]
     device = {k: dev[k] for k in ("name", "soc_model", "dsp_arch", "attributes")}
-    write_json_atomic(spec.out_dir / "compile.json", {
-        "target": "aihub", "emulated": emulated, "device": device, "qairt_version": qairt,
-        "qairt_full_version": qairt_full, "model_name": model,
-        "jobs": [{**j, "state": r["state"], "options": r.get("options")} for j, (_, r) in zip(jobs, recs, strict=True)],
-        "failed_jobs": store.failed, "jobs_file": str(store.path)})
+    write_json_atomic(
+        spec.out_dir / "compile.json",
+        {
+            "target": "aihub",
+            "emulated": emulated,
+            "device": device,
+            "qairt_version": qairt,
+            "qairt_full_version": qairt_full,
+            "model_name": model,
+            "jobs": [
+                {**j, "state": r["state"], "options": r.get("options")}
+                for j, (_, r) in zip(jobs, recs, strict=True)
+            ],
+            "failed_jobs": store.failed,
+            "jobs_file": str(store.path),
+        },
+    )
     for name, r in recs:
         record_job(em, name, r)
     em.metric("aihub_jobs", len(jobs))
     em.progress(0.97, "writing bundle.json")
-    return gb.write_manifest(bdir, {
-        "model": model_doc["model"], "simulated": False, "emulated": emulated, "device": device,
-        "qairt_version": qairt, "qairt_full_version": qairt_full, "precision": precision,
-        "context_length": q["context_length"], "ar_n": q["ar_n"], "parts": parts, "aihub_jobs": jobs,
-    })
+    return gb.write_manifest(
+        bdir,
+        {
+            "model": model_doc["model"],
+            "simulated": False,
+            "emulated": emulated,
+            "device": device,
+            "qairt_version": qairt,
+            "qairt_full_version": qairt_full,
+            "precision": precision,
+            "context_length": q["context_length"],
+            "ar_n": q["ar_n"],
+            "parts": parts,
+            "aihub_jobs": jobs,
+        },
+    )

@@ -33,7 +33,7 @@ import numpy as np
 from workers.shared.errors import ActionableError
 
 FP16_SUFFIX = "__fp16"
-ROW_BLOCK_BYTES = 64 << 20     # fp32 bytes of one block of rows converted at a time
+ROW_BLOCK_BYTES = 64 << 20  # fp32 bytes of one block of rows converted at a time
 
 
 class UploadError(ActionableError, ValueError):
@@ -43,13 +43,14 @@ class UploadError(ActionableError, ValueError):
 @dataclass
 class UploadStats:
     """What one prepared upload holds."""
-    bytes: int = 0                  # the directory's files
-    data_bytes: int = 0             # its .data file
+
+    bytes: int = 0  # the directory's files
+    data_bytes: int = 0  # its .data file
     fp16_tensors: int = 0
     fp16_params: int = 0
-    fp32_tensors: int = 0           # weights in external data left fp32
+    fp32_tensors: int = 0  # weights in external data left fp32
     fp32_params: int = 0
-    inexact: list[str] = field(default_factory=list)   # integer-encoded weights kept fp32 (fp16 not exact)
+    inexact: list[str] = field(default_factory=list)  # integer-encoded weights kept fp32 (fp16 not exact)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +70,7 @@ def _set_ext(init: Any, location: str, offset: int, length: int) -> None:
 def param_encodings(path: Path) -> dict[str, dict[str, Any]]:
     doc = json.loads(Path(path).read_text(encoding="utf-8"))
     pe = doc.get("param_encodings") or []
-    if isinstance(pe, dict):   # the older dict form: name -> [encoding]
+    if isinstance(pe, dict):  # the older dict form: name -> [encoding]
         return {k: (v[0] if isinstance(v, list) else v) for k, v in pe.items()}
     return {str(p["name"]): p for p in pe}
 
@@ -123,7 +124,10 @@ def plan_bytes(onnx_path: Path, encodings: Path) -> int:
             continue
         n = int(np.prod(init.dims)) if init.dims else 1
         length = int(ext.get("length", 0)) or n * 4
-        fp16 = init.data_type == onnx.TensorProto.FLOAT and _form(encs.get(init.name), list(init.dims)) is not None
+        fp16 = (
+            init.data_type == onnx.TensorProto.FLOAT
+            and _form(encs.get(init.name), list(init.dims)) is not None
+        )
         total += n * 2 if fp16 else length
     return total
 
@@ -138,8 +142,10 @@ def write_upload_dir(src_onnx: Path, encodings: Path, dest: Path, base: str) -> 
     model = onnx.load(str(src_onnx), load_external_data=False)
     locations = sorted({_ext(t)["location"] for t in model.graph.initializer if "location" in _ext(t)})
     if len(locations) > 1:
-        raise UploadError(f"{src_onnx.name} keeps its weights in {len(locations)} files ({', '.join(locations)}); "
-                          "an AI Hub upload holds one .data file")
+        raise UploadError(
+            f"{src_onnx.name} keeps its weights in {len(locations)} files ({', '.join(locations)}); "
+            "an AI Hub upload holds one .data file"
+        )
     out = dest / f"{base}.aimet"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -160,18 +166,21 @@ def write_upload_dir(src_onnx: Path, encodings: Path, dest: Path, base: str) -> 
                 dims = [int(d) for d in init.dims]
                 n = int(np.prod(dims)) if dims else 1
                 start = fh.tell()
-                form = (_form(encs.get(init.name), dims) if init.data_type == onnx.TensorProto.FLOAT else None)
+                form = _form(encs.get(init.name), dims) if init.data_type == onnx.TensorProto.FLOAT else None
                 if form is not None and _write_fp16(fh, src_data, offset, dims, form):
                     name = init.name
                     init.name = name + FP16_SUFFIX
                     init.data_type = onnx.TensorProto.FLOAT16
                     _set_ext(init, data_name, start, fh.tell() - start)
-                    casts.append(helper.make_node("Cast", [init.name], [name], name=f"{name}_to_float",
-                                                  to=onnx.TensorProto.FLOAT))
+                    casts.append(
+                        helper.make_node(
+                            "Cast", [init.name], [name], name=f"{name}_to_float", to=onnx.TensorProto.FLOAT
+                        )
+                    )
                     stats.fp16_tensors += 1
                     stats.fp16_params += n
                     continue
-                if form is not None:    # not exact in fp16: the fp32 weight as it was
+                if form is not None:  # not exact in fp16: the fp32 weight as it was
                     fh.seek(start)
                     fh.truncate()
                     stats.inexact.append(init.name)
@@ -229,8 +238,9 @@ def uploaded_weight(aimet_dir: Path, name: str) -> np.ndarray:
     init = inits.get(name + FP16_SUFFIX) or inits[name]
     ext = _ext(init)
     dtype = np.float16 if init.data_type == onnx.TensorProto.FLOAT16 else np.float32
-    arr = np.fromfile(d / ext["location"], dtype=dtype, count=int(np.prod(init.dims)),
-                      offset=int(ext.get("offset", 0)))
+    arr = np.fromfile(
+        d / ext["location"], dtype=dtype, count=int(np.prod(init.dims)), offset=int(ext.get("offset", 0))
+    )
     return arr.reshape([int(x) for x in init.dims]).astype(np.float32)
 
 

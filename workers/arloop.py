@@ -37,10 +37,10 @@ import numpy as np
 from workers.shared.errors import ActionableError
 from workers.shared.rope import genie_rope_tables
 
-MASK_VALUE = -1000.0      # a float mask's "masked" value, as Genie writes it (nsp-model.cpp)
+MASK_VALUE = -1000.0  # a float mask's "masked" value, as Genie writes it (nsp-model.cpp)
 STANDARD_INPUTS = ("attention_mask", "position_ids_cos", "position_ids_sin")
 _FIRST_INT = re.compile(r"(\d+)")
-Quant = tuple[float, int, int]   # (scale, offset, bitwidth), AIMET's convention: real = (q + offset) * scale
+Quant = tuple[float, int, int]  # (scale, offset, bitwidth), AIMET's convention: real = (q + offset) * scale
 
 
 def layer_of(name: str) -> int:
@@ -63,19 +63,20 @@ class GenieFeeds:
     """What Genie writes into the inputs at each step. `quant`: the graphs' I/O encodings by tensor name
     (the simulator board); without it the inputs are the float values Genie writes for float tensors."""
 
-    def __init__(self, positional_encoding: dict[str, Any], context_length: int,
-                 quant: dict[str, Quant] | None = None) -> None:
+    def __init__(
+        self, positional_encoding: dict[str, Any], context_length: int, quant: dict[str, Quant] | None = None
+    ) -> None:
         self.cos, self.sin = genie_rope_tables(positional_encoding, context_length)
         self.rope_dim = int(self.cos.shape[1])
         self.quant = dict(quant or {})
         q = self.quant.get("attention_mask")
         if q is None:
             self.attend, self.masked = 0.0, MASK_VALUE
-        else:   # Genie writes attend as all-ones and masked as 0, whatever the encoding
+        else:  # Genie writes attend as all-ones and masked as 0, whatever the encoding
             scale, off, bw = q
             self.attend, self.masked = ((1 << bw) - 1 + off) * scale, off * scale
         qc = self.quant.get("position_ids_cos")
-        if qc is not None:   # both tables quantized with cos's encoding, by truncation (no rounding)
+        if qc is not None:  # both tables quantized with cos's encoding, by truncation (no rounding)
             self.cos = self._as_seen(np.trunc(self.cos / qc[0] - qc[1]), "position_ids_cos")
             self.sin = self._as_seen(np.trunc(self.sin / qc[0] - qc[1]), "position_ids_sin")
 
@@ -103,7 +104,7 @@ class GenieFeeds:
         if q is None:
             return 0.0
         scale, off, bw = q
-        return float((1 << (bw - 1)) + off) * scale     # Genie clears a quantized cache with the mid value
+        return float((1 << (bw - 1)) + off) * scale  # Genie clears a quantized cache with the mid value
 
     def kv_store(self, name_out: str, name_in: str, v: np.ndarray) -> np.ndarray:
         """New cache entries produced in `name_out`'s encoding, as `name_in` reads them back."""
@@ -118,7 +119,7 @@ def step_inputs(n_past: int, s: int, capacity: int) -> np.ndarray:
     """The float attention_mask [1,1,S,CL] for a full block of S new tokens after n_past cached ones."""
     mask: np.ndarray = np.full((1, 1, s, capacity), MASK_VALUE, np.float32)
     mask[0, 0, :, :n_past] = 0.0
-    mask[0, 0, :, capacity - s:][np.tril(np.ones((s, s), bool))] = 0.0
+    mask[0, 0, :, capacity - s :][np.tril(np.ones((s, s), bool))] = 0.0
     return mask
 
 
@@ -129,13 +130,17 @@ class GraphIO:
         self.inputs, self.outputs = inputs, outputs
         carried = [n for n in inputs if n not in STANDARD_INPUTS and not is_kv(n)]
         if len(carried) != 1:
-            raise ValueError(f"a graph must read exactly one of input_ids or the previous part's output; these "
-                             f"inputs are neither mask, rope nor KV: {carried}")
+            raise ValueError(
+                f"a graph must read exactly one of input_ids or the previous part's output; these "
+                f"inputs are neither mask, rope nor KV: {carried}"
+            )
         self.carried_in = carried[0]
         outs = [n for n in outputs if not is_kv(n)]
         if len(outs) != 1:
-            raise ValueError(f"a graph must write exactly one of logits or the next part's input besides its KV "
-                             f"outputs: {outs}")
+            raise ValueError(
+                f"a graph must write exactly one of logits or the next part's input besides its KV "
+                f"outputs: {outs}"
+            )
         self.carried_out = outs[0]
         self.kv_in = {n: layer_of(n) for n in inputs if is_kv(n)}
         self.kv_out = {n: layer_of(n) for n in outputs if is_kv(n)}
@@ -149,8 +154,10 @@ def check_chain(ios: Sequence[GraphIO], kind: str) -> None:
         raise ValueError(f"the last {kind} part writes {ios[-1].carried_out!r}, not logits")
     for k in range(len(ios) - 1):
         if ios[k].carried_out != ios[k + 1].carried_in:
-            raise ValueError(f"{kind} part {k + 1} writes {ios[k].carried_out!r} but part {k + 2} reads "
-                             f"{ios[k + 1].carried_in!r}: Genie chains parts by tensor name, so they do not connect")
+            raise ValueError(
+                f"{kind} part {k + 1} writes {ios[k].carried_out!r} but part {k + 2} reads "
+                f"{ios[k + 1].carried_in!r}: Genie chains parts by tensor name, so they do not connect"
+            )
 
 
 def _io_of(sess: Any) -> GraphIO:
@@ -160,8 +167,14 @@ def _io_of(sess: Any) -> GraphIO:
 class KVCache:
     """One sequence's cache for every layer in Genie's layout: keys [KVH,1,HD,CL], values [KVH,1,CL,HD]."""
 
-    def __init__(self, layers: Sequence[int], num_kv_heads: int, head_dim: int, context_length: int,
-                 feeds: GenieFeeds | None = None) -> None:
+    def __init__(
+        self,
+        layers: Sequence[int],
+        num_kv_heads: int,
+        head_dim: int,
+        context_length: int,
+        feeds: GenieFeeds | None = None,
+    ) -> None:
         self.k: dict[int, np.ndarray] = {}
         self.v: dict[int, np.ndarray] = {}
         for li in layers:
@@ -172,28 +185,34 @@ class KVCache:
         self.n_past = 0
 
 
-KVState = KVCache   # the name validation uses
+KVState = KVCache  # the name validation uses
 
 
-def feed_graph(io: GraphIO, x: np.ndarray, feeds: GenieFeeds, cache: KVCache, n_past: int, m: int, s: int,
-               capacity: int) -> dict[str, np.ndarray]:
+def feed_graph(
+    io: GraphIO, x: np.ndarray, feeds: GenieFeeds, cache: KVCache, n_past: int, m: int, s: int, capacity: int
+) -> dict[str, np.ndarray]:
     past_len = capacity - s
     cos, sin = feeds.rope(n_past, m, s)
-    feed: dict[str, np.ndarray] = {io.carried_in: x, "attention_mask": feeds.mask(n_past, m, s, capacity),
-                                   "position_ids_cos": cos, "position_ids_sin": sin}
+    feed: dict[str, np.ndarray] = {
+        io.carried_in: x,
+        "attention_mask": feeds.mask(n_past, m, s, capacity),
+        "position_ids_cos": cos,
+        "position_ids_sin": sin,
+    }
     for n, li in io.kv_in.items():
         feed[n] = cache.k[li][..., :past_len] if "key" in n else cache.v[li][:, :, :past_len]
     return {n: v for n, v in feed.items() if n in io.inputs}
 
 
-def store_kv(io: GraphIO, outs: dict[str, np.ndarray], feeds: GenieFeeds, cache: KVCache, n_past: int,
-             m: int) -> None:
+def store_kv(
+    io: GraphIO, outs: dict[str, np.ndarray], feeds: GenieFeeds, cache: KVCache, n_past: int, m: int
+) -> None:
     for n, li in io.kv_out.items():
-        val = feeds.kv_store(n, n[:-len("_out")] + "_in", outs[n])
+        val = feeds.kv_store(n, n[: -len("_out")] + "_in", outs[n])
         if "key" in n:
-            cache.k[li][..., n_past:n_past + m] = val[..., :m]
+            cache.k[li][..., n_past : n_past + m] = val[..., :m]
         else:
-            cache.v[li][:, :, n_past:n_past + m] = val[:, :, :m]
+            cache.v[li][:, :, n_past : n_past + m] = val[:, :, :m]
 
 
 class PartChain:
@@ -205,12 +224,18 @@ class PartChain:
         self.ios = [_io_of(s) for s in sessions]
         check_chain(self.ios, kind)
 
-    def run(self, first_input: np.ndarray, feeds: GenieFeeds, cache: KVCache, n_past: int, m: int,
-            capacity: int) -> np.ndarray:
+    def run(
+        self, first_input: np.ndarray, feeds: GenieFeeds, cache: KVCache, n_past: int, m: int, capacity: int
+    ) -> np.ndarray:
         x = first_input
         for sess, io in zip(self.sessions, self.ios, strict=True):
-            outs = dict(zip(io.outputs, sess.run(io.outputs, feed_graph(io, x, feeds, cache, n_past, m,
-                                                                         self.seq_len, capacity)), strict=True))
+            outs = dict(
+                zip(
+                    io.outputs,
+                    sess.run(io.outputs, feed_graph(io, x, feeds, cache, n_past, m, self.seq_len, capacity)),
+                    strict=True,
+                )
+            )
             store_kv(io, outs, feeds, cache, n_past, m)
             x = outs[io.carried_out]
         return x
@@ -230,8 +255,16 @@ VARIANT_KEY = {"sim": "sim_onnx", "float": "float_onnx", "quantsim": "sim_onnx"}
 
 
 class DeploymentPair:
-    def __init__(self, prompt: PartChain, token: PartChain, context_length: int, num_kv_heads: int,
-                 head_dim: int, layers: list[int], feeds: GenieFeeds) -> None:
+    def __init__(
+        self,
+        prompt: PartChain,
+        token: PartChain,
+        context_length: int,
+        num_kv_heads: int,
+        head_dim: int,
+        layers: list[int],
+        feeds: GenieFeeds,
+    ) -> None:
         self.prompt = prompt
         self.token = token
         self.capacity = context_length
@@ -247,11 +280,21 @@ class DeploymentPair:
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def from_graphs(cls, graphs: Sequence[dict[str, Any]], base_dir: str | Path, *,
-                    positional_encoding: dict[str, Any], variant: str = "sim", context_length: int | None = None,
-                    ar_n: int | None = None, intra_op_threads: int = 1, providers: list[str] | None = None,
-                    quant: dict[str, Quant] | None = None, paths: dict[str, Path] | None = None,
-                    session_factory: Callable[[Path], Any] | None = None) -> DeploymentPair:
+    def from_graphs(
+        cls,
+        graphs: Sequence[dict[str, Any]],
+        base_dir: str | Path,
+        *,
+        positional_encoding: dict[str, Any],
+        variant: str = "sim",
+        context_length: int | None = None,
+        ar_n: int | None = None,
+        intra_op_threads: int = 1,
+        providers: list[str] | None = None,
+        quant: dict[str, Quant] | None = None,
+        paths: dict[str, Path] | None = None,
+        session_factory: Callable[[Path], Any] | None = None,
+    ) -> DeploymentPair:
         """`paths`: graph name -> ONNX file, instead of the graph entries' `<variant>_onnx` keys.
         `session_factory(path)`: an object with onnxruntime's get_inputs/get_outputs/run (e.g. an HTP graph on
         Qualcomm's simulator, workers/qnn/htp_session.py) instead of a CPU session."""
@@ -262,17 +305,23 @@ class DeploymentPair:
             if not gs:
                 raise ValueError(f"no {kind} graphs in the graph list")
             files = [paths[g["name"]] if paths else base / g[VARIANT_KEY[variant]] for g in gs]
-            sessions = [session_factory(f) if session_factory is not None else
-                        _session(f, intra_op_threads, providers) for f in files]
+            sessions = [
+                session_factory(f)
+                if session_factory is not None
+                else _session(f, intra_op_threads, providers)
+                for f in files
+            ]
             chains[kind] = PartChain(sessions, int(gs[0]["seq_len"]), kind)
         p = chains["prompt_processor"]
         shape = next(i.shape for i in p.sessions[0].get_inputs() if is_kv(i.name) and "key" in i.name)
-        kvh, hd = int(shape[0]), int(shape[2])                   # [KVH, 1, HD, CL - S]
+        kvh, hd = int(shape[0]), int(shape[2])  # [KVH, 1, HD, CL - S]
         cl = context_length or int(shape[3]) + p.seq_len
         if ar_n is not None and ar_n != p.seq_len:
             raise ValueError(f"the prompt processor graphs have AR-{p.seq_len}, not AR-{ar_n}")
         layers = sorted({li for io in p.ios for li in io.kv_in.values()})
-        return cls(p, chains["token_generator"], cl, kvh, hd, layers, GenieFeeds(positional_encoding, cl, quant))
+        return cls(
+            p, chains["token_generator"], cl, kvh, hd, layers, GenieFeeds(positional_encoding, cl, quant)
+        )
 
     # -- running ------------------------------------------------------------
     def reset(self) -> None:
@@ -283,8 +332,9 @@ class DeploymentPair:
         m = len(ids)
         n_past = self.cache.n_past
         if n_past + s > self.capacity or n_past > self.capacity - s:
-            raise ContextFull(f"the context holds {n_past} of {self.capacity} tokens; no room for a "
-                              f"{s}-token block")
+            raise ContextFull(
+                f"the context holds {n_past} of {self.capacity} tokens; no room for a {s}-token block"
+            )
         x: np.ndarray = np.zeros((1, s), np.int32)
         x[0, :m] = ids
         logits = chain.run(x, self.feeds, self.cache, n_past, m, self.capacity)
@@ -298,13 +348,15 @@ class DeploymentPair:
         if not ids:
             raise ValueError("empty prompt")
         if self.n_past + len(ids) > self.capacity:
-            raise ContextFull(f"the prompt ({len(ids)} tokens) does not fit: {self.n_past} of "
-                              f"{self.capacity} context tokens are used")
+            raise ContextFull(
+                f"the prompt ({len(ids)} tokens) does not fit: {self.n_past} of "
+                f"{self.capacity} context tokens are used"
+            )
         logits: np.ndarray | None = None
         i = 0
         while i < len(ids):
             if self.n_past + self.ar_n <= self.capacity:
-                block = ids[i:i + self.ar_n]
+                block = ids[i : i + self.ar_n]
                 logits = self._run(self.prompt, block)
                 i += len(block)
             else:
@@ -318,7 +370,9 @@ class DeploymentPair:
             raise ContextFull(f"the context is full ({self.capacity} tokens)")
         return self._run(self.token, [int(token_id)])
 
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = ()) -> list[int]:
+    def generate(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = ()
+    ) -> list[int]:
         """Greedy continuation (for validation)."""
         logits = self.prefill(prompt_ids)
         out: list[int] = []
@@ -333,16 +387,27 @@ class DeploymentPair:
 
 # -- part-major runs: at most one part's sessions open at a time (validation of large models) --------
 
-Call = tuple[int, str, list[int], int]   # (sequence index, "prompt_processor"|"token_generator", token ids, n_past)
+Call = tuple[
+    int, str, list[int], int
+]  # (sequence index, "prompt_processor"|"token_generator", token ids, n_past)
 
 
 class PartSessions:
     """onnxruntime sessions of ONE part at a time: asking for another part closes the open ones.
     `opens` counts session creations (the price of holding one part in memory)."""
 
-    def __init__(self, graphs: Sequence[dict[str, Any]], base_dir: str | Path, *, positional_encoding: dict[str, Any],
-                 context_length: int, variant: str = "sim", intra_op_threads: int = 1,
-                 providers: list[str] | None = None, quant: dict[str, Quant] | None = None) -> None:
+    def __init__(
+        self,
+        graphs: Sequence[dict[str, Any]],
+        base_dir: str | Path,
+        *,
+        positional_encoding: dict[str, Any],
+        context_length: int,
+        variant: str = "sim",
+        intra_op_threads: int = 1,
+        providers: list[str] | None = None,
+        quant: dict[str, Quant] | None = None,
+    ) -> None:
         key = VARIANT_KEY[variant]
         base = Path(base_dir)
         self.graphs = {(g["kind"], int(g["part"])): g for g in graphs}
@@ -353,8 +418,10 @@ class PartSessions:
             if missing:
                 raise ValueError(f"no {kind} graph for part(s) {missing}")
         self.layers = {p: list(self.graphs[("prompt_processor", p)]["layers"]) for p in self.parts}
-        self.seq_len = {kind: int(self.graphs[(kind, self.parts[0])]["seq_len"])
-                        for kind in ("prompt_processor", "token_generator")}
+        self.seq_len = {
+            kind: int(self.graphs[(kind, self.parts[0])]["seq_len"])
+            for kind in ("prompt_processor", "token_generator")
+        }
         self.feeds = GenieFeeds(positional_encoding, context_length, quant)
         self.threads = intra_op_threads
         self.providers = providers or ["CPUExecutionProvider"]
@@ -382,21 +449,29 @@ class PartSessions:
         self._part = None
 
     def cache(self, num_kv_heads: int, head_dim: int, context_length: int) -> KVCache:
-        return KVCache([li for p in self.parts for li in self.layers[p]], num_kv_heads, head_dim, context_length,
-                       self.feeds)
+        return KVCache(
+            [li for p in self.parts for li in self.layers[p]],
+            num_kv_heads,
+            head_dim,
+            context_length,
+            self.feeds,
+        )
 
 
-def prefill_calls(seq: int, ids: Sequence[int], n_past: int, ar_n: int, capacity: int) -> tuple[list[Call], int]:
+def prefill_calls(
+    seq: int, ids: Sequence[int], n_past: int, ar_n: int, capacity: int
+) -> tuple[list[Call], int]:
     """The calls DeploymentPair.prefill makes: AR-N blocks, AR-1 near the end of the context."""
     calls: list[Call] = []
     i = 0
     ids = list(ids)
     if n_past + len(ids) > capacity:
-        raise ContextFull(f"the prompt ({len(ids)} tokens) does not fit: {n_past} of {capacity} context tokens "
-                          "are used")
+        raise ContextFull(
+            f"the prompt ({len(ids)} tokens) does not fit: {n_past} of {capacity} context tokens are used"
+        )
     while i < len(ids):
         if n_past + ar_n <= capacity:
-            block = ids[i:i + ar_n]
+            block = ids[i : i + ar_n]
             calls.append((seq, "prompt_processor", block, n_past))
         else:
             block = [ids[i]]
@@ -406,8 +481,9 @@ def prefill_calls(seq: int, ids: Sequence[int], n_past: int, ar_n: int, capacity
     return calls, n_past
 
 
-def run_part_major(ps: PartSessions, calls: Sequence[Call], states: dict[int, KVCache], capacity: int,
-                   last_only: bool = True) -> list[np.ndarray]:
+def run_part_major(
+    ps: PartSessions, calls: Sequence[Call], states: dict[int, KVCache], capacity: int, last_only: bool = True
+) -> list[np.ndarray]:
     """Run `calls` through every part, part by part (one part's sessions open at a time), carrying
     each call's output to the next part (by tensor name) and writing the new KV entries into `states`.
     Calls of one sequence must come in order. Returns each call's last-part output: the logits at
@@ -418,7 +494,7 @@ def run_part_major(ps: PartSessions, calls: Sequence[Call], states: dict[int, KV
         if not 0 < len(ids) <= s:
             raise ValueError(f"call {ci}: {len(ids)} tokens for a {s}-token graph")
         x: np.ndarray = np.zeros((1, s), np.int32)
-        x[0, :len(ids)] = ids
+        x[0, : len(ids)] = ids
         xs.append(x)
     for part in ps.parts:
         for ci, (si, kind, ids, n_past) in enumerate(calls):
@@ -426,10 +502,17 @@ def run_part_major(ps: PartSessions, calls: Sequence[Call], states: dict[int, KV
             s = ps.seq_len[kind]
             m = len(ids)
             if n_past + s > capacity or n_past > capacity - s:
-                raise ContextFull(f"the context holds {n_past} of {capacity} tokens; no room for a {s}-token block")
+                raise ContextFull(
+                    f"the context holds {n_past} of {capacity} tokens; no room for a {s}-token block"
+                )
             st = states[si]
-            outs = dict(zip(io.outputs, sess.run(io.outputs, feed_graph(io, xs[ci], ps.feeds, st, n_past, m, s,
-                                                                         capacity)), strict=True))
+            outs = dict(
+                zip(
+                    io.outputs,
+                    sess.run(io.outputs, feed_graph(io, xs[ci], ps.feeds, st, n_past, m, s, capacity)),
+                    strict=True,
+                )
+            )
             store_kv(io, outs, ps.feeds, st, n_past, m)
             out = outs[io.carried_out]
             xs[ci] = out if part != ps.parts[-1] or not last_only else np.asarray(out[0, m - 1], np.float32)
@@ -440,8 +523,15 @@ def run_part_major(ps: PartSessions, calls: Sequence[Call], states: dict[int, KV
     return [x if last_only else np.asarray(x[0], np.float32) for x in xs]
 
 
-def greedy_part_major(ps: PartSessions, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                      eos_ids: Sequence[int], capacity: int, num_kv_heads: int, head_dim: int) -> list[list[int]]:
+def greedy_part_major(
+    ps: PartSessions,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    capacity: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> list[list[int]]:
     """DeploymentPair.generate for several prompts at once, part-major: the prompts are prefilled
     part by part, then every greedy step runs all still-active sequences through part 1, then
     part 2, ... (each part's token generator is opened once per step)."""
@@ -476,14 +566,19 @@ def greedy_part_major(ps: PartSessions, prompts: Sequence[Sequence[int]], max_ne
 
 # -- unit-major runs: one run unit (a decoder layer, the embedding, an lm_head chunk) open at a time ---------
 
+
 class SlimKV:
     """One sequence's KV cache holding only the filled slots of each layer ([KVH,1,HD,n] keys, [KVH,1,n,HD]
     values); a layer's full Genie-layout arrays exist only while its unit runs (`full` / `keep`)."""
 
     def __init__(self, layers: Sequence[int], num_kv_heads: int, head_dim: int, feeds: GenieFeeds) -> None:
         self.kvh, self.hd, self.feeds = num_kv_heads, head_dim, feeds
-        self.k: dict[int, np.ndarray] = {li: np.zeros((num_kv_heads, 1, head_dim, 0), np.float32) for li in layers}
-        self.v: dict[int, np.ndarray] = {li: np.zeros((num_kv_heads, 1, 0, head_dim), np.float32) for li in layers}
+        self.k: dict[int, np.ndarray] = {
+            li: np.zeros((num_kv_heads, 1, head_dim, 0), np.float32) for li in layers
+        }
+        self.v: dict[int, np.ndarray] = {
+            li: np.zeros((num_kv_heads, 1, 0, head_dim), np.float32) for li in layers
+        }
         self.n_past = 0
 
     def full(self, li: int, capacity: int) -> KVCache:
@@ -510,7 +605,7 @@ def trim_heap() -> None:
         name = ctypes.util.find_library("c")
         try:
             _MALLOC_TRIM = ctypes.CDLL(name).malloc_trim if name else False
-        except (OSError, AttributeError):     # not glibc
+        except (OSError, AttributeError):  # not glibc
             pass
     if _MALLOC_TRIM:
         _MALLOC_TRIM(0)
@@ -524,22 +619,37 @@ class UnitSessions:
     columns), with at most one unit position's sessions open (one per kind). `opens` counts session
     creations."""
 
-    def __init__(self, units: dict[tuple[str, int], list[dict[str, Any]]], graphs: Sequence[dict[str, Any]], *,
-                 positional_encoding: dict[str, Any], context_length: int, intra_op_threads: int = 1,
-                 providers: list[str] | None = None, quant: dict[str, Quant] | None = None) -> None:
+    def __init__(
+        self,
+        units: dict[tuple[str, int], list[dict[str, Any]]],
+        graphs: Sequence[dict[str, Any]],
+        *,
+        positional_encoding: dict[str, Any],
+        context_length: int,
+        intra_op_threads: int = 1,
+        providers: list[str] | None = None,
+        quant: dict[str, Quant] | None = None,
+    ) -> None:
         self.units = units
         gmap = {(g["kind"], int(g["part"])): g for g in graphs}
         self.parts = sorted({p for _, p in units})
         for p in self.parts:
-            shapes = [[(u["level"], tuple(u["columns"] or ())) for u in units[(k, p)]]
-                      for k in ("prompt_processor", "token_generator")]
+            shapes = [
+                [(u["level"], tuple(u["columns"] or ())) for u in units[(k, p)]]
+                for k in ("prompt_processor", "token_generator")
+            ]
             if shapes[0] != shapes[1]:
-                raise ValueError(f"part {p}: the prompt processor and token generator cut into different units")
+                raise ValueError(
+                    f"part {p}: the prompt processor and token generator cut into different units"
+                )
         self.layers = {p: list(gmap[("prompt_processor", p)]["layers"]) for p in self.parts}
-        self.seq_len = {kind: int(gmap[(kind, self.parts[0])]["seq_len"]) for kind in ("prompt_processor",
-                                                                                       "token_generator")}
-        self.carried_out = {p: next(o for o in gmap[("prompt_processor", p)]["outputs"] if not is_kv(o))
-                            for p in self.parts}
+        self.seq_len = {
+            kind: int(gmap[(kind, self.parts[0])]["seq_len"])
+            for kind in ("prompt_processor", "token_generator")
+        }
+        self.carried_out = {
+            p: next(o for o in gmap[("prompt_processor", p)]["outputs"] if not is_kv(o)) for p in self.parts
+        }
         self.feeds = GenieFeeds(positional_encoding, context_length, quant)
         self.threads = intra_op_threads
         self.providers = providers or ["CPUExecutionProvider"]
@@ -556,7 +666,9 @@ class UnitSessions:
             self._at = (part, j)
         if kind not in self._open:
             t0 = time.monotonic()
-            self._open[kind] = _session(Path(self.units[(kind, part)][j]["path"]), self.threads, self.providers)
+            self._open[kind] = _session(
+                Path(self.units[(kind, part)][j]["path"]), self.threads, self.providers
+            )
             self.opens += 1
             self.open_seconds += time.monotonic() - t0
         return self._open[kind]
@@ -571,9 +683,14 @@ class UnitSessions:
         return SlimKV([li for p in self.parts for li in self.layers[p]], num_kv_heads, head_dim, self.feeds)
 
 
-def run_unit_major(us: UnitSessions, calls: Sequence[Call], states: dict[int, SlimKV], capacity: int,
-                   last_only: bool = True, capture: dict[int, dict[str, np.ndarray]] | None = None
-                   ) -> list[np.ndarray]:
+def run_unit_major(
+    us: UnitSessions,
+    calls: Sequence[Call],
+    states: dict[int, SlimKV],
+    capacity: int,
+    last_only: bool = True,
+    capture: dict[int, dict[str, np.ndarray]] | None = None,
+) -> list[np.ndarray]:
     """run_part_major one run unit at a time: every call goes through the part's first unit, then its
     second, ... (one unit's sessions open), each call's tensors between units kept by name (only those a
     later unit reads), each layer's KV cache in its full layout only while its unit runs. Same feeds, KV
@@ -585,19 +702,23 @@ def run_unit_major(us: UnitSessions, calls: Sequence[Call], states: dict[int, Sl
         if not 0 < len(ids) <= s:
             raise ValueError(f"call {ci}: {len(ids)} tokens for a {s}-token graph")
         if n_past + s > capacity or n_past > capacity - s:
-            raise ContextFull(f"the context holds {n_past} of {capacity} tokens; no room for a {s}-token block")
+            raise ContextFull(
+                f"the context holds {n_past} of {capacity} tokens; no room for a {s}-token block"
+            )
         x: np.ndarray = np.zeros((1, s), np.int32)
-        x[0, :len(ids)] = ids
+        x[0, : len(ids)] = ids
         envs.append({"input_ids": x})
     last_part = us.parts[-1]
-    chunks: dict[tuple[int, str], list[np.ndarray]] = {}      # lm_head column chunks until the last one
+    chunks: dict[tuple[int, str], list[np.ndarray]] = {}  # lm_head column chunks until the last one
     for part in us.parts:
         kinds = sorted({c[1] for c in calls})
         plan = us.units[(kinds[0], part)]
         carried = us.carried_out[part]
         for j in range(len(plan)):
-            later = {n for k in kinds for u in us.units[(k, part)][j + 1:] for n in u["inputs"]} | {carried}
-            layers = sorted({layer_of(n) for k in kinds for n in us.units[(k, part)][j]["inputs"] if is_kv(n)})
+            later = {n for k in kinds for u in us.units[(k, part)][j + 1 :] for n in u["inputs"]} | {carried}
+            layers = sorted(
+                {layer_of(n) for k in kinds for n in us.units[(k, part)][j]["inputs"] if is_kv(n)}
+            )
             full: dict[tuple[int, int], KVCache] = {}
             filled: dict[tuple[int, int], int] = {}
             for ci, (si, kind, ids, n_past) in enumerate(calls):
@@ -628,11 +749,11 @@ def run_unit_major(us: UnitSessions, calls: Sequence[Call], states: dict[int, Sl
                     if is_kv(n):
                         li = layer_of(n)
                         c = full[(si, li)]
-                        v = us.feeds.kv_store(n, n[:-len("_out")] + "_in", val)
+                        v = us.feeds.kv_store(n, n[: -len("_out")] + "_in", val)
                         if "key" in n:
-                            c.k[li][..., n_past:n_past + m] = v[..., :m]
+                            c.k[li][..., n_past : n_past + m] = v[..., :m]
                         else:
-                            c.v[li][:, :, n_past:n_past + m] = v[:, :, :m]
+                            c.v[li][:, :, n_past : n_past + m] = v[:, :, :m]
                         filled[(si, li)] = max(filled[(si, li)], n_past + m)
                         continue
                     # what is kept past this unit is a copy that owns its memory: onnxruntime's outputs are views
@@ -670,15 +791,22 @@ ROPE_NAMES = ("position_ids_cos", "position_ids_sin")
 def _vocab_end(units: Sequence[dict[str, Any]], j: int) -> int:
     """The last column the lm_head chunks around unit j compute (its group's end)."""
     end = int(units[j]["columns"][1])
-    for u in units[j + 1:]:
+    for u in units[j + 1 :]:
         if not u.get("columns"):
             break
         end = int(u["columns"][1])
     return end
 
 
-def greedy_unit_major(us: UnitSessions, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                      eos_ids: Sequence[int], capacity: int, num_kv_heads: int, head_dim: int) -> list[list[int]]:
+def greedy_unit_major(
+    us: UnitSessions,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    capacity: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> list[list[int]]:
     """greedy_part_major one run unit at a time (same tokens)."""
     states = {i: us.cache(num_kv_heads, head_dim) for i in range(len(prompts))}
     calls: list[Call] = []

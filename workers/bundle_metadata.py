@@ -52,8 +52,9 @@ def component_name(graph_name: str) -> str:
     number keeps the graph name's zero padding)."""
     m = _COMPONENT_RE.match(graph_name)
     if m is None:
-        raise MetadataError(f"Graph name '{graph_name}' is not of the form "
-                            "{prompt|token}_ar<AR>_cl<CL>_<i>_of_<n>.")
+        raise MetadataError(
+            f"Graph name '{graph_name}' is not of the form {{prompt|token}}_ar<AR>_cl<CL>_<i>_of_<n>."
+        )
     return f"{m.group(1)}_{m.group(2)}"
 
 
@@ -72,11 +73,11 @@ def read_encodings(path: Path) -> dict[str, dict[str, Any]]:
         raise MetadataError(f"Cannot read the encodings {path}: {exc}") from None
     acts = doc.get("activation_encodings") if isinstance(doc, dict) else None
     out: dict[str, dict[str, Any]] = {}
-    if isinstance(acts, list):                       # 1.0.0
+    if isinstance(acts, list):  # 1.0.0
         for e in acts:
             if isinstance(e, dict) and "name" in e:
                 out[str(e["name"])] = _norm_entry(e)
-    elif isinstance(acts, dict):                     # legacy: name -> [entry, ...]
+    elif isinstance(acts, dict):  # legacy: name -> [entry, ...]
         for name, es in acts.items():
             e = es[0] if isinstance(es, list) and es else es
             if isinstance(e, dict):
@@ -92,14 +93,19 @@ def _first(v: Any) -> Any:
 
 def _norm_entry(e: dict[str, Any]) -> dict[str, Any]:
     scale, offset = _first(e.get("scale")), _first(e.get("offset"))
-    return {"bw": int(e["bw"]) if e.get("bw") is not None else (int(e["bitwidth"]) if e.get("bitwidth") else None),
-            "dtype": str(e.get("dtype") or "INT").upper(),
-            "scale": float(scale) if scale is not None else None,
-            "offset": round(float(offset)) if offset is not None else None}
+    return {
+        "bw": int(e["bw"])
+        if e.get("bw") is not None
+        else (int(e["bitwidth"]) if e.get("bitwidth") else None),
+        "dtype": str(e.get("dtype") or "INT").upper(),
+        "scale": float(scale) if scale is not None else None,
+        "offset": round(float(offset)) if offset is not None else None,
+    }
 
 
-def tensor_spec(name: str, shape: list[int], enc: dict[str, Any] | None,
-                integer_dtype: str | None = None) -> dict[str, Any]:
+def tensor_spec(
+    name: str, shape: list[int], enc: dict[str, Any] | None, integer_dtype: str | None = None
+) -> dict[str, Any]:
     """One tensor's metadata entry: shape, compiled dtype and (when quantized) its scale and offset. An
     integer tensor (`input_ids`, or `integer_dtype` from the graph) is not quantized: it keeps its type."""
     spec: dict[str, Any] = {"shape": [int(d) for d in shape]}
@@ -120,12 +126,14 @@ def tensor_spec(name: str, shape: list[int], enc: dict[str, Any] | None,
 def _io_from_entry(io: Any) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
     """graph_entry["io"]: {"inputs": {name: shape | {"shape": [...]}}, "outputs": {...}} or the same with
     lists of {"name", "shape"}."""
+
     def side(v: Any) -> dict[str, list[int]]:
         if isinstance(v, dict):
             return {str(k): list(s["shape"] if isinstance(s, dict) else s) for k, s in v.items()}
         if isinstance(v, list):
             return {str(t["name"]): list(t["shape"]) for t in v}
         raise MetadataError(f"graph io entry {v!r} is neither a dict nor a list")
+
     return side(io.get("inputs") or {}), side(io.get("outputs") or {})
 
 
@@ -141,15 +149,17 @@ def onnx_io_types(onnx_path: Path) -> tuple[dict[str, list[int]], dict[str, list
 
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
-    except Exception as exc:   # onnx raises its own DecodeError / ValidationError types
+    except Exception as exc:  # onnx raises its own DecodeError / ValidationError types
         raise MetadataError(f"Cannot read the graph {onnx_path}: {exc}") from None
 
     def shape(vi: Any) -> list[int]:
         dims = []
         for d in vi.type.tensor_type.shape.dim:
             if not d.HasField("dim_value"):
-                raise MetadataError(f"{onnx_path}: tensor {vi.name} has a dynamic dimension "
-                                    f"({d.dim_param or '?'}); a deployment graph has static shapes.")
+                raise MetadataError(
+                    f"{onnx_path}: tensor {vi.name} has a dynamic dimension "
+                    f"({d.dim_param or '?'}); a deployment graph has static shapes."
+                )
             dims.append(int(d.dim_value))
         return dims
 
@@ -164,13 +174,17 @@ def onnx_io_types(onnx_path: Path) -> tuple[dict[str, list[int]], dict[str, list
     return ins, outs, ints
 
 
-def _ordered(shapes: dict[str, list[int]], names: list[str] | None, what: str, graph: str) -> dict[str, list[int]]:
+def _ordered(
+    shapes: dict[str, list[int]], names: list[str] | None, what: str, graph: str
+) -> dict[str, list[int]]:
     if not names:
         return shapes
     missing = [n for n in names if n not in shapes]
     if missing:
-        raise MetadataError(f"Graph {graph}: {what} {', '.join(missing)} named in quantize.json are not in the "
-                            f"graph (it has {', '.join(shapes)}).")
+        raise MetadataError(
+            f"Graph {graph}: {what} {', '.join(missing)} named in quantize.json are not in the "
+            f"graph (it has {', '.join(shapes)})."
+        )
     return {n: shapes[n] for n in names}
 
 
@@ -190,17 +204,27 @@ def graph_spec(graph_entry: dict[str, Any], quantize_dir: Path) -> dict[str, Any
     ins = _ordered(ins, graph_entry.get("inputs"), "inputs", name)
     outs = _ordered(outs, graph_entry.get("outputs"), "outputs", name)
     encs = read_encodings(qdir / graph_entry["encodings"]) if graph_entry.get("encodings") else {}
-    return {"inputs": {n: tensor_spec(n, s, encs.get(n), ints.get(n)) for n, s in ins.items()},
-            "outputs": {n: tensor_spec(n, s, encs.get(n), ints.get(n)) for n, s in outs.items()}}
+    return {
+        "inputs": {n: tensor_spec(n, s, encs.get(n), ints.get(n)) for n, s in ins.items()},
+        "outputs": {n: tensor_spec(n, s, encs.get(n), ints.get(n)) for n, s in outs.items()},
+    }
 
 
-def build_metadata(graphs: list[dict[str, Any]], quantize_dir: Path, precision: str = "w4a16") -> dict[str, Any]:
+def build_metadata(
+    graphs: list[dict[str, Any]], quantize_dir: Path, precision: str = "w4a16"
+) -> dict[str, Any]:
     """metadata.yaml's document for the quantize.json graphs: components ordered prompt parts, then
     token parts (as qai-hub-models adds them), then precision and runtime."""
     comps: dict[str, Any] = {}
     order = {"prompt": 0, "token": 1}
-    for g in sorted(graphs, key=lambda g: (order[component_name(str(g["name"])).split("_", 1)[0]],
-                                           int(g.get("part") or 0), str(g["name"]))):
+    for g in sorted(
+        graphs,
+        key=lambda g: (
+            order[component_name(str(g["name"])).split("_", 1)[0]],
+            int(g.get("part") or 0),
+            str(g["name"]),
+        ),
+    ):
         comp = component_name(str(g["name"]))
         if comp in comps:
             raise MetadataError(f"Two graphs map to the component {comp} (the second is {g['name']}).")

@@ -37,14 +37,19 @@ def convert_version(model: Any, version: int) -> Any:
     (location/offset/length) as it was: onnx 1.18's converter drops them, leaving tensors with no data."""
     from onnx import TensorProto, version_converter
 
-    refs = {i.name: [(e.key, e.value) for e in i.external_data] for i in model.graph.initializer
-            if i.data_location == TensorProto.EXTERNAL}
+    refs = {
+        i.name: [(e.key, e.value) for e in i.external_data]
+        for i in model.graph.initializer
+        if i.data_location == TensorProto.EXTERNAL
+    }
     out = version_converter.convert_version(model, version)
     for init in out.graph.initializer:
         ref = refs.get(init.name)
         if ref is None:
             continue
-        if init.data_location != TensorProto.EXTERNAL or not any(e.key == "location" for e in init.external_data):
+        if init.data_location != TensorProto.EXTERNAL or not any(
+            e.key == "location" for e in init.external_data
+        ):
             del init.external_data[:]
             for key, value in ref:
                 entry = init.external_data.add()

@@ -42,8 +42,11 @@ def htp_pair_args(spec: WorkerSpec, q: dict[str, Any]) -> dict[str, Any]:
     for g in q["graphs"]:
         found = sorted(gdir.glob(f"{g['name']}~*.onnx"))
         if not found:
-            raise WorkerError("htp_graphs_missing", f"The local compile left no HTP graph for {g['name']} in {gdir}.",
-                              "Compile locally (compile_target local) before an HTP-simulation leg.")
+            raise WorkerError(
+                "htp_graphs_missing",
+                f"The local compile left no HTP graph for {g['name']} in {gdir}.",
+                "Compile locally (compile_target local) before an HTP-simulation leg.",
+            )
         paths[str(g["name"])] = found[0]
     bundle = _read(cdir / "bundle" / "bundle.json")
     dev = bundle.get("device") or {}
@@ -61,8 +64,11 @@ def _read(path: Path) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         return doc
     except (OSError, ValueError) as exc:
-        raise WorkerError("missing_upstream", f"Cannot read {path}: {exc}.",
-                          "Run the earlier stages first (hexstudio run --until compile).") from None
+        raise WorkerError(
+            "missing_upstream",
+            f"Cannot read {path}: {exc}.",
+            "Run the earlier stages first (hexstudio run --until compile).",
+        ) from None
 
 
 def _tokenizer(spec: WorkerSpec) -> Any:
@@ -79,8 +85,11 @@ def _tokenizer(spec: WorkerSpec) -> Any:
     for p in candidates:
         if p.is_file():
             return Tokenizer.from_file(str(p))
-    raise WorkerError("no_tokenizer", "Neither the bundle nor the model folder has a tokenizer.json.",
-                      "Run the compile stage again (the bundle carries the tokenizer).")
+    raise WorkerError(
+        "no_tokenizer",
+        "Neither the bundle nor the model folder has a tokenizer.json.",
+        "Run the compile stage again (the bundle carries the tokenizer).",
+    )
 
 
 def _special(spec: WorkerSpec) -> tuple[int | None, set[int]]:
@@ -117,14 +126,19 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     tok = _tokenizer(spec)
     bos, eos = _special(spec)
     done = done_keys(journal)
-    def runs_on(leg: str, j: dict[str, Any]) -> bool:   # a job lists its legs (the HTP leg runs few cases)
+
+    def runs_on(leg: str, j: dict[str, Any]) -> bool:  # a job lists its legs (the HTP leg runs few cases)
         return leg in (j.get("legs") or legs)
 
     todo = [(leg, j) for leg in legs for j in jobs if runs_on(leg, j) and (leg, str(j["key"])) not in done]
     total = sum(1 for leg in legs for j in jobs if runs_on(leg, j))
     finished = total - len(todo)
-    em.progress(finished / max(total, 1), f"host legs: {finished} of {total} case runs already done"
-                if finished else f"host legs: {total} case runs")
+    em.progress(
+        finished / max(total, 1),
+        f"host legs: {finished} of {total} case runs already done"
+        if finished
+        else f"host legs: {total} case runs",
+    )
     threads = int(os.environ.get("HEXSTUDIO_EVAL_THREADS", "2"))
     for leg in legs:
         mine = [j for lg, j in todo if lg == leg]
@@ -132,13 +146,22 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             continue
         try:
             extra = htp_pair_args(spec, q) if leg == "htp" else {}
-            pair = DeploymentPair.from_graphs(q["graphs"], qdir, positional_encoding=q["positional_encoding"],
-                                              variant="sim" if leg == "htp" else leg,
-                                              context_length=int(q["context_length"]),
-                                              ar_n=int(q["ar_n"]), intra_op_threads=threads, **extra)
+            pair = DeploymentPair.from_graphs(
+                q["graphs"],
+                qdir,
+                positional_encoding=q["positional_encoding"],
+                variant="sim" if leg == "htp" else leg,
+                context_length=int(q["context_length"]),
+                ar_n=int(q["ar_n"]),
+                intra_op_threads=threads,
+                **extra,
+            )
         except (OSError, KeyError, ValueError) as exc:
-            raise WorkerError("graphs_unreadable", f"The {leg} deployment graphs cannot be loaded: {exc}.",
-                              "Run the quantize stage again (hexstudio run --resume RUN --only quantize).") from None
+            raise WorkerError(
+                "graphs_unreadable",
+                f"The {leg} deployment graphs cannot be loaded: {exc}.",
+                "Run the quantize stage again (hexstudio run --resume RUN --only quantize).",
+            ) from None
         for j in mine:
             pair.reset()
             pre = [bos] if bos is not None else []
@@ -146,7 +169,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             try:
                 if j["kind"] == "nll":
                     ids = pre + tok.encode(str(j["text"]), add_special_tokens=False).ids
-                    ids = ids[: pair.capacity]   # the first token is not predicted: it starts the passage
+                    ids = ids[: pair.capacity]  # the first token is not predicted: it starts the passage
                     logits = pair.prefill(ids[:1])
                     nll = 0.0
                     for t in ids[1:]:
@@ -171,13 +194,21 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
                                 state = "context_full"
                                 break
                             logits = pair.step(nxt)
-                    rec.update({"ids": out, "text": tok.decode(out), "prompt_tokens": len(ids), "state": state})
+                    rec.update(
+                        {"ids": out, "text": tok.decode(out), "prompt_tokens": len(ids), "state": state}
+                    )
             except ContextFull as exc:
                 rec.update({"state": "context_full", "error": str(exc), "ids": [], "text": ""})
             append_journal(journal, rec)
             finished += 1
-            em.progress(finished / max(total, 1), f"{leg}: {j['key']} ({finished}/{total})", leg=leg, key=j["key"],
-                        finished=finished, total=total)
+            em.progress(
+                finished / max(total, 1),
+                f"{leg}: {j['key']} ({finished}/{total})",
+                leg=leg,
+                key=j["key"],
+                finished=finished,
+                total=total,
+            )
         del pair
     return {"case_runs": total, "legs": legs}
 

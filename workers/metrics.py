@@ -13,11 +13,11 @@ import numpy as np
 # Defaults calibrated on the built-in model (docs/quantize.md): a healthy W4A16 run sits well
 # inside them; a 2-bit or scrambled quantization falls far outside. settings["thresholds"] overrides.
 DEFAULT_THRESHOLDS: dict[str, float] = {
-    "top1_agreement": 0.80,        # minimum: fraction of positions whose argmax matches float
-    "kl_divergence": 0.10,         # maximum: mean KL(float || quantized) in nats
-    "greedy_agreement": 0.30,      # minimum: fraction of greedy-continuation positions identical
-    "perplexity_ratio": 1.15,      # maximum: quantized / float perplexity on held-out text
-    "salad_score": 0.25,           # maximum: token-salad score of the quantized continuation above float's
+    "top1_agreement": 0.80,  # minimum: fraction of positions whose argmax matches float
+    "kl_divergence": 0.10,  # maximum: mean KL(float || quantized) in nats
+    "greedy_agreement": 0.30,  # minimum: fraction of greedy-continuation positions identical
+    "perplexity_ratio": 1.15,  # maximum: quantized / float perplexity on held-out text
+    "salad_score": 0.25,  # maximum: token-salad score of the quantized continuation above float's
 }
 HIGHER_IS_BETTER = {"top1_agreement", "greedy_agreement", "htp_logits_argmax_agreement"}
 
@@ -56,26 +56,31 @@ def _script(ch: str) -> str | None:
     if not ch.isalpha():
         return None
     try:
-        return unicodedata.name(ch).split(" ")[0]   # LATIN, CYRILLIC, CJK, ARABIC, ...
+        return unicodedata.name(ch).split(" ")[0]  # LATIN, CYRILLIC, CJK, ARABIC, ...
     except ValueError:
         return "UNKNOWN"
 
 
-def salad(text: str, tokens: Sequence[int], reference_counts: Counter[int] | None = None,
-          rare_below: int = 1) -> dict[str, float]:
+def salad(
+    text: str, tokens: Sequence[int], reference_counts: Counter[int] | None = None, rare_below: int = 1
+) -> dict[str, float]:
     """Token-salad indicators in [0, 1]: script mixing (letters outside the dominant script),
     repetition (repeated 3-grams of tokens), rare-token rate (tokens seen fewer than `rare_below`
     times in the reference text); score = their maximum."""
     scripts = Counter(s for s in (_script(c) for c in text) if s)
     letters = sum(scripts.values())
     mixing = 1.0 - (scripts.most_common(1)[0][1] / letters) if letters else 0.0
-    grams = [tuple(tokens[i:i + 3]) for i in range(max(0, len(tokens) - 2))]
+    grams = [tuple(tokens[i : i + 3]) for i in range(max(0, len(tokens) - 2))]
     repetition = 1.0 - len(set(grams)) / len(grams) if grams else 0.0
     rare = 0.0
     if reference_counts is not None and tokens:
         rare = sum(1 for t in tokens if reference_counts.get(t, 0) < rare_below) / len(tokens)
-    return {"script_mixing": round(mixing, 4), "repetition": round(repetition, 4), "rare_token_rate": round(rare, 4),
-            "score": round(max(mixing, repetition, rare), 4)}
+    return {
+        "script_mixing": round(mixing, 4),
+        "repetition": round(repetition, 4),
+        "rare_token_rate": round(rare, 4),
+        "score": round(max(mixing, repetition, rare), 4),
+    }
 
 
 def judge(values: dict[str, float], thresholds: dict[str, float]) -> dict[str, Any]:
@@ -86,6 +91,13 @@ def judge(values: dict[str, float], thresholds: dict[str, float]) -> dict[str, A
             continue
         v = values[name]
         ok = v >= thr if name in HIGHER_IS_BETTER else v <= thr
-        checks[name] = {"value": v, "threshold": thr, "ok": bool(ok),
-                        "direction": "min" if name in HIGHER_IS_BETTER else "max"}
-    return {"checks": checks, "verdict": "pass" if checks and all(c["ok"] for c in checks.values()) else "fail"}
+        checks[name] = {
+            "value": v,
+            "threshold": thr,
+            "ok": bool(ok),
+            "direction": "min" if name in HIGHER_IS_BETTER else "max",
+        }
+    return {
+        "checks": checks,
+        "verdict": "pass" if checks and all(c["ok"] for c in checks.values()) else "fail",
+    }

@@ -26,7 +26,7 @@ from workers.shared.protocol import Emitter
 from workers.shared.run_settings import AUTO, resolve_settings
 
 BUILTIN_ID = "builtin:tiny-llama"
-BUILTIN_DIR = builtin_model_dir()   # package data (importlib.resources)
+BUILTIN_DIR = builtin_model_dir()  # package data (importlib.resources)
 
 
 def check_safetensors(path: Path) -> int:
@@ -42,20 +42,29 @@ def check_safetensors(path: Path) -> int:
                 raise ValueError("its header length points past the end of the file")
             header = json.loads(fh.read(n))
     except (ValueError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise WorkerError("corrupt_weights", f"{path.name} is not a valid safetensors file: {exc}.",
-                          f"Delete {path} and download the model again (a partial download looks like this).") \
-            from None
+        raise WorkerError(
+            "corrupt_weights",
+            f"{path.name} is not a valid safetensors file: {exc}.",
+            f"Delete {path} and download the model again (a partial download looks like this).",
+        ) from None
     end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     if 8 + n + end != size:
-        raise WorkerError("corrupt_weights",
-                          f"{path.name} is truncated or padded: its header describes {8 + n + end:,} bytes but "
-                          f"the file has {size:,}.",
-                          f"Delete {path} and download the model again.")
+        raise WorkerError(
+            "corrupt_weights",
+            f"{path.name} is truncated or padded: its header describes {8 + n + end:,} bytes but "
+            f"the file has {size:,}.",
+            f"Delete {path} and download the model again.",
+        )
     return sum(1 for k in header if k != "__metadata__")
 
 
 # floating dtypes of safetensors: (bytes per value, the exponent bits that are all ones for NaN/Inf)
-_FLOAT_BITS = {"F32": (4, 0x7F800000), "F16": (2, 0x7C00), "BF16": (2, 0x7F80), "F64": (8, 0x7FF0000000000000)}
+_FLOAT_BITS = {
+    "F32": (4, 0x7F800000),
+    "F16": (2, 0x7C00),
+    "BF16": (2, 0x7F80),
+    "F64": (8, 0x7FF0000000000000),
+}
 NAN_SCAN_CHUNK = 64 << 20
 
 
@@ -70,21 +79,25 @@ def check_finite(path: Path) -> None:
     base = 8 + n
     uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}
     mm = np.memmap(path, dtype=np.uint8, mode="r")
-    for name, t in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0] if kv[0] != "__metadata__" else -1):
+    for name, t in sorted(
+        header.items(), key=lambda kv: kv[1]["data_offsets"][0] if kv[0] != "__metadata__" else -1
+    ):
         if name == "__metadata__" or t.get("dtype") not in _FLOAT_BITS:
             continue
         width, mask = _FLOAT_BITS[t["dtype"]]
         start, end = (base + int(o) for o in t["data_offsets"])
         step = NAN_SCAN_CHUNK - NAN_SCAN_CHUNK % width
         for off in range(start, end, step):
-            block = np.asarray(mm[off:min(end, off + step)]).view(uint[width])
+            block = np.asarray(mm[off : min(end, off + step)]).view(uint[width])
             bad = np.flatnonzero((block & uint[width](mask)) == uint[width](mask))
             if bad.size:
-                raise WorkerError("non_finite_weights",
-                                  f"{path.name}: tensor {name} holds NaN or infinite values (first at element "
-                                  f"{(off - start) // width + int(bad[0]):,} of {t.get('shape')}).",
-                                  "These weights are broken (a bad conversion or fine-tune): quantizing them gives "
-                                  "garbage. Use the original model files, or fix the checkpoint and run again.")
+                raise WorkerError(
+                    "non_finite_weights",
+                    f"{path.name}: tensor {name} holds NaN or infinite values (first at element "
+                    f"{(off - start) // width + int(bad[0]):,} of {t.get('shape')}).",
+                    "These weights are broken (a bad conversion or fine-tune): quantizing them gives "
+                    "garbage. Use the original model files, or fix the checkpoint and run again.",
+                )
     del mm
 
 
@@ -93,11 +106,17 @@ def check_tokenizer(folder: Path) -> None:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WorkerError("corrupt_tokenizer", f"{path} cannot be read as JSON ({exc}).",
-                          "Download the model again (tokenizer.json was cut short or damaged).") from None
+        raise WorkerError(
+            "corrupt_tokenizer",
+            f"{path} cannot be read as JSON ({exc}).",
+            "Download the model again (tokenizer.json was cut short or damaged).",
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
-        raise WorkerError("corrupt_tokenizer", f"{path} is not a Hugging Face fast tokenizer (no 'model' object).",
-                          "Download the model's tokenizer.json again; HexStudio and Genie need the fast tokenizer.")
+        raise WorkerError(
+            "corrupt_tokenizer",
+            f"{path} is not a Hugging Face fast tokenizer (no 'model' object).",
+            "Download the model's tokenizer.json again; HexStudio and Genie need the fast tokenizer.",
+        )
 
 
 def check_weights(folder: Path) -> dict[str, Any]:
@@ -107,25 +126,36 @@ def check_weights(folder: Path) -> dict[str, Any]:
         try:
             wanted = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (OSError, json.JSONDecodeError, KeyError) as exc:
-            raise WorkerError("corrupt_weights", f"{index.name} cannot be read ({exc}).",
-                              "Download the model again.") from None
+            raise WorkerError(
+                "corrupt_weights", f"{index.name} cannot be read ({exc}).", "Download the model again."
+            ) from None
         missing = [w for w in wanted if not (folder / w).is_file()]
         if missing:
-            raise WorkerError("missing_weights", f"{len(missing)} weight file(s) listed in {index.name} are "
-                              f"missing: {', '.join(missing[:5])}.",
-                              "The download was interrupted: run the Model stage again to resume it.")
+            raise WorkerError(
+                "missing_weights",
+                f"{len(missing)} weight file(s) listed in {index.name} are "
+                f"missing: {', '.join(missing[:5])}.",
+                "The download was interrupted: run the Model stage again to resume it.",
+            )
     if not files:
-        raise WorkerError("missing_weights", f"No *.safetensors weights in {folder}.",
-                          "HexStudio reads safetensors weights only. Convert .bin weights with transformers "
-                          "(save_pretrained(safe_serialization=True)) or download the safetensors revision.")
+        raise WorkerError(
+            "missing_weights",
+            f"No *.safetensors weights in {folder}.",
+            "HexStudio reads safetensors weights only. Convert .bin weights with transformers "
+            "(save_pretrained(safe_serialization=True)) or download the safetensors revision.",
+        )
     tensors = sum(check_safetensors(f) for f in files)
     for f in files:
         check_finite(f)
-    return {"files": [f.name for f in files], "tensors": tensors,
-            "bytes": sum(f.stat().st_size for f in files)}
+    return {
+        "files": [f.name for f in files],
+        "tensors": tensors,
+        "bytes": sum(f.stat().st_size for f in files),
+    }
 
 
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt"]
+
 
 def _expected_blobs(info: Any, patterns: list[str]) -> dict[str, int]:
     """blob name in the cache (LFS sha256, else git blob id) -> size, for the files snapshot_download fetches."""
@@ -137,8 +167,9 @@ def _expected_blobs(info: Any, patterns: list[str]) -> dict[str, int]:
         lfs = getattr(f, "lfs", None)
         sha = (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)) if lfs else None
         blob = sha or getattr(f, "blob_id", None)
-        size = getattr(f, "size", None) or ((lfs.get("size") if isinstance(lfs, dict) else getattr(lfs, "size", 0))
-                                            if lfs else 0)
+        size = getattr(f, "size", None) or (
+            (lfs.get("size") if isinstance(lfs, dict) else getattr(lfs, "size", 0)) if lfs else 0
+        )
         if blob:
             out[str(blob)] = int(size or 0)
     return out
@@ -156,9 +187,16 @@ def _bytes_present(blobs_dir: Path, expected: dict[str, int]) -> int:
     return done
 
 
-def download(model_id: str, revision: str | None, em: Emitter, *, snapshot: Callable[..., str] | None = None,
-             repo_info: Callable[..., Any] | None = None, cache_dir: Path | None = None,
-             poll_s: float = 0.5) -> tuple[Path, str | None]:
+def download(
+    model_id: str,
+    revision: str | None,
+    em: Emitter,
+    *,
+    snapshot: Callable[..., str] | None = None,
+    repo_info: Callable[..., Any] | None = None,
+    cache_dir: Path | None = None,
+    poll_s: float = 0.5,
+) -> tuple[Path, str | None]:
     """snapshot_download in a thread while this one reports bytes: the repo listing gives each file's size
     and blob name, and the cache's blobs/ folder (with its .incomplete files) how much has arrived.
     `snapshot`, `repo_info` and `cache_dir` are for tests (a local fake of the hub)."""
@@ -194,15 +232,20 @@ def download(model_id: str, revision: str | None, em: Emitter, *, snapshot: Call
 
     def fetch() -> None:
         try:
-            result["path"] = snapshot(model_id, revision=revision, token=token, allow_patterns=ALLOW_PATTERNS,
-                                      cache_dir=str(cache))
+            result["path"] = snapshot(
+                model_id, revision=revision, token=token, allow_patterns=ALLOW_PATTERNS, cache_dir=str(cache)
+            )
         except BaseException as exc:  # handed to the main thread
             result["error"] = exc
 
     start = _bytes_present(blobs_dir, expected)
-    em.progress(0.05, f"downloading {model_id}: {total / 1e9:.2f} GB in {len(expected)} files"
-                + (f", {start / 1e9:.2f} GB already here (resumes where it stopped)" if start else "")
-                if total else f"downloading {model_id} from Hugging Face (resumes where it stopped)")
+    em.progress(
+        0.05,
+        f"downloading {model_id}: {total / 1e9:.2f} GB in {len(expected)} files"
+        + (f", {start / 1e9:.2f} GB already here (resumes where it stopped)" if start else "")
+        if total
+        else f"downloading {model_id} from Hugging Face (resumes where it stopped)",
+    )
     th = threading.Thread(target=fetch, name="hf-download", daemon=True)
     t0 = time.monotonic()
     th.start()
@@ -215,8 +258,12 @@ def download(model_id: str, revision: str | None, em: Emitter, *, snapshot: Call
         if done != last:
             last = done
             rate = (done - start) / max(time.monotonic() - t0, 1e-6)
-            em.progress(0.05 + 0.5 * done / total, f"downloading {model_id}: {done / 1e9:.2f} of "
-                        f"{total / 1e9:.2f} GB ({rate / 1e6:.1f} MB/s)", done_bytes=done, total_bytes=total)
+            em.progress(
+                0.05 + 0.5 * done / total,
+                f"downloading {model_id}: {done / 1e9:.2f} of {total / 1e9:.2f} GB ({rate / 1e6:.1f} MB/s)",
+                done_bytes=done,
+                total_bytes=total,
+            )
     if "error" in result:
         failure: BaseException = result["error"]
         mapped = hub_error(failure, model_id, revision, cache, total or None, has_token=bool(token))
@@ -233,21 +280,30 @@ def resolve_source(model: str, spec: WorkerSpec, em: Emitter) -> tuple[str, Path
     if model in BUILTIN_MODELS:
         src = builtin_model_dir(model)
         if not (src / "config.json").is_file():
-            raise WorkerError("builtin_missing", f"The built-in model {model} is missing from {src}.",
-                              "Reinstall HexStudio, or rebuild it with tools/builtin_model/train_tiny_llama.py.")
+            raise WorkerError(
+                "builtin_missing",
+                f"The built-in model {model} is missing from {src}.",
+                "Reinstall HexStudio, or rebuild it with tools/builtin_model/train_tiny_llama.py.",
+            )
         dest = spec.out_dir / "hf"
         shutil.copytree(src, dest, ignore=shutil.ignore_patterns("training.json"))
         return "builtin", dest, None
     if model.startswith("builtin:"):
-        raise WorkerError("unknown_builtin", f"There is no built-in model '{model}'.",
-                          f"The built-in models are {', '.join(BUILTIN_MODELS)}.")
+        raise WorkerError(
+            "unknown_builtin",
+            f"There is no built-in model '{model}'.",
+            f"The built-in models are {', '.join(BUILTIN_MODELS)}.",
+        )
     p = Path(model).expanduser()
     if p.is_dir():
         return "local", p.resolve(), None
     if model.startswith(("/", ".", "~")) or model.count("/") != 1:
-        raise WorkerError("model_not_found", f"'{model}' is neither a folder nor a Hugging Face id (owner/name).",
-                          f"Give {BUILTIN_ID}, a Hugging Face id like meta-llama/Llama-3.1-8B-Instruct, or a "
-                          "folder holding config.json and *.safetensors.")
+        raise WorkerError(
+            "model_not_found",
+            f"'{model}' is neither a folder nor a Hugging Face id (owner/name).",
+            f"Give {BUILTIN_ID}, a Hugging Face id like meta-llama/Llama-3.1-8B-Instruct, or a "
+            "folder holding config.json and *.safetensors.",
+        )
     path, rev = download(model, requested_revision(spec), em)
     return "huggingface", path, rev
 
@@ -263,27 +319,38 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     em.progress(0.0, f"resolving {model}")
     source, hf_dir, revision = resolve_source(model, spec, em)
     if source != "huggingface" and requested_revision(spec):
-        em.warning(f"revision '{requested_revision(spec)}' applies to Hugging Face ids only; the {source} model "
-                   "is used as it is.", hint="Drop --revision, or give the model's Hugging Face id.",
-                   code="revision_ignored")
+        em.warning(
+            f"revision '{requested_revision(spec)}' applies to Hugging Face ids only; the {source} model "
+            "is used as it is.",
+            hint="Drop --revision, or give the model's Hugging Face id.",
+            code="revision_ignored",
+        )
     em.progress(0.6, "inspecting config.json")
     try:
         info = modelinfo.inspect_folder(hf_dir)
     except modelinfo.ModelInfoError as exc:
         raise WorkerError("bad_config", str(exc)) from None
-    if info.get("error"):   # a number out of any real model's range (workers.shared.config_bounds)
+    if info.get("error"):  # a number out of any real model's range (workers.shared.config_bounds)
         raise WorkerError(info["error"]["code"], info["error"]["message"], info["error"].get("hint"))
     if not info["supported"]:
-        raise WorkerError("unsupported_architecture", info["reason"],
-                          "Pick a dense Llama-family model (Llama 3.x, Nemotron-Nano-8B, Qwen2/Qwen3 dense).")
+        raise WorkerError(
+            "unsupported_architecture",
+            info["reason"],
+            "Pick a dense Llama-family model (Llama 3.x, Nemotron-Nano-8B, Qwen2/Qwen3 dense).",
+        )
     if not info["files"]["tokenizer"]:
-        raise WorkerError("missing_tokenizer", f"{hf_dir} has no tokenizer.json.",
-                          "Genie needs tokenizer.json (the fast tokenizer). Download it with the model.")
+        raise WorkerError(
+            "missing_tokenizer",
+            f"{hf_dir} has no tokenizer.json.",
+            "Genie needs tokenizer.json (the fast tokenizer). Download it with the model.",
+        )
     check_tokenizer(hf_dir)
     em.progress(0.7, "checking the weight files (headers, sizes, no NaN or infinity)")
     weights = check_weights(hf_dir)
     # "auto" context length and parts, as preflight and `hexstudio model inspect` resolve them
-    r, plan = resolve_settings(info, spec.settings, builtin=source == "builtin", board_name=spec.inputs.get("board"))
+    r, plan = resolve_settings(
+        info, spec.settings, builtin=source == "builtin", board_name=spec.inputs.get("board")
+    )
     context_length, ar_n, parts = r["context_length"], r["ar_n"], r["parts"]
     err = modelinfo.check_context(info, context_length, ar_n)
     if err:
@@ -297,22 +364,39 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     from workers.shared.run_settings import extra_context_lengths
 
     try:
-        variants = 1 + len(extra_context_lengths(spec.settings.get("context_lengths", ""), context_length, ar_n))
+        variants = 1 + len(
+            extra_context_lengths(spec.settings.get("context_lengths", ""), context_length, ar_n)
+        )
     except ValueError as exc:
-        raise WorkerError("bad_context_lengths", str(exc), "Fix context_lengths (or leave it empty).") from None
-    est = modelinfo.estimate(info, context_length, ar_n, parts, r["calibration_samples"], r["calibration_seq_len"],
-                             context_variants=variants)
+        raise WorkerError(
+            "bad_context_lengths", str(exc), "Fix context_lengths (or leave it empty)."
+        ) from None
+    est = modelinfo.estimate(
+        info,
+        context_length,
+        ar_n,
+        parts,
+        r["calibration_samples"],
+        r["calibration_seq_len"],
+        context_variants=variants,
+    )
     # a copy inside this stage's folder is recorded relative to model.json (the folder is renamed when
     # the stage completes); a download or a local folder by its absolute path
     rel = hf_dir.relative_to(spec.out_dir).as_posix() if hf_dir.is_relative_to(spec.out_dir) else str(hf_dir)
     # revision: the commit the files came from (a download: the snapshot's commit hash); requested_revision:
     # what was asked for (`--revision`), None for the default branch
-    doc: ModelDoc = {"model": model, "source": source, "revision": revision,
-                     "requested_revision": requested_revision(spec) if source == "huggingface" else None,
-                     "hf_dir": rel, "info": info,
-                     "weights": weights, "resolved": {"context_length": context_length, "ar_n": ar_n, "parts": parts},
-                     "part_plan": plan,
-                     "estimates": est}
+    doc: ModelDoc = {
+        "model": model,
+        "source": source,
+        "revision": revision,
+        "requested_revision": requested_revision(spec) if source == "huggingface" else None,
+        "hf_dir": rel,
+        "info": info,
+        "weights": weights,
+        "resolved": {"context_length": context_length, "ar_n": ar_n, "parts": parts},
+        "part_plan": plan,
+        "estimates": est,
+    }
     (spec.out_dir / "model.json").write_text(json.dumps(doc, indent=2))
     em.artifact("model.json", kind="json", role="model")
     for key in ("num_parameters", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "vocab_size"):
@@ -321,8 +405,12 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     em.metric("parts", parts)
     em.metric("quantize_peak_rss_estimate_bytes", est["quantize_peak_rss_bytes"], unit="bytes")
     em.progress(1.0, f"{info['architecture']}, {info['num_parameters']:,} parameters, {parts} part(s)")
-    return {"architecture": info["architecture"], "source": source, "context_length": context_length,
-            "parts": parts}
+    return {
+        "architecture": info["architecture"],
+        "source": source,
+        "context_length": context_length,
+        "parts": parts,
+    }
 
 
 if __name__ == "__main__":

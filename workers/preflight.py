@@ -18,7 +18,9 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     t0 = time.time()
     model_dir = spec.upstream.get("model")
     if model_dir is None:
-        raise WorkerError("missing_upstream", "Preflight needs the Model stage's result.", "Run the Model stage first.")
+        raise WorkerError(
+            "missing_upstream", "Preflight needs the Model stage's result.", "Run the Model stage first."
+        )
     doc = json.loads((model_dir / "model.json").read_text())
     needs = dict(doc["estimates"])
     em.progress(0.1, "probing this machine (AIMET smoke test runs in parallel)")
@@ -31,8 +33,16 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     checks = run_checks(p, needs)
     failed = sum(c["status"] == "fail" for c in checks)
     warned = sum(c["status"] == "warn" for c in checks)
-    doc = {"model": doc["model"], "context_length": doc["resolved"]["context_length"], "needs": needs, "probe": p,
-           "checks": checks, "checks_failed": failed, "checks_warned": warned, "seconds": round(time.time() - t0, 2)}
+    doc = {
+        "model": doc["model"],
+        "context_length": doc["resolved"]["context_length"],
+        "needs": needs,
+        "probe": p,
+        "checks": checks,
+        "checks_failed": failed,
+        "checks_warned": warned,
+        "seconds": round(time.time() - t0, 2),
+    }
     (spec.out_dir / "preflight.json").write_text(json.dumps(doc, indent=2))
     em.artifact("preflight.json", kind="json", role="preflight")
     for c in checks:

@@ -32,10 +32,13 @@ def read_model_json(spec: WorkerSpec) -> dict[str, Any]:
     try:
         return dict(json.loads(p.read_text(encoding="utf-8")))
     except FileNotFoundError:
-        raise WorkerError("model_json_missing", f"{p} does not exist.", "Run the model stage again.") from None
+        raise WorkerError(
+            "model_json_missing", f"{p} does not exist.", "Run the model stage again."
+        ) from None
     except json.JSONDecodeError as exc:
-        raise WorkerError("model_json_invalid", f"{p} is not valid JSON: {exc.msg}.",
-                          "Run the model stage again (--force).") from None
+        raise WorkerError(
+            "model_json_invalid", f"{p} is not valid JSON: {exc.msg}.", "Run the model stage again (--force)."
+        ) from None
 
 
 def resolve_shape(model: dict[str, Any], settings: dict[str, Any]) -> tuple[int, int, int]:
@@ -48,16 +51,24 @@ def resolve_shape(model: dict[str, Any], settings: dict[str, Any]) -> tuple[int,
     parts = int(parts_v)
     num_layers = int((model.get("info") or {}).get("num_layers") or 0)
     if ar_n < 1 or cl < 2 or ar_n >= cl:
-        raise WorkerError("bad_context", f"context_length {cl} must be larger than ar_n {ar_n}.",
-                          "Pick e.g. context_length 512 with ar_n 128.")
+        raise WorkerError(
+            "bad_context",
+            f"context_length {cl} must be larger than ar_n {ar_n}.",
+            "Pick e.g. context_length 512 with ar_n 128.",
+        )
     if cl % ar_n:
-        raise WorkerError("context_not_multiple_of_ar_n",
-                          f"context_length {cl} is not a multiple of ar_n {ar_n}: the prompt processor "
-                          "fills the KV cache in whole blocks of ar_n tokens.",
-                          f"Use a context length such as {(cl // ar_n + 1) * ar_n} or {max(ar_n, cl // ar_n * ar_n)}.")
+        raise WorkerError(
+            "context_not_multiple_of_ar_n",
+            f"context_length {cl} is not a multiple of ar_n {ar_n}: the prompt processor "
+            "fills the KV cache in whole blocks of ar_n tokens.",
+            f"Use a context length such as {(cl // ar_n + 1) * ar_n} or {max(ar_n, cl // ar_n * ar_n)}.",
+        )
     if parts < 1 or (num_layers and parts > num_layers):
-        raise WorkerError("bad_parts", f"parts {parts} must be between 1 and the number of layers ({num_layers}).",
-                          "Use parts \"auto\" or a smaller number.")
+        raise WorkerError(
+            "bad_parts",
+            f"parts {parts} must be between 1 and the number of layers ({num_layers}).",
+            'Use parts "auto" or a smaller number.',
+        )
     return cl, ar_n, parts
 
 
@@ -86,28 +97,43 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     cl, ar_n, parts = resolve_shape(model_json, settings)
     for key, allowed in (("weight_bits", (2, 4, 8)), ("activation_bits", (8, 16)), ("kv_bits", (8, 16))):
         if int(settings.get(key, getattr(DEFAULTS, key))) not in allowed:
-            raise WorkerError("bad_precision", f"{key} {settings.get(key)} is not supported.",
-                              f"Use one of {', '.join(map(str, allowed))}.")
+            raise WorkerError(
+                "bad_precision",
+                f"{key} {settings.get(key)} is not supported.",
+                f"Use one of {', '.join(map(str, allowed))}.",
+            )
     samples = int(settings.get("calibration_samples", DEFAULTS.calibration_samples))
     seq_len = int(settings.get("calibration_seq_len", ar_n))
     if samples < 1 or seq_len < 2 or seq_len > cl:
-        raise WorkerError("bad_calibration", f"calibration_samples {samples} / calibration_seq_len {seq_len} "
-                          f"are out of range (1.., 2..{cl}).", "Use e.g. 8 samples of 128 tokens.")
+        raise WorkerError(
+            "bad_calibration",
+            f"calibration_samples {samples} / calibration_seq_len {seq_len} are out of range (1.., 2..{cl}).",
+            "Use e.g. 8 samples of 128 tokens.",
+        )
     from workers.shared.run_settings import extra_context_lengths, genie_cl_problem
 
     if (why := genie_cl_problem(cl, ar_n)) is not None:
-        raise WorkerError("bad_context_length", why[0].upper() + why[1:], "Set context_length or ar_n so that the "
-                          "context length is not twice ar_n (e.g. ar_n 128 with 512 or 1024).")
+        raise WorkerError(
+            "bad_context_length",
+            why[0].upper() + why[1:],
+            "Set context_length or ar_n so that the "
+            "context length is not twice ar_n (e.g. ar_n 128 with 512 or 1024).",
+        )
     try:
         more_cls = extra_context_lengths(settings.get("context_lengths", ""), cl, ar_n)
     except ValueError as exc:
-        raise WorkerError("bad_context_lengths", str(exc), "Fix context_lengths (or leave it empty), then run the "
-                          "Quantize stage again.") from None
+        raise WorkerError(
+            "bad_context_lengths",
+            str(exc),
+            "Fix context_lengths (or leave it empty), then run the Quantize stage again.",
+        ) from None
     unit = str(settings.get("calibration_unit", DEFAULTS.calibration_unit))
     if unit not in ("layer", "part"):
-        raise WorkerError("bad_calibration_unit", f"calibration_unit {unit!r} is not known.",
-                          "Use \"layer\" (one QuantSim per decoder layer, least memory) or \"part\" "
-                          "(one QuantSim per part).")
+        raise WorkerError(
+            "bad_calibration_unit",
+            f"calibration_unit {unit!r} is not known.",
+            'Use "layer" (one QuantSim per decoder layer, least memory) or "part" (one QuantSim per part).',
+        )
     text = resolve_text(settings.get("calibration_text", DEFAULTS.calibration_text), "calibration")
     out = spec.out_dir
     threads = _threads()
@@ -124,15 +150,20 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     try:
         cfg = AutoConfig.from_pretrained(str(hf_dir))
     except (OSError, ValueError) as exc:
-        raise WorkerError("model_load_failed", f"Could not read the model configuration in {hf_dir}: {exc}",
-                          "Check the model folder (model stage) and its config.json.") from None
+        raise WorkerError(
+            "model_load_failed",
+            f"Could not read the model configuration in {hf_dir}: {exc}",
+            "Check the model folder (model stage) and its config.json.",
+        ) from None
     from workers.shared.rope import RopeError, genie_positional_encoding, genie_rope_tables
 
     try:
         # the rope Genie will compute from genie_config.json: calibration and validation feed the same tables
         pe = genie_positional_encoding(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")), cl)
     except RopeError as exc:
-        raise WorkerError("rope_not_expressible", str(exc), "Choose another model or context length.") from None
+        raise WorkerError(
+            "rope_not_expressible", str(exc), "Choose another model or context length."
+        ) from None
     shape = Dims.of(cfg)
     kvh, hd = shape.kv_heads, shape.head_dim
     dims = {"context_length": cl, "num_kv_heads": kvh, "head_dim": hd}
@@ -142,15 +173,28 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         em.log(f"exported part {entries[0]['part']} of {parts} ({', '.join(g['name'] for g in entries)})")
 
     try:
-        graphs = export_deployment_graphs(hf_dir, out / "float", context_length=cl, ar_n=ar_n, parts=parts,
-                                          after_part=exported, extra_context_lengths=tuple(more_cls))
+        graphs = export_deployment_graphs(
+            hf_dir,
+            out / "float",
+            context_length=cl,
+            ar_n=ar_n,
+            parts=parts,
+            after_part=exported,
+            extra_context_lengths=tuple(more_cls),
+        )
     except (OSError, ValueError) as exc:
-        raise WorkerError("model_load_failed", f"Could not load the model from {hf_dir}: {exc}",
-                          "Check the model folder (model stage) and its safetensors files.") from None
+        raise WorkerError(
+            "model_load_failed",
+            f"Could not load the model from {hf_dir}: {exc}",
+            "Check the model folder (model stage) and its safetensors files.",
+        ) from None
     gc.collect()
     em.metric("export_seconds", round(time.monotonic() - t0, 2), "s")
-    em.log(f"exported {len(graphs)} float graphs ({parts} parts, context {cl}"
-           + (f" and {', '.join(map(str, more_cls))}" if more_cls else "") + f", AR-{ar_n} and AR-1)")
+    em.log(
+        f"exported {len(graphs)} float graphs ({parts} parts, context {cl}"
+        + (f" and {', '.join(map(str, more_cls))}" if more_cls else "")
+        + f", AR-{ar_n} and AR-1)"
+    )
     providers = ort_providers(em.log)
 
     # 2. calibration data
@@ -167,61 +211,103 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
 
     def progress(name: str, i: int, n: int) -> None:
         if name not in calibrated:
-            em.progress(0.1 + 0.88 * len(done_graphs) / len(calibrated), f"{name}: encodings of its part written",
-                        graph=name)
+            em.progress(
+                0.1 + 0.88 * len(done_graphs) / len(calibrated),
+                f"{name}: encodings of its part written",
+                graph=name,
+            )
             return
         if i == n:
             done_graphs.append(name)
         frac = 0.1 + 0.88 * (len(done_graphs) + (i / n if i < n else 0)) / len(calibrated)
         if i == n:
             msg = f"{name}: calibrated"
-        elif n % samples == 0 and n > samples:   # partwise: every unit (embedding, layers, head) sees every sample
-            msg = (f"{name}: calibration step {i + 1}/{n} (sample {i % samples + 1} of {samples} through unit "
-                   f"{i // samples + 1} of {n // samples})")
+        elif (
+            n % samples == 0 and n > samples
+        ):  # partwise: every unit (embedding, layers, head) sees every sample
+            msg = (
+                f"{name}: calibration step {i + 1}/{n} (sample {i % samples + 1} of {samples} through unit "
+                f"{i // samples + 1} of {n // samples})"
+            )
         else:
             msg = f"{name}: calibration sample {i + 1}/{n}"
         em.progress(frac, msg, graph=name, sample=i, samples=n)
 
     t1 = time.monotonic()
-    quantize_partwise(graphs, out, blocks, settings, dims, progress, em.log, rope=genie_rope_tables(pe, cl),
-                      threads=threads, providers=providers, per_layer=unit == "layer")
+    quantize_partwise(
+        graphs,
+        out,
+        blocks,
+        settings,
+        dims,
+        progress,
+        em.log,
+        rope=genie_rope_tables(pe, cl),
+        threads=threads,
+        providers=providers,
+        per_layer=unit == "layer",
+    )
     em.metric("calibration_seconds", round(time.monotonic() - t1, 2), "s")
-    variants = [g for g in graphs if "variant_of" in g]       # other context lengths: quantize.json "variants"
+    variants = [g for g in graphs if "variant_of" in g]  # other context lengths: quantize.json "variants"
     graphs = [g for g in graphs if "variant_of" not in g]
     sharing = shared_weight_check(graphs, out)
     mismatched = sum(v["different"] for v in sharing.values())
     if mismatched:
-        raise WorkerError("weight_sharing_broken", f"{mismatched} weight encodings differ between the prompt "
-                          "processor and token generator of a part.", "This is a bug: report it with the run folder.")
+        raise WorkerError(
+            "weight_sharing_broken",
+            f"{mismatched} weight encodings differ between the prompt "
+            "processor and token generator of a part.",
+            "This is a bug: report it with the run folder.",
+        )
 
     lpbq = sum(g["stats"]["int4_lpbq_weight_encodings"] for g in graphs if g["kind"] == "prompt_processor")
     em.metric("int4_lpbq_weight_encodings", lpbq)
-    em.metric("lpbq_weight_encodings", sum(g["stats"]["lpbq_weight_encodings"] for g in graphs
-                                           if g["kind"] == "prompt_processor"))
+    em.metric(
+        "lpbq_weight_encodings",
+        sum(g["stats"]["lpbq_weight_encodings"] for g in graphs if g["kind"] == "prompt_processor"),
+    )
     em.metric("activation_encodings", sum(g["stats"]["activation_encodings"] for g in graphs))
     em.metric("shared_weight_encodings", sum(v["shared"] for v in sharing.values()))
     em.metric("graphs", len(graphs))
     storage = storage_report(out, graphs + variants)
     em.metric("aihub_upload_bytes", storage["aihub_upload_bytes"], "B")
     em.metric("quantize_disk_bytes", storage["disk_bytes"], "B")
-    em.log(f"storage: {storage['disk_bytes'] / 2**30:.2f} GiB on disk (hard links counted once); AI Hub upload "
-           f"{storage['aihub_upload_bytes'] / 2**30:.2f} GiB ({len(graphs)} graphs, each with its part's weights)")
+    em.log(
+        f"storage: {storage['disk_bytes'] / 2**30:.2f} GiB on disk (hard links counted once); AI Hub upload "
+        f"{storage['aihub_upload_bytes'] / 2**30:.2f} GiB ({len(graphs)} graphs, each with its part's weights)"
+    )
     wb = int(settings.get("weight_bits", DEFAULTS.weight_bits))
     doc = {
-        "context_length": cl, "ar_n": ar_n, "parts": parts, "num_layers": int(cfg.num_hidden_layers),
-        "hidden_size": int(cfg.hidden_size), "num_kv_heads": kvh, "head_dim": hd, "vocab_size": int(cfg.vocab_size),
-        "precision": {"weights": f"int{wb} LPBQ block 64",
-                      "activations": f"int{int(settings.get('activation_bits', DEFAULTS.activation_bits))}",
-                      "kv_cache": f"int{int(settings.get('kv_bits', DEFAULTS.kv_bits))}", "lm_head": "int8",
-                      "embeddings": "int8 per-channel"},
-        "calibration": {"text": str(text), "samples": samples, "seq_len": seq_len, "blocks": len(blocks),
-                        "unit": unit, "quantsim_config": quantsim_kind(settings),
-                        "method": "sequential part-wise, one calibration unit (" + ("decoder layer" if unit == "layer"
-                                  else "part") + ") at a time on the prompt processor; each unit calibrated on the "
-                                  "quantized outputs of the one before; one encodings file per part, used by its "
-                                  "prompt processor and token generator (qai-hub-models' scheme); shared I/O "
-                                  "tensors tied (KV in = out, 8-bit symmetric; mask, cos/sin, part boundaries one "
-                                  "encoding everywhere)"},
+        "context_length": cl,
+        "ar_n": ar_n,
+        "parts": parts,
+        "num_layers": int(cfg.num_hidden_layers),
+        "hidden_size": int(cfg.hidden_size),
+        "num_kv_heads": kvh,
+        "head_dim": hd,
+        "vocab_size": int(cfg.vocab_size),
+        "precision": {
+            "weights": f"int{wb} LPBQ block 64",
+            "activations": f"int{int(settings.get('activation_bits', DEFAULTS.activation_bits))}",
+            "kv_cache": f"int{int(settings.get('kv_bits', DEFAULTS.kv_bits))}",
+            "lm_head": "int8",
+            "embeddings": "int8 per-channel",
+        },
+        "calibration": {
+            "text": str(text),
+            "samples": samples,
+            "seq_len": seq_len,
+            "blocks": len(blocks),
+            "unit": unit,
+            "quantsim_config": quantsim_kind(settings),
+            "method": "sequential part-wise, one calibration unit ("
+            + ("decoder layer" if unit == "layer" else "part")
+            + ") at a time on the prompt processor; each unit calibrated on the "
+            "quantized outputs of the one before; one encodings file per part, used by its "
+            "prompt processor and token generator (qai-hub-models' scheme); shared I/O "
+            "tensors tied (KV in = out, 8-bit symmetric; mask, cos/sin, part boundaries one "
+            "encoding everywhere)",
+        },
         "weight_sharing": sharing,
         "storage": storage,
         "positional_encoding": pe,

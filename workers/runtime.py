@@ -70,13 +70,19 @@ class WorkerSpec:
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise WorkerError("spec_missing", f"Spec file {p} does not exist.",
-                              "Start workers through the studio or `hexstudio run`.") from None
+            raise WorkerError(
+                "spec_missing",
+                f"Spec file {p} does not exist.",
+                "Start workers through the studio or `hexstudio run`.",
+            ) from None
         except json.JSONDecodeError as exc:
             raise WorkerError("spec_invalid", f"Spec file {p} is not valid JSON: {exc.msg}.") from None
         if data.get("schema") != SPEC_SCHEMA:
-            raise WorkerError("spec_invalid", f"Spec schema {data.get('schema')!r} is not {SPEC_SCHEMA}.",
-                              "The studio and its workers come from different versions: reinstall.")
+            raise WorkerError(
+                "spec_invalid",
+                f"Spec schema {data.get('schema')!r} is not {SPEC_SCHEMA}.",
+                "The studio and its workers come from different versions: reinstall.",
+            )
         try:
             return cls(
                 stage=str(data["stage"]),
@@ -94,8 +100,11 @@ class WorkerSpec:
         try:
             return self.upstream[stage]
         except KeyError:
-            raise WorkerError("missing_upstream", f"The {self.stage} stage needs the {stage} stage's output.",
-                              f"Run the {stage} stage first.") from None
+            raise WorkerError(
+                "missing_upstream",
+                f"The {self.stage} stage needs the {stage} stage's output.",
+                f"Run the {stage} stage first.",
+            ) from None
 
 
 def map_path(path: str) -> str:
@@ -111,7 +120,7 @@ def map_path(path: str) -> str:
         return path
     for src, dst in sorted(pairs, key=lambda p: -len(p[0])):
         if path == src or path.startswith(src + "/"):
-            return dst.rstrip("/") + path[len(src):]
+            return dst.rstrip("/") + path[len(src) :]
     return path
 
 
@@ -156,7 +165,7 @@ def die_with_parent() -> None:
             libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         except (OSError, AttributeError):
             pass
-        if str(os.getppid()) != parent:   # the parent died before the signal was armed
+        if str(os.getppid()) != parent:  # the parent died before the signal was armed
             os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get(LIVENESS_ENV) != "stdin":
         return
@@ -167,14 +176,19 @@ def die_with_parent() -> None:
     if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
         return
     pgid = os.getpgid(0)
-    if pgid != os.getpid():   # not our own process group: kill only this process, never the starter's group
+    if pgid != os.getpid():  # not our own process group: kill only this process, never the starter's group
         pgid = 0
     global _watcher
     # in a session of its own, so the worker's group holds only the worker's processes (cancel and "is the
     # group gone" checks see no watcher); the worker ends it when it ends (worker_main)
-    _watcher = subprocess.Popen(["sh", "-c", _WATCH, "hexstudio-liveness", str(pgid or os.getpid()),
-                                 str(os.getpid())], stdin=0, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    _watcher = subprocess.Popen(
+        ["sh", "-c", _WATCH, "hexstudio-liveness", str(pgid or os.getpid()), str(os.getpid())],
+        stdin=0,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+        start_new_session=True,
+    )
     # this process never reads stdin again: a stray read must not eat the watcher's end-of-file
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -185,8 +199,9 @@ def _raise_cancelled(signum: int, _frame: Any) -> None:
     raise Cancelled(signal.Signals(signum).name)
 
 
-def worker_main(stage: str, run: Callable[[WorkerSpec, Emitter], dict[str, Any] | None],
-                argv: list[str] | None = None) -> int:
+def worker_main(
+    stage: str, run: Callable[[WorkerSpec, Emitter], dict[str, Any] | None], argv: list[str] | None = None
+) -> int:
     """Parse --spec, run, and always end with exactly one `done` event."""
     parser = argparse.ArgumentParser(prog=f"python -m workers.{stage}")
     parser.add_argument("--spec", required=True, help="spec JSON written by the studio")
@@ -202,51 +217,70 @@ def worker_main(stage: str, run: Callable[[WorkerSpec, Emitter], dict[str, Any] 
         spec.out_dir.mkdir(parents=True, exist_ok=True)
         tmp = private_tmp(spec.run_dir, stage)
         summary = run(spec, em)
-        _drop_tmp(tmp)   # before `done`: the studio may move the stage's folder as soon as it reads it
+        _drop_tmp(tmp)  # before `done`: the studio may move the stage's folder as soon as it reads it
         tmp = None
         em.done(True, summary or {})
     except Cancelled as exc:
-        em.error("cancelled", f"The {stage} stage was cancelled ({exc}).",
-                 "Nothing from this attempt is kept; start the stage again to redo it.")
+        em.error(
+            "cancelled",
+            f"The {stage} stage was cancelled ({exc}).",
+            "Nothing from this attempt is kept; start the stage again to redo it.",
+        )
         em.done(False)
         code = 130
     except KeyboardInterrupt:
         em.error("cancelled", f"The {stage} stage was cancelled.", None)
         em.done(False)
         code = 130
-    except ActionableError as exc:   # WorkerError, or a library's error that says what to change (BundleError, ...)
+    except (
+        ActionableError
+    ) as exc:  # WorkerError, or a library's error that says what to change (BundleError, ...)
         if not isinstance(exc, WorkerError):
-            traceback.print_exc(file=sys.stderr)   # where it was raised, for the stage's log
+            traceback.print_exc(file=sys.stderr)  # where it was raised, for the stage's log
         em.error(exc.code, exc.message, exc.hint)
         em.done(False)
         code = 1
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             traceback.print_exc(file=sys.stderr)
-            em.error("internal", f"The {stage} worker crashed: {type(exc).__name__}: {exc}",
-                     "This is a HexStudio bug. The traceback is in the stage's log; please report it.")
-        else:   # the disk, not a bug (issue 27: a disk filling during quantize was reported as a HexStudio bug)
+            em.error(
+                "internal",
+                f"The {stage} worker crashed: {type(exc).__name__}: {exc}",
+                "This is a HexStudio bug. The traceback is in the stage's log; please report it.",
+            )
+        else:  # the disk, not a bug (issue 27: a disk filling during quantize was reported as a HexStudio bug)
             traceback.print_exc(file=sys.stderr)
             where = f" writing {exc.filename}" if exc.filename else ""
             full = exc.errno != errno.EROFS
-            em.error("disk_full" if full else "disk_read_only",
-                     f"The {stage} worker could not write{where}: the disk "
-                     + ("is full (or your quota is used up)." if full else "is read-only."),
-                     ("Free space on that disk (`df -h` shows the disks; old runs can go with `hexstudio runs delete "
-                      "RUN`), then resume the run: finished stages are kept." if full else
-                      "Put the workspace on a writable disk (--workspace or HEXSTUDIO_WORKSPACE), then resume."))
+            em.error(
+                "disk_full" if full else "disk_read_only",
+                f"The {stage} worker could not write{where}: the disk "
+                + ("is full (or your quota is used up)." if full else "is read-only."),
+                (
+                    "Free space on that disk (`df -h` shows the disks; old runs can go with `hexstudio runs delete "
+                    "RUN`), then resume the run: finished stages are kept."
+                    if full
+                    else "Put the workspace on a writable disk (--workspace or HEXSTUDIO_WORKSPACE), then resume."
+                ),
+            )
         em.done(False)
         code = 1
     except MemoryError:
-        em.error("out_of_memory", f"The {stage} worker ran out of memory.",
-                 "Close other programs, use fewer calibration samples or more parts, or raise the WSL "
-                 "memory limit in %UserProfile%\\.wslconfig and run `wsl --shutdown`.")
+        em.error(
+            "out_of_memory",
+            f"The {stage} worker ran out of memory.",
+            "Close other programs, use fewer calibration samples or more parts, or raise the WSL "
+            "memory limit in %UserProfile%\\.wslconfig and run `wsl --shutdown`.",
+        )
         em.done(False)
         code = 1
     except Exception as exc:  # a bug: say so, with the traceback on stderr
         traceback.print_exc(file=sys.stderr)
-        em.error("internal", f"The {stage} worker crashed: {type(exc).__name__}: {exc}",
-                 "This is a HexStudio bug. The traceback is in the stage's log; please report it.")
+        em.error(
+            "internal",
+            f"The {stage} worker crashed: {type(exc).__name__}: {exc}",
+            "This is a HexStudio bug. The traceback is in the stage's log; please report it.",
+        )
         em.done(False)
         code = 1
     finally:
@@ -295,7 +329,6 @@ def _drop_tmp(tmp: Path | None) -> None:
     if tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            tmp.parent.rmdir()   # run_dir/tmp, when no other stage's folder is left in it
+            tmp.parent.rmdir()  # run_dir/tmp, when no other stage's folder is left in it
         except OSError:
             pass
-

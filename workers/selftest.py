@@ -42,20 +42,30 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         time.sleep(0.1)
     mem = _meminfo()
     disk = shutil.disk_usage(spec.out_dir)
-    packages = {name: importlib.util.find_spec(name) is not None
-                for name in ("torch", "aimet_onnx", "onnxruntime", "onnx", "transformers", "numpy")}
+    packages = {
+        name: importlib.util.find_spec(name) is not None
+        for name in ("torch", "aimet_onnx", "onnxruntime", "onnx", "transformers", "numpy")
+    }
     report = {
-        "python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
-        "cpu_count": os.cpu_count() or 1, "memory_bytes": mem.get("MemTotal"),
-        "available_bytes": mem.get("MemAvailable"), "swap_bytes": mem.get("SwapTotal"),
-        "disk_free_bytes": disk.free, "packages": packages, "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count() or 1,
+        "memory_bytes": mem.get("MemTotal"),
+        "available_bytes": mem.get("MemAvailable"),
+        "swap_bytes": mem.get("SwapTotal"),
+        "disk_free_bytes": disk.free,
+        "packages": packages,
+        "pid": os.getpid(),
     }
     for key in ("memory_bytes", "swap_bytes", "disk_free_bytes", "cpu_count"):
         em.metric(key, report[key], unit="bytes" if key.endswith("bytes") else "")
     for name, ok in packages.items():
         if not ok and name in ("onnxruntime", "numpy"):
-            em.warning(f"{name} is not importable on this host.",
-                       hint=f"Install it into the Python that runs workers here (pip install {name}).")
+            em.warning(
+                f"{name} is not importable on this host.",
+                hint=f"Install it into the Python that runs workers here (pip install {name}).",
+            )
     (spec.out_dir / "selftest.json").write_text(json.dumps(report, indent=2))
     em.artifact("selftest.json", kind="json", role="selftest")
     em.progress(1.0, "self-test complete")

@@ -18,7 +18,7 @@ from pathlib import Path
 from app.core.atomic import atomic_writer
 from workers.shared.data import package_path
 
-FILES = package_path("app.core", "desktop_files")   # package data (importlib.resources)
+FILES = package_path("app.core", "desktop_files")  # package data (importlib.resources)
 TEMPLATE = FILES / "hexstudio.desktop"
 ICONS = {"scalable": FILES / "hexstudio.svg", "256x256": FILES / "hexstudio.png"}
 WINDOWS_CMD = FILES / "HexStudio.cmd"
@@ -93,8 +93,10 @@ def install(launcher: Path, data_dir: Path | None = None, bin_dir: Path | None =
     launcher = launcher.expanduser().absolute()
     if not launcher.is_file():
         raise FileNotFoundError(f"{launcher} does not exist")
-    icons = {size: data_dir / "icons" / "hicolor" / size / "apps" / f"hexstudio{src.suffix}"
-             for size, src in ICONS.items()}
+    icons = {
+        size: data_dir / "icons" / "hicolor" / size / "apps" / f"hexstudio{src.suffix}"
+        for size, src in ICONS.items()
+    }
     res = DesktopInstall(entry=data_dir / "applications" / DESKTOP_ID, icons=list(icons.values()), link=None)
     for size, dst in icons.items():
         _write_if_changed(dst, ICONS[size].read_bytes(), 0o644, res)

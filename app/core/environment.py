@@ -16,8 +16,20 @@ import app
 
 # Packages whose versions matter for the recipe (facts/workstation.md).
 TRACKED_PACKAGES = (
-    "hexstudio", "torch", "aimet-onnx", "onnx", "onnxruntime", "onnxruntime-gpu", "transformers",
-    "qai-hub", "numpy", "PySide6-Essentials", "paramiko", "huggingface_hub", "tokenizers", "safetensors",
+    "hexstudio",
+    "torch",
+    "aimet-onnx",
+    "onnx",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "transformers",
+    "qai-hub",
+    "numpy",
+    "PySide6-Essentials",
+    "paramiko",
+    "huggingface_hub",
+    "tokenizers",
+    "safetensors",
 )
 
 
@@ -59,13 +71,15 @@ def gpu_summary() -> list[dict[str, Any]]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            gpus.append({
-                "index": i,
-                "name": pynvml.nvmlDeviceGetName(h),
-                "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                "driver": driver,
-                "compute_capability": f"{major}.{minor}",
-            })
+            gpus.append(
+                {
+                    "index": i,
+                    "name": pynvml.nvmlDeviceGetName(h),
+                    "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                    "driver": driver,
+                    "compute_capability": f"{major}.{minor}",
+                }
+            )
     except Exception:
         pass
     finally:

@@ -25,15 +25,17 @@ from workers.shared.hub import hub_error
 
 TOKEN_PAGE = "https://huggingface.co/settings/tokens"
 SOURCES = ("keyring", "environment", "hf login")
-SOURCE_WORDS = {"keyring": "HexStudio's keyring entry (`hexstudio hf login`)",
-                "environment": "$HF_TOKEN",
-                "hf login": "huggingface_hub's own login (`hf auth login`)"}
+SOURCE_WORDS = {
+    "keyring": "HexStudio's keyring entry (`hexstudio hf login`)",
+    "environment": "$HF_TOKEN",
+    "hf login": "huggingface_hub's own login (`hf auth login`)",
+}
 
 
 @dataclass(frozen=True)
 class HfToken:
     value: str | None
-    source: str | None          # one of SOURCES, or None when there is no token
+    source: str | None  # one of SOURCES, or None when there is no token
     keyring_error: str | None = None
 
     @property
@@ -80,8 +82,15 @@ def token_status() -> dict[str, Any]:
         in_file = bool(token_file().read_text(encoding="utf-8").strip())
     except OSError:
         in_file = False
-    return {"found": t.found, "source": t.source, "keyring": in_keyring, "environment": in_env,
-            "hf_login": in_file, "token_file": str(token_file()), "keyring_error": t.keyring_error}
+    return {
+        "found": t.found,
+        "source": t.source,
+        "keyring": in_keyring,
+        "environment": in_env,
+        "hf_login": in_file,
+        "token_file": str(token_file()),
+        "keyring_error": t.keyring_error,
+    }
 
 
 def worker_env_token() -> dict[str, str]:
@@ -91,6 +100,7 @@ def worker_env_token() -> dict[str, str]:
 
 
 # -- the cache -----------------------------------------------------------------------------------
+
 
 def hf_home() -> Path:
     from huggingface_hub import constants
@@ -113,11 +123,12 @@ def token_file() -> Path:
 
 # -- config.json before the download -----------------------------------------------------------
 
+
 class HubConfigError(ActionableError):
     """A model's config.json cannot be fetched from Hugging Face: message and hint."""
 
 
-REACH_TIMEOUT_S = 2.5      # one connect to the Hub (or the proxy) before a download is tried
+REACH_TIMEOUT_S = 2.5  # one connect to the Hub (or the proxy) before a download is tried
 
 
 def _truthy(v: str | None) -> bool:
@@ -143,17 +154,25 @@ def hub_unreachable(timeout: float = REACH_TIMEOUT_S) -> str | None:
     from huggingface_hub import constants
 
     endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
-    proxy = next((os.environ[k] for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
-                  if os.environ.get(k)), None)
+    proxy = next(
+        (
+            os.environ[k]
+            for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+            if os.environ.get(k)
+        ),
+        None,
+    )
     no_proxy = (os.environ.get("NO_PROXY") or os.environ.get("no_proxy") or "").replace(" ", "").split(",")
     u = urlparse(endpoint)
     host = u.hostname or "huggingface.co"
-    if proxy and not any(n and (host == n.lstrip(".") or host.endswith("." + n.lstrip("."))) for n in no_proxy):
+    if proxy and not any(
+        n and (host == n.lstrip(".") or host.endswith("." + n.lstrip("."))) for n in no_proxy
+    ):
         u = urlparse(proxy if "://" in proxy else f"http://{proxy}")
     target = (u.hostname or host, u.port or (443 if u.scheme == "https" else 80))
     result: list[str | None] = []
 
-    def attempt() -> None:      # in a thread: a name look-up does not heed socket time-outs
+    def attempt() -> None:  # in a thread: a name look-up does not heed socket time-outs
         try:
             socket.create_connection(target, timeout=timeout).close()
             result.append(None)
@@ -182,8 +201,13 @@ def fetch_config(model: str, revision: str | None = None) -> dict[str, Any]:
     try:
         from huggingface_hub import hf_hub_download
 
-        path = hf_hub_download(model, "config.json", revision=revision or None, token=token.value or None,
-                               local_files_only=offline or why is not None)
+        path = hf_hub_download(
+            model,
+            "config.json",
+            revision=revision or None,
+            token=token.value or None,
+            local_files_only=offline or why is not None,
+        )
         data: dict[str, Any] = json.loads(Path(path).read_text())
         return data
     except Exception as exc:
@@ -192,10 +216,14 @@ def fetch_config(model: str, revision: str | None = None) -> dict[str, Any]:
                 f"Cannot read config.json of '{model}'{at}: the Hugging Face Hub cannot be reached ({why}), and "
                 f"the model is not in the local Hugging Face cache ({hub_cache()}).",
                 "Check the internet connection, proxy (HTTPS_PROXY) and firewall; or give a local folder with the "
-                "model. To work from the cache only, set HF_HUB_OFFLINE=1.") from None
+                "model. To work from the cache only, set HF_HUB_OFFLINE=1.",
+            ) from None
         mapped = hub_error(exc, model, revision, hub_cache(), has_token=token.found)
         if mapped is not None:
-            raise HubConfigError(f"Cannot read config.json of '{model}'{at}: {mapped.message}", mapped.hint) \
-                from None
-        raise HubConfigError(f"Cannot read config.json of '{model}'{at}: {type(exc).__name__}: {exc}",
-                             "Check the model id and your network, or give a local folder.") from None
+            raise HubConfigError(
+                f"Cannot read config.json of '{model}'{at}: {mapped.message}", mapped.hint
+            ) from None
+        raise HubConfigError(
+            f"Cannot read config.json of '{model}'{at}: {type(exc).__name__}: {exc}",
+            "Check the model id and your network, or give a local folder.",
+        ) from None

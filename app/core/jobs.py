@@ -49,8 +49,10 @@ log = logging.getLogger(__name__)
 EventHandler = Callable[[dict[str, Any]], None]
 SampleHandler = Callable[[ResourceSample], None]
 
-def oom_hint(peak_rss: int, need_bytes: int | None = None, ram_bytes: int | None = None,
-             swap_bytes: int | None = None) -> str:
+
+def oom_hint(
+    peak_rss: int, need_bytes: int | None = None, ram_bytes: int | None = None, swap_bytes: int | None = None
+) -> str:
     """What to do after an out-of-memory kill, with limits computed for this job: the larger of what it
     reached and its estimate, with the same headroom preflight's .wslconfig fix uses."""
     if ram_bytes is None or swap_bytes is None:
@@ -59,13 +61,15 @@ def oom_hint(peak_rss: int, need_bytes: int | None = None, ram_bytes: int | None
     need = max(int(peak_rss), int(need_bytes or 0))
     memory_gb, swap_gb = target_limits(need)
     est = f"; its estimate is {human_bytes(need_bytes)}" if need_bytes else ""
-    return (f"The process was killed with SIGKILL while using {human_bytes(peak_rss)}{est} — most likely the "
-            f"kernel's out-of-memory killer. This machine has {human_bytes(ram_bytes)} RAM + "
-            f"{human_bytes(swap_bytes)} swap. On WSL2 the Linux VM has its own memory cap below the Windows RAM: "
-            f"create or edit C:\\Users\\<you>\\.wslconfig with\n[wsl2]\nmemory={memory_gb}GB\nswap={swap_gb}GB\n"
-            "then run `wsl --shutdown` in PowerShell and start HexStudio again (the Preflight page can write "
-            "this file for you; `hexstudio preflight --write-wslconfig`). Elsewhere add swap or RAM. "
-            "Or use more parts or fewer calibration samples.")
+    return (
+        f"The process was killed with SIGKILL while using {human_bytes(peak_rss)}{est} — most likely the "
+        f"kernel's out-of-memory killer. This machine has {human_bytes(ram_bytes)} RAM + "
+        f"{human_bytes(swap_bytes)} swap. On WSL2 the Linux VM has its own memory cap below the Windows RAM: "
+        f"create or edit C:\\Users\\<you>\\.wslconfig with\n[wsl2]\nmemory={memory_gb}GB\nswap={swap_gb}GB\n"
+        "then run `wsl --shutdown` in PowerShell and start HexStudio again (the Preflight page can write "
+        "this file for you; `hexstudio preflight --write-wslconfig`). Elsewhere add swap or RAM. "
+        "Or use more parts or fewer calibration samples."
+    )
 
 
 def human_bytes(n: float | None) -> str:
@@ -80,12 +84,12 @@ def human_bytes(n: float | None) -> str:
 
 @dataclass
 class JobResult:
-    kind: str                      # ok | failed | cancelled | killed | oom
+    kind: str  # ok | failed | cancelled | killed | oom
     exit_code: int | None
     signal: str | None
     message: str
     hint: str | None = None
-    code: str | None = None        # the worker's error code, if it sent one
+    code: str | None = None  # the worker's error code, if it sent one
     summary: dict[str, Any] = field(default_factory=dict)
     peak_rss_bytes: int = 0
     peak_vram_bytes: int | None = None
@@ -99,16 +103,24 @@ class JobResult:
         return self.kind == "ok"
 
     def outcome(self) -> dict[str, Any]:
-        return {"kind": self.kind, "code": self.code, "message": self.message, "hint": self.hint,
-                "exit_code": self.exit_code, "signal": self.signal}
+        return {
+            "kind": self.kind,
+            "code": self.code,
+            "message": self.message,
+            "hint": self.hint,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+        }
 
 
 # -- how the studio starts a child process ------------------------------------------------------
 
 # A frozen build runs a module that is neither the CLI nor a top-level worker (workers.genie_sim.t2t...)
 # through its `-c` (app/__main__.py): argv[1] is the module, the rest its arguments.
-RUN_MODULE_CODE = ("import runpy, sys; m = sys.argv.pop(1); sys.argv[0] = m; "
-                   "runpy.run_module(m, run_name='__main__', alter_sys=True)")
+RUN_MODULE_CODE = (
+    "import runpy, sys; m = sys.argv.pop(1); sys.argv[0] = m; "
+    "runpy.run_module(m, run_name='__main__', alter_sys=True)"
+)
 
 
 def frozen() -> bool:
@@ -150,14 +162,27 @@ def _argv_text(argv: Sequence[str]) -> str:
     return shlex.join(a if len(a) <= 200 else a[:200] + "…" for a in map(str, argv))
 
 
-async def spawn(argv: Sequence[str], *, what: str, cwd: Path | str | None = None,
-                env: dict[str, str] | None = None, stdin: int = asyncio.subprocess.DEVNULL,
-                limit: int = 1 << 16) -> asyncio.subprocess.Process:
+async def spawn(
+    argv: Sequence[str],
+    *,
+    what: str,
+    cwd: Path | str | None = None,
+    env: dict[str, str] | None = None,
+    stdin: int = asyncio.subprocess.DEVNULL,
+    limit: int = 1 << 16,
+) -> asyncio.subprocess.Process:
     """Start a child process the way every one of the studio's is started: in a process group of its own
     (start_new_session; cancel reaches all it starts), stdout and stderr piped, logged with its pid."""
     proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=str(cwd) if cwd else None, env=env, stdin=stdin,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=limit)
+        *argv,
+        cwd=str(cwd) if cwd else None,
+        env=env,
+        stdin=stdin,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+        limit=limit,
+    )
     log.info("%s: started pid %d: %s", what, proc.pid, _argv_text(argv))
     return proc
 
@@ -167,8 +192,15 @@ SignalSender = Callable[[signal.Signals, bool], Awaitable[None]]
 CANCEL_STEPS = ((signal.SIGINT, False), (signal.SIGTERM, True), (signal.SIGKILL, True))
 
 
-async def cancel_ladder(send: SignalSender, ended: asyncio.Future[Any], *, grace_s: float = 5.0, term_s: float = 3.0,
-                        kill_s: float = 5.0, what: str = "A child process") -> bool:
+async def cancel_ladder(
+    send: SignalSender,
+    ended: asyncio.Future[Any],
+    *,
+    grace_s: float = 5.0,
+    term_s: float = 3.0,
+    kill_s: float = 5.0,
+    what: str = "A child process",
+) -> bool:
     """The cancel ladder of every job, local or remote: SIGINT to the process (a worker stops cleanly and
     says `cancelled`), then SIGTERM to its process group, then SIGKILL to the group, each step given its time
     for `ended` to complete. `send(signal, whole_group)` delivers a signal: signal_local here, `kill` over
@@ -200,6 +232,7 @@ def signal_local(proc: asyncio.subprocess.Process, sig: signal.Signals, group: b
 class ChildResult:
     """How a short child process ended: exit status (None: it did not end), its output, and why it was
     stopped when it was."""
+
     argv: list[str]
     returncode: int | None
     stdout: str
@@ -212,15 +245,29 @@ class ChildResult:
         return self.returncode == 0 and not self.timed_out
 
 
-async def run_child(argv: Sequence[str], *, what: str, timeout: float | None = None,
-                    cwd: Path | str | None = None, env: dict[str, str] | None = None, input: bytes | None = None,
-                    grace_s: float = 5.0, term_s: float = 3.0) -> ChildResult:
+async def run_child(
+    argv: Sequence[str],
+    *,
+    what: str,
+    timeout: float | None = None,
+    cwd: Path | str | None = None,
+    env: dict[str, str] | None = None,
+    input: bytes | None = None,
+    grace_s: float = 5.0,
+    term_s: float = 3.0,
+) -> ChildResult:
     """Run a short child process to its end and return its output. Past `timeout`, or when the calling task
     is cancelled (a window closing, a Stop button), it gets the cancel ladder; a cancelled caller then sees
     its CancelledError. Nothing the child started outlives it (its group is killed when it ends)."""
     t0 = time.monotonic()
-    proc = await spawn(argv, what=what, cwd=cwd, env=env, limit=1 << 24,
-                       stdin=asyncio.subprocess.DEVNULL if input is None else asyncio.subprocess.PIPE)
+    proc = await spawn(
+        argv,
+        what=what,
+        cwd=cwd,
+        env=env,
+        limit=1 << 24,
+        stdin=asyncio.subprocess.DEVNULL if input is None else asyncio.subprocess.PIPE,
+    )
     talk = asyncio.ensure_future(proc.communicate(input))
 
     async def send(sig: signal.Signals, group: bool) -> None:
@@ -243,11 +290,23 @@ async def run_child(argv: Sequence[str], *, what: str, timeout: float | None = N
                 talk.cancel()
             raise
     finally:
-        signal_local(proc, signal.SIGKILL, True)   # whatever it started ends with it
-    res = ChildResult(list(argv), proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
-                      timed_out, time.monotonic() - t0)
-    log.info("%s: pid %d ended: exit %s%s (%.1f s)", what, proc.pid, res.returncode,
-             ", timed out" if timed_out else "", res.duration_s)
+        signal_local(proc, signal.SIGKILL, True)  # whatever it started ends with it
+    res = ChildResult(
+        list(argv),
+        proc.returncode,
+        out.decode("utf-8", "replace"),
+        err.decode("utf-8", "replace"),
+        timed_out,
+        time.monotonic() - t0,
+    )
+    log.info(
+        "%s: pid %d ended: exit %s%s (%.1f s)",
+        what,
+        proc.pid,
+        res.returncode,
+        ", timed out" if timed_out else "",
+        res.duration_s,
+    )
     return res
 
 
@@ -276,8 +335,13 @@ class EventStream:
             if not text.strip():
                 return
             self.bad_lines += 1
-            ev = {"v": 1, "type": "log", "level": "warn", "t": time.time(),
-                  "message": f"[not a protocol line: {exc}] {text[:2000]}"}
+            ev = {
+                "v": 1,
+                "type": "log",
+                "level": "warn",
+                "t": time.time(),
+                "message": f"[not a protocol line: {exc}] {text[:2000]}",
+            }
         else:
             self.events += 1
             if ev["type"] == "error":
@@ -296,12 +360,34 @@ class EventStream:
     def stderr_line(self, text: str) -> None:
         """A line the worker wrote on stderr: kept in the job's log as a debug record, never parsed."""
         if self.log is not None:
-            self.log.write(json.dumps({"v": 1, "type": "log", "level": "debug", "t": time.time(),
-                                       "stream": "stderr", "message": text}, ensure_ascii=False) + "\n")
+            self.log.write(
+                json.dumps(
+                    {
+                        "v": 1,
+                        "type": "log",
+                        "level": "debug",
+                        "t": time.time(),
+                        "stream": "stderr",
+                        "message": text,
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
 
-    def result(self, returncode: int | None, cancelled: bool, peak_rss: int, stderr: str, what: str,
-               memory_need: int | None = None, *, peak_vram: int | None = None, duration_s: float = 0.0,
-               stderr_tail: str | None = None) -> JobResult:
+    def result(
+        self,
+        returncode: int | None,
+        cancelled: bool,
+        peak_rss: int,
+        stderr: str,
+        what: str,
+        memory_need: int | None = None,
+        *,
+        peak_vram: int | None = None,
+        duration_s: float = 0.0,
+        stderr_tail: str | None = None,
+    ) -> JobResult:
         """How the job ended (classify), with its figures: the one ending of local and remote jobs."""
         res = classify(returncode, self, cancelled, peak_rss, stderr, what, memory_need)
         res.peak_rss_bytes = peak_rss
@@ -314,12 +400,25 @@ class EventStream:
 
 
 def cancelled_result(what: str, returncode: int | None = None, sig: str | None = None) -> JobResult:
-    return JobResult("cancelled", returncode, sig, f"{what} was cancelled.",
-                     hint="Nothing from the cancelled attempt is kept. Start it again when ready.", code="cancelled")
+    return JobResult(
+        "cancelled",
+        returncode,
+        sig,
+        f"{what} was cancelled.",
+        hint="Nothing from the cancelled attempt is kept. Start it again when ready.",
+        code="cancelled",
+    )
 
 
-def classify(returncode: int | None, stream: EventStream, cancelled: bool, peak_rss: int,
-             stderr_tail: str, what: str, memory_need: int | None = None) -> JobResult:
+def classify(
+    returncode: int | None,
+    stream: EventStream,
+    cancelled: bool,
+    peak_rss: int,
+    stderr_tail: str,
+    what: str,
+    memory_need: int | None = None,
+) -> JobResult:
     sig = None
     if returncode is not None and returncode < 0:
         with contextlib.suppress(ValueError):
@@ -332,41 +431,76 @@ def classify(returncode: int | None, stream: EventStream, cancelled: bool, peak_
         return cancelled_result(what, returncode, sig)
     if sig == "SIGKILL" or returncode == 137:
         if peak_rss >= 0.6 * _memory_total():
-            return JobResult("oom", returncode, sig or "SIGKILL",
-                             f"{what} was killed (SIGKILL) at {human_bytes(peak_rss)} RSS: likely out of memory.",
-                             hint=oom_hint(peak_rss, memory_need), code="out_of_memory")
-        return JobResult("killed", returncode, sig or "SIGKILL", f"{what} was killed by SIGKILL.",
-                         hint="Something outside HexStudio killed the worker (kill -9, a watchdog, or the "
-                              "OOM killer). Resume the run to restart the stage from a clean state.",
-                         code="killed")
+            return JobResult(
+                "oom",
+                returncode,
+                sig or "SIGKILL",
+                f"{what} was killed (SIGKILL) at {human_bytes(peak_rss)} RSS: likely out of memory.",
+                hint=oom_hint(peak_rss, memory_need),
+                code="out_of_memory",
+            )
+        return JobResult(
+            "killed",
+            returncode,
+            sig or "SIGKILL",
+            f"{what} was killed by SIGKILL.",
+            hint="Something outside HexStudio killed the worker (kill -9, a watchdog, or the "
+            "OOM killer). Resume the run to restart the stage from a clean state.",
+            code="killed",
+        )
     if sig is not None:
-        return JobResult("killed", returncode, sig, f"{what} was killed by {sig}.",
-                         hint="Resume the run to restart the stage from a clean state.", code="killed")
+        return JobResult(
+            "killed",
+            returncode,
+            sig,
+            f"{what} was killed by {sig}.",
+            hint="Resume the run to restart the stage from a clean state.",
+            code="killed",
+        )
     if err:
-        return JobResult("failed", returncode, None, str(err.get("message", "failed")),
-                         hint=err.get("hint"), code=str(err.get("code", "failed")))
+        return JobResult(
+            "failed",
+            returncode,
+            None,
+            str(err.get("message", "failed")),
+            hint=err.get("hint"),
+            code=str(err.get("code", "failed")),
+        )
     if done is None:
         tail = stderr_tail.strip().splitlines()[-3:] if stderr_tail.strip() else []
         detail = f" Last stderr: {' | '.join(tail)}" if tail else ""
-        return JobResult("failed", returncode, None,
-                         f"{what} ended (exit code {returncode}) without reporting 'done'.{detail}",
-                         hint="The worker crashed or printed something that is not the worker protocol. "
-                              "See the stage log for its output.", code="no_done")
-    return JobResult("failed", returncode, None, f"{what} reported failure (exit code {returncode}).",
-                     code="failed")
+        return JobResult(
+            "failed",
+            returncode,
+            None,
+            f"{what} ended (exit code {returncode}) without reporting 'done'.{detail}",
+            hint="The worker crashed or printed something that is not the worker protocol. "
+            "See the stage log for its output.",
+            code="no_done",
+        )
+    return JobResult(
+        "failed", returncode, None, f"{what} reported failure (exit code {returncode}).", code="failed"
+    )
 
 
 class Job:
     """What every job shares, here or on a worker host (LocalJob, app.core.remote's RemoteJob and
     RemoteStageJob): start(), wait() -> JobResult, cancel() (cancel_ladder), and the same options."""
 
-    def __init__(self, *, what: str, on_event: EventHandler | None = None, on_sample: SampleHandler | None = None,
-                 grace_s: float = 5.0, term_s: float = 3.0) -> None:
+    def __init__(
+        self,
+        *,
+        what: str,
+        on_event: EventHandler | None = None,
+        on_sample: SampleHandler | None = None,
+        grace_s: float = 5.0,
+        term_s: float = 3.0,
+    ) -> None:
         self.what = what
         self.on_event = on_event
         self.on_sample = on_sample
-        self.grace_s = grace_s      # SIGINT -> SIGTERM: the worker's time to stop cleanly
-        self.term_s = term_s        # SIGTERM -> SIGKILL
+        self.grace_s = grace_s  # SIGINT -> SIGTERM: the worker's time to stop cleanly
+        self.term_s = term_s  # SIGTERM -> SIGKILL
         self._cancelled = False
         self._task: asyncio.Task[JobResult] | None = None
         self._started = asyncio.Event()
@@ -387,11 +521,22 @@ class Job:
 class LocalJob(Job):
     """A worker process on this machine."""
 
-    def __init__(self, argv: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
-                 on_event: EventHandler | None = None, on_sample: SampleHandler | None = None,
-                 log_path: Path | None = None, sample_hz: float = 4.0, what: str = "The worker",
-                 grace_s: float = 5.0, term_s: float = 3.0, memory_need: int | None = None,
-                 liveness: bool = False) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        on_event: EventHandler | None = None,
+        on_sample: SampleHandler | None = None,
+        log_path: Path | None = None,
+        sample_hz: float = 4.0,
+        what: str = "The worker",
+        grace_s: float = 5.0,
+        term_s: float = 3.0,
+        memory_need: int | None = None,
+        liveness: bool = False,
+    ) -> None:
         super().__init__(what=what, on_event=on_event, on_sample=on_sample, grace_s=grace_s, term_s=term_s)
         self.argv = list(argv)
         # a worker (workers.runtime.die_with_parent): its stdin is a pipe this process holds open while it
@@ -418,8 +563,14 @@ class LocalJob(Job):
         env.setdefault("PYTHONUNBUFFERED", "1")
         if self.liveness:
             env.update({PARENT_ENV: str(os.getpid()), LIVENESS_ENV: "stdin"})
-        self.proc = await spawn(self.argv, what=self.what, cwd=self.cwd, env=env, limit=1 << 24,
-                                stdin=asyncio.subprocess.PIPE if self.liveness else asyncio.subprocess.DEVNULL)
+        self.proc = await spawn(
+            self.argv,
+            what=self.what,
+            cwd=self.cwd,
+            env=env,
+            limit=1 << 24,
+            stdin=asyncio.subprocess.PIPE if self.liveness else asyncio.subprocess.DEVNULL,
+        )
         self.pgid = self.proc.pid
         self.sampler = TreeSampler(self.proc.pid)
         self._begin(self._run())
@@ -463,14 +614,22 @@ class LocalJob(Job):
             with contextlib.suppress(asyncio.CancelledError):
                 await sampling
             self._reap_group()
-            if self.proc.stdin is not None:   # the liveness pipe: its end tells a leftover watcher to go
+            if self.proc.stdin is not None:  # the liveness pipe: its end tells a leftover watcher to go
                 self.proc.stdin.close()
             if self._log is not None:
                 self._log.close()
         stderr = "\n".join(self._stderr)
-        return self.stream.result(rc, self._cancelled, self.sampler.peak_rss, stderr, self.what,
-                                  self.memory_need, peak_vram=self.sampler.peak_vram,
-                                  duration_s=time.monotonic() - t0, stderr_tail="\n".join(list(self._stderr)[-20:]))
+        return self.stream.result(
+            rc,
+            self._cancelled,
+            self.sampler.peak_rss,
+            stderr,
+            self.what,
+            self.memory_need,
+            peak_vram=self.sampler.peak_vram,
+            duration_s=time.monotonic() - t0,
+            stderr_tail="\n".join(list(self._stderr)[-20:]),
+        )
 
     def _reap_group(self) -> None:
         """The worker has exited: make sure nothing it started outlives it."""
@@ -509,13 +668,31 @@ class JobRunner:
     def __init__(self, sample_hz: float = 4.0) -> None:
         self.sample_hz = sample_hz
 
-    async def start_local(self, module: str, spec_path: Path, *, on_event: EventHandler | None = None,
-                          on_sample: SampleHandler | None = None, log_path: Path | None = None,
-                          cwd: Path | None = None, env: dict[str, str] | None = None,
-                          what: str | None = None, memory_need: int | None = None) -> LocalJob:
-        job = LocalJob(worker_command(module, spec_path), cwd=cwd, env=env, on_event=on_event,
-                       on_sample=on_sample, log_path=log_path, sample_hz=self.sample_hz,
-                       what=what or f"Worker {module}", memory_need=memory_need, liveness=True)
+    async def start_local(
+        self,
+        module: str,
+        spec_path: Path,
+        *,
+        on_event: EventHandler | None = None,
+        on_sample: SampleHandler | None = None,
+        log_path: Path | None = None,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        what: str | None = None,
+        memory_need: int | None = None,
+    ) -> LocalJob:
+        job = LocalJob(
+            worker_command(module, spec_path),
+            cwd=cwd,
+            env=env,
+            on_event=on_event,
+            on_sample=on_sample,
+            log_path=log_path,
+            sample_hz=self.sample_hz,
+            what=what or f"Worker {module}",
+            memory_need=memory_need,
+            liveness=True,
+        )
         await job.start()
         return job
 

@@ -34,8 +34,8 @@ LOG_NAME = "studio.log"
 MAX_BYTES = 2_000_000
 BACKUPS = 3
 FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
-ROOT = "hexstudio"      # HexStudio's loggers are hexstudio.<area>: logging.getLogger("hexstudio.board")
-_LOGGED = "_hexstudio_logged"   # set on an exception once its traceback is in the log
+ROOT = "hexstudio"  # HexStudio's loggers are hexstudio.<area>: logging.getLogger("hexstudio.board")
+_LOGGED = "_hexstudio_logged"  # set on an exception once its traceback is in the log
 
 log = logging.getLogger(ROOT)
 
@@ -114,7 +114,7 @@ def setup_logging(component: str, *, verbose: bool = False) -> Path | None:
         stderr.addFilter(RedactFilter())
         root.addHandler(stderr)
     log.setLevel(logging.DEBUG if verbose else logging.INFO)
-    logging.getLogger("paramiko").setLevel(logging.WARNING)   # its INFO lines are per packet type: noise
+    logging.getLogger("paramiko").setLevel(logging.WARNING)  # its INFO lines are per packet type: noise
     install_exception_hooks()
     log.debug("%s logging to %s", component, target)
     return target
@@ -159,8 +159,11 @@ def _excepthook(etype: type[BaseException], value: BaseException, tb: TracebackT
 def _threading_hook(args: threading.ExceptHookArgs) -> None:
     if args.exc_value is not None and not getattr(args.exc_value, _LOGGED, False):
         name = args.thread.name if args.thread is not None else "?"
-        log.critical("uncaught exception in thread %s", name,
-                     exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+        log.critical(
+            "uncaught exception in thread %s",
+            name,
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )
         mark_logged(args.exc_value)
     (_prev_threading_hook or threading.__excepthook__)(args)
 
@@ -187,8 +190,9 @@ def asyncio_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str
             parts.append(f"{key}: {context[key]!r}")
     if isinstance(exc, BaseException):
         if not getattr(exc, _LOGGED, False):
-            logging.getLogger(f"{ROOT}.asyncio").error("; ".join(parts),
-                                                        exc_info=(type(exc), exc, exc.__traceback__))
+            logging.getLogger(f"{ROOT}.asyncio").error(
+                "; ".join(parts), exc_info=(type(exc), exc, exc.__traceback__)
+            )
             mark_logged(exc)
     else:
         logging.getLogger(f"{ROOT}.asyncio").error("; ".join(parts))

@@ -20,7 +20,7 @@ from app.core.stages import STAGE_NAMES
 from workers.shared.errors import ActionableError
 
 MANIFEST_SCHEMA_VERSION = 1
-SCHEMA_PATH = resources.files("app.core").joinpath("schemas", "run.schema.json")   # package data
+SCHEMA_PATH = resources.files("app.core").joinpath("schemas", "run.schema.json")  # package data
 
 STAGE_STATES = ("pending", "running", "done", "failed", "interrupted", "cancelled")
 
@@ -84,8 +84,14 @@ class RunManifest:
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def new(cls, run_dir: Path, run_id: str, inputs: dict[str, Any], environment: dict[str, Any],
-            versions: dict[str, Any]) -> RunManifest:
+    def new(
+        cls,
+        run_dir: Path,
+        run_id: str,
+        inputs: dict[str, Any],
+        environment: dict[str, Any],
+        versions: dict[str, Any],
+    ) -> RunManifest:
         data: dict[str, Any] = {
             "schema_version": MANIFEST_SCHEMA_VERSION,
             "run_id": run_id,
@@ -107,12 +113,16 @@ class RunManifest:
         except FileNotFoundError:
             raise ManifestError(f"{path} does not exist: this folder is not a HexStudio run.") from None
         except (OSError, json.JSONDecodeError) as exc:
-            raise ManifestError(f"{path} cannot be read ({exc}). run.json is written atomically, so this "
-                                "file was changed by something else; restore it from a backup or delete "
-                                "the run.") from None
+            raise ManifestError(
+                f"{path} cannot be read ({exc}). run.json is written atomically, so this "
+                "file was changed by something else; restore it from a backup or delete "
+                "the run."
+            ) from None
         if not isinstance(data, dict) or data.get("schema_version") != MANIFEST_SCHEMA_VERSION:
-            raise ManifestError(f"{path} has schema_version {data.get('schema_version')!r}; this HexStudio "
-                                f"reads version {MANIFEST_SCHEMA_VERSION}.")
+            raise ManifestError(
+                f"{path} has schema_version {data.get('schema_version')!r}; this HexStudio "
+                f"reads version {MANIFEST_SCHEMA_VERSION}."
+            )
         for name in STAGE_NAMES:
             data["stages"].setdefault(name, empty_stage())
         return cls(path, data)
@@ -150,10 +160,15 @@ class RunManifest:
 
     def mark_running(self, name: str) -> None:
         st = self.stage(name).data
-        st.update({
-            "state": "running", "started": now_iso(), "ended": None, "outcome": None,
-            "owner": {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": boot_id()},
-        })
+        st.update(
+            {
+                "state": "running",
+                "started": now_iso(),
+                "ended": None,
+                "outcome": None,
+                "owner": {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": boot_id()},
+            }
+        )
         st["attempts"] = int(st.get("attempts", 0)) + 1
         self.save()
 
@@ -165,15 +180,19 @@ class RunManifest:
             if st.get("state") != "running":
                 continue
             owner = st.get("owner") or {}
-            alive = (owner.get("boot_id") == boot_id() and owner.get("host") == socket.gethostname()
-                     and _pid_alive(int(owner.get("pid", -1))))
+            alive = (
+                owner.get("boot_id") == boot_id()
+                and owner.get("host") == socket.gethostname()
+                and _pid_alive(int(owner.get("pid", -1)))
+            )
             if not alive:
                 st["state"] = "interrupted"
                 st["ended"] = st.get("ended") or None
-                st["outcome"] = {"kind": "interrupted",
-                                 "message": "The studio stopped while this stage was running "
-                                            "(crash, kill or reboot).",
-                                 "hint": "Resume the run: the stage restarts from a clean state."}
+                st["outcome"] = {
+                    "kind": "interrupted",
+                    "message": "The studio stopped while this stage was running (crash, kill or reboot).",
+                    "hint": "Resume the run: the stage restarts from a clean state.",
+                }
                 found.append(name)
         if found:
             self.add_event("interrupted", f"found interrupted stage(s): {', '.join(found)}")

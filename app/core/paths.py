@@ -23,7 +23,8 @@ BUILTIN_MODEL_ID = "builtin:tiny-llama"
 
 def config_dir() -> Path:
     base = os.environ.get("HEXSTUDIO_CONFIG_DIR") or os.path.join(
-        os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "hexstudio")
+        os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "hexstudio"
+    )
     return Path(base)
 
 

@@ -102,15 +102,28 @@ def summary_digest(summary: dict[str, Any], inputs: str) -> str:
 
 # Settings added after runs existed: absent from a run means their default, and they are left out of its input hash
 # so a run made before them keeps its completed stages current (a run that sets one hashes it).
-HASHED_WHEN_SET = frozenset({"speculative_dialogs", "spd_draft_len", "dialog_type", "context_lengths",
-                             "spd_draft", "lade_window", "lade_ngram", "lade_gcap", "quantsim_config"})
+HASHED_WHEN_SET = frozenset(
+    {
+        "speculative_dialogs",
+        "spd_draft_len",
+        "dialog_type",
+        "context_lengths",
+        "spd_draft",
+        "lade_window",
+        "lade_ngram",
+        "lade_gcap",
+        "quantsim_config",
+    }
+)
 
 
 def input_hash(m: RunManifest, stage: Stage) -> str:
     settings = m.settings
     payload: dict[str, Any] = {
-        "stage": stage.name, "version": stage.version,
-        "model": m.inputs.get("model"), "board": m.inputs.get("board"),
+        "stage": stage.name,
+        "version": stage.version,
+        "model": m.inputs.get("model"),
+        "board": m.inputs.get("board"),
         "settings": {k: settings.get(k) for k in stage.inputs if k in settings or k not in HASHED_WHEN_SET},
         "upstream": {n: m.stage(n).data.get("output_digest") for n in stage.needs},
     }
@@ -123,9 +136,15 @@ def hash_tree(root: Path, kinds: dict[str, dict[str, Any]] | None = None) -> lis
     for p in sorted(root.rglob("*")):
         if p.is_file() and not p.is_symlink():
             rel = p.relative_to(root).as_posix()
-            out.append({"path": f"artifacts/{root.name}/{rel}", "sha256": sha256_file(p),
-                        "size": p.stat().st_size, "kind": kinds.get(rel, {}).get("kind"),
-                        "role": kinds.get(rel, {}).get("role")})
+            out.append(
+                {
+                    "path": f"artifacts/{root.name}/{rel}",
+                    "sha256": sha256_file(p),
+                    "size": p.stat().st_size,
+                    "kind": kinds.get(rel, {}).get("kind"),
+                    "role": kinds.get(rel, {}).get("role"),
+                }
+            )
     return out
 
 
@@ -161,11 +180,15 @@ class PipelineResult:
 
 
 class Pipeline:
-    def __init__(self, manifest: RunManifest, runner: JobRunner | None = None,
-                 on_event: Callable[[str, dict[str, Any]], None] | None = None,
-                 on_sample: Callable[[str, ResourceSample], None] | None = None,
-                 on_stage: Callable[[str, str], None] | None = None,
-                 stages: tuple[Stage, ...] = STAGES) -> None:
+    def __init__(
+        self,
+        manifest: RunManifest,
+        runner: JobRunner | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        on_sample: Callable[[str, ResourceSample], None] | None = None,
+        on_stage: Callable[[str, str], None] | None = None,
+        stages: tuple[Stage, ...] = STAGES,
+    ) -> None:
         self.m = manifest
         self.stages = stages
         self._by_name = {s.name: s for s in stages}
@@ -178,7 +201,9 @@ class Pipeline:
         self.lock = RunLock(manifest.run_dir)
 
     # -- public -------------------------------------------------------------
-    async def run(self, until: str = "report", only: str | None = None, force: bool = False) -> PipelineResult:
+    async def run(
+        self, until: str = "report", only: str | None = None, force: bool = False
+    ) -> PipelineResult:
         targets = self._targets(until, only)
         if self.lock.held:  # this very pipeline is already running (e.g. Start clicked twice)
             busy = RunBusy(self.m.run_id, os.getpid())
@@ -212,13 +237,25 @@ class Pipeline:
                 return PipelineResult(False, stage.name, "cancelled", ran=res.ran, skipped=res.skipped)
             for need in stage.needs:
                 if self.m.stage(need).state != "done":
-                    return PipelineResult(False, stage.name, f"{stage.title} needs {need}, which has not completed.",
-                                          hint=f"Run the {need} stage first.", ran=res.ran, skipped=res.skipped)
+                    return PipelineResult(
+                        False,
+                        stage.name,
+                        f"{stage.title} needs {need}, which has not completed.",
+                        hint=f"Run the {need} stage first.",
+                        ran=res.ran,
+                        skipped=res.skipped,
+                    )
                 blocked = self._gate_blocks(need)
                 if blocked is not None:
                     message, hint = blocked
-                    return PipelineResult(False, stage.name, f"{stage.title} cannot run: {message}", hint=hint,
-                                          ran=res.ran, skipped=res.skipped)
+                    return PipelineResult(
+                        False,
+                        stage.name,
+                        f"{stage.title} cannot run: {message}",
+                        hint=hint,
+                        ran=res.ran,
+                        skipped=res.skipped,
+                    )
             if not force and stage_is_current(self.m, stage) and await self._still_in_place(stage):
                 res.skipped.append(stage.name)
                 self._notify_stage(stage.name, "done")
@@ -226,20 +263,34 @@ class Pipeline:
                 result = await self.run_stage(stage)
                 res.ran.append(stage.name)
                 if not result.ok:
-                    return PipelineResult(False, stage.name, result.message, hint=result.hint,
-                                          ran=res.ran, skipped=res.skipped)
+                    return PipelineResult(
+                        False, stage.name, result.message, hint=result.hint, ran=res.ran, skipped=res.skipped
+                    )
             gate = stage.gate(self.m)
             overrides = self.m.settings.get("override_gates") or []
-            self.m.stage(stage.name).data["gate"] = {"passed": gate.passed, "reason": gate.reason,
-                                                     "override": self._override_record(stage.name)}
+            self.m.stage(stage.name).data["gate"] = {
+                "passed": gate.passed,
+                "reason": gate.reason,
+                "override": self._override_record(stage.name),
+            }
             self.m.save()
             if not gate.passed:
                 if gate.overridable and stage.name in overrides:
                     continue
-                hint = (f"Override the {stage.name} gate (`--override-gate {stage.name}`) to continue anyway; "
-                        "the override is recorded in the run." if gate.overridable else None)
-                return PipelineResult(False, stage.name, f"{stage.title} gate not passed: {gate.reason}",
-                                      hint=hint, ran=res.ran, skipped=res.skipped)
+                hint = (
+                    f"Override the {stage.name} gate (`--override-gate {stage.name}`) to continue anyway; "
+                    "the override is recorded in the run."
+                    if gate.overridable
+                    else None
+                )
+                return PipelineResult(
+                    False,
+                    stage.name,
+                    f"{stage.title} gate not passed: {gate.reason}",
+                    hint=hint,
+                    ran=res.ran,
+                    skipped=res.skipped,
+                )
         res.message = f"completed up to {targets[-1].name}" if targets else "nothing to do"
         return res
 
@@ -251,13 +302,17 @@ class Pipeline:
         mod_name, func_name = stage.recheck.split(":")
         jobs_log.info("run %s: %s is current: checking that it is still in place", self.m.run_id, stage.name)
         try:
-            fn: Callable[[RunManifest], Awaitable[str | None]] = getattr(importlib.import_module(mod_name), func_name)
+            fn: Callable[[RunManifest], Awaitable[str | None]] = getattr(
+                importlib.import_module(mod_name), func_name
+            )
             why = await fn(self.m)
-        except Exception as exc:   # cannot tell: run it again rather than trust it
+        except Exception as exc:  # cannot tell: run it again rather than trust it
             why = f"it could not be checked ({type(exc).__name__}: {exc})"
         if why is None:
             jobs_log.info("run %s: %s is current and still in place: skipped", self.m.run_id, stage.name)
-            self.m.add_event("recheck", f"{stage.title}: still in place, skipped", stage=stage.name, passed=True)
+            self.m.add_event(
+                "recheck", f"{stage.title}: still in place, skipped", stage=stage.name, passed=True
+            )
             self.m.save()
             return True
         jobs_log.warning("run %s: %s runs again: %s", self.m.run_id, stage.name, why)
@@ -280,15 +335,19 @@ class Pipeline:
         gate = stage.gate(self.m)
         if gate.passed:
             return None
-        overridden = name in (self.m.settings.get("override_gates") or []) and self._override_record(name) is not None
+        overridden = (
+            name in (self.m.settings.get("override_gates") or []) and self._override_record(name) is not None
+        )
         if gate.overridable and overridden:
             return None
         msg = f"the {stage.title} gate did not pass ({gate.reason})."
         if not gate.overridable:
             return msg, f"Run the {name} stage again (hexstudio run --resume {self.m.run_id} --only {name})."
-        return msg, (f"Fix what the {name} stage reported and run it again, or continue anyway with "
-                     f"`hexstudio run --resume {self.m.run_id} --override-gate {name}` "
-                     f"(the override is recorded in the run and shown in its report).")
+        return msg, (
+            f"Fix what the {name} stage reported and run it again, or continue anyway with "
+            f"`hexstudio run --resume {self.m.run_id} --override-gate {name}` "
+            f"(the override is recorded in the run and shown in its report)."
+        )
 
     def _override_record(self, name: str) -> dict[str, Any] | None:
         for ev in reversed(self.m.data.get("events", [])):
@@ -303,7 +362,7 @@ class Pipeline:
         self.m.settings["override_gates"] = overrides
         self.m.add_event("gate_override", reason, stage=name, by=_login_name())
         gate = self.m.stage(name).data.get("gate")
-        if isinstance(gate, dict):   # the stored gate says so too, not only after the next run
+        if isinstance(gate, dict):  # the stored gate says so too, not only after the next run
             gate["override"] = self._override_record(name)
         self.m.save()
 
@@ -331,30 +390,58 @@ class Pipeline:
         shutil.rmtree(partial, ignore_errors=True)  # never resume from half-written output
         partial.mkdir(parents=True)
         st = m.stage(stage.name).data
-        st.update({"metrics": {}, "warnings": [], "summary": None, "gate": None,
-                   "peak_rss_bytes": None, "peak_vram_bytes": None})
+        st.update(
+            {
+                "metrics": {},
+                "warnings": [],
+                "summary": None,
+                "gate": None,
+                "peak_rss_bytes": None,
+                "peak_vram_bytes": None,
+            }
+        )
         m.mark_running(stage.name)
         self._notify_stage(stage.name, "running")
-        jobs_log.info("run %s: %s stage started (attempt %s, %s)", m.run_id, stage.name, st.get("attempts"),
-                 f"worker {stage.worker}" if stage.worker else f"action {stage.action}")
+        jobs_log.info(
+            "run %s: %s stage started (attempt %s, %s)",
+            m.run_id,
+            stage.name,
+            st.get("attempts"),
+            f"worker {stage.worker}" if stage.worker else f"action {stage.action}",
+        )
         kinds: dict[str, dict[str, Any]] = {}
 
         def handle(ev: dict[str, Any]) -> None:
             t = ev.get("type")
             if t == "metric":
                 # the emitter leaves out a None field: a metric without a value was not measured
-                st["metrics"][ev["name"]] = {"value": ev.get("value"), "unit": ev.get("unit"),
-                                             "scope": ev.get("scope")}
-                if ev.get("scope") == "job":  # a remote job's id: on disk at once, so even a killed studio keeps it
+                st["metrics"][ev["name"]] = {
+                    "value": ev.get("value"),
+                    "unit": ev.get("unit"),
+                    "scope": ev.get("scope"),
+                }
+                if (
+                    ev.get("scope") == "job"
+                ):  # a remote job's id: on disk at once, so even a killed studio keeps it
                     m.save()
-                    jobs_log.info("run %s: %s: %s = %s", m.run_id, stage.name, ev["name"], ev.get("value"))  # AI Hub job
+                    jobs_log.info(
+                        "run %s: %s: %s = %s", m.run_id, stage.name, ev["name"], ev.get("value")
+                    )  # AI Hub job
             elif t == "artifact":
                 kinds[ev["path"]] = {"kind": ev.get("kind"), "role": ev.get("role")}
             elif t == "warning":
                 st["warnings"].append({k: ev.get(k) for k in ("message", "hint", "code")})
-                jobs_log.warning("run %s: %s: warning %s: %s", m.run_id, stage.name, ev.get("code") or "-", ev.get("message"))
+                jobs_log.warning(
+                    "run %s: %s: warning %s: %s",
+                    m.run_id,
+                    stage.name,
+                    ev.get("code") or "-",
+                    ev.get("message"),
+                )
             elif t == "error":
-                jobs_log.warning("run %s: %s: error %s: %s", m.run_id, stage.name, ev.get("code"), ev.get("message"))
+                jobs_log.warning(
+                    "run %s: %s: error %s: %s", m.run_id, stage.name, ev.get("code"), ev.get("message")
+                )
             elif t == "log":
                 jobs_log.debug("run %s: %s: %s", m.run_id, stage.name, ev.get("message"))
             if self.on_event is not None:
@@ -395,54 +482,90 @@ class Pipeline:
             shutil.rmtree(old, ignore_errors=True)
             st["artifacts"] = hash_tree(final, kinds)
             st["input_hash"] = input_hash(m, stage)
-            st["output_digest"] = (summary_digest(result.summary, st["input_hash"])
-                                   if stage.digest_from_summary and result.summary else output_digest(st["artifacts"]))
+            st["output_digest"] = (
+                summary_digest(result.summary, st["input_hash"])
+                if stage.digest_from_summary and result.summary
+                else output_digest(st["artifacts"])
+            )
             st["state"] = "done"
         else:
             shutil.rmtree(partial, ignore_errors=True)
             st["state"] = {"cancelled": "cancelled", "killed": "interrupted", "oom": "failed"}.get(
-                result.kind, "failed")
+                result.kind, "failed"
+            )
             st["input_hash"] = None
         m.save()
-        jobs_log.log(logging.INFO if result.ok else logging.WARNING,
-                "run %s: %s stage ended: %s (code %s, exit %s) in %.1f s%s: %s", m.run_id, stage.name, result.kind,
-                result.code or "-", result.exit_code, result.duration_s,
-                f", peak RSS {human_bytes(result.peak_rss_bytes)}" if result.peak_rss_bytes else "", result.message)
+        jobs_log.log(
+            logging.INFO if result.ok else logging.WARNING,
+            "run %s: %s stage ended: %s (code %s, exit %s) in %.1f s%s: %s",
+            m.run_id,
+            stage.name,
+            result.kind,
+            result.code or "-",
+            result.exit_code,
+            result.duration_s,
+            f", peak RSS {human_bytes(result.peak_rss_bytes)}" if result.peak_rss_bytes else "",
+            result.message,
+        )
         self._notify_stage(stage.name, st["state"])
         return result
 
     def _spec(self, stage: Stage, partial: Path) -> Path:
         spec = {
-            "schema": SPEC_SCHEMA, "stage": stage.name, "run_dir": str(self.m.run_dir),
-            "out_dir": str(partial), "upstream": {k: str(v) for k, v in self._upstream(stage).items()},
-            "settings": self.m.settings, "inputs": {"model": self.m.inputs.get("model"),
-                                                    "board": self.m.inputs.get("board")},
+            "schema": SPEC_SCHEMA,
+            "stage": stage.name,
+            "run_dir": str(self.m.run_dir),
+            "out_dir": str(partial),
+            "upstream": {k: str(v) for k, v in self._upstream(stage).items()},
+            "settings": self.m.settings,
+            "inputs": {"model": self.m.inputs.get("model"), "board": self.m.inputs.get("board")},
         }
         path = self.m.run_dir / "specs" / f"{stage.name}.json"
         write_json_atomic(path, spec)
         return path
 
-    async def _run_worker(self, stage: Stage, partial: Path, handle: EventHandler, sample: SampleHandler,
-                          log_path: Path) -> JobResult:
+    async def _run_worker(
+        self, stage: Stage, partial: Path, handle: EventHandler, sample: SampleHandler, log_path: Path
+    ) -> JobResult:
         assert stage.worker is not None
         if importlib.util.find_spec(stage.worker) is None:
             return _not_implemented(stage)
         spec_path = self._spec(stage, partial)
-        if remote_host_for(self.m, stage) is not None:  # the run's worker_host: heavy stages run there over SSH
+        if (
+            remote_host_for(self.m, stage) is not None
+        ):  # the run's worker_host: heavy stages run there over SSH
             job: LocalJob | RemoteStageJob = await start_worker_job(
-                self.runner, self.m, stage, spec_path, on_event=handle, on_sample=sample, log_path=log_path,
-                what=f"The {stage.title} stage")
+                self.runner,
+                self.m,
+                stage,
+                spec_path,
+                on_event=handle,
+                on_sample=sample,
+                log_path=log_path,
+                what=f"The {stage.title} stage",
+            )
         else:
             env = {**worker_env(), WORKER_RUN_ENV: f"{self.m.run_id}/{stage.name}"}
-            job = await self.runner.start_local(stage.worker, spec_path, on_event=handle, on_sample=sample,
-                                                log_path=log_path, what=f"The {stage.title} stage",
-                                                env=env, memory_need=self._memory_need(stage))
+            job = await self.runner.start_local(
+                stage.worker,
+                spec_path,
+                on_event=handle,
+                on_sample=sample,
+                log_path=log_path,
+                what=f"The {stage.title} stage",
+                env=env,
+                memory_need=self._memory_need(stage),
+            )
         self.current_job = job
         if isinstance(job, LocalJob) and job.proc is not None:
             # where the worker runs, so a resume after a crash finds it if it is somehow still alive
             self.m.stage(stage.name).data["worker"] = {
-                "pid": job.proc.pid, "pgid": job.pgid, "host": socket.gethostname(), "boot_id": boot_id(),
-                "started": now_iso()}
+                "pid": job.proc.pid,
+                "pgid": job.pgid,
+                "host": socket.gethostname(),
+                "boot_id": boot_id(),
+                "started": now_iso(),
+            }
             self.m.save()
         try:
             if self.cancel_event.is_set():
@@ -461,7 +584,9 @@ class Pipeline:
         value = est.get(f"{stage.name}_peak_rss_bytes")
         return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
-    async def _run_action(self, stage: Stage, partial: Path, handle: EventHandler, log_path: Path) -> JobResult:
+    async def _run_action(
+        self, stage: Stage, partial: Path, handle: EventHandler, log_path: Path
+    ) -> JobResult:
         assert stage.action is not None
         mod_name, func_name = stage.action.split(":")
         t0 = time.monotonic()
@@ -469,13 +594,20 @@ class Pipeline:
             if importlib.util.find_spec(mod_name) is None:
                 return _not_implemented(stage)
             fn: StageAction = getattr(importlib.import_module(mod_name), func_name)
-        except (ImportError, AttributeError) as exc:   # the module is there but broken: say what failed
-            jobs_log.exception("run %s: the %s stage's action %s cannot be loaded", self.m.run_id, stage.name,
-                          stage.action)
-            return JobResult("failed", None, None, f"The {stage.title} stage could not start: {type(exc).__name__}: "
-                             f"{exc}", hint="This HexStudio installation is incomplete or broken (a missing "
-                             "package?); the studio log has the traceback.", code="import_failed",
-                             duration_s=time.monotonic() - t0)
+        except (ImportError, AttributeError) as exc:  # the module is there but broken: say what failed
+            jobs_log.exception(
+                "run %s: the %s stage's action %s cannot be loaded", self.m.run_id, stage.name, stage.action
+            )
+            return JobResult(
+                "failed",
+                None,
+                None,
+                f"The {stage.title} stage could not start: {type(exc).__name__}: {exc}",
+                hint="This HexStudio installation is incomplete or broken (a missing "
+                "package?); the studio log has the traceback.",
+                code="import_failed",
+                duration_s=time.monotonic() - t0,
+            )
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as log:
 
@@ -486,23 +618,44 @@ class Pipeline:
             ctx = StageContext(self.m, stage, partial, self._upstream(stage), emit, self.cancel_event)
             try:
                 summary = await fn(ctx)
-            except ActionableError as exc:   # StageError, or a board/session/bundle error that says what to do
+            except ActionableError as exc:  # StageError, or a board/session/bundle error that says what to do
                 if not isinstance(exc, StageError):
                     jobs_log.warning("run %s: %s: %s", self.m.run_id, stage.name, exc.code, exc_info=True)
                 ctx.emitter.error(exc.code, exc.message, exc.hint)
-                return JobResult("failed", None, None, exc.message, hint=exc.hint, code=exc.code,
-                                 duration_s=time.monotonic() - t0)
+                return JobResult(
+                    "failed",
+                    None,
+                    None,
+                    exc.message,
+                    hint=exc.hint,
+                    code=exc.code,
+                    duration_s=time.monotonic() - t0,
+                )
             except asyncio.CancelledError:
                 if not self.cancel_event.is_set():
                     raise
-                return JobResult("cancelled", None, None, f"The {stage.title} stage was cancelled.",
-                                 code="cancelled", duration_s=time.monotonic() - t0)
+                return JobResult(
+                    "cancelled",
+                    None,
+                    None,
+                    f"The {stage.title} stage was cancelled.",
+                    code="cancelled",
+                    duration_s=time.monotonic() - t0,
+                )
             ctx.emitter.done(True, summary or {})
-        return JobResult("ok", 0, None, f"The {stage.title} stage finished.", summary=summary or {},
-                         duration_s=time.monotonic() - t0)
+        return JobResult(
+            "ok",
+            0,
+            None,
+            f"The {stage.title} stage finished.",
+            summary=summary or {},
+            duration_s=time.monotonic() - t0,
+        )
 
 
-WORKER_RUN_ENV = "HEXSTUDIO_WORKER_RUN"   # "<run id>/<stage>" in a local worker's environment (and its children's)
+WORKER_RUN_ENV = (
+    "HEXSTUDIO_WORKER_RUN"  # "<run id>/<stage>" in a local worker's environment (and its children's)
+)
 
 
 def _run_processes(pgid: int, tag: str) -> list[psutil.Process]:
@@ -543,7 +696,7 @@ def stop_stale_workers(m: RunManifest, term_s: float = 3.0) -> list[str]:
         changed = True
         st["worker"] = None
         if w.get("boot_id") != boot_id() or w.get("host") != socket.gethostname():
-            continue   # another boot or machine: that process is gone
+            continue  # another boot or machine: that process is gone
         try:
             pgid = int(w.get("pgid") or w.get("pid") or 0)
         except (TypeError, ValueError):
@@ -561,8 +714,12 @@ def stop_stale_workers(m: RunManifest, term_s: float = 3.0) -> list[str]:
             if not procs:
                 break
         stopped.append(name)
-        m.add_event("stale_worker_stopped", f"stopped the {name} worker (pid {w.get('pid')}) that an earlier "
-                                            "studio left running, before starting again", stage=name)
+        m.add_event(
+            "stale_worker_stopped",
+            f"stopped the {name} worker (pid {w.get('pid')}) that an earlier "
+            "studio left running, before starting again",
+            stage=name,
+        )
     if changed:
         m.save()
     return stopped
@@ -584,18 +741,22 @@ def worker_env() -> dict[str, str]:
             value = secrets.get_secret(name)
         except secrets.SecretStoreError:
             value = None
-        if value:   # the keyring's wins over the environment (services.aihub_token.TOKEN_ORDER)
+        if value:  # the keyring's wins over the environment (services.aihub_token.TOKEN_ORDER)
             env[var] = value
     return env
 
 
 def _not_implemented(stage: Stage) -> JobResult:
-    return JobResult("not_implemented", None, None, f"The {stage.title} stage is not implemented yet.",
-                     hint="This HexStudio build cannot run this stage yet; earlier stages' results are kept.",
-                     code="not_implemented")
+    return JobResult(
+        "not_implemented",
+        None,
+        None,
+        f"The {stage.title} stage is not implemented yet.",
+        hint="This HexStudio build cannot run this stage yet; earlier stages' results are kept.",
+        code="not_implemented",
+    )
 
 
 def describe_result(r: JobResult) -> str:
     peak = f", peak RSS {human_bytes(r.peak_rss_bytes)}" if r.peak_rss_bytes else ""
     return f"{r.kind}: {r.message}{peak}"
-

@@ -44,10 +44,16 @@ class RunBusy(ActionableError):
         self.run_id = run_id
         self.pid = pid
         who = f"PID {pid}" if pid else "another process"
-        super().__init__(f"Run {run_id} is being run by {who} on this machine.",
-                         (f"Wait for it to finish, or cancel it (Cancel in the studio, Ctrl+C in its terminal, or "
-                          f"`kill -INT {pid}`)" if pid else "Wait for it to finish, or cancel it")
-                         + ", then resume. Starting it twice would delete the running stage's output.")
+        super().__init__(
+            f"Run {run_id} is being run by {who} on this machine.",
+            (
+                f"Wait for it to finish, or cancel it (Cancel in the studio, Ctrl+C in its terminal, or "
+                f"`kill -INT {pid}`)"
+                if pid
+                else "Wait for it to finish, or cancel it"
+            )
+            + ", then resume. Starting it twice would delete the running stage's output.",
+        )
 
     def __str__(self) -> str:
         return f"{self.message} {self.hint}"
@@ -130,8 +136,15 @@ class RunSummary:
     states: dict[str, str]
 
     def as_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "path": str(self.path), "model": self.model, "board": self.board,
-                "created": self.created, "updated": self.updated, "states": self.states}
+        return {
+            "run_id": self.run_id,
+            "path": str(self.path),
+            "model": self.model,
+            "board": self.board,
+            "created": self.created,
+            "updated": self.updated,
+            "states": self.states,
+        }
 
 
 class Workspace:
@@ -147,11 +160,12 @@ class Workspace:
             raise RunNotFound(f"'{run_id}' is not a valid run id.")
         return self.runs_dir / run_id
 
-    def create_run(self, model: str, board: str, settings: dict[str, Any] | None = None,
-                   include_host: bool = True) -> RunManifest:
+    def create_run(
+        self, model: str, board: str, settings: dict[str, Any] | None = None, include_host: bool = True
+    ) -> RunManifest:
         merged = dict(DEFAULT_RUN_SETTINGS)
         merged.update(settings or {})
-        check_run_settings(merged)   # SettingsError: wrong type or out of range, before any folder is made
+        check_run_settings(merged)  # SettingsError: wrong type or out of range, before any folder is made
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(model)}-{_secrets.token_hex(2)}"
         run_dir = self.runs_dir / run_id
         # Build the run in a hidden temp folder, then rename: never a half-made run.
@@ -159,20 +173,30 @@ class Workspace:
         try:
             (tmp / "logs").mkdir(parents=True)
             (tmp / "artifacts").mkdir()
-            m = RunManifest.new(tmp, run_id, {"model": model, "board": board, "settings": merged},
-                                collect_environment(include_host), package_versions())
+            m = RunManifest.new(
+                tmp,
+                run_id,
+                {"model": model, "board": board, "settings": merged},
+                collect_environment(include_host),
+                package_versions(),
+            )
             m.save()
             tmp.rename(run_dir)
         except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)   # nothing half-made is left behind
-            why = {errno.ENOSPC: "its disk is full", errno.EDQUOT: "its disk quota is used up",
-                   errno.EROFS: "it is on a read-only file system", errno.EACCES: "it is not writable by you",
-                   errno.EPERM: "it is not writable by you", errno.ENOTDIR: "a part of its path is a file, not a folder",
-                   }.get(exc.errno or 0, exc.strerror or str(exc))
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-made is left behind
+            why = {
+                errno.ENOSPC: "its disk is full",
+                errno.EDQUOT: "its disk quota is used up",
+                errno.EROFS: "it is on a read-only file system",
+                errno.EACCES: "it is not writable by you",
+                errno.EPERM: "it is not writable by you",
+                errno.ENOTDIR: "a part of its path is a file, not a folder",
+            }.get(exc.errno or 0, exc.strerror or str(exc))
             raise WorkspaceError(
                 f"Cannot make a run in the workspace {self.root}: {why} ({exc.strerror}: {exc.filename}).",
                 "Free disk space there, or choose another workspace (--workspace DIR, $HEXSTUDIO_WORKSPACE or "
-                "the studio's settings); keep it inside the WSL file system, not under /mnt/c.") from None
+                "the studio's settings); keep it inside the WSL file system, not under /mnt/c.",
+            ) from None
         return RunManifest.load(run_dir)
 
     def open_run(self, run_id: str) -> RunManifest:
@@ -194,12 +218,17 @@ class Workspace:
                 data = json.loads((d / "run.json").read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError):
                 continue
-            out.append(RunSummary(
-                run_id=data.get("run_id", d.name), path=d,
-                model=data.get("inputs", {}).get("model", "?"), board=data.get("inputs", {}).get("board", "?"),
-                created=data.get("created", ""), updated=data.get("updated", ""),
-                states={k: v.get("state", "?") for k, v in data.get("stages", {}).items()},
-            ))
+            out.append(
+                RunSummary(
+                    run_id=data.get("run_id", d.name),
+                    path=d,
+                    model=data.get("inputs", {}).get("model", "?"),
+                    board=data.get("inputs", {}).get("board", "?"),
+                    created=data.get("created", ""),
+                    updated=data.get("updated", ""),
+                    states={k: v.get("state", "?") for k, v in data.get("stages", {}).items()},
+                )
+            )
         return out
 
     def delete_run(self, run_id: str) -> None:
@@ -222,4 +251,13 @@ def artifacts_dir(manifest: RunManifest, stage: str) -> Path:
     return manifest.run_dir / "artifacts" / stage
 
 
-__all__ = ["ManifestError", "RunBusy", "RunLock", "RunNotFound", "RunSummary", "Workspace", "artifacts_dir", "stage_log_path"]
+__all__ = [
+    "ManifestError",
+    "RunBusy",
+    "RunLock",
+    "RunNotFound",
+    "RunSummary",
+    "Workspace",
+    "artifacts_dir",
+    "stage_log_path",
+]

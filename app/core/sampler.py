@@ -20,7 +20,12 @@ class ResourceSample:
     processes: int
 
     def as_json(self) -> dict[str, Any]:
-        return {"t": round(self.t, 3), "rss": self.rss_bytes, "vram": self.vram_bytes, "procs": self.processes}
+        return {
+            "t": round(self.t, 3),
+            "rss": self.rss_bytes,
+            "vram": self.vram_bytes,
+            "procs": self.processes,
+        }
 
 
 class _Nvml:
@@ -146,8 +151,9 @@ class TreeSampler:
         return s
 
 
-async def sample_periodically(sampler: TreeSampler, hz: float,
-                              on_sample: Callable[[ResourceSample], None] | None = None) -> None:
+async def sample_periodically(
+    sampler: TreeSampler, hz: float, on_sample: Callable[[ResourceSample], None] | None = None
+) -> None:
     """Run until cancelled; sample at `hz` (4 Hz or more for the job dock)."""
     period = 1.0 / hz
     next_t = time.monotonic()

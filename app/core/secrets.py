@@ -35,7 +35,7 @@ class SecretStoreError(ActionableError):
     pass
 
 
-_SEEN: set[str] = set()   # every secret value this process read or stored: the studio log never shows them
+_SEEN: set[str] = set()  # every secret value this process read or stored: the studio log never shows them
 
 
 def remember_secret(value: str | None) -> None:
@@ -53,8 +53,10 @@ def get_secret(name: str) -> str | None:
     try:
         value = keyring.get_password(SERVICE, name)
     except keyring.errors.KeyringError as exc:
-        raise SecretStoreError(f"The keyring could not be read ({exc}). On WSL without a desktop keyring, "
-                               "install `keyrings.alt` or set PYTHON_KEYRING_BACKEND.") from None
+        raise SecretStoreError(
+            f"The keyring could not be read ({exc}). On WSL without a desktop keyring, "
+            "install `keyrings.alt` or set PYTHON_KEYRING_BACKEND."
+        ) from None
     remember_secret(value)
     return value
 
@@ -92,16 +94,25 @@ def known_secret_values(names: list[str] | None = None) -> list[str]:
 # How each keyring backend keeps what it stores: True encrypted at rest, False plain text on disk, None nothing
 # kept (or unknown). By class name (module.Class) as keyring reports it.
 _BACKENDS: dict[str, tuple[bool | None, str]] = {
-    "keyring.backends.SecretService.Keyring": (True, "the desktop's Secret Service (GNOME Keyring, KWallet ...), "
-                                                     "encrypted with your login"),
-    "keyring.backends.libsecret.Keyring": (True, "libsecret (the desktop's Secret Service), encrypted with your "
-                                                 "login"),
+    "keyring.backends.SecretService.Keyring": (
+        True,
+        "the desktop's Secret Service (GNOME Keyring, KWallet ...), encrypted with your login",
+    ),
+    "keyring.backends.libsecret.Keyring": (
+        True,
+        "libsecret (the desktop's Secret Service), encrypted with your login",
+    ),
     "keyring.backends.kwallet.DBusKeyring": (True, "KWallet, encrypted"),
     "keyring.backends.macOS.Keyring": (True, "the macOS Keychain, encrypted"),
-    "keyring.backends.Windows.WinVaultKeyring": (True, "the Windows Credential Manager, encrypted for your user"),
+    "keyring.backends.Windows.WinVaultKeyring": (
+        True,
+        "the Windows Credential Manager, encrypted for your user",
+    ),
     "keyrings.alt.file.EncryptedKeyring": (True, "keyrings.alt's file, encrypted with a password you chose"),
-    "keyrings.alt.file.PlaintextKeyring": (False, "keyrings.alt's PLAIN-TEXT file: anyone who can read your home "
-                                                  "folder can read the secrets"),
+    "keyrings.alt.file.PlaintextKeyring": (
+        False,
+        "keyrings.alt's PLAIN-TEXT file: anyone who can read your home folder can read the secrets",
+    ),
     "keyrings.alt.Windows.RegistryKeyring": (True, "the Windows registry, encrypted for your user (DPAPI)"),
     "keyring.backends.null.Keyring": (None, "the null keyring: nothing is stored"),
     "keyring.backends.fail.Keyring": (None, "no keyring is available: nothing can be stored"),
@@ -114,24 +125,36 @@ def backend_info() -> dict[str, object]:
     backend is reported by the backend that writes (the first, by priority)."""
     try:
         kr = keyring.get_keyring()
-    except Exception as exc:   # a broken keyring configuration
-        return {"name": None, "encrypted": None, "what": f"the keyring cannot be loaded ({exc})",
-                "warning": "No keyring: secrets cannot be stored. Install a desktop keyring or keyrings.alt."}
+    except Exception as exc:  # a broken keyring configuration
+        return {
+            "name": None,
+            "encrypted": None,
+            "what": f"the keyring cannot be loaded ({exc})",
+            "warning": "No keyring: secrets cannot be stored. Install a desktop keyring or keyrings.alt.",
+        }
     inner = list(getattr(kr, "backends", None) or [kr])
     b = inner[0] if inner else kr
     name = f"{type(b).__module__}.{type(b).__qualname__}"
-    encrypted, what = _BACKENDS.get(name, (None, "a keyring backend HexStudio does not know (whether it "
-                                                 "encrypts is not known)"))
+    encrypted, what = _BACKENDS.get(
+        name, (None, "a keyring backend HexStudio does not know (whether it encrypts is not known)")
+    )
     warning = None
     if encrypted is False:
         path = getattr(b, "file_path", None)
-        warning = (f"Secrets are stored in PLAIN TEXT{f' in {path}' if path else ''} ({name}). Use an encrypting "
-                   "keyring: a desktop Secret Service, or `keyrings.alt.file.EncryptedKeyring` "
-                   "(PYTHON_KEYRING_BACKEND=keyrings.alt.file.EncryptedKeyring).")
+        warning = (
+            f"Secrets are stored in PLAIN TEXT{f' in {path}' if path else ''} ({name}). Use an encrypting "
+            "keyring: a desktop Secret Service, or `keyrings.alt.file.EncryptedKeyring` "
+            "(PYTHON_KEYRING_BACKEND=keyrings.alt.file.EncryptedKeyring)."
+        )
     elif encrypted is None and name.endswith((".null.Keyring", ".fail.Keyring")):
         warning = f"No secret can be kept ({what}): logins must be given again each time."
-    return {"name": name, "encrypted": encrypted, "what": what, "warning": warning,
-            "path": str(getattr(b, "file_path", "") or "") or None}
+    return {
+        "name": name,
+        "encrypted": encrypted,
+        "what": what,
+        "warning": warning,
+        "path": str(getattr(b, "file_path", "") or "") or None,
+    }
 
 
 def stored_where(info: dict[str, object] | None = None) -> str:
@@ -141,8 +164,10 @@ def stored_where(info: dict[str, object] | None = None) -> str:
     name = str(kb.get("name") or "no keyring")
     if kb.get("encrypted") is False:
         at = f" at {kb['path']}" if kb.get("path") else ""
-        return (f"in a PLAIN-TEXT file{at} ({name}), not encrypted — for an encrypted "
-                "one use a desktop Secret Service or PYTHON_KEYRING_BACKEND=keyrings.alt.file.EncryptedKeyring")
+        return (
+            f"in a PLAIN-TEXT file{at} ({name}), not encrypted — for an encrypted "
+            "one use a desktop Secret Service or PYTHON_KEYRING_BACKEND=keyrings.alt.file.EncryptedKeyring"
+        )
     if kb.get("encrypted") is True:
         return f"in the keyring: {kb.get('what')} ({name})"
     return f"in the keyring backend {name} ({kb.get('what')})"

@@ -47,26 +47,30 @@ def check_run_settings(values: dict[str, Any]) -> None:
 def form_fields(page: str) -> tuple[run_settings.FormField, ...]:
     """The run-setting fields the studio's stage page `page` shows (Qt-free; from the registry). A "device"
     field gets the devices HexStudio knows offline as its choices (AI Hub's live list replaces them)."""
-    return tuple(dataclasses.replace(f, choices=tuple(KNOWN_DEVICES)) if f.widget == "device" else f
-                 for f in run_settings.form_fields(page))
+    return tuple(
+        dataclasses.replace(f, choices=tuple(KNOWN_DEVICES)) if f.widget == "device" else f
+        for f in run_settings.form_fields(page)
+    )
 
 
 def settings_fields(page: str) -> tuple[tuple[str, str, Any], ...]:
     """form_fields as the stage pages' (key, label, kind) rows: kind "int" | "bool" | "text" | a list of
     choices (app.ui.pages.base.SettingSpec)."""
     kinds = {"spin": "int", "check": "bool", "line": "text"}
-    return tuple((f.key, f.label, list(f.choices or ()) if f.widget in ("choice", "device") else kinds[f.widget])
-                 for f in form_fields(page))
+    return tuple(
+        (f.key, f.label, list(f.choices or ()) if f.widget in ("choice", "device") else kinds[f.widget])
+        for f in form_fields(page)
+    )
 
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "settings_version": SETTINGS_VERSION,
-    "workspace": None,            # None: app.core.paths.default_workspace()
-    "boards": {},                 # name -> {host, port, user, auth, key_path, ssh_alias, qairt_home}
+    "workspace": None,  # None: app.core.paths.default_workspace()
+    "boards": {},  # name -> {host, port, user, auth, key_path, ssh_alias, qairt_home}
     "default_board": "sim",
-    "worker_hosts": {},           # name -> {host, port, user, auth, key_path, python, root} (app.core.remote)
+    "worker_hosts": {},  # name -> {host, port, user, auth, key_path, python, root} (app.core.remote)
     "aihub": {"api_url": "https://app.aihub.qualcomm.com", "web_url": "https://app.aihub.qualcomm.com"},
-    "run_defaults": {},           # overrides of DEFAULT_RUN_SETTINGS
+    "run_defaults": {},  # overrides of DEFAULT_RUN_SETTINGS
     "include_host_in_reports": False,
 }
 
@@ -111,15 +115,23 @@ def check_settings_shape(raw: Any, path: Path) -> None:
     if isinstance(v, bool) or not isinstance(v, int):
         raise SettingsError(f"{path}: settings_version is {v!r}, not a whole number.", fix)
     for key in _OBJECT_SECTIONS:
-        if key in raw and raw[key] is not None and not isinstance(raw[key], dict) and \
-                not (key == "boards" and isinstance(raw[key], list) and v == 0):   # v0 kept boards as a list
-            raise SettingsError(f"{path}: \"{key}\" is {type(raw[key]).__name__} {raw[key]!r:.40}, not an object.",
-                                fix)
+        if (
+            key in raw
+            and raw[key] is not None
+            and not isinstance(raw[key], dict)
+            and not (key == "boards" and isinstance(raw[key], list) and v == 0)
+        ):  # v0 kept boards as a list
+            raise SettingsError(
+                f'{path}: "{key}" is {type(raw[key]).__name__} {raw[key]!r:.40}, not an object.', fix
+            )
     for key in ("boards", "worker_hosts"):
         for name, entry in (raw.get(key) or {}).items() if isinstance(raw.get(key), dict) else ():
             if not isinstance(entry, dict):
-                raise SettingsError(f"{path}: the {key[:-1].replace('_', ' ')} {name!r} is {entry!r:.40}, not an "
-                                    "object {host, port, user, auth, ...}.", fix)
+                raise SettingsError(
+                    f"{path}: the {key[:-1].replace('_', ' ')} {name!r} is {entry!r:.40}, not an "
+                    "object {host, port, user, auth, ...}.",
+                    fix,
+                )
 
 
 BOARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -129,11 +141,15 @@ def check_board_name(name: object) -> str:
     """A board's name as HexStudio uses it (settings, keyring entries, file names, the CLI): 1-64 letters,
     digits, '.', '_' or '-', starting with a letter or digit; not "sim" (the simulator board)."""
     if not isinstance(name, str) or not BOARD_NAME.match(name):
-        raise SettingsError(f"The board name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
-                            "starting with a letter or digit (e.g. evk-lab2).",
-                            "Pick another name for the board.")
+        raise SettingsError(
+            f"The board name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (e.g. evk-lab2).",
+            "Pick another name for the board.",
+        )
     if name == "sim":
-        raise SettingsError("The board name 'sim' is the simulator board's.", "Pick another name for the board.")
+        raise SettingsError(
+            "The board name 'sim' is the simulator board's.", "Pick another name for the board."
+        )
     return name
 
 
@@ -141,8 +157,10 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     d = copy.deepcopy(data)
     version = int(d.get("settings_version", 0))
     if version > SETTINGS_VERSION:
-        raise SettingsError(f"settings were written by a newer HexStudio (version {version}, this one reads "
-                            f"up to {SETTINGS_VERSION}). Upgrade HexStudio or move the file away.")
+        raise SettingsError(
+            f"settings were written by a newer HexStudio (version {version}, this one reads "
+            f"up to {SETTINGS_VERSION}). Upgrade HexStudio or move the file away."
+        )
     while version < SETTINGS_VERSION:
         d = MIGRATIONS[version](d)
         version = int(d["settings_version"])
@@ -163,9 +181,11 @@ class Settings:
             return s
         try:
             raw = json.loads(s.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:   # ValueError: not JSON, or not UTF-8
-            raise SettingsError(f"{s.path} cannot be read ({exc}). Fix or delete it; HexStudio will "
-                                "recreate it with defaults.") from None
+        except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
+            raise SettingsError(
+                f"{s.path} cannot be read ({exc}). Fix or delete it; HexStudio will "
+                "recreate it with defaults."
+            ) from None
         check_settings_shape(raw, s.path)
         old = int(raw.get("settings_version", 0))
         s.data = migrate(raw)

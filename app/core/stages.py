@@ -48,8 +48,11 @@ def _verdict_board(m: RunView) -> GateResult:
     if st.metric_value("bundle_verified") is False:
         return GateResult(False, "the bundle on the board was not checked file by file (sha256 on the board)")
     resent = int(st.metric_value("push_resent_files", 0) or 0)
-    return GateResult(True, "the doctor passes and every bundle file on the board has the local sha256"
-                      + (f" ({resent} file(s) found wrong were sent again)" if resent else ""))
+    return GateResult(
+        True,
+        "the doctor passes and every bundle file on the board has the local sha256"
+        + (f" ({resent} file(s) found wrong were sent again)" if resent else ""),
+    )
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,9 @@ def _verdict_preflight(m: RunView) -> GateResult:
     st = m.stage("preflight")
     failed = int(st.metric_value("checks_failed", 0) or 0)
     if failed:
-        return GateResult(False, f"{failed} preflight check(s) failed: fix them or override", overridable=True)
+        return GateResult(
+            False, f"{failed} preflight check(s) failed: fix them or override", overridable=True
+        )
     return GateResult(True, "no failing checks")
 
 
@@ -76,23 +81,36 @@ def _verdict_validate(m: RunView) -> GateResult:
     verdict = st.metric_value("verdict")
     if verdict == "pass":
         return GateResult(True, "both deployment graphs pass every threshold")
-    return GateResult(False, f"validation verdict is {verdict!r}: the quantized deployment pair "
-                             "does not match the float model closely enough", overridable=True)
+    return GateResult(
+        False,
+        f"validation verdict is {verdict!r}: the quantized deployment pair "
+        "does not match the float model closely enough",
+        overridable=True,
+    )
 
 
 def _verdict_evaluate(m: RunView) -> GateResult:
     st = m.stage("evaluate")
     matched, total = st.metric_value("parity_matched"), st.metric_value("parity_total")
     ref = st.metric_value("parity_reference")
-    what = ("host HTP simulation's (Qualcomm's arithmetic: real Genie must match it token for token)"
-            if ref == "htp" else "host quantized simulation's")
+    what = (
+        "host HTP simulation's (Qualcomm's arithmetic: real Genie must match it token for token)"
+        if ref == "htp"
+        else "host quantized simulation's"
+    )
     if ref == "sim-agreement" and isinstance(total, int):
-        return GateResult(True, f"greedy parity {matched}/{total} against the onnxruntime simulation: an agreement "
-                                "figure (real Genie on the HTP simulator computes in HTP's arithmetic; the exact "
-                                "HTP leg could not run here)")
+        return GateResult(
+            True,
+            f"greedy parity {matched}/{total} against the onnxruntime simulation: an agreement "
+            "figure (real Genie on the HTP simulator computes in HTP's arithmetic; the exact "
+            "HTP leg could not run here)",
+        )
     if isinstance(matched, int) and isinstance(total, int) and matched != total:
-        return GateResult(False, f"greedy parity {matched}/{total}: the board's greedy continuation differs from the "
-                                 f"{what}", overridable=True)
+        return GateResult(
+            False,
+            f"greedy parity {matched}/{total}: the board's greedy continuation differs from the {what}",
+            overridable=True,
+        )
     parity = f"; greedy parity {matched}/{total}" if isinstance(total, int) else ""
     return GateResult(True, f"every suite scored on each leg{parity}")
 
@@ -106,7 +124,7 @@ class Stage:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     gate_text: str
-    verdict: Callable[[RunView], GateResult]   # the stage's own test, once it completed with its outputs
+    verdict: Callable[[RunView], GateResult]  # the stage's own test, once it completed with its outputs
     worker: str | None = None
     action: str | None = None
     version: int = 1
@@ -135,92 +153,120 @@ class Stage:
         written = {str(a.get("path")) for a in st.artifacts}
         missing = [o for o in self.outputs if f"artifacts/{self.name}/{o}" not in written]
         if missing:
-            return GateResult(False, f"{self.name} completed without writing {', '.join(missing)}: run the stage "
-                                     "again")
+            return GateResult(
+                False, f"{self.name} completed without writing {', '.join(missing)}: run the stage again"
+            )
         return self.verdict(m)
 
 
 STAGES: tuple[Stage, ...] = (
     Stage(
-        name="model", title="Model",
+        name="model",
+        title="Model",
         summary="Resolve the model (built-in, Hugging Face id or local folder) and inspect it.",
-        needs=(), inputs=("model", *read_by("model")),
+        needs=(),
+        inputs=("model", *read_by("model")),
         outputs=("model.json",),
         gate_text="The architecture is supported (dense Llama-family decoder) and its files are complete.",
-        verdict=_verdict_done, worker="workers.model",
+        verdict=_verdict_done,
+        worker="workers.model",
     ),
     Stage(
-        name="preflight", title="Preflight",
+        name="preflight",
+        title="Preflight",
         summary="Check memory, disk, GPU, WSL and packages against this model's needs.",
-        needs=("model",), inputs=(*read_by("preflight"), "workspace"),
+        needs=("model",),
+        inputs=(*read_by("preflight"), "workspace"),
         outputs=("preflight.json",),
         gate_text="No check fails (warnings are allowed).",
-        verdict=_verdict_preflight, worker="workers.preflight",
+        verdict=_verdict_preflight,
+        worker="workers.preflight",
     ),
     Stage(
-        name="quantize", title="Quantize",
+        name="quantize",
+        title="Quantize",
         summary="Export the prompt processor (AR-N) and token generator (AR-1) and quantize them W4A16 "
-                "with AIMET-ONNX, one part at a time.",
+        "with AIMET-ONNX, one part at a time.",
         needs=("model",),
         inputs=read_by("quantize"),
         outputs=("quantize.json",),
         gate_text="Encodings and ONNX exist for every part of both graphs.",
-        verdict=_verdict_done, worker="workers.quantize", heavy=True,
+        verdict=_verdict_done,
+        worker="workers.quantize",
+        heavy=True,
     ),
     Stage(
-        name="validate", title="Validate",
+        name="validate",
+        title="Validate",
         summary="Run the prompt processor then the token generator as the board will, float vs quantized: "
-                "top-1, KL, greedy agreement, perplexity, token-salad check.",
-        needs=("model", "quantize"), inputs=read_by("validate"),
+        "top-1, KL, greedy agreement, perplexity, token-salad check.",
+        needs=("model", "quantize"),
+        inputs=read_by("validate"),
         outputs=("validation.json",),
         gate_text="Every metric within its threshold (a failed gate can be overridden; the override is recorded).",
-        verdict=_verdict_validate, worker="workers.validate", heavy=True,
+        verdict=_verdict_validate,
+        worker="workers.validate",
+        heavy=True,
     ),
     Stage(
-        name="compile", title="Compile",
+        name="compile",
+        title="Compile",
         summary="Compile both graphs per part on Qualcomm AI Hub, link them with shared weights, "
-                "and write the Genie bundle (or the simulation bundle for the simulator board).",
+        "and write the Genie bundle (or the simulation bundle for the simulator board).",
         needs=("model", "quantize", "validate"),
         inputs=("board", *read_by("compile")),
         outputs=("bundle/genie_config.json", "bundle/bundle.json"),
         gate_text="A complete bundle with a sha256 for every file.",
-        verdict=_verdict_done, worker="workers.compile",
+        verdict=_verdict_done,
+        worker="workers.compile",
     ),
     Stage(
-        name="board", title="Board",
+        name="board",
+        title="Board",
         summary="Connect to the board, run the doctor, install QAIRT if needed and push the bundle.",
-        needs=("compile",), inputs=("board", *read_by("board")),
+        needs=("compile",),
+        inputs=("board", *read_by("board")),
         outputs=("board.json",),
         gate_text="The doctor passes and the bundle on the board matches the local one.",
-        verdict=_verdict_board, action="app.core.device.stage:run_board_stage", digest_from_summary=True,
+        verdict=_verdict_board,
+        action="app.core.device.stage:run_board_stage",
+        digest_from_summary=True,
         recheck="app.core.device.stage:board_still_in_place",
     ),
     Stage(
-        name="chat", title="Chat",
+        name="chat",
+        title="Chat",
         summary="Run Genie on the board: a deterministic benchmark prompt, then chat.",
-        needs=("board",), inputs=("board", *read_by("chat")),
+        needs=("board",),
+        inputs=("board", *read_by("chat")),
         outputs=("chat.json",),
         gate_text="A reply was generated and its profile parsed.",
-        verdict=_verdict_done, action="app.core.genie.stage:run_chat_stage",
+        verdict=_verdict_done,
+        action="app.core.genie.stage:run_chat_stage",
     ),
     Stage(
-        name="evaluate", title="Evaluate",
+        name="evaluate",
+        title="Evaluate",
         summary="Run evaluation suites (tool calling, instruction following, perplexity, greedy parity) on the "
-                "host float model, the host quantized simulation and the board, each score shown three ways.",
+        "host float model, the host quantized simulation and the board, each score shown three ways.",
         needs=("model", "quantize", "board"),
         inputs=("board", *read_by("evaluate")),
         outputs=("evaluate.json",),
         gate_text="Every suite scored on each leg; the board's greedy continuation matches the host quantized "
-                  "simulation token for token (N/N).",
-        verdict=_verdict_evaluate, action="app.core.eval.stage:run_evaluate_stage",
+        "simulation token for token (N/N).",
+        verdict=_verdict_evaluate,
+        action="app.core.eval.stage:run_evaluate_stage",
     ),
     Stage(
-        name="report", title="Report",
+        name="report",
+        title="Report",
         summary="Write the run report (HTML, PDF, JSON).",
-        needs=(), inputs=read_by("report"),
+        needs=(),
+        inputs=read_by("report"),
         outputs=("report.html", "report.json"),
         gate_text="The report is written.",
-        verdict=_verdict_done, action="app.core.reports.stage:run_report_stage",
+        verdict=_verdict_done,
+        action="app.core.reports.stage:run_report_stage",
     ),
 )
 

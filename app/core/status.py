@@ -20,28 +20,53 @@ from app.core.stages import STAGES, Stage, get_stage
 
 @dataclass(frozen=True)
 class StatusKind:
-    key: str        # one word in JSON
-    word: str       # what a person reads (sidebar tooltip, page, dashboard, report, CLI)
-    symbol: str     # one character: the CLI, the report and the studio's drawn icon show the same mark
-    color: str      # hex colour (studio, report)
-    explain: str    # a sentence for tooltips and the CLI's legend
+    key: str  # one word in JSON
+    word: str  # what a person reads (sidebar tooltip, page, dashboard, report, CLI)
+    symbol: str  # one character: the CLI, the report and the studio's drawn icon show the same mark
+    color: str  # hex colour (studio, report)
+    explain: str  # a sentence for tooltips and the CLI's legend
 
 
-KINDS: dict[str, StatusKind] = {k.key: k for k in (
-    StatusKind("pending", "not run yet", "○", "#8a8f98", "This stage has not run yet."),
-    StatusKind("running", "running", "◐", "#2f81f7", "This stage is working now."),
-    StatusKind("passed", "passed", "✓", "#2da44e", "The stage completed and passed its gate."),
-    StatusKind("gate_failed", "gate failed", "!", "#d1242f",
-               "The stage completed but its gate did not pass: later stages will not run unless it is overridden."),
-    StatusKind("overridden", "overridden", "⚑", "#bc4c00",
-               "The stage's gate did not pass; a person overrode it (recorded in the run)."),
-    StatusKind("failed", "failed", "✗", "#d1242f", "The stage stopped with an error."),
-    StatusKind("cancelled", "cancelled", "⊘", "#8a8f98", "You cancelled the stage; run it again when ready."),
-    StatusKind("interrupted", "interrupted", "↯", "#d1242f",
-               "The studio or the machine stopped while the stage ran (crash, kill or reboot): resume it."),
-    StatusKind("stale", "stale", "↻", "#bf8700",
-               "The stage completed, but its inputs changed since: it runs again on the next resume."),
-)}
+KINDS: dict[str, StatusKind] = {
+    k.key: k
+    for k in (
+        StatusKind("pending", "not run yet", "○", "#8a8f98", "This stage has not run yet."),
+        StatusKind("running", "running", "◐", "#2f81f7", "This stage is working now."),
+        StatusKind("passed", "passed", "✓", "#2da44e", "The stage completed and passed its gate."),
+        StatusKind(
+            "gate_failed",
+            "gate failed",
+            "!",
+            "#d1242f",
+            "The stage completed but its gate did not pass: later stages will not run unless it is overridden.",
+        ),
+        StatusKind(
+            "overridden",
+            "overridden",
+            "⚑",
+            "#bc4c00",
+            "The stage's gate did not pass; a person overrode it (recorded in the run).",
+        ),
+        StatusKind("failed", "failed", "✗", "#d1242f", "The stage stopped with an error."),
+        StatusKind(
+            "cancelled", "cancelled", "⊘", "#8a8f98", "You cancelled the stage; run it again when ready."
+        ),
+        StatusKind(
+            "interrupted",
+            "interrupted",
+            "↯",
+            "#d1242f",
+            "The studio or the machine stopped while the stage ran (crash, kill or reboot): resume it.",
+        ),
+        StatusKind(
+            "stale",
+            "stale",
+            "↻",
+            "#bf8700",
+            "The stage completed, but its inputs changed since: it runs again on the next resume.",
+        ),
+    )
+}
 
 # what a stage that ended in each status lets the run do next
 FINISHED_OK = ("passed", "overridden")
@@ -52,9 +77,9 @@ class StageStatus:
     stage: str
     title: str
     kind: StatusKind
-    detail: str                       # the gate's reason, the override, or the failure message
+    detail: str  # the gate's reason, the override, or the failure message
     gate_reason: str | None = None
-    override: dict[str, Any] | None = None   # {"by", "t", "reason"} when overridden
+    override: dict[str, Any] | None = None  # {"by", "t", "reason"} when overridden
     overridable: bool = False
 
     @property
@@ -78,8 +103,14 @@ class StageStatus:
         return f"{self.kind.symbol} {self.kind.word}"
 
     def as_json(self) -> dict[str, Any]:
-        return {"key": self.key, "word": self.word, "symbol": self.symbol, "detail": self.detail,
-                "gate_reason": self.gate_reason, "override": self.override}
+        return {
+            "key": self.key,
+            "word": self.word,
+            "symbol": self.symbol,
+            "detail": self.detail,
+            "gate_reason": self.gate_reason,
+            "override": self.override,
+        }
 
 
 def override_record(m: RunManifest, name: str) -> dict[str, Any] | None:
@@ -118,10 +149,23 @@ def stage_status(m: RunManifest, name: str, stage: Stage | None = None, running:
         return StageStatus(name, stage.title, KINDS["passed"], gate.reason, gate_reason=gate.reason)
     ov = override_record(m, name) if gate.overridable else None
     if ov is not None:
-        return StageStatus(name, stage.title, KINDS["overridden"], f"gate: {gate.reason} — {override_text(ov)}",
-                           gate_reason=gate.reason, override=ov, overridable=True)
-    return StageStatus(name, stage.title, KINDS["gate_failed"], f"gate: {gate.reason}", gate_reason=gate.reason,
-                       overridable=gate.overridable)
+        return StageStatus(
+            name,
+            stage.title,
+            KINDS["overridden"],
+            f"gate: {gate.reason} — {override_text(ov)}",
+            gate_reason=gate.reason,
+            override=ov,
+            overridable=True,
+        )
+    return StageStatus(
+        name,
+        stage.title,
+        KINDS["gate_failed"],
+        f"gate: {gate.reason}",
+        gate_reason=gate.reason,
+        overridable=gate.overridable,
+    )
 
 
 def stage_statuses(m: RunManifest) -> list[StageStatus]:
@@ -130,9 +174,9 @@ def stage_statuses(m: RunManifest) -> list[StageStatus]:
 
 @dataclass(frozen=True)
 class RunStatus:
-    key: str       # complete | in_progress | running | gate_failed | failed | cancelled | interrupted
-    word: str      # "complete", "gate failed at Evaluate", "5/9 stages passed"
-    stage: str | None = None   # the stage that holds the run back, if any
+    key: str  # complete | in_progress | running | gate_failed | failed | cancelled | interrupted
+    word: str  # "complete", "gate failed at Evaluate", "5/9 stages passed"
+    stage: str | None = None  # the stage that holds the run back, if any
     overridden: tuple[str, ...] = ()
 
     @property
@@ -158,8 +202,9 @@ def run_status(statuses: list[StageStatus]) -> RunStatus:
     counted = [s for s in statuses]
     ok = sum(s.key in FINISHED_OK for s in counted)
     if ok == len(counted):
-        word = "complete" + (f" ({len(overridden)} gate{'s' if len(overridden) > 1 else ''} overridden)"
-                             if overridden else "")
+        word = "complete" + (
+            f" ({len(overridden)} gate{'s' if len(overridden) > 1 else ''} overridden)" if overridden else ""
+        )
         return RunStatus("complete", word, None, overridden)
     stale = [s for s in statuses if s.key == "stale"]
     word = f"{ok}/{len(counted)} stages passed" + (f", {stale[0].title} stale" if stale else "")

@@ -21,9 +21,11 @@ class ContextPanel(QGroupBox):
         self.context_meter.setValue(0)
         self.context_meter.setTextVisible(True)
         self.context_meter.setFormat("no conversation yet")
-        self.context_meter.setToolTip("Tokens this conversation fills in the model's context (what the next "
-                                      "message is sent with), and the room kept for the reply. When it is "
-                                      "full, the oldest turns are left out (you are told).")
+        self.context_meter.setToolTip(
+            "Tokens this conversation fills in the model's context (what the next "
+            "message is sent with), and the room kept for the reply. When it is "
+            "full, the oldest turns are left out (you are told)."
+        )
         cxl.addWidget(self.context_meter)
         self.context_label = rich(note(""))
         self.context_label.setObjectName("context_label")
@@ -49,7 +51,11 @@ class ContextPanel(QGroupBox):
         text = f"{use.reply:,} kept for the reply; {use.free:,} free (the model's context: {total:,} tokens)."
         if use.dropped:
             first = use.kept[0].user if use.kept else ""
-            text = (f"<span style='color:{STATE_COLORS['stale']}'><b>Full:</b> the oldest {use.dropped} of "
-                    f"{len(use.history)} turns no longer fit and are left out of the next prompt"
-                    + (f" (it starts at “{html.escape(first[:40])}”)" if first else "") + ".</span> " + text)
+            text = (
+                f"<span style='color:{STATE_COLORS['stale']}'><b>Full:</b> the oldest {use.dropped} of "
+                f"{len(use.history)} turns no longer fit and are left out of the next prompt"
+                + (f" (it starts at “{html.escape(first[:40])}”)" if first else "")
+                + ".</span> "
+                + text
+            )
         self.context_label.setText(text)

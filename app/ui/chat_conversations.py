@@ -54,8 +54,9 @@ class ConversationsPanel(QWidget):
         self.conv_list.clear()
         for rec in records:
             n = len(rec.turns)
-            it = QListWidgetItem(f"{rec.title}\n{rec.updated.replace('T', ' ')[5:16]} · {n} "
-                                 f"{'reply' if n == 1 else 'replies'}")
+            it = QListWidgetItem(
+                f"{rec.title}\n{rec.updated.replace('T', ' ')[5:16]} · {n} {'reply' if n == 1 else 'replies'}"
+            )
             it.setData(Qt.ItemDataRole.UserRole, rec.id)
             it.setToolTip(f"{rec.title}\n{rec.origin}, created {rec.created}")
             self.conv_list.addItem(it)

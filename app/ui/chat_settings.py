@@ -37,13 +37,18 @@ SAMPLER_PRESETS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "bundle": ("the bundle's own sampler (genie_config.json as compiled)", None),
     "custom": ("custom", None),
 }
-SHORT_PRESET = {"deterministic": "Deterministic", "thinking": "Thinking (temp 0.6)", "bundle": "The bundle's own",
-                "custom": "Custom"}
+SHORT_PRESET = {
+    "deterministic": "Deterministic",
+    "thinking": "Thinking (temp 0.6)",
+    "bundle": "The bundle's own",
+    "custom": "Custom",
+}
 SAMPLER_TOOLTIP = (
     "How the next token is picked. The values go into this chat's copy of the bundle's genie_config.json "
     "sampler (the bundle itself is not changed). The simulator board samples with them too: temperature, "
     "top-k, top-p and seed. Deterministic always takes the most likely token; Nemotron with reasoning on "
-    "uses the thinking preset, as `hexstudio chat` does.")
+    "uses the thinking preset, as `hexstudio chat` does."
+)
 
 # what the open conversation was started with: the template, the system prompt and the thinking switch
 Chosen = tuple[str, str, bool | None]
@@ -70,28 +75,36 @@ class ChatSettingsPanel(QWidget):
         self.runtime_combo.addItem("the board's setting", None)
         for r in RUNTIMES:
             self.runtime_combo.addItem({"genie": "Genie", "geniex": "GenieX"}.get(r, r), r)
-        self.runtime_combo.setToolTip("Which runtime runs the model on the board: Genie (libGenie) or GenieX; "
-                                      "by default the board's \"runtime\" setting (Genie if none).")
+        self.runtime_combo.setToolTip(
+            "Which runtime runs the model on the board: Genie (libGenie) or GenieX; "
+            'by default the board\'s "runtime" setting (Genie if none).'
+        )
         self.dialog_combo = QComboBox()
         self.dialog_combo.setObjectName("dialog")
-        self.dialog_combo.setToolTip("Genie's dialog: basic (one token a step), or a speculative one the bundle "
-                                     "carries (the Compile stage's speculative_dialogs): lade looks ahead, spd "
-                                     "drafts with a small model; both may accept several tokens a step. Only the "
-                                     "dialogs of the open bundle are listed; a change loads the model again.")
-        self._wanted_dialog = "basic"   # the user's (or the run's kept) choice, shown when the bundle has it
+        self.dialog_combo.setToolTip(
+            "Genie's dialog: basic (one token a step), or a speculative one the bundle "
+            "carries (the Compile stage's speculative_dialogs): lade looks ahead, spd "
+            "drafts with a small model; both may accept several tokens a step. Only the "
+            "dialogs of the open bundle are listed; a change loads the model again."
+        )
+        self._wanted_dialog = "basic"  # the user's (or the run's kept) choice, shown when the bundle has it
         self.set_dialogs(["basic"])
         self.dialog_combo.currentIndexChanged.connect(lambda _i: self._dialog_picked())
         self.template_combo = QComboBox()
         self.template_combo.setObjectName("template")
         self.template_combo.addItems(list(TEMPLATES))
-        self.template_combo.setToolTip("auto: the model's own chat template where it has one (else plain "
-                                       "completion); llama3 / nemotron: HexStudio's; qa: the built-in model's.")
+        self.template_combo.setToolTip(
+            "auto: the model's own chat template where it has one (else plain "
+            "completion); llama3 / nemotron: HexStudio's; qa: the built-in model's."
+        )
         self.thinking_box = QCheckBox("Thinking")
         self.thinking_box.setObjectName("thinking")
         self.thinking_box.setEnabled(False)
-        self.thinking_box.setToolTip("The chat template's thinking switch (enable_thinking, or Nemotron's "
-                                     "\"detailed thinking on/off\"); off where the template has none. The "
-                                     "thinking shows folded above the answer.")
+        self.thinking_box.setToolTip(
+            "The chat template's thinking switch (enable_thinking, or Nemotron's "
+            '"detailed thinking on/off"); off where the template has none. The '
+            "thinking shows folded above the answer."
+        )
         self.template_in_use = QLabel("")
         self.template_in_use.setObjectName("template_in_use")
         self.template_in_use.setWordWrap(True)
@@ -102,8 +115,10 @@ class ChatSettingsPanel(QWidget):
         self.enter_sends_box = QCheckBox("Enter sends (Shift+Enter: new line)")
         self.enter_sends_box.setObjectName("enter_sends")
         self.enter_sends_box.setChecked(True)
-        self.enter_sends_box.setToolTip("On: Enter sends the message and Shift+Enter starts a new line. Off: Enter "
-                                        "starts a new line. Ctrl+Enter always sends.")
+        self.enter_sends_box.setToolTip(
+            "On: Enter sends the message and Shift+Enter starts a new line. Off: Enter "
+            "starts a new line. Ctrl+Enter always sends."
+        )
         self.max_tokens = QSpinBox()
         self.max_tokens.setObjectName("max_tokens")
         self.max_tokens.setRange(1, 4096)
@@ -133,10 +148,19 @@ class ChatSettingsPanel(QWidget):
         self.topp_spin.setToolTip("Top-p: sample only among the most likely tokens that together reach p.")
         self.seed_spin = QSpinBox()
         self.seed_spin.setObjectName("sampler_seed")
-        self.seed_spin.setRange(0, 2 ** 31 - 1)
+        self.seed_spin.setRange(0, 2**31 - 1)
         self.seed_spin.setToolTip("Seed of the sampler's random numbers: the same seed gives the same reply.")
-        for w in (self.runtime_combo, self.dialog_combo, self.template_combo, self.sampler_combo, self.temp_spin, self.topk_spin,
-                  self.topp_spin, self.seed_spin, self.max_tokens):
+        for w in (
+            self.runtime_combo,
+            self.dialog_combo,
+            self.template_combo,
+            self.sampler_combo,
+            self.temp_spin,
+            self.topk_spin,
+            self.topp_spin,
+            self.seed_spin,
+            self.max_tokens,
+        ):
             w.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
             w.setMinimumWidth(60)
             w.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
@@ -173,9 +197,20 @@ class ChatSettingsPanel(QWidget):
         self.template_combo.currentTextChanged.connect(self._template_chosen)
 
     def tab_order(self) -> list[QWidget]:
-        return [self.runtime_combo, self.dialog_combo, self.template_combo, self.thinking_box, self.system_edit, self.max_tokens,
-                self.enter_sends_box, self.sampler_combo, self.temp_spin, self.topk_spin, self.topp_spin,
-                self.seed_spin]
+        return [
+            self.runtime_combo,
+            self.dialog_combo,
+            self.template_combo,
+            self.thinking_box,
+            self.system_edit,
+            self.max_tokens,
+            self.enter_sends_box,
+            self.sampler_combo,
+            self.temp_spin,
+            self.topk_spin,
+            self.topp_spin,
+            self.seed_spin,
+        ]
 
     # -- the runtime, the template, the system prompt ---------------------------------------------------
     def runtime(self) -> str | None:
@@ -228,9 +263,16 @@ class ChatSettingsPanel(QWidget):
         model's chat format has one; returns the thinking setting."""
         self.thinking_box.setEnabled(template == "model" and fmt.thinking_switch is not None)
         thinking = self.thinking()
-        self.template_in_use.setText("in use: " + (fmt.label(thinking) if template == "model" else
-                                                   "plain completion" if template == "plain" else
-                                                   f"{template} template"))
+        self.template_in_use.setText(
+            "in use: "
+            + (
+                fmt.label(thinking)
+                if template == "model"
+                else "plain completion"
+                if template == "plain"
+                else f"{template} template"
+            )
+        )
         return thinking
 
     # -- the sampler --------------------------------------------------------------------------------------
@@ -241,8 +283,12 @@ class ChatSettingsPanel(QWidget):
         """The sampler this chat runs with (Genie's keys), or None for the bundle's own."""
         if self.sampler_preset() == "bundle":
             return None
-        return {"seed": self.seed_spin.value(), "temp": round(self.temp_spin.value(), 2),
-                "top-k": self.topk_spin.value(), "top-p": round(self.topp_spin.value(), 2)}
+        return {
+            "seed": self.seed_spin.value(),
+            "temp": round(self.temp_spin.value(), 2),
+            "top-k": self.topk_spin.value(),
+            "top-p": round(self.topp_spin.value(), 2),
+        }
 
     def apply_preset(self, key: str) -> None:
         values = SAMPLER_PRESETS[key][1]
@@ -281,22 +327,41 @@ class ChatSettingsPanel(QWidget):
     # -- kept per run (<run>/chats/settings.json) ---------------------------------------------------------
     def values(self) -> dict[str, Any]:
         template, system, thinking = self.chosen()
-        return {"runtime": self.runtime(), "dialog": self.dialog(), "template": template, "thinking": thinking, "system": system,
-                "max_tokens": self.max_tokens.value(), "sampler_preset": self.sampler_preset(),
-                "sampler": self.sampler_settings(), "enter_sends": self.enter_sends_box.isChecked()}
+        return {
+            "runtime": self.runtime(),
+            "dialog": self.dialog(),
+            "template": template,
+            "thinking": thinking,
+            "system": system,
+            "max_tokens": self.max_tokens.value(),
+            "sampler_preset": self.sampler_preset(),
+            "sampler": self.sampler_settings(),
+            "enter_sends": self.enter_sends_box.isChecked(),
+        }
 
     def load(self, values: dict[str, Any]) -> None:
         """Show the settings a run kept (no change signals)."""
-        widgets = (self.runtime_combo, self.dialog_combo, self.template_combo, self.system_edit, self.thinking_box, self.max_tokens,
-                   self.sampler_combo, self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin,
-                   self.enter_sends_box)
+        widgets = (
+            self.runtime_combo,
+            self.dialog_combo,
+            self.template_combo,
+            self.system_edit,
+            self.thinking_box,
+            self.max_tokens,
+            self.sampler_combo,
+            self.temp_spin,
+            self.topk_spin,
+            self.topp_spin,
+            self.seed_spin,
+            self.enter_sends_box,
+        )
         for w in widgets:
             w.blockSignals(True)
         try:
             i = self.runtime_combo.findData(values.get("runtime"))
             if i >= 0:
                 self.runtime_combo.setCurrentIndex(i)
-            if isinstance(values.get("dialog"), str):   # kept where the bundle has it (set_dialogs)
+            if isinstance(values.get("dialog"), str):  # kept where the bundle has it (set_dialogs)
                 self._wanted_dialog = str(values["dialog"])
                 i = self.dialog_combo.findData(self._wanted_dialog)
                 if i >= 0:
@@ -314,8 +379,13 @@ class ChatSettingsPanel(QWidget):
                     self.seed_spin.setValue(int(sampler.get("seed", self.seed_spin.value())))
             if isinstance(values.get("enter_sends"), bool):
                 self.enter_sends_box.setChecked(bool(values["enter_sends"]))
-            self.show_chosen((str(values.get("template") or "auto"), str(values.get("system") or ""),
-                              values.get("thinking") if isinstance(values.get("thinking"), bool) else None))
+            self.show_chosen(
+                (
+                    str(values.get("template") or "auto"),
+                    str(values.get("system") or ""),
+                    values.get("thinking") if isinstance(values.get("thinking"), bool) else None,
+                )
+            )
         finally:
             for w in widgets:
                 w.blockSignals(False)

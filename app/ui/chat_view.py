@@ -33,7 +33,7 @@ _FENCE = re.compile(r"^```[ \t]*([\w+#.-]*)[ \t]*$", re.M)
 
 @dataclass
 class Reply:
-    thinking: str | None      # None: no thinking section
+    thinking: str | None  # None: no thinking section
     thinking_done: bool
     answer: str
 
@@ -43,7 +43,7 @@ def split_thinking(text: str) -> Reply:
     block itself starts inside it and holds only `…</think>answer`."""
     s = text.lstrip()
     if s.startswith(THINK_OPEN):
-        body = s[len(THINK_OPEN):]
+        body = s[len(THINK_OPEN) :]
         if THINK_CLOSE in body:
             thought, answer = body.split(THINK_CLOSE, 1)
             return Reply(thought.strip(), True, answer.lstrip())
@@ -63,17 +63,17 @@ def segments(text: str) -> list[tuple[str, str, str]]:
         m = _FENCE.search(text, pos)
         if m is None:
             break
-        before = text[pos:m.start()]
+        before = text[pos : m.start()]
         if before.strip():
             out.append(("text", before.strip("\n"), ""))
         end = _FENCE.search(text, m.end())
-        while end is not None and end.group(1):      # a closing fence has no language
+        while end is not None and end.group(1):  # a closing fence has no language
             end = _FENCE.search(text, end.end())
-        code_start = m.end() + 1 if text[m.end():m.end() + 1] == "\n" else m.end()
+        code_start = m.end() + 1 if text[m.end() : m.end() + 1] == "\n" else m.end()
         if end is None:
             out.append(("code", text[code_start:].rstrip("\n"), m.group(1)))
             return out
-        out.append(("code", text[code_start:end.start()].rstrip("\n"), m.group(1)))
+        out.append(("code", text[code_start : end.start()].rstrip("\n"), m.group(1)))
         pos = end.end()
     rest = text[pos:]
     if rest.strip() or not out:
@@ -86,8 +86,9 @@ def _wrap_label(text: str = "", fmt: Qt.TextFormat = Qt.TextFormat.MarkdownText)
     lab.setTextFormat(fmt)
     lab.setText(text)
     lab.setWordWrap(True)
-    lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
-                                | Qt.TextInteractionFlag.LinksAccessibleByMouse)
+    lab.setTextInteractionFlags(
+        Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
+    )
     lab.setOpenExternalLinks(True)
     lab.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Minimum)
     return lab
@@ -110,8 +111,9 @@ def flash(button: QToolButton | QPushButton, text: str = "Copied ✓", ms: int =
     button.setText(text)
 
     def back() -> None:
-        with contextlib.suppress(RuntimeError):   # the button was deleted meanwhile (a new chat)
+        with contextlib.suppress(RuntimeError):  # the button was deleted meanwhile (a new chat)
             button.setText(str(button.property("idle_text")))
+
     QTimer.singleShot(ms, back)
 
 
@@ -123,8 +125,10 @@ class CodeBlock(QFrame):
         super().__init__(parent)
         self.setObjectName("code_block")
         self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setStyleSheet("QFrame#code_block { background: palette(base); border: 1px solid palette(mid); "
-                           "border-radius: 6px; }")
+        self.setStyleSheet(
+            "QFrame#code_block { background: palette(base); border: 1px solid palette(mid); "
+            "border-radius: 6px; }"
+        )
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 2, 4, 6)
         lay.setSpacing(2)
@@ -160,18 +164,22 @@ class MessageBubble(QFrame):
     thinking folded, its answer rendered from Markdown and a footer: KPIs, Copy, Regenerate."""
 
     regenerateRequested = Signal()
-    versionChosen = Signal(int)      # Regenerate keeps the earlier replies: ‹ 1/2 › picks one
+    versionChosen = Signal(int)  # Regenerate keeps the earlier replies: ‹ 1/2 › picks one
 
     def __init__(self, role: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.role = role
         self.setObjectName(f"bubble_{role}")
         if role == "user":
-            self.setStyleSheet("QFrame#bubble_user { background: palette(highlight); border-radius: 10px; } "
-                               "QFrame#bubble_user QLabel { color: palette(highlighted-text); }")
+            self.setStyleSheet(
+                "QFrame#bubble_user { background: palette(highlight); border-radius: 10px; } "
+                "QFrame#bubble_user QLabel { color: palette(highlighted-text); }"
+            )
         else:
-            self.setStyleSheet("QFrame#bubble_assistant { background: palette(alternate-base); "
-                               "border: 1px solid palette(midlight); border-radius: 10px; }")
+            self.setStyleSheet(
+                "QFrame#bubble_assistant { background: palette(alternate-base); "
+                "border: 1px solid palette(midlight); border-radius: 10px; }"
+            )
         self.lay = QVBoxLayout(self)
         self.lay.setContentsMargins(12, 8, 12, 6)
         self.lay.setSpacing(4)
@@ -212,7 +220,7 @@ class MessageBubble(QFrame):
         self.copy_button.clicked.connect(self.copy)
         self.footer.addWidget(self.copy_button)
         self.regen_button: QToolButton | None = None
-        self.versions: list[dict[str, Any]] = []    # {"reply", "kpis", "state"}; more than one after Regenerate
+        self.versions: list[dict[str, Any]] = []  # {"reply", "kpis", "state"}; more than one after Regenerate
         self.version = 0
         self.prev_button = _tool("‹", "The earlier reply", "previous_version")
         self.next_button = _tool("›", "The later reply", "next_version")
@@ -224,8 +232,9 @@ class MessageBubble(QFrame):
             w.setVisible(False)
             self.footer.addWidget(w)
         if role == "assistant":
-            self.regen_button = _tool("Regenerate", "Ask again: a new reply; the earlier ones are kept (‹ 1/2 ›)",
-                                      "regenerate")
+            self.regen_button = _tool(
+                "Regenerate", "Ask again: a new reply; the earlier ones are kept (‹ 1/2 ›)", "regenerate"
+            )
             self.regen_button.clicked.connect(self.regenerateRequested.emit)
             self.footer.addWidget(self.regen_button)
         self.lay.addLayout(self.footer)
@@ -251,7 +260,9 @@ class MessageBubble(QFrame):
             w.setVisible(many)
         self.version_label.setText(f"{self.version + 1}/{len(self.versions)}")
         self.prev_button.setEnabled(navigable and self.version > 0 and not self.streaming)
-        self.next_button.setEnabled(navigable and self.version < len(self.versions) - 1 and not self.streaming)
+        self.next_button.setEnabled(
+            navigable and self.version < len(self.versions) - 1 and not self.streaming
+        )
 
     def _step(self, d: int) -> None:
         i = self.version + d
@@ -278,8 +289,9 @@ class MessageBubble(QFrame):
             assert self.think_button is not None and self.think_label is not None
             if r.thinking is not None:
                 words = len(r.thinking.split())
-                self.think_button.setText(f"Thought ({words} words)" if r.thinking_done else
-                                          f"Thinking… ({words} words)")
+                self.think_button.setText(
+                    f"Thought ({words} words)" if r.thinking_done else f"Thinking… ({words} words)"
+                )
                 self.think_button.setVisible(True)
                 self.think_label.setText(r.thinking)
             else:
@@ -300,8 +312,9 @@ class MessageBubble(QFrame):
                 if kind == "code":
                     part = CodeBlock(src, lang)
                 else:
-                    part = _wrap_label(src, Qt.TextFormat.PlainText if kind == "plain" else
-                                       Qt.TextFormat.MarkdownText)
+                    part = _wrap_label(
+                        src, Qt.TextFormat.PlainText if kind == "plain" else Qt.TextFormat.MarkdownText
+                    )
                     part.setObjectName("message_text")
                 self.content.addWidget(part)
                 self._parts.append(part)
@@ -404,7 +417,9 @@ class TranscriptView(QScrollArea):
         self._pending = None
         self.placeholder.setVisible(bool(self.placeholder.text()))
 
-    def add(self, role: str, text: str = "", on_regenerate: Callable[[], None] | None = None) -> MessageBubble:
+    def add(
+        self, role: str, text: str = "", on_regenerate: Callable[[], None] | None = None
+    ) -> MessageBubble:
         b = MessageBubble(role)
         row = QWidget()
         rl = QHBoxLayout(row)

@@ -32,8 +32,13 @@ from app.core.status import KINDS
 from app.ui.plots import StyledPlot
 from app.ui.widgets import paper
 
-JUDGEMENT_COLORS = {"better": KINDS["passed"].color, "worse": KINDS["failed"].color, "changed": "#bf8700",
-                    "same": "#8a8f98", "baseline": "#2f81f7"}
+JUDGEMENT_COLORS = {
+    "better": KINDS["passed"].color,
+    "worse": KINDS["failed"].color,
+    "changed": "#bf8700",
+    "same": "#8a8f98",
+    "baseline": "#2f81f7",
+}
 
 
 class CompareDialog(QDialog):
@@ -61,9 +66,11 @@ class CompareDialog(QDialog):
         self.timing_tol.setDecimals(1)
         self.timing_tol.setSuffix(" %")
         self.timing_tol.setValue(TIMING_TOLERANCE * 100)
-        self.timing_tol.setToolTip("Timings and memory: a difference within this is the same (one measurement on a "
-                                   "shared machine varies this much); where the runs measured their spread "
-                                   "(hexstudio bench), twice the spread counts if it is larger")
+        self.timing_tol.setToolTip(
+            "Timings and memory: a difference within this is the same (one measurement on a "
+            "shared machine varies this much); where the runs measured their spread "
+            "(hexstudio bench), twice the spread counts if it is larger"
+        )
         tl = QLabel("&Timing tolerance")
         tl.setBuddy(self.timing_tol)
         top.addWidget(tl)
@@ -107,8 +114,9 @@ class CompareDialog(QDialog):
         self.plot = StyledPlot()
         self.plot.setObjectName("compare_chart")
         self.plot.setMinimumHeight(160)
-        self.legend = self.plot.addLegend(offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 200),
-                                          labelTextColor="#1f2328")
+        self.legend = self.plot.addLegend(
+            offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 200), labelTextColor="#1f2328"
+        )
         split.addWidget(self.plot)
         self.view = QTextBrowser()
         self.view.setObjectName("compare_view")
@@ -130,12 +138,18 @@ class CompareDialog(QDialog):
 
     # -- the comparison ---------------------------------------------------------------------------------------
     def recompute(self) -> None:
-        self.c = compare_reports(self.reports, str(self.baseline_combo.currentData()),
-                              self.timing_tol.value() / 100, self.quality_tol.value() / 100)
+        self.c = compare_reports(
+            self.reports,
+            str(self.baseline_combo.currentData()),
+            self.timing_tol.value() / 100,
+            self.quality_tol.value() / 100,
+        )
         # the table without the report's SVG chart (a QTextBrowser cannot draw SVG: it printed it as text);
         # the chart above draws the same figures
         self.view.setHtml(compare_html({**self.c, "eval_plot": ""}))
-        self.message.setText(f"Baseline <b>{html.escape(self.c['baseline'])}</b>. {html.escape(self.c['noise_rule'])}")
+        self.message.setText(
+            f"Baseline <b>{html.escape(self.c['baseline'])}</b>. {html.escape(self.c['noise_rule'])}"
+        )
         current = self.metric_combo.currentText()
         self.metric_combo.blockSignals(True)
         self.metric_combo.clear()
@@ -162,24 +176,36 @@ class CompareDialog(QDialog):
         values = [float(v) for v in row["values"]]
         scale, unit = 1.0, row["unit"]
         if unit == "bytes":
-            scale, unit = 1024 ** 3, "GiB"
+            scale, unit = 1024**3, "GiB"
         ys = [v / scale for v in values]
         kinds = ["baseline", *row["judgement"]]
         for kind in dict.fromkeys(kinds):
             xs = [i for i, k in enumerate(kinds) if k == kind]
-            bars = pg.BarGraphItem(x=xs, height=[ys[i] for i in xs], width=0.6,
-                                   brush=QColor(JUDGEMENT_COLORS.get(kind, "#8a8f98")), pen=pg.mkPen(None),
-                                   name=kind if kind != "same" else "same (within the noise)")
-            self.plot.addItem(bars)     # named: the legend lists it
+            bars = pg.BarGraphItem(
+                x=xs,
+                height=[ys[i] for i in xs],
+                width=0.6,
+                brush=QColor(JUDGEMENT_COLORS.get(kind, "#8a8f98")),
+                pen=pg.mkPen(None),
+                name=kind if kind != "same" else "same (within the noise)",
+            )
+            self.plot.addItem(bars)  # named: the legend lists it
         noise = [n for n in row.get("noise") or [] if n]
-        if noise:   # the band a difference must leave to count: baseline ± the noise
+        if noise:  # the band a difference must leave to count: baseline ± the noise
             band = max(n["abs"] for n in noise) / scale
-            region = pg.LinearRegionItem(values=(ys[0] - band, ys[0] + band), orientation="horizontal",
-                                         movable=False, brush=pg.mkBrush(47, 129, 247, 40), pen=pg.mkPen(None))
+            region = pg.LinearRegionItem(
+                values=(ys[0] - band, ys[0] + band),
+                orientation="horizontal",
+                movable=False,
+                brush=pg.mkBrush(47, 129, 247, 40),
+                pen=pg.mkPen(None),
+            )
             self.plot.addItem(region)
         ids = [r["run_id"] for r in self.c["runs"]]
-        ticks = [(i, (rid if len(rid) <= 26 else "…" + rid[-25:]) + (" (baseline)" if i == 0 else ""))
-                 for i, rid in enumerate(ids)]
+        ticks = [
+            (i, (rid if len(rid) <= 26 else "…" + rid[-25:]) + (" (baseline)" if i == 0 else ""))
+            for i, rid in enumerate(ids)
+        ]
         self.plot.getAxis("bottom").setTicks([ticks])
         self.plot.setLabel("left", unit or "")
         self.plot.setTitle(html.escape(row["label"]))
@@ -190,16 +216,21 @@ class CompareDialog(QDialog):
     # -- export -------------------------------------------------------------------------------------------------
     def export(self, fmt: str, path: Path) -> Path:
         out = write_compare(self.c, fmt, path)
-        self.message.setText(f"Exported the comparison as {fmt.upper()}: <code>{html.escape(str(out))}</code>")
+        self.message.setText(
+            f"Exported the comparison as {fmt.upper()}: <code>{html.escape(str(out))}</code>"
+        )
         return out
 
     def export_dialog(self, fmt: str) -> None:
         filters = {"html": "HTML (*.html)", "csv": "CSV (*.csv)", "json": "JSON (*.json)"}
-        path, _ = QFileDialog.getSaveFileName(self, f"Export the comparison as {fmt.upper()}", f"comparison.{fmt}",
-                                              filters[fmt])
+        path, _ = QFileDialog.getSaveFileName(
+            self, f"Export the comparison as {fmt.upper()}", f"comparison.{fmt}", filters[fmt]
+        )
         if path:
             try:
                 self.export(fmt, Path(path))
-            except Exception as exc:   # a full disk, a read-only folder: say so here
-                self.message.setText(f"<span style='color:{KINDS['failed'].color}'>The comparison could not be "
-                                     f"written: {html.escape(str(exc))}</span>")
+            except Exception as exc:  # a full disk, a read-only folder: say so here
+                self.message.setText(
+                    f"<span style='color:{KINDS['failed'].color}'>The comparison could not be "
+                    f"written: {html.escape(str(exc))}</span>"
+                )

@@ -28,14 +28,14 @@ log = logging.getLogger("hexstudio.gui")
 
 
 class RunController(QObject):
-    runChanged = Signal()                       # a run was opened, created or deleted
-    stageState = Signal(str, str)               # stage, display state
-    stageEvent = Signal(str, dict)              # stage, worker-protocol event
-    resourceSample = Signal(str, object)        # stage, ResourceSample
+    runChanged = Signal()  # a run was opened, created or deleted
+    stageState = Signal(str, str)  # stage, display state
+    stageEvent = Signal(str, dict)  # stage, worker-protocol event
+    resourceSample = Signal(str, object)  # stage, ResourceSample
     busyChanged = Signal(bool)
-    settingsChanged = Signal()                  # a run setting changed: later stages may be stale now
-    finished = Signal(str, bool, str, str)      # last stage, ok, message, hint
-    runtimeLog = Signal(str, str)               # level, a line of the board runtime's own log (Genie's GenieLog)
+    settingsChanged = Signal()  # a run setting changed: later stages may be stale now
+    finished = Signal(str, bool, str, str)  # last stage, ok, message, hint
+    runtimeLog = Signal(str, str)  # level, a line of the board runtime's own log (Genie's GenieLog)
 
     def __init__(self, workspace: Workspace | None = None, settings: Settings | None = None) -> None:
         super().__init__()
@@ -46,7 +46,7 @@ class RunController(QObject):
         self.task: asyncio.Task[PipelineResult] | None = None
         self.running_stage: str | None = None
         self.last_result: PipelineResult | None = None
-        self.last_target: str | None = None        # the stage the latest start() was asked to reach
+        self.last_target: str | None = None  # the stage the latest start() was asked to reach
         self._busy = False
 
     # -- runs ----------------------------------------------------------------------------------
@@ -56,8 +56,9 @@ class RunController(QObject):
     def new_run(self, model: str, board: str = "sim", overrides: dict[str, Any] | None = None) -> RunManifest:
         settings = self.settings.run_defaults()
         settings.update(overrides or {})
-        self.manifest = self.workspace.create_run(model, board, settings,
-                                                  include_host=bool(self.settings.data.get("include_host_in_reports")))
+        self.manifest = self.workspace.create_run(
+            model, board, settings, include_host=bool(self.settings.data.get("include_host_in_reports"))
+        )
         self.runChanged.emit()
         return self.manifest
 
@@ -111,8 +112,9 @@ class RunController(QObject):
         if self.busy:
             raise RuntimeError(f"The {self.running_stage} stage is still working: wait for it or cancel it.")
         self.last_target = only or until
-        self.pipeline = Pipeline(self.manifest, on_event=self._on_event, on_sample=self._on_sample,
-                                 on_stage=self._on_stage)
+        self.pipeline = Pipeline(
+            self.manifest, on_event=self._on_event, on_sample=self._on_sample, on_stage=self._on_stage
+        )
         self._busy = True
         self.task = asyncio.ensure_future(self._run(until, only, force))
         self.busyChanged.emit(True)
@@ -122,11 +124,19 @@ class RunController(QObject):
         assert self.pipeline is not None
         try:
             res = await self.pipeline.run(until=until, only=only, force=force)
-        except Exception as exc:  # a bug, not a stage failure: still tell the person, the traceback in the log
-            logs.log_exception(log, f"the {self.running_stage or until} stage crashed the studio's runner", exc)
-            res = PipelineResult(False, self.running_stage, f"{type(exc).__name__}: {exc}",
-                                 hint=f"This is a HexStudio bug: the studio log ({logs.log_path()}) has the "
-                                      "traceback; please report it with that file.")
+        except (
+            Exception
+        ) as exc:  # a bug, not a stage failure: still tell the person, the traceback in the log
+            logs.log_exception(
+                log, f"the {self.running_stage or until} stage crashed the studio's runner", exc
+            )
+            res = PipelineResult(
+                False,
+                self.running_stage,
+                f"{type(exc).__name__}: {exc}",
+                hint=f"This is a HexStudio bug: the studio log ({logs.log_path()}) has the "
+                "traceback; please report it with that file.",
+            )
         self.running_stage = None
         self.last_result = res
         self._busy = False
@@ -159,8 +169,9 @@ class RunController(QObject):
 
     # -- pipeline callbacks (GUI thread: qasync runs the loop on it) ------------------------------
     def _on_stage(self, name: str, state: str) -> None:
-        self.running_stage = name if state == "running" else (None if self.running_stage == name
-                                                               else self.running_stage)
+        self.running_stage = (
+            name if state == "running" else (None if self.running_stage == name else self.running_stage)
+        )
         self.stageState.emit(name, state)
 
     def _on_event(self, stage: str, ev: dict[str, Any]) -> None:

@@ -33,12 +33,19 @@ def show_log() -> bool:
 def log_link_html() -> str:
     """'Details: the studio log' as a link (for a QLabel with openExternalLinks)."""
     path = logs.log_path()
-    return (f"<br><small>Details: <a href='{html.escape(QUrl.fromLocalFile(str(path)).toString())}'>"
-            f"{html.escape(str(path))}</a></small>")
+    return (
+        f"<br><small>Details: <a href='{html.escape(QUrl.fromLocalFile(str(path)).toString())}'>"
+        f"{html.escape(str(path))}</a></small>"
+    )
 
 
-def error_box(parent: QWidget | None, title: str, message: str, hint: str | None = None,
-              exc: BaseException | None = None) -> QMessageBox:
+def error_box(
+    parent: QWidget | None,
+    title: str,
+    message: str,
+    hint: str | None = None,
+    exc: BaseException | None = None,
+) -> QMessageBox:
     """A warning dialog with the message, what to do, the log's path and a "Show log" button (not shown
     yet: `show_error` shows it). With `exc`, its traceback is written to the log first and offered under
     "Show Details..."."""
@@ -52,13 +59,18 @@ def error_box(parent: QWidget | None, title: str, message: str, hint: str | None
         box.setDetailedText("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     button = box.addButton("Show log", QMessageBox.ButtonRole.HelpRole)
     button.setObjectName("show_log_button")
-    button.clicked.disconnect()     # a HelpRole button would close the box: keep it open
+    button.clicked.disconnect()  # a HelpRole button would close the box: keep it open
     button.clicked.connect(show_log)
     return box
 
 
-def show_error(parent: QWidget | None, title: str, message: str, hint: str | None = None,
-               exc: BaseException | None = None) -> QMessageBox:
+def show_error(
+    parent: QWidget | None,
+    title: str,
+    message: str,
+    hint: str | None = None,
+    exc: BaseException | None = None,
+) -> QMessageBox:
     """error_box, shown without blocking (the event loop is asyncio's: a nested exec() would stall it)."""
     log.warning("%s: %s", title, message)
     box = error_box(parent, title, message, hint, exc)

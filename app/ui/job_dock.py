@@ -27,9 +27,9 @@ from app.core.jobs import human_bytes
 from app.core.sampler import ResourceSample
 from app.ui.plots import ResourcePlot
 
-LEVELS = ("all", "info", "warning", "error")   # "all" includes debug
-LOG_KEEP = 20_000        # lines kept for filtering
-LOG_SHOWN = 5_000        # lines in the view
+LEVELS = ("all", "info", "warning", "error")  # "all" includes debug
+LOG_KEEP = 20_000  # lines kept for filtering
+LOG_SHOWN = 5_000  # lines in the view
 
 
 def fmt_eta(seconds: float) -> str:
@@ -48,9 +48,11 @@ class JobDock(QDockWidget):
         super().__init__("Job", parent)
         self.setObjectName("job_dock")
         # closable: View → Job (Ctrl+J) hides and shows it; it can also be dragged down to its first line
-        self.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
-                         | QDockWidget.DockWidgetFeature.DockWidgetFloatable
-                         | QDockWidget.DockWidgetFeature.DockWidgetClosable)
+        self.setFeatures(
+            QDockWidget.DockWidgetFeature.DockWidgetMovable
+            | QDockWidget.DockWidgetFeature.DockWidgetFloatable
+            | QDockWidget.DockWidgetFeature.DockWidgetClosable
+        )
         body = QWidget()
         lay = QVBoxLayout(body)
         lay.setContentsMargins(6, 4, 6, 4)
@@ -182,7 +184,9 @@ class JobDock(QDockWidget):
             hint = f"\n    what to do: {ev['hint']}" if ev.get("hint") else ""
             self.append("error", f"ERROR [{ev.get('code')}]: {ev.get('message')}{hint}")
         elif t == "metric":
-            self.append("info", f"metric {ev.get('name')} = {ev.get('value')} {ev.get('unit') or ''}".rstrip())
+            self.append(
+                "info", f"metric {ev.get('name')} = {ev.get('value')} {ev.get('unit') or ''}".rstrip()
+            )
         elif t == "artifact":
             self.append("info", f"artifact {ev.get('path')}")
 

@@ -49,9 +49,15 @@ The window needs a display (WSLg on Windows 11, X11 or Wayland on Linux) and Qt'
 
 # the system libraries Qt's xcb platform plugin loads and PySide6 does not carry (docs/gui.md); a missing one
 # made Qt abort with its own "Reinstalling the application may fix this problem"
-XCB_LIBS = {"xcb-cursor": "libxcb-cursor0", "xcb-icccm": "libxcb-icccm4", "xcb-keysyms": "libxcb-keysyms1",
-            "xcb-image": "libxcb-image0", "xcb-render-util": "libxcb-render-util0", "xcb-xkb": "libxcb-xkb1",
-            "xkbcommon-x11": "libxkbcommon-x11-0"}
+XCB_LIBS = {
+    "xcb-cursor": "libxcb-cursor0",
+    "xcb-icccm": "libxcb-icccm4",
+    "xcb-keysyms": "libxcb-keysyms1",
+    "xcb-image": "libxcb-image0",
+    "xcb-render-util": "libxcb-render-util0",
+    "xcb-xkb": "libxcb-xkb1",
+    "xkbcommon-x11": "libxkbcommon-x11-0",
+}
 
 
 def missing_xcb_packages() -> list[str]:
@@ -77,21 +83,28 @@ def launch_gui(argv: Sequence[str]) -> int:
             print("error: --workspace needs a folder", file=sys.stderr)
             return 2
         workspace = args[i + 1]
-        del args[i:i + 2]
-    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
-                                                 or os.environ.get("QT_QPA_PLATFORM")):
-        print("error: no display found (DISPLAY/WAYLAND_DISPLAY are not set).\n"
-              "  what to do: on Windows 11 run HexStudio inside WSL2 with WSLg (it sets DISPLAY), or on a "
-              "server use the CLI (`hexstudio run --help`), or set QT_QPA_PLATFORM=offscreen for a headless "
-              "check.", file=sys.stderr)
+        del args[i : i + 2]
+    if sys.platform.startswith("linux") and not (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM")
+    ):
+        print(
+            "error: no display found (DISPLAY/WAYLAND_DISPLAY are not set).\n"
+            "  what to do: on Windows 11 run HexStudio inside WSL2 with WSLg (it sets DISPLAY), or on a "
+            "server use the CLI (`hexstudio run --help`), or set QT_QPA_PLATFORM=offscreen for a headless "
+            "check.",
+            file=sys.stderr,
+        )
         return 2
     platform = os.environ.get("QT_QPA_PLATFORM", "")
     if sys.platform.startswith("linux") and os.environ.get("DISPLAY") and platform in ("", "xcb"):
         missing = missing_xcb_packages()
         if missing:
-            print(f"error: Qt's X11 (xcb) plugin needs system libraries that are not installed: {', '.join(missing)}.\n"
-                  f"  what to do: sudo apt-get install {' '.join(missing)}   (or `./dev qt-libs`), then start "
-                  "HexStudio again; on Wayland, QT_QPA_PLATFORM=wayland avoids xcb.", file=sys.stderr)
+            print(
+                f"error: Qt's X11 (xcb) plugin needs system libraries that are not installed: {', '.join(missing)}.\n"
+                f"  what to do: sudo apt-get install {' '.join(missing)}   (or `./dev qt-libs`), then start "
+                "HexStudio again; on Wayland, QT_QPA_PLATFORM=wayland avoids xcb.",
+                file=sys.stderr,
+            )
             return 2
     import asyncio
 
@@ -116,16 +129,27 @@ def launch_gui(argv: Sequence[str]) -> int:
     log = logging.getLogger("hexstudio.gui")
     controller = RunController(Workspace(workspace) if workspace else None)
     win = MainWindow(controller)
-    reopened = win.restore_last_run()   # the run that was open when the studio last closed
+    reopened = win.restore_last_run()  # the run that was open when the studio last closed
     log.info("studio started (workspace %s, run %s)", controller.workspace.root, reopened or "none")
-    controller.finished.connect(lambda stage, ok, msg, _hint: log.log(logging.INFO if ok else logging.WARNING,
-                                                                      "%s: %s", stage, msg))
+    controller.finished.connect(
+        lambda stage, ok, msg, _hint: log.log(logging.INFO if ok else logging.WARNING, "%s: %s", stage, msg)
+    )
     win.show()
     if startup_check:
+
         def report() -> None:
-            print(json.dumps({"first_window_s": round(time.perf_counter() - t0, 3),
-                              "heavy_modules": heavy_modules_loaded(), "title": win.windowTitle()}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "first_window_s": round(time.perf_counter() - t0, 3),
+                        "heavy_modules": heavy_modules_loaded(),
+                        "title": win.windowTitle(),
+                    }
+                ),
+                flush=True,
+            )
             app.quit()
+
         QTimer.singleShot(0, report)
     with loop:
         close = asyncio.Event()

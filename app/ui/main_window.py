@@ -52,7 +52,9 @@ from app.ui.widgets import open_folder, state_icon
 from workers.shared.errors import ActionableError
 
 
-def fitted_frame(avail: QRect, client: QRect, frame: QRect, title_guess: int = 0) -> tuple[int, int, int, int]:
+def fitted_frame(
+    avail: QRect, client: QRect, frame: QRect, title_guess: int = 0
+) -> tuple[int, int, int, int]:
     """Where a window goes to lie inside `avail` (a screen's available area), frame included: the frame's
     top-left and the client's new size, as (x, y, width, height).
 
@@ -61,7 +63,7 @@ def fitted_frame(avail: QRect, client: QRect, frame: QRect, title_guess: int = 0
     add (at 150 % a restored window otherwise lost its title bar 20 px above the screen)."""
     extra_w = max(frame.width() - client.width(), 0)
     extra_h = max(frame.height() - client.height(), 0)
-    if extra_h == 0:          # not decorated yet: keep room for the title bar to come
+    if extra_h == 0:  # not decorated yet: keep room for the title bar to come
         extra_h = max(title_guess, 0)
     w = max(min(client.width(), avail.width() - extra_w), 320)
     h = max(min(client.height(), avail.height() - extra_h), 240)
@@ -82,7 +84,7 @@ def fit_to_screen(win: QWidget) -> None:
     if (w, h) != (win.width(), win.height()):
         win.resize(w, h)
     if (x, y) != (win.frameGeometry().x(), win.frameGeometry().y()):
-        win.move(x, y)      # a top-level's move() places its frame
+        win.move(x, y)  # a top-level's move() places its frame
 
 
 class MainWindow(QMainWindow):
@@ -103,11 +105,17 @@ class MainWindow(QMainWindow):
         self.stage_list.setMinimumWidth(150)
         self.stack = QStackedWidget()
         self.pages: dict[str, StagePage] = {
-            "model": ModelPage(self.c), "preflight": PreflightPage(self.c), "quantize": QuantizePage(self.c),
-            "validate": ValidatePage(self.c), "compile": CompilePage(self.c), "board": BoardPage(self.c),
-            "chat": ChatPage(self.c), "evaluate": EvaluatePage(self.c), "report": ReportPage(self.c),
+            "model": ModelPage(self.c),
+            "preflight": PreflightPage(self.c),
+            "quantize": QuantizePage(self.c),
+            "validate": ValidatePage(self.c),
+            "compile": CompilePage(self.c),
+            "board": BoardPage(self.c),
+            "chat": ChatPage(self.c),
+            "evaluate": EvaluatePage(self.c),
+            "report": ReportPage(self.c),
         }
-        for s in STAGES:   # a stage with no page of its own yet still gets its stage page
+        for s in STAGES:  # a stage with no page of its own yet still gets its stage page
             if s.name not in self.pages:
                 self.pages[s.name] = StagePage(s.name, self.c)
         for page in self.pages.values():
@@ -242,13 +250,16 @@ class MainWindow(QMainWindow):
         from app.core.paths import REPO_ROOT
 
         guide = REPO_ROOT / "docs" / "gui.md"
-        if guide.is_file():      # a checkout; an installed wheel carries no docs/
+        if guide.is_file():  # a checkout; an installed wheel carries no docs/
             QDesktopServices.openUrl(QUrl.fromLocalFile(str(guide)))
         else:
-            QMessageBox.information(self, "Documentation",
-                                    "The guides (docs/gui.md and the others) live in HexStudio's source "
-                                    "repository; this installed copy does not carry them. Help → About shows "
-                                    "the versions and where the logs are.")
+            QMessageBox.information(
+                self,
+                "Documentation",
+                "The guides (docs/gui.md and the others) live in HexStudio's source "
+                "repository; this installed copy does not carry them. Help → About shows "
+                "the versions and where the logs are.",
+            )
 
     def open_log_folder(self) -> None:
         open_folder(log_dir())
@@ -273,9 +284,9 @@ class MainWindow(QMainWindow):
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         QTimer.singleShot(0, self._fit_dock)
-        if QGuiApplication.platformName() != "offscreen":   # the offscreen test screen is only 800 x 600
+        if QGuiApplication.platformName() != "offscreen":  # the offscreen test screen is only 800 x 600
             fit_to_screen(self)
-            for ms in (0, 300, 1200):      # once the window manager has placed and decorated it
+            for ms in (0, 300, 1200):  # once the window manager has placed and decorated it
                 QTimer.singleShot(ms, lambda: fit_to_screen(self))
 
     def restore_last_run(self) -> str | None:
@@ -293,9 +304,15 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if self.c.busy and not self._closing_after_cancel:
-            if QMessageBox.question(
-                    self, "Quit HexStudio", f"The {self.c.running_stage} stage is still working. Cancel it and "
-                    "quit? (The run can be resumed later.)") != QMessageBox.StandardButton.Yes:
+            if (
+                QMessageBox.question(
+                    self,
+                    "Quit HexStudio",
+                    f"The {self.c.running_stage} stage is still working. Cancel it and "
+                    "quit? (The run can be resumed later.)",
+                )
+                != QMessageBox.StandardButton.Yes
+            ):
                 event.ignore()
                 return
             # cancel first and quit once the stage has stopped: the run then says "cancelled by you", not
@@ -327,8 +344,13 @@ class MainWindow(QMainWindow):
         try:
             self.c.open_run(run_id)
         except Exception as exc:
-            show_error(self, "Open run", getattr(exc, "message", None) or str(exc), getattr(exc, "hint", None),
-                       exc=None if isinstance(exc, ActionableError) else exc)
+            show_error(
+                self,
+                "Open run",
+                getattr(exc, "message", None) or str(exc),
+                getattr(exc, "hint", None),
+                exc=None if isinstance(exc, ActionableError) else exc,
+            )
 
     def resume(self) -> None:
         if self.c.manifest is None or self.c.busy:
@@ -347,28 +369,38 @@ class MainWindow(QMainWindow):
             board.reload_boards()
         m = self.c.manifest
         if m is not None:
-            QSettings().setValue("recent/run", m.run_id)   # reopened at the next launch
+            QSettings().setValue("recent/run", m.run_id)  # reopened at the next launch
         self.update_resume_bar()
         self.refresh()
 
     def update_resume_bar(self) -> None:
         m = self.c.manifest
-        stopped = [s for s in STAGES if m is not None and s.heavy and self.c.state(s.name) in ("interrupted",
-                                                                                              "cancelled")]
+        stopped = [
+            s
+            for s in STAGES
+            if m is not None and s.heavy and self.c.state(s.name) in ("interrupted", "cancelled")
+        ]
         if not stopped or self.c.busy:
             self.resume_bar.hide()
             return
         s = stopped[0]
-        how = ("was interrupted (the studio or the machine stopped while it ran)"
-               if self.c.state(s.name) == "interrupted" else "was cancelled by you")
-        self.resume_bar.label.setText(f"The <b>{s.title}</b> stage of this run {how}. Resume runs it again from a "
-                                      "clean state, then every later stage that is not done.")
+        how = (
+            "was interrupted (the studio or the machine stopped while it ran)"
+            if self.c.state(s.name) == "interrupted"
+            else "was cancelled by you"
+        )
+        self.resume_bar.label.setText(
+            f"The <b>{s.title}</b> stage of this run {how}. Resume runs it again from a "
+            "clean state, then every later stage that is not done."
+        )
         self.resume_bar.show()
 
     def update_gate_bar(self, stopped: str | None = None) -> None:
         """Show the first stage whose gate failed and was not overridden; `stopped` is the stage a run was
         started for and did not reach because of it."""
-        blocked = next((st for st in (self.c.status(s.name) for s in STAGES) if st.key == "gate_failed"), None)
+        blocked = next(
+            (st for st in (self.c.status(s.name) for s in STAGES) if st.key == "gate_failed"), None
+        )
         self._gate_stopped = stopped if blocked is not None else None
         if blocked is None or self.c.busy:
             self.gate_bar.hide()
@@ -381,7 +413,8 @@ class MainWindow(QMainWindow):
         self.gate_bar.label.setText(
             f"{lead}<span style='color:{blocked.color}'><b>{blocked.symbol} The {html.escape(blocked.title)} gate "
             f"failed</b></span> — {html.escape(str(blocked.gate_reason))}. Later stages wait until it passes "
-            "(fix and run the stage again) or you override it.")
+            "(fix and run the stage again) or you override it."
+        )
         self.gate_bar.override_button.setVisible(blocked.overridable)
         self.gate_bar.show()
 
@@ -402,7 +435,9 @@ class MainWindow(QMainWindow):
         if isinstance(page, StagePage):
             page.override()
             if self.c.status(page.stage.name).key == "overridden":
-                self.statusBar().showMessage(f"{page.stage.title} gate overridden: recorded in the run", 15000)
+                self.statusBar().showMessage(
+                    f"{page.stage.title} gate overridden: recorded in the run", 15000
+                )
         self.refresh()
 
     def refresh(self) -> None:
@@ -411,8 +446,10 @@ class MainWindow(QMainWindow):
             self.run_label.setText("<b>No run open</b><br>New run: Model page · Open: Ctrl+O")
             self.setWindowTitle("HexStudio")
         else:
-            self.run_label.setText(f"<b>{html.escape(m.run_id)}</b><br>{html.escape(str(m.inputs.get('model')))} → "
-                                   f"{html.escape(str(m.inputs.get('board')))}")
+            self.run_label.setText(
+                f"<b>{html.escape(m.run_id)}</b><br>{html.escape(str(m.inputs.get('model')))} → "
+                f"{html.escape(str(m.inputs.get('board')))}"
+            )
             self.run_label.setToolTip(str(m.run_dir))
             self.setWindowTitle(f"{m.run_id} — HexStudio")
         for i, s in enumerate(STAGES):
@@ -442,7 +479,7 @@ class MainWindow(QMainWindow):
                     est = (doc.get("estimates") or {}).get(f"{name}_peak_rss_bytes")
             self.dock.begin(name, get_stage(name).title, est)
         self._show_status([s.name for s in STAGES].index(name), name)
-        self.pages[name].refresh()   # running: the page says so and greys its previous results
+        self.pages[name].refresh()  # running: the page says so and greys its previous results
 
     def on_stage_event(self, stage: str, ev: dict[str, Any]) -> None:
         self.dock.on_event(stage, ev)

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QWidget
 
 from app.core.units import nice_ceiling
 
-GIB = 1024 ** 3
+GIB = 1024**3
 MAX_POINTS = 20_000
 
 
@@ -87,17 +87,22 @@ class ResourcePlot(StyledPlot):
         super().__init__(parent)
         self.setLabel("left", "GiB")
         self.setLabel("bottom", "s")
-        self.addLegend(offset=(-6, -6))   # bottom right: memory curves rise and stay up, the peak label is up top
+        self.addLegend(
+            offset=(-6, -6)
+        )  # bottom right: memory curves rise and stay up, the peak label is up top
         self.rss_curve = self.plot([], [], pen=pg.mkPen("#2f81f7", width=2), name="RSS")
         self.vram_curve = self.plot([], [], pen=pg.mkPen("#8250df", width=2), name="VRAM")
         self.peak = pg.ScatterPlotItem(size=9, brush=pg.mkBrush("#d1242f"), pen=None)
         self.addItem(self.peak)
         self.peak_label = pg.TextItem(color="#d1242f", anchor=(0, 1))
         self.addItem(self.peak_label)
-        self.estimate = pg.InfiniteLine(angle=0, movable=False,
-                                        pen=pg.mkPen("#bf8700", width=1.5, style=pg.QtCore.Qt.PenStyle.DashLine),
-                                        label="estimate",
-                                        labelOpts={"position": 0.85, "color": "#bf8700"})
+        self.estimate = pg.InfiniteLine(
+            angle=0,
+            movable=False,
+            pen=pg.mkPen("#bf8700", width=1.5, style=pg.QtCore.Qt.PenStyle.DashLine),
+            label="estimate",
+            labelOpts={"position": 0.85, "color": "#bf8700"},
+        )
         self.estimate.setVisible(False)
         self.addItem(self.estimate)
         self.rss_curve.setClipToView(True)
@@ -154,8 +159,10 @@ class ResourcePlot(StyledPlot):
         t = list(self.t)
         self.rss_curve.setData(t, list(self.rss))
         est = self.estimate.value() if self.estimate.isVisible() else 0.0
-        self.steady.fit(max(t[-1] if t else 0.0, 60.0),
-                        max(self.peak_rss, max(self.vram) if self.vram else 0.0, float(est), 0.5))
+        self.steady.fit(
+            max(t[-1] if t else 0.0, 60.0),
+            max(self.peak_rss, max(self.vram) if self.vram else 0.0, float(est), 0.5),
+        )
         if any(self.vram):
             self.vram_curve.setData(t, list(self.vram))
         else:
@@ -210,7 +217,9 @@ class TokenRatePlot(StyledPlot):
             return
         self._dirty = False
         self.curve.setData(self.xs, self.ys)
-        self.steady.fit(max(self.xs[-1] if self.xs else 0.0, 5.0), max(max(self.ys) if self.ys else 0.0, 10.0))
+        self.steady.fit(
+            max(self.xs[-1] if self.xs else 0.0, 5.0), max(max(self.ys) if self.ys else 0.0, 10.0)
+        )
 
 
 class ReplyHistoryPlot(StyledPlot):
@@ -220,7 +229,7 @@ class ReplyHistoryPlot(StyledPlot):
         super().__init__(parent)
         self.setLabel("left", "gen tok/s")
         self.setLabel("bottom", "reply")
-        self.getAxis("bottom").setTickSpacing(1, 1)   # replies are counted: no 1.5th reply
+        self.getAxis("bottom").setTickSpacing(1, 1)  # replies are counted: no 1.5th reply
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush="#2f81f7")
         self.addItem(self.bars)
         self.disableAutoRange()
@@ -235,5 +244,8 @@ class ReplyHistoryPlot(StyledPlot):
     def add_reply(self, gen_tok_s: float) -> None:
         self.rates.append(gen_tok_s)
         self.bars.setOpts(x=list(range(1, len(self.rates) + 1)), height=self.rates, width=0.6)
-        self.setRange(xRange=(0.4, max(5, len(self.rates)) + 0.6),
-                      yRange=(0, nice_ceiling(max(self.rates) * 1.15)), padding=0)
+        self.setRange(
+            xRange=(0.4, max(5, len(self.rates)) + 0.6),
+            yRange=(0, nice_ceiling(max(self.rates) * 1.15)),
+            padding=0,
+        )

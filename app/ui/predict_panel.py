@@ -18,7 +18,7 @@ from app.ui.controller import RunController
 from app.ui.widgets import STATUS_COLORS, KeyValueTable, note
 from workers.shared.predict import LABEL
 
-PREDICT_TIMEOUT_S = 3600.0   # an 8B's 2-layer graphs compile for minutes each on a small machine
+PREDICT_TIMEOUT_S = 3600.0  # an 8B's 2-layer graphs compile for minutes each on a small machine
 
 
 class PredictPanel(QGroupBox):
@@ -27,10 +27,14 @@ class PredictPanel(QGroupBox):
         self.setObjectName("predict_panel")
         self.c = controller
         lay = QVBoxLayout(self)
-        lay.addWidget(note("Before quantizing or compiling: synthetic layers at this model's true shapes (random "
-                           "weights, int4 LPBQ / 16-bit activations / 8-bit KV) are compiled for the board's "
-                           "Hexagon arch and run on Qualcomm's HTP simulator. A prediction, not a measurement: "
-                           "the report shows it beside what the board measures."))
+        lay.addWidget(
+            note(
+                "Before quantizing or compiling: synthetic layers at this model's true shapes (random "
+                "weights, int4 LPBQ / 16-bit activations / 8-bit KV) are compiled for the board's "
+                "Hexagon arch and run on Qualcomm's HTP simulator. A prediction, not a measurement: "
+                "the report shows it beside what the board measures."
+            )
+        )
         row = QHBoxLayout()
         self.button = QPushButton("Predict speed")
         self.button.setObjectName("predict_button")
@@ -58,12 +62,15 @@ class PredictPanel(QGroupBox):
             self.show_prediction(doc)
         else:
             self.table.setRowCount(0)
-            self.message.setText("No prediction for this run yet." if m is not None else "Open or start a run first.")
+            self.message.setText(
+                "No prediction for this run yet." if m is not None else "Open or start a run first."
+            )
 
     def command(self) -> list[str]:
         assert self.c.manifest is not None
-        return cli_command("predict", "--run", self.c.manifest.run_id, "--workspace", str(self.c.workspace.root),
-                           "--json")
+        return cli_command(
+            "predict", "--run", self.c.manifest.run_id, "--workspace", str(self.c.workspace.root), "--json"
+        )
 
     def _start(self) -> None:
         self._task = asyncio.ensure_future(self.predict())
@@ -83,8 +90,10 @@ class PredictPanel(QGroupBox):
                 err = doc.get("error") or {}
                 why = err.get("message") or (res.stderr.strip().splitlines() or ["no output"])[-1]
                 hint = f"<br><b>What to do:</b> {html.escape(err['hint'])}" if err.get("hint") else ""
-                self.message.setText(f"<span style='color:{STATUS_COLORS['fail']}'>The prediction failed: "
-                                     f"{html.escape(str(why))}</span>{hint}")
+                self.message.setText(
+                    f"<span style='color:{STATUS_COLORS['fail']}'>The prediction failed: "
+                    f"{html.escape(str(why))}</span>{hint}"
+                )
                 return None
         finally:
             self.button.setEnabled(True)
@@ -100,11 +109,15 @@ class PredictPanel(QGroupBox):
             rows.append((f"predicted decode, {k.replace('_', ' ')}", b, "tok/s"))
         self.table.setRowCount(len(rows))
         for r, (label, b, unit) in enumerate(rows):
-            for col, text in enumerate((label, f"{b['value']:.1f} {unit}", f"{b['lower']:.1f}", f"{b['upper']:.1f}")):
+            for col, text in enumerate(
+                (label, f"{b['value']:.1f} {unit}", f"{b['lower']:.1f}", f"{b['upper']:.1f}")
+            ):
                 self.table.setItem(r, col, QTableWidgetItem(text))
         self.table.resizeRowsToContents()
         notes = "".join(f"<br>· {html.escape(str(n))}" for n in doc.get("notes") or [])
-        self.message.setText(f"<b>{html.escape(str(doc.get('label')))}</b> for {html.escape(str(t.get('name')))} "
-                             f"(soc_model {t.get('soc_model')}, {html.escape(str(t.get('dsp_arch')))}), context "
-                             f"{doc.get('context_length')}, AR-{doc.get('ar_n')}, {doc.get('parts')} parts, QNN "
-                             f"{html.escape(str(doc.get('qnn_version')))}.{notes}")
+        self.message.setText(
+            f"<b>{html.escape(str(doc.get('label')))}</b> for {html.escape(str(t.get('name')))} "
+            f"(soc_model {t.get('soc_model')}, {html.escape(str(t.get('dsp_arch')))}), context "
+            f"{doc.get('context_length')}, AR-{doc.get('ar_n')}, {doc.get('parts')} parts, QNN "
+            f"{html.escape(str(doc.get('qnn_version')))}.{notes}"
+        )

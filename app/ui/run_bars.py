@@ -16,7 +16,9 @@ class ResumeBar(QFrame):
         super().__init__(parent)
         self.setObjectName("resume_bar")
         self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setStyleSheet(f"QFrame#resume_bar {{ border: 1px solid {STATE_COLORS['stale']}; border-radius: 4px; }}")
+        self.setStyleSheet(
+            f"QFrame#resume_bar {{ border: 1px solid {STATE_COLORS['stale']}; border-radius: 4px; }}"
+        )
         lay = QHBoxLayout(self)
         lay.setContentsMargins(10, 4, 6, 4)
         self.label = QLabel("")
@@ -25,8 +27,9 @@ class ResumeBar(QFrame):
         lay.addWidget(self.label, 1)
         self.resume_button = QPushButton("Resume")
         self.resume_button.setObjectName("resume_button")
-        self.resume_button.setToolTip("Run every stage that is not done, starting with the interrupted one "
-                                      "(Ctrl+R)")
+        self.resume_button.setToolTip(
+            "Run every stage that is not done, starting with the interrupted one (Ctrl+R)"
+        )
         lay.addWidget(self.resume_button)
         self.dismiss_button = QToolButton()
         self.dismiss_button.setText("✕")
@@ -46,8 +49,9 @@ class GateBar(QFrame):
         super().__init__(parent)
         self.setObjectName("gate_bar")
         self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setStyleSheet(f"QFrame#gate_bar {{ border: 1px solid {KINDS['gate_failed'].color}; "
-                           "border-radius: 4px; }")
+        self.setStyleSheet(
+            f"QFrame#gate_bar {{ border: 1px solid {KINDS['gate_failed'].color}; border-radius: 4px; }}"
+        )
         lay = QHBoxLayout(self)
         lay.setContentsMargins(10, 4, 6, 4)
         self.label = QLabel("")
@@ -57,8 +61,10 @@ class GateBar(QFrame):
         lay.addWidget(self.label, 1)
         self.override_button = QPushButton("Override the gate…")
         self.override_button.setObjectName("gate_bar_override")
-        self.override_button.setToolTip("Continue past this gate anyway: your reason, your name and the time are "
-                                        "recorded in the run and shown in its report")
+        self.override_button.setToolTip(
+            "Continue past this gate anyway: your reason, your name and the time are "
+            "recorded in the run and shown in its report"
+        )
         lay.addWidget(self.override_button)
         self.show_button = QPushButton("Show the stage")
         self.show_button.setObjectName("gate_bar_show")

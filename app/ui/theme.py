@@ -95,7 +95,7 @@ def apply_theme(theme: str) -> None:
         hints: Any = QGuiApplication.styleHints()
         scheme = getattr(hints, "colorScheme", lambda: None)()
         if scheme == Qt.ColorScheme.Dark and not is_dark(base):
-            app.setPalette(dark_palette())    # the system says dark but gave Fusion a light palette
+            app.setPalette(dark_palette())  # the system says dark but gave Fusion a light palette
         else:
             app.setPalette(base)
 
@@ -103,15 +103,20 @@ def apply_theme(theme: str) -> None:
 class FocusRingStyle(QProxyStyle):
     """The keyboard focus ring drawn as a clear 2 px outline in the highlight colour (Fusion's is faint)."""
 
-    def drawPrimitive(self, element: QStyle.PrimitiveElement, option: QStyleOption, painter: QPainter,
-                      widget: QWidget | None = None) -> None:
+    def drawPrimitive(
+        self,
+        element: QStyle.PrimitiveElement,
+        option: QStyleOption,
+        painter: QPainter,
+        widget: QWidget | None = None,
+    ) -> None:
         if element == QStyle.PrimitiveElement.PE_FrameFocusRect:
             painter.save()
             painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-            pen = QPen(option.palette.color(QPalette.ColorRole.Highlight), 2)   # type: ignore[attr-defined]
+            pen = QPen(option.palette.color(QPalette.ColorRole.Highlight), 2)  # type: ignore[attr-defined]
             painter.setPen(pen)
             painter.setBrush(Qt.BrushStyle.NoBrush)
-            r: QRect = option.rect.adjusted(1, 1, -1, -1)   # type: ignore[attr-defined]
+            r: QRect = option.rect.adjusted(1, 1, -1, -1)  # type: ignore[attr-defined]
             painter.drawRoundedRect(r, 3, 3)
             painter.restore()
             return
@@ -127,7 +132,7 @@ class WheelGuard(QObject):
             return False
         w: QWidget | None = obj
         target: QWidget | None = None
-        for _ in range(3):   # the spin box's own line edit, or the combo's
+        for _ in range(3):  # the spin box's own line edit, or the combo's
             if w is None:
                 break
             if isinstance(w, (QAbstractSpinBox, QComboBox)):

@@ -15,9 +15,12 @@ from app.core.status import KINDS
 # the few widgets that show a plain success (a board connection, a fix applied).
 STATE_COLORS = {k.key: k.color for k in KINDS.values()} | {"done": KINDS["passed"].color}
 STATE_TEXT = {k.key: k.word for k in KINDS.values()} | {
-    "done": "done", "running": "working…",
-    "interrupted": "interrupted (crash or reboot): resume to run it again", "cancelled": "cancelled by you",
-    "stale": "stale: its inputs changed since it ran"}
+    "done": "done",
+    "running": "working…",
+    "interrupted": "interrupted (crash or reboot): resume to run it again",
+    "cancelled": "cancelled by you",
+    "stale": "stale: its inputs changed since it ran",
+}
 STATUS_COLORS = {"ok": "#2da44e", "warn": "#bf8700", "fail": "#d1242f", "skip": "#8a8f98"}
 
 _icon_cache: dict[str, QIcon] = {}
@@ -62,14 +65,20 @@ def state_icon(state: str, size: int = 16) -> QIcon:
         elif state in ("gate_failed", "stale"):
             p.drawLine(QPointF(c, c - 4), QPointF(c, c + 0.5))
             p.drawPoint(QPointF(c, c + 3.5))
-        elif state == "overridden":   # a flag
+        elif state == "overridden":  # a flag
             p.drawLine(QPointF(c - 3, c - 4), QPointF(c - 3, c + 4))
             p.setBrush(QColor("white"))
             p.setPen(Qt.PenStyle.NoPen)
             p.drawPolygon([QPointF(c - 3, c - 4), QPointF(c + 4, c - 2), QPointF(c - 3, c + 1)])
         elif state == "interrupted":  # a broken line
-            p.drawPolyline([QPointF(c + 1, c - 4.5), QPointF(c - 2.5, c + 0.5), QPointF(c + 2.5, c - 0.5),
-                            QPointF(c - 1, c + 4.5)])
+            p.drawPolyline(
+                [
+                    QPointF(c + 1, c - 4.5),
+                    QPointF(c - 2.5, c + 0.5),
+                    QPointF(c + 2.5, c - 0.5),
+                    QPointF(c - 1, c + 4.5),
+                ]
+            )
     p.end()
     icon = QIcon(pm)
     _icon_cache[key] = icon
@@ -118,7 +127,7 @@ def fmt_value(v: Any, unit: str | None = None) -> str:
     from app.core.units import fmt_quantity
 
     q = fmt_quantity(v, unit) if isinstance(v, (int, float)) else None
-    if q is not None:          # rates and times: the one rule the CLI prints them by (app/core/units.py)
+    if q is not None:  # rates and times: the one rule the CLI prints them by (app/core/units.py)
         return q
     if isinstance(v, bool):
         return "yes" if v else "no"

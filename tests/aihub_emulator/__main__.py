@@ -15,8 +15,11 @@ def main() -> int:
     args = ap.parse_args()
     with AIHubEmulator(run_s=args.run_seconds, port=args.port) as emu:
         print(f"EMULATED AI Hub at {emu.api_url} (token {emu.token}); Ctrl+C stops it.", flush=True)
-        print(f"export HEXSTUDIO_AIHUB_TOKEN={emu.token} HEXSTUDIO_AIHUB_API_URL={emu.api_url} "
-              "NO_PROXY=127.0.0.1,localhost", flush=True)
+        print(
+            f"export HEXSTUDIO_AIHUB_TOKEN={emu.token} HEXSTUDIO_AIHUB_API_URL={emu.api_url} "
+            "NO_PROXY=127.0.0.1,localhost",
+            flush=True,
+        )
         try:
             while True:
                 time.sleep(3600)

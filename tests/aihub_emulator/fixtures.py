@@ -1,6 +1,6 @@
 """pytest fixture for the AI Hub emulator. Import it into a conftest:
 
-    from tests.aihub_emulator.fixtures import aihub_emulator  # noqa: F401
+from tests.aihub_emulator.fixtures import aihub_emulator  # noqa: F401
 """
 
 from __future__ import annotations

@@ -113,8 +113,14 @@ QAIRT_VERSIONS: dict[str, str] = {"2.42": "2.42.0.251225135753_193295"}
 DEFAULT_QAIRT = "2.42"
 # Compile options it knows: name -> allowed values (None: any value; () : a flag without a value).
 OPTIONS: dict[str, tuple[str, ...] | None] = {
-    "--target_runtime": ("qnn_dlc", "qnn_context_binary", "qnn_lib_aarch64_android", "tflite", "onnx",
-                         "precompiled_qnn_onnx"),
+    "--target_runtime": (
+        "qnn_dlc",
+        "qnn_context_binary",
+        "qnn_lib_aarch64_android",
+        "tflite",
+        "onnx",
+        "precompiled_qnn_onnx",
+    ),
     "--qairt_version": None,
     "--output_names": None,
     "--quantize_io": (),
@@ -124,7 +130,7 @@ OPTIONS: dict[str, tuple[str, ...] | None] = {
     "--compute_unit": None,
     "--truncate_64bit_io": (),
     "--truncate_64bit_tensors": (),
-    "--force_channel_last_input": None,      # qai-hub-models utils/base_model.py get_hub_compile_options
+    "--force_channel_last_input": None,  # qai-hub-models utils/base_model.py get_hub_compile_options
     "--force_channel_last_output": None,
 }
 # Link options: --qnn_options too (qai_hub 0.56 client.py, submit_compile_and_link_jobs' docstring:
@@ -135,18 +141,30 @@ LINK_OPTIONS: dict[str, tuple[str, ...] | None] = {"--qairt_version": None, "--q
 QNN_OPTIONS = (
     # Qualcomm's own callers: qai-hub-models (context_enable_graphs, default_graph_gpu_precision) and the
     # qai_hub 0.56 client's docstrings (default_graph_htp_precision, default_graph_htp_optimizations)
-    "context_enable_graphs", "default_graph_gpu_precision", "default_graph_htp_precision",
+    "context_enable_graphs",
+    "default_graph_gpu_precision",
+    "default_graph_htp_precision",
     "default_graph_htp_optimizations",
     # AI Hub's documented QNN options (api.html "profile & inference options"; the list as transcribed by
     # a third party, not read from Qualcomm's page itself)
-    "context_async_execution_queue_depth_numeric", "context_error_reporting_options_level",
-    "context_error_reporting_options_storage_limit", "context_memory_limit_hint", "context_priority",
-    "context_gpu_performance_hint", "context_gpu_use_gl_buffers", "context_htp_performance_mode",
-    "default_graph_priority", "default_graph_gpu_disable_memory_optimizations",
-    "default_graph_gpu_disable_node_optimizations", "default_graph_gpu_disable_queue_recording",
-    "default_graph_htp_disable_fold_relu_activation_into_conv", "default_graph_htp_num_hvx_threads",
-    "default_graph_htp_optimization_type", "default_graph_htp_optimization_value",
-    "default_graph_htp_disable_short_depth_conv_on_hmx", "default_graph_htp_vtcm_size",
+    "context_async_execution_queue_depth_numeric",
+    "context_error_reporting_options_level",
+    "context_error_reporting_options_storage_limit",
+    "context_memory_limit_hint",
+    "context_priority",
+    "context_gpu_performance_hint",
+    "context_gpu_use_gl_buffers",
+    "context_htp_performance_mode",
+    "default_graph_priority",
+    "default_graph_gpu_disable_memory_optimizations",
+    "default_graph_gpu_disable_node_optimizations",
+    "default_graph_gpu_disable_queue_recording",
+    "default_graph_htp_disable_fold_relu_activation_into_conv",
+    "default_graph_htp_num_hvx_threads",
+    "default_graph_htp_optimization_type",
+    "default_graph_htp_optimization_value",
+    "default_graph_htp_disable_short_depth_conv_on_hmx",
+    "default_graph_htp_vtcm_size",
 )
 GRAPH_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # AIMET encodings formats Qualcomm's own LLM pipeline uploads to AI Hub (qai-hub-models
@@ -158,8 +176,11 @@ AIMET_ENCODINGS_FORMATS: dict[str, bool] = {"0.6.1": False, "1.0.0": True}
 AIMET_ENCODINGS_UNVERIFIED = ("2.0.0", "2.1.0")
 
 # Run settings that make workers/aihub.py poll fast and never sit in HTTP retries.
-FAST_RUN_SETTINGS: dict[str, Any] = {"aihub_poll_interval_s": 0.05, "aihub_http_retries": 0,
-                                     "aihub_http_backoff_s": 0.01}
+FAST_RUN_SETTINGS: dict[str, Any] = {
+    "aihub_poll_interval_s": 0.05,
+    "aihub_http_retries": 0,
+    "aihub_http_backoff_s": 0.01,
+}
 
 
 @contextmanager
@@ -185,28 +206,85 @@ def no_proxy_env() -> dict[str, str]:
     value = ",".join(sorted(hosts | {"127.0.0.1", "localhost"}))
     return {"NO_PROXY": value, "no_proxy": value}
 
+
 # Device records as AI Hub lists them (see the module docstring for the sources). One old device without
 # weight sharing (v68) and one v69 device show the refusals.
 DEVICES: list[dict[str, Any]] = [
-    {"name": "Dragonwing IQ-9075 EVK", "os": "1.7", "soc_description": "Qualcomm QCS9075",
-     # chipset:qcs9075 is the alias AI Hub lists after the chipset (qai-hub-models v0.47.0 devices_and_chipsets.yaml
-     # takes a device's aliases from its chipset: attributes); HexStudio keeps the first (workers/aihub.parse_device)
-     "attributes": ["abi:aarch64-oe-linux-gcc11", "chipset:qualcomm-qcs9075", "chipset:qcs9075", "format:iot",
-                    "framework:onnx",
-                    "framework:qnn", "framework:tflite", "hexagon:v73", "htp-supports-fp16:true",
-                    "htp-supports-weight-sharing:true", "os:qc_linux", "soc-model:77", "vendor:qualcomm"]},
-    {"name": "Snapdragon 8 Gen 3 QRD", "os": "14", "soc_description": "Qualcomm Snapdragon 8 Gen 3",
-     "attributes": ["abi:aarch64-android", "chipset:qualcomm-snapdragon-8gen3", "format:phone", "framework:onnx",
-                    "framework:qnn", "framework:tflite", "hexagon:v75", "htp-supports-weight-sharing:true",
-                    "os:android", "soc-model:57", "vendor:qualcomm"]},
-    {"name": "Snapdragon 8 Gen 1 QRD", "os": "12", "soc_description": "Qualcomm Snapdragon 8 Gen 1",
-     "attributes": ["abi:aarch64-android", "chipset:qualcomm-snapdragon-8gen1", "format:phone", "framework:onnx",
-                    "framework:qnn", "framework:tflite", "hexagon:v69", "htp-supports-weight-sharing:false",
-                    "os:android", "soc-model:36", "vendor:qualcomm"]},
-    {"name": "RB3 Gen 2 (Proxy)", "os": "12", "soc_description": "Qualcomm QCS6490",
-     "attributes": ["abi:aarch64-android", "chipset:qualcomm-qcs6490-proxy", "format:iot", "framework:onnx",
-                    "framework:qnn", "framework:tflite", "hexagon:v68", "os:android", "soc-model:35",
-                    "vendor:qualcomm"]},
+    {
+        "name": "Dragonwing IQ-9075 EVK",
+        "os": "1.7",
+        "soc_description": "Qualcomm QCS9075",
+        # chipset:qcs9075 is the alias AI Hub lists after the chipset (qai-hub-models v0.47.0 devices_and_chipsets.yaml
+        # takes a device's aliases from its chipset: attributes); HexStudio keeps the first (workers/aihub.parse_device)
+        "attributes": [
+            "abi:aarch64-oe-linux-gcc11",
+            "chipset:qualcomm-qcs9075",
+            "chipset:qcs9075",
+            "format:iot",
+            "framework:onnx",
+            "framework:qnn",
+            "framework:tflite",
+            "hexagon:v73",
+            "htp-supports-fp16:true",
+            "htp-supports-weight-sharing:true",
+            "os:qc_linux",
+            "soc-model:77",
+            "vendor:qualcomm",
+        ],
+    },
+    {
+        "name": "Snapdragon 8 Gen 3 QRD",
+        "os": "14",
+        "soc_description": "Qualcomm Snapdragon 8 Gen 3",
+        "attributes": [
+            "abi:aarch64-android",
+            "chipset:qualcomm-snapdragon-8gen3",
+            "format:phone",
+            "framework:onnx",
+            "framework:qnn",
+            "framework:tflite",
+            "hexagon:v75",
+            "htp-supports-weight-sharing:true",
+            "os:android",
+            "soc-model:57",
+            "vendor:qualcomm",
+        ],
+    },
+    {
+        "name": "Snapdragon 8 Gen 1 QRD",
+        "os": "12",
+        "soc_description": "Qualcomm Snapdragon 8 Gen 1",
+        "attributes": [
+            "abi:aarch64-android",
+            "chipset:qualcomm-snapdragon-8gen1",
+            "format:phone",
+            "framework:onnx",
+            "framework:qnn",
+            "framework:tflite",
+            "hexagon:v69",
+            "htp-supports-weight-sharing:false",
+            "os:android",
+            "soc-model:36",
+            "vendor:qualcomm",
+        ],
+    },
+    {
+        "name": "RB3 Gen 2 (Proxy)",
+        "os": "12",
+        "soc_description": "Qualcomm QCS6490",
+        "attributes": [
+            "abi:aarch64-android",
+            "chipset:qualcomm-qcs6490-proxy",
+            "format:iot",
+            "framework:onnx",
+            "framework:qnn",
+            "framework:tflite",
+            "hexagon:v68",
+            "os:android",
+            "soc-model:35",
+            "vendor:qualcomm",
+        ],
+    },
 ]
 
 README = """EMULATED by HexStudio's AI Hub emulator (tests/aihub_emulator).
@@ -240,8 +318,10 @@ def parse_options(options: str, known: dict[str, tuple[str, ...] | None], what: 
     while i < len(toks):
         t = toks[i]
         if not t.startswith("--") or t not in known:
-            raise JobRefused(f"Failed to parse {what} options: unrecognized option '{t}'. "
-                             f"Valid {what} options: {', '.join(sorted(known))}.")
+            raise JobRefused(
+                f"Failed to parse {what} options: unrecognized option '{t}'. "
+                f"Valid {what} options: {', '.join(sorted(known))}."
+            )
         allowed = known[t]
         if allowed == ():
             out[t] = ""
@@ -265,8 +345,10 @@ def qnn_options(value: str) -> dict[str, str]:
     for item in (x for x in value.split(";") if x):
         key, eq, val = item.partition("=")
         if key not in QNN_OPTIONS or not eq:
-            raise JobRefused(f"Invalid --qnn_options entry '{item}': unknown option '{key}'. "
-                             f"Valid --qnn_options: {', '.join(sorted(QNN_OPTIONS))}.")
+            raise JobRefused(
+                f"Invalid --qnn_options entry '{item}': unknown option '{key}'. "
+                f"Valid --qnn_options: {', '.join(sorted(QNN_OPTIONS))}."
+            )
         out[key] = val
     return out
 
@@ -275,11 +357,14 @@ def qairt_full_version(opts: dict[str, str]) -> str:
     v = opts.get("--qairt_version", DEFAULT_QAIRT)
     if v in ("latest", "default"):
         v = DEFAULT_QAIRT
-    full = QAIRT_VERSIONS.get(v) or next((f for f in QAIRT_VERSIONS.values() if f == v or f.startswith(v + ".")),
-                                         None)
+    full = QAIRT_VERSIONS.get(v) or next(
+        (f for f in QAIRT_VERSIONS.values() if f == v or f.startswith(v + ".")), None
+    )
     if full is None:
-        raise JobRefused(f"QAIRT version '{v}' is not available on Qualcomm AI Hub. Available versions: "
-                         f"{', '.join(QAIRT_VERSIONS)}.")
+        raise JobRefused(
+            f"QAIRT version '{v}' is not available on Qualcomm AI Hub. Available versions: "
+            f"{', '.join(QAIRT_VERSIONS)}."
+        )
     return full
 
 
@@ -307,7 +392,7 @@ def uploaded_model_outputs(model_type: int, data: bytes, is_directory: bool) -> 
     if not is_directory:
         try:
             return [o.name for o in onnx.load_model_from_string(data).graph.output]
-        except Exception as exc:   # onnx's DecodeError
+        except Exception as exc:  # onnx's DecodeError
             raise JobRefused(f"Failed to load the ONNX model: {exc}") from None
     try:
         z = zipfile.ZipFile(io.BytesIO(data))
@@ -316,8 +401,10 @@ def uploaded_model_outputs(model_type: int, data: bytes, is_directory: bool) -> 
     files = [n for n in z.namelist() if not n.endswith("/")]
     tops = {n.split("/", 1)[0] for n in z.namelist()}
     if len(tops) != 1 or any(n.count("/") != 1 for n in files):
-        raise JobRefused("The uploaded model must be a single directory holding its files directly "
-                         f"(got: {', '.join(sorted(z.namelist()))}).")
+        raise JobRefused(
+            "The uploaded model must be a single directory holding its files directly "
+            f"(got: {', '.join(sorted(z.namelist()))})."
+        )
     base = tops.pop()
     names = [n.split("/", 1)[1] for n in files]
     onnxs = [n for n in names if n.endswith(".onnx")]
@@ -325,26 +412,34 @@ def uploaded_model_outputs(model_type: int, data: bytes, is_directory: bool) -> 
     encs = [n for n in names if n.endswith(".encodings")]
     other = sorted(set(names) - set(onnxs) - set(datas) - set(encs))
     if len(onnxs) != 1 or len(datas) > 1 or len(encs) > 1 or other:
-        raise JobRefused(f"Model directory '{base}' must contain exactly one .onnx file, at most one .data and "
-                         f"at most one .encodings file (got: {', '.join(sorted(names))}).")
+        raise JobRefused(
+            f"Model directory '{base}' must contain exactly one .onnx file, at most one .data and "
+            f"at most one .encodings file (got: {', '.join(sorted(names))})."
+        )
     if model_type == pb.MODEL_TYPE_AIMET_ONNX and len(encs) != 1:
         raise JobRefused(f"AIMET model directory '{base}' has no .encodings file.")
     try:
         model = onnx.load_model_from_string(z.read(f"{base}/{onnxs[0]}"))
-    except Exception as exc:   # onnx's DecodeError
+    except Exception as exc:  # onnx's DecodeError
         raise JobRefused(f"Failed to load the ONNX model {onnxs[0]}: {exc}") from None
-    try:   # types must agree (an fp16 initializer feeds a Cast to float, not a float op directly)
+    try:  # types must agree (an fp16 initializer feeds a Cast to float, not a float op directly)
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
-    except Exception as exc:   # onnx's InferenceError / ValidationError
+    except Exception as exc:  # onnx's InferenceError / ValidationError
         raise JobRefused(f"The ONNX model {onnxs[0]} is not valid: {str(exc)[:300]}") from None
-    locations = sorted({e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"})
+    locations = sorted(
+        {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    )
     for loc in locations:
         if loc not in datas:
-            raise JobRefused(f"The ONNX model {onnxs[0]} references external data '{loc}', which is not in the "
-                             f"model directory '{base}' (it holds: {', '.join(sorted(names))}).")
+            raise JobRefused(
+                f"The ONNX model {onnxs[0]} references external data '{loc}', which is not in the "
+                f"model directory '{base}' (it holds: {', '.join(sorted(names))})."
+            )
     if datas and datas[0] not in locations:
-        raise JobRefused(f"Model directory '{base}' holds {datas[0]}, which the ONNX model {onnxs[0]} does not "
-                         "reference as its external data.")
+        raise JobRefused(
+            f"Model directory '{base}' holds {datas[0]}, which the ONNX model {onnxs[0]} does not "
+            "reference as its external data."
+        )
     if encs:
         try:
             doc = json.loads(z.read(f"{base}/{encs[0]}"))
@@ -358,27 +453,51 @@ def check_aimet_encodings(name: str, doc: Any) -> None:
     """An AIMET .encodings document in a format AI Hub takes, its two sections of that format's shape
     (1.0.0: lists of encodings each with a "name"; 0.6.1: dicts keyed by tensor name). Raises JobRefused."""
     version = doc.get("version") if isinstance(doc, dict) else None
-    accepted = " and ".join(f"{v} ({'lists of named encodings' if lists else 'dicts keyed by tensor name'})"
-                            for v, lists in AIMET_ENCODINGS_FORMATS.items())
+    accepted = " and ".join(
+        f"{v} ({'lists of named encodings' if lists else 'dicts keyed by tensor name'})"
+        for v, lists in AIMET_ENCODINGS_FORMATS.items()
+    )
     if version in AIMET_ENCODINGS_UNVERIFIED:
-        raise JobRefused(f"[emulator] AIMET encodings format {version} in {name}: AIMET writes it, but this emulator "
-                         f"has no evidence that AI Hub takes it. Export {accepted} instead.")
+        raise JobRefused(
+            f"[emulator] AIMET encodings format {version} in {name}: AIMET writes it, but this emulator "
+            f"has no evidence that AI Hub takes it. Export {accepted} instead."
+        )
     if not isinstance(version, str) or version not in AIMET_ENCODINGS_FORMATS:
-        raise JobRefused(f"Unsupported AIMET encodings format in {name}: version {version!r}. "
-                         f"Supported versions: {accepted}.")
+        raise JobRefused(
+            f"Unsupported AIMET encodings format in {name}: version {version!r}. "
+            f"Supported versions: {accepted}."
+        )
     lists = AIMET_ENCODINGS_FORMATS[version]
     for section in ("activation_encodings", "param_encodings"):
         body = doc.get(section)
-        ok = (isinstance(body, list) and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in body)) \
-            if lists else isinstance(body, dict)
+        ok = (
+            (
+                isinstance(body, list)
+                and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in body)
+            )
+            if lists
+            else isinstance(body, dict)
+        )
         if not ok:
             # the other format's shape under this version: say which version the file's shape is
-            other = next((v for v, ls in AIMET_ENCODINGS_FORMATS.items() if ls != lists
-                          and isinstance(body, list if ls else dict)), None)
-            hint = f" Its '{section}' has the shape of format {other}: expected version {other}." if other else ""
-            raise JobRefused(f"Malformed AIMET encodings {name}: '{section}' must be "
-                             f"{'a list of encodings with a name' if lists else 'a dict keyed by tensor name'} "
-                             f"in format {version}.{hint}")
+            other = next(
+                (
+                    v
+                    for v, ls in AIMET_ENCODINGS_FORMATS.items()
+                    if ls != lists and isinstance(body, list if ls else dict)
+                ),
+                None,
+            )
+            hint = (
+                f" Its '{section}' has the shape of format {other}: expected version {other}."
+                if other
+                else ""
+            )
+            raise JobRefused(
+                f"Malformed AIMET encodings {name}: '{section}' must be "
+                f"{'a list of encodings with a name' if lists else 'a dict keyed by tensor name'} "
+                f"in format {version}.{hint}"
+            )
 
 
 def _package(what: str, meta: dict[str, Any], inputs: dict[str, bytes]) -> bytes:
@@ -398,18 +517,18 @@ class _Model:
     parts: dict[int, bytes] = field(default_factory=dict)
     upload_id: str = ""
     filename: str = ""
-    device: str = ""            # a produced model: the device it was compiled for
-    qairt: str = ""             # ... and the full QAIRT version
+    device: str = ""  # a produced model: the device it was compiled for
+    qairt: str = ""  # ... and the full QAIRT version
     graphs: list[str] = field(default_factory=list)
 
 
 @dataclass
 class _Job:
     job_id: str
-    kind: str                   # compile | link
-    pb: Any                     # the api_pb.Job as submitted (filled in by the server)
+    kind: str  # compile | link
+    pb: Any  # the api_pb.Job as submitted (filled in by the server)
     created: float
-    outcome: str = "success"    # success | failed
+    outcome: str = "success"  # success | failed
     reason: str = ""
     graphs: list[str] = field(default_factory=list)
 
@@ -417,8 +536,14 @@ class _Job:
 class AIHubEmulator:
     """Start with `with AIHubEmulator() as emu:` (or .start()/.stop()). `emu.api_url`, `emu.token`."""
 
-    def __init__(self, token: str = DEFAULT_TOKEN, queue_s: float = 0.05, run_s: float = 0.15,
-                 max_part_size: int = 4 << 20, port: int = 0) -> None:
+    def __init__(
+        self,
+        token: str = DEFAULT_TOKEN,
+        queue_s: float = 0.05,
+        run_s: float = 0.15,
+        max_part_size: int = 4 << 20,
+        port: int = 0,
+    ) -> None:
         self.token = token
         self._port = port
         self.queue_s = queue_s
@@ -483,25 +608,37 @@ class AIHubEmulator:
         """A qai_hub.ClientConfig for an in-process `qai_hub.Client(config=...)`."""
         from qai_hub import ClientConfig
 
-        return ClientConfig(api_token=token or self.token, api_url=self.api_url, web_url=self.web_url,
-                            verbose=False)
+        return ClientConfig(
+            api_token=token or self.token, api_url=self.api_url, web_url=self.web_url, verbose=False
+        )
 
     def worker_env(self) -> dict[str, str]:
         """Environment for a compile worker (workers/aihub.py reads these)."""
-        return {"HEXSTUDIO_AIHUB_TOKEN": self.token, "HEXSTUDIO_AIHUB_API_URL": self.api_url,
-                "HEXSTUDIO_AIHUB_WEB_URL": self.web_url, **no_proxy_env()}
+        return {
+            "HEXSTUDIO_AIHUB_TOKEN": self.token,
+            "HEXSTUDIO_AIHUB_API_URL": self.api_url,
+            "HEXSTUDIO_AIHUB_WEB_URL": self.web_url,
+            **no_proxy_env(),
+        }
 
     def run_settings(self) -> dict[str, Any]:
         """Run settings for a compile through this emulator (consent given, fast polling)."""
-        return {"compile_target": "aihub", "aihub_consent": True, "aihub_api_url": self.api_url,
-                "aihub_web_url": self.web_url, **FAST_RUN_SETTINGS}
+        return {
+            "compile_target": "aihub",
+            "aihub_consent": True,
+            "aihub_api_url": self.api_url,
+            "aihub_web_url": self.web_url,
+            **FAST_RUN_SETTINGS,
+        }
 
     def write_client_ini(self, path: str | Path, token: str | None = None) -> Path:
         """A qai_hub client.ini ([api] api_token, api_url, web_url) pointing here."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(f"[api]\napi_token = {token or self.token}\napi_url = {self.api_url}\n"
-                     f"web_url = {self.web_url}\nverbose = false\n")
+        p.write_text(
+            f"[api]\napi_token = {token or self.token}\napi_url = {self.api_url}\n"
+            f"web_url = {self.web_url}\nverbose = false\n"
+        )
         return p
 
     # -- failure injection ---------------------------------------------------------------------
@@ -551,9 +688,11 @@ class AIHubEmulator:
 
     def hub_log(self, j: _Job) -> bytes:
         state = self._state(j)
-        lines = [f"[emulated] HexStudio AI Hub emulator log for {j.kind} job {j.job_id}",
-                 f"[emulated] graphs: {', '.join(j.graphs) or '-'}",
-                 f"[emulated] state: {pb.JobState.Name(state)}"]
+        lines = [
+            f"[emulated] HexStudio AI Hub emulator log for {j.kind} job {j.job_id}",
+            f"[emulated] graphs: {', '.join(j.graphs) or '-'}",
+            f"[emulated] state: {pb.JobState.Name(state)}",
+        ]
         if state == pb.JOB_STATE_FAILED:
             lines.append(f"[emulated] failure: {j.reason}")
         return ("\n".join(lines) + "\n").encode()
@@ -571,17 +710,33 @@ class AIHubEmulator:
         self.models[mid] = _Model(pb=m, filename=(model.name or mid))
         return pb.CreateUpdateResponse(id=mid, creation_time=m.creation_time)
 
-    def produce_model(self, name: str, model_type: int, data: bytes, filename: str, producer: str,
-                      device: str = "", qairt: str = "", graphs: list[str] | None = None) -> Any:
+    def produce_model(
+        self,
+        name: str,
+        model_type: int,
+        data: bytes,
+        filename: str,
+        producer: str,
+        device: str = "",
+        qairt: str = "",
+        graphs: list[str] | None = None,
+    ) -> Any:
         mid = self.new_id("m")
-        m = pb.Model(model_id=mid, name=name, model_type=model_type, producer_id=producer,  # type: ignore[arg-type]
-                     file_upload_complete=True, creation_time=_now_ts())
+        m = pb.Model(
+            model_id=mid,
+            name=name,
+            model_type=model_type,
+            producer_id=producer,  # type: ignore[arg-type]
+            file_upload_complete=True,
+            creation_time=_now_ts(),
+        )
         if qairt:
             m.metadata.entries[pb.MODEL_METADATA_KEY_QAIRT_SDK_VERSION] = qairt
         if graphs:
             m.metadata.entries[pb.MODEL_METADATA_KEY_QNN_MODEL_GRAPH_NAMES] = ",".join(graphs)
-        self.models[mid] = _Model(pb=m, data=data, filename=filename, device=device, qairt=qairt,
-                                  graphs=list(graphs or []))
+        self.models[mid] = _Model(
+            pb=m, data=data, filename=filename, device=device, qairt=qairt, graphs=list(graphs or [])
+        )
         return m
 
     def check_compile(self, cj: Any, src: _Model) -> tuple[str, list[str], str, list[str]]:
@@ -590,18 +745,24 @@ class AIHubEmulator:
         opts = parse_options(cj.options, OPTIONS, "compile")
         runtime = opts.get("--target_runtime", "tflite")
         if runtime not in ("qnn_dlc", "qnn_context_binary"):
-            raise JobRefused(f"[emulator] target runtime '{runtime}' is valid on AI Hub, but this emulator only "
-                             "compiles to qnn_dlc and qnn_context_binary.")
+            raise JobRefused(
+                f"[emulator] target runtime '{runtime}' is valid on AI Hub, but this emulator only "
+                "compiles to qnn_dlc and qnn_context_binary."
+            )
         qairt = qairt_full_version(opts)
         qnn = qnn_options(opts.get("--qnn_options", ""))
         graphs = [g for g in qnn.get("context_enable_graphs", "").split(",") if g]
         if runtime == "qnn_dlc" and len(graphs) != 1:
-            raise JobRefused("Compiling to qnn_dlc needs exactly one graph name: --qnn_options "
-                             f"context_enable_graphs=<name> (got {', '.join(graphs) or 'none'}).")
+            raise JobRefused(
+                "Compiling to qnn_dlc needs exactly one graph name: --qnn_options "
+                f"context_enable_graphs=<name> (got {', '.join(graphs) or 'none'})."
+            )
         for g in graphs:
             if not GRAPH_NAME_RE.match(g):
-                raise JobRefused(f"Invalid graph name '{g}' in context_enable_graphs: a graph name must start with "
-                                 "a letter or '_' and hold only letters, digits and '_'.")
+                raise JobRefused(
+                    f"Invalid graph name '{g}' in context_enable_graphs: a graph name must start with "
+                    "a letter or '_' and hold only letters, digits and '_'."
+                )
         if src.pb.model_type not in (pb.MODEL_TYPE_ONNX, pb.MODEL_TYPE_AIMET_ONNX):
             raise JobRefused("[emulator] this emulator compiles ONNX and AIMET-ONNX models only.")
         outputs = uploaded_model_outputs(int(src.pb.model_type), src.data or b"", bool(src.pb.is_directory))
@@ -619,16 +780,22 @@ class AIHubEmulator:
         qnn_options(opts.get("--qnn_options", ""))
         for src in ins:
             if src.device != dev["name"]:
-                raise JobRefused(f"Model {src.pb.model_id} was compiled for {src.device or 'no device'}, not for "
-                                 f"the link job's device {dev['name']}: link DLCs compiled for the same device.")
+                raise JobRefused(
+                    f"Model {src.pb.model_id} was compiled for {src.device or 'no device'}, not for "
+                    f"the link job's device {dev['name']}: link DLCs compiled for the same device."
+                )
             if src.qairt != qairt:
-                raise JobRefused(f"Model {src.pb.model_id} was compiled with QAIRT {src.qairt or '?'}, but the link "
-                                 f"job uses QAIRT {qairt}: link DLCs compiled with the same QAIRT version.")
+                raise JobRefused(
+                    f"Model {src.pb.model_id} was compiled with QAIRT {src.qairt or '?'}, but the link "
+                    f"job uses QAIRT {qairt}: link DLCs compiled with the same QAIRT version."
+                )
         graphs = [g for src in ins for g in src.graphs]
         dup = sorted({g for g in graphs if graphs.count(g) > 1})
         if dup:
-            raise JobRefused(f"The models to link have graphs with the same name ({', '.join(dup)}): every graph "
-                             "in a context binary needs a distinct name.")
+            raise JobRefused(
+                f"The models to link have graphs with the same name ({', '.join(dup)}): every graph "
+                "in a context binary needs a distinct name."
+            )
         return graphs, qairt
 
     def submit(self, job: Any) -> tuple[int, Any]:
@@ -668,14 +835,34 @@ class AIHubEmulator:
             dlc = runtime == "qnn_dlc"
             mtype = pb.MODEL_TYPE_QNN_DLC if dlc else pb.MODEL_TYPE_QNN_CONTEXT_BINARY
             ext = ".dlc" if dlc else ".bin"
-            data = _package("QNN DLC" if dlc else "QNN context binary", {
-                "kind": "compile", "job_id": jid, "device": dev["name"], "options": cj.options,
-                "qairt_version": qairt, "graphs": rec.graphs, "output_names": used_outputs,
-                "input_model_id": src.pb.model_id,
-                "input_name": src.pb.name, "input_sha256": hashlib.sha256(src.data).hexdigest()},
-                {f"{src.pb.model_id}.zip": src.data})
-            cj.target_model.CopyFrom(self.produce_model(f"{cj.name}{ext}", mtype, data, f"{cj.name or jid}{ext}",
-                                                        jid, dev["name"], qairt, rec.graphs))
+            data = _package(
+                "QNN DLC" if dlc else "QNN context binary",
+                {
+                    "kind": "compile",
+                    "job_id": jid,
+                    "device": dev["name"],
+                    "options": cj.options,
+                    "qairt_version": qairt,
+                    "graphs": rec.graphs,
+                    "output_names": used_outputs,
+                    "input_model_id": src.pb.model_id,
+                    "input_name": src.pb.name,
+                    "input_sha256": hashlib.sha256(src.data).hexdigest(),
+                },
+                {f"{src.pb.model_id}.zip": src.data},
+            )
+            cj.target_model.CopyFrom(
+                self.produce_model(
+                    f"{cj.name}{ext}",
+                    mtype,
+                    data,
+                    f"{cj.name or jid}{ext}",
+                    jid,
+                    dev["name"],
+                    qairt,
+                    rec.graphs,
+                )
+            )
         else:
             lj = stored.link_job
             ins = []
@@ -701,14 +888,32 @@ class AIHubEmulator:
             lj.device.CopyFrom(pb.Device(name=dev["name"], os=dev["os"], attributes=dev["attributes"]))
             lj.models.CopyFrom(pb.ModelList(models=[s.pb for s in ins], total_query_count=len(ins)))
             lj.creation_time.CopyFrom(_now_ts())
-            data = _package("QNN context binary", {
-                "kind": "link", "job_id": jid, "device": dev["name"], "options": lj.options,
-                "qairt_version": qairt, "graphs": rec.graphs, "weight_sharing": True,
-                "input_model_ids": [s.pb.model_id for s in ins]},
-                {f"{s.pb.model_id}.dlc": s.data or b"" for s in ins})
-            lj.target_model.CopyFrom(self.produce_model(f"{lj.name}.bin", pb.MODEL_TYPE_QNN_CONTEXT_BINARY,
-                                                        data, f"{lj.name or jid}.bin", jid, dev["name"], qairt,
-                                                        rec.graphs))
+            data = _package(
+                "QNN context binary",
+                {
+                    "kind": "link",
+                    "job_id": jid,
+                    "device": dev["name"],
+                    "options": lj.options,
+                    "qairt_version": qairt,
+                    "graphs": rec.graphs,
+                    "weight_sharing": True,
+                    "input_model_ids": [s.pb.model_id for s in ins],
+                },
+                {f"{s.pb.model_id}.dlc": s.data or b"" for s in ins},
+            )
+            lj.target_model.CopyFrom(
+                self.produce_model(
+                    f"{lj.name}.bin",
+                    pb.MODEL_TYPE_QNN_CONTEXT_BINARY,
+                    data,
+                    f"{lj.name or jid}.bin",
+                    jid,
+                    dev["name"],
+                    qairt,
+                    rec.graphs,
+                )
+            )
         if refused:
             rec.outcome, rec.reason = "failed", refused
             self.failure_reasons[jid] = refused
@@ -776,13 +981,17 @@ class _Handler(BaseHTTPRequestHandler):
                 f = emu.files.get(fid)
             if f is None:
                 return self._reply(404, {"detail": "no such file"})
-            return self._send(200, f[1], "application/octet-stream",
-                              {"Content-Disposition": f'attachment; filename="{f[0]}"'})
+            return self._send(
+                200,
+                f[1],
+                "application/octet-stream",
+                {"Content-Disposition": f'attachment; filename="{f[0]}"'},
+            )
         if not path.startswith("/api/v1/"):
             return self._reply(404, {"detail": f"not an AI Hub API path: {path}"})
         if emu.fail_auth or self.headers.get("Authorization") != f"token {emu.token}":
             return self._reply(401, {"detail": "Invalid token."})
-        seg = [s for s in path[len("/api/v1/"):].split("/") if s]
+        seg = [s for s in path[len("/api/v1/") :].split("/") if s]
         with emu._lock:
             return self._api(seg, q, body)
 
@@ -790,19 +999,35 @@ class _Handler(BaseHTTPRequestHandler):
         emu = self.server_emu
         cmd = self.command
         if seg == ["users", "auth", "user"] and cmd == "GET":
-            return self._reply(200, pb.User(id=1, first_name="Emulated", last_name="User",
-                                            email="emulated@hexstudio.invalid"))
+            return self._reply(
+                200,
+                pb.User(id=1, first_name="Emulated", last_name="User", email="emulated@hexstudio.invalid"),
+            )
         if seg == ["devices"] and cmd == "GET":
             name = (q.get("name") or [""])[0]
             attrs = q.get("attributes") or []
-            devs = [d for d in emu.devices if (not name or d["name"] == name)
-                    and all(a in d["attributes"] for a in attrs)]
+            devs = [
+                d
+                for d in emu.devices
+                if (not name or d["name"] == name) and all(a in d["attributes"] for a in attrs)
+            ]
             if (q.get("select") or ["False"])[0].lower() == "true":
                 devs = devs[:1]
-            return self._reply(200, pb.DeviceList(
-                devices=[pb.Device(name=d["name"], os=d["os"], attributes=d["attributes"],
-                                   soc_description=d["soc_description"]) for d in devs],
-                total_query_count=len(devs)))
+            return self._reply(
+                200,
+                pb.DeviceList(
+                    devices=[
+                        pb.Device(
+                            name=d["name"],
+                            os=d["os"],
+                            attributes=d["attributes"],
+                            soc_description=d["soc_description"],
+                        )
+                        for d in devs
+                    ],
+                    total_query_count=len(devs),
+                ),
+            )
         if seg == ["models"] and cmd == "POST":
             m = pb.Model()
             m.ParseFromString(body)
@@ -819,8 +1044,14 @@ class _Handler(BaseHTTPRequestHandler):
                 m_rec.upload_id = emu.new_id("u")
                 m_rec.parts = {}
                 urls = [f"{emu.api_url}/_upload/{seg[1]}/{k}" for k in range(n)]
-                return self._reply(200, pb.FileUploadResponse(multipart_url=pb.FileMultipartUploadURL(
-                    urls=urls, upload_id=m_rec.upload_id, max_part_size=emu.max_part_size)))
+                return self._reply(
+                    200,
+                    pb.FileUploadResponse(
+                        multipart_url=pb.FileMultipartUploadURL(
+                            urls=urls, upload_id=m_rec.upload_id, max_part_size=emu.max_part_size
+                        )
+                    ),
+                )
             if seg[2:] == ["multipart_upload"] and cmd == "POST":
                 done = pb.FileMultipartUploadComplete()
                 done.ParseFromString(body)
@@ -841,8 +1072,12 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._reply(409, {"detail": "The job producing this model has not succeeded."})
                 fid = emu.new_id("f")
                 emu.files[fid] = (m_rec.filename, m_rec.data)
-                return self._reply(200, pb.FileDownloadResponse(url=pb.FileDownloadURL(
-                    url=f"{emu.api_url}/_files/{fid}", filename=m_rec.filename)))
+                return self._reply(
+                    200,
+                    pb.FileDownloadResponse(
+                        url=pb.FileDownloadURL(url=f"{emu.api_url}/_files/{fid}", filename=m_rec.filename)
+                    ),
+                )
         if seg == ["jobs"] and cmd == "POST":
             job = pb.Job()
             job.ParseFromString(body)
@@ -856,12 +1091,17 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(200, emu.job_pb(j))
             if seg[2:4] == ["device_runs", "latest"] and seg[4:5] == ["artifact_list"] and cmd == "GET":
                 arts = []
-                if seg[5:6] == [str(int(pb.JOB_ARTIFACT_TYPE_HUB_LOG))] and \
-                        emu._state(j) in (pb.JOB_STATE_DONE, pb.JOB_STATE_FAILED):
+                if seg[5:6] == [str(int(pb.JOB_ARTIFACT_TYPE_HUB_LOG))] and emu._state(j) in (
+                    pb.JOB_STATE_DONE,
+                    pb.JOB_STATE_FAILED,
+                ):
                     fid = emu.new_id("f")
                     emu.files[fid] = (f"{j.job_id}_hub.log", emu.hub_log(j))
-                    arts.append(pb.NamedArtifactDownloadURL(url=f"{emu.api_url}/_files/{fid}",
-                                                            filename=f"{j.job_id}_hub.log"))
+                    arts.append(
+                        pb.NamedArtifactDownloadURL(
+                            url=f"{emu.api_url}/_files/{fid}", filename=f"{j.job_id}_hub.log"
+                        )
+                    )
                 return self._reply(200, pb.NamedArtifactDownloadURLList(artifacts=arts))
         return self._reply(404, {"detail": f"the emulator does not serve {cmd} /api/v1/{'/'.join(seg)}/"})
 

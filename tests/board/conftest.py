@@ -10,7 +10,7 @@ import pytest
 from tests.support.evk_board import EvkBoard
 from tests.support.sshd import ssh_server  # noqa: F401  (session fixture: a real sshd on 127.0.0.1)
 
-CANARY = "canary-Pw-7f3e9b1d;'\"$(x)"   # the evk user's password (SSH and sudo): must never leak
+CANARY = "canary-Pw-7f3e9b1d;'\"$(x)"  # the evk user's password (SSH and sudo): must never leak
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ def missing_key_file(evk: EvkBoard, tmp: Path) -> dict[str, Any]:
 
 
 def unknown_host_key(evk: EvkBoard, tmp: Path) -> dict[str, Any]:
-    return evk.board_config()            # never trusted: the fingerprint must be shown, nothing added silently
+    return evk.board_config()  # never trusted: the fingerprint must be shown, nothing added silently
 
 
 ROWS: dict[str, tuple[Callable[[EvkBoard, Path], dict[str, Any]], type[Exception], list[str]]] = {
@@ -76,8 +76,8 @@ def test_wrong_credentials_are_refused_clearly(evk: EvkBoard, tmp_path: Path, gi
     for w in words:
         assert w in text, (w, text)
     assert "Traceback" not in text
-    if given == "unknown host key":        # nothing was trusted behind the person's back
+    if given == "unknown host key":  # nothing was trusted behind the person's back
         with pytest.raises(HostKeyUnknown):
             asyncio.run(connect_ssh("b", cfg))
-    if given == "wrong password":           # the stored secret is left as the person typed it, never echoed
+    if given == "wrong password":  # the stored secret is left as the person typed it, never echoed
         assert "not-the-password" not in text and get_secret(board_password_key("b")) == "not-the-password"

@@ -22,8 +22,9 @@ from tests.board.test_crafted_bundle import _flip, _tree, sim_bundle
 
 def _ctimes_now(remote: Path, rels: list[str]) -> dict[str, str]:
     """The ctimes as the push reads them on the board (`stat -c %.9Z`)."""
-    out = subprocess.run(["stat", "-c", "%.9Z", *[str(remote / r) for r in rels]], capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        ["stat", "-c", "%.9Z", *[str(remote / r) for r in rels]], capture_output=True, text=True, check=True
+    ).stdout.split()
     return dict(zip(rels, out, strict=True))
 
 
@@ -93,14 +94,16 @@ def test_a_chat_session_on_a_pushed_run_resends_what_changed(tmp_path: Path) -> 
     board = sim_board(ws)
     remote = Path(asyncio.run(push_bundle(board, local, run_dir.name)).remote_dir)
     (run_dir / "artifacts" / "board").mkdir(parents=True)
-    (run_dir / "artifacts" / "board" / "board.json").write_text(json.dumps({"board": "sim",
-                                                                             "remote_bundle": str(remote)}))
+    (run_dir / "artifacts" / "board" / "board.json").write_text(
+        json.dumps({"board": "sim", "remote_bundle": str(remote)})
+    )
     _flip(remote / "sim" / "a.onnx.data", 7)
     said: list[str] = []
 
     async def session() -> None:
-        t = await chat_target(Workspace(ws), Settings.load(), run_dir=run_dir, board="sim", bundle=None,
-                              say=said.append)
+        t = await chat_target(
+            Workspace(ws), Settings.load(), run_dir=run_dir, board="sim", bundle=None, say=said.append
+        )
         assert t.remote_bundle == str(remote)
         await t.board.transport.close()
 
@@ -108,5 +111,5 @@ def test_a_chat_session_on_a_pushed_run_resends_what_changed(tmp_path: Path) -> 
     assert any("changed on" in s and "sim/a.onnx.data" in s for s in said), said
     assert (remote / "sim" / "a.onnx.data").read_bytes() == (local / "sim" / "a.onnx.data").read_bytes()
     said.clear()
-    asyncio.run(session())   # as pushed now: nothing to say, nothing sent
+    asyncio.run(session())  # as pushed now: nothing to say, nothing sent
     assert not any("changed on" in s for s in said), said

@@ -27,19 +27,42 @@ from workers.shared.bundle import safepath, verify_bundle
 from workers.shared.data import builtin_model_dir, package_path
 
 REPO = Path(__file__).resolve().parents[2]
-FACTS = {"dsp_arch": "v73", "qairt_version": "2.45.0.260326", "mem_total_bytes": 16 << 30,
-         "mem_available_bytes": 12 << 30}
+FACTS = {
+    "dsp_arch": "v73",
+    "qairt_version": "2.45.0.260326",
+    "mem_total_bytes": 16 << 30,
+    "mem_available_bytes": 12 << 30,
+}
 
 # (path, words the refusal must hold)
 BAD_PATHS = [
-    ("../.bashrc", "'..'"), ("../../.bashrc", "'..'"), ("sim/../../x", "'..'"), ("/etc/passwd", "absolute"),
-    ("~/.bashrc", "absolute"), ("C:/Windows/x", "drive letter"), ("sim\\..\\x", "backslash"),
-    ("a//b", "empty"), ("./a", "'.'"), ("", "empty"), ("-rf", "starts with '-'"), ("a b", "safe set"),
-    ("$(touch PWNED)", "safe set"), ("x;y", "safe set"), ("ünï", "safe set"), ("a\x00b", "NUL"),
-    ("x" * 300, "longer than"), ("/".join(["d"] * 20), "deeper"),
+    ("../.bashrc", "'..'"),
+    ("../../.bashrc", "'..'"),
+    ("sim/../../x", "'..'"),
+    ("/etc/passwd", "absolute"),
+    ("~/.bashrc", "absolute"),
+    ("C:/Windows/x", "drive letter"),
+    ("sim\\..\\x", "backslash"),
+    ("a//b", "empty"),
+    ("./a", "'.'"),
+    ("", "empty"),
+    ("-rf", "starts with '-'"),
+    ("a b", "safe set"),
+    ("$(touch PWNED)", "safe set"),
+    ("x;y", "safe set"),
+    ("ünï", "safe set"),
+    ("a\x00b", "NUL"),
+    ("x" * 300, "longer than"),
+    ("/".join(["d"] * 20), "deeper"),
 ]
-GOOD_PATHS = ["genie_config.json", "sim/prompt_ar128_cl512_1_of_2.onnx", "sim/p.onnx.data",
-              "weight_sharing_model_1_of_5.serialized.bin", ".hidden-ok", "a+b-c_d.e"]
+GOOD_PATHS = [
+    "genie_config.json",
+    "sim/prompt_ar128_cl512_1_of_2.onnx",
+    "sim/p.onnx.data",
+    "weight_sharing_model_1_of_5.serialized.bin",
+    ".hidden-ok",
+    "a+b-c_d.e",
+]
 
 
 @pytest.mark.parametrize(("path", "why"), BAD_PATHS)
@@ -70,15 +93,24 @@ def _entry(path: str, data: bytes) -> dict[str, Any]:
 def sim_bundle(path: Path, extra: list[dict[str, Any]] | None = None, size: int = 64 << 10) -> Path:
     """A small simulation bundle (genie_config, tokenizer, two graph files) + `extra` raw bundle.json entries."""
     path.mkdir(parents=True, exist_ok=True)
-    files = {"genie_config.json": b'{"dialog": {}}', "tokenizer.json": b"{}",
-             "sim/a.onnx": os.urandom(size), "sim/a.onnx.data": os.urandom(size + 1)}
+    files = {
+        "genie_config.json": b'{"dialog": {}}',
+        "tokenizer.json": b"{}",
+        "sim/a.onnx": os.urandom(size),
+        "sim/a.onnx.data": os.urandom(size + 1),
+    }
     entries = []
     for rel, data in files.items():
         (path / rel).parent.mkdir(parents=True, exist_ok=True)
         (path / rel).write_bytes(data)
         entries.append(_entry(rel, data))
-    doc = {"bundle_version": 1, "model": "t", "simulated": True, "emulated": False,
-           "files": entries + (extra or [])}
+    doc = {
+        "bundle_version": 1,
+        "model": "t",
+        "simulated": True,
+        "emulated": False,
+        "files": entries + (extra or []),
+    }
     (path / "bundle.json").write_text(json.dumps(doc))
     return path
 
@@ -109,7 +141,7 @@ def test_crafted_bundle_is_refused_by_the_simulator_board_push(tmp_path: Path, e
     msg = ei.value.message
     assert "bundle.json files[4]" in msg and repr(evil) in msg, msg
     assert "Nothing was read or written" in msg and ei.value.hint
-    assert _tree(tmp_path, skip=tmp_path / "bundle") == before        # nothing written anywhere
+    assert _tree(tmp_path, skip=tmp_path / "bundle") == before  # nothing written anywhere
     assert not Path("/tmp/hexstudio-abs-escape").exists()
     assert not (ws / "sim-board" / "home" / "hexstudio" / "bundles" / "crafted").exists()
 
@@ -131,8 +163,13 @@ def test_bundle_verify_refuses_crafted_paths(tmp_path: Path) -> None:
     bundle = sim_bundle(tmp_path / "bundle", [_entry("../../.bashrc", b"x")])
     problems = verify_bundle(bundle)
     assert len(problems) == 1 and "files[4]" in problems[0] and "'..'" in problems[0]
-    r = subprocess.run([sys.executable, "-m", "app", "bundle", "verify", str(bundle), "--json"],
-                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "app", "bundle", "verify", str(bundle), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     doc = json.loads(r.stdout)
     assert r.returncode == 1 and not doc["ok"] and "refused path" in doc["problems"][0]
 
@@ -140,28 +177,39 @@ def test_bundle_verify_refuses_crafted_paths(tmp_path: Path) -> None:
 def test_report_lists_crafted_entries_as_refused() -> None:
     from app.core.reports.collect import _bundle_files
 
-    doc = {"files": [_entry("genie_config.json", b"{}"), _entry("../../.bashrc", b"x"),
-                     {"path": "ok.bin", "sha256": 5, "size": "big"}]}
+    doc = {
+        "files": [
+            _entry("genie_config.json", b"{}"),
+            _entry("../../.bashrc", b"x"),
+            {"path": "ok.bin", "sha256": 5, "size": "big"},
+        ]
+    }
     out = _bundle_files(doc)
     assert [f["path"] for f in out["files"]] == ["genie_config.json"]
     assert "files[1]" in out["problems"][0] and "'..'" in out["problems"][0]
     assert "files[2]" in out["problems"][1] and "sha256" in out["problems"][1]
 
 
-@pytest.mark.parametrize(("field", "value", "entry"), [
-    ("tokenizer", "../../../etc/passwd", "dialog.tokenizer.path"),
-    ("ctx-bins", ["/etc/shadow"], "ctx-bins[0]"),
-    ("ctx-bins", ["ok.bin", "sim/../../x.bin"], "ctx-bins[1]"),
-    ("ctx-bins", ["sim/../../../../../../etc/shadow"], "ctx-bins[0]"),
-])
-def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(tmp_path: Path, field: str,
-                                                                          value: Any, entry: str) -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "entry"),
+    [
+        ("tokenizer", "../../../etc/passwd", "dialog.tokenizer.path"),
+        ("ctx-bins", ["/etc/shadow"], "ctx-bins[0]"),
+        ("ctx-bins", ["ok.bin", "sim/../../x.bin"], "ctx-bins[1]"),
+        ("ctx-bins", ["sim/../../../../../../etc/shadow"], "ctx-bins[0]"),
+    ],
+)
+def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(
+    tmp_path: Path, field: str, value: Any, entry: str
+) -> None:
     import workers.shared.bundle as gb
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     hf = json.loads((builtin_model_dir() / "config.json").read_text())
-    cfg: dict[str, Any] = gb.genie_config(hf, 512, ["sim/a.onnx"], 64, simulated=True)   # passes Genie's schema
+    cfg: dict[str, Any] = gb.genie_config(
+        hf, 512, ["sim/a.onnx"], 64, simulated=True
+    )  # passes Genie's schema
     graphs = {"graphs": [{"name": "g", "sim_onnx": "sim/a.onnx"}]}
     if field == "tokenizer":
         cfg["dialog"]["tokenizer"]["path"] = value
@@ -171,14 +219,30 @@ def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(tmp_pa
         graphs["graphs"][0]["sim_onnx"] = value
     (bundle / "genie_config.json").write_text(json.dumps(cfg))
     (bundle / "graphs.json").write_text(json.dumps(graphs))
-    r = subprocess.run([sys.executable, "-m", "workers.genie_sim.t2t", "-c", str(bundle / "genie_config.json"),
-                        "-p", "hi"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "workers.genie_sim.t2t", "-c", str(bundle / "genie_config.json"), "-p", "hi"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "refused path" in out and entry in out, out
-    if field != "graphs":   # the board helper reads genie_config.json only
-        h = subprocess.run([sys.executable, str(package_path("workers.board", "genie_session.py")),
-                            "--config", str(bundle / "genie_config.json"), "--lib", "/nonexistent/libGenie.so"],
-                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    if field != "graphs":  # the board helper reads genie_config.json only
+        h = subprocess.run(
+            [
+                sys.executable,
+                str(package_path("workers.board", "genie_session.py")),
+                "--config",
+                str(bundle / "genie_config.json"),
+                "--lib",
+                "/nonexistent/libGenie.so",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         ev = json.loads(h.stdout.splitlines()[0])
         assert h.returncode == 2 and ev["code"] == "unsafe_path" and entry in ev["message"], h.stdout
 
@@ -211,7 +275,7 @@ def test_a_byte_flipped_on_the_simulator_board_is_found_and_resent(tmp_path: Pat
     assert again.sent_files == 0 and again.verified == "size" and not again.resent
     _flip(remote / "sim" / "a.onnx")
     assert [b["path"] for b in asyncio.run(verify_pushed(board, bundle, "flip"))] == ["sim/a.onnx"]
-    res = asyncio.run(push_bundle(board, bundle, "flip"))      # a plain push: the file's ctime changed
+    res = asyncio.run(push_bundle(board, bundle, "flip"))  # a plain push: the file's ctime changed
     assert [r["path"] for r in res.resent] == ["sim/a.onnx"] and "sha256" in res.resent[0]["why"]
     assert any("sent again" in w for w in res.warnings)
     assert (remote / "sim" / "a.onnx").read_bytes() == (bundle / "sim" / "a.onnx").read_bytes()
@@ -219,7 +283,9 @@ def test_a_byte_flipped_on_the_simulator_board_is_found_and_resent(tmp_path: Pat
     with open(remote / "sim" / "a.onnx.data", "r+b") as fh:
         fh.truncate(10)
     res = asyncio.run(push_bundle(board, bundle, "flip"))
-    assert [r["path"] for r in res.resent] == ["sim/a.onnx.data"] and "bytes on the board" in res.resent[0]["why"]
+    assert [r["path"] for r in res.resent] == ["sim/a.onnx.data"] and "bytes on the board" in res.resent[0][
+        "why"
+    ]
     assert asyncio.run(verify_pushed(board, bundle, "flip")) == []
 
 
@@ -239,7 +305,9 @@ def _board_tree(evk: EvkBoard) -> str:
 
 
 @pytest.mark.slow
-def test_crafted_bundle_on_the_evk_board_writes_nothing_and_a_flip_is_resent(evk: EvkBoard, tmp_path: Path) -> None:
+def test_crafted_bundle_on_the_evk_board_writes_nothing_and_a_flip_is_resent(
+    evk: EvkBoard, tmp_path: Path
+) -> None:
     settings = settings_with("evk", evk.board_config())
     crafted = make_device_bundle(tmp_path / "crafted", part_bytes=4096)
     doc = json.loads((crafted / "bundle.json").read_text())
@@ -253,7 +321,7 @@ def test_crafted_bundle_on_the_evk_board_writes_nothing_and_a_flip_is_resent(evk
         with pytest.raises(UnsafeBundle) as ei:
             await push_bundle(board, crafted, "crafted", facts=FACTS)
         assert "'../../../.bashrc'" in ei.value.message and "'..'" in ei.value.message
-        assert _board_tree(evk) == before                         # nothing written on the board
+        assert _board_tree(evk) == before  # nothing written on the board
         assert not await board.transport.exists(f"{await board.transport.home()}/.bashrc")
         res = await push_bundle(board, good, "good", facts=FACTS)
         assert res.verified == "sha256" and res.sent_files == 7
@@ -262,10 +330,10 @@ def test_crafted_bundle_on_the_evk_board_writes_nothing_and_a_flip_is_resent(evk
         # a byte flipped on the board, in place (same size)
         flip = evk.root_run(f"printf '\\377' | dd of={path} bs=1 seek=1000 conv=notrunc 2>/dev/null; echo ok")
         assert "ok" in flip.stdout
-        assert [b["path"] for b in await verify_pushed(board, good, "good")] == \
-            ["evk_model_part_1_of_2.bin"]
+        assert [b["path"] for b in await verify_pushed(board, good, "good")] == ["evk_model_part_1_of_2.bin"]
         again = await push_bundle(board, good, "good", facts=FACTS)
         assert [r["path"] for r in again.resent] == ["evk_model_part_1_of_2.bin"]
         assert await verify_pushed(board, good, "good") == []
         await board.transport.close()
+
     asyncio.run(go())

@@ -24,8 +24,17 @@ from app.core.secrets import board_password_key, set_secret
 from tests.board.conftest import CANARY, settings_with
 from tests.support.evk_board import EvkBoard, build_qairt_zip, make_device_bundle
 
-SHIPPED_FAULTS = {"remoteproc", "fastrpc_group", "fastrpc_member", "fastrpc_login", "udev_rule", "fastrpc_device",
-                  "fastrpc_daemons", "qairt", "qairt_env"}
+SHIPPED_FAULTS = {
+    "remoteproc",
+    "fastrpc_group",
+    "fastrpc_member",
+    "fastrpc_login",
+    "udev_rule",
+    "fastrpc_device",
+    "fastrpc_daemons",
+    "qairt",
+    "qairt_env",
+}
 
 
 @pytest.fixture
@@ -50,16 +59,18 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
 
 
 def _host_state() -> dict[str, Any]:
-    return {"opt_qairt": Path("/opt/qairt").exists(),
-            "fastrpc_group": "fastrpc:" in Path("/etc/group").read_text(),
-            "udev_rule": Path("/etc/udev/rules.d/60-fastrpc.rules").exists(),
-            "fastrpc_dev": Path("/dev/fastrpc-cdsp").exists()}
+    return {
+        "opt_qairt": Path("/opt/qairt").exists(),
+        "fastrpc_group": "fastrpc:" in Path("/etc/group").read_text(),
+        "udev_rule": Path("/etc/udev/rules.d/60-fastrpc.rules").exists(),
+        "fastrpc_dev": Path("/dev/fastrpc-cdsp").exists(),
+    }
 
 
 @pytest.mark.slow
 def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[str, list[Any]]) -> None:
     host_before = _host_state()
-    set_secret(board_password_key("evk"), CANARY)        # SSH password auth (stored in the keyring)
+    set_secret(board_password_key("evk"), CANARY)  # SSH password auth (stored in the keyring)
     settings = settings_with("evk", evk.board_config(auth="password"))
     logs: list[str] = []
     results: list[dict[str, Any]] = []
@@ -72,8 +83,9 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
         def trust(host: str, port: int, key_type: str, fp: str) -> bool:
             seen.append(fp)
             return fp == evk.server.host_key_fingerprint
+
         board = await open_board("evk", settings, trust=trust)
-        assert seen == [evk.server.host_key_fingerprint]        # first contact asked, with the SHA256 fingerprint
+        assert seen == [evk.server.host_key_fingerprint]  # first contact asked, with the SHA256 fingerprint
 
         # 1. the doctor finds the board's real faults, with evidence and a fix for each
         r1 = await probe(board)
@@ -83,16 +95,28 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
         assert dev.fix == "udev_rule" and "crw------- root root denied" in dev.evidence[0].output
         assert r1.by_id("soc").message.startswith("QCS9075 (soc_id 676), Hexagon v73")
         assert r1.facts["dsp_arch"] == "v73" and r1.facts["sudo"] == "password"
-        assert {c.fix for c in r1.checks if c.status == "fail"} == {"reboot", "group_add", "udev_rule",
-                                                                     "daemon_restart", "qairt_install"}
+        assert {c.fix for c in r1.checks if c.status == "fail"} == {
+            "reboot",
+            "group_add",
+            "udev_rule",
+            "daemon_restart",
+            "qairt_install",
+        }
         assert all(c.evidence and c.evidence[0].command for c in r1.checks if c.status != "skip")
 
         # 2. QAIRT from the SDK zip: only what the board needs
         plan = await plan_qairt_install(board, zip_path, bundle_dir=bundle)
-        assert any("tar -xf" in c for c in plan.commands) and any("ln -sfn 2.45.0.260326" in c for c in plan.commands)
+        assert any("tar -xf" in c for c in plan.commands) and any(
+            "ln -sfn 2.45.0.260326" in c for c in plan.commands
+        )
         uploads: list[tuple[int, int, str]] = []
-        res = await apply_fix(board, plan, sudo_password=CANARY, on_log=logs.append,
-                              on_progress=lambda d, t, w: uploads.append((d, t, w)))
+        res = await apply_fix(
+            board,
+            plan,
+            sudo_password=CANARY,
+            on_log=logs.append,
+            on_progress=lambda d, t, w: uploads.append((d, t, w)),
+        )
         results.append(res.to_dict())
         assert res.status == "applied", res.message
         # the SDK upload reported its bytes (start and end at least; throttled in between)
@@ -107,31 +131,34 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
         assert val["explained"][0]["id"] == "fastrpc_ebadfd" and val["fix"] == "group_add"
 
         # 3. fixes, each re-checking what it affects
-        fixed_by = {"group_add": ("fastrpc_group", "fastrpc_member", "fastrpc_login"),
-                    "udev_rule": ("udev_rule", "fastrpc_device"), "daemon_restart": ("fastrpc_daemons",),
-                    "reboot": ("remoteproc", "fastrpc_device", "fastrpc_daemons", "fastrpc_login")}
+        fixed_by = {
+            "group_add": ("fastrpc_group", "fastrpc_member", "fastrpc_login"),
+            "udev_rule": ("udev_rule", "fastrpc_device"),
+            "daemon_restart": ("fastrpc_daemons",),
+            "reboot": ("remoteproc", "fastrpc_device", "fastrpc_daemons", "fastrpc_login"),
+        }
         for fid, checks in fixed_by.items():
             plan = await plan_fix(board, fid, r1)
             assert plan.commands
             res = await apply_fix(board, plan, sudo_password=CANARY, on_log=logs.append)
             results.append(res.to_dict())
             assert res.status == "applied", res.message
-            after = {c["id"]: c["status"] for c in res.checks}     # re-checked right after the fix
+            after = {c["id"]: c["status"] for c in res.checks}  # re-checked right after the fix
             assert all(after[c] == "ok" for c in checks), (fid, res.checks)
         assert "plan: sudo groupadd --system fastrpc" in logs
         assert "plan: sudo usermod -aG fastrpc evk" in logs
-        assert evk.reboot_count() >= 2          # the reboot really dropped sshd, and we reconnected
+        assert evk.reboot_count() >= 2  # the reboot really dropped sshd, and we reconnected
         # idempotent: a second run changes nothing
         again = await apply_fix(board, await plan_fix(board, "group_add"), sudo_password=CANARY)
         assert again.status == "already"
-
 
         # 4. the doctor passes, the HTP validator's text parsed
         r2 = await probe(board)
         assert r2.clean, [(c.id, c.status, c.message) for c in r2.checks if c.status != "ok"]
         # every check passes; GenieX (an optional runtime this board does not use) is skipped when absent
-        assert all(c.status == "ok" or (c.id, c.status) == ("geniex", "skip") for c in r2.checks), \
-            [(c.id, c.message) for c in r2.checks if c.status != "ok"]
+        assert all(c.status == "ok" or (c.id, c.status) == ("geniex", "skip") for c in r2.checks), [
+            (c.id, c.message) for c in r2.checks if c.status != "ok"
+        ]
         assert r2.facts["qairt_version"] == "2.45.0.260326"
         assert r2.facts["htp_validator"]["Unit Test"] == "Passed"
 
@@ -140,9 +167,16 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
         assert p1.sent_files == 7 and p1.skipped_files == 0 and p1.warnings == []
         p2 = await push_bundle(board, bundle, "test-bundle")
         assert (p2.sent_files, p2.sent_bytes, p2.skipped_files) == (0, 0, 7)
-        sums = await board.transport.run(["sha256sum", "--", *[f"{p1.remote_dir}/{f['path']}" for f in
-                                                                json.loads((bundle / "bundle.json").read_text())
-                                                                ["files"]]])
+        sums = await board.transport.run(
+            [
+                "sha256sum",
+                "--",
+                *[
+                    f"{p1.remote_dir}/{f['path']}"
+                    for f in json.loads((bundle / "bundle.json").read_text())["files"]
+                ],
+            ]
+        )
         for f in json.loads((bundle / "bundle.json").read_text())["files"]:
             assert f["sha256"] in sums.stdout
 
@@ -162,11 +196,18 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
 
     # the board's own files changed; this machine's did not
     assert "fastrpc:" in (evk.root / "etc" / "group").read_text()
-    listing = evk.root_run("find /opt/qairt -type f | sort; readlink /opt/qairt/current; ls -l /dev/fastrpc-cdsp")
+    listing = evk.root_run(
+        "find /opt/qairt -type f | sort; readlink /opt/qairt/current; ls -l /dev/fastrpc-cdsp"
+    )
     files = listing.stdout
     assert "/opt/qairt/2.45.0.260326/lib/hexagon-v73/unsigned/libQnnHtpV73Skel.so" in files
     assert "/opt/qairt/2.45.0.260326/bin/aarch64-oe-linux-gcc11.2/genie-t2t-run" in files
-    assert "hexagon-v75" not in files and "x86_64" not in files and "android" not in files and "docs" not in files
+    assert (
+        "hexagon-v75" not in files
+        and "x86_64" not in files
+        and "android" not in files
+        and "docs" not in files
+    )
     assert "\n2.45.0.260326\n" in files and "crw-rw---- 1 root fastrpc" in files
     assert _host_state() == host_before
 
@@ -186,13 +227,18 @@ def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_p
     from app.core.runs import Workspace
     from app.core.stages import get_stage
 
-    studio_logs.setup_logging("gui")   # the studio's log: board connect and push are logged, never the password
+    studio_logs.setup_logging(
+        "gui"
+    )  # the studio's log: board connect and push are logged, never the password
     set_secret(board_password_key("evk"), CANARY)
     settings = settings_with("evk", evk.board_config(auth="password"))
 
-    async def first_contact() -> None:   # the person trusts the fingerprint once (stored in known_hosts)
-        b = await open_board("evk", settings, trust=lambda h, p, kt, fp: fp == evk.server.host_key_fingerprint)
+    async def first_contact() -> None:  # the person trusts the fingerprint once (stored in known_hosts)
+        b = await open_board(
+            "evk", settings, trust=lambda h, p, kt, fp: fp == evk.server.host_key_fingerprint
+        )
         await b.transport.close()
+
     asyncio.run(first_contact())
     ws = Workspace()
     m = ws.create_run("builtin:tiny-llama", "evk")
@@ -210,8 +256,11 @@ def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_p
     assert ids["htp_validator"]["status"] == "ok" and ids["soc"]["evidence"][0]["output"].startswith("676")
     assert doc["push"]["sent_files"] == 7
     m.save()
-    everything = "\n".join(p.read_text(errors="replace") for p in ws.root.rglob("*") if p.is_file()
-                           and p.suffix in (".json", ".jsonl", ".log", ".txt"))
+    everything = "\n".join(
+        p.read_text(errors="replace")
+        for p in ws.root.rglob("*")
+        if p.is_file() and p.suffix in (".json", ".jsonl", ".log", ".txt")
+    )
     assert CANARY not in everything and CANARY not in json.dumps(events)
     studio_log = studio_logs.log_path().read_text()
     assert "board evk: connected" in studio_log and "push to" in studio_log and CANARY not in studio_log
@@ -223,7 +272,9 @@ def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_p
     emu_dir = make_device_bundle(tmp_path / "emulated" / "bundle", part_bytes=1000)
     emu_doc = json.loads((emu_dir / "bundle.json").read_text())
     (emu_dir / "bundle.json").write_text(json.dumps({**emu_doc, "emulated": True}))
-    ctx = StageContext(m, get_stage("board"), out, {"compile": emu_dir.parent}, events.append, asyncio.Event())
+    ctx = StageContext(
+        m, get_stage("board"), out, {"compile": emu_dir.parent}, events.append, asyncio.Event()
+    )
     with pytest.raises(StageError) as ei:
         asyncio.run(run_board_stage(ctx))
     assert ei.value.code == "emulated_bundle" and "EMULATOR" in ei.value.message

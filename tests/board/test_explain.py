@@ -16,8 +16,11 @@ DOCUMENTED = [
     ("QnnDsp <E> Failed to create device: 14001", "qnn_device_14001", "udev_rule"),
     ("Device Creation failure", "qnn_device_14001", "daemon_restart"),
     ("QnnDsp <E> Transport layer setup failed: 14001", "qnn_device_14001", "fastrpc_packages"),
-    ("error while loading shared libraries: libcdsprpc.so: cannot open shared object file: No such file",
-     "libcdsprpc_missing", "fastrpc_packages"),
+    (
+        "error while loading shared libraries: libcdsprpc.so: cannot open shared object file: No such file",
+        "libcdsprpc_missing",
+        "fastrpc_packages",
+    ),
     ("remote_handle_open: error 0x8000044f Unable to create FastRPC session", "fastrpc_ebadfd", "group_add"),
     ("apps_dev_init failed 0x80000406", "fastrpc_unable_to_load", "qairt_env"),
     ("fastrpc error 0x80000594", "fastrpc_version_mismatch", "qairt_env"),
@@ -25,18 +28,32 @@ DOCUMENTED = [
     ("Stub lib id mismatch: expected (v2.40.0) detected (v2.45.0)", "stub_lib_id_mismatch", "qairt_env"),
     ("<E> Failed to load skel, error: 1008", "skel_1008", "qairt_env"),
     ("Unable to load Remote symbols 1008", "skel_1008", None),
-    ("QnnHtp <E> Failed to find available PD for contextId 1 ... context size estimate 4400000000",
-     "htp_memory", None),
+    (
+        "QnnHtp <E> Failed to find available PD for contextId 1 ... context size estimate 4400000000",
+        "htp_memory",
+        None,
+    ),
     ("<E> memRegister ERROR", "htp_memory", None),
     ("graph prepare err 1002", "htp_memory", None),
-    ("Could not create context from binary for context index = 0 : err 5000", "context_5000", "qairt_install"),
+    (
+        "Could not create context from binary for context index = 0 : err 5000",
+        "context_5000",
+        "qairt_install",
+    ),
     ("Could not create context from binary: err 5005", "context_5005", None),
     ("Failed to free device: 14003", "free_device_14003", None),
-    ("libatomic.so.1: cannot open shared object file: No such file or directory", "libatomic_missing",
-     "qairt_env"),
+    (
+        "libatomic.so.1: cannot open shared object file: No such file or directory",
+        "libatomic_missing",
+        "qairt_env",
+    ),
     ("Qnn getQnnSystemInterface FAILED!", "libatomic_missing", "qairt_env"),
     ("HtpSignedPd: Unsupported config option 2", "htp_signed_pd", None),
-    ("ERROR: Invalid --profile argument. Output file prof.json already exists.", "genie_profile_exists", None),
+    (
+        "ERROR: Invalid --profile argument. Output file prof.json already exists.",
+        "genie_profile_exists",
+        None,
+    ),
     ("ERROR:: Please provide prompt using --prompt or --prompt_file.", "genie_no_prompt", None),
     ("bash: genie-t2t-run: command not found", "genie_not_found", "qairt_install"),
     # Genie's contract (facts/genie-contract.md; tests/compile/test_bundle_check.py has more)
@@ -59,10 +76,17 @@ DOCUMENTED = [
     ("Failed to create device: 1400", "qnn_create_device_1400", "qairt_env"),
     ("remote_handle64_open failed 0x80000442", "fastrpc_0x80000442", "qairt_env"),
     ("Shared weights buffer isn't supported on this platform", "x86_shared_weights", None),
-    ("QNN.backendValidateOpConfig() failed for node `g` of type `Gather` with error code 3110", "htp_3110_unsupported",
-     None),
+    (
+        "QNN.backendValidateOpConfig() failed for node `g` of type `Gather` with error code 3110",
+        "htp_3110_unsupported",
+        None,
+    ),
     ("error 0x80000416", "fastrpc_0x80000416", "qairt_env"),
-    ("ADSP_LIBRARY_PATH=/opt/qairt/lib/hexagon-v73/unsigned:/usr/lib/rfsa/adsp", "adsp_path_colon", "qairt_env"),
+    (
+        "ADSP_LIBRARY_PATH=/opt/qairt/lib/hexagon-v73/unsigned:/usr/lib/rfsa/adsp",
+        "adsp_path_colon",
+        "qairt_env",
+    ),
     ("Failed to create the dialog config.", "genie_config_failed", None),
 ]
 
@@ -78,8 +102,14 @@ def test_each_documented_message(message: str, rule_id: str, fix_id: str | None)
 
 
 def test_every_rule_is_exercised() -> None:
-    covered = {r for _, r, _ in DOCUMENTED} | {"advise_os_memory", "validator_save_results", "genie_dialog_failed",
-                                               "rpcmem_dummy_call", "fastrpc_permission", "dma_heap_permission"}
+    covered = {r for _, r, _ in DOCUMENTED} | {
+        "advise_os_memory",
+        "validator_save_results",
+        "genie_dialog_failed",
+        "rpcmem_dummy_call",
+        "fastrpc_permission",
+        "dma_heap_permission",
+    }
     assert {r.id for r in RULES} <= covered
 
 
@@ -93,11 +123,13 @@ def test_informational_lines_are_not_a_diagnosis() -> None:
 
 
 def test_genie_log_points_at_the_specific_cause_first() -> None:
-    log = ("Using libGenie.so version 1.17.0\n"
-           '[WARN]  "Failed to advise OS on memory usage"\n'
-           "QnnDsp <E> Failed to create device: 14001\n"
-           '[ERROR] "Create From Binary FAILED!"\n'
-           "Failure to initialize model\nFailed to create the dialog.\n")
+    log = (
+        "Using libGenie.so version 1.17.0\n"
+        '[WARN]  "Failed to advise OS on memory usage"\n'
+        "QnnDsp <E> Failed to create device: 14001\n"
+        '[ERROR] "Create From Binary FAILED!"\n'
+        "Failure to initialize model\nFailed to create the dialog.\n"
+    )
     ms = explain(log)
     assert ms[0].id == "qnn_device_14001" and ms[0].line_no == 3
     assert "genie_dialog_failed" not in {m.id for m in ms}  # generic, suppressed by the specific cause
@@ -111,9 +143,18 @@ def test_unrelated_text_is_not_recognised() -> None:
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "import sys; from app.core.cli.main import main; "
-                           "sys.exit(main(sys.argv[1:]))", *args],
-                          capture_output=True, text=True, input=stdin, timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from app.core.cli.main import main; sys.exit(main(sys.argv[1:]))",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=60,
+    )
 
 
 def test_cli_text_file_and_stdin(tmp_path: Path) -> None:

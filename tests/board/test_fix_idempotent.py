@@ -25,8 +25,9 @@ def _mutating(argv: list[str]) -> bool:
 
 
 @pytest.mark.slow
-def test_a_second_run_of_each_fix_reports_already_and_runs_nothing(evk: EvkBoard,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_run_of_each_fix_reports_already_and_runs_nothing(
+    evk: EvkBoard, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings = settings_with("evk", evk.board_config())
     ran: list[list[str]] = []
     run = tr.SshTransport.run
@@ -34,6 +35,7 @@ def test_a_second_run_of_each_fix_reports_already_and_runs_nothing(evk: EvkBoard
     async def spy_run(self: tr.SshTransport, argv: list[str], **kw: Any) -> tr.CommandResult:
         ran.append([str(a) for a in argv])
         return await run(self, argv, **kw)
+
     monkeypatch.setattr(tr.SshTransport, "run", spy_run)
 
     async def flow() -> None:
@@ -47,7 +49,7 @@ def test_a_second_run_of_each_fix_reports_already_and_runs_nothing(evk: EvkBoard
             first[fid] = res.status
         assert first["group_add"] == "applied" and first["udev_rule"] == "applied"
         assert first["daemon_restart"] == "applied"
-        assert first["fastrpc_packages"] == "already"   # the board ships libcdsprpc: no apt-get, no ldconfig
+        assert first["fastrpc_packages"] == "already"  # the board ships libcdsprpc: no apt-get, no ldconfig
 
         # second runs: nothing to do, nothing run, no sudo asked (no password given this time)
         for fid in FIXES:
@@ -58,12 +60,23 @@ def test_a_second_run_of_each_fix_reports_already_and_runs_nothing(evk: EvkBoard
             assert res.status == "already", (fid, res.status, res.message, res.manual_commands)
             assert res.manual_commands == [] and res.message.startswith("Nothing to do")
             assert res.log and all(entry.get("skipped") for entry in res.log), (fid, res.log)
-            assert board.transport is transport                        # relogin did not log in again
+            assert board.transport is transport  # relogin did not log in again
             assert not [a for a in ran if a[0] == "sudo"], (fid, ran)
             assert not [a for a in ran if _mutating(a)], (fid, ran)
-        after = await probe(board, only=["fastrpc_group", "fastrpc_member", "fastrpc_login", "udev_rule",
-                                         "fastrpc_device", "fastrpc_userspace"])
-        assert all(c.status == "ok" for c in after.checks), [(c.id, c.status, c.message) for c in after.checks]
+        after = await probe(
+            board,
+            only=[
+                "fastrpc_group",
+                "fastrpc_member",
+                "fastrpc_login",
+                "udev_rule",
+                "fastrpc_device",
+                "fastrpc_userspace",
+            ],
+        )
+        assert all(c.status == "ok" for c in after.checks), [
+            (c.id, c.status, c.message) for c in after.checks
+        ]
         await board.transport.close()
 
     asyncio.run(flow())

@@ -23,15 +23,25 @@ from workers.shared.bundle.check import check_bundle
 REPO = Path(__file__).resolve().parents[2]
 HELPER = REPO / "workers" / "board" / "genie_session.py"
 
-CONFIG: dict[str, Any] = {"dialog": {
-    "version": 1, "type": "basic",
-    "context": {"version": 1, "size": 256, "n-vocab": 840, "bos-token": 0, "eos-token": [1, 4]},
-    "sampler": {"version": 1, "seed": 42, "temp": 0.0, "top-k": 1, "top-p": 1.0},
-    "tokenizer": {"version": 1, "path": "tokenizer.json"},
-    "engine": {"version": 1, "n-threads": 1,
-               "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": {"version": 1}, "extensions": "ext.json"},
-               "model": {"version": 1, "type": "binary",
-                         "binary": {"version": 1, "ctx-bins": ["m_part_1_of_2.bin", "m_part_2_of_2.bin"]}}}}}
+CONFIG: dict[str, Any] = {
+    "dialog": {
+        "version": 1,
+        "type": "basic",
+        "context": {"version": 1, "size": 256, "n-vocab": 840, "bos-token": 0, "eos-token": [1, 4]},
+        "sampler": {"version": 1, "seed": 42, "temp": 0.0, "top-k": 1, "top-p": 1.0},
+        "tokenizer": {"version": 1, "path": "tokenizer.json"},
+        "engine": {
+            "version": 1,
+            "n-threads": 1,
+            "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": {"version": 1}, "extensions": "ext.json"},
+            "model": {
+                "version": 1,
+                "type": "binary",
+                "binary": {"version": 1, "ctx-bins": ["m_part_1_of_2.bin", "m_part_2_of_2.bin"]},
+            },
+        },
+    }
+}
 
 
 def _bundle(root: Path, change: Any = None) -> Path:
@@ -43,8 +53,11 @@ def _bundle(root: Path, change: Any = None) -> Path:
     if change is not None:
         change(cfg, b, root)
     (b / "genie_config.json").write_text(json.dumps(cfg))
-    files = [{"path": p.name, "sha256": "0" * 64, "size": p.stat().st_size}
-             for p in sorted(b.iterdir()) if p.is_file() and not p.is_symlink()]
+    files = [
+        {"path": p.name, "sha256": "0" * 64, "size": p.stat().st_size}
+        for p in sorted(b.iterdir())
+        if p.is_file() and not p.is_symlink()
+    ]
     (b / "bundle.json").write_text(json.dumps({"bundle_version": 1, "files": files}))
     return b
 
@@ -56,6 +69,7 @@ def _bins(cfg: dict[str, Any]) -> list[str]:
 def _set_bin(value: str) -> Any:
     def change(cfg: dict[str, Any], b: Path, root: Path) -> None:
         cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"][1] = value
+
     return change
 
 
@@ -77,7 +91,9 @@ def _device_ext(cfg: dict[str, Any], b: Path, root: Path) -> None:
 
 def _lora_out(cfg: dict[str, Any], b: Path, root: Path) -> None:
     cfg["dialog"]["engine"]["model"]["binary"]["lora"] = {
-        "version": 1, "adapters": [{"version": 1, "name": "a", "bin-sections": ["../../etc/passwd"]}]}
+        "version": 1,
+        "adapters": [{"version": 1, "name": "a", "bin-sections": ["../../etc/passwd"]}],
+    }
 
 
 def _draft_out(cfg: dict[str, Any], b: Path, root: Path) -> None:
@@ -105,17 +121,26 @@ CRAFTED = [
 
 
 @pytest.mark.parametrize(("what", "change", "entry", "rule"), CRAFTED, ids=[c[0] for c in CRAFTED])
-def test_crafted_genie_config_refused_everywhere(tmp_path: Path, what: str, change: Any, entry: str,
-                                                 rule: str) -> None:
+def test_crafted_genie_config_refused_everywhere(
+    tmp_path: Path, what: str, change: Any, entry: str, rule: str
+) -> None:
     b = _bundle(tmp_path, change)
     # the studio's validator
     with pytest.raises(safepath.UnsafePath) as e:
         safepath.check_genie_config(json.loads((b / "genie_config.json").read_text()), b)
     assert entry in e.value.message and rule in e.value.message, e.value.message
     # `hexstudio bundle check`: a finding, never a hang (a real process, killed at 30 s)
-    r = subprocess.run([sys.executable, "-m", "app", "bundle", "check", str(b)], capture_output=True, text=True,
-                       timeout=30, cwd=REPO)
-    assert r.returncode != 0 and entry in r.stdout + r.stderr and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+    r = subprocess.run(
+        [sys.executable, "-m", "app", "bundle", "check", str(b)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+    )
+    assert r.returncode != 0 and entry in r.stdout + r.stderr and "Traceback" not in r.stderr, (
+        r.stdout,
+        r.stderr,
+    )
     findings = check_bundle(b)
     assert any(f.code == "unsafe_path" for f in findings), findings
     # the push: refused before anything is sent
@@ -123,9 +148,21 @@ def test_crafted_genie_config_refused_everywhere(tmp_path: Path, what: str, chan
         load_bundle(b)
     assert entry in str(pe.value)
     # the board helper (standard library only, as on the board): refused before libGenie is loaded
-    h = subprocess.run([sys.executable, str(HELPER), "--config", str(b / "genie_config.json"), "--lib",
-                        "/nonexistent/libGenie.so"], capture_output=True, text=True, timeout=30, cwd=b,
-                       stdin=subprocess.DEVNULL)
+    h = subprocess.run(
+        [
+            sys.executable,
+            str(HELPER),
+            "--config",
+            str(b / "genie_config.json"),
+            "--lib",
+            "/nonexistent/libGenie.so",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=b,
+        stdin=subprocess.DEVNULL,
+    )
     events = [json.loads(ln) for ln in h.stdout.splitlines() if ln.startswith("{")]
     assert any(ev.get("code") == "unsafe_path" for ev in events), (h.stdout, h.stderr)
     assert "Traceback" not in h.stderr
@@ -135,8 +172,13 @@ def test_fifo_genie_config_and_bundle_json_do_not_hang(tmp_path: Path) -> None:
     b = _bundle(tmp_path)
     (b / "genie_config.json").unlink()
     os.mkfifo(b / "genie_config.json")
-    r = subprocess.run([sys.executable, "-m", "app", "bundle", "check", str(b)], capture_output=True, text=True,
-                       timeout=30, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", "app", "bundle", "check", str(b)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+    )
     assert r.returncode != 0 and "FIFO" in r.stdout + r.stderr, (r.stdout, r.stderr)
     (b / "bundle.json").unlink()
     os.mkfifo(b / "bundle.json")

@@ -17,7 +17,7 @@ from app.core.device.fixes import apply_fix, plan_fix
 from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard, make_device_bundle
 
-GENIEX = r'''#!/bin/sh
+GENIEX = r"""#!/bin/sh
 # GenieX CLI stand-in (test): answers `geniex version` as cli/cmd/geniex/version.go prints it.
 for a in "$@"; do case "$a" in version|-v|--version) v=1 ;; esac; done
 [ -n "$LD_LIBRARY_PATH" ] || { echo "error while loading shared libraries: libgeniex.so" >&2; exit 127; }
@@ -28,16 +28,21 @@ if [ -n "$v" ]; then
   exit 0
 fi
 echo "Usage: geniex [command]"
-'''
+"""
 
 
 def geniex_tarball(folder: Path, cli: str, qairt: str) -> Path:
     """A release tarball shaped like GenieX's (a top folder geniex-cli-linux-arm64-<tag>/ holding the binary)."""
     path = folder / f"geniex-cli-linux-arm64-{cli}.tar.gz"
     with tarfile.open(path, "w:gz") as tf:
-        for name, data, mode in ((f"geniex-cli-linux-arm64-{cli}/geniex",
-                                  GENIEX.replace("@CLI@", cli).replace("@QAIRT@", qairt).encode(), 0o755),
-                                 (f"geniex-cli-linux-arm64-{cli}/libgeniex.so", b"\x7fELF stand-in" * 100, 0o644)):
+        for name, data, mode in (
+            (
+                f"geniex-cli-linux-arm64-{cli}/geniex",
+                GENIEX.replace("@CLI@", cli).replace("@QAIRT@", qairt).encode(),
+                0o755,
+            ),
+            (f"geniex-cli-linux-arm64-{cli}/libgeniex.so", b"\x7fELF stand-in" * 100, 0o644),
+        ):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), mode
             tf.addfile(info, io.BytesIO(data))
@@ -45,8 +50,12 @@ def geniex_tarball(folder: Path, cli: str, qairt: str) -> Path:
 
 
 def test_geniex_versions_parse() -> None:
-    text = ("GenieX CLI Version:     v0.7.0\nQAIRT Runtime Version:  v2.45.0.260326\nLlamaCPP Runtime Hash:  4ff829e\n")
-    assert geniex_versions(text) == {"cli": "v0.7.0", "qairt_plugin": "v2.45.0.260326", "llama_cpp": "4ff829e"}
+    text = "GenieX CLI Version:     v0.7.0\nQAIRT Runtime Version:  v2.45.0.260326\nLlamaCPP Runtime Hash:  4ff829e\n"
+    assert geniex_versions(text) == {
+        "cli": "v0.7.0",
+        "qairt_plugin": "v2.45.0.260326",
+        "llama_cpp": "4ff829e",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +82,16 @@ def test_doctor_and_fix_for_geniex(evk_geniex: EvkBoard, tmp_path: Path) -> None
         # 2. the fix from an old release: shown commands, no sudo, then re-checked: too old for the bundle
         plan = await plan_fix(board, "geniex_install", geniex_file=old)
         assert not plan.needs_sudo
-        assert any("tar -xzf" in cmd for cmd in plan.commands) and any(old.name in cmd for cmd in plan.commands)
+        assert any("tar -xzf" in cmd for cmd in plan.commands) and any(
+            old.name in cmd for cmd in plan.commands
+        )
         res = await apply_fix(board, plan)
         assert res.status == "applied", res.message
         rep = await probe(board, only=["geniex"], bundle=(bundle, "b"))
         c = rep.by_id("geniex")
-        assert c.status == "fail" and "v2.42.0.251225" in c.message and "older than the QAIRT 2.45" in c.message, c
+        assert (
+            c.status == "fail" and "v2.42.0.251225" in c.message and "older than the QAIRT 2.45" in c.message
+        ), c
         assert rep.facts["geniex"]["cli"] == "v0.6.0"
         # 3. the fix again with the new release updates it in place; the bundle's QAIRT is now covered
         res = await apply_fix(board, await plan_fix(board, "geniex_install", geniex_file=new))
@@ -98,7 +111,9 @@ def test_doctor_and_fix_for_geniex(evk_geniex: EvkBoard, tmp_path: Path) -> None
     asyncio.run(flow())
 
 
-def test_a_damaged_release_file_is_refused_before_anything_is_sent(evk_geniex: EvkBoard, tmp_path: Path) -> None:
+def test_a_damaged_release_file_is_refused_before_anything_is_sent(
+    evk_geniex: EvkBoard, tmp_path: Path
+) -> None:
     from app.core.device.errors import BoardError
 
     settings = settings_with("evk-gx2", evk_geniex.board_config())

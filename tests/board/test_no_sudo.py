@@ -39,10 +39,10 @@ def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
         r = await probe(board)
         assert r.by_id("sudo").status == "warn" and r.facts["sudo"] == "unknown"
         plan = await plan_fix(board, "group_add", r)
-        res = await apply_fix(board, plan)                       # no password
+        res = await apply_fix(board, plan)  # no password
         assert res.status == "manual"
         assert res.manual_commands == ["sudo groupadd --system fastrpc", "sudo usermod -aG fastrpc evk"]
-        res = await apply_fix(board, plan, sudo_password=PW)     # the right password, but no sudo right
+        res = await apply_fix(board, plan, sudo_password=PW)  # the right password, but no sudo right
         assert res.status == "manual" and "may not use sudo" in res.message
         assert PW not in json.dumps(res.to_dict())
         udev = await apply_fix(board, await plan_fix(board, "udev_rule", r))
@@ -51,31 +51,70 @@ def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
         reboot = await apply_fix(board, await plan_fix(board, "reboot", r))
         assert reboot.status == "manual" and reboot.manual_commands[0].startswith("sudo reboot")
         pk = await plan_fix(board, "fastrpc_packages", r)
-        assert any(c.startswith("sudo apt-get install -y ") for c in pk.commands) and "sudo ldconfig" in pk.commands
+        assert (
+            any(c.startswith("sudo apt-get install -y ") for c in pk.commands)
+            and "sudo ldconfig" in pk.commands
+        )
         pk_res = await apply_fix(board, pk)
         # libcdsprpc is already resolvable: nothing to do, so no sudo is needed and nothing is listed
         assert pk_res.status == "already" and pk_res.manual_commands == []
         after = await probe(board, only=["fastrpc_group", "udev_rule"])
-        assert [c.status for c in after.checks] == ["fail", "fail"]   # nothing was half-done
+        assert [c.status for c in after.checks] == ["fail", "fail"]  # nothing was half-done
         await board.transport.close()
+
     asyncio.run(go())
     assert "fastrpc:" not in (nosudo.root / "etc" / "group").read_text()
     assert nosudo.reboot_count() == 1
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "import sys; from app.core.cli.main import main; "
-                           "sys.exit(main(sys.argv[1:]))", *args], capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from app.core.cli.main import main; sys.exit(main(sys.argv[1:]))",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_cli_add_probe_fix(nosudo: EvkBoard, tmp_path: Path) -> None:
     fp = nosudo.server.host_key_fingerprint
-    r = _cli("board", "add", "cli", "--host", nosudo.host, "--port", str(nosudo.port), "--user", "evk",
-             "--key", str(nosudo.server.client_key_path), "--json")
-    assert r.returncode == 1 and fp in r.stderr                 # unknown key: the fingerprint is shown
-    r = _cli("board", "add", "cli", "--host", nosudo.host, "--port", str(nosudo.port), "--user", "evk",
-             "--key", str(nosudo.server.client_key_path), "--trust", fp, "--json")
+    r = _cli(
+        "board",
+        "add",
+        "cli",
+        "--host",
+        nosudo.host,
+        "--port",
+        str(nosudo.port),
+        "--user",
+        "evk",
+        "--key",
+        str(nosudo.server.client_key_path),
+        "--json",
+    )
+    assert r.returncode == 1 and fp in r.stderr  # unknown key: the fingerprint is shown
+    r = _cli(
+        "board",
+        "add",
+        "cli",
+        "--host",
+        nosudo.host,
+        "--port",
+        str(nosudo.port),
+        "--user",
+        "evk",
+        "--key",
+        str(nosudo.server.client_key_path),
+        "--trust",
+        fp,
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["state"] == "ready"
     r = _cli("board", "list", "--json")
@@ -86,15 +125,32 @@ def test_cli_add_probe_fix(nosudo: EvkBoard, tmp_path: Path) -> None:
     checks = {c["id"]: c for c in doc["checks"]}
     assert checks["fastrpc_device"]["status"] == "fail" and checks["fastrpc_device"]["fix"] == "udev_rule"
     assert checks["fastrpc_device"]["evidence"][0]["command"].startswith("for f in /dev/fastrpc-cdsp*")
-    assert set(checks) >= {"soc", "os", "qairt", "genie", "fastrpc_userspace", "fastrpc_group", "fastrpc_member",
-                           "fastrpc_login", "udev_rule", "fastrpc_daemons", "remoteproc", "qairt_env",
-                           "qnn_libs_mixed", "htp_validator", "memory", "sudo"}
+    assert set(checks) >= {
+        "soc",
+        "os",
+        "qairt",
+        "genie",
+        "fastrpc_userspace",
+        "fastrpc_group",
+        "fastrpc_member",
+        "fastrpc_login",
+        "udev_rule",
+        "fastrpc_daemons",
+        "remoteproc",
+        "qairt_env",
+        "qnn_libs_mixed",
+        "htp_validator",
+        "memory",
+        "sudo",
+    }
     r = _cli("board", "fix", "cli", "daemon_restart", "--dry-run", "--json")
-    assert json.loads(r.stdout)["plan"]["commands"] == ["sudo systemctl restart cdsprpcd.service",
-                                                        "sudo systemctl restart cdsp1rpcd.service"]
+    assert json.loads(r.stdout)["plan"]["commands"] == [
+        "sudo systemctl restart cdsprpcd.service",
+        "sudo systemctl restart cdsp1rpcd.service",
+    ]
     r = _cli("board", "fix", "cli", "daemon_restart", "--json")
     doc = json.loads(r.stdout)
     assert r.returncode == 1 and doc["status"] == "manual"
-    assert doc["manual_commands"] == ["sudo systemctl restart cdsp1rpcd.service"]   # cdsprpcd is running
+    assert doc["manual_commands"] == ["sudo systemctl restart cdsp1rpcd.service"]  # cdsprpcd is running
     r = _cli("board", "probe", "cli", "--only", "nonsense", "--json")
     assert r.returncode == 2

@@ -22,13 +22,23 @@ from tests.board.conftest import settings_with
 from tests.support.evk_board import make_device_bundle
 from tests.support.sshd import SshServer
 
-FACTS = {"dsp_arch": "v73", "qairt_version": "2.45.0.260326", "mem_total_bytes": 16 << 30,
-         "mem_available_bytes": 12 << 30}
+FACTS = {
+    "dsp_arch": "v73",
+    "qairt_version": "2.45.0.260326",
+    "mem_total_bytes": 16 << 30,
+    "mem_available_bytes": 12 << 30,
+}
 
 
 def _cfg(srv: SshServer, **extra: Any) -> dict[str, Any]:
-    return {"host": srv.host, "port": srv.port, "user": srv.user, "auth": "key",
-            "key_path": str(srv.client_key_path), **extra}
+    return {
+        "host": srv.host,
+        "port": srv.port,
+        "user": srv.user,
+        "auth": "key",
+        "key_path": str(srv.client_key_path),
+        **extra,
+    }
 
 
 def _emulated(bundle: Path) -> Path:
@@ -39,9 +49,9 @@ def _emulated(bundle: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_byte_progress_is_throttled_and_the_rate_counts_only_sent_bytes(ssh_server: SshServer,
-                                                                       tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_byte_progress_is_throttled_and_the_rate_counts_only_sent_bytes(
+    ssh_server: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a fast machine sends 64 MiB over loopback in well under 0.2 s (CI did: one event inside the file), so
     # the throttle is narrowed: the test is about events inside a file and their spacing, not about 0.1 s
     interval = 0.01
@@ -58,8 +68,9 @@ def test_byte_progress_is_throttled_and_the_rate_counts_only_sent_bytes(ssh_serv
         second: list[PushProgress] = []
 
         def on_first(p: PushProgress) -> None:
-            assert threading.get_ident() == loop_thread       # delivered on the event loop, not SFTP's thread
+            assert threading.get_ident() == loop_thread  # delivered on the event loop, not SFTP's thread
             first.append(p)
+
         r1 = await push_bundle(board, bundle, "progress-test", on_first, facts=FACTS)
         # the board loses the big file: a re-push skips the rest and sends only that one
         await board.transport.run(["rm", "-f", "--", f"{r1.remote_dir}/{big}"])
@@ -67,6 +78,7 @@ def test_byte_progress_is_throttled_and_the_rate_counts_only_sent_bytes(ssh_serv
         await board.transport.run(["rm", "-rf", "--", r1.remote_dir])
         await board.transport.close()
         return first, second, r1, r2
+
     first, second, r1, r2 = asyncio.run(go())
 
     # byte-level: events inside the 64 MiB file, not only one per file
@@ -74,7 +86,7 @@ def test_byte_progress_is_throttled_and_the_rate_counts_only_sent_bytes(ssh_serv
     assert len(inside) >= 2, [(p.file, p.file_done) for p in first]
     assert all(b.done >= a.done for a, b in itertools.pairwise(first))
     gaps = [b.seconds - a.seconds for a, b in itertools.pairwise(inside)]
-    assert min(gaps) >= interval * 0.9                     # throttled: never closer than the interval
+    assert min(gaps) >= interval * 0.9  # throttled: never closer than the interval
     assert first[-1].done == first[-1].total and first[-1].sent == r1.sent_bytes
 
     # the resumed push: MB/s is over the bytes really sent, never over the skipped ones
@@ -83,8 +95,8 @@ def test_byte_progress_is_throttled_and_the_rate_counts_only_sent_bytes(ssh_serv
     assert (last.done, last.sent) == (last.total, size) and last.total > size
     assert last.mb_per_s == pytest.approx(size / 1e6 / last.seconds)
     assert all(p.sent <= size for p in second)
-    before = second[:next(i for i, p in enumerate(second) if p.file == big)]
-    assert before and all(p.sent == 0 for p in before)      # skipped files count as done, not as sent
+    before = second[: next(i for i, p in enumerate(second) if p.file == big)]
+    assert before and all(p.sent == 0 for p in before)  # skipped files count as done, not as sent
 
 
 def test_an_emulated_bundle_is_refused_on_a_real_board(ssh_server: SshServer, tmp_path: Path) -> None:
@@ -99,6 +111,7 @@ def test_an_emulated_bundle_is_refused_on_a_real_board(ssh_server: SshServer, tm
         assert "real Qualcomm AI Hub" in (ei.value.hint or "")
         assert not await board.transport.exists(f"{await board.transport.home()}/hexstudio/bundles/emu")
         await board.transport.close()
+
     asyncio.run(refused())
 
     # a test board that explicitly allows it: pushed, and labeled EMULATED in the result
@@ -110,6 +123,7 @@ def test_an_emulated_bundle_is_refused_on_a_real_board(ssh_server: SshServer, tm
         assert r.emulated is True and any("EMULATED" in w for w in r.warnings) and r.sent_files == 7
         await board.transport.run(["rm", "-rf", "--", r.remote_dir])
         await board.transport.close()
+
     asyncio.run(allowed())
 
 
@@ -121,8 +135,9 @@ def _sim_bundle(path: Path) -> Path:
     return path
 
 
-def test_a_dropped_connection_in_the_board_stage_has_its_own_code(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dropped_connection_in_the_board_stage_has_its_own_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from app.core.device.stage import run_board_stage
     from app.core.pipeline import StageContext, StageError
     from app.core.runs import Workspace
@@ -140,9 +155,11 @@ def test_a_dropped_connection_in_the_board_stage_has_its_own_code(tmp_path: Path
         if calls["n"] == 3:
             raise tr.ConnectionLost("the SSH connection dropped")
         return await orig(self, local, remote, progress)
+
     monkeypatch.setattr(tr.LocalTransport, "put_file", dropping)
-    monkeypatch.setattr("app.core.device.stage.open_board",
-                        lambda name, s, w: _async(sim_board(tmp_path / "simws")))
+    monkeypatch.setattr(
+        "app.core.device.stage.open_board", lambda name, s, w: _async(sim_board(tmp_path / "simws"))
+    )
     out = m.run_dir / "artifacts" / "board.partial"
     out.mkdir(parents=True)
     events: list[dict[str, Any]] = []
@@ -160,7 +177,7 @@ def test_a_dropped_connection_in_the_board_stage_has_its_own_code(tmp_path: Path
     assert board_json["push"]["skipped_files"] == 2 and board_json["emulated_bundle"] is False
     pushes = [e for e in events if e.get("type") == "progress" and "bytes_sent" in e]
     assert pushes and pushes[-1]["bytes_done"] == pushes[-1]["bytes_total"]
-    assert pushes[-1]["bytes_sent"] < pushes[-1]["bytes_total"]          # the skipped files are not "sent"
+    assert pushes[-1]["bytes_sent"] < pushes[-1]["bytes_total"]  # the skipped files are not "sent"
 
 
 async def _async(v: Any) -> Any:

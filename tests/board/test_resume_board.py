@@ -22,9 +22,17 @@ async def _compile_stub(ctx: StageContext) -> dict[str, Any]:
     return {"bundle": "bundle"}
 
 
-COMPILE = Stage(name="compile", title="Compile", summary="a small bundle", needs=(), inputs=(),
-                outputs=("bundle/bundle.json",), gate_text="-", verdict=_verdict_done,
-                action="tests.board.test_resume_board:_compile_stub")
+COMPILE = Stage(
+    name="compile",
+    title="Compile",
+    summary="a small bundle",
+    needs=(),
+    inputs=(),
+    outputs=("bundle/bundle.json",),
+    gate_text="-",
+    verdict=_verdict_done,
+    action="tests.board.test_resume_board:_compile_stub",
+)
 STAGES = (COMPILE, get_stage("board"))
 
 
@@ -52,20 +60,22 @@ def test_resume_rechecks_the_pushed_bundle_and_pushes_again_when_it_changed(tmp_
     remote = _remote(ws, run_id)
     local = Workspace(ws).run_dir(run_id) / "artifacts" / "compile" / "bundle"
 
-    again = _run(ws, run_id)   # unchanged on the board: checked, then skipped as current
+    again = _run(ws, run_id)  # unchanged on the board: checked, then skipped as current
     assert again.ok and again.skipped == ["compile", "board"] and again.ran == [], again
     assert _events(ws, run_id)[-1]["passed"] is True
 
-    _flip(remote / "sim" / "a.onnx")   # changed on the board after the push, size kept
+    _flip(remote / "sim" / "a.onnx")  # changed on the board after the push, size kept
     resumed = _run(ws, run_id)
     assert resumed.ok and resumed.ran == ["board"] and resumed.skipped == ["compile"], resumed
     ev = _events(ws, run_id)[-1]
     assert ev["passed"] is False and "sim/a.onnx" in ev["message"] and "sha256" in ev["message"], ev
     assert (remote / "sim" / "a.onnx").read_bytes() == (local / "sim" / "a.onnx").read_bytes()
     m = Workspace(ws).open_run(run_id)
-    assert m.stage("board").metric_value("push_resent_files") == 1   # the Board stage found it and sent it again
+    assert (
+        m.stage("board").metric_value("push_resent_files") == 1
+    )  # the Board stage found it and sent it again
 
-    (remote / "tokenizer.json").unlink()   # a file gone from the board
+    (remote / "tokenizer.json").unlink()  # a file gone from the board
     assert _run(ws, run_id).ran == ["board"]
     assert (remote / "tokenizer.json").read_bytes() == (local / "tokenizer.json").read_bytes()
 
@@ -80,6 +90,6 @@ def test_resume_is_refused_past_a_board_with_a_symlink_in_the_bundle(tmp_path: P
     (remote / "tokenizer.json").unlink()
     (remote / "tokenizer.json").symlink_to(outside)
     res = _run(ws, run_id)
-    assert not res.ok and res.stopped_at == "board", res        # the re-run push refuses it, nothing sent
+    assert not res.ok and res.stopped_at == "board", res  # the re-run push refuses it, nothing sent
     assert "symbolic link" in _events(ws, run_id)[-1]["message"]
     assert outside.read_text() == "{}"

@@ -34,7 +34,7 @@ from tests.support.sshd import SshServer, _keygen
 
 pytestmark = pytest.mark.sshd
 
-RELAY = r'''
+RELAY = r"""
 import socket, sys, threading
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
 def up():
@@ -50,7 +50,7 @@ while True:
     if not b:
         break
     sys.stdout.buffer.write(b); sys.stdout.buffer.flush()
-'''
+"""
 
 
 @pytest.fixture
@@ -95,14 +95,18 @@ def use(cfg: dict[str, Any], **kw: Any) -> Any:
             return t
         finally:
             await t.close()
+
     return run(go())
 
 
 def test_hostname_port_user_and_several_identity_files(home: Path, srv: SshServer, tmp_path: Path) -> None:
     wrong = tmp_path / "wrong_key"
     _keygen(wrong)
-    write_config(home, f"Host evk-alias\n  HostName {srv.host}\n  Port {srv.port}\n  User {srv.user}\n"
-                       f"  IdentityFile {wrong}\n  IdentityFile {srv.client_key_path}\n")
+    write_config(
+        home,
+        f"Host evk-alias\n  HostName {srv.host}\n  Port {srv.port}\n  User {srv.user}\n"
+        f"  IdentityFile {wrong}\n  IdentityFile {srv.client_key_path}\n",
+    )
     t = use({"host": "evk-alias", "auth": "ssh_config"}, trust=yes)
     assert (t.host, t.port, t.user) == (srv.host, srv.port, srv.user)
     # key auth without a key_path: the config's IdentityFiles, in order (the wrong one first is refused)
@@ -119,10 +123,13 @@ def test_proxyjump_through_a_second_sshd_to_the_evk_board(home: Path, tmp_path: 
     board.start()
     try:
         with SshServer(tmp_path / "jump-sshd") as jump:
-            write_config(home, f"Host jumpbox\n  HostName {jump.host}\n  Port {jump.port}\n  User {jump.user}\n"
-                               f"  IdentityFile {jump.client_key_path}\n"
-                               f"Host evk\n  HostName {board.host}\n  Port {board.port}\n  User {board.user}\n"
-                               f"  IdentityFile {board.server.client_key_path}\n  ProxyJump jumpbox\n")
+            write_config(
+                home,
+                f"Host jumpbox\n  HostName {jump.host}\n  Port {jump.port}\n  User {jump.user}\n"
+                f"  IdentityFile {jump.client_key_path}\n"
+                f"Host evk\n  HostName {board.host}\n  Port {board.port}\n  User {board.user}\n"
+                f"  IdentityFile {board.server.client_key_path}\n  ProxyJump jumpbox\n",
+            )
             asked: list[tuple[str, int]] = []
 
             def trust(host: str, port: int, kind: str, fp: str) -> bool:
@@ -132,25 +139,31 @@ def test_proxyjump_through_a_second_sshd_to_the_evk_board(home: Path, tmp_path: 
             async def go() -> None:
                 t = await connect_ssh("evk", {"host": "evk", "auth": "ssh_config"}, trust=trust)
                 try:
-                    assert (await t.run(["cat", "/sys/devices/soc0/soc_id"], timeout=20)).stdout.strip() == "676"
+                    assert (
+                        await t.run(["cat", "/sys/devices/soc0/soc_id"], timeout=20)
+                    ).stdout.strip() == "676"
                     assert t.via == "via jumpbox" and len(t.client.jumps) == 1
                     await t.write_bytes(f"{await t.home()}/through-the-jump.txt", b"pushed via the jump host")
-                    assert await t.read_bytes(f"{await t.home()}/through-the-jump.txt") == b"pushed via the jump host"
+                    assert (
+                        await t.read_bytes(f"{await t.home()}/through-the-jump.txt")
+                        == b"pushed via the jump host"
+                    )
                 finally:
                     await t.close()
                 # both host keys were asked about, the jump host's first; trusted now, no more questions
                 assert asked == [(jump.host, jump.port), (board.host, board.port)]
                 t = await connect_ssh("evk", {"host": "evk", "auth": "ssh_config"})
                 assert await echo(t) == "hello"
-                t.client.jumps[0].close()                # the route is the jump host's connection: the session
+                t.client.jumps[0].close()  # the route is the jump host's connection: the session
                 deadline = time.monotonic() + 15
                 while t.connected and time.monotonic() < deadline:
                     await asyncio.sleep(0.1)
-                assert not t.connected                   # goes with it
+                assert not t.connected  # goes with it
                 await t.close()
+
             run(go())
             jump.stop()
-            with pytest.raises(BoardError) as err:     # jump host down: the error names it and what to do
+            with pytest.raises(BoardError) as err:  # jump host down: the error names it and what to do
                 run(connect_ssh("evk", {"host": "evk", "auth": "ssh_config"}, timeout=5))
             assert "jumpbox" in err.value.message and err.value.hint
     finally:
@@ -160,18 +173,22 @@ def test_proxyjump_through_a_second_sshd_to_the_evk_board(home: Path, tmp_path: 
 def test_proxycommand_relay(home: Path, srv: SshServer, tmp_path: Path) -> None:
     relay = tmp_path / "relay.py"
     relay.write_text(RELAY)
-    write_config(home, f"Host via-relay\n  HostName {srv.host}\n  Port {srv.port}\n  User {srv.user}\n"
-                       f"  IdentityFile {srv.client_key_path}\n  ProxyCommand {sys.executable} {relay} %h %p\n")
+    write_config(
+        home,
+        f"Host via-relay\n  HostName {srv.host}\n  Port {srv.port}\n  User {srv.user}\n"
+        f"  IdentityFile {srv.client_key_path}\n  ProxyCommand {sys.executable} {relay} %h %p\n",
+    )
 
     async def go() -> None:
         t = await connect_ssh("b", {"host": "via-relay", "auth": "ssh_config"}, trust=yes)
         sock = t.client.get_transport().sock
         try:
             assert await echo(t) == "hello" and t.via.startswith("ProxyCommand ")
-            assert sock.process.poll() is None      # the relay carries the session
+            assert sock.process.poll() is None  # the relay carries the session
         finally:
             await t.close()
-        sock.process.wait(10)                        # and ends with it
+        sock.process.wait(10)  # and ends with it
+
     run(go())
     write_config(home, f"Host broken\n  HostName {srv.host}\n  Port {srv.port}\n  ProxyCommand false %h %p\n")
     with pytest.raises(BoardError) as err:
@@ -182,8 +199,11 @@ def test_proxycommand_relay(home: Path, srv: SshServer, tmp_path: Path) -> None:
 @pytest.fixture
 def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     sock = tmp_path / "agent.sock"
-    proc = subprocess.Popen([shutil.which("ssh-agent") or "ssh-agent", "-D", "-a", str(sock)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [shutil.which("ssh-agent") or "ssh-agent", "-D", "-a", str(sock)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 10
     while not sock.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -195,21 +215,28 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         proc.wait(10)
 
 
-def test_identities_only_with_wrong_keys_in_the_agent(home: Path, srv: SshServer, agent: Path,
-                                                       tmp_path: Path) -> None:
-    for i in range(6):                               # as many wrong keys as sshd's MaxAuthTries
+def test_identities_only_with_wrong_keys_in_the_agent(
+    home: Path, srv: SshServer, agent: Path, tmp_path: Path
+) -> None:
+    for i in range(6):  # as many wrong keys as sshd's MaxAuthTries
         k = tmp_path / f"agent_key_{i}"
         _keygen(k)
-        subprocess.run(["ssh-add", "-q", str(k)], check=True, env={**os.environ, "SSH_AUTH_SOCK": str(agent)},
-                       capture_output=True)
-    entry = (f"Host evk\n  HostName {srv.host}\n  Port {srv.port}\n  User {srv.user}\n"
-             f"  IdentityFile {srv.client_key_path}\n")
+        subprocess.run(
+            ["ssh-add", "-q", str(k)],
+            check=True,
+            env={**os.environ, "SSH_AUTH_SOCK": str(agent)},
+            capture_output=True,
+        )
+    entry = (
+        f"Host evk\n  HostName {srv.host}\n  Port {srv.port}\n  User {srv.user}\n"
+        f"  IdentityFile {srv.client_key_path}\n"
+    )
     write_config(home, entry)
-    with pytest.raises(BoardError) as err:           # the agent's keys use up the server's tries
+    with pytest.raises(BoardError) as err:  # the agent's keys use up the server's tries
         run(connect_ssh("b", {"host": "evk", "auth": "ssh_config"}, trust=yes))
     assert "refused the login" in err.value.message and "agent key" in err.value.message
     write_config(home, entry + "  IdentitiesOnly yes\n")
-    use({"host": "evk", "auth": "ssh_config"})       # only the IdentityFile is offered: in
+    use({"host": "evk", "auth": "ssh_config"})  # only the IdentityFile is offered: in
     plan = connect._auth_plan("b", connect.resolve({"host": "evk", "auth": "ssh_config"}), None)
     assert [c.label for c in plan.candidates] == [f"key {srv.client_key_path}"]
     assert sum("IdentitiesOnly" in n for n in plan.notes) == 6
@@ -223,7 +250,7 @@ def test_encrypted_key_asks_for_its_passphrase(home: Path, srv: SshServer, tmp_p
     cfg = {"host": srv.host, "port": srv.port, "user": srv.user, "auth": "key", "key_path": str(key)}
     stored = secrets.key_passphrase_key(str(key.resolve()))
     secrets.delete_secret(stored)
-    with pytest.raises(KeyPassphraseNeeded) as need:      # nobody to ask: say so, and what to do
+    with pytest.raises(KeyPassphraseNeeded) as need:  # nobody to ask: say so, and what to do
         run(connect_ssh("b", cfg, trust=yes))
     assert need.value.key_path == str(key) and "ssh-add" in (need.value.hint or "")
 
@@ -232,47 +259,75 @@ def test_encrypted_key_asks_for_its_passphrase(home: Path, srv: SshServer, tmp_p
     def wrong(path: str, attempt: int) -> KeyPassphrase:
         asked.append(attempt)
         return KeyPassphrase("wrong horse")
+
     with pytest.raises(KeyPassphraseWrong) as bad:
         run(connect_ssh("b", cfg, passphrase=wrong))
     assert asked == [0, 1, 2] and "wrong" in bad.value.message and "ssh-keygen -y" in (bad.value.hint or "")
     assert "wrong horse" not in f"{bad.value.message} {bad.value.hint}"
 
     use(cfg, passphrase=lambda p, a: KeyPassphrase("right horse"))
-    assert secrets.get_secret(stored) is None          # never stored unless the person chose the keyring
-    use(cfg)                                           # opened in this process: a reconnect does not ask again
+    assert secrets.get_secret(stored) is None  # never stored unless the person chose the keyring
+    use(cfg)  # opened in this process: a reconnect does not ask again
     connect._OPENED.clear()
     use(cfg, passphrase=lambda p, a: KeyPassphrase("right horse", remember=True))
     assert secrets.get_secret(stored) == "right horse"
     connect._OPENED.clear()
-    use(cfg)                                           # from the keyring, as chosen
+    use(cfg)  # from the keyring, as chosen
     secrets.delete_secret(stored)
 
 
-def test_trusted_host_key_saved_to_known_hosts_only_when_accepted(home: Path, srv: SshServer,
-                                                                    tmp_path: Path) -> None:
-    cfg = {"host": srv.host, "port": srv.port, "user": srv.user, "auth": "key", "key_path": str(srv.client_key_path)}
+def test_trusted_host_key_saved_to_known_hosts_only_when_accepted(
+    home: Path, srv: SshServer, tmp_path: Path
+) -> None:
+    cfg = {
+        "host": srv.host,
+        "port": srv.port,
+        "user": srv.user,
+        "auth": "key",
+        "key_path": str(srv.client_key_path),
+    }
     kh = home / ".ssh" / "known_hosts"
     offered: list[Path] = []
 
     def decline(host: str, port: int, kind: str, fp: str, path: Path) -> bool:
         offered.append(path)
         return False
-    with pytest.raises(HostKeyUnknown):               # not trusted: nothing offered, nothing written
+
+    with pytest.raises(HostKeyUnknown):  # not trusted: nothing offered, nothing written
         run(connect_ssh("b", cfg, offer_known_hosts=decline))
     assert not offered and not kh.exists()
-    use(cfg, trust=yes, offer_known_hosts=decline)    # trusted in HexStudio only
+    use(cfg, trust=yes, offer_known_hosts=decline)  # trusted in HexStudio only
     assert offered == [kh] and not kh.exists()
 
-    connect.known_hosts_path().unlink()               # first contact again; this time the person says yes
+    connect.known_hosts_path().unlink()  # first contact again; this time the person says yes
     use(cfg, trust=yes, offer_known_hosts=lambda *a: True)
-    assert kh.read_text() == srv.known_hosts_line + "\n"   # as `ssh-keyscan -p PORT 127.0.0.1` writes it
-    openssh = subprocess.run(["ssh", "-p", str(srv.port), "-i", str(srv.client_key_path), "-o",
-                              f"UserKnownHostsFile={kh}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
-                              "-F", "/dev/null", f"{srv.user}@{srv.host}", "echo", "openssh-agrees"],
-                             capture_output=True, text=True, timeout=30)
+    assert kh.read_text() == srv.known_hosts_line + "\n"  # as `ssh-keyscan -p PORT 127.0.0.1` writes it
+    openssh = subprocess.run(
+        [
+            "ssh",
+            "-p",
+            str(srv.port),
+            "-i",
+            str(srv.client_key_path),
+            "-o",
+            f"UserKnownHostsFile={kh}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-F",
+            "/dev/null",
+            f"{srv.user}@{srv.host}",
+            "echo",
+            "openssh-agrees",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert openssh.stdout.strip() == "openssh-agrees", openssh.stderr
     connect.known_hosts_path().unlink()
-    use(cfg)                                          # the user's known_hosts is read too: no question
+    use(cfg)  # the user's known_hosts is read too: no question
 
     # hashed, as `ssh-keyscan -H` writes it, when ~/.ssh/config says HashKnownHosts yes
     kh.unlink()
@@ -280,9 +335,14 @@ def test_trusted_host_key_saved_to_known_hosts_only_when_accepted(home: Path, sr
     write_config(home, f"Host {srv.host}\n  HashKnownHosts yes\n")
     use(cfg, trust=yes, offer_known_hosts=lambda *a: True)
     line = kh.read_text().strip()
-    assert line.startswith("|1|") and srv.host not in line and line.endswith(" ".join(srv.host_key_pub.split()[:2]))
-    found = subprocess.run(["ssh-keygen", "-F", f"[{srv.host}]:{srv.port}", "-f", str(kh)], capture_output=True,
-                           text=True)
+    assert (
+        line.startswith("|1|")
+        and srv.host not in line
+        and line.endswith(" ".join(srv.host_key_pub.split()[:2]))
+    )
+    found = subprocess.run(
+        ["ssh-keygen", "-F", f"[{srv.host}]:{srv.port}", "-f", str(kh)], capture_output=True, text=True
+    )
     assert found.returncode == 0 and "|1|" in found.stdout
     # a file already hashed stays hashed; a key already there is not written twice
     assert connect.save_to_user_known_hosts(kh, srv.host, srv.port, _server_key(srv)) is False
@@ -308,12 +368,35 @@ def test_the_cli_asks_on_the_terminal(home: Path, srv: SshServer, tmp_path: Path
     with open(srv.authorized_keys, "a") as f:
         f.write(key.with_name("enc_cli_key.pub").read_text())
     pid, fd = pty.fork()
-    if pid == 0:                                       # the child: the CLI on a terminal
-        os.execvpe(sys.executable, [sys.executable, "-m", "app", "board", "add", "enc", "--host", srv.host,
-                                    "--port", str(srv.port), "--user", srv.user, "--auth", "key", "--key",
-                                    str(key)], dict(os.environ))
-    answers = [("Trust it?", "y"), ("known_hosts", "n"), ("Passphrase for SSH key", "cli pass"),
-               ("keyring", "n")]
+    if pid == 0:  # the child: the CLI on a terminal
+        os.execvpe(
+            sys.executable,
+            [
+                sys.executable,
+                "-m",
+                "app",
+                "board",
+                "add",
+                "enc",
+                "--host",
+                srv.host,
+                "--port",
+                str(srv.port),
+                "--user",
+                srv.user,
+                "--auth",
+                "key",
+                "--key",
+                str(key),
+            ],
+            dict(os.environ),
+        )
+    answers = [
+        ("Trust it?", "y"),
+        ("known_hosts", "n"),
+        ("Passphrase for SSH key", "cli pass"),
+        ("keyring", "n"),
+    ]
     seen = b""
     deadline = time.monotonic() + 60
     try:
@@ -334,6 +417,6 @@ def test_the_cli_asks_on_the_terminal(home: Path, srv: SshServer, tmp_path: Path
     text = seen.decode(errors="replace")
     assert not answers, text
     assert os.waitstatus_to_exitcode(status) == 0, text
-    assert "connected: ssh://" in text and "cli pass" not in text      # getpass: no echo
+    assert "connected: ssh://" in text and "cli pass" not in text  # getpass: no echo
     assert not (home / ".ssh" / "known_hosts").exists()
     assert secrets.get_secret(secrets.key_passphrase_key(str(key.resolve()))) is None

@@ -22,40 +22,71 @@ from tests.board.conftest import settings_with
 from tests.support.evk_board import make_device_bundle
 from tests.support.sshd import SshServer
 
-FACTS = {"dsp_arch": "v73", "qairt_version": "2.45.0.260326", "mem_total_bytes": 16 << 30,
-         "mem_available_bytes": 12 << 30}
+FACTS = {
+    "dsp_arch": "v73",
+    "qairt_version": "2.45.0.260326",
+    "mem_total_bytes": 16 << 30,
+    "mem_available_bytes": 12 << 30,
+}
 
 
 def _cfg(srv: SshServer) -> dict[str, Any]:
-    return {"host": srv.host, "port": srv.port, "user": srv.user, "auth": "key", "key_path": str(srv.client_key_path)}
+    return {
+        "host": srv.host,
+        "port": srv.port,
+        "user": srv.user,
+        "auth": "key",
+        "key_path": str(srv.client_key_path),
+    }
 
 
 def test_changed_host_key_is_refused(tmp_path: Path) -> None:
     with SshServer(tmp_path / "srv") as srv:
         cfg = _cfg(srv)
-        with pytest.raises(HostKeyUnknown) as unknown:           # never added silently
+        with pytest.raises(HostKeyUnknown) as unknown:  # never added silently
             asyncio.run(connect_ssh("b", cfg))
         assert unknown.value.fingerprint == srv.host_key_fingerprint
         t = asyncio.run(connect_ssh("b", cfg, trust=lambda *a: True))
         asyncio.run(t.close())
-        asyncio.run(connect_ssh("b", cfg)).client.close()        # trusted now: no question
+        asyncio.run(connect_ssh("b", cfg)).client.close()  # trusted now: no question
         srv.rotate_host_key()
         srv.restart()
         states: list[tuple[str, str]] = []
         with pytest.raises(HostKeyChanged) as changed:
-            asyncio.run(connect_ssh("b", cfg, trust=lambda *a: True, on_state=lambda s, d: states.append((s, d))))
+            asyncio.run(
+                connect_ssh("b", cfg, trust=lambda *a: True, on_state=lambda s, d: states.append((s, d)))
+            )
         assert "REFUSED" in changed.value.message and "CHANGED" in changed.value.message
         assert changed.value.fingerprint == srv.host_key_fingerprint
         assert states[-1][0] == "failed"
         settings_with("b", cfg)
-        r = subprocess.run([sys.executable, "-c", "import sys; from app.core.cli.main import main; "
-                            "sys.exit(main(sys.argv[1:]))", "board", "probe", "b", "--json"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from app.core.cli.main import main; sys.exit(main(sys.argv[1:]))",
+                "board",
+                "probe",
+                "b",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 1 and "REFUSED" in r.stderr and json.loads(r.stdout)["ok"] is False
 
 
-HOSTILE = ["a b; touch PWNED1", "$(touch PWNED2)", "`touch PWNED3`", "it's \"quoted\"", "-rf", "*", "ünï cødé",
-           "sub dir/x;y"]
+HOSTILE = [
+    "a b; touch PWNED1",
+    "$(touch PWNED2)",
+    "`touch PWNED3`",
+    'it\'s "quoted"',
+    "-rf",
+    "*",
+    "ünï cødé",
+    "sub dir/x;y",
+]
 
 
 def test_hostile_names_are_quoted(ssh_server: SshServer, tmp_path: Path) -> None:
@@ -76,18 +107,24 @@ def test_hostile_names_are_quoted(ssh_server: SshServer, tmp_path: Path) -> None
             assert "bundle.json files[" in ei.value.message and repr(n) in ei.value.message, ei.value.message
             assert not await t.exists(f"{home}/hexstudio/bundles/hostile-{i}")
         with pytest.raises(UnsafeBundle, match="bundle name"):
-            await push_bundle(board, make_device_bundle(tmp_path / "ok", part_bytes=100),
-                              "b; touch PWNED4 $(touch PWNED5)", facts=FACTS)
+            await push_bundle(
+                board,
+                make_device_bundle(tmp_path / "ok", part_bytes=100),
+                "b; touch PWNED4 $(touch PWNED5)",
+                facts=FACTS,
+            )
         r = await t.run(["sh", "-c", 'find "$1" /tmp -name "PWNED*" 2>/dev/null; true', "x", home])
         assert "PWNED" not in r.stdout
         await t.close()
+
     asyncio.run(go())
     assert not list(Path.cwd().glob("PWNED*"))
 
 
 @pytest.mark.slow
-def test_dropped_push_resumes_with_only_the_rest(ssh_server: SshServer, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dropped_push_resumes_with_only_the_rest(
+    ssh_server: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings = settings_with("root", _cfg(ssh_server))
     bundle = make_device_bundle(tmp_path / "bundle", parts=2, part_bytes=24 << 20)
     big = json.loads((bundle / "bundle.json").read_text())["files"]
@@ -95,11 +132,14 @@ def test_dropped_push_resumes_with_only_the_rest(ssh_server: SshServer, tmp_path
     orig = tr.SshTransport.put_file_sync
     state = {"dropped": False}
 
-    def dropping(self: tr.SshTransport, local: Path, remote: str, progress: Any = None, resume: bool = True) -> int:
+    def dropping(
+        self: tr.SshTransport, local: Path, remote: str, progress: Any = None, resume: bool = True
+    ) -> int:
         def prog(done: int) -> None:
             if not state["dropped"] and local.name.startswith("evk_model_part_2") and done > 10 << 20:
                 state["dropped"] = True
-                self.client.get_transport().sock.close()         # the network goes away mid-file
+                self.client.get_transport().sock.close()  # the network goes away mid-file
+
         return orig(self, local, remote, prog, resume)
 
     monkeypatch.setattr(tr.SshTransport, "put_file_sync", dropping)
@@ -110,7 +150,7 @@ def test_dropped_push_resumes_with_only_the_rest(ssh_server: SshServer, tmp_path
             await push_bundle(board, bundle, "resume-test", facts=FACTS)
         assert "push again" in (ei.value.hint or "")
         assert state["dropped"]
-        board = await open_board("root", settings)                 # reconnect
+        board = await open_board("root", settings)  # reconnect
         res = await push_bundle(board, bundle, "resume-test", facts=FACTS)
         second = (bundle / "evk_model_part_2_of_2.bin").stat().st_size
         # the files sent before the drop are skipped; the interrupted one continues from its .part
@@ -124,6 +164,7 @@ def test_dropped_push_resumes_with_only_the_rest(ssh_server: SshServer, tmp_path
         assert again.sent_bytes == 0
         await board.transport.run(["rm", "-rf", "--", res.remote_dir])
         await board.transport.close()
+
     asyncio.run(go())
 
 
@@ -141,7 +182,9 @@ def test_short_commands_never_lose_their_output(ssh_server: SshServer) -> None:
                 r = await board.transport.run(["printf", "%s", f"out-{i}"])
                 assert r.exit_status == 0
                 return r.stdout
+
         outs = await asyncio.gather(*(one(i) for i in range(64)))
         await board.transport.close()
         return list(outs)
+
     assert asyncio.run(go()) == [f"out-{i}" for i in range(64)]

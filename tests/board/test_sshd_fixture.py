@@ -9,7 +9,9 @@ from tests.support.sshd import SshServer
 
 
 def test_openssh_client_logs_in(ssh_server: SshServer) -> None:
-    out = subprocess.run(ssh_server.ssh_argv("echo", "hello-$USER"), capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ssh_server.ssh_argv("echo", "hello-$USER"), capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "hello-root"
     assert ssh_server.host_key_fingerprint.startswith("SHA256:")

@@ -27,8 +27,11 @@ def test_stage_installs_qairt_then_pushes(tmp_path: Path) -> None:
         set_secret(sudo_password_key("evk"), PW)
 
         async def first_contact() -> None:
-            b = await open_board("evk", settings, trust=lambda h, p, kt, fp: fp == evk.server.host_key_fingerprint)
+            b = await open_board(
+                "evk", settings, trust=lambda h, p, kt, fp: fp == evk.server.host_key_fingerprint
+            )
             await b.transport.close()
+
         asyncio.run(first_contact())
         m = Workspace().create_run("builtin:tiny-llama", "evk")
         upstream = tmp_path / "compile"
@@ -39,8 +42,10 @@ def test_stage_installs_qairt_then_pushes(tmp_path: Path) -> None:
         ctx = StageContext(m, get_stage("board"), out, {"compile": upstream}, events.append, asyncio.Event())
         asyncio.run(run_board_stage(ctx))
         doc = json.loads((out / "board.json").read_text())
-        assert all(c["status"] == "ok" or (c["id"], c["status"]) == ("geniex", "skip")   # GenieX: optional
-                   for c in doc["doctor"]), [c for c in doc["doctor"] if c["status"] != "ok"]
+        assert all(
+            c["status"] == "ok" or (c["id"], c["status"]) == ("geniex", "skip")  # GenieX: optional
+            for c in doc["doctor"]
+        ), [c for c in doc["doctor"] if c["status"] != "ok"]
         assert doc["facts"]["qairt_version"] == "2.45.0.260326" and doc["push"]["sent_files"] == 7
         logs = [e.get("message", "") for e in events if e.get("type") == "log"]
         assert any("sudo tar -xf" in ln for ln in logs)

@@ -54,12 +54,13 @@ def _graph_names(run_dir: Path) -> list[str]:
     return [g["name"] for g in _quantize(run_dir)["graphs"]]
 
 
-MODEL = "tiny_llama"   # builtin:tiny-llama, as qai-hub-models names its models (file and job names)
+MODEL = "tiny_llama"  # builtin:tiny-llama, as qai-hub-models names its models (file and job names)
 QAIRT_FULL = QAIRT_VERSIONS["2.42"]
 
 
 def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
-        validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from app.core import secrets
 
     emu = aihub_emulator
@@ -82,11 +83,22 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
     assert (doc["context_length"], doc["parts"], doc["precision"]) == (512, 2, "w4a16")
     names = {f["path"] for f in doc["files"]}
     bins = [f"{MODEL}_part_1_of_2.bin", f"{MODEL}_part_2_of_2.bin"]
-    assert names == {*bins, "genie_config.json", "htp_backend_ext_config.json", "tokenizer.json",
-                     "tokenizer_config.json", "config.json", "metadata.yaml", "tool-versions.yaml", "EMULATED.txt"}
+    assert names == {
+        *bins,
+        "genie_config.json",
+        "htp_backend_ext_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "config.json",
+        "metadata.yaml",
+        "tool-versions.yaml",
+        "EMULATED.txt",
+    }
     # every file and checksum, recomputed here as well
     for f in doc["files"]:
-        assert gb.sha256_file(bdir / f["path"]) == f["sha256"] and (bdir / f["path"]).stat().st_size == f["size"]
+        assert (
+            gb.sha256_file(bdir / f["path"]) == f["sha256"] and (bdir / f["path"]).stat().st_size == f["size"]
+        )
     cfg = json.loads((bdir / "genie_config.json").read_text())["dialog"]
     assert cfg["engine"]["model"]["binary"]["ctx-bins"] == bins and cfg["context"]["size"] == 512
     assert cfg["engine"]["backend"]["type"] == "QnnHtp"
@@ -105,11 +117,11 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
         comp = meta["components"][gm.component_name(g["name"])]
         assert list(comp["inputs"]) == g["inputs"] and list(comp["outputs"]) == g["outputs"]
         for t, spec in {**comp["inputs"], **comp["outputs"]}.items():
-            if spec["dtype"].startswith("int"):   # input_ids: not quantized
+            if spec["dtype"].startswith("int"):  # input_ids: not quantized
                 assert "quantization_parameters" not in spec, t
                 continue
             assert spec["dtype"] == ("uint8" if gm.is_kv(t) else "uint16"), t
-            if gm.is_kv(t) and "quantization_parameters" in spec:   # 8-bit symmetric
+            if gm.is_kv(t) and "quantization_parameters" in spec:  # 8-bit symmetric
                 assert spec["quantization_parameters"]["offset"] == -128, t
     assert meta == gm.build_metadata(q["graphs"], m.run_dir / "artifacts" / "quantize")
     for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
@@ -123,7 +135,11 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
         with zipfile.ZipFile(bdir / b) as z:
             linked = json.loads(z.read("emulated.json"))
             assert "EMULATED" in z.read("README.txt").decode()
-        assert linked["emulated"] is True and linked["kind"] == "link" and linked["options"] == "--qairt_version 2.42"
+        assert (
+            linked["emulated"] is True
+            and linked["kind"] == "link"
+            and linked["options"] == "--qairt_version 2.42"
+        )
         assert linked["graphs"] == [f"prompt_ar128_cl512_{part}_of_2", f"token_ar1_cl512_{part}_of_2"]
         assert linked["qairt_version"] == QAIRT_FULL
     links = {j.pb.link_job.name for j in emu.jobs.values() if j.kind == "link"}
@@ -132,15 +148,18 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
     assert set(compiles) == {f"{MODEL}_{gm.component_name(g)}" for g in graphs}
     for g, entry in graphs.items():
         cj = compiles[f"{MODEL}_{gm.component_name(g)}"]
-        assert cj.options == (f"--target_runtime qnn_dlc --qairt_version 2.42 --output_names "
-                              f"{','.join(entry['outputs'])} --quantize_io --qnn_options context_enable_graphs={g} "
-                              "--quantize_full_type w8a16")
+        assert cj.options == (
+            f"--target_runtime qnn_dlc --qairt_version 2.42 --output_names "
+            f"{','.join(entry['outputs'])} --quantize_io --qnn_options context_enable_graphs={g} "
+            "--quantize_full_type w8a16"
+        )
         base = f"{MODEL}_{gm.component_name(g)}"
         upload = emu.models[cj.model.model_id]
         assert upload.pb.name == f"{base}.aimet" and upload.pb.is_directory
         with zipfile.ZipFile(io.BytesIO(upload.data or b"")) as z:
-            assert sorted(n for n in z.namelist() if not n.endswith("/")) == \
-                [f"{base}.aimet/{base}.{ext}" for ext in ("data", "encodings", "onnx")]
+            assert sorted(n for n in z.namelist() if not n.endswith("/")) == [
+                f"{base}.aimet/{base}.{ext}" for ext in ("data", "encodings", "onnx")
+            ]
             # the integer-encoded weights travel in fp16 (tests/compile/test_aihub_upload.py: same integers)
             up = onnx.load_model_from_string(z.read(f"{base}.aimet/{base}.onnx"))
             assert sum(i.data_type == onnx.TensorProto.FLOAT16 for i in up.graph.initializer) >= 7
@@ -161,9 +180,14 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
     assert metrics["emulated"]["value"] is True and metrics["simulated"]["value"] is False
     assert {v["value"] for k, v in metrics.items() if k.startswith("aihub_") and k != "aihub_jobs"} == ids
     # the upload's size was announced before anything was sent, and is what was sent
-    assert metrics["upload_planned_bytes"]["value"] == pytest.approx(metrics["upload_sent_bytes"]["value"], rel=0.01)
-    first = next(json.loads(ln) for ln in (m.run_dir / "logs" / "compile.jsonl").read_text().splitlines()
-                 if '"progress"' in ln)
+    assert metrics["upload_planned_bytes"]["value"] == pytest.approx(
+        metrics["upload_sent_bytes"]["value"], rel=0.01
+    )
+    first = next(
+        json.loads(ln)
+        for ln in (m.run_dir / "logs" / "compile.jsonl").read_text().splitlines()
+        if '"progress"' in ln
+    )
     assert first["message"].startswith("AI Hub upload: ") and " ETA " in first["message"], first
     assert "100 Mbit/s (assumed; set aihub_link_mbps" in first["message"]
     assert emu.token not in (m.run_dir / "run.json").read_text()
@@ -173,8 +197,9 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
     assert res.ok and emu.submissions == {"compile": 4, "link": 2} and emu.uploads == 4
 
 
-def test_a_restart_while_waiting_resumes_by_job_id(validated_run: Path, tmp_path: Path,
-                                                   aihub_emulator: AIHubEmulator) -> None:
+def test_a_restart_while_waiting_resumes_by_job_id(
+    validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator
+) -> None:
     emu = aihub_emulator
     emu.hold_jobs()  # a slow compile: jobs stay running
     m = _aihub_run(validated_run, tmp_path / "ws", emu)
@@ -206,8 +231,9 @@ def test_a_restart_while_waiting_resumes_by_job_id(validated_run: Path, tmp_path
 
     emu.release_jobs()
     events: list[dict[str, Any]] = []
-    res = _compile(Workspace(tmp_path / "ws").open_run(m.run_dir.name),
-                   on_event=lambda st, ev: events.append(ev))
+    res = _compile(
+        Workspace(tmp_path / "ws").open_run(m.run_dir.name), on_event=lambda st, ev: events.append(ev)
+    )
     assert res.ok, f"{res.message} / {res.hint}"
     assert emu.submissions == {"compile": 4, "link": 2} and emu.uploads == 4  # nothing submitted twice
     assert sum("reusing AI Hub compile job" in e.get("message", "") for e in events) == 4
@@ -223,9 +249,13 @@ FAILURES = {
     "bad_token": ("aihub_auth", "rejected the API token", "token"),
     "rate_limited": ("aihub_rate_limited", "429", "Wait a few minutes"),
     "failed_job": ("aihub_job_failed", "failed: Op 'MatMul_7' is not supported by the HTP backend", "/jobs/"),
-    "unavailable_device": ("aihub_device_unavailable", "no device named 'Dragonwing IQ-9999'", "Dragonwing IQ-9075 EVK"),
-    "old_device": ("device_unsupported", "cannot run LPBQ", "v73"),          # v68: LPBQ checked first
-    "no_weight_sharing": ("device_unsupported", "does not support weight sharing", "v73"),   # v69
+    "unavailable_device": (
+        "aihub_device_unavailable",
+        "no device named 'Dragonwing IQ-9999'",
+        "Dragonwing IQ-9075 EVK",
+    ),
+    "old_device": ("device_unsupported", "cannot run LPBQ", "v73"),  # v68: LPBQ checked first
+    "no_weight_sharing": ("device_unsupported", "does not support weight sharing", "v73"),  # v69
     "no_consent": ("aihub_consent_required", "uploads model-derived files", "aihub_consent=true"),
     "unreachable": ("aihub_unreachable", "Could not reach Qualcomm AI Hub at http://127.0.0.1:", "proxy"),
 }
@@ -241,7 +271,8 @@ def _closed_port() -> int:
 
 @pytest.mark.parametrize("failure", list(FAILURES))
 def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
-        failure: str, validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator) -> None:
+    failure: str, validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator
+) -> None:
     emu = aihub_emulator
     settings: dict[str, Any] = {}
     if failure == "bad_token":
@@ -249,8 +280,9 @@ def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
     elif failure == "rate_limited":
         emu.rate_limit(None)
     elif failure == "failed_job":
-        emu.fail_next("compile", "Op 'MatMul_7' is not supported by the HTP backend",
-                      graph="token_ar1_cl512_2_of_2")
+        emu.fail_next(
+            "compile", "Op 'MatMul_7' is not supported by the HTP backend", graph="token_ar1_cl512_2_of_2"
+        )
     elif failure == "unavailable_device":
         settings["device"] = "Dragonwing IQ-9999"
     elif failure == "old_device":
@@ -275,7 +307,14 @@ def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
         failed = next(j for j in emu.jobs.values() if j.outcome == "failed")
         assert failed.job_id in out["message"] and f"/jobs/{failed.job_id}/" in out["hint"]
         assert (m.run_dir / "logs" / "aihub" / f"{failed.job_id}_hub.log").is_file()
-    if failure in ("unavailable_device", "old_device", "no_weight_sharing", "no_consent", "bad_token", "unreachable"):
+    if failure in (
+        "unavailable_device",
+        "old_device",
+        "no_weight_sharing",
+        "no_consent",
+        "bad_token",
+        "unreachable",
+    ):
         assert emu.uploads == 0, "nothing may be uploaded before the checks pass"
     before = dict(emu.submissions)
 
@@ -283,7 +322,9 @@ def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
     emu.fail_auth = False
     emu.rate_limit(0)
     m = Workspace(tmp_path / "ws").open_run(m.run_dir.name)
-    m.settings.update({"device": "Dragonwing IQ-9075 EVK", "aihub_consent": True, "aihub_api_url": emu.api_url})
+    m.settings.update(
+        {"device": "Dragonwing IQ-9075 EVK", "aihub_consent": True, "aihub_api_url": emu.api_url}
+    )
     m.save()
     res = _compile(m)
     assert res.ok, f"{res.message} / {res.hint}"
@@ -298,15 +339,21 @@ def test_injected_failures_give_clear_errors_and_the_run_stays_resumable(
 
 
 def test_device_picker_rows_from_the_cli_and_the_client_ini_token(
-        tmp_path: Path, aihub_emulator: AIHubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, aihub_emulator: AIHubEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import subprocess
     import sys
 
     from workers import aihub
     from workers.runtime import WorkerError
 
-    out = subprocess.run([str(Path(sys.executable).with_name("hexstudio")), "bundle", "devices", "--aihub", "--json"],
-                         capture_output=True, text=True, timeout=120, env={**os.environ})
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("hexstudio")), "bundle", "devices", "--aihub", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["emulated"] is True
@@ -315,7 +362,7 @@ def test_device_picker_rows_from_the_cli_and_the_client_ini_token(
     assert (iq["dsp_arch"], iq["soc_model"], iq["weight_sharing"], iq["supported"]) == ("v73", 77, True, True)
     assert iq["chipset"] == "qualcomm-qcs9075" and iq["os"]
     assert rows["RB3 Gen 2 (Proxy)"]["supported"] is False and "LPBQ" in rows["RB3 Gen 2 (Proxy)"]["reason"]
-    g1 = rows["Snapdragon 8 Gen 1 QRD"]   # v69: LPBQ yes, weight sharing no
+    g1 = rows["Snapdragon 8 Gen 1 QRD"]  # v69: LPBQ yes, weight sharing no
     assert g1["supported"] is False and "weight sharing" in g1["reason"] and "LPBQ" not in g1["reason"]
 
     # no token anywhere: a clear error; an existing client.ini (api_token, api_url, web_url) is used
@@ -325,12 +372,15 @@ def test_device_picker_rows_from_the_cli_and_the_client_ini_token(
     with pytest.raises(WorkerError) as ei:
         aihub.list_devices()
     assert ei.value.code == "aihub_token_missing" and "qai-hub configure" in (ei.value.hint or "")
-    monkeypatch.setenv("QAIHUB_CLIENT_INI", str(aihub_emulator.write_client_ini(tmp_path / "q" / "client.ini")))
+    monkeypatch.setenv(
+        "QAIHUB_CLIENT_INI", str(aihub_emulator.write_client_ini(tmp_path / "q" / "client.ini"))
+    )
     assert "Dragonwing IQ-9075 EVK" in {r["name"] for r in aihub.list_devices()}
 
 
-def test_a_recorded_job_gone_from_ai_hub_is_submitted_again(validated_run: Path, tmp_path: Path,
-                                                            aihub_emulator: AIHubEmulator) -> None:
+def test_a_recorded_job_gone_from_ai_hub_is_submitted_again(
+    validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator
+) -> None:
     emu = aihub_emulator
     m = _aihub_run(validated_run, tmp_path / "ws", emu)
     assert _compile(m).ok
@@ -345,8 +395,9 @@ def test_a_recorded_job_gone_from_ai_hub_is_submitted_again(validated_run: Path,
     assert res.ok and emu.submissions == {"compile": 4, "link": 3}
 
 
-def test_cancel_while_waiting_keeps_the_jobs_for_the_next_attempt(validated_run: Path, tmp_path: Path,
-                                                                   aihub_emulator: AIHubEmulator) -> None:
+def test_cancel_while_waiting_keeps_the_jobs_for_the_next_attempt(
+    validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator
+) -> None:
     emu = aihub_emulator
     emu.hold_jobs()
     m = _aihub_run(validated_run, tmp_path / "ws", emu)
@@ -382,18 +433,29 @@ def _tamper_outputs(run_dir: Path) -> None:
 # What AI Hub refuses (the emulator checks it as the real service would) and what the worker refuses first.
 REFUSALS: dict[str, tuple[dict[str, Any], Any, str, str, bool]] = {
     # case: (run settings, tamper the run, error code, words of the message, anything uploaded)
-    "unknown_option": ({"aihub_compile_options": "--turbo"}, None, "aihub_job_failed",
-                       "unrecognized option '--turbo'", True),
-    "unknown_qairt": ({"qairt_version": "2.99"}, None, "aihub_job_failed",
-                      "QAIRT version '2.99' is not available", True),
+    "unknown_option": (
+        {"aihub_compile_options": "--turbo"},
+        None,
+        "aihub_job_failed",
+        "unrecognized option '--turbo'",
+        True,
+    ),
+    "unknown_qairt": (
+        {"qairt_version": "2.99"},
+        None,
+        "aihub_job_failed",
+        "QAIRT version '2.99' is not available",
+        True,
+    ),
     "old_encodings": ({}, _tamper_encodings_version, "aihub_job_failed", "expected version 1.0.0", True),
     "output_not_in_graph": ({}, _tamper_outputs, "bundle_check", "hidden_states_renamed", False),
 }
 
 
 @pytest.mark.parametrize("case", list(REFUSALS))
-def test_what_ai_hub_refuses_fails_the_stage_with_its_reason(case: str, validated_run: Path, tmp_path: Path,
-                                                             aihub_emulator: AIHubEmulator) -> None:
+def test_what_ai_hub_refuses_fails_the_stage_with_its_reason(
+    case: str, validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator
+) -> None:
     emu = aihub_emulator
     settings, tamper, code, words, uploaded = REFUSALS[case]
     m = _aihub_run(validated_run, tmp_path / "ws", emu, **settings)
@@ -412,13 +474,28 @@ def test_what_ai_hub_refuses_fails_the_stage_with_its_reason(case: str, validate
 def test_a_chipset_alias_after_the_chipset_does_not_replace_it() -> None:
     from workers.aihub import parse_device
 
-    d = parse_device("Dragonwing IQ-9075 EVK", "1.7", ["chipset:qualcomm-qcs9075", "chipset:qcs9075", "hexagon:v73",
-                                                       "soc-model:77", "htp-supports-weight-sharing:true"])
-    assert (d["chipset"], d["dsp_arch"], d["soc_model"], d["weight_sharing"]) == ("qualcomm-qcs9075", "v73", 77, True)
+    d = parse_device(
+        "Dragonwing IQ-9075 EVK",
+        "1.7",
+        [
+            "chipset:qualcomm-qcs9075",
+            "chipset:qcs9075",
+            "hexagon:v73",
+            "soc-model:77",
+            "htp-supports-weight-sharing:true",
+        ],
+    )
+    assert (d["chipset"], d["dsp_arch"], d["soc_model"], d["weight_sharing"]) == (
+        "qualcomm-qcs9075",
+        "v73",
+        77,
+        True,
+    )
 
 
-def test_ai_hub_bundles_carry_the_speculative_dialogs_asked_for(validated_run: Path, tmp_path: Path,
-                                                                aihub_emulator: AIHubEmulator) -> None:
+def test_ai_hub_bundles_carry_the_speculative_dialogs_asked_for(
+    validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator
+) -> None:
     """issue 29 on the AI Hub path: spd's config is written beside the basic one; lade on the built-in model (840
     tokens, an embedding AI Hub compiles as exported) is refused with the reason before anything is uploaded."""
     emu = aihub_emulator

@@ -16,11 +16,23 @@ from app.core import secrets
 TOKEN = "tok-canary-5b1f0c9e2d"
 
 
-def _cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "import sys; from app.core.cli.main import main; "
-                           "sys.exit(main(sys.argv[1:]))", *args], input=stdin, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, **(env or {})},
-                          stdin=None if stdin is not None else subprocess.DEVNULL)
+def _cli(
+    *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from app.core.cli.main import main; sys.exit(main(sys.argv[1:]))",
+            *args,
+        ],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+    )
 
 
 @pytest.fixture
@@ -41,7 +53,7 @@ def test_login_status_logout_with_the_keyring(no_token_env: Path) -> None:
 
     r = _cli("aihub", "login", "--stdin", "--json", stdin=TOKEN + "\n")
     assert r.returncode == 0, r.stderr
-    assert secrets.get_secret(secrets.AIHUB_TOKEN) == TOKEN          # really in the keyring
+    assert secrets.get_secret(secrets.AIHUB_TOKEN) == TOKEN  # really in the keyring
     assert TOKEN not in r.stdout + r.stderr
     r = _cli("aihub", "login", "--status", "--json")
     doc = json.loads(r.stdout)
@@ -71,7 +83,7 @@ def test_login_refuses_empty_or_garbled_tokens_and_no_terminal(no_token_env: Pat
     assert r.returncode == 1 and "No token was given" in r.stderr
     r = _cli("aihub", "login", "--stdin", stdin="two words\n")
     assert r.returncode == 1 and "does not look like an AI Hub API token" in r.stderr
-    r = _cli("aihub", "login")                        # stdin is not a terminal: no hidden prompt possible
+    r = _cli("aihub", "login")  # stdin is not a terminal: no hidden prompt possible
     assert r.returncode == 1 and "--stdin" in r.stderr
     assert secrets.get_secret(secrets.AIHUB_TOKEN) is None
 
@@ -101,9 +113,15 @@ def test_login_asks_on_a_terminal_without_echo(no_token_env: Path) -> None:
     import time
 
     pid, fd = pty.fork()
-    if pid == 0:   # the child: the CLI on the pty
-        os.execv(sys.executable, [sys.executable, "-c", "import sys; from app.core.cli.main import main; "
-                                  "sys.exit(main(['aihub', 'login']))"])
+    if pid == 0:  # the child: the CLI on the pty
+        os.execv(
+            sys.executable,
+            [
+                sys.executable,
+                "-c",
+                "import sys; from app.core.cli.main import main; sys.exit(main(['aihub', 'login']))",
+            ],
+        )
     seen = b""
     deadline = time.monotonic() + 60
     typed = False
@@ -124,14 +142,15 @@ def test_login_asks_on_a_terminal_without_echo(no_token_env: Path) -> None:
     os.close(fd)
     assert typed, seen
     assert os.waitstatus_to_exitcode(status) == 0, seen
-    assert TOKEN.encode() not in seen                     # echo was off
+    assert TOKEN.encode() not in seen  # echo was off
     # the tests' keyring is keyrings.alt's plain-text file: said as such, never "stored in the keyring" (issue 27)
     assert b"stored in a PLAIN-TEXT file at " in seen and b"keyrings.alt.file.PlaintextKeyring" in seen
     assert secrets.get_secret(secrets.AIHUB_TOKEN) == TOKEN
 
 
-def test_one_token_order_a_stale_variable_never_hides_the_stored_token(no_token_env: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_token_order_a_stale_variable_never_hides_the_stored_token(
+    no_token_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 27 #6: the environment variable won over the keyring in the worker while status said the keyring's
     was used. One rule now: the keyring, then $HEXSTUDIO_AIHUB_TOKEN, then client.ini, for both."""
     from app.core.pipeline import worker_env
@@ -140,30 +159,40 @@ def test_one_token_order_a_stale_variable_never_hides_the_stored_token(no_token_
     stale = {"HEXSTUDIO_AIHUB_TOKEN": "stale-token-from-an-old-shell"}
     r = _cli("aihub", "login", "--status", "--json", env=stale)
     doc = json.loads(r.stdout)
-    assert (doc["source"], doc["unused"], doc["order"]) == ("keyring", ["environment"],
-                                                            ["keyring", "environment", "client.ini"])
+    assert (doc["source"], doc["unused"], doc["order"]) == (
+        "keyring",
+        ["environment"],
+        ["keyring", "environment", "client.ini"],
+    )
     r = _cli("aihub", "login", "--status", env=stale)
     assert "Order: the keyring, then $HEXSTUDIO_AIHUB_TOKEN" in r.stdout and "not used" in r.stdout
     assert TOKEN not in r.stdout and stale["HEXSTUDIO_AIHUB_TOKEN"] not in r.stdout
     monkeypatch.setenv("HEXSTUDIO_AIHUB_TOKEN", stale["HEXSTUDIO_AIHUB_TOKEN"])
-    assert worker_env()["HEXSTUDIO_AIHUB_TOKEN"] == TOKEN          # what the Compile stage's worker gets
+    assert worker_env()["HEXSTUDIO_AIHUB_TOKEN"] == TOKEN  # what the Compile stage's worker gets
     secrets.delete_secret(secrets.AIHUB_TOKEN)
-    assert worker_env()["HEXSTUDIO_AIHUB_TOKEN"] == stale["HEXSTUDIO_AIHUB_TOKEN"]   # then the variable
+    assert worker_env()["HEXSTUDIO_AIHUB_TOKEN"] == stale["HEXSTUDIO_AIHUB_TOKEN"]  # then the variable
 
 
-@pytest.mark.parametrize(("backend", "level", "words"), [
-    ("keyrings.alt.file.PlaintextKeyring", "warning", "PLAIN TEXT"),
-    ("keyring.backends.null.Keyring", "warning", "nothing is stored"),
-])
-def test_doctor_names_the_keyring_backend_and_warns_for_plain_text(no_token_env: Path, backend: str, level: str,
-                                                                   words: str) -> None:
+@pytest.mark.parametrize(
+    ("backend", "level", "words"),
+    [
+        ("keyrings.alt.file.PlaintextKeyring", "warning", "PLAIN TEXT"),
+        ("keyring.backends.null.Keyring", "warning", "nothing is stored"),
+    ],
+)
+def test_doctor_names_the_keyring_backend_and_warns_for_plain_text(
+    no_token_env: Path, backend: str, level: str, words: str
+) -> None:
     r = _cli("doctor", "--json", env={"PYTHON_KEYRING_BACKEND": backend})
     doc = json.loads(r.stdout)
     kr = next(c for c in doc["checks"] if c["check"] == "keyring")
     assert kr["backend"]["name"] == backend and kr["level"] == level and words in (kr["hint"] or ""), kr
     if backend.endswith("PlaintextKeyring"):
-        assert kr["message"].startswith("Secrets are kept in a PLAIN-TEXT file at ") and "not encrypted" in kr["message"]
-        assert "EncryptedKeyring" in kr["message"]                 # and how to get an encrypting one
+        assert (
+            kr["message"].startswith("Secrets are kept in a PLAIN-TEXT file at ")
+            and "not encrypted" in kr["message"]
+        )
+        assert "EncryptedKeyring" in kr["message"]  # and how to get an encrypting one
     r = _cli("doctor", env={"PYTHON_KEYRING_BACKEND": backend})
     assert backend in r.stdout and "Traceback" not in r.stderr
     r = _cli("aihub", "status", env={"PYTHON_KEYRING_BACKEND": backend})

@@ -19,8 +19,12 @@ def _external_fp32(init: Any, base: Path) -> np.ndarray:
     """A float32 initializer from its external data (the quantize stage hard-links its data files, which
     onnx's own loader refuses to read)."""
     ext = {e.key: e.value for e in init.external_data}
-    return np.fromfile(base / ext["location"], dtype=np.float32, count=int(np.prod(init.dims)),
-                       offset=int(ext.get("offset", 0))).reshape([int(d) for d in init.dims])
+    return np.fromfile(
+        base / ext["location"],
+        dtype=np.float32,
+        count=int(np.prod(init.dims)),
+        offset=int(ext.get("offset", 0)),
+    ).reshape([int(d) for d in init.dims])
 
 
 def _requantize_everything(qdir: Path, g: dict[str, Any], up: Path) -> dict[str, int]:
@@ -35,7 +39,7 @@ def _requantize_everything(qdir: Path, g: dict[str, Any], up: Path) -> dict[str,
         w = _external_fp32(inits[name], src.parent)
         got = au.uploaded_weight(up, name)
         form = int_form(enc, list(w.shape))
-        if form is None:   # e.g. a 16-bit per-tensor norm weight: uploaded exactly as it was
+        if form is None:  # e.g. a 16-bit per-tensor norm weight: uploaded exactly as it was
             assert np.array_equal(got, w), name
             seen["fp32"] += 1
             continue
@@ -57,17 +61,26 @@ def test_uploaded_fp16_weights_requantize_to_the_same_integers(validated_run: Pa
         before = sum(f.stat().st_size for f in (qdir / g["onnx"]).parent.iterdir())
         planned = au.plan_bytes(qdir / g["onnx"], qdir / g["encodings"])
         up, st = au.write_upload_dir(qdir / g["onnx"], qdir / g["encodings"], tmp_path, g["name"])
-        assert sorted(p.name for p in up.iterdir()) == [f"{g['name']}.{x}" for x in ("data", "encodings", "onnx")]
+        assert sorted(p.name for p in up.iterdir()) == [
+            f"{g['name']}.{x}" for x in ("data", "encodings", "onnx")
+        ]
         assert st.inexact == [] and st.fp16_tensors > 0
-        assert abs(st.bytes - planned) < 64 << 10, (st.bytes, planned)   # the plan: the .onnx's Cast nodes aside
+        assert abs(st.bytes - planned) < 64 << 10, (
+            st.bytes,
+            planned,
+        )  # the plan: the .onnx's Cast nodes aside
         assert st.bytes < 0.75 * before, (st.bytes, before)
         seen = _requantize_everything(qdir, g, up)
         assert seen["fp16"] == st.fp16_tensors
         total_fp16 += seen["fp16"]
         m = onnx.load(str(up / f"{g['name']}.onnx"), load_external_data=False)
         onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=True)
-        assert [i.name for i in m.graph.input] == g["inputs"] and [o.name for o in m.graph.output] == g["outputs"]
-    assert total_fp16 == sum(g["stats"]["int4_lpbq_weight_encodings"] for g in q["graphs"]) + 2   # + the lm_head x2
+        assert [i.name for i in m.graph.input] == g["inputs"] and [o.name for o in m.graph.output] == g[
+            "outputs"
+        ]
+    assert (
+        total_fp16 == sum(g["stats"]["int4_lpbq_weight_encodings"] for g in q["graphs"]) + 2
+    )  # + the lm_head x2
 
 
 def _tiny_graph(d: Path, scale_lpbq: float = 0.01) -> tuple[Path, Path, dict[str, np.ndarray]]:
@@ -82,23 +95,59 @@ def _tiny_graph(d: Path, scale_lpbq: float = 0.01) -> tuple[Path, Path, dict[str
     arrays = {"W": w, "G": gamma, "H": h}
     inits = [numpy_helper.from_array(a, n) for n, a in arrays.items()]
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["a"]), helper.make_node("Mul", ["a", "G"], ["b"]),
-         helper.make_node("MatMul", ["b", "H"], ["y"])], "tiny",
+        [
+            helper.make_node("MatMul", ["x", "W"], ["a"]),
+            helper.make_node("Mul", ["a", "G"], ["b"]),
+            helper.make_node("MatMul", ["b", "H"], ["y"]),
+        ],
+        "tiny",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     d.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(d / "model.onnx"), save_as_external_data=True, location="model.data",
-              size_threshold=0)
+    onnx.save(
+        model, str(d / "model.onnx"), save_as_external_data=True, location="model.data", size_threshold=0
+    )
     lpbq_scale: np.ndarray = np.full(8, scale_lpbq, np.float32)
     ib = rng.integers(1, 17, size=8 * 2)
-    encs = {"version": "1.0.0", "activation_encodings": [], "param_encodings": [
-        {"name": "W", "enc_type": "LPBQ", "bw": 8, "compressed_bw": 4, "block_size": 64, "is_sym": True,
-         "dtype": "INT", "scale": lpbq_scale.tolist(), "offset": [-128] * 8, "per_block_int_scale": ib.tolist()},
-        {"name": "G", "enc_type": "PER_TENSOR", "bw": 16, "is_sym": False, "dtype": "INT",
-         "scale": [float(gamma.max()) / 65535], "offset": [0]},
-        {"name": "H", "enc_type": "PER_CHANNEL", "bw": 8, "is_sym": True, "dtype": "INT",
-         "scale": (np.abs(h).max(axis=0) / 127).tolist(), "offset": [-128] * 4}]}
+    encs = {
+        "version": "1.0.0",
+        "activation_encodings": [],
+        "param_encodings": [
+            {
+                "name": "W",
+                "enc_type": "LPBQ",
+                "bw": 8,
+                "compressed_bw": 4,
+                "block_size": 64,
+                "is_sym": True,
+                "dtype": "INT",
+                "scale": lpbq_scale.tolist(),
+                "offset": [-128] * 8,
+                "per_block_int_scale": ib.tolist(),
+            },
+            {
+                "name": "G",
+                "enc_type": "PER_TENSOR",
+                "bw": 16,
+                "is_sym": False,
+                "dtype": "INT",
+                "scale": [float(gamma.max()) / 65535],
+                "offset": [0],
+            },
+            {
+                "name": "H",
+                "enc_type": "PER_CHANNEL",
+                "bw": 8,
+                "is_sym": True,
+                "dtype": "INT",
+                "scale": (np.abs(h).max(axis=0) / 127).tolist(),
+                "offset": [-128] * 4,
+            },
+        ],
+    }
     (d / "model.encodings").write_text(json.dumps(encs))
     return d / "model.onnx", d / "model.encodings", arrays
 
@@ -118,7 +167,9 @@ def test_a_tiny_graph_upload_runs_like_the_fake_quantized_graph(tmp_path: Path) 
         form = int_form(encs[n], list(a.shape))
         ref[n] = a if form is None else (au.quantize_ints(a, form) * form.expand(a.shape)).astype(np.float32)
     want = ((x @ ref["W"]) * ref["G"]) @ ref["H"]
-    got = ort.InferenceSession(str(up / "tiny.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(up / "tiny.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[
+        0
+    ]
     # onnxruntime computes with the fp16 values themselves (within fp16's rounding of the fake-quantized
     # weights); a compiler re-quantizes them to the same integers, i.e. to `ref` exactly (checked below)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * float(np.abs(want).max()))
@@ -127,7 +178,9 @@ def test_a_tiny_graph_upload_runs_like_the_fake_quantized_graph(tmp_path: Path) 
     for n, a in arrays.items():
         form = int_form(encs[n], list(a.shape))
         if form is not None:
-            assert np.array_equal(au.quantize_ints(au.uploaded_weight(up, n), form), au.quantize_ints(a, form))
+            assert np.array_equal(
+                au.quantize_ints(au.uploaded_weight(up, n), form), au.quantize_ints(a, form)
+            )
 
 
 def test_a_weight_fp16_cannot_hold_exactly_stays_fp32(tmp_path: Path) -> None:

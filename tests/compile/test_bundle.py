@@ -15,42 +15,91 @@ import pytest
 from workers.shared import bundle as gb
 from workers.shared.data import builtin_model_dir
 
-LLAMA_31_8B: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-               "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 131072,
-               "rope_theta": 500000.0, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
-               "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+LLAMA_31_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+}
 
 
 def _hexstudio(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(Path(sys.executable).with_name("hexstudio")), *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ})
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("hexstudio")), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
 
 
 def test_bundle_config_for_a_llama_31_8b_config_only_folder(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_8B))
     (tmp_path / "tokenizer.json").write_text("{}")
-    out = _hexstudio("bundle", "config", "--model", str(tmp_path), "--device", "Dragonwing IQ-9075 EVK",
-                     "--context-length", "4096")
+    out = _hexstudio(
+        "bundle",
+        "config",
+        "--model",
+        str(tmp_path),
+        "--device",
+        "Dragonwing IQ-9075 EVK",
+        "--context-length",
+        "4096",
+    )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)["dialog"]
-    assert d["context"] == {"version": 1, "size": 4096, "n-vocab": 128256, "bos-token": 128000,
-                            "eos-token": [128001, 128008, 128009]}
+    assert d["context"] == {
+        "version": 1,
+        "size": 4096,
+        "n-vocab": 128256,
+        "bos-token": 128000,
+        "eos-token": [128001, 128008, 128009],
+    }
     pe = d["engine"]["model"]["positional-encoding"]
     assert pe["rope-theta"] == 500000.0
     assert pe["rope-scaling"]["rope-type"] == "llama3" and pe["rope-scaling"]["factor"] == 8.0
     assert d["engine"]["backend"]["QnnHtp"]["kv-dim"] == 128
-    assert d["engine"]["model"]["binary"]["ctx-bins"] == [f"{gb.model_slug(tmp_path.name)}_part_{i}_of_5.bin"
-                                                          for i in range(1, 6)]
+    assert d["engine"]["model"]["binary"]["ctx-bins"] == [
+        f"{gb.model_slug(tmp_path.name)}_part_{i}_of_5.bin" for i in range(1, 6)
+    ]
     # Genie's own validation accepts it, and so does the whole-bundle checker's config part
     from workers.shared.bundle.genie_schema import dialog_create_errors, genie_config_errors
 
-    assert genie_config_errors(json.loads(out.stdout)) == [] and dialog_create_errors(json.loads(out.stdout)) == []
-    for section in (d, d["context"], d["sampler"], d["tokenizer"], d["engine"], d["engine"]["backend"],
-                    d["engine"]["backend"]["QnnHtp"], d["engine"]["model"], d["engine"]["model"]["binary"]):
+    assert (
+        genie_config_errors(json.loads(out.stdout)) == []
+        and dialog_create_errors(json.loads(out.stdout)) == []
+    )
+    for section in (
+        d,
+        d["context"],
+        d["sampler"],
+        d["tokenizer"],
+        d["engine"],
+        d["engine"]["backend"],
+        d["engine"]["backend"]["QnnHtp"],
+        d["engine"]["model"],
+        d["engine"]["model"]["binary"],
+    ):
         assert section["version"] == 1
-    assert "pos-id-dim" not in d["engine"]["backend"]["QnnHtp"] and "rope-theta" not in d["engine"]["backend"]["QnnHtp"]
+    assert (
+        "pos-id-dim" not in d["engine"]["backend"]["QnnHtp"]
+        and "rope-theta" not in d["engine"]["backend"]["QnnHtp"]
+    )
 
 
 def test_bundle_checks_refuse_bad_inputs(tmp_path: Path) -> None:
@@ -74,18 +123,31 @@ def test_simulation_bundle_is_complete_and_labeled(compiled_sim_run: Path) -> No
     assert gb.verify_bundle(bdir) == []
     names = {f["path"] for f in doc["files"]}
     # laid out as qai-hub-models lays out a real bundle; the context binaries are simulated ones
-    assert {"genie_config.json", "htp_backend_ext_config.json", "tokenizer.json", "tokenizer_config.json",
-            "config.json", "metadata.yaml", "tiny_llama_part_1_of_2.bin", "tiny_llama_part_2_of_2.bin"} <= names
+    assert {
+        "genie_config.json",
+        "htp_backend_ext_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "config.json",
+        "metadata.yaml",
+        "tiny_llama_part_1_of_2.bin",
+        "tiny_llama_part_2_of_2.bin",
+    } <= names
     cfg = json.loads((bdir / "genie_config.json").read_text())["dialog"]
-    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == ["tiny_llama_part_1_of_2.bin", "tiny_llama_part_2_of_2.bin"]
+    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == [
+        "tiny_llama_part_1_of_2.bin",
+        "tiny_llama_part_2_of_2.bin",
+    ]
     from workers.genie_sim.simbin import read_sim_bin
 
     part1 = read_sim_bin(bdir / "tiny_llama_part_1_of_2.bin")
     assert [g["name"] for g in part1] == ["prompt_ar128_cl512_1_of_2", "token_ar1_cl512_1_of_2"]
     assert all(g["onnx"] in names for g in part1)
-    assert part1[0]["inputs"]["past_key_0_in"] == {"shape": [2, 1, 64, 384], "dtype": "uint8",
-                                                  "quantization_parameters": part1[0]["outputs"]["past_key_0_out"]
-                                                  ["quantization_parameters"]}
+    assert part1[0]["inputs"]["past_key_0_in"] == {
+        "shape": [2, 1, 64, 384],
+        "dtype": "uint8",
+        "quantization_parameters": part1[0]["outputs"]["past_key_0_out"]["quantization_parameters"],
+    }
     from workers.shared.bundle.check import check_bundle
 
     assert [f for f in check_bundle(bdir) if f.severity == "error"] == []
@@ -99,7 +161,9 @@ def test_simulation_bundle_is_complete_and_labeled(compiled_sim_run: Path) -> No
     # tampering is detected
     (bdir / "tokenizer.json").write_text("{}")
     assert gb.verify_bundle(bdir) == ["changed tokenizer.json"]
-    (bdir / "tokenizer.json").write_text((compiled_sim_run / "artifacts" / "model" / "hf" / "tokenizer.json").read_text())
+    (bdir / "tokenizer.json").write_text(
+        (compiled_sim_run / "artifacts" / "model" / "hf" / "tokenizer.json").read_text()
+    )
 
 
 # -- rope settings: copied field by field, from either config.json layout --------------------------------
@@ -108,27 +172,48 @@ def _pe(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_llama3_rope_scaling_is_copied_field_by_field() -> None:
-    hf = {**LLAMA_31_8B, "rope_scaling": {"factor": 32.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
-                                          "original_max_position_embeddings": 4096, "rope_type": "llama3"}}
+    hf = {
+        **LLAMA_31_8B,
+        "rope_scaling": {
+            "factor": 32.0,
+            "low_freq_factor": 2.0,
+            "high_freq_factor": 8.0,
+            "original_max_position_embeddings": 4096,
+            "rope_type": "llama3",
+        },
+    }
     pe = _pe(gb.genie_config(hf, 4096, ["a.bin"], 128))
-    assert pe == {"type": "rope", "rope-dim": 64, "rope-theta": 500000,
-                  "rope-scaling": {"rope-type": "llama3", "factor": 32.0, "low-freq-factor": 2.0,
-                                   "high-freq-factor": 8.0, "original-max-position-embeddings": 4096}}
+    assert pe == {
+        "type": "rope",
+        "rope-dim": 64,
+        "rope-theta": 500000,
+        "rope-scaling": {
+            "rope-type": "llama3",
+            "factor": 32.0,
+            "low-freq-factor": 2.0,
+            "high-freq-factor": 8.0,
+            "original-max-position-embeddings": 4096,
+        },
+    }
     # a missing field is refused, never filled with an invented default
     partial = {**LLAMA_31_8B, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
     with pytest.raises(gb.BundleError, match="lacks low_freq_factor"):
         gb.genie_config(partial, 4096, ["a.bin"], 128)
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("low-freq-factor", 2.0, "rope settings differ.*inverse frequency"),
-    ("high-freq-factor", 1.0, "rope settings differ.*inverse frequency"),
-    ("original-max-position-embeddings", 4096, "rope settings differ.*inverse frequency"),
-    ("factor", 4.0, "rope settings differ.*inverse frequency"),
-    ("rope-type", "linear", "refused by Genie: Rope type not supportedlinear")])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("low-freq-factor", 2.0, "rope settings differ.*inverse frequency"),
+        ("high-freq-factor", 1.0, "rope settings differ.*inverse frequency"),
+        ("original-max-position-embeddings", 4096, "rope settings differ.*inverse frequency"),
+        ("factor", 4.0, "rope settings differ.*inverse frequency"),
+        ("rope-type", "linear", "refused by Genie: Rope type not supportedlinear"),
+    ],
+)
 def test_the_pre_write_check_compares_the_rope_numerically(field: str, value: Any, match: str) -> None:
     cfg = gb.genie_config(LLAMA_31_8B, 4096, ["a.bin"], 128)
-    gb.check_genie_config(cfg, LLAMA_31_8B, 4096)   # as written: passes
+    gb.check_genie_config(cfg, LLAMA_31_8B, 4096)  # as written: passes
     cfg["dialog"]["engine"]["model"]["positional-encoding"]["rope-scaling"][field] = value
     with pytest.raises(gb.BundleError, match=match):
         gb.check_genie_config(cfg, LLAMA_31_8B, 4096)
@@ -142,15 +227,30 @@ def test_the_pre_write_check_compares_the_rope_numerically(field: str, value: An
         gb.check_genie_config(cfg, LLAMA_31_8B, 4096)
 
 
-@pytest.mark.parametrize("scaling", [
-    {"type": "linear", "factor": 2.0},
-    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "beta_fast": 32.0,
-     "beta_slow": 1.0},
-    {"rope_type": "dynamic", "factor": 2.0},
-    {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 4096,
-     "short_factor": [1.0 + i / 64 for i in range(64)], "long_factor": [2.0 + i / 16 for i in range(64)]},
-])
-def test_rope_scalings_genie_can_compute_are_mapped_and_pass_genie(tmp_path: Path, scaling: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"type": "linear", "factor": 2.0},
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 32768,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+        },
+        {"rope_type": "dynamic", "factor": 2.0},
+        {
+            "rope_type": "longrope",
+            "factor": 4.0,
+            "original_max_position_embeddings": 4096,
+            "short_factor": [1.0 + i / 64 for i in range(64)],
+            "long_factor": [2.0 + i / 16 for i in range(64)],
+        },
+    ],
+)
+def test_rope_scalings_genie_can_compute_are_mapped_and_pass_genie(
+    tmp_path: Path, scaling: dict[str, Any]
+) -> None:
     """linear, YaRN, dynamic (within its range) and longrope are expressed in Genie's terms (llama3/longrope/
     none) and the tables Genie computes from the config equal the model's."""
     from workers.shared import rope
@@ -166,10 +266,13 @@ def test_rope_scalings_genie_can_compute_are_mapped_and_pass_genie(tmp_path: Pat
     assert out.returncode == 0, out.stderr
 
 
-@pytest.mark.parametrize("hf,match", [
-    ({**LLAMA_31_8B, "rope_scaling": {"rope_type": "mrope", "factor": 2.0}}, "type 'mrope'"),
-    ({**LLAMA_31_8B, "partial_rotary_factor": 0.5}, "rotates only part"),
-])
+@pytest.mark.parametrize(
+    "hf,match",
+    [
+        ({**LLAMA_31_8B, "rope_scaling": {"rope_type": "mrope", "factor": 2.0}}, "type 'mrope'"),
+        ({**LLAMA_31_8B, "partial_rotary_factor": 0.5}, "rotates only part"),
+    ],
+)
 def test_rope_genie_cannot_compute_is_refused(tmp_path: Path, hf: dict[str, Any], match: str) -> None:
     from workers.shared import modelinfo
 
@@ -178,14 +281,18 @@ def test_rope_genie_cannot_compute_is_refused(tmp_path: Path, hf: dict[str, Any]
     (tmp_path / "config.json").write_text(json.dumps(hf))
     out = _hexstudio("bundle", "config", "--model", str(tmp_path))
     assert out.returncode == 1 and "Traceback" not in out.stderr and re.search(match, out.stderr)
-    info = modelinfo.inspect_config(hf)      # refused at inspect, hours before compile
+    info = modelinfo.inspect_config(hf)  # refused at inspect, hours before compile
     assert info["supported"] is False and re.search(match, info["reason"])
 
 
 def test_a_dynamic_rope_beyond_its_range_is_refused_at_compile_not_at_inspect() -> None:
     from workers.shared import modelinfo
 
-    hf = {**LLAMA_31_8B, "max_position_embeddings": 2048, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
+    hf = {
+        **LLAMA_31_8B,
+        "max_position_embeddings": 2048,
+        "rope_scaling": {"rope_type": "dynamic", "factor": 2.0},
+    }
     assert modelinfo.inspect_config(hf)["supported"] is True
     gb.genie_config(hf, 2048, ["a.bin"], 128)
     with pytest.raises(gb.BundleError, match="dynamic"):
@@ -196,8 +303,12 @@ def test_bos_eos_are_numbers_never_null() -> None:
     no_bos = {k: v for k, v in LLAMA_31_8B.items() if k != "bos_token_id"}
     ctx = gb.genie_config(no_bos, 4096, ["a.bin"], 128)["dialog"]["context"]
     assert ctx["bos-token"] == -1 and ctx["eos-token"] == [128001, 128008, 128009]
-    assert gb.genie_config({**LLAMA_31_8B, "eos_token_id": 2}, 4096, ["a.bin"], 128)["dialog"]["context"][
-        "eos-token"] == 2
+    assert (
+        gb.genie_config({**LLAMA_31_8B, "eos_token_id": 2}, 4096, ["a.bin"], 128)["dialog"]["context"][
+            "eos-token"
+        ]
+        == 2
+    )
     with pytest.raises(gb.BundleError, match="no eos_token_id"):
         gb.genie_config({**LLAMA_31_8B, "eos_token_id": None}, 4096, ["a.bin"], 128)
 
@@ -234,19 +345,21 @@ def test_the_builtin_model_gets_its_real_theta() -> None:
 
 
 def test_the_sim_bundle_of_the_builtin_model_carries_its_theta(compiled_sim_run: Path) -> None:
-    cfg = json.loads((compiled_sim_run / "artifacts" / "compile" / "bundle" / "genie_config.json").read_text())
+    cfg = json.loads(
+        (compiled_sim_run / "artifacts" / "compile" / "bundle" / "genie_config.json").read_text()
+    )
     assert gb.genie_rope(cfg)["theta"] == 500000.0
 
 
 # -- device and context checks ----------------------------------------------------------------------------
 def test_each_device_check_can_fire() -> None:
-    with pytest.raises(gb.BundleError, match="LPBQ"):         # v68: no LPBQ (checked first)
+    with pytest.raises(gb.BundleError, match="LPBQ"):  # v68: no LPBQ (checked first)
         gb.check_device({"name": "old", "dsp_arch": "v68", "soc_model": 1})
-    with pytest.raises(gb.BundleError, match="weight sharing"):   # v68 without LPBQ weights: weight sharing
+    with pytest.raises(gb.BundleError, match="weight sharing"):  # v68 without LPBQ weights: weight sharing
         gb.check_device({"name": "old", "dsp_arch": "v68", "soc_model": 1}, lpbq=False)
-    with pytest.raises(gb.BundleError, match="weight sharing"):   # v69: LPBQ fine, no weight sharing
+    with pytest.raises(gb.BundleError, match="weight sharing"):  # v69: LPBQ fine, no weight sharing
         gb.check_device({"name": "8g1", "dsp_arch": "v69", "soc_model": 36, "weight_sharing": False})
-    with pytest.raises(gb.BundleError, match="weight sharing"):   # v73 whose attribute says no
+    with pytest.raises(gb.BundleError, match="weight sharing"):  # v73 whose attribute says no
         gb.check_device({"name": "x", "dsp_arch": "v73", "soc_model": 2, "weight_sharing": False})
     gb.check_device({"name": "iq9", "dsp_arch": "v73", "soc_model": 77, "weight_sharing": True})
 
@@ -258,12 +371,14 @@ def test_compiled_context_length_comes_from_the_graph_names() -> None:
     with pytest.raises(gb.BundleError, match=r"not the same set .*prompt_ar128_cl2048_1_of_2"):
         gb.compiled_context_length([*names, "token_ar1_cl2048_1_of_2", "prompt_ar128_cl2048_2_of_2"])
     both = [*names, *(n.replace("cl4096", "cl2048") for n in names)]
-    assert gb.compiled_context_length(both) == 4096           # the largest: genie_config's context size
+    assert gb.compiled_context_length(both) == 4096  # the largest: genie_config's context size
     with pytest.raises(gb.BundleError, match="does not name its context length"):
         gb.compiled_context_length(["prompt_part1"])
 
 
-def _fake_quantize(tmp_path: Path, hf: dict[str, Any], context_length: int, graph_cl: int) -> tuple[Path, Path]:
+def _fake_quantize(
+    tmp_path: Path, hf: dict[str, Any], context_length: int, graph_cl: int
+) -> tuple[Path, Path]:
     qdir, hf_dir = tmp_path / "quantize", tmp_path / "hf"
     (qdir / "sim").mkdir(parents=True)
     hf_dir.mkdir()
@@ -274,8 +389,11 @@ def _fake_quantize(tmp_path: Path, hf: dict[str, Any], context_length: int, grap
         name = f"{prefix}_ar{ar}_cl{graph_cl}_1_of_1"
         (qdir / "sim" / f"{name}.onnx").write_bytes(b"onnx")
         graphs.append({"name": name, "kind": kind, "part": 1, "sim_onnx": f"sim/{name}.onnx"})
-    (qdir / "quantize.json").write_text(json.dumps({"context_length": context_length, "ar_n": 128, "parts": 1,
-                                                    "head_dim": 128, "graphs": graphs}))
+    (qdir / "quantize.json").write_text(
+        json.dumps(
+            {"context_length": context_length, "ar_n": 128, "parts": 1, "head_dim": 128, "graphs": graphs}
+        )
+    )
     return qdir, hf_dir
 
 
@@ -285,20 +403,22 @@ def test_the_compile_stage_check_fails_as_a_clear_worker_error(tmp_path: Path, c
     from workers.runtime import WorkerError
     from workers.shared.bundle.genie_schema import genie_config_errors
 
-    if case == "context":   # quantize.json says 1024, the graphs were exported at 512
+    if case == "context":  # quantize.json says 1024, the graphs were exported at 512
         qdir, hf_dir = _fake_quantize(tmp_path, LLAMA_31_8B, 1024, 512)
         match = "context size 1024 differs from the compiled context length 512"
     else:
-        qdir, hf_dir = _fake_quantize(tmp_path, {**LLAMA_31_8B, "rope_scaling": {"type": "mrope", "factor": 2.0}},
-                                      512, 512)
+        qdir, hf_dir = _fake_quantize(
+            tmp_path, {**LLAMA_31_8B, "rope_scaling": {"type": "mrope", "factor": 2.0}}, 512, 512
+        )
         match = "type 'mrope'"
     q = json.loads((qdir / "quantize.json").read_text())
     hf = json.loads((hf_dir / "config.json").read_text())
-    with pytest.raises(WorkerError) as ei:      # before anything is written or uploaded
+    with pytest.raises(WorkerError) as ei:  # before anything is written or uploaded
         checked_genie_config(hf, q, ["m_part_1_of_1.bin"], {})
     assert ei.value.code == "bundle_check" and match in ei.value.message and ei.value.hint
     # the same inputs with matching graphs give a config Genie accepts
     qdir, hf_dir = _fake_quantize(tmp_path / "ok", LLAMA_31_8B, 512, 512)
-    cfg = checked_genie_config(LLAMA_31_8B, json.loads((qdir / "quantize.json").read_text()), ["m_part_1_of_1.bin"],
-                               {})
+    cfg = checked_genie_config(
+        LLAMA_31_8B, json.loads((qdir / "quantize.json").read_text()), ["m_part_1_of_1.bin"], {}
+    )
     assert cfg["dialog"]["context"]["size"] == 512 and genie_config_errors(cfg) == []

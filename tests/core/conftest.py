@@ -16,8 +16,15 @@ def fake_stages(names: tuple[str, ...] = ("model", "preflight")) -> tuple[Stage,
     out = []
     for s in STAGES:
         if s.name in names:
-            out.append(dataclasses.replace(s, worker=FAKE, action=None, outputs=("result.txt",),
-                                           inputs=(*s.inputs, "mode", f"mode_{s.name}", "seconds")))
+            out.append(
+                dataclasses.replace(
+                    s,
+                    worker=FAKE,
+                    action=None,
+                    outputs=("result.txt",),
+                    inputs=(*s.inputs, "mode", f"mode_{s.name}", "seconds"),
+                )
+            )
     return tuple(out)
 
 

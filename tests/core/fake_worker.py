@@ -1,16 +1,16 @@
 """A real worker process for testing the job runner and pipeline: behaviour chosen by settings["mode"].
 
-    ok       progress, a metric (plus settings["metrics_<stage>"]), an artifact file, done
-    slow     writes half its output, then loops for settings["seconds"] (for kill -9 / cancel tests);
-             also starts a child process (settings["child_pidfile"]) so orphan cleanup can be checked
-    garbage  prints lines that are not the protocol and exits 0 without done
-    crash    prints to stderr and exits 3 without done
-    error    fails with a WorkerError (code, message, hint)
-    flood    emits settings["events"] progress/log events as fast as it can, then done
-    busy     busy and silent (a long calibration unit): writes its pid to settings["pidfile"], starts a busy
-             child (settings["child_pidfile"]), then computes for settings["seconds"] without a single event
-    stubborn ignores SIGINT and SIGTERM (noting each in settings["signal_log"]) and starts a child that
-             ignores them too (settings["child_pidfile"]): only SIGKILL to the group ends them
+ok       progress, a metric (plus settings["metrics_<stage>"]), an artifact file, done
+slow     writes half its output, then loops for settings["seconds"] (for kill -9 / cancel tests);
+         also starts a child process (settings["child_pidfile"]) so orphan cleanup can be checked
+garbage  prints lines that are not the protocol and exits 0 without done
+crash    prints to stderr and exits 3 without done
+error    fails with a WorkerError (code, message, hint)
+flood    emits settings["events"] progress/log events as fast as it can, then done
+busy     busy and silent (a long calibration unit): writes its pid to settings["pidfile"], starts a busy
+         child (settings["child_pidfile"]), then computes for settings["seconds"] without a single event
+stubborn ignores SIGINT and SIGTERM (noting each in settings["signal_log"]) and starts a child that
+         ignores them too (settings["child_pidfile"]): only SIGKILL to the group ends them
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         t0 = time.time()
         n = 0
         while time.time() - t0 < float(spec.settings.get("seconds", 600)):
-            n += sum(i * i for i in range(100000))   # never writes to the (dead) pipe: only the kernel stops it
+            n += sum(
+                i * i for i in range(100000)
+            )  # never writes to the (dead) pipe: only the kernel stops it
         return {"mode": mode}
     if mode == "garbage":
         print("Traceback? no, just noise", flush=True)
@@ -72,7 +74,9 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         print("segfault-like crash in native code", file=sys.stderr, flush=True)
         os._exit(3)
     if mode == "error":
-        raise WorkerError("bad_input", "The calibration file is empty.", "Choose a text file with some prose.")
+        raise WorkerError(
+            "bad_input", "The calibration file is empty.", "Choose a text file with some prose."
+        )
     if mode == "stubborn":
         log = spec.settings["signal_log"]
 
@@ -82,11 +86,16 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
 
         signal.signal(signal.SIGINT, note)
         signal.signal(signal.SIGTERM, note)
-        child = subprocess.Popen([sys.executable, "-c",
-                                  "import signal, time\n"
-                                  "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                                  "time.sleep(600)\n"])
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import signal, time\n"
+                "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "time.sleep(600)\n",
+            ]
+        )
         with open(spec.settings["child_pidfile"], "w") as fh:
             fh.write(str(child.pid))
         while True:

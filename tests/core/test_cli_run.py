@@ -14,9 +14,25 @@ from app.core.status import KINDS
 
 def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("hexstudio")
-    proc = subprocess.run([str(exe), "run", "--model", "builtin:tiny-llama", "--board", "sim", "--until", "preflight",
-                           "--workspace", str(tmp_path), "--json"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ})
+    proc = subprocess.run(
+        [
+            str(exe),
+            "run",
+            "--model",
+            "builtin:tiny-llama",
+            "--board",
+            "sim",
+            "--until",
+            "preflight",
+            "--workspace",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ},
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["ok"] and out["ran"] == ["model", "preflight"]
@@ -34,14 +50,36 @@ def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
     assert out["statuses"]["model"]["word"] == "passed" and out["statuses"]["preflight"]["word"] == "passed"
     assert out["statuses"]["quantize"]["key"] == "pending"
     assert out["run_status"]["key"] == "in_progress" and out["run_status"]["word"].startswith("2/")
-    show = subprocess.run([str(exe), "runs", "show", out["run_id"], "--workspace", str(tmp_path), "--json"],
-                          capture_output=True, text=True, timeout=300)
+    show = subprocess.run(
+        [str(exe), "runs", "show", out["run_id"], "--workspace", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     shown = json.loads(show.stdout)
     assert shown["statuses"] == out["statuses"] and shown["run_status"] == out["run_status"]
-    listed = subprocess.run([str(exe), "runs", "list", "--workspace", str(tmp_path), "--json"],
-                            capture_output=True, text=True, timeout=300)
+    listed = subprocess.run(
+        [str(exe), "runs", "list", "--workspace", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert json.loads(listed.stdout)["runs"][0]["run_status"] == out["run_status"]
     # resume: nothing to do, both skipped
-    again = subprocess.run([str(exe), "run", "--resume", out["run_id"], "--until", "preflight", "--workspace",
-                            str(tmp_path), "--json"], capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [
+            str(exe),
+            "run",
+            "--resume",
+            out["run_id"],
+            "--until",
+            "preflight",
+            "--workspace",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert json.loads(again.stdout)["skipped"] == ["model", "preflight"]

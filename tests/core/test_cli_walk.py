@@ -13,15 +13,23 @@ def test_probe_of_an_unknown_board_points_to_board_add(tmp_path: Path) -> None:
     """Issue 32's CLI walk: `board probe NAME` for an unknown board sent a CLI user to the GUI."""
     import os
 
-    r = subprocess.run([sys.executable, "-m", "app", "board", "probe", "nosuch"], capture_output=True, text=True,
-                       cwd=REPO, timeout=120, env={**os.environ, "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg")})
+    r = subprocess.run(
+        [sys.executable, "-m", "app", "board", "probe", "nosuch"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg")},
+    )
     assert r.returncode != 0 and "hexstudio board add nosuch --host" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 
 def test_help_lists_gui() -> None:
     """`hexstudio --help` named every command but the window's."""
-    r = subprocess.run([sys.executable, "-m", "app", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "app", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert r.returncode == 0 and "\n    gui " in r.stdout and "studio window" in r.stdout, r.stdout
 
 
@@ -43,8 +51,13 @@ def test_report_compare_takes_a_baseline_tolerances_and_csv(tmp_path: Path) -> N
         runs.append(m.run_id)
 
     def compare(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "app", "report", "compare", *runs, "--workspace", str(ws),
-                               *extra], capture_output=True, text=True, cwd=REPO, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "app", "report", "compare", *runs, "--workspace", str(ws), *extra],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
 
     r = compare("--format", "json", "--baseline", runs[1])
     assert r.returncode == 0, r.stderr
@@ -55,6 +68,6 @@ def test_report_compare_takes_a_baseline_tolerances_and_csv(tmp_path: Path) -> N
     r = compare("--format", "csv", "--timing-tolerance", "150")
     lines = list(csv.reader(io.StringIO(r.stdout)))
     assert r.returncode == 0 and lines[0][3] == f"{runs[0]} (baseline)"
-    assert "same" in next(x for x in lines if x[1] == "Compile duration")   # within a stated 150 %
+    assert "same" in next(x for x in lines if x[1] == "Compile duration")  # within a stated 150 %
     r = compare("--baseline", "nosuch-run")
     assert r.returncode != 0 and "Traceback" not in r.stderr

@@ -40,12 +40,20 @@ def test_emitted_events_parse_and_match_the_published_schema() -> None:
         jsonschema.validate(ev, schema)
 
 
-@pytest.mark.parametrize("line", [
-    "", "hello", "[1,2]", '{"v": 2, "type": "log", "message": "x"}', '{"v": 1, "type": "nope"}',
-    '{"v": 1, "type": "progress", "fraction": 1.5, "message": ""}',
-    '{"v": 1, "type": "progress", "fraction": true, "message": ""}',
-    '{"v": 1, "type": "error", "message": "no code"}', b"\xff\xfe",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "hello",
+        "[1,2]",
+        '{"v": 2, "type": "log", "message": "x"}',
+        '{"v": 1, "type": "nope"}',
+        '{"v": 1, "type": "progress", "fraction": 1.5, "message": ""}',
+        '{"v": 1, "type": "progress", "fraction": true, "message": ""}',
+        '{"v": 1, "type": "error", "message": "no code"}',
+        b"\xff\xfe",
+    ],
+)
 def test_bad_protocol_lines_are_rejected(line: str | bytes) -> None:
     with pytest.raises(ProtocolError):
         parse_event(line)
@@ -85,8 +93,14 @@ def test_delete_run_removes_everything(tmp_path: Path) -> None:
 
 def test_settings_migrate_from_v0_and_keep_a_backup(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"boards": [{"name": "evk", "host": "10.0.0.5", "user": "ubuntu"}],
-                                "aihub_url": "https://example.invalid"}))
+    path.write_text(
+        json.dumps(
+            {
+                "boards": [{"name": "evk", "host": "10.0.0.5", "user": "ubuntu"}],
+                "aihub_url": "https://example.invalid",
+            }
+        )
+    )
     s = Settings.load(path)
     assert s.data["settings_version"] == SETTINGS_VERSION
     assert s.boards == {"evk": {"host": "10.0.0.5", "user": "ubuntu"}}
@@ -111,8 +125,14 @@ def test_secrets_use_the_test_keyring_not_the_system_one() -> None:
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("hexstudio")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})}, cwd=REPO)
+    return subprocess.run(
+        [str(exe), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )
 
 
 def test_cli_runs_list_show_json(tmp_path: Path) -> None:

@@ -39,11 +39,19 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
         yield h
 
 
-def cli(hub: FakeHub, hf_home: Path, *args: str, stdin: str | None = None,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app", *args], input=stdin, capture_output=True, text=True,
-                          timeout=240, cwd=REPO, env={**os.environ, **hub_env(hub, hf_home), **(env or {})},
-                          stdin=None if stdin is not None else subprocess.DEVNULL)
+def cli(
+    hub: FakeHub, hf_home: Path, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env={**os.environ, **hub_env(hub, hf_home), **(env or {})},
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+    )
 
 
 def bearer(token: str) -> str:
@@ -53,8 +61,8 @@ def bearer(token: str) -> str:
 def test_inspect_preflight_and_download_use_the_one_token(hub: FakeHub, tmp_path: Path) -> None:
     hf_home = tmp_path / "hf"
     hf_home.mkdir()
-    (hf_home / "token").write_text(FILE_TOKEN)                      # huggingface_hub's own login...
-    env = {"HF_TOKEN": ENV_TOKEN}                                   # ...and $HF_TOKEN: the keyring wins over both
+    (hf_home / "token").write_text(FILE_TOKEN)  # huggingface_hub's own login...
+    env = {"HF_TOKEN": ENV_TOKEN}  # ...and $HF_TOKEN: the keyring wins over both
     hub.repos[MODEL].gated_token = KEYRING_TOKEN
     r = cli(hub, hf_home, "hf", "login", "--stdin", stdin=KEYRING_TOKEN + "\n", env=env)
     assert r.returncode == 0, r.stderr
@@ -62,23 +70,61 @@ def test_inspect_preflight_and_download_use_the_one_token(hub: FakeHub, tmp_path
     assert st["source"] == "keyring" and st["environment"] and st["hf_login"]
     assert st["token_file"] == str(hf_home / "token") and KEYRING_TOKEN not in json.dumps(st)
 
-    r = cli(hub, hf_home, "model", "inspect", MODEL, "--revision", "v1", "--context-length", "512", "--json", env=env)
+    r = cli(
+        hub,
+        hf_home,
+        "model",
+        "inspect",
+        MODEL,
+        "--revision",
+        "v1",
+        "--context-length",
+        "512",
+        "--json",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["revision"] == "v1" and doc["num_layers"] == 1        # v1's config.json, not main's
+    assert doc["revision"] == "v1" and doc["num_layers"] == 1  # v1's config.json, not main's
     assert hub.tokens_seen() == {bearer(KEYRING_TOKEN)}
     assert any(s.path == f"/{MODEL}/resolve/v1/config.json" for s in hub.seen)
 
     hub.seen.clear()
-    r = cli(hub, hf_home, "preflight", "--model", MODEL, "--context-length", "512", "--no-smoke-test", "--json", env=env)
-    assert r.returncode in (0, 1), r.stderr                          # 1: a check failed on this machine
+    r = cli(
+        hub,
+        hf_home,
+        "preflight",
+        "--model",
+        MODEL,
+        "--context-length",
+        "512",
+        "--no-smoke-test",
+        "--json",
+        env=env,
+    )
+    assert r.returncode in (0, 1), r.stderr  # 1: a check failed on this machine
     pf = json.loads(r.stdout)
     assert hub.tokens_seen() == {bearer(KEYRING_TOKEN)}
-    assert pf["probe"]["hf_cache"]["path"] == str(hf_home / "hub")   # huggingface_hub's HF_HUB_CACHE
+    assert pf["probe"]["hf_cache"]["path"] == str(hf_home / "hub")  # huggingface_hub's HF_HUB_CACHE
 
     hub.seen.clear()
-    r = cli(hub, hf_home, "run", "--model", MODEL, "--revision", "v1", "--board", "sim", "--until", "model",
-            "--set", "context_length=512", "--json", env=env)
+    r = cli(
+        hub,
+        hf_home,
+        "run",
+        "--model",
+        MODEL,
+        "--revision",
+        "v1",
+        "--board",
+        "sim",
+        "--until",
+        "model",
+        "--set",
+        "context_length=512",
+        "--json",
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout)
     assert hub.seen and hub.tokens_seen() == {bearer(KEYRING_TOKEN)}
@@ -104,8 +150,18 @@ def test_without_the_keyring_huggingface_hubs_own_login_is_used(hub: FakeHub, tm
     assert hub.tokens_seen() == {bearer(FILE_TOKEN)}
     assert json.loads(cli(hub, hf_home, "hf", "status", "--json").stdout)["source"] == "hf login"
     hub.seen.clear()
-    hub.repos[MODEL].gated_token = ENV_TOKEN                       # $HF_TOKEN before the token file, as HF does
-    r = cli(hub, hf_home, "model", "inspect", MODEL, "--context-length", "512", "--json", env={"HF_TOKEN": ENV_TOKEN})
+    hub.repos[MODEL].gated_token = ENV_TOKEN  # $HF_TOKEN before the token file, as HF does
+    r = cli(
+        hub,
+        hf_home,
+        "model",
+        "inspect",
+        MODEL,
+        "--context-length",
+        "512",
+        "--json",
+        env={"HF_TOKEN": ENV_TOKEN},
+    )
     assert r.returncode == 0, r.stderr
     assert hub.tokens_seen() == {bearer(ENV_TOKEN)}
 
@@ -126,8 +182,18 @@ def test_the_cache_is_where_huggingface_hub_puts_it(hub: FakeHub, tmp_path: Path
     """HF_HUB_CACHE moves the downloads without moving HF_HOME: the preflight disk check follows it."""
     hf_home, cache = tmp_path / "hf", tmp_path / "elsewhere" / "hub-cache"
     cache.mkdir(parents=True)
-    r = cli(hub, hf_home, "preflight", "--model", MODEL, "--context-length", "512", "--no-smoke-test", "--json",
-            env={"HF_HUB_CACHE": str(cache)})
+    r = cli(
+        hub,
+        hf_home,
+        "preflight",
+        "--model",
+        MODEL,
+        "--context-length",
+        "512",
+        "--no-smoke-test",
+        "--json",
+        env={"HF_HUB_CACHE": str(cache)},
+    )
     assert r.returncode in (0, 1), r.stderr
     assert json.loads(r.stdout)["probe"]["hf_cache"]["path"] == str(cache)
-    assert (cache / "models--test-org--tiny-llama").is_dir()        # config.json went to that cache too
+    assert (cache / "models--test-org--tiny-llama").is_dir()  # config.json went to that cache too

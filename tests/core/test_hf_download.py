@@ -45,23 +45,36 @@ def hub_answer(status: int, code: str | None = None, message: str | None = None)
     return info.value
 
 
-@pytest.mark.parametrize(("exc", "code", "needles"), [
-    (lambda: hub_answer(403, "GatedRepo", "Access to model is restricted"), "gated_model",
-     [f"https://huggingface.co/{MODEL}", "accept the licence"]),
-    (lambda: hub_answer(404, "RepoNotFound"), "model_not_found", ["spelling", "private or gated"]),
-    (lambda: hub_answer(401, None, "Invalid credentials in Authorization header"), "bad_token",
-     ["rejected the token", "huggingface.co/settings/tokens"]),
-    (lambda: hub_answer(403, None, "Forbidden"), "token_forbidden", ["403", "fine-grained"]),
-    (lambda: hub_answer(429), "rate_limited", ["Wait"]),
-    (lambda: hub_answer(503), "hub_unavailable", ["503", "later"]),
-    (lambda: hub_answer(404, "RevisionNotFound"), "revision_not_found", ["no revision 'nope'"]),
-    (lambda: LocalEntryNotFoundError("cannot find the requested files in the disk cache"), "network",
-     ["Cannot reach huggingface.co", "resumes"]),
-    (lambda: httpx.ConnectError("[Errno -3] Temporary failure in name resolution"), "network", ["proxy"]),
-    (lambda: OSError(errno.ENOSPC, "No space left on device"), "disk_full", ["HF_HOME", "Free space"]),
-])
-def test_hub_errors_become_clear_errors(exc: Any, code: str, needles: list[str],
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("exc", "code", "needles"),
+    [
+        (
+            lambda: hub_answer(403, "GatedRepo", "Access to model is restricted"),
+            "gated_model",
+            [f"https://huggingface.co/{MODEL}", "accept the licence"],
+        ),
+        (lambda: hub_answer(404, "RepoNotFound"), "model_not_found", ["spelling", "private or gated"]),
+        (
+            lambda: hub_answer(401, None, "Invalid credentials in Authorization header"),
+            "bad_token",
+            ["rejected the token", "huggingface.co/settings/tokens"],
+        ),
+        (lambda: hub_answer(403, None, "Forbidden"), "token_forbidden", ["403", "fine-grained"]),
+        (lambda: hub_answer(429), "rate_limited", ["Wait"]),
+        (lambda: hub_answer(503), "hub_unavailable", ["503", "later"]),
+        (lambda: hub_answer(404, "RevisionNotFound"), "revision_not_found", ["no revision 'nope'"]),
+        (
+            lambda: LocalEntryNotFoundError("cannot find the requested files in the disk cache"),
+            "network",
+            ["Cannot reach huggingface.co", "resumes"],
+        ),
+        (lambda: httpx.ConnectError("[Errno -3] Temporary failure in name resolution"), "network", ["proxy"]),
+        (lambda: OSError(errno.ENOSPC, "No space left on device"), "disk_full", ["HF_HOME", "Free space"]),
+    ],
+)
+def test_hub_errors_become_clear_errors(
+    exc: Any, code: str, needles: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     e = exc()
     mapped = hub_error(e, MODEL, "nope")
@@ -97,8 +110,11 @@ def test_unknown_errors_are_left_alone() -> None:
 
 # -- a local fake of the hub ---------------------------------------------------------------------
 
-FILES = {"config.json": b'{"model_type": "llama"}', "model.safetensors": bytes(range(256)) * 4096,
-         "README.md": b"not downloaded (not in the allow patterns)"}
+FILES = {
+    "config.json": b'{"model_type": "llama"}',
+    "model.safetensors": bytes(range(256)) * 4096,
+    "README.md": b"not downloaded (not in the allow patterns)",
+}
 
 
 def fake_info(model_id: str, **_: Any) -> Any:
@@ -106,14 +122,21 @@ def fake_info(model_id: str, **_: Any) -> Any:
     sib = []
     for name, data in FILES.items():
         sha = hashlib.sha256(data).hexdigest()
-        lfs = BlobLfsInfo(size=len(data), sha256=sha, pointer_size=134) if name.endswith(".safetensors") else None
-        sib.append(RepoSibling(rfilename=name, size=len(data), lfs=lfs, blob_id=hashlib.sha1(data).hexdigest()))
+        lfs = (
+            BlobLfsInfo(size=len(data), sha256=sha, pointer_size=134)
+            if name.endswith(".safetensors")
+            else None
+        )
+        sib.append(
+            RepoSibling(rfilename=name, size=len(data), lfs=lfs, blob_id=hashlib.sha1(data).hexdigest())
+        )
     return SimpleNamespace(siblings=sib, sha="0" * 40)
 
 
 def make_fake_snapshot(chunk: int = 64 * 1024, pause: float = 0.02, fail: BaseException | None = None) -> Any:
-    def snapshot(model_id: str, *, revision: str | None, token: str | None, allow_patterns: list[str],
-                 cache_dir: str) -> str:
+    def snapshot(
+        model_id: str, *, revision: str | None, token: str | None, allow_patterns: list[str], cache_dir: str
+    ) -> str:
         repo = Path(cache_dir) / ("models--" + model_id.replace("/", "--"))
         blobs = repo / "blobs"
         blobs.mkdir(parents=True, exist_ok=True)
@@ -129,7 +152,7 @@ def make_fake_snapshot(chunk: int = 64 * 1024, pause: float = 0.02, fail: BaseEx
             part = blobs / f"{blob}.incomplete"
             with open(part, "wb") as fh:
                 for i in range(0, len(data), chunk):
-                    fh.write(data[i:i + chunk])
+                    fh.write(data[i : i + chunk])
                     fh.flush()
                     time.sleep(pause)
                     if fail is not None and i > len(data) // 2:
@@ -137,6 +160,7 @@ def make_fake_snapshot(chunk: int = 64 * 1024, pause: float = 0.02, fail: BaseEx
             part.rename(blobs / blob)
             (snap / s.rfilename).symlink_to(blobs / blob)
         return str(snap)
+
     return snapshot
 
 
@@ -146,8 +170,15 @@ def events(buf: io.StringIO) -> list[dict[str, Any]]:
 
 def test_download_reports_bytes_as_they_arrive(tmp_path: Path) -> None:
     buf = io.StringIO()
-    path, rev = download(MODEL, None, Emitter(buf), snapshot=make_fake_snapshot(), repo_info=fake_info,
-                         cache_dir=tmp_path, poll_s=0.05)
+    path, rev = download(
+        MODEL,
+        None,
+        Emitter(buf),
+        snapshot=make_fake_snapshot(),
+        repo_info=fake_info,
+        cache_dir=tmp_path,
+        poll_s=0.05,
+    )
     assert (path / "model.safetensors").read_bytes() == FILES["model.safetensors"] and rev == "0" * 40
     total = len(FILES["config.json"]) + len(FILES["model.safetensors"])  # README.md is not fetched
     prog = [e for e in events(buf) if e["type"] == "progress" and "done_bytes" in e]
@@ -161,11 +192,25 @@ def test_download_reports_bytes_as_they_arrive(tmp_path: Path) -> None:
 
 
 def test_a_resumed_download_counts_what_is_already_there(tmp_path: Path) -> None:
-    download(MODEL, None, Emitter(io.StringIO()), snapshot=make_fake_snapshot(pause=0), repo_info=fake_info,
-             cache_dir=tmp_path, poll_s=0.05)
+    download(
+        MODEL,
+        None,
+        Emitter(io.StringIO()),
+        snapshot=make_fake_snapshot(pause=0),
+        repo_info=fake_info,
+        cache_dir=tmp_path,
+        poll_s=0.05,
+    )
     buf = io.StringIO()
-    download(MODEL, None, Emitter(buf), snapshot=make_fake_snapshot(pause=0), repo_info=fake_info,
-             cache_dir=tmp_path, poll_s=0.05)
+    download(
+        MODEL,
+        None,
+        Emitter(buf),
+        snapshot=make_fake_snapshot(pause=0),
+        repo_info=fake_info,
+        cache_dir=tmp_path,
+        poll_s=0.05,
+    )
     first = next(e for e in events(buf) if e["type"] == "progress" and "already here" in e["message"])
     assert "resumes" in first["message"]
 
@@ -173,8 +218,15 @@ def test_a_resumed_download_counts_what_is_already_there(tmp_path: Path) -> None
 def test_a_full_disk_mid_download_is_a_clear_error(tmp_path: Path) -> None:
     snap = make_fake_snapshot(fail=OSError(errno.ENOSPC, "No space left on device"))
     with pytest.raises(HubError) as info:
-        download(MODEL, None, Emitter(io.StringIO()), snapshot=snap, repo_info=fake_info, cache_dir=tmp_path,
-                 poll_s=0.05)
+        download(
+            MODEL,
+            None,
+            Emitter(io.StringIO()),
+            snapshot=snap,
+            repo_info=fake_info,
+            cache_dir=tmp_path,
+            poll_s=0.05,
+        )
     assert info.value.code == "disk_full" and str(tmp_path) in info.value.message
 
 
@@ -193,19 +245,38 @@ def test_a_gated_model_fails_before_downloading(tmp_path: Path) -> None:
     assert info.value.code == "gated_model" and not called
 
 
-def test_the_worker_reports_hub_errors_not_an_internal_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_worker_reports_hub_errors_not_an_internal_bug(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Through worker_main: the error event carries the mapped code, not 'internal'."""
     import workers.model as wm
     from workers.runtime import worker_main
 
     def failing(model_id: str, revision: str | None, em: Emitter) -> Any:
-        return download(model_id, revision, em, snapshot=make_fake_snapshot(fail=httpx.ConnectError("down")),
-                        repo_info=fake_info, cache_dir=tmp_path / "cache", poll_s=0.05)
+        return download(
+            model_id,
+            revision,
+            em,
+            snapshot=make_fake_snapshot(fail=httpx.ConnectError("down")),
+            repo_info=fake_info,
+            cache_dir=tmp_path / "cache",
+            poll_s=0.05,
+        )
 
     monkeypatch.setattr(wm, "download", failing)
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"schema": 1, "stage": "model", "run_dir": str(tmp_path), "out_dir": str(tmp_path / "out"),
-                                "settings": {}, "inputs": {"model": MODEL}}))
+    spec.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "stage": "model",
+                "run_dir": str(tmp_path),
+                "out_dir": str(tmp_path / "out"),
+                "settings": {},
+                "inputs": {"model": MODEL},
+            }
+        )
+    )
     out = io.StringIO()
     monkeypatch.setattr("sys.stdout", out)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

@@ -16,10 +16,18 @@ from app.core import secrets
 TOKEN = "hf_canaryT0ken5b1f0c9e2d"
 
 
-def _cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app", *args], input=stdin, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, **(env or {})},
-                          stdin=None if stdin is not None else subprocess.DEVNULL)
+def _cli(
+    *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+    )
 
 
 @pytest.fixture
@@ -36,7 +44,9 @@ def test_login_status_logout(no_hf_token: dict[str, str]) -> None:
     assert "hexstudio hf login" in _cli("hf", "status", env=env).stdout
     r = _cli("hf", "login", "--stdin", stdin=TOKEN + "\n", env=env)
     assert r.returncode == 0, r.stderr
-    assert TOKEN not in r.stdout + r.stderr and "stored in a PLAIN-TEXT file at" in r.stdout   # the tests' keyrings.alt file
+    assert (
+        TOKEN not in r.stdout + r.stderr and "stored in a PLAIN-TEXT file at" in r.stdout
+    )  # the tests' keyrings.alt file
     assert secrets.get_secret(secrets.HF_TOKEN) == TOKEN
     doc = json.loads(_cli("hf", "status", "--json", env=env).stdout)
     assert doc["source"] == "keyring" and TOKEN not in json.dumps(doc)
@@ -53,10 +63,15 @@ def test_login_status_logout(no_hf_token: dict[str, str]) -> None:
 
 
 def test_bad_tokens_are_refused_with_what_to_do(no_hf_token: dict[str, str]) -> None:
-    for given, says in (("", "No token was given"), ("hf_ab cd", "contains spaces"),
-                        ("sk-notahftoken", "start with 'hf_'")):
+    for given, says in (
+        ("", "No token was given"),
+        ("hf_ab cd", "contains spaces"),
+        ("sk-notahftoken", "start with 'hf_'"),
+    ):
         r = _cli("hf", "login", "--stdin", stdin=given + "\n", env=no_hf_token)
-        assert r.returncode != 0 and says in r.stderr and "huggingface.co/settings/tokens" in r.stderr, r.stderr
+        assert r.returncode != 0 and says in r.stderr and "huggingface.co/settings/tokens" in r.stderr, (
+            r.stderr
+        )
     r = _cli("hf", "login", env=no_hf_token)  # no terminal, no --stdin
     assert r.returncode != 0 and "--stdin" in r.stderr
     assert secrets.get_secret(secrets.HF_TOKEN) is None

@@ -36,8 +36,9 @@ def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("endpoint", ["http://127.0.0.1:{port}", "https://no-such-hub.invalid"])
-def test_an_unreachable_hub_gives_the_clear_error_at_once(endpoint: str, no_proxy_env: None,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_hub_gives_the_clear_error_at_once(
+    endpoint: str, no_proxy_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_ENDPOINT", endpoint.format(port=closed_port()))
     t0 = time.monotonic()
     with pytest.raises(HubConfigError) as ei:
@@ -64,20 +65,41 @@ def test_cli_inspect_offline_is_quick_and_a_cached_config_still_reads(tmp_path: 
     with FakeHub() as hub:
         hub.add_repo(MODEL, {"main": folder_files(builtin_model_dir())})
         env = {**base, **hub_env(hub, hf_home)}
-        r = subprocess.run([sys.executable, "-m", "app", "model", "inspect", MODEL, "--json"], capture_output=True,
-                           text=True, timeout=240, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [sys.executable, "-m", "app", "model", "inspect", MODEL, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, r.stderr
         endpoint = hub.endpoint
     # the hub is gone (its port closed): the cached config.json is read, an unknown id fails fast and clearly
     env = {**base, **hub_env(hub, hf_home), "HF_ENDPOINT": endpoint}
-    r = subprocess.run([sys.executable, "-m", "app", "model", "inspect", MODEL, "--json"], capture_output=True,
-                       text=True, timeout=240, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [sys.executable, "-m", "app", "model", "inspect", MODEL, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["num_layers"] >= 1
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "app", "model", "inspect", "nobody/no-such-model-xyz"],
-                       capture_output=True, text=True, timeout=240, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [sys.executable, "-m", "app", "model", "inspect", "nobody/no-such-model-xyz"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     took = time.monotonic() - t0
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "cannot be reached" in r.stderr and "not in the local Hugging Face cache" in r.stderr, r.stderr
-    assert took < 8.0, took      # interpreter start-up on a loaded 2-core box included; the error itself < 3 s
+    assert took < 8.0, took  # interpreter start-up on a loaded 2-core box included; the error itself < 3 s

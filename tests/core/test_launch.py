@@ -29,7 +29,13 @@ def test_commands_as_python_runs_them() -> None:
     py = sys.executable
     assert python_command("workers.genie_sim.t2t", "--help") == [py, "-m", "workers.genie_sim.t2t", "--help"]
     assert cli_command("report", "R") == [py, "-m", "app", "report", "R"]
-    assert worker_command("workers.quantize", Path("/s.json")) == [py, "-m", "workers.quantize", "--spec", "/s.json"]
+    assert worker_command("workers.quantize", Path("/s.json")) == [
+        py,
+        "-m",
+        "workers.quantize",
+        "--spec",
+        "/s.json",
+    ]
     assert code_command("print(1)", "a") == [py, "-c", "print(1)", "a"]
 
 
@@ -39,9 +45,21 @@ def test_commands_as_a_frozen_build_runs_them(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(sys, "executable", "/opt/hexstudio/hexstudio")
     exe = "/opt/hexstudio/hexstudio"
     assert cli_command("report", "R", "--format", "pdf") == [exe, "report", "R", "--format", "pdf"]
-    assert worker_command("workers.quantize", Path("/s.json")) == [exe, "--worker", "quantize", "--spec", "/s.json"]
-    assert python_command("workers.genie_sim.t2t", "-c", "g.json") == \
-        [exe, "-c", RUN_MODULE_CODE, "workers.genie_sim.t2t", "-c", "g.json"]
+    assert worker_command("workers.quantize", Path("/s.json")) == [
+        exe,
+        "--worker",
+        "quantize",
+        "--spec",
+        "/s.json",
+    ]
+    assert python_command("workers.genie_sim.t2t", "-c", "g.json") == [
+        exe,
+        "-c",
+        RUN_MODULE_CODE,
+        "workers.genie_sim.t2t",
+        "-c",
+        "g.json",
+    ]
     assert python_command("tests.core.fake_worker") == [exe, "-c", RUN_MODULE_CODE, "tests.core.fake_worker"]
     assert code_command("print(1)") == [exe, "-c", "print(1)"]
 
@@ -72,10 +90,23 @@ def test_cancel_ladder_climbs_until_the_process_ends() -> None:
 
 
 def test_run_child_returns_output_and_exit_status() -> None:
-    res = asyncio.run(run_child(code_command("import sys; print('out'); print('err', file=sys.stderr); "
-                                             "raise SystemExit(sys.stdin.read() == 'in' and 3)"),
-                                what="a test child", input=b"in"))
-    assert (res.returncode, res.stdout, res.stderr, res.timed_out, res.ok) == (3, "out\n", "err\n", False, False)
+    res = asyncio.run(
+        run_child(
+            code_command(
+                "import sys; print('out'); print('err', file=sys.stderr); "
+                "raise SystemExit(sys.stdin.read() == 'in' and 3)"
+            ),
+            what="a test child",
+            input=b"in",
+        )
+    )
+    assert (res.returncode, res.stdout, res.stderr, res.timed_out, res.ok) == (
+        3,
+        "out\n",
+        "err\n",
+        False,
+        False,
+    )
     assert asyncio.run(run_child(code_command("pass"), what="a test child")).ok
 
 
@@ -99,10 +130,11 @@ def _gone(pid: int) -> bool:
 
 def test_run_child_past_its_timeout_climbs_the_ladder_and_leaves_nothing() -> None:
     t0 = time.monotonic()
-    res = asyncio.run(run_child(code_command(STUBBORN), what="a stubborn child", timeout=1.0, grace_s=0.5,
-                                term_s=2.0))
+    res = asyncio.run(
+        run_child(code_command(STUBBORN), what="a stubborn child", timeout=1.0, grace_s=0.5, term_s=2.0)
+    )
     assert res.timed_out and not res.ok
-    assert res.returncode == -signal.SIGTERM            # SIGINT was ignored, SIGTERM to the group ended it
+    assert res.returncode == -signal.SIGTERM  # SIGINT was ignored, SIGTERM to the group ended it
     grandchild, said = res.stdout.split("\n")[:2]
     assert said == "got SIGINT"
     assert 1.4 < time.monotonic() - t0 < 5
@@ -116,8 +148,9 @@ def test_run_child_of_a_cancelled_caller_ends_the_child_and_cancels() -> None:
     pids: list[int] = []
 
     async def go() -> None:
-        task = asyncio.ensure_future(run_child(code_command(STUBBORN), what="a child of a closing window",
-                                               grace_s=0.3, term_s=2.0))
+        task = asyncio.ensure_future(
+            run_child(code_command(STUBBORN), what="a child of a closing window", grace_s=0.3, term_s=2.0)
+        )
         await asyncio.sleep(1.0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -18,8 +18,14 @@ CANARY = "canary-log-secret-5c1a77"
 
 def _run(code: str, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HEXSTUDIO_CONFIG_DIR": str(config), "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True,
-                          cwd=REPO, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
 
 
 def _log(config: Path) -> str:
@@ -30,7 +36,8 @@ def test_a_cli_crash_lands_in_the_log_with_its_traceback(tmp_path: Path) -> None
     """A command that raises (a bug): exit 1, one sentence on stderr (what failed, that it is a bug, where the
     traceback is: no traceback reaches the person, issue 27), the traceback in the log, secrets scrubbed."""
     cfg = tmp_path / "cfg"
-    r = _run(f"""
+    r = _run(
+        f"""
         import sys
         from app.core import secrets
         import app.core.cli.runs_cmd as runs_cmd
@@ -41,34 +48,44 @@ def test_a_cli_crash_lands_in_the_log_with_its_traceback(tmp_path: Path) -> None
         runs_cmd.cmd_list = boom
         from app.__main__ import main
         raise SystemExit(main(["runs", "list"]))
-        """, cfg)
+        """,
+        cfg,
+    )
     assert r.returncode == 1, r.stderr
     assert "RuntimeError: boom in the CLI" in r.stderr and "studio.log" in r.stderr
     assert "Traceback" not in r.stderr and "HexStudio bug" in r.stderr and CANARY not in r.stderr
     text = _log(cfg)
     assert "hexstudio runs list: started" in text and "hexstudio runs list: crashed" in text
-    assert "Traceback (most recent call last)" in text and "in boom" in text and "RuntimeError: boom in the CLI" in text
-    assert text.count("RuntimeError: boom in the CLI") == 1   # logged once, not again by the exception hook
+    assert (
+        "Traceback (most recent call last)" in text
+        and "in boom" in text
+        and "RuntimeError: boom in the CLI" in text
+    )
+    assert text.count("RuntimeError: boom in the CLI") == 1  # logged once, not again by the exception hook
     assert CANARY not in text
 
 
 def test_cli_error_is_logged_and_verbose_goes_to_stderr(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
-    r = _run("""
+    r = _run(
+        """
         from app.__main__ import main
         raise SystemExit(main(["runs", "show", "no-such-run", "--json", "--verbose"]))
-        """, cfg)
+        """,
+        cfg,
+    )
     assert r.returncode == 1
     doc = json.loads(r.stdout)
     assert doc["ok"] is False and set(doc["error"]) >= {"code", "message"}
-    assert "hexstudio.cli" in r.stderr   # --verbose after the command: the log's lines on stderr too
+    assert "hexstudio.cli" in r.stderr  # --verbose after the command: the log's lines on stderr too
     text = _log(cfg)
     assert "hexstudio runs show: failed:" in text and "no-such-run" in text
 
 
 def test_thread_and_asyncio_task_crashes_land_in_the_log(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
-    r = _run("""
+    r = _run(
+        """
         import asyncio, gc, threading
         from app.core import logs
         logs.setup_logging("cli")
@@ -95,25 +112,30 @@ def test_thread_and_asyncio_task_crashes_land_in_the_log(tmp_path: Path) -> None
             await asyncio.sleep(0.05)
             gc.collect()
         asyncio.run(handled())
-        """, cfg)
+        """,
+        cfg,
+    )
     assert r.returncode == 0, r.stderr
     text = _log(cfg)
     assert "uncaught exception in thread helper" in text and "ValueError: boom in a thread" in text
-    assert text.count("KeyError: 'boom in a task'") == 2, text   # asyncio's default handler, then ours
+    assert text.count("KeyError: 'boom in a task'") == 2, text  # asyncio's default handler, then ours
     assert "Task exception was never retrieved" in text and "in failing" in text
     assert "hexstudio.asyncio" in text
 
 
 def test_uncaught_exception_hook(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
-    r = _run("""
+    r = _run(
+        """
         from app.core import logs
         logs.setup_logging("cli")
         def inner():
             raise OSError("boom at the top")
         inner()
-        """, cfg)
-    assert r.returncode == 1 and "OSError: boom at the top" in r.stderr   # still printed, as before
+        """,
+        cfg,
+    )
+    assert r.returncode == 1 and "OSError: boom at the top" in r.stderr  # still printed, as before
     text = _log(cfg)
     assert "uncaught exception" in text and "in inner" in text and "OSError: boom at the top" in text
 
@@ -139,8 +161,9 @@ def test_log_rotates_and_follows_the_config_folder(tmp_path: Path, monkeypatch: 
         logs.close_logging()
 
 
-def test_a_broken_stage_action_says_what_failed_not_not_implemented(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_broken_stage_action_says_what_failed_not_not_implemented(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An ImportError inside a stage's module is that stage's failure, named, with the traceback in the log;
     "not implemented" is kept for a module that is not there at all."""
     import asyncio

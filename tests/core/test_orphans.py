@@ -50,29 +50,47 @@ def _driver(tmp_path: Path, ws: Workspace, run_id: str) -> Path:
         "from tests.core.conftest import fake_stages\n"
         f"Pipeline.__init__.__defaults__ = (None, None, None, None, fake_stages({STAGES3!r}))\n"
         "from app.core.cli.main import main\n"
-        f"sys.exit(main(['run', '--workspace', {str(ws.root)!r}, '--resume', {run_id!r}, '--until', 'quantize']))\n")
+        f"sys.exit(main(['run', '--workspace', {str(ws.root)!r}, '--resume', {run_id!r}, '--until', 'quantize']))\n"
+    )
     return script
 
 
 def test_kill9_of_hexstudio_run_during_quantize_leaves_no_worker_alive(tmp_path: Path) -> None:
     ws = Workspace(tmp_path / "ws")
     pidfile, childfile = tmp_path / "worker.pid", tmp_path / "child.pid"
-    m = ws.create_run("builtin:tiny-llama", "sim", {"mode": "ok", "mode_quantize": "busy", "seconds": 300,
-                                                    "pidfile": str(pidfile), "child_pidfile": str(childfile)})
-    proc = subprocess.Popen([sys.executable, str(_driver(tmp_path, ws, m.run_id))], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    m = ws.create_run(
+        "builtin:tiny-llama",
+        "sim",
+        {
+            "mode": "ok",
+            "mode_quantize": "busy",
+            "seconds": 300,
+            "pidfile": str(pidfile),
+            "child_pidfile": str(childfile),
+        },
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(_driver(tmp_path, ws, m.run_id))],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        _wait(lambda: proc.poll() is not None or (pidfile.exists() and childfile.exists()
-                                                   and pidfile.read_text() and childfile.read_text()))
+        _wait(
+            lambda: (
+                proc.poll() is not None
+                or (pidfile.exists() and childfile.exists() and pidfile.read_text() and childfile.read_text())
+            )
+        )
         assert proc.poll() is None, "the run ended early"
         worker, child = int(pidfile.read_text()), int(childfile.read_text())
         rec = json.loads((m.run_dir / "run.json").read_text())["stages"]["quantize"]["worker"]
         assert rec["pid"] == worker and rec["boot_id"] == boot_id()
-        time.sleep(0.3)                                  # the worker is deep in its silent computation
+        time.sleep(0.3)  # the worker is deep in its silent computation
         assert _alive(worker) and _alive(child)
         t0 = time.monotonic()
-        proc.kill()                                      # kill -9 of `hexstudio run`
+        proc.kill()  # kill -9 of `hexstudio run`
         proc.wait()
         _wait(lambda: not _alive(worker) and not _alive(child), timeout=2.0)
         gone_after = time.monotonic() - t0
@@ -97,22 +115,41 @@ def test_a_resume_stops_a_still_running_worker_of_the_run(tmp_path: Path) -> Non
     ws = Workspace(tmp_path / "ws")
     m = ws.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
     code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(300)\n"
-    ours = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
-                            env={**os.environ, WORKER_RUN_ENV: f"{m.run_id}/quantize"})
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
-                             env={**os.environ, WORKER_RUN_ENV: "another-run/quantize"})
+    ours = subprocess.Popen(
+        [sys.executable, "-c", code],
+        start_new_session=True,
+        env={**os.environ, WORKER_RUN_ENV: f"{m.run_id}/quantize"},
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"],
+        start_new_session=True,
+        env={**os.environ, WORKER_RUN_ENV: "another-run/quantize"},
+    )
     try:
         st = m.stage("quantize").data
-        st.update({"state": "running", "worker": {"pid": ours.pid, "pgid": ours.pid, "host": os.uname().nodename,
-                                                  "boot_id": boot_id()}})
-        m.stage("validate").data["worker"] = {"pid": other.pid, "pgid": other.pid, "host": os.uname().nodename,
-                                              "boot_id": boot_id()}
+        st.update(
+            {
+                "state": "running",
+                "worker": {
+                    "pid": ours.pid,
+                    "pgid": ours.pid,
+                    "host": os.uname().nodename,
+                    "boot_id": boot_id(),
+                },
+            }
+        )
+        m.stage("validate").data["worker"] = {
+            "pid": other.pid,
+            "pgid": other.pid,
+            "host": os.uname().nodename,
+            "boot_id": boot_id(),
+        }
         m.save()
         t0 = time.monotonic()
         stopped = stop_stale_workers(m, term_s=0.5)
         assert stopped == ["quantize"] and time.monotonic() - t0 < 5
-        assert not _alive(ours.pid)                       # it ignored SIGTERM: SIGKILL ended it
-        assert other.poll() is None                       # not this run's: untouched
+        assert not _alive(ours.pid)  # it ignored SIGTERM: SIGKILL ended it
+        assert other.poll() is None  # not this run's: untouched
         assert any(e["kind"] == "stale_worker_stopped" for e in m.data["events"])
         assert m.stage("quantize").data["worker"] is None
     finally:
@@ -128,15 +165,30 @@ def test_the_liveness_pipe_alone_kills_the_whole_group(tmp_path: Path, how: str)
     kills the worker and its children, busy or not."""
     spec = tmp_path / "spec.json"
     pidfile, childfile = tmp_path / "w.pid", tmp_path / "c.pid"
-    spec.write_text(json.dumps({"schema": 1, "stage": "quantize", "run_dir": str(tmp_path),
-                                "out_dir": str(tmp_path / "out"),
-                                "settings": {"mode": "busy", "pidfile": str(pidfile), "child_pidfile": str(childfile)}}))
+    spec.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "stage": "quantize",
+                "run_dir": str(tmp_path),
+                "out_dir": str(tmp_path / "out"),
+                "settings": {"mode": "busy", "pidfile": str(pidfile), "child_pidfile": str(childfile)},
+            }
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k != "HEXSTUDIO_PARENT_PID"}
-    p = subprocess.Popen([sys.executable, "-m", "tests.core.fake_worker", "--spec", str(spec)], cwd=REPO,
-                         env={**env, "HEXSTUDIO_LIVENESS": "stdin", "PYTHONPATH": str(REPO)},
-                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tests.core.fake_worker", "--spec", str(spec)],
+        cwd=REPO,
+        env={**env, "HEXSTUDIO_LIVENESS": "stdin", "PYTHONPATH": str(REPO)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        _wait(lambda: pidfile.exists() and childfile.exists() and pidfile.read_text() and childfile.read_text())
+        _wait(
+            lambda: pidfile.exists() and childfile.exists() and pidfile.read_text() and childfile.read_text()
+        )
         worker, child = int(pidfile.read_text()), int(childfile.read_text())
         assert p.stdin is not None
         p.stdin.close()

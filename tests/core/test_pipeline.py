@@ -81,6 +81,7 @@ def _start_pipeline_in_thread(m: RunManifest, until: str) -> tuple[dict[str, Any
         async def go() -> None:
             shared["loop"] = asyncio.get_running_loop()
             shared["result"] = await pipe.run(until=until)
+
         asyncio.run(go())
 
     th = threading.Thread(target=target, daemon=True)
@@ -128,7 +129,8 @@ def test_kill9_of_the_studio_process_marks_stage_interrupted(workspace: Workspac
         "from app.core.pipeline import Pipeline\n"
         "from tests.core.conftest import fake_stages\n"
         f"m = Workspace({str(workspace.root)!r}).open_run({m.run_id!r})\n"
-        "asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n")
+        "asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env)
     log = m.run_dir / "logs" / "model.jsonl"
@@ -145,11 +147,14 @@ def test_kill9_of_the_studio_process_marks_stage_interrupted(workspace: Workspac
     assert m2.stage("model").state == "done"
 
 
-@pytest.mark.parametrize(("mode", "kind", "needle"), [
-    ("garbage", "failed", "without reporting 'done'"),
-    ("crash", "failed", "exit code 3"),
-    ("error", "failed", "The calibration file is empty."),
-])
+@pytest.mark.parametrize(
+    ("mode", "kind", "needle"),
+    [
+        ("garbage", "failed", "without reporting 'done'"),
+        ("crash", "failed", "exit code 3"),
+        ("error", "failed", "The calibration file is empty."),
+    ],
+)
 def test_worker_failures_are_clear(workspace: Workspace, mode: str, kind: str, needle: str) -> None:
     m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": mode})
     res = _run(Pipeline(m, stages=fake_stages()), "model")
@@ -167,8 +172,9 @@ def test_worker_failures_are_clear(workspace: Workspace, mode: str, kind: str, n
 
 def test_cancel_leaves_no_orphan_process(workspace: Workspace, tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
-    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 60,
-                                                           "child_pidfile": str(pidfile)})
+    m = workspace.create_run(
+        "builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 60, "child_pidfile": str(pidfile)}
+    )
     shared, th = _start_pipeline_in_thread(m, "model")
     _wait(lambda: pidfile.exists() and pidfile.read_text() and shared["pipe"].current_job is not None)
     job = shared["pipe"].current_job
@@ -247,8 +253,15 @@ def test_oom_hint_limits_come_from_the_estimate_and_the_peak() -> None:
     h2 = oom_hint(100 * GiB, None, ram_bytes=64 * GiB, swap_bytes=0)
     assert f"memory={target_limits(100 * GiB)[0]}GB" in h2 and "176GB" not in h2
     # classify passes the stage's estimate through
-    r = classify(-9, EventStream(None, None), False, peak_rss=10**15, stderr_tail="", what="The Quantize stage",
-                 memory_need=2 * 10**15)
+    r = classify(
+        -9,
+        EventStream(None, None),
+        False,
+        peak_rss=10**15,
+        stderr_tail="",
+        what="The Quantize stage",
+        memory_need=2 * 10**15,
+    )
     assert f"memory={target_limits(2 * 10**15)[0]}GB" in (r.hint or "")
 
 
@@ -273,7 +286,9 @@ def test_gate_failure_stops_and_override_is_recorded(workspace: Workspace) -> No
 
 def test_only_refuses_a_stage_whose_upstream_gate_failed_until_overridden(workspace: Workspace) -> None:
     stages = fake_stages(("model", "quantize", "validate", "compile"))
-    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok", "metrics_validate": {"verdict": "fail"}})
+    m = workspace.create_run(
+        "builtin:tiny-llama", "sim", {"mode": "ok", "metrics_validate": {"verdict": "fail"}}
+    )
     res = _run(Pipeline(m, stages=stages), "validate")
     assert not res.ok and res.stopped_at == "validate" and m.stage("validate").state == "done"
     # `run --only compile` after the failed validation: refused, compile never starts
@@ -297,7 +312,9 @@ def test_only_refuses_a_stage_whose_upstream_gate_failed_until_overridden(worksp
 
 def test_only_runs_when_upstream_gates_passed(workspace: Workspace) -> None:
     stages = fake_stages(("model", "quantize", "validate", "compile"))
-    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok", "metrics_validate": {"verdict": "pass"}})
+    m = workspace.create_run(
+        "builtin:tiny-llama", "sim", {"mode": "ok", "metrics_validate": {"verdict": "pass"}}
+    )
     assert _run(Pipeline(m, stages=stages), "validate").ok
     res = asyncio.run(Pipeline(m, stages=stages).run(only="compile"))
     assert res.ok and res.ran == ["compile"]
@@ -315,7 +332,8 @@ def test_a_second_runner_is_refused_while_a_stage_is_live(workspace: Workspace, 
         "from app.core.pipeline import Pipeline\n"
         "from tests.core.conftest import fake_stages\n"
         f"m = Workspace({str(workspace.root)!r}).open_run({m.run_id!r})\n"
-        "asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n")
+        "asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env)
     partial = m.run_dir / "artifacts" / "model.partial"
@@ -324,15 +342,23 @@ def test_a_second_runner_is_refused_while_a_stage_is_live(workspace: Workspace, 
         assert proc.poll() is None, "the driver process died early"
         # another process resumes the same run
         second = subprocess.run(
-            [sys.executable, "-c",
-             "import asyncio, json\n"
-             "from app.core.runs import Workspace\n"
-             "from app.core.pipeline import Pipeline\n"
-             "from tests.core.conftest import fake_stages\n"
-             f"m = Workspace({str(workspace.root)!r}).open_run({m.run_id!r})\n"
-             "r = asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n"
-             "print(json.dumps({'ok': r.ok, 'message': r.message, 'hint': r.hint, 'ran': r.ran}))\n"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+            [
+                sys.executable,
+                "-c",
+                "import asyncio, json\n"
+                "from app.core.runs import Workspace\n"
+                "from app.core.pipeline import Pipeline\n"
+                "from tests.core.conftest import fake_stages\n"
+                f"m = Workspace({str(workspace.root)!r}).open_run({m.run_id!r})\n"
+                "r = asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n"
+                "print(json.dumps({'ok': r.ok, 'message': r.message, 'hint': r.hint, 'ran': r.ran}))\n",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         res = json.loads(second.stdout.strip().splitlines()[-1])
         assert not res["ok"] and res["ran"] == []
         assert f"Run {m.run_id} is being run by PID {proc.pid} on this machine" in res["message"]
@@ -362,10 +388,14 @@ def test_a_second_runner_is_refused_while_a_stage_is_live(workspace: Workspace, 
 
 
 def test_cancel_escalates_to_sigkill_for_a_worker_that_ignores_sigint_and_sigterm(
-        workspace: Workspace, tmp_path: Path) -> None:
+    workspace: Workspace, tmp_path: Path
+) -> None:
     pidfile, siglog = tmp_path / "child.pid", tmp_path / "signals.log"
-    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "stubborn", "child_pidfile": str(pidfile),
-                                                           "signal_log": str(siglog)})
+    m = workspace.create_run(
+        "builtin:tiny-llama",
+        "sim",
+        {"mode": "stubborn", "child_pidfile": str(pidfile), "signal_log": str(siglog)},
+    )
     shared, th = _start_pipeline_in_thread(m, "model")
     _wait(lambda: pidfile.exists() and pidfile.read_text() and shared["pipe"].current_job is not None)
     job = shared["pipe"].current_job
@@ -393,7 +423,8 @@ def test_the_stage_estimate_reaches_the_job_for_the_oom_hint(workspace: Workspac
     m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
     assert _run(Pipeline(m, stages=fake_stages()), "model").ok
     (m.run_dir / "artifacts" / "model" / "model.json").write_text(
-        json.dumps({"estimates": {"quantize_peak_rss_bytes": 123 * 1024**3}}))
+        json.dumps({"estimates": {"quantize_peak_rss_bytes": 123 * 1024**3}})
+    )
     pipe = Pipeline(m, stages=fake_stages())
     assert pipe._memory_need(get_stage("quantize")) == 123 * 1024**3
     assert pipe._memory_need(get_stage("compile")) is None
@@ -415,7 +446,9 @@ def test_the_same_pipeline_cannot_run_twice_at_once(workspace: Workspace) -> Non
     assert m.stage("model").state == "done" and m.stage("model").data["attempts"] == 1
 
 
-def test_a_filesystem_without_flock_runs_unguarded(workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_filesystem_without_flock_runs_unguarded(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import errno
     import fcntl
 

@@ -20,7 +20,13 @@ pytestmark = [pytest.mark.sshd, pytest.mark.skipif(not ok, reason=why)]
 async def _connect(srv: SshServer) -> Any:
     from app.core.device.connect import connect_ssh
 
-    cfg = {"host": srv.host, "port": srv.port, "user": srv.user, "auth": "key", "key_path": str(srv.client_key_path)}
+    cfg = {
+        "host": srv.host,
+        "port": srv.port,
+        "user": srv.user,
+        "auth": "key",
+        "key_path": str(srv.client_key_path),
+    }
     return await connect_ssh("remote-worker-test", cfg, trust=lambda *_a: True)
 
 
@@ -31,8 +37,15 @@ def test_remote_selftest_worker_streams_events(tmp_path: Path) -> None:
     async def go() -> Any:
         t = await _connect(srv)
         try:
-            spec = {"schema": 1, "stage": "selftest", "run_dir": str(tmp_path), "out_dir": str(out_dir),
-                    "settings": {"seconds": 1.0}, "upstream": {}, "inputs": {}}
+            spec = {
+                "schema": 1,
+                "stage": "selftest",
+                "run_dir": str(tmp_path),
+                "out_dir": str(out_dir),
+                "settings": {"seconds": 1.0},
+                "upstream": {},
+                "inputs": {},
+            }
             job = RemoteJob(t, "workers.selftest", spec, python=sys.executable, on_event=events.append)
             await job.start()
             return await job.wait(), job
@@ -52,8 +65,15 @@ def test_remote_cancel_kills_the_remote_process_group(tmp_path: Path) -> None:
     async def go() -> tuple[Any, bool]:
         t = await _connect(srv)
         try:
-            spec = {"schema": 1, "stage": "selftest", "run_dir": str(tmp_path), "out_dir": str(tmp_path / "o"),
-                    "settings": {"seconds": 60}, "upstream": {}, "inputs": {}}
+            spec = {
+                "schema": 1,
+                "stage": "selftest",
+                "run_dir": str(tmp_path),
+                "out_dir": str(tmp_path / "o"),
+                "settings": {"seconds": 60},
+                "upstream": {},
+                "inputs": {},
+            }
             job = RemoteJob(t, "workers.selftest", spec, python=sys.executable, grace_s=5)
             await job.start()
             for _ in range(100):

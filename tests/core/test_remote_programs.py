@@ -23,13 +23,24 @@ from workers.remote import PROGRAMS, groupmem, host_command, probe, program_sour
 from workers.remote import files as host_files
 
 
-def run(name: str, *args: str, stdin: Any = None, isolated: bool = False, cwd: Path | None = None,
-        ) -> subprocess.CompletedProcess[str]:
+def run(
+    name: str,
+    *args: str,
+    stdin: Any = None,
+    isolated: bool = False,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
     argv = host_command(sys.executable, name, *args)
-    if isolated:   # -I -S: no site-packages, no PYTHONPATH, not the current folder: stdlib alone
+    if isolated:  # -I -S: no site-packages, no PYTHONPATH, not the current folder: stdlib alone
         argv = [argv[0], "-I", "-S", *argv[1:]]
-    return subprocess.run(argv, input=None if stdin is None else json.dumps(stdin), capture_output=True,
-                          text=True, timeout=60, cwd=cwd)
+    return subprocess.run(
+        argv,
+        input=None if stdin is None else json.dumps(stdin),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -67,14 +78,20 @@ def test_files_list_hash_prune_promote_reset(tmp_path: Path) -> None:
     r = run("files", "list", str(root), SYNC_MANIFEST, isolated=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["files"] == {"a.bin": 1000, "sub/b.txt": 5, SYNC_MANIFEST: len((root / SYNC_MANIFEST).read_text())}
+    assert doc["files"] == {
+        "a.bin": 1000,
+        "sub/b.txt": 5,
+        SYNC_MANIFEST: len((root / SYNC_MANIFEST).read_text()),
+    }
     assert doc["record"] == {"a.bin": [1000, "abc"]}
     (root / SYNC_MANIFEST).write_text("[not a record")
     assert host_files.list_files(str(root), SYNC_MANIFEST)["record"] == {}
 
     r = run("files", "hash", str(root), stdin=["a.bin", "sub/b.txt"])
-    assert json.loads(r.stdout) == {"a.bin": hashlib.sha256(b"x" * 1000).hexdigest(),
-                                    "sub/b.txt": hashlib.sha256(b"hello").hexdigest()}
+    assert json.loads(r.stdout) == {
+        "a.bin": hashlib.sha256(b"x" * 1000).hexdigest(),
+        "sub/b.txt": hashlib.sha256(b"hello").hexdigest(),
+    }
     r = run("files", "prune", str(root), stdin=["a.bin", "gone.txt"])
     assert r.returncode == 0 and r.stdout == "" and not (root / "a.bin").exists()
 
@@ -82,7 +99,11 @@ def test_files_list_hash_prune_promote_reset(tmp_path: Path) -> None:
     final.mkdir()
     (final / "old").write_text("old")
     assert run("files", "promote", str(root), str(final)).returncode == 0
-    assert not root.exists() and (final / "sub" / "b.txt").read_text() == "hello" and not (final / "old").exists()
+    assert (
+        not root.exists()
+        and (final / "sub" / "b.txt").read_text() == "hello"
+        and not (final / "old").exists()
+    )
     assert run("files", "reset", str(final)).returncode == 0
     assert final.is_dir() and not any(final.iterdir())
     assert run("files", "reset", str(tmp_path / "new" / "dir")).returncode == 0
@@ -96,9 +117,12 @@ def test_files_list_hash_prune_promote_reset(tmp_path: Path) -> None:
 
 def _group_with_memory(mb: int) -> subprocess.Popen[bytes]:
     """A process group: a shell and a Python child holding `mb` MiB."""
-    code = f"b = bytearray({mb} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nimport time; time.sleep(60)"
-    return subprocess.Popen(["sh", "-c", f'{sys.executable} -c "$1"; sleep 60', "sh", code],
-                            start_new_session=True)
+    code = (
+        f"b = bytearray({mb} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nimport time; time.sleep(60)"
+    )
+    return subprocess.Popen(
+        ["sh", "-c", f'{sys.executable} -c "$1"; sleep 60', "sh", code], start_new_session=True
+    )
 
 
 def test_groupmem_samples_the_whole_group_until_it_is_gone() -> None:
@@ -109,15 +133,18 @@ def test_groupmem_samples_the_whole_group_until_it_is_gone() -> None:
             time.sleep(0.05)
         rss = groupmem.group_rss_proc(group.pid)
         assert rss >= 64 << 20
-        assert abs(groupmem.group_rss_ps(group.pid) - rss) < 16 << 20     # ps and /proc agree
-        sampler = subprocess.Popen(host_command(sys.executable, "groupmem", str(group.pid), "0.05"),
-                                   stdout=subprocess.PIPE, text=True)
+        assert abs(groupmem.group_rss_ps(group.pid) - rss) < 16 << 20  # ps and /proc agree
+        sampler = subprocess.Popen(
+            host_command(sys.executable, "groupmem", str(group.pid), "0.05"),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert sampler.stdout is not None
         lines = [sampler.stdout.readline() for _ in range(3)]
         assert all(int(x) >= 64 << 20 for x in lines)
         os.killpg(group.pid, signal.SIGKILL)
         group.wait()
-        assert sampler.wait(timeout=10) == 0          # ends by itself once the group is gone
+        assert sampler.wait(timeout=10) == 0  # ends by itself once the group is gone
     finally:
         if group.poll() is None:
             os.killpg(group.pid, signal.SIGKILL)
@@ -139,8 +166,15 @@ def test_read_lines_joins_chunks_and_keeps_a_last_line_without_newline() -> None
 
 
 def _spec(tmp_path: Path, seconds: float) -> dict[str, Any]:
-    return {"schema": 1, "stage": "selftest", "run_dir": str(tmp_path), "out_dir": str(tmp_path / "out"),
-            "settings": {"seconds": seconds}, "upstream": {}, "inputs": {}}
+    return {
+        "schema": 1,
+        "stage": "selftest",
+        "run_dir": str(tmp_path),
+        "out_dir": str(tmp_path / "out"),
+        "settings": {"seconds": seconds},
+        "upstream": {},
+        "inputs": {},
+    }
 
 
 def test_remote_job_over_the_local_transport(tmp_path: Path) -> None:
@@ -149,7 +183,9 @@ def test_remote_job_over_the_local_transport(tmp_path: Path) -> None:
 
     async def go() -> tuple[Any, RemoteJob]:
         t = LocalTransport(tmp_path / "host")
-        job = RemoteJob(t, "workers.selftest", _spec(tmp_path, 1.0), python=sys.executable, on_event=events.append)
+        job = RemoteJob(
+            t, "workers.selftest", _spec(tmp_path, 1.0), python=sys.executable, on_event=events.append
+        )
         await job.start()
         return await job.wait(), job
 
@@ -172,7 +208,7 @@ def test_remote_job_cancel_climbs_the_ladder_over_the_local_transport(tmp_path: 
         t0 = time.monotonic()
         await job.cancel()
         res = await job.wait()
-        assert time.monotonic() - t0 < 5       # SIGINT was enough: the worker said `cancelled`
+        assert time.monotonic() - t0 < 5  # SIGINT was enough: the worker said `cancelled`
         return res, await job.group_alive()
 
     res, alive = asyncio.run(go())

@@ -39,18 +39,28 @@ def _add_host(srv: SshServer, root: Path, name: str = "box", trust: bool = True,
         known_hosts_path().parent.mkdir(parents=True, exist_ok=True)
         known_hosts_path().write_text(srv.known_hosts_line + "\n")
     s = Settings.load()
-    worker_hosts(s)[name] = {"host": srv.host, "port": srv.port, "user": srv.user, "auth": "key",
-                             "key_path": str(srv.client_key_path), "python": sys.executable, "root": str(root),
-                             **extra}
+    worker_hosts(s)[name] = {
+        "host": srv.host,
+        "port": srv.port,
+        "user": srv.user,
+        "auth": "key",
+        "key_path": str(srv.client_key_path),
+        "python": sys.executable,
+        "root": str(root),
+        **extra,
+    }
     s.save()
 
 
 def _stages() -> tuple[Stage, ...]:
     """model: the fake worker, here; quantize: the self-test worker, heavy, so it runs on the worker host."""
     by = {s.name: s for s in STAGES}
-    return (dataclasses.replace(by["model"], worker=FAKE, action=None, inputs=("mode",), outputs=("result.txt",)),
-            dataclasses.replace(by["quantize"], worker="workers.selftest", inputs=("seconds",),
-                                outputs=("selftest.json",)))
+    return (
+        dataclasses.replace(by["model"], worker=FAKE, action=None, inputs=("mode",), outputs=("result.txt",)),
+        dataclasses.replace(
+            by["quantize"], worker="workers.selftest", inputs=("seconds",), outputs=("selftest.json",)
+        ),
+    )
 
 
 def _run(m: RunManifest, until: str = "quantize", **kw: Any) -> Any:
@@ -61,25 +71,32 @@ def _events(m: RunManifest, stage: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (m.run_dir / "logs" / f"{stage}.jsonl").read_text().splitlines()]
 
 
-def test_heavy_stage_runs_on_the_worker_host_with_uploaded_inputs_and_downloaded_outputs(tmp_path: Path) -> None:
+def test_heavy_stage_runs_on_the_worker_host_with_uploaded_inputs_and_downloaded_outputs(
+    tmp_path: Path,
+) -> None:
     root = tmp_path / "host-root"
     seen: list[tuple[str, dict[str, Any]]] = []
     with SshServer(tmp_path / "sshd") as srv:
         _add_host(srv, root)
-        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box", "seconds": 1})
+        m = Workspace(tmp_path / "ws").create_run(
+            "builtin:tiny-llama", "sim", {"worker_host": "box", "seconds": 1}
+        )
         res = _run(m, on_event=lambda st, ev: seen.append((st, ev)))
         assert res.ok, (res.message, res.hint)
         m = RunManifest.load(m.run_dir)
         rrun = root / "runs" / m.run_id
         # the model stage ran here (not heavy) and its output was uploaded to the host's run folder
         assert not (rrun / "artifacts" / "model.partial").exists()
-        assert (rrun / "artifacts" / "model" / "result.txt").read_text() == \
-            (m.run_dir / "artifacts" / "model" / "result.txt").read_text()
+        assert (rrun / "artifacts" / "model" / "result.txt").read_text() == (
+            m.run_dir / "artifacts" / "model" / "result.txt"
+        ).read_text()
         # the host ran the worker on host paths only
         specs = list(root.glob("workers-*/specs/quantize-*.json"))
         assert len(specs) == 1
         spec = json.loads(specs[0].read_text())
-        assert spec["run_dir"] == str(rrun) and spec["out_dir"] == str(rrun / "artifacts" / "quantize.partial")
+        assert spec["run_dir"] == str(rrun) and spec["out_dir"] == str(
+            rrun / "artifacts" / "quantize.partial"
+        )
         assert spec["upstream"] == {"model": str(rrun / "artifacts" / "model")}
         assert str(m.run_dir) not in specs[0].read_text()
         # its output: kept on the host as the stage's folder there, and downloaded here
@@ -87,7 +104,9 @@ def test_heavy_stage_runs_on_the_worker_host_with_uploaded_inputs_and_downloaded
         local_out = m.run_dir / "artifacts" / "quantize" / "selftest.json"
         assert remote_out.is_file() and local_out.read_bytes() == remote_out.read_bytes()
         st = m.stage("quantize")
-        assert st.state == "done" and [a["path"] for a in st.artifacts] == ["artifacts/quantize/selftest.json"]
+        assert st.state == "done" and [a["path"] for a in st.artifacts] == [
+            "artifacts/quantize/selftest.json"
+        ]
         # run.json: the host's peak RSS and which host ran it
         assert st.data["peak_rss_bytes"] and st.data["peak_rss_bytes"] > 5 * 2**20
         assert st.metric_value("worker_host") == "box"
@@ -96,15 +115,20 @@ def test_heavy_stage_runs_on_the_worker_host_with_uploaded_inputs_and_downloaded
         # the worker's own events came through, and the stage log has them
         kinds = [ev["type"] for s, ev in seen if s == "quantize" and ev.get("source") != "worker_host"]
         assert kinds[0] == "progress" and kinds[-1] == "done" and "artifact" in kinds and "metric" in kinds
-        logged = [ev["type"] for ev in _events(m, "quantize") if ev.get("source") != "worker_host"
-                  and ev.get("stream") != "stderr"]
+        logged = [
+            ev["type"]
+            for ev in _events(m, "quantize")
+            if ev.get("source") != "worker_host" and ev.get("stream") != "stderr"
+        ]
         assert logged == kinds
         assert (m.run_dir / "logs" / "quantize.resources.jsonl").read_text().strip()
         # the model stage stayed local: no worker-host events there
         assert all(ev.get("source") != "worker_host" for s, ev in seen if s == "model")
 
         # again: the model stage's output is already on the host (same size and sha256): nothing is sent
-        res2 = asyncio.run(Pipeline(RunManifest.load(m.run_dir), stages=_stages()).run(only="quantize", force=True))
+        res2 = asyncio.run(
+            Pipeline(RunManifest.load(m.run_dir), stages=_stages()).run(only="quantize", force=True)
+        )
         assert res2.ok
         st2 = RunManifest.load(m.run_dir).stage("quantize")
         assert st2.metric_value("worker_host_upload_bytes") == 0
@@ -115,7 +139,9 @@ def test_cancel_mid_stage_on_the_worker_host_leaves_nothing_running_and_nothing_
     root = tmp_path / "host-root"
     with SshServer(tmp_path / "sshd") as srv:
         _add_host(srv, root)
-        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box", "seconds": 60})
+        m = Workspace(tmp_path / "ws").create_run(
+            "builtin:tiny-llama", "sim", {"worker_host": "box", "seconds": 60}
+        )
         assert asyncio.run(Pipeline(m, stages=_stages()).run(until="model")).ok
         pipe = Pipeline(m, stages=_stages())
         progress: list[dict[str, Any]] = []
@@ -151,7 +177,7 @@ def test_cancel_during_the_upload_stops_it_and_starts_nothing_on_the_host(tmp_pa
         _add_host(srv, root)
         m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
         assert asyncio.run(Pipeline(m, stages=_stages()).run(until="model")).ok
-        with open(m.run_dir / "artifacts" / "model" / "weights.bin", "wb") as fh:   # a big upload
+        with open(m.run_dir / "artifacts" / "model" / "weights.bin", "wb") as fh:  # a big upload
             fh.truncate(1 << 30)
         pipe = Pipeline(m, stages=_stages())
         uploading = asyncio.Event()
@@ -174,7 +200,7 @@ def test_cancel_during_the_upload_stops_it_and_starts_nothing_on_the_host(tmp_pa
     st = RunManifest.load(m.run_dir).stage("quantize")
     assert not res.ok and st.state == "cancelled", st.data.get("outcome")
     assert took < 30
-    assert not list(root.glob("workers-*/specs/quantize-*.json"))     # the worker never started there
+    assert not list(root.glob("workers-*/specs/quantize-*.json"))  # the worker never started there
     assert not (m.run_dir / "artifacts" / "quantize.partial").exists()
 
 
@@ -188,8 +214,9 @@ async def _group_alive(srv: SshServer, pid: int | None) -> bool:
     return True
 
 
-@pytest.mark.parametrize("case", ["unknown", "unreachable", "key_unknown", "key_changed", "no_python",
-                                  "no_packages"])
+@pytest.mark.parametrize(
+    "case", ["unknown", "unreachable", "key_unknown", "key_changed", "no_python", "no_packages"]
+)
 def test_worker_host_problems_fail_the_stage_clearly(tmp_path: Path, case: str) -> None:
     from tests.support.sshd import free_port
 
@@ -207,7 +234,7 @@ def test_worker_host_problems_fail_the_stage_clearly(tmp_path: Path, case: str) 
         if case == "key_changed":
             from app.core.device.connect import known_hosts_path
 
-            other = SshServer(tmp_path / "other-sshd")       # a different host key for the same address
+            other = SshServer(tmp_path / "other-sshd")  # a different host key for the same address
             kind, b64 = other.host_key_pub.split()[:2]
             known_hosts_path().write_text(f"[{srv.host}]:{srv.port} {kind} {b64}\n")
         if case == "no_packages":
@@ -219,12 +246,17 @@ def test_worker_host_problems_fail_the_stage_clearly(tmp_path: Path, case: str) 
     m = RunManifest.load(m.run_dir)
     st = m.stage("quantize")
     assert not res.ok and st.state == "failed"
-    assert m.stage("model").state == "done"          # the model stage ran here, before
+    assert m.stage("model").state == "done"  # the model stage ran here, before
     code = st.data["outcome"]["code"]
     hint = st.data["outcome"]["hint"] or ""
-    expected = {"unknown": "worker_host_unknown", "unreachable": "worker_host_unreachable",
-                "key_unknown": "worker_host_key_unknown", "key_changed": "worker_host_key_changed",
-                "no_python": "worker_host_python_missing", "no_packages": "worker_host_packages_missing"}[case]
+    expected = {
+        "unknown": "worker_host_unknown",
+        "unreachable": "worker_host_unreachable",
+        "key_unknown": "worker_host_key_unknown",
+        "key_changed": "worker_host_key_changed",
+        "no_python": "worker_host_python_missing",
+        "no_packages": "worker_host_packages_missing",
+    }[case]
     assert code == expected, st.data["outcome"]
     if case in ("no_python", "no_packages"):
         assert "packaging/install-workstation.sh" in hint and "--python" in hint
@@ -254,11 +286,11 @@ def test_upload_skips_what_is_there_and_mirrors_the_folder(tmp_path: Path) -> No
             for _ in range(2):
                 s = await upload_tree(t, sys.executable, src, str(dst), LocalHashes())
                 out.append((s.sent_files, s.skipped_files, s.sent_bytes))
-            (src / "config.json").write_text('{"a": 2}')          # same size, other content
+            (src / "config.json").write_text('{"a": 2}')  # same size, other content
             (dst / "stale.txt").write_text("left over")
             s = await upload_tree(t, sys.executable, src, str(dst), LocalHashes())
             out.append((s.sent_files, s.skipped_files, s.sent_bytes))
-            (dst / SYNC_MANIFEST).unlink()                         # no record: the host hashes its copies
+            (dst / SYNC_MANIFEST).unlink()  # no record: the host hashes its copies
             s = await upload_tree(t, sys.executable, src, str(dst), LocalHashes())
             out.append((s.sent_files, s.skipped_files, s.sent_bytes))
         finally:
@@ -280,11 +312,15 @@ def test_upload_skips_what_is_there_and_mirrors_the_folder(tmp_path: Path) -> No
 def test_path_maps_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from workers.runtime import map_path
 
-    monkeypatch.setenv("HEXSTUDIO_PATH_MAP", json.dumps([["/home/me/runs/R", "/srv/h/runs/R"],
-                                                         ["/home/me/models/llama", "/srv/h/models/ab-llama"]]))
+    monkeypatch.setenv(
+        "HEXSTUDIO_PATH_MAP",
+        json.dumps(
+            [["/home/me/runs/R", "/srv/h/runs/R"], ["/home/me/models/llama", "/srv/h/models/ab-llama"]]
+        ),
+    )
     assert map_path("/home/me/models/llama") == "/srv/h/models/ab-llama"
     assert map_path("/home/me/models/llama/config.json") == "/srv/h/models/ab-llama/config.json"
-    assert map_path("/home/me/models/llama2") == "/home/me/models/llama2"     # a prefix of a name is no match
+    assert map_path("/home/me/models/llama2") == "/home/me/models/llama2"  # a prefix of a name is no match
     assert map_path("/home/me/runs/R/artifacts/model/hf") == "/srv/h/runs/R/artifacts/model/hf"
     assert map_path("hf") == "hf"
     monkeypatch.delenv("HEXSTUDIO_PATH_MAP")
@@ -292,14 +328,24 @@ def test_path_maps_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
     out = tmp_path / "quantize.partial"
     out.mkdir()
-    (out / "quantize.json").write_text(json.dumps({"calibration": {"text": "/srv/h/w-1/resources/t/c.txt"},
-                                                   "graphs": [{"float_onnx": "float/a.onnx"}], "n": 3}))
+    (out / "quantize.json").write_text(
+        json.dumps(
+            {
+                "calibration": {"text": "/srv/h/w-1/resources/t/c.txt"},
+                "graphs": [{"float_onnx": "float/a.onnx"}],
+                "n": 3,
+            }
+        )
+    )
     (out / "other.json").write_text('{"x": "/elsewhere/file"}')
     changed = map_json_paths(out, [("/srv/h/w-1", "/repo"), ("/srv/h/runs/R", "/home/me/runs/R")])
     assert changed == ["quantize.json"]
     doc = json.loads((out / "quantize.json").read_text())
-    assert doc == {"calibration": {"text": "/repo/resources/t/c.txt"}, "graphs": [{"float_onnx": "float/a.onnx"}],
-                   "n": 3}
+    assert doc == {
+        "calibration": {"text": "/repo/resources/t/c.txt"},
+        "graphs": [{"float_onnx": "float/a.onnx"}],
+        "n": 3,
+    }
 
 
 def test_cli_worker_add_check_and_run_flag(tmp_path: Path) -> None:
@@ -307,23 +353,63 @@ def test_cli_worker_add_check_and_run_flag(tmp_path: Path) -> None:
     env = {**os.environ}
     with SshServer(tmp_path / "sshd") as srv:
         # first contact without --trust: refused, with the fingerprint to compare
-        add = [exe, "worker", "add", "box", "--host", srv.host, "--port", str(srv.port), "--user", srv.user,
-               "--key", str(srv.client_key_path), "--python", sys.executable, "--root", str(tmp_path / "r"), "--json"]
-        p = subprocess.run(add, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+        add = [
+            exe,
+            "worker",
+            "add",
+            "box",
+            "--host",
+            srv.host,
+            "--port",
+            str(srv.port),
+            "--user",
+            srv.user,
+            "--key",
+            str(srv.client_key_path),
+            "--python",
+            sys.executable,
+            "--root",
+            str(tmp_path / "r"),
+            "--json",
+        ]
+        p = subprocess.run(
+            add, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL
+        )
         assert p.returncode == 1 and srv.host_key_fingerprint in p.stderr, p.stderr
-        p = subprocess.run([*add, "--trust", srv.host_key_fingerprint], capture_output=True, text=True,
-                           timeout=120, env=env)
+        p = subprocess.run(
+            [*add, "--trust", srv.host_key_fingerprint], capture_output=True, text=True, timeout=120, env=env
+        )
         assert p.returncode == 0, p.stderr
         doc = json.loads(p.stdout)
         assert doc["check"]["stages"]["quantize"]["ok"] and doc["check"]["stages"]["validate"]["ok"]
         assert Path(doc["check"]["workers"], "workers", "shared", "protocol.py").is_file()
-        assert Path(doc["check"]["workers"], "workers", "shared", "data", "builtin_model", "text", "calibration.txt").is_file()
-        lst = json.loads(subprocess.run([exe, "worker", "list", "--json"], capture_output=True, text=True,
-                                        timeout=60, env=env).stdout)
+        assert Path(
+            doc["check"]["workers"], "workers", "shared", "data", "builtin_model", "text", "calibration.txt"
+        ).is_file()
+        lst = json.loads(
+            subprocess.run(
+                [exe, "worker", "list", "--json"], capture_output=True, text=True, timeout=60, env=env
+            ).stdout
+        )
         assert [h["name"] for h in lst["worker_hosts"]] == ["box"]
     # an unknown worker host is refused before a run is made
-    p = subprocess.run([exe, "run", "--worker-host", "nope", "--until", "model", "--workspace", str(tmp_path / "ws"),
-                        "--json"], capture_output=True, text=True, timeout=120, env=env)
+    p = subprocess.run(
+        [
+            exe,
+            "run",
+            "--worker-host",
+            "nope",
+            "--until",
+            "model",
+            "--workspace",
+            str(tmp_path / "ws"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert p.returncode == 1 and "No worker host named 'nope'" in p.stderr
     assert not (tmp_path / "ws" / "runs").exists() or not any((tmp_path / "ws" / "runs").iterdir())
 
@@ -335,7 +421,9 @@ def _worker_events(run_dir: Path, stage: str) -> list[tuple[str, str]]:
         ev = json.loads(line)
         if ev.get("source") == "worker_host" or ev.get("stream") == "stderr":
             continue
-        what = {"metric": ev.get("name"), "artifact": ev.get("path"), "done": str(ev.get("ok"))}.get(ev["type"], "")
+        what = {"metric": ev.get("name"), "artifact": ev.get("path"), "done": str(ev.get("ok"))}.get(
+            ev["type"], ""
+        )
         out.append((ev["type"], str(what)))
     return out
 
@@ -345,21 +433,42 @@ def test_real_quantize_on_the_worker_host_streams_the_same_events_as_a_local_run
     """`hexstudio run --model builtin:tiny-llama --board sim --until quantize --worker-host box`: real
     aimet-onnx on the host, compared with the same run on this machine."""
     exe = str(Path(sys.executable).with_name("hexstudio"))
-    base = [exe, "run", "--model", "builtin:tiny-llama", "--board", "sim", "--until", "quantize",
-            "--set", "calibration_samples=4", "--json", "--quiet"]
+    base = [
+        exe,
+        "run",
+        "--model",
+        "builtin:tiny-llama",
+        "--board",
+        "sim",
+        "--until",
+        "quantize",
+        "--set",
+        "calibration_samples=4",
+        "--json",
+        "--quiet",
+    ]
     root = tmp_path / "host-root"
     with SshServer(tmp_path / "sshd") as srv:
         _add_host(srv, root)
-        p = subprocess.run([*base, "--worker-host", "box", "--workspace", str(tmp_path / "remote-ws")],
-                           capture_output=True, text=True, timeout=600)
+        p = subprocess.run(
+            [*base, "--worker-host", "box", "--workspace", str(tmp_path / "remote-ws")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert p.returncode == 0, p.stdout + p.stderr
     remote = RunManifest.load(Path(json.loads(p.stdout)["run_dir"]))
-    p = subprocess.run([*base, "--workspace", str(tmp_path / "local-ws")], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [*base, "--workspace", str(tmp_path / "local-ws")], capture_output=True, text=True, timeout=600
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     local = RunManifest.load(Path(json.loads(p.stdout)["run_dir"]))
 
     # the same events, in the same order
-    ev_remote, ev_local = _worker_events(remote.run_dir, "quantize"), _worker_events(local.run_dir, "quantize")
+    ev_remote, ev_local = (
+        _worker_events(remote.run_dir, "quantize"),
+        _worker_events(local.run_dir, "quantize"),
+    )
     assert ev_remote == ev_local
     assert ev_remote.count(("done", "True")) == 1 and sum(t == "progress" for t, _ in ev_remote) >= 5
     # it really ran there: on the host's copies, and the output came back by download
@@ -374,11 +483,16 @@ def test_real_quantize_on_the_worker_host_streams_the_same_events_as_a_local_run
     # everything came by download (quantize.json then had its host paths mapped back: a few bytes differ)
     down = st.metric_value("worker_host_download_bytes")
     assert down > 10**6 and abs(down - sum(a["size"] for a in st.artifacts)) < 4096
-    assert sorted(a["path"] for a in st.artifacts) == sorted(a["path"] for a in local.stage("quantize").artifacts)
+    assert sorted(a["path"] for a in st.artifacts) == sorted(
+        a["path"] for a in local.stage("quantize").artifacts
+    )
     # run.json holds the host's peak RSS (an aimet-onnx QuantSim is far above 100 MB)
     assert st.data["peak_rss_bytes"] > 100 * 2**20
-    assert st.metric_value("int4_lpbq_weight_encodings") == local.stage("quantize").metric_value(
-        "int4_lpbq_weight_encodings") > 0
+    assert (
+        st.metric_value("int4_lpbq_weight_encodings")
+        == local.stage("quantize").metric_value("int4_lpbq_weight_encodings")
+        > 0
+    )
     # no host path left in the outputs that later local stages read
     doc = json.loads((remote.run_dir / "artifacts" / "quantize" / "quantize.json").read_text())
     assert Path(doc["calibration"]["text"]).is_file() and str(root) not in json.dumps(doc)

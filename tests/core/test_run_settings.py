@@ -24,26 +24,72 @@ BUILTIN_DIR = builtin_model_dir()
 
 # What a new run got before the registry (app/core/settings.py's table): unchanged, so runs and resumes are too.
 OLD_DEFAULTS: dict[str, Any] = {
-    "context_length": "auto", "ar_n": 128, "parts": "auto", "calibration_samples": 8, "calibration_seq_len": 128,
-    "calibration_text": "builtin", "calibration_unit": "layer", "validation_text": "builtin", "weight_bits": 4,
-    "activation_bits": 16, "kv_bits": 8, "device": "Dragonwing IQ-9075 EVK", "qairt_version": "2.42",
-    "compile_target": "auto", "aihub_consent": False, "benchmark_prompt": "What is the capital of France?",
-    "sampler": {"seed": 42, "temp": 0.0, "top_k": 1, "top_p": 1.0}, "thresholds": {}, "override_gates": [],
+    "context_length": "auto",
+    "ar_n": 128,
+    "parts": "auto",
+    "calibration_samples": 8,
+    "calibration_seq_len": 128,
+    "calibration_text": "builtin",
+    "calibration_unit": "layer",
+    "validation_text": "builtin",
+    "weight_bits": 4,
+    "activation_bits": 16,
+    "kv_bits": 8,
+    "device": "Dragonwing IQ-9075 EVK",
+    "qairt_version": "2.42",
+    "compile_target": "auto",
+    "aihub_consent": False,
+    "benchmark_prompt": "What is the capital of France?",
+    "sampler": {"seed": 42, "temp": 0.0, "top_k": 1, "top_p": 1.0},
+    "thresholds": {},
+    "override_gates": [],
     # added since (issue 29): a run without it hashes as before (app.core.pipeline.HASHED_WHEN_SET)
-    "speculative_dialogs": "none"}
+    "speculative_dialogs": "none",
+}
 # Each stage's inputs before the registry: the same names keep every completed stage's input hash.
 OLD_INPUTS: dict[str, set[str]] = {
-    "model": {"model", "revision", "context_length", "ar_n", "parts", "context_lengths"},    # added since
-    "preflight": {"context_length", "calibration_samples", "calibration_seq_len", "workspace", "context_lengths"},
-    "quantize": {"context_length", "ar_n", "parts", "calibration_samples", "calibration_seq_len", "calibration_text",
-                 "calibration_unit", "weight_bits", "activation_bits", "kv_bits", "device",
-                 "context_lengths", "quantsim_config"},                 # added since: HASHED_WHEN_SET
+    "model": {"model", "revision", "context_length", "ar_n", "parts", "context_lengths"},  # added since
+    "preflight": {
+        "context_length",
+        "calibration_samples",
+        "calibration_seq_len",
+        "workspace",
+        "context_lengths",
+    },
+    "quantize": {
+        "context_length",
+        "ar_n",
+        "parts",
+        "calibration_samples",
+        "calibration_seq_len",
+        "calibration_text",
+        "calibration_unit",
+        "weight_bits",
+        "activation_bits",
+        "kv_bits",
+        "device",
+        "context_lengths",
+        "quantsim_config",
+    },  # added since: HASHED_WHEN_SET
     "validate": {"validation_text", "thresholds"},
-    "compile": {"board", "device", "qairt_version", "aihub_consent", "compile_target",
-                "speculative_dialogs", "spd_draft", "spd_draft_len",     # added since: HASHED_WHEN_SET
-                "lade_window", "lade_ngram", "lade_gcap"},
-    "board": {"board"}, "chat": {"board", "benchmark_prompt", "sampler"},
-    "evaluate": {"board", "eval_suites", "eval_legs", "prompt_template", "runtime", "dialog_type"}, "report": set()}
+    "compile": {
+        "board",
+        "device",
+        "qairt_version",
+        "aihub_consent",
+        "compile_target",
+        "speculative_dialogs",
+        "spd_draft",
+        "spd_draft_len",  # added since: HASHED_WHEN_SET
+        "lade_window",
+        "lade_ngram",
+        "lade_gcap",
+    },
+    "board": {"board"},
+    "chat": {"board", "benchmark_prompt", "sampler"},
+    "evaluate": {"board", "eval_suites", "eval_legs", "prompt_template", "runtime", "dialog_type"},
+    "report": set(),
+}
 
 
 def test_defaults_and_stage_inputs_are_what_they_were() -> None:
@@ -52,7 +98,7 @@ def test_defaults_and_stage_inputs_are_what_they_were() -> None:
 
     assert DEFAULT_RUN_SETTINGS == OLD_DEFAULTS
     assert {s.name: set(s.inputs) for s in STAGES} == OLD_INPUTS
-    for s in STAGES:   # every run setting a stage depends on comes from the registry's `stages=`
+    for s in STAGES:  # every run setting a stage depends on comes from the registry's `stages=`
         assert set(rs.read_by(s.name)) <= set(s.inputs)
         assert set(s.inputs) - set(rs.read_by(s.name)) <= {"model", "board", "workspace"}
     assert not hasattr(STAGES[0], "produces")
@@ -65,15 +111,19 @@ def test_a_run_from_before_the_speculative_settings_keeps_its_stages_current() -
     from app.core.stages import STAGES
 
     old = {k: v for k, v in OLD_DEFAULTS.items() if k not in HASHED_WHEN_SET}
-    m = SimpleNamespace(settings=old, inputs={"model": "builtin:tiny-llama", "board": "sim"},
-                        stage=lambda n: SimpleNamespace(data={}))
+    m = SimpleNamespace(
+        settings=old,
+        inputs={"model": "builtin:tiny-llama", "board": "sim"},
+        stage=lambda n: SimpleNamespace(data={}),
+    )
     for s in STAGES:
         narrowed = dataclasses.replace(s, inputs=tuple(k for k in s.inputs if k not in HASHED_WHEN_SET))
-        assert input_hash(m, s) == input_hash(m, narrowed), s.name        # type: ignore[arg-type]
-    m.settings = {**old, "speculative_dialogs": "spd"}                   # a run that sets one hashes it
+        assert input_hash(m, s) == input_hash(m, narrowed), s.name  # type: ignore[arg-type]
+    m.settings = {**old, "speculative_dialogs": "spd"}  # a run that sets one hashes it
     compile_ = next(s for s in STAGES if s.name == "compile")
-    assert input_hash(m, compile_) != input_hash(m, dataclasses.replace(compile_, inputs=tuple(
-        k for k in compile_.inputs if k not in HASHED_WHEN_SET)))          # type: ignore[arg-type]
+    assert input_hash(m, compile_) != input_hash(
+        m, dataclasses.replace(compile_, inputs=tuple(k for k in compile_.inputs if k not in HASHED_WHEN_SET))
+    )  # type: ignore[arg-type]
 
 
 def test_every_setting_is_fully_declared() -> None:
@@ -94,8 +144,9 @@ def test_the_docs_table_is_the_registry() -> None:
     text = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
     assert rs.markdown_table() in text, (
         "docs/settings.md is not the registry's table; regenerate it: .venv/bin/python -c \"from "
-        "workers.shared.run_settings import markdown_table; print(markdown_table())\" and paste it between the "
-        "markers")
+        'workers.shared.run_settings import markdown_table; print(markdown_table())" and paste it between the '
+        "markers"
+    )
 
 
 def test_more_context_lengths_are_checked_when_set() -> None:
@@ -107,7 +158,7 @@ def test_more_context_lengths_are_checked_when_set() -> None:
         rs.extra_context_lengths("512", 512, 128)
     with pytest.raises(ValueError, match="exceed ar_n"):
         rs.extra_context_lengths("128", 512, 128)
-    with pytest.raises(ValueError, match="twice ar_n 32"):      # Genie 1.21 answers wrong at CL = 2 x AR
+    with pytest.raises(ValueError, match="twice ar_n 32"):  # Genie 1.21 answers wrong at CL = 2 x AR
         rs.extra_context_lengths("64", 256, 32)
     assert rs.genie_cl_problem(512, 128) is None and rs.genie_cl_problem(256, 128)
 
@@ -115,14 +166,20 @@ def test_more_context_lengths_are_checked_when_set() -> None:
 def test_check_messages_name_the_setting_the_value_and_what_it_takes() -> None:
     assert rs.check("parts", None) == 'parts must be a whole number or "auto", not null.'
     assert rs.check("ar_n", "128") == "ar_n must be a whole number, not '128' (text)."
-    assert rs.check("sampler", {"seed": 2**33}) == "sampler.seed 8589934592 is out of range (0 to 4294967295)."
-    assert rs.check("eval_legs", ["board", "gpu"]) == 'eval_legs: "gpu" is not one of "float", "sim", "board".'
+    assert (
+        rs.check("sampler", {"seed": 2**33}) == "sampler.seed 8589934592 is out of range (0 to 4294967295)."
+    )
+    assert (
+        rs.check("eval_legs", ["board", "gpu"]) == 'eval_legs: "gpu" is not one of "float", "sim", "board".'
+    )
     assert rs.check("override_gates", [1]) == "override_gates must be a list of stage names."
-    assert rs.check("revision", None) is None and rs.check("board_ram_bytes", None) is None   # optional: unset
+    assert rs.check("revision", None) is None and rs.check("board_ram_bytes", None) is None  # optional: unset
     assert rs.check("aihub_poll_interval_s", 0.05) is None
-    assert rs.check("a_test_hook", object()) is None      # not a run setting: not checked here (--set refuses it)
+    assert rs.check("a_test_hook", object()) is None  # not a run setting: not checked here (--set refuses it)
     assert rs.check_all({"ar_n": 0, "kv_bits": 4, "weight_bits": 4}) == [
-        "ar_n 0 is out of range (1 to 4096).", "kv_bits 4 is not one of 8, 16."]
+        "ar_n 0 is out of range (1 to 4096).",
+        "kv_bits 4 is not one of 8, 16.",
+    ]
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -143,8 +200,9 @@ def test_set_refuses_a_name_that_is_not_a_run_setting() -> None:
         _parse_set(["calibraton_samples=4"])
     assert "calibraton_samples is not a run setting" in e.value.message
     assert "Did you mean calibration_samples?" in (e.value.hint or "")
-    assert _parse_set(["qairt_version=2.42", "sampler={\"temp\": 0.5}", "revision=v1.0", "board_ram_bytes=null"]) \
-        == {"qairt_version": "2.42", "sampler": {"temp": 0.5}, "revision": "v1.0", "board_ram_bytes": None}
+    assert _parse_set(
+        ["qairt_version=2.42", 'sampler={"temp": 0.5}', "revision=v1.0", "board_ram_bytes=null"]
+    ) == {"qairt_version": "2.42", "sampler": {"temp": 0.5}, "revision": "v1.0", "board_ram_bytes": None}
 
 
 def test_the_field_lists_are_the_pages_fields() -> None:
@@ -152,17 +210,21 @@ def test_the_field_lists_are_the_pages_fields() -> None:
     from app.core.settings import form_fields, settings_fields
     from workers.shared.bundle import KNOWN_DEVICES
 
-    assert settings_fields("quantize") == (("calibration_samples", "Calibration samples", "int"),
-                                           ("calibration_seq_len", "Calibration sequence length", "int"))
+    assert settings_fields("quantize") == (
+        ("calibration_samples", "Calibration samples", "int"),
+        ("calibration_seq_len", "Calibration sequence length", "int"),
+    )
     assert settings_fields("compile") == (
-        ("compile_target", "Target", ["auto", "local", "aihub", "sim"]), ("device", "Device", list(KNOWN_DEVICES)),
+        ("compile_target", "Target", ["auto", "local", "aihub", "sim"]),
+        ("device", "Device", list(KNOWN_DEVICES)),
         ("qairt_version", "QAIRT version", "text"),
         ("aihub_consent", "I agree to upload model-derived files to Qualcomm AI Hub", "bool"),
-        ("speculative_dialogs", "Speculative dialogs", ["none", "lade", "spd", "lade,spd"]))
+        ("speculative_dialogs", "Speculative dialogs", ["none", "lade", "spd", "lade,spd"]),
+    )
     (samples, _) = form_fields("quantize")
     assert (samples.widget, samples.unit, samples.minimum, samples.maximum) == ("spin", "samples", 1, 100000)
     assert samples.help and form_fields("report") == ()
-    assert next(iter(KNOWN_DEVICES)) == rs.DEFAULT_DEVICE    # the offline list shows the default device first
+    assert next(iter(KNOWN_DEVICES)) == rs.DEFAULT_DEVICE  # the offline list shows the default device first
 
 
 def test_a_new_setting_is_added_in_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,9 +233,15 @@ def test_a_new_setting_is_added_in_one_place(monkeypatch: pytest.MonkeyPatch) ->
 
     @dataclasses.dataclass
     class WithNewSetting(RunSettings):
-        quantize_threads: int = setting(4, label="Quantize threads", unit="threads", range=(1, 64),
-                                        stages=("quantize",), page="quantize",
-                                        help="CPU threads the quantizer uses.")
+        quantize_threads: int = setting(
+            4,
+            label="Quantize threads",
+            unit="threads",
+            range=(1, 64),
+            stages=("quantize",),
+            page="quantize",
+            help="CPU threads the quantizer uses.",
+        )
 
     monkeypatch.setattr(rs, "SETTINGS", rs._specs_of(WithNewSetting))
     from app.core.cli.common import CliError
@@ -190,11 +258,18 @@ def test_a_new_setting_is_added_in_one_place(monkeypatch: pytest.MonkeyPatch) ->
     # the studio: the Quantize page's form gets a spin box with its label, range, unit and tooltip
     assert ("quantize_threads", "Quantize threads", "int") in settings_fields("quantize")
     f = next(f for f in form_fields("quantize") if f.key == "quantize_threads")
-    assert (f.widget, f.minimum, f.maximum, f.unit, f.help) == ("spin", 1, 64, "threads",
-                                                                "CPU threads the quantizer uses.")
+    assert (f.widget, f.minimum, f.maximum, f.unit, f.help) == (
+        "spin",
+        1,
+        64,
+        "threads",
+        "CPU threads the quantizer uses.",
+    )
     # the docs table, the stage's inputs (the resume hash) and the settings of a new run
-    assert "| `quantize_threads` | a whole number 1 to 64 (threads) | `4` | quantize | quantize page |" \
+    assert (
+        "| `quantize_threads` | a whole number 1 to 64 (threads) | `4` | quantize | quantize page |"
         in rs.markdown_table()
+    )
     assert "quantize_threads" in rs.read_by("quantize")
     assert rs.default_run_settings()["quantize_threads"] == 4
 
@@ -207,22 +282,40 @@ def test_help_lists_every_run_setting() -> None:
 
 # -- the one "auto" rule -----------------------------------------------------------------------------------------
 
+
 def _big_info() -> dict[str, Any]:
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-           "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
-           "rope_theta": 500000.0, "torch_dtype": "bfloat16"}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "torch_dtype": "bfloat16",
+    }
     return modelinfo.inspect_config(cfg)
 
 
 def test_resolve_settings_is_the_rule_for_auto() -> None:
     tiny = modelinfo.inspect_folder(BUILTIN_DIR)
     r, plan = rs.resolve_settings(tiny, rs.default_run_settings(), builtin=True)
-    assert r == {"context_length": 512, "ar_n": 128, "parts": 2, "calibration_samples": 8, "calibration_seq_len": 128}
+    assert r == {
+        "context_length": 512,
+        "ar_n": 128,
+        "parts": 2,
+        "calibration_samples": 8,
+        "calibration_seq_len": 128,
+    }
     assert plan["parts"] == 2
     big = _big_info()
     r, plan = rs.resolve_settings(big, {"context_length": "auto", "parts": "auto"}, builtin=False)
-    assert r["context_length"] == 4096 and r["parts"] == plan["parts"] == modelinfo.part_plan(big, 4096)["parts"]
+    assert (
+        r["context_length"] == 4096 and r["parts"] == plan["parts"] == modelinfo.part_plan(big, 4096)["parts"]
+    )
     r, plan = rs.resolve_settings(big, {"context_length": 2048, "parts": 7, "ar_n": 64}, builtin=False)
     assert (r["context_length"], r["parts"], r["ar_n"]) == (2048, 7, 64)
     # the board's RAM, when set, shapes the plan
@@ -238,13 +331,20 @@ def test_preflight_and_model_inspect_resolve_as_the_model_stage(monkeypatch: pyt
     monkeypatch.setattr(model_service, "model_config", lambda model, revision=None: {"fake": model})
     monkeypatch.setattr(modelinfo, "inspect_config", lambda cfg: big)
     for ctx, parts in ((None, None), (2048, None), (None, 9)):
-        want, _ = rs.resolve_settings(big, {"context_length": ctx or "auto", "parts": parts or "auto"}, builtin=False)
+        want, _ = rs.resolve_settings(
+            big, {"context_length": ctx or "auto", "parts": parts or "auto"}, builtin=False
+        )
         out = model_service.inspect("meta-llama/Llama-3.1-8B", ctx, None, parts)
-        assert (out["context_length"], out["ar_n"], out["parts"]) == (want["context_length"], want["ar_n"],
-                                                                      want["parts"])
-        pre = preflight_service.resolve_estimate_settings(big, "meta-llama/Llama-3.1-8B",
-                                                          {**rs.default_run_settings(), "context_length": ctx or "auto",
-                                                           "parts": parts or "auto"})
+        assert (out["context_length"], out["ar_n"], out["parts"]) == (
+            want["context_length"],
+            want["ar_n"],
+            want["parts"],
+        )
+        pre = preflight_service.resolve_estimate_settings(
+            big,
+            "meta-llama/Llama-3.1-8B",
+            {**rs.default_run_settings(), "context_length": ctx or "auto", "parts": parts or "auto"},
+        )
         assert pre == want
 
 
@@ -261,6 +361,7 @@ def test_model_json_is_a_model_doc(tmp_path: Path) -> None:
 
 
 # -- gates read the declared outputs --------------------------------------------------------------------------------
+
 
 def test_a_gate_fails_a_done_stage_without_its_declared_output(tmp_path: Path) -> None:
     from app.core.runs import Workspace
@@ -281,10 +382,13 @@ def test_a_gate_fails_a_done_stage_without_its_declared_output(tmp_path: Path) -
 
 # -- light ---------------------------------------------------------------------------------------------------------
 
+
 def test_the_shared_package_is_light() -> None:
     """workers.shared is imported by the studio at start-up and by every worker: no heavy ML, no Qt, no app."""
-    code = ("import sys, json, workers.shared.run_settings, workers.shared.artifacts; "
-            "print(json.dumps(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'transformers', 'aimet_onnx', "
-            "'numpy', 'PySide6', 'app') if m in sys.modules)))")
+    code = (
+        "import sys, json, workers.shared.run_settings, workers.shared.artifacts; "
+        "print(json.dumps(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'transformers', 'aimet_onnx', "
+        "'numpy', 'PySide6', 'app') if m in sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []

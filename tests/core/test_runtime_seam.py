@@ -15,8 +15,9 @@ import pytest
 SCRIPTED = Path(__file__).resolve().parents[1] / "eval" / "scripted_helper.py"
 
 
-def test_a_dummy_runtime_plugs_in_without_touching_anything_else(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dummy_runtime_plugs_in_without_touching_anything_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from app.core.device.board import Board, sim_board
     from app.core.genie import runtime as rt
     from app.core.genie.session import ChatSession
@@ -26,12 +27,14 @@ def test_a_dummy_runtime_plugs_in_without_touching_anything_else(tmp_path: Path,
     class Dummy(rt.BoardRuntime):
         key, name, title, simulated = "dummy", "genie", "A dummy runtime (scripted, test only)", True
 
-        def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
-                        bundle_dir: str) -> tuple[list[str], dict[str, str] | None]:
+        def helper_argv(
+            self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None, bundle_dir: str
+        ) -> tuple[list[str], dict[str, str] | None]:
             return [sys.executable, str(SCRIPTED), json.dumps({"France": "Paris, from the dummy."})], None
 
-    monkeypatch.setattr(rt, "RULES", [lambda name, board, binaries: "dummy" if board.name == "sim" else None,
-                                      *rt.RULES])
+    monkeypatch.setattr(
+        rt, "RULES", [lambda name, board, binaries: "dummy" if board.name == "sim" else None, *rt.RULES]
+    )
     monkeypatch.setitem(rt._REGISTRY, "dummy", rt._REGISTRY.get("dummy", Dummy()))
     rt.register_runtime(Dummy())
 

@@ -21,8 +21,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _runs_show(ws: Path, run_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app", "runs", "show", run_id, "--workspace", str(ws), *extra],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "app", "runs", "show", run_id, "--workspace", str(ws), *extra],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
 
 
 def test_failed_gate_is_gate_failed_everywhere_never_passed(tmp_path: Path) -> None:
@@ -100,7 +105,6 @@ def test_every_ending_has_its_own_word(tmp_path: Path) -> None:
     assert len({k.word for k in KINDS.values()}) == len(KINDS) == len({k.symbol for k in KINDS.values()})
 
 
-
 @pytest.mark.slow
 def test_an_unchanged_board_rerun_leaves_chat_passed(tmp_path: Path, compiled_sim_run: Path) -> None:
     """Issue 32: running the Board stage again, unchanged (the same bundle to the same board), marked Chat and
@@ -116,7 +120,7 @@ def test_an_unchanged_board_rerun_leaves_chat_passed(tmp_path: Path, compiled_si
     assert asyncio.run(Pipeline(m).run(only="chat")).ok
     assert stage_status(m, "chat").key == "passed"
     first = m.stage("board").data["output_digest"]
-    assert asyncio.run(Pipeline(m).run(only="board", force=True)).ok      # pushed again, nothing changed
+    assert asyncio.run(Pipeline(m).run(only="board", force=True)).ok  # pushed again, nothing changed
     m = RunManifest.load(m.run_dir)
     assert m.stage("board").data["output_digest"] == first
     assert stage_status(m, "chat").key == "passed", stage_status(m, "chat")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER = r'''
+WORKER = r"""
 import json, os, stat, subprocess, sys, tempfile
 from workers.runtime import WorkerError, worker_main
 
@@ -30,19 +30,34 @@ def run(spec, em):
     return {}
 
 sys.exit(worker_main("compile", run))
-'''
+"""
 
 
 @pytest.mark.parametrize("fail", [False, True], ids=["done", "failed"])
 def test_temporary_files_stay_in_the_run_and_are_removed(tmp_path: Path, fail: bool) -> None:
     run_dir = tmp_path / "run"
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"schema": 1, "stage": "compile", "run_dir": str(run_dir),
-                                "out_dir": str(run_dir / "artifacts" / "compile"), "settings": {"fail": fail}}))
+    spec.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "stage": "compile",
+                "run_dir": str(run_dir),
+                "out_dir": str(run_dir / "artifacts" / "compile"),
+                "settings": {"fail": fail},
+            }
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("HEXSTUDIO_PARENT_PID", "HEXSTUDIO_LIVENESS")}
-    r = subprocess.run([sys.executable, "-c", WORKER, "--spec", str(spec)], cwd=REPO, capture_output=True,
-                       text=True, timeout=60, env={**env, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path / "sys")},
-                       stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [sys.executable, "-c", WORKER, "--spec", str(spec)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path / "sys")},
+        stdin=subprocess.DEVNULL,
+    )
     events = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
     logged = [json.loads(e["message"]) for e in events if e.get("type") == "log"]
     assert logged, (r.stdout, r.stderr)
@@ -55,7 +70,7 @@ def test_temporary_files_stay_in_the_run_and_are_removed(tmp_path: Path, fail: b
     assert events[-1]["type"] == "done" and events[-1]["ok"] is (not fail)
 
 
-FULL = r'''
+FULL = r"""
 import sys
 from workers.runtime import worker_main
 
@@ -65,18 +80,36 @@ def run(spec, em):
         fh.flush()
 
 sys.exit(worker_main("quantize", run))
-'''
+"""
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
 def test_a_full_disk_is_said_as_such_not_as_a_bug(tmp_path: Path) -> None:
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"schema": 1, "stage": "quantize", "run_dir": str(tmp_path / "run"),
-                                "out_dir": str(tmp_path / "run" / "artifacts" / "quantize")}))
+    spec.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "stage": "quantize",
+                "run_dir": str(tmp_path / "run"),
+                "out_dir": str(tmp_path / "run" / "artifacts" / "quantize"),
+            }
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("HEXSTUDIO_PARENT_PID", "HEXSTUDIO_LIVENESS")}
-    r = subprocess.run([sys.executable, "-c", FULL, "--spec", str(spec)], cwd=REPO, capture_output=True, text=True,
-                       timeout=60, env={**env, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [sys.executable, "-c", FULL, "--spec", str(spec)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.DEVNULL,
+    )
     errors = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{") and '"error"' in ln]
     assert errors and errors[0]["code"] == "disk_full", r.stdout
-    assert "disk is full" in errors[0]["message"] and "HexStudio bug" not in errors[0]["message"] + \
-        errors[0].get("hint", "") and "df -h" in errors[0]["hint"]
+    assert (
+        "disk is full" in errors[0]["message"]
+        and "HexStudio bug" not in errors[0]["message"] + errors[0].get("hint", "")
+        and "df -h" in errors[0]["hint"]
+    )

@@ -19,7 +19,15 @@ def emit(obj: dict) -> None:
 
 def main() -> int:
     script = json.loads(sys.argv[1])
-    emit({"event": "ready", "genie_version": "scripted", "init_ms": 50.0, "simulated": True, "context_length": 4096})
+    emit(
+        {
+            "event": "ready",
+            "genie_version": "scripted",
+            "init_ms": 50.0,
+            "simulated": True,
+            "context_length": 4096,
+        }
+    )
     for line in sys.stdin:
         msg = json.loads(line)
         op = msg.get("op")
@@ -33,11 +41,18 @@ def main() -> int:
             reply = next((r for k, r in script.items() if k in msg["prompt"]), "OK.")
             t0 = time.perf_counter()
             for i in range(0, len(reply), 4):
-                emit({"event": "text", "id": msg["id"], "text": reply[i:i + 4], "tokens": 1})
+                emit({"event": "text", "id": msg["id"], "text": reply[i : i + 4], "tokens": 1})
             ms = (time.perf_counter() - t0) * 1000
             n = (len(reply) + 3) // 4
-            emit({"event": "end", "id": msg["id"], "state": "complete", "status": 0,
-                  "measured": {"callbacks": n, "ttft_ms": 1.0, "gen_ms": max(ms, 0.001)}})
+            emit(
+                {
+                    "event": "end",
+                    "id": msg["id"],
+                    "state": "complete",
+                    "status": 0,
+                    "measured": {"callbacks": n, "ttft_ms": 1.0, "gen_ms": max(ms, 0.001)},
+                }
+            )
     return 0
 
 

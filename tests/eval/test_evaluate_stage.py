@@ -33,8 +33,9 @@ def assert_progress_words_agree(seen: list[dict[str, Any]]) -> None:
         assert a <= b <= total, runs
 
 
-def test_evaluate_three_ways_cancel_and_resume(eval_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_evaluate_three_ways_cancel_and_resume(
+    eval_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     ws, run_dir = eval_workspace
     monkeypatch.setenv("HEXSTUDIO_WORKSPACE", str(ws))
     m = Workspace(ws).open_run(run_dir.name)
@@ -83,7 +84,8 @@ def test_evaluate_three_ways_cancel_and_resume(eval_workspace: tuple[Path, Path]
 
 
 def test_a_speculative_dialog_the_runtime_cannot_run_stops_the_board_leg_saying_so(
-        twin_workspace: tuple[Path, Path], tmp_path: Path) -> None:
+    twin_workspace: tuple[Path, Path], tmp_path: Path
+) -> None:
     """dialog_type spd on the onnxruntime twin (basic only): the stage fails before any case, naming the runtime
     and what to do; a basic run's board journal is not touched (the dialog has a journal of its own)."""
     from tests.support.sim_runs import copy_run

@@ -27,9 +27,26 @@ def server(twin_workspace: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
     ws, run_dir = twin_workspace
     port_file = tmp_path_factory.mktemp("serve") / "port"
     env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}
-    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--board", "sim", "--run", run_dir.name,
-                             "--port", "0", "--port-file", str(port_file)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "serve",
+            "--board",
+            "sim",
+            "--run",
+            run_dir.name,
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not port_file.is_file() or not port_file.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -66,19 +83,25 @@ def test_models_stream_and_turn2_reuses_the_dialog(server: str) -> None:
         if ch.choices and ch.choices[0].delta.content:
             parts.append(ch.choices[0].delta.content)
         last = ch
-    assert len(parts) > 3, parts   # streamed piece by piece
+    assert len(parts) > 3, parts  # streamed piece by piece
     assert last is not None
     k1 = last.model_extra["hexstudio"]
     assert k1["source"] == "simulated" and k1["generated_tokens"] > 0
     reply = "".join(parts)
     raw = c.chat.completions.with_raw_response.create(
-        model=model, max_tokens=16,
-        messages=[*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "And of Spain?"}])
+        model=model,
+        max_tokens=16,
+        messages=[
+            *first,
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "And of Spain?"},
+        ],
+    )
     k2 = raw.parse().model_extra["hexstudio"]
     assert raw.headers["x-hexstudio-kv-reused"] == "true" and k2["kv_reused"] and k2["reinit"] is None
     assert k2["init_ms"] == 0.0
     st = stats(server)
-    assert len(st["loads"]) == 1 and st["simulated"] is True   # the model was loaded once, at start
+    assert len(st["loads"]) == 1 and st["simulated"] is True  # the model was loaded once, at start
     assert k2["start_ms"] < st["loads"][0]["init_ms"]
 
 
@@ -87,7 +110,9 @@ def test_second_request_waits_for_the_first(server: str) -> None:
     out: dict[str, dict] = {}
 
     def ask(name: str, text: str) -> None:
-        r = c.completions.create(model="builtin:tiny-llama", prompt=f"Question: {text} Answer:", max_tokens=48)
+        r = c.completions.create(
+            model="builtin:tiny-llama", prompt=f"Question: {text} Answer:", max_tokens=48
+        )
         out[name] = r.model_extra["hexstudio"]
 
     a = threading.Thread(target=ask, args=("a", "Tell me about the workshop."))
@@ -98,24 +123,31 @@ def test_second_request_waits_for_the_first(server: str) -> None:
     a.join(120)
     b.join(120)
     first, second = sorted(out.values(), key=lambda s: s["request"])
-    assert second["queue_wait_ms"] > 0.5 * first["wall_ms"], (first, second)   # it waited for the first
+    assert second["queue_wait_ms"] > 0.5 * first["wall_ms"], (first, second)  # it waited for the first
 
 
 def test_per_request_sampler_and_completions(server: str) -> None:
     c = client(server)
-    a = c.completions.create(model="builtin:tiny-llama", prompt="Question: What is the capital of France? Answer:",
-                             max_tokens=8, temperature=0)
+    a = c.completions.create(
+        model="builtin:tiny-llama",
+        prompt="Question: What is the capital of France? Answer:",
+        max_tokens=8,
+        temperature=0,
+    )
     assert a.choices[0].text.strip()
-    b = c.completions.create(model="builtin:tiny-llama", prompt="The harbour", max_tokens=8, temperature=1.2,
-                             seed=7)
+    b = c.completions.create(
+        model="builtin:tiny-llama", prompt="The harbour", max_tokens=8, temperature=1.2, seed=7
+    )
     k = b.model_extra["hexstudio"]
     assert k["sampler"]["temp"] == 1.2 and k["sampler"]["seed"] == 7 and k["reinit"] is None
-    assert len(stats(server)["loads"]) == 1   # applied to the loaded dialog, not by reloading it
+    assert len(stats(server)["loads"]) == 1  # applied to the loaded dialog, not by reloading it
     with pytest.raises(openai.NotFoundError):
         c.completions.create(model="another-model", prompt="x", max_tokens=1)
 
 
-def test_tool_call_streams_as_tool_calls(twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tool_call_streams_as_tool_calls(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The toy model never calls a tool, so here the board's dialog is a scripted helper (scripted_helper.py)
     answering in the model's own format; everything else (bridge, server, parsing, the client) is real."""
     import asyncio
@@ -131,9 +163,14 @@ def test_tool_call_streams_as_tool_calls(twin_workspace: tuple[Path, Path], monk
     script = {"Paris": '{"name": "get_weather", "arguments": {"city": "Paris"}}'}
     helper = Path(__file__).with_name("scripted_helper.py")
     for cls in (BoardRuntime, *BoardRuntime.__subclasses__()):
-        monkeypatch.setattr(cls, "helper_argv",
-                            lambda self, board, sampler, remote, bundle: ([sys.executable, str(helper),
-                                                                            json.dumps(script)], None))
+        monkeypatch.setattr(
+            cls,
+            "helper_argv",
+            lambda self, board, sampler, remote, bundle: (
+                [sys.executable, str(helper), json.dumps(script)],
+                None,
+            ),
+        )
     board_doc = json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())
     loop = asyncio.new_event_loop()
     started = threading.Event()
@@ -141,8 +178,12 @@ def test_tool_call_streams_as_tool_calls(twin_workspace: tuple[Path, Path], monk
 
     async def serve() -> None:
         board = await open_board("sim", Settings.load(), ws)
-        bridge = DialogBridge(board, board_doc["remote_bundle"], PromptRenderer.for_model(
-            run_dir / "artifacts" / "model"), model_id="builtin:tiny-llama")
+        bridge = DialogBridge(
+            board,
+            board_doc["remote_bundle"],
+            PromptRenderer.for_model(run_dir / "artifacts" / "model"),
+            model_id="builtin:tiny-llama",
+        )
         await bridge.open()
         srv = OpenAIServer(bridge)
         box["port"] = await srv.start("127.0.0.1", 0)
@@ -157,19 +198,35 @@ def test_tool_call_streams_as_tool_calls(twin_workspace: tuple[Path, Path], monk
     assert started.wait(60)
     try:
         c = client(f"http://127.0.0.1:{box['port']}/v1")
-        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string"}},
+                        "required": ["city"],
+                    },
+                },
+            }
+        ]
         calls, finish = [], None
-        for ch in c.chat.completions.create(model="builtin:tiny-llama", stream=True, tools=tools,
-                                            messages=[{"role": "user", "content": "Weather in Paris?"}]):
+        for ch in c.chat.completions.create(
+            model="builtin:tiny-llama",
+            stream=True,
+            tools=tools,
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+        ):
             if ch.choices and ch.choices[0].delta.tool_calls:
                 calls += ch.choices[0].delta.tool_calls
             if ch.choices and ch.choices[0].finish_reason:
                 finish = ch.choices[0].finish_reason
         assert finish == "tool_calls" and calls[0].function.name == "get_weather"
         assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
-        r = c.chat.completions.create(model="builtin:tiny-llama", tools=tools,
-                                      messages=[{"role": "user", "content": "Hello"}])
+        r = c.chat.completions.create(
+            model="builtin:tiny-llama", tools=tools, messages=[{"role": "user", "content": "Hello"}]
+        )
         assert r.choices[0].message.content == "OK." and not r.choices[0].message.tool_calls
     finally:
         loop.call_soon_threadsafe(box["stop"].set)
@@ -192,10 +249,26 @@ def test_serve_on_the_eval_workspace_bundle(eval_workspace: tuple[Path, Path], t
     the HTP simulator behind serve, asserted as such: tests/qnn/test_serve_real_genie.py."""
     ws, run_dir = eval_workspace
     port_file = tmp_path / "port"
-    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--board", "sim", "--run", run_dir.name,
-                             "--port", "0", "--port-file", str(port_file)],
-                            env={**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "serve",
+            "--board",
+            "sim",
+            "--run",
+            run_dir.name,
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ],
+        env={**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not port_file.is_file() or not port_file.read_text():
@@ -204,8 +277,9 @@ def test_serve_on_the_eval_workspace_bundle(eval_workspace: tuple[Path, Path], t
                 pytest.fail(f"hexstudio serve did not start: {proc.communicate()[0]}")
             time.sleep(0.1)
         c = client(f"http://127.0.0.1:{port_file.read_text()}/v1")
-        raw = c.completions.with_raw_response.create(model="builtin:tiny-llama", prompt="The harbour", max_tokens=2,
-                                                     temperature=0)
+        raw = c.completions.with_raw_response.create(
+            model="builtin:tiny-llama", prompt="The harbour", max_tokens=2, temperature=0
+        )
         assert raw.headers["x-hexstudio-source"] == "simulated"
         k = raw.parse().model_extra["hexstudio"]
         assert k["runtime"] == "genie" and k["generated_tokens"] >= 1, k
@@ -216,17 +290,28 @@ def test_serve_on_the_eval_workspace_bundle(eval_workspace: tuple[Path, Path], t
         # issue 31: the request's stop strings go to Genie (GenieDialog_setStopSequence), which ends the reply
         # there and leaves the matched text out; only a runtime that cannot (the twin) has them cut on the host.
         # Either way the client sees the same reply.
-        free = c.completions.create(model="builtin:tiny-llama", prompt="The capital of France is", max_tokens=8,
-                                    temperature=0)
-        stopped = c.completions.create(model="builtin:tiny-llama", prompt="The capital of France is", max_tokens=8,
-                                       temperature=0, stop=["."])
-        real = "HTP simulator" in str(stats(f"http://127.0.0.1:{port_file.read_text()}").get("runtime_version"))
+        free = c.completions.create(
+            model="builtin:tiny-llama", prompt="The capital of France is", max_tokens=8, temperature=0
+        )
+        stopped = c.completions.create(
+            model="builtin:tiny-llama",
+            prompt="The capital of France is",
+            max_tokens=8,
+            temperature=0,
+            stop=["."],
+        )
+        real = "HTP simulator" in str(
+            stats(f"http://127.0.0.1:{port_file.read_text()}").get("runtime_version")
+        )
         assert stopped.model_extra["hexstudio"]["stop_by"] == ("genie" if real else "host")
         assert free.model_extra["hexstudio"]["stop_by"] is None
         text = str(stopped.choices[0].text)
         assert "." not in text and str(free.choices[0].text).startswith(text), (text, free.choices[0].text)
         if "." in str(free.choices[0].text):
-            assert str(free.choices[0].text).startswith(text + ".") and stopped.choices[0].finish_reason == "stop"
+            assert (
+                str(free.choices[0].text).startswith(text + ".")
+                and stopped.choices[0].finish_reason == "stop"
+            )
     finally:
         proc.terminate()
         out = proc.communicate(timeout=60)[0]

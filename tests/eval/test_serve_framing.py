@@ -27,10 +27,25 @@ class _Bridge(SimpleNamespace):
 
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
-    bridge = _Bridge(max_queue=1, draining=False, simulated=True, busy=False, waiting=0, session=None,
-                     model_id="stand-in", board=SimpleNamespace(name="sim"))
-    server = OpenAIServer(bridge, limits=Limits(max_header=8192, header_timeout=5, body_timeout=3,  # type: ignore[arg-type]
-                                                shutdown_grace=1))
+    bridge = _Bridge(
+        max_queue=1,
+        draining=False,
+        simulated=True,
+        busy=False,
+        waiting=0,
+        session=None,
+        model_id="stand-in",
+        board=SimpleNamespace(name="sim"),
+    )
+    server = OpenAIServer(
+        bridge,
+        limits=Limits(
+            max_header=8192,
+            header_timeout=5,
+            body_timeout=3,  # type: ignore[arg-type]
+            shutdown_grace=1,
+        ),
+    )
     loop = asyncio.new_event_loop()
     got: list[int] = []
     ready = threading.Event()
@@ -80,10 +95,18 @@ POST = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
 FRAMING: list[tuple[str, bytes, int, str]] = [
     ("content-length -1", POST + b"Content-Length: -1\r\n\r\n{}", 400, "Content-Length"),
     ("content-length abc", POST + b"Content-Length: abc\r\n\r\n{}", 400, "Content-Length"),
-    ("content-length twice, different", POST + b"Content-Length: 2\r\nContent-Length: 5\r\n\r\n{}", 400,
-     "Content-Length"),
-    ("a 100 KB header", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n", 431,
-     "8192"),
+    (
+        "content-length twice, different",
+        POST + b"Content-Length: 2\r\nContent-Length: 5\r\n\r\n{}",
+        400,
+        "Content-Length",
+    ),
+    (
+        "a 100 KB header",
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+        431,
+        "8192",
+    ),
     ("garbage request line", b"HELLO\r\n\r\n", 400, "request line"),
     ("no Host header", b"GET /v1/models HTTP/1.1\r\n\r\n", 400, "Host"),
     ("a bad chunk", POST + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "chunk"),
@@ -92,8 +115,9 @@ FRAMING: list[tuple[str, bytes, int, str]] = [
 
 
 @pytest.mark.parametrize(("what", "data", "status", "says"), FRAMING, ids=[f[0] for f in FRAMING])
-def test_malformed_framing_is_json_in_openai_shape(port: int, what: str, data: bytes, status: int,
-                                                   says: str) -> None:
+def test_malformed_framing_is_json_in_openai_shape(
+    port: int, what: str, data: bytes, status: int, says: str
+) -> None:
     t0 = time.monotonic()
     got, hs, body = exchange(port, data)
     assert got == status, (what, got, body[:300])
@@ -105,8 +129,8 @@ def test_malformed_framing_is_json_in_openai_shape(port: int, what: str, data: b
     # (a big header that arrives in one piece passes h11, whose limit is on an incomplete event, and is refused
     # by the app's own size check; one that trickles in is h11's: test_a_trickled_big_header)
     assert err["code"] == ("malformed_http" if status != 431 else None) and says in err["message"], err
-    assert time.monotonic() - t0 < 5   # answered and closed, not left to a time-out
-    assert health(port)["ok"] is True   # and the server goes on
+    assert time.monotonic() - t0 < 5  # answered and closed, not left to a time-out
+    assert health(port)["ok"] is True  # and the server goes on
 
 
 def test_a_trickled_big_header_is_431_in_openai_shape(port: int) -> None:
@@ -140,5 +164,7 @@ def test_good_requests_still_framed_by_h11(port: int) -> None:
     got, _hs, body = exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert got == 200 and json.loads(body)["data"][0]["id"] == "stand-in"
     # a duplicated but equal Content-Length is legal HTTP (RFC 9110 8.6): h11 accepts it, the app answers
-    got, _h, body = exchange(port, POST + b"Content-Length: 2\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]")
+    got, _h, body = exchange(
+        port, POST + b"Content-Length: 2\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]"
+    )
     assert got == 400 and json.loads(body)["error"]["message"] == "the body must be a JSON object"

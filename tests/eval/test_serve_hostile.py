@@ -25,16 +25,48 @@ import pytest
 openai = pytest.importorskip("openai")
 
 MODEL = "builtin:tiny-llama"
-LIMITS = ["--header-timeout", "1.5", "--body-timeout", "1.5", "--keep-alive", "1", "--max-queue", "1",
-          "--max-connections", "40", "--max-body", "65536", "--shutdown-grace", "5"]
+LIMITS = [
+    "--header-timeout",
+    "1.5",
+    "--body-timeout",
+    "1.5",
+    "--keep-alive",
+    "1",
+    "--max-queue",
+    "1",
+    "--max-connections",
+    "40",
+    "--max-body",
+    "65536",
+    "--shutdown-grace",
+    "5",
+]
 
 
 def _start(ws: Path, run: str, tmp: Path, extra: list[str]) -> tuple[subprocess.Popen[str], int]:
     port_file = tmp / "port"
     env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}
-    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--board", "sim", "--run", run, "--port", "0",
-                             "--port-file", str(port_file), *extra], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "serve",
+            "--board",
+            "sim",
+            "--run",
+            run,
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not port_file.is_file() or not port_file.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -57,7 +89,9 @@ def port(twin_workspace: tuple[Path, Path], tmp_path_factory: pytest.TempPathFac
 
 
 def client(port: int, **kw: Any) -> Any:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120, **kw)
+    return openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120, **kw
+    )
 
 
 def raw(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
@@ -73,7 +107,9 @@ def raw(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict[str, str
                 buf += got
                 head, sep, body = buf.partition(b"\r\n\r\n")
                 if sep:
-                    hs = dict(ln.split(": ", 1) for ln in head.decode("latin-1").split("\r\n")[1:] if ": " in ln)
+                    hs = dict(
+                        ln.split(": ", 1) for ln in head.decode("latin-1").split("\r\n")[1:] if ": " in ln
+                    )
                     hs = {k.lower(): v for k, v in hs.items()}
                     n = int(hs.get("content-length", "-1"))
                     if n >= 0 and len(body) >= n:
@@ -89,8 +125,14 @@ def raw(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict[str, str
 
 
 def post(port: int, path: str, body: bytes, extra: str = "") -> tuple[int, dict[str, str], bytes]:
-    return raw(port, (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n").encode() + body)
+    return raw(
+        port,
+        (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
+        ).encode()
+        + body,
+    )
 
 
 def health(port: int) -> dict[str, Any]:
@@ -99,22 +141,41 @@ def health(port: int) -> dict[str, Any]:
 
 
 def good(port: int) -> str:
-    r = client(port).completions.create(model=MODEL, prompt="Question: What is the capital of France? Answer:",
-                                        max_tokens=6, temperature=0)
+    r = client(port).completions.create(
+        model=MODEL, prompt="Question: What is the capital of France? Answer:", max_tokens=6, temperature=0
+    )
     assert r.choices[0].text is not None
     return str(r.choices[0].text)
 
 
 # -- HTTP framing: every malformed request gets an HTTP answer, never a silent close ------------------------
 FRAMING = [
-    ("content-length -1", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n{}", (400,)),
-    ("content-length abc", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}", (400,)),
-    ("content-length twice, different",
-     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\n{}", (400,)),
-    ("a 100 KB header", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n", (400, 431)),
+    (
+        "content-length -1",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n{}",
+        (400,),
+    ),
+    (
+        "content-length abc",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}",
+        (400,),
+    ),
+    (
+        "content-length twice, different",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\n{}",
+        (400,),
+    ),
+    (
+        "a 100 KB header",
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+        (400, 431),
+    ),
     ("garbage request line", b"HELLO\r\n\r\n", (400,)),
-    ("a declared body over the limit",
-     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9999999\r\n\r\n{}", (413,)),
+    (
+        "a declared body over the limit",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9999999\r\n\r\n{}",
+        (413,),
+    ),
 ]
 
 
@@ -164,7 +225,10 @@ CHAT_BODIES: list[tuple[str, bytes]] = [
     ("messages empty", json.dumps({"messages": []}).encode()),
     ("role bad", json.dumps({"messages": [{"role": "robot", "content": "hi"}]}).encode()),
     ("content a number", json.dumps({"messages": [{"role": "user", "content": 5}]}).encode()),
-    ("tools not a list", json.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": "x"}).encode()),
+    (
+        "tools not a list",
+        json.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": "x"}).encode(),
+    ),
     ("JSON nested 30000 deep", b"[" * 30_000 + b"]" * 30_000),
     ("a JSON array", b"[1, 2]"),
     ("not UTF-8", b'{"messages": "\xff\xfe"}'),
@@ -183,12 +247,14 @@ def test_openai_client_sees_bad_request_and_the_server_goes_on(port: int) -> Non
     c = client(port)
     for kw in ({"seed": -1}, {"temperature": 9}, {"top_p": 1.5}, {"seed": -1, "temperature": 0.7}):
         with pytest.raises(openai.BadRequestError) as e:
-            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=4,
-                                      **kw)
+            c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=4, **kw
+            )
         assert e.value.status_code == 400
-        good(port)   # issue 27 #1: "seed": -1 left every later request a 503
-    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=4,
-                                  seed=3, temperature=0.8)
+        good(port)  # issue 27 #1: "seed": -1 left every later request a 503
+    r = c.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=4, seed=3, temperature=0.8
+    )
     assert r.choices[0].message.content is not None and r.model_extra["hexstudio"]["sampler"]["seed"] == 3
     good(port)
 
@@ -211,10 +277,14 @@ def test_stop_strings_on_a_runtime_without_genies_stop_are_cut_on_the_host(port:
     assert len(text) > 12, text
     stop = text[6:10]
     want = text[: text.index(stop)]
-    r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop, "never-said"])
+    r = c.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop, "never-said"]
+    )
     assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
     assert r.model_extra["hexstudio"]["stop_by"] == "host"
-    streamed = c.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=stop, stream=True)
+    streamed = c.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=stop, stream=True
+    )
     got, finish = "", None
     for ch in streamed:
         got += ch.choices[0].text or ""
@@ -229,17 +299,19 @@ def test_half_open_and_trickling_connections_are_closed(port: int) -> None:
     silent = socket.create_connection(("127.0.0.1", port), timeout=10)
     trickle = socket.create_connection(("127.0.0.1", port), timeout=10)
     trickle.sendall(b"GET /health HTTP/1.1\r\n")
-    for _ in range(3):   # a header every 0.5 s: each byte would reset an idle timer, not the header deadline
+    for _ in range(3):  # a header every 0.5 s: each byte would reset an idle timer, not the header deadline
         time.sleep(0.5)
         try:
             trickle.sendall(b"X-A: b\r\n")
-        except OSError:   # closed already
+        except OSError:  # closed already
             break
     got_silent = silent.recv(4096)
     got_trickle = trickle.recv(4096)
     waited = time.monotonic() - t0
-    assert got_silent.startswith(b"HTTP/1.1 408") and got_trickle.startswith(b"HTTP/1.1 408"), (got_silent,
-                                                                                                got_trickle)
+    assert got_silent.startswith(b"HTTP/1.1 408") and got_trickle.startswith(b"HTTP/1.1 408"), (
+        got_silent,
+        got_trickle,
+    )
     assert waited < 5, waited
     silent.close()
     trickle.close()
@@ -254,7 +326,7 @@ def test_idle_keep_alive_connection_is_closed(port: int) -> None:
         rest = b""
         while chunk := s.recv(65536):
             rest += chunk
-        assert time.monotonic() - t0 < 4   # --keep-alive 1 (the header deadline, 1.5 s, ends it at the latest)
+        assert time.monotonic() - t0 < 4  # --keep-alive 1 (the header deadline, 1.5 s, ends it at the latest)
 
 
 def test_connection_cap_answers_503_and_frees_the_descriptors(port: int) -> None:
@@ -269,7 +341,7 @@ def test_connection_cap_answers_503_and_frees_the_descriptors(port: int) -> None
                     refused += 1
             except (TimeoutError, OSError):
                 pass
-        assert refused >= 15, refused   # --max-connections 40
+        assert refused >= 15, refused  # --max-connections 40
     finally:
         for s in socks:
             s.close()
@@ -281,8 +353,13 @@ def test_connection_cap_answers_503_and_frees_the_descriptors(port: int) -> None
 def _stream_lines(port: int, body: dict[str, Any]) -> tuple[socket.socket, Any]:
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
     data = json.dumps(body).encode()
-    s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
+    s.sendall(
+        (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n"
+        ).encode()
+        + data
+    )
     return s, s.makefile("rb")
 
 
@@ -295,14 +372,14 @@ def test_full_queue_is_429_with_retry_after(port: int) -> None:
     long = {"prompt": "Once upon a time", "max_tokens": 400, "stream": True, "temperature": 0}
     a, fa = _stream_lines(port, long)
     assert fa.readline().startswith(b"HTTP/1.1 200")
-    while b"data:" not in fa.readline():   # A is generating
+    while b"data:" not in fa.readline():  # A is generating
         pass
     out: dict[str, Any] = {}
 
     def b() -> None:
         try:
             out["b"] = good(port)
-        except Exception as exc:   # pragma: no cover - reported below
+        except Exception as exc:  # pragma: no cover - reported below
             out["b"] = exc
 
     tb = threading.Thread(target=b)
@@ -313,7 +390,7 @@ def test_full_queue_is_429_with_retry_after(port: int) -> None:
     status, hs, data = post(port, "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 2}).encode())
     assert status == 429 and int(hs["retry-after"]) >= 1, (status, hs, data)
     assert json.loads(data)["error"]["code"] == "queue_full"
-    a.close()   # A goes away: its generation stops, B runs
+    a.close()  # A goes away: its generation stops, B runs
     tb.join(60)
     assert isinstance(out.get("b"), str), out
 
@@ -321,8 +398,10 @@ def test_full_queue_is_429_with_retry_after(port: int) -> None:
 @pytest.mark.parametrize("stream", [True, False], ids=["streaming", "whole"])
 def test_client_gone_stops_the_generation(port: int, stream: bool) -> None:
     before = _stats(port)["served"]
-    s, f = _stream_lines(port, {"prompt": "Once upon a time", "max_tokens": 2000, "stream": stream,
-                                "temperature": 0.7, "seed": 11})
+    s, f = _stream_lines(
+        port,
+        {"prompt": "Once upon a time", "max_tokens": 2000, "stream": stream, "temperature": 0.7, "seed": 11},
+    )
     if stream:
         assert f.readline().startswith(b"HTTP/1.1 200")
         n = 0
@@ -337,14 +416,15 @@ def test_client_gone_stops_the_generation(port: int, stream: bool) -> None:
     f.close()
     s.close()
     t_gone = time.monotonic()
-    r = client(port).completions.with_raw_response.create(model=MODEL, prompt="Question: Hi? Answer:", max_tokens=2,
-                                                          temperature=0)
+    r = client(port).completions.with_raw_response.create(
+        model=MODEL, prompt="Question: Hi? Answer:", max_tokens=2, temperature=0
+    )
     waited = float(r.headers["x-hexstudio-queue-wait-ms"])
     st = _stats(port)
     gone = [x for x in st["requests"] if x["request"] == before + 1]
     assert gone and gone[0]["state"] == "aborted", st["requests"][-3:]
-    assert gone[0]["generated_tokens"] < 1000, gone   # stopped, not run to its 2000 tokens
-    assert waited < 100 + 50, (waited, time.monotonic() - t_gone)   # the next request started within ~100 ms
+    assert gone[0]["generated_tokens"] < 1000, gone  # stopped, not run to its 2000 tokens
+    assert waited < 100 + 50, (waited, time.monotonic() - t_gone)  # the next request started within ~100 ms
 
 
 def test_api_key_is_enforced(twin_workspace: tuple[Path, Path], tmp_path: Path) -> None:
@@ -354,9 +434,13 @@ def test_api_key_is_enforced(twin_workspace: tuple[Path, Path], tmp_path: Path) 
     try:
         with pytest.raises(openai.AuthenticationError):
             client(p).models.list()
-        assert health(p)["ok"] is True   # /health needs no key
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{p}/v1", api_key=os.environ["HEXSTUDIO_TEST_KEY"],
-                          max_retries=0, timeout=60)
+        assert health(p)["ok"] is True  # /health needs no key
+        c = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{p}/v1",
+            api_key=os.environ["HEXSTUDIO_TEST_KEY"],
+            max_retries=0,
+            timeout=60,
+        )
         assert c.models.list().data[0].id == MODEL
         # graceful stop while a reply streams: the reply ends, the process exits 0 within the grace period
         s, _f = _stream_lines(p, {"prompt": "Once upon a time", "max_tokens": 40, "stream": True})

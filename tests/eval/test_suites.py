@@ -19,18 +19,26 @@ def test_shipped_suites_load() -> None:
         assert s.cases and s.name == name
 
 
-@pytest.mark.parametrize("line,what", [
-    ("{not json", "not valid JSON"),
-    ('{"prompt": "x", "scorer": "nope"}', "unknown scorer"),
-    ('{"prompt": "x", "scorer": "tool_call", "expected": {"abstain": true}}', "needs \"tools\""),
-    ('{"prompt": "x", "scorer": "tool_call", "tools": [{"type": "function", "function": {"name": "a"}}], '
-     '"expected": {"calls": [{"name": "b"}]}}', "not among the case's tools"),
-    ('{"prompt": "x", "scorer": "instruction", "checks": [{"type": "rhyme"}]}', "unknown check"),
-    ('{"scorer": "exact"}', "needs \"prompt\""),
-])
+@pytest.mark.parametrize(
+    "line,what",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"prompt": "x", "scorer": "nope"}', "unknown scorer"),
+        ('{"prompt": "x", "scorer": "tool_call", "expected": {"abstain": true}}', 'needs "tools"'),
+        (
+            '{"prompt": "x", "scorer": "tool_call", "tools": [{"type": "function", "function": {"name": "a"}}], '
+            '"expected": {"calls": [{"name": "b"}]}}',
+            "not among the case's tools",
+        ),
+        ('{"prompt": "x", "scorer": "instruction", "checks": [{"type": "rhyme"}]}', "unknown check"),
+        ('{"scorer": "exact"}', 'needs "prompt"'),
+    ],
+)
 def test_bad_lines_are_named(tmp_path: Path, line: str, what: str) -> None:
     p = tmp_path / "mine.jsonl"
-    p.write_text('{"id": "ok", "prompt": "hi", "scorer": "contains", "expected": {"answer": "hi"}}\n' + line + "\n")
+    p.write_text(
+        '{"id": "ok", "prompt": "hi", "scorer": "contains", "expected": {"answer": "hi"}}\n' + line + "\n"
+    )
     with pytest.raises(SuiteError) as e:
         load_suite(p)
     assert "line 2" in e.value.message and what in e.value.message
@@ -38,8 +46,10 @@ def test_bad_lines_are_named(tmp_path: Path, line: str, what: str) -> None:
 
 def test_eval_add_and_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / "capitals.jsonl"
-    p.write_text('{"suite": {"name": "capitals", "scorer": "contains"}}\n'
-                 '{"id": "fr", "prompt": "Capital of France?", "expected": {"answer": "Paris"}}\n')
+    p.write_text(
+        '{"suite": {"name": "capitals", "scorer": "contains"}}\n'
+        '{"id": "fr", "prompt": "Capital of France?", "expected": {"answer": "Paris"}}\n'
+    )
     ws = tmp_path / "ws"
     assert main(["eval", "add", str(p), "--workspace", str(ws), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["name"] == "capitals"
@@ -47,7 +57,9 @@ def test_eval_add_and_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(["eval", "list", "--workspace", str(ws), "--json"]) == 0
     names = {s["name"] for s in json.loads(capsys.readouterr().out)["suites"]}
     assert {"capitals", *DEFAULT_SUITES} <= names
-    p.write_text(p.read_text() + '{"id": "de", "prompt": "Capital of Germany?", "expected": {"answer": "Berlin"}}\n')
+    p.write_text(
+        p.read_text() + '{"id": "de", "prompt": "Capital of Germany?", "expected": {"answer": "Berlin"}}\n'
+    )
     with pytest.raises(SuiteError):
         add_suite(p, ws)
     assert len(add_suite(p, ws, replace=True).cases) == 2
@@ -69,10 +81,13 @@ def test_parity_and_three_way_drops() -> None:
     assert parity([1, 2, 3], [1, 2, 3]) == {"matched": 3, "total": 3, "exact": True, "first_diff": None}
     assert parity([1, 9, 3], [1, 2, 3])["matched"] == 1
     from app.core.eval.suites import Case
+
     cases = [Case(id=str(i), scorer="exact") for i in range(4)]
-    res = {"float": {str(i): {"score": {"correct": True}} for i in range(4)},
-           "sim": {str(i): {"score": {"correct": i < 3}} for i in range(4)},
-           "board": {str(i): {"score": {"correct": i < 2}} for i in range(4)}}
+    res = {
+        "float": {str(i): {"score": {"correct": True}} for i in range(4)},
+        "sim": {str(i): {"score": {"correct": i < 3}} for i in range(4)},
+        "board": {str(i): {"score": {"correct": i < 2}} for i in range(4)},
+    }
     s = suite_scores(cases, res, "exact")
     assert [s["legs"][x]["value"] for x in ("float", "sim", "board")] == [1.0, 0.75, 0.5]
     assert s["drops"] == {"float->sim": 0.25, "sim->board": 0.25}

@@ -7,28 +7,57 @@ import pytest
 from app.core.eval.suites import SHIPPED_DIR, load_suite
 from app.core.eval.toolcall import Call, detect_format, parse_reply, render_calls, score_tool_call
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string",
-                                                                           "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city"]}}}
-TIMER = {"type": "function", "function": {"name": "set_timer", "parameters": {
-    "type": "object", "properties": {"minutes": {"type": "integer"}}, "required": ["minutes"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+TIMER = {
+    "type": "function",
+    "function": {
+        "name": "set_timer",
+        "parameters": {
+            "type": "object",
+            "properties": {"minutes": {"type": "integer"}},
+            "required": ["minutes"],
+        },
+    },
+}
 TOOLS = [WEATHER, TIMER]
-ONE = {"calls": [{"name": "get_weather", "arguments": {"city": "Paris", "unit": {"$any": ["celsius", None]}}}]}
-TWO = {"calls": [{"name": "get_weather", "arguments": {"city": "Paris"}},
-                 {"name": "set_timer", "arguments": {"minutes": 5}}]}
+ONE = {
+    "calls": [{"name": "get_weather", "arguments": {"city": "Paris", "unit": {"$any": ["celsius", None]}}}]
+}
+TWO = {
+    "calls": [
+        {"name": "get_weather", "arguments": {"city": "Paris"}},
+        {"name": "set_timer", "arguments": {"minutes": 5}},
+    ]
+}
 
 CORRECT = {
-    "llama3": ['{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
-               '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}<|eom_id|>',
-               '<|python_tag|>get_weather.call(city="Paris")'],
+    "llama3": [
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}<|eom_id|>',
+        '<|python_tag|>get_weather.call(city="Paris")',
+    ],
     "nemotron": ['<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>'],
     "qwen": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'],
-    "mistral": ['[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]</s>',
-                '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'],
+    "mistral": [
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]</s>',
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+    ],
     "json": ['{"name": "get_weather", "arguments": {"city": "Paris"}}'],
 }
-WRONG = {   # parseable, but not the expected call
+WRONG = {  # parseable, but not the expected call
     "llama3": '{"name": "get_weather", "parameters": {"city": "Lyon"}}',
     "nemotron": '<TOOLCALL>[{"name": "set_timer", "arguments": {"minutes": 3}}]</TOOLCALL>',
     "qwen": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin"}}\n</tool_call>',
@@ -67,7 +96,7 @@ def test_malformed_replies_are_scored_as_such(fmt: str) -> None:
     ok, why = score_tool_call(p, ONE, TOOLS)
     assert not ok and why.startswith("malformed")
     ok, _ = score_tool_call(p, {"abstain": True}, TOOLS)
-    assert not ok   # a broken call attempt is not an abstention
+    assert not ok  # a broken call attempt is not an abstention
 
 
 @pytest.mark.parametrize("fmt", list(CORRECT))
@@ -113,12 +142,20 @@ def test_shipped_tool_suite_expected_calls_pass_their_own_scorer() -> None:
     for c in s.cases:
         for fmt in CORRECT:
             if c.expected.get("abstain"):
-                assert score_tool_call(parse_reply("I cannot do that with these tools.", fmt), c.expected,
-                                       c.tools or [])[0]
+                assert score_tool_call(
+                    parse_reply("I cannot do that with these tools.", fmt), c.expected, c.tools or []
+                )[0]
                 continue
-            calls = [Call(w["name"], {k: (v["$any"][0] if isinstance(v, dict) and "$any" in v else v)
-                                      for k, v in w["arguments"].items()
-                                      if not (isinstance(v, dict) and v.get("$any", [0])[0] is None)})
-                     for w in c.expected["calls"]]
+            calls = [
+                Call(
+                    w["name"],
+                    {
+                        k: (v["$any"][0] if isinstance(v, dict) and "$any" in v else v)
+                        for k, v in w["arguments"].items()
+                        if not (isinstance(v, dict) and v.get("$any", [0])[0] is None)
+                    },
+                )
+                for w in c.expected["calls"]
+            ]
             ok, why = score_tool_call(parse_reply(render_calls(calls, fmt), fmt), c.expected, c.tools or [])
             assert ok, (c.id, fmt, why)

@@ -19,17 +19,32 @@ FAKE_SRC = Path(__file__).parent / "fake_genie"
 
 @dataclass
 class FakeGenie:
-    lib: Path           # the test libGenie.so
-    t2t: Path           # a genie-t2t-run linked against it
+    lib: Path  # the test libGenie.so
+    t2t: Path  # a genie-t2t-run linked against it
 
-    def bundle(self, folder: Path, *, init_ms: int = 1500, token_ms: int = 20, tokens: int = 12,
-               context: int = 4096, fail_create: bool = False, echo: Path | None = None) -> Path:
+    def bundle(
+        self,
+        folder: Path,
+        *,
+        init_ms: int = 1500,
+        token_ms: int = 20,
+        tokens: int = 12,
+        context: int = 4096,
+        fail_create: bool = False,
+        echo: Path | None = None,
+    ) -> Path:
         """A 'bundle' folder for the fake runtime: a genie_config.json carrying the fake's knobs."""
         folder.mkdir(parents=True, exist_ok=True)
-        dialog: dict[str, Any] = {"version": 1, "type": "basic", "context": {"size": context},
-                                  "sampler": {"seed": 1, "temp": 0.8, "top-k": 40, "top-p": 0.9},
-                                  "fake-init-ms": init_ms, "fake-token-ms": token_ms, "fake-tokens": tokens,
-                                  "fake-fail-create": int(fail_create)}
+        dialog: dict[str, Any] = {
+            "version": 1,
+            "type": "basic",
+            "context": {"size": context},
+            "sampler": {"seed": 1, "temp": 0.8, "top-k": 40, "top-p": 0.9},
+            "fake-init-ms": init_ms,
+            "fake-token-ms": token_ms,
+            "fake-tokens": tokens,
+            "fake-fail-create": int(fail_create),
+        }
         if echo is not None:
             dialog["fake-echo-file"] = str(echo)
         (folder / "genie_config.json").write_text(json.dumps({"dialog": dialog}, indent=2))
@@ -47,18 +62,42 @@ def fake_genie(tmp_path_factory: pytest.TempPathFactory) -> FakeGenie:
     out = tmp_path_factory.mktemp("fake-genie")
     lib = out / "libGenie.so"
     t2t = out / "genie-t2t-run"
-    subprocess.run([cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(lib),
-                    str(FAKE_SRC / "fake_libgenie.c")], check=True)
-    subprocess.run([cc, "-O1", "-Wall", "-o", str(t2t), str(FAKE_SRC / "genie_t2t_run.c"), f"-L{out}", "-lGenie",
-                    f"-Wl,-rpath,{out}"], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-O1",
+            "-Wall",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(lib),
+            str(FAKE_SRC / "fake_libgenie.c"),
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            cc,
+            "-O1",
+            "-Wall",
+            "-o",
+            str(t2t),
+            str(FAKE_SRC / "genie_t2t_run.c"),
+            f"-L{out}",
+            "-lGenie",
+            f"-Wl,-rpath,{out}",
+        ],
+        check=True,
+    )
     return FakeGenie(lib, t2t)
 
 
 @dataclass
 class SimWorkspace:
-    root: Path            # a workspace holding one run completed through the board stage (simulator board)
+    root: Path  # a workspace holding one run completed through the board stage (simulator board)
     run_dir: Path
-    remote_bundle: str    # the bundle on the simulator board
+    remote_bundle: str  # the bundle on the simulator board
 
 
 @pytest.fixture(scope="session")
@@ -85,5 +124,6 @@ def assert_streamed(chunks: list[Any], gen_time_ms: float | None, generated: int
     assert len(chunks) >= 3, f"only {len(chunks)} chunks: the reply was not streamed"
     interval_s = gen_time_ms / 1000 / (generated - 1)
     spread_s = chunks[-1].t - chunks[0].t
-    assert spread_s >= max(3 * interval_s, 0.5 * gen_time_ms / 1000), \
+    assert spread_s >= max(3 * interval_s, 0.5 * gen_time_ms / 1000), (
         f"first chunk only {spread_s * 1000:.0f} ms before the last; generation took {gen_time_ms:.0f} ms"
+    )

@@ -18,7 +18,12 @@ class KnownRunner:
     """Timings from a script: the first `warmup` runs of each cell are absurd (they must be discarded)."""
 
     def __init__(self, runtime: str, ttfts: list[float], warmup: int) -> None:
-        self.runtime, self.runtime_version, self.simulated, self.context_length = runtime, "test 1.0", True, 1000
+        self.runtime, self.runtime_version, self.simulated, self.context_length = (
+            runtime,
+            "test 1.0",
+            True,
+            1000,
+        )
         self.ttfts, self.warmup, self.calls, self.loads = ttfts, warmup, 0, [900.0, 1100.0, 1000.0]
         self.seen: list[tuple[int, int, int]] = []
 
@@ -30,9 +35,16 @@ class KnownRunner:
         self.calls += 1
         self.seen.append((prompt_tokens, fill_tokens, gen_tokens))
         ttft = 1e6 if i < self.warmup else self.ttfts[i - self.warmup]
-        return Kpis(init_ms=None, prompt_tokens=prompt_tokens, prompt_tok_s=prompt_tokens / (ttft / 1000),
-                    ttft_ms=ttft, generated_tokens=gen_tokens, gen_tok_s=gen_tokens / (ttft / 100),
-                    gen_time_ms=ttft * 10, source="simulated")
+        return Kpis(
+            init_ms=None,
+            prompt_tokens=prompt_tokens,
+            prompt_tok_s=prompt_tokens / (ttft / 1000),
+            ttft_ms=ttft,
+            generated_tokens=gen_tokens,
+            gen_tok_s=gen_tokens / (ttft / 100),
+            gen_time_ms=ttft * 10,
+            source="simulated",
+        )
 
     async def close(self) -> None:
         pass
@@ -42,27 +54,35 @@ def test_stats_match_the_definitions() -> None:
     xs = [120.0, 100.0, 130.0, 110.0]
     s = stats(xs)
     assert s["median"] == statistics.median(xs) == 115.0
-    assert math.isclose(s["stdev"], statistics.stdev(xs), rel_tol=1e-4)      # sample (n-1), as geniex-bench
+    assert math.isclose(s["stdev"], statistics.stdev(xs), rel_tol=1e-4)  # sample (n-1), as geniex-bench
     assert (s["min"], s["max"], s["n"]) == (100.0, 130.0, 4)
     assert stats([42.0])["stdev"] == 0.0 and stats([None])["median"] is None
 
 
 def test_bench_protocol_on_a_runner_with_known_timings() -> None:
     ttfts = [100.0, 140.0, 120.0]
-    plan = BenchPlan(prompt_lengths=(10, 50), context_fills=(0.0, 0.5), warmup=2, runs=3, gen_tokens=20, init_runs=3)
+    plan = BenchPlan(
+        prompt_lengths=(10, 50), context_fills=(0.0, 0.5), warmup=2, runs=3, gen_tokens=20, init_runs=3
+    )
     r = KnownRunner("genie", ttfts, warmup=2)
 
     async def make() -> KnownRunner:
         return r
+
     doc = asyncio.run(run_bench([make], plan))
     rt = doc["runtimes"][0]
     assert rt["runtime"] == "genie" and rt["runtime_version"] == "test 1.0" and rt["source"] == "simulated"
     assert rt["init_ms"]["median"] == 1000.0 and math.isclose(rt["init_ms"]["stdev"], 100.0)
-    assert [(c["prompt_tokens"], c["fill_tokens"]) for c in rt["cells"]] == [(10, 0), (50, 0), (10, 500), (50, 500)]
+    assert [(c["prompt_tokens"], c["fill_tokens"]) for c in rt["cells"]] == [
+        (10, 0),
+        (50, 0),
+        (10, 500),
+        (50, 500),
+    ]
     assert r.calls == 4 * (2 + 3) and (50, 500, 20) in r.seen
     for c in rt["cells"]:
         s = c["stats"]["ttft_ms"]
-        assert s["median"] == 120.0 and math.isclose(s["stdev"], 20.0) and s["n"] == 3   # warm-ups discarded
+        assert s["median"] == 120.0 and math.isclose(s["stdev"], 20.0) and s["n"] == 3  # warm-ups discarded
         assert (s["min"], s["max"]) == (100.0, 140.0)
         d = c["stats"]["gen_tok_s"]
         assert math.isclose(d["median"], 20 / 1.2, rel_tol=1e-3)
@@ -72,13 +92,35 @@ def test_bench_protocol_on_a_runner_with_known_timings() -> None:
     assert all(p["label"].startswith("published") for p in doc["published"])
 
 
-def test_bench_cli_on_the_simulator_board_both_runtimes(sim_workspace: SimWorkspace,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_cli_on_the_simulator_board_both_runtimes(
+    sim_workspace: SimWorkspace, capsys: pytest.CaptureFixture[str]
+) -> None:
     from app.core.cli.main import main
 
-    rc = main(["bench", "--board", "sim", "--run", sim_workspace.run_dir.name, "--workspace",
-               str(sim_workspace.root), "--runs", "2", "--warmup", "1", "--prompt-lengths", "16", "--fills", "0,0.25",
-               "--gen-tokens", "6", "--init-runs", "1", "--json"])
+    rc = main(
+        [
+            "bench",
+            "--board",
+            "sim",
+            "--run",
+            sim_workspace.run_dir.name,
+            "--workspace",
+            str(sim_workspace.root),
+            "--runs",
+            "2",
+            "--warmup",
+            "1",
+            "--prompt-lengths",
+            "16",
+            "--fills",
+            "0,0.25",
+            "--gen-tokens",
+            "6",
+            "--init-runs",
+            "1",
+            "--json",
+        ]
+    )
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert [r["runtime"] for r in doc["runtimes"]] == ["genie", "geniex"]
@@ -108,7 +150,9 @@ def test_published_figures_name_their_units_and_public_source() -> None:
         assert re.search(rf"decode {number} tok/s, TTFT {number} ms", line), line
         assert re.fullmatch(number, p["gen_tok_s"]) and re.fullmatch(number, p["ttft_ms"]), p
         if p["url"]:
-            assert p["url"].startswith("https://github.com/quic/ai-hub-models/blob/main/qai_hub_models/models/")
+            assert p["url"].startswith(
+                "https://github.com/quic/ai-hub-models/blob/main/qai_hub_models/models/"
+            )
             assert p["url"].endswith("/perf.yaml") and "https://aihub.qualcomm.com/models/" in line
         else:
             assert "a user's own measurement" in line

@@ -17,15 +17,18 @@ from app.core.cli.main import main
 from tests.genie.conftest import SimWorkspace
 
 
-def test_chat_names_the_run_and_bundle_it_uses(sim_workspace: SimWorkspace,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["chat", "--workspace", str(sim_workspace.root), "--prompt", "Hi", "--max-tokens", "4", "--json"])
+def test_chat_names_the_run_and_bundle_it_uses(
+    sim_workspace: SimWorkspace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(
+        ["chat", "--workspace", str(sim_workspace.root), "--prompt", "Hi", "--max-tokens", "4", "--json"]
+    )
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     run = sim_workspace.run_dir.name
     assert f"Using run {run}'s bundle (the latest run with a bundle; --run RUN chooses another)" in cap.err
     assert sim_workspace.remote_bundle in cap.err and "warning:" not in cap.err
-    json.loads(cap.out)                      # the JSON on stdout stays clean
+    json.loads(cap.out)  # the JSON on stdout stays clean
 
 
 def test_a_run_whose_gate_failed_is_named_with_a_warning(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
@@ -35,7 +38,9 @@ def test_a_run_whose_gate_failed_is_named_with_a_warning(sim_workspace: SimWorks
     doc = json.loads((run_dir / "run.json").read_text())
     doc["stages"]["validate"]["metrics"]["verdict"]["value"] = "fail"
     (run_dir / "run.json").write_text(json.dumps(doc))
-    lines = target_lines(argparse.Namespace(run=run_dir.name, bundle=None), run_dir, "/remote/b", "simulator board")
+    lines = target_lines(
+        argparse.Namespace(run=run_dir.name, bundle=None), run_dir, "/remote/b", "simulator board"
+    )
     assert lines[0] == f"Using run {run_dir.name}'s bundle (--run): /remote/b on simulator board."
     warn = [x for x in lines if x.startswith("warning:")]
     assert len(warn) == 1 and "Validate stage gate failed" in warn[0] and "verdict is 'fail'" in warn[0]

@@ -14,21 +14,49 @@ import pytest
 from workers.shared.chat_template import ChatFormat, ChatTemplateError, load_chat_format
 
 DATA = Path(__file__).parent / "data"
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_current_temperature", "description": "Get the current temperature at a location.",
-    "parameters": {"type": "object", "properties": {
-        "location": {"type": "string", "description": "The location, in the format \"City, Country\"."},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "description": "The unit (ünits)."}},
-        "required": ["location", "unit"]}}}
-SECOND_TURN = [{"role": "system", "content": "You are terse."},
-               {"role": "user", "content": "What is 2+2?"},
-               {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4."},
-               {"role": "user", "content": "And 3+3?"}]
-TOOL_TURN = [{"role": "user", "content": "Temperature in Paris, France?"},
-             {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-                 "name": "get_current_temperature", "arguments": {"location": "Paris, France", "unit": "celsius"}}}]},
-             {"role": "tool", "content": "22.0"},
-             {"role": "user", "content": "Thanks"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_current_temperature",
+        "description": "Get the current temperature at a location.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "location": {"type": "string", "description": 'The location, in the format "City, Country".'},
+                "unit": {
+                    "type": "string",
+                    "enum": ["celsius", "fahrenheit"],
+                    "description": "The unit (ünits).",
+                },
+            },
+            "required": ["location", "unit"],
+        },
+    },
+}
+SECOND_TURN = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4."},
+    {"role": "user", "content": "And 3+3?"},
+]
+TOOL_TURN = [
+    {"role": "user", "content": "Temperature in Paris, France?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_current_temperature",
+                    "arguments": {"location": "Paris, France", "unit": "celsius"},
+                },
+            }
+        ],
+    },
+    {"role": "tool", "content": "22.0"},
+    {"role": "user", "content": "Thanks"},
+]
 
 
 def _hf_tokenizer(model: str, tmp: Path) -> Any:
@@ -44,7 +72,7 @@ def _hf_tokenizer(model: str, tmp: Path) -> Any:
     specials = sorted({v["content"] for v in tc["added_tokens_decoder"].values()})
     vocab = {"[UNK]": 0, **{t: i + 1 for i, t in enumerate(specials)}}
     Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")).save(str(d / "tokenizer.json"))
-    tc["tokenizer_class"] = "PreTrainedTokenizerFast"   # no vocab.json/merges.txt needed
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"  # no vocab.json/merges.txt needed
     (d / "tokenizer_config.json").write_text(json.dumps(tc))
     return AutoTokenizer.from_pretrained(str(d))
 
@@ -53,9 +81,14 @@ CASES: list[tuple[str, list[dict[str, Any]], dict[str, Any]]] = [
     ("single turn", [{"role": "user", "content": "Hi there!"}], {}),
     ("system + user", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], {}),
     ("second turn", SECOND_TURN, {}),
-    ("tool definition", [{"role": "system", "content": "You answer weather queries."},
-                         {"role": "user", "content": "Hey, what's the temperature in Paris right now?"}],
-     {"tools": [WEATHER_TOOL]}),
+    (
+        "tool definition",
+        [
+            {"role": "system", "content": "You answer weather queries."},
+            {"role": "user", "content": "Hey, what's the temperature in Paris right now?"},
+        ],
+        {"tools": [WEATHER_TOOL]},
+    ),
     ("tool call and result", TOOL_TURN, {"tools": [WEATHER_TOOL]}),
     ("no generation prompt", SECOND_TURN[:3], {"add_generation_prompt": False}),
 ]
@@ -76,7 +109,7 @@ def test_renders_exactly_what_transformers_renders(model: str, tmp_path: Path) -
         for more in extra:
             args = {"add_generation_prompt": True, **kw, **more}
             if model == "llama-3.1" and label == "tool call and result":
-                continue   # Llama 3.1's template puts tool results under the ipython role: below
+                continue  # Llama 3.1's template puts tool results under the ipython role: below
             want = tok.apply_chat_template(messages, tokenize=False, **args)
             got = fmt.render(messages, **args)
             assert got == want, f"{model}: {label} {more}"
@@ -87,10 +120,22 @@ def test_renders_exactly_what_transformers_renders(model: str, tmp_path: Path) -
 def test_llama31_tool_result_and_raise_exception(tmp_path: Path) -> None:
     tok = _hf_tokenizer("llama-3.1", tmp_path)
     fmt = load_chat_format(DATA / "llama-3.1")
-    msgs = [{"role": "user", "content": "Temperature in Paris?"},
-            {"role": "assistant", "tool_calls": [{"type": "function", "function": {
-                "name": "get_current_temperature", "arguments": {"location": "Paris, France", "unit": "celsius"}}}]},
-            {"role": "ipython", "content": {"temperature": 22.0}}]
+    msgs = [
+        {"role": "user", "content": "Temperature in Paris?"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "get_current_temperature",
+                        "arguments": {"location": "Paris, France", "unit": "celsius"},
+                    },
+                }
+            ],
+        },
+        {"role": "ipython", "content": {"temperature": 22.0}},
+    ]
     args: dict[str, Any] = {"tools": [WEATHER_TOOL], "add_generation_prompt": True}
     assert fmt.render(msgs, **args) == tok.apply_chat_template(msgs, tokenize=False, **args)
     # two tool calls at once: the template's raise_exception, as transformers raises it
@@ -102,8 +147,12 @@ def test_llama31_tool_result_and_raise_exception(tmp_path: Path) -> None:
 
 
 def test_strftime_now_and_tojson_options() -> None:
-    fmt = ChatFormat(mode="model", template="{{ strftime_now('%Y') }}|{{ messages[0] | tojson(indent=2, "
-                                             "sort_keys=True) }}|{{ 'é' | tojson }}", source="test")
+    fmt = ChatFormat(
+        mode="model",
+        template="{{ strftime_now('%Y') }}|{{ messages[0] | tojson(indent=2, "
+        "sort_keys=True) }}|{{ 'é' | tojson }}",
+        source="test",
+    )
     out = fmt.render([{"role": "user", "content": "x"}])
     year, obj, e = out.split("|")
     assert len(year) == 4 and year.isdigit()
@@ -140,11 +189,19 @@ def test_later_turns_send_only_the_new_turn(model: str) -> None:
         assert not q1.startswith(bos), "Genie pushes BOS itself"
     assert q2.count("3+3") == 1 and "2+2" not in q2 and "4." not in q2
     # the dialog Genie holds reads as the whole conversation rendered by the template
-    full = fmt.render([{"role": "system", "content": "You are terse."},
-                       *[m for u, r in turns for m in ({"role": "user", "content": u},
-                                                        {"role": "assistant", "content": r})],
-                       {"role": "user", "content": "And 4+4?"}], add_generation_prompt=True,
-                      **({"enable_thinking": False} if model == "qwen3" else {}))
+    full = fmt.render(
+        [
+            {"role": "system", "content": "You are terse."},
+            *[
+                m
+                for u, r in turns
+                for m in ({"role": "user", "content": u}, {"role": "assistant", "content": r})
+            ],
+            {"role": "user", "content": "And 4+4?"},
+        ],
+        add_generation_prompt=True,
+        **({"enable_thinking": False} if model == "qwen3" else {}),
+    )
     held = _genie_tokens(fmt, [q1, q2, q3], ["4.", "6.", ""])
     if model == "llama-3.1":
         # Llama: Genie's BOS between turns is the only difference from the template's text
@@ -152,7 +209,9 @@ def test_later_turns_send_only_the_new_turn(model: str) -> None:
     else:
         # Qwen3 strips earlier turns' empty thinking blocks from its render; the turn structure is the same
         assert held.count("<|im_start|>user") == full.count("<|im_start|>user") == 3
-        assert held.endswith("<|im_start|>user\nAnd 4+4?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        assert held.endswith(
+            "<|im_start|>user\nAnd 4+4?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        )
 
 
 def test_thinking_switch_and_stop_conditions() -> None:
@@ -170,7 +229,9 @@ def test_thinking_switch_and_stop_conditions() -> None:
 
 def test_base_models_and_the_builtin_get_plain_completion(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
-    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, "stop_strings": ["\n\n"]}))
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": 2, "stop_strings": ["\n\n"]})
+    )
     fmt = load_chat_format(tmp_path)
     assert fmt.mode == "plain" and fmt.stop_strings == ["\n\n"] and fmt.eos_token_ids == [2]
     assert fmt.genie_prompt([], "Once upon a time") == "Once upon a time"
@@ -180,6 +241,8 @@ def test_base_models_and_the_builtin_get_plain_completion(tmp_path: Path) -> Non
 
 def test_a_chat_template_jinja_file_wins(tmp_path: Path) -> None:
     shutil.copytree(DATA / "llama-3.1", tmp_path / "m")
-    (tmp_path / "m" / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    (tmp_path / "m" / "chat_template.jinja").write_text(
+        "{% for m in messages %}[{{ m.content }}]{% endfor %}"
+    )
     fmt = load_chat_format(tmp_path / "m")
     assert fmt.source == "chat_template.jinja" and fmt.render([{"role": "user", "content": "a"}]) == "[a]"

@@ -19,8 +19,11 @@ from tests.genie.conftest import SimWorkspace
 
 def _bundle_local(ws: SimWorkspace) -> Path:
     board = sim_board(ws.root)
-    return Path(board.transport.root) / ws.remote_bundle.lstrip("/") if not Path(ws.remote_bundle).is_absolute() \
+    return (
+        Path(board.transport.root) / ws.remote_bundle.lstrip("/")
+        if not Path(ws.remote_bundle).is_absolute()
         else Path(ws.remote_bundle)
+    )
 
 
 def _turns(ws: SimWorkspace, runtime: str, messages: list[str]) -> tuple[ChatSession, list]:
@@ -31,6 +34,7 @@ def _turns(ws: SimWorkspace, runtime: str, messages: list[str]) -> tuple[ChatSes
         out = [await s.send(m) for m in messages]
         await s.close()
         return s, out
+
     return asyncio.run(go())
 
 
@@ -41,10 +45,16 @@ def test_both_runtimes_chat_on_the_same_pushed_bundle(sim_workspace: SimWorkspac
     x, geniex_turns = _turns(sim_workspace, "geniex", ["What is the capital of France?", "And of Italy?"])
     assert g.mode == x.mode == "persistent"
     for t in genie_turns:
-        assert t.runtime == "genie" and t.runtime_version and "twin of Genie" in t.runtime_version   # labeled, not Genie
+        assert (
+            t.runtime == "genie" and t.runtime_version and "twin of Genie" in t.runtime_version
+        )  # labeled, not Genie
     for t in geniex_turns:
         assert t.state == "complete" and t.text.strip(), t.as_json()
-        assert t.runtime == "geniex" and "GenieX" in (t.runtime_version or "") and "simulator" in t.runtime_version
+        assert (
+            t.runtime == "geniex"
+            and "GenieX" in (t.runtime_version or "")
+            and "simulator" in t.runtime_version
+        )
         assert t.simulated and t.kpis is not None and t.kpis.source == "simulated"
         assert t.kpis.origin == "geniex_profile" and t.kpis.generated_tokens and t.kpis.gen_tok_s
         assert t.as_json()["runtime"] == "geniex"
@@ -64,8 +74,13 @@ def test_geniex_cli_face(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
     env = {**python_env(), "GENIEX_DATADIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
 
     def geniex(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "workers.genie_sim.geniex", *args], env=env, text=True,
-                              capture_output=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "workers.genie_sim.geniex", *args],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=300,
+        )
 
     v = geniex("version")
     assert v.returncode == 0
@@ -74,11 +89,25 @@ def test_geniex_cli_face(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
     assert lines[1] == "QAIRT Runtime Version:  v2.45.0.260326"
     assert geniex("pull", "local/tiny", "--local-path", str(bundle)).returncode == 0
     assert "local/tiny" in geniex("list").stdout
-    r = geniex("infer", "local/tiny", "-p", "Question: What is the capital of France? Answer:", "--max-tokens", "8",
-               "--verbose")
+    r = geniex(
+        "infer",
+        "local/tiny",
+        "-p",
+        "Question: What is the capital of France? Answer:",
+        "--max-tokens",
+        "8",
+        "--verbose",
+    )
     assert r.returncode == 0, r.stderr
     assert "> Question: What is the capital of France? Answer:" in r.stdout
-    for key in ("ttft:", "prompt tokens:", "prompt speed:", "decode tokens:", "decode speed:", "stop reason:"):
+    for key in (
+        "ttft:",
+        "prompt tokens:",
+        "prompt speed:",
+        "decode tokens:",
+        "decode speed:",
+        "stop reason:",
+    ):
         assert key in r.stdout, r.stdout
     assert "simulated" in r.stdout
     missing = geniex("infer", "local/nothing", "-p", "hi")
@@ -97,12 +126,24 @@ def test_geniex_refuses_what_its_qairt_plugin_refuses(sim_workspace: SimWorkspac
     (b / "metadata.json").unlink(missing_ok=True)
     with pytest.raises(GenieXError, match=r"cannot open .*metadata\.json"):
         check_bundle(b)
-    (b / "metadata.json").write_text(json.dumps({"model_id": "gpt2_tiny", "model_files": {
-        "prompt_ar128_cl512_1_of_2": {"inputs": {}, "outputs": {}}}}))
+    (b / "metadata.json").write_text(
+        json.dumps(
+            {
+                "model_id": "gpt2_tiny",
+                "model_files": {"prompt_ar128_cl512_1_of_2": {"inputs": {}, "outputs": {}}},
+            }
+        )
+    )
     with pytest.raises(GenieXError, match="no LLM factory matches model_id 'gpt2_tiny'"):
         check_bundle(b)
-    (b / "metadata.json").write_text(json.dumps({"model_id": "llama_v3_tiny", "model_files": {
-        "prompt_ar128_cl512_1_of_2": {"inputs": {}, "outputs": {}}}}))
+    (b / "metadata.json").write_text(
+        json.dumps(
+            {
+                "model_id": "llama_v3_tiny",
+                "model_files": {"prompt_ar128_cl512_1_of_2": {"inputs": {}, "outputs": {}}},
+            }
+        )
+    )
     (b / "tool-versions.yaml").write_text("tool_versions:\n  qairt: 2.46.0.260601\n")
     with pytest.raises(GenieXError, match="newer than GenieX's qairt plugin"):
         check_bundle(b)
@@ -110,9 +151,11 @@ def test_geniex_refuses_what_its_qairt_plugin_refuses(sim_workspace: SimWorkspac
 
 def test_geniex_has_no_per_turn_mode(sim_workspace: SimWorkspace) -> None:
     async def go() -> None:
-        s = ChatSession(sim_board(sim_workspace.root), sim_workspace.remote_bundle, mode="per_turn",
-                        runtime="geniex")
+        s = ChatSession(
+            sim_board(sim_workspace.root), sim_workspace.remote_bundle, mode="per_turn", runtime="geniex"
+        )
         await s.open()
+
     with pytest.raises(SessionError, match="no per-turn mode"):
         asyncio.run(go())
     with pytest.raises(SessionError, match="Unknown runtime"):
@@ -148,9 +191,15 @@ def test_geniex_refuses_a_bundle_without_a_chat_template(sim_workspace: SimWorks
 def test_sampler_changes_without_a_reload_on_both_runtimes(sim_workspace: SimWorkspace, runtime: str) -> None:
     """The chat panel's sampler change reaches the loaded model through the runtime interface (the helper's
     sampler op): applied, no new init, and the next turn still streams."""
+
     async def go() -> None:
-        s = ChatSession(sim_board(sim_workspace.root), sim_workspace.remote_bundle, Conversation(template="qa"),
-                        max_tokens=8, runtime=runtime)
+        s = ChatSession(
+            sim_board(sim_workspace.root),
+            sim_workspace.remote_bundle,
+            Conversation(template="qa"),
+            max_tokens=8,
+            runtime=runtime,
+        )
         await s.open()
         try:
             first = await s.send("What is the capital of France?")
@@ -161,6 +210,7 @@ def test_sampler_changes_without_a_reload_on_both_runtimes(sim_workspace: SimWor
             assert second.kpis is not None and not second.kpis.init_ms and first.runtime == runtime
         finally:
             await s.close()
+
     asyncio.run(go())
 
 
@@ -176,8 +226,13 @@ def test_geniex_chat_template_and_repl(sim_workspace: SimWorkspace, tmp_path: Pa
     first = m.apply_chat_template([{"role": "user", "content": "Hello"}])
     assert DEFAULT_SYSTEM_PROMPT in first and first.rstrip().endswith("assistant<|end_header_id|>")
     m.generate(first, 2, lambda text, tokens=1: None)
-    later = m.apply_chat_template([{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"},
-                                   {"role": "user", "content": "Bye"}])
+    later = m.apply_chat_template(
+        [
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Hi"},
+            {"role": "user", "content": "Bye"},
+        ]
+    )
     assert DEFAULT_SYSTEM_PROMPT not in later and "Hello" not in later and "Bye" in later
     with pytest.raises(ValueError, match="No new messages since last assistant turn"):
         m.apply_chat_template([{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"}])
@@ -186,10 +241,21 @@ def test_geniex_chat_template_and_repl(sim_workspace: SimWorkspace, tmp_path: Pa
 
     env = {**python_env(), "GENIEX_DATADIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
     cmd = [sys.executable, "-m", "workers.genie_sim.geniex"]
-    subprocess.run([*cmd, "pull", "local/tiny", "--local-path", str(bundle)], env=env, check=True, timeout=120,
-                   capture_output=True)
-    r = subprocess.run([*cmd, "infer", "local/tiny", "--max-tokens", "6"], env=env, text=True, capture_output=True,
-                       input="/?\nWhat is the capital of France?\n/foo\n/clear\n/exit\nnever asked\n", timeout=300)
+    subprocess.run(
+        [*cmd, "pull", "local/tiny", "--local-path", str(bundle)],
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    r = subprocess.run(
+        [*cmd, "infer", "local/tiny", "--max-tokens", "6"],
+        env=env,
+        text=True,
+        capture_output=True,
+        input="/?\nWhat is the capital of France?\n/foo\n/clear\n/exit\nnever asked\n",
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "Commands:" in out and "/clear" in out and "Clear the screen and conversation history" in out

@@ -22,12 +22,14 @@ QUESTION: Any = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def server(sim_workspace: SimWorkspace, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def server(
+    sim_workspace: SimWorkspace, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
     """`geniex serve` on a free port with the run's bundle pulled as local/tiny, and a copy without a chat template
     pulled as local/notemplate."""
     bundle = _bundle_local(sim_workspace)
     if not (bundle / "metadata.json").exists():
-        _turns(sim_workspace, "geniex", ["Hi"])       # HexStudio writes metadata.json on first GenieX use
+        _turns(sim_workspace, "geniex", ["Hi"])  # HexStudio writes metadata.json on first GenieX use
     root = tmp_path_factory.mktemp("geniex-serve")
     bare = root / "notemplate"
     shutil.copytree(bundle, bare)
@@ -37,10 +39,20 @@ def server(sim_workspace: SimWorkspace, tmp_path_factory: pytest.TempPathFactory
     env = {**python_env(), "GENIEX_DATADIR": str(root / "cache"), "PATH": "/usr/bin:/bin"}
     cmd = [sys.executable, "-m", "workers.genie_sim.geniex"]
     for name, path in (("local/tiny", bundle), ("local/notemplate", bare)):
-        subprocess.run([*cmd, "pull", name, "--local-path", str(path)], env=env, check=True, capture_output=True,
-                       timeout=120)
-    proc = subprocess.Popen([*cmd, "serve", "--host", "127.0.0.1:0"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+        subprocess.run(
+            [*cmd, "pull", name, "--local-path", str(path)],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    proc = subprocess.Popen(
+        [*cmd, "serve", "--host", "127.0.0.1:0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         assert "listening on http://127.0.0.1:" in line and "simulator" in line, (line, proc.stderr)
@@ -88,15 +100,24 @@ def test_routes_models_and_refusals(server: tuple[str, Path]) -> None:
     assert _get(base, "/").status_code == 302
     models = _get(base, "/v1/models").json()
     assert models["object"] == "list"
-    assert {m["id"]: m["owned_by"] for m in models["data"]} == {"local/notemplate": "local", "local/tiny": "local"}
+    assert {m["id"]: m["owned_by"] for m in models["data"]} == {
+        "local/notemplate": "local",
+        "local/tiny": "local",
+    }
     assert _get(base, "/v1/models/local/tiny").json()["id"] == "local/tiny"
     missing = _get(base, "/v1/models/local/none")
     assert missing.status_code == 404 and missing.text == "null"
     # only pulled models are served; non-text content is refused; a bundle without a chat template does not load
     r = _post(base, "/v1/chat/completions", {"model": "local/none", "messages": QUESTION})
     assert r.status_code == 400 and r.json() == {"error": "SDKError(File not found or inaccessible)"}
-    r = _post(base, "/v1/chat/completions", {"model": "local/tiny", "messages": [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
+    r = _post(
+        base,
+        "/v1/chat/completions",
+        {
+            "model": "local/tiny",
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        },
+    )
     assert r.status_code == 400 and r.json() == {"error": "not support content part type"}
     r = _post(base, "/v1/chat/completions", {"model": "local/notemplate", "messages": QUESTION})
     assert r.status_code == 500 and r.json() == {"error": "SDKError(Model loading failed)", "code": -100201}
@@ -111,8 +132,7 @@ def test_chat_blocking_and_streamed_with_the_openai_client(server: tuple[str, Pa
 
     base, _ = server
     client = openai.OpenAI(base_url=f"http://{base}/v1", api_key="unused", max_retries=0)
-    full = client.chat.completions.create(model="local/tiny", messages=QUESTION,
-                                          max_completion_tokens=16)
+    full = client.chat.completions.create(model="local/tiny", messages=QUESTION, max_completion_tokens=16)
     text = full.choices[0].message.content or ""
     assert full.object == "chat.completion" and full.choices[0].message.role == "assistant" and text.strip()
     u = full.usage
@@ -121,9 +141,13 @@ def test_chat_blocking_and_streamed_with_the_openai_client(server: tuple[str, Pa
     assert full.choices[0].finish_reason == ("length" if u.completion_tokens == 16 else "stop")
     # the KV cache is reset before each request: the same request streams the same greedy reply
     parts, finish, usage_seen = [], None, None
-    for ch in client.chat.completions.create(model="local/tiny", messages=QUESTION,
-                                             max_completion_tokens=16, stream=True,
-                                             stream_options={"include_usage": True}):
+    for ch in client.chat.completions.create(
+        model="local/tiny",
+        messages=QUESTION,
+        max_completion_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
         if ch.usage is not None:
             usage_seen = ch.usage
         for c in ch.choices:
@@ -132,75 +156,112 @@ def test_chat_blocking_and_streamed_with_the_openai_client(server: tuple[str, Pa
     assert "".join(parts) == text and finish == full.choices[0].finish_reason
     assert usage_seen is not None and usage_seen.completion_tokens == u.completion_tokens
     # `max_tokens` is not what GenieX's chat handler reads: the reply is bounded by max_completion_tokens alone
-    capped = client.chat.completions.create(model="local/tiny", messages=QUESTION,
-                                            max_completion_tokens=2)
-    assert capped.usage is not None and capped.usage.completion_tokens == 2 and capped.choices[0].finish_reason == "length"
+    capped = client.chat.completions.create(model="local/tiny", messages=QUESTION, max_completion_tokens=2)
+    assert (
+        capped.usage is not None
+        and capped.usage.completion_tokens == 2
+        and capped.choices[0].finish_reason == "length"
+    )
     if u.completion_tokens > 2:
-        loose = client.chat.completions.create(model="local/tiny", messages=QUESTION,
-                                               max_tokens=2)
+        loose = client.chat.completions.create(model="local/tiny", messages=QUESTION, max_tokens=2)
         assert loose.usage is not None and loose.usage.completion_tokens > 2
 
 
 def test_the_event_stream_as_gin_writes_it(server: tuple[str, Path]) -> None:
     base, _ = server
-    body = {"model": "local/tiny", "messages": QUESTION, "max_completion_tokens": 6, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "local/tiny",
+        "messages": QUESTION,
+        "max_completion_tokens": 6,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     r = _post(base, "/v1/chat/completions", body)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     assert r.headers.get("transfer-encoding") == "chunked"
     raw = r.text
     events = [e for e in raw.split("\n\n") if e]
     assert all(e.startswith("data:") and not e.startswith("data: ") for e in events), events[:3]
-    payloads = [e[len("data:"):] for e in events]
+    payloads = [e[len("data:") :] for e in events]
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(p) for p in payloads[:-1]]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     *tokens, fin, usage = chunks
-    assert tokens and all(c["choices"][0]["finish_reason"] is None and c["choices"][0]["delta"]["role"] == "assistant"
-                          for c in tokens)
+    assert tokens and all(
+        c["choices"][0]["finish_reason"] is None and c["choices"][0]["delta"]["role"] == "assistant"
+        for c in tokens
+    )
     assert fin["choices"] == [{"index": 0, "delta": {}, "finish_reason": fin["choices"][0]["finish_reason"]}]
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(tokens) <= 6
 
 
 def test_legacy_completions(server: tuple[str, Path]) -> None:
     base, _ = server
-    for body, error in (({"model": "local/tiny"}, "prompt is required"),
-                        ({"model": "local/tiny", "prompt": ""}, "prompt must be non-empty"),
-                        ({"model": "local/tiny", "prompt": ["a", "b"]}, "only a single non-empty prompt is supported"),
-                        ({"model": "local/tiny", "prompt": [1, 2]}, "token prompts are not supported; send a string prompt"),
-                        ({"model": "local/tiny", "prompt": "a", "n": 2}, "n > 1 is not supported"),
-                        ({"model": "local/tiny", "prompt": "a", "logprobs": 2}, "logprobs is not supported")):
+    for body, error in (
+        ({"model": "local/tiny"}, "prompt is required"),
+        ({"model": "local/tiny", "prompt": ""}, "prompt must be non-empty"),
+        ({"model": "local/tiny", "prompt": ["a", "b"]}, "only a single non-empty prompt is supported"),
+        ({"model": "local/tiny", "prompt": [1, 2]}, "token prompts are not supported; send a string prompt"),
+        ({"model": "local/tiny", "prompt": "a", "n": 2}, "n > 1 is not supported"),
+        ({"model": "local/tiny", "prompt": "a", "logprobs": 2}, "logprobs is not supported"),
+    ):
         r = _post(base, "/v1/completions", body)
         assert r.status_code == 400 and r.json() == {"error": error}, (body, r.text)
     prompt = "Question: What is the capital of France? Answer:"
     r = _post(base, "/v1/completions", {"model": "local/tiny", "prompt": prompt, "echo": True})
     doc = r.json()
-    assert r.status_code == 200 and doc["object"] == "text_completion" and set(doc) == {"object", "choices", "usage"}
-    assert doc["choices"][0]["text"].startswith(prompt) and 0 < doc["usage"]["completion_tokens"] <= 16  # default 16
+    assert (
+        r.status_code == 200
+        and doc["object"] == "text_completion"
+        and set(doc) == {"object", "choices", "usage"}
+    )
+    assert (
+        doc["choices"][0]["text"].startswith(prompt) and 0 < doc["usage"]["completion_tokens"] <= 16
+    )  # default 16
 
 
 def test_a_prompt_longer_than_the_context(server: tuple[str, Path], sim_workspace: SimWorkspace) -> None:
     base, _ = server
-    size = json.loads((_bundle_local(sim_workspace) / "genie_config.json").read_text())["dialog"]["context"]["size"]
+    size = json.loads((_bundle_local(sim_workspace) / "genie_config.json").read_text())["dialog"]["context"][
+        "size"
+    ]
     long = [{"role": "user", "content": "capital " * (int(size) + 50)}]
     r = _post(base, "/v1/chat/completions", {"model": "local/tiny", "messages": long})
     assert r.status_code == 400
-    assert r.json()["error"] == {"message": "prompt is longer than the model's context window",
-                                 "type": "invalid_request_error", "code": "context_length_exceeded"}
+    assert r.json()["error"] == {
+        "message": "prompt is longer than the model's context window",
+        "type": "invalid_request_error",
+        "code": "context_length_exceeded",
+    }
     raw = _post(base, "/v1/chat/completions", {"model": "local/tiny", "messages": long, "stream": True}).text
-    assert json.loads(raw.strip().split("data:", 1)[1]) == {"error": "SDKError(Input prompt too long)", "code": -200103}
+    assert json.loads(raw.strip().split("data:", 1)[1]) == {
+        "error": "SDKError(Input prompt too long)",
+        "code": -200103,
+    }
 
 
 def test_keep_cache_formats_only_what_is_new(server: tuple[str, Path]) -> None:
     """Without `GenieX-KeepCache: true` the cache is reset and the whole history is formatted (the plugin's
     default system prompt first); with it, only the messages after the last assistant reply are prefilled."""
     base, _ = server
-    q1 = _post(base, "/v1/chat/completions", {"model": "local/tiny", "messages": QUESTION,
-                                              "max_completion_tokens": 4}).json()
+    q1 = _post(
+        base,
+        "/v1/chat/completions",
+        {"model": "local/tiny", "messages": QUESTION, "max_completion_tokens": 4},
+    ).json()
     reply = q1["choices"][0]["message"]["content"]
-    history = [*QUESTION, {"role": "assistant", "content": reply}, {"role": "user", "content": "And of Italy?"}]
-    kept = _post(base, "/v1/chat/completions", {"model": "local/tiny", "messages": history,
-                                                "max_completion_tokens": 4}, **{"GenieX-KeepCache": "true"}).json()
-    fresh = _post(base, "/v1/chat/completions", {"model": "local/tiny", "messages": history,
-                                                 "max_completion_tokens": 4}).json()
+    history = [
+        *QUESTION,
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "And of Italy?"},
+    ]
+    kept = _post(
+        base,
+        "/v1/chat/completions",
+        {"model": "local/tiny", "messages": history, "max_completion_tokens": 4},
+        **{"GenieX-KeepCache": "true"},
+    ).json()
+    fresh = _post(
+        base, "/v1/chat/completions", {"model": "local/tiny", "messages": history, "max_completion_tokens": 4}
+    ).json()
     assert kept["usage"]["prompt_tokens"] < q1["usage"]["prompt_tokens"] < fresh["usage"]["prompt_tokens"]

@@ -35,29 +35,39 @@ TOKENIZER = BUILTIN_MODEL_DIR / "tokenizer.json"
 def _old_runtime_bundle(folder: Path, **knobs: object) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(TOKENIZER, folder / "tokenizer.json")
-    dialog = {"version": 1, "type": "basic", "context": {"size": 4096}, "tokenizer": {"path": "tokenizer.json"},
-              "fake-tokens": 30, "fake-token-ms": 15, **knobs}
+    dialog = {
+        "version": 1,
+        "type": "basic",
+        "context": {"size": 4096},
+        "tokenizer": {"path": "tokenizer.json"},
+        "fake-tokens": 30,
+        "fake-token-ms": 15,
+        **knobs,
+    }
     (folder / "genie_config.json").write_text(json.dumps({"dialog": dialog}, indent=2))
     return folder
 
 
 def _old_board(tmp_path: Path) -> Board:
     """A board (not simulated) whose genie-t2t-run is the old-QAIRT fake: a real child process."""
-    return Board("old-evk", LocalTransport(tmp_path / "home"), False, genie_command=[sys.executable, str(OLD_T2T)])
+    return Board(
+        "old-evk", LocalTransport(tmp_path / "home"), False, genie_command=[sys.executable, str(OLD_T2T)]
+    )
 
 
 def test_old_runtime_kpis_block_budget_from_the_config_and_logs_kept_out_of_the_reply(tmp_path: Path) -> None:
     side = tmp_path / "printed-kpis.json"
     bundle = _old_runtime_bundle(tmp_path / "bundle", **{"fake-kpis-file": str(side)})
     board = _old_board(tmp_path)
-    prompt = "Say [BEGIN]: ok\n[INFO]  \"not a log\"\nERROR: not an error"
+    prompt = 'Say [BEGIN]: ok\n[INFO]  "not a log"\nERROR: not an error'
 
     async def go() -> tuple[QueryResult, list[Chunk]]:
         count = await load_token_counter(board, str(bundle))
         assert count is not None
         chunks: list[Chunk] = []
-        return await run_query(board, str(bundle), prompt, on_chunk=chunks.append, max_tokens=5,
-                               count_tokens=count), chunks
+        return await run_query(
+            board, str(bundle), prompt, on_chunk=chunks.append, max_tokens=5, count_tokens=count
+        ), chunks
 
     res, chunks = asyncio.run(go())
     assert res.exit_status == 0 and res.ok and res.error is None, (res.stderr, res.transcript)
@@ -65,7 +75,10 @@ def test_old_runtime_kpis_block_budget_from_the_config_and_logs_kept_out_of_the_
     assert res.text == "the board answers quickly and"
     assert "--max-tokens" not in genie_argv(board, "p.txt", "q.json")
     override = json.loads((bundle / budget_config_name("genie_config.json", 5)).read_text())
-    assert override["dialog"]["max-num-tokens"] == 5 and override["dialog"]["tokenizer"]["path"] == "tokenizer.json"
+    assert (
+        override["dialog"]["max-num-tokens"] == 5
+        and override["dialog"]["tokenizer"]["path"] == "tokenizer.json"
+    )
     assert "max-num-tokens" not in json.loads((bundle / "genie_config.json").read_text())["dialog"]
     # the log line printed inside the reply went to the logs
     assert {"level": "info", "message": "KV cache update"} in res.transcript.logs
@@ -75,7 +88,9 @@ def test_old_runtime_kpis_block_budget_from_the_config_and_logs_kept_out_of_the_
     k = res.kpis
     assert k is not None and k.origin == "kpis_block" and k.source == "device" and not res.simulated
     assert k.gen_tok_s == printed["gen_rate"] and k.prompt_tok_s == printed["prompt_rate"]
-    assert k.gen_time_ms == pytest.approx(printed["gen_us"] / 1000) and k.init_ms == pytest.approx(printed["init_us"] / 1000)
+    assert k.gen_time_ms == pytest.approx(printed["gen_us"] / 1000) and k.init_ms == pytest.approx(
+        printed["init_us"] / 1000
+    )
     assert k.generated_tokens == 5 and k.ttft_ms == pytest.approx(printed["prompt_us"] / 1000)
     # every chunk carries its token count, counted with the bundle's tokenizer: they add up to the reply's
     from tokenizers import Tokenizer
@@ -83,14 +98,18 @@ def test_old_runtime_kpis_block_budget_from_the_config_and_logs_kept_out_of_the_
     tok = Tokenizer.from_file(str(TOKENIZER))
     assert all(isinstance(c.tokens, int) for c in chunks)
     assert sum(c.tokens or 0 for c in chunks) == len(tok.encode(res.text, add_special_tokens=False).ids)
-    assert len(chunks) >= 3   # streamed word by word, not one read
+    assert len(chunks) >= 3  # streamed word by word, not one read
 
 
 def test_no_profile_and_no_kpis_block_still_fails_clearly(tmp_path: Path) -> None:
     bundle = _old_runtime_bundle(tmp_path / "bundle")
     script = tmp_path / "silent.py"
-    script.write_text("import sys\nprint('Using libGenie.so version 1.11.0')\nprint('[PROMPT]: x\\n\\n[BEGIN]: hi[END]')\n")
-    board = Board("old-evk", LocalTransport(tmp_path / "home"), False, genie_command=[sys.executable, str(script)])
+    script.write_text(
+        "import sys\nprint('Using libGenie.so version 1.11.0')\nprint('[PROMPT]: x\\n\\n[BEGIN]: hi[END]')\n"
+    )
+    board = Board(
+        "old-evk", LocalTransport(tmp_path / "home"), False, genie_command=[sys.executable, str(script)]
+    )
     res = asyncio.run(run_query(board, str(bundle), "x"))
     assert res.ok and res.text == "hi" and res.kpis is None
 
@@ -103,11 +122,13 @@ def test_chunk_token_counts_add_up_however_the_text_is_split() -> None:
     def count(text: str) -> int:
         return len(tok.encode(text, add_special_tokens=False).ids)
 
-    text = ("The capital of France is Paris. It lies on the Seine, and about two million people live there — "
-            "naïve café 日本語.")
+    text = (
+        "The capital of France is Paris. It lies on the Seine, and about two million people live there — "
+        "naïve café 日本語."
+    )
     for size in (1, 2, 3, 5, 11, len(text)):
         counter = ChunkTokenCounter(count)
-        counts = [counter(text[i:i + size]) for i in range(0, len(text), size)]
+        counts = [counter(text[i : i + size]) for i in range(0, len(text), size)]
         assert abs(sum(counts) - count(text)) <= max(1, count(text) // 50), size
         assert all(n >= 0 for n in counts)
 
@@ -124,15 +145,28 @@ def test_token_rate_series_counts_tokens_when_known_and_says_chunks_otherwise() 
 
 # -- the simulator's flags --------------------------------------------------------------------------------------
 
+
 def _sim(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workers.genie_sim.t2t", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "workers.genie_sim.t2t", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
 
 
-@pytest.mark.parametrize(("flags", "says"), [
-    (["-l", "adapter.bin"], "--lora"), (["-s", "state.bin"], "--save"), (["--restore", "state.bin"], "--restore"),
-    (["--action", "PAUSE", "--sleep", "10"], "ABORT only"), (["--sleep", "10"], "give --action ABORT"),
-])
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["-l", "adapter.bin"], "--lora"),
+        (["-s", "state.bin"], "--save"),
+        (["--restore", "state.bin"], "--restore"),
+        (["--action", "PAUSE", "--sleep", "10"], "ABORT only"),
+        (["--sleep", "10"], "give --action ABORT"),
+    ],
+)
 def test_simulator_refuses_flags_it_does_not_implement(tmp_path: Path, flags: list[str], says: str) -> None:
     r = _sim(["-c", "genie_config.json", "-p", "hi", *flags], tmp_path)
     assert r.returncode == 1 and says in r.stderr and r.stdout == ""
@@ -141,8 +175,23 @@ def test_simulator_refuses_flags_it_does_not_implement(tmp_path: Path, flags: li
 def test_simulator_action_abort_after_sleep(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
     bundle = Path(sim_workspace.remote_bundle)
     profile = tmp_path / "p.json"
-    r = _sim(["-c", "genie_config.json", "-p", "Question: Where does the sun rise? Answer:", "--max-tokens", "400",
-              "--action", "abort", "--sleep", "0", "--profile", str(profile)], bundle)
+    r = _sim(
+        [
+            "-c",
+            "genie_config.json",
+            "-p",
+            "Question: Where does the sun rise? Answer:",
+            "--max-tokens",
+            "400",
+            "--action",
+            "abort",
+            "--sleep",
+            "0",
+            "--profile",
+            str(profile),
+        ],
+        bundle,
+    )
     assert r.returncode == 0, r.stderr
     assert "[ABORT]: " in r.stdout and "Query successfully aborted" in r.stdout and "[END]" not in r.stdout
     from app.core.genie.profile import parse_profile
@@ -151,8 +200,10 @@ def test_simulator_action_abort_after_sleep(sim_workspace: SimWorkspace, tmp_pat
     t = parse_transcript(r.stdout, 0, "Question: Where does the sun rise? Answer:")
     k = parse_profile(profile)
     assert t.state == "aborted" and k.source == "simulated" and (k.generated_tokens or 0) < 400
-    full = _sim(["-c", "genie_config.json", "-p", "Question: Where does the sun rise? Answer:", "--max-tokens", "3"],
-                bundle)
+    full = _sim(
+        ["-c", "genie_config.json", "-p", "Question: Where does the sun rise? Answer:", "--max-tokens", "3"],
+        bundle,
+    )
     assert full.returncode == 0 and parse_transcript(full.stdout).state == "complete"
 
 
@@ -161,8 +212,12 @@ def test_simulator_session_chunks_carry_their_token_counts(sim_workspace: SimWor
     from app.core.genie.session import ChatSession, TurnResult
 
     async def go() -> TurnResult:
-        async with ChatSession(sim_board(sim_workspace.root), sim_workspace.remote_bundle,
-                               Conversation(template="qa"), max_tokens=12) as s:
+        async with ChatSession(
+            sim_board(sim_workspace.root),
+            sim_workspace.remote_bundle,
+            Conversation(template="qa"),
+            max_tokens=12,
+        ) as s:
             return await s.send("What is the sun?")
 
     r = asyncio.run(go())

@@ -16,8 +16,13 @@ from tests.genie.conftest import FakeGenie
 
 def fake_board(root: Path, fake: FakeGenie, **cfg: object) -> Board:
     """A board whose runtime is the test libGenie (a fake EVK on this machine; nothing here is a device)."""
-    return Board("fake-evk", LocalTransport(root / "home"), False, genie_command=[str(fake.t2t)],
-                 config=fake.board_config(**cfg))
+    return Board(
+        "fake-evk",
+        LocalTransport(root / "home"),
+        False,
+        genie_command=[str(fake.t2t)],
+        config=fake.board_config(**cfg),
+    )
 
 
 def queries(echo: Path) -> list[str]:
@@ -31,8 +36,9 @@ def test_second_turn_starts_generating_in_a_tenth_of_the_init(tmp_path: Path, fa
 
     async def go() -> tuple[ChatSession, list[TurnResult], list[list[Chunk]]]:
         seen: list[list[Chunk]] = [[], []]
-        async with ChatSession(board, str(bundle), Conversation(template="llama3", system="Be brief."),
-                               max_tokens=10) as s:
+        async with ChatSession(
+            board, str(bundle), Conversation(template="llama3", system="Be brief."), max_tokens=10
+        ) as s:
             assert s.mode == "persistent", s.fallback_reason
             r1 = await s.send("Hello there", on_chunk=seen[0].append)
             r2 = await s.send("And a second question?", on_chunk=seen[1].append)
@@ -52,9 +58,14 @@ def test_second_turn_starts_generating_in_a_tenth_of_the_init(tmp_path: Path, fa
     assert r2.kpis is not None and r2.kpis.init_ms == 0.0
     # the first query is the whole templated prompt; the second only the new turn (the KV holds the rest)
     q1, q2 = queries(echo)
-    assert q1.startswith("<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>") and "Hello there" in q1
-    assert q2 == ("<|start_header_id|>user<|end_header_id|>\n\nAnd a second question?<|eot_id|>"
-                  "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert (
+        q1.startswith("<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>")
+        and "Hello there" in q1
+    )
+    assert q2 == (
+        "<|start_header_id|>user<|end_header_id|>\n\nAnd a second question?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     # the deterministic sampler preset went into the dialog's config, not the bundle's own
     import json
 
@@ -62,15 +73,18 @@ def test_second_turn_starts_generating_in_a_tenth_of_the_init(tmp_path: Path, fa
     assert cfg == {"seed": 42, "temp": 0.0, "top-k": 1, "top-p": 1.0}
 
 
-def test_fallback_to_one_run_per_turn_when_the_helper_cannot_start(tmp_path: Path, fake_genie: FakeGenie) -> None:
+def test_fallback_to_one_run_per_turn_when_the_helper_cannot_start(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
     echo = tmp_path / "queries.txt"
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=400, token_ms=5, tokens=6, echo=echo)
     board = fake_board(tmp_path, fake_genie, python="/nonexistent/python3")
     statuses: list[str] = []
 
     async def go() -> tuple[ChatSession, TurnResult, TurnResult]:
-        async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=6,
-                               on_status=statuses.append) as s:
+        async with ChatSession(
+            board, str(bundle), Conversation(template="llama3"), max_tokens=6, on_status=statuses.append
+        ) as s:
             return s, await s.send("First message"), await s.send("Second message")
 
     s, r1, r2 = asyncio.run(go())
@@ -78,7 +92,9 @@ def test_fallback_to_one_run_per_turn_when_the_helper_cannot_start(tmp_path: Pat
     assert any("pays the init" in m for m in statuses)
     for r in (r1, r2):
         assert r.state == "complete" and r.mode == "per_turn" and len(r.chunks) >= 1
-        assert r.kpis is not None and r.kpis.init_ms is not None and r.kpis.init_ms >= 390  # every run loads again
+        assert (
+            r.kpis is not None and r.kpis.init_ms is not None and r.kpis.init_ms >= 390
+        )  # every run loads again
     q1, q2 = queries(echo)
     assert "First message" in q1 and "First message" in q2 and "Second message" in q2  # history re-sent
     assert r1.text in q2
@@ -124,8 +140,9 @@ def test_context_full_clears_the_dialog_and_says_so(tmp_path: Path, fake_genie: 
     assert notes and "context is full (80 tokens)" in notes[0] and "cleared" in notes[0]
 
 
-def test_dialog_that_cannot_load_falls_back_and_the_failure_is_explained(tmp_path: Path,
-                                                                          fake_genie: FakeGenie) -> None:
+def test_dialog_that_cannot_load_falls_back_and_the_failure_is_explained(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=10, fail_create=True)
     board = fake_board(tmp_path, fake_genie)
 
@@ -139,8 +156,9 @@ def test_dialog_that_cannot_load_falls_back_and_the_failure_is_explained(tmp_pat
     assert "Failed to create the dialog" in r.error and "What to do" in r.error
 
 
-def test_context_exceeded_mid_reply_is_said_and_the_next_turn_starts_afresh(tmp_path: Path,
-                                                                           fake_genie: FakeGenie) -> None:
+def test_context_exceeded_mid_reply_is_said_and_the_next_turn_starts_afresh(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=1, tokens=8, context=40)
     board = fake_board(tmp_path, fake_genie)
     # a token counter that underestimates, so the session's own check lets the dialog overflow
@@ -155,7 +173,7 @@ def test_context_exceeded_mid_reply_is_said_and_the_next_turn_starts_afresh(tmp_
     cut = [r for r in results if r.note and "cut short" in r.note]
     assert cut, [(r.state, r.note, r.error) for r in results]
     assert cut[0].state == "complete" and cut[0].text
-    after = results[results.index(cut[0]) + 1:]
+    after = results[results.index(cut[0]) + 1 :]
     assert after and all(r.state == "complete" for r in after)
     # the re-sent history overflowed the dialog (the counter was wrong): the turn went out without it, and says so
     assert any("sent without them" in (r.note or "") for r in after)

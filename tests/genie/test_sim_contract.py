@@ -48,6 +48,7 @@ def unknown_key(b: Path) -> None:
 def renamed_input(b: Path) -> None:
     def fn(g: dict[str, Any]) -> None:
         g["inputs"] = {("position_ids" if k == "position_ids_sin" else k): v for k, v in g["inputs"].items()}
+
     _edit_graphs(b, fn)
 
 
@@ -56,6 +57,7 @@ def untied_kv(b: Path) -> None:
         if g["name"].startswith("token_") and "past_key_0_in" in g["inputs"]:
             q = g["inputs"]["past_key_0_in"]["quantization_parameters"]
             q["scale"] = q["scale"] * 1.5
+
     _edit_graphs(b, fn)
 
 
@@ -63,25 +65,48 @@ def two_boundary_names(b: Path) -> None:
     def fn(g: dict[str, Any]) -> None:
         if BOUNDARY in g["inputs"]:
             g["inputs"] = {("hidden_states_in" if k == BOUNDARY else k): v for k, v in g["inputs"].items()}
+
     _edit_graphs(b, fn)
 
 
 def rope_factor(b: Path) -> None:
     def fn(c: dict[str, Any]) -> None:
         c["dialog"]["engine"]["model"]["positional-encoding"]["rope-scaling"] = {
-            "rope-type": "llama3", "factor": 8.0, "low-freq-factor": 1.0, "high-freq-factor": 4.0,
-            "original-max-position-embeddings": 8192}
+            "rope-type": "llama3",
+            "factor": 8.0,
+            "low-freq-factor": 1.0,
+            "high-freq-factor": 4.0,
+            "original-max-position-embeddings": 8192,
+        }
+
     _edit_config(b, fn)
 
 
 FAULTS = {
-    "missing version": (missing_version, ["Missing backend field: version", "Failed to create the dialog config."]),
-    "unknown config key": (unknown_key, ["Unknown context config key: n-ctx", "Failed to create the dialog config."]),
-    "renamed graph input": (renamed_input, ["Tensor not found: position_ids_sin", "Failed to create the dialog."]),
-    "untied KV encoding": (untied_kv, ["Non-identical quantization parameters found for the same tensor",
-                                       "Error validating HTP models", "Failed to create the dialog."]),
-    "part boundary with two names": (two_boundary_names, ["hidden_states_in", "compute wrong output",
-                                                          "Failed to create the dialog."]),
+    "missing version": (
+        missing_version,
+        ["Missing backend field: version", "Failed to create the dialog config."],
+    ),
+    "unknown config key": (
+        unknown_key,
+        ["Unknown context config key: n-ctx", "Failed to create the dialog config."],
+    ),
+    "renamed graph input": (
+        renamed_input,
+        ["Tensor not found: position_ids_sin", "Failed to create the dialog."],
+    ),
+    "untied KV encoding": (
+        untied_kv,
+        [
+            "Non-identical quantization parameters found for the same tensor",
+            "Error validating HTP models",
+            "Failed to create the dialog.",
+        ],
+    ),
+    "part boundary with two names": (
+        two_boundary_names,
+        ["hidden_states_in", "compute wrong output", "Failed to create the dialog."],
+    ),
 }
 
 
@@ -93,9 +118,24 @@ def bundle(compiled_sim_run: Path, tmp_path: Path) -> Path:
 
 
 def _t2t(b: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workers.genie_sim.t2t", "-c", "genie_config.json", "-p", "Hello",
-                           "--max-tokens", "4"], cwd=b, capture_output=True, text=True, timeout=180,
-                          env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workers.genie_sim.t2t",
+            "-c",
+            "genie_config.json",
+            "-p",
+            "Hello",
+            "--max-tokens",
+            "4",
+        ],
+        cwd=b,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
 
 
 def test_the_clean_simulation_bundle_runs_and_passes_bundle_check(bundle: Path) -> None:
@@ -111,7 +151,7 @@ def test_each_contract_fault_is_refused_by_the_simulator_and_bundle_check(bundle
     make(bundle)
     out = _t2t(bundle)
     assert out.returncode == 1, out.stdout
-    assert "[BEGIN]" not in out.stdout                      # nothing ran
+    assert "[BEGIN]" not in out.stdout  # nothing ran
     for w in words:
         assert w in out.stderr, (w, out.stderr)
     assert out.stderr.strip().splitlines()[-1].startswith("Failed to create the dialog")

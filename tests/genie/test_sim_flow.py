@@ -44,7 +44,9 @@ def test_chat_stage_records_simulated_kpis(chat_run: Path) -> None:
     assert abs(k["gen_tok_s"] - k["generated_tokens"] / (k["gen_time_ms"] / 1000)) <= 0.01 * k["gen_tok_s"]
     assert abs(k["prompt_tok_s"] - k["prompt_tokens"] / (k["ttft_ms"] / 1000)) <= 0.01 * k["prompt_tok_s"]
     # streamed: the first chunk arrived well before the reply ended, by the runner's own pacing
-    assert_streamed([Chunk(c["t"], c["text"]) for c in chat["chunks"]], k["gen_time_ms"], k["generated_tokens"])
+    assert_streamed(
+        [Chunk(c["t"], c["text"]) for c in chat["chunks"]], k["gen_time_ms"], k["generated_tokens"]
+    )
     # each chunk's tokens counted with the bundle's tokenizer: they add up to the runner's count
     assert abs(sum(c["tokens"] for c in chat["chunks"]) - k["generated_tokens"]) <= 1
     assert "".join(c["text"] for c in chat["chunks"]) == chat["reply"]
@@ -60,9 +62,11 @@ def test_second_push_sends_nothing(chat_run: Path) -> None:
 
 def test_hostile_prompt_arrives_verbatim_and_runs_nothing(chat_run: Path, tmp_path: Path) -> None:
     canary = tmp_path / f"pwned-{secrets.token_hex(4)}"
-    prompt = (f"$(touch {canary}) `touch {canary}` \"quotes\" 'single' ; touch {canary}\n"
-              "second line — naïve café 日本語 ✓\n[BEGIN]: hijacked[END]\nERROR: not an error\n"
-              "[ERROR] \"Create From Binary FAILED!\"\n")
+    prompt = (
+        f"$(touch {canary}) `touch {canary}` \"quotes\" 'single' ; touch {canary}\n"
+        "second line — naïve café 日本語 ✓\n[BEGIN]: hijacked[END]\nERROR: not an error\n"
+        '[ERROR] "Create From Binary FAILED!"\n'
+    )
     board = sim_board(chat_run.parent.parent)
     bundle_dir = json.loads((chat_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
     chunks: list[Chunk] = []
@@ -91,8 +95,14 @@ def test_stop_aborts_a_reply_midway(chat_run: Path) -> None:
         def on_chunk(c: Chunk) -> None:
             stop.set()
 
-        return await run_query(board, bundle_dir, "Question: Where does the sun rise? Answer:", on_chunk=on_chunk,
-                               stop=stop, max_tokens=400)
+        return await run_query(
+            board,
+            bundle_dir,
+            "Question: Where does the sun rise? Answer:",
+            on_chunk=on_chunk,
+            stop=stop,
+            max_tokens=400,
+        )
 
     res = asyncio.run(go())
     assert res.transcript.state == "aborted"  # type: ignore[attr-defined]

@@ -23,26 +23,40 @@ from app.core.genie.session import ChatSession, TurnResult
 from tests.genie.conftest import FakeGenie, SimWorkspace, assert_streamed
 from tests.support.sshd import SshServer
 
-HOSTILE = ("$(touch {canary}) `touch {canary}` \"double\" 'single' ; touch {canary} && echo x | sh\n"
-           "second line\twith a tab \\ backslash — naïve café 日本語 ✓ 🙂")
+HOSTILE = (
+    "$(touch {canary}) `touch {canary}` \"double\" 'single' ; touch {canary} && echo x | sh\n"
+    "second line\twith a tab \\ backslash — naïve café 日本語 ✓ 🙂"
+)
 
 
-async def ssh_board(srv: SshServer, *, simulated: bool, config: dict[str, Any] | None = None,
-                    env_script: str | None = None) -> Board:
-    cfg = {"host": srv.host, "port": srv.port, "user": srv.user, "key_path": str(srv.client_key_path), "auth": "key"}
+async def ssh_board(
+    srv: SshServer, *, simulated: bool, config: dict[str, Any] | None = None, env_script: str | None = None
+) -> Board:
+    cfg = {
+        "host": srv.host,
+        "port": srv.port,
+        "user": srv.user,
+        "key_path": str(srv.client_key_path),
+        "auth": "key",
+    }
     t = await connect_ssh("evk-test", cfg, trust=lambda *_a: True)
     if simulated:  # the simulator installed on the test board (same flags and output as genie-t2t-run)
         return Board("evk-test", t, True, genie_command=[sys.executable, "-m", "workers.genie_sim.t2t"])
     return Board("evk-test", t, False, config=config or {}, env_script=env_script)
 
 
-def test_chat_turn_streams_over_ssh_and_the_profile_matches(ssh_server: SshServer,
-                                                            sim_workspace: SimWorkspace) -> None:
+def test_chat_turn_streams_over_ssh_and_the_profile_matches(
+    ssh_server: SshServer, sim_workspace: SimWorkspace
+) -> None:
     async def go() -> tuple[QueryResult, dict[str, Any], str]:
         board = await ssh_board(ssh_server, simulated=True)
         try:
-            res = await run_query(board, sim_workspace.remote_bundle, "Question: Where does the sun rise? Answer:",
-                                  max_tokens=24)
+            res = await run_query(
+                board,
+                sim_workspace.remote_bundle,
+                "Question: Where does the sun rise? Answer:",
+                max_tokens=24,
+            )
             runs = posixpath.join(sim_workspace.remote_bundle, ".hexstudio-runs")
             listing = await board.transport.run(["ls", "-t", runs])
             newest = next(n for n in listing.stdout.split() if n.startswith("profile-"))
@@ -58,8 +72,12 @@ def test_chat_turn_streams_over_ssh_and_the_profile_matches(ssh_server: SshServe
     # the normalised KPIs are the runner's own numbers (within 1%)
     q = [e for c in raw["components"] for e in c["events"] if e["type"] == "GenieDialog_query"][-1]
     k = res.kpis
-    pairs = [(k.gen_tok_s, q["token-generation-rate"]["value"]), (k.prompt_tok_s, q["prompt-processing-rate"]["value"]),
-             (k.ttft_ms, q["time-to-first-token"]["value"] / 1000), (k.gen_time_ms, q["token-generation-time"]["value"] / 1000)]
+    pairs = [
+        (k.gen_tok_s, q["token-generation-rate"]["value"]),
+        (k.prompt_tok_s, q["prompt-processing-rate"]["value"]),
+        (k.ttft_ms, q["time-to-first-token"]["value"] / 1000),
+        (k.gen_time_ms, q["token-generation-time"]["value"] / 1000),
+    ]
     for ours, theirs in pairs:
         assert ours is not None and abs(ours - theirs) <= 0.01 * abs(theirs)
     assert k.generated_tokens is not None and k.gen_tok_s is not None and k.gen_time_ms is not None
@@ -69,9 +87,9 @@ def test_chat_turn_streams_over_ssh_and_the_profile_matches(ssh_server: SshServe
     assert_streamed(res.chunks, k.gen_time_ms, k.generated_tokens)
 
 
-def test_hostile_prompt_over_ssh_arrives_verbatim_and_runs_nothing(ssh_server: SshServer,
-                                                                   sim_workspace: SimWorkspace,
-                                                                   tmp_path: Path) -> None:
+def test_hostile_prompt_over_ssh_arrives_verbatim_and_runs_nothing(
+    ssh_server: SshServer, sim_workspace: SimWorkspace, tmp_path: Path
+) -> None:
     canary = tmp_path / f"pwned-{secrets.token_hex(4)}"
     prompt = HOSTILE.format(canary=canary)
 
@@ -89,12 +107,13 @@ def test_hostile_prompt_over_ssh_arrives_verbatim_and_runs_nothing(ssh_server: S
     res, sent = asyncio.run(go())
     assert res.exit_status == 0, res.stderr
     assert sent.decode("utf-8") == prompt
-    assert res.transcript.prompt == prompt   # the whole prompt, its later lines too
+    assert res.transcript.prompt == prompt  # the whole prompt, its later lines too
     assert not canary.exists()
 
 
-def test_persistent_session_over_ssh_with_the_test_libgenie(ssh_server: SshServer, fake_genie: FakeGenie,
-                                                            tmp_path: Path) -> None:
+def test_persistent_session_over_ssh_with_the_test_libgenie(
+    ssh_server: SshServer, fake_genie: FakeGenie, tmp_path: Path
+) -> None:
     canary = tmp_path / f"pwned-{secrets.token_hex(4)}"
     echo = tmp_path / "queries.txt"
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=1200, token_ms=15, tokens=8, echo=echo)
@@ -105,8 +124,9 @@ def test_persistent_session_over_ssh_with_the_test_libgenie(ssh_server: SshServe
     env_script.write_text(f"export LD_LIBRARY_PATH={fake_genie.lib.parent}:${{LD_LIBRARY_PATH:-}}\n")
 
     async def go() -> tuple[ChatSession, list[TurnResult], list[Chunk]]:
-        board = await ssh_board(ssh_server, simulated=False, config={"python": sys.executable},
-                                env_script=str(env_script))
+        board = await ssh_board(
+            ssh_server, simulated=False, config={"python": sys.executable}, env_script=str(env_script)
+        )
         first: list[Chunk] = []
         try:
             async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=8) as s:
@@ -122,7 +142,7 @@ def test_persistent_session_over_ssh_with_the_test_libgenie(ssh_server: SshServe
 
     s, (r1, r2, r3), first = asyncio.run(go())
     assert r1.state == r2.state == "complete" and r1.mode == "persistent"
-    assert len(first) == 8 and [c.tokens for c in first] == [1] * 8   # one dialog callback, one token
+    assert len(first) == 8 and [c.tokens for c in first] == [1] * 8  # one dialog callback, one token
     assert r1.kpis is not None and r1.kpis.source == "device" and r1.kpis.generated_tokens == 8
     assert_streamed(first, r1.kpis.gen_time_ms, r1.kpis.generated_tokens)
     assert s.init_ms is not None and r2.first_chunk_ms is not None and r2.first_chunk_ms < s.init_ms / 10
@@ -137,10 +157,14 @@ def test_simulator_session_keeps_the_model_loaded(sim_workspace: SimWorkspace) -
 
     async def go() -> tuple[ChatSession, TurnResult, TurnResult, QueryResult]:
         board = sim_board(sim_workspace.root)
-        async with ChatSession(board, sim_workspace.remote_bundle, Conversation(template="qa"), max_tokens=10) as s:
+        async with ChatSession(
+            board, sim_workspace.remote_bundle, Conversation(template="qa"), max_tokens=10
+        ) as s:
             r1 = await s.send(prompt)
             r2 = await s.send("And where does it set?")
-        one_shot = await run_query(board, sim_workspace.remote_bundle, f"Question: {prompt} Answer:", max_tokens=10)
+        one_shot = await run_query(
+            board, sim_workspace.remote_bundle, f"Question: {prompt} Answer:", max_tokens=10
+        )
         return s, r1, r2, one_shot
 
     s, r1, r2, one_shot = asyncio.run(go())
@@ -156,8 +180,9 @@ def test_simulator_session_over_ssh(ssh_server: SshServer, sim_workspace: SimWor
     async def go() -> tuple[ChatSession, TurnResult]:
         board = await ssh_board(ssh_server, simulated=True)
         try:
-            async with ChatSession(board, sim_workspace.remote_bundle, Conversation(template="qa"), mode=mode,
-                                   max_tokens=16) as s:
+            async with ChatSession(
+                board, sim_workspace.remote_bundle, Conversation(template="qa"), mode=mode, max_tokens=16
+            ) as s:
                 return s, await s.send("What is water?")
         finally:
             await board.transport.close()
@@ -165,20 +190,22 @@ def test_simulator_session_over_ssh(ssh_server: SshServer, sim_workspace: SimWor
     s, r = asyncio.run(go())
     assert s.mode == mode and r.state == "complete" and r.simulated
     assert r.kpis is not None and r.kpis.source == "simulated"
-    assert sum(c.tokens or 0 for c in r.chunks) == r.kpis.generated_tokens   # the session's own token counts
+    assert sum(c.tokens or 0 for c in r.chunks) == r.kpis.generated_tokens  # the session's own token counts
     assert_streamed(r.chunks, r.kpis.gen_time_ms, r.kpis.generated_tokens)
 
 
-def test_fallback_over_ssh_runs_genie_t2t_run_per_turn(ssh_server: SshServer, fake_genie: FakeGenie,
-                                                       tmp_path: Path) -> None:
+def test_fallback_over_ssh_runs_genie_t2t_run_per_turn(
+    ssh_server: SshServer, fake_genie: FakeGenie, tmp_path: Path
+) -> None:
     echo = tmp_path / "queries.txt"
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=300, token_ms=10, tokens=6, echo=echo)
     env_script = tmp_path / "qairt-env.sh"
     env_script.write_text(f"export LD_LIBRARY_PATH={fake_genie.lib.parent}\n")
 
     async def go() -> tuple[ChatSession, TurnResult, TurnResult]:
-        board = await ssh_board(ssh_server, simulated=False, config={"python": "/nonexistent/python3"},
-                                env_script=str(env_script))
+        board = await ssh_board(
+            ssh_server, simulated=False, config={"python": "/nonexistent/python3"}, env_script=str(env_script)
+        )
         board.genie_command = [str(fake_genie.t2t)]
         try:
             async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=6) as s:
@@ -202,17 +229,21 @@ def _undeclared_sim_command() -> list[str]:
     return ["env", f"PYTHONPATH={REPO_ROOT}", sys.executable, "-m", "workers.genie_sim.t2t"]
 
 
-def test_simulator_on_an_undeclared_ssh_board_is_recorded_as_simulated(ssh_server: SshServer,
-                                                                       sim_workspace: SimWorkspace) -> None:
+def test_simulator_on_an_undeclared_ssh_board_is_recorded_as_simulated(
+    ssh_server: SshServer, sim_workspace: SimWorkspace
+) -> None:
     from app.core.genie.stage import chat_record
 
     async def go() -> tuple[QueryResult, TurnResult]:
         board = await ssh_board(ssh_server, simulated=False)
         board.genie_command = _undeclared_sim_command()
         try:
-            res = await run_query(board, sim_workspace.remote_bundle, "Question: What is water? Answer:", max_tokens=6)
-            async with ChatSession(board, sim_workspace.remote_bundle, Conversation(template="qa"), mode="per_turn",
-                                   max_tokens=6) as s:
+            res = await run_query(
+                board, sim_workspace.remote_bundle, "Question: What is water? Answer:", max_tokens=6
+            )
+            async with ChatSession(
+                board, sim_workspace.remote_bundle, Conversation(template="qa"), mode="per_turn", max_tokens=6
+            ) as s:
                 turn = await s.send("What is water?")
             return res, turn
         finally:
@@ -220,11 +251,16 @@ def test_simulator_on_an_undeclared_ssh_board_is_recorded_as_simulated(ssh_serve
 
     res, turn = asyncio.run(go())
     assert res.exit_status == 0 and res.ok, res.stderr
-    assert res.transcript.simulated                                   # the simulator's banner says so
+    assert res.transcript.simulated  # the simulator's banner says so
     assert res.simulated and res.kpis is not None and res.kpis.source == "simulated"
     doc = chat_record("evk-test", "Question: What is water? Answer:", res)
     assert doc["source"] == "simulated" and doc["kpis"]["source"] == "simulated"
-    assert turn.state == "complete" and turn.simulated and turn.kpis is not None and turn.kpis.source == "simulated"
+    assert (
+        turn.state == "complete"
+        and turn.simulated
+        and turn.kpis is not None
+        and turn.kpis.source == "simulated"
+    )
     assert turn.as_json()["simulated"] is True
 
 
@@ -233,10 +269,20 @@ def test_a_board_record_can_declare_the_simulator_as_its_runner(ssh_server: SshS
 
     from app.core.device.board import BoardError, open_board
 
-    cfg = {"host": ssh_server.host, "port": ssh_server.port, "user": ssh_server.user,
-           "key_path": str(ssh_server.client_key_path), "auth": "key"}
-    settings = SimpleNamespace(boards={"sim-over-ssh": {**cfg, "runner": "simulator", "python": sys.executable},
-                                       "real": cfg, "odd": {**cfg, "runner": "genie-x"}})
+    cfg = {
+        "host": ssh_server.host,
+        "port": ssh_server.port,
+        "user": ssh_server.user,
+        "key_path": str(ssh_server.client_key_path),
+        "auth": "key",
+    }
+    settings = SimpleNamespace(
+        boards={
+            "sim-over-ssh": {**cfg, "runner": "simulator", "python": sys.executable},
+            "real": cfg,
+            "odd": {**cfg, "runner": "genie-x"},
+        }
+    )
 
     async def go() -> tuple[Board, Board, str]:
         sim = await open_board("sim-over-ssh", settings, trust=lambda *_a: True)
@@ -258,7 +304,8 @@ def test_a_board_record_can_declare_the_simulator_as_its_runner(ssh_server: SshS
 
 
 def test_per_turn_over_ssh_applies_the_budget_on_a_real_runner_and_stops_midway(
-        ssh_server: SshServer, fake_genie: FakeGenie, tmp_path: Path) -> None:
+    ssh_server: SshServer, fake_genie: FakeGenie, tmp_path: Path
+) -> None:
     """genie-t2t-run has no --max-tokens: the budget travels in the per-run config (dialog.max-num-tokens).
     Stop ends a per-turn reply mid-way over SSH and leaves no runner behind."""
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=100, token_ms=25, tokens=30)
@@ -266,12 +313,14 @@ def test_per_turn_over_ssh_applies_the_budget_on_a_real_runner_and_stops_midway(
     env_script.write_text(f"export LD_LIBRARY_PATH={fake_genie.lib.parent}\n")
 
     async def go() -> tuple[TurnResult, TurnResult, str]:
-        board = await ssh_board(ssh_server, simulated=False, config={"python": sys.executable},
-                                env_script=str(env_script))
+        board = await ssh_board(
+            ssh_server, simulated=False, config={"python": sys.executable}, env_script=str(env_script)
+        )
         board.genie_command = [str(fake_genie.t2t)]
         try:
-            async with ChatSession(board, str(bundle), Conversation(template="llama3"), mode="per_turn",
-                                   max_tokens=4) as s:
+            async with ChatSession(
+                board, str(bundle), Conversation(template="llama3"), mode="per_turn", max_tokens=4
+            ) as s:
                 r1 = await s.send("Short answer, please")
                 s.max_tokens = 200
                 stop = asyncio.Event()
@@ -283,7 +332,7 @@ def test_per_turn_over_ssh_applies_the_budget_on_a_real_runner_and_stops_midway(
             await board.transport.close()
 
     r1, r2, ps = asyncio.run(go())
-    assert r1.state == "complete" and r1.mode == "per_turn" and len(r1.text.split()) == 4    # not the fake's 30
+    assert r1.state == "complete" and r1.mode == "per_turn" and len(r1.text.split()) == 4  # not the fake's 30
     assert r1.kpis is not None and r1.kpis.generated_tokens == 4 and r1.kpis.source == "device"
     assert r2.state == "aborted" and 0 < len(r2.text.split()) < 30 and r2.wall_ms < 200 * 25
-    assert str(fake_genie.t2t) not in ps    # the stopped runner is gone
+    assert str(fake_genie.t2t) not in ps  # the stopped runner is gone

@@ -21,30 +21,36 @@ def _stream(cut: StopCut, pieces: list[str]) -> str:
     return "".join(cut.feed(p) for p in pieces) + ("" if cut.hit else cut.flush())
 
 
-@pytest.mark.parametrize(("pieces", "stops", "want", "hit"), [
-    (["Paris", ".", " The sky"], ["."], "Paris", True),
-    (["Par", "is<|e", "ot|> more"], ["<|eot|>"], "Paris", True),           # a stop string split over chunks
-    (["a <|eo", "t but not"], ["<|eot|>"], "a <|eot but not", False),      # a false start is released
-    (["one two", " three"], ["three", "two"], "one ", True),               # the earliest match wins
-    (["no stop here"], [], "no stop here", False),
-    (["x", "y"], [""], "xy", False),                                       # an empty stop string is none
-])
-def test_host_cut_releases_everything_before_the_first_stop_string(pieces: list[str], stops: list[str], want: str,
-                                                                    hit: bool) -> None:
+@pytest.mark.parametrize(
+    ("pieces", "stops", "want", "hit"),
+    [
+        (["Paris", ".", " The sky"], ["."], "Paris", True),
+        (["Par", "is<|e", "ot|> more"], ["<|eot|>"], "Paris", True),  # a stop string split over chunks
+        (["a <|eo", "t but not"], ["<|eot|>"], "a <|eot but not", False),  # a false start is released
+        (["one two", " three"], ["three", "two"], "one ", True),  # the earliest match wins
+        (["no stop here"], [], "no stop here", False),
+        (["x", "y"], [""], "xy", False),  # an empty stop string is none
+    ],
+)
+def test_host_cut_releases_everything_before_the_first_stop_string(
+    pieces: list[str], stops: list[str], want: str, hit: bool
+) -> None:
     cut = StopCut(stops)
     assert _stream(cut, pieces) == want and cut.hit is hit
 
 
 def test_host_cut_holds_back_only_what_may_start_a_stop_string() -> None:
     cut = StopCut(["</s>"])
-    assert cut.feed("Hello <") == "Hello "    # "<" may start "</s>": held
-    assert cut.feed("b") == "<b"              # "<b" cannot: released at once
+    assert cut.feed("Hello <") == "Hello "  # "<" may start "</s>": held
+    assert cut.feed("b") == "<b"  # "<b" cannot: released at once
     assert cut.feed("old </") == "old "
     assert cut.feed("s> tail") == "" and cut.hit
     assert cut.feed("more") == "" and cut.flush() == ""
 
 
-def test_a_libgenie_without_set_stop_sequence_is_cut_on_the_host(tmp_path: Path, fake_genie: FakeGenie) -> None:
+def test_a_libgenie_without_set_stop_sequence_is_cut_on_the_host(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
     """The test libGenie has no GenieDialog_setStopSequence: the helper says so at ready, the session cuts the
     reply itself, tells the dialog to stop there, reports a complete reply ended by the host, and the next turn
     runs on a cleared dialog."""
@@ -63,7 +69,7 @@ def test_a_libgenie_without_set_stop_sequence_is_cut_on_the_host(tmp_path: Path,
             return s, whole, cut, seen, after
 
     s, whole, cut, seen, after = asyncio.run(go())
-    assert s.stop_sequences is False                         # this libGenie cannot: the fallback
+    assert s.stop_sequences is False  # this libGenie cannot: the fallback
     assert whole.stop is None and not whole.stop_hit and len(whole.text.split(" ")) == 12
     stop = " " + whole.text.split(" ")[3]
     assert cut.text == whole.text[: whole.text.index(stop)] and stop not in cut.text
@@ -85,7 +91,9 @@ def test_the_models_own_stop_strings_are_the_default(tmp_path: Path, fake_genie:
         async with ChatSession(board, str(bundle), Conversation(template="plain"), max_tokens=12) as s:
             whole = await s.send("What now")
             await s.reset()
-            s.conversation.chat_format = ChatFormat(mode="plain", stop_strings=[" " + whole.text.split(" ")[2]])
+            s.conversation.chat_format = ChatFormat(
+                mode="plain", stop_strings=[" " + whole.text.split(" ")[2]]
+            )
             return whole, await s.send("What now")
 
     whole, r = asyncio.run(go())

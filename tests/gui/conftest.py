@@ -36,7 +36,9 @@ def _isolated_qsettings(qapp: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     from PySide6.QtCore import QSettings
 
     QSettings.setDefaultFormat(QSettings.Format.IniFormat)
-    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path_factory.mktemp("qsettings")))
+    QSettings.setPath(
+        QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path_factory.mktemp("qsettings"))
+    )
 
 
 async def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:

@@ -74,15 +74,23 @@ def test_accepted_tokens_per_step_show_in_the_kpi_line(qtbot: Any, tmp_path: Pat
     from app.core.genie.chat_store import ChatStore, ChatTurn
     from app.core.services.chat import kpi_line
 
-    kpis = {"ttft_ms": 120.0, "prompt_tok_s": 150.0, "gen_tok_s": 20.0, "init_ms": 900.0, "generated_tokens": 16,
-            "source": "simulated"}
-    assert "accepted" not in kpi_line(kpis)   # the basic dialog: no such figure
+    kpis = {
+        "ttft_ms": 120.0,
+        "prompt_tok_s": 150.0,
+        "gen_tok_s": 20.0,
+        "init_ms": 900.0,
+        "generated_tokens": 16,
+        "source": "simulated",
+    }
+    assert "accepted" not in kpi_line(kpis)  # the basic dialog: no such figure
     line = kpi_line({**kpis, "accepted_per_step": 3.6667})
     assert "3.67 tokens/step accepted" in line and line.endswith("[SIMULATED]")
     c, page = _page(qtbot, tmp_path)
     store = ChatStore(c.manifest.run_dir)
     rec = store.new(template="auto", system="")
-    rec.turns = [ChatTurn(user="hi", reply="hello", state="complete", kpis={**kpis, "accepted_per_step": 3.6667})]
+    rec.turns = [
+        ChatTurn(user="hi", reply="hello", state="complete", kpis={**kpis, "accepted_per_step": 3.6667})
+    ]
     store.save(rec)
     page.reload_conversations(select_newest=True)
     assert "3.67 tokens/step accepted" in page.kpi_label.text()
@@ -91,7 +99,8 @@ def test_accepted_tokens_per_step_show_in_the_kpi_line(qtbot: Any, tmp_path: Pat
 
 @pytest.mark.slow
 def test_a_dialog_the_runtime_cannot_run_is_told_and_basic_still_chats(
-        qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path) -> None:
+    qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path
+) -> None:
     from app.core.runs import Workspace
     from app.ui.controller import RunController
     from app.ui.main_window import MainWindow
@@ -107,7 +116,7 @@ def test_a_dialog_the_runtime_cannot_run_is_told_and_basic_still_chats(
         w.show_stage("board")
         w.pages["board"].run_button.click()
         await wait_until(lambda: not c.busy, 180, "the board stage")
-        assert c.state("board") == "done", (c.last_result and c.last_result.message)
+        assert c.state("board") == "done", c.last_result and c.last_result.message
         ch: Any = w.pages["chat"]
         doc = ch.board_doc()
         pushed = Path(str(doc["remote_bundle"]))
@@ -127,12 +136,16 @@ def test_a_dialog_the_runtime_cannot_run_is_told_and_basic_still_chats(
         text = ch.chat_message.text()
         assert "runs only the basic dialog, not lade" in text and "What to do" in text, text
         assert "failed:" in ch.transcript.bubbles[-1].text
-        assert ch.conversation.turns and ch.conversation.turns[0].reply == basic.reply   # history kept
+        assert ch.conversation.turns and ch.conversation.turns[0].reply == basic.reply  # history kept
         ch.dialog_combo.setCurrentIndex(ch.dialog_combo.findData("basic"))
         again = await ch.send("And of Italy?")
         assert again is not None and again.state == "complete" and ch.session.dialog == "basic"
         rec = json.loads((run / "chats" / "conversations" / f"{ch.record.id}.json").read_text())
-        assert rec["dialog"] == "basic" and [t["state"] for t in rec["turns"]] == ["complete", "failed", "complete"]
+        assert rec["dialog"] == "basic" and [t["state"] for t in rec["turns"]] == [
+            "complete",
+            "failed",
+            "complete",
+        ]
         await ch.close_session()
 
     gui_loop.run_until_complete(scenario())

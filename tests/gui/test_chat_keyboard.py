@@ -27,9 +27,15 @@ def _page(tmp_path: Path, qtbot: Any, turns: int = 0, words: int = 4) -> Any:
     if turns:
         store = ChatStore(m.run_dir)
         rec = store.new(template="auto", system="")
-        rec.turns = [ChatTurn(user=f"question {i} " + "word " * words, reply="answer " + "word " * words,
-                              state="complete", kpis={"gen_tok_s": 30.0, "source": "simulated"})
-                     for i in range(turns)]
+        rec.turns = [
+            ChatTurn(
+                user=f"question {i} " + "word " * words,
+                reply="answer " + "word " * words,
+                state="complete",
+                kpis={"gen_tok_s": 30.0, "source": "simulated"},
+            )
+            for i in range(turns)
+        ]
         store.save(rec)
     page = ChatPage(c)
     qtbot.addWidget(page)
@@ -50,6 +56,7 @@ def _answer_question(button: str) -> list[str]:
             return
         seen.append(box.text())
         next(b for b in box.buttons() if b.text() == button).click()
+
     QTimer.singleShot(50, answer)
     return seen
 
@@ -61,7 +68,7 @@ def test_tab_through_the_settings_changes_nothing(qtbot: Any, tmp_path: Path) ->
     assert len(page.conversation.turns) == 2 and len(page.transcript.bubbles) == 4
     page.system_edit.setFocus()
     qtbot.waitUntil(page.system_edit.hasFocus, timeout=3000)
-    for _ in range(6):                 # Tab out of the empty system prompt and on through the settings
+    for _ in range(6):  # Tab out of the empty system prompt and on through the settings
         focused = QApplication.focusWidget()
         assert focused is not None
         QTest.keyClick(focused, Qt.Key.Key_Tab)
@@ -78,7 +85,7 @@ def test_a_real_change_asks_first_and_no_keeps_the_chat(qtbot: Any, tmp_path: Pa
     page.system_edit.setText("You are terse.")
     page.system_edit.editingFinished.emit()
     assert seen and "new chat" in seen[0]
-    assert page.system_edit.text() == "" and len(page.transcript.bubbles) == 4   # the old value is back
+    assert page.system_edit.text() == "" and len(page.transcript.bubbles) == 4  # the old value is back
     assert "Kept this chat" in page.chat_message.text()
     seen = _answer_question("New chat")
     page.template_combo.setCurrentText("plain")
@@ -94,7 +101,10 @@ def test_enter_sends_shift_enter_is_a_new_line(qtbot: Any, tmp_path: Path) -> No
     from PySide6.QtTest import QTest
 
     _c, page = _page(tmp_path, qtbot)
-    assert "Enter sends" in page.input.placeholderText() and "Shift+Enter new line" in page.input.placeholderText()
+    assert (
+        "Enter sends" in page.input.placeholderText()
+        and "Shift+Enter new line" in page.input.placeholderText()
+    )
     sent: list[str] = []
     page.send_button.setEnabled(True)
     page.send_button.clicked.disconnect()
@@ -124,11 +134,14 @@ def test_copy_says_it_copied(qtbot: Any, tmp_path: Path) -> None:
     assert bubble.copy_button.text() == "Copied ✓" and QGuiApplication.clipboard().text().startswith("answer")
     qtbot.waitUntil(lambda: bubble.copy_button.text() == "Copy", timeout=3000)
     page.copy_button.click()
-    assert page.copy_button.text() == "Copied ✓" and "Copied the conversation (1 reply)" in page.chat_message.text()
+    assert (
+        page.copy_button.text() == "Copied ✓"
+        and "Copied the conversation (1 reply)" in page.chat_message.text()
+    )
 
 
 def test_context_meter_counts_the_models_context_and_never_passes_100(qtbot: Any, tmp_path: Path) -> None:
-    _c, page = _page(tmp_path, qtbot, turns=12, words=60)     # far more than the 512-token built-in model holds
+    _c, page = _page(tmp_path, qtbot, turns=12, words=60)  # far more than the 512-token built-in model holds
     meter = page.context_meter
     assert meter.maximum() == 512, meter.format()
     assert meter.value() <= meter.maximum()
@@ -136,7 +149,7 @@ def test_context_meter_counts_the_models_context_and_never_passes_100(qtbot: Any
     assert pct <= 100
     assert "Full:" in page.context_label.text() and "left out" in page.context_label.text()
     page.new_chat()
-    assert meter.maximum() == 512 and meter.format().startswith("0 / 512")   # a new chat: the model's context
+    assert meter.maximum() == 512 and meter.format().startswith("0 / 512")  # a new chat: the model's context
 
 
 def test_chat_settings_are_kept_per_run(qtbot: Any, tmp_path: Path) -> None:
@@ -160,7 +173,7 @@ def test_chat_settings_are_kept_per_run(qtbot: Any, tmp_path: Path) -> None:
 def test_a_narrow_window_folds_the_side_panels(qtbot: Any, tmp_path: Path) -> None:
     _c, page = _page(tmp_path, qtbot, turns=2)
     assert page.convs_panel.isVisible() and page.side_panel.isVisible() and not page.side_toggle.isVisible()
-    page.resize(820, 420)                            # 1280x720 at 150 %, less the stage list
+    page.resize(820, 420)  # 1280x720 at 150 %, less the stage list
     qtbot.waitUntil(lambda: page.compact, timeout=3000)
     assert not page.convs_panel.isVisible() and not page.side_panel.isVisible()
     assert page.side_toggle.isVisible() and page.convs_toggle.isVisible()

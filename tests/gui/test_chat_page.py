@@ -35,8 +35,12 @@ def test_sampler_presets_and_values(qtbot: Any, tmp_path: Path) -> None:
     assert page.sampler_preset() == "deterministic"
     # editing a value makes it a custom sampler, which a template change leaves alone
     page.topk_spin.setValue(20)
-    assert page.sampler_preset() == "custom" and page.sampler_settings() == {"seed": 42, "temp": 0.0, "top-k": 20,
-                                                                           "top-p": 1.0}
+    assert page.sampler_preset() == "custom" and page.sampler_settings() == {
+        "seed": 42,
+        "temp": 0.0,
+        "top-k": 20,
+        "top-p": 1.0,
+    }
     page.template_combo.setCurrentText("nemotron-reasoning-on")
     assert page.sampler_preset() == "custom" and page.sampler_settings()["top-k"] == 20  # type: ignore[index]
     # the bundle's own sampler: nothing is overridden and the values cannot be edited
@@ -46,8 +50,9 @@ def test_sampler_presets_and_values(qtbot: Any, tmp_path: Path) -> None:
     assert page.temp_spin.isEnabled() and page.temp_spin.value() == pytest.approx(0.6)
 
 
-def test_chosen_sampler_reaches_the_runner(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path,
-                                           compiled_sim_run: Path) -> None:
+def test_chosen_sampler_reaches_the_runner(
+    qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path
+) -> None:
     from app.core.genie.session import SESSION_CONFIG
     from app.core.runs import Workspace
     from app.ui.controller import RunController
@@ -64,7 +69,7 @@ def test_chosen_sampler_reaches_the_runner(qtbot: Any, gui_loop: asyncio.Abstrac
         w.show_stage("board")
         w.pages["board"].run_button.click()
         await wait_until(lambda: not c.busy, 180, "the board stage")
-        assert c.state("board") == "done", (c.last_result and c.last_result.message)
+        assert c.state("board") == "done", c.last_result and c.last_result.message
         ch: Any = w.pages["chat"]
         ch.refresh()
         doc = ch.board_doc()
@@ -91,8 +96,10 @@ def test_chosen_sampler_reaches_the_runner(qtbot: Any, gui_loop: asyncio.Abstrac
         assert hot is not None and hot.state == "complete", hot
         sampler = json.loads(override.read_text())["dialog"]["sampler"]
         assert (sampler["temp"], sampler["top-k"], sampler["top-p"], sampler["seed"]) == (1.5, 1000, 1.0, 7)
-        assert hot.reply != greedy.reply, "the simulator sampled at temperature 1.5 yet replied as greedy decoding"
-        ch.seed_spin.setValue(8)   # changed mid-conversation: reopened with the new seed, history kept
+        assert hot.reply != greedy.reply, (
+            "the simulator sampled at temperature 1.5 yet replied as greedy decoding"
+        )
+        ch.seed_spin.setValue(8)  # changed mid-conversation: reopened with the new seed, history kept
         again = await ch.send("And of Italy?")
         assert again is not None and len(ch.conversation.turns) == 2
         assert json.loads(override.read_text())["dialog"]["sampler"]["seed"] == 8

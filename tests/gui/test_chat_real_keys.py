@@ -19,8 +19,9 @@ from tests.gui.conftest import keep_screenshot, wait_until
 pytestmark = pytest.mark.slow
 
 
-def test_enter_regenerate_versions_and_esc(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path,
-                                           compiled_sim_run: Path) -> None:
+def test_enter_regenerate_versions_and_esc(
+    qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path
+) -> None:
     from PySide6.QtCore import Qt
     from PySide6.QtTest import QTest
 
@@ -41,21 +42,21 @@ def test_enter_regenerate_versions_and_esc(qtbot: Any, gui_loop: asyncio.Abstrac
     async def scenario() -> None:
         w.pages["board"].run_button.click()
         await wait_until(lambda: not c.busy, 180, "the board stage")
-        assert c.status("board").key == "passed", (c.last_result and c.last_result.message)
+        assert c.status("board").key == "passed", c.last_result and c.last_result.message
         w.show_stage("chat")
         ch: Any = w.pages["chat"]
         ch.refresh()
         ch.max_tokens.setValue(12)
         ch.input.setFocus()
         QTest.keyClicks(ch.input, "What is the capital of France?")
-        QTest.keyClick(ch.input, Qt.Key.Key_Return)          # Enter sends
+        QTest.keyClick(ch.input, Qt.Key.Key_Return)  # Enter sends
         await wait_until(lambda: ch.busy_chat, 10, "the message to be sent")
         await wait_until(lambda: not ch.busy_chat, 120, "the reply")
         first = ch.conversation.turns[-1]
         assert first.state == "complete" and first.reply, first
         assert ch.input.toPlainText() == ""
         # Regenerate: a second reply; the first is kept (‹ 2/2 ›) and can be chosen again
-        ch.sampler_combo.setCurrentIndex(ch.sampler_combo.findData("thinking"))   # a different reply
+        ch.sampler_combo.setCurrentIndex(ch.sampler_combo.findData("thinking"))  # a different reply
         ch.transcript.bubbles[-1].regen_button.click()
         await wait_until(lambda: ch.busy_chat, 10, "the regeneration")
         await wait_until(lambda: not ch.busy_chat, 120, "the regenerated reply")
@@ -66,7 +67,11 @@ def test_enter_regenerate_versions_and_esc(qtbot: Any, gui_loop: asyncio.Abstrac
         bubble.prev_button.click()
         assert bubble.version_label.text() == "1/2" and ch.conversation.turns[-1].reply == first.reply
         stored = ChatStore(run).load(ch.record.id)
-        assert stored is not None and stored.turns[-1].reply == first.reply and len(stored.turns[-1].versions) == 2
+        assert (
+            stored is not None
+            and stored.turns[-1].reply == first.reply
+            and len(stored.turns[-1].versions) == 2
+        )
         assert stored.turns[-1].versions[1]["reply"] == second
         keep_screenshot(w, "chat-regenerate-versions", tmp_path)
         # Esc stops a reply while it streams; what came so far is kept
@@ -110,12 +115,18 @@ def test_chat_keys_at_150_percent_on_1280x720_real_display(tmp_path: Path, compi
     m = Workspace(ws).open_run(run.name)
     assert asyncio.run(Pipeline(m).run(only="board")).ok
     (run / "chats").mkdir(exist_ok=True)
-    (run / "chats" / "settings.json").write_text(json.dumps({"max_tokens": 300, "template": "auto", "system": ""}))
+    (run / "chats" / "settings.json").write_text(
+        json.dumps({"max_tokens": 300, "template": "auto", "system": ""})
+    )
     xdg = tmp_path / "xdg"
     (xdg / "HexStudio").mkdir(parents=True)
     (xdg / "HexStudio" / "HexStudio.conf").write_text(f"[recent]\nrun={run.name}\n")
-    env = {**os.environ, "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg"), "XDG_CONFIG_HOME": str(xdg),
-           "QT_SCALE_FACTOR": "1.5"}
+    env = {
+        **os.environ,
+        "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg"),
+        "XDG_CONFIG_HOME": str(xdg),
+        "QT_SCALE_FACTOR": "1.5",
+    }
     out = tmp_path / "screens"
     out.mkdir()
 
@@ -126,28 +137,28 @@ def test_chat_keys_at_150_percent_on_1280x720_real_display(tmp_path: Path, compi
         proc, win = start_studio(display, ws, env)
         try:
             xdo(display, "windowfocus", "--sync", win)
-            xdo(display, "key", "alt+7")                 # the Chat page; the message box has the focus
+            xdo(display, "key", "alt+7")  # the Chat page; the message box has the focus
             time.sleep(1.0)
-            xdo(display, "key", "Tab", "Tab", "Tab")     # Send, (Stop is off), Chats, Settings
-            xdo(display, "key", "space")                 # open the folded settings
+            xdo(display, "key", "Tab", "Tab", "Tab")  # Send, (Stop is off), Chats, Settings
+            xdo(display, "key", "space")  # open the folded settings
             time.sleep(0.5)
             screenshot(display, "chat-150pct-settings-open", out)
-            for _ in range(9):                           # through runtime, template, system prompt, ... unchanged
+            for _ in range(9):  # through runtime, template, system prompt, ... unchanged
                 xdo(display, "key", "Tab")
                 time.sleep(0.15)
-            xdo(display, "key", "Escape")                # back to the message box
+            xdo(display, "key", "Escape")  # back to the message box
             time.sleep(0.3)
             xdo(display, "type", "--delay", "20", "Tell me a long story about a dragon.")
-            xdo(display, "key", "Return")                # Enter sends: the turn is kept as soon as it is sent
+            xdo(display, "key", "Return")  # Enter sends: the turn is kept as soon as it is sent
             deadline = time.monotonic() + 60
             while not turns():
                 assert time.monotonic() < deadline, conversations(run)
                 time.sleep(0.1)
             deadline = time.monotonic() + 120
-            while turns()[-1].get("state") != "streaming":   # kept in the run as soon as the reply starts
+            while turns()[-1].get("state") != "streaming":  # kept in the run as soon as the reply starts
                 assert time.monotonic() < deadline and turns()[-1].get("state") == "pending", turns()
                 time.sleep(0.05)
-            xdo(display, "key", "Escape")                # Esc stops the reply; what came so far is kept
+            xdo(display, "key", "Escape")  # Esc stops the reply; what came so far is kept
             screenshot(display, "chat-150pct-streaming", out)
             deadline = time.monotonic() + 60
             while turns()[-1].get("state") in ("pending", "streaming"):
@@ -155,7 +166,7 @@ def test_chat_keys_at_150_percent_on_1280x720_real_display(tmp_path: Path, compi
                 time.sleep(0.3)
             time.sleep(0.8)
             screenshot(display, "chat-150pct-after-esc", out)
-            xdo(display, "key", "ctrl+j")                # View → Job hides the job dock: the chat gets its room
+            xdo(display, "key", "ctrl+j")  # View → Job hides the job dock: the chat gets its room
             time.sleep(0.8)
             screenshot(display, "chat-150pct-dock-hidden", out)
             assert quit_studio(display, proc), "Ctrl+Q did not quit the studio"
@@ -163,7 +174,7 @@ def test_chat_keys_at_150_percent_on_1280x720_real_display(tmp_path: Path, compi
             stop(proc)
     t = turns()
     assert len(t) == 1 and t[0]["user"] == "Tell me a long story about a dragon."
-    assert t[0]["state"] == "aborted" and t[0]["reply"], t[0]      # stopped mid-reply, the text so far kept
-    assert len([c for c in conversations(run) if c["origin"] == "chat page"]) == 1   # Tab started no new chat
+    assert t[0]["state"] == "aborted" and t[0]["reply"], t[0]  # stopped mid-reply, the text so far kept
+    assert len([c for c in conversations(run) if c["origin"] == "chat page"]) == 1  # Tab started no new chat
     kept = json.loads((run / "chats" / "settings.json").read_text())
     assert kept["system"] == "" and kept["max_tokens"] == 300

@@ -23,8 +23,12 @@ def _runs(ws: Path) -> list[Any]:
     for quantize_s, compile_s in ((100.0, 10.0), (104.0, 20.0), (99.0, 10.2)):
         m = Workspace(ws).create_run("builtin:tiny-llama", "sim", {})
         for name in ("model", "preflight", "quantize", "validate", "compile"):
-            finish_stage(m, name, PASSING[name], duration_s={"quantize": quantize_s, "compile": compile_s}.get(name,
-                                                                                                            1.0))
+            finish_stage(
+                m,
+                name,
+                PASSING[name],
+                duration_s={"quantize": quantize_s, "compile": compile_s}.get(name, 1.0),
+            )
         out.append(m)
     return out
 
@@ -50,16 +54,25 @@ def test_differences_are_marked_only_beyond_the_noise_against_the_chosen_baselin
     c = compare_runs(reps)
     assert c["baseline"] == a.run_id and [r["run_id"] for r in c["runs"]] == [a.run_id, b.run_id, c_.run_id]
     q, comp = _row(c, "Quantize duration"), _row(c, "Compile duration")
-    assert q["judgement"] == ["same", "same"]                 # 4 %: within the stated ±10 % for timings
+    assert q["judgement"] == ["same", "same"]  # 4 %: within the stated ±10 % for timings
     assert q["noise"][0]["how"] == "stated tolerance ±10 %"
-    assert comp["judgement"] == ["worse", "same"]             # twice as long: beyond the noise
+    assert comp["judgement"] == ["worse", "same"]  # twice as long: beyond the noise
     # another baseline: B becomes the first column, and A's compile is now the better one
     c2 = compare_runs(reps, baseline=b.run_id)
-    assert c2["runs"][0]["run_id"] == b.run_id and _row(c2, "Compile duration")["judgement"] == ["better", "better"]
+    assert c2["runs"][0]["run_id"] == b.run_id and _row(c2, "Compile duration")["judgement"] == [
+        "better",
+        "better",
+    ]
     # a tighter stated tolerance marks the 4 % too
     assert _row(compare_runs(reps, timing_tolerance=0.02), "Quantize duration")["judgement"][0] == "worse"
     # a measured spread wider than the tolerance keeps a difference within it "same"
-    row: dict[str, Any] = {"name": "gen_tok_s", "values": [30.0, 27.0], "deltas": [-0.1], "judgement": [], "section": "bench"}
+    row: dict[str, Any] = {
+        "name": "gen_tok_s",
+        "values": [30.0, 27.0],
+        "deltas": [-0.1],
+        "judgement": [],
+        "section": "bench",
+    }
     judge_row(row, [1.5, 1.5], (0.05, 0.02), HIGHER_IS_BETTER, LOWER_IS_BETTER)
     assert row["judgement"] == ["same"] and row["noise"][0]["how"].startswith("measured spread")
     judge_row(row, [0.1, 0.1], (0.05, 0.02), HIGHER_IS_BETTER, LOWER_IS_BETTER)
@@ -91,8 +104,8 @@ def test_compare_dialog_chart_baseline_and_export(qtbot: Any, tmp_path: Path) ->
     d.metric_combo.setCurrentIndex(d.metric_combo.findText("Compile duration (s)"))
     bars = [i for i in d.plot.getPlotItem().items if isinstance(i, pg.BarGraphItem)]
     assert {b.opts["name"] for b in bars} == {"baseline", "worse", "same (within the noise)"}
-    assert any(isinstance(i, pg.LinearRegionItem) for i in d.plot.getPlotItem().items)   # the noise band
-    assert "<svg" not in d.view.toHtml() and "leg0" not in d.view.toPlainText()   # no SVG printed as text
+    assert any(isinstance(i, pg.LinearRegionItem) for i in d.plot.getPlotItem().items)  # the noise band
+    assert "<svg" not in d.view.toHtml() and "leg0" not in d.view.toPlainText()  # no SVG printed as text
     assert "stated tolerance" in d.message.text() or "tolerance" in d.message.text()
     qtbot.wait(100)
     keep_screenshot(d, "compare-dialog", tmp_path)

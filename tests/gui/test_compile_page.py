@@ -24,9 +24,13 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path,
-                                                aihub_emulator: Any,  # noqa: F811
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_device_picker_lists_aihub_devices_live(
+    qtbot: Any,
+    gui_loop: asyncio.AbstractEventLoop,
+    tmp_path: Path,
+    aihub_emulator: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from PySide6.QtWidgets import QApplication, QScrollArea
 
     from app.core.runs import Workspace
@@ -44,7 +48,7 @@ def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.Ab
     qtbot.addWidget(w)
     w.show_stage("compile")
     page: Any = w.pages["compile"]
-    assert page.device_combo.currentText() == "Dragonwing IQ-9075 EVK"   # offline list, the EVK first
+    assert page.device_combo.currentText() == "Dragonwing IQ-9075 EVK"  # offline list, the EVK first
     assert page.token_edit.echoMode() == page.token_edit.EchoMode.Password
     assert "No AI Hub token" in page.token_state.text()
     # a token in the qai_hub client's own file is one the Compile stage uses: the page says so (as the CLI does)
@@ -76,17 +80,24 @@ def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.Ab
     assert rows, page.devices_message.text()
     by = {r["name"]: r for r in rows}
     evk = by["Dragonwing IQ-9075 EVK"]
-    assert (evk["dsp_arch"], evk["soc_model"], evk["weight_sharing"], evk["supported"]) == ("v73", 77, True, True)
-    assert not by["Snapdragon 8 Gen 1 QRD"]["supported"]          # v69 without weight sharing is refused
-    table = {page.devices_table.item(r, 0).text(): [page.devices_table.item(r, k).text() for k in range(6)]
-             for r in range(page.devices_table.rowCount())}
+    assert (evk["dsp_arch"], evk["soc_model"], evk["weight_sharing"], evk["supported"]) == (
+        "v73",
+        77,
+        True,
+        True,
+    )
+    assert not by["Snapdragon 8 Gen 1 QRD"]["supported"]  # v69 without weight sharing is refused
+    table = {
+        page.devices_table.item(r, 0).text(): [page.devices_table.item(r, k).text() for k in range(6)]
+        for r in range(page.devices_table.rowCount())
+    }
     assert table["Dragonwing IQ-9075 EVK"][1:5] == ["v73", "77", "yes", f"Qualcomm Linux {evk['os']}"]
     assert table["Snapdragon 8 Gen 3 QRD"][4] == f"Android {by['Snapdragon 8 Gen 3 QRD']['os']}"
     assert table["Snapdragon 8 Gen 1 QRD"][5].startswith("no — ")
     assert "EMULATED" in page.devices_message.text()
     combo = [page.device_combo.itemText(i) for i in range(page.device_combo.count())]
     assert page.device_combo.currentText() == "Dragonwing IQ-9075 EVK"
-    assert "Snapdragon 8 Gen 3 QRD" in combo and "Snapdragon 8 Gen 1 QRD" not in combo   # only usable ones
+    assert "Snapdragon 8 Gen 3 QRD" in combo and "Snapdragon 8 Gen 1 QRD" not in combo  # only usable ones
     assert "v73" in page.device_combo.itemData(0, 3)
     assert "qai_hub" not in page.devices_message.text()
 
@@ -101,8 +112,11 @@ def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.Ab
     page.findChild(QScrollArea).ensureWidgetVisible(page.devices_table)
     keep_screenshot(w, "09-compile-aihub-devices", tmp_path)
     w.dock.show()
-    row = next(r for r in range(page.devices_table.rowCount())
-               if page.devices_table.item(r, 0).text() == "Snapdragon 8 Gen 3 QRD")
+    row = next(
+        r
+        for r in range(page.devices_table.rowCount())
+        if page.devices_table.item(r, 0).text() == "Snapdragon 8 Gen 3 QRD"
+    )
     page.devices_table.selectRow(row)
     assert c.manifest is not None and c.manifest.settings["device"] == "Snapdragon 8 Gen 3 QRD"
 
@@ -118,16 +132,24 @@ def test_device_picker_lists_aihub_devices_live(qtbot: Any, gui_loop: asyncio.Ab
 def test_recorded_device_list_through_the_same_parsing() -> None:
     from app.ui.pages.workstation import DeviceListError, parse_devices_output
 
-    out = ('{\n  "devices": [{"name": "Dragonwing IQ-9075 EVK", "os": "1.5", "dsp_arch": "v73", "soc_model": 77, '
-           '"weight_sharing": true, "supported": true, "reason": "", "emulated": false}],\n  "emulated": false\n}\n')
+    out = (
+        '{\n  "devices": [{"name": "Dragonwing IQ-9075 EVK", "os": "1.5", "dsp_arch": "v73", "soc_model": 77, '
+        '"weight_sharing": true, "supported": true, "reason": "", "emulated": false}],\n  "emulated": false\n}\n'
+    )
     rows, emulated = parse_devices_output(0, out, "")
     assert rows[0]["soc_model"] == 77 and not emulated
-    with pytest.raises(DeviceListError) as e:   # the CLI's --json error: the worker protocol's error shape
-        parse_devices_output(1, '{"ok": false, "error": {"code": "cli_error", "message": "Cannot reach AI Hub.", '
-                                '"hint": "Check the network."}}', "")
+    with pytest.raises(DeviceListError) as e:  # the CLI's --json error: the worker protocol's error shape
+        parse_devices_output(
+            1,
+            '{"ok": false, "error": {"code": "cli_error", "message": "Cannot reach AI Hub.", '
+            '"hint": "Check the network."}}',
+            "",
+        )
     assert e.value.message == "Cannot reach AI Hub." and e.value.hint == "Check the network."
-    with pytest.raises(DeviceListError) as e:   # an older CLI's shape
-        parse_devices_output(1, '{"ok": false, "error": "Cannot reach AI Hub.", "hint": "Check the network."}', "")
+    with pytest.raises(DeviceListError) as e:  # an older CLI's shape
+        parse_devices_output(
+            1, '{"ok": false, "error": "Cannot reach AI Hub.", "hint": "Check the network."}', ""
+        )
     assert e.value.message == "Cannot reach AI Hub." and e.value.hint == "Check the network."
     with pytest.raises(DeviceListError) as e:
         parse_devices_output(1, "", "Traceback...\nImportError: no module named qai_hub\n")

@@ -27,9 +27,10 @@ def _window(ws: Path, qtbot: Any) -> Any:
     return c, w
 
 
-def test_job_dock_hides_shrinks_and_keeps_its_time(qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    skip_board_recheck(monkeypatch)      # a synthetic run: no pushed bundle to recheck
+def test_job_dock_hides_shrinks_and_keeps_its_time(
+    qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    skip_board_recheck(monkeypatch)  # a synthetic run: no pushed bundle to recheck
     from PySide6.QtCore import Qt
 
     ws = tmp_path / "ws"
@@ -38,7 +39,7 @@ def test_job_dock_hides_shrinks_and_keeps_its_time(qtbot: Any, tmp_path: Path, g
     c.open_run(m.run_id)
     w.show()
     qtbot.waitUntil(lambda: w.dock.isVisible(), timeout=3000)
-    qtbot.waitUntil(lambda: w.dock.height() <= w.height() // 4 + 2, timeout=3000)   # a quarter at most
+    qtbot.waitUntil(lambda: w.dock.height() <= w.height() // 4 + 2, timeout=3000)  # a quarter at most
     action = next(a for a in w.findChildren(type(w.dock.toggleViewAction())) if a.objectName() == "view_job")
     assert action.isEnabled() and action.shortcut().toString() == "Ctrl+J"
     action.trigger()
@@ -52,11 +53,12 @@ def test_job_dock_hides_shrinks_and_keeps_its_time(qtbot: Any, tmp_path: Path, g
     w.dock.begin("quantize", "Quantize")
     w.dock.end(True, "completed")
     took = w.dock.eta_label.text()
-    w.dock.started -= 300          # as if five minutes passed
+    w.dock.started -= 300  # as if five minutes passed
 
     async def run_report() -> None:
         w.pages["report"].run_button.click()
         await wait_until(lambda: not c.busy and c.last_result is not None, 60, "Run Report to end")
+
     gui_loop.run_until_complete(run_report())
     assert w.dock.eta_label.text() == took and "nothing ran" in w.dock.progress.format()
 
@@ -64,16 +66,46 @@ def test_job_dock_hides_shrinks_and_keeps_its_time(qtbot: Any, tmp_path: Path, g
 def test_preflight_shows_titles_and_readable_values(qtbot: Any, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     m = gate_failed_run(ws, "preflight")
-    (m.run_dir / "artifacts" / "preflight" / "preflight.json").write_text(json.dumps({"checks": [
-        {"id": "wsl", "status": "warn", "measured": {"mem_total_bytes": 16 * 1024 ** 3, "wsl_version": 2},
-         "required": 32 * 1024 ** 3, "message": "WSL has 16 GiB.", "fix": "wslconfig:memory=40GB,swap=20GB"},
-        {"id": "python", "status": "ok", "measured": "3.11.7", "required": "3.10–3.12", "message": "ok",
-         "fix": None},
-        {"id": "disk_hf_cache", "status": "fail", "measured": 5 * 1024 ** 3, "required": 20 * 1024 ** 3,
-         "message": "Not enough disk.", "fix": None},
-        {"id": "local_compile", "status": "warn", "measured": 25_276_502_016,
-         "required": {"ram_bytes": 24 * 1024 ** 3, "seconds": 1860, "disk_bytes": 11 * 10 ** 9},
-         "message": "A local QNN compile needs about 24 GiB.", "fix": None}]}))
+    (m.run_dir / "artifacts" / "preflight" / "preflight.json").write_text(
+        json.dumps(
+            {
+                "checks": [
+                    {
+                        "id": "wsl",
+                        "status": "warn",
+                        "measured": {"mem_total_bytes": 16 * 1024**3, "wsl_version": 2},
+                        "required": 32 * 1024**3,
+                        "message": "WSL has 16 GiB.",
+                        "fix": "wslconfig:memory=40GB,swap=20GB",
+                    },
+                    {
+                        "id": "python",
+                        "status": "ok",
+                        "measured": "3.11.7",
+                        "required": "3.10–3.12",
+                        "message": "ok",
+                        "fix": None,
+                    },
+                    {
+                        "id": "disk_hf_cache",
+                        "status": "fail",
+                        "measured": 5 * 1024**3,
+                        "required": 20 * 1024**3,
+                        "message": "Not enough disk.",
+                        "fix": None,
+                    },
+                    {
+                        "id": "local_compile",
+                        "status": "warn",
+                        "measured": 25_276_502_016,
+                        "required": {"ram_bytes": 24 * 1024**3, "seconds": 1860, "disk_bytes": 11 * 10**9},
+                        "message": "A local QNN compile needs about 24 GiB.",
+                        "fix": None,
+                    },
+                ]
+            }
+        )
+    )
     c, w = _window(ws, qtbot)
     c.open_run(m.run_id)
     page = w.pages["preflight"]
@@ -82,7 +114,9 @@ def test_preflight_shows_titles_and_readable_values(qtbot: Any, tmp_path: Path) 
     cells = [[t.item(r, col).text() for col in range(t.columnCount())] for r in range(t.rowCount())]
     assert [row[0] for row in cells][:3] == ["WSL memory limit", "Python version", "Disk: Hugging Face cache"]
     # sizes and times in a person's units (not 25276502016 or "seconds 1860")
-    assert cells[3][2] == "23.5 GiB" and "time 31 min" in cells[3][3] and "ram 24.0 GiB" in cells[3][3], cells[3]
+    assert cells[3][2] == "23.5 GiB" and "time 31 min" in cells[3][3] and "ram 24.0 GiB" in cells[3][3], (
+        cells[3]
+    )
     text = " ".join(" ".join(row) for row in cells)
     assert "{" not in text and "'" not in text and "_" not in text, text
     assert cells[0][2] == "mem total 16.0 GiB · wsl version 2", cells[0][2]
@@ -92,7 +126,7 @@ def test_preflight_shows_titles_and_readable_values(qtbot: Any, tmp_path: Path) 
 
 def test_board_list_agrees_with_the_board_stage(qtbot: Any, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")      # its Board stage passed
+    m = gate_failed_run(ws, "evaluate")  # its Board stage passed
     c, w = _window(ws, qtbot)
     c.open_run(m.run_id)
     page = w.pages["board"]
@@ -105,8 +139,9 @@ def test_board_list_agrees_with_the_board_stage(qtbot: Any, tmp_path: Path) -> N
     assert "not connected yet" in page.board_item("sim").text()
 
 
-def test_export_html_fills_the_preview_and_open_in_browser(qtbot: Any, tmp_path: Path,
-                                                           gui_loop: asyncio.AbstractEventLoop) -> None:
+def test_export_html_fills_the_preview_and_open_in_browser(
+    qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop
+) -> None:
     ws = tmp_path / "ws"
     m = gate_failed_run(ws, "evaluate")
     finish_stage(m, "evaluate", {"parity_matched": 256, "parity_total": 256})
@@ -131,7 +166,7 @@ def test_model_page_shows_the_open_runs_settings(qtbot: Any, tmp_path: Path) -> 
     page = w.pages["model"]
     page.refresh()
     assert page.calib_spin.value() == m.settings["calibration_samples"]
-    c.set_setting("calibration_samples", 11)     # as the Quantize page does
+    c.set_setting("calibration_samples", 11)  # as the Quantize page does
     w.refresh()
     assert page.calib_spin.value() == 11 and m.run_id in page.calib_spin.toolTip()
 
@@ -157,13 +192,30 @@ def test_evaluate_chart_has_a_legend(qtbot: Any, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     m = gate_failed_run(ws, "evaluate")
     titles = {"float": "host float", "sim": "host quantized (sim)", "board": "board"}
-    (m.run_dir / "artifacts" / "evaluate" / "evaluate.json").write_text(json.dumps({
-        "simulated": True, "prompt_format": "chat", "tool_format": "json", "legs": list(titles),
-        "leg_titles": titles, "suites": [
-            {"suite": "instruction", "title": "Instruction following", "scorer": "rules", "cases": 8,
-             "legs": {leg: {"value": v, "text": f"{v:.0%}"} for leg, v in (("float", 0.75), ("sim", 0.5),
-                                                                             ("board", 0.5))},
-             "drops": {"float->sim": 0.25, "sim->board": 0.0}}]}))
+    (m.run_dir / "artifacts" / "evaluate" / "evaluate.json").write_text(
+        json.dumps(
+            {
+                "simulated": True,
+                "prompt_format": "chat",
+                "tool_format": "json",
+                "legs": list(titles),
+                "leg_titles": titles,
+                "suites": [
+                    {
+                        "suite": "instruction",
+                        "title": "Instruction following",
+                        "scorer": "rules",
+                        "cases": 8,
+                        "legs": {
+                            leg: {"value": v, "text": f"{v:.0%}"}
+                            for leg, v in (("float", 0.75), ("sim", 0.5), ("board", 0.5))
+                        },
+                        "drops": {"float->sim": 0.25, "sim->board": 0.0},
+                    }
+                ],
+            }
+        )
+    )
     c, w = _window(ws, qtbot)
     c.open_run(m.run_id)
     page = w.pages["evaluate"]
@@ -174,8 +226,9 @@ def test_evaluate_chart_has_a_legend(qtbot: Any, tmp_path: Path) -> None:
     assert compare_names and m.run_id in compare_names[0]
 
 
-def test_inspect_shows_it_is_busy_and_clears_the_previous_model(qtbot: Any, tmp_path: Path,
-                                                                gui_loop: asyncio.AbstractEventLoop) -> None:
+def test_inspect_shows_it_is_busy_and_clears_the_previous_model(
+    qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop
+) -> None:
     from tests.gui.test_pages import _config_only_8b
 
     _c, w = _window(tmp_path / "ws", qtbot)
@@ -188,17 +241,19 @@ def test_inspect_shows_it_is_busy_and_clears_the_previous_model(qtbot: Any, tmp_
 
     async def go() -> Any:
         task = asyncio.ensure_future(page.inspect())
-        await asyncio.sleep(0)          # inspect has started reading config.json in a thread
+        await asyncio.sleep(0)  # inspect has started reading config.json in a thread
         seen["busy"] = page.inspect_busy.isVisible()
         seen["rows"] = page.inspect_table.rowCount()
         return await task
+
     info = gui_loop.run_until_complete(go())
     assert seen == {"busy": True, "rows": 0}
     assert info is not None and not page.inspect_busy.isVisible() and page.inspect_table.rowCount() > 3
 
 
-def test_run_keeps_the_status_line_and_run_buttons_in_view(qtbot: Any, tmp_path: Path,
-                                                           gui_loop: asyncio.AbstractEventLoop) -> None:
+def test_run_keeps_the_status_line_and_run_buttons_in_view(
+    qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop
+) -> None:
     c, w = _window(tmp_path / "ws", qtbot)
     c.new_run("builtin:tiny-llama")
     w.show()
@@ -210,9 +265,10 @@ def test_run_keeps_the_status_line_and_run_buttons_in_view(qtbot: Any, tmp_path:
     async def go() -> None:
         page.run_button.click()
         await wait_until(lambda: not c.busy, 180, "the preflight stage")
+
     gui_loop.run_until_complete(go())
     bar = page.scroll_area.verticalScrollBar()
-    assert bar.value() == 0, bar.value()                 # the status line and Run are still in view
+    assert bar.value() == 0, bar.value()  # the status line and Run are still in view
     qtbot.waitUntil(lambda: page.run_button.hasFocus() or page.hasFocus(), timeout=3000)
 
 
@@ -225,17 +281,25 @@ def test_board_form_is_cleared_and_a_board_can_be_edited_and_removed(qtbot: Any,
     page.add_button.click()
     assert c.settings.boards["evk"]["host"] == "192.168.1.50" and "added" in page.conn_label.text()
     assert page.name_edit.text() == "" and page.host_edit.text() == "" and page.user_edit.text() == ""
-    page.boards.setCurrentRow(next(i for i in range(page.boards.count()) if page.boards.item(i).data(256) == "evk"))
+    page.boards.setCurrentRow(
+        next(i for i in range(page.boards.count()) if page.boards.item(i).data(256) == "evk")
+    )
     assert page.edit_button.isEnabled() and page.remove_button.isEnabled()
     page.edit_button.click()
-    assert page.name_edit.text() == "evk" and page.user_edit.text() == "ubuntu" and page.add_button.text() == "Save board"
+    assert (
+        page.name_edit.text() == "evk"
+        and page.user_edit.text() == "ubuntu"
+        and page.add_button.text() == "Save board"
+    )
     page.host_edit.setText("192.168.1.51")
     page.add_button.click()
     assert c.settings.boards["evk"]["host"] == "192.168.1.51" and "saved" in page.conn_label.text()
-    page.boards.setCurrentRow(next(i for i in range(page.boards.count()) if page.boards.item(i).data(256) == "evk"))
+    page.boards.setCurrentRow(
+        next(i for i in range(page.boards.count()) if page.boards.item(i).data(256) == "evk")
+    )
     page.remove_selected(confirm=False)
     assert "evk" not in c.settings.boards and page.board_item("evk") is None
-    page.boards.setCurrentRow(0)                       # the simulator board cannot be edited or removed
+    page.boards.setCurrentRow(0)  # the simulator board cannot be edited or removed
     assert not page.edit_button.isEnabled() and not page.remove_button.isEnabled()
 
 
@@ -243,10 +307,12 @@ def test_board_console_shows_what_the_stage_did(qtbot: Any, tmp_path: Path) -> N
     ws = tmp_path / "ws"
     m = gate_failed_run(ws, "evaluate")
     (m.run_dir / "logs").mkdir(exist_ok=True)
-    events = [{"type": "progress", "fraction": 0.05, "message": "connecting to board sim"},
-              {"type": "progress", "fraction": 0.3, "message": "pushing config.json (0.0 of 3.2 MB)"},
-              {"type": "log", "level": "info", "message": "doctor: 7 checks passed"},
-              {"type": "warning", "message": "the board's clock is 3 s behind"}]
+    events = [
+        {"type": "progress", "fraction": 0.05, "message": "connecting to board sim"},
+        {"type": "progress", "fraction": 0.3, "message": "pushing config.json (0.0 of 3.2 MB)"},
+        {"type": "log", "level": "info", "message": "doctor: 7 checks passed"},
+        {"type": "warning", "message": "the board's clock is 3 s behind"},
+    ]
     (m.run_dir / "logs" / "board.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     c, w = _window(ws, qtbot)
     c.open_run(m.run_id)
@@ -265,14 +331,28 @@ def test_gui_help_needs_no_display_and_missing_xcb_libraries_are_named() -> None
 
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
-    r = subprocess.run([sys.executable, "-m", "app", "gui", "--help"], cwd=root, env=env, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "app", "gui", "--help"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and "usage: hexstudio [gui]" in r.stdout and "no display" not in r.stderr, r
     # a library Qt's xcb plugin needs is missing (one no system has, added to the real check): HexStudio says
     # which package to install instead of Qt aborting with "Reinstalling the application may fix this problem"
-    code = ("import sys, app.ui.launch as l; l.XCB_LIBS['xcb-hexstudio-test'] = 'libxcb-hexstudio-test0'; "
-            "raise SystemExit(l.launch_gui([]))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=root, env={**env, "DISPLAY": ":99"}, capture_output=True,
-                       text=True, timeout=60)
+    code = (
+        "import sys, app.ui.launch as l; l.XCB_LIBS['xcb-hexstudio-test'] = 'libxcb-hexstudio-test0'; "
+        "raise SystemExit(l.launch_gui([]))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        env={**env, "DISPLAY": ":99"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "libxcb-hexstudio-test0" in r.stderr and "apt-get install" in r.stderr, r
     assert "Reinstalling" not in r.stderr

@@ -27,7 +27,9 @@ async def _shot(widget: Any, name: str, tmp: Path, show: Any = None) -> Path:
     out = tmp / "screens"
     out.mkdir(exist_ok=True)
     path = out / f"{name}.png"
-    for _ in range(3):          # let the layouts settle (a reply just finished re-lays its bubble), as a person sees it
+    for _ in range(
+        3
+    ):  # let the layouts settle (a reply just finished re-lays its bubble), as a person sees it
         await asyncio.sleep(0.05)
     if show is not None:
         widget.dock.hide()
@@ -58,7 +60,9 @@ def assert_in_view(win: Any, *widgets: Any) -> None:
         assert frame.contains(QRect(top_left, wd.size())), f"{wd.objectName()} lies outside the window"
 
 
-def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+def test_whole_flow_through_the_window(
+    qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
     from app.core.runs import Workspace
     from app.ui.controller import RunController
     from app.ui.main_window import MainWindow
@@ -81,7 +85,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         await wait_until(lambda: not c.busy, timeout, f"the {name} stage")
         assert c.last_result is not None and c.last_result.ok, (c.last_result.message, c.last_result.hint)
         assert c.state(name) == "done"
-        assert "✓ passed" in page.state_label.text()    # the one status model: a passed gate, not "done"
+        assert "✓ passed" in page.state_label.text()  # the one status model: a passed gate, not "done"
 
     async def scenario() -> None:
         mp = w.pages["model"]
@@ -98,7 +102,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         pf = w.pages["preflight"]
         assert pf.checks.rowCount() >= 5
         titles = [pf.checks.item(r, 0).text() for r in range(pf.checks.rowCount())]
-        assert "Memory (RAM + swap)" in titles and "GPU" in titles      # titles, never snake_case ids
+        assert "Memory (RAM + swap)" in titles and "GPU" in titles  # titles, never snake_case ids
         await _shot(w, "02-preflight", tmp_path)
 
         await run_page("quantize", 300)
@@ -121,8 +125,11 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         bp = w.pages["board"]
         assert bp.doctor.topLevelItemCount() >= 1 and "sent" in bp.push_label.text()
         items = await bp.probe()
-        assert items and items[0]["status"] == "ok" and "local simulator" in bp.console.toPlainText() + \
-            bp.conn_label.text()
+        assert (
+            items
+            and items[0]["status"] == "ok"
+            and "local simulator" in bp.console.toPlainText() + bp.conn_label.text()
+        )
         await _shot(w, "06-board", tmp_path, show=bp.push_label)
 
         await run_page("chat", 120)
@@ -132,7 +139,7 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         # the Run Chat benchmark reply is a conversation of the run, shown in the transcript
         assert ch.record is not None and ch.record.origin == "Run Chat benchmark"
         assert len(ch.transcript.bubbles) == 2 and ch.transcript.bubbles[1].text.strip()
-        w.resize(1280, 720)   # a laptop screen: the message box, Send and Stop stay in view
+        w.resize(1280, 720)  # a laptop screen: the message box, Send and Stop stay in view
         ch.new_chat()
         ch.max_tokens.setValue(24)
         ch.input.setPlainText("What is the capital of France?")
@@ -149,18 +156,23 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         assert turn.kpis["source"] == "simulated" and turn.kpis["gen_tok_s"] > 0
         assert ch.session is not None and ch.session.mode == "persistent", ch.session.fallback_reason
         assert "stays loaded" in ch.mode_label.text()
-        assert "SIMULATED" in ch.kpi_label.text() and "SIMULATED" in ch.transcript.bubbles[-1].kpi_label.text()
+        assert (
+            "SIMULATED" in ch.kpi_label.text() and "SIMULATED" in ch.transcript.bubbles[-1].kpi_label.text()
+        )
         assert ch.rate_plot.xs and ch.history_plot.rates[-1] == pytest.approx(turn.kpis["gen_tok_s"])
         assert "tokens" in ch.context_meter.format() and ch.context_meter.value() > 0
-        if ch.session.runtime.key == "genie-htp-sim":     # real Genie: its own log lines reach the device console
+        if (
+            ch.session.runtime.key == "genie-htp-sim"
+        ):  # real Genie: its own log lines reach the device console
             assert "[Genie " in w.pages["board"].console.toPlainText()
             assert "HTP simulator" in ch.board_label.text()
         await _shot(w, "07-chat", tmp_path)
         # a second turn keeps the conversation (multi-turn prompt) and can be stopped mid-reply
         ch.max_tokens.setValue(200)
         task = asyncio.ensure_future(ch.send("Tell me about the harbour."))
-        await wait_until(lambda: len(ch.conversation.turns) == 2 and len(ch.streamed) > 3, 60,
-                         "the second reply to start")
+        await wait_until(
+            lambda: len(ch.conversation.turns) == 2 and len(ch.streamed) > 3, 60, "the second reply to start"
+        )
         ch.stop_button.click()
         turn2 = await task
         assert turn2 is not None and turn2.state == "aborted"
@@ -185,8 +197,10 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         await _shot(w, "08-report", tmp_path)
 
         # every stage shows done in the stage list (a stage another page adds may not have run)
-        assert all(c.state(s) == "done" for s in ("model", "preflight", "quantize", "validate", "compile",
-                                                   "board", "chat", "report"))
+        assert all(
+            c.state(s) == "done"
+            for s in ("model", "preflight", "quantize", "validate", "compile", "board", "chat", "report")
+        )
         await ch.close_session()
 
         # the studio opened again: the last run comes back with its conversations
@@ -198,15 +212,16 @@ def test_whole_flow_through_the_window(qtbot: Any, gui_loop: asyncio.AbstractEve
         ch2 = w2.pages["chat"]
         assert ch2.record is not None and ch2.record.id == chat_id
         assert "Paris" in ch2.transcript.plain_text() and len(ch2.transcript.bubbles) == 4
-        assert ch2.conv_list.count() == 2   # this chat and the Run Chat benchmark
+        assert ch2.conv_list.count() == 2  # this chat and the Run Chat benchmark
 
     gui_loop.run_until_complete(scenario())
     for state in ("quantize:running", "quantize:done", "chat:done", "report:done"):
         assert state in seen["states"]
 
 
-def test_cancel_a_running_stage_from_the_dock(qtbot: Any, gui_loop: asyncio.AbstractEventLoop,
-                                              tmp_path: Path) -> None:
+def test_cancel_a_running_stage_from_the_dock(
+    qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
     from app.core.runs import Workspace
     from app.ui.controller import RunController
     from app.ui.main_window import MainWindow
@@ -221,8 +236,9 @@ def test_cancel_a_running_stage_from_the_dock(qtbot: Any, gui_loop: asyncio.Abst
         assert c.manifest is not None
         w.show_stage("quantize")
         w.pages["quantize"].run_button.click()
-        await wait_until(lambda: c.running_stage == "quantize" and w.dock.fraction > 0, 120,
-                         "quantize to report progress")
+        await wait_until(
+            lambda: c.running_stage == "quantize" and w.dock.fraction > 0, 120, "quantize to report progress"
+        )
         assert w.dock.cancel_button.isEnabled()
         w.dock.cancel_button.click()
         await wait_until(lambda: not c.busy, 60, "the cancel")
@@ -237,7 +253,9 @@ def test_cancel_a_running_stage_from_the_dock(qtbot: Any, gui_loop: asyncio.Abst
     gui_loop.run_until_complete(scenario())
 
 
-def test_runs_dialog_opens_and_deletes(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+def test_runs_dialog_opens_and_deletes(
+    qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
     from app.core.runs import Workspace
     from app.ui.controller import RunController
     from app.ui.dialogs.history import HistoryDialog
@@ -258,7 +276,7 @@ def test_runs_dialog_opens_and_deletes(qtbot: Any, gui_loop: asyncio.AbstractEve
     h = HistoryDialog(c, w)
     qtbot.addWidget(h)
     texts = [h.table.item(r, 2).text() for r in range(h.table.rowCount())]
-    assert any("calibration_samples:" in t and "→ 5" in t for t in texts)   # the old value too
+    assert any("calibration_samples:" in t and "→ 5" in t for t in texts)  # the old value too
     c.delete_run(b.run_id)
     d.reload()
     assert d.table.rowCount() == 1 and not b.run_dir.exists()

@@ -37,7 +37,7 @@ def _walk(qtbot: Any, start: Any, names: dict[Any, str], steps: int) -> list[str
         fw = QApplication.focusWidget()
         assert fw is not None
         w: Any = fw
-        while w is not None and w not in names:   # a spin box's editor belongs to its spin box
+        while w is not None and w not in names:  # a spin box's editor belongs to its spin box
             assert not isinstance(w, StyledPlot), "a plot took the keyboard focus"
             w = w.parentWidget()
         name = names.get(w, f"other:{type(fw).__name__}") if w is not None else f"other:{type(fw).__name__}"
@@ -52,25 +52,58 @@ def _assert_before(seen: list[str], *names: str) -> None:
     assert pos == sorted(pos), f"Tab order {seen} does not visit {names} in that order"
 
 
-def test_tab_walks_the_chat_page_message_send_stop_then_settings_then_the_rest(qtbot: Any, tmp_path: Path) -> None:
+def test_tab_walks_the_chat_page_message_send_stop_then_settings_then_the_rest(
+    qtbot: Any, tmp_path: Path
+) -> None:
     from app.ui.plots import StyledPlot
 
     w = _window(tmp_path, qtbot)
     w.show_stage("chat")
     ch: Any = w.pages["chat"]
-    ch.send_button.setEnabled(True)   # as it is once the Board stage has pushed the bundle
-    ch.stop_button.setEnabled(True)   # as it is while a reply streams
+    ch.send_button.setEnabled(True)  # as it is once the Board stage has pushed the bundle
+    ch.stop_button.setEnabled(True)  # as it is while a reply streams
     ch.thinking_box.setEnabled(True)  # as it is where the model's chat template has a thinking switch
-    names = {ch.input: "message", ch.send_button: "send", ch.stop_button: "stop", ch.runtime_combo: "runtime",
-             ch.template_combo: "template", ch.thinking_box: "thinking", ch.system_edit: "system",
-             ch.max_tokens: "max_tokens", ch.enter_sends_box: "enter_sends", ch.sampler_combo: "sampler", ch.temp_spin: "temp", ch.topk_spin: "top_k",
-             ch.topp_spin: "top_p", ch.seed_spin: "seed", ch.new_button: "new", ch.conv_list: "conversations",
-             ch.copy_button: "copy", ch.export_button: "export", ch.run_button: "run", ch.transcript: "transcript",
-             ch.metrics: "metrics"}
+    names = {
+        ch.input: "message",
+        ch.send_button: "send",
+        ch.stop_button: "stop",
+        ch.runtime_combo: "runtime",
+        ch.template_combo: "template",
+        ch.thinking_box: "thinking",
+        ch.system_edit: "system",
+        ch.max_tokens: "max_tokens",
+        ch.enter_sends_box: "enter_sends",
+        ch.sampler_combo: "sampler",
+        ch.temp_spin: "temp",
+        ch.topk_spin: "top_k",
+        ch.topp_spin: "top_p",
+        ch.seed_spin: "seed",
+        ch.new_button: "new",
+        ch.conv_list: "conversations",
+        ch.copy_button: "copy",
+        ch.export_button: "export",
+        ch.run_button: "run",
+        ch.transcript: "transcript",
+        ch.metrics: "metrics",
+    }
     seen = _walk(qtbot, ch.input, names, 24)
-    first = ["message", "send", "stop", "runtime", "template", "thinking", "system", "max_tokens", "enter_sends",
-             "sampler", "temp", "top_k", "top_p", "seed"]
-    assert seen[:len(first)] == first, seen
+    first = [
+        "message",
+        "send",
+        "stop",
+        "runtime",
+        "template",
+        "thinking",
+        "system",
+        "max_tokens",
+        "enter_sends",
+        "sampler",
+        "temp",
+        "top_k",
+        "top_p",
+        "seed",
+    ]
+    assert seen[: len(first)] == first, seen
     _assert_before(seen, "seed", "new", "conversations", "copy", "export", "run", "transcript", "metrics")
     assert not any(p.focusPolicy() & 0x1 for p in ch.findChildren(StyledPlot))  # plots take no Tab focus
 
@@ -79,12 +112,36 @@ def test_tab_walks_the_model_page_inputs_then_actions_then_results(qtbot: Any, t
     w = _window(tmp_path, qtbot)
     w.show_stage("model")
     mp: Any = w.pages["model"]
-    names = {mp.builtin_radio: "source", mp.hf_radio: "source", mp.folder_radio: "source", mp.hf_edit: "hf_id",
-             mp.folder_edit: "folder", mp.browse_button: "browse", mp.board_combo: "board",
-             mp.context_spin: "context", mp.calib_spin: "calibration", mp.inspect_button: "inspect",
-             mp.new_run_button: "new_run", mp.run_button: "run", mp.inspect_table: "inspect_table",
-             mp.metrics: "metrics"}
+    names = {
+        mp.builtin_radio: "source",
+        mp.hf_radio: "source",
+        mp.folder_radio: "source",
+        mp.hf_edit: "hf_id",
+        mp.folder_edit: "folder",
+        mp.browse_button: "browse",
+        mp.board_combo: "board",
+        mp.context_spin: "context",
+        mp.calib_spin: "calibration",
+        mp.inspect_button: "inspect",
+        mp.new_run_button: "new_run",
+        mp.run_button: "run",
+        mp.inspect_table: "inspect_table",
+        mp.metrics: "metrics",
+    }
     seen = _walk(qtbot, mp.builtin_radio, names, 16)
-    _assert_before(seen, "source", "hf_id", "folder", "browse", "board", "context", "calibration", "inspect",
-                   "new_run", "run", "inspect_table", "metrics")
+    _assert_before(
+        seen,
+        "source",
+        "hf_id",
+        "folder",
+        "browse",
+        "board",
+        "context",
+        "calibration",
+        "inspect",
+        "new_run",
+        "run",
+        "inspect_table",
+        "metrics",
+    )
     assert seen.index("metrics") == seen.index("inspect_table") + 1, seen

@@ -42,16 +42,34 @@ raise SystemExit(launch_gui(["--workspace", sys.argv[1]]))
 
 def test_gui_crashes_land_in_the_log_with_their_traceback(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
-    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "HEXSTUDIO_CONFIG_DIR": str(cfg),
-           "XDG_CONFIG_HOME": str(tmp_path / "xdg"), "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(GUI), str(tmp_path / "ws")], capture_output=True,
-                       text=True, cwd=REPO, env=env, timeout=120)
+    env = {
+        **os.environ,
+        "QT_QPA_PLATFORM": "offscreen",
+        "HEXSTUDIO_CONFIG_DIR": str(cfg),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+        "PYTHONPATH": str(REPO),
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(GUI), str(tmp_path / "ws")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     text = (cfg / "logs" / "studio.log").read_text(encoding="utf-8")
     assert "studio started" in text
-    assert "uncaught exception" in text and "in crash_in_a_slot" in text and "ZeroDivisionError: boom in a Qt slot" \
-        in text
-    assert "hexstudio.asyncio" in text and "in failing_task" in text and "LookupError: boom in a GUI task" in text
+    assert (
+        "uncaught exception" in text
+        and "in crash_in_a_slot" in text
+        and "ZeroDivisionError: boom in a Qt slot" in text
+    )
+    assert (
+        "hexstudio.asyncio" in text
+        and "in failing_task" in text
+        and "LookupError: boom in a GUI task" in text
+    )
     assert "hexstudio.qt: hexstudio-qt-warning-canary" in text
 
 
@@ -72,14 +90,19 @@ def test_error_dialog_names_the_log_and_has_show_log(qtbot: object, monkeypatch:
     try:
         raise RuntimeError("the compare failed")
     except RuntimeError as exc:
-        box = errors.show_error(None, "Compare runs", "The runs could not be compared.", "Try again.", exc=exc)
+        box = errors.show_error(
+            None, "Compare runs", "The runs could not be compared.", "Try again.", exc=exc
+        )
     try:
-        assert str(logs.log_path()) in box.informativeText() and "What to do: Try again." in box.informativeText()
+        assert (
+            str(logs.log_path()) in box.informativeText()
+            and "What to do: Try again." in box.informativeText()
+        )
         assert "RuntimeError: the compare failed" in box.detailedText()
         show = next(b for b in box.buttons() if b.text() == "Show log")
         show.click()
         assert opened and opened[0] in (str(logs.log_path()), str(logs.log_dir()))
-        assert box.isVisible()   # "Show log" leaves the dialog open
+        assert box.isVisible()  # "Show log" leaves the dialog open
         assert box.icon() == QMessageBox.Icon.Warning
     finally:
         box.close()

@@ -37,9 +37,14 @@ def test_wslconfig_fix_shows_the_diff_then_writes_with_a_backup(qtbot: Any, tmp_
     original = b"# mine\r\n[wsl2]\r\nmemory=64GB\r\nprocessors=8\r\n"
     cfg.write_bytes(original)
     page.wslconfig_path = cfg
-    check = {"id": "memory", "status": "fail", "message": "RAM + swap 64 GiB is below the 174 GiB peak.",
-             "measured": 64 * 1024 ** 3, "required": 174 * 1024 ** 3,
-             "fix": "Raise the WSL memory limit in .wslconfig (the Fix button writes it) and run `wsl --shutdown`."}
+    check = {
+        "id": "memory",
+        "status": "fail",
+        "message": "RAM + swap 64 GiB is below the 174 GiB peak.",
+        "measured": 64 * 1024**3,
+        "required": 174 * 1024**3,
+        "fix": "Raise the WSL memory limit in .wslconfig (the Fix button writes it) and run `wsl --shutdown`.",
+    }
     dlg = page.fix_dialog(check)
     qtbot.addWidget(dlg)
     shown = dlg.text.toPlainText()
@@ -58,8 +63,14 @@ def test_wslconfig_fix_shows_the_diff_then_writes_with_a_backup(qtbot: Any, tmp_
     assert again.apply_button is None and "already" in again.text.toPlainText()
     # the wsl check names its own target; a missing .wslconfig is created
     page.wslconfig_path = tmp_path / "new-wslconfig"
-    wsl = {"id": "wsl", "status": "fail", "message": "WSL2 caps Linux memory below the Windows RAM.",
-           "measured": None, "required": "memory >= 200GB", "fix": "wslconfig:memory=200GB,swap=100GB"}
+    wsl = {
+        "id": "wsl",
+        "status": "fail",
+        "message": "WSL2 caps Linux memory below the Windows RAM.",
+        "measured": None,
+        "required": "memory >= 200GB",
+        "fix": "wslconfig:memory=200GB,swap=100GB",
+    }
     dlg2 = page.fix_dialog(wsl)
     qtbot.addWidget(dlg2)
     assert "memory=200GB" in dlg2.text.toPlainText() and dlg2.apply_button is not None
@@ -68,8 +79,9 @@ def test_wslconfig_fix_shows_the_diff_then_writes_with_a_backup(qtbot: Any, tmp_
     assert "[wsl2]" in made and "memory=200GB" in made and "swap=100GB" in made
 
 
-def test_changing_a_setting_makes_a_done_stage_stale(qtbot: Any, tmp_path: Path,
-                                                     compiled_sim_run: Path) -> None:
+def test_changing_a_setting_makes_a_done_stage_stale(
+    qtbot: Any, tmp_path: Path, compiled_sim_run: Path
+) -> None:
     from tests.support.sim_runs import copy_run
 
     run = copy_run(compiled_sim_run, tmp_path / "ws")
@@ -99,8 +111,10 @@ def test_model_page_inspects_a_config_only_folder(qtbot: Any, tmp_path: Path) ->
     info = loop.run_until_complete(page.inspect())
     loop.close()
     assert info is not None and info["supported"] and info["num_layers"] == 32
-    rows = {page.inspect_table.item(r, 0).text(): page.inspect_table.item(r, 1).text()
-            for r in range(page.inspect_table.rowCount())}
+    rows = {
+        page.inspect_table.item(r, 0).text(): page.inspect_table.item(r, 1).text()
+        for r in range(page.inspect_table.rowCount())
+    }
     assert rows["vocabulary"] == "128,256" and "GiB" in rows["quantize peak RAM"]
     assert "reference recipe" in rows
 
@@ -147,9 +161,11 @@ def test_job_dock_log_is_bounded_filterable_and_copyable(qtbot: Any) -> None:
 
     dock = JobDock()
     qtbot.addWidget(dock)
-    dock.begin("quantize", "Quantize", 2 * 1024 ** 3)
+    dock.begin("quantize", "Quantize", 2 * 1024**3)
     for i in range(30_000):
-        dock.on_event("quantize", {"type": "log", "level": "debug" if i % 2 else "info", "message": f"line {i}"})
+        dock.on_event(
+            "quantize", {"type": "log", "level": "debug" if i % 2 else "info", "message": f"line {i}"}
+        )
     dock.on_event("quantize", {"type": "warning", "message": "calibration text is short", "hint": "add more"})
     dock.on_event("quantize", {"type": "progress", "fraction": 0.5, "message": "part 1 of 2"})
     dock.flush()

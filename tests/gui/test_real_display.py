@@ -21,10 +21,13 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not all(shutil.which(t) for t in ("Xvfb", "xdotool", "import")),
-                                 reason="needs Xvfb, xdotool and ImageMagick (apt-get install xvfb xdotool "
-                                        "imagemagick)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not all(shutil.which(t) for t in ("Xvfb", "xdotool", "import")),
+        reason="needs Xvfb, xdotool and ImageMagick (apt-get install xvfb xdotool imagemagick)",
+    ),
+]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -34,8 +37,11 @@ def xvfb(width: int, height: int) -> Iterator[str]:
         if not Path(f"/tmp/.X11-unix/X{n}").exists() and not Path(f"/tmp/.X{n}-lock").exists():
             break
     display = f":{n}"
-    proc = subprocess.Popen(["Xvfb", display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["Xvfb", display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 20
         while not Path(f"/tmp/.X11-unix/X{n}").exists():
@@ -49,14 +55,19 @@ def xvfb(width: int, height: int) -> Iterator[str]:
 
 
 def xdo(display: str, *args: str) -> str:
-    return subprocess.run(["xdotool", *args], env={**os.environ, "DISPLAY": display}, capture_output=True,
-                          text=True, timeout=60).stdout.strip()
+    return subprocess.run(
+        ["xdotool", *args], env={**os.environ, "DISPLAY": display}, capture_output=True, text=True, timeout=60
+    ).stdout.strip()
 
 
 def screenshot(display: str, name: str, out: Path) -> Path:
     path = out / f"{name}.png"
-    subprocess.run(["import", "-window", "root", str(path)], env={**os.environ, "DISPLAY": display}, check=True,
-                   timeout=60)
+    subprocess.run(
+        ["import", "-window", "root", str(path)],
+        env={**os.environ, "DISPLAY": display},
+        check=True,
+        timeout=60,
+    )
     keep = os.environ.get("HEXSTUDIO_SCREENSHOTS")
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
@@ -65,9 +76,13 @@ def screenshot(display: str, name: str, out: Path) -> Path:
 
 
 def start_studio(display: str, ws: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "app", "gui", "--workspace", str(ws)], cwd=ROOT,
-                            env={**env, "DISPLAY": display, "QT_QPA_PLATFORM": "xcb"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "gui", "--workspace", str(ws)],
+        cwd=ROOT,
+        env={**env, "DISPLAY": display, "QT_QPA_PLATFORM": "xcb"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     win = ""
     while not win:
@@ -76,7 +91,7 @@ def start_studio(display: str, ws: Path, env: dict[str, str]) -> tuple[subproces
             raise AssertionError(f"the studio window did not appear: {err[-2000:]}")
         win = xdo(display, "search", "--onlyvisible", "--name", "HexStudio").split("\n")[0]
         time.sleep(0.3)
-    time.sleep(1.5)   # the first paint
+    time.sleep(1.5)  # the first paint
     return proc, win
 
 
@@ -117,7 +132,7 @@ def test_chat_on_a_real_display_then_reopen(tmp_path: Path, compiled_sim_run: Pa
     assert asyncio.run(Pipeline(m).run(only="board")).ok
     xdg = tmp_path / "xdg"
     (xdg / "HexStudio").mkdir(parents=True)
-    (xdg / "HexStudio" / "HexStudio.conf").write_text(f"[recent]\nrun={run.name}\n")   # the last open run
+    (xdg / "HexStudio" / "HexStudio.conf").write_text(f"[recent]\nrun={run.name}\n")  # the last open run
     env = {**os.environ, "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg"), "XDG_CONFIG_HOME": str(xdg)}
     out = tmp_path / "screens"
     out.mkdir()
@@ -125,17 +140,16 @@ def test_chat_on_a_real_display_then_reopen(tmp_path: Path, compiled_sim_run: Pa
         proc, win = start_studio(display, ws, env)
         try:
             geo = xdo(display, "getwindowgeometry", win)
-            assert "1280x" in geo or "Geometry: 12" in geo, geo        # kept within the 1280x720 screen
+            assert "1280x" in geo or "Geometry: 12" in geo, geo  # kept within the 1280x720 screen
             xdo(display, "windowfocus", "--sync", win)
-            xdo(display, "key", "alt+7")              # the Chat page; the message box has focus
+            xdo(display, "key", "alt+7")  # the Chat page; the message box has focus
             time.sleep(1.0)
             xdo(display, "type", "--delay", "20", "What is the capital of France?")
             xdo(display, "key", "ctrl+Return")
             time.sleep(0.4)
             screenshot(display, "chat-1280x720-streaming", out)
             deadline = time.monotonic() + 60
-            while not any("Paris" in str(t.get("reply")) for c in conversations(run)
-                          for t in c["turns"]):    # type: ignore[attr-defined]
+            while not any("Paris" in str(t.get("reply")) for c in conversations(run) for t in c["turns"]):  # type: ignore[attr-defined]
                 assert time.monotonic() < deadline, conversations(run)
                 time.sleep(0.5)
             time.sleep(0.8)
@@ -171,7 +185,11 @@ def test_window_restored_within_the_screen_at_150_percent_scaling(tmp_path: Path
     (QT_SCALE_FACTOR=1.5: 853x480 device-independent pixels), not bigger than the screen."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    env = {**os.environ, "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    env = {
+        **os.environ,
+        "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+    }
     out = tmp_path / "screens"
     out.mkdir()
     with xvfb(1920, 1200) as display:
@@ -181,7 +199,7 @@ def test_window_restored_within_the_screen_at_150_percent_scaling(tmp_path: Path
             time.sleep(0.8)
             assert _size(display, win)[0] > 1280
             xdo(display, "windowfocus", "--sync", win)
-            assert quit_studio(display, proc), "Ctrl+Q did not quit the studio"   # quitting saves the geometry
+            assert quit_studio(display, proc), "Ctrl+Q did not quit the studio"  # quitting saves the geometry
         finally:
             stop(proc)
     assert list((tmp_path / "xdg").rglob("*.conf")), "the window geometry was not saved"
@@ -192,8 +210,15 @@ def test_window_restored_within_the_screen_at_150_percent_scaling(tmp_path: Path
             w, h = _size(display, win)
             screenshot(display, "studio-1280x720-at-150-percent", out)
             assert w <= 1280 and h <= 720, (w, h)
-            x, y = (int(v) for v in xdo(display, "getwindowgeometry", win).splitlines()[1]
-                    .split("Position:")[1].split("(")[0].strip().split(","))
+            x, y = (
+                int(v)
+                for v in xdo(display, "getwindowgeometry", win)
+                .splitlines()[1]
+                .split("Position:")[1]
+                .split("(")[0]
+                .strip()
+                .split(",")
+            )
             assert x >= 0 and y >= 0 and x + w <= 1280 and y + h <= 720, (x, y, w, h)
             # no window manager decorates it here: room is kept for the title bar one adds (WSLg's is 20 px
             # at 150 %), so the frame, title bar included, stays on the screen (issue 32)
@@ -202,8 +227,9 @@ def test_window_restored_within_the_screen_at_150_percent_scaling(tmp_path: Path
             quit_studio(display, proc)
 
 
-def test_a_wheel_over_an_unfocused_spin_box_changes_nothing_on_a_real_display(tmp_path: Path,
-                                                                               compiled_sim_run: Path) -> None:
+def test_a_wheel_over_an_unfocused_spin_box_changes_nothing_on_a_real_display(
+    tmp_path: Path, compiled_sim_run: Path
+) -> None:
     """On the Quantize page at 1280x720, the mouse wheel turned over the calibration-samples spin box without the
     focus changes no run setting and records nothing; clicked (focused), the same wheel changes it and one
     history entry is recorded when editing ends (the positive control: the pointer is on the spin box)."""
@@ -228,17 +254,17 @@ def test_a_wheel_over_an_unfocused_spin_box_changes_nothing_on_a_real_display(tm
         proc, win = start_studio(display, ws, env)
         try:
             xdo(display, "windowfocus", "--sync", win)
-            xdo(display, "mousemove", "--sync", "58", "118")      # the stage list: Quantize (focus on the list)
+            xdo(display, "mousemove", "--sync", "58", "118")  # the stage list: Quantize (focus on the list)
             xdo(display, "click", "1")
             time.sleep(1.0)
-            xdo(display, "mousemove", "--sync", "800", "199")     # the calibration-samples spin box
-            xdo(display, "click", "--repeat", "3", "--delay", "120", "4")     # wheel up, three notches
+            xdo(display, "mousemove", "--sync", "800", "199")  # the calibration-samples spin box
+            xdo(display, "click", "--repeat", "3", "--delay", "120", "4")  # wheel up, three notches
             time.sleep(0.8)
             screenshot(display, "quantize-1280x720-after-wheel", out)
             assert state() == (before, changes), "a wheel over an unfocused spin box changed a run setting"
-            xdo(display, "click", "1")                            # now focused: the wheel edits the value
+            xdo(display, "click", "1")  # now focused: the wheel edits the value
             xdo(display, "click", "--repeat", "2", "--delay", "120", "4")
-            xdo(display, "key", "Tab")                            # editing ends: recorded once
+            xdo(display, "key", "Tab")  # editing ends: recorded once
             deadline = time.monotonic() + 10
             while state()[0] == before and time.monotonic() < deadline:
                 time.sleep(0.2)

@@ -33,8 +33,9 @@ async def _keep(widget: Any, name: str, tmp: Path) -> Path:
     return path
 
 
-def test_changed_pages_at_two_sizes_and_dark(qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path,
-                                             compiled_sim_run: Path) -> None:
+def test_changed_pages_at_two_sizes_and_dark(
+    qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path
+) -> None:
     from app.core.runs import Workspace
     from app.ui import theme
     from app.ui.controller import RunController
@@ -58,15 +59,17 @@ def test_changed_pages_at_two_sizes_and_dark(qtbot: Any, gui_loop: asyncio.Abstr
         ch: Any = w.pages["chat"]
         w.show_stage("chat")
         ch.max_tokens.setValue(32)
-        for size, question in (((1280, 720), "What is the capital of France?"),
-                               ((1600, 1000), "And the capital of Italy?")):
+        for size, question in (
+            ((1280, 720), "What is the capital of France?"),
+            ((1600, 1000), "And the capital of Italy?"),
+        ):
             w.resize(*size)
             ch.input.setPlainText(question)
             task = asyncio.ensure_future(ch.send())
             await wait_until(lambda: ch.busy_chat and len(ch.streamed) > 8, 120, "the reply to stream")
             assert_in_view(w, ch.input, ch.send_button, ch.stop_button)
             await _keep(w, f"chat-{size[0]}x{size[1]}-streaming", tmp_path)
-            await asyncio.wait_for(task, 180)       # a reply that never ends is a failure, not a hang
+            await asyncio.wait_for(task, 180)  # a reply that never ends is a failure, not a hang
             assert_in_view(w, ch.input, ch.send_button, ch.stop_button)
             await _keep(w, f"chat-{size[0]}x{size[1]}", tmp_path)
         try:
@@ -79,7 +82,7 @@ def test_changed_pages_at_two_sizes_and_dark(qtbot: Any, gui_loop: asyncio.Abstr
             w.show_stage("compile")
             await _keep(w, "compile-1600x1000-dark", tmp_path)
             w.show_stage("report")
-            w.pages["report"].run_button.click()    # runs what the report needs first: chat and evaluate (twin)
+            w.pages["report"].run_button.click()  # runs what the report needs first: chat and evaluate (twin)
             await wait_until(lambda: not c.busy, 420, "the report stage")
             await _keep(w, "report-1600x1000-dark", tmp_path)
             d = RunsDialog(c, w)

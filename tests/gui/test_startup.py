@@ -34,8 +34,14 @@ def test_gui_process_never_imports_the_ml_stack(tmp_path: Path, compiled_sim_run
         "    w.stage_list.setCurrentRow(i); app.processEvents()\n"
         "print(json.dumps({'heavy': heavy_modules_loaded(), 'states': {s: c.state(s) for s in w.pages}}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["heavy"] == [], f"the GUI imported {doc['heavy']}"
@@ -53,12 +59,17 @@ COLD_START_BOUND_S = 4.0
 def _startup_check(tmp_path: Path) -> tuple[float, dict[str, object]]:
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg")}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "app", "gui", "--startup-check", "--workspace",
-                             str(tmp_path / "ws")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "gui", "--startup-check", "--workspace", str(tmp_path / "ws")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert proc.stdout is not None
-    line = proc.stdout.readline()          # printed on the window's first event-loop turn
-    wall = time.perf_counter() - t0        # process spawn to the first window, measured from outside
+    line = proc.stdout.readline()  # printed on the window's first event-loop turn
+    wall = time.perf_counter() - t0  # process spawn to the first window, measured from outside
     rest, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     doc: dict[str, object] = json.loads((line + rest).strip().splitlines()[0])
@@ -76,11 +87,18 @@ def test_startup_check_opens_the_window_within_the_cold_start_bound(tmp_path: Pa
     assert best_wall < COLD_START_BOUND_S, (
         f"cold start to the first window took {best_wall:.2f} s (best of 2; target < 2 s, test bound "
         f"{COLD_START_BOUND_S} s): something slow now runs at startup — profile with "
-        "`python -X importtime -m app gui --startup-check` and keep heavy imports out of the GUI process")
+        "`python -X importtime -m app gui --startup-check` and keep heavy imports out of the GUI process"
+    )
 
 
 def test_no_display_is_a_clear_error(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
-    out = subprocess.run([sys.executable, "-m", "app"], env=env, capture_output=True, text=True, timeout=60,
-                         cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-m", "app"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 2 and "no display" in out.stderr and "WSLg" in out.stderr

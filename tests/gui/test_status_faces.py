@@ -33,11 +33,12 @@ def _item(w: Any, name: str) -> Any:
     return w.stage_list.item([s.name for s in STAGES].index(name))
 
 
-def test_failed_gate_run_report_and_override(qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_gate_run_report_and_override(
+    qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from PySide6.QtCore import Qt, QTimer
 
-    skip_board_recheck(monkeypatch)      # a synthetic run: no pushed bundle to recheck
+    skip_board_recheck(monkeypatch)  # a synthetic run: no pushed bundle to recheck
     from PySide6.QtWidgets import QApplication, QInputDialog
 
     from app.ui.dialogs.runs import run_row
@@ -63,7 +64,7 @@ def test_failed_gate_run_report_and_override(qtbot: Any, tmp_path: Path, gui_loo
     # the gate bar is up while the gate blocks the run
     assert w.gate_bar.isVisibleTo(w) and "Evaluate gate" in w.gate_bar.label.text()
     w.show_stage("model")
-    w.gate_bar.show_button.click()       # "Show the stage": the page, scrolled to its gate
+    w.gate_bar.show_button.click()  # "Show the stage": the page, scrolled to its gate
     assert w.stack.currentWidget() is page
     qtbot.waitUntil(lambda: page.override_button.hasFocus(), timeout=3000)
     qtbot.wait(100)
@@ -73,6 +74,7 @@ def test_failed_gate_run_report_and_override(qtbot: Any, tmp_path: Path, gui_loo
     async def run_report() -> None:
         w.pages["report"].run_button.click()
         await wait_until(lambda: not c.busy and c.last_result is not None, 60, "Run Report to end")
+
     gui_loop.run_until_complete(run_report())
     assert c.last_result is not None and not c.last_result.ok and c.last_result.stopped_at == "evaluate"
     text = w.gate_bar.label.text()
@@ -84,13 +86,14 @@ def test_failed_gate_run_report_and_override(qtbot: Any, tmp_path: Path, gui_loo
         dlg = next(x for x in QApplication.topLevelWidgets() if isinstance(x, QInputDialog) and x.isVisible())
         dlg.setTextValue("known divergence of the simulator at token 57")
         dlg.accept()
+
     QTimer.singleShot(200, answer)
     w.gate_bar.override_button.click()
     assert c.manifest is not None
     assert ev.data(Qt.ItemDataRole.UserRole) == "overridden" and "overridden by" in ev.toolTip()
     assert "⚑ overridden" in page.state_label.text()
     assert "overridden by" in page.gate_label.text() and "UTC" in page.gate_label.text()
-    assert not page.override_button.isVisibleTo(w)          # the button goes once the gate is overridden
+    assert not page.override_button.isVisibleTo(w)  # the button goes once the gate is overridden
     assert not w.gate_bar.isVisibleTo(w)
     assert "overridden" in w.statusBar().currentMessage()
     qtbot.wait(100)
@@ -99,8 +102,17 @@ def test_failed_gate_run_report_and_override(qtbot: Any, tmp_path: Path, gui_loo
     # Run Report now runs past the overridden gate; the run is complete, and the dashboard says so
     async def run_report_again() -> None:
         w.pages["report"].run_button.click()
-        await wait_until(lambda: not c.busy and c.last_result is not None and c.last_target == "report"
-                         and c.status("report").key != "pending", 120, "the report")
+        await wait_until(
+            lambda: (
+                not c.busy
+                and c.last_result is not None
+                and c.last_target == "report"
+                and c.status("report").key != "pending"
+            ),
+            120,
+            "the report",
+        )
+
     gui_loop.run_until_complete(run_report_again())
     assert c.status("report").key == "passed", c.last_result
     row = run_row(next(s for s in c.list_runs() if s.run_id == m.run_id))
@@ -141,6 +153,8 @@ def test_compare_and_dashboard_use_the_same_words(qtbot: Any, tmp_path: Path) ->
     finish_stage(b, "report", {})
     c, _w = _window(ws, qtbot)
     rows = {r["run"]: r for r in (run_row(s) for s in c.list_runs())}
-    assert rows[a.run_id]["status"] == "gate failed at Validate" and rows[a.run_id]["verdict"] == "gate failed"
+    assert (
+        rows[a.run_id]["status"] == "gate failed at Validate" and rows[a.run_id]["verdict"] == "gate failed"
+    )
     cmp = compare_reports([build_report(a.run_dir), build_report(b.run_dir)])
     assert [r["status"] for r in cmp["runs"]] == [rows[a.run_id]["status"], rows[b.run_id]["status"]]

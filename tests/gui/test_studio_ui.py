@@ -27,14 +27,18 @@ def test_thinking_and_code_are_split_out_of_a_reply() -> None:
 
     r = split_thinking("<think>\nLet me see: 2+2.\n</think>\n\nIt is **4**.")
     assert (r.thinking, r.thinking_done, r.answer) == ("Let me see: 2+2.", True, "It is **4**.")
-    r = split_thinking("<think>still going")          # streaming: the answer has not started
+    r = split_thinking("<think>still going")  # streaming: the answer has not started
     assert r.thinking == "still going" and not r.thinking_done and r.answer == ""
-    r = split_thinking("the template opened it</think>Answer")   # Qwen3 with enable_thinking
+    r = split_thinking("the template opened it</think>Answer")  # Qwen3 with enable_thinking
     assert r.thinking == "the template opened it" and r.answer == "Answer"
     assert split_thinking("plain").thinking is None
     parts = segments("Run this:\n```python\nprint('hi')\n```\nthen\n```\nunfinished")
-    assert parts == [("text", "Run this:", ""), ("code", "print('hi')", "python"), ("text", "then", ""),
-                     ("code", "unfinished", "")]
+    assert parts == [
+        ("text", "Run this:", ""),
+        ("code", "print('hi')", "python"),
+        ("text", "then", ""),
+        ("code", "unfinished", ""),
+    ]
 
 
 def test_message_bubble_renders_markdown_code_and_folded_thinking(qtbot: Any) -> None:
@@ -48,14 +52,18 @@ def test_message_bubble_renders_markdown_code_and_folded_thinking(qtbot: Any) ->
     view.show()
     view.add("user", "Is it <b>bold</b> &amp; safe?")
     b = view.add("assistant")
-    b.set_text("<think>The user asks about HTML.</think>It&#x27;s **fine** &amp; safe:\n```bash\necho 'ok'\n```\n",
-               streaming=False)
+    b.set_text(
+        "<think>The user asks about HTML.</think>It&#x27;s **fine** &amp; safe:\n```bash\necho 'ok'\n```\n",
+        streaming=False,
+    )
     shown = b.rendered_text()
-    assert "It's fine & safe:" in shown and "&#x27;" not in shown and "&amp;" not in shown and "**" not in shown
+    assert (
+        "It's fine & safe:" in shown and "&#x27;" not in shown and "&amp;" not in shown and "**" not in shown
+    )
     # the user's own text is shown exactly as typed (not read as HTML)
     assert view.bubbles[0].rendered_text() == "Is it <b>bold</b> &amp; safe?"
     assert b.think_button is not None and b.think_label is not None
-    assert not b.think_button.isHidden() and b.think_label.isHidden()    # folded
+    assert not b.think_button.isHidden() and b.think_label.isHidden()  # folded
     assert "Thought" in b.think_button.text()
     b.think_button.click()
     assert not b.think_label.isHidden() and "HTML" in b.think_label.text()
@@ -63,7 +71,7 @@ def test_message_bubble_renders_markdown_code_and_folded_thinking(qtbot: Any) ->
     code.copy_button.click()
     assert QGuiApplication.clipboard().text() == "echo 'ok'"
     b.copy_button.click()
-    assert QGuiApplication.clipboard().text().startswith("It&#x27;s **fine**")   # the Markdown, no thinking
+    assert QGuiApplication.clipboard().text().startswith("It&#x27;s **fine**")  # the Markdown, no thinking
     assert "copy" in view.plain_text().lower() or "echo 'ok'" in view.plain_text()
 
 
@@ -72,15 +80,36 @@ def test_conversations_are_kept_in_the_run_and_chats_made_elsewhere_are_listed(t
 
     run = tmp_path / "run"
     (run / "artifacts" / "chat").mkdir(parents=True)
-    (run / "run.json").write_text(json.dumps({"inputs": {"settings": {"benchmark_prompt": "Capital of France?"}}}))
-    (run / "artifacts" / "chat" / "chat.json").write_text(json.dumps(
-        {"source": "simulated", "prompt": "Question: Capital of France? Answer:", "reply": " Paris.",
-         "state": "complete", "kpis": {"gen_tok_s": 40.0, "source": "simulated"}}))
+    (run / "run.json").write_text(
+        json.dumps({"inputs": {"settings": {"benchmark_prompt": "Capital of France?"}}})
+    )
+    (run / "artifacts" / "chat" / "chat.json").write_text(
+        json.dumps(
+            {
+                "source": "simulated",
+                "prompt": "Question: Capital of France? Answer:",
+                "reply": " Paris.",
+                "state": "complete",
+                "kpis": {"gen_tok_s": 40.0, "source": "simulated"},
+            }
+        )
+    )
     (run / "chats").mkdir()
     (run / "chats" / "20250101-000000-1-0001.jsonl").write_text(
-        json.dumps({"type": "session", "started": "2025-01-01T00:00:00", "template": "llama3"}) + "\n"
-        + json.dumps({"type": "turn", "user": "hi", "reply": "hello", "state": "complete", "kpis": {},
-                      "source": "device"}) + "\n")
+        json.dumps({"type": "session", "started": "2025-01-01T00:00:00", "template": "llama3"})
+        + "\n"
+        + json.dumps(
+            {
+                "type": "turn",
+                "user": "hi",
+                "reply": "hello",
+                "state": "complete",
+                "kpis": {},
+                "source": "device",
+            }
+        )
+        + "\n"
+    )
     store = ChatStore(run)
     recs = store.conversations()
     origins = sorted(r.origin for r in recs)
@@ -90,15 +119,22 @@ def test_conversations_are_kept_in_the_run_and_chats_made_elsewhere_are_listed(t
     # listed again: not imported twice
     assert len(store.conversations()) == 2
     mine = store.new(template="auto")
-    mine.turns.append(ChatTurn(user="A question that is rather long, longer than a title should ever be", reply="x",
-                               state="complete"))
+    mine.turns.append(
+        ChatTurn(
+            user="A question that is rather long, longer than a title should ever be",
+            reply="x",
+            state="complete",
+        )
+    )
     store.save(mine)
     again = ChatStore(run).load(mine.id)
     assert again is not None and again.turns[0].reply == "x" and again.title.endswith("…")
-    assert ChatStore(run).conversations()[0].id == mine.id     # the newest first
+    assert ChatStore(run).conversations()[0].id == mine.id  # the newest first
 
 
-def test_a_wheel_over_an_unfocused_spin_box_scrolls_the_page_not_the_value(qtbot: Any, tmp_path: Path) -> None:
+def test_a_wheel_over_an_unfocused_spin_box_scrolls_the_page_not_the_value(
+    qtbot: Any, tmp_path: Path
+) -> None:
     from PySide6.QtCore import QPoint, QPointF, Qt
     from PySide6.QtGui import QWheelEvent
     from PySide6.QtWidgets import QApplication
@@ -114,8 +150,16 @@ def test_a_wheel_over_an_unfocused_spin_box_scrolls_the_page_not_the_value(qtbot
 
     def wheel(target: Any) -> None:
         pos = QPointF(target.width() / 2, target.height() / 2)
-        ev = QWheelEvent(pos, QPointF(target.mapToGlobal(pos.toPoint())), QPoint(0, 0), QPoint(0, 120),
-                         Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False)
+        ev = QWheelEvent(
+            pos,
+            QPointF(target.mapToGlobal(pos.toPoint())),
+            QPoint(0, 0),
+            QPoint(0, 120),
+            Qt.MouseButton.NoButton,
+            Qt.KeyboardModifier.NoModifier,
+            Qt.ScrollPhase.NoScrollPhase,
+            False,
+        )
         QApplication.sendEvent(target, ev)
 
     for _ in range(4):
@@ -123,7 +167,10 @@ def test_a_wheel_over_an_unfocused_spin_box_scrolls_the_page_not_the_value(qtbot
         wheel(spin.lineEdit())
     assert spin.value() == before
     assert not spin.hasFocus()
-    assert len(c.manifest.data.get("events", [])) == events and c.manifest.settings["calibration_seq_len"] == before
+    assert (
+        len(c.manifest.data.get("events", [])) == events
+        and c.manifest.settings["calibration_seq_len"] == before
+    )
     # with the focus (clicked or tabbed into), the wheel edits it as usual
     w.activateWindow()
     spin.setFocus()
@@ -140,26 +187,44 @@ def test_stage_page_states_are_honest(qtbot: Any, tmp_path: Path) -> None:
     assert STATE_TEXT["cancelled"] == "cancelled by you" and "crash or reboot" in STATE_TEXT["interrupted"]
     page = w.pages["quantize"]
     st = m.stage("quantize").data
-    st.update({"state": "cancelled", "attempts": 2, "started": "2025-01-01T10:00:00",
-               "outcome": {"kind": "cancelled", "message": "The Quantize stage was cancelled."}})
+    st.update(
+        {
+            "state": "cancelled",
+            "attempts": 2,
+            "started": "2025-01-01T10:00:00",
+            "outcome": {"kind": "cancelled", "message": "The Quantize stage was cancelled."},
+        }
+    )
     m.save()
     w.refresh()
     w.update_resume_bar()
-    assert "cancelled by you" in page.state_label.text() and "Attempt 2 was cancelled by you" in \
-        page.outcome_label.text()
+    assert (
+        "cancelled by you" in page.state_label.text()
+        and "Attempt 2 was cancelled by you" in page.outcome_label.text()
+    )
     assert not w.resume_bar.isHidden() and "cancelled by you" in w.resume_bar.label.text()
-    st.update({"state": "interrupted", "attempts": 3,
-               "outcome": {"kind": "interrupted", "message": "The process was gone."}})
+    st.update(
+        {
+            "state": "interrupted",
+            "attempts": 3,
+            "outcome": {"kind": "interrupted", "message": "The process was gone."},
+        }
+    )
     m.save()
     w.refresh()
     w.update_resume_bar()
-    assert "crash or reboot" in page.state_label.text() and "Attempt 3 was interrupted" in page.outcome_label.text()
+    assert (
+        "crash or reboot" in page.state_label.text()
+        and "Attempt 3 was interrupted" in page.outcome_label.text()
+    )
     assert "interrupted" in w.resume_bar.label.text() and w.resume_bar.resume_button.isEnabled()
     # while the stage runs again its page says so and greys the previous attempt's results
     c.running_stage = "quantize"
     page.refresh()
     assert "working" in page.state_label.text() and not page.results_box.isEnabled()
-    assert "previous attempt" in page.results_box.title() and "Attempt 3 is running" in page.outcome_label.text()
+    assert (
+        "previous attempt" in page.results_box.title() and "Attempt 3 is running" in page.outcome_label.text()
+    )
     c.running_stage = None
 
 
@@ -176,12 +241,16 @@ def test_runs_dashboard_sorts_and_compares(qtbot: Any, tmp_path: Path, compiled_
     qtbot.addWidget(d)
     headers = [d.table.horizontalHeaderItem(i).text() for i in range(d.table.columnCount())]
     assert headers == list(RUN_COLUMNS)
-    rows = {d.table.item(r, 0).data(256): [d.table.item(r, col).text() for col in range(len(RUN_COLUMNS))]
-            for r in range(d.table.rowCount())}
+    rows = {
+        d.table.item(r, 0).data(256): [d.table.item(r, col).text() for col in range(len(RUN_COLUMNS))]
+        for r in range(d.table.rowCount())
+    }
     assert set(rows) == {done.name, fresh.run_id}
-    assert rows[done.name][4] == "passed" and rows[done.name][7].endswith("B")   # verdict (status word), peak RSS
+    assert rows[done.name][4] == "passed" and rows[done.name][7].endswith(
+        "B"
+    )  # verdict (status word), peak RSS
     assert rows[fresh.run_id][3] == "0/9 stages passed"
-    d.table.sortItems(2, Qt.SortOrder.AscendingOrder)   # by creation time, oldest first
+    d.table.sortItems(2, Qt.SortOrder.AscendingOrder)  # by creation time, oldest first
     first = d.table.item(0, 0).data(256)
     d.table.sortItems(2, Qt.SortOrder.DescendingOrder)
     assert d.table.item(0, 0).data(256) != first
@@ -201,7 +270,7 @@ def test_title_about_and_theme(qtbot: Any, tmp_path: Path) -> None:
     assert w.windowTitle() == "HexStudio"
     m = c.new_run("builtin:tiny-llama")
     assert w.windowTitle() == f"{m.run_id} — HexStudio"
-    assert QSettings().value("recent/run") == m.run_id       # a new run is the one reopened at launch
+    assert QSettings().value("recent/run") == m.run_id  # a new run is the one reopened at launch
     about = AboutDialog(c, w)
     qtbot.addWidget(about)
     text = about.text.text()
@@ -222,17 +291,24 @@ def test_title_about_and_theme(qtbot: Any, tmp_path: Path) -> None:
         w.set_theme("system")
 
 
-@pytest.mark.parametrize("rows,expected", [
-    ([[0, 1, 0], [1, 2, 0], [2, 3, 0], [0, 1, 0], [1, 5, 0]], 2),          # the time went back: a new attempt
-    ([[0, 1, 0], [0.5, 2, 0], [1, 3, 0], [300, 1, 0], [300.5, 2, 0]], 2),  # a long pause between attempts
-    ([[0, 1, 0], [0.5, 2, 0], [1, 3, 0]], 1),
-])
+@pytest.mark.parametrize(
+    "rows,expected",
+    [
+        ([[0, 1, 0], [1, 2, 0], [2, 3, 0], [0, 1, 0], [1, 5, 0]], 2),  # the time went back: a new attempt
+        ([[0, 1, 0], [0.5, 2, 0], [1, 3, 0], [300, 1, 0], [300.5, 2, 0]], 2),  # a long pause between attempts
+        ([[0, 1, 0], [0.5, 2, 0], [1, 3, 0]], 1),
+    ],
+)
 def test_report_memory_chart_shows_one_attempt(rows: list[list[float]], expected: int) -> None:
     from app.core.reports.render import attempts, plots
 
     assert len(attempts(rows)) == expected
-    svgs = plots({"series": {"resources": {"quantize": rows + [[rows[-1][0] + 0.5, 2e9, 0]] * 3}},
-                  "estimates": {"quantize_peak_rss_bytes": 3 * 1024 ** 3}})["resources"]
+    svgs = plots(
+        {
+            "series": {"resources": {"quantize": rows + [[rows[-1][0] + 0.5, 2e9, 0]] * 3}},
+            "estimates": {"quantize_peak_rss_bytes": 3 * 1024**3},
+        }
+    )["resources"]
     assert len(svgs) == 1 and "preflight estimate 3.00 GiB" in svgs[0] and 'fill="currentColor"' in svgs[0]
     if expected > 1:
         assert f"attempt {expected} of {expected}" in svgs[0]
@@ -261,4 +337,4 @@ def test_job_dock_estimate_line_says_its_figure(qtbot: Any) -> None:
     plot.redraw()
     assert plot.peak_label.toPlainText() == "peak 0.55 GiB"
     legend = plot.getPlotItem().legend
-    assert legend is not None and legend.offset[0] < 0 and legend.offset[1] < 0     # anchored bottom right
+    assert legend is not None and legend.offset[0] < 0 and legend.offset[1] < 0  # anchored bottom right

@@ -13,16 +13,32 @@ import numpy as np
 import pytest
 
 CL, AR, PROMPT, STEPS = 64, 16, 12, 6
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 LLAMA32 = {**LLAMA3, "factor": 32.0}
-COMMON = {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "intermediate_size": 96, "vocab_size": 300, "max_position_embeddings": 256, "initializer_range": 0.1,
-          "bos_token_id": 0, "eos_token_id": 1}
+COMMON = {
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 96,
+    "vocab_size": 300,
+    "max_position_embeddings": 256,
+    "initializer_range": 0.1,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-untied-llama3-rope": ("LlamaConfig", {**COMMON, "rope_scaling": LLAMA3, "rope_theta": 500000.0}),
-    "llama-tied-llama3.2-rope": ("LlamaConfig", {**COMMON, "rope_scaling": LLAMA32, "rope_theta": 500000.0,
-                                                 "tie_word_embeddings": True}),
+    "llama-tied-llama3.2-rope": (
+        "LlamaConfig",
+        {**COMMON, "rope_scaling": LLAMA32, "rope_theta": 500000.0, "tie_word_embeddings": True},
+    ),
     "llama-head-dim-32": ("LlamaConfig", {**COMMON, "head_dim": 32}),
     "qwen2": ("Qwen2Config", {**COMMON, "tie_word_embeddings": True}),
     "qwen3": ("Qwen3Config", {**COMMON, "head_dim": 24}),
@@ -35,7 +51,9 @@ def _model(tmp: Path, name: str) -> Path:
     import transformers
 
     cls_name, kw = MODELS[name]
-    if not hasattr(transformers, cls_name):   # Qwen3 arrived in transformers 4.51 (the validated recipe pins 4.45)
+    if not hasattr(
+        transformers, cls_name
+    ):  # Qwen3 arrived in transformers 4.51 (the validated recipe pins 4.45)
         pytest.skip(f"transformers {transformers.__version__} has no {cls_name}")
     cfg = getattr(transformers, cls_name)(**kw)
     torch.manual_seed(0)
@@ -60,8 +78,12 @@ def _check(hf: Path, tmp: Path, pe_edit: Any = None) -> dict[str, Any]:
     graphs = export_deployment_graphs(hf, tmp / "q" / "float", CL, AR, 2)
     hidden = _hidden_names({"num_layers": cfg["num_hidden_layers"]})
     names = {n for ns in hidden.values() for n in ns}
-    units = {(g["kind"], g["part"]): [u.to_json() for u in split_for_run(tmp / "q" / g["float_onnx"], tmp / "u",
-                                                                         g["name"], names)] for g in graphs}
+    units = {
+        (g["kind"], g["part"]): [
+            u.to_json() for u in split_for_run(tmp / "q" / g["float_onnx"], tmp / "u", g["name"], names)
+        ]
+        for g in graphs
+    }
     us = UnitSessions(units, graphs, positional_encoding=pe, context_length=CL)
     rng = np.random.default_rng(1)
     seq = [int(t) for t in rng.integers(2, cfg["vocab_size"], PROMPT + STEPS)]
@@ -75,8 +97,15 @@ def _check(hf: Path, tmp: Path, pe_edit: Any = None) -> dict[str, Any]:
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     assert kv["inputs"][4] == "past_key_0_in"
     logits = run_unit_major(us, calls, {0: us.cache(kvh, hd)}, CL, capture=capture)
-    return _export_fidelity(hf, seq, calls, [capture[i] for i in range(len(calls))], np.stack(logits[-(STEPS + 1):]),
-                            hidden, dict(EXPORT_THRESHOLDS))
+    return _export_fidelity(
+        hf,
+        seq,
+        calls,
+        [capture[i] for i in range(len(calls))],
+        np.stack(logits[-(STEPS + 1) :]),
+        hidden,
+        dict(EXPORT_THRESHOLDS),
+    )
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

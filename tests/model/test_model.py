@@ -19,35 +19,93 @@ from app.core.pipeline import Pipeline
 from app.core.runs import Workspace
 from workers.shared import modelinfo
 
-LLAMA_8B: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-                            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                            "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 131072,
-                            "rope_theta": 500000.0, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
-                            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+LLAMA_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+}
 NEMOTRON_NANO_8B = {**LLAMA_8B, "_name_or_path": "nvidia/Llama-3.1-Nemotron-Nano-8B-v1"}
-QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
-            "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000.0,
-            "tie_word_embeddings": False}
-MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
-           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
-           "vocab_size": 32000, "num_local_experts": 8}
-MAMBA = {"architectures": ["MambaForCausalLM"], "model_type": "mamba", "hidden_size": 2560, "num_hidden_layers": 64,
-         "vocab_size": 50280}
-NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 4096,
-              "num_hidden_layers": 52, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 131072,
-              "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-"}
-QWEN2_YARN = {**QWEN3_8B, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-              "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 12288,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+}
+MIXTRAL = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 32000,
+    "num_local_experts": 8,
+}
+MAMBA = {
+    "architectures": ["MambaForCausalLM"],
+    "model_type": "mamba",
+    "hidden_size": 2560,
+    "num_hidden_layers": 64,
+    "vocab_size": 50280,
+}
+NEMOTRON_H = {
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "hidden_size": 4096,
+    "num_hidden_layers": 52,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 131072,
+    "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-",
+}
+QWEN2_YARN = {
+    **QWEN3_8B,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+}
 # rotates half of each head: Genie rotates the whole head (rope-dim = head_dim / 2), so no config can express it
-PARTIAL_ROPE = {**QWEN3_8B, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-                "partial_rotary_factor": 0.5}
+PARTIAL_ROPE = {
+    **QWEN3_8B,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "partial_rotary_factor": 0.5,
+}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(Path(sys.executable).with_name("hexstudio")), *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ})
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("hexstudio")), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
 
 
 def _config_folder(tmp_path: Path, cfg: dict[str, Any]) -> Path:
@@ -73,8 +131,11 @@ def test_inspect_config_only_folders(tmp_path: Path, cfg: dict[str, Any], params
     layers, h, vocab, kvh, hd = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"], 8, 128
     per_layer = (d["num_parameters"] - 2 * vocab * h) / layers
     lpp = -(-layers // 5)
-    unit = max(modelinfo.QUANTIZE_BYTES_PER_LAYER_PARAM * per_layer, modelinfo.QUANTIZE_BYTES_PER_HEAD_PARAM * vocab * h,
-               modelinfo.QUANTIZE_BYTES_PER_VOCAB_PARAM * min(vocab, 20 * 2048) * h)
+    unit = max(
+        modelinfo.QUANTIZE_BYTES_PER_LAYER_PARAM * per_layer,
+        modelinfo.QUANTIZE_BYTES_PER_HEAD_PARAM * vocab * h,
+        modelinfo.QUANTIZE_BYTES_PER_VOCAB_PARAM * min(vocab, 20 * 2048) * h,
+    )
     want = modelinfo.QUANTIZE_FIXED_BYTES + unit + 3 * 2 * lpp * kvh * hd * 4096 * 4
     assert e["parts"] == 5 and abs(e["quantize_peak_rss_bytes"] - want) < 2**20
     assert e["fits_64_gib"] is (e["quantize_peak_rss_bytes"] <= 64 * 1024**3)
@@ -94,9 +155,18 @@ def test_inspect_config_only_folders(tmp_path: Path, cfg: dict[str, Any], params
         assert (f"--set parts={fit}" in text.stdout) if fit else ("no split fits" in text.stdout)
 
 
-@pytest.mark.parametrize(("cfg", "word"), [(MIXTRAL, "mixture-of-experts"), (MAMBA, "Mamba"),
-                                         (NEMOTRON_H, "hybrid"), (PARTIAL_ROPE, "rotates only part")])
-def test_unsupported_architectures_are_refused_with_why(tmp_path: Path, cfg: dict[str, Any], word: str) -> None:
+@pytest.mark.parametrize(
+    ("cfg", "word"),
+    [
+        (MIXTRAL, "mixture-of-experts"),
+        (MAMBA, "Mamba"),
+        (NEMOTRON_H, "hybrid"),
+        (PARTIAL_ROPE, "rotates only part"),
+    ],
+)
+def test_unsupported_architectures_are_refused_with_why(
+    tmp_path: Path, cfg: dict[str, Any], word: str
+) -> None:
     out = _cli("model", "inspect", str(_config_folder(tmp_path, cfg)), "--json")
     assert out.returncode == 1
     d = json.loads(out.stdout)
@@ -138,16 +208,23 @@ def test_model_stage_builtin_and_local_folder(tmp_path: Path) -> None:
     m2, res2 = _run_model_stage(tmp_path / "ws", str(local), context_length=256)
     assert res2.ok, res2
     doc2 = json.loads((m2.run_dir / "artifacts" / "model" / "model.json").read_text())
-    assert doc2["source"] == "local" and doc2["hf_dir"] == str(local) and doc2["resolved"]["context_length"] == 256
+    assert (
+        doc2["source"] == "local"
+        and doc2["hf_dir"] == str(local)
+        and doc2["resolved"]["context_length"] == 256
+    )
 
 
-@pytest.mark.parametrize(("damage", "code", "needle"), [
-    ("truncate", "corrupt_weights", "truncated"),
-    ("garbage", "corrupt_weights", "not a valid safetensors"),
-    ("delete", "missing_weights", "No *.safetensors"),
-    ("moe", "unsupported_architecture", "mixture-of-experts"),
-    ("context", "bad_context_length", "not a multiple of AR-N"),
-])
+@pytest.mark.parametrize(
+    ("damage", "code", "needle"),
+    [
+        ("truncate", "corrupt_weights", "truncated"),
+        ("garbage", "corrupt_weights", "not a valid safetensors"),
+        ("delete", "missing_weights", "No *.safetensors"),
+        ("moe", "unsupported_architecture", "mixture-of-experts"),
+        ("context", "bad_context_length", "not a multiple of AR-N"),
+    ],
+)
 def test_model_stage_errors_are_clear(tmp_path: Path, damage: str, code: str, needle: str) -> None:
     local = tmp_path / "local"
     shutil.copytree(BUILTIN_MODEL_DIR, local)
@@ -181,15 +258,25 @@ def test_not_a_model_gives_what_to_do(tmp_path: Path) -> None:
 
 ROPE_VARIANTS = {
     "none": None,
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
     "linear": {"rope_type": "linear", "factor": 4.0},
     # as published configs write them, so that transformers 4.45 and 5.x read them alike: YaRN's original
     # length equals max_position_embeddings (Qwen2.5), longrope's also at the top level with factor = max/original
     # (Phi-3)
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512},
-    "longrope": {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 128,
-                 "short_factor": [1.0 + 0.05 * i for i in range(8)], "long_factor": [1.0 + 0.5 * i for i in range(8)]},
+    "longrope": {
+        "rope_type": "longrope",
+        "factor": 4.0,
+        "original_max_position_embeddings": 128,
+        "short_factor": [1.0 + 0.05 * i for i in range(8)],
+        "long_factor": [1.0 + 0.5 * i for i in range(8)],
+    },
 }
 TOP_LEVEL = {"longrope": {"original_max_position_embeddings": 128}}
 
@@ -213,25 +300,48 @@ def test_export_and_arloop_match_transformers(tmp_path: Path, rope: str) -> None
 
     torch.manual_seed(0)
     scaling = ROPE_VARIANTS[rope]
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rope_theta=500000.0,
-                      rope_scaling=dict(scaling, rope_theta=500000.0) if scaling else None, **TOP_LEVEL.get(rope, {}))
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rope_theta=500000.0,
+        rope_scaling=dict(scaling, rope_theta=500000.0) if scaling else None,
+        **TOP_LEVEL.get(rope, {}),
+    )
     model = LlamaForCausalLM(cfg).eval()
     if rope == "longrope":
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
         inv = LlamaRotaryEmbedding(config=cfg).inv_freq.double().numpy()
         base = 500000.0 ** (-np.arange(0, 16, 2) / 16)
-        if np.allclose(inv, base / np.asarray(scaling["long_factor"]), rtol=1e-5):   # type: ignore[index]
-            pytest.skip("this transformers chooses longrope's long factors from max_position_embeddings for every "
-                        "sequence (older releases); transformers 5 and Genie choose by the length in use")
+        if np.allclose(inv, base / np.asarray(scaling["long_factor"]), rtol=1e-5):  # type: ignore[index]
+            pytest.skip(
+                "this transformers chooses longrope's long factors from max_position_embeddings for every "
+                "sequence (older releases); transformers 5 and Genie choose by the length in use"
+            )
     graphs = export_deployment_graphs(None, tmp_path / "float", 64, 16, 2, model=model)
-    assert [g["name"] for g in graphs] == ["prompt_ar16_cl64_1_of_2", "prompt_ar16_cl64_2_of_2",
-                                           "token_ar1_cl64_1_of_2", "token_ar1_cl64_2_of_2"]
-    assert graphs[0]["inputs"][:6] == ["input_ids", "attention_mask", "position_ids_cos", "position_ids_sin",
-                                       "past_key_0_in", "past_value_0_in"]
+    assert [g["name"] for g in graphs] == [
+        "prompt_ar16_cl64_1_of_2",
+        "prompt_ar16_cl64_2_of_2",
+        "token_ar1_cl64_1_of_2",
+        "token_ar1_cl64_2_of_2",
+    ]
+    assert graphs[0]["inputs"][:6] == [
+        "input_ids",
+        "attention_mask",
+        "position_ids_cos",
+        "position_ids_sin",
+        "past_key_0_in",
+        "past_value_0_in",
+    ]
     boundary = "_model_model_layers_1_Add_1_output_0"
-    assert graphs[0]["outputs"][0] == boundary == graphs[1]["inputs"][0] and graphs[1]["outputs"][0] == "logits"
+    assert (
+        graphs[0]["outputs"][0] == boundary == graphs[1]["inputs"][0] and graphs[1]["outputs"][0] == "logits"
+    )
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(tmp_path / graphs[0]["float_onnx"]), providers=["CPUExecutionProvider"])
@@ -239,8 +349,9 @@ def test_export_and_arloop_match_transformers(tmp_path: Path, rope: str) -> None
     assert shapes["position_ids_cos"] == [1, 1, 16, 8] and shapes["attention_mask"] == [1, 1, 16, 64]
     assert shapes["past_key_0_in"] == [2, 1, 16, 48] and shapes["past_value_0_in"] == [2, 1, 48, 16]
     assert shapes["past_key_0_out"] == [2, 1, 16, 16] and shapes["past_value_0_out"] == [2, 1, 16, 16]
-    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16,
-                                      positional_encoding=_pe(model, 64))
+    pair = DeploymentPair.from_graphs(
+        graphs, tmp_path, variant="float", context_length=64, ar_n=16, positional_encoding=_pe(model, 64)
+    )
     ids = [int(x) for x in np.random.RandomState(0).randint(0, 300, 37)]  # 3 AR-16 blocks, the last padded
     logits = pair.prefill(ids)
     with torch.no_grad():
@@ -249,7 +360,7 @@ def test_export_and_arloop_match_transformers(tmp_path: Path, rope: str) -> None
     pair.reset()
     ours = pair.generate(ids, 10)
     with torch.no_grad():
-        hf = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+        hf = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids) :].tolist()
     assert ours == hf
     pair.reset()
     with pytest.raises(ContextFull):
@@ -266,8 +377,15 @@ def test_parts_that_do_not_chain_by_name_are_refused(tmp_path: Path) -> None:
     from workers.export import export_deployment_graphs
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     model = LlamaForCausalLM(cfg).eval()
     graphs = export_deployment_graphs(None, tmp_path / "float", 64, 16, 2, model=model)
     p = tmp_path / graphs[1]["float_onnx"]
@@ -300,13 +418,21 @@ def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: 
     from workers.export import export_deployment_graphs
 
     torch.manual_seed(1)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     model = LlamaForCausalLM(cfg).eval()
     graphs = export_deployment_graphs(None, tmp_path / "float", 64, 16, 3, model=model)
     pe = _pe(model, 64)
-    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16,
-                                      positional_encoding=pe)
+    pair = DeploymentPair.from_graphs(
+        graphs, tmp_path, variant="float", context_length=64, ar_n=16, positional_encoding=pe
+    )
     ps = PartSessions(graphs, tmp_path, variant="float", positional_encoding=pe, context_length=64)
     rng = np.random.RandomState(3)
     seqs = [[int(x) for x in rng.randint(0, 300, n)] for n in (21, 9)]
@@ -351,9 +477,16 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
     from workers.export import export_deployment_graphs
 
     torch.manual_seed(2)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(cfg).eval()
     hf = tmp_path / "hf"
     model.save_pretrained(hf, safe_serialization=True)
@@ -366,7 +499,9 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
     peak = {"params": 0}
     streamed: list[str] = []
     load, release, stand_in = CheckpointWeights.load, CheckpointWeights.release, CheckpointWeights.stand_in
-    monkeypatch.setattr(weights_mod, "BLOCK_BYTES", 4 * 64 * 7)    # 7 rows a block: several blocks, a short last one
+    monkeypatch.setattr(
+        weights_mod, "BLOCK_BYTES", 4 * 64 * 7
+    )  # 7 rows a block: several blocks, a short last one
 
     def spy_stand_in(self: Any, module: Any, prefix: str) -> Any:
         sw = stand_in(self, module, prefix)
@@ -391,9 +526,15 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(CheckpointWeights, "release", spy_release)
     monkeypatch.setattr(CheckpointWeights, "stand_in", spy_stand_in)
     seen: dict[int, list[str]] = {}
-    graphs = export_deployment_graphs(hf, tmp_path / "float", 64, 16, 2,
-                                      after_part=lambda e, named: seen.update({e[0]["part"]: sorted(named)}))
-    assert not live                                       # every piece was freed
+    graphs = export_deployment_graphs(
+        hf,
+        tmp_path / "float",
+        64,
+        16,
+        2,
+        after_part=lambda e, named: seen.update({e[0]["part"]: sorted(named)}),
+    )
+    assert not live  # every piece was freed
     layer = sum(p.numel() for p in model.model.layers[0].parameters())
     assert peak["params"] == layer < sum(p.numel() for p in model.parameters()) // 3
     assert streamed == ["model.embed_tokens.weight", "lm_head.weight"]
@@ -402,21 +543,31 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
         onnx.checker.check_model(str(tmp_path / g["float_onnx"]))
         m = onnx.load(str(tmp_path / g["float_onnx"]), load_external_data=False)
         big = [i for i in m.graph.initializer if i.name.startswith(("model.", "lm_head")) and i.dims[0] > 64]
-        assert big and all(any(e.key == "location" and e.value == Path(g["float_data"]).name
-                                for e in i.external_data) for i in big)
-        assert g["float_data"] == next(x["float_data"] for x in graphs if x["part"] == g["part"])   # one per part
-        by_part.setdefault(g["part"], []).append({i.name for i in m.graph.initializer
-                                                  if i.name.startswith(("model.", "lm_head"))})
-    assert all(pp == tg for pp, tg in by_part.values())    # both graphs name each weight the same way
+        assert big and all(
+            any(e.key == "location" and e.value == Path(g["float_data"]).name for e in i.external_data)
+            for i in big
+        )
+        assert g["float_data"] == next(
+            x["float_data"] for x in graphs if x["part"] == g["part"]
+        )  # one per part
+        by_part.setdefault(g["part"], []).append(
+            {i.name for i in m.graph.initializer if i.name.startswith(("model.", "lm_head"))}
+        )
+    assert all(pp == tg for pp, tg in by_part.values())  # both graphs name each weight the same way
     assert "model.layers.0.self_attn.q_proj.weight" in by_part[1][0] and "lm_head.weight" in by_part[2][0]
-    assert [g["name"] for g in graphs] == ["prompt_ar16_cl64_1_of_2", "prompt_ar16_cl64_2_of_2",
-                                           "token_ar1_cl64_1_of_2", "token_ar1_cl64_2_of_2"]
+    assert [g["name"] for g in graphs] == [
+        "prompt_ar16_cl64_1_of_2",
+        "prompt_ar16_cl64_2_of_2",
+        "token_ar1_cl64_1_of_2",
+        "token_ar1_cl64_2_of_2",
+    ]
     assert all(".layers.2." not in n and ".layers.3." not in n and "lm_head" not in n for n in seen[1])
     assert "model.embed_tokens.weight" in seen[1] and "model.norm.weight" not in seen[1]
     assert all(".layers.0." not in n and ".layers.1." not in n for n in seen[2])
-    assert "lm_head.weight" in seen[2]   # the tied head, under its own name (int8 lm_head, not LPBQ)
-    pair = DeploymentPair.from_graphs(graphs, tmp_path, variant="float", context_length=64, ar_n=16,
-                                      positional_encoding=_pe(model, 64))
+    assert "lm_head.weight" in seen[2]  # the tied head, under its own name (int8 lm_head, not LPBQ)
+    pair = DeploymentPair.from_graphs(
+        graphs, tmp_path, variant="float", context_length=64, ar_n=16, positional_encoding=_pe(model, 64)
+    )
     ids = [int(x) for x in np.random.RandomState(0).randint(0, 300, 20)]
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0, -1].numpy()

@@ -4,17 +4,29 @@ from __future__ import annotations
 
 from workers.shared import modelinfo
 
-LLAMA_31_8B = {"num_parameters": 8_030_261_248, "num_layers": 32, "vocab_size": 128_256, "hidden_size": 4096,
-               "num_kv_heads": 8, "head_dim": 128}
-LLAMA_32_1B = {"num_parameters": 1_235_814_400, "num_layers": 16, "vocab_size": 128_256, "hidden_size": 2048,
-               "num_kv_heads": 8, "head_dim": 64}
+LLAMA_31_8B = {
+    "num_parameters": 8_030_261_248,
+    "num_layers": 32,
+    "vocab_size": 128_256,
+    "hidden_size": 4096,
+    "num_kv_heads": 8,
+    "head_dim": 128,
+}
+LLAMA_32_1B = {
+    "num_parameters": 1_235_814_400,
+    "num_layers": 16,
+    "vocab_size": 128_256,
+    "hidden_size": 2048,
+    "num_kv_heads": 8,
+    "head_dim": 64,
+}
 GiB = 1024**3
 
 
 def test_an_8b_splits_in_5_parts_near_1_gib_as_qai_hub_models_does() -> None:
     plan = modelinfo.part_plan(LLAMA_31_8B, 4096)
     assert plan["parts"] == 5 and modelinfo.default_parts(LLAMA_31_8B) == 5
-    assert 4 * GiB < plan["bundle_bytes"] < 5.5 * GiB            # the ~5 GB bundle of the by-hand deployment
+    assert 4 * GiB < plan["bundle_bytes"] < 5.5 * GiB  # the ~5 GB bundle of the by-hand deployment
     assert 0.7 * GiB < plan["bundle_bytes"] / 5 < 2 * GiB < plan["context_ceiling_bytes"]
     assert plan["largest_part_bytes"] < plan["part_limit_bytes"] < plan["context_ceiling_bytes"]
     text = " ".join(plan["explanation"])
@@ -33,6 +45,12 @@ def test_small_models_and_longer_contexts() -> None:
     assert modelinfo.default_parts(LLAMA_32_1B) == 1
     # the KV cache grows with the context: more (or equal) parts at 16k than at 4k
     assert modelinfo.default_parts(LLAMA_31_8B, 16384) >= modelinfo.default_parts(LLAMA_31_8B, 4096)
-    tiny = {"num_parameters": 4_200_000, "num_layers": 4, "vocab_size": 2048, "hidden_size": 256,
-            "num_kv_heads": 2, "head_dim": 64}
+    tiny = {
+        "num_parameters": 4_200_000,
+        "num_layers": 4,
+        "vocab_size": 2048,
+        "hidden_size": 256,
+        "num_kv_heads": 2,
+        "head_dim": 64,
+    }
     assert modelinfo.default_parts(tiny) == 2

@@ -16,12 +16,14 @@ INSTALLER = ROOT / "packaging" / "install-workstation.sh"
 RTX_5090 = "NVIDIA GeForce RTX 5090, 12.0, 32607 MiB, 576.02"
 
 
-def run_installer(*args: str, gpu: str, env: dict[str, str] | None = None,
-                  timeout: int = 120) -> subprocess.CompletedProcess[str]:
+def run_installer(
+    *args: str, gpu: str, env: dict[str, str] | None = None, timeout: int = 120
+) -> subprocess.CompletedProcess[str]:
     e = {**os.environ, "HEXSTUDIO_GPU_INFO": gpu, **(env or {})}
     e.pop("PYTHON", None)
-    return subprocess.run(["bash", str(INSTALLER), *args], capture_output=True, text=True, timeout=timeout, env=e,
-                          cwd=ROOT)
+    return subprocess.run(
+        ["bash", str(INSTALLER), *args], capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT
+    )
 
 
 def commands(out: str) -> list[str]:

@@ -16,8 +16,10 @@ from app.core.paths import default_workspace
 from tests.packaging.conftest import ROOT
 
 VALIDATE = shutil.which("desktop-file-validate")
-needs_validator = pytest.mark.skipif(VALIDATE is None, reason="desktop-file-validate missing: "
-                                     "apt-get install desktop-file-utils (./dev test installs it)")
+needs_validator = pytest.mark.skipif(
+    VALIDATE is None,
+    reason="desktop-file-validate missing: apt-get install desktop-file-utils (./dev test installs it)",
+)
 
 
 def validate(path: Path) -> None:
@@ -41,7 +43,9 @@ def test_shipped_desktop_entry_is_valid() -> None:
 
 
 @needs_validator
-def test_install_writes_a_valid_entry_icons_and_link_and_is_idempotent(tmp_path: Path, launcher: Path) -> None:
+def test_install_writes_a_valid_entry_icons_and_link_and_is_idempotent(
+    tmp_path: Path, launcher: Path
+) -> None:
     data, bindir = tmp_path / "share", tmp_path / "bin"
     res = desktop.install(launcher, data, bindir)
     entry = data / "applications" / "hexstudio.desktop"
@@ -51,7 +55,9 @@ def test_install_writes_a_valid_entry_icons_and_link_and_is_idempotent(tmp_path:
     assert f'Exec="{launcher}"' in text and f"TryExec={launcher}\n" in text
     png = data / "icons" / "hicolor" / "256x256" / "apps" / "hexstudio.png"
     assert f"Icon={png}\n" in text and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (data / "icons" / "hicolor" / "scalable" / "apps" / "hexstudio.svg").read_text().startswith("<?xml")
+    assert (
+        (data / "icons" / "hicolor" / "scalable" / "apps" / "hexstudio.svg").read_text().startswith("<?xml")
+    )
     assert "Name=HexStudio\n" in text and "Terminal=false" in text
     link = bindir / "hexstudio-launch"
     assert link.is_symlink() and link.resolve() == launcher.resolve()
@@ -60,19 +66,30 @@ def test_install_writes_a_valid_entry_icons_and_link_and_is_idempotent(tmp_path:
     assert again.changed == [] and entry.stat().st_mtime_ns == mtime
 
 
-@pytest.mark.parametrize(("arg", "quoted"), [
-    ("/home/dev/.venv/bin/hexstudio-launch", "/home/dev/.venv/bin/hexstudio-launch"),
-    ("/home/dev/my venv/bin/x", '"/home/dev/my venv/bin/x"'),
-    ('/a"b/$x', '"/a\\\\"b/\\\\$x"'),
-    ("/100%/x", '"/100%%/x"'),
-])
+@pytest.mark.parametrize(
+    ("arg", "quoted"),
+    [
+        ("/home/dev/.venv/bin/hexstudio-launch", "/home/dev/.venv/bin/hexstudio-launch"),
+        ("/home/dev/my venv/bin/x", '"/home/dev/my venv/bin/x"'),
+        ('/a"b/$x', '"/a\\\\"b/\\\\$x"'),
+        ("/100%/x", '"/100%%/x"'),
+    ],
+)
 def test_exec_quoting_follows_the_desktop_entry_spec(arg: str, quoted: str) -> None:
     assert desktop.exec_quote(arg) == quoted
 
 
 def test_cli_install_desktop_json(tmp_path: Path, launcher: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["install-desktop", "--launcher", str(launcher), "--data-dir", str(tmp_path / "share"),
-            "--bin-dir", str(tmp_path / "bin"), "--json"]
+    args = [
+        "install-desktop",
+        "--launcher",
+        str(launcher),
+        "--data-dir",
+        str(tmp_path / "share"),
+        "--bin-dir",
+        str(tmp_path / "bin"),
+        "--json",
+    ]
     assert cli_main(args) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["entry"].endswith("applications/hexstudio.desktop") and len(doc["changed"]) == 4
@@ -80,7 +97,9 @@ def test_cli_install_desktop_json(tmp_path: Path, launcher: Path, capsys: pytest
     assert json.loads(capsys.readouterr().out)["changed"] == []
 
 
-def test_cli_install_desktop_without_launcher_explains(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_install_desktop_without_launcher_explains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = cli_main(["install-desktop", "--launcher", str(tmp_path / "nope"), "--data-dir", str(tmp_path)])
     assert rc != 0 and "install-workstation.sh" in capsys.readouterr().err
 
@@ -94,7 +113,9 @@ def test_windows_shortcut_starts_the_installed_launcher_through_wsl() -> None:
     assert "hexstudio-launch" in (ROOT / "packaging" / "install-workstation.sh").read_text()
 
 
-def test_default_workspace_is_inside_the_linux_filesystem(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_default_workspace_is_inside_the_linux_filesystem(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("HEXSTUDIO_WORKSPACE", raising=False)
     monkeypatch.setenv("HOME", "/home/dev")
     ws = default_workspace()

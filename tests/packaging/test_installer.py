@@ -19,7 +19,9 @@ from tests.packaging.conftest import INSTALLER, ROOT, RTX_5090, pip_lines, run_i
 
 def installs(out: str) -> list[list[str]]:
     """argv of every `pip install` the installer printed, in order."""
-    return [shlex.split(c) for c in pip_lines(out) if " install " in f" {c} " and " uninstall " not in f" {c} "]
+    return [
+        shlex.split(c) for c in pip_lines(out) if " install " in f" {c} " and " uninstall " not in f" {c} "
+    ]
 
 
 def test_dry_run_for_an_sm120_workstation(tmp_path: Path) -> None:
@@ -59,9 +61,13 @@ def test_dry_run_for_a_cpu_only_machine(tmp_path: Path) -> None:
 
 
 def test_older_gpus_get_a_build_with_their_kernels(tmp_path: Path) -> None:
-    ampere = run_installer("--dry-run", "--venv", str(tmp_path / "a"), gpu="NVIDIA RTX A6000, 8.6, 49140 MiB, 550.1")
+    ampere = run_installer(
+        "--dry-run", "--venv", str(tmp_path / "a"), gpu="NVIDIA RTX A6000, 8.6, 49140 MiB, 550.1"
+    )
     assert "torch==2.7.1+cu128" in installs(ampere.stdout)[0]
-    pascal = run_installer("--dry-run", "--venv", str(tmp_path / "p"), gpu="Tesla P100, 6.0, 16280 MiB, 550.1")
+    pascal = run_installer(
+        "--dry-run", "--venv", str(tmp_path / "p"), gpu="Tesla P100, 6.0, 16280 MiB, 550.1"
+    )
     assert "torch==2.7.1+cu126" in installs(pascal.stdout)[0]
     assert "whl/cu126" in pascal.stdout
     kepler = run_installer("--dry-run", "--venv", str(tmp_path / "k"), gpu="Tesla K80, 3.7, 11441 MiB, 470.1")
@@ -69,7 +75,9 @@ def test_older_gpus_get_a_build_with_their_kernels(tmp_path: Path) -> None:
 
 
 def test_unreadable_nvidia_smi_output_is_an_error_with_a_fix(tmp_path: Path) -> None:
-    r = run_installer("--dry-run", "--venv", str(tmp_path / "v"), gpu="NVIDIA GeForce RTX 5090, [N/A], 32607 MiB")
+    r = run_installer(
+        "--dry-run", "--venv", str(tmp_path / "v"), gpu="NVIDIA GeForce RTX 5090, [N/A], 32607 MiB"
+    )
     assert r.returncode != 0 and "compute capability" in r.stderr and "--cpu" in r.stderr
 
 
@@ -84,19 +92,33 @@ def test_cpu_onnxruntime_gpu_leftover_is_removed_before_installing_the_one_we_ke
     lines = pip_lines(r.stdout)
     rm = next(i for i, c in enumerate(lines) if "uninstall -y onnxruntime-gpu onnxruntime" in c)
     assert lines[rm + 1].endswith("onnxruntime==1.32.0") and rm + 1 == len(lines) - 1
-    assert "torch 2.13.0+cpu already installed" in r.stdout and "aimet-onnx 2.42.0 already installed" in r.stdout
+    assert (
+        "torch 2.13.0+cpu already installed" in r.stdout and "aimet-onnx 2.42.0 already installed" in r.stdout
+    )
 
 
 def test_second_run_has_nothing_to_install(fake_venv) -> None:
     venv, add = fake_venv
-    for d, v in (("torch", "2.13.0+cpu"), ("aimet-onnx", "2.42.0"), ("onnxruntime", "1.32.0"), ("onnxruntime-qnn", "2.7.0"),
-                 ("mmh3", "5.3.1")):
+    for d, v in (
+        ("torch", "2.13.0+cpu"),
+        ("aimet-onnx", "2.42.0"),
+        ("onnxruntime", "1.32.0"),
+        ("onnxruntime-qnn", "2.7.0"),
+        ("mmh3", "5.3.1"),
+    ):
         add(d, v)
     (venv / "bin" / "hexstudio").write_text("#!/bin/sh\n")
     (venv / "bin" / "hexstudio").chmod(0o755)
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (
-        ROOT / "pyproject.toml", ROOT / "workers" / "shared" / "data" / "recipes" / "current.txt",
-        ROOT / "packaging" / "constraints" / "dev.txt"))).hexdigest()[:16]
+    digest = hashlib.sha256(
+        b"".join(
+            p.read_bytes()
+            for p in (
+                ROOT / "pyproject.toml",
+                ROOT / "workers" / "shared" / "data" / "recipes" / "current.txt",
+                ROOT / "packaging" / "constraints" / "dev.txt",
+            )
+        )
+    ).hexdigest()[:16]
     (venv / ".hexstudio-install.stamp").write_text(f"cpu 0 {digest}\n")
     r = run_installer("--dry-run", "--venv", str(venv), "--no-desktop", gpu="none")
     assert r.returncode == 0, r.stderr
@@ -164,12 +186,19 @@ def test_real_cpu_run_installs_verifies_and_second_run_does_nothing(tmp_path: Pa
     assert f'export LD_LIBRARY_PATH="{libdir}' in hook
     assert "hexstudio libpython hook" in (venv / "bin" / "activate").read_text()
     entry = home / ".local" / "share" / "applications" / "hexstudio.desktop"
-    assert f'Exec={venv}/bin/hexstudio-launch' in entry.read_text()
-    assert (home / ".local" / "bin" / "hexstudio-launch").resolve() == (venv / "bin" / "hexstudio-launch").resolve()
+    assert f"Exec={venv}/bin/hexstudio-launch" in entry.read_text()
+    assert (home / ".local" / "bin" / "hexstudio-launch").resolve() == (
+        venv / "bin" / "hexstudio-launch"
+    ).resolve()
     assert "mode=cpu" in (venv / ".hexstudio-workstation").read_text()
     # the launcher sets the hook and starts HexStudio's CLI
-    r = subprocess.run([str(venv / "bin" / "hexstudio-launch"), "--version"], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "HOME": str(home)})
+    r = subprocess.run(
+        [str(venv / "bin" / "hexstudio-launch"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOME": str(home)},
+    )
     assert r.returncode == 0 and r.stdout.startswith("hexstudio ")
     second = run_installer("--venv", str(venv), gpu="none", env=env, timeout=900)
     assert second.returncode == 0, second.stderr
@@ -178,9 +207,11 @@ def test_real_cpu_run_installs_verifies_and_second_run_does_nothing(tmp_path: Pa
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (os.environ.get("HEXSTUDIO_TEST_FULL_INSTALL") or os.environ.get("CI")),
-                    reason="installs the whole CPU stack from the package index (~6 min): runs on CI, or set "
-                           "HEXSTUDIO_TEST_FULL_INSTALL=1")
+@pytest.mark.skipif(
+    not (os.environ.get("HEXSTUDIO_TEST_FULL_INSTALL") or os.environ.get("CI")),
+    reason="installs the whole CPU stack from the package index (~6 min): runs on CI, or set "
+    "HEXSTUDIO_TEST_FULL_INSTALL=1",
+)
 def test_real_cpu_install_from_scratch(tmp_path: Path) -> None:
     """The installer into an empty folder, everything from the package index (opt-in)."""
     venv, home = tmp_path / "venv", tmp_path / "home"
@@ -189,9 +220,19 @@ def test_real_cpu_install_from_scratch(tmp_path: Path) -> None:
     r = run_installer("--venv", str(venv), gpu="none", env=env, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "AIMET smoke test passed" in r.stdout
-    versions = subprocess.run([str(venv / "bin" / "python"), "-c", (
-        "import importlib.metadata as m; print(m.version('torch'), m.version('onnxruntime'), "
-        "m.version('aimet-onnx'))")], capture_output=True, text=True, timeout=120).stdout.split()
+    versions = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            (
+                "import importlib.metadata as m; print(m.version('torch'), m.version('onnxruntime'), "
+                "m.version('aimet-onnx'))"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.split()
     assert versions[0].startswith("2.13.0") and versions[1:] == ["1.32.0", "2.42.0"]
 
 
@@ -205,7 +246,8 @@ def test_gpu_mode_removes_a_cpu_onnxruntime_then_installs_onnxruntime_gpu_last(f
         "class _V(tuple):\n"
         "    major = property(lambda s: s[0])\n"
         "    minor = property(lambda s: s[1])\n"
-        "sys.version_info = _V((3, 10, 16, 'final', 0))\n")
+        "sys.version_info = _V((3, 10, 16, 'final', 0))\n"
+    )
     add("torch", "2.7.1+cu128")
     add("aimet-onnx", "2.26.0")
     add("onnxruntime", "1.23.2")
@@ -214,7 +256,11 @@ def test_gpu_mode_removes_a_cpu_onnxruntime_then_installs_onnxruntime_gpu_last(f
     assert "would shadow onnxruntime-gpu" in r.stdout
     lines = pip_lines(r.stdout)
     rm = next(i for i, c in enumerate(lines) if " uninstall -y " in c)
-    assert {"onnxruntime", "onnxruntime-gpu"} <= set(lines[rm].split()[lines[rm].split().index("-y") + 1:])
-    assert lines[-1].endswith("onnxruntime-gpu==1.23.2") and rm == len(lines) - 2  # removed, then the GPU one last
-    assert not any(c.endswith("onnxruntime==1.23.2") or " onnxruntime==" in c for c in lines)  # never the CPU one
+    assert {"onnxruntime", "onnxruntime-gpu"} <= set(lines[rm].split()[lines[rm].split().index("-y") + 1 :])
+    assert (
+        lines[-1].endswith("onnxruntime-gpu==1.23.2") and rm == len(lines) - 2
+    )  # removed, then the GPU one last
+    assert not any(
+        c.endswith("onnxruntime==1.23.2") or " onnxruntime==" in c for c in lines
+    )  # never the CPU one
     assert "mode=cuda" in r.stdout and "torch 2.7.1+cu128 already installed" in r.stdout

@@ -23,8 +23,10 @@ from app.core.genie.runtime import board_runtime
 from app.core.jobs import ChildResult, JobRunner, cli_command, code_command, run_child
 from app.core.paths import REPO_ROOT
 
-FROZEN_MAIN = ("import sys; sys.frozen = True; sys.argv[0] = 'hexstudio'; "
-               "from app.__main__ import main; raise SystemExit(main(sys.argv[1:]))")
+FROZEN_MAIN = (
+    "import sys; sys.frozen = True; sys.argv[0] = 'hexstudio'; "
+    "from app.__main__ import main; raise SystemExit(main(sys.argv[1:]))"
+)
 
 
 @pytest.fixture
@@ -36,7 +38,9 @@ def frozen_exe(tmp_path: Path) -> Path:
     return exe
 
 
-def both(monkeypatch: pytest.MonkeyPatch, exe: Path, build: Any, **kw: Any) -> tuple[ChildResult, ChildResult]:
+def both(
+    monkeypatch: pytest.MonkeyPatch, exe: Path, build: Any, **kw: Any
+) -> tuple[ChildResult, ChildResult]:
     """Run the command `build()` makes, as Python runs it and as the frozen build runs it."""
     env = {**os.environ, **python_env()}
     direct_argv = build()
@@ -51,9 +55,14 @@ def both(monkeypatch: pytest.MonkeyPatch, exe: Path, build: Any, **kw: Any) -> t
     return direct, frozen
 
 
-@pytest.mark.parametrize("args", [("explain", "Failed to create device: 14001", "--json"),   # any CLI command
-                                  ("report", "--help"),                                     # the report export
-                                  ("bundle", "devices", "--help")])                         # the AI Hub list
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("explain", "Failed to create device: 14001", "--json"),  # any CLI command
+        ("report", "--help"),  # the report export
+        ("bundle", "devices", "--help"),
+    ],
+)  # the AI Hub list
 def test_cli_commands(monkeypatch: pytest.MonkeyPatch, frozen_exe: Path, args: tuple[str, ...]) -> None:
     direct, frozen = both(monkeypatch, frozen_exe, lambda: cli_command(*args))
     assert direct.returncode == frozen.returncode == 0, frozen.stderr
@@ -62,11 +71,16 @@ def test_cli_commands(monkeypatch: pytest.MonkeyPatch, frozen_exe: Path, args: t
         assert json.loads(frozen.stdout)["recognised"] is True
 
 
-def test_a_failing_cli_command_fails_the_same(monkeypatch: pytest.MonkeyPatch, frozen_exe: Path,
-                                              tmp_path: Path) -> None:
-    direct, frozen = both(monkeypatch, frozen_exe,
-                          lambda: cli_command("report", str(tmp_path / "no-run"), "--format", "json",
-                                              "--out", str(tmp_path / "r.json")))
+def test_a_failing_cli_command_fails_the_same(
+    monkeypatch: pytest.MonkeyPatch, frozen_exe: Path, tmp_path: Path
+) -> None:
+    direct, frozen = both(
+        monkeypatch,
+        frozen_exe,
+        lambda: cli_command(
+            "report", str(tmp_path / "no-run"), "--format", "json", "--out", str(tmp_path / "r.json")
+        ),
+    )
     assert direct.returncode == frozen.returncode != 0
     assert direct.stderr == frozen.stderr and direct.stderr
 
@@ -75,13 +89,16 @@ def test_simulator_commands(monkeypatch: pytest.MonkeyPatch, frozen_exe: Path, t
     """The simulator board's genie-t2t-run and the session helpers of the runtimes that run on this machine (real
     Genie on the HTP simulator, the onnxruntime twin, GenieX's twin)."""
     board = sim_board(tmp_path / "ws")
-    direct, frozen = both(monkeypatch, frozen_exe, lambda: [*sim_board(tmp_path / "ws").genie_command, "--help"])
+    direct, frozen = both(
+        monkeypatch, frozen_exe, lambda: [*sim_board(tmp_path / "ws").genie_command, "--help"]
+    )
     assert direct.returncode == frozen.returncode == 0, frozen.stderr
     assert direct.stdout == frozen.stdout and "--profile" in direct.stdout
     for name in ("genie-htp-sim", "ort-twin", "geniex"):
         rt = board_runtime(name)
-        direct, frozen = both(monkeypatch, frozen_exe,
-                              lambda rt=rt: [*rt.helper_argv(board, None, None, ".")[0], "--help"])
+        direct, frozen = both(
+            monkeypatch, frozen_exe, lambda rt=rt: [*rt.helper_argv(board, None, None, ".")[0], "--help"]
+        )
         assert direct.returncode == frozen.returncode == 0, (name, frozen.stderr)
         assert direct.stdout == frozen.stdout and direct.stdout, name
 
@@ -95,15 +112,29 @@ def test_code_snippets(monkeypatch: pytest.MonkeyPatch, frozen_exe: Path) -> Non
 
 def test_workers(monkeypatch: pytest.MonkeyPatch, frozen_exe: Path, tmp_path: Path) -> None:
     """A stage's worker through the job runner (JobRunner.start_local): the same events and outcome."""
+
     def spec(name: str) -> Path:
         p = tmp_path / f"{name}.json"
-        p.write_text(json.dumps({"schema": 1, "stage": "selftest", "run_dir": str(tmp_path),
-                                 "out_dir": str(tmp_path / name), "settings": {}, "upstream": {}, "inputs": {}}))
+        p.write_text(
+            json.dumps(
+                {
+                    "schema": 1,
+                    "stage": "selftest",
+                    "run_dir": str(tmp_path),
+                    "out_dir": str(tmp_path / name),
+                    "settings": {},
+                    "upstream": {},
+                    "inputs": {},
+                }
+            )
+        )
         return p
 
     async def go(name: str) -> tuple[Any, list[str]]:
         events: list[dict[str, Any]] = []
-        job = await JobRunner().start_local("workers.selftest", spec(name), on_event=events.append, cwd=REPO_ROOT)
+        job = await JobRunner().start_local(
+            "workers.selftest", spec(name), on_event=events.append, cwd=REPO_ROOT
+        )
         assert (job.argv[1] == "--worker") == (name == "frozen")
         return await job.wait(), [e["type"] for e in events]
 

@@ -60,8 +60,25 @@ def _build_wheel(tmp: Path) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
     out = tmp / "wheelhouse"
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                        "-q", "-w", str(out), str(src)], capture_output=True, text=True, timeout=600, cwd=tmp)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     (wheel,) = out.glob("hexstudio-*.whl")
     return wheel
@@ -69,8 +86,12 @@ def _build_wheel(tmp: Path) -> Path:
 
 def _env(tmp: Path, venv_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(HEXSTUDIO_WORKSPACE=str(tmp / "ws"), HEXSTUDIO_CONFIG_DIR=str(tmp / "config"),
-               PATH=f"{venv_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}", PYTHONNOUSERSITE="1")
+    env.update(
+        HEXSTUDIO_WORKSPACE=str(tmp / "ws"),
+        HEXSTUDIO_CONFIG_DIR=str(tmp / "config"),
+        PATH=f"{venv_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONNOUSERSITE="1",
+    )
     return env
 
 
@@ -80,11 +101,32 @@ def test_wheel_installed_not_editable_runs_the_flow(tmp_path: Path) -> None:
     venv_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(venv_dir)
     py = venv_dir / "bin" / "python"
-    p = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
-                        "-q", str(wheel)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True, cwd=tmp_path).strip())
+    site = Path(
+        subprocess.check_output(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            text=True,
+            cwd=tmp_path,
+        ).strip()
+    )
     missing = [rel for rel in SHIPPED if not (site / rel).is_file()]
     assert not missing, f"not in the wheel: {missing}"
     assert not list(site.glob("**/train.txt")) and not (site / "resources").exists()
@@ -95,37 +137,80 @@ def test_wheel_installed_not_editable_runs_the_flow(tmp_path: Path) -> None:
     env = _env(tmp_path, venv_dir)
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    where = subprocess.run([str(py), "-c", "import app, workers, workers.shared.data as d, app.core.paths as p; "
-                            "print(app.__file__); print(workers.__file__); print(d.builtin_model_dir()); "
-                            "print(p.WORKERS_ROOT)"],
-                           capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
+    where = subprocess.run(
+        [
+            str(py),
+            "-c",
+            "import app, workers, workers.shared.data as d, app.core.paths as p; "
+            "print(app.__file__); print(workers.__file__); print(d.builtin_model_dir()); "
+            "print(p.WORKERS_ROOT)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=cwd,
+    )
     assert where.returncode == 0, where.stderr[-3000:]
     for line in where.stdout.split():
         assert Path(line).resolve().is_relative_to(site.resolve()), (line, "is not the wheel's copy")
         assert not Path(line).resolve().is_relative_to(ROOT), line
 
     exe = str(venv_dir / "bin" / "hexstudio")
-    run = subprocess.run([exe, "run", "--model", "builtin:tiny-llama", "--board", "sim", "--until", "validate",
-                          "--json", "--set", "calibration_samples=4"],
-                         capture_output=True, text=True, timeout=900, env=env, cwd=cwd)
+    run = subprocess.run(
+        [
+            exe,
+            "run",
+            "--model",
+            "builtin:tiny-llama",
+            "--board",
+            "sim",
+            "--until",
+            "validate",
+            "--json",
+            "--set",
+            "calibration_samples=4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=cwd,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = json.loads(run.stdout)
     assert out["ok"], out
     doc = json.loads((Path(out["run_dir"]) / "run.json").read_text())
-    assert all(doc["stages"][s]["state"] == "done" for s in ("model", "preflight", "quantize", "validate")), \
-        {s: v["state"] for s, v in doc["stages"].items()}
+    assert all(doc["stages"][s]["state"] == "done" for s in ("model", "preflight", "quantize", "validate")), {
+        s: v["state"] for s, v in doc["stages"].items()
+    }
     assert doc["stages"]["validate"]["metrics"]["verdict"]["value"] == "pass"
     assert Path(out["run_dir"]).resolve().is_relative_to(tmp_path.resolve())
 
     # the other shipped data, each through the installed CLI: recipes (preflight), suites, report templates
-    pre = subprocess.run([exe, "preflight", "--model", "builtin:tiny-llama", "--json"], capture_output=True,
-                         text=True, timeout=300, env=env, cwd=cwd)
+    pre = subprocess.run(
+        [exe, "preflight", "--model", "builtin:tiny-llama", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=cwd,
+    )
     checks = {c["id"]: c for c in json.loads(pre.stdout)["checks"]}
     assert checks["recipe_current"]["status"] in ("ok", "warn"), checks["recipe_current"]
-    suites = subprocess.run([exe, "eval", "list", "--json"], capture_output=True, text=True, timeout=120,
-                            env=env, cwd=cwd)
-    assert {"tool_calling", "greedy_parity"} <= {s["name"] for s in json.loads(suites.stdout)["suites"]}, suites
+    suites = subprocess.run(
+        [exe, "eval", "list", "--json"], capture_output=True, text=True, timeout=120, env=env, cwd=cwd
+    )
+    assert {"tool_calling", "greedy_parity"} <= {s["name"] for s in json.loads(suites.stdout)["suites"]}, (
+        suites
+    )
     html = cwd / "report.html"
-    rep = subprocess.run([exe, "report", out["run_id"], "--format", "html", "--out", str(html)],
-                         capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+    rep = subprocess.run(
+        [exe, "report", out["run_id"], "--format", "html", "--out", str(html)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=cwd,
+    )
     assert rep.returncode == 0 and "<html" in html.read_text(encoding="utf-8").lower(), rep.stderr[-2000:]

@@ -25,9 +25,15 @@ def hexstudio_cmd() -> list[str]:
     return [str(HEXSTUDIO)] if HEXSTUDIO.is_file() else [sys.executable, "-m", "app"]
 
 
-def run_both(spec_a: Path | str, spec_b: Path | str,
-             extra: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
-    kw: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 180, "cwd": Path(__file__).parents[2]}
+def run_both(
+    spec_a: Path | str, spec_b: Path | str, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    kw: dict[str, Any] = {
+        "capture_output": True,
+        "text": True,
+        "timeout": 180,
+        "cwd": Path(__file__).parents[2],
+    }
     direct = subprocess.run([sys.executable, "-m", "workers.preflight", *extra, "--spec", str(spec_a)], **kw)
     via = subprocess.run([*hexstudio_cmd(), "--worker", "preflight", *extra, "--spec", str(spec_b)], **kw)
     return direct, via
@@ -37,7 +43,9 @@ def normal(obj: Any) -> Any:
     """Drop what differs between two runs by nature (times, free bytes, the run's own folders) and
     mask the numbers inside messages."""
     if isinstance(obj, dict):
-        drop = VOLATILE | ({"measured"} if str(obj.get("id", "")).startswith("disk_") else set())  # free bytes
+        drop = VOLATILE | (
+            {"measured"} if str(obj.get("id", "")).startswith("disk_") else set()
+        )  # free bytes
         return {k: normal(v) for k, v in obj.items() if k not in drop}
     if isinstance(obj, list):
         return [normal(v) for v in obj]
@@ -59,12 +67,24 @@ def make_spec(tmp: Path, name: str, **changes: Any) -> Path:
     model_dir = run_dir / "artifacts" / "model"
     model_dir.mkdir(parents=True)
     info = modelinfo.inspect_folder(BUILTIN_MODEL_DIR)
-    (model_dir / "model.json").write_text(json.dumps({
-        "model": BUILTIN_MODEL_ID, "resolved": {"context_length": 512},
-        "estimates": modelinfo.estimate(info, 512)}))
-    spec = {"schema": 1, "stage": "preflight", "run_dir": str(run_dir),
-            "out_dir": str(run_dir / "artifacts" / "preflight.partial"),
-            "upstream": {"model": str(model_dir)}, "settings": {"aimet_smoke": False}, "inputs": {}}
+    (model_dir / "model.json").write_text(
+        json.dumps(
+            {
+                "model": BUILTIN_MODEL_ID,
+                "resolved": {"context_length": 512},
+                "estimates": modelinfo.estimate(info, 512),
+            }
+        )
+    )
+    spec = {
+        "schema": 1,
+        "stage": "preflight",
+        "run_dir": str(run_dir),
+        "out_dir": str(run_dir / "artifacts" / "preflight.partial"),
+        "upstream": {"model": str(model_dir)},
+        "settings": {"aimet_smoke": False},
+        "inputs": {},
+    }
     spec.update(changes)
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(spec))
@@ -80,9 +100,15 @@ def test_same_events_outputs_and_exit_code(tmp_path: Path) -> None:
     assert ev[-1]["type"] == "done" and ev[-1]["ok"] is True
     assert {"type": "artifact", "v": 1, "path": "preflight.json", "kind": "json", "role": "preflight"} in ev
     dir_a, dir_b = (Path(json.loads(s.read_text())["out_dir"]) for s in (a, b))
-    assert sorted(p.name for p in dir_a.iterdir()) == sorted(p.name for p in dir_b.iterdir()) == ["preflight.json"]
-    out_a, out_b = (json.loads((d / "preflight.json").read_text().replace(str(tmp_path / n), "<workspace>"))
-                    for d, n in ((dir_a, "direct"), (dir_b, "via")))
+    assert (
+        sorted(p.name for p in dir_a.iterdir())
+        == sorted(p.name for p in dir_b.iterdir())
+        == ["preflight.json"]
+    )
+    out_a, out_b = (
+        json.loads((d / "preflight.json").read_text().replace(str(tmp_path / n), "<workspace>"))
+        for d, n in ((dir_a, "direct"), (dir_b, "via"))
+    )
     assert normal(out_a) == normal(out_b)
     assert out_a["checks"] and [c["id"] for c in out_a["checks"]] == [c["id"] for c in out_b["checks"]]
     assert direct.stderr == via.stderr
@@ -101,7 +127,9 @@ def test_same_failure(tmp_path: Path, case: str) -> None:
     ev = events(direct.stdout, tmp_path / "a")
     assert ev == events(via.stdout, tmp_path / "b")
     assert [e["type"] for e in ev][-2:] == ["error", "done"]
-    code = {"missing_spec": "spec_missing", "no_upstream": "missing_upstream", "bad_schema": "spec_invalid"}[case]
+    code = {"missing_spec": "spec_missing", "no_upstream": "missing_upstream", "bad_schema": "spec_invalid"}[
+        case
+    ]
     assert ev[-2]["code"] == code
 
 
@@ -121,8 +149,9 @@ def test_unknown_and_malformed_worker_names() -> None:
     assert r.returncode == 2 and "not a worker name" in r.stderr
 
 
-def test_frozen_build_runs_python_snippets_like_python_c(monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_frozen_build_runs_python_snippets_like_python_c(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The preflight probe starts `sys.executable -c CODE`; in a frozen build sys.executable is hexstudio."""
     from app.__main__ import main
 
@@ -157,9 +186,14 @@ def test_frozen_build_runs_the_preflight_worker(tmp_path: Path, case: str) -> No
     ev_a, ev_b = events(direct.stdout, tmp_path / "a"), events(frozen.stdout, tmp_path / "b")
     if case == "ok":
         assert ev_b[-1] == {"v": 1, "type": "done", "ok": True, "summary": ev_b[-1]["summary"]}
-        assert [e["type"] for e in ev_a if e["type"] != "warning"] == [e["type"] for e in ev_b if e["type"] != "warning"]
+        assert [e["type"] for e in ev_a if e["type"] != "warning"] == [
+            e["type"] for e in ev_b if e["type"] != "warning"
+        ]
         doc = json.loads(Path(json.loads(b.read_text())["out_dir"], "preflight.json").read_text())
-        assert set(doc["probe"]["recipes"]) == {"validated", "current"}  # the recipes (package data) are bundled
+        assert set(doc["probe"]["recipes"]) == {
+            "validated",
+            "current",
+        }  # the recipes (package data) are bundled
     else:
         assert ev_a == ev_b
 
@@ -170,4 +204,4 @@ def test_pyinstaller_spec_names_files_that_exist() -> None:
     compile(text, "hexstudio.spec", "exec")  # valid Python
     for rel in [*re.findall(r'\("([a-z/]+)", "[a-z/]+"\)', text), "packaging/pyinstaller_entry.py"]:
         assert (root / rel).exists(), rel
-    assert "collect_submodules(\"workers\")" in text  # workers are started by name: all must be bundled
+    assert 'collect_submodules("workers")' in text  # workers are started by name: all must be bundled

@@ -28,16 +28,31 @@ from workers.shared.predict import (
 )
 
 HAVE_QNN = importlib.util.find_spec("onnxruntime_qnn") is not None
-needs_qnn = pytest.mark.skipif(not HAVE_QNN, reason="onnxruntime-qnn (Qualcomm's x86 QNN HTP simulator) is not "
-                               "installed: `.venv/bin/pip install onnxruntime-qnn==2.7.0`")
+needs_qnn = pytest.mark.skipif(
+    not HAVE_QNN,
+    reason="onnxruntime-qnn (Qualcomm's x86 QNN HTP simulator) is not "
+    "installed: `.venv/bin/pip install onnxruntime-qnn==2.7.0`",
+)
 
-TINY = ModelShape(name="tiny", layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=2048)
-EVK = target_for_device("Dragonwing IQ-9075 EVK", {"soc_model": 77, "dsp_arch": "v73", "chipset": "qualcomm-qcs9075"})
+TINY = ModelShape(
+    name="tiny", layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=2048
+)
+EVK = target_for_device(
+    "Dragonwing IQ-9075 EVK", {"soc_model": 77, "dsp_arch": "v73", "chipset": "qualcomm-qcs9075"}
+)
 
 
 def timing(key: str, seq: int, layers: int, us: float, vocab: int = 0, spread: float = 0.1) -> GraphTiming:
-    return GraphTiming(key=key, seq=seq, context=4096, layers=layers, vocab=vocab, sim_us=us,
-                       sim_lower_us=us * (1 - spread), sim_upper_us=us * (1 + spread))
+    return GraphTiming(
+        key=key,
+        seq=seq,
+        context=4096,
+        layers=layers,
+        vocab=vocab,
+        sim_us=us,
+        sim_lower_us=us * (1 - spread),
+        sim_upper_us=us * (1 + spread),
+    )
 
 
 def test_per_layer_is_the_slope_and_the_intercept_is_the_fixed_cost() -> None:
@@ -52,17 +67,22 @@ def test_per_layer_is_the_slope_and_the_intercept_is_the_fixed_cost() -> None:
     assert layer.value == pytest.approx(1.0) and fixed.value == 0.0
 
 
-def big_model() -> ModelShape:   # Llama-3.2-1B's shapes
-    return ModelShape(name="1b", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, intermediate=8192,
-                      vocab=128256)
+def big_model() -> ModelShape:  # Llama-3.2-1B's shapes
+    return ModelShape(
+        name="1b", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, intermediate=8192, vocab=128256
+    )
 
 
 def test_combine_adds_layers_lm_head_switches_and_ttft_counts_passes() -> None:
     m = big_model()
-    t = {"tg1": timing("tg1", 1, 1, 2000), "tg2": timing("tg2", 1, 2, 3900),
-         "lm_tg": timing("lm", 1, 1, 700, vocab=16384),
-         "pp1": timing("pp1", 128, 1, 5000), "pp2": timing("pp2", 128, 2, 9800),
-         "lm_pp": timing("lmp", 128, 1, 3000, vocab=16384)}
+    t = {
+        "tg1": timing("tg1", 1, 1, 2000),
+        "tg2": timing("tg2", 1, 2, 3900),
+        "lm_tg": timing("lm", 1, 1, 700, vocab=16384),
+        "pp1": timing("pp1", 128, 1, 5000),
+        "pp2": timing("pp2", 128, 2, 9800),
+        "lm_pp": timing("lmp", 128, 1, 3000, vocab=16384),
+    }
     p = combine("m", m, EVK, 4096, 128, 3, "2.51.0", t)
     tg = p.token
     assert tg.layers.value == pytest.approx(16 * 1.9)
@@ -85,8 +105,15 @@ def test_combine_adds_layers_lm_head_switches_and_ttft_counts_passes() -> None:
 
 def test_the_ddr_floor_dominates_when_the_simulator_is_faster_than_dram() -> None:
     m = big_model()
-    fast = {k: timing(k, s, n, 1.0, vocab=v) for k, s, n, v in
-            (("tg1", 1, 1, 0), ("lm_tg", 1, 1, 16384), ("pp1", 128, 1, 0), ("lm_pp", 128, 1, 16384))}
+    fast = {
+        k: timing(k, s, n, 1.0, vocab=v)
+        for k, s, n, v in (
+            ("tg1", 1, 1, 0),
+            ("lm_tg", 1, 1, 16384),
+            ("pp1", 128, 1, 0),
+            ("lm_pp", 128, 1, 16384),
+        )
+    }
     p = combine("m", m, EVK, 4096, 128, 1, "2.51.0", fast)
     assert p.token.dominant == "DDR weight traffic"
     assert p.token.total.value == pytest.approx(p.token.ddr_floor.value + p.token.switch.value)
@@ -99,8 +126,11 @@ def test_targets_from_devices_and_boards() -> None:
     t = resolve_target(None, "Snapdragon 8 Gen 3 QRD")
     assert (t.soc_model, t.htp_arch) == (57, "75")
     assert resolve_target("sim", None).soc_model == 77
-    boards: dict[str, dict[str, Any]] = {"evk": {"host": "x", "device": "Dragonwing IQ-9075 EVK"},
-                                         "raw": {"soc_model": 43, "dsp_arch": "v73"}, "bare": {"host": "y"}}
+    boards: dict[str, dict[str, Any]] = {
+        "evk": {"host": "x", "device": "Dragonwing IQ-9075 EVK"},
+        "raw": {"soc_model": 43, "dsp_arch": "v73"},
+        "bare": {"host": "y"},
+    }
     assert resolve_target("evk", None, boards).bandwidth == EVK.bandwidth
     assert resolve_target("raw", None, boards).soc_model == 43
     bare = resolve_target("bare", None, boards)
@@ -114,11 +144,25 @@ def test_targets_from_devices_and_boards() -> None:
 
 
 def test_plan_reads_shapes_from_config_json_alone() -> None:
-    cfg = json.loads((Path(__file__).parents[2] / "bench" / "configs" / "Llama-3.2-3B-Instruct" / "config.json")
-                     .read_text())
-    p = plan(PredictRequest(model="meta-llama/Llama-3.2-3B-Instruct", device="Dragonwing IQ-9075 EVK",
-                            context_length=4096), config=cfg, boards={})
-    assert (p.shape.layers, p.shape.hidden, p.shape.heads, p.shape.kv_heads, p.shape.head_dim) == (28, 3072, 24, 8, 128)
+    cfg = json.loads(
+        (
+            Path(__file__).parents[2] / "bench" / "configs" / "Llama-3.2-3B-Instruct" / "config.json"
+        ).read_text()
+    )
+    p = plan(
+        PredictRequest(
+            model="meta-llama/Llama-3.2-3B-Instruct", device="Dragonwing IQ-9075 EVK", context_length=4096
+        ),
+        config=cfg,
+        boards={},
+    )
+    assert (p.shape.layers, p.shape.hidden, p.shape.heads, p.shape.kv_heads, p.shape.head_dim) == (
+        28,
+        3072,
+        24,
+        8,
+        128,
+    )
     assert p.context_length == 4096 and p.ar_n == 128 and p.parts >= 1
 
 
@@ -142,14 +186,17 @@ def test_parse_profile_reads_the_simulator_rows(tmp_path: Path) -> None:
     r = parse_profile(tmp_path / "p.csv")
     assert (r["sim_us"], r["sim_lower_us"], r["sim_upper_us"], r["sim_cycles"]) == (65, 57, 74, 97811)
     assert r["input_fill_bytes"] == 430080 and r["missing_ops"] == 2
-    (tmp_path / "q.csv").write_text(PROFILE.splitlines()[0] + "\n0,BACKEND,1,US,BACKEND,ROOT,QNN (execute) time\n")
+    (tmp_path / "q.csv").write_text(
+        PROFILE.splitlines()[0] + "\n0,BACKEND,1,US,BACKEND,ROOT,QNN (execute) time\n"
+    )
     with pytest.raises(WorkerError):
         parse_profile(tmp_path / "q.csv")
 
 
 def tiny_plan(context: int) -> PredictPlan:
-    return PredictPlan(model="tiny", shape=TINY, target=EVK, context_length=context, ar_n=32, parts=2,
-                       two_layers=True)
+    return PredictPlan(
+        model="tiny", shape=TINY, target=EVK, context_length=context, ar_n=32, parts=2, two_layers=True
+    )
 
 
 @needs_qnn
@@ -159,10 +206,11 @@ def test_tiny_model_on_the_htp_simulator_end_to_end_and_cached(tmp_path: Path) -
     doc = asyncio.run(run_prediction(tiny_plan(256), tmp_path, events.append))
     assert doc["label"] == LABEL and doc["predicted"] is True and doc["qnn_version"]
     graphs = {g["key"]: g for g in doc["graphs"]}
-    assert len(graphs) == 7 and all(g["sim_us"] > 0 and g["sim_lower_us"] <= g["sim_us"] <= g["sim_upper_us"]
-                                    for g in graphs.values())
+    assert len(graphs) == 7 and all(
+        g["sim_us"] > 0 and g["sim_lower_us"] <= g["sim_us"] <= g["sim_upper_us"] for g in graphs.values()
+    )
     assert all(not g["cached"] for g in graphs.values())
-    assert all(g["context_bytes"] > 0 for g in graphs.values())   # the QNN context binary each compile wrote
+    assert all(g["context_bytes"] > 0 for g in graphs.values())  # the QNN context binary each compile wrote
     # the weights are filled from DDR: at least the int4 weights of one layer show up as Input Fill
     # the token generator in both attention layouts; the prediction keeps the faster, and says so
     tgs = [g for g in graphs.values() if g["seq"] == 1 and g["layers"] == 1 and not g["vocab"]]
@@ -177,7 +225,7 @@ def test_tiny_model_on_the_htp_simulator_end_to_end_and_cached(tmp_path: Path) -
     assert doc["ttft_ms"]["256"]["value"] == pytest.approx(8 * doc["ttft_ms"]["32"]["value"], abs=0.01)
     assert any(e.get("type") == "progress" for e in events)
     cached = list((tmp_path / "cache" / "predict").glob("qnn-*/soc77-v73/graphs-v*/*.json"))
-    assert len(cached) == 7   # AR-1 in both attention layouts
+    assert len(cached) == 7  # AR-1 in both attention layouts
     again = asyncio.run(run_prediction(tiny_plan(256), tmp_path))
     assert all(g["cached"] for g in again["graphs"])
     assert again["decode_tok_s"] == doc["decode_tok_s"]
@@ -187,20 +235,30 @@ def test_tiny_model_on_the_htp_simulator_end_to_end_and_cached(tmp_path: Path) -
 def test_a_longer_context_costs_more_per_token(tmp_path: Path) -> None:
     short = asyncio.run(run_prediction(tiny_plan(128), tmp_path))
     long = asyncio.run(run_prediction(tiny_plan(1024), tmp_path))
-    tg = [min(g["sim_us"] for g in d["graphs"] if g["seq"] == 1 and g["layers"] == 1 and not g["vocab"])
-          for d in (short, long)]
+    tg = [
+        min(g["sim_us"] for g in d["graphs"] if g["seq"] == 1 and g["layers"] == 1 and not g["vocab"])
+        for d in (short, long)
+    ]
     assert tg[1] > tg[0]
 
 
 @needs_qnn
 def test_cli_predict_json_for_the_builtin_model() -> None:
-    out = subprocess.run([sys.executable, "-m", "app", "predict", "--board", "sim", "--one-layer", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "app", "predict", "--board", "sim", "--one-layer", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     doc = json.loads(out.stdout)
     assert doc["label"] == LABEL and doc["target"]["soc_model"] == 77
     assert set(doc["ttft_ms"]) == {"128", "512"} and doc["decode_tok_s"]["full_context"]["value"] > 0
-    text = subprocess.run([sys.executable, "-m", "app", "predict", "--board", "sim", "--one-layer"],
-                          capture_output=True, text=True, timeout=300)
+    text = subprocess.run(
+        [sys.executable, "-m", "app", "predict", "--board", "sim", "--one-layer"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert text.returncode == 0 and "predicted (HTP simulator)" in text.stdout
     assert "predicted TTFT" in text.stdout and "predicted decode" in text.stdout

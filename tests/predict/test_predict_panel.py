@@ -29,7 +29,7 @@ def _window(tmp_path: Path, qtbot: Any) -> Any:
 def test_the_preflight_page_shows_a_kept_prediction_labeled(qtbot: Any, tmp_path: Path) -> None:
     c, w = _window(tmp_path, qtbot)
     panel = w.pages["preflight"].predict_panel
-    assert not panel.button.isEnabled()            # no run yet
+    assert not panel.button.isEnabled()  # no run yet
     m = c.new_run("builtin:tiny-llama", "sim", {"context_length": 512})
     w.pages["preflight"].refresh_results()
     assert panel.button.isEnabled() and panel.table.rowCount() == 0
@@ -37,12 +37,20 @@ def test_the_preflight_page_shows_a_kept_prediction_labeled(qtbot: Any, tmp_path
     save_for_run(m.run_dir, prediction())
     w.pages["preflight"].refresh_results()
     labels = [panel.table.item(r, 0).text() for r in range(panel.table.rowCount())]
-    assert labels == ["predicted TTFT, 128-token prompt", "predicted TTFT, 512-token prompt",
-                      "predicted decode, short context", "predicted decode, full context"]
-    assert "predicted (HTP simulator)" in panel.title() and "predicted (HTP simulator)" in panel.message.text()
+    assert labels == [
+        "predicted TTFT, 128-token prompt",
+        "predicted TTFT, 512-token prompt",
+        "predicted decode, short context",
+        "predicted decode, full context",
+    ]
+    assert (
+        "predicted (HTP simulator)" in panel.title() and "predicted (HTP simulator)" in panel.message.text()
+    )
 
 
-@pytest.mark.skipif(importlib.util.find_spec("onnxruntime_qnn") is None, reason="onnxruntime-qnn is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("onnxruntime_qnn") is None, reason="onnxruntime-qnn is not installed"
+)
 def test_predict_button_runs_the_real_predictor_for_the_run(qtbot: Any, tmp_path: Path) -> None:
     c, w = _window(tmp_path, qtbot)
     m = c.new_run("builtin:tiny-llama", "sim", {"context_length": 512})

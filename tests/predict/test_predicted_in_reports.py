@@ -21,11 +21,25 @@ from workers.shared.predict import LABEL, GraphTiming, combine
 def prediction(scale: float = 1.0) -> dict[str, Any]:
     def t(key: str, seq: int, layers: int, us: float, vocab: int = 0) -> GraphTiming:
         us *= scale
-        return GraphTiming(key=key, seq=seq, context=512, layers=layers, vocab=vocab, sim_us=us,
-                           sim_lower_us=us * 0.9, sim_upper_us=us * 1.1)
+        return GraphTiming(
+            key=key,
+            seq=seq,
+            context=512,
+            layers=layers,
+            vocab=vocab,
+            sim_us=us,
+            sim_lower_us=us * 0.9,
+            sim_upper_us=us * 1.1,
+        )
 
-    timings = {"tg1": t("tg1", 1, 1, 300), "tg2": t("tg2", 1, 2, 580), "lm_tg": t("lm", 1, 1, 40, 2048),
-               "pp1": t("pp1", 128, 1, 900), "pp2": t("pp2", 128, 2, 1750), "lm_pp": t("lmp", 128, 1, 200, 2048)}
+    timings = {
+        "tg1": t("tg1", 1, 1, 300),
+        "tg2": t("tg2", 1, 2, 580),
+        "lm_tg": t("lm", 1, 1, 40, 2048),
+        "pp1": t("pp1", 128, 1, 900),
+        "pp2": t("pp2", 128, 2, 1750),
+        "lm_pp": t("lmp", 128, 1, 200, 2048),
+    }
     return combine("builtin:tiny-llama", TINY, EVK, 512, 128, 2, "2.51.0", timings).to_json()
 
 
@@ -37,9 +51,11 @@ def test_predicted_ttft_counts_prompt_processor_passes() -> None:
 
 
 def test_beside_keeps_measured_and_predicted_in_separate_fields() -> None:
-    kpis = [{"name": "gen_tok_s", "value": 10.03, "source": "device"},
-            {"name": "ttft_ms", "value": 183.5, "source": "device"},
-            {"name": "prompt_tokens", "value": 29, "source": "device"}]
+    kpis = [
+        {"name": "gen_tok_s", "value": 10.03, "source": "device"},
+        {"name": "ttft_ms", "value": 183.5, "source": "device"},
+        {"name": "prompt_tokens", "value": 29, "source": "device"},
+    ]
     s = predicted_section(prediction(), kpis)
     assert s is not None and s["label"] == LABEL
     gen = next(b for b in s["beside"] if b["name"] == "gen_tok_s")
@@ -57,7 +73,7 @@ def test_a_runs_report_and_compare_show_the_prediction_labeled(tmp_path: Path) -
     assert r0["predicted"] is None
     validate_report(r0)
     with pytest.raises(ServiceError):
-        save_for_run(runs[0].run_dir, {"decode_tok_s": 1})   # not a prediction document
+        save_for_run(runs[0].run_dir, {"decode_tok_s": 1})  # not a prediction document
     for i, m in enumerate(runs):
         save_for_run(m.run_dir, prediction(1.0 + i))
     assert run_prediction_doc(runs[0].run_dir) is not None
@@ -68,7 +84,7 @@ def test_a_runs_report_and_compare_show_the_prediction_labeled(tmp_path: Path) -
     p = reports[0]["predicted"]
     assert p["label"] == LABEL and p["decode_tok_s"]["value"] > 0
     assert [t["prompt_tokens"] for t in p["ttft_ms"]] == [128, 512]
-    assert all(k.get("source") != "predicted" for k in reports[0]["kpis"])   # never among the measured KPIs
+    assert all(k.get("source") != "predicted" for k in reports[0]["kpis"])  # never among the measured KPIs
     html = to_html(reports[0])
     assert "PREDICTED (HTP simulator), not measured" in html and "predicted (HTP simulator)" in html
     c = compare_reports(reports)
@@ -76,7 +92,7 @@ def test_a_runs_report_and_compare_show_the_prediction_labeled(tmp_path: Path) -
     assert pred and all("predicted" in r["label"] for r in pred)
     assert all(r["section"] != "predicted" for r in c["rows"] if r["name"] in ("gen_tok_s", "ttft_ms"))
     dec = next(r for r in pred if r["name"] == "predicted_decode_tok_s")
-    assert dec["judgement"] == ["worse"]    # the second run's graphs were simulated twice as slow
+    assert dec["judgement"] == ["worse"]  # the second run's graphs were simulated twice as slow
     (runs[1].run_dir / "predicted" / "prediction.json").unlink()
     with pytest.raises(Exception, match="nothing in common"):
         compare_reports([build_report(m.run_dir) for m in runs])
@@ -96,11 +112,11 @@ def test_a_speculative_dialog_is_costed_at_its_measured_acceptance(tmp_path: Pat
     assert lade["basic_tok_s"]["value"] == pytest.approx(1000 / token, rel=1e-3)
     assert lade["break_even_accepted"] == pytest.approx(pp / token, abs=0.01)
     assert lade["tok_s"]["lower"] <= lade["tok_s"]["value"] <= lade["tok_s"]["upper"]
-    small = prediction(0.25)                                  # a draft simulated at a quarter of the cost
+    small = prediction(0.25)  # a draft simulated at a quarter of the cost
     spd = speculative_rate(doc, "spd", 2.0, draft_len=3, draft=small)
     assert spd is not None and "3 draft tokens" in spd["step"]
     assert spd["step_ms"]["value"] == pytest.approx(3 * small["token"]["total_ms"]["value"] + pp, rel=1e-3)
-    assert speculative_rate(doc, "spd", 2.0) is None          # no draft cost: no figure
+    assert speculative_rate(doc, "spd", 2.0) is None  # no draft cost: no figure
     assert speculative_rate(doc, "basic", 1.0) is None
 
     ws = Workspace(tmp_path / "ws")
@@ -115,12 +131,21 @@ def test_a_speculative_dialog_is_costed_at_its_measured_acceptance(tmp_path: Pat
     missing = speculative_prediction(target.run_dir, settings, {"dialog": "spd", "accepted_per_step": 2.0})
     assert missing is not None and "hexstudio predict" in missing["missing"]
     save_for_run(draft.run_dir, small)
-    assert speculative_prediction(target.run_dir, settings, {"dialog": "spd", "accepted_per_step": 2.0}) == spd
+    assert (
+        speculative_prediction(target.run_dir, settings, {"dialog": "spd", "accepted_per_step": 2.0}) == spd
+    )
     # in the report: beside the measured acceptance, labeled predicted
     r = build_report(target.run_dir)
-    r["evaluation"] = {"source": "simulated", "simulated": True, "legs": [], "leg_titles": {}, "suites": [],
-                       "prompt_format": "plain", "tool_format": "none",
-                       "board_session": {"dialog": "lade", "accepted_per_step": 3.0, "accepted_per_step_cases": 4}}
+    r["evaluation"] = {
+        "source": "simulated",
+        "simulated": True,
+        "legs": [],
+        "leg_titles": {},
+        "suites": [],
+        "prompt_format": "plain",
+        "tool_format": "none",
+        "board_session": {"dialog": "lade", "accepted_per_step": 3.0, "accepted_per_step_cases": 4},
+    }
     r["predicted"]["speculative"] = got
     validate_report(r)
     html = to_html(r)

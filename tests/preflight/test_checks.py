@@ -20,21 +20,48 @@ from workers.shared.preflight_checks import MEMORY_MARGIN, parse_nvidia_smi, run
 GiB = 1024**3
 SCHEMA = Path(__file__).resolve().parents[2] / "app" / "core" / "schemas" / "preflight.schema.json"
 
-LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 131072,
-            "rope_theta": 500000.0}
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+}
 
 BASE_PROBE: dict[str, Any] = {
-    "probe_version": 1, "os": "Linux", "wsl": False, "mem_total_bytes": 256 * GiB, "swap_total_bytes": 0,
-    "mem_available_bytes": 250 * GiB, "cpu_count": 32,
+    "probe_version": 1,
+    "os": "Linux",
+    "wsl": False,
+    "mem_total_bytes": 256 * GiB,
+    "swap_total_bytes": 0,
+    "mem_available_bytes": 250 * GiB,
+    "cpu_count": 32,
     "workspace": {"path": "/home/dev/hexstudio-workspace", "free_bytes": 2000 * GiB},
     "hf_cache": {"path": "/home/dev/.cache/huggingface", "free_bytes": 2000 * GiB},
-    "python": "3.10.20", "libpython": "libpython3.10.so.1.0", "libpython_name": "libpython3.10.so.1.0",
-    "packages": {"aimet-onnx": "2.26.0", "onnxruntime": None, "onnxruntime-gpu": "1.23.2", "torch": "2.7.1+cu128"},
-    "gpu": {"torch": "2.7.1+cu128", "cuda": True, "arch_list": ["sm_90", "sm_100", "sm_120"],
-            "devices": [{"name": "NVIDIA GeForce RTX 5090", "memory_bytes": 32 * GiB, "compute_capability": "12.0"}]},
-    "aimet_smoke": {"ok": True, "seconds": 9.1}, "wslconfig": None,
+    "python": "3.10.20",
+    "libpython": "libpython3.10.so.1.0",
+    "libpython_name": "libpython3.10.so.1.0",
+    "packages": {
+        "aimet-onnx": "2.26.0",
+        "onnxruntime": None,
+        "onnxruntime-gpu": "1.23.2",
+        "torch": "2.7.1+cu128",
+    },
+    "gpu": {
+        "torch": "2.7.1+cu128",
+        "cuda": True,
+        "arch_list": ["sm_90", "sm_100", "sm_120"],
+        "devices": [
+            {"name": "NVIDIA GeForce RTX 5090", "memory_bytes": 32 * GiB, "compute_capability": "12.0"}
+        ],
+    },
+    "aimet_smoke": {"ok": True, "seconds": 9.1},
+    "wslconfig": None,
 }
 
 
@@ -71,7 +98,11 @@ def test_wsl_capped_at_64_gb_for_8b_follows_the_estimate() -> None:
     if expected != "ok":
         _assert_wslconfig_fix(c, need)
     # the same 64 GB cap against a need above it (as the whole-model recipe's 173.6 GiB) must fail
-    big = dict(needs, quantize_peak_rss_bytes=modelinfo.REFERENCE["quantize_peak_rss_bytes"], validate_peak_rss_bytes=0)
+    big = dict(
+        needs,
+        quantize_peak_rss_bytes=modelinfo.REFERENCE["quantize_peak_rss_bytes"],
+        validate_peak_rss_bytes=0,
+    )
     c = by_id(run_checks(probe(wsl=True, mem_total_bytes=have, swap_total_bytes=0), big))
     assert c["memory"]["status"] == "fail" and c["wsl"]["status"] == "fail"
     _assert_wslconfig_fix(c, int(str(big["quantize_peak_rss_bytes"])))
@@ -98,24 +129,41 @@ def test_8b_on_a_16_gib_100_gb_machine() -> None:
     assert 3.04 * GiB < needs["validate_peak_rss_bytes"] < 8 * GiB
     assert needs["disk_bytes"] + needs["hf_download_bytes"] <= 100 * 10**9
     disk = {"free_bytes": 100 * 10**9, "device": 2049}
-    p = probe(mem_total_bytes=16 * GiB, swap_total_bytes=0, mem_available_bytes=15 * GiB,
-              workspace={"path": "/home/dev/hexstudio-workspace", **disk},
-              hf_cache={"path": "/home/dev/.cache/huggingface", **disk})
+    p = probe(
+        mem_total_bytes=16 * GiB,
+        swap_total_bytes=0,
+        mem_available_bytes=15 * GiB,
+        workspace={"path": "/home/dev/hexstudio-workspace", **disk},
+        hf_cache={"path": "/home/dev/.cache/huggingface", **disk},
+    )
     checks = by_id(run_checks(p, needs))
     assert [c["id"] for c in checks.values() if c["status"] == "fail"] == []
     assert checks["memory"]["status"] == "ok" and checks["memory"]["required"] == needs["peak_rss_bytes"]
     # a 4 GiB machine is refused on memory
-    small = by_id(run_checks(probe(mem_total_bytes=4 * GiB, swap_total_bytes=0, mem_available_bytes=3 * GiB,
-                                   workspace={"path": "/home/dev/hexstudio-workspace", **disk},
-                                   hf_cache={"path": "/home/dev/.cache/huggingface", **disk}), needs))
+    small = by_id(
+        run_checks(
+            probe(
+                mem_total_bytes=4 * GiB,
+                swap_total_bytes=0,
+                mem_available_bytes=3 * GiB,
+                workspace={"path": "/home/dev/hexstudio-workspace", **disk},
+                hf_cache={"path": "/home/dev/.cache/huggingface", **disk},
+            ),
+            needs,
+        )
+    )
     assert [c["id"] for c in small.values() if c["status"] == "fail"] == ["memory"]
 
 
 def test_wsl_with_enough_memory_is_ok() -> None:
     needs = needs_8b()
     have = int(int(needs["peak_rss_bytes"]) * 2)
-    cfg = {"path": "/mnt/c/Users/dev/.wslconfig", "exists": True, "text": "[wsl2]\nmemory=176GB\n",
-           "limits": {"memory": "176GB", "swap": None}}
+    cfg = {
+        "path": "/mnt/c/Users/dev/.wslconfig",
+        "exists": True,
+        "text": "[wsl2]\nmemory=176GB\n",
+        "limits": {"memory": "176GB", "swap": None},
+    }
     c = by_id(run_checks(probe(wsl=True, mem_total_bytes=have, swap_total_bytes=0, wslconfig=cfg), needs))
     assert c["wsl"]["status"] == "ok" and c["memory"]["status"] == "ok"
     assert "memory=176GB" in c["wsl"]["message"] and c["wsl"]["fix"] is None
@@ -150,8 +198,11 @@ def test_missing_libpython_explains_ptrtoint64() -> None:
 def test_cpu_only_machine_passes_for_the_tiny_model() -> None:
     info = modelinfo.inspect_folder(builtin_model_dir())
     needs = modelinfo.estimate(info, 512)
-    p = probe(mem_total_bytes=24 * GiB, gpu={"torch": "2.13.0+cpu", "cuda": False, "arch_list": [], "devices": []},
-              packages={**BASE_PROBE["packages"], "onnxruntime": "1.32.0", "onnxruntime-gpu": None})
+    p = probe(
+        mem_total_bytes=24 * GiB,
+        gpu={"torch": "2.13.0+cpu", "cuda": False, "arch_list": [], "devices": []},
+        packages={**BASE_PROBE["packages"], "onnxruntime": "1.32.0", "onnxruntime-gpu": None},
+    )
     checks = run_checks(p, needs)
     assert [c["id"] for c in checks if c["status"] == "fail"] == []
     assert by_id(checks)["gpu"]["measured"] == "CPU only"
@@ -187,17 +238,31 @@ def test_live_probe_matches_schema_and_is_fast(tmp_path: Path) -> None:
 
 # -- GPU: driver, VRAM guidance, an NVIDIA GPU with a CPU-only torch --------------------------------
 
-NVIDIA_5090 = {"source": "nvidia-smi", "driver_version": "576.02", "error": None,
-               "gpus": [{"name": "NVIDIA GeForce RTX 5090", "memory_bytes": 32607 * 1024**2,
-                         "driver_version": "576.02", "compute_capability": "12.0"}]}
+NVIDIA_5090 = {
+    "source": "nvidia-smi",
+    "driver_version": "576.02",
+    "error": None,
+    "gpus": [
+        {
+            "name": "NVIDIA GeForce RTX 5090",
+            "memory_bytes": 32607 * 1024**2,
+            "driver_version": "576.02",
+            "compute_capability": "12.0",
+        }
+    ],
+}
 CPU_TORCH = {"torch": "2.13.0+cpu", "cuda": False, "cuda_version": None, "arch_list": [], "devices": []}
 
 
 def test_nvidia_smi_output_is_parsed() -> None:
     text = "NVIDIA GeForce RTX 5090, 32607, 576.02, 12.0\nNVIDIA RTX A6000, 49140, 576.02, [N/A]\n"
     gpus = parse_nvidia_smi(text)
-    assert gpus[0] == {"name": "NVIDIA GeForce RTX 5090", "memory_bytes": 32607 * 1024**2,
-                       "driver_version": "576.02", "compute_capability": "12.0"}
+    assert gpus[0] == {
+        "name": "NVIDIA GeForce RTX 5090",
+        "memory_bytes": 32607 * 1024**2,
+        "driver_version": "576.02",
+        "compute_capability": "12.0",
+    }
     assert gpus[1]["compute_capability"] is None and gpus[1]["memory_bytes"] == 49140 * 1024**2
 
 
@@ -235,6 +300,7 @@ def test_nvidia_gpu_with_a_cuda_torch_that_cannot_see_it() -> None:
 
 # -- libpython: the venv hook that packaging/install-workstation.sh writes ---------------------------
 
+
 def test_missing_libpython_in_a_venv_points_at_the_installers_hook() -> None:
     p = probe(libpython=None, venv="/home/dev/hexstudio/.venv", conda_prefix=None, libpython_dir="/usr/lib")
     c = by_id(run_checks(p, needs_8b()))["libpython"]
@@ -260,10 +326,13 @@ def test_missing_libpython_under_conda_uses_activate_d() -> None:
 
 # -- disk, Python, packages, smoke test ------------------------------------------------------------
 
+
 def test_workspace_disk_too_small_fails_with_the_amount_to_free() -> None:
     needs = needs_8b()
-    p = probe(workspace={"path": "/data/ws", "free_bytes": 20 * GiB, "device": 1},
-              hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": 2000 * GiB, "device": 2})
+    p = probe(
+        workspace={"path": "/data/ws", "free_bytes": 20 * GiB, "device": 1},
+        hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": 2000 * GiB, "device": 2},
+    )
     c = by_id(run_checks(p, needs))
     assert c["disk_workspace"]["status"] == "fail" and c["disk_workspace"]["required"] == needs["disk_bytes"]
     assert "--workspace" in c["disk_workspace"]["fix"]
@@ -272,10 +341,15 @@ def test_workspace_disk_too_small_fails_with_the_amount_to_free() -> None:
 
 def test_hf_cache_disk_too_small_fails_with_hf_home() -> None:
     needs = needs_8b()
-    p = probe(workspace={"path": "/data/ws", "free_bytes": 2000 * GiB, "device": 1},
-              hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": 5 * GiB, "device": 2})
+    p = probe(
+        workspace={"path": "/data/ws", "free_bytes": 2000 * GiB, "device": 1},
+        hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": 5 * GiB, "device": 2},
+    )
     c = by_id(run_checks(p, needs))
-    assert c["disk_hf_cache"]["status"] == "fail" and c["disk_hf_cache"]["required"] == needs["hf_download_bytes"]
+    assert (
+        c["disk_hf_cache"]["status"] == "fail"
+        and c["disk_hf_cache"]["required"] == needs["hf_download_bytes"]
+    )
     assert "HF_HOME" in c["disk_hf_cache"]["fix"]
     assert c["disk_workspace"]["status"] == "ok"
 
@@ -284,8 +358,10 @@ def test_workspace_and_hf_cache_on_one_filesystem_add_up() -> None:
     needs = needs_8b()
     ws_need, hf_need = int(needs["disk_bytes"]), int(needs["hf_download_bytes"])
     free = ws_need + hf_need // 2  # enough for either alone, not for both
-    shared = probe(workspace={"path": "/home/dev/ws", "free_bytes": free, "device": 7},
-                   hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": free, "device": 7})
+    shared = probe(
+        workspace={"path": "/home/dev/ws", "free_bytes": free, "device": 7},
+        hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": free, "device": 7},
+    )
     checks = run_checks(shared, needs)
     c = by_id(checks)
     # one disk, one problem: one FAIL row (issue 32: it showed as two), naming both needs
@@ -293,8 +369,10 @@ def test_workspace_and_hf_cache_on_one_filesystem_add_up() -> None:
     assert c["disk_workspace"]["status"] == "fail" and c["disk_workspace"]["required"] == ws_need + hf_need
     assert "same filesystem" in c["disk_workspace"]["message"] and "HF_HOME" in c["disk_workspace"]["fix"]
     assert sum(x["status"] == "fail" for x in checks if "disk" in x["id"]) == 1
-    apart = probe(workspace={"path": "/data/ws", "free_bytes": free, "device": 7},
-                  hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": free, "device": 8})
+    apart = probe(
+        workspace={"path": "/data/ws", "free_bytes": free, "device": 7},
+        hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": free, "device": 8},
+    )
     c = by_id(run_checks(apart, needs))
     assert c["disk_workspace"]["status"] == "ok" and c["disk_hf_cache"]["status"] == "ok"
 
@@ -306,8 +384,15 @@ def test_unsupported_python_fails(version: str) -> None:
 
 
 def test_aimet_missing_fails_with_the_installer() -> None:
-    p = probe(packages={**BASE_PROBE["packages"], "aimet-onnx": None}, aimet_build=None,
-              aimet_smoke={"ok": False, "seconds": 0.2, "error": "ModuleNotFoundError: No module named 'aimet_onnx'"})
+    p = probe(
+        packages={**BASE_PROBE["packages"], "aimet-onnx": None},
+        aimet_build=None,
+        aimet_smoke={
+            "ok": False,
+            "seconds": 0.2,
+            "error": "ModuleNotFoundError: No module named 'aimet_onnx'",
+        },
+    )
     c = by_id(run_checks(p, needs_8b()))
     assert c["aimet"]["status"] == "fail" and "install-workstation.sh" in c["aimet"]["fix"]
     assert c["aimet_smoke"]["status"] == "fail" and "aimet_onnx" in c["aimet_smoke"]["message"]
@@ -315,7 +400,9 @@ def test_aimet_missing_fails_with_the_installer() -> None:
 
 def test_aimet_smoke_failure_is_reported_with_its_error() -> None:
     err = "RuntimeError: Unable to run function PtrToInt64"
-    c = by_id(run_checks(probe(aimet_smoke={"ok": False, "seconds": 3.0, "error": err}), needs_8b()))["aimet_smoke"]
+    c = by_id(run_checks(probe(aimet_smoke={"ok": False, "seconds": 3.0, "error": err}), needs_8b()))[
+        "aimet_smoke"
+    ]
     assert c["status"] == "fail" and c["measured"] == err and "PtrToInt64" in c["message"] and c["fix"]
 
 
@@ -326,6 +413,7 @@ def test_no_onnxruntime_at_all_fails() -> None:
 
 
 # -- the CLI estimates with the settings a run would use -------------------------------------------
+
 
 def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from app.core.services import preflight as preflight_cmd
@@ -352,26 +440,50 @@ def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.M
     assert rep["settings"]["calibration_samples"] == DEFAULT_RUN_SETTINGS["calibration_samples"]
     assert rep["settings"]["calibration_seq_len"] == DEFAULT_RUN_SETTINGS["calibration_seq_len"]
     assert rep["settings"]["ar_n"] == DEFAULT_RUN_SETTINGS["ar_n"]
-    assert seen["args"][3:] == (DEFAULT_RUN_SETTINGS["calibration_samples"],
-                                DEFAULT_RUN_SETTINGS["calibration_seq_len"])
+    assert seen["args"][3:] == (
+        DEFAULT_RUN_SETTINGS["calibration_samples"],
+        DEFAULT_RUN_SETTINGS["calibration_seq_len"],
+    )
     info = modelinfo.inspect_folder(builtin_model_dir())
-    assert rep["needs"] == real_estimate(info, 512, 128, modelinfo.default_parts(info),
-                                         DEFAULT_RUN_SETTINGS["calibration_samples"],
-                                         DEFAULT_RUN_SETTINGS["calibration_seq_len"])
+    assert rep["needs"] == real_estimate(
+        info,
+        512,
+        128,
+        modelinfo.default_parts(info),
+        DEFAULT_RUN_SETTINGS["calibration_samples"],
+        DEFAULT_RUN_SETTINGS["calibration_seq_len"],
+    )
     # the command line's values win
-    rep = preflight_cmd.preflight_report("builtin:tiny-llama", 256, None, tmp_path, smoke=False,
-                                         settings={"calibration_samples": 3})
+    rep = preflight_cmd.preflight_report(
+        "builtin:tiny-llama", 256, None, tmp_path, smoke=False, settings={"calibration_samples": 3}
+    )
     assert rep["settings"]["context_length"] == 256 and rep["settings"]["calibration_samples"] == 3
 
 
 def test_nvidia_smi_without_a_driver_says_so() -> None:
-    nv: dict[str, Any] = {"source": "nvidia-smi", "gpus": [], "driver_version": None,
-          "error": "nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"}
+    nv: dict[str, Any] = {
+        "source": "nvidia-smi",
+        "gpus": [],
+        "driver_version": None,
+        "error": "nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver",
+    }
     big = by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=nv), needs_8b()))["gpu"]
-    assert big["status"] == "fail" and "couldn't communicate" in big["message"] and "Windows driver" in big["fix"]
+    assert (
+        big["status"] == "fail"
+        and "couldn't communicate" in big["message"]
+        and "Windows driver" in big["fix"]
+    )
     info = modelinfo.inspect_folder(builtin_model_dir())
     tiny = by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=nv), modelinfo.estimate(info, 512)))["gpu"]
     assert tiny["status"] == "warn" and "NVIDIA driver" in tiny["fix"]
     # no nvidia-smi at all (NVML library missing) is just a CPU-only machine
-    none: dict[str, Any] = {"source": "nvml", "gpus": [], "driver_version": None, "error": "NVML: NVML Shared Library Not Found"}
-    assert by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=none), modelinfo.estimate(info, 512)))["gpu"]["status"] == "ok"
+    none: dict[str, Any] = {
+        "source": "nvml",
+        "gpus": [],
+        "driver_version": None,
+        "error": "NVML: NVML Shared Library Not Found",
+    }
+    assert (
+        by_id(run_checks(probe(gpu=CPU_TORCH, nvidia=none), modelinfo.estimate(info, 512)))["gpu"]["status"]
+        == "ok"
+    )

@@ -29,6 +29,10 @@ def test_the_preflight_row_warns_where_the_ram_is_short_and_never_fails() -> Non
     ok = {c["id"]: c for c in run_checks(dict(BASE_PROBE), needs)}["local_compile"]
     assert ok["status"] == "ok" and "local QNN compile" in ok["message"] and "AI Hub" in ok["message"]
     assert ok["required"]["ram_bytes"] == needs["local_compile_peak_rss_bytes"]
-    small = {**BASE_PROBE, "mem_total_bytes": needs["local_compile_peak_rss_bytes"] // 2, "swap_total_bytes": 0}
+    small = {
+        **BASE_PROBE,
+        "mem_total_bytes": needs["local_compile_peak_rss_bytes"] // 2,
+        "swap_total_bytes": 0,
+    }
     warn = {c["id"]: c for c in run_checks(small, needs)}["local_compile"]
     assert warn["status"] == "warn" and "compile_target aihub" in (warn["fix"] or "")

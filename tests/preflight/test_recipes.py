@@ -14,15 +14,34 @@ from workers.shared import recipes
 from workers.shared.preflight_checks import run_checks
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = recipes.load_recipes()   # the shipped recipes (package data)
+RECIPES = recipes.load_recipes()  # the shipped recipes (package data)
 
-VALIDATED_PACKAGES = {"aimet-onnx": "2.26.0", "onnxruntime": None, "onnxruntime-gpu": "1.23.2",
-                      "torch": "2.7.1+cu128", "torchvision": "0.22.1+cu128", "onnx": "1.18.0",
-                      "transformers": "4.45.0", "qai-hub": "0.50.0", "qai-hub-models": "0.56.0"}
-CPU_DEV_PACKAGES = {"aimet-onnx": "2.42.0", "onnxruntime": "1.32.0", "onnxruntime-gpu": None,
-                    "torch": "2.13.0+cpu", "onnx": "1.23.2", "transformers": "5.23.0", "qai-hub": "0.56.0",
-                    "numpy": "2.4.6", "tokenizers": "0.23.3", "safetensors": "0.8.0", "huggingface-hub": "2.4.0",
-                    "torchvision": None, "qai-hub-models": None}
+VALIDATED_PACKAGES = {
+    "aimet-onnx": "2.26.0",
+    "onnxruntime": None,
+    "onnxruntime-gpu": "1.23.2",
+    "torch": "2.7.1+cu128",
+    "torchvision": "0.22.1+cu128",
+    "onnx": "1.18.0",
+    "transformers": "4.45.0",
+    "qai-hub": "0.50.0",
+    "qai-hub-models": "0.56.0",
+}
+CPU_DEV_PACKAGES = {
+    "aimet-onnx": "2.42.0",
+    "onnxruntime": "1.32.0",
+    "onnxruntime-gpu": None,
+    "torch": "2.13.0+cpu",
+    "onnx": "1.23.2",
+    "transformers": "5.23.0",
+    "qai-hub": "0.56.0",
+    "numpy": "2.4.6",
+    "tokenizers": "0.23.3",
+    "safetensors": "0.8.0",
+    "huggingface-hub": "2.4.0",
+    "torchvision": None,
+    "qai-hub-models": None,
+}
 
 
 def probe(**changes: Any) -> dict[str, Any]:
@@ -62,15 +81,18 @@ def test_current_recipe_is_in_step_with_the_dev_constraints() -> None:
     assert "onnxruntime-gpu" not in cur
 
 
-@pytest.mark.parametrize(("pinned", "installed", "ok"), [
-    ("2.7.1+cu128", "2.7.1+cu128", True),
-    ("2.7.1+cu128", "2.7.1+cpu", False),     # the build matters
-    ("2.7.1+cu128", "2.7.1", False),
-    ("2.13.0", "2.13.0+cpu", True),          # an untagged pin accepts any build
-    ("1.23", "1.23.0", True),
-    ("1.23.2", "1.23.20", False),
-    ("1.23.2", None, False),
-])
+@pytest.mark.parametrize(
+    ("pinned", "installed", "ok"),
+    [
+        ("2.7.1+cu128", "2.7.1+cu128", True),
+        ("2.7.1+cu128", "2.7.1+cpu", False),  # the build matters
+        ("2.7.1+cu128", "2.7.1", False),
+        ("2.13.0", "2.13.0+cpu", True),  # an untagged pin accepts any build
+        ("1.23", "1.23.0", True),
+        ("1.23.2", "1.23.20", False),
+        ("1.23.2", None, False),
+    ],
+)
 def test_version_matching(pinned: str, installed: str | None, ok: bool) -> None:
     assert recipes.version_matches(pinned, installed) is ok
 
@@ -80,7 +102,9 @@ def test_parser_rejects_ranges_and_duplicates_with_file_and_line() -> None:
         recipes.parse_recipe("# python: 3.10\nonnx==1.18.0\ntorch>=2\n", path="r.txt")
     with pytest.raises(recipes.RecipeError, match="pinned twice"):
         recipes.parse_recipe("Huggingface_Hub==1.0\nhuggingface-hub==1.0\n", path="r.txt")
-    r = recipes.parse_recipe("# recipe: x\n# python: 3.12\n# a comment: not a directive\nonnx==1.18.0  # why\n")
+    r = recipes.parse_recipe(
+        "# recipe: x\n# python: 3.12\n# a comment: not a directive\nonnx==1.18.0  # why\n"
+    )
     assert r.name == "x" and r.python == "3.12" and r.pins == {"onnx": "1.18.0"}
     assert "a comment" not in r.directives
 
@@ -119,7 +143,9 @@ def test_readme_install_with_a_small_model_says_something_true_not_9_of_9_pins()
     assert "pins differ" not in v["message"] and "README's install" in v["message"]
     assert "aimet-onnx 2.26.0" in v["message"] and "install-workstation.sh" in v["message"]
     # an 8B on the same install: a warning that says why (the only proven stack), with the differences
-    v8 = by_id(run_checks(probe(python="3.11.7", packages=CPU_DEV_PACKAGES, gpu=gpu), needs_8b()))["recipe_validated"]
+    v8 = by_id(run_checks(probe(python="3.11.7", packages=CPU_DEV_PACKAGES, gpu=gpu), needs_8b()))[
+        "recipe_validated"
+    ]
     assert v8["status"] == "warn" and "README's install" in v8["message"] and "8B" in v8["message"]
 
 
@@ -137,8 +163,15 @@ def test_probe_without_recipes_skips_and_broken_recipe_warns() -> None:
 
 
 def test_cpu_aimet_build_on_a_cuda_machine_fails() -> None:
-    c = by_id(run_checks(probe(aimet_build={"build": "cpu", "evidence": "version tag +cpu"},
-                               packages={**VALIDATED_PACKAGES, "aimet-onnx": "2.26.0+cpu"}), needs_8b()))
+    c = by_id(
+        run_checks(
+            probe(
+                aimet_build={"build": "cpu", "evidence": "version tag +cpu"},
+                packages={**VALIDATED_PACKAGES, "aimet-onnx": "2.26.0+cpu"},
+            ),
+            needs_8b(),
+        )
+    )
     b = c["aimet_build"]
     assert b["status"] == "fail" and "aimet.customop.cuda" in b["message"]
     assert "aimet-onnx==2.26.0" in b["fix"] and "+cpu" not in b["fix"].split("(")[0]
@@ -165,7 +198,9 @@ def test_the_stack_that_failed_silently_is_named() -> None:
     pk = {**VALIDATED_PACKAGES, "aimet-onnx": "2.33.0", "onnxruntime-gpu": "1.22.0"}
     c = by_id(run_checks(probe(python="3.12.4", packages=pk), needs_8b()))
     bad = c["known_bad_stack"]
-    assert bad["status"] == "fail" and "token salad" in bad["message"] and "install-workstation.sh" in bad["fix"]
+    assert (
+        bad["status"] == "fail" and "token salad" in bad["message"] and "install-workstation.sh" in bad["fix"]
+    )
     # one version off is not that stack (the recipe checks still list the differences)
     ok = by_id(run_checks(probe(python="3.10.20", packages=pk), needs_8b()))
     assert "known_bad_stack" not in ok and ok["recipe_validated"]["status"] == "warn"

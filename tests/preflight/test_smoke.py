@@ -34,13 +34,19 @@ def test_the_smoke_test_quantizes_a_unit_with_the_stages_calls() -> None:
 
 def test_a_stack_that_cannot_quantize_fails_preflight_naming_the_step() -> None:
     # an aimet-onnx without either LPBQ API (neither QSpec.lpbq nor set_lpbq_for_params)
-    res = _smoke("import aimet_onnx, aimet_onnx.quantsim as q\n"
-                 "for m in (aimet_onnx, q):\n"
-                 "    m.__dict__.pop('QSpec', None)\n"
-                 "q.__dict__.pop('set_lpbq_for_params', None)\n")
+    res = _smoke(
+        "import aimet_onnx, aimet_onnx.quantsim as q\n"
+        "for m in (aimet_onnx, q):\n"
+        "    m.__dict__.pop('QSpec', None)\n"
+        "q.__dict__.pop('set_lpbq_for_params', None)\n"
+    )
     assert not res["ok"] and res["step"] == "quantsim", res
     msgs = _smoke_checks({"aimet_smoke": res})
-    assert msgs[0]["status"] == "fail" and "quantsim" in msgs[0]["message"] and "cannot quantize" in msgs[0]["message"]
+    assert (
+        msgs[0]["status"] == "fail"
+        and "quantsim" in msgs[0]["message"]
+        and "cannot quantize" in msgs[0]["message"]
+    )
     assert "validated recipe" in msgs[0]["fix"] and "install-workstation.sh" in msgs[0]["fix"]
 
 

@@ -50,7 +50,8 @@ def test_write_keeps_everything_else_backs_up_and_is_idempotent(home: Path) -> N
     assert backup is not None and backup.read_bytes() == USER_FILE.encode()
     new = cfg.read_bytes().decode()
     assert new == USER_FILE.replace("memory=64GB", "memory=176GB").replace(
-        "guiApplications=true\r\n", "guiApplications=true\r\nswap=96GB\r\n")
+        "guiApplications=true\r\n", "guiApplications=true\r\nswap=96GB\r\n"
+    )
     # every line ends with CRLF, as Windows wrote it
     assert new.count("\r\n") == new.count("\n")
     # second run: nothing to change, no second backup
@@ -102,8 +103,17 @@ def test_utf16_file_from_notepad_round_trips(home: Path) -> None:
     assert data[2:].decode("utf-16-le") == "[wsl2]\r\nmemory=48GB\r\n"
 
 
-@pytest.mark.parametrize(("text", "n"), [("176GB", 176 * GiB), ("8192MB", 8 * GiB), ("1TB", 1024 * GiB),
-                                         ("2g", 2 * GiB), ("lots", None), (None, None)])
+@pytest.mark.parametrize(
+    ("text", "n"),
+    [
+        ("176GB", 176 * GiB),
+        ("8192MB", 8 * GiB),
+        ("1TB", 1024 * GiB),
+        ("2g", 2 * GiB),
+        ("lots", None),
+        (None, None),
+    ],
+)
 def test_parse_size(text: str | None, n: int | None) -> None:
     assert wslconfig.parse_size(text) == n
 
@@ -116,6 +126,7 @@ def test_locate_uses_override_then_wslvar_then_cmd_exe() -> None:
         def run(cmd: list[str]) -> str:
             calls.append(cmd)
             return answers.get(cmd[0], "")
+
         return run
 
     got = wslconfig.locate({}, fake({"wslvar": "C:\\Users\\dev", "wslpath": "/mnt/c/Users/dev"}))
@@ -137,12 +148,22 @@ def test_target_limits_cover_the_need_with_headroom() -> None:
 # --- the CLI: hexstudio preflight --write-wslconfig ------------------------------------------------
 
 
-def test_cli_refuses_without_confirmation_then_writes_with_yes(home: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_refuses_without_confirmation_then_writes_with_yes(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = home / ".wslconfig"
     cfg.write_bytes(USER_FILE.encode())
     monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal: never write without --yes
-    args = ["preflight", "--write-wslconfig", "--wslconfig", str(cfg), "--memory-gb", "176", "--swap-gb", "96"]
+    args = [
+        "preflight",
+        "--write-wslconfig",
+        "--wslconfig",
+        str(cfg),
+        "--memory-gb",
+        "176",
+        "--swap-gb",
+        "96",
+    ]
     assert cli_main(args) != 0
     out, err = capsys.readouterr()
     assert "+memory=176GB" in out and "+swap=96GB" in out and "now: memory=64GB" in out
@@ -160,8 +181,9 @@ def test_cli_refuses_without_confirmation_then_writes_with_yes(home: Path, monke
     assert "Nothing to change" in out and len(backups(home)) == 1
 
 
-def test_cli_json_for_the_builtin_model_has_nothing_to_raise(home: Path, capsys: pytest.CaptureFixture[str],
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_json_for_the_builtin_model_has_nothing_to_raise(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = home / ".wslconfig"
     cfg.write_text("[wsl2]\nmemory=8GB\n")
     monkeypatch.setenv("HEXSTUDIO_WSLCONFIG", str(cfg))
@@ -172,20 +194,24 @@ def test_cli_json_for_the_builtin_model_has_nothing_to_raise(home: Path, capsys:
     assert cfg.read_text() == "[wsl2]\nmemory=8GB\n"
 
 
-def test_cli_without_wsl_explains_how_to_give_the_path(monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_without_wsl_explains_how_to_give_the_path(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("HEXSTUDIO_WSLCONFIG", raising=False)
     monkeypatch.setattr(wslconfig, "locate", lambda *a, **k: None)
     assert cli_main(["preflight", "--write-wslconfig", "--memory-gb", "64"]) != 0
     assert "--wslconfig /mnt/c/Users/" in capsys.readouterr().err
 
 
-def test_cli_json_refusal_is_one_json_document(home: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_json_refusal_is_one_json_document(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = home / ".wslconfig"
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    assert cli_main(["preflight", "--write-wslconfig", "--wslconfig", str(cfg), "--memory-gb", "100",
-                     "--json"]) == 1
+    assert (
+        cli_main(["preflight", "--write-wslconfig", "--wslconfig", str(cfg), "--memory-gb", "100", "--json"])
+        == 1
+    )
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert doc["ok"] is False and doc["written"] is False and "+memory=100GB" in doc["diff"]
@@ -197,13 +223,26 @@ def test_wsl_check_shows_the_current_wslconfig_and_the_lines_to_write() -> None:
     from workers.shared.preflight_checks import run_checks
 
     # a VM smaller than the 8B's part-wise quantization estimate (~6.5 GiB)
-    cfg = {"path": "/mnt/c/Users/dev/.wslconfig", "exists": True, "text": "[wsl2]\nmemory=4GB\n",
-           "limits": {"memory": "4GB", "swap": None}}
-    c = by_id(run_checks(probe(wsl=True, mem_total_bytes=4 * GiB, swap_total_bytes=0, wslconfig=cfg),
-                         needs_8b()))["wsl"]
+    cfg = {
+        "path": "/mnt/c/Users/dev/.wslconfig",
+        "exists": True,
+        "text": "[wsl2]\nmemory=4GB\n",
+        "limits": {"memory": "4GB", "swap": None},
+    }
+    c = by_id(
+        run_checks(probe(wsl=True, mem_total_bytes=4 * GiB, swap_total_bytes=0, wslconfig=cfg), needs_8b())
+    )["wsl"]
     assert c["status"] == "fail" and "memory=4GB" in c["message"] and c["fix"].startswith("wslconfig:memory=")
     mem, swap = (int(x.split("=")[1].rstrip("GB")) for x in c["fix"].split(":", 1)[1].split(","))
     assert (mem, swap) == wslconfig.target_limits(needs_8b()["peak_rss_bytes"])
-    big = by_id(run_checks(probe(wsl=True, mem_total_bytes=250 * GiB, wslconfig={
-        **cfg, "limits": {"memory": "256GB", "swap": "64GB"}}), needs_8b()))["wsl"]
+    big = by_id(
+        run_checks(
+            probe(
+                wsl=True,
+                mem_total_bytes=250 * GiB,
+                wslconfig={**cfg, "limits": {"memory": "256GB", "swap": "64GB"}},
+            ),
+            needs_8b(),
+        )
+    )["wsl"]
     assert big["status"] == "ok" and "memory=256GB, swap=64GB" in big["message"]

@@ -10,7 +10,9 @@ import pytest
 
 from workers.qnn.libs import INSTALL_HINT, find_qnn_libs
 
-needs_qnn = pytest.mark.skipif(find_qnn_libs() is None, reason=f"onnxruntime-qnn is not installed: {INSTALL_HINT}")
+needs_qnn = pytest.mark.skipif(
+    find_qnn_libs() is None, reason=f"onnxruntime-qnn is not installed: {INSTALL_HINT}"
+)
 
 
 @pytest.fixture(scope="session")

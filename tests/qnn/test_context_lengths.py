@@ -17,9 +17,20 @@ from tests.qnn.conftest import needs_qnn
 
 # AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: workers.shared.run_settings.genie_cl_problem);
 # with a lade dialog whose step (2 + 4) x 1 = 6 tokens fits AR-32, and spd (the model drafting for itself)
-SETTINGS = {"calibration_samples": 2, "calibration_seq_len": 64, "context_length": 256, "ar_n": 32,
-            "context_lengths": "128", "compile_target": "local", "aimet_smoke": False,
-            "speculative_dialogs": "lade,spd", "lade_window": 2, "lade_ngram": 2, "lade_gcap": 4, "spd_draft_len": 3}
+SETTINGS = {
+    "calibration_samples": 2,
+    "calibration_seq_len": 64,
+    "context_length": 256,
+    "ar_n": 32,
+    "context_lengths": "128",
+    "compile_target": "local",
+    "aimet_smoke": False,
+    "speculative_dialogs": "lade,spd",
+    "lade_window": 2,
+    "lade_ngram": 2,
+    "lade_gcap": 4,
+    "spd_draft_len": 3,
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +51,34 @@ def _genie(bundle: Path, config: str, prompt: str, max_tokens: int) -> tuple[str
     libs = find_qnn_libs()
     assert libs is not None
     msgs = [{"op": "query", "id": 1, "prompt": prompt, "max_tokens": max_tokens}, {"op": "quit"}]
-    p = subprocess.run([sys.executable, "-m", "workers.board.genie_session", "--config", config, "--lib",
-                        str(libs.genie), "--log-level", "verbose", "--htp-simulator",
-                        "--engine", json.dumps(x86_engine_overrides(2))],
-                       input="".join(json.dumps(m) + "\n" for m in msgs), cwd=bundle, capture_output=True, text=True,
-                       timeout=600, env=libs.env())
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workers.board.genie_session",
+            "--config",
+            config,
+            "--lib",
+            str(libs.genie),
+            "--log-level",
+            "verbose",
+            "--htp-simulator",
+            "--engine",
+            json.dumps(x86_engine_overrides(2)),
+        ],
+        input="".join(json.dumps(m) + "\n" for m in msgs),
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=libs.env(),
+    )
     events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
     end = next(e for e in events if e["event"] == "end")
     assert end["state"] == "complete", (end, p.stderr[-2000:])
-    return "".join(e["text"] for e in events if e["event"] == "text"), \
-        [str(e["message"]) for e in events if e["event"] == "log"]
+    return "".join(e["text"] for e in events if e["event"] == "text"), [
+        str(e["message"]) for e in events if e["event"] == "log"
+    ]
 
 
 @needs_qnn
@@ -58,12 +87,18 @@ def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_
     art = two_cl_run / "artifacts"
     q = json.loads((art / "quantize" / "quantize.json").read_text())
     assert q["context_lengths"] == [256, 128] and q["context_length"] == 256
-    assert sorted(g["name"] for g in q["variants"]) == ["prompt_ar32_cl128_1_of_2", "prompt_ar32_cl128_2_of_2",
-                                                        "token_ar1_cl128_1_of_2", "token_ar1_cl128_2_of_2"]
+    assert sorted(g["name"] for g in q["variants"]) == [
+        "prompt_ar32_cl128_1_of_2",
+        "prompt_ar32_cl128_2_of_2",
+        "token_ar1_cl128_1_of_2",
+        "token_ar1_cl128_2_of_2",
+    ]
     # one calibration: every variant carries its part's encodings, byte for byte
     for v in q["variants"]:
         main = next(g for g in q["graphs"] if g["name"] == v["variant_of"])
-        assert (art / "quantize" / v["encodings"]).read_bytes() == (art / "quantize" / main["encodings"]).read_bytes()
+        assert (art / "quantize" / v["encodings"]).read_bytes() == (
+            art / "quantize" / main["encodings"]
+        ).read_bytes()
     remote = Path(json.loads((art / "board" / "board.json").read_text())["remote_bundle"])
     cfg = json.loads((remote / "genie_config.json").read_text())
     bins = cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
@@ -74,11 +109,13 @@ def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_
     one = json.loads(json.dumps(cfg))
     one["dialog"]["engine"]["model"]["binary"]["ctx-bins"] = [b for b in bins if "_cl128_" not in b]
     (remote / "genie_config.one-cl.json").write_text(json.dumps(one))
-    prompt = "Emma found a small board in the kitchen at night. The sky was grey and the wind was strong. " * 3
+    prompt = (
+        "Emma found a small board in the kitchen at night. The sky was grey and the wind was strong. " * 3
+    )
     from tokenizers import Tokenizer
 
     n_prompt = len(Tokenizer.from_file(str(remote / "tokenizer.json")).encode(prompt).ids)
-    assert 32 < n_prompt <= 96             # two AR-32 prompt chunks fit CL-128; the replies cross it at 127 tokens
+    assert 32 < n_prompt <= 96  # two AR-32 prompt chunks fit CL-128; the replies cross it at 127 tokens
     n = 128 - n_prompt + 6
     try:
         both, log = _genie(remote, "genie_config.json", prompt, n)
@@ -89,9 +126,11 @@ def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_
     assert "(1, 128): 2" in loaded and "(32, 128): 2" in loaded and "(32, 256): 2" in loaded, loaded
     # Genie starts in the small context and moves up as the KV cache fills (crossing CL-128 while generating)
     assert any("Initializing to AR-32 CL-128" in line for line in log), log
-    assert any("reshapeCache(AR-1 CL-128 -> AR-1 CL-256)" in line for line in log), [x for x in log if "reshape" in x]
+    assert any("reshapeCache(AR-1 CL-128 -> AR-1 CL-256)" in line for line in log), [
+        x for x in log if "reshape" in x
+    ]
     assert any("Initializing to AR-32 CL-256" in line for line in ref_log)
-    assert both == ref and len(both) > 100                    # the same tokens across the switch
+    assert both == ref and len(both) > 100  # the same tokens across the switch
 
 
 @needs_qnn
@@ -110,11 +149,15 @@ def test_one_bundle_holds_two_context_lengths_and_a_lade_and_an_spd_dialog(two_c
     for name in ("genie_config.json", "genie_config.lade.json", "genie_config.spd.json"):
         assert any(f.code == "genie_parser_ok" and name in f.message for f in findings), name
         cfg = json.loads((bundle / name).read_text())
-        assert sum("_cl128_" in b for b in sp.ctx_bins(cfg["dialog"])) == 4    # every dialog holds both CLs
-    remote = Path(json.loads((two_cl_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
+        assert sum("_cl128_" in b for b in sp.ctx_bins(cfg["dialog"])) == 4  # every dialog holds both CLs
+    remote = Path(
+        json.loads((two_cl_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
+    )
     prompt = "The sky was grey and"
-    texts = {c: _first_texts(remote, c, prompt, 4) for c in
-             ("genie_config.json", "genie_config.lade.json", "genie_config.spd.json")}
+    texts = {
+        c: _first_texts(remote, c, prompt, 4)
+        for c in ("genie_config.json", "genie_config.lade.json", "genie_config.spd.json")
+    }
     basic = texts["genie_config.json"]
     assert len(basic) == 4 and "".join(basic).strip()
     assert texts["genie_config.lade.json"] == basic and texts["genie_config.spd.json"] == basic, texts
@@ -129,9 +172,11 @@ def test_preflight_counts_every_context_length_the_bundle_holds() -> None:
 
     info = modelinfo.inspect_folder(builtin_model_dir())
     one = modelinfo.estimate(info, 4096)
-    three = modelinfo.estimate(info, 4096, context_variants=context_variants({"context_lengths": "1024,2048"}))
+    three = modelinfo.estimate(
+        info, 4096, context_variants=context_variants({"context_lengths": "1024,2048"})
+    )
     assert three["context_variants"] == 3 and one["context_variants"] == 1
     assert three["local_compile_seconds"] == pytest.approx(3 * one["local_compile_seconds"], abs=2)
     assert three["local_compile_disk_bytes"] == pytest.approx(3 * one["local_compile_disk_bytes"], abs=4)
     assert three["kv_cache_bytes"] == one["kv_cache_bytes"] and three["bundle_bytes"] == one["bundle_bytes"]
-    assert context_variants({"context_lengths": "1k"}) == 1          # the setting check says what is wrong
+    assert context_variants({"context_lengths": "1k"}) == 1  # the setting check says what is wrong

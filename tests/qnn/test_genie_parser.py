@@ -21,10 +21,18 @@ FIXTURE = REPO / "tests" / "compile" / "fixtures" / "llama_v3_2_1b_instruct-geni
 
 def _genie_parse(cfg: dict[str, Any]) -> dict[str, Any]:
     """Genie's parser in a child (as the studio runs it): status 0 = accepted; message = what Genie printed."""
-    code = ("import json, sys; from workers.qnn.genie_check import genie_parse; from workers.qnn.libs import "
-            "find_qnn_libs; print(json.dumps(genie_parse(sys.stdin.read(), find_qnn_libs().genie)))")
-    p = subprocess.run([sys.executable, "-c", code], input=json.dumps(cfg), capture_output=True, text=True,
-                       timeout=60, cwd=REPO)
+    code = (
+        "import json, sys; from workers.qnn.genie_check import genie_parse; from workers.qnn.libs import "
+        "find_qnn_libs; print(json.dumps(genie_parse(sys.stdin.read(), find_qnn_libs().genie)))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(cfg),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -34,24 +42,45 @@ def _configs() -> dict[str, dict[str, Any]]:
     from workers.shared.data import builtin_model_dir
 
     hf_builtin = json.loads((builtin_model_dir() / "config.json").read_text())
-    llama31 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-               "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256,
-               "rope_theta": 500000.0, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
-               "max_position_embeddings": 131072,
-               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+    llama31 = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 32,
+        "vocab_size": 128256,
+        "rope_theta": 500000.0,
+        "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009],
+        "max_position_embeddings": 131072,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    }
     return {
-        "qai-hub-models Llama 3.2 1B bundle (test fixture)": json.loads((FIXTURE / "genie_config.json").read_text()),
-        "HexStudio, built-in model": gb.genie_config(hf_builtin, 512, ["m_part_1_of_2.bin", "m_part_2_of_2.bin"], 32),
-        "HexStudio, Llama 3.1 8B at 4096": gb.genie_config(llama31, 4096, [f"m_part_{i}_of_5.bin" for i in range(1, 6)],
-                                                          128),
+        "qai-hub-models Llama 3.2 1B bundle (test fixture)": json.loads(
+            (FIXTURE / "genie_config.json").read_text()
+        ),
+        "HexStudio, built-in model": gb.genie_config(
+            hf_builtin, 512, ["m_part_1_of_2.bin", "m_part_2_of_2.bin"], 32
+        ),
+        "HexStudio, Llama 3.1 8B at 4096": gb.genie_config(
+            llama31, 4096, [f"m_part_{i}_of_5.bin" for i in range(1, 6)], 128
+        ),
     }
 
 
 def _mutations(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     out = {}
     c = copy.deepcopy(cfg)
-    c["dialog"]["engine"]["model"]["positional-encodings"] = c["dialog"]["engine"]["model"].pop("positional-encoding")
+    c["dialog"]["engine"]["model"]["positional-encodings"] = c["dialog"]["engine"]["model"].pop(
+        "positional-encoding"
+    )
     out["qai-hub-models 0.37's misspelled positional-encodings"] = c
     c = copy.deepcopy(cfg)
     del c["dialog"]["engine"]["backend"]["version"]
@@ -85,7 +114,9 @@ def test_genie_refuses_the_mistakes_and_our_checker_refuses_them_too() -> None:
     for name, cfg in _mutations(base).items():
         got = _genie_parse(cfg)
         assert got["status"] != 0 and got["message"], name
-        assert genie_config_errors(cfg), f"Genie refuses '{name}' ({got['message'][:200]}) but HexStudio's checker passes it"
+        assert genie_config_errors(cfg), (
+            f"Genie refuses '{name}' ({got['message'][:200]}) but HexStudio's checker passes it"
+        )
 
 
 def test_bundle_check_prints_genies_own_refusal(tmp_path: Path) -> None:
@@ -95,8 +126,13 @@ def test_bundle_check_prints_genies_own_refusal(tmp_path: Path) -> None:
     model = cfg["dialog"]["engine"]["model"]
     model["positional-encodings"] = model.pop("positional-encoding")
     (b / "genie_config.json").write_text(json.dumps(cfg, indent=2))
-    p = subprocess.run([sys.executable, "-m", "app", "bundle", "check", str(b), "--json"], capture_output=True,
-                       text=True, timeout=120, cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, "-m", "app", "bundle", "check", str(b), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert p.returncode == 1, p.stderr
     doc = json.loads(p.stdout)
     genie = next(f for f in doc["findings"] if f["code"] == "genie_parser")

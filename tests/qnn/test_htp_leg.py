@@ -18,10 +18,17 @@ def test_validate_runs_the_htp_leg_and_it_passes(validated_run: Path) -> None:
     doc = json.loads((validated_run / "artifacts" / "validate" / "validation.json").read_text())
     htp = doc["htp_simulation"]
     assert htp["ran"] is True and htp["ok"] is True
-    assert doc["checks"]["htp_logits_argmax_agreement"]["ok"] and doc["checks"]["htp_logits_mean_code_error"]["ok"]
+    assert (
+        doc["checks"]["htp_logits_argmax_agreement"]["ok"]
+        and doc["checks"]["htp_logits_mean_code_error"]["ok"]
+    )
     assert htp["logits_argmax_agreement"] >= 0.9 and htp["positions"] > 100
-    assert [p["graph"] for p in htp["parts"]] == ["prompt_ar128_cl512_1_of_2", "prompt_ar128_cl512_2_of_2",
-                                                  "token_ar1_cl512_1_of_2", "token_ar1_cl512_2_of_2"]
+    assert [p["graph"] for p in htp["parts"]] == [
+        "prompt_ar128_cl512_1_of_2",
+        "prompt_ar128_cl512_2_of_2",
+        "token_ar1_cl512_1_of_2",
+        "token_ar1_cl512_2_of_2",
+    ]
 
 
 def test_a_wrong_encoding_in_the_compiled_graph_fails_the_leg(validated_run: Path, tmp_path: Path) -> None:
@@ -45,16 +52,18 @@ def test_a_wrong_encoding_in_the_compiled_graph_fails_the_leg(validated_run: Pat
     art = validated_run / "artifacts"
     q = json.loads((art / "quantize" / "quantize.json").read_text())
     tok = load_tokenizer(art / "model" / "hf")
-    ids = tok.encode("The capital of France is Paris. The sky was grey and the wind was strong.",
-                     add_special_tokens=False).ids
+    ids = tok.encode(
+        "The capital of France is Paris. The sky was grey and the wind was strong.", add_special_tokens=False
+    ).ids
     good = measure(art / "quantize", q, tmp_path / "good", ids)
     bad = measure(art / "quantize", q, tmp_path / "bad", ids, rewrite=faulty)
     assert good.ok and not bad.ok
     assert bad.logits_mean_code_error > 10 * good.logits_mean_code_error
 
 
-def test_the_leg_runs_in_the_installers_side_environment_with_the_same_figures(validated_run: Path, tmp_path: Path,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_leg_runs_in_the_installers_side_environment_with_the_same_figures(
+    validated_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The validated GPU recipe (Python 3.10) cannot hold onnxruntime-qnn: the workstation installer puts it in a side
     environment (workers.qnn.libs). The leg then runs in a child process of that environment, with the figures it
     gives in process (here the 'side environment' is this one behind another interpreter path)."""
@@ -70,12 +79,15 @@ def test_the_leg_runs_in_the_installers_side_environment_with_the_same_figures(v
     assert here is not None and here.in_process
     art = validated_run / "artifacts"
     q = json.loads((art / "quantize" / "quantize.json").read_text())
-    ids = load_tokenizer(art / "model" / "hf").encode("The sky was grey and the wind was strong.",
-                                                      add_special_tokens=False).ids
+    ids = (
+        load_tokenizer(art / "model" / "hf")
+        .encode("The sky was grey and the wind was strong.", add_special_tokens=False)
+        .ids
+    )
     inside = measure_json(art / "quantize", q, tmp_path / "in", ids)
     side = tmp_path / "side-env" / "python"
     side.parent.mkdir()
-    side.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    side.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     side.chmod(0o755)
     monkeypatch.setattr(qnn_libs, "find_qnn_libs", lambda: dataclasses.replace(here, python=str(side)))
     assert not qnn_libs.find_qnn_libs().in_process

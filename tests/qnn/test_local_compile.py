@@ -35,7 +35,7 @@ def test_every_graph_compiles_whole_and_reads_back_as_genie_needs(local_run: Pat
     assert (b / "tool-versions.yaml").read_text().startswith(f"qairt: {libs.qnn_version}.")
     cfg = json.loads((b / "genie_config.json").read_text())
     bins = cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
-    assert len(bins) == 4   # 2 parts x (prompt processor, token generator)
+    assert len(bins) == 4  # 2 parts x (prompt processor, token generator)
     q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
     gdir = local_run / "artifacts" / "compile" / "htp" / "graphs"
     seen: dict[str, tuple[float, int]] = {}
@@ -46,14 +46,19 @@ def test_every_graph_compiles_whole_and_reads_back_as_genie_needs(local_run: Pat
         assert info.soc_model == 77 and info.build_id.startswith(f"v{libs.qnn_version}")
         assert len(info.graphs) == 1
         qg = info.graphs[0]
-        ins, outs = deployment_io(onnx.load(str(next(gdir.glob(f"{g['name']}~*.onnx"))), load_external_data=False))
+        ins, outs = deployment_io(
+            onnx.load(str(next(gdir.glob(f"{g['name']}~*.onnx"))), load_external_data=False)
+        )
         for want, got in ((ins, qg.inputs), (outs, qg.outputs)):
             by = {t.name: t for t in got}
             assert set(by) == {t.name for t in want}, g["name"]
             for t in want:
                 assert by[t.name].dtype == t.dtype and tuple(by[t.name].shape) == t.shape, (g["name"], t.name)
-                if t.scale is not None:     # QNN's offset is ONNX's negative zero point
-                    assert by[t.name].scale == pytest.approx(t.scale, rel=1e-6) and by[t.name].offset == -t.zero_point
+                if t.scale is not None:  # QNN's offset is ONNX's negative zero point
+                    assert (
+                        by[t.name].scale == pytest.approx(t.scale, rel=1e-6)
+                        and by[t.name].offset == -t.zero_point
+                    )
                     seen.setdefault(t.name, (by[t.name].scale, by[t.name].offset))
                     # Genie: every shared tensor has ONE encoding across graphs and parts
                     assert seen[t.name] == (by[t.name].scale, by[t.name].offset), (g["name"], t.name)
@@ -82,17 +87,28 @@ def test_a_node_htp_refuses_fails_the_compile_with_its_name(tmp_path: Path) -> N
 
     table = numpy_helper.from_array(np.arange(64 * 8, dtype=np.uint16).reshape(64, 8), "table")
     g = helper.make_graph(
-        [helper.make_node("Gather", ["table", "ids"], ["rows"], name="raw_gather"),
-         helper.make_node("DequantizeLinear", ["rows", "s", "z"], ["out"], name="dq")],
-        "g", [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 4])],
+        [
+            helper.make_node("Gather", ["table", "ids"], ["rows"], name="raw_gather"),
+            helper.make_node("DequantizeLinear", ["rows", "s", "z"], ["out"], name="dq"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 4])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 8])],
-        [table, numpy_helper.from_array(np.array(0.01, np.float32), "s"),
-         numpy_helper.from_array(np.array(100, np.uint16), "z")])
+        [
+            table,
+            numpy_helper.from_array(np.array(0.01, np.float32), "s"),
+            numpy_helper.from_array(np.array(100, np.uint16), "z"),
+        ],
+    )
     path = tmp_path / "raw.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(path))
     with pytest.raises(LocalCompileError) as err:
-        compile_part([GraphToCompile("raw", "prompt_processor", 1, 1, path)], tmp_path / "out", HtpTarget(77, "v73"),
-                     shared=False)
+        compile_part(
+            [GraphToCompile("raw", "prompt_processor", 1, 1, path)],
+            tmp_path / "out",
+            HtpTarget(77, "v73"),
+            shared=False,
+        )
     assert err.value.code == "htp_unsupported_nodes" and "raw_gather" in err.value.message
     assert not list((tmp_path / "out").glob("*.bin"))
 
@@ -118,8 +134,11 @@ def test_the_rewrite_keeps_the_arithmetic(local_run: Path) -> None:
             feeds_q[t.name] = rng.integers(0, 500, t.shape).astype(np.int32)
         else:
             feeds_q[t.name] = rng.integers(0, 255 if t.dtype == "uint8" else 65535, t.shape).astype(
-                np.uint8 if t.dtype == "uint8" else np.uint16)
-    float_feeds = {t.name: (dequantize(feeds_q[t.name], t) if t.scale is not None else feeds_q[t.name]) for t in ins}
+                np.uint8 if t.dtype == "uint8" else np.uint16
+            )
+    float_feeds = {
+        t.name: (dequantize(feeds_q[t.name], t) if t.scale is not None else feeds_q[t.name]) for t in ins
+    }
     cpu = ["CPUExecutionProvider"]
     ref = ort.InferenceSession(str(sim), providers=cpu)
     got = ort.InferenceSession(str(htp), providers=cpu)
@@ -135,8 +154,12 @@ def test_the_rewrite_keeps_the_arithmetic(local_run: Path) -> None:
             assert diff.max() == 0, t.name
     # Genie's lade seeds token ids 1000+: the built-in's 840-row table gathers them as its last row, not an error
     ids = next(t for t in ins if t.dtype == "int32")
-    past = dict(zip(names, got.run(names, {**feeds_q, ids.name: np.full(ids.shape, 1000, np.int32)}), strict=True))
-    last = dict(zip(names, got.run(names, {**feeds_q, ids.name: np.full(ids.shape, 839, np.int32)}), strict=True))
+    past = dict(
+        zip(names, got.run(names, {**feeds_q, ids.name: np.full(ids.shape, 1000, np.int32)}), strict=True)
+    )
+    last = dict(
+        zip(names, got.run(names, {**feeds_q, ids.name: np.full(ids.shape, 839, np.int32)}), strict=True)
+    )
     assert all(np.array_equal(past[n], last[n]) for n in names)
 
 
@@ -148,11 +171,16 @@ def test_the_board_form_shares_weights_in_one_binary_per_part(local_run: Path, t
 
     q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
     gdir = local_run / "artifacts" / "compile" / "htp" / "graphs"
-    part1 = [GraphToCompile(g["name"], g["kind"], 1, int(q["parts"]), next(gdir.glob(f"{g['name']}~*.onnx")))
-             for g in sorted(q["graphs"], key=lambda g: g["kind"] != "prompt_processor") if g["part"] == 1]
+    part1 = [
+        GraphToCompile(g["name"], g["kind"], 1, int(q["parts"]), next(gdir.glob(f"{g['name']}~*.onnx")))
+        for g in sorted(q["graphs"], key=lambda g: g["kind"] != "prompt_processor")
+        if g["part"] == 1
+    ]
     cp = compile_part(part1, tmp_path / "shared", HtpTarget(77, "v73"), shared=True)
     read_back(cp, part1)
     assert len(cp.bins) == 1 and len(cp.infos[0].graphs) == 2
     assert set(cp.graphs) == {g.name for g in part1}
-    single = sum(p.stat().st_size for p in (local_run / "artifacts" / "compile" / "bundle").glob("*_part_1_of_2.bin"))
-    assert cp.bins[0].stat().st_size < single    # the weights are stored once
+    single = sum(
+        p.stat().st_size for p in (local_run / "artifacts" / "compile" / "bundle").glob("*_part_1_of_2.bin")
+    )
+    assert cp.bins[0].stat().st_size < single  # the weights are stored once

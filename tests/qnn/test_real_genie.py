@@ -27,7 +27,9 @@ def test_chat_session_runs_real_genie_on_the_htp_simulator(local_run: Path) -> N
     board = sim_board(local_run.parent.parent)
 
     async def go() -> tuple[object, ChatSession]:
-        s = ChatSession(board, _remote_bundle(local_run), mode="persistent", max_tokens=6, sampler="deterministic")
+        s = ChatSession(
+            board, _remote_bundle(local_run), mode="persistent", max_tokens=6, sampler="deterministic"
+        )
         async with s:
             r = await s.send("The capital of France is")
             return r, s
@@ -35,9 +37,9 @@ def test_chat_session_runs_real_genie_on_the_htp_simulator(local_run: Path) -> N
     r, s = asyncio.run(go())
     assert s.runtime.key == "genie-htp-sim" and s.mode == "persistent"
     assert s.simulated and "HTP simulator" in str(s.runtime_version) and "1.21" in str(s.runtime_version)
-    assert r.text.strip() and r.state == "complete"       # type: ignore[attr-defined]
-    assert r.kpis is not None and r.kpis.source == "simulated"   # type: ignore[attr-defined]
-    assert r.kpis.origin == "profile"                     # type: ignore[attr-defined]  # Genie's own profile
+    assert r.text.strip() and r.state == "complete"  # type: ignore[attr-defined]
+    assert r.kpis is not None and r.kpis.source == "simulated"  # type: ignore[attr-defined]
+    assert r.kpis.origin == "profile"  # type: ignore[attr-defined]  # Genie's own profile
 
 
 def test_greedy_real_genie_equals_the_host_htp_simulation(local_run: Path) -> None:
@@ -54,9 +56,15 @@ def test_greedy_real_genie_equals_the_host_htp_simulation(local_run: Path) -> No
             return art / n
 
     q = json.loads((art / "quantize" / "quantize.json").read_text())
-    pair = DeploymentPair.from_graphs(q["graphs"], art / "quantize", positional_encoding=q["positional_encoding"],
-                                      variant="sim", context_length=int(q["context_length"]), ar_n=int(q["ar_n"]),
-                                      **htp_pair_args(Spec(), q))   # type: ignore[arg-type]
+    pair = DeploymentPair.from_graphs(
+        q["graphs"],
+        art / "quantize",
+        positional_encoding=q["positional_encoding"],
+        variant="sim",
+        context_length=int(q["context_length"]),
+        ar_n=int(q["ar_n"]),
+        **htp_pair_args(Spec(), q),
+    )  # type: ignore[arg-type]
     bundle = art / "compile" / "bundle"
     tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
     cfg = json.loads((bundle / "genie_config.json").read_text())
@@ -65,12 +73,29 @@ def test_greedy_real_genie_equals_the_host_htp_simulation(local_run: Path) -> No
     ids = ([bos] if bos >= 0 else []) + tok.encode(prompt, add_special_tokens=False).ids
     host = pair.generate(ids, 8)
     helper = subprocess.run(
-        [sys.executable, "-m", "workers.genie_sim.t2t", "-c", "genie_config.json", "-p", prompt, "--max-tokens", "8"],
-        cwd=_remote_bundle(local_run), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "workers.genie_sim.t2t",
+            "-c",
+            "genie_config.json",
+            "-p",
+            prompt,
+            "--max-tokens",
+            "8",
+        ],
+        cwd=_remote_bundle(local_run),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert helper.returncode == 0, helper.stderr[-2000:]
-    assert "Qualcomm's libGenie on the HTP simulator" in helper.stdout    # the real driver, labeled simulated
+    assert "Qualcomm's libGenie on the HTP simulator" in helper.stdout  # the real driver, labeled simulated
     reply = helper.stdout.split("[BEGIN]: ", 1)[1].rsplit("[END]", 1)[0]
-    assert tok.encode(reply, add_special_tokens=False).ids == host[: len(tok.encode(reply, add_special_tokens=False).ids)]
+    assert (
+        tok.encode(reply, add_special_tokens=False).ids
+        == host[: len(tok.encode(reply, add_special_tokens=False).ids)]
+    )
     assert tok.decode(host) == reply
 
 
@@ -79,27 +104,54 @@ def test_the_helper_protocol_stop_sequences_and_genies_log(local_run: Path) -> N
 
     libs = find_qnn_libs()
     assert libs is not None
-    msgs = [{"op": "query", "id": 1, "prompt": "The capital of France is", "max_tokens": 8, "stop": ["."]},
-            {"op": "quit"}]
-    p = subprocess.run([sys.executable, "-m", "workers.board.genie_session", "--config", "genie_config.json",
-                        "--lib", str(libs.genie), "--log-level", "warn", "--htp-simulator",
-                        "--engine", json.dumps(x86_engine_overrides(2))],
-                       input="".join(json.dumps(m) + "\n" for m in msgs), cwd=_remote_bundle(local_run),
-                       capture_output=True, text=True, timeout=300, env=libs.env())
+    msgs = [
+        {"op": "query", "id": 1, "prompt": "The capital of France is", "max_tokens": 8, "stop": ["."]},
+        {"op": "quit"},
+    ]
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workers.board.genie_session",
+            "--config",
+            "genie_config.json",
+            "--lib",
+            str(libs.genie),
+            "--log-level",
+            "warn",
+            "--htp-simulator",
+            "--engine",
+            json.dumps(x86_engine_overrides(2)),
+        ],
+        input="".join(json.dumps(m) + "\n" for m in msgs),
+        cwd=_remote_bundle(local_run),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=libs.env(),
+    )
     events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
     ready = next(e for e in events if e["event"] == "ready")
-    assert ready["simulated"] is True and ready["genie_version"] == "1.21.0" and "HTP simulator" in ready["runner"]
+    assert (
+        ready["simulated"] is True
+        and ready["genie_version"] == "1.21.0"
+        and "HTP simulator" in ready["runner"]
+    )
     assert ready["stop_sequences"] is True
-    assert next(e for e in events if e["event"] == "stop") == {"event": "stop", "id": 1, "applied": True,
-                                                                "message": None}
+    assert next(e for e in events if e["event"] == "stop") == {
+        "event": "stop",
+        "id": 1,
+        "applied": True,
+        "message": None,
+    }
     text = "".join(e["text"] for e in events if e["event"] == "text")
     end = next(e for e in events if e["event"] == "end")
     # Genie ends the reply at the stop sequence and does not emit the sequence itself (unconstrained, the reply runs
     # on: " Paris.\n\nThe sky ...")
     assert end["state"] == "complete" and text == " Paris"
     assert sum(1 for e in events if e["event"] == "text") < 8
-    assert any(e["event"] == "log" for e in events)                  # Genie's own lines, through GenieLog
-    assert end["profile"]["components"][0]["events"]                 # GenieProfile's JSON
+    assert any(e["event"] == "log" for e in events)  # Genie's own lines, through GenieLog
+    assert end["profile"]["components"][0]["events"]  # GenieProfile's JSON
 
 
 def test_chat_session_hands_stop_strings_to_genie(local_run: Path) -> None:
@@ -114,8 +166,14 @@ def test_chat_session_hands_stop_strings_to_genie(local_run: Path) -> None:
     prompt = "The capital of France is"
 
     async def go() -> tuple[ChatSession, list[TurnResult]]:
-        s = ChatSession(board, _remote_bundle(local_run), _Raw(template="plain"), mode="persistent",
-                        max_tokens=8, sampler="deterministic")
+        s = ChatSession(
+            board,
+            _remote_bundle(local_run),
+            _Raw(template="plain"),
+            mode="persistent",
+            max_tokens=8,
+            sampler="deterministic",
+        )
         out = []
         async with s:
             for stops in (["."], [], ["."]):
@@ -126,6 +184,6 @@ def test_chat_session_hands_stop_strings_to_genie(local_run: Path) -> None:
     s, (stopped, free, again) = asyncio.run(go())
     assert s.runtime.key == "genie-htp-sim" and s.stop_sequences is True
     assert stopped.stop == "genie" and not stopped.stop_hit and stopped.state == "complete"
-    assert stopped.text == " Paris"                      # Genie's cut: the "." is not in the reply
-    assert free.stop is None and free.text.startswith(" Paris.")   # cleared: it runs on past the "."
+    assert stopped.text == " Paris"  # Genie's cut: the "." is not in the reply
+    assert free.stop is None and free.text.startswith(" Paris.")  # cleared: it runs on past the "."
     assert again.stop == "genie" and again.text == " Paris"

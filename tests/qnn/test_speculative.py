@@ -18,7 +18,9 @@ from workers.runtime import WorkerError
 from workers.shared.bundle import speculative as sp
 from workers.shared.bundle.genie_schema import genie_config_errors
 
-BUILTIN_CONFIG = Path(__file__).resolve().parents[2] / "workers/shared/data/builtin_model/tiny-llama/config.json"
+BUILTIN_CONFIG = (
+    Path(__file__).resolve().parents[2] / "workers/shared/data/builtin_model/tiny-llama/config.json"
+)
 
 
 def _basic() -> dict:
@@ -37,10 +39,18 @@ def _turn(local_run: Path, dialog: str, prompt: str, max_tokens: int) -> Any:
     remote = json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
 
     async def go() -> Any:
-        s = ChatSession(sim_board(local_run.parent.parent), str(remote), _Raw(template="plain"), mode="persistent",
-                        max_tokens=max_tokens, sampler="deterministic", dialog=dialog)
+        s = ChatSession(
+            sim_board(local_run.parent.parent),
+            str(remote),
+            _Raw(template="plain"),
+            mode="persistent",
+            max_tokens=max_tokens,
+            sampler="deterministic",
+            dialog=dialog,
+        )
         async with s:
             return await s.send(prompt)
+
     return asyncio.run(go())
 
 
@@ -49,14 +59,25 @@ def test_lade_and_spd_configs_follow_genies_schema_and_leave_basic_alone() -> No
     before = json.dumps(basic)
     lade = sp.dialog_config(basic, "lade")
     spd = sp.dialog_config(basic, "spd", spd=sp.Spd(draft_len=5))
-    assert json.dumps(basic) == before                                   # derived, never changed in place
+    assert json.dumps(basic) == before  # derived, never changed in place
     assert lade["dialog"]["type"] == "lade" and lade["dialog"]["lade"] == {
-        "version": 1, "update-mode": "ALWAYS_FWD_ONE", "window": 8, "ngram": 4, "gcap": 8}
+        "version": 1,
+        "update-mode": "ALWAYS_FWD_ONE",
+        "window": 8,
+        "ngram": 4,
+        "gcap": 8,
+    }
     assert isinstance(lade["dialog"]["engine"], dict) and "role" not in lade["dialog"]["engine"]
     eng = spd["dialog"]["engine"]
-    assert [e["role"] for e in eng] == ["draft", "target"] and spd["dialog"]["spd"] == {"version": 1, "draft-len": 5}
+    assert [e["role"] for e in eng] == ["draft", "target"] and spd["dialog"]["spd"] == {
+        "version": 1,
+        "draft-len": 5,
+    }
     assert sp.target_engine(spd["dialog"])["role"] == "target"
-    assert sp.ctx_bins(spd["dialog"]) == ["m_part_1_of_2.bin", "m_part_2_of_2.bin"]   # the model drafts for itself
+    assert sp.ctx_bins(spd["dialog"]) == [
+        "m_part_1_of_2.bin",
+        "m_part_2_of_2.bin",
+    ]  # the model drafts for itself
     # Genie's spd asserts temp > 0: the greedy default becomes greedy: true
     assert spd["dialog"]["sampler"]["temp"] == 1.0 and spd["dialog"]["sampler"]["greedy"] is True
     assert genie_config_errors(lade) == [] and genie_config_errors(spd) == []
@@ -66,19 +87,20 @@ def test_lade_and_spd_configs_follow_genies_schema_and_leave_basic_alone() -> No
 def test_what_a_model_cannot_have_is_refused_with_the_reason_before_anything_compiles() -> None:
     from workers.genie_config import check_speculative
 
-    hf = json.loads(BUILTIN_CONFIG.read_text())       # vocab 840: the local compile clamps lade's seed ids 1000+
+    hf = json.loads(BUILTIN_CONFIG.read_text())  # vocab 840: the local compile clamps lade's seed ids 1000+
     q = {"ar_n": 128}
     assert check_speculative(hf, q, {"speculative_dialogs": "lade,spd"}) == ["lade", "spd"]
-    with pytest.raises(WorkerError) as ei:            # a lade step (48 tokens) longer than the prompt processor
+    with pytest.raises(WorkerError) as ei:  # a lade step (48 tokens) longer than the prompt processor
         check_speculative(hf, {"ar_n": 32}, {"speculative_dialogs": "lade"})
     assert ei.value.code == "dialog_unsupported" and "AR-32" in ei.value.message and "48" in ei.value.message
-    assert check_speculative(hf, {"ar_n": 32}, {"speculative_dialogs": "lade", "lade_window": 4, "lade_gcap": 4,
-                                                "lade_ngram": 3}) == ["lade"]      # (4 + 4) x 2 = 16 tokens
+    assert check_speculative(
+        hf, {"ar_n": 32}, {"speculative_dialogs": "lade", "lade_window": 4, "lade_gcap": 4, "lade_ngram": 3}
+    ) == ["lade"]  # (4 + 4) x 2 = 16 tokens
     assert check_speculative(hf, q, {"speculative_dialogs": "spd"}) == ["spd"]
     assert check_speculative(hf, q, {"speculative_dialogs": "none"}) == []
     big = {**hf, "vocab_size": 32000}
     assert check_speculative(big, q, {"speculative_dialogs": "lade,spd"}) == ["lade", "spd"]
-    assert "AR-16" in str(sp.lade_problem([1, 16], sp.Lade()))   # a step of 48 tokens needs AR >= 48
+    assert "AR-16" in str(sp.lade_problem([1, 16], sp.Lade()))  # a step of 48 tokens needs AR >= 48
     with pytest.raises(WorkerError, match="SSD training"):
         check_speculative(big, q, {"speculative_dialogs": ["ssd-q1"]})
     assert "same tokenizer" in str(sp.spd_problem(sp.Spd(), 32000, 32064, [1, 128]))
@@ -87,13 +109,25 @@ def test_what_a_model_cannot_have_is_refused_with_the_reason_before_anything_com
 def test_genies_profile_acceptance_is_read_as_tokens_per_step() -> None:
     from app.core.genie.profile import parse_profile
 
-    doc: dict[str, Any] = {"header": {"artifact_type": "GENIE_PROFILE"}, "components": [{"events": [
-        {"type": "GenieDialog_create", "init-time": {"value": 1000, "unit": "us"}},
-        {"type": "GenieDialog_query", "num-prompt-tokens": {"value": 7}, "num-generated-tokens": {"value": 12},
-         "token-acceptance-rate": {"value": 3.6666667, "unit": "toks/iteration"}}]}]}
+    doc: dict[str, Any] = {
+        "header": {"artifact_type": "GENIE_PROFILE"},
+        "components": [
+            {
+                "events": [
+                    {"type": "GenieDialog_create", "init-time": {"value": 1000, "unit": "us"}},
+                    {
+                        "type": "GenieDialog_query",
+                        "num-prompt-tokens": {"value": 7},
+                        "num-generated-tokens": {"value": 12},
+                        "token-acceptance-rate": {"value": 3.6666667, "unit": "toks/iteration"},
+                    },
+                ]
+            }
+        ],
+    }
     assert parse_profile(doc).accepted_per_step == 3.667
     assert sp.acceptance(doc) == pytest.approx(3.6666667)
-    doc["components"][0]["events"][1].pop("token-acceptance-rate")     # a basic dialog reports none
+    doc["components"][0]["events"][1].pop("token-acceptance-rate")  # a basic dialog reports none
     assert parse_profile(doc).accepted_per_step is None
 
 
@@ -113,8 +147,10 @@ def test_real_genie_runs_spd_greedy_token_for_token_as_basic(local_run: Path, tm
     bundle = tmp_path / "bundle"
     shutil.copytree(remote, bundle)
     assert write_dialog_configs(bundle, basic, hf, q, {"speculative_dialogs": "spd", "spd_draft_len": 3}) == [
-        "genie_config.json", "genie_config.spd.json"]
-    findings = check(bundle)                         # Genie 1.21's own parser on both configs
+        "genie_config.json",
+        "genie_config.spd.json",
+    ]
+    findings = check(bundle)  # Genie 1.21's own parser on both configs
     assert not errors(findings), [f.message for f in errors(findings)]
     assert any(f.code == "genie_parser_ok" and "genie_config.spd.json" in f.message for f in findings)
     # the real runtime, through the session the studio uses (persistent helper on the HTP simulator)
@@ -122,14 +158,16 @@ def test_real_genie_runs_spd_greedy_token_for_token_as_basic(local_run: Path, tm
     prompt = "Once upon a time, Emma"
     try:
         plain, spd = _turn(local_run, "basic", prompt, 8), _turn(local_run, "spd", prompt, 8)
-        with pytest.raises(SessionError, match="no lade dialog"):      # not compiled: said, with what to do
+        with pytest.raises(SessionError, match="no lade dialog"):  # not compiled: said, with what to do
             _turn(local_run, "lade", prompt, 8)
     finally:
         (remote / "genie_config.spd.json").unlink()
     assert plain.state == spd.state == "complete" and plain.text.strip()
-    assert spd.text == plain.text                                       # greedy: the same tokens
+    assert spd.text == plain.text  # greedy: the same tokens
     assert plain.kpis is not None and plain.kpis.accepted_per_step is None
-    assert spd.kpis is not None and spd.kpis.accepted_per_step is not None and spd.kpis.accepted_per_step > 1.0
+    assert (
+        spd.kpis is not None and spd.kpis.accepted_per_step is not None and spd.kpis.accepted_per_step > 1.0
+    )
     assert spd.kpis.source == "simulated"
 
 
@@ -140,8 +178,11 @@ def draft_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from app.core.runs import Workspace
 
     ws = tmp_path_factory.mktemp("draft-ws")
-    m = Workspace(ws).create_run("builtin:tiny-llama-draft", "sim", {
-        "calibration_samples": 4, "compile_target": "local", "aimet_smoke": False})
+    m = Workspace(ws).create_run(
+        "builtin:tiny-llama-draft",
+        "sim",
+        {"calibration_samples": 4, "compile_target": "local", "aimet_smoke": False},
+    )
     res = asyncio.run(Pipeline(m).run(until="compile"))
     assert res.ok, f"{res.message} ({res.hint})"
     return Path(m.run_dir) / "artifacts" / "compile" / "bundle"
@@ -149,8 +190,9 @@ def draft_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @needs_qnn
 @pytest.mark.slow
-def test_the_built_in_draft_model_drafts_for_the_built_in_model_on_real_genie(local_run: Path, draft_bundle: Path,
-                                                                               tmp_path: Path) -> None:
+def test_the_built_in_draft_model_drafts_for_the_built_in_model_on_real_genie(
+    local_run: Path, draft_bundle: Path, tmp_path: Path
+) -> None:
     from workers.genie_config import check_speculative, write_dialog_configs
 
     remote = Path(json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
@@ -160,27 +202,31 @@ def test_the_built_in_draft_model_drafts_for_the_built_in_model_on_real_genie(lo
     settings = {"speculative_dialogs": "spd", "spd_draft": str(draft_bundle), "spd_draft_len": 3}
     tok = (remote / "tokenizer.json").read_bytes()
     assert check_speculative(hf, q, settings, tok) == ["spd"]
-    with pytest.raises(WorkerError, match="another tokenizer"):          # a draft must share the tokenizer
+    with pytest.raises(WorkerError, match="another tokenizer"):  # a draft must share the tokenizer
         check_speculative(hf, q, settings, tok + b" ")
     bundle = tmp_path / "bundle"
     shutil.copytree(remote, bundle)
     write_dialog_configs(bundle, basic, hf, q, settings)
     spd_cfg = json.loads((bundle / "genie_config.spd.json").read_text())
     draft_bins = spd_cfg["dialog"]["engine"][0]["model"]["binary"]["ctx-bins"]
-    assert spd_cfg["dialog"]["engine"][0]["role"] == "draft" and all(b.startswith("draft/") for b in draft_bins)
+    assert spd_cfg["dialog"]["engine"][0]["role"] == "draft" and all(
+        b.startswith("draft/") for b in draft_bins
+    )
     assert all((bundle / b).is_file() for b in draft_bins)
     # on the simulator board, through the studio's session, against the basic dialog
     shutil.copytree(bundle / "draft", remote / "draft")
     shutil.copy2(bundle / "genie_config.spd.json", remote / "genie_config.spd.json")
     try:
-        plain, spd = _turn(local_run, "basic", "The sky was grey and", 12), \
-            _turn(local_run, "spd", "The sky was grey and", 12)
+        plain, spd = (
+            _turn(local_run, "basic", "The sky was grey and", 12),
+            _turn(local_run, "spd", "The sky was grey and", 12),
+        )
     finally:
         (remote / "genie_config.spd.json").unlink()
         shutil.rmtree(remote / "draft")
     assert spd.state == "complete" and spd.text == plain.text and plain.text.strip()
     assert spd.kpis is not None and spd.kpis.accepted_per_step is not None
-    assert 1.0 < spd.kpis.accepted_per_step <= 4.0                # at most draft-len + 1 a step
+    assert 1.0 < spd.kpis.accepted_per_step <= 4.0  # at most draft-len + 1 a step
 
 
 def _first_texts(bundle: Path, config: str, prompt: str, n: int, timeout: float = 120.0) -> list[str]:
@@ -195,10 +241,28 @@ def _first_texts(bundle: Path, config: str, prompt: str, n: int, timeout: float 
     libs = find_qnn_libs()
     assert libs is not None
     msgs = [{"op": "query", "id": 1, "prompt": prompt, "max_tokens": n}, {"op": "quit"}]
-    p = subprocess.Popen([sys.executable, "-m", "workers.board.genie_session", "--config", config, "--lib",
-                          str(libs.genie), "--log-level", "error", "--htp-simulator",
-                          "--engine", json.dumps(x86_engine_overrides(2))], cwd=bundle, env=libs.env(), text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workers.board.genie_session",
+            "--config",
+            config,
+            "--lib",
+            str(libs.genie),
+            "--log-level",
+            "error",
+            "--htp-simulator",
+            "--engine",
+            json.dumps(x86_engine_overrides(2)),
+        ],
+        cwd=bundle,
+        env=libs.env(),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert p.stdin is not None and p.stdout is not None
     p.stdin.write("".join(json.dumps(m) + "\n" for m in msgs))
     p.stdin.flush()
@@ -234,7 +298,10 @@ def test_real_genie_runs_lade_steps_past_the_small_embedding(local_run: Path) ->
     settings = {"speculative_dialogs": "lade", "lade_window": 2, "lade_ngram": 2, "lade_gcap": 4}
     assert check_speculative(hf, q, settings) == ["lade"]
     basic = json.loads((remote / "genie_config.json").read_text())
-    assert write_dialog_configs(remote, basic, hf, q, settings) == ["genie_config.json", "genie_config.lade.json"]
+    assert write_dialog_configs(remote, basic, hf, q, settings) == [
+        "genie_config.json",
+        "genie_config.lade.json",
+    ]
     assert json.loads((remote / "genie_config.lade.json").read_text())["dialog"]["lade"]["gcap"] == 4
     prompt = "The sky was grey and"
     try:
@@ -243,7 +310,7 @@ def test_real_genie_runs_lade_steps_past_the_small_embedding(local_run: Path) ->
     finally:
         (remote / "genie_config.lade.json").unlink()
     assert len(plain) == 4 and "".join(plain).strip()
-    assert lade == plain                      # the prompt's token, then three from lookahead steps: basic's tokens
+    assert lade == plain  # the prompt's token, then three from lookahead steps: basic's tokens
 
 
 def test_a_speculative_config_is_held_to_the_bundles_path_rules(tmp_path: Path) -> None:
@@ -266,8 +333,9 @@ def test_a_speculative_config_is_held_to_the_bundles_path_rules(tmp_path: Path) 
 
 @needs_qnn
 @pytest.mark.slow
-def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(local_run: Path, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(
+    local_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The whole Evaluate stage with dialog_type spd on the simulator board (real Genie 1.21 on the HTP simulator):
     greedy parity against the host's HTP simulation is N/N, and Genie's tokens accepted per step are recorded, on
     every case (each after a reset: workers/board/genie_session.py makes an spd dialog again instead, as Genie
@@ -286,8 +354,15 @@ def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(local_ru
 
     run_dir = copy_run(local_run, tmp_path)
     m = Workspace(tmp_path).open_run(run_dir.name)
-    m.settings.update({"speculative_dialogs": "spd", "spd_draft_len": 3, "dialog_type": "spd",
-                       "eval_suites": ["greedy_parity"], "eval_legs": ["board"]})
+    m.settings.update(
+        {
+            "speculative_dialogs": "spd",
+            "spd_draft_len": 3,
+            "dialog_type": "spd",
+            "eval_suites": ["greedy_parity"],
+            "eval_legs": ["board"],
+        }
+    )
     m.save()
     monkeypatch.setattr(eval_stage, "HTP_SIM_PARITY_CASES", 2)
     monkeypatch.setattr(eval_stage, "HTP_SIM_MAX_TOKENS", 8)
@@ -295,7 +370,7 @@ def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(local_ru
     assert here is not None
     side = tmp_path / "side-env" / "python"
     side.parent.mkdir()
-    side.write_text(f"#!/bin/sh\necho \"$@\" >> {side.parent}/calls\nexec {sys.executable} \"$@\"\n")
+    side.write_text(f'#!/bin/sh\necho "$@" >> {side.parent}/calls\nexec {sys.executable} "$@"\n')
     side.chmod(0o755)
     monkeypatch.setattr(qnn_libs, "find_qnn_libs", lambda: dataclasses.replace(here, python=str(side)))
     res = asyncio.run(Pipeline(m).run(until="evaluate"))
@@ -305,5 +380,7 @@ def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(local_ru
     ev = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
     bs = ev["board_session"]
     assert bs["dialog"] == "spd" and bs["accepted_per_step"] > 1.0 and bs["accepted_per_step_cases"] == 2
-    metrics = {k: (v["value"] if isinstance(v, dict) else v) for k, v in m.stage("evaluate").data["metrics"].items()}
+    metrics = {
+        k: (v["value"] if isinstance(v, dict) else v) for k, v in m.stage("evaluate").data["metrics"].items()
+    }
     assert metrics["parity_reference"] == "htp" and metrics["parity_matched"] == metrics["parity_total"] > 0

@@ -33,7 +33,11 @@ def test_salad_detects_script_mixing_repetition_and_rare_tokens() -> None:
 def test_judge_and_sequence_agreement() -> None:
     assert sequence_agreement([1, 2, 3, 4], [1, 2, 9, 4]) == (0.75, 2)
     r = judge({"top1_agreement": 0.9, "kl_divergence": 0.5}, {"top1_agreement": 0.8, "kl_divergence": 0.1})
-    assert r["verdict"] == "fail" and r["checks"]["top1_agreement"]["ok"] and not r["checks"]["kl_divergence"]["ok"]
+    assert (
+        r["verdict"] == "fail"
+        and r["checks"]["top1_agreement"]["ok"]
+        and not r["checks"]["kl_divergence"]["ok"]
+    )
 
 
 def test_threshold_overrides_from_settings() -> None:

@@ -18,8 +18,15 @@ import pytest
 from tests.support.runs import FAST_QUANTIZE_SETTINGS, run_stages
 
 REPO = Path(__file__).resolve().parents[2]
-METRICS = ("top1_agreement", "kl_divergence", "greedy_agreement", "perplexity_float", "perplexity_quantized",
-           "perplexity_ratio", "salad_score")
+METRICS = (
+    "top1_agreement",
+    "kl_divergence",
+    "greedy_agreement",
+    "perplexity_float",
+    "perplexity_quantized",
+    "perplexity_ratio",
+    "salad_score",
+)
 JUDGED = ("top1_agreement", "kl_divergence", "greedy_agreement", "perplexity_ratio", "salad_score")
 
 
@@ -38,14 +45,22 @@ def test_quantize_json_follows_the_contract(validated_run: Path) -> None:
     assert q["precision"]["weights"] == "int4 LPBQ block 64"
     assert q["precision"]["kv_cache"] == "int8" and q["precision"]["activations"] == "int16"
     names = {g["name"] for g in q["graphs"]}
-    assert names == {"prompt_ar128_cl512_1_of_2", "prompt_ar128_cl512_2_of_2",
-                     "token_ar1_cl512_1_of_2", "token_ar1_cl512_2_of_2"}
+    assert names == {
+        "prompt_ar128_cl512_1_of_2",
+        "prompt_ar128_cl512_2_of_2",
+        "token_ar1_cl512_1_of_2",
+        "token_ar1_cl512_2_of_2",
+    }
     for g in q["graphs"]:
         for key in ("onnx", "encodings", "sim_onnx", "float_onnx"):
             assert (base / g[key]).is_file(), (g["name"], key)
-        boundary = "_model_model_layers_1_Add_1_output_0"     # layers 0-1 | 2-3: one name on both sides
-        assert g["inputs"][:4] == ["input_ids" if g["part"] == 1 else boundary, "attention_mask",
-                                   "position_ids_cos", "position_ids_sin"]
+        boundary = "_model_model_layers_1_Add_1_output_0"  # layers 0-1 | 2-3: one name on both sides
+        assert g["inputs"][:4] == [
+            "input_ids" if g["part"] == 1 else boundary,
+            "attention_mask",
+            "position_ids_cos",
+            "position_ids_sin",
+        ]
         assert g["outputs"][0] == ("logits" if g["part"] == 2 else boundary)
     assert q["positional_encoding"] == {"type": "rope", "rope-dim": 32, "rope-theta": 500000}
     assert q["encodings_version"] == "1.0.0"
@@ -57,8 +72,12 @@ def test_every_shared_io_tensor_has_one_encoding(validated_run: Path) -> None:
     sin one encoding; mask, rope and the boundary the same in every part."""
     q = _quantize_json(validated_run)
     base = validated_run / "artifacts" / "quantize"
-    acts = {g["name"]: {a["name"]: a for a in json.loads((base / g["encodings"]).read_text())["activation_encodings"]}
-            for g in q["graphs"]}
+    acts = {
+        g["name"]: {
+            a["name"]: a for a in json.loads((base / g["encodings"]).read_text())["activation_encodings"]
+        }
+        for g in q["graphs"]
+    }
     docs = {g["name"]: json.loads((base / g["encodings"]).read_text()) for g in q["graphs"]}
     assert all(d["version"] == "1.0.0" for d in docs.values())
     for part in (1, 2):
@@ -66,14 +85,14 @@ def test_every_shared_io_tensor_has_one_encoding(validated_run: Path) -> None:
     for name, a in acts.items():
         g = next(x for x in q["graphs"] if x["name"] == name)
         for t in g["inputs"] + g["outputs"]:
-            assert t == "input_ids" or t in a, (name, t)        # every I/O tensor quantized
+            assert t == "input_ids" or t in a, (name, t)  # every I/O tensor quantized
         for t in g["outputs"]:
             if t.startswith("past_"):
                 tin = t[:-4] + "_in"
                 assert a[tin]["scale"] == a[t]["scale"] and a[tin]["offset"] == a[t]["offset"] == [-128]
                 assert a[t]["bw"] == 8 and a[t]["is_sym"]
         m = a["attention_mask"]
-        assert m["offset"][0] + (1 << m["bw"]) - 1 == 0           # all-ones reads as 0.0 (attend)
+        assert m["offset"][0] + (1 << m["bw"]) - 1 == 0  # all-ones reads as 0.0 (attend)
         assert a["position_ids_cos"]["scale"] == a["position_ids_sin"]["scale"]
         assert a["position_ids_cos"]["offset"] == a["position_ids_sin"]["offset"]
     p1, p2 = acts["prompt_ar128_cl512_1_of_2"], acts["prompt_ar128_cl512_2_of_2"]
@@ -87,10 +106,14 @@ def test_encodings_hold_int4_lpbq_weights_shared_by_both_graphs(validated_run: P
     encs = {g["name"]: json.loads((base / g["encodings"]).read_text()) for g in q["graphs"]}
     for name, e in encs.items():
         lpbq = [p for p in e["param_encodings"] if p.get("enc_type") == "LPBQ"]
-        assert len(lpbq) >= 14, name                       # q,k,v,o,gate,up,down x 2 layers
+        assert len(lpbq) >= 14, name  # q,k,v,o,gate,up,down x 2 layers
         assert all(p["compressed_bw"] == 4 and p["block_size"] == 64 for p in lpbq)
-        kv = [a for a in e["activation_encodings"] if a["name"].startswith("past_") and a["name"].endswith(("_in", "_out"))]
-        assert kv and all(a["bw"] == 8 for a in kv), name   # int8 KV cache
+        kv = [
+            a
+            for a in e["activation_encodings"]
+            if a["name"].startswith("past_") and a["name"].endswith(("_in", "_out"))
+        ]
+        assert kv and all(a["bw"] == 8 for a in kv), name  # int8 KV cache
     # one set of weights on the device: identical weight encodings in both graphs of each part
     for part in (1, 2):
         pp = {p["name"]: p for p in encs[f"prompt_ar128_cl512_{part}_of_2"]["param_encodings"]}
@@ -187,7 +210,7 @@ def test_unknown_calibration_unit_is_a_clear_error(tmp_path: Path) -> None:
     """Refused before a run folder exists (the run settings are checked), naming the choices."""
     from app.core.settings import SettingsError
 
-    with pytest.raises(SettingsError, match="calibration_unit 'block' is not one of \"layer\", \"part\""):
+    with pytest.raises(SettingsError, match='calibration_unit \'block\' is not one of "layer", "part"'):
         run_stages(tmp_path, ("model", "quantize"), {"calibration_unit": "block"})
     assert not list(tmp_path.rglob("run.json"))
 
@@ -197,8 +220,12 @@ def test_quantize_json_names_the_calibration_units(validated_run: Path) -> None:
     assert q["calibration"]["unit"] == "layer"
     units = {g["name"]: g["stats"]["calibration_units"] for g in q["graphs"]}
     # part 1: embedding + 2 layers; part 2: 2 layers + lm_head — one QuantSim each
-    assert units == {"prompt_ar128_cl512_1_of_2": 3, "prompt_ar128_cl512_2_of_2": 3,
-                     "token_ar1_cl512_1_of_2": 3, "token_ar1_cl512_2_of_2": 3}
+    assert units == {
+        "prompt_ar128_cl512_1_of_2": 3,
+        "prompt_ar128_cl512_2_of_2": 3,
+        "token_ar1_cl512_1_of_2": 3,
+        "token_ar1_cl512_2_of_2": 3,
+    }
     assert all(g["stats"]["baked_weights"] >= 7 for g in q["graphs"])
     base = validated_run / "artifacts" / "quantize"
     for g in q["graphs"]:
@@ -216,19 +243,24 @@ def test_weights_are_stored_once_per_part(validated_run: Path) -> None:
     q = _quantize_json(validated_run)
     base = validated_run / "artifacts" / "quantize"
     for part in (1, 2):
-        pp, tg = (next(g for g in q["graphs"] if g["part"] == part and g["kind"] == k)
-                  for k in ("prompt_processor", "token_generator"))
+        pp, tg = (
+            next(g for g in q["graphs"] if g["part"] == part and g["kind"] == k)
+            for k in ("prompt_processor", "token_generator")
+        )
         assert pp["float_data"] == tg["float_data"] and pp["sim_data"] == tg["sim_data"]
         for key in ("float_onnx", "sim_onnx"):
             a, b = (onnx.load(str(base / g[key]), load_external_data=False) for g in (pp, tg))
             assert data_files(a) == data_files(b) and len(data_files(a)) == 1
             ra = {t.name: list(t.external_data) for t in a.graph.initializer if t.external_data}
             rb = {t.name: list(t.external_data) for t in b.graph.initializer if t.external_data}
-            assert ra == rb          # the same bytes of the same file
-        assert not (base / (tg["float_onnx"] + ".data")).exists() and not (base / (tg["sim_onnx"] + ".data")).exists()
+            assert ra == rb  # the same bytes of the same file
+        assert (
+            not (base / (tg["float_onnx"] + ".data")).exists()
+            and not (base / (tg["sim_onnx"] + ".data")).exists()
+        )
         for g in (pp, tg):
             st = (base / g["onnx"]).parent.joinpath("model.data").stat()
-            assert st.st_ino == (base / g["float_data"]).stat().st_ino   # hard link, not a copy
+            assert st.st_ino == (base / g["float_data"]).stat().st_ino  # hard link, not a copy
     st = q["storage"]
     assert 0 < st["disk_bytes"] < st["aihub_upload_bytes"] * 2
 
@@ -269,7 +301,9 @@ def test_cancel_mid_calibration_leaves_nothing_marked_done(tmp_path: Path) -> No
     assert seen, "calibration never started"
     # the step count is units x samples, and the words say so (not "sample 1/24" for 8 samples)
     samples = int(FAST_QUANTIZE_SETTINGS.get("calibration_samples", 8))
-    assert re.search(rf"calibration step 1/\d+ \(sample 1 of {samples} through unit 1 of \d+\)", seen[0]), seen
+    assert re.search(rf"calibration step 1/\d+ \(sample 1 of {samples} through unit 1 of \d+\)", seen[0]), (
+        seen
+    )
     assert not res.ok
     assert m.stage("quantize").state != "done"
     arts = Path(m.run_dir) / "artifacts"
@@ -281,8 +315,19 @@ def test_cancel_mid_calibration_leaves_nothing_marked_done(tmp_path: Path) -> No
 def test_cli_run_until_validate(tmp_path: Path) -> None:
     """The acceptance command, real aimet-onnx end to end."""
     env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")}
-    cmd = [str(Path(sys.executable).parent / "hexstudio"), "run", "--model", "builtin:tiny-llama", "--board", "sim",
-           "--until", "validate", "--json", "--set", "calibration_samples=4"]
+    cmd = [
+        str(Path(sys.executable).parent / "hexstudio"),
+        "run",
+        "--model",
+        "builtin:tiny-llama",
+        "--board",
+        "sim",
+        "--until",
+        "validate",
+        "--json",
+        "--set",
+        "calibration_samples=4",
+    ]
     p = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     out = json.loads(p.stdout)
     assert p.returncode == 0 and out["ok"], (out, p.stderr[-2000:])

@@ -24,8 +24,9 @@ def float_parts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from workers.export import export_deployment_graphs
 
     out = tmp_path_factory.mktemp("float")
-    graphs = export_deployment_graphs(HF, out / "float", context_length=CL, ar_n=AR, parts=2,
-                                      kinds=("prompt_processor",))
+    graphs = export_deployment_graphs(
+        HF, out / "float", context_length=CL, ar_n=AR, parts=2, kinds=("prompt_processor",)
+    )
     return {g["name"]: out / g["float_onnx"] for g in graphs}
 
 
@@ -43,7 +44,7 @@ def _feed(model_inputs: list[str], rng: np.random.Generator) -> dict[str, np.nda
             f[n] = (0.5 * rng.standard_normal((KVH, 1, HD, CL - AR))).astype(np.float32)
         elif n.startswith("past_value_"):
             f[n] = (0.5 * rng.standard_normal((KVH, 1, CL - AR, HD))).astype(np.float32)
-        else:       # the previous part's output (the boundary tensor)
+        else:  # the previous part's output (the boundary tensor)
             f[n] = rng.standard_normal((1, AR, HIDDEN)).astype(np.float32)
     return f
 
@@ -108,7 +109,9 @@ def test_streamed_qdq_graph_matches_aimet_to_onnx_qdq(float_parts: dict[str, Pat
     assert save_baked(sim, tmp_path / "baked.safetensors") >= 8
     onnx.save(sim.to_onnx_qdq(), str(tmp_path / "aimet.onnx"))
     del sim
-    counts = build_qdq(path, tmp_path / "model.encodings", [tmp_path / "baked.safetensors"], tmp_path / "mine.onnx")
+    counts = build_qdq(
+        path, tmp_path / "model.encodings", [tmp_path / "baked.safetensors"], tmp_path / "mine.onnx"
+    )
     assert counts["baked_weights"] >= 8 and counts["activation_qdq"] > 50
     feed = _feed(names, rng)
     ref, mine, flt = _run(tmp_path / "aimet.onnx", feed), _run(tmp_path / "mine.onnx", feed), _run(path, feed)
@@ -116,10 +119,14 @@ def test_streamed_qdq_graph_matches_aimet_to_onnx_qdq(float_parts: dict[str, Pat
     import onnx
     from onnx import numpy_helper
 
-    theirs = {i.name: numpy_helper.to_array(i, base_dir=str(tmp_path))
-              for i in onnx.load(str(tmp_path / "aimet.onnx")).graph.initializer}
-    ours = {i.name: numpy_helper.to_array(i, base_dir=str(tmp_path))
-            for i in onnx.load(str(tmp_path / "mine.onnx")).graph.initializer}
+    theirs = {
+        i.name: numpy_helper.to_array(i, base_dir=str(tmp_path))
+        for i in onnx.load(str(tmp_path / "aimet.onnx")).graph.initializer
+    }
+    ours = {
+        i.name: numpy_helper.to_array(i, base_dir=str(tmp_path))
+        for i in onnx.load(str(tmp_path / "mine.onnx")).graph.initializer
+    }
     weights = [n for n in ours if n.startswith(("model.", "lm_head")) and ours[n].ndim == 2 and "__" not in n]
     assert len(weights) >= 8
     # stored as integers with their scales (LPBQ: int4 with block scales; the lm_head: int8 per channel); they
@@ -138,7 +145,7 @@ def test_streamed_qdq_graph_matches_aimet_to_onnx_qdq(float_parts: dict[str, Pat
     # through a runtime DequantizeLinear, ours holds it constant, so onnxruntime sums in another order
     for name in ref:
         quant_err = float(np.abs(ref[name] - flt[name]).mean())
-        assert quant_err > 0, name                   # the graphs are really quantized
+        assert quant_err > 0, name  # the graphs are really quantized
         assert float(np.abs(ref[name] - mine[name]).mean()) <= 0.1 * quant_err, name
 
 
@@ -148,10 +155,24 @@ def test_unit_encodings_merge_back_into_the_part(float_parts: dict[str, Path], t
     a = tmp_path / "a.encodings"
     b = tmp_path / "b.encodings"
     enc = {"version": "1.0.0", "quantizer_args": {}, "producer": {}}
-    a.write_text(json.dumps({**enc, "activation_encodings": [{"name": "x", "scale": [1.0]}],
-                             "param_encodings": [{"name": "w0", "scale": [2.0]}]}))
-    b.write_text(json.dumps({**enc, "activation_encodings": [{"name": "x", "scale": [9.0]}, {"name": "y", "scale": [3.0]}],
-                             "param_encodings": [{"name": "w1", "scale": [4.0]}]}))
+    a.write_text(
+        json.dumps(
+            {
+                **enc,
+                "activation_encodings": [{"name": "x", "scale": [1.0]}],
+                "param_encodings": [{"name": "w0", "scale": [2.0]}],
+            }
+        )
+    )
+    b.write_text(
+        json.dumps(
+            {
+                **enc,
+                "activation_encodings": [{"name": "x", "scale": [9.0]}, {"name": "y", "scale": [3.0]}],
+                "param_encodings": [{"name": "w1", "scale": [4.0]}],
+            }
+        )
+    )
     counts = merge_encodings([a, b], tmp_path / "part.encodings")
     doc = json.loads((tmp_path / "part.encodings").read_text())
     assert counts == {"activation_encodings": 2, "param_encodings": 2}
@@ -160,8 +181,9 @@ def test_unit_encodings_merge_back_into_the_part(float_parts: dict[str, Path], t
     assert doc["version"] == "1.0.0" and not (tmp_path / "part.encodings.tmp").exists()
 
 
-def test_lm_head_cuts_into_column_chunks_that_calibrate_like_the_whole(float_parts: dict[str, Path],
-                                                                       tmp_path: Path) -> None:
+def test_lm_head_cuts_into_column_chunks_that_calibrate_like_the_whole(
+    float_parts: dict[str, Path], tmp_path: Path
+) -> None:
     """The lm_head unit cut by vocabulary columns (as an 8B's 525M-parameter head is, to the size of a
     decoder layer): the chunks compute the whole unit's logits, their per-channel weight encodings and
     quantized weights are the whole unit's, and the merged logits range is the whole unit's."""
@@ -201,8 +223,9 @@ def test_lm_head_cuts_into_column_chunks_that_calibrate_like_the_whole(float_par
     assert pb["lm_head.weight"] == pa["lm_head.weight"]
     la = next(x for x in a["activation_encodings"] if x["name"] == "logits")
     lb = next(x for x in b["activation_encodings"] if x["name"] == "logits")
-    assert {k: v for k, v in la.items() if k not in ("scale", "offset")} == \
-        {k: v for k, v in lb.items() if k not in ("scale", "offset")}
+    assert {k: v for k, v in la.items() if k not in ("scale", "offset")} == {
+        k: v for k, v in lb.items() if k not in ("scale", "offset")
+    }
     assert lb["scale"][0] == pytest.approx(la["scale"][0], rel=1e-4)
     assert abs(lb["offset"][0] - la["offset"][0]) <= 1
     whole_baked = load_file(str(baked_path(tmp_path / "whole.encodings")))["lm_head.weight"]
@@ -210,7 +233,9 @@ def test_lm_head_cuts_into_column_chunks_that_calibrate_like_the_whole(float_par
     np.testing.assert_array_equal(merged_baked, whole_baked)
 
 
-def test_embedding_keeps_only_the_calibration_tokens_rows(float_parts: dict[str, Path], tmp_path: Path) -> None:
+def test_embedding_keeps_only_the_calibration_tokens_rows(
+    float_parts: dict[str, Path], tmp_path: Path
+) -> None:
     """The embedding unit's table cut to the rows of the tokens the samples hold (and the rows of its
     extremes): same outputs, the same encodings (the table's own 16-bit range included) and the same
     quantized table for the simulation graph as the whole table; a token outside the kept rows is an
@@ -228,8 +253,11 @@ def test_embedding_keeps_only_the_calibration_tokens_rows(float_parts: dict[str,
     whole = split_units(path, tmp_path / "whole", "w")[0]
     small = split_units(path, tmp_path / "small", "s", vocab_ids=ids)[0]
     assert whole.label == "embedding"
-    table = next(i for i in onnx.load(str(small.path), load_external_data=False).graph.initializer
-                 if i.name == small.table)
+    table = next(
+        i
+        for i in onnx.load(str(small.path), load_external_data=False).graph.initializer
+        if i.name == small.table
+    )
     kept = small.vocab_rows
     assert kept is not None and set(ids) <= set(kept) and len(kept) <= len(ids) + 2
     assert small.label == f"embedding ({len(kept)} of 840 rows)"
@@ -248,7 +276,9 @@ def test_embedding_keeps_only_the_calibration_tokens_rows(float_parts: dict[str,
     a = json.loads((tmp_path / "whole.encodings").read_text())
     b = json.loads((tmp_path / "small.encodings").read_text())
     assert a["param_encodings"] == b["param_encodings"]
-    assert {x["name"]: x for x in a["activation_encodings"]} == {x["name"]: x for x in b["activation_encodings"]}
+    assert {x["name"]: x for x in a["activation_encodings"]} == {
+        x["name"]: x for x in b["activation_encodings"]
+    }
     assert any(x["name"] == small.table for x in a["activation_encodings"] + a["param_encodings"])
     from safetensors.numpy import load_file
 
@@ -261,7 +291,14 @@ def test_embedding_keeps_only_the_calibration_tokens_rows(float_parts: dict[str,
         np.testing.assert_array_equal(wb[k], wa[k], err_msg=k)
 
     def stray() -> object:
-        return iter([{**samples[0], "input_ids": np.full((1, AR), int(np.setdiff1d(np.arange(840), kept)[0]), np.int32)}])
+        return iter(
+            [
+                {
+                    **samples[0],
+                    "input_ids": np.full((1, AR), int(np.setdiff1d(np.arange(840), kept)[0]), np.int32),
+                }
+            ]
+        )
 
     with pytest.raises(ValueError, match="token id the compacted embedding does not"):
         next(iter(remap_ids(stray, kept)()))
@@ -284,8 +321,17 @@ def test_partwise_quantization_with_a_chunked_lm_head(tmp_path: Path) -> None:
     from workers.shared.rope import genie_positional_encoding, genie_rope_tables
 
     pe = genie_positional_encoding(json.loads((HF / "config.json").read_text()), CL)
-    quantize_partwise(graphs, tmp_path, blocks, {}, {"context_length": CL, "num_kv_heads": KVH, "head_dim": HD},
-                      lambda *a: None, lines.append, rope=genie_rope_tables(pe, CL), head_chunk_params=80_000)
+    quantize_partwise(
+        graphs,
+        tmp_path,
+        blocks,
+        {},
+        {"context_length": CL, "num_kv_heads": KVH, "head_dim": HD},
+        lambda *a: None,
+        lines.append,
+        rope=genie_rope_tables(pe, CL),
+        head_chunk_params=80_000,
+    )
     assert any("lm_head columns 560-839" in line for line in lines)
     assert any("embedding (" in line and " of 840 rows)" in line for line in lines)
     assert all(v["different"] == 0 for v in shared_weight_check(graphs, tmp_path).values())
@@ -294,7 +340,7 @@ def test_partwise_quantization_with_a_chunked_lm_head(tmp_path: Path) -> None:
         if g["part"] == 2:
             head = [p for p in enc["param_encodings"] if p["name"] == "lm_head.weight"]
             assert len(head) == 1 and len(head[0]["scale"]) == 840 and g["stats"]["lm_head_weights"] == 1
-            assert g["stats"]["calibration_units"] == 5       # 2 layers + 3 chunks
+            assert g["stats"]["calibration_units"] == 5  # 2 layers + 3 chunks
             assert [a["name"] for a in enc["activation_encodings"]].count("logits") == 1
         sess = ort.InferenceSession(str(tmp_path / g["sim_onnx"]), providers=["CPUExecutionProvider"])
         assert sess.get_outputs()
@@ -308,13 +354,15 @@ def test_integer_weights_written_a_block_of_rows_at_a_time_equal_the_whole() -> 
 
     rng = np.random.default_rng(3)
     rows, cols, block = 256, 6, 64
-    for form in (IntForm(rng.uniform(0.01, 0.1, (rows // block, cols)).astype(np.float32), 0, block),
-                 IntForm(rng.uniform(0.01, 0.1, cols).astype(np.float32), 1)):
+    for form in (
+        IntForm(rng.uniform(0.01, 0.1, (rows // block, cols)).astype(np.float32), 0, block),
+        IntForm(rng.uniform(0.01, 0.1, cols).astype(np.float32), 1),
+    ):
         lo, hi = (-8, 8) if form.block else (-128, 128)
         q = rng.integers(lo, hi, (rows, cols)).astype(np.float32)
         w = (q * form.expand((rows, cols))).astype(np.float32)
         whole = to_ints("w", w, form)
-        pieces = np.concatenate([to_ints("w", w[r0:r0 + 128], form, r0) for r0 in range(0, rows, 128)])
+        pieces = np.concatenate([to_ints("w", w[r0 : r0 + 128], form, r0) for r0 in range(0, rows, 128)])
         np.testing.assert_array_equal(pieces, whole)
         if form.block:
             lo4 = (whole & 0x0F).astype(np.int16)

@@ -15,12 +15,24 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _validate(run: Path, out: Path, settings: dict[str, Any]) -> dict[str, Any]:
     out.mkdir(parents=True)
-    spec = {"schema": 1, "stage": "validate", "run_dir": str(run), "out_dir": str(out),
-            "upstream": {"model": str(run / "artifacts" / "model"), "quantize": str(run / "artifacts" / "quantize")},
-            "settings": settings}
+    spec = {
+        "schema": 1,
+        "stage": "validate",
+        "run_dir": str(run),
+        "out_dir": str(out),
+        "upstream": {
+            "model": str(run / "artifacts" / "model"),
+            "quantize": str(run / "artifacts" / "quantize"),
+        },
+        "settings": settings,
+    }
     (out.parent / f"{out.name}.spec.json").write_text(json.dumps(spec))
-    p = subprocess.run([sys.executable, "-m", "workers.validate", "--spec", str(out.parent / f"{out.name}.spec.json")],
-                       cwd=REPO, capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "workers.validate", "--spec", str(out.parent / f"{out.name}.spec.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return dict(json.loads((out / "validation.json").read_text()))
 
@@ -49,7 +61,9 @@ def test_float_export_matches_the_checkpoint_in_the_stage(validated_run: Path) -
     assert doc["metrics"]["export_first_differing_layer"] == -1 and doc["verdict"] == "pass"
 
 
-def test_unit_major_runs_match_deployment_pair_with_lm_head_chunks(validated_run: Path, tmp_path: Path) -> None:
+def test_unit_major_runs_match_deployment_pair_with_lm_head_chunks(
+    validated_run: Path, tmp_path: Path
+) -> None:
     """Run units with the lm_head cut into column chunks (float and QDQ graphs) give DeploymentPair's logits."""
     import numpy as np
 

@@ -42,18 +42,25 @@ def _pdf_text(pdf: Path) -> str | None:
     """The PDF's text with all whitespace removed (a canary wrapped over two lines is still found); None where
     poppler-utils is missing (`./dev test` installs it; CI must have it), so the test's other checks still run."""
     if not shutil.which("pdftotext"):
-        assert not os.environ.get("CI"), "poppler-utils (pdftotext, pdftoppm) is missing on CI: apt-get install poppler-utils"
-        warnings.warn("poppler-utils is not installed: PDF text checks left out (apt-get install poppler-utils)",
-                      stacklevel=2)
+        assert not os.environ.get("CI"), (
+            "poppler-utils (pdftotext, pdftoppm) is missing on CI: apt-get install poppler-utils"
+        )
+        warnings.warn(
+            "poppler-utils is not installed: PDF text checks left out (apt-get install poppler-utils)",
+            stacklevel=2,
+        )
         return None
-    out = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        ["pdftotext", str(pdf), "-"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert "HexStudio" in out
     return "".join(out.split())
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=180,
-                          cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=180, cwd=REPO
+    )
 
 
 def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -> None:
@@ -72,8 +79,15 @@ def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -
     assert par["matched"] == par["total"] > 0
     assert rep["compile"]["simulated"] is True and rep["board"]["simulated"] is True
     kpis = {k["name"]: k for k in rep["kpis"]}
-    assert set(kpis) == {"init_ms", "prompt_tokens", "prompt_tok_s", "ttft_ms", "generated_tokens", "gen_tok_s",
-                         "gen_time_ms"}
+    assert set(kpis) == {
+        "init_ms",
+        "prompt_tokens",
+        "prompt_tok_s",
+        "ttft_ms",
+        "generated_tokens",
+        "gen_tok_s",
+        "gen_time_ms",
+    }
     assert all(k["source"] == "simulated" for k in kpis.values())
     assert kpis["gen_tok_s"]["value"] > 0 and kpis["gen_tok_s"]["reference"] == 10.03
     assert rep["validation"]["verdict"] == "pass" and rep["bundle"]["files"]
@@ -91,7 +105,10 @@ def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -
     assert re.search(r'<td class="warn">2\.7\.1[^<]* ≠</td>', html)
     assert f"preflight estimate {est['quantize_peak_rss_bytes'] / 1024**3:.2f} GiB" in html
     # the calibration-shape graph's own score sits beside the deployment pair's, and the known trap is named
-    assert rep["validation"]["calibration_graph"]["verdict"] == "pass" and "Calibration-shape graph alone" in html
+    assert (
+        rep["validation"]["calibration_graph"]["verdict"] == "pass"
+        and "Calibration-shape graph alone" in html
+    )
     rep["validation"]["verdict"] = "fail"
     assert "The calibration graph is fine but the deployment pair is broken" in to_html(rep)
     # the rate chart says what it counts: tokens when the chunks carry counts, else reads of the output
@@ -111,10 +128,14 @@ def test_html_is_html5_and_pdf_renders_pages(chatted_run: Path, tmp_path: Path) 
     assert not parser.errors
     assert text.count("<svg") >= 2 and "SIMULATED" in text  # memory plots and the token-rate plot, inline
     low = text.lower()
-    assert not any(ref in low for ref in ("<link", "<script", "<img", " src=", "url(", "@import"))  # self-contained
+    assert not any(
+        ref in low for ref in ("<link", "<script", "<img", " src=", "url(", "@import")
+    )  # self-contained
     assert low.count('<span class="badge simulated">simulated</span>') >= 7  # every KPI says it is simulated
     cmp_out = tmp_path / "c.html"
-    cp = _cli("report", "compare", str(chatted_run), str(chatted_run), "--format", "html", "--out", str(cmp_out))
+    cp = _cli(
+        "report", "compare", str(chatted_run), str(chatted_run), "--format", "html", "--out", str(cmp_out)
+    )
     assert cp.returncode == 0, cp.stderr
     parser = html5lib.HTMLParser(strict=True)
     parser.parse(cmp_out.read_text())
@@ -125,8 +146,9 @@ def test_html_is_html5_and_pdf_renders_pages(chatted_run: Path, tmp_path: Path) 
     pdf_text = _pdf_text(pdf_out)
     if pdf_text is not None:
         assert "SIMULATED" in pdf_text
-        subprocess.run(["pdftoppm", "-r", "40", "-png", str(pdf_out), str(tmp_path / "page")], check=True,
-                       timeout=120)
+        subprocess.run(
+            ["pdftoppm", "-r", "40", "-png", str(pdf_out), str(tmp_path / "page")], check=True, timeout=120
+        )
         pages = sorted(tmp_path.glob("page-*.png"))
         assert len(pages) >= 2 and all(p.stat().st_size > 2000 for p in pages)
 
@@ -141,9 +163,14 @@ def test_report_of_a_failed_run_says_where_why_and_what_next(chatted_run: Path, 
     m = RunManifest.load(run)
     st = m.stage("board").data
     st["state"] = "failed"
-    st["outcome"] = {"kind": "failed", "code": "board_unavailable", "message": "Cannot connect to 10.0.0.7:22: "
-                     "timed out.", "hint": "Is the board on, on the network, and running sshd?", "exit_code": None,
-                     "signal": None}
+    st["outcome"] = {
+        "kind": "failed",
+        "code": "board_unavailable",
+        "message": "Cannot connect to 10.0.0.7:22: timed out.",
+        "hint": "Is the board on, on the network, and running sshd?",
+        "exit_code": None,
+        "signal": None,
+    }
     m.save()
     rep = build_report(run)
     validate_report(rep)
@@ -154,8 +181,9 @@ def test_report_of_a_failed_run_says_where_why_and_what_next(chatted_run: Path, 
     assert "Where it failed" in html and "Next step" in html
 
 
-def test_canary_secrets_never_appear_in_any_format(chatted_run: Path, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_canary_secrets_never_appear_in_any_format(
+    chatted_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from app.core.secrets import AIHUB_TOKEN, set_secret, sudo_password_key
     from app.core.settings import Settings
 
@@ -163,15 +191,22 @@ def test_canary_secrets_never_appear_in_any_format(chatted_run: Path, tmp_path: 
     shutil.copytree(chatted_run, run)
     set_secret(AIHUB_TOKEN, CANARY_TOKEN)
     s = Settings.load()
-    s.boards["evk"] = {"host": "10.0.0.7", "user": "ubuntu", "auth": "key", "api_token": CANARY_TOKEN,
-                       "password": CANARY_SETTINGS}
+    s.boards["evk"] = {
+        "host": "10.0.0.7",
+        "user": "ubuntu",
+        "auth": "key",
+        "api_token": CANARY_TOKEN,
+        "password": CANARY_SETTINGS,
+    }
     s.save()
     set_secret(sudo_password_key("evk"), CANARY_PASSWORD)
     # canaries that leaked into the run's settings, its events and a stage log
     doc = json.loads((run / "run.json").read_text())
     doc["inputs"]["settings"]["aihub_token"] = CANARY_TOKEN
     doc["events"].append({"t": doc["created"], "kind": "note", "message": f"sudo -S with {CANARY_PASSWORD}"})
-    doc["events"].append({"t": doc["created"], "kind": "note", "message": f"ssh login with {CANARY_SETTINGS} ok"})
+    doc["events"].append(
+        {"t": doc["created"], "kind": "note", "message": f"ssh login with {CANARY_SETTINGS} ok"}
+    )
     doc["stages"]["chat"]["warnings"] = [{"message": f"token {CANARY_TOKEN} seen"}]
     (run / "run.json").write_text(json.dumps(doc))
     log = run / "logs" / "board.jsonl"
@@ -191,7 +226,11 @@ def test_canary_secrets_never_appear_in_any_format(chatted_run: Path, tmp_path: 
 
     studio_log = log_path().read_text()
     assert "hexstudio report: started" in studio_log
-    assert CANARY_TOKEN not in studio_log and CANARY_PASSWORD not in studio_log and CANARY_SETTINGS not in studio_log
+    assert (
+        CANARY_TOKEN not in studio_log
+        and CANARY_PASSWORD not in studio_log
+        and CANARY_SETTINGS not in studio_log
+    )
 
 
 def test_host_names_are_left_out_when_asked(chatted_run: Path) -> None:
@@ -234,15 +273,21 @@ def test_compare_side_by_side_and_refusal(chatted_run: Path, tmp_path: Path, val
     assert any("different kinds of board" in x for x in c3["skipped"]) and "Left out" in compare_html(c3)
     # nor the chat stage's duration: it ran on a different kind of board (like-for-like rows only)
     assert not any(r["label"] == "Chat duration" for r in c3["rows"])
-    assert any(x.startswith("Chat duration and memory: the runs ran this stage on different machines")
-               for x in c3["skipped"])
+    assert any(
+        x.startswith("Chat duration and memory: the runs ran this stage on different machines")
+        for x in c3["skipped"]
+    )
     assert any(r["label"] == "Quantize duration" for r in c3["rows"])  # same workstation: still compared
     # a quantize peak on another workstation is not set against this one's
     far = tmp_path / "far"
     shutil.copytree(chatted_run, far)
     m = RunManifest.load(far)
-    m.data["environment"] = {**m.data["environment"], "cpu_count": 64, "memory_bytes": 256 * 1024**3,
-                             "gpus": [{"name": "NVIDIA GeForce RTX 5090"}]}
+    m.data["environment"] = {
+        **m.data["environment"],
+        "cpu_count": 64,
+        "memory_bytes": 256 * 1024**3,
+        "gpus": [{"name": "NVIDIA GeForce RTX 5090"}],
+    }
     m.save()
     c4 = compare_reports([build_report(chatted_run), build_report(far)])
     assert not any(r["label"].startswith("Quantize") for r in c4["rows"])
@@ -292,8 +337,9 @@ def _closed_port() -> int:
     return port
 
 
-def test_a_real_board_failure_is_reported_with_where_why_next_and_no_secrets(chatted_run: Path,
-                                                                               tmp_path: Path) -> None:
+def test_a_real_board_failure_is_reported_with_where_why_next_and_no_secrets(
+    chatted_run: Path, tmp_path: Path
+) -> None:
     """The Board stage really fails (nothing listens on the board's port); the Report stage still runs."""
     from app.core.manifest import RunManifest
     from app.core.pipeline import Pipeline
@@ -334,7 +380,9 @@ def test_a_real_board_failure_is_reported_with_where_why_next_and_no_secrets(cha
         assert cp.returncode == 0, cp.stderr
         assert "run failed" in cp.stderr
     pdf_text = _pdf_text(tmp_path / "failed.pdf")
-    assert pdf_text is None or ("Whereitfailed" in pdf_text and CANARY_PASSWORD not in pdf_text and "127.0.0.1" not in pdf_text)
+    assert pdf_text is None or (
+        "Whereitfailed" in pdf_text and CANARY_PASSWORD not in pdf_text and "127.0.0.1" not in pdf_text
+    )
     cp = _cli("report", run.name, "--workspace", str(tmp_path / "ws"), "--include-hosts", "--format", "json")
     assert cp.returncode == 0 and "127.0.0.1" in cp.stdout and CANARY_PASSWORD not in cp.stdout
 
@@ -349,17 +397,40 @@ def test_a_failed_compile_lists_its_ai_hub_jobs_and_reasons(chatted_run: Path, t
     m = RunManifest.load(run)
     for name in ("compile", "board", "chat"):
         m.stage(name).data.update({"state": "pending", "outcome": None, "gate": None})
-    m.stage("compile").data.update({"state": "failed", "outcome": {
-        "kind": "failed", "code": "aihub_job_failed", "message": "AI Hub compile job jq1 (part 2) failed: "
-        "Out of memory on the target.", "hint": "Split the model in more parts.", "exit_code": 2, "signal": None}})
+    m.stage("compile").data.update(
+        {
+            "state": "failed",
+            "outcome": {
+                "kind": "failed",
+                "code": "aihub_job_failed",
+                "message": "AI Hub compile job jq1 (part 2) failed: Out of memory on the target.",
+                "hint": "Split the model in more parts.",
+                "exit_code": 2,
+                "signal": None,
+            },
+        }
+    )
     m.save()
     shutil.rmtree(run / "artifacts" / "compile")
-    job = {"part": 1, "kind": "compile", "graph": "prompt_ar128_cl512_1_of_2", "job_id": "jp0",
-           "url": "https://app.aihub.qualcomm.com/jobs/jp0", "state": "SUCCESS"}
-    failed = {**job, "part": 2, "graph": "prompt_ar128_cl512_2_of_2", "job_id": "jq1", "state": "FAILED",
-              "reason": "Out of memory on the target."}
-    (run / "aihub_jobs.json").write_text(json.dumps({"version": 1, "key": "k", "jobs": {"a": job},
-                                                     "failed": [failed]}))
+    job = {
+        "part": 1,
+        "kind": "compile",
+        "graph": "prompt_ar128_cl512_1_of_2",
+        "job_id": "jp0",
+        "url": "https://app.aihub.qualcomm.com/jobs/jp0",
+        "state": "SUCCESS",
+    }
+    failed = {
+        **job,
+        "part": 2,
+        "graph": "prompt_ar128_cl512_2_of_2",
+        "job_id": "jq1",
+        "state": "FAILED",
+        "reason": "Out of memory on the target.",
+    }
+    (run / "aihub_jobs.json").write_text(
+        json.dumps({"version": 1, "key": "k", "jobs": {"a": job}, "failed": [failed]})
+    )
     rep = build_report(run)
     validate_report(rep)
     assert rep["run"]["failure"]["stage"] == "compile" and "resume" in rep["run"]["failure"]["next_step"]
@@ -374,14 +445,46 @@ def test_a_failed_compile_lists_its_ai_hub_jobs_and_reasons(chatted_run: Path, t
 def test_secret_key_names_and_redaction_rules() -> None:
     from app.core.reports.redact import REDACTED, is_secret_key, scrub
 
-    assert all(is_secret_key(k) for k in ("api_token", "aihub_token", "sudo_password", "clientSecret", "api-key",
-                                          "apiKey", "hf_token", "Authorization"))
-    assert not any(is_secret_key(k) for k in ("prompt_tokens", "generated_tokens", "tokenizer", "bos_token",
-                                              "eos_token_ids", "max_new_tokens", "key_path",
-                                              "token_rate_unit", "token_count"))
-    out = scrub({"api_token": "abc", "note": "first token: 12 ms; Bearer xyz987; password=hunter22",
-                 "path": "/home/alice/ws on buildbox", "n": 3, "kv": ["alice-2", "buildbox.lan"],
-                 "msg": "s3cr3t-value inside"}, ["s3cr3t-value"], ["buildbox"], ["alice"])
+    assert all(
+        is_secret_key(k)
+        for k in (
+            "api_token",
+            "aihub_token",
+            "sudo_password",
+            "clientSecret",
+            "api-key",
+            "apiKey",
+            "hf_token",
+            "Authorization",
+        )
+    )
+    assert not any(
+        is_secret_key(k)
+        for k in (
+            "prompt_tokens",
+            "generated_tokens",
+            "tokenizer",
+            "bos_token",
+            "eos_token_ids",
+            "max_new_tokens",
+            "key_path",
+            "token_rate_unit",
+            "token_count",
+        )
+    )
+    out = scrub(
+        {
+            "api_token": "abc",
+            "note": "first token: 12 ms; Bearer xyz987; password=hunter22",
+            "path": "/home/alice/ws on buildbox",
+            "n": 3,
+            "kv": ["alice-2", "buildbox.lan"],
+            "msg": "s3cr3t-value inside",
+        },
+        ["s3cr3t-value"],
+        ["buildbox"],
+        ["alice"],
+    )
     assert out["api_token"] == REDACTED and out["n"] == 3
     assert out["note"] == f"first token: 12 ms; Bearer {REDACTED}; password={REDACTED}"
     assert out["path"] == "/home/[user]/ws on [host]" and out["kv"] == ["alice-2", "[host].lan"]
@@ -396,17 +499,46 @@ def test_interactive_chat_sessions_are_in_the_report(chatted_run: Path, tmp_path
 
     run = tmp_path / "chatted"
     shutil.copytree(chatted_run, run)
-    kpis = {"init_ms": 812.0, "prompt_tokens": 30, "prompt_tok_s": 120.5, "ttft_ms": 250.0, "generated_tokens": 20,
-            "gen_tok_s": 12.5, "gen_time_ms": 1600.0, "source": "simulated", "queries": 1, "origin": "profile"}
-    lines = [{"type": "session", "started": "2026-11-23T05:00:00Z", "board": "sim", "board_label": "simulator",
-              "mode": "persistent", "template": "llama3", "sampler": "deterministic"}]
+    kpis = {
+        "init_ms": 812.0,
+        "prompt_tokens": 30,
+        "prompt_tok_s": 120.5,
+        "ttft_ms": 250.0,
+        "generated_tokens": 20,
+        "gen_tok_s": 12.5,
+        "gen_time_ms": 1600.0,
+        "source": "simulated",
+        "queries": 1,
+        "origin": "profile",
+    }
+    lines = [
+        {
+            "type": "session",
+            "started": "2026-11-23T05:00:00Z",
+            "board": "sim",
+            "board_label": "simulator",
+            "mode": "persistent",
+            "template": "llama3",
+            "sampler": "deterministic",
+        }
+    ]
     for n, (ttft, rate) in enumerate(((250.0, 12.5), (90.0, 13.5), (100.0, 14.5)), start=1):
-        lines.append({"type": "turn", "n": n, "state": "complete", "mode": "persistent", "source": "simulated",
-                      "kpis": {**kpis, "ttft_ms": ttft, "gen_tok_s": rate, "init_ms": 812.0 if n == 1 else None},
-                      "user": f"question {n} " + "x" * 100, "reply": "an answer"})
+        lines.append(
+            {
+                "type": "turn",
+                "n": n,
+                "state": "complete",
+                "mode": "persistent",
+                "source": "simulated",
+                "kpis": {**kpis, "ttft_ms": ttft, "gen_tok_s": rate, "init_ms": 812.0 if n == 1 else None},
+                "user": f"question {n} " + "x" * 100,
+                "reply": "an answer",
+            }
+        )
     (run / "chats").mkdir()
     (run / "chats" / "20261123-050000-1-0001.jsonl").write_text(
-        "\n".join(json.dumps(x) for x in lines) + '\n{"type": "turn", "n": 4, "sta')
+        "\n".join(json.dumps(x) for x in lines) + '\n{"type": "turn", "n": 4, "sta'
+    )
     rep = build_report(run)
     validate_report(rep)
     (s,) = rep["chat_sessions"]
@@ -414,7 +546,9 @@ def test_interactive_chat_sessions_are_in_the_report(chatted_run: Path, tmp_path
     assert s["median_ttft_ms"] == 100.0 and s["median_gen_tok_s"] == 13.5
     assert len(s["turns"][0]["user"]) == 80 and s["turns"][0]["user"].endswith("...")
     html = to_html(rep)
-    assert "<h2>Chat sessions</h2>" in html and "kept loaded" in html and "median generation 13.50 tok/s" in html
+    assert (
+        "<h2>Chat sessions</h2>" in html and "kept loaded" in html and "median generation 13.50 tok/s" in html
+    )
 
 
 def _bench_doc(ttfts: list[float], source: str = "simulated") -> dict[str, Any]:
@@ -427,8 +561,20 @@ def _bench_doc(ttfts: list[float], source: str = "simulated") -> dict[str, Any]:
 
     async def make() -> KnownRunner:
         return r
-    doc = asyncio.run(run_bench([make], BenchPlan(prompt_lengths=(10, 50), context_fills=(0.0, 0.5), warmup=1,
-                                                   runs=3, gen_tokens=20, init_runs=2)))
+
+    doc = asyncio.run(
+        run_bench(
+            [make],
+            BenchPlan(
+                prompt_lengths=(10, 50),
+                context_fills=(0.0, 0.5),
+                warmup=1,
+                runs=3,
+                gen_tokens=20,
+                init_runs=2,
+            ),
+        )
+    )
     doc["board"], doc["board_label"] = "sim", "simulator board"
     return doc
 
@@ -466,14 +612,19 @@ def test_bench_results_in_the_report_and_in_compare(chatted_run: Path, tmp_path:
     c = compare_reports([build_report(runs[0]), build_report(runs[1])])
     rows = {r["label"]: r for r in c["rows"] if r["section"] == "bench"}
     ttft = rows["genie TTFT, prompt 10 fill 0 (median)"]
-    assert ttft["values"] == [120.0, 240.0] and ttft["judgement"] == ["worse"] and ttft["sources"] == ["simulated"] * 2
+    assert (
+        ttft["values"] == [120.0, 240.0]
+        and ttft["judgement"] == ["worse"]
+        and ttft["sources"] == ["simulated"] * 2
+    )
     dec = rows["genie decode, prompt 50 fill 500 (median)"]
     assert dec["deltas"][0] == pytest.approx(-0.5, abs=1e-3) and dec["judgement"] == ["worse"]
     assert rows["genie init (median)"]["judgement"] == ["same"]
     assert "Benchmark (hexstudio bench, medians)" in compare_html(c)
     # a device bench is not set against a simulated one, and the comparison says why
-    (runs[1] / "artifacts" / "bench" / "bench.json").write_text(json.dumps(_bench_doc([200.0, 280.0, 240.0],
-                                                                                       source="device")))
+    (runs[1] / "artifacts" / "bench" / "bench.json").write_text(
+        json.dumps(_bench_doc([200.0, 280.0, 240.0], source="device"))
+    )
     c2 = compare_reports([build_report(runs[0]), build_report(runs[1])])
     assert not any(r["section"] == "bench" for r in c2["rows"])
     assert any("Benchmark genie" in s and "different kinds of board" in s for s in c2["skipped"])
@@ -488,13 +639,17 @@ def test_a_speculative_board_dialog_shows_its_acceptance_labeled(chatted_run: Pa
     from app.core.reports.render import to_html, validate_report
 
     rep = copy.deepcopy(build_report(chatted_run))
-    assert "speculative" not in to_html(rep)                   # a basic dialog: nothing said
-    rep["evaluation"]["board_session"] = {**(rep["evaluation"].get("board_session") or {}), "dialog": "spd",
-                                          "accepted_per_step": 3.667, "accepted_per_step_cases": 3}
+    assert "speculative" not in to_html(rep)  # a basic dialog: nothing said
+    rep["evaluation"]["board_session"] = {
+        **(rep["evaluation"].get("board_session") or {}),
+        "dialog": "spd",
+        "accepted_per_step": 3.667,
+        "accepted_per_step_cases": 3,
+    }
     validate_report(rep)
     html = to_html(rep)
     m = re.search(r'<p id="speculative">(.*?)</p>', html, re.S)
     assert m is not None
     text = re.sub(r"<[^>]+>", "", m.group(1))
     assert "spd" in text and "3.67 tokens accepted per step" in text and "3 of your cases" in text
-    assert "SIMULATED" in text                                 # the chatted run's board is the simulator
+    assert "SIMULATED" in text  # the chatted run's board is the simulator

@@ -39,7 +39,7 @@ from tests.support.sshd import SshServer
 EVK_UID = 4242
 FASTRPC_NODES = ("fastrpc-adsp", "fastrpc-cdsp", "fastrpc-cdsp-secure", "fastrpc-cdsp1")
 
-SYSTEMCTL = r'''#!/usr/bin/python3
+SYSTEMCTL = r"""#!/usr/bin/python3
 # EVK test board stand-in for systemctl: service states live in /run/evk/services/<name>.
 import os, sys
 D = "/run/evk/services"
@@ -77,9 +77,9 @@ if verb == "daemon-reload":
     sys.exit(0)
 print("systemctl (EVK test board): %s not supported" % verb, file=sys.stderr)
 sys.exit(1)
-'''
+"""
 
-UDEVADM = r'''#!/usr/bin/python3
+UDEVADM = r"""#!/usr/bin/python3
 # EVK test board stand-in for udevadm: `trigger` applies the fastrpc/dma_heap rules to the /dev nodes.
 import glob, grp, os, pwd, re, subprocess, sys
 args = sys.argv[1:]
@@ -115,33 +115,33 @@ for path in sorted(glob.glob("/etc/udev/rules.d/*.rules")):
             if run:
                 subprocess.run(run.replace("$env{DEVNAME}", dev).split(), check=False)
 sys.exit(0)
-'''
+"""
 
-REBOOT = '''#!/bin/sh
+REBOOT = """#!/bin/sh
 # EVK test board stand-in for reboot: drop every SSH session; the supervisor boots sshd again.
 [ "$(id -u)" = 0 ] || { echo "reboot: must be root" >&2; exit 1; }
 setsid -f sh -c 'sleep 0.3; exec {sshd_reboot}' >/dev/null 2>&1 </dev/null
 exit 0
-'''
+"""
 
-UNAME = '''#!/bin/sh
+UNAME = """#!/bin/sh
 # EVK test board: report the board's machine (aarch64), the rest from the real uname.
 case "$*" in
   -m|-p|-i) echo aarch64 ;;
   *) /bin/uname "$@" | sed 's/x86_64/aarch64/g' ;;
 esac
-'''
+"""
 
-ON_BOOT = '''#!/bin/sh
+ON_BOOT = """#!/bin/sh
 # What the board does at boot: DSPs up, FastRPC daemons started, udev rules applied to /dev.
 for r in /sys/class/remoteproc/remoteproc*; do echo running > "$r/state"; done
 for s in /run/evk/services/*; do echo active > "$s"; done
 /usr/local/sbin/udevadm trigger --subsystem-match=misc >/dev/null 2>&1 || true
 /usr/local/sbin/udevadm trigger --subsystem-match=dma_heap >/dev/null 2>&1 || true
 exit 0
-'''
+"""
 
-VALIDATOR = r'''#!/bin/sh
+VALIDATOR = r"""#!/bin/sh
 # QAIRT SDK stand-in (test): qnn-platform-validator's output. Like the real one it always exits 0.
 echo "PF_VALIDATOR: DEBUG: Calling PlatformValidator->setBackend"
 ok=1; why=""
@@ -164,9 +164,9 @@ else
 fi
 echo "Error in saving the results"
 exit 0
-'''
+"""
 
-GENIE = r'''#!/bin/sh
+GENIE = r"""#!/bin/sh
 # QAIRT SDK stand-in (test): genie-t2t-run answers -h like the real one.
 case "$1" in
   -h|--help) echo "Usage: genie-t2t-run [-c CONFIG] [-p PROMPT | --prompt_file FILE] [--profile FILE] [--log LEVEL]"
@@ -175,7 +175,7 @@ esac
 echo "Using libGenie.so version 1.17.0"
 echo "ERROR:: Please provide prompt using --prompt or --prompt_file."
 exit 1
-'''
+"""
 
 
 def build_qairt_zip(path: Path, version: str = "2.45.0.260326") -> Path:
@@ -196,7 +196,13 @@ def build_qairt_zip(path: Path, version: str = "2.45.0.260326") -> Path:
         f"{root}/lib/hexagon-v73/unsigned/libQnnHtpV73Skel.so": (b"\x7fELF v73 skel" * 8000, 0o644),
         f"{root}/docs/index.html": (b"<html>docs</html>" * 1000, 0o644),
     }
-    for lib in ("libGenie.so", "libQnnHtp.so", "libQnnHtpV73Stub.so", "libQnnSystem.so", "libQnnHtpPrepare.so"):
+    for lib in (
+        "libGenie.so",
+        "libQnnHtp.so",
+        "libQnnHtpV73Stub.so",
+        "libQnnSystem.so",
+        "libQnnHtpPrepare.so",
+    ):
         files[f"{lib_a}/{lib}"] = (f"\x7fELF aarch64 {lib}".encode() * 5000, 0o644)
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
@@ -211,18 +217,28 @@ def build_qairt_zip(path: Path, version: str = "2.45.0.260326") -> Path:
 class EvkBoard:
     """An IQ-9075 EVK as its SSH sessions see it (see the module doc). Use as a context manager."""
 
-    def __init__(self, base_dir: Path, *, sudo: bool = True, sudo_password: str = "evk-sudo-pw",
-                 user: str = "evk", fastrpc_userspace: bool = True, reboot_delay: float = 1.0,
-                 ssh_password_auth: bool = False, fastrpc_ready: bool = False) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        *,
+        sudo: bool = True,
+        sudo_password: str = "evk-sudo-pw",
+        user: str = "evk",
+        fastrpc_userspace: bool = True,
+        reboot_delay: float = 1.0,
+        ssh_password_auth: bool = False,
+        fastrpc_ready: bool = False,
+    ) -> None:
         self.dir = Path(base_dir)
         self.root = self.dir / "board"
         self.user = user
         self.sudo = sudo
         self.sudo_password = sudo_password
         self.fastrpc_userspace = fastrpc_userspace
-        self.fastrpc_ready = fastrpc_ready     # as after the FastRPC fixes: only QAIRT is missing
-        self.server = SshServer(self.dir / "sshd", user=user, setup_script=self._setup_script(),
-                                password_auth=ssh_password_auth)
+        self.fastrpc_ready = fastrpc_ready  # as after the FastRPC fixes: only QAIRT is missing
+        self.server = SshServer(
+            self.dir / "sshd", user=user, setup_script=self._setup_script(), password_auth=ssh_password_auth
+        )
         self.server.state_dir.mkdir(parents=True, exist_ok=True)
         (self.server.state_dir / "reboot_delay").write_text(f"{reboot_delay}\n")
         self._orig_write_config = self.server._write_config
@@ -232,8 +248,11 @@ class EvkBoard:
     def _write_config(self) -> None:
         self._orig_write_config()
         text = self.server.config_path.read_text().replace(
-            "AuthorizedKeysFile ", "AuthorizedKeysFile .ssh/authorized_keys ")
-        self.server.config_path.write_text(text + "SetEnv PATH=/usr/local/sbin:/usr/local/bin:/usr/bin:/bin\n")
+            "AuthorizedKeysFile ", "AuthorizedKeysFile .ssh/authorized_keys "
+        )
+        self.server.config_path.write_text(
+            text + "SetEnv PATH=/usr/local/sbin:/usr/local/bin:/usr/bin:/bin\n"
+        )
 
     @property
     def host(self) -> str:
@@ -248,8 +267,13 @@ class EvkBoard:
         its sudo password, must be in the keyring under app.core.secrets.board_password_key)."""
         if auth == "password":
             return {"host": self.host, "port": self.port, "user": self.user, "auth": "password"}
-        return {"host": self.host, "port": self.port, "user": self.user, "auth": "key",
-                "key_path": str(self.server.client_key_path)}
+        return {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "auth": "key",
+            "key_path": str(self.server.client_key_path),
+        }
 
     # -- preparation (as root, on this machine's files under self.root only) ------------------
     def _prepare(self) -> None:
@@ -270,20 +294,31 @@ class EvkBoard:
         subprocess.run(["cp", "-a", "/etc/.", str(r / "etc")], check=True)
         etc = r / "etc"
         (etc / "os-release").unlink(missing_ok=True)
-        (etc / "os-release").write_text('PRETTY_NAME="Ubuntu 24.04.2 LTS (HexStudio EVK test board)"\nNAME="Ubuntu"\n'
-                                        'VERSION_ID="24.04"\nID=ubuntu\n')
+        (etc / "os-release").write_text(
+            'PRETTY_NAME="Ubuntu 24.04.2 LTS (HexStudio EVK test board)"\nNAME="Ubuntu"\n'
+            'VERSION_ID="24.04"\nID=ubuntu\n'
+        )
         for fname in ("group", "gshadow"):
             p = etc / fname
             if p.exists():
                 lines = [ln for ln in p.read_text().splitlines() if not ln.startswith("fastrpc:")]
                 if self.sudo:
-                    lines = [self._add_member(ln, self.user) if ln.startswith("sudo:") else ln for ln in lines]
+                    lines = [
+                        self._add_member(ln, self.user) if ln.startswith("sudo:") else ln for ln in lines
+                    ]
                 lines.append(f"{self.user}:x:{EVK_UID}:" if fname == "group" else f"{self.user}:!::")
                 if self.fastrpc_ready:
-                    lines.append(f"fastrpc:x:990:{self.user}" if fname == "group" else f"fastrpc:!::{self.user}")
+                    lines.append(
+                        f"fastrpc:x:990:{self.user}" if fname == "group" else f"fastrpc:!::{self.user}"
+                    )
                 p.write_text("\n".join(lines) + "\n")
-        pw_hash = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=self.sudo_password, text=True,
-                                 capture_output=True, check=True).stdout.strip()
+        pw_hash = subprocess.run(
+            ["openssl", "passwd", "-6", "-stdin"],
+            input=self.sudo_password,
+            text=True,
+            capture_output=True,
+            check=True,
+        ).stdout.strip()
         with open(etc / "passwd", "a") as f:
             f.write(f"{self.user}:x:{EVK_UID}:{EVK_UID}:EVK user:/home/{self.user}:/bin/bash\n")
         with open(etc / "shadow", "a") as f:
@@ -305,9 +340,15 @@ class EvkBoard:
             os.chown(p, EVK_UID, EVK_UID)
         # stand-ins on PATH
         sbin = r / "sbin"
-        for name, text in (("systemctl", SYSTEMCTL), ("udevadm", UDEVADM), ("uname", UNAME),
-                           ("reboot", REBOOT.replace("{sshd_reboot}",
-                                                     shlex.quote(str(self.server.bin_dir / "sshd_reboot"))))):
+        for name, text in (
+            ("systemctl", SYSTEMCTL),
+            ("udevadm", UDEVADM),
+            ("uname", UNAME),
+            (
+                "reboot",
+                REBOOT.replace("{sshd_reboot}", shlex.quote(str(self.server.bin_dir / "sshd_reboot"))),
+            ),
+        ):
             (sbin / name).write_text(text)
             (sbin / name).chmod(0o755)
         on_boot = self.server.state_dir / "on_boot"
@@ -325,8 +366,18 @@ class EvkBoard:
         if self.fastrpc_userspace:
             src = r / "lib" / "cdsprpc.c"
             src.write_text("int remote_handle_open(const char *n, void *h) { (void)n; (void)h; return 0; }\n")
-            subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcdsprpc.so.1", "-o",
-                            str(r / "lib" / "libcdsprpc.so.1.0.0"), str(src)], check=True)
+            subprocess.run(
+                [
+                    "gcc",
+                    "-shared",
+                    "-fPIC",
+                    "-Wl,-soname,libcdsprpc.so.1",
+                    "-o",
+                    str(r / "lib" / "libcdsprpc.so.1.0.0"),
+                    str(src),
+                ],
+                check=True,
+            )
             os.symlink("libcdsprpc.so.1.0.0", r / "lib" / "libcdsprpc.so.1")
             src.unlink()
         (etc / "ld.so.conf.d" / "zz-evk-test-board.conf").write_text("/usr/local/lib/evk\n")
@@ -395,13 +446,29 @@ if [ -e "$R/fastrpc_ready" ]; then /usr/local/sbin/udevadm trigger >/dev/null 2>
 def _genie_config(bins: list[str]) -> dict[str, Any]:
     from workers.shared import bundle as gb
 
-    hf = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256, "head_dim": 64, "vocab_size": 512,
-          "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 4096}
+    hf = {
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_size": 256,
+        "head_dim": 64,
+        "vocab_size": 512,
+        "rope_theta": 10000.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "max_position_embeddings": 4096,
+    }
     return gb.genie_config(hf, 4096, bins, 64)
 
 
-def make_device_bundle(path: Path, *, qairt: str = "2.45.0.260326154327", dsp_arch: str = "v73",
-                       parts: int = 2, part_bytes: int = 256 * 1024, names: list[str] | None = None) -> Path:
+def make_device_bundle(
+    path: Path,
+    *,
+    qairt: str = "2.45.0.260326154327",
+    dsp_arch: str = "v73",
+    parts: int = 2,
+    part_bytes: int = 256 * 1024,
+    names: list[str] | None = None,
+) -> Path:
     """A bundle folder shaped like a device bundle (docs/CONTRACTS.md §3): genie_config.json, context
     binaries (random bytes: the test board never runs them), tool-versions.yaml, bundle.json with sha256s.
     `names`: extra file names (e.g. hostile ones) to include."""
@@ -409,11 +476,13 @@ def make_device_bundle(path: Path, *, qairt: str = "2.45.0.260326154327", dsp_ar
     import json
 
     path.mkdir(parents=True, exist_ok=True)
-    bins = [f"evk_model_part_{k}_of_{parts}.bin" for k in range(1, parts + 1)]   # qai-hub-models names
+    bins = [f"evk_model_part_{k}_of_{parts}.bin" for k in range(1, parts + 1)]  # qai-hub-models names
     files: dict[str, bytes] = {
         # a genie_config.json Genie's schema accepts (push checks the contract: workers/shared/bundle/check.py)
         "genie_config.json": json.dumps(_genie_config(bins)).encode(),
-        "htp_backend_ext_config.json": json.dumps({"devices": [{"soc_model": 77, "dsp_arch": dsp_arch}]}).encode(),
+        "htp_backend_ext_config.json": json.dumps(
+            {"devices": [{"soc_model": 77, "dsp_arch": dsp_arch}]}
+        ).encode(),
         "tokenizer.json": b"{}",
         "tool-versions.yaml": f"qairt: {qairt}\n".encode(),
     }
@@ -427,9 +496,18 @@ def make_device_bundle(path: Path, *, qairt: str = "2.45.0.260326154327", dsp_ar
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
         entries.append({"path": rel, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
-    doc = {"bundle_version": 1, "model": "test", "simulated": False, "emulated": False,
-           "device": {"name": "Dragonwing IQ-9075 EVK", "soc_model": 77, "dsp_arch": dsp_arch, "attributes": []},
-           "qairt_version": qairt, "context_length": 512, "ar_n": 128, "parts": parts, "aihub_jobs": [],
-           "files": entries}
+    doc = {
+        "bundle_version": 1,
+        "model": "test",
+        "simulated": False,
+        "emulated": False,
+        "device": {"name": "Dragonwing IQ-9075 EVK", "soc_model": 77, "dsp_arch": dsp_arch, "attributes": []},
+        "qairt_version": qairt,
+        "context_length": 512,
+        "ar_n": 128,
+        "parts": parts,
+        "aihub_jobs": [],
+        "files": entries,
+    }
     (path / "bundle.json").write_text(json.dumps(doc, indent=2))
     return path

@@ -24,9 +24,9 @@ from urllib.parse import unquote, urlparse
 @dataclass
 class FakeRepo:
     repo_id: str
-    commits: dict[str, dict[str, bytes]]            # commit sha -> {filename: content}
-    refs: dict[str, str]                            # branch/tag -> commit sha
-    gated_token: str | None = None                  # when set, only this token may read it
+    commits: dict[str, dict[str, bytes]]  # commit sha -> {filename: content}
+    refs: dict[str, str]  # branch/tag -> commit sha
+    gated_token: str | None = None  # when set, only this token may read it
 
     def commit_of(self, rev: str) -> str | None:
         if rev in self.commits:
@@ -52,7 +52,9 @@ class FakeHub:
         assert self.server is not None
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def add_repo(self, repo_id: str, revisions: dict[str, dict[str, bytes]], gated_token: str | None = None) -> None:
+    def add_repo(
+        self, repo_id: str, revisions: dict[str, dict[str, bytes]], gated_token: str | None = None
+    ) -> None:
         """revisions: ref name -> files. Each ref gets its own commit (a sha1 of its content)."""
         commits: dict[str, dict[str, bytes]] = {}
         refs: dict[str, str] = {}
@@ -82,8 +84,13 @@ class FakeHub:
             def do_GET(self) -> None:
                 self._answer(head=False)
 
-            def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-                      head: bool = False) -> None:
+            def _send(
+                self,
+                status: int,
+                body: bytes = b"",
+                headers: dict[str, str] | None = None,
+                head: bool = False,
+            ) -> None:
                 self.send_response(status)
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
@@ -113,32 +120,71 @@ class FakeHub:
                 if repo is None:
                     return self._error(401, "RepoNotFound", "Repository not found", head)
                 if repo.gated_token is not None and auth != f"Bearer {repo.gated_token}":
-                    return self._error(401 if auth is None else 403, "GatedRepo",
-                                       "Access to model is restricted. You must have access to it and be "
-                                       "authenticated to access it.", head)
+                    return self._error(
+                        401 if auth is None else 403,
+                        "GatedRepo",
+                        "Access to model is restricted. You must have access to it and be "
+                        "authenticated to access it.",
+                        head,
+                    )
                 commit = repo.commit_of(rev)
                 if commit is None:
                     return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
                 files = repo.commits[commit]
                 if kind == "revision":
-                    sib = [{"rfilename": n, "size": len(b), "blobId": _git_oid(b),
-                            **({"lfs": {"sha256": _sha(b), "size": len(b), "pointerSize": 134}} if _lfs(n) else {})}
-                           for n, b in sorted(files.items())]
-                    body = json.dumps({"id": repo_id, "modelId": repo_id, "sha": commit, "private": False,
-                                       "gated": repo.gated_token is not None, "siblings": sib}).encode()
+                    sib = [
+                        {
+                            "rfilename": n,
+                            "size": len(b),
+                            "blobId": _git_oid(b),
+                            **(
+                                {"lfs": {"sha256": _sha(b), "size": len(b), "pointerSize": 134}}
+                                if _lfs(n)
+                                else {}
+                            ),
+                        }
+                        for n, b in sorted(files.items())
+                    ]
+                    body = json.dumps(
+                        {
+                            "id": repo_id,
+                            "modelId": repo_id,
+                            "sha": commit,
+                            "private": False,
+                            "gated": repo.gated_token is not None,
+                            "siblings": sib,
+                        }
+                    ).encode()
                     return self._send(200, body, {"Content-Type": "application/json"}, head)
                 if kind == "tree":
-                    tree = [{"type": "file", "path": n, "size": len(b), "oid": _git_oid(b),
-                             **({"lfs": {"oid": _sha(b), "size": len(b), "pointerSize": 134}} if _lfs(n) else {})}
-                            for n, b in sorted(files.items())]
-                    return self._send(200, json.dumps(tree).encode(), {"Content-Type": "application/json"}, head)
+                    tree = [
+                        {
+                            "type": "file",
+                            "path": n,
+                            "size": len(b),
+                            "oid": _git_oid(b),
+                            **(
+                                {"lfs": {"oid": _sha(b), "size": len(b), "pointerSize": 134}}
+                                if _lfs(n)
+                                else {}
+                            ),
+                        }
+                        for n, b in sorted(files.items())
+                    ]
+                    return self._send(
+                        200, json.dumps(tree).encode(), {"Content-Type": "application/json"}, head
+                    )
                 name = "/".join(rest)
                 if name not in files:
                     return self._error(404, "EntryNotFound", f"{name} does not exist on {rev}", head)
                 data = files[name]
                 etag = _sha(data) if _lfs(name) else _git_oid(data)
-                headers = {"X-Repo-Commit": commit, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
-                           "Content-Type": "application/octet-stream"}
+                headers = {
+                    "X-Repo-Commit": commit,
+                    "ETag": f'"{etag}"',
+                    "Accept-Ranges": "bytes",
+                    "Content-Type": "application/octet-stream",
+                }
                 if _lfs(name):
                     headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(data))})
                 rng = self.headers.get("Range")
@@ -177,6 +223,12 @@ def folder_files(folder: Path, skip: tuple[str, ...] = ("training.json",)) -> di
 
 def hub_env(hub: FakeHub, hf_home: Path) -> dict[str, str]:
     """The environment a child process needs to use this hub and a private HF cache (never the user's)."""
-    return {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "0",
-            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1", "NO_PROXY": "127.0.0.1",
-            "no_proxy": "127.0.0.1"}
+    return {
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_HOME": str(hf_home),
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_XET": "1",
+        "NO_PROXY": "127.0.0.1",
+        "no_proxy": "127.0.0.1",
+    }

@@ -24,8 +24,13 @@ FAST_QUANTIZE_SETTINGS: dict[str, Any] = {
 }
 
 
-def run_stages(workspace_root: Path, stages: tuple[str, ...], settings: dict[str, Any] | None = None,
-               model: str = "builtin:tiny-llama", board: str = "sim") -> Any:
+def run_stages(
+    workspace_root: Path,
+    stages: tuple[str, ...],
+    settings: dict[str, Any] | None = None,
+    model: str = "builtin:tiny-llama",
+    board: str = "sim",
+) -> Any:
     """Create a run and run the given stages in order (each with `only=`, so a machine-dependent
     preflight verdict cannot block the fixture). Returns (manifest, last PipelineResult)."""
     from app.core.pipeline import Pipeline
@@ -45,6 +50,8 @@ def run_stages(workspace_root: Path, stages: tuple[str, ...], settings: dict[str
 def build_validated_run(workspace_root: Path) -> Path:
     m, res = run_stages(Path(workspace_root), ("model", "quantize", "validate"))
     if m.stage("validate").state != "done":
-        raise RuntimeError(f"could not prepare the validated run in {m.run_dir}: {res.message if res else '?'} "
-                           f"({res.hint if res else ''})")
+        raise RuntimeError(
+            f"could not prepare the validated run in {m.run_dir}: {res.message if res else '?'} "
+            f"({res.hint if res else ''})"
+        )
     return Path(m.run_dir)

@@ -66,8 +66,12 @@ def fingerprint_of_pub(pub_line: str) -> str:
 def _keygen(path: Path, kind: str = "ed25519") -> None:
     for p in (path, path.with_name(path.name + ".pub")):
         p.unlink(missing_ok=True)
-    subprocess.run([SSH_KEYGEN, "-q", "-t", kind, "-N", "", "-C", "hexstudio-test", "-f", str(path)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    subprocess.run(
+        [SSH_KEYGEN, "-q", "-t", kind, "-N", "", "-C", "hexstudio-test", "-f", str(path)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def namespace_pids(pid: int) -> list[int]:
@@ -88,8 +92,16 @@ def namespace_pids(pid: int) -> list[int]:
 
 
 class SshServer:
-    def __init__(self, base_dir: Path, *, user: str = "root", setup_script: str | None = None,
-                 password_auth: bool = False, host_key_type: str = "ed25519", port: int | None = None) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        *,
+        user: str = "root",
+        setup_script: str | None = None,
+        password_auth: bool = False,
+        host_key_type: str = "ed25519",
+        port: int | None = None,
+    ) -> None:
         self.dir = Path(base_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.host = "127.0.0.1"
@@ -136,19 +148,44 @@ class SshServer:
         """An OpenSSH client command line for this server (for scp/ssh comparisons)."""
         kh = self.dir / "client_known_hosts"
         kh.write_text(self.known_hosts_line + "\n")
-        return ["ssh", "-p", str(self.port), "-i", str(self.client_key_path), "-o", f"UserKnownHostsFile={kh}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"{self.user}@{self.host}", *remote]
+        return [
+            "ssh",
+            "-p",
+            str(self.port),
+            "-i",
+            str(self.client_key_path),
+            "-o",
+            f"UserKnownHostsFile={kh}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            f"{self.user}@{self.host}",
+            *remote,
+        ]
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _write_config(self) -> None:
         lines = [
-            f"Port {self.port}", f"ListenAddress {self.host}", f"HostKey {self.host_key_path}",
-            f"PidFile {self.pid_file}", f"AuthorizedKeysFile {self.authorized_keys}",
-            "StrictModes no", "UsePAM no", "PermitRootLogin yes",
+            f"Port {self.port}",
+            f"ListenAddress {self.host}",
+            f"HostKey {self.host_key_path}",
+            f"PidFile {self.pid_file}",
+            f"AuthorizedKeysFile {self.authorized_keys}",
+            "StrictModes no",
+            "UsePAM no",
+            "PermitRootLogin yes",
             f"PasswordAuthentication {'yes' if self.password_auth else 'no'}",
-            "KbdInteractiveAuthentication no", "PubkeyAuthentication yes",
-            "Subsystem sftp internal-sftp", "LogLevel INFO", "MaxStartups 100:30:200", "MaxSessions 100",
-            "UseDNS no", "PrintMotd no", "ClientAliveInterval 0", "PermitUserEnvironment no",
+            "KbdInteractiveAuthentication no",
+            "PubkeyAuthentication yes",
+            "Subsystem sftp internal-sftp",
+            "LogLevel INFO",
+            "MaxStartups 100:30:200",
+            "MaxSessions 100",
+            "UseDNS no",
+            "PrintMotd no",
+            "ClientAliveInterval 0",
+            "PermitUserEnvironment no",
         ]
         self.config_path.write_text("\n".join(lines) + "\n")
 
@@ -177,7 +214,8 @@ class SshServer:
                 "for p in /proc/[0-9]*; do\n"
                 '  [ "$(readlink $p/ns/mnt 2>/dev/null)" = "$ns" ] || continue\n'
                 '  [ "$(cat $p/comm 2>/dev/null)" = sshd ] && kill -9 "${p#/proc/}" 2>/dev/null\n'
-                "done\nexit 0\n")
+                "done\nexit 0\n"
+            )
             reboot.chmod(0o755)
             sup = self.dir / "supervisor.sh"
             st = shlex.quote(str(self.state_dir))
@@ -185,10 +223,11 @@ class SshServer:
                 f"sh {shlex.quote(str(setup))} || exit 97\n"
                 f"while :; do\n  {shlex.quote(SSHD)} -D -e -f {shlex.quote(str(self.config_path))}\n"
                 f"  [ -e {st}/stop ] && exit 0\n"
-                f"  d=$(cat {st}/reboot_delay 2>/dev/null || echo 1); sleep \"$d\"\n"
+                f'  d=$(cat {st}/reboot_delay 2>/dev/null || echo 1); sleep "$d"\n'
                 f"  [ -e {st}/stop ] && exit 0\n"
                 f"  [ -x {st}/on_boot ] && {st}/on_boot\n"
-                "done\n")
+                "done\n"
+            )
             (self.state_dir / "stop").unlink(missing_ok=True)
             argv = ["unshare", "--mount", "--propagation", "private", "sh", str(sup)]
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
@@ -201,12 +240,17 @@ class SshServer:
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"sshd exited ({self.proc.returncode}); log:\n{self.log_tail()}")
-            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=1) as s:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection((self.host, self.port), timeout=1) as s,
+            ):
                 s.settimeout(2)
                 if s.recv(64).startswith(b"SSH-"):
                     return
             time.sleep(0.05)
-        raise RuntimeError(f"sshd did not answer on {self.host}:{self.port} in {timeout} s; log:\n{self.log_tail()}")
+        raise RuntimeError(
+            f"sshd did not answer on {self.host}:{self.port} in {timeout} s; log:\n{self.log_tail()}"
+        )
 
     def log_tail(self, n: int = 4000) -> str:
         try:

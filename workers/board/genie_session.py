@@ -53,7 +53,7 @@ import threading
 import time
 
 SUCCESS = 0
-WARNING_ABORTED, WARNING_PAUSED, WARNING_CONTEXT_EXCEEDED = 1, 3, 4   # Genie_Status_t warnings (> 0)
+WARNING_ABORTED, WARNING_PAUSED, WARNING_CONTEXT_EXCEEDED = 1, 3, 4  # Genie_Status_t warnings (> 0)
 SENTENCE_COMPLETE, SENTENCE_BEGIN, SENTENCE_CONTINUE, SENTENCE_END, SENTENCE_ABORT = 0, 1, 2, 3, 4
 ACTION_ABORT = 1
 
@@ -75,7 +75,9 @@ def fail(code: str, message: str, rc: int = 2) -> int:
 QUERY_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
 # GenieLog_Callback_t(handle, fmt, level, timestamp, va_list): va_list reaches C code as a pointer on x86_64
 # and aarch64 alike (an array type on one, a large struct passed by reference on the other)
-LOG_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p)
+LOG_CB = ctypes.CFUNCTYPE(
+    None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p
+)
 LOG_LEVELS = {"error": 1, "warn": 2, "info": 3, "verbose": 4}
 LOG_NAMES = {v: k for k, v in LOG_LEVELS.items()}
 ALLOC_CB = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))
@@ -117,14 +119,36 @@ def not_regular(target: str) -> str | None:
         return f"it cannot be examined ({exc})"
     if stat.S_ISREG(mode):
         return None
-    return "it is " + ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
-                       else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file") \
+    return (
+        "it is "
+        + (
+            "a folder"
+            if stat.S_ISDIR(mode)
+            else "a named pipe (FIFO)"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file"
+        )
         + ", not a regular file"
+    )
 
 
 # keys whose values name files of the bundle, wherever they sit (workers/shared/bundle/safepath.py GENIE_PATH_KEYS)
-PATH_KEYS = frozenset({"ctx-bins", "bin-sections", "extensions", "path", "lut-path", "model-bin", "model-path",
-                       "draft-model", "lora-bin", "tokenizer-path"})
+PATH_KEYS = frozenset(
+    {
+        "ctx-bins",
+        "bin-sections",
+        "extensions",
+        "path",
+        "lut-path",
+        "model-bin",
+        "model-path",
+        "draft-model",
+        "lora-bin",
+        "tokenizer-path",
+    }
+)
 
 
 def config_paths(cfg: object, where: str = "") -> list:
@@ -151,8 +175,10 @@ def check_config_paths(cfg: dict, root: str) -> str | None:
     for entry, path in config_paths(cfg):
         why = unsafe_reason(path, root)
         if why is not None:
-            return (f"genie_config.json {entry}: refused path {path!r}: {why}. Nothing was loaded. Push a bundle "
-                    "compiled by HexStudio again (the studio refuses such bundles before sending them).")
+            return (
+                f"genie_config.json {entry}: refused path {path!r}: {why}. Nothing was loaded. Push a bundle "
+                "compiled by HexStudio again (the studio refuses such bundles before sending them)."
+            )
     return None
 
 
@@ -213,7 +239,7 @@ def genie_logger(fns: dict, level: str, sink: object) -> tuple:
         try:
             vsnprintf(buf, len(buf), fmt or b"", args)
             text = buf.value.decode("utf-8", "replace").rstrip()
-        except Exception:   # never let a log line break the dialog
+        except Exception:  # never let a log line break the dialog
             text = (fmt or b"").decode("utf-8", "replace").rstrip()
         if text:
             sink(LOG_NAMES.get(int(lvl), str(lvl)), text)  # type: ignore[operator]
@@ -239,18 +265,23 @@ class Helper:
             self.dialog_type = str((json.loads(config_json).get("dialog") or {}).get("type") or "basic")
         except (ValueError, AttributeError):
             self.dialog_type = "basic"
-        self.sampler_values: dict | None = None      # the last applied (re-applied to a recreated dialog)
+        self.sampler_values: dict | None = None  # the last applied (re-applied to a recreated dialog)
         st = self.f["GenieDialogConfig_createFromJson"](config_json.encode("utf-8"), ctypes.byref(self.cfg))
         if st != SUCCESS:
-            raise RuntimeError(f"GenieDialogConfig_createFromJson failed (status {st}): the config is invalid")
+            raise RuntimeError(
+                f"GenieDialogConfig_createFromJson failed (status {st}): the config is invalid"
+            )
         if log_level and "GenieDialogConfig_bindLogger" in self.f:
             self.log, self._log_cb = genie_logger(
-                self.f, log_level, lambda lvl, text: emit({"event": "log", "level": lvl, "message": text}))
+                self.f, log_level, lambda lvl, text: emit({"event": "log", "level": lvl, "message": text})
+            )
             if self.log is not None:
                 self.f["GenieDialogConfig_bindLogger"](self.cfg, self.log)
         can_profile = "GenieProfile_create" in self.f and "GenieDialogConfig_bindProfiler" in self.f
-        if can_profile and (self.f["GenieProfile_create"](None, ctypes.byref(self.profile)) != SUCCESS or
-                            self.f["GenieDialogConfig_bindProfiler"](self.cfg, self.profile) != SUCCESS):
+        if can_profile and (
+            self.f["GenieProfile_create"](None, ctypes.byref(self.profile)) != SUCCESS
+            or self.f["GenieDialogConfig_bindProfiler"](self.cfg, self.profile) != SUCCESS
+        ):
             self.profile = ctypes.c_void_p()
         t0 = time.perf_counter()
         st = self.f["GenieDialog_create"](self.cfg, ctypes.byref(self.dialog))
@@ -291,7 +322,9 @@ class Helper:
             return "stop must be a list of strings"
         if "GenieDialog_setStopSequence" not in self.f:
             return "this libGenie has no GenieDialog_setStopSequence"
-        st = self.f["GenieDialog_setStopSequence"](self.dialog, json.dumps({"stop-sequence": stop}).encode("utf-8"))
+        st = self.f["GenieDialog_setStopSequence"](
+            self.dialog, json.dumps({"stop-sequence": stop}).encode("utf-8")
+        )
         return None if st == SUCCESS else f"GenieDialog_setStopSequence failed (status {st})"
 
     def query(self, qid: object, prompt: str, max_tokens: object) -> None:
@@ -305,9 +338,11 @@ class Helper:
             if code == SENTENCE_ABORT:
                 m["aborted"] = True
             if code in (SENTENCE_BEGIN, SENTENCE_CONTINUE):
-                m["held"] = int(m["held"]) + 1   # one callback, one token (its text may be held: half a character)
+                m["held"] = (
+                    int(m["held"]) + 1
+                )  # one callback, one token (its text may be held: half a character)
             elif code == SENTENCE_COMPLETE and resp:
-                m["whole"] = True                # a whole reply in one callback: its token count is not known here
+                m["whole"] = True  # a whole reply in one callback: its token count is not known here
             text = dec.decode(resp or b"")
             if text:
                 now = time.perf_counter()
@@ -329,21 +364,40 @@ class Helper:
             self.in_query.clear()
         tail = dec.decode(b"", final=True)
         if tail:
-            emit({"event": "text", "id": qid, "text": tail, **({} if m["whole"] else {"tokens": int(m["held"])})})
+            emit(
+                {
+                    "event": "text",
+                    "id": qid,
+                    "text": tail,
+                    **({} if m["whole"] else {"tokens": int(m["held"])}),
+                }
+            )
         if st < SUCCESS and not self.aborting:
-            state = "failed"        # an error ends the sentence with ABORT too: it is a failure, not a stop asked for
+            state = (
+                "failed"  # an error ends the sentence with ABORT too: it is a failure, not a stop asked for
+            )
         elif m["aborted"] or st in (WARNING_ABORTED, WARNING_PAUSED) or (st > 0 and self.aborting):
             state = "aborted"
         elif st == WARNING_CONTEXT_EXCEEDED:
-            state = "context_full"   # the reply was cut short: the dialog's context is full
+            state = "context_full"  # the reply was cut short: the dialog's context is full
         else:
-            state = "complete" if st >= SUCCESS else "failed"   # other warnings (> 0): the reply completed
+            state = "complete" if st >= SUCCESS else "failed"  # other warnings (> 0): the reply completed
         self.aborting = False
         first = float(m["first"]) or time.perf_counter()
-        emit({"event": "end", "id": qid, "state": state, "status": st, "profile": self.profile_json(),
-              "measured": {"ttft_ms": round((first - t0) * 1000, 3),
-                           "gen_ms": round((float(m["last"] or first) - first) * 1000, 3),
-                           "callbacks": m["callbacks"]}})
+        emit(
+            {
+                "event": "end",
+                "id": qid,
+                "state": state,
+                "status": st,
+                "profile": self.profile_json(),
+                "measured": {
+                    "ttft_ms": round((first - t0) * 1000, 3),
+                    "gen_ms": round((float(m["last"] or first) - first) * 1000, 3),
+                    "callbacks": m["callbacks"],
+                },
+            }
+        )
 
     aborting = False
 
@@ -386,8 +440,15 @@ class Helper:
             t0 = time.perf_counter()
             st = self.f["GenieDialog_create"](self.cfg, ctypes.byref(self.dialog))
             why = self.apply_sampler(self.sampler_values) if st == SUCCESS and self.sampler_values else None
-            emit({"event": "reset", "status": st, "recreated": True,
-                  "init_ms": round((time.perf_counter() - t0) * 1000, 3), **({"sampler": why} if why else {})})
+            emit(
+                {
+                    "event": "reset",
+                    "status": st,
+                    "recreated": True,
+                    "init_ms": round((time.perf_counter() - t0) * 1000, 3),
+                    **({"sampler": why} if why else {}),
+                }
+            )
             return
         st = self.f["GenieDialog_reset"](self.dialog) if "GenieDialog_reset" in self.f else -1
         emit({"event": "reset", "status": st})
@@ -444,10 +505,15 @@ def main() -> int:
     ap.add_argument("--config", required=True)
     ap.add_argument("--lib", default=os.environ.get("HEXSTUDIO_GENIE_LIB", "libGenie.so"))
     ap.add_argument("--sampler", default=None, help="JSON object merged into dialog.sampler")
-    ap.add_argument("--engine", default=None, help="JSON object merged into dialog.engine (e.g. the x86 simulator's)")
+    ap.add_argument(
+        "--engine", default=None, help="JSON object merged into dialog.engine (e.g. the x86 simulator's)"
+    )
     ap.add_argument("--log-level", default=None, choices=tuple(LOG_LEVELS), help="forward Genie's log lines")
-    ap.add_argument("--htp-simulator", action="store_true",
-                    help="libGenie runs on Qualcomm's x86 HTP simulator: label everything simulated")
+    ap.add_argument(
+        "--htp-simulator",
+        action="store_true",
+        help="libGenie runs on Qualcomm's x86 HTP simulator: label everything simulated",
+    )
     args = ap.parse_args()
     try:
         why = not_regular(args.config)
@@ -468,8 +534,11 @@ def main() -> int:
     try:
         lib = ctypes.CDLL(args.lib)
     except OSError as exc:
-        return fail("lib_not_found", f"Cannot load {args.lib}: {exc}. Source the QAIRT environment "
-                    "(LD_LIBRARY_PATH must hold libGenie.so).")
+        return fail(
+            "lib_not_found",
+            f"Cannot load {args.lib}: {exc}. Source the QAIRT environment "
+            "(LD_LIBRARY_PATH must hold libGenie.so).",
+        )
     try:
         fns = bind(lib)
     except AttributeError as exc:
@@ -482,10 +551,19 @@ def main() -> int:
     # --htp-simulator: the studio runs this helper on its own x86 machine, where libQnnHtp is Qualcomm's HTP
     # simulator (no Hexagon NPU sits in a PC): every figure is simulated, never a device result.
     on_sim = bool(args.htp_simulator)
-    emit({"event": "ready", "genie_version": h.version(), "init_ms": round(h.init_ms, 3), "context_length": ctx,
-          "profile": bool(h.profile), "pid": os.getpid(), "simulated": on_sim,
-          "stop_sequences": "GenieDialog_setStopSequence" in h.f,
-          "runner": f"Genie {h.version()} on the HTP simulator (x86)" if on_sim else f"Genie {h.version()}"})
+    emit(
+        {
+            "event": "ready",
+            "genie_version": h.version(),
+            "init_ms": round(h.init_ms, 3),
+            "context_length": ctx,
+            "profile": bool(h.profile),
+            "pid": os.getpid(),
+            "simulated": on_sim,
+            "stop_sequences": "GenieDialog_setStopSequence" in h.f,
+            "runner": f"Genie {h.version()} on the HTP simulator (x86)" if on_sim else f"Genie {h.version()}",
+        }
+    )
     ops: queue.Queue = queue.Queue()
 
     def reader() -> None:

@@ -55,9 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import geniex
     except ImportError as exc:
-        emit({"event": "error", "code": "geniex_missing",
-              "message": f"the geniex Python package is not installed for {sys.executable} ({exc}): install its "
-                         "wheel with HexStudio's fix geniex_install"})
+        emit(
+            {
+                "event": "error",
+                "code": "geniex_missing",
+                "message": f"the geniex Python package is not installed for {sys.executable} ({exc}): install its "
+                "wheel with HexStudio's fix geniex_install",
+            }
+        )
         return 2
     bundle = os.path.abspath(args.bundle)
     t0 = time.perf_counter()
@@ -71,9 +76,18 @@ def main(argv: list[str] | None = None) -> int:
         plugin = geniex.get_plugin_version("qairt")
     except Exception:
         plugin = "unknown"
-    emit({"event": "ready", "runtime": "geniex", "simulated": False, "pid": os.getpid(), "init_ms": round(init_ms, 3),
-          "runtime_version": f"GenieX python {getattr(geniex, '__version__', '?')}, qairt plugin {plugin}",
-          "context_length": _context_length(bundle), "profile": True})
+    emit(
+        {
+            "event": "ready",
+            "runtime": "geniex",
+            "simulated": False,
+            "pid": os.getpid(),
+            "init_ms": round(init_ms, 3),
+            "runtime_version": f"GenieX python {getattr(geniex, '__version__', '?')}, qairt plugin {plugin}",
+            "context_length": _context_length(bundle),
+            "profile": True,
+        }
+    )
     ops: queue.Queue = queue.Queue()
     current: dict = {}
 
@@ -113,9 +127,14 @@ def main(argv: list[str] | None = None) -> int:
             emit({"event": "error", "code": "bad_request", "message": f"unknown op {msg.get('op')!r}"})
             continue
         qid = msg.get("id")
-        kw = {"max_new_tokens": int(msg.get("max_tokens") or 512), "stream": True,
-              "temperature": float(sampler.get("temp", 0.0)), "top_k": int(sampler.get("top-k", 0)),
-              "top_p": float(sampler.get("top-p", 0.0)), "seed": int(sampler.get("seed", 0))}
+        kw = {
+            "max_new_tokens": int(msg.get("max_tokens") or 512),
+            "stream": True,
+            "temperature": float(sampler.get("temp", 0.0)),
+            "top_k": int(sampler.get("top-k", 0)),
+            "top_p": float(sampler.get("top-p", 0.0)),
+            "seed": int(sampler.get("seed", 0)),
+        }
         state, status, pd = "complete", 0, None
         try:
             streamer = model.generate(str(msg.get("prompt", "")), **kw)
@@ -125,8 +144,18 @@ def main(argv: list[str] | None = None) -> int:
             out = streamer.output
             prof = getattr(out, "profile", None)
             if prof is not None:
-                pd = {k: getattr(prof, k, None) for k in ("ttft", "prompt_time", "decode_time", "prompt_tokens",
-                                                          "generated_tokens", "prefill_speed", "stop_reason")}
+                pd = {
+                    k: getattr(prof, k, None)
+                    for k in (
+                        "ttft",
+                        "prompt_time",
+                        "decode_time",
+                        "prompt_tokens",
+                        "generated_tokens",
+                        "prefill_speed",
+                        "stop_reason",
+                    )
+                }
                 pd["decoding_speed"] = getattr(prof, "decode_speed", None)
                 stop = pd.get("stop_reason")
                 state = {"user": "aborted", "context_length": "context_full"}.get(str(stop), "complete")

@@ -60,12 +60,18 @@ def load_hf_model(hf_dir: str | Path) -> Any:
 PartHook = Callable[[list[dict[str, Any]], list[str]], None]
 
 
-def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, context_length: int, ar_n: int,
-                             parts: int, model: Any = None, kinds: tuple[str, ...] = ("prompt_processor",
-                                                                                      "token_generator"),
-                             seq_lens: dict[str, int] | None = None,
-                             after_part: PartHook | None = None,
-                             extra_context_lengths: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+def export_deployment_graphs(
+    hf_dir: str | Path | None,
+    out_dir: str | Path,
+    context_length: int,
+    ar_n: int,
+    parts: int,
+    model: Any = None,
+    kinds: tuple[str, ...] = ("prompt_processor", "token_generator"),
+    seq_lens: dict[str, int] | None = None,
+    after_part: PartHook | None = None,
+    extra_context_lengths: tuple[int, ...] = (),
+) -> list[dict[str, Any]]:
     """Export float ONNX graphs for every part and kind into out_dir/<graph>.onnx (weights named by
     checkpoint name, in ONE data file per part, the first kind's `<graph>.onnx.data`, which the part's
     other graph references too: entry key `float_data`); returns the quantize.json "graphs" entries
@@ -97,7 +103,9 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
     seq = {kind: (seq_lens or {}).get(kind, ar_n if kind == "prompt_processor" else 1) for kind in kinds}
     cls = [context_length, *sorted({int(c) for c in extra_context_lengths} - {context_length})]
     # one writer per (kind, CL) variant; the main CL's keys are the kinds themselves
-    variants = {(kind if cl == context_length else f"{kind}@cl{cl}"): (kind, cl) for cl in cls for kind in kinds}
+    variants = {
+        (kind if cl == context_length else f"{kind}@cl{cl}"): (kind, cl) for cl in cls for kind in kinds
+    }
     graphs: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix=".pieces-", dir=out))
     try:
@@ -107,7 +115,9 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
             ins, outs = graph_io_names(k, parts, range(start, stop))
             # one data file per part (the first kind's `<graph>.onnx.data`): every graph references the same weights
             shared = SharedData(out / f"{names[kinds[0]]}.onnx.data")
-            writers = {key: PartGraphWriter(out / f"{names[key]}.onnx", ins, outs, shared) for key in variants}
+            writers = {
+                key: PartGraphWriter(out / f"{names[key]}.onnx", ins, outs, shared) for key in variants
+            }
             shapes = {key: (seq[kind], cl) for key, (kind, cl) in variants.items()}
             pieces = _Pieces(src, writers, shapes, dims, tmp)
             try:
@@ -118,11 +128,21 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
                 for w in writers.values():
                     w.abort()
                 raise
-            entries = [{"name": names[key], "kind": kind, "part": k, "seq_len": seq[kind],
-                        "layers": list(range(start, stop)), "float_onnx": f"{out.name}/{names[key]}.onnx",
-                        "float_data": f"{out.name}/{shared.name}", "inputs": ins, "outputs": outs,
-                        **({} if cl == context_length else {"context_length": cl, "variant_of": names[kind]})}
-                       for key, (kind, cl) in variants.items()]
+            entries = [
+                {
+                    "name": names[key],
+                    "kind": kind,
+                    "part": k,
+                    "seq_len": seq[kind],
+                    "layers": list(range(start, stop)),
+                    "float_onnx": f"{out.name}/{names[key]}.onnx",
+                    "float_data": f"{out.name}/{shared.name}",
+                    "inputs": ins,
+                    "outputs": outs,
+                    **({} if cl == context_length else {"context_length": cl, "variant_of": names[kind]}),
+                }
+                for key, (kind, cl) in variants.items()
+            ]
             if after_part is not None:
                 after_part(entries, read)
             graphs.extend(entries)
@@ -137,8 +157,14 @@ def export_deployment_graphs(hf_dir: str | Path | None, out_dir: str | Path, con
 class _Pieces:
     """Exports one part's pieces for every kind and hands them to the part's writers."""
 
-    def __init__(self, src: InMemoryWeights | CheckpointWeights, writers: dict[str, PartGraphWriter],
-                 shapes: dict[str, tuple[int, int]], dims: Dims, tmp: Path) -> None:
+    def __init__(
+        self,
+        src: InMemoryWeights | CheckpointWeights,
+        writers: dict[str, PartGraphWriter],
+        shapes: dict[str, tuple[int, int]],
+        dims: Dims,
+        tmp: Path,
+    ) -> None:
         """`shapes`: per writer, the (sequence length, context length) its graph is exported at."""
         self.src, self.writers, self.shapes, self.dims, self.tmp = src, writers, shapes, dims, tmp
 
@@ -149,39 +175,76 @@ class _Pieces:
         read: list[str] = []
         if first:
             h = "/embed/hidden"
-            read += self.piece("/embed", embed_module(inner.embed_tokens), [("embed", "model.embed_tokens.")],
-                               lambda s, cl: (torch.zeros((1, s), dtype=torch.int32),), ["input_ids"], ["hidden"],
-                               {"input_ids": "input_ids", "hidden": h})
+            read += self.piece(
+                "/embed",
+                embed_module(inner.embed_tokens),
+                [("embed", "model.embed_tokens.")],
+                lambda s, cl: (torch.zeros((1, s), dtype=torch.int32),),
+                ["input_ids"],
+                ["hidden"],
+                {"input_ids": "input_ids", "hidden": h},
+            )
         else:
             h = boundary_name(start - 1)
         for i in range(start, stop):
             block = layer_module(inner.layers[i], d)
 
             def layer_args(s: int, cl: int) -> tuple[Any, ...]:
-                return (torch.zeros((1, s, d.hidden)), torch.zeros((1, 1, s, cl)),
-                        torch.zeros((1, 1, s, d.head_dim // 2)), torch.zeros((1, 1, s, d.head_dim // 2)),
-                        torch.zeros((d.kv_heads, 1, d.head_dim, cl - s)), torch.zeros((d.kv_heads, 1, cl - s, d.head_dim)))
+                return (
+                    torch.zeros((1, s, d.hidden)),
+                    torch.zeros((1, 1, s, cl)),
+                    torch.zeros((1, 1, s, d.head_dim // 2)),
+                    torch.zeros((1, 1, s, d.head_dim // 2)),
+                    torch.zeros((d.kv_heads, 1, d.head_dim, cl - s)),
+                    torch.zeros((d.kv_heads, 1, cl - s, d.head_dim)),
+                )
 
             h_out = boundary_name(i) if i == stop - 1 and not last else f"/layers.{i}/hidden"
-            read += self.piece(f"/layers.{i}", block, [("layer", f"model.layers.{i}.")], layer_args,
-                               ["hidden", "attention_mask", "cos", "sin", "past_key", "past_value"],
-                               ["hidden_out", "key", "value"],
-                               {"hidden": h, "attention_mask": "attention_mask", "cos": "position_ids_cos",
-                                "sin": "position_ids_sin", "past_key": f"past_key_{i}_in",
-                                "past_value": f"past_value_{i}_in", "hidden_out": h_out, "key": f"past_key_{i}_out",
-                                "value": f"past_value_{i}_out"})
+            read += self.piece(
+                f"/layers.{i}",
+                block,
+                [("layer", f"model.layers.{i}.")],
+                layer_args,
+                ["hidden", "attention_mask", "cos", "sin", "past_key", "past_value"],
+                ["hidden_out", "key", "value"],
+                {
+                    "hidden": h,
+                    "attention_mask": "attention_mask",
+                    "cos": "position_ids_cos",
+                    "sin": "position_ids_sin",
+                    "past_key": f"past_key_{i}_in",
+                    "past_value": f"past_value_{i}_in",
+                    "hidden_out": h_out,
+                    "key": f"past_key_{i}_out",
+                    "value": f"past_value_{i}_out",
+                },
+            )
             h = h_out
         if last:
             head = head_module(inner.norm, causal_lm.lm_head)
-            read += self.piece("/head", head, [("norm", "model.norm."), ("lm_head", "lm_head.")],
-                               lambda s, cl: (torch.zeros((1, s, d.hidden)),), ["hidden"], ["logits"],
-                               {"hidden": h, "logits": "logits"}, vocab_output="logits")
+            read += self.piece(
+                "/head",
+                head,
+                [("norm", "model.norm."), ("lm_head", "lm_head.")],
+                lambda s, cl: (torch.zeros((1, s, d.hidden)),),
+                ["hidden"],
+                ["logits"],
+                {"hidden": h, "logits": "logits"},
+                vocab_output="logits",
+            )
         return read
 
-    def piece(self, prefix: str, root: Any, owned: list[tuple[str, str]],
-              args: Callable[[int, int], tuple[Any, ...]],
-              in_names: list[str], out_names: list[str], io: dict[str, str],
-              vocab_output: str | None = None) -> list[str]:
+    def piece(
+        self,
+        prefix: str,
+        root: Any,
+        owned: list[tuple[str, str]],
+        args: Callable[[int, int], tuple[Any, ...]],
+        in_names: list[str],
+        out_names: list[str],
+        io: dict[str, str],
+        vocab_output: str | None = None,
+    ) -> list[str]:
         """Export `root` for every kind and stitch it in; `owned`: (attribute of root, checkpoint
         prefix) of the modules whose weights this piece reads (and frees afterwards). The embedding
         table and the lm_head, read from a checkpoint, are exported with a placeholder of a few rows
@@ -198,8 +261,11 @@ class _Pieces:
             params: dict[str, Any] = {}
             for attr, ckpt in owned:
                 sub = getattr(root, attr)
-                sw = self.src.stand_in(sub, ckpt) if isinstance(self.src, CheckpointWeights) \
-                    and attr in ("embed", "lm_head") else None
+                sw = (
+                    self.src.stand_in(sub, ckpt)
+                    if isinstance(self.src, CheckpointWeights) and attr in ("embed", "lm_head")
+                    else None
+                )
                 if sw is None:
                     read += self.src.load(sub, ckpt)
                 else:
@@ -207,7 +273,7 @@ class _Pieces:
                     read.append(sw.name)
                     if vocab_output is not None:
                         widened[io[vocab_output]] = sw.rows
-                    if getattr(sub, "padding_idx", None) is not None:   # must index the placeholder
+                    if getattr(sub, "padding_idx", None) is not None:  # must index the placeholder
                         padding.append((sub, sub.padding_idx))
                         sub.padding_idx = None
                 for local, p in sub.named_parameters(remove_duplicate=False):
@@ -216,9 +282,16 @@ class _Pieces:
             for key, writer in self.writers.items():
                 path = self.tmp / f"{prefix.strip('/')}.{key}.onnx"
                 with torch.no_grad():
-                    torch.onnx.export(root, args(*self.shapes[key]), str(path), input_names=in_names,
-                                      output_names=out_names, opset_version=OPSET, dynamo=False,
-                                      do_constant_folding=True)
+                    torch.onnx.export(
+                        root,
+                        args(*self.shapes[key]),
+                        str(path),
+                        input_names=in_names,
+                        output_names=out_names,
+                        opset_version=OPSET,
+                        dynamo=False,
+                        do_constant_folding=True,
+                    )
                 writer.add(path, prefix, io, direct, params, streamed, widened)
                 for f in self.tmp.iterdir():
                     f.unlink()

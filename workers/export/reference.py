@@ -37,19 +37,22 @@ def checkpoint_forward(hf_dir: str | Path, token_ids: Sequence[int]) -> tuple[li
             raise OSError(f"{hf_dir}: no embedding table in the safetensors files")
         with safe_open(str(src.index[key]), framework="pt") as sf:
             sl = sf.get_slice(key)
-            x = torch.stack([sl[i:i + 1][0].to(torch.float32) for i in ids])[None]
+            x = torch.stack([sl[i : i + 1][0].to(torch.float32) for i in ids])[None]
         pos = torch.arange(t)[None]
         shared_rotary = getattr(inner, "rotary_emb", None)
         # the model's own rotary embedding computes cos/sin once for every layer; older transformers (4.45's
         # Mistral) give each attention its own, which the layer calls with position_ids itself
-        rope_kwargs = {"position_embeddings": _fresh_rotary(shared_rotary, cfg)(x, pos)} \
-            if shared_rotary is not None else {}
+        rope_kwargs = (
+            {"position_embeddings": _fresh_rotary(shared_rotary, cfg)(x, pos)}
+            if shared_rotary is not None
+            else {}
+        )
         mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
         hidden: list[np.ndarray] = []
         for i, layer in enumerate(inner.layers):
             src.load(layer, f"model.layers.{i}.")
             own = getattr(layer.self_attn, "rotary_emb", None)
-            if own is not None:   # its inv_freq is a non-persistent buffer, still on the meta device
+            if own is not None:  # its inv_freq is a non-persistent buffer, still on the meta device
                 layer.self_attn.rotary_emb = _fresh_rotary(own, cfg)
             try:
                 out = layer(x, attention_mask=mask, position_ids=pos, use_cache=False, **rope_kwargs)
@@ -69,8 +72,8 @@ def checkpoint_forward(hf_dir: str | Path, token_ids: Sequence[int]) -> tuple[li
             logits: np.ndarray = np.empty((t, rows), np.float32)
             step = max(1, BLOCK_BYTES // (4 * cols))
             for r0 in range(0, rows, step):
-                w = sl[r0:min(rows, r0 + step)].to(torch.float32).numpy()
-                logits[:, r0:r0 + w.shape[0]] = h @ w.T
+                w = sl[r0 : min(rows, r0 + step)].to(torch.float32).numpy()
+                logits[:, r0 : r0 + w.shape[0]] = h @ w.T
     return hidden, logits
 
 
@@ -85,8 +88,13 @@ def _fresh_rotary(module: Any, cfg: Any) -> Any:
         return cls(module.dim, max_position_embeddings=module.max_position_embeddings, base=module.base)
 
 
-def fidelity(graph_hidden: dict[int, np.ndarray], graph_logits: np.ndarray, ref_hidden: list[np.ndarray],
-             ref_logits: np.ndarray, layer_tolerance: float) -> dict[str, Any]:
+def fidelity(
+    graph_hidden: dict[int, np.ndarray],
+    graph_logits: np.ndarray,
+    ref_hidden: list[np.ndarray],
+    ref_logits: np.ndarray,
+    layer_tolerance: float,
+) -> dict[str, Any]:
     """Compare the float deployment graphs with the checkpoint at the same positions: per layer the
     largest hidden-state difference relative to the reference's largest magnitude, the first layer over
     `layer_tolerance`, top-1 agreement and the largest logit difference."""
@@ -100,4 +108,9 @@ def fidelity(graph_hidden: dict[int, np.ndarray], graph_logits: np.ndarray, ref_
             first_bad = li
     top1 = float(np.mean(np.argmax(graph_logits, -1) == np.argmax(ref_logits, -1)))
     err = float(np.max(np.abs(graph_logits - ref_logits)))
-    return {"top1_agreement": top1, "max_logit_error": err, "first_differing_layer": first_bad, "layers": layers}
+    return {
+        "top1_agreement": top1,
+        "max_logit_error": err,
+        "first_differing_layer": first_bad,
+        "layers": layers,
+    }

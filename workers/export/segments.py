@@ -69,8 +69,15 @@ def layer_module(layer: Any, dims: Dims) -> Any:
             super().__init__()
             self.layer = layer
 
-        def forward(self, h: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    pk: torch.Tensor, pv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def forward(
+            self,
+            h: torch.Tensor,
+            mask: torch.Tensor,
+            cos: torch.Tensor,
+            sin: torch.Tensor,
+            pk: torch.Tensor,
+            pv: torch.Tensor,
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             s = h.shape[1]
             attn = self.layer.self_attn
             x = self.layer.input_layernorm(h)
@@ -82,9 +89,9 @@ def layer_module(layer: Any, dims: Dims) -> Any:
                 k = attn.k_norm(k)
             q = rotate(q, cos, sin)
             k = rotate(k, cos, sin)
-            kt = k.transpose(2, 3)                                              # [1,KVH,HD,S]
-            keys = torch.cat((pk.transpose(0, 1), kt), dim=3)                   # [1,KVH,HD,CL]
-            vals = torch.cat((pv.transpose(0, 1), v), dim=2)                    # [1,KVH,CL,HD]
+            kt = k.transpose(2, 3)  # [1,KVH,HD,S]
+            keys = torch.cat((pk.transpose(0, 1), kt), dim=3)  # [1,KVH,HD,CL]
+            vals = torch.cat((pv.transpose(0, 1), v), dim=2)  # [1,KVH,CL,HD]
             if groups > 1:
                 keys = keys.repeat_interleave(groups, dim=1)
                 vals = vals.repeat_interleave(groups, dim=1)
@@ -93,7 +100,7 @@ def layer_module(layer: Any, dims: Dims) -> Any:
             a = torch.matmul(probs, vals).transpose(1, 2).reshape(1, s, heads * hd)
             h = h + attn.o_proj(a)
             h = h + self.layer.mlp(self.layer.post_attention_layernorm(h))
-            return h, kt.transpose(0, 1), v.transpose(0, 1)                     # [KVH,1,HD,S], [KVH,1,S,HD]
+            return h, kt.transpose(0, 1), v.transpose(0, 1)  # [KVH,1,HD,S], [KVH,1,S,HD]
 
     return Block().eval()
 

@@ -21,7 +21,7 @@ import numpy as np
 from workers.export.weights import StreamedWeight
 from workers.shared.errors import ActionableError
 
-INLINE_BYTES = 1024   # smaller initializers stay in the .onnx (as onnx.save's size_threshold)
+INLINE_BYTES = 1024  # smaller initializers stay in the .onnx (as onnx.save's size_threshold)
 
 
 class StitchError(ActionableError, ValueError):
@@ -32,15 +32,20 @@ def _digest(a: np.ndarray) -> str:
     return hashlib.sha1(str(a.shape).encode() + np.ascontiguousarray(a).tobytes()).hexdigest()
 
 
-def checkpoint_names(initializers: list[Any], direct: dict[str, str], params: dict[str, np.ndarray]) -> dict[str, str]:
+def checkpoint_names(
+    initializers: list[Any], direct: dict[str, str], params: dict[str, np.ndarray]
+) -> dict[str, str]:
     """Exporter initializer name -> checkpoint name for the initializers that are parameters."""
     import onnx
     from onnx import numpy_helper
 
     out = {i.name: direct[i.name] for i in initializers if i.name in direct}
     taken = set(out.values())
-    left = [i for i in initializers if i.name not in out and i.data_type == onnx.TensorProto.FLOAT
-            and int(np.prod(list(i.dims))) >= 16]
+    left = [
+        i
+        for i in initializers
+        if i.name not in out and i.data_type == onnx.TensorProto.FLOAT and int(np.prod(list(i.dims))) >= 16
+    ]
     if not left:
         return out
     index: dict[str, str] = {}
@@ -96,7 +101,9 @@ class PartGraphWriter:
     """One part graph (one kind) assembled from pieces; `add` each piece in order, then `save`.
     `shared`: the part's data file, shared with its other graph (else `<graph>.onnx.data` of its own)."""
 
-    def __init__(self, path: Path, inputs: list[str], outputs: list[str], shared: SharedData | None = None) -> None:
+    def __init__(
+        self, path: Path, inputs: list[str], outputs: list[str], shared: SharedData | None = None
+    ) -> None:
         self.path = path
         self.inputs, self.outputs = inputs, outputs
         self._in_info: dict[str, Any] = {}
@@ -123,9 +130,16 @@ class PartGraphWriter:
     def _offset(self, v: int) -> None:
         self.shared.offset = v
 
-    def add(self, piece: Path, prefix: str, io: dict[str, str], direct: dict[str, str],
-            params: dict[str, np.ndarray], streamed: dict[str, StreamedWeight] | None = None,
-            widened: dict[str, int] | None = None) -> list[str]:
+    def add(
+        self,
+        piece: Path,
+        prefix: str,
+        io: dict[str, str],
+        direct: dict[str, str],
+        params: dict[str, np.ndarray],
+        streamed: dict[str, StreamedWeight] | None = None,
+        widened: dict[str, int] | None = None,
+    ) -> list[str]:
         """Append the exported piece at `piece`. io: the piece's input/output names -> the part's
         tensor names; direct/params: for checkpoint naming (see checkpoint_names). `streamed`:
         checkpoint name -> the real tensor of a weight the piece was exported with a placeholder of
@@ -137,13 +151,17 @@ class PartGraphWriter:
         seg = onnx.load(str(piece))
         g = seg.graph
         if not self._opset:
-            self._opset = [onnx.OperatorSetIdProto(domain=o.domain, version=o.version) for o in seg.opset_import]
+            self._opset = [
+                onnx.OperatorSetIdProto(domain=o.domain, version=o.version) for o in seg.opset_import
+            ]
             self._ir = seg.ir_version
         init_names = {i.name for i in g.initializer}
         rename: dict[str, str] = {}
         for vi in [*(i for i in g.input if i.name not in init_names), *g.output]:
             if vi.name not in io:
-                raise StitchError(f"{piece.name}: the exported piece has an input/output {vi.name!r} the part does not wire")
+                raise StitchError(
+                    f"{piece.name}: the exported piece has an input/output {vi.name!r} the part does not wire"
+                )
             rename[vi.name] = io[vi.name]
         canon = checkpoint_names(list(g.initializer), direct, params)
 
@@ -169,7 +187,7 @@ class PartGraphWriter:
             if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
                 raise StitchError(f"{piece.name}: node {node.name} has a sub-graph; pieces must be flat")
             n = onnx.NodeProto()
-            n.CopyFrom(node)     # a copy: a kept sub-message would keep the whole piece (its weights) alive
+            n.CopyFrom(node)  # a copy: a kept sub-message would keep the whole piece (its weights) alive
             n.name = local(node.name) if node.name else ""
             n.input[:] = [local(x) for x in node.input]
             n.output[:] = [local(x) for x in node.output]
@@ -226,15 +244,20 @@ class PartGraphWriter:
         self._data.write(raw)
         return self._reference(name, init.data_type, [int(d) for d in init.dims], len(raw))
 
-    def _reference(self, name: str, data_type: int, dims: list[int], nbytes: int, at: int | None = None) -> Any:
+    def _reference(
+        self, name: str, data_type: int, dims: list[int], nbytes: int, at: int | None = None
+    ) -> Any:
         """A tensor of the part's data file: the `nbytes` just written at the current offset (or, `at`,
         bytes written earlier for the part's other graph)."""
         import onnx
 
         t = onnx.TensorProto(name=name, data_type=data_type, dims=dims)
         t.data_location = onnx.TensorProto.EXTERNAL
-        for k, v in (("location", self.data_name), ("offset", str(self._offset if at is None else at)),
-                     ("length", str(nbytes))):
+        for k, v in (
+            ("location", self.data_name),
+            ("offset", str(self._offset if at is None else at)),
+            ("length", str(nbytes)),
+        ):
             e = t.external_data.add()
             e.key, e.value = k, v
         if at is None:
@@ -249,15 +272,17 @@ class PartGraphWriter:
         import onnx
 
         dims = [int(d) for d in init.dims]
-        if init.data_type != onnx.TensorProto.FLOAT or dims not in ([sw.stand_in_rows, sw.cols],
-                                                                   [sw.cols, sw.stand_in_rows]):
+        if init.data_type != onnx.TensorProto.FLOAT or dims not in (
+            [sw.stand_in_rows, sw.cols],
+            [sw.cols, sw.stand_in_rows],
+        ):
             raise StitchError(f"{piece}: the placeholder of {sw.name} came out as {dims}")
         transposed = dims == [sw.cols, sw.stand_in_rows]
         total = 4 * sw.rows * sw.cols
         out_dims = [sw.cols, sw.rows] if transposed else [sw.rows, sw.cols]
         key = f"streamed:{out_dims}"
         hit = self.shared.find(sw.name, key)
-        if hit is not None:       # the part's other graph streamed it already
+        if hit is not None:  # the part's other graph streamed it already
             return self._reference(sw.name, onnx.TensorProto.FLOAT, out_dims, hit[1], at=hit[0])
         self.shared.index[(sw.name, key)] = (self._offset, total)
         self._data.flush()
@@ -268,7 +293,9 @@ class PartGraphWriter:
         for block in sw.blocks():
             b = np.ascontiguousarray(block, dtype=np.float32)
             if b.ndim != 2 or b.shape[1] != sw.cols or done + b.shape[0] > sw.rows:
-                raise StitchError(f"{sw.name}: a block of shape {b.shape} does not fit [{sw.rows}, {sw.cols}]")
+                raise StitchError(
+                    f"{sw.name}: a block of shape {b.shape} does not fit [{sw.rows}, {sw.cols}]"
+                )
             if transposed:
                 bt = np.ascontiguousarray(b.T)
                 for h in range(sw.cols):
@@ -288,13 +315,20 @@ class PartGraphWriter:
 
         self._data.flush()
         self.shared.release()
-        missing = [n for n in self.inputs if n not in self._in_info] + [n for n in self.outputs if n not in self._out_info]
+        missing = [n for n in self.inputs if n not in self._in_info] + [
+            n for n in self.outputs if n not in self._out_info
+        ]
         if missing:
             self.abort()
             raise StitchError(f"{self.path.name}: no piece provides {', '.join(missing)}")
-        graph = onnx.helper.make_graph(self._nodes, self.path.stem, [self._in_info[n] for n in self.inputs],
-                                       [self._out_info[n] for n in self.outputs], self._inits,
-                                       value_info=self._value_info)
+        graph = onnx.helper.make_graph(
+            self._nodes,
+            self.path.stem,
+            [self._in_info[n] for n in self.inputs],
+            [self._out_info[n] for n in self.outputs],
+            self._inits,
+            value_info=self._value_info,
+        )
         model = onnx.helper.make_model(graph, opset_imports=self._opset, producer_name="hexstudio")
         model.ir_version = self._ir
         tmp = self.path.with_name(self.path.name + ".tmp")

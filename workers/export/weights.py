@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-STAND_IN_ROWS = 8          # rows of the placeholder a vocabulary-sized weight is exported with
-BLOCK_BYTES = 16 << 20     # fp32 bytes of one block of a streamed weight
+STAND_IN_ROWS = 8  # rows of the placeholder a vocabulary-sized weight is exported with
+BLOCK_BYTES = 16 << 20  # fp32 bytes of one block of a streamed weight
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class StreamedWeight:
     """A vocabulary-sized 2-D checkpoint tensor (embedding table, lm_head) that is never materialized:
     its piece is exported with a `stand_in_rows`-row placeholder and the stitcher writes the real
     tensor into the part's data file from `blocks()` (fp32 blocks of rows, in order)."""
+
     name: str
     rows: int
     cols: int
@@ -81,10 +82,10 @@ class CheckpointWeights:
         self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
 
     def _key(self, name: str) -> str | None:
-        for cand in (name, name[len("model."):] if name.startswith("model.") else f"model.{name}"):
+        for cand in (name, name[len("model.") :] if name.startswith("model.") else f"model.{name}"):
             if cand in self.index:
                 return cand
-        if name == "lm_head.weight" and self.tied:   # the head shares the embedding's tensor
+        if name == "lm_head.weight" and self.tied:  # the head shares the embedding's tensor
             return self._key("model.embed_tokens.weight")
         return None
 
@@ -96,8 +97,10 @@ class CheckpointWeights:
         keys = {local: self._key(full) for local, full in names.items()}
         missing = [names[k] for k, v in keys.items() if v is None]
         if missing:
-            raise OSError(f"{self.hf_dir}: the safetensors files lack {len(missing)} tensors of {prefix.rstrip('.')} "
-                          f"(e.g. {missing[0]})")
+            raise OSError(
+                f"{self.hf_dir}: the safetensors files lack {len(missing)} tensors of {prefix.rstrip('.')} "
+                f"(e.g. {missing[0]})"
+            )
         by_file: dict[Path, list[str]] = {}
         for local, key in keys.items():
             assert key is not None
@@ -133,14 +136,16 @@ class CheckpointWeights:
             return None
         rows, cols = int(shape[0]), int(shape[1])
         gen = torch.Generator().manual_seed(len(name) * 7919 + rows)
-        module.weight = torch.nn.Parameter(torch.randn(STAND_IN_ROWS, cols, generator=gen), requires_grad=False)
+        module.weight = torch.nn.Parameter(
+            torch.randn(STAND_IN_ROWS, cols, generator=gen), requires_grad=False
+        )
 
         def blocks() -> Iterator[np.ndarray]:
             step = max(1, BLOCK_BYTES // (4 * cols))
             with safe_open(str(path), framework="pt") as sf:
                 sl = sf.get_slice(key)
                 for r0 in range(0, rows, step):
-                    yield sl[r0:min(rows, r0 + step)].to(torch.float32).numpy()
+                    yield sl[r0 : min(rows, r0 + step)].to(torch.float32).numpy()
 
         return StreamedWeight(name, rows, cols, STAND_IN_ROWS, blocks)
 

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def read_commands(emit: Callable[[dict[str, Any]], None]) -> tuple[queue.Queue[dict[str, Any] | None],
-                                                                     threading.Event]:
+def read_commands(
+    emit: Callable[[dict[str, Any]], None],
+) -> tuple[queue.Queue[dict[str, Any] | None], threading.Event]:
     """Start reading stdin: "abort" sets the returned event at once, every other command is queued in order, and
     None is queued at the end of input. A line that is not JSON is answered with a bad_request error event."""
     ops: queue.Queue[dict[str, Any] | None] = queue.Queue()

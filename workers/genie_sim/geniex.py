@@ -62,7 +62,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
         return _err("the simulator pulls local bundles only: pass --local-path DIR")
     src = Path(args.local_path).resolve()
     if not src.is_dir() or not (src / "metadata.json").is_file():
-        return _err(f"{src} is not a Qualcomm AI Hub bundle: a bundle folder holds metadata.json and .bin shards")
+        return _err(
+            f"{src} is not a Qualcomm AI Hub bundle: a bundle folder holds metadata.json and .bin shards"
+        )
     dd = data_dir(args.data_dir)
     dd.mkdir(parents=True, exist_ok=True)
     reg = _registry(dd)
@@ -80,8 +82,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-REPL_HELP = (("/?, /h, /help", "Show this help message"), ("/exit", "Exit the REPL"),
-             ("/clear", "Clear the screen and conversation history"))
+REPL_HELP = (
+    ("/?, /h, /help", "Show this help message"),
+    ("/exit", "Exit the REPL"),
+    ("/clear", "Clear the screen and conversation history"),
+)
 
 
 def repl_lines(stdin: Any) -> Any:
@@ -96,7 +101,7 @@ def repl_lines(stdin: Any) -> Any:
             print()
             return
         line = line.rstrip("\n")
-        print(line)              # what a terminal would have echoed
+        print(line)  # what a terminal would have echoed
         if not line.startswith("/"):
             yield line
             continue
@@ -122,12 +127,22 @@ def repl_lines(stdin: Any) -> Any:
 def cmd_infer(args: argparse.Namespace) -> int:
     bundle = _resolve(args.model, data_dir(args.data_dir))
     if bundle is None:
-        return _err(f"model {args.model} not found: pull it first (geniex pull {args.model} --local-path DIR)")
+        return _err(
+            f"model {args.model} not found: pull it first (geniex pull {args.model} --local-path DIR)"
+        )
     prompts: list[str] = list(args.prompt or [])
     if args.input:
         prompts.insert(0, Path(args.input).read_text(encoding="utf-8").strip())
-    sampler = {k: v for k, v in (("temp", args.temperature), ("top-k", args.top_k), ("top-p", args.top_p),
-                                 ("seed", args.seed)) if v}
+    sampler = {
+        k: v
+        for k, v in (
+            ("temp", args.temperature),
+            ("top-k", args.top_k),
+            ("top-p", args.top_p),
+            ("seed", args.seed),
+        )
+        if v
+    }
     try:
         model = SimGenieX(bundle, sampler or None)
     except GenieXError as exc:
@@ -141,7 +156,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     history: list[dict[str, str]] = list(system)
     source = iter(prompts) if prompts else repl_lines(sys.stdin)
     for p in source:
-        if p is None:                  # /clear: the cache and the conversation
+        if p is None:  # /clear: the cache and the conversation
             model.reset()
             history = list(system)
             continue
@@ -164,14 +179,18 @@ def cmd_infer(args: argparse.Namespace) -> int:
         print("\n")
         if args.verbose:
             total = pd["media_time"] + pd["prompt_time"] + pd["decode_time"]
-            print(f"total time:     {total / 1e6:f}s\nttft:           {pd['ttft'] / 1e6:f}s\n"
-                  f"prompt time:    {pd['prompt_time'] / 1e6:f}s\nprompt tokens:  {pd['prompt_tokens']} token(s)\n"
-                  f"prompt speed:   {pd['prefill_speed']:f} tok/s\ndecode time:    {pd['decode_time'] / 1e6:f}s\n"
-                  f"decode tokens:  {pd['generated_tokens']} token(s)\ndecode speed:   {pd['decoding_speed']:f} tok/s\n"
-                  f"stop reason:    {pd['stop_reason']}")
+            print(
+                f"total time:     {total / 1e6:f}s\nttft:           {pd['ttft'] / 1e6:f}s\n"
+                f"prompt time:    {pd['prompt_time'] / 1e6:f}s\nprompt tokens:  {pd['prompt_tokens']} token(s)\n"
+                f"prompt speed:   {pd['prefill_speed']:f} tok/s\ndecode time:    {pd['decode_time'] / 1e6:f}s\n"
+                f"decode tokens:  {pd['generated_tokens']} token(s)\ndecode speed:   {pd['decoding_speed']:f} tok/s\n"
+                f"stop reason:    {pd['stop_reason']}"
+            )
         elif pd["decoding_speed"]:
-            print(f"— {pd['decoding_speed']:.1f} tok/s • {pd['generated_tokens']} tok • {pd['ttft'] / 1e6:.1f} s "
-                  "first token —")
+            print(
+                f"— {pd['decoding_speed']:.1f} tok/s • {pd['generated_tokens']} tok • {pd['ttft'] / 1e6:.1f} s "
+                "first token —"
+            )
         print(f"(simulated {SIM_LABEL})\n")
         if pd["stop_reason"] == "context_length":
             model.reset()
@@ -200,9 +219,18 @@ def cmd_session(args: argparse.Namespace) -> int:
     except Exception as exc:
         emit({"event": "error", "code": "model_load_failed", "message": f"{type(exc).__name__}: {exc}"})
         return 1
-    emit({"event": "ready", "runtime": "geniex", "simulated": True, "pid": os.getpid(),
-          "runtime_version": f"GenieX {CLI_VERSION} {SIM_LABEL}, qairt plugin {QAIRT_PLUGIN_VERSION}",
-          "init_ms": round(model.init_us / 1000, 3), "context_length": model.capacity, "profile": True})
+    emit(
+        {
+            "event": "ready",
+            "runtime": "geniex",
+            "simulated": True,
+            "pid": os.getpid(),
+            "runtime_version": f"GenieX {CLI_VERSION} {SIM_LABEL}, qairt plugin {QAIRT_PLUGIN_VERSION}",
+            "init_ms": round(model.init_us / 1000, 3),
+            "context_length": model.capacity,
+            "profile": True,
+        }
+    )
     ops, abort = read_commands(emit)
     while True:
         msg = ops.get()
@@ -212,10 +240,15 @@ def cmd_session(args: argparse.Namespace) -> int:
         if op == "reset":
             model.reset()
             emit({"event": "reset"})
-        elif op == "sampler":   # GenieX takes the sampler per generate(): from the next query on, no reload
+        elif op == "sampler":  # GenieX takes the sampler per generate(): from the next query on, no reload
             given = msg.get("sampler")
-            emit({"event": "sampler", "applied": True,
-                  "sampler": model.dialog.apply_sampler(given if isinstance(given, dict) else {})})
+            emit(
+                {
+                    "event": "sampler",
+                    "applied": True,
+                    "sampler": model.dialog.apply_sampler(given if isinstance(given, dict) else {}),
+                }
+            )
         elif op == "query":
             qid = msg.get("id")
             abort.clear()
@@ -225,8 +258,16 @@ def cmd_session(args: argparse.Namespace) -> int:
 
             pd, q = model.generate(str(msg.get("prompt", "")), msg.get("max_tokens"), on_text, abort.is_set)
             state = q["state"]
-            emit({"event": "end", "id": qid, "state": state, "status": 0, "geniex_profile": pd,
-                  "n_past": q["n_past"]})
+            emit(
+                {
+                    "event": "end",
+                    "id": qid,
+                    "state": state,
+                    "status": 0,
+                    "geniex_profile": pd,
+                    "n_past": q["n_past"],
+                }
+            )
         else:
             emit({"event": "error", "code": "bad_request", "message": f"unknown op {op!r}"})
 
@@ -278,9 +319,17 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(version_lines()))
         return 0
     if args.cmd == "infer" and args.compute and args.compute.lower() not in ("npu", "auto"):
-        print(f"Warning: qairt runs on the NPU only; --compute {args.compute} coerced to npu", file=sys.stderr)
-    handlers = {"pull": cmd_pull, "list": cmd_list, "ls": cmd_list, "infer": cmd_infer, "session": cmd_session,
-                "serve": cmd_serve}
+        print(
+            f"Warning: qairt runs on the NPU only; --compute {args.compute} coerced to npu", file=sys.stderr
+        )
+    handlers = {
+        "pull": cmd_pull,
+        "list": cmd_list,
+        "ls": cmd_list,
+        "infer": cmd_infer,
+        "session": cmd_session,
+        "serve": cmd_serve,
+    }
     if args.cmd not in handlers:
         build_parser().print_help()
         return 0

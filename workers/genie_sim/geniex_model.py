@@ -18,13 +18,19 @@ from workers.shared.chat_template import load_chat_format
 from workers.shared.errors import ActionableError
 
 LLAMA_CPP_HASH = "simulated"
-DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant."   # the qairt plugin's (llm.cpp kDefaultSystemPrompt)
+DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant."  # the qairt plugin's (llm.cpp kDefaultSystemPrompt)
 SIM_LABEL = "(HexStudio simulator)"
-PREFILL_CHUNK = 128                         # the qairt engine pads a prompt to 128-token prefill chunks
+PREFILL_CHUNK = 128  # the qairt engine pads a prompt to 128-token prefill chunks
 # metadata.json model_id prefix -> the plugin's pipeline (models/dispatch.h), in its order
 DISPATCH: tuple[tuple[str, str], ...] = (
-    ("qwen2_5_vl_", "vlm"), ("qwen3_vl_", "vlm"), ("qwen3_", "qwen3"), ("qwen2_5_", "qwen2_5"),
-    ("falcon_v3_", "falcon3"), ("llama_v3_", "llama3"), ("phi_3_5_", "phi3_5"))
+    ("qwen2_5_vl_", "vlm"),
+    ("qwen3_vl_", "vlm"),
+    ("qwen3_", "qwen3"),
+    ("qwen2_5_", "qwen2_5"),
+    ("falcon_v3_", "falcon3"),
+    ("llama_v3_", "llama3"),
+    ("phi_3_5_", "phi3_5"),
+)
 GRAPH_KEY = re.compile(r"(?:([a-zA-Z]+)_)?ar(\d+)_cl(\d+)_(\d+)_of_(\d+)")
 PART_KEY = re.compile(r"(?:.*_)?part(\d+)_of_(\d+)\.bin")
 _VER = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
@@ -36,7 +42,7 @@ class GenieXError(ActionableError, RuntimeError):
     def __init__(self, lines: list[str], code: str) -> None:
         super().__init__("\n".join(lines) or code)
         self.lines = lines
-        self.code = code   # GENIEX_ERROR_COMMON_FILE_NOT_FOUND | GENIEX_ERROR_COMMON_MODEL_LOAD
+        self.code = code  # GENIEX_ERROR_COMMON_FILE_NOT_FOUND | GENIEX_ERROR_COMMON_MODEL_LOAD
 
 
 def version_tuple(text: str) -> tuple[int, int, int] | None:
@@ -46,9 +52,11 @@ def version_tuple(text: str) -> tuple[int, int, int] | None:
 
 def version_lines(simulated: bool = True) -> list[str]:
     tag = f" {SIM_LABEL}" if simulated else ""
-    return [f"{'GenieX CLI Version:':<23} {CLI_VERSION}{tag}",
-            f"{'QAIRT Runtime Version:':<23} {QAIRT_PLUGIN_VERSION}",
-            f"{'LlamaCPP Runtime Hash:':<23} {LLAMA_CPP_HASH}"]
+    return [
+        f"{'GenieX CLI Version:':<23} {CLI_VERSION}{tag}",
+        f"{'QAIRT Runtime Version:':<23} {QAIRT_PLUGIN_VERSION}",
+        f"{'LlamaCPP Runtime Hash:':<23} {LLAMA_CPP_HASH}",
+    ]
 
 
 def bundle_qairt(bundle: Path) -> str | None:
@@ -69,41 +77,70 @@ def check_bundle(bundle: Path) -> dict[str, Any]:
     d = str(bundle)
     layout = f"Failed to resolve QAIRT bundle layout in {d}: "
     if not (bundle / "tokenizer.json").is_file():
-        raise GenieXError([layout + f"llm_spec_loader: tokenizer.json not found in {d}"],
-                          "GENIEX_ERROR_COMMON_FILE_NOT_FOUND")
+        raise GenieXError(
+            [layout + f"llm_spec_loader: tokenizer.json not found in {d}"],
+            "GENIEX_ERROR_COMMON_FILE_NOT_FOUND",
+        )
     if not any(bundle.glob("*.bin")):
-        raise GenieXError([layout + f"llm_spec_loader: no .bin shards found in {d}"],
-                          "GENIEX_ERROR_COMMON_FILE_NOT_FOUND")
+        raise GenieXError(
+            [layout + f"llm_spec_loader: no .bin shards found in {d}"], "GENIEX_ERROR_COMMON_FILE_NOT_FOUND"
+        )
     fail = f"Failed to create QAIRT LLM pipeline from bundle: {d}"
     meta_path = bundle / "metadata.json"
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except OSError:
-        raise GenieXError([f"dispatch: cannot read metadata.json: llm_spec_loader: cannot open {meta_path}", fail],
-                          "GENIEX_ERROR_COMMON_MODEL_LOAD") from None
+        raise GenieXError(
+            [f"dispatch: cannot read metadata.json: llm_spec_loader: cannot open {meta_path}", fail],
+            "GENIEX_ERROR_COMMON_MODEL_LOAD",
+        ) from None
     except ValueError as exc:
-        raise GenieXError([f"dispatch: cannot read metadata.json: llm_spec_loader: failed to parse {meta_path}: "
-                           f"{exc}", fail], "GENIEX_ERROR_COMMON_MODEL_LOAD") from None
+        raise GenieXError(
+            [
+                f"dispatch: cannot read metadata.json: llm_spec_loader: failed to parse {meta_path}: {exc}",
+                fail,
+            ],
+            "GENIEX_ERROR_COMMON_MODEL_LOAD",
+        ) from None
     files = meta.get("model_files") if isinstance(meta, dict) else None
     if not isinstance(files, dict):
-        raise GenieXError(["dispatch: cannot read metadata.json: llm_spec_loader: metadata.json missing "
-                           "'model_files' object", fail], "GENIEX_ERROR_COMMON_MODEL_LOAD")
+        raise GenieXError(
+            [
+                "dispatch: cannot read metadata.json: llm_spec_loader: metadata.json missing "
+                "'model_files' object",
+                fail,
+            ],
+            "GENIEX_ERROR_COMMON_MODEL_LOAD",
+        )
     if not any(GRAPH_KEY.fullmatch(k) or PART_KEY.fullmatch(k) for k in files):
-        raise GenieXError(["dispatch: cannot read metadata.json: llm_spec_loader: metadata.json contains no "
-                           "recognisable shard entries", fail], "GENIEX_ERROR_COMMON_MODEL_LOAD")
+        raise GenieXError(
+            [
+                "dispatch: cannot read metadata.json: llm_spec_loader: metadata.json contains no "
+                "recognisable shard entries",
+                fail,
+            ],
+            "GENIEX_ERROR_COMMON_MODEL_LOAD",
+        )
     model_id = str(meta.get("model_id") or "")
     family = next((f for p, f in DISPATCH if model_id.startswith(p)), None)
     if model_id.endswith("_ssd"):
         family = "llama3_2_ssd"
     if not model_id or family is None or family == "vlm":
-        raise GenieXError([f"dispatch: no LLM factory matches model_id '{model_id}'", fail],
-                          "GENIEX_ERROR_COMMON_MODEL_LOAD")
+        raise GenieXError(
+            [f"dispatch: no LLM factory matches model_id '{model_id}'", fail],
+            "GENIEX_ERROR_COMMON_MODEL_LOAD",
+        )
     q = bundle_qairt(bundle)
     if q and (version_tuple(q) or (0, 0, 0)) > (version_tuple(QAIRT_PLUGIN_VERSION) or (0, 0, 0)):
-        raise GenieXError([f"HexStudio simulator: the bundle was compiled with QAIRT {q}, newer than GenieX's qairt "
-                           f"plugin ({QAIRT_PLUGIN_VERSION}, which runs bundles compiled with it or earlier); a "
-                           "board cannot create the context from the binary (QNN error 5000).", fail],
-                          "GENIEX_ERROR_COMMON_MODEL_LOAD")
+        raise GenieXError(
+            [
+                f"HexStudio simulator: the bundle was compiled with QAIRT {q}, newer than GenieX's qairt "
+                f"plugin ({QAIRT_PLUGIN_VERSION}, which runs bundles compiled with it or earlier); a "
+                "board cannot create the context from the binary (QNN error 5000).",
+                fail,
+            ],
+            "GENIEX_ERROR_COMMON_MODEL_LOAD",
+        )
     tc_path = bundle / "tokenizer_config.json"
     try:
         tc = json.loads(tc_path.read_text(encoding="utf-8"))
@@ -127,8 +164,10 @@ class SimGenieX:
         try:
             self.dialog = SimDialog(bundle / "genie_config.json", sampler)
         except GenieLoadError as exc:
-            raise GenieXError([*exc.lines, exc.final, f"Failed to create QAIRT LLM pipeline from bundle: {bundle}"],
-                              "GENIEX_ERROR_COMMON_MODEL_LOAD") from None
+            raise GenieXError(
+                [*exc.lines, exc.final, f"Failed to create QAIRT LLM pipeline from bundle: {bundle}"],
+                "GENIEX_ERROR_COMMON_MODEL_LOAD",
+            ) from None
         self.dialog.bos_on_fresh_cache_only = True
         self.first_turn = True
         self.init_us = (time.perf_counter() - t0) * 1e6
@@ -159,8 +198,9 @@ class SimGenieX:
         fmt = load_chat_format(self.bundle, genie_bos=True)
         return fmt.strip_bos(fmt.render(msgs, add_generation_prompt=True))
 
-    def generate(self, prompt: str, max_tokens: int | None, on_text: Any,
-                 should_stop: Any = lambda: False) -> tuple[dict[str, Any], dict[str, Any]]:
+    def generate(
+        self, prompt: str, max_tokens: int | None, on_text: Any, should_stop: Any = lambda: False
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """One generation; returns (geniex_ProfileData as a dict, SimDialog's numbers)."""
         q = self.dialog.query(prompt, max_tokens, on_text, should_stop)
         self.first_turn = False
@@ -177,11 +217,20 @@ def profile(q: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
         stop = "length"
     else:
         stop = "eos"
-    return {"ttft": int(q["ttft_us"]), "media_time": 0, "prompt_time": int(q["ttft_us"]),
-            "decode_time": int(q["gen_us"]), "prompt_tokens": int(q["prompt_tokens"]),
-            "generated_tokens": int(q["generated"]), "prefill_speed": float(q["prompt_rate"]),
-            "decoding_speed": float(q["gen_rate"]), "draft_n_total": 0, "draft_n_accepted": 0,
-            "stop_reason": stop, "simulated": True}
+    return {
+        "ttft": int(q["ttft_us"]),
+        "media_time": 0,
+        "prompt_time": int(q["ttft_us"]),
+        "decode_time": int(q["gen_us"]),
+        "prompt_tokens": int(q["prompt_tokens"]),
+        "generated_tokens": int(q["generated"]),
+        "prefill_speed": float(q["prompt_rate"]),
+        "decoding_speed": float(q["gen_rate"]),
+        "draft_n_total": 0,
+        "draft_n_accepted": 0,
+        "stop_reason": stop,
+        "simulated": True,
+    }
 
 
 # -- the model cache (`geniex pull` registers a local bundle folder under a name) --------------------

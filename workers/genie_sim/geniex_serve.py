@@ -50,8 +50,8 @@ from workers.shared.chat_template import ChatTemplateError
 ERR_FILE_NOT_FOUND = -100004
 ERR_MODEL_LOAD = -100201
 ERR_PROMPT_TOO_LONG = -200103
-DEFAULT_MAX_COMPLETION_TOKENS = 2048   # chat: ChatCompletionNewParams.MaxCompletionTokens
-DEFAULT_COMPLETION_MAX_TOKENS = 16     # completions: OpenAI's documented default for the legacy endpoint
+DEFAULT_MAX_COMPLETION_TOKENS = 2048  # chat: ChatCompletionNewParams.MaxCompletionTokens
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # completions: OpenAI's documented default for the legacy endpoint
 CHUNK = "chat.completion.chunk"
 
 
@@ -63,9 +63,15 @@ def finish_reason(stop_reason: str) -> str:
 def usage(pd: dict[str, Any]) -> dict[str, Any]:
     gen, prompt = int(pd.get("generated_tokens") or 0), int(pd.get("prompt_tokens") or 0)
     drafted, accepted = int(pd.get("draft_n_total") or 0), int(pd.get("draft_n_accepted") or 0)
-    return {"completion_tokens": gen, "prompt_tokens": prompt, "total_tokens": gen + prompt,
-            "completion_tokens_details": {"accepted_prediction_tokens": accepted,
-                                          "rejected_prediction_tokens": drafted - accepted}}
+    return {
+        "completion_tokens": gen,
+        "prompt_tokens": prompt,
+        "total_tokens": gen + prompt,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted,
+        },
+    }
 
 
 def messages_of(body: dict[str, Any]) -> list[dict[str, str]] | None:
@@ -128,7 +134,7 @@ class Keeper:
     def get(self, name: str, bundle: str, reset: bool) -> SimGenieX:
         if self.model is None or self.name != name:
             self.model, self.name = None, None
-            self.model = SimGenieX(Path(bundle))   # GenieXError when the plugin refuses
+            self.model = SimGenieX(Path(bundle))  # GenieXError when the plugin refuses
             self.name = name
         if reset:
             self.model.reset()
@@ -145,9 +151,14 @@ def set_sampler(model: SimGenieX, body: dict[str, Any]) -> None:
     temperature 0 is greedy, top_k/top_p 0 leave the distribution whole, seed 0)."""
     top_k = int(body.get("top_k") or 0)
     top_p = float(body.get("top_p") or 0.0)
-    model.dialog.apply_sampler({"temp": float(body.get("temperature") or 0.0),
-                                "top-k": top_k if top_k > 0 else 1 << 30, "top-p": top_p if 0 < top_p <= 1 else 1.0,
-                                "seed": int(body.get("seed") or 0)})
+    model.dialog.apply_sampler(
+        {
+            "temp": float(body.get("temperature") or 0.0),
+            "top-k": top_k if top_k > 0 else 1 << 30,
+            "top-p": top_p if 0 < top_p <= 1 else 1.0,
+            "seed": int(body.get("seed") or 0),
+        }
+    )
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -155,7 +166,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "GenieX-sim"
     keeper: Keeper
 
-    def log_message(self, format: str, *args: Any) -> None:   # quiet, as gin in release mode
+    def log_message(self, format: str, *args: Any) -> None:  # quiet, as gin in release mode
         pass
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -223,8 +234,10 @@ class Handler(BaseHTTPRequestHandler):
             names = sorted(_registry(self.keeper.data_dir))
             self._json(200, {"object": "list", "data": [self._model(n) for n in names]})
         elif path.startswith("/v1/models/"):
-            name = path[len("/v1/models/"):].split(":", 1)[0]
-            self._json(200, self._model(name)) if name in _registry(self.keeper.data_dir) else self._json(404, None)
+            name = path[len("/v1/models/") :].split(":", 1)[0]
+            self._json(200, self._model(name)) if name in _registry(self.keeper.data_dir) else self._json(
+                404, None
+            )
         else:
             self._text(404, "404 page not found")
 
@@ -240,13 +253,15 @@ class Handler(BaseHTTPRequestHandler):
         body = self._body()
         if body is None:
             return
-        with self.keeper.lock:    # one request at a time (middleware.GIL)
+        with self.keeper.lock:  # one request at a time (middleware.GIL)
             try:
                 self._complete(body, chat=path == "/v1/chat/completions")
             except OSError:
-                pass                # the client went away
-            except Exception as exc:   # a bug of the simulator's, said as one, never a dropped connection
-                self._json(500, {"error": f"HexStudio simulator: {type(exc).__name__}: {exc}", "code": -100000})
+                pass  # the client went away
+            except Exception as exc:  # a bug of the simulator's, said as one, never a dropped connection
+                self._json(
+                    500, {"error": f"HexStudio simulator: {type(exc).__name__}: {exc}", "code": -100000}
+                )
             finally:
                 self.keeper.last = time.monotonic()
 
@@ -254,18 +269,24 @@ class Handler(BaseHTTPRequestHandler):
         """handler.ChatCompletions / handler.Completions, in their order of checks."""
         prompt = ""
         msgs = body.get("messages")
-        if chat and msgs is not None and not (isinstance(msgs, list) and all(isinstance(m, dict) for m in msgs)):
+        if (
+            chat
+            and msgs is not None
+            and not (isinstance(msgs, list) and all(isinstance(m, dict) for m in msgs))
+        ):
             # gin's ShouldBindJSON refuses a body that does not fit ChatCompletionNewParams
-            self._json(400, {"error": "json: cannot unmarshal messages: expected an array of message objects"})
+            self._json(
+                400, {"error": "json: cannot unmarshal messages: expected an array of message objects"}
+            )
             return
-        if not chat:   # the legacy endpoint checks its prompt and parameters before the model
+        if not chat:  # the legacy endpoint checks its prompt and parameters before the model
             problem = completion_problem(body)
             if problem:
                 self._json(400, {"error": problem})
                 return
             prompt = body["prompt"] if isinstance(body["prompt"], str) else body["prompt"][0]
         name = str(body.get("model") or "").split(":", 1)[0]
-        bundle = _registry(self.keeper.data_dir).get(name)   # only pulled models are served
+        bundle = _registry(self.keeper.data_dir).get(name)  # only pulled models are served
         if bundle is None:
             self._json(400, {"error": "SDKError(File not found or inaccessible)"})
             return
@@ -284,17 +305,31 @@ class Handler(BaseHTTPRequestHandler):
         if chat:
             try:
                 prompt = model.apply_chat_template(messages)
-            except (ValueError, ChatTemplateError) as exc:   # nothing new since the last reply, or the template refused
-                self._json(500, {"error": f"SDKError(Invalid input parameters or handle), {exc}", "code": -100001})
+            except (
+                ValueError,
+                ChatTemplateError,
+            ) as exc:  # nothing new since the last reply, or the template refused
+                self._json(
+                    500, {"error": f"SDKError(Invalid input parameters or handle), {exc}", "code": -100001}
+                )
                 return
         set_sampler(model, body)
         # chat: max_completion_tokens (default 2048; max_tokens is not read); completions: max_tokens (default 16)
-        budget = int(body.get("max_completion_tokens") or DEFAULT_MAX_COMPLETION_TOKENS) if chat \
+        budget = (
+            int(body.get("max_completion_tokens") or DEFAULT_MAX_COMPLETION_TOKENS)
+            if chat
             else int(body.get("max_tokens") or DEFAULT_COMPLETION_MAX_TOKENS)
+        )
         echo = prompt if not chat and body.get("echo") else ""
         if body.get("stream"):
-            self._stream(model, prompt, budget, bool((body.get("stream_options") or {}).get("include_usage")), chat,
-                         echo)
+            self._stream(
+                model,
+                prompt,
+                budget,
+                bool((body.get("stream_options") or {}).get("include_usage")),
+                chat,
+                echo,
+            )
         else:
             self._blocking(model, prompt, budget, chat, echo)
 
@@ -302,37 +337,71 @@ class Handler(BaseHTTPRequestHandler):
         parts: list[str] = []
         pd, q = model.generate(prompt, budget, lambda text, tokens=1: parts.append(text))
         if q["state"] == "context_full" and not q["generated"]:
-            self._json(400, {"error": {"message": "prompt is longer than the model's context window",
-                                       "type": "invalid_request_error", "code": "context_length_exceeded"},
-                             "usage": usage(pd)})
+            self._json(
+                400,
+                {
+                    "error": {
+                        "message": "prompt is longer than the model's context window",
+                        "type": "invalid_request_error",
+                        "code": "context_length_exceeded",
+                    },
+                    "usage": usage(pd),
+                },
+            )
             return
         text = "".join(parts)
-        if chat:    # openai.ChatCompletion, with the fields GenieX leaves unset
-            self._json(200, {"id": "", "choices": [{"finish_reason": finish_reason(pd["stop_reason"]), "index": 0,
-                                                    "message": {"content": text, "role": "assistant"}}],
-                             "created": 0, "model": "", "object": "chat.completion", "usage": usage(pd)})
+        if chat:  # openai.ChatCompletion, with the fields GenieX leaves unset
+            self._json(
+                200,
+                {
+                    "id": "",
+                    "choices": [
+                        {
+                            "finish_reason": finish_reason(pd["stop_reason"]),
+                            "index": 0,
+                            "message": {"content": text, "role": "assistant"},
+                        }
+                    ],
+                    "created": 0,
+                    "model": "",
+                    "object": "chat.completion",
+                    "usage": usage(pd),
+                },
+            )
         else:
-            self._json(200, {"object": "text_completion",
-                             "choices": [{"index": 0, "text": echo + text,
-                                          "finish_reason": finish_reason(pd["stop_reason"])}],
-                             "usage": usage(pd)})
+            self._json(
+                200,
+                {
+                    "object": "text_completion",
+                    "choices": [
+                        {"index": 0, "text": echo + text, "finish_reason": finish_reason(pd["stop_reason"])}
+                    ],
+                    "usage": usage(pd),
+                },
+            )
 
-    def _stream(self, model: SimGenieX, prompt: str, budget: int, include_usage: bool, chat: bool,
-                echo: str) -> None:
+    def _stream(
+        self, model: SimGenieX, prompt: str, budget: int, include_usage: bool, chat: bool, echo: str
+    ) -> None:
         self._head(200, "text/event-stream", None)
         gone = threading.Event()
         if echo:
-            self._event({"object": "text_completion", "choices": [{"index": 0, "text": echo, "finish_reason": None}]})
+            self._event(
+                {"object": "text_completion", "choices": [{"index": 0, "text": echo, "finish_reason": None}]}
+            )
 
         def on_text(text: str, tokens: int = 1) -> None:
             if gone.is_set():
                 return
-            delta = {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None} if chat \
+            delta = (
+                {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}
+                if chat
                 else {"index": 0, "text": text, "finish_reason": None}
+            )
             try:
                 self._event({"object": CHUNK if chat else "text_completion", "choices": [delta]})
             except OSError:
-                gone.set()    # the client went away: generation stops (stopGen)
+                gone.set()  # the client went away: generation stops (stopGen)
 
         pd, q = model.generate(prompt, budget, on_text, gone.is_set)
         if gone.is_set():
@@ -341,11 +410,16 @@ class Handler(BaseHTTPRequestHandler):
             if q["state"] == "context_full" and not q["generated"]:
                 self._event({"error": "SDKError(Input prompt too long)", "code": ERR_PROMPT_TOO_LONG})
             else:
-                fin = {"index": 0, "delta": {}, "finish_reason": finish_reason(pd["stop_reason"])} if chat \
+                fin = (
+                    {"index": 0, "delta": {}, "finish_reason": finish_reason(pd["stop_reason"])}
+                    if chat
                     else {"index": 0, "text": "", "finish_reason": finish_reason(pd["stop_reason"])}
+                )
                 self._event({"object": CHUNK if chat else "text_completion", "choices": [fin]})
                 if include_usage:
-                    self._event({"object": CHUNK if chat else "text_completion", "choices": [], "usage": usage(pd)})
+                    self._event(
+                        {"object": CHUNK if chat else "text_completion", "choices": [], "usage": usage(pd)}
+                    )
                 self._event("[DONE]")
             self._chunk(b"")
         except OSError:

@@ -43,15 +43,32 @@ def main(argv: list[str] | None = None) -> int:
     sampler = json.loads(args.sampler) if args.sampler else None
     try:
         dialog = SimDialog(Path(args.config), sampler)
-    except GenieLoadError as exc:     # Genie's own texts
-        emit({"event": "error", "code": "dialog_create_failed", "message": "\n".join([*exc.lines, exc.final])})
+    except GenieLoadError as exc:  # Genie's own texts
+        emit(
+            {"event": "error", "code": "dialog_create_failed", "message": "\n".join([*exc.lines, exc.final])}
+        )
         return 1
     except Exception as exc:
-        emit({"event": "error", "code": "dialog_create_failed",
-              "message": f"Create From Binary FAILED! ({type(exc).__name__}: {exc})"})
+        emit(
+            {
+                "event": "error",
+                "code": "dialog_create_failed",
+                "message": f"Create From Binary FAILED! ({type(exc).__name__}: {exc})",
+            }
+        )
         return 1
-    emit({"event": "ready", "genie_version": GENIE_API_VERSION, "simulated": True, "pid": os.getpid(), "runner": RUNNER,
-          "init_ms": round(dialog.init_us / 1000, 3), "context_length": dialog.capacity, "profile": True})
+    emit(
+        {
+            "event": "ready",
+            "genie_version": GENIE_API_VERSION,
+            "simulated": True,
+            "pid": os.getpid(),
+            "runner": RUNNER,
+            "init_ms": round(dialog.init_us / 1000, 3),
+            "context_length": dialog.capacity,
+            "profile": True,
+        }
+    )
     ops, abort = read_commands(emit)
     while True:
         msg = ops.get()
@@ -61,10 +78,15 @@ def main(argv: list[str] | None = None) -> int:
         if op == "reset":
             dialog.reset()
             emit({"event": "reset"})
-        elif op == "sampler":   # per-request sampler values on the loaded dialog (no reload)
+        elif op == "sampler":  # per-request sampler values on the loaded dialog (no reload)
             given = msg.get("sampler")
-            emit({"event": "sampler", "applied": True,
-                  "sampler": dialog.apply_sampler(given if isinstance(given, dict) else {})})
+            emit(
+                {
+                    "event": "sampler",
+                    "applied": True,
+                    "sampler": dialog.apply_sampler(given if isinstance(given, dict) else {}),
+                }
+            )
         elif op == "query":
             qid = msg.get("id")
             abort.clear()
@@ -75,17 +97,32 @@ def main(argv: list[str] | None = None) -> int:
 
             try:
                 q = dialog.query(str(msg.get("prompt", "")), msg.get("max_tokens"), on_text, abort.is_set)
-            except Exception as exc:   # never leave the caller waiting for an end that will not come
+            except Exception as exc:  # never leave the caller waiting for an end that will not come
                 import traceback
 
                 traceback.print_exc(file=sys.stderr)
-                emit({"event": "error", "id": qid, "code": "query_failed",
-                      "message": f"the simulated query failed: {type(exc).__name__}: {exc}"})
+                emit(
+                    {
+                        "event": "error",
+                        "id": qid,
+                        "code": "query_failed",
+                        "message": f"the simulated query failed: {type(exc).__name__}: {exc}",
+                    }
+                )
                 continue
             state = q["state"]
             doc = profile_doc(dialog.init_us, q)
-            emit({"event": "end", "id": qid, "state": state, "status": 4 if state == "context_full" else 0,
-                  "profile": doc, "n_past": q["n_past"], "wall_ms": round((time.perf_counter() - t0) * 1000, 3)})
+            emit(
+                {
+                    "event": "end",
+                    "id": qid,
+                    "state": state,
+                    "status": 4 if state == "context_full" else 0,
+                    "profile": doc,
+                    "n_past": q["n_past"],
+                    "wall_ms": round((time.perf_counter() - t0) * 1000, 3),
+                }
+            )
         else:
             emit({"event": "error", "code": "bad_request", "message": f"unknown op {op!r}"})
 

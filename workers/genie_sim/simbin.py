@@ -34,10 +34,14 @@ class SimBinError(ActionableError, ValueError):
 
 def write_sim_bin(path: Path, graphs: list[dict[str, Any]]) -> None:
     """`graphs`: [{"name", "onnx", "inputs", "outputs"}] (one part's graphs)."""
-    doc = {"format": FORMAT, "version": VERSION, "simulated": True,
-           "note": "HexStudio simulator board: a stand-in for an AI Hub context binary; not loadable by a real "
-                   "board's Genie",
-           "graphs": graphs}
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "simulated": True,
+        "note": "HexStudio simulator board: a stand-in for an AI Hub context binary; not loadable by a real "
+        "board's Genie",
+        "graphs": graphs,
+    }
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     tmp.replace(path)
@@ -62,16 +66,24 @@ def read_sim_bin(path: Path) -> list[dict[str, Any]]:
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise SimBinError(f"{path.name} is a real context binary (compiled for a Hexagon NPU): the HexStudio "
-                          "simulator board runs only simulation bundles. Push this bundle to a real board.") from None
+        raise SimBinError(
+            f"{path.name} is a real context binary (compiled for a Hexagon NPU): the HexStudio "
+            "simulator board runs only simulation bundles. Push this bundle to a real board."
+        ) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SimBinError(f"{path.name} is not a HexStudio simulated context binary.")
     if doc.get("version") != VERSION:
-        raise SimBinError(f"{path.name} is a simulated context binary of format version {doc.get('version')}; this "
-                          f"HexStudio reads version {VERSION}. Compile the bundle again.")
+        raise SimBinError(
+            f"{path.name} is a simulated context binary of format version {doc.get('version')}; this "
+            f"HexStudio reads version {VERSION}. Compile the bundle again."
+        )
     graphs = doc.get("graphs")
-    if not isinstance(graphs, list) or not all(isinstance(g, dict) and isinstance(g.get("name"), str)
-                                               and isinstance(g.get("inputs"), dict)
-                                               and isinstance(g.get("outputs"), dict) for g in graphs):
+    if not isinstance(graphs, list) or not all(
+        isinstance(g, dict)
+        and isinstance(g.get("name"), str)
+        and isinstance(g.get("inputs"), dict)
+        and isinstance(g.get("outputs"), dict)
+        for g in graphs
+    ):
         raise SimBinError(f"{path.name}: its graph list is damaged. Compile the bundle again.")
     return graphs

@@ -24,8 +24,10 @@ from workers.shared.errors import ActionableError
 # nsp-model.cpp). Its version says so; the real Genie (1.21, onnxruntime-qnn) runs real bundles instead.
 GENIE_API_VERSION = "1.13.0-twin"
 RUNNER = "HexStudio's onnxruntime twin of Genie (Genie 1.13's contract; not Genie)"
-BANNER = (f"Using libGenie.so version {GENIE_API_VERSION} ({RUNNER}: onnxruntime on the CPU, simulated, "
-          "not a device)")
+BANNER = (
+    f"Using libGenie.so version {GENIE_API_VERSION} ({RUNNER}: onnxruntime on the CPU, simulated, "
+    "not a device)"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,20 +46,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-l", "--lora", help="(refused: the simulator has no LoRA adapters)")
     p.add_argument("-s", "--save", help="(refused: the simulator cannot save dialog state)")
     p.add_argument("-r", "--restore", help="(refused: the simulator cannot restore dialog state)")
-    p.add_argument("--action", type=str.upper, choices=["ABORT", "PAUSE"],
-                   help="signal the query --sleep ms after it starts (the simulator implements ABORT)")
+    p.add_argument(
+        "--action",
+        type=str.upper,
+        choices=["ABORT", "PAUSE"],
+        help="signal the query --sleep ms after it starts (the simulator implements ABORT)",
+    )
     p.add_argument("--sleep", type=int, default=None, metavar="MS", help="delay before --action, in ms")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="(simulator only; genie-t2t-run takes the budget from the config's dialog.max-num-tokens)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="(simulator only; genie-t2t-run takes the budget from the config's dialog.max-num-tokens)",
+    )
     return p
 
 
 UNSUPPORTED = {
     "lora": "--lora: the HexStudio simulator has no LoRA adapters. Run without --lora, or on a real board.",
     "save": "--save: the HexStudio simulator cannot save the dialog's KV state. Run without --save, or on a real "
-            "board.",
+    "board.",
     "restore": "--restore: the HexStudio simulator cannot restore a saved dialog state. Run without --restore, "
-               "or on a real board.",
+    "or on a real board.",
 }
 
 
@@ -67,8 +77,10 @@ def refusal(args: argparse.Namespace) -> str | None:
         if getattr(args, key) is not None:
             return message
     if args.action == "PAUSE":
-        return ("--action PAUSE: the HexStudio simulator implements --action ABORT only (pause and resume are not "
-                "simulated). Use --action ABORT, or a real board.")
+        return (
+            "--action PAUSE: the HexStudio simulator implements --action ABORT only (pause and resume are not "
+            "simulated). Use --action ABORT, or a real board."
+        )
     if args.sleep is not None and args.action is None:
         return "--sleep says when to send --action: give --action ABORT with it."
     if args.sleep is not None and args.sleep < 0:
@@ -79,7 +91,7 @@ def refusal(args: argparse.Namespace) -> str | None:
 def log(level: str, want: str | None, msg: str) -> None:
     order = ["error", "warn", "info", "verbose"]
     if want is not None and order.index(level) <= order.index(want):
-        print(f"[{level.upper()}]  \"{msg}\"", flush=True)
+        print(f'[{level.upper()}]  "{msg}"', flush=True)
 
 
 def sample(logits: Any, sampler: dict[str, Any], rng: Any) -> int:
@@ -105,23 +117,44 @@ def profile_doc(init_us: float, q: dict[str, Any]) -> dict[str, Any]:
 
     now = int(time.time() * 1e6)
     return {
-        "header": {"header_version": {"major": 0, "minor": 1, "patch": 0}, "version": {"major": 0, "minor": 1,
-                                                                                          "patch": 0},
-                   "artifact_type": "GENIE_PROFILE"},
-        "metadata": {"timestamp": now, "simulated": True, "runtime": "HexStudio simulator (onnxruntime, CPU)"},
-        "components": [{"name": "dialog0", "type": "dialog", "events": [
-            {"type": "GenieDialog_create", "duration": int(init_us), "start": now - int(init_us) - int(q["total_us"]),
-             "stop": now - int(q["total_us"]), "init-time": us(init_us)},
-            {"type": "GenieDialog_query", "duration": int(q["total_us"]), "start": now - int(q["total_us"]),
-             "stop": now,
-             "num-prompt-tokens": {"value": q["prompt_tokens"], "unit": ""},
-             "prompt-processing-rate": {"value": q["prompt_rate"], "unit": "toks/sec"},
-             "time-to-first-token": us(q["ttft_us"]),
-             "num-generated-tokens": {"value": q["generated"], "unit": ""},
-             "token-generation-rate": {"value": q["gen_rate"], "unit": "toks/sec"},
-             "token-generation-time": us(q["gen_us"])},
-            {"type": "GenieDialog_free", "duration": 0, "start": now, "stop": now},
-        ]}],
+        "header": {
+            "header_version": {"major": 0, "minor": 1, "patch": 0},
+            "version": {"major": 0, "minor": 1, "patch": 0},
+            "artifact_type": "GENIE_PROFILE",
+        },
+        "metadata": {
+            "timestamp": now,
+            "simulated": True,
+            "runtime": "HexStudio simulator (onnxruntime, CPU)",
+        },
+        "components": [
+            {
+                "name": "dialog0",
+                "type": "dialog",
+                "events": [
+                    {
+                        "type": "GenieDialog_create",
+                        "duration": int(init_us),
+                        "start": now - int(init_us) - int(q["total_us"]),
+                        "stop": now - int(q["total_us"]),
+                        "init-time": us(init_us),
+                    },
+                    {
+                        "type": "GenieDialog_query",
+                        "duration": int(q["total_us"]),
+                        "start": now - int(q["total_us"]),
+                        "stop": now,
+                        "num-prompt-tokens": {"value": q["prompt_tokens"], "unit": ""},
+                        "prompt-processing-rate": {"value": q["prompt_rate"], "unit": "toks/sec"},
+                        "time-to-first-token": us(q["ttft_us"]),
+                        "num-generated-tokens": {"value": q["generated"], "unit": ""},
+                        "token-generation-rate": {"value": q["gen_rate"], "unit": "toks/sec"},
+                        "token-generation-time": us(q["gen_us"]),
+                    },
+                    {"type": "GenieDialog_free", "duration": 0, "start": now, "stop": now},
+                ],
+            }
+        ],
     }
 
 
@@ -141,11 +174,16 @@ def legacy_positional_encoding(cfg: dict[str, Any]) -> dict[str, Any]:
     """Genie without model.positional-encoding: rope with QnnHtp pos-id-dim (default 64) and rope-theta
     (default 10000), no scaling (qnn-htp.cpp)."""
     htp = cfg["engine"]["backend"].get("QnnHtp") or {}
-    return {"type": "rope", "rope-dim": int(htp.get("pos-id-dim", 64)), "rope-theta": htp.get("rope-theta", 10000)}
+    return {
+        "type": "rope",
+        "rope-dim": int(htp.get("pos-id-dim", 64)),
+        "rope-theta": htp.get("rope-theta", 10000),
+    }
 
 
-def load_simulated_model(cfg: dict[str, Any], root: Path) -> tuple[list[dict[str, Any]], dict[str, Path],
-                                                                   dict[str, tuple[float, int, int]]]:
+def load_simulated_model(
+    cfg: dict[str, Any], root: Path
+) -> tuple[list[dict[str, Any]], dict[str, Path], dict[str, tuple[float, int, int]]]:
     """What Genie does with the ctx-bins before it runs them: open each (relative paths from the working
     directory, as Genie resolves them), read the graphs' I/O, validate them (workers/shared/bundle/genie_model.py:
     names, shapes, split order, chaining, identical quantization) and order the splits of each AR/CL by
@@ -166,22 +204,28 @@ def load_simulated_model(cfg: dict[str, Any], root: Path) -> tuple[list[dict[str
             raise GenieLoadError([str(exc)], "Failed to create the dialog.") from None
         for g in graphs:
             specs[g["name"]] = {"inputs": g["inputs"], "outputs": g["outputs"]}
-            paths[g["name"]] = safepath.resolve_under(root, g["onnx"], f"{b} graph {g['name']}", must_exist=True)
+            paths[g["name"]] = safepath.resolve_under(
+                root, g["onnx"], f"{b} graph {g['name']}", must_exist=True
+            )
     htp = cfg["engine"]["backend"].get("QnnHtp") or {}
     pe = cfg["engine"]["model"].get("positional-encoding") or legacy_positional_encoding(cfg)
-    lines = model_errors(specs, int(cfg["context"]["size"]), kv_dim=htp.get("kv-dim"), rope_dim=pe.get("rope-dim"))
+    lines = model_errors(
+        specs, int(cfg["context"]["size"]), kv_dim=htp.get("kv-dim"), rope_dim=pe.get("rope-dim")
+    )
     if lines:
         raise GenieLoadError(lines, "Failed to create the dialog.")
     variants, _ = splits(specs)
     cls = sorted({cl for _, cl in variants})
     if len(cls) != 1:
-        raise GenieLoadError([f"the HexStudio simulator runs bundles of one context length; this one has {cls}"],
-                             "Failed to create the dialog.")
+        raise GenieLoadError(
+            [f"the HexStudio simulator runs bundles of one context length; this one has {cls}"],
+            "Failed to create the dialog.",
+        )
     ars = sorted({ar for ar, _ in variants})
     entries: list[dict[str, Any]] = []
     for (ar, _cl), names in variants.items():
         kind = "token_generator" if ar == ars[0] and len(ars) > 1 else "prompt_processor"
-        for i, name in enumerate(names, start=1):     # Genie's order: the graph names, lexicographically
+        for i, name in enumerate(names, start=1):  # Genie's order: the graph names, lexicographically
             entries.append({"name": name, "kind": kind, "part": i, "seq_len": ar})
     quant: dict[str, tuple[float, int, int]] = {}
     for spec in specs.values():
@@ -201,8 +245,10 @@ def refuse_what_a_board_would_run_wrong(root: Path) -> None:
     found = errors(check_bundle(root))
     if found:
         lines = [f"[HexStudio simulator] {f.code}: {f.message}" for f in found]
-        lines.append("[HexStudio simulator] A real board's Genie would load this bundle without a word and compute "
-                     f"wrong output. Fix: {found[0].fix}")
+        lines.append(
+            "[HexStudio simulator] A real board's Genie would load this bundle without a word and compute "
+            f"wrong output. Fix: {found[0].fix}"
+        )
         raise GenieLoadError(lines, "Failed to create the dialog.")
 
 
@@ -236,22 +282,32 @@ class SimDialog:
         safepath.check_genie_config(doc, root)
         cfg = doc["dialog"]
         self.cfg = cfg
-        tok_path = safepath.resolve_under(root, cfg["tokenizer"]["path"], "genie_config.json dialog.tokenizer.path")
+        tok_path = safepath.resolve_under(
+            root, cfg["tokenizer"]["path"], "genie_config.json dialog.tokenizer.path"
+        )
         if not tok_path.is_file():
-            raise GenieLoadError([f"{cfg['tokenizer']['path']}: file does not exist"], "Failed to create the dialog.")
+            raise GenieLoadError(
+                [f"{cfg['tokenizer']['path']}: file does not exist"], "Failed to create the dialog."
+            )
         self.tok = Tokenizer.from_file(str(tok_path))
         entries, paths, quant = load_simulated_model(cfg, root)
         refuse_what_a_board_would_run_wrong(root)
         pe = cfg["engine"]["model"].get("positional-encoding") or legacy_positional_encoding(cfg)
-        self.pair = DeploymentPair.from_graphs(entries, root, positional_encoding=pe, paths=paths, quant=quant,
-                                               context_length=int(cfg["context"]["size"]),
-                                               intra_op_threads=int(os.environ.get("HEXSTUDIO_SIM_THREADS", "2")))
+        self.pair = DeploymentPair.from_graphs(
+            entries,
+            root,
+            positional_encoding=pe,
+            paths=paths,
+            quant=quant,
+            context_length=int(cfg["context"]["size"]),
+            intra_op_threads=int(os.environ.get("HEXSTUDIO_SIM_THREADS", "2")),
+        )
         self.sampler: dict[str, Any] = dict(cfg.get("sampler", {}))
         self.apply_sampler(sampler or {})
         eos = cfg["context"].get("eos-token")
         self.eos = set(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
         bos = cfg["context"].get("bos-token")
-        self.bos = bos if isinstance(bos, int) and bos >= 0 else None    # a negative bos-token: no BOS (Genie)
+        self.bos = bos if isinstance(bos, int) and bos >= 0 else None  # a negative bos-token: no BOS (Genie)
         self.queries = 0
         self.init_us = (time.perf_counter() - t_init) * 1e6
 
@@ -276,25 +332,26 @@ class SimDialog:
         self.pair.reset()
         self.queries = 0
 
-    def query(self, prompt: str, max_new: int | None, on_text: Any,
-              should_stop: Any = lambda: False) -> dict[str, Any]:
+    def query(
+        self, prompt: str, max_new: int | None, on_text: Any, should_stop: Any = lambda: False
+    ) -> dict[str, Any]:
         """Run one query; `on_text(text, tokens)` gets text as it is generated with the number of tokens it
         holds (usually 1; more when a character spans tokens and was held back). Returns the query's numbers
         (prompt_tokens, ttft_us, generated, prompt_rate, gen_rate, gen_us, total_us, state)."""
         from workers.arloop import ContextFull
 
         pre: list[int] = []
-        if not self.bos_on_fresh_cache_only:     # Genie: every query after the first starts eos, bos
+        if not self.bos_on_fresh_cache_only:  # Genie: every query after the first starts eos, bos
             if self.queries and self.eos:
                 pre.append(min(self.eos))
             if isinstance(self.bos, int):
                 pre.append(self.bos)
         elif isinstance(self.bos, int) and self.pair.n_past == 0:
-            pre.append(self.bos)                  # GenieX's pipeline: bos on a fresh cache only
+            pre.append(self.bos)  # GenieX's pipeline: bos on a fresh cache only
         ids = pre + self.tok.encode(prompt, add_special_tokens=False).ids
         self.queries += 1
         room = self.pair.capacity - self.pair.n_past - len(ids)
-        cap = max_new or int(self.cfg.get("max-num-tokens", 0) or 0) or None   # the dialog's reply budget
+        cap = max_new or int(self.cfg.get("max-num-tokens", 0) or 0) or None  # the dialog's reply budget
         budget = max(0, min(cap, room) if cap else room)
         t0 = time.perf_counter()
         generated: list[int] = []
@@ -316,22 +373,29 @@ class SimDialog:
                 generated.append(nxt)
                 text = self.tok.decode(generated)
                 if not text.endswith("\ufffd"):  # never print half a UTF-8 character
-                    on_text(text[len(printed):], len(generated) - printed_tokens)
+                    on_text(text[len(printed) :], len(generated) - printed_tokens)
                     printed, printed_tokens = text, len(generated)
                 if self.pair.n_past >= self.pair.capacity:
                     break
                 logits = self.pair.step(nxt)
             gen_us = (time.perf_counter() - t_first) * 1e6
             if state == "complete" and cap and room < cap and len(generated) >= room:
-                state = "context_full"   # the reply was cut short by the context length
+                state = "context_full"  # the reply was cut short by the context length
         except ContextFull:
             state = "context_full"
             gen_us = max(0.0, (time.perf_counter() - t0) * 1e6 - ttft_us)
         n_prompt = len(ids)
-        return {"prompt_tokens": n_prompt, "ttft_us": ttft_us, "generated": len(generated),
-                "prompt_rate": round(n_prompt / max(ttft_us / 1e6, 1e-9), 4) if ttft_us else 0.0,
-                "gen_rate": round(len(generated) / max(gen_us / 1e6, 1e-9), 4) if generated else 0.0,
-                "gen_us": gen_us, "total_us": ttft_us + gen_us, "state": state, "n_past": self.pair.n_past}
+        return {
+            "prompt_tokens": n_prompt,
+            "ttft_us": ttft_us,
+            "generated": len(generated),
+            "prompt_rate": round(n_prompt / max(ttft_us / 1e6, 1e-9), 4) if ttft_us else 0.0,
+            "gen_rate": round(len(generated) / max(gen_us / 1e6, 1e-9), 4) if generated else 0.0,
+            "gen_us": gen_us,
+            "total_us": ttft_us + gen_us,
+            "state": state,
+            "n_past": self.pair.n_past,
+        }
 
 
 def holds_real_binaries(config: str) -> bool:
@@ -368,13 +432,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: {why}", file=sys.stderr)
         return 1
     if args.profile and os.path.exists(args.profile):
-        print(f"ERROR: Invalid --profile argument. Output file {args.profile} already exists.", file=sys.stderr)
+        print(
+            f"ERROR: Invalid --profile argument. Output file {args.profile} already exists.", file=sys.stderr
+        )
         return 1
     prompt = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
     print(BANNER, flush=True)
     try:
         dialog = SimDialog(Path(args.config))
-    except GenieLoadError as exc:      # Genie's own texts, on stderr as genie-t2t-run prints them
+    except GenieLoadError as exc:  # Genie's own texts, on stderr as genie-t2t-run prints them
         for line in exc.lines:
             print(line, file=sys.stderr, flush=True)
         print(exc.final, file=sys.stderr, flush=True)
@@ -389,13 +455,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("[BEGIN]: ")
     sys.stdout.flush()
 
-    stamps: list[tuple[float, int]] = []   # (monotonic time, reply characters so far): bench/stream.py
+    stamps: list[tuple[float, int]] = []  # (monotonic time, reply characters so far): bench/stream.py
     written = 0
 
     def on_text(text: str, tokens: int = 1) -> None:
         nonlocal written
         written += len(text)
-        stamps.append((time.monotonic(), written))   # taken just before the write
+        stamps.append((time.monotonic(), written))  # taken just before the write
         sys.stdout.write(text)
         sys.stdout.flush()
 

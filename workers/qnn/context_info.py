@@ -24,18 +24,41 @@ from workers.shared.errors import ActionableError
 
 # Qnn_DataType_t (QnnTypes.h) -> the name HexStudio uses everywhere (metadata.yaml, bundle check)
 DATATYPES = {
-    0x0008: "int8", 0x0016: "int16", 0x0032: "int32", 0x0064: "int64",
-    0x0108: "uint8", 0x0116: "uint16", 0x0132: "uint32", 0x0164: "uint64",
-    0x0216: "float16", 0x0232: "float32", 0x0264: "float64",
-    0x0304: "sfixed4", 0x0308: "sfixed8", 0x0316: "sfixed16", 0x0332: "sfixed32",
-    0x0404: "ufixed4", 0x0408: "ufixed8", 0x0416: "ufixed16", 0x0432: "ufixed32",
-    0x0508: "bool8", 0x0608: "string",
+    0x0008: "int8",
+    0x0016: "int16",
+    0x0032: "int32",
+    0x0064: "int64",
+    0x0108: "uint8",
+    0x0116: "uint16",
+    0x0132: "uint32",
+    0x0164: "uint64",
+    0x0216: "float16",
+    0x0232: "float32",
+    0x0264: "float64",
+    0x0304: "sfixed4",
+    0x0308: "sfixed8",
+    0x0316: "sfixed16",
+    0x0332: "sfixed32",
+    0x0404: "ufixed4",
+    0x0408: "ufixed8",
+    0x0416: "ufixed16",
+    0x0432: "ufixed32",
+    0x0508: "bool8",
+    0x0608: "string",
 }
 # how a fixed-point tensor is stored, as a graph's I/O buffer holds it (Genie writes and reads these)
-STORAGE = {"ufixed8": "uint8", "ufixed16": "uint16", "ufixed32": "uint32", "sfixed8": "int8",
-           "sfixed16": "int16", "sfixed32": "int32", "ufixed4": "uint8", "sfixed4": "int8"}
+STORAGE = {
+    "ufixed8": "uint8",
+    "ufixed16": "uint16",
+    "ufixed32": "uint32",
+    "sfixed8": "int8",
+    "sfixed16": "int16",
+    "sfixed32": "int32",
+    "ufixed4": "uint8",
+    "sfixed4": "int8",
+}
 ENC_SCALE_OFFSET, ENC_AXIS_SCALE_OFFSET, ENC_BW_SCALE_OFFSET = 0, 1, 2
-DEF_DEFINED = 1          # Qnn_Definition_t QNN_DEFINITION_DEFINED
+DEF_DEFINED = 1  # Qnn_Definition_t QNN_DEFINITION_DEFINED
 
 
 class Version(C.Structure):
@@ -58,18 +81,28 @@ class BwScaleOffset(C.Structure):
 
 
 class BwAxisScaleOffset(C.Structure):
-    _fields_ = [("bitwidth", C.c_uint32), ("axis", C.c_int32), ("numElements", C.c_uint32),
-                ("scales", C.POINTER(C.c_float)), ("offsets", C.POINTER(C.c_int32))]
+    _fields_ = [
+        ("bitwidth", C.c_uint32),
+        ("axis", C.c_int32),
+        ("numElements", C.c_uint32),
+        ("scales", C.POINTER(C.c_float)),
+        ("offsets", C.POINTER(C.c_int32)),
+    ]
 
 
-class TwoPointers(C.Structure):     # Qnn_BlockEncoding_t / Qnn_FloatBlockEncoding_t: read as their size only
+class TwoPointers(C.Structure):  # Qnn_BlockEncoding_t / Qnn_FloatBlockEncoding_t: read as their size only
     _fields_ = [("a", C.c_void_p), ("b", C.c_void_p)]
 
 
 class QuantEncoding(C.Union):
-    _fields_ = [("scaleOffset", ScaleOffset), ("axisScaleOffset", AxisScaleOffset),
-                ("bwScaleOffset", BwScaleOffset), ("bwAxisScaleOffset", BwAxisScaleOffset),
-                ("block", TwoPointers), ("pointer", C.c_void_p)]
+    _fields_ = [
+        ("scaleOffset", ScaleOffset),
+        ("axisScaleOffset", AxisScaleOffset),
+        ("bwScaleOffset", BwScaleOffset),
+        ("bwAxisScaleOffset", BwAxisScaleOffset),
+        ("block", TwoPointers),
+        ("pointer", C.c_void_p),
+    ]
 
 
 class QuantizeParams(C.Structure):
@@ -89,14 +122,27 @@ class SparseParams(C.Structure):
 
 
 class TensorV1(C.Structure):
-    _fields_ = [("id", C.c_uint32), ("name", C.c_char_p), ("type", C.c_int), ("dataFormat", C.c_uint32),
-                ("dataType", C.c_int), ("quantizeParams", QuantizeParams), ("rank", C.c_uint32),
-                ("dimensions", C.POINTER(C.c_uint32)), ("memType", C.c_int), ("mem", TensorMem)]
+    _fields_ = [
+        ("id", C.c_uint32),
+        ("name", C.c_char_p),
+        ("type", C.c_int),
+        ("dataFormat", C.c_uint32),
+        ("dataType", C.c_int),
+        ("quantizeParams", QuantizeParams),
+        ("rank", C.c_uint32),
+        ("dimensions", C.POINTER(C.c_uint32)),
+        ("memType", C.c_int),
+        ("mem", TensorMem),
+    ]
 
 
 class TensorV2(C.Structure):
-    _fields_ = [*TensorV1._fields_, ("isDynamicDimensions", C.POINTER(C.c_uint8)),
-                ("sparseParams", SparseParams), ("isProduced", C.c_uint8)]
+    _fields_ = [
+        *TensorV1._fields_,
+        ("isDynamicDimensions", C.POINTER(C.c_uint8)),
+        ("sparseParams", SparseParams),
+        ("isProduced", C.c_uint8),
+    ]
 
 
 class TensorVersions(C.Union):
@@ -107,12 +153,20 @@ class Tensor(C.Structure):
     _fields_ = [("version", C.c_int), ("u", TensorVersions)]
 
 
-class GraphInfoV3(C.Structure):   # V1 and V2 are its prefixes
-    _fields_ = [("graphName", C.c_char_p), ("numGraphInputs", C.c_uint32), ("graphInputs", C.POINTER(Tensor)),
-                ("numGraphOutputs", C.c_uint32), ("graphOutputs", C.POINTER(Tensor)),
-                ("numUpdateableTensors", C.c_uint32), ("updateableTensors", C.POINTER(Tensor)),
-                ("graphBlobInfoSize", C.c_uint32), ("graphBlobInfo", C.c_void_p),
-                ("startOpIndex", C.c_uint32), ("endOpIndex", C.c_uint32)]
+class GraphInfoV3(C.Structure):  # V1 and V2 are its prefixes
+    _fields_ = [
+        ("graphName", C.c_char_p),
+        ("numGraphInputs", C.c_uint32),
+        ("graphInputs", C.POINTER(Tensor)),
+        ("numGraphOutputs", C.c_uint32),
+        ("graphOutputs", C.POINTER(Tensor)),
+        ("numUpdateableTensors", C.c_uint32),
+        ("updateableTensors", C.POINTER(Tensor)),
+        ("graphBlobInfoSize", C.c_uint32),
+        ("graphBlobInfo", C.c_void_p),
+        ("startOpIndex", C.c_uint32),
+        ("endOpIndex", C.c_uint32),
+    ]
 
 
 class GraphInfo(C.Structure):
@@ -120,11 +174,22 @@ class GraphInfo(C.Structure):
 
 
 class BinaryInfoV1(C.Structure):
-    _fields_ = [("backendId", C.c_uint32), ("buildId", C.c_char_p), ("coreApiVersion", Version),
-                ("backendApiVersion", Version), ("socVersion", C.c_char_p), ("hwInfoBlobVersion", Version),
-                ("contextBlobVersion", Version), ("hwInfoBlobSize", C.c_uint32), ("hwInfoBlob", C.c_void_p),
-                ("contextBlobSize", C.c_uint64), ("numContextTensors", C.c_uint32),
-                ("contextTensors", C.POINTER(Tensor)), ("numGraphs", C.c_uint32), ("graphs", C.POINTER(GraphInfo))]
+    _fields_ = [
+        ("backendId", C.c_uint32),
+        ("buildId", C.c_char_p),
+        ("coreApiVersion", Version),
+        ("backendApiVersion", Version),
+        ("socVersion", C.c_char_p),
+        ("hwInfoBlobVersion", Version),
+        ("contextBlobVersion", Version),
+        ("hwInfoBlobSize", C.c_uint32),
+        ("hwInfoBlob", C.c_void_p),
+        ("contextBlobSize", C.c_uint64),
+        ("numContextTensors", C.c_uint32),
+        ("contextTensors", C.POINTER(Tensor)),
+        ("numGraphs", C.c_uint32),
+        ("graphs", C.POINTER(GraphInfo)),
+    ]
 
 
 class BinaryInfoV2(C.Structure):
@@ -132,12 +197,23 @@ class BinaryInfoV2(C.Structure):
 
 
 class BinaryInfoV3(C.Structure):
-    _fields_ = [("backendId", C.c_uint32), ("buildId", C.c_char_p), ("coreApiVersion", Version),
-                ("backendApiVersion", Version), ("socVersion", C.c_char_p), ("contextBlobVersion", Version),
-                ("contextBlobSize", C.c_uint64), ("numContextTensors", C.c_uint32),
-                ("contextTensors", C.POINTER(Tensor)), ("numGraphs", C.c_uint32), ("graphs", C.POINTER(GraphInfo)),
-                ("platformInfo", C.c_void_p), ("contextMetadataSize", C.c_uint32), ("contextMetadata", C.c_void_p),
-                ("socModel", C.c_uint32)]
+    _fields_ = [
+        ("backendId", C.c_uint32),
+        ("buildId", C.c_char_p),
+        ("coreApiVersion", Version),
+        ("backendApiVersion", Version),
+        ("socVersion", C.c_char_p),
+        ("contextBlobVersion", Version),
+        ("contextBlobSize", C.c_uint64),
+        ("numContextTensors", C.c_uint32),
+        ("contextTensors", C.POINTER(Tensor)),
+        ("numGraphs", C.c_uint32),
+        ("graphs", C.POINTER(GraphInfo)),
+        ("platformInfo", C.c_void_p),
+        ("contextMetadataSize", C.c_uint32),
+        ("contextMetadata", C.c_void_p),
+        ("socModel", C.c_uint32),
+    ]
 
 
 class BinaryInfoVersions(C.Union):
@@ -149,19 +225,28 @@ class BinaryInfo(C.Structure):
 
 
 CREATE = C.CFUNCTYPE(C.c_uint64, C.POINTER(C.c_void_p))
-GET_BINARY_INFO = C.CFUNCTYPE(C.c_uint64, C.c_void_p, C.c_void_p, C.c_uint64, C.POINTER(C.POINTER(BinaryInfo)),
-                              C.POINTER(C.c_uint64))
+GET_BINARY_INFO = C.CFUNCTYPE(
+    C.c_uint64, C.c_void_p, C.c_void_p, C.c_uint64, C.POINTER(C.POINTER(BinaryInfo)), C.POINTER(C.c_uint64)
+)
 FREE = C.CFUNCTYPE(C.c_uint64, C.c_void_p)
 
 
-class SystemInterfaceFns(C.Structure):   # the first four members of QNN_SYSTEM_INTERFACE_VER_TYPE
-    _fields_ = [("systemContextCreate", CREATE), ("systemContextGetBinaryInfo", GET_BINARY_INFO),
-                ("systemContextGetMetaData", C.c_void_p), ("systemContextFree", FREE)]
+class SystemInterfaceFns(C.Structure):  # the first four members of QNN_SYSTEM_INTERFACE_VER_TYPE
+    _fields_ = [
+        ("systemContextCreate", CREATE),
+        ("systemContextGetBinaryInfo", GET_BINARY_INFO),
+        ("systemContextGetMetaData", C.c_void_p),
+        ("systemContextFree", FREE),
+    ]
 
 
 class SystemInterface(C.Structure):
-    _fields_ = [("backendId", C.c_uint32), ("providerName", C.c_char_p), ("systemApiVersion", Version),
-                ("fns", SystemInterfaceFns)]
+    _fields_ = [
+        ("backendId", C.c_uint32),
+        ("providerName", C.c_char_p),
+        ("systemApiVersion", Version),
+        ("fns", SystemInterfaceFns),
+    ]
 
 
 class ContextInfoError(ActionableError):
@@ -171,12 +256,12 @@ class ContextInfoError(ActionableError):
 @dataclass
 class TensorInfo:
     name: str
-    dtype: str                     # storage type of the I/O buffer: uint16, uint8, int32, float32, ...
-    qnn_dtype: str                 # QNN's own: ufixed16, int32, ...
+    dtype: str  # storage type of the I/O buffer: uint16, uint8, int32, float32, ...
+    qnn_dtype: str  # QNN's own: ufixed16, int32, ...
     shape: list[int]
-    scale: float | None = None     # per-tensor quantization (Genie checks these across graphs)
-    offset: int | None = None      # QNN's offset: real = scale * (q + offset); ONNX zero point = -offset
-    encoding: str | None = None    # "scale_offset", "axis_scale_offset", ... or None (not quantized)
+    scale: float | None = None  # per-tensor quantization (Genie checks these across graphs)
+    offset: int | None = None  # QNN's offset: real = scale * (q + offset); ONNX zero point = -offset
+    encoding: str | None = None  # "scale_offset", "axis_scale_offset", ... or None (not quantized)
 
 
 @dataclass
@@ -189,11 +274,11 @@ class GraphInfoDoc:
 @dataclass
 class ContextInfo:
     path: str
-    build_id: str                  # e.g. "v2.51.0.251031..." (the QNN/QAIRT build that wrote it)
+    build_id: str  # e.g. "v2.51.0.251031..." (the QNN/QAIRT build that wrote it)
     core_api: str
     backend_api: str
     soc_version: str | None
-    soc_model: int | None          # QNN's SoC model number (77: QCS9100/QCS9075, Hexagon v73), V3 only
+    soc_model: int | None  # QNN's SoC model number (77: QCS9100/QCS9075, Hexagon v73), V3 only
     context_blob_size: int
     info_version: int
     graphs: list[GraphInfoDoc] = field(default_factory=list)
@@ -206,8 +291,12 @@ def _tensor(t: Tensor) -> TensorInfo:
     v = t.u.v2 if t.version == 2 else t.u.v1
     qnn = DATATYPES.get(int(v.dataType), f"0x{int(v.dataType):04x}")
     shape = [int(v.dimensions[i]) for i in range(int(v.rank))] if v.dimensions else []
-    info = TensorInfo(name=(v.name or b"").decode("utf-8", "replace"), dtype=STORAGE.get(qnn, qnn),
-                      qnn_dtype=qnn, shape=shape)
+    info = TensorInfo(
+        name=(v.name or b"").decode("utf-8", "replace"),
+        dtype=STORAGE.get(qnn, qnn),
+        qnn_dtype=qnn,
+        shape=shape,
+    )
     q = v.quantizeParams
     if q.encodingDefinition == DEF_DEFINED:
         if q.quantizationEncoding == ENC_SCALE_OFFSET:
@@ -245,19 +334,29 @@ def read_context_info(path: Path, lib: Path) -> ContextInfo:
     try:
         info_p = C.POINTER(BinaryInfo)()
         size = C.c_uint64()
-        err = fns.systemContextGetBinaryInfo(handle, C.cast(buf, C.c_void_p), len(raw), C.byref(info_p), C.byref(size))
+        err = fns.systemContextGetBinaryInfo(
+            handle, C.cast(buf, C.c_void_p), len(raw), C.byref(info_p), C.byref(size)
+        )
         if err != 0 or not info_p:
             raise ContextInfoError(
                 f"{Path(path).name} is not a QNN context binary that QNN {providers[0].contents.systemApiVersion.text()}"
-                f"'s libQnnSystem can read (QnnSystemContext_getBinaryInfo error {int(err) & 0xFFFF})")
+                f"'s libQnnSystem can read (QnnSystemContext_getBinaryInfo error {int(err) & 0xFFFF})"
+            )
         bi = info_p.contents
         ver = int(bi.version)
-        b: BinaryInfoV1 | BinaryInfoV2 | BinaryInfoV3 = bi.u.v3 if ver == 3 else (bi.u.v2 if ver == 2 else bi.u.v1)
-        doc = ContextInfo(path=str(path), build_id=(b.buildId or b"").decode("utf-8", "replace"),
-                          core_api=b.coreApiVersion.text(), backend_api=b.backendApiVersion.text(),
-                          soc_version=b.socVersion.decode("utf-8", "replace") if b.socVersion else None,
-                          soc_model=int(b.socModel) if ver == 3 else None,
-                          context_blob_size=int(b.contextBlobSize), info_version=ver)
+        b: BinaryInfoV1 | BinaryInfoV2 | BinaryInfoV3 = (
+            bi.u.v3 if ver == 3 else (bi.u.v2 if ver == 2 else bi.u.v1)
+        )
+        doc = ContextInfo(
+            path=str(path),
+            build_id=(b.buildId or b"").decode("utf-8", "replace"),
+            core_api=b.coreApiVersion.text(),
+            backend_api=b.backendApiVersion.text(),
+            soc_version=b.socVersion.decode("utf-8", "replace") if b.socVersion else None,
+            soc_model=int(b.socModel) if ver == 3 else None,
+            context_blob_size=int(b.contextBlobSize),
+            info_version=ver,
+        )
         for i in range(int(b.numGraphs)):
             g = b.graphs[i].v
             gd = GraphInfoDoc(name=(g.graphName or b"").decode("utf-8", "replace"))
@@ -270,10 +369,14 @@ def read_context_info(path: Path, lib: Path) -> ContextInfo:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workers.qnn.context_info",
-                                 description="Read QNN context binaries back through libQnnSystem (JSON on stdout).")
+    ap = argparse.ArgumentParser(
+        prog="python -m workers.qnn.context_info",
+        description="Read QNN context binaries back through libQnnSystem (JSON on stdout).",
+    )
     ap.add_argument("files", nargs="+", type=Path)
-    ap.add_argument("--lib", type=Path, default=None, help="libQnnSystem.so (default: the onnxruntime-qnn wheel's)")
+    ap.add_argument(
+        "--lib", type=Path, default=None, help="libQnnSystem.so (default: the onnxruntime-qnn wheel's)"
+    )
     args = ap.parse_args(argv)
     lib = args.lib
     if lib is None:
@@ -281,8 +384,15 @@ def main(argv: list[str] | None = None) -> int:
 
         libs = find_qnn_libs()
         if libs is None:
-            print(json.dumps({"error": "qnn_missing", "message": "Qualcomm's libQnnSystem.so is not installed.",
-                              "hint": INSTALL_HINT}))
+            print(
+                json.dumps(
+                    {
+                        "error": "qnn_missing",
+                        "message": "Qualcomm's libQnnSystem.so is not installed.",
+                        "hint": INSTALL_HINT,
+                    }
+                )
+            )
             return 2
         lib = libs.system
     out: list[dict[str, object]] = []

@@ -31,8 +31,9 @@ GRAPH_NAME_PREFIX = "QNNExecutionProvider_QNNExecutionProvider_"
 @dataclass(frozen=True)
 class HtpTarget:
     """What a context binary is prepared for."""
+
     soc_model: int
-    dsp_arch: str            # "v73"
+    dsp_arch: str  # "v73"
 
     @property
     def htp_arch(self) -> str:
@@ -51,15 +52,21 @@ def register_ep() -> Any:
     if not _registered:
         try:
             ort.register_execution_provider_library(EP_NAME, onnxruntime_qnn.get_library_path())
-        except Exception as exc:      # registered already by someone else in this process
+        except Exception as exc:  # registered already by someone else in this process
             if "already" not in str(exc).lower():
                 raise
         _registered = True
     return ort
 
 
-def session_options(target: HtpTarget, *, context_file: Path | None = None, share: bool = False,
-                    stop_share: bool = False, profiling_csv: Path | None = None) -> Any:
+def session_options(
+    target: HtpTarget,
+    *,
+    context_file: Path | None = None,
+    share: bool = False,
+    stop_share: bool = False,
+    profiling_csv: Path | None = None,
+) -> Any:
     ort = register_ep()
     from workers.qnn.libs import find_qnn_libs
 
@@ -96,10 +103,10 @@ def ordered_path(folder: Path, stem: str, part: int, parts: int) -> Path:
     """An absolute path `folder/<stem>~<salt>.onnx` whose EP graph name sorts in part order: the hash's leading
     digits spell 10**w + part (w digits wide), so part 1 < part 2 < ... whatever the hashes' lengths."""
     width = len(str(parts))
-    want = str(10 ** width + part)
+    want = str(10**width + part)
     folder = folder.resolve()
     for salt in range(1_000_000):
         p = folder / f"{stem}~{salt}.onnx"
-        if graph_name_for_path(os.fspath(p))[len(GRAPH_NAME_PREFIX):].startswith(want):
+        if graph_name_for_path(os.fspath(p))[len(GRAPH_NAME_PREFIX) :].startswith(want):
             return p
-    raise RuntimeError(f"no file name for {stem} gives an ordered graph name")   # ~1 in 10**(w+1): never
+    raise RuntimeError(f"no file name for {stem} gives an ordered graph name")  # ~1 in 10**(w+1): never

@@ -98,7 +98,7 @@ def check(bundle: Path) -> dict[str, Any]:
         doc["config"] = {"status": None, "message": f"cannot read {cfg_path}: {exc}"}
         return doc
     doc["config"] = genie_parse(text, libs.genie)
-    doc["dialogs"] = {}      # the speculative dialogs' configs beside it (genie_config.lade.json, ...)
+    doc["dialogs"] = {}  # the speculative dialogs' configs beside it (genie_config.lade.json, ...)
     for variant in sorted(bundle.glob("genie_config.*.json")):
         try:
             doc["dialogs"][variant.name] = genie_parse(read_config(variant), libs.genie)
@@ -115,7 +115,7 @@ def check(bundle: Path) -> dict[str, Any]:
     for b in bins:
         p = (bundle / b).resolve()
         entry: dict[str, Any] = {"file": b}
-        if root not in p.parents or not p.is_file():   # the path rules themselves are the light checker's
+        if root not in p.parents or not p.is_file():  # the path rules themselves are the light checker's
             entry.update({"error": "unreadable", "message": f"{b} is not a regular file inside the bundle"})
         else:
             with open(p, "rb") as fh:

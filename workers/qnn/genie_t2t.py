@@ -39,11 +39,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for flag in ("lora", "save", "restore"):
         if getattr(args, flag) is not None:
-            print(f"ERROR: --{flag} is not supported by HexStudio's simulator board (bundles carry no LoRA "
-                  "adapters, and dialog state is not saved). Run without it.", file=sys.stderr)
+            print(
+                f"ERROR: --{flag} is not supported by HexStudio's simulator board (bundles carry no LoRA "
+                "adapters, and dialog state is not saved). Run without it.",
+                file=sys.stderr,
+            )
             return 1
     if args.profile and os.path.exists(args.profile):
-        print(f"ERROR: Invalid --profile argument. Output file {args.profile} already exists.", file=sys.stderr)
+        print(
+            f"ERROR: Invalid --profile argument. Output file {args.profile} already exists.", file=sys.stderr
+        )
         return 1
     try:
         cfg = json.loads(Path(args.config).read_text(encoding="utf-8"))
@@ -58,21 +63,24 @@ def main(argv: list[str] | None = None) -> int:
     prompt = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
     fns = gs.bind(ctypes.CDLL(str(libs.genie)))
     version = ".".join(str(fns[f"Genie_getApi{p}Version"]()) for p in ("Major", "Minor", "Patch"))
-    print(f"Using libGenie.so version {version} (Qualcomm's libGenie on the HTP simulator, x86: simulated, "
-          "not a device)", flush=True)
+    print(
+        f"Using libGenie.so version {version} (Qualcomm's libGenie on the HTP simulator, x86: simulated, "
+        "not a device)",
+        flush=True,
+    )
 
     def to_stderr(level: str, text: str) -> None:
-        print(f"[{level.upper()}]  \"{text}\"", file=sys.stderr, flush=True)
+        print(f'[{level.upper()}]  "{text}"', file=sys.stderr, flush=True)
 
     end: dict[str, Any] = {}
 
-    def events(obj: dict[str, Any]) -> None:   # the helper's JSON events become genie-t2t-run's output:
-        if obj.get("event") == "log":          # Genie's own log lines go to stderr as genie-t2t-run prints them,
+    def events(obj: dict[str, Any]) -> None:  # the helper's JSON events become genie-t2t-run's output:
+        if obj.get("event") == "log":  # Genie's own log lines go to stderr as genie-t2t-run prints them,
             to_stderr(str(obj.get("level", "info")), str(obj.get("message", "")))
-        elif obj.get("event") == "text":       # the reply's text to stdout as it streams,
+        elif obj.get("event") == "text":  # the reply's text to stdout as it streams,
             sys.stdout.write(str(obj.get("text", "")))
             sys.stdout.flush()
-        elif obj.get("event") == "end":        # and the query's end decides [END] or [ABORT]
+        elif obj.get("event") == "end":  # and the query's end decides [END] or [ABORT]
             end.update(obj)
 
     gs.emit = events
@@ -87,13 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("[BEGIN]: ")
     sys.stdout.flush()
     if args.action == "ABORT":
+
         def later() -> None:
             time.sleep((args.sleep or 0) / 1000)
-            while not h.in_query.is_set() and not end:   # the signal only reaches a query that has started
+            while not h.in_query.is_set() and not end:  # the signal only reaches a query that has started
                 time.sleep(0.005)
             h.abort()
+
         threading.Thread(target=later, daemon=True).start()
-    h.query("t2t", prompt, args.max_tokens)     # the one query loop the board's helper uses (workers/board)
+    h.query("t2t", prompt, args.max_tokens)  # the one query loop the board's helper uses (workers/board)
     st = int(end.get("status", -1))
     if end.get("state") == "aborted":
         sys.stdout.write("[ABORT]: \nQuery successfully aborted\n")

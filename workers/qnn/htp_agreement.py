@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-HTP_ARGMAX_MIN = 0.95            # logits argmax agreement, onnxruntime simulation vs HTP simulator
-HTP_MEAN_CODE_MAX = 0.002        # mean |code difference| of the logits, as a fraction of the code range
-MAX_SIM_BYTES = 768 << 20        # the HTP simulator runs ~1 s a token on the built-in model: larger models skip
+HTP_ARGMAX_MIN = 0.95  # logits argmax agreement, onnxruntime simulation vs HTP simulator
+HTP_MEAN_CODE_MAX = 0.002  # mean |code difference| of the logits, as a fraction of the code range
+MAX_SIM_BYTES = 768 << 20  # the HTP simulator runs ~1 s a token on the built-in model: larger models skip
 
 
 @dataclass
@@ -36,7 +36,7 @@ class OutputAgreement:
     max_code_error: int
     mean_code_error: float
     code_range: int
-    argmax_agreement: float | None = None     # logits only
+    argmax_agreement: float | None = None  # logits only
 
 
 @dataclass
@@ -49,7 +49,7 @@ class PartAgreement:
 class HtpAgreement:
     parts: list[PartAgreement]
     logits_argmax_agreement: float
-    logits_mean_code_error: float          # fraction of the code range
+    logits_mean_code_error: float  # fraction of the code range
     logits_max_code_error: int
     positions: int
     ok: bool
@@ -72,8 +72,14 @@ def _codes(v: np.ndarray, scale: float, zp: int, bits: int) -> np.ndarray:
     return np.clip(np.round(np.asarray(v, np.float64) / scale) + zp, 0, (1 << bits) - 1).astype(np.int64)
 
 
-def measure(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: list[int],
-            target: Any = None, rewrite: Any = None) -> HtpAgreement:
+def measure(
+    quantize_dir: Path,
+    q: dict[str, Any],
+    work: Path,
+    token_ids: list[int],
+    target: Any = None,
+    rewrite: Any = None,
+) -> HtpAgreement:
     """Run each part of both graphs on both simulators (see the module doc). `work`: where the HTP graphs go.
     `rewrite(model) -> (model, report)`: the graph rewrite under test (workers.qnn.htp_graph.htp_graph)."""
     import onnxruntime as ort
@@ -96,7 +102,7 @@ def measure(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: list[i
         htp_paths[str(g["name"])] = path
         models.append(model)
     quant = genie_feed_quant(models)
-    encs = {n: (s, -off, b) for n, (s, off, b) in quant.items()}       # (scale, zero point, bits) for the codes
+    encs = {n: (s, -off, b) for n, (s, off, b) in quant.items()}  # (scale, zero point, bits) for the codes
     feeds = GenieFeeds(q["positional_encoding"], cl, quant)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
@@ -108,7 +114,9 @@ def measure(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: list[i
     for g in q["graphs"]:
         if g["kind"] != "prompt_processor":
             continue
-        probe = ort.InferenceSession(os.fspath(quantize_dir / g["sim_onnx"]), opts, providers=["CPUExecutionProvider"])
+        probe = ort.InferenceSession(
+            os.fspath(quantize_dir / g["sim_onnx"]), opts, providers=["CPUExecutionProvider"]
+        )
         layers |= set(_io_of(probe).kv_in.values())
         kshape = kshape or next(i.shape for i in probe.get_inputs() if i.name.startswith("past_key"))
         del probe
@@ -117,10 +125,12 @@ def measure(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: list[i
     for kind, block, n_past in (("prompt_processor", ids, 0), ("token_generator", ids[-1:], len(ids))):
         s = ar_n if kind == "prompt_processor" else 1
         x: np.ndarray = np.zeros((1, s), np.int32)
-        x[0, :len(block)] = block
+        x[0, : len(block)] = block
         m = len(block)
         for g in sorted((g for g in q["graphs"] if g["kind"] == kind), key=lambda g: int(g["part"])):
-            sim = ort.InferenceSession(os.fspath(quantize_dir / g["sim_onnx"]), opts, providers=["CPUExecutionProvider"])
+            sim = ort.InferenceSession(
+                os.fspath(quantize_dir / g["sim_onnx"]), opts, providers=["CPUExecutionProvider"]
+            )
             io = _io_of(sim)
             feed = feed_graph(io, x, feeds, cache, n_past, m, s, cl)
             a = dict(zip(io.outputs, sim.run(io.outputs, feed), strict=True))
@@ -150,8 +160,14 @@ def measure(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: list[i
     agree = float(np.mean(np.argmax(la, -1) == np.argmax(lb, -1)))
     rng = (1 << encs["logits"][2]) - 1 if "logits" in encs else 65535
     mean_err = float(np.abs(la - lb).mean()) / rng
-    return HtpAgreement(parts_out, round(agree, 4), round(mean_err, 6), int(np.abs(la - lb).max()), int(la.shape[0]),
-                        ok=agree >= HTP_ARGMAX_MIN and mean_err <= HTP_MEAN_CODE_MAX)
+    return HtpAgreement(
+        parts_out,
+        round(agree, 4),
+        round(mean_err, 6),
+        int(np.abs(la - lb).max()),
+        int(la.shape[0]),
+        ok=agree >= HTP_ARGMAX_MIN and mean_err <= HTP_MEAN_CODE_MAX,
+    )
 
 
 def measure_json(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: list[int]) -> dict[str, Any]:
@@ -169,18 +185,35 @@ def measure_json(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: l
         return measure(quantize_dir, q, work, token_ids).to_json()
     work.mkdir(parents=True, exist_ok=True)
     args = work / "measure.json"
-    args.write_text(json.dumps({"quantize_dir": os.fspath(quantize_dir), "q": q, "work": os.fspath(work),
-                                "token_ids": list(token_ids)}), encoding="utf-8")
+    args.write_text(
+        json.dumps(
+            {
+                "quantize_dir": os.fspath(quantize_dir),
+                "q": q,
+                "work": os.fspath(work),
+                "token_ids": list(token_ids),
+            }
+        ),
+        encoding="utf-8",
+    )
     env = with_workers_on_path(libs.env())
-    proc = subprocess.run([libs.python, "-m", "workers.qnn.htp_agreement", "--measure", os.fspath(args)],
-                          capture_output=True, text=True, env=env, check=False, timeout=3 * 3600)
+    proc = subprocess.run(
+        [libs.python, "-m", "workers.qnn.htp_agreement", "--measure", os.fspath(args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=3 * 3600,
+    )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        raise ActionableError(f"The HTP simulation leg failed in the side environment ({libs.python}): {tail[:500]}",
-                              "Check that environment: `<its python> -c \"import onnxruntime_qnn, onnx, numpy\"` "
-                              "(packaging/install-workstation.sh makes it), or clear the thresholds it gates by "
-                              "running without it.")
+        raise ActionableError(
+            f"The HTP simulation leg failed in the side environment ({libs.python}): {tail[:500]}",
+            'Check that environment: `<its python> -c "import onnxruntime_qnn, onnx, numpy"` '
+            "(packaging/install-workstation.sh makes it), or clear the thresholds it gates by "
+            "running without it.",
+        )
     return dict(json.loads(lines[-1]))
 
 

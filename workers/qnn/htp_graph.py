@@ -44,8 +44,14 @@ from onnx import TensorProto, helper, numpy_helper
 from workers.shared.errors import ActionableError
 
 # ONNX element type of the zero point -> storage type Genie feeds
-_ONNX_DTYPE = {TensorProto.UINT8: "uint8", TensorProto.UINT16: "uint16", TensorProto.INT8: "int8",
-               TensorProto.INT16: "int16", TensorProto.INT32: "int32", TensorProto.FLOAT: "float32"}
+_ONNX_DTYPE = {
+    TensorProto.UINT8: "uint8",
+    TensorProto.UINT16: "uint16",
+    TensorProto.INT8: "int8",
+    TensorProto.INT16: "int16",
+    TensorProto.INT32: "int32",
+    TensorProto.FLOAT: "float32",
+}
 _BITS = {TensorProto.UINT8: 8, TensorProto.INT8: 8, TensorProto.UINT16: 16, TensorProto.INT16: 16}
 
 
@@ -169,7 +175,9 @@ def _quantize_outputs(G: _Graph) -> list[str]:
     return done
 
 
-CLAMP_IDS_BELOW_ROWS = 1024    # Genie's lade seeds ids 1000 + i (window <= 23 then stays inside a clamped table)
+CLAMP_IDS_BELOW_ROWS = (
+    1024  # Genie's lade seeds ids 1000 + i (window <= 23 then stays inside a clamped table)
+)
 
 
 def _index_elem(G: _Graph, name: str) -> int:
@@ -202,7 +210,12 @@ def _embedding_gathers(G: _Graph) -> list[str]:
         if n.op_type != "Gather" or n.input[0] not in G.init:
             continue
         table = G.init[n.input[0]]
-        if table.data_type not in (TensorProto.UINT16, TensorProto.UINT8, TensorProto.INT16, TensorProto.INT8):
+        if table.data_type not in (
+            TensorProto.UINT16,
+            TensorProto.UINT8,
+            TensorProto.INT16,
+            TensorProto.INT8,
+        ):
             continue
         users = G.consumers.get(n.output[0], [])
         if len(users) != 1 or users[0].op_type != "DequantizeLinear":
@@ -220,7 +233,9 @@ def _embedding_gathers(G: _Graph) -> list[str]:
         ids = clamp[0].output[0] if clamp else n.input[1]
         nodes = [
             *clamp,
-            helper.make_node("DequantizeLinear", [table.name, scale, zp], [table_f], name=f"{n.name}__TableDQ"),
+            helper.make_node(
+                "DequantizeLinear", [table.name, scale, zp], [table_f], name=f"{n.name}__TableDQ"
+            ),
             helper.make_node("Gather", [table_f, ids], [gathered_f], name=n.name, axis=axis),
             helper.make_node("QuantizeLinear", [gathered_f, scale, zp], [gathered_q], name=f"{n.name}__Q"),
         ]
@@ -241,12 +256,21 @@ def _requantize_mixed_matmuls(G: _Graph) -> list[str]:
             continue
         act = G.producer.get(n.input[0])
         users = G.consumers.get(n.output[0], [])
-        if act is None or act.op_type != "DequantizeLinear" or len(users) != 1 or users[0].op_type != "QuantizeLinear":
+        if (
+            act is None
+            or act.op_type != "DequantizeLinear"
+            or len(users) != 1
+            or users[0].op_type != "QuantizeLinear"
+        ):
             continue
         q = users[0]
         a_t, o_t = G.zp_type(act.input[2]), G.zp_type(q.input[2])
-        if _BITS.get(a_t, 0) == _BITS.get(o_t, 0) or _BITS.get(o_t) != 8 or o_t != TensorProto.UINT8 \
-                or a_t != TensorProto.UINT16:
+        if (
+            _BITS.get(a_t, 0) == _BITS.get(o_t, 0)
+            or _BITS.get(o_t) != 8
+            or o_t != TensorProto.UINT8
+            or a_t != TensorProto.UINT16
+        ):
             continue
         s8 = float(G.const(q.input[1]))
         z8 = int(G.const(q.input[2]))
@@ -255,8 +279,12 @@ def _requantize_mixed_matmuls(G: _Graph) -> list[str]:
         z16 = G.add_init(f"{base}__zero_point16", np.array(z8 * 257, dtype=np.uint16))
         q16, dq16 = f"{base}__q16", f"{base}__dq16"
         pos = list(G.g.node).index(q)
-        G.g.node.insert(pos, helper.make_node("QuantizeLinear", [base, s16, z16], [q16], name=f"{n.name}__Q16"))
-        G.g.node.insert(pos + 1, helper.make_node("DequantizeLinear", [q16, s16, z16], [dq16], name=f"{n.name}__DQ16"))
+        G.g.node.insert(
+            pos, helper.make_node("QuantizeLinear", [base, s16, z16], [q16], name=f"{n.name}__Q16")
+        )
+        G.g.node.insert(
+            pos + 1, helper.make_node("DequantizeLinear", [q16, s16, z16], [dq16], name=f"{n.name}__DQ16")
+        )
         q.input[0] = dq16
         G._index()
         done.append(n.name)
@@ -295,8 +323,13 @@ def deployment_io(model: onnx.ModelProto) -> tuple[list[IoTensor], list[IoTensor
     def one(vi: onnx.ValueInfoProto, is_input: bool) -> IoTensor:
         tt = vi.type.tensor_type
         scale, zp = enc_of(vi.name, is_input)
-        return IoTensor(vi.name, _ONNX_DTYPE.get(tt.elem_type, str(tt.elem_type)),
-                        tuple(int(d.dim_value) for d in tt.shape.dim), scale, zp)
+        return IoTensor(
+            vi.name,
+            _ONNX_DTYPE.get(tt.elem_type, str(tt.elem_type)),
+            tuple(int(d.dim_value) for d in tt.shape.dim),
+            scale,
+            zp,
+        )
 
     return [one(v, True) for v in G.g.input], [one(v, False) for v in G.g.output]
 
@@ -309,12 +342,20 @@ def genie_feed_quant(models: Iterable[onnx.ModelProto]) -> dict[str, tuple[float
         ins, outs = deployment_io(model)
         for t in [*ins, *outs]:
             if t.scale is not None and t.dtype in ("uint8", "uint16"):
-                quant.setdefault(t.name, (float(t.scale), -int(t.zero_point or 0), 8 if t.dtype == "uint8" else 16))
+                quant.setdefault(
+                    t.name, (float(t.scale), -int(t.zero_point or 0), 8 if t.dtype == "uint8" else 16)
+                )
     return quant
 
 
 def io_doc(t: IoTensor) -> dict[str, Any]:
-    return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
+    return {
+        "name": t.name,
+        "dtype": t.dtype,
+        "shape": list(t.shape),
+        "scale": t.scale,
+        "zero_point": t.zero_point,
+    }
 
 
 def load_sim_graph(path: Path) -> onnx.ModelProto:
@@ -331,7 +372,9 @@ def save_htp_graph(model: onnx.ModelProto, dest: Path, src_dir: Path) -> None:
         if t.data_location == TensorProto.EXTERNAL:
             loc = next((e.value for e in t.external_data if e.key == "location"), None)
             if loc is None or "/" in loc or "\\" in loc or loc in (".", ".."):
-                raise HtpGraphError(f"the initializer {t.name} has an unexpected external data location {loc!r}")
+                raise HtpGraphError(
+                    f"the initializer {t.name} has an unexpected external data location {loc!r}"
+                )
             locations.add(loc)
     dest.parent.mkdir(parents=True, exist_ok=True)
     for loc in locations:

@@ -18,8 +18,14 @@ import numpy as np
 from workers.qnn.ep import HtpTarget, session_options
 from workers.qnn.htp_graph import IoTensor, deployment_io
 
-_NP = {"uint8": np.uint8, "uint16": np.uint16, "int8": np.int8, "int16": np.int16, "int32": np.int32,
-       "float32": np.float32}
+_NP = {
+    "uint8": np.uint8,
+    "uint16": np.uint16,
+    "int8": np.int8,
+    "int16": np.int16,
+    "int32": np.int32,
+    "float32": np.float32,
+}
 
 
 def quantize(v: np.ndarray, t: IoTensor) -> np.ndarray:

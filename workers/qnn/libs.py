@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = "onnxruntime_qnn"
-INSTALL_HINT = ("Install Qualcomm's x86 runtime: `.venv/bin/pip install onnxruntime-qnn==2.7.0` (Linux x86_64, "
-                "Python 3.11-3.13; `./dev setup` does it).")
+INSTALL_HINT = (
+    "Install Qualcomm's x86 runtime: `.venv/bin/pip install onnxruntime-qnn==2.7.0` (Linux x86_64, "
+    "Python 3.11-3.13; `./dev setup` does it)."
+)
 
 
 SIDE_ENV_MARKER = ".hexstudio-qnn"
@@ -28,9 +30,9 @@ SIDE_ENV_MARKER = ".hexstudio-qnn"
 @dataclass(frozen=True)
 class QnnLibs:
     folder: Path
-    qnn_version: str          # e.g. "2.51.0", from the wheel's build_and_package_info
-    wheel_version: str        # onnxruntime-qnn's own version, e.g. "2.7.0"
-    python: str = sys.executable   # an interpreter that imports onnxruntime_qnn (this one, or the side env's)
+    qnn_version: str  # e.g. "2.51.0", from the wheel's build_and_package_info
+    wheel_version: str  # onnxruntime-qnn's own version, e.g. "2.7.0"
+    python: str = sys.executable  # an interpreter that imports onnxruntime_qnn (this one, or the side env's)
 
     @property
     def in_process(self) -> bool:
@@ -104,8 +106,12 @@ def find_qnn_libs() -> QnnLibs | None:
     text = info.read_text(encoding="utf-8", errors="replace") if info.is_file() else ""
     qnn = re.search(r"qnn_version\s*=\s*['\"]([^'\"]+)", text)
     ver = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", text)
-    return QnnLibs(folder=folder, qnn_version=qnn.group(1) if qnn else "unknown",
-                   wheel_version=ver.group(1) if ver else "unknown", python=python)
+    return QnnLibs(
+        folder=folder,
+        qnn_version=qnn.group(1) if qnn else "unknown",
+        wheel_version=ver.group(1) if ver else "unknown",
+        python=python,
+    )
 
 
 # The simulator board runs Genie on an x86 workstation, not on the board's 8 Kryo cores: one thread and no

@@ -38,7 +38,7 @@ def features() -> dict[str, bool]:
     }
 
 
-DEFAULT_TARGET_ARCH = "v73"      # the Dragonwing IQ-9075 EVK (QCS9075)
+DEFAULT_TARGET_ARCH = "v73"  # the Dragonwing IQ-9075 EVK (QCS9075)
 
 QuantsimConfigKind = Literal["aimet", "llm"]
 QUANTSIM_CONFIGS: tuple[QuantsimConfigKind, ...] = ("aimet", "llm")
@@ -90,7 +90,9 @@ def llm_quantsim_globals() -> Iterator[list[str]]:
 
     saved: dict[str, Any] = {}
     try:
-        if isinstance(getattr(quantsim, "op_types_to_tie_qtzrs", None), list) and hasattr(quantsim, "_tie_qtzrs"):
+        if isinstance(getattr(quantsim, "op_types_to_tie_qtzrs", None), list) and hasattr(
+            quantsim, "_tie_qtzrs"
+        ):
             saved["op_types_to_tie_qtzrs"] = quantsim.op_types_to_tie_qtzrs
             saved["_tie_qtzrs"] = quantsim._tie_qtzrs
             quantsim.op_types_to_tie_qtzrs = list(LLM_TIE_OP_TYPES)
@@ -105,24 +107,53 @@ def llm_quantsim_globals() -> Iterator[list[str]]:
             setattr(quantsim, name, value)
 
 
-def make_sim(model: Any, *, param_bits: int, activation_bits: int, path: str, providers: list[str],
-             session_options: dict[str, Any], config_file: str = "htp_v73", llm_globals: bool = False) -> Any:
+def make_sim(
+    model: Any,
+    *,
+    param_bits: int,
+    activation_bits: int,
+    path: str,
+    providers: list[str],
+    session_options: dict[str, Any],
+    config_file: str = "htp_v73",
+    llm_globals: bool = False,
+) -> Any:
     """QuantizationSimModel(min_max, the target's HTP config: quantsim_config) with `session_options`
     (intra_op_num_threads, enable_cpu_mem_arena, ...) applied to its onnxruntime session; `llm_globals`:
     built under qai-hub-models' LLM globals (the "llm" configuration)."""
     with llm_quantsim_globals() if llm_globals else contextlib.nullcontext():
-        return _make_sim(model, param_bits=param_bits, activation_bits=activation_bits, path=path,
-                         providers=providers, session_options=session_options, config_file=config_file)
+        return _make_sim(
+            model,
+            param_bits=param_bits,
+            activation_bits=activation_bits,
+            path=path,
+            providers=providers,
+            session_options=session_options,
+            config_file=config_file,
+        )
 
 
-def _make_sim(model: Any, *, param_bits: int, activation_bits: int, path: str, providers: list[str],
-              session_options: dict[str, Any], config_file: str) -> Any:
+def _make_sim(
+    model: Any,
+    *,
+    param_bits: int,
+    activation_bits: int,
+    path: str,
+    providers: list[str],
+    session_options: dict[str, Any],
+    config_file: str,
+) -> Any:
     from aimet_onnx import QuantizationSimModel
     from aimet_onnx.common.defs import qtype
 
-    kwargs: dict[str, Any] = {"param_type": qtype.int(param_bits), "activation_type": qtype.int(activation_bits),
-                              "quant_scheme": "min_max", "config_file": config_file, "path": path,
-                              "providers": providers}
+    kwargs: dict[str, Any] = {
+        "param_type": qtype.int(param_bits),
+        "activation_type": qtype.int(activation_bits),
+        "quant_scheme": "min_max",
+        "config_file": config_file,
+        "path": path,
+        "providers": providers,
+    }
     if features()["session_options_kwargs"]:
         return QuantizationSimModel(model, session_options_kwargs=session_options, **kwargs)
     sim = QuantizationSimModel(model, **kwargs)
@@ -146,8 +177,12 @@ def set_lpbq(sim: Any, nodes: set[str], bits: int, block_size: int = 64, scale_b
     if features()["qspec_lpbq"]:
         from aimet_onnx import QSpec
 
-        quantsim.set_param_type(sim, QSpec.lpbq(qtype.int(bits), block_size=block_size, scale_bits=scale_bits),
-                                nodes_to_include=set(nodes), strict=False)
+        quantsim.set_param_type(
+            sim,
+            QSpec.lpbq(qtype.int(bits), block_size=block_size, scale_bits=scale_bits),
+            nodes_to_include=set(nodes),
+            strict=False,
+        )
         return
     if scale_bits != bits:
         raise ValueError(f"this aimet-onnx's LPBQ has {bits}-bit block scales only (asked for {scale_bits})")

@@ -46,8 +46,15 @@ def encoding(name: str, lo: float, hi: float, bw: int, symmetric: bool = False) 
         lo, hi = min(lo, 0.0), max(hi, 0.0)
         scale = max(hi - lo, 1e-12) / levels
         offset = round(lo / scale)
-    return {"name": name, "bw": bw, "dtype": "INT", "enc_type": "PER_TENSOR", "is_sym": symmetric,
-            "offset": [int(offset)], "scale": [float(scale)]}
+    return {
+        "name": name,
+        "bw": bw,
+        "dtype": "INT",
+        "enc_type": "PER_TENSOR",
+        "is_sym": symmetric,
+        "offset": [int(offset)],
+        "scale": [float(scale)],
+    }
 
 
 def mask_encoding(a: dict[str, Any]) -> dict[str, Any]:
@@ -61,8 +68,21 @@ def mask_encoding(a: dict[str, Any]) -> dict[str, Any]:
 
 # ops that only move data: their output carries their input's encoding (AIMET's config leaves most of them
 # unquantized; qai-hub-models copies the encoding through them, `utils/aimet/encodings.py`)
-MEMORY_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast", "Slice", "Split", "Concat",
-              "Identity", "Expand", "Tile", "Gather")
+MEMORY_OPS = (
+    "Transpose",
+    "Reshape",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Cast",
+    "Slice",
+    "Split",
+    "Concat",
+    "Identity",
+    "Expand",
+    "Tile",
+    "Gather",
+)
 
 
 def propagate_memory_encodings(nodes: Any, acts: dict[str, dict[str, Any]]) -> list[str]:
@@ -88,8 +108,13 @@ def renamed(a: dict[str, Any], name: str) -> dict[str, Any]:
     return out
 
 
-def tie_io_encodings(acts: dict[str, dict[str, Any]], inputs: list[str], outputs: list[str],
-                     fixed: dict[str, dict[str, Any]], kv_bits: int) -> dict[str, Any]:
+def tie_io_encodings(
+    acts: dict[str, dict[str, Any]],
+    inputs: list[str],
+    outputs: list[str],
+    fixed: dict[str, dict[str, Any]],
+    kv_bits: int,
+) -> dict[str, Any]:
     """Apply the contract to one part's activation encodings `acts` (by tensor name, changed in place).
     `inputs`/`outputs`: the part's I/O names; `fixed`: encodings earlier parts fixed for tensors this part
     shares with them (mask, rope, the boundary it reads), updated with what this part fixes for the next.
@@ -110,21 +135,26 @@ def tie_io_encodings(acts: dict[str, dict[str, Any]], inputs: list[str], outputs
 
     missing = [n for n in inputs + outputs if n not in acts and n not in ("input_ids",)]
     if missing:
-        raise ValueError(f"no encoding for the graph I/O tensor(s) {', '.join(missing)}: Genie needs every I/O "
-                         "tensor quantized (AI Hub's --quantize_io)")
+        raise ValueError(
+            f"no encoding for the graph I/O tensor(s) {', '.join(missing)}: Genie needs every I/O "
+            "tensor quantized (AI Hub's --quantize_io)"
+        )
     # KV: 8-bit symmetric from the output's calibrated range; the input takes the output's encoding
     for out in outputs:
         if out.startswith("past_") and out.endswith("_out"):
             lo, hi = enc_range(acts[out])
             enc = encoding(out, lo, hi, kv_bits, symmetric=True)
             put(out, enc, f"KV {kv_bits}-bit symmetric")
-            inp = out[:-len("_out")] + "_in"
+            inp = out[: -len("_out")] + "_in"
             if inp in inputs:
                 put(inp, enc, f"tied to {out}")
     # mask and rope: one encoding in every graph; sin takes cos's (one range covering both)
     if "attention_mask" in inputs:
-        put("attention_mask", fixed.get("attention_mask") or mask_encoding(acts["attention_mask"]),
-            "as part 1" if "attention_mask" in fixed else "0.0 at q_max (Genie writes attend as all-ones)")
+        put(
+            "attention_mask",
+            fixed.get("attention_mask") or mask_encoding(acts["attention_mask"]),
+            "as part 1" if "attention_mask" in fixed else "0.0 at q_max (Genie writes attend as all-ones)",
+        )
         fixed["attention_mask"] = acts["attention_mask"]
     if all(r in inputs for r in ROPE):
         if "position_ids_cos" in fixed:

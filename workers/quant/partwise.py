@@ -37,7 +37,7 @@ from workers.quant.units import (
 )
 from workers.shared.run_settings import DEFAULTS
 
-ProgressFn = Callable[[str, int, int], None]   # (graph name, sample index, total)
+ProgressFn = Callable[[str, int, int], None]  # (graph name, sample index, total)
 
 
 def _weight_nodes(model: Any) -> tuple[list[str], list[str], list[str]]:
@@ -50,7 +50,12 @@ def _weight_nodes(model: Any) -> tuple[list[str], list[str], list[str]]:
                 head.append(node.name)
             else:
                 backbone.append(node.name)
-        elif node.op_type == "Gather" and node.input and node.input[0] in inits and len(inits[node.input[0]]) == 2:
+        elif (
+            node.op_type == "Gather"
+            and node.input
+            and node.input[0] in inits
+            and len(inits[node.input[0]]) == 2
+        ):
             embed.append(node.name)
     return backbone, head, embed
 
@@ -73,7 +78,7 @@ def release_memory() -> None:
     if name:
         try:
             ctypes.CDLL(name).malloc_trim(0)
-        except (OSError, AttributeError):     # not glibc
+        except (OSError, AttributeError):  # not glibc
             pass
 
 
@@ -93,8 +98,9 @@ def quantsim_kind(settings: dict[str, Any]) -> aimet_compat.QuantsimConfigKind:
     raise ValueError(f"quantsim_config {want!r} is not one of {', '.join(aimet_compat.QUANTSIM_CONFIGS)}")
 
 
-def build_sim(onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int,
-              providers: list[str] | None = None) -> tuple[Any, dict[str, int]]:
+def build_sim(
+    onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int, providers: list[str] | None = None
+) -> tuple[Any, dict[str, int]]:
     """The unit's QuantSim under the run's configuration (quantsim_kind): int16 activations, LPBQ int4 backbone
     weights, int8 lm_head, 8-bit KV tensors (through workers/quant/aimet_compat.py: the same calls on every
     supported aimet-onnx)."""
@@ -108,17 +114,27 @@ def build_sim(onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int
     kv = [i.name for i in model.graph.input if i.name.startswith("past_")]
     kv += [o.name for o in model.graph.output if o.name.startswith("past_")]
     kind = quantsim_kind(settings)
-    sim = aimet_compat.make_sim(model, param_bits=8, activation_bits=abits, path=str(tmp),
-                                providers=providers or ["CPUExecutionProvider"],
-                                session_options={"intra_op_num_threads": threads, **LEAN_SESSION},
-                                config_file=aimet_compat.quantsim_config(target_dsp_arch(settings), kind),
-                                llm_globals=kind == "llm")
+    sim = aimet_compat.make_sim(
+        model,
+        param_bits=8,
+        activation_bits=abits,
+        path=str(tmp),
+        providers=providers or ["CPUExecutionProvider"],
+        session_options={"intra_op_num_threads": threads, **LEAN_SESSION},
+        config_file=aimet_compat.quantsim_config(target_dsp_arch(settings), kind),
+        llm_globals=kind == "llm",
+    )
     del model
     aimet_compat.set_lpbq(sim, set(backbone), wbits, block_size=64, scale_bits=4)
     aimet_compat.set_param_bits(sim, set(head), 8)
     aimet_compat.set_tensor_bits(sim, kv, kvbits)
-    counts = {"backbone_weights": len(backbone), "lm_head_weights": len(head), "embedding_weights": len(embed),
-              "kv_tensors": len(kv), "cuda": int("CUDAExecutionProvider" in (providers or []))}
+    counts = {
+        "backbone_weights": len(backbone),
+        "lm_head_weights": len(head),
+        "embedding_weights": len(embed),
+        "kv_tensors": len(kv),
+        "cuda": int("CUDAExecutionProvider" in (providers or [])),
+    }
     return sim, counts
 
 
@@ -127,9 +143,16 @@ def count_encodings(enc_path: Path) -> dict[str, int]:
     params = data.get("param_encodings", [])
     acts = data.get("activation_encodings", [])
     lpbq = sum(1 for p in params if isinstance(p, dict) and p.get("enc_type") == "LPBQ")
-    return {"param_encodings": len(params), "activation_encodings": len(acts), "lpbq_weight_encodings": lpbq,
-            "int4_lpbq_weight_encodings": sum(1 for p in params if isinstance(p, dict)
-                                              and p.get("enc_type") == "LPBQ" and p.get("compressed_bw") == 4)}
+    return {
+        "param_encodings": len(params),
+        "activation_encodings": len(acts),
+        "lpbq_weight_encodings": lpbq,
+        "int4_lpbq_weight_encodings": sum(
+            1
+            for p in params
+            if isinstance(p, dict) and p.get("enc_type") == "LPBQ" and p.get("compressed_bw") == 4
+        ),
+    }
 
 
 FeedFactory = Callable[[], Iterator[dict[str, np.ndarray]]]
@@ -140,15 +163,24 @@ def ort_providers(log: Callable[[str], None] | None = None) -> list[str]:
     import onnxruntime as ort
 
     avail = ort.get_available_providers()
-    prov = ["CUDAExecutionProvider", "CPUExecutionProvider"] if "CUDAExecutionProvider" in avail \
+    prov = (
+        ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        if "CUDAExecutionProvider" in avail
         else ["CPUExecutionProvider"]
+    )
     if log is not None:
         log(f"onnxruntime providers: {', '.join(prov)} (available: {', '.join(avail)})")
     return prov
 
 
-def quantize_unit(unit: Unit, enc_out: Path, feeds: FeedFactory, settings: dict[str, Any], threads: int,
-                  providers: list[str] | None = None) -> dict[str, int]:
+def quantize_unit(
+    unit: Unit,
+    enc_out: Path,
+    feeds: FeedFactory,
+    settings: dict[str, Any],
+    threads: int,
+    providers: list[str] | None = None,
+) -> dict[str, int]:
     """QuantSim one calibration unit, calibrate it on `feeds()` (one sample in memory at a time) and write
     its encodings to `enc_out` and its quantized weights beside it (baked_path). Frees the sim."""
     tmp = Path(tempfile.mkdtemp(prefix=f"hexq-{unit.path.stem}-"))
@@ -160,18 +192,24 @@ def quantize_unit(unit: Unit, enc_out: Path, feeds: FeedFactory, settings: dict[
             if q is not None and q.enabled:
                 if q.quant_info.usePerChannelMode:
                     # the compacted table keeps the whole table's extremes, not every channel's
-                    raise ValueError(f"{unit.table} is quantized per channel by this configuration; calibrate "
-                                     "the embedding unit with its whole table (split_units without vocab_ids)")
+                    raise ValueError(
+                        f"{unit.table} is quantized per channel by this configuration; calibrate "
+                        "the embedding unit with its whole table (split_units without vocab_ids)"
+                    )
                 full[unit.table] = unit.table_source
         if unit.columns is not None and unit.columns[0] > 0:
-            counts = {k: 0 if k == "lm_head_weights" else v for k, v in counts.items()}   # one weight, in chunks
+            counts = {
+                k: 0 if k == "lm_head_weights" else v for k, v in counts.items()
+            }  # one weight, in chunks
         sim.compute_encodings(feeds())
         pin_encoding_version()
         sim.export(str(tmp), "unit", export_model=False)
         version = json.loads((tmp / "unit.encodings").read_text(encoding="utf-8")).get("version")
         if version != ENCODING_VERSION:
-            raise ValueError(f"aimet-onnx wrote encodings format {version!r}, not {ENCODING_VERSION}: HexStudio, AI Hub "
-                             "and the simulator read 1.0.0")
+            raise ValueError(
+                f"aimet-onnx wrote encodings format {version!r}, not {ENCODING_VERSION}: HexStudio, AI Hub "
+                "and the simulator read 1.0.0"
+            )
         save_baked(sim, baked_path(enc_out), full)
         del sim
         gc.collect()
@@ -187,7 +225,7 @@ def pin_encoding_version() -> None:
     aimet's default, which can change between releases (and follows $AIMET_ENCODING_VERSION)."""
     try:
         from aimet_onnx.common import quantsim as aimet_quantsim
-    except ImportError:       # older aimet-onnx: the format is its only one
+    except ImportError:  # older aimet-onnx: the format is its only one
         return
     aimet_quantsim.encoding_version = ENCODING_VERSION
 
@@ -220,8 +258,14 @@ def save_baked(sim: Any, path: Path, full: dict[str, TableSource] | None = None)
         else:
             yield q.quantize_dequantize(numpy_helper.to_array(init))
 
-    write_f32_tensors(path, {n: [full[n].rows, full[n].cols] if n in full else [int(d) for d in init.dims]
-                             for n, (init, _) in quantized.items()}, blocks)
+    write_f32_tensors(
+        path,
+        {
+            n: [full[n].rows, full[n].cols] if n in full else [int(d) for d in init.dims]
+            for n, (init, _) in quantized.items()
+        },
+        blocks,
+    )
     return len(quantized)
 
 
@@ -253,8 +297,14 @@ class TensorStore:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def run_unit_to_store(path: Path, feeds: FeedFactory, threads: int, store: TensorStore, keep: list[str],
-                      providers: list[str] | None = None) -> None:
+def run_unit_to_store(
+    path: Path,
+    feeds: FeedFactory,
+    threads: int,
+    store: TensorStore,
+    keep: list[str],
+    providers: list[str] | None = None,
+) -> None:
     """Run a unit's QDQ graph over the feeds one sample at a time; append the outputs named in `keep` to
     the store (the next units' inputs, the part's KV and hidden-state outputs)."""
     import onnxruntime as ort
@@ -313,7 +363,9 @@ class RecordFile:
         assert self.shape is not None and 0 <= i < self.count
         self.close()
         n = int(np.prod(self.shape))
-        return np.fromfile(self.path, dtype=self.dtype, count=n, offset=self.dtype.itemsize * n * i).reshape(self.shape)
+        return np.fromfile(self.path, dtype=self.dtype, count=n, offset=self.dtype.itemsize * n * i).reshape(
+            self.shape
+        )
 
     def __len__(self) -> int:
         return self.count
@@ -323,8 +375,17 @@ class RecordFile:
         self.path.unlink(missing_ok=True)
 
 
-def pp_feed_factory(blocks: list[Block], prev: TensorStore | None, s: int, cl: int, kvh: int, hd: int,
-                    rope: tuple[np.ndarray, np.ndarray], unit: Unit, store: TensorStore) -> FeedFactory:
+def pp_feed_factory(
+    blocks: list[Block],
+    prev: TensorStore | None,
+    s: int,
+    cl: int,
+    kvh: int,
+    hd: int,
+    rope: tuple[np.ndarray, np.ndarray],
+    unit: Unit,
+    store: TensorStore,
+) -> FeedFactory:
     """The prompt-processor samples of one unit: the part's inputs it reads (tokens or the previous
     part's quantized output, read by its tensor name; mask; the rotary tables Genie would feed; an empty
     KV cache in Genie's layout) and what earlier units of this part produced for the same sample."""
@@ -351,10 +412,11 @@ def pp_feed_factory(blocks: list[Block], prev: TensorStore | None, s: int, cl: i
                     f[n] = zv
                 elif n in store.records:
                     f[n] = store.get(n, b)
-                else:       # the previous part's output, under the same name
+                else:  # the previous part's output, under the same name
                     assert prev is not None, n
                     f[n] = prev.get(n, b)
             yield f
+
     return feeds
 
 
@@ -363,9 +425,17 @@ def _sum_counts(total: dict[str, int], counts: dict[str, int]) -> None:
         total[k] = max(total.get(k, 0), v) if k == "cuda" else total.get(k, 0) + v
 
 
-def _finish_part(part_graphs: list[dict[str, Any]], base: Path, work: Path, encs: list[Path],
-                 fixed: dict[str, dict[str, Any]], settings: dict[str, Any], counts: dict[str, int], units: int,
-                 seconds: float) -> None:
+def _finish_part(
+    part_graphs: list[dict[str, Any]],
+    base: Path,
+    work: Path,
+    encs: list[Path],
+    fixed: dict[str, dict[str, Any]],
+    settings: dict[str, Any],
+    counts: dict[str, int],
+    units: int,
+    seconds: float,
+) -> None:
     """One encodings file for the part (every unit's, merged, then the shared-I/O contract applied:
     workers/quant/io_encodings.py), written for each of the part's graphs beside its AIMET export
     (parts/<graph>/model.{onnx,data,encodings}), and each graph's simulation graph sim/<graph>.onnx built
@@ -380,15 +450,18 @@ def _finish_part(part_graphs: list[dict[str, Any]], base: Path, work: Path, encs
     structure = onnx.load(str(base / pp["float_onnx"]), load_external_data=False)
     propagate_memory_encodings(structure.graph.node, acts)
     del structure
-    report = tie_io_encodings(acts, list(pp["inputs"]), list(pp["outputs"]), fixed,
-                              int(settings.get("kv_bits", DEFAULTS.kv_bits)))
+    report = tie_io_encodings(
+        acts, list(pp["inputs"]), list(pp["outputs"]), fixed, int(settings.get("kv_bits", DEFAULTS.kv_bits))
+    )
     doc["version"] = ENCODING_VERSION
     doc["activation_encodings"] = list(acts.values())
     merged.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     first: dict[str, Any] | None = None
     for g in part_graphs:
         if list(g["inputs"]) != list(pp["inputs"]) or list(g["outputs"]) != list(pp["outputs"]):
-            raise ValueError(f"{g['name']} and {pp['name']} have different I/O names: they cannot share encodings")
+            raise ValueError(
+                f"{g['name']} and {pp['name']} have different I/O names: they cannot share encodings"
+            )
         gdir = base / "parts" / g["name"]
         gdir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(merged, gdir / "model.encodings")
@@ -398,8 +471,13 @@ def _finish_part(part_graphs: list[dict[str, Any]], base: Path, work: Path, encs
         g["encodings"] = f"parts/{g['name']}/model.encodings"
         g["sim_onnx"] = f"sim/{g['name']}.onnx"
         share = None if first is None else (base / first["float_onnx"], base / first["sim_onnx"])
-        built = build_qdq(base / g["float_onnx"], merged, [baked_path(e) for e in encs], base / g["sim_onnx"],
-                          share_with=share)
+        built = build_qdq(
+            base / g["float_onnx"],
+            merged,
+            [baked_path(e) for e in encs],
+            base / g["sim_onnx"],
+            share_with=share,
+        )
         g["sim_data"] = (first or g)["sim_onnx"] + ".data"
         first = first or g
         stats: dict[str, Any] = dict(count_encodings(merged))
@@ -412,10 +490,20 @@ def _finish_part(part_graphs: list[dict[str, Any]], base: Path, work: Path, encs
         g["io_encodings"] = report
 
 
-def _calibrate_units(g: dict[str, Any], units: list[Unit], feeds_for: Callable[[Unit], FeedFactory], n_samples: int,
-                     work: Path, tag: str, store: TensorStore, settings: dict[str, Any], threads: int,
-                     providers: list[str] | None, progress: ProgressFn,
-                     log: Callable[[str], None]) -> tuple[list[Path], dict[str, int]]:
+def _calibrate_units(
+    g: dict[str, Any],
+    units: list[Unit],
+    feeds_for: Callable[[Unit], FeedFactory],
+    n_samples: int,
+    work: Path,
+    tag: str,
+    store: TensorStore,
+    settings: dict[str, Any],
+    threads: int,
+    providers: list[str] | None,
+    progress: ProgressFn,
+    log: Callable[[str], None],
+) -> tuple[list[Path], dict[str, int]]:
     """Calibrate one graph's units in order: QuantSim each on its feeds, then run its QDQ graph to store
     what later units and the next part read (never the KV outputs: nothing reads them during
     calibration). Returns the units' encodings files (the lm_head's column chunks merged into one) and
@@ -456,10 +544,20 @@ def _calibrate_units(g: dict[str, Any], units: list[Unit], feeds_for: Callable[[
     return encs, counts
 
 
-def quantize_partwise(graphs: list[dict[str, Any]], base: Path, blocks: list[Block], settings: dict[str, Any],
-                      dims: dict[str, int], progress: ProgressFn, log: Callable[[str], None],
-                      rope: tuple[np.ndarray, np.ndarray], threads: int = 2, providers: list[str] | None = None,
-                      per_layer: bool = True, head_chunk_params: int | None = None) -> list[dict[str, Any]]:
+def quantize_partwise(
+    graphs: list[dict[str, Any]],
+    base: Path,
+    blocks: list[Block],
+    settings: dict[str, Any],
+    dims: dict[str, int],
+    progress: ProgressFn,
+    log: Callable[[str], None],
+    rope: tuple[np.ndarray, np.ndarray],
+    threads: int = 2,
+    providers: list[str] | None = None,
+    per_layer: bool = True,
+    head_chunk_params: int | None = None,
+) -> list[dict[str, Any]]:
     """Quantize every part in order, one calibration unit (one decoder layer, the embedding, the lm_head
     in column chunks no larger than a layer: workers/quant/units.py) at a time; fills in each graph entry's
     onnx/encodings/sim_onnx and stats. `graphs` entries carry float_onnx relative to `base` (the stage's
@@ -486,23 +584,42 @@ def quantize_partwise(graphs: list[dict[str, Any]], base: Path, blocks: list[Blo
             t0 = time.monotonic()
             # the main context length's prompt processor is calibrated; every other graph of the part (its token
             # generator, other context lengths' variants) takes its encodings
-            pp = next(g for g in graphs if g["part"] == k and g["kind"] == "prompt_processor" and "variant_of" not in g)
+            pp = next(
+                g
+                for g in graphs
+                if g["part"] == k and g["kind"] == "prompt_processor" and "variant_of" not in g
+            )
             others = [g for g in graphs if g["part"] == k and g is not pp]
             s = int(pp["seq_len"])
             work = store_root / f"part{k}"
-            units = split_units(base / pp["float_onnx"], work / "units", "pp", per_layer, vocab_ids,
-                                head_chunk_params)
+            units = split_units(
+                base / pp["float_onnx"], work / "units", "pp", per_layer, vocab_ids, head_chunk_params
+            )
             log(f"part {k}: {len(units)} calibration units ({', '.join(u.label for u in units)})")
             store = TensorStore(work / "pp")
-            encs, counts = _calibrate_units(pp, units, partial(pp_feed_factory, blocks, prev, s, cl, kvh, hd, rope,
-                                                               store=store),
-                                            len(blocks), work, "pp", store, settings, threads, providers, progress, log)
+            encs, counts = _calibrate_units(
+                pp,
+                units,
+                partial(pp_feed_factory, blocks, prev, s, cl, kvh, hd, rope, store=store),
+                len(blocks),
+                work,
+                "pp",
+                store,
+                settings,
+                threads,
+                providers,
+                progress,
+                log,
+            )
             for g in others:
-                log(f"part {k}: {g['name']} takes the encodings of {pp['name']} (one encodings file per part, "
-                    "identical tensor names)")
-            _finish_part([pp, *others], base, work, encs, fixed, settings, counts, len(units),
-                         time.monotonic() - t0)
-            for e in encs:          # merged into the part's encodings and simulation graphs: free the disk now
+                log(
+                    f"part {k}: {g['name']} takes the encodings of {pp['name']} (one encodings file per part, "
+                    "identical tensor names)"
+                )
+            _finish_part(
+                [pp, *others], base, work, encs, fixed, settings, counts, len(units), time.monotonic() - t0
+            )
+            for e in encs:  # merged into the part's encodings and simulation graphs: free the disk now
                 baked_path(e).unlink(missing_ok=True)
             for g in (pp, *others):
                 progress(g["name"], 1, 1)
@@ -526,14 +643,24 @@ def shared_weight_check(graphs: list[dict[str, Any]], base: Path) -> dict[str, A
     for g in graphs:
         if g["kind"] != "prompt_processor" or "variant_of" in g:
             continue
-        t = next((x for x in graphs if x["part"] == g["part"] and x["kind"] == "token_generator"
-                  and "variant_of" not in x), None)
+        t = next(
+            (
+                x
+                for x in graphs
+                if x["part"] == g["part"] and x["kind"] == "token_generator" and "variant_of" not in x
+            ),
+            None,
+        )
         if t is None:
             continue
         a = {p["name"]: p for p in json.loads((base / g["encodings"]).read_text())["param_encodings"]}
         b = {p["name"]: p for p in json.loads((base / t["encodings"]).read_text())["param_encodings"]}
         common = set(a) & set(b)
         diff = sum(1 for n in common if a[n] != b[n])
-        result[f"part_{g['part']}"] = {"shared": len(common), "different": diff,
-                                       "only_prompt": len(set(a) - set(b)), "only_token": len(set(b) - set(a))}
+        result[f"part_{g['part']}"] = {
+            "shared": len(common),
+            "different": diff,
+            "only_prompt": len(set(a) - set(b)),
+            "only_token": len(set(b) - set(a)),
+        }
     return result

@@ -19,14 +19,19 @@ from typing import Any
 
 import numpy as np
 
-BLOCK_BYTES = 16 << 20   # fp32 bytes of a block of rows converted to integers at a time
-OPSET = 21   # QuantizeLinear/DequantizeLinear with 16-bit types
+BLOCK_BYTES = 16 << 20  # fp32 bytes of a block of rows converted to integers at a time
+OPSET = 21  # QuantizeLinear/DequantizeLinear with 16-bit types
 
-ACTIVATION_BITS = (8, 16)   # onnx QuantizeLinear's uint8 / uint16
+ACTIVATION_BITS = (8, 16)  # onnx QuantizeLinear's uint8 / uint16
 
 
-def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
-              share_with: tuple[Path, Path] | None = None) -> dict[str, int]:
+def build_qdq(
+    float_onnx: Path,
+    encodings: Path,
+    baked: list[Path],
+    out: Path,
+    share_with: tuple[Path, Path] | None = None,
+) -> dict[str, int]:
     """Write `out` (+ `out.data`): `float_onnx` with its encoded weights replaced by their quantized values
     (from the `baked` safetensors files the calibration units wrote) and a QuantizeLinear ->
     DequantizeLinear pair on every encoded activation. Returns counts for the stage's stats.
@@ -52,7 +57,7 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
     if missing:
         raise ValueError(f"no quantized values for {len(missing)} encoded weights (first: {missing[0]})")
     model = onnx.load(str(float_onnx), load_external_data=False)
-    for op in model.opset_import:        # opset 21 first: 16-bit Q/DQ and block-wise int4 DequantizeLinear
+    for op in model.opset_import:  # opset 21 first: 16-bit Q/DQ and block-wise int4 DequantizeLinear
         if op.domain in ("", "ai.onnx"):
             if op.version < OPSET:
                 model = _to_opset(model, OPSET)
@@ -63,8 +68,11 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
         other_sim = onnx.load(str(share_with[1]), load_external_data=False)
         if share_with[1].parent != out.parent:
             raise ValueError("graphs that share a data file must be in one folder")
-        sim_refs = {t.name: [(e.key, e.value) for e in t.external_data] for t in other_sim.graph.initializer
-                    if t.external_data}
+        sim_refs = {
+            t.name: [(e.key, e.value) for e in t.external_data]
+            for t in other_sim.graph.initializer
+            if t.external_data
+        }
         mine = _refs(model)
         for name, ref in mine.items():
             if name in sim_refs and (name in params or other_float.get(name) == ref):
@@ -77,10 +85,19 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
     # dequantized after the Gather (per-tensor: the same values, without dequantizing the whole table)
     forms = {n: fm for n in params & set(inits) if (fm := int_form(penc[n], list(inits[n].dims))) is not None}
     gathers = {n: [x for x in model.graph.node if n in x.input] for n, a in acts.items() if n in inits}
-    tables = {n: acts[n] for n, users in gathers.items()
-              if users and all(x.op_type == "Gather" and x.input[0] == n and not any(
-                  at.name == "axis" and at.i != 0 for at in x.attribute) for x in users)
-              and int(acts[n]["bw"]) in ACTIVATION_BITS and inits[n].data_type == onnx.TensorProto.FLOAT}
+    tables = {
+        n: acts[n]
+        for n, users in gathers.items()
+        if users
+        and all(
+            x.op_type == "Gather"
+            and x.input[0] == n
+            and not any(at.name == "axis" and at.i != 0 for at in x.attribute)
+            for x in users
+        )
+        and int(acts[n]["bw"]) in ACTIVATION_BITS
+        and inits[n].data_type == onnx.TensorProto.FLOAT
+    }
 
     def bake(init: Any) -> np.ndarray | None:
         if init.name in tables:
@@ -101,8 +118,10 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
                 step = max(form.block, step // form.block * form.block)
             if shape[1] % 2:
                 step += step % 2
-            pieces = [to_ints(init.name, np.asarray(sl[r0:min(shape[0], r0 + step)], dtype=np.float32), form, r0)
-                      for r0 in range(0, shape[0], step)]
+            pieces = [
+                to_ints(init.name, np.asarray(sl[r0 : min(shape[0], r0 + step)], dtype=np.float32), form, r0)
+                for r0 in range(0, shape[0], step)
+            ]
         return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
     n_baked = stream_weights(model, float_onnx.parent, out.parent / (out.name + ".data"), bake, reuse)
@@ -116,8 +135,16 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
         dq = f"{name}__dq"
         int_inits.append(numpy_helper.from_array(form.scale, f"{name}__scale"))
         extra = {"block_size": form.block} if form.block else {}
-        int_nodes.append(helper.make_node("DequantizeLinear", [name, f"{name}__scale"], [dq],
-                                          name=f"{name}__Dequantize", axis=form.axis, **extra))
+        int_nodes.append(
+            helper.make_node(
+                "DequantizeLinear",
+                [name, f"{name}__scale"],
+                [dq],
+                name=f"{name}__Dequantize",
+                axis=form.axis,
+                **extra,
+            )
+        )
         for n in graph.node:
             for i, x in enumerate(n.input):
                 if x == name:
@@ -126,15 +153,21 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
         bw = int(a["bw"])
         inits[name].data_type = onnx.TensorProto.UINT16 if bw == 16 else onnx.TensorProto.UINT8
         s_name, z_name = f"{name}__scale", f"{name}__zero_point"
-        int_inits += [numpy_helper.from_array(np.array(np.float32(a["scale"][0])), s_name),
-                      numpy_helper.from_array(np.array(round(-float(a["offset"][0])),
-                                                       dtype=np.uint16 if bw == 16 else np.uint8), z_name)]
+        int_inits += [
+            numpy_helper.from_array(np.array(np.float32(a["scale"][0])), s_name),
+            numpy_helper.from_array(
+                np.array(round(-float(a["offset"][0])), dtype=np.uint16 if bw == 16 else np.uint8), z_name
+            ),
+        ]
         for g in gathers[name]:
             o = g.output[0]
             g.output[0] = f"{o}__gathered"
-            int_nodes.append(helper.make_node("DequantizeLinear", [f"{o}__gathered", s_name, z_name], [o],
-                                              name=f"{o}__TableDequantize"))
-        del acts[name]          # its encoding is the table's storage now (no QuantizeLinear on a table)
+            int_nodes.append(
+                helper.make_node(
+                    "DequantizeLinear", [f"{o}__gathered", s_name, z_name], [o], name=f"{o}__TableDequantize"
+                )
+            )
+        del acts[name]  # its encoding is the table's storage now (no QuantizeLinear on a table)
     graph.initializer.extend(int_inits)
     graph.node.extend(int_nodes)
     outputs = {o.name for o in graph.output}
@@ -148,8 +181,10 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
         zp = round(-float(a["offset"][0]))
         zp_np = np.array(zp, dtype=np.uint16 if bw == 16 else np.uint8)
         s_name, z_name = f"{t}__scale", f"{t}__zero_point"
-        qdq_inits += [numpy_helper.from_array(np.array(scale, dtype=np.float32), s_name),
-                      numpy_helper.from_array(zp_np, z_name)]
+        qdq_inits += [
+            numpy_helper.from_array(np.array(scale, dtype=np.float32), s_name),
+            numpy_helper.from_array(zp_np, z_name),
+        ]
         src, dst = t, f"{t}__qdq"
         if t in outputs:
             # the graph output keeps its name and carries the quantized value
@@ -163,15 +198,20 @@ def build_qdq(float_onnx: Path, encodings: Path, baked: list[Path], out: Path,
                 for i, name in enumerate(n.input):
                     if name == t:
                         n.input[i] = dst
-        new_nodes += [helper.make_node("QuantizeLinear", [src, s_name, z_name], [f"{t}__q"], name=f"{t}__Quantize"),
-                      helper.make_node("DequantizeLinear", [f"{t}__q", s_name, z_name], [dst],
-                                       name=f"{t}__Dequantize")]
+        new_nodes += [
+            helper.make_node("QuantizeLinear", [src, s_name, z_name], [f"{t}__q"], name=f"{t}__Quantize"),
+            helper.make_node("DequantizeLinear", [f"{t}__q", s_name, z_name], [dst], name=f"{t}__Dequantize"),
+        ]
     graph.initializer.extend(qdq_inits)
     graph.node.extend(new_nodes)
     _topological_sort(graph)
     onnx.save(model, str(out))
-    return {"baked_weights": n_baked, "activation_qdq": len(acts), "shared_weights": len(reuse),
-            "integer_weights": len(forms) + len(tables)}
+    return {
+        "baked_weights": n_baked,
+        "activation_qdq": len(acts),
+        "shared_weights": len(reuse),
+        "integer_weights": len(forms) + len(tables),
+    }
 
 
 class IntForm:
@@ -192,7 +232,7 @@ class IntForm:
         """The scale of every element of rows [r0, r0 + shape[0]) of the weight (r0 a multiple of the block)."""
         if self.block:
             b0 = r0 // self.block
-            return np.repeat(self.scale[b0:b0 + -(-shape[0] // self.block)], self.block, axis=0)[:shape[0]]
+            return np.repeat(self.scale[b0 : b0 + -(-shape[0] // self.block)], self.block, axis=0)[: shape[0]]
         return self.scale.reshape(1, -1)
 
 
@@ -205,19 +245,28 @@ def int_form(enc: dict[str, Any], dims: list[int]) -> IntForm | None:
     if kind not in ("PER_CHANNEL", "LPBQ") or int(enc.get("bw", 0)) != 8 or len(dims) != 2:
         return None
     scale = np.asarray(enc["scale"], dtype=np.float32)
-    if not enc.get("is_sym") or any(round(float(o)) != -128 for o in enc.get("offset", [])) or dims[1] != scale.size:
+    if (
+        not enc.get("is_sym")
+        or any(round(float(o)) != -128 for o in enc.get("offset", []))
+        or dims[1] != scale.size
+    ):
         return None
     if kind == "PER_CHANNEL":
         return IntForm(scale, 1)
     block = int(enc.get("block_size") or 0)
     ib = np.asarray(enc.get("per_block_int_scale") or [], dtype=np.float32)
-    if int(enc.get("compressed_bw", 0)) != 4 or not block or dims[0] % block or ib.size != scale.size * dims[0] // block:
+    if (
+        int(enc.get("compressed_bw", 0)) != 4
+        or not block
+        or dims[0] % block
+        or ib.size != scale.size * dims[0] // block
+    ):
         return None
     # [blocks, out]: the block scale of input rows [k*block, (k+1)*block) of output channel c
     return IntForm(np.ascontiguousarray((scale.reshape(-1, 1) * ib.reshape(scale.size, -1)).T), 0, block)
 
 
-MAX_ULPS = 4   # AIMET's LPBQ kernel rounds its block scale differently from an fp32 multiply: <= 2 ulps seen
+MAX_ULPS = 4  # AIMET's LPBQ kernel rounds its block scale differently from an fp32 multiply: <= 2 ulps seen
 
 
 def to_ints(name: str, w: np.ndarray, form: IntForm, r0: int = 0) -> np.ndarray:
@@ -229,7 +278,9 @@ def to_ints(name: str, w: np.ndarray, form: IntForm, r0: int = 0) -> np.ndarray:
     back = (q.astype(np.float32) * s).astype(np.float32)
     ulps = np.abs(back - w) / np.spacing(np.maximum(np.abs(w), np.float32(1e-30)))
     if q.min() < lo or q.max() > hi or not float(np.max(ulps, initial=0.0)) <= MAX_ULPS:
-        raise ValueError(f"{name}: the quantized weight is not an int{4 if form.block else 8} multiple of its scales")
+        raise ValueError(
+            f"{name}: the quantized weight is not an int{4 if form.block else 8} multiple of its scales"
+        )
     qi = q.astype(np.int8)
     del q, back, ulps
     if not form.block:
@@ -254,7 +305,7 @@ def dequantize_weight(model: Any, name: str, base_dir: Path) -> np.ndarray:
     attrs = {a.name: a.i for a in node.attribute}
     q = arr.astype(np.float32)
     if attrs.get("block_size"):
-        s = np.repeat(scale, attrs["block_size"], axis=attrs.get("axis", 1))[:q.shape[0]]
+        s = np.repeat(scale, attrs["block_size"], axis=attrs.get("axis", 1))[: q.shape[0]]
     elif scale.ndim == 1 and scale.size > 1:
         shape = [1] * q.ndim
         shape[attrs.get("axis", 1)] = scale.size
@@ -277,7 +328,7 @@ def table_ints(init: Any, src_dir: Path, a: dict[str, Any]) -> np.ndarray:
     out: np.ndarray = np.empty((src.rows, src.cols), np.uint16 if bw == 16 else np.uint8)
     for r0, block in src.blocks():
         q = np.rint(block / scale) + zp
-        out[r0:r0 + block.shape[0]] = np.clip(q, 0, (1 << bw) - 1)
+        out[r0 : r0 + block.shape[0]] = np.clip(q, 0, (1 << bw) - 1)
     return out
 
 
@@ -291,9 +342,13 @@ def _refs(model: Any) -> dict[str, tuple[str, str, str]]:
     return out
 
 
-def stream_weights(model: Any, src_dir: Path, data: Path,
-                   transform: Callable[[Any], np.ndarray | None] | None = None,
-                   reuse: dict[str, list[tuple[str, str]]] | None = None) -> int:
+def stream_weights(
+    model: Any,
+    src_dir: Path,
+    data: Path,
+    transform: Callable[[Any], np.ndarray | None] | None = None,
+    reuse: dict[str, list[tuple[str, str]]] | None = None,
+) -> int:
     """Move every initializer of `model` (structure loaded without its external data) into `data`, one
     tensor at a time; `transform(init)` may return the tensor's new value. Returns how many changed.
     `reuse`: initializers that take these external-data entries (another graph's file, same folder)
@@ -321,13 +376,13 @@ def stream_weights(model: Any, src_dir: Path, data: Path,
             raw: bytes | memoryview
             if new is not None:
                 changed += 1
-                raw = memoryview(np.ascontiguousarray(new))    # written without a bytes copy
+                raw = memoryview(np.ascontiguousarray(new))  # written without a bytes copy
             elif any(e.key == "location" for e in init.external_data):
                 raw = _read_external(init, src_dir)
             elif len(init.raw_data) >= 1024:
                 raw = init.raw_data
             else:
-                continue                     # a small constant stays in the graph
+                continue  # a small constant stays in the graph
             fh.write(b"\0" * ((-fh.tell()) % 4096))
             offset = fh.tell()
             fh.write(raw)
@@ -335,7 +390,11 @@ def stream_weights(model: Any, src_dir: Path, data: Path,
             del init.external_data[:]
             for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
                 init.ClearField(f)
-            for key, value in (("location", data.name), ("offset", str(offset)), ("length", str(fh.tell() - offset))):
+            for key, value in (
+                ("location", data.name),
+                ("offset", str(offset)),
+                ("length", str(fh.tell() - offset)),
+            ):
                 entry = init.external_data.add()
                 entry.key, entry.value = key, value
             init.data_location = onnx.TensorProto.EXTERNAL
@@ -401,7 +460,7 @@ def _to_opset(model: Any, version: int) -> Any:
     """Raise the opset of a graph whose weights are external (the converter sees only references)."""
     from workers.compat import convert_version
 
-    return convert_version(model, version)   # keeps the external-data references (onnx 1.18 drops them)
+    return convert_version(model, version)  # keeps the external-data references (onnx 1.18 drops them)
 
 
 def _topological_sort(graph: Any) -> None:

@@ -36,7 +36,7 @@ class RunUnit:
     inputs: list[str]
     outputs: list[str]
     params: int
-    columns: tuple[int, int] | None = None       # an lm_head chunk: its vocabulary columns [a, b)
+    columns: tuple[int, int] | None = None  # an lm_head chunk: its vocabulary columns [a, b)
     layers: list[int] = field(default_factory=list)
 
     @property
@@ -44,22 +44,44 @@ class RunUnit:
         if self.level == EMBED_LEVEL:
             return "embedding"
         if self.level == HEAD_LEVEL:
-            return "lm_head" if self.columns is None else f"lm_head columns {self.columns[0]}-{self.columns[1] - 1}"
+            return (
+                "lm_head"
+                if self.columns is None
+                else f"lm_head columns {self.columns[0]}-{self.columns[1] - 1}"
+            )
         return f"layer {self.level}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": str(self.path), "level": self.level, "inputs": self.inputs, "outputs": self.outputs,
-                "params": self.params, "columns": list(self.columns) if self.columns else None, "layers": self.layers}
+        return {
+            "path": str(self.path),
+            "level": self.level,
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "params": self.params,
+            "columns": list(self.columns) if self.columns else None,
+            "layers": self.layers,
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunUnit:
-        return cls(Path(d["path"]), int(d["level"]), list(d["inputs"]), list(d["outputs"]), int(d["params"]),
-                   (int(d["columns"][0]), int(d["columns"][1])) if d.get("columns") else None,
-                   list(d.get("layers") or []))
+        return cls(
+            Path(d["path"]),
+            int(d["level"]),
+            list(d["inputs"]),
+            list(d["outputs"]),
+            int(d["params"]),
+            (int(d["columns"][0]), int(d["columns"][1])) if d.get("columns") else None,
+            list(d.get("layers") or []),
+        )
 
 
-def split_for_run(graph_onnx: Path, work: Path, tag: str, extra_outputs: set[str] | None = None,
-                  head_chunk_params: int | None = None) -> list[RunUnit]:
+def split_for_run(
+    graph_onnx: Path,
+    work: Path,
+    tag: str,
+    extra_outputs: set[str] | None = None,
+    head_chunk_params: int | None = None,
+) -> list[RunUnit]:
     """Cut `graph_onnx` into run units under `work` (ONNX structure only, weights referenced in place).
     `extra_outputs`: tensors to expose as unit outputs where a unit computes them (a layer's hidden state,
     for the float-fidelity check). `head_chunk_params`: the lm_head chunk bound (default: the largest layer)."""
@@ -81,7 +103,7 @@ def split_for_run(graph_onnx: Path, work: Path, tag: str, extra_outputs: set[str
             name = f"{tag}.{len(links)}.data"
             target = work / name
             target.unlink(missing_ok=True)
-            try:     # a hard link: onnxruntime refuses external data that resolves outside the model's folder
+            try:  # a hard link: onnxruntime refuses external data that resolves outside the model's folder
                 os.link((graph_onnx.parent / location).resolve(), target)
             except OSError:
                 shutil.copyfile(graph_onnx.parent / location, target)
@@ -114,8 +136,9 @@ def split_for_run(graph_onnx: Path, work: Path, tag: str, extra_outputs: set[str
     return units
 
 
-def _head_chunks(sub: Any, src_dir: Path, work: Path, stem: str, n_chunks: int
-                 ) -> list[tuple[Path, tuple[int, int], int]] | None:
+def _head_chunks(
+    sub: Any, src_dir: Path, work: Path, stem: str, n_chunks: int
+) -> list[tuple[Path, tuple[int, int], int]] | None:
     """The lm_head unit as column chunks, when it is one MatMul whose [H, V] weight (float32, or int8 behind a
     DequantizeLinear along axis 1: the simulation graph) is in external data and whose output reaches the
     unit's only output through per-tensor element-wise nodes; else None."""
@@ -159,16 +182,20 @@ def _head_chunks(sub: Any, src_dir: Path, work: Path, stem: str, n_chunks: int
     data, base = src_dir / ext["location"], int(ext.get("offset", 0))
     bounds = np.linspace(0, vocab, n_chunks + 1).astype(int).tolist()
     out_vi = g.output[0]
-    dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in out_vi.type.tensor_type.shape.dim]
+    dims = [
+        d.dim_value if d.HasField("dim_value") else d.dim_param for d in out_vi.type.tensor_type.shape.dim
+    ]
     paths = [work / f"{stem}c{c}.onnx" for c in range(n_chunks)]
     files = [open(p.with_name(p.name + ".data"), "wb") for p in paths]  # noqa: SIM115 (closed below)
     try:
         step = max(1, BLOCK_BYTES // (dt.itemsize * vocab))
         for r0 in range(0, rows, step):
             n = min(rows, r0 + step) - r0
-            block = np.fromfile(data, dtype=dt, count=n * vocab, offset=base + dt.itemsize * r0 * vocab).reshape(n, vocab)
+            block = np.fromfile(
+                data, dtype=dt, count=n * vocab, offset=base + dt.itemsize * r0 * vocab
+            ).reshape(n, vocab)
             for c, fh in enumerate(files):
-                fh.write(memoryview(np.ascontiguousarray(block[:, bounds[c]:bounds[c + 1]])))
+                fh.write(memoryview(np.ascontiguousarray(block[:, bounds[c] : bounds[c + 1]])))
             del block
     finally:
         for fh in files:
@@ -179,21 +206,38 @@ def _head_chunks(sub: Any, src_dir: Path, work: Path, stem: str, n_chunks: int
         a, b = bounds[c], bounds[c + 1]
         wc = onnx.TensorProto(name=w.name, data_type=w.data_type, dims=[rows, b - a])
         wc.data_location = onnx.TensorProto.EXTERNAL
-        for k, v in (("location", path.name + ".data"), ("offset", "0"), ("length", str(dt.itemsize * rows * (b - a)))):
+        for k, v in (
+            ("location", path.name + ".data"),
+            ("offset", "0"),
+            ("length", str(dt.itemsize * rows * (b - a))),
+        ):
             wc.external_data.add(key=k, value=v)
         small = []
         for i in g.initializer:
             if i.name == w.name:
                 continue
-            if i.name in per_col and _numel(i) == vocab:      # the DequantizeLinear's per-column scale / zero point
+            if (
+                i.name in per_col and _numel(i) == vocab
+            ):  # the DequantizeLinear's per-column scale / zero point
                 small.append(numpy_helper.from_array(numpy_helper.to_array(i)[a:b], i.name))
             else:
                 small.append(i)
         consts = [n for n in g.node if n.op_type == "Constant"]
         nodes = [*consts, *([dq] if dq is not None else []), mm, *tail]
-        graph = helper.make_graph(nodes, f"{g.name}_columns_{a}_{b}", list(g.input),
-                                  [helper.make_tensor_value_info(out_vi.name, out_vi.type.tensor_type.elem_type,
-                                                                 [*dims[:-1], b - a])], [wc, *small])
-        onnx.save(helper.make_model(graph, opset_imports=list(sub.opset_import), ir_version=sub.ir_version), str(path))
+        graph = helper.make_graph(
+            nodes,
+            f"{g.name}_columns_{a}_{b}",
+            list(g.input),
+            [
+                helper.make_tensor_value_info(
+                    out_vi.name, out_vi.type.tensor_type.elem_type, [*dims[:-1], b - a]
+                )
+            ],
+            [wc, *small],
+        )
+        onnx.save(
+            helper.make_model(graph, opset_imports=list(sub.opset_import), ir_version=sub.ir_version),
+            str(path),
+        )
         out.append((path, (a, b), rows * (b - a)))
     return out

@@ -22,9 +22,11 @@ from typing import Any
 
 STEPS = ("import", "graph", "quantsim", "calibrate", "export", "baked_weights", "simulation_graph", "run")
 
-FIX = ("Install a stack HexStudio quantizes with: the validated recipe (Python 3.10, aimet-onnx 2.26, onnx 1.18, "
-       "transformers 4.45; `bash packaging/install-workstation.sh`) or the current one "
-       "(workers/shared/data/recipes/current.txt; `./dev setup`), then run preflight again.")
+FIX = (
+    "Install a stack HexStudio quantizes with: the validated recipe (Python 3.10, aimet-onnx 2.26, onnx 1.18, "
+    "transformers 4.45; `bash packaging/install-workstation.sh`) or the current one "
+    "(workers/shared/data/recipes/current.txt; `./dev setup`), then run preflight again."
+)
 
 
 def _graph(folder: Path) -> Path:
@@ -36,19 +38,34 @@ def _graph(folder: Path) -> Path:
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array((rng.standard_normal((64, 64)) * 0.1).astype(np.float32), "model.layers.0.w")
     head = numpy_helper.from_array((rng.standard_normal((64, 32)) * 0.1).astype(np.float32), "lm_head.weight")
-    nodes = [helper.make_node("MatMul", ["x", "model.layers.0.w"], ["h"], name="/layers.0/MatMul"),
-             helper.make_node("Add", ["h", "past_key_0_in"], ["past_key_0_out"], name="/layers.0/Add"),
-             helper.make_node("MatMul", ["past_key_0_out", "lm_head.weight"], ["logits"], name="/lm_head/MatMul")]
-    g = helper.make_graph(nodes, "smoke",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64]),
-                           helper.make_tensor_value_info("past_key_0_in", TensorProto.FLOAT, [1, 64])],
-                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 32]),
-                           helper.make_tensor_value_info("past_key_0_out", TensorProto.FLOAT, [1, 64])],
-                          [w, head])
+    nodes = [
+        helper.make_node("MatMul", ["x", "model.layers.0.w"], ["h"], name="/layers.0/MatMul"),
+        helper.make_node("Add", ["h", "past_key_0_in"], ["past_key_0_out"], name="/layers.0/Add"),
+        helper.make_node("MatMul", ["past_key_0_out", "lm_head.weight"], ["logits"], name="/lm_head/MatMul"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "smoke",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64]),
+            helper.make_tensor_value_info("past_key_0_in", TensorProto.FLOAT, [1, 64]),
+        ],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 32]),
+            helper.make_tensor_value_info("past_key_0_out", TensorProto.FLOAT, [1, 64]),
+        ],
+        [w, head],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     path = folder / "unit.onnx"
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location="unit.onnx.data", size_threshold=0)
+    onnx.save(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="unit.onnx.data",
+        size_threshold=0,
+    )
     return path
 
 
@@ -75,12 +92,18 @@ def run(threads: int = 1) -> dict[str, Any]:
             out["step"] = "graph"
             path = _graph(folder)
             rng = np.random.default_rng(1)
-            feeds = [{"x": rng.standard_normal((1, 64)).astype(np.float32),
-                      "past_key_0_in": rng.standard_normal((1, 64)).astype(np.float32)} for _ in range(4)]
+            feeds = [
+                {
+                    "x": rng.standard_normal((1, 64)).astype(np.float32),
+                    "past_key_0_in": rng.standard_normal((1, 64)).astype(np.float32),
+                }
+                for _ in range(4)
+            ]
             out["step"] = "quantsim"
             (folder / "sim").mkdir()
-            sim, counts = build_sim(path, {"weight_bits": 4, "activation_bits": 16, "kv_bits": 8}, folder / "sim",
-                                    threads)
+            sim, counts = build_sim(
+                path, {"weight_bits": 4, "activation_bits": 16, "kv_bits": 8}, folder / "sim", threads
+            )
             out["step"] = "calibrate"
             sim.compute_encodings(iter(feeds))
             out["step"] = "export"
@@ -115,8 +138,10 @@ def run(threads: int = 1) -> dict[str, Any]:
             b = q.run(["logits"], feeds[0])[0]
             err = float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-9))
             if not np.isfinite(err) or err > 0.2:
-                raise ValueError(f"the simulation graph's logits differ from the float graph's by {err:.3f} "
-                                 "(relative): its weights or encodings are wrong")
+                raise ValueError(
+                    f"the simulation graph's logits differ from the float graph's by {err:.3f} "
+                    "(relative): its weights or encodings are wrong"
+                )
             out.update(ok=True, step=None, relative_error=round(err, 5), counts=counts, encodings=stats)
     except Exception as exc:  # each failure is reported with its step
         out["error"] = f"{type(exc).__name__}: {exc}"

@@ -11,15 +11,20 @@ from typing import Any
 import numpy as np
 
 
-def write_f32_tensors(path: Path, shapes: dict[str, list[int]],
-                      blocks: Callable[[str], Iterable[np.ndarray]]) -> None:
+def write_f32_tensors(
+    path: Path, shapes: dict[str, list[int]], blocks: Callable[[str], Iterable[np.ndarray]]
+) -> None:
     """Write `path` (atomically, via `<path>.partial`): every tensor of `shapes`, in order, from
     `blocks(name)` (float32 arrays whose bytes, concatenated, are the tensor in row-major order)."""
     header: dict[str, Any] = {}
     offset = 0
     for name, shape in shapes.items():
         n = 4 * int(np.prod(shape, dtype=np.int64))
-        header[name] = {"dtype": "F32", "shape": [int(d) for d in shape], "data_offsets": [offset, offset + n]}
+        header[name] = {
+            "dtype": "F32",
+            "shape": [int(d) for d in shape],
+            "data_offsets": [offset, offset + n],
+        }
         offset += n
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * ((-len(head)) % 8)

@@ -35,7 +35,7 @@ import numpy as np
 
 from workers.quant.tensorfile import write_f32_tensors
 
-BLOCK_BYTES = 16 << 20     # fp32 bytes of one block of rows when a vocabulary-sized weight is streamed
+BLOCK_BYTES = 16 << 20  # fp32 bytes of one block of rows when a vocabulary-sized weight is streamed
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _KV_INPUT = re.compile(r"^past_(?:key|value)_(\d+)_in$")
 EMBED_LEVEL = -1
@@ -45,14 +45,16 @@ HEAD_LEVEL = 1 << 30
 @dataclass(frozen=True)
 class TableSource:
     """A 2-D float32 weight in an external data file."""
+
     data: Path
     offset: int
     rows: int
     cols: int
 
     def read(self, r0: int, r1: int) -> np.ndarray:
-        a: np.ndarray = np.fromfile(self.data, dtype=np.float32, count=(r1 - r0) * self.cols,
-                                    offset=self.offset + 4 * r0 * self.cols)
+        a: np.ndarray = np.fromfile(
+            self.data, dtype=np.float32, count=(r1 - r0) * self.cols, offset=self.offset + 4 * r0 * self.cols
+        )
         return a.reshape(r1 - r0, self.cols)
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
@@ -64,16 +66,16 @@ class TableSource:
 @dataclass
 class Unit:
     index: int
-    level: int                          # layer index, EMBED_LEVEL or HEAD_LEVEL
-    path: Path                          # the unit's ONNX (weights in `<path>.data`)
+    level: int  # layer index, EMBED_LEVEL or HEAD_LEVEL
+    path: Path  # the unit's ONNX (weights in `<path>.data`)
     inputs: list[str]
     outputs: list[str]
     layers: list[int] = field(default_factory=list)
-    params: int = 0                     # weight parameters the unit holds
-    columns: tuple[int, int] | None = None    # an lm_head chunk: the vocabulary columns [a, b) it computes
-    table: str | None = None            # a compacted embedding: its table's name ...
-    vocab_rows: np.ndarray | None = None      # ... the token ids (sorted) whose rows it keeps ...
-    table_source: TableSource | None = None   # ... and where the whole table is
+    params: int = 0  # weight parameters the unit holds
+    columns: tuple[int, int] | None = None  # an lm_head chunk: the vocabulary columns [a, b) it computes
+    table: str | None = None  # a compacted embedding: its table's name ...
+    vocab_rows: np.ndarray | None = None  # ... the token ids (sorted) whose rows it keeps ...
+    table_source: TableSource | None = None  # ... and where the whole table is
 
     @property
     def label(self) -> str:
@@ -82,7 +84,11 @@ class Unit:
                 return "embedding"
             return f"embedding ({len(self.vocab_rows)} of {self.table_source.rows} rows)"
         if self.level == HEAD_LEVEL:
-            return "lm_head" if self.columns is None else f"lm_head columns {self.columns[0]}-{self.columns[1] - 1}"
+            return (
+                "lm_head"
+                if self.columns is None
+                else f"lm_head columns {self.columns[0]}-{self.columns[1] - 1}"
+            )
         return f"layer {self.level}"
 
     @property
@@ -111,11 +117,14 @@ def plan_units(model: Any) -> tuple[dict[int, list[int]], dict[int, list[str]], 
     graph_outputs = [o.name for o in graph.output]
     const: set[str] = set(inits) | {""}
     # a layer's KV inputs pin what reads them to that layer (Genie's KV layout is transposed in the layer)
-    level_of_tensor: dict[str, int | None] = {n: int(m.group(1)) for n in graph_inputs
-                                              if (m := _KV_INPUT.match(n)) is not None}
+    level_of_tensor: dict[str, int | None] = {
+        n: int(m.group(1)) for n in graph_inputs if (m := _KV_INPUT.match(n)) is not None
+    }
     node_level: list[int | None] = []
     is_const_node: list[bool] = []
-    weight_of: dict[str, str] = {n: n for n in inits}   # a dequantized integer weight (simulation graph) is its weight
+    weight_of: dict[str, str] = {
+        n: n for n in inits
+    }  # a dequantized integer weight (simulation graph) is its weight
     for node in graph.node:
         if node.op_type == "Constant" or all(x in const for x in node.input):
             const.update(node.output)
@@ -168,12 +177,18 @@ def plan_units(model: Any) -> tuple[dict[int, list[int]], dict[int, list[str]], 
             outputs[out_src].append(o)
     # keep the part's own input order first (the feeds are built from it)
     for lv in levels:
-        inputs[lv].sort(key=lambda n: (graph_inputs.index(n) if n in graph_inputs else len(graph_inputs)))
+        inputs[lv].sort(key=lambda n: graph_inputs.index(n) if n in graph_inputs else len(graph_inputs))
     return nodes, inputs, outputs
 
 
-def split_units(float_onnx: Path, work: Path, tag: str, per_layer: bool = True,
-                vocab_ids: np.ndarray | None = None, head_chunk_params: int | None = None) -> list[Unit]:
+def split_units(
+    float_onnx: Path,
+    work: Path,
+    tag: str,
+    per_layer: bool = True,
+    vocab_ids: np.ndarray | None = None,
+    head_chunk_params: int | None = None,
+) -> list[Unit]:
     """Cut the part graph into calibration units under `work` (one ONNX + data file each). Reads one
     unit's weights at a time from the part's files. `per_layer=False`: the whole graph is one unit
     (one QuantSim for the part, as Qualcomm's recipe does it; the memory comparison's baseline).
@@ -204,22 +219,45 @@ def split_units(float_onnx: Path, work: Path, tag: str, per_layer: bool = True,
             head = _head_matmul(sub, float_onnx.parent)
             if head is not None:
                 n_chunks = -(-params // bound)
-                units += _write_column_chunks(sub, head, float_onnx.parent, work, tag, len(units), n_chunks,
-                                              list(ins[lv]), list(outs[lv]))
+                units += _write_column_chunks(
+                    sub,
+                    head,
+                    float_onnx.parent,
+                    work,
+                    tag,
+                    len(units),
+                    n_chunks,
+                    list(ins[lv]),
+                    list(outs[lv]),
+                )
                 continue
         table = _embedding_table(sub) if lv == EMBED_LEVEL and vocab_ids is not None else None
         path = work / f"{tag}_u{len(units)}.onnx"
         rows, source = None, None
         if table is not None:
             assert vocab_ids is not None
-            rows, source = _compact_table(sub, table, np.asarray(vocab_ids, dtype=np.int64), float_onnx.parent)
+            rows, source = _compact_table(
+                sub, table, np.asarray(vocab_ids, dtype=np.int64), float_onnx.parent
+            )
             params = sum(_numel(i) for i in sub.graph.initializer if len(i.dims) >= 2)
         _save_unit(sub, float_onnx.parent, path)
         del sub
         if lv not in (EMBED_LEVEL, HEAD_LEVEL):
             largest_layer = max(largest_layer, params)
-        units.append(Unit(len(units), lv, path, list(ins[lv]), list(outs[lv]), layers, params,
-                          table=table, vocab_rows=rows, table_source=source))
+        units.append(
+            Unit(
+                len(units),
+                lv,
+                path,
+                list(ins[lv]),
+                list(outs[lv]),
+                layers,
+                params,
+                table=table,
+                vocab_rows=rows,
+                table_source=source,
+            )
+        )
     return units
 
 
@@ -239,8 +277,14 @@ def _save_unit(sub: Any, src_dir: Path, path: Path) -> None:
             init.data_location = onnx.TensorProto.DEFAULT
     data = path.with_name(path.name + ".data")
     data.unlink(missing_ok=True)
-    onnx.save(sub, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=data.name, size_threshold=1024)
+    onnx.save(
+        sub,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data.name,
+        size_threshold=1024,
+    )
 
 
 def _head_matmul(sub: Any, src_dir: Path) -> Any | None:
@@ -253,14 +297,27 @@ def _head_matmul(sub: Any, src_dir: Path) -> Any | None:
         return None
     node = nodes[0]
     w = inits.get(node.input[1])
-    if w is None or _source(w, src_dir) is None or node.output[0] != outputs[0] \
-            or node.input[0] not in [i.name for i in sub.graph.input]:
+    if (
+        w is None
+        or _source(w, src_dir) is None
+        or node.output[0] != outputs[0]
+        or node.input[0] not in [i.name for i in sub.graph.input]
+    ):
         return None
     return node
 
 
-def _write_column_chunks(sub: Any, node: Any, src_dir: Path, work: Path, tag: str, first_index: int, n_chunks: int,
-                         inputs: list[str], outputs: list[str]) -> list[Unit]:
+def _write_column_chunks(
+    sub: Any,
+    node: Any,
+    src_dir: Path,
+    work: Path,
+    tag: str,
+    first_index: int,
+    n_chunks: int,
+    inputs: list[str],
+    outputs: list[str],
+) -> list[Unit]:
     """The lm_head unit as `n_chunks` graphs, each the same MatMul on a slice of the weight's columns; the
     weight is read once, a block of rows at a time, into the chunks' data files."""
     import onnx
@@ -268,18 +325,19 @@ def _write_column_chunks(sub: Any, node: Any, src_dir: Path, work: Path, tag: st
 
     w = next(i for i in sub.graph.initializer if i.name == node.input[1])
     source = _source(w, src_dir)
-    assert source is not None        # _head_matmul checked
+    assert source is not None  # _head_matmul checked
     rows, vocab = source.rows, source.cols
     bounds = np.linspace(0, vocab, n_chunks + 1).astype(int).tolist()
     out_vi = sub.graph.output[0]
-    out_dims = [d.dim_value if d.HasField("dim_value") else d.dim_param
-                for d in out_vi.type.tensor_type.shape.dim]
+    out_dims = [
+        d.dim_value if d.HasField("dim_value") else d.dim_param for d in out_vi.type.tensor_type.shape.dim
+    ]
     paths = [work / f"{tag}_u{first_index + c}.onnx" for c in range(n_chunks)]
     files = [open(p.with_name(p.name + ".data"), "wb") for p in paths]  # noqa: SIM115 (closed below)
     try:
         for _, block in source.blocks():
             for c, fh in enumerate(files):
-                fh.write(memoryview(np.ascontiguousarray(block[:, bounds[c]:bounds[c + 1]])))
+                fh.write(memoryview(np.ascontiguousarray(block[:, bounds[c] : bounds[c + 1]])))
             del block
     finally:
         for fh in files:
@@ -291,13 +349,31 @@ def _write_column_chunks(sub: Any, node: Any, src_dir: Path, work: Path, tag: st
         weight.data_location = onnx.TensorProto.EXTERNAL
         for k, v in (("location", path.name + ".data"), ("offset", "0"), ("length", str(4 * rows * (b - a)))):
             weight.external_data.add(key=k, value=v)
-        graph = helper.make_graph([node], f"{sub.graph.name}_columns_{a}_{b}", list(sub.graph.input),
-                                  [helper.make_tensor_value_info(out_vi.name, out_vi.type.tensor_type.elem_type,
-                                                                 [*out_dims[:-1], b - a])], [weight])
+        graph = helper.make_graph(
+            [node],
+            f"{sub.graph.name}_columns_{a}_{b}",
+            list(sub.graph.input),
+            [
+                helper.make_tensor_value_info(
+                    out_vi.name, out_vi.type.tensor_type.elem_type, [*out_dims[:-1], b - a]
+                )
+            ],
+            [weight],
+        )
         m = helper.make_model(graph, opset_imports=list(sub.opset_import), ir_version=sub.ir_version)
         onnx.save(m, str(path))
-        units.append(Unit(first_index + c, HEAD_LEVEL, path, list(inputs), list(outputs), [], rows * (b - a),
-                          columns=(a, b)))
+        units.append(
+            Unit(
+                first_index + c,
+                HEAD_LEVEL,
+                path,
+                list(inputs),
+                list(outputs),
+                [],
+                rows * (b - a),
+                columns=(a, b),
+            )
+        )
     return units
 
 
@@ -305,10 +381,19 @@ def _embedding_table(sub: Any) -> str | None:
     """The embedding unit's table when the unit's token ids reach nothing but its Gather (directly or
     through Casts), so the ids can be mapped onto a table of fewer rows; else None."""
     inits = {i.name: i for i in sub.graph.initializer}
-    gathers = [n for n in sub.graph.node if n.op_type == "Gather" and n.input[0] in inits
-               and len(inits[n.input[0]].dims) == 2 and "embed_tokens" in n.input[0]]
-    if len(gathers) != 1 or any(a.name == "axis" and a.i != 0 for a in gathers[0].attribute) \
-            or not any(e.key == "location" for e in inits[gathers[0].input[0]].external_data):
+    gathers = [
+        n
+        for n in sub.graph.node
+        if n.op_type == "Gather"
+        and n.input[0] in inits
+        and len(inits[n.input[0]].dims) == 2
+        and "embed_tokens" in n.input[0]
+    ]
+    if (
+        len(gathers) != 1
+        or any(a.name == "axis" and a.i != 0 for a in gathers[0].attribute)
+        or not any(e.key == "location" for e in inits[gathers[0].input[0]].external_data)
+    ):
         return None
     gather = gathers[0]
     frontier, seen_gather = ["input_ids"], False
@@ -332,7 +417,9 @@ def _source(init: Any, src_dir: Path) -> TableSource | None:
     ext = {e.key: e.value for e in init.external_data}
     if "location" not in ext or len(init.dims) != 2 or init.data_type != onnx.TensorProto.FLOAT:
         return None
-    return TableSource(src_dir / ext["location"], int(ext.get("offset", 0)), int(init.dims[0]), int(init.dims[1]))
+    return TableSource(
+        src_dir / ext["location"], int(ext.get("offset", 0)), int(init.dims[0]), int(init.dims[1])
+    )
 
 
 def _compact_table(sub: Any, table: str, ids: np.ndarray, src_dir: Path) -> tuple[np.ndarray, TableSource]:
@@ -363,6 +450,7 @@ def _compact_table(sub: Any, table: str, ids: np.ndarray, src_dir: Path) -> tupl
 
 def remap_ids(feeds: Any, rows: np.ndarray) -> Any:
     """A feed factory whose `input_ids` index a compacted embedding table (`rows`: the kept token ids)."""
+
     def remapped() -> Any:
         for f in feeds():
             if "input_ids" in f:
@@ -372,6 +460,7 @@ def remap_ids(feeds: Any, rows: np.ndarray) -> Any:
                     raise ValueError("a calibration sample holds a token id the compacted embedding does not")
                 f = {**f, "input_ids": idx.astype(ids.dtype)}
             yield f
+
     return remapped
 
 
@@ -422,7 +511,9 @@ def merge_column_chunks(chunks: list[Unit], encs: list[Path], out: Path) -> None
                 params[p["name"]] = {**p, "scale": list(p["scale"]), "offset": list(p["offset"])}
                 continue
             if p.get("enc_type") != "PER_CHANNEL":
-                raise ValueError(f"{p['name']}: a {p.get('enc_type')} weight encoding cannot be split by columns")
+                raise ValueError(
+                    f"{p['name']}: a {p.get('enc_type')} weight encoding cannot be split by columns"
+                )
             params[p["name"]]["scale"] += list(p["scale"])
             params[p["name"]]["offset"] += list(p["offset"])
     acts: dict[str, dict[str, Any]] = {}
@@ -437,15 +528,17 @@ def merge_column_chunks(chunks: list[Unit], encs: list[Path], out: Path) -> None
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     tmp.replace(out)
-    _concat_columns([enc.with_name(enc.name + ".baked.safetensors") for enc in encs],
-                    out.with_name(out.name + ".baked.safetensors"))
+    _concat_columns(
+        [enc.with_name(enc.name + ".baked.safetensors") for enc in encs],
+        out.with_name(out.name + ".baked.safetensors"),
+    )
 
 
 def _union(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """One per-tensor encoding covering the ranges of `a` and `b` (same bitwidth and symmetry)."""
     if a["bw"] != b["bw"] or bool(a.get("is_sym")) != bool(b.get("is_sym")):
         raise ValueError(f"{a['name']}: cannot merge encodings of different kinds")
-    if a.get("is_sym"):                     # symmetric: the wider scale covers both
+    if a.get("is_sym"):  # symmetric: the wider scale covers both
         return a if float(a["scale"][0]) >= float(b["scale"][0]) else b
     (lo1, hi1), (lo2, hi2) = _range(a), _range(b)
     lo, hi = min(lo1, lo2), max(hi1, hi2)
@@ -470,6 +563,6 @@ def _concat_columns(files: list[Path], out: Path) -> None:
         rows, cols = shapes[n]
         step = max(1, BLOCK_BYTES // (4 * cols))
         for r0 in range(0, rows, step):
-            yield np.concatenate([h.get_slice(n)[r0:min(rows, r0 + step)] for h in handles], axis=1)
+            yield np.concatenate([h.get_slice(n)[r0 : min(rows, r0 + step)] for h in handles], axis=1)
 
     write_f32_tensors(out, shapes, blocks)

@@ -27,9 +27,9 @@ def group_rss_proc(pgid: int, proc: str = "/proc") -> int:
             with open(os.path.join(proc, entry, "stat"), encoding="utf-8", errors="replace") as fh:
                 stat = fh.read()
         except OSError:
-            continue     # the process ended meanwhile
+            continue  # the process ended meanwhile
         # "pid (comm) state ppid pgrp ... rss": comm may hold spaces and ')', so split after the last ')'
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         try:
             if int(fields[2]) == pgid:
                 total += int(fields[21]) * PAGE
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
         while group_alive(pgid):
             print(sample(pgid), flush=True)
             time.sleep(interval)
-    except (BrokenPipeError, KeyboardInterrupt):   # the studio stopped reading
+    except (BrokenPipeError, KeyboardInterrupt):  # the studio stopped reading
         pass
     return 0
 

@@ -43,9 +43,14 @@ def missing_modules(modules: list[str]) -> list[str]:
 
 
 def probe(modules: list[str]) -> dict[str, Any]:
-    return {"python": list(sys.version_info[:3]), "executable": sys.executable,
-            "platform": platform.platform(), "cpu_count": os.cpu_count() or 1, "memory_bytes": memory_bytes(),
-            "missing": missing_modules(modules)}
+    return {
+        "python": list(sys.version_info[:3]),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count() or 1,
+        "memory_bytes": memory_bytes(),
+        "missing": missing_modules(modules),
+    }
 
 
 def main(argv: list[str]) -> int:

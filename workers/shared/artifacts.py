@@ -31,16 +31,16 @@ class ResolvedShape(TypedDict):
 class ModelDoc(TypedDict):
     """artifacts/model/model.json (written by workers/model.py)."""
 
-    model: str                          # what was asked for: builtin:tiny-llama, an HF id or a folder
-    source: str                         # "builtin" | "local" | "huggingface"
-    revision: str | None                # the commit the files came from (a download)
-    requested_revision: str | None      # what --revision asked for (None: the default branch)
-    hf_dir: str                         # the model folder, relative to model.json when inside the stage folder
-    info: dict[str, Any]                # workers.shared.modelinfo.inspect_folder
-    weights: dict[str, Any]             # the weight files' check
+    model: str  # what was asked for: builtin:tiny-llama, an HF id or a folder
+    source: str  # "builtin" | "local" | "huggingface"
+    revision: str | None  # the commit the files came from (a download)
+    requested_revision: str | None  # what --revision asked for (None: the default branch)
+    hf_dir: str  # the model folder, relative to model.json when inside the stage folder
+    info: dict[str, Any]  # workers.shared.modelinfo.inspect_folder
+    weights: dict[str, Any]  # the weight files' check
     resolved: ResolvedShape
-    part_plan: dict[str, Any]           # workers.shared.modelinfo.part_plan (parts and why)
-    estimates: dict[str, Any]           # workers.shared.modelinfo.estimate
+    part_plan: dict[str, Any]  # workers.shared.modelinfo.part_plan (parts and why)
+    estimates: dict[str, Any]  # workers.shared.modelinfo.estimate
 
 
 class QuantizeDoc(TypedDict):
@@ -54,14 +54,14 @@ class QuantizeDoc(TypedDict):
     num_kv_heads: int
     head_dim: int
     vocab_size: int
-    precision: dict[str, str]           # weights, activations, kv_cache, lm_head, embeddings
-    calibration: dict[str, Any]         # text, samples, seq_len, blocks, unit, quantsim_config, method
+    precision: dict[str, str]  # weights, activations, kv_cache, lm_head, embeddings
+    calibration: dict[str, Any]  # text, samples, seq_len, blocks, unit, quantsim_config, method
     weight_sharing: dict[str, Any]
     storage: dict[str, Any]
     positional_encoding: dict[str, Any]
     encodings_version: str
-    tool: dict[str, str | None]         # aimet_onnx, onnxruntime versions
-    graphs: list[dict[str, Any]]        # name, kind, part, layers, onnx, encodings, stats
+    tool: dict[str, str | None]  # aimet_onnx, onnxruntime versions
+    graphs: list[dict[str, Any]]  # name, kind, part, layers, onnx, encodings, stats
 
 
 class BundleFile(TypedDict):
@@ -78,15 +78,15 @@ class BundleDoc(TypedDict):
     model: str
     simulated: bool
     emulated: bool
-    device: dict[str, Any]              # name, soc_model, dsp_arch, attributes
-    qairt_version: str | None           # None for the simulation bundle
+    device: dict[str, Any]  # name, soc_model, dsp_arch, attributes
+    qairt_version: str | None  # None for the simulation bundle
     context_length: int
     ar_n: int
     parts: int
     aihub_jobs: list[dict[str, Any]]
     files: list[BundleFile]
-    qairt_full_version: NotRequired[str | None]     # AI Hub bundles
-    precision: NotRequired[dict[str, Any]]          # AI Hub bundles
+    qairt_full_version: NotRequired[str | None]  # AI Hub bundles
+    precision: NotRequired[dict[str, Any]]  # AI Hub bundles
 
 
 def required_keys(doc_type: type) -> frozenset[str]:
@@ -107,5 +107,13 @@ def load_json(path: Path, doc_type: type[D]) -> D:
     return doc
 
 
-__all__ = ["BundleDoc", "BundleFile", "ModelDoc", "QuantizeDoc", "ResolvedSettings", "ResolvedShape", "load_json",
-           "required_keys"]
+__all__ = [
+    "BundleDoc",
+    "BundleFile",
+    "ModelDoc",
+    "QuantizeDoc",
+    "ResolvedSettings",
+    "ResolvedShape",
+    "load_json",
+    "required_keys",
+]

@@ -34,7 +34,7 @@ from typing import Any
 from workers.shared.errors import ActionableError
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-_SENTINEL = "\u2063HEXSTUDIO-REPLY-END\u2063"      # marks where the previous reply's text ends in a render
+_SENTINEL = "\u2063HEXSTUDIO-REPLY-END\u2063"  # marks where the previous reply's text ends in a render
 
 
 class ChatTemplateError(ActionableError):
@@ -72,15 +72,23 @@ def _compile(source: str) -> Any:
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: Any = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
 
     def strftime_now(fmt: str) -> str:
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_Generation, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -99,15 +107,15 @@ def template_variables(source: str) -> frozenset[str]:
 class ChatFormat:
     """How to turn a conversation into Genie's query text for one model."""
 
-    mode: str                                   # "model" (its chat template) | "plain" (completion)
+    mode: str  # "model" (its chat template) | "plain" (completion)
     template: str | None = None
-    source: str = ""                            # where the template came from (a file name)
-    named: dict[str, str] = field(default_factory=dict)    # other named templates (e.g. tool_use)
+    source: str = ""  # where the template came from (a file name)
+    named: dict[str, str] = field(default_factory=dict)  # other named templates (e.g. tool_use)
     special: dict[str, str] = field(default_factory=dict)  # bos_token, eos_token, ... as text
     eos_token_ids: list[int] = field(default_factory=list)
     stop_strings: list[str] = field(default_factory=list)
-    genie_bos: bool = True                      # Genie pushes BOS before each query (bos-token >= 0)
-    name: str = ""                              # the model's name, for the label
+    genie_bos: bool = True  # Genie pushes BOS before each query (bos-token >= 0)
+    name: str = ""  # the model's name, for the label
 
     @property
     def variables(self) -> frozenset[str]:
@@ -139,9 +147,15 @@ class ChatFormat:
         return text
 
     # -- rendering ---------------------------------------------------------------------------------
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
-               **variables: Any) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        **variables: Any,
+    ) -> str:
         """Exactly what transformers' apply_chat_template(messages, tokenize=False, ...) returns."""
         if self.mode != "model" or self.template is None:
             return "".join(str(m.get("content", "")) for m in messages)
@@ -150,13 +164,21 @@ class ChatFormat:
         import jinja2
 
         try:
-            return str(tpl.render(messages=[_alias_reasoning(dict(m)) for m in messages], tools=tools,
-                                  documents=documents, add_generation_prompt=add_generation_prompt,
-                                  **{**self.special, **variables}))
+            return str(
+                tpl.render(
+                    messages=[_alias_reasoning(dict(m)) for m in messages],
+                    tools=tools,
+                    documents=documents,
+                    add_generation_prompt=add_generation_prompt,
+                    **{**self.special, **variables},
+                )
+            )
         except jinja2.exceptions.TemplateError as exc:
             raise ChatTemplateError(f"{self.label()}: {exc}") from None
 
-    def _options(self, thinking: bool | None, system: str, variables: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def _options(
+        self, thinking: bool | None, system: str, variables: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
         opts = dict(variables)
         if thinking is not None and self.thinking_switch == "enable_thinking":
             opts.setdefault("enable_thinking", thinking)
@@ -172,19 +194,36 @@ class ChatFormat:
             msgs.append({"role": "user", "content": user})
         return msgs
 
-    def genie_prompt(self, turns: list[tuple[str, str]], user: str, *, system: str = "", thinking: bool | None = None,
-                     tools: list[dict[str, Any]] | None = None, **variables: Any) -> str:
+    def genie_prompt(
+        self,
+        turns: list[tuple[str, str]],
+        user: str,
+        *,
+        system: str = "",
+        thinking: bool | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        **variables: Any,
+    ) -> str:
         """A fresh dialog's query: the conversation so far (`turns` = (user, reply) pairs) and the new message,
         rendered with the generation prompt, without the BOS text Genie pushes itself."""
         if self.mode != "model":
             return "".join(f"{u}{r}" for u, r in turns) + user
         system, opts = self._options(thinking, system, variables)
-        text = self.render(self._messages(system, turns, user), add_generation_prompt=True, tools=tools, **opts)
+        text = self.render(
+            self._messages(system, turns, user), add_generation_prompt=True, tools=tools, **opts
+        )
         return self.strip_bos(text)
 
-    def genie_continuation(self, turns: list[tuple[str, str]], user: str, *, system: str = "",
-                           thinking: bool | None = None, tools: list[dict[str, Any]] | None = None,
-                           **variables: Any) -> str:
+    def genie_continuation(
+        self,
+        turns: list[tuple[str, str]],
+        user: str,
+        *,
+        system: str = "",
+        thinking: bool | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        **variables: Any,
+    ) -> str:
         """A later query of the same dialog: only what the template puts after the last reply's text (the
         KV cache holds everything before), less the end-of-turn token Genie pushes as EOS, and less a BOS
         the template writes there (Genie pushes that too)."""
@@ -194,30 +233,37 @@ class ChatFormat:
             return user
         system, opts = self._options(thinking, system, variables)
         marked = [*turns[:-1], (turns[-1][0], turns[-1][1] + _SENTINEL)]
-        text = self.render(self._messages(system, marked, user), add_generation_prompt=True, tools=tools, **opts)
+        text = self.render(
+            self._messages(system, marked, user), add_generation_prompt=True, tools=tools, **opts
+        )
         at = text.rfind(_SENTINEL)
         if at < 0:
-            raise ChatTemplateError(f"{self.label()} drops the previous reply's text: a later turn cannot be sent "
-                                    "alone (start a new chat, or use per-turn mode)")
-        rest = text[at + len(_SENTINEL):]
+            raise ChatTemplateError(
+                f"{self.label()} drops the previous reply's text: a later turn cannot be sent "
+                "alone (start a new chat, or use per-turn mode)"
+            )
+        rest = text[at + len(_SENTINEL) :]
         eos = self.special.get("eos_token")
         for end in [t for t in (eos, *self.eot_texts()) if t]:
             if rest.startswith(end):
-                rest = rest[len(end):]
+                rest = rest[len(end) :]
                 break
         return self.strip_bos(rest)
 
     def eot_texts(self) -> list[str]:
         """Texts that end a turn in this template and are among the model's EOS tokens (e.g. <|eot_id|>,
         <|im_end|>): what Genie's pushed EOS stands for."""
-        return [t for t in ("<|eot_id|>", "<|im_end|>", "<|end|>", "</s>", "<|endoftext|>", "<end_of_turn>")
-                if self.template and t in self.template]
+        return [
+            t
+            for t in ("<|eot_id|>", "<|im_end|>", "<|end|>", "</s>", "<|endoftext|>", "<end_of_turn>")
+            if self.template and t in self.template
+        ]
 
     def strip_bos(self, text: str) -> str:
         """`text` without a leading BOS text when the runtime pushes BOS itself."""
         bos = self.special.get("bos_token")
         if self.genie_bos and bos and text.startswith(bos):
-            return text[len(bos):]
+            return text[len(bos) :]
         return text
 
 
@@ -257,8 +303,11 @@ def load_chat_format(hf_dir: Path | None, *, name: str = "", genie_bos: bool | N
     cfg = _read_json(hf_dir / "config.json")
     special = {k: t for k in SPECIAL_TOKENS if (t := _token_text(tc.get(k))) is not None}
     eos_ids = _ids(gc.get("eos_token_id")) or _ids(cfg.get("eos_token_id"))
-    stops = [s for s in (gc.get("stop_strings") or []) if isinstance(s, str)] if isinstance(
-        gc.get("stop_strings"), list) else ([gc["stop_strings"]] if isinstance(gc.get("stop_strings"), str) else [])
+    stops = (
+        [s for s in (gc.get("stop_strings") or []) if isinstance(s, str)]
+        if isinstance(gc.get("stop_strings"), list)
+        else ([gc["stop_strings"]] if isinstance(gc.get("stop_strings"), str) else [])
+    )
     if genie_bos is None:
         bos_id = cfg.get("bos_token_id", gc.get("bos_token_id"))
         genie_bos = isinstance(bos_id, int) and bos_id >= 0 and "bos_token" in special
@@ -270,12 +319,30 @@ def load_chat_format(hf_dir: Path | None, *, name: str = "", genie_bos: bool | N
     if template is None and isinstance(ct, str):
         template, source = ct, "tokenizer_config.json"
     elif template is None and isinstance(ct, list):
-        named = {str(t["name"]): str(t["template"]) for t in ct
-                 if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)}
+        named = {
+            str(t["name"]): str(t["template"])
+            for t in ct
+            if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+        }
         if "default" in named:
             template, source = named.pop("default"), "tokenizer_config.json (default)"
     if template is None:
-        return ChatFormat(mode="plain", special=special, eos_token_ids=eos_ids, stop_strings=stops,
-                          genie_bos=bool(genie_bos), name=name)
-    return ChatFormat(mode="model", template=template, source=source, named=named, special=special,
-                      eos_token_ids=eos_ids, stop_strings=stops, genie_bos=bool(genie_bos), name=name)
+        return ChatFormat(
+            mode="plain",
+            special=special,
+            eos_token_ids=eos_ids,
+            stop_strings=stops,
+            genie_bos=bool(genie_bos),
+            name=name,
+        )
+    return ChatFormat(
+        mode="model",
+        template=template,
+        source=source,
+        named=named,
+        special=special,
+        eos_token_ids=eos_ids,
+        stop_strings=stops,
+        genie_bos=bool(genie_bos),
+        name=name,
+    )

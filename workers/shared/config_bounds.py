@@ -42,8 +42,8 @@ ROPE_FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "partial_rotary_factor": (1e-3, 1.0),
 }
 ROPE_INT_RANGES: dict[str, tuple[int, int]] = {"original_max_position_embeddings": (1, 16_777_216)}
-MAX_FACTOR_LIST = 4_096          # short_factor / long_factor: one value per rotary frequency (head_dim / 2)
-MAX_TOKEN_IDS = 1_024            # eos_token_id lists
+MAX_FACTOR_LIST = 4_096  # short_factor / long_factor: one value per rotary frequency (head_dim / 2)
+MAX_TOKEN_IDS = 1_024  # eos_token_id lists
 
 
 class ConfigBoundsError(ActionableError, ValueError):
@@ -56,17 +56,19 @@ def _refuse(where: str, value: Any, what: str) -> ConfigBoundsError:
     shown = repr(value)
     if len(shown) > 40:
         shown = shown[:37] + "..."
-    return ConfigBoundsError(f"config.json's {where} is {shown}: {what}. No real model has that, so HexStudio "
-                             "refuses it before sizing anything from it.",
-                             "Check that this is the model you meant and that its config.json is the one its "
-                             "authors published (download it again); a hand-edited or crafted config.json cannot "
-                             "be deployed.")
+    return ConfigBoundsError(
+        f"config.json's {where} is {shown}: {what}. No real model has that, so HexStudio "
+        "refuses it before sizing anything from it.",
+        "Check that this is the model you meant and that its config.json is the one its "
+        "authors published (download it again); a hand-edited or crafted config.json cannot "
+        "be deployed.",
+    )
 
 
 def _int(where: str, v: Any, lo: int, hi: int) -> None:
     if isinstance(v, bool) or not isinstance(v, int):
         if isinstance(v, float) and v.is_integer() and lo <= v <= hi:
-            return   # 4096.0: some exporters write whole numbers as floats
+            return  # 4096.0: some exporters write whole numbers as floats
         raise _refuse(where, v, "it must be a whole number")
     if not lo <= v <= hi:
         raise _refuse(where, v, f"it must be from {lo:,} to {hi:,}")
@@ -95,8 +97,11 @@ def _rope_block(where: str, block: Any) -> None:
             _int(f"{where}.{k}", v, *ROPE_INT_RANGES[k])
         elif k in ("short_factor", "long_factor"):
             if not isinstance(v, list) or len(v) > MAX_FACTOR_LIST:
-                raise _refuse(f"{where}.{k}", v if not isinstance(v, list) else f"a list of {len(v)}",
-                              f"it must be a list of at most {MAX_FACTOR_LIST} numbers")
+                raise _refuse(
+                    f"{where}.{k}",
+                    v if not isinstance(v, list) else f"a list of {len(v)}",
+                    f"it must be a list of at most {MAX_FACTOR_LIST} numbers",
+                )
             for i, x in enumerate(v):
                 _float(f"{where}.{k}[{i}]", x, 1e-6, 1e6)
 
@@ -111,8 +116,12 @@ def check_config(cfg: dict[str, Any]) -> None:
     heads, kvh = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
     if isinstance(heads, int) and isinstance(kvh, int) and kvh > heads:
         raise _refuse("num_key_value_heads", kvh, f"it must not exceed num_attention_heads ({heads})")
-    if cfg.get("head_dim") is None and isinstance(heads, int) and isinstance(cfg.get("hidden_size"), int) \
-            and cfg["hidden_size"] < heads:
+    if (
+        cfg.get("head_dim") is None
+        and isinstance(heads, int)
+        and isinstance(cfg.get("hidden_size"), int)
+        and cfg["hidden_size"] < heads
+    ):
         raise _refuse("hidden_size", cfg["hidden_size"], f"it is smaller than num_attention_heads ({heads})")
     v = cfg.get("rope_theta")
     if v is not None:

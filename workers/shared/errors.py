@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-ERROR_KEYS = ("code", "message", "hint")   # the error's shape, everywhere; hint may be absent
+ERROR_KEYS = ("code", "message", "hint")  # the error's shape, everywhere; hint may be absent
 
 
 def error_fields(code: str, message: str, hint: str | None = None) -> dict[str, str]:
@@ -59,12 +59,13 @@ class ActionableError(Exception):
 
 
 def snake_case(name: str) -> str:
-    """"BoardError" -> "board_error", "RuntimeError_" -> "runtime_error", "_NeedPassphrase" -> "need_passphrase"."""
+    """ "BoardError" -> "board_error", "RuntimeError_" -> "runtime_error", "_NeedPassphrase" -> "need_passphrase"."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name.strip("_")).lower()
 
 
-def _rebuild(cls: type[ActionableError], message: str, hint: str | None, code: str,
-             state: dict[str, Any]) -> ActionableError:
+def _rebuild(
+    cls: type[ActionableError], message: str, hint: str | None, code: str, state: dict[str, Any]
+) -> ActionableError:
     exc = cls.__new__(cls)
     ActionableError.__init__(exc, message, hint, code=code)
     exc.__dict__.update(state)

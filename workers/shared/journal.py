@@ -10,7 +10,7 @@ from typing import Any
 
 
 def read_journal(path: Path) -> dict[str, dict[str, Any]]:
-    """"leg\\0key" -> record; a torn last line (a crash mid-write) is skipped."""
+    """ "leg\\0key" -> record; a torn last line (a crash mid-write) is skipped."""
     out: dict[str, dict[str, Any]] = {}
     if not path.is_file():
         return out

@@ -24,7 +24,7 @@ SUPPORTED_ARCHITECTURES = {
 # Refused, with why: the Genie "basic" dialog and HexStudio's export handle dense decoders only.
 REFUSED = {
     "mamba": "a state-space (Mamba) model: it has no attention KV cache, which the prompt processor / "
-             "token generator export and Genie's basic dialog need",
+    "token generator export and Genie's basic dialog need",
     "moe": "a mixture-of-experts model: expert routing is not supported by HexStudio's part export",
     "hybrid": "a hybrid attention/state-space model: its recurrent layers have no KV-cache graph layout",
 }
@@ -85,8 +85,8 @@ QUANTIZE_BYTES_PER_HEAD_PARAM = 10.9
 # bytes per unit parameter (large units; the 0.5 GiB is margin over the two measured points): an 8B
 # (Llama-3.1 shapes, context 4096) estimates ~3.5 GiB, against 3.04 GiB measured.
 VALIDATE_FIXED_BYTES = int(0.6 * GiB)
-VALIDATE_BYTES_PER_UNIT_PARAM = 8.0          # small units
-VALIDATE_LARGE_UNIT_BYTES = int(0.5 * GiB)   # large units: this + the per-parameter term below
+VALIDATE_BYTES_PER_UNIT_PARAM = 8.0  # small units
+VALIDATE_LARGE_UNIT_BYTES = int(0.5 * GiB)  # large units: this + the per-parameter term below
 VALIDATE_BYTES_PER_LARGE_UNIT_PARAM = 4.6
 # Disk of the run folder (weights stored once, issue 20): the float weights once per part in fp32 (the prompt
 # processor and token generator share one data file; the upload graphs hard-link it): 4 bytes per parameter;
@@ -106,16 +106,16 @@ FLOAT_BYTES_PER_PARAM = 4.0
 LOCAL_COMPILE_BYTES_PER_LAYER_PARAM = 2.5 * GiB / 218.1e6
 LOCAL_COMPILE_BYTES_PER_EMBED_PARAM = (11.60 - 2 * 2.5) * GiB / 525.3e6
 LOCAL_COMPILE_SECONDS_PER_LAYER_PARAM = 47.0 / 218.1e6
-LOCAL_COMPILE_SECONDS_PER_VOCAB_PARAM = (563.0 - 4 * 47.0) / (2 * 525.3e6)   # embedding + lm_head
+LOCAL_COMPILE_SECONDS_PER_VOCAB_PARAM = (563.0 - 4 * 47.0) / (2 * 525.3e6)  # embedding + lm_head
 # disk: the rewritten graphs and the context binaries each hold about the simulation weights (int4 + block scales
 # for the layers, uint16 embedding table, int8 lm_head): 4.13 GB estimated for the slice, 4.17 GB measured
 # The AI Hub upload (workers/aihub_upload.py): each of a part's two graphs carries its weights, the
 # integer-encoded ones (decoder layers, lm_head) in fp16, the rest (the embedding table, norms) in fp32; the
 # client zips each upload (deflate level 1): MEASURED 27.09 GB sent of 36.01 GB at 32 layers (bench/llama8b_shapes.py)
 AIHUB_UPLOAD_ZIP_RATIO = 27.09 / 36.01
-AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM = 0.256   # the bench's slope above 2 x 2 B per layer parameter
+AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM = 0.256  # the bench's slope above 2 x 2 B per layer parameter
 SIM_BYTES_PER_LAYER_PARAM = 0.5625
-WHOLE_QUANTSIM_BYTES_PER_PARAM = 23.0   # whole-model QuantSim: bytes per parameter of the whole model
+WHOLE_QUANTSIM_BYTES_PER_PARAM = 23.0  # whole-model QuantSim: bytes per parameter of the whole model
 FIXED_OVERHEAD_BYTES = QUANTIZE_FIXED_BYTES
 
 
@@ -136,18 +136,41 @@ def _classify(cfg: dict[str, Any]) -> tuple[bool, str, str]:
     mt = str(cfg.get("model_type", "")).lower()
     low = arch.lower()
     if "mamba" in low or "mamba" in mt or "ssm" in mt:
-        kind = "hybrid" if ("hybrid" in low or "nemotronh" in low or cfg.get("hybrid_override_pattern")) else "mamba"
+        kind = (
+            "hybrid"
+            if ("hybrid" in low or "nemotronh" in low or cfg.get("hybrid_override_pattern"))
+            else "mamba"
+        )
         return False, arch, f"{arch} is {REFUSED[kind]}."
-    if cfg.get("hybrid_override_pattern") or "jamba" in low or "nemotronh" in low or (cfg.get("layer_types") \
-            and any(t not in ("full_attention", "sliding_attention") for t in cfg.get("layer_types") or [])):
+    if (
+        cfg.get("hybrid_override_pattern")
+        or "jamba" in low
+        or "nemotronh" in low
+        or (
+            cfg.get("layer_types")
+            and any(t not in ("full_attention", "sliding_attention") for t in cfg.get("layer_types") or [])
+        )
+    ):
         return False, arch, f"{arch} is {REFUSED['hybrid']}."
-    if any(cfg.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")) \
-            or "moe" in low or "mixtral" in low:
+    if (
+        any(
+            cfg.get(k)
+            for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+        )
+        or "moe" in low
+        or "mixtral" in low
+    ):
         return False, arch, f"{arch} is {REFUSED['moe']}."
     if arch in SUPPORTED_ARCHITECTURES:
         return True, arch, f"{arch} is a dense Llama-family decoder: supported."
-    return False, arch, (f"{arch} is not a supported architecture. HexStudio supports dense Llama-family "
-                         f"decoders: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}.")
+    return (
+        False,
+        arch,
+        (
+            f"{arch} is not a supported architecture. HexStudio supports dense Llama-family "
+            f"decoders: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}."
+        ),
+    )
 
 
 def count_parameters(cfg: dict[str, Any]) -> int:
@@ -172,44 +195,62 @@ def count_parameters(cfg: dict[str, Any]) -> int:
     return layers * (attn + mlp + norms) + emb + head + h
 
 
-INSPECT_CONTEXT = 512   # the context length the inspect-time rope check uses
+INSPECT_CONTEXT = 512  # the context length the inspect-time rope check uses
 
 
 def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    try:   # every number in range before anything is sized from it (workers.shared.config_bounds)
+    try:  # every number in range before anything is sized from it (workers.shared.config_bounds)
         config_bounds.check_config(cfg)
     except config_bounds.ConfigBoundsError as exc:
         archs = cfg.get("architectures")
         arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else "this model"
-        return {"architecture": arch, "model_type": cfg.get("model_type") if isinstance(cfg.get("model_type"), str)
-                else None, "supported": False, "reason": f"{exc.message} {exc.hint}", "error": exc.fields()}
+        return {
+            "architecture": arch,
+            "model_type": cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None,
+            "supported": False,
+            "reason": f"{exc.message} {exc.hint}",
+            "error": exc.fields(),
+        }
     supported, arch, reason = _classify(cfg)
-    info: dict[str, Any] = {"architecture": arch, "model_type": cfg.get("model_type"),
-                            "supported": supported, "reason": reason}
+    info: dict[str, Any] = {
+        "architecture": arch,
+        "model_type": cfg.get("model_type"),
+        "supported": supported,
+        "reason": reason,
+    }
     try:
         heads = int(cfg["num_attention_heads"])
         h = int(cfg["hidden_size"])
         eos = cfg.get("eos_token_id")
-        info.update({
-            "num_parameters": count_parameters(cfg) if supported else None,
-            "num_layers": int(cfg["num_hidden_layers"]),
-            "hidden_size": h,
-            "num_heads": heads,
-            "num_kv_heads": int(_first(cfg, "num_key_value_heads", default=heads)),
-            "head_dim": int(_first(cfg, "head_dim", default=h // heads)),
-            "intermediate_size": int(_first(cfg, "intermediate_size", default=0)),
-            "vocab_size": int(cfg["vocab_size"]),
-            "rope_theta": float(_first(cfg, "rope_theta", default=(cfg.get("rope_parameters") or {}).get(
-                "rope_theta", 10000.0))),
-            "rope_scaling": cfg.get("rope_scaling"),
-            "max_position_embeddings": int(_first(cfg, "max_position_embeddings", default=2048)),
-            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-            "bos_token_id": cfg.get("bos_token_id"),
-            "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
-        })
+        info.update(
+            {
+                "num_parameters": count_parameters(cfg) if supported else None,
+                "num_layers": int(cfg["num_hidden_layers"]),
+                "hidden_size": h,
+                "num_heads": heads,
+                "num_kv_heads": int(_first(cfg, "num_key_value_heads", default=heads)),
+                "head_dim": int(_first(cfg, "head_dim", default=h // heads)),
+                "intermediate_size": int(_first(cfg, "intermediate_size", default=0)),
+                "vocab_size": int(cfg["vocab_size"]),
+                "rope_theta": float(
+                    _first(
+                        cfg,
+                        "rope_theta",
+                        default=(cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0),
+                    )
+                ),
+                "rope_scaling": cfg.get("rope_scaling"),
+                "max_position_embeddings": int(_first(cfg, "max_position_embeddings", default=2048)),
+                "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+                "bos_token_id": cfg.get("bos_token_id"),
+                "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
+            }
+        )
     except (KeyError, TypeError, ValueError) as exc:
         if supported:
-            info.update({"supported": False, "reason": f"config.json lacks or has a bad {exc}: it is incomplete."})
+            info.update(
+                {"supported": False, "reason": f"config.json lacks or has a bad {exc}: it is incomplete."}
+            )
     if info["supported"]:
         # the rope must be one Genie can compute (workers.shared.rope: default, linear, dynamic within its range,
         # llama3, yarn, longrope), or the compile stage would refuse it hours later. Checked at a short context:
@@ -229,8 +270,10 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ModelInfoError(f"{path} does not exist. A Hugging Face model folder holds config.json, "
-                             "the tokenizer files and *.safetensors.") from None
+        raise ModelInfoError(
+            f"{path} does not exist. A Hugging Face model folder holds config.json, "
+            "the tokenizer files and *.safetensors."
+        ) from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelInfoError(f"{path} cannot be read: {exc}. Download the model again.") from None
     if not isinstance(data, dict):
@@ -265,10 +308,12 @@ def _has_chat_template(p: Path) -> bool:
 # Llama 3.1 8B in 5 parts: ~1 GB each of a ~5 GB W4A16 bundle), so a part aims at PART_TARGET_BYTES; on a board
 # with little memory no part takes more than BOARD_RAM_PART_FRACTION of its RAM.
 CONTEXT_CEILING_BYTES = 4 * 1024**3
-PART_TARGET_BYTES = 1024**3         # the average part
-PART_LIMIT_BYTES = 3 * 1024**3      # the largest part (the embedding's or the lm_head's): a margin under the ceiling
+PART_TARGET_BYTES = 1024**3  # the average part
+PART_LIMIT_BYTES = (
+    3 * 1024**3
+)  # the largest part (the embedding's or the lm_head's): a margin under the ceiling
 BOARD_RAM_PART_FRACTION = 1 / 8
-BOARD_RAM_BUNDLE_FRACTION = 0.6     # the bundle + KV cache should leave the OS and Genie the rest
+BOARD_RAM_BUNDLE_FRACTION = 0.6  # the bundle + KV cache should leave the OS and Genie the rest
 
 
 def deployed_bytes(info: dict[str, Any], context_length: int) -> dict[str, Any]:
@@ -279,13 +324,22 @@ def deployed_bytes(info: dict[str, Any], context_length: int) -> dict[str, Any]:
     emb = int(info.get("vocab_size") or 0) * int(info.get("hidden_size") or 0)
     per_layer_params = max(0, n - 2 * emb) / layers
     kv_layer = 2 * int(info.get("num_kv_heads") or 1) * int(info.get("head_dim") or 1) * context_length
-    layer = int(0.5 * 1.03 * per_layer_params) + kv_layer      # 4-bit weights + block scales, 8-bit KV
-    return {"layer_bytes": layer, "embedding_bytes": emb, "lm_head_bytes": emb,
-            "bundle_bytes": layer * layers + 2 * emb, "layers": layers}
+    layer = int(0.5 * 1.03 * per_layer_params) + kv_layer  # 4-bit weights + block scales, 8-bit KV
+    return {
+        "layer_bytes": layer,
+        "embedding_bytes": emb,
+        "lm_head_bytes": emb,
+        "bundle_bytes": layer * layers + 2 * emb,
+        "layers": layers,
+    }
 
 
-def part_plan(info: dict[str, Any], context_length: int = 4096, board_ram_bytes: int | None = None,
-              board_name: str | None = None) -> dict[str, Any]:
+def part_plan(
+    info: dict[str, Any],
+    context_length: int = 4096,
+    board_ram_bytes: int | None = None,
+    board_name: str | None = None,
+) -> dict[str, Any]:
     """How many parts to split the model in, and why: parts of PART_TARGET_BYTES on average (layers split
     evenly, the embedding in the first part, the lm_head in the last), more if the largest would pass
     PART_LIMIT_BYTES (under the ~4 GB context ceiling) or 1/8 of the board's RAM when it is known; 2 for tiny
@@ -295,50 +349,75 @@ def part_plan(info: dict[str, Any], context_length: int = 4096, board_ram_bytes:
     layers = d["layers"]
     n = int(info.get("num_parameters") or 0)
     target, limit = PART_TARGET_BYTES, PART_LIMIT_BYTES
-    why = [f"A context binary must stay under the HTP's ~{CONTEXT_CEILING_BYTES / 1024**3:.0f} GiB per-context "
-           f"ceiling; Qualcomm keeps an 8B model's parts near 1-2 GB (qai-hub-models: 5 parts for Llama 3.1 8B), so "
-           f"parts average {target / 1024**3:.1f} GiB and none passes {limit / 1024**3:.0f} GiB."]
+    why = [
+        f"A context binary must stay under the HTP's ~{CONTEXT_CEILING_BYTES / 1024**3:.0f} GiB per-context "
+        f"ceiling; Qualcomm keeps an 8B model's parts near 1-2 GB (qai-hub-models: 5 parts for Llama 3.1 8B), so "
+        f"parts average {target / 1024**3:.1f} GiB and none passes {limit / 1024**3:.0f} GiB."
+    ]
     if board_ram_bytes:
         cap = int(board_ram_bytes * BOARD_RAM_PART_FRACTION)
         if cap < limit:
             limit, target = cap, min(target, cap)
-            why.append(f"{board_name or 'The board'} has {board_ram_bytes / 1024**3:.1f} GiB of RAM: parts are kept "
-                       f"under 1/{round(1 / BOARD_RAM_PART_FRACTION)} of it ({cap / 1024**3:.2f} GiB).")
+            why.append(
+                f"{board_name or 'The board'} has {board_ram_bytes / 1024**3:.1f} GiB of RAM: parts are kept "
+                f"under 1/{round(1 / BOARD_RAM_PART_FRACTION)} of it ({cap / 1024**3:.2f} GiB)."
+            )
 
     def largest(p: int) -> int:
         sizes = []
         for k, (a, b) in enumerate(layer_ranges(layers, p)):
-            sizes.append((b - a) * d["layer_bytes"] + (d["embedding_bytes"] if k == 0 else 0)
-                         + (d["lm_head_bytes"] if k == p - 1 else 0))
+            sizes.append(
+                (b - a) * d["layer_bytes"]
+                + (d["embedding_bytes"] if k == 0 else 0)
+                + (d["lm_head_bytes"] if k == p - 1 else 0)
+            )
         return max(sizes)
 
     if n < 100_000_000:
         parts = min(2, layers)
         why.append("A tiny model: 2 parts, so the chaining of parts is exercised.")
     else:
-        parts = max(-(-d["bundle_bytes"] // target),
-                    next((p for p in range(1, layers + 1) if largest(p) <= limit), layers))
-        why.append(f"{parts} part(s) of ~{d['bundle_bytes'] / parts / 1024**3:.2f} GiB (largest "
-                   f"{largest(parts) / 1024**3:.2f} GiB) for a {d['bundle_bytes'] / 1024**3:.2f} GiB W4A16 bundle at "
-                   f"context {context_length}.")
+        parts = max(
+            -(-d["bundle_bytes"] // target),
+            next((p for p in range(1, layers + 1) if largest(p) <= limit), layers),
+        )
+        why.append(
+            f"{parts} part(s) of ~{d['bundle_bytes'] / parts / 1024**3:.2f} GiB (largest "
+            f"{largest(parts) / 1024**3:.2f} GiB) for a {d['bundle_bytes'] / 1024**3:.2f} GiB W4A16 bundle at "
+            f"context {context_length}."
+        )
     parts = max(1, min(parts, layers))
     big = largest(parts)
     if big > CONTEXT_CEILING_BYTES:
-        why.append(f"Even one layer per part leaves a {big / 1024**3:.1f} GiB part: over the context ceiling "
-                   "(the embedding or the lm_head alone is too big); this model cannot be deployed as is.")
+        why.append(
+            f"Even one layer per part leaves a {big / 1024**3:.1f} GiB part: over the context ceiling "
+            "(the embedding or the lm_head alone is too big); this model cannot be deployed as is."
+        )
     fits = None
     if board_ram_bytes:
         fits = d["bundle_bytes"] <= BOARD_RAM_BUNDLE_FRACTION * board_ram_bytes
-        why.append(f"The bundle ({d['bundle_bytes'] / 1024**3:.2f} GiB) "
-                   + ("fits" if fits else "does NOT fit")
-                   + f" in {round(BOARD_RAM_BUNDLE_FRACTION * 100)}% of {board_name or 'the board'}'s "
-                   f"{board_ram_bytes / 1024**3:.1f} GiB of RAM" + ("." if fits else ": pick a smaller model."))
-    return {"parts": parts, "largest_part_bytes": big, "bundle_bytes": d["bundle_bytes"],
-            "part_target_bytes": target, "part_limit_bytes": limit, "context_ceiling_bytes": CONTEXT_CEILING_BYTES,
-            "board_ram_bytes": board_ram_bytes, "fits_board": fits, "explanation": why}
+        why.append(
+            f"The bundle ({d['bundle_bytes'] / 1024**3:.2f} GiB) "
+            + ("fits" if fits else "does NOT fit")
+            + f" in {round(BOARD_RAM_BUNDLE_FRACTION * 100)}% of {board_name or 'the board'}'s "
+            f"{board_ram_bytes / 1024**3:.1f} GiB of RAM" + ("." if fits else ": pick a smaller model.")
+        )
+    return {
+        "parts": parts,
+        "largest_part_bytes": big,
+        "bundle_bytes": d["bundle_bytes"],
+        "part_target_bytes": target,
+        "part_limit_bytes": limit,
+        "context_ceiling_bytes": CONTEXT_CEILING_BYTES,
+        "board_ram_bytes": board_ram_bytes,
+        "fits_board": fits,
+        "explanation": why,
+    }
 
 
-def default_parts(info: dict[str, Any], context_length: int = 4096, board_ram_bytes: int | None = None) -> int:
+def default_parts(
+    info: dict[str, Any], context_length: int = 4096, board_ram_bytes: int | None = None
+) -> int:
     """How many parts to split the model in (part_plan)."""
     return int(part_plan(info, context_length, board_ram_bytes)["parts"])
 
@@ -360,20 +439,30 @@ def check_context(info: dict[str, Any], context_length: int, ar_n: int) -> str |
         return "context_length and ar_n must be positive."
     if context_length % ar_n:
         lo, hi = context_length // ar_n * ar_n, (context_length // ar_n + 1) * ar_n
-        return (f"context_length {context_length} is not a multiple of AR-N {ar_n}: the prompt processor "
-                f"consumes the context in blocks of {ar_n} tokens. Use {max(lo, ar_n)} or {hi}.")
+        return (
+            f"context_length {context_length} is not a multiple of AR-N {ar_n}: the prompt processor "
+            f"consumes the context in blocks of {ar_n} tokens. Use {max(lo, ar_n)} or {hi}."
+        )
     if context_length <= ar_n:
         return f"context_length {context_length} must be larger than AR-N {ar_n}."
     maxpos = int(info.get("max_position_embeddings") or 0)
     if maxpos and context_length > maxpos:
-        return (f"context_length {context_length} is beyond what the model was trained for "
-                f"(max_position_embeddings {maxpos}). Use at most {maxpos}.")
+        return (
+            f"context_length {context_length} is beyond what the model was trained for "
+            f"(max_position_embeddings {maxpos}). Use at most {maxpos}."
+        )
     return None
 
 
-def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: int | None = None,
-             calibration_samples: int = 20, calibration_seq_len: int = 2048,
-             context_variants: int = 1) -> dict[str, Any]:
+def estimate(
+    info: dict[str, Any],
+    context_length: int,
+    ar_n: int = 128,
+    parts: int | None = None,
+    calibration_samples: int = 20,
+    calibration_seq_len: int = 2048,
+    context_variants: int = 1,
+) -> dict[str, Any]:
     """Memory and disk each stage needs, in bytes (planning figures, not guarantees). `context_variants`: how many
     context lengths the bundle holds (context_length and the smaller `context_lengths`): each compiles every graph
     again (time; for the simulator's one-graph binaries also disk), while the quantize stage's files, the board's
@@ -389,13 +478,16 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
     per_layer = (n - 2 * emb) / max(layers, 1) if n else 0
 
     def part_params(p: int) -> int:
-        return int(per_layer * -(-layers // p) + emb)   # the largest part: ceil(layers/p) layers + embedding
+        return int(per_layer * -(-layers // p) + emb)  # the largest part: ceil(layers/p) layers + embedding
 
     # the largest calibration unit: a decoder layer (the lm_head's column chunks are no larger), the
     # lm_head's finish, or the embedding on the rows the calibration tokens can reach
     emb_rows = min(vocab, max(1, calibration_samples) * max(1, calibration_seq_len))
-    unit = max(QUANTIZE_BYTES_PER_LAYER_PARAM * per_layer, QUANTIZE_BYTES_PER_HEAD_PARAM * emb,
-               QUANTIZE_BYTES_PER_VOCAB_PARAM * emb_rows * h)
+    unit = max(
+        QUANTIZE_BYTES_PER_LAYER_PARAM * per_layer,
+        QUANTIZE_BYTES_PER_HEAD_PARAM * emb,
+        QUANTIZE_BYTES_PER_VOCAB_PARAM * emb_rows * h,
+    )
 
     def partwise_peak(p: int) -> int:
         # one token-generator calibration sample: the part's past KV in fp32, held by the feed and the
@@ -408,18 +500,27 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
     kv_bytes = 2 * layers * kvh * hd * context_length * 2
     partwise = partwise_peak(parts)
     fit_parts = next((p for p in range(1, layers + 1) if partwise_peak(p) <= 64 * GiB), None)
-    whole = QUANTIZE_FIXED_BYTES + int(WHOLE_QUANTSIM_BYTES_PER_PARAM * n) \
+    whole = (
+        QUANTIZE_FIXED_BYTES
+        + int(WHOLE_QUANTSIM_BYTES_PER_PARAM * n)
         + 3 * 2 * layers * kvh * hd * context_length * 4
+    )
     # validation: one run unit's float or QDQ sessions (a layer, the embedding table, an lm_head chunk no
     # larger than a layer) + the running layer's fp32 KV cache for 3 sequences, both graph kinds
     run_unit = max(per_layer, emb)
-    unit_bytes = min(VALIDATE_BYTES_PER_UNIT_PARAM * run_unit,
-                     VALIDATE_LARGE_UNIT_BYTES + VALIDATE_BYTES_PER_LARGE_UNIT_PARAM * run_unit)
+    unit_bytes = min(
+        VALIDATE_BYTES_PER_UNIT_PARAM * run_unit,
+        VALIDATE_LARGE_UNIT_BYTES + VALIDATE_BYTES_PER_LARGE_UNIT_PARAM * run_unit,
+    )
     validate = VALIDATE_FIXED_BYTES + int(unit_bytes) + 2 * 3 * 2 * kvh * hd * context_length * 4
-    bundle = int(0.6 * n)                                # W4 weights + int8 lm_head + context metadata
+    bundle = int(0.6 * n)  # W4 weights + int8 lm_head + context metadata
     # 2 graphs per part; the embedding table fp32; + the encodings' JSON (LPBQ block scales: 0.26 B per layer parameter)
-    upload = int(2 * (2 * (n - emb) + 4 * emb) + AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM * per_layer * layers)
-    sim = SIM_BYTES_PER_LAYER_PARAM * per_layer * layers + 1 * emb + 2 * emb      # layers int4, lm_head int8, table uint16
+    upload = int(
+        2 * (2 * (n - emb) + 4 * emb) + AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM * per_layer * layers
+    )
+    sim = (
+        SIM_BYTES_PER_LAYER_PARAM * per_layer * layers + 1 * emb + 2 * emb
+    )  # layers int4, lm_head int8, table uint16
     disk = int(FLOAT_BYTES_PER_PARAM * n + sim + max(4 * largest_part_params, 5 * emb)) + bundle
     return {
         "num_parameters": n,
@@ -429,7 +530,7 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
         "quantize_peak_rss_bytes": partwise,
         "whole_model_quantsim_rss_bytes": whole,
         "validate_peak_rss_bytes": validate,
-        "peak_rss_bytes": max(partwise, validate),      # what the machine must hold: the larger stage
+        "peak_rss_bytes": max(partwise, validate),  # what the machine must hold: the larger stage
         "largest_part_parameters": largest_part_params,
         "fits_64_gib": partwise <= 64 * GiB,
         # the fewest parts whose estimate fits 64 GiB (None: no split fits; one decoder layer or the
@@ -442,13 +543,20 @@ def estimate(info: dict[str, Any], context_length: int, ar_n: int = 128, parts: 
         "kv_cache_bytes": kv_bytes,
         # a local QNN compile (compile_target local): the largest part's compile child, the whole model's wall
         # time on 2 cores, the work folder (rewritten graphs + context binaries); measured at 8B shapes
-        "local_compile_peak_rss_bytes": int(LOCAL_COMPILE_BYTES_PER_LAYER_PARAM * per_layer * -(-layers // parts)
-                                            + LOCAL_COMPILE_BYTES_PER_EMBED_PARAM * emb),
-        "local_compile_seconds": int(max(1, context_variants) * (LOCAL_COMPILE_SECONDS_PER_LAYER_PARAM * per_layer
-                                                                 * layers + LOCAL_COMPILE_SECONDS_PER_VOCAB_PARAM
-                                                                 * 2 * emb)),
-        "local_compile_disk_bytes": int(max(1, context_variants) * 2 * (SIM_BYTES_PER_LAYER_PARAM * per_layer * layers
-                                                                      + 2 * emb + emb)),
+        "local_compile_peak_rss_bytes": int(
+            LOCAL_COMPILE_BYTES_PER_LAYER_PARAM * per_layer * -(-layers // parts)
+            + LOCAL_COMPILE_BYTES_PER_EMBED_PARAM * emb
+        ),
+        "local_compile_seconds": int(
+            max(1, context_variants)
+            * (
+                LOCAL_COMPILE_SECONDS_PER_LAYER_PARAM * per_layer * layers
+                + LOCAL_COMPILE_SECONDS_PER_VOCAB_PARAM * 2 * emb
+            )
+        ),
+        "local_compile_disk_bytes": int(
+            max(1, context_variants) * 2 * (SIM_BYTES_PER_LAYER_PARAM * per_layer * layers + 2 * emb + emb)
+        ),
         "context_variants": max(1, context_variants),
         # the AI Hub compile's upload (the directories; the zips the client sends)
         "aihub_upload_bytes": upload,

@@ -34,23 +34,26 @@ class Bandwidth:
 
 
 _IQ9075_DDR = Bandwidth(
-    6 * 2 * 6400e6,   # six 16-bit LPDDR5 channels (96 bits) at 6400 MT/s (3200 MHz): 76.8 GB/s
+    6 * 2 * 6400e6,  # six 16-bit LPDDR5 channels (96 bits) at 6400 MT/s (3200 MHz): 76.8 GB/s
     "IQ-9075 EVK LPDDR: six 16-bit channels (96-bit) at 3200 MHz = 6400 MT/s -> 76.8 GB/s peak "
-    "(dragonwingdocs.qualcomm.com/Linux/devices/iq9075-evk/peripherals-interfaces/LPDDR_memory)")
+    "(dragonwingdocs.qualcomm.com/Linux/devices/iq9075-evk/peripherals-interfaces/LPDDR_memory)",
+)
 
 # chipset (AI Hub's `chipset`, without "qualcomm-") -> DRAM bandwidth. Only figures with a stated source.
 BANDWIDTH: dict[str, Bandwidth] = {
     "qcs9075": _IQ9075_DDR,
     # SA8775P is the automotive part of the same Hexagon v73 SoC family as QCS9075/QCS9100 (facts/board.md);
     # the IQ-9075 memory subsystem is assumed for it
-    "sa8775p": Bandwidth(_IQ9075_DDR.peak_bytes_per_s, "assumed equal to the QCS9075's (same SoC family): "
-                         + _IQ9075_DDR.source),
+    "sa8775p": Bandwidth(
+        _IQ9075_DDR.peak_bytes_per_s,
+        "assumed equal to the QCS9075's (same SoC family): " + _IQ9075_DDR.source,
+    ),
 }
 
 # Per graph execution on the device, outside the accelerator: the FastRPC call from the CPU to the HTP, Genie's
 # scheduling and its copy of a part's output to the next part's input. Not in the simulator's figure and not
 # measured here: an assumption (typical FastRPC round trips are 0.1-0.5 ms), stated wherever it is used.
-SWITCH_US = (100.0, 250.0, 500.0)   # lower, value, upper
+SWITCH_US = (100.0, 250.0, 500.0)  # lower, value, upper
 
 
 @dataclass(frozen=True)
@@ -78,16 +81,27 @@ class Target:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Target:
         bw = d.get("bandwidth")
-        return cls(name=str(d["name"]), soc_model=int(d["soc_model"]), dsp_arch=str(d["dsp_arch"]),
-                   chipset=str(d.get("chipset") or ""), note=str(d.get("note") or ""),
-                   bandwidth=Bandwidth(**bw) if isinstance(bw, dict) else None)
+        return cls(
+            name=str(d["name"]),
+            soc_model=int(d["soc_model"]),
+            dsp_arch=str(d["dsp_arch"]),
+            chipset=str(d.get("chipset") or ""),
+            note=str(d.get("note") or ""),
+            bandwidth=Bandwidth(**bw) if isinstance(bw, dict) else None,
+        )
 
 
 def target_for_device(name: str, dev: dict[str, Any], note: str = "") -> Target:
     """A Target from an AI Hub device record (workers.shared.bundle.KNOWN_DEVICES or AI Hub's list)."""
     chipset = str(dev.get("chipset") or "").removeprefix("qualcomm-")
-    return Target(name=name, soc_model=int(dev["soc_model"]), dsp_arch=str(dev["dsp_arch"]), chipset=chipset,
-                  bandwidth=BANDWIDTH.get(chipset), note=note)
+    return Target(
+        name=name,
+        soc_model=int(dev["soc_model"]),
+        dsp_arch=str(dev["dsp_arch"]),
+        chipset=chipset,
+        bandwidth=BANDWIDTH.get(chipset),
+        note=note,
+    )
 
 
 @dataclass(frozen=True)
@@ -105,18 +119,28 @@ class ModelShape:
 
     @classmethod
     def from_info(cls, name: str, info: dict[str, Any]) -> ModelShape:
-        return cls(name=name, layers=int(info["num_layers"]), hidden=int(info["hidden_size"]),
-                   heads=int(info["num_heads"]), kv_heads=int(info["num_kv_heads"]), head_dim=int(info["head_dim"]),
-                   intermediate=int(info["intermediate_size"]), vocab=int(info["vocab_size"]))
+        return cls(
+            name=name,
+            layers=int(info["num_layers"]),
+            hidden=int(info["hidden_size"]),
+            heads=int(info["num_heads"]),
+            kv_heads=int(info["num_kv_heads"]),
+            head_dim=int(info["head_dim"]),
+            intermediate=int(info["intermediate_size"]),
+            vocab=int(info["vocab_size"]),
+        )
 
     def layer_weight_bytes(self) -> int:
         """One decoder layer's weights as deployed: int4 values + one uint8 block scale per 64 (LPBQ)."""
-        params = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim + self.heads * self.head_dim * \
-            self.hidden + 3 * self.hidden * self.intermediate
+        params = (
+            self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
+            + self.heads * self.head_dim * self.hidden
+            + 3 * self.hidden * self.intermediate
+        )
         return int(params * (0.5 + 1 / 64))
 
     def lm_head_bytes(self) -> int:
-        return self.hidden * self.vocab   # int8 per channel
+        return self.hidden * self.vocab  # int8 per channel
 
     def kv_bytes(self, context: int) -> int:
         """One layer's KV cache read per execution (uint8 keys and values over the whole context)."""
@@ -145,7 +169,7 @@ class GraphTiming:
     compile_s: float = 0.0
     run_s: float = 0.0
     peak_rss_bytes: int = 0
-    context_bytes: int = 0        # the QNN context binary the compile wrote (what a local compile outputs)
+    context_bytes: int = 0  # the QNN context binary the compile wrote (what a local compile outputs)
     qnn_version: str = ""
     cached: bool = False
 
@@ -207,34 +231,50 @@ class Pass:
     lm_head: Bounds
     embedding: Bounds
     switch: Bounds
-    simulated: Bounds          # layers + fixed + lm_head + embedding (the simulator's part)
-    ddr_floor: Bounds          # every weight and the KV read once from DRAM at the target's bandwidth
+    simulated: Bounds  # layers + fixed + lm_head + embedding (the simulator's part)
+    ddr_floor: Bounds  # every weight and the KV read once from DRAM at the target's bandwidth
     total: Bounds
-    dominant: str              # "simulated compute" or "DDR weight traffic"
+    dominant: str  # "simulated compute" or "DDR weight traffic"
     weight_bytes: int
     kv_bytes: int
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"seq": self.seq, "dominant": self.dominant, "weight_bytes": self.weight_bytes,
-                               "kv_bytes": self.kv_bytes}
+        out: dict[str, Any] = {
+            "seq": self.seq,
+            "dominant": self.dominant,
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes": self.kv_bytes,
+        }
         for k in ("layers", "fixed", "lm_head", "embedding", "switch", "simulated", "ddr_floor", "total"):
             out[f"{k}_ms"] = getattr(self, k).to_json()
         return out
 
 
-def _pass(m: ModelShape, t: Target, context: int, parts: int, seq: int, one: GraphTiming, two: GraphTiming | None,
-          lm: GraphTiming) -> Pass:
+def _pass(
+    m: ModelShape,
+    t: Target,
+    context: int,
+    parts: int,
+    seq: int,
+    one: GraphTiming,
+    two: GraphTiming | None,
+    lm: GraphTiming,
+) -> Pass:
     layer, fixed = per_layer(one, two)
     lm_ms = Bounds(lm.sim_us, lm.sim_lower_us, lm.sim_upper_us).scaled(1e-3 * m.vocab / max(1, lm.vocab))
     weight_bytes = m.layers * m.layer_weight_bytes() + m.lm_head_bytes()
     kv_bytes = m.layers * m.kv_bytes(context)
-    emb_bytes = seq * m.hidden * 2   # the embedding rows gathered (uint16), read from DRAM
+    emb_bytes = seq * m.hidden * 2  # the embedding rows gathered (uint16), read from DRAM
     if t.bandwidth is not None:
         bw = t.bandwidth
 
         def dram(n: int) -> Bounds:
-            return Bounds(n / bw.peak_bytes_per_s * 1e3, n / bw.peak_bytes_per_s * 1e3,
-                          n / (bw.peak_bytes_per_s * bw.sustained_fraction) * 1e3)
+            return Bounds(
+                n / bw.peak_bytes_per_s * 1e3,
+                n / bw.peak_bytes_per_s * 1e3,
+                n / (bw.peak_bytes_per_s * bw.sustained_fraction) * 1e3,
+            )
+
         floor, emb = dram(weight_bytes + kv_bytes + emb_bytes), dram(emb_bytes)
     else:
         floor, emb = zero(), zero()
@@ -244,8 +284,20 @@ def _pass(m: ModelShape, t: Target, context: int, parts: int, seq: int, one: Gra
     core = Bounds(max(sim.value, floor.value), max(sim.lower, floor.lower), max(sim.upper, floor.upper))
     switch = Bounds(*(x / 1e3 for x in (SWITCH_US[1], SWITCH_US[0], SWITCH_US[2]))).scaled(parts)
     dominant = "DDR weight traffic" if floor.value > sim.value else "simulated compute"
-    return Pass(seq=seq, layers=layers, fixed=fixed_all, lm_head=lm_ms, embedding=emb, switch=switch, simulated=sim,
-                ddr_floor=floor, total=core + switch, dominant=dominant, weight_bytes=weight_bytes, kv_bytes=kv_bytes)
+    return Pass(
+        seq=seq,
+        layers=layers,
+        fixed=fixed_all,
+        lm_head=lm_ms,
+        embedding=emb,
+        switch=switch,
+        simulated=sim,
+        ddr_floor=floor,
+        total=core + switch,
+        dominant=dominant,
+        weight_bytes=weight_bytes,
+        kv_bytes=kv_bytes,
+    )
 
 
 @dataclass
@@ -268,14 +320,24 @@ class Prediction:
     label: str = LABEL
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "label": self.label, "predicted": True, "model": self.model,
-                "target": self.target.to_json(), "qnn_version": self.qnn_version,
-                "context_length": self.context_length, "ar_n": self.ar_n, "parts": self.parts,
-                "shape": asdict(self.shape),
-                "ttft_ms": {str(k): v.to_json() for k, v in self.ttft_ms.items()},
-                "decode_tok_s": {k: v.to_json() for k, v in self.decode_tok_s.items()},
-                "prompt_pass": self.prompt_pass.to_json(), "token": self.token.to_json(),
-                "graphs": [g.to_json() for g in self.graphs], "notes": list(self.notes)}
+        return {
+            "schema": SCHEMA,
+            "label": self.label,
+            "predicted": True,
+            "model": self.model,
+            "target": self.target.to_json(),
+            "qnn_version": self.qnn_version,
+            "context_length": self.context_length,
+            "ar_n": self.ar_n,
+            "parts": self.parts,
+            "shape": asdict(self.shape),
+            "ttft_ms": {str(k): v.to_json() for k, v in self.ttft_ms.items()},
+            "decode_tok_s": {k: v.to_json() for k, v in self.decode_tok_s.items()},
+            "prompt_pass": self.prompt_pass.to_json(),
+            "token": self.token.to_json(),
+            "graphs": [g.to_json() for g in self.graphs],
+            "notes": list(self.notes),
+        }
 
 
 def prompt_lengths(context: int, ar_n: int) -> list[int]:
@@ -283,8 +345,16 @@ def prompt_lengths(context: int, ar_n: int) -> list[int]:
     return sorted({p for p in (ar_n, 1024, context) if p <= context})
 
 
-def combine(model: str, m: ModelShape, t: Target, context: int, ar_n: int, parts: int, qnn_version: str,
-            timings: dict[str, GraphTiming]) -> Prediction:
+def combine(
+    model: str,
+    m: ModelShape,
+    t: Target,
+    context: int,
+    ar_n: int,
+    parts: int,
+    qnn_version: str,
+    timings: dict[str, GraphTiming],
+) -> Prediction:
     """Add up the measured graphs. `timings` keys: pp1, pp2 (optional), tg1, tg2 (optional), lm_pp, lm_tg."""
     pp = _pass(m, t, context, parts, ar_n, timings["pp1"], timings.get("pp2"), timings["lm_pp"])
     tg = _pass(m, t, context, parts, 1, timings["tg1"], timings.get("tg2"), timings["lm_tg"])
@@ -303,29 +373,51 @@ def combine(model: str, m: ModelShape, t: Target, context: int, ar_n: int, parts
     if t.bandwidth is None:
         notes.append(f"No DRAM bandwidth known for {t.name}: the DDR floor is left out.")
     else:
-        notes.append(f"DDR: {t.bandwidth.peak_bytes_per_s / 1e9:.1f} GB/s peak ({t.bandwidth.source}); the slow "
-                     f"bound assumes {t.bandwidth.sustained_fraction:.0%} of it sustained.")
+        notes.append(
+            f"DDR: {t.bandwidth.peak_bytes_per_s / 1e9:.1f} GB/s peak ({t.bandwidth.source}); the slow "
+            f"bound assumes {t.bandwidth.sustained_fraction:.0%} of it sustained."
+        )
     graphs = [timings[k] for k in ("pp1", "pp2", "tg1", "tg2", "lm_pp", "lm_tg") if k in timings]
     if any(g.missing_ops for g in graphs):
-        notes.append("The simulator had no cost for some ops (\"Missing Ops\": "
-                     f"{max(g.missing_ops for g in graphs)} per graph at most, the KV cache's uint8 quantize): "
-                     "they count as free.")
-    return Prediction(model=model, target=t, qnn_version=qnn_version, context_length=context, ar_n=ar_n,
-                      parts=parts, shape=m, prompt_pass=pp, token=tg, ttft_ms=ttft,
-                      decode_tok_s={"short_context": rate, "full_context": rate}, graphs=graphs, notes=notes)
+        notes.append(
+            'The simulator had no cost for some ops ("Missing Ops": '
+            f"{max(g.missing_ops for g in graphs)} per graph at most, the KV cache's uint8 quantize): "
+            "they count as free."
+        )
+    return Prediction(
+        model=model,
+        target=t,
+        qnn_version=qnn_version,
+        context_length=context,
+        ar_n=ar_n,
+        parts=parts,
+        shape=m,
+        prompt_pass=pp,
+        token=tg,
+        ttft_ms=ttft,
+        decode_tok_s={"short_context": rate, "full_context": rate},
+        graphs=graphs,
+        notes=notes,
+    )
 
 
 def summary_lines(p: dict[str, Any]) -> list[str]:
     """A prediction document (Prediction.to_json) as text lines, labeled predicted on each figure."""
     t = p["target"]
-    lines = [f"{p['label']}: {p['model']} on {t['name']} (soc_model {t['soc_model']}, {t['dsp_arch']}), "
-             f"context {p['context_length']}, AR-{p['ar_n']}, {p['parts']} parts, QNN {p['qnn_version']}"]
+    lines = [
+        f"{p['label']}: {p['model']} on {t['name']} (soc_model {t['soc_model']}, {t['dsp_arch']}), "
+        f"context {p['context_length']}, AR-{p['ar_n']}, {p['parts']} parts, QNN {p['qnn_version']}"
+    ]
     for n, b in p["ttft_ms"].items():
-        lines.append(f"  predicted TTFT, {int(n):>5} prompt tokens: {b['value']:9.1f} ms "
-                     f"({b['lower']:.1f}-{b['upper']:.1f})")
+        lines.append(
+            f"  predicted TTFT, {int(n):>5} prompt tokens: {b['value']:9.1f} ms "
+            f"({b['lower']:.1f}-{b['upper']:.1f})"
+        )
     for k, b in p["decode_tok_s"].items():
-        lines.append(f"  predicted decode, {k.replace('_', ' ')}: {b['value']:6.2f} tok/s "
-                     f"({b['lower']:.2f}-{b['upper']:.2f})")
+        lines.append(
+            f"  predicted decode, {k.replace('_', ' ')}: {b['value']:6.2f} tok/s "
+            f"({b['lower']:.2f}-{b['upper']:.2f})"
+        )
     lines += [f"  note: {n}" for n in p.get("notes", [])]
     return lines
 
@@ -334,8 +426,14 @@ def _b(d: dict[str, Any]) -> Bounds:
     return Bounds(float(d["value"]), float(d["lower"]), float(d["upper"]))
 
 
-def speculative_rate(target: dict[str, Any], dialog: str, accepted_per_step: float, *, draft_len: int = 3,
-                     draft: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def speculative_rate(
+    target: dict[str, Any],
+    dialog: str,
+    accepted_per_step: float,
+    *,
+    draft_len: int = 3,
+    draft: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
     """Predicted decode tokens/s of a speculative dialog at a measured acceptance (tokens per step), beside the
     basic dialog's, from predictions (Prediction.to_json) of the target and, for spd, of the draft model.
 
@@ -352,8 +450,17 @@ def speculative_rate(target: dict[str, Any], dialog: str, accepted_per_step: flo
         return None
     a = max(0.0, float(accepted_per_step))
     rate = Bounds(a * 1000.0 / step.value, a * 1000.0 / step.upper, a * 1000.0 / step.lower)
-    return {"label": LABEL, "dialog": dialog, "accepted_per_step": round(a, 3), "step_ms": step.to_json(),
-            "tok_s": rate.to_json(), "basic_tok_s": token.inverse_rate().to_json(),
-            "break_even_accepted": round(step.value / token.value, 2),
-            "step": (f"one AR-{target['ar_n']} pass" if dialog == "lade" else
-                     f"{draft_len} draft tokens (AR-1) + one AR-{target['ar_n']} verification pass")}
+    return {
+        "label": LABEL,
+        "dialog": dialog,
+        "accepted_per_step": round(a, 3),
+        "step_ms": step.to_json(),
+        "tok_s": rate.to_json(),
+        "basic_tok_s": token.inverse_rate().to_json(),
+        "break_even_accepted": round(step.value / token.value, 2),
+        "step": (
+            f"one AR-{target['ar_n']} pass"
+            if dialog == "lade"
+            else f"{draft_len} draft tokens (AR-1) + one AR-{target['ar_n']} verification pass"
+        ),
+    }

@@ -64,7 +64,10 @@ print(json.dumps({"gpu": out}), flush=True)
 # The GPU line is printed (and flushed) first, so it survives a smoke test that crashes the process.
 PROBE_AND_SMOKE = GPU_PROBE + SMOKE_TEST
 
-NVIDIA_SMI_QUERY = ["--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader,nounits"]
+NVIDIA_SMI_QUERY = [
+    "--query-gpu=name,memory.total,driver_version,compute_cap",
+    "--format=csv,noheader,nounits",
+]
 
 
 def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
@@ -80,8 +83,14 @@ def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
         except ValueError:
             mem = None
         cc = cells[3] if len(cells) > 3 and cells[3] not in ("", "[N/A]", "N/A") else None
-        gpus.append({"name": cells[0], "memory_bytes": mem, "driver_version": cells[2] or None,
-                     "compute_capability": cc})
+        gpus.append(
+            {
+                "name": cells[0],
+                "memory_bytes": mem,
+                "driver_version": cells[2] or None,
+                "compute_capability": cc,
+            }
+        )
     return gpus
 
 
@@ -90,7 +99,12 @@ def _nvml_gpus() -> dict[str, Any]:
     try:
         import pynvml  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
-        return {"source": None, "gpus": [], "driver_version": None, "error": "neither nvidia-smi nor NVML found"}
+        return {
+            "source": None,
+            "gpus": [],
+            "driver_version": None,
+            "error": "neither nvidia-smi nor NVML found",
+        }
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # no driver: NVMLError_LibraryNotFound / DriverNotLoaded
@@ -103,9 +117,14 @@ def _nvml_gpus() -> dict[str, Any]:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(h)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            gpus.append({"name": name.decode() if isinstance(name, bytes) else str(name),
-                         "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                         "driver_version": drv, "compute_capability": f"{major}.{minor}"})
+            gpus.append(
+                {
+                    "name": name.decode() if isinstance(name, bytes) else str(name),
+                    "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                    "driver_version": drv,
+                    "compute_capability": f"{major}.{minor}",
+                }
+            )
         return {"source": "nvml", "gpus": gpus, "driver_version": drv, "error": None}
     except Exception as exc:
         return {"source": "nvml", "gpus": [], "driver_version": None, "error": f"NVML: {exc}"}
@@ -170,8 +189,10 @@ def _aimet_build() -> dict[str, Any] | None:
     if not sizes:
         return {"build": None, "evidence": "no libaimet_onnxrt_ops library found"}
     big = max(sizes)
-    return {"build": "cuda" if big > 20 * 1024**2 else "cpu",
-            "evidence": f"libaimet_onnxrt_ops is {big / 1024**2:.0f} MiB"}
+    return {
+        "build": "cuda" if big > 20 * 1024**2 else "cpu",
+        "evidence": f"libaimet_onnxrt_ops is {big / 1024**2:.0f} MiB",
+    }
 
 
 def _recipes() -> dict[str, Any]:
@@ -184,7 +205,11 @@ def _recipes() -> dict[str, Any]:
 def _libpython() -> str | None:
     libname = f"libpython{sys.version_info.major}.{sys.version_info.minor}"
     libdir = sysconfig.get_config_var("LIBDIR") or ""
-    for cand in (ctypes.util.find_library(libname.replace("lib", "", 1)), f"{libname}.so.1.0", f"{libname}.so"):
+    for cand in (
+        ctypes.util.find_library(libname.replace("lib", "", 1)),
+        f"{libname}.so.1.0",
+        f"{libname}.so",
+    ):
         if not cand:
             continue
         for path in (cand, os.path.join(libdir, cand)):
@@ -218,11 +243,20 @@ def probe(workspace: Path, hf_cache: Path, smoke: bool = True) -> dict[str, Any]
     """Read this machine. The torch/CUDA probe and the AIMET smoke test share one subprocess (one torch
     import), nvidia-smi another; both run while this process reads the rest."""
     t0 = time.monotonic()
-    child = subprocess.Popen([sys.executable, "-c", PROBE_AND_SMOKE if smoke else GPU_PROBE],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", PROBE_AND_SMOKE if smoke else GPU_PROBE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     smi_path = shutil.which("nvidia-smi")
-    smi = (subprocess.Popen([smi_path, *NVIDIA_SMI_QUERY], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True) if smi_path else None)
+    smi = (
+        subprocess.Popen(
+            [smi_path, *NVIDIA_SMI_QUERY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        if smi_path
+        else None
+    )
     mem = _meminfo()
     version = Path("/proc/version").read_text().lower() if Path("/proc/version").exists() else ""
     wsl = "microsoft" in version or bool(os.environ.get("WSL_DISTRO_NAME"))
@@ -230,17 +264,27 @@ def probe(workspace: Path, hf_cache: Path, smoke: bool = True) -> dict[str, Any]
     venv = sys.prefix if sys.prefix != sys.base_prefix else None
     p: dict[str, Any] = {
         "probe_version": PROBE_VERSION,
-        "os": platform.platform(), "wsl": wsl,
-        "mem_total_bytes": mem.get("MemTotal", 0), "swap_total_bytes": mem.get("SwapTotal", 0),
+        "os": platform.platform(),
+        "wsl": wsl,
+        "mem_total_bytes": mem.get("MemTotal", 0),
+        "swap_total_bytes": mem.get("SwapTotal", 0),
         "mem_available_bytes": mem.get("MemAvailable", 0),
         "cpu_count": os.cpu_count() or 1,
-        "workspace": _disk(workspace), "hf_cache": _disk(hf_cache),
-        "python": platform.python_version(), "libpython": _libpython(),
+        "workspace": _disk(workspace),
+        "hf_cache": _disk(hf_cache),
+        "python": platform.python_version(),
+        "libpython": _libpython(),
         "libpython_name": f"libpython{sys.version_info.major}.{sys.version_info.minor}.so.1.0",
         "libpython_dir": sysconfig.get_config_var("LIBDIR") or None,
-        "venv": venv, "conda_prefix": os.environ.get("CONDA_PREFIX") or None,
-        "packages": {n: _dist(n) for n in (*BASE_PACKAGES, *recipes.pinned_names(
-            {k: v for k, v in rec.items() if isinstance(v, dict)}))},
+        "venv": venv,
+        "conda_prefix": os.environ.get("CONDA_PREFIX") or None,
+        "packages": {
+            n: _dist(n)
+            for n in (
+                *BASE_PACKAGES,
+                *recipes.pinned_names({k: v for k, v in rec.items() if isinstance(v, dict)}),
+            )
+        },
         "aimet_build": _aimet_build(),
         "recipes": rec,
         "wslconfig": _wslconfig() if wsl else None,
@@ -249,15 +293,23 @@ def probe(workspace: Path, hf_cache: Path, smoke: bool = True) -> dict[str, Any]
         try:
             out, err = smi.communicate(timeout=30)
             gpus = parse_nvidia_smi(out) if smi.returncode == 0 else []
-            p["nvidia"] = {"source": "nvidia-smi", "gpus": gpus,
-                           "driver_version": next((g["driver_version"] for g in gpus if g["driver_version"]), None),
-                           "error": None if smi.returncode == 0 else
-                           f"nvidia-smi exited {smi.returncode}: {(err or out).strip()[-300:]}"}
+            p["nvidia"] = {
+                "source": "nvidia-smi",
+                "gpus": gpus,
+                "driver_version": next((g["driver_version"] for g in gpus if g["driver_version"]), None),
+                "error": None
+                if smi.returncode == 0
+                else f"nvidia-smi exited {smi.returncode}: {(err or out).strip()[-300:]}",
+            }
         except subprocess.TimeoutExpired:
             smi.kill()
             smi.communicate()
-            p["nvidia"] = {"source": "nvidia-smi", "gpus": [], "driver_version": None,
-                           "error": "nvidia-smi did not answer in 30 s (a hung driver?)"}
+            p["nvidia"] = {
+                "source": "nvidia-smi",
+                "gpus": [],
+                "driver_version": None,
+                "error": "nvidia-smi did not answer in 30 s (a hung driver?)",
+            }
     else:
         p["nvidia"] = _nvml_gpus()
     p["nvidia_smi"] = smi is not None
@@ -268,25 +320,48 @@ def probe(workspace: Path, hf_cache: Path, smoke: bool = True) -> dict[str, Any]
         out, err = child.communicate()
         err = "the probe did not finish in 300 s and was killed. " + (err or "")
     wall = round(time.monotonic() - t0, 2)
-    died = (f"the probe process died with signal {-child.returncode}" if child.returncode and child.returncode < 0
-            else None)
+    died = (
+        f"the probe process died with signal {-child.returncode}"
+        if child.returncode and child.returncode < 0
+        else None
+    )
     tail = (err or "").strip()[-500:] or None
     gpu = _last_json(out, "gpu")
-    p["gpu"] = gpu["gpu"] if gpu else {"torch": None, "cuda": False, "arch_list": [], "devices": [],
-                                       "error": died or f"the torch probe printed nothing: {tail}"}
+    p["gpu"] = (
+        gpu["gpu"]
+        if gpu
+        else {
+            "torch": None,
+            "cuda": False,
+            "arch_list": [],
+            "devices": [],
+            "error": died or f"the torch probe printed nothing: {tail}",
+        }
+    )
     if smoke:
         res = _last_json(out, "ok")
         if res is None:
-            res = {"ok": False, "seconds": wall,
-                   "error": (died or "the smoke test printed nothing") + (f" (stderr: {tail})" if tail else "")}
+            res = {
+                "ok": False,
+                "seconds": wall,
+                "error": (died or "the smoke test printed nothing") + (f" (stderr: {tail})" if tail else ""),
+            }
         res["process_seconds"] = wall
         p["aimet_smoke"] = res
     return p
 
 
-def _check(cid: str, status: str, measured: Any, required: Any, message: str, fix: str | None = None) -> dict[str, Any]:
-    return {"id": cid, "status": status, "measured": measured, "required": required, "message": message,
-            "fix": fix}
+def _check(
+    cid: str, status: str, measured: Any, required: Any, message: str, fix: str | None = None
+) -> dict[str, Any]:
+    return {
+        "id": cid,
+        "status": status,
+        "measured": measured,
+        "required": required,
+        "message": message,
+        "fix": fix,
+    }
 
 
 def _gib(n: float) -> str:
@@ -301,65 +376,144 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
     need = max(int(needs.get("quantize_peak_rss_bytes", 0)), int(needs.get("validate_peak_rss_bytes", 0)))
     ref = int(str(modelinfo.REFERENCE["quantize_peak_rss_bytes"]))
     if have >= need * MEMORY_MARGIN:
-        checks.append(_check("memory", "ok", have, need, f"RAM + swap {_gib(have)} covers the estimated "
-                             f"peak of {_gib(need)} (part-wise quantization and unit-wise validation; reference recipe, whole model: "
-                             f"{_gib(ref)})."))
+        checks.append(
+            _check(
+                "memory",
+                "ok",
+                have,
+                need,
+                f"RAM + swap {_gib(have)} covers the estimated "
+                f"peak of {_gib(need)} (part-wise quantization and unit-wise validation; reference recipe, whole model: "
+                f"{_gib(ref)}).",
+            )
+        )
     else:
-        fix = ("Raise the WSL memory limit in .wslconfig (the Fix button writes it) and run `wsl --shutdown`."
-               if p.get("wsl") else "Add swap or RAM, close other programs, or use more parts.")
-        checks.append(_check("memory", "fail" if have < need else "warn", have, need,
-                             f"RAM + swap is {_gib(have)}; quantization and validation need about {_gib(need)} "
-                             f"(the reference whole-model recipe peaked at {_gib(ref)}).", fix))
+        fix = (
+            "Raise the WSL memory limit in .wslconfig (the Fix button writes it) and run `wsl --shutdown`."
+            if p.get("wsl")
+            else "Add swap or RAM, close other programs, or use more parts."
+        )
+        checks.append(
+            _check(
+                "memory",
+                "fail" if have < need else "warn",
+                have,
+                need,
+                f"RAM + swap is {_gib(have)}; quantization and validation need about {_gib(need)} "
+                f"(the reference whole-model recipe peaked at {_gib(ref)}).",
+                fix,
+            )
+        )
     checks.append(_local_compile_check(have, needs))
     if p.get("wsl"):
         cfg = p.get("wslconfig") or {}
         limits = cfg.get("limits") or {}
-        now = (f"{cfg['path']} sets memory={limits.get('memory') or '(default: half the Windows RAM)'}, "
-               f"swap={limits.get('swap') or '(default)'}" if cfg.get("path") else ".wslconfig not found")
+        now = (
+            f"{cfg['path']} sets memory={limits.get('memory') or '(default: half the Windows RAM)'}, "
+            f"swap={limits.get('swap') or '(default)'}"
+            if cfg.get("path")
+            else ".wslconfig not found"
+        )
         if have < need * MEMORY_MARGIN:  # the memory check's margin: when it is not ok, the fix is here
             target, swap = wslconfig.target_limits(need)
-            checks.append(_check("wsl", "fail" if have < need else "warn", {"mem_total_bytes": p["mem_total_bytes"],
-                                                  "swap_total_bytes": p["swap_total_bytes"],
-                                                  "wslconfig": cfg.get("path"), "limits": limits or None},
-                                 f"memory >= {target}GB",
-                                 f"WSL2 caps Linux memory below the Windows RAM, and this model needs "
-                                 f"{'more' if have < need else 'about all of it'} "
-                                 f"(Linux sees {_gib(p['mem_total_bytes'])} RAM + {_gib(p['swap_total_bytes'])} "
-                                 f"swap; {now}).",
-                                 f"wslconfig:memory={target}GB,swap={swap}GB"))
+            checks.append(
+                _check(
+                    "wsl",
+                    "fail" if have < need else "warn",
+                    {
+                        "mem_total_bytes": p["mem_total_bytes"],
+                        "swap_total_bytes": p["swap_total_bytes"],
+                        "wslconfig": cfg.get("path"),
+                        "limits": limits or None,
+                    },
+                    f"memory >= {target}GB",
+                    f"WSL2 caps Linux memory below the Windows RAM, and this model needs "
+                    f"{'more' if have < need else 'about all of it'} "
+                    f"(Linux sees {_gib(p['mem_total_bytes'])} RAM + {_gib(p['swap_total_bytes'])} "
+                    f"swap; {now}).",
+                    f"wslconfig:memory={target}GB,swap={swap}GB",
+                )
+            )
         else:
-            checks.append(_check("wsl", "ok", p["mem_total_bytes"], None,
-                                 f"WSL2 memory limit is high enough ({now})."))
+            checks.append(
+                _check("wsl", "ok", p["mem_total_bytes"], None, f"WSL2 memory limit is high enough ({now}).")
+            )
     else:
         checks.append(_check("wsl", "skip", None, None, "Not running under WSL."))
     checks.extend(_disk_checks(p, needs))
     checks.append(_gpu_check(p, needs))
     py = tuple(int(x) for x in str(p["python"]).split(".")[:2])
-    checks.append(_check("python", "ok" if (3, 10) <= py <= (3, 12) else "fail", p["python"], "3.10–3.12",
-                         f"Python {p['python']}.", None if (3, 10) <= py <= (3, 12) else
-                         "aimet-onnx ships wheels for CPython 3.10+ (the validated recipe uses 3.10)."))
+    checks.append(
+        _check(
+            "python",
+            "ok" if (3, 10) <= py <= (3, 12) else "fail",
+            p["python"],
+            "3.10–3.12",
+            f"Python {p['python']}.",
+            None
+            if (3, 10) <= py <= (3, 12)
+            else "aimet-onnx ships wheels for CPython 3.10+ (the validated recipe uses 3.10).",
+        )
+    )
     pk = p.get("packages") or {}
     if pk.get("onnxruntime") and pk.get("onnxruntime-gpu"):
-        checks.append(_check("onnxruntime_conflict", "fail", "onnxruntime + onnxruntime-gpu", "exactly one",
-                             "Both onnxruntime and onnxruntime-gpu are installed: they provide the same module "
-                             "and whichever was installed last silently replaced the other.",
-                             "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu"))
+        checks.append(
+            _check(
+                "onnxruntime_conflict",
+                "fail",
+                "onnxruntime + onnxruntime-gpu",
+                "exactly one",
+                "Both onnxruntime and onnxruntime-gpu are installed: they provide the same module "
+                "and whichever was installed last silently replaced the other.",
+                "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu",
+            )
+        )
     elif not (pk.get("onnxruntime") or pk.get("onnxruntime-gpu")):
-        checks.append(_check("onnxruntime_conflict", "fail", None, "onnxruntime", "onnxruntime is not installed.",
-                             "pip install onnxruntime (CPU) or onnxruntime-gpu (NVIDIA), never both."))
+        checks.append(
+            _check(
+                "onnxruntime_conflict",
+                "fail",
+                None,
+                "onnxruntime",
+                "onnxruntime is not installed.",
+                "pip install onnxruntime (CPU) or onnxruntime-gpu (NVIDIA), never both.",
+            )
+        )
     else:
-        checks.append(_check("onnxruntime_conflict", "ok", pk.get("onnxruntime") or pk.get("onnxruntime-gpu"),
-                             "exactly one", "One onnxruntime package installed."))
+        checks.append(
+            _check(
+                "onnxruntime_conflict",
+                "ok",
+                pk.get("onnxruntime") or pk.get("onnxruntime-gpu"),
+                "exactly one",
+                "One onnxruntime package installed.",
+            )
+        )
     if p.get("libpython"):
         checks.append(_check("libpython", "ok", p["libpython"], p["libpython_name"], "libpython loads."))
     else:
-        checks.append(_check("libpython", "fail", None, p["libpython_name"],
-                             f"{p['libpython_name']} cannot be loaded: AIMET fails with 'Unable to run function "
-                             "PtrToInt64'.",
-                             libpython_fix(p)))
+        checks.append(
+            _check(
+                "libpython",
+                "fail",
+                None,
+                p["libpython_name"],
+                f"{p['libpython_name']} cannot be loaded: AIMET fails with 'Unable to run function "
+                "PtrToInt64'.",
+                libpython_fix(p),
+            )
+        )
     if not pk.get("aimet-onnx"):
-        checks.append(_check("aimet", "fail", None, "aimet-onnx", "aimet-onnx is not installed.",
-                             "Install it: bash packaging/install-workstation.sh"))
+        checks.append(
+            _check(
+                "aimet",
+                "fail",
+                None,
+                "aimet-onnx",
+                "aimet-onnx is not installed.",
+                "Install it: bash packaging/install-workstation.sh",
+            )
+        )
     checks.extend(_aimet_build_check(p))
     checks.extend(_recipe_checks(p, needs))
     checks.extend(_known_bad_check(p))
@@ -367,19 +521,35 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
     if smoke is None:
         checks.append(_check("aimet_smoke", "skip", None, None, "AIMET smoke test not run."))
     elif smoke.get("ok"):
-        checks.append(_check("aimet_smoke", "ok", f"{smoke['seconds']:.1f} s", None,
-                             "A miniature calibration unit quantized as the stage quantizes (LPBQ int4 weights, "
-                             "int8 lm_head, 8-bit KV, 1.0.0 encodings, simulation graph): "
-                             f"{smoke['seconds']:.1f} s"
-                             + (f" ({smoke['process_seconds']:.1f} s for the whole probe process, torch "
-                                "included)." if smoke.get("process_seconds") else ".")))
+        checks.append(
+            _check(
+                "aimet_smoke",
+                "ok",
+                f"{smoke['seconds']:.1f} s",
+                None,
+                "A miniature calibration unit quantized as the stage quantizes (LPBQ int4 weights, "
+                "int8 lm_head, 8-bit KV, 1.0.0 encodings, simulation graph): "
+                f"{smoke['seconds']:.1f} s"
+                + (
+                    f" ({smoke['process_seconds']:.1f} s for the whole probe process, torch included)."
+                    if smoke.get("process_seconds")
+                    else "."
+                ),
+            )
+        )
     else:
         step = f" at step '{smoke['step']}'" if smoke.get("step") else ""
-        checks.append(_check("aimet_smoke", "fail", smoke.get("error"), "a calibration unit quantizes",
-                             f"The AIMET smoke test failed{step}: {smoke.get('error')}. This stack cannot "
-                             "quantize.",
-                             (smoke.get("fix") or "") + " Fix the AIMET install before spending an hour on the "
-                             "model (see the libpython and onnxruntime checks)."))
+        checks.append(
+            _check(
+                "aimet_smoke",
+                "fail",
+                smoke.get("error"),
+                "a calibration unit quantizes",
+                f"The AIMET smoke test failed{step}: {smoke.get('error')}. This stack cannot quantize.",
+                (smoke.get("fix") or "") + " Fix the AIMET install before spending an hour on the "
+                "model (see the libpython and onnxruntime checks).",
+            )
+        )
     return checks
 
 
@@ -391,14 +561,22 @@ def _local_compile_check(have: int, needs: dict[str, Any]) -> dict[str, Any]:
     disk = int(needs.get("local_compile_disk_bytes", 0))
     up, upz = int(needs.get("aihub_upload_bytes", 0)), int(needs.get("aihub_upload_zipped_bytes", 0))
     when = f"{secs / 3600:.1f} h" if secs >= 5400 else f"{secs / 60:.0f} min"
-    text = (f"A local QNN compile of this model needs about {_gib(ram)} RAM (its largest part), {when} on 2 cores "
-            f"and {disk / 1e9:.1f} GB of disk (measured at Llama-3.1-8B shapes, scaled to this model); compiling on "
-            f"AI Hub instead uploads {up / 1e9:.1f} GB ({upz / 1e9:.1f} GB zipped as the client sends it).")
+    text = (
+        f"A local QNN compile of this model needs about {_gib(ram)} RAM (its largest part), {when} on 2 cores "
+        f"and {disk / 1e9:.1f} GB of disk (measured at Llama-3.1-8B shapes, scaled to this model); compiling on "
+        f"AI Hub instead uploads {up / 1e9:.1f} GB ({upz / 1e9:.1f} GB zipped as the client sends it)."
+    )
     required = {"ram_bytes": ram, "seconds": int(secs), "disk_bytes": disk, "aihub_upload_bytes": up}
     if have >= ram:
         return _check("local_compile", "ok", have, required, text)
-    return _check("local_compile", "warn", have, required, text + f" This machine has {_gib(have)}.",
-                  "Compile on AI Hub (compile_target aihub), or on a machine with more memory.")
+    return _check(
+        "local_compile",
+        "warn",
+        have,
+        required,
+        text + f" This machine has {_gib(have)}.",
+        "Compile on AI Hub (compile_target aihub), or on a machine with more memory.",
+    )
 
 
 def _disk_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -407,41 +585,79 @@ def _disk_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any
     ws, hf = p["workspace"], p["hf_cache"]
     ws_need = int(needs.get("disk_bytes", 0))
     hf_need = int(needs.get("hf_download_bytes", 0))
-    shared = (ws.get("device") is not None and ws.get("device") == hf.get("device"))
+    shared = ws.get("device") is not None and ws.get("device") == hf.get("device")
     out = []
     if shared:
         need = ws_need + hf_need
         ok = ws["free_bytes"] >= need
-        both = (f"the workspace ({ws['path']}, about {_gib(ws_need)}) and the Hugging Face cache ({hf['path']}, "
-                f"about {_gib(hf_need)}) are on the same filesystem")
+        both = (
+            f"the workspace ({ws['path']}, about {_gib(ws_need)}) and the Hugging Face cache ({hf['path']}, "
+            f"about {_gib(hf_need)}) are on the same filesystem"
+        )
         # one filesystem, one problem: one row (two FAILs for one full disk read as two problems)
-        out.append(_check("disk_workspace", "ok" if ok else "fail", ws["free_bytes"], need,
-                          f"{_gib(ws['free_bytes'])} free; {both}: {_gib(need)} together.",
-                          None if ok else f"Free {_gib(need - ws['free_bytes'])} on that disk, or move the "
-                          "workspace (--workspace) or the Hugging Face cache (HF_HOME) to a bigger disk."))
+        out.append(
+            _check(
+                "disk_workspace",
+                "ok" if ok else "fail",
+                ws["free_bytes"],
+                need,
+                f"{_gib(ws['free_bytes'])} free; {both}: {_gib(need)} together.",
+                None
+                if ok
+                else f"Free {_gib(need - ws['free_bytes'])} on that disk, or move the "
+                "workspace (--workspace) or the Hugging Face cache (HF_HOME) to a bigger disk.",
+            )
+        )
     else:
         ok = ws["free_bytes"] >= ws_need
-        out.append(_check("disk_workspace", "ok" if ok else "fail", ws["free_bytes"], ws_need,
-                          f"{_gib(ws['free_bytes'])} free at {ws['path']}; this model needs about {_gib(ws_need)}.",
-                          None if ok else f"Free {_gib(ws_need - ws['free_bytes'])} there, or choose a workspace on "
-                          "a bigger disk (--workspace DIR)."))
+        out.append(
+            _check(
+                "disk_workspace",
+                "ok" if ok else "fail",
+                ws["free_bytes"],
+                ws_need,
+                f"{_gib(ws['free_bytes'])} free at {ws['path']}; this model needs about {_gib(ws_need)}.",
+                None
+                if ok
+                else f"Free {_gib(ws_need - ws['free_bytes'])} there, or choose a workspace on "
+                "a bigger disk (--workspace DIR).",
+            )
+        )
         ok = hf["free_bytes"] >= hf_need
-        out.append(_check("disk_hf_cache", "ok" if ok else "fail", hf["free_bytes"], hf_need,
-                          f"{_gib(hf['free_bytes'])} free for the Hugging Face cache ({hf['path']}); the download is "
-                          f"about {_gib(hf_need)}.",
-                          None if ok else f"Free {_gib(hf_need - hf['free_bytes'])} there, or point HF_HOME at a "
-                          "bigger disk before the download (export HF_HOME=/path/on/big/disk)."))
+        out.append(
+            _check(
+                "disk_hf_cache",
+                "ok" if ok else "fail",
+                hf["free_bytes"],
+                hf_need,
+                f"{_gib(hf['free_bytes'])} free for the Hugging Face cache ({hf['path']}); the download is "
+                f"about {_gib(hf_need)}.",
+                None
+                if ok
+                else f"Free {_gib(hf_need - hf['free_bytes'])} there, or point HF_HOME at a "
+                "bigger disk before the download (export HF_HOME=/path/on/big/disk).",
+            )
+        )
     path = str(ws["path"])
     parts = Path(path).parts
     if path.startswith("/mnt/") and len(parts) > 2 and len(parts[2]) == 1:
-        out.append(_check("workspace_location", "warn", path, "inside the WSL filesystem",
-                          "The workspace is on a Windows drive (/mnt/<drive>): cross-filesystem I/O is many "
-                          "times slower and this flow reads and writes hundreds of GB.",
-                          "Use a workspace under your Linux home, e.g. ~/hexstudio-workspace."))
+        out.append(
+            _check(
+                "workspace_location",
+                "warn",
+                path,
+                "inside the WSL filesystem",
+                "The workspace is on a Windows drive (/mnt/<drive>): cross-filesystem I/O is many "
+                "times slower and this flow reads and writes hundreds of GB.",
+                "Use a workspace under your Linux home, e.g. ~/hexstudio-workspace.",
+            )
+        )
     return out
 
 
-INSTALLER_FIX = "bash packaging/install-workstation.sh (it detects the GPU and installs the matching CUDA torch)"
+INSTALLER_FIX = (
+    "bash packaging/install-workstation.sh (it detects the GPU and installs the matching CUDA torch)"
+)
 
 
 def _gpu_check(p: dict[str, Any], needs: dict[str, Any]) -> dict[str, Any]:
@@ -461,18 +677,33 @@ def _gpu_check(p: dict[str, Any], needs: dict[str, Any]) -> dict[str, Any]:
         arches = gpu.get("arch_list") or []
         measured = f"{d['name']} {_gib(d['memory_bytes'])} sm_{cc}{drv}"
         if f"sm_{cc}" not in arches:
-            return _check("gpu", "fail", measured, f"torch built with sm_{cc}",
-                          f"torch {gpu.get('torch')} has no kernels for {d['name']} (sm_{cc}); it only has "
-                          f"{', '.join(arches) or 'none'}. It recognises the GPU but cannot run on it.",
-                          "Install a torch build with kernels for this GPU: "
-                          "bash packaging/install-workstation.sh (e.g. torch 2.7.1+cu128 for sm_120).")
+            return _check(
+                "gpu",
+                "fail",
+                measured,
+                f"torch built with sm_{cc}",
+                f"torch {gpu.get('torch')} has no kernels for {d['name']} (sm_{cc}); it only has "
+                f"{', '.join(arches) or 'none'}. It recognises the GPU but cannot run on it.",
+                "Install a torch build with kernels for this GPU: "
+                "bash packaging/install-workstation.sh (e.g. torch 2.7.1+cu128 for sm_120).",
+            )
         if vram_need and int(d["memory_bytes"]) < int(vram_need):
-            return _check("gpu", "warn", measured, f"{_gib(int(vram_need))} VRAM",
-                          f"{d['name']} has {_gib(d['memory_bytes'])} of VRAM; this model's guidance is "
-                          f"{_gib(int(vram_need))}{drv}. CUDA may run out of memory during calibration.",
-                          "Use more parts (smaller parts need less VRAM), a bigger GPU, or a remote worker host.")
-        return _check("gpu", "ok", measured, f"{_gib(int(vram_need))} VRAM" if vram_need else None,
-                      f"{d['name']} with {_gib(d['memory_bytes'])}, supported by torch {gpu.get('torch')}{drv}.")
+            return _check(
+                "gpu",
+                "warn",
+                measured,
+                f"{_gib(int(vram_need))} VRAM",
+                f"{d['name']} has {_gib(d['memory_bytes'])} of VRAM; this model's guidance is "
+                f"{_gib(int(vram_need))}{drv}. CUDA may run out of memory during calibration.",
+                "Use more parts (smaller parts need less VRAM), a bigger GPU, or a remote worker host.",
+            )
+        return _check(
+            "gpu",
+            "ok",
+            measured,
+            f"{_gib(int(vram_need))} VRAM" if vram_need else None,
+            f"{d['name']} with {_gib(d['memory_bytes'])}, supported by torch {gpu.get('torch')}{drv}.",
+        )
     if nv_gpus:
         g = nv_gpus[0]
         mem = f" {_gib(g['memory_bytes'])}" if g.get("memory_bytes") else ""
@@ -483,26 +714,50 @@ def _gpu_check(p: dict[str, Any], needs: dict[str, Any]) -> dict[str, Any]:
         elif "+cpu" in torch_v or (not gpu.get("cuda_version") and "+cu" not in torch_v):
             why = f"torch {torch_v} is the CPU-only build"
         else:
-            why = (f"torch {torch_v} is a CUDA build but cannot use the GPU (torch.cuda.is_available() is False: "
-                   f"{gpu.get('error') or 'the driver is too old for its CUDA, or the GPU is not visible'})")
-        return _check("gpu", "warn" if small else "fail", measured, "a CUDA torch for this GPU",
-                      f"An NVIDIA {g['name']} is present{drv}, but {why}: everything would run on the CPU"
-                      + (", which is fine but slower for this small model." if small else
-                         ", which takes days for a model this size."),
-                      f"Install the CUDA stack: {INSTALLER_FIX}.")
+            why = (
+                f"torch {torch_v} is a CUDA build but cannot use the GPU (torch.cuda.is_available() is False: "
+                f"{gpu.get('error') or 'the driver is too old for its CUDA, or the GPU is not visible'})"
+            )
+        return _check(
+            "gpu",
+            "warn" if small else "fail",
+            measured,
+            "a CUDA torch for this GPU",
+            f"An NVIDIA {g['name']} is present{drv}, but {why}: everything would run on the CPU"
+            + (
+                ", which is fine but slower for this small model."
+                if small
+                else ", which takes days for a model this size."
+            ),
+            f"Install the CUDA stack: {INSTALLER_FIX}.",
+        )
     # nvidia-smi is installed but cannot talk to a driver (on WSL2: the Windows driver is missing or old)
     smi_err = nv.get("error") if nv.get("source") == "nvidia-smi" else None
     broken = f" nvidia-smi is installed but failed: {smi_err}" if smi_err else ""
-    driver_fix = (" Install or update the NVIDIA driver (on WSL2: the Windows driver, not one inside Linux), "
-                  "then check with nvidia-smi." if smi_err else "")
+    driver_fix = (
+        " Install or update the NVIDIA driver (on WSL2: the Windows driver, not one inside Linux), "
+        "then check with nvidia-smi."
+        if smi_err
+        else ""
+    )
     if small:
         mins = max(1, round(n / 4e6 * 0.5 / 60 + 1))
-        return _check("gpu", "warn" if smi_err else "ok", "CPU only", None, f"No CUDA GPU: fine for this small "
-                      f"model (about {mins} min of quantization on the CPU).{broken}",
-                      driver_fix.strip() or None)
-    return _check("gpu", "fail", "CPU only", "a CUDA GPU (8B: ~80 GB VRAM guidance)",
-                  f"No usable CUDA GPU: quantizing a model this size on the CPU would take days.{broken}",
-                  "Run on a workstation with an NVIDIA GPU, or use a remote worker host." + driver_fix)
+        return _check(
+            "gpu",
+            "warn" if smi_err else "ok",
+            "CPU only",
+            None,
+            f"No CUDA GPU: fine for this small model (about {mins} min of quantization on the CPU).{broken}",
+            driver_fix.strip() or None,
+        )
+    return _check(
+        "gpu",
+        "fail",
+        "CPU only",
+        "a CUDA GPU (8B: ~80 GB VRAM guidance)",
+        f"No usable CUDA GPU: quantizing a model this size on the CPU would take days.{broken}",
+        "Run on a workstation with an NVIDIA GPU, or use a remote worker host." + driver_fix,
+    )
 
 
 def libpython_fix(p: dict[str, Any]) -> str:
@@ -511,18 +766,24 @@ def libpython_fix(p: dict[str, Any]) -> str:
     libdir = p.get("libpython_dir") or "<the folder holding " + str(p.get("libpython_name")) + ">"
     venv = p.get("venv")
     if venv:
-        return (f"Run: bash packaging/install-workstation.sh --venv {venv} (it writes {venv}/bin/hexstudio-env.sh, "
-                f"which puts {libdir} on LD_LIBRARY_PATH, and sources it from {venv}/bin/activate). "
-                f"Or by hand: export LD_LIBRARY_PATH=\"{libdir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\". "
-                f"If {p.get('libpython_name')} is not on the machine at all, install it first "
-                f"(Ubuntu: sudo apt-get install lib{str(p.get('libpython_name')).split('.so')[0]}).")
+        return (
+            f"Run: bash packaging/install-workstation.sh --venv {venv} (it writes {venv}/bin/hexstudio-env.sh, "
+            f"which puts {libdir} on LD_LIBRARY_PATH, and sources it from {venv}/bin/activate). "
+            f'Or by hand: export LD_LIBRARY_PATH="{libdir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}". '
+            f"If {p.get('libpython_name')} is not on the machine at all, install it first "
+            f"(Ubuntu: sudo apt-get install lib{str(p.get('libpython_name')).split('.so')[0]})."
+        )
     if p.get("conda_prefix"):
         cp = p["conda_prefix"]
-        return (f'export LD_LIBRARY_PATH="{cp}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" '
-                f"(persist it in {cp}/etc/conda/activate.d/)")
-    return (f'export LD_LIBRARY_PATH="{libdir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"; if '
-            f"{p.get('libpython_name')} is missing, install it "
-            f"(Ubuntu: sudo apt-get install lib{str(p.get('libpython_name')).split('.so')[0]}).")
+        return (
+            f'export LD_LIBRARY_PATH="{cp}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" '
+            f"(persist it in {cp}/etc/conda/activate.d/)"
+        )
+    return (
+        f'export LD_LIBRARY_PATH="{libdir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"; if '
+        f"{p.get('libpython_name')} is missing, install it "
+        f"(Ubuntu: sudo apt-get install lib{str(p.get('libpython_name')).split('.so')[0]})."
+    )
 
 
 def _aimet_build_check(p: dict[str, Any]) -> list[dict[str, Any]]:
@@ -534,21 +795,39 @@ def _aimet_build_check(p: dict[str, Any]) -> list[dict[str, Any]]:
     has_gpu = bool((p.get("gpu") or {}).get("devices"))
     if build == "cpu" and has_gpu:
         public = str(ver).partition("+")[0]
-        return [_check("aimet_build", "fail", f"aimet-onnx {ver} (CPU build)", "the CUDA build on a CUDA machine",
-                       "The CPU build of aimet-onnx is installed on a machine with a CUDA GPU: with the CUDA "
-                       "runtime it fails with \"No opset import for domain 'aimet.customop.cuda'\".",
-                       f"pip uninstall -y aimet-onnx && pip install --no-deps aimet-onnx=={public} "
-                       "(the PyPI wheel without +cpu is the CUDA build)")]
-    return [_check("aimet_build", "ok", f"aimet-onnx {ver} ({build or 'unknown'} build)", None,
-                   f"aimet-onnx {ver}, {build or 'unknown'} build ({info.get('evidence')})"
-                   + (" — fine on a CPU-only machine." if build == "cuda" and not has_gpu else "."))]
+        return [
+            _check(
+                "aimet_build",
+                "fail",
+                f"aimet-onnx {ver} (CPU build)",
+                "the CUDA build on a CUDA machine",
+                "The CPU build of aimet-onnx is installed on a machine with a CUDA GPU: with the CUDA "
+                "runtime it fails with \"No opset import for domain 'aimet.customop.cuda'\".",
+                f"pip uninstall -y aimet-onnx && pip install --no-deps aimet-onnx=={public} "
+                "(the PyPI wheel without +cpu is the CUDA build)",
+            )
+        ]
+    return [
+        _check(
+            "aimet_build",
+            "ok",
+            f"aimet-onnx {ver} ({build or 'unknown'} build)",
+            None,
+            f"aimet-onnx {ver}, {build or 'unknown'} build ({info.get('evidence')})"
+            + (" — fine on a CPU-only machine." if build == "cuda" and not has_gpu else "."),
+        )
+    ]
 
 
 # Stacks known to fail silently (facts/workstation.md): version prefixes, all of which must match.
 KNOWN_BAD = [
-    {"python": "3.12", "aimet-onnx": "2.33", "onnxruntime-gpu": "1.22",
-     "what": "quantization printed \"completed successfully\" and the calibration graph even gave a correct "
-             "first token, but both deployment graphs produced multilingual token salad"},
+    {
+        "python": "3.12",
+        "aimet-onnx": "2.33",
+        "onnxruntime-gpu": "1.22",
+        "what": 'quantization printed "completed successfully" and the calibration graph even gave a correct '
+        "first token, but both deployment graphs produced multilingual token salad",
+    },
 ]
 
 
@@ -563,10 +842,17 @@ def _known_bad_check(p: dict[str, Any]) -> list[dict[str, Any]]:
         have = {k: (str(p.get("python", "")) if k == "python" else pk.get(k)) for k in pins}
         if all(_prefix(have[k], v) for k, v in pins.items()):
             listed = ", ".join(f"{k} {have[k]}" for k in pins)
-            return [_check("known_bad_stack", "fail", have, "not this combination",
-                           f"This is a stack known to fail silently ({listed}): {bad['what']}.",
-                           "Install the validated recipe: bash packaging/install-workstation.sh "
-                           "(Python 3.10, aimet-onnx 2.26, onnxruntime-gpu 1.23.2).")]
+            return [
+                _check(
+                    "known_bad_stack",
+                    "fail",
+                    have,
+                    "not this combination",
+                    f"This is a stack known to fail silently ({listed}): {bad['what']}.",
+                    "Install the validated recipe: bash packaging/install-workstation.sh "
+                    "(Python 3.10, aimet-onnx 2.26, onnxruntime-gpu 1.23.2).",
+                )
+            ]
     return []
 
 
@@ -580,23 +866,43 @@ def _recipe_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, A
     if recs is None:
         return [_check("recipe_validated", "skip", None, None, "This probe did not record the recipes.")]
     if "error" in recs:
-        return [_check("recipe_validated", "warn", None, None, f"The recipe files cannot be read: {recs['error']}",
-                       "Reinstall HexStudio (its package data workers/shared/data/recipes/ holds them).")]
+        return [
+            _check(
+                "recipe_validated",
+                "warn",
+                None,
+                None,
+                f"The recipe files cannot be read: {recs['error']}",
+                "Reinstall HexStudio (its package data workers/shared/data/recipes/ holds them).",
+            )
+        ]
     out = []
     texts = {
-        "current": ("the stack the README installs (./dev setup) and HexStudio's test suite runs with",
-                    "Untested combinations may break; the CPU stack: ./dev setup, a GPU workstation: "
-                    "bash packaging/install-workstation.sh"),
-        "validated": ("the validated recipe (the stack known to give coherent 8B deployment graphs on an RTX 5090)",
-                      "Other versions can work, but only the validate stage's deployment-pair gate proves it; "
-                      "to install the validated stack on an NVIDIA workstation: bash packaging/install-workstation.sh"),
+        "current": (
+            "the stack the README installs (./dev setup) and HexStudio's test suite runs with",
+            "Untested combinations may break; the CPU stack: ./dev setup, a GPU workstation: "
+            "bash packaging/install-workstation.sh",
+        ),
+        "validated": (
+            "the validated recipe (the stack known to give coherent 8B deployment graphs on an RTX 5090)",
+            "Other versions can work, but only the validate stage's deployment-pair gate proves it; "
+            "to install the validated stack on an NVIDIA workstation: bash packaging/install-workstation.sh",
+        ),
     }
-    readme_install = False       # the live stack is the README's (packaging/constraints/dev.txt = current.txt)
+    readme_install = False  # the live stack is the README's (packaging/constraints/dev.txt = current.txt)
     for name, (what, fix) in texts.items():
         rec = recs.get(name)
         cid = f"recipe_{name}"
         if not rec:
-            out.append(_check(cid, "skip", None, None, f"The recipe {name}.txt (workers/shared/data/recipes/) is not installed."))
+            out.append(
+                _check(
+                    cid,
+                    "skip",
+                    None,
+                    None,
+                    f"The recipe {name}.txt (workers/shared/data/recipes/) is not installed.",
+                )
+            )
             continue
         rows = recipes.compare(rec, str(p.get("python", "")), p.get("packages") or {})
         table = {r["package"]: r["installed"] for r in rows}
@@ -606,23 +912,50 @@ def _recipe_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, A
             readme_install = readme_install or name == "current"
             out.append(_check(cid, "ok", table, pinned, f"Matches {what}: {len(rows)} pins."))
             continue
-        listed = ", ".join(f"{r['package']} {r['installed'] or 'missing'} (recipe {r['pinned']})" for r in diff)
+        listed = ", ".join(
+            f"{r['package']} {r['installed'] or 'missing'} (recipe {r['pinned']})" for r in diff
+        )
         if name == "validated" and readme_install:
             # The README's own install is not the 8B GPU recipe, by design: say so, and warn only where it matters
             big = int(needs.get("num_parameters", 0)) >= BIG_MODEL_PARAMS
-            key_pins = ", ".join(f"{'Python' if r['package'] == 'python' else r['package']} {r['pinned']}"
-                                 for r in rows if r["package"] in ("python", "torch", "aimet-onnx", "onnxruntime-gpu"))
+            key_pins = ", ".join(
+                f"{'Python' if r['package'] == 'python' else r['package']} {r['pinned']}"
+                for r in rows
+                if r["package"] in ("python", "torch", "aimet-onnx", "onnxruntime-gpu")
+            )
             if big:
-                out.append(_check(cid, "warn", table, pinned,
-                                  "This is the README's install (HexStudio's tested stack), not the validated "
-                                  f"recipe, the only stack proven on an 8B-class model; it differs in {listed}.",
-                                  fix))
+                out.append(
+                    _check(
+                        cid,
+                        "warn",
+                        table,
+                        pinned,
+                        "This is the README's install (HexStudio's tested stack), not the validated "
+                        f"recipe, the only stack proven on an 8B-class model; it differs in {listed}.",
+                        fix,
+                    )
+                )
             else:
-                out.append(_check(cid, "ok", table, pinned,
-                                  "This is the README's install (HexStudio's tested stack): right for this model. The "
-                                  f"validated recipe ({key_pins}) matters for 8B-class models on an NVIDIA GPU: bash "
-                                  "packaging/install-workstation.sh."))
+                out.append(
+                    _check(
+                        cid,
+                        "ok",
+                        table,
+                        pinned,
+                        "This is the README's install (HexStudio's tested stack): right for this model. The "
+                        f"validated recipe ({key_pins}) matters for 8B-class models on an NVIDIA GPU: bash "
+                        "packaging/install-workstation.sh.",
+                    )
+                )
             continue
-        out.append(_check(cid, "warn", table, pinned,
-                          f"{len(diff)} of {len(rows)} pins differ from {what}: {listed}.", fix))
+        out.append(
+            _check(
+                cid,
+                "warn",
+                table,
+                pinned,
+                f"{len(diff)} of {len(rows)} pins differ from {what}: {listed}.",
+                fix,
+            )
+        )
     return out

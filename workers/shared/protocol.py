@@ -36,9 +36,11 @@ PROTOCOL_VERSION = 1
 
 # How a worker knows its starter is alive (workers/runtime.py acts on them; app/core/jobs.py and the remote
 # job set them): the environment variables the starter passes
-PARENT_ENV = "HEXSTUDIO_PARENT_PID"   # the studio's pid: the worker dies with it (Linux parent-death signal)
-LIVENESS_ENV = "HEXSTUDIO_LIVENESS"   # "stdin": the starter holds our stdin open while it lives (a pipe locally,
-                                      # the SSH channel remotely); its end means the starter is gone
+PARENT_ENV = "HEXSTUDIO_PARENT_PID"  # the studio's pid: the worker dies with it (Linux parent-death signal)
+LIVENESS_ENV = (
+    "HEXSTUDIO_LIVENESS"  # "stdin": the starter holds our stdin open while it lives (a pipe locally,
+)
+# the SSH channel remotely); its end means the starter is gone
 
 EVENT_TYPES = ("progress", "log", "metric", "artifact", "warning", "error", "done")
 
@@ -148,22 +150,34 @@ def event_json_schema() -> dict[str, Any]:
     base = {"v": {"const": PROTOCOL_VERSION}, "t": {"type": "number"}}
     variants = []
     props: dict[str, dict[str, Any]] = {
-        "progress": {"fraction": {"type": "number", "minimum": 0, "maximum": 1},
-                     "message": {"type": "string"}, "part": {"type": "integer"}, "parts": {"type": "integer"}},
+        "progress": {
+            "fraction": {"type": "number", "minimum": 0, "maximum": 1},
+            "message": {"type": "string"},
+            "part": {"type": "integer"},
+            "parts": {"type": "integer"},
+        },
         "log": {"message": {"type": "string"}, "level": {"enum": list(LOG_LEVELS)}},
-        "metric": {"name": {"type": "string"},
-                   "value": {"type": ["number", "string", "boolean", "null"]},
-                   "unit": {"type": "string"}, "scope": {"type": "string"}},
+        "metric": {
+            "name": {"type": "string"},
+            "value": {"type": ["number", "string", "boolean", "null"]},
+            "unit": {"type": "string"},
+            "scope": {"type": "string"},
+        },
         "artifact": {"path": {"type": "string"}, "kind": {"type": "string"}, "role": {"type": "string"}},
         "warning": {"message": {"type": "string"}, "code": {"type": "string"}, "hint": {"type": "string"}},
         "error": {"code": {"type": "string"}, "message": {"type": "string"}, "hint": {"type": "string"}},
         "done": {"ok": {"type": "boolean"}, "summary": {"type": "object"}},
     }
     for etype, p in props.items():
-        variants.append({
-            "type": "object",
-            "properties": {**base, "type": {"const": etype}, **p},
-            "required": ["v", "type", *_REQUIRED[etype].keys()],
-        })
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "title": "HexStudio worker event", "oneOf": variants}
+        variants.append(
+            {
+                "type": "object",
+                "properties": {**base, "type": {"const": etype}, **p},
+                "required": ["v", "type", *_REQUIRED[etype].keys()],
+            }
+        )
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "HexStudio worker event",
+        "oneOf": variants,
+    }

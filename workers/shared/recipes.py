@@ -19,7 +19,7 @@ from typing import Any
 from workers.shared.data import recipes_dir
 from workers.shared.errors import ActionableError
 
-RECIPES_DIR = recipes_dir()   # package data (importlib.resources)
+RECIPES_DIR = recipes_dir()  # package data (importlib.resources)
 RECIPE_NAMES = ("validated", "current")
 DIRECTIVES = ("recipe", "python", "torch-index", "aimet-build")
 
@@ -39,7 +39,7 @@ def canonical(name: str) -> str:
 @dataclass
 class Recipe:
     name: str
-    pins: dict[str, str]                       # canonical name -> version as pinned
+    pins: dict[str, str]  # canonical name -> version as pinned
     directives: dict[str, str] = field(default_factory=dict)
     path: str = ""
 
@@ -48,8 +48,13 @@ class Recipe:
         return self.directives.get("python")
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "path": self.path, "python": self.python, "pins": dict(self.pins),
-                "directives": dict(self.directives)}
+        return {
+            "name": self.name,
+            "path": self.path,
+            "python": self.python,
+            "pins": dict(self.pins),
+            "directives": dict(self.directives),
+        }
 
 
 def parse_recipe(text: str, name: str = "recipe", path: str = "") -> Recipe:
@@ -130,11 +135,19 @@ def compare(recipe: dict[str, Any], python: str, packages: dict[str, str | None]
     have = {canonical(k): v for k, v in packages.items()}
     rows: list[dict[str, Any]] = []
     if recipe.get("python"):
-        rows.append({"package": "python", "pinned": recipe["python"], "installed": python,
-                     "match": python_matches(recipe["python"], python)})
+        rows.append(
+            {
+                "package": "python",
+                "pinned": recipe["python"],
+                "installed": python,
+                "match": python_matches(recipe["python"], python),
+            }
+        )
     for name, pinned in recipe.get("pins", {}).items():
         inst = have.get(canonical(name))
-        rows.append({"package": name, "pinned": pinned, "installed": inst, "match": version_matches(pinned, inst)})
+        rows.append(
+            {"package": name, "pinned": pinned, "installed": inst, "match": version_matches(pinned, inst)}
+        )
     return rows
 
 

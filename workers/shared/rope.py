@@ -37,8 +37,15 @@ from workers.shared.errors import ActionableError
 
 # rope types Genie 1.13's validator accepts in positional-encoding.rope-scaling
 GENIE_ROPE_TYPES = ("llama3", "default", "longrope")
-ROPE_SCALING_KEYS = ("rope-type", "factor", "low-freq-factor", "high-freq-factor",
-                     "original-max-position-embeddings", "short-factor", "long-factor")
+ROPE_SCALING_KEYS = (
+    "rope-type",
+    "factor",
+    "low-freq-factor",
+    "high-freq-factor",
+    "original-max-position-embeddings",
+    "short-factor",
+    "long-factor",
+)
 # how close Genie's tables must come to the model's (relative to the largest inverse frequency)
 TOLERANCE = 1e-6
 
@@ -56,7 +63,7 @@ def rope_settings(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any] | No
     check_config(hf_config)
     params = hf_config.get("rope_parameters")
     if isinstance(params, dict) and "full_attention" in params and isinstance(params["full_attention"], dict):
-        params = params["full_attention"]   # per-layer-type layout: the decoder layers' entry
+        params = params["full_attention"]  # per-layer-type layout: the decoder layers' entry
     params = params if isinstance(params, dict) else {}
     theta = hf_config.get("rope_theta") or params.get("rope_theta") or 10000.0
     scaling = hf_config.get("rope_scaling") or params or None
@@ -94,12 +101,14 @@ def model_inv_freq(hf_config: dict[str, Any], context_size: int) -> tuple[np.nda
     theta, rs = rope_settings(hf_config)
     hd = head_dim_of(hf_config)
     if abs(_partial_rotary(hf_config, rs) - 1.0) > 1e-9:
-        raise RopeError("This model rotates only part of each attention head (partial_rotary_factor "
-                        f"{_partial_rotary(hf_config, rs)}); Genie rotates the whole head (rope-dim = head_dim / 2). "
-                        "Choose a model that rotates the whole head (Llama, Qwen, Mistral families).")
+        raise RopeError(
+            "This model rotates only part of each attention head (partial_rotary_factor "
+            f"{_partial_rotary(hf_config, rs)}); Genie rotates the whole head (rope-dim = head_dim / 2). "
+            "Choose a model that rotates the whole head (Llama, Qwen, Mistral families)."
+        )
     dim = hd
     exponent = np.arange(0, dim, 2, dtype=np.float64) / dim
-    base = 1.0 / (theta ** exponent)
+    base = 1.0 / (theta**exponent)
     if rs is None:
         return base, 1.0
     rtype = str(rs.get("rope_type", rs.get("type")))
@@ -107,9 +116,11 @@ def model_inv_freq(hf_config: dict[str, Any], context_size: int) -> tuple[np.nda
 
     def need(key: str) -> Any:
         if rs.get(key) is None:
-            raise RopeError(f"This model's {rtype} rope scaling in config.json lacks {key} ({_text(rs)}). "
-                            "HexStudio copies these values and never guesses them: fix the model's config.json "
-                            "(as published by its authors).")
+            raise RopeError(
+                f"This model's {rtype} rope scaling in config.json lacks {key} ({_text(rs)}). "
+                "HexStudio copies these values and never guesses them: fix the model's config.json "
+                "(as published by its authors)."
+            )
         return rs[key]
 
     if rtype == "linear":
@@ -117,14 +128,20 @@ def model_inv_freq(hf_config: dict[str, Any], context_size: int) -> tuple[np.nda
     if rtype == "dynamic":
         orig = int(rs.get("original_max_position_embeddings") or max_pos)
         if context_size > orig:
-            raise RopeError(f"This model's dynamic (NTK) rope changes with the sequence length beyond {orig} "
-                            f"tokens; a {context_size}-token deployment cannot reproduce it. Use a context length "
-                            f"of at most {orig}.")
+            raise RopeError(
+                f"This model's dynamic (NTK) rope changes with the sequence length beyond {orig} "
+                f"tokens; a {context_size}-token deployment cannot reproduce it. Use a context length "
+                f"of at most {orig}."
+            )
         return base, 1.0
     if rtype == "llama3":
-        factor, low, high = float(need("factor")), float(need("low_freq_factor")), float(need("high_freq_factor"))
+        factor, low, high = (
+            float(need("factor")),
+            float(need("low_freq_factor")),
+            float(need("high_freq_factor")),
+        )
         return _llama3(base, factor, low, high, float(need("original_max_position_embeddings"))), 1.0
-    top_orig = hf_config.get("original_max_position_embeddings")      # Phi-3 keeps it at the top level
+    top_orig = hf_config.get("original_max_position_embeddings")  # Phi-3 keeps it at the top level
     if rtype == "yarn":
         factor = float(need("factor"))
         orig = int(rs.get("original_max_position_embeddings") or top_orig or max_pos)
@@ -156,7 +173,9 @@ def model_inv_freq(hf_config: dict[str, Any], context_size: int) -> tuple[np.nda
         inv = (base / factor) * (1 - extrap) + base * extrap
         return inv, float(af)
     if rtype == "longrope":
-        orig = int(rs.get("original_max_position_embeddings") or top_orig or need("original_max_position_embeddings"))
+        orig = int(
+            rs.get("original_max_position_embeddings") or top_orig or need("original_max_position_embeddings")
+        )
         factor = float(rs["factor"]) if rs.get("factor") is not None else max_pos / orig
         af = rs.get("attention_factor")
         if af is None:
@@ -164,20 +183,24 @@ def model_inv_freq(hf_config: dict[str, Any], context_size: int) -> tuple[np.nda
         ext = need("long_factor") if context_size > orig else need("short_factor")
         ext_a = np.asarray(ext, dtype=np.float64)
         if ext_a.shape != base.shape:
-            raise RopeError(f"This model's longrope factors have {ext_a.size} entries; its heads need {base.size}.")
+            raise RopeError(
+                f"This model's longrope factors have {ext_a.size} entries; its heads need {base.size}."
+            )
         return base / ext_a, float(af)
     if rtype == "default":
         return base, 1.0
-    raise RopeError(f"This model's config.json uses rope scaling of type '{rtype}' ({_text(rs)}), which HexStudio "
-                    "cannot express in a Genie bundle (Genie computes the rope tables from genie_config.json). "
-                    "Choose a model with default, linear, dynamic, llama3, yarn or longrope rope scaling.")
+    raise RopeError(
+        f"This model's config.json uses rope scaling of type '{rtype}' ({_text(rs)}), which HexStudio "
+        "cannot express in a Genie bundle (Genie computes the rope tables from genie_config.json). "
+        "Choose a model with default, linear, dynamic, llama3, yarn or longrope rope scaling."
+    )
 
 
 def _llama3(base: np.ndarray, factor: float, low: float, high: float, orig: float) -> np.ndarray:
     low_wl, high_wl = orig / low, orig / high
     wavelen = 2 * math.pi / base
     inv = np.where(wavelen > low_wl, base / factor, base)
-    with np.errstate(divide="ignore", invalid="ignore"):      # high == low: no medium band to blend
+    with np.errstate(divide="ignore", invalid="ignore"):  # high == low: no medium band to blend
         smooth = (orig / wavelen - low) / (high - low)
         smoothed = (1 - smooth) * inv / factor + smooth * inv
     medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
@@ -196,7 +219,7 @@ def genie_inv_freq(pe: dict[str, Any], context_size: int) -> tuple[np.ndarray, f
     if pe.get("type", "rope") != "rope":
         raise RopeError(f"positional-encoding type {pe.get('type')!r} is not rope")
     dim = int(pe["rope-dim"])
-    theta = int(pe.get("rope-theta", 10000))          # Genie parses rope-theta as an int32
+    theta = int(pe.get("rope-theta", 10000))  # Genie parses rope-theta as an int32
     inv = float(theta) ** (-np.arange(dim, dtype=np.float64) / dim)
     rs = pe.get("rope-scaling")
     if not rs:
@@ -205,24 +228,35 @@ def genie_inv_freq(pe: dict[str, Any], context_size: int) -> tuple[np.ndarray, f
     if rtype == "default":
         return inv, 1.0
     if rtype == "llama3":
-        return _llama3(inv, float(rs["factor"]), float(rs["low-freq-factor"]), float(rs["high-freq-factor"]),
-                       float(rs["original-max-position-embeddings"])), 1.0
+        return _llama3(
+            inv,
+            float(rs["factor"]),
+            float(rs["low-freq-factor"]),
+            float(rs["high-freq-factor"]),
+            float(rs["original-max-position-embeddings"]),
+        ), 1.0
     if rtype == "longrope":
         orig = float(rs["original-max-position-embeddings"])
         ext = rs["long-factor"] if context_size > orig else rs["short-factor"]
         if len(rs["long-factor"]) != dim or len(rs["short-factor"]) != dim:
-            raise RopeError(f"long-factor (len={len(rs['long-factor'])}) and short-factor "
-                            f"(len={len(rs['short-factor'])}) must have length rope-dim={dim}")
+            raise RopeError(
+                f"long-factor (len={len(rs['long-factor'])}) and short-factor "
+                f"(len={len(rs['short-factor'])}) must have length rope-dim={dim}"
+            )
         af = math.sqrt(1 + math.log(float(rs["factor"])) / math.log(orig))
         return inv / np.asarray(ext, dtype=np.float64), af
     raise RopeError(f"Rope type not supported{rtype}")
 
 
-def rope_tables(inv_freq: np.ndarray, attention_factor: float, positions: int) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(
+    inv_freq: np.ndarray, attention_factor: float, positions: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(cos, sin) float32 [positions, rope-dim] for positions 0..positions-1."""
     angles = np.arange(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return ((np.cos(angles) * attention_factor).astype(np.float32),
-            (np.sin(angles) * attention_factor).astype(np.float32))
+    return (
+        (np.cos(angles) * attention_factor).astype(np.float32),
+        (np.sin(angles) * attention_factor).astype(np.float32),
+    )
 
 
 def genie_rope_tables(pe: dict[str, Any], context_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -246,23 +280,32 @@ def genie_positional_encoding(hf_config: dict[str, Any], context_size: int) -> d
     if integral and rtype in ("default", "dynamic") and want_af == 1.0:
         pass
     elif integral and rtype == "llama3":
-        pe["rope-scaling"] = {"rope-type": "llama3", "factor": float(rs["factor"]),       # type: ignore[index]
-                              "low-freq-factor": float(rs["low_freq_factor"]),           # type: ignore[index]
-                              "high-freq-factor": float(rs["high_freq_factor"]),         # type: ignore[index]
-                              "original-max-position-embeddings":
-                                  int(rs["original_max_position_embeddings"])}           # type: ignore[index]
+        pe["rope-scaling"] = {
+            "rope-type": "llama3",
+            "factor": float(rs["factor"]),  # type: ignore[index]
+            "low-freq-factor": float(rs["low_freq_factor"]),  # type: ignore[index]
+            "high-freq-factor": float(rs["high_freq_factor"]),  # type: ignore[index]
+            "original-max-position-embeddings": int(rs["original_max_position_embeddings"]),  # type: ignore[index]
+        }
     else:
         # per-frequency divisors against Genie's own base frequencies, one cos/sin multiplier
         genie_base = float(int(theta)) ** (-np.arange(hd // 2, dtype=np.float64) / (hd // 2))
         divisors = [float(x) for x in genie_base / want_inv]
-        orig = int((rs or {}).get("original_max_position_embeddings")
-                   or hf_config.get("max_position_embeddings") or context_size)
+        orig = int(
+            (rs or {}).get("original_max_position_embeddings")
+            or hf_config.get("max_position_embeddings")
+            or context_size
+        )
         orig = max(orig, 2)
         # sqrt(1 + ln(F) / ln(orig)) = attention factor  =>  F = orig ** (af^2 - 1)
         factor = float(orig ** (want_af * want_af - 1.0)) if want_af != 1.0 else 1.0
-        pe["rope-scaling"] = {"rope-type": "longrope", "factor": factor,
-                              "original-max-position-embeddings": orig,
-                              "short-factor": divisors, "long-factor": list(divisors)}
+        pe["rope-scaling"] = {
+            "rope-type": "longrope",
+            "factor": factor,
+            "original-max-position-embeddings": orig,
+            "short-factor": divisors,
+            "long-factor": list(divisors),
+        }
     diff = rope_mismatch(pe, hf_config, context_size)
     if diff is not None:
         raise RopeError(f"The rope HexStudio would write for Genie does not reproduce the model's ({diff}).")
@@ -281,8 +324,10 @@ def rope_mismatch(pe: dict[str, Any], hf_config: dict[str, Any], context_size: i
     rel = float(np.max(np.abs(got_inv - want_inv) / np.maximum(np.abs(want_inv), 1e-30)))
     if rel > TOLERANCE:
         j = int(np.argmax(np.abs(got_inv - want_inv) / np.maximum(np.abs(want_inv), 1e-30)))
-        return (f"inverse frequency {j}: Genie {got_inv[j]:.9g}, model {want_inv[j]:.9g}, relative difference "
-                f"{rel:.2g}")
+        return (
+            f"inverse frequency {j}: Genie {got_inv[j]:.9g}, model {want_inv[j]:.9g}, relative difference "
+            f"{rel:.2g}"
+        )
     if abs(got_af - want_af) > TOLERANCE * max(1.0, abs(want_af)):
         return f"cos/sin multiplier: Genie {got_af:.9g}, model {want_af:.9g}"
     return None
@@ -298,16 +343,24 @@ def rope_effect(pe: dict[str, Any], hf_config: dict[str, Any], context_size: int
     want_inv, want_af = model_inv_freq(hf_config, context_size)
     got_inv, got_af = genie_inv_freq(pe, context_size)
     if got_inv.shape != want_inv.shape:
-        raise RopeError(f"rope-dim {got_inv.size}, the model rotates {want_inv.size} frequency pairs (head_dim / 2)")
+        raise RopeError(
+            f"rope-dim {got_inv.size}, the model rotates {want_inv.size} frequency pairs (head_dim / 2)"
+        )
     diff = np.abs(got_inv - want_inv)
     rel = diff / np.maximum(np.abs(want_inv), 1e-30)
     af_differs = abs(got_af - want_af) > TOLERANCE * max(1.0, abs(want_af))
     if float(rel.max()) <= TOLERANCE and not af_differs:
         return None
     worst = float(diff.max())
-    until = context_size if worst * (context_size - 1) <= 0.1 else int(0.1 / worst) if worst > 0 else context_size
-    out: dict[str, Any] = {"pairs": int((rel > TOLERANCE).sum()), "of": int(want_inv.size),
-                           "max_angle_rad": round(worst * (context_size - 1), 4), "within_0_1_rad_until": until}
+    until = (
+        context_size if worst * (context_size - 1) <= 0.1 else int(0.1 / worst) if worst > 0 else context_size
+    )
+    out: dict[str, Any] = {
+        "pairs": int((rel > TOLERANCE).sum()),
+        "of": int(want_inv.size),
+        "max_angle_rad": round(worst * (context_size - 1), 4),
+        "within_0_1_rad_until": until,
+    }
     if af_differs:
         out["attention_factor"] = (round(got_af, 6), round(want_af, 6))
     return out

@@ -40,7 +40,7 @@ from typing import Any, Literal, TypedDict, Union, get_args, get_origin, get_typ
 
 from workers.shared import modelinfo
 
-DEFAULT_DEVICE = "Dragonwing IQ-9075 EVK"          # the device a new run compiles for (the IQ-9075 EVK)
+DEFAULT_DEVICE = "Dragonwing IQ-9075 EVK"  # the device a new run compiles for (the IQ-9075 EVK)
 AUTO = "auto"
 # "auto" context length: the built-in model's own, and every other model's (the Model stage resolves it)
 AUTO_CONTEXT_LENGTH = {"builtin": 512, "other": 4096}
@@ -48,11 +48,24 @@ AUTO_CONTEXT_LENGTH = {"builtin": 512, "other": 4096}
 Widget = Literal["spin", "check", "choice", "line", "device"]
 
 
-def setting(default: Any, *, label: str, help: str, stages: tuple[str, ...] = (), unit: str | None = None,
-            range: tuple[float, float] | None = None, choices: tuple[Any, ...] | None = None,
-            page: str | None = None, widget: Widget | None = None, advanced: bool = False,
-            flag: str | None = None, file: bool = False, nonempty: bool = False, items: str | None = None,
-            fields_of: type | None = None) -> Any:
+def setting(
+    default: Any,
+    *,
+    label: str,
+    help: str,
+    stages: tuple[str, ...] = (),
+    unit: str | None = None,
+    range: tuple[float, float] | None = None,
+    choices: tuple[Any, ...] | None = None,
+    page: str | None = None,
+    widget: Widget | None = None,
+    advanced: bool = False,
+    flag: str | None = None,
+    file: bool = False,
+    nonempty: bool = False,
+    items: str | None = None,
+    fields_of: type | None = None,
+) -> Any:
     """One run setting's declaration (a dataclass field; its type is the field's annotation).
 
     label/help/unit: what a person reads (CLI help, studio form, docs). stages: the stages whose results
@@ -62,9 +75,22 @@ def setting(default: Any, *, label: str, help: str, stages: tuple[str, ...] = ()
     advanced: written into a run only when set. flag: the `hexstudio run` option that also sets it. file: the
     value may name a local file (a remote worker host gets a copy). nonempty: text that must not be blank.
     items: what the items of a list are, in words. fields_of: the dataclass declaring a JSON object's keys."""
-    meta = {"label": label, "help": help, "stages": stages, "unit": unit, "range": range, "choices": choices,
-            "page": page, "widget": widget, "advanced": advanced, "flag": flag, "file": file,
-            "nonempty": nonempty, "items": items, "fields_of": fields_of}
+    meta = {
+        "label": label,
+        "help": help,
+        "stages": stages,
+        "unit": unit,
+        "range": range,
+        "choices": choices,
+        "page": page,
+        "widget": widget,
+        "advanced": advanced,
+        "flag": flag,
+        "file": file,
+        "nonempty": nonempty,
+        "items": items,
+        "fields_of": fields_of,
+    }
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -72,9 +98,18 @@ def setting(default: Any, *, label: str, help: str, stages: tuple[str, ...] = ()
 
 # the Validate stage's thresholds (workers.metrics.DEFAULT_THRESHOLDS and workers.validate.EXPORT_THRESHOLDS;
 # tests/core/test_run_settings.py keeps the names equal): what `thresholds` may override
-THRESHOLD_NAMES = ("top1_agreement", "kl_divergence", "greedy_agreement", "perplexity_ratio", "salad_score",
-                   "export_top1_agreement", "export_max_logit_error", "export_layer_error",
-                   "htp_logits_argmax_agreement", "htp_logits_mean_code_error")
+THRESHOLD_NAMES = (
+    "top1_agreement",
+    "kl_divergence",
+    "greedy_agreement",
+    "perplexity_ratio",
+    "salad_score",
+    "export_top1_agreement",
+    "export_max_logit_error",
+    "export_layer_error",
+    "htp_logits_argmax_agreement",
+    "htp_logits_mean_code_error",
+)
 
 
 @dataclass
@@ -84,8 +119,12 @@ class Sampler:
     seed: int = setting(42, label="Seed", help="random seed of the sampler", range=(0, 2**32 - 1))
     temp: float = setting(0.0, label="Temperature", help="0 is greedy", range=(0.0, 100.0))
     top_k: int = setting(1, label="Top-k", help="keep the k most likely tokens", range=(1, 1 << 20))
-    top_p: float = setting(1.0, label="Top-p", help="keep the smallest set of tokens whose probability reaches p",
-                           range=(0.0, 1.0))
+    top_p: float = setting(
+        1.0,
+        label="Top-p",
+        help="keep the smallest set of tokens whose probability reaches p",
+        range=(0.0, 1.0),
+    )
 
 
 @dataclass
@@ -94,172 +133,381 @@ class RunSettings:
 
     # -- the model and its deployment shape ---------------------------------------------------------------
     context_length: int | Literal["auto"] = setting(
-        AUTO, label="Context length", unit="tokens", range=(64, 131072), stages=("model", "preflight", "quantize"),
+        AUTO,
+        label="Context length",
+        unit="tokens",
+        range=(64, 131072),
+        stages=("model", "preflight", "quantize"),
         help='The longest sequence the deployed model holds (prompt and reply). "auto": '
-             f'{AUTO_CONTEXT_LENGTH["builtin"]} for the built-in model, {AUTO_CONTEXT_LENGTH["other"]} for others.')
+        f"{AUTO_CONTEXT_LENGTH['builtin']} for the built-in model, {AUTO_CONTEXT_LENGTH['other']} for others.",
+    )
     ar_n: int = setting(
-        128, label="Prompt processor length (AR-N)", unit="tokens", range=(1, 4096), stages=("model", "quantize"),
-        help="Tokens the prompt processor takes per call; the token generator takes one (AR-1).")
+        128,
+        label="Prompt processor length (AR-N)",
+        unit="tokens",
+        range=(1, 4096),
+        stages=("model", "quantize"),
+        help="Tokens the prompt processor takes per call; the token generator takes one (AR-1).",
+    )
     context_lengths: str = setting(
-        "", label="More context lengths", stages=("model", "preflight", "quantize"), advanced=True,
+        "",
+        label="More context lengths",
+        stages=("model", "preflight", "quantize"),
+        advanced=True,
         help='Smaller context lengths to put in the bundle beside context_length, comma-separated (e.g. "1024,2048"): '
-             "Genie runs the smallest one that holds the dialog and switches up as it grows (shorter attention, "
-             "faster tokens early on). Each a multiple of 32, above ar_n, below context_length.")
+        "Genie runs the smallest one that holds the dialog and switches up as it grows (shorter attention, "
+        "faster tokens early on). Each a multiple of 32, above ar_n, below context_length.",
+    )
     parts: int | Literal["auto"] = setting(
-        AUTO, label="Parts", range=(1, 64), stages=("model", "quantize"),
+        AUTO,
+        label="Parts",
+        range=(1, 64),
+        stages=("model", "quantize"),
         help='How many parts (context binaries) the model is split in. "auto": by model size and, when known, '
-             "the board's RAM (the Model stage's part plan).")
+        "the board's RAM (the Model stage's part plan).",
+    )
     # -- quantization -------------------------------------------------------------------------------------
     calibration_samples: int = setting(
-        8, label="Calibration samples", unit="samples", range=(1, 100000), stages=("preflight", "quantize"),
-        page="quantize", help="Text samples run through the model to calibrate the activation encodings.")
+        8,
+        label="Calibration samples",
+        unit="samples",
+        range=(1, 100000),
+        stages=("preflight", "quantize"),
+        page="quantize",
+        help="Text samples run through the model to calibrate the activation encodings.",
+    )
     calibration_seq_len: int = setting(
-        128, label="Calibration sequence length", unit="tokens", range=(2, 131072), stages=("preflight", "quantize"),
-        page="quantize", help="Tokens per calibration sample.")
+        128,
+        label="Calibration sequence length",
+        unit="tokens",
+        range=(2, 131072),
+        stages=("preflight", "quantize"),
+        page="quantize",
+        help="Tokens per calibration sample.",
+    )
     calibration_text: str = setting(
-        "builtin", label="Calibration text", stages=("quantize",), file=True,
-        help='"builtin" or the path of a UTF-8 text file to calibrate on.')
+        "builtin",
+        label="Calibration text",
+        stages=("quantize",),
+        file=True,
+        help='"builtin" or the path of a UTF-8 text file to calibrate on.',
+    )
     calibration_unit: str = setting(
-        "layer", label="Calibration unit", choices=("layer", "part"), stages=("quantize",),
-        help='"layer": one QuantSim per decoder layer; "part": one per part (more memory).')
+        "layer",
+        label="Calibration unit",
+        choices=("layer", "part"),
+        stages=("quantize",),
+        help='"layer": one QuantSim per decoder layer; "part": one per part (more memory).',
+    )
     validation_text: str = setting(
-        "builtin", label="Validation text", stages=("validate",), file=True,
-        help='"builtin" or the path of a UTF-8 text file the Validate stage measures perplexity and agreement on.')
+        "builtin",
+        label="Validation text",
+        stages=("validate",),
+        file=True,
+        help='"builtin" or the path of a UTF-8 text file the Validate stage measures perplexity and agreement on.',
+    )
     weight_bits: int = setting(
-        4, label="Weight bits", unit="bits", choices=(2, 4, 8), stages=("quantize",),
-        help="Weight precision (4: int4 blockwise LPBQ, as in Qualcomm's W4A16 recipe).")
+        4,
+        label="Weight bits",
+        unit="bits",
+        choices=(2, 4, 8),
+        stages=("quantize",),
+        help="Weight precision (4: int4 blockwise LPBQ, as in Qualcomm's W4A16 recipe).",
+    )
     activation_bits: int = setting(
-        16, label="Activation bits", unit="bits", choices=(8, 16), stages=("quantize",),
-        help="Activation precision.")
+        16,
+        label="Activation bits",
+        unit="bits",
+        choices=(8, 16),
+        stages=("quantize",),
+        help="Activation precision.",
+    )
     kv_bits: int = setting(
-        8, label="KV cache bits", unit="bits", choices=(8, 16), stages=("quantize",), help="KV cache precision.")
+        8,
+        label="KV cache bits",
+        unit="bits",
+        choices=(8, 16),
+        stages=("quantize",),
+        help="KV cache precision.",
+    )
     quantsim_config: str = setting(
-        "aimet", label="QuantSim configuration", choices=("aimet", "llm"), stages=("quantize",), advanced=True,
+        "aimet",
+        label="QuantSim configuration",
+        choices=("aimet", "llm"),
+        stages=("quantize",),
+        advanced=True,
         help='AIMET QuantSim\'s rules for the target: "aimet": AIMET\'s stock htp_v<N> configuration; "llm": '
-             "HexStudio's LLM configuration after qai-hub-models' (per-channel weights, RMSNorm's included; "
-             "data-movement outputs not quantized; Constant outputs not quantized; only Concat's quantizers tied). "
-             'docs/quantize.md has both measured on the HTP simulator ("llm" agreed with it slightly less).')
+        "HexStudio's LLM configuration after qai-hub-models' (per-channel weights, RMSNorm's included; "
+        "data-movement outputs not quantized; Constant outputs not quantized; only Concat's quantizers tied). "
+        'docs/quantize.md has both measured on the HTP simulator ("llm" agreed with it slightly less).',
+    )
     # -- compile ------------------------------------------------------------------------------------------
     compile_target: str = setting(
-        AUTO, label="Target", choices=("auto", "local", "aihub", "sim"), stages=("compile",), page="compile",
-        help='"local": QNN 2.51 on this machine (onnxruntime-qnn: no account, no upload) writes real context '
-             'binaries; "aihub": compile on Qualcomm AI Hub; "sim": the onnxruntime twin\'s stand-in bundle '
-             '(a labeled fallback where onnxruntime-qnn cannot be installed); "auto": local for the simulator '
-             'board (sim without onnxruntime-qnn), aihub for a real one.')
-    device: str = setting(
-        DEFAULT_DEVICE, label="Device", stages=("quantize", "compile"), page="compile", widget="device",
-        help="The AI Hub device the bundle is compiled for (its Hexagon version also shapes quantization).")
-    qairt_version: str = setting(
-        "2.42", label="QAIRT version", stages=("compile",), page="compile",
-        help="The QAIRT version AI Hub compiles with; the board's runtime must match it.")
-    aihub_consent: bool = setting(
-        False, label="I agree to upload model-derived files to Qualcomm AI Hub", stages=("compile",),
-        page="compile", help="Nothing is uploaded to AI Hub unless this is true.")
-    speculative_dialogs: str = setting(
-        "none", label="Speculative dialogs", choices=("none", "lade", "spd", "lade,spd"), stages=("compile",),
+        AUTO,
+        label="Target",
+        choices=("auto", "local", "aihub", "sim"),
+        stages=("compile",),
         page="compile",
-        help='Genie dialogs written beside the basic one (genie_config.<type>.json), for Chat, serve and Evaluate to '
-             'choose: "lade" (lookahead decoding, no draft model; lade_window, lade_ngram, lade_gcap), "spd" (a '
-             'draft model proposes, the model verifies; the draft is the model itself for now). Real bundles only '
-             '(compile_target local or aihub).')
+        help='"local": QNN 2.51 on this machine (onnxruntime-qnn: no account, no upload) writes real context '
+        'binaries; "aihub": compile on Qualcomm AI Hub; "sim": the onnxruntime twin\'s stand-in bundle '
+        '(a labeled fallback where onnxruntime-qnn cannot be installed); "auto": local for the simulator '
+        "board (sim without onnxruntime-qnn), aihub for a real one.",
+    )
+    device: str = setting(
+        DEFAULT_DEVICE,
+        label="Device",
+        stages=("quantize", "compile"),
+        page="compile",
+        widget="device",
+        help="The AI Hub device the bundle is compiled for (its Hexagon version also shapes quantization).",
+    )
+    qairt_version: str = setting(
+        "2.42",
+        label="QAIRT version",
+        stages=("compile",),
+        page="compile",
+        help="The QAIRT version AI Hub compiles with; the board's runtime must match it.",
+    )
+    aihub_consent: bool = setting(
+        False,
+        label="I agree to upload model-derived files to Qualcomm AI Hub",
+        stages=("compile",),
+        page="compile",
+        help="Nothing is uploaded to AI Hub unless this is true.",
+    )
+    speculative_dialogs: str = setting(
+        "none",
+        label="Speculative dialogs",
+        choices=("none", "lade", "spd", "lade,spd"),
+        stages=("compile",),
+        page="compile",
+        help="Genie dialogs written beside the basic one (genie_config.<type>.json), for Chat, serve and Evaluate to "
+        'choose: "lade" (lookahead decoding, no draft model; lade_window, lade_ngram, lade_gcap), "spd" (a '
+        "draft model proposes, the model verifies; the draft is the model itself for now). Real bundles only "
+        "(compile_target local or aihub).",
+    )
     spd_draft: str = setting(
-        "self", label="spd draft model", stages=("compile",), advanced=True,
+        "self",
+        label="spd draft model",
+        stages=("compile",),
+        advanced=True,
         help='The draft of the spd dialog: "self" (the model drafts for itself: checks the dialog, no speed-up) or '
-             "the folder of the draft model's compiled bundle with the same tokenizer (the run of e.g. "
-             "builtin:tiny-llama-draft: <run>/artifacts/compile/bundle); its context binaries go under draft/.")
+        "the folder of the draft model's compiled bundle with the same tokenizer (the run of e.g. "
+        "builtin:tiny-llama-draft: <run>/artifacts/compile/bundle); its context binaries go under draft/.",
+    )
     spd_draft_len: int = setting(
-        3, label="spd draft length", unit="tokens", range=(1, 64), stages=("compile",), advanced=True,
-        help="Tokens the draft proposes per spd step (Genie's dialog.spd.draft-len).")
+        3,
+        label="spd draft length",
+        unit="tokens",
+        range=(1, 64),
+        stages=("compile",),
+        advanced=True,
+        help="Tokens the draft proposes per spd step (Genie's dialog.spd.draft-len).",
+    )
     lade_window: int = setting(
-        8, label="lade window", unit="tokens", range=(1, 64), stages=("compile",), advanced=True,
+        8,
+        label="lade window",
+        unit="tokens",
+        range=(1, 64),
+        stages=("compile",),
+        advanced=True,
         help="Lookahead decoding's window (Genie's dialog.lade.window). A lade step runs (window + gcap) x "
-             "(ngram - 1) tokens at once; it must fit the prompt processor (ar_n).")
+        "(ngram - 1) tokens at once; it must fit the prompt processor (ar_n).",
+    )
     lade_ngram: int = setting(
-        4, label="lade n-gram", unit="tokens", range=(2, 16), stages=("compile",), advanced=True,
-        help="Lookahead decoding's n-gram size (Genie's dialog.lade.ngram): the longest guess checked per step.")
+        4,
+        label="lade n-gram",
+        unit="tokens",
+        range=(2, 16),
+        stages=("compile",),
+        advanced=True,
+        help="Lookahead decoding's n-gram size (Genie's dialog.lade.ngram): the longest guess checked per step.",
+    )
     lade_gcap: int = setting(
-        8, label="lade guesses per step", range=(0, 64), stages=("compile",), advanced=True,
-        help="Lookahead decoding's guess cap (Genie's dialog.lade.gcap): n-grams verified per step.")
+        8,
+        label="lade guesses per step",
+        range=(0, 64),
+        stages=("compile",),
+        advanced=True,
+        help="Lookahead decoding's guess cap (Genie's dialog.lade.gcap): n-grams verified per step.",
+    )
     # -- chat ---------------------------------------------------------------------------------------------
     benchmark_prompt: str = setting(
-        "What is the capital of France?", label="Benchmark prompt", stages=("chat",), nonempty=True,
-        help="The deterministic prompt the Chat stage measures token rates with.")
+        "What is the capital of France?",
+        label="Benchmark prompt",
+        stages=("chat",),
+        nonempty=True,
+        help="The deterministic prompt the Chat stage measures token rates with.",
+    )
     sampler: dict[str, float] = setting(
-        dataclasses.asdict(Sampler()), label="Sampler", stages=("chat",), fields_of=Sampler,
-        help="Genie's sampler: seed, temp, top_k, top_p (a JSON object; keys left out keep their default).")
+        dataclasses.asdict(Sampler()),
+        label="Sampler",
+        stages=("chat",),
+        fields_of=Sampler,
+        help="Genie's sampler: seed, temp, top_k, top_p (a JSON object; keys left out keep their default).",
+    )
     dialog_type: str = setting(
-        "basic", label="Dialog", choices=("basic", "lade", "spd"), stages=("evaluate",), advanced=True,
+        "basic",
+        label="Dialog",
+        choices=("basic", "lade", "spd"),
+        stages=("evaluate",),
+        advanced=True,
         help='The Genie dialog the Evaluate stage runs on the board (chat and serve take --dialog): "basic", or a '
-             "speculative one the Compile stage wrote (speculative_dialogs). With greedy sampling every dialog must "
-             "give the basic one's tokens (the parity gate checks it); lade and spd report the tokens accepted per "
-             "step.")
+        "speculative one the Compile stage wrote (speculative_dialogs). With greedy sampling every dialog must "
+        "give the basic one's tokens (the parity gate checks it); lade and spd report the tokens accepted per "
+        "step.",
+    )
     # -- gates --------------------------------------------------------------------------------------------
     thresholds: dict[str, float] = setting(
-        {}, label="Validation thresholds", stages=("validate",),
-        help="Overrides of the Validate stage's thresholds, by metric name (a JSON object).")
+        {},
+        label="Validation thresholds",
+        stages=("validate",),
+        help="Overrides of the Validate stage's thresholds, by metric name (a JSON object).",
+    )
     override_gates: list[str] = setting(
-        [], label="Overridden gates", items="stage names", flag="--override-gate",
-        help="Stages whose failed gate the run continues past (recorded in the run).")
+        [],
+        label="Overridden gates",
+        items="stage names",
+        flag="--override-gate",
+        help="Stages whose failed gate the run continues past (recorded in the run).",
+    )
     # -- advanced: written into a run only when set ---------------------------------------------------------
     revision: str | None = setting(
-        None, label="Hugging Face revision", stages=("model",), advanced=True, flag="--revision",
-        help="A branch, tag or commit hash of the Hugging Face model (unset: main).")
+        None,
+        label="Hugging Face revision",
+        stages=("model",),
+        advanced=True,
+        flag="--revision",
+        help="A branch, tag or commit hash of the Hugging Face model (unset: main).",
+    )
     worker_host: str | None = setting(
-        None, label="Worker host", advanced=True, flag="--worker-host",
-        help="The worker host (`hexstudio worker add`) the heavy stages run on over SSH (unset: this machine).")
+        None,
+        label="Worker host",
+        advanced=True,
+        flag="--worker-host",
+        help="The worker host (`hexstudio worker add`) the heavy stages run on over SSH (unset: this machine).",
+    )
     board_ram_bytes: int | None = setting(
-        None, label="Board RAM", unit="bytes", range=(1, 2**50), advanced=True,
-        help="The target board's RAM: parts are kept under 1/8 of it (unset: unknown).")
+        None,
+        label="Board RAM",
+        unit="bytes",
+        range=(1, 2**50),
+        advanced=True,
+        help="The target board's RAM: parts are kept under 1/8 of it (unset: unknown).",
+    )
     validate_unit: str = setting(
-        "unit", label="Validation unit", choices=("unit", "part"), advanced=True,
+        "unit",
+        label="Validation unit",
+        choices=("unit", "part"),
+        advanced=True,
         help='How the Validate stage runs the quantized graphs: "unit" (one calibration unit at a time, little '
-             'memory) or "part" (whole parts).')
+        'memory) or "part" (whole parts).',
+    )
     aimet_smoke: bool = setting(
-        True, label="AIMET smoke test", advanced=True, help="Preflight runs a small AIMET-ONNX quantization.")
+        True, label="AIMET smoke test", advanced=True, help="Preflight runs a small AIMET-ONNX quantization."
+    )
     prompt_template: str = setting(
-        AUTO, label="Prompt template", stages=("evaluate",), advanced=True,
-        help='The chat template prompts are written with ("auto": the model\'s own).')
+        AUTO,
+        label="Prompt template",
+        stages=("evaluate",),
+        advanced=True,
+        help='The chat template prompts are written with ("auto": the model\'s own).',
+    )
     runtime: str | None = setting(
-        None, label="Runtime", stages=("evaluate",), advanced=True,
-        help="The board's runtime for Chat and Evaluate (unset: the board's, else genie).")
+        None,
+        label="Runtime",
+        stages=("evaluate",),
+        advanced=True,
+        help="The board's runtime for Chat and Evaluate (unset: the board's, else genie).",
+    )
     benchmark_max_tokens: int = setting(
-        32, label="Benchmark reply length", unit="tokens", range=(1, 131072), advanced=True,
-        help="Tokens generated for the benchmark prompt.")
+        32,
+        label="Benchmark reply length",
+        unit="tokens",
+        range=(1, 131072),
+        advanced=True,
+        help="Tokens generated for the benchmark prompt.",
+    )
     eval_suites: list[str] | None = setting(
-        None, label="Evaluation suites", stages=("evaluate",), items="suite names or suite files", advanced=True,
-        help="The suites the Evaluate stage runs (unset: the default suites).")
+        None,
+        label="Evaluation suites",
+        stages=("evaluate",),
+        items="suite names or suite files",
+        advanced=True,
+        help="The suites the Evaluate stage runs (unset: the default suites).",
+    )
     eval_legs: list[str] = setting(
-        ["float", "sim", "board"], label="Evaluation legs", choices=("float", "sim", "board"),
-        stages=("evaluate",), items="legs", advanced=True,
-        help="Where the Evaluate stage scores: the host float model, the host quantized simulation, the board.")
+        ["float", "sim", "board"],
+        label="Evaluation legs",
+        choices=("float", "sim", "board"),
+        stages=("evaluate",),
+        items="legs",
+        advanced=True,
+        help="Where the Evaluate stage scores: the host float model, the host quantized simulation, the board.",
+    )
     aihub_compile_options: str = setting(
-        "", label="AI Hub compile options", advanced=True,
-        help="Extra options appended to AI Hub's compile options (as qai-hub-models' --compile-options).")
+        "",
+        label="AI Hub compile options",
+        advanced=True,
+        help="Extra options appended to AI Hub's compile options (as qai-hub-models' --compile-options).",
+    )
     aihub_poll_interval_s: float | None = setting(
-        None, label="AI Hub poll interval", unit="s", range=(0.0, 3600.0), advanced=True,
-        help="Seconds between AI Hub job status requests (unset: the worker's default).")
+        None,
+        label="AI Hub poll interval",
+        unit="s",
+        range=(0.0, 3600.0),
+        advanced=True,
+        help="Seconds between AI Hub job status requests (unset: the worker's default).",
+    )
     aihub_http_retries: int | None = setting(
-        None, label="AI Hub HTTP retries", range=(0, 100), advanced=True,
-        help="Retries of a failed AI Hub request (unset: the client's default).")
+        None,
+        label="AI Hub HTTP retries",
+        range=(0, 100),
+        advanced=True,
+        help="Retries of a failed AI Hub request (unset: the client's default).",
+    )
     aihub_http_backoff_s: float | None = setting(
-        None, label="AI Hub HTTP backoff", unit="s", range=(0.0, 600.0), advanced=True,
-        help="Backoff factor between AI Hub retries (unset: the client's default).")
+        None,
+        label="AI Hub HTTP backoff",
+        unit="s",
+        range=(0.0, 600.0),
+        advanced=True,
+        help="Backoff factor between AI Hub retries (unset: the client's default).",
+    )
     aihub_link_mbps: float | None = setting(
-        None, label="AI Hub upload link speed", unit="Mbit/s", range=(0.01, 1e6), advanced=True,
+        None,
+        label="AI Hub upload link speed",
+        unit="Mbit/s",
+        range=(0.01, 1e6),
+        advanced=True,
         help="Your uplink to Qualcomm AI Hub, for the upload size and ETA the Compile stage shows before it uploads "
-             "(unset: 100 Mbit/s assumed; after each upload the stage reports the rate it measured).")
+        "(unset: 100 Mbit/s assumed; after each upload the stage reports the rate it measured).",
+    )
     aihub_api_url: str | None = setting(
-        None, label="AI Hub API address", advanced=True,
-        help="AI Hub's API address (unset: $HEXSTUDIO_AIHUB_API_URL, else Qualcomm's).")
+        None,
+        label="AI Hub API address",
+        advanced=True,
+        help="AI Hub's API address (unset: $HEXSTUDIO_AIHUB_API_URL, else Qualcomm's).",
+    )
     aihub_web_url: str | None = setting(
-        None, label="AI Hub web address", advanced=True,
-        help="AI Hub's web address for job links (unset: $HEXSTUDIO_AIHUB_WEB_URL, else Qualcomm's).")
+        None,
+        label="AI Hub web address",
+        advanced=True,
+        help="AI Hub's web address for job links (unset: $HEXSTUDIO_AIHUB_WEB_URL, else Qualcomm's).",
+    )
 
 
 # -- the registry, derived from the dataclass -----------------------------------------------------------------
 
 Kind = Literal["int", "float", "bool", "text", "object", "list"]
-_KINDS: dict[type, Kind] = {int: "int", float: "float", bool: "bool", str: "text", dict: "object", list: "list"}
+_KINDS: dict[type, Kind] = {
+    int: "int",
+    float: "float",
+    bool: "bool",
+    str: "text",
+    dict: "object",
+    list: "list",
+}
 
 
 @dataclass(frozen=True)
@@ -272,8 +520,8 @@ class SettingSpec:
     label: str
     help: str
     stages: tuple[str, ...] = ()
-    auto: bool = False                 # "auto" is also accepted
-    optional: bool = False             # null (unset) is also accepted
+    auto: bool = False  # "auto" is also accepted
+    optional: bool = False  # null (unset) is also accepted
     unit: str | None = None
     range: tuple[float, float] | None = None
     choices: tuple[Any, ...] | None = None
@@ -284,18 +532,27 @@ class SettingSpec:
     file: bool = False
     nonempty: bool = False
     items: str | None = None
-    fields: Mapping[str, SettingSpec] | None = None    # a JSON object's keys (the sampler)
+    fields: Mapping[str, SettingSpec] | None = None  # a JSON object's keys (the sampler)
 
     def type_text(self) -> str:
         """The accepted values in words: 'a whole number 64 to 131072 or "auto"', 'one of 2, 4, 8'."""
         if self.choices is not None and self.kind != "list":
             t = "one of " + ", ".join(json.dumps(c) for c in self.choices)
         else:
-            t = {"int": "a whole number", "float": "a number", "bool": "true or false", "text": "text",
-                 "object": "a JSON object", "list": "a JSON list"}[self.kind]
+            t = {
+                "int": "a whole number",
+                "float": "a number",
+                "bool": "true or false",
+                "text": "text",
+                "object": "a JSON object",
+                "list": "a JSON list",
+            }[self.kind]
             if self.kind == "list" and (self.items or self.choices):
-                t += " of " + (self.items or "") + (" (" + ", ".join(json.dumps(c) for c in self.choices) + ")"
-                                                   if self.choices else "")
+                t += (
+                    " of "
+                    + (self.items or "")
+                    + (" (" + ", ".join(json.dumps(c) for c in self.choices) + ")" if self.choices else "")
+                )
             if self.range is not None:
                 t += f" {_num(self.range[0])} to {_num(self.range[1])}"
         if self.auto:
@@ -317,11 +574,26 @@ def _specs_of(cls: type) -> dict[str, SettingSpec]:
         md = f.metadata
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         out[f.name] = SettingSpec(
-            name=f.name, kind=kind, default=default, label=md["label"], help=md["help"], stages=md["stages"],
-            auto=auto, optional=optional, unit=md["unit"], range=md["range"], choices=md["choices"],
-            page=md["page"], widget=md["widget"], advanced=md["advanced"], flag=md["flag"], file=md["file"],
-            nonempty=md["nonempty"], items=md["items"],
-            fields=_specs_of(md["fields_of"]) if md["fields_of"] is not None else None)
+            name=f.name,
+            kind=kind,
+            default=default,
+            label=md["label"],
+            help=md["help"],
+            stages=md["stages"],
+            auto=auto,
+            optional=optional,
+            unit=md["unit"],
+            range=md["range"],
+            choices=md["choices"],
+            page=md["page"],
+            widget=md["widget"],
+            advanced=md["advanced"],
+            flag=md["flag"],
+            file=md["file"],
+            nonempty=md["nonempty"],
+            items=md["items"],
+            fields=_specs_of(md["fields_of"]) if md["fields_of"] is not None else None,
+        )
     return out
 
 
@@ -331,8 +603,10 @@ def _kind_of(hint: Any) -> tuple[Kind, bool, bool]:
     optional = type(None) in args
     base = [get_origin(a) or a for a in args if a is not type(None) and get_origin(a) is not Literal]
     if len(base) != 1 or base[0] not in _KINDS:
-        raise TypeError(f"a run setting's type is one of int, float, bool, str, dict, list (optionally | None or "
-                        f"| Literal['auto']), not {hint!r}")
+        raise TypeError(
+            f"a run setting's type is one of int, float, bool, str, dict, list (optionally | None or "
+            f"| Literal['auto']), not {hint!r}"
+        )
     return _KINDS[base[0]], auto, optional
 
 
@@ -357,9 +631,17 @@ def read_by(stage: str) -> tuple[str, ...]:
 
 # -- checking and parsing -------------------------------------------------------------------------------------
 
+
 def _type_name(v: Any) -> str:
-    return {bool: "true/false", int: "a whole number", float: "a number", str: "text", dict: "a JSON object",
-            list: "a JSON list", type(None): "null"}.get(type(v), type(v).__name__)
+    return {
+        bool: "true/false",
+        int: "a whole number",
+        float: "a number",
+        str: "text",
+        dict: "a JSON object",
+        list: "a JSON list",
+        type(None): "null",
+    }.get(type(v), type(v).__name__)
 
 
 def _given(v: Any) -> str:
@@ -393,10 +675,12 @@ def _check_value(s: SettingSpec, name: str, value: Any) -> str | None:
     elif s.kind == "object":
         if not isinstance(value, dict):
             return f"{name} must be a JSON object, not {given}."
-        if name == "thresholds":   # checked when set, not found wrong after hours of quantize (issue 27)
+        if name == "thresholds":  # checked when set, not found wrong after hours of quantize (issue 27)
             for k, v in value.items():
                 if k not in THRESHOLD_NAMES:
-                    return f"thresholds.{k} is not a validation threshold (known: {', '.join(THRESHOLD_NAMES)})."
+                    return (
+                        f"thresholds.{k} is not a validation threshold (known: {', '.join(THRESHOLD_NAMES)})."
+                    )
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or not 0 <= v <= 1e6:
                     return f"thresholds.{k} must be a number from 0 to 1000000, not {_given_typed(v)}."
     elif s.kind == "list":
@@ -405,8 +689,10 @@ def _check_value(s: SettingSpec, name: str, value: Any) -> str | None:
         if not all(isinstance(x, str) for x in value):
             return f"{name} must be a list of {s.items or 'text'}."
         if s.choices is not None and (bad := [x for x in value if x not in s.choices]):
-            return (f"{name}: {', '.join(json.dumps(x) for x in bad)} is not one of "
-                    f"{', '.join(json.dumps(c) for c in s.choices)}.")
+            return (
+                f"{name}: {', '.join(json.dumps(x) for x in bad)} is not one of "
+                f"{', '.join(json.dumps(c) for c in s.choices)}."
+            )
         return None
     if s.range is not None:
         lo, hi = s.range
@@ -434,7 +720,7 @@ def check(name: str, value: Any) -> str | None:
     given and what is expected); None when it is, or when `name` is not a run setting (a test hook)."""
     s = SETTINGS.get(name)
     why = None if s is None else _check_value(s, name, value)
-    if why is None and name == "context_lengths":      # checked when set, not after an hour of quantizing
+    if why is None and name == "context_lengths":  # checked when set, not after an hour of quantizing
         try:
             extra_context_lengths(value)
         except ValueError as exc:
@@ -448,29 +734,37 @@ def genie_cl_problem(context_length: int, ar_n: int) -> str | None:
     Genie than the same compiled graph fed directly (which matches the host simulation), deterministically; at
     every other CL tried (CL-128/160/256/512 with AR-32, CL-512 with AR-128) they agree."""
     if context_length == 2 * ar_n:
-        return (f"context length {context_length} is twice ar_n {ar_n}: Genie 1.21 then mistakes the prompt "
-                "processor's past KV (CL - AR entries) for its new one and answers wrong. Use another context "
-                "length or ar_n.")
+        return (
+            f"context length {context_length} is twice ar_n {ar_n}: Genie 1.21 then mistakes the prompt "
+            "processor's past KV (CL - AR entries) for its new one and answers wrong. Use another context "
+            "length or ar_n."
+        )
     return None
 
 
-def extra_context_lengths(value: Any, context_length: int | None = None, ar_n: int | None = None) -> list[int]:
+def extra_context_lengths(
+    value: Any, context_length: int | None = None, ar_n: int | None = None
+) -> list[int]:
     """The `context_lengths` setting as sorted ints; ValueError (a sentence) for a bad one. With the run's
     context_length and ar_n, each must lie strictly between them (Genie's KV holds CL - AR entries)."""
     text = str(value or "").strip()
     out: set[int] = set()
     for item in (x.strip() for x in text.split(",") if x.strip()):
         if not item.isdigit():
-            raise ValueError(f"context_lengths: {item!r} is not a whole number (give e.g. \"1024,2048\").")
+            raise ValueError(f'context_lengths: {item!r} is not a whole number (give e.g. "1024,2048").')
         n = int(item)
         if n % 32:
             raise ValueError(f"context_lengths: {n} is not a multiple of 32 (Genie's KV cache moves in 32s).")
         if context_length is not None and n >= context_length:
-            raise ValueError(f"context_lengths: {n} is not below context_length {context_length}; the largest "
-                             "context length is context_length itself.")
+            raise ValueError(
+                f"context_lengths: {n} is not below context_length {context_length}; the largest "
+                "context length is context_length itself."
+            )
         if ar_n is not None and n <= ar_n:
-            raise ValueError(f"context_lengths: {n} leaves no room past the prompt processor's {ar_n} tokens "
-                             f"(it must exceed ar_n).")
+            raise ValueError(
+                f"context_lengths: {n} leaves no room past the prompt processor's {ar_n} tokens "
+                f"(it must exceed ar_n)."
+            )
         if ar_n is not None and (why := genie_cl_problem(n, ar_n)):
             raise ValueError(f"context_lengths: {why}")
         out.add(n)
@@ -504,6 +798,7 @@ def closest(name: str) -> str | None:
 
 # -- the "auto" rule --------------------------------------------------------------------------------------------
 
+
 class ResolvedSettings(TypedDict):
     """The settings that size a run, with "auto" resolved (model.json "resolved" plus calibration)."""
 
@@ -514,8 +809,9 @@ class ResolvedSettings(TypedDict):
     calibration_seq_len: int
 
 
-def resolve_settings(info: Mapping[str, Any], settings: Mapping[str, Any], *, builtin: bool,
-                     board_name: str | None = None) -> tuple[ResolvedSettings, dict[str, Any]]:
+def resolve_settings(
+    info: Mapping[str, Any], settings: Mapping[str, Any], *, builtin: bool, board_name: str | None = None
+) -> tuple[ResolvedSettings, dict[str, Any]]:
     """context_length and parts with "auto" (or unset) resolved, and the part plan behind parts.
 
     context_length "auto": AUTO_CONTEXT_LENGTH (the built-in model's, or every other model's), never beyond the
@@ -528,7 +824,7 @@ def resolve_settings(info: Mapping[str, Any], settings: Mapping[str, Any], *, bu
         context_length = AUTO_CONTEXT_LENGTH["builtin" if builtin else "other"]
         maxpos = info.get("max_position_embeddings")
         if isinstance(maxpos, int) and not isinstance(maxpos, bool) and 0 < maxpos < context_length:
-            context_length = maxpos   # a model made for shorter contexts: its own limit
+            context_length = maxpos  # a model made for shorter contexts: its own limit
     else:
         context_length = int(ctx)
     board_ram = int(settings.get("board_ram_bytes") or 0) or None
@@ -545,6 +841,7 @@ def resolve_settings(info: Mapping[str, Any], settings: Mapping[str, Any], *, bu
 
 
 # -- faces: the studio's form, the CLI help, the docs -----------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class FormField:
@@ -575,9 +872,18 @@ def form_fields(page: str) -> tuple[FormField, ...]:
         w = _widget_of(s)
         if s.page != page or w is None:
             continue
-        out.append(FormField(key=s.name, label=s.label, widget=w, help=s.help, unit=s.unit,
-                             minimum=s.range[0] if s.range else None, maximum=s.range[1] if s.range else None,
-                             choices=s.choices))
+        out.append(
+            FormField(
+                key=s.name,
+                label=s.label,
+                widget=w,
+                help=s.help,
+                unit=s.unit,
+                minimum=s.range[0] if s.range else None,
+                maximum=s.range[1] if s.range else None,
+                choices=s.choices,
+            )
+        )
     return tuple(out)
 
 
@@ -595,8 +901,11 @@ def cli_help(width: int = 100) -> str:
         lines.append(f"{head}    {what}")
         extra = f" Stages: {', '.join(s.stages)}." if s.stages else ""
         flag = f" Also {s.flag}." if s.flag else ""
-        lines.extend(textwrap.wrap(s.help + extra + flag, width=width, initial_indent="      ",
-                                   subsequent_indent="      "))
+        lines.extend(
+            textwrap.wrap(
+                s.help + extra + flag, width=width, initial_indent="      ", subsequent_indent="      "
+            )
+        )
 
     for s in SETTINGS.values():
         if not s.advanced:
@@ -608,7 +917,9 @@ def cli_help(width: int = 100) -> str:
     return "\n".join(lines)
 
 
-DOCS_BEGIN = "<!-- run-settings table: generated by workers.shared.run_settings.markdown_table(); do not edit -->"
+DOCS_BEGIN = (
+    "<!-- run-settings table: generated by workers.shared.run_settings.markdown_table(); do not edit -->"
+)
 DOCS_END = "<!-- end of the generated table -->"
 
 
@@ -619,21 +930,34 @@ def markdown_table() -> str:
         return t.replace("|", "\\|").replace("\n", " ")
 
     out = [DOCS_BEGIN, ""]
-    for title, advanced in (("Run settings", False), ("Advanced run settings (written into a run only when set)",
-                                                      True)):
-        out += [f"### {title}", "", "| Setting | Values | Default | Stages | Studio | Description |",
-                "|---|---|---|---|---|---|"]
+    for title, advanced in (
+        ("Run settings", False),
+        ("Advanced run settings (written into a run only when set)", True),
+    ):
+        out += [
+            f"### {title}",
+            "",
+            "| Setting | Values | Default | Stages | Studio | Description |",
+            "|---|---|---|---|---|---|",
+        ]
         for s in SETTINGS.values():
             if s.advanced != advanced:
                 continue
             values = s.type_text() + (f" ({s.unit})" if s.unit else "")
             desc = s.label + ". " + s.help + (f" Also `{s.flag}`." if s.flag else "")
             if s.fields:
-                desc += " Keys: " + "; ".join(f"`{k}` {f.type_text()}, default {json.dumps(f.default)}"
-                                              for k, f in s.fields.items()) + "."
+                desc += (
+                    " Keys: "
+                    + "; ".join(
+                        f"`{k}` {f.type_text()}, default {json.dumps(f.default)}" for k, f in s.fields.items()
+                    )
+                    + "."
+                )
             page = f"{s.page} page" if s.page else ""
-            out.append(f"| `{s.name}` | {cell(values)} | `{cell(_default_text(s))}` | {', '.join(s.stages)} | "
-                       f"{page} | {cell(desc)} |")
+            out.append(
+                f"| `{s.name}` | {cell(values)} | `{cell(_default_text(s))}` | {', '.join(s.stages)} | "
+                f"{page} | {cell(desc)} |"
+            )
         out.append("")
     out.append(DOCS_END)
     return "\n".join(out)

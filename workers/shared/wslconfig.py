@@ -30,8 +30,18 @@ from typing import Any
 
 GiB = 1024**3
 ENV_OVERRIDE = "HEXSTUDIO_WSLCONFIG"
-_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": GiB, "gb": GiB,
-          "t": 1024**4, "tb": 1024**4}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "m": 1024**2,
+    "mb": 1024**2,
+    "g": GiB,
+    "gb": GiB,
+    "t": 1024**4,
+    "tb": 1024**4,
+}
 _SECTION = re.compile(r"^\s*\[([^\]]+)\]\s*(?:[#;].*)?$")
 
 
@@ -103,10 +113,13 @@ class Text:
 
     @classmethod
     def decode(cls, data: bytes) -> Text:
-        for bom, enc in ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"),
-                         (codecs.BOM_UTF16_BE, "utf-16-be")):
+        for bom, enc in (
+            (codecs.BOM_UTF8, "utf-8"),
+            (codecs.BOM_UTF16_LE, "utf-16-le"),
+            (codecs.BOM_UTF16_BE, "utf-16-be"),
+        ):
             if data.startswith(bom):
-                text = data[len(bom):].decode(enc, errors="replace")
+                text = data[len(bom) :].decode(enc, errors="replace")
                 return cls(text, enc, bom, "\r\n" if "\r\n" in text else "\n")
         text = data.decode("utf-8", errors="replace")
         return cls(text, "utf-8", b"", "\r\n" if "\r\n" in text else "\n")
@@ -158,7 +171,7 @@ def apply_limits(text: str, values: Mapping[str, str], newline: str = "\n") -> s
         return out
     for i in range(start + 1, end):
         body = lines[i].rstrip("\r\n")
-        ending = lines[i][len(body):]
+        ending = lines[i][len(body) :]
         if body.lstrip().startswith(("#", ";")) or "=" not in body:
             continue
         key = body.split("=", 1)[0].strip().lower()
@@ -173,7 +186,7 @@ def apply_limits(text: str, values: Mapping[str, str], newline: str = "\n") -> s
                 last = i
         if not lines[last].endswith(("\n", "\r")):
             lines[last] += newline
-        lines[last + 1:last + 1] = [f"{k}={v}{newline}" for k, v in todo.items()]
+        lines[last + 1 : last + 1] = [f"{k}={v}{newline}" for k, v in todo.items()]
     return "".join(lines)
 
 
@@ -197,13 +210,25 @@ class Plan:
         return self.new_text != self.old_text
 
     def diff(self) -> str:
-        return "".join(difflib.unified_diff(
-            self.old_text.splitlines(keepends=True), self.new_text.splitlines(keepends=True),
-            fromfile=f"{self.path}{'' if self.exists else ' (does not exist yet)'}", tofile=f"{self.path} (new)"))
+        return "".join(
+            difflib.unified_diff(
+                self.old_text.splitlines(keepends=True),
+                self.new_text.splitlines(keepends=True),
+                fromfile=f"{self.path}{'' if self.exists else ' (does not exist yet)'}",
+                tofile=f"{self.path} (new)",
+            )
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": str(self.path), "exists": self.exists, "current": self.current, "target": self.target,
-                "changed": self.changed, "diff": self.diff(), "notes": self.notes}
+        return {
+            "path": str(self.path),
+            "exists": self.exists,
+            "current": self.current,
+            "target": self.target,
+            "changed": self.changed,
+            "diff": self.diff(),
+            "notes": self.notes,
+        }
 
 
 def plan(path: Path, memory_gb: int | None, swap_gb: int | None) -> Plan:

@@ -26,16 +26,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = p.add_subparsers(dest="aihub_command", metavar="ACTION", required=True)
     li = s.add_parser("login", help="store the AI Hub API token in the keyring (asked without echo)")
     li.add_argument("--stdin", action="store_true", help="read the token from standard input (first line)")
-    li.add_argument("--status", action="store_true",
-                    help="only tell whether a token is found, where, the order the sources are read in, and the "
-                         "keyring backend")
+    li.add_argument(
+        "--status",
+        action="store_true",
+        help="only tell whether a token is found, where, the order the sources are read in, and the "
+        "keyring backend",
+    )
     add_json_flag(li)
     li.set_defaults(func=cmd_login)
     lo = s.add_parser("logout", help="remove the AI Hub API token from the keyring")
     add_json_flag(lo)
     lo.set_defaults(func=cmd_logout)
-    st = s.add_parser("status", help="whether a token is found and where (the keyring, then "
-                                     "$HEXSTUDIO_AIHUB_TOKEN, then client.ini), and the keyring backend")
+    st = s.add_parser(
+        "status",
+        help="whether a token is found and where (the keyring, then "
+        "$HEXSTUDIO_AIHUB_TOKEN, then client.ini), and the keyring backend",
+    )
     add_json_flag(st)
     st.set_defaults(func=cmd_status)
 
@@ -66,15 +72,20 @@ def cmd_login(args: argparse.Namespace) -> int:
     try:
         st = store_token(token)
     except secrets.SecretStoreError as exc:
-        raise CliError(str(exc), "Or run `qai-hub configure --api_token TOKEN`, which writes "
-                       f"{client_ini_path()} (HexStudio reads it too).") from None
+        raise CliError(
+            str(exc),
+            "Or run `qai-hub configure --api_token TOKEN`, which writes "
+            f"{client_ini_path()} (HexStudio reads it too).",
+        ) from None
     if args.json:
         print_json({"ok": True, "stored": "keyring", **st})
     else:
         from app.core.secrets import stored_where
 
-        print(f"AI Hub token stored {stored_where(st['keyring_backend'])}. The Compile stage uses it from now on "
-              "(`hexstudio aihub logout` removes it).")
+        print(
+            f"AI Hub token stored {stored_where(st['keyring_backend'])}. The Compile stage uses it from now on "
+            "(`hexstudio aihub logout` removes it)."
+        )
         if st["keyring_backend"]["warning"]:
             print(f"warning: {st['keyring_backend']['warning']}")
     return 0
@@ -90,6 +101,8 @@ def cmd_logout(args: argparse.Namespace) -> int:
         return 0
     print("AI Hub token removed from the keyring." if had else "There was no AI Hub token in the keyring.")
     if st["client_ini_has_token"]:
-        print(f"Note: {st['client_ini']} still holds a token, which the Compile stage would use; "
-              "delete that file to stop it.")
+        print(
+            f"Note: {st['client_ini']} still holds a token, which the Compile stage would use; "
+            "delete that file to stop it."
+        )
     return 0

@@ -23,13 +23,21 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("bench", help="benchmark the model on a board: init, TTFT, prefill and decode rates "
-                                     "(median ± spread) for each runtime it has")
-    p.add_argument("--board", default=None, help="board name from settings, or sim (default: the run's board)")
+    p = sub.add_parser(
+        "bench",
+        help="benchmark the model on a board: init, TTFT, prefill and decode rates "
+        "(median ± spread) for each runtime it has",
+    )
+    p.add_argument(
+        "--board", default=None, help="board name from settings, or sim (default: the run's board)"
+    )
     p.add_argument("--bundle", default=None, help="a bundle folder (default: the latest run's bundle)")
     p.add_argument("--run", default=None, help="take the bundle from this run and store the results in it")
-    p.add_argument("--runtimes", default=None,
-                   help=f"comma-separated, of {', '.join(RUNTIMES)} (default: those the doctor finds on the board)")
+    p.add_argument(
+        "--runtimes",
+        default=None,
+        help=f"comma-separated, of {', '.join(RUNTIMES)} (default: those the doctor finds on the board)",
+    )
     p.add_argument("--runs", type=int, default=3, help="measured runs per cell (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up runs per cell, discarded (default 1)")
     p.add_argument("--prompt-lengths", type=_ints, default=(32, 128), help="prompt tokens, e.g. 32,128")
@@ -64,12 +72,14 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     bad = [r for r in runtimes if r not in RUNTIMES]
     if bad:
         raise CliError(f"Unknown runtime(s): {', '.join(bad)}.", f"Use {', '.join(RUNTIMES)}.")
-    plan = BenchPlan(tuple(args.prompt_lengths), tuple(args.fills), args.warmup, args.runs, args.gen_tokens,
-                     args.init_runs)
+    plan = BenchPlan(
+        tuple(args.prompt_lengths), tuple(args.fills), args.warmup, args.runs, args.gen_tokens, args.init_runs
+    )
 
     def maker(rt: str) -> Any:
         async def make() -> SessionRunner:
             return SessionRunner(board, remote, rt)
+
         return make
 
     say = None if args.json else eprint
@@ -77,8 +87,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         doc = await run_bench([maker(r) for r in runtimes], plan, say)
     except Exception as exc:
         msg = getattr(exc, "message", None) or str(exc)
-        raise CliError(f"The benchmark failed on {board.label}: {msg}", getattr(exc, "hint", None)
-                       or "Run `hexstudio board probe` for the runtime's check.") from None
+        raise CliError(
+            f"The benchmark failed on {board.label}: {msg}",
+            getattr(exc, "hint", None) or "Run `hexstudio board probe` for the runtime's check.",
+        ) from None
     doc["board"] = board.name
     doc["board_label"] = board.label
     doc["bundle"] = remote

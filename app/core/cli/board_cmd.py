@@ -27,14 +27,19 @@ from app.core.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("board", help="boards: add one, check it (doctor), fix it, install QAIRT, push a bundle")
+    p = sub.add_parser(
+        "board", help="boards: add one, check it (doctor), fix it, install QAIRT, push a bundle"
+    )
     bs = p.add_subparsers(dest="board_command", metavar="ACTION", required=True)
 
     pa = bs.add_parser("add", help="add or change a board (host, port, user, auth)")
     pa.add_argument("name")
     add_ssh_flags(pa)
-    pa.add_argument("--qairt-zip", default=None,
-                    help="QAIRT SDK zip on this machine: the Board stage installs it when the board lacks QAIRT")
+    pa.add_argument(
+        "--qairt-zip",
+        default=None,
+        help="QAIRT SDK zip on this machine: the Board stage installs it when the board lacks QAIRT",
+    )
     pa.add_argument("--no-connect", action="store_true", help="save only; do not try to connect")
     add_trust_flag(pa)
     add_json_flag(pa)
@@ -44,8 +49,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_json_flag(pl)
     pl.set_defaults(func=cmd_list)
 
-    pw = bs.add_parser("password", help="store the board's SSH password (or with --sudo its sudo password) in "
-                                        "the system keyring")
+    pw = bs.add_parser(
+        "password",
+        help="store the board's SSH password (or with --sudo its sudo password) in the system keyring",
+    )
     pw.add_argument("name")
     pw.add_argument("--sudo", action="store_true", help="the sudo password instead of the SSH password")
     pw.add_argument("--stdin", action="store_true", help="read it from stdin instead of a prompt")
@@ -54,24 +61,45 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pp = bs.add_parser("probe", help="check the board (the doctor): SoC, QAIRT, FastRPC, daemons, HTP")
     pp.add_argument("name")
     pp.add_argument("--only", default=None, help="comma-separated check ids")
-    pp.add_argument("--bundle", type=Path, default=None,
-                    help="also compare this local bundle folder with its copy on the board (sha256 on the board)")
-    pp.add_argument("--as", dest="remote_name", default=None,
-                    help="the bundle's name on the board (default: a run's bundle by its run id, as the Board stage "
-                         "pushes it; another folder by its name)")
+    pp.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        help="also compare this local bundle folder with its copy on the board (sha256 on the board)",
+    )
+    pp.add_argument(
+        "--as",
+        dest="remote_name",
+        default=None,
+        help="the bundle's name on the board (default: a run's bundle by its run id, as the Board stage "
+        "pushes it; another folder by its name)",
+    )
     add_trust_flag(pp)
     add_json_flag(pp)
     pp.set_defaults(func=cmd_probe)
 
     pf = bs.add_parser("fix", help="apply a doctor fix (shows its commands first)")
     pf.add_argument("name")
-    pf.add_argument("fix_id", help="group_add, relogin, udev_rule, fastrpc_packages, qairt_env, daemon_restart, "
-                                   "reboot, qairt_install")
-    pf.add_argument("--zip", type=Path, default=None, help="qairt_install: the QAIRT SDK zip (v<version>.zip)")
-    pf.add_argument("--file", type=Path, default=None,
-                    help="geniex_install: GenieX's release tarball (geniex-cli-linux-arm64-vX.Y.Z.tar.gz) or wheel")
-    pf.add_argument("--bundle", type=Path, default=None,
-                    help="qairt_install: refuse a QAIRT older than the one that compiled this bundle")
+    pf.add_argument(
+        "fix_id",
+        help="group_add, relogin, udev_rule, fastrpc_packages, qairt_env, daemon_restart, "
+        "reboot, qairt_install",
+    )
+    pf.add_argument(
+        "--zip", type=Path, default=None, help="qairt_install: the QAIRT SDK zip (v<version>.zip)"
+    )
+    pf.add_argument(
+        "--file",
+        type=Path,
+        default=None,
+        help="geniex_install: GenieX's release tarball (geniex-cli-linux-arm64-vX.Y.Z.tar.gz) or wheel",
+    )
+    pf.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        help="qairt_install: refuse a QAIRT older than the one that compiled this bundle",
+    )
     pf.add_argument("--dry-run", action="store_true", help="show the commands only")
     pf.add_argument("--sudo-password-stdin", action="store_true", help="read the sudo password from stdin")
     pf.add_argument("--remember", action="store_true", help="store the sudo password in the keyring")
@@ -82,11 +110,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pu = bs.add_parser("push", help="push a bundle folder to the board (resumable; unchanged files skipped)")
     pu.add_argument("name")
     pu.add_argument("bundle_dir", type=Path)
-    pu.add_argument("--as", dest="remote_name", default=None,
-                    help="bundle name on the board (default: a run's bundle by its run id; else the folder's name)")
-    pu.add_argument("--verify", action="store_true",
-                    help="compare the sha256 of every file, computed on the board, even when nothing changed "
-                         "(files found wrong are sent again)")
+    pu.add_argument(
+        "--as",
+        dest="remote_name",
+        default=None,
+        help="bundle name on the board (default: a run's bundle by its run id; else the folder's name)",
+    )
+    pu.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare the sha256 of every file, computed on the board, even when nothing changed "
+        "(files found wrong are sent again)",
+    )
     add_trust_flag(pu)
     add_json_flag(pu)
     pu.set_defaults(func=cmd_push)
@@ -107,7 +142,7 @@ async def _open(args: argparse.Namespace) -> Board:
 def cmd_add(args: argparse.Namespace) -> int:
     from app.core.settings import check_board_name
 
-    check_board_name(args.name)   # before anything is saved (issue 27: '../../etc', '$(id)', '' were kept)
+    check_board_name(args.name)  # before anything is saved (issue 27: '../../etc', '$(id)', '' were kept)
     s = Settings.load()
     cfg: dict[str, Any] = {"host": args.host, "port": args.port, "user": args.user, "auth": args.auth}
     if args.key_path:
@@ -120,11 +155,13 @@ def cmd_add(args: argparse.Namespace) -> int:
     s.save()
     out: dict[str, Any] = {"ok": True, "board": args.name, "config": s.boards[args.name]}
     if not args.no_connect:
+
         async def go() -> str:
             b = await _open(args)
             label = b.label
             await b.transport.close()
             return label
+
         out["label"] = asyncio.run(go())
         out["state"] = "ready"
     if args.json:
@@ -142,7 +179,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         print_json({"boards": rows})
     else:
         for r in rows:
-            where = r.get("label") or f"{r.get('user') or ''}@{r.get('host')}:{r.get('port', 22)} ({r.get('auth')})"
+            where = (
+                r.get("label")
+                or f"{r.get('user') or ''}@{r.get('host')}:{r.get('port', 22)} ({r.get('auth')})"
+            )
             print(f"{r['name']:16s} {where}")
     return 0
 
@@ -151,7 +191,11 @@ def cmd_password(args: argparse.Namespace) -> int:
     if args.name not in Settings.load().boards:
         raise CliError(f"No board named '{args.name}'.", "Add it first: hexstudio board add NAME --host ...")
     what = "sudo" if args.sudo else "SSH"
-    pw = sys.stdin.readline().rstrip("\n") if args.stdin else getpass.getpass(f"{what} password for {args.name}: ")
+    pw = (
+        sys.stdin.readline().rstrip("\n")
+        if args.stdin
+        else getpass.getpass(f"{what} password for {args.name}: ")
+    )
     if not pw:
         raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
     set_secret(sudo_password_key(args.name) if args.sudo else board_password_key(args.name), pw)
@@ -177,13 +221,21 @@ def cmd_probe(args: argparse.Namespace) -> int:
         try:
             only = [x.strip() for x in args.only.split(",")] if args.only else None
             try:
-                bundle = (args.bundle, args.remote_name or default_remote_name(args.bundle)) if args.bundle else None
+                bundle = (
+                    (args.bundle, args.remote_name or default_remote_name(args.bundle))
+                    if args.bundle
+                    else None
+                )
                 return (await probe(b, only=only, bundle=bundle)).to_dict()
             except ValueError as exc:
-                raise CliError(str(exc), "See `hexstudio board probe NAME --json` for the check ids.",
-                               exit_code=EXIT_USAGE) from None
+                raise CliError(
+                    str(exc),
+                    "See `hexstudio board probe NAME --json` for the check ids.",
+                    exit_code=EXIT_USAGE,
+                ) from None
         finally:
             await b.transport.close()
+
     doc = asyncio.run(go())
     if args.json:
         print_json(doc)
@@ -205,7 +257,11 @@ def _sudo_password(args: argparse.Namespace) -> str | None:
 
 
 def _print_upload(done: int, total: int, what: str) -> None:
-    print(f"\r  | {what}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="\n" if done >= total else "", flush=True)
+    print(
+        f"\r  | {what}: {done / 1e6:.1f} / {total / 1e6:.1f} MB",
+        end="\n" if done >= total else "",
+        flush=True,
+    )
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
@@ -231,14 +287,19 @@ def cmd_fix(args: argparse.Namespace) -> int:
                 return {"ok": True, "plan": plan.to_dict(), "applied": False}
             pw = _sudo_password(args) if plan.needs_sudo else None
             try:
-                res = await apply_fix(b, plan, sudo_password=pw,
-                                      on_log=None if args.json else (lambda line: print("  | " + line)),
-                                      on_progress=None if args.json else _print_upload)
+                res = await apply_fix(
+                    b,
+                    plan,
+                    sudo_password=pw,
+                    on_log=None if args.json else (lambda line: print("  | " + line)),
+                    on_progress=None if args.json else _print_upload,
+                )
             except BoardError as exc:
                 raise CliError(exc.message, exc.hint) from None
             return {"ok": res.status in ("applied", "already"), "plan": plan.to_dict(), **res.to_dict()}
         finally:
             await b.transport.close()
+
     doc = asyncio.run(go())
     if args.json:
         print_json(doc)
@@ -260,31 +321,59 @@ def cmd_push(args: argparse.Namespace) -> int:
     async def go() -> dict[str, Any]:
         b = await _open(args)
         try:
+
             def progress(p: PushProgress) -> None:
                 if not args.json:
                     rate = f"{p.mb_per_s:6.1f} MB/s" if p.sent else " " * 11
-                    print(f"\r  {p.done / 1e6:8.1f} / {p.total / 1e6:.1f} MB  {rate}  {p.file[:50]:50s}", end="",
-                          flush=True)
+                    print(
+                        f"\r  {p.done / 1e6:8.1f} / {p.total / 1e6:.1f} MB  {rate}  {p.file[:50]:50s}",
+                        end="",
+                        flush=True,
+                    )
+
             try:
-                r = await push_bundle(b, args.bundle_dir, args.remote_name or default_remote_name(args.bundle_dir),
-                                      progress,
-                                      verify=True if args.verify else None)
+                r = await push_bundle(
+                    b,
+                    args.bundle_dir,
+                    args.remote_name or default_remote_name(args.bundle_dir),
+                    progress,
+                    verify=True if args.verify else None,
+                )
             except BoardError as exc:
                 raise CliError(exc.message, exc.hint) from None
-            return {"ok": True, "remote_bundle": r.remote_dir, "sent_files": r.sent_files,
-                    "skipped_files": r.skipped_files, "sent_bytes": r.sent_bytes, "seconds": round(r.seconds, 3),
-                    "mb_per_s": round(r.mb_per_s, 1), "warnings": r.warnings, "simulated": b.simulated,
-                    "emulated": r.emulated, "verified": r.verified, "resent": r.resent}
+            return {
+                "ok": True,
+                "remote_bundle": r.remote_dir,
+                "sent_files": r.sent_files,
+                "skipped_files": r.skipped_files,
+                "sent_bytes": r.sent_bytes,
+                "seconds": round(r.seconds, 3),
+                "mb_per_s": round(r.mb_per_s, 1),
+                "warnings": r.warnings,
+                "simulated": b.simulated,
+                "emulated": r.emulated,
+                "verified": r.verified,
+                "resent": r.resent,
+            }
         finally:
             await b.transport.close()
+
     doc = asyncio.run(go())
     if args.json:
         print_json(doc)
     else:
-        print(f"\npushed to {doc['remote_bundle']}: {doc['sent_files']} files sent ({doc['sent_bytes'] / 1e6:.1f} MB, "
-              f"{doc['mb_per_s']} MB/s), {doc['skipped_files']} unchanged")
-        print(f"  checked on the board: {'sha256 of every file' if doc['verified'] == 'sha256' else 'sizes'}"
-              + (f"; {len(doc['resent'])} file(s) were wrong there and were sent again" if doc["resent"] else ""))
+        print(
+            f"\npushed to {doc['remote_bundle']}: {doc['sent_files']} files sent ({doc['sent_bytes'] / 1e6:.1f} MB, "
+            f"{doc['mb_per_s']} MB/s), {doc['skipped_files']} unchanged"
+        )
+        print(
+            f"  checked on the board: {'sha256 of every file' if doc['verified'] == 'sha256' else 'sizes'}"
+            + (
+                f"; {len(doc['resent'])} file(s) were wrong there and were sent again"
+                if doc["resent"]
+                else ""
+            )
+        )
         for w in doc["warnings"]:
             print(f"  warning: {w}")
     return 0

@@ -13,7 +13,9 @@ from workers.shared import modelinfo
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("bundle", help="Genie bundle: preview genie_config.json, list devices, verify a bundle")
+    p = sub.add_parser(
+        "bundle", help="Genie bundle: preview genie_config.json, list devices, verify a bundle"
+    )
     bs = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
     pc = bs.add_parser("config", help="print the genie_config.json HexStudio would write for a model")
     pc.add_argument("--model", required=True, help="a folder holding config.json (weights not needed)")
@@ -23,21 +25,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pc.add_argument("--parts", type=int, default=None)
     pc.set_defaults(func=cmd_config)
     pd = bs.add_parser("devices", help="devices HexStudio knows offline, or (--aihub) the live AI Hub list")
-    pd.add_argument("--aihub", action="store_true",
-                    help="ask Qualcomm AI Hub (token from the keyring, $HEXSTUDIO_AIHUB_TOKEN or ~/.qai_hub/client.ini)")
+    pd.add_argument(
+        "--aihub",
+        action="store_true",
+        help="ask Qualcomm AI Hub (token from the keyring, $HEXSTUDIO_AIHUB_TOKEN or ~/.qai_hub/client.ini)",
+    )
     add_json_flag(pd)
     pd.set_defaults(func=cmd_devices)
     pv = bs.add_parser("verify", help="check every file of a bundle against its bundle.json")
     pv.add_argument("bundle_dir", type=Path)
     add_json_flag(pv)
     pv.set_defaults(func=cmd_verify)
-    pk = bs.add_parser("check", help="check a bundle against Genie's contract (config schema, graphs, rope, "
-                                     "quantization, tokens; with --board: dsp_arch, soc_model, QAIRT); where "
-                                     "onnxruntime-qnn is installed, with Genie's own parser and QNN's binary reader")
+    pk = bs.add_parser(
+        "check",
+        help="check a bundle against Genie's contract (config schema, graphs, rope, "
+        "quantization, tokens; with --board: dsp_arch, soc_model, QAIRT); where "
+        "onnxruntime-qnn is installed, with Genie's own parser and QNN's binary reader",
+    )
     pk.add_argument("bundle_dir", type=Path, metavar="PATH")
-    pk.add_argument("--no-qualcomm", action="store_true",
-                    help="skip Qualcomm's own checks (Genie's parser, QNN's reader): HexStudio's checks only")
-    pk.add_argument("--board", default=None, metavar="NAME", help="also check against this board (the doctor's facts)")
+    pk.add_argument(
+        "--no-qualcomm",
+        action="store_true",
+        help="skip Qualcomm's own checks (Genie's parser, QNN's reader): HexStudio's checks only",
+    )
+    pk.add_argument(
+        "--board", default=None, metavar="NAME", help="also check against this board (the doctor's facts)"
+    )
     add_json_flag(pk)
     pk.set_defaults(func=cmd_check)
 
@@ -104,14 +117,16 @@ def _aihub_devices(args: argparse.Namespace) -> int:
         return 0
     for r in rows:
         mark = "ok " if r["supported"] else "no "
-        print(f"{mark} {r['name']:28s} {r['dsp_arch']:5s} soc_model {r['soc_model']:3d}  weight sharing "
-              f"{'yes' if r['weight_sharing'] else 'no ':3s}  {r['os']}{'  (EMULATED)' if r['emulated'] else ''}")
+        print(
+            f"{mark} {r['name']:28s} {r['dsp_arch']:5s} soc_model {r['soc_model']:3d}  weight sharing "
+            f"{'yes' if r['weight_sharing'] else 'no ':3s}  {r['os']}{'  (EMULATED)' if r['emulated'] else ''}"
+        )
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     problems = gb.verify_bundle(args.bundle_dir)
-    try:   # a malformed bundle.json is one of the problems already: its "simulated" is unknown
+    try:  # a malformed bundle.json is one of the problems already: its "simulated" is unknown
         doc = json.loads((args.bundle_dir / "bundle.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         doc = {}
@@ -151,16 +166,27 @@ def cmd_check(args: argparse.Namespace) -> int:
     from workers.shared.bundle.check import errors, report_text
 
     if not args.bundle_dir.is_dir():
-        raise CliError(f"{args.bundle_dir} is not a folder.", "Give the bundle folder (it holds genie_config.json).")
+        raise CliError(
+            f"{args.bundle_dir} is not a folder.", "Give the bundle folder (it holds genie_config.json)."
+        )
     facts = _board_facts(args.board) if args.board else None
     findings = check(args.bundle_dir, facts, qualcomm=not args.no_qualcomm)
     bad = errors(findings)
     if args.json:
-        print_json({"ok": not bad, "errors": len(bad), "board": args.board, "board_facts": facts,
-                    "findings": [f.to_dict() for f in findings]})
+        print_json(
+            {
+                "ok": not bad,
+                "errors": len(bad),
+                "board": args.board,
+                "board_facts": facts,
+                "findings": [f.to_dict() for f in findings],
+            }
+        )
     else:
         if findings:
             print(report_text(findings))
-        print(f"bundle check: {'OK' if not bad else f'{len(bad)} error(s): Genie would refuse or mis-run it'}"
-              f" ({len(findings) - len(bad)} other finding(s))")
+        print(
+            f"bundle check: {'OK' if not bad else f'{len(bad)} error(s): Genie would refuse or mis-run it'}"
+            f" ({len(findings) - len(bad)} other finding(s))"
+        )
     return 0 if not bad else 1

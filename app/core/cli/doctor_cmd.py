@@ -14,8 +14,11 @@ from app.core.cli.common import add_json_flag, add_workspace_flag, print_json, w
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("doctor", help="check this workstation's side: the keyring (encrypted or plain text), the "
-                                      "AI Hub token's source, the workspace")
+    p = sub.add_parser(
+        "doctor",
+        help="check this workstation's side: the keyring (encrypted or plain text), the "
+        "AI Hub token's source, the workspace",
+    )
     add_json_flag(p)
     add_workspace_flag(p)
     p.set_defaults(func=cmd_doctor)
@@ -29,23 +32,52 @@ def checks(args: argparse.Namespace) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     try:
         s = Settings.load()
-        out.append({"check": "settings", "ok": True, "level": "ok", "message": f"{s.path} reads well.", "hint": None})
+        out.append(
+            {"check": "settings", "ok": True, "level": "ok", "message": f"{s.path} reads well.", "hint": None}
+        )
     except SettingsError as exc:
-        out.append({"check": "settings", "ok": False, "level": "error", "message": exc.message, "hint": exc.hint})
+        out.append(
+            {"check": "settings", "ok": False, "level": "error", "message": exc.message, "hint": exc.hint}
+        )
     kb = secrets.backend_info()
-    out.append({"check": "keyring", "ok": kb["encrypted"] is True, "level": "ok" if kb["encrypted"] else "warning",
-                "message": f"Secrets are kept {secrets.stored_where(kb)}.", "hint": kb["warning"], "backend": kb})
+    out.append(
+        {
+            "check": "keyring",
+            "ok": kb["encrypted"] is True,
+            "level": "ok" if kb["encrypted"] else "warning",
+            "message": f"Secrets are kept {secrets.stored_where(kb)}.",
+            "hint": kb["warning"],
+            "backend": kb,
+        }
+    )
     st = token_status()
-    out.append({"check": "aihub_token", "ok": st["found"], "level": "ok" if st["found"] else "warning",
-                "message": describe(st), "hint": None,
-                "source": st["source"], "order": st["order"], "unused": st["unused"]})
+    out.append(
+        {
+            "check": "aihub_token",
+            "ok": st["found"],
+            "level": "ok" if st["found"] else "warning",
+            "message": describe(st),
+            "hint": None,
+            "source": st["source"],
+            "order": st["order"],
+            "unused": st["unused"],
+        }
+    )
     root = workspace_from(args).root
-    writable = (root.is_dir() and os.access(root, os.W_OK)) or (not root.exists() and os.access(
-        next((p for p in root.parents if p.exists()), root.anchor), os.W_OK))
-    out.append({"check": "workspace", "ok": bool(writable), "level": "ok" if writable else "error",
-                "message": f"workspace {root} {'is writable' if writable else 'cannot be written'}.",
-                "hint": None if writable else "Give --workspace a folder you can write to (or set "
-                                               "HEXSTUDIO_WORKSPACE)."})
+    writable = (root.is_dir() and os.access(root, os.W_OK)) or (
+        not root.exists() and os.access(next((p for p in root.parents if p.exists()), root.anchor), os.W_OK)
+    )
+    out.append(
+        {
+            "check": "workspace",
+            "ok": bool(writable),
+            "level": "ok" if writable else "error",
+            "message": f"workspace {root} {'is writable' if writable else 'cannot be written'}.",
+            "hint": None
+            if writable
+            else "Give --workspace a folder you can write to (or set HEXSTUDIO_WORKSPACE).",
+        }
+    )
     return out
 
 

@@ -43,8 +43,10 @@ def cmd_add(args: argparse.Namespace) -> int:
         print_json({"ok": True, **s.summary()})
     else:
         print(f"added suite {s.name!r}: {len(s.cases)} case(s), scorer {s.scorer} -> {s.path}")
-        print(f"run it: hexstudio run --resume RUN --only evaluate with the run setting eval_suites "
-              f"[..., \"{s.name}\"] (or tick it on the Evaluate page)")
+        print(
+            f"run it: hexstudio run --resume RUN --only evaluate with the run setting eval_suites "
+            f'[..., "{s.name}"] (or tick it on the Evaluate page)'
+        )
     return 0
 
 
@@ -97,8 +99,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     d = _run_dir(args)
     p = d / "artifacts" / "evaluate" / "evaluate.json"
     if not p.is_file():
-        raise CliError(f"Run {d.name} has no evaluation yet.",
-                       f"Run it: hexstudio run --resume {d.name} --until evaluate")
+        raise CliError(
+            f"Run {d.name} has no evaluation yet.",
+            f"Run it: hexstudio run --resume {d.name} --until evaluate",
+        )
     doc = json.loads(p.read_text(encoding="utf-8"))
     if args.json:
         print_json({"ok": True, **doc})

@@ -23,14 +23,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
         try:
             text = args.file.read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
-            raise CliError(f"Cannot read {args.file}: {exc.strerror}.", "Give the path of a log file.") from None
+            raise CliError(
+                f"Cannot read {args.file}: {exc.strerror}.", "Give the path of a log file."
+            ) from None
     elif args.text == ["-"]:
         text = sys.stdin.read()
     elif args.text:
         text = " ".join(args.text)
     else:
-        raise CliError("Nothing to explain.", "Pass the message text, --file LOG, or - to read stdin.",
-                       exit_code=EXIT_USAGE)
+        raise CliError(
+            "Nothing to explain.",
+            "Pass the message text, --file LOG, or - to read stdin.",
+            exit_code=EXIT_USAGE,
+        )
     doc = explain_dict(text)
     if args.json:
         print_json(doc)

@@ -20,13 +20,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pp.add_argument("file", help="the profile JSON file (- for stdin)")
     add_json_flag(pp)
     pp.set_defaults(func=cmd_profile)
-    pt = gs.add_parser("transcript", help="parse a genie-t2t-run stdout transcript (reply, state, logs, [KPIS])")
+    pt = gs.add_parser(
+        "transcript", help="parse a genie-t2t-run stdout transcript (reply, state, logs, [KPIS])"
+    )
     pt.add_argument("file", help="the captured stdout (- for stdin)")
-    pt.add_argument("--exit-status", type=int, default=None,
-                    help="the run's exit status when known (non-zero marks an unfinished reply as crashed)")
-    pt.add_argument("--prompt-file", default=None,
-                    help="the prompt file the run was given: its echo is skipped exactly (without it, the echo "
-                         "is taken to end at the first blank line)")
+    pt.add_argument(
+        "--exit-status",
+        type=int,
+        default=None,
+        help="the run's exit status when known (non-zero marks an unfinished reply as crashed)",
+    )
+    pt.add_argument(
+        "--prompt-file",
+        default=None,
+        help="the prompt file the run was given: its echo is skipped exactly (without it, the echo "
+        "is taken to end at the first blank line)",
+    )
     add_json_flag(pt)
     pt.set_defaults(func=cmd_transcript)
 
@@ -37,8 +46,9 @@ def _read(file: str) -> str:
     try:
         return Path(file).read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
-        raise CliError(f"Cannot read {file}: {exc.strerror}.", "Give the path of the file genie-t2t-run wrote.") \
-            from None
+        raise CliError(
+            f"Cannot read {file}: {exc.strerror}.", "Give the path of the file genie-t2t-run wrote."
+        ) from None
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -46,17 +56,27 @@ def cmd_profile(args: argparse.Namespace) -> int:
     try:
         k = parse_profile(text if text.lstrip().startswith("{") else "{}")
     except ProfileError as exc:
-        raise CliError(f"{args.file}: {exc}", "Pass the file named by genie-t2t-run's --profile flag.") from None
+        raise CliError(
+            f"{args.file}: {exc}", "Pass the file named by genie-t2t-run's --profile flag."
+        ) from None
     doc = k.as_json()
     if args.json:
         print_json({"ok": True, "file": args.file, "kpis": doc})
         return 0
     label = "SIMULATED (the simulator board, not a device result)" if k.source == "simulated" else "device"
-    print(f"Genie profile {args.file} ({label}; {k.queries} quer{'y' if k.queries == 1 else 'ies'}, "
-          "the last one shown)")
-    rows = [("init", k.init_ms, "ms"), ("prompt tokens", k.prompt_tokens, ""), ("prompt rate", k.prompt_tok_s, "tok/s"),
-            ("time to first token", k.ttft_ms, "ms"), ("generated tokens", k.generated_tokens, ""),
-            ("generation rate", k.gen_tok_s, "tok/s"), ("generation time", k.gen_time_ms, "ms")]
+    print(
+        f"Genie profile {args.file} ({label}; {k.queries} quer{'y' if k.queries == 1 else 'ies'}, "
+        "the last one shown)"
+    )
+    rows = [
+        ("init", k.init_ms, "ms"),
+        ("prompt tokens", k.prompt_tokens, ""),
+        ("prompt rate", k.prompt_tok_s, "tok/s"),
+        ("time to first token", k.ttft_ms, "ms"),
+        ("generated tokens", k.generated_tokens, ""),
+        ("generation rate", k.gen_tok_s, "tok/s"),
+        ("generation time", k.gen_time_ms, "ms"),
+    ]
     for name, value, unit in rows:
         shown = fmt_quantity(value, unit) or f"{'-' if value is None else value} {unit}"
         print(f"  {name:<20} {shown}".rstrip())
@@ -67,12 +87,13 @@ def cmd_transcript(args: argparse.Namespace) -> int:
     text = _read(args.file)
     prompt = None
     if args.prompt_file is not None:
-        try:   # exactly as genie-t2t-run read it: bytes as they are, no newline translation
+        try:  # exactly as genie-t2t-run read it: bytes as they are, no newline translation
             prompt = Path(args.prompt_file).read_bytes().decode("utf-8", errors="replace")
         except OSError as exc:
-            raise CliError(f"Cannot read {args.prompt_file}: {exc.strerror}.",
-                           "Give the prompt file the run was given (--prompt_file), or leave --prompt-file out.") \
-                from None
+            raise CliError(
+                f"Cannot read {args.prompt_file}: {exc.strerror}.",
+                "Give the prompt file the run was given (--prompt_file), or leave --prompt-file out.",
+            ) from None
     t = parse_transcript(text, args.exit_status, prompt)
     doc = t.as_json()
     failed = t.state in ("crashed", "not_started") or bool(t.errors)

@@ -16,7 +16,9 @@ from app.core.hf import TOKEN_PAGE
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("hf", help="Hugging Face token (gated/private models): store it in the keyring, check, remove")
+    p = sub.add_parser(
+        "hf", help="Hugging Face token (gated/private models): store it in the keyring, check, remove"
+    )
     s = p.add_subparsers(dest="hf_command", metavar="ACTION", required=True)
     li = s.add_parser("login", help="store a Hugging Face read token in the keyring (asked without echo)")
     li.add_argument("--stdin", action="store_true", help="read the token from standard input (first line)")
@@ -25,7 +27,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lo = s.add_parser("logout", help="remove the Hugging Face token from the keyring")
     add_json_flag(lo)
     lo.set_defaults(func=cmd_logout)
-    st = s.add_parser("status", help="whether a token is found, and where (keyring, $HF_TOKEN or hf's own login)")
+    st = s.add_parser(
+        "status", help="whether a token is found, and where (keyring, $HF_TOKEN or hf's own login)"
+    )
     add_json_flag(st)
     st.set_defaults(func=cmd_status)
 
@@ -37,12 +41,20 @@ def token_status() -> dict[str, Any]:
 def _describe(st: dict[str, Any]) -> str:
     where = hf.SOURCE_WORDS.get(str(st["source"]))
     if where is None:
-        return ("No Hugging Face token found. Public models download without one; for a gated or private model "
-                f"create a read token at {TOKEN_PAGE} and run `hexstudio hf login`.")
-    also = [hf.SOURCE_WORDS[k] for k, flag in (("environment", st["environment"]), ("hf login", st["hf_login"]))
-            if flag and k != st["source"]]
-    return (f"HexStudio uses the Hugging Face token in {where}"
-            + (f" (also found, not used: {', '.join(also)})" if also else "") + ".")
+        return (
+            "No Hugging Face token found. Public models download without one; for a gated or private model "
+            f"create a read token at {TOKEN_PAGE} and run `hexstudio hf login`."
+        )
+    also = [
+        hf.SOURCE_WORDS[k]
+        for k, flag in (("environment", st["environment"]), ("hf login", st["hf_login"]))
+        if flag and k != st["source"]
+    ]
+    return (
+        f"HexStudio uses the Hugging Face token in {where}"
+        + (f" (also found, not used: {', '.join(also)})" if also else "")
+        + "."
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -59,20 +71,25 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_login(args: argparse.Namespace) -> int:
     token = read_token("Hugging Face token", TOKEN_PAGE, "hexstudio hf login", args.stdin)
     if not token.startswith("hf_"):
-        raise CliError("That does not look like a Hugging Face token (they start with 'hf_').",
-                       f"Copy a read token from {TOKEN_PAGE}, then run `hexstudio hf login` again.")
+        raise CliError(
+            "That does not look like a Hugging Face token (they start with 'hf_').",
+            f"Copy a read token from {TOKEN_PAGE}, then run `hexstudio hf login` again.",
+        )
     try:
         secrets.set_secret(secrets.HF_TOKEN, token)
     except secrets.SecretStoreError as exc:
-        raise CliError(str(exc), "Or run `hf auth login`, whose stored token HexStudio's downloads also use.") \
-            from None
+        raise CliError(
+            str(exc), "Or run `hf auth login`, whose stored token HexStudio's downloads also use."
+        ) from None
     if args.json:
         print_json({"ok": True, "stored": "keyring", **token_status()})
     else:
         from app.core.secrets import stored_where
 
-        print(f"Hugging Face token stored {stored_where()}. The Model stage uses it for downloads from now on "
-              "(`hexstudio hf logout` removes it).")
+        print(
+            f"Hugging Face token stored {stored_where()}. The Model stage uses it for downloads from now on "
+            "(`hexstudio hf logout` removes it)."
+        )
     return 0
 
 
@@ -85,6 +102,9 @@ def cmd_logout(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"ok": True, "removed": had, **token_status()})
     else:
-        print("Hugging Face token removed from the keyring." if had
-              else "There was no Hugging Face token in the keyring.")
+        print(
+            "Hugging Face token removed from the keyring."
+            if had
+            else "There was no Hugging Face token in the keyring."
+        )
     return 0

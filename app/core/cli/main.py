@@ -44,15 +44,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hexstudio",
         description="HexStudio: Hugging Face LLM -> W4A16 -> AI Hub -> Genie on a Qualcomm Hexagon NPU board. "
-                    "Without a command, starts the studio window.")
+        "Without a command, starts the studio window.",
+    )
     parser.add_argument("--version", action="version", version=f"hexstudio {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help=f"log debug detail, on stderr too (the log: {logs.log_path()})")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help=f"log debug detail, on stderr too (the log: {logs.log_path()})",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # the window: started by app/__main__.py before this parser (the CLI never imports the GUI); listed here so
     # `hexstudio --help` names it
-    gui = sub.add_parser("gui", help="open the studio window (also the default without a command; "
-                                     "`hexstudio gui --help` needs no display)")
+    gui = sub.add_parser(
+        "gui",
+        help="open the studio window (also the default without a command; "
+        "`hexstudio gui --help` needs no display)",
+    )
     gui.set_defaults(func=_gui_elsewhere)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -61,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _gui_elsewhere(_args: argparse.Namespace) -> int:
-    print("error: the window starts from the `hexstudio` command itself: run `hexstudio gui`.", file=sys.stderr)
+    print(
+        "error: the window starts from the `hexstudio` command itself: run `hexstudio gui`.", file=sys.stderr
+    )
     return 2
 
 
@@ -69,8 +79,12 @@ def _add_verbose(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     """--verbose after the command too (`hexstudio run ... --verbose`), on every subcommand."""
     for p in set(sub.choices.values()):
         if not any("--verbose" in a.option_strings for a in p._actions):
-            p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
-                           help="log debug detail, on stderr too")
+            p.add_argument(
+                "--verbose",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="log debug detail, on stderr too",
+            )
         for a in p._actions:
             if isinstance(a, argparse._SubParsersAction):
                 _add_verbose(a)
@@ -102,9 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("hexstudio %s: started (version %s)", what, __version__)
     try:
         rc = int(func(args) or 0)
-    except ActionableError as exc:   # CliError, or a core error nobody turned into one: say it the same way
-        log.warning("hexstudio %s: failed: %s: %s", what, exc.code, exc.message,
-                    exc_info=not isinstance(exc, CliError))
+    except ActionableError as exc:  # CliError, or a core error nobody turned into one: say it the same way
+        log.warning(
+            "hexstudio %s: failed: %s: %s",
+            what,
+            exc.code,
+            exc.message,
+            exc_info=not isinstance(exc, CliError),
+        )
         if getattr(args, "json", False):
             print_json(error_document(exc))
         eprint(f"error: {exc.message}")
@@ -117,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_FAILED
-    except Exception as exc:   # a bug: the traceback goes to the log (and to stderr with -v), a sentence to the person
+    except (
+        Exception
+    ) as exc:  # a bug: the traceback goes to the log (and to stderr with -v), a sentence to the person
         logs.log_exception(log, f"hexstudio {what}: crashed", exc)
         if getattr(args, "verbose", False) or os.environ.get("HEXSTUDIO_TRACEBACK"):
             import traceback
@@ -125,11 +146,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         detail = logs.scrub_text(f"{type(exc).__name__}: {exc}")
         if getattr(args, "json", False):
-            print_json({"ok": False, "error": {"code": "internal", "message": f"hexstudio {what} failed: {detail}",
-                                               "hint": f"The traceback is in {logs.log_path()}."}})
+            print_json(
+                {
+                    "ok": False,
+                    "error": {
+                        "code": "internal",
+                        "message": f"hexstudio {what} failed: {detail}",
+                        "hint": f"The traceback is in {logs.log_path()}.",
+                    },
+                }
+            )
         eprint(f"error: hexstudio {what} failed unexpectedly ({detail[:300]}).")
-        eprint(f"  what to do: this is a HexStudio bug, not something you did; the traceback is in "
-               f"{logs.log_path()} (run again with -v to see it here). Please report it with that file.")
+        eprint(
+            f"  what to do: this is a HexStudio bug, not something you did; the traceback is in "
+            f"{logs.log_path()} (run again with -v to see it here). Please report it with that file."
+        )
         return EXIT_FAILED
     log.info("hexstudio %s: exit %d", what, rc)
     return rc

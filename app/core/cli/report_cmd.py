@@ -13,27 +13,55 @@ from app.core.runs import RunNotFound
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("report", help="write a run report (html, pdf, json) or compare runs",
-                       description="hexstudio report RUN --format html|pdf|json --out FILE\n"
-                                   "hexstudio report compare RUN_A RUN_B ... --format html|pdf|json|csv --out FILE "
-                                   "[--baseline RUN] [--timing-tolerance PCT] [--quality-tolerance PCT]",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", metavar="RUN", help="a run id or run folder; or `compare` and two or more runs")
-    p.add_argument("--format", choices=("html", "pdf", "json", "csv"), default="html",
-                   help="csv: comparisons only")
-    p.add_argument("--baseline", metavar="RUN", default=None,
-                   help="compare: the run the others are set against (default: the first)")
-    p.add_argument("--timing-tolerance", type=float, default=10.0, metavar="PCT",
-                   help="compare: timings and memory within this %% are the same (default 10; a measured "
-                        "run-to-run spread counts where it is larger)")
-    p.add_argument("--quality-tolerance", type=float, default=2.0, metavar="PCT",
-                   help="compare: quality figures within this %% are the same (default 2)")
-    p.add_argument("--out", type=Path, default=None, help="output file (default: stdout for json, else required)")
+    p = sub.add_parser(
+        "report",
+        help="write a run report (html, pdf, json) or compare runs",
+        description="hexstudio report RUN --format html|pdf|json --out FILE\n"
+        "hexstudio report compare RUN_A RUN_B ... --format html|pdf|json|csv --out FILE "
+        "[--baseline RUN] [--timing-tolerance PCT] [--quality-tolerance PCT]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "runs", nargs="+", metavar="RUN", help="a run id or run folder; or `compare` and two or more runs"
+    )
+    p.add_argument(
+        "--format", choices=("html", "pdf", "json", "csv"), default="html", help="csv: comparisons only"
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="RUN",
+        default=None,
+        help="compare: the run the others are set against (default: the first)",
+    )
+    p.add_argument(
+        "--timing-tolerance",
+        type=float,
+        default=10.0,
+        metavar="PCT",
+        help="compare: timings and memory within this %% are the same (default 10; a measured "
+        "run-to-run spread counts where it is larger)",
+    )
+    p.add_argument(
+        "--quality-tolerance",
+        type=float,
+        default=2.0,
+        metavar="PCT",
+        help="compare: quality figures within this %% are the same (default 2)",
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="output file (default: stdout for json, else required)"
+    )
     hosts = p.add_mutually_exclusive_group()
-    hosts.add_argument("--redact-hosts", dest="redact_hosts", action="store_true", default=None,
-                       help="leave host and user names out (default: the include_host_in_reports setting)")
-    hosts.add_argument("--include-hosts", dest="redact_hosts", action="store_false",
-                       help="show host and user names")
+    hosts.add_argument(
+        "--redact-hosts",
+        dest="redact_hosts",
+        action="store_true",
+        default=None,
+        help="leave host and user names out (default: the include_host_in_reports setting)",
+    )
+    hosts.add_argument(
+        "--include-hosts", dest="redact_hosts", action="store_false", help="show host and user names"
+    )
     add_workspace_flag(p)
     p.set_defaults(func=cmd_report)
 
@@ -63,13 +91,19 @@ def _check_out(out: Path) -> None:
     """--out names a file in a folder that exists and can be written: no folder is ever created for it (issue 27:
     `--out /nonexistent/dir/r.html` made folders at the filesystem root, `--out <a folder>` ended in a traceback)."""
     if out.is_dir():
-        raise CliError(f"--out {out} is a folder; give a file name.", f"For example --out {out / 'report.html'}")
+        raise CliError(
+            f"--out {out} is a folder; give a file name.", f"For example --out {out / 'report.html'}"
+        )
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
-        raise CliError(f"The folder {parent} does not exist, so {out.name} cannot be written there.",
-                       "Create the folder first, or give --out a file in an existing folder.")
+        raise CliError(
+            f"The folder {parent} does not exist, so {out.name} cannot be written there.",
+            "Create the folder first, or give --out a file in an existing folder.",
+        )
     if not os.access(parent, os.W_OK):
-        raise CliError(f"The folder {parent} cannot be written to.", "Give --out a file in a folder you can write.")
+        raise CliError(
+            f"The folder {parent} cannot be written to.", "Give --out a file in a folder you can write."
+        )
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -90,8 +124,10 @@ def cmd_report(args: argparse.Namespace) -> int:
                 dirs = [_run_dir(args, r) for r in args.runs[1:]]
                 want = _run_dir(args, args.baseline)
                 if want not in dirs:
-                    raise CliError(f"--baseline {args.baseline} is not one of the compared runs.",
-                                   "Give one of the runs after `compare`.")
+                    raise CliError(
+                        f"--baseline {args.baseline} is not one of the compared runs.",
+                        "Give one of the runs after `compare`.",
+                    )
                 baseline = dirs.index(want)
             c = compare_reports(reports, baseline, args.timing_tolerance / 100, args.quality_tolerance / 100)
             if args.out is None:
@@ -102,14 +138,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
                     print(compare_csv(c), end="")
                     return 0
-                print(json.dumps(c, indent=2, ensure_ascii=False) if args.format == "json" else compare_html(c))
+                print(
+                    json.dumps(c, indent=2, ensure_ascii=False) if args.format == "json" else compare_html(c)
+                )
                 return 0
             write_compare(c, args.format, args.out)
             print(f"wrote {args.out} ({len(reports)} runs, {len(c['rows'])} rows in common)", file=sys.stderr)
             return 0
         if args.format == "csv":
-            raise CliError("--format csv is for comparisons (`hexstudio report compare RUN_A RUN_B ...`).",
-                           "For one run use html, pdf or json.")
+            raise CliError(
+                "--format csv is for comparisons (`hexstudio report compare RUN_A RUN_B ...`).",
+                "For one run use html, pdf or json.",
+            )
         if len(args.runs) != 1:
             raise CliError("Give one run (or `compare` and two or more).")
         rep = build_report(_run_dir(args, args.runs[0]), redact_hosts=args.redact_hosts)

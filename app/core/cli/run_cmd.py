@@ -39,16 +39,21 @@ def _parse_set(values: list[str]) -> dict[str, Any]:
         spec = run_settings.spec(k)
         if spec is None:
             near = run_settings.closest(k)
-            raise CliError(f"--set {item}: {k} is not a run setting.",
-                           (f"Did you mean {near}? " if near else "") + "`hexstudio run --help` lists the run "
-                           "settings (docs/settings.md describes each).", code=EXIT_USAGE)
+            raise CliError(
+                f"--set {item}: {k} is not a run setting.",
+                (f"Did you mean {near}? " if near else "") + "`hexstudio run --help` lists the run "
+                "settings (docs/settings.md describes each).",
+                code=EXIT_USAGE,
+            )
         out[k] = run_settings.parse_cli_value(k, v)
         why = run_settings.check(k, out[k])
         if why is not None:
-            raise CliError(f"--set {item}: {why}",
-                           f"{k} takes {spec.type_text()}; its default is written {json.dumps(spec.default)} "
-                           "(JSON: numbers bare, true/false in lower case, text in quotes if it looks like a number).",
-                           code=EXIT_USAGE)
+            raise CliError(
+                f"--set {item}: {why}",
+                f"{k} takes {spec.type_text()}; its default is written {json.dumps(spec.default)} "
+                "(JSON: numbers bare, true/false in lower case, text in quotes if it looks like a number).",
+                code=EXIT_USAGE,
+            )
     return out
 
 
@@ -63,25 +68,57 @@ def _check_worker_host(name: str) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", help="create or resume a run and take it through the stages",
-                       epilog=run_settings.cli_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help=f"model: {BUILTIN_MODEL_ID} (default), a Hugging Face id, or a folder")
-    p.add_argument("--revision", default=None, metavar="REV",
-                   help="Hugging Face revision of --model: a branch, tag or commit hash (default: main); "
-                        "recorded in the run and in model.json")
-    p.add_argument("--board", default=None, help="board: sim (default, the simulator) or a configured board name")
-    p.add_argument("--until", default="report", choices=STAGE_NAMES, help="last stage to run (default: report)")
+    p = sub.add_parser(
+        "run",
+        help="create or resume a run and take it through the stages",
+        epilog=run_settings.cli_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model", default=None, help=f"model: {BUILTIN_MODEL_ID} (default), a Hugging Face id, or a folder"
+    )
+    p.add_argument(
+        "--revision",
+        default=None,
+        metavar="REV",
+        help="Hugging Face revision of --model: a branch, tag or commit hash (default: main); "
+        "recorded in the run and in model.json",
+    )
+    p.add_argument(
+        "--board", default=None, help="board: sim (default, the simulator) or a configured board name"
+    )
+    p.add_argument(
+        "--until", default="report", choices=STAGE_NAMES, help="last stage to run (default: report)"
+    )
     p.add_argument("--only", default=None, choices=STAGE_NAMES, help="run just this stage")
-    p.add_argument("--resume", metavar="RUN_ID", default=None, help="resume this run instead of making a new one")
+    p.add_argument(
+        "--resume", metavar="RUN_ID", default=None, help="resume this run instead of making a new one"
+    )
     p.add_argument("--force", action="store_true", help="re-run stages even when they are current")
-    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                   help="a run setting (listed below), e.g. --set context_length=1024 (repeatable)")
-    p.add_argument("--override-gate", action="append", default=[], choices=STAGE_NAMES, metavar="STAGE",
-                   help="continue past this stage's failed gate (recorded in the run)")
-    p.add_argument("--worker-host", default=None, metavar="NAME",
-                   help="run the heavy stages (quantize, validate) on this worker host over SSH "
-                        "(`hexstudio worker add`); 'local' runs them here. Recorded in the run, so a resume "
-                        "uses it; with --resume it changes the host")
+    p.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a run setting (listed below), e.g. --set context_length=1024 (repeatable)",
+    )
+    p.add_argument(
+        "--override-gate",
+        action="append",
+        default=[],
+        choices=STAGE_NAMES,
+        metavar="STAGE",
+        help="continue past this stage's failed gate (recorded in the run)",
+    )
+    p.add_argument(
+        "--worker-host",
+        default=None,
+        metavar="NAME",
+        help="run the heavy stages (quantize, validate) on this worker host over SSH "
+        "(`hexstudio worker add`); 'local' runs them here. Recorded in the run, so a resume "
+        "uses it; with --resume it changes the host",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the outcome")
     add_workspace_flag(p)
     add_json_flag(p)
@@ -91,12 +128,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     ws = workspace_from(args)
     if args.resume is not None and not args.resume.strip():
-        raise CliError("--resume needs a run id; it was given empty (a shell variable that was not set?).",
-                       "`hexstudio runs list` shows the run ids; leave --resume out to start a new run.")
+        raise CliError(
+            "--resume needs a run id; it was given empty (a shell variable that was not set?).",
+            "`hexstudio runs list` shows the run ids; leave --resume out to start a new run.",
+        )
     if args.resume:
         if args.model or args.board or args.settings or args.revision:
-            raise CliError("--resume continues a run with its own inputs; --model, --revision, --board and --set "
-                           "cannot change them.", "Start a new run to change inputs.")
+            raise CliError(
+                "--resume continues a run with its own inputs; --model, --revision, --board and --set "
+                "cannot change them.",
+                "Start a new run to change inputs.",
+            )
         try:
             m = ws.open_run(args.resume)
         except RunNotFound as exc:
@@ -114,7 +156,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         defaults = Settings.load().run_defaults()
         defaults.update(_parse_set(args.settings))
         if args.revision:
-            defaults["revision"] = args.revision     # the Model stage's input (app/core/stages.py)
+            defaults["revision"] = args.revision  # the Model stage's input (app/core/stages.py)
         if args.worker_host is not None:
             _check_worker_host(args.worker_host)
             defaults["worker_host"] = None if args.worker_host == "local" else args.worker_host
@@ -123,8 +165,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             m = ws.create_run(args.model or BUILTIN_MODEL_ID, args.board or "sim", defaults)
         except SettingsError as exc:
-            raise CliError(str(exc), "Fix the value (`--set KEY=VALUE`, or run_defaults in the settings file); "
-                                     "no run was made.") from None
+            raise CliError(
+                str(exc),
+                "Fix the value (`--set KEY=VALUE`, or run_defaults in the settings file); no run was made.",
+            ) from None
         except WorkspaceError as exc:
             raise CliError(exc.message, exc.hint) from None
     quiet = args.quiet or args.json
@@ -167,16 +211,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         # "statuses" and "run_status": the one status model's words (app/core/status.py), as `runs show --json`
         # prints them; "states" keeps the pipeline's raw states (done, failed, ...) for scripts that read them
         statuses = stage_statuses(m)
-        print_json({"ok": res.ok, "run_id": m.run_id, "run_dir": str(m.run_dir), "stopped_at": res.stopped_at,
-                    "message": res.message, "hint": res.hint, "ran": res.ran, "skipped": res.skipped,
-                    "statuses": {s.stage: s.as_json() for s in statuses},
-                    "run_status": run_status(statuses).as_json(), "states": states})
+        print_json(
+            {
+                "ok": res.ok,
+                "run_id": m.run_id,
+                "run_dir": str(m.run_dir),
+                "stopped_at": res.stopped_at,
+                "message": res.message,
+                "hint": res.hint,
+                "ran": res.ran,
+                "skipped": res.skipped,
+                "statuses": {s.stage: s.as_json() for s in statuses},
+                "run_status": run_status(statuses).as_json(),
+                "states": states,
+            }
+        )
     else:
         for name in res.ran:
             st = m.stage(name).data
             peak = st.get("peak_rss_bytes")
-            print(f"  {name:10s} {stage_status(m, name).line():14s} {st.get('duration_s') or 0:8.1f} s  peak RSS "
-                  f"{human_bytes(peak)}", file=sys.stderr)
+            print(
+                f"  {name:10s} {stage_status(m, name).line():14s} {st.get('duration_s') or 0:8.1f} s  peak RSS "
+                f"{human_bytes(peak)}",
+                file=sys.stderr,
+            )
         if res.ok:
             print(f"ok: {res.message} (run {m.run_id})")
         else:

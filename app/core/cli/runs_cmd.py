@@ -39,11 +39,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         ws = workspace_from(args)
 
-        def status(run_id: str) -> dict[str, Any] | None:   # the one status model's words (app/core/status.py)
+        def status(run_id: str) -> dict[str, Any] | None:  # the one status model's words (app/core/status.py)
             try:
                 return run_status(stage_statuses(ws.open_run(run_id))).as_json()
             except Exception:  # an unreadable run still gets listed
                 return None
+
         print_json({"runs": [{**r.as_json(), "run_status": status(r.run_id)} for r in runs]})
         return 0
     if not runs:
@@ -72,8 +73,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         data["run_status"] = run_status(statuses).as_json()
         print_json(data)
         return 0
-    print(f"run {m.run_id}  ({run_status(statuses).word})\n  model {m.inputs['model']}  board {m.inputs['board']}"
-          f"\n  folder {m.run_dir}")
+    print(
+        f"run {m.run_id}  ({run_status(statuses).word})\n  model {m.inputs['model']}  board {m.inputs['board']}"
+        f"\n  folder {m.run_dir}"
+    )
     for s, status in zip(STAGES, statuses, strict=True):
         st = m.stage(s.name).data
         line = f"  {s.name:10s} {status.line():14s}"
@@ -83,8 +86,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         if status.key in ("gate_failed", "overridden"):
             print(f"             {status.detail}")
             if status.key == "gate_failed" and status.overridable:
-                print(f"             what to do: fix it and run the stage again, or continue anyway with "
-                      f"`hexstudio run --resume {m.run_id} --override-gate {s.name}` (recorded in the run)")
+                print(
+                    f"             what to do: fix it and run the stage again, or continue anyway with "
+                    f"`hexstudio run --resume {m.run_id} --override-gate {s.name}` (recorded in the run)"
+                )
         out = st.get("outcome") or {}
         if status.key in ("failed", "cancelled", "interrupted") and out.get("kind") not in (None, "ok"):
             print(f"             {out.get('message')}")
@@ -98,9 +103,11 @@ def cmd_delete(args: argparse.Namespace) -> int:
     ws = workspace_from(args)
     if not args.yes and not args.json:
         if sys.stdin is None or sys.stdin.closed or not sys.stdin.isatty():
-            raise CliError(f"Not deleting run {args.run_id}: there is no terminal to ask on (stdin is closed or "
-                           "not a terminal).", f"Run `hexstudio runs delete {args.run_id} --yes` to delete it "
-                                               "without asking.")
+            raise CliError(
+                f"Not deleting run {args.run_id}: there is no terminal to ask on (stdin is closed or "
+                "not a terminal).",
+                f"Run `hexstudio runs delete {args.run_id} --yes` to delete it without asking.",
+            )
         ans = input(f"Delete run {args.run_id} and all its artifacts? [y/N] ")
         if ans.strip().lower() not in ("y", "yes"):
             print("kept")

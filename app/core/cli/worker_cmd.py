@@ -35,18 +35,27 @@ from app.core.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("worker", help="worker hosts: Linux machines over SSH that run quantize/validate for "
-                                      "runs started with --worker-host")
+    p = sub.add_parser(
+        "worker",
+        help="worker hosts: Linux machines over SSH that run quantize/validate for "
+        "runs started with --worker-host",
+    )
     ws = p.add_subparsers(dest="worker_command", metavar="ACTION", required=True)
 
     pa = ws.add_parser("add", help="add or change a worker host (host, port, user, auth, python)")
     pa.add_argument("name")
     add_ssh_flags(pa)
-    pa.add_argument("--python", default=None,
-                    help="the Python that runs the workers there (default python3; use the environment "
-                         "packaging/install-workstation.sh made, e.g. ~/hexstudio/.venv/bin/python)")
-    pa.add_argument("--root", default=None,
-                    help="folder on the host for HexStudio's workers and run copies (default ~/.cache/hexstudio)")
+    pa.add_argument(
+        "--python",
+        default=None,
+        help="the Python that runs the workers there (default python3; use the environment "
+        "packaging/install-workstation.sh made, e.g. ~/hexstudio/.venv/bin/python)",
+    )
+    pa.add_argument(
+        "--root",
+        default=None,
+        help="folder on the host for HexStudio's workers and run copies (default ~/.cache/hexstudio)",
+    )
     pa.add_argument("--no-connect", action="store_true", help="save only; do not connect and check")
     add_trust_flag(pa, "host")
     add_json_flag(pa)
@@ -61,7 +70,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pw.add_argument("--stdin", action="store_true", help="read it from stdin instead of a prompt")
     pw.set_defaults(func=cmd_password)
 
-    pc = ws.add_parser("check", help="connect, check Python and the packages each stage needs, install the workers")
+    pc = ws.add_parser(
+        "check", help="connect, check Python and the packages each stage needs, install the workers"
+    )
     pc.add_argument("name")
     add_trust_flag(pc, "host")
     add_json_flag(pc)
@@ -90,10 +101,17 @@ async def _check(name: str, cfg: dict[str, Any], args: argparse.Namespace) -> di
             except WorkerHostError as exc:
                 stages[stage] = {"ok": False, "message": exc.message, "hint": exc.hint}
         root = await install_workers(t, cfg.get("root") or None)
-        return {"ok": all(s["ok"] for s in stages.values()), "host": name, "label": t.label,
-                "python": ".".join(map(str, info["python"])), "executable": info["executable"],
-                "cpu_count": info["cpu_count"], "memory_bytes": info["memory_bytes"], "workers": root,
-                "stages": stages}
+        return {
+            "ok": all(s["ok"] for s in stages.values()),
+            "host": name,
+            "label": t.label,
+            "python": ".".join(map(str, info["python"])),
+            "executable": info["executable"],
+            "cpu_count": info["cpu_count"],
+            "memory_bytes": info["memory_bytes"],
+            "workers": root,
+            "stages": stages,
+        }
     except WorkerHostError as exc:
         raise CliError(exc.message, exc.hint) from None
     finally:
@@ -101,8 +119,10 @@ async def _check(name: str, cfg: dict[str, Any], args: argparse.Namespace) -> di
 
 
 def _print_check(doc: dict[str, Any]) -> None:
-    print(f"{doc['host']} ({doc['label']}): Python {doc['python']} ({doc['executable']}), {doc['cpu_count']} CPUs, "
-          f"{(doc['memory_bytes'] or 0) / 2**30:.1f} GiB RAM; workers in {doc['workers']}")
+    print(
+        f"{doc['host']} ({doc['label']}): Python {doc['python']} ({doc['executable']}), {doc['cpu_count']} CPUs, "
+        f"{(doc['memory_bytes'] or 0) / 2**30:.1f} GiB RAM; workers in {doc['workers']}"
+    )
     for stage, st in doc["stages"].items():
         if st["ok"]:
             print(f"  ok    {stage}")
@@ -113,11 +133,20 @@ def _print_check(doc: dict[str, Any]) -> None:
 
 def cmd_add(args: argparse.Namespace) -> int:
     if args.name in ("local", ""):
-        raise CliError("'local' means this machine and cannot name a worker host.", "Pick another name.",
-                       exit_code=EXIT_USAGE)
+        raise CliError(
+            "'local' means this machine and cannot name a worker host.",
+            "Pick another name.",
+            exit_code=EXIT_USAGE,
+        )
     s = Settings.load()
-    cfg: dict[str, Any] = {"host": args.host, "port": args.port, "user": args.user, "auth": args.auth,
-                           "python": args.python, "root": args.root}
+    cfg: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "user": args.user,
+        "auth": args.auth,
+        "python": args.python,
+        "root": args.root,
+    }
     if args.key_path:
         cfg["key_path"] = str(Path(args.key_path).expanduser())
     if args.auth == "ssh_config":
@@ -146,8 +175,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no worker hosts (add one: hexstudio worker add NAME --host HOST --user USER --key KEY)")
     else:
         for r in rows:
-            print(f"{r['name']:16s} {r.get('user') or ''}@{r.get('host')}:{r.get('port', 22)} ({r.get('auth')}), "
-                  f"python {r.get('python') or 'python3'}")
+            print(
+                f"{r['name']:16s} {r.get('user') or ''}@{r.get('host')}:{r.get('port', 22)} ({r.get('auth')}), "
+                f"python {r.get('python') or 'python3'}"
+            )
     return 0
 
 
@@ -156,7 +187,11 @@ def cmd_password(args: argparse.Namespace) -> int:
         host_config(args.name)
     except WorkerHostError as exc:
         raise CliError(exc.message, exc.hint) from None
-    pw = sys.stdin.readline().rstrip("\n") if args.stdin else getpass.getpass(f"SSH password for {args.name}: ")
+    pw = (
+        sys.stdin.readline().rstrip("\n")
+        if args.stdin
+        else getpass.getpass(f"SSH password for {args.name}: ")
+    )
     if not pw:
         raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
     set_secret(worker_password_key(args.name), pw)

@@ -24,10 +24,10 @@ class Board:
     name: str
     transport: Any
     simulated: bool
-    genie_command: list[str] = field(default_factory=list)   # genie-t2t-run, or the simulator
-    env_script: str | None = None                            # QAIRT environment script on the board
-    config: dict[str, Any] = field(default_factory=dict)     # the board's settings entry
-    state: str = "ready"                                     # connecting | ready | failed
+    genie_command: list[str] = field(default_factory=list)  # genie-t2t-run, or the simulator
+    env_script: str | None = None  # QAIRT environment script on the board
+    config: dict[str, Any] = field(default_factory=dict)  # the board's settings entry
+    state: str = "ready"  # connecting | ready | failed
 
     async def reconnect(self, timeout: float = 300.0, interval: float = 2.0) -> None:
         """After a reboot: wait for sshd to come back and log in again (same host-key checks)."""
@@ -53,8 +53,10 @@ class Board:
                 last = exc
             await asyncio.sleep(interval)
         self.state = "failed"
-        raise BoardError(f"Board '{self.name}' did not come back within {int(timeout)} s.",
-                         f"Check its power and network. Last error: {getattr(last, 'message', last)}")
+        raise BoardError(
+            f"Board '{self.name}' did not come back within {int(timeout)} s.",
+            f"Check its power and network. Last error: {getattr(last, 'message', last)}",
+        )
 
     @property
     def label(self) -> str:
@@ -63,47 +65,67 @@ class Board:
 
 def sim_board(workspace: Path | None = None) -> Board:
     root = (workspace or default_workspace()) / "sim-board" / "home"
-    return Board("sim", LocalTransport(root), True,
-                 genie_command=python_command("workers.genie_sim.t2t"))
+    return Board("sim", LocalTransport(root), True, genie_command=python_command("workers.genie_sim.t2t"))
 
 
-async def open_board(name: str, settings: Any = None, workspace: Path | None = None, *,
-                     trust: Callable[[str, int, str, str], bool] | None = None,
-                     password: str | None = None,
-                     on_state: Callable[[str, str], None] | None = None,
-                     passphrase: Any = None, offer_known_hosts: Any = None) -> Board:
+async def open_board(
+    name: str,
+    settings: Any = None,
+    workspace: Path | None = None,
+    *,
+    trust: Callable[[str, int, str, str], bool] | None = None,
+    password: str | None = None,
+    on_state: Callable[[str, str], None] | None = None,
+    passphrase: Any = None,
+    offer_known_hosts: Any = None,
+) -> Board:
     """`trust(host, port, key_type, fingerprint) -> bool` answers a first-contact host key; without it an
     unknown key raises app.core.device.connect.HostKeyUnknown (a BoardError with .fingerprint)."""
     boards = getattr(settings, "boards", {}) if settings is not None else {}
     if name == "sim":
         b = sim_board(workspace)
-        runtime = (boards.get("sim") or {}).get("runtime")   # the simulator board speaks genie and geniex
+        runtime = (boards.get("sim") or {}).get("runtime")  # the simulator board speaks genie and geniex
         if runtime:
             b.config = {"runtime": str(runtime)}
         return b
     if name not in boards:
-        raise BoardError(f"No board named '{name}'.",
-                         f"Add it: `hexstudio board add {name} --host HOST --user USER` (or the studio's Board "
-                         "page), or use the simulator board 'sim'.")
+        raise BoardError(
+            f"No board named '{name}'.",
+            f"Add it: `hexstudio board add {name} --host HOST --user USER` (or the studio's Board "
+            "page), or use the simulator board 'sim'.",
+        )
     from app.core.device.connect import connect_ssh
 
     cfg = dict(boards[name])
-    runner = cfg.get("runner") or "genie"   # "simulator": HexStudio's simulator installed on this board
+    runner = cfg.get("runner") or "genie"  # "simulator": HexStudio's simulator installed on this board
     if runner not in ("genie", "simulator"):
-        raise BoardError(f"Board '{name}' has runner '{runner}', which HexStudio does not know.",
-                         "Set the board's runner to 'genie' (Qualcomm's genie-t2t-run) or 'simulator'.")
+        raise BoardError(
+            f"Board '{name}' has runner '{runner}', which HexStudio does not know.",
+            "Set the board's runner to 'genie' (Qualcomm's genie-t2t-run) or 'simulator'.",
+        )
     where = f"{cfg.get('user') or '?'}@{cfg.get('host') or name}:{cfg.get('port') or 22}"
     log.info("board %s: connecting to %s (auth %s)", name, where, cfg.get("auth") or "default")
     try:
-        t = await connect_ssh(name, cfg, trust=trust, password=password, on_state=on_state, passphrase=passphrase,
-                              offer_known_hosts=offer_known_hosts)
+        t = await connect_ssh(
+            name,
+            cfg,
+            trust=trust,
+            password=password,
+            on_state=on_state,
+            passphrase=passphrase,
+            offer_known_hosts=offer_known_hosts,
+        )
     except BoardError as exc:
         log.warning("board %s: connection to %s failed: %s: %s", name, where, exc.code, exc.message)
         raise
     log.info("board %s: connected (%s)", name, where)
     home = await t.home()
     if runner == "simulator":
-        genie = cfg.get("genie_command") or [str(cfg.get("python") or "python3"), "-m", "workers.genie_sim.t2t"]
+        genie = cfg.get("genie_command") or [
+            str(cfg.get("python") or "python3"),
+            "-m",
+            "workers.genie_sim.t2t",
+        ]
         return Board(name, t, True, genie_command=list(genie), config=cfg)
     genie = cfg.get("genie_command") or ["genie-t2t-run"]
     return Board(name, t, False, genie_command=list(genie), env_script=f"{home}/qairt-env.sh", config=cfg)

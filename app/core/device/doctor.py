@@ -32,8 +32,11 @@ from workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
 # soc_id -> (chip, dsp_arch)
-SOC_IDS: dict[str, tuple[str, str]] = {"676": ("QCS9075", "v73"), "667": ("QCS9100", "v73"),
-                                       "534": ("SA8775P", "v73")}
+SOC_IDS: dict[str, tuple[str, str]] = {
+    "676": ("QCS9075", "v73"),
+    "667": ("QCS9100", "v73"),
+    "534": ("SA8775P", "v73"),
+}
 QAIRT_ROOTS = ("/opt/qairt", "/opt/qcom/aistack/qairt")
 ENV_SCRIPT = "qairt-env.sh"
 UDEV_RULE = "/etc/udev/rules.d/60-fastrpc.rules"
@@ -90,9 +93,15 @@ class DoctorReport:
         return not any(c.status == FAIL for c in self.checks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"board": self.board, "label": self.label, "simulated": self.simulated,
-                "checks": [c.to_dict() for c in self.checks], "summary": self.summary, "clean": self.clean,
-                "facts": self.facts}
+        return {
+            "board": self.board,
+            "label": self.label,
+            "simulated": self.simulated,
+            "checks": [c.to_dict() for c in self.checks],
+            "summary": self.summary,
+            "clean": self.clean,
+            "facts": self.facts,
+        }
 
 
 # The checks, in the order shown; `AFFECTS` (fixes.py) names which of them a fix changes.
@@ -129,7 +138,7 @@ class _Probe:
         self._sem = asyncio.Semaphore(4)
         self.facts: dict[str, Any] = {}
         self.tasks: dict[str, asyncio.Task[Check]] = {}
-        self.bundle_dir: Path | None = None      # the local bundle, when the probe is for one
+        self.bundle_dir: Path | None = None  # the local bundle, when the probe is for one
 
     async def sh(self, script: str, *args: str, timeout: float = 60, shown: str | None = None) -> Evidence:
         """Run a constant shell snippet; user values go in as "$1"... (quoted by the transport)."""
@@ -167,7 +176,10 @@ async def _soc(p: _Probe, c: Check) -> None:
     c.evidence.append(e)
     lines = e.output.splitlines()
     if e.exit_status != 0 or not lines:
-        c.status, c.message = WARN, "Cannot read /sys/devices/soc0: not a Qualcomm SoC board, or an old kernel."
+        c.status, c.message = (
+            WARN,
+            "Cannot read /sys/devices/soc0: not a Qualcomm SoC board, or an old kernel.",
+        )
         return
     soc_id = lines[0].strip()
     machine = lines[1].strip() if len(lines) > 1 else ""
@@ -176,8 +188,13 @@ async def _soc(p: _Probe, c: Check) -> None:
     if arch:
         c.status, c.message = OK, f"{chip} (soc_id {soc_id}), Hexagon {arch}."
     else:
-        c.status, c.message = WARN, (f"Unknown soc_id {soc_id} ({machine}): HexStudio knows QCS9075/QCS9100/SA8775P "
-                                     "(v73). Check the bundle's dsp_arch by hand.")
+        c.status, c.message = (
+            WARN,
+            (
+                f"Unknown soc_id {soc_id} ({machine}): HexStudio knows QCS9075/QCS9100/SA8775P "
+                "(v73). Check the bundle's dsp_arch by hand."
+            ),
+        )
 
 
 async def _os(p: _Probe, c: Check) -> None:
@@ -186,8 +203,10 @@ async def _os(p: _Probe, c: Check) -> None:
     lines = ([*e.output.splitlines(), "", "", ""])[:3]
     p.facts.update({"os": lines[0], "machine_arch": lines[1], "kernel": lines[2]})
     if lines[1] != "aarch64":
-        c.status, c.message = WARN, (f"{lines[0]} on {lines[1]}: QAIRT's aarch64-oe-linux-gcc11.2 binaries need an "
-                                     "aarch64 board.")
+        c.status, c.message = (
+            WARN,
+            (f"{lines[0]} on {lines[1]}: QAIRT's aarch64-oe-linux-gcc11.2 binaries need an aarch64 board."),
+        )
     else:
         c.status, c.message = OK, f"{lines[0]}, {lines[1]}, kernel {lines[2]}."
 
@@ -207,8 +226,13 @@ async def _sudo(p: _Probe, c: Check) -> None:
         c.status, c.message = WARN, "sudo is not installed: fixes come as commands to run as root by hand."
     else:
         p.facts["sudo"] = "unknown"
-        c.status, c.message = WARN, ("This user is not in the sudo group: fixes come as commands to run by an "
-                                     "administrator (HexStudio will try sudo if you give a password).")
+        c.status, c.message = (
+            WARN,
+            (
+                "This user is not in the sudo group: fixes come as commands to run by an "
+                "administrator (HexStudio will try sudo if you give a password)."
+            ),
+        )
 
 
 async def _memory(p: _Probe, c: Check) -> None:
@@ -228,8 +252,10 @@ async def _memory(p: _Probe, c: Check) -> None:
 
 
 async def _remoteproc(p: _Probe, c: Check) -> None:
-    e = await p.sh('for r in /sys/class/remoteproc/remoteproc*; do [ -e "$r/name" ] || continue; '
-                   'echo "$(cat "$r/name") $(cat "$r/state")"; done')
+    e = await p.sh(
+        'for r in /sys/class/remoteproc/remoteproc*; do [ -e "$r/name" ] || continue; '
+        'echo "$(cat "$r/name") $(cat "$r/state")"; done'
+    )
     c.evidence.append(e)
     states = dict(ln.split(None, 1) for ln in e.output.splitlines() if len(ln.split(None, 1)) == 2)
     p.facts["remoteproc"] = states
@@ -277,7 +303,11 @@ async def _fastrpc_member(p: _Probe, c: Check) -> None:
     e, members = await _group(p)
     c.evidence.append(e)
     if members is None:
-        c.status, c.fix, c.message = FAIL, "group_add", f"{user} cannot be in the fastrpc group: it does not exist."
+        c.status, c.fix, c.message = (
+            FAIL,
+            "group_add",
+            f"{user} cannot be in the fastrpc group: it does not exist.",
+        )
     elif user in members:
         c.status, c.message = OK, f"{user} is a member of fastrpc in /etc/group."
     else:
@@ -300,29 +330,40 @@ async def _fastrpc_login(p: _Probe, c: Check) -> None:
 
 
 async def _udev_rule(p: _Probe, c: Check) -> None:
-    e = await p.sh("grep -Hs 'fastrpc-cdsp' /etc/udev/rules.d/*.rules /lib/udev/rules.d/*.rules "
-                   "/usr/lib/udev/rules.d/*.rules")
+    e = await p.sh(
+        "grep -Hs 'fastrpc-cdsp' /etc/udev/rules.d/*.rules /lib/udev/rules.d/*.rules "
+        "/usr/lib/udev/rules.d/*.rules"
+    )
     c.evidence.append(e)
     lines = [ln for ln in e.output.splitlines() if "KERNEL" in ln and "fastrpc-cdsp" in ln]
     if any('GROUP="fastrpc"' in ln and "0660" in ln for ln in lines):
         c.status, c.message = OK, "A udev rule gives /dev/fastrpc-cdsp to the fastrpc group (0660)."
     else:
         c.status, c.fix = FAIL, "udev_rule"
-        c.message = ("No udev rule gives /dev/fastrpc-cdsp* to the fastrpc group: the nodes stay root-only "
-                     "after every boot.")
+        c.message = (
+            "No udev rule gives /dev/fastrpc-cdsp* to the fastrpc group: the nodes stay root-only "
+            "after every boot."
+        )
 
 
 async def _fastrpc_device(p: _Probe, c: Check) -> None:
-    e = await p.sh('for f in /dev/fastrpc-cdsp*; do [ -e "$f" ] || continue; '
-                   'if ( : <> "$f" ) 2>/dev/null; then o=open; else o=denied; fi; '
-                   'echo "$f $(stat -c \'%A %U %G\' "$f") $o"; '
-                   'getfacl -cp "$f" 2>/dev/null | grep -E "^(user|group):[^:]+:" | sed "s|^|  acl |"; done')
+    e = await p.sh(
+        'for f in /dev/fastrpc-cdsp*; do [ -e "$f" ] || continue; '
+        'if ( : <> "$f" ) 2>/dev/null; then o=open; else o=denied; fi; '
+        'echo "$f $(stat -c \'%A %U %G\' "$f") $o"; '
+        'getfacl -cp "$f" 2>/dev/null | grep -E "^(user|group):[^:]+:" | sed "s|^|  acl |"; done'
+    )
     c.evidence.append(e)
     nodes = {}
     for ln in e.output.splitlines():
         parts = ln.split()
         if len(parts) == 5 and parts[0].startswith("/dev/"):
-            nodes[parts[0]] = {"mode": parts[1], "owner": parts[2], "group": parts[3], "open": parts[4] == "open"}
+            nodes[parts[0]] = {
+                "mode": parts[1],
+                "owner": parts[2],
+                "group": parts[3],
+                "open": parts[4] == "open",
+            }
     p.facts["fastrpc_nodes"] = nodes
     if "/dev/fastrpc-cdsp" not in nodes:
         c.status, c.fix = FAIL, "reboot"
@@ -333,14 +374,19 @@ async def _fastrpc_device(p: _Probe, c: Check) -> None:
     if denied:
         cd = nodes["/dev/fastrpc-cdsp"]
         c.status, c.fix = FAIL, "udev_rule"
-        c.message = (f"This user cannot open {', '.join(denied)} ({cd['mode']} {cd['owner']}:{cd['group']}): "
-                     "Genie fails with 14001 / 0x8000044f.")
+        c.message = (
+            f"This user cannot open {', '.join(denied)} ({cd['mode']} {cd['owner']}:{cd['group']}): "
+            "Genie fails with 14001 / 0x8000044f."
+        )
     else:
-        c.status, c.message = OK, "This user can open " + ", ".join(n for n in nodes if not n.endswith("-secure")) + "."
+        c.status, c.message = (
+            OK,
+            "This user can open " + ", ".join(n for n in nodes if not n.endswith("-secure")) + ".",
+        )
 
 
 async def _fastrpc_daemons(p: _Probe, c: Check) -> None:
-    e = await p.sh("for s in " + " ".join(DAEMONS) + "; do echo \"$s $(systemctl is-active $s 2>&1)\"; done")
+    e = await p.sh("for s in " + " ".join(DAEMONS) + '; do echo "$s $(systemctl is-active $s 2>&1)"; done')
     c.evidence.append(e)
     states = dict(ln.split(None, 1) for ln in e.output.splitlines() if len(ln.split(None, 1)) == 2)
     p.facts["fastrpc_daemons"] = states
@@ -356,9 +402,12 @@ _VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)*$")
 
 
 async def _qairt(p: _Probe, c: Check) -> None:
-    e = await p.sh('for r in "$@"; do for d in "$r"/*/; do [ -d "$d" ] && [ ! -L "${d%/}" ] && echo "dir ${d%/}"; '
-                   'done; [ -L "$r/current" ] && echo "current $(readlink -f "$r/current")"; done; true',
-                   *QAIRT_ROOTS, shown="ls -d /opt/qairt/*/ /opt/qcom/aistack/qairt/*/; readlink -f /opt/qairt/current")
+    e = await p.sh(
+        'for r in "$@"; do for d in "$r"/*/; do [ -d "$d" ] && [ ! -L "${d%/}" ] && echo "dir ${d%/}"; '
+        'done; [ -L "$r/current" ] && echo "current $(readlink -f "$r/current")"; done; true',
+        *QAIRT_ROOTS,
+        shown="ls -d /opt/qairt/*/ /opt/qcom/aistack/qairt/*/; readlink -f /opt/qairt/current",
+    )
     c.evidence.append(e)
     installs = []
     current = None
@@ -388,10 +437,13 @@ async def _qairt(p: _Probe, c: Check) -> None:
 async def _qairt_env(p: _Probe, c: Check) -> None:
     await _need(p, "qairt")
     home = await p.home()
-    e = await p.sh('f="$1"; [ -f "$f" ] || { echo "missing $f"; exit 3; }; . "$f"; '
-                   'echo "QAIRT_HOME=$QAIRT_HOME"; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; '
-                   'echo "ADSP_LIBRARY_PATH=$ADSP_LIBRARY_PATH"; echo "PATH=$PATH"',
-                   f"{home}/{ENV_SCRIPT}", shown=f". ~/{ENV_SCRIPT}; env | grep -E 'QAIRT|LIBRARY_PATH'")
+    e = await p.sh(
+        'f="$1"; [ -f "$f" ] || { echo "missing $f"; exit 3; }; . "$f"; '
+        'echo "QAIRT_HOME=$QAIRT_HOME"; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; '
+        'echo "ADSP_LIBRARY_PATH=$ADSP_LIBRARY_PATH"; echo "PATH=$PATH"',
+        f"{home}/{ENV_SCRIPT}",
+        shown=f". ~/{ENV_SCRIPT}; env | grep -E 'QAIRT|LIBRARY_PATH'",
+    )
     c.evidence.append(e)
     qhome = p.facts.get("qairt_home")
     if e.exit_status != 0:
@@ -415,7 +467,10 @@ async def _qairt_env(p: _Probe, c: Check) -> None:
     if problems:
         c.status, c.fix, c.message = FAIL, "qairt_env", "; ".join(problems) + "."
     else:
-        c.status, c.message = OK, f"~/{ENV_SCRIPT} sets QAIRT_HOME={env.get('QAIRT_HOME')} and the library paths."
+        c.status, c.message = (
+            OK,
+            f"~/{ENV_SCRIPT} sets QAIRT_HOME={env.get('QAIRT_HOME')} and the library paths.",
+        )
 
 
 async def _qnn_libs_mixed(p: _Probe, c: Check) -> None:
@@ -424,8 +479,10 @@ async def _qnn_libs_mixed(p: _Probe, c: Check) -> None:
     distro = [ln for ln in e.output.splitlines() if ln.strip()]
     if distro:
         c.status, c.fix = WARN, "qairt_env"
-        c.message = (f"QNN libraries in /usr/lib ({len(distro)}): do not mix them with /opt/qairt's DSP libraries "
-                     "(stub/skel mismatch); the environment script puts /opt/qairt first.")
+        c.message = (
+            f"QNN libraries in /usr/lib ({len(distro)}): do not mix them with /opt/qairt's DSP libraries "
+            "(stub/skel mismatch); the environment script puts /opt/qairt first."
+        )
     else:
         c.status, c.message = OK, "No distro QNN libraries in /usr/lib."
 
@@ -452,8 +509,11 @@ async def _genie(p: _Probe, c: Check) -> None:
     home = await _qairt_home(p, c)
     if home is None:
         return
-    e = await p.sh(_env_prefix() + "command -v genie-t2t-run && genie-t2t-run -h 2>&1 | head -n 5",
-                   f"{home}/{ENV_SCRIPT}", shown=f". ~/{ENV_SCRIPT}; command -v genie-t2t-run && genie-t2t-run -h")
+    e = await p.sh(
+        _env_prefix() + "command -v genie-t2t-run && genie-t2t-run -h 2>&1 | head -n 5",
+        f"{home}/{ENV_SCRIPT}",
+        shown=f". ~/{ENV_SCRIPT}; command -v genie-t2t-run && genie-t2t-run -h",
+    )
     c.evidence.append(e)
     if e.exit_status == 0 and "genie-t2t-run" in e.output:
         c.status, c.message = OK, "genie-t2t-run runs: " + e.output.splitlines()[0]
@@ -467,15 +527,20 @@ async def _htp_validator(p: _Probe, c: Check) -> None:
     home = await _qairt_home(p, c)
     if home is None:
         return
-    e = await p.sh(_env_prefix() + "qnn-platform-validator --backend dsp --coreVersion --libVersion --testBackend",
-                   f"{home}/{ENV_SCRIPT}", timeout=120,
-                   shown=f". ~/{ENV_SCRIPT}; qnn-platform-validator --backend dsp --coreVersion --libVersion "
-                         "--testBackend")
+    e = await p.sh(
+        _env_prefix() + "qnn-platform-validator --backend dsp --coreVersion --libVersion --testBackend",
+        f"{home}/{ENV_SCRIPT}",
+        timeout=120,
+        shown=f". ~/{ENV_SCRIPT}; qnn-platform-validator --backend dsp --coreVersion --libVersion "
+        "--testBackend",
+    )
     c.evidence.append(e)
-    fields = dict((k.strip(), v.strip()) for k, _, v in
-                  (ln.partition(":") for ln in e.output.splitlines() if ":" in ln))
-    p.facts["htp_validator"] = {k: fields.get(k) for k in ("Backend Hardware", "Backend Libraries", "Core Version",
-                                                            "Unit Test")}
+    fields = dict(
+        (k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in e.output.splitlines() if ":" in ln)
+    )
+    p.facts["htp_validator"] = {
+        k: fields.get(k) for k in ("Backend Hardware", "Backend Libraries", "Core Version", "Unit Test")
+    }
     hw, libs = fields.get("Backend Hardware", ""), fields.get("Backend Libraries", "")
     core, unit = fields.get("Core Version", ""), fields.get("Unit Test", "")
     # It ALWAYS exits 0: the text says whether it worked.
@@ -488,8 +553,10 @@ async def _htp_validator(p: _Probe, c: Check) -> None:
         c.fix = "qairt_env"
     elif c.explained and c.explained[0]["fix_ids"]:
         c.fix = c.explained[0]["fix_ids"][0]
-    c.message = (f"HTP backend test failed (hardware: {hw or '?'}, libraries: {libs or '?'}, unit test: "
-                 f"{unit or '?'}).")
+    c.message = (
+        f"HTP backend test failed (hardware: {hw or '?'}, libraries: {libs or '?'}, unit test: "
+        f"{unit or '?'})."
+    )
     if c.explained:
         c.message += " " + c.explained[0]["cause"]
 
@@ -500,7 +567,11 @@ _GENIEX_VERSION = re.compile(r"^(GenieX CLI Version|QAIRT Runtime Version|LlamaC
 
 def geniex_versions(text: str) -> dict[str, str]:
     """`geniex version`'s three lines (cli/cmd/geniex/version.go) -> {cli, qairt_plugin, llama_cpp}."""
-    keys = {"GenieX CLI Version": "cli", "QAIRT Runtime Version": "qairt_plugin", "LlamaCPP Runtime Hash": "llama_cpp"}
+    keys = {
+        "GenieX CLI Version": "cli",
+        "QAIRT Runtime Version": "qairt_plugin",
+        "LlamaCPP Runtime Hash": "llama_cpp",
+    }
     out: dict[str, str] = {}
     for ln in text.splitlines():
         m = _GENIEX_VERSION.match(ln.strip())
@@ -514,13 +585,18 @@ async def _geniex(p: _Probe, c: Check) -> None:
     earlier), and the Python package HexStudio's helper uses to keep a model loaded. Optional unless the
     board's runtime is geniex (then what is missing fails)."""
     wanted = str((p.board.config or {}).get("runtime") or "genie") == "geniex"
-    missing = FAIL if wanted else SKIP   # an optional runtime the board does not use is not a problem
+    missing = FAIL if wanted else SKIP  # an optional runtime the board does not use is not a problem
     py = str((p.board.config or {}).get("geniex_python") or (p.board.config or {}).get("python") or "python3")
-    e = await p.sh(GENIEX_PATH + "command -v geniex && geniex version --skip-update",
-                   shown="command -v geniex && geniex version")
-    ep = await p.sh('PYTHONPATH="$HOME/.local/share/geniex-python${PYTHONPATH:+:$PYTHONPATH}" '
-                    '"$1" -c "import geniex; print(geniex.__version__)"', py,
-                    shown=f"{py} -c 'import geniex; print(geniex.__version__)'")
+    e = await p.sh(
+        GENIEX_PATH + "command -v geniex && geniex version --skip-update",
+        shown="command -v geniex && geniex version",
+    )
+    ep = await p.sh(
+        'PYTHONPATH="$HOME/.local/share/geniex-python${PYTHONPATH:+:$PYTHONPATH}" '
+        '"$1" -c "import geniex; print(geniex.__version__)"',
+        py,
+        shown=f"{py} -c 'import geniex; print(geniex.__version__)'",
+    )
     c.evidence += [e, ep]
     v = geniex_versions(e.output) if e.exit_status == 0 else {}
     pyver = ep.output.strip().splitlines()[-1] if ep.exit_status == 0 and ep.output.strip() else None
@@ -528,14 +604,18 @@ async def _geniex(p: _Probe, c: Check) -> None:
     c.fix = "geniex_install"
     if not v.get("cli"):
         c.status = missing
-        c.message = ("GenieX is not installed (no `geniex` on PATH or in ~/.local/bin). Only needed to run bundles "
-                     "through GenieX: install it from its release tarball (geniex-cli-linux-arm64-vX.Y.Z.tar.gz).")
+        c.message = (
+            "GenieX is not installed (no `geniex` on PATH or in ~/.local/bin). Only needed to run bundles "
+            "through GenieX: install it from its release tarball (geniex-cli-linux-arm64-vX.Y.Z.tar.gz)."
+        )
         return
     plugin = v.get("qairt_plugin")
     if not plugin:
         c.status = missing
-        c.message = (f"GenieX {v['cli']} has no QAIRT plugin (a --cpu-only build?): it cannot run AI Hub bundles. "
-                     "Install the full linux-arm64 release.")
+        c.message = (
+            f"GenieX {v['cli']} has no QAIRT plugin (a --cpu-only build?): it cannot run AI Hub bundles. "
+            "Install the full linux-arm64 release."
+        )
         return
     bundle_q = bundle_qairt_version(p.bundle_dir) if p.bundle_dir is not None else None
     try:
@@ -544,27 +624,52 @@ async def _geniex(p: _Probe, c: Check) -> None:
         too_old = False
     if too_old:
         c.status = FAIL if wanted or p.bundle_dir is not None else WARN
-        c.message = (f"GenieX {v['cli']}'s QAIRT plugin is {plugin}, older than the QAIRT {bundle_q} that compiled "
-                     "the bundle: it would not load (it runs bundles compiled with its QAIRT or earlier). Install a "
-                     "newer GenieX release.")
+        c.message = (
+            f"GenieX {v['cli']}'s QAIRT plugin is {plugin}, older than the QAIRT {bundle_q} that compiled "
+            "the bundle: it would not load (it runs bundles compiled with its QAIRT or earlier). Install a "
+            "newer GenieX release."
+        )
         return
     if pyver is None:
         c.status = WARN
-        c.message = (f"GenieX {v['cli']} (QAIRT plugin {plugin}) is installed, but not its Python package for {py}: "
-                     "HexStudio needs it to keep the model loaded between turns. Install the geniex wheel.")
+        c.message = (
+            f"GenieX {v['cli']} (QAIRT plugin {plugin}) is installed, but not its Python package for {py}: "
+            "HexStudio needs it to keep the model loaded between turns. Install the geniex wheel."
+        )
         return
     c.fix = None
     c.status = OK
-    c.message = (f"GenieX {v['cli']}, QAIRT plugin {plugin}" + (f" (runs this bundle's QAIRT {bundle_q})" if bundle_q
-                 else " (runs bundles compiled with it or earlier)") + f", Python package {pyver}.")
+    c.message = (
+        f"GenieX {v['cli']}, QAIRT plugin {plugin}"
+        + (
+            f" (runs this bundle's QAIRT {bundle_q})"
+            if bundle_q
+            else " (runs bundles compiled with it or earlier)"
+        )
+        + f", Python package {pyver}."
+    )
 
 
-_FUNCS = {"soc": _soc, "os": _os, "sudo": _sudo, "memory": _memory, "remoteproc": _remoteproc,
-          "fastrpc_userspace": _fastrpc_userspace, "fastrpc_group": _fastrpc_group,
-          "fastrpc_member": _fastrpc_member, "fastrpc_login": _fastrpc_login, "udev_rule": _udev_rule,
-          "fastrpc_device": _fastrpc_device, "fastrpc_daemons": _fastrpc_daemons, "qairt": _qairt,
-          "qairt_env": _qairt_env, "qnn_libs_mixed": _qnn_libs_mixed, "genie": _genie,
-          "htp_validator": _htp_validator, "geniex": _geniex}
+_FUNCS = {
+    "soc": _soc,
+    "os": _os,
+    "sudo": _sudo,
+    "memory": _memory,
+    "remoteproc": _remoteproc,
+    "fastrpc_userspace": _fastrpc_userspace,
+    "fastrpc_group": _fastrpc_group,
+    "fastrpc_member": _fastrpc_member,
+    "fastrpc_login": _fastrpc_login,
+    "udev_rule": _udev_rule,
+    "fastrpc_device": _fastrpc_device,
+    "fastrpc_daemons": _fastrpc_daemons,
+    "qairt": _qairt,
+    "qairt_env": _qairt_env,
+    "qnn_libs_mixed": _qnn_libs_mixed,
+    "genie": _genie,
+    "htp_validator": _htp_validator,
+    "geniex": _geniex,
+}
 _TITLES = dict(CHECKS)
 
 
@@ -587,8 +692,9 @@ async def _do_check(p: _Probe, check_id: str) -> Check:
     return c
 
 
-async def probe(board: Board, only: Iterable[str] | None = None,
-                bundle: tuple[Path, str] | None = None) -> DoctorReport:
+async def probe(
+    board: Board, only: Iterable[str] | None = None, bundle: tuple[Path, str] | None = None
+) -> DoctorReport:
     """Check the board (all checks, or `only` those ids). Simulated boards get no hardware checks.
     `bundle`: (local bundle folder, its name on the board): adds the check "bundle", which compares the
     sha256 of every file, computed on the board, with the local bundle.json."""
@@ -597,12 +703,30 @@ async def probe(board: Board, only: Iterable[str] | None = None,
     if unknown:
         raise ValueError(f"unknown doctor checks: {sorted(unknown)}")
     if board.simulated:
-        c = Check("soc", "Simulator board", OK, "Simulated board: runs the QDQ ONNX parts with onnxruntime on this "
-                  "CPU; no Hexagon NPU, no FastRPC (simulated).")
-        gx = Check("geniex", _TITLES["geniex"], OK, f"Simulated GenieX {CLI_VERSION} with QAIRT plugin "
-                   f"{QAIRT_PLUGIN_VERSION} (the simulator, workers.genie_sim.geniex): both runtimes available (simulated).")
-        report = DoctorReport(board.name, board.label, True, [c, gx], {"simulated": True, "geniex": {
-            "cli": CLI_VERSION, "qairt_plugin": QAIRT_PLUGIN_VERSION, "simulated": True}})
+        c = Check(
+            "soc",
+            "Simulator board",
+            OK,
+            "Simulated board: runs the QDQ ONNX parts with onnxruntime on this "
+            "CPU; no Hexagon NPU, no FastRPC (simulated).",
+        )
+        gx = Check(
+            "geniex",
+            _TITLES["geniex"],
+            OK,
+            f"Simulated GenieX {CLI_VERSION} with QAIRT plugin "
+            f"{QAIRT_PLUGIN_VERSION} (the simulator, workers.genie_sim.geniex): both runtimes available (simulated).",
+        )
+        report = DoctorReport(
+            board.name,
+            board.label,
+            True,
+            [c, gx],
+            {
+                "simulated": True,
+                "geniex": {"cli": CLI_VERSION, "qairt_plugin": QAIRT_PLUGIN_VERSION, "simulated": True},
+            },
+        )
     else:
         p = _Probe(board)
         p.bundle_dir = bundle[0] if bundle is not None else None
@@ -617,13 +741,20 @@ async def probe(board: Board, only: Iterable[str] | None = None,
 def contract_check(bundle_dir: Path, facts: dict[str, Any]) -> Check:
     """The local bundle against Genie's contract and this board (workers/shared/bundle/check.py)."""
     found = [f for f in check_bundle(bundle_dir, facts) if f.severity != "info"]
-    c = Check("bundle_contract", "Bundle meets Genie's contract", OK, "genie_config.json, graphs, rope, quantization "
-              "and tokens pass `hexstudio bundle check`.")
+    c = Check(
+        "bundle_contract",
+        "Bundle meets Genie's contract",
+        OK,
+        "genie_config.json, graphs, rope, quantization and tokens pass `hexstudio bundle check`.",
+    )
     if found:
         c.status = FAIL if errors(found) else WARN
-        c.message = f"{len(errors(found))} error(s), {len(found) - len(errors(found))} warning(s): {found[0].message}"
-        c.evidence.append(Evidence(f"hexstudio bundle check {bundle_dir}", 1 if errors(found) else 0,
-                                   report_text(found)))
+        c.message = (
+            f"{len(errors(found))} error(s), {len(found) - len(errors(found))} warning(s): {found[0].message}"
+        )
+        c.evidence.append(
+            Evidence(f"hexstudio bundle check {bundle_dir}", 1 if errors(found) else 0, report_text(found))
+        )
     return c
 
 
@@ -635,13 +766,20 @@ async def bundle_check(board: Board, bundle_dir: Path, name: str) -> Check:
     except BoardError as exc:
         c.status, c.message = FAIL, f"{exc.message} {exc.hint or ''}".strip()
         return c
-    c.evidence.append(Evidence(f"sha256sum (on the board) of every file of bundle {name}", 0,
-                               "\n".join(f"{b['path']}: {b['why']}" for b in bad) or "all files match"))
+    c.evidence.append(
+        Evidence(
+            f"sha256sum (on the board) of every file of bundle {name}",
+            0,
+            "\n".join(f"{b['path']}: {b['why']}" for b in bad) or "all files match",
+        )
+    )
     if bad:
         c.status, c.fix = WARN, "push"
-        c.message = (f"{len(bad)} file(s) of bundle {name} differ on the board (first: {bad[0]['path']}: "
-                     f"{bad[0]['why']}). Push again (`hexstudio board push {board.name} DIR --as {name}`): "
-                     "only those are sent.")
+        c.message = (
+            f"{len(bad)} file(s) of bundle {name} differ on the board (first: {bad[0]['path']}: "
+            f"{bad[0]['why']}). Push again (`hexstudio board push {board.name} DIR --as {name}`): "
+            "only those are sent."
+        )
     else:
         c.status, c.message = OK, f"Every file of bundle {name} on the board has the local sha256."
     return c

@@ -50,9 +50,11 @@ class PushResult:
     sent_bytes: int
     seconds: float
     warnings: list[str] = field(default_factory=list)
-    emulated: bool = False                   # an AI Hub EMULATOR bundle (test boards only), labeled so
-    verified: str = "size"                   # what was compared on the board: "size" or "sha256"
-    resent: list[dict[str, str]] = field(default_factory=list)   # files found wrong on the board and sent again
+    emulated: bool = False  # an AI Hub EMULATOR bundle (test boards only), labeled so
+    verified: str = "size"  # what was compared on the board: "size" or "sha256"
+    resent: list[dict[str, str]] = field(
+        default_factory=list
+    )  # files found wrong on the board and sent again
     verify_seconds: float = 0.0
 
     @property
@@ -64,6 +66,7 @@ class PushResult:
 class PushProgress:
     """Where a push stands. `done` counts every byte of the bundle accounted for (sent or skipped as
     unchanged); `sent` only the bytes really sent by this push, which the rate is computed from."""
+
     done: int
     total: int
     sent: int
@@ -77,34 +80,48 @@ class PushProgress:
         return self.sent / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
 
-PROGRESS_INTERVAL_S = 0.1                    # at most 10 progress events a second (plus one per file end)
+PROGRESS_INTERVAL_S = 0.1  # at most 10 progress events a second (plus one per file end)
 
 
 def _allow_emulated(board: Board, allow_emulated: bool) -> bool:
     return bool(allow_emulated or board.config.get("allow_emulated_bundles"))
 
 
-def check_compatibility(bundle: dict[str, Any], board: Board, facts: dict[str, Any] | None = None,
-                        bundle_dir: Path | None = None, allow_emulated: bool = False) -> list[str]:
+def check_compatibility(
+    bundle: dict[str, Any],
+    board: Board,
+    facts: dict[str, Any] | None = None,
+    bundle_dir: Path | None = None,
+    allow_emulated: bool = False,
+) -> list[str]:
     """Raise BoardError when the bundle cannot run on the board; return warnings otherwise.
     `facts`: the doctor's facts of a real board (dsp_arch, qairt_version, mem_*). An EMULATED bundle
     (compiled by HexStudio's AI Hub emulator) is refused on a real board unless `allow_emulated` or the
     board's settings entry has `allow_emulated_bundles: true` (test boards)."""
     if bundle.get("simulated") and not board.simulated:
-        raise BoardError("This is a simulation bundle (ONNX parts for the simulator); a real board needs "
-                         "context binaries compiled by AI Hub.", "Compile for the board's device, then push.")
+        raise BoardError(
+            "This is a simulation bundle (ONNX parts for the simulator); a real board needs "
+            "context binaries compiled by AI Hub.",
+            "Compile for the board's device, then push.",
+        )
     if not bundle.get("simulated") and board.simulated:
-        if bundle.get("emulated") or (bundle.get("binaries") != "qnn" and bundle.get("compile_target") != "local"):
-            raise BoardError("The simulator board runs bundles compiled on this machine (compile_target local: real "
-                             "QNN context binaries on Qualcomm's HTP simulator) or the onnxruntime twin's bundles; "
-                             "this one came from elsewhere.",
-                             "Compile with compile_target=local (or auto) for the simulator board.")
+        if bundle.get("emulated") or (
+            bundle.get("binaries") != "qnn" and bundle.get("compile_target") != "local"
+        ):
+            raise BoardError(
+                "The simulator board runs bundles compiled on this machine (compile_target local: real "
+                "QNN context binaries on Qualcomm's HTP simulator) or the onnxruntime twin's bundles; "
+                "this one came from elsewhere.",
+                "Compile with compile_target=local (or auto) for the simulator board.",
+            )
         if bundle.get("weight_sharing"):
-            raise BoardError("This bundle's context binaries share weights between the prompt processor and the token "
-                             "generator, and Qualcomm's x86 HTP simulator cannot load shared weights (QNN says "
-                             "\"Shared weights buffer isn't supported on this platform\").",
-                             "Compile for the simulator board (compile_target local with --board sim: one context "
-                             "binary per graph); push this bundle to a real board.")
+            raise BoardError(
+                "This bundle's context binaries share weights between the prompt processor and the token "
+                "generator, and Qualcomm's x86 HTP simulator cannot load shared weights (QNN says "
+                '"Shared weights buffer isn\'t supported on this platform").',
+                "Compile for the simulator board (compile_target local with --board sim: one context "
+                "binary per graph); push this bundle to a real board.",
+            )
     warnings: list[str] = []
     if bundle.get("emulated") and not board.simulated:
         if not _allow_emulated(board, allow_emulated):
@@ -113,47 +130,72 @@ def check_compatibility(bundle: dict[str, Any], board: Board, facts: dict[str, A
                 f"are zip packages of the inputs, not QNN context binaries, so Genie on {board.name} cannot load "
                 "them. Nothing was sent.",
                 "Compile against the real Qualcomm AI Hub (store the token with `hexstudio aihub login`, and "
-                "remove any aihub_api_url setting that points at the emulator), then push that bundle.")
-        warnings.append("EMULATED bundle pushed to a test board (allow_emulated_bundles): its context binaries "
-                        "are emulator packages, not device results.")
+                "remove any aihub_api_url setting that points at the emulator), then push that bundle.",
+            )
+        warnings.append(
+            "EMULATED bundle pushed to a test board (allow_emulated_bundles): its context binaries "
+            "are emulator packages, not device results."
+        )
     if board.simulated or facts is None:
         return warnings
     want = (bundle.get("device") or {}).get("dsp_arch")
     have = facts.get("dsp_arch")
     if want and have and want != have:
-        raise BoardError(f"The bundle was compiled for Hexagon {want}; this board ({facts.get('chip')}) is {have}. "
-                         "A context binary is pinned to its dsp_arch and will not load.",
-                         f"Compile again for a {have} device (the IQ-9075 EVK is v73).")
+        raise BoardError(
+            f"The bundle was compiled for Hexagon {want}; this board ({facts.get('chip')}) is {have}. "
+            "A context binary is pinned to its dsp_arch and will not load.",
+            f"Compile again for a {have} device (the IQ-9075 EVK is v73).",
+        )
     if not have:
         warnings.append("The board's Hexagon arch is unknown: the bundle's dsp_arch could not be checked.")
     compiled = bundle_qairt_version(bundle_dir) if bundle_dir is not None else None
     status, msg = compare_qairt(facts.get("qairt_version"), compiled)
     if status == "refuse":
-        raise BoardError(msg, "Install a newer QAIRT on the board (Board page: Install QAIRT), then push again.")
+        raise BoardError(
+            msg, "Install a newer QAIRT on the board (Board page: Install QAIRT), then push again."
+        )
     if status == "warn":
         warnings.append(msg)
-    bins = sum(int(f.get("size", 0)) for f in bundle.get("files", []) if str(f.get("path", "")).endswith(".bin"))
+    bins = sum(
+        int(f.get("size", 0)) for f in bundle.get("files", []) if str(f.get("path", "")).endswith(".bin")
+    )
     total, avail = int(facts.get("mem_total_bytes") or 0), int(facts.get("mem_available_bytes") or 0)
     if bins and total and bins > total:
-        raise BoardError(f"The context binaries ({bins / 2**30:.1f} GiB) are larger than the board's RAM "
-                         f"({total / 2**30:.1f} GiB).", "Use a smaller model or a shorter context_length.")
+        raise BoardError(
+            f"The context binaries ({bins / 2**30:.1f} GiB) are larger than the board's RAM "
+            f"({total / 2**30:.1f} GiB).",
+            "Use a smaller model or a shorter context_length.",
+        )
     if bins and avail and bins > avail:
-        warnings.append(f"The context binaries ({bins / 2**30:.1f} GiB) exceed the RAM available now "
-                        f"({avail / 2**30:.1f} GiB): stop other programs on the board.")
+        warnings.append(
+            f"The context binaries ({bins / 2**30:.1f} GiB) exceed the RAM available now "
+            f"({avail / 2**30:.1f} GiB): stop other programs on the board."
+        )
     return warnings
 
 
 def _dropped(exc: BaseException) -> bool:
-    return isinstance(exc, (OSError, EOFError)) or exc.__class__.__module__.startswith("paramiko") \
+    return (
+        isinstance(exc, (OSError, EOFError))
+        or exc.__class__.__module__.startswith("paramiko")
         or exc.__class__.__name__ == "ConnectionLost"
+    )
 
 
 async def _free_space(board: Board, remote: str) -> str | None:
-    """"N MB free on the board's bundle disk" when the board still answers, None when it does not."""
+    """ "N MB free on the board's bundle disk" when the board still answers, None when it does not."""
     try:
         where = remote.rsplit("/", 1)[0] if remote else await board.transport.home()
-        res = await board.transport.run(["sh", "-c", 'd="$1"; while [ ! -d "$d" ]; do d="$(dirname "$d")"; done; '
-                                         'df -Pk "$d"', "df", where], timeout=15)
+        res = await board.transport.run(
+            [
+                "sh",
+                "-c",
+                'd="$1"; while [ ! -d "$d" ]; do d="$(dirname "$d")"; done; df -Pk "$d"',
+                "df",
+                where,
+            ],
+            timeout=15,
+        )
     except Exception:
         return None
     try:
@@ -163,10 +205,16 @@ async def _free_space(board: Board, remote: str) -> str | None:
     return f"{avail_kb / 1024:.1f} MB free on the board's disk there"
 
 
-async def push_bundle(board: Board, bundle_dir: Path, name: str,
-                      progress: Callable[[PushProgress], None] | None = None,
-                      facts: dict[str, Any] | None = None, *, allow_emulated: bool = False,
-                      verify: bool | None = None) -> PushResult:
+async def push_bundle(
+    board: Board,
+    bundle_dir: Path,
+    name: str,
+    progress: Callable[[PushProgress], None] | None = None,
+    facts: dict[str, Any] | None = None,
+    *,
+    allow_emulated: bool = False,
+    verify: bool | None = None,
+) -> PushResult:
     """Check, then send what the board lacks, then check what is on the board: sizes always, sha256 of
     every file computed on the board when the bundle changed since the last push (files were sent) or
     `verify` is True; a file found wrong is sent again and reported in PushResult.resent.
@@ -185,12 +233,20 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
     warnings = check_compatibility(doc, board, facts, bundle_dir, allow_emulated=allow_emulated)
     # Genie's contract (`hexstudio bundle check`); the simulator board checks it at load
     if not board.simulated and (refused := errors(check_bundle(bundle_dir, facts))):
-        raise BoardError(f"Genie would refuse this bundle or run it wrong; nothing was sent.\n{report_text(refused)}",
-                         f"Fix what each finding says (`hexstudio bundle check {bundle_dir}`), then push again.")
+        raise BoardError(
+            f"Genie would refuse this bundle or run it wrong; nothing was sent.\n{report_text(refused)}",
+            f"Fix what each finding says (`hexstudio bundle check {bundle_dir}`), then push again.",
+        )
     t = board.transport
     loop = asyncio.get_running_loop()
-    files = [*files_in, {"path": "bundle.json", "sha256": sha256_file(bundle_dir / "bundle.json"),
-                         "size": (bundle_dir / "bundle.json").stat().st_size}]
+    files = [
+        *files_in,
+        {
+            "path": "bundle.json",
+            "sha256": sha256_file(bundle_dir / "bundle.json"),
+            "size": (bundle_dir / "bundle.json").stat().st_size,
+        },
+    ]
     total = sum(int(f["size"]) for f in files)
     st = {"done": 0, "sent": 0}
     t0 = time.monotonic()
@@ -198,8 +254,17 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
 
     def report(rel: str, file_done: int = 0, file_size: int = 0) -> None:
         if progress is not None:
-            progress(PushProgress(st["done"] + file_done, total, st["sent"], rel, time.monotonic() - t0,
-                                  file_done, file_size))
+            progress(
+                PushProgress(
+                    st["done"] + file_done,
+                    total,
+                    st["sent"],
+                    rel,
+                    time.monotonic() - t0,
+                    file_done,
+                    file_size,
+                )
+            )
 
     def byte_progress(rel: str, size: int) -> Callable[[int], None]:
         """put_file's callback (called in the transport's thread): the first call is the starting offset
@@ -211,11 +276,12 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
                 base.append(n)
             now = time.monotonic()
             if now - last[0] < PROGRESS_INTERVAL_S or n >= size:
-                return   # the end of the file is reported once put_file returns
+                return  # the end of the file is reported once put_file returns
             last[0] = now
             if progress is not None:
                 ev = PushProgress(st["done"] + n, total, st["sent"] + n - base[0], rel, now - t0, n, size)
                 loop.call_soon_threadsafe(progress, ev)
+
         return cb
 
     rel = ""
@@ -229,16 +295,20 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
         size = int(f["size"])
         local = bundle_dir / str(f["path"])
         try:
-            n = await t.put_file(local, posixpath.join(remote, str(f["path"])),
-                                 byte_progress(str(f["path"]), size) if with_progress and progress else None)
+            n = await t.put_file(
+                local,
+                posixpath.join(remote, str(f["path"])),
+                byte_progress(str(f["path"]), size) if with_progress and progress else None,
+            )
         except Exception as exc:
             if not local.is_file() or not os.access(local, os.R_OK):
                 raise LocalBundleError(
                     f"The local bundle file {local} disappeared or became unreadable while it was being pushed "
                     f"({exc}). The board and its connection are fine.",
-                    "Restore the file (run the Compile stage again), then push again.") from exc
+                    "Restore the file (run the Compile stage again), then push again.",
+                ) from exc
             raise
-        st["sent"] += size if n is None else int(n)   # n: bytes really sent (a continued .part: the rest)
+        st["sent"] += size if n is None else int(n)  # n: bytes really sent (a continued .part: the rest)
         sent_files += 1
         pushed[str(f["path"])] = f["sha256"]
         await t.write_bytes(man, json.dumps(pushed).encode())  # resumable: record as we go
@@ -253,8 +323,8 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
         if await t.exists(man):
             try:
                 got = json.loads((await t.read_bytes(man)).decode())
-                pushed = got if isinstance(got, dict) else {}   # the board's note, only ever compared with
-            except (ValueError, OSError):                         # bundle.json's sha256s, never used as a path
+                pushed = got if isinstance(got, dict) else {}  # the board's note, only ever compared with
+            except (ValueError, OSError):  # bundle.json's sha256s, never used as a path
                 pushed = {}
         for f in files:
             rel = str(f["path"])
@@ -282,15 +352,18 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
             await send(by_path[rel], False)
             resent.append(b)
         if bad:
-            again, fixed = await compare_on_board(board, remote, [by_path[b["path"]] for b in bad], hashes=True)
+            again, fixed = await compare_on_board(
+                board, remote, [by_path[b["path"]] for b in bad], hashes=True
+            )
             if again:
                 raise BoardError(
                     f"{len(again)} file(s) of the bundle are still wrong on the board after sending them again "
                     f"(first: {again[0]['path']}: {again[0]['why']}).",
-                    "The board's storage may be failing or full: check `df -h` and `dmesg` on the board.")
+                    "The board's storage may be failing or full: check `df -h` and `dmesg` on the board.",
+                )
             ctimes.update(fixed)
         rel = ""
-        if ctimes != seen:   # what the files look like now, so the next push sees any later change
+        if ctimes != seen:  # what the files look like now, so the next push sees any later change
             save_local_record(board, remote, ctimes)
         if ctimes != pushed.get(CTIMES):
             pushed[CTIMES] = ctimes
@@ -303,36 +376,60 @@ async def push_bundle(board: Board, bundle_dir: Path, name: str,
             raise
         if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, TimeoutError)):
             free = await _free_space(board, remote)
-            if free is not None:   # the board still answers: it refused the write, the link is fine
+            if free is not None:  # the board still answers: it refused the write, the link is fine
                 raise BoardWriteFailed(
                     f"The board refused to write {rel or 'the bundle'} into {remote or 'its bundle folder'} ({exc}); "
                     f"the connection is fine. {free}. {sent_files} file(s) were complete before it.",
                     "Free space on the board (old bundles are in ~/hexstudio/bundles; `df -h` shows the disks) "
-                    "or make the folder writable, then push again: files already sent are skipped.") from exc
+                    "or make the folder writable, then push again: files already sent are skipped.",
+                ) from exc
         what = f"while pushing {rel}" if rel else "before the push started"
         raise ConnectionDropped(
             f"The connection to {board.label} dropped {what} ({exc or type(exc).__name__}); "
             f"{sent_files} file(s) were complete before it.",
             "Check the board's power and network, then push again (run the Board stage again): files already "
-            "sent are skipped and the interrupted one continues where it stopped.") from exc
+            "sent are skipped and the interrupted one continues where it stopped.",
+        ) from exc
     if resent:
-        warnings.append(f"{len(resent)} file(s) on the board differed from the local bundle and were sent again: "
-                        + "; ".join(f"{b['path']} ({b['why']})" for b in resent))
-    pr = PushResult(remote, sent_files, skipped, st["sent"], time.monotonic() - t0, warnings,
-                    emulated=bool(doc.get("emulated")), verified=verified, resent=resent,
-                    verify_seconds=t_verify)
-    log.info("board %s: push to %s done: %d file(s) sent (%d bytes), %d skipped, %d resent, %s checked, %.1f s",
-             board.name, remote, sent_files, st["sent"], skipped, len(resent), verified, pr.seconds)
+        warnings.append(
+            f"{len(resent)} file(s) on the board differed from the local bundle and were sent again: "
+            + "; ".join(f"{b['path']} ({b['why']})" for b in resent)
+        )
+    pr = PushResult(
+        remote,
+        sent_files,
+        skipped,
+        st["sent"],
+        time.monotonic() - t0,
+        warnings,
+        emulated=bool(doc.get("emulated")),
+        verified=verified,
+        resent=resent,
+        verify_seconds=t_verify,
+    )
+    log.info(
+        "board %s: push to %s done: %d file(s) sent (%d bytes), %d skipped, %d resent, %s checked, %.1f s",
+        board.name,
+        remote,
+        sent_files,
+        st["sent"],
+        skipped,
+        len(resent),
+        verified,
+        pr.seconds,
+    )
     return pr
 
 
 async def _refuse_symlinks(board: Board, remote: str) -> None:
     links = await symlinks_on_board(board, remote)
     if links:
-        raise UnsafeBundle(f"{links[0]} is a symbolic link on {board.label}: a push would write through it to "
-                           "wherever it points. Nothing was sent.",
-                           f"Remove the link on the board (rm {links[0]}), then push again; HexStudio makes its "
-                           "folders itself under ~/hexstudio/bundles.")
+        raise UnsafeBundle(
+            f"{links[0]} is a symbolic link on {board.label}: a push would write through it to "
+            "wherever it points. Nothing was sent.",
+            f"Remove the link on the board (rm {links[0]}), then push again; HexStudio makes its "
+            "folders itself under ~/hexstudio/bundles.",
+        )
 
 
 async def recheck_pushed(board: Board, bundle_dir: Path, name: str) -> list[dict[str, str]]:
@@ -341,12 +438,24 @@ async def recheck_pushed(board: Board, bundle_dir: Path, name: str) -> list[dict
     whose size or ctime changed since (or with no record) gets its sha256 computed on the board. The files
     found wrong ([] when the bundle is as pushed); symlinks in the way raise UnsafeBundle."""
     _doc, files = load_bundle(bundle_dir)
-    entries = [*files, {"path": "bundle.json", "sha256": sha256_file(bundle_dir / "bundle.json"),
-                        "size": (bundle_dir / "bundle.json").stat().st_size}]
+    entries = [
+        *files,
+        {
+            "path": "bundle.json",
+            "sha256": sha256_file(bundle_dir / "bundle.json"),
+            "size": (bundle_dir / "bundle.json").stat().st_size,
+        },
+    ]
     remote = await remote_bundle_dir(board, name)
     await _refuse_symlinks(board, remote)
-    bad, _ctimes = await compare_on_board(board, remote, entries, hashes=False, ctimes=load_local_record(board, remote))
+    bad, _ctimes = await compare_on_board(
+        board, remote, entries, hashes=False, ctimes=load_local_record(board, remote)
+    )
     if bad:
-        log.warning("board %s: bundle %s changed on the board since the push: %s", board.name, name,
-                    "; ".join(f"{b['path']} ({b['why']})" for b in bad[:5]))
+        log.warning(
+            "board %s: bundle %s changed on the board since the push: %s",
+            board.name,
+            name,
+            "; ".join(f"{b['path']} ({b['why']})" for b in bad[:5]),
+        )
     return bad

@@ -41,12 +41,21 @@ class Transport(Protocol):
     label: str
     simulated: bool
 
-    async def run(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
-                  timeout: float | None = None, stdin: bytes | None = None) -> CommandResult: ...
-    async def start(self, argv: list[str], *, cwd: str | None = None,
-                    env: dict[str, str] | None = None) -> RemoteProcess: ...
-    async def put_file(self, local: Path, remote: str,
-                       progress: Callable[[int], None] | None = None) -> int | None: ...
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult: ...
+    async def start(
+        self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None
+    ) -> RemoteProcess: ...
+    async def put_file(
+        self, local: Path, remote: str, progress: Callable[[int], None] | None = None
+    ) -> int | None: ...
     async def get_file(self, remote: str, local: Path) -> None: ...
     async def write_bytes(self, remote: str, data: bytes, mode: int = 0o644) -> None: ...
     async def read_bytes(self, remote: str) -> bytes: ...
@@ -103,27 +112,44 @@ class LocalTransport:
         self.label = f"local simulator ({root})"
         root.mkdir(parents=True, exist_ok=True)
 
-    async def run(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
-                  timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
         proc = await self.start(argv, cwd=cwd, env=env)
         try:
             out, err = await asyncio.wait_for(proc.proc.communicate(stdin), timeout)
         except asyncio.TimeoutError:
             await proc.terminate()
             return CommandResult(124, "", f"timed out after {timeout} s")
-        return CommandResult(await proc.wait(), out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+        return CommandResult(
+            await proc.wait(), out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        )
 
-    async def start(self, argv: list[str], *, cwd: str | None = None,
-                    env: dict[str, str] | None = None) -> LocalProcess:
+    async def start(
+        self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None
+    ) -> LocalProcess:
         proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd or str(self.root), env={**os.environ, **(env or {})},
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)
+            *argv,
+            cwd=cwd or str(self.root),
+            env={**os.environ, **(env or {})},
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
         return LocalProcess(proc)
 
-    async def put_file(self, local: Path, remote: str, progress: Callable[[int], None] | None = None) -> int | None:
+    async def put_file(
+        self, local: Path, remote: str, progress: Callable[[int], None] | None = None
+    ) -> int | None:
         if progress is not None:
-            progress(0)   # the starting offset, as SshTransport reports it
+            progress(0)  # the starting offset, as SshTransport reports it
 
         def copy() -> None:
             dst = Path(remote)
@@ -131,6 +157,7 @@ class LocalTransport:
             tmp = dst.with_name(dst.name + ".part")
             shutil.copyfile(local, tmp)
             os.replace(tmp, dst)
+
         await asyncio.to_thread(copy)
         if progress is not None:
             progress(local.stat().st_size)
@@ -147,6 +174,7 @@ class LocalTransport:
             tmp.write_bytes(data)
             os.chmod(tmp, mode)
             os.replace(tmp, p)
+
         await asyncio.to_thread(write)
 
     async def read_bytes(self, remote: str) -> bytes:
@@ -154,9 +182,11 @@ class LocalTransport:
 
     async def read_head(self, remote: str, size: int) -> bytes:
         """The file's first `size` bytes (a context binary may be gigabytes)."""
+
         def head() -> bytes:
             with open(remote, "rb") as fh:
                 return fh.read(size)
+
         return await asyncio.to_thread(head)
 
     async def exists(self, remote: str) -> bool:
@@ -178,7 +208,7 @@ PGID_MARK = b"HEXSTUDIO_PGID:"
 # SFTP write size: OpenSSH's channel packets carry 32 KiB; a 32 KiB write plus its SFTP header would
 # split into a full packet and a tiny one (measured: 73 -> 94 MB/s on loopback with this).
 T = TypeVar("T")
-SFTP_REPLY_TIMEOUT_S = 120.0   # no SFTP reply for this long: the board is gone
+SFTP_REPLY_TIMEOUT_S = 120.0  # no SFTP reply for this long: the board is gone
 SFTP_WRITE = 32768 - 256
 
 
@@ -261,7 +291,7 @@ class SshSession:
     def close(self) -> None:
         for t in (self._transport, *reversed(self.jumps)):
             with contextlib.suppress(Exception):
-                t.close()      # a ProxyCommand socket is closed (its process ended) with its transport
+                t.close()  # a ProxyCommand socket is closed (its process ended) with its transport
 
 
 class SshTransport:
@@ -273,7 +303,7 @@ class SshTransport:
         self.client = client
         self.host, self.port, self.user = host, port, user
         self.label = f"ssh://{user}@{host}:{port}"
-        self.via = str(getattr(client, "via", "") or "")    # "via jump1,jump2" / "ProxyCommand ...": the route
+        self.via = str(getattr(client, "via", "") or "")  # "via jump1,jump2" / "ProxyCommand ...": the route
         self._sftp: Any = None
         # paramiko's SFTPClient is not safe for requests from several threads at once: one thread can read
         # another's response and leave it waiting forever (seen as a hang in the doctor). One at a time.
@@ -297,8 +327,9 @@ class SshTransport:
 
         with self._sftp_lock:
             if self._sftp is None or self._sftp.sock.closed:
-                self._sftp = paramiko.SFTPClient.from_transport(self._transport(), window_size=WINDOW,
-                                                                max_packet_size=32768)
+                self._sftp = paramiko.SFTPClient.from_transport(
+                    self._transport(), window_size=WINDOW, max_packet_size=32768
+                )
                 # a reply that never comes (board gone, network cut) ends in an error, not a hang
                 self._sftp.get_channel().settimeout(SFTP_REPLY_TIMEOUT_S)
             return self._sftp
@@ -318,7 +349,7 @@ class SshTransport:
                 try:
                     sftp.mkdir(path)
                 except OSError:
-                    sftp.stat(path)   # made meanwhile by someone else: fine; otherwise this raises
+                    sftp.stat(path)  # made meanwhile by someone else: fine; otherwise this raises
             self._dirs.add(path)
 
     def _open_channel(self, command: str) -> Any:
@@ -329,8 +360,15 @@ class SshTransport:
         ch.exec_command(command)
         return ch
 
-    async def run(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
-                  timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
         # A command with no input reads /dev/null, and its channel's stdin is never closed from here:
         # paramiko builds a channel EOF under the channel's lock but sends it after, so a command that
         # ends at once (and whose CLOSE paramiko answers meanwhile) can see our EOF arrive after the
@@ -376,26 +414,32 @@ class SshTransport:
                         drain()
                         if ch.exit_status_ready():
                             break
-                        if ch.closed and self.connected:   # ended without a status: killed by a signal
+                        if ch.closed and self.connected:  # ended without a status: killed by a signal
                             err += f"\n{argv[0]} ended without an exit status (killed by a signal?)".encode()
                             break
-                        raise ConnectionLost(f"The SSH connection to {self.label} dropped while running "
-                                             f"{argv[0]}.")
+                        raise ConnectionLost(
+                            f"The SSH connection to {self.label} dropped while running {argv[0]}."
+                        )
                     if deadline is not None and time.monotonic() > deadline:
-                        return CommandResult(124, out.decode("utf-8", "replace"),
-                                             err.decode("utf-8", "replace") + f"\ntimed out after {timeout} s")
+                        return CommandResult(
+                            124,
+                            out.decode("utf-8", "replace"),
+                            err.decode("utf-8", "replace") + f"\ntimed out after {timeout} s",
+                        )
                     if not got:
                         time.sleep(0.005)
                 rc = ch.recv_exit_status()
-                return CommandResult(255 if rc == -1 else rc, out.decode("utf-8", "replace"),
-                                     err.decode("utf-8", "replace"))
+                return CommandResult(
+                    255 if rc == -1 else rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+                )
             finally:
                 ch.close()
 
         return await asyncio.to_thread(go)
 
-    async def start(self, argv: list[str], *, cwd: str | None = None,
-                    env: dict[str, str] | None = None) -> SshProcess:
+    async def start(
+        self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None
+    ) -> SshProcess:
         # The session's shell is a session (and process group) leader: its pid is the group to kill.
         cmd = f"echo {PGID_MARK.decode()}$$ >&2; " + wrap_command(argv, cwd, env)
 
@@ -411,7 +455,7 @@ class SshTransport:
             line, _, rest = buf.partition(b"\n")
             if line.startswith(PGID_MARK):
                 with contextlib.suppress(ValueError):
-                    pgid = int(line[len(PGID_MARK):])
+                    pgid = int(line[len(PGID_MARK) :])
             else:
                 rest = buf
             return SshProcess(self, ch, pgid, rest)
@@ -419,8 +463,9 @@ class SshTransport:
         return await asyncio.to_thread(go)
 
     # -- files -------------------------------------------------------------------------------
-    def put_file_sync(self, local: Path, remote: str, progress: Callable[[int], None] | None = None,
-                      resume: bool = True) -> int:
+    def put_file_sync(
+        self, local: Path, remote: str, progress: Callable[[int], None] | None = None, resume: bool = True
+    ) -> int:
         """Write `remote` via `<remote>.part` then rename. An existing .part whose content matches the
         local file's start is continued (only the rest is sent). Returns the bytes sent."""
         import posixpath
@@ -443,7 +488,7 @@ class SshTransport:
             src.seek(offset)
             done = offset
             if progress is not None:
-                progress(done)   # first call: the starting offset (a continued .part), then bytes written
+                progress(done)  # first call: the starting offset (a continued .part), then bytes written
             while True:
                 block = src.read(CHUNK)
                 if not block:
@@ -481,7 +526,9 @@ class SshTransport:
         ch.close()
         return out.split(b" ")[0].decode("ascii", "replace") == h.hexdigest()
 
-    async def put_file(self, local: Path, remote: str, progress: Callable[[int], None] | None = None) -> int | None:
+    async def put_file(
+        self, local: Path, remote: str, progress: Callable[[int], None] | None = None
+    ) -> int | None:
         """Returns the bytes actually sent (less than the size when a .part was continued)."""
         return await asyncio.to_thread(self._locked, self.put_file_sync, local, remote, progress)
 
@@ -507,6 +554,7 @@ class SshTransport:
                 sftp.posix_rename(part, remote)
             except OSError:
                 sftp.rename(part, remote)
+
         await asyncio.to_thread(self._locked, go)
 
     async def read_bytes(self, remote: str) -> bytes:
@@ -514,6 +562,7 @@ class SshTransport:
             with self.sftp().open(remote, "rb") as f:
                 f.prefetch()
                 return bytes(f.read())
+
         return await asyncio.to_thread(self._locked, go)
 
     async def exists(self, remote: str) -> bool:
@@ -527,6 +576,7 @@ class SshTransport:
                 if getattr(exc, "errno", None) == 2:
                     return False
                 raise
+
         return await asyncio.to_thread(self._locked, go)
 
     async def home(self) -> str:
@@ -540,4 +590,5 @@ class SshTransport:
                 with contextlib.suppress(Exception):
                     self._sftp.close()
             self.client.close()
+
         await asyncio.to_thread(go)

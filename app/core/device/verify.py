@@ -28,10 +28,10 @@ from workers.shared.bundle.safepath import (
     resolve_under,
 )
 
-MAX_MANIFEST_BYTES = 64 << 20   # bundle.json / genie_config.json: far beyond any real one
-VERIFY_JOBS = 4          # files hashed at once on the board (sha256sum processes)
+MAX_MANIFEST_BYTES = 64 << 20  # bundle.json / genie_config.json: far beyond any real one
+VERIFY_JOBS = 4  # files hashed at once on the board (sha256sum processes)
 STAT_LINE = re.compile(r"^(\d+) (\d+(?:\.\d+)?) (.+)$")
-CTIMES = "//ctime"          # key of the board manifest holding each file's ctime after the push (never a path)
+CTIMES = "//ctime"  # key of the board manifest holding each file's ctime after the push (never a path)
 HASH_LINE = re.compile(r"^\\?([0-9a-f]{64}) [ *](.+)$")
 
 
@@ -40,17 +40,22 @@ def load_bundle(bundle_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
     bundle.json gives, before anything is sent. Raises UnsafeBundle or LocalBundleError."""
     manifest = bundle_dir / "bundle.json"
     try:
-        with open_regular(bundle_dir, "bundle.json", "bundle.json") as fh:   # a FIFO here must not hang the push
+        with open_regular(
+            bundle_dir, "bundle.json", "bundle.json"
+        ) as fh:  # a FIFO here must not hang the push
             doc = json.loads(fh.read(MAX_MANIFEST_BYTES).decode("utf-8"))
     except UnsafePath as exc:
         raise UnsafeBundle(f"Refused to push {bundle_dir}: {exc}", exc.hint) from None
     except FileNotFoundError:
-        raise LocalBundleError(f"{manifest} does not exist: {bundle_dir} is not a complete bundle folder.",
-                               "Give the compile stage's bundle folder (artifacts/compile/bundle), or compile "
-                               "again.") from None
+        raise LocalBundleError(
+            f"{manifest} does not exist: {bundle_dir} is not a complete bundle folder.",
+            "Give the compile stage's bundle folder (artifacts/compile/bundle), or compile again.",
+        ) from None
     except (OSError, ValueError) as exc:
-        raise LocalBundleError(f"{manifest} cannot be read ({exc}).",
-                               "Compile again: bundle.json is written last by the compile stage.") from None
+        raise LocalBundleError(
+            f"{manifest} cannot be read ({exc}).",
+            "Compile again: bundle.json is written last by the compile stage.",
+        ) from None
     if not isinstance(doc, dict):
         raise LocalBundleError(f"{manifest} is not a JSON object.", "Compile again.")
     try:
@@ -65,9 +70,11 @@ def load_bundle(bundle_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
             check_genie_config(cfg, bundle_dir, require_dialog=False)
     except UnsafePath as exc:
         raise UnsafeBundle(f"Refused to push {bundle_dir}: {exc}", exc.hint) from None
-    except (OSError, ValueError) as exc:   # genie_config.json unreadable or not JSON
-        raise LocalBundleError(f"{bundle_dir / 'genie_config.json'} cannot be read ({exc}).",
-                               "Compile the bundle again (`hexstudio bundle check` says what is wrong).") from None
+    except (OSError, ValueError) as exc:  # genie_config.json unreadable or not JSON
+        raise LocalBundleError(
+            f"{bundle_dir / 'genie_config.json'} cannot be read ({exc}).",
+            "Compile the bundle again (`hexstudio bundle check` says what is wrong).",
+        ) from None
     for i, f in enumerate(files):
         local = bundle_dir / str(f["path"])
         try:
@@ -77,26 +84,34 @@ def load_bundle(bundle_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
                 f"The local bundle file {local} (bundle.json files[{i}], '{f['path']}') is missing. Nothing was "
                 "sent for it; the board and its connection are fine.",
                 "The bundle folder is incomplete (deleted or moved files): run the Compile stage again, or "
-                f"`hexstudio bundle verify {bundle_dir}` to see every difference.") from None
+                f"`hexstudio bundle verify {bundle_dir}` to see every difference.",
+            ) from None
         except OSError as exc:
-            raise LocalBundleError(f"The local bundle file {local} cannot be read ({exc}).",
-                                   "Check its permissions and the disk, then push again.") from None
+            raise LocalBundleError(
+                f"The local bundle file {local} cannot be read ({exc}).",
+                "Check its permissions and the disk, then push again.",
+            ) from None
         if not local.is_file():
-            raise LocalBundleError(f"The local bundle entry {local} (bundle.json files[{i}]) is not a file.",
-                                   "Compile the bundle again.")
+            raise LocalBundleError(
+                f"The local bundle entry {local} (bundle.json files[{i}]) is not a file.",
+                "Compile the bundle again.",
+            )
         if size != int(f["size"]):
             raise LocalBundleError(
                 f"The local bundle file {local} has {size} bytes but bundle.json says {f['size']}: it changed "
                 "after the bundle was compiled. Nothing was sent.",
-                f"Run the Compile stage again (or `hexstudio bundle verify {bundle_dir}` to see what changed).")
+                f"Run the Compile stage again (or `hexstudio bundle verify {bundle_dir}` to see what changed).",
+            )
     return doc, files
 
 
 async def _board_lines(t: Any, argv: list[str], cwd: str, rels: list[str], timeout: float) -> list[str]:
     res = await t.run(argv, cwd=cwd, stdin=b"\0".join(r.encode() for r in rels), timeout=timeout)
     if res.exit_status == 124:
-        raise BoardError(f"Checking the bundle on the board timed out ({' '.join(argv[:3])}...).",
-                         "The board may be overloaded or its storage slow; push again.")
+        raise BoardError(
+            f"Checking the bundle on the board timed out ({' '.join(argv[:3])}...).",
+            "The board may be overloaded or its storage slow; push again.",
+        )
     return list(res.stdout.splitlines())
 
 
@@ -107,7 +122,7 @@ async def remote_stat(t: Any, remote: str, rels: list[str]) -> dict[str, tuple[i
     if not rels:
         return {}
     out: dict[str, tuple[int, str]] = {}
-    for fmt in ("%s %.9Z %n", "%s %Z %n"):   # an old coreutils stat lacks the fraction
+    for fmt in ("%s %.9Z %n", "%s %Z %n"):  # an old coreutils stat lacks the fraction
         for line in await _board_lines(t, ["xargs", "-0", "-r", "stat", "-c", fmt, "--"], remote, rels, 300):
             m = STAT_LINE.match(line)
             if m:
@@ -131,8 +146,14 @@ async def remote_sha256(t: Any, remote: str, rels: list[str], jobs: int = VERIFY
     return out
 
 
-async def compare_on_board(board: Board, remote: str, files: list[dict[str, Any]], *, hashes: bool,
-                           ctimes: dict[str, str] | None = None) -> tuple[list[dict[str, str]], dict[str, str]]:
+async def compare_on_board(
+    board: Board,
+    remote: str,
+    files: list[dict[str, Any]],
+    *,
+    hashes: bool,
+    ctimes: dict[str, str] | None = None,
+) -> tuple[list[dict[str, str]], dict[str, str]]:
     """The bundle files whose copy on the board is missing, of another size or of another sha256 than
     bundle.json says: ([{"path", "why"}], {path: ctime} of the files found right). The sha256 is computed
     on the board for every file when `hashes`, else only for files whose ctime differs from `ctimes` (what
@@ -150,7 +171,9 @@ async def compare_on_board(board: Board, remote: str, files: list[dict[str, Any]
         if got is None:
             bad.append({"path": rel, "why": "missing on the board"})
         elif got[0] != size:
-            bad.append({"path": rel, "why": f"{got[0]} bytes on the board, {size} expected (truncated or changed)"})
+            bad.append(
+                {"path": rel, "why": f"{got[0]} bytes on the board, {size} expected (truncated or changed)"}
+            )
         elif hashes or (ctimes or {}).get(rel) != got[1]:
             todo.append(f)
     sums = await remote_sha256(t, remote, [str(f["path"]) for f in todo])
@@ -159,8 +182,13 @@ async def compare_on_board(board: Board, remote: str, files: list[dict[str, Any]
         if got_sha is None:
             bad.append({"path": str(f["path"]), "why": "could not be read on the board"})
         elif got_sha != f["sha256"]:
-            bad.append({"path": str(f["path"]), "why": f"sha256 on the board {got_sha[:12]}..., "
-                                                    f"{str(f['sha256'])[:12]}... expected (content changed)"})
+            bad.append(
+                {
+                    "path": str(f["path"]),
+                    "why": f"sha256 on the board {got_sha[:12]}..., "
+                    f"{str(f['sha256'])[:12]}... expected (content changed)",
+                }
+            )
     wrong = {b["path"] for b in bad}
     return bad, {rel: st[1] for rel, st in stats.items() if rel not in wrong}
 
@@ -169,12 +197,15 @@ async def remote_bundle_dir(board: Board, name: str) -> str:
     try:
         check_name(name, "bundle name")
     except UnsafePath as exc:
-        raise UnsafeBundle(str(exc), "Name the bundle with letters, digits, '.', '_', '-' or '+' only "
-                                     "(a run id always is).") from None
+        raise UnsafeBundle(
+            str(exc), "Name the bundle with letters, digits, '.', '_', '-' or '+' only (a run id always is)."
+        ) from None
     home = await board.transport.home()
     if not isinstance(home, str) or not home.startswith("/") or "\n" in home or "\x00" in home:
-        raise BoardError(f"The board answered {home!r} for the home folder, which is not an absolute path.",
-                         "Check the board user's home folder (echo $HOME on the board).")
+        raise BoardError(
+            f"The board answered {home!r} for the home folder, which is not an absolute path.",
+            "Check the board user's home folder (echo $HOME on the board).",
+        )
     return posixpath.join(home, "hexstudio", "bundles", name)
 
 
@@ -211,9 +242,10 @@ def save_local_record(board: Board, remote: str, ctimes: dict[str, str]) -> None
     from app.core.atomic import write_json_atomic
 
     try:
-        write_json_atomic(local_record_path(board, remote), {"board": board.name, "remote": remote,
-                                                             "ctimes": ctimes})
-    except OSError:   # no record: the next comparison computes every sha256 on the board (slower, as safe)
+        write_json_atomic(
+            local_record_path(board, remote), {"board": board.name, "remote": remote, "ctimes": ctimes}
+        )
+    except OSError:  # no record: the next comparison computes every sha256 on the board (slower, as safe)
         pass
 
 
@@ -221,18 +253,29 @@ async def symlinks_on_board(board: Board, remote: str) -> list[str]:
     """The bundle folder, its parents under ~/hexstudio, or anything inside it that is a symbolic link on the
     board: a push would write through it (issue 27: a symlinked folder already on the board was followed)."""
     parent = posixpath.dirname(remote)
-    script = ('for p in "$1" "$2" "$3"; do [ -L "$p" ] && echo "$p"; done; '
-              '[ -d "$3" ] && [ ! -L "$3" ] && find "$3" -mindepth 1 -type l -print 2>/dev/null; true')
-    res = await board.transport.run(["sh", "-c", script, "_", posixpath.dirname(parent), parent, remote],
-                                    timeout=120)
+    script = (
+        'for p in "$1" "$2" "$3"; do [ -L "$p" ] && echo "$p"; done; '
+        '[ -d "$3" ] && [ ! -L "$3" ] && find "$3" -mindepth 1 -type l -print 2>/dev/null; true'
+    )
+    res = await board.transport.run(
+        ["sh", "-c", script, "_", posixpath.dirname(parent), parent, remote], timeout=120
+    )
     return [ln for ln in res.stdout.splitlines() if ln.strip()]
 
 
-async def verify_pushed(board: Board, bundle_dir: Path, name: str, *, hashes: bool = True) -> list[dict[str, str]]:
+async def verify_pushed(
+    board: Board, bundle_dir: Path, name: str, *, hashes: bool = True
+) -> list[dict[str, str]]:
     """Compare the bundle on the board with the local one (sizes; sha256 computed on the board when
     `hashes`): the files that differ, [] when it matches. For the doctor and the Board stage's gate."""
     _doc, files = load_bundle(bundle_dir)
-    entries = [*files, {"path": "bundle.json", "sha256": sha256_file(bundle_dir / "bundle.json"),
-                        "size": (bundle_dir / "bundle.json").stat().st_size}]
+    entries = [
+        *files,
+        {
+            "path": "bundle.json",
+            "sha256": sha256_file(bundle_dir / "bundle.json"),
+            "size": (bundle_dir / "bundle.json").stat().st_size,
+        },
+    ]
     bad, _ = await compare_on_board(board, await remote_bundle_dir(board, name), entries, hashes=hashes)
     return bad

@@ -15,14 +15,16 @@ from app.core.eval.toolcall import detect_format
 from app.core.genie.prompts import chat_format_for, chat_prompt, template_for
 from workers.shared.chat_template import ChatFormat
 
-GENERIC_TOOLS = ("You can call these functions:\n{tools}\n\nTo call one or more, reply with only JSON: "
-                 "{{\"name\": <function name>, \"arguments\": {{...}}}} (a list for several calls). If none of "
-                 "them fits, answer in plain text.")
+GENERIC_TOOLS = (
+    "You can call these functions:\n{tools}\n\nTo call one or more, reply with only JSON: "
+    '{{"name": <function name>, "arguments": {{...}}}} (a list for several calls). If none of '
+    "them fits, answer in plain text."
+)
 
 
 @dataclass
 class PromptRenderer:
-    template: str                       # model | plain | qa | llama3 | nemotron
+    template: str  # model | plain | qa | llama3 | nemotron
     fmt: ChatFormat
     tool_format: str
     model_name: str = ""
@@ -44,7 +46,8 @@ class PromptRenderer:
         if self.template == "model":
             return self.fmt.label(False)
         return {"qa": "the built-in model's Question/Answer format", "plain": "plain completion"}.get(
-            self.template, self.template)
+            self.template, self.template
+        )
 
     def _messages(self, case: Case) -> list[dict[str, Any]]:
         if case.messages is not None:
@@ -55,17 +58,20 @@ class PromptRenderer:
         msgs = self._messages(case)
         tools = case.tools
         if self.template == "model" and self.fmt.mode == "model":
-            if tools and not self.fmt.supports_tools:   # the template cannot show tools: say them in the system text
+            if (
+                tools and not self.fmt.supports_tools
+            ):  # the template cannot show tools: say them in the system text
                 msgs = _with_tool_system(msgs, tools)
                 tools = None
-            thinking: dict[str, Any] = ({"enable_thinking": False} if self.fmt.thinking_switch == "enable_thinking"
-                                        else {})
+            thinking: dict[str, Any] = (
+                {"enable_thinking": False} if self.fmt.thinking_switch == "enable_thinking" else {}
+            )
             if self.fmt.thinking_switch == "system" and not any(m["role"] == "system" for m in msgs):
                 msgs = [{"role": "system", "content": "detailed thinking off"}, *msgs]
             text = self.fmt.render(msgs, add_generation_prompt=True, tools=tools, **thinking)
             bos = self.fmt.special.get("bos_token")
             if self.fmt.genie_bos and bos and text.startswith(bos):
-                text = text[len(bos):]
+                text = text[len(bos) :]
             return text
         # no chat template in use: tools in words, the conversation flattened into the model's format
         if tools:
@@ -76,8 +82,12 @@ class PromptRenderer:
             return (system + "\n\n" if system else "") + user
         if self.template == "qa":
             return (system + "\n" if system else "") + chat_prompt(user, template="qa")
-        return chat_prompt(user, system=system, template="nemotron" if self.template.startswith("nemotron")
-                           else "llama3", reasoning=False)
+        return chat_prompt(
+            user,
+            system=system,
+            template="nemotron" if self.template.startswith("nemotron") else "llama3",
+            reasoning=False,
+        )
 
 
 def _with_tool_system(msgs: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

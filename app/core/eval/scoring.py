@@ -13,8 +13,12 @@ from app.core.eval.suites import Case
 from app.core.eval.toolcall import parse_reply, score_tool_call
 
 LEGS = ("float", "sim", "htp", "board")
-LEG_TITLES = {"float": "host float", "sim": "host quantized (simulation)",
-              "htp": "host HTP simulation (Qualcomm QNN, x86)", "board": "board"}
+LEG_TITLES = {
+    "float": "host float",
+    "sim": "host quantized (simulation)",
+    "htp": "host HTP simulation (Qualcomm QNN, x86)",
+    "board": "board",
+}
 
 
 def _words(text: str) -> list[str]:
@@ -50,7 +54,9 @@ def check(c: dict[str, Any], reply: str) -> tuple[bool, str]:
     if t == "starts_with":
         return s.lower().startswith(str(c["text"]).lower()), f"starts with {c['text']!r}"
     if t == "ends_with":
-        return s.lower().rstrip(".!? ").endswith(str(c["text"]).lower().rstrip(".!? ")), f"ends with {c['text']!r}"
+        return s.lower().rstrip(".!? ").endswith(
+            str(c["text"]).lower().rstrip(".!? ")
+        ), f"ends with {c['text']!r}"
     if t == "json":
         body = re.sub(r"^```[a-zA-Z]*\s*|\s*```$", "", s)
         try:
@@ -85,7 +91,7 @@ def score_case(case: Case, reply: str, tool_format: str) -> dict[str, Any]:
         else:
             return {"correct": False, "why": f"{case.scorer} is not scored on a reply"}
         return {"correct": ok, "why": "matches" if ok else f"expected {' or '.join(map(str, options))!r}"}
-    except Exception as exc:   # a scorer bug must not end the suite: the case is counted wrong, with why
+    except Exception as exc:  # a scorer bug must not end the suite: the case is counted wrong, with why
         return {"correct": False, "why": f"could not be scored: {type(exc).__name__}: {exc}"}
 
 
@@ -98,15 +104,21 @@ def parity(board_ids: list[int], host_ids: list[int]) -> dict[str, Any]:
         if a != b:
             break
         same += 1
-    return {"matched": same, "total": n, "exact": board_ids == host_ids,
-            "first_diff": None if board_ids == host_ids else same}
+    return {
+        "matched": same,
+        "total": n,
+        "exact": board_ids == host_ids,
+        "first_diff": None if board_ids == host_ids else same,
+    }
 
 
 def perplexity(nll_sum: float, tokens: int) -> float | None:
     return round(math.exp(nll_sum / tokens), 4) if tokens else None
 
 
-def suite_scores(cases: list[Case], results: dict[str, dict[str, dict[str, Any]]], scorer: str) -> dict[str, Any]:
+def suite_scores(
+    cases: list[Case], results: dict[str, dict[str, dict[str, Any]]], scorer: str
+) -> dict[str, Any]:
     """A suite's score on each leg from per-case results ({leg: {case id: result}}), with the drop at each step
     (float -> sim -> board). Accuracy suites: correct / cases. Perplexity: exp(total NLL / tokens).
     Parity: matched / total tokens, board against the host simulation."""
@@ -117,9 +129,17 @@ def suite_scores(cases: list[Case], results: dict[str, dict[str, dict[str, Any]]
         if scorer == "perplexity":
             nll = sum(float(r.get("nll_sum") or 0) for r in done)
             toks = sum(int(r.get("tokens") or 0) for r in done)
-            out["legs"][leg] = None if not done or not toks else {
-                "value": perplexity(nll, toks), "tokens": toks, "cases": len(done), "of": len(cases),
-                "text": f"{perplexity(nll, toks):.3f}"}
+            out["legs"][leg] = (
+                None
+                if not done or not toks
+                else {
+                    "value": perplexity(nll, toks),
+                    "tokens": toks,
+                    "cases": len(done),
+                    "of": len(cases),
+                    "text": f"{perplexity(nll, toks):.3f}",
+                }
+            )
         elif scorer == "parity":
             if leg not in ("board", "htp") or not done:
                 out["legs"][leg] = None
@@ -127,14 +147,32 @@ def suite_scores(cases: list[Case], results: dict[str, dict[str, dict[str, Any]]
             m = sum(int(r["parity"]["matched"]) for r in done if r.get("parity"))
             n = sum(int(r["parity"]["total"]) for r in done if r.get("parity"))
             exact = sum(1 for r in done if (r.get("parity") or {}).get("exact"))
-            out["legs"][leg] = {"value": round(m / n, 4) if n else None, "matched": m, "total": n,
-                                "exact_cases": exact, "cases": len(done), "of": len(cases), "text": f"{m}/{n}"}
+            out["legs"][leg] = {
+                "value": round(m / n, 4) if n else None,
+                "matched": m,
+                "total": n,
+                "exact_cases": exact,
+                "cases": len(done),
+                "of": len(cases),
+                "text": f"{m}/{n}",
+            }
         else:
             correct = sum(1 for r in done if (r.get("score") or {}).get("correct"))
-            malformed = sum(1 for r in done if ((r.get("score") or {}).get("parsed") or {}).get("kind") == "malformed")
-            out["legs"][leg] = None if not done else {
-                "value": round(correct / len(done), 4), "correct": correct, "cases": len(done), "of": len(cases),
-                "malformed": malformed, "text": f"{correct}/{len(done)} ({100 * correct / len(done):.1f}%)"}
+            malformed = sum(
+                1 for r in done if ((r.get("score") or {}).get("parsed") or {}).get("kind") == "malformed"
+            )
+            out["legs"][leg] = (
+                None
+                if not done
+                else {
+                    "value": round(correct / len(done), 4),
+                    "correct": correct,
+                    "cases": len(done),
+                    "of": len(cases),
+                    "malformed": malformed,
+                    "text": f"{correct}/{len(done)} ({100 * correct / len(done):.1f}%)",
+                }
+            )
     for a, b in (("float", "sim"), ("sim", "board")):
         x, y = out["legs"].get(a), out["legs"].get(b)
         if x and y and x.get("value") is not None and y.get("value") is not None:

@@ -71,7 +71,9 @@ class Plan:
                     else:
                         legs = ("float", "sim") if htp_board else ("float", "sim", "board")
                     job = {"kind": "generate", "prompt": prompt, "max_tokens": max_tokens, "legs": legs}
-                job["key"] = f"{s.name}/{c.id}/{_h(job.get('prompt'), job.get('text'), job.get('max_tokens'))}"
+                job["key"] = (
+                    f"{s.name}/{c.id}/{_h(job.get('prompt'), job.get('text'), job.get('max_tokens'))}"
+                )
                 job["suite"], job["case"] = s.name, c.id
                 self.jobs.append(job)
                 self.by_case[(s.name, c.id)] = job
@@ -97,36 +99,69 @@ class Progress:
     def tell(self, part: str, n: int, what: str, **extra: Any) -> None:
         self.done[part] = n
         total = sum(self.done.values())
-        self.ctx.emitter.progress(total / self.all_runs, f"{what} ({total}/{self.all_runs} case runs)",
-                                  cases_done=total, cases_total=self.all_runs, **extra)
+        self.ctx.emitter.progress(
+            total / self.all_runs,
+            f"{what} ({total}/{self.all_runs} case runs)",
+            cases_done=total,
+            cases_total=self.all_runs,
+            **extra,
+        )
 
 
-async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal: Path, progress: Progress, *,
-                        part: str = "host", python: str | None = None, env: dict[str, str] | None = None) -> None:
+async def run_host_legs(
+    ctx: StageContext,
+    plan: Plan,
+    legs: list[str],
+    journal: Path,
+    progress: Progress,
+    *,
+    part: str = "host",
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+) -> None:
     """workers/evaluate.py over `legs` of the host (float and simulation graphs, or the HTP graphs on Qualcomm's
     simulator). `python`: another interpreter to run it under (the workstation installer's side environment that
     holds onnxruntime-qnn when the recipe's Python cannot); `part` names the worker in the logs and the spec."""
     from app.core.jobs import JobRunner, worker_command
 
-    jobs = [{**{k: j[k] for k in ("key", "kind", "prompt", "text", "max_tokens") if k in j},
-             "legs": [leg for leg in legs if leg in j["legs"]]}
-            for j in plan.jobs if any(leg in j["legs"] for leg in legs)]
+    jobs = [
+        {
+            **{k: j[k] for k in ("key", "kind", "prompt", "text", "max_tokens") if k in j},
+            "legs": [leg for leg in legs if leg in j["legs"]],
+        }
+        for j in plan.jobs
+        if any(leg in j["legs"] for leg in legs)
+    ]
     runs = case_runs(plan, legs)
     done = read_journal(journal)
     if all(f"{leg}\0{j['key']}" in done for j in plan.jobs for leg in legs if leg in j["legs"]):
         progress.tell(part, runs, f"{part} legs: every case already done (from an earlier attempt)")
         return
-    spec = {"schema": SPEC_SCHEMA, "stage": "evaluate", "run_dir": str(ctx.manifest.run_dir),
-            "out_dir": str(ctx.out_dir / part), "upstream": {k: str(v) for k, v in ctx.upstream.items()},
-            "settings": ctx.settings, "inputs": {}, "legs": legs, "jobs": jobs, "journal": str(journal)}
+    spec = {
+        "schema": SPEC_SCHEMA,
+        "stage": "evaluate",
+        "run_dir": str(ctx.manifest.run_dir),
+        "out_dir": str(ctx.out_dir / part),
+        "upstream": {k: str(v) for k, v in ctx.upstream.items()},
+        "settings": ctx.settings,
+        "inputs": {},
+        "legs": legs,
+        "jobs": jobs,
+        "journal": str(journal),
+    }
     spec_path = ctx.manifest.run_dir / "specs" / f"evaluate.{part}.json"
     write_json_atomic(spec_path, spec)
 
     def on_event(ev: dict[str, Any]) -> None:
         if ev.get("type") == "progress":
-            n = int(ev["finished"]) if isinstance(ev.get("finished"), int) else round(
-                float(ev.get("fraction") or 0) * runs)
-            what = f"{ev['leg']}: {ev['key']}" if ev.get("leg") and ev.get("key") else str(ev.get("message", ""))
+            n = (
+                int(ev["finished"])
+                if isinstance(ev.get("finished"), int)
+                else round(float(ev.get("fraction") or 0) * runs)
+            )
+            what = (
+                f"{ev['leg']}: {ev['key']}" if ev.get("leg") and ev.get("key") else str(ev.get("message", ""))
+            )
             progress.tell(part, n, f"host {what}")
         elif ev.get("type") in ("log", "warning"):
             ctx.emit(ev)
@@ -134,12 +169,24 @@ async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal:
     what = f"The Evaluate stage's host legs ({', '.join(legs)})"
     log_path = ctx.manifest.run_dir / "logs" / f"evaluate.{part}.jsonl"
     if python is None:
-        job = await JobRunner().start_local("workers.evaluate", spec_path, on_event=on_event, log_path=log_path,
-                                            env=env or worker_env(), what=what)
+        job = await JobRunner().start_local(
+            "workers.evaluate",
+            spec_path,
+            on_event=on_event,
+            log_path=log_path,
+            env=env or worker_env(),
+            what=what,
+        )
     else:
         argv = [python, *worker_command("workers.evaluate", spec_path)[1:]]
-        job = await JobRunner().start_argv(argv, on_event=on_event, log_path=log_path, env=env or worker_env(),
-                                           what=f"{what} in {python}", liveness=True)
+        job = await JobRunner().start_argv(
+            argv,
+            on_event=on_event,
+            log_path=log_path,
+            env=env or worker_env(),
+            what=f"{what} in {python}",
+            liveness=True,
+        )
     waiter = asyncio.ensure_future(job.wait())
     cancel = asyncio.ensure_future(ctx.cancel_event.wait())
     try:
@@ -148,7 +195,7 @@ async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal:
             await job.cancel()
             await waiter
             raise asyncio.CancelledError()
-    except asyncio.CancelledError:   # a sibling leg failed, or the stage was cancelled: stop the worker too
+    except asyncio.CancelledError:  # a sibling leg failed, or the stage was cancelled: stop the worker too
         if not waiter.done():
             await job.cancel()
             with contextlib.suppress(Exception):
@@ -159,20 +206,31 @@ async def run_host_legs(ctx: StageContext, plan: Plan, legs: list[str], journal:
     res = waiter.result()
     if not res.ok:
         side = f" (in {python})" if python else ""
-        raise StageError(res.code or "host_legs_failed",
-                         f"The host legs of the evaluation ({', '.join(legs)}){side} failed: {res.message}",
-                         res.hint or f"See logs/evaluate.{part}.jsonl in the run folder; cases already finished are "
-                                     "kept and skipped when you run the stage again.")
+        raise StageError(
+            res.code or "host_legs_failed",
+            f"The host legs of the evaluation ({', '.join(legs)}){side} failed: {res.message}",
+            res.hint
+            or f"See logs/evaluate.{part}.jsonl in the run folder; cases already finished are "
+            "kept and skipped when you run the stage again.",
+        )
 
 
-async def run_board_leg(ctx: StageContext, plan: Plan, journal: Path, board: Any, remote_bundle: str,
-                        runtime: str | None, on_case: Any, dialog: str = "basic") -> dict[str, Any]:
+async def run_board_leg(
+    ctx: StageContext,
+    plan: Plan,
+    journal: Path,
+    board: Any,
+    remote_bundle: str,
+    runtime: str | None,
+    on_case: Any,
+    dialog: str = "basic",
+) -> dict[str, Any]:
     """The cases on the board through one persistent dialog (`dialog`: basic, or a speculative one the bundle
     carries): loaded once, its KV cache cleared between cases."""
     from app.core.genie.conversation import Conversation
     from app.core.genie.session import ChatSession, SessionError
 
-    class _Raw(Conversation):   # the prompt is already rendered with the model's template
+    class _Raw(Conversation):  # the prompt is already rendered with the model's template
         def prompt_for(self, user: str) -> str:
             self.dropped_turns = 0
             return user
@@ -184,17 +242,34 @@ async def run_board_leg(ctx: StageContext, plan: Plan, journal: Path, board: Any
     if not todo:
         return info
     info["dialog"] = dialog
-    session = ChatSession(board, remote_bundle, _Raw(template="qa"), mode="persistent", max_tokens=64,
-                          sampler="deterministic", runtime=runtime, dialog=dialog)
+    session = ChatSession(
+        board,
+        remote_bundle,
+        _Raw(template="qa"),
+        mode="persistent",
+        max_tokens=64,
+        sampler="deterministic",
+        runtime=runtime,
+        dialog=dialog,
+    )
     try:
         try:
             await session.open()
         except SessionError as exc:
-            raise StageError("board_dialog_failed", f"The dialog could not be opened on {board.label}: {exc.message}",
-                             exc.hint or "See the Board page's doctor.") from None
-        info.update({"init_ms": session.init_ms, "runtime": session.runtime.name,
-                     "runtime_version": session.runtime_version, "simulated": session.simulated,
-                     "mode": session.mode})
+            raise StageError(
+                "board_dialog_failed",
+                f"The dialog could not be opened on {board.label}: {exc.message}",
+                exc.hint or "See the Board page's doctor.",
+            ) from None
+        info.update(
+            {
+                "init_ms": session.init_ms,
+                "runtime": session.runtime.name,
+                "runtime_version": session.runtime_version,
+                "simulated": session.simulated,
+                "mode": session.mode,
+            }
+        )
         for i, j in enumerate(todo):
             ctx.check_cancelled()
             await session.reset()
@@ -206,14 +281,26 @@ async def run_board_leg(ctx: StageContext, plan: Plan, journal: Path, board: Any
             try:
                 r = await session.send(j["prompt"], stop=stop)
             except (SessionError, ValueError) as exc:
-                rec = {"leg": "board", "key": j["key"], "text": "", "state": "failed",
-                       "error": getattr(exc, "message", str(exc))}
+                rec = {
+                    "leg": "board",
+                    "key": j["key"],
+                    "text": "",
+                    "state": "failed",
+                    "error": getattr(exc, "message", str(exc)),
+                }
             else:
-                rec = {"leg": "board", "key": j["key"], "text": r.text, "state": r.state, "error": r.error,
-                       "kpis": r.kpis.as_json() if r.kpis else None, "simulated": r.simulated}
+                rec = {
+                    "leg": "board",
+                    "key": j["key"],
+                    "text": r.text,
+                    "state": r.state,
+                    "error": r.error,
+                    "kpis": r.kpis.as_json() if r.kpis else None,
+                    "simulated": r.simulated,
+                }
             finally:
                 waiter.cancel()
-            ctx.check_cancelled()   # an aborted reply is not a result: not journaled
+            ctx.check_cancelled()  # an aborted reply is not a result: not journaled
             append_journal(journal, rec)
             on_case(len(jobs) - len(todo) + i + 1, len(jobs), j)
     finally:
@@ -238,8 +325,16 @@ async def _run_htp_leg(ctx: StageContext, plan: Plan, journal: Path, progress: P
     if libs is None or libs.in_process:
         await run_host_legs(ctx, plan, ["htp"], journal, progress, part="htp")
         return
-    await run_host_legs(ctx, plan, ["htp"], journal, progress, part="htp", python=libs.python,
-                        env=with_workers_on_path(libs.env(worker_env())))
+    await run_host_legs(
+        ctx,
+        plan,
+        ["htp"],
+        journal,
+        progress,
+        part="htp",
+        python=libs.python,
+        env=with_workers_on_path(libs.env(worker_env())),
+    )
 
 
 async def _all_or_none(legs: list[Any]) -> None:
@@ -265,7 +360,7 @@ async def _all_or_none(legs: list[Any]) -> None:
 
 
 def _bundle_binaries(ctx: StageContext) -> str:
-    """"qnn" when the compile stage's bundle holds real QNN context binaries (a local or AI Hub compile)."""
+    """ "qnn" when the compile stage's bundle holds real QNN context binaries (a local or AI Hub compile)."""
     try:
         doc = json.loads((ctx.upstream["compile"] / "bundle" / "bundle.json").read_text(encoding="utf-8"))
     except (KeyError, OSError, ValueError):
@@ -287,8 +382,9 @@ def _token_ids(bundle_dir: Path | None) -> Any:
     return lambda text: list(tok.encode(text, add_special_tokens=False).ids)
 
 
-def score_all(plan: Plan, records: dict[str, dict[str, Any]], tool_format: str,
-              encode: Any) -> tuple[dict[str, dict[str, dict[str, dict[str, Any]]]], list[dict[str, Any]]]:
+def score_all(
+    plan: Plan, records: dict[str, dict[str, Any]], tool_format: str, encode: Any
+) -> tuple[dict[str, dict[str, dict[str, dict[str, Any]]]], list[dict[str, Any]]]:
     """{suite: {leg: {case id: result}}} and the per-case rows."""
     per: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     rows = []
@@ -323,7 +419,8 @@ def score_all(plan: Plan, records: dict[str, dict[str, Any]], tool_format: str,
                     res["score"] = score_case(c, str(rec.get("text") or ""), tool_format)
                 legs[leg][c.id] = res
                 row["legs"][leg] = {k: v for k, v in res.items() if k != "text"} | {
-                    "reply": (rec.get("text") or "")[:400]}
+                    "reply": (rec.get("text") or "")[:400]
+                }
             rows.append(row)
         per[s.name] = legs
     return per, rows
@@ -344,34 +441,49 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     except SuiteError as exc:
         raise StageError("suite_invalid", exc.message, exc.hint) from None
     legs = [x for x in (ctx.settings.get("eval_legs") or DEFAULTS.eval_legs) if x in LEG_TITLES]
-    renderer = PromptRenderer.for_model(ctx.upstream.get("model"),
-                                        str(ctx.settings.get("prompt_template", DEFAULTS.prompt_template)))
+    renderer = PromptRenderer.for_model(
+        ctx.upstream.get("model"), str(ctx.settings.get("prompt_template", DEFAULTS.prompt_template))
+    )
     board_doc = read_board_doc(ctx.upstream.get("board")) or {}
     htp_board = "board" in legs and bool(board_doc.get("simulated")) and _bundle_binaries(ctx) == "qnn"
     agreement_only = htp_board and not _htp_leg_available()
     if agreement_only:
-        em.warning("The board runs real Genie on the HTP simulator, but the host's HTP leg cannot run: onnxruntime-qnn "
-                   "imports neither here nor in a side environment (packaging/install-workstation.sh makes one). "
-                   "Greedy parity is measured against the onnxruntime simulation, an agreement figure between two "
-                   "arithmetics, not the exact gate.",
-                   code="htp_leg_unavailable")
+        em.warning(
+            "The board runs real Genie on the HTP simulator, but the host's HTP leg cannot run: onnxruntime-qnn "
+            "imports neither here nor in a side environment (packaging/install-workstation.sh makes one). "
+            "Greedy parity is measured against the onnxruntime simulation, an agreement figure between two "
+            "arithmetics, not the exact gate.",
+            code="htp_leg_unavailable",
+        )
         htp_board = False
     if htp_board:
-        legs = [*legs[: legs.index("board")], "htp", *legs[legs.index("board"):]] if "htp" not in legs else legs
+        legs = (
+            [*legs[: legs.index("board")], "htp", *legs[legs.index("board") :]] if "htp" not in legs else legs
+        )
     plan = Plan(suites, renderer, htp_board=htp_board)
     if htp_board:
-        em.log(f"The board is Qualcomm's HTP simulator (real Genie on x86, ~1 s a token): its leg runs the first "
-               f"{HTP_SIM_PARITY_CASES} greedy-parity cases, {HTP_SIM_MAX_TOKENS} tokens each, judged against the "
-               "host's HTP simulation; the other suites score the host legs (a real board runs every case).")
-    em.log(f"{len(plan.jobs)} cases in {len(suites)} suite(s): {', '.join(s.name for s in suites)}; prompts with "
-           f"{renderer.label()}; tool calls read in the {renderer.tool_format} format")
+        em.log(
+            f"The board is Qualcomm's HTP simulator (real Genie on x86, ~1 s a token): its leg runs the first "
+            f"{HTP_SIM_PARITY_CASES} greedy-parity cases, {HTP_SIM_MAX_TOKENS} tokens each, judged against the "
+            "host's HTP simulation; the other suites score the host legs (a real board runs every case)."
+        )
+    em.log(
+        f"{len(plan.jobs)} cases in {len(suites)} suite(s): {', '.join(s.name for s in suites)}; prompts with "
+        f"{renderer.label()}; tool calls read in the {renderer.tool_format} format"
+    )
     st = ctx.manifest.data["stages"]
     digest = {n: (st.get(n) or {}).get("output_digest") for n in ("quantize", "compile", "board")}
     runtime = str(ctx.settings.get("runtime") or "") or None
     host_journal = run_dir / "eval" / f"host-{_h(digest['quantize'], digest['compile'], EVAL_VERSION)}.jsonl"
-    dialog = str(ctx.settings.get("dialog_type") or "basic")    # a speculative dialog has a journal of its own
-    board_journal = run_dir / "eval" / (f"board-{board_doc.get('board', 'none')}-"
-                                        f"{_h(digest['compile'], digest['board'], runtime, EVAL_VERSION, *([dialog] if dialog != 'basic' else []))}.jsonl")
+    dialog = str(ctx.settings.get("dialog_type") or "basic")  # a speculative dialog has a journal of its own
+    board_journal = (
+        run_dir
+        / "eval"
+        / (
+            f"board-{board_doc.get('board', 'none')}-"
+            f"{_h(digest['compile'], digest['board'], runtime, EVAL_VERSION, *([dialog] if dialog != 'basic' else []))}.jsonl"
+        )
+    )
     htp_journal = run_dir / "eval" / f"htp-{_h(digest['quantize'], digest['compile'], EVAL_VERSION)}.jsonl"
     host_legs = [x for x in legs if x in ("float", "sim")]
     host_runs = case_runs(plan, host_legs) + case_runs(plan, ["htp"] if "htp" in legs else [])
@@ -388,7 +500,9 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     board: Any = None
     if "board" in legs:
         if not board_doc:
-            raise StageError("no_board", "The Evaluate stage needs the board stage's result.", "Run the board stage.")
+            raise StageError(
+                "no_board", "The Evaluate stage needs the board stage's result.", "Run the board stage."
+            )
         try:
             board = (await open_run_board(board_doc, Settings.load(), ws_root)).board
         except BoardError as exc:
@@ -402,12 +516,20 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             s = next(x for x in plan.suites if x.name == j["suite"])
             sc = suite_scores(s.cases, per[s.name], s.scorer)["legs"].get("board")
             running = f" · {s.name} so far {sc['text']}" if sc else ""
-            progress.tell("board", n, f"board ({source}): case {n} of {total}{running}",
-                          board_cases_done=n, board_cases_total=total)
+            progress.tell(
+                "board",
+                n,
+                f"board ({source}): case {n} of {total}{running}",
+                board_cases_done=n,
+                board_cases_total=total,
+            )
 
         async def board_leg() -> None:
-            board_info.update(await run_board_leg(ctx, plan, board_journal, board, board_doc["remote_bundle"],
-                                                  runtime, on_case, dialog))
+            board_info.update(
+                await run_board_leg(
+                    ctx, plan, board_journal, board, board_doc["remote_bundle"], runtime, on_case, dialog
+                )
+            )
 
         board_leg_fn = board_leg
     board_is_local = board_leg_fn is not None and source == "simulated"
@@ -415,57 +537,102 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     async def on_this_machine() -> None:
         if host_legs:
             await run_host_legs(ctx, plan, host_legs, host_journal, progress)
-        await _all_or_none([*([_run_htp_leg(ctx, plan, htp_journal, progress)] if "htp" in legs else []),
-                            *([board_leg_fn()] if board_leg_fn is not None and board_is_local else [])])
+        await _all_or_none(
+            [
+                *([_run_htp_leg(ctx, plan, htp_journal, progress)] if "htp" in legs else []),
+                *([board_leg_fn()] if board_leg_fn is not None and board_is_local else []),
+            ]
+        )
 
     try:
-        await _all_or_none([on_this_machine(),
-                            *([board_leg_fn()] if board_leg_fn is not None and not board_is_local else [])])
+        await _all_or_none(
+            [
+                on_this_machine(),
+                *([board_leg_fn()] if board_leg_fn is not None and not board_is_local else []),
+            ]
+        )
     finally:
         if board is not None:
             with contextlib.suppress(Exception):
                 await board.transport.close()
     ctx.check_cancelled()
     records = {**read_journal(host_journal), **read_journal(htp_journal), **read_journal(board_journal)}
-    accepted = [float(r["kpis"]["accepted_per_step"]) for r in read_journal(board_journal).values()
-                if isinstance(r.get("kpis"), dict) and isinstance(r["kpis"].get("accepted_per_step"), (int, float))]
+    accepted = [
+        float(r["kpis"]["accepted_per_step"])
+        for r in read_journal(board_journal).values()
+        if isinstance(r.get("kpis"), dict) and isinstance(r["kpis"].get("accepted_per_step"), (int, float))
+    ]
     if "board" in legs:
         board_info["dialog"] = dialog
-        if accepted:   # Genie's token-acceptance-rate over the user's own cases (lade, spd)
+        if accepted:  # Genie's token-acceptance-rate over the user's own cases (lade, spd)
             board_info["accepted_per_step"] = round(sum(accepted) / len(accepted), 3)
             board_info["accepted_per_step_cases"] = len(accepted)
     per, rows = score_all(plan, records, renderer.tool_format, encode)
     table = []
     for s in suites:
         sc = suite_scores(s.cases, per[s.name], s.scorer)
-        table.append({"suite": s.name, "title": s.title, "description": s.description, "cases": len(s.cases),
-                      "sha256": s.sha256, "shipped": s.shipped, **sc})
-    doc = {"evaluate_version": EVAL_VERSION, "board": board_doc.get("board"), "source": source,
-           "simulated": source == "simulated", "legs": legs, "leg_titles": {**LEG_TITLES, "board": (
-               f"board ({'SIMULATED' if source == 'simulated' else 'device'})")},
-           "prompt_format": renderer.label(), "tool_format": renderer.tool_format, "board_session": board_info,
-           "suites": table, "cases": rows}
+        table.append(
+            {
+                "suite": s.name,
+                "title": s.title,
+                "description": s.description,
+                "cases": len(s.cases),
+                "sha256": s.sha256,
+                "shipped": s.shipped,
+                **sc,
+            }
+        )
+    doc = {
+        "evaluate_version": EVAL_VERSION,
+        "board": board_doc.get("board"),
+        "source": source,
+        "simulated": source == "simulated",
+        "legs": legs,
+        "leg_titles": {
+            **LEG_TITLES,
+            "board": (f"board ({'SIMULATED' if source == 'simulated' else 'device'})"),
+        },
+        "prompt_format": renderer.label(),
+        "tool_format": renderer.tool_format,
+        "board_session": board_info,
+        "suites": table,
+        "cases": rows,
+    }
     (ctx.out_dir / "evaluate.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False))
     em.artifact("evaluate.json", kind="json", role="evaluation")
     for t in table:
         for leg, v in t["legs"].items():
-            if v is not None and v.get("value") is not None:   # e.g. the HTP leg's agreement with an absent sim leg
-                em.metric(f"{t['suite']}.{leg}", v["value"], unit="ppl" if t["scorer"] == "perplexity" else "",
-                          scope="simulated" if leg == "board" and source == "simulated" else leg)
+            if (
+                v is not None and v.get("value") is not None
+            ):  # e.g. the HTP leg's agreement with an absent sim leg
+                em.metric(
+                    f"{t['suite']}.{leg}",
+                    v["value"],
+                    unit="ppl" if t["scorer"] == "perplexity" else "",
+                    scope="simulated" if leg == "board" and source == "simulated" else leg,
+                )
         if t["scorer"] == "parity" and t["legs"].get("board"):
             b = t["legs"]["board"]
             em.metric("parity_matched", b["matched"])
             em.metric("parity_total", b["total"])
-            em.metric("parity_reference", "htp" if htp_board else "sim-agreement" if agreement_only else "sim")
+            em.metric(
+                "parity_reference", "htp" if htp_board else "sim-agreement" if agreement_only else "sim"
+            )
         if t["scorer"] == "parity" and (t["legs"].get("htp") or {}).get("value") is not None:
             em.metric("htp_sim_agreement", t["legs"]["htp"]["value"])
     em.metric("source", source)
     if board_info.get("dialog") not in (None, "basic"):
         em.metric("dialog", board_info["dialog"])
         if "accepted_per_step" in board_info:
-            em.metric("accepted_per_step", board_info["accepted_per_step"], unit="tokens/step",
-                      scope="simulated" if source == "simulated" else "device")
-    line = "; ".join(f"{t['suite']} " + " → ".join((t['legs'].get(leg) or {}).get("text", "—") for leg in legs)
-                     for t in table)
+            em.metric(
+                "accepted_per_step",
+                board_info["accepted_per_step"],
+                unit="tokens/step",
+                scope="simulated" if source == "simulated" else "device",
+            )
+    line = "; ".join(
+        f"{t['suite']} " + " → ".join((t["legs"].get(leg) or {}).get("text", "—") for leg in legs)
+        for t in table
+    )
     em.progress(1.0, line)
     return {"suites": len(table), "source": source}

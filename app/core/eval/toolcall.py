@@ -38,10 +38,10 @@ class Call:
 
 @dataclass
 class Parsed:
-    kind: str                          # calls | none | malformed
+    kind: str  # calls | none | malformed
     calls: list[Call] = field(default_factory=list)
     error: str | None = None
-    content: str = ""                  # the text outside the calls
+    content: str = ""  # the text outside the calls
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "calls": [c.as_json() for c in self.calls], "error": self.error}
@@ -57,8 +57,12 @@ def detect_format(template: str | None, model_name: str = "") -> str:
         return "qwen"
     if "[TOOL_CALLS]" in t or "mistral" in name:
         return "mistral"
-    if "<|python_tag|>" in t or ("<|start_header_id|>" in t and "tools" in t) or "llama-3" in name or \
-            "llama3" in name:
+    if (
+        "<|python_tag|>" in t
+        or ("<|start_header_id|>" in t and "tools" in t)
+        or "llama-3" in name
+        or "llama3" in name
+    ):
         return "llama3"
     return "json"
 
@@ -87,7 +91,7 @@ def _as_call(obj: Any) -> Call:
     if not isinstance(name, str) or not name:
         raise ValueError("the call has no function name")
     args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):   # OpenAI style: arguments as a JSON string
+    if isinstance(args, str):  # OpenAI style: arguments as a JSON string
         args = json.loads(args) if args.strip() else {}
     if not isinstance(args, dict):
         raise ValueError(f"the arguments of {name!r} are not an object")
@@ -156,7 +160,7 @@ def _parse_llama3(text: str) -> Parsed:
 
 def _parse_bare_json(body: str) -> Parsed:
     s = body.strip()
-    if s.startswith("```"):   # a fenced JSON block
+    if s.startswith("```"):  # a fenced JSON block
         s = re.sub(r"^```[a-zA-Z]*\s*|\s*```$", "", s)
     if not s.startswith(("{", "[{")):
         return Parsed("none", content=body)
@@ -206,7 +210,7 @@ def _parse_mistral(text: str) -> Parsed:
     content, _, rest = body.partition("[TOOL_CALLS]")
     rest = rest.strip()
     try:
-        if "[ARGS]" in rest:   # v11+: name[ARGS]{...}, repeated after [TOOL_CALLS]
+        if "[ARGS]" in rest:  # v11+: name[ARGS]{...}, repeated after [TOOL_CALLS]
             calls = []
             for part in [p for p in rest.split("[TOOL_CALLS]") if p.strip()]:
                 name, _, args = part.partition("[ARGS]")
@@ -251,6 +255,7 @@ def render_calls(calls: list[Call], fmt: str) -> str:
 
 # -- AST matching (BFCL's checker, in spirit) ----------------------------------------------------------------
 
+
 def _norm(v: Any) -> Any:
     if isinstance(v, str):
         return v.strip().lower()
@@ -272,7 +277,7 @@ def _value_ok(got: Any, want: Any) -> bool:
         return set(got) == set(want) and all(_value_ok(got[k], want[k]) for k in want)
     if isinstance(want, bool) or isinstance(got, bool):
         return got is want or (isinstance(got, str) and got.strip().lower() == str(want).lower())
-    if isinstance(want, (int, float)) and isinstance(got, str):   # "12" for 12: a type slip BFCL counts wrong
+    if isinstance(want, (int, float)) and isinstance(got, str):  # "12" for 12: a type slip BFCL counts wrong
         return False
     return bool(_norm(got) == _norm(want))
 
@@ -285,10 +290,15 @@ def _type_ok(value: Any, schema: dict[str, Any]) -> bool:
     t = schema.get("type")
     if t is None:
         return True
-    checks = {"string": lambda v: isinstance(v, str), "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-              "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-              "boolean": lambda v: isinstance(v, bool), "array": lambda v: isinstance(v, list),
-              "object": lambda v: isinstance(v, dict), "null": lambda v: v is None}
+    checks = {
+        "string": lambda v: isinstance(v, str),
+        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "boolean": lambda v: isinstance(v, bool),
+        "array": lambda v: isinstance(v, list),
+        "object": lambda v: isinstance(v, dict),
+        "null": lambda v: v is None,
+    }
     types = t if isinstance(t, list) else [t]
     if not any(checks.get(x, lambda v: True)(value) for x in types):
         return False
@@ -299,7 +309,9 @@ def match_call(got: Call, want: dict[str, Any], tools: list[dict[str, Any]]) -> 
     """None when `got` matches the expected call; else why not."""
     if got.name != want["name"]:
         return f"called {got.name!r}, expected {want['name']!r}"
-    schema = next((t["function"].get("parameters") or {} for t in tools if t["function"]["name"] == got.name), {})
+    schema = next(
+        (t["function"].get("parameters") or {} for t in tools if t["function"]["name"] == got.name), {}
+    )
     props = schema.get("properties") or {}
     for k in schema.get("required") or []:
         if k not in got.arguments:
@@ -329,7 +341,9 @@ def _show(w: Any) -> str:
     return repr(w)
 
 
-def score_tool_call(parsed: Parsed, expected: dict[str, Any], tools: list[dict[str, Any]]) -> tuple[bool, str]:
+def score_tool_call(
+    parsed: Parsed, expected: dict[str, Any], tools: list[dict[str, Any]]
+) -> tuple[bool, str]:
     """(correct, why). Abstain cases are correct when no call was made; call cases need exactly the expected
     calls (any order for parallel calls), each matching by name and arguments."""
     if parsed.kind == "malformed":

@@ -26,8 +26,17 @@ FOLDER = "conversations"
 SETTINGS_FILE = "settings.json"
 TITLE_CHARS = 48
 # the chat's settings kept per run (<run>/chats/settings.json), restored when the run is opened again
-SETTING_KEYS = ("runtime", "dialog", "template", "thinking", "system", "max_tokens", "sampler_preset", "sampler",
-                "enter_sends")
+SETTING_KEYS = (
+    "runtime",
+    "dialog",
+    "template",
+    "thinking",
+    "system",
+    "max_tokens",
+    "sampler_preset",
+    "sampler",
+    "enter_sends",
+)
 
 
 def now() -> str:
@@ -38,7 +47,7 @@ def now() -> str:
 class ChatTurn:
     user: str
     reply: str = ""
-    state: str = "pending"                 # pending | streaming | complete | aborted | failed
+    state: str = "pending"  # pending | streaming | complete | aborted | failed
     kpis: dict[str, Any] = field(default_factory=dict)
     t: str = ""
     note: str | None = None
@@ -46,7 +55,7 @@ class ChatTurn:
     # earlier replies to the same message (Regenerate keeps them): [{"reply", "kpis", "state"}], oldest first;
     # the turn's own reply/kpis are the version shown (and the one the conversation continues from)
     versions: list[dict[str, Any]] = field(default_factory=list)
-    version: int = 0                       # which of versions the turn shows (== len(versions)-1 when present)
+    version: int = 0  # which of versions the turn shows (== len(versions)-1 when present)
 
 
 @dataclass
@@ -55,14 +64,14 @@ class ChatRecord:
     title: str = "New chat"
     created: str = ""
     updated: str = ""
-    origin: str = "chat page"              # chat page | Run Chat benchmark | hexstudio chat
+    origin: str = "chat page"  # chat page | Run Chat benchmark | hexstudio chat
     template: str = "auto"
     system: str = ""
     thinking: bool | None = None
     sampler: dict[str, Any] | None = None
     runtime: str | None = None
-    dialog: str = "basic"                  # Genie's dialog type the replies came from (basic, lade, spd)
-    source: str | None = None              # simulated | device (of the replies)
+    dialog: str = "basic"  # Genie's dialog type the replies came from (basic, lade, spd)
+    source: str | None = None  # simulated | device (of the replies)
     journals: list[str] = field(default_factory=list)
     turns: list[ChatTurn] = field(default_factory=list)
 
@@ -71,15 +80,18 @@ class ChatRecord:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ChatRecord:
-        turns = [ChatTurn(**{k: v for k, v in t.items() if k in ChatTurn.__dataclass_fields__})
-                 for t in doc.get("turns") or [] if isinstance(t, dict) and "user" in t]
+        turns = [
+            ChatTurn(**{k: v for k, v in t.items() if k in ChatTurn.__dataclass_fields__})
+            for t in doc.get("turns") or []
+            if isinstance(t, dict) and "user" in t
+        ]
         known = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__ and k != "turns"}
         return cls(**known, turns=turns)
 
     def retitle(self) -> None:
         if self.title in ("", "New chat") and self.turns:
             first = " ".join(self.turns[0].user.split())
-            self.title = first if len(first) <= TITLE_CHARS else first[:TITLE_CHARS - 1] + "…"
+            self.title = first if len(first) <= TITLE_CHARS else first[: TITLE_CHARS - 1] + "…"
 
 
 class ChatStore:
@@ -112,8 +124,10 @@ class ChatStore:
     def save_settings(self, values: dict[str, Any]) -> None:
         folder = self.run_dir / CHATS_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(folder / SETTINGS_FILE, json.dumps({k: values.get(k) for k in SETTING_KEYS}, indent=1,
-                                                             ensure_ascii=False))
+        write_text_atomic(
+            folder / SETTINGS_FILE,
+            json.dumps({k: values.get(k) for k in SETTING_KEYS}, indent=1, ensure_ascii=False),
+        )
 
     def delete(self, cid: str) -> None:
         self.path(cid).unlink(missing_ok=True)
@@ -141,7 +155,7 @@ class ChatStore:
             for rec in self._imports(known):
                 self.save(rec)
                 recs.append(rec)
-        except OSError:   # a read-only run folder: list what is there
+        except OSError:  # a read-only run folder: list what is there
             pass
         return sorted(recs, key=lambda r: (r.updated, r.created), reverse=True)
 
@@ -159,27 +173,57 @@ class ChatStore:
                 if key not in known:
                     user = self._benchmark_prompt() or str(doc.get("prompt") or "")
                     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(bench.stat().st_mtime))
-                    out.append(ChatRecord(
-                        id=f"run-chat-{digest}", title=f"Run Chat: {user}"[:TITLE_CHARS + 10],
-                        created=stamp, updated=stamp, origin="Run Chat benchmark", source=doc.get("source"),
-                        runtime=doc.get("runtime"), journals=[key],
-                        turns=[ChatTurn(user=user, reply=str(doc.get("reply") or ""), state=str(doc.get("state")
-                                                                                              or "complete"),
-                                        kpis=dict(doc.get("kpis") or {}), t=stamp)]))
+                    out.append(
+                        ChatRecord(
+                            id=f"run-chat-{digest}",
+                            title=f"Run Chat: {user}"[: TITLE_CHARS + 10],
+                            created=stamp,
+                            updated=stamp,
+                            origin="Run Chat benchmark",
+                            source=doc.get("source"),
+                            runtime=doc.get("runtime"),
+                            journals=[key],
+                            turns=[
+                                ChatTurn(
+                                    user=user,
+                                    reply=str(doc.get("reply") or ""),
+                                    state=str(doc.get("state") or "complete"),
+                                    kpis=dict(doc.get("kpis") or {}),
+                                    t=stamp,
+                                )
+                            ],
+                        )
+                    )
         for j in read_journals(self.run_dir):
             if j["id"] in known:
                 continue
             head = j.get("session") or {}
-            turns = [ChatTurn(user=str(t.get("user") or ""), reply=str(t.get("reply") or ""),
-                              state=str(t.get("state") or "complete"), kpis=dict(t.get("kpis") or {}),
-                              t=str(t.get("t") or ""), note=t.get("note"), error=t.get("error"))
-                     for t in j["turns"]]
+            turns = [
+                ChatTurn(
+                    user=str(t.get("user") or ""),
+                    reply=str(t.get("reply") or ""),
+                    state=str(t.get("state") or "complete"),
+                    kpis=dict(t.get("kpis") or {}),
+                    t=str(t.get("t") or ""),
+                    note=t.get("note"),
+                    error=t.get("error"),
+                )
+                for t in j["turns"]
+            ]
             stamp = str(head.get("started") or (turns[0].t if turns else now()))
-            out.append(ChatRecord(id=f"journal-{j['id']}", created=stamp, updated=stamp, origin="hexstudio chat",
-                                  template=str(head.get("template") or "auto"),
-                                  sampler=head.get("sampler_values"),
-                                  source=next((t.get("source") for t in j["turns"] if t.get("source")), None),
-                                  journals=[j["id"]], turns=turns))
+            out.append(
+                ChatRecord(
+                    id=f"journal-{j['id']}",
+                    created=stamp,
+                    updated=stamp,
+                    origin="hexstudio chat",
+                    template=str(head.get("template") or "auto"),
+                    sampler=head.get("sampler_values"),
+                    source=next((t.get("source") for t in j["turns"] if t.get("source")), None),
+                    journals=[j["id"]],
+                    turns=turns,
+                )
+            )
         return out
 
     def _benchmark_prompt(self) -> str | None:

@@ -28,7 +28,7 @@ class Turn:
     user: str
     reply: str = ""
     kpis: dict[str, Any] = field(default_factory=dict)
-    state: str = "pending"          # pending | complete | aborted | failed
+    state: str = "pending"  # pending | complete | aborted | failed
 
 
 def token_counter(model_hf_dir: Path | None) -> Callable[[str], int]:
@@ -54,8 +54,8 @@ class Conversation:
     turns: list[Turn] = field(default_factory=list)
     count_tokens: Callable[[str], int] = field(default=lambda t: max(1, len(t) // 3))
     dropped_turns: int = 0
-    chat_format: ChatFormat | None = None   # the model's chat format, for the "model" and "plain" templates
-    thinking: bool | None = None            # where the chat template has a thinking switch
+    chat_format: ChatFormat | None = None  # the model's chat format, for the "model" and "plain" templates
+    thinking: bool | None = None  # where the chat template has a thinking switch
 
     def _render(self, turns: list[Turn], user: str) -> str:
         t = self.template
@@ -63,8 +63,9 @@ class Conversation:
             fmt = self.chat_format or ChatFormat(mode="plain")
             if t == "plain":
                 fmt = ChatFormat(mode="plain")
-            return fmt.genie_prompt([(x.user, x.reply) for x in turns], user, system=self.system,
-                                    thinking=self.thinking)
+            return fmt.genie_prompt(
+                [(x.user, x.reply) for x in turns], user, system=self.system, thinking=self.thinking
+            )
         if t == "qa":
             past = "".join(f"Question: {x.user} Answer:{x.reply} " for x in turns)
             return f"{past}Question: {user} Answer:"
@@ -95,9 +96,11 @@ class Conversation:
             dropped += 1
             text = self._render(history, user)
         if self.count_tokens(text) > budget:
-            raise ValueError(f"This message alone is about {self.count_tokens(text)} tokens; with a reply budget of "
-                             f"{self.max_reply_tokens} it does not fit in the context length "
-                             f"({self.context_length}). Shorten it or start a new chat.")
+            raise ValueError(
+                f"This message alone is about {self.count_tokens(text)} tokens; with a reply budget of "
+                f"{self.max_reply_tokens} it does not fit in the context length "
+                f"({self.context_length}). Shorten it or start a new chat."
+            )
         self.dropped_turns = dropped
         return text
 
@@ -113,8 +116,14 @@ class Conversation:
         return fmt.genie_continuation(done, user, system=self.system, thinking=self.thinking)
 
     def as_json(self) -> dict[str, Any]:
-        return {"template": self.template, "system": self.system, "context_length": self.context_length,
-                "turns": [{"user": t.user, "reply": t.reply, "state": t.state, "kpis": t.kpis} for t in self.turns]}
+        return {
+            "template": self.template,
+            "system": self.system,
+            "context_length": self.context_length,
+            "turns": [
+                {"user": t.user, "reply": t.reply, "state": t.state, "kpis": t.kpis} for t in self.turns
+            ],
+        }
 
     def as_markdown(self) -> str:
         out = [f"# Conversation ({self.template})", ""]
@@ -124,9 +133,12 @@ class Conversation:
             out += [f"**You**: {t.user}", "", f"**Model**: {t.reply}", ""]
             if t.kpis:
                 k = t.kpis
-                out += [f"_TTFT {fmt_ms(k.get('ttft_ms'))} ms, prompt {fmt_rate(k.get('prompt_tok_s'))} tok/s, "
-                        f"generation {fmt_rate(k.get('gen_tok_s'))} tok/s, init {fmt_ms(k.get('init_ms'))} ms "
-                        f"({k.get('source')})_", ""]
+                out += [
+                    f"_TTFT {fmt_ms(k.get('ttft_ms'))} ms, prompt {fmt_rate(k.get('prompt_tok_s'))} tok/s, "
+                    f"generation {fmt_rate(k.get('gen_tok_s'))} tok/s, init {fmt_ms(k.get('init_ms'))} ms "
+                    f"({k.get('source')})_",
+                    "",
+                ]
         return "\n".join(out)
 
     def save(self, path: Path) -> None:

@@ -43,17 +43,38 @@ class ChatJournal:
     def record(self, r: TurnResult) -> None:
         s = self.session
         if not self._wrote_header:
-            self._append({"type": "session", "started": now_iso(), "board": s.board.name,
-                          "board_label": self.board_label, "mode": s.mode, "template": s.conversation.template,
-                          "sampler": s.sampler, "sampler_values": s.sampler_values,
-                          "fallback_reason": s.fallback_reason})
+            self._append(
+                {
+                    "type": "session",
+                    "started": now_iso(),
+                    "board": s.board.name,
+                    "board_label": self.board_label,
+                    "mode": s.mode,
+                    "template": s.conversation.template,
+                    "sampler": s.sampler,
+                    "sampler_values": s.sampler_values,
+                    "fallback_reason": s.fallback_reason,
+                }
+            )
             self._wrote_header = True
         self.turns += 1
-        self._append({"type": "turn", "n": self.turns, "t": now_iso(), "state": r.state, "mode": r.mode,
-                      "source": "simulated" if r.simulated else "device",
-                      "kpis": r.kpis.as_json() if r.kpis else None, "first_chunk_ms": r.first_chunk_ms,
-                      "wall_ms": round(r.wall_ms, 1), "note": r.note, "error": r.error,
-                      "user": r.turn.user, "reply": r.text})
+        self._append(
+            {
+                "type": "turn",
+                "n": self.turns,
+                "t": now_iso(),
+                "state": r.state,
+                "mode": r.mode,
+                "source": "simulated" if r.simulated else "device",
+                "kpis": r.kpis.as_json() if r.kpis else None,
+                "first_chunk_ms": r.first_chunk_ms,
+                "wall_ms": round(r.wall_ms, 1),
+                "note": r.note,
+                "error": r.error,
+                "user": r.turn.user,
+                "reply": r.text,
+            }
+        )
 
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:

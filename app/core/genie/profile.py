@@ -23,14 +23,16 @@ class Kpis:
     generated_tokens: int | None
     gen_tok_s: float | None
     gen_time_ms: float | None
-    source: str                  # "device" | "simulated"
+    source: str  # "device" | "simulated"
     queries: int = 1
-    origin: str = "profile"      # "profile" (--profile JSON) | "kpis_block" (old QAIRT's printed [KPIS]: block)
-    accepted_per_step: float | None = None   # lade/spd: Genie's token-acceptance-rate (tokens per step)
+    origin: str = "profile"  # "profile" (--profile JSON) | "kpis_block" (old QAIRT's printed [KPIS]: block)
+    accepted_per_step: float | None = None  # lade/spd: Genie's token-acceptance-rate (tokens per step)
 
     def as_json(self) -> dict[str, Any]:
         doc = asdict(self)
-        if doc["accepted_per_step"] is None:    # only speculative dialogs have it: basic documents stay as they were
+        if (
+            doc["accepted_per_step"] is None
+        ):  # only speculative dialogs have it: basic documents stay as they were
             del doc["accepted_per_step"]
         return doc
 
@@ -58,8 +60,9 @@ def parse_profile(data: dict[str, Any] | str | Path) -> Kpis:
         try:
             data = json.loads(data)
         except json.JSONDecodeError as exc:
-            raise ProfileError(f"The profile is not JSON ({exc.msg}); genie-t2t-run may have crashed before "
-                               "writing it.") from None
+            raise ProfileError(
+                f"The profile is not JSON ({exc.msg}); genie-t2t-run may have crashed before writing it."
+            ) from None
     assert isinstance(data, dict)
     if (data.get("header") or {}).get("artifact_type") != "GENIE_PROFILE":
         raise ProfileError("Not a Genie profile: header.artifact_type is not GENIE_PROFILE.")
@@ -74,7 +77,7 @@ def parse_profile(data: dict[str, Any] | str | Path) -> Kpis:
     gt = _value(q, "num-generated-tokens")
     pr = _value(q, "prompt-processing-rate")
     gr = _value(q, "token-generation-rate")
-    acc = _value(q, "token-acceptance-rate")      # only a speculative dialog (lade, spd) reports it
+    acc = _value(q, "token-acceptance-rate")  # only a speculative dialog (lade, spd) reports it
     return Kpis(
         init_ms=_ms(creates[-1], "init-time") if creates else None,
         prompt_tokens=int(pt) if pt is not None else None,
@@ -104,7 +107,14 @@ def kpis_from_block(block: dict[str, float], simulated: bool = False) -> Kpis | 
             return None
         return round(block[rate] * block[us] / 1e6)
 
-    return Kpis(init_ms=ms("init_us"), prompt_tokens=count("prompt_rate", "prompt_us"),
-                prompt_tok_s=block.get("prompt_rate"), ttft_ms=ms("prompt_us"),
-                generated_tokens=count("gen_rate", "gen_us"), gen_tok_s=block.get("gen_rate"),
-                gen_time_ms=ms("gen_us"), source="simulated" if simulated else "device", origin="kpis_block")
+    return Kpis(
+        init_ms=ms("init_us"),
+        prompt_tokens=count("prompt_rate", "prompt_us"),
+        prompt_tok_s=block.get("prompt_rate"),
+        ttft_ms=ms("prompt_us"),
+        generated_tokens=count("gen_rate", "gen_us"),
+        gen_tok_s=block.get("gen_rate"),
+        gen_time_ms=ms("gen_us"),
+        source="simulated" if simulated else "device",
+        origin="kpis_block",
+    )

@@ -11,9 +11,11 @@ from typing import Any
 
 from workers.shared.chat_template import ChatFormat, load_chat_format
 
-LLAMA3 = ("<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>"
-          "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|>"
-          "<|start_header_id|>assistant<|end_header_id|>\n\n")
+LLAMA3 = (
+    "<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+)
 DETERMINISTIC = {"seed": 42, "temp": 0.0, "top_k": 1, "top_p": 1.0}
 NEMOTRON_THINKING_ON = {"seed": 42, "temp": 0.6, "top_k": 40, "top_p": 0.95}
 
@@ -59,8 +61,10 @@ def chat_format_for(model_dir: Path | None) -> ChatFormat:
 def template_from_chat_template(chat_template: Any) -> str | None:
     """The template family of a Hugging Face chat template (tokenizer_config.json), or None."""
     if isinstance(chat_template, list):  # [{"name": "default", "template": "..."}, ...]
-        chat_template = next((t.get("template") for t in chat_template
-                              if isinstance(t, dict) and t.get("name") == "default"), None)
+        chat_template = next(
+            (t.get("template") for t in chat_template if isinstance(t, dict) and t.get("name") == "default"),
+            None,
+        )
     if not isinstance(chat_template, str):
         return None
     if "detailed thinking" in chat_template:

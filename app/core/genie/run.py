@@ -24,11 +24,13 @@ from app.core.genie.transcript import Transcript, TranscriptParser
 
 @dataclass
 class Chunk:
-    t: float          # seconds since the query started
+    t: float  # seconds since the query started
     text: str
-    mono: float | None = None   # the producer's time.monotonic() when it emitted the text (session helpers)
-    tokens: int | None = None   # tokens in this chunk: from the runner (one dialog callback a token) or counted
-                                # with the bundle's tokenizer; None when neither is known (then it is one chunk)
+    mono: float | None = None  # the producer's time.monotonic() when it emitted the text (session helpers)
+    tokens: int | None = (
+        None  # tokens in this chunk: from the runner (one dialog callback a token) or counted
+    )
+    # with the bundle's tokenizer; None when neither is known (then it is one chunk)
 
 
 class ChunkTokenCounter:
@@ -38,29 +40,32 @@ class ChunkTokenCounter:
     a chunk) and a chunk gets what that running count grew beyond what was already handed out. Summed
     over a reply this is the tokenizer's count of the reply."""
 
-    TAIL = 48   # characters of context: a token never spans more
+    TAIL = 48  # characters of context: a token never spans more
 
     def __init__(self, count: Callable[[str], int]) -> None:
         self.count = count
         self.tail = ""
-        self.total = 0        # running token count of the text so far
-        self.given = 0        # tokens handed out to chunks so far
+        self.total = 0  # running token count of the text so far
+        self.given = 0  # tokens handed out to chunks so far
 
     def __call__(self, text: str) -> int:
         before = self.count(self.tail) if self.tail else 0
         self.total += self.count(self.tail + text) - before
-        self.tail = (self.tail + text)[-self.TAIL:]
+        self.tail = (self.tail + text)[-self.TAIL :]
         n = max(0, self.total - self.given)
         self.given += n
         return n
 
 
-async def load_token_counter(board: Board, bundle_dir: str, config: str = "genie_config.json") -> \
-        Callable[[str], int] | None:
+async def load_token_counter(
+    board: Board, bundle_dir: str, config: str = "genie_config.json"
+) -> Callable[[str], int] | None:
     """Token counts with the bundle's own tokenizer.json (the `tokenizers` package: Rust, no torch), read
     from the board; None when the config names none or it cannot be read."""
     try:
-        cfg = json.loads((await board.transport.read_bytes(posixpath.join(bundle_dir, config))).decode("utf-8"))
+        cfg = json.loads(
+            (await board.transport.read_bytes(posixpath.join(bundle_dir, config))).decode("utf-8")
+        )
         rel = ((cfg.get("dialog") or {}).get("tokenizer") or {}).get("path")
         if not rel:
             return None
@@ -99,7 +104,9 @@ async def ensure_dir(board: Board, path: str) -> None:
             raise OSError(f"cannot create {path} on {board.label}: {res.stderr.strip()}")
 
 
-def genie_argv(board: Board, prompt_file: str, profile_file: str, config: str = "genie_config.json") -> list[str]:
+def genie_argv(
+    board: Board, prompt_file: str, profile_file: str, config: str = "genie_config.json"
+) -> list[str]:
     """genie-t2t-run's flags only (facts/genie.md): the reply budget travels in the config, not as a flag."""
     argv = [*board.genie_command, "-c", config, "--prompt_file", prompt_file, "--profile", profile_file]
     if board.env_script:  # source the QAIRT environment; arguments stay argv, never interpolated
@@ -127,15 +134,23 @@ async def budget_config(board: Board, bundle_dir: str, config: str, max_tokens: 
         return config
     dialog["max-num-tokens"] = int(max_tokens)
     name = budget_config_name(config, max_tokens)
-    await board.transport.write_bytes(posixpath.join(bundle_dir, name), json.dumps(cfg, indent=2).encode("utf-8"))
+    await board.transport.write_bytes(
+        posixpath.join(bundle_dir, name), json.dumps(cfg, indent=2).encode("utf-8")
+    )
     return name
 
 
-async def run_query(board: Board, bundle_dir: str, prompt: str, *,
-                    on_chunk: Callable[[Chunk], None] | None = None,
-                    stop: asyncio.Event | None = None, max_tokens: int | None = None,
-                    config: str = "genie_config.json",
-                    count_tokens: Callable[[str], int] | None = None) -> QueryResult:
+async def run_query(
+    board: Board,
+    bundle_dir: str,
+    prompt: str,
+    *,
+    on_chunk: Callable[[Chunk], None] | None = None,
+    stop: asyncio.Event | None = None,
+    max_tokens: int | None = None,
+    config: str = "genie_config.json",
+    count_tokens: Callable[[str], int] | None = None,
+) -> QueryResult:
     """`count_tokens(text)`: the bundle's tokenizer (load_token_counter), so each Chunk carries its token
     count; without it chunks carry tokens=None."""
     t = board.transport
@@ -148,9 +163,12 @@ async def run_query(board: Board, bundle_dir: str, prompt: str, *,
     if max_tokens:
         config = await budget_config(board, bundle_dir, config, int(max_tokens))
     t0 = time.monotonic()
-    proc = await t.start(genie_argv(board, prompt_file, profile_file, config), cwd=bundle_dir,
-                         env=python_env() if board.simulated else None)
-    parser = TranscriptParser(prompt)   # its echo is skipped exactly, whatever it holds
+    proc = await t.start(
+        genie_argv(board, prompt_file, profile_file, config),
+        cwd=bundle_dir,
+        env=python_env() if board.simulated else None,
+    )
+    parser = TranscriptParser(prompt)  # its echo is skipped exactly, whatever it holds
     dec = codecs.getincrementaldecoder("utf-8")("replace")
     chunks: list[Chunk] = []
     err_parts: list[bytes] = []
@@ -191,7 +209,7 @@ async def run_query(board: Board, bundle_dir: str, prompt: str, *,
         except ProfileError as exc:
             error = str(exc)
     if kpis is None and error is None:
-        kpis = kpis_from_block(tr.kpis_block, tr.simulated)   # an older QAIRT prints [KPIS]: instead
+        kpis = kpis_from_block(tr.kpis_block, tr.simulated)  # an older QAIRT prints [KPIS]: instead
     stderr = b"".join(err_parts).decode("utf-8", "replace")
     if rc != 0 and not stopped:
         error = explain_failure(tr, stderr, rc)
@@ -200,13 +218,26 @@ async def run_query(board: Board, bundle_dir: str, prompt: str, *,
     simulated = runner_simulated(board, tr, kpis)
     if kpis is not None and simulated:
         kpis = replace(kpis, source="simulated")
-    return QueryResult(tr.text, chunks, tr, kpis, rc, simulated, (time.monotonic() - t0) * 1000,
-                       error=error, stderr=stderr[-4000:])
+    return QueryResult(
+        tr.text,
+        chunks,
+        tr,
+        kpis,
+        rc,
+        simulated,
+        (time.monotonic() - t0) * 1000,
+        error=error,
+        stderr=stderr[-4000:],
+    )
 
 
 def runner_simulated(board: Board, tr: Transcript | None = None, kpis: Kpis | None = None) -> bool:
     """True when the board is the simulator or the runner reported itself as one."""
-    return bool(board.simulated or (tr is not None and tr.simulated) or (kpis is not None and kpis.source == "simulated"))
+    return bool(
+        board.simulated
+        or (tr is not None and tr.simulated)
+        or (kpis is not None and kpis.source == "simulated")
+    )
 
 
 def explain_failure(tr: Transcript, stderr: str, exit_status: int | None = None) -> str:
@@ -216,8 +247,10 @@ def explain_failure(tr: Transcript, stderr: str, exit_status: int | None = None)
     if lines:
         last = lines[-1].strip()
     elif exit_status is not None and exit_status > 128:
-        last = (f"genie-t2t-run died from signal {exit_status - 128} (exit status {exit_status}) "
-                f"{'mid-reply' if tr.state in ('crashed', 'streaming') and tr.text else 'before replying'}")
+        last = (
+            f"genie-t2t-run died from signal {exit_status - 128} (exit status {exit_status}) "
+            f"{'mid-reply' if tr.state in ('crashed', 'streaming') and tr.text else 'before replying'}"
+        )
     elif exit_status:
         last = f"genie-t2t-run exited with status {exit_status} without an error message"
     else:

@@ -52,24 +52,32 @@ class RuntimeError_(ActionableError):
 def resolve_runtime(board: Board, runtime: str | None = None) -> str:
     name = runtime or str((board.config or {}).get("runtime") or DEFAULT_RUNTIME)
     if name not in RUNTIMES:
-        raise RuntimeError_(f"Unknown runtime '{name}'.", f"Use one of: {', '.join(RUNTIMES)} (board setting "
-                            "\"runtime\" or --runtime).")
+        raise RuntimeError_(
+            f"Unknown runtime '{name}'.",
+            f'Use one of: {", ".join(RUNTIMES)} (board setting "runtime" or --runtime).',
+        )
     return name
 
 
 class BoardRuntime:
     """One way of running a bundle's dialog. Subclasses set the class attributes and override what differs."""
 
-    key: str = ""                 # registry key, e.g. "genie-htp-sim"
-    name: str = ""                # what the user chose: "genie" | "geniex"
-    title: str = ""               # shown in the UI, the CLI and reports
-    per_turn_fallback: bool = False   # can one-shot runs (genie-t2t-run) stand in when the helper cannot start
+    key: str = ""  # registry key, e.g. "genie-htp-sim"
+    name: str = ""  # what the user chose: "genie" | "geniex"
+    title: str = ""  # shown in the UI, the CLI and reports
+    per_turn_fallback: bool = False  # can one-shot runs (genie-t2t-run) stand in when the helper cannot start
     helper: Traversable | None = None  # a program copied to a real board's <home>/hexstudio/bin/
-    simulated: bool = False       # everything it measures is simulated (never a device figure)
-    dialogs: tuple[str, ...] = ("basic",)   # the Genie dialog types it runs (genie_config.<type>.json)
+    simulated: bool = False  # everything it measures is simulated (never a device figure)
+    dialogs: tuple[str, ...] = ("basic",)  # the Genie dialog types it runs (genie_config.<type>.json)
 
-    def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
-                    bundle_dir: str, config: str = "genie_config.json") -> tuple[list[str], dict[str, str] | None]:
+    def helper_argv(
+        self,
+        board: Board,
+        sampler: dict[str, Any] | None,
+        helper_remote: str | None,
+        bundle_dir: str,
+        config: str = "genie_config.json",
+    ) -> tuple[list[str], dict[str, str] | None]:
         raise NotImplementedError
 
     async def prepare(self, board: Board, bundle_dir: str) -> list[str]:
@@ -90,17 +98,36 @@ class GenieOnBoard(BoardRuntime):
     dialogs = ("basic", "lade", "spd")
     helper = helper_file("genie_session")
 
-    def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
-                    bundle_dir: str, config: str = "genie_config.json") -> tuple[list[str], dict[str, str] | None]:
+    def helper_argv(
+        self,
+        board: Board,
+        sampler: dict[str, Any] | None,
+        helper_remote: str | None,
+        bundle_dir: str,
+        config: str = "genie_config.json",
+    ) -> tuple[list[str], dict[str, str] | None]:
         cfg = board.config or {}
         py = cfg.get("python") or "python3"
-        argv = [str(py), helper_remote or "genie_session.py", "--config", config,
-                *_sampler_args(sampler), "--log-level", "warn"]
+        argv = [
+            str(py),
+            helper_remote or "genie_session.py",
+            "--config",
+            config,
+            *_sampler_args(sampler),
+            "--log-level",
+            "warn",
+        ]
         if cfg.get("genie_lib"):
             argv += ["--lib", str(cfg["genie_lib"])]
         if board.env_script:
-            argv = ["bash", "-c", 'if [ -f "$1" ]; then source "$1"; fi; shift; exec "$@"', "_",
-                    board.env_script, *argv]
+            argv = [
+                "bash",
+                "-c",
+                'if [ -f "$1" ]; then source "$1"; fi; shift; exec "$@"',
+                "_",
+                board.env_script,
+                *argv,
+            ]
         return argv, None
 
 
@@ -109,20 +136,38 @@ class GenieHtpSimulator(BoardRuntime):
     dialogs = ("basic", "lade", "spd")
     title = "Genie 1.21 on the HTP simulator (x86)"
 
-    def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
-                    bundle_dir: str, config: str = "genie_config.json") -> tuple[list[str], dict[str, str] | None]:
+    def helper_argv(
+        self,
+        board: Board,
+        sampler: dict[str, Any] | None,
+        helper_remote: str | None,
+        bundle_dir: str,
+        config: str = "genie_config.json",
+    ) -> tuple[list[str], dict[str, str] | None]:
         from workers.qnn.libs import INSTALL_HINT, find_qnn_libs
 
         libs = find_qnn_libs()
         if libs is None:
-            raise RuntimeError_("This bundle holds real QNN context binaries, and Qualcomm's libGenie is not "
-                                "installed here to run them.", INSTALL_HINT)
+            raise RuntimeError_(
+                "This bundle holds real QNN context binaries, and Qualcomm's libGenie is not "
+                "installed here to run them.",
+                INSTALL_HINT,
+            )
         from workers.qnn.libs import x86_engine_overrides
 
-        argv = python_command("workers.board.genie_session", "--config", config,
-                              "--lib", str(libs.genie), *_sampler_args(sampler),
-                              "--engine", json.dumps(x86_engine_overrides(os.cpu_count() or 1)),
-                              "--log-level", "warn", "--htp-simulator")
+        argv = python_command(
+            "workers.board.genie_session",
+            "--config",
+            config,
+            "--lib",
+            str(libs.genie),
+            *_sampler_args(sampler),
+            "--engine",
+            json.dumps(x86_engine_overrides(os.cpu_count() or 1)),
+            "--log-level",
+            "warn",
+            "--htp-simulator",
+        )
         return argv, libs.env(python_env())
 
 
@@ -130,27 +175,45 @@ class OnnxruntimeTwin(BoardRuntime):
     key, name, per_turn_fallback, simulated = "ort-twin", "genie", True, True
     title = "HexStudio's onnxruntime twin of Genie (a stand-in bundle; not Genie)"
 
-    def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
-                    bundle_dir: str, config: str = "genie_config.json") -> tuple[list[str], dict[str, str] | None]:
-        return python_command("workers.genie_sim.session", "-c", "genie_config.json",
-                              *_sampler_args(sampler)), python_env()
+    def helper_argv(
+        self,
+        board: Board,
+        sampler: dict[str, Any] | None,
+        helper_remote: str | None,
+        bundle_dir: str,
+        config: str = "genie_config.json",
+    ) -> tuple[list[str], dict[str, str] | None]:
+        return python_command(
+            "workers.genie_sim.session", "-c", "genie_config.json", *_sampler_args(sampler)
+        ), python_env()
 
 
 class GenieX(BoardRuntime):
     key, name, title = "geniex", "geniex", "GenieX (qairt plugin)"
     helper = helper_file("geniex_session")
 
-    def helper_argv(self, board: Board, sampler: dict[str, Any] | None, helper_remote: str | None,
-                    bundle_dir: str, config: str = "genie_config.json") -> tuple[list[str], dict[str, str] | None]:
+    def helper_argv(
+        self,
+        board: Board,
+        sampler: dict[str, Any] | None,
+        helper_remote: str | None,
+        bundle_dir: str,
+        config: str = "genie_config.json",
+    ) -> tuple[list[str], dict[str, str] | None]:
         extra = _sampler_args(sampler)
-        if board.simulated:   # the simulator's GenieX face (as the Genie helper: this machine's python)
+        if board.simulated:  # the simulator's GenieX face (as the Genie helper: this machine's python)
             return python_command("workers.genie_sim.geniex", "session", "-m", ".", *extra), python_env()
         cfg = board.config or {}
         py = cfg.get("geniex_python") or cfg.get("python") or "python3"
         argv = [str(py), helper_remote or "geniex_session.py", "--bundle", ".", *extra]
         # the geniex wheel as HexStudio's fix installs it (pip --target ~/.local/share/geniex-python)
-        return ["sh", "-c", 'PYTHONPATH="$HOME/.local/share/geniex-python${PYTHONPATH:+:$PYTHONPATH}" exec "$@"', "_",
-                *argv], None
+        return [
+            "sh",
+            "-c",
+            'PYTHONPATH="$HOME/.local/share/geniex-python${PYTHONPATH:+:$PYTHONPATH}" exec "$@"',
+            "_",
+            *argv,
+        ], None
 
     async def prepare(self, board: Board, bundle_dir: str) -> list[str]:
         from workers.shared.bundle.geniex import GenieXMetadataError, chat_template_problem, geniex_metadata
@@ -166,7 +229,8 @@ class GenieX(BoardRuntime):
                 f"GenieX cannot load this bundle: {tc_path} has no chat template, and GenieX's qairt plugin applies "
                 "the model's chat template itself (it refuses to create the pipeline without one).",
                 "Chat through Genie instead (set the board's runtime to genie: the same bundle, no re-push), or "
-                "compile an instruct model whose tokenizer_config.json carries a chat_template.")
+                "compile an instruct model whose tokenizer_config.json carries a chat_template.",
+            )
         meta = posixpath.join(bundle_dir, "metadata.json")
         if await t.exists(meta):
             return []
@@ -177,7 +241,7 @@ class GenieX(BoardRuntime):
                 p = posixpath.join(bundle_dir, name)
                 if await t.exists(p):
                     (local / name).write_bytes(await t.read_bytes(p))
-            if board.simulated:   # simulated context binaries are small JSON documents holding the graph specs
+            if board.simulated:  # simulated context binaries are small JSON documents holding the graph specs
                 try:
                     cfg = json.loads((local / "genie_config.json").read_text())
                     for b in cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]:
@@ -189,7 +253,9 @@ class GenieX(BoardRuntime):
             except GenieXMetadataError as exc:
                 raise RuntimeError_(exc.message, exc.hint) from None
         await t.write_bytes(meta, json.dumps(doc, indent=1).encode("utf-8"))
-        return [f"wrote {meta} for GenieX (model_id {doc['model_id']}, from the bundle's {doc['graph_specs_from']})"]
+        return [
+            f"wrote {meta} for GenieX (model_id {doc['model_id']}, from the bundle's {doc['graph_specs_from']})"
+        ]
 
     def kpis(self, end: dict[str, Any], simulated: bool) -> Kpis | None:
         """A GenieX helper's per-turn profile (geniex_ProfileData: us and tok/s) as KPIs; Genie's profile is
@@ -208,13 +274,17 @@ class GenieX(BoardRuntime):
             return round(float(v), 4) if isinstance(v, (int, float)) else None
 
         ptok, gtok = pd.get("prompt_tokens"), pd.get("generated_tokens")
-        return Kpis(init_ms=None, prompt_tokens=int(ptok) if isinstance(ptok, int) else None,
-                    prompt_tok_s=num("prefill_speed"), ttft_ms=ms("ttft"),
-                    generated_tokens=int(gtok) if isinstance(gtok, int) else None,
-                    gen_tok_s=num("decoding_speed"), gen_time_ms=ms("decode_time"), source=src,
-                    origin="geniex_profile")
-
-
+        return Kpis(
+            init_ms=None,
+            prompt_tokens=int(ptok) if isinstance(ptok, int) else None,
+            prompt_tok_s=num("prefill_speed"),
+            ttft_ms=ms("ttft"),
+            generated_tokens=int(gtok) if isinstance(gtok, int) else None,
+            gen_tok_s=num("decoding_speed"),
+            gen_time_ms=ms("decode_time"),
+            source=src,
+            origin="geniex_profile",
+        )
 
 
 _REGISTRY: dict[str, BoardRuntime] = {}
@@ -260,16 +330,21 @@ def runtime_for(name: str, board: Board, binaries: str) -> BoardRuntime:
 
 
 async def bundle_binaries(board: Board, bundle_dir: str) -> str:
-    """"qnn" when the bundle's first ctx-bin is a real QNN context binary, "stand-in" for the twin's simulated
+    """ "qnn" when the bundle's first ctx-bin is a real QNN context binary, "stand-in" for the twin's simulated
     ones (a small JSON document), "unknown" when it cannot be read. Only the file's first bytes are read."""
     from workers.genie_sim.simbin import FORMAT
 
     t = board.transport
     try:
-        cfg = json.loads((await t.read_bytes(posixpath.join(bundle_dir, "genie_config.json"))).decode("utf-8"))
+        cfg = json.loads(
+            (await t.read_bytes(posixpath.join(bundle_dir, "genie_config.json"))).decode("utf-8")
+        )
         first = str(cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"][0])
-        head = await t.read_head(posixpath.join(bundle_dir, first), 256) if hasattr(t, "read_head") else \
-            (await t.read_bytes(posixpath.join(bundle_dir, first)))[:256]
+        head = (
+            await t.read_head(posixpath.join(bundle_dir, first), 256)
+            if hasattr(t, "read_head")
+            else (await t.read_bytes(posixpath.join(bundle_dir, first)))[:256]
+        )
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return "unknown"
     return "stand-in" if FORMAT.encode() in head else "qnn"
@@ -281,8 +356,9 @@ async def select_runtime(board: Board, bundle_dir: str, runtime: str | None = No
     binaries = await bundle_binaries(board, bundle_dir) if board.simulated else "qnn"
     rt = runtime_for(name, board, binaries)
     if rt.key == "geniex" and board.simulated and binaries == "qnn":
-        raise RuntimeError_("GenieX's qairt plugin does not run on an x86 workstation, and this bundle holds real "
-                            "context binaries that only Qualcomm's runtimes can run.",
-                            "Chat through Genie (--runtime genie): Qualcomm's libGenie runs them on the HTP "
-                            "simulator.")
+        raise RuntimeError_(
+            "GenieX's qairt plugin does not run on an x86 workstation, and this bundle holds real "
+            "context binaries that only Qualcomm's runtimes can run.",
+            "Chat through Genie (--runtime genie): Qualcomm's libGenie runs them on the HTP simulator.",
+        )
     return rt

@@ -40,10 +40,10 @@ from workers.shared.errors import ActionableError
 MODES = ("auto", "persistent", "per_turn")
 SAMPLER_PRESETS: dict[str, dict[str, Any] | None] = {
     "deterministic": {"seed": 42, "temp": 0.0, "top-k": 1, "top-p": 1.0},
-    "thinking": {"seed": 42, "temp": 0.6, "top-k": 40, "top-p": 0.95},   # Nemotron reasoning on
-    "bundle": None,                                                        # the bundle's own sampler
+    "thinking": {"seed": 42, "temp": 0.6, "top-k": 40, "top-p": 0.95},  # Nemotron reasoning on
+    "bundle": None,  # the bundle's own sampler
 }
-SESSION_CONFIG = "genie_config.hexstudio.json"   # the bundle's config with the chosen sampler
+SESSION_CONFIG = "genie_config.hexstudio.json"  # the bundle's config with the chosen sampler
 
 
 genie_log = logging.getLogger("hexstudio.genie.log")
@@ -54,7 +54,7 @@ class SessionError(ActionableError):
     """A chat session cannot go on (bad message, board gone, dialog refused): message and hint."""
 
 
-MAX_MESSAGE_CHARS = 1 << 20   # 1 Mi characters: far beyond any context; refused before it reaches the board
+MAX_MESSAGE_CHARS = 1 << 20  # 1 Mi characters: far beyond any context; refused before it reaches the board
 
 
 def check_message(user: object) -> str:
@@ -64,17 +64,24 @@ def check_message(user: object) -> str:
     if not isinstance(user, str) or not user.strip():
         raise SessionError("The message is empty.", "Type a message, then send it.")
     if "\x00" in user:
-        raise SessionError(f"The message holds a NUL character (at position {user.index(chr(0))}): Genie would "
-                           "see only the text before it.", "Remove the NUL character (paste the text again).")
+        raise SessionError(
+            f"The message holds a NUL character (at position {user.index(chr(0))}): Genie would "
+            "see only the text before it.",
+            "Remove the NUL character (paste the text again).",
+        )
     try:
         user.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise SessionError(f"The message is not valid UTF-8 text (bytes at position {exc.start} cannot be "
-                           "decoded).", "Save the prompt file as UTF-8, or set a UTF-8 locale "
-                           "(e.g. LANG=C.UTF-8), then send it again.") from None
+        raise SessionError(
+            f"The message is not valid UTF-8 text (bytes at position {exc.start} cannot be decoded).",
+            "Save the prompt file as UTF-8, or set a UTF-8 locale (e.g. LANG=C.UTF-8), then send it again.",
+        ) from None
     if len(user) > MAX_MESSAGE_CHARS:
-        raise SessionError(f"The message has {len(user):,} characters, more than any context can hold "
-                           f"({MAX_MESSAGE_CHARS:,} at most).", "Send a shorter message.")
+        raise SessionError(
+            f"The message has {len(user):,} characters, more than any context can hold "
+            f"({MAX_MESSAGE_CHARS:,} at most).",
+            "Send a shorter message.",
+        )
     return user
 
 
@@ -102,18 +109,24 @@ class StopCut:
             self.hit = True
             self.full = self.full[:cut]
             end = cut
-        else:   # hold back the longest tail that is the start of a stop string
+        else:  # hold back the longest tail that is the start of a stop string
             n = len(self.full)
-            held = next((k for k in range(min(self.keep, n - self.emitted), 0, -1)
-                         if any(x.startswith(self.full[n - k:]) for x in self.stops)), 0)
+            held = next(
+                (
+                    k
+                    for k in range(min(self.keep, n - self.emitted), 0, -1)
+                    if any(x.startswith(self.full[n - k :]) for x in self.stops)
+                ),
+                0,
+            )
             end = n - held
-        new = self.full[self.emitted:end]
+        new = self.full[self.emitted : end]
         self.emitted = end
         return new
 
     def flush(self) -> str:
         """What was held back, once the reply has ended without a match."""
-        new = self.full[self.emitted:]
+        new = self.full[self.emitted :]
         self.emitted = len(self.full)
         return new
 
@@ -122,28 +135,37 @@ class StopCut:
 class TurnResult:
     turn: Turn
     text: str
-    state: str                          # complete | aborted | failed
+    state: str  # complete | aborted | failed
     kpis: Kpis | None
     chunks: list[Chunk]
-    mode: str                           # persistent | per_turn
+    mode: str  # persistent | per_turn
     simulated: bool
-    first_chunk_ms: float | None        # from send() to the first text chunk
+    first_chunk_ms: float | None  # from send() to the first text chunk
     wall_ms: float
     error: str | None = None
-    note: str | None = None             # e.g. the context was full and history was dropped
+    note: str | None = None  # e.g. the context was full and history was dropped
     extra: dict[str, Any] = field(default_factory=dict)
-    runtime: str = "genie"              # which runtime produced these numbers (app.core.genie.runtime)
+    runtime: str = "genie"  # which runtime produced these numbers (app.core.genie.runtime)
     runtime_version: str | None = None  # as the runtime reported it
-    stop: str | None = None             # who applied the stop strings: "genie" (GenieDialog_setStopSequence),
-                                        # "host" (StopCut, for runtimes that cannot), None when none were given
-    stop_hit: bool = False              # the host cut the reply at a stop string (Genie's own stop does not say)
+    stop: str | None = None  # who applied the stop strings: "genie" (GenieDialog_setStopSequence),
+    # "host" (StopCut, for runtimes that cannot), None when none were given
+    stop_hit: bool = False  # the host cut the reply at a stop string (Genie's own stop does not say)
 
     def as_json(self) -> dict[str, Any]:
-        return {"text": self.text, "state": self.state, "kpis": self.kpis.as_json() if self.kpis else None,
-                "runtime": self.runtime, "runtime_version": self.runtime_version,
-                "mode": self.mode, "simulated": self.simulated, "first_chunk_ms": self.first_chunk_ms,
-                "wall_ms": round(self.wall_ms, 1), "error": self.error, "note": self.note,
-                "chunks": [{"t": round(c.t, 4), "text": c.text, "tokens": c.tokens} for c in self.chunks]}
+        return {
+            "text": self.text,
+            "state": self.state,
+            "kpis": self.kpis.as_json() if self.kpis else None,
+            "runtime": self.runtime,
+            "runtime_version": self.runtime_version,
+            "mode": self.mode,
+            "simulated": self.simulated,
+            "first_chunk_ms": self.first_chunk_ms,
+            "wall_ms": round(self.wall_ms, 1),
+            "error": self.error,
+            "note": self.note,
+            "chunks": [{"t": round(c.t, 4), "text": c.text, "tokens": c.tokens} for c in self.chunks],
+        }
 
 
 def continuation_prompt(conv: Conversation, user: str) -> str:
@@ -175,7 +197,7 @@ class _Helper:
     def __init__(self, proc: Any, on_log: Callable[[str, str], None] | None = None) -> None:
         self.proc = proc
         self.on_log = on_log
-        self.log_lines: collections.deque[str] = collections.deque(maxlen=400)   # Genie's own log lines
+        self.log_lines: collections.deque[str] = collections.deque(maxlen=400)  # Genie's own log lines
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.stderr = bytearray()
         self.alive = True
@@ -195,7 +217,9 @@ class _Helper:
                         ev = json.loads(line)
                     except ValueError:
                         ev = {"event": "noise", "line": line.decode("utf-8", "replace")}
-                    if ev.get("event") == "log":     # Genie's log (GenieLog): kept and shown, not a protocol event
+                    if (
+                        ev.get("event") == "log"
+                    ):  # Genie's log (GenieLog): kept and shown, not a protocol event
                         level, text = str(ev.get("level", "info")), str(ev.get("message", ""))
                         self.log_lines.append(f"[{level.upper()}] {text}")
                         genie_log.debug("%s: %s", level, text)
@@ -238,15 +262,25 @@ class _Helper:
 
 
 class ChatSession:
-    def __init__(self, board: Board, bundle_dir: str, conversation: Conversation | None = None, *,
-                 mode: str = "auto", max_tokens: int = 256, sampler: str | dict[str, Any] = "deterministic",
-                 on_status: Callable[[str], None] | None = None, ready_timeout: float = 300.0,
-                 runtime: str | None = None, dialog: str = "basic") -> None:
+    def __init__(
+        self,
+        board: Board,
+        bundle_dir: str,
+        conversation: Conversation | None = None,
+        *,
+        mode: str = "auto",
+        max_tokens: int = 256,
+        sampler: str | dict[str, Any] = "deterministic",
+        on_status: Callable[[str], None] | None = None,
+        ready_timeout: float = 300.0,
+        runtime: str | None = None,
+        dialog: str = "basic",
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         if dialog not in DIALOG_TYPES:
             raise SessionError(f"Unknown dialog '{dialog}'.", f"Use one of: {', '.join(DIALOG_TYPES)}.")
-        self.dialog = dialog                      # basic, or a speculative one the bundle carries (lade, spd)
+        self.dialog = dialog  # basic, or a speculative one the bundle carries (lade, spd)
         # a preset name, or the sampler values themselves (Genie's keys: seed, temp, top-k, top-p)
         if isinstance(sampler, dict):
             self.sampler_values: dict[str, Any] | None = dict(sampler)
@@ -256,7 +290,7 @@ class ChatSession:
         else:
             self.sampler_values = SAMPLER_PRESETS[sampler]
         self.board = board
-        try:   # the implementation is settled in open(), from the bundle on the board (select_runtime)
+        try:  # the implementation is settled in open(), from the bundle on the board (select_runtime)
             self.runtime = runtime_for(resolve_runtime(board, runtime), board, "qnn")
         except RuntimeError_ as exc:
             raise SessionError(exc.message, exc.hint) from None
@@ -270,23 +304,25 @@ class ChatSession:
         self.on_status = on_status
         self.ready_timeout = ready_timeout
         self.fallback_reason: str | None = None
-        self.init_ms: float | None = None        # the persistent dialog's load time
+        self.init_ms: float | None = None  # the persistent dialog's load time
         self.genie_version: str | None = None
-        self.runtime_version: str | None = None   # e.g. "Genie API 1.17.0" or GenieX's CLI and plugin versions
+        self.runtime_version: str | None = None  # e.g. "Genie API 1.17.0" or GenieX's CLI and plugin versions
         self._helper: _Helper | None = None
-        self._n_past = 0                          # tokens in the dialog's KV cache
+        self._n_past = 0  # tokens in the dialog's KV cache
         self._config = "genie_config.json"
         self._lock = asyncio.Lock()
         self._opened = False
-        self._runner_simulated = False            # the runner said so: helper hello, banner, profile
-        self.token_counter: Callable[[str], int] | None = None   # the bundle's tokenizer, when readable
+        self._runner_simulated = False  # the runner said so: helper hello, banner, profile
+        self.token_counter: Callable[[str], int] | None = None  # the bundle's tokenizer, when readable
         self.on_turn: Callable[[TurnResult], None] | None = None  # e.g. the run's chat journal
-        self.on_genie_log: Callable[[str, str], None] | None = None   # (level, line) of Genie's own log
+        self.on_genie_log: Callable[[str, str], None] | None = None  # (level, line) of Genie's own log
         # the loaded dialog takes stop strings itself (its helper said so: GenieDialog_setStopSequence); where
         # not, replies are cut on the host (StopCut)
         self.stop_sequences = False
-        self._config_stops: list[str] = []        # genie_config.json's own dialog "stop-sequence", kept in every set
-        self._stops_on_dialog: list[str] | None = []   # what the loaded dialog holds now (None: not known)
+        self._config_stops: list[
+            str
+        ] = []  # genie_config.json's own dialog "stop-sequence", kept in every set
+        self._stops_on_dialog: list[str] | None = []  # what the loaded dialog holds now (None: not known)
 
     @property
     def simulated(self) -> bool:
@@ -302,19 +338,22 @@ class ChatSession:
         """Read the bundle's config, start the helper (persistent) or prepare per-turn runs. Returns the mode."""
         t = self.board.transport
         cfg_path = posixpath.join(self.bundle_dir, config_name(self.dialog))
-        if self.dialog != "basic":        # the runtime first: the twin cannot run a speculative dialog at all
+        if self.dialog != "basic":  # the runtime first: the twin cannot run a speculative dialog at all
             await self._select_runtime()
         if self.dialog != "basic" and not await t.exists(cfg_path):
-            raise SessionError(f"The bundle on {self.board.label} has no {self.dialog} dialog ({cfg_path} is missing).",
-                               f"Compile with speculative_dialogs including {self.dialog} (Compile page, or "
-                               f"`hexstudio run --set speculative_dialogs={self.dialog}`), push it, or chat with the "
-                               "basic dialog.")
+            raise SessionError(
+                f"The bundle on {self.board.label} has no {self.dialog} dialog ({cfg_path} is missing).",
+                f"Compile with speculative_dialogs including {self.dialog} (Compile page, or "
+                f"`hexstudio run --set speculative_dialogs={self.dialog}`), push it, or chat with the "
+                "basic dialog.",
+            )
         try:
             cfg = json.loads((await t.read_bytes(cfg_path)).decode("utf-8"))
         except (OSError, ValueError) as exc:
-            raise SessionError(f"Cannot read {cfg_path} on {self.board.label}: {exc}.",
-                               "Push the bundle to the board first (Board stage, or `hexstudio run --only board`).") \
-                from None
+            raise SessionError(
+                f"Cannot read {cfg_path} on {self.board.label}: {exc}.",
+                "Push the bundle to the board first (Board stage, or `hexstudio run --only board`).",
+            ) from None
         self._config = config_name(self.dialog)
         size = ((cfg.get("dialog") or {}).get("context") or {}).get("size")
         if isinstance(size, int) and size > 0:
@@ -325,17 +364,20 @@ class ChatSession:
         await self._maybe_tokenizer(cfg)
         override = self.sampler_values
         if override is not None:
-            values = spd_sampler(override) if self.dialog == "spd" else override   # Genie's spd needs temp > 0
+            values = spd_sampler(override) if self.dialog == "spd" else override  # Genie's spd needs temp > 0
             cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(values)
-            await t.write_bytes(posixpath.join(self.bundle_dir, SESSION_CONFIG),
-                                json.dumps(cfg, indent=2).encode("utf-8"))
+            await t.write_bytes(
+                posixpath.join(self.bundle_dir, SESSION_CONFIG), json.dumps(cfg, indent=2).encode("utf-8")
+            )
             self._config = SESSION_CONFIG
         await self._select_runtime()
         self._opened = True
         if self.runtime.name != "genie":
             if self.mode == "per_turn":
-                raise SessionError(f"{self.runtime.title} has no per-turn mode in HexStudio.",
-                                   "Use --mode auto or persistent with GenieX, or --runtime genie.")
+                raise SessionError(
+                    f"{self.runtime.title} has no per-turn mode in HexStudio.",
+                    "Use --mode auto or persistent with GenieX, or --runtime genie.",
+                )
             try:
                 for note in await self.runtime.prepare(self.board, self.bundle_dir):
                     self._status(note)
@@ -349,8 +391,10 @@ class ChatSession:
                     raise
                 self.mode = "per_turn"
                 self.fallback_reason = exc.message
-                self._status(f"The model cannot stay loaded ({exc.message}); each turn runs genie-t2t-run "
-                             "again and pays the init.")
+                self._status(
+                    f"The model cannot stay loaded ({exc.message}); each turn runs genie-t2t-run "
+                    "again and pays the init."
+                )
         return self.mode
 
     async def _select_runtime(self) -> None:
@@ -359,9 +403,12 @@ class ChatSession:
         except RuntimeError_ as exc:
             raise SessionError(exc.message, exc.hint) from None
         if self.dialog not in self.runtime.dialogs:
-            raise SessionError(f"{self.runtime.title} runs only the {', '.join(self.runtime.dialogs)} dialog, not "
-                               f"{self.dialog}.", "Chat with the basic dialog, or compile a real bundle "
-                               "(compile_target local) for Qualcomm's Genie to run it.")
+            raise SessionError(
+                f"{self.runtime.title} runs only the {', '.join(self.runtime.dialogs)} dialog, not "
+                f"{self.dialog}.",
+                "Chat with the basic dialog, or compile a real bundle "
+                "(compile_target local) for Qualcomm's Genie to run it.",
+            )
 
     async def _maybe_tokenizer(self, cfg: dict[str, Any]) -> None:
         """Count tokens with the bundle's own tokenizer.json when it can be read (else ~3 chars a token)."""
@@ -372,10 +419,19 @@ class ChatSession:
 
     def helper_argv(self) -> tuple[list[str], dict[str, str] | None]:
         try:
-            if self.dialog == "basic":    # a plug-in runtime that knows only the basic dialog takes no config name
-                return self.runtime.helper_argv(self.board, self.sampler_values, self._helper_remote, self.bundle_dir)
-            return self.runtime.helper_argv(self.board, self.sampler_values, self._helper_remote, self.bundle_dir,
-                                            config=config_name(self.dialog))
+            if (
+                self.dialog == "basic"
+            ):  # a plug-in runtime that knows only the basic dialog takes no config name
+                return self.runtime.helper_argv(
+                    self.board, self.sampler_values, self._helper_remote, self.bundle_dir
+                )
+            return self.runtime.helper_argv(
+                self.board,
+                self.sampler_values,
+                self._helper_remote,
+                self.bundle_dir,
+                config=config_name(self.dialog),
+            )
         except RuntimeError_ as exc:
             raise SessionError(exc.message, exc.hint) from None
 
@@ -406,8 +462,9 @@ class ChatSession:
                 ev = await h.next_event(self.ready_timeout)
             except asyncio.TimeoutError:
                 await h.close(graceful=False)
-                raise SessionError(f"the chat helper did not load the model within {self.ready_timeout:.0f} s") \
-                    from None
+                raise SessionError(
+                    f"the chat helper did not load the model within {self.ready_timeout:.0f} s"
+                ) from None
             kind = ev.get("event")
             if kind == "ready":
                 break
@@ -422,8 +479,11 @@ class ChatSession:
         self.genie_version = ev.get("genie_version")
         self.stop_sequences = ev.get("stop_sequences") is True
         self._stops_on_dialog = list(self._config_stops)
-        self.runtime_version = ev.get("runtime_version") or ev.get("runner") or (
-            f"Genie API {self.genie_version}" if self.genie_version else None)
+        self.runtime_version = (
+            ev.get("runtime_version")
+            or ev.get("runner")
+            or (f"Genie API {self.genie_version}" if self.genie_version else None)
+        )
         self._n_past = 0
         self._status(f"model loaded in {self.init_ms / 1000:.1f} s; it stays loaded between turns")
 
@@ -488,8 +548,14 @@ class ChatSession:
         await self.close()
 
     # -- turns -------------------------------------------------------------------------------------
-    async def send(self, user: str, *, on_chunk: Callable[[Chunk], None] | None = None,
-                   stop: asyncio.Event | None = None, stop_strings: Sequence[str] | None = None) -> TurnResult:
+    async def send(
+        self,
+        user: str,
+        *,
+        on_chunk: Callable[[Chunk], None] | None = None,
+        stop: asyncio.Event | None = None,
+        stop_strings: Sequence[str] | None = None,
+    ) -> TurnResult:
         """One chat turn. `on_chunk(Chunk(t, text))` gets the reply as it is generated (t: seconds since
         the query went out). `stop_strings` (default: the model's own, generation_config.json's
         `stop_strings`) end the reply, the matched text left out: handed to Genie where the loaded dialog takes
@@ -515,15 +581,20 @@ class ChatSession:
             self.on_turn(r)
         return r
 
-    async def _send_per_turn(self, user: str, on_chunk: Callable[[Chunk], None] | None,
-                             stop: asyncio.Event | None, stops: list[str]) -> TurnResult:
+    async def _send_per_turn(
+        self,
+        user: str,
+        on_chunk: Callable[[Chunk], None] | None,
+        stop: asyncio.Event | None,
+        stops: list[str],
+    ) -> TurnResult:
         conv = self.conversation
         prompt = conv.prompt_for(user)
         note = self._full_note(conv.dropped_turns, cleared=False) if conv.dropped_turns else None
         turn = conv.add(user)
         t0 = time.monotonic()
         first: list[float] = []
-        cut = StopCut(stops) if stops else None   # genie-t2t-run takes no stop strings per query: cut here
+        cut = StopCut(stops) if stops else None  # genie-t2t-run takes no stop strings per query: cut here
         halt, relay = _halt_on(stop)
 
         def chunk(c: Chunk) -> None:
@@ -540,8 +611,16 @@ class ChatSession:
                 on_chunk(c)
 
         try:
-            res = await run_query(self.board, self.bundle_dir, prompt, on_chunk=chunk, stop=halt,
-                                  max_tokens=self.max_tokens, config=self._config, count_tokens=self.token_counter)
+            res = await run_query(
+                self.board,
+                self.bundle_dir,
+                prompt,
+                on_chunk=chunk,
+                stop=halt,
+                max_tokens=self.max_tokens,
+                config=self._config,
+                count_tokens=self.token_counter,
+            )
         finally:
             if relay is not None:
                 relay.cancel()
@@ -555,44 +634,71 @@ class ChatSession:
         turn.reply = text
         if res.simulated:
             self._runner_simulated = True
-        state = res.transcript.state if res.exit_status == 0 or res.transcript.state == "aborted" else "failed"
+        state = (
+            res.transcript.state if res.exit_status == 0 or res.transcript.state == "aborted" else "failed"
+        )
         state = state if state in ("complete", "aborted") else "failed"
         if cut is not None and cut.hit and state == "aborted" and not (stop is not None and stop.is_set()):
-            state = "complete"   # ended at a stop string: stopped here, a complete reply
+            state = "complete"  # ended at a stop string: stopped here, a complete reply
         turn.state = state
         if res.kpis is not None:
             turn.kpis = res.kpis.as_json()
         if res.transcript.genie_version:
             self.runtime_version = f"Genie API {res.transcript.genie_version}"
-        return TurnResult(turn, text, state, res.kpis, res.chunks, "per_turn", self.simulated,
-                          first[0] if first else None, (time.monotonic() - t0) * 1000,
-                          error=res.error if state == "failed" else None, note=note,
-                          runtime=self.runtime.name, runtime_version=self.runtime_version,
-                          stop="host" if cut is not None else None, stop_hit=bool(cut and cut.hit))
+        return TurnResult(
+            turn,
+            text,
+            state,
+            res.kpis,
+            res.chunks,
+            "per_turn",
+            self.simulated,
+            first[0] if first else None,
+            (time.monotonic() - t0) * 1000,
+            error=res.error if state == "failed" else None,
+            note=note,
+            runtime=self.runtime.name,
+            runtime_version=self.runtime_version,
+            stop="host" if cut is not None else None,
+            stop_hit=bool(cut and cut.hit),
+        )
 
     def _full_note(self, dropped: int, cleared: bool) -> str:
         cl = self.conversation.context_length
-        what = (f"the oldest {dropped} turn(s) no longer fit and were left out" if dropped
-                else "the conversation was re-sent")
-        head = (f"The context is full ({cl} tokens): the model's memory was cleared and " if cleared
-                else f"The context is full ({cl} tokens): ")
+        what = (
+            f"the oldest {dropped} turn(s) no longer fit and were left out"
+            if dropped
+            else "the conversation was re-sent"
+        )
+        head = (
+            f"The context is full ({cl} tokens): the model's memory was cleared and "
+            if cleared
+            else f"The context is full ({cl} tokens): "
+        )
         return head + what + ". Start a new chat to begin afresh."
 
-    async def _send_persistent(self, user: str, on_chunk: Callable[[Chunk], None] | None,
-                               stop: asyncio.Event | None, history: bool = True,
-                               stops: list[str] | None = None) -> TurnResult:
+    async def _send_persistent(
+        self,
+        user: str,
+        on_chunk: Callable[[Chunk], None] | None,
+        stop: asyncio.Event | None,
+        history: bool = True,
+        stops: list[str] | None = None,
+    ) -> TurnResult:
         stops = stops or []
         conv = self.conversation
         note = None
         if self._helper is None or not self._helper.alive:
-            await self._start_helper()   # it died (or was stopped hard): load again, history re-sent below
+            await self._start_helper()  # it died (or was stopped hard): load again, history re-sent below
         h = self._helper
         assert h is not None
         fresh = self._n_past == 0
         if not history:
             prompt = Conversation(template=conv.template, system=conv.system).prompt_for(user)
-            note = (f"The context is full ({conv.context_length} tokens): the earlier turns no longer fit, so this "
-                    "message was sent without them. Start a new chat to begin afresh.")
+            note = (
+                f"The context is full ({conv.context_length} tokens): the earlier turns no longer fit, so this "
+                "message was sent without them. Start a new chat to begin afresh."
+            )
         else:
             prompt = conv.prompt_for(user) if fresh else continuation_prompt(conv, user)
         if history and fresh and conv.dropped_turns:
@@ -610,7 +716,9 @@ class ChatSession:
         stop_by: str | None = None
         wanted = [*self._config_stops, *(x for x in stops if x not in self._config_stops)]
         if self.stop_sequences and wanted != self._stops_on_dialog:
-            query["stop"] = wanted   # Genie's own: GenieDialog_setStopSequence (they stay set for later queries)
+            query["stop"] = (
+                wanted  # Genie's own: GenieDialog_setStopSequence (they stay set for later queries)
+            )
         if stops:
             stop_by = "genie" if self.stop_sequences else "host"
             cut = None if self.stop_sequences else StopCut(stops)
@@ -627,8 +735,11 @@ class ChatSession:
                 waits: set[asyncio.Future[Any]] = {get}
                 if stop_task is not None and aborting_since is None:
                     waits.add(stop_task)
-                done, _ = await asyncio.wait(waits, timeout=1.0 if aborting_since is not None else None,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    waits,
+                    timeout=1.0 if aborting_since is not None else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 if get not in done:
                     get.cancel()
                     if stop_task is not None and stop_task in done and aborting_since is None:
@@ -636,32 +747,35 @@ class ChatSession:
                         with contextlib.suppress(Exception):
                             await h.send({"op": "abort"})
                     elif aborting_since is not None and time.monotonic() - aborting_since > 10:
-                        await h.close(graceful=False)   # abort not honoured: stop it hard (reloads next turn)
+                        await h.close(graceful=False)  # abort not honoured: stop it hard (reloads next turn)
                         state = "aborted"
                         break
                     continue
                 ev = get.result()
                 kind = ev.get("event")
-                if kind == "stop" and ev.get("id") == qid:   # before the query's text
+                if kind == "stop" and ev.get("id") == qid:  # before the query's text
                     if ev.get("applied"):
                         self._stops_on_dialog = wanted
                     else:
-                        log.warning("the dialog did not take the stop strings %r (%s): cut on the host instead",
-                                    wanted, ev.get("message"))
-                        self._stops_on_dialog = None   # not known: set again on the next query
+                        log.warning(
+                            "the dialog did not take the stop strings %r (%s): cut on the host instead",
+                            wanted,
+                            ev.get("message"),
+                        )
+                        self._stops_on_dialog = None  # not known: set again on the next query
                         if stops:
                             cut, stop_by = StopCut(stops), "host"
                 elif kind == "text" and ev.get("id") == qid:
                     text = str(ev.get("text", ""))
-                    n = ev.get("tokens")   # the helper: one dialog callback a token
+                    n = ev.get("tokens")  # the helper: one dialog callback a token
                     if not isinstance(n, int):
                         n = counter(text) if counter is not None else None
                     if cut is not None:
                         text = cut.feed(text)
                         if cut.hit and aborting_since is None:
-                            halt.set()   # the reply reached a stop string: the dialog is told to abort
+                            halt.set()  # the reply reached a stop string: the dialog is told to abort
                     c = Chunk(time.monotonic() - t0, text, ev.get("mono"), n)
-                    chunks.append(c)   # even when held back: its token count and time still count
+                    chunks.append(c)  # even when held back: its token count and time still count
                     turn.reply += c.text
                     if on_chunk is not None and c.text:
                         on_chunk(c)
@@ -671,8 +785,9 @@ class ChatSession:
                     if aborting_since is not None and state != "failed":
                         state = "aborted"
                     break
-                elif kind == "eof" or (kind == "error" and (ev.get("code") == "connection_lost"
-                                                            or ev.get("id") == qid)):
+                elif kind == "eof" or (
+                    kind == "error" and (ev.get("code") == "connection_lost" or ev.get("id") == qid)
+                ):
                     error = _explain(str(ev.get("message") or h.stderr_tail() or "the chat helper exited"))
                     break
         finally:
@@ -686,7 +801,7 @@ class ChatSession:
                 on_chunk(c)
         hit = cut is not None and cut.hit
         if hit and state == "aborted" and not (stop is not None and stop.is_set()):
-            state = "complete"   # ended at a stop string, by the host: a complete reply
+            state = "complete"  # ended at a stop string, by the host: a complete reply
         text = "".join(c.text for c in chunks)
         turn.reply = text
         kpis = self._kpis(end, fresh_dialog=h.queries == 1)
@@ -696,14 +811,16 @@ class ChatSession:
         else:
             self._n_past += conv.count_tokens(prompt + text)
         if end is not None and isinstance(end.get("n_past"), int):
-            self._n_past = int(end["n_past"])   # the simulator reports its KV fill exactly
+            self._n_past = int(end["n_past"])  # the simulator reports its KV fill exactly
         # after a host cut the dialog holds tokens past the stop string: cleared, the next turn re-sends the history
         clear = state in ("context_full", "failed") or hit
         if state == "context_full":  # the context filled up during this reply
             if text:
                 state = "complete"
-                note = (f"The context is full ({conv.context_length} tokens): this reply was cut short. The model's "
-                        "memory is cleared for the next turn (what still fits of the history is re-sent).")
+                note = (
+                    f"The context is full ({conv.context_length} tokens): this reply was cut short. The model's "
+                    "memory is cleared for the next turn (what still fits of the history is re-sent)."
+                )
             else:
                 state, error = "failed", "The prompt does not fit in the context: start a new chat."
         if state == "failed" and error is None:
@@ -714,13 +831,33 @@ class ChatSession:
             self._n_past = 0
             if h.alive:
                 await self._reset_dialog()
-        retry = (state == "failed" and not text and fresh and history and h.alive and end is not None
-                 and any(t.state == "complete" for t in conv.turns[:-1]))
-        return TurnResult(turn, text, state, kpis, chunks, "persistent", self.simulated,
-                          round(chunks[0].t * 1000, 3) if chunks else None, (time.monotonic() - t0) * 1000,
-                          error=error, note=note, extra={"retry_without_history": retry},
-                          runtime=self.runtime.name, runtime_version=self.runtime_version,
-                          stop=stop_by, stop_hit=hit)
+        retry = (
+            state == "failed"
+            and not text
+            and fresh
+            and history
+            and h.alive
+            and end is not None
+            and any(t.state == "complete" for t in conv.turns[:-1])
+        )
+        return TurnResult(
+            turn,
+            text,
+            state,
+            kpis,
+            chunks,
+            "persistent",
+            self.simulated,
+            round(chunks[0].t * 1000, 3) if chunks else None,
+            (time.monotonic() - t0) * 1000,
+            error=error,
+            note=note,
+            extra={"retry_without_history": retry},
+            runtime=self.runtime.name,
+            runtime_version=self.runtime_version,
+            stop=stop_by,
+            stop_hit=hit,
+        )
 
     def _kpis(self, end: dict[str, Any] | None, fresh_dialog: bool) -> Kpis | None:
         if end is None:
@@ -732,9 +869,16 @@ class ChatSession:
         if k is None and end.get("measured"):
             m = end["measured"]
             n = int(m.get("callbacks") or 0)
-            k = Kpis(init_ms=None, prompt_tokens=None, prompt_tok_s=None, ttft_ms=m.get("ttft_ms"),
-                     generated_tokens=n, gen_tok_s=round(n / (m["gen_ms"] / 1000), 4) if m.get("gen_ms") else None,
-                     gen_time_ms=m.get("gen_ms"), source="simulated" if self.simulated else "device")
+            k = Kpis(
+                init_ms=None,
+                prompt_tokens=None,
+                prompt_tok_s=None,
+                ttft_ms=m.get("ttft_ms"),
+                generated_tokens=n,
+                gen_tok_s=round(n / (m["gen_ms"] / 1000), 4) if m.get("gen_ms") else None,
+                gen_time_ms=m.get("gen_ms"),
+                source="simulated" if self.simulated else "device",
+            )
         if k is None:
             return None
         if k.source == "simulated":

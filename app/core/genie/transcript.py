@@ -42,7 +42,7 @@ class Transcript:
     simulated: bool = False
     prompt: str | None = None
     text: str = ""
-    state: str = "not_started"        # not_started | streaming | complete | aborted | crashed
+    state: str = "not_started"  # not_started | streaming | complete | aborted | crashed
     logs: list[dict[str, str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     kpis_block: dict[str, float] = field(default_factory=dict)
@@ -58,7 +58,7 @@ def _could_be_inline_log(s: str) -> bool:
         if len(s) <= len(tag):
             if tag.startswith(s):
                 return True
-        elif s.startswith(tag) and _INLINE_LOG_TAIL_RE.fullmatch(s[len(tag):]):
+        elif s.startswith(tag) and _INLINE_LOG_TAIL_RE.fullmatch(s[len(tag) :]):
             return True
     return False
 
@@ -68,7 +68,7 @@ class TranscriptParser:
 
     `prompt`: the exact prompt text sent (the prompt file's content), so its echo is skipped exactly."""
 
-    MAX_HELD = 2000   # reply text held back while it might still be a log line
+    MAX_HELD = 2000  # reply text held back while it might still be a log line
 
     def __init__(self, prompt: str | None = None) -> None:
         self.t = Transcript()
@@ -76,7 +76,7 @@ class TranscriptParser:
         self._after_begin = False
         self._one_shot = False
         self._sent_prompt = prompt
-        self._in_prompt = False      # inside an echoed prompt whose text we do not know (up to a blank line)
+        self._in_prompt = False  # inside an echoed prompt whose text we do not know (up to a blank line)
         self._in_kpis = False
 
     def feed(self, chunk: str) -> str:
@@ -99,40 +99,40 @@ class TranscriptParser:
             if not self._in_prompt:
                 marker = next((m for m in START_MARKERS if self._buf.startswith(m)), None)
                 if marker is not None:
-                    self._buf = self._buf[len(marker):]
+                    self._buf = self._buf[len(marker) :]
                     self._after_begin = True
                     self._one_shot = marker == "[COMPLETE]:"
                     self._in_kpis = False
                     self.t.state = "streaming"
                     continue
                 if any(m.startswith(self._buf) for m in (*START_MARKERS, PROMPT_MARKER)):
-                    break   # a marker arriving in pieces: wait for the rest
+                    break  # a marker arriving in pieces: wait for the rest
             nl = self._buf.find("\n")
             if nl < 0:
-                break       # wait for the rest of the line
+                break  # wait for the rest of the line
             self._line(self._buf[:nl])
-            self._buf = self._buf[nl + 1:]
+            self._buf = self._buf[nl + 1 :]
         return out
 
     def _prompt_echo(self) -> bool:
         """At `[PROMPT]:`. Skip the echo; True when more output is needed first."""
-        rest = self._buf[len(PROMPT_MARKER):]
+        rest = self._buf[len(PROMPT_MARKER) :]
         sent = self._sent_prompt
         if sent is not None:
             for echo in (" " + sent, sent):
                 if rest.startswith(echo):
                     self.t.prompt = sent
-                    self._buf = rest[len(echo):]
-                    self._sent_prompt = None   # only the first echo is the prompt
+                    self._buf = rest[len(echo) :]
+                    self._sent_prompt = None  # only the first echo is the prompt
                     return False
                 if echo.startswith(rest):
-                    return True                # the echo is still arriving
+                    return True  # the echo is still arriving
             # the runner echoed something else (e.g. changed line endings): fall back to the blank-line rule
         nl = rest.find("\n")
         if nl < 0:
             return True
         self.t.prompt = rest[:nl].rstrip("\r").removeprefix(" ")
-        self._buf = rest[nl + 1:]
+        self._buf = rest[nl + 1 :]
         self._in_prompt = True
         return False
 
@@ -155,16 +155,18 @@ class TranscriptParser:
                 if tail.startswith(m):
                     aborted = m == "[ABORT]"
                     self.t.state = "aborted" if aborted else "complete"
-                    self._buf = tail[len(m):]
+                    self._buf = tail[len(m) :]
                     return self._text(buf[:i]), bool(self._buf)
             lm = INLINE_LOG_RE.match(buf, i)
             if lm:
                 self._log(lm.group(1), lm.group(2))
-                self._buf = buf[:i] + buf[lm.end():]
+                self._buf = buf[:i] + buf[lm.end() :]
                 return "", True
             maybe_marker = any(m.startswith(tail) for m in END_MARKERS)
-            if (maybe_marker or ("\n" not in tail and _could_be_inline_log(tail))) and len(tail) <= self.MAX_HELD:
-                self._buf = tail    # may be a marker or a log line still arriving: hold it back
+            if (maybe_marker or ("\n" not in tail and _could_be_inline_log(tail))) and len(
+                tail
+            ) <= self.MAX_HELD:
+                self._buf = tail  # may be a marker or a log line still arriving: hold it back
                 return self._text(buf[:i]), False
             pos = i + 1
 
@@ -181,7 +183,7 @@ class TranscriptParser:
 
     def _line(self, line: str) -> None:
         line = line.rstrip("\r")
-        if self._in_prompt:   # the rest of an echoed prompt we were not told: up to the blank line
+        if self._in_prompt:  # the rest of an echoed prompt we were not told: up to the blank line
             if line.strip():
                 self.t.prompt = f"{self.t.prompt}\n{line}"
                 return
@@ -199,7 +201,7 @@ class TranscriptParser:
             return
         if line.startswith(KPIS_MARKER):
             self._in_kpis = True
-            line = line[len(KPIS_MARKER):]
+            line = line[len(KPIS_MARKER) :]
         if self._in_kpis:
             for key, rx in KPI_RE.items():
                 km = rx.search(line)
@@ -214,7 +216,7 @@ class TranscriptParser:
             if self.t.state == "streaming":
                 self.t.text += self._buf
             elif self._buf.startswith(PROMPT_MARKER) and self.t.prompt is None:
-                self.t.prompt = self._buf[len(PROMPT_MARKER):].removeprefix(" ")
+                self.t.prompt = self._buf[len(PROMPT_MARKER) :].removeprefix(" ")
             else:
                 self._line(self._buf)
             self._buf = ""

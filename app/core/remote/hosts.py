@@ -19,10 +19,19 @@ from app.core.settings import Settings
 from workers.remote import host_command
 from workers.shared.errors import ActionableError
 
-WORKER_HOSTS = "worker_hosts"          # settings key: name -> {host, port, user, auth, key_path, python, root}
+WORKER_HOSTS = "worker_hosts"  # settings key: name -> {host, port, user, auth, key_path, python, root}
 # What each stage's worker imports on the host (module names as `importlib.util.find_spec` sees them).
 STAGE_PACKAGES: dict[str, tuple[str, ...]] = {
-    "quantize": ("numpy", "onnx", "onnxruntime", "torch", "transformers", "tokenizers", "safetensors", "aimet_onnx"),
+    "quantize": (
+        "numpy",
+        "onnx",
+        "onnxruntime",
+        "torch",
+        "transformers",
+        "tokenizers",
+        "safetensors",
+        "aimet_onnx",
+    ),
     "validate": ("numpy", "onnx", "onnxruntime", "tokenizers"),
 }
 MIN_PYTHON = (3, 10)
@@ -31,7 +40,8 @@ INSTALL_HINT = (
     "`bash packaging/install-workstation.sh` (it picks the torch/CUDA build for the host's GPU, installs "
     "aimet-onnx and onnxruntime-gpu, or the CPU stack with --cpu, and runs the AIMET smoke test); then point "
     "the worker host at that environment's Python: `hexstudio worker add {name} --host ... --python "
-    "<clone>/.venv/bin/python`.")
+    "<clone>/.venv/bin/python`."
+)
 
 
 def worker_password_key(name: str) -> str:
@@ -58,14 +68,18 @@ def host_config(name: str, settings: Settings | None = None) -> dict[str, Any]:
     hosts = worker_hosts(settings)
     if name not in hosts:
         known = ", ".join(sorted(hosts)) or "none yet"
-        raise WorkerHostError("worker_host_unknown", f"No worker host named '{name}' (configured: {known}).",
-                              f"Add it: `hexstudio worker add {name} --host HOST --user USER --key ~/.ssh/id_ed25519`,"
-                              " or run without --worker-host to run every stage on this machine.")
+        raise WorkerHostError(
+            "worker_host_unknown",
+            f"No worker host named '{name}' (configured: {known}).",
+            f"Add it: `hexstudio worker add {name} --host HOST --user USER --key ~/.ssh/id_ed25519`,"
+            " or run without --worker-host to run every stage on this machine.",
+        )
     return dict(hosts[name])
 
 
-async def connect_worker_host(name: str, cfg: dict[str, Any], *,
-                              trust: Callable[[str, int, str, str], bool] | None = None) -> SshTransport:
+async def connect_worker_host(
+    name: str, cfg: dict[str, Any], *, trust: Callable[[str, int, str, str], bool] | None = None
+) -> SshTransport:
     """An SSH transport to the worker host, with the board connection's host-key rules (an unknown key is
     never trusted silently, a changed one is refused). Raises WorkerHostError with what to do."""
     password = None
@@ -75,9 +89,11 @@ async def connect_worker_host(name: str, cfg: dict[str, Any], *,
         except SecretStoreError as exc:
             raise WorkerHostError("worker_host_login_failed", str(exc)) from None
         if not password:
-            raise WorkerHostError("worker_host_login_failed",
-                                  f"Worker host '{name}' uses password auth but no password is stored.",
-                                  f"Run `hexstudio worker password {name}` (kept in the system keyring).")
+            raise WorkerHostError(
+                "worker_host_login_failed",
+                f"Worker host '{name}' uses password auth but no password is stored.",
+                f"Run `hexstudio worker password {name}` (kept in the system keyring).",
+            )
     where = f"{cfg.get('user') or ''}@{cfg.get('host')}:{cfg.get('port') or 22}".lstrip("@")
     try:
         return await connect_ssh(name, cfg, trust=trust, password=password)
@@ -87,24 +103,31 @@ async def connect_worker_host(name: str, cfg: dict[str, Any], *,
             f"Worker host '{name}' ({where}) has not been trusted yet: its host key is {exc.key_type} "
             f"{exc.fingerprint}.",
             f"Compare it with the host's own (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on it), then "
-            f"run `hexstudio worker check {name} --trust {exc.fingerprint}`.") from None
+            f"run `hexstudio worker check {name} --trust {exc.fingerprint}`.",
+        ) from None
     except HostKeyChanged as exc:
-        raise WorkerHostError("worker_host_key_changed", f"Worker host '{name}': {exc.message}",
-                              exc.hint.replace("board", "host") if exc.hint else None) from None
+        raise WorkerHostError(
+            "worker_host_key_changed",
+            f"Worker host '{name}': {exc.message}",
+            exc.hint.replace("board", "host") if exc.hint else None,
+        ) from None
     except BoardError as exc:
         code = "worker_host_login_failed" if "refused the login" in exc.message else "worker_host_unreachable"
         hint = exc.hint or ""
         if code == "worker_host_unreachable":
-            hint = (f"Is {cfg.get('host')} on, reachable from here and running sshd? Try "
-                    f"`ssh -p {cfg.get('port') or 22} {where.split(':')[0]}` by hand. Resume the run when it "
-                    "answers, or run it without a worker host (`hexstudio run --resume RUN_ID --worker-host local`).")
+            hint = (
+                f"Is {cfg.get('host')} on, reachable from here and running sshd? Try "
+                f"`ssh -p {cfg.get('port') or 22} {where.split(':')[0]}` by hand. Resume the run when it "
+                "answers, or run it without a worker host (`hexstudio run --resume RUN_ID --worker-host local`)."
+            )
         elif code == "worker_host_login_failed":
             hint = hint.replace("board", "worker host")
         raise WorkerHostError(code, f"Worker host '{name}': {exc.message}", hint) from None
 
 
-async def check_host(transport: Transport, name: str, python: str,
-                     packages: tuple[str, ...] = ()) -> dict[str, Any]:
+async def check_host(
+    transport: Transport, name: str, python: str, packages: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The host's Python, memory and CPUs (workers.remote.probe); raises WorkerHostError when Python or a
     package is missing."""
     res = await transport.run(host_command(python, "probe", *packages), timeout=120)
@@ -112,25 +135,37 @@ async def check_host(transport: Transport, name: str, python: str,
     if res.exit_status != 0:
         err = (res.stderr or "").strip()
         if res.exit_status == 127 or "not found" in err or "No such file" in err:
-            raise WorkerHostError("worker_host_python_missing",
-                                  f"Worker host '{name}' ({label}) has no Python at '{python}'.",
-                                  INSTALL_HINT.format(name=name))
-        raise WorkerHostError("worker_host_python_broken",
-                              f"'{python}' on worker host '{name}' failed to start (exit {res.exit_status}): "
-                              f"{err[-400:]}", INSTALL_HINT.format(name=name))
+            raise WorkerHostError(
+                "worker_host_python_missing",
+                f"Worker host '{name}' ({label}) has no Python at '{python}'.",
+                INSTALL_HINT.format(name=name),
+            )
+        raise WorkerHostError(
+            "worker_host_python_broken",
+            f"'{python}' on worker host '{name}' failed to start (exit {res.exit_status}): {err[-400:]}",
+            INSTALL_HINT.format(name=name),
+        )
     try:
         info: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise WorkerHostError("worker_host_python_broken",
-                              f"'{python}' on worker host '{name}' printed something unexpected: "
-                              f"{res.stdout[-300:]!r}", INSTALL_HINT.format(name=name)) from None
+        raise WorkerHostError(
+            "worker_host_python_broken",
+            f"'{python}' on worker host '{name}' printed something unexpected: {res.stdout[-300:]!r}",
+            INSTALL_HINT.format(name=name),
+        ) from None
     if tuple(info["python"][:2]) < MIN_PYTHON:
         have = ".".join(map(str, info["python"]))
-        raise WorkerHostError("worker_host_python_old",
-                              f"'{python}' on worker host '{name}' is Python {have}; HexStudio's workers need "
-                              f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer.", INSTALL_HINT.format(name=name))
+        raise WorkerHostError(
+            "worker_host_python_old",
+            f"'{python}' on worker host '{name}' is Python {have}; HexStudio's workers need "
+            f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer.",
+            INSTALL_HINT.format(name=name),
+        )
     if info["missing"]:
-        raise WorkerHostError("worker_host_packages_missing",
-                              f"'{python}' on worker host '{name}' cannot import {', '.join(info['missing'])}, "
-                              "which this stage needs.", INSTALL_HINT.format(name=name))
+        raise WorkerHostError(
+            "worker_host_packages_missing",
+            f"'{python}' on worker host '{name}' cannot import {', '.join(info['missing'])}, "
+            "which this stage needs.",
+            INSTALL_HINT.format(name=name),
+        )
     return info

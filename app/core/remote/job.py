@@ -48,13 +48,29 @@ async def read_lines(read: Callable[[], Awaitable[bytes]]) -> AsyncIterator[byte
 class RemoteJob(Job):
     """A worker on a remote host. Same shape as app.core.jobs.LocalJob: start, wait, cancel."""
 
-    def __init__(self, transport: Transport, module: str, spec: dict[str, Any], *,
-                 python: str = "python3", on_event: EventHandler | None = None,
-                 on_sample: SampleHandler | None = None, what: str | None = None,
-                 grace_s: float = 5.0, term_s: float = 3.0, env: dict[str, str] | None = None,
-                 log: IO[str] | None = None, workers_base: str | None = None) -> None:
-        super().__init__(what=what or f"Worker {module} on {transport.label}", on_event=on_event,
-                         on_sample=on_sample, grace_s=grace_s, term_s=term_s)
+    def __init__(
+        self,
+        transport: Transport,
+        module: str,
+        spec: dict[str, Any],
+        *,
+        python: str = "python3",
+        on_event: EventHandler | None = None,
+        on_sample: SampleHandler | None = None,
+        what: str | None = None,
+        grace_s: float = 5.0,
+        term_s: float = 3.0,
+        env: dict[str, str] | None = None,
+        log: IO[str] | None = None,
+        workers_base: str | None = None,
+    ) -> None:
+        super().__init__(
+            what=what or f"Worker {module} on {transport.label}",
+            on_event=on_event,
+            on_sample=on_sample,
+            grace_s=grace_s,
+            term_s=term_s,
+        )
         self.transport = transport
         # LIVENESS_ENV: the worker watches its stdin, the SSH channel, and dies with it (workers.runtime)
         self.env = {"PYTHONUNBUFFERED": "1", **(env or {}), LIVENESS_ENV: "stdin"}
@@ -71,16 +87,26 @@ class RemoteJob(Job):
         self._pid_seen = asyncio.Event()
 
     async def start(self) -> None:
-        if self.remote_root is None:   # a caller that installed them already (RemoteStageJob) sets it
+        if self.remote_root is None:  # a caller that installed them already (RemoteStageJob) sets it
             self.remote_root = await install_workers(self.transport, self.workers_base)
-        spec_path = posixpath.join(self.remote_root, "specs", f"{self.spec.get('stage', 'job')}-{time.time_ns()}.json")
+        spec_path = posixpath.join(
+            self.remote_root, "specs", f"{self.spec.get('stage', 'job')}-{time.time_ns()}.json"
+        )
         await self.transport.run(["mkdir", "-p", posixpath.dirname(spec_path)], timeout=30)
         await self.transport.write_bytes(spec_path, json.dumps(self.spec).encode())
         # A Python from packaging/install-workstation.sh has the libpython hook (AIMET's PtrToInt64 trap)
         # beside it: source it, as bin/activate would.
-        argv = ["sh", "-c", f'h="$(dirname "$1")/hexstudio-env.sh"; [ -f "$h" ] && . "$h"; '
-                            f'echo "{PID_MARK}$$"; exec "$@"', "sh",
-                self.python, "-m", self.module, "--spec", spec_path]
+        argv = [
+            "sh",
+            "-c",
+            f'h="$(dirname "$1")/hexstudio-env.sh"; [ -f "$h" ] && . "$h"; echo "{PID_MARK}$$"; exec "$@"',
+            "sh",
+            self.python,
+            "-m",
+            self.module,
+            "--spec",
+            spec_path,
+        ]
         # setsid: the worker leads its own process group on the host, so cancel reaches its children
         proc = await self.transport.start(["setsid", "-w", *argv], cwd=self.remote_root, env=self.env)
         self._begin(self._run(proc))
@@ -88,7 +114,7 @@ class RemoteJob(Job):
     async def _read_events(self, proc: RemoteProcess) -> None:
         async for line in read_lines(proc.read_stdout):
             if self.remote_pid is None and line.startswith(PID_MARK.encode()):
-                self.remote_pid = int(line[len(PID_MARK):].strip())
+                self.remote_pid = int(line[len(PID_MARK) :].strip())
                 self._pid_seen.set()
                 continue
             self.stream.feed(line)
@@ -129,8 +155,15 @@ class RemoteJob(Job):
         returncode: int | None = rc
         if rc is not None and rc > 128 and self.stream.done is None:
             returncode = -(rc - 128)
-        return self.stream.result(returncode, self._cancelled, self.peak_rss, self._stderr, self.what,
-                                  duration_s=time.monotonic() - t0, stderr_tail=self._stderr[-2000:])
+        return self.stream.result(
+            returncode,
+            self._cancelled,
+            self.peak_rss,
+            self._stderr,
+            self.what,
+            duration_s=time.monotonic() - t0,
+            stderr_tail=self._stderr[-2000:],
+        )
 
     async def _signal(self, sig: signal.Signals, group: bool) -> None:
         """One rung of the cancel ladder, on the host: `kill -INT PID` / `kill -TERM -- -PGID`."""
@@ -148,11 +181,12 @@ class RemoteJob(Job):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._pid_seen.wait(), 10)
         assert self._task is not None
-        await cancel_ladder(self._signal, self._task, grace_s=self.grace_s, term_s=self.term_s, what=self.what)
+        await cancel_ladder(
+            self._signal, self._task, grace_s=self.grace_s, term_s=self.term_s, what=self.what
+        )
 
     async def group_alive(self) -> bool:
         if self.remote_pid is None:
             return False
         res = await self.transport.run(["kill", "-0", "--", f"-{self.remote_pid}"], timeout=15)
         return bool(res.exit_status == 0)
-

@@ -27,7 +27,7 @@ from app.core.remote.hosts import WorkerHostError
 from workers.remote import host_command
 from workers.shared import data
 
-WORKERS_DIR = WORKERS_ROOT / "workers"     # the installed (or checked-out) workers package
+WORKERS_DIR = WORKERS_ROOT / "workers"  # the installed (or checked-out) workers package
 # Package data the workers read on the host (the built-in calibration/validation text, the recipes): copied
 # with the modules, at the same place inside the package. Not the built-in model: the model stage's output
 # (hf/) is uploaded with the run.
@@ -62,24 +62,46 @@ async def install_workers(transport: Transport, base: str | None = None) -> str:
     staging = f"{root}.partial"
     await transport.run(["mkdir", "-p", posixpath.dirname(root)], timeout=30)
     await transport.write_bytes(tmp_tar, blob)
-    res = await transport.run(["sh", "-c", 'rm -rf "$1" && mkdir -p "$1" && tar -xzf "$2" -C "$1" && '
-                               'rm -rf "$3" && mv "$1" "$3" && rm -f "$2"', "sh", staging, tmp_tar, root],
-                              timeout=120)
+    res = await transport.run(
+        [
+            "sh",
+            "-c",
+            'rm -rf "$1" && mkdir -p "$1" && tar -xzf "$2" -C "$1" && '
+            'rm -rf "$3" && mv "$1" "$3" && rm -f "$2"',
+            "sh",
+            staging,
+            tmp_tar,
+            root,
+        ],
+        timeout=120,
+    )
     if res.exit_status != 0:
         raise RuntimeError(f"Could not unpack the workers on {transport.label}: {res.stderr.strip()}")
     return root
 
 
-async def host_files(transport: Transport, python: str, mode: str, root: str, *extra: str,
-                     data: Any = None, timeout: float = 3600) -> Any:
+async def host_files(
+    transport: Transport,
+    python: str,
+    mode: str,
+    root: str,
+    *extra: str,
+    data: Any = None,
+    timeout: float = 3600,
+) -> Any:
     """One file operation on the host (workers.remote.files): its JSON answer, or None."""
-    res = await transport.run(host_command(python, "files", mode, root, *extra), timeout=timeout,
-                              stdin=None if data is None else json.dumps(data).encode())
+    res = await transport.run(
+        host_command(python, "files", mode, root, *extra),
+        timeout=timeout,
+        stdin=None if data is None else json.dumps(data).encode(),
+    )
     if res.exit_status != 0:
-        raise WorkerHostError("worker_host_files_failed",
-                              f"A file operation ({mode}) on the worker host failed in {root}: "
-                              f"{(res.stderr or '').strip()[-400:]}",
-                              "Check the host's free disk space and the worker host's root folder.")
+        raise WorkerHostError(
+            "worker_host_files_failed",
+            f"A file operation ({mode}) on the worker host failed in {root}: "
+            f"{(res.stderr or '').strip()[-400:]}",
+            "Check the host's free disk space and the worker host's root folder.",
+        )
     out = res.stdout.strip()
     return json.loads(out.splitlines()[-1]) if out else None
 
@@ -122,6 +144,7 @@ class LocalHashes:
 @dataclass
 class SyncStats:
     """What an upload or download moved."""
+
     sent_files: int = 0
     skipped_files: int = 0
     sent_bytes: int = 0
@@ -138,9 +161,16 @@ def local_files(root: Path) -> dict[str, Path]:
     return out
 
 
-async def upload_tree(transport: Transport, python: str, local: Path, remote: str, hashes: LocalHashes,
-                      known: dict[str, str] | None = None, stats: SyncStats | None = None,
-                      log: Callable[[str], None] | None = None) -> SyncStats:
+async def upload_tree(
+    transport: Transport,
+    python: str,
+    local: Path,
+    remote: str,
+    hashes: LocalHashes,
+    known: dict[str, str] | None = None,
+    stats: SyncStats | None = None,
+    log: Callable[[str], None] | None = None,
+) -> SyncStats:
     """Make `remote` hold exactly the files of `local`. A file already there with the same size and sha256
     is skipped (checked against the folder's sync record, else hashed on the host); the rest is sent with
     the transport's resumable put_file (as <file>.part, continued after a dropped connection, then renamed),
@@ -160,8 +190,9 @@ async def upload_tree(transport: Transport, python: str, local: Path, remote: st
             sha = await asyncio.to_thread(hashes.sha, p)
         want[rel] = (size, sha)
         stats.total_bytes += size
-    unsure = [rel for rel, (size, sha) in want.items()
-              if there.get(rel) == size and record.get(rel) != [size, sha]]
+    unsure = [
+        rel for rel, (size, sha) in want.items() if there.get(rel) == size and record.get(rel) != [size, sha]
+    ]
     remote_sha: dict[str, str] = {}
     if unsure:
         remote_sha = await host_files(transport, python, "hash", remote, data=unsure)
@@ -170,8 +201,11 @@ async def upload_tree(transport: Transport, python: str, local: Path, remote: st
         if there.get(rel) == size and (record.get(rel) == [size, sha] or remote_sha.get(rel) == sha):
             stats.skipped_files += 1
             new_record[rel] = [size, sha]
-    extra = [rel for rel in there if rel not in want and rel != SYNC_MANIFEST
-             and not (rel.endswith(".part") and rel[:-5] in want)]
+    extra = [
+        rel
+        for rel in there
+        if rel not in want and rel != SYNC_MANIFEST and not (rel.endswith(".part") and rel[:-5] in want)
+    ]
     if extra:
         await host_files(transport, python, "prune", remote, data=extra)
     man = posixpath.join(remote, SYNC_MANIFEST)
@@ -186,13 +220,14 @@ async def upload_tree(transport: Transport, python: str, local: Path, remote: st
         stats.sent_bytes += size if n is None else int(n)
         stats.sent_files += 1
         new_record[rel] = [size, sha]
-        await transport.write_bytes(man, json.dumps(new_record).encode())   # resumable: record as we go
+        await transport.write_bytes(man, json.dumps(new_record).encode())  # resumable: record as we go
     hashes.save()
     return stats
 
 
-async def download_tree(transport: Transport, python: str, remote: str, local: Path,
-                        stats: SyncStats | None = None) -> SyncStats:
+async def download_tree(
+    transport: Transport, python: str, remote: str, local: Path, stats: SyncStats | None = None
+) -> SyncStats:
     """Copy every file of the remote folder into `local` (which the pipeline just made empty)."""
     stats = stats or SyncStats()
     listing = await host_files(transport, python, "list", remote, SYNC_MANIFEST)
@@ -203,9 +238,11 @@ async def download_tree(transport: Transport, python: str, remote: str, local: P
         dst.parent.mkdir(parents=True, exist_ok=True)
         await transport.get_file(posixpath.join(remote, rel), dst)
         if dst.stat().st_size != size:
-            raise WorkerHostError("worker_host_download_failed",
-                                  f"{rel} arrived with {dst.stat().st_size} bytes instead of {size}.",
-                                  "Resume the run to run the stage again.")
+            raise WorkerHostError(
+                "worker_host_download_failed",
+                f"{rel} arrived with {dst.stat().st_size} bytes instead of {size}.",
+                "Resume the run to run the stage again.",
+            )
         stats.sent_files += 1
         stats.sent_bytes += size
         stats.total_bytes += size
@@ -218,7 +255,7 @@ def map_prefix(path: str, pairs: list[tuple[str, str]]) -> str:
     for src, dst in sorted(pairs, key=lambda p: -len(p[0])):
         src = src.rstrip("/") or "/"
         if path == src or path.startswith(src + "/"):
-            return dst.rstrip("/") + path[len(src):]
+            return dst.rstrip("/") + path[len(src) :]
     return path
 
 

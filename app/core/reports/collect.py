@@ -24,27 +24,51 @@ from app.core.status import KINDS, RunStatus, run_status, stage_statuses
 REPORT_VERSION = 1
 
 # The by-hand deployment of Llama-3.1-Nemotron-Nano-8B on the IQ-9075 EVK (shared/facts/workstation.md)
-REFERENCE_KPIS = {"init_ms": 4060.0, "prompt_tokens": 29, "prompt_tok_s": 158.05, "ttft_ms": 183.5,
-                  "generated_tokens": 31, "gen_tok_s": 10.03, "gen_time_ms": 3090.0}
-KPI_LABELS = {"init_ms": ("Init", "ms"), "prompt_tokens": ("Prompt", "tokens"),
-              "prompt_tok_s": ("Prompt processing", "tok/s"), "ttft_ms": ("Time to first token", "ms"),
-              "generated_tokens": ("Generated", "tokens"), "gen_tok_s": ("Generation", "tok/s"),
-              "gen_time_ms": ("Generation time", "ms")}
-SETTING_KEYS = ("context_length", "ar_n", "parts", "calibration_samples", "calibration_seq_len", "calibration_text",
-                "weight_bits", "activation_bits", "kv_bits", "device", "qairt_version", "compile_target",
-                "benchmark_prompt")
+REFERENCE_KPIS = {
+    "init_ms": 4060.0,
+    "prompt_tokens": 29,
+    "prompt_tok_s": 158.05,
+    "ttft_ms": 183.5,
+    "generated_tokens": 31,
+    "gen_tok_s": 10.03,
+    "gen_time_ms": 3090.0,
+}
+KPI_LABELS = {
+    "init_ms": ("Init", "ms"),
+    "prompt_tokens": ("Prompt", "tokens"),
+    "prompt_tok_s": ("Prompt processing", "tok/s"),
+    "ttft_ms": ("Time to first token", "ms"),
+    "generated_tokens": ("Generated", "tokens"),
+    "gen_tok_s": ("Generation", "tok/s"),
+    "gen_time_ms": ("Generation time", "ms"),
+}
+SETTING_KEYS = (
+    "context_length",
+    "ar_n",
+    "parts",
+    "calibration_samples",
+    "calibration_seq_len",
+    "calibration_text",
+    "weight_bits",
+    "activation_bits",
+    "kv_bits",
+    "device",
+    "qairt_version",
+    "compile_target",
+    "benchmark_prompt",
+)
 NEXT_STEP = {
     "model": "Check the model id or folder on the Model page (`hexstudio model inspect M`), then run again.",
     "preflight": "Fix the failing checks on the Preflight page (or override the gate), then resume the run.",
     "quantize": "Read the quantize log; lower calibration samples or context length if memory ran out, then resume.",
     "validate": "Look at the metrics that failed; more calibration samples usually help. Override only knowingly.",
     "compile": "Read the AI Hub job's failure reason (its web address is in the log), then resume: finished jobs "
-               "are not submitted again.",
+    "are not submitted again.",
     "board": "Run the doctor on the Board page and apply its fixes, then resume.",
     "chat": "Run `hexstudio explain --file` on the chat log for the cause, fix the board, then resume.",
     "evaluate": "Open the Evaluate page: it shows where the board's greedy continuation left the host "
-                "simulation's. Run the stage again after fixing the board or bundle, or override the gate "
-                "knowingly (the override is recorded and shown here).",
+    "simulation's. Run the stage again after fixing the board or bundle, or override the gate "
+    "knowingly (the override is recorded and shown here).",
     "report": "Run `hexstudio report RUN --format json` to see the error in full.",
 }
 
@@ -99,7 +123,7 @@ def _resources(run_dir: Path, stage: str, max_points: int = 400) -> list[list[fl
 
 
 def token_rate_unit(chunks: list[dict[str, Any]]) -> str:
-    """"tokens/s" when every chunk carries its token count (from the runner or the bundle's tokenizer), else
+    """ "tokens/s" when every chunk carries its token count (from the runner or the bundle's tokenizer), else
     "chunks/s": a chunk is one read of the runner's output, not a token."""
     return "tokens/s" if chunks and all(isinstance(c.get("tokens"), int) for c in chunks) else "chunks/s"
 
@@ -117,7 +141,7 @@ def token_rate_series(chunks: list[dict[str, Any]], window_s: float = 1.0) -> li
             j += 1
         span = t - times[j]
         if i > j and span > 0:
-            out.append([round(t, 3), round(sum(counts[j + 1:i + 1]) / span, 2)])
+            out.append([round(t, 3), round(sum(counts[j + 1 : i + 1]) / span, 2)])
     return out
 
 
@@ -127,15 +151,35 @@ def _stage_rows(m: RunManifest) -> list[dict[str, Any]]:
         st = m.stage(s.name).data
         out = st.get("outcome") or {}
         gate = st.get("gate") or {}
-        rows.append({"name": s.name, "title": s.title, "state": st.get("state", "pending"),
-                     "status": {**status.as_json(), "color": status.color},
-                     "started": st.get("started"), "ended": st.get("ended"), "duration_s": st.get("duration_s"),
-                     "peak_rss_bytes": st.get("peak_rss_bytes"), "peak_vram_bytes": st.get("peak_vram_bytes"),
-                     "outcome": {"kind": out.get("kind"), "code": out.get("code"), "message": out.get("message"),
-                                 "hint": out.get("hint")} if out else None,
-                     "gate": {"passed": gate.get("passed"), "reason": gate.get("reason"),
-                              "override": status.override or gate.get("override")} if gate else None,
-                     "warnings": [w.get("message") for w in st.get("warnings") or []]})
+        rows.append(
+            {
+                "name": s.name,
+                "title": s.title,
+                "state": st.get("state", "pending"),
+                "status": {**status.as_json(), "color": status.color},
+                "started": st.get("started"),
+                "ended": st.get("ended"),
+                "duration_s": st.get("duration_s"),
+                "peak_rss_bytes": st.get("peak_rss_bytes"),
+                "peak_vram_bytes": st.get("peak_vram_bytes"),
+                "outcome": {
+                    "kind": out.get("kind"),
+                    "code": out.get("code"),
+                    "message": out.get("message"),
+                    "hint": out.get("hint"),
+                }
+                if out
+                else None,
+                "gate": {
+                    "passed": gate.get("passed"),
+                    "reason": gate.get("reason"),
+                    "override": status.override or gate.get("override"),
+                }
+                if gate
+                else None,
+                "warnings": [w.get("message") for w in st.get("warnings") or []],
+            }
+        )
     return rows
 
 
@@ -143,25 +187,40 @@ def _status(m: RunManifest, stages: list[dict[str, Any]]) -> tuple[RunStatus, di
     """The run's status from the one status model (app.core.status), in the words the dashboard and the CLI use;
     the Report stage counts as passed while it runs (this is its output). The failure names the stage that
     holds the run back, why and what next."""
-    statuses = [dataclasses.replace(x, kind=KINDS["passed"]) if x.stage == "report" and x.key == "running" else x
-                for x in stage_statuses(m)]
+    statuses = [
+        dataclasses.replace(x, kind=KINDS["passed"]) if x.stage == "report" and x.key == "running" else x
+        for x in stage_statuses(m)
+    ]
     rs = run_status(statuses)
     if rs.key not in ("failed", "gate_failed", "cancelled", "interrupted") or rs.stage is None:
         return rs, None
     s = next(x for x in stages if x["name"] == rs.stage)
     st = next(x for x in statuses if x.stage == rs.stage)
     if rs.key == "gate_failed":
-        hint = (f"Fix what the stage reported and run it again, or override the gate (the studio's Override "
-                f"button, or `hexstudio run --resume {m.run_id} --override-gate {rs.stage}`); an override is "
-                "recorded with who and when." if st.overridable else f"Run the {rs.stage} stage again.")
-        return rs, {"stage": rs.stage, "state": "gate failed", "code": "gate_not_passed",
-                    "message": f"{s['title']} gate not passed: {st.gate_reason}", "hint": hint,
-                    "next_step": NEXT_STEP.get(rs.stage) or hint}
+        hint = (
+            f"Fix what the stage reported and run it again, or override the gate (the studio's Override "
+            f"button, or `hexstudio run --resume {m.run_id} --override-gate {rs.stage}`); an override is "
+            "recorded with who and when."
+            if st.overridable
+            else f"Run the {rs.stage} stage again."
+        )
+        return rs, {
+            "stage": rs.stage,
+            "state": "gate failed",
+            "code": "gate_not_passed",
+            "message": f"{s['title']} gate not passed: {st.gate_reason}",
+            "hint": hint,
+            "next_step": NEXT_STEP.get(rs.stage) or hint,
+        }
     out = s.get("outcome") or {}
-    return rs, {"stage": rs.stage, "state": st.word, "code": out.get("code"),
-                "message": out.get("message") or f"{s['title']} did not complete ({st.word}).",
-                "hint": out.get("hint"),
-                "next_step": NEXT_STEP.get(rs.stage) or f"Resume the run (hexstudio run --resume {m.run_id})."}
+    return rs, {
+        "stage": rs.stage,
+        "state": st.word,
+        "code": out.get("code"),
+        "message": out.get("message") or f"{s['title']} did not complete ({st.word}).",
+        "hint": out.get("hint"),
+        "next_step": NEXT_STEP.get(rs.stage) or f"Resume the run (hexstudio run --resume {m.run_id}).",
+    }
 
 
 def _recipe_rows(versions: dict[str, Any], python: str) -> list[dict[str, Any]]:
@@ -181,7 +240,9 @@ def _recipe_rows(versions: dict[str, Any], python: str) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
-def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: list[str] | None = None) -> dict[str, Any]:
+def build_report(
+    run_dir: Path, *, redact_hosts: bool = False, extra_secrets: list[str] | None = None
+) -> dict[str, Any]:
     m = RunManifest.load(run_dir)
     art = run_dir / "artifacts"
     model_doc = (_read_json(art / "model" / "model.json") or {}) if m.stage("model").state == "done" else {}
@@ -193,28 +254,57 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
     settings = m.settings
     resolved = model_doc.get("resolved") or {}
     rep: dict[str, Any] = {
-        "report_version": REPORT_VERSION, "generated": now_iso(),
+        "report_version": REPORT_VERSION,
+        "generated": now_iso(),
         "generator": f"HexStudio {versions.get('hexstudio', '?')}",
-        "run": {"run_id": m.run_id, "created": m.data.get("created"), "updated": m.data.get("updated"),
-                "status": rstatus.report_status, "status_word": rstatus.word, "failure": failure},
-        "model": {"id": m.inputs.get("model"), "revision": model_doc.get("revision"),
-                  "source": model_doc.get("source"), "architecture": info.get("architecture"),
-                  "num_parameters": info.get("num_parameters"), "num_layers": info.get("num_layers"),
-                  "hidden_size": info.get("hidden_size"), "vocab_size": info.get("vocab_size"),
-                  # the preflight's memory estimates: the dashed line on each heavy stage's memory chart
-                  "estimates": {k: v for k, v in (model_doc.get("estimates") or {}).items()
-                                if k.endswith("_peak_rss_bytes") and isinstance(v, (int, float))}},
-        "settings": {k: resolved.get(k, settings.get(k)) for k in SETTING_KEYS if k in settings or k in resolved},
-        "environment": {**{k: env.get(k) for k in ("host", "os", "wsl", "python", "cpu_count", "memory_bytes",
-                                                   "swap_bytes", "gpus")},
-                        "versions": versions, "recipes": _recipe_rows(versions, str(env.get("python") or
-                                                                                  platform.python_version()))},
+        "run": {
+            "run_id": m.run_id,
+            "created": m.data.get("created"),
+            "updated": m.data.get("updated"),
+            "status": rstatus.report_status,
+            "status_word": rstatus.word,
+            "failure": failure,
+        },
+        "model": {
+            "id": m.inputs.get("model"),
+            "revision": model_doc.get("revision"),
+            "source": model_doc.get("source"),
+            "architecture": info.get("architecture"),
+            "num_parameters": info.get("num_parameters"),
+            "num_layers": info.get("num_layers"),
+            "hidden_size": info.get("hidden_size"),
+            "vocab_size": info.get("vocab_size"),
+            # the preflight's memory estimates: the dashed line on each heavy stage's memory chart
+            "estimates": {
+                k: v
+                for k, v in (model_doc.get("estimates") or {}).items()
+                if k.endswith("_peak_rss_bytes") and isinstance(v, (int, float))
+            },
+        },
+        "settings": {
+            k: resolved.get(k, settings.get(k)) for k in SETTING_KEYS if k in settings or k in resolved
+        },
+        "environment": {
+            **{
+                k: env.get(k)
+                for k in ("host", "os", "wsl", "python", "cpu_count", "memory_bytes", "swap_bytes", "gpus")
+            },
+            "versions": versions,
+            "recipes": _recipe_rows(versions, str(env.get("python") or platform.python_version())),
+        },
         "stages": stages,
-        "validation": None, "compile": None, "bundle": None, "board": None, "chat": None,
-        "bench": bench_section(art / "bench" / "bench.json"),   # `hexstudio bench`, not a stage: any time
-        "kpis": [], "series": {"resources": {}, "token_rate": []},
-        "events": [{"t": e.get("t"), "kind": e.get("kind"), "message": e.get("message")}
-                   for e in m.data.get("events") or []],
+        "validation": None,
+        "compile": None,
+        "bundle": None,
+        "board": None,
+        "chat": None,
+        "bench": bench_section(art / "bench" / "bench.json"),  # `hexstudio bench`, not a stage: any time
+        "kpis": [],
+        "series": {"resources": {}, "token_rate": []},
+        "events": [
+            {"t": e.get("t"), "kind": e.get("kind"), "message": e.get("message")}
+            for e in m.data.get("events") or []
+        ],
     }
     # a stage's artifacts count only when the stage is done: after a failed attempt artifacts/<stage>/ still
     # holds an earlier attempt's files, which would describe a different run
@@ -225,38 +315,74 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
 
     v = artifact("validate", "validation.json")
     if v:
-        rep["validation"] = {"verdict": v.get("verdict"), "summary": v.get("summary"),
-                             "checks": v.get("checks") or {}, "calibration_graph": v.get("calibration_graph")}
+        rep["validation"] = {
+            "verdict": v.get("verdict"),
+            "summary": v.get("summary"),
+            "checks": v.get("checks") or {},
+            "calibration_graph": v.get("calibration_graph"),
+        }
     b = artifact("compile", "bundle/bundle.json")
     rep["compile"] = _compile_section(run_dir, b, "compile" in done)
     if b:
         rep["bundle"] = _bundle_files(b)
     bd = artifact("board", "board.json")
     if bd:
-        rep["board"] = {"name": bd.get("board"), "label": bd.get("label"), "simulated": bool(bd.get("simulated")),
-                        "doctor": bd.get("doctor") or [], "push": bd.get("push") or {}}
+        rep["board"] = {
+            "name": bd.get("board"),
+            "label": bd.get("label"),
+            "simulated": bool(bd.get("simulated")),
+            "doctor": bd.get("doctor") or [],
+            "push": bd.get("push") or {},
+        }
     ch = artifact("chat", "chat.json")
     if ch:
         source = _chat_source(ch, bd, m)
-        rep["chat"] = {"source": source, "board": ch.get("board"), "prompt": ch.get("prompt"), "reply": ch.get("reply"),
-                       "state": ch.get("state")}
+        rep["chat"] = {
+            "source": source,
+            "board": ch.get("board"),
+            "prompt": ch.get("prompt"),
+            "reply": ch.get("reply"),
+            "state": ch.get("state"),
+        }
         k = ch.get("kpis") or {}
         for key, (label, unit) in KPI_LABELS.items():
-            rep["kpis"].append({"name": key, "label": label, "unit": unit, "value": k.get(key), "source": source,
-                                "reference": REFERENCE_KPIS[key]})
+            rep["kpis"].append(
+                {
+                    "name": key,
+                    "label": label,
+                    "unit": unit,
+                    "value": k.get(key),
+                    "source": source,
+                    "reference": REFERENCE_KPIS[key],
+                }
+            )
         rep["series"]["token_rate"] = token_rate_series(ch.get("chunks") or [])
         rep["series"]["token_rate_unit"] = token_rate_unit(ch.get("chunks") or [])
     rep["chat_sessions"] = _chat_sessions(run_dir)
     # the speed predictor's figures (issue 28): labeled predicted, beside the measured KPIs, never in them
     rep["predicted"] = predicted_section(read_prediction(run_dir), rep["kpis"])
     ev = artifact("evaluate", "evaluate.json")
-    if ev:   # the Evaluate stage: every suite float -> simulated -> board (app/core/eval/)
-        rep["evaluation"] = {k: ev.get(k) for k in ("source", "simulated", "legs", "leg_titles", "prompt_format",
-                                                     "tool_format", "board_session")}
-        rep["evaluation"]["suites"] = [{k: t.get(k) for k in ("suite", "title", "description", "scorer", "cases",
-                                                              "legs", "drops")} for t in ev.get("suites") or []]
-        if rep["predicted"] is not None:   # a speculative dialog's predicted speed at the acceptance measured
-            rep["predicted"]["speculative"] = speculative_prediction(run_dir, m.settings, ev.get("board_session"))
+    if ev:  # the Evaluate stage: every suite float -> simulated -> board (app/core/eval/)
+        rep["evaluation"] = {
+            k: ev.get(k)
+            for k in (
+                "source",
+                "simulated",
+                "legs",
+                "leg_titles",
+                "prompt_format",
+                "tool_format",
+                "board_session",
+            )
+        }
+        rep["evaluation"]["suites"] = [
+            {k: t.get(k) for k in ("suite", "title", "description", "scorer", "cases", "legs", "drops")}
+            for t in ev.get("suites") or []
+        ]
+        if rep["predicted"] is not None:  # a speculative dialog's predicted speed at the acceptance measured
+            rep["predicted"]["speculative"] = speculative_prediction(
+                run_dir, m.settings, ev.get("board_session")
+            )
     for s in STAGES:
         series = _resources(run_dir, s.name) if m.stage(s.name).state != "pending" else []
         if series:
@@ -271,7 +397,9 @@ def build_report(run_dir: Path, *, redact_hosts: bool = False, extra_secrets: li
     return out
 
 
-def _names_to_hide(m: RunManifest, env: dict[str, Any], board_doc: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+def _names_to_hide(
+    m: RunManifest, env: dict[str, Any], board_doc: dict[str, Any] | None
+) -> tuple[list[str], list[str]]:
     """Host and user names of this machine and of the run's board (settings and the board's ssh:// label)."""
     hosts = [str(env.get("host") or ""), socket.gethostname()]
     users = [_local_user()]
@@ -289,8 +417,10 @@ def _names_to_hide(m: RunManifest, env: dict[str, Any], board_doc: dict[str, Any
     except Exception:  # an unreadable settings file: hide what the run itself names
         pass
     placeholders = {"redacted", "[host]", "[user]", "localhost"}
-    return ([h for h in hosts if h and h not in placeholders],
-            [u for u in users if u and u not in placeholders])
+    return (
+        [h for h in hosts if h and h not in placeholders],
+        [u for u in users if u and u not in placeholders],
+    )
 
 
 def _local_user() -> str:
@@ -311,7 +441,7 @@ def _keyring_secrets() -> list[str]:
         names = [board_password_key(n) for n in boards] + [sudo_password_key(n) for n in boards]
         return known_secret_values() + known_secret_values(names) + secret_values_in(cfg.data)
     except Exception:  # an unreadable settings file or keyring must not stop a report; values are still
-        return []      # scrubbed by key name and by pattern
+        return []  # scrubbed by key name and by pattern
 
 
 def _median(xs: list[float]) -> float | None:
@@ -332,18 +462,37 @@ def _chat_sessions(run_dir: Path) -> list[dict[str, Any]]:
         for t in j["turns"]:
             k = t.get("kpis") or {}
             user = str(t.get("user") or "")
-            turns.append({"n": t.get("n"), "state": t.get("state"), "source": t.get("source"),
-                          "user": user if len(user) <= 80 else user[:77] + "...",
-                          "ttft_ms": k.get("ttft_ms"), "prompt_tok_s": k.get("prompt_tok_s"),
-                          "gen_tok_s": k.get("gen_tok_s"), "generated_tokens": k.get("generated_tokens"),
-                          "init_ms": k.get("init_ms"), "note": t.get("note"), "error": t.get("error")})
+            turns.append(
+                {
+                    "n": t.get("n"),
+                    "state": t.get("state"),
+                    "source": t.get("source"),
+                    "user": user if len(user) <= 80 else user[:77] + "...",
+                    "ttft_ms": k.get("ttft_ms"),
+                    "prompt_tok_s": k.get("prompt_tok_s"),
+                    "gen_tok_s": k.get("gen_tok_s"),
+                    "generated_tokens": k.get("generated_tokens"),
+                    "init_ms": k.get("init_ms"),
+                    "note": t.get("note"),
+                    "error": t.get("error"),
+                }
+            )
         done = [t for t in turns if t["state"] == "complete"]
         sources = sorted({str(t["source"]) for t in turns})
-        out.append({"id": j["id"], "started": h.get("started"), "board": h.get("board_label") or h.get("board"),
-                    "mode": h.get("mode"), "template": h.get("template"), "sampler": h.get("sampler"),
-                    "source": sources[0] if len(sources) == 1 else "mixed", "turns": turns,
-                    "median_ttft_ms": _median([t["ttft_ms"] for t in done if t["ttft_ms"] is not None]),
-                    "median_gen_tok_s": _median([t["gen_tok_s"] for t in done if t["gen_tok_s"] is not None])})
+        out.append(
+            {
+                "id": j["id"],
+                "started": h.get("started"),
+                "board": h.get("board_label") or h.get("board"),
+                "mode": h.get("mode"),
+                "template": h.get("template"),
+                "sampler": h.get("sampler"),
+                "source": sources[0] if len(sources) == 1 else "mixed",
+                "turns": turns,
+                "median_ttft_ms": _median([t["ttft_ms"] for t in done if t["ttft_ms"] is not None]),
+                "median_gen_tok_s": _median([t["gen_tok_s"] for t in done if t["gen_tok_s"] is not None]),
+            }
+        )
     return out
 
 
@@ -367,9 +516,14 @@ def _compile_section(run_dir: Path, bundle: dict[str, Any] | None, done: bool) -
     jobs = cj.get("jobs") or (bundle or {}).get("aihub_jobs") or list((jobs_file.get("jobs") or {}).values())
     failed = cj.get("failed_jobs") if cj else jobs_file.get("failed")
     keep = ("part", "kind", "graph", "job_id", "url", "state", "reason")
-    return {"simulated": bool(src.get("simulated")), "emulated": bool(src.get("emulated")),
-            "target": cj.get("target") or ("simulation" if src.get("simulated") else "aihub"),
-            "device": src.get("device"), "qairt_version": src.get("qairt_version"),
-            "context_length": src.get("context_length"), "parts": src.get("parts"),
-            "jobs": [{k: j.get(k) for k in keep if k in j} for j in jobs],
-            "failed_jobs": [{k: j.get(k) for k in keep if k in j} for j in failed or []]}
+    return {
+        "simulated": bool(src.get("simulated")),
+        "emulated": bool(src.get("emulated")),
+        "target": cj.get("target") or ("simulation" if src.get("simulated") else "aihub"),
+        "device": src.get("device"),
+        "qairt_version": src.get("qairt_version"),
+        "context_length": src.get("context_length"),
+        "parts": src.get("parts"),
+        "jobs": [{k: j.get(k) for k in keep if k in j} for j in jobs],
+        "failed_jobs": [{k: j.get(k) for k in keep if k in j} for j in failed or []],
+    }

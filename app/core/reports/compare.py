@@ -13,18 +13,49 @@ from app.core.reports.noise import QUALITY_TOLERANCE, TIMING_TOLERANCE, bench_sp
 from app.core.reports.predicted import predicted_rows
 from app.core.reports.render import ReportError
 
-HIGHER_IS_BETTER = {"prompt_tok_s", "gen_tok_s", "predicted_decode_tok_s", "top1_agreement", "greedy_agreement", "eval_score"}
-LOWER_IS_BETTER = {"eval_perplexity", "init_ms", "ttft_ms", "predicted_ttft_ms", "gen_time_ms", "kl_divergence", "perplexity_ratio", "salad_score",
-                   "duration_s", "peak_rss_bytes"}
+HIGHER_IS_BETTER = {
+    "prompt_tok_s",
+    "gen_tok_s",
+    "predicted_decode_tok_s",
+    "top1_agreement",
+    "greedy_agreement",
+    "eval_score",
+}
+LOWER_IS_BETTER = {
+    "eval_perplexity",
+    "init_ms",
+    "ttft_ms",
+    "predicted_ttft_ms",
+    "gen_time_ms",
+    "kl_divergence",
+    "perplexity_ratio",
+    "salad_score",
+    "duration_s",
+    "peak_rss_bytes",
+}
 
 
-def _row(section: str, name: str, label: str, values: list[Any], unit: str = "",
-         sources: list[str] | None = None) -> dict[str, Any]:
-    row: dict[str, Any] = {"section": section, "name": name, "label": label, "unit": unit, "values": values,
-                           "sources": sources, "deltas": [], "judgement": []}
+def _row(
+    section: str, name: str, label: str, values: list[Any], unit: str = "", sources: list[str] | None = None
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "section": section,
+        "name": name,
+        "label": label,
+        "unit": unit,
+        "values": values,
+        "sources": sources,
+        "deltas": [],
+        "judgement": [],
+    }
     base = values[0]
     for v in values[1:]:
-        if isinstance(base, (int, float)) and isinstance(v, (int, float)) and not isinstance(v, bool) and base:
+        if (
+            isinstance(base, (int, float))
+            and isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and base
+        ):
             row["deltas"].append(round((v - base) / abs(base), 4))
         else:
             row["deltas"].append(None)
@@ -55,17 +86,21 @@ def _machine_text(m: tuple[Any, ...]) -> str:
     return f"{m[1] or '?'}, {m[2] or '?'} cores, {mem}" + (f", {', '.join(m[4])}" if m[4] else ", no GPU")
 
 
-def compare_reports(reports: list[dict[str, Any]], baseline: int | str = 0,
-                    timing_tolerance: float = TIMING_TOLERANCE,
-                    quality_tolerance: float = QUALITY_TOLERANCE) -> dict[str, Any]:
+def compare_reports(
+    reports: list[dict[str, Any]],
+    baseline: int | str = 0,
+    timing_tolerance: float = TIMING_TOLERANCE,
+    quality_tolerance: float = QUALITY_TOLERANCE,
+) -> dict[str, Any]:
     """Compare `reports` against the baseline (an index or a run id), with the stated tolerances."""
     if len(reports) < 2:
         raise ReportError("Compare needs at least two runs.", "Give two or more run ids.")
     ids = [r["run"]["run_id"] for r in reports]
     if isinstance(baseline, str):
         if baseline not in ids:
-            raise ReportError(f"The baseline {baseline} is not one of the compared runs.",
-                              "Pick one of: " + ", ".join(ids))
+            raise ReportError(
+                f"The baseline {baseline} is not one of the compared runs.", "Pick one of: " + ", ".join(ids)
+            )
         baseline = ids.index(baseline)
     reports = [reports[baseline]] + [r for i, r in enumerate(reports) if i != baseline]
     rows: list[dict[str, Any]] = []
@@ -84,73 +119,133 @@ def compare_reports(reports: list[dict[str, Any]], baseline: int | str = 0,
             continue
         machines = [_machine(r, st["name"]) for r in reports]
         if len(set(machines)) > 1:
-            skipped.append(f"{st['title']} duration and memory: the runs ran this stage on different machines "
-                           f"({'; '.join(_machine_text(m) for m in machines)}).")
+            skipped.append(
+                f"{st['title']} duration and memory: the runs ran this stage on different machines "
+                f"({'; '.join(_machine_text(m) for m in machines)})."
+            )
             continue
         if st["name"] not in TRIVIAL_STAGES:
             substantial = True
-        measured.append(_row("stages", "duration_s", f"{st['title']} duration",
-                             [r["stages"][i]["duration_s"] for r in reports], "s"))
+        measured.append(
+            _row(
+                "stages",
+                "duration_s",
+                f"{st['title']} duration",
+                [r["stages"][i]["duration_s"] for r in reports],
+                "s",
+            )
+        )
         if all(r["stages"][i]["peak_rss_bytes"] for r in reports):
-            measured.append(_row("stages", "peak_rss_bytes", f"{st['title']} peak RSS",
-                                 [r["stages"][i]["peak_rss_bytes"] for r in reports], "bytes"))
+            measured.append(
+                _row(
+                    "stages",
+                    "peak_rss_bytes",
+                    f"{st['title']} peak RSS",
+                    [r["stages"][i]["peak_rss_bytes"] for r in reports],
+                    "bytes",
+                )
+            )
     # validation metrics present in every run
     if all(r.get("validation") for r in reports):
-        names = [n for n in reports[0]["validation"]["checks"] if all(n in r["validation"]["checks"] for r in reports)]
-        measured += [_row("validation", n, n, [r["validation"]["checks"][n]["value"] for r in reports])
-                     for n in names]
+        names = [
+            n
+            for n in reports[0]["validation"]["checks"]
+            if all(n in r["validation"]["checks"] for r in reports)
+        ]
+        measured += [
+            _row("validation", n, n, [r["validation"]["checks"][n]["value"] for r in reports]) for n in names
+        ]
     # KPIs present in every run and measured the same way: a simulated figure is not set against a device one
     if all(r.get("kpis") for r in reports):
         by = [{k["name"]: k for k in r["kpis"]} for r in reports]
         sources = [(r.get("chat") or {}).get("source") for r in reports]
         if len(set(sources)) > 1:
-            skipped.append("Chat KPIs: the runs measured them on different kinds of board ("
-                           + ", ".join(f"{r['run']['run_id']}: {s}" for r, s in zip(reports, sources, strict=True))
-                           + "); a simulated figure says nothing about a device one.")
+            skipped.append(
+                "Chat KPIs: the runs measured them on different kinds of board ("
+                + ", ".join(f"{r['run']['run_id']}: {s}" for r, s in zip(reports, sources, strict=True))
+                + "); a simulated figure says nothing about a device one."
+            )
         else:
             for name, k in by[0].items():
                 if all(name in b and b[name]["value"] is not None for b in by):
-                    measured.append(_row("kpis", name, k["label"], [b[name]["value"] for b in by], k["unit"],
-                                         [b[name]["source"] for b in by]))
+                    measured.append(
+                        _row(
+                            "kpis",
+                            name,
+                            k["label"],
+                            [b[name]["value"] for b in by],
+                            k["unit"],
+                            [b[name]["source"] for b in by],
+                        )
+                    )
     elif any(r.get("kpis") for r in reports):
         skipped.append("Chat KPIs: not every run got as far as chatting on a board.")
     measured += bench_rows(reports, skipped, _row)
-    predicted = predicted_rows(reports, skipped, _row)   # a section of their own, labeled predicted
+    predicted = predicted_rows(reports, skipped, _row)  # a section of their own, labeled predicted
     eval_plot = ""
-    if all(r.get("evaluation") for r in reports):   # suite scores per leg (app/core/eval/)
+    if all(r.get("evaluation") for r in reports):  # suite scores per leg (app/core/eval/)
         ev_rows, bars = _evaluation_rows(reports, skipped)
         measured += ev_rows
         from app.core.eval.compare import bars_svg
 
-        eval_plot = bars_svg({"runs": [{"model": r["model"]["id"], "source": r["evaluation"].get("source")}
-                                       for r in reports], "rows": bars})
+        eval_plot = bars_svg(
+            {
+                "runs": [
+                    {"model": r["model"]["id"], "source": r["evaluation"].get("source")} for r in reports
+                ],
+                "rows": bars,
+            }
+        )
     elif any(r.get("evaluation") for r in reports):
         skipped.append("Evaluation: not every run has run the Evaluate stage.")
     substantial = substantial or any(r["section"] != "stages" for r in measured) or bool(predicted)
     if not substantial:
-        raise ReportError("These runs have nothing in common to compare: no stage past Model and Preflight completed "
-                          "in all of them on the same kind of machine, and no validation metric or KPI is shared.",
-                          "Compare runs that both got at least as far as the same stage (e.g. both validated, "
-                          "or both chatted on a board).")
-    runs = [{"run_id": r["run"]["run_id"], "model": r["model"]["id"],
-             "status": r["run"].get("status_word") or r["run"]["status"],
-             "simulated": bool((r.get("compile") or {}).get("simulated")),
-             "kpi_source": (r.get("chat") or {}).get("source")} for r in reports]
+        raise ReportError(
+            "These runs have nothing in common to compare: no stage past Model and Preflight completed "
+            "in all of them on the same kind of machine, and no validation metric or KPI is shared.",
+            "Compare runs that both got at least as far as the same stage (e.g. both validated, "
+            "or both chatted on a board).",
+        )
+    runs = [
+        {
+            "run_id": r["run"]["run_id"],
+            "model": r["model"]["id"],
+            "status": r["run"].get("status_word") or r["run"]["status"],
+            "simulated": bool((r.get("compile") or {}).get("simulated")),
+            "kpi_source": (r.get("chat") or {}).get("source"),
+        }
+        for r in reports
+    ]
     spreads = bench_spreads(reports)
-    for row in rows + measured + predicted:   # judged against the chosen tolerances and measured spreads
-        judge_row(row, spreads.get(row["label"]) if row["section"] == "bench" else None,
-                  (timing_tolerance, quality_tolerance), HIGHER_IS_BETTER, LOWER_IS_BETTER)
-    return {"compare_version": 1, "generated": now_iso(), "runs": runs, "rows": rows + measured + predicted,
-            "skipped": skipped, "eval_plot": eval_plot, "baseline": runs[0]["run_id"],
-            "tolerances": {"timing": timing_tolerance, "quality": quality_tolerance},
-            "noise_rule": (f"Marked better or worse only beyond the noise: the measured run-to-run spread where "
-                           f"the runs measured one (2× their stdev), else a stated tolerance of "
-                           f"±{timing_tolerance * 100:g} % for timings and memory and ±{quality_tolerance * 100:g} % "
-                           "for quality figures.")}
+    for row in rows + measured + predicted:  # judged against the chosen tolerances and measured spreads
+        judge_row(
+            row,
+            spreads.get(row["label"]) if row["section"] == "bench" else None,
+            (timing_tolerance, quality_tolerance),
+            HIGHER_IS_BETTER,
+            LOWER_IS_BETTER,
+        )
+    return {
+        "compare_version": 1,
+        "generated": now_iso(),
+        "runs": runs,
+        "rows": rows + measured + predicted,
+        "skipped": skipped,
+        "eval_plot": eval_plot,
+        "baseline": runs[0]["run_id"],
+        "tolerances": {"timing": timing_tolerance, "quality": quality_tolerance},
+        "noise_rule": (
+            f"Marked better or worse only beyond the noise: the measured run-to-run spread where "
+            f"the runs measured one (2× their stdev), else a stated tolerance of "
+            f"±{timing_tolerance * 100:g} % for timings and memory and ±{quality_tolerance * 100:g} % "
+            "for quality figures."
+        ),
+    }
 
 
-def _evaluation_rows(reports: list[dict[str, Any]], skipped: list[str]) -> tuple[list[dict[str, Any]],
-                                                                                 list[dict[str, Any]]]:
+def _evaluation_rows(
+    reports: list[dict[str, Any]], skipped: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Suite scores present in every run, leg by leg; the board leg only where every run's board is the same
     kind (simulated or device)."""
     evs = [r["evaluation"] for r in reports]
@@ -167,13 +262,25 @@ def _evaluation_rows(reports: list[dict[str, Any]], skipped: list[str]) -> tuple
             if any(v is None for v in vals):
                 continue
             if leg == "board" and len(set(sources)) > 1:
-                skipped.append(f"Evaluation {name} on the board: the runs used different kinds of board "
-                               f"({', '.join(str(s) for s in sources)}).")
+                skipped.append(
+                    f"Evaluation {name} on the board: the runs used different kinds of board "
+                    f"({', '.join(str(s) for s in sources)})."
+                )
                 continue
-            rows.append(_row("evaluation", "eval_perplexity" if ppl else "eval_score", f"{name} · {leg}", vals,
-                             "ppl" if ppl else "", [str(s) for s in sources] if leg == "board" else None))
+            rows.append(
+                _row(
+                    "evaluation",
+                    "eval_perplexity" if ppl else "eval_score",
+                    f"{name} · {leg}",
+                    vals,
+                    "ppl" if ppl else "",
+                    [str(s) for s in sources] if leg == "board" else None,
+                )
+            )
             if not ppl:
-                bars.append({"kind": "suite", "suite": name, "leg": leg, "lower_is_better": False, "values": vals})
+                bars.append(
+                    {"kind": "suite", "suite": name, "leg": leg, "lower_is_better": False, "values": vals}
+                )
     return rows, bars
 
 

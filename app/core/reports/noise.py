@@ -23,8 +23,18 @@ from app.core.reports.bench import METRIC_LABELS
 
 TIMING_TOLERANCE = 0.10
 QUALITY_TOLERANCE = 0.02
-TIMING = {"duration_s", "peak_rss_bytes", "init_ms", "ttft_ms", "gen_time_ms", "prompt_tok_s", "gen_tok_s",
-          "predicted_decode_tok_s", "predicted_ttft_ms", *METRIC_LABELS}
+TIMING = {
+    "duration_s",
+    "peak_rss_bytes",
+    "init_ms",
+    "ttft_ms",
+    "gen_time_ms",
+    "prompt_tok_s",
+    "gen_tok_s",
+    "predicted_decode_tok_s",
+    "predicted_ttft_ms",
+    *METRIC_LABELS,
+}
 
 
 def _num(v: Any) -> bool:
@@ -47,12 +57,18 @@ def bench_spreads(reports: list[dict[str, Any]]) -> dict[str, list[float | None]
                 continue
             for metric, (label, _unit) in METRIC_LABELS.items():
                 out[f"{name} {label}, prompt {key[0]} fill {key[1]} (median)"] = [
-                    (cs[key].get(metric) or {}).get("stdev") for cs in cells]
+                    (cs[key].get(metric) or {}).get("stdev") for cs in cells
+                ]
     return out
 
 
-def judge_row(row: dict[str, Any], spreads: list[float | None] | None, tolerances: tuple[float, float],
-              higher: set[str], lower: set[str]) -> None:
+def judge_row(
+    row: dict[str, Any],
+    spreads: list[float | None] | None,
+    tolerances: tuple[float, float],
+    higher: set[str],
+    lower: set[str],
+) -> None:
     """Set the row's judgement of each run against values[0], held against the noise (row["noise"]): `higher`
     and `lower` name the figures where more (or less) is better."""
     name = row["name"]
@@ -93,12 +109,28 @@ def compare_csv(c: dict[str, Any]) -> str:
     ids = [r["run_id"] for r in c["runs"]]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["section", "what", "unit", *[f"{rid} (baseline)" if i == 0 else rid for i, rid in enumerate(ids)],
-                *[f"{rid} change %" for rid in ids[1:]], *[f"{rid} judgement" for rid in ids[1:]],
-                *[f"{rid} noise" for rid in ids[1:]]])
+    w.writerow(
+        [
+            "section",
+            "what",
+            "unit",
+            *[f"{rid} (baseline)" if i == 0 else rid for i, rid in enumerate(ids)],
+            *[f"{rid} change %" for rid in ids[1:]],
+            *[f"{rid} judgement" for rid in ids[1:]],
+            *[f"{rid} noise" for rid in ids[1:]],
+        ]
+    )
     for row in c["rows"]:
         noise = row.get("noise") or [None] * len(row["deltas"])
-        w.writerow([row["section"], row["label"], row["unit"], *row["values"],
-                    *["" if d is None else f"{d * 100:+.1f}" for d in row["deltas"]], *row["judgement"],
-                    *["" if n is None else n["how"] for n in noise]])
+        w.writerow(
+            [
+                row["section"],
+                row["label"],
+                row["unit"],
+                *row["values"],
+                *["" if d is None else f"{d * 100:+.1f}" for d in row["deltas"]],
+                *row["judgement"],
+                *["" if n is None else n["how"] for n in noise],
+            ]
+        )
     return buf.getvalue()

@@ -13,22 +13,37 @@ from typing import Any
 
 REDACTED = "[redacted]"
 # a key is secret when one of its words (split at _ - . : or camelCase) is one of these
-SECRET_WORDS = {"token", "password", "passwd", "pwd", "secret", "apikey", "credential", "credentials",
-                "authorization", "passphrase", "cookie"}
+SECRET_WORDS = {
+    "token",
+    "password",
+    "passwd",
+    "pwd",
+    "secret",
+    "apikey",
+    "credential",
+    "credentials",
+    "authorization",
+    "passphrase",
+    "cookie",
+}
 SECRET_PAIRS = {("api", "key"), ("private", "key"), ("access", "key"), ("session", "key")}
 TOKENIZER_WORDS = {"bos", "eos", "pad", "unk", "sep", "cls", "mask"}  # bos_token = "<s>" is no secret
 # `token_rate_unit`, `token_count`, `token_ids` count or label LLM tokens: no secret
 TOKEN_MEASURE_WORDS = {"rate", "rates", "count", "counts", "unit", "units", "id", "ids", "limit", "budget"}
-SECRET_TEXT = re.compile(r"(?i)(bearer\s+|\b(?:api|access|auth|hf|aihub)[_-]?token\s*[=:]\s*|\btoken\s*=\s*|"
-                         r"\bpass(?:word|wd)\s*[=:]\s*)([^\s\"',;]+)")
+SECRET_TEXT = re.compile(
+    r"(?i)(bearer\s+|\b(?:api|access|auth|hf|aihub)[_-]?token\s*[=:]\s*|\btoken\s*=\s*|"
+    r"\bpass(?:word|wd)\s*[=:]\s*)([^\s\"',;]+)"
+)
 
 
 def is_secret_key(key: str) -> bool:
     """`api_token`, `sudo_password`, `clientSecret`, `api-key` are secret; `prompt_tokens`, `tokenizer` are not."""
     words = [w.lower() for w in re.split(r"[_\-.:\s]+|(?<=[a-z])(?=[A-Z])", key) if w]
     for i, w in enumerate(words):
-        if w == "token" and ((i > 0 and words[i - 1] in TOKENIZER_WORDS)
-                             or (i + 1 < len(words) and words[i + 1] in TOKEN_MEASURE_WORDS)):
+        if w == "token" and (
+            (i > 0 and words[i - 1] in TOKENIZER_WORDS)
+            or (i + 1 < len(words) and words[i + 1] in TOKEN_MEASURE_WORDS)
+        ):
             continue
         if w in SECRET_WORDS:
             return True
@@ -57,7 +72,9 @@ def _scrub_text(text: str, values: list[str], names: list[tuple[str, str]]) -> s
     return text
 
 
-def scrub(obj: Any, secret_values: Iterable[str] = (), names: Iterable[str] = (), users: Iterable[str] = ()) -> Any:
+def scrub(
+    obj: Any, secret_values: Iterable[str] = (), names: Iterable[str] = (), users: Iterable[str] = ()
+) -> Any:
     """A deep copy of `obj` with secrets replaced, and the given host names and user names (whole words only:
     `/home/alice/x` -> `/home/[user]/x`) replaced by placeholders."""
     values = sorted({v for v in secret_values if v}, key=len, reverse=True)

@@ -14,9 +14,9 @@ from app.core.reports.bench import bench_plots
 from app.core.reports.svg import Series, line_chart
 from workers.shared.errors import ActionableError
 
-TEMPLATES = resources.files(__package__).joinpath("templates")   # package data (importlib.resources)
+TEMPLATES = resources.files(__package__).joinpath("templates")  # package data (importlib.resources)
 FORMATS = ("html", "pdf", "json")
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 class ReportError(ActionableError):
@@ -61,8 +61,9 @@ def jinja_env() -> Any:
         node = TEMPLATES.joinpath(name)
         return node.read_text(encoding="utf-8") if node.is_file() else None
 
-    env = jinja2.Environment(loader=jinja2.FunctionLoader(template_source), autoescape=True,
-                             undefined=jinja2.ChainableUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(template_source), autoescape=True, undefined=jinja2.ChainableUndefined
+    )
     env.filters["bytes"] = _bytes
     env.filters["num"] = _num
     env.filters["clock"] = _clock
@@ -101,20 +102,35 @@ def plots(r: dict[str, Any]) -> dict[str, Any]:
         if any(row[2] for row in last):
             series.append(Series("VRAM (GiB)", [(row[0] - t0, row[2] / GIB) for row in last]))
         est = estimates.get(f"{stage}_peak_rss_bytes")
-        hline = (float(est) / GIB, f"preflight estimate {float(est) / GIB:.2f} GiB") \
-            if isinstance(est, (int, float)) and est > 0 else None
+        hline = (
+            (float(est) / GIB, f"preflight estimate {float(est) / GIB:.2f} GiB")
+            if isinstance(est, (int, float)) and est > 0
+            else None
+        )
         which = f", attempt {len(runs)} of {len(runs)}" if len(runs) > 1 else ""
-        svg = line_chart(series, title=f"{stage}: memory of the worker's process tree{which}", x_label="seconds",
-                         y_label="GiB", hline=hline)
+        svg = line_chart(
+            series,
+            title=f"{stage}: memory of the worker's process tree{which}",
+            x_label="seconds",
+            y_label="GiB",
+            hline=hline,
+        )
         if svg:
             res.append(svg)
     tr = r.get("series", {}).get("token_rate") or []
     source = (r.get("chat") or {}).get("source", "")
     unit = r.get("series", {}).get("token_rate_unit") or "tokens/s"  # chunks/s when tokens were not counted
     what = "Token rate" if unit == "tokens/s" else "Output rate (reads of the runner output, not tokens)"
-    token = line_chart([Series(f"{unit} ({source})", [(p[0], p[1]) for p in tr])],
-                       title=f"{what} during the benchmark reply ({source})", x_label="seconds since the prompt",
-                       y_label=unit) if tr else ""
+    token = (
+        line_chart(
+            [Series(f"{unit} ({source})", [(p[0], p[1]) for p in tr])],
+            title=f"{what} during the benchmark reply ({source})",
+            x_label="seconds since the prompt",
+            y_label=unit,
+        )
+        if tr
+        else ""
+    )
     return {"resources": res, "token_rate": token, "bench": bench_plots(r.get("bench"))}
 
 
@@ -128,16 +144,20 @@ def recipe_names(r: dict[str, Any]) -> list[str]:
 
 
 def to_html(r: dict[str, Any]) -> str:
-    return str(jinja_env().get_template("report.html.j2").render(r=r, plots=plots(r), recipe_names=recipe_names(r)))
+    return str(
+        jinja_env().get_template("report.html.j2").render(r=r, plots=plots(r), recipe_names=recipe_names(r))
+    )
 
 
 def to_pdf(html: str) -> bytes:
     try:
         import weasyprint
     except ImportError as exc:
-        raise ReportError(f"PDF export needs WeasyPrint, which cannot be imported ({exc}).",
-                          "Install it (pip install weasyprint; on Debian/Ubuntu also libpango-1.0-0), or export "
-                          "HTML and print it to PDF from a browser.") from None
+        raise ReportError(
+            f"PDF export needs WeasyPrint, which cannot be imported ({exc}).",
+            "Install it (pip install weasyprint; on Debian/Ubuntu also libpango-1.0-0), or export "
+            "HTML and print it to PDF from a browser.",
+        ) from None
     pdf: bytes = weasyprint.HTML(string=html).write_pdf()
     return pdf
 
@@ -155,7 +175,7 @@ def write(r: dict[str, Any], fmt: str, out: Path) -> Path:
     return out
 
 
-SCHEMA = resources.files("app.core").joinpath("schemas", "report.schema.json")   # package data
+SCHEMA = resources.files("app.core").joinpath("schemas", "report.schema.json")  # package data
 
 
 def validate_report(r: dict[str, Any]) -> None:
@@ -166,6 +186,8 @@ def validate_report(r: dict[str, Any]) -> None:
     err = jsonschema.exceptions.best_match(validator.iter_errors(r))
     if err is not None:
         where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
-        raise ReportError(f"The report does not match its schema at {where}: {err.message}",
-                          "This is a HexStudio bug, not a problem with your run: export --format html meanwhile, "
-                          "and report it with the run's run.json.")
+        raise ReportError(
+            f"The report does not match its schema at {where}: {err.message}",
+            "This is a HexStudio bug, not a problem with your run: export --format html meanwhile, "
+            "and report it with the run's run.json.",
+        )

@@ -31,14 +31,24 @@ from workers.shared.errors import ActionableError
 
 
 class BridgeError(ActionableError):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", *, param: str | None = None,
-                 code: str | None = None, retry_after: int | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
         self.param = param
-        self.openai_code = code   # OpenAI's error.code ("queue_full", "model_not_found"); `code` is HexStudio's
+        self.openai_code = (
+            code  # OpenAI's error.code ("queue_full", "model_not_found"); `code` is HexStudio's
+        )
         self.retry_after = retry_after
 
 
@@ -62,8 +72,13 @@ def genie_sampler(body: dict[str, Any], default: dict[str, Any]) -> dict[str, An
         v = body.get(key)
         if v is None:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or not (lo < v if lo_open else lo <= v) \
-                or v > hi:
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or v != v
+            or not (lo < v if lo_open else lo <= v)
+            or v > hi
+        ):
             raise BridgeError(400, f"{key} must be a number from {lo} to {hi} (got {v!r})", param=key)
         return float(v)
 
@@ -104,11 +119,21 @@ class Reply:
 
 
 class DialogBridge:
-    def __init__(self, board: Any, remote_bundle: str, renderer: PromptRenderer, *, model_id: str,
-                 runtime: str | None = None, sampler: str = "deterministic", max_tokens: int = 256,
-                 on_status: Callable[[str], None] | None = None, dialog: str = "basic") -> None:
+    def __init__(
+        self,
+        board: Any,
+        remote_bundle: str,
+        renderer: PromptRenderer,
+        *,
+        model_id: str,
+        runtime: str | None = None,
+        sampler: str = "deterministic",
+        max_tokens: int = 256,
+        on_status: Callable[[str], None] | None = None,
+        dialog: str = "basic",
+    ) -> None:
         self.board = board
-        self.dialog = dialog          # Genie's dialog type: basic, lade or spd (genie_config.<type>.json)
+        self.dialog = dialog  # Genie's dialog type: basic, lade or spd (genie_config.<type>.json)
         self.remote_bundle = remote_bundle
         self.renderer = renderer
         self.model_id = model_id
@@ -120,17 +145,17 @@ class DialogBridge:
         self.on_status = on_status
         self.session: ChatSession | None = None
         self._lock = asyncio.Lock()
-        self._content: list[dict[str, Any]] | None = None   # the messages the dialog's KV cache holds now
+        self._content: list[dict[str, Any]] | None = None  # the messages the dialog's KV cache holds now
         self._tools_key: Any = None
         self._sampler: dict[str, Any] = dict(self.default_sampler)
         self.waiting = 0
-        self.max_queue = 16                                  # requests waiting beyond the running one: 429 above
-        self.draining = False                                # the server is stopping: waiting requests get 503
+        self.max_queue = 16  # requests waiting beyond the running one: 429 above
+        self.draining = False  # the server is stopping: waiting requests get 503
         self._drain = asyncio.Event()
         self.served = 0
-        self.inits: list[dict[str, Any]] = []                # every dialog load: when and why, its init_ms
+        self.inits: list[dict[str, Any]] = []  # every dialog load: when and why, its init_ms
         self.history: deque[dict[str, Any]] = deque(maxlen=200)
-        self._turn_tokens: list[dict[str, Any]] = []         # the turns the KV cache holds: their token counts
+        self._turn_tokens: list[dict[str, Any]] = []  # the turns the KV cache holds: their token counts
 
     @property
     def simulated(self) -> bool:
@@ -141,14 +166,26 @@ class DialogBridge:
         return self.session.conversation.context_length if self.session is not None else 0
 
     async def open(self, why: str = "start") -> None:
-        s = ChatSession(self.board, self.remote_bundle, _Raw(template="plain"), mode="persistent",
-                        max_tokens=self.max_tokens, sampler=dict(self._sampler), on_status=self.on_status,
-                        runtime=self.runtime, dialog=self.dialog)
+        s = ChatSession(
+            self.board,
+            self.remote_bundle,
+            _Raw(template="plain"),
+            mode="persistent",
+            max_tokens=self.max_tokens,
+            sampler=dict(self._sampler),
+            on_status=self.on_status,
+            runtime=self.runtime,
+            dialog=self.dialog,
+        )
         try:
             await s.open()
         except SessionError as exc:
-            raise BridgeError(503, f"The model could not be loaded on {self.board.label}: {exc.message}"
-                              + (f" ({exc.hint})" if exc.hint else ""), "server_error") from None
+            raise BridgeError(
+                503,
+                f"The model could not be loaded on {self.board.label}: {exc.message}"
+                + (f" ({exc.hint})" if exc.hint else ""),
+                "server_error",
+            ) from None
         self.session = s
         self._content = None
         self.inits.append({"t": time.time(), "why": why, "init_ms": s.init_ms})
@@ -165,12 +202,21 @@ class DialogBridge:
     def admit(self) -> None:
         """Raises 429 (the queue is full) or 503 (stopping) with a Retry-After, before a request starts."""
         if self.draining:
-            raise BridgeError(503, "the server is stopping; send the request to its next start", "server_error",
-                              retry_after=5)
+            raise BridgeError(
+                503,
+                "the server is stopping; send the request to its next start",
+                "server_error",
+                retry_after=5,
+            )
         if self.waiting >= self.max_queue:
-            raise BridgeError(429, f"{self.waiting} requests are waiting for the board's dialog already (at most "
-                                   f"{self.max_queue}); retry after the Retry-After seconds", "rate_limit_exceeded",
-                              code="queue_full", retry_after=self._retry_after(self.waiting))
+            raise BridgeError(
+                429,
+                f"{self.waiting} requests are waiting for the board's dialog already (at most "
+                f"{self.max_queue}); retry after the Retry-After seconds",
+                "rate_limit_exceeded",
+                code="queue_full",
+                retry_after=self._retry_after(self.waiting),
+            )
 
     def drain(self) -> None:
         """The server stops: requests still waiting for the dialog are answered 503 now."""
@@ -189,12 +235,23 @@ class DialogBridge:
             raise BridgeError(400, "messages must be a non-empty list")
         out = []
         for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            if not isinstance(m, dict) or m.get("role") not in (
+                "system",
+                "developer",
+                "user",
+                "assistant",
+                "tool",
+            ):
                 raise BridgeError(400, "each message needs a role: system, user, assistant or tool")
             c = m.get("content")
-            if isinstance(c, list):   # content parts: the text ones
-                c = "".join(str(p.get("text", "")) for p in c if isinstance(p, dict) and p.get("type") == "text")
-            n: dict[str, Any] = {"role": "system" if m["role"] == "developer" else m["role"], "content": c or ""}
+            if isinstance(c, list):  # content parts: the text ones
+                c = "".join(
+                    str(p.get("text", "")) for p in c if isinstance(p, dict) and p.get("type") == "text"
+                )
+            n: dict[str, Any] = {
+                "role": "system" if m["role"] == "developer" else m["role"],
+                "content": c or "",
+            }
             if m.get("tool_calls"):
                 n["tool_calls"] = m["tool_calls"]
             if m.get("tool_call_id"):
@@ -222,10 +279,14 @@ class DialogBridge:
         if r.template == "model" and r.fmt.mode == "model":
             system = "".join(str(m["content"]) for m in msgs if m["role"] == "system")
             rest = [m for m in msgs[:-1] if m["role"] != "system"]
-            if len(rest) % 2 or any(a["role"] != "user" or b["role"] != "assistant"
-                                    for a, b in zip(rest[::2], rest[1::2], strict=True)):
+            if len(rest) % 2 or any(
+                a["role"] != "user" or b["role"] != "assistant"
+                for a, b in zip(rest[::2], rest[1::2], strict=True)
+            ):
                 return None
-            turns = [(str(a["content"]), str(b["content"])) for a, b in zip(rest[::2], rest[1::2], strict=True)]
+            turns = [
+                (str(a["content"]), str(b["content"])) for a, b in zip(rest[::2], rest[1::2], strict=True)
+            ]
             try:
                 return r.fmt.genie_continuation(turns, user, system=system)
             except Exception:
@@ -235,9 +296,13 @@ class DialogBridge:
     def chat_prompt(self, body: dict[str, Any]) -> tuple[str, str | None, list[dict[str, Any]], Any]:
         msgs = self._norm(body.get("messages"))
         tools = body.get("tools") or None
-        if tools is not None and not (isinstance(tools, list) and all(
-                isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str) for t in tools)):
-            raise BridgeError(400, "tools must be a list of {\"type\": \"function\", \"function\": {\"name\": ...}}")
+        if tools is not None and not (
+            isinstance(tools, list)
+            and all(
+                isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str) for t in tools
+            )
+        ):
+            raise BridgeError(400, 'tools must be a list of {"type": "function", "function": {"name": ...}}')
         if body.get("tool_choice") == "none":
             tools = None
         case = Case(id="request", scorer="exact", messages=msgs, tools=tools)
@@ -249,10 +314,19 @@ class DialogBridge:
         return full, self._continuation(msgs, key), msgs, key
 
     # -- running a request -------------------------------------------------------------------------
-    async def run(self, *, prompt: str, continuation: str | None, max_tokens: int | None,
-                  sampler: dict[str, Any], stop_strings: list[str], on_text: Callable[[str], None] | None,
-                  cancelled: asyncio.Event, content_after: Callable[[str], list[dict[str, Any]] | None],
-                  tools_key: Any = None) -> Reply:
+    async def run(
+        self,
+        *,
+        prompt: str,
+        continuation: str | None,
+        max_tokens: int | None,
+        sampler: dict[str, Any],
+        stop_strings: list[str],
+        on_text: Callable[[str], None] | None,
+        cancelled: asyncio.Event,
+        content_after: Callable[[str], list[dict[str, Any]] | None],
+        tools_key: Any = None,
+    ) -> Reply:
         t_arrive = time.monotonic()
         self.admit()
         self.waiting += 1
@@ -262,8 +336,18 @@ class DialogBridge:
             self.waiting -= 1
         try:
             waited = (time.monotonic() - t_arrive) * 1000
-            return await self._run_locked(prompt, continuation, max_tokens, sampler, stop_strings, on_text,
-                                          cancelled, content_after, tools_key, waited)
+            return await self._run_locked(
+                prompt,
+                continuation,
+                max_tokens,
+                sampler,
+                stop_strings,
+                on_text,
+                cancelled,
+                content_after,
+                tools_key,
+                waited,
+            )
         finally:
             self._lock.release()
 
@@ -284,8 +368,12 @@ class DialogBridge:
         if acq.cancelled():
             if cancelled.is_set():
                 raise BridgeError(499, "the client went away before its turn", "cancelled")
-            raise BridgeError(503, "the server is stopping; send the request to its next start", "server_error",
-                              retry_after=5)
+            raise BridgeError(
+                503,
+                "the server is stopping; send the request to its next start",
+                "server_error",
+                retry_after=5,
+            )
 
     async def _set_sampler(self, sampler: dict[str, Any]) -> str | None:
         """Apply `sampler` to the loaded dialog, reloading it when the runtime cannot change it in place. A value
@@ -296,7 +384,7 @@ class DialogBridge:
         good = dict(self._sampler)
         try:
             why = await s.apply_sampler(sampler)
-        except Exception as exc:   # the helper refused or died on it
+        except Exception as exc:  # the helper refused or died on it
             why = f"failed: {exc}"
         if why is None:
             self._sampler = dict(sampler)
@@ -311,14 +399,24 @@ class DialogBridge:
             try:
                 await self.open("sampler refused: back to the last good one")
             except BridgeError:
-                pass   # the next request tries again (503 with Retry-After meanwhile)
-            raise BridgeError(400, f"the board's runtime refused these sampler values ({exc.message})",
-                              param="sampler") from None
+                pass  # the next request tries again (503 with Retry-After meanwhile)
+            raise BridgeError(
+                400, f"the board's runtime refused these sampler values ({exc.message})", param="sampler"
+            ) from None
 
-    async def _run_locked(self, prompt: str, continuation: str | None, max_tokens: int | None,
-                          sampler: dict[str, Any], stop_strings: list[str], on_text: Callable[[str], None] | None,
-                          cancelled: asyncio.Event, content_after: Callable[[str], list[dict[str, Any]] | None],
-                          tools_key: Any, waited_ms: float) -> Reply:
+    async def _run_locked(
+        self,
+        prompt: str,
+        continuation: str | None,
+        max_tokens: int | None,
+        sampler: dict[str, Any],
+        stop_strings: list[str],
+        on_text: Callable[[str], None] | None,
+        cancelled: asyncio.Event,
+        content_after: Callable[[str], list[dict[str, Any]] | None],
+        tools_key: Any,
+        waited_ms: float,
+    ) -> Reply:
         reinit = None
         if cancelled.is_set():
             raise BridgeError(499, "the client went away before its turn", "cancelled")
@@ -329,15 +427,16 @@ class DialogBridge:
                 exc.retry_after = 10
                 raise
             reinit = "reload"
-        if sampler != self._sampler and await self._set_sampler(sampler) is not None:   # reloaded with it
+        if sampler != self._sampler and await self._set_sampler(sampler) is not None:  # reloaded with it
             reinit = "sampler"
             continuation = None
         s = self.session
         assert s is not None
         budget = max_tokens or self.max_tokens
         count = s.token_counter or (lambda t: max(1, len(t) // 3))
-        used = sum(int(x.get("prompt_tokens") or 0) + int(x.get("generated_tokens") or 0)
-                   for x in self._turn_tokens)
+        used = sum(
+            int(x.get("prompt_tokens") or 0) + int(x.get("generated_tokens") or 0) for x in self._turn_tokens
+        )
         if continuation is not None and used + count(continuation) + budget + 8 > self.context_length:
             continuation = None
         kv_reused = continuation is not None
@@ -348,9 +447,12 @@ class DialogBridge:
         if count(text_in) + budget + 2 > self.context_length:
             budget = self.context_length - count(text_in) - 2
             if budget < 1:
-                raise BridgeError(400, f"the prompt is about {count(text_in)} tokens: it does not fit in the "
-                                       f"context ({self.context_length} tokens) with room for a reply",
-                                  "context_length_exceeded")
+                raise BridgeError(
+                    400,
+                    f"the prompt is about {count(text_in)} tokens: it does not fit in the "
+                    f"context ({self.context_length} tokens) with room for a reply",
+                    "context_length_exceeded",
+                )
         s.max_tokens = budget
         s.conversation.max_reply_tokens = budget
         stop = asyncio.Event()
@@ -368,7 +470,7 @@ class DialogBridge:
 
         try:
             check_message(text_in)
-        except SessionError as exc:   # empty, a NUL, not UTF-8, too long: Genie cannot take it
+        except SessionError as exc:  # empty, a NUL, not UTF-8, too long: Genie cannot take it
             raise BridgeError(400, exc.message) from None
         t0 = time.monotonic()
         try:
@@ -376,7 +478,7 @@ class DialogBridge:
         except SessionError as exc:
             self._content = None
             raise BridgeError(500, f"the board's dialog failed: {exc.message}", "server_error") from None
-        except ValueError as exc:   # the message alone does not fit, or Genie cannot take it
+        except ValueError as exc:  # the message alone does not fit, or Genie cannot take it
             self._content = None
             raise BridgeError(400, str(exc), "context_length_exceeded") from None
         finally:
@@ -387,7 +489,9 @@ class DialogBridge:
             self._content = None
             raise BridgeError(500, f"the board's dialog failed: {r.error}", "server_error")
         k = r.kpis.as_json() if r.kpis else {}
-        self._turn_tokens.append({"prompt_tokens": k.get("prompt_tokens"), "generated_tokens": k.get("generated_tokens")})
+        self._turn_tokens.append(
+            {"prompt_tokens": k.get("prompt_tokens"), "generated_tokens": k.get("generated_tokens")}
+        )
         aborted = r.state == "aborted" and not hit_stop
         gen = int(k.get("generated_tokens") or 0)
         # Genie's own stop does not say whether a stop sequence or the end of the turn ended the reply, and a
@@ -398,23 +502,44 @@ class DialogBridge:
         self._tools_key = tools_key
         finish = "stop" if hit_stop or (r.state == "complete" and gen < budget) else "length"
         self.served += 1
-        stats = {"request": self.served, "queue_wait_ms": round(waited_ms, 3), "kv_reused": kv_reused,
-                 "dialog_reset": not kv_reused, "reinit": reinit,
-                 "init_ms": (self.inits[-1]["init_ms"] if reinit else 0.0),
-                 "start_ms": r.first_chunk_ms, "wall_ms": round((time.monotonic() - t0) * 1000, 3),
-                 "ttft_ms": k.get("ttft_ms"), "prompt_tokens": k.get("prompt_tokens"),
-                 "prompt_tok_s": k.get("prompt_tok_s"), "generated_tokens": k.get("generated_tokens"),
-                 "gen_tok_s": k.get("gen_tok_s"), "source": "simulated" if r.simulated else "device",
-                 "runtime": r.runtime, "sampler": dict(self._sampler), "state": r.state,
-                 "stop_by": r.stop}
+        stats = {
+            "request": self.served,
+            "queue_wait_ms": round(waited_ms, 3),
+            "kv_reused": kv_reused,
+            "dialog_reset": not kv_reused,
+            "reinit": reinit,
+            "init_ms": (self.inits[-1]["init_ms"] if reinit else 0.0),
+            "start_ms": r.first_chunk_ms,
+            "wall_ms": round((time.monotonic() - t0) * 1000, 3),
+            "ttft_ms": k.get("ttft_ms"),
+            "prompt_tokens": k.get("prompt_tokens"),
+            "prompt_tok_s": k.get("prompt_tok_s"),
+            "generated_tokens": k.get("generated_tokens"),
+            "gen_tok_s": k.get("gen_tok_s"),
+            "source": "simulated" if r.simulated else "device",
+            "runtime": r.runtime,
+            "sampler": dict(self._sampler),
+            "state": r.state,
+            "stop_by": r.stop,
+        }
         self.history.append(stats)
         return Reply(text, r.state, k, finish, stats)
 
     def stats(self) -> dict[str, Any]:
         s = self.session
-        return {"board": self.board.name, "board_label": self.board.label, "simulated": self.simulated,
-                "model": self.model_id, "runtime": s.runtime.name if s else None,
-                "runtime_version": s.runtime_version if s else None, "context_length": self.context_length,
-                "prompt_format": self.renderer.label(), "tool_format": self.renderer.tool_format,
-                "loads": list(self.inits), "served": self.served, "waiting": self.waiting,
-                "busy": self._lock.locked(), "requests": list(self.history)}
+        return {
+            "board": self.board.name,
+            "board_label": self.board.label,
+            "simulated": self.simulated,
+            "model": self.model_id,
+            "runtime": s.runtime.name if s else None,
+            "runtime_version": s.runtime_version if s else None,
+            "context_length": self.context_length,
+            "prompt_format": self.renderer.label(),
+            "tool_format": self.renderer.tool_format,
+            "loads": list(self.inits),
+            "served": self.served,
+            "waiting": self.waiting,
+            "busy": self._lock.locked(),
+            "requests": list(self.history),
+        }

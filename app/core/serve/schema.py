@@ -12,10 +12,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-MAX_SEED = 2**32 - 1          # Genie's sampler seed is an unsigned 32-bit number
+MAX_SEED = 2**32 - 1  # Genie's sampler seed is an unsigned 32-bit number
 MAX_TOKENS = 1 << 20
 MAX_TOP_K = 100_000
-MAX_STOPS = 4                 # as OpenAI
+MAX_STOPS = 4  # as OpenAI
 
 Temperature = Annotated[float, Field(ge=0, le=2, strict=True)]
 TopP = Annotated[float, Field(gt=0, le=1, strict=True)]
@@ -74,8 +74,10 @@ class ChatRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    prompt: Annotated[StrictStr, Field(min_length=1)] | Annotated[list[Annotated[StrictStr, Field(min_length=1)]],
-                                                                  Field(min_length=1, max_length=1)]
+    prompt: (
+        Annotated[StrictStr, Field(min_length=1)]
+        | Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1, max_length=1)]
+    )
 
 
 def _where(loc: tuple[int | str, ...]) -> str:
@@ -83,9 +85,10 @@ def _where(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("str", "list[str]", "list[ContentPart]", "function-after", "constrained-str") or \
-                str(part).startswith(("list[", "constrained", "literal[")):
-            continue   # pydantic's name for a union member, not a field
+        elif part in ("str", "list[str]", "list[ContentPart]", "function-after", "constrained-str") or str(
+            part
+        ).startswith(("list[", "constrained", "literal[")):
+            continue  # pydantic's name for a union member, not a field
         else:
             out += ("." if out else "") + str(part)
     return out or "body"

@@ -52,7 +52,7 @@ from app.core.serve.limits import Limits
 from app.core.serve.schema import ChatRequest, CompletionRequest, _Request, first_error
 from workers.shared.errors import ActionableError
 
-M = TypeVar("M", bound=_Request)   # an OpenAI request schema (app.core.serve.schema)
+M = TypeVar("M", bound=_Request)  # an OpenAI request schema (app.core.serve.schema)
 
 log = logging.getLogger("hexstudio.serve")
 
@@ -77,23 +77,36 @@ def check_bind(host: str, allow_remote: bool, api_key: str | None) -> None:
     if is_loopback(host):
         return
     if not allow_remote:
-        raise BindRefused(f"{host} is not a loopback address: anyone who can reach it could use the board.",
-                          "Serve on 127.0.0.1 (the default), or pass --allow-remote together with an API key "
-                          "(--api-key-env VAR naming an environment variable that holds it).")
+        raise BindRefused(
+            f"{host} is not a loopback address: anyone who can reach it could use the board.",
+            "Serve on 127.0.0.1 (the default), or pass --allow-remote together with an API key "
+            "(--api-key-env VAR naming an environment variable that holds it).",
+        )
     if not api_key:
-        raise BindRefused(f"Serving on {host} needs an API key.",
-                          "Put a long random key in an environment variable (e.g. export HEXSTUDIO_API_KEY=$(openssl "
-                          "rand -hex 24)) and pass --api-key-env HEXSTUDIO_API_KEY; clients send it as the API key.")
+        raise BindRefused(
+            f"Serving on {host} needs an API key.",
+            "Put a long random key in an environment variable (e.g. export HEXSTUDIO_API_KEY=$(openssl "
+            "rand -hex 24)) and pass --api-key-env HEXSTUDIO_API_KEY; clients send it as the API key.",
+        )
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-           code: str | None = None) -> dict[str, Any]:
+def _error(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(json.dumps(doc, ensure_ascii=False).encode("utf-8"), status, headers=headers,
-                    media_type="application/json")
+    return Response(
+        json.dumps(doc, ensure_ascii=False).encode("utf-8"),
+        status,
+        headers=headers,
+        media_type="application/json",
+    )
 
 
 def _fail(exc: BridgeError) -> Response:
@@ -103,8 +116,19 @@ def _fail(exc: BridgeError) -> Response:
 
 def kpi_headers(stats: dict[str, Any]) -> dict[str, str]:
     out = {}
-    for k in ("queue_wait_ms", "start_ms", "ttft_ms", "prompt_tokens", "prompt_tok_s", "generated_tokens",
-              "gen_tok_s", "init_ms", "kv_reused", "source", "request"):
+    for k in (
+        "queue_wait_ms",
+        "start_ms",
+        "ttft_ms",
+        "prompt_tokens",
+        "prompt_tok_s",
+        "generated_tokens",
+        "gen_tok_s",
+        "init_ms",
+        "kv_reused",
+        "source",
+        "request",
+    ):
         v = stats.get(k)
         if v is not None:
             out[f"x-hexstudio-{k.replace('_', '-')}"] = str(v).lower() if isinstance(v, bool) else str(v)
@@ -120,22 +144,33 @@ async def _disconnected(receive: Receive) -> None:
 
 
 # -- the HTTP connection: uvicorn's h11 protocol with a header deadline and a connection cap ----------------
-_RAW_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: %d\r\n\r\n")
-_RAW_503 = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-            b"connection: close\r\ncontent-length: %d\r\n\r\n")
+_RAW_408 = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n"
+)
+_RAW_503 = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n"
+)
 
 
 def _raw(head: bytes, status: int, message: str) -> bytes:
-    body = json.dumps(_error(status, message, "server_error" if status >= 500 else "invalid_request_error")).encode()
+    body = json.dumps(
+        _error(status, message, "server_error" if status >= 500 else "invalid_request_error")
+    ).encode()
     return head % len(body) + body
 
 
 # h11's RemoteProtocolError carries the status it suggests; these are the ones it uses (400 otherwise)
-_FRAMING_STATUS = {400: b"400 Bad Request", 413: b"413 Content Too Large", 414: b"414 URI Too Long",
-                   431: b"431 Request Header Fields Too Large", 501: b"501 Not Implemented",
-                   505: b"505 HTTP Version Not Supported"}
-_LINGER_S = 2.0   # after a framing error: seconds to read and drop what the client still sends, then close
+_FRAMING_STATUS = {
+    400: b"400 Bad Request",
+    413: b"413 Content Too Large",
+    414: b"414 URI Too Long",
+    431: b"431 Request Header Fields Too Large",
+    501: b"501 Not Implemented",
+    505: b"505 HTTP Version Not Supported",
+}
+_LINGER_S = 2.0  # after a framing error: seconds to read and drop what the client still sends, then close
 
 
 def framing_answer(exc: h11.RemoteProtocolError | None) -> bytes:
@@ -149,10 +184,20 @@ def framing_answer(exc: h11.RemoteProtocolError | None) -> bytes:
     if len(why) > 200:
         why = why[:200] + "..."
     message = f"malformed HTTP request: {why}"
-    body = json.dumps(_error(status, message, "server_error" if status >= 500 else "invalid_request_error",
-                             code="malformed_http")).encode()
-    return (b"HTTP/1.1 " + _FRAMING_STATUS[status] + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: %d\r\n\r\n" % len(body) + body)
+    body = json.dumps(
+        _error(
+            status,
+            message,
+            "server_error" if status >= 500 else "invalid_request_error",
+            code="malformed_http",
+        )
+    ).encode()
+    return (
+        b"HTTP/1.1 "
+        + _FRAMING_STATUS[status]
+        + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n" % len(body) + body
+    )
 
 
 class _Conn(h11.Connection):
@@ -194,10 +239,10 @@ def protocol_for(limits: Limits) -> type[H11Protocol]:
             log.info("serve: malformed HTTP request from %s: %s", self.client, exc or msg)
             started = self.cycle is not None and self.cycle.response_started
             if self.transport.is_closing() or started or conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-                self.transport.close()   # an answer is already under way: all that is left is to close
+                self.transport.close()  # an answer is already under way: all that is left is to close
                 return
             if self.cycle is not None:
-                self.cycle.disconnected = True   # the app waiting for this body is told the client is gone
+                self.cycle.disconnected = True  # the app waiting for this body is told the client is gone
                 self.cycle.message_event.set()
             self.transport.write(framing_answer(exc))
             self._linger()
@@ -213,14 +258,20 @@ def protocol_for(limits: Limits) -> type[H11Protocol]:
 
         def data_received(self, data: bytes) -> None:
             if self._lingering:
-                return   # the rest of a refused request: dropped
+                return  # the rest of a refused request: dropped
             super().data_received(data)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
-                transport.write(_raw(_RAW_503, 503, f"the server holds {limits.max_connections} connections "
-                                                    "already; try again in a moment"))
+                transport.write(
+                    _raw(
+                        _RAW_503,
+                        503,
+                        f"the server holds {limits.max_connections} connections "
+                        "already; try again in a moment",
+                    )
+                )
                 transport.close()
                 return
             self._arm()
@@ -234,10 +285,15 @@ def protocol_for(limits: Limits) -> type[H11Protocol]:
         def _expired(self) -> None:
             self._timer = None
             if self.cycle is not self._armed_cycle or self.transport.is_closing():
-                return   # a request came in since: its body and response have their own limits
+                return  # a request came in since: its body and response have their own limits
             if self.conn.their_state is h11.IDLE or self.conn.their_state is h11.DONE:
-                self.transport.write(_raw(_RAW_408, 408, f"the request headers did not arrive within "
-                                                         f"{limits.header_timeout:g} s"))
+                self.transport.write(
+                    _raw(
+                        _RAW_408,
+                        408,
+                        f"the request headers did not arrive within {limits.header_timeout:g} s",
+                    )
+                )
             self.transport.close()
 
         def on_response_complete(self) -> None:
@@ -268,10 +324,16 @@ class _Events(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, produce: Callable[[Callable[[Any], None]], Awaitable[None]], cancelled: asyncio.Event,
-                 headers: dict[str, str]) -> None:
-        super().__init__(None, 200, {"Cache-Control": "no-cache", **headers}, self.media_type + "; charset=utf-8")
-        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]   # chunked
+    def __init__(
+        self,
+        produce: Callable[[Callable[[Any], None]], Awaitable[None]],
+        cancelled: asyncio.Event,
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__(
+            None, 200, {"Cache-Control": "no-cache", **headers}, self.media_type + "; charset=utf-8"
+        )
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]  # chunked
         self.produce = produce
         self.cancelled = cancelled
 
@@ -314,7 +376,9 @@ class _Events(Response):
 
 
 class OpenAIServer:
-    def __init__(self, bridge: DialogBridge, *, api_key: str | None = None, limits: Limits | None = None) -> None:
+    def __init__(
+        self, bridge: DialogBridge, *, api_key: str | None = None, limits: Limits | None = None
+    ) -> None:
         self.bridge = bridge
         self.api_key = api_key
         self.limits = limits or Limits()
@@ -329,11 +393,21 @@ class OpenAIServer:
         """Listen (raises OSError when the address cannot be had) and serve in the background; the port."""
         sock = _listen(host, port)
         lim = self.limits
-        config = uvicorn.Config(self._guard, interface="asgi3", http=protocol_for(lim), lifespan="off", log_config=None,
-                                log_level="warning", access_log=False, server_header=False,
-                                timeout_keep_alive=lim.keep_alive,  # type: ignore[arg-type]
-                                timeout_graceful_shutdown=max(1, math.ceil(lim.shutdown_grace)),
-                                h11_max_incomplete_event_size=lim.max_header, backlog=2048, ws="none")
+        config = uvicorn.Config(
+            self._guard,
+            interface="asgi3",
+            http=protocol_for(lim),
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            server_header=False,
+            timeout_keep_alive=lim.keep_alive,  # type: ignore[arg-type]
+            timeout_graceful_shutdown=max(1, math.ceil(lim.shutdown_grace)),
+            h11_max_incomplete_event_size=lim.max_header,
+            backlog=2048,
+            ws="none",
+        )
         self._server = _Uvicorn(config)
         self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
         while not self._server.started:
@@ -360,38 +434,65 @@ class OpenAIServer:
 
     # -- the application ----------------------------------------------------------------------------
     def _app(self) -> Starlette:
-        routes = [Route("/health", self._health, methods=["GET"]),
-                  Route("/v1/models", self._models, methods=["GET"]),
-                  Route("/v1/stats", self._stats, methods=["GET"]), Route("/stats", self._stats, methods=["GET"]),
-                  Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                  Route("/v1/completions", self._completion, methods=["POST"])]
+        routes = [
+            Route("/health", self._health, methods=["GET"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/v1/stats", self._stats, methods=["GET"]),
+            Route("/stats", self._stats, methods=["GET"]),
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completion, methods=["POST"]),
+        ]
 
         async def http_error(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 500
-            what = {404: f"{request.method} {request.url.path} is not served here",
-                    405: f"{request.method} {request.url.path} is not allowed (see GET /v1/models, "
-                         "POST /v1/chat/completions, POST /v1/completions)"}.get(status, "request refused")
-            return _json(status, _error(status, what, "invalid_request_error" if status < 500 else "server_error"))
+            what = {
+                404: f"{request.method} {request.url.path} is not served here",
+                405: f"{request.method} {request.url.path} is not allowed (see GET /v1/models, "
+                "POST /v1/chat/completions, POST /v1/completions)",
+            }.get(status, "request refused")
+            return _json(
+                status, _error(status, what, "invalid_request_error" if status < 500 else "server_error")
+            )
 
         async def crash(request: Request, exc: Exception) -> Response:
             log.exception("serve: %s %s failed", request.method, request.url.path)
-            return _json(500, _error(500, f"the server failed on this request ({type(exc).__name__}); it is "
-                                          "logged, and the next request is served as usual", "server_error"))
+            return _json(
+                500,
+                _error(
+                    500,
+                    f"the server failed on this request ({type(exc).__name__}); it is "
+                    "logged, and the next request is served as usual",
+                    "server_error",
+                ),
+            )
 
         return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: crash})
 
     async def _guard(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI app uvicorn runs: the header size, the API key (every path but /health), then the routes."""
         if scope["type"] == "http":
-            size = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or [])
+            size = len(scope.get("raw_path") or b"") + sum(
+                len(k) + len(v) + 4 for k, v in scope.get("headers") or []
+            )
             if size > self.limits.max_header:
-                resp = _json(431, _error(431, f"the request headers are {size} bytes; this server takes at most "
-                                              f"{self.limits.max_header}"), {"Connection": "close"})
+                resp = _json(
+                    431,
+                    _error(
+                        431,
+                        f"the request headers are {size} bytes; this server takes at most "
+                        f"{self.limits.max_header}",
+                    ),
+                    {"Connection": "close"},
+                )
                 await resp(scope, receive, send)
                 return
         if scope["type"] == "http" and scope["path"] != "/health" and not self._authorized(scope):
-            resp = _json(401, _error(401, "missing or wrong API key (send Authorization: Bearer KEY)",
-                                     "authentication_error"))
+            resp = _json(
+                401,
+                _error(
+                    401, "missing or wrong API key (send Authorization: Bearer KEY)", "authentication_error"
+                ),
+            )
             await resp(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -408,8 +509,16 @@ class OpenAIServer:
 
     async def _health(self, request: Request) -> Response:
         b = self.bridge
-        return _json(200, {"ok": not b.draining, "simulated": b.simulated, "busy": b.busy, "waiting": b.waiting,
-                           "loaded": b.session is not None})
+        return _json(
+            200,
+            {
+                "ok": not b.draining,
+                "simulated": b.simulated,
+                "busy": b.busy,
+                "waiting": b.waiting,
+                "loaded": b.session is not None,
+            },
+        )
 
     async def _models(self, request: Request) -> Response:
         return _json(200, {"object": "list", "data": [self._model()]})
@@ -418,13 +527,24 @@ class OpenAIServer:
         return _json(200, self.bridge.stats())
 
     def _model(self) -> dict[str, Any]:
-        return {"id": self.bridge.model_id, "object": "model", "created": self.created, "owned_by": "hexstudio",
-                "simulated": self.bridge.simulated, "board": self.bridge.board.name}
+        return {
+            "id": self.bridge.model_id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "hexstudio",
+            "simulated": self.bridge.simulated,
+            "board": self.bridge.board.name,
+        }
 
     def _check_model(self, m: str | None) -> None:
         if m not in (None, "", self.bridge.model_id, "default"):
-            raise BridgeError(404, f"this server serves {self.bridge.model_id!r}, not {m!r}", "model_not_found",
-                              param="model", code="model_not_found")
+            raise BridgeError(
+                404,
+                f"this server serves {self.bridge.model_id!r}, not {m!r}",
+                "model_not_found",
+                param="model",
+                code="model_not_found",
+            )
 
     async def _body(self, request: Request) -> dict[str, Any]:
         lim = self.limits
@@ -450,7 +570,9 @@ class OpenAIServer:
         try:
             doc = json.loads(body or b"{}")
         except (ValueError, RecursionError):
-            raise BridgeError(400, "the body is not valid JSON (UTF-8, nested less than about 900 levels)") from None
+            raise BridgeError(
+                400, "the body is not valid JSON (UTF-8, nested less than about 900 levels)"
+            ) from None
         if not isinstance(doc, dict):
             raise BridgeError(400, "the body must be a JSON object")
         return doc
@@ -477,11 +599,12 @@ class OpenAIServer:
             def content_after(text: str) -> list[dict[str, Any]] | None:
                 parsed = parse_reply(text, fmt) if tools else None
                 if parsed is not None and parsed.kind != "none":
-                    return None   # a tool call: the next request carries tool results, rendered afresh
+                    return None  # a tool call: the next request carries tool results, rendered afresh
                 return [*msgs, {"role": "assistant", "content": text}]
 
-            return await self._generate(request, doc, "chat.completion", prompt, cont, content_after, tools,
-                                        tools_key)
+            return await self._generate(
+                request, doc, "chat.completion", prompt, cont, content_after, tools, tools_key
+            )
         except BridgeError as exc:
             return _fail(exc)
 
@@ -493,44 +616,81 @@ class OpenAIServer:
         except BridgeError as exc:
             return _fail(exc)
 
-    async def _generate(self, request: Request, doc: dict[str, Any], kind: str, prompt: str, cont: str | None,
-                        content_after: Callable[[str], list[dict[str, Any]] | None], tools: Any,
-                        tools_key: Any) -> Response:
+    async def _generate(
+        self,
+        request: Request,
+        doc: dict[str, Any],
+        kind: str,
+        prompt: str,
+        cont: str | None,
+        content_after: Callable[[str], list[dict[str, Any]] | None],
+        tools: Any,
+        tools_key: Any,
+    ) -> Response:
         stream = bool(doc.get("stream"))
         stop = doc.get("stop")
         stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if isinstance(s, str)]
         mt = doc.get("max_completion_tokens", doc.get("max_tokens"))
         sampler = genie_sampler(doc, self.bridge.default_sampler)
-        self.bridge.admit()   # 429 / 503 with Retry-After before anything starts
+        self.bridge.admit()  # 429 / 503 with Retry-After before anything starts
         rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         model = self.bridge.model_id
         fmt = self.bridge.renderer.tool_format
         cancelled = asyncio.Event()
         if not stream:
-            gen = asyncio.ensure_future(self.bridge.run(
-                prompt=prompt, continuation=cont, max_tokens=mt, sampler=sampler, stop_strings=stops, on_text=None,
-                cancelled=cancelled, content_after=content_after, tools_key=tools_key))
+            gen = asyncio.ensure_future(
+                self.bridge.run(
+                    prompt=prompt,
+                    continuation=cont,
+                    max_tokens=mt,
+                    sampler=sampler,
+                    stop_strings=stops,
+                    on_text=None,
+                    cancelled=cancelled,
+                    content_after=content_after,
+                    tools_key=tools_key,
+                )
+            )
             gone = asyncio.ensure_future(_disconnected(request.receive))
             try:
                 await asyncio.wait({gen, gone}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 gone.cancel()
-                if not gen.done():   # the client went away (or this task is cancelled): stop the generation
+                if not gen.done():  # the client went away (or this task is cancelled): stop the generation
                     cancelled.set()
                     with contextlib.suppress(Exception, asyncio.CancelledError):
                         await gen
             reply = gen.result()
             usage = self._usage(reply.stats)
             if kind == "text_completion":
-                out = {"id": rid, "object": "text_completion", "created": created, "model": model,
-                       "choices": [{"index": 0, "text": reply.text, "finish_reason": reply.finish_reason,
-                                    "logprobs": None}], "usage": usage, "hexstudio": reply.stats}
+                out = {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": reply.text,
+                            "finish_reason": reply.finish_reason,
+                            "logprobs": None,
+                        }
+                    ],
+                    "usage": usage,
+                    "hexstudio": reply.stats,
+                }
             else:
                 msg, finish = self._message(reply.text, reply.finish_reason, tools, fmt)
-                out = {"id": rid, "object": "chat.completion", "created": created, "model": model,
-                       "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
-                       "usage": usage, "hexstudio": reply.stats}
+                out = {
+                    "id": rid,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
+                    "usage": usage,
+                    "hexstudio": reply.stats,
+                }
             return _json(200, out, kpi_headers(reply.stats))
 
         # streaming: server-sent events; text goes out as it is generated, except that with tools a reply that
@@ -545,13 +705,34 @@ class OpenAIServer:
         async def produce(emit: Callable[[Any], None]) -> None:
             def send_text(piece: str) -> None:
                 if kind == "chat.completion":
-                    emit(base({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}))
+                    emit(
+                        base({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+                    )
                 else:
-                    emit(base({"choices": [{"index": 0, "text": piece, "finish_reason": None, "logprobs": None}]}))
+                    emit(
+                        base(
+                            {
+                                "choices": [
+                                    {"index": 0, "text": piece, "finish_reason": None, "logprobs": None}
+                                ]
+                            }
+                        )
+                    )
 
             if kind == "chat.completion":
-                emit(base({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "finish_reason": None}]}))
+                emit(
+                    base(
+                        {
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": {"role": "assistant", "content": ""},
+                                    "finish_reason": None,
+                                }
+                            ]
+                        }
+                    )
+                )
             releasing = not (tools and kind == "chat.completion")
             buf = ""
 
@@ -569,9 +750,17 @@ class OpenAIServer:
                 buf = ""
 
             try:
-                reply = await self.bridge.run(prompt=prompt, continuation=cont, max_tokens=mt, sampler=sampler,
-                                              stop_strings=stops, on_text=on_text, cancelled=cancelled,
-                                              content_after=content_after, tools_key=tools_key)
+                reply = await self.bridge.run(
+                    prompt=prompt,
+                    continuation=cont,
+                    max_tokens=mt,
+                    sampler=sampler,
+                    stop_strings=stops,
+                    on_text=on_text,
+                    cancelled=cancelled,
+                    content_after=content_after,
+                    tools_key=tools_key,
+                )
             except BridgeError as exc:
                 emit({"error": _error(exc.status, exc.message, exc.kind, exc.param)["error"]})
                 emit("[DONE]")
@@ -580,15 +769,39 @@ class OpenAIServer:
                 msg, finish = self._message(reply.text, reply.finish_reason, tools, fmt)
                 if msg.get("tool_calls"):
                     calls = [{"index": i, **tc} for i, tc in enumerate(msg["tool_calls"])]
-                    emit(base({"choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]}))
+                    emit(
+                        base(
+                            {"choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]}
+                        )
+                    )
                 elif buf:
                     emit(base({"choices": [{"index": 0, "delta": {"content": buf}, "finish_reason": None}]}))
-                emit(base({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
-                           "usage": self._usage(reply.stats), "hexstudio": reply.stats}))
+                emit(
+                    base(
+                        {
+                            "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
+                            "usage": self._usage(reply.stats),
+                            "hexstudio": reply.stats,
+                        }
+                    )
+                )
             else:
-                emit(base({"choices": [{"index": 0, "text": "", "finish_reason": reply.finish_reason,
-                                        "logprobs": None}], "usage": self._usage(reply.stats),
-                           "hexstudio": reply.stats}))
+                emit(
+                    base(
+                        {
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "text": "",
+                                    "finish_reason": reply.finish_reason,
+                                    "logprobs": None,
+                                }
+                            ],
+                            "usage": self._usage(reply.stats),
+                            "hexstudio": reply.stats,
+                        }
+                    )
+                )
             emit("[DONE]")
 
         return _Events(produce, cancelled, {"x-hexstudio-simulated": str(self.bridge.simulated).lower()})
@@ -606,9 +819,14 @@ class OpenAIServer:
         if parsed.kind != "calls":
             # a malformed call is returned as text (the client sees what the model wrote)
             return {"role": "assistant", "content": text}, finish
-        calls = [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                  "function": {"name": x.name, "arguments": json.dumps(x.arguments, ensure_ascii=False)}}
-                 for x in parsed.calls]
+        calls = [
+            {
+                "id": "call_" + uuid.uuid4().hex[:24],
+                "type": "function",
+                "function": {"name": x.name, "arguments": json.dumps(x.arguments, ensure_ascii=False)},
+            }
+            for x in parsed.calls
+        ]
         return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, "tool_calls"
 
 

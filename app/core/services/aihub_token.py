@@ -49,10 +49,18 @@ def token_status() -> dict[str, Any]:
     in_ini = ini.is_file() and _ini_has_token(ini)
     has = {"keyring": in_keyring, "environment": in_env, "client.ini": in_ini}
     source = next((s for s in TOKEN_ORDER if has[s]), None)
-    return {"found": source is not None, "source": source, "order": list(TOKEN_ORDER),
-            "unused": [s for s in TOKEN_ORDER if has[s] and s != source], "keyring": in_keyring,
-            "environment": in_env, "client_ini": str(ini), "client_ini_has_token": in_ini,
-            "keyring_error": keyring_error, "keyring_backend": secrets.backend_info()}
+    return {
+        "found": source is not None,
+        "source": source,
+        "order": list(TOKEN_ORDER),
+        "unused": [s for s in TOKEN_ORDER if has[s] and s != source],
+        "keyring": in_keyring,
+        "environment": in_env,
+        "client_ini": str(ini),
+        "client_ini_has_token": in_ini,
+        "keyring_error": keyring_error,
+        "keyring_backend": secrets.backend_info(),
+    }
 
 
 def describe(st: dict[str, Any]) -> str:
@@ -64,13 +72,23 @@ def describe(st: dict[str, Any]) -> str:
     elif st["source"] == "client.ini":
         where = f"in {st['client_ini']} (the qai_hub client's own file)"
     else:
-        return ("No AI Hub token found: not in the keyring, not in $HEXSTUDIO_AIHUB_TOKEN, and "
-                f"{st['client_ini']} has none. Paste yours on the Compile page or run `hexstudio aihub login` "
-                f"(it is on {TOKEN_PAGE}).")
-    names = {"keyring": "the keyring", "environment": "$HEXSTUDIO_AIHUB_TOKEN", "client.ini": st["client_ini"]}
+        return (
+            "No AI Hub token found: not in the keyring, not in $HEXSTUDIO_AIHUB_TOKEN, and "
+            f"{st['client_ini']} has none. Paste yours on the Compile page or run `hexstudio aihub login` "
+            f"(it is on {TOKEN_PAGE})."
+        )
+    names = {
+        "keyring": "the keyring",
+        "environment": "$HEXSTUDIO_AIHUB_TOKEN",
+        "client.ini": st["client_ini"],
+    }
     unused = st.get("unused") or []
-    extra = f" ({' and '.join(names[u] for u in unused)} also {'has' if len(unused) == 1 else 'have'} one, not " \
-            "used)" if unused else ""
+    extra = (
+        f" ({' and '.join(names[u] for u in unused)} also {'has' if len(unused) == 1 else 'have'} one, not "
+        "used)"
+        if unused
+        else ""
+    )
     return f"The AI Hub token used is the one {where}{extra}. Order: {ORDER_TEXT}."
 
 

@@ -20,24 +20,40 @@ from workers.shared.bundle.qualcomm_run import run_qualcomm_checks
 QUALCOMM_CHECK_TIMEOUT_S = 120.0
 
 
-def qualcomm_checks(bundle_dir: Path, timeout: float = QUALCOMM_CHECK_TIMEOUT_S) -> tuple[dict[str, Any] | None,
-                                                                                           Finding | None]:
+def qualcomm_checks(
+    bundle_dir: Path, timeout: float = QUALCOMM_CHECK_TIMEOUT_S
+) -> tuple[dict[str, Any] | None, Finding | None]:
     """(what Genie's parser and QNN's reader said, a finding about running them when that failed)."""
-    run = run_qualcomm_checks(bundle_dir, python_command(QUALCOMM_MODULE), timeout_s=timeout,
-                              env={**os.environ, **python_env()})
+    run = run_qualcomm_checks(
+        bundle_dir, python_command(QUALCOMM_MODULE), timeout_s=timeout, env={**os.environ, **python_env()}
+    )
     if run.timed_out:
-        return None, Finding("qualcomm_check_timeout", WARNING, f"Qualcomm's checks (Genie's parser, QNN's reader) "
-                             f"did not finish within {timeout:.0f} s; only HexStudio's checks ran.", None,
-                             "Run `hexstudio bundle check` again; a context binary that hangs QNN's reader will "
-                             "not load on a board either.")
+        return None, Finding(
+            "qualcomm_check_timeout",
+            WARNING,
+            f"Qualcomm's checks (Genie's parser, QNN's reader) "
+            f"did not finish within {timeout:.0f} s; only HexStudio's checks ran.",
+            None,
+            "Run `hexstudio bundle check` again; a context binary that hangs QNN's reader will "
+            "not load on a board either.",
+        )
     doc = run.doc
     if doc is None:
-        return None, Finding("qualcomm_check_failed", ERROR, f"Qualcomm's checks ended abnormally (exit "
-                             f"{run.returncode}) on this bundle: {run.tail}", None,
-                             "A binary that crashes QNN's reader will not load on a board: compile that part again.")
+        return None, Finding(
+            "qualcomm_check_failed",
+            ERROR,
+            f"Qualcomm's checks ended abnormally (exit {run.returncode}) on this bundle: {run.tail}",
+            None,
+            "A binary that crashes QNN's reader will not load on a board: compile that part again.",
+        )
     if not doc.get("available"):
-        return None, Finding("qualcomm_checks_missing", INFO, "Qualcomm's own checks did not run: onnxruntime-qnn "
-                             "(libGenie, libQnnSystem) is not installed.", None, str(doc.get("hint") or ""))
+        return None, Finding(
+            "qualcomm_checks_missing",
+            INFO,
+            "Qualcomm's own checks did not run: onnxruntime-qnn (libGenie, libQnnSystem) is not installed.",
+            None,
+            str(doc.get("hint") or ""),
+        )
     return doc, None
 
 
@@ -46,7 +62,9 @@ def qualcomm_checks(bundle_dir: Path, timeout: float = QUALCOMM_CHECK_TIMEOUT_S)
 BLOCKING = {"unsafe_path", "config_missing"}
 
 
-def check(bundle_dir: Path, board_facts: dict[str, Any] | None = None, *, qualcomm: bool = True) -> list[Finding]:
+def check(
+    bundle_dir: Path, board_facts: dict[str, Any] | None = None, *, qualcomm: bool = True
+) -> list[Finding]:
     light = check_bundle(bundle_dir, board_facts)
     if not qualcomm or any(f.code in BLOCKING for f in light):
         return light

@@ -31,19 +31,27 @@ def kpi_line(k: dict[str, Any]) -> str:
     """One reply's KPIs in a line, labelled SIMULATED where no device measured them."""
     src = k.get("source", "device")
     tag = "SIMULATED" if src == "simulated" else "device"
-    accepted = k.get("accepted_per_step")    # a speculative dialog's (lade, spd) tokens accepted per step
-    return (f"TTFT {fmt_ms(k.get('ttft_ms'))} ms · prompt {fmt_rate(k.get('prompt_tok_s'))} tok/s · generation "
-            f"{fmt_rate(k.get('gen_tok_s'))} tok/s · init {fmt_ms(k.get('init_ms'))} ms · "
-            f"{k.get('generated_tokens')} tokens"
-            + (f" · {float(accepted):.2f} tokens/step accepted" if isinstance(accepted, (int, float)) else "")
-            + f" [{tag}]")
+    accepted = k.get("accepted_per_step")  # a speculative dialog's (lade, spd) tokens accepted per step
+    return (
+        f"TTFT {fmt_ms(k.get('ttft_ms'))} ms · prompt {fmt_rate(k.get('prompt_tok_s'))} tok/s · generation "
+        f"{fmt_rate(k.get('gen_tok_s'))} tok/s · init {fmt_ms(k.get('init_ms'))} ms · "
+        f"{k.get('generated_tokens')} tokens"
+        + (f" · {float(accepted):.2f} tokens/step accepted" if isinstance(accepted, (int, float)) else "")
+        + f" [{tag}]"
+    )
 
 
 def bundle_dialogs(bundle_dir: Path | None) -> list[str]:
     """The dialog types a bundle carries: basic always, and each speculative one whose config the Compile stage
     wrote beside genie_config.json (genie_config.lade.json, genie_config.spd.json)."""
-    return ["basic", *(t for t in DIALOG_TYPES if t != "basic" and bundle_dir is not None
-                       and (bundle_dir / config_name(t)).is_file())]
+    return [
+        "basic",
+        *(
+            t
+            for t in DIALOG_TYPES
+            if t != "basic" and bundle_dir is not None and (bundle_dir / config_name(t)).is_file()
+        ),
+    ]
 
 
 def run_bundle_dir(run_dir: Path, board_doc: dict[str, Any] | None = None) -> Path | None:
@@ -60,8 +68,10 @@ def run_context_length(m: RunManifest) -> int | None:
     Quantize and the model resolved, else the run's setting, else the "auto" rule's figure."""
     cl: Any = None
     bundle = m.run_dir / "artifacts" / "compile" / "bundle" / "bundle.json"
-    for doc_path, keys in ((bundle, ("context_length",)),
-                           (m.run_dir / "artifacts" / "model" / "model.json", ("resolved", "context_length"))):
+    for doc_path, keys in (
+        (bundle, ("context_length",)),
+        (m.run_dir / "artifacts" / "model" / "model.json", ("resolved", "context_length")),
+    ):
         try:
             doc: Any = json.loads(doc_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -73,10 +83,12 @@ def run_context_length(m: RunManifest) -> int | None:
             break
     if cl is None:
         cl = m.stage("quantize").metric_value("context_length") or m.settings.get("context_length")
-    if cl in (None, "auto"):   # not resolved yet (no Model stage): the "auto" rule's figure
+    if cl in (None, "auto"):  # not resolved yet (no Model stage): the "auto" rule's figure
         from workers.shared.run_settings import AUTO_CONTEXT_LENGTH
 
-        cl = AUTO_CONTEXT_LENGTH["builtin" if str(m.inputs.get("model") or "").startswith("builtin:") else "other"]
+        cl = AUTO_CONTEXT_LENGTH[
+            "builtin" if str(m.inputs.get("model") or "").startswith("builtin:") else "other"
+        ]
     return int(cl) if isinstance(cl, int) and cl > 0 else None
 
 
@@ -84,32 +96,40 @@ def run_context_length(m: RunManifest) -> int | None:
 class SessionSetup:
     """What a chat session is loaded with and cannot change without loading the model again."""
 
-    runtime: str | None = None                 # None: the board's setting
-    sampler: dict[str, Any] | None = None      # Genie's keys; None: the bundle's own sampler
-    dialog: str = "basic"                      # Genie's dialog type: basic, lade, spd (the bundle's configs)
+    runtime: str | None = None  # None: the board's setting
+    sampler: dict[str, Any] | None = None  # Genie's keys; None: the bundle's own sampler
+    dialog: str = "basic"  # Genie's dialog type: basic, lade, spd (the bundle's configs)
 
 
 def reopen_reason(loaded: SessionSetup, wanted: SessionSetup) -> str | None:
     """Why the loaded session must be closed before the next message (None: it can go on as it is)."""
-    changed = [what for what, a, b in (("sampler", loaded.sampler, wanted.sampler),
-                                       ("runtime", loaded.runtime, wanted.runtime),
-                                       ("dialog", loaded.dialog, wanted.dialog)) if a != b]
+    changed = [
+        what
+        for what, a, b in (
+            ("sampler", loaded.sampler, wanted.sampler),
+            ("runtime", loaded.runtime, wanted.runtime),
+            ("dialog", loaded.dialog, wanted.dialog),
+        )
+        if a != b
+    ]
     if not changed:
         return None
     what = changed[0] if len(changed) == 1 else f"{', '.join(changed[:-1])} and {changed[-1]}"
-    return (f"The {what} changed: the model loads again with {'them' if len(changed) > 1 else 'it'}; the "
-            "conversation is kept.")
+    return (
+        f"The {what} changed: the model loads again with {'them' if len(changed) > 1 else 'it'}; the "
+        "conversation is kept."
+    )
 
 
 @dataclass
 class ContextUse:
     """How the next prompt fills the model's context: the turns that still fit and the room kept for the reply."""
 
-    total: int                   # the model's context, in tokens
-    reply: int                   # kept for the reply
-    used: int                    # what the kept turns fill
-    history: list[Turn] = field(default_factory=list)    # the complete turns
-    kept: list[Turn] = field(default_factory=list)       # those the next prompt still holds (the newest)
+    total: int  # the model's context, in tokens
+    reply: int  # kept for the reply
+    used: int  # what the kept turns fill
+    history: list[Turn] = field(default_factory=list)  # the complete turns
+    kept: list[Turn] = field(default_factory=list)  # those the next prompt still holds (the newest)
 
     @property
     def dropped(self) -> int:
@@ -148,10 +168,10 @@ class ChatController:
         self.store: ChatStore | None = None
         self.record: ChatRecord | None = None
         self.conversation = Conversation()
-        self.session: Any = None                  # app.core.genie.session.ChatSession, once a message was sent
-        self.loaded: SessionSetup | None = None   # what the open session was loaded with
-        self.journal: Any = None                  # the session's turns, kept in the run for its report
-        self.mode = "auto"                        # auto | persistent | per_turn (ChatSession modes)
+        self.session: Any = None  # app.core.genie.session.ChatSession, once a message was sent
+        self.loaded: SessionSetup | None = None  # what the open session was loaded with
+        self.journal: Any = None  # the session's turns, kept in the run for its report
+        self.mode = "auto"  # auto | persistent | per_turn (ChatSession modes)
         self._counters: dict[str, Callable[[str], int]] = {}
         self._context_length: tuple[Path | None, int | None] = (None, None)
 
@@ -201,13 +221,27 @@ class ChatController:
             self.record = self.store.new(template=template, system=system)
         return self.record
 
-    def save_record(self, *, template: str, system: str, thinking: bool | None, sampler: dict[str, Any] | None,
-                    runtime: str | None, dialog: str = "basic") -> None:
+    def save_record(
+        self,
+        *,
+        template: str,
+        system: str,
+        thinking: bool | None,
+        sampler: dict[str, Any] | None,
+        runtime: str | None,
+        dialog: str = "basic",
+    ) -> None:
         """Keep the open conversation in the run with what it was sent with. Raises OSError (a read-only run)."""
         if self.store is None or self.record is None:
             return
         rec = self.record
-        rec.template, rec.system, rec.thinking, rec.sampler, rec.runtime = template, system, thinking, sampler, runtime
+        rec.template, rec.system, rec.thinking, rec.sampler, rec.runtime = (
+            template,
+            system,
+            thinking,
+            sampler,
+            runtime,
+        )
         rec.dialog = dialog
         if self.journal is not None and self.journal.path.stem not in rec.journals and self.journal.turns:
             rec.journals.append(self.journal.path.stem)
@@ -227,9 +261,18 @@ class ChatController:
             return None
         return reopen_reason(self.loaded, wanted)
 
-    async def open_session(self, doc: dict[str, Any], settings: Settings, workspace_root: Path, setup: SessionSetup,
-                           *, max_tokens: int, run_dir: Path | None, on_status: Callable[[str], None],
-                           on_genie_log: Callable[[str, str], None] | None = None) -> Any:
+    async def open_session(
+        self,
+        doc: dict[str, Any],
+        settings: Settings,
+        workspace_root: Path,
+        setup: SessionSetup,
+        *,
+        max_tokens: int,
+        run_dir: Path | None,
+        on_status: Callable[[str], None],
+        on_genie_log: Callable[[str, str], None] | None = None,
+    ) -> Any:
         """Connect to the run's board and open a chat session on its bundle: the model stays loaded between turns
         where the board allows it (else one genie-t2t-run per turn). Returns the session's mode."""
         from app.core.genie.journal import ChatJournal
@@ -238,11 +281,19 @@ class ChatController:
 
         target = await open_run_board(doc, settings, workspace_root)
         board = target.board
-        session = ChatSession(board, target.remote_bundle, self.conversation, mode=self.mode, max_tokens=max_tokens,
-                              sampler=setup.sampler if setup.sampler is not None else "bundle", on_status=on_status,
-                              runtime=setup.runtime, dialog=setup.dialog)
+        session = ChatSession(
+            board,
+            target.remote_bundle,
+            self.conversation,
+            mode=self.mode,
+            max_tokens=max_tokens,
+            sampler=setup.sampler if setup.sampler is not None else "bundle",
+            on_status=on_status,
+            runtime=setup.runtime,
+            dialog=setup.dialog,
+        )
         if on_genie_log is not None:
-            session.on_genie_log = on_genie_log     # Genie's own lines, into the Board page's console
+            session.on_genie_log = on_genie_log  # Genie's own lines, into the Board page's console
         mode = await session.open()
         self.journal = None
         if run_dir is not None:  # the turns go into the run, for its report (<run>/chats/)
@@ -257,10 +308,15 @@ class ChatController:
         s = self.session
         runtime = getattr(getattr(s, "runtime", None), "title", "")
         dialog = getattr(s, "dialog", "basic")
-        return (f"{runtime}: " if runtime else "") + (
-            "model stays loaded between turns" if mode == "persistent" else
-            f"one genie-t2t-run per turn ({getattr(s, 'fallback_reason', None) or 'chosen'})") + (
-            f"; {DIALOG_LABELS.get(dialog, dialog)} dialog" if dialog != "basic" else "")
+        return (
+            (f"{runtime}: " if runtime else "")
+            + (
+                "model stays loaded between turns"
+                if mode == "persistent"
+                else f"one genie-t2t-run per turn ({getattr(s, 'fallback_reason', None) or 'chosen'})"
+            )
+            + (f"; {DIALOG_LABELS.get(dialog, dialog)} dialog" if dialog != "basic" else "")
+        )
 
     async def close_session(self) -> None:
         s, self.session, self.loaded = self.session, None, None

@@ -24,9 +24,9 @@ from app.core.settings import Settings
 @dataclass
 class ChatTarget:
     board: Board
-    remote_bundle: str                                        # the bundle folder on the board
+    remote_bundle: str  # the bundle folder on the board
     bundle_doc: dict[str, Any] = field(default_factory=dict)  # its bundle.json ({} when unreadable)
-    run_dir: Path | None = None                               # the run it belongs to, when known
+    run_dir: Path | None = None  # the run it belongs to, when known
 
 
 def board_doc(board_stage_dir: Path | None) -> dict[str, Any] | None:
@@ -49,14 +49,22 @@ async def open_run_board(doc: dict[str, Any], settings: Settings, workspace_root
 def latest_run_with_bundle(ws: Workspace) -> Path | None:
     """The newest run that has pushed or compiled a bundle."""
     for r in ws.list_runs():
-        if (r.path / "artifacts" / "board" / "board.json").is_file() or \
-                (r.path / "artifacts" / "compile" / "bundle" / "bundle.json").is_file():
+        if (r.path / "artifacts" / "board" / "board.json").is_file() or (
+            r.path / "artifacts" / "compile" / "bundle" / "bundle.json"
+        ).is_file():
             return r.path
     return None
 
 
-async def chat_target(ws: Workspace, settings: Settings, *, run_dir: Path | None, board: str | None,
-                      bundle: str | None, say: Callable[[str], None] = lambda _m: None) -> ChatTarget:
+async def chat_target(
+    ws: Workspace,
+    settings: Settings,
+    *,
+    run_dir: Path | None,
+    board: str | None,
+    bundle: str | None,
+    say: Callable[[str], None] = lambda _m: None,
+) -> ChatTarget:
     """The board (named, else the run's, else the simulator) and the bundle on it: a bundle folder given here
     or the run's compiled bundle is pushed first when the run's board stage did not put it on this board; a
     path that is no local folder is taken as a bundle folder already on the board."""
@@ -72,8 +80,10 @@ async def chat_target(ws: Workspace, settings: Settings, *, run_dir: Path | None
         else:
             remote = bundle
     elif run_dir is None:
-        raise ServiceError("No run with a bundle in this workspace.",
-                           "Run the flow first (`hexstudio run`), or pass --bundle DIR.")
+        raise ServiceError(
+            "No run with a bundle in this workspace.",
+            "Run the flow first (`hexstudio run`), or pass --bundle DIR.",
+        )
     elif doc.get("board") == name and doc.get("remote_bundle"):
         remote = str(doc["remote_bundle"])
         pushed_from = run_dir / "artifacts" / "compile" / "bundle"
@@ -82,8 +92,10 @@ async def chat_target(ws: Workspace, settings: Settings, *, run_dir: Path | None
             # one it pushed? (sizes and ctimes against this studio's record; sha256 on the board where they moved)
             bad = await recheck_pushed(target_board, pushed_from, posixpath.basename(remote.rstrip("/")))
             if bad:
-                say(f"{len(bad)} file(s) of the bundle changed on {target_board.label} since the push (first: "
-                    f"{bad[0]['path']}: {bad[0]['why']}); sending them again")
+                say(
+                    f"{len(bad)} file(s) of the bundle changed on {target_board.label} since the push (first: "
+                    f"{bad[0]['path']}: {bad[0]['why']}); sending them again"
+                )
                 local = pushed_from
     else:
         local = run_dir / "artifacts" / "compile" / "bundle"

@@ -29,21 +29,33 @@ def model_config(model: str, revision: str | None = None) -> dict[str, Any]:
     if model.startswith(("/", "./", "../", "~")) or local.exists() or model.count("/") > 1 or "\\" in model:
         # a path, not a Hugging Face id (those are `name` or `owner/name`): say so, not a hub error
         what = "is a file, not a model folder" if local.exists() else "does not exist"
-        raise ServiceError(f"The model folder {local} {what}.",
-                       "Give a folder holding config.json, the tokenizer files and *.safetensors, or a Hugging "
-                       f"Face id such as meta-llama/Llama-3.2-1B-Instruct (or {BUILTIN_MODEL_ID}).")
-    return fetch_config(model, revision)   # HubConfigError says what to do
+        raise ServiceError(
+            f"The model folder {local} {what}.",
+            "Give a folder holding config.json, the tokenizer files and *.safetensors, or a Hugging "
+            f"Face id such as meta-llama/Llama-3.2-1B-Instruct (or {BUILTIN_MODEL_ID}).",
+        )
+    return fetch_config(model, revision)  # HubConfigError says what to do
 
 
-def inspect(model: str, context_length: int | None, ar_n: int | None, parts: int | None,
-            board_ram_gib: float | None = None, revision: str | None = None) -> dict[str, Any]:
+def inspect(
+    model: str,
+    context_length: int | None,
+    ar_n: int | None,
+    parts: int | None,
+    board_ram_gib: float | None = None,
+    revision: str | None = None,
+) -> dict[str, Any]:
     info = modelinfo.inspect_config(model_config(model, revision))
     out: dict[str, Any] = {"model": model, "revision": revision, **info}
     if not info["supported"]:
         return out
     # "auto" (an option left out) resolved as the Model stage resolves it
-    asked = {"context_length": context_length or AUTO, "parts": parts or AUTO, "ar_n": ar_n or DEFAULTS.ar_n,
-             "board_ram_bytes": int(board_ram_gib * 1024**3) if board_ram_gib else None}
+    asked = {
+        "context_length": context_length or AUTO,
+        "parts": parts or AUTO,
+        "ar_n": ar_n or DEFAULTS.ar_n,
+        "board_ram_bytes": int(board_ram_gib * 1024**3) if board_ram_gib else None,
+    }
     r, plan = resolve_settings(info, asked, builtin=model.startswith("builtin:"))
     err = modelinfo.check_context(info, r["context_length"], r["ar_n"])
     if err:

@@ -50,47 +50,81 @@ def context_variants(settings: dict[str, Any]) -> int:
 
 def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], ResolvedSettings]:
     info = modelinfo.inspect_config(model_config(model))
-    if info.get("error"):   # a number out of any real model's range (workers.shared.config_bounds)
+    if info.get("error"):  # a number out of any real model's range (workers.shared.config_bounds)
         raise ServiceError(info["error"]["message"], info["error"].get("hint"))
     if not info["supported"]:
-        raise ServiceError(info["reason"], "Pick a dense Llama-family model (Llama 3.x, Nemotron-Nano-8B, Qwen2/3).")
+        raise ServiceError(
+            info["reason"], "Pick a dense Llama-family model (Llama 3.x, Nemotron-Nano-8B, Qwen2/3)."
+        )
     r = resolve_estimate_settings(info, model, settings)
     err = modelinfo.check_context(info, r["context_length"], r["ar_n"])
     if err:
         raise ServiceError(err)
-    needs = modelinfo.estimate(info, r["context_length"], r["ar_n"], r["parts"], r["calibration_samples"],
-                               r["calibration_seq_len"], context_variants=context_variants(settings))
+    needs = modelinfo.estimate(
+        info,
+        r["context_length"],
+        r["ar_n"],
+        r["parts"],
+        r["calibration_samples"],
+        r["calibration_seq_len"],
+        context_variants=context_variants(settings),
+    )
     return needs, r
 
 
-def preflight_report(model: str, context_length: int | None, ar_n: int | None, workspace: Path,
-                     smoke: bool = True, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+def preflight_report(
+    model: str,
+    context_length: int | None,
+    ar_n: int | None,
+    workspace: Path,
+    smoke: bool = True,
+    settings: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     t0 = time.time()
     s = run_settings({**(settings or {}), "context_length": context_length, "ar_n": ar_n})
     needs, resolved = model_needs(model, s)
     p = probe(workspace, hub_cache(), smoke=smoke)
     checks = run_checks(p, needs)
-    return {"model": model, "context_length": resolved["context_length"], "settings": resolved, "needs": needs,
-            "probe": p, "checks": checks,
-            "checks_failed": sum(c["status"] == "fail" for c in checks),
-            "checks_warned": sum(c["status"] == "warn" for c in checks), "seconds": round(time.time() - t0, 2)}
+    return {
+        "model": model,
+        "context_length": resolved["context_length"],
+        "settings": resolved,
+        "needs": needs,
+        "probe": p,
+        "checks": checks,
+        "checks_failed": sum(c["status"] == "fail" for c in checks),
+        "checks_warned": sum(c["status"] == "warn" for c in checks),
+        "seconds": round(time.time() - t0, 2),
+    }
 
 
-def wslconfig_plan(model: str, context_length: int | None, ar_n: int | None, path: Path | None,
-                   memory_gb: int | None = None, swap_gb: int | None = None,
-                   settings: dict[str, Any] | None = None) -> tuple[wslconfig.Plan, dict[str, Any]]:
+def wslconfig_plan(
+    model: str,
+    context_length: int | None,
+    ar_n: int | None,
+    path: Path | None,
+    memory_gb: int | None = None,
+    swap_gb: int | None = None,
+    settings: dict[str, Any] | None = None,
+) -> tuple[wslconfig.Plan, dict[str, Any]]:
     """What `--write-wslconfig` would write, plus what it is based on (live memory, this model's need)."""
     path = path or wslconfig.locate()
     if path is None:
-        raise ServiceError("Cannot find the Windows user's .wslconfig: this does not look like WSL "
-                       "(no wslvar/cmd.exe/wslpath).",
-                       "Give its path: --wslconfig /mnt/c/Users/<you>/.wslconfig")
+        raise ServiceError(
+            "Cannot find the Windows user's .wslconfig: this does not look like WSL "
+            "(no wslvar/cmd.exe/wslpath).",
+            "Give its path: --wslconfig /mnt/c/Users/<you>/.wslconfig",
+        )
     mem = meminfo()
-    basis: dict[str, Any] = {"mem_total_bytes": mem.get("MemTotal", 0), "swap_total_bytes": mem.get("SwapTotal", 0)}
+    basis: dict[str, Any] = {
+        "mem_total_bytes": mem.get("MemTotal", 0),
+        "swap_total_bytes": mem.get("SwapTotal", 0),
+    }
     enough = False
     if memory_gb is None and swap_gb is None:
-        needs, _ = model_needs(model, run_settings({**(settings or {}), "context_length": context_length,
-                                                    "ar_n": ar_n}))
+        needs, _ = model_needs(
+            model, run_settings({**(settings or {}), "context_length": context_length, "ar_n": ar_n})
+        )
         need = int(needs["quantize_peak_rss_bytes"])
         basis["quantize_peak_rss_bytes"] = need
         # the same margin as the memory check: when it passes there is nothing to raise
@@ -106,4 +140,6 @@ def wslconfig_plan(model: str, context_length: int | None, ar_n: int | None, pat
             pl.notes.append("WSL already has enough RAM + swap for this model (the memory check passes).")
         return pl, basis
     except OSError as exc:
-        raise ServiceError(f"Cannot read {path}: {exc.strerror or exc}.", "Check the path and its permissions.") from None
+        raise ServiceError(
+            f"Cannot read {path}: {exc.strerror or exc}.", "Check the path and its permissions."
+        ) from None

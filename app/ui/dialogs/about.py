@@ -25,16 +25,19 @@ class AboutDialog(QDialog):
         from app import __version__
         from app.core.paths import REPO_ROOT
         from app.core.secrets import backend_info, stored_where
+
         self.setWindowTitle("About HexStudio")
         self.setObjectName("about_dialog")
         lay = QVBoxLayout(self)
         docs = REPO_ROOT / "docs"
-        links = " · ".join(f"<a href='{QUrl.fromLocalFile(str(docs / f)).toString()}'>{f}</a>"
-                           for f in ("gui.md", "genie.md", "board.md", "reports.md", "PERFORMANCE.md")
-                           if (docs / f).is_file())
+        links = " · ".join(
+            f"<a href='{QUrl.fromLocalFile(str(docs / f)).toString()}'>{f}</a>"
+            for f in ("gui.md", "genie.md", "board.md", "reports.md", "PERFORMANCE.md")
+            if (docs / f).is_file()
+        )
         readme = REPO_ROOT / "README.md"
         run = controller.manifest
-        kb = backend_info()       # the keyring backend in use, and whether it encrypts (issue 27)
+        kb = backend_info()  # the keyring backend in use, and whether it encrypts (issue 27)
         self.text = QLabel(
             f"<h2>HexStudio {__version__}</h2>"
             "<p>Deploys Hugging Face LLMs to Qualcomm Hexagon NPU boards: quantize (AIMET-ONNX W4A16), validate, "
@@ -42,12 +45,17 @@ class AboutDialog(QDialog):
             f"<p><b>Versions</b>: Python {platform.python_version()} · Qt {qVersion()} · PySide6 "
             f"{PySide6.__version__} · pyqtgraph {pyqtgraph.__version__} · {html.escape(platform.platform())}</p>"
             f"<p><b>Documentation</b>: <a href='{QUrl.fromLocalFile(str(readme)).toString()}'>README</a> · {links}</p>"
-            + (f"<p style='color:{STATE_COLORS['failed']}'><b>Warning</b>: secrets (passwords, tokens) are kept "
-               if kb.get("warning") else "<p><b>Secrets</b> (passwords, tokens) are kept ")
+            + (
+                f"<p style='color:{STATE_COLORS['failed']}'><b>Warning</b>: secrets (passwords, tokens) are kept "
+                if kb.get("warning")
+                else "<p><b>Secrets</b> (passwords, tokens) are kept "
+            )
             + f"{html.escape(stored_where(kb))}.</p>"
             f"<p><b>Studio log</b>: {html.escape(str(log_dir()))}<br>"
             f"<b>Workspace</b>: {html.escape(str(controller.workspace.root))}"
-            + (f"<br><b>This run's logs</b>: {html.escape(str(run.run_dir / 'logs'))}" if run else "") + "</p>")
+            + (f"<br><b>This run's logs</b>: {html.escape(str(run.run_dir / 'logs'))}" if run else "")
+            + "</p>"
+        )
         self.text.setTextFormat(Qt.TextFormat.RichText)
         self.text.setWordWrap(True)
         self.text.setOpenExternalLinks(True)

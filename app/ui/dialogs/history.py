@@ -30,7 +30,9 @@ class HistoryDialog(QDialog):
                 st = m.stage(s.name).data
                 if st.get("started"):
                     out = st.get("outcome") or {}
-                    detail = f"{st.get('state')} after {st.get('duration_s')} s (attempt {st.get('attempts')})"
+                    detail = (
+                        f"{st.get('state')} after {st.get('duration_s')} s (attempt {st.get('attempts')})"
+                    )
                     if out.get("message") and out.get("kind") != "ok":
                         detail += f": {out.get('message')}"
                     rows.append((str(st.get("started")), f"stage {s.name}", detail))

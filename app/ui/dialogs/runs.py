@@ -37,7 +37,7 @@ def run_row(s: RunSummary) -> dict[str, Any]:
     except (OSError, ValueError):
         data = {}
     stages = data.get("stages") or {}
-    try:   # the one status model (app.core.status): the same words as the stage list, the report and the CLI
+    try:  # the one status model (app.core.status): the same words as the stage list, the report and the CLI
         statuses = stage_statuses(RunManifest.load(s.path))
         rs = run_status(statuses)
         # a run completed past an overridden gate carries the override's mark, never a plain tick
@@ -52,8 +52,13 @@ def run_row(s: RunSummary) -> dict[str, Any]:
         v = v.get("value") if isinstance(v, dict) else v
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    peaks = [float(p) for st in stages.values() if isinstance(st, dict)
-             for p in [st.get("peak_rss_bytes")] if isinstance(p, (int, float))]
+    peaks = [
+        float(p)
+        for st in stages.values()
+        if isinstance(st, dict)
+        for p in [st.get("peak_rss_bytes")]
+        if isinstance(p, (int, float))
+    ]
     chat_source = ""
     cj = s.path / "artifacts" / "chat" / "chat.json"
     if cj.is_file():
@@ -61,10 +66,20 @@ def run_row(s: RunSummary) -> dict[str, Any]:
             chat_source = str(json.loads(cj.read_text(encoding="utf-8")).get("source") or "")
         except (OSError, ValueError):
             chat_source = ""
-    return {"run": s.run_id, "name": data.get("name") or s.run_id, "model": s.model, "created": s.created,
-            "status": status, "status_key": status_key, "verdict": verdict, "tok_s": metric("chat", "gen_tok_s"),
-            "ttft_ms": metric("chat", "ttft_ms"), "peak_rss": max(peaks) if peaks else None, "board": s.board,
-            "source": chat_source}
+    return {
+        "run": s.run_id,
+        "name": data.get("name") or s.run_id,
+        "model": s.model,
+        "created": s.created,
+        "status": status,
+        "status_key": status_key,
+        "verdict": verdict,
+        "tok_s": metric("chat", "gen_tok_s"),
+        "ttft_ms": metric("chat", "ttft_ms"),
+        "peak_rss": max(peaks) if peaks else None,
+        "board": s.board,
+        "source": chat_source,
+    }
 
 
 class SortItem(QTableWidgetItem):
@@ -96,8 +111,10 @@ class RunsDialog(QDialog):
         self.setObjectName("runs_dialog")
         self.resize(1100, 520)
         lay = QVBoxLayout(self)
-        where = QLabel(f"Runs in {controller.workspace.runs_dir} — click a column to sort; select two or more "
-                       "to compare them.")
+        where = QLabel(
+            f"Runs in {controller.workspace.runs_dir} — click a column to sort; select two or more "
+            "to compare them."
+        )
         where.setWordWrap(True)
         lay.addWidget(where)
         self.table = QTableWidget(0, len(RUN_COLUMNS))
@@ -117,8 +134,9 @@ class RunsDialog(QDialog):
         self.open_button = bb.addButton("Open", QDialogButtonBox.ButtonRole.AcceptRole)
         self.compare_button = bb.addButton("Compare…", QDialogButtonBox.ButtonRole.ActionRole)
         self.compare_button.setObjectName("compare_button")
-        self.compare_button.setToolTip("Side by side: settings, metrics and KPIs of the selected runs (the first "
-                                       "one is the baseline)")
+        self.compare_button.setToolTip(
+            "Side by side: settings, metrics and KPIs of the selected runs (the first one is the baseline)"
+        )
         self.delete_button = bb.addButton("Delete…", QDialogButtonBox.ButtonRole.DestructiveRole)
         bb.addButton(QDialogButtonBox.StandardButton.Close)
         bb.accepted.connect(self.accept)
@@ -137,18 +155,28 @@ class RunsDialog(QDialog):
         for r, row in enumerate(self.rows):
             tag = " (sim)" if row["source"] == "simulated" else ""
             cells = [
-                SortItem(row["name"]), SortItem(row["model"]),
+                SortItem(row["name"]),
+                SortItem(row["model"]),
                 SortItem(str(row["created"]).replace("T", " ")[:19], row["created"]),
-                SortItem(row["status"]), SortItem(row["verdict"]),
-                SortItem("" if row["tok_s"] is None else f"{fmt_rate(row['tok_s'])}{tag}", row["tok_s"] or -1.0),
-                SortItem("" if row["ttft_ms"] is None else f"{row['ttft_ms']:.0f}{tag}",
-                         row["ttft_ms"] if row["ttft_ms"] is not None else float("inf")),
-                SortItem("" if row["peak_rss"] is None else human_bytes(row["peak_rss"]), row["peak_rss"] or -1.0),
+                SortItem(row["status"]),
+                SortItem(row["verdict"]),
+                SortItem(
+                    "" if row["tok_s"] is None else f"{fmt_rate(row['tok_s'])}{tag}", row["tok_s"] or -1.0
+                ),
+                SortItem(
+                    "" if row["ttft_ms"] is None else f"{row['ttft_ms']:.0f}{tag}",
+                    row["ttft_ms"] if row["ttft_ms"] is not None else float("inf"),
+                ),
+                SortItem(
+                    "" if row["peak_rss"] is None else human_bytes(row["peak_rss"]), row["peak_rss"] or -1.0
+                ),
                 SortItem(row["board"]),
             ]
             cells[0].setData(Qt.ItemDataRole.UserRole, row["run"])
             cells[0].setToolTip(f"{row['run']}\n{row['model']}")
-            run_kind = {"complete": "passed", "in_progress": "pending"}.get(row["status_key"], row["status_key"])
+            run_kind = {"complete": "passed", "in_progress": "pending"}.get(
+                row["status_key"], row["status_key"]
+            )
             cells[3].setIcon(state_icon(run_kind))
             if run_kind in KINDS:
                 cells[3].setForeground(QColor(KINDS[run_kind].color))
@@ -213,8 +241,12 @@ class RunsDialog(QDialog):
         rid = self.selected()
         if rid is None:
             return
-        if QMessageBox.question(self, "Delete run", f"Delete run {rid} and all its files? This cannot be undone.") \
-                == QMessageBox.StandardButton.Yes:
+        if (
+            QMessageBox.question(
+                self, "Delete run", f"Delete run {rid} and all its files? This cannot be undone."
+            )
+            == QMessageBox.StandardButton.Yes
+        ):
             try:
                 self.c.delete_run(rid)
             except RuntimeError as exc:

@@ -41,11 +41,11 @@ from app.ui.controller import RunController
 from app.ui.errors import log_link_html
 from app.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, fmt_value, heading, note
 
-SettingSpec = tuple[str, str, Any]   # (key, label, kind: "int" | "bool" | "text" | list of choices)
+SettingSpec = tuple[str, str, Any]  # (key, label, kind: "int" | "bool" | "text" | list of choices)
 
 
 def _when(started: Any) -> str:
-    """ ' (started 14:02:07)' from an ISO time stamp; '' when there is none."""
+    """' (started 14:02:07)' from an ISO time stamp; '' when there is none."""
     text = str(started or "")
     return f" (started {text[11:19]})" if len(text) >= 19 else ""
 
@@ -82,23 +82,23 @@ def focusable_in(layout: QLayout) -> list[QWidget]:
     return out
 
 
-
 class StagePage(QWidget):
     """Subclasses add widgets to `self.inputs_box` / `self.results_box` and override refresh_results()."""
 
     settings_fields: tuple[SettingSpec, ...] = ()
 
-    def __init__(self, stage_name: str, controller: RunController, parent: QWidget | None = None,
-                 scroll: bool = True) -> None:
+    def __init__(
+        self, stage_name: str, controller: RunController, parent: QWidget | None = None, scroll: bool = True
+    ) -> None:
         super().__init__(parent)
         self.stage: Stage = get_stage(stage_name)
         self.c = controller
-        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)   # holds the focus while its Run button is disabled
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)  # holds the focus while its Run button is disabled
         self.setObjectName(f"page_{stage_name}")
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         body = QWidget()
-        if scroll:   # a page taller than the window scrolls; the Chat page lays itself out to fit instead
+        if scroll:  # a page taller than the window scrolls; the Chat page lays itself out to fit instead
             area = QScrollArea()
             self.scroll_area: QScrollArea | None = area
             area.setWidgetResizable(True)
@@ -150,7 +150,9 @@ class StagePage(QWidget):
         self.gate_label.setObjectName("gate_label")
         gl.addWidget(self.gate_label)
         self.override_button = QPushButton("Override the gate…")
-        self.override_button.setToolTip("Continue past this failed gate; the override and your reason are recorded")
+        self.override_button.setToolTip(
+            "Continue past this failed gate; the override and your reason are recorded"
+        )
         self.override_button.clicked.connect(self.override)
         self.override_button.setVisible(False)
         gl.addWidget(self.override_button, 0, Qt.AlignmentFlag.AlignLeft)
@@ -160,7 +162,7 @@ class StagePage(QWidget):
         self.results_layout = QVBoxLayout(self.results_box)
         self.outcome_label = note("")
         self.outcome_label.setObjectName("outcome_label")
-        self.outcome_label.setOpenExternalLinks(True)   # a failure links to the studio log
+        self.outcome_label.setOpenExternalLinks(True)  # a failure links to the studio log
         self.outcome_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.results_layout.addWidget(self.outcome_label)
         self.metrics = KeyValueTable(["metric", "value", "scope"])
@@ -179,7 +181,9 @@ class StagePage(QWidget):
         for w in focusable_in(self.body):
             if isinstance(w, (QPushButton, QToolButton)):
                 actions.append(w)
-            elif isinstance(w, QAbstractItemView) or (isinstance(w, (QTextEdit, QPlainTextEdit)) and w.isReadOnly()):
+            elif isinstance(w, QAbstractItemView) or (
+                isinstance(w, (QTextEdit, QPlainTextEdit)) and w.isReadOnly()
+            ):
                 results.append(w)
             else:
                 inputs.append(w)
@@ -212,7 +216,9 @@ class StagePage(QWidget):
             combo = QComboBox()
             combo.addItems([str(x) for x in kind])
             combo.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
-            combo.activated.connect(lambda _i, k=key, b=combo: self.set_setting(k, b.currentText()))   # the user's
+            combo.activated.connect(
+                lambda _i, k=key, b=combo: self.set_setting(k, b.currentText())
+            )  # the user's
             w = combo
         else:
             le = QLineEdit()
@@ -248,8 +254,9 @@ class StagePage(QWidget):
         # the Run button is about to be disabled: Qt would pass its focus to the next widget down the page and
         # scroll there, taking the status line and the Run buttons out of view; the page keeps the focus instead
         if self.run_button.hasFocus() or self.rerun_button.hasFocus():
-            self._focus_back: QPushButton | None = (self.rerun_button if self.rerun_button.hasFocus()
-                                                    else self.run_button)
+            self._focus_back: QPushButton | None = (
+                self.rerun_button if self.rerun_button.hasFocus() else self.run_button
+            )
             self.setFocus(Qt.FocusReason.OtherFocusReason)
         if self.scroll_area is not None:
             self.scroll_area.ensureWidgetVisible(self.state_label)
@@ -262,8 +269,9 @@ class StagePage(QWidget):
             self.outcome_label.setText(f"<span style='color:{STATE_COLORS['failed']}'>{exc}</span>")
 
     def override(self) -> None:
-        reason, ok = QInputDialog.getText(self, "Override the gate",
-                                          f"Why continue past the {self.stage.title} gate? (recorded in the run)")
+        reason, ok = QInputDialog.getText(
+            self, "Override the gate", f"Why continue past the {self.stage.title} gate? (recorded in the run)"
+        )
         if ok and reason.strip():
             self.c.override_gate(self.stage.name, reason.strip())
             self.refresh()
@@ -286,13 +294,14 @@ class StagePage(QWidget):
     def refresh(self) -> None:
         m = self.c.manifest
         state = self.c.state(self.stage.name)
-        status = self.c.status(self.stage.name)   # the one status model: the stage list says the same
+        status = self.c.status(self.stage.name)  # the one status model: the stage list says the same
         attempt = int(m.stage(self.stage.name).data.get("attempts") or 0) if m is not None else 0
         label = STATE_TEXT.get(status.key, status.word)
         if status.key == "running":
             label = f"working… (attempt {max(attempt, 1)})"
-        self.state_label.setText(f"<span style='color:{status.color}'>{html.escape(status.symbol)} "
-                                 f"{html.escape(label)}</span>")
+        self.state_label.setText(
+            f"<span style='color:{status.color}'>{html.escape(status.symbol)} {html.escape(label)}</span>"
+        )
         self.state_label.setToolTip(status.kind.explain)
         self.state_label.setProperty("status", status.key)
         busy = self.c.busy
@@ -300,11 +309,12 @@ class StagePage(QWidget):
         # while the stage runs, what is shown below is the previous attempt's: greyed and said so
         self.results_box.setEnabled(not running)
         self.gate_box.setEnabled(not running)
-        self.results_box.setTitle("Results — from the previous attempt; this stage is running now" if running
-                                  else "Results")
+        self.results_box.setTitle(
+            "Results — from the previous attempt; this stage is running now" if running else "Results"
+        )
         self.run_button.setEnabled(m is not None and not busy)
         back = getattr(self, "_focus_back", None)
-        if back is not None and not busy and self.hasFocus():   # the run ended: the focus goes back to Run
+        if back is not None and not busy and self.hasFocus():  # the run ended: the focus goes back to Run
             self._focus_back = None
             back.setFocus(Qt.FocusReason.OtherFocusReason)
         self.rerun_button.setEnabled(m is not None and not busy and state in ("done", "stale", "failed"))
@@ -318,15 +328,20 @@ class StagePage(QWidget):
             return
         st = m.stage(self.stage.name)
         if status.key in ("passed", "gate_failed", "overridden"):
-            text = {"passed": "✓ passed: ", "gate_failed": "! gate failed: ",
-                    "overridden": "⚑ gate failed, overridden: "}[status.key] + str(status.gate_reason)
+            text = {
+                "passed": "✓ passed: ",
+                "gate_failed": "! gate failed: ",
+                "overridden": "⚑ gate failed, overridden: ",
+            }[status.key] + str(status.gate_reason)
             if status.override:
                 text = f"{text}<br><b>{html.escape(override_text(status.override))}</b>"
             self.gate_label.setText(f"<span style='color:{status.color}'>{text}</span>")
             self.override_button.setVisible(status.key == "gate_failed" and status.overridable and not busy)
         elif status.key == "stale" and status.gate_reason:
-            self.gate_label.setText(f"<span style='color:{status.color}'>↻ stale (runs again on resume); last "
-                                    f"gate: {html.escape(status.gate_reason)}</span>")
+            self.gate_label.setText(
+                f"<span style='color:{status.color}'>↻ stale (runs again on resume); last "
+                f"gate: {html.escape(status.gate_reason)}</span>"
+            )
             self.override_button.setVisible(False)
         else:
             self.gate_label.setText("not evaluated yet")
@@ -335,28 +350,41 @@ class StagePage(QWidget):
         if running:
             for lab in self.transient_labels:
                 lab.setText("")
-            self.outcome_label.setText(f"Attempt {max(attempt, 1)} is running: the job dock below shows its progress "
-                                       "and log.")
+            self.outcome_label.setText(
+                f"Attempt {max(attempt, 1)} is running: the job dock below shows its progress and log."
+            )
         elif out and out.get("kind") == "cancelled":
-            self.outcome_label.setText(f"<span style='color:{STATE_COLORS['cancelled']}'><b>Attempt {attempt} was "
-                                       f"cancelled by you</b>{_when(st.data.get('started'))}.</span> Run it again "
-                                       "when you are ready.")
+            self.outcome_label.setText(
+                f"<span style='color:{STATE_COLORS['cancelled']}'><b>Attempt {attempt} was "
+                f"cancelled by you</b>{_when(st.data.get('started'))}.</span> Run it again "
+                "when you are ready."
+            )
         elif out and out.get("kind") not in (None, "ok"):
             hint = f"<br><b>What to do:</b> {html.escape(str(out['hint']))}" if out.get("hint") else ""
-            what = ("was interrupted (the studio or the machine stopped while it ran)" if state == "interrupted"
-                    else "failed")
-            self.outcome_label.setText(f"<span style='color:{STATE_COLORS['failed']}'><b>Attempt {attempt} {what}"
-                                       f"{_when(st.data.get('started'))}:</b> "
-                                       f"{html.escape(str(out.get('message')))}</span>{hint}{log_link_html()}")
+            what = (
+                "was interrupted (the studio or the machine stopped while it ran)"
+                if state == "interrupted"
+                else "failed"
+            )
+            self.outcome_label.setText(
+                f"<span style='color:{STATE_COLORS['failed']}'><b>Attempt {attempt} {what}"
+                f"{_when(st.data.get('started'))}:</b> "
+                f"{html.escape(str(out.get('message')))}</span>{hint}{log_link_html()}"
+            )
         elif state in ("done", "stale"):
             dur = st.data.get("duration_s")
             peak = st.data.get("peak_rss_bytes")
-            self.outcome_label.setText(f"Completed in {fmt_value(dur)} s" + (
-                f", peak RSS {fmt_value(peak, 'bytes')}" if peak else "") + ".")
+            self.outcome_label.setText(
+                f"Completed in {fmt_value(dur)} s"
+                + (f", peak RSS {fmt_value(peak, 'bytes')}" if peak else "")
+                + "."
+            )
         else:
             self.outcome_label.setText("")
-        rows = [[k, fmt_value(v.get("value"), v.get("unit")), str(v.get("scope") or "")]
-                for k, v in st.metrics.items()]
+        rows = [
+            [k, fmt_value(v.get("value"), v.get("unit")), str(v.get("scope") or "")]
+            for k, v in st.metrics.items()
+        ]
         self.metrics.set_rows(rows)
         self.refresh_results()
 

@@ -55,7 +55,7 @@ class BoardPage(StagePage):
         self.boards.setWordWrap(True)
         self.boards.setResizeMode(QListWidget.ResizeMode.Adjust)
         self.boards.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.board_states: dict[str, tuple[str, str, str]] = {}   # name -> (state, detail, when)
+        self.board_states: dict[str, tuple[str, str, str]] = {}  # name -> (state, detail, when)
         left.addWidget(self.boards)
         self.probe_button = QPushButton("Connect and run the doctor")
         self.probe_button.setObjectName("probe_button")
@@ -68,7 +68,9 @@ class BoardPage(StagePage):
         self.edit_button.clicked.connect(self.edit_selected)
         self.remove_button = QPushButton("Remove")
         self.remove_button.setObjectName("remove_board")
-        self.remove_button.setToolTip("Remove the selected board from HexStudio (and its password from the keyring)")
+        self.remove_button.setToolTip(
+            "Remove the selected board from HexStudio (and its password from the keyring)"
+        )
         self.remove_button.clicked.connect(self.remove_selected)
         manage.addWidget(self.edit_button)
         manage.addWidget(self.remove_button)
@@ -135,7 +137,7 @@ class BoardPage(StagePage):
         self.console.setFont(f)
         self.console.setMinimumHeight(140)
         col.addWidget(self.console)
-        self.push_label = note("")   # a long remote path wraps instead of widening the page
+        self.push_label = note("")  # a long remote path wraps instead of widening the page
         self.push_label.setObjectName("push_label")
         col.addWidget(self.push_label)
         self.body.insertWidget(self.body.indexOf(self.results_box), console_box)
@@ -148,8 +150,11 @@ class BoardPage(StagePage):
         # as the page reads: the board list and its Connect button, then the Add a board form
         first = [self.boards, self.probe_button, self.edit_button, self.remove_button]
         form = [w for w in inputs if w not in first]
-        return ([*first, *form, self.add_button], [a for a in actions if a not in (*first, self.add_button)],
-                [r for r in results if r not in first])
+        return (
+            [*first, *form, self.add_button],
+            [a for a in actions if a not in (*first, self.add_button)],
+            [r for r in results if r not in first],
+        )
 
     # -- boards ---------------------------------------------------------------------------------
     def reload_boards(self) -> None:
@@ -189,14 +194,18 @@ class BoardPage(StagePage):
         state, detail, when = self.board_states.get(name) or self._stage_board_state(name)
         icon = {"connecting": "running", "ready": "done", "failed": "failed"}.get(state, "pending")
         line = {"connecting": "connecting…", "ready": f"ready ({when})", "failed": f"FAILED ({when})"}.get(
-            state, "not connected yet")
+            state, "not connected yet"
+        )
         reason = f": {detail}" if state == "failed" and detail else ""
         short = reason if len(reason) <= 90 else reason[:89] + "…"
         item.setText(f"{item.data(257)}\n   {line}{short}")
         item.setIcon(state_icon(icon))
-        item.setToolTip(f"{item.data(257)}\n{state}" + (f" at {when}" if when else "") + (f": {detail}" if detail
-                                                                                            else ""))
-        item.setForeground(QColor(STATE_COLORS["failed"]) if state == "failed" else self.boards.palette().text().color())
+        item.setToolTip(
+            f"{item.data(257)}\n{state}" + (f" at {when}" if when else "") + (f": {detail}" if detail else "")
+        )
+        item.setForeground(
+            QColor(STATE_COLORS["failed"]) if state == "failed" else self.boards.palette().text().color()
+        )
 
     def _stage_board_state(self, name: str) -> tuple[str, str, str]:
         """Before this window connects to it: what the run's Board stage found on its board, so the list agrees
@@ -208,8 +217,11 @@ class BoardPage(StagePage):
         ended = str(m.stage("board").data.get("ended") or "")
         when = ended[11:19] if len(ended) >= 19 else ""
         if st.key in ("passed", "overridden"):
-            return ("ready", "the run's Board stage connected, ran the doctor and pushed the bundle",
-                    f"Board stage {when}".strip())
+            return (
+                "ready",
+                "the run's Board stage connected, ran the doctor and pushed the bundle",
+                f"Board stage {when}".strip(),
+            )
         if st.key in ("failed", "gate_failed"):
             return ("failed", f"the run's Board stage: {st.detail}", f"Board stage {when}".strip())
         return ("not connected", "", "")
@@ -224,12 +236,18 @@ class BoardPage(StagePage):
         name = self.name_edit.text().strip()
         host = self.host_edit.text().strip()
         if not name or not host or name == "sim":
-            self.conn_label.setText(f"<span style='color:{STATE_COLORS['failed']}'>Give the board a name (not "
-                                    "'sim') and a host.</span>")
+            self.conn_label.setText(
+                f"<span style='color:{STATE_COLORS['failed']}'>Give the board a name (not "
+                "'sim') and a host.</span>"
+            )
             return
         auth = self.auth_combo.currentText()
-        cfg: dict[str, Any] = {"host": host, "port": self.port_spin.value(), "user": self.user_edit.text().strip()
-                               or None, "auth": auth}
+        cfg: dict[str, Any] = {
+            "host": host,
+            "port": self.port_spin.value(),
+            "user": self.user_edit.text().strip() or None,
+            "auth": auth,
+        }
         if auth == "key":
             cfg["key_path"] = self.key_edit.text().strip() or "~/.ssh/id_ed25519"
         if auth == "ssh_config":
@@ -242,8 +260,10 @@ class BoardPage(StagePage):
         self.c.settings.save()
         self.reload_boards()
         self.clear_form()
-        self.conn_label.setText(f"Board <b>{html.escape(name)}</b> {'saved' if existed else 'added'}. Select it and "
-                                "run the doctor.")
+        self.conn_label.setText(
+            f"Board <b>{html.escape(name)}</b> {'saved' if existed else 'added'}. Select it and "
+            "run the doctor."
+        )
 
     def clear_form(self) -> None:
         """After a board is added or saved the form is empty again, ready for the next one."""
@@ -254,7 +274,7 @@ class BoardPage(StagePage):
         self.add_button.setText("Add board")
 
     def _manage_enabled(self) -> None:
-        own = self.selected_board() != "sim"   # the simulator board is built in
+        own = self.selected_board() != "sim"  # the simulator board is built in
         self.edit_button.setEnabled(own and not self.c.busy)
         self.remove_button.setEnabled(own and not self.c.busy)
 
@@ -271,8 +291,10 @@ class BoardPage(StagePage):
         self.auth_combo.setCurrentIndex(max(i, 0))
         self.key_edit.setText(str(cfg.get("key_path") or ""))
         self.add_button.setText("Save board")
-        self.conn_label.setText(f"Editing <b>{html.escape(name)}</b>: change the form and Save (a new password "
-                                "replaces the one in the keyring; empty keeps it).")
+        self.conn_label.setText(
+            f"Editing <b>{html.escape(name)}</b>: change the form and Save (a new password "
+            "replaces the one in the keyring; empty keeps it)."
+        )
         self.host_edit.setFocus()
 
     def remove_selected(self, confirm: bool = True) -> None:
@@ -281,15 +303,23 @@ class BoardPage(StagePage):
         name = self.selected_board()
         if name not in self.c.settings.boards:
             return
-        if confirm and QMessageBox.question(self, "Remove board", f"Remove the board {name} from HexStudio? Its "
-                                            "password (if any) is deleted from the keyring; runs that used it keep "
-                                            "their records.") != QMessageBox.StandardButton.Yes:
+        if (
+            confirm
+            and QMessageBox.question(
+                self,
+                "Remove board",
+                f"Remove the board {name} from HexStudio? Its "
+                "password (if any) is deleted from the keyring; runs that used it keep "
+                "their records.",
+            )
+            != QMessageBox.StandardButton.Yes
+        ):
             return
         del self.c.settings.boards[name]
         self.c.settings.save()
         try:
             delete_secret(board_password_key(name))
-        except Exception:   # no keyring entry, or no keyring: nothing to delete
+        except Exception:  # no keyring entry, or no keyring: nothing to delete
             pass
         self.board_states.pop(name, None)
         self.reload_boards()
@@ -299,18 +329,23 @@ class BoardPage(StagePage):
     def confirm_trust(self, host: str, port: int, key_type: str, fp: str) -> bool:
         """First contact: show the host key's fingerprint and ask (tests replace this)."""
         answer = QMessageBox.question(
-            self, "Trust this board?",
+            self,
+            "Trust this board?",
             f"First connection to {host}:{port}.\nIts host key is {key_type}\n{fp}\n\nCompare it with the board's "
-            "own (on the board: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub). Trust it only if they match.")
+            "own (on the board: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub). Trust it only if they match.",
+        )
         return answer == QMessageBox.StandardButton.Yes
 
     def offer_known_hosts(self, host: str, port: int, key_type: str, fp: str, path: Path) -> bool:
         """After the person trusted a host key: also add it to ~/.ssh/known_hosts? (tests replace this)."""
         answer = QMessageBox.question(
-            self, "Also trust it outside HexStudio?",
+            self,
+            "Also trust it outside HexStudio?",
             f"Add {host}:{port} ({key_type} {fp}) to {path} too, so that ssh, scp and your editor trust this "
-            "board without asking again?", QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-            QMessageBox.StandardButton.No)
+            "board without asking again?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            QMessageBox.StandardButton.No,
+        )
         return answer == QMessageBox.StandardButton.Yes
 
     def ask_passphrase(self, key_path: str) -> tuple[str, bool] | None:
@@ -318,8 +353,12 @@ class BoardPage(StagePage):
         dlg = QDialog(self)
         dlg.setWindowTitle("SSH key passphrase")
         lay = QVBoxLayout(dlg)
-        lay.addWidget(note(f"The SSH key {key_path} is encrypted. Its passphrase opens it for this session only, "
-                           "unless you choose to keep it in the system keyring."))
+        lay.addWidget(
+            note(
+                f"The SSH key {key_path} is encrypted. Its passphrase opens it for this session only, "
+                "unless you choose to keep it in the system keyring."
+            )
+        )
         pw = QLineEdit()
         pw.setEchoMode(QLineEdit.EchoMode.Password)
         lay.addWidget(pw)
@@ -339,17 +378,21 @@ class BoardPage(StagePage):
         dlg = QDialog(self)
         dlg.setWindowTitle(f"Fix: {plan.title}")
         lay = QVBoxLayout(dlg)
-        lay.addWidget(note("These exact commands run on the board, in this order (steps already done are "
-                           "skipped):"))
-        text = QPlainTextEdit("\n".join(plan.commands) + ("\n\n" + "\n".join(plan.notes) if plan.notes else ""))
+        lay.addWidget(
+            note("These exact commands run on the board, in this order (steps already done are skipped):")
+        )
+        text = QPlainTextEdit(
+            "\n".join(plan.commands) + ("\n\n" + "\n".join(plan.notes) if plan.notes else "")
+        )
         text.setReadOnly(True)
         lay.addWidget(text)
         pw = QLineEdit()
         pw.setEchoMode(QLineEdit.EchoMode.Password)
         remember = QCheckBox("Remember the sudo password in the system keyring")
         if plan.needs_sudo:
-            pw.setPlaceholderText("sudo password on the board" + (" (stored one is used if empty)"
-                                                                   if stored_password else ""))
+            pw.setPlaceholderText(
+                "sudo password on the board" + (" (stored one is used if empty)" if stored_password else "")
+            )
             lay.addWidget(pw)
             lay.addWidget(remember)
         bb = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
@@ -362,21 +405,27 @@ class BoardPage(StagePage):
         return ok, (pw.text() or stored_password), remember.isChecked()
 
     def choose_qairt_zip(self) -> Path | None:
-        path, _ = QFileDialog.getOpenFileName(self, "The QAIRT SDK zip (from Qualcomm)", str(Path.home()),
-                                              "QAIRT SDK (*.zip)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "The QAIRT SDK zip (from Qualcomm)", str(Path.home()), "QAIRT SDK (*.zip)"
+        )
         return Path(path) if path else None
 
     def choose_geniex_file(self) -> Path | None:
         path, _ = QFileDialog.getOpenFileName(
-            self, "GenieX release file (the CLI tarball or the Python wheel)", str(Path.home()),
-            "GenieX (geniex-cli-linux-arm64-*.tar.gz geniex-*.whl);;All files (*)")
+            self,
+            "GenieX release file (the CLI tarball or the Python wheel)",
+            str(Path.home()),
+            "GenieX (geniex-cli-linux-arm64-*.tar.gz geniex-*.whl);;All files (*)",
+        )
         return Path(path) if path else None
 
     def choose_fix_file(self, fix_id: str) -> tuple[bool, dict[str, Path]]:
         """The file a fix installs from, picked on the workstation (the board needs no internet): (False, {})
         when the user closes the picker."""
-        pickers = {"qairt_install": ("qairt_zip", self.choose_qairt_zip),
-                   "geniex_install": ("geniex_file", self.choose_geniex_file)}
+        pickers = {
+            "qairt_install": ("qairt_zip", self.choose_qairt_zip),
+            "geniex_install": ("geniex_file", self.choose_geniex_file),
+        }
         if fix_id not in pickers:
             return True, {}
         key, choose = pickers[fix_id]
@@ -411,10 +460,11 @@ class BoardPage(StagePage):
         def passphrase(path: str, attempt: int) -> KeyPassphrase | None:
             return given.get(path) if attempt == 0 else None
 
-        for _ in range(6):   # each answer (a host key on the route, a key's passphrase) leads to one more try
+        for _ in range(6):  # each answer (a host key on the route, a key's passphrase) leads to one more try
             try:
-                return await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state,
-                                        passphrase=passphrase)
+                return await open_board(
+                    name, self.c.settings, self.c.workspace.root, on_state=on_state, passphrase=passphrase
+                )
             except HostKeyUnknown as exc:
                 if not self.confirm_trust(exc.host, exc.port, exc.key_type, exc.fingerprint):
                     raise
@@ -422,21 +472,26 @@ class BoardPage(StagePage):
                 path = user_known_hosts_path(cfg)
                 save = self.offer_known_hosts(exc.host, exc.port, exc.key_type, exc.fingerprint, path)
                 trust_host_key(exc.host, exc.port, exc.key, user_known_hosts=path if save else None)
-                self.log(f"trusted {exc.host}:{exc.port} {exc.key_type} {exc.fingerprint}"
-                         + (f" (also added to {path})" if save else ""))
+                self.log(
+                    f"trusted {exc.host}:{exc.port} {exc.key_type} {exc.fingerprint}"
+                    + (f" (also added to {path})" if save else "")
+                )
             except KeyPassphraseNeeded as exc:
                 answer = self.ask_passphrase(exc.key_path)
                 if answer is None:
                     raise
                 given[exc.key_path] = KeyPassphrase(answer[0], remember=answer[1])
-        return await open_board(name, self.c.settings, self.c.workspace.root, on_state=on_state,
-                                passphrase=passphrase)
+        return await open_board(
+            name, self.c.settings, self.c.workspace.root, on_state=on_state, passphrase=passphrase
+        )
 
     def _error(self, exc: Any, board: str | None = None) -> None:
         if board is not None and self.board_states.get(board, ("",))[0] != "failed":
             self.set_board_state(board, "failed", exc.message)
-        self.conn_label.setText(f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(exc.message)}</span>"
-                                + (f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""))
+        self.conn_label.setText(
+            f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(exc.message)}</span>"
+            + (f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else "")
+        )
         self.log(f"FAILED: {exc.message}")
 
     # -- doctor ---------------------------------------------------------------------------------
@@ -447,8 +502,9 @@ class BoardPage(StagePage):
         self.doctor.clear()
         self.fix_buttons: dict[str, QPushButton] = {}
         for d in items:
-            top = QTreeWidgetItem([str(d.get("title") or d.get("id")), str(d.get("status")),
-                                   str(d.get("message") or "")])
+            top = QTreeWidgetItem(
+                [str(d.get("title") or d.get("id")), str(d.get("status")), str(d.get("message") or "")]
+            )
             top.setData(0, 256, d.get("id"))
             top.setForeground(1, QColor(STATUS_COLORS.get(str(d.get("status")), "#8a8f98")))
             top.setToolTip(2, str(d.get("message") or ""))
@@ -458,8 +514,13 @@ class BoardPage(StagePage):
                     top.addChild(QTreeWidgetItem([str(k), "", str(v)[:2000]]))
             else:
                 for e in ev:
-                    child = QTreeWidgetItem([f"$ {e.get('command')}", f"exit {e.get('exit_status')}",
-                                             str(e.get("output") or "").strip()[:2000]])
+                    child = QTreeWidgetItem(
+                        [
+                            f"$ {e.get('command')}",
+                            f"exit {e.get('exit_status')}",
+                            str(e.get("output") or "").strip()[:2000],
+                        ]
+                    )
                     child.setToolTip(2, str(e.get("output") or "")[:4000])
                     top.addChild(child)
             for x in d.get("explained") or []:
@@ -490,8 +551,10 @@ class BoardPage(StagePage):
                 await board.transport.close()
             failing = [i for i in items if i.get("status") == "fail"]
             col = STATE_COLORS["failed" if failing else "done"]
-            self.conn_label.setText(f"<span style='color:{col}'><b>{html.escape(board.label)}</b>: "
-                                    f"{len(failing)} failing check(s) of {len(items)}</span>")
+            self.conn_label.setText(
+                f"<span style='color:{col}'><b>{html.escape(board.label)}</b>: "
+                f"{len(failing)} failing check(s) of {len(items)}</span>"
+            )
         except BoardError as exc:
             self._error(exc, self.selected_board())
         finally:
@@ -507,19 +570,36 @@ class BoardPage(StagePage):
             items = [c.to_dict() for c in self._report.checks]
         else:
             res = await board.transport.run([*board.genie_command, "--help"], timeout=60)
-            items = [{"id": "genie", "title": "genie-t2t-run present and runnable",
-                      "status": "ok" if res.exit_status == 0 else "fail",
-                      "message": "The simulator's genie-t2t-run starts (simulated board).",
-                      "evidence": [{"command": "genie-t2t-run --help", "exit_status": res.exit_status,
-                                    "output": (res.stdout + res.stderr)[-600:]}]},
-                     {"id": "npu", "title": "Hexagon NPU", "status": "skip",
-                      "message": "Simulator board: no Hexagon NPU, FastRPC or QAIRT; the doctor's device checks "
-                                 "apply to real boards.", "evidence": []}]
+            items = [
+                {
+                    "id": "genie",
+                    "title": "genie-t2t-run present and runnable",
+                    "status": "ok" if res.exit_status == 0 else "fail",
+                    "message": "The simulator's genie-t2t-run starts (simulated board).",
+                    "evidence": [
+                        {
+                            "command": "genie-t2t-run --help",
+                            "exit_status": res.exit_status,
+                            "output": (res.stdout + res.stderr)[-600:],
+                        }
+                    ],
+                },
+                {
+                    "id": "npu",
+                    "title": "Hexagon NPU",
+                    "status": "skip",
+                    "message": "Simulator board: no Hexagon NPU, FastRPC or QAIRT; the doctor's device checks "
+                    "apply to real boards.",
+                    "evidence": [],
+                },
+            ]
         for i in items:
             for e in i.get("evidence") or []:
                 if isinstance(e, dict):
-                    self.log(f"$ {e.get('command')}   (exit {e.get('exit_status')})\n"
-                             f"{str(e.get('output') or '').rstrip()[-400:]}")
+                    self.log(
+                        f"$ {e.get('command')}   (exit {e.get('exit_status')})\n"
+                        f"{str(e.get('output') or '').rstrip()[-400:]}"
+                    )
         return items
 
     async def run_fix(self, item: dict[str, Any]) -> Any:
@@ -556,8 +636,10 @@ class BoardPage(StagePage):
         finally:
             await board.transport.close()
         col = STATE_COLORS["done" if res.status in ("applied", "already") else "failed"]
-        self.conn_label.setText(f"<span style='color:{col}'>Fix {html.escape(fix_id)}: {res.status}</span> — "
-                                f"{html.escape(res.message)}")
+        self.conn_label.setText(
+            f"<span style='color:{col}'>Fix {html.escape(fix_id)}: {res.status}</span> — "
+            f"{html.escape(res.message)}"
+        )
         if res.manual_commands:
             self.log("Run these on the board as an administrator:\n  " + "\n  ".join(res.manual_commands))
         if res.checks and hasattr(self, "_report"):
@@ -598,7 +680,7 @@ class BoardPage(StagePage):
                 continue
             msg = str(ev.get("message") or "")
             if not msg or (ev.get("type") == "progress" and msg.startswith("pushing ") and " MB)" in msg):
-                continue   # one line per file pushed is the job dock's business, not the console's
+                continue  # one line per file pushed is the job dock's business, not the console's
             kind = ev.get("type")
             out.append(f"{'WARNING: ' if kind == 'warning' else 'ERROR: ' if kind == 'error' else ''}{msg}")
         if out:
@@ -607,7 +689,7 @@ class BoardPage(StagePage):
                 self.log(text)
 
     def refresh_results(self) -> None:
-        for i in range(self.boards.count()):   # the list agrees with the stage as it ends
+        for i in range(self.boards.count()):  # the list agrees with the stage as it ends
             self._show_board_state(self.boards.item(i))
         self._console_from_stage_log()
         d = self.c.stage_dir("board")
@@ -619,6 +701,8 @@ class BoardPage(StagePage):
         self.show_doctor(list(doc.get("doctor") or []))
         p = doc.get("push") or {}
         sim = " (simulator board: a local copy)" if doc.get("simulated") else ""
-        self.push_label.setText(f"Bundle on the board at {doc.get('remote_bundle')}: sent {p.get('sent_files')} "
-                                f"file(s), {p.get('skipped_files')} unchanged, {p.get('mb_per_s')} MB/s{sim}.")
+        self.push_label.setText(
+            f"Bundle on the board at {doc.get('remote_bundle')}: sent {p.get('sent_files')} "
+            f"file(s), {p.get('skipped_files')} unchanged, {p.get('mb_per_s')} MB/s{sim}."
+        )
         self._push_t0 = 0.0

@@ -79,13 +79,24 @@ class ChatPage(StagePage):
         self.context_panel = ContextPanel()
         self.performance = PerformancePanel()
         s, cx, perf = self.settings_panel, self.context_panel, self.performance
-        self.runtime_combo, self.template_combo, self.thinking_box = s.runtime_combo, s.template_combo, s.thinking_box
+        self.runtime_combo, self.template_combo, self.thinking_box = (
+            s.runtime_combo,
+            s.template_combo,
+            s.thinking_box,
+        )
         self.dialog_combo = s.dialog_combo
-        self.template_in_use, self.system_edit, self.enter_sends_box = s.template_in_use, s.system_edit, \
-            s.enter_sends_box
+        self.template_in_use, self.system_edit, self.enter_sends_box = (
+            s.template_in_use,
+            s.system_edit,
+            s.enter_sends_box,
+        )
         self.max_tokens, self.sampler_combo = s.max_tokens, s.sampler_combo
-        self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin = s.temp_spin, s.topk_spin, s.topp_spin, \
-            s.seed_spin
+        self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin = (
+            s.temp_spin,
+            s.topk_spin,
+            s.topp_spin,
+            s.seed_spin,
+        )
         self.context_meter, self.context_label = cx.context_meter, cx.context_label
         self.kpi_label, self.mode_label = perf.kpi_label, perf.mode_label
         self.rate_plot, self.history_plot = perf.rate_plot, perf.history_plot
@@ -112,8 +123,11 @@ class ChatPage(StagePage):
         # -- conversations (left) -------------------------------------------------------------------
         convs = self.conversations_panel = ConversationsPanel()
         self.new_button, self.conv_list = convs.new_button, convs.conv_list
-        self.copy_button, self.export_button, self.delete_button = convs.copy_button, convs.export_button, \
-            convs.delete_button
+        self.copy_button, self.export_button, self.delete_button = (
+            convs.copy_button,
+            convs.export_button,
+            convs.delete_button,
+        )
         self.new_button.clicked.connect(self.new_chat)
         self.conv_list.itemClicked.connect(self._conversation_clicked)
         self.conv_list.itemActivated.connect(self._conversation_clicked)
@@ -134,11 +148,15 @@ class ChatPage(StagePage):
         self.convs_toggle = QPushButton("Chats")
         self.convs_toggle.setObjectName("show_conversations")
         self.convs_toggle.setCheckable(True)
-        self.convs_toggle.setToolTip("Show or hide the conversations (the window is narrow, so they fold away)")
+        self.convs_toggle.setToolTip(
+            "Show or hide the conversations (the window is narrow, so they fold away)"
+        )
         self.side_toggle = QPushButton("Settings")
         self.side_toggle.setObjectName("show_chat_settings")
         self.side_toggle.setCheckable(True)
-        self.side_toggle.setToolTip("Show or hide the chat settings, context and rates (folded on a narrow window)")
+        self.side_toggle.setToolTip(
+            "Show or hide the chat settings, context and rates (folded on a narrow window)"
+        )
         head.addWidget(self.convs_toggle)
         head.addStretch(1)
         head.addWidget(self.side_toggle)
@@ -259,7 +277,7 @@ class ChatPage(StagePage):
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
-        if self.send_button.isEnabled() or self.busy_chat:   # as chat apps do: ready to type
+        if self.send_button.isEnabled() or self.busy_chat:  # as chat apps do: ready to type
             self.input.setFocus(Qt.FocusReason.OtherFocusReason)
 
     def _send_shortcut(self) -> None:
@@ -270,8 +288,12 @@ class ChatPage(StagePage):
     def eventFilter(self, obj: QObject, ev: QEvent) -> bool:
         """The message box: Enter sends and Shift+Enter starts a new line (or, with "Enter sends" off, Enter is
         a new line); Ctrl+Enter always sends (the page's shortcut)."""
-        if (obj is self.input and ev.type() == QEvent.Type.KeyPress and isinstance(ev, QKeyEvent)
-                and ev.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)):
+        if (
+            obj is self.input
+            and ev.type() == QEvent.Type.KeyPress
+            and isinstance(ev, QKeyEvent)
+            and ev.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        ):
             mods = ev.modifiers()
             if mods & Qt.KeyboardModifier.ShiftModifier:
                 self.input.insertPlainText("\n")
@@ -294,8 +316,11 @@ class ChatPage(StagePage):
 
     def _enter_mode_changed(self) -> None:
         enter = self.enter_sends_box.isChecked()
-        self.input.setPlaceholderText("Ask something… (Enter sends · Shift+Enter new line)" if enter else
-                                      "Ask something… (Ctrl+Enter sends · Enter new line)")
+        self.input.setPlaceholderText(
+            "Ask something… (Enter sends · Shift+Enter new line)"
+            if enter
+            else "Ask something… (Ctrl+Enter sends · Enter new line)"
+        )
         self.save_chat_settings()
 
     # -- a narrow window (1280x720 at 150 %): the side panels fold away behind two buttons -------------
@@ -320,18 +345,35 @@ class ChatPage(StagePage):
 
     def _show_panel(self, panel: QWidget, on: bool) -> None:
         panel.setVisible(on or not self.compact)
-        if on and self.compact:   # one side panel at a time on a narrow window, so the chat keeps its room
-            other, toggle = ((self.side_panel, self.side_toggle) if panel is self.convs_panel else
-                             (self.convs_panel, self.convs_toggle))
+        if on and self.compact:  # one side panel at a time on a narrow window, so the chat keeps its room
+            other, toggle = (
+                (self.side_panel, self.side_toggle)
+                if panel is self.convs_panel
+                else (self.convs_panel, self.convs_toggle)
+            )
             toggle.setChecked(False)
             other.setVisible(False)
 
     def tab_groups(self) -> tuple[list[QWidget], list[QWidget], list[QWidget]]:
         # the message, Send and Stop first; then the chat's settings; then the conversations and the stage
-        inputs: list[QWidget] = [self.input, self.send_button, self.stop_button, self.convs_toggle, self.side_toggle,
-                                 *self.settings_panel.tab_order()]
-        actions: list[QWidget] = [self.new_button, self.conv_list, self.copy_button, self.export_button,
-                                  self.delete_button, self.run_button, self.rerun_button, self.override_button]
+        inputs: list[QWidget] = [
+            self.input,
+            self.send_button,
+            self.stop_button,
+            self.convs_toggle,
+            self.side_toggle,
+            *self.settings_panel.tab_order(),
+        ]
+        actions: list[QWidget] = [
+            self.new_button,
+            self.conv_list,
+            self.copy_button,
+            self.export_button,
+            self.delete_button,
+            self.run_button,
+            self.rerun_button,
+            self.override_button,
+        ]
         return inputs, actions, [self.transcript, self.metrics]
 
     # -- settings -------------------------------------------------------------------------------
@@ -357,9 +399,11 @@ class ChatPage(StagePage):
         """Another dialog: the loaded model goes (the next message loads it again with the conversation kept)."""
         self.save_chat_settings()
         if self.busy_chat:
-            return   # the reply goes on with the dialog it started with; the next message takes the new one
-        self.chat_message.setText(f"Dialog: {html.escape(DIALOG_LABELS.get(self.dialog(), self.dialog()))}; the "
-                                  "next message loads the model with it (the conversation is kept).")
+            return  # the reply goes on with the dialog it started with; the next message takes the new one
+        self.chat_message.setText(
+            f"Dialog: {html.escape(DIALOG_LABELS.get(self.dialog(), self.dialog()))}; the "
+            "next message loads the model with it (the conversation is kept)."
+        )
 
     def show_dialogs(self, doc: dict[str, Any] | None) -> None:
         """List the dialogs the open run's bundle carries (genie_config.<type>.json beside genie_config.json)."""
@@ -381,26 +425,36 @@ class ChatPage(StagePage):
         doc = self.board_doc()
         self.show_dialogs(doc)
         if doc is None:
-            self.board_label.setText("Run the Board stage first: it pushes the bundle that chat runs." if
-                                     self.c.manifest is not None else "No run is open: create one on the Model "
-                                     "page or open one (Ctrl+O).")
+            self.board_label.setText(
+                "Run the Board stage first: it pushes the bundle that chat runs."
+                if self.c.manifest is not None
+                else "No run is open: create one on the Model page or open one (Ctrl+O)."
+            )
             self.send_button.setEnabled(False)
-            self.transcript.set_placeholder("" if self.transcript.bubbles else
-                                            "The Board stage pushes the bundle to the board; then ask here.")
+            self.transcript.set_placeholder(
+                ""
+                if self.transcript.bubbles
+                else "The Board stage pushes the bundle to the board; then ask here."
+            )
             return
         # the board record, or what the runner itself reported (a simulator installed on an SSH board)
         session = self.session
         sim = doc.get("simulated") or (session is not None and session.simulated)
         runner = session.runtime.title if session is not None else "the simulator board"
-        badge = (f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED</b> — {html.escape(runner)} on this "
-                 "CPU; its rates are not device results.</span>" if sim else "<b>device</b>")
+        badge = (
+            f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED</b> — {html.escape(runner)} on this "
+            "CPU; its rates are not device results.</span>"
+            if sim
+            else "<b>device</b>"
+        )
         label = str(doc.get("label"))
         short = label if len(label) <= 48 else label[:22] + "…" + label[-22:]
         self.board_label.setText(f"Board <b>{html.escape(short)}</b> · {badge}")
         self.board_label.setToolTip(label)
         self.send_button.setEnabled(not self.busy_chat)
-        self.transcript.set_placeholder("Ask something: the reply streams in here, with its token rate and "
-                                        "KPIs.")
+        self.transcript.set_placeholder(
+            "Ask something: the reply streams in here, with its token rate and KPIs."
+        )
         self._show_template()
 
     def _show_template(self, t: str | None = None) -> tuple[Any, bool | None]:
@@ -424,7 +478,7 @@ class ChatPage(StagePage):
         conv.system = self.system_edit.text()
         conv.max_reply_tokens = self.max_tokens.value()
         cl = self.context_length()
-        if cl is not None:   # every conversation, new ones too: the model's context, never the 4,096 default
+        if cl is not None:  # every conversation, new ones too: the model's context, never the 4,096 default
             conv.context_length = cl
         if self.c.manifest is not None and self.session is None:
             counter = self.chat.token_counter(self.model_dir())
@@ -442,7 +496,7 @@ class ChatPage(StagePage):
         try:
             self._conversation_settings()
             use = context_use(self.conversation, self.max_tokens.value())
-        except Exception as exc:   # a broken chat template: say so, never break the page
+        except Exception as exc:  # a broken chat template: say so, never break the page
             self.context_panel.show_error(exc)
             return
         self.context_panel.show_use(use)
@@ -509,11 +563,18 @@ class ChatPage(StagePage):
         for t in rec.turns:
             self.transcript.add("user", t.user)
             b = self.transcript.add("assistant", "", on_regenerate=self.regenerate)
-            b.set_text(t.reply + ("" if t.state == "complete" else
-                                  "\n\n*(stopped)*" if t.state == "aborted" else
-                                  "\n\n*(interrupted: the studio stopped during this reply)*"
-                                  if t.state in ("pending", "streaming") else
-                                  f"\n\n*(failed: {t.error or t.state})*"))
+            b.set_text(
+                t.reply
+                + (
+                    ""
+                    if t.state == "complete"
+                    else "\n\n*(stopped)*"
+                    if t.state == "aborted"
+                    else "\n\n*(interrupted: the studio stopped during this reply)*"
+                    if t.state in ("pending", "streaming")
+                    else f"\n\n*(failed: {t.error or t.state})*"
+                )
+            )
             if t.versions:
                 b.set_versions(t.versions, t.version, navigable=t is rec.turns[-1])
                 b.versionChosen.connect(self._version_chosen)
@@ -526,12 +587,19 @@ class ChatPage(StagePage):
 
     def _save_record(self) -> None:
         try:
-            self.chat.save_record(template=self.template_combo.currentText(), system=self.system_edit.text(),
-                                  thinking=self.settings_panel.thinking(), sampler=self.sampler_settings(),
-                                  runtime=self.runtime(), dialog=self.dialog())
+            self.chat.save_record(
+                template=self.template_combo.currentText(),
+                system=self.system_edit.text(),
+                thinking=self.settings_panel.thinking(),
+                sampler=self.sampler_settings(),
+                runtime=self.runtime(),
+                dialog=self.dialog(),
+            )
         except OSError as exc:
-            self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>The conversation could not "
-                                      f"be saved in the run: {html.escape(str(exc))}</span>")
+            self.chat_message.setText(
+                f"<span style='color:{STATE_COLORS['failed']}'>The conversation could not "
+                f"be saved in the run: {html.escape(str(exc))}</span>"
+            )
 
     # -- chat -------------------------------------------------------------------------------------
     async def open_session(self) -> Any:
@@ -542,9 +610,15 @@ class ChatPage(StagePage):
         self._conversation_settings()
         m = self.c.manifest
         mode = await self.chat.open_session(
-            doc, self.c.settings, self.c.workspace.root, self.session_setup(), max_tokens=self.max_tokens.value(),
+            doc,
+            self.c.settings,
+            self.c.workspace.root,
+            self.session_setup(),
+            max_tokens=self.max_tokens.value(),
             run_dir=m.run_dir if m is not None else None,
-            on_status=lambda text: self.chat_message.setText(html.escape(text)), on_genie_log=self.c.runtimeLog.emit)
+            on_status=lambda text: self.chat_message.setText(html.escape(text)),
+            on_genie_log=self.c.runtimeLog.emit,
+        )
         self.refresh_results()  # the runner may have reported itself as the simulator
         self.mode_label.setText(self.chat.mode_text(mode))
         return self.session
@@ -564,7 +638,7 @@ class ChatPage(StagePage):
         if not user or self.board_doc() is None or self.busy_chat:
             return None
         self._set_busy(True)
-        self.save_chat_settings()   # what this message is sent with is what the run keeps
+        self.save_chat_settings()  # what this message is sent with is what the run keeps
         self.chat_message.setText("")
         self.streamed = ""
         self._stop = asyncio.Event()
@@ -578,7 +652,7 @@ class ChatPage(StagePage):
             self._save_record()
             self.reload_conversations()
         self.transcript.add("user", user)
-        for b in self.transcript.bubbles:   # earlier replies' versions are fixed once the chat goes on
+        for b in self.transcript.bubbles:  # earlier replies' versions are fixed once the chat goes on
             if b.versions:
                 b.set_versions(b.versions, b.version, navigable=False)
         bubble = self.transcript.add("assistant", "", on_regenerate=self.regenerate)
@@ -620,17 +694,23 @@ class ChatPage(StagePage):
             if res.note:
                 self.chat_message.setText(html.escape(res.note))
             if res.error and res.state == "failed":
-                self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>Genie failed: "
-                                          f"{html.escape(res.error)}</span>")
+                self.chat_message.setText(
+                    f"<span style='color:{STATE_COLORS['failed']}'>Genie failed: "
+                    f"{html.escape(res.error)}</span>"
+                )
         except ValueError as exc:  # the message alone does not fit in the context
             rec_turn.state, rec_turn.error = "failed", str(exc)
             self.transcript.finish(bubble, f"*(not sent: {exc})*")
-            self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(str(exc))}</span>")
+            self.chat_message.setText(
+                f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(str(exc))}</span>"
+            )
         except (BoardError, SessionError) as exc:
             rec_turn.state, rec_turn.error = "failed", exc.message
             self.transcript.finish(bubble, f"*(failed: {exc.message})*")
-            self.chat_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(exc.message)}</span>"
-                                      + (f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""))
+            self.chat_message.setText(
+                f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(exc.message)}</span>"
+                + (f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else "")
+            )
             await self.close_session()
         finally:
             self._reply_bubble = None
@@ -638,8 +718,15 @@ class ChatPage(StagePage):
                 rec_turn.state = "failed"
             self._rec_turn = None
             if prior:
-                versions = [*prior, {"reply": rec_turn.reply, "kpis": dict(rec_turn.kpis), "state": rec_turn.state,
-                                     "kpi_line": kpi_line(rec_turn.kpis) if rec_turn.kpis else ""}]
+                versions = [
+                    *prior,
+                    {
+                        "reply": rec_turn.reply,
+                        "kpis": dict(rec_turn.kpis),
+                        "state": rec_turn.state,
+                        "kpi_line": kpi_line(rec_turn.kpis) if rec_turn.kpis else "",
+                    },
+                ]
                 bubble.set_versions(versions, len(versions) - 1)
                 rec_turn.versions, rec_turn.version = versions, len(versions) - 1
             self._set_busy(False)
@@ -660,8 +747,13 @@ class ChatPage(StagePage):
         old_bubble = self.transcript.bubbles[-1]
         # the earlier replies are kept: the new one becomes version n+1 (‹ n+1/n+1 ›)
         prior = [dict(v) for v in old_bubble.versions] or [
-            {"reply": last.reply, "kpis": dict(last.kpis), "state": last.state,
-             "kpi_line": kpi_line(last.kpis) if last.kpis else ""}]
+            {
+                "reply": last.reply,
+                "kpis": dict(last.kpis),
+                "state": last.state,
+                "kpi_line": kpi_line(last.kpis) if last.kpis else "",
+            }
+        ]
         if self.record is not None and self.record.turns:
             self.record.turns.pop()
         self.transcript.remove_last()
@@ -672,13 +764,21 @@ class ChatPage(StagePage):
     def _version_chosen(self, index: int) -> None:
         """‹ › on the last reply: that version becomes the reply the conversation continues from."""
         bubble = self.sender()
-        if (self.busy_chat or not isinstance(bubble, MessageBubble) or not self.transcript.bubbles
-                or bubble is not self.transcript.bubbles[-1] or not self.conversation.turns):
+        if (
+            self.busy_chat
+            or not isinstance(bubble, MessageBubble)
+            or not self.transcript.bubbles
+            or bubble is not self.transcript.bubbles[-1]
+            or not self.conversation.turns
+        ):
             return
         v = bubble.versions[index]
         turn = self.conversation.turns[-1]
-        turn.reply, turn.kpis, turn.state = str(v.get("reply") or ""), dict(v.get("kpis") or {}), \
-            str(v.get("state") or "complete")
+        turn.reply, turn.kpis, turn.state = (
+            str(v.get("reply") or ""),
+            dict(v.get("kpis") or {}),
+            str(v.get("state") or "complete"),
+        )
         if self.record is not None and self.record.turns:
             rt = self.record.turns[-1]
             rt.reply, rt.kpis, rt.state, rt.version = turn.reply, dict(turn.kpis), turn.state, index
@@ -688,7 +788,7 @@ class ChatPage(StagePage):
         self.update_context_meter()
 
     async def _regenerate(self, user: str) -> Turn | None:
-        await self.close_session()   # the loaded dialog's KV cache still holds the old reply
+        await self.close_session()  # the loaded dialog's KV cache still holds the old reply
         return await self.send(user)
 
     def show_chunk(self, t: float, text: str, tokens: int | None = None) -> None:
@@ -733,16 +833,23 @@ class ChatPage(StagePage):
             return
         if self.busy_chat:
             self._show_chosen(self._applied)
-            self.chat_message.setText("Wait for the reply to end (or stop it with Esc) before changing the "
-                                      "template or system prompt.")
+            self.chat_message.setText(
+                "Wait for the reply to end (or stop it with Esc) before changing the "
+                "template or system prompt."
+            )
             return
         if self.conversation.turns:
             self._asking = True
             try:
-                box = QMessageBox(QMessageBox.Icon.Question, "Start a new chat?",
-                                  "The template or system prompt changed. The model reads the conversation with "
-                                  "them, so a new chat starts with the new ones.\n\nThis conversation stays in the "
-                                  "list.", QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, self)
+                box = QMessageBox(
+                    QMessageBox.Icon.Question,
+                    "Start a new chat?",
+                    "The template or system prompt changed. The model reads the conversation with "
+                    "them, so a new chat starts with the new ones.\n\nThis conversation stays in the "
+                    "list.",
+                    QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                    self,
+                )
                 box.setObjectName("new_chat_question")
                 box.button(QMessageBox.StandardButton.Yes).setText("New chat")
                 box.button(QMessageBox.StandardButton.No).setText("Keep this chat")
@@ -755,9 +862,11 @@ class ChatPage(StagePage):
                 self.chat_message.setText("Kept this chat and its template and system prompt.")
                 return
             self.new_chat()
-            self.chat_message.setText("The template or system prompt changed: a new chat started (the last one is "
-                                      "kept in the list).")
-        else:   # no messages yet: the model loads again with them at the next send
+            self.chat_message.setText(
+                "The template or system prompt changed: a new chat started (the last one is "
+                "kept in the list)."
+            )
+        else:  # no messages yet: the model loads again with them at the next send
             self._close_later()
         self._applied = self._chosen()
         self.save_chat_settings()
@@ -772,7 +881,7 @@ class ChatPage(StagePage):
             return
         try:
             self.store.save_settings(self.chat_settings())
-        except OSError:   # a read-only run folder: the settings still apply to this session
+        except OSError:  # a read-only run folder: the settings still apply to this session
             pass
 
     def load_chat_settings(self) -> None:
@@ -803,8 +912,10 @@ class ChatPage(StagePage):
     def delete_conversation(self) -> None:
         if self.busy_chat or self.record is None or self.store is None:
             return
-        if QMessageBox.question(self, "Delete conversation", f"Delete “{self.record.title}” from this run?") \
-                != QMessageBox.StandardButton.Yes:
+        if (
+            QMessageBox.question(self, "Delete conversation", f"Delete “{self.record.title}” from this run?")
+            != QMessageBox.StandardButton.Yes
+        ):
             return
         self.chat.delete_record()
         self.new_chat()
@@ -814,10 +925,13 @@ class ChatPage(StagePage):
         QGuiApplication.clipboard().setText(self.conversation.as_markdown())
         flash(self.copy_button)
         n = len(self.conversation.turns)
-        self.chat_message.setText(f"Copied the conversation ({n} {'reply' if n == 1 else 'replies'}) as Markdown.")
+        self.chat_message.setText(
+            f"Copied the conversation ({n} {'reply' if n == 1 else 'replies'}) as Markdown."
+        )
 
     def export_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export the conversation", "conversation.md",
-                                              "Markdown (*.md);;JSON (*.json)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export the conversation", "conversation.md", "Markdown (*.md);;JSON (*.json)"
+        )
         if path:
             self.conversation.save(Path(path))

@@ -80,8 +80,9 @@ class EvaluatePage(StagePage):
         self.source_label = note("")
         self.source_label.setObjectName("eval_source")
         self.results_layout.insertWidget(1, self.source_label)
-        self.scores = _table(["suite", "host float", "host quantized (sim)", "board", "drop float→sim",
-                              "drop sim→board"])
+        self.scores = _table(
+            ["suite", "host float", "host quantized (sim)", "board", "drop float→sim", "drop sim→board"]
+        )
         self.scores.setObjectName("eval_scores")
         self.results_layout.insertWidget(2, self.scores)
         self.plot = StyledPlot()
@@ -89,7 +90,7 @@ class EvaluatePage(StagePage):
         self.plot.setMinimumHeight(190)
         self.plot.setLabel("left", "score")
         self.plot.setYRange(0, 1)
-        self.plot_legend = self.plot.addLegend(offset=(-10, 10))   # which colour is which leg
+        self.plot_legend = self.plot.addLegend(offset=(-10, 10))  # which colour is which leg
         self.results_layout.insertWidget(3, self.plot)
 
         self.compare_box = QGroupBox("Compare runs")
@@ -110,7 +111,7 @@ class EvaluatePage(StagePage):
         self.compare_plot.setMinimumHeight(190)
         self.compare_plot.setLabel("left", "board score")
         self.compare_plot.setYRange(0, 1)
-        self.compare_legend = self.compare_plot.addLegend(offset=(-10, 10))   # which colour is which run
+        self.compare_legend = self.compare_plot.addLegend(offset=(-10, 10))  # which colour is which run
         cl.addWidget(self.compare_plot)
         self.body.insertWidget(self.body.indexOf(self.results_box) + 1, self.compare_box)
 
@@ -140,8 +141,11 @@ class EvaluatePage(StagePage):
         self.add_button.setEnabled(m is not None and not self.c.busy)
 
     def _suites_changed(self, _item: QListWidgetItem) -> None:
-        names = [self.suite_list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.suite_list.count())
-                 if self.suite_list.item(i).checkState() == Qt.CheckState.Checked]
+        names = [
+            self.suite_list.item(i).data(Qt.ItemDataRole.UserRole)
+            for i in range(self.suite_list.count())
+            if self.suite_list.item(i).checkState() == Qt.CheckState.Checked
+        ]
         if self.c.manifest is not None:
             self.c.set_setting("eval_suites", names)
 
@@ -153,7 +157,9 @@ class EvaluatePage(StagePage):
             s = add_suite(path, ws, replace=True)
         except SuiteError as exc:
             hint = f"<br><b>What to do:</b> {exc.hint}" if exc.hint else ""
-            self.add_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{exc.message}</span>{hint}")
+            self.add_message.setText(
+                f"<span style='color:{STATE_COLORS['failed']}'>{exc.message}</span>{hint}"
+            )
             return False
         m = self.c.manifest
         names = list((m.settings.get("eval_suites") if m is not None else None) or DEFAULT_SUITES)
@@ -164,8 +170,9 @@ class EvaluatePage(StagePage):
         return True
 
     def add_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Add an evaluation suite", str(Path.home()),
-                                              "Suites (*.jsonl);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Add an evaluation suite", str(Path.home()), "Suites (*.jsonl);;All files (*)"
+        )
         if path:
             self.add_file(Path(path))
 
@@ -181,10 +188,15 @@ class EvaluatePage(StagePage):
         else:
             sim = doc.get("simulated")
             self.source_label.setText(
-                (f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED board</b>: the board column comes from "
-                 "the simulator board on this CPU (real Genie on Qualcomm's HTP simulator, or the onnxruntime "
-                 "twin), not a device.</span> " if sim else "<b>Board: device.</b> ")
-                + f"Prompts: {doc.get('prompt_format')}; tool calls read in the {doc.get('tool_format')} format.")
+                (
+                    f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED board</b>: the board column comes from "
+                    "the simulator board on this CPU (real Genie on Qualcomm's HTP simulator, or the onnxruntime "
+                    "twin), not a device.</span> "
+                    if sim
+                    else "<b>Board: device.</b> "
+                )
+                + f"Prompts: {doc.get('prompt_format')}; tool calls read in the {doc.get('tool_format')} format."
+            )
             rows, colors = [], []
             for t in doc.get("suites") or []:
                 legs = t.get("legs") or {}
@@ -194,11 +206,18 @@ class EvaluatePage(StagePage):
                     v = drops.get(k)
                     return "—" if v is None else f"{(v or 0.0):+.3f}"
 
-                rows.append([t.get("title") or t["suite"], *[(legs.get(x) or {}).get("text", "—") for x in LEGS],
-                             d("float->sim"), d("sim->board")])
-                worse = [None] * (1 + len(LEGS)) + [   # one per leg (LEGS grew an htp leg), then the drops
-                         STATE_COLORS["failed"] if (drops.get("float->sim") or 0) > 0.05 else None,
-                         STATE_COLORS["failed"] if (drops.get("sim->board") or 0) > 0.05 else None]
+                rows.append(
+                    [
+                        t.get("title") or t["suite"],
+                        *[(legs.get(x) or {}).get("text", "—") for x in LEGS],
+                        d("float->sim"),
+                        d("sim->board"),
+                    ]
+                )
+                worse = [None] * (1 + len(LEGS)) + [  # one per leg (LEGS grew an htp leg), then the drops
+                    STATE_COLORS["failed"] if (drops.get("float->sim") or 0) > 0.05 else None,
+                    STATE_COLORS["failed"] if (drops.get("sim->board") or 0) > 0.05 else None,
+                ]
                 colors.append(worse)
             _fill(self.scores, rows, colors)
             acc = [t for t in doc.get("suites") or [] if t.get("scorer") not in ("perplexity",)]
@@ -211,9 +230,15 @@ class EvaluatePage(StagePage):
                         hs.append(float(v["value"]))
                 if xs:
                     titles = doc.get("leg_titles") or {}
-                    self.plot.addItem(pg.BarGraphItem(x=xs, height=hs, width=0.75 / len(LEGS),
-                                                      brush=BAR_COLORS[li % len(BAR_COLORS)],
-                                                      name=str(titles.get(leg) or leg)))
+                    self.plot.addItem(
+                        pg.BarGraphItem(
+                            x=xs,
+                            height=hs,
+                            width=0.75 / len(LEGS),
+                            brush=BAR_COLORS[li % len(BAR_COLORS)],
+                            name=str(titles.get(leg) or leg),
+                        )
+                    )
             ax = self.plot.getAxis("bottom")
             ax.setTicks([[(i, t["suite"]) for i, t in enumerate(acc)]])
         self._load_runs()
@@ -222,16 +247,21 @@ class EvaluatePage(StagePage):
     def _load_runs(self) -> None:
         ws = self._workspace()
         m = self.c.manifest
-        checked = {self.run_list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.run_list.count())
-                   if self.run_list.item(i).checkState() == Qt.CheckState.Checked}
+        checked = {
+            self.run_list.item(i).data(Qt.ItemDataRole.UserRole)
+            for i in range(self.run_list.count())
+            if self.run_list.item(i).checkState() == Qt.CheckState.Checked
+        }
         if m is not None and not checked:
             checked = {m.run_id}
         self.run_list.blockSignals(True)
         self.run_list.clear()
         if ws is not None:
             for r in Workspace(ws).list_runs():
-                if not (r.path / "artifacts" / "evaluate" / "evaluate.json").is_file() and \
-                        not (r.path / "artifacts" / "chat" / "chat.json").is_file():
+                if (
+                    not (r.path / "artifacts" / "evaluate" / "evaluate.json").is_file()
+                    and not (r.path / "artifacts" / "chat" / "chat.json").is_file()
+                ):
                     continue
                 item = QListWidgetItem(f"{r.run_id}  ({r.model})")
                 item.setData(Qt.ItemDataRole.UserRole, r.run_id)
@@ -242,8 +272,11 @@ class EvaluatePage(StagePage):
 
     def refresh_compare(self) -> None:
         ws = self._workspace()
-        ids = [self.run_list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.run_list.count())
-               if self.run_list.item(i).checkState() == Qt.CheckState.Checked]
+        ids = [
+            self.run_list.item(i).data(Qt.ItemDataRole.UserRole)
+            for i in range(self.run_list.count())
+            if self.run_list.item(i).checkState() == Qt.CheckState.Checked
+        ]
         self.compare_plot.clear()
         self.compare_legend.clear()
         if ws is None or not ids:
@@ -254,16 +287,27 @@ class EvaluatePage(StagePage):
         self.compare_table.setColumnCount(len(heads))
         self.compare_table.setHorizontalHeaderLabels(heads)
         _fill(self.compare_table, [[r["label"], *r["texts"]] for r in c["rows"]])
-        self.compare_note.setText(f"<span style='color:{STATE_COLORS['stale']}'>{c['note']}</span>"
-                                  if c["note"] else "")
-        rows = [r for r in c["rows"] if r["kind"] == "suite" and r["leg"] == "board" and not r["lower_is_better"]]
+        self.compare_note.setText(
+            f"<span style='color:{STATE_COLORS['stale']}'>{c['note']}</span>" if c["note"] else ""
+        )
+        rows = [
+            r for r in c["rows"] if r["kind"] == "suite" and r["leg"] == "board" and not r["lower_is_better"]
+        ]
         n = max(1, len(c["runs"]))
         for ri in range(len(c["runs"])):
-            xs = [gi + (ri - (n - 1) / 2) * 0.8 / n for gi, r in enumerate(rows) if r["values"][ri] is not None]
+            xs = [
+                gi + (ri - (n - 1) / 2) * 0.8 / n for gi, r in enumerate(rows) if r["values"][ri] is not None
+            ]
             hs = [float(r["values"][ri]) for r in rows if r["values"][ri] is not None]
             if xs:
                 run = c["runs"][ri]
-                self.compare_plot.addItem(pg.BarGraphItem(x=xs, height=hs, width=0.75 / n,
-                                                          brush=BAR_COLORS[ri % len(BAR_COLORS)],
-                                                          name=f"{run['run_id']} ({run.get('source')})"))
+                self.compare_plot.addItem(
+                    pg.BarGraphItem(
+                        x=xs,
+                        height=hs,
+                        width=0.75 / n,
+                        brush=BAR_COLORS[ri % len(BAR_COLORS)],
+                        name=f"{run['run_id']} ({run.get('source')})",
+                    )
+                )
         self.compare_plot.getAxis("bottom").setTicks([[(i, r["suite"]) for i, r in enumerate(rows)]])

@@ -29,31 +29,50 @@ from workers.shared.errors import ActionableError
 
 
 def inspect_rows(info: dict[str, Any]) -> list[list[str]]:
-    rows = [["architecture", str(info.get("architecture"))],
-            ["supported", ("yes — " if info.get("supported") else "NO — ") + str(info.get("reason", ""))]]
+    rows = [
+        ["architecture", str(info.get("architecture"))],
+        ["supported", ("yes — " if info.get("supported") else "NO — ") + str(info.get("reason", ""))],
+    ]
     if info.get("supported"):
         rs = info.get("rope_scaling")
         rows += [
             ["parameters", f"{int(info.get('num_parameters') or 0):,}"],
-            ["layers / heads / KV heads", f"{info.get('num_layers')} / {info.get('num_heads')} / "
-                                          f"{info.get('num_kv_heads')}"],
+            [
+                "layers / heads / KV heads",
+                f"{info.get('num_layers')} / {info.get('num_heads')} / {info.get('num_kv_heads')}",
+            ],
             ["vocabulary", f"{int(info.get('vocab_size') or 0):,}"],
-            ["rope", f"theta {info.get('rope_theta'):g}" + (f", {rs.get('rope_type')} x{rs.get('factor')}"
-                                                             if rs else "")],
+            [
+                "rope",
+                f"theta {info.get('rope_theta'):g}"
+                + (f", {rs.get('rope_type')} x{rs.get('factor')}" if rs else ""),
+            ],
         ]
         if "context_length" in info:
-            rows.append(["context length / AR-N / parts",
-                         f"{info['context_length']} / {info['ar_n']} / {info['parts']}"])
+            rows.append(
+                [
+                    "context length / AR-N / parts",
+                    f"{info['context_length']} / {info['ar_n']} / {info['parts']}",
+                ]
+            )
         e = info.get("estimates") or {}
-        for key, label in (("hf_download_bytes", "download"), ("quantize_peak_rss_bytes", "quantize peak RAM"),
-                           ("validate_peak_rss_bytes", "validate peak RAM"), ("disk_bytes", "workspace disk"),
-                           ("bundle_bytes", "bundle size")):
+        for key, label in (
+            ("hf_download_bytes", "download"),
+            ("quantize_peak_rss_bytes", "quantize peak RAM"),
+            ("validate_peak_rss_bytes", "validate peak RAM"),
+            ("disk_bytes", "workspace disk"),
+            ("bundle_bytes", "bundle size"),
+        ):
             if key in e:
                 rows.append([label, human_bytes(e[key])])
         ref = e.get("reference")
         if isinstance(ref, dict) and ref.get("quantize_peak_rss_bytes"):
-            rows.append(["reference recipe", f"{ref.get('model')}: quantize peak "
-                                             f"{human_bytes(ref['quantize_peak_rss_bytes'])}"])
+            rows.append(
+                [
+                    "reference recipe",
+                    f"{ref.get('model')}: quantize peak {human_bytes(ref['quantize_peak_rss_bytes'])}",
+                ]
+            )
     return rows
 
 
@@ -61,7 +80,9 @@ class ModelPage(StagePage):
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("model", controller, parent)
         self.source_group = QButtonGroup(self)
-        self.builtin_radio = QRadioButton("Built-in model (tiny-llama, 3.6 M parameters, ships with HexStudio)")
+        self.builtin_radio = QRadioButton(
+            "Built-in model (tiny-llama, 3.6 M parameters, ships with HexStudio)"
+        )
         self.hf_radio = QRadioButton("Hugging Face model id")
         self.folder_radio = QRadioButton("Local Hugging Face folder")
         for i, r in enumerate((self.builtin_radio, self.hf_radio, self.folder_radio)):
@@ -108,7 +129,9 @@ class ModelPage(StagePage):
         buttons = QHBoxLayout()
         self.inspect_button = QPushButton("Inspect")
         self.inspect_button.setObjectName("inspect_button")
-        self.inspect_button.setToolTip("Read config.json only: architecture, support and memory/disk estimates")
+        self.inspect_button.setToolTip(
+            "Read config.json only: architecture, support and memory/disk estimates"
+        )
         self.inspect_button.clicked.connect(lambda: asyncio.ensure_future(self.inspect()))
         self.new_run_button = QPushButton("New run with this model")
         self.new_run_button.setObjectName("new_run_button")
@@ -169,12 +192,16 @@ class ModelPage(StagePage):
             self.inspect_message.setText("Type a Hugging Face id or choose a folder first.")
             return None
         self.inspect_button.setEnabled(False)
-        self.inspect_message.setText(f"Reading config.json of {spec}… (from the Hugging Face Hub unless it is "
-                                     "cached: offline this takes a while before it says so)")
-        self.inspect_table.set_rows([])          # never the previous model's figures under this one's name
+        self.inspect_message.setText(
+            f"Reading config.json of {spec}… (from the Hugging Face Hub unless it is "
+            "cached: offline this takes a while before it says so)"
+        )
+        self.inspect_table.set_rows([])  # never the previous model's figures under this one's name
         self.inspect_busy.setVisible(True)
         try:
-            info = await asyncio.to_thread(model_service.inspect, spec, self.context_spin.value() or None, 128, None)
+            info = await asyncio.to_thread(
+                model_service.inspect, spec, self.context_spin.value() or None, 128, None
+            )
         except ActionableError as exc:
             hint = f"<br><b>What to do:</b> {exc.hint}" if exc.hint else ""
             self.inspect_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{exc}</span>{hint}")
@@ -183,9 +210,10 @@ class ModelPage(StagePage):
             self.inspect_button.setEnabled(True)
             self.inspect_busy.setVisible(False)
         ok = info.get("supported")
-        self.inspect_message.setText(f"<b>{spec}</b>: " + ("supported." if ok else
-                                                            f"<span style='color:{STATE_COLORS['failed']}'>"
-                                                            "not supported.</span>"))
+        self.inspect_message.setText(
+            f"<b>{spec}</b>: "
+            + ("supported." if ok else f"<span style='color:{STATE_COLORS['failed']}'>not supported.</span>")
+        )
         self.inspect_table.set_rows(inspect_rows(info))
         return info
 
@@ -200,8 +228,9 @@ class ModelPage(StagePage):
         try:
             self.c.new_run(spec, self.board_combo.currentText() or "sim", overrides)
         except Exception as exc:
-            self.inspect_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>Could not create the run: "
-                                         f"{exc}</span>")
+            self.inspect_message.setText(
+                f"<span style='color:{STATE_COLORS['failed']}'>Could not create the run: {exc}</span>"
+            )
 
     def _show_run_settings(self) -> None:
         """The fields show the open run's own values (they once showed 8 calibration samples while the run used
@@ -232,5 +261,6 @@ class ModelPage(StagePage):
             info = dict(doc.get("info") or {})
             info.update(doc.get("resolved") or {})
             info["estimates"] = doc.get("estimates") or {}
-            self.inspect_table.set_rows([["model", str(doc.get("model"))], ["source", str(doc.get("source"))],
-                                         *inspect_rows(info)])
+            self.inspect_table.set_rows(
+                [["model", str(doc.get("model"))], ["source", str(doc.get("source"))], *inspect_rows(info)]
+            )

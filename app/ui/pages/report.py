@@ -55,7 +55,7 @@ class ReportPage(StagePage):
         self.preview = QTextBrowser()
         self.preview.setObjectName("report_preview")
         self.preview.setMinimumHeight(420)
-        paper(self.preview)   # the report is styled for a white page: readable in a dark palette too
+        paper(self.preview)  # the report is styled for a white page: readable in a dark palette too
         self.body.insertWidget(self.body.indexOf(self.results_box), self.preview, 1)
 
     async def export(self, fmt: str, out: Path) -> bool:
@@ -68,24 +68,33 @@ class ReportPage(StagePage):
         self.export_message.setText(f"Writing the {fmt.upper()} report…")
         res = await run_child(argv, what=f"The {fmt.upper()} report export")
         if not res.ok:
-            self.export_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>The report could not be "
-                                        f"written: {html.escape(res.stderr.strip()[-500:])}</span>")
+            self.export_message.setText(
+                f"<span style='color:{STATE_COLORS['failed']}'>The report could not be "
+                f"written: {html.escape(res.stderr.strip()[-500:])}</span>"
+            )
             return False
-        self.export_message.setText(f"Wrote {html.escape(str(out))} · <a href='{QUrl.fromLocalFile(str(out.parent)).toString()}'>"
-                                    "open its folder</a>")
-        if fmt == "html" and m is self.c.manifest:   # the preview and Open in browser show what was just written
+        self.export_message.setText(
+            f"Wrote {html.escape(str(out))} · <a href='{QUrl.fromLocalFile(str(out.parent)).toString()}'>"
+            "open its folder</a>"
+        )
+        if (
+            fmt == "html" and m is self.c.manifest
+        ):  # the preview and Open in browser show what was just written
             self.exported_html = (m.run_dir, out)
             self.refresh_results()
-            self.export_message.setText(f"Wrote {html.escape(str(out))} (shown below) · "
-                                        f"<a href='{QUrl.fromLocalFile(str(out.parent)).toString()}'>open its folder</a>")
+            self.export_message.setText(
+                f"Wrote {html.escape(str(out))} (shown below) · "
+                f"<a href='{QUrl.fromLocalFile(str(out.parent)).toString()}'>open its folder</a>"
+            )
         return True
 
     async def export_dialog(self, fmt: str) -> None:
         m = self.c.manifest
         if m is None:
             return
-        path, _ = QFileDialog.getSaveFileName(self, f"Export the {fmt.upper()} report",
-                                              str(Path.home() / f"{m.run_id}.{fmt}"))
+        path, _ = QFileDialog.getSaveFileName(
+            self, f"Export the {fmt.upper()} report", str(Path.home() / f"{m.run_id}.{fmt}")
+        )
         if path:
             await self.export(fmt, Path(path))
 

@@ -53,19 +53,23 @@ def parse_devices_output(returncode: int, stdout: str, stderr: str) -> tuple[lis
     doc: Any = None
     if text:
         try:
-            doc = json.loads(text[text.index("{"):])
+            doc = json.loads(text[text.index("{") :])
         except ValueError:
             doc = None
     if isinstance(doc, dict) and doc.get("ok") is False:
-        err = doc.get("error")   # {code, message, hint}: the one error shape (workers/shared/errors.py)
-        if not isinstance(err, dict):   # an older CLI: "error" the message, "hint" beside it
+        err = doc.get("error")  # {code, message, hint}: the one error shape (workers/shared/errors.py)
+        if not isinstance(err, dict):  # an older CLI: "error" the message, "hint" beside it
             err = {"message": err, "hint": doc.get("hint")}
-        raise DeviceListError(str(err.get("message") or "Listing the AI Hub devices failed."),
-                              str(err["hint"]) if err.get("hint") else None)
+        raise DeviceListError(
+            str(err.get("message") or "Listing the AI Hub devices failed."),
+            str(err["hint"]) if err.get("hint") else None,
+        )
     if returncode != 0 or not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
         last = next((ln for ln in reversed(stderr.strip().splitlines()) if ln.strip()), "no output")
-        raise DeviceListError(f"Listing the AI Hub devices failed (exit status {returncode}): {last}",
-                              "Run `hexstudio bundle devices --aihub` in a terminal to see the whole output.")
+        raise DeviceListError(
+            f"Listing the AI Hub devices failed (exit status {returncode}): {last}",
+            "Run `hexstudio bundle devices --aihub` in a terminal to see the whole output.",
+        )
     rows = [r for r in doc["devices"] if isinstance(r, dict) and r.get("name")]
     return rows, bool(doc.get("emulated"))
 
@@ -76,26 +80,41 @@ OS_FAMILIES = {"qc_linux": "Qualcomm Linux", "android": "Android", "linux": "Lin
 def device_os(r: dict[str, Any]) -> str:
     """'Android 14', 'Qualcomm Linux 1.7': AI Hub gives the OS family as an attribute (`os:qc_linux`, named as
     qai-hub-models' scorecard names it) and the version as `os`; the offline list has only the family."""
-    family = next((str(a).split(":", 1)[1] for a in r.get("attributes") or [] if str(a).startswith("os:")), None)
+    family = next(
+        (str(a).split(":", 1)[1] for a in r.get("attributes") or [] if str(a).startswith("os:")), None
+    )
     family = OS_FAMILIES.get(family, family) if family else None
     version = str(r.get("os") or "")
     return f"{family} {version}".strip() if family else (OS_FAMILIES.get(version, version) or "?")
 
 
 def device_row(r: dict[str, Any]) -> list[str]:
-    return [str(r.get("name")), str(r.get("dsp_arch") or "?"), str(r.get("soc_model") if r.get("soc_model")
-                                                                    is not None else "?"),
-            "yes" if r.get("weight_sharing") else "no", device_os(r),
-            "yes" if r.get("supported") else f"no — {r.get('reason') or ''}".rstrip(" —")]
+    return [
+        str(r.get("name")),
+        str(r.get("dsp_arch") or "?"),
+        str(r.get("soc_model") if r.get("soc_model") is not None else "?"),
+        "yes" if r.get("weight_sharing") else "no",
+        device_os(r),
+        "yes" if r.get("supported") else f"no — {r.get('reason') or ''}".rstrip(" —"),
+    ]
 
 
 # what each preflight check is called on the page (its id, in the tooltip, is what the CLI and JSON use)
 CHECK_TITLES = {
-    "memory": "Memory (RAM + swap)", "wsl": "WSL memory limit", "python": "Python version",
-    "onnxruntime_conflict": "onnxruntime package", "libpython": "libpython (shared)", "aimet": "AIMET installed",
-    "aimet_smoke": "AIMET smoke test", "aimet_build": "AIMET build", "disk_workspace": "Disk: workspace",
-    "disk_hf_cache": "Disk: Hugging Face cache", "workspace_location": "Workspace location", "gpu": "GPU",
-    "known_bad_stack": "Known-bad package combination", "recipe_validated": "Validated recipe pins",
+    "memory": "Memory (RAM + swap)",
+    "wsl": "WSL memory limit",
+    "python": "Python version",
+    "onnxruntime_conflict": "onnxruntime package",
+    "libpython": "libpython (shared)",
+    "aimet": "AIMET installed",
+    "aimet_smoke": "AIMET smoke test",
+    "aimet_build": "AIMET build",
+    "disk_workspace": "Disk: workspace",
+    "disk_hf_cache": "Disk: Hugging Face cache",
+    "workspace_location": "Workspace location",
+    "gpu": "GPU",
+    "known_bad_stack": "Known-bad package combination",
+    "recipe_validated": "Validated recipe pins",
 }
 
 
@@ -106,8 +125,11 @@ def check_title(check_id: str) -> str:
 def _measure(v: Any, check_id: str) -> str:
     """A measured or required value as a person reads it: sizes in GiB, a record as "key value · key value"
     (never a Python dict), a list joined."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and (check_id.startswith(("memory", "disk",
-                                                                                          "local_compile"))):
+    if (
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and (check_id.startswith(("memory", "disk", "local_compile")))
+    ):
         return human_bytes(v)
     if isinstance(v, dict):
         parts = []
@@ -115,9 +137,11 @@ def _measure(v: Any, check_id: str) -> str:
             name = str(k).removesuffix("_bytes").replace("_", " ")
             if str(k).endswith("_bytes") and isinstance(x, (int, float)):
                 value = human_bytes(x)
-            elif str(k) == "seconds" and isinstance(x, (int, float)):    # a duration as a person says it
-                name, value = "time", (f"{x / 3600:.1f} h" if x >= 5400 else f"{x / 60:.0f} min" if x >= 90
-                                       else f"{x:.0f} s")
+            elif str(k) == "seconds" and isinstance(x, (int, float)):  # a duration as a person says it
+                name, value = (
+                    "time",
+                    (f"{x / 3600:.1f} h" if x >= 5400 else f"{x / 60:.0f} min" if x >= 90 else f"{x:.0f} s"),
+                )
             else:
                 value = _measure(x, "")
             parts.append(f"{name} {value}")
@@ -131,8 +155,14 @@ class FixDialog(QDialog):
     """Shows what a fix does, word for word, before anything is run or changed. With `apply`, an
     Apply button runs it and shows what happened."""
 
-    def __init__(self, title: str, text: str, parent: QWidget | None = None,
-                 apply: Callable[[], str] | None = None, apply_label: str = "Apply") -> None:
+    def __init__(
+        self,
+        title: str,
+        text: str,
+        parent: QWidget | None = None,
+        apply: Callable[[], str] | None = None,
+        apply_label: str = "Apply",
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle(title)
         lay = QVBoxLayout(self)
@@ -158,6 +188,7 @@ class FixDialog(QDialog):
                     self.outcome.setText(f"<span style='color:{STATUS_COLORS['fail']}'>{exc}</span>")
                 assert self.apply_button is not None
                 self.apply_button.setEnabled(False)
+
             self.apply_button.clicked.connect(run)
         bb.rejected.connect(self.reject)
         lay.addWidget(bb)
@@ -167,8 +198,12 @@ class FixDialog(QDialog):
 class PreflightPage(StagePage):
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("preflight", controller, parent)
-        self.inputs_layout.addWidget(note("Reads this machine (RAM, swap, disk, GPU, WSL, packages) and compares it "
-                                          "with what this model needs at the run's context length."))
+        self.inputs_layout.addWidget(
+            note(
+                "Reads this machine (RAM, swap, disk, GPU, WSL, packages) and compares it "
+                "with what this model needs at the run's context length."
+            )
+        )
         self.checks = KeyValueTable(["check", "status", "measured", "required", "message", "fix"])
         self.checks.setObjectName("preflight_checks")
         self.checks.setMinimumHeight(260)
@@ -184,7 +219,9 @@ class PreflightPage(StagePage):
         self.fix_row = QHBoxLayout()
         self.results_layout.insertLayout(2, self.fix_row)
         self._fix_buttons: list[QPushButton] = []
-        self.predict_panel = PredictPanel(controller, self)   # speed, predicted by the HTP simulator (issue 28)
+        self.predict_panel = PredictPanel(
+            controller, self
+        )  # speed, predicted by the HTP simulator (issue 28)
         self.body.insertWidget(self.body.count() - 1, self.predict_panel)
 
     def refresh_results(self) -> None:
@@ -196,13 +233,23 @@ class PreflightPage(StagePage):
         checks: list[dict[str, Any]] = list(doc.get("checks") or []) if doc else []
         self.checks.setRowCount(len(checks))
         for r, c in enumerate(checks):
-            cells = [check_title(c["id"]), c["status"], _measure(c.get("measured"), c["id"]),
-                     _measure(c.get("required"), c["id"]), str(c.get("message") or ""),
-                     "Fix available" if c.get("fix") else ""]
+            cells = [
+                check_title(c["id"]),
+                c["status"],
+                _measure(c.get("measured"), c["id"]),
+                _measure(c.get("required"), c["id"]),
+                str(c.get("message") or ""),
+                "Fix available" if c.get("fix") else "",
+            ]
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setToolTip(str(c.get("fix") or text) if col == 5 else
-                                f"{text}\n(check id: {c['id']})" if col == 0 else text)
+                item.setToolTip(
+                    str(c.get("fix") or text)
+                    if col == 5
+                    else f"{text}\n(check id: {c['id']})"
+                    if col == 0
+                    else text
+                )
                 if col == 1:
                     from PySide6.QtGui import QColor
 
@@ -216,7 +263,7 @@ class PreflightPage(StagePage):
                 self._fix_buttons.append(b)
         self.checks.resizeRowsToContents()
 
-    wslconfig_path: Path | None = None   # None: found with wslvar/cmd.exe + wslpath (tests give a file)
+    wslconfig_path: Path | None = None  # None: found with wslvar/cmd.exe + wslpath (tests give a file)
 
     def fix_dialog(self, check: dict[str, Any]) -> FixDialog:
         fix = str(check.get("fix") or "")
@@ -230,27 +277,45 @@ class PreflightPage(StagePage):
                 want = dict(kv.split("=", 1) for kv in fix.split(":", 1)[1].split(",") if "=" in kv)
                 mem_gb = int(want["memory"].upper().rstrip("GB")) if "memory" in want else None
                 swap_gb = int(want["swap"].upper().rstrip("GB")) if "swap" in want else None
-                text = (f"{check.get('message')}\n\nHexStudio sets [wsl2] memory={mem_gb}GB and swap={swap_gb}GB "
-                        "in your Windows .wslconfig.")
+                text = (
+                    f"{check.get('message')}\n\nHexStudio sets [wsl2] memory={mem_gb}GB and swap={swap_gb}GB "
+                    "in your Windows .wslconfig."
+                )
             elif isinstance(check.get("required"), (int, float)):
                 # the limits the check itself asked for (its "required")
                 mem_gb, swap_gb = wslconfig.target_limits(int(check["required"]))
             try:
-                plan, _basis = wslconfig_plan(str(m.inputs.get("model")), cl if isinstance(cl, int) else None,
-                                              int(m.settings.get("ar_n") or 128), self.wslconfig_path,
-                                              memory_gb=mem_gb, swap_gb=swap_gb, settings=m.settings)
+                plan, _basis = wslconfig_plan(
+                    str(m.inputs.get("model")),
+                    cl if isinstance(cl, int) else None,
+                    int(m.settings.get("ar_n") or 128),
+                    self.wslconfig_path,
+                    memory_gb=mem_gb,
+                    swap_gb=swap_gb,
+                    settings=m.settings,
+                )
             except ActionableError as exc:
                 return FixDialog(f"Fix: {check['id']}", f"{text}\n\n{exc}", self)
             if not plan.changed:
-                return FixDialog(f"Fix: {check['id']}", f"{text}\n\n{plan.path} already has these limits.", self)
+                return FixDialog(
+                    f"Fix: {check['id']}", f"{text}\n\n{plan.path} already has these limits.", self
+                )
 
             def write() -> str:
                 backup = wslconfig.write(plan)
                 kept = f" (the old file is kept as {backup})" if backup else ""
-                return (f"Wrote {plan.path}{kept}. Now close HexStudio, run <b>wsl --shutdown</b> in Windows "
-                        "PowerShell, and start HexStudio again: WSL reads .wslconfig only when it starts.")
-            return FixDialog(f"Fix: {check['id']} — .wslconfig", f"{text}\n\nThe change to {plan.path}:\n\n"
-                             f"{plan.diff()}", self, apply=write, apply_label="Write .wslconfig")
+                return (
+                    f"Wrote {plan.path}{kept}. Now close HexStudio, run <b>wsl --shutdown</b> in Windows "
+                    "PowerShell, and start HexStudio again: WSL reads .wslconfig only when it starts."
+                )
+
+            return FixDialog(
+                f"Fix: {check['id']} — .wslconfig",
+                f"{text}\n\nThe change to {plan.path}:\n\n{plan.diff()}",
+                self,
+                apply=write,
+                apply_label="Write .wslconfig",
+            )
         return FixDialog(f"Fix: {check['id']}", text, self)
 
     def show_fix(self, check: dict[str, Any]) -> None:
@@ -258,12 +323,16 @@ class PreflightPage(StagePage):
 
 
 class QuantizePage(StagePage):
-    settings_fields = settings_fields("quantize")      # from the one run-settings registry
+    settings_fields = settings_fields("quantize")  # from the one run-settings registry
 
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("quantize", controller, parent)
-        self.inputs_layout.addWidget(note("W4A16 as in Qualcomm's recipe: int4 blockwise (LPBQ) weights, 16-bit "
-                                          "activations, 8-bit KV cache; one part at a time so memory stays bounded."))
+        self.inputs_layout.addWidget(
+            note(
+                "W4A16 as in Qualcomm's recipe: int4 blockwise (LPBQ) weights, 16-bit "
+                "activations, 8-bit KV cache; one part at a time so memory stays bounded."
+            )
+        )
         self.graphs = KeyValueTable(["graph", "kind", "part", "layers", "encodings"])
         self.graphs.setObjectName("quantize_graphs")
         self.graphs.setMinimumHeight(160)
@@ -284,22 +353,33 @@ class QuantizePage(StagePage):
             f"<b>Precision</b>: weights {p.get('weights')}, activations {p.get('activations')}, KV cache "
             f"{p.get('kv_cache')}, lm-head {p.get('lm_head')}.  <b>Calibration</b>: {cal.get('samples')} samples of "
             f"{cal.get('seq_len')} tokens.  Context length {doc.get('context_length')}, AR-{doc.get('ar_n')}, "
-            f"{doc.get('parts')} part(s).")
+            f"{doc.get('parts')} part(s)."
+        )
         rows = []
         for g in doc.get("graphs") or []:
             layers = g.get("layers") or []
-            rows.append([g.get("name", ""), g.get("kind", ""), str(g.get("part", "")),
-                         f"{layers[0]}–{layers[-1]}" if layers else "",
-                         str(g.get("encodings") or g.get("encodings_file") or "")])
+            rows.append(
+                [
+                    g.get("name", ""),
+                    g.get("kind", ""),
+                    str(g.get("part", "")),
+                    f"{layers[0]}–{layers[-1]}" if layers else "",
+                    str(g.get("encodings") or g.get("encodings_file") or ""),
+                ]
+            )
         self.graphs.set_rows(rows)
 
 
 class ValidatePage(StagePage):
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("validate", controller, parent)
-        self.inputs_layout.addWidget(note("Runs the prompt processor (AR-N) over the prompt, then the token "
-                                          "generator (AR-1) one token at a time — as the board will — float and "
-                                          "quantized side by side."))
+        self.inputs_layout.addWidget(
+            note(
+                "Runs the prompt processor (AR-N) over the prompt, then the token "
+                "generator (AR-1) one token at a time — as the board will — float and "
+                "quantized side by side."
+            )
+        )
         self.verdict = QLabel()
         self.verdict.setObjectName("verdict")
         self.verdict.setWordWrap(True)
@@ -322,18 +402,29 @@ class ValidatePage(StagePage):
             return
         ok = doc.get("verdict") == "pass"
         col = STATUS_COLORS["ok" if ok else "fail"]
-        self.verdict.setText(f"<b style='color:{col}'>Verdict: {doc.get('verdict')}</b> — {doc.get('summary')}")
+        self.verdict.setText(
+            f"<b style='color:{col}'>Verdict: {doc.get('verdict')}</b> — {doc.get('summary')}"
+        )
         rows: list[list[str]] = []
         colors: list[str | None] = []
         for name, c in (doc.get("checks") or {}).items():
             sign = "≥" if c.get("direction") == "min" else "≤"
-            rows.append([name, fmt_value(c.get("value")), f"{sign} {c.get('threshold')}", "yes" if c.get("ok") else "NO"])
+            rows.append(
+                [
+                    name,
+                    fmt_value(c.get("value")),
+                    f"{sign} {c.get('threshold')}",
+                    "yes" if c.get("ok") else "NO",
+                ]
+            )
             colors.append(STATUS_COLORS["ok" if c.get("ok") else "fail"])
         self.checks.set_rows(rows, colors)
         lines = []
         for g in (doc.get("greedy") or [])[:2]:
-            lines.append(f"prompt:    …{str(g.get('prompt'))[-80:]}\nfloat:     {g.get('float')!r}\n"
-                         f"quantized: {g.get('quantized')!r}\n")
+            lines.append(
+                f"prompt:    …{str(g.get('prompt'))[-80:]}\nfloat:     {g.get('float')!r}\n"
+                f"quantized: {g.get('quantized')!r}\n"
+            )
         self.greedy.setPlainText("\n".join(lines))
 
 
@@ -342,15 +433,21 @@ class CompilePage(StagePage):
 
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("compile", controller, parent)
-        self.inputs_layout.addWidget(note("Target 'auto' makes the simulation bundle for the simulator board and "
-                                          "compiles on Qualcomm AI Hub for a real board. Nothing is uploaded to "
-                                          "AI Hub without your consent above; the AI Hub token comes from the "
-                                          "system keyring."))
+        self.inputs_layout.addWidget(
+            note(
+                "Target 'auto' makes the simulation bundle for the simulator board and "
+                "compiles on Qualcomm AI Hub for a real board. Nothing is uploaded to "
+                "AI Hub without your consent above; the AI Hub token comes from the "
+                "system keyring."
+            )
+        )
         combo = self._setting_widgets["device"]
         assert isinstance(combo, QComboBox)
         self.device_combo: QComboBox = combo
-        self.device_combo.setToolTip("The device AI Hub compiles for. Offline this lists the devices HexStudio "
-                                     "knows; Refresh from AI Hub lists your account's devices live.")
+        self.device_combo.setToolTip(
+            "The device AI Hub compiles for. Offline this lists the devices HexStudio "
+            "knows; Refresh from AI Hub lists your account's devices live."
+        )
         token_row = QHBoxLayout()
         self.token_edit = QLineEdit()
         self.token_edit.setObjectName("aihub_token")
@@ -359,8 +456,10 @@ class CompilePage(StagePage):
         self.token_edit.returnPressed.connect(self.store_token)
         self.token_button = QPushButton("Store token")
         self.token_button.setObjectName("store_token")
-        self.token_button.setToolTip("Keep the token in the system keyring only (the same place `hexstudio aihub "
-                                     "login` uses); it is never written to settings, runs or logs.")
+        self.token_button.setToolTip(
+            "Keep the token in the system keyring only (the same place `hexstudio aihub "
+            "login` uses); it is never written to settings, runs or logs."
+        )
         self.token_button.clicked.connect(self.store_token)
         token_label = QLabel("AI Hub token")
         token_label.setBuddy(self.token_edit)
@@ -374,22 +473,30 @@ class CompilePage(StagePage):
         dev_row = QHBoxLayout()
         self.refresh_devices_button = QPushButton("Refresh from AI Hub")
         self.refresh_devices_button.setObjectName("refresh_devices")
-        self.refresh_devices_button.setToolTip("List the devices of your AI Hub account now (`hexstudio bundle "
-                                               "devices --aihub`, in a separate process)")
+        self.refresh_devices_button.setToolTip(
+            "List the devices of your AI Hub account now (`hexstudio bundle "
+            "devices --aihub`, in a separate process)"
+        )
         self.refresh_devices_button.clicked.connect(lambda: self._start_refresh())
         dev_row.addWidget(self.refresh_devices_button)
-        self.devices_message = note("Devices known offline. Refresh from AI Hub to list your account's devices.")
+        self.devices_message = note(
+            "Devices known offline. Refresh from AI Hub to list your account's devices."
+        )
         self.devices_message.setObjectName("devices_message")
         dev_row.addWidget(self.devices_message, 1)
         self.inputs_layout.addLayout(dev_row)
-        self.devices_table = KeyValueTable(["device", "Hexagon arch", "soc_model", "weight sharing", "OS", "usable"])
+        self.devices_table = KeyValueTable(
+            ["device", "Hexagon arch", "soc_model", "weight sharing", "OS", "usable"]
+        )
         self.devices_table.setObjectName("aihub_devices")
         self.devices_table.setMinimumHeight(150)
-        self.devices_table.setWordWrap(False)   # one line per device; the tooltip has a refusal's whole reason
+        self.devices_table.setWordWrap(False)  # one line per device; the tooltip has a refusal's whole reason
         self.devices_table.itemSelectionChanged.connect(self._device_row_chosen)
         self.inputs_layout.addWidget(self.devices_table)
-        self.devices: list[dict[str, Any]] = [{"name": n, **d, "supported": True, "reason": "", "emulated": False}
-                                              for n, d in KNOWN_DEVICES.items()]
+        self.devices: list[dict[str, Any]] = [
+            {"name": n, **d, "supported": True, "reason": "", "emulated": False}
+            for n, d in KNOWN_DEVICES.items()
+        ]
         self.devices_table.set_rows([device_row(r) for r in self.devices])
         self._show_token_state()
         self.bundle_label = QLabel()
@@ -418,8 +525,9 @@ class CompilePage(StagePage):
 
         st = token_status()
         if st["keyring_error"] and not st["found"]:
-            self.token_state.setText(f"<span style='color:{STATUS_COLORS['fail']}'>"
-                                     f"{html.escape(st['keyring_error'])}</span>")
+            self.token_state.setText(
+                f"<span style='color:{STATUS_COLORS['fail']}'>{html.escape(st['keyring_error'])}</span>"
+            )
             return
         self.token_state.setText(html.escape(describe(st)))
 
@@ -435,7 +543,9 @@ class CompilePage(StagePage):
         try:
             store_token(token)
         except SecretStoreError as exc:
-            self.token_state.setText(f"<span style='color:{STATUS_COLORS['fail']}'>{html.escape(str(exc))}</span>")
+            self.token_state.setText(
+                f"<span style='color:{STATUS_COLORS['fail']}'>{html.escape(str(exc))}</span>"
+            )
             return
         self.token_state.setText("Token stored in the system keyring. Refresh from AI Hub to check it.")
 
@@ -448,16 +558,25 @@ class CompilePage(StagePage):
         self.refresh_devices_button.setEnabled(False)
         self.devices_message.setText("Asking AI Hub for its devices…")
         try:
-            res = await run_child(cli_command("bundle", "devices", "--aihub", "--json"), what="The AI Hub device list",
-                                  timeout=DEVICE_LIST_TIMEOUT_S, grace_s=2.0, term_s=2.0)
+            res = await run_child(
+                cli_command("bundle", "devices", "--aihub", "--json"),
+                what="The AI Hub device list",
+                timeout=DEVICE_LIST_TIMEOUT_S,
+                grace_s=2.0,
+                term_s=2.0,
+            )
             if res.timed_out:
-                raise DeviceListError(f"AI Hub did not answer within {DEVICE_LIST_TIMEOUT_S:.0f} s.",
-                                      "Check the network (and a proxy, if you use one), then refresh again.")
+                raise DeviceListError(
+                    f"AI Hub did not answer within {DEVICE_LIST_TIMEOUT_S:.0f} s.",
+                    "Check the network (and a proxy, if you use one), then refresh again.",
+                )
             rows, emulated = parse_devices_output(res.returncode or 0, res.stdout, res.stderr)
         except DeviceListError as exc:
             hint = f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""
-            self.devices_message.setText(f"<span style='color:{STATUS_COLORS['fail']}'>Could not list the AI Hub "
-                                         f"devices: {html.escape(exc.message)}</span>{hint}")
+            self.devices_message.setText(
+                f"<span style='color:{STATUS_COLORS['fail']}'>Could not list the AI Hub "
+                f"devices: {html.escape(exc.message)}</span>{hint}"
+            )
             return None
         finally:
             self.refresh_devices_button.setEnabled(True)
@@ -468,13 +587,18 @@ class CompilePage(StagePage):
         self.devices = rows
         usable = sum(1 for r in rows if r.get("supported"))
         tag = " <b>EMULATED AI Hub</b> (test emulator, not Qualcomm's service)." if emulated else ""
-        self.devices_message.setText(f"{len(rows)} device(s) on AI Hub, {usable} can run this bundle "
-                                     f"({time.strftime('%H:%M:%S')}).{tag}")
+        self.devices_message.setText(
+            f"{len(rows)} device(s) on AI Hub, {usable} can run this bundle "
+            f"({time.strftime('%H:%M:%S')}).{tag}"
+        )
         self.devices_table.set_rows([device_row(r) for r in rows])
         combo = self.device_combo
         m = self.c.manifest
-        current = str(m.settings.get("device")) if m is not None and m.settings.get("device") else \
-            (combo.currentText() or DEFAULT_DEVICE)
+        current = (
+            str(m.settings.get("device"))
+            if m is not None and m.settings.get("device")
+            else (combo.currentText() or DEFAULT_DEVICE)
+        )
         names = [str(r["name"]) for r in rows if r.get("supported")]
         if current not in names:
             names.insert(0, current)
@@ -483,9 +607,14 @@ class CompilePage(StagePage):
         for n in names:
             combo.addItem(n)
             r = next((r for r in rows if r["name"] == n), None)
-            combo.setItemData(combo.count() - 1, "not on this AI Hub account" if r is None else
-                              f"Hexagon {r.get('dsp_arch')}, soc_model {r.get('soc_model')}, weight sharing "
-                              f"{'yes' if r.get('weight_sharing') else 'no'}, {device_os(r)}", 3)  # ToolTipRole
+            combo.setItemData(
+                combo.count() - 1,
+                "not on this AI Hub account"
+                if r is None
+                else f"Hexagon {r.get('dsp_arch')}, soc_model {r.get('soc_model')}, weight sharing "
+                f"{'yes' if r.get('weight_sharing') else 'no'}, {device_os(r)}",
+                3,
+            )  # ToolTipRole
         combo.setCurrentIndex(max(combo.findText(current), 0))
         combo.blockSignals(False)
 
@@ -499,7 +628,7 @@ class CompilePage(StagePage):
         i = self.device_combo.findText(str(r["name"]))
         if i >= 0 and self.device_combo.isEnabled():
             self.device_combo.setCurrentIndex(i)
-            self.set_setting("device", self.device_combo.currentText())   # a row chosen: one edit, recorded
+            self.set_setting("device", self.device_combo.currentText())  # a row chosen: one edit, recorded
 
     def refresh_results(self) -> None:
         d = self.c.stage_dir("compile")
@@ -513,15 +642,27 @@ class CompilePage(StagePage):
         doc = json.loads(path.read_text())
         dev = doc.get("device") or {}
         form = doc.get("context_binary_form")
-        label = ("SIMULATION bundle: the onnxruntime twin's stand-in binaries (for the simulator board; not a device "
-                 "result)" if doc.get("simulated") else
-                 "EMULATED AI Hub bundle (test emulator; not a real context binary)" if doc.get("emulated") else
-                 f"Genie bundle of real QNN context binaries, compiled on this PC by QNN {doc.get('qnn_version')} "
-                 + ("(one per graph: what Qualcomm's HTP simulator loads)" if form == "single" else
-                    "(both graphs of a part sharing weights, for a board)")
-                 if doc.get("compile_target") == "local" else "Genie bundle")
-        self.bundle_label.setText(f"<b>{label}</b><br>device {dev.get('name')} (soc_model {dev.get('soc_model')}, "
-                                  f"dsp_arch {dev.get('dsp_arch')}), QAIRT {doc.get('qairt_version') or '—'}, "
-                                  f"context length {doc.get('context_length')}, {doc.get('parts')} part(s), "
-                                  f"{len(doc.get('aihub_jobs') or [])} AI Hub job(s).")
-        self.files.set_rows([[f["path"], human_bytes(f["size"]), f["sha256"][:16] + "…"] for f in doc.get("files", [])])
+        label = (
+            "SIMULATION bundle: the onnxruntime twin's stand-in binaries (for the simulator board; not a device "
+            "result)"
+            if doc.get("simulated")
+            else "EMULATED AI Hub bundle (test emulator; not a real context binary)"
+            if doc.get("emulated")
+            else f"Genie bundle of real QNN context binaries, compiled on this PC by QNN {doc.get('qnn_version')} "
+            + (
+                "(one per graph: what Qualcomm's HTP simulator loads)"
+                if form == "single"
+                else "(both graphs of a part sharing weights, for a board)"
+            )
+            if doc.get("compile_target") == "local"
+            else "Genie bundle"
+        )
+        self.bundle_label.setText(
+            f"<b>{label}</b><br>device {dev.get('name')} (soc_model {dev.get('soc_model')}, "
+            f"dsp_arch {dev.get('dsp_arch')}), QAIRT {doc.get('qairt_version') or '—'}, "
+            f"context length {doc.get('context_length')}, {doc.get('parts')} part(s), "
+            f"{len(doc.get('aihub_jobs') or [])} AI Hub job(s)."
+        )
+        self.files.set_rows(
+            [[f["path"], human_bytes(f["size"]), f["sha256"][:16] + "…"] for f in doc.get("files", [])]
+        )

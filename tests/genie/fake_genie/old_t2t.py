@@ -15,7 +15,20 @@ import json
 import sys
 import time
 
-WORDS = ["the", "board", "answers", "quickly", "and", "every", "token", "arrives", "on", "time", "with", "care"]
+WORDS = [
+    "the",
+    "board",
+    "answers",
+    "quickly",
+    "and",
+    "every",
+    "token",
+    "arrives",
+    "on",
+    "time",
+    "with",
+    "care",
+]
 KNOWN = {"-c": 1, "--config": 1, "-p": 1, "--prompt": 1, "--prompt_file": 1, "--profile": 1, "--log": 1}
 
 
@@ -61,15 +74,23 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(("" if k == 0 else " ") + WORDS[k % len(WORDS)])
         sys.stdout.flush()
         if k == 1:
-            sys.stdout.write("[INFO]  \"KV cache update\"\n")   # a logger writes its own line, mid-reply
+            sys.stdout.write('[INFO]  "KV cache update"\n')  # a logger writes its own line, mid-reply
             sys.stdout.flush()
     gen_us = (time.perf_counter() - t1) * 1e6
     sys.stdout.write("[END]\n")
-    kpis = {"init_us": int(init_us), "prompt_us": int(prompt_us), "prompt_rate": round(prompt_tokens / (prompt_us / 1e6), 2),
-            "gen_us": int(gen_us), "gen_rate": round(n / (gen_us / 1e6), 2)}
-    print(f"\n[KPIS]:\nInit Time: {kpis['init_us']} us\nPrompt Processing Time: {kpis['prompt_us']} us, Prompt "
-          f"Processing Rate : {kpis['prompt_rate']} toks/sec\nToken Generation Time: {kpis['gen_us']} us, Token "
-          f"Generation Rate: {kpis['gen_rate']} toks/sec", flush=True)
+    kpis = {
+        "init_us": int(init_us),
+        "prompt_us": int(prompt_us),
+        "prompt_rate": round(prompt_tokens / (prompt_us / 1e6), 2),
+        "gen_us": int(gen_us),
+        "gen_rate": round(n / (gen_us / 1e6), 2),
+    }
+    print(
+        f"\n[KPIS]:\nInit Time: {kpis['init_us']} us\nPrompt Processing Time: {kpis['prompt_us']} us, Prompt "
+        f"Processing Rate : {kpis['prompt_rate']} toks/sec\nToken Generation Time: {kpis['gen_us']} us, Token "
+        f"Generation Rate: {kpis['gen_rate']} toks/sec",
+        flush=True,
+    )
     if dialog.get("fake-kpis-file"):
         with open(dialog["fake-kpis-file"], "w", encoding="utf-8") as fh:
             json.dump({**kpis, "generated": n, "prompt_tokens": prompt_tokens}, fh)

@@ -16,20 +16,55 @@ from workers.shared.errors import ActionableError
 
 # AI Hub device attributes HexStudio knows offline (facts/board.md). The live list comes from AI Hub.
 KNOWN_DEVICES: dict[str, dict[str, Any]] = {
-    "Dragonwing IQ-9075 EVK": {"soc_model": 77, "dsp_arch": "v73", "chipset": "qualcomm-qcs9075",
-                               "os": "qc_linux", "weight_sharing": True},
-    "SA8255P ADP": {"soc_model": 52, "dsp_arch": "v73", "chipset": "qualcomm-sa8255p", "os": "android",
-                    "weight_sharing": True},
-    "Snapdragon 8 Gen 2 QRD": {"soc_model": 43, "dsp_arch": "v73", "chipset": "qualcomm-snapdragon-8gen2",
-                               "os": "android", "weight_sharing": True},
-    "Snapdragon 8 Gen 3 QRD": {"soc_model": 57, "dsp_arch": "v75", "chipset": "qualcomm-snapdragon-8gen3",
-                               "os": "android", "weight_sharing": True},
-    "Snapdragon 8 Elite QRD": {"soc_model": 69, "dsp_arch": "v79", "chipset": "qualcomm-snapdragon-8-elite",
-                               "os": "android", "weight_sharing": True},
-    "Snapdragon X Elite CRD": {"soc_model": 60, "dsp_arch": "v73", "chipset": "qualcomm-snapdragon-x-elite",
-                               "os": "windows", "weight_sharing": True},
+    "Dragonwing IQ-9075 EVK": {
+        "soc_model": 77,
+        "dsp_arch": "v73",
+        "chipset": "qualcomm-qcs9075",
+        "os": "qc_linux",
+        "weight_sharing": True,
+    },
+    "SA8255P ADP": {
+        "soc_model": 52,
+        "dsp_arch": "v73",
+        "chipset": "qualcomm-sa8255p",
+        "os": "android",
+        "weight_sharing": True,
+    },
+    "Snapdragon 8 Gen 2 QRD": {
+        "soc_model": 43,
+        "dsp_arch": "v73",
+        "chipset": "qualcomm-snapdragon-8gen2",
+        "os": "android",
+        "weight_sharing": True,
+    },
+    "Snapdragon 8 Gen 3 QRD": {
+        "soc_model": 57,
+        "dsp_arch": "v75",
+        "chipset": "qualcomm-snapdragon-8gen3",
+        "os": "android",
+        "weight_sharing": True,
+    },
+    "Snapdragon 8 Elite QRD": {
+        "soc_model": 69,
+        "dsp_arch": "v79",
+        "chipset": "qualcomm-snapdragon-8-elite",
+        "os": "android",
+        "weight_sharing": True,
+    },
+    "Snapdragon X Elite CRD": {
+        "soc_model": 60,
+        "dsp_arch": "v73",
+        "chipset": "qualcomm-snapdragon-x-elite",
+        "os": "windows",
+        "weight_sharing": True,
+    },
 }
-SIMULATOR_DEVICE = {"name": "HexStudio simulator", "soc_model": 0, "dsp_arch": "sim", "attributes": ["simulated"]}
+SIMULATOR_DEVICE = {
+    "name": "HexStudio simulator",
+    "soc_model": 0,
+    "dsp_arch": "sim",
+    "attributes": ["simulated"],
+}
 
 
 class BundleError(ActionableError, ValueError):
@@ -45,8 +80,10 @@ def arch_number(dsp_arch: str) -> int:
 
 def device_info(name: str) -> dict[str, Any]:
     if name not in KNOWN_DEVICES:
-        raise BundleError(f"Unknown device '{name}'. Known offline: {', '.join(KNOWN_DEVICES)}. "
-                          "Online, the device list comes from AI Hub (hexstudio bundle devices).")
+        raise BundleError(
+            f"Unknown device '{name}'. Known offline: {', '.join(KNOWN_DEVICES)}. "
+            "Online, the device list comes from AI Hub (hexstudio bundle devices)."
+        )
     return {"name": name, **KNOWN_DEVICES[name]}
 
 
@@ -57,13 +94,17 @@ def check_device(dev: dict[str, Any], lpbq: bool = True) -> None:
         return
     n = arch_number(dev["dsp_arch"])
     if lpbq and n < 69:
-        raise BundleError(f"{dev['name']} ({dev['dsp_arch']}) cannot run LPBQ (int4 blockwise) weights, which this "
-                          "W4A16 model uses: that needs Hexagon v69 or newer. Use a v73+ device such as the "
-                          "Dragonwing IQ-9075 EVK.")
+        raise BundleError(
+            f"{dev['name']} ({dev['dsp_arch']}) cannot run LPBQ (int4 blockwise) weights, which this "
+            "W4A16 model uses: that needs Hexagon v69 or newer. Use a v73+ device such as the "
+            "Dragonwing IQ-9075 EVK."
+        )
     if n < 73 or not dev.get("weight_sharing", True):
-        raise BundleError(f"{dev['name']} ({dev['dsp_arch']}) does not support weight sharing, which the Genie "
-                          "bundle needs (prompt processor and token generator share one set of weights): use a "
-                          "Hexagon v73 or newer device.")
+        raise BundleError(
+            f"{dev['name']} ({dev['dsp_arch']}) does not support weight sharing, which the Genie "
+            "bundle needs (prompt processor and token generator share one set of weights): use a "
+            "Hexagon v73 or newer device."
+        )
 
 
 _CL_RE = re.compile(r"_cl(\d+)(?:_|$)")
@@ -78,20 +119,26 @@ def compiled_context_length(graph_names: list[str]) -> int:
     for name in graph_names:
         m = _CL_RE.search(name)
         if m is None:
-            raise BundleError(f"Graph '{name}' does not name its context length (`_cl<N>_`), so the bundle's "
-                              "context size cannot be checked against it. Re-run the Quantize stage.")
+            raise BundleError(
+                f"Graph '{name}' does not name its context length (`_cl<N>_`), so the bundle's "
+                "context size cannot be checked against it. Re-run the Quantize stage."
+            )
         found[name] = int(m.group(1))
     values = sorted(set(found.values()))
     if not values:
-        raise BundleError("There are no graphs to check the context length against. Re-run the Quantize stage.")
+        raise BundleError(
+            "There are no graphs to check the context length against. Re-run the Quantize stage."
+        )
     by_cl = {v: sorted(_CL_RE.sub("_cl*_", n) for n, c in found.items() if c == v) for v in values}
     full = by_cl[values[-1]]
     for v, names in by_cl.items():
         if names != full:
             missing = sorted(set(full) - set(names)) or sorted(set(names) - set(full))
-            raise BundleError(f"The graphs for context length {v} are not the same set as for {values[-1]} "
-                              f"({', '.join(n.replace('_cl*_', f'_cl{v}_') for n in missing)}): Genie needs every "
-                              "graph at every context length. Re-run the Quantize stage.")
+            raise BundleError(
+                f"The graphs for context length {v} are not the same set as for {values[-1]} "
+                f"({', '.join(n.replace('_cl*_', f'_cl{v}_') for n in missing)}): Genie needs every "
+                "graph at every context length. Re-run the Quantize stage."
+            )
     return values[-1]
 
 
@@ -133,46 +180,89 @@ def model_slug(name: str) -> str:
 
 def _token_id(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise BundleError(f"config.json's {what} is {v!r}, not a token id: Genie needs a number there. Fix the "
-                          "model's config.json.")
+        raise BundleError(
+            f"config.json's {what} is {v!r}, not a token id: Genie needs a number there. Fix the "
+            "model's config.json."
+        )
     return v
 
 
-def genie_config(hf_config: dict[str, Any], context_length: int, ctx_bins: list[str], kv_dim: int,
-                 sampler: dict[str, Any] | None = None, simulated: bool = False) -> dict[str, Any]:
+def genie_config(
+    hf_config: dict[str, Any],
+    context_length: int,
+    ctx_bins: list[str],
+    kv_dim: int,
+    sampler: dict[str, Any] | None = None,
+    simulated: bool = False,
+) -> dict[str, Any]:
     """genie_config.json as Genie 1.13 accepts it (workers/shared/bundle/genie_schema.py) and qai-hub-models writes it
     (qai_hub_models/utils/llm_helpers.py): version 1 in every section, every mandatory key, the sampler always,
     bos-token a number (-1: none), eos-token a number or an array, kv-dim = head_dim, and the model's own rope as
     `model.positional-encoding` (workers.shared.rope; never pos-id-dim/rope-theta under QnnHtp). A simulation bundle
     gets the same config (backend QnnHtp): bundle.json marks it simulated. Raises BundleError for a rope Genie
     cannot express or a config.json without an eos token."""
-    del simulated   # the simulator board reads the very same config
+    del simulated  # the simulator board reads the very same config
     eos = hf_config.get("eos_token_id")
     if eos is None or eos == []:
-        raise BundleError("config.json has no eos_token_id: Genie needs one to stop a reply. Fix the model's "
-                          "config.json (its generation_config.json usually names it).")
-    eos_out: int | list[int] = [_token_id(e, "eos_token_id") for e in eos] if isinstance(eos, list) \
+        raise BundleError(
+            "config.json has no eos_token_id: Genie needs one to stop a reply. Fix the model's "
+            "config.json (its generation_config.json usually names it)."
+        )
+    eos_out: int | list[int] = (
+        [_token_id(e, "eos_token_id") for e in eos]
+        if isinstance(eos, list)
         else _token_id(eos, "eos_token_id")
+    )
     bos = hf_config.get("bos_token_id")
     bos_out = -1 if bos is None else _token_id(bos, "bos_token_id")
     sampler = sampler or {"seed": 42, "temp": 0.0, "top_k": 1, "top_p": 1.0}
     pe = genie_positional_encoding(hf_config, context_length)
-    return {"dialog": {
-        "version": 1, "type": "basic",
-        "context": {"version": 1, "size": int(context_length), "n-vocab": int(hf_config["vocab_size"]),
-                    "bos-token": bos_out, "eos-token": eos_out},
-        "sampler": {"version": 1, "seed": sampler["seed"], "temp": sampler["temp"], "top-k": sampler["top_k"],
-                    "top-p": sampler["top_p"]},
-        "tokenizer": {"version": 1, "path": "tokenizer.json"},
-        "engine": {"version": 1, "n-threads": 3,
-                   "backend": {"version": 1, "type": "QnnHtp",
-                               "QnnHtp": {"version": 1, "use-mmap": True, "spill-fill-bufsize": 0, "mmap-budget": 0,
-                                          "poll": True, "cpu-mask": "0xe0", "kv-dim": int(kv_dim),
-                                          "allow-async-init": False},
-                               "extensions": "htp_backend_ext_config.json"},
-                   "model": {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": list(ctx_bins)},
-                             "positional-encoding": pe}},
-    }}
+    return {
+        "dialog": {
+            "version": 1,
+            "type": "basic",
+            "context": {
+                "version": 1,
+                "size": int(context_length),
+                "n-vocab": int(hf_config["vocab_size"]),
+                "bos-token": bos_out,
+                "eos-token": eos_out,
+            },
+            "sampler": {
+                "version": 1,
+                "seed": sampler["seed"],
+                "temp": sampler["temp"],
+                "top-k": sampler["top_k"],
+                "top-p": sampler["top_p"],
+            },
+            "tokenizer": {"version": 1, "path": "tokenizer.json"},
+            "engine": {
+                "version": 1,
+                "n-threads": 3,
+                "backend": {
+                    "version": 1,
+                    "type": "QnnHtp",
+                    "QnnHtp": {
+                        "version": 1,
+                        "use-mmap": True,
+                        "spill-fill-bufsize": 0,
+                        "mmap-budget": 0,
+                        "poll": True,
+                        "cpu-mask": "0xe0",
+                        "kv-dim": int(kv_dim),
+                        "allow-async-init": False,
+                    },
+                    "extensions": "htp_backend_ext_config.json",
+                },
+                "model": {
+                    "version": 1,
+                    "type": "binary",
+                    "binary": {"version": 1, "ctx-bins": list(ctx_bins)},
+                    "positional-encoding": pe,
+                },
+            },
+        }
+    }
 
 
 def genie_rope(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -195,26 +285,38 @@ def check_genie_config(cfg: dict[str, Any], hf_config: dict[str, Any], compiled_
 
     problems = genie_config_errors(cfg) + [i.message for i in dialog_create_errors(cfg)]
     if problems:
-        raise BundleError("genie_config.json would be refused by Genie: " + "; ".join(problems)
-                          + ". Write it again with `hexstudio bundle config`.")
+        raise BundleError(
+            "genie_config.json would be refused by Genie: "
+            + "; ".join(problems)
+            + ". Write it again with `hexstudio bundle config`."
+        )
     d = cfg["dialog"]
     if d["context"]["size"] != compiled_context:
-        raise BundleError(f"genie_config context size {d['context']['size']} differs from the compiled context "
-                          f"length {compiled_context}: Genie would produce garbage or crash. Recompile at "
-                          f"{d['context']['size']}, or write the config with context size {compiled_context}.")
+        raise BundleError(
+            f"genie_config context size {d['context']['size']} differs from the compiled context "
+            f"length {compiled_context}: Genie would produce garbage or crash. Recompile at "
+            f"{d['context']['size']}, or write the config with context size {compiled_context}."
+        )
     kv = d["engine"]["backend"]["QnnHtp"].get("kv-dim")
     hd = rope.head_dim_of(hf_config)
     if kv != hd:
-        raise BundleError(f"genie_config kv-dim {kv} differs from the model's head_dim {hd}: Genie would refuse the "
-                          "KV tensors' shapes. Write the config again.")
+        raise BundleError(
+            f"genie_config kv-dim {kv} differs from the model's head_dim {hd}: Genie would refuse the "
+            "KV tensors' shapes. Write the config again."
+        )
     htp = d["engine"]["backend"]["QnnHtp"]
     pe = d["engine"]["model"].get("positional-encoding") or {
-        "type": "rope", "rope-dim": htp.get("pos-id-dim", 64), "rope-theta": htp.get("rope-theta", 10000)}
+        "type": "rope",
+        "rope-dim": htp.get("pos-id-dim", 64),
+        "rope-theta": htp.get("rope-theta", 10000),
+    }
     diff = rope.rope_mismatch(pe, hf_config, int(d["context"]["size"]))
     if diff is not None:
-        raise BundleError(f"The bundle's rope settings differ from the model's config.json ({diff}): the model would "
-                          "produce degenerate output. Write genie_config.json again from the Hugging Face config "
-                          "(hexstudio bundle config shows what it should hold).")
+        raise BundleError(
+            f"The bundle's rope settings differ from the model's config.json ({diff}): the model would "
+            "produce degenerate output. Write genie_config.json again from the Hugging Face config "
+            "(hexstudio bundle config shows what it should hold)."
+        )
 
 
 def part_label(part: int, parts: int) -> str:
@@ -223,9 +325,17 @@ def part_label(part: int, parts: int) -> str:
 
 
 def htp_ext_config(dev: dict[str, Any]) -> dict[str, Any]:
-    return {"devices": [{"soc_model": dev["soc_model"], "dsp_arch": dev["dsp_arch"],
-                         "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}]}],
-            "memory": {"mem_type": "shared_buffer"}, "context": {"weight_sharing_enabled": True}}
+    return {
+        "devices": [
+            {
+                "soc_model": dev["soc_model"],
+                "dsp_arch": dev["dsp_arch"],
+                "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}],
+            }
+        ],
+        "memory": {"mem_type": "shared_buffer"},
+        "context": {"weight_sharing_enabled": True},
+    }
 
 
 def bundle_qairt_version(bundle_dir: Path) -> str | None:
@@ -259,8 +369,10 @@ def copy_model_files(hf_dir: Path, bundle_dir: Path) -> None:
         if (hf_dir / f).is_file():
             shutil.copy2(hf_dir / f, bundle_dir / f)
     if not (bundle_dir / "tokenizer.json").is_file():
-        raise BundleError(f"{hf_dir} has no tokenizer.json: Genie needs one. Use a model with a fast tokenizer "
-                          "(tokenizer.json).")
+        raise BundleError(
+            f"{hf_dir} has no tokenizer.json: Genie needs one. Use a model with a fast tokenizer "
+            "(tokenizer.json)."
+        )
 
 
 def write_manifest(bundle_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -268,8 +380,13 @@ def write_manifest(bundle_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     files = []
     for p in sorted(bundle_dir.rglob("*")):
         if p.is_file() and p.name != "bundle.json":
-            files.append({"path": p.relative_to(bundle_dir).as_posix(), "sha256": sha256_file(p),
-                          "size": p.stat().st_size})
+            files.append(
+                {
+                    "path": p.relative_to(bundle_dir).as_posix(),
+                    "sha256": sha256_file(p),
+                    "size": p.stat().st_size,
+                }
+            )
     doc = {"bundle_version": 1, **meta, "files": files}
     tmp = bundle_dir / ".bundle.json.tmp"
     tmp.write_text(json.dumps(doc, indent=2))
@@ -285,7 +402,7 @@ def verify_bundle(bundle_dir: Path) -> list[str]:
         return [f"bundle.json unreadable: {exc}"]
     from workers.shared.bundle.safepath import UnsafePath, check_bundle_files, resolve_under
 
-    try:   # every path is checked before any is opened (issue 18: a crafted bundle must not reach outside)
+    try:  # every path is checked before any is opened (issue 18: a crafted bundle must not reach outside)
         files = check_bundle_files(doc.get("files") if isinstance(doc, dict) else None)
         for i, f in enumerate(files):
             resolve_under(bundle_dir, f["path"], f"bundle.json files[{i}]")

@@ -39,27 +39,47 @@ VALIDATION_FAILED = "Error validating model. Please check your I/O. Error valida
 TENSORS_FAILED = "Error : Could not find I/O tensors in loaded graphs. "
 NON_IDENTICAL = "Non-identical quantization parameters found for the same tensor"
 BLOCK_HEAD = '[ERROR] "Model Validation Errors found"'
-BLOCK_TAIL = ('[ERROR] "Note: Dimensions denoted by \'*\' are ignored (i.e. no comparison)"',
-              '[ERROR] "Check model i/o specs (set dump-specs=true in config) for debugging"')
-STANDARD_INPUTS = ("input_ids", "attention_mask", "position_ids_cos", "position_ids_sin", "position_ids",
-                   "cache_index", "inputs_embeds", "valid_token_mask")
+BLOCK_TAIL = (
+    "[ERROR] \"Note: Dimensions denoted by '*' are ignored (i.e. no comparison)\"",
+    '[ERROR] "Check model i/o specs (set dump-specs=true in config) for debugging"',
+)
+STANDARD_INPUTS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids_cos",
+    "position_ids_sin",
+    "position_ids",
+    "cache_index",
+    "inputs_embeds",
+    "valid_token_mask",
+)
 _NUM = re.compile(r"\d+")
 _AR_RE = re.compile(r"(?:ar|AR)_?(\d+)")
 _CL_RE = re.compile(r"(?:cl|CL)_?(\d+)")
 _PART_RE = re.compile(r"_(\d+)_of_(\d+)$")
 _QMAX = {"uint8": 255, "uint16": 65535, "uint32": 4294967295, "int8": 127, "int16": 32767}
-_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "uint32": 32, "int32": 32,
-         "float32": 32}
+_BITS = {
+    "uint8": 8,
+    "int8": 8,
+    "uint16": 16,
+    "int16": 16,
+    "float16": 16,
+    "uint32": 32,
+    "int32": 32,
+    "float32": 32,
+}
 
 
 @dataclass
 class ModelIssue:
-    code: str              # tensor_not_found, shape, non_identical_quant, context_size, variant, split_chain, ...
+    code: str  # tensor_not_found, shape, non_identical_quant, context_size, variant, split_chain, ...
     graph: str
     tensor: str
-    message: str           # Genie's text (genie=True) or a HexStudio sentence
-    genie: bool            # True: Genie itself refuses the load with this message
-    stage: str = "validate"   # Genie's step: "load" (before validateModel), "validate", "tensors"; "" for HexStudio
+    message: str  # Genie's text (genie=True) or a HexStudio sentence
+    genie: bool  # True: Genie itself refuses the load with this message
+    stage: str = (
+        "validate"  # Genie's step: "load" (before validateModel), "validate", "tensors"; "" for HexStudio
+    )
 
 
 def _kv(name: str, prefix: str = "past_") -> str | None:
@@ -142,8 +162,9 @@ def variant_of(name: str, spec: dict[str, Any], prefix: str = "past_") -> tuple[
     return ar, cl
 
 
-def splits(graphs: dict[str, dict[str, Any]], prefix: str = "past_") -> tuple[dict[tuple[int, int], list[str]],
-                                                                             list[ModelIssue]]:
+def splits(
+    graphs: dict[str, dict[str, Any]], prefix: str = "past_"
+) -> tuple[dict[tuple[int, int], list[str]], list[ModelIssue]]:
     """{(AR, CL): [graph names in split order]} as Genie forms them (lexicographic order of names)."""
     out: dict[tuple[int, int], list[str]] = {}
     issues: list[ModelIssue] = []
@@ -155,8 +176,15 @@ def splits(graphs: dict[str, dict[str, Any]], prefix: str = "past_") -> tuple[di
     return out, issues
 
 
-def model_issues(graphs: dict[str, dict[str, Any]], context_size: int | None, *, kv_dim: int | None = None,
-                 rope_dim: int | None = None, prefix: str = "past_", positional: str = "rope") -> list[ModelIssue]:
+def model_issues(
+    graphs: dict[str, dict[str, Any]],
+    context_size: int | None,
+    *,
+    kv_dim: int | None = None,
+    rope_dim: int | None = None,
+    prefix: str = "past_",
+    positional: str = "rope",
+) -> list[ModelIssue]:
     """Every Genie load-time refusal and every HexStudio finding for these graphs, Genie's first.
     `positional`: the config's positional-encoding type (rope: Genie feeds position_ids_cos/sin;
     absolute/alibi: position_ids)."""
@@ -165,24 +193,47 @@ def model_issues(graphs: dict[str, dict[str, Any]], context_size: int | None, *,
         return issues
     max_cl = max(cl for _, cl in variants)
     if context_size is not None and max_cl > 0 and context_size > max_cl:
-        issues.append(ModelIssue("context_size", "", "", "Failure to initialize model. Config specifies "
-                                 f"context->size={context_size}, but loaded max-CL={max_cl}", True, "load"))
+        issues.append(
+            ModelIssue(
+                "context_size",
+                "",
+                "",
+                "Failure to initialize model. Config specifies "
+                f"context->size={context_size}, but loaded max-CL={max_cl}",
+                True,
+                "load",
+            )
+        )
     issues += _validate(graphs, variants, kv_dim, rope_dim, prefix)
     issues += _tensors(graphs, variants, positional)
     caught = {i.tensor for i in issues if i.code == "non_identical_quant"}
-    issues += [i for i in _hexstudio(graphs, variants, prefix) if not (i.code == "kv_untied" and i.tensor in caught)]
+    issues += [
+        i for i in _hexstudio(graphs, variants, prefix) if not (i.code == "kv_untied" and i.tensor in caught)
+    ]
     return issues
 
 
-def _validate(graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int], list[str]], kv_dim: int | None,
-              rope_dim: int | None, prefix: str) -> list[ModelIssue]:
+def _validate(
+    graphs: dict[str, dict[str, Any]],
+    variants: dict[tuple[int, int], list[str]],
+    kv_dim: int | None,
+    rope_dim: int | None,
+    prefix: str,
+) -> list[ModelIssue]:
     out: list[ModelIssue] = []
 
     def shape_error(g: str, t: str, want: tuple[Any, Any, Any], spec: dict[str, Any]) -> None:
         got = _dims(_shape(spec) or [])
         if any(w != "*" and w != h for w, h in zip(want, got, strict=True)):
-            out.append(ModelIssue("shape", g, t, f"Expected {_fmt(want)} bitwidth=*. Found {_fmt(got)} "
-                                  f"bitwidth={_bitwidth(spec)}", True))
+            out.append(
+                ModelIssue(
+                    "shape",
+                    g,
+                    t,
+                    f"Expected {_fmt(want)} bitwidth=*. Found {_fmt(got)} bitwidth={_bitwidth(spec)}",
+                    True,
+                )
+            )
 
     for (ar, cl), names in variants.items():
         first, last = graphs[names[0]], graphs[names[-1]]
@@ -211,9 +262,18 @@ def _validate(graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int],
                 if t.endswith("_in"):
                     last_dim = (_shape(spec) or [0])[-1 if kind == "key" else -2]
                     if last_dim not in (cl, cl - ar):
-                        out.append(ModelIssue("shape", g, t, "Could not determine whether KV$ uses Scatter or "
-                                              f"Concat. KV$ has input dimension {last_dim}.Expected CL={cl} or "
-                                              f"CL - AR-n={cl - ar}", True, "load"))
+                        out.append(
+                            ModelIssue(
+                                "shape",
+                                g,
+                                t,
+                                "Could not determine whether KV$ uses Scatter or "
+                                f"Concat. KV$ has input dimension {last_dim}.Expected CL={cl} or "
+                                f"CL - AR-n={cl - ar}",
+                                True,
+                                "load",
+                            )
+                        )
                         continue
                     past = last_dim
                     want = ("*", hd, past) if kind == "key" else ("*", past, hd)
@@ -224,14 +284,23 @@ def _validate(graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int],
                 v = t.replace("key", "value", 1)
                 if v not in ins:
                     layer = (_NUM.findall(t) or ["0"])[0]
-                    out.append(ModelIssue("kv_pair", g, t, f"Error in layer {layer} head 0. Found Key {t} but no "
-                                          f"Value {v}", True, "load"))
+                    out.append(
+                        ModelIssue(
+                            "kv_pair",
+                            g,
+                            t,
+                            f"Error in layer {layer} head 0. Found Key {t} but no Value {v}",
+                            True,
+                            "load",
+                        )
+                    )
     out += _identical_quantization(graphs, variants, prefix)
     return out
 
 
-def _identical_quantization(graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int], list[str]],
-                            prefix: str) -> list[ModelIssue]:
+def _identical_quantization(
+    graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int], list[str]], prefix: str
+) -> list[ModelIssue]:
     """validateModel's check 4, quirks included: a KV `_in` is compared with what is stored under its
     `_out` name, and stored under its own name when first seen (so in/out of a layer are compared only
     across two graphs holding that layer)."""
@@ -254,20 +323,29 @@ def _identical_quantization(graphs: dict[str, dict[str, Any]], variants: dict[tu
     return out
 
 
-def _tensors(graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int], list[str]],
-             positional: str = "rope") -> list[ModelIssue]:
+def _tensors(
+    graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int], list[str]], positional: str = "rope"
+) -> list[ModelIssue]:
     """initializeTensorPointers: the fixed names must exist in some split of each variant."""
     out = []
-    wanted = ("attention_mask", "position_ids_sin", "position_ids_cos") if positional == "rope" else \
-        ("attention_mask", "position_ids")
+    wanted = (
+        ("attention_mask", "position_ids_sin", "position_ids_cos")
+        if positional == "rope"
+        else ("attention_mask", "position_ids")
+    )
     for names in variants.values():
         have = {t for g in names for t in (graphs[g].get("inputs") or {})}
         for t in wanted:
             if t not in have:
-                out.append(ModelIssue("tensor_not_found", names[0], t, f"Tensor not found: {t}", True, "tensors"))
+                out.append(
+                    ModelIssue("tensor_not_found", names[0], t, f"Tensor not found: {t}", True, "tensors")
+                )
         if "input_ids" not in have and "inputs_embeds" not in have:
-            out.append(ModelIssue("tensor_not_found", names[0], "input_ids", "Tensor not found: input_ids", True,
-                                  "tensors"))
+            out.append(
+                ModelIssue(
+                    "tensor_not_found", names[0], "input_ids", "Tensor not found: input_ids", True, "tensors"
+                )
+            )
     seen, uniq = set(), []
     for i in out:
         if i.tensor not in seen:
@@ -276,8 +354,9 @@ def _tensors(graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int], 
     return uniq
 
 
-def _hexstudio(graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int], list[str]],
-               prefix: str) -> list[ModelIssue]:
+def _hexstudio(
+    graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int], list[str]], prefix: str
+) -> list[ModelIssue]:
     out: list[ModelIssue] = []
     for (ar, cl), names in variants.items():
         parts = [_PART_RE.search(n) for n in names]
@@ -285,13 +364,30 @@ def _hexstudio(graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int]
             order = [int(m.group(1)) for m in parts if m]
             totals = {int(m.group(2)) for m in parts if m}
             if order != sorted(order):
-                out.append(ModelIssue("split_order", names[0], "", f"The AR-{ar} CL-{cl} graphs run in the "
-                                      f"lexicographic order of their names ({', '.join(names)}), which is not their "
-                                      "part order: zero-pad the part number (e.g. _02_of_12).", False, ""))
+                out.append(
+                    ModelIssue(
+                        "split_order",
+                        names[0],
+                        "",
+                        f"The AR-{ar} CL-{cl} graphs run in the "
+                        f"lexicographic order of their names ({', '.join(names)}), which is not their "
+                        "part order: zero-pad the part number (e.g. _02_of_12).",
+                        False,
+                        "",
+                    )
+                )
             if len(totals) > 1 or (totals and max(totals) != len(names)):
-                out.append(ModelIssue("split_count", names[0], "", f"The AR-{ar} CL-{cl} variant has {len(names)} "
-                                      f"graph(s) named as parts of {sorted(totals)}: a part is missing or extra.",
-                                      False, ""))
+                out.append(
+                    ModelIssue(
+                        "split_count",
+                        names[0],
+                        "",
+                        f"The AR-{ar} CL-{cl} variant has {len(names)} "
+                        f"graph(s) named as parts of {sorted(totals)}: a part is missing or extra.",
+                        False,
+                        "",
+                    )
+                )
         for k in range(1, len(names)):
             prev_out = set(graphs[names[k - 1]].get("outputs") or {})
             for t in sorted(graphs[names[k]].get("inputs") or {}):
@@ -299,42 +395,86 @@ def _hexstudio(graphs: dict[str, dict[str, Any]], variants: dict[tuple[int, int]
                     continue
                 if t not in prev_out:
                     cands = sorted(x for x in prev_out if x != "logits" and not _kv(x, prefix))
-                    out.append(ModelIssue("split_chain", names[k], t, f"Input {t} of {names[k]} is no output of "
-                                          f"{names[k - 1]} (which writes {', '.join(cands) or 'no hidden state'}): "
-                                          "Genie links parts by tensor name only, so this input is never written "
-                                          "and the model computes on garbage.", False, ""))
+                    out.append(
+                        ModelIssue(
+                            "split_chain",
+                            names[k],
+                            t,
+                            f"Input {t} of {names[k]} is no output of "
+                            f"{names[k - 1]} (which writes {', '.join(cands) or 'no hidden state'}): "
+                            "Genie links parts by tensor name only, so this input is never written "
+                            "and the model computes on garbage.",
+                            False,
+                            "",
+                        )
+                    )
         for g in names:
             ins, outs = graphs[g].get("inputs") or {}, graphs[g].get("outputs") or {}
             cos, sin = ins.get("position_ids_cos"), ins.get("position_ids_sin")
             if _has_quant(cos) and _has_quant(sin) and _quant(cos) != _quant(sin):
-                out.append(ModelIssue("cos_sin_quant", g, "position_ids_sin", f"position_ids_sin is quantized "
-                                      f"{_qtext(sin)}, position_ids_cos {_qtext(cos)}: Genie quantizes both tables "
-                                      "with cos's encoding, so sin is fed wrong values.", False, ""))
+                out.append(
+                    ModelIssue(
+                        "cos_sin_quant",
+                        g,
+                        "position_ids_sin",
+                        f"position_ids_sin is quantized "
+                        f"{_qtext(sin)}, position_ids_cos {_qtext(cos)}: Genie quantizes both tables "
+                        "with cos's encoding, so sin is fed wrong values.",
+                        False,
+                        "",
+                    )
+                )
             mask = ins.get("attention_mask")
             dt = str((mask or {}).get("dtype", ""))
             if _has_quant(mask) and dt in _QMAX and dt.startswith("uint"):
                 scale, offset = _quant(mask)
                 top = (_QMAX[dt] + offset) * scale
                 if abs(top) > abs(scale) / 2:
-                    out.append(ModelIssue("mask_quant", g, "attention_mask", f"attention_mask ({dt}, "
-                                          f"{_qtext(mask)}) decodes its largest code to {top:.6g}, not 0.0: Genie "
-                                          "writes 'attend' as all-ones, so every attended position is biased.",
-                                          False, ""))
+                    out.append(
+                        ModelIssue(
+                            "mask_quant",
+                            g,
+                            "attention_mask",
+                            f"attention_mask ({dt}, "
+                            f"{_qtext(mask)}) decodes its largest code to {top:.6g}, not 0.0: Genie "
+                            "writes 'attend' as all-ones, so every attended position is biased.",
+                            False,
+                            "",
+                        )
+                    )
             for t, spec in sorted({**ins, **outs}.items()):
                 dt = str((spec or {}).get("dtype", ""))
                 if _kv(t, prefix) and _has_quant(spec) and dt in ("uint8", "uint16"):
                     mid = -(1 << (_BITS[dt] - 1))
                     if _quant(spec)[1] != mid:
-                        out.append(ModelIssue("kv_asymmetric", g, t, f"{t} ({dt}, {_qtext(spec)}) is not "
-                                              f"symmetric (offset {mid}): Genie clears the KV cache with the mid "
-                                              "code, which then is not 0.0.", False, ""))
+                        out.append(
+                            ModelIssue(
+                                "kv_asymmetric",
+                                g,
+                                t,
+                                f"{t} ({dt}, {_qtext(spec)}) is not "
+                                f"symmetric (offset {mid}): Genie clears the KV cache with the mid "
+                                "code, which then is not 0.0.",
+                                False,
+                                "",
+                            )
+                        )
             for t in (x for x in ins if _kv(x, prefix)):
                 o = t[:-3] + "_out"
                 if o in outs and _has_quant(ins[t]) and _quant(ins[t]) != _quant(outs[o]):
-                    out.append(ModelIssue("kv_untied", g, t, f"{t} {_qtext(ins[t])} and {o} {_qtext(outs[o])} are "
-                                          "quantized differently: Genie copies the new entries byte for byte from "
-                                          "the output into the cache input, so the cache is read with the wrong "
-                                          "scale (Genie checks this only across two graphs).", False, ""))
+                    out.append(
+                        ModelIssue(
+                            "kv_untied",
+                            g,
+                            t,
+                            f"{t} {_qtext(ins[t])} and {o} {_qtext(outs[o])} are "
+                            "quantized differently: Genie copies the new entries byte for byte from "
+                            "the output into the cache input, so the cache is read with the wrong "
+                            "scale (Genie checks this only across two graphs).",
+                            False,
+                            "",
+                        )
+                    )
     return out
 
 
@@ -354,14 +494,28 @@ def genie_lines(issues: list[ModelIssue]) -> list[str]:
         return [load[0].message]
     val = [i for i in g if i.stage == "validate"]
     if val:
-        return [BLOCK_HEAD, *(f'[ERROR] "{i.graph} : {i.tensor} - {i.message}"' for i in val), *BLOCK_TAIL,
-                VALIDATION_FAILED]
+        return [
+            BLOCK_HEAD,
+            *(f'[ERROR] "{i.graph} : {i.tensor} - {i.message}"' for i in val),
+            *BLOCK_TAIL,
+            VALIDATION_FAILED,
+        ]
     return [*(i.message for i in g if i.stage == "tensors"), TENSORS_FAILED]
 
 
-def model_errors(graphs: dict[str, dict[str, Any]], context_size: int | None, *, kv_dim: int | None = None,
-                 rope_dim: int | None = None, prefix: str = "past_", positional: str = "rope") -> list[str]:
+def model_errors(
+    graphs: dict[str, dict[str, Any]],
+    context_size: int | None,
+    *,
+    kv_dim: int | None = None,
+    rope_dim: int | None = None,
+    prefix: str = "past_",
+    positional: str = "rope",
+) -> list[str]:
     """Genie's load-time output for these graphs (see genie_lines): [] when Genie would load them. The
     HexStudio findings are in model_issues (genie False)."""
-    return genie_lines(model_issues(graphs, context_size, kv_dim=kv_dim, rope_dim=rope_dim, prefix=prefix,
-                                    positional=positional))
+    return genie_lines(
+        model_issues(
+            graphs, context_size, kv_dim=kv_dim, rope_dim=rope_dim, prefix=prefix, positional=positional
+        )
+    )

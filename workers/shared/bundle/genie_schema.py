@@ -29,19 +29,34 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-CONFIG_FAILED = "Failed to create the dialog config."      # genie-t2t-run, after any message below
-DIALOG_FAILED = "Failed to create the dialog."              # genie-t2t-run, after a load-time error
+CONFIG_FAILED = "Failed to create the dialog config."  # genie-t2t-run, after any message below
+DIALOG_FAILED = "Failed to create the dialog."  # genie-t2t-run, after a load-time error
 
 # JSON types as Genie's JSON_ENFORCE_* macros name them (Macro.hpp)
 NUM, BOOL, STR, OBJ, ARR, ARR_OR_NUM, ARR_OR_OBJ, ANY = (
-    "numeric", "boolean", "a string", "an object", "an array", "an array or numeric", "an array or object", "any")
+    "numeric",
+    "boolean",
+    "a string",
+    "an object",
+    "an array",
+    "an array or numeric",
+    "an array or object",
+    "any",
+)
 
 
 def _is(kind: str, v: Any) -> bool:
     num = isinstance(v, (int, float)) and not isinstance(v, bool)
-    return {NUM: num, BOOL: isinstance(v, bool), STR: isinstance(v, str), OBJ: isinstance(v, dict),
-            ARR: isinstance(v, list), ARR_OR_NUM: num or isinstance(v, list),
-            ARR_OR_OBJ: isinstance(v, (list, dict)), ANY: True}[kind]
+    return {
+        NUM: num,
+        BOOL: isinstance(v, bool),
+        STR: isinstance(v, str),
+        OBJ: isinstance(v, dict),
+        ARR: isinstance(v, list),
+        ARR_OR_NUM: num or isinstance(v, list),
+        ARR_OR_OBJ: isinstance(v, (list, dict)),
+        ANY: True,
+    }[kind]
 
 
 def dump(v: Any) -> str:
@@ -52,23 +67,23 @@ def dump(v: Any) -> str:
 @dataclass(frozen=True)
 class Key:
     kind: str = ANY
-    section: str | None = None            # a nested section validated when this key is reached
-    later: bool = False                   # stored in the loop, validated after it (backend.QnnHtp, model.binary...)
-    values: tuple[str, ...] = ()          # allowed string values
-    bad_value: str = ""                   # the message for another value ({v}: the value, {d}: its dump)
-    elements: str | None = None           # arrays: every element must be a string; the message otherwise
+    section: str | None = None  # a nested section validated when this key is reached
+    later: bool = False  # stored in the loop, validated after it (backend.QnnHtp, model.binary...)
+    values: tuple[str, ...] = ()  # allowed string values
+    bad_value: str = ""  # the message for another value ({v}: the value, {d}: its dump)
+    elements: str | None = None  # arrays: every element must be a string; the message otherwise
 
 
 @dataclass(frozen=True)
 class Section:
-    name: str                             # as Genie's messages spell it
+    name: str  # as Genie's messages spell it
     keys: dict[str, Key]
     mandatory: tuple[str, ...] = ()
-    versioned: bool = True                # `version` must be 1
-    not_object: str = ""                  # default: "<name> config is not an object"
-    unknown: str = ""                     # default: "Unknown <name> config key: {k}"
-    missing: str = ""                     # default: "Missing <name> field: {k}"
-    check_object: bool = True             # positional-encoding/rope-scaling: no object check, no mandatory keys
+    versioned: bool = True  # `version` must be 1
+    not_object: str = ""  # default: "<name> config is not an object"
+    unknown: str = ""  # default: "Unknown <name> config key: {k}"
+    missing: str = ""  # default: "Missing <name> field: {k}"
+    check_object: bool = True  # positional-encoding/rope-scaling: no object check, no mandatory keys
     after: tuple[Callable[[dict[str, Any], Walk], None], ...] = ()
 
 
@@ -184,88 +199,240 @@ DIALOG_TYPES = ("basic", "ssd-q1", "lade", "spd", "multistream", "eaglet", "kv-s
 BACKEND_TYPES = ("QnnHtp", "QnnGenAiTransformer", "QnnGpu")
 MODEL_TYPES = ("binary", "library")
 PE_TYPES = ("rope", "absolute", "alibi")
-ROPE_TYPES = ("llama3", "default", "longrope")   # Genie 1.13's validateRopeScalingConfig
+ROPE_TYPES = ("llama3", "default", "longrope")  # Genie 1.13's validateRopeScalingConfig
 
 # One declaration per section: Genie's mandatory keys, allowed keys and their JSON types.
-SECTIONS: dict[str, Section] = {s.name: s for s in (
-    Section("top", {"dialog": _v(OBJ, section="dialog")}, mandatory=("dialog",), versioned=False,
-            not_object="Dialog config is not an object", unknown="Unknown dialog config key: {k}",
-            missing="Missing dialog field: {k}"),
-    Section("dialog", {
-        "version": _v(NUM), "type": _v(STR, values=DIALOG_TYPES, bad_value="Invalid dialog type: {v}"),
-        "accumulator-size": _v(ANY), "ssd-q1": _v(OBJ), "lade": _v(OBJ), "spd": _v(OBJ), "kv-share": _v(OBJ),
-        "multistream": _v(OBJ), "eaglet": _v(OBJ),
-        "stop-sequence": _v(ARR, elements=f"stop-sequence {_STRINGS}"),
-        "max-num-tokens": _v(NUM), "context": _v(OBJ, section="context"),
-        "tokenizer": _v(OBJ, section="tokenizer"), "sampler": _v(OBJ, section="sampler"),
-        "engine": _v(ARR_OR_OBJ), "embedding": _v(OBJ, section="embedding"), "debug": _v(OBJ, section="debug"),
-    }, mandatory=("version", "type", "context", "tokenizer", "engine"), not_object="Dialog config is not an object",
-        after=(_dialog_after,)),
-    Section("context", {"version": _v(NUM), "bos-token": _v(NUM), "eos-token": _v(ARR_OR_NUM), "eot-token": _v(NUM),
-                        "size": _v(NUM), "n-vocab": _v(NUM), "draft-n-vocab": _v(NUM), "pad-token": _v(NUM),
-                        "n-embd": _v(NUM)},
-            mandatory=("version", "bos-token", "eos-token", "size", "n-vocab")),
-    Section("tokenizer", {"version": _v(NUM), "path": _v(STR)}, mandatory=("version", "path")),
-    Section("sampler", {"version": _v(NUM), "seed": _v(NUM), "temp": _v(NUM), "top-k": _v(NUM), "top-p": _v(NUM),
-                        "greedy": _v(BOOL), "type": _v(STR), "callback-name": _v(STR),
-                        "token-penalty": _v(OBJ, section="token-penalty")},
-            mandatory=("version",), after=(_sampler_after,)),
-    Section("token-penalty", {"version": _v(NUM), "penalize-last-n": _v(NUM), "repetition-penalty": _v(NUM),
-                              "presence-penalty": _v(NUM), "frequency-penalty": _v(NUM)}, mandatory=("version",)),
-    Section("embedding", {"version": _v(NUM), "size": _v(NUM),
-                          "type": _v(STR, values=("lut", "callback"), bad_value="Unknown embedding type: {v}"),
-                          "datatype": _v(STR, values=("float32", "native", "ufixed8", "ufixed16", "sfixed8",
-                                                      "sfixed16"), bad_value="Unknown embedding datatype: {v}"),
-                          "lut-path": _v(STR), "quant-param": _v(OBJ)},
-            mandatory=("version", "size"), after=(_embedding_after,)),
-    # Genie's debug section reuses the multistream message for an unknown key (a copy-paste slip upstream)
-    Section("debug", {"path": _v(STR), "dump-tensors": _v(BOOL), "dump-specs": _v(BOOL), "dump-outputs": _v(BOOL)},
-            versioned=False, unknown="Unknown multistream config key: {k}"),
-    Section("engine", {"version": _v(NUM), "backend": _v(OBJ, section="backend"), "model": _v(OBJ, section="model"),
-                       "n-threads": _v(NUM), "longcontext": _v(OBJ), "cache-groups": _v(ARR),
-                       # Genie 1.21's schema: an engine of spd's array names its role (draft | target)
-                       "role": _v(STR, values=("draft", "target"), bad_value="Invalid engine role: {v}")},
-            mandatory=("version", "backend", "model", "n-threads")),
-    Section("backend", {"version": _v(NUM),
-                        "type": _v(STR, values=BACKEND_TYPES,
-                                   bad_value="Invalid backend config: unsupported type: {d}"),
-                        "extensions": _v(STR), "QnnHtp": _v(OBJ, later=True),
-                        "QnnGenAiTransformer": _v(OBJ, later=True)},
-            mandatory=("version", "type"), after=(_backend_after,)),
-    Section("QnnHtp", {"version": _v(NUM), "spill-fill-bufsize": _v(NUM), "data-alignment-size": _v(NUM),
-                       "mmap-budget": _v(NUM), "use-mmap": _v(BOOL), "pos-id-dim": _v(NUM), "cpu-mask": _v(STR),
-                       "poll": _v(BOOL), "kv-dim": _v(NUM), "kv-update-method": _v(STR),
-                       "allow-async-init": _v(BOOL), "rope-theta": _v(NUM), "enable-graph-switching": _v(BOOL),
-                       "shared-engine": _v(BOOL),
-                       "graph-switching-lora-policy": _v(STR, values=("lazy", "eager"), bad_value=(
-                           "Invalid QnnHtp config. graph-switching-lora-policy option must either be lazy or "
-                           "eager")),
-                       "skip-lora-validation": _v(BOOL)},
+SECTIONS: dict[str, Section] = {
+    s.name: s
+    for s in (
+        Section(
+            "top",
+            {"dialog": _v(OBJ, section="dialog")},
+            mandatory=("dialog",),
+            versioned=False,
+            not_object="Dialog config is not an object",
+            unknown="Unknown dialog config key: {k}",
+            missing="Missing dialog field: {k}",
+        ),
+        Section(
+            "dialog",
+            {
+                "version": _v(NUM),
+                "type": _v(STR, values=DIALOG_TYPES, bad_value="Invalid dialog type: {v}"),
+                "accumulator-size": _v(ANY),
+                "ssd-q1": _v(OBJ),
+                "lade": _v(OBJ),
+                "spd": _v(OBJ),
+                "kv-share": _v(OBJ),
+                "multistream": _v(OBJ),
+                "eaglet": _v(OBJ),
+                "stop-sequence": _v(ARR, elements=f"stop-sequence {_STRINGS}"),
+                "max-num-tokens": _v(NUM),
+                "context": _v(OBJ, section="context"),
+                "tokenizer": _v(OBJ, section="tokenizer"),
+                "sampler": _v(OBJ, section="sampler"),
+                "engine": _v(ARR_OR_OBJ),
+                "embedding": _v(OBJ, section="embedding"),
+                "debug": _v(OBJ, section="debug"),
+            },
+            mandatory=("version", "type", "context", "tokenizer", "engine"),
+            not_object="Dialog config is not an object",
+            after=(_dialog_after,),
+        ),
+        Section(
+            "context",
+            {
+                "version": _v(NUM),
+                "bos-token": _v(NUM),
+                "eos-token": _v(ARR_OR_NUM),
+                "eot-token": _v(NUM),
+                "size": _v(NUM),
+                "n-vocab": _v(NUM),
+                "draft-n-vocab": _v(NUM),
+                "pad-token": _v(NUM),
+                "n-embd": _v(NUM),
+            },
+            mandatory=("version", "bos-token", "eos-token", "size", "n-vocab"),
+        ),
+        Section("tokenizer", {"version": _v(NUM), "path": _v(STR)}, mandatory=("version", "path")),
+        Section(
+            "sampler",
+            {
+                "version": _v(NUM),
+                "seed": _v(NUM),
+                "temp": _v(NUM),
+                "top-k": _v(NUM),
+                "top-p": _v(NUM),
+                "greedy": _v(BOOL),
+                "type": _v(STR),
+                "callback-name": _v(STR),
+                "token-penalty": _v(OBJ, section="token-penalty"),
+            },
+            mandatory=("version",),
+            after=(_sampler_after,),
+        ),
+        Section(
+            "token-penalty",
+            {
+                "version": _v(NUM),
+                "penalize-last-n": _v(NUM),
+                "repetition-penalty": _v(NUM),
+                "presence-penalty": _v(NUM),
+                "frequency-penalty": _v(NUM),
+            },
+            mandatory=("version",),
+        ),
+        Section(
+            "embedding",
+            {
+                "version": _v(NUM),
+                "size": _v(NUM),
+                "type": _v(STR, values=("lut", "callback"), bad_value="Unknown embedding type: {v}"),
+                "datatype": _v(
+                    STR,
+                    values=("float32", "native", "ufixed8", "ufixed16", "sfixed8", "sfixed16"),
+                    bad_value="Unknown embedding datatype: {v}",
+                ),
+                "lut-path": _v(STR),
+                "quant-param": _v(OBJ),
+            },
+            mandatory=("version", "size"),
+            after=(_embedding_after,),
+        ),
+        # Genie's debug section reuses the multistream message for an unknown key (a copy-paste slip upstream)
+        Section(
+            "debug",
+            {"path": _v(STR), "dump-tensors": _v(BOOL), "dump-specs": _v(BOOL), "dump-outputs": _v(BOOL)},
+            versioned=False,
+            unknown="Unknown multistream config key: {k}",
+        ),
+        Section(
+            "engine",
+            {
+                "version": _v(NUM),
+                "backend": _v(OBJ, section="backend"),
+                "model": _v(OBJ, section="model"),
+                "n-threads": _v(NUM),
+                "longcontext": _v(OBJ),
+                "cache-groups": _v(ARR),
+                # Genie 1.21's schema: an engine of spd's array names its role (draft | target)
+                "role": _v(STR, values=("draft", "target"), bad_value="Invalid engine role: {v}"),
+            },
+            mandatory=("version", "backend", "model", "n-threads"),
+        ),
+        Section(
+            "backend",
+            {
+                "version": _v(NUM),
+                "type": _v(
+                    STR, values=BACKEND_TYPES, bad_value="Invalid backend config: unsupported type: {d}"
+                ),
+                "extensions": _v(STR),
+                "QnnHtp": _v(OBJ, later=True),
+                "QnnGenAiTransformer": _v(OBJ, later=True),
+            },
+            mandatory=("version", "type"),
+            after=(_backend_after,),
+        ),
+        Section(
+            "QnnHtp",
+            {
+                "version": _v(NUM),
+                "spill-fill-bufsize": _v(NUM),
+                "data-alignment-size": _v(NUM),
+                "mmap-budget": _v(NUM),
+                "use-mmap": _v(BOOL),
+                "pos-id-dim": _v(NUM),
+                "cpu-mask": _v(STR),
+                "poll": _v(BOOL),
+                "kv-dim": _v(NUM),
+                "kv-update-method": _v(STR),
+                "allow-async-init": _v(BOOL),
+                "rope-theta": _v(NUM),
+                "enable-graph-switching": _v(BOOL),
+                "shared-engine": _v(BOOL),
+                "graph-switching-lora-policy": _v(
+                    STR,
+                    values=("lazy", "eager"),
+                    bad_value=(
+                        "Invalid QnnHtp config. graph-switching-lora-policy option must either be lazy or "
+                        "eager"
+                    ),
+                ),
+                "skip-lora-validation": _v(BOOL),
+            },
             mandatory=("version", "spill-fill-bufsize", "mmap-budget", "use-mmap", "cpu-mask", "poll"),
-            after=(_htp_after,)),
-    Section("QnnGenAiTransformer", {"version": _v(NUM), "use-mmap": _v(BOOL), "kv-quantization": _v(BOOL),
-                                    "n-logits": _v(NUM), "n-layer": _v(NUM), "n-embd": _v(NUM), "n-heads": _v(NUM),
-                                    "n-kv-heads": _v(NUM), "model-input": _v(STR), "shared-engine": _v(BOOL)},
-            mandatory=("version",)),
-    Section("model", {"version": _v(NUM),
-                      "type": _v(STR, values=MODEL_TYPES, bad_value="Invalid model config: unsupported type: {d}"),
-                      "binary": _v(OBJ, later=True), "library": _v(OBJ, later=True),
-                      "positional-encoding": _v(OBJ, later=True), "draft-token-map": _v(STR)},
-            mandatory=("version", "type"), after=(_model_after,)),
-    Section("binary", {"version": _v(NUM), "ctx-bins": _v(ARR, elements=f"ctx-bins {_STRINGS}"), "lora": _v(OBJ)},
-            mandatory=("version", "ctx-bins")),
-    Section("library", {"version": _v(NUM), "model-bin": _v(STR), "lora": _v(OBJ)}, mandatory=("version", "model-bin")),
-    Section("positional-encoding", {
-        "type": _v(ANY, values=PE_TYPES, bad_value="positional-encoding type not supported"),
-        "rope-dim": _v(NUM), "rope-theta": _v(NUM), "rope-scaling": _v(OBJ, later=True)},
-        versioned=False, check_object=False, unknown="Unknown positional encoding config key: {k}",
-        after=(_pe_after,)),
-    Section("rope-scaling", {
-        "rope-type": _v(STR, values=ROPE_TYPES, bad_value="Rope type not supported{v}"),
-        "factor": _v(NUM), "low-freq-factor": _v(NUM), "high-freq-factor": _v(NUM),
-        "original-max-position-embeddings": _v(NUM), "short-factor": _v(ARR), "long-factor": _v(ARR)},
-        versioned=False, check_object=False, unknown="Rope scaling parameter not supported {k}"),
-)}
+            after=(_htp_after,),
+        ),
+        Section(
+            "QnnGenAiTransformer",
+            {
+                "version": _v(NUM),
+                "use-mmap": _v(BOOL),
+                "kv-quantization": _v(BOOL),
+                "n-logits": _v(NUM),
+                "n-layer": _v(NUM),
+                "n-embd": _v(NUM),
+                "n-heads": _v(NUM),
+                "n-kv-heads": _v(NUM),
+                "model-input": _v(STR),
+                "shared-engine": _v(BOOL),
+            },
+            mandatory=("version",),
+        ),
+        Section(
+            "model",
+            {
+                "version": _v(NUM),
+                "type": _v(STR, values=MODEL_TYPES, bad_value="Invalid model config: unsupported type: {d}"),
+                "binary": _v(OBJ, later=True),
+                "library": _v(OBJ, later=True),
+                "positional-encoding": _v(OBJ, later=True),
+                "draft-token-map": _v(STR),
+            },
+            mandatory=("version", "type"),
+            after=(_model_after,),
+        ),
+        Section(
+            "binary",
+            {"version": _v(NUM), "ctx-bins": _v(ARR, elements=f"ctx-bins {_STRINGS}"), "lora": _v(OBJ)},
+            mandatory=("version", "ctx-bins"),
+        ),
+        Section(
+            "library",
+            {"version": _v(NUM), "model-bin": _v(STR), "lora": _v(OBJ)},
+            mandatory=("version", "model-bin"),
+        ),
+        Section(
+            "positional-encoding",
+            {
+                "type": _v(ANY, values=PE_TYPES, bad_value="positional-encoding type not supported"),
+                "rope-dim": _v(NUM),
+                "rope-theta": _v(NUM),
+                "rope-scaling": _v(OBJ, later=True),
+            },
+            versioned=False,
+            check_object=False,
+            unknown="Unknown positional encoding config key: {k}",
+            after=(_pe_after,),
+        ),
+        Section(
+            "rope-scaling",
+            {
+                "rope-type": _v(STR, values=ROPE_TYPES, bad_value="Rope type not supported{v}"),
+                "factor": _v(NUM),
+                "low-freq-factor": _v(NUM),
+                "high-freq-factor": _v(NUM),
+                "original-max-position-embeddings": _v(NUM),
+                "short-factor": _v(ARR),
+                "long-factor": _v(ARR),
+            },
+            versioned=False,
+            check_object=False,
+            unknown="Rope scaling parameter not supported {k}",
+        ),
+    )
+}
 
 
 def _walk(sec: Section, cfg: Any, w: Walk) -> None:
@@ -277,7 +444,7 @@ def _walk(sec: Section, cfg: Any, w: Walk) -> None:
         for k in sorted(sec.mandatory):
             if k not in cfg:
                 w.error((sec.missing or "Missing {s} field: {k}").format(s=sec.name, k=k))
-    for k in sorted(cfg):                                      # std::map: keys in byte order
+    for k in sorted(cfg):  # std::map: keys in byte order
         v = cfg[k]
         rule = sec.keys.get(k)
         if rule is None or (k == "version" and not sec.versioned):
@@ -345,7 +512,9 @@ def genie_config_text_errors(text: str) -> list[str]:
     try:
         top_pairs = json.loads(text, object_pairs_hook=lambda p: p)
     except json.JSONDecodeError as exc:
-        return [f"[json.exception.parse_error.101] parse error at line {exc.lineno}, column {exc.colno}: {exc.msg}"]
+        return [
+            f"[json.exception.parse_error.101] parse error at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ]
     if isinstance(top_pairs, list):
         for k, _ in top_pairs:
             if k in seen:
@@ -358,8 +527,8 @@ def genie_config_text_errors(text: str) -> list[str]:
 @dataclass
 class LoadIssue:
     key: str
-    message: str              # qualla's text where it has one, else a HexStudio sentence
-    genie_text: bool          # True: the message is what Genie/qualla prints
+    message: str  # qualla's text where it has one, else a HexStudio sentence
+    genie_text: bool  # True: the message is what Genie/qualla prints
     notes: list[str] = field(default_factory=list)
 
 
@@ -375,31 +544,54 @@ def dialog_create_errors(doc: Any) -> list[LoadIssue]:
     except (KeyError, TypeError):
         return out
     if "sampler" not in d:
-        out.append(LoadIssue("dialog.sampler", "qualla: mandatory config key : (sampler) not found in : {...}", True))
+        out.append(
+            LoadIssue("dialog.sampler", "qualla: mandatory config key : (sampler) not found in : {...}", True)
+        )
     if not isinstance(eng, dict):
         return out
     backend, model = eng.get("backend") or {}, eng.get("model") or {}
     if backend.get("type") == "QnnHtp" and "kv-dim" not in (backend.get("QnnHtp") or {}):
-        out.append(LoadIssue("dialog.engine.backend.QnnHtp.kv-dim",
-                             "QnnHtp has no kv-dim: Genie reads it unconditionally when it builds the engine "
-                             "(undefined behaviour, a crash or a wrong KV layout). It must equal the model's "
-                             "head_dim.", False))
+        out.append(
+            LoadIssue(
+                "dialog.engine.backend.QnnHtp.kv-dim",
+                "QnnHtp has no kv-dim: Genie reads it unconditionally when it builds the engine "
+                "(undefined behaviour, a crash or a wrong KV layout). It must equal the model's "
+                "head_dim.",
+                False,
+            )
+        )
     pe = model.get("positional-encoding")
     if isinstance(pe, dict):
         if "type" not in pe:
-            out.append(LoadIssue("dialog.engine.model.positional-encoding.type",
-                                 "positional-encoding has no type: Genie reads it unconditionally (undefined "
-                                 "behaviour). Write \"type\": \"rope\".", False))
+            out.append(
+                LoadIssue(
+                    "dialog.engine.model.positional-encoding.type",
+                    "positional-encoding has no type: Genie reads it unconditionally (undefined "
+                    'behaviour). Write "type": "rope".',
+                    False,
+                )
+            )
         if pe.get("type", "rope") == "rope" and "rope-dim" not in pe:
-            out.append(LoadIssue("dialog.engine.model.positional-encoding.rope-dim",
-                                 "qualla: mandatory config key : (rope-dim) not found in : {...}", True))
+            out.append(
+                LoadIssue(
+                    "dialog.engine.model.positional-encoding.rope-dim",
+                    "qualla: mandatory config key : (rope-dim) not found in : {...}",
+                    True,
+                )
+            )
         rs = pe.get("rope-scaling")
         if isinstance(rs, dict):
             out.extend(_rope_scaling_load(rs, pe))
     eos = (d.get("context") or {}).get("eos-token") if isinstance(d.get("context"), dict) else None
     if isinstance(eos, list) and (not eos or any(not isinstance(e, int) or isinstance(e, bool) for e in eos)):
-        out.append(LoadIssue("dialog.context.eos-token", f"eos-token {dump(eos)} must be a non-empty array of "
-                             "token ids (integers): Genie reads it as an int32 list.", False))
+        out.append(
+            LoadIssue(
+                "dialog.context.eos-token",
+                f"eos-token {dump(eos)} must be a non-empty array of "
+                "token ids (integers): Genie reads it as an int32 list.",
+                False,
+            )
+        )
     return out
 
 
@@ -413,15 +605,25 @@ def _rope_scaling_load(rs: dict[str, Any], pe: dict[str, Any]) -> list[LoadIssue
     missing = [k for k in needs if k not in rs]
     out = []
     if missing:
-        out.append(LoadIssue("dialog.engine.model.positional-encoding.rope-scaling",
-                             f"Error in positional-encoding - Parsing error for {t} rope scaling - missing "
-                             f"{', '.join(missing)}", True,
-                             ["the text after 'Parsing error for ...' is HexStudio's summary"]))
+        out.append(
+            LoadIssue(
+                "dialog.engine.model.positional-encoding.rope-scaling",
+                f"Error in positional-encoding - Parsing error for {t} rope scaling - missing "
+                f"{', '.join(missing)}",
+                True,
+                ["the text after 'Parsing error for ...' is HexStudio's summary"],
+            )
+        )
     if t == "longrope" and not missing and isinstance(pe.get("rope-dim"), int):
         d = pe["rope-dim"]
         lf, sf = rs.get("long-factor") or [], rs.get("short-factor") or []
         if len(lf) != d or len(sf) != d:
-            out.append(LoadIssue("dialog.engine.model.positional-encoding.rope-scaling",
-                                 f"long-factor (len={len(lf)}) and short-factor (len={len(sf)}) must have length "
-                                 f"rope-dim={d}", True))
+            out.append(
+                LoadIssue(
+                    "dialog.engine.model.positional-encoding.rope-scaling",
+                    f"long-factor (len={len(lf)}) and short-factor (len={len(sf)}) must have length "
+                    f"rope-dim={d}",
+                    True,
+                )
+            )
     return out

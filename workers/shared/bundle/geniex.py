@@ -21,8 +21,8 @@ FAMILY_PREFIXES = ("qwen3_", "qwen2_5_", "falcon_v3_", "llama_v3_", "phi_3_5_")
 # HF config model_type -> the prefix of the plugin's pipeline for that architecture
 ARCH_PREFIX = {"llama": "llama_v3_", "qwen3": "qwen3_", "qwen2": "qwen2_5_", "phi3": "phi_3_5_"}
 # The simulated GenieX (workers/genie_sim/geniex.py), as the simulator board's doctor reports it too
-CLI_VERSION = "v0.7.0"                      # the simulated CLI's version (labeled simulated wherever shown)
-QAIRT_PLUGIN_VERSION = "v2.45.0.260326"     # geniex-qairt-plugin core/include/version.h GENIEX_QAIRT_VERSION
+CLI_VERSION = "v0.7.0"  # the simulated CLI's version (labeled simulated wherever shown)
+QAIRT_PLUGIN_VERSION = "v2.45.0.260326"  # geniex-qairt-plugin core/include/version.h GENIEX_QAIRT_VERSION
 GENERATOR = "HexStudio (derived from the Genie bundle's graph specs)"
 
 
@@ -44,7 +44,8 @@ def model_id_for(slug: str, hf_config: dict[str, Any] | None) -> str:
         raise GenieXMetadataError(
             f"GenieX's qairt plugin has no pipeline for a '{mt or 'unknown'}' model (it knows Llama 3, Qwen 2.5, "
             "Qwen 3, Falcon 3 and Phi 3.5, chosen by metadata.json's model_id).",
-            "Run this model with the Genie runtime (runtime: genie).")
+            "Run this model with the Genie runtime (runtime: genie).",
+        )
     return prefix + slug
 
 
@@ -65,25 +66,42 @@ def geniex_metadata(bundle: Path) -> dict[str, Any]:
         bins = list(cfg["engine"]["model"]["binary"]["ctx-bins"])
         size = int(cfg["context"]["size"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise GenieXMetadataError(f"genie_config.json cannot be read for GenieX ({exc}).",
-                                  "Push the bundle again (`hexstudio board push`).") from None
+        raise GenieXMetadataError(
+            f"genie_config.json cannot be read for GenieX ({exc}).",
+            "Push the bundle again (`hexstudio board push`).",
+        ) from None
     specs, source = load_graph_specs(bundle, bins, size)
-    shaped = {k: v for k, v in specs.items()
-              if any(isinstance(t, dict) and t.get("shape") for t in (v.get("inputs") or {}).values())}
+    shaped = {
+        k: v
+        for k, v in specs.items()
+        if any(isinstance(t, dict) and t.get("shape") for t in (v.get("inputs") or {}).values())
+    }
     if not shaped:
-        raise GenieXMetadataError("The bundle carries no graph I/O shapes (no metadata.yaml), which GenieX's "
-                                  "metadata.json needs.",
-                                  "Keep the metadata.yaml that the compile stage writes beside the context binaries.")
+        raise GenieXMetadataError(
+            "The bundle carries no graph I/O shapes (no metadata.yaml), which GenieX's metadata.json needs.",
+            "Keep the metadata.yaml that the compile stage writes beside the context binaries.",
+        )
     try:
         hf = json.loads((bundle / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         hf = None
-    files = {name: {"inputs": {t: {"shape": list(s.get("shape") or [])} for t, s in (spec.get("inputs") or {}).items()},
-                    "outputs": {t: {"shape": list(s.get("shape") or [])}
-                                for t, s in (spec.get("outputs") or {}).items()}}
-             for name, spec in sorted(shaped.items())}
-    return {"model_id": model_id_for(slug_of(bins), hf), "model_files": files,
-            "generator": GENERATOR, "graph_specs_from": source}
+    files = {
+        name: {
+            "inputs": {
+                t: {"shape": list(s.get("shape") or [])} for t, s in (spec.get("inputs") or {}).items()
+            },
+            "outputs": {
+                t: {"shape": list(s.get("shape") or [])} for t, s in (spec.get("outputs") or {}).items()
+            },
+        }
+        for name, spec in sorted(shaped.items())
+    }
+    return {
+        "model_id": model_id_for(slug_of(bins), hf),
+        "model_files": files,
+        "generator": GENERATOR,
+        "graph_specs_from": source,
+    }
 
 
 def chat_template_problem(tokenizer_config: Any, where: str) -> str | None:

@@ -31,6 +31,7 @@ def spec_of(graph: dict[str, Any]) -> dict[str, Any]:
                 d["quantization_parameters"] = {"scale": t["scale"], "offset": t["offset"]}
             out[str(t["name"])] = d
         return out
+
     return {"inputs": tensors(graph.get("inputs") or []), "outputs": tensors(graph.get("outputs") or [])}
 
 
@@ -48,8 +49,13 @@ def graphs_from_binaries(binaries: list[dict[str, Any]]) -> dict[str, dict[str, 
     out: dict[str, dict[str, Any]] = {}
     for (ar, cl), items in groups.items():
         # Genie 1.21: graphs with _<i>_of_<n> first, in that order; the others after them, sorted by name
-        items.sort(key=lambda it: (0, int(_SPLIT.search(it[0]).group(1)), it[0]) if _SPLIT.search(it[0])  # type: ignore[union-attr]
-                   else (1, 0, it[0]))
+        items.sort(
+            key=lambda it: (
+                (0, int(_SPLIT.search(it[0]).group(1)), it[0])  # type: ignore[union-attr]
+                if _SPLIT.search(it[0])
+                else (1, 0, it[0])
+            )
+        )
         n = len(items)
         kind = "token" if ar == 1 else "prompt"
         for i, (_name, spec) in enumerate(items, start=1):
@@ -58,7 +64,9 @@ def graphs_from_binaries(binaries: list[dict[str, Any]]) -> dict[str, dict[str, 
     return out
 
 
-def parser_finding(doc: dict[str, Any], name: str = "genie_config.json") -> tuple[str, str, str | None, str] | None:
+def parser_finding(
+    doc: dict[str, Any], name: str = "genie_config.json"
+) -> tuple[str, str, str | None, str] | None:
     """(code, severity, genie text, message) for Genie's parser result on the config `name` (genie_config.json,
     or a speculative dialog's genie_config.<type>.json), None when it was not run."""
     c = (doc.get("config") if name == "genie_config.json" else (doc.get("dialogs") or {}).get(name)) or {}
@@ -66,14 +74,23 @@ def parser_finding(doc: dict[str, Any], name: str = "genie_config.json") -> tupl
         return None
     ver = c.get("genie_version") or "?"
     if int(c["status"]) == 0:
-        return ("genie_parser_ok", "info", None, f"Genie {ver}'s own parser (libGenie, GenieDialogConfig_createFromJson)"
-                                                 f" accepts {name}.")
-    return ("genie_parser", "error", str(c.get("message") or f"status {c['status']}"),
-            f"Genie {ver}'s own parser refuses {name} (GenieDialogConfig_createFromJson status {c['status']}).")
+        return (
+            "genie_parser_ok",
+            "info",
+            None,
+            f"Genie {ver}'s own parser (libGenie, GenieDialogConfig_createFromJson) accepts {name}.",
+        )
+    return (
+        "genie_parser",
+        "error",
+        str(c.get("message") or f"status {c['status']}"),
+        f"Genie {ver}'s own parser refuses {name} (GenieDialogConfig_createFromJson status {c['status']}).",
+    )
 
 
-def binary_problems(doc: dict[str, Any], ext_soc: int | None, board_soc: int | None,
-                    board_qairt: str | None) -> list[tuple[str, str, str, str]]:
+def binary_problems(
+    doc: dict[str, Any], ext_soc: int | None, board_soc: int | None, board_qairt: str | None
+) -> list[tuple[str, str, str, str]]:
     """(code, severity, message, fix) for the binaries themselves."""
     out: list[tuple[str, str, str, str]] = []
     builds = set()
@@ -81,29 +98,59 @@ def binary_problems(doc: dict[str, Any], ext_soc: int | None, board_soc: int | N
         if b.get("simulated"):
             continue
         if b.get("error"):
-            out.append(("ctx_bin_unreadable", "error", f"{b.get('file')}: {b.get('message')}",
-                        "Compile or download that part again: Genie cannot load a file QNN cannot read."))
+            out.append(
+                (
+                    "ctx_bin_unreadable",
+                    "error",
+                    f"{b.get('file')}: {b.get('message')}",
+                    "Compile or download that part again: Genie cannot load a file QNN cannot read.",
+                )
+            )
             continue
         builds.add(str(b.get("build_id") or ""))
         soc = b.get("soc_model")
         if isinstance(soc, int) and ext_soc is not None and soc != ext_soc:
-            out.append(("ctx_bin_soc", "error", f"{b.get('file')} was prepared for soc_model {soc}; "
-                        f"htp_backend_ext_config.json says {ext_soc}.",
-                        "Compile for the board's device, or fix devices[0].soc_model."))
+            out.append(
+                (
+                    "ctx_bin_soc",
+                    "error",
+                    f"{b.get('file')} was prepared for soc_model {soc}; "
+                    f"htp_backend_ext_config.json says {ext_soc}.",
+                    "Compile for the board's device, or fix devices[0].soc_model.",
+                )
+            )
         if isinstance(soc, int) and board_soc is not None and soc != board_soc:
-            out.append(("ctx_bin_board_soc", "error", f"{b.get('file')} was prepared for soc_model {soc}; the "
-                        f"board is soc_model {board_soc}. A context binary is pinned to its SoC and will not load.",
-                        "Compile again for the board's device."))
+            out.append(
+                (
+                    "ctx_bin_board_soc",
+                    "error",
+                    f"{b.get('file')} was prepared for soc_model {soc}; the "
+                    f"board is soc_model {board_soc}. A context binary is pinned to its SoC and will not load.",
+                    "Compile again for the board's device.",
+                )
+            )
     if len(builds) > 1:
-        out.append(("ctx_bin_builds", "warning", f"The context binaries come from different QNN builds: "
-                    f"{', '.join(sorted(builds))}.", "Compile every part with one QAIRT version."))
+        out.append(
+            (
+                "ctx_bin_builds",
+                "warning",
+                f"The context binaries come from different QNN builds: {', '.join(sorted(builds))}.",
+                "Compile every part with one QAIRT version.",
+            )
+        )
     if builds and board_qairt:
         build = sorted(builds)[-1].lstrip("v")
         have = tuple(int(x) for x in re.findall(r"\d+", board_qairt)[:2])
         want = tuple(int(x) for x in re.findall(r"\d+", build)[:2])
         if have and want and have < want:
-            out.append(("ctx_bin_newer_than_board", "error", f"The context binaries were written by QNN {build}; the "
-                        f"board's QAIRT is {board_qairt}. An older runtime cannot load a newer binary.",
-                        "Install the same or a newer QAIRT on the board (Board page: Install QAIRT), or compile "
-                        "with the board's version."))
+            out.append(
+                (
+                    "ctx_bin_newer_than_board",
+                    "error",
+                    f"The context binaries were written by QNN {build}; the "
+                    f"board's QAIRT is {board_qairt}. An older runtime cannot load a newer binary.",
+                    "Install the same or a newer QAIRT on the board (Board page: Install QAIRT), or compile "
+                    "with the board's version.",
+                )
+            )
     return out

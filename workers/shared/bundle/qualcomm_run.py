@@ -20,9 +20,9 @@ MODULE = "workers.qnn.genie_check"
 
 @dataclass(frozen=True)
 class QualcommRun:
-    doc: dict[str, Any] | None      # the child's JSON document; None when it timed out or ended abnormally
-    returncode: int | None          # None: timed out
-    tail: str                       # the end of what the child printed, for a finding when it failed
+    doc: dict[str, Any] | None  # the child's JSON document; None when it timed out or ended abnormally
+    returncode: int | None  # None: timed out
+    tail: str  # the end of what the child printed, for a finding when it failed
     timeout_s: float
 
     @property
@@ -41,13 +41,20 @@ def last_json_line(text: str) -> dict[str, Any] | None:
     return None
 
 
-def run_qualcomm_checks(bundle_dir: Path, python_argv: Sequence[str], *, timeout_s: float,
-                        env: Mapping[str, str] | None = None) -> QualcommRun:
+def run_qualcomm_checks(
+    bundle_dir: Path, python_argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None
+) -> QualcommRun:
     """`python_argv` is how to run `python -m workers.qnn.genie_check BUNDLE` (e.g. [sys.executable, "-m", MODULE])."""
     try:
-        proc = subprocess.run([*python_argv, os.fspath(bundle_dir)], capture_output=True, text=True,
-                              timeout=timeout_s, check=False, stdin=subprocess.DEVNULL,
-                              env=dict(env) if env is not None else None)
+        proc = subprocess.run(
+            [*python_argv, os.fspath(bundle_dir)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+        )
     except subprocess.TimeoutExpired:
         return QualcommRun(None, None, "", timeout_s)
     doc = last_json_line(proc.stdout) if proc.returncode == 0 else None

@@ -35,10 +35,15 @@ class UnsafePath(ActionableError, ValueError):
         self.entry = entry
         self.path = path
         self.why = why
-        super().__init__(f"{entry}: refused path {path!r}: {why}. Nothing was read or written for it.",
-                         what_to_do or ("This file was not made by HexStudio's compile stage or was changed "
-                                        "since: compile the bundle again (or ask whoever sent it for a bundle "
-                                        "from HexStudio) and do not use this one."))
+        super().__init__(
+            f"{entry}: refused path {path!r}: {why}. Nothing was read or written for it.",
+            what_to_do
+            or (
+                "This file was not made by HexStudio's compile stage or was changed "
+                "since: compile the bundle again (or ask whoever sent it for a bundle "
+                "from HexStudio) and do not use this one."
+            ),
+        )
 
 
 def check_relative(path: object, entry: str = "path") -> str:
@@ -71,8 +76,12 @@ def check_relative(path: object, entry: str = "path") -> str:
             raise UnsafePath(entry, path, f"the part {part!r} starts with '-' (it would read as an option)")
         if not SAFE_PART.match(part):
             bad = "".join(sorted({c for c in part if not SAFE_PART.match(c)}))
-            raise UnsafePath(entry, path, f"the part {part!r} holds characters outside the safe set "
-                                          f"(letters, digits, '.', '_', '-', '+'): {bad!r}")
+            raise UnsafePath(
+                entry,
+                path,
+                f"the part {part!r} holds characters outside the safe set "
+                f"(letters, digits, '.', '_', '-', '+'): {bad!r}",
+            )
     return path
 
 
@@ -92,8 +101,12 @@ def resolve_under(root: Path | str, path: object, entry: str = "path", *, must_e
     if target != base and base not in target.parents:
         raise UnsafePath(entry, path, f"it leads outside its folder through a symbolic link (to {target})")
     if must_exist and not target.exists():
-        raise UnsafePath(entry, path, "it does not exist in the folder",
-                         "The folder is incomplete: compile the bundle again.")
+        raise UnsafePath(
+            entry,
+            path,
+            "it does not exist in the folder",
+            "The folder is incomplete: compile the bundle again.",
+        )
     return target
 
 
@@ -142,8 +155,20 @@ def check_graphs(graphs: object, root: Path | str, entry: str = "graphs.json") -
 
 # keys of genie_config.json whose values (a string or a list of strings) name files of the bundle, wherever they
 # sit (one engine or a list of them for speculative decoding's target and draft, LoRA adapters, embeddings)
-GENIE_PATH_KEYS = frozenset({"ctx-bins", "bin-sections", "extensions", "path", "lut-path", "model-bin",
-                             "model-path", "draft-model", "lora-bin", "tokenizer-path"})
+GENIE_PATH_KEYS = frozenset(
+    {
+        "ctx-bins",
+        "bin-sections",
+        "extensions",
+        "path",
+        "lut-path",
+        "model-bin",
+        "model-path",
+        "draft-model",
+        "lora-bin",
+        "tokenizer-path",
+    }
+)
 
 
 def genie_config_paths(cfg: object, where: str = "") -> list[tuple[str, object]]:
@@ -165,8 +190,14 @@ def genie_config_paths(cfg: object, where: str = "") -> list[tuple[str, object]]
     return out
 
 
-def check_genie_config(cfg: object, root: Path | str, entry: str = "genie_config.json", *,
-                       regular: bool = True, require_dialog: bool = True) -> None:
+def check_genie_config(
+    cfg: object,
+    root: Path | str,
+    entry: str = "genie_config.json",
+    *,
+    regular: bool = True,
+    require_dialog: bool = True,
+) -> None:
     """Every file a genie_config.json names (ctx-bins, tokenizer path, backend extensions, LoRA bin-sections, a
     draft model's files, ...), checked and resolved under the bundle folder `root`; with `regular`, each that
     exists must be a regular file (a FIFO would hang whoever opens it, a device would read forever). Without
@@ -183,9 +214,17 @@ def check_genie_config(cfg: object, root: Path | str, entry: str = "genie_config
 def _kind(mode: int) -> str | None:
     if stat.S_ISREG(mode):
         return None
-    return ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "not a regular file")
+    return (
+        "a folder"
+        if stat.S_ISDIR(mode)
+        else "a named pipe (FIFO)"
+        if stat.S_ISFIFO(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
 
 
 def check_regular(target: Path | str, entry: str, shown: object = None, *, must_exist: bool = False) -> None:
@@ -194,16 +233,24 @@ def check_regular(target: Path | str, entry: str, shown: object = None, *, must_
         st = os.stat(target)
     except FileNotFoundError:
         if must_exist:
-            raise UnsafePath(entry, shown if shown is not None else str(target), "it does not exist in the folder",
-                             "The folder is incomplete: compile the bundle again.") from None
+            raise UnsafePath(
+                entry,
+                shown if shown is not None else str(target),
+                "it does not exist in the folder",
+                "The folder is incomplete: compile the bundle again.",
+            ) from None
         return
     except OSError as exc:
-        raise UnsafePath(entry, shown if shown is not None else str(target), f"it cannot be examined ({exc})") \
-            from None
+        raise UnsafePath(
+            entry, shown if shown is not None else str(target), f"it cannot be examined ({exc})"
+        ) from None
     kind = _kind(st.st_mode)
     if kind is not None:
-        raise UnsafePath(entry, shown if shown is not None else str(target),
-                         f"it is {kind}, not a regular file (reading it could hang or never end)")
+        raise UnsafePath(
+            entry,
+            shown if shown is not None else str(target),
+            f"it is {kind}, not a regular file (reading it could hang or never end)",
+        )
 
 
 def open_regular(root: Path | str, path: object, entry: str = "path") -> BinaryIO:
@@ -211,7 +258,12 @@ def open_regular(root: Path | str, path: object, entry: str = "path") -> BinaryI
     O_NOFOLLOW (the resolved name cannot have been swapped for a symlink since the check) and O_NONBLOCK (a FIFO
     cannot hang the open), then checked with fstat on the descriptor itself."""
     target = resolve_under(root, path, entry)
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = (
+        os.O_RDONLY
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
     try:
         fd = os.open(target, flags)
     except OSError as exc:
@@ -221,7 +273,9 @@ def open_regular(root: Path | str, path: object, entry: str = "path") -> BinaryI
     try:
         kind = _kind(os.fstat(fd).st_mode)
         if kind is not None:
-            raise UnsafePath(entry, path, f"it is {kind}, not a regular file (reading it could hang or never end)")
+            raise UnsafePath(
+                entry, path, f"it is {kind}, not a regular file (reading it could hang or never end)"
+            )
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")

@@ -28,10 +28,12 @@ from typing import Any
 from workers.shared.errors import ActionableError
 
 DIALOG_TYPES = ("basic", "lade", "spd")
-REFUSED = {"ssd-q1": "ssd-q1 needs forecast-token embeddings and a prefix KV cache that only Qualcomm's SSD "
-                     "training produces; HexStudio cannot make them for your checkpoint. Use lade or spd.",
-           "eaglet": "eaglet needs a trained Eagle draft head; HexStudio cannot make one. Use lade or spd."}
-LADE_SEED_BASE = 1000          # lhd-dec seeds lookahead level i with token id 1000 + i
+REFUSED = {
+    "ssd-q1": "ssd-q1 needs forecast-token embeddings and a prefix KV cache that only Qualcomm's SSD "
+    "training produces; HexStudio cannot make them for your checkpoint. Use lade or spd.",
+    "eaglet": "eaglet needs a trained Eagle draft head; HexStudio cannot make one. Use lade or spd.",
+}
+LADE_SEED_BASE = 1000  # lhd-dec seeds lookahead level i with token id 1000 + i
 
 
 @dataclass(frozen=True)
@@ -41,15 +43,20 @@ class Lade:
     window: int = 8
     ngram: int = 4
     gcap: int = 8
-    update_mode: str = "ALWAYS_FWD_ONE"     # FWD_MAX_HIT | FWD_LEVEL | ALWAYS_FWD_ONE
+    update_mode: str = "ALWAYS_FWD_ONE"  # FWD_MAX_HIT | FWD_LEVEL | ALWAYS_FWD_ONE
 
     @property
     def step_tokens(self) -> int:
         return (self.window + self.gcap) * (self.ngram - 1)
 
     def block(self) -> dict[str, Any]:
-        return {"version": 1, "update-mode": self.update_mode, "window": self.window, "ngram": self.ngram,
-                "gcap": self.gcap}
+        return {
+            "version": 1,
+            "update-mode": self.update_mode,
+            "window": self.window,
+            "ngram": self.ngram,
+            "gcap": self.gcap,
+        }
 
 
 @dataclass(frozen=True)
@@ -64,10 +71,12 @@ class Spd:
         return {"version": 1, "draft-len": self.draft_len}
 
 
-DRAFT_DIR = "draft"      # a draft model's context binaries inside the target's bundle
+DRAFT_DIR = "draft"  # a draft model's context binaries inside the target's bundle
 
 
-def draft_engine(draft_bundle: Path, target_tokenizer: bytes, n_vocab: int) -> tuple[dict[str, Any], list[Path]]:
+def draft_engine(
+    draft_bundle: Path, target_tokenizer: bytes, n_vocab: int
+) -> tuple[dict[str, Any], list[Path]]:
     """The engine of a draft model's compiled bundle, its ctx-bins moved under draft/, and the binaries to copy.
     Raises SpeculativeError when it cannot draft for this target: not a compiled bundle of real context binaries,
     another tokenizer or vocabulary (Genie's spd compares the two models' logits token id by token id)."""
@@ -76,15 +85,21 @@ def draft_engine(draft_bundle: Path, target_tokenizer: bytes, n_vocab: int) -> t
         manifest = json.loads((draft_bundle / "bundle.json").read_text(encoding="utf-8"))
         tok = (draft_bundle / "tokenizer.json").read_bytes()
     except (OSError, ValueError) as exc:
-        raise SpeculativeError(f"The draft bundle {draft_bundle} cannot be read ({exc}): give the folder of a "
-                               "compiled bundle (a run's artifacts/compile/bundle).") from None
+        raise SpeculativeError(
+            f"The draft bundle {draft_bundle} cannot be read ({exc}): give the folder of a "
+            "compiled bundle (a run's artifacts/compile/bundle)."
+        ) from None
     if manifest.get("binaries") != "qnn" or manifest.get("simulated"):
-        raise SpeculativeError(f"The draft bundle {draft_bundle} holds no real context binaries (compiled with the "
-                               "twin): compile the draft with compile_target local or aihub.")
+        raise SpeculativeError(
+            f"The draft bundle {draft_bundle} holds no real context binaries (compiled with the "
+            "twin): compile the draft with compile_target local or aihub."
+        )
     d = cfg.get("dialog") or {}
     if tok != target_tokenizer or int((d.get("context") or {}).get("n-vocab", -1)) != n_vocab:
-        raise SpeculativeError(f"The draft bundle {draft_bundle} has another tokenizer than this model: Genie's spd "
-                               "compares both models' logits token by token, so the draft must share the tokenizer.")
+        raise SpeculativeError(
+            f"The draft bundle {draft_bundle} has another tokenizer than this model: Genie's spd "
+            "compares both models' logits token by token, so the draft must share the tokenizer."
+        )
     eng = copy.deepcopy(target_engine(d))
     bins = [draft_bundle / b for b in ctx_bins(d)]
     eng.setdefault("model", {}).setdefault("binary", {})["ctx-bins"] = [f"{DRAFT_DIR}/{b.name}" for b in bins]
@@ -118,7 +133,7 @@ def ctx_bins(dialog: dict[str, Any]) -> list[str]:
     """Every context binary a dialog config names, each once, in order."""
     out: list[str] = []
     for e in engines(dialog):
-        for b in (((e.get("model") or {}).get("binary") or {}).get("ctx-bins") or []):
+        for b in ((e.get("model") or {}).get("binary") or {}).get("ctx-bins") or []:
             if isinstance(b, str) and b not in out:
                 out.append(b)
     return out
@@ -129,15 +144,19 @@ def lade_problem(ar_sizes: list[int], lade: Lade, n_vocab: int | None = None) ->
     exported (AI Hub), whose embedding gather then refuses Genie's seed ids past the vocabulary; the local compile
     clamps them (workers.qnn.htp_graph) and passes None."""
     if n_vocab is not None and n_vocab <= LADE_SEED_BASE + lade.window:
-        return (f"lade seeds its lookahead with token ids {LADE_SEED_BASE}+ and this model's vocabulary has {n_vocab} "
-                "tokens: AI Hub compiles the embedding as exported and the HTP would refuse those ids. Compile locally "
-                "(compile_target local clamps the ids of so small a table), or use spd.")
+        return (
+            f"lade seeds its lookahead with token ids {LADE_SEED_BASE}+ and this model's vocabulary has {n_vocab} "
+            "tokens: AI Hub compiles the embedding as exported and the HTP would refuse those ids. Compile locally "
+            "(compile_target local clamps the ids of so small a table), or use spd."
+        )
     if lade.ngram < 2 or lade.window < 1 or lade.gcap < 0:
         return "lade needs ngram >= 2, window >= 1 and gcap >= 0."
     if ar_sizes and lade.step_tokens > max(ar_sizes):
-        return (f"A lade step runs (window + gcap) x (ngram - 1) = {lade.step_tokens} tokens, more than the largest "
-                f"graph (AR-{max(ar_sizes)}): Genie would split every step. Lower window, gcap or ngram, or "
-                "raise ar_n.")
+        return (
+            f"A lade step runs (window + gcap) x (ngram - 1) = {lade.step_tokens} tokens, more than the largest "
+            f"graph (AR-{max(ar_sizes)}): Genie would split every step. Lower window, gcap or ngram, or "
+            "raise ar_n."
+        )
     return None
 
 
@@ -145,8 +164,10 @@ def spd_problem(spd: Spd, target_vocab: int, draft_vocab: int, ar_sizes: list[in
     if spd.draft_len < 1:
         return "spd needs draft-len >= 1."
     if target_vocab != draft_vocab:
-        return (f"The draft's vocabulary ({draft_vocab}) differs from the target's ({target_vocab}): Genie's spd "
-                "compares both models' logits token by token, so they need the same tokenizer.")
+        return (
+            f"The draft's vocabulary ({draft_vocab}) differs from the target's ({target_vocab}): Genie's spd "
+            "compares both models' logits token by token, so they need the same tokenizer."
+        )
     if ar_sizes and spd.draft_len + 1 > max(ar_sizes):
         return f"draft-len {spd.draft_len} + 1 exceeds the largest graph (AR-{max(ar_sizes)})."
     return None
@@ -161,8 +182,14 @@ def spd_sampler(sampler: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def dialog_config(basic: dict[str, Any], dialog_type: str, *, lade: Lade | None = None, spd: Spd | None = None,
-                  draft_engine: dict[str, Any] | None = None) -> dict[str, Any]:
+def dialog_config(
+    basic: dict[str, Any],
+    dialog_type: str,
+    *,
+    lade: Lade | None = None,
+    spd: Spd | None = None,
+    draft_engine: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The `dialog_type` config derived from the basic one (which is not changed). spd's draft engine defaults to
     a copy of the target's (the model drafting for itself)."""
     if dialog_type in REFUSED:

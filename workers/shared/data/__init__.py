@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 
 BUILTIN_MODEL = ("builtin_model", "tiny-llama")
 # every built-in model id -> its folder under builtin_model/ (tools/builtin_model/train_tiny_llama.py made them)
-BUILTIN_MODELS = {"builtin:tiny-llama": "tiny-llama",
-                  "builtin:tiny-llama-draft": "tiny-llama-draft"}   # 1 layer, the same tokenizer: spd's draft
+BUILTIN_MODELS = {
+    "builtin:tiny-llama": "tiny-llama",
+    "builtin:tiny-llama-draft": "tiny-llama-draft",
+}  # 1 layer, the same tokenizer: spd's draft
 BUILTIN_TEXT = ("builtin_model", "text")
 RECIPES = ("recipes",)
 QUANTSIM = ("quantsim",)
