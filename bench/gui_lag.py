@@ -26,7 +26,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 FLOOD = r"""
 import sys, time
-from workers.shared.protocol import Emitter
+from hexstudio.workers.shared.protocol import Emitter
 em = Emitter(sys.stdout)
 rate, seconds = int(sys.argv[1]), float(sys.argv[2])
 t0 = time.monotonic(); n = 0
@@ -51,10 +51,10 @@ def main() -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.core.jobs import JobRunner
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.jobs import JobRunner
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
 
     app = QApplication([])
     loop = qasync.QEventLoop(app)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/gui_startup.py [--repeat 5]
 
-Runs `python -m app gui --startup-check` (offscreen unless a display is set) in fresh processes: the
+Runs `python -m hexstudio gui --startup-check` (offscreen unless a display is set) in fresh processes: the
 wall time from spawning the process to the window's first event-loop turn, measured from outside.
 Target (issue 8): under 2 s. Prints the median, the ratio to 2 s, and the heavy modules loaded
 (must be none).
@@ -37,7 +37,7 @@ def main() -> int:
     for _ in range(args.repeat):
         t0 = time.perf_counter()
         out = subprocess.run(
-            [sys.executable, "-m", "app", "gui", "--startup-check", "--workspace", str(tmp / "ws")],
+            [sys.executable, "-m", "hexstudio", "gui", "--startup-check", "--workspace", str(tmp / "ws")],
             cwd=REPO,
             env=env,
             capture_output=True,

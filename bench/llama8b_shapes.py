@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quantize_memory as qm
 
-from workers.shared.data import builtin_model_dir
+from hexstudio.workers.shared.data import builtin_model_dir
 
 REPO = qm.REPO
 HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 4096, 14336, 32, 8, 128256
@@ -106,11 +106,11 @@ def disk(root: Path) -> int:
 
 
 def upload(run: Path, work: Path) -> dict[str, float]:
-    """What the AI Hub compile uploads for every graph (workers/aihub_upload.py, as the Compile stage prepares
+    """What the AI Hub compile uploads for every graph (hexstudio/workers/aihub_upload.py, as the Compile stage prepares
     it): the directories' bytes, and the zip the qai_hub client builds of each (deflate level 1) and sends."""
     import time
 
-    from workers.aihub_upload import write_upload_dir, zipped_bytes
+    from hexstudio.workers.aihub_upload import write_upload_dir, zipped_bytes
 
     qdir = run / "artifacts" / "quantize"
     q = json.loads((qdir / "quantize.json").read_text())
@@ -132,11 +132,11 @@ def upload(run: Path, work: Path) -> dict[str, float]:
 COMPILE = r"""
 import json, resource, sys, time
 from pathlib import Path
-from workers.qnn.bundle import prepare_htp_graphs
-from workers.qnn.compile import compile_part, read_back
-from workers.qnn.ep import HtpTarget
-from workers.shared.bundle import device_info
-from workers.shared.protocol import Emitter
+from hexstudio.workers.qnn.bundle import prepare_htp_graphs
+from hexstudio.workers.qnn.compile import compile_part, read_back
+from hexstudio.workers.qnn.ep import HtpTarget
+from hexstudio.workers.shared.bundle import device_info
+from hexstudio.workers.shared.protocol import Emitter
 qdir, work = Path(sys.argv[1]), Path(sys.argv[2])
 q = json.loads((qdir / "quantize.json").read_text())
 dev = device_info("Dragonwing IQ-9075 EVK")

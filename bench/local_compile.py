@@ -30,7 +30,7 @@ ANCHOR_S = 60.0
 def hexstudio(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}
     return subprocess.run(
-        [sys.executable, "-m", "app", *args],
+        [sys.executable, "-m", "hexstudio", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -94,7 +94,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "workers.genie_sim.t2t",
+            "hexstudio.workers.genie_sim.t2t",
             "-c",
             "genie_config.json",
             "-p",

@@ -33,7 +33,7 @@ def one_run(workspace: Path, tree: Path) -> tuple[float, float, dict[str, object
     if tree == REPO and Path(sys.executable).with_name("hexstudio").is_file():
         cmd = [str(Path(sys.executable).with_name("hexstudio"))]
     else:  # another checkout (e.g. `git archive` of an older commit): its own code, this venv
-        cmd = [sys.executable, "-m", "app"]
+        cmd = [sys.executable, "-m", "hexstudio"]
     cmd += ["preflight", "--model", "builtin:tiny-llama", "--json", "--workspace", str(workspace)]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()

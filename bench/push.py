@@ -4,7 +4,7 @@
 
 Needs root and openssh-server (a real sshd on 127.0.0.1 from tests/support/sshd.py). Writes a
 synthetic bundle of random bytes (`--files` context binaries + small config files), copies it once
-with `scp -r` (the anchor), then pushes it with app.core.device.push.push_bundle to a fresh folder,
+with `scp -r` (the anchor), then pushes it with hexstudio.core.device.push.push_bundle to a fresh folder,
 then pushes it again unchanged. Prints the throughputs, their ratio (target >= 0.8) and the re-push time
 (target < 2 s).
 """
@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.core.device.board import Board
-from app.core.device.connect import connect_ssh
-from app.core.device.push import push_bundle
+from hexstudio.core.device.board import Board
+from hexstudio.core.device.connect import connect_ssh
+from hexstudio.core.device.push import push_bundle
 from tests.support.evk_board import make_device_bundle
 from tests.support.sshd import SshServer
 

@@ -6,13 +6,13 @@ chunks no larger than a layer), each on the previous unit's quantized outputs).
 
     .venv/bin/python bench/quantize_memory.py [--sizes 20m,80m,300m] [--parts 4] [--no-validate] [--json F]
 
-Each configuration runs the real quantize worker (`python -m workers.quantize`, real aimet-onnx)
+Each configuration runs the real quantize worker (`python -m hexstudio.workers.quantize`, real aimet-onnx)
 in a fresh subprocess on a synthetic random-init Llama; the peak RSS is the child's ru_maxrss
 (os.wait4). The baseline is the ru_maxrss of a child that only imports what the worker imports
 (Python, torch, transformers, onnx, onnxruntime, aimet_onnx): the fixed overhead. Prints, for each,
 peak RSS / FP16 weight bytes of the model, (peak - baseline) / FP16 bytes of the model and of the
 largest part, and the ratio (b)/(a) at the largest size. With validation on, the part-wise run is
-then validated (`python -m workers.validate`) and its peak RSS recorded the same way.
+then validated (`python -m hexstudio.workers.validate`) and its peak RSS recorded the same way.
 Target (issue 3): (b) flat across sizes and at most half of (a) at the largest size.
 """
 
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from workers.shared.data import builtin_model_dir
+from hexstudio.workers.shared.data import builtin_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -135,7 +135,7 @@ def validate(run: Path) -> dict[str, float]:
     (run / "vspec.json").write_text(json.dumps(spec))
     (run / "artifacts" / "validate.partial").mkdir(parents=True, exist_ok=True)
     rc, wall, peak = child_peak(
-        [PY, "-m", "workers.validate", "--spec", str(run / "vspec.json")], run / "validate"
+        [PY, "-m", "hexstudio.workers.validate", "--spec", str(run / "vspec.json")], run / "validate"
     )
     if rc != 0:
         raise SystemExit(
@@ -172,7 +172,7 @@ def measure(
     }
     (run / "spec.json").write_text(json.dumps(spec))
     rc, wall, peak = child_peak(
-        [PY, "-m", "workers.quantize", "--spec", str(run / "spec.json")], run / "quantize"
+        [PY, "-m", "hexstudio.workers.quantize", "--spec", str(run / "spec.json")], run / "quantize"
     )
     if rc != 0:
         tail = (run / "quantize.err").read_text(errors="replace")[-2000:]
@@ -187,7 +187,7 @@ def measure(
 def largest_unit_params(hf: Path) -> int:
     """Parameters of the largest calibration unit: the largest decoder layer (the lm_head is calibrated
     in column chunks no larger than a layer, the embedding on the rows of the calibration tokens:
-    workers/quant/units.py); the embedding or lm_head where the model has no layer as large."""
+    hexstudio/workers/quant/units.py); the embedding or lm_head where the model has no layer as large."""
     from safetensors import safe_open
 
     per: dict[str, int] = {}
@@ -206,7 +206,7 @@ def largest_part_params(hf: Path, parts: int) -> int:
     from safetensors import safe_open
 
     sys.path.insert(0, str(REPO))
-    from workers.shared.modelinfo import layer_ranges
+    from hexstudio.workers.shared.modelinfo import layer_ranges
 
     sizes: dict[str, int] = {}
     for f in hf.glob("*.safetensors"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.core.sampler import TreeSampler, sample_periodically
+from hexstudio.core.sampler import TreeSampler, sample_periodically
 
 TARGET = 0.01
 SECONDS = 20.0

@@ -41,8 +41,8 @@ def build_workspace() -> tuple[Path, str]:
     """A run of the built-in model compiled for the onnxruntime twin and taken through the Board stage on the
     simulator board (tests/eval/conftest.py twin_workspace). The twin, not Genie on the HTP simulator (about a
     token a second on a 2-core machine): what is measured is the HTTP server around the dialog."""
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
     from tests.support.runs import build_validated_run
     from tests.support.sim_runs import copy_run
 
@@ -249,7 +249,7 @@ def main() -> int:
     argv = [
         sys.executable,
         "-m",
-        "app",
+        "hexstudio",
         "serve",
         "--board",
         "sim",

@@ -34,7 +34,7 @@ def main() -> int:
     from openai import OpenAI
 
     port_file = Path(tempfile.mkdtemp(prefix="hexstudio-bench-")) / "port"
-    argv = [sys.executable, "-m", "app", "serve", "--port", "0", "--port-file", str(port_file)]
+    argv = [sys.executable, "-m", "hexstudio", "serve", "--port", "0", "--port-file", str(port_file)]
     if args.board:
         argv += ["--board", args.board]
     env = dict(os.environ)

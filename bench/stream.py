@@ -1,7 +1,7 @@
 """Latency the SSH streaming path adds to each token's arrival, compared with reading the simulator
 locally (target: median at most 5 ms).
 
-The simulator (workers.genie_sim) runs the simulation bundle twice per path: on the local simulator
+The simulator (hexstudio.workers.genie_sim) runs the simulation bundle twice per path: on the local simulator
 board (a pipe) and on a real OpenSSH server on 127.0.0.1 (tests/support/sshd.py; paramiko channel).
 Producer and reader share this machine's monotonic clock, so each token's latency is exact:
 arrival time in the studio minus the moment the runner wrote it. Two paths are measured:
@@ -37,7 +37,7 @@ PROMPT = "Question: Where does the sun rise and where does it set? Answer:"
 
 
 def find_bundle(workspace: Path | None) -> Path | None:
-    from app.core.runs import Workspace
+    from hexstudio.core.runs import Workspace
 
     for r in Workspace(workspace).list_runs():
         b = r.path / "artifacts" / "compile" / "bundle"
@@ -70,7 +70,7 @@ def pair(stamps: list[tuple[float, int]], arrivals: list[tuple[float, int]]) -> 
 
 
 async def t2t_latencies(board: object, bundle: str, log: Path, runs: int, tokens: int) -> list[float]:
-    from app.core.genie.run import Chunk, run_query
+    from hexstudio.core.genie.run import Chunk, run_query
 
     lat: list[float] = []
     for i in range(runs + 1):
@@ -93,9 +93,9 @@ async def t2t_latencies(board: object, bundle: str, log: Path, runs: int, tokens
 
 
 async def session_latencies(board: object, bundle: str, runs: int, tokens: int) -> list[float]:
-    from app.core.genie.conversation import Conversation
-    from app.core.genie.run import Chunk
-    from app.core.genie.session import ChatSession
+    from hexstudio.core.genie.conversation import Conversation
+    from hexstudio.core.genie.run import Chunk
+    from hexstudio.core.genie.session import ChatSession
 
     lat: list[float] = []
     async with ChatSession(
@@ -125,10 +125,10 @@ def summary(name: str, xs: list[float]) -> str:
 
 
 async def main_async(args: argparse.Namespace, tmp: Path) -> int:
-    from app.core.device.board import Board
-    from app.core.device.connect import connect_ssh
-    from app.core.device.push import push_bundle
-    from app.core.device.transport import LocalTransport
+    from hexstudio.core.device.board import Board
+    from hexstudio.core.device.connect import connect_ssh
+    from hexstudio.core.device.push import push_bundle
+    from hexstudio.core.device.transport import LocalTransport
     from tests.support.sshd import SshServer, sshd_available
 
     ok, why = sshd_available()
@@ -136,7 +136,7 @@ async def main_async(args: argparse.Namespace, tmp: Path) -> int:
         raise SystemExit(f"cannot measure the SSH path: {why}")
     bundle = Path(args.bundle) if args.bundle else find_bundle(None) or build_bundle(tmp)
     local_log, ssh_log = tmp / "local-tokens.json", tmp / "ssh-tokens.json"
-    sim = [sys.executable, "-m", "workers.genie_sim.t2t"]
+    sim = [sys.executable, "-m", "hexstudio.workers.genie_sim.t2t"]
     local = Board(
         "sim",
         LocalTransport(tmp / "sim-home"),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The second test tier's environment: the validated recipe's pins (workers/shared/data/recipes/validated.txt:
+# The second test tier's environment: the validated recipe's pins (hexstudio/workers/shared/data/recipes/validated.txt:
 # aimet-onnx 2.26, onnx 1.18, transformers 4.45, ...) for everything but torch, on Python 3.10
 # (aimet-onnx 2.26 ships a cp310 wheel only), with torch 2.13.0 and the CPU onnxruntime 1.23.2
 # (the recipe's onnxruntime-gpu needs a GPU). The quantize, model and validate tests run in it
@@ -11,7 +11,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:-$root/.venv-validated}
-recipe="$root/workers/shared/data/recipes/validated.txt"
+recipe="$root/hexstudio/workers/shared/data/recipes/validated.txt"
 
 find_python310() {
     local c

@@ -26,7 +26,7 @@ def _module_imports() -> tuple[dict[str, set[str]], list[tuple[str, str, int]]]:
     import ast
 
     files: dict[str, Path] = {}
-    for pkg in ("app", "workers"):
+    for pkg in ("hexstudio",):
         for f in (REPO / pkg).rglob("*.py"):
             parts = f.relative_to(REPO).with_suffix("").parts
             files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
@@ -44,7 +44,7 @@ def _module_imports() -> tuple[dict[str, set[str]], list[tuple[str, str, int]]]:
             names = [a.name for a in node.names]
         out = []
         for n in names:
-            if n.split(".")[0] not in ("app", "workers"):
+            if n.split(".")[0] != "hexstudio":
                 continue
             while n and n not in files:
                 n = n.rpartition(".")[0]
@@ -98,12 +98,12 @@ def test_no_function_level_import_dodges_a_cycle() -> None:
 
 def test_every_code_folder_is_a_regular_package() -> None:
     """A folder of modules without __init__.py is a namespace package: PyInstaller's collect_submodules does not
-    walk it, so a module only imported by name at run time (the AIMET smoke test, workers.quant.smoke) was
-    missing from the frozen build and its preflight failed. Every folder of app/ and workers/ holding modules
+    walk it, so a module only imported by name at run time (the AIMET smoke test, hexstudio.workers.quant.smoke) was
+    missing from the frozen build and its preflight failed. Every folder of hexstudio/ holding modules
     has an __init__.py."""
     missing = sorted(
         str(d.relative_to(REPO))
-        for pkg in ("app", "workers")
+        for pkg in ("hexstudio",)
         for d in (REPO / pkg).rglob("*")
         if d.is_dir()
         and "__pycache__" not in d.parts

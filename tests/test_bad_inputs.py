@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from app.core.cli.main import main as cli
-from workers.shared.data import builtin_model_dir
+from hexstudio.cli.main import main as cli
+from hexstudio.workers.shared.data import builtin_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
 BUILTIN = builtin_model_dir()
@@ -107,8 +107,8 @@ def model_folder(e: Env, kind: str) -> Path:
 
 def model_stage(e: Env, model: str) -> tuple[str, str, list[str]]:
     """The Model stage's real worker on `model`: (state, the message shown, files left in artifacts/)."""
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
 
     m = Workspace(e.ws).create_run(model, "sim", {})
     res = asyncio.run(Pipeline(m).run(until="model"))
@@ -130,8 +130,8 @@ def sim_bundle(e: Env) -> Path:
 
 
 def push(e: Env, bundle: Path, name: str = "b", workspace: Path | None = None) -> str:
-    from app.core.device.board import BoardError, sim_board
-    from app.core.device.push import push_bundle
+    from hexstudio.core.device.board import BoardError, sim_board
+    from hexstudio.core.device.push import push_bundle
 
     try:
         asyncio.run(push_bundle(sim_board(workspace or e.ws), bundle, name))
@@ -148,8 +148,8 @@ def key_file(e: Env) -> Path:
 
 
 def board(e: Env, cfg: dict[str, Any] | None, name: str = "b") -> str:
-    from app.core.device.board import BoardError, open_board
-    from app.core.settings import Settings
+    from hexstudio.core.device.board import BoardError, open_board
+    from hexstudio.core.settings import Settings
 
     s = Settings.load()
     if cfg is not None:
@@ -171,8 +171,8 @@ def closed_port() -> int:
 
 def aihub(e: Env, status: int | str) -> str:
     """The AI Hub device list against a server answering `status` (or dropping the connection)."""
-    from workers import aihub as hub
-    from workers.runtime import WorkerError
+    from hexstudio.workers import aihub as hub
+    from hexstudio.workers.runtime import WorkerError
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -215,7 +215,7 @@ def aihub(e: Env, status: int | str) -> str:
 
 
 def setting(key: str, value: Any) -> str:
-    from app.core.settings import check_run_setting
+    from hexstudio.core.settings import check_run_setting
 
     return check_run_setting(key, value) or "ok"
 
@@ -295,7 +295,11 @@ ROWS: list[Any] = [
     (
         "open_run unknown (GUI)",
         lambda e: _raises(
-            lambda: __import__("app.core.runs", fromlist=["Workspace"]).Workspace(e.ws).open_run("../../etc")
+            lambda: (
+                __import__("hexstudio.core.runs", fromlist=["Workspace"])
+                .Workspace(e.ws)
+                .open_run("../../etc")
+            )
         ),
         ["not a valid run id"],
         NO_RUN,
@@ -514,7 +518,7 @@ ROWS += [
 
 def _settings_file(e: Env, content: bytes) -> tuple[int, str]:
     """settings.json holding `content`, then a command that reads it (`board list`)."""
-    from app.core.paths import config_dir
+    from hexstudio.core.paths import config_dir
 
     p = config_dir() / "settings.json"
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -539,7 +543,7 @@ def _a_run(e: Env) -> str:
 
 def _no_board(name: str) -> Callable[[Env], bool]:
     def left(e: Env) -> bool:
-        from app.core.settings import Settings
+        from hexstudio.core.settings import Settings
 
         return name not in Settings.load().boards
 
@@ -666,9 +670,9 @@ ROWS += [
 
 
 def prompt(text: str) -> str:
-    """A chat message as the Chat page and `hexstudio chat` send it (app.core.genie.session.check_message,
+    """A chat message as the Chat page and `hexstudio chat` send it (hexstudio.core.genie.session.check_message,
     called by ChatSession.send before anything reaches a board)."""
-    from app.core.genie.session import SessionError, check_message
+    from hexstudio.core.genie.session import SessionError, check_message
 
     try:
         check_message(text)
@@ -811,8 +815,8 @@ def test_the_suite_has_at_least_40_rows() -> None:
 
 
 def test_threshold_names_are_the_validate_stages() -> None:
-    from workers.metrics import DEFAULT_THRESHOLDS
-    from workers.shared.run_settings import THRESHOLD_NAMES
-    from workers.validate import EXPORT_THRESHOLDS, HTP_THRESHOLDS
+    from hexstudio.workers.metrics import DEFAULT_THRESHOLDS
+    from hexstudio.workers.shared.run_settings import THRESHOLD_NAMES
+    from hexstudio.workers.validate import EXPORT_THRESHOLDS, HTP_THRESHOLDS
 
     assert set(THRESHOLD_NAMES) == set(DEFAULT_THRESHOLDS) | set(EXPORT_THRESHOLDS) | set(HTP_THRESHOLDS)

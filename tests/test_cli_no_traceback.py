@@ -87,7 +87,7 @@ def _hexstudio(tmp: Path, argv: list[str], config: Path) -> subprocess.Completed
     env.pop("HEXSTUDIO_TRACEBACK", None)
     with open(os.devnull, "rb") as devnull:
         return subprocess.run(
-            [sys.executable, "-m", "app", *args],
+            [sys.executable, "-m", "hexstudio", *args],
             cwd=REPO,
             env=env,
             stdin=devnull,

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from workers.shared import config_bounds, modelinfo, rope
+from hexstudio.workers.shared import config_bounds, modelinfo, rope
 
 BASE = json.loads(
     (
-        Path(__file__).resolve().parents[1] / "workers/shared/data/builtin_model/tiny-llama/config.json"
+        Path(__file__).resolve().parents[1]
+        / "hexstudio/workers/shared/data/builtin_model/tiny-llama/config.json"
     ).read_text()
 )
 
@@ -173,8 +174,8 @@ def test_cli_inspect_and_preflight_bounded(
     folder = _write(tmp_path / "model", changes)
     env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")}
     for argv in (
-        [sys.executable, "-m", "app", "model", "inspect", str(folder)],
-        [sys.executable, "-m", "app", "preflight", "--model", str(folder)],
+        [sys.executable, "-m", "hexstudio", "model", "inspect", str(folder)],
+        [sys.executable, "-m", "hexstudio", "preflight", "--model", str(folder)],
     ):
         rc, out, wall, peak = _run_measured(argv, env)
         assert rc != 0 and field in out and "No real model has that" in out, (argv, out)
@@ -189,12 +190,12 @@ def test_a_local_copy_of_the_builtin_model_inspects_without_a_context_error(tmp_
     was told "context_length 4096 beyond 2048"; auto now stops at the model's own limit."""
     import shutil
 
-    from workers.shared.data import builtin_model_dir
+    from hexstudio.workers.shared.data import builtin_model_dir
 
     d = tmp_path / "tiny-copy"
     shutil.copytree(builtin_model_dir(), d)
     r = subprocess.run(
-        [sys.executable, "-m", "app", "model", "inspect", str(d), "--json"],
+        [sys.executable, "-m", "hexstudio", "model", "inspect", str(d), "--json"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -24,5 +24,5 @@ def test_no_doc_cites_a_facts_folder() -> None:
 
 
 def test_report_and_bench_cite_no_facts_folder() -> None:
-    for rel in ("app/core/genie/bench.py", "app/core/reports/templates/report.html.j2"):
+    for rel in ("hexstudio/core/genie/bench.py", "hexstudio/core/reports/templates/report.html.j2"):
         assert "facts/" not in (ROOT / rel).read_text(encoding="utf-8"), rel

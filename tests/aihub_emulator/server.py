@@ -66,7 +66,7 @@ v0.47.0, b61a009, and quic/ai-hub-models v0.46.1, 52c080d; qai_hub = the install
   and htp-supports-fp16:true: a third party's recorded live device query (not a Qualcomm source);
   qai-hub-models reads the `abi:` attribute as the QAIRT SDK lib folder (utils/llm_helpers.py
   copy_qairt_files_for_genie_bundle). AI Hub also lists the alias chipset:qcs9075 (the yaml's aliases are
-  the device's `chipset:` attributes); it is left out here because workers/aihub.py parse_device keeps the
+  the device's `chipset:` attributes); it is left out here because hexstudio/workers/aihub.py parse_device keeps the
   LAST `chipset:` attribute and would record "qcs9075". `abi:aarch64-android` on the Android devices: the
   same third party's records.
 
@@ -175,7 +175,7 @@ AIMET_ENCODINGS_FORMATS: dict[str, bool] = {"0.6.1": False, "1.0.0": True}
 # either way about AI Hub: refused, with an [emulator] reason that says so.
 AIMET_ENCODINGS_UNVERIFIED = ("2.0.0", "2.1.0")
 
-# Run settings that make workers/aihub.py poll fast and never sit in HTTP retries.
+# Run settings that make hexstudio/workers/aihub.py poll fast and never sit in HTTP retries.
 FAST_RUN_SETTINGS: dict[str, Any] = {
     "aihub_poll_interval_s": 0.05,
     "aihub_http_retries": 0,
@@ -215,7 +215,7 @@ DEVICES: list[dict[str, Any]] = [
         "os": "1.7",
         "soc_description": "Qualcomm QCS9075",
         # chipset:qcs9075 is the alias AI Hub lists after the chipset (qai-hub-models v0.47.0 devices_and_chipsets.yaml
-        # takes a device's aliases from its chipset: attributes); HexStudio keeps the first (workers/aihub.parse_device)
+        # takes a device's aliases from its chipset: attributes); HexStudio keeps the first (hexstudio/workers/aihub.parse_device)
         "attributes": [
             "abi:aarch64-oe-linux-gcc11",
             "chipset:qualcomm-qcs9075",
@@ -613,7 +613,7 @@ class AIHubEmulator:
         )
 
     def worker_env(self) -> dict[str, str]:
-        """Environment for a compile worker (workers/aihub.py reads these)."""
+        """Environment for a compile worker (hexstudio/workers/aihub.py reads these)."""
         return {
             "HEXSTUDIO_AIHUB_TOKEN": self.token,
             "HEXSTUDIO_AIHUB_API_URL": self.api_url,

@@ -25,7 +25,7 @@ def evk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvkBoard]:
 
 
 def settings_with(name: str, cfg: dict[str, Any]) -> Any:
-    from app.core.settings import Settings
+    from hexstudio.core.settings import Settings
 
     s = Settings.load()
     s.boards[name] = cfg

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from app.core.device.board import BoardError
-from app.core.device.connect import HostKeyUnknown, connect_ssh
-from app.core.secrets import board_password_key, get_secret, set_secret
+from hexstudio.core.device.board import BoardError
+from hexstudio.core.device.connect import HostKeyUnknown, connect_ssh
+from hexstudio.core.secrets import board_password_key, get_secret, set_secret
 from tests.support.evk_board import EvkBoard
 from tests.support.sshd import _keygen
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from app.core.device.board import sim_board
-from app.core.device.errors import UnsafeBundle
-from app.core.device.push import REMOTE_MANIFEST, push_bundle, recheck_pushed
-from app.core.device.verify import CTIMES, default_remote_name
+from hexstudio.core.device.board import sim_board
+from hexstudio.core.device.errors import UnsafeBundle
+from hexstudio.core.device.push import REMOTE_MANIFEST, push_bundle, recheck_pushed
+from hexstudio.core.device.verify import CTIMES, default_remote_name
 from tests.board.test_crafted_bundle import _flip, _tree, sim_bundle
 
 
@@ -84,9 +84,9 @@ def test_default_remote_name_is_the_run_id_for_a_runs_bundle(tmp_path: Path) -> 
 def test_a_chat_session_on_a_pushed_run_resends_what_changed(tmp_path: Path) -> None:
     """The chat-target service (Chat, Evaluate, `hexstudio chat` and `serve`) on a run whose Board stage is done:
     the run's board.json is believed only after the bundle on the board is re-checked."""
-    from app.core.runs import Workspace
-    from app.core.services.chat_target import chat_target
-    from app.core.settings import Settings
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.services.chat_target import chat_target
+    from hexstudio.core.settings import Settings
 
     ws = tmp_path / "ws"
     run_dir = ws / "runs" / "20261127-000000-tiny-llama-0000"

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from app.core.device.board import open_board, sim_board
-from app.core.device.errors import LocalBundleError, UnsafeBundle
-from app.core.device.push import push_bundle
-from app.core.device.verify import verify_pushed
+from hexstudio.core.device.board import open_board, sim_board
+from hexstudio.core.device.errors import LocalBundleError, UnsafeBundle
+from hexstudio.core.device.push import push_bundle
+from hexstudio.core.device.verify import verify_pushed
+from hexstudio.workers.shared.bundle import safepath, verify_bundle
+from hexstudio.workers.shared.data import builtin_model_dir, package_path
 from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard, make_device_bundle
-from workers.shared.bundle import safepath, verify_bundle
-from workers.shared.data import builtin_model_dir, package_path
 
 REPO = Path(__file__).resolve().parents[2]
 FACTS = {
@@ -164,7 +164,7 @@ def test_bundle_verify_refuses_crafted_paths(tmp_path: Path) -> None:
     problems = verify_bundle(bundle)
     assert len(problems) == 1 and "files[4]" in problems[0] and "'..'" in problems[0]
     r = subprocess.run(
-        [sys.executable, "-m", "app", "bundle", "verify", str(bundle), "--json"],
+        [sys.executable, "-m", "hexstudio", "bundle", "verify", str(bundle), "--json"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -175,7 +175,7 @@ def test_bundle_verify_refuses_crafted_paths(tmp_path: Path) -> None:
 
 
 def test_report_lists_crafted_entries_as_refused() -> None:
-    from app.core.reports.collect import _bundle_files
+    from hexstudio.core.reports.collect import _bundle_files
 
     doc = {
         "files": [
@@ -202,7 +202,7 @@ def test_report_lists_crafted_entries_as_refused() -> None:
 def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(
     tmp_path: Path, field: str, value: Any, entry: str
 ) -> None:
-    import workers.shared.bundle as gb
+    import hexstudio.workers.shared.bundle as gb
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()
@@ -220,7 +220,15 @@ def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(
     (bundle / "genie_config.json").write_text(json.dumps(cfg))
     (bundle / "graphs.json").write_text(json.dumps(graphs))
     r = subprocess.run(
-        [sys.executable, "-m", "workers.genie_sim.t2t", "-c", str(bundle / "genie_config.json"), "-p", "hi"],
+        [
+            sys.executable,
+            "-m",
+            "hexstudio.workers.genie_sim.t2t",
+            "-c",
+            str(bundle / "genie_config.json"),
+            "-p",
+            "hi",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -232,7 +240,7 @@ def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(
         h = subprocess.run(
             [
                 sys.executable,
-                str(package_path("workers.board", "genie_session.py")),
+                str(package_path("hexstudio.workers.board", "genie_session.py")),
                 "--config",
                 str(bundle / "genie_config.json"),
                 "--lib",

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from app.core.device import transport as tr
-from app.core.device.board import open_board
-from app.core.device.doctor import probe
-from app.core.device.errors import BoardError
-from app.core.device.fixes import apply_fix, plan_fix, plan_qairt_install
-from app.core.device.push import push_bundle
-from app.core.secrets import board_password_key, set_secret
+from hexstudio.core.device import transport as tr
+from hexstudio.core.device.board import open_board
+from hexstudio.core.device.doctor import probe
+from hexstudio.core.device.errors import BoardError
+from hexstudio.core.device.fixes import apply_fix, plan_fix, plan_qairt_install
+from hexstudio.core.device.push import push_bundle
+from hexstudio.core.secrets import board_password_key, set_secret
 from tests.board.conftest import CANARY, settings_with
 from tests.support.evk_board import EvkBoard, build_qairt_zip, make_device_bundle
 
@@ -221,11 +221,11 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
 def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_path: Path) -> None:
     """Runs after the flow above on the same (now fixed) board: the Board stage of a run probes, pushes and
     records the doctor in board.json; the password is in none of the run's files."""
-    from app.core import logs as studio_logs
-    from app.core.device.stage import run_board_stage
-    from app.core.pipeline import StageContext
-    from app.core.runs import Workspace
-    from app.core.stages import get_stage
+    from hexstudio.core import logs as studio_logs
+    from hexstudio.core.device.stage import run_board_stage
+    from hexstudio.core.pipeline import StageContext
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.stages import get_stage
 
     studio_logs.setup_logging(
         "gui"
@@ -267,7 +267,7 @@ def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_p
     studio_logs.close_logging()
 
     # an AI Hub EMULATOR bundle is refused by the stage on this (real, not allow-listed) board
-    from app.core.pipeline import StageError
+    from hexstudio.core.pipeline import StageError
 
     emu_dir = make_device_bundle(tmp_path / "emulated" / "bundle", part_bytes=1000)
     emu_doc = json.loads((emu_dir / "bundle.json").read_text())

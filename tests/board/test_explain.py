@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.device.explain import RULES, explain, explain_dict, summary
+from hexstudio.core.device.explain import RULES, explain, explain_dict, summary
 
 # (message as the tools print it, expected rule id, a fix id it should point to or None)
 DOCUMENTED = [
@@ -147,7 +147,7 @@ def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[st
         [
             sys.executable,
             "-c",
-            "import sys; from app.core.cli.main import main; sys.exit(main(sys.argv[1:]))",
+            "import sys; from hexstudio.cli.main import main; sys.exit(main(sys.argv[1:]))",
             *args,
         ],
         capture_output=True,

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from app.core.device import transport as tr
-from app.core.device.board import open_board
-from app.core.device.doctor import probe
-from app.core.device.fixes import apply_fix, plan_fix
+from hexstudio.core.device import transport as tr
+from hexstudio.core.device.board import open_board
+from hexstudio.core.device.doctor import probe
+from hexstudio.core.device.fixes import apply_fix, plan_fix
 from tests.board.conftest import CANARY, settings_with
 from tests.support.evk_board import EvkBoard
 

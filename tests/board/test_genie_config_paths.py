@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from app.core.device.errors import UnsafeBundle
-from app.core.device.verify import load_bundle
-from workers.shared.bundle import safepath
-from workers.shared.bundle.check import check_bundle
+from hexstudio.core.device.errors import UnsafeBundle
+from hexstudio.core.device.verify import load_bundle
+from hexstudio.workers.shared.bundle import safepath
+from hexstudio.workers.shared.bundle.check import check_bundle
 
 REPO = Path(__file__).resolve().parents[2]
-HELPER = REPO / "workers" / "board" / "genie_session.py"
+HELPER = REPO / "hexstudio" / "workers" / "board" / "genie_session.py"
 
 CONFIG: dict[str, Any] = {
     "dialog": {
@@ -131,7 +131,7 @@ def test_crafted_genie_config_refused_everywhere(
     assert entry in e.value.message and rule in e.value.message, e.value.message
     # `hexstudio bundle check`: a finding, never a hang (a real process, killed at 30 s)
     r = subprocess.run(
-        [sys.executable, "-m", "app", "bundle", "check", str(b)],
+        [sys.executable, "-m", "hexstudio", "bundle", "check", str(b)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -173,7 +173,7 @@ def test_fifo_genie_config_and_bundle_json_do_not_hang(tmp_path: Path) -> None:
     (b / "genie_config.json").unlink()
     os.mkfifo(b / "genie_config.json")
     r = subprocess.run(
-        [sys.executable, "-m", "app", "bundle", "check", str(b)],
+        [sys.executable, "-m", "hexstudio", "bundle", "check", str(b)],
         capture_output=True,
         text=True,
         timeout=30,

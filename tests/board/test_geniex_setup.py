@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.device.board import open_board
-from app.core.device.doctor import geniex_versions, probe
-from app.core.device.fixes import apply_fix, plan_fix
+from hexstudio.core.device.board import open_board
+from hexstudio.core.device.doctor import geniex_versions, probe
+from hexstudio.core.device.fixes import apply_fix, plan_fix
 from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard, make_device_bundle
 
@@ -114,7 +114,7 @@ def test_doctor_and_fix_for_geniex(evk_geniex: EvkBoard, tmp_path: Path) -> None
 def test_a_damaged_release_file_is_refused_before_anything_is_sent(
     evk_geniex: EvkBoard, tmp_path: Path
 ) -> None:
-    from app.core.device.errors import BoardError
+    from hexstudio.core.device.errors import BoardError
 
     settings = settings_with("evk-gx2", evk_geniex.board_config())
     f = geniex_tarball(tmp_path, "v0.7.0", "v2.45.0.260326")

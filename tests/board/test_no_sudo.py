@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.device.board import open_board
-from app.core.device.doctor import probe
-from app.core.device.fixes import apply_fix, plan_fix
+from hexstudio.core.device.board import open_board
+from hexstudio.core.device.doctor import probe
+from hexstudio.core.device.fixes import apply_fix, plan_fix
 from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard
 
@@ -72,7 +72,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         [
             sys.executable,
             "-c",
-            "import sys; from app.core.cli.main import main; sys.exit(main(sys.argv[1:]))",
+            "import sys; from hexstudio.cli.main import main; sys.exit(main(sys.argv[1:]))",
             *args,
         ],
         capture_output=True,

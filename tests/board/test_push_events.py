@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from app.core.device import push as push_mod
-from app.core.device import transport as tr
-from app.core.device.board import open_board, sim_board
-from app.core.device.errors import EmulatedBundle
-from app.core.device.push import PushProgress, push_bundle
+from hexstudio.core.device import push as push_mod
+from hexstudio.core.device import transport as tr
+from hexstudio.core.device.board import open_board, sim_board
+from hexstudio.core.device.errors import EmulatedBundle
+from hexstudio.core.device.push import PushProgress, push_bundle
 from tests.board.conftest import settings_with
 from tests.support.evk_board import make_device_bundle
 from tests.support.sshd import SshServer
@@ -138,10 +138,10 @@ def _sim_bundle(path: Path) -> Path:
 def test_a_dropped_connection_in_the_board_stage_has_its_own_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.core.device.stage import run_board_stage
-    from app.core.pipeline import StageContext, StageError
-    from app.core.runs import Workspace
-    from app.core.stages import get_stage
+    from hexstudio.core.device.stage import run_board_stage
+    from hexstudio.core.pipeline import StageContext, StageError
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.stages import get_stage
 
     ws = Workspace(tmp_path / "ws")
     m = ws.create_run("builtin:tiny-llama", "sim")
@@ -158,7 +158,7 @@ def test_a_dropped_connection_in_the_board_stage_has_its_own_code(
 
     monkeypatch.setattr(tr.LocalTransport, "put_file", dropping)
     monkeypatch.setattr(
-        "app.core.device.stage.open_board", lambda name, s, w: _async(sim_board(tmp_path / "simws"))
+        "hexstudio.core.device.stage.open_board", lambda name, s, w: _async(sim_board(tmp_path / "simws"))
     )
     out = m.run_dir / "artifacts" / "board.partial"
     out.mkdir(parents=True)

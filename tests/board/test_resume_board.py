@@ -10,9 +10,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from app.core.pipeline import Pipeline, StageContext
-from app.core.runs import Workspace
-from app.core.stages import Stage, _verdict_done, get_stage
+from hexstudio.core.pipeline import Pipeline, StageContext
+from hexstudio.core.runs import Workspace
+from hexstudio.core.stages import Stage, _verdict_done, get_stage
 from tests.board.test_crafted_bundle import _flip, sim_bundle
 
 

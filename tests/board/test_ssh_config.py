@@ -19,16 +19,16 @@ from typing import Any
 
 import pytest
 
-from app.core import secrets
-from app.core.device import connect
-from app.core.device.connect import (
+from hexstudio.core import secrets
+from hexstudio.core.device import connect
+from hexstudio.core.device.connect import (
     HostKeyUnknown,
     KeyPassphrase,
     KeyPassphraseNeeded,
     KeyPassphraseWrong,
     connect_ssh,
 )
-from app.core.device.errors import BoardError
+from hexstudio.core.device.errors import BoardError
 from tests.support.evk_board import EvkBoard
 from tests.support.sshd import SshServer, _keygen
 
@@ -374,7 +374,7 @@ def test_the_cli_asks_on_the_terminal(home: Path, srv: SshServer, tmp_path: Path
             [
                 sys.executable,
                 "-m",
-                "app",
+                "hexstudio",
                 "board",
                 "add",
                 "enc",

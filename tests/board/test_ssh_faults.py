@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from app.core.device import transport as tr
-from app.core.device.board import open_board
-from app.core.device.connect import HostKeyChanged, HostKeyUnknown, connect_ssh
-from app.core.device.errors import ConnectionDropped, UnsafeBundle
-from app.core.device.push import push_bundle
+from hexstudio.core.device import transport as tr
+from hexstudio.core.device.board import open_board
+from hexstudio.core.device.connect import HostKeyChanged, HostKeyUnknown, connect_ssh
+from hexstudio.core.device.errors import ConnectionDropped, UnsafeBundle
+from hexstudio.core.device.push import push_bundle
 from tests.board.conftest import settings_with
 from tests.support.evk_board import make_device_bundle
 from tests.support.sshd import SshServer
@@ -64,7 +64,7 @@ def test_changed_host_key_is_refused(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-c",
-                "import sys; from app.core.cli.main import main; sys.exit(main(sys.argv[1:]))",
+                "import sys; from hexstudio.cli.main import main; sys.exit(main(sys.argv[1:]))",
                 "board",
                 "probe",
                 "b",

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.core.device.board import open_board
-from app.core.device.stage import run_board_stage
-from app.core.pipeline import StageContext
-from app.core.runs import Workspace
-from app.core.secrets import set_secret, sudo_password_key
-from app.core.stages import get_stage
+from hexstudio.core.device.board import open_board
+from hexstudio.core.device.stage import run_board_stage
+from hexstudio.core.pipeline import StageContext
+from hexstudio.core.runs import Workspace
+from hexstudio.core.secrets import set_secret, sudo_password_key
+from hexstudio.core.stages import get_stage
 from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard, build_qairt_zip, make_device_bundle
 

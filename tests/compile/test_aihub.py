@@ -20,16 +20,16 @@ import onnx
 import pytest
 import yaml
 
-from app.core.jobs import LocalJob
-from app.core.manifest import RunManifest
-from app.core.pipeline import Pipeline, PipelineResult
-from app.core.runs import Workspace
+from hexstudio.core.jobs import LocalJob
+from hexstudio.core.manifest import RunManifest
+from hexstudio.core.pipeline import Pipeline, PipelineResult
+from hexstudio.core.runs import Workspace
+from hexstudio.workers import bundle_metadata as gm
+from hexstudio.workers.aihub import JOBS_FILE
+from hexstudio.workers.shared import bundle as gb
 from tests.aihub_emulator import AIHubEmulator
 from tests.aihub_emulator.server import QAIRT_VERSIONS
 from tests.support.sim_runs import copy_run
-from workers import bundle_metadata as gm
-from workers.aihub import JOBS_FILE
-from workers.shared import bundle as gb
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -61,7 +61,7 @@ QAIRT_FULL = QAIRT_VERSIONS["2.42"]
 def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
     validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.core import secrets
+    from hexstudio.core import secrets
 
     emu = aihub_emulator
     # the token comes from the keyring (the pipeline passes it to the worker), not the environment
@@ -344,8 +344,8 @@ def test_device_picker_rows_from_the_cli_and_the_client_ini_token(
     import subprocess
     import sys
 
-    from workers import aihub
-    from workers.runtime import WorkerError
+    from hexstudio.workers import aihub
+    from hexstudio.workers.runtime import WorkerError
 
     out = subprocess.run(
         [str(Path(sys.executable).with_name("hexstudio")), "bundle", "devices", "--aihub", "--json"],
@@ -472,7 +472,7 @@ def test_what_ai_hub_refuses_fails_the_stage_with_its_reason(
 
 
 def test_a_chipset_alias_after_the_chipset_does_not_replace_it() -> None:
-    from workers.aihub import parse_device
+    from hexstudio.workers.aihub import parse_device
 
     d = parse_device(
         "Dragonwing IQ-9075 EVK",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core import secrets
+from hexstudio.core import secrets
 
 TOKEN = "tok-canary-5b1f0c9e2d"
 
@@ -23,7 +23,7 @@ def _cli(
         [
             sys.executable,
             "-c",
-            "import sys; from app.core.cli.main import main; sys.exit(main(sys.argv[1:]))",
+            "import sys; from hexstudio.cli.main import main; sys.exit(main(sys.argv[1:]))",
             *args,
         ],
         input=stdin,
@@ -89,8 +89,8 @@ def test_login_refuses_empty_or_garbled_tokens_and_no_terminal(no_token_env: Pat
 
 
 def test_missing_token_hint_names_the_real_commands(no_token_env: Path) -> None:
-    from workers import aihub
-    from workers.runtime import WorkerError
+    from hexstudio.workers import aihub
+    from hexstudio.workers.runtime import WorkerError
 
     with pytest.raises(WorkerError) as ei:
         aihub.client_config({})
@@ -100,7 +100,7 @@ def test_missing_token_hint_names_the_real_commands(no_token_env: Path) -> None:
     assert "Settings" not in hint
     # and once stored with the CLI, the studio passes it to the worker (by environment, from the keyring)
     assert _cli("aihub", "login", "--stdin", stdin=TOKEN).returncode == 0
-    from app.core.pipeline import worker_env
+    from hexstudio.core.pipeline import worker_env
 
     assert worker_env()["HEXSTUDIO_AIHUB_TOKEN"] == TOKEN
     assert aihub.client_config({}, worker_env()["HEXSTUDIO_AIHUB_TOKEN"]).api_token == TOKEN
@@ -119,7 +119,7 @@ def test_login_asks_on_a_terminal_without_echo(no_token_env: Path) -> None:
             [
                 sys.executable,
                 "-c",
-                "import sys; from app.core.cli.main import main; sys.exit(main(['aihub', 'login']))",
+                "import sys; from hexstudio.cli.main import main; sys.exit(main(['aihub', 'login']))",
             ],
         )
     seen = b""
@@ -153,7 +153,7 @@ def test_one_token_order_a_stale_variable_never_hides_the_stored_token(
 ) -> None:
     """Issue 27 #6: the environment variable won over the keyring in the worker while status said the keyring's
     was used. One rule now: the keyring, then $HEXSTUDIO_AIHUB_TOKEN, then client.ini, for both."""
-    from app.core.pipeline import worker_env
+    from hexstudio.core.pipeline import worker_env
 
     assert _cli("aihub", "login", "--stdin", stdin=TOKEN).returncode == 0
     stale = {"HEXSTUDIO_AIHUB_TOKEN": "stale-token-from-an-old-shell"}

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from workers import aihub_upload as au
-from workers.quant.qdq import int_form
+from hexstudio.workers import aihub_upload as au
+from hexstudio.workers.quant.qdq import int_form
 
 
 def _external_fp32(init: Any, base: Path) -> np.ndarray:
@@ -214,7 +214,7 @@ def test_the_emulator_refuses_an_fp16_weight_fed_straight_to_a_float_op(tmp_path
 
 
 def test_eta_and_link_speed_say_where_the_speed_comes_from() -> None:
-    from workers.aihub import eta_text, link_speed
+    from hexstudio.workers.aihub import eta_text, link_speed
 
     assert link_speed({}) == (100.0, "assumed; set aihub_link_mbps to your uplink")
     assert link_speed({"aihub_link_mbps": 40}) == (40.0, "setting aihub_link_mbps")

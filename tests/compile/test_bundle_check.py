@@ -1,4 +1,4 @@
-"""`hexstudio bundle check`: Genie's contract checked before a bundle reaches a board (workers/shared/bundle/check.py,
+"""`hexstudio bundle check`: Genie's contract checked before a bundle reaches a board (hexstudio/workers/shared/bundle/check.py,
 genie_schema.py, genie_model.py), the push and doctor hooks, and the error decoder's contract rules.
 
 Every bundle here is built from small synthetic specs (tests/compile/genie_bundles.py): no quantization run."""
@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
+from hexstudio.workers.shared import bundle as gb
+from hexstudio.workers.shared.bundle import genie_model as gm
+from hexstudio.workers.shared.bundle import genie_schema as gs
+from hexstudio.workers.shared.bundle.check import Finding, check_bundle, errors
 from tests.compile import genie_bundles as gbx
-from workers.shared import bundle as gb
-from workers.shared.bundle import genie_model as gm
-from workers.shared.bundle import genie_schema as gs
-from workers.shared.bundle.check import Finding, check_bundle, errors
 
 FIXTURE = Path(__file__).parent / "fixtures" / f"{gbx.MODEL_ID}-genie-w4a16-qualcomm_qcs9075"
 BOARD = {"dsp_arch": "v73", "chip": "QCS9075", "soc_id": "676", "qairt_version": "2.42.0.251225135753"}
@@ -323,7 +323,7 @@ def test_the_llama_31_8b_config_from_bundle_config_passes_the_checker(tmp_path: 
 
 # -- the model checks, Genie's quirks included ---------------------------------------------------------
 def _comps(**kw: Any) -> dict[str, dict[str, Any]]:
-    from workers.shared.bundle.check import graphs_from_metadata
+    from hexstudio.workers.shared.bundle.check import graphs_from_metadata
 
     return graphs_from_metadata({"components": gbx.graph_specs(**kw)}, 4096)
 
@@ -435,8 +435,8 @@ def test_ctx_bins_present_and_named_consistently(tmp_path: Path) -> None:
 def test_push_to_a_real_board_refuses_a_bundle_with_errors(tmp_path: Path) -> None:
     import asyncio
 
-    from app.core.device.board import BoardError
-    from app.core.device.push import push_bundle
+    from hexstudio.core.device.board import BoardError
+    from hexstudio.core.device.push import push_bundle
 
     b = gbx.write_bundle(tmp_path / "b")
     _cfg(b, _no_backend_version)
@@ -465,7 +465,7 @@ def test_push_to_a_real_board_refuses_a_bundle_with_errors(tmp_path: Path) -> No
 
 
 def test_the_doctor_reports_the_contract_of_a_bundle(tmp_path: Path) -> None:
-    from app.core.device.doctor import FAIL, OK, contract_check
+    from hexstudio.core.device.doctor import FAIL, OK, contract_check
 
     assert contract_check(FIXTURE, BOARD).status == OK
     b = gbx.write_bundle(tmp_path / "b")
@@ -516,7 +516,7 @@ def test_the_doctor_reports_the_contract_of_a_bundle(tmp_path: Path) -> None:
     ],
 )
 def test_explain_decodes_every_contract_error(text: str, rule: str) -> None:
-    from app.core.device.explain import explain
+    from hexstudio.core.device.explain import explain
 
     ms = explain(text)
     assert rule in [m.id for m in ms], [m.id for m in ms]
@@ -532,7 +532,7 @@ def test_explain_cli_on_genies_output(tmp_path: Path) -> None:
 
 def test_a_simulation_bundle_is_read_from_its_simulated_context_binaries(tmp_path: Path) -> None:
     """LEAD's simulated context binaries (JSON documents named <model>_part_i_of_n.bin) carry the graph specs."""
-    from workers.shared.bundle.check import graphs_from_metadata
+    from hexstudio.workers.shared.bundle.check import graphs_from_metadata
 
     b = gbx.write_bundle(tmp_path / "b")
     (b / "metadata.yaml").unlink()

@@ -1,4 +1,4 @@
-"""metadata.yaml (workers/bundle_metadata.py): each component's I/O shapes, compiled dtypes and
+"""metadata.yaml (hexstudio/workers/bundle_metadata.py): each component's I/O shapes, compiled dtypes and
 quantization, as qai-hub-models writes it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from workers import bundle_metadata as md
+from hexstudio.workers import bundle_metadata as md
 
 AR, CL, KVH, HD, H, V = 4, 16, 2, 8, 32, 64
 

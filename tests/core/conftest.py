@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from app.core.runs import Workspace
-from app.core.stages import STAGES, Stage
+from hexstudio.core.runs import Workspace
+from hexstudio.core.stages import STAGES, Stage
 
 FAKE = "tests.core.fake_worker"
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.core.manifest import validate_manifest
-from app.core.status import KINDS
+from hexstudio.core.manifest import validate_manifest
+from hexstudio.core.status import KINDS
 
 
 def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
@@ -42,7 +42,7 @@ def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
     assert data["stages"]["preflight"]["metrics"]["checks_failed"]["value"] == 0
     assert data["stages"]["quantize"]["state"] == "pending"
     assert data["stages"]["preflight"]["peak_rss_bytes"] > 0
-    # issue 32: the statuses `run --json` prints are the one status model's (app/core/status.py), the same as
+    # issue 32: the statuses `run --json` prints are the one status model's (hexstudio/core/status.py), the same as
     # `runs show --json` and `runs list --json` print
     words = {k.key: k.word for k in KINDS.values()}
     assert {s["key"] for s in out["statuses"].values()} <= set(words)

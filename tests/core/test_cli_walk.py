@@ -14,7 +14,7 @@ def test_probe_of_an_unknown_board_points_to_board_add(tmp_path: Path) -> None:
     import os
 
     r = subprocess.run(
-        [sys.executable, "-m", "app", "board", "probe", "nosuch"],
+        [sys.executable, "-m", "hexstudio", "board", "probe", "nosuch"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -28,7 +28,7 @@ def test_probe_of_an_unknown_board_points_to_board_add(tmp_path: Path) -> None:
 def test_help_lists_gui() -> None:
     """`hexstudio --help` named every command but the window's."""
     r = subprocess.run(
-        [sys.executable, "-m", "app", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120
+        [sys.executable, "-m", "hexstudio", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120
     )
     assert r.returncode == 0 and "\n    gui " in r.stdout and "studio window" in r.stdout, r.stdout
 
@@ -39,7 +39,7 @@ def test_report_compare_takes_a_baseline_tolerances_and_csv(tmp_path: Path) -> N
     import io
     import json
 
-    from app.core.runs import Workspace
+    from hexstudio.core.runs import Workspace
     from tests.support.gate_runs import PASSING, finish_stage
 
     ws = tmp_path / "ws"
@@ -52,7 +52,7 @@ def test_report_compare_takes_a_baseline_tolerances_and_csv(tmp_path: Path) -> N
 
     def compare(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "app", "report", "compare", *runs, "--workspace", str(ws), *extra],
+            [sys.executable, "-m", "hexstudio", "report", "compare", *runs, "--workspace", str(ws), *extra],
             capture_output=True,
             text=True,
             cwd=REPO,

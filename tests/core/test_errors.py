@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.shared.errors import ERROR_KEYS, ActionableError, error_fields, fields_of
+from hexstudio.workers.shared.errors import ERROR_KEYS, ActionableError, error_fields, fields_of
 
 REPO = Path(__file__).resolve().parents[2]
 EXCEPTION_ROOTS = {
@@ -28,15 +28,15 @@ EXCEPTION_ROOTS = {
 }
 # Signals, not failures: they stop work on request and are never shown to a person as an error.
 NOT_ERRORS = {
-    "Cancelled": "workers/runtime.py: SIGINT/SIGTERM turned into an exception inside a worker",
-    "_NeedPassphrase": "app/core/device/connect.py: an encrypted key and nobody to ask, handled right there",
+    "Cancelled": "hexstudio/workers/runtime.py: SIGINT/SIGTERM turned into an exception inside a worker",
+    "_NeedPassphrase": "hexstudio/core/device/connect.py: an encrypted key and nobody to ask, handled right there",
 }
 
 
 def _exception_classes() -> dict[str, tuple[str, list[str]]]:
-    """Every class in app/ and workers/ that is an exception: name -> (file, base names)."""
+    """Every class in hexstudio/ that is an exception: name -> (file, base names)."""
     classes: dict[str, tuple[str, list[str]]] = {}
-    for root in ("app", "workers"):
+    for root in ("hexstudio",):
         for path in sorted((REPO / root).rglob("*.py")):
             tree = ast.parse(path.read_text(encoding="utf-8"))
             for node in ast.walk(tree):
@@ -87,22 +87,23 @@ def test_every_error_class_derives_from_the_one_base() -> None:
         if n != "ActionableError" and n not in NOT_ERRORS and not reaches_base(n)
     )
     assert outside == [], (
-        "error classes not derived from workers.shared.errors.ActionableError:\n" + "\n".join(outside)
+        "error classes not derived from hexstudio.workers.shared.errors.ActionableError:\n"
+        + "\n".join(outside)
     )
 
 
 def test_the_named_classes_really_are_actionable_errors() -> None:
     """The same, imported: the classes the issue names, with their texts and constructors unchanged."""
-    from app.core.cli.common import EXIT_USAGE, CliError
-    from app.core.device.errors import BoardError, ConnectionDropped
-    from app.core.genie.session import SessionError
-    from app.core.runs import RunBusy
-    from app.core.settings import SettingsError
-    from workers.runtime import WorkerError
-    from workers.shared.bundle import BundleError
-    from workers.shared.bundle.safepath import UnsafePath
-    from workers.shared.protocol import ProtocolError
-    from workers.shared.rope import RopeError
+    from hexstudio.cli.common import EXIT_USAGE, CliError
+    from hexstudio.core.device.errors import BoardError, ConnectionDropped
+    from hexstudio.core.genie.session import SessionError
+    from hexstudio.core.runs import RunBusy
+    from hexstudio.core.settings import SettingsError
+    from hexstudio.workers.runtime import WorkerError
+    from hexstudio.workers.shared.bundle import BundleError
+    from hexstudio.workers.shared.bundle.safepath import UnsafePath
+    from hexstudio.workers.shared.protocol import ProtocolError
+    from hexstudio.workers.shared.rope import RopeError
 
     w = WorkerError("spec_invalid", "Spec file x is not valid JSON.", "Reinstall.")
     assert (w.code, w.message, w.hint, str(w)) == (
@@ -150,8 +151,8 @@ def test_fields_shape() -> None:
 def test_cli_json_error_and_worker_error_event_have_the_same_shape(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.core.cli.main import main
-    from workers.shared.protocol import parse_event
+    from hexstudio.cli.main import main
+    from hexstudio.workers.shared.protocol import parse_event
 
     # the CLI: a command that fails with --json
     f = tmp_path / "profile.json"
@@ -162,7 +163,7 @@ def test_cli_json_error_and_worker_error_event_have_the_same_shape(
     cli_error = doc["error"]
     # a real worker failing the same way (its spec file is missing)
     r = subprocess.run(
-        [sys.executable, "-m", "workers.model", "--spec", str(tmp_path / "missing.json")],
+        [sys.executable, "-m", "hexstudio.workers.model", "--spec", str(tmp_path / "missing.json")],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -176,11 +177,12 @@ def test_cli_json_error_and_worker_error_event_have_the_same_shape(
 
 
 def test_the_base_is_light() -> None:
-    """workers/shared/errors.py is imported by the GUI process and copied to remote worker hosts: stdlib only."""
+    """hexstudio/workers/shared/errors.py is imported by the GUI process and copied to remote worker hosts: stdlib only."""
     code = (
-        "import sys; import workers.shared.errors; "
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('app', 'PySide6', 'torch', 'onnx', 'onnxruntime', "
-        "'numpy', 'transformers')]; print(bad); raise SystemExit(1 if bad else 0)"
+        "import sys; import hexstudio.workers.shared.errors; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('PySide6', 'torch', 'onnx', 'onnxruntime', "
+        "'numpy', 'transformers') or m.startswith(('hexstudio.core', 'hexstudio.ui', 'hexstudio.cli', "
+        "'hexstudio.serve'))]; print(bad); raise SystemExit(1 if bad else 0)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr

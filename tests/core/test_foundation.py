@@ -12,12 +12,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from app.core import secrets
-from app.core.atomic import atomic_writer, write_json_atomic
-from app.core.manifest import ManifestError, RunManifest, validate_manifest
-from app.core.runs import RunNotFound, Workspace
-from app.core.settings import SETTINGS_VERSION, Settings, SettingsError
-from workers.shared.protocol import Emitter, ProtocolError, event_json_schema, parse_event
+from hexstudio.core import secrets
+from hexstudio.core.atomic import atomic_writer, write_json_atomic
+from hexstudio.core.manifest import ManifestError, RunManifest, validate_manifest
+from hexstudio.core.runs import RunNotFound, Workspace
+from hexstudio.core.settings import SETTINGS_VERSION, Settings, SettingsError
+from hexstudio.workers.shared.protocol import Emitter, ProtocolError, event_json_schema, parse_event
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -163,7 +163,7 @@ def test_secrets_reach_workers_by_environment_only(tmp_path: Path) -> None:
     import asyncio
     import dataclasses
 
-    from app.core.pipeline import Pipeline, worker_env
+    from hexstudio.core.pipeline import Pipeline, worker_env
     from tests.core.conftest import fake_stages
 
     secrets.set_secret(secrets.HF_TOKEN, "hf_canary_4242")

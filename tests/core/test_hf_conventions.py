@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core import secrets
+from hexstudio.core import secrets
+from hexstudio.workers.shared.data import builtin_model_dir
 from tests.support.fake_hub import FakeHub, folder_files, hub_env
-from workers.shared.data import builtin_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "test-org/tiny-llama"
@@ -43,7 +43,7 @@ def cli(
     hub: FakeHub, hf_home: Path, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app", *args],
+        [sys.executable, "-m", "hexstudio", *args],
         input=stdin,
         capture_output=True,
         text=True,

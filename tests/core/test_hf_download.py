@@ -20,9 +20,9 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
 from huggingface_hub.utils import hf_raise_for_status
 
-from workers.model import download
-from workers.shared.hub import HubError, hub_error
-from workers.shared.protocol import Emitter
+from hexstudio.workers.model import download
+from hexstudio.workers.shared.hub import HubError, hub_error
+from hexstudio.workers.shared.protocol import Emitter
 
 try:
     import httpx2 as httpx  # what this huggingface_hub uses
@@ -249,8 +249,8 @@ def test_the_worker_reports_hub_errors_not_an_internal_bug(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through worker_main: the error event carries the mapped code, not 'internal'."""
-    import workers.model as wm
-    from workers.runtime import worker_main
+    import hexstudio.workers.model as wm
+    from hexstudio.workers.runtime import worker_main
 
     def failing(model_id: str, revision: str | None, em: Emitter) -> Any:
         return download(

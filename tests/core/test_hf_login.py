@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core import secrets
+from hexstudio.core import secrets
 
 TOKEN = "hf_canaryT0ken5b1f0c9e2d"
 
@@ -20,7 +20,7 @@ def _cli(
     *args: str, stdin: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app", *args],
+        [sys.executable, "-m", "hexstudio", *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -51,7 +51,7 @@ def test_login_status_logout(no_hf_token: dict[str, str]) -> None:
     doc = json.loads(_cli("hf", "status", "--json", env=env).stdout)
     assert doc["source"] == "keyring" and TOKEN not in json.dumps(doc)
     # the pipeline hands it to the Model worker by environment
-    from app.core.pipeline import worker_env
+    from hexstudio.core.pipeline import worker_env
 
     assert worker_env()["HF_TOKEN"] == TOKEN
     r = _cli("hf", "logout", env=env)

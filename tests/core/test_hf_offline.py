@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.hf import HubConfigError, fetch_config, hub_unreachable
+from hexstudio.core.hf import HubConfigError, fetch_config, hub_unreachable
+from hexstudio.workers.shared.data import builtin_model_dir
 from tests.support.fake_hub import FakeHub, folder_files, hub_env
-from workers.shared.data import builtin_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "test-org/tiny-llama"
@@ -66,7 +66,7 @@ def test_cli_inspect_offline_is_quick_and_a_cached_config_still_reads(tmp_path: 
         hub.add_repo(MODEL, {"main": folder_files(builtin_model_dir())})
         env = {**base, **hub_env(hub, hf_home)}
         r = subprocess.run(
-            [sys.executable, "-m", "app", "model", "inspect", MODEL, "--json"],
+            [sys.executable, "-m", "hexstudio", "model", "inspect", MODEL, "--json"],
             capture_output=True,
             text=True,
             timeout=240,
@@ -79,7 +79,7 @@ def test_cli_inspect_offline_is_quick_and_a_cached_config_still_reads(tmp_path: 
     # the hub is gone (its port closed): the cached config.json is read, an unknown id fails fast and clearly
     env = {**base, **hub_env(hub, hf_home), "HF_ENDPOINT": endpoint}
     r = subprocess.run(
-        [sys.executable, "-m", "app", "model", "inspect", MODEL, "--json"],
+        [sys.executable, "-m", "hexstudio", "model", "inspect", MODEL, "--json"],
         capture_output=True,
         text=True,
         timeout=240,
@@ -91,7 +91,7 @@ def test_cli_inspect_offline_is_quick_and_a_cached_config_still_reads(tmp_path: 
     assert json.loads(r.stdout)["num_layers"] >= 1
     t0 = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-m", "app", "model", "inspect", "nobody/no-such-model-xyz"],
+        [sys.executable, "-m", "hexstudio", "model", "inspect", "nobody/no-such-model-xyz"],
         capture_output=True,
         text=True,
         timeout=240,

@@ -1,4 +1,4 @@
-"""The one way the studio starts a child process (app.core.jobs): the commands it builds, run_child's
+"""The one way the studio starts a child process (hexstudio.core.jobs): the commands it builds, run_child's
 output, timeout and cancel, and the cancel ladder every job climbs."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from app.core.jobs import (
+from hexstudio.core.jobs import (
     RUN_MODULE_CODE,
     cancel_ladder,
     cli_command,
@@ -27,12 +27,17 @@ from app.core.jobs import (
 
 def test_commands_as_python_runs_them() -> None:
     py = sys.executable
-    assert python_command("workers.genie_sim.t2t", "--help") == [py, "-m", "workers.genie_sim.t2t", "--help"]
-    assert cli_command("report", "R") == [py, "-m", "app", "report", "R"]
-    assert worker_command("workers.quantize", Path("/s.json")) == [
+    assert python_command("hexstudio.workers.genie_sim.t2t", "--help") == [
         py,
         "-m",
-        "workers.quantize",
+        "hexstudio.workers.genie_sim.t2t",
+        "--help",
+    ]
+    assert cli_command("report", "R") == [py, "-m", "hexstudio", "report", "R"]
+    assert worker_command("hexstudio.workers.quantize", Path("/s.json")) == [
+        py,
+        "-m",
+        "hexstudio.workers.quantize",
         "--spec",
         "/s.json",
     ]
@@ -40,23 +45,23 @@ def test_commands_as_python_runs_them() -> None:
 
 
 def test_commands_as_a_frozen_build_runs_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A PyInstaller build has no separate Python: hexstudio itself, dispatched by app/__main__.py."""
+    """A PyInstaller build has no separate Python: hexstudio itself, dispatched by hexstudio/__main__.py."""
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     monkeypatch.setattr(sys, "executable", "/opt/hexstudio/hexstudio")
     exe = "/opt/hexstudio/hexstudio"
     assert cli_command("report", "R", "--format", "pdf") == [exe, "report", "R", "--format", "pdf"]
-    assert worker_command("workers.quantize", Path("/s.json")) == [
+    assert worker_command("hexstudio.workers.quantize", Path("/s.json")) == [
         exe,
         "--worker",
         "quantize",
         "--spec",
         "/s.json",
     ]
-    assert python_command("workers.genie_sim.t2t", "-c", "g.json") == [
+    assert python_command("hexstudio.workers.genie_sim.t2t", "-c", "g.json") == [
         exe,
         "-c",
         RUN_MODULE_CODE,
-        "workers.genie_sim.t2t",
+        "hexstudio.workers.genie_sim.t2t",
         "-c",
         "g.json",
     ]

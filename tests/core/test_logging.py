@@ -39,14 +39,14 @@ def test_a_cli_crash_lands_in_the_log_with_its_traceback(tmp_path: Path) -> None
     r = _run(
         f"""
         import sys
-        from app.core import secrets
-        import app.core.cli.runs_cmd as runs_cmd
+        from hexstudio.core import secrets
+        import hexstudio.cli.runs_cmd as runs_cmd
         secrets.set_secret(secrets.AIHUB_TOKEN, "{CANARY}")
         def boom(args):
             secrets.get_secret(secrets.AIHUB_TOKEN)
             raise RuntimeError("boom in the CLI with token={CANARY} and {CANARY}")
         runs_cmd.cmd_list = boom
-        from app.__main__ import main
+        from hexstudio.__main__ import main
         raise SystemExit(main(["runs", "list"]))
         """,
         cfg,
@@ -69,7 +69,7 @@ def test_cli_error_is_logged_and_verbose_goes_to_stderr(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
     r = _run(
         """
-        from app.__main__ import main
+        from hexstudio.__main__ import main
         raise SystemExit(main(["runs", "show", "no-such-run", "--json", "--verbose"]))
         """,
         cfg,
@@ -87,7 +87,7 @@ def test_thread_and_asyncio_task_crashes_land_in_the_log(tmp_path: Path) -> None
     r = _run(
         """
         import asyncio, gc, threading
-        from app.core import logs
+        from hexstudio.core import logs
         logs.setup_logging("cli")
 
         def worker():
@@ -127,7 +127,7 @@ def test_uncaught_exception_hook(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
     r = _run(
         """
-        from app.core import logs
+        from hexstudio.core import logs
         logs.setup_logging("cli")
         def inner():
             raise OSError("boom at the top")
@@ -144,7 +144,7 @@ def test_log_rotates_and_follows_the_config_folder(tmp_path: Path, monkeypatch: 
     import logging
     from logging.handlers import RotatingFileHandler
 
-    from app.core import logs
+    from hexstudio.core import logs
 
     try:
         monkeypatch.setenv("HEXSTUDIO_CONFIG_DIR", str(tmp_path / "a"))
@@ -169,10 +169,10 @@ def test_a_broken_stage_action_says_what_failed_not_not_implemented(
     import asyncio
     import dataclasses
 
-    from app.core import logs
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
-    from app.core.stages import get_stage
+    from hexstudio.core import logs
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.stages import get_stage
 
     (tmp_path / "broken_stage_action.py").write_text("import no_such_package_for_hexstudio_tests\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.manifest import boot_id
-from app.core.pipeline import WORKER_RUN_ENV, Pipeline, stop_stale_workers
-from app.core.runs import Workspace
+from hexstudio.core.manifest import boot_id
+from hexstudio.core.pipeline import WORKER_RUN_ENV, Pipeline, stop_stale_workers
+from hexstudio.core.runs import Workspace
 from tests.core.conftest import fake_stages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,10 +46,10 @@ def _driver(tmp_path: Path, ws: Workspace, run_id: str) -> Path:
     script = tmp_path / "drive.py"
     script.write_text(
         "import sys\n"
-        "from app.core.pipeline import Pipeline\n"
+        "from hexstudio.core.pipeline import Pipeline\n"
         "from tests.core.conftest import fake_stages\n"
         f"Pipeline.__init__.__defaults__ = (None, None, None, None, fake_stages({STAGES3!r}))\n"
-        "from app.core.cli.main import main\n"
+        "from hexstudio.cli.main import main\n"
         f"sys.exit(main(['run', '--workspace', {str(ws.root)!r}, '--resume', {run_id!r}, '--until', 'quantize']))\n"
     )
     return script

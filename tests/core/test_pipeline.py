@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from app.core.jobs import EventStream, classify
-from app.core.manifest import RunManifest, validate_manifest
-from app.core.pipeline import Pipeline, display_state
-from app.core.runs import RunBusy, RunLock, Workspace
-from app.core.stages import get_stage
+from hexstudio.core.jobs import EventStream, classify
+from hexstudio.core.manifest import RunManifest, validate_manifest
+from hexstudio.core.pipeline import Pipeline, display_state
+from hexstudio.core.runs import RunBusy, RunLock, Workspace
+from hexstudio.core.stages import get_stage
 from tests.core.conftest import fake_stages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,8 +125,8 @@ def test_kill9_of_the_studio_process_marks_stage_interrupted(workspace: Workspac
     script = tmp_path / "drive.py"
     script.write_text(
         "import asyncio, sys\n"
-        "from app.core.runs import Workspace\n"
-        "from app.core.pipeline import Pipeline\n"
+        "from hexstudio.core.runs import Workspace\n"
+        "from hexstudio.core.pipeline import Pipeline\n"
         "from tests.core.conftest import fake_stages\n"
         f"m = Workspace({str(workspace.root)!r}).open_run({m.run_id!r})\n"
         "asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n"
@@ -220,7 +220,7 @@ def _alive(pid: int) -> bool:
 def test_missing_worker_reports_not_implemented(workspace: Workspace) -> None:
     import dataclasses
 
-    stage = dataclasses.replace(get_stage("compile"), worker="workers.no_such_worker", needs=())
+    stage = dataclasses.replace(get_stage("compile"), worker="hexstudio.workers.no_such_worker", needs=())
     m = workspace.create_run("builtin:tiny-llama", "sim", {})
     res = asyncio.run(Pipeline(m, stages=(stage,)).run(until="compile"))
     assert not res.ok
@@ -241,8 +241,8 @@ def test_sigkill_at_high_rss_is_reported_as_likely_oom() -> None:
 def test_oom_hint_limits_come_from_the_estimate_and_the_peak() -> None:
     import re
 
-    from app.core.jobs import oom_hint
-    from workers.shared.wslconfig import target_limits
+    from hexstudio.core.jobs import oom_hint
+    from hexstudio.workers.shared.wslconfig import target_limits
 
     GiB = 1024**3
     h = oom_hint(40 * GiB, 150 * GiB, ram_bytes=64 * GiB, swap_bytes=16 * GiB)
@@ -268,7 +268,7 @@ def test_oom_hint_limits_come_from_the_estimate_and_the_peak() -> None:
 def test_gate_failure_stops_and_override_is_recorded(workspace: Workspace) -> None:
     import dataclasses
 
-    from app.core.stages import GateResult
+    from hexstudio.core.stages import GateResult
 
     def gate(_m: RunManifest) -> GateResult:
         return GateResult(False, "threshold missed", overridable=True)
@@ -328,8 +328,8 @@ def test_a_second_runner_is_refused_while_a_stage_is_live(workspace: Workspace, 
     script = tmp_path / "drive.py"
     script.write_text(
         "import asyncio\n"
-        "from app.core.runs import Workspace\n"
-        "from app.core.pipeline import Pipeline\n"
+        "from hexstudio.core.runs import Workspace\n"
+        "from hexstudio.core.pipeline import Pipeline\n"
         "from tests.core.conftest import fake_stages\n"
         f"m = Workspace({str(workspace.root)!r}).open_run({m.run_id!r})\n"
         "asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n"
@@ -346,8 +346,8 @@ def test_a_second_runner_is_refused_while_a_stage_is_live(workspace: Workspace, 
                 sys.executable,
                 "-c",
                 "import asyncio, json\n"
-                "from app.core.runs import Workspace\n"
-                "from app.core.pipeline import Pipeline\n"
+                "from hexstudio.core.runs import Workspace\n"
+                "from hexstudio.core.pipeline import Pipeline\n"
                 "from tests.core.conftest import fake_stages\n"
                 f"m = Workspace({str(workspace.root)!r}).open_run({m.run_id!r})\n"
                 "r = asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.core.remote.job import RemoteJob
+from hexstudio.core.remote.job import RemoteJob
 from tests.support.sshd import SshServer, sshd_available
 
 ok, why = sshd_available()
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.sshd, pytest.mark.skipif(not ok, reason=why)]
 
 
 async def _connect(srv: SshServer) -> Any:
-    from app.core.device.connect import connect_ssh
+    from hexstudio.core.device.connect import connect_ssh
 
     cfg = {
         "host": srv.host,
@@ -46,7 +46,9 @@ def test_remote_selftest_worker_streams_events(tmp_path: Path) -> None:
                 "upstream": {},
                 "inputs": {},
             }
-            job = RemoteJob(t, "workers.selftest", spec, python=sys.executable, on_event=events.append)
+            job = RemoteJob(
+                t, "hexstudio.workers.selftest", spec, python=sys.executable, on_event=events.append
+            )
             await job.start()
             return await job.wait(), job
         finally:
@@ -74,7 +76,7 @@ def test_remote_cancel_kills_the_remote_process_group(tmp_path: Path) -> None:
                 "upstream": {},
                 "inputs": {},
             }
-            job = RemoteJob(t, "workers.selftest", spec, python=sys.executable, grace_s=5)
+            job = RemoteJob(t, "hexstudio.workers.selftest", spec, python=sys.executable, grace_s=5)
             await job.start()
             for _ in range(100):
                 if job.remote_pid and job.stream.events >= 2:

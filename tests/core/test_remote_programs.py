@@ -1,4 +1,4 @@
-"""The programs the studio runs on a worker host (workers.remote), run as it runs them: `python -c SOURCE`,
+"""The programs the studio runs on a worker host (hexstudio.workers.remote), run as it runs them: `python -c SOURCE`,
 here, and a remote job over the local transport (the same RemoteJob code as over SSH, without sshd)."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from app.core.device.transport import LocalTransport
-from app.core.remote.job import RemoteJob, read_lines
-from app.core.remote.sync import SYNC_MANIFEST
-from workers.remote import PROGRAMS, groupmem, host_command, probe, program_source
-from workers.remote import files as host_files
+from hexstudio.core.device.transport import LocalTransport
+from hexstudio.core.remote.job import RemoteJob, read_lines
+from hexstudio.core.remote.sync import SYNC_MANIFEST
+from hexstudio.workers.remote import PROGRAMS, groupmem, host_command, probe, program_source
+from hexstudio.workers.remote import files as host_files
 
 
 def run(
@@ -47,7 +47,7 @@ def run(
 def test_each_program_is_self_contained(name: str, tmp_path: Path) -> None:
     """Sent before anything of HexStudio is on the host: stdlib only, a usage error without arguments."""
     src = program_source(name)
-    assert "from workers" not in src and "import app" not in src and "from app" not in src
+    assert "import hexstudio" not in src and "from hexstudio" not in src
     r = run(name, isolated=True, cwd=tmp_path)
     assert r.returncode in (0, 2), r.stderr
     assert "Traceback" not in r.stderr
@@ -184,7 +184,11 @@ def test_remote_job_over_the_local_transport(tmp_path: Path) -> None:
     async def go() -> tuple[Any, RemoteJob]:
         t = LocalTransport(tmp_path / "host")
         job = RemoteJob(
-            t, "workers.selftest", _spec(tmp_path, 1.0), python=sys.executable, on_event=events.append
+            t,
+            "hexstudio.workers.selftest",
+            _spec(tmp_path, 1.0),
+            python=sys.executable,
+            on_event=events.append,
         )
         await job.start()
         return await job.wait(), job
@@ -199,7 +203,9 @@ def test_remote_job_over_the_local_transport(tmp_path: Path) -> None:
 def test_remote_job_cancel_climbs_the_ladder_over_the_local_transport(tmp_path: Path) -> None:
     async def go() -> tuple[Any, bool]:
         t = LocalTransport(tmp_path / "host")
-        job = RemoteJob(t, "workers.selftest", _spec(tmp_path, 60), python=sys.executable, grace_s=5)
+        job = RemoteJob(
+            t, "hexstudio.workers.selftest", _spec(tmp_path, 60), python=sys.executable, grace_s=5
+        )
         await job.start()
         for _ in range(200):
             if job.remote_pid and job.stream.events >= 2:

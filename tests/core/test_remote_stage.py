@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from app.core.manifest import RunManifest
-from app.core.pipeline import Pipeline
-from app.core.remote.hosts import connect_worker_host, host_config, worker_hosts
-from app.core.remote.stage import RemoteStageJob
-from app.core.remote.sync import SYNC_MANIFEST, LocalHashes, map_json_paths, upload_tree
-from app.core.runs import Workspace
-from app.core.stages import STAGES, Stage
+from hexstudio.core.manifest import RunManifest
+from hexstudio.core.pipeline import Pipeline
+from hexstudio.core.remote.hosts import connect_worker_host, host_config, worker_hosts
+from hexstudio.core.remote.stage import RemoteStageJob
+from hexstudio.core.remote.sync import SYNC_MANIFEST, LocalHashes, map_json_paths, upload_tree
+from hexstudio.core.runs import Workspace
+from hexstudio.core.stages import STAGES, Stage
 from tests.core.conftest import FAKE
 from tests.support.sshd import SshServer, sshd_available
 
@@ -32,8 +32,8 @@ pytestmark = [pytest.mark.sshd, pytest.mark.skipif(not ok, reason=why)]
 
 
 def _add_host(srv: SshServer, root: Path, name: str = "box", trust: bool = True, **extra: Any) -> None:
-    from app.core.device.connect import known_hosts_path
-    from app.core.settings import Settings
+    from hexstudio.core.device.connect import known_hosts_path
+    from hexstudio.core.settings import Settings
 
     if trust:
         known_hosts_path().parent.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,10 @@ def _stages() -> tuple[Stage, ...]:
     return (
         dataclasses.replace(by["model"], worker=FAKE, action=None, inputs=("mode",), outputs=("result.txt",)),
         dataclasses.replace(
-            by["quantize"], worker="workers.selftest", inputs=("seconds",), outputs=("selftest.json",)
+            by["quantize"],
+            worker="hexstudio.workers.selftest",
+            inputs=("seconds",),
+            outputs=("selftest.json",),
         ),
     )
 
@@ -232,14 +235,14 @@ def test_worker_host_problems_fail_the_stage_clearly(tmp_path: Path, case: str) 
         if case != "unknown":
             _add_host(srv, root, trust=trust, **extra)
         if case == "key_changed":
-            from app.core.device.connect import known_hosts_path
+            from hexstudio.core.device.connect import known_hosts_path
 
             other = SshServer(tmp_path / "other-sshd")  # a different host key for the same address
             kind, b64 = other.host_key_pub.split()[:2]
             known_hosts_path().write_text(f"[{srv.host}]:{srv.port} {kind} {b64}\n")
         if case == "no_packages":
             # the real quantize stage's needs, checked against a Python without aimet_onnx
-            stages = (stages[0], dataclasses.replace(stages[1], worker="workers.quantize"))
+            stages = (stages[0], dataclasses.replace(stages[1], worker="hexstudio.workers.quantize"))
             _add_host(srv, root, python="/usr/bin/python3")
         m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
         res = asyncio.run(Pipeline(m, stages=stages).run(until="quantize"))
@@ -310,7 +313,7 @@ def test_upload_skips_what_is_there_and_mirrors_the_folder(tmp_path: Path) -> No
 
 
 def test_path_maps_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.runtime import map_path
+    from hexstudio.workers.runtime import map_path
 
     monkeypatch.setenv(
         "HEXSTUDIO_PATH_MAP",
@@ -382,9 +385,16 @@ def test_cli_worker_add_check_and_run_flag(tmp_path: Path) -> None:
         assert p.returncode == 0, p.stderr
         doc = json.loads(p.stdout)
         assert doc["check"]["stages"]["quantize"]["ok"] and doc["check"]["stages"]["validate"]["ok"]
-        assert Path(doc["check"]["workers"], "workers", "shared", "protocol.py").is_file()
+        assert Path(doc["check"]["workers"], "hexstudio", "workers", "shared", "protocol.py").is_file()
         assert Path(
-            doc["check"]["workers"], "workers", "shared", "data", "builtin_model", "text", "calibration.txt"
+            doc["check"]["workers"],
+            "hexstudio",
+            "workers",
+            "shared",
+            "data",
+            "builtin_model",
+            "text",
+            "calibration.txt",
         ).is_file()
         lst = json.loads(
             subprocess.run(

@@ -1,6 +1,6 @@
-"""The registry of run settings (workers/shared/run_settings.py) and everything derived from it: `--set`
+"""The registry of run settings (hexstudio/workers/shared/run_settings.py) and everything derived from it: `--set`
 and `hexstudio run --help`, the studio's field lists, each stage's inputs, the workers' defaults, the docs,
-the one "auto" rule; the typed stage documents (workers/shared/artifacts.py); gates that read outputs."""
+the one "auto" rule; the typed stage documents (hexstudio/workers/shared/artifacts.py); gates that read outputs."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from workers.shared import modelinfo
-from workers.shared import run_settings as rs
-from workers.shared.data import builtin_model_dir
-from workers.shared.run_settings import RunSettings, setting
+from hexstudio.workers.shared import modelinfo
+from hexstudio.workers.shared import run_settings as rs
+from hexstudio.workers.shared.data import builtin_model_dir
+from hexstudio.workers.shared.run_settings import RunSettings, setting
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_DIR = builtin_model_dir()
 
-# What a new run got before the registry (app/core/settings.py's table): unchanged, so runs and resumes are too.
+# What a new run got before the registry (hexstudio/core/settings.py's table): unchanged, so runs and resumes are too.
 OLD_DEFAULTS: dict[str, Any] = {
     "context_length": "auto",
     "ar_n": 128,
@@ -43,7 +43,7 @@ OLD_DEFAULTS: dict[str, Any] = {
     "sampler": {"seed": 42, "temp": 0.0, "top_k": 1, "top_p": 1.0},
     "thresholds": {},
     "override_gates": [],
-    # added since (issue 29): a run without it hashes as before (app.core.pipeline.HASHED_WHEN_SET)
+    # added since (issue 29): a run without it hashes as before (hexstudio.core.pipeline.HASHED_WHEN_SET)
     "speculative_dialogs": "none",
 }
 # Each stage's inputs before the registry: the same names keep every completed stage's input hash.
@@ -93,8 +93,8 @@ OLD_INPUTS: dict[str, set[str]] = {
 
 
 def test_defaults_and_stage_inputs_are_what_they_were() -> None:
-    from app.core.settings import DEFAULT_RUN_SETTINGS
-    from app.core.stages import STAGES
+    from hexstudio.core.settings import DEFAULT_RUN_SETTINGS
+    from hexstudio.core.stages import STAGES
 
     assert DEFAULT_RUN_SETTINGS == OLD_DEFAULTS
     assert {s.name: set(s.inputs) for s in STAGES} == OLD_INPUTS
@@ -107,8 +107,8 @@ def test_defaults_and_stage_inputs_are_what_they_were() -> None:
 def test_a_run_from_before_the_speculative_settings_keeps_its_stages_current() -> None:
     from types import SimpleNamespace
 
-    from app.core.pipeline import HASHED_WHEN_SET, input_hash
-    from app.core.stages import STAGES
+    from hexstudio.core.pipeline import HASHED_WHEN_SET, input_hash
+    from hexstudio.core.stages import STAGES
 
     old = {k: v for k, v in OLD_DEFAULTS.items() if k not in HASHED_WHEN_SET}
     m = SimpleNamespace(
@@ -127,7 +127,7 @@ def test_a_run_from_before_the_speculative_settings_keeps_its_stages_current() -
 
 
 def test_every_setting_is_fully_declared() -> None:
-    from app.core.stages import STAGE_NAMES
+    from hexstudio.core.stages import STAGE_NAMES
 
     for s in rs.SETTINGS.values():
         assert s.label and s.help.strip(), s.name
@@ -144,7 +144,7 @@ def test_the_docs_table_is_the_registry() -> None:
     text = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
     assert rs.markdown_table() in text, (
         "docs/settings.md is not the registry's table; regenerate it: .venv/bin/python -c \"from "
-        'workers.shared.run_settings import markdown_table; print(markdown_table())" and paste it between the '
+        'hexstudio.workers.shared.run_settings import markdown_table; print(markdown_table())" and paste it between the '
         "markers"
     )
 
@@ -183,7 +183,7 @@ def test_check_messages_name_the_setting_the_value_and_what_it_takes() -> None:
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    from app.core.cli import run_cmd
+    from hexstudio.cli import run_cmd
 
     top = argparse.ArgumentParser(prog="hexstudio")
     sub = top.add_subparsers()
@@ -193,8 +193,8 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def test_set_refuses_a_name_that_is_not_a_run_setting() -> None:
-    from app.core.cli.common import CliError
-    from app.core.cli.run_cmd import _parse_set
+    from hexstudio.cli.common import CliError
+    from hexstudio.cli.run_cmd import _parse_set
 
     with pytest.raises(CliError) as e:
         _parse_set(["calibraton_samples=4"])
@@ -206,9 +206,9 @@ def test_set_refuses_a_name_that_is_not_a_run_setting() -> None:
 
 
 def test_the_field_lists_are_the_pages_fields() -> None:
-    """The Qt-free field lists the stage pages build their forms from (app.ui.pages.base.SettingSpec rows)."""
-    from app.core.settings import form_fields, settings_fields
-    from workers.shared.bundle import KNOWN_DEVICES
+    """The Qt-free field lists the stage pages build their forms from (hexstudio.ui.pages.base.SettingSpec rows)."""
+    from hexstudio.core.settings import form_fields, settings_fields
+    from hexstudio.workers.shared.bundle import KNOWN_DEVICES
 
     assert settings_fields("quantize") == (
         ("calibration_samples", "Calibration samples", "int"),
@@ -244,9 +244,9 @@ def test_a_new_setting_is_added_in_one_place(monkeypatch: pytest.MonkeyPatch) ->
         )
 
     monkeypatch.setattr(rs, "SETTINGS", rs._specs_of(WithNewSetting))
-    from app.core.cli.common import CliError
-    from app.core.cli.run_cmd import _parse_set
-    from app.core.settings import form_fields, settings_fields
+    from hexstudio.cli.common import CliError
+    from hexstudio.cli.run_cmd import _parse_set
+    from hexstudio.core.settings import form_fields, settings_fields
 
     # the CLI: --set reads and checks it, --help lists it with its range, unit, default and help
     assert _parse_set(["quantize_threads=8"]) == {"quantize_threads": 8}
@@ -324,8 +324,8 @@ def test_resolve_settings_is_the_rule_for_auto() -> None:
 
 
 def test_preflight_and_model_inspect_resolve_as_the_model_stage(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.core.services import model as model_service
-    from app.core.services import preflight as preflight_service
+    from hexstudio.core.services import model as model_service
+    from hexstudio.core.services import preflight as preflight_service
 
     big = _big_info()
     monkeypatch.setattr(model_service, "model_config", lambda model, revision=None: {"fake": model})
@@ -350,8 +350,8 @@ def test_preflight_and_model_inspect_resolve_as_the_model_stage(monkeypatch: pyt
 
 def test_model_json_is_a_model_doc(tmp_path: Path) -> None:
     """The real Model stage on the built-in model: model.json has ModelDoc's keys and the resolved shape."""
+    from hexstudio.workers.shared.artifacts import ModelDoc, load_json, required_keys
     from tests.support.runs import run_stages
-    from workers.shared.artifacts import ModelDoc, load_json, required_keys
 
     m, res = run_stages(tmp_path / "ws", ("model",))
     assert res.ok, res.message
@@ -364,8 +364,8 @@ def test_model_json_is_a_model_doc(tmp_path: Path) -> None:
 
 
 def test_a_gate_fails_a_done_stage_without_its_declared_output(tmp_path: Path) -> None:
-    from app.core.runs import Workspace
-    from app.core.stages import get_stage
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.stages import get_stage
 
     m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim")
     st = m.stage("model").data
@@ -384,11 +384,12 @@ def test_a_gate_fails_a_done_stage_without_its_declared_output(tmp_path: Path) -
 
 
 def test_the_shared_package_is_light() -> None:
-    """workers.shared is imported by the studio at start-up and by every worker: no heavy ML, no Qt, no app."""
+    """hexstudio.workers.shared is imported by the studio at start-up and by every worker: no heavy ML, no Qt, no studio."""
     code = (
-        "import sys, json, workers.shared.run_settings, workers.shared.artifacts; "
+        "import sys, json, hexstudio.workers.shared.run_settings, hexstudio.workers.shared.artifacts; "
         "print(json.dumps(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'transformers', 'aimet_onnx', "
-        "'numpy', 'PySide6', 'app') if m in sys.modules)))"
+        "'numpy', 'PySide6', 'hexstudio.core', 'hexstudio.ui', 'hexstudio.cli', 'hexstudio.serve') "
+        "if m in sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []

@@ -18,11 +18,11 @@ SCRIPTED = Path(__file__).resolve().parents[1] / "eval" / "scripted_helper.py"
 def test_a_dummy_runtime_plugs_in_without_touching_anything_else(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.core.device.board import Board, sim_board
-    from app.core.genie import runtime as rt
-    from app.core.genie.session import ChatSession
-    from workers.shared import bundle as gb
-    from workers.shared.data import builtin_model_dir
+    from hexstudio.core.device.board import Board, sim_board
+    from hexstudio.core.genie import runtime as rt
+    from hexstudio.core.genie.session import ChatSession
+    from hexstudio.workers.shared import bundle as gb
+    from hexstudio.workers.shared.data import builtin_model_dir
 
     class Dummy(rt.BoardRuntime):
         key, name, title, simulated = "dummy", "genie", "A dummy runtime (scripted, test only)", True

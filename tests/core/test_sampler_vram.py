@@ -6,9 +6,9 @@ import asyncio
 import re
 from dataclasses import dataclass
 
-from app.core.pipeline import Pipeline
-from app.core.runs import Workspace
-from app.core.sampler import TreeSampler, vram_from_process_lists
+from hexstudio.core.pipeline import Pipeline
+from hexstudio.core.runs import Workspace
+from hexstudio.core.sampler import TreeSampler, vram_from_process_lists
 from tests.core.conftest import fake_stages
 
 
@@ -47,8 +47,8 @@ def test_sampler_without_nvml_records_none() -> None:
 
 
 def test_report_says_not_measured_for_unknown_vram(workspace: Workspace) -> None:
-    from app.core.reports.collect import build_report
-    from app.core.reports.render import to_html
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.render import to_html
 
     m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
     assert asyncio.run(Pipeline(m, stages=fake_stages()).run(until="model")).ok

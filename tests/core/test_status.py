@@ -1,4 +1,4 @@
-"""The one status model (app.core.status) and the faces of it that need no display: the report, Compare and
+"""The one status model (hexstudio.core.status) and the faces of it that need no display: the report, Compare and
 `hexstudio runs show` say the same words for the same run."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from app.core.manifest import RunManifest
-from app.core.pipeline import Pipeline
-from app.core.reports.collect import build_report
-from app.core.reports.render import to_html, validate_report
-from app.core.status import KINDS, run_status, stage_status, stage_statuses
+from hexstudio.core.manifest import RunManifest
+from hexstudio.core.pipeline import Pipeline
+from hexstudio.core.reports.collect import build_report
+from hexstudio.core.reports.render import to_html, validate_report
+from hexstudio.core.status import KINDS, run_status, stage_status, stage_statuses
 from tests.support.gate_runs import PASSING, end_stage, finish_stage, gate_failed_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _runs_show(ws: Path, run_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app", "runs", "show", run_id, "--workspace", str(ws), *extra],
+        [sys.executable, "-m", "hexstudio", "runs", "show", run_id, "--workspace", str(ws), *extra],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -111,7 +111,7 @@ def test_an_unchanged_board_rerun_leaves_chat_passed(tmp_path: Path, compiled_si
     Evaluate stale: board.json records times and rates, so its bytes differ on every push."""
     import asyncio
 
-    from app.core.runs import Workspace
+    from hexstudio.core.runs import Workspace
     from tests.support.sim_runs import copy_run
 
     run = copy_run(compiled_sim_run, tmp_path / "ws")

@@ -1,4 +1,4 @@
-"""Issue 32: rates printed with 4 decimals (CLI and GUI). One formatter (app/core/units.py) prints every
+"""Issue 32: rates printed with 4 decimals (CLI and GUI). One formatter (hexstudio/core/units.py) prints every
 rate and time the faces show: tok/s with 2 decimals below 10, 1 below 1,000; ms whole above 10."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from app.core.genie.bench import report_text
-from app.core.genie.conversation import Turn
-from app.core.genie.profile import Kpis
-from app.core.genie.session import TurnResult
-from app.core.units import fmt_ms, fmt_quantity, fmt_rate
+from hexstudio.core.genie.bench import report_text
+from hexstudio.core.genie.conversation import Turn
+from hexstudio.core.genie.profile import Kpis
+from hexstudio.core.genie.session import TurnResult
+from hexstudio.core.units import fmt_ms, fmt_quantity, fmt_rate
 
 FOUR_DECIMALS = re.compile(r"\d\.\d{3,}")
 
@@ -56,7 +56,7 @@ KPIS = Kpis(
 
 
 def test_cli_chat_kpi_line() -> None:
-    from app.core.cli.chat_cmd import _kpi_line
+    from hexstudio.cli.chat_cmd import _kpi_line
 
     r = TurnResult(
         turn=Turn(user="hi"),
@@ -82,7 +82,7 @@ def test_cli_chat_kpi_line() -> None:
 def test_cli_genie_profile_rows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.core.cli import genie_cmd
+    from hexstudio.cli import genie_cmd
 
     monkeypatch.setattr(genie_cmd, "parse_profile", lambda _text: KPIS)
     f = tmp_path / "profile.json"
@@ -118,8 +118,8 @@ def test_bench_report_text() -> None:
 
 def test_gui_kpi_line_and_tables() -> None:
     pytest.importorskip("PySide6")
-    from app.core.services.chat import kpi_line
-    from app.ui.widgets import fmt_value
+    from hexstudio.core.services.chat import kpi_line
+    from hexstudio.ui.widgets import fmt_value
 
     line = kpi_line(KPIS.as_json())
     assert "generation 9.50 tok/s" in line and "prompt 158.0 tok/s" in line and "TTFT 184 ms" in line

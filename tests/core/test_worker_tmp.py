@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 WORKER = r"""
 import json, os, stat, subprocess, sys, tempfile
-from workers.runtime import WorkerError, worker_main
+from hexstudio.workers.runtime import WorkerError, worker_main
 
 def run(spec, em):
     d = tempfile.mkdtemp(suffix=".aimet")                  # what qai_hub does for an upload
@@ -72,7 +72,7 @@ def test_temporary_files_stay_in_the_run_and_are_removed(tmp_path: Path, fail: b
 
 FULL = r"""
 import sys
-from workers.runtime import worker_main
+from hexstudio.workers.runtime import worker_main
 
 def run(spec, em):
     with open("/dev/full", "wb") as fh:   # a real ENOSPC, as a disk filling during quantize gives

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.qnn.libs import find_qnn_libs
+from hexstudio.workers.qnn.libs import find_qnn_libs
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,17 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_readme_command_passes_every_gate_on_the_defaults(tmp_path: Path) -> None:
     env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")}
     p = subprocess.run(
-        [sys.executable, "-m", "app", "run", "--model", "builtin:tiny-llama", "--board", "sim", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "hexstudio",
+            "run",
+            "--model",
+            "builtin:tiny-llama",
+            "--board",
+            "sim",
+            "--json",
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -11,8 +11,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def eval_workspace(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
     from tests.support.sim_runs import copy_run
 
     ws = tmp_path_factory.mktemp("eval-ws")
@@ -27,8 +27,8 @@ def twin_workspace(validated_run: Path, tmp_path_factory: pytest.TempPathFactory
     """A run compiled for the onnxruntime twin (compile_target "sim": stand-in context binaries) through the
     board stage on the simulator board. For `hexstudio serve`'s HTTP tests, which need replies of hundreds of
     tokens in seconds: Genie on the HTP simulator (eval_workspace) makes about one token a second here."""
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
     from tests.support.sim_runs import copy_run
 
     ws = tmp_path_factory.mktemp("twin-ws")

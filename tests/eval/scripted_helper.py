@@ -1,4 +1,4 @@
-"""A TEST-ONLY chat helper speaking the board helper's JSON-lines protocol (workers/board/genie_session.py)
+"""A TEST-ONLY chat helper speaking the board helper's JSON-lines protocol (hexstudio/workers/board/genie_session.py)
 that answers from a script instead of a model: the built-in toy model never writes a tool call, so the serve
 test's tool-call request is answered by this helper the way a tool-calling model answers. It runs no model.
 

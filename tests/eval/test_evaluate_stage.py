@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from app.core.cli.main import main
-from app.core.eval.suites import DEFAULT_SUITES
-from app.core.pipeline import Pipeline
-from app.core.runs import Workspace
+from hexstudio.cli.main import main
+from hexstudio.core.eval.suites import DEFAULT_SUITES
+from hexstudio.core.pipeline import Pipeline
+from hexstudio.core.runs import Workspace
 
 
 def assert_progress_words_agree(seen: list[dict[str, Any]]) -> None:

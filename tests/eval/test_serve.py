@@ -19,7 +19,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from app.core.serve.server import BindRefused, check_bind  # noqa: E402
+from hexstudio.serve.server import BindRefused, check_bind  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def server(twin_workspace: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
         [
             sys.executable,
             "-m",
-            "app",
+            "hexstudio",
             "serve",
             "--board",
             "sim",
@@ -152,12 +152,12 @@ def test_tool_call_streams_as_tool_calls(
     answering in the model's own format; everything else (bridge, server, parsing, the client) is real."""
     import asyncio
 
-    from app.core.device.board import open_board
-    from app.core.eval.render import PromptRenderer
-    from app.core.genie.runtime import BoardRuntime
-    from app.core.serve.bridge import DialogBridge
-    from app.core.serve.server import OpenAIServer
-    from app.core.settings import Settings
+    from hexstudio.core.device.board import open_board
+    from hexstudio.core.eval.render import PromptRenderer
+    from hexstudio.core.genie.runtime import BoardRuntime
+    from hexstudio.core.settings import Settings
+    from hexstudio.serve.bridge import DialogBridge
+    from hexstudio.serve.server import OpenAIServer
 
     ws, run_dir = twin_workspace
     script = {"Paris": '{"name": "get_weather", "arguments": {"city": "Paris"}}'}
@@ -253,7 +253,7 @@ def test_serve_on_the_eval_workspace_bundle(eval_workspace: tuple[Path, Path], t
         [
             sys.executable,
             "-m",
-            "app",
+            "hexstudio",
             "serve",
             "--board",
             "sim",

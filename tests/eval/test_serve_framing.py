@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from app.core.serve.limits import Limits
-from app.core.serve.server import OpenAIServer
+from hexstudio.serve.limits import Limits
+from hexstudio.serve.server import OpenAIServer
 
 
 class _Bridge(SimpleNamespace):

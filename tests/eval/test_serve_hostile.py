@@ -50,7 +50,7 @@ def _start(ws: Path, run: str, tmp: Path, extra: list[str]) -> tuple[subprocess.
         [
             sys.executable,
             "-m",
-            "app",
+            "hexstudio",
             "serve",
             "--board",
             "sim",

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.cli.main import main
-from app.core.eval.scoring import check, parity, suite_scores
-from app.core.eval.suites import DEFAULT_SUITES, SuiteError, add_suite, available, load_suite
+from hexstudio.cli.main import main
+from hexstudio.core.eval.scoring import check, parity, suite_scores
+from hexstudio.core.eval.suites import DEFAULT_SUITES, SuiteError, add_suite, available, load_suite
 
 
 def test_shipped_suites_load() -> None:
@@ -80,7 +80,7 @@ def test_instruction_checks() -> None:
 def test_parity_and_three_way_drops() -> None:
     assert parity([1, 2, 3], [1, 2, 3]) == {"matched": 3, "total": 3, "exact": True, "first_diff": None}
     assert parity([1, 9, 3], [1, 2, 3])["matched"] == 1
-    from app.core.eval.suites import Case
+    from hexstudio.core.eval.suites import Case
 
     cases = [Case(id=str(i), scorer="exact") for i in range(4)]
     res = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.eval.suites import SHIPPED_DIR, load_suite
-from app.core.eval.toolcall import Call, detect_format, parse_reply, render_calls, score_tool_call
+from hexstudio.core.eval.suites import SHIPPED_DIR, load_suite
+from hexstudio.core.eval.toolcall import Call, detect_format, parse_reply, render_calls, score_tool_call
 
 WEATHER = {
     "type": "function",

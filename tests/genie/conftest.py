@@ -104,8 +104,8 @@ class SimWorkspace:
 def sim_workspace(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory) -> SimWorkspace:
     import asyncio
 
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
     from tests.support.sim_runs import copy_run
 
     ws = tmp_path_factory.mktemp("genie-ws")

@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from app.core.genie.bench import BenchPlan, report_text, run_bench, stats
-from app.core.genie.profile import Kpis
+from hexstudio.core.genie.bench import BenchPlan, report_text, run_bench, stats
+from hexstudio.core.genie.profile import Kpis
 from tests.genie.conftest import SimWorkspace
 
 
@@ -95,7 +95,7 @@ def test_bench_protocol_on_a_runner_with_known_timings() -> None:
 def test_bench_cli_on_the_simulator_board_both_runtimes(
     sim_workspace: SimWorkspace, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.core.cli.main import main
+    from hexstudio.cli.main import main
 
     rc = main(
         [
@@ -138,7 +138,7 @@ def test_published_figures_name_their_units_and_public_source() -> None:
     Every published figure prints a number then its unit, its conditions apart, and cites its public source."""
     import re
 
-    from app.core.genie.bench import PUBLISHED, published_line
+    from hexstudio.core.genie.bench import PUBLISHED, published_line
 
     doc = {"runtimes": [], "published": [dict(p, label="published (not measured here)") for p in PUBLISHED]}
     text = report_text(doc)

@@ -14,9 +14,9 @@ def _page(qtbot: Any, tmp_path: Path) -> Any:
 
     QSettings.setDefaultFormat(QSettings.Format.IniFormat)
     QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path / "qsettings"))
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.pages.chat import ChatPage
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.pages.chat import ChatPage
 
     page = ChatPage(RunController(Workspace(tmp_path / "ws")))
     qtbot.addWidget(page)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.cli import bench_cmd, serve_cmd
-from app.core.cli.chat_cmd import target_lines
-from app.core.cli.main import main
+from hexstudio.cli import bench_cmd, serve_cmd
+from hexstudio.cli.chat_cmd import target_lines
+from hexstudio.cli.main import main
 from tests.genie.conftest import SimWorkspace
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from workers.shared.chat_template import ChatFormat, ChatTemplateError, load_chat_format
+from hexstudio.workers.shared.chat_template import ChatFormat, ChatTemplateError, load_chat_format
 
 DATA = Path(__file__).parent / "data"
 WEATHER_TOOL = {
@@ -167,7 +167,7 @@ def test_the_sandbox_refuses_unsafe_templates() -> None:
 
 def _genie_tokens(fmt: ChatFormat, queries: list[str], replies: list[str]) -> str:
     """What Genie's KV cache holds after these queries, as text: BOS before every query, EOS (the first of
-    the model's eos ids, as text) between queries, each reply as generated (workers/genie_sim/t2t.py)."""
+    the model's eos ids, as text) between queries, each reply as generated (hexstudio/workers/genie_sim/t2t.py)."""
     bos = fmt.special.get("bos_token", "") if fmt.genie_bos else ""
     out = ""
     for i, q in enumerate(queries):

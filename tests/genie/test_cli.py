@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.cli.main import main
+from hexstudio.cli.main import main
 from tests.genie.conftest import SimWorkspace
 from tests.genie.test_parsers import _profile
 
@@ -157,7 +157,7 @@ def test_chat_cli_interactive_multi_turn(
     assert [t["user"] for t in doc["turns"]] == ["What is water?"]  # /new cleared the history
     assert doc["turns"][0]["kpis"]["source"] == "simulated"
     # every turn went into the run's chat journal (for its report), labeled by what the runner reported
-    from app.core.genie.journal import read_journals
+    from hexstudio.core.genie.journal import read_journals
 
     ours = [
         j

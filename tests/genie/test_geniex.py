@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.device.board import python_env, sim_board
-from app.core.genie.conversation import Conversation
-from app.core.genie.session import ChatSession, SessionError
+from hexstudio.core.device.board import python_env, sim_board
+from hexstudio.core.genie.conversation import Conversation
+from hexstudio.core.genie.session import ChatSession, SessionError
 from tests.genie.conftest import SimWorkspace
 
 
@@ -75,7 +75,7 @@ def test_geniex_cli_face(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
 
     def geniex(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "workers.genie_sim.geniex", *args],
+            [sys.executable, "-m", "hexstudio.workers.genie_sim.geniex", *args],
             env=env,
             text=True,
             capture_output=True,
@@ -118,7 +118,7 @@ def test_geniex_refuses_what_its_qairt_plugin_refuses(sim_workspace: SimWorkspac
     """No metadata.json, a model_id the plugin cannot dispatch, a bundle compiled with a newer QAIRT."""
     import shutil
 
-    from workers.genie_sim.geniex_model import GenieXError, check_bundle
+    from hexstudio.workers.genie_sim.geniex_model import GenieXError, check_bundle
 
     src = _bundle_local(sim_workspace)
     b = tmp_path / "b"
@@ -167,9 +167,9 @@ def test_geniex_refuses_a_bundle_without_a_chat_template(sim_workspace: SimWorks
     says so before starting GenieX on the board, and points to Genie (same bundle)."""
     import shutil
 
-    from app.core.device.board import sim_board
-    from app.core.genie.runtime import RuntimeError_, board_runtime
-    from workers.genie_sim.geniex_model import GenieXError, check_bundle
+    from hexstudio.core.device.board import sim_board
+    from hexstudio.core.genie.runtime import RuntimeError_, board_runtime
+    from hexstudio.workers.genie_sim.geniex_model import GenieXError, check_bundle
 
     src = _bundle_local(sim_workspace)
     if not (src / "metadata.json").exists():
@@ -217,7 +217,7 @@ def test_sampler_changes_without_a_reload_on_both_runtimes(sim_workspace: SimWor
 def test_geniex_chat_template_and_repl(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
     """The plugin's chat template rules (a default system prompt on a fresh cache, only the new messages after
     a turn) and `geniex infer` without a prompt: GenieX's REPL commands over stdin."""
-    from workers.genie_sim.geniex_model import DEFAULT_SYSTEM_PROMPT, SimGenieX
+    from hexstudio.workers.genie_sim.geniex_model import DEFAULT_SYSTEM_PROMPT, SimGenieX
 
     bundle = _bundle_local(sim_workspace)
     if not (bundle / "metadata.json").exists():
@@ -240,7 +240,7 @@ def test_geniex_chat_template_and_repl(sim_workspace: SimWorkspace, tmp_path: Pa
     assert DEFAULT_SYSTEM_PROMPT in m.apply_chat_template([{"role": "user", "content": "Hello"}])
 
     env = {**python_env(), "GENIEX_DATADIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
-    cmd = [sys.executable, "-m", "workers.genie_sim.geniex"]
+    cmd = [sys.executable, "-m", "hexstudio.workers.genie_sim.geniex"]
     subprocess.run(
         [*cmd, "pull", "local/tiny", "--local-path", str(bundle)],
         env=env,

@@ -1,4 +1,4 @@
-"""The simulator board's `geniex serve` (workers/genie_sim/geniex_serve.py): GenieX's OpenAI-compatible server as
+"""The simulator board's `geniex serve` (hexstudio/workers/genie_sim/geniex_serve.py): GenieX's OpenAI-compatible server as
 its handlers behave (docs/genie.md, "GenieX"), driven by the openai client and read raw, labeled simulated."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from app.core.device.board import python_env
+from hexstudio.core.device.board import python_env
 from tests.genie.conftest import SimWorkspace
 from tests.genie.test_geniex import _bundle_local, _turns
 
@@ -37,7 +37,7 @@ def server(
     tc.pop("chat_template")
     (bare / "tokenizer_config.json").write_text(json.dumps(tc))
     env = {**python_env(), "GENIEX_DATADIR": str(root / "cache"), "PATH": "/usr/bin:/bin"}
-    cmd = [sys.executable, "-m", "workers.genie_sim.geniex"]
+    cmd = [sys.executable, "-m", "hexstudio.workers.genie_sim.geniex"]
     for name, path in (("local/tiny", bundle), ("local/notemplate", bare)):
         subprocess.run(
             [*cmd, "pull", name, "--local-path", str(path)],

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from app.core.genie.profile import ProfileError, parse_profile
-from app.core.genie.transcript import TranscriptParser, parse_transcript
+from hexstudio.core.genie.profile import ProfileError, parse_profile
+from hexstudio.core.genie.transcript import TranscriptParser, parse_transcript
 
 COMPLETE = (
     "Using libGenie.so version 1.17.0\n\n[PROMPT]: What is the capital of France?\n\n"

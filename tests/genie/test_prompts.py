@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.core.genie.conversation import Conversation
-from app.core.genie.prompts import chat_format_for, chat_prompt, format_prompt, template_for
-from app.core.genie.session import SAMPLER_PRESETS, continuation_prompt
+from hexstudio.core.genie.conversation import Conversation
+from hexstudio.core.genie.prompts import chat_format_for, chat_prompt, format_prompt, template_for
+from hexstudio.core.genie.session import SAMPLER_PRESETS, continuation_prompt
 
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "

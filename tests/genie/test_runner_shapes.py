@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.device.board import Board, sim_board
-from app.core.device.transport import LocalTransport
-from app.core.genie.run import (
+from hexstudio.core.device.board import Board, sim_board
+from hexstudio.core.device.transport import LocalTransport
+from hexstudio.core.genie.run import (
     Chunk,
     ChunkTokenCounter,
     QueryResult,
@@ -24,8 +24,8 @@ from app.core.genie.run import (
     load_token_counter,
     run_query,
 )
-from app.core.paths import BUILTIN_MODEL_DIR, REPO_ROOT
-from app.core.reports.collect import token_rate_series, token_rate_unit
+from hexstudio.core.paths import BUILTIN_MODEL_DIR, REPO_ROOT
+from hexstudio.core.reports.collect import token_rate_series, token_rate_unit
 from tests.genie.conftest import SimWorkspace
 
 OLD_T2T = Path(__file__).parent / "fake_genie" / "old_t2t.py"
@@ -148,7 +148,7 @@ def test_token_rate_series_counts_tokens_when_known_and_says_chunks_otherwise() 
 
 def _sim(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "workers.genie_sim.t2t", *args],
+        [sys.executable, "-m", "hexstudio.workers.genie_sim.t2t", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -194,8 +194,8 @@ def test_simulator_action_abort_after_sleep(sim_workspace: SimWorkspace, tmp_pat
     )
     assert r.returncode == 0, r.stderr
     assert "[ABORT]: " in r.stdout and "Query successfully aborted" in r.stdout and "[END]" not in r.stdout
-    from app.core.genie.profile import parse_profile
-    from app.core.genie.transcript import parse_transcript
+    from hexstudio.core.genie.profile import parse_profile
+    from hexstudio.core.genie.transcript import parse_transcript
 
     t = parse_transcript(r.stdout, 0, "Question: Where does the sun rise? Answer:")
     k = parse_profile(profile)
@@ -208,8 +208,8 @@ def test_simulator_action_abort_after_sleep(sim_workspace: SimWorkspace, tmp_pat
 
 
 def test_simulator_session_chunks_carry_their_token_counts(sim_workspace: SimWorkspace) -> None:
-    from app.core.genie.conversation import Conversation
-    from app.core.genie.session import ChatSession, TurnResult
+    from hexstudio.core.genie.conversation import Conversation
+    from hexstudio.core.genie.session import ChatSession, TurnResult
 
     async def go() -> TurnResult:
         async with ChatSession(

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from app.core.device.board import Board
-from app.core.device.transport import LocalTransport
-from app.core.genie.conversation import Conversation
-from app.core.genie.run import Chunk
-from app.core.genie.session import ChatSession, TurnResult
+from hexstudio.core.device.board import Board
+from hexstudio.core.device.transport import LocalTransport
+from hexstudio.core.genie.conversation import Conversation
+from hexstudio.core.genie.run import Chunk
+from hexstudio.core.genie.session import ChatSession, TurnResult
 from tests.genie.conftest import FakeGenie
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from workers.shared.bundle.check import check_bundle, errors
+from hexstudio.workers.shared.bundle.check import check_bundle, errors
 
 BOUNDARY = "_model_model_layers_1_Add_1_output_0"
 
@@ -122,7 +122,7 @@ def _t2t(b: Path) -> subprocess.CompletedProcess[str]:
         [
             sys.executable,
             "-m",
-            "workers.genie_sim.t2t",
+            "hexstudio.workers.genie_sim.t2t",
             "-c",
             "genie_config.json",
             "-p",

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from app.core.device.board import sim_board
-from app.core.device.push import push_bundle
-from app.core.genie.run import Chunk, run_query
-from app.core.pipeline import Pipeline
-from app.core.runs import Workspace
+from hexstudio.core.device.board import sim_board
+from hexstudio.core.device.push import push_bundle
+from hexstudio.core.genie.run import Chunk, run_query
+from hexstudio.core.pipeline import Pipeline
+from hexstudio.core.runs import Workspace
 from tests.genie.conftest import assert_streamed
 from tests.support.sim_runs import copy_run
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from app.core.device.board import Board, sim_board
-from app.core.device.connect import connect_ssh
-from app.core.genie.conversation import Conversation
-from app.core.genie.run import Chunk, QueryResult, run_query
-from app.core.genie.session import ChatSession, TurnResult
+from hexstudio.core.device.board import Board, sim_board
+from hexstudio.core.device.connect import connect_ssh
+from hexstudio.core.genie.conversation import Conversation
+from hexstudio.core.genie.run import Chunk, QueryResult, run_query
+from hexstudio.core.genie.session import ChatSession, TurnResult
 from tests.genie.conftest import FakeGenie, SimWorkspace, assert_streamed
 from tests.support.sshd import SshServer
 
@@ -41,7 +41,9 @@ async def ssh_board(
     }
     t = await connect_ssh("evk-test", cfg, trust=lambda *_a: True)
     if simulated:  # the simulator installed on the test board (same flags and output as genie-t2t-run)
-        return Board("evk-test", t, True, genie_command=[sys.executable, "-m", "workers.genie_sim.t2t"])
+        return Board(
+            "evk-test", t, True, genie_command=[sys.executable, "-m", "hexstudio.workers.genie_sim.t2t"]
+        )
     return Board("evk-test", t, False, config=config or {}, env_script=env_script)
 
 
@@ -224,15 +226,15 @@ def test_fallback_over_ssh_runs_genie_t2t_run_per_turn(
 
 def _undeclared_sim_command() -> list[str]:
     """The simulator run through a board record that does NOT say it is the simulator."""
-    from app.core.paths import REPO_ROOT
+    from hexstudio.core.paths import REPO_ROOT
 
-    return ["env", f"PYTHONPATH={REPO_ROOT}", sys.executable, "-m", "workers.genie_sim.t2t"]
+    return ["env", f"PYTHONPATH={REPO_ROOT}", sys.executable, "-m", "hexstudio.workers.genie_sim.t2t"]
 
 
 def test_simulator_on_an_undeclared_ssh_board_is_recorded_as_simulated(
     ssh_server: SshServer, sim_workspace: SimWorkspace
 ) -> None:
-    from app.core.genie.stage import chat_record
+    from hexstudio.core.genie.stage import chat_record
 
     async def go() -> tuple[QueryResult, TurnResult]:
         board = await ssh_board(ssh_server, simulated=False)
@@ -267,7 +269,7 @@ def test_simulator_on_an_undeclared_ssh_board_is_recorded_as_simulated(
 def test_a_board_record_can_declare_the_simulator_as_its_runner(ssh_server: SshServer) -> None:
     from types import SimpleNamespace
 
-    from app.core.device.board import BoardError, open_board
+    from hexstudio.core.device.board import BoardError, open_board
 
     cfg = {
         "host": ssh_server.host,
@@ -297,7 +299,7 @@ def test_a_board_record_can_declare_the_simulator_as_its_runner(ssh_server: SshS
         return sim, real, message
 
     sim, real, message = asyncio.run(go())
-    assert sim.simulated and sim.genie_command == [sys.executable, "-m", "workers.genie_sim.t2t"]
+    assert sim.simulated and sim.genie_command == [sys.executable, "-m", "hexstudio.workers.genie_sim.t2t"]
     assert sim.label.startswith("ssh://") and sim.env_script is None
     assert not real.simulated and real.genie_command == ["genie-t2t-run"]
     assert "genie-x" in message and "'simulator'" in message

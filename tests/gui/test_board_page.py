@@ -24,10 +24,10 @@ SUDO = "evk-sudo-canary-91d2"
 def board_page(qtbot: Any, tmp_path: Path, name: str, config: dict[str, Any]) -> tuple[Any, Any, Any]:
     """The studio at 1280x1000 on its Board page, with board `name` (config) in the settings and selected:
     (window, controller, page)."""
-    from app.core.runs import Workspace
-    from app.core.settings import Settings
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.settings import Settings
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
 
     s = Settings.load()
     s.boards[name] = config

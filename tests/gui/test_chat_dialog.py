@@ -17,9 +17,9 @@ from tests.gui.conftest import wait_until
 
 
 def _page(qtbot: Any, tmp_path: Path) -> tuple[Any, Any]:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.pages.chat import ChatPage
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.pages.chat import ChatPage
 
     c = RunController(Workspace(tmp_path / "ws"))
     c.new_run("builtin:tiny-llama")
@@ -34,9 +34,9 @@ def _dialogs(page: Any) -> list[str]:
 
 
 def test_the_dialog_choice_lists_only_the_bundles_dialogs(qtbot: Any, tmp_path: Path) -> None:
-    from app.core.genie.chat_store import ChatStore
-    from app.core.services.chat import SessionSetup, reopen_reason
-    from app.ui.pages.chat import ChatPage
+    from hexstudio.core.genie.chat_store import ChatStore
+    from hexstudio.core.services.chat import SessionSetup, reopen_reason
+    from hexstudio.ui.pages.chat import ChatPage
 
     c, page = _page(qtbot, tmp_path)
     # no bundle yet: basic alone, nothing to choose
@@ -71,8 +71,8 @@ def test_the_dialog_choice_lists_only_the_bundles_dialogs(qtbot: Any, tmp_path: 
 
 
 def test_accepted_tokens_per_step_show_in_the_kpi_line(qtbot: Any, tmp_path: Path) -> None:
-    from app.core.genie.chat_store import ChatStore, ChatTurn
-    from app.core.services.chat import kpi_line
+    from hexstudio.core.genie.chat_store import ChatStore, ChatTurn
+    from hexstudio.core.services.chat import kpi_line
 
     kpis = {
         "ttft_ms": 120.0,
@@ -101,9 +101,9 @@ def test_accepted_tokens_per_step_show_in_the_kpi_line(qtbot: Any, tmp_path: Pat
 def test_a_dialog_the_runtime_cannot_run_is_told_and_basic_still_chats(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path
 ) -> None:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
     from tests.support.sim_runs import copy_run
 
     run = copy_run(compiled_sim_run, tmp_path / "ws")

@@ -17,10 +17,10 @@ from tests.gui.conftest import keep_screenshot
 
 
 def _page(tmp_path: Path, qtbot: Any, turns: int = 0, words: int = 4) -> Any:
-    from app.core.genie.chat_store import ChatStore, ChatTurn
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.pages.chat import ChatPage
+    from hexstudio.core.genie.chat_store import ChatStore, ChatTurn
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.pages.chat import ChatPage
 
     c = RunController(Workspace(tmp_path / "ws"))
     m = c.new_run("builtin:tiny-llama")
@@ -153,7 +153,7 @@ def test_context_meter_counts_the_models_context_and_never_passes_100(qtbot: Any
 
 
 def test_chat_settings_are_kept_per_run(qtbot: Any, tmp_path: Path) -> None:
-    from app.ui.pages.chat import ChatPage
+    from hexstudio.ui.pages.chat import ChatPage
 
     c, page = _page(tmp_path, qtbot)
     page.max_tokens.setValue(99)

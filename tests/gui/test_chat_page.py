@@ -18,9 +18,9 @@ QUESTION = "What is the capital of France?"
 
 
 def test_sampler_presets_and_values(qtbot: Any, tmp_path: Path) -> None:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.pages.chat import ChatPage
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.pages.chat import ChatPage
 
     page = ChatPage(RunController(Workspace(tmp_path / "ws")))
     qtbot.addWidget(page)
@@ -53,10 +53,10 @@ def test_sampler_presets_and_values(qtbot: Any, tmp_path: Path) -> None:
 def test_chosen_sampler_reaches_the_runner(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path
 ) -> None:
-    from app.core.genie.session import SESSION_CONFIG
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.genie.session import SESSION_CONFIG
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
     from tests.support.sim_runs import copy_run
 
     run = copy_run(compiled_sim_run, tmp_path / "ws")

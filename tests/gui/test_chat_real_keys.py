@@ -25,10 +25,10 @@ def test_enter_regenerate_versions_and_esc(
     from PySide6.QtCore import Qt
     from PySide6.QtTest import QTest
 
-    from app.core.genie.chat_store import ChatStore
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.genie.chat_store import ChatStore
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
     from tests.support.sim_runs import copy_run
 
     run = copy_run(compiled_sim_run, tmp_path / "ws")
@@ -95,8 +95,8 @@ def test_chat_keys_at_150_percent_on_1280x720_real_display(tmp_path: Path, compi
     hidden with Ctrl+J). The screens are looked at (docs/screenshots/chat-150pct-*.png)."""
     import shutil
 
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
     from tests.gui.test_real_display import (
         conversations,
         quit_studio,

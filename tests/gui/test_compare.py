@@ -17,7 +17,7 @@ from tests.support.gate_runs import PASSING, finish_stage
 def _runs(ws: Path) -> list[Any]:
     """Three runs of the same model on this machine: B's quantize 4 % slower than A's (noise), its compile twice
     as long (a real difference); C's compile as A's."""
-    from app.core.runs import Workspace
+    from hexstudio.core.runs import Workspace
 
     out = []
     for quantize_s, compile_s in ((100.0, 10.0), (104.0, 20.0), (99.0, 10.2)):
@@ -34,7 +34,7 @@ def _runs(ws: Path) -> list[Any]:
 
 
 def _reports(runs: list[Any]) -> list[dict[str, Any]]:
-    from app.core.reports.collect import build_report
+    from hexstudio.core.reports.collect import build_report
 
     return [build_report(m.run_dir) for m in runs]
 
@@ -44,10 +44,10 @@ def _row(c: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def test_differences_are_marked_only_beyond_the_noise_against_the_chosen_baseline(tmp_path: Path) -> None:
-    from app.core.reports.compare import HIGHER_IS_BETTER, LOWER_IS_BETTER
-    from app.core.reports.compare import compare_reports as compare_runs
-    from app.core.reports.compare import write_compare as write_comparison
-    from app.core.reports.noise import compare_csv, judge_row
+    from hexstudio.core.reports.compare import HIGHER_IS_BETTER, LOWER_IS_BETTER
+    from hexstudio.core.reports.compare import compare_reports as compare_runs
+    from hexstudio.core.reports.compare import write_compare as write_comparison
+    from hexstudio.core.reports.noise import compare_csv, judge_row
 
     a, b, c_ = _runs(tmp_path / "ws")
     reps = _reports([a, b, c_])
@@ -93,7 +93,7 @@ def test_differences_are_marked_only_beyond_the_noise_against_the_chosen_baselin
 def test_compare_dialog_chart_baseline_and_export(qtbot: Any, tmp_path: Path) -> None:
     import pyqtgraph as pg
 
-    from app.ui.compare import CompareDialog
+    from hexstudio.ui.compare import CompareDialog
 
     a, b, c_ = _runs(tmp_path / "ws")
     d = CompareDialog(_reports([a, b, c_]))

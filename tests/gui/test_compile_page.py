@@ -33,11 +33,11 @@ def test_device_picker_lists_aihub_devices_live(
 ) -> None:
     from PySide6.QtWidgets import QApplication, QScrollArea
 
-    from app.core.runs import Workspace
-    from app.core.secrets import AIHUB_TOKEN, get_secret
-    from app.core.settings import Settings
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.secrets import AIHUB_TOKEN, get_secret
+    from hexstudio.core.settings import Settings
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
 
     emu = aihub_emulator
     # the token must come from the keyring (not the emulator's environment, not a client.ini in $HOME)
@@ -130,7 +130,7 @@ def test_device_picker_lists_aihub_devices_live(
 
 
 def test_recorded_device_list_through_the_same_parsing() -> None:
-    from app.ui.pages.workstation import DeviceListError, parse_devices_output
+    from hexstudio.ui.pages.workstation import DeviceListError, parse_devices_output
 
     out = (
         '{\n  "devices": [{"name": "Dragonwing IQ-9075 EVK", "os": "1.5", "dsp_arch": "v73", "soc_model": 77, '

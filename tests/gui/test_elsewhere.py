@@ -16,9 +16,9 @@ from tests.support.gate_runs import finish_stage, gate_failed_run, skip_board_re
 
 
 def _window(ws: Path, qtbot: Any) -> Any:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
 
     c = RunController(Workspace(ws))
     w = MainWindow(c)
@@ -172,7 +172,7 @@ def test_model_page_shows_the_open_runs_settings(qtbot: Any, tmp_path: Path) -> 
 
 
 def test_history_shows_the_old_value(qtbot: Any, tmp_path: Path) -> None:
-    from app.ui.dialogs.history import HistoryDialog
+    from hexstudio.ui.dialogs.history import HistoryDialog
 
     ws = tmp_path / "ws"
     m = gate_failed_run(ws, "evaluate")
@@ -332,7 +332,7 @@ def test_gui_help_needs_no_display_and_missing_xcb_libraries_are_named() -> None
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
     r = subprocess.run(
-        [sys.executable, "-m", "app", "gui", "--help"],
+        [sys.executable, "-m", "hexstudio", "gui", "--help"],
         cwd=root,
         env=env,
         capture_output=True,
@@ -343,7 +343,7 @@ def test_gui_help_needs_no_display_and_missing_xcb_libraries_are_named() -> None
     # a library Qt's xcb plugin needs is missing (one no system has, added to the real check): HexStudio says
     # which package to install instead of Qt aborting with "Reinstalling the application may fix this problem"
     code = (
-        "import sys, app.ui.launch as l; l.XCB_LIBS['xcb-hexstudio-test'] = 'libxcb-hexstudio-test0'; "
+        "import sys, hexstudio.ui.launch as l; l.XCB_LIBS['xcb-hexstudio-test'] = 'libxcb-hexstudio-test0'; "
         "raise SystemExit(l.launch_gui([]))"
     )
     r = subprocess.run(

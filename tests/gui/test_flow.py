@@ -63,9 +63,9 @@ def assert_in_view(win: Any, *widgets: Any) -> None:
 def test_whole_flow_through_the_window(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
 ) -> None:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
 
     c = RunController(Workspace(tmp_path / "ws"))
     w = MainWindow(c)
@@ -222,9 +222,9 @@ def test_whole_flow_through_the_window(
 def test_cancel_a_running_stage_from_the_dock(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
 ) -> None:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
 
     c = RunController(Workspace(tmp_path / "ws"))
     w = MainWindow(c)
@@ -256,11 +256,11 @@ def test_cancel_a_running_stage_from_the_dock(
 def test_runs_dialog_opens_and_deletes(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
 ) -> None:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.dialogs.history import HistoryDialog
-    from app.ui.dialogs.runs import RunsDialog
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.dialogs.history import HistoryDialog
+    from hexstudio.ui.dialogs.runs import RunsDialog
+    from hexstudio.ui.main_window import MainWindow
 
     c = RunController(Workspace(tmp_path / "ws"))
     w = MainWindow(c)

@@ -8,9 +8,9 @@ from typing import Any
 
 
 def _window(tmp_path: Path, qtbot: Any) -> Any:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
 
     c = RunController(Workspace(tmp_path / "ws"))
     w = MainWindow(c)
@@ -28,7 +28,7 @@ def _walk(qtbot: Any, start: Any, names: dict[Any, str], steps: int) -> list[str
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QApplication
 
-    from app.ui.plots import StyledPlot
+    from hexstudio.ui.plots import StyledPlot
 
     start.setFocus(Qt.FocusReason.TabFocusReason)
     qtbot.waitUntil(lambda: QApplication.focusWidget() is not None, timeout=5000)
@@ -55,7 +55,7 @@ def _assert_before(seen: list[str], *names: str) -> None:
 def test_tab_walks_the_chat_page_message_send_stop_then_settings_then_the_rest(
     qtbot: Any, tmp_path: Path
 ) -> None:
-    from app.ui.plots import StyledPlot
+    from hexstudio.ui.plots import StyledPlot
 
     w = _window(tmp_path, qtbot)
     w.show_stage("chat")

@@ -35,7 +35,7 @@ QTimer.singleShot(100, lambda: qWarning("hexstudio-qt-warning-canary"))
 QTimer.singleShot(300, gc.collect)
 QTimer.singleShot(600, app.quit)
 
-from app.ui.launch import launch_gui
+from hexstudio.ui.launch import launch_gui
 raise SystemExit(launch_gui(["--workspace", sys.argv[1]]))
 """
 
@@ -77,8 +77,8 @@ def test_error_dialog_names_the_log_and_has_show_log(qtbot: object, monkeypatch:
     from PySide6.QtCore import QUrl
     from PySide6.QtWidgets import QMessageBox
 
-    from app.core import logs
-    from app.ui import errors
+    from hexstudio.core import logs
+    from hexstudio.ui import errors
 
     opened: list[str] = []
 
@@ -109,8 +109,8 @@ def test_error_dialog_names_the_log_and_has_show_log(qtbot: object, monkeypatch:
 
 
 def test_stage_failure_label_links_to_the_log() -> None:
-    from app.core import logs
-    from app.ui.errors import log_link_html
+    from hexstudio.core import logs
+    from hexstudio.ui.errors import log_link_html
 
     html = log_link_html()
     assert str(logs.log_path()) in html and "<a href='file://" in html

@@ -12,9 +12,9 @@ from tests.preflight.test_checks import LLAMA_8B
 
 
 def _window(tmp_path: Path, qtbot: Any) -> Any:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
 
     c = RunController(Workspace(tmp_path / "ws"))
     w = MainWindow(c)
@@ -136,8 +136,8 @@ def test_unsupported_model_is_explained(qtbot: Any, tmp_path: Path) -> None:
 
 
 def test_adding_a_board_keeps_its_password_in_the_keyring_only(qtbot: Any, tmp_path: Path) -> None:
-    from app.core.secrets import board_password_key, get_secret
-    from app.core.settings import Settings
+    from hexstudio.core.secrets import board_password_key, get_secret
+    from hexstudio.core.settings import Settings
 
     _c, w = _window(tmp_path, qtbot)
     page = w.pages["board"]
@@ -157,7 +157,7 @@ def test_adding_a_board_keeps_its_password_in_the_keyring_only(qtbot: Any, tmp_p
 def test_job_dock_log_is_bounded_filterable_and_copyable(qtbot: Any) -> None:
     from PySide6.QtGui import QGuiApplication
 
-    from app.ui.job_dock import LOG_KEEP, LOG_SHOWN, JobDock
+    from hexstudio.ui.job_dock import LOG_KEEP, LOG_SHOWN, JobDock
 
     dock = JobDock()
     qtbot.addWidget(dock)

@@ -11,10 +11,10 @@ def test_plots_restyle_when_the_palette_switches_to_dark_and_back(qtbot: Any, tm
     from PySide6.QtGui import QColor, QPalette
     from PySide6.QtWidgets import QApplication
 
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
-    from app.ui.plots import StyledPlot
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
+    from hexstudio.ui.plots import StyledPlot
 
     app = QApplication.instance()
     assert isinstance(app, QApplication)

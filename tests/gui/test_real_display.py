@@ -77,7 +77,7 @@ def screenshot(display: str, name: str, out: Path) -> Path:
 
 def start_studio(display: str, ws: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "gui", "--workspace", str(ws)],
+        [sys.executable, "-m", "hexstudio", "gui", "--workspace", str(ws)],
         cwd=ROOT,
         env={**env, "DISPLAY": display, "QT_QPA_PLATFORM": "xcb"},
         stdout=subprocess.DEVNULL,
@@ -122,8 +122,8 @@ def conversations(run: Path) -> list[dict[str, object]]:
 
 
 def test_chat_on_a_real_display_then_reopen(tmp_path: Path, compiled_sim_run: Path) -> None:
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
     from tests.support.sim_runs import copy_run
 
     ws = tmp_path / "ws"

@@ -36,12 +36,12 @@ async def _keep(widget: Any, name: str, tmp: Path) -> Path:
 def test_changed_pages_at_two_sizes_and_dark(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path
 ) -> None:
-    from app.core.runs import Workspace
-    from app.ui import theme
-    from app.ui.controller import RunController
-    from app.ui.dialogs.about import AboutDialog
-    from app.ui.dialogs.runs import RunsDialog
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui import theme
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.dialogs.about import AboutDialog
+    from hexstudio.ui.dialogs.runs import RunsDialog
+    from hexstudio.ui.main_window import MainWindow
     from tests.support.sim_runs import copy_run
 
     run = copy_run(compiled_sim_run, tmp_path / "ws")

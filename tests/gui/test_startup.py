@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.ui.launch import HEAVY_MODULES
+from hexstudio.ui.launch import HEAVY_MODULES
 
 
 def test_gui_process_never_imports_the_ml_stack(tmp_path: Path, compiled_sim_run: Path) -> None:
@@ -23,10 +23,10 @@ def test_gui_process_never_imports_the_ml_stack(tmp_path: Path, compiled_sim_run
         "import sys, json\n"
         "from PySide6.QtWidgets import QApplication\n"
         "app = QApplication([])\n"
-        "from app.core.runs import Workspace\n"
-        "from app.ui.controller import RunController\n"
-        "from app.ui.main_window import MainWindow\n"
-        "from app.ui.launch import heavy_modules_loaded\n"
+        "from hexstudio.core.runs import Workspace\n"
+        "from hexstudio.ui.controller import RunController\n"
+        "from hexstudio.ui.main_window import MainWindow\n"
+        "from hexstudio.ui.launch import heavy_modules_loaded\n"
         f"c = RunController(Workspace({str(tmp_path / 'ws')!r}))\n"
         "w = MainWindow(c); w.show()\n"
         f"c.open_run({run.name!r})\n"
@@ -60,7 +60,7 @@ def _startup_check(tmp_path: Path) -> tuple[float, dict[str, object]]:
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "HEXSTUDIO_CONFIG_DIR": str(tmp_path / "cfg")}
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "gui", "--startup-check", "--workspace", str(tmp_path / "ws")],
+        [sys.executable, "-m", "hexstudio", "gui", "--startup-check", "--workspace", str(tmp_path / "ws")],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -87,14 +87,14 @@ def test_startup_check_opens_the_window_within_the_cold_start_bound(tmp_path: Pa
     assert best_wall < COLD_START_BOUND_S, (
         f"cold start to the first window took {best_wall:.2f} s (best of 2; target < 2 s, test bound "
         f"{COLD_START_BOUND_S} s): something slow now runs at startup — profile with "
-        "`python -X importtime -m app gui --startup-check` and keep heavy imports out of the GUI process"
+        "`python -X importtime -m hexstudio gui --startup-check` and keep heavy imports out of the GUI process"
     )
 
 
 def test_no_display_is_a_clear_error(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
     out = subprocess.run(
-        [sys.executable, "-m", "app"],
+        [sys.executable, "-m", "hexstudio"],
         env=env,
         capture_output=True,
         text=True,

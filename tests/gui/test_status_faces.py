@@ -16,9 +16,9 @@ from tests.support.gate_runs import finish_stage, gate_failed_run, skip_board_re
 
 
 def _window(ws: Path, qtbot: Any) -> Any:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
 
     c = RunController(Workspace(ws))
     w = MainWindow(c)
@@ -28,7 +28,7 @@ def _window(ws: Path, qtbot: Any) -> Any:
 
 
 def _item(w: Any, name: str) -> Any:
-    from app.core.stages import STAGES
+    from hexstudio.core.stages import STAGES
 
     return w.stage_list.item([s.name for s in STAGES].index(name))
 
@@ -41,7 +41,7 @@ def test_failed_gate_run_report_and_override(
     skip_board_recheck(monkeypatch)  # a synthetic run: no pushed bundle to recheck
     from PySide6.QtWidgets import QApplication, QInputDialog
 
-    from app.ui.dialogs.runs import run_row
+    from hexstudio.ui.dialogs.runs import run_row
 
     ws = tmp_path / "ws"
     m = gate_failed_run(ws, "evaluate")
@@ -118,8 +118,8 @@ def test_failed_gate_run_report_and_override(
     row = run_row(next(s for s in c.list_runs() if s.run_id == m.run_id))
     assert row["status"] == "complete (1 gate overridden)" and row["status_key"] == "overridden"
     # the report page says the same, in both palettes; so does the dashboard
-    from app.ui import theme
-    from app.ui.dialogs.runs import RunsDialog
+    from hexstudio.ui import theme
+    from hexstudio.ui.dialogs.runs import RunsDialog
 
     w.show_stage("report")
     text = w.pages["report"].preview.toPlainText()
@@ -143,9 +143,9 @@ def test_failed_gate_run_report_and_override(
 
 
 def test_compare_and_dashboard_use_the_same_words(qtbot: Any, tmp_path: Path) -> None:
-    from app.core.reports.collect import build_report
-    from app.core.reports.compare import compare_reports
-    from app.ui.dialogs.runs import run_row
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.compare import compare_reports
+    from hexstudio.ui.dialogs.runs import run_row
 
     ws = tmp_path / "ws"
     a = gate_failed_run(ws, "validate")

@@ -12,9 +12,9 @@ import pytest
 
 
 def _window(tmp_path: Path, qtbot: Any) -> Any:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
 
     c = RunController(Workspace(tmp_path / "ws"))
     w = MainWindow(c)
@@ -23,7 +23,7 @@ def _window(tmp_path: Path, qtbot: Any) -> Any:
 
 
 def test_thinking_and_code_are_split_out_of_a_reply() -> None:
-    from app.ui.chat_view import segments, split_thinking
+    from hexstudio.ui.chat_view import segments, split_thinking
 
     r = split_thinking("<think>\nLet me see: 2+2.\n</think>\n\nIt is **4**.")
     assert (r.thinking, r.thinking_done, r.answer) == ("Let me see: 2+2.", True, "It is **4**.")
@@ -44,7 +44,7 @@ def test_thinking_and_code_are_split_out_of_a_reply() -> None:
 def test_message_bubble_renders_markdown_code_and_folded_thinking(qtbot: Any) -> None:
     from PySide6.QtGui import QGuiApplication
 
-    from app.ui.chat_view import CodeBlock, TranscriptView
+    from hexstudio.ui.chat_view import CodeBlock, TranscriptView
 
     view = TranscriptView()
     qtbot.addWidget(view)
@@ -76,7 +76,7 @@ def test_message_bubble_renders_markdown_code_and_folded_thinking(qtbot: Any) ->
 
 
 def test_conversations_are_kept_in_the_run_and_chats_made_elsewhere_are_listed(tmp_path: Path) -> None:
-    from app.core.genie.chat_store import ChatStore, ChatTurn
+    from hexstudio.core.genie.chat_store import ChatStore, ChatTurn
 
     run = tmp_path / "run"
     (run / "artifacts" / "chat").mkdir(parents=True)
@@ -180,7 +180,7 @@ def test_a_wheel_over_an_unfocused_spin_box_scrolls_the_page_not_the_value(
 
 
 def test_stage_page_states_are_honest(qtbot: Any, tmp_path: Path) -> None:
-    from app.ui.widgets import STATE_TEXT
+    from hexstudio.ui.widgets import STATE_TEXT
 
     c, w = _window(tmp_path, qtbot)
     m = c.new_run("builtin:tiny-llama")
@@ -231,7 +231,7 @@ def test_stage_page_states_are_honest(qtbot: Any, tmp_path: Path) -> None:
 def test_runs_dashboard_sorts_and_compares(qtbot: Any, tmp_path: Path, compiled_sim_run: Path) -> None:
     from PySide6.QtCore import Qt
 
-    from app.ui.dialogs.runs import RUN_COLUMNS, RunsDialog
+    from hexstudio.ui.dialogs.runs import RUN_COLUMNS, RunsDialog
     from tests.support.sim_runs import copy_run
 
     c, w = _window(tmp_path, qtbot)
@@ -263,8 +263,8 @@ def test_runs_dashboard_sorts_and_compares(qtbot: Any, tmp_path: Path, compiled_
 def test_title_about_and_theme(qtbot: Any, tmp_path: Path) -> None:
     from PySide6.QtCore import QSettings
 
-    from app.ui import theme
-    from app.ui.dialogs.about import AboutDialog
+    from hexstudio.ui import theme
+    from hexstudio.ui.dialogs.about import AboutDialog
 
     c, w = _window(tmp_path, qtbot)
     assert w.windowTitle() == "HexStudio"
@@ -277,7 +277,7 @@ def test_title_about_and_theme(qtbot: Any, tmp_path: Path) -> None:
     assert "PySide6" in text and "Qt " in text and "gui.md" in text and "log" in text
     # issue 27: the keyring backend in use, said truly: the tests' keyrings.alt plain-text file is no keyring
     # that encrypts, and About says where the file is and how to get one that does
-    from app.core.secrets import backend_info
+    from hexstudio.core.secrets import backend_info
 
     path = str(backend_info()["path"])
     assert "PLAIN-TEXT file at" in text and path in text and "keyrings.alt.file.PlaintextKeyring" in text
@@ -300,7 +300,7 @@ def test_title_about_and_theme(qtbot: Any, tmp_path: Path) -> None:
     ],
 )
 def test_report_memory_chart_shows_one_attempt(rows: list[list[float]], expected: int) -> None:
-    from app.core.reports.render import attempts, plots
+    from hexstudio.core.reports.render import attempts, plots
 
     assert len(attempts(rows)) == expected
     svgs = plots(
@@ -318,7 +318,7 @@ def test_job_dock_estimate_line_says_its_figure(qtbot: Any) -> None:
     """The dock's memory plot labels its dashed line with the stage's own preflight estimate, from the first
     stage on and when the next stage brings another figure (it once read just "estimate", or the previous
     stage's figure); its legend stays clear of the peak label."""
-    from app.ui.plots import ResourcePlot
+    from hexstudio.ui.plots import ResourcePlot
 
     plot = ResourcePlot()
     qtbot.addWidget(plot)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QRect
 
-from app.ui.main_window import fitted_frame
+from hexstudio.ui.main_window import fitted_frame
 
 AVAIL_150 = QRect(0, 0, 853, 480)  # 1280x720 at 150 %, in device-independent pixels
 

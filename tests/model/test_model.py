@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.core.paths import BUILTIN_MODEL_DIR
-from app.core.pipeline import Pipeline
-from app.core.runs import Workspace
-from workers.shared import modelinfo
+from hexstudio.core.paths import BUILTIN_MODEL_DIR
+from hexstudio.core.pipeline import Pipeline
+from hexstudio.core.runs import Workspace
+from hexstudio.workers.shared import modelinfo
 
 LLAMA_8B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -175,7 +175,7 @@ def test_unsupported_architectures_are_refused_with_why(
 
 def test_yarn_rope_is_accepted_since_genie_can_be_told_it(tmp_path: Path) -> None:
     """YaRN has no Genie rope-type of its own, but its tables are exactly Genie's longrope with per-frequency
-    divisors (workers/shared/rope.py): accepted at inspect, no longer refused."""
+    divisors (hexstudio/workers/shared/rope.py): accepted at inspect, no longer refused."""
     out = _cli("model", "inspect", str(_config_folder(tmp_path, QWEN2_YARN)), "--json")
     assert out.returncode == 0, out.stdout
     assert json.loads(out.stdout)["supported"] is True
@@ -282,7 +282,7 @@ TOP_LEVEL = {"longrope": {"original_max_position_embeddings": 128}}
 
 
 def _pe(model: Any, context_length: int) -> dict[str, Any]:
-    from workers.shared.rope import genie_positional_encoding
+    from hexstudio.workers.shared.rope import genie_positional_encoding
 
     return genie_positional_encoding(model.config.to_dict(), context_length)
 
@@ -295,8 +295,8 @@ def test_export_and_arloop_match_transformers(tmp_path: Path, rope: str) -> None
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from workers.arloop import ContextFull, DeploymentPair
-    from workers.export import export_deployment_graphs
+    from hexstudio.workers.arloop import ContextFull, DeploymentPair
+    from hexstudio.workers.export import export_deployment_graphs
 
     torch.manual_seed(0)
     scaling = ROPE_VARIANTS[rope]
@@ -373,8 +373,8 @@ def test_parts_that_do_not_chain_by_name_are_refused(tmp_path: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from workers.arloop import DeploymentPair
-    from workers.export import export_deployment_graphs
+    from hexstudio.workers.arloop import DeploymentPair
+    from hexstudio.workers.export import export_deployment_graphs
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
@@ -407,7 +407,7 @@ def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from workers.arloop import (
+    from hexstudio.workers.arloop import (
         DeploymentPair,
         KVState,
         PartSessions,
@@ -415,7 +415,7 @@ def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: 
         prefill_calls,
         run_part_major,
     )
-    from workers.export import export_deployment_graphs
+    from hexstudio.workers.export import export_deployment_graphs
 
     torch.manual_seed(1)
     cfg = LlamaConfig(
@@ -473,8 +473,8 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from workers.arloop import DeploymentPair
-    from workers.export import export_deployment_graphs
+    from hexstudio.workers.arloop import DeploymentPair
+    from hexstudio.workers.export import export_deployment_graphs
 
     torch.manual_seed(2)
     cfg = LlamaConfig(
@@ -492,8 +492,8 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
     model.save_pretrained(hf, safe_serialization=True)
     import onnx
 
-    from workers.export import weights as weights_mod
-    from workers.export.weights import CheckpointWeights
+    from hexstudio.workers.export import weights as weights_mod
+    from hexstudio.workers.export.weights import CheckpointWeights
 
     live: dict[int, int] = {}
     peak = {"params": 0}

@@ -1,4 +1,4 @@
-"""Stitching exported pieces into one part graph (workers/export/stitch.py), on hand-built ONNX pieces."""
+"""Stitching exported pieces into one part graph (hexstudio/workers/export/stitch.py), on hand-built ONNX pieces."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_pieces_are_wired_renamed_and_their_weights_streamed(tmp_path: Path) -> 
     import onnx
     import onnxruntime as ort
 
-    from workers.export.stitch import PartGraphWriter
+    from hexstudio.workers.export.stitch import PartGraphWriter
 
     rng = np.random.default_rng(0)
     w0 = rng.standard_normal((16, 32)).astype(np.float32)  # the checkpoint's [out, in] = [32, 16], transposed
@@ -77,7 +77,7 @@ def test_pieces_are_wired_renamed_and_their_weights_streamed(tmp_path: Path) -> 
 
 
 def test_an_unwired_piece_input_and_a_missing_part_output_are_errors(tmp_path: Path) -> None:
-    from workers.export.stitch import PartGraphWriter, StitchError
+    from hexstudio.workers.export.stitch import PartGraphWriter, StitchError
 
     _piece(tmp_path / "p.onnx", np.ones((4, 4), np.float32), "w")
     w = PartGraphWriter(tmp_path / "g.onnx", ["a"], ["b"])
@@ -99,8 +99,8 @@ def test_a_placeholder_weight_is_replaced_by_the_streamed_tensor(tmp_path: Path)
     import onnx
     import onnxruntime as ort
 
-    from workers.export.stitch import PartGraphWriter, StitchError
-    from workers.export.weights import StreamedWeight
+    from hexstudio.workers.export.stitch import PartGraphWriter, StitchError
+    from hexstudio.workers.export.weights import StreamedWeight
 
     rng = np.random.default_rng(5)
     real = rng.standard_normal((50, 16)).astype(np.float32)  # checkpoint [vocab, hidden]

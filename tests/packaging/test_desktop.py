@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core import desktop
-from app.core.cli.main import main as cli_main
-from app.core.paths import default_workspace
+from hexstudio.cli.main import main as cli_main
+from hexstudio.core import desktop
+from hexstudio.core.paths import default_workspace
 from tests.packaging.conftest import ROOT
 
 VALIDATE = shutil.which("desktop-file-validate")
@@ -39,7 +39,7 @@ def launcher(tmp_path: Path) -> Path:
 
 @needs_validator
 def test_shipped_desktop_entry_is_valid() -> None:
-    validate(ROOT / "app" / "core" / "desktop_files" / "hexstudio.desktop")
+    validate(ROOT / "hexstudio" / "core" / "desktop_files" / "hexstudio.desktop")
 
 
 @needs_validator
@@ -105,7 +105,7 @@ def test_cli_install_desktop_without_launcher_explains(
 
 
 def test_windows_shortcut_starts_the_installed_launcher_through_wsl() -> None:
-    data = (ROOT / "app" / "core" / "desktop_files" / "HexStudio.cmd").read_bytes()
+    data = (ROOT / "hexstudio" / "core" / "desktop_files" / "HexStudio.cmd").read_bytes()
     assert data.count(b"\r\n") == data.count(b"\n"), "a .cmd needs CRLF line endings"
     text = data.decode("ascii")
     assert "wsl.exe" in text and "~/.local/bin/hexstudio-launch" in text and "--cd ~" in text

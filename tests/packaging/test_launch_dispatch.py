@@ -1,9 +1,9 @@
-"""Every kind of child process the studio starts (app.core.jobs) behaves the same from a frozen build as from
+"""Every kind of child process the studio starts (hexstudio.core.jobs) behaves the same from a frozen build as from
 Python: the CLI (the report export, the AI Hub device list), a worker, the simulator's commands (genie_sim
 t2t, session, geniex) and a `-c` snippet.
 
-A frozen build's sys.executable is hexstudio itself, dispatched by app/__main__.py. Here a stand-in for it
-(`hexstudio`, a script running app.__main__.main with sys.frozen set) takes sys.executable's place, so the
+A frozen build's sys.executable is hexstudio itself, dispatched by hexstudio/__main__.py. Here a stand-in for it
+(`hexstudio`, a script running hexstudio.__main__.main with sys.frozen set) takes sys.executable's place, so the
 commands are the ones a PyInstaller build would run, through the real dispatch; test_worker_dispatch.py runs
 a real build when HEXSTUDIO_FROZEN_BIN names one."""
 
@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from app.core.device.board import python_env, sim_board
-from app.core.genie.runtime import board_runtime
-from app.core.jobs import ChildResult, JobRunner, cli_command, code_command, run_child
-from app.core.paths import REPO_ROOT
+from hexstudio.core.device.board import python_env, sim_board
+from hexstudio.core.genie.runtime import board_runtime
+from hexstudio.core.jobs import ChildResult, JobRunner, cli_command, code_command, run_child
+from hexstudio.core.paths import REPO_ROOT
 
 FROZEN_MAIN = (
     "import sys; sys.frozen = True; sys.argv[0] = 'hexstudio'; "
-    "from app.__main__ import main; raise SystemExit(main(sys.argv[1:]))"
+    "from hexstudio.__main__ import main; raise SystemExit(main(sys.argv[1:]))"
 )
 
 
@@ -133,7 +133,7 @@ def test_workers(monkeypatch: pytest.MonkeyPatch, frozen_exe: Path, tmp_path: Pa
     async def go(name: str) -> tuple[Any, list[str]]:
         events: list[dict[str, Any]] = []
         job = await JobRunner().start_local(
-            "workers.selftest", spec(name), on_event=events.append, cwd=REPO_ROOT
+            "hexstudio.workers.selftest", spec(name), on_event=events.append, cwd=REPO_ROOT
         )
         assert (job.argv[1] == "--worker") == (name == "frozen")
         return await job.wait(), [e["type"] for e in events]

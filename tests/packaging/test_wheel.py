@@ -8,7 +8,7 @@ outside the checkout.
 
 The heavy packages (torch, aimet-onnx, onnxruntime, transformers, Qt, ...) are lent from the test
 environment through a .pth file written AFTER the wheel is installed, so pip never sees the checkout's
-editable install; the `app` and `workers` the new venv imports are the wheel's (asserted).
+editable install; the `hexstudio` the new venv imports is the wheel's (asserted).
 """
 
 from __future__ import annotations
@@ -28,26 +28,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Package data a working install needs, relative to site-packages (each read through importlib.resources).
 SHIPPED = [
-    "workers/shared/data/builtin_model/tiny-llama/config.json",
-    "workers/shared/data/builtin_model/tiny-llama/model.safetensors",
-    "workers/shared/data/builtin_model/tiny-llama/tokenizer.json",
-    "workers/shared/data/builtin_model/tiny-llama/chat_template.jinja",
-    "workers/shared/data/builtin_model/text/calibration.txt",
-    "workers/shared/data/builtin_model/text/validation.txt",
-    "workers/shared/data/builtin_model/PROVENANCE.md",
-    "workers/shared/data/recipes/validated.txt",
-    "workers/shared/data/recipes/current.txt",
-    "workers/shared/data/quantsim/htp_llm_v73.json",
-    "workers/remote/probe.py",
-    "app/core/eval/shipped_suites/tool_calling.jsonl",
-    "app/core/reports/templates/report.html.j2",
-    "app/core/schemas/run.schema.json",
-    "app/core/schemas/report.schema.json",
-    "workers/board/genie_session.py",
-    "workers/board/geniex_session.py",
-    "app/core/desktop_files/hexstudio.desktop",
-    "app/core/desktop_files/hexstudio.png",
-    "app/core/desktop_files/HexStudio.cmd",
+    "hexstudio/workers/shared/data/builtin_model/tiny-llama/config.json",
+    "hexstudio/workers/shared/data/builtin_model/tiny-llama/model.safetensors",
+    "hexstudio/workers/shared/data/builtin_model/tiny-llama/tokenizer.json",
+    "hexstudio/workers/shared/data/builtin_model/tiny-llama/chat_template.jinja",
+    "hexstudio/workers/shared/data/builtin_model/text/calibration.txt",
+    "hexstudio/workers/shared/data/builtin_model/text/validation.txt",
+    "hexstudio/workers/shared/data/builtin_model/PROVENANCE.md",
+    "hexstudio/workers/shared/data/recipes/validated.txt",
+    "hexstudio/workers/shared/data/recipes/current.txt",
+    "hexstudio/workers/shared/data/quantsim/htp_llm_v73.json",
+    "hexstudio/workers/remote/probe.py",
+    "hexstudio/core/eval/shipped_suites/tool_calling.jsonl",
+    "hexstudio/core/reports/templates/report.html.j2",
+    "hexstudio/core/schemas/run.schema.json",
+    "hexstudio/core/schemas/report.schema.json",
+    "hexstudio/workers/board/genie_session.py",
+    "hexstudio/workers/board/geniex_session.py",
+    "hexstudio/core/desktop_files/hexstudio.desktop",
+    "hexstudio/core/desktop_files/hexstudio.png",
+    "hexstudio/core/desktop_files/HexStudio.cmd",
 ]
 
 
@@ -55,8 +55,7 @@ def _build_wheel(tmp: Path) -> Path:
     """The wheel, built from a copy of the package sources only (no stale build/, no checkout leftovers)."""
     src = tmp / "src"
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "train.txt")
-    for name in ("app", "workers"):
-        shutil.copytree(ROOT / name, src / name, ignore=skip)
+    shutil.copytree(ROOT / "hexstudio", src / "hexstudio", ignore=skip)
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
     out = tmp / "wheelhouse"
@@ -141,8 +140,8 @@ def test_wheel_installed_not_editable_runs_the_flow(tmp_path: Path) -> None:
         [
             str(py),
             "-c",
-            "import app, workers, workers.shared.data as d, app.core.paths as p; "
-            "print(app.__file__); print(workers.__file__); print(d.builtin_model_dir()); "
+            "import hexstudio, hexstudio.workers.shared.data as d, hexstudio.core.paths as p; "
+            "print(hexstudio.__file__); print(hexstudio.workers.__file__); print(d.builtin_model_dir()); "
             "print(p.WORKERS_ROOT)",
         ],
         capture_output=True,

@@ -1,5 +1,5 @@
 """`hexstudio --worker preflight --spec FILE` (how a frozen build starts its workers) behaves exactly like
-`python -m workers.preflight --spec FILE`: the same events (timing aside), the same outputs, the same exit
+`python -m hexstudio.workers.preflight --spec FILE`: the same events (timing aside), the same outputs, the same exit
 code, for a good spec and for broken ones."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from app.core.paths import BUILTIN_MODEL_DIR, BUILTIN_MODEL_ID
-from workers.shared import modelinfo
+from hexstudio.core.paths import BUILTIN_MODEL_DIR, BUILTIN_MODEL_ID
+from hexstudio.workers.shared import modelinfo
 
 HEXSTUDIO = Path(sys.executable).parent / "hexstudio"
 VOLATILE = {"t", "seconds", "free_bytes", "mem_available_bytes"}
 
 
 def hexstudio_cmd() -> list[str]:
-    return [str(HEXSTUDIO)] if HEXSTUDIO.is_file() else [sys.executable, "-m", "app"]
+    return [str(HEXSTUDIO)] if HEXSTUDIO.is_file() else [sys.executable, "-m", "hexstudio"]
 
 
 def run_both(
@@ -34,7 +34,9 @@ def run_both(
         "timeout": 180,
         "cwd": Path(__file__).parents[2],
     }
-    direct = subprocess.run([sys.executable, "-m", "workers.preflight", *extra, "--spec", str(spec_a)], **kw)
+    direct = subprocess.run(
+        [sys.executable, "-m", "hexstudio.workers.preflight", *extra, "--spec", str(spec_a)], **kw
+    )
     via = subprocess.run([*hexstudio_cmd(), "--worker", "preflight", *extra, "--spec", str(spec_b)], **kw)
     return direct, via
 
@@ -135,7 +137,7 @@ def test_same_failure(tmp_path: Path, case: str) -> None:
 
 def test_same_usage_error_without_spec() -> None:
     kw: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 60}
-    direct = subprocess.run([sys.executable, "-m", "workers.preflight"], **kw)
+    direct = subprocess.run([sys.executable, "-m", "hexstudio.workers.preflight"], **kw)
     via = subprocess.run([*hexstudio_cmd(), "--worker", "preflight"], **kw)
     assert direct.returncode == via.returncode == 2
     assert direct.stderr == via.stderr and "--spec" in via.stderr
@@ -153,7 +155,7 @@ def test_frozen_build_runs_python_snippets_like_python_c(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The preflight probe starts `sys.executable -c CODE`; in a frozen build sys.executable is hexstudio."""
-    from app.__main__ import main
+    from hexstudio.__main__ import main
 
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     monkeypatch.setattr(sys, "argv", ["hexstudio"])
@@ -180,7 +182,7 @@ def test_frozen_build_runs_the_preflight_worker(tmp_path: Path, case: str) -> No
     else:
         a, b = make_spec(tmp_path, "a"), make_spec(tmp_path, "b")
     kw: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 180}
-    direct = subprocess.run([sys.executable, "-m", "workers.preflight", "--spec", str(a)], **kw)
+    direct = subprocess.run([sys.executable, "-m", "hexstudio.workers.preflight", "--spec", str(a)], **kw)
     frozen = subprocess.run([FROZEN, "--worker", "preflight", "--spec", str(b)], **kw)
     assert direct.returncode == frozen.returncode, frozen.stderr
     ev_a, ev_b = events(direct.stdout, tmp_path / "a"), events(frozen.stdout, tmp_path / "b")
@@ -204,4 +206,6 @@ def test_pyinstaller_spec_names_files_that_exist() -> None:
     compile(text, "hexstudio.spec", "exec")  # valid Python
     for rel in [*re.findall(r'\("([a-z/]+)", "[a-z/]+"\)', text), "packaging/pyinstaller_entry.py"]:
         assert (root / rel).exists(), rel
-    assert 'collect_submodules("workers")' in text  # workers are started by name: all must be bundled
+    assert (
+        'collect_submodules("hexstudio.workers")' in text
+    )  # workers are started by name: all must be bundled

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from app.core.services import ServiceError
-from app.core.services.predict import PredictPlan, PredictRequest, plan, resolve_target, run_prediction
-from workers.shared.predict import (
+from hexstudio.core.services import ServiceError
+from hexstudio.core.services.predict import PredictPlan, PredictRequest, plan, resolve_target, run_prediction
+from hexstudio.workers.shared.predict import (
     LABEL,
     Bandwidth,
     GraphTiming,
@@ -179,8 +179,8 @@ PROFILE = """Msg Timestamp,Message,Time,Unit of Measurement,Timing Source,Event 
 
 @needs_qnn
 def test_parse_profile_reads_the_simulator_rows(tmp_path: Path) -> None:
-    from workers.predict import parse_profile
-    from workers.runtime import WorkerError
+    from hexstudio.workers.predict import parse_profile
+    from hexstudio.workers.runtime import WorkerError
 
     (tmp_path / "p.csv").write_text(PROFILE)
     r = parse_profile(tmp_path / "p.csv")
@@ -245,7 +245,7 @@ def test_a_longer_context_costs_more_per_token(tmp_path: Path) -> None:
 @needs_qnn
 def test_cli_predict_json_for_the_builtin_model() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "app", "predict", "--board", "sim", "--one-layer", "--json"],
+        [sys.executable, "-m", "hexstudio", "predict", "--board", "sim", "--one-layer", "--json"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -255,7 +255,7 @@ def test_cli_predict_json_for_the_builtin_model() -> None:
     assert doc["label"] == LABEL and doc["target"]["soc_model"] == 77
     assert set(doc["ttft_ms"]) == {"128", "512"} and doc["decode_tok_s"]["full_context"]["value"] > 0
     text = subprocess.run(
-        [sys.executable, "-m", "app", "predict", "--board", "sim", "--one-layer"],
+        [sys.executable, "-m", "hexstudio", "predict", "--board", "sim", "--one-layer"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from app.core.services.predict import save_for_run
+from hexstudio.core.services.predict import save_for_run
 from tests.predict.test_predicted_in_reports import prediction
 
 pytest.importorskip("PySide6", reason="the GUI needs PySide6")
 
 
 def _window(tmp_path: Path, qtbot: Any) -> Any:
-    from app.core.runs import Workspace
-    from app.ui.controller import RunController
-    from app.ui.main_window import MainWindow
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
 
     c = RunController(Workspace(tmp_path / "ws"))
     w = MainWindow(c)

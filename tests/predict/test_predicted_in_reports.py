@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from app.core.reports.collect import build_report
-from app.core.reports.compare import compare_reports
-from app.core.reports.predicted import predicted_section, predicted_ttft
-from app.core.reports.render import to_html, validate_report
-from app.core.runs import Workspace
-from app.core.services import ServiceError
-from app.core.services.predict import request_for_run, run_prediction_doc, save_for_run
+from hexstudio.core.reports.collect import build_report
+from hexstudio.core.reports.compare import compare_reports
+from hexstudio.core.reports.predicted import predicted_section, predicted_ttft
+from hexstudio.core.reports.render import to_html, validate_report
+from hexstudio.core.runs import Workspace
+from hexstudio.core.services import ServiceError
+from hexstudio.core.services.predict import request_for_run, run_prediction_doc, save_for_run
+from hexstudio.workers.shared.predict import LABEL, GraphTiming, combine
 from tests.predict.test_predict import EVK, TINY
-from workers.shared.predict import LABEL, GraphTiming, combine
 
 
 def prediction(scale: float = 1.0) -> dict[str, Any]:
@@ -101,8 +101,8 @@ def test_a_runs_report_and_compare_show_the_prediction_labeled(tmp_path: Path) -
 def test_a_speculative_dialog_is_costed_at_its_measured_acceptance(tmp_path: Path) -> None:
     """issue 29: predicted tok/s with and without the dialog. lade: a step is one AR-N pass; spd: draft_len draft
     tokens + one AR-N verification; the dialog gains only above step time / token time tokens per step."""
-    from app.core.reports.predicted import speculative_prediction
-    from workers.shared.predict import speculative_rate
+    from hexstudio.core.reports.predicted import speculative_prediction
+    from hexstudio.workers.shared.predict import speculative_rate
 
     doc = prediction()
     token, pp = doc["token"]["total_ms"]["value"], doc["prompt_pass"]["total_ms"]["value"]

@@ -12,13 +12,13 @@ from typing import Any
 import jsonschema
 import pytest
 
-from app.core.services.preflight import preflight_report
-from workers.shared import modelinfo
-from workers.shared.data import builtin_model_dir
-from workers.shared.preflight_checks import MEMORY_MARGIN, parse_nvidia_smi, run_checks
+from hexstudio.core.services.preflight import preflight_report
+from hexstudio.workers.shared import modelinfo
+from hexstudio.workers.shared.data import builtin_model_dir
+from hexstudio.workers.shared.preflight_checks import MEMORY_MARGIN, parse_nvidia_smi, run_checks
 
 GiB = 1024**3
-SCHEMA = Path(__file__).resolve().parents[2] / "app" / "core" / "schemas" / "preflight.schema.json"
+SCHEMA = Path(__file__).resolve().parents[2] / "hexstudio" / "core" / "schemas" / "preflight.schema.json"
 
 LLAMA_8B = {
     "architectures": ["LlamaForCausalLM"],
@@ -416,9 +416,9 @@ def test_no_onnxruntime_at_all_fails() -> None:
 
 
 def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.core.services import preflight as preflight_cmd
-    from app.core.settings import DEFAULT_RUN_SETTINGS
-    from app.core.stages import get_stage
+    from hexstudio.core.services import preflight as preflight_cmd
+    from hexstudio.core.settings import DEFAULT_RUN_SETTINGS
+    from hexstudio.core.stages import get_stage
 
     seen: dict[str, Any] = {}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hexstudio.workers.shared.preflight_checks import run_checks
 from tests.preflight.test_checks import BASE_PROBE, needs_8b
-from workers.shared.preflight_checks import run_checks
 
 GiB = 1024**3
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from workers.shared import preflight_checks
+from hexstudio.workers.shared import preflight_checks
 
 pytest.importorskip("aimet_onnx")
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _smoke(pre: str = "") -> dict:
-    code = pre + "\nfrom workers.quant.smoke import run\nimport json\nprint(json.dumps(run()))\n"
+    code = pre + "\nfrom hexstudio.workers.quant.smoke import run\nimport json\nprint(json.dumps(run()))\n"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.qnn.libs import INSTALL_HINT, find_qnn_libs
+from hexstudio.workers.qnn.libs import INSTALL_HINT, find_qnn_libs
 
 needs_qnn = pytest.mark.skipif(
     find_qnn_libs() is None, reason=f"onnxruntime-qnn is not installed: {INSTALL_HINT}"
@@ -21,8 +21,8 @@ def local_run(validated_run: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     real context binaries, one per graph) and pushed to it."""
     if find_qnn_libs() is None:
         pytest.skip(f"onnxruntime-qnn is not installed: {INSTALL_HINT}")
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
     from tests.support.sim_runs import copy_run
 
     ws = tmp_path_factory.mktemp("local-ws")

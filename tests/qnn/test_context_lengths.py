@@ -15,7 +15,7 @@ import pytest
 
 from tests.qnn.conftest import needs_qnn
 
-# AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: workers.shared.run_settings.genie_cl_problem);
+# AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: hexstudio.workers.shared.run_settings.genie_cl_problem);
 # with a lade dialog whose step (2 + 4) x 1 = 6 tokens fits AR-32, and spd (the model drafting for itself)
 SETTINGS = {
     "calibration_samples": 2,
@@ -35,8 +35,8 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def two_cl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
 
     ws = tmp_path_factory.mktemp("two-cl")
     m = Workspace(ws).create_run("builtin:tiny-llama", "sim", dict(SETTINGS))
@@ -46,7 +46,7 @@ def two_cl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _genie(bundle: Path, config: str, prompt: str, max_tokens: int) -> tuple[str, list[str]]:
-    from workers.qnn.libs import find_qnn_libs, x86_engine_overrides
+    from hexstudio.workers.qnn.libs import find_qnn_libs, x86_engine_overrides
 
     libs = find_qnn_libs()
     assert libs is not None
@@ -55,7 +55,7 @@ def _genie(bundle: Path, config: str, prompt: str, max_tokens: int) -> tuple[str
         [
             sys.executable,
             "-m",
-            "workers.board.genie_session",
+            "hexstudio.workers.board.genie_session",
             "--config",
             config,
             "--lib",
@@ -138,10 +138,10 @@ def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_
 def test_one_bundle_holds_two_context_lengths_and_a_lade_and_an_spd_dialog(two_cl_run: Path) -> None:
     """issue 29's acceptance on the built-in model: one bundle, two CLs, the basic, lade and spd configs, each
     accepted by Genie 1.21's own parser and loaded by real Genie on the HTP simulator, greedy tokens equal."""
-    from app.core.services.bundle_check import check
+    from hexstudio.core.services.bundle_check import check
+    from hexstudio.workers.shared.bundle import speculative as sp
+    from hexstudio.workers.shared.bundle.check import errors
     from tests.qnn.test_speculative import _first_texts
-    from workers.shared.bundle import speculative as sp
-    from workers.shared.bundle.check import errors
 
     bundle = two_cl_run / "artifacts" / "compile" / "bundle"
     findings = check(bundle)
@@ -166,9 +166,9 @@ def test_one_bundle_holds_two_context_lengths_and_a_lade_and_an_spd_dialog(two_c
 def test_preflight_counts_every_context_length_the_bundle_holds() -> None:
     """Each variant compiles every graph again (time; the simulator's one-graph binaries: disk); the KV cache and the
     board's weight-shared bundle are sized by the largest CL as before."""
-    from app.core.services.preflight import context_variants
-    from workers.shared import modelinfo
-    from workers.shared.data import builtin_model_dir
+    from hexstudio.core.services.preflight import context_variants
+    from hexstudio.workers.shared import modelinfo
+    from hexstudio.workers.shared.data import builtin_model_dir
 
     info = modelinfo.inspect_folder(builtin_model_dir())
     one = modelinfo.estimate(info, 4096)

@@ -22,7 +22,7 @@ FIXTURE = REPO / "tests" / "compile" / "fixtures" / "llama_v3_2_1b_instruct-geni
 def _genie_parse(cfg: dict[str, Any]) -> dict[str, Any]:
     """Genie's parser in a child (as the studio runs it): status 0 = accepted; message = what Genie printed."""
     code = (
-        "import json, sys; from workers.qnn.genie_check import genie_parse; from workers.qnn.libs import "
+        "import json, sys; from hexstudio.workers.qnn.genie_check import genie_parse; from hexstudio.workers.qnn.libs import "
         "find_qnn_libs; print(json.dumps(genie_parse(sys.stdin.read(), find_qnn_libs().genie)))"
     )
     p = subprocess.run(
@@ -38,8 +38,8 @@ def _genie_parse(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _configs() -> dict[str, dict[str, Any]]:
-    from workers.shared import bundle as gb
-    from workers.shared.data import builtin_model_dir
+    from hexstudio.workers.shared import bundle as gb
+    from hexstudio.workers.shared.data import builtin_model_dir
 
     hf_builtin = json.loads((builtin_model_dir() / "config.json").read_text())
     llama31 = {
@@ -98,7 +98,7 @@ def _mutations(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_genie_accepts_every_config_we_ship_and_our_checker_agrees() -> None:
-    from workers.shared.bundle.genie_schema import genie_config_errors
+    from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
 
     for name, cfg in _configs().items():
         got = _genie_parse(cfg)
@@ -108,7 +108,7 @@ def test_genie_accepts_every_config_we_ship_and_our_checker_agrees() -> None:
 
 
 def test_genie_refuses_the_mistakes_and_our_checker_refuses_them_too() -> None:
-    from workers.shared.bundle.genie_schema import genie_config_errors
+    from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
 
     base = _configs()["HexStudio, built-in model"]
     for name, cfg in _mutations(base).items():
@@ -127,7 +127,7 @@ def test_bundle_check_prints_genies_own_refusal(tmp_path: Path) -> None:
     model["positional-encodings"] = model.pop("positional-encoding")
     (b / "genie_config.json").write_text(json.dumps(cfg, indent=2))
     p = subprocess.run(
-        [sys.executable, "-m", "app", "bundle", "check", str(b), "--json"],
+        [sys.executable, "-m", "hexstudio", "bundle", "check", str(b), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -142,7 +142,7 @@ def test_bundle_check_prints_genies_own_refusal(tmp_path: Path) -> None:
 
 def test_a_stand_in_binary_is_refused_by_qnns_reader() -> None:
     """The fixture's .bin files are text stand-ins: QNN's reader says they are not context binaries."""
-    from app.core.services.bundle_check import check
+    from hexstudio.core.services.bundle_check import check
 
     found = check(FIXTURE)
     bad = [f for f in found if f.code == "ctx_bin_unreadable"]

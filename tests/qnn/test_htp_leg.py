@@ -1,5 +1,5 @@
 """The Validate stage's HTP simulation leg: each part on the onnxruntime simulation and on Qualcomm's HTP
-simulator, compared in codes, gated on thresholds (workers/qnn/htp_agreement.py says why)."""
+simulator, compared in codes, gated on thresholds (hexstudio/workers/qnn/htp_agreement.py says why)."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def test_a_wrong_encoding_in_the_compiled_graph_fails_the_leg(validated_run: Pat
     import numpy as np
     from onnx import helper, numpy_helper
 
-    from workers.qnn.htp_agreement import measure
-    from workers.qnn.htp_graph import htp_graph
-    from workers.quant.calib import load_tokenizer
+    from hexstudio.workers.qnn.htp_agreement import measure
+    from hexstudio.workers.qnn.htp_graph import htp_graph
+    from hexstudio.workers.quant.calib import load_tokenizer
 
     def faulty(model: Any) -> Any:
         m, rep = htp_graph(model)
@@ -65,15 +65,15 @@ def test_the_leg_runs_in_the_installers_side_environment_with_the_same_figures(
     validated_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The validated GPU recipe (Python 3.10) cannot hold onnxruntime-qnn: the workstation installer puts it in a side
-    environment (workers.qnn.libs). The leg then runs in a child process of that environment, with the figures it
+    environment (hexstudio.workers.qnn.libs). The leg then runs in a child process of that environment, with the figures it
     gives in process (here the 'side environment' is this one behind another interpreter path)."""
     import dataclasses
     import sys
 
-    from workers.qnn import libs as qnn_libs
-    from workers.qnn.htp_agreement import measure_json
-    from workers.quant.calib import load_tokenizer
-    from workers.shared.errors import ActionableError
+    from hexstudio.workers.qnn import libs as qnn_libs
+    from hexstudio.workers.qnn.htp_agreement import measure_json
+    from hexstudio.workers.quant.calib import load_tokenizer
+    from hexstudio.workers.shared.errors import ActionableError
 
     here = qnn_libs.find_qnn_libs()
     assert here is not None and here.in_process

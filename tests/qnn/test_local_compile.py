@@ -22,9 +22,9 @@ def _bundle(local_run: Path) -> Path:
 def test_every_graph_compiles_whole_and_reads_back_as_genie_needs(local_run: Path) -> None:
     import onnx
 
-    from workers.qnn.context_info import read_context_info
-    from workers.qnn.htp_graph import deployment_io
-    from workers.qnn.libs import find_qnn_libs
+    from hexstudio.workers.qnn.context_info import read_context_info
+    from hexstudio.workers.qnn.htp_graph import deployment_io
+    from hexstudio.workers.qnn.libs import find_qnn_libs
 
     libs = find_qnn_libs()
     assert libs is not None
@@ -70,7 +70,7 @@ def test_every_graph_compiles_whole_and_reads_back_as_genie_needs(local_run: Pat
 
 
 def test_the_checker_runs_on_what_the_binaries_hold(local_run: Path) -> None:
-    from app.core.services.bundle_check import check
+    from hexstudio.core.services.bundle_check import check
 
     findings = check(_bundle(local_run))
     assert [f for f in findings if f.severity == "error"] == [], [f.message for f in findings]
@@ -82,8 +82,8 @@ def test_a_node_htp_refuses_fails_the_compile_with_its_name(tmp_path: Path) -> N
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from workers.qnn.compile import GraphToCompile, LocalCompileError, compile_part
-    from workers.qnn.ep import HtpTarget
+    from hexstudio.workers.qnn.compile import GraphToCompile, LocalCompileError, compile_part
+    from hexstudio.workers.qnn.ep import HtpTarget
 
     table = numpy_helper.from_array(np.arange(64 * 8, dtype=np.uint16).reshape(64, 8), "table")
     g = helper.make_graph(
@@ -119,8 +119,8 @@ def test_the_rewrite_keeps_the_arithmetic(local_run: Path) -> None:
     import onnx
     import onnxruntime as ort
 
-    from workers.qnn.htp_graph import deployment_io
-    from workers.qnn.htp_session import dequantize, quantize
+    from hexstudio.workers.qnn.htp_graph import deployment_io
+    from hexstudio.workers.qnn.htp_session import dequantize, quantize
 
     q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
     g = next(g for g in q["graphs"] if g["kind"] == "token_generator" and g["part"] == 1)
@@ -166,8 +166,8 @@ def test_the_rewrite_keeps_the_arithmetic(local_run: Path) -> None:
 def test_the_board_form_shares_weights_in_one_binary_per_part(local_run: Path, tmp_path: Path) -> None:
     """For a real board, one context binary per part holds the prompt processor and the token generator with
     shared weights (what AI Hub's link job makes); QNN's reader sees both graphs in it."""
-    from workers.qnn.compile import GraphToCompile, compile_part, read_back
-    from workers.qnn.ep import HtpTarget
+    from hexstudio.workers.qnn.compile import GraphToCompile, compile_part, read_back
+    from hexstudio.workers.qnn.ep import HtpTarget
 
     q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
     gdir = local_run / "artifacts" / "compile" / "htp" / "graphs"

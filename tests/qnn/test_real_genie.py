@@ -21,8 +21,8 @@ def _remote_bundle(local_run: Path) -> str:
 
 
 def test_chat_session_runs_real_genie_on_the_htp_simulator(local_run: Path) -> None:
-    from app.core.device.board import sim_board
-    from app.core.genie.session import ChatSession
+    from hexstudio.core.device.board import sim_board
+    from hexstudio.core.genie.session import ChatSession
 
     board = sim_board(local_run.parent.parent)
 
@@ -46,8 +46,8 @@ def test_greedy_real_genie_equals_the_host_htp_simulation(local_run: Path) -> No
     """The board's Genie and the host's HTP leg run the same arithmetic: token for token."""
     from tokenizers import Tokenizer
 
-    from workers.arloop import DeploymentPair
-    from workers.evaluate import htp_pair_args
+    from hexstudio.workers.arloop import DeploymentPair
+    from hexstudio.workers.evaluate import htp_pair_args
 
     art = local_run / "artifacts"
 
@@ -76,7 +76,7 @@ def test_greedy_real_genie_equals_the_host_htp_simulation(local_run: Path) -> No
         [
             sys.executable,
             "-m",
-            "workers.genie_sim.t2t",
+            "hexstudio.workers.genie_sim.t2t",
             "-c",
             "genie_config.json",
             "-p",
@@ -100,7 +100,7 @@ def test_greedy_real_genie_equals_the_host_htp_simulation(local_run: Path) -> No
 
 
 def test_the_helper_protocol_stop_sequences_and_genies_log(local_run: Path) -> None:
-    from workers.qnn.libs import find_qnn_libs, x86_engine_overrides
+    from hexstudio.workers.qnn.libs import find_qnn_libs, x86_engine_overrides
 
     libs = find_qnn_libs()
     assert libs is not None
@@ -112,7 +112,7 @@ def test_the_helper_protocol_stop_sequences_and_genies_log(local_run: Path) -> N
         [
             sys.executable,
             "-m",
-            "workers.board.genie_session",
+            "hexstudio.workers.board.genie_session",
             "--config",
             "genie_config.json",
             "--lib",
@@ -158,9 +158,9 @@ def test_chat_session_hands_stop_strings_to_genie(local_run: Path) -> None:
     """Issue 31: the session gives its stop strings to the dialog (GenieDialog_setStopSequence) instead of cutting
     the text itself: Genie ends the reply there and leaves the matched text out; a later turn without them runs
     past it (they are cleared), and one with them again stops again."""
-    from app.core.device.board import sim_board
-    from app.core.genie.session import ChatSession, TurnResult
-    from app.core.serve.bridge import _Raw
+    from hexstudio.core.device.board import sim_board
+    from hexstudio.core.genie.session import ChatSession, TurnResult
+    from hexstudio.serve.bridge import _Raw
 
     board = sim_board(local_run.parent.parent)
     prompt = "The capital of France is"

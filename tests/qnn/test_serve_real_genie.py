@@ -26,7 +26,7 @@ def test_serve_runs_real_genie_on_the_htp_simulator(local_run: Path, tmp_path: P
         [
             sys.executable,
             "-m",
-            "app",
+            "hexstudio",
             "serve",
             "--board",
             "sim",

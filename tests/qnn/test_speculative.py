@@ -13,18 +13,18 @@ from typing import Any
 
 import pytest
 
+from hexstudio.workers.runtime import WorkerError
+from hexstudio.workers.shared.bundle import speculative as sp
+from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
 from tests.qnn.conftest import needs_qnn
-from workers.runtime import WorkerError
-from workers.shared.bundle import speculative as sp
-from workers.shared.bundle.genie_schema import genie_config_errors
 
 BUILTIN_CONFIG = (
-    Path(__file__).resolve().parents[2] / "workers/shared/data/builtin_model/tiny-llama/config.json"
+    Path(__file__).resolve().parents[2] / "hexstudio/workers/shared/data/builtin_model/tiny-llama/config.json"
 )
 
 
 def _basic() -> dict:
-    from workers.shared import bundle as gb
+    from hexstudio.workers.shared import bundle as gb
 
     hf = json.loads(BUILTIN_CONFIG.read_text())
     return gb.genie_config(hf, 512, ["m_part_1_of_2.bin", "m_part_2_of_2.bin"], 64)
@@ -32,9 +32,9 @@ def _basic() -> dict:
 
 def _turn(local_run: Path, dialog: str, prompt: str, max_tokens: int) -> Any:
     """One greedy turn through the studio's session (the persistent helper) on the simulator board."""
-    from app.core.device.board import sim_board
-    from app.core.genie.session import ChatSession
-    from app.core.serve.bridge import _Raw
+    from hexstudio.core.device.board import sim_board
+    from hexstudio.core.genie.session import ChatSession
+    from hexstudio.serve.bridge import _Raw
 
     remote = json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
 
@@ -85,7 +85,7 @@ def test_lade_and_spd_configs_follow_genies_schema_and_leave_basic_alone() -> No
 
 
 def test_what_a_model_cannot_have_is_refused_with_the_reason_before_anything_compiles() -> None:
-    from workers.genie_config import check_speculative
+    from hexstudio.workers.genie_config import check_speculative
 
     hf = json.loads(BUILTIN_CONFIG.read_text())  # vocab 840: the local compile clamps lade's seed ids 1000+
     q = {"ar_n": 128}
@@ -107,7 +107,7 @@ def test_what_a_model_cannot_have_is_refused_with_the_reason_before_anything_com
 
 
 def test_genies_profile_acceptance_is_read_as_tokens_per_step() -> None:
-    from app.core.genie.profile import parse_profile
+    from hexstudio.core.genie.profile import parse_profile
 
     doc: dict[str, Any] = {
         "header": {"artifact_type": "GENIE_PROFILE"},
@@ -134,10 +134,10 @@ def test_genies_profile_acceptance_is_read_as_tokens_per_step() -> None:
 @needs_qnn
 @pytest.mark.slow
 def test_real_genie_runs_spd_greedy_token_for_token_as_basic(local_run: Path, tmp_path: Path) -> None:
-    from app.core.genie.session import SessionError
-    from app.core.services.bundle_check import check
-    from workers.genie_config import write_dialog_configs
-    from workers.shared.bundle.check import errors
+    from hexstudio.core.genie.session import SessionError
+    from hexstudio.core.services.bundle_check import check
+    from hexstudio.workers.genie_config import write_dialog_configs
+    from hexstudio.workers.shared.bundle.check import errors
 
     remote = Path(json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
     q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
@@ -174,8 +174,8 @@ def test_real_genie_runs_spd_greedy_token_for_token_as_basic(local_run: Path, tm
 @pytest.fixture(scope="module")
 def draft_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """builtin:tiny-llama-draft (1 layer, the built-in model's tokenizer) compiled locally: spd's draft."""
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
 
     ws = tmp_path_factory.mktemp("draft-ws")
     m = Workspace(ws).create_run(
@@ -193,7 +193,7 @@ def draft_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_built_in_draft_model_drafts_for_the_built_in_model_on_real_genie(
     local_run: Path, draft_bundle: Path, tmp_path: Path
 ) -> None:
-    from workers.genie_config import check_speculative, write_dialog_configs
+    from hexstudio.workers.genie_config import check_speculative, write_dialog_configs
 
     remote = Path(json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
     q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
@@ -236,7 +236,7 @@ def _first_texts(bundle: Path, config: str, prompt: str, n: int, timeout: float 
     import sys
     import time
 
-    from workers.qnn.libs import find_qnn_libs, x86_engine_overrides
+    from hexstudio.workers.qnn.libs import find_qnn_libs, x86_engine_overrides
 
     libs = find_qnn_libs()
     assert libs is not None
@@ -245,7 +245,7 @@ def _first_texts(bundle: Path, config: str, prompt: str, n: int, timeout: float 
         [
             sys.executable,
             "-m",
-            "workers.board.genie_session",
+            "hexstudio.workers.board.genie_session",
             "--config",
             config,
             "--lib",
@@ -286,10 +286,10 @@ def _first_texts(bundle: Path, config: str, prompt: str, n: int, timeout: float 
 @pytest.mark.slow
 def test_real_genie_runs_lade_steps_past_the_small_embedding(local_run: Path) -> None:
     """Genie 1.21 seeds lade's lookahead with token ids 1000+, past the built-in model's 840-row embedding (its first
-    step failed: `weight sel = 1000`). The local compile clamps the ids of so small a table (workers.qnn.htp_graph):
+    step failed: `weight sel = 1000`). The local compile clamps the ids of so small a table (hexstudio.workers.qnn.htp_graph):
     lookahead steps now run on the prompt processor, and their tokens are the basic dialog's. At ngram 2: what Genie
     1.21 does on the x86 simulator with more levels (ngram >= 3 diverged from basic) is in docs/genie.md."""
-    from workers.genie_config import check_speculative, write_dialog_configs
+    from hexstudio.workers.genie_config import check_speculative, write_dialog_configs
 
     remote = Path(json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
     q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
@@ -316,7 +316,7 @@ def test_real_genie_runs_lade_steps_past_the_small_embedding(local_run: Path) ->
 def test_a_speculative_config_is_held_to_the_bundles_path_rules(tmp_path: Path) -> None:
     """issue 27 item 3 for the dialogs' own configs: a draft ctx-bin out of the bundle is refused before anything
     is opened; one that is missing is named."""
-    from workers.shared.bundle.check import check_bundle
+    from hexstudio.workers.shared.bundle.check import check_bundle
 
     basic = _basic()
     (tmp_path / "genie_config.json").write_text(json.dumps(basic))
@@ -338,7 +338,7 @@ def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(
 ) -> None:
     """The whole Evaluate stage with dialog_type spd on the simulator board (real Genie 1.21 on the HTP simulator):
     greedy parity against the host's HTP simulation is N/N, and Genie's tokens accepted per step are recorded, on
-    every case (each after a reset: workers/board/genie_session.py makes an spd dialog again instead, as Genie
+    every case (each after a reset: hexstudio/workers/board/genie_session.py makes an spd dialog again instead, as Genie
     1.21's spd reset loses its acceptance counts). Two cases of 8 tokens, to keep the suite's time.
 
     onnxruntime-qnn is taken to live in the workstation installer's side environment (the validated GPU recipe's
@@ -346,11 +346,11 @@ def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(
     host's HTP leg runs as a worker of that interpreter, beside the board leg."""
     import dataclasses
 
-    from app.core.eval import stage as eval_stage
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.eval import stage as eval_stage
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
+    from hexstudio.workers.qnn import libs as qnn_libs
     from tests.support.sim_runs import copy_run
-    from workers.qnn import libs as qnn_libs
 
     run_dir = copy_run(local_run, tmp_path)
     m = Workspace(tmp_path).open_run(run_dir.name)
@@ -376,7 +376,7 @@ def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(
     res = asyncio.run(Pipeline(m).run(until="evaluate"))
     assert res.ok, f"{res.message} ({res.hint})"
     calls = (side.parent / "calls").read_text()
-    assert "-m workers.evaluate --spec" in calls and "evaluate.htp.json" in calls, calls
+    assert "-m hexstudio.workers.evaluate --spec" in calls and "evaluate.htp.json" in calls, calls
     ev = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
     bs = ev["board_session"]
     assert bs["dialog"] == "spd" and bs["accepted_per_step"] > 1.0 and bs["accepted_per_step_cases"] == 2

@@ -4,7 +4,14 @@ from collections import Counter
 
 import numpy as np
 
-from workers.metrics import judge, kl_divergence, perplexity, salad, sequence_agreement, top1_agreement
+from hexstudio.workers.metrics import (
+    judge,
+    kl_divergence,
+    perplexity,
+    salad,
+    sequence_agreement,
+    top1_agreement,
+)
 
 
 def test_kl_and_top1() -> None:
@@ -43,8 +50,8 @@ def test_judge_and_sequence_agreement() -> None:
 def test_threshold_overrides_from_settings() -> None:
     import pytest
 
-    from workers.runtime import WorkerError
-    from workers.validate import thresholds_from
+    from hexstudio.workers.runtime import WorkerError
+    from hexstudio.workers.validate import thresholds_from
 
     thr = thresholds_from({"thresholds": {"kl_divergence": "0.05"}})
     assert thr["kl_divergence"] == 0.05 and thr["top1_agreement"] == 0.80

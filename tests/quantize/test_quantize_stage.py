@@ -182,8 +182,8 @@ def _scramble_token_generator(run_dir: Path) -> None:
 @pytest.mark.slow
 def test_scrambled_deployment_graph_is_caught_by_the_gate(validated_run: Path, tmp_path: Path) -> None:
     """The known trap: the calibration-shape graph is fine, the deployment pair is broken."""
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
 
     ws_root = tmp_path / "ws"
     dest = ws_root / "runs" / validated_run.name
@@ -208,7 +208,7 @@ def test_context_length_not_a_multiple_of_ar_n_is_a_clear_error(tmp_path: Path) 
 
 def test_unknown_calibration_unit_is_a_clear_error(tmp_path: Path) -> None:
     """Refused before a run folder exists (the run settings are checked), naming the choices."""
-    from app.core.settings import SettingsError
+    from hexstudio.core.settings import SettingsError
 
     with pytest.raises(SettingsError, match='calibration_unit \'block\' is not one of "layer", "part"'):
         run_stages(tmp_path, ("model", "quantize"), {"calibration_unit": "block"})
@@ -238,7 +238,7 @@ def test_weights_are_stored_once_per_part(validated_run: Path) -> None:
     data file; the upload graphs (parts/) hard-link the float one; quantize.json reports the storage."""
     import onnx
 
-    from workers.quant.qdq import data_files
+    from hexstudio.workers.quant.qdq import data_files
 
     q = _quantize_json(validated_run)
     base = validated_run / "artifacts" / "quantize"
@@ -278,8 +278,8 @@ def test_missing_or_empty_calibration_text_is_a_clear_error(tmp_path: Path, cont
 
 @pytest.mark.slow
 def test_cancel_mid_calibration_leaves_nothing_marked_done(tmp_path: Path) -> None:
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
 
     m = Workspace(tmp_path).create_run("builtin:tiny-llama", "sim", dict(FAST_QUANTIZE_SETTINGS))
     assert asyncio.run(Pipeline(m).run(only="model")).ok

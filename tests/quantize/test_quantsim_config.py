@@ -1,4 +1,4 @@
-"""The QuantSim configuration choice (workers/quant/aimet_compat.py quantsim_config, run setting quantsim_config):
+"""The QuantSim configuration choice (hexstudio/workers/quant/aimet_compat.py quantsim_config, run setting quantsim_config):
 HexStudio's LLM configuration file loads, and a QuantSim built with it on a small attention-like graph puts no
 more activation quantizers on data-movement ops than AIMET's stock htp_v73, one fewer on the Constant, and
 leaves aimet-onnx's module globals as it found them."""
@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from workers.quant import aimet_compat
-from workers.shared.run_settings import DEFAULTS
+from hexstudio.workers.quant import aimet_compat
+from hexstudio.workers.shared.run_settings import DEFAULTS
 
 pytest.importorskip("aimet_onnx")
 

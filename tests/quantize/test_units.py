@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.quant.calib import pp_mask
-from workers.shared.data import builtin_model_dir
+from hexstudio.workers.quant.calib import pp_mask
+from hexstudio.workers.shared.data import builtin_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 HF = builtin_model_dir()
@@ -21,7 +21,7 @@ HIDDEN, KVH, HD = 256, 2, 64
 
 @pytest.fixture(scope="module")
 def float_parts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from workers.export import export_deployment_graphs
+    from hexstudio.workers.export import export_deployment_graphs
 
     out = tmp_path_factory.mktemp("float")
     graphs = export_deployment_graphs(
@@ -66,7 +66,7 @@ def _run(path: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def test_part_graph_cuts_into_one_unit_per_layer(float_parts: dict[str, Path], tmp_path: Path) -> None:
-    from workers.quant.units import split_units
+    from hexstudio.workers.quant.units import split_units
 
     first = split_units(float_parts["prompt_ar64_cl256_1_of_2"], tmp_path, "a")
     last = split_units(float_parts["prompt_ar64_cl256_2_of_2"], tmp_path, "b")
@@ -97,8 +97,8 @@ def test_streamed_qdq_graph_matches_aimet_to_onnx_qdq(float_parts: dict[str, Pat
     QDQ export computes (LPBQ int4 backbone, int8 lm_head, int16 activations, int8 KV)."""
     import onnx
 
-    from workers.quant.partwise import build_sim, save_baked
-    from workers.quant.qdq import build_qdq
+    from hexstudio.workers.quant.partwise import build_sim, save_baked
+    from hexstudio.workers.quant.qdq import build_qdq
 
     path = float_parts["prompt_ar64_cl256_2_of_2"]
     rng = np.random.default_rng(1)
@@ -131,7 +131,7 @@ def test_streamed_qdq_graph_matches_aimet_to_onnx_qdq(float_parts: dict[str, Pat
     assert len(weights) >= 8
     # stored as integers with their scales (LPBQ: int4 with block scales; the lm_head: int8 per channel); they
     # dequantize to AIMET's values within a few ulps (AIMET rounds the LPBQ block scale its own way)
-    from workers.quant.qdq import MAX_ULPS, dequantize_weight
+    from hexstudio.workers.quant.qdq import MAX_ULPS, dequantize_weight
 
     mine_model = onnx.load(str(tmp_path / "mine.onnx"), load_external_data=False)
     types = {i.name: i.data_type for i in mine_model.graph.initializer}
@@ -150,7 +150,7 @@ def test_streamed_qdq_graph_matches_aimet_to_onnx_qdq(float_parts: dict[str, Pat
 
 
 def test_unit_encodings_merge_back_into_the_part(float_parts: dict[str, Path], tmp_path: Path) -> None:
-    from workers.quant.units import merge_encodings
+    from hexstudio.workers.quant.units import merge_encodings
 
     a = tmp_path / "a.encodings"
     b = tmp_path / "b.encodings"
@@ -189,8 +189,8 @@ def test_lm_head_cuts_into_column_chunks_that_calibrate_like_the_whole(
     quantized weights are the whole unit's, and the merged logits range is the whole unit's."""
     from safetensors.numpy import load_file
 
-    from workers.quant.partwise import baked_path, quantize_unit
-    from workers.quant.units import merge_column_chunks, split_units
+    from hexstudio.workers.quant.partwise import baked_path, quantize_unit
+    from hexstudio.workers.quant.units import merge_column_chunks, split_units
 
     path = float_parts["prompt_ar64_cl256_2_of_2"]
     whole = split_units(path, tmp_path / "whole", "w")[-1]
@@ -242,8 +242,8 @@ def test_embedding_keeps_only_the_calibration_tokens_rows(
     error, not a silent wrong row."""
     import onnx
 
-    from workers.quant.partwise import quantize_unit
-    from workers.quant.units import remap_ids, split_units
+    from hexstudio.workers.quant.partwise import quantize_unit
+    from hexstudio.workers.quant.units import remap_ids, split_units
 
     path = float_parts["prompt_ar64_cl256_1_of_2"]
     rng = np.random.default_rng(4)
@@ -282,7 +282,7 @@ def test_embedding_keeps_only_the_calibration_tokens_rows(
     assert any(x["name"] == small.table for x in a["activation_encodings"] + a["param_encodings"])
     from safetensors.numpy import load_file
 
-    from workers.quant.partwise import baked_path
+    from hexstudio.workers.quant.partwise import baked_path
 
     wa = load_file(str(baked_path(tmp_path / "whole.encodings")))
     wb = load_file(str(baked_path(tmp_path / "small.encodings")))
@@ -311,14 +311,14 @@ def test_partwise_quantization_with_a_chunked_lm_head(tmp_path: Path) -> None:
     simulation graphs run."""
     import onnxruntime as ort
 
-    from workers.export import export_deployment_graphs
-    from workers.quant.calib import BUILTIN_TEXT, blocks_from_windows, token_windows
-    from workers.quant.partwise import quantize_partwise, shared_weight_check
+    from hexstudio.workers.export import export_deployment_graphs
+    from hexstudio.workers.quant.calib import BUILTIN_TEXT, blocks_from_windows, token_windows
+    from hexstudio.workers.quant.partwise import quantize_partwise, shared_weight_check
 
     graphs = export_deployment_graphs(HF, tmp_path / "float", context_length=CL, ar_n=AR, parts=2)
     blocks = blocks_from_windows(token_windows(HF, BUILTIN_TEXT / "calibration.txt", 2, AR), AR)
     lines: list[str] = []
-    from workers.shared.rope import genie_positional_encoding, genie_rope_tables
+    from hexstudio.workers.shared.rope import genie_positional_encoding, genie_rope_tables
 
     pe = genie_positional_encoding(json.loads((HF / "config.json").read_text()), CL)
     quantize_partwise(
@@ -350,7 +350,7 @@ def test_partwise_quantization_with_a_chunked_lm_head(tmp_path: Path) -> None:
 def test_integer_weights_written_a_block_of_rows_at_a_time_equal_the_whole() -> None:
     """qdq.to_ints on row blocks (what build_qdq does for large weights) gives the whole weight's integers:
     int4 with block scales (packed two per byte) and int8 per channel."""
-    from workers.quant.qdq import IntForm, to_ints
+    from hexstudio.workers.quant.qdq import IntForm, to_ints
 
     rng = np.random.default_rng(3)
     rows, cols, block = 256, 6, 64

@@ -28,7 +28,13 @@ def _validate(run: Path, out: Path, settings: dict[str, Any]) -> dict[str, Any]:
     }
     (out.parent / f"{out.name}.spec.json").write_text(json.dumps(spec))
     p = subprocess.run(
-        [sys.executable, "-m", "workers.validate", "--spec", str(out.parent / f"{out.name}.spec.json")],
+        [
+            sys.executable,
+            "-m",
+            "hexstudio.workers.validate",
+            "--spec",
+            str(out.parent / f"{out.name}.spec.json"),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -67,8 +73,8 @@ def test_unit_major_runs_match_deployment_pair_with_lm_head_chunks(
     """Run units with the lm_head cut into column chunks (float and QDQ graphs) give DeploymentPair's logits."""
     import numpy as np
 
-    from workers.arloop import DeploymentPair, UnitSessions, prefill_calls, run_unit_major
-    from workers.quant.rununits import split_for_run
+    from hexstudio.workers.arloop import DeploymentPair, UnitSessions, prefill_calls, run_unit_major
+    from hexstudio.workers.quant.rununits import split_for_run
 
     q = json.loads((validated_run / "artifacts" / "quantize" / "quantize.json").read_text())
     qdir = validated_run / "artifacts" / "quantize"

@@ -25,8 +25,8 @@ CANARY_SETTINGS = "canary-settings-pw-9d2"
 def chatted_run(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run through chat and evaluate on the simulator board (the compile fixture plus board, chat and the
     Evaluate stage with its quickest suite, greedy parity)."""
-    from app.core.manifest import RunManifest
-    from app.core.pipeline import Pipeline
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.pipeline import Pipeline
     from tests.support.sim_runs import copy_run
 
     run = copy_run(compiled_sim_run, tmp_path_factory.mktemp("chat-ws"))
@@ -59,13 +59,13 @@ def _pdf_text(pdf: Path) -> str | None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=180, cwd=REPO
+        [sys.executable, "-m", "hexstudio", *args], capture_output=True, text=True, timeout=180, cwd=REPO
     )
 
 
 def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -> None:
-    from app.core.reports.collect import build_report
-    from app.core.reports.render import validate_report
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.render import validate_report
 
     rep = build_report(chatted_run)
     validate_report(rep)
@@ -97,7 +97,7 @@ def test_json_report_validates_and_labels_simulated_numbers(chatted_run: Path) -
     assert est["quantize_peak_rss_bytes"] > 0 and est["validate_peak_rss_bytes"] > 0
     assert [s["name"] for s in rep["stages"]][-1] == "report"
     # package versions against the recipe pins: this CPU stack differs from the validated GPU recipe, flagged
-    from app.core.reports.render import to_html
+    from hexstudio.core.reports.render import to_html
 
     torch_row = next(p for p in rep["environment"]["recipes"] if p["package"] == "torch")
     assert torch_row["validated"]["pinned"].startswith("2.7.1") and torch_row["validated"]["match"] is False
@@ -154,9 +154,9 @@ def test_html_is_html5_and_pdf_renders_pages(chatted_run: Path, tmp_path: Path) 
 
 
 def test_report_of_a_failed_run_says_where_why_and_what_next(chatted_run: Path, tmp_path: Path) -> None:
-    from app.core.manifest import RunManifest
-    from app.core.reports.collect import build_report
-    from app.core.reports.render import to_html, validate_report
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.render import to_html, validate_report
 
     run = tmp_path / "failed"
     shutil.copytree(chatted_run, run)
@@ -184,8 +184,8 @@ def test_report_of_a_failed_run_says_where_why_and_what_next(chatted_run: Path, 
 def test_canary_secrets_never_appear_in_any_format(
     chatted_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.core.secrets import AIHUB_TOKEN, set_secret, sudo_password_key
-    from app.core.settings import Settings
+    from hexstudio.core.secrets import AIHUB_TOKEN, set_secret, sudo_password_key
+    from hexstudio.core.settings import Settings
 
     run = tmp_path / "canary"
     shutil.copytree(chatted_run, run)
@@ -222,7 +222,7 @@ def test_canary_secrets_never_appear_in_any_format(
     assert res.returncode == 0 and CANARY_TOKEN not in res.stdout and CANARY_PASSWORD not in res.stdout
     assert CANARY_SETTINGS not in res.stdout
     # the studio log these commands wrote (<config>/logs/studio.log) has none of them either
-    from app.core.logs import log_path
+    from hexstudio.core.logs import log_path
 
     studio_log = log_path().read_text()
     assert "hexstudio report: started" in studio_log
@@ -234,7 +234,7 @@ def test_canary_secrets_never_appear_in_any_format(
 
 
 def test_host_names_are_left_out_when_asked(chatted_run: Path) -> None:
-    from app.core.reports.collect import build_report
+    from hexstudio.core.reports.collect import build_report
 
     host = json.loads((chatted_run / "run.json").read_text())["environment"]["host"]
     assert build_report(chatted_run)["environment"]["host"] == host
@@ -243,10 +243,10 @@ def test_host_names_are_left_out_when_asked(chatted_run: Path) -> None:
 
 
 def test_compare_side_by_side_and_refusal(chatted_run: Path, tmp_path: Path, validated_run: Path) -> None:
-    from app.core.manifest import RunManifest
-    from app.core.reports.collect import build_report
-    from app.core.reports.compare import compare_html, compare_reports
-    from app.core.reports.render import ReportError
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.compare import compare_html, compare_reports
+    from hexstudio.core.reports.render import ReportError
 
     other = tmp_path / "other"
     shutil.copytree(chatted_run, other)
@@ -314,9 +314,9 @@ def test_compare_side_by_side_and_refusal(chatted_run: Path, tmp_path: Path, val
 
 
 def test_report_stage_writes_html_and_json(chatted_run: Path, tmp_path: Path) -> None:
-    from app.core.manifest import RunManifest
-    from app.core.pipeline import Pipeline
-    from app.core.reports.render import validate_report
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.reports.render import validate_report
 
     run = tmp_path / "staged"
     shutil.copytree(chatted_run, run)
@@ -341,11 +341,11 @@ def test_a_real_board_failure_is_reported_with_where_why_next_and_no_secrets(
     chatted_run: Path, tmp_path: Path
 ) -> None:
     """The Board stage really fails (nothing listens on the board's port); the Report stage still runs."""
-    from app.core.manifest import RunManifest
-    from app.core.pipeline import Pipeline
-    from app.core.reports.render import to_html, validate_report
-    from app.core.secrets import board_password_key, set_secret, sudo_password_key
-    from app.core.settings import Settings
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.reports.render import to_html, validate_report
+    from hexstudio.core.secrets import board_password_key, set_secret, sudo_password_key
+    from hexstudio.core.settings import Settings
 
     run = tmp_path / "ws" / "runs" / chatted_run.name
     shutil.copytree(chatted_run, run)
@@ -388,9 +388,9 @@ def test_a_real_board_failure_is_reported_with_where_why_next_and_no_secrets(
 
 
 def test_a_failed_compile_lists_its_ai_hub_jobs_and_reasons(chatted_run: Path, tmp_path: Path) -> None:
-    from app.core.manifest import RunManifest
-    from app.core.reports.collect import build_report
-    from app.core.reports.render import to_html, validate_report
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.render import to_html, validate_report
 
     run = tmp_path / "compile-failed"
     shutil.copytree(chatted_run, run)
@@ -443,7 +443,7 @@ def test_a_failed_compile_lists_its_ai_hub_jobs_and_reasons(chatted_run: Path, t
 
 
 def test_secret_key_names_and_redaction_rules() -> None:
-    from app.core.reports.redact import REDACTED, is_secret_key, scrub
+    from hexstudio.core.reports.redact import REDACTED, is_secret_key, scrub
 
     assert all(
         is_secret_key(k)
@@ -494,8 +494,8 @@ def test_secret_key_names_and_redaction_rules() -> None:
 def test_interactive_chat_sessions_are_in_the_report(chatted_run: Path, tmp_path: Path) -> None:
     """Turns chatted on the run's bundle (Chat page, `hexstudio chat`) are kept in the run and reported,
     each with its KPIs and source; a torn last line (a killed studio) is skipped."""
-    from app.core.reports.collect import build_report
-    from app.core.reports.render import to_html, validate_report
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.render import to_html, validate_report
 
     run = tmp_path / "chatted"
     shutil.copytree(chatted_run, run)
@@ -553,7 +553,7 @@ def test_interactive_chat_sessions_are_in_the_report(chatted_run: Path, tmp_path
 
 def _bench_doc(ttfts: list[float], source: str = "simulated") -> dict[str, Any]:
     """A `hexstudio bench` result from a runner with known timings (tests/genie/test_bench.py's)."""
-    from app.core.genie.bench import BenchPlan, run_bench
+    from hexstudio.core.genie.bench import BenchPlan, run_bench
     from tests.genie.test_bench import KnownRunner
 
     r = KnownRunner("genie", ttfts, warmup=1)
@@ -583,9 +583,9 @@ def test_bench_results_in_the_report_and_in_compare(chatted_run: Path, tmp_path:
     """`hexstudio bench` stored in a run: its medians, spreads and published figures in the report (tables and
     plots, labeled simulated / published), and its medians as Compare rows, judged; a device bench is never
     set against a simulated one."""
-    from app.core.reports.collect import build_report
-    from app.core.reports.compare import compare_html, compare_reports
-    from app.core.reports.render import to_html, validate_report
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.compare import compare_html, compare_reports
+    from hexstudio.core.reports.render import to_html, validate_report
 
     runs = []
     for name, ttfts in (("fast", [100.0, 140.0, 120.0]), ("slow", [200.0, 280.0, 240.0])):
@@ -635,8 +635,8 @@ def test_a_speculative_board_dialog_shows_its_acceptance_labeled(chatted_run: Pa
     user's own cases, labeled simulated where the board is the simulator."""
     import copy
 
-    from app.core.reports.collect import build_report
-    from app.core.reports.render import to_html, validate_report
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.render import to_html, validate_report
 
     rep = copy.deepcopy(build_report(chatted_run))
     assert "speculative" not in to_html(rep)  # a basic dialog: nothing said

@@ -264,7 +264,7 @@ class EvkBoard:
 
     def board_config(self, auth: str = "key") -> dict[str, Any]:
         """The board's entry for Settings().boards (auth "password": the user's password, which is also
-        its sudo password, must be in the keyring under app.core.secrets.board_password_key)."""
+        its sudo password, must be in the keyring under hexstudio.core.secrets.board_password_key)."""
         if auth == "password":
             return {"host": self.host, "port": self.port, "user": self.user, "auth": "password"}
         return {
@@ -325,7 +325,7 @@ class EvkBoard:
             f.write(f"{self.user}:{pw_hash}:20000:0:99999:7:::\n")
         (etc / "udev" / "rules.d").mkdir(parents=True, exist_ok=True)
         if self.fastrpc_ready:
-            from app.core.device.fixes import UDEV_RULES_TEXT
+            from hexstudio.core.device.fixes import UDEV_RULES_TEXT
 
             (etc / "udev" / "rules.d" / "60-fastrpc.rules").write_text(UDEV_RULES_TEXT)
         (etc / "sudoers.d" / "hexstudio-evk").write_text("Defaults lecture=never\n")
@@ -444,7 +444,7 @@ if [ -e "$R/fastrpc_ready" ]; then /usr/local/sbin/udevadm trigger >/dev/null 2>
 
 
 def _genie_config(bins: list[str]) -> dict[str, Any]:
-    from workers.shared import bundle as gb
+    from hexstudio.workers.shared import bundle as gb
 
     hf = {
         "num_attention_heads": 4,
@@ -478,7 +478,7 @@ def make_device_bundle(
     path.mkdir(parents=True, exist_ok=True)
     bins = [f"evk_model_part_{k}_of_{parts}.bin" for k in range(1, parts + 1)]  # qai-hub-models names
     files: dict[str, bytes] = {
-        # a genie_config.json Genie's schema accepts (push checks the contract: workers/shared/bundle/check.py)
+        # a genie_config.json Genie's schema accepts (push checks the contract: hexstudio/workers/shared/bundle/check.py)
         "genie_config.json": json.dumps(_genie_config(bins)).encode(),
         "htp_backend_ext_config.json": json.dumps(
             {"devices": [{"soc_model": 77, "dsp_arch": dsp_arch}]}

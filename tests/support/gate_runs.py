@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from app.core.manifest import RunManifest, now_iso
-from app.core.pipeline import hash_tree, input_hash, output_digest
-from app.core.runs import Workspace
-from app.core.stages import get_stage
+from hexstudio.core.manifest import RunManifest, now_iso
+from hexstudio.core.pipeline import hash_tree, input_hash, output_digest
+from hexstudio.core.runs import Workspace
+from hexstudio.core.stages import get_stage
 
 
 def finish_stage(
@@ -98,4 +98,4 @@ def skip_board_recheck(monkeypatch: Any) -> None:
     async def in_place(_m: Any) -> None:
         return None
 
-    monkeypatch.setattr("app.core.device.stage.board_still_in_place", in_place)
+    monkeypatch.setattr("hexstudio.core.device.stage.board_still_in_place", in_place)

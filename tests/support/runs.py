@@ -33,8 +33,8 @@ def run_stages(
 ) -> Any:
     """Create a run and run the given stages in order (each with `only=`, so a machine-dependent
     preflight verdict cannot block the fixture). Returns (manifest, last PipelineResult)."""
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
 
     ws = Workspace(workspace_root)
     m = ws.create_run(model, board, {**FAST_QUANTIZE_SETTINGS, **(settings or {})})

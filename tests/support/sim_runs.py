@@ -16,8 +16,8 @@ def copy_run(run_dir: Path, workspace_root: Path) -> Path:
 
 
 def build_compiled_sim_run(validated_run_dir: Path, workspace_root: Path) -> Path:
-    from app.core.pipeline import Pipeline
-    from app.core.runs import Workspace
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
 
     dest = copy_run(validated_run_dir, workspace_root)
     m = Workspace(workspace_root).open_run(dest.name)

@@ -1,0 +1,379 @@
+"""`hexstudio board add|list|password|probe|fix|push`: boards over SSH, the doctor and its fixes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import sys
+from pathlib import Path
+from typing import Any
+
+from hexstudio.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CliError,
+    add_json_flag,
+    add_ssh_flags,
+    add_trust_flag,
+    host_key_prompt,
+    print_json,
+)
+from hexstudio.core.device.board import Board, open_board
+from hexstudio.core.device.errors import BoardError
+from hexstudio.core.device.verify import default_remote_name
+from hexstudio.core.secrets import board_password_key, get_secret, set_secret, sudo_password_key
+from hexstudio.core.settings import Settings
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "board", help="boards: add one, check it (doctor), fix it, install QAIRT, push a bundle"
+    )
+    bs = p.add_subparsers(dest="board_command", metavar="ACTION", required=True)
+
+    pa = bs.add_parser("add", help="add or change a board (host, port, user, auth)")
+    pa.add_argument("name")
+    add_ssh_flags(pa)
+    pa.add_argument(
+        "--qairt-zip",
+        default=None,
+        help="QAIRT SDK zip on this machine: the Board stage installs it when the board lacks QAIRT",
+    )
+    pa.add_argument("--no-connect", action="store_true", help="save only; do not try to connect")
+    add_trust_flag(pa)
+    add_json_flag(pa)
+    pa.set_defaults(func=cmd_add)
+
+    pl = bs.add_parser("list", help="list the boards")
+    add_json_flag(pl)
+    pl.set_defaults(func=cmd_list)
+
+    pw = bs.add_parser(
+        "password",
+        help="store the board's SSH password (or with --sudo its sudo password) in the system keyring",
+    )
+    pw.add_argument("name")
+    pw.add_argument("--sudo", action="store_true", help="the sudo password instead of the SSH password")
+    pw.add_argument("--stdin", action="store_true", help="read it from stdin instead of a prompt")
+    pw.set_defaults(func=cmd_password)
+
+    pp = bs.add_parser("probe", help="check the board (the doctor): SoC, QAIRT, FastRPC, daemons, HTP")
+    pp.add_argument("name")
+    pp.add_argument("--only", default=None, help="comma-separated check ids")
+    pp.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        help="also compare this local bundle folder with its copy on the board (sha256 on the board)",
+    )
+    pp.add_argument(
+        "--as",
+        dest="remote_name",
+        default=None,
+        help="the bundle's name on the board (default: a run's bundle by its run id, as the Board stage "
+        "pushes it; another folder by its name)",
+    )
+    add_trust_flag(pp)
+    add_json_flag(pp)
+    pp.set_defaults(func=cmd_probe)
+
+    pf = bs.add_parser("fix", help="apply a doctor fix (shows its commands first)")
+    pf.add_argument("name")
+    pf.add_argument(
+        "fix_id",
+        help="group_add, relogin, udev_rule, fastrpc_packages, qairt_env, daemon_restart, "
+        "reboot, qairt_install",
+    )
+    pf.add_argument(
+        "--zip", type=Path, default=None, help="qairt_install: the QAIRT SDK zip (v<version>.zip)"
+    )
+    pf.add_argument(
+        "--file",
+        type=Path,
+        default=None,
+        help="geniex_install: GenieX's release tarball (geniex-cli-linux-arm64-vX.Y.Z.tar.gz) or wheel",
+    )
+    pf.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        help="qairt_install: refuse a QAIRT older than the one that compiled this bundle",
+    )
+    pf.add_argument("--dry-run", action="store_true", help="show the commands only")
+    pf.add_argument("--sudo-password-stdin", action="store_true", help="read the sudo password from stdin")
+    pf.add_argument("--remember", action="store_true", help="store the sudo password in the keyring")
+    add_trust_flag(pf)
+    add_json_flag(pf)
+    pf.set_defaults(func=cmd_fix)
+
+    pu = bs.add_parser("push", help="push a bundle folder to the board (resumable; unchanged files skipped)")
+    pu.add_argument("name")
+    pu.add_argument("bundle_dir", type=Path)
+    pu.add_argument(
+        "--as",
+        dest="remote_name",
+        default=None,
+        help="bundle name on the board (default: a run's bundle by its run id; else the folder's name)",
+    )
+    pu.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare the sha256 of every file, computed on the board, even when nothing changed "
+        "(files found wrong are sent again)",
+    )
+    add_trust_flag(pu)
+    add_json_flag(pu)
+    pu.set_defaults(func=cmd_push)
+
+
+async def _open(args: argparse.Namespace) -> Board:
+    try:
+        return await open_board(args.name, Settings.load(), trust=host_key_prompt(args))
+    except BoardError as exc:
+        from hexstudio.core.device.connect import HostKeyUnknown
+
+        hint = exc.hint
+        if isinstance(exc, HostKeyUnknown):
+            hint = f"{exc.hint} Then pass --trust {exc.fingerprint}."
+        raise CliError(exc.message, hint) from None
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    from hexstudio.core.settings import check_board_name
+
+    check_board_name(args.name)  # before anything is saved (issue 27: '../../etc', '$(id)', '' were kept)
+    s = Settings.load()
+    cfg: dict[str, Any] = {"host": args.host, "port": args.port, "user": args.user, "auth": args.auth}
+    if args.key_path:
+        cfg["key_path"] = str(Path(args.key_path).expanduser())
+    if args.auth == "ssh_config":
+        cfg["ssh_alias"] = args.host
+    if args.qairt_zip:
+        cfg["qairt_zip"] = str(Path(args.qairt_zip).expanduser().resolve())
+    s.boards[args.name] = {k: v for k, v in cfg.items() if v is not None}
+    s.save()
+    out: dict[str, Any] = {"ok": True, "board": args.name, "config": s.boards[args.name]}
+    if not args.no_connect:
+
+        async def go() -> str:
+            b = await _open(args)
+            label = b.label
+            await b.transport.close()
+            return label
+
+        out["label"] = asyncio.run(go())
+        out["state"] = "ready"
+    if args.json:
+        print_json(out)
+    else:
+        print(f"board {args.name} saved" + (f"; connected: {out['label']}" if "label" in out else ""))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    s = Settings.load()
+    rows = [{"name": "sim", "simulated": True, "label": "local simulator"}]
+    rows += [{"name": n, "simulated": False, **cfg} for n, cfg in sorted(s.boards.items())]
+    if args.json:
+        print_json({"boards": rows})
+    else:
+        for r in rows:
+            where = (
+                r.get("label")
+                or f"{r.get('user') or ''}@{r.get('host')}:{r.get('port', 22)} ({r.get('auth')})"
+            )
+            print(f"{r['name']:16s} {where}")
+    return 0
+
+
+def cmd_password(args: argparse.Namespace) -> int:
+    if args.name not in Settings.load().boards:
+        raise CliError(f"No board named '{args.name}'.", "Add it first: hexstudio board add NAME --host ...")
+    what = "sudo" if args.sudo else "SSH"
+    pw = (
+        sys.stdin.readline().rstrip("\n")
+        if args.stdin
+        else getpass.getpass(f"{what} password for {args.name}: ")
+    )
+    if not pw:
+        raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
+    set_secret(sudo_password_key(args.name) if args.sudo else board_password_key(args.name), pw)
+    from hexstudio.core.secrets import stored_where
+
+    print(f"{what} password for {args.name} stored {stored_where()}")
+    return 0
+
+
+def _print_report(doc: dict[str, Any]) -> None:
+    marks = {"ok": "  ok ", "warn": " WARN", "fail": " FAIL", "skip": " skip"}
+    print(f"{doc['board']} ({doc['label']}){'  [simulated]' if doc['simulated'] else ''}")
+    for c in doc["checks"]:
+        fix = f"   -> fix: {c['fix']}" if c.get("fix") and c["status"] in ("fail", "warn") else ""
+        print(f"{marks.get(c['status'], c['status'])}  {c['title']}: {c['message']}{fix}")
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from hexstudio.core.device.doctor import probe
+
+    async def go() -> dict[str, Any]:
+        b = await _open(args)
+        try:
+            only = [x.strip() for x in args.only.split(",")] if args.only else None
+            try:
+                bundle = (
+                    (args.bundle, args.remote_name or default_remote_name(args.bundle))
+                    if args.bundle
+                    else None
+                )
+                return (await probe(b, only=only, bundle=bundle)).to_dict()
+            except ValueError as exc:
+                raise CliError(
+                    str(exc),
+                    "See `hexstudio board probe NAME --json` for the check ids.",
+                    exit_code=EXIT_USAGE,
+                ) from None
+        finally:
+            await b.transport.close()
+
+    doc = asyncio.run(go())
+    if args.json:
+        print_json(doc)
+    else:
+        _print_report(doc)
+    return 0 if doc["clean"] else EXIT_FAILED
+
+
+def _sudo_password(args: argparse.Namespace) -> str | None:
+    if args.sudo_password_stdin:
+        pw = sys.stdin.readline().rstrip("\n")
+    else:
+        pw = get_secret(sudo_password_key(args.name)) or ""
+        if not pw and sys.stdin.isatty():
+            pw = getpass.getpass(f"sudo password on {args.name} (Enter to get the commands instead): ")
+    if pw and args.remember:
+        set_secret(sudo_password_key(args.name), pw)
+    return pw or None
+
+
+def _print_upload(done: int, total: int, what: str) -> None:
+    print(
+        f"\r  | {what}: {done / 1e6:.1f} / {total / 1e6:.1f} MB",
+        end="\n" if done >= total else "",
+        flush=True,
+    )
+
+
+def cmd_fix(args: argparse.Namespace) -> int:
+    from hexstudio.core.device.fixes import apply_fix, plan_fix, plan_qairt_install
+
+    async def go() -> dict[str, Any]:
+        b = await _open(args)
+        try:
+            try:
+                if args.fix_id == "qairt_install" and args.zip is not None:
+                    plan = await plan_qairt_install(b, args.zip, bundle_dir=args.bundle)
+                else:
+                    plan = await plan_fix(b, args.fix_id, qairt_zip=args.zip, geniex_file=args.file)
+            except BoardError as exc:
+                raise CliError(exc.message, exc.hint) from None
+            if not args.json:
+                print(f"{plan.title}. Commands:")
+                for line in plan.commands:
+                    print("  " + line.replace("\n", "\n  "))
+                for n in plan.notes:
+                    print(f"  note: {n}")
+            if args.dry_run:
+                return {"ok": True, "plan": plan.to_dict(), "applied": False}
+            pw = _sudo_password(args) if plan.needs_sudo else None
+            try:
+                res = await apply_fix(
+                    b,
+                    plan,
+                    sudo_password=pw,
+                    on_log=None if args.json else (lambda line: print("  | " + line)),
+                    on_progress=None if args.json else _print_upload,
+                )
+            except BoardError as exc:
+                raise CliError(exc.message, exc.hint) from None
+            return {"ok": res.status in ("applied", "already"), "plan": plan.to_dict(), **res.to_dict()}
+        finally:
+            await b.transport.close()
+
+    doc = asyncio.run(go())
+    if args.json:
+        print_json(doc)
+    elif doc.get("status") == "manual":
+        print(doc["message"])
+        for line in doc["manual_commands"]:
+            print("  " + line.replace("\n", "\n  "))
+    elif "status" in doc:
+        print(doc["message"])
+    return 0 if doc["ok"] else EXIT_FAILED
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from hexstudio.core.device.push import PushProgress, push_bundle
+
+    if not (args.bundle_dir / "bundle.json").is_file():
+        raise CliError(f"{args.bundle_dir} has no bundle.json.", "Give the compile stage's bundle folder.")
+
+    async def go() -> dict[str, Any]:
+        b = await _open(args)
+        try:
+
+            def progress(p: PushProgress) -> None:
+                if not args.json:
+                    rate = f"{p.mb_per_s:6.1f} MB/s" if p.sent else " " * 11
+                    print(
+                        f"\r  {p.done / 1e6:8.1f} / {p.total / 1e6:.1f} MB  {rate}  {p.file[:50]:50s}",
+                        end="",
+                        flush=True,
+                    )
+
+            try:
+                r = await push_bundle(
+                    b,
+                    args.bundle_dir,
+                    args.remote_name or default_remote_name(args.bundle_dir),
+                    progress,
+                    verify=True if args.verify else None,
+                )
+            except BoardError as exc:
+                raise CliError(exc.message, exc.hint) from None
+            return {
+                "ok": True,
+                "remote_bundle": r.remote_dir,
+                "sent_files": r.sent_files,
+                "skipped_files": r.skipped_files,
+                "sent_bytes": r.sent_bytes,
+                "seconds": round(r.seconds, 3),
+                "mb_per_s": round(r.mb_per_s, 1),
+                "warnings": r.warnings,
+                "simulated": b.simulated,
+                "emulated": r.emulated,
+                "verified": r.verified,
+                "resent": r.resent,
+            }
+        finally:
+            await b.transport.close()
+
+    doc = asyncio.run(go())
+    if args.json:
+        print_json(doc)
+    else:
+        print(
+            f"\npushed to {doc['remote_bundle']}: {doc['sent_files']} files sent ({doc['sent_bytes'] / 1e6:.1f} MB, "
+            f"{doc['mb_per_s']} MB/s), {doc['skipped_files']} unchanged"
+        )
+        print(
+            f"  checked on the board: {'sha256 of every file' if doc['verified'] == 'sha256' else 'sizes'}"
+            + (
+                f"; {len(doc['resent'])} file(s) were wrong there and were sent again"
+                if doc["resent"]
+                else ""
+            )
+        )
+        for w in doc["warnings"]:
+            print(f"  warning: {w}")
+    return 0

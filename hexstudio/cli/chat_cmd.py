@@ -1,0 +1,318 @@
+"""`hexstudio chat --board NAME [--bundle DIR] [--prompt TEXT]`: talk to the model on a board.
+
+Without --prompt it is interactive (one line a message; /new clears the history, /quit or Ctrl-D ends).
+The model stays loaded between turns when the board can run the chat helper; otherwise every turn
+runs genie-t2t-run again (and says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from hexstudio.cli.common import (
+    CliError,
+    add_json_flag,
+    add_workspace_flag,
+    eprint,
+    int_in,
+    print_json,
+    workspace_from,
+)
+from hexstudio.core.genie.conversation import TEMPLATES, Conversation
+from hexstudio.core.genie.journal import ChatJournal
+from hexstudio.core.genie.prompts import chat_format_for, template_for
+from hexstudio.core.genie.run import Chunk
+from hexstudio.core.genie.runtime import RUNTIMES
+from hexstudio.core.genie.session import (
+    MODES,
+    SAMPLER_PRESETS,
+    ChatSession,
+    SessionError,
+    TurnResult,
+    template_for_bundle,
+)
+from hexstudio.core.units import fmt_ms, fmt_rate
+from hexstudio.workers.shared.bundle.speculative import DIALOG_TYPES
+from hexstudio.workers.shared.errors import ActionableError
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "chat", help="chat with the model on a board (streams the reply, shows TTFT and tok/s)"
+    )
+    p.add_argument(
+        "--board", default=None, help="board name from settings, or sim (default: the run's board, else sim)"
+    )
+    p.add_argument(
+        "--bundle",
+        default=None,
+        help="a bundle folder: a local one (with bundle.json) is pushed first; otherwise the folder on "
+        "the board (default: the latest run's bundle)",
+    )
+    p.add_argument(
+        "--run", default=None, help="take the bundle from this run (default: the latest run with one)"
+    )
+    p.add_argument("--prompt", default=None, help="one message, then exit (default: interactive)")
+    p.add_argument(
+        "--template", choices=TEMPLATES, default="auto", help="prompt template (default: from the model)"
+    )
+    p.add_argument("--system", default="", help="system text")
+    p.add_argument(
+        "--thinking",
+        choices=("on", "off"),
+        default=None,
+        help="the chat template's thinking switch (enable_thinking, or Nemotron's system text), where "
+        "it has one (default: off)",
+    )
+    p.add_argument(
+        "--max-tokens", type=int_in(1, 1 << 20), default=256, help="reply budget in tokens (default 256)"
+    )
+    p.add_argument(
+        "--sampler",
+        choices=tuple(SAMPLER_PRESETS),
+        default=None,
+        help="deterministic (seed 42, temp 0, top-k 1, top-p 1; the default), thinking (Nemotron "
+        "reasoning on: 0.6/40/0.95; the default with that template) or bundle (the bundle's own)",
+    )
+    p.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default=None,
+        help='genie or geniex (default: the board\'s "runtime" setting, else genie); the same pushed '
+        "bundle serves both",
+    )
+    p.add_argument(
+        "--dialog",
+        choices=DIALOG_TYPES,
+        default="basic",
+        help="Genie's dialog: basic, or a speculative one the bundle carries (lade: lookahead; spd: a draft "
+        "model); the reply KPIs then show the tokens accepted per step",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="auto",
+        help="persistent keeps the model loaded between turns; per_turn runs genie-t2t-run each turn; "
+        "auto (default) tries persistent and falls back",
+    )
+    p.add_argument("--transcript", type=Path, default=None, help="save the conversation (.md or .json)")
+    add_workspace_flag(p)
+    add_json_flag(p)
+    p.set_defaults(func=cmd_chat)
+
+
+def _latest_run_with_bundle(args: argparse.Namespace) -> Path | None:
+    from hexstudio.core.services.chat_target import latest_run_with_bundle
+
+    ws = workspace_from(args)
+    if args.run:
+        d = ws.run_dir(args.run)
+        if not d.is_dir():
+            raise CliError(f"No run '{args.run}' in {ws.runs_dir}.", "`hexstudio runs list` shows the runs.")
+        return d
+    return latest_run_with_bundle(ws)
+
+
+async def _target(args: argparse.Namespace) -> tuple[Any, str, dict[str, Any], Path | None]:
+    """(board, remote bundle dir, bundle.json doc or {}, run dir or None): hexstudio.core.services.chat_target."""
+    from hexstudio.core.services.chat_target import chat_target
+    from hexstudio.core.settings import Settings
+
+    run_dir = None if args.bundle else _latest_run_with_bundle(args)
+    try:
+        t = await chat_target(
+            workspace_from(args),
+            Settings.load(),
+            run_dir=run_dir,
+            board=args.board,
+            bundle=args.bundle,
+            say=eprint,
+        )
+    except ActionableError as exc:  # the board cannot be reached, no bundle: said as the CLI says it
+        raise CliError(exc.message, exc.hint) from None
+    for line in target_lines(args, t.run_dir, t.remote_bundle, t.board.label):
+        eprint(line)
+    return t.board, t.remote_bundle, t.bundle_doc, t.run_dir
+
+
+def target_lines(args: argparse.Namespace, run_dir: Path | None, remote: str, board_label: str) -> list[str]:
+    """What `chat`, `bench` and `serve` say before they start: which run's bundle (and why that one) on which
+    board, and a warning when that run did not pass every gate it ran (issue 32: they used the latest run's
+    bundle, even one that failed its gate, without naming it)."""
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.status import override_text, stage_statuses
+
+    if run_dir is None:
+        return [f"Using the bundle {args.bundle or remote} on {board_label} (not from a run)."]
+    why = "--run" if getattr(args, "run", None) else "the latest run with a bundle; --run RUN chooses another"
+    lines = [f"Using run {run_dir.name}'s bundle ({why}): {remote} on {board_label}."]
+    try:
+        m = Workspace(run_dir.parent.parent).open_run(run_dir.name)
+    except (ActionableError, OSError, ValueError) as exc:
+        return [
+            *lines,
+            f"warning: run {run_dir.name}'s run.json cannot be read ({exc}): its gates are unknown.",
+        ]
+    sts = stage_statuses(m)
+    bad = [s for s in sts if s.key in ("gate_failed", "failed", "interrupted", "cancelled")]
+    for s in bad:
+        lines.append(
+            f"warning: in run {run_dir.name} the {s.title} stage {s.word}: {s.gate_reason or s.detail}. "
+            f"This bundle has not passed every check; `hexstudio runs show {run_dir.name}` tells more."
+        )
+    for s in sts:
+        if s.key == "overridden" and s.override:
+            lines.append(
+                f"note: in run {run_dir.name} the {s.title} stage's gate did not pass "
+                f"({s.gate_reason}) and was {override_text(s.override)}."
+            )
+    return lines
+
+
+def _template(args: argparse.Namespace, doc: dict[str, Any], run_dir: Path | None) -> str:
+    if args.template != "auto":
+        return str(args.template)
+    if run_dir is not None and (run_dir / "artifacts" / "model" / "model.json").is_file():
+        t = template_for(run_dir / "artifacts" / "model")  # the model's own chat template
+        return "nemotron-reasoning-off" if t == "nemotron" else t
+    return template_for_bundle(doc) if doc else "llama3"
+
+
+def _kpi_line(r: TurnResult) -> str:
+    k = r.kpis
+    tag = "SIMULATED" if r.simulated else "device"
+    if k is None:
+        return f"[{tag}] no profile for this turn"
+    init = "model kept loaded" if r.mode == "persistent" and not k.init_ms else f"init {fmt_ms(k.init_ms)} ms"
+    return (
+        f"[{tag} · {r.runtime} · {r.mode}] TTFT {fmt_ms(k.ttft_ms)} ms · prompt {k.prompt_tokens} tok at "
+        f"{fmt_rate(k.prompt_tok_s)} tok/s · {k.generated_tokens} tok at {fmt_rate(k.gen_tok_s)} tok/s · {init}"
+        + (
+            f" · {k.accepted_per_step:.2f} tokens accepted per step"
+            if k.accepted_per_step is not None
+            else ""
+        )
+    )
+
+
+async def _chat(args: argparse.Namespace) -> int:
+    board, remote, doc, run_dir = await _target(args)
+    conv = Conversation(template=_template(args, doc, run_dir), system=args.system)
+    if run_dir is not None:  # the model's chat template, stop ids and thinking switch
+        conv.chat_format = chat_format_for(run_dir / "artifacts" / "model")
+        if conv.chat_format.thinking_switch:
+            conv.thinking = args.thinking == "on"
+    sampler = args.sampler or ("thinking" if conv.template == "nemotron-reasoning-on" else "deterministic")
+    try:
+        session = ChatSession(
+            board,
+            remote,
+            conv,
+            mode=args.mode,
+            max_tokens=args.max_tokens,
+            sampler=sampler,
+            on_status=None if args.json else eprint,
+            runtime=args.runtime,
+            dialog=args.dialog,
+        )
+    except SessionError as exc:
+        raise CliError(exc.message, exc.hint) from None
+    if run_dir is not None:  # the turns go into the run, for its report (<run>/chats/)
+        session.on_turn = ChatJournal(run_dir, session, board.label).record
+    results: list[dict[str, Any]] = []
+    try:
+        try:
+            mode = await session.open()
+        except SessionError as exc:
+            raise CliError(exc.message, exc.hint) from None
+        if not args.json:
+            sim = " — SIMULATED: CPU numbers, not a device result" if session.simulated else ""
+            what = (
+                conv.chat_format.label(conv.thinking)
+                if conv.template == "model" and conv.chat_format
+                else conv.template
+            )
+            eprint(
+                f"chat on {board.label} with {session.runtime.title} [{session.runtime_version or '?'}] "
+                f"({mode}; template {what}; context {conv.context_length} tokens){sim}"
+            )
+            if session.fallback_reason:
+                eprint(f"note: {session.fallback_reason}")
+
+        async def turn(text: str) -> TurnResult:
+            def on_chunk(c: Chunk) -> None:
+                if not args.json:
+                    sys.stdout.write(c.text)
+                    sys.stdout.flush()
+
+            try:
+                r = await session.send(text, on_chunk=on_chunk)
+            except SessionError as exc:
+                raise CliError(exc.message, exc.hint) from None
+            except ValueError as exc:
+                raise CliError(
+                    str(exc), "Shorten the message or raise the context length at compile time."
+                ) from None
+            if args.json:
+                results.append({"user": text, **r.as_json()})
+            else:
+                sys.stdout.write("\n")
+                if r.note:
+                    eprint(f"note: {r.note}")
+                if r.error:
+                    eprint(f"error: {r.error}")
+                eprint(_kpi_line(r))
+            return r
+
+        if args.prompt is not None:
+            r = await turn(args.prompt)
+            rc = 0 if r.state == "complete" else 1
+        else:
+            rc = 0
+            loop = asyncio.get_running_loop()
+            while True:
+                if not args.json:
+                    sys.stdout.write("you> ")
+                    sys.stdout.flush()
+                line = await loop.run_in_executor(None, sys.stdin.readline)
+                if not line:
+                    break
+                text = line.rstrip("\n")
+                if text.strip() in ("/quit", "/exit"):
+                    break
+                if text.strip() == "/new":
+                    await session.reset()
+                    eprint("new chat: history cleared")
+                    continue
+                if not text.strip():
+                    continue
+                r = await turn(text)
+                rc = 0 if r.state == "complete" else 1
+    finally:
+        await session.close()
+        await board.transport.close()
+    if args.transcript is not None:
+        conv.save(args.transcript)
+    if args.json:
+        print_json(
+            {
+                "ok": rc == 0,
+                "board": board.name,
+                "simulated": session.simulated,
+                "mode": session.mode,
+                "sampler": sampler,
+                "fallback_reason": session.fallback_reason,
+                "template": conv.template,
+                "context_length": conv.context_length,
+                "turns": results,
+            }
+        )
+    return rc
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    return asyncio.run(_chat(args))

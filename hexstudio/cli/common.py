@@ -1,0 +1,158 @@
+"""Helpers shared by CLI commands: JSON output, errors a person can act on, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hexstudio.core.runs import Workspace
+from hexstudio.workers.shared.errors import ActionableError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class CliError(ActionableError):
+    """A command's failure: `message`, `hint` and, as every error in HexStudio, a string `code` ("usage" for
+    a wrong command line, else "cli_error" unless given); `exit_code` is the process's exit status.
+    (An int as `code` is taken as the exit status, as callers wrote it before.)"""
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        exit_code: int = EXIT_FAILED,
+        *,
+        code: str | int | None = None,
+    ) -> None:
+        if isinstance(code, int):
+            exit_code, code = code, None
+        super().__init__(message, hint, code=code or ("usage" if exit_code == EXIT_USAGE else None))
+        self.exit_code = exit_code
+
+
+def error_document(exc: ActionableError) -> dict[str, Any]:
+    """What `--json` prints when a command fails: {"ok": false, "error": {code, message, hint}}, the error in
+    the worker protocol's shape (hexstudio/workers/shared/errors.py: error_fields)."""
+    return {"ok": False, "error": exc.fields()}
+
+
+def add_json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+
+def add_workspace_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workspace",
+        type=Path,
+        default=None,
+        help="workspace folder (default: $HEXSTUDIO_WORKSPACE or ~/hexstudio-workspace)",
+    )
+
+
+def workspace_from(args: argparse.Namespace) -> Workspace:
+    return Workspace(getattr(args, "workspace", None))
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def eprint(*parts: Any) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def read_token(what: str, page: str, command: str, from_stdin: bool) -> str:
+    """An API token from a hidden prompt, or the first line of standard input; checked for the obvious slips."""
+    if from_stdin:
+        token = sys.stdin.readline()
+    else:
+        if not sys.stdin.isatty():
+            raise CliError(
+                "No terminal to ask the token on.", f"Pipe it in instead: `{command} --stdin < token.txt`."
+            )
+        token = getpass.getpass(f"{what} (from {page}; not shown): ")
+    token = token.strip()
+    if not token:
+        raise CliError("No token was given.", f"Copy your token from {page} and run `{command}` again.")
+    if any(c.isspace() for c in token):
+        article = "an" if what[:1] in "AEIOU" else "a"
+        raise CliError(
+            f"That does not look like {article} {what} (it contains spaces or line breaks).",
+            f"Copy just the token from {page} (one line), then run `{command}` again.",
+        )
+    return token
+
+
+def number_in(kind: type, lo: float, hi: float) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` (int or float) from lo to hi, else a usage error naming the range
+    (argparse prints it and exits 2: no traceback)."""
+
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a {'whole ' if kind is int else ''}number"
+            ) from None
+        if v != v or not lo <= v <= hi:
+            span = f"{int(lo)} to {int(hi)}" if kind is int else f"{lo:g} to {hi:g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give {span}")
+        return v
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def int_in(lo: int, hi: int) -> Callable[[str], Any]:
+    """A whole number from lo to hi (number_in)."""
+    return number_in(int, lo, hi)
+
+
+def add_ssh_flags(p: argparse.ArgumentParser) -> None:
+    """How to reach a machine over SSH (a board or a worker host): --host, --port, --user, --auth, --key."""
+    p.add_argument(
+        "--host", required=True, help="host name, IP, or the ~/.ssh/config alias (auth ssh_config)"
+    )
+    p.add_argument("--port", type=int, default=22)
+    p.add_argument("--user", default=None)
+    p.add_argument("--auth", choices=("key", "agent", "ssh_config", "password"), default="key")
+    p.add_argument("--key", dest="key_path", default=None, help="private key file (auth key)")
+
+
+def add_trust_flag(p: argparse.ArgumentParser, what: str = "board") -> None:
+    """--trust SHA256:...: the host key a first connection accepts without asking (what: board | host)."""
+    whose = "board's host" if what == "board" else f"{what}'s"
+    p.add_argument(
+        "--trust",
+        metavar="SHA256:...",
+        default=None,
+        help=f"trust the {whose} key on first contact if its fingerprint is exactly this",
+    )
+
+
+def host_key_prompt(args: argparse.Namespace, what: str = "board") -> Callable[[str, int, str, str], bool]:
+    """How a first SSH connection decides on an unknown host key: the fingerprint given with --trust, else a
+    question on a terminal (never with --json), else no."""
+    want = getattr(args, "trust", None)
+
+    def ask(host: str, port: int, key_type: str, fp: str) -> bool:
+        if want:
+            return bool(fp == want)
+        if sys.stdin.isatty() and not getattr(args, "json", False):
+            ans = input(
+                f"First connection to {host}:{port}. Host key {key_type} {fp}.\n"
+                f"Compare with the {what}'s `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`. "
+                "Trust it? [y/N] "
+            )
+            return ans.strip().lower() in ("y", "yes")
+        return False
+
+    return ask

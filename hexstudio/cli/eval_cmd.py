@@ -1,0 +1,118 @@
+"""`hexstudio eval add FILE | list | show RUN`: evaluation suites and a run's three-way scores.
+
+The Evaluate stage itself runs with `hexstudio run ... --until evaluate` (or `--only evaluate`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from hexstudio.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
+from hexstudio.core.eval.suites import (
+    DEFAULT_SUITES,
+    SHIPPED_DIR,
+    SuiteError,
+    add_suite,
+    available,
+    load_suite,
+)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("eval", help="evaluation suites: add your own, list them, show a run's scores")
+    esub = p.add_subparsers(dest="eval_command", metavar="ACTION", required=True)
+    a = esub.add_parser("add", help="check a suite (JSONL) and add it to the workspace's suites")
+    a.add_argument("file", type=Path)
+    a.add_argument("--replace", action="store_true", help="replace an added suite of the same name")
+    add_workspace_flag(a)
+    add_json_flag(a)
+    a.set_defaults(func=cmd_add)
+    ls = esub.add_parser("list", help="the suites available (shipped and added)")
+    add_workspace_flag(ls)
+    add_json_flag(ls)
+    ls.set_defaults(func=cmd_list)
+    sh = esub.add_parser("show", help="a run's evaluation: every suite float -> simulated -> board")
+    sh.add_argument("run", help="run id or folder")
+    add_workspace_flag(sh)
+    add_json_flag(sh)
+    sh.set_defaults(func=cmd_show)
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    ws = workspace_from(args)
+    try:
+        s = add_suite(args.file, ws.root, replace=args.replace)
+    except SuiteError as exc:
+        raise CliError(exc.message, exc.hint) from None
+    if args.json:
+        print_json({"ok": True, **s.summary()})
+    else:
+        print(f"added suite {s.name!r}: {len(s.cases)} case(s), scorer {s.scorer} -> {s.path}")
+        print(
+            f"run it: hexstudio run --resume RUN --only evaluate with the run setting eval_suites "
+            f'[..., "{s.name}"] (or tick it on the Evaluate page)'
+        )
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    ws = workspace_from(args)
+    rows: list[dict[str, Any]] = []
+    for name, path in available(ws.root).items():
+        try:
+            s = load_suite(path, shipped=path.parent == SHIPPED_DIR)
+            rows.append({**s.summary(), "default": name in DEFAULT_SUITES})
+        except SuiteError as exc:
+            rows.append({"name": name, "path": str(path), "error": exc.message})
+    if args.json:
+        print_json({"ok": True, "suites": rows})
+        return 0
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:<24} BROKEN: {r['error']}")
+        else:
+            tag = "default" if r["default"] else ("shipped" if r["shipped"] else "added")
+            print(f"{r['name']:<24} {r['cases']:>4} cases  {r['scorer']:<12} {tag:<8} {r['title']}")
+    return 0
+
+
+def _run_dir(args: argparse.Namespace) -> Path:
+    p = Path(args.run)
+    if (p / "run.json").is_file():
+        return p
+    d = workspace_from(args).run_dir(args.run)
+    if not d.is_dir():
+        raise CliError(f"No run '{args.run}'.", "`hexstudio runs list` shows the runs.")
+    return d
+
+
+def table_lines(doc: dict[str, Any]) -> list[str]:
+    legs = doc.get("legs") or ["float", "sim", "board"]
+    titles = doc.get("leg_titles") or {}
+    head = f"{'suite':<24}" + "".join(f"{titles.get(leg, leg)[:26]:>28}" for leg in legs) + "   drop"
+    out = [head, "-" * len(head)]
+    for t in doc.get("suites") or []:
+        cells = "".join(f"{(t['legs'].get(leg) or {}).get('text', '—'):>28}" for leg in legs)
+        drops = ", ".join(f"{k} {v:+.3f}" for k, v in (t.get("drops") or {}).items())
+        out.append(f"{t['suite']:<24}{cells}   {drops}")
+    if doc.get("simulated"):
+        out.append("board: the SIMULATOR board (CPU, onnxruntime): simulated, not a device result")
+    return out
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    d = _run_dir(args)
+    p = d / "artifacts" / "evaluate" / "evaluate.json"
+    if not p.is_file():
+        raise CliError(
+            f"Run {d.name} has no evaluation yet.",
+            f"Run it: hexstudio run --resume {d.name} --until evaluate",
+        )
+    doc = json.loads(p.read_text(encoding="utf-8"))
+    if args.json:
+        print_json({"ok": True, **doc})
+    else:
+        print("\n".join(table_lines(doc)))
+    return 0

@@ -1,0 +1,166 @@
+"""`hexstudio report RUN --format html|pdf|json --out FILE` and `hexstudio report compare RUN RUN ...`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from hexstudio.cli.common import CliError, add_workspace_flag, workspace_from
+from hexstudio.core.runs import RunNotFound
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write a run report (html, pdf, json) or compare runs",
+        description="hexstudio report RUN --format html|pdf|json --out FILE\n"
+        "hexstudio report compare RUN_A RUN_B ... --format html|pdf|json|csv --out FILE "
+        "[--baseline RUN] [--timing-tolerance PCT] [--quality-tolerance PCT]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "runs", nargs="+", metavar="RUN", help="a run id or run folder; or `compare` and two or more runs"
+    )
+    p.add_argument(
+        "--format", choices=("html", "pdf", "json", "csv"), default="html", help="csv: comparisons only"
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="RUN",
+        default=None,
+        help="compare: the run the others are set against (default: the first)",
+    )
+    p.add_argument(
+        "--timing-tolerance",
+        type=float,
+        default=10.0,
+        metavar="PCT",
+        help="compare: timings and memory within this %% are the same (default 10; a measured "
+        "run-to-run spread counts where it is larger)",
+    )
+    p.add_argument(
+        "--quality-tolerance",
+        type=float,
+        default=2.0,
+        metavar="PCT",
+        help="compare: quality figures within this %% are the same (default 2)",
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="output file (default: stdout for json, else required)"
+    )
+    hosts = p.add_mutually_exclusive_group()
+    hosts.add_argument(
+        "--redact-hosts",
+        dest="redact_hosts",
+        action="store_true",
+        default=None,
+        help="leave host and user names out (default: the include_host_in_reports setting)",
+    )
+    hosts.add_argument(
+        "--include-hosts", dest="redact_hosts", action="store_false", help="show host and user names"
+    )
+    add_workspace_flag(p)
+    p.set_defaults(func=cmd_report)
+
+
+def _run_dir(args: argparse.Namespace, ref: str) -> Path:
+    p = Path(ref).expanduser()
+    if (p / "run.json").is_file():
+        return p
+    try:
+        return workspace_from(args).open_run(ref).run_dir
+    except RunNotFound as exc:
+        raise CliError(str(exc), "List runs with `hexstudio runs list`, or give the run folder.") from None
+
+
+def _redact_hosts(args: argparse.Namespace) -> bool:
+    if args.redact_hosts is not None:
+        return bool(args.redact_hosts)
+    from hexstudio.core.settings import Settings
+
+    try:
+        return not bool(Settings.load().data.get("include_host_in_reports", False))
+    except Exception:  # an unreadable settings file: err on the side of privacy
+        return True
+
+
+def _check_out(out: Path) -> None:
+    """--out names a file in a folder that exists and can be written: no folder is ever created for it (issue 27:
+    `--out /nonexistent/dir/r.html` made folders at the filesystem root, `--out <a folder>` ended in a traceback)."""
+    if out.is_dir():
+        raise CliError(
+            f"--out {out} is a folder; give a file name.", f"For example --out {out / 'report.html'}"
+        )
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise CliError(
+            f"The folder {parent} does not exist, so {out.name} cannot be written there.",
+            "Create the folder first, or give --out a file in an existing folder.",
+        )
+    if not os.access(parent, os.W_OK):
+        raise CliError(
+            f"The folder {parent} cannot be written to.", "Give --out a file in a folder you can write."
+        )
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.compare import compare_html, compare_reports, write_compare
+    from hexstudio.core.reports.render import ReportError, validate_report, write
+
+    args.redact_hosts = _redact_hosts(args)
+    if args.out is not None:
+        _check_out(args.out)
+    try:
+        if args.runs[0] == "compare":
+            if len(args.runs) < 3:
+                raise CliError("Compare needs two or more runs.", "hexstudio report compare RUN_A RUN_B ...")
+            reports = [build_report(_run_dir(args, r), redact_hosts=args.redact_hosts) for r in args.runs[1:]]
+            baseline = 0
+            if args.baseline:
+                dirs = [_run_dir(args, r) for r in args.runs[1:]]
+                want = _run_dir(args, args.baseline)
+                if want not in dirs:
+                    raise CliError(
+                        f"--baseline {args.baseline} is not one of the compared runs.",
+                        "Give one of the runs after `compare`.",
+                    )
+                baseline = dirs.index(want)
+            c = compare_reports(reports, baseline, args.timing_tolerance / 100, args.quality_tolerance / 100)
+            if args.out is None:
+                if args.format == "pdf":
+                    raise CliError("--format pdf needs --out FILE.")
+                if args.format == "csv":
+                    from hexstudio.core.reports.noise import compare_csv
+
+                    print(compare_csv(c), end="")
+                    return 0
+                print(
+                    json.dumps(c, indent=2, ensure_ascii=False) if args.format == "json" else compare_html(c)
+                )
+                return 0
+            write_compare(c, args.format, args.out)
+            print(f"wrote {args.out} ({len(reports)} runs, {len(c['rows'])} rows in common)", file=sys.stderr)
+            return 0
+        if args.format == "csv":
+            raise CliError(
+                "--format csv is for comparisons (`hexstudio report compare RUN_A RUN_B ...`).",
+                "For one run use html, pdf or json.",
+            )
+        if len(args.runs) != 1:
+            raise CliError("Give one run (or `compare` and two or more).")
+        rep = build_report(_run_dir(args, args.runs[0]), redact_hosts=args.redact_hosts)
+        validate_report(rep)
+        if args.out is None:
+            if args.format != "json":
+                raise CliError(f"--format {args.format} needs --out FILE.")
+            print(json.dumps(rep, indent=2, ensure_ascii=False))
+            return 0
+        write(rep, args.format, args.out)
+        print(f"wrote {args.out} (run {rep['run']['status']})", file=sys.stderr)
+        return 0
+    except ReportError as exc:
+        raise CliError(exc.message, exc.hint) from None

@@ -1,0 +1,247 @@
+"""`hexstudio run`: make a run (or resume one) and take it through the stages."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from typing import Any
+
+from hexstudio.cli.common import (
+    EXIT_USAGE,
+    CliError,
+    add_json_flag,
+    add_workspace_flag,
+    print_json,
+    workspace_from,
+)
+from hexstudio.core.jobs import human_bytes
+from hexstudio.core.paths import BUILTIN_MODEL_ID
+from hexstudio.core.pipeline import Pipeline, display_state
+from hexstudio.core.remote.hosts import WorkerHostError, host_config
+from hexstudio.core.runs import RunNotFound, WorkspaceError
+from hexstudio.core.settings import SettingsError
+from hexstudio.core.stages import STAGE_NAMES
+from hexstudio.core.status import run_status, stage_status, stage_statuses
+from hexstudio.workers.shared import run_settings
+
+
+def _parse_set(values: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` items, read and checked as the registry of run settings says (hexstudio.workers.shared.run_settings)."""
+    out: dict[str, Any] = {}
+    for item in values:
+        if "=" not in item:
+            raise CliError(f"--set expects KEY=VALUE, got '{item}'.", "Example: --set context_length=1024")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        spec = run_settings.spec(k)
+        if spec is None:
+            near = run_settings.closest(k)
+            raise CliError(
+                f"--set {item}: {k} is not a run setting.",
+                (f"Did you mean {near}? " if near else "") + "`hexstudio run --help` lists the run "
+                "settings (docs/settings.md describes each).",
+                code=EXIT_USAGE,
+            )
+        out[k] = run_settings.parse_cli_value(k, v)
+        why = run_settings.check(k, out[k])
+        if why is not None:
+            raise CliError(
+                f"--set {item}: {why}",
+                f"{k} takes {spec.type_text()}; its default is written {json.dumps(spec.default)} "
+                "(JSON: numbers bare, true/false in lower case, text in quotes if it looks like a number).",
+                code=EXIT_USAGE,
+            )
+    return out
+
+
+def _check_worker_host(name: str) -> None:
+    """Refuse an unknown worker host before a run is made (connecting happens when a heavy stage starts)."""
+    if name == "local":
+        return
+    try:
+        host_config(name)
+    except WorkerHostError as exc:
+        raise CliError(exc.message, exc.hint) from None
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        help="create or resume a run and take it through the stages",
+        epilog=run_settings.cli_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model", default=None, help=f"model: {BUILTIN_MODEL_ID} (default), a Hugging Face id, or a folder"
+    )
+    p.add_argument(
+        "--revision",
+        default=None,
+        metavar="REV",
+        help="Hugging Face revision of --model: a branch, tag or commit hash (default: main); "
+        "recorded in the run and in model.json",
+    )
+    p.add_argument(
+        "--board", default=None, help="board: sim (default, the simulator) or a configured board name"
+    )
+    p.add_argument(
+        "--until", default="report", choices=STAGE_NAMES, help="last stage to run (default: report)"
+    )
+    p.add_argument("--only", default=None, choices=STAGE_NAMES, help="run just this stage")
+    p.add_argument(
+        "--resume", metavar="RUN_ID", default=None, help="resume this run instead of making a new one"
+    )
+    p.add_argument("--force", action="store_true", help="re-run stages even when they are current")
+    p.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a run setting (listed below), e.g. --set context_length=1024 (repeatable)",
+    )
+    p.add_argument(
+        "--override-gate",
+        action="append",
+        default=[],
+        choices=STAGE_NAMES,
+        metavar="STAGE",
+        help="continue past this stage's failed gate (recorded in the run)",
+    )
+    p.add_argument(
+        "--worker-host",
+        default=None,
+        metavar="NAME",
+        help="run the heavy stages (quantize, validate) on this worker host over SSH "
+        "(`hexstudio worker add`); 'local' runs them here. Recorded in the run, so a resume "
+        "uses it; with --resume it changes the host",
+    )
+    p.add_argument("--quiet", action="store_true", help="print only the outcome")
+    add_workspace_flag(p)
+    add_json_flag(p)
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    ws = workspace_from(args)
+    if args.resume is not None and not args.resume.strip():
+        raise CliError(
+            "--resume needs a run id; it was given empty (a shell variable that was not set?).",
+            "`hexstudio runs list` shows the run ids; leave --resume out to start a new run.",
+        )
+    if args.resume:
+        if args.model or args.board or args.settings or args.revision:
+            raise CliError(
+                "--resume continues a run with its own inputs; --model, --revision, --board and --set "
+                "cannot change them.",
+                "Start a new run to change inputs.",
+            )
+        try:
+            m = ws.open_run(args.resume)
+        except RunNotFound as exc:
+            raise CliError(str(exc)) from None
+        if args.worker_host is not None:
+            _check_worker_host(args.worker_host)
+            if (m.settings.get("worker_host") or "local") != args.worker_host:
+                # where a stage runs is not one of its inputs: done stages stay done. Saved by the pipeline
+                # once it holds the run's lock (never over another runner's manifest).
+                m.settings["worker_host"] = None if args.worker_host == "local" else args.worker_host
+                m.add_event("settings", f"worker_host set to {args.worker_host} (--worker-host on resume)")
+    else:
+        from hexstudio.core.settings import Settings
+
+        defaults = Settings.load().run_defaults()
+        defaults.update(_parse_set(args.settings))
+        if args.revision:
+            defaults["revision"] = args.revision  # the Model stage's input (hexstudio/core/stages.py)
+        if args.worker_host is not None:
+            _check_worker_host(args.worker_host)
+            defaults["worker_host"] = None if args.worker_host == "local" else args.worker_host
+        if defaults.get("worker_host"):
+            _check_worker_host(str(defaults["worker_host"]))
+        try:
+            m = ws.create_run(args.model or BUILTIN_MODEL_ID, args.board or "sim", defaults)
+        except SettingsError as exc:
+            raise CliError(
+                str(exc),
+                "Fix the value (`--set KEY=VALUE`, or run_defaults in the settings file); no run was made.",
+            ) from None
+        except WorkspaceError as exc:
+            raise CliError(exc.message, exc.hint) from None
+    quiet = args.quiet or args.json
+    if not quiet:
+        print(f"run {m.run_id}  ({m.run_dir})", file=sys.stderr)
+
+    last_fraction: dict[str, float] = {}
+
+    def on_event(stage: str, ev: dict[str, Any]) -> None:
+        if quiet:
+            return
+        t = ev["type"]
+        if t == "progress":
+            f = float(ev["fraction"])
+            if f - last_fraction.get(stage, -1.0) >= 0.05 or f >= 1.0:
+                last_fraction[stage] = f
+                print(f"  [{stage}] {f * 100:5.1f}%  {ev.get('message', '')}", file=sys.stderr)
+        elif t in ("warning", "error"):
+            print(f"  [{stage}] {t}: {ev['message']}", file=sys.stderr)
+            if ev.get("hint"):
+                print(f"           what to do: {ev['hint']}", file=sys.stderr)
+
+    def on_stage(stage: str, state: str) -> None:
+        if not quiet:
+            print(f"{stage}: {state}", file=sys.stderr)
+
+    pipe = Pipeline(m, on_event=on_event, on_stage=on_stage)
+    for st in args.override_gate:
+        pipe.override_gate(st, "override requested on the command line (--override-gate)")
+
+    async def go() -> Any:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(pipe.cancel()))
+        return await pipe.run(until=args.until, only=args.only, force=args.force)
+
+    res = asyncio.run(go())
+    states = {n: display_state(m, n) for n in STAGE_NAMES}
+    if args.json:
+        # "statuses" and "run_status": the one status model's words (hexstudio/core/status.py), as `runs show --json`
+        # prints them; "states" keeps the pipeline's raw states (done, failed, ...) for scripts that read them
+        statuses = stage_statuses(m)
+        print_json(
+            {
+                "ok": res.ok,
+                "run_id": m.run_id,
+                "run_dir": str(m.run_dir),
+                "stopped_at": res.stopped_at,
+                "message": res.message,
+                "hint": res.hint,
+                "ran": res.ran,
+                "skipped": res.skipped,
+                "statuses": {s.stage: s.as_json() for s in statuses},
+                "run_status": run_status(statuses).as_json(),
+                "states": states,
+            }
+        )
+    else:
+        for name in res.ran:
+            st = m.stage(name).data
+            peak = st.get("peak_rss_bytes")
+            print(
+                f"  {name:10s} {stage_status(m, name).line():14s} {st.get('duration_s') or 0:8.1f} s  peak RSS "
+                f"{human_bytes(peak)}",
+                file=sys.stderr,
+            )
+        if res.ok:
+            print(f"ok: {res.message} (run {m.run_id})")
+        else:
+            print(f"stopped at {res.stopped_at}: {res.message}", file=sys.stderr)
+            if res.hint:
+                print(f"  what to do: {res.hint}", file=sys.stderr)
+            if res.stopped_at is None or stage_status(m, res.stopped_at).key != "gate_failed":
+                # after a failed gate a plain resume only stops at the same gate: the hint above says what to do
+                print(f"  resume with: hexstudio run --resume {m.run_id}", file=sys.stderr)
+    return 0 if res.ok else 1

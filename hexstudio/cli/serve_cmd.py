@@ -1,0 +1,243 @@
+"""`hexstudio serve --board NAME [--port 8000]`: an OpenAI-compatible endpoint over the board's persistent dialog.
+
+    hexstudio serve --board sim                  # http://127.0.0.1:8000/v1, the latest run's bundle
+    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=none python my_agent.py
+
+The model is loaded once; every request is a turn of that dialog (hexstudio/serve/). Loopback only unless
+--allow-remote is given together with an API key in an environment variable (--api-key-env).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+from typing import Any
+
+from hexstudio.cli.common import CliError, add_workspace_flag, eprint, number_in
+from hexstudio.core.genie.runtime import RUNTIMES
+from hexstudio.core.genie.session import SAMPLER_PRESETS
+from hexstudio.serve.limits import Limits
+from hexstudio.workers.shared.bundle.speculative import DIALOG_TYPES
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible endpoint (/v1/chat/completions, /v1/completions, "
+        "/v1/models, /v1/stats) over a board's persistent dialog",
+    )
+    p.add_argument(
+        "--board", default=None, help="board name from settings, or sim (default: the run's board)"
+    )
+    p.add_argument("--run", default=None, help="serve this run's bundle (default: the latest run with one)")
+    p.add_argument("--bundle", default=None, help="a bundle folder (local: pushed first; else on the board)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, loopback only)"
+    )
+    p.add_argument(
+        "--port", type=number_in(int, 0, 65535), default=8000, help="port (default 8000; 0 picks a free one)"
+    )
+    p.add_argument(
+        "--allow-remote", action="store_true", help="allow a non-loopback --host (needs an API key too)"
+    )
+    p.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="VAR",
+        help="environment variable holding the API key clients must send (required with "
+        "--allow-remote; optional on loopback)",
+    )
+    p.add_argument("--runtime", choices=RUNTIMES, default=None, help="genie or geniex (default: the board's)")
+    p.add_argument(
+        "--dialog",
+        choices=DIALOG_TYPES,
+        default="basic",
+        help="Genie's dialog: basic, or a speculative one the bundle carries (lade, spd)",
+    )
+    p.add_argument(
+        "--sampler",
+        choices=tuple(k for k in SAMPLER_PRESETS if k != "bundle"),
+        default="deterministic",
+        help="the sampler a request without temperature/top_p/seed gets (default deterministic)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=number_in(int, 1, 1 << 20),
+        default=256,
+        help="reply budget when a request gives none (default 256)",
+    )
+    d = Limits()
+    lim = p.add_argument_group("limits (what one client may hold or send)")
+    lim.add_argument(
+        "--max-queue",
+        type=number_in(int, 0, 10_000),
+        default=d.max_queue,
+        help=f"requests waiting for the dialog; more get 429 + Retry-After (default {d.max_queue})",
+    )
+    lim.add_argument(
+        "--max-connections",
+        type=number_in(int, 1, 1_000_000),
+        default=d.max_connections,
+        help=f"open connections; more get 503 and are closed (default {d.max_connections}; capped "
+        "by the open-file limit)",
+    )
+    lim.add_argument(
+        "--max-body",
+        type=number_in(int, 1024, 1 << 30),
+        default=d.max_body,
+        metavar="BYTES",
+        help=f"request body size (default {d.max_body})",
+    )
+    lim.add_argument(
+        "--header-timeout",
+        type=number_in(float, 0.1, 3600),
+        default=d.header_timeout,
+        metavar="S",
+        help=f"seconds to send the request headers (default {d.header_timeout:g})",
+    )
+    lim.add_argument(
+        "--body-timeout",
+        type=number_in(float, 0.1, 3600),
+        default=d.body_timeout,
+        metavar="S",
+        help=f"seconds to send the request body (default {d.body_timeout:g})",
+    )
+    lim.add_argument(
+        "--keep-alive",
+        type=number_in(float, 0.1, 3600),
+        default=d.keep_alive,
+        metavar="S",
+        help=f"seconds an idle connection is kept open (default {d.keep_alive:g})",
+    )
+    lim.add_argument(
+        "--shutdown-grace",
+        type=number_in(float, 0, 3600),
+        default=d.shutdown_grace,
+        metavar="S",
+        help=f"seconds a running reply gets to finish on Ctrl-C/SIGTERM (default {d.shutdown_grace:g})",
+    )
+    p.add_argument(
+        "--template", default="auto", help="prompt format: auto (from the model), model, plain, qa"
+    )
+    p.add_argument("--port-file", default=None, help="write the port here once listening (for scripts)")
+    add_workspace_flag(p)
+    p.set_defaults(func=cmd_serve, json=False, transcript=None)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from hexstudio.cli.chat_cmd import _target
+    from hexstudio.core.eval.render import PromptRenderer
+    from hexstudio.serve.bridge import BridgeError, DialogBridge
+    from hexstudio.serve.server import BindRefused, OpenAIServer, check_bind
+
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env) or None
+        if key is None:
+            raise CliError(
+                f"The environment variable {args.api_key_env} is not set (or empty).",
+                f"export {args.api_key_env}=<a long random key>, then start the server again.",
+            )
+    try:
+        check_bind(args.host, args.allow_remote, key)
+    except BindRefused as exc:
+        raise CliError(exc.message, exc.hint) from None
+    board, remote, doc, run_dir = await _target(args)
+    model_dir = run_dir / "artifacts" / "model" if run_dir is not None else None
+    renderer = PromptRenderer.for_model(
+        model_dir if model_dir is not None and model_dir.is_dir() else None, args.template
+    )
+    model_id = str(doc.get("model") or (run_dir.name if run_dir else "bundle"))
+    bridge = DialogBridge(
+        board,
+        remote,
+        renderer,
+        model_id=model_id,
+        runtime=args.runtime,
+        sampler=args.sampler,
+        max_tokens=args.max_tokens,
+        on_status=eprint,
+        dialog=args.dialog,
+    )
+    try:
+        await bridge.open()
+    except BridgeError as exc:
+        await board.transport.close()
+        raise CliError(exc.message, "See `hexstudio board probe " + board.name + "` (the doctor).") from None
+    limits = Limits(
+        max_body=args.max_body,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        keep_alive=args.keep_alive,
+        max_connections=_fd_budget(args.max_connections),
+        max_queue=args.max_queue,
+        shutdown_grace=args.shutdown_grace,
+    )
+    server = OpenAIServer(bridge, api_key=key, limits=limits)
+    try:
+        port = await server.start(args.host, args.port)
+    except OSError as exc:
+        await bridge.close()
+        await board.transport.close()
+        raise CliError(
+            f"Cannot listen on {args.host}:{args.port}: {exc.strerror or exc}.",
+            "Pick another --port (or 0 for any free one).",
+        ) from None
+    if args.port_file:
+        try:
+            with open(args.port_file, "w", encoding="utf-8") as f:
+                f.write(str(port))
+        except OSError as exc:
+            await server.close()
+            await bridge.close()
+            await board.transport.close()
+            raise CliError(
+                f"Cannot write the port file {args.port_file}: {exc.strerror or exc}.",
+                "Give a --port-file in a folder you can write to.",
+            ) from None
+    sim = " — SIMULATED board: CPU numbers, not a device result" if bridge.simulated else ""
+    init = bridge.inits[-1]["init_ms"] if bridge.inits else None
+    eprint(f"serving {model_id} on {board.label}{sim}")
+    eprint(
+        f"  http://{args.host}:{port}/v1  (model loaded once in {init} ms; prompts: {renderer.label()}; "
+        f"tool calls: {renderer.tool_format} format)"
+    )
+    eprint("  KPIs per request: x-hexstudio-* headers and GET /v1/stats; Ctrl-C stops")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+        await bridge.close()
+        await board.transport.close()
+        summary: dict[str, Any] = {"served": bridge.served, "loads": len(bridge.inits)}
+        eprint(f"stopped: {json.dumps(summary)}")
+    return 0
+
+
+def _fd_budget(wanted: int) -> int:
+    """Raise the soft open-file limit toward the hard one, and keep the connection cap below it (with room
+    for the board's connection, logs and the dialog's helper), so a flood of connections gets 503s instead
+    of 'too many open files' for everything, /health included."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = wanted + 256
+        cap = hard if hard != resource.RLIM_INFINITY else want
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, cap), hard))
+            soft = min(want, cap)
+        return max(1, min(wanted, int(soft) - 128))
+    except (ImportError, ValueError, OSError):
+        return wanted
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    return asyncio.run(_serve(args))

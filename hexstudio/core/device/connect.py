@@ -1,0 +1,885 @@
+"""Connecting to a board over SSH: ~/.ssh/config, host-key trust, authentication, connection states.
+
+~/.ssh/config is honoured as OpenSSH does, through paramiko's SSHConfig: HostName, Port, User, IdentityFile
+(several), IdentitiesOnly, ProxyJump (a chain of jump hosts: each next hop is a direct-tcpip channel through
+the previous connection), ProxyCommand (paramiko.ProxyCommand), HostKeyAlias, UserKnownHostsFile and
+HashKnownHosts. The board's own settings (host, port, user, key_path) win over the file where they are given.
+
+Authentication, by the board's `auth`: "key" (its key_path, else the config's IdentityFiles), "agent" (the
+SSH agent's keys), "ssh_config" (what `ssh` would try: agent keys and IdentityFiles, IdentitiesOnly limiting
+the agent to those), "password" (from the keyring). An encrypted key asks for its passphrase through the
+`passphrase` callback (the CLI asks with getpass, the studio with a dialog); without one it raises
+KeyPassphraseNeeded, which the caller answers by asking and connecting again. A passphrase is kept only in
+memory (the opened key, for reconnects in this process) unless the person chooses the keyring.
+
+Host keys: HexStudio's own known_hosts file (<config dir>/known_hosts) plus the user's (~/.ssh/known_hosts or
+UserKnownHostsFile). An unknown key is never added silently: `connect_ssh` raises HostKeyUnknown (with the
+SHA256 fingerprint) unless a `trust` callback says yes; the CLI/GUI shows the fingerprint, and on "trust"
+calls `trust_host_key` (or passes trust=...) and connects again. Once trusted, the key can also be written to
+the user's known_hosts (as ssh-keyscan writes it, hashed when that file or HashKnownHosts says so), only when
+`save_known_hosts` says yes: offered, never done silently. A key that differs from the stored one raises
+HostKeyChanged: refused, loudly, never overridden here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import getpass
+import hashlib
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hexstudio.core.device.errors import BoardError
+from hexstudio.core.device.transport import SshSession, SshTransport
+from hexstudio.core.paths import config_dir
+from hexstudio.core.secrets import (
+    SecretStoreError,
+    board_password_key,
+    delete_secret,
+    get_secret,
+    key_passphrase_key,
+    set_secret,
+)
+
+AUTH_KINDS = ("key", "agent", "ssh_config", "password")
+DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")  # as OpenSSH tries them
+PASSPHRASE_TRIES = 3
+# connection states reported through on_state(state, detail)
+CONNECTING, READY, FAILED = "connecting", "ready", "failed"
+
+
+class HostKeyUnknown(BoardError):
+    def __init__(self, host: str, port: int, key_type: str, fingerprint: str, key: Any) -> None:
+        super().__init__(
+            f"First connection to {host}:{port}: its host key is {key_type} {fingerprint}.",
+            "Compare this fingerprint with the board's own (on the board: "
+            "`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`) and trust it only if they match.",
+        )
+        self.host, self.port, self.key_type, self.fingerprint, self.key = (
+            host,
+            port,
+            key_type,
+            fingerprint,
+            key,
+        )
+
+
+class HostKeyChanged(BoardError):
+    def __init__(self, host: str, port: int, fingerprint: str, expected: str) -> None:
+        super().__init__(
+            f"REFUSED: the host key of {host}:{port} has CHANGED (now {fingerprint}, trusted {expected}). "
+            "Someone may be intercepting the connection, or the board was reinstalled.",
+            f"If the board was reflashed, remove its line from {known_hosts_path()} (and ~/.ssh/known_hosts) "
+            "and connect again to review the new fingerprint. Otherwise do not connect.",
+        )
+        self.host, self.port, self.fingerprint, self.expected = host, port, fingerprint, expected
+
+
+def known_hosts_path() -> Path:
+    return config_dir() / "known_hosts"
+
+
+def fingerprint(key: Any) -> str:
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
+def host_entry(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def _append_line(path: Path, line: str) -> None:
+    """Append one line to a known_hosts file (write temp + fsync + rename; mode 0600, the folder 0700 if new)."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+    old = path.read_text() if path.exists() else ""
+    tmp = path.with_name(path.name + ".hexstudio-tmp")
+    with open(tmp, "w") as f:
+        f.write(old + ("" if not old or old.endswith("\n") else "\n") + line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def known_hosts_line(host: str, port: int, key: Any, hashed: bool = False) -> str:
+    """One known_hosts line as `ssh-keyscan` writes it ([host]:port for a port other than 22); `hashed` as
+    `ssh-keyscan -H` (|1|salt|HMAC-SHA1), which hides the host name from whoever reads the file."""
+    import paramiko
+
+    entry = host_entry(host, port)
+    if hashed:
+        entry = paramiko.HostKeys.hash_host(entry)
+    return f"{entry} {key.get_name()} {key.get_base64()}"
+
+
+def file_is_hashed(path: Path) -> bool:
+    """Whether a known_hosts file already keeps its host names hashed (then new lines are hashed too)."""
+    try:
+        lines = [
+            ln
+            for ln in path.read_text(errors="replace").splitlines()
+            if ln.strip() and not ln.startswith("#")
+        ]
+    except OSError:
+        return False
+    return bool(lines) and all(ln.startswith("|1|") for ln in lines)
+
+
+def user_known_hosts_path(cfg: dict[str, Any] | None = None) -> Path:
+    """The user's own known_hosts for this board: UserKnownHostsFile from ~/.ssh/config, else ~/.ssh/known_hosts."""
+    if cfg is not None:
+        with contextlib.suppress(BoardError):
+            files = resolve(cfg)["known_hosts_files"]
+            if files:
+                return Path(files[0])
+    return Path(os.path.expanduser("~/.ssh/known_hosts"))
+
+
+def trust_host_key(
+    host: str, port: int, key: Any, *, user_known_hosts: Path | None = None, hashed: bool | None = None
+) -> None:
+    """Append the key to HexStudio's known_hosts; with `user_known_hosts` (the person said yes to the offer)
+    also to that file (~/.ssh/known_hosts), hashed when `hashed` or, if None, when that file is already hashed."""
+    _append_line(known_hosts_path(), known_hosts_line(host, port, key))
+    if user_known_hosts is not None:
+        save_to_user_known_hosts(user_known_hosts, host, port, key, hashed)
+
+
+def save_to_user_known_hosts(path: Path, host: str, port: int, key: Any, hashed: bool | None = None) -> bool:
+    """Add the key to the user's known_hosts unless it is already there; True when a line was written."""
+    import paramiko
+
+    path = Path(path).expanduser()
+    if path.exists():
+        with contextlib.suppress(OSError, paramiko.SSHException):
+            hk = paramiko.HostKeys(str(path))
+            known = hk.lookup(host_entry(host, port))
+            if known is not None and key.get_name() in known and known[key.get_name()] == key:
+                return False
+    try:
+        _append_line(
+            path, known_hosts_line(host, port, key, file_is_hashed(path) if hashed is None else hashed)
+        )
+    except OSError as exc:
+        raise BoardError(
+            f"Cannot add the host key to {path}: {exc.strerror or exc}.",
+            f"Check the permissions of {path} and its folder (ssh wants ~/.ssh 0700 and its files "
+            "0600); HexStudio's own trust of the key is kept.",
+        ) from None
+    return True
+
+
+# -- passphrases and offers: callbacks the CLI and the studio supply --------------------------------
+
+
+@dataclass(frozen=True)
+class KeyPassphrase:
+    value: str
+    remember: bool = False  # the person chose to keep it in the keyring (stored once it opens the key)
+
+
+# ask(key_path, attempt) -> the passphrase, or None to skip this key (attempt counts from 0)
+AskPassphrase = Callable[[str, int], "KeyPassphrase | None"]
+# offer(host, port, key_type, fingerprint, path) -> also write the trusted key to the user's known_hosts `path`?
+OfferKnownHosts = Callable[[str, int, str, str, Path], bool]
+
+
+class KeyPassphraseNeeded(BoardError):
+    def __init__(self, key_path: str) -> None:
+        super().__init__(
+            f"The SSH key {key_path} is encrypted and no passphrase was given for it.",
+            f"Type its passphrase when HexStudio asks (the terminal or the Board page), or load it "
+            f"into your SSH agent once (`ssh-add {key_path}`) and use agent or ssh_config auth.",
+        )
+        self.key_path = key_path
+
+
+class KeyPassphraseWrong(BoardError):
+    def __init__(self, key_path: str, tries: int) -> None:
+        super().__init__(
+            f"The passphrase for the SSH key {key_path} is wrong ({tries} tries).",
+            f"Type it again (check Caps Lock and the keyboard layout); `ssh-keygen -y -f {key_path}` "
+            "tells you whether a passphrase opens it. If it was stored in the keyring, the stored one "
+            "is no longer asked for.",
+        )
+        self.key_path = key_path
+
+
+@dataclass
+class Prompts:
+    """What a face (CLI, studio) registers once, used when a call passes no callback of its own."""
+
+    passphrase: AskPassphrase | None = None
+    offer_known_hosts: OfferKnownHosts | None = None
+
+
+DEFAULT_PROMPTS = Prompts()
+
+
+def set_default_prompts(
+    passphrase: AskPassphrase | None = None, offer_known_hosts: OfferKnownHosts | None = None
+) -> None:
+    DEFAULT_PROMPTS.passphrase = passphrase
+    DEFAULT_PROMPTS.offer_known_hosts = offer_known_hosts
+
+
+def tty_passphrase(key_path: str, attempt: int) -> KeyPassphrase | None:
+    """The CLI's passphrase prompt (getpass, no echo); an empty answer skips the key."""
+    if not sys.stdin.isatty():
+        return None
+    again = " (wrong, try again)" if attempt else ""
+    pw = getpass.getpass(f"Passphrase for SSH key {key_path}{again}: ")
+    if not pw:
+        return None
+    ans = _ask_line("Keep it in the system keyring so HexStudio does not ask again? [y/N] ")
+    return KeyPassphrase(pw, remember=ans in ("y", "yes"))
+
+
+def _ask_line(prompt: str) -> str:
+    """A question on the terminal, the prompt on stderr (stdout may carry --json output)."""
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower()
+
+
+def tty_offer_known_hosts(host: str, port: int, key_type: str, fp: str, path: Path) -> bool:
+    """The CLI's offer, after the person trusted a host key: also add it to ~/.ssh/known_hosts?"""
+    if not sys.stdin.isatty():
+        return False
+    ans = _ask_line(
+        f"Also add {host_entry(host, port)} {key_type} {fp} to {path}, so that ssh, scp and your "
+        "editor trust it too? [y/N] "
+    )
+    return ans in ("y", "yes")
+
+
+# -- ~/.ssh/config ---------------------------------------------------------------------------------
+
+
+def ssh_config_path() -> Path:
+    return Path(os.path.expanduser("~/.ssh/config"))
+
+
+def _ssh_config_lookup(alias: str, required: bool = False) -> dict[str, Any]:
+    import paramiko
+
+    p = ssh_config_path()
+    if not p.exists():
+        if required:
+            raise BoardError(
+                f"Board auth is ssh_config but {p} does not exist.",
+                "Add a Host entry for the board there, or choose key/agent/password auth.",
+            )
+        return {}
+    try:
+        return dict(paramiko.SSHConfig.from_path(str(p)).lookup(alias))
+    except (OSError, paramiko.SSHException, ValueError, KeyError) as exc:
+        raise BoardError(
+            f"{p} cannot be read ({type(exc).__name__}: {exc}).",
+            f"Fix the line it names (`ssh -G {alias}` shows how OpenSSH reads it).",
+        ) from None
+
+
+def _none(v: Any) -> str | None:
+    return None if v is None or str(v).strip().lower() == "none" else str(v)
+
+
+def resolve(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Where and how to connect: the board's settings over ~/.ssh/config (looked up by ssh_alias or host)."""
+    auth = cfg.get("auth", "key")
+    if auth not in AUTH_KINDS:
+        raise BoardError(f"Unknown board auth '{auth}'.", f"Use one of: {', '.join(AUTH_KINDS)}.")
+    alias = str(cfg.get("ssh_alias") or cfg.get("host") or "")
+    if not alias:
+        raise BoardError("The board has no host.", "Set its host name or IP address.")
+    c = _ssh_config_lookup(alias, required=auth == "ssh_config")
+    port = (
+        int(c["port"])
+        if auth == "ssh_config" and c.get("port")
+        else int(cfg.get("port") or c.get("port") or 22)
+    )
+    user = cfg.get("user") or c.get("user") or getpass.getuser()
+    ids = [os.path.expanduser(str(f)) for f in c.get("identityfile") or []]
+    known = [os.path.expanduser(f) for f in str(c.get("userknownhostsfile") or "").split() if f != "none"]
+    return {
+        "alias": alias,
+        "host": str(c.get("hostname") or cfg.get("host") or alias),
+        "port": port,
+        "user": user,
+        "auth": auth,
+        "key_path": cfg.get("key_path") or (ids[0] if auth == "ssh_config" and ids else None),
+        "identity_files": ids,
+        "identities_only": str(c.get("identitiesonly", "no")).lower() == "yes",
+        "proxy_jump": _none(c.get("proxyjump")),
+        "proxy_command": _none(c.get("proxycommand")),
+        "host_key_alias": _none(c.get("hostkeyalias")),
+        "known_hosts_files": known,
+        "hash_known_hosts": str(c.get("hashknownhosts", "no")).lower() == "yes",
+        "from_ssh_config": bool(c),
+    }
+
+
+def _jump_spec(spec: str) -> dict[str, Any]:
+    """One ProxyJump element ([user@]host[:port], or ssh://[user@]host[:port]) as board settings."""
+    s = spec.strip().removeprefix("ssh://")
+    user, _, hostport = s.rpartition("@")
+    host, port = hostport, None
+    if hostport.startswith("["):  # [v6]:port
+        host, _, rest = hostport[1:].partition("]")
+        port = rest.lstrip(":") or None
+    elif hostport.count(":") == 1:
+        host, port = hostport.split(":")
+    return {"host": host, "port": int(port) if port else None, "user": user or None}
+
+
+# -- keys ------------------------------------------------------------------------------------------
+
+# keys opened in this process, by (path, mtime): a reconnect does not ask again (memory only, never a file)
+_OPENED: dict[tuple[str, int], Any] = {}
+_OPENED_LOCK = threading.Lock()
+
+
+def _key_classes() -> list[Any]:
+    import paramiko
+
+    return [paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey]
+
+
+def _try_open(path: str, passphrase: str | None) -> tuple[Any, bool]:
+    """(key or None, encrypted?)"""
+    import paramiko
+
+    encrypted = False
+    for cls in _key_classes():
+        try:
+            return cls.from_private_key_file(path, passphrase), encrypted
+        except paramiko.PasswordRequiredException:
+            encrypted = True
+        except (paramiko.SSHException, ValueError, TypeError, IndexError, UnicodeDecodeError):
+            continue
+    return None, encrypted
+
+
+class _NeedPassphrase(Exception):
+    pass
+
+
+def open_key(path: str, ask: AskPassphrase | None) -> Any:
+    """The private key at `path`: unencrypted; opened before in this process; with the passphrase kept in the
+    keyring (if the person chose that); else asking `ask` (up to 3 tries). Raises BoardError (missing,
+    unreadable), KeyPassphraseWrong, _NeedPassphrase (encrypted, nobody to ask), or returns None (skipped)."""
+    p = Path(path).expanduser()
+    try:
+        stamp = (str(p.resolve()), p.stat().st_mtime_ns)
+    except OSError as exc:
+        raise BoardError(
+            f"The SSH key file {p} cannot be read ({exc.strerror}).",
+            "Check the path (the board's key_path, or IdentityFile in ~/.ssh/config).",
+        ) from None
+    with _OPENED_LOCK:
+        if stamp in _OPENED:
+            return _OPENED[stamp]
+    key, encrypted = _try_open(str(p), None)
+    if key is None and not encrypted:
+        raise BoardError(
+            f"{p} is not a private key HexStudio can read (ed25519, ECDSA or RSA).",
+            f"Check that it is the private key, not the .pub (`ssh-keygen -l -f {p}`).",
+        )
+    if key is None:
+        stored = None
+        with contextlib.suppress(SecretStoreError):
+            stored = get_secret(key_passphrase_key(stamp[0]))
+        if stored:
+            key, _ = _try_open(str(p), stored)
+        if key is None:
+            if ask is None:
+                raise _NeedPassphrase(str(p))
+            for attempt in range(PASSPHRASE_TRIES):
+                answer = ask(str(p), attempt)
+                if answer is None:
+                    return None
+                key, _ = _try_open(str(p), answer.value)
+                if key is not None:
+                    if answer.remember:
+                        try:
+                            set_secret(key_passphrase_key(stamp[0]), answer.value)
+                        except SecretStoreError as exc:
+                            raise BoardError(
+                                f"The key opened, but the keyring refused its passphrase ({exc}).",
+                                "Connect without remembering it, or fix the keyring.",
+                            ) from None
+                    elif stored:
+                        with contextlib.suppress(SecretStoreError):
+                            delete_secret(key_passphrase_key(stamp[0]))  # the stored one is stale
+                    break
+            else:
+                raise KeyPassphraseWrong(str(p), PASSPHRASE_TRIES)
+    with _OPENED_LOCK:
+        _OPENED[stamp] = key
+    return key
+
+
+def _pub_blob(path: str) -> bytes | None:
+    """The public key blob of an identity file (its .pub, else the unencrypted private key)."""
+    pub = Path(path + ".pub")
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return base64.b64decode(pub.read_text().split()[1])
+    key, _ = _try_open(path, None) if Path(path).exists() else (None, False)
+    return key.asbytes() if key is not None else None
+
+
+def _agent_keys() -> list[Any]:
+    import paramiko
+
+    if not os.environ.get("SSH_AUTH_SOCK"):
+        return []
+    try:
+        return list(paramiko.Agent().get_keys())
+    except (paramiko.SSHException, OSError):
+        return []
+
+
+@dataclass
+class _Candidate:
+    label: str
+    key: Any = None
+    path: str | None = None  # an identity file opened only when its turn comes
+
+
+@dataclass
+class _Plan:
+    candidates: list[_Candidate] = field(default_factory=list)
+    password: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _auth_plan(name: str, r: dict[str, Any], password: str | None) -> _Plan:
+    plan = _Plan()
+    auth = r["auth"]
+    if auth == "password":
+        pw = password if password is not None else get_secret(board_password_key(name))
+        if not pw:
+            raise BoardError(
+                f"Board '{name}' uses password auth but no password is stored.",
+                f"Run `hexstudio board password {name}` (kept in the system keyring).",
+            )
+        plan.password = pw
+        return plan
+    if auth == "key":
+        files = [r["key_path"]] if r["key_path"] else list(r["identity_files"])
+        if not files:
+            raise BoardError(
+                f"Board '{name}' uses key auth but has no key_path.", "Set the private key file."
+            )
+        for f in files:
+            p = os.path.expanduser(str(f))
+            if not Path(p).exists():
+                raise BoardError(
+                    f"The SSH key file {p} does not exist.",
+                    "Check the board's key_path (or IdentityFile in ~/.ssh/config).",
+                )
+            plan.candidates.append(_Candidate(f"key {p}", path=p))
+        return plan
+    # agent, ssh_config and jump hosts: what `ssh` would try
+    files = ([os.path.expanduser(str(r["key_path"]))] if r.get("key_path") else []) + [
+        f for f in r["identity_files"] if f != r.get("key_path")
+    ]
+    explicit = bool(files)
+    if not files and auth != "agent":
+        files = [os.path.expanduser(f) for f in DEFAULT_IDENTITIES]
+    files = [f for f in files if Path(f).exists() or explicit]
+    agent = _agent_keys()
+    wanted = {b for b in (_pub_blob(f) for f in files) if b}
+    in_agent = set()
+    for k in agent:
+        blob = k.asbytes()
+        if r["identities_only"] and blob not in wanted:
+            plan.notes.append(f"agent key {k.get_name()} {fingerprint(k)} not offered (IdentitiesOnly yes)")
+            continue
+        in_agent.add(blob)
+        plan.candidates.append(_Candidate(f"agent key {k.get_name()} {fingerprint(k)}", key=k))
+    if auth == "agent" and not agent:
+        raise BoardError(
+            "The board uses agent auth but no SSH agent is reachable (SSH_AUTH_SOCK is "
+            + ("not set" if not os.environ.get("SSH_AUTH_SOCK") else "set, but the agent did not answer")
+            + ").",
+            "Start one and add your key: `eval $(ssh-agent) && ssh-add ~/.ssh/id_ed25519` "
+            "(then start HexStudio from that shell), or use key auth with the key file.",
+        )
+    if auth != "agent":
+        for f in files:
+            if _pub_blob(f) in in_agent:
+                continue  # the agent already holds it: no passphrase needed
+            if not Path(f).exists():
+                plan.notes.append(f"IdentityFile {f} does not exist")
+                continue
+            plan.candidates.append(_Candidate(f"key {f}", path=f))
+    return plan
+
+
+# -- one SSH hop -----------------------------------------------------------------------------------
+
+
+def _load_host_keys(r: dict[str, Any]) -> Any:
+    import paramiko
+
+    hk = paramiko.HostKeys()
+    files = [Path(f) for f in r["known_hosts_files"]] or [Path(os.path.expanduser("~/.ssh/known_hosts"))]
+    for f in (*files, known_hosts_path()):
+        if f.exists():
+            with contextlib.suppress(OSError, paramiko.SSHException, ValueError):
+                hk.load(str(f))
+    return hk
+
+
+def _check_host_key(
+    t: Any,
+    r: dict[str, Any],
+    trust: Callable[[str, int, str, str], bool] | None,
+    offer: OfferKnownHosts | None,
+) -> None:
+    host, port = r["host_key_alias"] or r["host"], r["port"]
+    key = t.get_remote_server_key()
+    known = _load_host_keys(r).lookup(host_entry(host, port))
+    fp = fingerprint(key)
+    if known is not None and key.get_name() in known:
+        if known[key.get_name()] != key:
+            raise HostKeyChanged(host, port, fp, fingerprint(known[key.get_name()]))
+        return
+    if trust is None or not trust(host, port, key.get_name(), fp):
+        raise HostKeyUnknown(host, port, key.get_name(), fp, key)
+    trust_host_key(host, port, key)
+    path = (
+        Path(r["known_hosts_files"][0])
+        if r["known_hosts_files"]
+        else Path(os.path.expanduser("~/.ssh/known_hosts"))
+    )
+    if offer is not None and offer(host, port, key.get_name(), fp, path):
+        save_to_user_known_hosts(path, host, port, key, True if r["hash_known_hosts"] else None)
+
+
+GCM_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _fast_transport(sock: Any, **kw: Any) -> Any:
+    """A paramiko Transport preferring AES-GCM (no separate HMAC per packet: faster bundle pushes);
+    the other ciphers stay allowed for boards without it."""
+    import paramiko
+
+    t = paramiko.Transport(sock, **kw)
+    opts = t.get_security_options()
+    ciphers = tuple(opts.ciphers)
+    opts.ciphers = tuple(c for c in GCM_FIRST if c in ciphers) + tuple(
+        c for c in ciphers if c not in GCM_FIRST
+    )
+    return t
+
+
+def _authenticate(t: Any, name: str, r: dict[str, Any], plan: _Plan, ask: AskPassphrase | None) -> None:
+    import paramiko
+
+    user, where = r["user"], f"{r['user']}@{r['host']}:{r['port']}"
+    tried: list[str] = []
+    need: list[str] = []
+    for c in plan.candidates:
+        key = c.key
+        if key is None and c.path is not None:
+            try:
+                key = open_key(c.path, ask)
+            except _NeedPassphrase:
+                need.append(c.path)
+                continue
+            if key is None:
+                tried.append(f"{c.label} (skipped: no passphrase given)")
+                continue
+        try:
+            t.auth_publickey(user, key)
+        except paramiko.BadAuthenticationType as exc:
+            raise BoardError(
+                f"{where} does not accept SSH keys (it allows: {', '.join(exc.allowed_types)}).",
+                "Use password auth for this board (`hexstudio board password NAME`), or enable "
+                "PubkeyAuthentication in its sshd_config.",
+            ) from None
+        except paramiko.AuthenticationException:
+            tried.append(c.label)
+            continue
+        except paramiko.SSHException as exc:  # an agent that would not sign, say
+            tried.append(f"{c.label} ({exc})")
+            continue
+        if t.is_authenticated():
+            return
+    if plan.password is not None:
+        try:
+            t.auth_password(user, plan.password)
+        except paramiko.BadAuthenticationType as exc:
+            if "keyboard-interactive" not in exc.allowed_types:
+                raise BoardError(
+                    f"{where} does not accept passwords (it allows: {', '.join(exc.allowed_types)}).",
+                    "Use key auth: install your public key on the board (`ssh-copy-id`).",
+                ) from None
+            with contextlib.suppress(paramiko.AuthenticationException):
+                pw = plan.password
+                t.auth_interactive(user, lambda _t, _i, prompts: [pw for _ in prompts])
+        except paramiko.AuthenticationException:
+            pass
+        if t.is_authenticated():
+            return
+        raise BoardError(
+            f"{where} refused the login with the stored password (board '{name}').",
+            f"Store the right password: `hexstudio board password {name}` (kept in the keyring).",
+        )
+    if need and not t.is_authenticated():
+        raise KeyPassphraseNeeded(need[0])
+    notes = "; ".join(plan.notes)
+    if not tried:
+        raise BoardError(
+            f"No SSH key to offer {where}" + (f" ({notes})" if notes else "") + ".",
+            "Set the board's key_path, add an IdentityFile for it in ~/.ssh/config, or load your key "
+            "into the agent (`ssh-add`)."
+            + (" IdentitiesOnly yes keeps the agent's other keys back." if r["identities_only"] else ""),
+        )
+    raise BoardError(
+        f"{where} refused the login (tried: {', '.join(tried)}" + (f"; {notes}" if notes else "") + ").",
+        "Check the user name and the key: its public key must be in the board's ~/.ssh/authorized_keys "
+        f"(`ssh-copy-id -i KEY.pub -p {r['port']} {where.rsplit(':', 1)[0]}`)."
+        + (" IdentitiesOnly yes offers only the IdentityFile keys." if r["identities_only"] else ""),
+    )
+
+
+def _open_hop(
+    name: str,
+    r: dict[str, Any],
+    sock: Any,
+    *,
+    trust: Callable[[str, int, str, str], bool] | None,
+    offer: OfferKnownHosts | None,
+    ask: AskPassphrase | None,
+    password: str | None,
+    timeout: float,
+    plan: _Plan | None = None,
+) -> Any:
+    plan = plan or _auth_plan(name, r, password)
+    t = _fast_transport(sock)
+    t.banner_timeout = timeout
+    t.auth_timeout = timeout
+    try:
+        t.start_client(timeout=timeout)
+        _check_host_key(t, r, trust, offer)
+        _authenticate(t, name, r, plan, ask)
+    except BaseException:
+        t.close()
+        raise
+    t.set_keepalive(15)
+    return t
+
+
+def _direct_socket(r: dict[str, Any], timeout: float) -> Any:
+    try:
+        return socket.create_connection((r["host"], r["port"]), timeout=timeout)
+    except OSError as exc:
+        raise BoardError(
+            f"Cannot connect to {r['host']}:{r['port']}: {exc.strerror or exc}.",
+            "Is the board on, on the network, and running sshd? Try `ping` and "
+            f"`ssh -p {r['port']} {r['user']}@{r['host']}` by hand.",
+        ) from None
+
+
+def _proxy_socket(r: dict[str, Any]) -> Any:
+    import paramiko
+
+    class ProxyCommand(paramiko.ProxyCommand):
+        """paramiko's, closed twice safely (by the transport's thread and on a failed connect), and reaped."""
+
+        def close(self) -> None:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                super().close()
+            with contextlib.suppress(Exception):
+                self.process.wait(2)
+
+    cmd = str(r["proxy_command"])
+    try:
+        return ProxyCommand(cmd)
+    except (OSError, paramiko.SSHException) as exc:
+        raise BoardError(
+            f"The ProxyCommand for {r['alias']} in ~/.ssh/config could not start ({exc}): {cmd}",
+            "Run that command by hand to see why; fix or remove the ProxyCommand line.",
+        ) from None
+
+
+def _connect_chain(
+    name: str,
+    r: dict[str, Any],
+    *,
+    trust: Callable[[str, int, str, str], bool] | None,
+    offer: OfferKnownHosts | None,
+    ask: AskPassphrase | None,
+    password: str | None,
+    timeout: float,
+) -> SshSession:
+    import paramiko
+
+    plan = _auth_plan(name, r, password)  # a missing key or password is said before any connection
+    hops: list[Any] = []
+    sock: Any = None
+    hop_label = ""
+    try:
+        if r["proxy_command"]:
+            sock = _proxy_socket(r)
+            hop_label = f"ProxyCommand {r['proxy_command']}"
+        elif r["proxy_jump"]:
+            specs = [s for s in str(r["proxy_jump"]).split(",") if s.strip()]
+            for i, spec in enumerate(specs):
+                j = _jump_spec(spec)
+                jc = _ssh_config_lookup(j["host"])
+                jr = {
+                    "alias": j["host"],
+                    "host": str(jc.get("hostname") or j["host"]),
+                    "port": int(j["port"] or jc.get("port") or 22),
+                    "user": j["user"] or jc.get("user") or getpass.getuser(),
+                    "auth": "ssh_config",
+                    "key_path": None,
+                    "identity_files": [os.path.expanduser(str(f)) for f in jc.get("identityfile") or []],
+                    "identities_only": str(jc.get("identitiesonly", "no")).lower() == "yes",
+                    "proxy_jump": None,
+                    "proxy_command": None,
+                    "host_key_alias": _none(jc.get("hostkeyalias")),
+                    "known_hosts_files": r["known_hosts_files"],
+                    "hash_known_hosts": r["hash_known_hosts"],
+                }
+                jwhere = f"{jr['user']}@{jr['host']}:{jr['port']}"
+                try:
+                    if sock is None:
+                        sock = _direct_socket(jr, timeout)
+                    jt = _open_hop(
+                        f"{name} (jump host {j['host']})",
+                        jr,
+                        sock,
+                        trust=trust,
+                        offer=offer,
+                        ask=ask,
+                        password=None,
+                        timeout=timeout,
+                    )
+                except (HostKeyUnknown, HostKeyChanged, KeyPassphraseNeeded, KeyPassphraseWrong):
+                    raise
+                except BoardError as exc:
+                    raise BoardError(
+                        f"Jump host {spec.strip()} (ProxyJump for {r['alias']} in ~/.ssh/config): "
+                        f"{exc.message}",
+                        (exc.hint or "").replace("Is the board on", "Is the jump host on"),
+                    ) from None
+                hops.append(jt)
+                nxt = specs[i + 1] if i + 1 < len(specs) else None
+                if nxt is not None:
+                    nj = _jump_spec(nxt)
+                    njc = _ssh_config_lookup(nj["host"])
+                    dest = (str(njc.get("hostname") or nj["host"]), int(nj["port"] or njc.get("port") or 22))
+                else:
+                    dest = (r["host"], r["port"])
+                try:
+                    sock = jt.open_channel("direct-tcpip", dest, ("127.0.0.1", 0), timeout=timeout)
+                except (paramiko.ChannelException, paramiko.SSHException, EOFError, OSError) as exc:
+                    why = getattr(exc, "text", None) or str(exc) or type(exc).__name__
+                    raise BoardError(
+                        f"The jump host {jwhere} could not open a connection to {dest[0]}:{dest[1]} ({why}).",
+                        f"Check that {jr['host']} can reach {dest[0]}:{dest[1]} (on it: `nc -z "
+                        f"{dest[0]} {dest[1]}`) and that its sshd allows forwarding "
+                        "(AllowTcpForwarding yes).",
+                    ) from None
+                hop_label = f"via {', '.join(s.strip() for s in specs)}"
+        else:
+            sock = _direct_socket(r, timeout)
+        t = _open_hop(
+            name, r, sock, trust=trust, offer=offer, ask=ask, password=password, timeout=timeout, plan=plan
+        )
+    except BaseException:
+        for h in reversed(hops):
+            with contextlib.suppress(Exception):
+                h.close()
+        if isinstance(sock, paramiko.ProxyCommand):
+            with contextlib.suppress(Exception):
+                sock.close()
+        raise
+    return SshSession(t, hops, via=hop_label)
+
+
+def connect_ssh_sync(
+    name: str,
+    cfg: dict[str, Any],
+    *,
+    trust: Callable[[str, int, str, str], bool] | None = None,
+    password: str | None = None,
+    timeout: float = 15.0,
+    passphrase: AskPassphrase | None = None,
+    offer_known_hosts: OfferKnownHosts | None = None,
+) -> SshTransport:
+    import paramiko
+
+    r = resolve(cfg)
+    host, port, user = r["host"], r["port"], r["user"]
+    ask = passphrase or DEFAULT_PROMPTS.passphrase
+    offer = offer_known_hosts or DEFAULT_PROMPTS.offer_known_hosts
+    try:
+        session = _connect_chain(
+            name, r, trust=trust, offer=offer, ask=ask, password=password, timeout=timeout
+        )
+    except BoardError:
+        raise
+    except paramiko.ProxyCommandFailure as exc:
+        raise BoardError(
+            f"The ProxyCommand for {r['alias']} failed: {exc}.",
+            f"Run it by hand ({r['proxy_command']}) to see why; fix the ProxyCommand line in ~/.ssh/config.",
+        ) from None
+    except (OSError, paramiko.SSHException, EOFError) as exc:
+        via = (
+            f" (through {r['proxy_command'] or r['proxy_jump']})"
+            if r["proxy_command"] or r["proxy_jump"]
+            else ""
+        )
+        raise BoardError(
+            f"Cannot connect to {host}:{port}{via}: {exc or type(exc).__name__}.",
+            "Is the board on, on the network, and running sshd? Try `ping` and "
+            f"`ssh -p {port} {user}@{r['alias']}` by hand.",
+        ) from None
+    return SshTransport(session, host, port, user)
+
+
+async def connect_ssh(
+    name: str,
+    cfg: dict[str, Any],
+    *,
+    trust: Callable[[str, int, str, str], bool] | None = None,
+    password: str | None = None,
+    timeout: float = 15.0,
+    on_state: Callable[[str, str], None] | None = None,
+    passphrase: AskPassphrase | None = None,
+    offer_known_hosts: OfferKnownHosts | None = None,
+) -> SshTransport:
+    if on_state:
+        on_state(CONNECTING, f"{cfg.get('user') or ''}@{cfg.get('host')}:{cfg.get('port') or 22}")
+    try:
+        t = await asyncio.to_thread(
+            connect_ssh_sync,
+            name,
+            cfg,
+            trust=trust,
+            password=password,
+            timeout=timeout,
+            passphrase=passphrase,
+            offer_known_hosts=offer_known_hosts,
+        )
+    except BoardError as exc:
+        if on_state:
+            on_state(FAILED, exc.message)
+        raise
+    if on_state:
+        on_state(READY, t.label)
+    return t

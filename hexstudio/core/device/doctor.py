@@ -1,0 +1,785 @@
+"""Board doctor: checks an EVK (QCS9075 and kin) for what Genie on the HTP needs (facts/board.md).
+
+    report = await probe(board)                       # every check
+    report = await probe(board, only={"fastrpc_device"}) # some checks (after a fix)
+    report.to_dict() -> {"board", "label", "simulated", "checks": [...], "summary", "facts"}
+
+Each check: {id, title, status ok|warn|fail|skip, message, evidence: [{command, exit_status, output}],
+fix (a fix id of hexstudio.core.device.fixes, or null), explained: [decoded errors]}.
+Commands are argv lists run through the board's transport; the shell snippets below are constants
+(never built from user text); the user name is passed as a positional argument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hexstudio.core.device.board import Board
+from hexstudio.core.device.errors import BoardError
+from hexstudio.core.device.explain import explain
+from hexstudio.core.device.qairt import parse_version
+from hexstudio.core.device.verify import verify_pushed
+from hexstudio.workers.shared.bundle import bundle_qairt_version
+from hexstudio.workers.shared.bundle.check import check_bundle, errors, report_text
+from hexstudio.workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+
+# soc_id -> (chip, dsp_arch)
+SOC_IDS: dict[str, tuple[str, str]] = {
+    "676": ("QCS9075", "v73"),
+    "667": ("QCS9100", "v73"),
+    "534": ("SA8775P", "v73"),
+}
+QAIRT_ROOTS = ("/opt/qairt", "/opt/qcom/aistack/qairt")
+ENV_SCRIPT = "qairt-env.sh"
+UDEV_RULE = "/etc/udev/rules.d/60-fastrpc.rules"
+DAEMONS = ("cdsprpcd", "cdsp1rpcd")
+MIN_FREE_RAM = 4 << 30
+MIN_FREE_DISK = 8 << 30
+SBIN_PATH = 'PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"; '
+
+
+@dataclass
+class Evidence:
+    command: str
+    exit_status: int
+    output: str
+
+
+@dataclass
+class Check:
+    id: str
+    title: str
+    status: str = SKIP
+    message: str = ""
+    evidence: list[Evidence] = field(default_factory=list)
+    fix: str | None = None
+    explained: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class DoctorReport:
+    board: str
+    label: str
+    simulated: bool
+    checks: list[Check]
+    facts: dict[str, Any]
+
+    def by_id(self, check_id: str) -> Check:
+        for c in self.checks:
+            if c.id == check_id:
+                return c
+        raise KeyError(check_id)
+
+    @property
+    def summary(self) -> dict[str, int]:
+        out = {OK: 0, WARN: 0, FAIL: 0, SKIP: 0}
+        for c in self.checks:
+            out[c.status] += 1
+        return out
+
+    @property
+    def clean(self) -> bool:
+        return not any(c.status == FAIL for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "board": self.board,
+            "label": self.label,
+            "simulated": self.simulated,
+            "checks": [c.to_dict() for c in self.checks],
+            "summary": self.summary,
+            "clean": self.clean,
+            "facts": self.facts,
+        }
+
+
+# The checks, in the order shown; `AFFECTS` (fixes.py) names which of them a fix changes.
+CHECKS: tuple[tuple[str, str], ...] = (
+    ("soc", "SoC and Hexagon arch"),
+    ("os", "Operating system"),
+    ("sudo", "sudo for fixes"),
+    ("memory", "Free RAM and disk"),
+    ("remoteproc", "DSP remote processors running"),
+    ("fastrpc_userspace", "FastRPC userspace (libcdsprpc)"),
+    ("fastrpc_group", "fastrpc group exists"),
+    ("fastrpc_member", "User in the fastrpc group (/etc/group)"),
+    ("fastrpc_login", "fastrpc group in the current login"),
+    ("udev_rule", "FastRPC udev rule"),
+    ("fastrpc_device", "/dev/fastrpc-cdsp* usable by this user"),
+    ("fastrpc_daemons", "cdsprpcd / cdsp1rpcd running"),
+    ("qairt", "QAIRT runtime installed"),
+    ("qairt_env", "QAIRT environment script"),
+    ("qnn_libs_mixed", "No QNN libraries mixed from /usr/lib"),
+    ("genie", "genie-t2t-run present and runnable"),
+    ("htp_validator", "qnn-platform-validator (HTP backend)"),
+    ("geniex", "GenieX and its QAIRT plugin (optional runtime)"),
+)
+CHECK_IDS = tuple(c for c, _ in CHECKS)
+
+
+class _Probe:
+    """Runs board commands once each (memoised), at most a few at a time (sshd's MaxSessions is 10)."""
+
+    def __init__(self, board: Board) -> None:
+        self.board = board
+        self.t = board.transport
+        self._memo: dict[str, asyncio.Task[Evidence]] = {}
+        self._sem = asyncio.Semaphore(4)
+        self.facts: dict[str, Any] = {}
+        self.tasks: dict[str, asyncio.Task[Check]] = {}
+        self.bundle_dir: Path | None = None  # the local bundle, when the probe is for one
+
+    async def sh(self, script: str, *args: str, timeout: float = 60, shown: str | None = None) -> Evidence:
+        """Run a constant shell snippet; user values go in as "$1"... (quoted by the transport)."""
+        argv = ["sh", "-c", script, "hexstudio-doctor", *args]
+        key = shlex.join(argv)
+        if key not in self._memo:
+            self._memo[key] = asyncio.ensure_future(self._run(argv, shown or script, timeout))
+        return await self._memo[key]
+
+    async def _run(self, argv: list[str], shown: str, timeout: float) -> Evidence:
+        async with self._sem:
+            r = await self.t.run(argv, timeout=timeout)
+        out = (r.stdout + (("\n" if r.stdout and r.stderr else "") + r.stderr if r.stderr else "")).strip()
+        return Evidence(shown, r.exit_status, out[-3000:])
+
+    async def user(self) -> str:
+        e = await self.sh("id -un")
+        if e.exit_status != 0 or not e.output.strip():
+            raise RuntimeError(f"`id -un` gave no user name (exit {e.exit_status}): {e.output[-300:]}")
+        self.facts["user"] = e.output.strip()
+        return str(self.facts["user"])
+
+    async def home(self) -> str:
+        return str(await self.t.home())
+
+
+def _explained(*ev: Evidence) -> list[dict[str, Any]]:
+    text = "\n".join(e.output for e in ev)
+    return [m.to_dict() for m in explain(text) if m.severity != "info"]
+
+
+# ---------------------------------------------------------------------------------------------
+async def _soc(p: _Probe, c: Check) -> None:
+    e = await p.sh("cat /sys/devices/soc0/soc_id /sys/devices/soc0/machine")
+    c.evidence.append(e)
+    lines = e.output.splitlines()
+    if e.exit_status != 0 or not lines:
+        c.status, c.message = (
+            WARN,
+            "Cannot read /sys/devices/soc0: not a Qualcomm SoC board, or an old kernel.",
+        )
+        return
+    soc_id = lines[0].strip()
+    machine = lines[1].strip() if len(lines) > 1 else ""
+    chip, arch = SOC_IDS.get(soc_id, (machine or f"soc_id {soc_id}", ""))
+    p.facts.update({"soc_id": soc_id, "machine": machine, "chip": chip, "dsp_arch": arch or None})
+    if arch:
+        c.status, c.message = OK, f"{chip} (soc_id {soc_id}), Hexagon {arch}."
+    else:
+        c.status, c.message = (
+            WARN,
+            (
+                f"Unknown soc_id {soc_id} ({machine}): HexStudio knows QCS9075/QCS9100/SA8775P "
+                "(v73). Check the bundle's dsp_arch by hand."
+            ),
+        )
+
+
+async def _os(p: _Probe, c: Check) -> None:
+    e = await p.sh('. /etc/os-release 2>/dev/null; echo "$PRETTY_NAME"; uname -m; uname -r')
+    c.evidence.append(e)
+    lines = ([*e.output.splitlines(), "", "", ""])[:3]
+    p.facts.update({"os": lines[0], "machine_arch": lines[1], "kernel": lines[2]})
+    if lines[1] != "aarch64":
+        c.status, c.message = (
+            WARN,
+            (f"{lines[0]} on {lines[1]}: QAIRT's aarch64-oe-linux-gcc11.2 binaries need an aarch64 board."),
+        )
+    else:
+        c.status, c.message = OK, f"{lines[0]}, {lines[1]}, kernel {lines[2]}."
+
+
+async def _sudo(p: _Probe, c: Check) -> None:
+    e = await p.sh("sudo -n true 2>&1 && echo NOPASSWD; id -nG")
+    c.evidence.append(e)
+    groups = e.output.splitlines()[-1].split() if e.output else []
+    if "NOPASSWD" in e.output:
+        p.facts["sudo"] = "nopasswd"
+        c.status, c.message = OK, "sudo works without a password."
+    elif {"sudo", "admin", "wheel"} & set(groups):
+        p.facts["sudo"] = "password"
+        c.status, c.message = OK, "sudo available (asks for the user's password)."
+    elif "command not found" in e.output or "not found" in e.output:
+        p.facts["sudo"] = "none"
+        c.status, c.message = WARN, "sudo is not installed: fixes come as commands to run as root by hand."
+    else:
+        p.facts["sudo"] = "unknown"
+        c.status, c.message = (
+            WARN,
+            (
+                "This user is not in the sudo group: fixes come as commands to run by an "
+                "administrator (HexStudio will try sudo if you give a password)."
+            ),
+        )
+
+
+async def _memory(p: _Probe, c: Check) -> None:
+    e = await p.sh("grep -E '^(MemTotal|MemAvailable):' /proc/meminfo; df -Pk \"$HOME\" | tail -n 1")
+    c.evidence.append(e)
+    kv = dict(re.findall(r"^(\w+):\s+(\d+) kB", e.output, re.M))
+    avail = int(kv.get("MemAvailable", 0)) * 1024
+    total = int(kv.get("MemTotal", 0)) * 1024
+    df = e.output.splitlines()[-1].split() if e.output else []
+    disk = int(df[3]) * 1024 if len(df) >= 4 and df[3].isdigit() else 0
+    p.facts.update({"mem_total_bytes": total, "mem_available_bytes": avail, "disk_free_bytes": disk})
+    msg = f"{avail / 2**30:.1f} GiB RAM available of {total / 2**30:.1f} GiB; {disk / 2**30:.1f} GiB free in home."
+    if avail < MIN_FREE_RAM or disk < MIN_FREE_DISK:
+        c.status, c.message = WARN, msg + " Low: an 8B bundle needs about 5 GB of RAM and disk."
+    else:
+        c.status, c.message = OK, msg
+
+
+async def _remoteproc(p: _Probe, c: Check) -> None:
+    e = await p.sh(
+        'for r in /sys/class/remoteproc/remoteproc*; do [ -e "$r/name" ] || continue; '
+        'echo "$(cat "$r/name") $(cat "$r/state")"; done'
+    )
+    c.evidence.append(e)
+    states = dict(ln.split(None, 1) for ln in e.output.splitlines() if len(ln.split(None, 1)) == 2)
+    p.facts["remoteproc"] = states
+    dsps = {n: s for n, s in states.items() if n.startswith("cdsp")}
+    if not dsps:
+        c.status, c.message = WARN, "No cdsp remote processor listed in /sys/class/remoteproc."
+        return
+    down = [n for n, s in dsps.items() if s != "running"]
+    if down:
+        c.status, c.fix = FAIL, "reboot"
+        c.message = f"{', '.join(down)} not running ({', '.join(dsps[n] for n in down)}): reboot the board."
+    else:
+        c.status, c.message = OK, ", ".join(f"{n} {s}" for n, s in sorted(states.items())) + "."
+
+
+async def _fastrpc_userspace(p: _Probe, c: Check) -> None:
+    e = await p.sh(SBIN_PATH + "ldconfig -p | grep -F libcdsprpc")
+    c.evidence.append(e)
+    if e.exit_status == 0 and "libcdsprpc" in e.output:
+        c.status, c.message = OK, "libcdsprpc is resolvable: " + e.output.splitlines()[0].strip()
+    else:
+        c.status, c.fix = FAIL, "fastrpc_packages"
+        c.message = "libcdsprpc.so is not installed (FastRPC userspace): Genie cannot reach the DSP."
+
+
+async def _group(p: _Probe) -> tuple[Evidence, list[str] | None]:
+    e = await p.sh("getent group fastrpc")
+    if e.exit_status != 0 or not e.output.startswith("fastrpc:"):
+        return e, None
+    members = e.output.strip().split(":")[-1]
+    return e, [m for m in members.split(",") if m]
+
+
+async def _fastrpc_group(p: _Probe, c: Check) -> None:
+    e, members = await _group(p)
+    c.evidence.append(e)
+    if members is None:
+        c.status, c.fix, c.message = FAIL, "group_add", "There is no fastrpc group."
+    else:
+        c.status, c.message = OK, "The fastrpc group exists."
+
+
+async def _fastrpc_member(p: _Probe, c: Check) -> None:
+    user = await p.user()
+    e, members = await _group(p)
+    c.evidence.append(e)
+    if members is None:
+        c.status, c.fix, c.message = (
+            FAIL,
+            "group_add",
+            f"{user} cannot be in the fastrpc group: it does not exist.",
+        )
+    elif user in members:
+        c.status, c.message = OK, f"{user} is a member of fastrpc in /etc/group."
+    else:
+        c.status, c.fix, c.message = FAIL, "group_add", f"{user} is not a member of the fastrpc group."
+
+
+async def _fastrpc_login(p: _Probe, c: Check) -> None:
+    user = await p.user()
+    e = await p.sh("id")
+    c.evidence.append(e)
+    _, members = await _group(p)
+    in_login = bool(re.search(r"\(fastrpc\)", e.output))
+    if in_login:
+        c.status, c.message = OK, "This login has the fastrpc group."
+    elif members is not None and user in members:
+        c.status, c.fix = FAIL, "relogin"
+        c.message = f"{user} was added to fastrpc, but this login started before: log in again (or reboot)."
+    else:
+        c.status, c.fix, c.message = FAIL, "group_add", "This login does not have the fastrpc group."
+
+
+async def _udev_rule(p: _Probe, c: Check) -> None:
+    e = await p.sh(
+        "grep -Hs 'fastrpc-cdsp' /etc/udev/rules.d/*.rules /lib/udev/rules.d/*.rules "
+        "/usr/lib/udev/rules.d/*.rules"
+    )
+    c.evidence.append(e)
+    lines = [ln for ln in e.output.splitlines() if "KERNEL" in ln and "fastrpc-cdsp" in ln]
+    if any('GROUP="fastrpc"' in ln and "0660" in ln for ln in lines):
+        c.status, c.message = OK, "A udev rule gives /dev/fastrpc-cdsp to the fastrpc group (0660)."
+    else:
+        c.status, c.fix = FAIL, "udev_rule"
+        c.message = (
+            "No udev rule gives /dev/fastrpc-cdsp* to the fastrpc group: the nodes stay root-only "
+            "after every boot."
+        )
+
+
+async def _fastrpc_device(p: _Probe, c: Check) -> None:
+    e = await p.sh(
+        'for f in /dev/fastrpc-cdsp*; do [ -e "$f" ] || continue; '
+        'if ( : <> "$f" ) 2>/dev/null; then o=open; else o=denied; fi; '
+        'echo "$f $(stat -c \'%A %U %G\' "$f") $o"; '
+        'getfacl -cp "$f" 2>/dev/null | grep -E "^(user|group):[^:]+:" | sed "s|^|  acl |"; done'
+    )
+    c.evidence.append(e)
+    nodes = {}
+    for ln in e.output.splitlines():
+        parts = ln.split()
+        if len(parts) == 5 and parts[0].startswith("/dev/"):
+            nodes[parts[0]] = {
+                "mode": parts[1],
+                "owner": parts[2],
+                "group": parts[3],
+                "open": parts[4] == "open",
+            }
+    p.facts["fastrpc_nodes"] = nodes
+    if "/dev/fastrpc-cdsp" not in nodes:
+        c.status, c.fix = FAIL, "reboot"
+        c.message = "/dev/fastrpc-cdsp does not exist: the cdsp remote processor or its driver is not up."
+        return
+    # the -secure nodes are for signed protection domains; Genie (unsigned PD) needs the plain ones
+    denied = [n for n, v in nodes.items() if not v["open"] and not n.endswith("-secure")]
+    if denied:
+        cd = nodes["/dev/fastrpc-cdsp"]
+        c.status, c.fix = FAIL, "udev_rule"
+        c.message = (
+            f"This user cannot open {', '.join(denied)} ({cd['mode']} {cd['owner']}:{cd['group']}): "
+            "Genie fails with 14001 / 0x8000044f."
+        )
+    else:
+        c.status, c.message = (
+            OK,
+            "This user can open " + ", ".join(n for n in nodes if not n.endswith("-secure")) + ".",
+        )
+
+
+async def _fastrpc_daemons(p: _Probe, c: Check) -> None:
+    e = await p.sh("for s in " + " ".join(DAEMONS) + '; do echo "$s $(systemctl is-active $s 2>&1)"; done')
+    c.evidence.append(e)
+    states = dict(ln.split(None, 1) for ln in e.output.splitlines() if len(ln.split(None, 1)) == 2)
+    p.facts["fastrpc_daemons"] = states
+    down = [s for s in DAEMONS if states.get(s) != "active"]
+    if down:
+        c.status, c.fix = FAIL, "daemon_restart"
+        c.message = ", ".join(f"{s} is {states.get(s, 'unknown')}" for s in down) + "."
+    else:
+        c.status, c.message = OK, "cdsprpcd and cdsp1rpcd are active."
+
+
+_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)*$")
+
+
+async def _qairt(p: _Probe, c: Check) -> None:
+    e = await p.sh(
+        'for r in "$@"; do for d in "$r"/*/; do [ -d "$d" ] && [ ! -L "${d%/}" ] && echo "dir ${d%/}"; '
+        'done; [ -L "$r/current" ] && echo "current $(readlink -f "$r/current")"; done; true',
+        *QAIRT_ROOTS,
+        shown="ls -d /opt/qairt/*/ /opt/qcom/aistack/qairt/*/; readlink -f /opt/qairt/current",
+    )
+    c.evidence.append(e)
+    installs = []
+    current = None
+    for ln in e.output.splitlines():
+        kind, _, path = ln.partition(" ")
+        if kind == "dir" and _VERSION_RE.match(path.rsplit("/", 1)[-1]):
+            installs.append({"path": path, "version": path.rsplit("/", 1)[-1]})
+        elif kind == "current":
+            current = path
+    p.facts["qairt_installs"] = installs
+    chosen = next((i for i in installs if i["path"] == current), None) or (installs[-1] if installs else None)
+    p.facts["qairt_home"] = chosen["path"] if chosen else None
+    p.facts["qairt_version"] = chosen["version"] if chosen else None
+    if not installs:
+        c.status, c.fix = FAIL, "qairt_install"
+        c.message = "No QAIRT in /opt/qairt or /opt/qcom/aistack/qairt: install it from the SDK zip."
+        return
+    assert chosen is not None
+    text = ", ".join(i["version"] for i in installs)
+    if chosen["version"].startswith("2.38."):
+        c.status, c.fix = WARN, "qairt_install"
+        c.message = f"QAIRT {chosen['version']} has a known Genie issue: install another version ({text})."
+    else:
+        c.status, c.message = OK, f"QAIRT {chosen['version']} at {chosen['path']} (installed: {text})."
+
+
+async def _qairt_env(p: _Probe, c: Check) -> None:
+    await _need(p, "qairt")
+    home = await p.home()
+    e = await p.sh(
+        'f="$1"; [ -f "$f" ] || { echo "missing $f"; exit 3; }; . "$f"; '
+        'echo "QAIRT_HOME=$QAIRT_HOME"; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; '
+        'echo "ADSP_LIBRARY_PATH=$ADSP_LIBRARY_PATH"; echo "PATH=$PATH"',
+        f"{home}/{ENV_SCRIPT}",
+        shown=f". ~/{ENV_SCRIPT}; env | grep -E 'QAIRT|LIBRARY_PATH'",
+    )
+    c.evidence.append(e)
+    qhome = p.facts.get("qairt_home")
+    if e.exit_status != 0:
+        c.status, c.fix = FAIL, "qairt_env" if qhome else "qairt_install"
+        c.message = f"~/{ENV_SCRIPT} is missing: Genie would not find QAIRT's libraries and skel."
+        return
+    env = dict(ln.split("=", 1) for ln in e.output.splitlines() if "=" in ln)
+    adsp = env.get("ADSP_LIBRARY_PATH", "")
+    arch = p.facts.get("dsp_arch") or "v73"
+    problems = []
+    if ":" in adsp and ";" not in adsp:
+        problems.append("ADSP_LIBRARY_PATH uses ':' but it is SEMICOLON-separated")
+    first = adsp.split(";")[0] if adsp else ""
+    if not first.endswith(f"hexagon-{arch}/unsigned"):
+        problems.append(f"ADSP_LIBRARY_PATH does not start with lib/hexagon-{arch}/unsigned")
+    if qhome and not env.get("QAIRT_HOME", "").startswith(("/opt/qairt", str(qhome))):
+        problems.append(f"QAIRT_HOME is {env.get('QAIRT_HOME')!r}")
+    if "aarch64-oe-linux-gcc11.2" not in env.get("LD_LIBRARY_PATH", ""):
+        problems.append("LD_LIBRARY_PATH lacks lib/aarch64-oe-linux-gcc11.2")
+    p.facts["adsp_library_path"] = adsp
+    if problems:
+        c.status, c.fix, c.message = FAIL, "qairt_env", "; ".join(problems) + "."
+    else:
+        c.status, c.message = (
+            OK,
+            f"~/{ENV_SCRIPT} sets QAIRT_HOME={env.get('QAIRT_HOME')} and the library paths.",
+        )
+
+
+async def _qnn_libs_mixed(p: _Probe, c: Check) -> None:
+    e = await p.sh("ls -1 /usr/lib/libQnn*.so /usr/lib/aarch64-linux-gnu/libQnn*.so 2>/dev/null; true")
+    c.evidence.append(e)
+    distro = [ln for ln in e.output.splitlines() if ln.strip()]
+    if distro:
+        c.status, c.fix = WARN, "qairt_env"
+        c.message = (
+            f"QNN libraries in /usr/lib ({len(distro)}): do not mix them with /opt/qairt's DSP libraries "
+            "(stub/skel mismatch); the environment script puts /opt/qairt first."
+        )
+    else:
+        c.status, c.message = OK, "No distro QNN libraries in /usr/lib."
+
+
+async def _need(p: _Probe, check_id: str) -> None:
+    """Wait for a check another one depends on (each check runs once per probe)."""
+    await _run_check(p, check_id)
+
+
+def _env_prefix() -> str:
+    return '[ -f "$1" ] && . "$1"; '
+
+
+async def _qairt_home(p: _Probe, c: Check) -> str | None:
+    """The board's home for a check that runs a QAIRT tool; None (the check skipped) while QAIRT is missing."""
+    await _need(p, "qairt")
+    if not p.facts.get("qairt_home"):
+        c.status, c.fix, c.message = SKIP, "qairt_install", "No QAIRT installed yet."
+        return None
+    return await p.home()
+
+
+async def _genie(p: _Probe, c: Check) -> None:
+    home = await _qairt_home(p, c)
+    if home is None:
+        return
+    e = await p.sh(
+        _env_prefix() + "command -v genie-t2t-run && genie-t2t-run -h 2>&1 | head -n 5",
+        f"{home}/{ENV_SCRIPT}",
+        shown=f". ~/{ENV_SCRIPT}; command -v genie-t2t-run && genie-t2t-run -h",
+    )
+    c.evidence.append(e)
+    if e.exit_status == 0 and "genie-t2t-run" in e.output:
+        c.status, c.message = OK, "genie-t2t-run runs: " + e.output.splitlines()[0]
+    else:
+        c.status, c.fix = FAIL, "qairt_env"
+        c.message = "genie-t2t-run is not on PATH after sourcing the environment script, or does not run."
+        c.explained = _explained(e)
+
+
+async def _htp_validator(p: _Probe, c: Check) -> None:
+    home = await _qairt_home(p, c)
+    if home is None:
+        return
+    e = await p.sh(
+        _env_prefix() + "qnn-platform-validator --backend dsp --coreVersion --libVersion --testBackend",
+        f"{home}/{ENV_SCRIPT}",
+        timeout=120,
+        shown=f". ~/{ENV_SCRIPT}; qnn-platform-validator --backend dsp --coreVersion --libVersion "
+        "--testBackend",
+    )
+    c.evidence.append(e)
+    fields = dict(
+        (k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in e.output.splitlines() if ":" in ln)
+    )
+    p.facts["htp_validator"] = {
+        k: fields.get(k) for k in ("Backend Hardware", "Backend Libraries", "Core Version", "Unit Test")
+    }
+    hw, libs = fields.get("Backend Hardware", ""), fields.get("Backend Libraries", "")
+    core, unit = fields.get("Core Version", ""), fields.get("Unit Test", "")
+    # It ALWAYS exits 0: the text says whether it worked.
+    if hw == "Supported" and libs == "Found" and unit == "Passed":
+        c.status, c.message = OK, f"HTP backend works: {core or 'core version not reported'}."
+        return
+    c.status = FAIL
+    c.explained = _explained(e)
+    if not libs or libs != "Found":
+        c.fix = "qairt_env"
+    elif c.explained and c.explained[0]["fix_ids"]:
+        c.fix = c.explained[0]["fix_ids"][0]
+    c.message = (
+        f"HTP backend test failed (hardware: {hw or '?'}, libraries: {libs or '?'}, unit test: "
+        f"{unit or '?'})."
+    )
+    if c.explained:
+        c.message += " " + c.explained[0]["cause"]
+
+
+GENIEX_PATH = 'PATH="$HOME/.local/bin:/usr/local/bin:$PATH"; '
+_GENIEX_VERSION = re.compile(r"^(GenieX CLI Version|QAIRT Runtime Version|LlamaCPP Runtime Hash):\s*(.*)$")
+
+
+def geniex_versions(text: str) -> dict[str, str]:
+    """`geniex version`'s three lines (cli/cmd/geniex/version.go) -> {cli, qairt_plugin, llama_cpp}."""
+    keys = {
+        "GenieX CLI Version": "cli",
+        "QAIRT Runtime Version": "qairt_plugin",
+        "LlamaCPP Runtime Hash": "llama_cpp",
+    }
+    out: dict[str, str] = {}
+    for ln in text.splitlines():
+        m = _GENIEX_VERSION.match(ln.strip())
+        if m and m.group(2).strip():
+            out[keys[m.group(1)]] = m.group(2).strip()
+    return out
+
+
+async def _geniex(p: _Probe, c: Check) -> None:
+    """GenieX (docs/genie.md): its CLI, the qairt plugin's QAIRT (it runs bundles compiled with that QAIRT or
+    earlier), and the Python package HexStudio's helper uses to keep a model loaded. Optional unless the
+    board's runtime is geniex (then what is missing fails)."""
+    wanted = str((p.board.config or {}).get("runtime") or "genie") == "geniex"
+    missing = FAIL if wanted else SKIP  # an optional runtime the board does not use is not a problem
+    py = str((p.board.config or {}).get("geniex_python") or (p.board.config or {}).get("python") or "python3")
+    e = await p.sh(
+        GENIEX_PATH + "command -v geniex && geniex version --skip-update",
+        shown="command -v geniex && geniex version",
+    )
+    ep = await p.sh(
+        'PYTHONPATH="$HOME/.local/share/geniex-python${PYTHONPATH:+:$PYTHONPATH}" '
+        '"$1" -c "import geniex; print(geniex.__version__)"',
+        py,
+        shown=f"{py} -c 'import geniex; print(geniex.__version__)'",
+    )
+    c.evidence += [e, ep]
+    v = geniex_versions(e.output) if e.exit_status == 0 else {}
+    pyver = ep.output.strip().splitlines()[-1] if ep.exit_status == 0 and ep.output.strip() else None
+    p.facts["geniex"] = {**v, "python": pyver}
+    c.fix = "geniex_install"
+    if not v.get("cli"):
+        c.status = missing
+        c.message = (
+            "GenieX is not installed (no `geniex` on PATH or in ~/.local/bin). Only needed to run bundles "
+            "through GenieX: install it from its release tarball (geniex-cli-linux-arm64-vX.Y.Z.tar.gz)."
+        )
+        return
+    plugin = v.get("qairt_plugin")
+    if not plugin:
+        c.status = missing
+        c.message = (
+            f"GenieX {v['cli']} has no QAIRT plugin (a --cpu-only build?): it cannot run AI Hub bundles. "
+            "Install the full linux-arm64 release."
+        )
+        return
+    bundle_q = bundle_qairt_version(p.bundle_dir) if p.bundle_dir is not None else None
+    try:
+        too_old = bool(bundle_q) and parse_version(str(bundle_q))[:3] > parse_version(plugin)[:3]
+    except ValueError:
+        too_old = False
+    if too_old:
+        c.status = FAIL if wanted or p.bundle_dir is not None else WARN
+        c.message = (
+            f"GenieX {v['cli']}'s QAIRT plugin is {plugin}, older than the QAIRT {bundle_q} that compiled "
+            "the bundle: it would not load (it runs bundles compiled with its QAIRT or earlier). Install a "
+            "newer GenieX release."
+        )
+        return
+    if pyver is None:
+        c.status = WARN
+        c.message = (
+            f"GenieX {v['cli']} (QAIRT plugin {plugin}) is installed, but not its Python package for {py}: "
+            "HexStudio needs it to keep the model loaded between turns. Install the geniex wheel."
+        )
+        return
+    c.fix = None
+    c.status = OK
+    c.message = (
+        f"GenieX {v['cli']}, QAIRT plugin {plugin}"
+        + (
+            f" (runs this bundle's QAIRT {bundle_q})"
+            if bundle_q
+            else " (runs bundles compiled with it or earlier)"
+        )
+        + f", Python package {pyver}."
+    )
+
+
+_FUNCS = {
+    "soc": _soc,
+    "os": _os,
+    "sudo": _sudo,
+    "memory": _memory,
+    "remoteproc": _remoteproc,
+    "fastrpc_userspace": _fastrpc_userspace,
+    "fastrpc_group": _fastrpc_group,
+    "fastrpc_member": _fastrpc_member,
+    "fastrpc_login": _fastrpc_login,
+    "udev_rule": _udev_rule,
+    "fastrpc_device": _fastrpc_device,
+    "fastrpc_daemons": _fastrpc_daemons,
+    "qairt": _qairt,
+    "qairt_env": _qairt_env,
+    "qnn_libs_mixed": _qnn_libs_mixed,
+    "genie": _genie,
+    "htp_validator": _htp_validator,
+    "geniex": _geniex,
+}
+_TITLES = dict(CHECKS)
+
+
+async def _run_check(p: _Probe, check_id: str) -> Check:
+    if check_id not in p.tasks:
+        p.tasks[check_id] = asyncio.ensure_future(_do_check(p, check_id))
+    return await p.tasks[check_id]
+
+
+async def _do_check(p: _Probe, check_id: str) -> Check:
+    c = Check(check_id, _TITLES[check_id])
+    try:
+        await _FUNCS[check_id](p, c)
+    except Exception as exc:  # a check that cannot run says so; the others still run
+        if exc.__class__.__name__ == "ConnectionLost":
+            raise
+        c.status, c.message = FAIL, f"The check could not run: {exc}"
+    if c.status == FAIL and not c.explained:
+        c.explained = _explained(*c.evidence)
+    return c
+
+
+async def probe(
+    board: Board, only: Iterable[str] | None = None, bundle: tuple[Path, str] | None = None
+) -> DoctorReport:
+    """Check the board (all checks, or `only` those ids). Simulated boards get no hardware checks.
+    `bundle`: (local bundle folder, its name on the board): adds the check "bundle", which compares the
+    sha256 of every file, computed on the board, with the local bundle.json."""
+    ids = list(CHECK_IDS) if only is None else [i for i in CHECK_IDS if i in set(only)]
+    unknown = set(only or ()) - set(CHECK_IDS)
+    if unknown:
+        raise ValueError(f"unknown doctor checks: {sorted(unknown)}")
+    if board.simulated:
+        c = Check(
+            "soc",
+            "Simulator board",
+            OK,
+            "Simulated board: runs the QDQ ONNX parts with onnxruntime on this "
+            "CPU; no Hexagon NPU, no FastRPC (simulated).",
+        )
+        gx = Check(
+            "geniex",
+            _TITLES["geniex"],
+            OK,
+            f"Simulated GenieX {CLI_VERSION} with QAIRT plugin "
+            f"{QAIRT_PLUGIN_VERSION} (the simulator, hexstudio.workers.genie_sim.geniex): both runtimes available (simulated).",
+        )
+        report = DoctorReport(
+            board.name,
+            board.label,
+            True,
+            [c, gx],
+            {
+                "simulated": True,
+                "geniex": {"cli": CLI_VERSION, "qairt_plugin": QAIRT_PLUGIN_VERSION, "simulated": True},
+            },
+        )
+    else:
+        p = _Probe(board)
+        p.bundle_dir = bundle[0] if bundle is not None else None
+        checks = await asyncio.gather(*(_run_check(p, i) for i in ids))
+        report = DoctorReport(board.name, board.label, False, list(checks), dict(p.facts))
+    if bundle is not None:
+        report.checks.append(await bundle_check(board, *bundle))
+        report.checks.append(contract_check(bundle[0], report.facts))
+    return report
+
+
+def contract_check(bundle_dir: Path, facts: dict[str, Any]) -> Check:
+    """The local bundle against Genie's contract and this board (hexstudio/workers/shared/bundle/check.py)."""
+    found = [f for f in check_bundle(bundle_dir, facts) if f.severity != "info"]
+    c = Check(
+        "bundle_contract",
+        "Bundle meets Genie's contract",
+        OK,
+        "genie_config.json, graphs, rope, quantization and tokens pass `hexstudio bundle check`.",
+    )
+    if found:
+        c.status = FAIL if errors(found) else WARN
+        c.message = (
+            f"{len(errors(found))} error(s), {len(found) - len(errors(found))} warning(s): {found[0].message}"
+        )
+        c.evidence.append(
+            Evidence(f"hexstudio bundle check {bundle_dir}", 1 if errors(found) else 0, report_text(found))
+        )
+    return c
+
+
+async def bundle_check(board: Board, bundle_dir: Path, name: str) -> Check:
+    """The bundle on the board against the local one: sha256 of every file computed on the board."""
+    c = Check("bundle", "Bundle on the board matches the local one")
+    try:
+        bad = await verify_pushed(board, bundle_dir, name, hashes=True)
+    except BoardError as exc:
+        c.status, c.message = FAIL, f"{exc.message} {exc.hint or ''}".strip()
+        return c
+    c.evidence.append(
+        Evidence(
+            f"sha256sum (on the board) of every file of bundle {name}",
+            0,
+            "\n".join(f"{b['path']}: {b['why']}" for b in bad) or "all files match",
+        )
+    )
+    if bad:
+        c.status, c.fix = WARN, "push"
+        c.message = (
+            f"{len(bad)} file(s) of bundle {name} differ on the board (first: {bad[0]['path']}: "
+            f"{bad[0]['why']}). Push again (`hexstudio board push {board.name} DIR --as {name}`): "
+            "only those are sent."
+        )
+    else:
+        c.status, c.message = OK, f"Every file of bundle {name} on the board has the local sha256."
+    return c

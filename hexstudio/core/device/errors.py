@@ -1,0 +1,33 @@
+"""Errors a person can act on: what happened (message) and what to do (hint)."""
+
+from __future__ import annotations
+
+from hexstudio.workers.shared.errors import ActionableError
+
+
+class BoardError(ActionableError):
+    """A board operation failed: what happened (`message`) and what to do (`hint`)."""
+
+
+class ConnectionDropped(BoardError):
+    """The connection to the board went away in the middle of an operation (push, upload); running it
+    again resumes."""
+
+
+class EmulatedBundle(BoardError):
+    """An AI Hub EMULATOR bundle offered to a real board: its .bin files are not context binaries."""
+
+
+class LocalBundleError(BoardError):
+    """A file of the local bundle is missing, unreadable or not what bundle.json says: nothing to do with
+    the board or the connection."""
+
+
+class UnsafeBundle(BoardError):
+    """A bundle (or a board's answer) names a path HexStudio refuses: absolute, with '..', outside the
+    safe character set, or leading outside its folder. Nothing was written for it."""
+
+
+class BoardWriteFailed(BoardError):
+    """The board refused a write while the connection stayed up (its disk is full, a folder is not
+    writable)."""

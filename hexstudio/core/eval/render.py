@@ -1,0 +1,97 @@
+"""A case's prompt as Genie gets it: rendered with the model's own chat template, tool definitions included
+where the template takes them (hexstudio.workers.shared.chat_template), without the BOS Genie pushes itself.
+
+The same text goes to the board and to both host legs, so the three legs see identical tokens."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hexstudio.core.eval.suites import Case
+from hexstudio.core.eval.toolcall import detect_format
+from hexstudio.core.genie.prompts import chat_format_for, chat_prompt, template_for
+from hexstudio.workers.shared.chat_template import ChatFormat
+
+GENERIC_TOOLS = (
+    "You can call these functions:\n{tools}\n\nTo call one or more, reply with only JSON: "
+    '{{"name": <function name>, "arguments": {{...}}}} (a list for several calls). If none of '
+    "them fits, answer in plain text."
+)
+
+
+@dataclass
+class PromptRenderer:
+    template: str  # model | plain | qa | llama3 | nemotron
+    fmt: ChatFormat
+    tool_format: str
+    model_name: str = ""
+
+    @classmethod
+    def for_model(cls, model_dir: Path | None, template: str = "auto") -> PromptRenderer:
+        t = template_for(model_dir) if template == "auto" else template
+        fmt = chat_format_for(model_dir)
+        name = ""
+        if model_dir is not None:
+            try:
+                name = str(json.loads((model_dir / "model.json").read_text()).get("model", ""))
+            except (OSError, ValueError):
+                pass
+        tool_fmt = detect_format(fmt.template, name) if t == "model" else "json"
+        return cls(t, fmt, tool_fmt, name)
+
+    def label(self) -> str:
+        if self.template == "model":
+            return self.fmt.label(False)
+        return {"qa": "the built-in model's Question/Answer format", "plain": "plain completion"}.get(
+            self.template, self.template
+        )
+
+    def _messages(self, case: Case) -> list[dict[str, Any]]:
+        if case.messages is not None:
+            return [dict(m) for m in case.messages]
+        return [{"role": "user", "content": case.prompt or ""}]
+
+    def prompt(self, case: Case) -> str:
+        msgs = self._messages(case)
+        tools = case.tools
+        if self.template == "model" and self.fmt.mode == "model":
+            if (
+                tools and not self.fmt.supports_tools
+            ):  # the template cannot show tools: say them in the system text
+                msgs = _with_tool_system(msgs, tools)
+                tools = None
+            thinking: dict[str, Any] = (
+                {"enable_thinking": False} if self.fmt.thinking_switch == "enable_thinking" else {}
+            )
+            if self.fmt.thinking_switch == "system" and not any(m["role"] == "system" for m in msgs):
+                msgs = [{"role": "system", "content": "detailed thinking off"}, *msgs]
+            text = self.fmt.render(msgs, add_generation_prompt=True, tools=tools, **thinking)
+            bos = self.fmt.special.get("bos_token")
+            if self.fmt.genie_bos and bos and text.startswith(bos):
+                text = text[len(bos) :]
+            return text
+        # no chat template in use: tools in words, the conversation flattened into the model's format
+        if tools:
+            msgs = _with_tool_system(msgs, tools)
+        system = "\n".join(str(m.get("content") or "") for m in msgs if m["role"] == "system")
+        user = "\n".join(str(m.get("content") or "") for m in msgs if m["role"] in ("user", "tool"))
+        if self.template == "plain":
+            return (system + "\n\n" if system else "") + user
+        if self.template == "qa":
+            return (system + "\n" if system else "") + chat_prompt(user, template="qa")
+        return chat_prompt(
+            user,
+            system=system,
+            template="nemotron" if self.template.startswith("nemotron") else "llama3",
+            reasoning=False,
+        )
+
+
+def _with_tool_system(msgs: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    text = GENERIC_TOOLS.format(tools=json.dumps([t["function"] for t in tools], ensure_ascii=False))
+    if msgs and msgs[0]["role"] == "system":
+        return [{"role": "system", "content": f"{msgs[0].get('content') or ''}\n\n{text}"}, *msgs[1:]]
+    return [{"role": "system", "content": text}, *msgs]

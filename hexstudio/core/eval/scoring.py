@@ -1,0 +1,181 @@
+"""Scoring one reply of one case, and a suite's score per leg (float / simulated / board).
+
+Every scorer returns (correct: bool, why: str); none raises on what a model writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from hexstudio.core.eval.suites import Case
+from hexstudio.core.eval.toolcall import parse_reply, score_tool_call
+
+LEGS = ("float", "sim", "htp", "board")
+LEG_TITLES = {
+    "float": "host float",
+    "sim": "host quantized (simulation)",
+    "htp": "host HTP simulation (Qualcomm QNN, x86)",
+    "board": "board",
+}
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\b[\w'-]+\b", text)
+
+
+def check(c: dict[str, Any], reply: str) -> tuple[bool, str]:
+    t = c["type"]
+    s = reply.strip()
+    letters = [ch for ch in s if ch.isalpha()]
+    if t == "lowercase":
+        return bool(letters) and all(ch.islower() for ch in letters), "only lowercase letters"
+    if t == "uppercase":
+        return bool(letters) and all(ch.isupper() for ch in letters), "only capital letters"
+    if t == "max_words":
+        n = len(_words(s))
+        return 0 < n <= int(c["n"]), f"{n} words (at most {c['n']})"
+    if t == "min_words":
+        n = len(_words(s))
+        return n >= int(c["n"]), f"{n} words (at least {c['n']})"
+    if t == "max_sentences":
+        n = len([x for x in re.split(r"[.!?]+(?:\s|$)", s) if x.strip()])
+        return 0 < n <= int(c["n"]), f"{n} sentences (at most {c['n']})"
+    if t == "bullets":
+        n = len([ln for ln in s.splitlines() if re.match(r"^\s*[-*]\s+\S", ln)])
+        return n == int(c["n"]), f"{n} bullets (exactly {c['n']})"
+    if t == "no_comma":
+        return "," not in s, "no comma"
+    if t == "contains":
+        return str(c["text"]).lower() in s.lower(), f"contains {c['text']!r}"
+    if t == "not_contains":
+        return str(c["text"]).lower() not in s.lower(), f"does not contain {c['text']!r}"
+    if t == "starts_with":
+        return s.lower().startswith(str(c["text"]).lower()), f"starts with {c['text']!r}"
+    if t == "ends_with":
+        return s.lower().rstrip(".!? ").endswith(
+            str(c["text"]).lower().rstrip(".!? ")
+        ), f"ends with {c['text']!r}"
+    if t == "json":
+        body = re.sub(r"^```[a-zA-Z]*\s*|\s*```$", "", s)
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return False, "valid JSON"
+        keys = c.get("keys") or []
+        return isinstance(doc, dict) and all(k in doc for k in keys), f"a JSON object with {', '.join(keys)}"
+    return False, f"unknown check {t!r}"
+
+
+def score_case(case: Case, reply: str, tool_format: str) -> dict[str, Any]:
+    """{"correct": bool, "why": str, ...} for a generated reply."""
+    try:
+        if case.scorer == "tool_call":
+            parsed = parse_reply(reply, tool_format)
+            ok, why = score_tool_call(parsed, case.expected, case.tools or [])
+            return {"correct": ok, "why": why, "parsed": parsed.as_json()}
+        if case.scorer == "instruction":
+            results = [(c["type"], *check(c, reply)) for c in case.checks]
+            failed = [f"{why}: no" for _t, ok, why in results if not ok]
+            return {"correct": not failed, "why": "; ".join(failed) if failed else "every check holds"}
+        answers = case.expected.get("answer")
+        options = answers if isinstance(answers, list) else [answers]
+        s = reply.strip()
+        if case.scorer == "exact":
+            ok = any(s.lower().rstrip(".") == str(a).strip().lower().rstrip(".") for a in options)
+        elif case.scorer == "contains":
+            ok = any(str(a).lower() in s.lower() for a in options)
+        elif case.scorer == "regex":
+            ok = any(re.search(str(a), s) is not None for a in options)
+        else:
+            return {"correct": False, "why": f"{case.scorer} is not scored on a reply"}
+        return {"correct": ok, "why": "matches" if ok else f"expected {' or '.join(map(str, options))!r}"}
+    except Exception as exc:  # a scorer bug must not end the suite: the case is counted wrong, with why
+        return {"correct": False, "why": f"could not be scored: {type(exc).__name__}: {exc}"}
+
+
+def parity(board_ids: list[int], host_ids: list[int]) -> dict[str, Any]:
+    """Token-by-token agreement of two greedy continuations: matched = the common prefix, of N = the host's
+    length (the board's, if longer); exact when both are identical."""
+    n = max(len(host_ids), len(board_ids))
+    same = 0
+    for a, b in zip(board_ids, host_ids, strict=False):
+        if a != b:
+            break
+        same += 1
+    return {
+        "matched": same,
+        "total": n,
+        "exact": board_ids == host_ids,
+        "first_diff": None if board_ids == host_ids else same,
+    }
+
+
+def perplexity(nll_sum: float, tokens: int) -> float | None:
+    return round(math.exp(nll_sum / tokens), 4) if tokens else None
+
+
+def suite_scores(
+    cases: list[Case], results: dict[str, dict[str, dict[str, Any]]], scorer: str
+) -> dict[str, Any]:
+    """A suite's score on each leg from per-case results ({leg: {case id: result}}), with the drop at each step
+    (float -> sim -> board). Accuracy suites: correct / cases. Perplexity: exp(total NLL / tokens).
+    Parity: matched / total tokens, board against the host simulation."""
+    out: dict[str, Any] = {"scorer": scorer, "legs": {}, "drops": {}}
+    for leg in LEGS:
+        rs = results.get(leg) or {}
+        done = [rs[c.id] for c in cases if c.id in rs]
+        if scorer == "perplexity":
+            nll = sum(float(r.get("nll_sum") or 0) for r in done)
+            toks = sum(int(r.get("tokens") or 0) for r in done)
+            out["legs"][leg] = (
+                None
+                if not done or not toks
+                else {
+                    "value": perplexity(nll, toks),
+                    "tokens": toks,
+                    "cases": len(done),
+                    "of": len(cases),
+                    "text": f"{perplexity(nll, toks):.3f}",
+                }
+            )
+        elif scorer == "parity":
+            if leg not in ("board", "htp") or not done:
+                out["legs"][leg] = None
+                continue
+            m = sum(int(r["parity"]["matched"]) for r in done if r.get("parity"))
+            n = sum(int(r["parity"]["total"]) for r in done if r.get("parity"))
+            exact = sum(1 for r in done if (r.get("parity") or {}).get("exact"))
+            out["legs"][leg] = {
+                "value": round(m / n, 4) if n else None,
+                "matched": m,
+                "total": n,
+                "exact_cases": exact,
+                "cases": len(done),
+                "of": len(cases),
+                "text": f"{m}/{n}",
+            }
+        else:
+            correct = sum(1 for r in done if (r.get("score") or {}).get("correct"))
+            malformed = sum(
+                1 for r in done if ((r.get("score") or {}).get("parsed") or {}).get("kind") == "malformed"
+            )
+            out["legs"][leg] = (
+                None
+                if not done
+                else {
+                    "value": round(correct / len(done), 4),
+                    "correct": correct,
+                    "cases": len(done),
+                    "of": len(cases),
+                    "malformed": malformed,
+                    "text": f"{correct}/{len(done)} ({100 * correct / len(done):.1f}%)",
+                }
+            )
+    for a, b in (("float", "sim"), ("sim", "board")):
+        x, y = out["legs"].get(a), out["legs"].get(b)
+        if x and y and x.get("value") is not None and y.get("value") is not None:
+            d = y["value"] - x["value"]
+            out["drops"][f"{a}->{b}"] = (round(d, 4) if scorer == "perplexity" else round(-d, 4)) or 0.0
+    return out

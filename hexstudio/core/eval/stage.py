@@ -1,0 +1,638 @@
+"""Evaluate stage: every selected suite on three legs, so each score is shown float -> simulated-quantized ->
+board with the drop at each step.
+
+- host float and host quantized simulation: hexstudio/workers/evaluate.py (the deployment pair, as Genie runs it);
+- board: the run's board through the persistent dialog (hexstudio.core.genie.session.ChatSession: loaded once,
+  the KV cache cleared between cases, no re-init), deterministic sampler.
+
+Every finished case run is appended (fsync'd) to a journal under <run>/eval/, keyed by what it depends on
+(suite case, prompt, graphs or bundle, board, runtime): a crash, a kill or a cancel loses at most the case
+in flight, and the next attempt skips what is finished. Everything from the simulator board is labeled
+simulated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from hexstudio.core.atomic import write_json_atomic
+from hexstudio.core.eval.render import PromptRenderer
+from hexstudio.core.eval.scoring import LEG_TITLES, parity, score_case, suite_scores
+from hexstudio.core.eval.suites import DEFAULT_SUITES, Suite, SuiteError, load_named
+from hexstudio.core.pipeline import SPEC_SCHEMA, StageContext, StageError, worker_env
+from hexstudio.workers.shared.journal import append_journal, read_journal
+from hexstudio.workers.shared.run_settings import DEFAULTS
+
+EVAL_VERSION = 1
+
+
+def _h(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# Qualcomm's HTP simulator runs ~1 s a token on the built-in model (both for the board's Genie and the host's
+# HTP leg): on a simulated board that runs it, the board leg takes the greedy-parity suite only, its first
+# cases and a shorter budget, so the default flow stays a few minutes. A real board runs every case.
+HTP_SIM_PARITY_CASES = 3
+HTP_SIM_MAX_TOKENS = 16
+
+
+class Plan:
+    """What runs where: one job per (suite, case), its prompt rendered once for all legs. `htp_board`: the
+    board is Qualcomm's HTP simulator (real Genie on x86), so greedy parity is judged against the host's HTP
+    simulation leg, and the board leg is budgeted (HTP_SIM_*)."""
+
+    def __init__(self, suites: list[Suite], renderer: PromptRenderer, htp_board: bool = False) -> None:
+        self.htp_board = htp_board
+        self.suites = suites
+        self.renderer = renderer
+        self.jobs: list[dict[str, Any]] = []
+        self.by_case: dict[tuple[str, str], dict[str, Any]] = {}
+        for s in suites:
+            for c in s.cases:
+                job: dict[str, Any]
+                if c.scorer == "perplexity":
+                    job = {"kind": "nll", "text": c.text, "legs": ("float", "sim")}
+                else:
+                    prompt = renderer.prompt(c)
+                    max_tokens = c.max_tokens
+                    legs: tuple[str, ...]
+                    if c.scorer == "parity" and htp_board:
+                        on_board = [x.id for x in s.cases][:HTP_SIM_PARITY_CASES]
+                        legs = ("sim", "htp", "board") if c.id in on_board else ("sim",)
+                        max_tokens = min(int(c.max_tokens or 64), HTP_SIM_MAX_TOKENS)
+                    elif c.scorer == "parity":
+                        legs = ("sim", "board")
+                    else:
+                        legs = ("float", "sim") if htp_board else ("float", "sim", "board")
+                    job = {"kind": "generate", "prompt": prompt, "max_tokens": max_tokens, "legs": legs}
+                job["key"] = (
+                    f"{s.name}/{c.id}/{_h(job.get('prompt'), job.get('text'), job.get('max_tokens'))}"
+                )
+                job["suite"], job["case"] = s.name, c.id
+                self.jobs.append(job)
+                self.by_case[(s.name, c.id)] = job
+
+    def for_leg(self, leg: str) -> list[dict[str, Any]]:
+        return [j for j in self.jobs if leg in j["legs"]]
+
+
+def case_runs(plan: Plan, legs: list[str]) -> int:
+    """How many (leg, case) runs the legs make: the one count the stage's progress is told in."""
+    return sum(1 for j in plan.jobs for leg in legs if leg in j["legs"])
+
+
+class Progress:
+    """The stage's one progress count over every case run (host legs and board leg together), fed by legs that
+    run at the same time: the percentage and the count in the words always agree ("25 % … (72/288 case runs)")."""
+
+    def __init__(self, ctx: StageContext, all_runs: int) -> None:
+        self.ctx = ctx
+        self.all_runs = max(all_runs, 1)
+        self.done: dict[str, int] = {}
+
+    def tell(self, part: str, n: int, what: str, **extra: Any) -> None:
+        self.done[part] = n
+        total = sum(self.done.values())
+        self.ctx.emitter.progress(
+            total / self.all_runs,
+            f"{what} ({total}/{self.all_runs} case runs)",
+            cases_done=total,
+            cases_total=self.all_runs,
+            **extra,
+        )
+
+
+async def run_host_legs(
+    ctx: StageContext,
+    plan: Plan,
+    legs: list[str],
+    journal: Path,
+    progress: Progress,
+    *,
+    part: str = "host",
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+) -> None:
+    """hexstudio/workers/evaluate.py over `legs` of the host (float and simulation graphs, or the HTP graphs on Qualcomm's
+    simulator). `python`: another interpreter to run it under (the workstation installer's side environment that
+    holds onnxruntime-qnn when the recipe's Python cannot); `part` names the worker in the logs and the spec."""
+    from hexstudio.core.jobs import JobRunner, worker_command
+
+    jobs = [
+        {
+            **{k: j[k] for k in ("key", "kind", "prompt", "text", "max_tokens") if k in j},
+            "legs": [leg for leg in legs if leg in j["legs"]],
+        }
+        for j in plan.jobs
+        if any(leg in j["legs"] for leg in legs)
+    ]
+    runs = case_runs(plan, legs)
+    done = read_journal(journal)
+    if all(f"{leg}\0{j['key']}" in done for j in plan.jobs for leg in legs if leg in j["legs"]):
+        progress.tell(part, runs, f"{part} legs: every case already done (from an earlier attempt)")
+        return
+    spec = {
+        "schema": SPEC_SCHEMA,
+        "stage": "evaluate",
+        "run_dir": str(ctx.manifest.run_dir),
+        "out_dir": str(ctx.out_dir / part),
+        "upstream": {k: str(v) for k, v in ctx.upstream.items()},
+        "settings": ctx.settings,
+        "inputs": {},
+        "legs": legs,
+        "jobs": jobs,
+        "journal": str(journal),
+    }
+    spec_path = ctx.manifest.run_dir / "specs" / f"evaluate.{part}.json"
+    write_json_atomic(spec_path, spec)
+
+    def on_event(ev: dict[str, Any]) -> None:
+        if ev.get("type") == "progress":
+            n = (
+                int(ev["finished"])
+                if isinstance(ev.get("finished"), int)
+                else round(float(ev.get("fraction") or 0) * runs)
+            )
+            what = (
+                f"{ev['leg']}: {ev['key']}" if ev.get("leg") and ev.get("key") else str(ev.get("message", ""))
+            )
+            progress.tell(part, n, f"host {what}")
+        elif ev.get("type") in ("log", "warning"):
+            ctx.emit(ev)
+
+    what = f"The Evaluate stage's host legs ({', '.join(legs)})"
+    log_path = ctx.manifest.run_dir / "logs" / f"evaluate.{part}.jsonl"
+    if python is None:
+        job = await JobRunner().start_local(
+            "hexstudio.workers.evaluate",
+            spec_path,
+            on_event=on_event,
+            log_path=log_path,
+            env=env or worker_env(),
+            what=what,
+        )
+    else:
+        argv = [python, *worker_command("hexstudio.workers.evaluate", spec_path)[1:]]
+        job = await JobRunner().start_argv(
+            argv,
+            on_event=on_event,
+            log_path=log_path,
+            env=env or worker_env(),
+            what=f"{what} in {python}",
+            liveness=True,
+        )
+    waiter = asyncio.ensure_future(job.wait())
+    cancel = asyncio.ensure_future(ctx.cancel_event.wait())
+    try:
+        await asyncio.wait({waiter, cancel}, return_when=asyncio.FIRST_COMPLETED)
+        if cancel.done() and not waiter.done():
+            await job.cancel()
+            await waiter
+            raise asyncio.CancelledError()
+    except asyncio.CancelledError:  # a sibling leg failed, or the stage was cancelled: stop the worker too
+        if not waiter.done():
+            await job.cancel()
+            with contextlib.suppress(Exception):
+                await waiter
+        raise
+    finally:
+        cancel.cancel()
+    res = waiter.result()
+    if not res.ok:
+        side = f" (in {python})" if python else ""
+        raise StageError(
+            res.code or "host_legs_failed",
+            f"The host legs of the evaluation ({', '.join(legs)}){side} failed: {res.message}",
+            res.hint
+            or f"See logs/evaluate.{part}.jsonl in the run folder; cases already finished are "
+            "kept and skipped when you run the stage again.",
+        )
+
+
+async def run_board_leg(
+    ctx: StageContext,
+    plan: Plan,
+    journal: Path,
+    board: Any,
+    remote_bundle: str,
+    runtime: str | None,
+    on_case: Any,
+    dialog: str = "basic",
+) -> dict[str, Any]:
+    """The cases on the board through one persistent dialog (`dialog`: basic, or a speculative one the bundle
+    carries): loaded once, its KV cache cleared between cases."""
+    from hexstudio.core.genie.conversation import Conversation
+    from hexstudio.core.genie.session import ChatSession, SessionError
+
+    class _Raw(Conversation):  # the prompt is already rendered with the model's template
+        def prompt_for(self, user: str) -> str:
+            self.dropped_turns = 0
+            return user
+
+    jobs = plan.for_leg("board")
+    done = read_journal(journal)
+    todo = [j for j in jobs if f"board\0{j['key']}" not in done]
+    info: dict[str, Any] = {"cases": len(jobs), "skipped_done": len(jobs) - len(todo)}
+    if not todo:
+        return info
+    info["dialog"] = dialog
+    session = ChatSession(
+        board,
+        remote_bundle,
+        _Raw(template="qa"),
+        mode="persistent",
+        max_tokens=64,
+        sampler="deterministic",
+        runtime=runtime,
+        dialog=dialog,
+    )
+    try:
+        try:
+            await session.open()
+        except SessionError as exc:
+            raise StageError(
+                "board_dialog_failed",
+                f"The dialog could not be opened on {board.label}: {exc.message}",
+                exc.hint or "See the Board page's doctor.",
+            ) from None
+        info.update(
+            {
+                "init_ms": session.init_ms,
+                "runtime": session.runtime.name,
+                "runtime_version": session.runtime_version,
+                "simulated": session.simulated,
+                "mode": session.mode,
+            }
+        )
+        for i, j in enumerate(todo):
+            ctx.check_cancelled()
+            await session.reset()
+            session.max_tokens = int(j["max_tokens"])
+            session.conversation.max_reply_tokens = session.max_tokens
+            stop = asyncio.Event()
+            waiter = asyncio.ensure_future(ctx.cancel_event.wait())
+            waiter.add_done_callback(_setter(stop))
+            try:
+                r = await session.send(j["prompt"], stop=stop)
+            except (SessionError, ValueError) as exc:
+                rec = {
+                    "leg": "board",
+                    "key": j["key"],
+                    "text": "",
+                    "state": "failed",
+                    "error": getattr(exc, "message", str(exc)),
+                }
+            else:
+                rec = {
+                    "leg": "board",
+                    "key": j["key"],
+                    "text": r.text,
+                    "state": r.state,
+                    "error": r.error,
+                    "kpis": r.kpis.as_json() if r.kpis else None,
+                    "simulated": r.simulated,
+                }
+            finally:
+                waiter.cancel()
+            ctx.check_cancelled()  # an aborted reply is not a result: not journaled
+            append_journal(journal, rec)
+            on_case(len(jobs) - len(todo) + i + 1, len(jobs), j)
+    finally:
+        with contextlib.suppress(Exception):
+            await session.close()
+    return info
+
+
+def _htp_leg_available() -> bool:
+    """Whether onnxruntime-qnn imports here or in the workstation installer's side environment."""
+    from hexstudio.workers.qnn.libs import find_qnn_libs
+
+    return find_qnn_libs() is not None
+
+
+async def _run_htp_leg(ctx: StageContext, plan: Plan, journal: Path, progress: Progress) -> None:
+    """The host's HTP leg (the local compile's graphs on Qualcomm's HTP simulator) in a worker of its own: under
+    this environment's Python when it holds onnxruntime-qnn, else under the side environment's."""
+    from hexstudio.workers.qnn.libs import find_qnn_libs, with_workers_on_path
+
+    libs = find_qnn_libs()
+    if libs is None or libs.in_process:
+        await run_host_legs(ctx, plan, ["htp"], journal, progress, part="htp")
+        return
+    await run_host_legs(
+        ctx,
+        plan,
+        ["htp"],
+        journal,
+        progress,
+        part="htp",
+        python=libs.python,
+        env=with_workers_on_path(libs.env(worker_env())),
+    )
+
+
+async def _all_or_none(legs: list[Any]) -> None:
+    """Run the legs at the same time; the first that fails (or a cancel) stops the others, and its error is
+    the stage's. What each finished is already in its journal."""
+    tasks = [asyncio.ensure_future(c) for c in legs]
+    if not tasks:
+        return
+    try:
+        _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except asyncio.CancelledError:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for t in tasks:
+        exc = t.exception() if t.done() and not t.cancelled() else None
+        if exc is not None:
+            raise exc
+
+
+def _bundle_binaries(ctx: StageContext) -> str:
+    """ "qnn" when the compile stage's bundle holds real QNN context binaries (a local or AI Hub compile)."""
+    try:
+        doc = json.loads((ctx.upstream["compile"] / "bundle" / "bundle.json").read_text(encoding="utf-8"))
+    except (KeyError, OSError, ValueError):
+        return "unknown"
+    return "qnn" if doc.get("binaries") == "qnn" else "stand-in"
+
+
+def _setter(ev: asyncio.Event) -> Any:
+    return lambda _f: ev.set()
+
+
+def _token_ids(bundle_dir: Path | None) -> Any:
+    """text -> token ids with the bundle's tokenizer (for the parity check of the board's text)."""
+    if bundle_dir is None or not (bundle_dir / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(bundle_dir / "tokenizer.json"))
+    return lambda text: list(tok.encode(text, add_special_tokens=False).ids)
+
+
+def score_all(
+    plan: Plan, records: dict[str, dict[str, Any]], tool_format: str, encode: Any
+) -> tuple[dict[str, dict[str, dict[str, dict[str, Any]]]], list[dict[str, Any]]]:
+    """{suite: {leg: {case id: result}}} and the per-case rows."""
+    per: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    rows = []
+    for s in plan.suites:
+        legs: dict[str, dict[str, dict[str, Any]]] = {"float": {}, "sim": {}, "htp": {}, "board": {}}
+        for c in s.cases:
+            j = plan.by_case[(s.name, c.id)]
+            row: dict[str, Any] = {"suite": s.name, "case": c.id, "category": c.category, "legs": {}}
+            for leg in j["legs"]:
+                rec = records.get(f"{leg}\0{j['key']}")
+                if rec is None:
+                    continue
+                res: dict[str, Any] = {"text": rec.get("text"), "state": rec.get("state")}
+                if c.scorer == "perplexity":
+                    res.update({"nll_sum": rec.get("nll_sum"), "tokens": rec.get("tokens")})
+                elif c.scorer == "parity":
+                    # the board against the HTP simulation when there is one (real Genie must match it token for
+                    # token), else against the onnxruntime simulation; the HTP leg against the onnxruntime one is
+                    # an agreement figure (two arithmetics), not a gate
+                    ref = "htp" if "htp" in j["legs"] else "sim"
+                    if leg == "board":
+                        host = records.get(f"{ref}\0{j['key']}")
+                        if host is not None and encode is not None:
+                            res["parity"] = parity(encode(rec.get("text") or ""), list(host.get("ids") or []))
+                            res["reference"] = ref
+                    elif leg == "htp":
+                        sim = records.get(f"sim\0{j['key']}")
+                        if sim is not None:
+                            res["parity"] = parity(list(rec.get("ids") or []), list(sim.get("ids") or []))
+                            res["reference"] = "sim"
+                else:
+                    res["score"] = score_case(c, str(rec.get("text") or ""), tool_format)
+                legs[leg][c.id] = res
+                row["legs"][leg] = {k: v for k, v in res.items() if k != "text"} | {
+                    "reply": (rec.get("text") or "")[:400]
+                }
+            rows.append(row)
+        per[s.name] = legs
+    return per, rows
+
+
+async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
+    from hexstudio.core.device.board import BoardError
+    from hexstudio.core.services.chat_target import board_doc as read_board_doc
+    from hexstudio.core.services.chat_target import open_run_board
+    from hexstudio.core.settings import Settings
+
+    em = ctx.emitter
+    run_dir = ctx.manifest.run_dir
+    ws_root = run_dir.parent.parent
+    names = ctx.settings.get("eval_suites") or list(DEFAULT_SUITES)
+    try:
+        suites = load_named(list(names), ws_root)
+    except SuiteError as exc:
+        raise StageError("suite_invalid", exc.message, exc.hint) from None
+    legs = [x for x in (ctx.settings.get("eval_legs") or DEFAULTS.eval_legs) if x in LEG_TITLES]
+    renderer = PromptRenderer.for_model(
+        ctx.upstream.get("model"), str(ctx.settings.get("prompt_template", DEFAULTS.prompt_template))
+    )
+    board_doc = read_board_doc(ctx.upstream.get("board")) or {}
+    htp_board = "board" in legs and bool(board_doc.get("simulated")) and _bundle_binaries(ctx) == "qnn"
+    agreement_only = htp_board and not _htp_leg_available()
+    if agreement_only:
+        em.warning(
+            "The board runs real Genie on the HTP simulator, but the host's HTP leg cannot run: onnxruntime-qnn "
+            "imports neither here nor in a side environment (packaging/install-workstation.sh makes one). "
+            "Greedy parity is measured against the onnxruntime simulation, an agreement figure between two "
+            "arithmetics, not the exact gate.",
+            code="htp_leg_unavailable",
+        )
+        htp_board = False
+    if htp_board:
+        legs = (
+            [*legs[: legs.index("board")], "htp", *legs[legs.index("board") :]] if "htp" not in legs else legs
+        )
+    plan = Plan(suites, renderer, htp_board=htp_board)
+    if htp_board:
+        em.log(
+            f"The board is Qualcomm's HTP simulator (real Genie on x86, ~1 s a token): its leg runs the first "
+            f"{HTP_SIM_PARITY_CASES} greedy-parity cases, {HTP_SIM_MAX_TOKENS} tokens each, judged against the "
+            "host's HTP simulation; the other suites score the host legs (a real board runs every case)."
+        )
+    em.log(
+        f"{len(plan.jobs)} cases in {len(suites)} suite(s): {', '.join(s.name for s in suites)}; prompts with "
+        f"{renderer.label()}; tool calls read in the {renderer.tool_format} format"
+    )
+    st = ctx.manifest.data["stages"]
+    digest = {n: (st.get(n) or {}).get("output_digest") for n in ("quantize", "compile", "board")}
+    runtime = str(ctx.settings.get("runtime") or "") or None
+    host_journal = run_dir / "eval" / f"host-{_h(digest['quantize'], digest['compile'], EVAL_VERSION)}.jsonl"
+    dialog = str(ctx.settings.get("dialog_type") or "basic")  # a speculative dialog has a journal of its own
+    board_journal = (
+        run_dir
+        / "eval"
+        / (
+            f"board-{board_doc.get('board', 'none')}-"
+            f"{_h(digest['compile'], digest['board'], runtime, EVAL_VERSION, *([dialog] if dialog != 'basic' else []))}.jsonl"
+        )
+    )
+    htp_journal = run_dir / "eval" / f"htp-{_h(digest['quantize'], digest['compile'], EVAL_VERSION)}.jsonl"
+    host_legs = [x for x in legs if x in ("float", "sim")]
+    host_runs = case_runs(plan, host_legs) + case_runs(plan, ["htp"] if "htp" in legs else [])
+    all_runs = host_runs + (len(plan.for_leg("board")) if "board" in legs else 0)
+    progress = Progress(ctx, all_runs)
+    encode = _token_ids(ctx.upstream["compile"] / "bundle" if "compile" in ctx.upstream else None)
+    board_info: dict[str, Any] = {}
+    source = "simulated" if board_doc.get("simulated") else "device"
+    # A real board is another machine: its leg runs beside the host's from the start. On this machine the host's
+    # float and simulation legs (onnxruntime on every core it is given) go first, then the legs that each keep
+    # one core busy run side by side: the host's HTP leg and a simulator board's Genie (on 2 cores, 4 threads
+    # spinning at once cost more than they gave).
+    board_leg_fn: Any = None
+    board: Any = None
+    if "board" in legs:
+        if not board_doc:
+            raise StageError(
+                "no_board", "The Evaluate stage needs the board stage's result.", "Run the board stage."
+            )
+        try:
+            board = (await open_run_board(board_doc, Settings.load(), ws_root)).board
+        except BoardError as exc:
+            raise StageError("board_unavailable", exc.message, exc.hint) from None
+        if board.simulated:
+            source = "simulated"
+
+        def on_case(n: int, total: int, j: dict[str, Any]) -> None:
+            recs = {**read_journal(host_journal), **read_journal(htp_journal), **read_journal(board_journal)}
+            per, _ = score_all(plan, recs, renderer.tool_format, encode)
+            s = next(x for x in plan.suites if x.name == j["suite"])
+            sc = suite_scores(s.cases, per[s.name], s.scorer)["legs"].get("board")
+            running = f" · {s.name} so far {sc['text']}" if sc else ""
+            progress.tell(
+                "board",
+                n,
+                f"board ({source}): case {n} of {total}{running}",
+                board_cases_done=n,
+                board_cases_total=total,
+            )
+
+        async def board_leg() -> None:
+            board_info.update(
+                await run_board_leg(
+                    ctx, plan, board_journal, board, board_doc["remote_bundle"], runtime, on_case, dialog
+                )
+            )
+
+        board_leg_fn = board_leg
+    board_is_local = board_leg_fn is not None and source == "simulated"
+
+    async def on_this_machine() -> None:
+        if host_legs:
+            await run_host_legs(ctx, plan, host_legs, host_journal, progress)
+        await _all_or_none(
+            [
+                *([_run_htp_leg(ctx, plan, htp_journal, progress)] if "htp" in legs else []),
+                *([board_leg_fn()] if board_leg_fn is not None and board_is_local else []),
+            ]
+        )
+
+    try:
+        await _all_or_none(
+            [
+                on_this_machine(),
+                *([board_leg_fn()] if board_leg_fn is not None and not board_is_local else []),
+            ]
+        )
+    finally:
+        if board is not None:
+            with contextlib.suppress(Exception):
+                await board.transport.close()
+    ctx.check_cancelled()
+    records = {**read_journal(host_journal), **read_journal(htp_journal), **read_journal(board_journal)}
+    accepted = [
+        float(r["kpis"]["accepted_per_step"])
+        for r in read_journal(board_journal).values()
+        if isinstance(r.get("kpis"), dict) and isinstance(r["kpis"].get("accepted_per_step"), (int, float))
+    ]
+    if "board" in legs:
+        board_info["dialog"] = dialog
+        if accepted:  # Genie's token-acceptance-rate over the user's own cases (lade, spd)
+            board_info["accepted_per_step"] = round(sum(accepted) / len(accepted), 3)
+            board_info["accepted_per_step_cases"] = len(accepted)
+    per, rows = score_all(plan, records, renderer.tool_format, encode)
+    table = []
+    for s in suites:
+        sc = suite_scores(s.cases, per[s.name], s.scorer)
+        table.append(
+            {
+                "suite": s.name,
+                "title": s.title,
+                "description": s.description,
+                "cases": len(s.cases),
+                "sha256": s.sha256,
+                "shipped": s.shipped,
+                **sc,
+            }
+        )
+    doc = {
+        "evaluate_version": EVAL_VERSION,
+        "board": board_doc.get("board"),
+        "source": source,
+        "simulated": source == "simulated",
+        "legs": legs,
+        "leg_titles": {
+            **LEG_TITLES,
+            "board": (f"board ({'SIMULATED' if source == 'simulated' else 'device'})"),
+        },
+        "prompt_format": renderer.label(),
+        "tool_format": renderer.tool_format,
+        "board_session": board_info,
+        "suites": table,
+        "cases": rows,
+    }
+    (ctx.out_dir / "evaluate.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False))
+    em.artifact("evaluate.json", kind="json", role="evaluation")
+    for t in table:
+        for leg, v in t["legs"].items():
+            if (
+                v is not None and v.get("value") is not None
+            ):  # e.g. the HTP leg's agreement with an absent sim leg
+                em.metric(
+                    f"{t['suite']}.{leg}",
+                    v["value"],
+                    unit="ppl" if t["scorer"] == "perplexity" else "",
+                    scope="simulated" if leg == "board" and source == "simulated" else leg,
+                )
+        if t["scorer"] == "parity" and t["legs"].get("board"):
+            b = t["legs"]["board"]
+            em.metric("parity_matched", b["matched"])
+            em.metric("parity_total", b["total"])
+            em.metric(
+                "parity_reference", "htp" if htp_board else "sim-agreement" if agreement_only else "sim"
+            )
+        if t["scorer"] == "parity" and (t["legs"].get("htp") or {}).get("value") is not None:
+            em.metric("htp_sim_agreement", t["legs"]["htp"]["value"])
+    em.metric("source", source)
+    if board_info.get("dialog") not in (None, "basic"):
+        em.metric("dialog", board_info["dialog"])
+        if "accepted_per_step" in board_info:
+            em.metric(
+                "accepted_per_step",
+                board_info["accepted_per_step"],
+                unit="tokens/step",
+                scope="simulated" if source == "simulated" else "device",
+            )
+    line = "; ".join(
+        f"{t['suite']} " + " → ".join((t["legs"].get(leg) or {}).get("text", "—") for leg in legs)
+        for t in table
+    )
+    em.progress(1.0, line)
+    return {"suites": len(table), "source": source}

@@ -1,0 +1,235 @@
+"""The Chat page's conversations, kept in the run: `<run>/chats/conversations/<id>.json`, one file per
+conversation (title, template, system prompt, sampler, runtime, and every turn with its KPIs), written
+atomically after each turn so reopening the run (or the studio) shows them again.
+
+Chats the page did not make are listed too: the Chat stage's benchmark reply (artifacts/chat/chat.json) and
+sessions of `hexstudio chat` found in the run's chat journals (hexstudio.core.genie.journal). They are turned into
+conversation files the first time the list is read, so they can be read and continued like any other.
+
+No Qt here: the page, its controller (hexstudio.core.services.chat) and the tests read the same records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hexstudio.core.atomic import write_text_atomic
+from hexstudio.core.genie.journal import CHATS_DIR, read_journals
+
+FOLDER = "conversations"
+SETTINGS_FILE = "settings.json"
+TITLE_CHARS = 48
+# the chat's settings kept per run (<run>/chats/settings.json), restored when the run is opened again
+SETTING_KEYS = (
+    "runtime",
+    "dialog",
+    "template",
+    "thinking",
+    "system",
+    "max_tokens",
+    "sampler_preset",
+    "sampler",
+    "enter_sends",
+)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+
+
+@dataclass
+class ChatTurn:
+    user: str
+    reply: str = ""
+    state: str = "pending"  # pending | streaming | complete | aborted | failed
+    kpis: dict[str, Any] = field(default_factory=dict)
+    t: str = ""
+    note: str | None = None
+    error: str | None = None
+    # earlier replies to the same message (Regenerate keeps them): [{"reply", "kpis", "state"}], oldest first;
+    # the turn's own reply/kpis are the version shown (and the one the conversation continues from)
+    versions: list[dict[str, Any]] = field(default_factory=list)
+    version: int = 0  # which of versions the turn shows (== len(versions)-1 when present)
+
+
+@dataclass
+class ChatRecord:
+    id: str
+    title: str = "New chat"
+    created: str = ""
+    updated: str = ""
+    origin: str = "chat page"  # chat page | Run Chat benchmark | hexstudio chat
+    template: str = "auto"
+    system: str = ""
+    thinking: bool | None = None
+    sampler: dict[str, Any] | None = None
+    runtime: str | None = None
+    dialog: str = "basic"  # Genie's dialog type the replies came from (basic, lade, spd)
+    source: str | None = None  # simulated | device (of the replies)
+    journals: list[str] = field(default_factory=list)
+    turns: list[ChatTurn] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ChatRecord:
+        turns = [
+            ChatTurn(**{k: v for k, v in t.items() if k in ChatTurn.__dataclass_fields__})
+            for t in doc.get("turns") or []
+            if isinstance(t, dict) and "user" in t
+        ]
+        known = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__ and k != "turns"}
+        return cls(**known, turns=turns)
+
+    def retitle(self) -> None:
+        if self.title in ("", "New chat") and self.turns:
+            first = " ".join(self.turns[0].user.split())
+            self.title = first if len(first) <= TITLE_CHARS else first[: TITLE_CHARS - 1] + "…"
+
+
+class ChatStore:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.folder = run_dir / CHATS_DIR / FOLDER
+
+    def path(self, cid: str) -> Path:
+        return self.folder / f"{cid}.json"
+
+    def new(self, **kw: Any) -> ChatRecord:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
+        rec = ChatRecord(id=f"{stamp}-{uuid.uuid4().hex[:6]}", created=now(), updated=now(), **kw)
+        return rec
+
+    def save(self, rec: ChatRecord) -> None:
+        rec.updated = now()
+        rec.retitle()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.path(rec.id), json.dumps(rec.as_json(), indent=1, ensure_ascii=False))
+
+    def load_settings(self) -> dict[str, Any]:
+        """The chat settings last used in this run ({} when none were saved)."""
+        try:
+            doc = json.loads((self.run_dir / CHATS_DIR / SETTINGS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in doc.items() if k in SETTING_KEYS} if isinstance(doc, dict) else {}
+
+    def save_settings(self, values: dict[str, Any]) -> None:
+        folder = self.run_dir / CHATS_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(
+            folder / SETTINGS_FILE,
+            json.dumps({k: values.get(k) for k in SETTING_KEYS}, indent=1, ensure_ascii=False),
+        )
+
+    def delete(self, cid: str) -> None:
+        self.path(cid).unlink(missing_ok=True)
+
+    def load(self, cid: str) -> ChatRecord | None:
+        try:
+            doc = json.loads(self.path(cid).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return ChatRecord.from_json(doc) if isinstance(doc, dict) else None
+
+    def _records(self) -> list[ChatRecord]:
+        out = []
+        for p in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
+            rec = self.load(p.stem)
+            if rec is not None:
+                out.append(rec)
+        return out
+
+    def conversations(self) -> list[ChatRecord]:
+        """Every conversation of the run, the most recently updated first (imports chats made elsewhere)."""
+        recs = self._records()
+        known = {j for r in recs for j in r.journals}
+        try:
+            for rec in self._imports(known):
+                self.save(rec)
+                recs.append(rec)
+        except OSError:  # a read-only run folder: list what is there
+            pass
+        return sorted(recs, key=lambda r: (r.updated, r.created), reverse=True)
+
+    def _imports(self, known: set[str]) -> list[ChatRecord]:
+        out: list[ChatRecord] = []
+        bench = self.run_dir / "artifacts" / "chat" / "chat.json"
+        if bench.is_file():
+            try:
+                doc = json.loads(bench.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                doc = None
+            if isinstance(doc, dict):
+                digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:10]
+                key = f"chat-stage:{digest}"
+                if key not in known:
+                    user = self._benchmark_prompt() or str(doc.get("prompt") or "")
+                    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(bench.stat().st_mtime))
+                    out.append(
+                        ChatRecord(
+                            id=f"run-chat-{digest}",
+                            title=f"Run Chat: {user}"[: TITLE_CHARS + 10],
+                            created=stamp,
+                            updated=stamp,
+                            origin="Run Chat benchmark",
+                            source=doc.get("source"),
+                            runtime=doc.get("runtime"),
+                            journals=[key],
+                            turns=[
+                                ChatTurn(
+                                    user=user,
+                                    reply=str(doc.get("reply") or ""),
+                                    state=str(doc.get("state") or "complete"),
+                                    kpis=dict(doc.get("kpis") or {}),
+                                    t=stamp,
+                                )
+                            ],
+                        )
+                    )
+        for j in read_journals(self.run_dir):
+            if j["id"] in known:
+                continue
+            head = j.get("session") or {}
+            turns = [
+                ChatTurn(
+                    user=str(t.get("user") or ""),
+                    reply=str(t.get("reply") or ""),
+                    state=str(t.get("state") or "complete"),
+                    kpis=dict(t.get("kpis") or {}),
+                    t=str(t.get("t") or ""),
+                    note=t.get("note"),
+                    error=t.get("error"),
+                )
+                for t in j["turns"]
+            ]
+            stamp = str(head.get("started") or (turns[0].t if turns else now()))
+            out.append(
+                ChatRecord(
+                    id=f"journal-{j['id']}",
+                    created=stamp,
+                    updated=stamp,
+                    origin="hexstudio chat",
+                    template=str(head.get("template") or "auto"),
+                    sampler=head.get("sampler_values"),
+                    source=next((t.get("source") for t in j["turns"] if t.get("source")), None),
+                    journals=[j["id"]],
+                    turns=turns,
+                )
+            )
+        return out
+
+    def _benchmark_prompt(self) -> str | None:
+        try:
+            doc = json.loads((self.run_dir / "run.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        v = ((doc.get("inputs") or {}).get("settings") or {}).get("benchmark_prompt")
+        return str(v) if v else None

@@ -1,0 +1,120 @@
+"""Parse genie-t2t-run's --profile JSON (artifact_type GENIE_PROFILE) into normalised KPIs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hexstudio.workers.shared.errors import ActionableError
+
+
+class ProfileError(ActionableError, ValueError):
+    pass
+
+
+@dataclass
+class Kpis:
+    init_ms: float | None
+    prompt_tokens: int | None
+    prompt_tok_s: float | None
+    ttft_ms: float | None
+    generated_tokens: int | None
+    gen_tok_s: float | None
+    gen_time_ms: float | None
+    source: str  # "device" | "simulated"
+    queries: int = 1
+    origin: str = "profile"  # "profile" (--profile JSON) | "kpis_block" (old QAIRT's printed [KPIS]: block)
+    accepted_per_step: float | None = None  # lade/spd: Genie's token-acceptance-rate (tokens per step)
+
+    def as_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        if (
+            doc["accepted_per_step"] is None
+        ):  # only speculative dialogs have it: basic documents stay as they were
+            del doc["accepted_per_step"]
+        return doc
+
+
+def _value(ev: dict[str, Any], key: str) -> Any:
+    v = ev.get(key)
+    if isinstance(v, dict):
+        return v.get("value")
+    return v
+
+
+def _ms(ev: dict[str, Any], key: str) -> float | None:
+    v = ev.get(key)
+    if not isinstance(v, dict) or v.get("value") is None:
+        return None
+    unit = v.get("unit", "us")
+    scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}.get(unit, 1e-3)
+    return round(float(v["value"]) * scale, 3)
+
+
+def parse_profile(data: dict[str, Any] | str | Path) -> Kpis:
+    if isinstance(data, (str, Path)) and not str(data).lstrip().startswith("{"):
+        data = Path(data).read_text(encoding="utf-8")
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise ProfileError(
+                f"The profile is not JSON ({exc.msg}); genie-t2t-run may have crashed before writing it."
+            ) from None
+    assert isinstance(data, dict)
+    if (data.get("header") or {}).get("artifact_type") != "GENIE_PROFILE":
+        raise ProfileError("Not a Genie profile: header.artifact_type is not GENIE_PROFILE.")
+    events = [ev for c in data.get("components", []) for ev in c.get("events", [])]
+    creates = [e for e in events if e.get("type") == "GenieDialog_create"]
+    queries = [e for e in events if e.get("type") == "GenieDialog_query"]
+    if not queries:
+        raise ProfileError("The profile has no GenieDialog_query event: the query did not run.")
+    q = queries[-1]  # several queries: the last is the latest turn
+    simulated = bool((data.get("metadata") or {}).get("simulated"))
+    pt = _value(q, "num-prompt-tokens")
+    gt = _value(q, "num-generated-tokens")
+    pr = _value(q, "prompt-processing-rate")
+    gr = _value(q, "token-generation-rate")
+    acc = _value(q, "token-acceptance-rate")  # only a speculative dialog (lade, spd) reports it
+    return Kpis(
+        init_ms=_ms(creates[-1], "init-time") if creates else None,
+        prompt_tokens=int(pt) if pt is not None else None,
+        prompt_tok_s=float(pr) if pr is not None else None,
+        ttft_ms=_ms(q, "time-to-first-token"),
+        generated_tokens=int(gt) if gt is not None else None,
+        gen_tok_s=float(gr) if gr is not None else None,
+        gen_time_ms=_ms(q, "token-generation-time"),
+        source="simulated" if simulated else "device",
+        queries=len(queries),
+        accepted_per_step=round(float(acc), 3) if isinstance(acc, (int, float)) else None,
+    )
+
+
+def kpis_from_block(block: dict[str, float], simulated: bool = False) -> Kpis | None:
+    """KPIs from the `[KPIS]:` block QAIRT before 2.35 printed instead of writing --profile (origin
+    "kpis_block"). The block has times and rates but no token counts: those are derived as
+    rate x time and rounded; TTFT is the prompt processing time. None when the block holds no rate."""
+    if block.get("gen_rate") is None and block.get("prompt_rate") is None:
+        return None
+
+    def ms(key: str) -> float | None:
+        return round(block[key] / 1000, 3) if block.get(key) is not None else None
+
+    def count(rate: str, us: str) -> int | None:
+        if block.get(rate) is None or block.get(us) is None:
+            return None
+        return round(block[rate] * block[us] / 1e6)
+
+    return Kpis(
+        init_ms=ms("init_us"),
+        prompt_tokens=count("prompt_rate", "prompt_us"),
+        prompt_tok_s=block.get("prompt_rate"),
+        ttft_ms=ms("prompt_us"),
+        generated_tokens=count("gen_rate", "gen_us"),
+        gen_tok_s=block.get("gen_rate"),
+        gen_time_ms=ms("gen_us"),
+        source="simulated" if simulated else "device",
+        origin="kpis_block",
+    )

@@ -1,0 +1,230 @@
+"""run.json: the manifest of one run (inputs, per-stage state, artifacts, metrics, environment).
+
+Every write is atomic (hexstudio.core.atomic). The schema lives in
+hexstudio/core/schemas/run.schema.json and is published in docs/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from hexstudio.core.atomic import write_json_atomic
+from hexstudio.core.stages import STAGE_NAMES
+from hexstudio.workers.shared.errors import ActionableError
+
+MANIFEST_SCHEMA_VERSION = 1
+SCHEMA_PATH = resources.files("hexstudio.core").joinpath("schemas", "run.schema.json")  # package data
+
+STAGE_STATES = ("pending", "running", "done", "failed", "interrupted", "cancelled")
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+class ManifestError(ActionableError):
+    """run.json is missing, unreadable or does not match its schema."""
+
+
+def empty_stage() -> dict[str, Any]:
+    return {"state": "pending", "attempts": 0, "metrics": {}, "artifacts": [], "warnings": []}
+
+
+@dataclass
+class StageRecord:
+    """A live view of one stage's entry in run.json."""
+
+    name: str
+    data: dict[str, Any]
+
+    @property
+    def state(self) -> str:
+        return str(self.data.get("state", "pending"))
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        m: dict[str, Any] = self.data.setdefault("metrics", {})
+        return m
+
+    def metric_value(self, name: str, default: Any = None) -> Any:
+        m = self.metrics.get(name)
+        if isinstance(m, dict):
+            return m.get("value", default)
+        return default
+
+    @property
+    def artifacts(self) -> list[dict[str, Any]]:
+        a: list[dict[str, Any]] = self.data.setdefault("artifacts", [])
+        return a
+
+    @property
+    def outcome(self) -> dict[str, Any] | None:
+        o = self.data.get("outcome")
+        return o if isinstance(o, dict) else None
+
+
+class RunManifest:
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path = path
+        self.data = data
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def new(
+        cls,
+        run_dir: Path,
+        run_id: str,
+        inputs: dict[str, Any],
+        environment: dict[str, Any],
+        versions: dict[str, Any],
+    ) -> RunManifest:
+        data: dict[str, Any] = {
+            "schema_version": MANIFEST_SCHEMA_VERSION,
+            "run_id": run_id,
+            "created": now_iso(),
+            "updated": now_iso(),
+            "inputs": inputs,
+            "environment": environment,
+            "versions": versions,
+            "stages": {name: empty_stage() for name in STAGE_NAMES},
+            "events": [],
+        }
+        return cls(run_dir / "run.json", data)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunManifest:
+        path = run_dir / "run.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ManifestError(f"{path} does not exist: this folder is not a HexStudio run.") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ManifestError(
+                f"{path} cannot be read ({exc}). run.json is written atomically, so this "
+                "file was changed by something else; restore it from a backup or delete "
+                "the run."
+            ) from None
+        if not isinstance(data, dict) or data.get("schema_version") != MANIFEST_SCHEMA_VERSION:
+            raise ManifestError(
+                f"{path} has schema_version {data.get('schema_version')!r}; this HexStudio "
+                f"reads version {MANIFEST_SCHEMA_VERSION}."
+            )
+        for name in STAGE_NAMES:
+            data["stages"].setdefault(name, empty_stage())
+        return cls(path, data)
+
+    # -- access -------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def run_id(self) -> str:
+        return str(self.data["run_id"])
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        i: dict[str, Any] = self.data["inputs"]
+        return i
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        s: dict[str, Any] = self.data["inputs"].setdefault("settings", {})
+        return s
+
+    def stage(self, name: str) -> StageRecord:
+        return StageRecord(name, self.data["stages"].setdefault(name, empty_stage()))
+
+    def add_event(self, kind: str, message: str, **extra: Any) -> None:
+        """A short run-level history line (resume, override, delete of artifacts...)."""
+        self.data.setdefault("events", []).append({"t": now_iso(), "kind": kind, "message": message, **extra})
+
+    # -- persistence --------------------------------------------------------
+    def save(self) -> None:
+        self.data["updated"] = now_iso()
+        write_json_atomic(self.path, self.data)
+
+    def mark_running(self, name: str) -> None:
+        st = self.stage(name).data
+        st.update(
+            {
+                "state": "running",
+                "started": now_iso(),
+                "ended": None,
+                "outcome": None,
+                "owner": {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": boot_id()},
+            }
+        )
+        st["attempts"] = int(st.get("attempts", 0)) + 1
+        self.save()
+
+    def detect_interrupted(self) -> list[str]:
+        """Stages left 'running' by a process that no longer exists become 'interrupted'."""
+        found = []
+        for name in STAGE_NAMES:
+            st = self.stage(name).data
+            if st.get("state") != "running":
+                continue
+            owner = st.get("owner") or {}
+            alive = (
+                owner.get("boot_id") == boot_id()
+                and owner.get("host") == socket.gethostname()
+                and _pid_alive(int(owner.get("pid", -1)))
+            )
+            if not alive:
+                st["state"] = "interrupted"
+                st["ended"] = st.get("ended") or None
+                st["outcome"] = {
+                    "kind": "interrupted",
+                    "message": "The studio stopped while this stage was running (crash, kill or reboot).",
+                    "hint": "Resume the run: the stage restarts from a clean state.",
+                }
+                found.append(name)
+        if found:
+            self.add_event("interrupted", f"found interrupted stage(s): {', '.join(found)}")
+            self.save()
+        return found
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def load_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return schema
+
+
+def validate_manifest(data: dict[str, Any]) -> None:
+    """Raise ManifestError if `data` does not match run.schema.json."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(data, load_schema())
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        raise ManifestError(f"run.json does not match its schema at '{where}': {exc.message}") from None

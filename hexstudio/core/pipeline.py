@@ -1,0 +1,762 @@
+"""Runs stages of a run in order: skip what is done and unchanged, restart what was interrupted,
+stop at a failed gate. Used by the CLI (`hexstudio run`) and the GUI alike.
+
+Stage outputs are written to artifacts/<stage>.partial/ and renamed to
+artifacts/<stage>/ only after the stage succeeded, so a crash never leaves
+half-written output that looks complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from hexstudio.core.atomic import sha256_file, write_json_atomic
+from hexstudio.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler, human_bytes
+from hexstudio.core.manifest import ManifestError, RunManifest, boot_id, now_iso
+from hexstudio.core.remote import RemoteStageJob, remote_host_for, start_worker_job
+from hexstudio.core.runs import RunBusy, RunLock, artifacts_dir, stage_log_path
+from hexstudio.core.sampler import ResourceSample
+from hexstudio.core.stages import STAGES, Stage, get_stage
+from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.workers.shared.protocol import Emitter
+
+SPEC_SCHEMA = 1
+jobs_log = logging.getLogger("hexstudio.jobs")
+
+
+class StageError(ActionableError):
+    """Raised by in-process stage actions: a failure a person can act on."""
+
+    def __init__(self, code: str, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.hint = hint
+
+
+@dataclass
+class StageContext:
+    """What an in-process stage action gets (board, chat, report stages)."""
+
+    manifest: RunManifest
+    stage: Stage
+    out_dir: Path
+    upstream: dict[str, Path]
+    emit: EventHandler
+    cancel_event: asyncio.Event
+    emitter: Emitter = field(init=False)
+
+    def __post_init__(self) -> None:
+        ctx = self
+
+        class _Sink:
+            def write(self, line: str) -> None:
+                ctx.emit(json.loads(line))
+
+            def flush(self) -> None:
+                pass
+
+        self.emitter = Emitter(_Sink())  # type: ignore[arg-type]
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.manifest.settings
+
+    def check_cancelled(self) -> None:
+        if self.cancel_event.is_set():
+            raise asyncio.CancelledError()
+
+
+StageAction = Callable[[StageContext], Awaitable[dict[str, Any] | None]]
+
+
+def output_digest(artifacts: list[dict[str, Any]]) -> str:
+    h = hashlib.sha256()
+    for a in sorted(artifacts, key=lambda a: a["path"]):
+        h.update(f"{a['path']}\0{a['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def summary_digest(summary: dict[str, Any], inputs: str) -> str:
+    """The output digest of a stage declared digest_from_summary: what it did (its summary) from what inputs."""
+    payload = json.dumps({"summary": summary, "inputs": inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# Settings added after runs existed: absent from a run means their default, and they are left out of its input hash
+# so a run made before them keeps its completed stages current (a run that sets one hashes it).
+HASHED_WHEN_SET = frozenset(
+    {
+        "speculative_dialogs",
+        "spd_draft_len",
+        "dialog_type",
+        "context_lengths",
+        "spd_draft",
+        "lade_window",
+        "lade_ngram",
+        "lade_gcap",
+        "quantsim_config",
+    }
+)
+
+
+def input_hash(m: RunManifest, stage: Stage) -> str:
+    settings = m.settings
+    payload: dict[str, Any] = {
+        "stage": stage.name,
+        "version": stage.version,
+        "model": m.inputs.get("model"),
+        "board": m.inputs.get("board"),
+        "settings": {k: settings.get(k) for k in stage.inputs if k in settings or k not in HASHED_WHEN_SET},
+        "upstream": {n: m.stage(n).data.get("output_digest") for n in stage.needs},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def hash_tree(root: Path, kinds: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    kinds = kinds or {}
+    out = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            rel = p.relative_to(root).as_posix()
+            out.append(
+                {
+                    "path": f"artifacts/{root.name}/{rel}",
+                    "sha256": sha256_file(p),
+                    "size": p.stat().st_size,
+                    "kind": kinds.get(rel, {}).get("kind"),
+                    "role": kinds.get(rel, {}).get("role"),
+                }
+            )
+    return out
+
+
+def stage_is_current(m: RunManifest, stage: Stage, verify: bool = False) -> bool:
+    st = m.stage(stage.name)
+    if st.state != "done" or st.data.get("input_hash") != input_hash(m, stage):
+        return False
+    for a in st.artifacts:
+        p = m.run_dir / a["path"]
+        if not p.is_file() or p.stat().st_size != a["size"]:
+            return False
+        if verify and sha256_file(p) != a["sha256"]:
+            return False
+    return True
+
+
+def display_state(m: RunManifest, name: str, stage: Stage | None = None) -> str:
+    """pending | running | done | failed | stale (done, but its inputs changed) | interrupted | cancelled."""
+    st = m.stage(name)
+    if st.state == "done" and not stage_is_current(m, stage or get_stage(name)):
+        return "stale"
+    return st.state
+
+
+@dataclass
+class PipelineResult:
+    ok: bool
+    stopped_at: str | None
+    message: str
+    hint: str | None = None
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        manifest: RunManifest,
+        runner: JobRunner | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        on_sample: Callable[[str, ResourceSample], None] | None = None,
+        on_stage: Callable[[str, str], None] | None = None,
+        stages: tuple[Stage, ...] = STAGES,
+    ) -> None:
+        self.m = manifest
+        self.stages = stages
+        self._by_name = {s.name: s for s in stages}
+        self.runner = runner or JobRunner()
+        self.on_event = on_event
+        self.on_sample = on_sample
+        self.on_stage = on_stage
+        self.cancel_event = asyncio.Event()
+        self.current_job: LocalJob | RemoteStageJob | None = None
+        self.lock = RunLock(manifest.run_dir)
+
+    # -- public -------------------------------------------------------------
+    async def run(
+        self, until: str = "report", only: str | None = None, force: bool = False
+    ) -> PipelineResult:
+        targets = self._targets(until, only)
+        if self.lock.held:  # this very pipeline is already running (e.g. Start clicked twice)
+            busy = RunBusy(self.m.run_id, os.getpid())
+            return PipelineResult(False, targets[0].name if targets else None, busy.message, hint=busy.hint)
+        try:
+            self.lock.acquire()
+        except RunBusy as exc:
+            return PipelineResult(False, targets[0].name if targets else None, exc.message, hint=exc.hint)
+        try:
+            self._refresh_stages()
+            stop_stale_workers(self.m)
+            self.m.detect_interrupted()
+            return await self._run(targets, force)
+        finally:
+            self.lock.release()
+
+    def _refresh_stages(self) -> None:
+        """Stage records as on disk: another runner may have finished stages since this manifest was
+        loaded (only the lock holder writes them, so the file is the truth once we hold it)."""
+        try:
+            fresh = RunManifest.load(self.m.run_dir)
+        except (ManifestError, OSError):  # unreadable: keep what we have, save() rewrites it
+            return
+        if fresh.data.get("updated") != self.m.data.get("updated"):
+            self.m.data["stages"] = fresh.data["stages"]
+
+    async def _run(self, targets: tuple[Stage, ...], force: bool) -> PipelineResult:
+        res = PipelineResult(True, None, "")
+        for stage in targets:
+            if self.cancel_event.is_set():
+                return PipelineResult(False, stage.name, "cancelled", ran=res.ran, skipped=res.skipped)
+            for need in stage.needs:
+                if self.m.stage(need).state != "done":
+                    return PipelineResult(
+                        False,
+                        stage.name,
+                        f"{stage.title} needs {need}, which has not completed.",
+                        hint=f"Run the {need} stage first.",
+                        ran=res.ran,
+                        skipped=res.skipped,
+                    )
+                blocked = self._gate_blocks(need)
+                if blocked is not None:
+                    message, hint = blocked
+                    return PipelineResult(
+                        False,
+                        stage.name,
+                        f"{stage.title} cannot run: {message}",
+                        hint=hint,
+                        ran=res.ran,
+                        skipped=res.skipped,
+                    )
+            if not force and stage_is_current(self.m, stage) and await self._still_in_place(stage):
+                res.skipped.append(stage.name)
+                self._notify_stage(stage.name, "done")
+            else:
+                result = await self.run_stage(stage)
+                res.ran.append(stage.name)
+                if not result.ok:
+                    return PipelineResult(
+                        False, stage.name, result.message, hint=result.hint, ran=res.ran, skipped=res.skipped
+                    )
+            gate = stage.gate(self.m)
+            overrides = self.m.settings.get("override_gates") or []
+            self.m.stage(stage.name).data["gate"] = {
+                "passed": gate.passed,
+                "reason": gate.reason,
+                "override": self._override_record(stage.name),
+            }
+            self.m.save()
+            if not gate.passed:
+                if gate.overridable and stage.name in overrides:
+                    continue
+                hint = (
+                    f"Override the {stage.name} gate (`--override-gate {stage.name}`) to continue anyway; "
+                    "the override is recorded in the run."
+                    if gate.overridable
+                    else None
+                )
+                return PipelineResult(
+                    False,
+                    stage.name,
+                    f"{stage.title} gate not passed: {gate.reason}",
+                    hint=hint,
+                    ran=res.ran,
+                    skipped=res.skipped,
+                )
+        res.message = f"completed up to {targets[-1].name}" if targets else "nothing to do"
+        return res
+
+    async def _still_in_place(self, stage: Stage) -> bool:
+        """A current stage with a `recheck` (the Board stage: its bundle on the board) is asked before it is
+        skipped; False, and the stage runs again, when what it produced is no longer as it left it."""
+        if stage.recheck is None:
+            return True
+        mod_name, func_name = stage.recheck.split(":")
+        jobs_log.info("run %s: %s is current: checking that it is still in place", self.m.run_id, stage.name)
+        try:
+            fn: Callable[[RunManifest], Awaitable[str | None]] = getattr(
+                importlib.import_module(mod_name), func_name
+            )
+            why = await fn(self.m)
+        except Exception as exc:  # cannot tell: run it again rather than trust it
+            why = f"it could not be checked ({type(exc).__name__}: {exc})"
+        if why is None:
+            jobs_log.info("run %s: %s is current and still in place: skipped", self.m.run_id, stage.name)
+            self.m.add_event(
+                "recheck", f"{stage.title}: still in place, skipped", stage=stage.name, passed=True
+            )
+            self.m.save()
+            return True
+        jobs_log.warning("run %s: %s runs again: %s", self.m.run_id, stage.name, why)
+        self.m.add_event("recheck", f"{stage.title} runs again: {why}", stage=stage.name, passed=False)
+        self.m.save()
+        return False
+
+    def _targets(self, until: str, only: str | None) -> tuple[Stage, ...]:
+        if only:
+            return (self._by_name[only],) if only in self._by_name else (get_stage(only),)
+        names = [s.name for s in self.stages]
+        if until not in names:
+            get_stage(until)  # raises with the list of stages
+        return self.stages[: names.index(until) + 1]
+
+    def _gate_blocks(self, name: str) -> tuple[str, str | None] | None:
+        """(message, hint) when the done stage `name` has a failed gate and no recorded override; else None.
+        `run --only X` and resumed runs check every upstream gate here, not just that the stage is done."""
+        stage = self._by_name.get(name) or get_stage(name)
+        gate = stage.gate(self.m)
+        if gate.passed:
+            return None
+        overridden = (
+            name in (self.m.settings.get("override_gates") or []) and self._override_record(name) is not None
+        )
+        if gate.overridable and overridden:
+            return None
+        msg = f"the {stage.title} gate did not pass ({gate.reason})."
+        if not gate.overridable:
+            return msg, f"Run the {name} stage again (hexstudio run --resume {self.m.run_id} --only {name})."
+        return msg, (
+            f"Fix what the {name} stage reported and run it again, or continue anyway with "
+            f"`hexstudio run --resume {self.m.run_id} --override-gate {name}` "
+            f"(the override is recorded in the run and shown in its report)."
+        )
+
+    def _override_record(self, name: str) -> dict[str, Any] | None:
+        for ev in reversed(self.m.data.get("events", [])):
+            if ev.get("kind") == "gate_override" and ev.get("stage") == name:
+                return {"t": ev["t"], "reason": ev.get("message"), "by": ev.get("by") or "unknown"}
+        return None
+
+    def override_gate(self, name: str, reason: str) -> None:
+        overrides = list(self.m.settings.get("override_gates") or [])
+        if name not in overrides:
+            overrides.append(name)
+        self.m.settings["override_gates"] = overrides
+        self.m.add_event("gate_override", reason, stage=name, by=_login_name())
+        gate = self.m.stage(name).data.get("gate")
+        if isinstance(gate, dict):  # the stored gate says so too, not only after the next run
+            gate["override"] = self._override_record(name)
+        self.m.save()
+
+    async def cancel(self) -> None:
+        self.cancel_event.set()
+        if self.current_job is not None:
+            await self.current_job.cancel()
+
+    # -- one stage ----------------------------------------------------------
+    def _notify_stage(self, name: str, state: str) -> None:
+        if self.on_stage is not None:
+            self.on_stage(name, state)
+
+    def _upstream(self, stage: Stage) -> dict[str, Path]:
+        up = {}
+        for s in self.stages:
+            if self.m.stage(s.name).state == "done" and artifacts_dir(self.m, s.name).is_dir():
+                up[s.name] = artifacts_dir(self.m, s.name)
+        return {k: v for k, v in up.items() if k != stage.name}
+
+    async def run_stage(self, stage: Stage) -> JobResult:
+        m = self.m
+        final = artifacts_dir(m, stage.name)
+        partial = final.with_name(f"{stage.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)  # never resume from half-written output
+        partial.mkdir(parents=True)
+        st = m.stage(stage.name).data
+        st.update(
+            {
+                "metrics": {},
+                "warnings": [],
+                "summary": None,
+                "gate": None,
+                "peak_rss_bytes": None,
+                "peak_vram_bytes": None,
+            }
+        )
+        m.mark_running(stage.name)
+        self._notify_stage(stage.name, "running")
+        jobs_log.info(
+            "run %s: %s stage started (attempt %s, %s)",
+            m.run_id,
+            stage.name,
+            st.get("attempts"),
+            f"worker {stage.worker}" if stage.worker else f"action {stage.action}",
+        )
+        kinds: dict[str, dict[str, Any]] = {}
+
+        def handle(ev: dict[str, Any]) -> None:
+            t = ev.get("type")
+            if t == "metric":
+                # the emitter leaves out a None field: a metric without a value was not measured
+                st["metrics"][ev["name"]] = {
+                    "value": ev.get("value"),
+                    "unit": ev.get("unit"),
+                    "scope": ev.get("scope"),
+                }
+                if (
+                    ev.get("scope") == "job"
+                ):  # a remote job's id: on disk at once, so even a killed studio keeps it
+                    m.save()
+                    jobs_log.info(
+                        "run %s: %s: %s = %s", m.run_id, stage.name, ev["name"], ev.get("value")
+                    )  # AI Hub job
+            elif t == "artifact":
+                kinds[ev["path"]] = {"kind": ev.get("kind"), "role": ev.get("role")}
+            elif t == "warning":
+                st["warnings"].append({k: ev.get(k) for k in ("message", "hint", "code")})
+                jobs_log.warning(
+                    "run %s: %s: warning %s: %s",
+                    m.run_id,
+                    stage.name,
+                    ev.get("code") or "-",
+                    ev.get("message"),
+                )
+            elif t == "error":
+                jobs_log.warning(
+                    "run %s: %s: error %s: %s", m.run_id, stage.name, ev.get("code"), ev.get("message")
+                )
+            elif t == "log":
+                jobs_log.debug("run %s: %s: %s", m.run_id, stage.name, ev.get("message"))
+            if self.on_event is not None:
+                self.on_event(stage.name, ev)
+
+        res_path = m.run_dir / "logs" / f"{stage.name}.resources.jsonl"
+        res_path.parent.mkdir(parents=True, exist_ok=True)
+        res_log = open(res_path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
+
+        def sample(s: ResourceSample) -> None:
+            res_log.write(json.dumps(s.as_json()) + "\n")
+            if self.on_sample is not None:
+                self.on_sample(stage.name, s)
+
+        log_path = stage_log_path(m, stage.name)
+        try:
+            if stage.worker is not None:
+                result = await self._run_worker(stage, partial, handle, sample, log_path)
+            else:
+                result = await self._run_action(stage, partial, handle, log_path)
+        finally:
+            res_log.close()
+
+        st["ended"] = now_iso()
+        st["duration_s"] = round(result.duration_s, 3)
+        st["peak_rss_bytes"] = result.peak_rss_bytes or None
+        st["peak_vram_bytes"] = result.peak_vram_bytes
+        st["outcome"] = result.outcome()
+        st["owner"] = None
+        st["worker"] = None
+        if result.ok:
+            st["summary"] = result.summary
+            old = final.with_name(f"{stage.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            if final.exists():
+                final.rename(old)
+            partial.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+            st["artifacts"] = hash_tree(final, kinds)
+            st["input_hash"] = input_hash(m, stage)
+            st["output_digest"] = (
+                summary_digest(result.summary, st["input_hash"])
+                if stage.digest_from_summary and result.summary
+                else output_digest(st["artifacts"])
+            )
+            st["state"] = "done"
+        else:
+            shutil.rmtree(partial, ignore_errors=True)
+            st["state"] = {"cancelled": "cancelled", "killed": "interrupted", "oom": "failed"}.get(
+                result.kind, "failed"
+            )
+            st["input_hash"] = None
+        m.save()
+        jobs_log.log(
+            logging.INFO if result.ok else logging.WARNING,
+            "run %s: %s stage ended: %s (code %s, exit %s) in %.1f s%s: %s",
+            m.run_id,
+            stage.name,
+            result.kind,
+            result.code or "-",
+            result.exit_code,
+            result.duration_s,
+            f", peak RSS {human_bytes(result.peak_rss_bytes)}" if result.peak_rss_bytes else "",
+            result.message,
+        )
+        self._notify_stage(stage.name, st["state"])
+        return result
+
+    def _spec(self, stage: Stage, partial: Path) -> Path:
+        spec = {
+            "schema": SPEC_SCHEMA,
+            "stage": stage.name,
+            "run_dir": str(self.m.run_dir),
+            "out_dir": str(partial),
+            "upstream": {k: str(v) for k, v in self._upstream(stage).items()},
+            "settings": self.m.settings,
+            "inputs": {"model": self.m.inputs.get("model"), "board": self.m.inputs.get("board")},
+        }
+        path = self.m.run_dir / "specs" / f"{stage.name}.json"
+        write_json_atomic(path, spec)
+        return path
+
+    async def _run_worker(
+        self, stage: Stage, partial: Path, handle: EventHandler, sample: SampleHandler, log_path: Path
+    ) -> JobResult:
+        assert stage.worker is not None
+        if importlib.util.find_spec(stage.worker) is None:
+            return _not_implemented(stage)
+        spec_path = self._spec(stage, partial)
+        if (
+            remote_host_for(self.m, stage) is not None
+        ):  # the run's worker_host: heavy stages run there over SSH
+            job: LocalJob | RemoteStageJob = await start_worker_job(
+                self.runner,
+                self.m,
+                stage,
+                spec_path,
+                on_event=handle,
+                on_sample=sample,
+                log_path=log_path,
+                what=f"The {stage.title} stage",
+            )
+        else:
+            env = {**worker_env(), WORKER_RUN_ENV: f"{self.m.run_id}/{stage.name}"}
+            job = await self.runner.start_local(
+                stage.worker,
+                spec_path,
+                on_event=handle,
+                on_sample=sample,
+                log_path=log_path,
+                what=f"The {stage.title} stage",
+                env=env,
+                memory_need=self._memory_need(stage),
+            )
+        self.current_job = job
+        if isinstance(job, LocalJob) and job.proc is not None:
+            # where the worker runs, so a resume after a crash finds it if it is somehow still alive
+            self.m.stage(stage.name).data["worker"] = {
+                "pid": job.proc.pid,
+                "pgid": job.pgid,
+                "host": socket.gethostname(),
+                "boot_id": boot_id(),
+                "started": now_iso(),
+            }
+            self.m.save()
+        try:
+            if self.cancel_event.is_set():
+                await job.cancel()
+            return await job.wait()
+        finally:
+            self.current_job = None
+
+    def _memory_need(self, stage: Stage) -> int | None:
+        """The stage's estimated peak RSS from the Model stage's model.json (quantize_peak_rss_bytes, ...)."""
+        path = artifacts_dir(self.m, "model") / "model.json"
+        try:
+            est = json.loads(path.read_text(encoding="utf-8")).get("estimates") or {}
+        except (OSError, ValueError):
+            return None
+        value = est.get(f"{stage.name}_peak_rss_bytes")
+        return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+    async def _run_action(
+        self, stage: Stage, partial: Path, handle: EventHandler, log_path: Path
+    ) -> JobResult:
+        assert stage.action is not None
+        mod_name, func_name = stage.action.split(":")
+        t0 = time.monotonic()
+        try:
+            if importlib.util.find_spec(mod_name) is None:
+                return _not_implemented(stage)
+            fn: StageAction = getattr(importlib.import_module(mod_name), func_name)
+        except (ImportError, AttributeError) as exc:  # the module is there but broken: say what failed
+            jobs_log.exception(
+                "run %s: the %s stage's action %s cannot be loaded", self.m.run_id, stage.name, stage.action
+            )
+            return JobResult(
+                "failed",
+                None,
+                None,
+                f"The {stage.title} stage could not start: {type(exc).__name__}: {exc}",
+                hint="This HexStudio installation is incomplete or broken (a missing "
+                "package?); the studio log has the traceback.",
+                code="import_failed",
+                duration_s=time.monotonic() - t0,
+            )
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as log:
+
+            def emit(ev: dict[str, Any]) -> None:
+                log.write(json.dumps(ev, ensure_ascii=False) + "\n")
+                handle(ev)
+
+            ctx = StageContext(self.m, stage, partial, self._upstream(stage), emit, self.cancel_event)
+            try:
+                summary = await fn(ctx)
+            except ActionableError as exc:  # StageError, or a board/session/bundle error that says what to do
+                if not isinstance(exc, StageError):
+                    jobs_log.warning("run %s: %s: %s", self.m.run_id, stage.name, exc.code, exc_info=True)
+                ctx.emitter.error(exc.code, exc.message, exc.hint)
+                return JobResult(
+                    "failed",
+                    None,
+                    None,
+                    exc.message,
+                    hint=exc.hint,
+                    code=exc.code,
+                    duration_s=time.monotonic() - t0,
+                )
+            except asyncio.CancelledError:
+                if not self.cancel_event.is_set():
+                    raise
+                return JobResult(
+                    "cancelled",
+                    None,
+                    None,
+                    f"The {stage.title} stage was cancelled.",
+                    code="cancelled",
+                    duration_s=time.monotonic() - t0,
+                )
+            ctx.emitter.done(True, summary or {})
+        return JobResult(
+            "ok",
+            0,
+            None,
+            f"The {stage.title} stage finished.",
+            summary=summary or {},
+            duration_s=time.monotonic() - t0,
+        )
+
+
+WORKER_RUN_ENV = (
+    "HEXSTUDIO_WORKER_RUN"  # "<run id>/<stage>" in a local worker's environment (and its children's)
+)
+
+
+def _run_processes(pgid: int, tag: str) -> list[psutil.Process]:
+    """Live processes of process group `pgid` whose environment carries WORKER_RUN_ENV == tag."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) != pgid or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if p.environ().get(WORKER_RUN_ENV) == tag:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _login_name() -> str:
+    """Who overrode a gate (recorded beside the reason; the studio and the CLI show it)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name (some containers)
+        return "unknown"
+
+
+def stop_stale_workers(m: RunManifest, term_s: float = 3.0) -> list[str]:
+    """Before a run goes on: stop any worker of it still alive from an earlier studio (its pid, process group
+    and boot id are in run.json; only processes whose environment names this run and stage are touched).
+    SIGTERM to them, then SIGKILL after `term_s`. Returns the stages whose worker was stopped."""
+    stopped = []
+    changed = False
+    for name in list(m.data.get("stages", {})):
+        st = m.stage(name).data
+        w = st.get("worker")
+        if not isinstance(w, dict):
+            continue
+        changed = True
+        st["worker"] = None
+        if w.get("boot_id") != boot_id() or w.get("host") != socket.gethostname():
+            continue  # another boot or machine: that process is gone
+        try:
+            pgid = int(w.get("pgid") or w.get("pid") or 0)
+        except (TypeError, ValueError):
+            continue
+        if pgid <= 1 or pgid == os.getpgid(0):
+            continue
+        procs = _run_processes(pgid, f"{m.run_id}/{name}")
+        if not procs:
+            continue
+        for sig, wait in ((signal.SIGTERM, term_s), (signal.SIGKILL, 5.0)):
+            for p in procs:
+                with contextlib.suppress(psutil.Error, OSError):
+                    p.send_signal(sig)
+            _gone, procs = psutil.wait_procs(procs, timeout=wait)
+            if not procs:
+                break
+        stopped.append(name)
+        m.add_event(
+            "stale_worker_stopped",
+            f"stopped the {name} worker (pid {w.get('pid')}) that an earlier "
+            "studio left running, before starting again",
+            stage=name,
+        )
+    if changed:
+        m.save()
+    return stopped
+
+
+def worker_env() -> dict[str, str]:
+    """The worker's environment: ours, plus secrets from the keyring passed by environment (never in
+    the spec file, the logs or run.json)."""
+    import os
+
+    from hexstudio.core import secrets
+    from hexstudio.core.hf import worker_env_token
+
+    env = dict(os.environ)
+    # the one Hugging Face token (keyring from `hexstudio hf login`, else huggingface_hub's own login)
+    env.update(worker_env_token())
+    for var, name in (("HEXSTUDIO_AIHUB_TOKEN", secrets.AIHUB_TOKEN),):
+        try:
+            value = secrets.get_secret(name)
+        except secrets.SecretStoreError:
+            value = None
+        if value:  # the keyring's wins over the environment (services.aihub_token.TOKEN_ORDER)
+            env[var] = value
+    return env
+
+
+def _not_implemented(stage: Stage) -> JobResult:
+    return JobResult(
+        "not_implemented",
+        None,
+        None,
+        f"The {stage.title} stage is not implemented yet.",
+        hint="This HexStudio build cannot run this stage yet; earlier stages' results are kept.",
+        code="not_implemented",
+    )
+
+
+def describe_result(r: JobResult) -> str:
+    peak = f", peak RSS {human_bytes(r.peak_rss_bytes)}" if r.peak_rss_bytes else ""
+    return f"{r.kind}: {r.message}{peak}"

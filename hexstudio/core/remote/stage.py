@@ -1,0 +1,463 @@
+"""A pipeline stage on a worker host: the run setting `worker_host` names one (hexstudio.core.remote.hosts), and
+its heavy stages (Stage.heavy: quantize, validate) and preflight run there.
+
+`start_worker_job` is the pipeline's one way to start a stage's worker: a LocalJob on this machine, or a
+RemoteStageJob, which connects, checks the host's Python and packages, uploads the stage's upstream
+artifact folders and the model's Hugging Face folder into <root>/runs/<run_id>/ (hexstudio.core.remote.sync),
+rewrites the spec's paths, runs the worker with RemoteJob and, on success only, downloads the remote output
+folder into the local <stage>.partial folder. See docs/WORKER_PROTOCOL.md ("Remote workers").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import posixpath
+import time
+import traceback
+from pathlib import Path
+from typing import IO, Any
+
+from hexstudio.core.device.transport import ConnectionLost, SshTransport
+from hexstudio.core.jobs import (
+    EventHandler,
+    Job,
+    JobResult,
+    JobRunner,
+    LocalJob,
+    SampleHandler,
+    cancelled_result,
+    human_bytes,
+)
+from hexstudio.core.manifest import RunManifest
+from hexstudio.core.paths import WORKERS_ROOT
+from hexstudio.core.remote.hosts import (
+    STAGE_PACKAGES,
+    WorkerHostError,
+    check_host,
+    connect_worker_host,
+    host_config,
+)
+from hexstudio.core.remote.job import RemoteJob
+from hexstudio.core.remote.sync import (
+    LocalHashes,
+    SyncStats,
+    download_tree,
+    host_files,
+    install_workers,
+    map_json_paths,
+    upload_tree,
+)
+from hexstudio.core.settings import Settings
+from hexstudio.core.stages import Stage
+
+# Run settings that name a file on this machine; the file is uploaded and the setting rewritten.
+FILE_SETTINGS = ("calibration_text", "validation_text")
+
+# Besides the heavy stages: preflight checks the machine that will do the heavy work (its memory, GPU,
+# packages, AIMET smoke test and the free disk under the host's root), so a workstation too small for the
+# model does not fail the gate for work it will not do.
+HOST_CHECK_STAGES = ("preflight",)
+
+
+def remote_host_for(manifest: RunManifest, stage: Stage) -> str | None:
+    """The worker host this stage runs on, or None for this machine: heavy worker stages (and preflight) of
+    a run whose `worker_host` setting names one ("" / "local" / none: this machine)."""
+    name = str(manifest.settings.get("worker_host") or "").strip()
+    if not name or name == "local" or stage.worker is None:
+        return None
+    return name if stage.heavy or stage.name in HOST_CHECK_STAGES else None
+
+
+class RemoteStageJob(Job):
+    """A pipeline stage on a worker host: connect, check, upload, run (RemoteJob), download.
+    Same shape as LocalJob for the pipeline: start(), wait() -> JobResult, cancel()."""
+
+    def __init__(
+        self,
+        host: str,
+        manifest: RunManifest,
+        stage: Stage,
+        spec_path: Path,
+        *,
+        on_event: EventHandler | None = None,
+        on_sample: SampleHandler | None = None,
+        log_path: Path | None = None,
+        what: str | None = None,
+        settings: Settings | None = None,
+        grace_s: float = 5.0,
+        term_s: float = 3.0,
+    ) -> None:
+        super().__init__(
+            what=what or f"The {stage.title} stage",
+            on_event=on_event,
+            on_sample=on_sample,
+            grace_s=grace_s,
+            term_s=term_s,
+        )
+        self.host = host
+        self.m = manifest
+        self.stage = stage
+        self.spec_path = spec_path
+        self.log_path = log_path
+        self.settings = settings
+        self.remote: RemoteJob | None = None
+        self.transport: SshTransport | None = None
+        self.remote_run_dir: str | None = None
+        self.remote_out_dir: str | None = None
+        self.host_info: dict[str, Any] = {}
+        self._log: IO[str] | None = None
+        self._t0 = time.monotonic()
+
+    # -- events from the studio's side of the job (labeled source "worker_host") -----------------
+    def _emit(self, etype: str, **fields: Any) -> None:
+        ev: dict[str, Any] = {
+            "v": 1,
+            "type": etype,
+            "t": round(time.time(), 6),
+            "source": "worker_host",
+            **{k: v for k, v in fields.items() if v is not None},
+        }
+        if self._log is not None:
+            self._log.write(json.dumps(ev, ensure_ascii=False) + "\n")
+        if self.on_event is not None:
+            self.on_event(ev)
+
+    def _say(self, message: str, phase: str) -> None:
+        self._emit("log", message=message, level="info", phase=phase)
+
+    async def start(self) -> None:
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed in _main
+        self._t0 = time.monotonic()
+        self._begin(self._main())
+
+    async def cancel(self) -> None:
+        if self._task is None or self._task.done():
+            return
+        self._cancelled = True
+        if self.remote is not None and self.remote.running():
+            await self.remote.cancel()  # the job runner's cancel ladder, on the host
+        else:
+            self._task.cancel()  # connecting or syncing: stop at the next await
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.shield(self._task)
+
+    def _fail(self, code: str, message: str, hint: str | None = None) -> JobResult:
+        self._emit("error", code=code, message=message, hint=hint)
+        return JobResult(
+            "failed", None, None, message, hint=hint, code=code, duration_s=time.monotonic() - self._t0
+        )
+
+    async def _main(self) -> JobResult:
+        try:
+            return await self._steps()
+        except asyncio.CancelledError:
+            if not self._cancelled:
+                raise
+            res = cancelled_result(self.what)
+            res.duration_s = time.monotonic() - self._t0
+            return res
+        except WorkerHostError as exc:
+            return self._fail(
+                exc.code, exc.message, exc.hint.replace("RUN_ID", self.m.run_id) if exc.hint else None
+            )
+        except Exception as exc:
+            dropped = isinstance(
+                exc, (ConnectionLost, OSError, EOFError)
+            ) or exc.__class__.__module__.startswith("paramiko")
+            if not dropped:
+                if self._log is not None:
+                    self._log.write(
+                        json.dumps(
+                            {
+                                "v": 1,
+                                "type": "log",
+                                "level": "debug",
+                                "t": time.time(),
+                                "stream": "stderr",
+                                "message": traceback.format_exc(),
+                            }
+                        )
+                        + "\n"
+                    )
+                return self._fail(
+                    "worker_host_failed",
+                    f"Running {self.what.lower()} on worker host '{self.host}' failed: "
+                    f"{type(exc).__name__}: {exc}",
+                    "This is a HexStudio bug: the traceback is in the stage log; please report it. "
+                    "Run the stage on this machine meanwhile (--worker-host local).",
+                )
+            return self._fail(
+                "worker_host_disconnected",
+                f"The connection to worker host '{self.host}' dropped ({exc or type(exc).__name__}).",
+                f"Check the host and the network, then resume the run (`hexstudio run --resume "
+                f"{self.m.run_id}`): files already on the host are not sent again.",
+            )
+        finally:
+            if self.transport is not None:
+                with contextlib.suppress(Exception):
+                    await self.transport.close()
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+    async def _steps(self) -> JobResult:
+        cfg = host_config(self.host, self.settings)
+        python = str(cfg.get("python") or "python3")
+        self._say(
+            f"connecting to worker host '{self.host}' ({cfg.get('user') or ''}@{cfg.get('host')}:"
+            f"{cfg.get('port') or 22})",
+            "connect",
+        )
+        self.transport = t = await connect_worker_host(self.host, cfg)
+        self.host_info = info = await check_host(
+            t, self.host, python, STAGE_PACKAGES.get(self.stage.name, ())
+        )
+        self._emit("metric", name="worker_host", value=self.host, scope="worker_host")
+        self._emit(
+            "metric",
+            name="worker_host_memory_bytes",
+            value=info.get("memory_bytes"),
+            unit="bytes",
+            scope="worker_host",
+        )
+        self._emit("metric", name="worker_host_cpu_count", value=info.get("cpu_count"), scope="worker_host")
+        self._say(
+            f"{t.label}: Python {'.'.join(map(str, info['python']))}, {info.get('cpu_count')} CPUs, "
+            f"{(info.get('memory_bytes') or 0) / 2**30:.1f} GiB RAM",
+            "connect",
+        )
+        base = str(cfg.get("root") or posixpath.join(await t.home(), ".cache", "hexstudio"))
+        workers_root = await install_workers(t, base)
+        rrun = posixpath.join(base, "runs", self.m.run_id)
+        self.remote_run_dir = rrun
+        spec = json.loads(self.spec_path.read_text(encoding="utf-8"))
+        local_out = Path(spec["out_dir"])
+        rout = posixpath.join(rrun, "artifacts", f"{self.stage.name}.partial")
+        self.remote_out_dir = rout
+        await host_files(t, python, "reset", rout)  # never resume from half-written output, here either
+        # 1. upload the upstream folders this stage reads, and the model's folder when it lives elsewhere
+        hashes = LocalHashes()
+        stats = SyncStats()
+        t_up = time.monotonic()
+        upstream: dict[str, str] = {}
+        forward: list[tuple[str, str]] = [(str(self.m.run_dir), rrun)]
+        back: list[tuple[str, str]] = [
+            (rout, str(local_out)),
+            (rrun, str(self.m.run_dir)),
+            (workers_root, str(WORKERS_ROOT)),
+        ]
+        for need in self.stage.needs:
+            if need not in spec["upstream"]:
+                continue
+            local = Path(spec["upstream"][need])
+            remote = posixpath.join(rrun, "artifacts", need)
+            self._say(f"uploading the {need} stage's output", "upload")
+            await upload_tree(
+                t,
+                python,
+                local,
+                remote,
+                hashes,
+                self._known(need),
+                stats,
+                log=lambda msg: self._say(msg, "upload"),
+            )
+            upstream[need] = remote
+            hf = self._external_hf_dir(local)
+            if hf is not None:
+                key = hashlib.sha256(str(hf).encode()).hexdigest()[:12]
+                rhf = posixpath.join(base, "models", f"{key}-{hf.name}")
+                self._say(f"uploading the model folder {hf}", "upload")
+                await upload_tree(
+                    t, python, hf, rhf, hashes, None, stats, log=lambda msg: self._say(msg, "upload")
+                )
+                forward.append((str(hf), rhf))
+                back.append((rhf, str(hf)))
+        settings = dict(spec.get("settings") or {})
+        for key in FILE_SETTINGS:
+            value = settings.get(key)
+            if value in (None, "", "builtin"):
+                continue
+            p = Path(str(value)).expanduser()
+            if not p.is_file():
+                continue  # the worker says clearly that the file is missing
+            rfile = posixpath.join(rrun, "inputs", key, p.name)
+            await t.put_file(p, rfile)
+            stats.sent_files += 1
+            stats.sent_bytes += p.stat().st_size
+            settings[key] = rfile
+            back.append((rfile, str(p)))
+        self._emit(
+            "metric",
+            name="worker_host_upload_bytes",
+            value=stats.sent_bytes,
+            unit="bytes",
+            scope="worker_host",
+        )
+        self._emit(
+            "metric", name="worker_host_upload_skipped_files", value=stats.skipped_files, scope="worker_host"
+        )
+        self._say(
+            f"upload: {stats.sent_files} file(s), {stats.sent_bytes / 1e6:.1f} MB sent; "
+            f"{stats.skipped_files} already there ({time.monotonic() - t_up:.1f} s)",
+            "upload",
+        )
+        # 2. run the worker there, on remote paths
+        rspec = {**spec, "run_dir": rrun, "out_dir": rout, "upstream": upstream, "settings": settings}
+        env = {"HEXSTUDIO_PATH_MAP": json.dumps([list(p) for p in forward])}
+        if os.environ.get("HEXSTUDIO_THREADS"):
+            env["HEXSTUDIO_THREADS"] = os.environ["HEXSTUDIO_THREADS"]
+        self.remote = RemoteJob(
+            t,
+            str(self.stage.worker),
+            rspec,
+            python=python,
+            on_event=self.on_event,
+            on_sample=self.on_sample,
+            what=f"{self.what} (on worker host '{self.host}')",
+            grace_s=self.grace_s,
+            term_s=self.term_s,
+            env=env,
+            log=self._log,
+            workers_base=base,
+        )
+        self.remote.remote_root = workers_root  # the very copy the path maps name
+        await self.remote.start()
+        res = await self.remote.wait()
+        if res.kind in ("killed", "oom") and res.signal == "SIGKILL":
+            res = self._judge_kill(res, int(info.get("memory_bytes") or 0))
+        if not res.ok:
+            if not t.connected and res.kind == "failed":
+                res = JobResult(
+                    "failed",
+                    res.exit_code,
+                    None,
+                    f"The connection to worker host '{self.host}' dropped while {self.what.lower()} "
+                    "ran there.",
+                    hint=f"Resume the run when the host answers (`hexstudio run --resume "
+                    f"{self.m.run_id}`): the stage starts again from a clean state.",
+                    code="worker_host_disconnected",
+                    peak_rss_bytes=res.peak_rss_bytes,
+                    duration_s=res.duration_s,
+                    events=res.events,
+                    bad_lines=res.bad_lines,
+                )
+            with contextlib.suppress(Exception):
+                await host_files(t, python, "reset", rout, timeout=120)
+            res.duration_s = time.monotonic() - self._t0
+            return res
+        # 3. bring the output home; the pipeline then renames <stage>.partial and hashes it
+        t_down = time.monotonic()
+        down = await download_tree(t, python, rout, local_out)
+        changed = map_json_paths(local_out, back)
+        self._emit(
+            "metric",
+            name="worker_host_download_bytes",
+            value=down.sent_bytes,
+            unit="bytes",
+            scope="worker_host",
+        )
+        self._say(
+            f"download: {down.sent_files} file(s), {down.sent_bytes / 1e6:.1f} MB "
+            f"({time.monotonic() - t_down:.1f} s)"
+            + (f"; host paths mapped to this machine's in {', '.join(changed)}" if changed else ""),
+            "download",
+        )
+        # keep the host's copy as the stage's folder there: the next stage's upload finds it and sends nothing
+        with contextlib.suppress(WorkerHostError):
+            await host_files(
+                t, python, "promote", rout, posixpath.join(rrun, "artifacts", self.stage.name), timeout=300
+            )
+        res.duration_s = time.monotonic() - self._t0
+        return res
+
+    def _judge_kill(self, res: JobResult, host_memory: int) -> JobResult:
+        """A SIGKILL on the host: out of memory judged against the HOST's RAM, not this machine's."""
+        oom = bool(host_memory) and res.peak_rss_bytes >= 0.6 * host_memory
+        res.kind = "oom" if oom else "killed"
+        if oom:
+            res.code = "out_of_memory"
+            res.message = (
+                f"{self.what} was killed (SIGKILL) on worker host '{self.host}' at "
+                f"{human_bytes(res.peak_rss_bytes)} RSS: likely out of memory there "
+                f"(the host has {human_bytes(host_memory)} RAM)."
+            )
+            res.hint = (
+                "Use a worker host with more RAM or swap, or lower the stage's need: more parts "
+                "(--set parts=N), fewer calibration samples or a shorter context length."
+            )
+        else:
+            res.code = "killed"
+            res.message = f"{self.what} was killed by SIGKILL on worker host '{self.host}'."
+            res.hint = (
+                "Something on the host killed the worker (kill -9, a watchdog, or the OOM killer). "
+                "Resume the run to restart the stage from a clean state."
+            )
+        return res
+
+    def _known(self, stage: str) -> dict[str, str]:
+        prefix = f"artifacts/{stage}/"
+        return {
+            a["path"][len(prefix) :]: a["sha256"]
+            for a in self.m.stage(stage).artifacts
+            if str(a.get("path", "")).startswith(prefix) and a.get("sha256")
+        }
+
+    def _external_hf_dir(self, upstream_dir: Path) -> Path | None:
+        """The model's Hugging Face folder when model.json points outside the run (a Hugging Face cache
+        snapshot or a local folder); None when it is inside the model stage's folder (uploaded with it)."""
+        try:
+            doc = json.loads((upstream_dir / "model.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        raw = str(doc.get("hf_dir") or "")
+        p = Path(raw)
+        if not raw or not p.is_absolute() or not p.is_dir():
+            return None
+        try:
+            p.resolve().relative_to(self.m.run_dir.resolve())
+            return None
+        except ValueError:
+            return p
+
+    async def group_alive(self) -> bool:
+        return bool(self.remote is not None and await self.remote.group_alive())
+
+
+async def start_worker_job(
+    runner: JobRunner,
+    manifest: RunManifest,
+    stage: Stage,
+    spec_path: Path,
+    *,
+    on_event: EventHandler | None = None,
+    on_sample: SampleHandler | None = None,
+    log_path: Path | None = None,
+    what: str | None = None,
+    env: dict[str, str] | None = None,
+) -> LocalJob | RemoteStageJob:
+    """The pipeline's one way to start a stage's worker: on the run's worker host for heavy stages when the
+    run names one (RemoteStageJob), else on this machine (LocalJob). Both are started when returned."""
+    assert stage.worker is not None
+    host = remote_host_for(manifest, stage)
+    if host is None:
+        return await runner.start_local(
+            stage.worker,
+            spec_path,
+            on_event=on_event,
+            on_sample=on_sample,
+            log_path=log_path,
+            what=what,
+            env=env,
+        )
+    job = RemoteStageJob(
+        host, manifest, stage, spec_path, on_event=on_event, on_sample=on_sample, log_path=log_path, what=what
+    )
+    await job.start()
+    return job

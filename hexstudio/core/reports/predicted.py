@@ -1,0 +1,160 @@
+"""The speed predictor's figures in a run's report and in Compare (issue 28): PREDICTED by QNN's HTP simulator,
+shown beside what was measured (on a device or the simulator board), never mixed into a measured figure.
+
+A run's prediction lives in runs/<id>/predicted/prediction.json (hexstudio.core.services.predict.save_for_run: the
+Preflight page's speed panel and `hexstudio predict --run ID` write it)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hexstudio.workers.shared.predict import LABEL, speculative_rate
+
+PREDICTION_FILE = Path("predicted") / "prediction.json"
+
+
+def read_prediction(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads((run_dir / PREDICTION_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("predicted") is True else None
+
+
+def _bounds(b: dict[str, Any]) -> dict[str, float]:
+    return {k: float(b[k]) for k in ("value", "lower", "upper")}
+
+
+def predicted_ttft(doc: dict[str, Any], prompt_tokens: int) -> dict[str, float]:
+    """Predicted TTFT for a prompt of this length: ceil(prompt / AR-N) prompt-processor passes."""
+    passes = max(1, math.ceil(prompt_tokens / int(doc["ar_n"])))
+    one = doc["prompt_pass"]["total_ms"]
+    return {k: float(one[k]) * passes for k in ("value", "lower", "upper")}
+
+
+def predicted_section(doc: dict[str, Any] | None, kpis: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The report's `predicted` section: the prediction's figures, and `beside`: each measured chat KPI it can
+    be set beside (decode tok/s, TTFT at the measured prompt length) with the predicted figure in its own field."""
+    if not doc:
+        return None
+    t = doc.get("target") or {}
+    measured = {k["name"]: k for k in kpis}
+    beside: list[dict[str, Any]] = []
+    gen = measured.get("gen_tok_s")
+    beside.append(
+        {
+            "name": "gen_tok_s",
+            "label": "Decode",
+            "unit": "tok/s",
+            "measured": gen.get("value") if gen else None,
+            "measured_source": gen.get("source") if gen else None,
+            "predicted": _bounds(doc["decode_tok_s"]["full_context"]),
+        }
+    )
+    ttft, prompt = measured.get("ttft_ms"), measured.get("prompt_tokens")
+    n = int(prompt["value"]) if prompt and isinstance(prompt.get("value"), (int, float)) else int(doc["ar_n"])
+    beside.append(
+        {
+            "name": "ttft_ms",
+            "label": f"Time to first token ({n}-token prompt)",
+            "unit": "ms",
+            "measured": ttft.get("value") if ttft else None,
+            "measured_source": ttft.get("source") if ttft else None,
+            "predicted": predicted_ttft(doc, n),
+        }
+    )
+    return {
+        "label": LABEL,
+        "model": doc.get("model"),
+        "qnn_version": doc.get("qnn_version"),
+        "target": {"name": t.get("name"), "soc_model": t.get("soc_model"), "dsp_arch": t.get("dsp_arch")},
+        "context_length": doc.get("context_length"),
+        "ar_n": doc.get("ar_n"),
+        "parts": doc.get("parts"),
+        "decode_tok_s": _bounds(doc["decode_tok_s"]["full_context"]),
+        "ttft_ms": [
+            {"prompt_tokens": int(k), **_bounds(v)}
+            for k, v in sorted(doc["ttft_ms"].items(), key=lambda kv: int(kv[0]))
+        ],
+        "notes": [str(x) for x in doc.get("notes") or []],
+        "beside": beside,
+    }
+
+
+def speculative_prediction(
+    run_dir: Path, settings: dict[str, Any], board_session: Any
+) -> dict[str, Any] | None:
+    """The Evaluate stage's speculative dialog (lade, spd) at its measured tokens accepted per step, costed with the
+    run's prediction (and, for spd with a draft bundle, the draft run's own prediction): hexstudio.workers.shared.predict.
+    speculative_rate. None when the dialog is basic, nothing was accepted, or a cost is unknown."""
+    doc = read_prediction(run_dir)
+    bs = board_session if isinstance(board_session, dict) else {}
+    dialog, accepted = bs.get("dialog"), bs.get("accepted_per_step")
+    if doc is None or dialog not in ("lade", "spd") or not isinstance(accepted, (int, float)):
+        return None
+    draft = None
+    if dialog == "spd":
+        where = str(settings.get("spd_draft") or "self")
+        # a draft bundle is <draft run>/artifacts/compile/bundle: that run's prediction, if it has one
+        folder = Path(where).expanduser()
+        draft = (
+            doc
+            if where == "self"
+            else read_prediction(folder.parents[2])
+            if len(folder.parents) > 2
+            else None
+        )
+    out = speculative_rate(
+        doc, str(dialog), float(accepted), draft_len=int(settings.get("spd_draft_len") or 3), draft=draft
+    )
+    if out is None and dialog == "spd":
+        return {
+            "label": LABEL,
+            "dialog": dialog,
+            "missing": "the draft model has no prediction: run `hexstudio "
+            "predict --run DRAFT_RUN` (or its Preflight page's speed panel) for the draft model's run",
+        }
+    return out
+
+
+RowMaker = Callable[..., dict[str, Any]]
+
+
+def predicted_rows(reports: list[dict[str, Any]], skipped: list[str], row: RowMaker) -> list[dict[str, Any]]:
+    """Compare's predicted rows, in a section of their own (section "predicted", labels saying predicted): a
+    predicted figure is never set in a measured row."""
+    preds = [r.get("predicted") for r in reports]
+    if not any(preds):
+        return []
+    if not all(preds):
+        skipped.append(
+            "Predicted speed: not every run has a prediction (Preflight page, or `hexstudio predict "
+            "--run ID`)."
+        )
+        return []
+    ps = [p for p in preds if p]
+    out = [
+        row(
+            "predicted",
+            "predicted_decode_tok_s",
+            "Decode (predicted, HTP simulator)",
+            [p["decode_tok_s"]["value"] for p in ps],
+            "tok/s",
+        )
+    ]
+    common = set.intersection(*({t["prompt_tokens"] for t in p["ttft_ms"]} for p in ps))
+    for n in sorted(common):
+        out.append(
+            row(
+                "predicted",
+                "predicted_ttft_ms",
+                f"TTFT, {n}-token prompt (predicted, HTP simulator)",
+                [next(t["value"] for t in p["ttft_ms"] if t["prompt_tokens"] == n) for p in ps],
+                "ms",
+            )
+        )
+    return out

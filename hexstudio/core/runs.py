@@ -1,0 +1,263 @@
+"""The run workspace: <workspace>/runs/<run-id>/{run.json, logs/, artifacts/}."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import secrets as _secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hexstudio.core.environment import collect_environment, package_versions
+from hexstudio.core.manifest import ManifestError, RunManifest
+from hexstudio.core.paths import default_workspace
+from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, check_run_settings
+from hexstudio.workers.shared.errors import ActionableError
+
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class RunNotFound(ActionableError):
+    pass
+
+
+class WorkspaceError(ActionableError):
+    """The workspace cannot hold a new run (not a folder, read-only, full): `message` and `hint`."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class RunBusy(ActionableError):
+    """Another process (or another pipeline in this one) is running this run's stages."""
+
+    def __init__(self, run_id: str, pid: int | None) -> None:
+        self.run_id = run_id
+        self.pid = pid
+        who = f"PID {pid}" if pid else "another process"
+        super().__init__(
+            f"Run {run_id} is being run by {who} on this machine.",
+            (
+                f"Wait for it to finish, or cancel it (Cancel in the studio, Ctrl+C in its terminal, or "
+                f"`kill -INT {pid}`)"
+                if pid
+                else "Wait for it to finish, or cancel it"
+            )
+            + ", then resume. Starting it twice would delete the running stage's output.",
+        )
+
+    def __str__(self) -> str:
+        return f"{self.message} {self.hint}"
+
+
+LOCK_NAME = ".lock"
+
+
+class RunLock:
+    """An exclusive lock on a run folder, held by the process that runs its stages.
+
+    fcntl.flock on <run>/.lock: the kernel drops it when the holder exits, however it ends (kill -9,
+    crash), so a stale lock never needs cleaning up. The holder's PID is written into the file for the
+    message a second runner gets. The descriptor is not inherited by workers (close-on-exec)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / LOCK_NAME
+        self._fd: int | None = None
+        self.unsupported = False  # True when the filesystem refused flock: nothing guards this run
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                pid: int | None = int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+            except (OSError, ValueError):
+                pid = None
+            os.close(fd)
+            raise RunBusy(self.run_dir.name, pid) from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                os.close(fd)
+                raise
+            # a filesystem without flock (some network/Windows mounts): run unguarded rather than not at all
+            self.unsupported = True
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _slug(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9]+", "-", text.split(":")[-1].split("/")[-1]).strip("-").lower()
+    return s[:32] or "model"
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    path: Path
+    model: str
+    board: str
+    created: str
+    updated: str
+    states: dict[str, str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "path": str(self.path),
+            "model": self.model,
+            "board": self.board,
+            "created": self.created,
+            "updated": self.updated,
+            "states": self.states,
+        }
+
+
+class Workspace:
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root or default_workspace()).expanduser().resolve()
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    def run_dir(self, run_id: str) -> Path:
+        if not _RUN_ID_RE.match(run_id):
+            raise RunNotFound(f"'{run_id}' is not a valid run id.")
+        return self.runs_dir / run_id
+
+    def create_run(
+        self, model: str, board: str, settings: dict[str, Any] | None = None, include_host: bool = True
+    ) -> RunManifest:
+        merged = dict(DEFAULT_RUN_SETTINGS)
+        merged.update(settings or {})
+        check_run_settings(merged)  # SettingsError: wrong type or out of range, before any folder is made
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(model)}-{_secrets.token_hex(2)}"
+        run_dir = self.runs_dir / run_id
+        # Build the run in a hidden temp folder, then rename: never a half-made run.
+        tmp = self.runs_dir / f".creating-{run_id}"
+        try:
+            (tmp / "logs").mkdir(parents=True)
+            (tmp / "artifacts").mkdir()
+            m = RunManifest.new(
+                tmp,
+                run_id,
+                {"model": model, "board": board, "settings": merged},
+                collect_environment(include_host),
+                package_versions(),
+            )
+            m.save()
+            tmp.rename(run_dir)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-made is left behind
+            why = {
+                errno.ENOSPC: "its disk is full",
+                errno.EDQUOT: "its disk quota is used up",
+                errno.EROFS: "it is on a read-only file system",
+                errno.EACCES: "it is not writable by you",
+                errno.EPERM: "it is not writable by you",
+                errno.ENOTDIR: "a part of its path is a file, not a folder",
+            }.get(exc.errno or 0, exc.strerror or str(exc))
+            raise WorkspaceError(
+                f"Cannot make a run in the workspace {self.root}: {why} ({exc.strerror}: {exc.filename}).",
+                "Free disk space there, or choose another workspace (--workspace DIR, $HEXSTUDIO_WORKSPACE or "
+                "the studio's settings); keep it inside the WSL file system, not under /mnt/c.",
+            ) from None
+        return RunManifest.load(run_dir)
+
+    def open_run(self, run_id: str) -> RunManifest:
+        d = self.run_dir(run_id)
+        if not d.is_dir():
+            raise RunNotFound(f"No run '{run_id}' in {self.runs_dir}. `hexstudio runs list` shows the runs.")
+        m = RunManifest.load(d)
+        m.detect_interrupted()
+        return m
+
+    def list_runs(self) -> list[RunSummary]:
+        out: list[RunSummary] = []
+        if not self.runs_dir.is_dir():
+            return out
+        for d in sorted(self.runs_dir.iterdir(), reverse=True):
+            if d.name.startswith(".") or not (d / "run.json").is_file():
+                continue
+            try:
+                data = json.loads((d / "run.json").read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                continue
+            out.append(
+                RunSummary(
+                    run_id=data.get("run_id", d.name),
+                    path=d,
+                    model=data.get("inputs", {}).get("model", "?"),
+                    board=data.get("inputs", {}).get("board", "?"),
+                    created=data.get("created", ""),
+                    updated=data.get("updated", ""),
+                    states={k: v.get("state", "?") for k, v in data.get("stages", {}).items()},
+                )
+            )
+        return out
+
+    def delete_run(self, run_id: str) -> None:
+        d = self.run_dir(run_id)
+        if not (d / "run.json").is_file():
+            raise RunNotFound(f"No run '{run_id}' in {self.runs_dir}.")
+        with RunLock(d):  # RunBusy while a runner holds it: never delete a live stage's folder
+            pass
+        # Rename first so a half-deleted run never looks like a run.
+        trash = self.runs_dir / f".deleting-{run_id}-{_secrets.token_hex(2)}"
+        d.rename(trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def stage_log_path(manifest: RunManifest, stage: str) -> Path:
+    return manifest.run_dir / "logs" / f"{stage}.jsonl"
+
+
+def artifacts_dir(manifest: RunManifest, stage: str) -> Path:
+    return manifest.run_dir / "artifacts" / stage
+
+
+__all__ = [
+    "ManifestError",
+    "RunBusy",
+    "RunLock",
+    "RunNotFound",
+    "RunSummary",
+    "Workspace",
+    "artifacts_dir",
+    "stage_log_path",
+]

@@ -1,0 +1,208 @@
+"""Studio settings: a versioned JSON file with migrations. No secrets here (see hexstudio.core.secrets).
+
+File: <config_dir>/settings.json, {"settings_version": N, ...}. Loading an older
+version runs each migration in order and saves the result atomically (the old
+file is kept as settings.json.v<N>.bak).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hexstudio.core.atomic import write_json_atomic
+from hexstudio.core.paths import config_dir
+from hexstudio.workers.shared import run_settings
+from hexstudio.workers.shared.bundle import KNOWN_DEVICES
+from hexstudio.workers.shared.errors import ActionableError
+
+SETTINGS_VERSION = 2
+
+# Per-run defaults, from the one registry of run settings (hexstudio/workers/shared/run_settings.py: type, default,
+# range or choices, unit, label, help, the stages that read each). Model-specific values (context length,
+# parts) stay "auto" here and are resolved by the Model stage (run_settings.resolve_settings).
+DEFAULT_RUN_SETTINGS: dict[str, Any] = run_settings.default_run_settings()
+
+
+def check_run_setting(key: str, value: Any) -> str | None:
+    """Why `value` is not acceptable for the run setting `key` (a sentence naming the setting, what was
+    given and what is expected); None when it is, or when `key` is not a run setting."""
+    return run_settings.check(key, value)
+
+
+def check_run_settings(values: dict[str, Any]) -> None:
+    """Raise SettingsError (every problem, one a line) when a run setting has the wrong type or is out
+    of range."""
+    problems = run_settings.check_all(values)
+    if problems:
+        raise SettingsError("Run setting(s) refused: " + " ".join(problems))
+
+
+def form_fields(page: str) -> tuple[run_settings.FormField, ...]:
+    """The run-setting fields the studio's stage page `page` shows (Qt-free; from the registry). A "device"
+    field gets the devices HexStudio knows offline as its choices (AI Hub's live list replaces them)."""
+    return tuple(
+        dataclasses.replace(f, choices=tuple(KNOWN_DEVICES)) if f.widget == "device" else f
+        for f in run_settings.form_fields(page)
+    )
+
+
+def settings_fields(page: str) -> tuple[tuple[str, str, Any], ...]:
+    """form_fields as the stage pages' (key, label, kind) rows: kind "int" | "bool" | "text" | a list of
+    choices (hexstudio.ui.pages.base.SettingSpec)."""
+    kinds = {"spin": "int", "check": "bool", "line": "text"}
+    return tuple(
+        (f.key, f.label, list(f.choices or ()) if f.widget in ("choice", "device") else kinds[f.widget])
+        for f in form_fields(page)
+    )
+
+
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "settings_version": SETTINGS_VERSION,
+    "workspace": None,  # None: hexstudio.core.paths.default_workspace()
+    "boards": {},  # name -> {host, port, user, auth, key_path, ssh_alias, qairt_home}
+    "default_board": "sim",
+    "worker_hosts": {},  # name -> {host, port, user, auth, key_path, python, root} (hexstudio.core.remote)
+    "aihub": {"api_url": "https://app.aihub.qualcomm.com", "web_url": "https://app.aihub.qualcomm.com"},
+    "run_defaults": {},  # overrides of DEFAULT_RUN_SETTINGS
+    "include_host_in_reports": False,
+}
+
+
+def _v0_to_v1(d: dict[str, Any]) -> dict[str, Any]:
+    # v0 (unversioned) kept boards as a list of {"name": ...}.
+    boards = d.get("boards", {})
+    if isinstance(boards, list):
+        d["boards"] = {b["name"]: {k: v for k, v in b.items() if k != "name"} for b in boards if "name" in b}
+    d["settings_version"] = 1
+    return d
+
+
+def _v1_to_v2(d: dict[str, Any]) -> dict[str, Any]:
+    # v1 stored the AI Hub URL as a flat key.
+    url = d.pop("aihub_url", None)
+    if url:
+        d.setdefault("aihub", {})["api_url"] = url
+        d["aihub"].setdefault("web_url", url)
+    d["settings_version"] = 2
+    return d
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1, 1: _v1_to_v2}
+
+
+class SettingsError(ActionableError):
+    pass
+
+
+# sections of settings.json that are objects of named entries, or objects
+_OBJECT_SECTIONS = ("boards", "worker_hosts", "aihub", "run_defaults")
+
+
+def check_settings_shape(raw: Any, path: Path) -> None:
+    """settings.json as HexStudio wrote it: an object whose sections have their types (issue 27: `[]`,
+    `{"boards": "x"}` or a board entry `5` ended in a traceback). Raises SettingsError naming what is wrong."""
+    fix = f"Fix {path} or move it away; HexStudio then starts from defaults (boards must be added again)."
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{path} holds a JSON {type(raw).__name__}, not an object of settings.", fix)
+    v = raw.get("settings_version", 0)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SettingsError(f"{path}: settings_version is {v!r}, not a whole number.", fix)
+    for key in _OBJECT_SECTIONS:
+        if (
+            key in raw
+            and raw[key] is not None
+            and not isinstance(raw[key], dict)
+            and not (key == "boards" and isinstance(raw[key], list) and v == 0)
+        ):  # v0 kept boards as a list
+            raise SettingsError(
+                f'{path}: "{key}" is {type(raw[key]).__name__} {raw[key]!r:.40}, not an object.', fix
+            )
+    for key in ("boards", "worker_hosts"):
+        for name, entry in (raw.get(key) or {}).items() if isinstance(raw.get(key), dict) else ():
+            if not isinstance(entry, dict):
+                raise SettingsError(
+                    f"{path}: the {key[:-1].replace('_', ' ')} {name!r} is {entry!r:.40}, not an "
+                    "object {host, port, user, auth, ...}.",
+                    fix,
+                )
+
+
+BOARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_board_name(name: object) -> str:
+    """A board's name as HexStudio uses it (settings, keyring entries, file names, the CLI): 1-64 letters,
+    digits, '.', '_' or '-', starting with a letter or digit; not "sim" (the simulator board)."""
+    if not isinstance(name, str) or not BOARD_NAME.match(name):
+        raise SettingsError(
+            f"The board name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (e.g. evk-lab2).",
+            "Pick another name for the board.",
+        )
+    if name == "sim":
+        raise SettingsError(
+            "The board name 'sim' is the simulator board's.", "Pick another name for the board."
+        )
+    return name
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    d = copy.deepcopy(data)
+    version = int(d.get("settings_version", 0))
+    if version > SETTINGS_VERSION:
+        raise SettingsError(
+            f"settings were written by a newer HexStudio (version {version}, this one reads "
+            f"up to {SETTINGS_VERSION}). Upgrade HexStudio or move the file away."
+        )
+    while version < SETTINGS_VERSION:
+        d = MIGRATIONS[version](d)
+        version = int(d["settings_version"])
+    merged = copy.deepcopy(DEFAULT_SETTINGS)
+    merged.update(d)
+    return merged
+
+
+class Settings:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or (config_dir() / "settings.json")
+        self.data: dict[str, Any] = copy.deepcopy(DEFAULT_SETTINGS)
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> Settings:
+        s = cls(path)
+        if not s.path.exists():
+            return s
+        try:
+            raw = json.loads(s.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
+            raise SettingsError(
+                f"{s.path} cannot be read ({exc}). Fix or delete it; HexStudio will "
+                "recreate it with defaults."
+            ) from None
+        check_settings_shape(raw, s.path)
+        old = int(raw.get("settings_version", 0))
+        s.data = migrate(raw)
+        if old != SETTINGS_VERSION:
+            shutil.copy2(s.path, s.path.with_name(f"{s.path.name}.v{old}.bak"))
+            s.save()
+        return s
+
+    def save(self) -> None:
+        write_json_atomic(self.path, self.data)
+
+    def run_defaults(self) -> dict[str, Any]:
+        out = copy.deepcopy(DEFAULT_RUN_SETTINGS)
+        out.update(self.data.get("run_defaults") or {})
+        return out
+
+    @property
+    def boards(self) -> dict[str, dict[str, Any]]:
+        b: dict[str, dict[str, Any]] = self.data.setdefault("boards", {})
+        return b

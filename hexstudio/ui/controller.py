@@ -1,0 +1,191 @@
+"""The bridge between hexstudio.core's run pipeline and the window: one run open at a time.
+
+Stages run through hexstudio.core.pipeline.Pipeline on the qasync event loop; the worker processes
+are started by the job runner. Everything the pipeline reports arrives here on the GUI thread
+and is re-emitted as Qt signals that pages and the job dock listen to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from hexstudio.core import logs
+from hexstudio.core.manifest import RunManifest
+from hexstudio.core.pipeline import Pipeline, PipelineResult, display_state
+from hexstudio.core.runs import RunSummary, Workspace
+from hexstudio.core.sampler import ResourceSample
+from hexstudio.core.settings import Settings
+from hexstudio.core.stages import STAGES, get_stage
+from hexstudio.core.status import KINDS, StageStatus, stage_status
+
+log = logging.getLogger("hexstudio.gui")
+
+
+class RunController(QObject):
+    runChanged = Signal()  # a run was opened, created or deleted
+    stageState = Signal(str, str)  # stage, display state
+    stageEvent = Signal(str, dict)  # stage, worker-protocol event
+    resourceSample = Signal(str, object)  # stage, ResourceSample
+    busyChanged = Signal(bool)
+    settingsChanged = Signal()  # a run setting changed: later stages may be stale now
+    finished = Signal(str, bool, str, str)  # last stage, ok, message, hint
+    runtimeLog = Signal(str, str)  # level, a line of the board runtime's own log (Genie's GenieLog)
+
+    def __init__(self, workspace: Workspace | None = None, settings: Settings | None = None) -> None:
+        super().__init__()
+        self.settings = settings or Settings.load()
+        self.workspace = workspace or Workspace(self.settings.data.get("workspace") or None)
+        self.manifest: RunManifest | None = None
+        self.pipeline: Pipeline | None = None
+        self.task: asyncio.Task[PipelineResult] | None = None
+        self.running_stage: str | None = None
+        self.last_result: PipelineResult | None = None
+        self.last_target: str | None = None  # the stage the latest start() was asked to reach
+        self._busy = False
+
+    # -- runs ----------------------------------------------------------------------------------
+    def list_runs(self) -> list[RunSummary]:
+        return self.workspace.list_runs()
+
+    def new_run(self, model: str, board: str = "sim", overrides: dict[str, Any] | None = None) -> RunManifest:
+        settings = self.settings.run_defaults()
+        settings.update(overrides or {})
+        self.manifest = self.workspace.create_run(
+            model, board, settings, include_host=bool(self.settings.data.get("include_host_in_reports"))
+        )
+        self.runChanged.emit()
+        return self.manifest
+
+    def open_run(self, run_id: str) -> RunManifest:
+        self.manifest = self.workspace.open_run(run_id)
+        self.manifest.detect_interrupted()
+        self.runChanged.emit()
+        return self.manifest
+
+    def delete_run(self, run_id: str) -> None:
+        if self.busy and self.manifest is not None and self.manifest.run_id == run_id:
+            raise RuntimeError("This run is working right now: cancel it first, then delete it.")
+        self.workspace.delete_run(run_id)
+        if self.manifest is not None and self.manifest.run_id == run_id:
+            self.manifest = None
+        self.runChanged.emit()
+
+    def reload(self) -> None:
+        if self.manifest is not None and not self.busy:
+            self.manifest = RunManifest.load(self.manifest.run_dir)
+
+    def state(self, stage: str) -> str:
+        if self.manifest is None:
+            return "pending"
+        if self.running_stage == stage:
+            return "running"
+        return display_state(self.manifest, stage, get_stage(stage))
+
+    def status(self, stage: str) -> StageStatus:
+        """The stage's status in the one status model (hexstudio.core.status): what the stage list, the page and
+        every other face say."""
+        if self.manifest is None:
+            return StageStatus(stage, get_stage(stage).title, KINDS["pending"], "No run is open.")
+        return stage_status(self.manifest, stage, get_stage(stage), running=self.running_stage == stage)
+
+    def stage_dir(self, stage: str) -> Path | None:
+        if self.manifest is None:
+            return None
+        d = self.manifest.run_dir / "artifacts" / stage
+        return d if d.is_dir() else None
+
+    # -- running -------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def start(self, until: str, only: str | None = None, force: bool = False) -> asyncio.Task[PipelineResult]:
+        """Run the stages up to `until` (skipping current ones), or just `only`."""
+        if self.manifest is None:
+            raise RuntimeError("Open or create a run first.")
+        if self.busy:
+            raise RuntimeError(f"The {self.running_stage} stage is still working: wait for it or cancel it.")
+        self.last_target = only or until
+        self.pipeline = Pipeline(
+            self.manifest, on_event=self._on_event, on_sample=self._on_sample, on_stage=self._on_stage
+        )
+        self._busy = True
+        self.task = asyncio.ensure_future(self._run(until, only, force))
+        self.busyChanged.emit(True)
+        return self.task
+
+    async def _run(self, until: str, only: str | None, force: bool) -> PipelineResult:
+        assert self.pipeline is not None
+        try:
+            res = await self.pipeline.run(until=until, only=only, force=force)
+        except (
+            Exception
+        ) as exc:  # a bug, not a stage failure: still tell the person, the traceback in the log
+            logs.log_exception(
+                log, f"the {self.running_stage or until} stage crashed the studio's runner", exc
+            )
+            res = PipelineResult(
+                False,
+                self.running_stage,
+                f"{type(exc).__name__}: {exc}",
+                hint=f"This is a HexStudio bug: the studio log ({logs.log_path()}) has the "
+                "traceback; please report it with that file.",
+            )
+        self.running_stage = None
+        self.last_result = res
+        self._busy = False
+        self.manifest = RunManifest.load(self.manifest.run_dir) if self.manifest is not None else None
+        self.busyChanged.emit(False)
+        self.finished.emit(res.stopped_at or until, res.ok, res.message, res.hint or "")
+        return res
+
+    async def cancel(self) -> None:
+        if self.pipeline is not None and self.busy:
+            await self.pipeline.cancel()
+
+    def set_setting(self, key: str, value: Any) -> bool:
+        """Change one of the open run's settings (recorded in run.json); stages that depend on it become
+        stale and run again on the next resume."""
+        m = self.manifest
+        if m is None or self.busy or m.settings.get(key) == value:
+            return False
+        old = m.settings.get(key)
+        m.settings[key] = value
+        m.add_event("setting_changed", f"{key}: {old!r} → {value!r}", key=key, old=old, new=value)
+        m.save()
+        self.settingsChanged.emit()
+        return True
+
+    def override_gate(self, stage: str, reason: str) -> None:
+        if self.manifest is None:
+            return
+        Pipeline(self.manifest).override_gate(stage, reason)
+
+    # -- pipeline callbacks (GUI thread: qasync runs the loop on it) ------------------------------
+    def _on_stage(self, name: str, state: str) -> None:
+        self.running_stage = (
+            name if state == "running" else (None if self.running_stage == name else self.running_stage)
+        )
+        self.stageState.emit(name, state)
+
+    def _on_event(self, stage: str, ev: dict[str, Any]) -> None:
+        self.stageEvent.emit(stage, ev)
+
+    def _on_sample(self, stage: str, s: ResourceSample) -> None:
+        self.resourceSample.emit(stage, s)
+
+    async def shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.cancel()
+        if self.task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self.task), 15)
+
+
+STAGE_TITLES = {s.name: s.title for s in STAGES}

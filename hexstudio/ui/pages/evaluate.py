@@ -1,0 +1,313 @@
+"""Evaluate page: pick the suites (shipped and your own: "Add suite…"), run them on the host float model, the
+host quantized simulation and the board, and read every score three ways with the drop at each step. The
+Compare box sets this run beside others (suite scores, tok/s, TTFT, init) with a bar plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from hexstudio.core.eval.compare import compare_runs
+from hexstudio.core.eval.scoring import LEGS
+from hexstudio.core.eval.suites import DEFAULT_SUITES, SuiteError, add_suite, available, load_suite
+from hexstudio.core.runs import Workspace
+from hexstudio.ui.controller import RunController
+from hexstudio.ui.pages.base import StagePage
+from hexstudio.ui.plots import StyledPlot
+from hexstudio.ui.widgets import STATE_COLORS, note
+
+BAR_COLORS = ("#2f81f7", "#8250df", "#2da44e", "#d1242f", "#bf8700")
+
+
+def _table(headers: list[str]) -> QTableWidget:
+    t = QTableWidget(0, len(headers))
+    t.setHorizontalHeaderLabels(headers)
+    t.verticalHeader().setVisible(False)
+    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+    t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    t.horizontalHeader().setStretchLastSection(True)
+    return t
+
+
+def _fill(t: QTableWidget, rows: list[list[str]], colors: list[list[str | None]] | None = None) -> None:
+    t.setRowCount(len(rows))
+    for i, row in enumerate(rows):
+        for j, v in enumerate(row):
+            item = QTableWidgetItem(v)
+            if colors and colors[i][j]:
+                item.setForeground(pg.mkColor(colors[i][j]))
+            t.setItem(i, j, item)
+    t.setMinimumHeight(min(60 + 28 * len(rows), 360))
+
+
+class EvaluatePage(StagePage):
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__("evaluate", controller, parent)
+        self.suite_list = QListWidget()
+        self.suite_list.setObjectName("suite_list")
+        self.suite_list.setMaximumHeight(130)
+        self.suite_list.itemChanged.connect(self._suites_changed)
+        self.inputs_layout.addWidget(note("Suites (ticked ones run; your own are added to the workspace):"))
+        self.inputs_layout.addWidget(self.suite_list)
+        row = QHBoxLayout()
+        self.add_button = QPushButton("Add suite…")
+        self.add_button.setObjectName("add_suite")
+        self.add_button.setToolTip("Check a JSONL suite file and add it (docs/evaluate.md has the format)")
+        self.add_button.clicked.connect(self.add_dialog)
+        row.addWidget(self.add_button)
+        row.addStretch(1)
+        self.inputs_layout.addLayout(row)
+        self.add_message = note("")
+        self.add_message.setObjectName("add_message")
+        self.inputs_layout.addWidget(self.add_message)
+
+        self.source_label = note("")
+        self.source_label.setObjectName("eval_source")
+        self.results_layout.insertWidget(1, self.source_label)
+        self.scores = _table(
+            ["suite", "host float", "host quantized (sim)", "board", "drop float→sim", "drop sim→board"]
+        )
+        self.scores.setObjectName("eval_scores")
+        self.results_layout.insertWidget(2, self.scores)
+        self.plot = StyledPlot()
+        self.plot.setObjectName("eval_plot")
+        self.plot.setMinimumHeight(190)
+        self.plot.setLabel("left", "score")
+        self.plot.setYRange(0, 1)
+        self.plot_legend = self.plot.addLegend(offset=(-10, 10))  # which colour is which leg
+        self.results_layout.insertWidget(3, self.plot)
+
+        self.compare_box = QGroupBox("Compare runs")
+        cl = QVBoxLayout(self.compare_box)
+        cl.addWidget(note("Tick runs to set beside each other: suite scores, tok/s, TTFT and init."))
+        self.run_list = QListWidget()
+        self.run_list.setObjectName("compare_runs")
+        self.run_list.setMaximumHeight(110)
+        self.run_list.itemChanged.connect(lambda _i: self.refresh_compare())
+        cl.addWidget(self.run_list)
+        self.compare_note = note("")
+        cl.addWidget(self.compare_note)
+        self.compare_table = _table(["row"])
+        self.compare_table.setObjectName("compare_table")
+        cl.addWidget(self.compare_table)
+        self.compare_plot = StyledPlot()
+        self.compare_plot.setObjectName("compare_plot")
+        self.compare_plot.setMinimumHeight(190)
+        self.compare_plot.setLabel("left", "board score")
+        self.compare_plot.setYRange(0, 1)
+        self.compare_legend = self.compare_plot.addLegend(offset=(-10, 10))  # which colour is which run
+        cl.addWidget(self.compare_plot)
+        self.body.insertWidget(self.body.indexOf(self.results_box) + 1, self.compare_box)
+
+    # -- suites --------------------------------------------------------------------------------
+    def _workspace(self) -> Path | None:
+        m = self.c.manifest
+        return m.run_dir.parent.parent if m is not None else None
+
+    def _load_suites(self) -> None:
+        m = self.c.manifest
+        chosen = list((m.settings.get("eval_suites") if m is not None else None) or DEFAULT_SUITES)
+        self.suite_list.blockSignals(True)
+        self.suite_list.clear()
+        for name, path in available(self._workspace()).items():
+            try:
+                s = load_suite(path)
+                text = f"{s.title} — {len(s.cases)} cases ({s.scorer})"
+            except SuiteError as exc:
+                text = f"{name} — BROKEN: {exc.message}"
+            item = QListWidgetItem(text)
+            item.setData(Qt.ItemDataRole.UserRole, name)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Checked if name in chosen else Qt.CheckState.Unchecked)
+            self.suite_list.addItem(item)
+        self.suite_list.blockSignals(False)
+        self.suite_list.setEnabled(m is not None and not self.c.busy)
+        self.add_button.setEnabled(m is not None and not self.c.busy)
+
+    def _suites_changed(self, _item: QListWidgetItem) -> None:
+        names = [
+            self.suite_list.item(i).data(Qt.ItemDataRole.UserRole)
+            for i in range(self.suite_list.count())
+            if self.suite_list.item(i).checkState() == Qt.CheckState.Checked
+        ]
+        if self.c.manifest is not None:
+            self.c.set_setting("eval_suites", names)
+
+    def add_file(self, path: Path) -> bool:
+        ws = self._workspace()
+        if ws is None:
+            return False
+        try:
+            s = add_suite(path, ws, replace=True)
+        except SuiteError as exc:
+            hint = f"<br><b>What to do:</b> {exc.hint}" if exc.hint else ""
+            self.add_message.setText(
+                f"<span style='color:{STATE_COLORS['failed']}'>{exc.message}</span>{hint}"
+            )
+            return False
+        m = self.c.manifest
+        names = list((m.settings.get("eval_suites") if m is not None else None) or DEFAULT_SUITES)
+        if s.name not in names:
+            self.c.set_setting("eval_suites", [*names, s.name])
+        self.add_message.setText(f"Added {s.title}: {len(s.cases)} cases (scorer {s.scorer}).")
+        self._load_suites()
+        return True
+
+    def add_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Add an evaluation suite", str(Path.home()), "Suites (*.jsonl);;All files (*)"
+        )
+        if path:
+            self.add_file(Path(path))
+
+    # -- results -------------------------------------------------------------------------------
+    def refresh_results(self) -> None:
+        self._load_suites()
+        doc = self.artifact_json("evaluate.json")
+        self.plot.clear()
+        self.plot_legend.clear()
+        if doc is None:
+            self.source_label.setText("Run the Evaluate stage to score the suites on each leg.")
+            _fill(self.scores, [])
+        else:
+            sim = doc.get("simulated")
+            self.source_label.setText(
+                (
+                    f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED board</b>: the board column comes from "
+                    "the simulator board on this CPU (real Genie on Qualcomm's HTP simulator, or the onnxruntime "
+                    "twin), not a device.</span> "
+                    if sim
+                    else "<b>Board: device.</b> "
+                )
+                + f"Prompts: {doc.get('prompt_format')}; tool calls read in the {doc.get('tool_format')} format."
+            )
+            rows, colors = [], []
+            for t in doc.get("suites") or []:
+                legs = t.get("legs") or {}
+                drops = t.get("drops") or {}
+
+                def d(k: str, drops: dict[str, Any] = drops) -> str:
+                    v = drops.get(k)
+                    return "—" if v is None else f"{(v or 0.0):+.3f}"
+
+                rows.append(
+                    [
+                        t.get("title") or t["suite"],
+                        *[(legs.get(x) or {}).get("text", "—") for x in LEGS],
+                        d("float->sim"),
+                        d("sim->board"),
+                    ]
+                )
+                worse = [None] * (1 + len(LEGS)) + [  # one per leg (LEGS grew an htp leg), then the drops
+                    STATE_COLORS["failed"] if (drops.get("float->sim") or 0) > 0.05 else None,
+                    STATE_COLORS["failed"] if (drops.get("sim->board") or 0) > 0.05 else None,
+                ]
+                colors.append(worse)
+            _fill(self.scores, rows, colors)
+            acc = [t for t in doc.get("suites") or [] if t.get("scorer") not in ("perplexity",)]
+            for li, leg in enumerate(LEGS):
+                xs, hs = [], []
+                for i, t in enumerate(acc):
+                    v = (t.get("legs") or {}).get(leg)
+                    if v and v.get("value") is not None:
+                        xs.append(i + (li - (len(LEGS) - 1) / 2) * 0.8 / len(LEGS))
+                        hs.append(float(v["value"]))
+                if xs:
+                    titles = doc.get("leg_titles") or {}
+                    self.plot.addItem(
+                        pg.BarGraphItem(
+                            x=xs,
+                            height=hs,
+                            width=0.75 / len(LEGS),
+                            brush=BAR_COLORS[li % len(BAR_COLORS)],
+                            name=str(titles.get(leg) or leg),
+                        )
+                    )
+            ax = self.plot.getAxis("bottom")
+            ax.setTicks([[(i, t["suite"]) for i, t in enumerate(acc)]])
+        self._load_runs()
+        self.refresh_compare()
+
+    def _load_runs(self) -> None:
+        ws = self._workspace()
+        m = self.c.manifest
+        checked = {
+            self.run_list.item(i).data(Qt.ItemDataRole.UserRole)
+            for i in range(self.run_list.count())
+            if self.run_list.item(i).checkState() == Qt.CheckState.Checked
+        }
+        if m is not None and not checked:
+            checked = {m.run_id}
+        self.run_list.blockSignals(True)
+        self.run_list.clear()
+        if ws is not None:
+            for r in Workspace(ws).list_runs():
+                if (
+                    not (r.path / "artifacts" / "evaluate" / "evaluate.json").is_file()
+                    and not (r.path / "artifacts" / "chat" / "chat.json").is_file()
+                ):
+                    continue
+                item = QListWidgetItem(f"{r.run_id}  ({r.model})")
+                item.setData(Qt.ItemDataRole.UserRole, r.run_id)
+                item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+                item.setCheckState(Qt.CheckState.Checked if r.run_id in checked else Qt.CheckState.Unchecked)
+                self.run_list.addItem(item)
+        self.run_list.blockSignals(False)
+
+    def refresh_compare(self) -> None:
+        ws = self._workspace()
+        ids = [
+            self.run_list.item(i).data(Qt.ItemDataRole.UserRole)
+            for i in range(self.run_list.count())
+            if self.run_list.item(i).checkState() == Qt.CheckState.Checked
+        ]
+        self.compare_plot.clear()
+        self.compare_legend.clear()
+        if ws is None or not ids:
+            _fill(self.compare_table, [])
+            return
+        c = compare_runs([Workspace(ws).run_dir(i) for i in ids])
+        heads = ["row", *[f"{r['run_id']}\n{r['model'].split('/')[-1]} ({r['source']})" for r in c["runs"]]]
+        self.compare_table.setColumnCount(len(heads))
+        self.compare_table.setHorizontalHeaderLabels(heads)
+        _fill(self.compare_table, [[r["label"], *r["texts"]] for r in c["rows"]])
+        self.compare_note.setText(
+            f"<span style='color:{STATE_COLORS['stale']}'>{c['note']}</span>" if c["note"] else ""
+        )
+        rows = [
+            r for r in c["rows"] if r["kind"] == "suite" and r["leg"] == "board" and not r["lower_is_better"]
+        ]
+        n = max(1, len(c["runs"]))
+        for ri in range(len(c["runs"])):
+            xs = [
+                gi + (ri - (n - 1) / 2) * 0.8 / n for gi, r in enumerate(rows) if r["values"][ri] is not None
+            ]
+            hs = [float(r["values"][ri]) for r in rows if r["values"][ri] is not None]
+            if xs:
+                run = c["runs"][ri]
+                self.compare_plot.addItem(
+                    pg.BarGraphItem(
+                        x=xs,
+                        height=hs,
+                        width=0.75 / n,
+                        brush=BAR_COLORS[ri % len(BAR_COLORS)],
+                        name=f"{run['run_id']} ({run.get('source')})",
+                    )
+                )
+        self.compare_plot.getAxis("bottom").setTicks([[(i, r["suite"]) for i, r in enumerate(rows)]])

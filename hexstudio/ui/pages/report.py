@@ -1,0 +1,133 @@
+"""Report page: preview the run report and export it as HTML, PDF or JSON.
+
+Export runs `hexstudio report` in a subprocess so PDF rendering never blocks the window."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import QCheckBox, QFileDialog, QHBoxLayout, QPushButton, QTextBrowser, QWidget
+
+from hexstudio.core.jobs import cli_command, run_child
+from hexstudio.ui.controller import RunController
+from hexstudio.ui.pages.base import StagePage
+from hexstudio.ui.widgets import STATE_COLORS, note, paper
+
+_SVG = re.compile(r"<svg\b.*?</svg>", re.S | re.I)
+
+
+class ReportPage(StagePage):
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__("report", controller, parent)
+        self.redact_hosts = QCheckBox("Leave out host and user names")
+        self.redact_hosts.setChecked(True)
+        self.inputs_layout.addWidget(self.redact_hosts)
+        row = QHBoxLayout()
+        self.export_buttons: dict[str, QPushButton] = {}
+        for fmt in ("html", "pdf", "json"):
+            b = QPushButton(f"Export {fmt.upper()}…")
+            b.setObjectName(f"export_{fmt}")
+            b.clicked.connect(lambda _=False, f=fmt: asyncio.ensure_future(self.export_dialog(f)))
+            row.addWidget(b)
+            self.export_buttons[fmt] = b
+        self.open_button = QPushButton("Open in browser")
+        self.open_button.clicked.connect(self.open_in_browser)
+        row.addWidget(self.open_button)
+        self.folder_button = QPushButton("Open folder")
+        self.folder_button.setObjectName("open_report_folder")
+        self.folder_button.setToolTip("Show the run's report files (HTML, JSON, PDF) in the file manager")
+        self.folder_button.clicked.connect(self.open_folder)
+        row.addWidget(self.folder_button)
+        row.addStretch(1)
+        self.inputs_layout.addLayout(row)
+        self.export_message = note("")
+        self.export_message.setObjectName("export_message")
+        self.export_message.setTextFormat(Qt.TextFormat.RichText)
+        self.export_message.setOpenExternalLinks(True)
+        self.export_message.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+        self.transient_labels.append(self.export_message)
+        self.inputs_layout.addWidget(self.export_message)
+        self.preview = QTextBrowser()
+        self.preview.setObjectName("report_preview")
+        self.preview.setMinimumHeight(420)
+        paper(self.preview)  # the report is styled for a white page: readable in a dark palette too
+        self.body.insertWidget(self.body.indexOf(self.results_box), self.preview, 1)
+
+    async def export(self, fmt: str, out: Path) -> bool:
+        m = self.c.manifest
+        if m is None:
+            return False
+        argv = cli_command("report", str(m.run_dir), "--format", fmt, "--out", str(out))
+        if self.redact_hosts.isChecked():
+            argv.append("--redact-hosts")
+        self.export_message.setText(f"Writing the {fmt.upper()} report…")
+        res = await run_child(argv, what=f"The {fmt.upper()} report export")
+        if not res.ok:
+            self.export_message.setText(
+                f"<span style='color:{STATE_COLORS['failed']}'>The report could not be "
+                f"written: {html.escape(res.stderr.strip()[-500:])}</span>"
+            )
+            return False
+        self.export_message.setText(
+            f"Wrote {html.escape(str(out))} · <a href='{QUrl.fromLocalFile(str(out.parent)).toString()}'>"
+            "open its folder</a>"
+        )
+        if (
+            fmt == "html" and m is self.c.manifest
+        ):  # the preview and Open in browser show what was just written
+            self.exported_html = (m.run_dir, out)
+            self.refresh_results()
+            self.export_message.setText(
+                f"Wrote {html.escape(str(out))} (shown below) · "
+                f"<a href='{QUrl.fromLocalFile(str(out.parent)).toString()}'>open its folder</a>"
+            )
+        return True
+
+    async def export_dialog(self, fmt: str) -> None:
+        m = self.c.manifest
+        if m is None:
+            return
+        path, _ = QFileDialog.getSaveFileName(
+            self, f"Export the {fmt.upper()} report", str(Path.home() / f"{m.run_id}.{fmt}")
+        )
+        if path:
+            await self.export(fmt, Path(path))
+
+    def html_path(self) -> Path | None:
+        """The report the preview shows: the Report stage's, else the HTML last exported from this run."""
+        p = self.artifact_path("report.html")
+        if p is not None:
+            return p
+        m = self.c.manifest
+        ex = getattr(self, "exported_html", None)
+        if m is not None and ex is not None and ex[0] == m.run_dir and ex[1].is_file():
+            return Path(ex[1])
+        return None
+
+    def open_in_browser(self) -> None:
+        p = self.html_path()
+        if p is not None:
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(p)))
+
+    def open_folder(self) -> None:
+        d = self.c.stage_dir("report")
+        if d is not None:
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(d)))
+
+    def refresh_results(self) -> None:
+        self.folder_button.setEnabled(self.c.stage_dir("report") is not None)
+        p = self.html_path()
+        for b in self.export_buttons.values():
+            b.setEnabled(self.c.manifest is not None)
+        self.open_button.setEnabled(p is not None)
+        if p is None:
+            self.preview.setHtml("<p>Run the Report stage (or export) to see the report here.</p>")
+            return
+        text = p.read_text(encoding="utf-8", errors="replace")
+        # the preview widget cannot draw SVG plots: say so where they are (the exported file has them)
+        self.preview.setHtml(_SVG.sub("<p><i>[plot: open the report in a browser to see it]</i></p>", text))

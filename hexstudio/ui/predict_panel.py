@@ -1,0 +1,123 @@
+"""The Preflight page's speed panel (issue 28): the run's model on its board, PREDICTED by QNN's HTP simulator
+before any quantization or compile. It runs `hexstudio predict --run ID --json` in a child process (the compile
+of synthetic layers takes seconds to minutes; the window stays responsive) and keeps the prediction with the
+run, where the report and Compare show it beside the measured figures. Every figure here says predicted."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+from typing import Any
+
+from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QPushButton, QTableWidgetItem, QVBoxLayout, QWidget
+
+from hexstudio.core.jobs import cli_command, run_child
+from hexstudio.core.services.predict import run_prediction_doc
+from hexstudio.ui.controller import RunController
+from hexstudio.ui.widgets import STATUS_COLORS, KeyValueTable, note
+from hexstudio.workers.shared.predict import LABEL
+
+PREDICT_TIMEOUT_S = 3600.0  # an 8B's 2-layer graphs compile for minutes each on a small machine
+
+
+class PredictPanel(QGroupBox):
+    def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
+        super().__init__(f"Speed on the board — {LABEL}", parent)
+        self.setObjectName("predict_panel")
+        self.c = controller
+        lay = QVBoxLayout(self)
+        lay.addWidget(
+            note(
+                "Before quantizing or compiling: synthetic layers at this model's true shapes (random "
+                "weights, int4 LPBQ / 16-bit activations / 8-bit KV) are compiled for the board's "
+                "Hexagon arch and run on Qualcomm's HTP simulator. A prediction, not a measurement: "
+                "the report shows it beside what the board measures."
+            )
+        )
+        row = QHBoxLayout()
+        self.button = QPushButton("Predict speed")
+        self.button.setObjectName("predict_button")
+        self.button.setToolTip("Run `hexstudio predict` for this run's model, board and settings")
+        self.button.clicked.connect(self._start)
+        row.addWidget(self.button)
+        row.addStretch(1)
+        lay.addLayout(row)
+        self.message = note("")
+        self.message.setObjectName("predict_message")
+        lay.addWidget(self.message)
+        self.table = KeyValueTable(["figure (predicted)", "value", "lower", "upper"])
+        self.table.setObjectName("predict_table")
+        self.table.setMinimumHeight(150)
+        lay.addWidget(self.table)
+        self._task: asyncio.Future[dict[str, Any] | None] | None = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Show the prediction kept with the current run, if any."""
+        m = self.c.manifest
+        doc = run_prediction_doc(m.run_dir) if m is not None else None
+        self.button.setEnabled(m is not None)
+        if doc:
+            self.show_prediction(doc)
+        else:
+            self.table.setRowCount(0)
+            self.message.setText(
+                "No prediction for this run yet." if m is not None else "Open or start a run first."
+            )
+
+    def command(self) -> list[str]:
+        assert self.c.manifest is not None
+        return cli_command(
+            "predict", "--run", self.c.manifest.run_id, "--workspace", str(self.c.workspace.root), "--json"
+        )
+
+    def _start(self) -> None:
+        self._task = asyncio.ensure_future(self.predict())
+
+    async def predict(self) -> dict[str, Any] | None:
+        if self.c.manifest is None:
+            return None
+        self.button.setEnabled(False)
+        self.message.setText("Compiling synthetic layers for the board's Hexagon arch and simulating them…")
+        try:
+            res = await run_child(self.command(), what="The speed predictor", timeout=PREDICT_TIMEOUT_S)
+            try:
+                doc = json.loads(res.stdout) if res.stdout.strip() else {}
+            except ValueError:
+                doc = {}
+            if not res.ok or doc.get("predicted") is not True:
+                err = doc.get("error") or {}
+                why = err.get("message") or (res.stderr.strip().splitlines() or ["no output"])[-1]
+                hint = f"<br><b>What to do:</b> {html.escape(err['hint'])}" if err.get("hint") else ""
+                self.message.setText(
+                    f"<span style='color:{STATUS_COLORS['fail']}'>The prediction failed: "
+                    f"{html.escape(str(why))}</span>{hint}"
+                )
+                return None
+        finally:
+            self.button.setEnabled(True)
+        self.show_prediction(doc)
+        return doc
+
+    def show_prediction(self, doc: dict[str, Any]) -> None:
+        t = doc.get("target") or {}
+        rows: list[tuple[str, dict[str, float], str]] = []
+        for n, b in sorted(doc["ttft_ms"].items(), key=lambda kv: int(kv[0])):
+            rows.append((f"predicted TTFT, {int(n)}-token prompt", b, "ms"))
+        for k, b in doc["decode_tok_s"].items():
+            rows.append((f"predicted decode, {k.replace('_', ' ')}", b, "tok/s"))
+        self.table.setRowCount(len(rows))
+        for r, (label, b, unit) in enumerate(rows):
+            for col, text in enumerate(
+                (label, f"{b['value']:.1f} {unit}", f"{b['lower']:.1f}", f"{b['upper']:.1f}")
+            ):
+                self.table.setItem(r, col, QTableWidgetItem(text))
+        self.table.resizeRowsToContents()
+        notes = "".join(f"<br>· {html.escape(str(n))}" for n in doc.get("notes") or [])
+        self.message.setText(
+            f"<b>{html.escape(str(doc.get('label')))}</b> for {html.escape(str(t.get('name')))} "
+            f"(soc_model {t.get('soc_model')}, {html.escape(str(t.get('dsp_arch')))}), context "
+            f"{doc.get('context_length')}, AR-{doc.get('ar_n')}, {doc.get('parts')} parts, QNN "
+            f"{html.escape(str(doc.get('qnn_version')))}.{notes}"
+        )

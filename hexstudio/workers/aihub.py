@@ -1,0 +1,880 @@
+"""Compile through Qualcomm AI Hub (compile target "aihub"), with the real `qai_hub` client, the way
+qai-hub-models builds AI Hub's own Genie bundles (quic/ai-hub-models,
+qai_hub_models/models/_shared/llm/export.py and model.py; docs/compile.md):
+
+- per graph, a directory `<model>_<prompt|token>_<i>_of_<n>.aimet/` holding `<same>.onnx` (its external
+  data location renamed), `<same>.data` and `<same>.encodings`, uploaded with `upload_model(dir)`; the
+  integer-encoded weights in fp16, which re-quantize to the same integers (hexstudio/workers/aihub_upload.py,
+  docs/aihub-upload.md): half the bytes of fp32; the size and an ETA are shown before the first upload;
+- per graph a compile job named `<model>_<prompt|token>_<i>_of_<n>` with `--target_runtime qnn_dlc
+  --qairt_version V --output_names <the graph's outputs> --quantize_io --qnn_options
+  context_enable_graphs=<graph> --quantize_full_type w8a16`;
+- per part a link job `<model>_part_<i>_of_<n>` joining [prompt DLC, token DLC] (`--qairt_version V`),
+  whose context binary is downloaded as `<model>_part_<i>_of_<n>.bin`;
+- tool-versions.yaml holds only `qairt: <full version>`, read from the link job's compiled model
+  (metadata QAIRT_SDK_VERSION, as qai-hub-models' ToolVersions.from_compiled_model does);
+- metadata.yaml (hexstudio/workers/bundle_metadata.py), genie_config.json, htp_backend_ext_config.json and the
+  checkpoint's tokenizer.json, tokenizer_config.json and config.json complete the bundle.
+
+Resume: every submitted job id is written at once (atomically) to `<run>/aihub_jobs.json`, which
+survives the pipeline deleting the stage's partial folder. A restarted compile with the same inputs
+waits for / downloads those jobs instead of submitting again. A failed job is dropped from the file
+(and kept under "failed"), so resuming submits only that one again.
+
+Settings (spec.settings): device, qairt_version, aihub_consent (must be true before any upload),
+aihub_poll_interval_s (default 15), aihub_api_url / aihub_web_url (default: the token's
+client.ini, else app.aihub.qualcomm.com), aihub_http_retries / aihub_http_backoff_s (the client's
+connection/429 retries; tests set 0), aihub_compile_options (appended to every compile job's
+options, like qai-hub-models' --compile-options), aihub_model_name (the `<model>` in file and job names; default
+from the model id). Token: $HEXSTUDIO_AIHUB_TOKEN (the studio passes it from the keyring), else an
+existing qai_hub client.ini ($QAIHUB_CLIENT_INI or ~/.qai_hub/client.ini).
+
+An emulated AI Hub (tests/aihub_emulator: devices carry `hexstudio:emulated`, binaries are zips
+with emulated.json) makes everything here labeled "emulated": true.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hexstudio.workers import bundle_metadata as gm
+from hexstudio.workers.aihub_upload import UploadError, UploadStats, plan_bytes, write_upload_dir
+from hexstudio.workers.genie_config import check_speculative, checked_genie_config, write_dialog_configs
+from hexstudio.workers.runtime import WorkerError, WorkerSpec
+from hexstudio.workers.shared import bundle as gb
+from hexstudio.workers.shared import modelinfo
+from hexstudio.workers.shared.protocol import Emitter
+from hexstudio.workers.shared.run_settings import DEFAULTS
+
+JOBS_FILE = "aihub_jobs.json"
+EMULATED_ATTRIBUTE = "hexstudio:emulated"
+DEFAULT_POLL_S = 15.0
+KINDS = ("prompt_processor", "token_generator")
+TOKEN_WHERE = "the Compile page's AI Hub token field, or `hexstudio aihub login`"
+RESUME_HINT = (
+    "Resume the run when that is fixed: jobs already submitted are kept in the run's "
+    f"{JOBS_FILE} and are not submitted again."
+)
+
+
+# -- small helpers -----------------------------------------------------------------------------
+def write_json_atomic(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def model_name(model_doc: dict[str, Any], settings: dict[str, Any] | None = None) -> str:
+    """The `<model>` of file and job names, like qai-hub-models' model ids and the simulation bundle's
+    (hexstudio.workers.shared.bundle.model_slug): "meta-llama/Llama-3.1-8B-Instruct" -> "llama_3_1_8b_instruct",
+    "builtin:tiny-llama" -> "tiny_llama" (setting aihub_model_name overrides)."""
+    return gb.model_slug(
+        str((settings or {}).get("aihub_model_name") or model_doc["model"]).replace("builtin:", "")
+    )
+
+
+def part_suffix(graph: str) -> str:
+    """ "prompt_ar128_cl512_1_of_2" -> "1_of_2" (the graph name's own zero padding)."""
+    return gm.component_name(graph).split("_", 1)[1]
+
+
+def graph_job_name(model: str, graph: str) -> str:
+    """The compile job and upload name of a graph: `<model>_<prompt|token>_<i>_of_<n>`."""
+    return f"{model}_{gm.component_name(graph)}"
+
+
+def part_name(model: str, graph: str) -> str:
+    """The link job of the graph's part, and its context binary without `.bin`: `<model>_part_<i>_of_<n>`."""
+    return f"{model}_part_{part_suffix(graph)}"
+
+
+def bin_name(model: str, graph: str) -> str:
+    return f"{part_name(model, graph)}.bin"
+
+
+def compile_options(graph: str, qairt_version: str, output_names: list[str]) -> str:
+    """qai-hub-models' compile options for one graph of a Genie LLM (LLM_AIMETOnnx.get_hub_compile_options),
+    each once, with this graph's own outputs as --output_names."""
+    return (
+        f"--target_runtime qnn_dlc --qairt_version {qairt_version} --output_names {','.join(output_names)} "
+        f"--quantize_io --qnn_options context_enable_graphs={graph} --quantize_full_type w8a16"
+    )
+
+
+def link_options(qairt_version: str) -> str:
+    return f"--qairt_version {qairt_version}"
+
+
+def parse_device(name: str, os_name: str, attributes: list[str]) -> dict[str, Any]:
+    """A device record as the bundle and the checks want it, from AI Hub's attributes."""
+    attrs: dict[str, str] = {}
+    for a in attributes:  # the first of a repeated key wins: AI Hub lists aliases after (chipset:qcs9075)
+        if ":" in a:
+            attrs.setdefault(a.split(":", 1)[0], a.split(":", 1)[1])
+    known = gb.KNOWN_DEVICES.get(name, {})
+    soc = attrs.get("soc-model")
+    ws = attrs.get("htp-supports-weight-sharing")
+    return {
+        "name": name,
+        "os": os_name,
+        "soc_model": int(soc) if soc and soc.isdigit() else known.get("soc_model", 0),
+        "dsp_arch": attrs.get("hexagon", known.get("dsp_arch", "unknown")),
+        "chipset": attrs.get("chipset", known.get("chipset")),
+        "weight_sharing": (ws == "true") if ws is not None else bool(known.get("weight_sharing", False)),
+        "attributes": list(attributes),
+        "emulated": EMULATED_ATTRIBUTE in attributes,
+    }
+
+
+def is_emulated_package(path: Path) -> bool:
+    try:
+        with zipfile.ZipFile(path) as z:
+            return "emulated.json" in z.namelist() and bool(
+                json.loads(z.read("emulated.json")).get("emulated")
+            )
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError):
+        return False
+
+
+def _chain_text(exc: BaseException) -> str:
+    out, seen = [], set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        out.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    return " | ".join(out)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip(" |│┌┐└┘─") for ln in str(exc).splitlines()]
+    return " ".join(ln for ln in lines if ln)[:400] or type(exc).__name__
+
+
+# -- client ------------------------------------------------------------------------------------
+def configure_client(settings: dict[str, Any]) -> float:
+    """The client's knobs: job polling and HTTP retries. Returns our poll interval (seconds)."""
+    import qai_hub.client as hc
+    import qai_hub.util.session as hs
+
+    poll = float(settings.get("aihub_poll_interval_s") or DEFAULT_POLL_S)
+    hc.Job._polling_interval = max(1, int(poll))  # only used if a client call waits itself
+    if settings.get("aihub_http_retries") is not None:
+        hs.MAX_RETRIES = int(settings["aihub_http_retries"])
+    if settings.get("aihub_http_backoff_s") is not None:
+        hs.BACKOFF_FACTOR = float(settings["aihub_http_backoff_s"])
+    return poll
+
+
+def client_config(settings: dict[str, Any], token: str | None = None) -> Any:
+    from qai_hub import ClientConfig
+    from qai_hub.api_utils import get_config_path, load_api_config_from_file
+    from qai_hub.public_rest_api import DEFAULT_HUB_API_URL, DEFAULT_HUB_WEB_URL
+
+    api_url = settings.get("aihub_api_url") or os.environ.get("HEXSTUDIO_AIHUB_API_URL")
+    web_url = settings.get("aihub_web_url") or os.environ.get("HEXSTUDIO_AIHUB_WEB_URL")
+    token = token or os.environ.get("HEXSTUDIO_AIHUB_TOKEN")
+    if token:
+        return ClientConfig(
+            api_token=token,
+            api_url=api_url or DEFAULT_HUB_API_URL,
+            web_url=web_url or api_url or DEFAULT_HUB_WEB_URL,
+            verbose=False,
+        )
+    ini = get_config_path()
+    if os.path.exists(ini):
+        try:
+            cfg = load_api_config_from_file(ini)
+        except Exception as exc:
+            raise WorkerError(
+                "aihub_token_missing",
+                f"{ini} cannot be used: {_first_line(exc)}",
+                "It needs an [api] section with api_token, api_url and web_url; run "
+                "`qai-hub configure --api_token TOKEN`, or store the token in HexStudio's "
+                "keyring instead (" + TOKEN_WHERE + ").",
+            ) from None
+        if api_url:
+            cfg.api_url = api_url
+            cfg.web_url = web_url or api_url
+        cfg.verbose = False
+        return cfg
+    raise WorkerError(
+        "aihub_token_missing",
+        f"No Qualcomm AI Hub API token was found (not in HexStudio's keyring, and {ini} does not exist).",
+        "Copy your token from the AI Hub account page (https://app.aihub.qualcomm.com/account/) and "
+        "store it: " + TOKEN_WHERE + ", or `qai-hub configure --api_token TOKEN`; then resume "
+        "the run.",
+    )
+
+
+@contextlib.contextmanager
+def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> Iterator[None]:
+    """Turn the client's exceptions into WorkerErrors a person can act on."""
+    after = RESUME_HINT if resume else "Then try again."
+    import qai_hub as hub
+    from qai_hub.client import RateLimitedError
+    from qai_hub.public_rest_api import APIException
+
+    try:
+        yield
+    except WorkerError:
+        raise
+    except RateLimitedError as exc:
+        raise WorkerError(
+            "aihub_rate_limited",
+            f"Qualcomm AI Hub is rate-limiting this account (429 Too Many "
+            f"Requests) while {what}: {_first_line(exc)}",
+            "Wait a few minutes (or for your other AI Hub jobs to finish). " + after,
+        ) from None
+    except hub.UserError as exc:
+        text = str(exc)
+        if "authenticate" in text or "API token" in text:
+            raise WorkerError(
+                "aihub_auth",
+                f"Qualcomm AI Hub rejected the API token while {what} (bad or expired token).",
+                f"Copy a fresh token from {web_url.rstrip('/')}/account/ and store it: "
+                + TOKEN_WHERE
+                + ", or `qai-hub configure --api_token TOKEN`. "
+                + after,
+            ) from None
+        if "not available" in text:
+            raise WorkerError(
+                "aihub_device_unavailable",
+                f"Qualcomm AI Hub says the device is not available while {what}: {_first_line(exc)}",
+                "Pick another device (Compile page; command line: a new run with --set device=NAME). "
+                + after,
+            ) from None
+        raise WorkerError(
+            "aihub_rejected",
+            f"Qualcomm AI Hub refused {what}: {_first_line(exc)}",
+            "Check the inputs named above. " + after,
+        ) from None
+    except hub.InternalError as exc:
+        chain = _chain_text(exc)
+        if "429" in chain:
+            raise WorkerError(
+                "aihub_rate_limited",
+                f"Qualcomm AI Hub is rate-limiting this account (429 Too Many Requests) while {what}.",
+                "Wait a few minutes (or for your other AI Hub jobs to finish). " + after,
+            ) from None
+        status = re.search(
+            r"too many (5\d\d) error responses|\b(5\d\d) (?:Server Error|Service Unavailable)", chain
+        )
+        if status or "is unavailable right now" in chain:
+            code = next((g for g in (status.groups() if status else ()) if g), None)
+            raise WorkerError(
+                "aihub_unavailable",
+                f"Qualcomm AI Hub answered{' ' + code if code else ''} (the service "
+                f"is unavailable or overloaded) while {what}: it was reached, it did not serve the request.",
+                "This is on AI Hub's side: wait a few minutes and check its status page "
+                f"({api_url}). " + after,
+            ) from None
+        if "Read timed out" in chain or "ReadTimeout" in chain:
+            raise WorkerError(
+                "aihub_timeout",
+                f"Qualcomm AI Hub did not answer in time while {what} (it accepted the "
+                "connection, then sent nothing before the client's read time-out).",
+                "AI Hub or a proxy on the way is overloaded or stuck: try again in a few minutes. " + after,
+            ) from None
+        if "connect" in chain.lower() or "Timeout" in chain:
+            raise WorkerError(
+                "aihub_unreachable",
+                f"Could not reach Qualcomm AI Hub at {api_url} while {what}.",
+                "Check the network and any proxy (HTTPS_PROXY/NO_PROXY) from this machine. " + after,
+            ) from None
+        raise WorkerError(
+            "aihub_error",
+            f"Qualcomm AI Hub failed while {what}: {_first_line(exc)}",
+            "This is usually temporary on AI Hub's side. " + after,
+        ) from None
+    except APIException as exc:
+        raise WorkerError(
+            "aihub_error",
+            f"Qualcomm AI Hub answered {exc.status_code} while {what}: {_first_line(exc)}",
+            after,
+        ) from None
+
+
+# -- the jobs file -------------------------------------------------------------------------------
+class JobStore:
+    """<run>/aihub_jobs.json: {"key": inputs fingerprint, "jobs": {name: record}, "failed": [...]}."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path = path
+        self.key = key
+        self.abandoned: dict[str, Any] = {}
+        doc: dict[str, Any] = {}
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            doc = {}
+        if doc.get("key") == key:
+            self.jobs: dict[str, dict[str, Any]] = dict(doc.get("jobs") or {})
+            self.failed: list[dict[str, Any]] = list(doc.get("failed") or [])
+        else:
+            self.abandoned = dict(doc.get("jobs") or {})
+            self.jobs, self.failed = {}, list(doc.get("failed") or [])
+
+    def save(self) -> None:
+        write_json_atomic(
+            self.path,
+            {
+                "version": 1,
+                "key": self.key,
+                "jobs": self.jobs,
+                "failed": self.failed,
+                "abandoned": self.abandoned or None,
+            },
+        )
+
+    def put(self, name: str, rec: dict[str, Any]) -> None:
+        self.jobs[name] = rec
+        self.save()
+
+    def fail(self, name: str, reason: str) -> None:
+        rec = self.jobs.pop(name)
+        self.failed.append({**rec, "state": "FAILED", "reason": reason, "t": time.time()})
+        self.save()
+
+
+def inputs_key(
+    qdir: Path, q: dict[str, Any], device: str, qairt_version: str, model: str, extra_options: str = ""
+) -> str:
+    h = hashlib.sha256()
+    h.update((qdir / "quantize.json").read_bytes())
+    for g in q["graphs"]:
+        gdir = (qdir / g["onnx"]).parent
+        for p in sorted(gdir.iterdir()):
+            h.update(f"{g['name']}/{p.name}:{p.stat().st_size}\n".encode())
+        h.update(gb.sha256_file(qdir / g["encodings"]).encode())
+    h.update(
+        f"{device}\n{qairt_version}\n{compile_options('G', qairt_version, ['O'])}\n"
+        f"{link_options(qairt_version)}\n{model}\n{extra_options}".encode()
+    )
+    return h.hexdigest()
+
+
+def record_job(em: Emitter, name: str, rec: dict[str, Any]) -> None:
+    """A job id as a metric event, emitted as soon as the job is submitted (or reused after a restart): the
+    pipeline records metrics in run.json's stage entry, so the ids are there while the stage still waits,
+    and after a crash or kill (they also stay in <run>/aihub_jobs.json for the resume)."""
+    em.metric(f"aihub_{name.replace(':', '_')}", rec["job_id"], scope="job")
+
+
+# -- the stage ---------------------------------------------------------------------------------
+def _pairs(q: dict[str, Any], qdir: Path) -> dict[int, dict[str, dict[str, Any]]]:
+    pairs: dict[int, dict[str, dict[str, Any]]] = {}
+    for g in q["graphs"]:
+        for k in ("onnx", "encodings"):
+            if not g.get(k) or not (qdir / g[k]).is_file():
+                raise WorkerError(
+                    "missing_graph",
+                    f"Graph {g['name']} has no AIMET export ({k}) to upload.",
+                    "Re-run the Quantize stage.",
+                )
+        pairs.setdefault(int(g["part"]), {})[g["kind"]] = g
+    for part, d in pairs.items():
+        if set(d) != set(KINDS):
+            raise WorkerError(
+                "missing_graph",
+                f"Part {part} lacks a {' or '.join(set(KINDS) - set(d))} graph.",
+                "Re-run the Quantize stage.",
+            )
+    return dict(sorted(pairs.items()))
+
+
+def resolve_device(client: Any, name: str, lpbq: bool) -> dict[str, Any]:
+    devs = client.get_devices(name=name)
+    if not devs:
+        names = sorted({d.name for d in client.get_devices()})
+        raise WorkerError(
+            "aihub_device_unavailable",
+            f"Qualcomm AI Hub has no device named '{name}' available.",
+            f"Pick one of: {', '.join(names[:12])}{' ...' if len(names) > 12 else ''} "
+            "(Compile page; command line: a new run with --set device=NAME).",
+        )
+    d = devs[0]
+    dev = parse_device(d.name, d.os, list(d.attributes))
+    try:
+        gb.check_device(dev, lpbq=lpbq)
+    except gb.BundleError as exc:
+        raise WorkerError(
+            "device_unsupported", str(exc), "Choose a Hexagon v73+ device such as the Dragonwing IQ-9075 EVK."
+        ) from None
+    return dev
+
+
+def list_devices(settings: dict[str, Any] | None = None, token: str | None = None) -> list[dict[str, Any]]:
+    """The device picker's rows, live from AI Hub: name, os, dsp_arch, soc_model, weight_sharing,
+    chipset, emulated, supported (weight sharing v73+, LPBQ v69+) and reason. Blocking network call
+    (run it in a thread from the GUI). Raises WorkerError with the same codes as the stage."""
+    s = settings or {}
+    with contextlib.redirect_stdout(sys.stderr):
+        import qai_hub as hub
+
+        configure_client(s)
+        ccfg = client_config(s, token)
+        with hub_errors("listing devices", ccfg.api_url, ccfg.web_url, resume=False):
+            devs = hub.Client(config=ccfg).get_devices()
+    rows = []
+    for d in devs:
+        row = parse_device(d.name, d.os, list(d.attributes))
+        try:
+            gb.check_device(row, lpbq=True)
+            row.update(supported=True, reason="")
+        except gb.BundleError as exc:
+            row.update(supported=False, reason=str(exc))
+        rows.append(row)
+    return sorted(rows, key=lambda r: (not r["supported"], r["name"]))
+
+
+def wait_jobs(
+    client: Any,
+    store: JobStore,
+    names: list[str],
+    em: Emitter,
+    poll_s: float,
+    f0: float,
+    f1: float,
+    what: str,
+    logs_dir: Path,
+    errs: Any,
+) -> None:
+    import qai_hub as hub
+    from qai_hub.public_rest_api import APIException
+
+    jobs = {}
+    for n in names:
+        rec = store.jobs[n]
+        try:
+            with errs(f"looking up {what} job {rec['job_id']}"):
+                jobs[n] = client.get_job(rec["job_id"])
+        except WorkerError as exc:
+            if exc.code != "aihub_rejected" or "could not be found" not in exc.message:
+                raise
+            store.fail(n, "the job is no longer on AI Hub (deleted, expired or another account)")
+            raise WorkerError(
+                "aihub_job_missing",
+                f"AI Hub {rec['kind']} job {rec['job_id']} for {rec['what']}, "
+                "recorded before a restart, is no longer on AI Hub (deleted, expired, or the token "
+                "belongs to another account).",
+                "Resume the run: this job is submitted again; the other recorded jobs are reused.",
+            ) from None
+    pending = set(names)
+    em.log(f"waiting for AI Hub {what} jobs: " + ", ".join(f"{n} {store.jobs[n]['job_id']}" for n in names))
+    last_msg, last_t = "", 0.0
+    while pending:
+        states = {}
+        for n in sorted(pending):
+            with errs(f"polling {what} job {store.jobs[n]['job_id']}"):
+                st = jobs[n].get_status()
+            states[n] = st.code
+            if st.success:
+                pending.discard(n)
+                store.jobs[n]["state"] = "SUCCESS"
+                store.save()
+            elif st.failure:
+                rec = store.jobs[n]
+                reason = st.message or "no reason given"
+                log_note = ""
+                with contextlib.suppress(hub.Error, APIException, OSError):
+                    got = jobs[n].download_job_logs(str(logs_dir))
+                    if got:
+                        log_note = f" The job's log is in {got[0]}."
+                store.fail(n, reason)
+                raise WorkerError(
+                    "aihub_job_failed",
+                    f"AI Hub {rec['kind']} job {rec['job_id']} for {rec['what']} failed: {reason}",
+                    f"Details: {rec['url']}.{log_note} Fix the cause and resume the run: only this "
+                    "job is submitted again; the jobs that succeeded are reused.",
+                )
+        done = len(names) - len(pending)
+        msg = f"AI Hub {what}: {done}/{len(names)} done" + (
+            f"; waiting ({', '.join(sorted(set(states.values()) - {'SUCCESS'}))})" if pending else ""
+        )
+        now = time.monotonic()
+        if msg != last_msg or now - last_t > 30:
+            em.progress(f0 + (f1 - f0) * done / len(names), msg)
+            last_msg, last_t = msg, now
+        if pending:
+            time.sleep(poll_s)
+
+
+def stage_aimet_dir(g: dict[str, Any], qdir: Path, dest: Path, base: str) -> tuple[Path, UploadStats]:
+    """`dest/<base>.aimet/` holding `<base>.onnx`, `<base>.data` and `<base>.encodings` for graph entry `g`,
+    as qai-hub-models' split_onnx writes each part, with the integer-encoded weights in fp16 (checked to
+    re-quantize to the same integers; hexstudio/workers/aihub_upload.py): half the bytes of the fp32 part."""
+    try:
+        return write_upload_dir(qdir / g["onnx"], qdir / g["encodings"], dest, base)
+    except UploadError as exc:
+        raise WorkerError(
+            "missing_graph", f"Graph {g['name']}: {exc}.", "Re-run the Quantize stage."
+        ) from None
+
+
+DEFAULT_LINK_MBPS = 100.0  # assumed upload link speed when setting aihub_link_mbps is unset
+
+
+def link_speed(settings: dict[str, Any]) -> tuple[float, str]:
+    """(Mbit/s, where it comes from): setting aihub_link_mbps, else an assumed 100 Mbit/s."""
+    v = settings.get("aihub_link_mbps")
+    if v:
+        return float(v), "setting aihub_link_mbps"
+    return DEFAULT_LINK_MBPS, "assumed; set aihub_link_mbps to your uplink"
+
+
+def eta_text(n_bytes: float, mbps: float) -> str:
+    s = n_bytes * 8 / (mbps * 1e6)
+    return f"{s / 3600:.1f} h" if s >= 5400 else (f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s")
+
+
+def upload_plan(pairs: dict[int, dict[str, dict[str, Any]]], qdir: Path, skip: set[str]) -> dict[str, int]:
+    """Bytes each graph's upload will hold (graphs named in `skip`, already compiled, are left out)."""
+    return {
+        g["name"]: plan_bytes(qdir / g["onnx"], qdir / g["encodings"])
+        for pair in pairs.values()
+        for g in pair.values()
+        if g["name"] not in skip
+    }
+
+
+def precision_name(q: dict[str, Any]) -> str:
+    """qai-hub-models' precision string ("w4a16") from quantize.json's precision block."""
+    p = q.get("precision") or {}
+    w = re.search(r"int(\d+)", str(p.get("weights", "")))
+    a = re.search(r"int(\d+)", str(p.get("activations", "")))
+    return f"w{w.group(1) if w else 4}a{a.group(1) if a else 16}"
+
+
+def qairt_of_model(model: Any) -> str | None:
+    """The full QAIRT version AI Hub records on a compiled model (QAIRT_SDK_VERSION, else QNN_SDK_VERSION)."""
+    from qai_hub import ModelMetadataKey
+
+    meta = model.metadata
+    return meta.get(ModelMetadataKey.QAIRT_SDK_VERSION) or meta.get(ModelMetadataKey.QNN_SDK_VERSION) or None
+
+
+def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: Emitter) -> dict[str, Any]:
+    s = spec.settings
+    if not s.get("aihub_consent"):
+        raise WorkerError(
+            "aihub_consent_required",
+            "Compiling on Qualcomm AI Hub uploads model-derived files "
+            "(the quantized ONNX graphs and their encodings) to Qualcomm's cloud, and you have "
+            "not agreed to that for this run.",
+            "Give consent on the Compile page (command line: start the run with --set aihub_consent=true), "
+            "or compile for the simulator board instead (compile_target sim).",
+        )
+    q = json.loads((qdir / "quantize.json").read_text())
+    pairs = _pairs(q, qdir)
+    parts = int(q["parts"])
+    hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
+    hf_config = json.loads((hf_dir / "config.json").read_text())
+    model = model_name(model_doc, s)
+    try:
+        names = {
+            g["name"]: graph_job_name(model, g["name"]) for pair in pairs.values() for g in pair.values()
+        }
+        bins = {part: bin_name(model, pair[KINDS[0]]["name"]) for part, pair in pairs.items()}
+        precision = precision_name(q)
+        meta_doc = gm.build_metadata(
+            q["graphs"], qdir, precision
+        )  # reads every graph's I/O: before any upload
+    except gm.MetadataError as exc:
+        raise WorkerError(
+            "bundle_check", str(exc), "Re-run the Quantize stage (nothing was uploaded)."
+        ) from None
+    ctx_bins = [bins[k] for k in pairs]
+
+    cfg = checked_genie_config(hf_config, q, ctx_bins, s)  # before any upload
+    tok = hf_dir / "tokenizer.json"
+    check_speculative(hf_config, q, s, tok.read_bytes() if tok.is_file() else None, clamps_small_tables=False)
+    qairt = str(s.get("qairt_version") or DEFAULTS.qairt_version)
+    device_name = str(s.get("device") or DEFAULTS.device)
+    lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
+    logs_dir = spec.run_dir / "logs" / "aihub"
+    extra_options = str(
+        s.get("aihub_compile_options") or ""
+    ).strip()  # appended, as qai-hub-models' --compile-options
+
+    def outputs_of(g: dict[str, Any]) -> list[str]:
+        return list(g.get("outputs") or meta_doc["components"][gm.component_name(g["name"])]["outputs"])
+
+    with contextlib.redirect_stdout(sys.stderr):  # the client prints; stdout is the protocol
+        import qai_hub as hub
+        from qai_hub.public_rest_api import APIException
+
+        poll_s = configure_client(s)
+        ccfg = client_config(s)
+        client = hub.Client(config=ccfg)
+
+        def errs(what: str) -> contextlib.AbstractContextManager[None]:
+            return hub_errors(what, ccfg.api_url, ccfg.web_url)
+
+        # the upload's size and ETA first, before anything is sent (the CLI prints a stage's first progress line)
+        plan = upload_plan(pairs, qdir, set())
+        mbps, speed_from = link_speed(s)
+        left = float(sum(plan.values()))
+        em.metric("upload_planned_bytes", int(left), "B")
+        em.progress(
+            0.01,
+            f"AI Hub upload: {left / 1e9:.2f} GB in {len(plan)} graphs (integer-encoded weights in "
+            f"fp16), ETA {eta_text(left, mbps)} at {mbps:g} Mbit/s ({speed_from}); the client zips each "
+            "upload, so it may send less",
+        )
+        em.progress(0.02, f"AI Hub: looking up {device_name}")
+        with errs(f"looking up the device {device_name}"):
+            dev = resolve_device(client, device_name, lpbq)
+        emulated = bool(dev["emulated"])
+        if emulated:
+            em.warning(
+                "This AI Hub is the HexStudio emulator: the context binaries are EMULATED packages, not "
+                "device results.",
+                code="emulated",
+            )
+        hub_dev = hub.Device(dev["name"])
+        store = JobStore(
+            spec.run_dir / JOBS_FILE, inputs_key(qdir, q, dev["name"], qairt, model, extra_options)
+        )
+        if store.abandoned:
+            em.warning(
+                f"{len(store.abandoned)} AI Hub job(s) recorded for earlier inputs (other graphs, device or "
+                "QAIRT version) are not reused.",
+                code="aihub_jobs_abandoned",
+            )
+
+        # 1. upload + compile each graph (unless a job was recorded before a restart)
+        n_graphs = 2 * len(pairs)
+        i = 0
+        staging = spec.out_dir / "aimet"
+        sent = sent_s = 0.0
+        for part, pair in pairs.items():
+            for kind in KINDS:
+                g = pair[kind]
+                name = f"compile:{g['name']}"
+                job_name = names[g["name"]]
+                i += 1
+                if name in store.jobs:
+                    em.log(
+                        f"reusing AI Hub compile job {store.jobs[name]['job_id']} for {g['name']} "
+                        "(submitted before a restart)"
+                    )
+                    record_job(em, name, store.jobs[name])
+                    left = max(0.0, left - plan[g["name"]])
+                    continue
+                em.progress(
+                    0.03 + 0.3 * i / n_graphs,
+                    f"AI Hub: uploading {job_name}.aimet ({i}/{n_graphs})",
+                    part=part,
+                    parts=parts,
+                )
+                src, ustats = stage_aimet_dir(g, qdir, staging, job_name)
+                if ustats.inexact:
+                    em.warning(
+                        f"{len(ustats.inexact)} weight(s) of {g['name']} are uploaded in fp32: their fp16 form "
+                        f"would not re-quantize to the same integers ({', '.join(ustats.inexact[:3])}).",
+                        code="aihub_upload_fp32",
+                    )
+                options = compile_options(g["name"], qairt, outputs_of(g))
+                if extra_options:
+                    options = f"{options} {extra_options}"
+                t_up = time.monotonic()
+                try:
+                    with errs(f"uploading {src.name}"):
+                        uploaded = client.upload_model(str(src))
+                finally:
+                    shutil.rmtree(src, ignore_errors=True)
+                sent += ustats.bytes
+                sent_s += time.monotonic() - t_up
+                left = max(0.0, left - plan.get(g["name"], ustats.bytes))
+                rate = sent * 8 / max(sent_s, 1e-3) / 1e6
+                em.log(
+                    f"uploaded {src.name}: {ustats.bytes / 1e9:.2f} GB ({ustats.fp16_params / 1e6:.0f}M weights in "
+                    f"fp16, {ustats.fp32_params / 1e6:.0f}M fp32) in {time.monotonic() - t_up:.0f} s "
+                    f"(zip + send: {rate:.0f} Mbit/s measured); {left / 1e9:.2f} GB left, ETA "
+                    f"{eta_text(left, rate)}"
+                )
+                em.metric("upload_sent_bytes", int(sent), "B")
+                with errs(f"submitting the compile job {job_name}"):
+                    job = client.submit_compile_job(
+                        uploaded, hub_dev, name=job_name, options=options, retry=False
+                    )
+                store.put(
+                    name,
+                    {
+                        "kind": "compile",
+                        "part": part,
+                        "graph": g["name"],
+                        "what": job_name,
+                        "job_id": job.job_id,
+                        "url": job.url,
+                        "state": "SUBMITTED",
+                        "options": options,
+                    },
+                )
+                record_job(em, name, store.jobs[name])
+                em.log(
+                    f"submitted AI Hub compile job {job.job_id} ({job_name}, graph {g['name']}): {job.url}"
+                )
+        shutil.rmtree(staging, ignore_errors=True)
+        compile_names = [f"compile:{pair[k]['name']}" for pair in pairs.values() for k in KINDS]
+        wait_jobs(client, store, compile_names, em, poll_s, 0.35, 0.6, "compile", logs_dir, errs)
+
+        # 2. link each part's two DLCs, [prompt, token], into one context binary with shared weights
+        for part, pair in pairs.items():
+            name = f"link:part{part}"
+            link_name = bins[part][: -len(".bin")]
+            if name in store.jobs:
+                em.log(f"reusing AI Hub link job {store.jobs[name]['job_id']} for part {part}")
+                record_job(em, name, store.jobs[name])
+                continue
+            with errs(f"submitting the link job {link_name}"):
+                models = [
+                    client.get_job(store.jobs[f"compile:{pair[k]['name']}"]["job_id"]).get_target_model()
+                    for k in KINDS
+                ]
+                job = client.submit_link_job(models, hub_dev, name=link_name, options=link_options(qairt))
+            store.put(
+                name,
+                {
+                    "kind": "link",
+                    "part": part,
+                    "graph": None,
+                    "what": link_name,
+                    "job_id": job.job_id,
+                    "url": job.url,
+                    "state": "SUBMITTED",
+                    "options": link_options(qairt),
+                },
+            )
+            record_job(em, name, store.jobs[name])
+            em.log(f"submitted AI Hub link job {job.job_id} ({link_name}): {job.url}")
+        link_names = [f"link:part{part}" for part in pairs]
+        wait_jobs(client, store, link_names, em, poll_s, 0.6, 0.8, "link", logs_dir, errs)
+
+        # 3. download the context binaries into the bundle; the QAIRT version from the linked models
+        bdir = spec.out_dir / "bundle"
+        bdir.mkdir(parents=True, exist_ok=True)
+        job_logs = spec.out_dir / "aihub_logs"
+        full_versions: dict[int, str | None] = {}
+        for k, part in enumerate(pairs):
+            rec = store.jobs[f"link:part{part}"]
+            em.progress(0.8 + 0.15 * k / len(pairs), f"AI Hub: downloading {bins[part]}")
+            with (
+                errs(f"downloading the context binary of part {part} (job {rec['job_id']})"),
+                tempfile.TemporaryDirectory(dir=spec.out_dir) as tmp,
+            ):
+                job = client.get_job(rec["job_id"])
+                target = job.get_target_model()
+                got = job.download_target_model(tmp)
+                if not got or target is None:
+                    raise WorkerError(
+                        "aihub_download",
+                        f"AI Hub link job {rec['job_id']} has no context binary.",
+                        f"Details: {rec['url']}. " + RESUME_HINT,
+                    )
+                os.replace(got, bdir / bins[part])
+                full_versions[part] = qairt_of_model(target)
+                with contextlib.suppress(hub.Error, APIException, OSError):
+                    job.download_job_logs(str(job_logs))
+            emulated = emulated or is_emulated_package(bdir / bins[part])
+
+    # 4. the rest of the bundle
+    first = full_versions[next(iter(pairs))]
+    if len(set(full_versions.values())) > 1:
+        raise WorkerError(
+            "aihub_qairt_mismatch",
+            "AI Hub linked the parts with different QAIRT versions ("
+            + ", ".join(f"part {p}: {v}" for p, v in full_versions.items())
+            + ").",
+            "Remove the run's aihub_jobs.json and compile again with one --set qairt_version.",
+        )
+    if first is None:
+        em.warning(
+            f"AI Hub recorded no QAIRT version on the linked models; tool-versions.yaml holds the requested "
+            f"{qairt}.",
+            code="aihub_qairt_unknown",
+        )
+    qairt_full = first or qairt
+    shutil.copy2(hf_dir / "tokenizer.json", bdir / "tokenizer.json")
+    for extra in ("tokenizer_config.json", "config.json"):
+        if (hf_dir / extra).is_file():
+            shutil.copy2(hf_dir / extra, bdir / extra)
+    # genie_config.json, and one genie_config.<type>.json per speculative dialog asked for (spd's draft under draft/)
+    write_dialog_configs(bdir, cfg, hf_config, q, s, clamps_small_tables=False)
+    (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(dev), indent=2))
+    gm.write_metadata(bdir / "metadata.yaml", meta_doc)
+    head = (
+        "# EMULATED: compiled by HexStudio's AI Hub emulator, which packages its inputs; no QAIRT ran.\n"
+        if emulated
+        else ""
+    )
+    (bdir / "tool-versions.yaml").write_text(f"{head}qairt: {qairt_full}\n")
+    if emulated:
+        (bdir / "EMULATED.txt").write_text(
+            "This bundle was compiled by HexStudio's AI Hub EMULATOR (tests/aihub_emulator).\n"
+            "Its .bin files are zip packages of the inputs, not QNN context binaries: Genie cannot load them.\n"
+        )
+    recs = sorted(
+        store.jobs.items(), key=lambda kv: (kv[1]["part"], kv[1]["kind"] != "compile", kv[1]["graph"] or "")
+    )
+    jobs = [{k: r.get(k) for k in ("part", "kind", "graph", "what", "job_id", "url")} for _, r in recs]
+    device = {k: dev[k] for k in ("name", "soc_model", "dsp_arch", "attributes")}
+    write_json_atomic(
+        spec.out_dir / "compile.json",
+        {
+            "target": "aihub",
+            "emulated": emulated,
+            "device": device,
+            "qairt_version": qairt,
+            "qairt_full_version": qairt_full,
+            "model_name": model,
+            "jobs": [
+                {**j, "state": r["state"], "options": r.get("options")}
+                for j, (_, r) in zip(jobs, recs, strict=True)
+            ],
+            "failed_jobs": store.failed,
+            "jobs_file": str(store.path),
+        },
+    )
+    for name, r in recs:
+        record_job(em, name, r)
+    em.metric("aihub_jobs", len(jobs))
+    em.progress(0.97, "writing bundle.json")
+    return gb.write_manifest(
+        bdir,
+        {
+            "model": model_doc["model"],
+            "simulated": False,
+            "emulated": emulated,
+            "device": device,
+            "qairt_version": qairt,
+            "qairt_full_version": qairt_full,
+            "precision": precision,
+            "context_length": q["context_length"],
+            "ar_n": q["ar_n"],
+            "parts": parts,
+            "aihub_jobs": jobs,
+        },
+    )

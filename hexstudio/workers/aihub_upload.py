@@ -1,0 +1,257 @@
+"""What the AI Hub compile uploads for one graph, at half the bytes (issue 28, docs/aihub-upload.md).
+
+An upload is one `<name>.aimet/` directory: `<name>.onnx`, ONE `<name>.data`, `<name>.encodings` (the qai_hub
+client accepts exactly one .onnx per model directory, and a compile job compiles one uploaded model), so the
+prompt processor and the token generator of a part are two uploads, each with the part's weights, as
+qai-hub-models' own Genie export does. What is halved is the bytes of each:
+
+- a weight with an integer encoding (LPBQ int4 block scales, int8 per-channel: `hexstudio.workers.quant.qdq.int_form`)
+  is uploaded as the fp16 rounding of its quantize-dequantized value. Its integers times its scale have at
+  most 4 (int4) or 8 (int8) significant bits over the scale, and fp16 keeps 11: the fp16 value re-quantizes
+  (round to nearest, clamp) to exactly the integers the fp32 weight quantizes to. That is CHECKED for every
+  element as it is written; a tensor where it does not hold (a scale in fp16's subnormal range) stays fp32.
+- the fp16 initializer is renamed `<name>__fp16` and a Cast to float produces `<name>`: every op, the
+  encodings (keyed by `<name>`) and the graph's float interface are unchanged.
+- everything else (16-bit norm weights, the embedding table, whose 16-bit encoding fp16 cannot hold exactly,
+  inline constants) is uploaded as it was (fp32).
+
+Memory: one block of rows of one weight at a time (the data file is read through a memory map).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hexstudio.workers.shared.errors import ActionableError
+
+FP16_SUFFIX = "__fp16"
+ROW_BLOCK_BYTES = 64 << 20  # fp32 bytes of one block of rows converted at a time
+
+
+class UploadError(ActionableError, ValueError):
+    """The graph cannot be prepared for upload (missing or several data files)."""
+
+
+@dataclass
+class UploadStats:
+    """What one prepared upload holds."""
+
+    bytes: int = 0  # the directory's files
+    data_bytes: int = 0  # its .data file
+    fp16_tensors: int = 0
+    fp16_params: int = 0
+    fp32_tensors: int = 0  # weights in external data left fp32
+    fp32_params: int = 0
+    inexact: list[str] = field(default_factory=list)  # integer-encoded weights kept fp32 (fp16 not exact)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ext(init: Any) -> dict[str, str]:
+    return {e.key: e.value for e in init.external_data}
+
+
+def _set_ext(init: Any, location: str, offset: int, length: int) -> None:
+    del init.external_data[:]
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        e = init.external_data.add()
+        e.key, e.value = k, v
+
+
+def param_encodings(path: Path) -> dict[str, dict[str, Any]]:
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    pe = doc.get("param_encodings") or []
+    if isinstance(pe, dict):  # the older dict form: name -> [encoding]
+        return {k: (v[0] if isinstance(v, list) else v) for k, v in pe.items()}
+    return {str(p["name"]): p for p in pe}
+
+
+def _form(enc: dict[str, Any] | None, dims: list[int]) -> Any:
+    from hexstudio.workers.quant.qdq import int_form
+
+    return int_form(enc, dims) if enc else None
+
+
+def _bounds(form: Any) -> tuple[int, int]:
+    return (-8, 7) if form.block else (-128, 127)
+
+
+def quantize_ints(w: np.ndarray, form: Any, r0: int = 0) -> np.ndarray:
+    """The integers rows [r0, ...) of weight `w` quantize to under `form` (round half to even, clamp),
+    as a compiler quantizes a float weight with its encoding."""
+    s = form.expand(w.shape, r0)
+    lo, hi = _bounds(form)
+    return np.clip(np.rint(np.asarray(w, np.float32) / s), lo, hi).astype(np.int8)
+
+
+def _row_blocks(rows: int, cols: int, block: int) -> Iterator[tuple[int, int]]:
+    step = max(1, ROW_BLOCK_BYTES // (4 * max(cols, 1)))
+    if block:
+        step = max(block, step // block * block)
+    for r0 in range(0, rows, step):
+        yield r0, min(rows, r0 + step)
+
+
+def fp16_rows(w: np.ndarray, form: Any, r0: int) -> tuple[np.ndarray, bool]:
+    """(fp16 of the quantize-dequantized rows, whether they re-quantize to the fp32 rows' integers)."""
+    s = form.expand(w.shape, r0)
+    q = quantize_ints(w, form, r0)
+    h = (q.astype(np.float32) * s).astype(np.float16)
+    ok = bool(np.isfinite(h).all()) and np.array_equal(quantize_ints(h.astype(np.float32), form, r0), q)
+    return h, ok
+
+
+def plan_bytes(onnx_path: Path, encodings: Path) -> int:
+    """The bytes `write_upload_dir` will write for this graph (its .data, assuming every integer-encoded
+    weight converts; + the .onnx and .encodings as they are now), read from the graph's header alone."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    encs = param_encodings(encodings)
+    total = Path(onnx_path).stat().st_size + Path(encodings).stat().st_size
+    for init in model.graph.initializer:
+        ext = _ext(init)
+        if "location" not in ext:
+            continue
+        n = int(np.prod(init.dims)) if init.dims else 1
+        length = int(ext.get("length", 0)) or n * 4
+        fp16 = (
+            init.data_type == onnx.TensorProto.FLOAT
+            and _form(encs.get(init.name), list(init.dims)) is not None
+        )
+        total += n * 2 if fp16 else length
+    return total
+
+
+def write_upload_dir(src_onnx: Path, encodings: Path, dest: Path, base: str) -> tuple[Path, UploadStats]:
+    """`dest/<base>.aimet/` with `<base>.onnx`, `<base>.data` (integer-encoded weights in fp16, checked
+    exact; the rest as they were) and `<base>.encodings` (a copy). Returns (the directory, its stats)."""
+    import onnx
+    from onnx import helper
+
+    src_onnx, encodings = Path(src_onnx), Path(encodings)
+    model = onnx.load(str(src_onnx), load_external_data=False)
+    locations = sorted({_ext(t)["location"] for t in model.graph.initializer if "location" in _ext(t)})
+    if len(locations) > 1:
+        raise UploadError(
+            f"{src_onnx.name} keeps its weights in {len(locations)} files ({', '.join(locations)}); "
+            "an AI Hub upload holds one .data file"
+        )
+    out = dest / f"{base}.aimet"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    stats = UploadStats()
+    encs = param_encodings(encodings)
+    if locations:
+        src_data = src_onnx.parent / locations[0]
+        if not src_data.is_file():
+            raise UploadError(f"{src_onnx.name}'s weights {src_data} are missing")
+        data_name = f"{base}.data"
+        casts = []
+        with open(out / data_name, "wb") as fh:
+            for init in model.graph.initializer:
+                ext = _ext(init)
+                if "location" not in ext:
+                    continue
+                offset, length = int(ext.get("offset", 0)), int(ext.get("length", 0))
+                dims = [int(d) for d in init.dims]
+                n = int(np.prod(dims)) if dims else 1
+                start = fh.tell()
+                form = _form(encs.get(init.name), dims) if init.data_type == onnx.TensorProto.FLOAT else None
+                if form is not None and _write_fp16(fh, src_data, offset, dims, form):
+                    name = init.name
+                    init.name = name + FP16_SUFFIX
+                    init.data_type = onnx.TensorProto.FLOAT16
+                    _set_ext(init, data_name, start, fh.tell() - start)
+                    casts.append(
+                        helper.make_node(
+                            "Cast", [init.name], [name], name=f"{name}_to_float", to=onnx.TensorProto.FLOAT
+                        )
+                    )
+                    stats.fp16_tensors += 1
+                    stats.fp16_params += n
+                    continue
+                if form is not None:  # not exact in fp16: the fp32 weight as it was
+                    fh.seek(start)
+                    fh.truncate()
+                    stats.inexact.append(init.name)
+                _copy(fh, src_data, offset, length)
+                _set_ext(init, data_name, start, length)
+                stats.fp32_tensors += 1
+                stats.fp32_params += n
+            stats.data_bytes = fh.tell()
+        if casts:
+            nodes = list(model.graph.node)
+            del model.graph.node[:]
+            model.graph.node.extend(casts + nodes)
+    onnx.save(model, str(out / f"{base}.onnx"))
+    shutil.copyfile(encodings, out / f"{base}.encodings")
+    stats.bytes = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    return out, stats
+
+
+def _write_fp16(fh: Any, src: Path, offset: int, dims: list[int], form: Any) -> bool:
+    """Write the fp16 form of a float32 weight a block of rows at a time; False (at the first block that is
+    not exact) leaves the caller to truncate and write fp32 instead."""
+    rows, cols = dims[0], int(np.prod(dims[1:])) if len(dims) > 1 else 1
+    w: Any = np.memmap(src, dtype=np.float32, mode="r", offset=offset, shape=(rows, cols))
+    try:
+        for r0, r1 in _row_blocks(rows, cols, form.block):
+            h, ok = fp16_rows(np.asarray(w[r0:r1]), form, r0)
+            if not ok:
+                return False
+            fh.write(np.ascontiguousarray(h).tobytes())
+        return True
+    finally:
+        del w
+
+
+def _copy(fh: Any, src: Path, offset: int, length: int) -> None:
+    with open(src, "rb") as sf:
+        sf.seek(offset)
+        left = length
+        while left:
+            buf = sf.read(min(left, ROW_BLOCK_BYTES))
+            if not buf:
+                raise UploadError(f"{src} ends before offset {offset} + {length}")
+            fh.write(buf)
+            left -= len(buf)
+
+
+def uploaded_weight(aimet_dir: Path, name: str) -> np.ndarray:
+    """A weight as the upload holds it (fp16 or fp32), as float32: for checks."""
+    import onnx
+
+    d = Path(aimet_dir)
+    onnx_path = next(d.glob("*.onnx"))
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    inits = {i.name: i for i in model.graph.initializer}
+    init = inits.get(name + FP16_SUFFIX) or inits[name]
+    ext = _ext(init)
+    dtype = np.float16 if init.data_type == onnx.TensorProto.FLOAT16 else np.float32
+    arr = np.fromfile(
+        d / ext["location"], dtype=dtype, count=int(np.prod(init.dims)), offset=int(ext.get("offset", 0))
+    )
+    return arr.reshape([int(x) for x in init.dims]).astype(np.float32)
+
+
+def zipped_bytes(aimet_dir: Path, work: Path) -> int:
+    """The bytes the qai_hub client sends for this directory: it zips it (deflate, level 1:
+    qai_hub.util.zipped_model.zip_model) and uploads the zip. Zips into `work` and removes the zip."""
+    from qai_hub.util.zipped_model import zip_model
+
+    work.mkdir(parents=True, exist_ok=True)
+    z = Path(zip_model(str(work), str(aimet_dir)))
+    try:
+        return z.stat().st_size
+    finally:
+        os.unlink(z)

@@ -1,0 +1,252 @@
+"""Compile stage: turn the validated graphs into a bundle Genie (or the simulator board) can run.
+
+Targets (settings["compile_target"]):
+  local  QNN 2.51 on this machine (the onnxruntime-qnn wheel: no account, no upload): real context binaries
+         (hexstudio/workers/qnn/bundle.py). For the simulator board one binary per graph (the x86 HTP simulator cannot
+         load shared weights), for a real board one per part with both graphs sharing weights.
+  aihub  Qualcomm AI Hub: compile both graphs per part, link them with shared weights, download the
+         context binaries (hexstudio/workers/aihub.py).
+  sim    the onnxruntime twin's bundle, laid out like AI Hub's: its context binaries are simulated stand-ins
+         naming the QDQ ONNX parts; labeled "simulated": true everywhere. The fallback where onnxruntime-qnn
+         cannot be installed.
+  auto   local for the simulator board (sim where onnxruntime-qnn is missing), aihub otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from hexstudio.workers.genie_config import checked_genie_config, speculative_of
+from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
+from hexstudio.workers.shared import bundle as gb
+from hexstudio.workers.shared import modelinfo
+from hexstudio.workers.shared.protocol import Emitter
+from hexstudio.workers.shared.run_settings import DEFAULTS
+
+
+def write_sim_bundle(
+    quantize_dir: Path,
+    model_doc: dict[str, Any],
+    hf_dir: Path,
+    out: Path,
+    settings: dict[str, Any],
+    em: Emitter,
+) -> dict[str, Any]:
+    """The simulation bundle, laid out and configured as qai-hub-models lays out a real one (docs/compile.md):
+    `<model>_part_{i}_of_{n}.bin` per part, genie_config.json (the real schema, backend QnnHtp),
+    htp_backend_ext_config.json, metadata.yaml, tokenizer.json, tokenizer_config.json, config.json; each
+    .bin is a simulated context binary (hexstudio/workers/genie_sim/simbin.py) naming the part's QDQ ONNX graphs
+    under sim/, which the simulator board runs. bundle.json says "simulated": true."""
+    from hexstudio.workers import bundle_metadata as md
+    from hexstudio.workers.genie_sim.simbin import write_sim_bin
+
+    q = json.loads((quantize_dir / "quantize.json").read_text())
+    hf_config = json.loads((hf_dir / "config.json").read_text())
+    bdir = out / "bundle"
+    (bdir / "sim").mkdir(parents=True)
+    parts = int(q["parts"])
+    slug = gb.model_slug(str(model_doc["model"]).replace("builtin:", ""))
+    ctx_bins: list[str] = []
+    for k in range(1, parts + 1):
+        entries = []
+        for g in sorted(
+            (g for g in q["graphs"] if int(g["part"]) == k), key=lambda g: g["kind"] != "prompt_processor"
+        ):
+            if "sim_onnx" not in g:
+                raise WorkerError(
+                    "missing_graph", f"Graph {g['name']} has no quantized ONNX.", "Re-run the Quantize stage."
+                )
+            src = quantize_dir / g["sim_onnx"]
+            shutil.copy2(src, bdir / "sim" / f"{g['name']}.onnx")
+            data = src.with_name(src.name + ".data")  # the weights, beside the graph (external data)
+            if data.is_file():
+                shutil.copy2(data, bdir / "sim" / f"{g['name']}.onnx.data")
+            try:
+                spec = md.graph_spec(g, quantize_dir)
+            except md.MetadataError as exc:
+                raise WorkerError("graph_io_unreadable", str(exc), "Re-run the Quantize stage.") from None
+            entries.append({"name": g["name"], "onnx": f"sim/{g['name']}.onnx", **spec})
+        name = f"{slug}_part_{gb.part_label(k, parts)}.bin"
+        write_sim_bin(bdir / name, entries)
+        ctx_bins.append(name)
+    cfg = checked_genie_config(hf_config, q, ctx_bins, settings, simulated=True)
+    (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=4))
+    if q.get("variants"):
+        em.warning(
+            f"The onnxruntime twin runs one context length ({q['context_length']}), so the graphs for "
+            f"{', '.join(str(c) for c in q.get('context_lengths') or [] if c != q['context_length'])} are "
+            "not in this stand-in bundle.",
+            hint="Compile with compile_target local (onnxruntime-qnn) or "
+            "aihub: real Genie switches between them.",
+            code="context_lengths_need_real_bundle",
+        )
+    asked, _, _ = speculative_of(settings)
+    if asked:
+        em.warning(
+            "The onnxruntime twin runs Genie's basic dialog only, so no speculative dialog "
+            f"({', '.join(asked)}) was written into this stand-in bundle.",
+            hint="Compile with compile_target local (onnxruntime-qnn) or aihub for lade/spd: real Genie runs "
+            "them.",
+            code="speculative_needs_real_bundle",
+        )
+    (bdir / "htp_backend_ext_config.json").write_text(
+        json.dumps(gb.htp_ext_config(gb.SIMULATOR_DEVICE), indent=4)
+    )
+    md.write_metadata(bdir / "metadata.yaml", md.build_metadata(q["graphs"], quantize_dir))
+    try:
+        gb.copy_model_files(hf_dir, bdir)
+    except gb.BundleError as exc:
+        raise WorkerError(
+            "tokenizer_missing", str(exc), "Use a model with a fast tokenizer (tokenizer.json)."
+        ) from None
+    em.progress(0.8, "writing bundle.json")
+    return gb.write_manifest(
+        bdir,
+        {
+            "model": model_doc["model"],
+            "simulated": True,
+            "emulated": False,
+            "device": gb.SIMULATOR_DEVICE,
+            "qairt_version": None,
+            "context_length": q["context_length"],
+            "ar_n": q["ar_n"],
+            "parts": q["parts"],
+            "aihub_jobs": [],
+        },
+    )
+
+
+def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
+    s = spec.settings
+    target = s.get("compile_target", DEFAULTS.compile_target)
+    board = spec.inputs.get("board", "sim")
+    if target == "auto":
+        target = resolve_auto_target(board, em)
+    model_doc = json.loads((spec.upstream_dir("model") / "model.json").read_text())
+    qdir = spec.upstream_dir("quantize")
+    if target == "local":
+        from hexstudio.workers.qnn.bundle import write_local_bundle
+        from hexstudio.workers.qnn.compile import LocalCompileError
+
+        hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
+        try:
+            device = gb.device_info(str(s.get("device") or DEFAULTS.device))
+        except gb.BundleError as exc:
+            raise WorkerError(
+                "unknown_device", str(exc), "Pick a device from the Compile page's list."
+            ) from None
+        form = "single" if board == "sim" else "shared"
+        try:
+            doc = write_local_bundle(qdir, model_doc, hf_dir, spec.out_dir, s, device, form, em)
+        except LocalCompileError as exc:
+            raise WorkerError(exc.code, exc.message, exc.hint) from None
+    elif target == "sim":
+        em.progress(0.1, "writing the simulation bundle (QDQ ONNX parts for the simulator board)")
+        hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
+        doc = write_sim_bundle(qdir, model_doc, hf_dir, spec.out_dir, s, em)
+    elif target == "aihub":
+        try:
+            from hexstudio.workers import aihub
+        except ImportError:
+            raise WorkerError(
+                "not_implemented",
+                "Compiling through Qualcomm AI Hub is not implemented in this build yet.",
+                "Use the simulator board (compile_target=sim) for now.",
+            ) from None
+        q = json.loads((qdir / "quantize.json").read_text())
+        if q.get("variants"):  # refused before anything is uploaded
+            raise WorkerError(
+                "aihub_not_supported",
+                "HexStudio's AI Hub compile does not build several context "
+                "lengths yet; nothing was uploaded.",
+                "Compile locally (compile_target local: QNN 2.51 "
+                "writes shared-weight context binaries for the board, with every context length), or "
+                "clear context_lengths for AI Hub.",
+            )
+        doc = aihub.compile_bundle(spec, model_doc, qdir, em)
+    else:
+        raise WorkerError("bad_target", f"compile_target '{target}' is not one of auto, local, aihub, sim.")
+    if not doc.get("simulated") and not doc.get("emulated"):
+        qualcomm_check(spec.out_dir / "bundle", em)
+    for f in doc["files"]:
+        em.artifact(f"bundle/{f['path']}", kind="bundle")
+    em.metric("bundle_files", len(doc["files"]))
+    em.metric("bundle_bytes", sum(f["size"] for f in doc["files"]), unit="bytes")
+    em.metric("simulated", bool(doc["simulated"]))
+    em.metric("emulated", bool(doc.get("emulated")))
+    em.progress(1.0, f"bundle with {len(doc['files'])} files")
+    return {
+        "target": target,
+        "simulated": doc["simulated"],
+        "emulated": bool(doc.get("emulated")),
+        "files": len(doc["files"]),
+        "qnn_version": doc.get("qnn_version"),
+        "context_binary_form": doc.get("context_binary_form"),
+    }
+
+
+def qualcomm_check(bdir: Path, em: Emitter) -> None:
+    """A bundle of real context binaries (a local or an AI Hub compile) through Qualcomm's own checks before the
+    stage passes: Genie 1.21's parser on genie_config.json and QNN's reader on every ctx-bin, whose graphs feed the
+    Genie-model checks (hexstudio/workers/shared/bundle/check.py). Run in a child process: a crash in a library is a failed
+    check, not a dead worker. Skipped, saying so, where onnxruntime-qnn is not installed."""
+    import sys
+
+    from hexstudio.workers.shared.bundle.check import check_bundle, errors
+    from hexstudio.workers.shared.bundle.qualcomm_run import MODULE, run_qualcomm_checks
+
+    em.progress(0.95, "checking the bundle with Genie's own parser and QNN's binary reader")
+    real = run_qualcomm_checks(bdir, [sys.executable, "-m", MODULE], timeout_s=600).doc
+    if real is None:
+        raise WorkerError(
+            "qualcomm_check_failed",
+            "Qualcomm's checks of the new bundle ended abnormally (Genie's parser or QNN's reader).",
+            "Run `hexstudio bundle check` on artifacts/compile/bundle for "
+            "the details; report it with the run folder.",
+        )
+    if not real.get("available"):
+        em.warning(
+            "Qualcomm's own checks did not run (onnxruntime-qnn is not installed): only HexStudio's did.",
+            hint=str(real.get("hint") or ""),
+            code="qualcomm_checks_missing",
+        )
+        return
+    bad = errors(check_bundle(bdir, None, real))
+    if bad:
+        first = bad[0]
+        raise WorkerError(
+            "bundle_check",
+            f"The compiled bundle fails Qualcomm's checks: {first.message}"
+            + (f" Genie/QNN say: {first.genie_error}" if first.genie_error else ""),
+            first.fix or "Run `hexstudio bundle check` on artifacts/compile/bundle.",
+        )
+    em.log(
+        f"Genie {real['config'].get('genie_version')}'s parser accepts genie_config.json; QNN "
+        f"{real.get('qnn_version')}'s reader read {len(real.get('binaries') or [])} context binaries and the "
+        "graphs pass Genie's checks"
+    )
+
+
+def resolve_auto_target(board: str, em: Emitter) -> str:
+    """auto: local for the simulator board where Qualcomm's QNN libraries are installed, the onnxruntime
+    twin's bundle where they are not (said as a warning), AI Hub for a real board."""
+    if board != "sim":
+        return "aihub"
+    from hexstudio.workers.qnn.libs import INSTALL_HINT, find_qnn_libs
+
+    if find_qnn_libs() is not None:
+        return "local"
+    em.warning(
+        "Qualcomm's QNN libraries (onnxruntime-qnn) are not installed, so the simulator board gets the "
+        "onnxruntime twin's bundle: its context binaries are stand-ins and nothing from Qualcomm runs.",
+        hint=INSTALL_HINT,
+        code="qnn_missing_twin_fallback",
+    )
+    return "sim"
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker_main("compile", run))

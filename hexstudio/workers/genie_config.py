@@ -1,0 +1,192 @@
+"""genie_config.json for a run's quantized graphs, checked before anything is written or uploaded: the
+compile stage's simulation bundle and its AI Hub bundle both take it from here (docs/genie.md)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from hexstudio.workers.runtime import WorkerError
+from hexstudio.workers.shared import bundle as gb
+from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
+from hexstudio.workers.shared.bundle.speculative import (
+    DRAFT_DIR,
+    REFUSED,
+    Lade,
+    Spd,
+    SpeculativeError,
+    config_name,
+    dialog_config,
+    draft_engine,
+    lade_problem,
+    spd_problem,
+)
+
+
+def checked_genie_config(
+    hf_config: dict[str, Any],
+    q: dict[str, Any],
+    ctx_bins: list[str],
+    settings: dict[str, Any],
+    simulated: bool = False,
+) -> dict[str, Any]:
+    """genie_config.json for the quantize stage's graphs, checked before anything is written: the context
+    size against the context length baked into the graphs (their `_cl<N>_` names), the rope settings
+    against config.json. A failed check is a WorkerError with what to do."""
+    try:
+        compiled = gb.compiled_context_length(
+            [str(g["name"]) for g in [*q["graphs"], *(q.get("variants") or [])]]
+        )
+        cfg = gb.genie_config(
+            hf_config,
+            int(q["context_length"]),
+            ctx_bins,
+            int(q["head_dim"]),
+            settings.get("sampler"),
+            simulated=simulated,
+        )
+        gb.check_genie_config(cfg, hf_config, compiled)
+    except gb.BundleError as exc:
+        raise WorkerError(
+            "bundle_check",
+            str(exc),
+            "Fix what the message names, then run the Compile stage again (nothing was uploaded).",
+        ) from None
+    errors = genie_config_errors(cfg)
+    if errors:  # a bug of ours: never hand Genie a config it refuses
+        raise WorkerError(
+            "genie_config_invalid",
+            f"The genie_config.json HexStudio wrote fails Genie's schema: {errors[0]}",
+            "This is a HexStudio bug: report it with the run folder.",
+        )
+    pe = cfg["dialog"]["engine"]["model"].get("positional-encoding")
+    if q.get("positional_encoding") is not None and pe != q["positional_encoding"]:
+        raise WorkerError(
+            "rope_changed",
+            "The rope Genie would compute from this genie_config.json differs from the "
+            f"one the graphs were calibrated and validated with ({pe} vs {q['positional_encoding']}).",
+            "Run the Quantize stage again (--force).",
+        )
+    return cfg
+
+
+def speculative_of(settings: dict[str, Any]) -> tuple[list[str], Lade, Spd]:
+    """The speculative dialogs a run asks for (settings `speculative_dialogs`, `spd_draft`, `spd_draft_len`,
+    `lade_window`, `lade_ngram`, `lade_gcap`)."""
+    raw = settings.get("speculative_dialogs") or "none"
+    types = [
+        t.strip()
+        for t in (raw.split(",") if isinstance(raw, str) else [str(x) for x in raw])
+        if t.strip() and t.strip() != "none"
+    ]
+    d = Lade()  # Qualcomm's example values unless the run sets them
+    lade = Lade(
+        window=int(settings.get("lade_window") or d.window),
+        ngram=int(settings.get("lade_ngram") or d.ngram),
+        gcap=int(d.gcap if settings.get("lade_gcap") is None else settings["lade_gcap"]),
+    )
+    return (
+        types,
+        lade,
+        Spd(
+            draft_len=int(settings.get("spd_draft_len") or Spd().draft_len),
+            draft=str(settings.get("spd_draft") or "self"),
+        ),
+    )
+
+
+def check_speculative(
+    hf_config: dict[str, Any],
+    q: dict[str, Any],
+    settings: dict[str, Any],
+    tokenizer: bytes | None = None,
+    *,
+    clamps_small_tables: bool = True,
+) -> list[str]:
+    """The speculative dialogs the run asks for, each one this model can have; else a WorkerError naming why.
+    Called before the compile starts (nothing is compiled or uploaded for a request that cannot be met); with the
+    model's tokenizer.json, an spd draft bundle is checked against it then too. `clamps_small_tables`: the compile
+    clamps lade's seed ids into a small embedding (the local one does; AI Hub compiles the graph as exported)."""
+    types, lade, spd = speculative_of(settings)
+    if "spd" in types and spd.draft != "self" and tokenizer is not None:
+        try:
+            draft_engine(Path(spd.draft).expanduser(), tokenizer, int(hf_config.get("vocab_size") or 0))
+        except SpeculativeError as exc:
+            raise WorkerError(
+                "spd_draft",
+                str(exc),
+                "Set spd_draft to the draft run's artifacts/compile/bundle "
+                "folder (compiled locally or on AI Hub), or to self; nothing was compiled.",
+            ) from None
+    ar_sizes = sorted({int(q["ar_n"]), 1})
+    n_vocab = int(hf_config.get("vocab_size") or 0)
+    for t in types:
+        if t in REFUSED:
+            raise WorkerError("dialog_unsupported", REFUSED[t], "Remove it from speculative_dialogs.")
+        problem = (
+            lade_problem(ar_sizes, lade, None if clamps_small_tables else n_vocab)
+            if t == "lade"
+            else spd_problem(spd, n_vocab, n_vocab, ar_sizes)
+            if t == "spd"
+            else f"Unknown speculative dialog '{t}' (use lade or spd)."
+        )
+        if problem is not None:
+            raise WorkerError(
+                "dialog_unsupported",
+                problem,
+                f"Remove {t} from speculative_dialogs, or change what "
+                "the message names; nothing was compiled.",
+            )
+    return types
+
+
+def write_dialog_configs(
+    bdir: Path,
+    cfg: dict[str, Any],
+    hf_config: dict[str, Any],
+    q: dict[str, Any],
+    settings: dict[str, Any],
+    *,
+    clamps_small_tables: bool = True,
+) -> list[str]:
+    """genie_config.json (basic) and one genie_config.<type>.json per speculative dialog the run asks for (see
+    check_speculative), each checked against Genie's schema as HexStudio knows it. Returns the files written."""
+    _, lade, spd = speculative_of(settings)
+    variants: dict[str, dict[str, Any]] = {}
+    draft: tuple[dict[str, Any], list[Path]] | None = None
+    for t in check_speculative(hf_config, q, settings, clamps_small_tables=clamps_small_tables):
+        if t == "spd" and spd.draft != "self":
+            try:
+                draft = draft_engine(
+                    Path(spd.draft).expanduser(),
+                    (bdir / "tokenizer.json").read_bytes(),
+                    int(cfg["dialog"]["context"]["n-vocab"]),
+                )
+            except (SpeculativeError, OSError) as exc:
+                raise WorkerError(
+                    "spd_draft",
+                    str(exc),
+                    "Set spd_draft to the draft run's artifacts/compile/bundle "
+                    "folder (compiled locally or on AI Hub), or to self.",
+                ) from None
+        variant = dialog_config(
+            cfg, t, lade=lade, spd=spd, draft_engine=draft[0] if t == "spd" and draft else None
+        )
+        errors = genie_config_errors(variant)
+        if errors:
+            raise WorkerError(
+                "genie_config_invalid",
+                f"The {t} dialog config HexStudio wrote fails Genie's schema: {errors[0]}",
+                "This is a HexStudio bug: report it with the run folder.",
+            )
+        variants[config_name(t)] = variant
+    (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=4))
+    if draft is not None:  # the draft model's context binaries, under draft/
+        (bdir / DRAFT_DIR).mkdir(exist_ok=True)
+        for b in draft[1]:
+            shutil.copy2(b, bdir / DRAFT_DIR / b.name)
+    for name, variant in variants.items():
+        (bdir / name).write_text(json.dumps(variant, indent=4))
+    return ["genie_config.json", *variants]

@@ -1,0 +1,59 @@
+"""Preflight stage: this machine's memory, disk, WSL, GPU and packages against the model's needs
+(the probe and the checks: hexstudio/workers/shared/preflight_checks.py), written to preflight.json."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
+from hexstudio.workers.shared.preflight_checks import probe, run_checks
+from hexstudio.workers.shared.protocol import Emitter
+from hexstudio.workers.shared.run_settings import DEFAULTS
+
+
+def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
+    t0 = time.time()
+    model_dir = spec.upstream.get("model")
+    if model_dir is None:
+        raise WorkerError(
+            "missing_upstream", "Preflight needs the Model stage's result.", "Run the Model stage first."
+        )
+    doc = json.loads((model_dir / "model.json").read_text())
+    needs = dict(doc["estimates"])
+    em.progress(0.1, "probing this machine (AIMET smoke test runs in parallel)")
+    workspace = spec.run_dir.parent.parent
+    from huggingface_hub import constants as hf_constants
+
+    # where downloads land, as huggingface_hub computes it (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)
+    smoke = bool(spec.settings.get("aimet_smoke", DEFAULTS.aimet_smoke))
+    p = probe(workspace, Path(hf_constants.HF_HUB_CACHE), smoke=smoke)
+    checks = run_checks(p, needs)
+    failed = sum(c["status"] == "fail" for c in checks)
+    warned = sum(c["status"] == "warn" for c in checks)
+    doc = {
+        "model": doc["model"],
+        "context_length": doc["resolved"]["context_length"],
+        "needs": needs,
+        "probe": p,
+        "checks": checks,
+        "checks_failed": failed,
+        "checks_warned": warned,
+        "seconds": round(time.time() - t0, 2),
+    }
+    (spec.out_dir / "preflight.json").write_text(json.dumps(doc, indent=2))
+    em.artifact("preflight.json", kind="json", role="preflight")
+    for c in checks:
+        if c["status"] in ("fail", "warn"):
+            em.warning(f"{c['id']}: {c['message']}", hint=c.get("fix"), code=c["id"])
+    em.metric("checks_failed", failed)
+    em.metric("checks_warned", warned)
+    em.metric("preflight_seconds", round(time.time() - t0, 2), unit="s")
+    em.progress(1.0, f"{len(checks)} checks: {failed} failed, {warned} warnings")
+    return {"failed": failed, "warned": warned}
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker_main("preflight", run))

@@ -1,0 +1,364 @@
+"""Quantize stage worker: export the deployment graphs per part and quantize them W4A16 with a
+real aimet_onnx QuantizationSimModel, one part at a time (docs/CONTRACTS.md §2).
+
+    python -m hexstudio.workers.quantize --spec SPEC.json
+
+Recipe (Qualcomm's W4A16 for Llama on HTP): int4 low-power blockwise (LPBQ, block 64) weights
+for the backbone, 16-bit activations, 8-bit KV cache, lm_head and embeddings at 8 bits.
+Sequential part-wise calibration (hexstudio/workers/quant/partwise.py): part k is calibrated on the
+QUANTIZED outputs of part k-1, one calibration unit's QuantSim in memory at a time; one encodings
+file per part serves its prompt processor and token generator, with every I/O tensor Genie shares
+between graphs quantized identically (hexstudio/workers/quant/io_encodings.py, docs/genie.md).
+
+Writes into spec.out_dir: float/<graph>.onnx, parts/<graph>/model.{onnx,data,encodings},
+sim/<graph>.onnx (QDQ, for onnxruntime) and quantize.json.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from typing import Any
+
+from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
+from hexstudio.workers.shared.protocol import Emitter
+from hexstudio.workers.shared.run_settings import DEFAULTS
+
+
+def read_model_json(spec: WorkerSpec) -> dict[str, Any]:
+    p = spec.upstream_dir("model") / "model.json"
+    try:
+        return dict(json.loads(p.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise WorkerError(
+            "model_json_missing", f"{p} does not exist.", "Run the model stage again."
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise WorkerError(
+            "model_json_invalid", f"{p} is not valid JSON: {exc.msg}.", "Run the model stage again (--force)."
+        ) from None
+
+
+def resolve_shape(model: dict[str, Any], settings: dict[str, Any]) -> tuple[int, int, int]:
+    res = model.get("resolved") or {}
+    cl = int(res.get("context_length") or settings.get("context_length") or 512)
+    ar_n = int(res.get("ar_n") or settings.get("ar_n") or 128)
+    parts_v = res.get("parts") or settings.get("parts")
+    if parts_v in (None, "auto"):
+        parts_v = 2
+    parts = int(parts_v)
+    num_layers = int((model.get("info") or {}).get("num_layers") or 0)
+    if ar_n < 1 or cl < 2 or ar_n >= cl:
+        raise WorkerError(
+            "bad_context",
+            f"context_length {cl} must be larger than ar_n {ar_n}.",
+            "Pick e.g. context_length 512 with ar_n 128.",
+        )
+    if cl % ar_n:
+        raise WorkerError(
+            "context_not_multiple_of_ar_n",
+            f"context_length {cl} is not a multiple of ar_n {ar_n}: the prompt processor "
+            "fills the KV cache in whole blocks of ar_n tokens.",
+            f"Use a context length such as {(cl // ar_n + 1) * ar_n} or {max(ar_n, cl // ar_n * ar_n)}.",
+        )
+    if parts < 1 or (num_layers and parts > num_layers):
+        raise WorkerError(
+            "bad_parts",
+            f"parts {parts} must be between 1 and the number of layers ({num_layers}).",
+            'Use parts "auto" or a smaller number.',
+        )
+    return cl, ar_n, parts
+
+
+def _threads() -> int:
+    return max(1, min(int(os.environ.get("HEXSTUDIO_THREADS", "0") or 0) or (os.cpu_count() or 2), 8))
+
+
+def protect_protocol_stdout(em: Emitter) -> None:
+    """AIMET prints to stdout, the protocol channel: keep the protocol on a private copy of fd 1
+    and send everything else written to fd 1 to stderr (the stage log)."""
+    import sys
+
+    sys.stdout.flush()
+    em._stream = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+
+
+def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
+    from hexstudio.workers.quant.calib import blocks_from_windows, resolve_hf_dir, resolve_text, token_windows
+
+    protect_protocol_stdout(em)
+    t_start = time.monotonic()
+    settings = spec.settings
+    model_json = read_model_json(spec)
+    hf_dir = resolve_hf_dir(model_json, spec.upstream_dir("model"))
+    cl, ar_n, parts = resolve_shape(model_json, settings)
+    for key, allowed in (("weight_bits", (2, 4, 8)), ("activation_bits", (8, 16)), ("kv_bits", (8, 16))):
+        if int(settings.get(key, getattr(DEFAULTS, key))) not in allowed:
+            raise WorkerError(
+                "bad_precision",
+                f"{key} {settings.get(key)} is not supported.",
+                f"Use one of {', '.join(map(str, allowed))}.",
+            )
+    samples = int(settings.get("calibration_samples", DEFAULTS.calibration_samples))
+    seq_len = int(settings.get("calibration_seq_len", ar_n))
+    if samples < 1 or seq_len < 2 or seq_len > cl:
+        raise WorkerError(
+            "bad_calibration",
+            f"calibration_samples {samples} / calibration_seq_len {seq_len} are out of range (1.., 2..{cl}).",
+            "Use e.g. 8 samples of 128 tokens.",
+        )
+    from hexstudio.workers.shared.run_settings import extra_context_lengths, genie_cl_problem
+
+    if (why := genie_cl_problem(cl, ar_n)) is not None:
+        raise WorkerError(
+            "bad_context_length",
+            why[0].upper() + why[1:],
+            "Set context_length or ar_n so that the "
+            "context length is not twice ar_n (e.g. ar_n 128 with 512 or 1024).",
+        )
+    try:
+        more_cls = extra_context_lengths(settings.get("context_lengths", ""), cl, ar_n)
+    except ValueError as exc:
+        raise WorkerError(
+            "bad_context_lengths",
+            str(exc),
+            "Fix context_lengths (or leave it empty), then run the Quantize stage again.",
+        ) from None
+    unit = str(settings.get("calibration_unit", DEFAULTS.calibration_unit))
+    if unit not in ("layer", "part"):
+        raise WorkerError(
+            "bad_calibration_unit",
+            f"calibration_unit {unit!r} is not known.",
+            'Use "layer" (one QuantSim per decoder layer, least memory) or "part" (one QuantSim per part).',
+        )
+    text = resolve_text(settings.get("calibration_text", DEFAULTS.calibration_text), "calibration")
+    out = spec.out_dir
+    threads = _threads()
+
+    # 1. float export, piece by piece: one decoder layer's weights are read from the safetensors files at a time
+    em.progress(0.01, "exporting the float deployment graphs")
+    from transformers import AutoConfig
+
+    from hexstudio.workers.export import export_deployment_graphs
+    from hexstudio.workers.export.segments import Dims
+    from hexstudio.workers.quant.partwise import ort_providers
+
+    t0 = time.monotonic()
+    try:
+        cfg = AutoConfig.from_pretrained(str(hf_dir))
+    except (OSError, ValueError) as exc:
+        raise WorkerError(
+            "model_load_failed",
+            f"Could not read the model configuration in {hf_dir}: {exc}",
+            "Check the model folder (model stage) and its config.json.",
+        ) from None
+    from hexstudio.workers.shared.rope import RopeError, genie_positional_encoding, genie_rope_tables
+
+    try:
+        # the rope Genie will compute from genie_config.json: calibration and validation feed the same tables
+        pe = genie_positional_encoding(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")), cl)
+    except RopeError as exc:
+        raise WorkerError(
+            "rope_not_expressible", str(exc), "Choose another model or context length."
+        ) from None
+    shape = Dims.of(cfg)
+    kvh, hd = shape.kv_heads, shape.head_dim
+    dims = {"context_length": cl, "num_kv_heads": kvh, "head_dim": hd}
+    bos = getattr(cfg, "bos_token_id", None)
+
+    def exported(entries: list[dict[str, Any]], weights: list[str]) -> None:
+        em.log(f"exported part {entries[0]['part']} of {parts} ({', '.join(g['name'] for g in entries)})")
+
+    try:
+        graphs = export_deployment_graphs(
+            hf_dir,
+            out / "float",
+            context_length=cl,
+            ar_n=ar_n,
+            parts=parts,
+            after_part=exported,
+            extra_context_lengths=tuple(more_cls),
+        )
+    except (OSError, ValueError) as exc:
+        raise WorkerError(
+            "model_load_failed",
+            f"Could not load the model from {hf_dir}: {exc}",
+            "Check the model folder (model stage) and its safetensors files.",
+        ) from None
+    gc.collect()
+    em.metric("export_seconds", round(time.monotonic() - t0, 2), "s")
+    em.log(
+        f"exported {len(graphs)} float graphs ({parts} parts, context {cl}"
+        + (f" and {', '.join(map(str, more_cls))}" if more_cls else "")
+        + f", AR-{ar_n} and AR-1)"
+    )
+    providers = ort_providers(em.log)
+
+    # 2. calibration data
+    windows = token_windows(hf_dir, text, samples, seq_len, bos_id=int(bos) if isinstance(bos, int) else None)
+    blocks = blocks_from_windows(windows, ar_n)
+
+    # 3. sequential part-wise QuantSim
+    from hexstudio.workers.quant.partwise import quantize_partwise, quantsim_kind, shared_weight_check
+
+    # the main context length's prompt processors are calibrated; their token generators and every other context
+    # length's graphs take their part's encodings (identical tensor names: Genie requires identical encodings)
+    calibrated = [g["name"] for g in graphs if g["kind"] == "prompt_processor" and "variant_of" not in g]
+    done_graphs: list[str] = []
+
+    def progress(name: str, i: int, n: int) -> None:
+        if name not in calibrated:
+            em.progress(
+                0.1 + 0.88 * len(done_graphs) / len(calibrated),
+                f"{name}: encodings of its part written",
+                graph=name,
+            )
+            return
+        if i == n:
+            done_graphs.append(name)
+        frac = 0.1 + 0.88 * (len(done_graphs) + (i / n if i < n else 0)) / len(calibrated)
+        if i == n:
+            msg = f"{name}: calibrated"
+        elif (
+            n % samples == 0 and n > samples
+        ):  # partwise: every unit (embedding, layers, head) sees every sample
+            msg = (
+                f"{name}: calibration step {i + 1}/{n} (sample {i % samples + 1} of {samples} through unit "
+                f"{i // samples + 1} of {n // samples})"
+            )
+        else:
+            msg = f"{name}: calibration sample {i + 1}/{n}"
+        em.progress(frac, msg, graph=name, sample=i, samples=n)
+
+    t1 = time.monotonic()
+    quantize_partwise(
+        graphs,
+        out,
+        blocks,
+        settings,
+        dims,
+        progress,
+        em.log,
+        rope=genie_rope_tables(pe, cl),
+        threads=threads,
+        providers=providers,
+        per_layer=unit == "layer",
+    )
+    em.metric("calibration_seconds", round(time.monotonic() - t1, 2), "s")
+    variants = [g for g in graphs if "variant_of" in g]  # other context lengths: quantize.json "variants"
+    graphs = [g for g in graphs if "variant_of" not in g]
+    sharing = shared_weight_check(graphs, out)
+    mismatched = sum(v["different"] for v in sharing.values())
+    if mismatched:
+        raise WorkerError(
+            "weight_sharing_broken",
+            f"{mismatched} weight encodings differ between the prompt "
+            "processor and token generator of a part.",
+            "This is a bug: report it with the run folder.",
+        )
+
+    lpbq = sum(g["stats"]["int4_lpbq_weight_encodings"] for g in graphs if g["kind"] == "prompt_processor")
+    em.metric("int4_lpbq_weight_encodings", lpbq)
+    em.metric(
+        "lpbq_weight_encodings",
+        sum(g["stats"]["lpbq_weight_encodings"] for g in graphs if g["kind"] == "prompt_processor"),
+    )
+    em.metric("activation_encodings", sum(g["stats"]["activation_encodings"] for g in graphs))
+    em.metric("shared_weight_encodings", sum(v["shared"] for v in sharing.values()))
+    em.metric("graphs", len(graphs))
+    storage = storage_report(out, graphs + variants)
+    em.metric("aihub_upload_bytes", storage["aihub_upload_bytes"], "B")
+    em.metric("quantize_disk_bytes", storage["disk_bytes"], "B")
+    em.log(
+        f"storage: {storage['disk_bytes'] / 2**30:.2f} GiB on disk (hard links counted once); AI Hub upload "
+        f"{storage['aihub_upload_bytes'] / 2**30:.2f} GiB ({len(graphs)} graphs, each with its part's weights)"
+    )
+    wb = int(settings.get("weight_bits", DEFAULTS.weight_bits))
+    doc = {
+        "context_length": cl,
+        "ar_n": ar_n,
+        "parts": parts,
+        "num_layers": int(cfg.num_hidden_layers),
+        "hidden_size": int(cfg.hidden_size),
+        "num_kv_heads": kvh,
+        "head_dim": hd,
+        "vocab_size": int(cfg.vocab_size),
+        "precision": {
+            "weights": f"int{wb} LPBQ block 64",
+            "activations": f"int{int(settings.get('activation_bits', DEFAULTS.activation_bits))}",
+            "kv_cache": f"int{int(settings.get('kv_bits', DEFAULTS.kv_bits))}",
+            "lm_head": "int8",
+            "embeddings": "int8 per-channel",
+        },
+        "calibration": {
+            "text": str(text),
+            "samples": samples,
+            "seq_len": seq_len,
+            "blocks": len(blocks),
+            "unit": unit,
+            "quantsim_config": quantsim_kind(settings),
+            "method": "sequential part-wise, one calibration unit ("
+            + ("decoder layer" if unit == "layer" else "part")
+            + ") at a time on the prompt processor; each unit calibrated on the "
+            "quantized outputs of the one before; one encodings file per part, used by its "
+            "prompt processor and token generator (qai-hub-models' scheme); shared I/O "
+            "tensors tied (KV in = out, 8-bit symmetric; mask, cos/sin, part boundaries one "
+            "encoding everywhere)",
+        },
+        "weight_sharing": sharing,
+        "storage": storage,
+        "positional_encoding": pe,
+        "encodings_version": "1.0.0",
+        "tool": {"aimet_onnx": _version("aimet_onnx"), "onnxruntime": _version("onnxruntime")},
+        "graphs": graphs,
+        "context_lengths": [cl, *more_cls] if more_cls else [cl],
+        "variants": variants,
+    }
+    tmp = out / "quantize.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    tmp.replace(out / "quantize.json")
+    em.artifact("quantize.json", kind="json", role="quantize")
+    em.metric("quantize_seconds", round(time.monotonic() - t_start, 2), "s")
+    em.progress(1.0, f"{len(graphs)} graphs quantized")
+    return {"graphs": len(graphs), "parts": parts, "int4_lpbq_weight_encodings": lpbq}
+
+
+def disk_bytes(root: Any) -> int:
+    """Bytes the files under `root` take, each hard-linked file once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            st = os.lstat(os.path.join(dirpath, f))
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
+def storage_report(out: Any, graphs: list[dict[str, Any]]) -> dict[str, int]:
+    """The stage folder's disk use and what the AI Hub compile uploads: per graph its `parts/<graph>/`
+    folder (model.onnx, model.data, model.encodings). An upload is one model, so each carries its part's
+    weights: the prompt processor and token generator of a part upload the same weights twice (AI Hub
+    links them into one context binary with shared weights afterwards)."""
+    upload = 0
+    for g in graphs:
+        gdir = (out / g["onnx"]).parent
+        upload += sum(f.stat().st_size for f in gdir.iterdir() if f.is_file())
+    return {"disk_bytes": disk_bytes(out), "aihub_upload_bytes": upload}
+
+
+def _version(mod: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(mod.replace("_", "-"))
+    except Exception:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker_main("quantize", run))

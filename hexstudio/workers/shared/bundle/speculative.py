@@ -1,0 +1,233 @@
+"""Genie's speculative dialogs for a bundle: `lade` (lookahead decoding) and `spd` (a draft model), each written as
+its own config file beside the basic genie_config.json (`genie_config.lade.json`, `genie_config.spd.json`), so one
+pushed bundle serves every dialog and the basic one stays the reference the others are checked against.
+
+What Genie 1.21 accepts and does (docs/genie.md, "Speculative dialogs", cites Qualcomm's sources):
+- lade: `dialog.lade {version 1, update-mode, window, ngram, gcap}`, one engine. Each step runs
+  (window + gcap) x (ngram - 1) tokens at once on the smallest AR variant that holds them (the prompt
+  processor, AR-N), with every position's logits. Genie seeds the lookahead levels with token ids 1000 + i: an
+  embedding of fewer rows would fail in the gather (`bad input in InputGather2DDMA; weight sel = 1000`), so the
+  local compile clamps the ids of such a table (hexstudio.workers.qnn.htp_graph, note 2).
+- spd: `dialog.spd {version 1, draft-len}` and `dialog.engine` an array of two engines with roles "draft" and
+  "target", one context and tokenizer for both (the same vocabulary). Per step the draft generates draft-len
+  tokens (AR-1) and the target verifies draft-len + 1 at once. Genie's sampler asserts temp > 0 for spd (a
+  process abort, not a status); greedy decoding is "greedy": true with any temp > 0.
+- ssd-q1 needs artifacts only Qualcomm's SSD training makes (forecast-token embeddings past the vocabulary and
+  a learned prefix KV cache): refused with that reason.
+- Genie reports the acceptance as the query event `token-acceptance-rate` (toks/iteration) in GenieProfile's JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hexstudio.workers.shared.errors import ActionableError
+
+DIALOG_TYPES = ("basic", "lade", "spd")
+REFUSED = {
+    "ssd-q1": "ssd-q1 needs forecast-token embeddings and a prefix KV cache that only Qualcomm's SSD "
+    "training produces; HexStudio cannot make them for your checkpoint. Use lade or spd.",
+    "eaglet": "eaglet needs a trained Eagle draft head; HexStudio cannot make one. Use lade or spd.",
+}
+LADE_SEED_BASE = 1000  # lhd-dec seeds lookahead level i with token id 1000 + i
+
+
+@dataclass(frozen=True)
+class Lade:
+    """dialog.lade. Defaults as Qualcomm's Llama 2 lade example, with ngram 4 so a step (48 tokens) fits AR-64+."""
+
+    window: int = 8
+    ngram: int = 4
+    gcap: int = 8
+    update_mode: str = "ALWAYS_FWD_ONE"  # FWD_MAX_HIT | FWD_LEVEL | ALWAYS_FWD_ONE
+
+    @property
+    def step_tokens(self) -> int:
+        return (self.window + self.gcap) * (self.ngram - 1)
+
+    def block(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "update-mode": self.update_mode,
+            "window": self.window,
+            "ngram": self.ngram,
+            "gcap": self.gcap,
+        }
+
+
+@dataclass(frozen=True)
+class Spd:
+    """dialog.spd. draft: "self" (the model drafts for itself: checks the dialog end to end, no speed-up), or the
+    folder of another model's compiled bundle with the same tokenizer (e.g. builtin:tiny-llama-draft's)."""
+
+    draft_len: int = 3
+    draft: str = "self"
+
+    def block(self) -> dict[str, Any]:
+        return {"version": 1, "draft-len": self.draft_len}
+
+
+DRAFT_DIR = "draft"  # a draft model's context binaries inside the target's bundle
+
+
+def draft_engine(
+    draft_bundle: Path, target_tokenizer: bytes, n_vocab: int
+) -> tuple[dict[str, Any], list[Path]]:
+    """The engine of a draft model's compiled bundle, its ctx-bins moved under draft/, and the binaries to copy.
+    Raises SpeculativeError when it cannot draft for this target: not a compiled bundle of real context binaries,
+    another tokenizer or vocabulary (Genie's spd compares the two models' logits token id by token id)."""
+    try:
+        cfg = json.loads((draft_bundle / "genie_config.json").read_text(encoding="utf-8"))
+        manifest = json.loads((draft_bundle / "bundle.json").read_text(encoding="utf-8"))
+        tok = (draft_bundle / "tokenizer.json").read_bytes()
+    except (OSError, ValueError) as exc:
+        raise SpeculativeError(
+            f"The draft bundle {draft_bundle} cannot be read ({exc}): give the folder of a "
+            "compiled bundle (a run's artifacts/compile/bundle)."
+        ) from None
+    if manifest.get("binaries") != "qnn" or manifest.get("simulated"):
+        raise SpeculativeError(
+            f"The draft bundle {draft_bundle} holds no real context binaries (compiled with the "
+            "twin): compile the draft with compile_target local or aihub."
+        )
+    d = cfg.get("dialog") or {}
+    if tok != target_tokenizer or int((d.get("context") or {}).get("n-vocab", -1)) != n_vocab:
+        raise SpeculativeError(
+            f"The draft bundle {draft_bundle} has another tokenizer than this model: Genie's spd "
+            "compares both models' logits token by token, so the draft must share the tokenizer."
+        )
+    eng = copy.deepcopy(target_engine(d))
+    bins = [draft_bundle / b for b in ctx_bins(d)]
+    eng.setdefault("model", {}).setdefault("binary", {})["ctx-bins"] = [f"{DRAFT_DIR}/{b.name}" for b in bins]
+    eng.pop("role", None)
+    return eng, bins
+
+
+class SpeculativeError(ActionableError, ValueError):
+    """A dialog type this bundle cannot have; the message says why and what to do instead."""
+
+
+def config_name(dialog_type: str) -> str:
+    return "genie_config.json" if dialog_type == "basic" else f"genie_config.{dialog_type}.json"
+
+
+def engines(dialog: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every engine of a dialog config (one object, or spd's array of draft and target)."""
+    eng = dialog.get("engine")
+    if isinstance(eng, list):
+        return [e for e in eng if isinstance(e, dict)]
+    return [eng] if isinstance(eng, dict) else []
+
+
+def target_engine(dialog: dict[str, Any]) -> dict[str, Any]:
+    """The engine whose logits the dialog emits: the only one, or spd's "target"."""
+    all_ = engines(dialog)
+    return next((e for e in all_ if e.get("role") == "target"), all_[0] if all_ else {})
+
+
+def ctx_bins(dialog: dict[str, Any]) -> list[str]:
+    """Every context binary a dialog config names, each once, in order."""
+    out: list[str] = []
+    for e in engines(dialog):
+        for b in ((e.get("model") or {}).get("binary") or {}).get("ctx-bins") or []:
+            if isinstance(b, str) and b not in out:
+                out.append(b)
+    return out
+
+
+def lade_problem(ar_sizes: list[int], lade: Lade, n_vocab: int | None = None) -> str | None:
+    """Why this lade block cannot run on these graphs, else None. `n_vocab`: given where the graphs are compiled as
+    exported (AI Hub), whose embedding gather then refuses Genie's seed ids past the vocabulary; the local compile
+    clamps them (hexstudio.workers.qnn.htp_graph) and passes None."""
+    if n_vocab is not None and n_vocab <= LADE_SEED_BASE + lade.window:
+        return (
+            f"lade seeds its lookahead with token ids {LADE_SEED_BASE}+ and this model's vocabulary has {n_vocab} "
+            "tokens: AI Hub compiles the embedding as exported and the HTP would refuse those ids. Compile locally "
+            "(compile_target local clamps the ids of so small a table), or use spd."
+        )
+    if lade.ngram < 2 or lade.window < 1 or lade.gcap < 0:
+        return "lade needs ngram >= 2, window >= 1 and gcap >= 0."
+    if ar_sizes and lade.step_tokens > max(ar_sizes):
+        return (
+            f"A lade step runs (window + gcap) x (ngram - 1) = {lade.step_tokens} tokens, more than the largest "
+            f"graph (AR-{max(ar_sizes)}): Genie would split every step. Lower window, gcap or ngram, or "
+            "raise ar_n."
+        )
+    return None
+
+
+def spd_problem(spd: Spd, target_vocab: int, draft_vocab: int, ar_sizes: list[int]) -> str | None:
+    if spd.draft_len < 1:
+        return "spd needs draft-len >= 1."
+    if target_vocab != draft_vocab:
+        return (
+            f"The draft's vocabulary ({draft_vocab}) differs from the target's ({target_vocab}): Genie's spd "
+            "compares both models' logits token by token, so they need the same tokenizer."
+        )
+    if ar_sizes and spd.draft_len + 1 > max(ar_sizes):
+        return f"draft-len {spd.draft_len} + 1 exceeds the largest graph (AR-{max(ar_sizes)})."
+    return None
+
+
+def spd_sampler(sampler: dict[str, Any]) -> dict[str, Any]:
+    """Genie asserts temp > 0 in spd's draft sampler: a greedy sampler (temp 0) becomes greedy: true, temp 1."""
+    out = dict(sampler)
+    if float(out.get("temp", 0.0) or 0.0) <= 0.0:
+        out["temp"] = 1.0
+        out["greedy"] = True
+    return out
+
+
+def dialog_config(
+    basic: dict[str, Any],
+    dialog_type: str,
+    *,
+    lade: Lade | None = None,
+    spd: Spd | None = None,
+    draft_engine: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The `dialog_type` config derived from the basic one (which is not changed). spd's draft engine defaults to
+    a copy of the target's (the model drafting for itself)."""
+    if dialog_type in REFUSED:
+        raise SpeculativeError(REFUSED[dialog_type])
+    if dialog_type not in DIALOG_TYPES:
+        raise SpeculativeError(f"Unknown dialog type '{dialog_type}'. Use one of: {', '.join(DIALOG_TYPES)}.")
+    cfg = copy.deepcopy(basic)
+    d = cfg["dialog"]
+    if dialog_type == "basic":
+        return cfg
+    d["type"] = dialog_type
+    if dialog_type == "lade":
+        d["lade"] = (lade or Lade()).block()
+        return cfg
+    target = copy.deepcopy(d["engine"])
+    draft = copy.deepcopy(draft_engine if draft_engine is not None else target)
+    target["role"], draft["role"] = "target", "draft"
+    d["engine"] = [draft, target]
+    d["spd"] = (spd or Spd()).block()
+    d["sampler"] = {**d.get("sampler", {}), **_genie_keys(spd_sampler(_our_keys(d.get("sampler", {}))))}
+    return cfg
+
+
+def _our_keys(s: dict[str, Any]) -> dict[str, Any]:
+    return {k.replace("-", "_"): v for k, v in s.items()}
+
+
+def _genie_keys(s: dict[str, Any]) -> dict[str, Any]:
+    return {k.replace("_", "-"): v for k, v in s.items()}
+
+
+def acceptance(profile: Any) -> float | None:
+    """Genie's token-acceptance-rate (tokens per step) from a GenieProfile JSON document, when it has one."""
+    if not isinstance(profile, dict):
+        return None
+    for comp in profile.get("components") or []:
+        for ev in (comp.get("events") or []) if isinstance(comp, dict) else []:
+            rate = ev.get("token-acceptance-rate") if isinstance(ev, dict) else None
+            if isinstance(rate, dict) and isinstance(rate.get("value"), (int, float)):
+                return float(rate["value"])
+    return None

@@ -1,0 +1,80 @@
+"""The one error base of HexStudio: a failure a person can act on.
+
+Every layer's error class derives from `ActionableError` (the workers', the core's, the CLI's, the GUI's):
+    code     a short string a program can branch on ("spec_invalid", "board_unreachable", ...)
+    message  what happened, one or two sentences
+    hint     what to do about it, or None
+The same three fields, under the same names, are what a worker's `error` event carries (hexstudio/workers/shared/protocol.py)
+and what `hexstudio ... --json` prints under "error" when a command fails: `error_fields()` builds both.
+
+Stdlib only and no other workers import: this file is copied to remote worker hosts and imported by the
+studio's GUI process, which must stay light.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+ERROR_KEYS = ("code", "message", "hint")  # the error's shape, everywhere; hint may be absent
+
+
+def error_fields(code: str, message: str, hint: str | None = None) -> dict[str, str]:
+    """The one error shape: {"code", "message"[, "hint"]} (an absent hint is left out, as the protocol does)."""
+    out = {"code": str(code), "message": str(message)}
+    if hint:
+        out["hint"] = str(hint)
+    return out
+
+
+class ActionableError(Exception):
+    """A failure a person can act on: `code`, `message` and `hint` (what to do).
+
+    A subclass's `code` is its name in snake case (BoardError: "board_error", RunNotFound: "run_not_found")
+    unless it sets its own; an instance may carry another (`code=`, as WorkerError does). Subclasses keep
+    whatever constructor their callers use and pass `message`, `hint` (and `code=`) up here.
+    `str(exc)` is the message."""
+
+    code: str = "error"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" not in cls.__dict__:
+            cls.code = snake_case(cls.__name__)
+
+    def __init__(self, message: str = "", hint: str | None = None, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if code is not None:
+            self.code = code
+
+    def fields(self) -> dict[str, str]:
+        """This error in the one shape (error_fields)."""
+        return error_fields(self.code, self.message, self.hint)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # subclasses have their own constructors: rebuild from the fields (a process pool sends errors back)
+        return (_rebuild, (type(self), self.message, self.hint, self.code, dict(self.__dict__)))
+
+
+def snake_case(name: str) -> str:
+    """ "BoardError" -> "board_error", "RuntimeError_" -> "runtime_error", "_NeedPassphrase" -> "need_passphrase"."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name.strip("_")).lower()
+
+
+def _rebuild(
+    cls: type[ActionableError], message: str, hint: str | None, code: str, state: dict[str, Any]
+) -> ActionableError:
+    exc = cls.__new__(cls)
+    ActionableError.__init__(exc, message, hint, code=code)
+    exc.__dict__.update(state)
+    return exc
+
+
+def fields_of(exc: BaseException, code: str = "internal_error") -> dict[str, str]:
+    """Any exception in the one error shape: an ActionableError's own fields; anything else (a bug) as
+    `code` with its type and text."""
+    if isinstance(exc, ActionableError):
+        return exc.fields()
+    return error_fields(code, f"{type(exc).__name__}: {exc}")
