@@ -28,7 +28,11 @@ find_python310() {
 
 stamp="$venv/.hexstudio-validated.stamp"
 want=$(cat "$recipe" "$0" | sha256sum | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
+# up to date: the same recipe and script, and the editable install still finds the package from outside the
+# checkout (-I: not through the working directory; a layout change such as issue 30's move of app/ and workers/
+# into hexstudio/ leaves a stale mapping behind)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ] \
+    && "$venv/bin/python" -I -c 'import hexstudio.workers.shared' >/dev/null 2>&1; then
     echo "==> validated-recipe environment up to date in $venv"
     exit 0
 fi

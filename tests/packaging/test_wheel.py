@@ -8,7 +8,8 @@ outside the checkout.
 
 The heavy packages (torch, aimet-onnx, onnxruntime, transformers, Qt, ...) are lent from the test
 environment through a .pth file written AFTER the wheel is installed, so pip never sees the checkout's
-editable install; the `hexstudio` the new venv imports is the wheel's (asserted).
+editable install; the `hexstudio` the new venv imports is the wheel's (asserted), and it is the wheel's one
+top-level package (issue 30).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,16 @@ def _build_wheel(tmp: Path) -> Path:
     return wheel
 
 
+def _top_level(wheel: Path) -> tuple[set[str], set[str]]:
+    """(top_level.txt's names, the first path part of every file RECORD lists outside the .dist-info)."""
+    with zipfile.ZipFile(wheel) as z:
+        info = next(n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/RECORD"))
+        top = set(z.read(f"{info}/top_level.txt").decode().split())
+        record = z.read(f"{info}/RECORD").decode().splitlines()
+    roots = {row.split(",")[0].split("/")[0] for row in record if row}
+    return top, roots - {info}
+
+
 def _env(tmp: Path, venv_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(
@@ -97,6 +109,10 @@ def _env(tmp: Path, venv_dir: Path) -> dict[str, str]:
 @pytest.mark.slow
 def test_wheel_installed_not_editable_runs_the_flow(tmp_path: Path) -> None:
     wheel = _build_wheel(tmp_path)
+    # issue 30: one import package into site-packages, `hexstudio` (no generic `app` or `workers`)
+    top, roots = _top_level(wheel)
+    assert top == {"hexstudio"}, top
+    assert roots == {"hexstudio"}, roots
     venv_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(venv_dir)
     py = venv_dir / "bin" / "python"
