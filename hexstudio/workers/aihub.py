@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.workers import bundle_metadata as gm
+from hexstudio.workers.aihub_uplink import UplinkRate, read_rate, record_rate
 from hexstudio.workers.aihub_upload import UploadError, UploadStats, plan_bytes, write_upload_dir
 from hexstudio.workers.genie_config import check_speculative, checked_genie_config, write_dialog_configs
 from hexstudio.workers.runtime import WorkerError, WorkerSpec
@@ -536,11 +537,14 @@ def stage_aimet_dir(g: dict[str, Any], qdir: Path, dest: Path, base: str) -> tup
 DEFAULT_LINK_MBPS = 100.0  # assumed upload link speed when setting aihub_link_mbps is unset
 
 
-def link_speed(settings: dict[str, Any]) -> tuple[float, str]:
-    """(Mbit/s, where it comes from): setting aihub_link_mbps, else an assumed 100 Mbit/s."""
+def link_speed(settings: dict[str, Any], measured: UplinkRate | None = None) -> tuple[float, str]:
+    """(Mbit/s, where it comes from): setting aihub_link_mbps, else what the last upload to this AI Hub measured
+    (workers/aihub_uplink.py), else an assumed 100 Mbit/s."""
     v = settings.get("aihub_link_mbps")
     if v:
         return float(v), "setting aihub_link_mbps"
+    if measured is not None:
+        return measured.mbps, measured.source()
     return DEFAULT_LINK_MBPS, "assumed; set aihub_link_mbps to your uplink"
 
 
@@ -634,7 +638,8 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
 
         # the upload's size and ETA first, before anything is sent (the CLI prints a stage's first progress line)
         plan = upload_plan(pairs, qdir, set())
-        mbps, speed_from = link_speed(s)
+        workspace = spec.run_dir.parent.parent
+        mbps, speed_from = link_speed(s, read_rate(workspace, ccfg.api_url))
         left = float(sum(plan.values()))
         em.metric("upload_planned_bytes", int(left), "B")
         em.progress(
@@ -707,6 +712,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                     shutil.rmtree(src, ignore_errors=True)
                 sent += ustats.bytes
                 sent_s += time.monotonic() - t_up
+                record_rate(workspace, ccfg.api_url, sent, sent_s)  # the next compile's ETA
                 left = max(0.0, left - plan.get(g["name"], ustats.bytes))
                 rate = sent * 8 / max(sent_s, 1e-3) / 1e6
                 em.log(

@@ -192,9 +192,23 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
     assert "100 Mbit/s (assumed; set aihub_link_mbps" in first["message"]
     assert emu.token not in (m.run_dir / "run.json").read_text()
 
+    # the uplink the uploads measured is kept per AI Hub address for the next compile's ETA
+    uplinks = json.loads((tmp_path / "ws" / "aihub-uplink.json").read_text())["uplinks"]
+    assert list(uplinks) == [emu.api_url], uplinks
+    assert (
+        uplinks[emu.api_url]["bytes"] == metrics["upload_sent_bytes"]["value"]
+        and uplinks[emu.api_url]["mbps"] > 0
+    )
+
     # forcing the stage again with the same inputs reuses the finished jobs: nothing is submitted
     res = asyncio.run(Pipeline(m2).run(only="compile", force=True))
     assert res.ok and emu.submissions == {"compile": 4, "link": 2} and emu.uploads == 4
+    again = [
+        json.loads(ln)
+        for ln in (m.run_dir / "logs" / "compile.jsonl").read_text().splitlines()
+        if '"progress"' in ln and "AI Hub upload: " in ln
+    ][-1]
+    assert f"Mbit/s (measured {uplinks[emu.api_url]['measured_at'][:10]} over " in again["message"], again
 
 
 def test_a_restart_while_waiting_resumes_by_job_id(

@@ -219,3 +219,29 @@ def test_eta_and_link_speed_say_where_the_speed_comes_from() -> None:
     assert link_speed({}) == (100.0, "assumed; set aihub_link_mbps to your uplink")
     assert link_speed({"aihub_link_mbps": 40}) == (40.0, "setting aihub_link_mbps")
     assert eta_text(25e9, 100) == "33 min" and eta_text(1e6, 100) == "0 s" and eta_text(66e9, 50) == "2.9 h"
+
+
+def test_the_uplink_an_upload_measured_is_the_next_etas_speed(tmp_path: Path) -> None:
+    from hexstudio.workers.aihub import link_speed
+    from hexstudio.workers.aihub_uplink import FILE, MIN_BYTES, read_rate, record_rate
+
+    hub, emulator = "https://app.aihub.qualcomm.com", "http://127.0.0.1:5123"
+    assert read_rate(tmp_path, hub) is None
+    assert (
+        record_rate(tmp_path, hub, MIN_BYTES - 1, 0.5) is None and not (tmp_path / FILE).exists()
+    )  # too small
+    rate = record_rate(tmp_path, hub, 250e6, 40.0)
+    assert rate is not None and rate.mbps == 50.0 and read_rate(tmp_path, hub) == rate
+    assert read_rate(tmp_path, emulator) is None  # the emulator never stands in for Qualcomm's service
+    record_rate(tmp_path, emulator, 10e6, 0.1)
+    assert read_rate(tmp_path, hub) == rate and read_rate(tmp_path, emulator).mbps == 800.0  # type: ignore[union-attr]
+    mbps, source = link_speed({}, rate)
+    assert mbps == 50.0 and source.startswith(f"measured {rate.measured_at[:10]} over 0.25 GB")
+    assert link_speed({"aihub_link_mbps": 40}, rate) == (
+        40.0,
+        "setting aihub_link_mbps",
+    )  # the user's word wins
+    (tmp_path / FILE).write_text("{not json")
+    assert read_rate(tmp_path, hub) is None  # a damaged file: the ETA assumes, the compile goes on
+    assert record_rate(tmp_path, hub, 250e6, 40.0) == read_rate(tmp_path, hub)
+    assert [p.name for p in tmp_path.iterdir()] == [FILE]  # no temporary left behind

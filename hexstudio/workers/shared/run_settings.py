@@ -481,7 +481,8 @@ class RunSettings:
         range=(0.01, 1e6),
         advanced=True,
         help="Your uplink to Qualcomm AI Hub, for the upload size and ETA the Compile stage shows before it uploads "
-        "(unset: 100 Mbit/s assumed; after each upload the stage reports the rate it measured).",
+        "(unset: the rate the last upload to the same AI Hub measured, kept in <workspace>/aihub-uplink.json; "
+        "100 Mbit/s assumed before any upload).",
     )
     aihub_api_url: str | None = setting(
         None,
