@@ -113,6 +113,7 @@ HASHED_WHEN_SET = frozenset(
         "lade_ngram",
         "lade_gcap",
         "quantsim_config",
+        "ar_sizes",
     }
 )
 

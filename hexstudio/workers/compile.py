@@ -76,8 +76,8 @@ def write_sim_bundle(
     (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=4))
     if q.get("variants"):
         em.warning(
-            f"The onnxruntime twin runs one context length ({q['context_length']}), so the graphs for "
-            f"{', '.join(str(c) for c in q.get('context_lengths') or [] if c != q['context_length'])} are "
+            f"The onnxruntime twin runs one context length ({q['context_length']}) and one AR ({q['ar_n']}), "
+            f"so the other variants ({', '.join(str(v['name']) for v in q['variants'])}) are "
             "not in this stand-in bundle.",
             hint="Compile with compile_target local (onnxruntime-qnn) or "
             "aihub: real Genie switches between them.",
@@ -161,10 +161,10 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             raise WorkerError(
                 "aihub_not_supported",
                 "HexStudio's AI Hub compile does not build several context "
-                "lengths yet; nothing was uploaded.",
+                "lengths or AR sizes yet; nothing was uploaded.",
                 "Compile locally (compile_target local: QNN 2.51 "
-                "writes shared-weight context binaries for the board, with every context length), or "
-                "clear context_lengths for AI Hub.",
+                "writes shared-weight context binaries for the board, with every context length and AR), or "
+                "clear context_lengths and ar_sizes for AI Hub.",
             )
         doc = aihub.compile_bundle(spec, model_doc, qdir, em)
     else:

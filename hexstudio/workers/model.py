@@ -361,16 +361,19 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         em.log(f"parts: {parts} as set (the plan above would pick {plan['parts']})")
     if not 1 <= parts <= info["num_layers"]:
         raise WorkerError("bad_parts", f"parts must be between 1 and the layer count ({info['num_layers']}).")
-    from hexstudio.workers.shared.run_settings import extra_context_lengths
+    from hexstudio.workers.shared.run_settings import extra_ar_sizes, extra_context_lengths
 
     try:
-        variants = 1 + len(
-            extra_context_lengths(spec.settings.get("context_lengths", ""), context_length, ar_n)
-        )
+        more_cls = extra_context_lengths(spec.settings.get("context_lengths", ""), context_length, ar_n)
+        variants = 1 + len(more_cls)
     except ValueError as exc:
         raise WorkerError(
             "bad_context_lengths", str(exc), "Fix context_lengths (or leave it empty)."
         ) from None
+    try:  # checked here, before an hour of quantizing
+        more_ars = extra_ar_sizes(spec.settings.get("ar_sizes", ""), ar_n, [context_length, *more_cls])
+    except ValueError as exc:
+        raise WorkerError("bad_ar_sizes", str(exc), "Fix ar_sizes (or leave it empty).") from None
     est = modelinfo.estimate(
         info,
         context_length,
@@ -379,6 +382,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         r["calibration_samples"],
         r["calibration_seq_len"],
         context_variants=variants,
+        ar_variants=len(more_ars),
     )
     # a copy inside this stage's folder is recorded relative to model.json (the folder is renamed when
     # the stage completes); a download or a local folder by its absolute path

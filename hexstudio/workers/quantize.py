@@ -110,7 +110,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             f"calibration_samples {samples} / calibration_seq_len {seq_len} are out of range (1.., 2..{cl}).",
             "Use e.g. 8 samples of 128 tokens.",
         )
-    from hexstudio.workers.shared.run_settings import extra_context_lengths, genie_cl_problem
+    from hexstudio.workers.shared.run_settings import extra_ar_sizes, extra_context_lengths, genie_cl_problem
 
     if (why := genie_cl_problem(cl, ar_n)) is not None:
         raise WorkerError(
@@ -126,6 +126,12 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             "bad_context_lengths",
             str(exc),
             "Fix context_lengths (or leave it empty), then run the Quantize stage again.",
+        ) from None
+    try:
+        more_ars = extra_ar_sizes(settings.get("ar_sizes", ""), ar_n, [cl, *more_cls])
+    except ValueError as exc:
+        raise WorkerError(
+            "bad_ar_sizes", str(exc), "Fix ar_sizes (or leave it empty), then run the Quantize stage again."
         ) from None
     unit = str(settings.get("calibration_unit", DEFAULTS.calibration_unit))
     if unit not in ("layer", "part"):
@@ -181,6 +187,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             parts=parts,
             after_part=exported,
             extra_context_lengths=tuple(more_cls),
+            extra_ar_sizes=tuple(more_ars),
         )
     except (OSError, ValueError) as exc:
         raise WorkerError(

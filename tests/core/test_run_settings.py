@@ -48,13 +48,22 @@ OLD_DEFAULTS: dict[str, Any] = {
 }
 # Each stage's inputs before the registry: the same names keep every completed stage's input hash.
 OLD_INPUTS: dict[str, set[str]] = {
-    "model": {"model", "revision", "context_length", "ar_n", "parts", "context_lengths"},  # added since
+    "model": {
+        "model",
+        "revision",
+        "context_length",
+        "ar_n",
+        "parts",
+        "context_lengths",
+        "ar_sizes",
+    },  # added since
     "preflight": {
         "context_length",
         "calibration_samples",
         "calibration_seq_len",
         "workspace",
         "context_lengths",
+        "ar_sizes",
     },
     "quantize": {
         "context_length",
@@ -70,6 +79,7 @@ OLD_INPUTS: dict[str, set[str]] = {
         "device",
         "context_lengths",
         "quantsim_config",
+        "ar_sizes",
     },  # added since: HASHED_WHEN_SET
     "validate": {"validation_text", "thresholds"},
     "compile": {

@@ -16,7 +16,8 @@ import pytest
 from tests.qnn.conftest import needs_qnn
 
 # AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: hexstudio.workers.shared.run_settings.genie_cl_problem);
-# with a lade dialog whose step (2 + 4) x 1 = 6 tokens fits AR-32, and spd (the model drafting for itself)
+# with a lade dialog whose step (2 + 4) x 1 = 6 tokens fits AR-32, and spd (the model drafting for itself) whose
+# draft_len + 1 = 4 verification tokens run on the AR-4 graphs `ar_sizes` adds at both CLs
 SETTINGS = {
     "calibration_samples": 2,
     "calibration_seq_len": 64,
@@ -30,6 +31,7 @@ SETTINGS = {
     "lade_ngram": 2,
     "lade_gcap": 4,
     "spd_draft_len": 3,
+    "ar_sizes": "4",
 }
 
 
@@ -90,6 +92,10 @@ def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_
     assert sorted(g["name"] for g in q["variants"]) == [
         "prompt_ar32_cl128_1_of_2",
         "prompt_ar32_cl128_2_of_2",
+        "prompt_ar4_cl128_1_of_2",
+        "prompt_ar4_cl128_2_of_2",
+        "prompt_ar4_cl256_1_of_2",
+        "prompt_ar4_cl256_2_of_2",
         "token_ar1_cl128_1_of_2",
         "token_ar1_cl128_2_of_2",
     ]
@@ -102,8 +108,8 @@ def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_
     remote = Path(json.loads((art / "board" / "board.json").read_text())["remote_bundle"])
     cfg = json.loads((remote / "genie_config.json").read_text())
     bins = cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
-    assert cfg["dialog"]["context"]["size"] == 256 and len(bins) == 8
-    assert sum("_cl128_" in b for b in bins) == 4
+    assert cfg["dialog"]["context"]["size"] == 256 and len(bins) == 12
+    assert sum("_cl128_" in b for b in bins) == 6 and sum("_ar4_" in b for b in bins) == 4
     assert json.loads((remote / "bundle.json").read_text())["context_lengths"] == [256, 128]
     # the reference: the same bundle with the CL-256 graphs only
     one = json.loads(json.dumps(cfg))
@@ -123,7 +129,7 @@ def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_
     finally:
         (remote / "genie_config.one-cl.json").unlink()
     loaded = next(line for line in log if "Graphs loaded" in line)
-    assert "(1, 128): 2" in loaded and "(32, 128): 2" in loaded and "(32, 256): 2" in loaded, loaded
+    assert all(f"({ar}, {cl}): 2" in loaded for ar in (1, 4, 32) for cl in (128, 256)), loaded
     # Genie starts in the small context and moves up as the KV cache fills (crossing CL-128 while generating)
     assert any("Initializing to AR-32 CL-128" in line for line in log), log
     assert any("reshapeCache(AR-1 CL-128 -> AR-1 CL-256)" in line for line in log), [
@@ -149,18 +155,24 @@ def test_one_bundle_holds_two_context_lengths_and_a_lade_and_an_spd_dialog(two_c
     for name in ("genie_config.json", "genie_config.lade.json", "genie_config.spd.json"):
         assert any(f.code == "genie_parser_ok" and name in f.message for f in findings), name
         cfg = json.loads((bundle / name).read_text())
-        assert sum("_cl128_" in b for b in sp.ctx_bins(cfg["dialog"])) == 4  # every dialog holds both CLs
+        held = sp.ctx_bins(cfg["dialog"])
+        assert (
+            sum("_cl128_" in b for b in held) == 6 and sum("_ar4_" in b for b in held) == 4
+        )  # both CLs, AR-4
     remote = Path(
         json.loads((two_cl_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
     )
     prompt = "The sky was grey and"
-    texts = {
-        c: _first_texts(remote, c, prompt, 4)
-        for c in ("genie_config.json", "genie_config.lade.json", "genie_config.spd.json")
-    }
+    texts = {c: _first_texts(remote, c, prompt, 4) for c in ("genie_config.json", "genie_config.lade.json")}
     basic = texts["genie_config.json"]
     assert len(basic) == 4 and "".join(basic).strip()
-    assert texts["genie_config.lade.json"] == basic and texts["genie_config.spd.json"] == basic, texts
+    assert texts["genie_config.lade.json"] == basic, texts
+    # spd verifies its draft_len + 1 = 4 tokens on the AR-4 graphs (Genie picks the smallest AR that holds a call)
+    spd, log = _genie(remote, "genie_config.spd.json", prompt, 4)
+    assert spd == "".join(basic), (spd, basic)
+    assert any("reshapeCache(" in line and "-> AR-4 CL-128)" in line for line in log), [
+        x for x in log if "reshape" in x
+    ]
 
 
 def test_preflight_counts_every_context_length_the_bundle_holds() -> None:
@@ -180,3 +192,25 @@ def test_preflight_counts_every_context_length_the_bundle_holds() -> None:
     assert three["local_compile_disk_bytes"] == pytest.approx(3 * one["local_compile_disk_bytes"], abs=4)
     assert three["kv_cache_bytes"] == one["kv_cache_bytes"] and three["bundle_bytes"] == one["bundle_bytes"]
     assert context_variants({"context_lengths": "1k"}) == 1  # the setting check says what is wrong
+
+
+def test_ar_sizes_are_checked_when_set_and_counted_by_preflight() -> None:
+    """`ar_sizes` adds a prompt-processor graph per part and context length (one more compile each); a value Genie
+    cannot use is refused when it is set, naming the setting, before any stage runs."""
+    from hexstudio.core.services.preflight import ar_variants
+    from hexstudio.workers.shared import modelinfo
+    from hexstudio.workers.shared import run_settings as rs
+    from hexstudio.workers.shared.data import builtin_model_dir
+
+    assert rs.extra_ar_sizes("8, 4,4") == [4, 8] and rs.extra_ar_sizes("") == []
+    for bad, words in (("1", "token generator"), ("x", "not a whole number"), ("128", "not below ar_n")):
+        with pytest.raises(ValueError, match=words):
+            rs.extra_ar_sizes(bad, ar_n=128)
+    with pytest.raises(ValueError, match="twice ar_n 64"):  # CL 128 = 2 x AR-64: Genie 1.21 answers wrong
+        rs.extra_ar_sizes("64", ar_n=128, context_lengths=[128, 512])
+    assert rs.check("ar_sizes", "4,1") is not None and rs.check("ar_sizes", "4") is None
+    info = modelinfo.inspect_folder(builtin_model_dir())
+    one = modelinfo.estimate(info, 4096)
+    more = modelinfo.estimate(info, 4096, ar_variants=ar_variants({"ar_sizes": "4,8"}))
+    assert more["ar_variants"] == 2 and ar_variants({"ar_sizes": "x"}) == 0
+    assert more["local_compile_seconds"] == pytest.approx(2 * one["local_compile_seconds"], abs=2)

@@ -48,6 +48,17 @@ def context_variants(settings: dict[str, Any]) -> int:
         return 1
 
 
+def ar_variants(settings: dict[str, Any]) -> int:
+    """How many more prompt-processor lengths (`ar_sizes`) each context length holds; a bad value counts as none
+    here (the setting check and the Model stage say what is wrong with it)."""
+    from hexstudio.workers.shared.run_settings import extra_ar_sizes
+
+    try:
+        return len(extra_ar_sizes(settings.get("ar_sizes", "")))
+    except ValueError:
+        return 0
+
+
 def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], ResolvedSettings]:
     info = modelinfo.inspect_config(model_config(model))
     if info.get("error"):  # a number out of any real model's range (hexstudio.workers.shared.config_bounds)
@@ -68,6 +79,7 @@ def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], R
         r["calibration_samples"],
         r["calibration_seq_len"],
         context_variants=context_variants(settings),
+        ar_variants=ar_variants(settings),
     )
     return needs, r
 

@@ -71,6 +71,7 @@ def export_deployment_graphs(
     seq_lens: dict[str, int] | None = None,
     after_part: PartHook | None = None,
     extra_context_lengths: tuple[int, ...] = (),
+    extra_ar_sizes: tuple[int, ...] = (),
 ) -> list[dict[str, Any]]:
     """Export float ONNX graphs for every part and kind into out_dir/<graph>.onnx (weights named by
     checkpoint name, in ONE data file per part, the first kind's `<graph>.onnx.data`, which the part's
@@ -86,7 +87,10 @@ def export_deployment_graphs(
 
     `extra_context_lengths`: more context lengths to export every kind at (Genie switches between a bundle's CL
     variants as a dialog grows): their entries carry "context_length" and "variant_of" (the graph at
-    `context_length` whose encodings they take), share the part's data file, and come after the main ones."""
+    `context_length` whose encodings they take), share the part's data file, and come after the main ones.
+    `extra_ar_sizes`: more prompt-processor lengths (AR) to export at every context length (Genie runs the
+    smallest AR that holds a call, e.g. spd's draft_len+1 verification tokens): their entries carry "variant_of"
+    too (the main prompt processor), and "context_length" when not the main one."""
     import tempfile
 
     out = Path(out_dir)
@@ -102,23 +106,30 @@ def export_deployment_graphs(
     inner = src.model.model
     seq = {kind: (seq_lens or {}).get(kind, ar_n if kind == "prompt_processor" else 1) for kind in kinds}
     cls = [context_length, *sorted({int(c) for c in extra_context_lengths} - {context_length})]
-    # one writer per (kind, CL) variant; the main CL's keys are the kinds themselves
-    variants = {
-        (kind if cl == context_length else f"{kind}@cl{cl}"): (kind, cl) for cl in cls for kind in kinds
+    # one writer per (kind, AR, CL) variant; the main CL's keys are the kinds themselves
+    variants: dict[str, tuple[str, int, int]] = {
+        (kind if cl == context_length else f"{kind}@cl{cl}"): (kind, seq[kind], cl)
+        for cl in cls
+        for kind in kinds
     }
+    if "prompt_processor" in kinds:
+        for ar in sorted({int(a) for a in extra_ar_sizes} - {seq["prompt_processor"], 1}):
+            for cl in cls:
+                key = f"prompt_processor@ar{ar}" + ("" if cl == context_length else f"@cl{cl}")
+                variants[key] = ("prompt_processor", ar, cl)
     graphs: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix=".pieces-", dir=out))
     try:
         for k, (start, stop) in enumerate(layer_ranges(cfg.num_hidden_layers, parts), start=1):
             first, last = k == 1, k == parts
-            names = {key: graph_name(kind, seq[kind], cl, k, parts) for key, (kind, cl) in variants.items()}
+            names = {key: graph_name(kind, ar, cl, k, parts) for key, (kind, ar, cl) in variants.items()}
             ins, outs = graph_io_names(k, parts, range(start, stop))
             # one data file per part (the first kind's `<graph>.onnx.data`): every graph references the same weights
             shared = SharedData(out / f"{names[kinds[0]]}.onnx.data")
             writers = {
                 key: PartGraphWriter(out / f"{names[key]}.onnx", ins, outs, shared) for key in variants
             }
-            shapes = {key: (seq[kind], cl) for key, (kind, cl) in variants.items()}
+            shapes = {key: (ar, cl) for key, (kind, ar, cl) in variants.items()}
             pieces = _Pieces(src, writers, shapes, dims, tmp)
             try:
                 read = pieces.part(inner, src.model, start, stop, first, last)
@@ -133,15 +144,16 @@ def export_deployment_graphs(
                     "name": names[key],
                     "kind": kind,
                     "part": k,
-                    "seq_len": seq[kind],
+                    "seq_len": ar,
                     "layers": list(range(start, stop)),
                     "float_onnx": f"{out.name}/{names[key]}.onnx",
                     "float_data": f"{out.name}/{shared.name}",
                     "inputs": ins,
                     "outputs": outs,
-                    **({} if cl == context_length else {"context_length": cl, "variant_of": names[kind]}),
+                    **({} if cl == context_length else {"context_length": cl}),
+                    **({} if key == kind else {"variant_of": names[kind]}),
                 }
-                for key, (kind, cl) in variants.items()
+                for key, (kind, ar, cl) in variants.items()
             ]
             if after_part is not None:
                 after_part(entries, read)
@@ -150,7 +162,15 @@ def export_deployment_graphs(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     order = {kind: i for i, kind in enumerate(kinds)}
-    graphs.sort(key=lambda g: ("variant_of" in g, g.get("context_length", 0), order[g["kind"]], g["part"]))
+    graphs.sort(
+        key=lambda g: (
+            "variant_of" in g,
+            g.get("context_length", 0),
+            order[g["kind"]],
+            g["seq_len"],
+            g["part"],
+        )
+    )
     return graphs
 
 

@@ -60,6 +60,7 @@ def prepare_htp_graphs(
             "variant_of" in g,
             g.get("context_length", 0),
             g["kind"] != "prompt_processor",
+            -int(g.get("seq_len") or 0),  # the main AR first, then smaller ones (ar_sizes)
         ),
     ):
         if "sim_onnx" not in g:
@@ -101,12 +102,17 @@ def metadata_from_binaries(parts: list[CompiledPart], graphs: list[GraphToCompil
     by_qnn = {qg.name: qg for p in parts for info in p.infos for qg in info.graphs}
     comps: dict[str, Any] = {}
     main_cl = max((variant_of(g.name, {})[1] for g in graphs), default=0)
+    main_ar = max((variant_of(g.name, {})[0] for g in graphs), default=0)
     for kind in ("prompt_processor", "token_generator"):
         for g in (g for g in graphs if g.kind == kind):
             qnn_name = next(p.graphs[g.name] for p in parts if g.name in p.graphs)
             qg = by_qnn[qnn_name]
-            cl = variant_of(g.name, {})[1]  # another context length's graph: its own component
-            comp = component_name(g.name) + ("" if cl == main_cl else f"_cl{cl}")
+            ar, cl = variant_of(g.name, {})  # another AR's or context length's graph: its own component
+            comp = (
+                component_name(g.name)
+                + ("" if kind == "token_generator" or ar == main_ar else f"_ar{ar}")
+                + ("" if cl == main_cl else f"_cl{cl}")
+            )
             comps[comp] = {
                 "qnn_graph": qnn_name,
                 "inputs": {t.name: _tensor_doc(t) for t in qg.inputs},
@@ -194,11 +200,12 @@ def write_local_bundle(
                 name = f"{slug}_part_{label}.bin"
             else:
                 kind = "prompt" if unit[0].kind == "prompt_processor" else "token"
-                cl = variant_of(unit[0].name, {})[1]
+                ar, cl = variant_of(unit[0].name, {})
                 name = (
-                    f"{slug}_{kind}_part_{label}.bin"
-                    if cl == int(q["context_length"])
-                    else f"{slug}_{kind}_cl{cl}_part_{label}.bin"
+                    f"{slug}_{kind}"
+                    + ("" if kind == "token" or ar == int(q["ar_n"]) else f"_ar{ar}")
+                    + ("" if cl == int(q["context_length"]) else f"_cl{cl}")
+                    + f"_part_{label}.bin"
                 )
             shutil.copy2(cp.bins[0], bdir / name)
             ctx_bins.append(name)

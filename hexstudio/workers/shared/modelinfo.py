@@ -462,11 +462,13 @@ def estimate(
     calibration_samples: int = 20,
     calibration_seq_len: int = 2048,
     context_variants: int = 1,
+    ar_variants: int = 0,
 ) -> dict[str, Any]:
     """Memory and disk each stage needs, in bytes (planning figures, not guarantees). `context_variants`: how many
     context lengths the bundle holds (context_length and the smaller `context_lengths`): each compiles every graph
     again (time; for the simulator's one-graph binaries also disk), while the quantize stage's files, the board's
-    weight-shared binaries and the KV cache (sized by the largest CL) stay as for one."""
+    weight-shared binaries and the KV cache (sized by the largest CL) stay as for one. `ar_variants`: how many more
+    prompt-processor lengths (`ar_sizes`) each context length holds: one more graph to compile per part each."""
     n = int(info.get("num_parameters") or 0)
     parts = parts or default_parts(info)
     layers = int(info.get("num_layers") or 1)
@@ -549,15 +551,20 @@ def estimate(
         ),
         "local_compile_seconds": int(
             max(1, context_variants)
+            * (2 + max(0, ar_variants))
+            / 2
             * (
                 LOCAL_COMPILE_SECONDS_PER_LAYER_PARAM * per_layer * layers
                 + LOCAL_COMPILE_SECONDS_PER_VOCAB_PARAM * 2 * emb
             )
         ),
         "local_compile_disk_bytes": int(
-            max(1, context_variants) * 2 * (SIM_BYTES_PER_LAYER_PARAM * per_layer * layers + 2 * emb + emb)
+            max(1, context_variants)
+            * (2 + max(0, ar_variants))
+            * (SIM_BYTES_PER_LAYER_PARAM * per_layer * layers + 2 * emb + emb)
         ),
         "context_variants": max(1, context_variants),
+        "ar_variants": max(0, ar_variants),
         # the AI Hub compile's upload (the directories; the zips the client sends)
         "aihub_upload_bytes": upload,
         "aihub_upload_zipped_bytes": int(AIHUB_UPLOAD_ZIP_RATIO * upload),

@@ -34,7 +34,7 @@ import dataclasses
 import json
 import textwrap
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict, Union, get_args, get_origin, get_type_hints
 
@@ -157,6 +157,16 @@ class RunSettings:
         help='Smaller context lengths to put in the bundle beside context_length, comma-separated (e.g. "1024,2048"): '
         "Genie runs the smallest one that holds the dialog and switches up as it grows (shorter attention, "
         "faster tokens early on). Each a multiple of 32, above ar_n, below context_length.",
+    )
+    ar_sizes: str = setting(
+        "",
+        label="More AR sizes",
+        stages=("model", "preflight", "quantize"),
+        advanced=True,
+        help='Smaller prompt-processor lengths to put in the bundle beside ar_n, comma-separated (e.g. "4"): Genie '
+        "runs the smallest AR that holds a call, so spd verifies its draft_len+1 tokens on an AR-4 graph instead "
+        "of AR-N (and a short prompt runs on a small one). Each between 2 and ar_n; one more graph per part and "
+        "context length.",
     )
     parts: int | Literal["auto"] = setting(
         AUTO,
@@ -721,9 +731,12 @@ def check(name: str, value: Any) -> str | None:
     given and what is expected); None when it is, or when `name` is not a run setting (a test hook)."""
     s = SETTINGS.get(name)
     why = None if s is None else _check_value(s, name, value)
-    if why is None and name == "context_lengths":  # checked when set, not after an hour of quantizing
+    if why is None and name in (
+        "context_lengths",
+        "ar_sizes",
+    ):  # checked when set, not after an hour of quantizing
         try:
-            extra_context_lengths(value)
+            (extra_context_lengths if name == "context_lengths" else extra_ar_sizes)(value)
         except ValueError as exc:
             return str(exc)
     return why
@@ -960,3 +973,22 @@ def markdown_table() -> str:
         out.append("")
     out.append(DOCS_END)
     return "\n".join(out)
+
+
+def extra_ar_sizes(value: Any, ar_n: int | None = None, context_lengths: Sequence[int] = ()) -> list[int]:
+    """The `ar_sizes` setting as sorted ints; ValueError (a sentence) for a bad one. With the run's ar_n and its
+    context lengths, each must lie between 2 and ar_n - 1 and be a pair Genie runs right with every CL."""
+    out: set[int] = set()
+    for item in (x.strip() for x in str(value or "").split(",") if x.strip()):
+        if not item.isdigit():
+            raise ValueError(f'ar_sizes: {item!r} is not a whole number (give e.g. "4").')
+        n = int(item)
+        if n < 2:
+            raise ValueError(f"ar_sizes: {n} is the token generator's (AR-1) or none; give 2 or more.")
+        if ar_n is not None and n >= ar_n:
+            raise ValueError(f"ar_sizes: {n} is not below ar_n {ar_n}; the largest AR is ar_n itself.")
+        for cl in context_lengths:
+            if why := genie_cl_problem(cl, n):
+                raise ValueError(f"ar_sizes: {why}")
+        out.add(n)
+    return sorted(out)

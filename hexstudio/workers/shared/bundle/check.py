@@ -260,7 +260,7 @@ _GRAPH = re.compile(r"^(?P<kind>prompt|token)_ar(?P<ar>\d+)_cl(?P<cl>\d+)_(?P<i>
 
 
 _KIND_BIN = re.compile(
-    r"^(?P<model>.+?)_(?P<kind>(?:prompt|token)(?:_cl\d+)?)_part_"
+    r"^(?P<model>.+?)_(?P<kind>(?:prompt|token)(?:_ar\d+)?(?:_cl\d+)?)_part_"
     r"(?P<rest>\d+_of_\d+(?:\.serialized)?\.bin)$"
 )
 
@@ -341,7 +341,8 @@ def _ctx_bin_findings(bundle: Path, bins: list[str]) -> list[Finding]:
                 )
             )
     # a local compile for the x86 simulator writes one binary per graph: <model>_{prompt|token}_part_<i>_of_<n>.bin,
-    # and <model>_{prompt|token}_cl<CL>_part_... for another context length; each kind and CL forms parts 1..n
+    # <model>_prompt_ar<AR>_part_... for another AR (ar_sizes), <model>_{prompt|token}[_ar<AR>]_cl<CL>_part_... for
+    # another context length; each kind, AR and CL forms parts 1..n
     groups: dict[str, list[str]] = {}
     for b in bins:
         m = _KIND_BIN.match(Path(b).name)
