@@ -116,6 +116,16 @@ def test_a_speculative_dialog_is_costed_at_its_measured_acceptance(tmp_path: Pat
     spd = speculative_rate(doc, "spd", 2.0, draft_len=3, draft=small)
     assert spd is not None and "3 draft tokens" in spd["step"]
     assert spd["step_ms"]["value"] == pytest.approx(3 * small["token"]["total_ms"]["value"] + pp, rel=1e-3)
+    # with an AR-4 graph in the bundle (ar_sizes) spd verifies its 4 tokens there: costed between AR-1 and AR-N
+    n = int(doc["ar_n"])
+    spd4 = speculative_rate(doc, "spd", 2.0, draft_len=3, draft=small, ar_sizes=[4])
+    assert spd4 is not None and spd4["step_ar"] == 4 and "AR-4 verification pass" in spd4["step"]
+    between = token + (pp - token) * 3 / (n - 1)
+    assert spd4["step_ms"]["value"] == pytest.approx(
+        3 * small["token"]["total_ms"]["value"] + between, rel=1e-3
+    )
+    assert spd4["tok_s"]["value"] > spd["tok_s"]["value"]
+    assert speculative_rate(doc, "spd", 2.0, draft=small, ar_sizes=[2])["step_ar"] == n  # type: ignore[index]
     assert speculative_rate(doc, "spd", 2.0) is None  # no draft cost: no figure
     assert speculative_rate(doc, "basic", 1.0) is None
 

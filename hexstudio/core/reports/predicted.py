@@ -108,8 +108,22 @@ def speculative_prediction(
             if len(folder.parents) > 2
             else None
         )
+    from hexstudio.workers.genie_config import speculative_of
+    from hexstudio.workers.shared.run_settings import extra_ar_sizes
+
+    _, lade, spd = speculative_of(settings)  # the values the compile wrote into the dialog configs
+    try:  # the smaller prompt-processor graphs the bundle holds: a step runs on the smallest that holds it
+        ar_sizes = extra_ar_sizes(settings.get("ar_sizes", ""))
+    except ValueError:
+        ar_sizes = []
     out = speculative_rate(
-        doc, str(dialog), float(accepted), draft_len=int(settings.get("spd_draft_len") or 3), draft=draft
+        doc,
+        str(dialog),
+        float(accepted),
+        draft_len=spd.draft_len,
+        draft=draft,
+        step_tokens=lade.step_tokens if dialog == "lade" else spd.draft_len + 1,
+        ar_sizes=ar_sizes,
     )
     if out is None and dialog == "spd":
         return {

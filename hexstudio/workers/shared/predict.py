@@ -15,6 +15,7 @@ Everything here is labeled PREDICTED: it is a model of the device, never a devic
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -433,19 +434,27 @@ def speculative_rate(
     *,
     draft_len: int = 3,
     draft: dict[str, Any] | None = None,
+    step_tokens: int | None = None,
+    ar_sizes: Sequence[int] = (),
 ) -> dict[str, Any] | None:
     """Predicted decode tokens/s of a speculative dialog at a measured acceptance (tokens per step), beside the
     basic dialog's, from predictions (Prediction.to_json) of the target and, for spd, of the draft model.
 
-    A step runs on the smallest graph that holds it, and a bundle has AR-N and AR-1 graphs, so (Genie's lhd-dec
-    and spec-dec; docs/genie.md):  lade step = one AR-N pass;  spd step = draft_len draft tokens (AR-1) + one AR-N
-    verification pass. Break-even: the acceptance at which the dialog equals basic (step time / token time).
-    None when the step cannot be costed (spd without a prediction of its draft)."""
+    A step runs on the smallest graph that holds it (Genie's KVManager; docs/genie.md): the AR-N graph, or a smaller
+    one the bundle holds (`ar_sizes`) for a step of `step_tokens` (lade: (window + gcap) x (ngram - 1); spd:
+    draft_len + 1). So  lade step = one pass;  spd step = draft_len draft tokens (AR-1) + one verification pass.
+    A smaller AR-k pass is costed between the predicted AR-1 token and AR-N pass, linearly in k (interpolated, not
+    simulated). Break-even: the acceptance at which the dialog equals basic (step time / token time). None when
+    the step cannot be costed (spd without a prediction of its draft)."""
     token, prompt_pass = _b(target["token"]["total_ms"]), _b(target["prompt_pass"]["total_ms"])
+    ar_n = int(target["ar_n"])
+    need = step_tokens if step_tokens is not None else (draft_len + 1 if dialog == "spd" else ar_n)
+    ar = min((k for k in {*ar_sizes, ar_n} if k >= need and 1 < k <= ar_n), default=ar_n)
+    verify = prompt_pass if ar == ar_n else _between(token, prompt_pass, (ar - 1) / max(ar_n - 1, 1))
     if dialog == "lade":
-        step = prompt_pass
+        step = verify
     elif dialog == "spd" and draft is not None:
-        step = _b(draft["token"]["total_ms"]).scaled(draft_len) + prompt_pass
+        step = _b(draft["token"]["total_ms"]).scaled(draft_len) + verify
     else:
         return None
     a = max(0.0, float(accepted_per_step))
@@ -459,8 +468,19 @@ def speculative_rate(
         "basic_tok_s": token.inverse_rate().to_json(),
         "break_even_accepted": round(step.value / token.value, 2),
         "step": (
-            f"one AR-{target['ar_n']} pass"
+            f"one AR-{ar} pass"
             if dialog == "lade"
-            else f"{draft_len} draft tokens (AR-1) + one AR-{target['ar_n']} verification pass"
-        ),
+            else f"{draft_len} draft tokens (AR-1) + one AR-{ar} verification pass"
+        )
+        + ("" if ar == ar_n else f" (AR-{ar} costed between the AR-1 and AR-{ar_n} predictions)"),
+        "step_ar": ar,
     }
+
+
+def _between(low: Bounds, high: Bounds, f: float) -> Bounds:
+    """low + f x (high - low), bound by bound."""
+    return Bounds(
+        low.value + f * (high.value - low.value),
+        low.lower + f * (high.lower - low.lower),
+        low.upper + f * (high.upper - low.upper),
+    )
