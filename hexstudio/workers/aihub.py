@@ -100,9 +100,10 @@ def part_suffix(graph: str) -> str:
     return gm.component_name(graph).split("_", 1)[1]
 
 
-def graph_job_name(model: str, graph: str) -> str:
-    """The compile job and upload name of a graph: `<model>_<prompt|token>_<i>_of_<n>`."""
-    return f"{model}_{gm.component_name(graph)}"
+def graph_job_name(model: str, graph: str, main: tuple[int, int] | None = None) -> str:
+    """The compile job and upload name of a graph: `<model>_<prompt|token>_<i>_of_<n>`, and for another AR or
+    CL than the bundle's `main` (AR, CL) its metadata component's suffix (`..._1_of_2_ar4_cl128`)."""
+    return f"{model}_{gm.variant_component(graph, *main) if main else gm.component_name(graph)}"
 
 
 def part_name(model: str, graph: str) -> str:
@@ -384,9 +385,12 @@ def record_job(em: Emitter, name: str, rec: dict[str, Any]) -> None:
 
 
 # -- the stage ---------------------------------------------------------------------------------
-def _pairs(q: dict[str, Any], qdir: Path) -> dict[int, dict[str, dict[str, Any]]]:
+def _pairs(q: dict[str, Any], qdir: Path) -> dict[int, list[dict[str, Any]]]:
+    """Each part's graphs in link order: its prompt processor and token generator, then the variants of other
+    ARs and context lengths (ar_sizes, context_lengths), which the part's link job puts in the same context."""
     pairs: dict[int, dict[str, dict[str, Any]]] = {}
-    for g in q["graphs"]:
+    extra: dict[int, list[dict[str, Any]]] = {}
+    for g in [*q["graphs"], *(q.get("variants") or [])]:
         for k in ("onnx", "encodings"):
             if not g.get(k) or not (qdir / g[k]).is_file():
                 raise WorkerError(
@@ -394,7 +398,10 @@ def _pairs(q: dict[str, Any], qdir: Path) -> dict[int, dict[str, dict[str, Any]]
                     f"Graph {g['name']} has no AIMET export ({k}) to upload.",
                     "Re-run the Quantize stage.",
                 )
-        pairs.setdefault(int(g["part"]), {})[g["kind"]] = g
+        if "variant_of" in g:
+            extra.setdefault(int(g["part"]), []).append(g)
+        else:
+            pairs.setdefault(int(g["part"]), {})[g["kind"]] = g
     for part, d in pairs.items():
         if set(d) != set(KINDS):
             raise WorkerError(
@@ -402,7 +409,7 @@ def _pairs(q: dict[str, Any], qdir: Path) -> dict[int, dict[str, dict[str, Any]]
                 f"Part {part} lacks a {' or '.join(set(KINDS) - set(d))} graph.",
                 "Re-run the Quantize stage.",
             )
-    return dict(sorted(pairs.items()))
+    return {part: [d[k] for k in KINDS] + extra.get(part, []) for part, d in sorted(pairs.items())}
 
 
 def resolve_device(client: Any, name: str, lpbq: bool) -> dict[str, Any]:
@@ -553,12 +560,12 @@ def eta_text(n_bytes: float, mbps: float) -> str:
     return f"{s / 3600:.1f} h" if s >= 5400 else (f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s")
 
 
-def upload_plan(pairs: dict[int, dict[str, dict[str, Any]]], qdir: Path, skip: set[str]) -> dict[str, int]:
+def upload_plan(pairs: dict[int, list[dict[str, Any]]], qdir: Path, skip: set[str]) -> dict[str, int]:
     """Bytes each graph's upload will hold (graphs named in `skip`, already compiled, are left out)."""
     return {
         g["name"]: plan_bytes(qdir / g["onnx"], qdir / g["encodings"])
-        for pair in pairs.values()
-        for g in pair.values()
+        for graphs in pairs.values()
+        for g in graphs
         if g["name"] not in skip
     }
 
@@ -596,15 +603,13 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
     hf_config = json.loads((hf_dir / "config.json").read_text())
     model = model_name(model_doc, s)
+    every = [g for graphs in pairs.values() for g in graphs]
+    main = gm.main_variant([str(g["name"]) for g in every])
     try:
-        names = {
-            g["name"]: graph_job_name(model, g["name"]) for pair in pairs.values() for g in pair.values()
-        }
-        bins = {part: bin_name(model, pair[KINDS[0]]["name"]) for part, pair in pairs.items()}
+        names = {g["name"]: graph_job_name(model, g["name"], main) for g in every}
+        bins = {part: bin_name(model, graphs[0]["name"]) for part, graphs in pairs.items()}
         precision = precision_name(q)
-        meta_doc = gm.build_metadata(
-            q["graphs"], qdir, precision
-        )  # reads every graph's I/O: before any upload
+        meta_doc = gm.build_metadata(every, qdir, precision)  # reads every graph's I/O: before any upload
     except gm.MetadataError as exc:
         raise WorkerError(
             "bundle_check", str(exc), "Re-run the Quantize stage (nothing was uploaded)."
@@ -623,7 +628,8 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     ).strip()  # appended, as qai-hub-models' --compile-options
 
     def outputs_of(g: dict[str, Any]) -> list[str]:
-        return list(g.get("outputs") or meta_doc["components"][gm.component_name(g["name"])]["outputs"])
+        comp = gm.variant_component(str(g["name"]), *main)
+        return list(g.get("outputs") or meta_doc["components"][comp]["outputs"])
 
     with contextlib.redirect_stdout(sys.stderr):  # the client prints; stdout is the protocol
         import qai_hub as hub
@@ -670,13 +676,12 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
             )
 
         # 1. upload + compile each graph (unless a job was recorded before a restart)
-        n_graphs = 2 * len(pairs)
+        n_graphs = len(every)
         i = 0
         staging = spec.out_dir / "aimet"
         sent = sent_s = 0.0
-        for part, pair in pairs.items():
-            for kind in KINDS:
-                g = pair[kind]
+        for part, graphs in pairs.items():
+            for g in graphs:
                 name = f"compile:{g['name']}"
                 job_name = names[g["name"]]
                 i += 1
@@ -744,11 +749,11 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                     f"submitted AI Hub compile job {job.job_id} ({job_name}, graph {g['name']}): {job.url}"
                 )
         shutil.rmtree(staging, ignore_errors=True)
-        compile_names = [f"compile:{pair[k]['name']}" for pair in pairs.values() for k in KINDS]
+        compile_names = [f"compile:{g['name']}" for g in every]
         wait_jobs(client, store, compile_names, em, poll_s, 0.35, 0.6, "compile", logs_dir, errs)
 
-        # 2. link each part's two DLCs, [prompt, token], into one context binary with shared weights
-        for part, pair in pairs.items():
+        # 2. link each part's DLCs, [prompt, token, other ARs' and CLs'], into one context binary with shared weights
+        for part, graphs in pairs.items():
             name = f"link:part{part}"
             link_name = bins[part][: -len(".bin")]
             if name in store.jobs:
@@ -757,8 +762,8 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                 continue
             with errs(f"submitting the link job {link_name}"):
                 models = [
-                    client.get_job(store.jobs[f"compile:{pair[k]['name']}"]["job_id"]).get_target_model()
-                    for k in KINDS
+                    client.get_job(store.jobs[f"compile:{g['name']}"]["job_id"]).get_target_model()
+                    for g in graphs
                 ]
                 job = client.submit_link_job(models, hub_dev, name=link_name, options=link_options(qairt))
             store.put(

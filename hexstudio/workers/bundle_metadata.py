@@ -38,7 +38,7 @@ import yaml
 from hexstudio.workers.shared.errors import ActionableError
 
 RUNTIME = "genie"
-_COMPONENT_RE = re.compile(r"^(prompt|token)_ar\d+_cl\d+_(\d+_of_\d+)$")
+_COMPONENT_RE = re.compile(r"^(prompt|token)_ar(\d+)_cl(\d+)_(\d+_of_\d+)$")
 _KV_RE = re.compile(r"^past_(key|value)_\d+_(in|out)$")
 INTEGER_INPUTS = {"input_ids": "int32"}
 
@@ -55,7 +55,29 @@ def component_name(graph_name: str) -> str:
         raise MetadataError(
             f"Graph name '{graph_name}' is not of the form {{prompt|token}}_ar<AR>_cl<CL>_<i>_of_<n>."
         )
-    return f"{m.group(1)}_{m.group(2)}"
+    return f"{m.group(1)}_{m.group(4)}"
+
+
+def variant_component(graph_name: str, main_ar: int, main_cl: int) -> str:
+    """The component of a graph in a bundle with several ARs or CLs: component_name, then `_ar<AR>` for a prompt
+    processor of another AR (ar_sizes) and `_cl<CL>` for another context length ("prompt_1_of_2_ar4_cl128");
+    the main ones keep qai-hub-models' names."""
+    comp = component_name(graph_name)
+    m = _COMPONENT_RE.match(graph_name)
+    assert m is not None  # component_name checked it
+    ar, cl = int(m.group(2)), int(m.group(3))
+    return (
+        comp
+        + ("" if m.group(1) == "token" or ar == main_ar else f"_ar{ar}")
+        + ("" if cl == main_cl else f"_cl{cl}")
+    )
+
+
+def main_variant(graph_names: list[str]) -> tuple[int, int]:
+    """(AR, CL) of the bundle's main graphs: the largest prompt AR and the largest CL among `graph_names`."""
+    found = [m for n in graph_names if (m := _COMPONENT_RE.match(n))]
+    ars = [int(m.group(2)) for m in found if m.group(1) == "prompt"]
+    return max(ars, default=0), max((int(m.group(3)) for m in found), default=0)
 
 
 def is_kv(name: str) -> bool:
@@ -217,6 +239,7 @@ def build_metadata(
     token parts (as qai-hub-models adds them), then precision and runtime."""
     comps: dict[str, Any] = {}
     order = {"prompt": 0, "token": 1}
+    main_ar, main_cl = main_variant([str(g["name"]) for g in graphs])
     for g in sorted(
         graphs,
         key=lambda g: (
@@ -225,7 +248,7 @@ def build_metadata(
             str(g["name"]),
         ),
     ):
-        comp = component_name(str(g["name"]))
+        comp = variant_component(str(g["name"]), main_ar, main_cl)
         if comp in comps:
             raise MetadataError(f"Two graphs map to the component {comp} (the second is {g['name']}).")
         comps[comp] = graph_spec(g, quantize_dir)

@@ -156,16 +156,6 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
                 "Compiling through Qualcomm AI Hub is not implemented in this build yet.",
                 "Use the simulator board (compile_target=sim) for now.",
             ) from None
-        q = json.loads((qdir / "quantize.json").read_text())
-        if q.get("variants"):  # refused before anything is uploaded
-            raise WorkerError(
-                "aihub_not_supported",
-                "HexStudio's AI Hub compile does not build several context "
-                "lengths or AR sizes yet; nothing was uploaded.",
-                "Compile locally (compile_target local: QNN 2.51 "
-                "writes shared-weight context binaries for the board, with every context length and AR), or "
-                "clear context_lengths and ar_sizes for AI Hub.",
-            )
         doc = aihub.compile_bundle(spec, model_doc, qdir, em)
     else:
         raise WorkerError("bad_target", f"compile_target '{target}' is not one of auto, local, aihub, sim.")

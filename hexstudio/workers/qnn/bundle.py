@@ -96,23 +96,18 @@ def _tensor_doc(t: TensorInfo) -> dict[str, Any]:
 
 def metadata_from_binaries(parts: list[CompiledPart], graphs: list[GraphToCompile]) -> dict[str, Any]:
     """metadata.yaml's document from what the binaries hold (qai-hub-models' component names)."""
-    from hexstudio.workers.bundle_metadata import component_name
-    from hexstudio.workers.shared.bundle.genie_model import variant_of
+    from hexstudio.workers.bundle_metadata import main_variant, variant_component
 
     by_qnn = {qg.name: qg for p in parts for info in p.infos for qg in info.graphs}
     comps: dict[str, Any] = {}
-    main_cl = max((variant_of(g.name, {})[1] for g in graphs), default=0)
-    main_ar = max((variant_of(g.name, {})[0] for g in graphs), default=0)
+    main_ar, main_cl = main_variant([g.name for g in graphs])
     for kind in ("prompt_processor", "token_generator"):
         for g in (g for g in graphs if g.kind == kind):
             qnn_name = next(p.graphs[g.name] for p in parts if g.name in p.graphs)
             qg = by_qnn[qnn_name]
-            ar, cl = variant_of(g.name, {})  # another AR's or context length's graph: its own component
-            comp = (
-                component_name(g.name)
-                + ("" if kind == "token_generator" or ar == main_ar else f"_ar{ar}")
-                + ("" if cl == main_cl else f"_cl{cl}")
-            )
+            comp = variant_component(
+                g.name, main_ar, main_cl
+            )  # another AR's or CL's graph: its own component
             comps[comp] = {
                 "qnn_graph": qnn_name,
                 "inputs": {t.name: _tensor_doc(t) for t in qg.inputs},
