@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +40,27 @@ def _isolated_qsettings(qapp: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     QSettings.setPath(
         QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path_factory.mktemp("qsettings"))
     )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """A test that fails while a stage still runs leaves its window busy, and closing the window at teardown (pytest-qt
+    closes every widget a test added) asks "Cancel it and quit?" in a modal box nobody answers. The nested Qt loop
+    holds the interpreter, so even pytest-timeout's thread cannot end it: the whole suite hung (seen in a full run).
+    At teardown every such question is answered No, and said on stderr; the test's own failure stays the report."""
+    from PySide6.QtWidgets import QMessageBox
+
+    def no(*args: Any, **kwargs: Any) -> QMessageBox.StandardButton:
+        text = next((a for a in args[2:3] if isinstance(a, str)), kwargs.get("text", ""))
+        sys.stderr.write(f"{item.nodeid}: at teardown, answered No to the question {text!r}\n")
+        return QMessageBox.StandardButton.No
+
+    orig = QMessageBox.question
+    QMessageBox.question = no  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        QMessageBox.question = orig  # type: ignore[method-assign]
 
 
 async def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
