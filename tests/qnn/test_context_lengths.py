@@ -221,7 +221,9 @@ def test_ar_sizes_are_checked_when_set_and_counted_by_preflight() -> None:
 @needs_qnn
 @pytest.mark.slow
 def test_ai_hub_links_every_ar_and_context_length_of_a_part_into_its_context(
-    two_cl_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator  # noqa: F811 (the fixture)
+    two_cl_run: Path,
+    tmp_path: Path,
+    aihub_emulator: AIHubEmulator,  # noqa: F811 (the fixture)
 ) -> None:
     """The AI Hub compile of the same quantized graphs (EMULATED service): one compile job per graph, the variants
     (CL-128, AR-4) included, one link job per part joining all of its graphs into one context binary, as Qualcomm's
