@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from hexstudio.workers.shared.data import builtin_model_dir
+from hexstudio.workers.shared.worker_spec import WorkerSpec
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -121,18 +122,13 @@ def baseline(work: Path, code: str = BASELINE) -> int:
 
 def validate(run: Path) -> dict[str, float]:
     """Validate the part-wise run (its quantize output must be in artifacts/quantize)."""
-    spec = {
-        "schema": 1,
-        "stage": "validate",
-        "run_dir": str(run),
-        "out_dir": str(run / "artifacts" / "validate.partial"),
-        "upstream": {
-            "model": str(run / "artifacts" / "model"),
-            "quantize": str(run / "artifacts" / "quantize"),
-        },
-        "settings": {},
-    }
-    (run / "vspec.json").write_text(json.dumps(spec))
+    WorkerSpec.build(
+        "validate",
+        run,
+        run / "artifacts" / "validate.partial",
+        {},
+        upstream={"model": run / "artifacts" / "model", "quantize": run / "artifacts" / "quantize"},
+    ).write(run / "vspec.json")
     (run / "artifacts" / "validate.partial").mkdir(parents=True, exist_ok=True)
     rc, wall, peak = child_peak(
         [PY, "-m", "hexstudio.workers.validate", "--spec", str(run / "vspec.json")], run / "validate"
@@ -156,21 +152,23 @@ def measure(
                 "model": str(hf),
                 "source": "local",
                 "revision": None,
+                "requested_revision": None,
                 "hf_dir": str(hf),
                 "info": {"num_layers": layers},
+                "weights": {},
                 "resolved": {"context_length": CONTEXT, "ar_n": AR_N, "parts": parts},
+                "part_plan": {},
+                "estimates": {},
             }
         )
     )
-    spec = {
-        "schema": 1,
-        "stage": "quantize",
-        "run_dir": str(run),
-        "out_dir": str(run / "artifacts" / "quantize.partial"),
-        "upstream": {"model": str(run / "artifacts" / "model")},
-        "settings": {**SETTINGS, "calibration_unit": unit},
-    }
-    (run / "spec.json").write_text(json.dumps(spec))
+    WorkerSpec.build(
+        "quantize",
+        run,
+        run / "artifacts" / "quantize.partial",
+        {**SETTINGS, "calibration_unit": unit},
+        upstream={"model": run / "artifacts" / "model"},
+    ).write(run / "spec.json")
     rc, wall, peak = child_peak(
         [PY, "-m", "hexstudio.workers.quantize", "--spec", str(run / "spec.json")], run / "quantize"
     )

@@ -24,6 +24,7 @@ import pytest
 
 from hexstudio.cli.main import main as cli
 from hexstudio.workers.shared.data import builtin_model_dir
+from hexstudio.workers.shared.run_settings import RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
 BUILTIN = builtin_model_dir()
@@ -203,7 +204,7 @@ def aihub(e: Env, status: int | str) -> str:
         hub_session.create_session.__defaults__ = (defaults[0], 3, defaults[2])
     try:
         hub.list_devices(
-            {"aihub_api_url": url, "aihub_web_url": url, "aihub_http_retries": 0, "aihub_http_backoff_s": 0},
+            RunSettings(aihub_api_url=url, aihub_web_url=url, aihub_http_retries=0, aihub_http_backoff_s=0),
             "test-token-0123456789",
         )
     except WorkerError as exc:

@@ -10,6 +10,7 @@ from typing import Any
 from hexstudio.cli.common import CliError, add_json_flag, print_json
 from hexstudio.workers.shared import bundle as gb
 from hexstudio.workers.shared import modelinfo
+from hexstudio.workers.shared.run_settings import RunSettings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,7 +95,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-LISTING_RETRIES = {"aihub_http_retries": 2, "aihub_http_backoff_s": 0.5}
+LISTING_RETRIES = RunSettings(aihub_http_retries=2, aihub_http_backoff_s=0.5)
 
 
 def _aihub_devices(args: argparse.Namespace) -> int:
@@ -109,7 +110,7 @@ def _aihub_devices(args: argparse.Namespace) -> int:
     try:
         # someone is waiting at the Compile page: 2 quick retries (~1.5 s), not the client's 6 with backoff (~30 s)
         # before "cannot reach AI Hub"; a compile keeps the client's patience
-        rows = aihub.list_devices(dict(LISTING_RETRIES), token)
+        rows = aihub.list_devices(LISTING_RETRIES, token)
     except WorkerError as exc:
         raise CliError(exc.message, exc.hint) from None
     if args.json:

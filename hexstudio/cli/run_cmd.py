@@ -19,10 +19,11 @@ from hexstudio.cli.common import (
 )
 from hexstudio.core.jobs import human_bytes
 from hexstudio.core.paths import BUILTIN_MODEL_ID
-from hexstudio.core.pipeline import Pipeline, display_state
+from hexstudio.core.pipeline import Pipeline
 from hexstudio.core.remote.hosts import WorkerHostError, host_config
 from hexstudio.core.runs import RunNotFound, WorkspaceError
 from hexstudio.core.settings import SettingsError
+from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import STAGE_NAMES
 from hexstudio.core.status import run_status, stage_status, stage_statuses
 from hexstudio.workers.shared import run_settings

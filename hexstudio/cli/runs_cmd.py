@@ -8,8 +8,8 @@ from typing import Any
 
 from hexstudio.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
 from hexstudio.core.jobs import human_bytes
-from hexstudio.core.pipeline import display_state
 from hexstudio.core.runs import RunNotFound
+from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import STAGES
 from hexstudio.core.status import legend, run_status, stage_statuses
 

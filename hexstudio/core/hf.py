@@ -3,7 +3,7 @@
 The token: the one stored with `hexstudio hf login` (the keyring) wins; else Hugging Face's own login, found
 by huggingface_hub's own helper (`get_token()`: $HF_TOKEN, then the token file `hf auth login` writes under
 HF_HOME). `hexstudio model inspect`, preflight and the Model stage's download all take it from here (the
-stage's worker gets it by environment, hexstudio.core.pipeline.worker_env). The token itself is never printed.
+stage's worker gets it by environment, hexstudio.core.stage_api.worker_env). The token itself is never printed.
 
 The cache: huggingface_hub's constants (HF_HOME, HF_HUB_CACHE, HF_TOKEN_PATH), never a path built by hand,
 so HexStudio looks where `hf download` and transformers look.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import importlib
 import importlib.util
 import json
@@ -27,147 +26,30 @@ from typing import Any
 
 import psutil
 
-from hexstudio.core.atomic import sha256_file, write_json_atomic
 from hexstudio.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler, human_bytes
 from hexstudio.core.manifest import ManifestError, RunManifest, boot_id, now_iso
-from hexstudio.core.remote import RemoteStageJob, remote_host_for, start_worker_job
+from hexstudio.core.remote import RemoteStageJob
 from hexstudio.core.runs import RunBusy, RunLock, artifacts_dir, stage_log_path
 from hexstudio.core.sampler import ResourceSample
+from hexstudio.core.stage_api import (
+    WORKER_RUN_ENV,
+    StageAction,
+    StageContext,
+    StageError,
+    stage_spec,
+    start_stage_worker,
+)
+from hexstudio.core.stage_state import (
+    hash_tree,
+    input_hash,
+    output_digest,
+    stage_is_current,
+    summary_digest,
+)
 from hexstudio.core.stages import STAGES, Stage, get_stage
 from hexstudio.workers.shared.errors import ActionableError
-from hexstudio.workers.shared.protocol import Emitter
 
-SPEC_SCHEMA = 1
 jobs_log = logging.getLogger("hexstudio.jobs")
-
-
-class StageError(ActionableError):
-    """Raised by in-process stage actions: a failure a person can act on."""
-
-    def __init__(self, code: str, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.hint = hint
-
-
-@dataclass
-class StageContext:
-    """What an in-process stage action gets (board, chat, report stages)."""
-
-    manifest: RunManifest
-    stage: Stage
-    out_dir: Path
-    upstream: dict[str, Path]
-    emit: EventHandler
-    cancel_event: asyncio.Event
-    emitter: Emitter = field(init=False)
-
-    def __post_init__(self) -> None:
-        ctx = self
-
-        class _Sink:
-            def write(self, line: str) -> None:
-                ctx.emit(json.loads(line))
-
-            def flush(self) -> None:
-                pass
-
-        self.emitter = Emitter(_Sink())  # type: ignore[arg-type]
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return self.manifest.settings
-
-    def check_cancelled(self) -> None:
-        if self.cancel_event.is_set():
-            raise asyncio.CancelledError()
-
-
-StageAction = Callable[[StageContext], Awaitable[dict[str, Any] | None]]
-
-
-def output_digest(artifacts: list[dict[str, Any]]) -> str:
-    h = hashlib.sha256()
-    for a in sorted(artifacts, key=lambda a: a["path"]):
-        h.update(f"{a['path']}\0{a['sha256']}\n".encode())
-    return h.hexdigest()
-
-
-def summary_digest(summary: dict[str, Any], inputs: str) -> str:
-    """The output digest of a stage declared digest_from_summary: what it did (its summary) from what inputs."""
-    payload = json.dumps({"summary": summary, "inputs": inputs}, sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-# Settings added after runs existed: absent from a run means their default, and they are left out of its input hash
-# so a run made before them keeps its completed stages current (a run that sets one hashes it).
-HASHED_WHEN_SET = frozenset(
-    {
-        "speculative_dialogs",
-        "spd_draft_len",
-        "dialog_type",
-        "context_lengths",
-        "spd_draft",
-        "lade_window",
-        "lade_ngram",
-        "lade_gcap",
-        "quantsim_config",
-        "ar_sizes",
-    }
-)
-
-
-def input_hash(m: RunManifest, stage: Stage) -> str:
-    settings = m.settings
-    payload: dict[str, Any] = {
-        "stage": stage.name,
-        "version": stage.version,
-        "model": m.inputs.get("model"),
-        "board": m.inputs.get("board"),
-        "settings": {k: settings.get(k) for k in stage.inputs if k in settings or k not in HASHED_WHEN_SET},
-        "upstream": {n: m.stage(n).data.get("output_digest") for n in stage.needs},
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def hash_tree(root: Path, kinds: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    kinds = kinds or {}
-    out = []
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.is_symlink():
-            rel = p.relative_to(root).as_posix()
-            out.append(
-                {
-                    "path": f"artifacts/{root.name}/{rel}",
-                    "sha256": sha256_file(p),
-                    "size": p.stat().st_size,
-                    "kind": kinds.get(rel, {}).get("kind"),
-                    "role": kinds.get(rel, {}).get("role"),
-                }
-            )
-    return out
-
-
-def stage_is_current(m: RunManifest, stage: Stage, verify: bool = False) -> bool:
-    st = m.stage(stage.name)
-    if st.state != "done" or st.data.get("input_hash") != input_hash(m, stage):
-        return False
-    for a in st.artifacts:
-        p = m.run_dir / a["path"]
-        if not p.is_file() or p.stat().st_size != a["size"]:
-            return False
-        if verify and sha256_file(p) != a["sha256"]:
-            return False
-    return True
-
-
-def display_state(m: RunManifest, name: str, stage: Stage | None = None) -> str:
-    """pending | running | done | failed | stale (done, but its inputs changed) | interrupted | cancelled."""
-    st = m.stage(name)
-    if st.state == "done" and not stage_is_current(m, stage or get_stage(name)):
-        return "stale"
-    return st.state
 
 
 @dataclass
@@ -462,7 +344,7 @@ class Pipeline:
             if stage.worker is not None:
                 result = await self._run_worker(stage, partial, handle, sample, log_path)
             else:
-                result = await self._run_action(stage, partial, handle, log_path)
+                result = await self._run_action(stage, partial, handle, sample, log_path)
         finally:
             res_log.close()
 
@@ -511,52 +393,23 @@ class Pipeline:
         self._notify_stage(stage.name, st["state"])
         return result
 
-    def _spec(self, stage: Stage, partial: Path) -> Path:
-        spec = {
-            "schema": SPEC_SCHEMA,
-            "stage": stage.name,
-            "run_dir": str(self.m.run_dir),
-            "out_dir": str(partial),
-            "upstream": {k: str(v) for k, v in self._upstream(stage).items()},
-            "settings": self.m.settings,
-            "inputs": {"model": self.m.inputs.get("model"), "board": self.m.inputs.get("board")},
-        }
-        path = self.m.run_dir / "specs" / f"{stage.name}.json"
-        write_json_atomic(path, spec)
-        return path
-
     async def _run_worker(
         self, stage: Stage, partial: Path, handle: EventHandler, sample: SampleHandler, log_path: Path
     ) -> JobResult:
         assert stage.worker is not None
         if importlib.util.find_spec(stage.worker) is None:
             return _not_implemented(stage)
-        spec_path = self._spec(stage, partial)
-        if (
-            remote_host_for(self.m, stage) is not None
-        ):  # the run's worker_host: heavy stages run there over SSH
-            job: LocalJob | RemoteStageJob = await start_worker_job(
-                self.runner,
-                self.m,
-                stage,
-                spec_path,
-                on_event=handle,
-                on_sample=sample,
-                log_path=log_path,
-                what=f"The {stage.title} stage",
-            )
-        else:
-            env = {**worker_env(), WORKER_RUN_ENV: f"{self.m.run_id}/{stage.name}"}
-            job = await self.runner.start_local(
-                stage.worker,
-                spec_path,
-                on_event=handle,
-                on_sample=sample,
-                log_path=log_path,
-                what=f"The {stage.title} stage",
-                env=env,
-                memory_need=self._memory_need(stage),
-            )
+        spec = stage_spec(self.m, stage.name, partial, self._upstream(stage))
+        job = await start_stage_worker(
+            self.runner,
+            self.m,
+            stage,
+            spec,
+            on_event=handle,
+            on_sample=sample,
+            log_path=log_path,
+            memory_need=self._memory_need(stage),
+        )
         self.current_job = job
         if isinstance(job, LocalJob) and job.proc is not None:
             # where the worker runs, so a resume after a crash finds it if it is somehow still alive
@@ -586,7 +439,7 @@ class Pipeline:
         return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
     async def _run_action(
-        self, stage: Stage, partial: Path, handle: EventHandler, log_path: Path
+        self, stage: Stage, partial: Path, handle: EventHandler, sample: SampleHandler, log_path: Path
     ) -> JobResult:
         assert stage.action is not None
         mod_name, func_name = stage.action.split(":")
@@ -616,7 +469,9 @@ class Pipeline:
                 log.write(json.dumps(ev, ensure_ascii=False) + "\n")
                 handle(ev)
 
-            ctx = StageContext(self.m, stage, partial, self._upstream(stage), emit, self.cancel_event)
+            ctx = StageContext(
+                self.m, stage, partial, self._upstream(stage), emit, self.cancel_event, sample, self.runner
+            )
             try:
                 summary = await fn(ctx)
             except ActionableError as exc:  # StageError, or a board/session/bundle error that says what to do
@@ -652,11 +507,6 @@ class Pipeline:
             summary=summary or {},
             duration_s=time.monotonic() - t0,
         )
-
-
-WORKER_RUN_ENV = (
-    "HEXSTUDIO_WORKER_RUN"  # "<run id>/<stage>" in a local worker's environment (and its children's)
-)
 
 
 def _run_processes(pgid: int, tag: str) -> list[psutil.Process]:
@@ -724,27 +574,6 @@ def stop_stale_workers(m: RunManifest, term_s: float = 3.0) -> list[str]:
     if changed:
         m.save()
     return stopped
-
-
-def worker_env() -> dict[str, str]:
-    """The worker's environment: ours, plus secrets from the keyring passed by environment (never in
-    the spec file, the logs or run.json)."""
-    import os
-
-    from hexstudio.core import secrets
-    from hexstudio.core.hf import worker_env_token
-
-    env = dict(os.environ)
-    # the one Hugging Face token (keyring from `hexstudio hf login`, else huggingface_hub's own login)
-    env.update(worker_env_token())
-    for var, name in (("HEXSTUDIO_AIHUB_TOKEN", secrets.AIHUB_TOKEN),):
-        try:
-            value = secrets.get_secret(name)
-        except secrets.SecretStoreError:
-            value = None
-        if value:  # the keyring's wins over the environment (services.aihub_token.TOKEN_ORDER)
-            env[var] = value
-    return env
 
 
 def _not_implemented(stage: Stage) -> JobResult:

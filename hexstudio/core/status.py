@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hexstudio.core.manifest import RunManifest
-from hexstudio.core.pipeline import display_state
+from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import STAGES, Stage, get_stage
 
 

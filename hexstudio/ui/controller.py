@@ -17,10 +17,11 @@ from PySide6.QtCore import QObject, Signal
 
 from hexstudio.core import logs
 from hexstudio.core.manifest import RunManifest
-from hexstudio.core.pipeline import Pipeline, PipelineResult, display_state
+from hexstudio.core.pipeline import Pipeline, PipelineResult
 from hexstudio.core.runs import RunSummary, Workspace
 from hexstudio.core.sampler import ResourceSample
 from hexstudio.core.settings import Settings
+from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import STAGES, get_stage
 from hexstudio.core.status import KINDS, StageStatus, stage_status
 

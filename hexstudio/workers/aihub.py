@@ -57,7 +57,7 @@ from hexstudio.workers.runtime import WorkerError, WorkerSpec
 from hexstudio.workers.shared import bundle as gb
 from hexstudio.workers.shared import modelinfo
 from hexstudio.workers.shared.protocol import Emitter
-from hexstudio.workers.shared.run_settings import DEFAULTS
+from hexstudio.workers.shared.run_settings import RunSettings
 
 JOBS_FILE = "aihub_jobs.json"
 EMULATED_ATTRIBUTE = "hexstudio:emulated"
@@ -86,12 +86,12 @@ def write_json_atomic(path: Path, doc: Any) -> None:
         raise
 
 
-def model_name(model_doc: dict[str, Any], settings: dict[str, Any] | None = None) -> str:
+def model_name(model_doc: dict[str, Any], settings: RunSettings | None = None) -> str:
     """The `<model>` of file and job names, like qai-hub-models' model ids and the simulation bundle's
     (hexstudio.workers.shared.bundle.model_slug): "meta-llama/Llama-3.1-8B-Instruct" -> "llama_3_1_8b_instruct",
     "builtin:tiny-llama" -> "tiny_llama" (setting aihub_model_name overrides)."""
     return gb.model_slug(
-        str((settings or {}).get("aihub_model_name") or model_doc["model"]).replace("builtin:", "")
+        str((settings.aihub_model_name if settings else "") or model_doc["model"]).replace("builtin:", "")
     )
 
 
@@ -175,27 +175,27 @@ def _first_line(exc: BaseException) -> str:
 
 
 # -- client ------------------------------------------------------------------------------------
-def configure_client(settings: dict[str, Any]) -> float:
+def configure_client(settings: RunSettings) -> float:
     """The client's knobs: job polling and HTTP retries. Returns our poll interval (seconds)."""
     import qai_hub.client as hc
     import qai_hub.util.session as hs
 
-    poll = float(settings.get("aihub_poll_interval_s") or DEFAULT_POLL_S)
+    poll = float(settings.aihub_poll_interval_s or DEFAULT_POLL_S)
     hc.Job._polling_interval = max(1, int(poll))  # only used if a client call waits itself
-    if settings.get("aihub_http_retries") is not None:
-        hs.MAX_RETRIES = int(settings["aihub_http_retries"])
-    if settings.get("aihub_http_backoff_s") is not None:
-        hs.BACKOFF_FACTOR = float(settings["aihub_http_backoff_s"])
+    if settings.aihub_http_retries is not None:
+        hs.MAX_RETRIES = settings.aihub_http_retries
+    if settings.aihub_http_backoff_s is not None:
+        hs.BACKOFF_FACTOR = float(settings.aihub_http_backoff_s)
     return poll
 
 
-def client_config(settings: dict[str, Any], token: str | None = None) -> Any:
+def client_config(settings: RunSettings, token: str | None = None) -> Any:
     from qai_hub import ClientConfig
     from qai_hub.api_utils import get_config_path, load_api_config_from_file
     from qai_hub.public_rest_api import DEFAULT_HUB_API_URL, DEFAULT_HUB_WEB_URL
 
-    api_url = settings.get("aihub_api_url") or os.environ.get("HEXSTUDIO_AIHUB_API_URL")
-    web_url = settings.get("aihub_web_url") or os.environ.get("HEXSTUDIO_AIHUB_WEB_URL")
+    api_url = settings.aihub_api_url or os.environ.get("HEXSTUDIO_AIHUB_API_URL")
+    web_url = settings.aihub_web_url or os.environ.get("HEXSTUDIO_AIHUB_WEB_URL")
     token = token or os.environ.get("HEXSTUDIO_AIHUB_TOKEN")
     if token:
         return ClientConfig(
@@ -433,11 +433,11 @@ def resolve_device(client: Any, name: str, lpbq: bool) -> dict[str, Any]:
     return dev
 
 
-def list_devices(settings: dict[str, Any] | None = None, token: str | None = None) -> list[dict[str, Any]]:
+def list_devices(settings: RunSettings | None = None, token: str | None = None) -> list[dict[str, Any]]:
     """The device picker's rows, live from AI Hub: name, os, dsp_arch, soc_model, weight_sharing,
     chipset, emulated, supported (weight sharing v73+, LPBQ v69+) and reason. Blocking network call
     (run it in a thread from the GUI). Raises WorkerError with the same codes as the stage."""
-    s = settings or {}
+    s = settings or RunSettings()
     with contextlib.redirect_stdout(sys.stderr):
         import qai_hub as hub
 
@@ -544,10 +544,10 @@ def stage_aimet_dir(g: dict[str, Any], qdir: Path, dest: Path, base: str) -> tup
 DEFAULT_LINK_MBPS = 100.0  # assumed upload link speed when setting aihub_link_mbps is unset
 
 
-def link_speed(settings: dict[str, Any], measured: UplinkRate | None = None) -> tuple[float, str]:
+def link_speed(settings: RunSettings, measured: UplinkRate | None = None) -> tuple[float, str]:
     """(Mbit/s, where it comes from): setting aihub_link_mbps, else what the last upload to this AI Hub measured
     (workers/aihub_uplink.py), else an assumed 100 Mbit/s."""
-    v = settings.get("aihub_link_mbps")
+    v = settings.aihub_link_mbps
     if v:
         return float(v), "setting aihub_link_mbps"
     if measured is not None:
@@ -588,7 +588,7 @@ def qairt_of_model(model: Any) -> str | None:
 
 def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: Emitter) -> dict[str, Any]:
     s = spec.settings
-    if not s.get("aihub_consent"):
+    if not s.aihub_consent:
         raise WorkerError(
             "aihub_consent_required",
             "Compiling on Qualcomm AI Hub uploads model-derived files "
@@ -619,13 +619,11 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     cfg = checked_genie_config(hf_config, q, ctx_bins, s)  # before any upload
     tok = hf_dir / "tokenizer.json"
     check_speculative(hf_config, q, s, tok.read_bytes() if tok.is_file() else None, clamps_small_tables=False)
-    qairt = str(s.get("qairt_version") or DEFAULTS.qairt_version)
-    device_name = str(s.get("device") or DEFAULTS.device)
+    qairt = s.qairt_version
+    device_name = s.device
     lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
     logs_dir = spec.run_dir / "logs" / "aihub"
-    extra_options = str(
-        s.get("aihub_compile_options") or ""
-    ).strip()  # appended, as qai-hub-models' --compile-options
+    extra_options = str(s.aihub_compile_options).strip()  # appended, as qai-hub-models' --compile-options
 
     def outputs_of(g: dict[str, Any]) -> list[str]:
         comp = gm.variant_component(str(g["name"]), *main)

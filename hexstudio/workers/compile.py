@@ -1,6 +1,6 @@
 """Compile stage: turn the validated graphs into a bundle Genie (or the simulator board) can run.
 
-Targets (settings["compile_target"]):
+Targets (the setting `compile_target`):
   local  QNN 2.51 on this machine (the onnxruntime-qnn wheel: no account, no upload): real context binaries
          (hexstudio/workers/qnn/bundle.py). For the simulator board one binary per graph (the x86 HTP simulator cannot
          load shared weights), for a real board one per part with both graphs sharing weights.
@@ -24,7 +24,7 @@ from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 from hexstudio.workers.shared import bundle as gb
 from hexstudio.workers.shared import modelinfo
 from hexstudio.workers.shared.protocol import Emitter
-from hexstudio.workers.shared.run_settings import DEFAULTS
+from hexstudio.workers.shared.run_settings import RunSettings
 
 
 def write_sim_bundle(
@@ -32,7 +32,7 @@ def write_sim_bundle(
     model_doc: dict[str, Any],
     hf_dir: Path,
     out: Path,
-    settings: dict[str, Any],
+    settings: RunSettings,
     em: Emitter,
 ) -> dict[str, Any]:
     """The simulation bundle, laid out and configured as qai-hub-models lays out a real one (docs/compile.md):
@@ -121,8 +121,8 @@ def write_sim_bundle(
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     s = spec.settings
-    target = s.get("compile_target", DEFAULTS.compile_target)
-    board = spec.inputs.get("board", "sim")
+    target = s.compile_target
+    board = spec.inputs.board or "sim"
     if target == "auto":
         target = resolve_auto_target(board, em)
     model_doc = json.loads((spec.upstream_dir("model") / "model.json").read_text())
@@ -133,7 +133,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
 
         hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
         try:
-            device = gb.device_info(str(s.get("device") or DEFAULTS.device))
+            device = gb.device_info(s.device)
         except gb.BundleError as exc:
             raise WorkerError(
                 "unknown_device", str(exc), "Pick a device from the Compile page's list."

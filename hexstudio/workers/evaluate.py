@@ -4,11 +4,10 @@ processor over AR-N blocks, then the token generator on the KV cache).
 
     python -m hexstudio.workers.evaluate --spec spec.json
 
-The spec carries, beside the pipeline's fields (upstream: model, quantize, compile):
-    "legs": ["float", "sim", "htp"],      (htp: the local compile's HTP graphs on Qualcomm's simulator)
-    "jobs": [{"key": "...", "kind": "generate", "prompt": TEXT, "max_tokens": N, "legs": [...]}
-             | {"key": "...", "kind": "nll", "text": TEXT}],
-    "journal": "/abs/<run>/eval/host.jsonl"       # one line a finished (leg, key): resume skips them
+The spec carries, beside the pipeline's fields (upstream: model, quantize, compile), its work as an EvalWork
+(hexstudio/workers/shared/worker_spec.py): the legs (float, sim, htp: the local compile's HTP graphs on
+Qualcomm's simulator), the cases (generate: a prompt and max_tokens; nll: a text) with the legs each runs on,
+and the journal (one line a finished (leg, key): a resumed stage skips them).
 
 Tokens as Genie makes them (hexstudio/workers/genie_sim/t2t.py is its twin): BOS from the bundle's genie_config.json
 `bos-token` when >= 0, then the prompt encoded without special tokens; generation stops at an `eos-token`.
@@ -26,6 +25,7 @@ from typing import Any
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, map_path, worker_main
 from hexstudio.workers.shared.journal import append_journal, done_keys
 from hexstudio.workers.shared.protocol import Emitter
+from hexstudio.workers.shared.worker_spec import EvalCase
 
 LEGS = ("float", "sim", "htp")
 
@@ -117,20 +117,26 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
 
     from hexstudio.workers.arloop import ContextFull, DeploymentPair
 
-    raw = spec.raw
-    jobs: list[dict[str, Any]] = list(raw.get("jobs") or [])
-    legs = [x for x in raw.get("legs") or LEGS if x in LEGS]
-    journal = Path(str(raw.get("journal") or spec.out_dir / "host.jsonl"))
+    work = spec.evaluate
+    if work is None:
+        raise WorkerError(
+            "spec_invalid",
+            'The evaluate spec names no cases (its "evaluate" part is missing).',
+            "Start the Evaluate stage from the studio or `hexstudio run`.",
+        )
+    jobs = work.cases
+    legs = [x for x in work.legs or LEGS if x in LEGS]
+    journal = work.journal
     qdir = spec.upstream_dir("quantize")
     q = _read(qdir / "quantize.json")
     tok = _tokenizer(spec)
     bos, eos = _special(spec)
     done = done_keys(journal)
 
-    def runs_on(leg: str, j: dict[str, Any]) -> bool:  # a job lists its legs (the HTP leg runs few cases)
-        return leg in (j.get("legs") or legs)
+    def runs_on(leg: str, j: EvalCase) -> bool:  # a case lists its legs (the HTP leg runs few cases)
+        return leg in (j.legs or legs)
 
-    todo = [(leg, j) for leg in legs for j in jobs if runs_on(leg, j) and (leg, str(j["key"])) not in done]
+    todo = [(leg, j) for leg in legs for j in jobs if runs_on(leg, j) and (leg, j.key) not in done]
     total = sum(1 for leg in legs for j in jobs if runs_on(leg, j))
     finished = total - len(todo)
     em.progress(
@@ -165,10 +171,10 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         for j in mine:
             pair.reset()
             pre = [bos] if bos is not None else []
-            rec: dict[str, Any] = {"leg": leg, "key": j["key"]}
+            rec: dict[str, Any] = {"leg": leg, "key": j.key}
             try:
-                if j["kind"] == "nll":
-                    ids = pre + tok.encode(str(j["text"]), add_special_tokens=False).ids
+                if j.kind == "nll":
+                    ids = pre + tok.encode(j.text or "", add_special_tokens=False).ids
                     ids = ids[: pair.capacity]  # the first token is not predicted: it starts the passage
                     logits = pair.prefill(ids[:1])
                     nll = 0.0
@@ -177,8 +183,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
                         logits = pair.step(t)
                     rec.update({"nll_sum": round(nll, 6), "tokens": len(ids) - 1})
                 else:
-                    ids = pre + tok.encode(str(j["prompt"]), add_special_tokens=False).ids
-                    budget = min(int(j.get("max_tokens") or 64), pair.capacity - len(ids))
+                    ids = pre + tok.encode(j.prompt or "", add_special_tokens=False).ids
+                    budget = min(j.max_tokens or 64, pair.capacity - len(ids))
                     out: list[int] = []
                     state = "complete"
                     if budget <= 0:
@@ -203,9 +209,9 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             finished += 1
             em.progress(
                 finished / max(total, 1),
-                f"{leg}: {j['key']} ({finished}/{total})",
+                f"{leg}: {j.key} ({finished}/{total})",
                 leg=leg,
-                key=j["key"],
+                key=j.key,
                 finished=finished,
                 total=total,
             )

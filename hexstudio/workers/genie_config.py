@@ -23,13 +23,14 @@ from hexstudio.workers.shared.bundle.speculative import (
     lade_problem,
     spd_problem,
 )
+from hexstudio.workers.shared.run_settings import RunSettings
 
 
 def checked_genie_config(
     hf_config: dict[str, Any],
     q: dict[str, Any],
     ctx_bins: list[str],
-    settings: dict[str, Any],
+    settings: RunSettings,
     simulated: bool = False,
 ) -> dict[str, Any]:
     """genie_config.json for the quantize stage's graphs, checked before anything is written: the context
@@ -44,7 +45,7 @@ def checked_genie_config(
             int(q["context_length"]),
             ctx_bins,
             int(q["head_dim"]),
-            settings.get("sampler"),
+            settings.sampler,
             simulated=simulated,
         )
         gb.check_genie_config(cfg, hf_config, compiled)
@@ -72,35 +73,18 @@ def checked_genie_config(
     return cfg
 
 
-def speculative_of(settings: dict[str, Any]) -> tuple[list[str], Lade, Spd]:
+def speculative_of(settings: RunSettings) -> tuple[list[str], Lade, Spd]:
     """The speculative dialogs a run asks for (settings `speculative_dialogs`, `spd_draft`, `spd_draft_len`,
-    `lade_window`, `lade_ngram`, `lade_gcap`)."""
-    raw = settings.get("speculative_dialogs") or "none"
-    types = [
-        t.strip()
-        for t in (raw.split(",") if isinstance(raw, str) else [str(x) for x in raw])
-        if t.strip() and t.strip() != "none"
-    ]
-    d = Lade()  # Qualcomm's example values unless the run sets them
-    lade = Lade(
-        window=int(settings.get("lade_window") or d.window),
-        ngram=int(settings.get("lade_ngram") or d.ngram),
-        gcap=int(d.gcap if settings.get("lade_gcap") is None else settings["lade_gcap"]),
-    )
-    return (
-        types,
-        lade,
-        Spd(
-            draft_len=int(settings.get("spd_draft_len") or Spd().draft_len),
-            draft=str(settings.get("spd_draft") or "self"),
-        ),
-    )
+    `lade_window`, `lade_ngram`, `lade_gcap`; their defaults are Qualcomm's example values)."""
+    types = [t.strip() for t in settings.speculative_dialogs.split(",") if t.strip() and t.strip() != "none"]
+    lade = Lade(window=settings.lade_window, ngram=settings.lade_ngram, gcap=settings.lade_gcap)
+    return types, lade, Spd(draft_len=settings.spd_draft_len, draft=settings.spd_draft or "self")
 
 
 def check_speculative(
     hf_config: dict[str, Any],
     q: dict[str, Any],
-    settings: dict[str, Any],
+    settings: RunSettings,
     tokenizer: bytes | None = None,
     *,
     clamps_small_tables: bool = True,
@@ -147,7 +131,7 @@ def write_dialog_configs(
     cfg: dict[str, Any],
     hf_config: dict[str, Any],
     q: dict[str, Any],
-    settings: dict[str, Any],
+    settings: RunSettings,
     *,
     clamps_small_tables: bool = True,
 ) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 # Defaults calibrated on the built-in model (docs/quantize.md): a healthy W4A16 run sits well
-# inside them; a 2-bit or scrambled quantization falls far outside. settings["thresholds"] overrides.
+# inside them; a 2-bit or scrambled quantization falls far outside. the setting `thresholds` overrides.
 DEFAULT_THRESHOLDS: dict[str, float] = {
     "top1_agreement": 0.80,  # minimum: fraction of positions whose argmax matches float
     "kl_divergence": 0.10,  # maximum: mean KL(float || quantized) in nats

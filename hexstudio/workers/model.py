@@ -310,12 +310,12 @@ def resolve_source(model: str, spec: WorkerSpec, em: Emitter) -> tuple[str, Path
 
 def requested_revision(spec: WorkerSpec) -> str | None:
     """The revision asked for (`--revision`: a branch, tag or commit); None means the hub's default (main)."""
-    rev = spec.inputs.get("revision") or spec.settings.get("revision")
+    rev = spec.inputs.revision or spec.settings.revision
     return str(rev) if rev else None
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
-    model = str(spec.inputs.get("model") or BUILTIN_ID)
+    model = spec.inputs.model or BUILTIN_ID
     em.progress(0.0, f"resolving {model}")
     source, hf_dir, revision = resolve_source(model, spec, em)
     if source != "huggingface" and requested_revision(spec):
@@ -348,30 +348,28 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     em.progress(0.7, "checking the weight files (headers, sizes, no NaN or infinity)")
     weights = check_weights(hf_dir)
     # "auto" context length and parts, as preflight and `hexstudio model inspect` resolve them
-    r, plan = resolve_settings(
-        info, spec.settings, builtin=source == "builtin", board_name=spec.inputs.get("board")
-    )
+    r, plan = resolve_settings(info, spec.settings, builtin=source == "builtin", board_name=spec.inputs.board)
     context_length, ar_n, parts = r["context_length"], r["ar_n"], r["parts"]
     err = modelinfo.check_context(info, context_length, ar_n)
     if err:
         raise WorkerError("bad_context_length", err, "Change the context length in the run settings.")
     for line in plan["explanation"]:
         em.log(f"parts: {line}")
-    if spec.settings.get("parts", AUTO) not in (None, AUTO):
+    if spec.settings.parts != AUTO:
         em.log(f"parts: {parts} as set (the plan above would pick {plan['parts']})")
     if not 1 <= parts <= info["num_layers"]:
         raise WorkerError("bad_parts", f"parts must be between 1 and the layer count ({info['num_layers']}).")
     from hexstudio.workers.shared.run_settings import extra_ar_sizes, extra_context_lengths
 
     try:
-        more_cls = extra_context_lengths(spec.settings.get("context_lengths", ""), context_length, ar_n)
+        more_cls = extra_context_lengths(spec.settings.context_lengths, context_length, ar_n)
         variants = 1 + len(more_cls)
     except ValueError as exc:
         raise WorkerError(
             "bad_context_lengths", str(exc), "Fix context_lengths (or leave it empty)."
         ) from None
     try:  # checked here, before an hour of quantizing
-        more_ars = extra_ar_sizes(spec.settings.get("ar_sizes", ""), ar_n, [context_length, *more_cls])
+        more_ars = extra_ar_sizes(spec.settings.ar_sizes, ar_n, [context_length, *more_cls])
     except ValueError as exc:
         raise WorkerError("bad_ar_sizes", str(exc), "Fix ar_sizes (or leave it empty).") from None
     est = modelinfo.estimate(

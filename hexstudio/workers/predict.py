@@ -249,16 +249,16 @@ def graph_shapes(m: ModelShape, context: int, ar_n: int, two_layers: bool) -> di
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
-    inp = spec.inputs
-    try:
-        m = ModelShape(**inp["shape"])
-        target = Target.from_json(inp["target"])
-        context, ar_n, parts = int(inp["context_length"]), int(inp["ar_n"]), int(inp["parts"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise WorkerError("spec_invalid", f"The predict spec lacks or has a bad {exc}.") from None
-    cache_dir = Path(inp.get("cache_dir") or spec.run_dir)
+    work = spec.predict
+    if work is None:
+        raise WorkerError(
+            "spec_invalid", 'The predict spec names no model shape (its "predict" part is missing).'
+        )
+    m, target = work.shape, work.target
+    context, ar_n, parts = work.context_length, work.ar_n, work.parts
+    cache_dir = work.cache_dir
     qnn = qnn_version()
-    shapes = graph_shapes(m, context, ar_n, bool(inp.get("two_layers", True)))
+    shapes = graph_shapes(m, context, ar_n, work.two_layers)
     timings: dict[str, GraphTiming] = {}
     slower: GraphTiming | None = None  # the token generator's other attention layout
     split = False
@@ -282,7 +282,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             slower = t
             continue
         timings[name] = t
-    p = combine(str(inp.get("model") or m.name), m, target, context, ar_n, parts, qnn, timings)
+    p = combine(work.model or m.name, m, target, context, ar_n, parts, qnn, timings)
     if slower is not None:
         p.graphs.append(slower)
         p.notes.append(

@@ -11,7 +11,6 @@ from typing import Any
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 from hexstudio.workers.shared.preflight_checks import probe, run_checks
 from hexstudio.workers.shared.protocol import Emitter
-from hexstudio.workers.shared.run_settings import DEFAULTS
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
@@ -28,7 +27,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     from huggingface_hub import constants as hf_constants
 
     # where downloads land, as huggingface_hub computes it (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)
-    smoke = bool(spec.settings.get("aimet_smoke", DEFAULTS.aimet_smoke))
+    smoke = spec.settings.aimet_smoke
     p = probe(workspace, Path(hf_constants.HF_HUB_CACHE), smoke=smoke)
     checks = run_checks(p, needs)
     failed = sum(c["status"] == "fail" for c in checks)

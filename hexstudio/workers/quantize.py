@@ -22,33 +22,16 @@ import os
 import time
 from typing import Any
 
+from hexstudio.workers.documents import model_doc
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
+from hexstudio.workers.shared.artifacts import ModelDoc
 from hexstudio.workers.shared.protocol import Emitter
-from hexstudio.workers.shared.run_settings import DEFAULTS
 
 
-def read_model_json(spec: WorkerSpec) -> dict[str, Any]:
-    p = spec.upstream_dir("model") / "model.json"
-    try:
-        return dict(json.loads(p.read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        raise WorkerError(
-            "model_json_missing", f"{p} does not exist.", "Run the model stage again."
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise WorkerError(
-            "model_json_invalid", f"{p} is not valid JSON: {exc.msg}.", "Run the model stage again (--force)."
-        ) from None
-
-
-def resolve_shape(model: dict[str, Any], settings: dict[str, Any]) -> tuple[int, int, int]:
-    res = model.get("resolved") or {}
-    cl = int(res.get("context_length") or settings.get("context_length") or 512)
-    ar_n = int(res.get("ar_n") or settings.get("ar_n") or 128)
-    parts_v = res.get("parts") or settings.get("parts")
-    if parts_v in (None, "auto"):
-        parts_v = 2
-    parts = int(parts_v)
+def resolve_shape(model: ModelDoc) -> tuple[int, int, int]:
+    """The deployment shape the Model stage resolved (model.json "resolved": no "auto" left), checked."""
+    res = model["resolved"]
+    cl, ar_n, parts = int(res["context_length"]), int(res["ar_n"]), int(res["parts"])
     num_layers = int((model.get("info") or {}).get("num_layers") or 0)
     if ar_n < 1 or cl < 2 or ar_n >= cl:
         raise WorkerError(
@@ -92,18 +75,26 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     protect_protocol_stdout(em)
     t_start = time.monotonic()
     settings = spec.settings
-    model_json = read_model_json(spec)
-    hf_dir = resolve_hf_dir(model_json, spec.upstream_dir("model"))
-    cl, ar_n, parts = resolve_shape(model_json, settings)
+    model_json = model_doc(spec)
+    hf_dir = resolve_hf_dir(dict(model_json), spec.upstream_dir("model"))
+    try:
+        cl, ar_n, parts = resolve_shape(model_json)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkerError(
+            "model_output_invalid",
+            f"model.json's resolved shape is damaged ({exc}).",
+            "Run the model stage again (--force).",
+        ) from None
     for key, allowed in (("weight_bits", (2, 4, 8)), ("activation_bits", (8, 16)), ("kv_bits", (8, 16))):
-        if int(settings.get(key, getattr(DEFAULTS, key))) not in allowed:
+        if getattr(settings, key) not in allowed:
             raise WorkerError(
                 "bad_precision",
-                f"{key} {settings.get(key)} is not supported.",
+                f"{key} {getattr(settings, key)} is not supported.",
                 f"Use one of {', '.join(map(str, allowed))}.",
             )
-    samples = int(settings.get("calibration_samples", DEFAULTS.calibration_samples))
-    seq_len = int(settings.get("calibration_seq_len", ar_n))
+    samples = settings.calibration_samples
+    # unset: one prompt-processor block (the shape the graphs run at)
+    seq_len = settings.calibration_seq_len if spec.is_set("calibration_seq_len") else ar_n
     if samples < 1 or seq_len < 2 or seq_len > cl:
         raise WorkerError(
             "bad_calibration",
@@ -120,7 +111,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             "context length is not twice ar_n (e.g. ar_n 128 with 512 or 1024).",
         )
     try:
-        more_cls = extra_context_lengths(settings.get("context_lengths", ""), cl, ar_n)
+        more_cls = extra_context_lengths(settings.context_lengths, cl, ar_n)
     except ValueError as exc:
         raise WorkerError(
             "bad_context_lengths",
@@ -128,19 +119,19 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             "Fix context_lengths (or leave it empty), then run the Quantize stage again.",
         ) from None
     try:
-        more_ars = extra_ar_sizes(settings.get("ar_sizes", ""), ar_n, [cl, *more_cls])
+        more_ars = extra_ar_sizes(settings.ar_sizes, ar_n, [cl, *more_cls])
     except ValueError as exc:
         raise WorkerError(
             "bad_ar_sizes", str(exc), "Fix ar_sizes (or leave it empty), then run the Quantize stage again."
         ) from None
-    unit = str(settings.get("calibration_unit", DEFAULTS.calibration_unit))
+    unit = settings.calibration_unit
     if unit not in ("layer", "part"):
         raise WorkerError(
             "bad_calibration_unit",
             f"calibration_unit {unit!r} is not known.",
             'Use "layer" (one QuantSim per decoder layer, least memory) or "part" (one QuantSim per part).',
         )
-    text = resolve_text(settings.get("calibration_text", DEFAULTS.calibration_text), "calibration")
+    text = resolve_text(settings.calibration_text, "calibration")
     out = spec.out_dir
     threads = _threads()
 
@@ -283,7 +274,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         f"storage: {storage['disk_bytes'] / 2**30:.2f} GiB on disk (hard links counted once); AI Hub upload "
         f"{storage['aihub_upload_bytes'] / 2**30:.2f} GiB ({len(graphs)} graphs, each with its part's weights)"
     )
-    wb = int(settings.get("weight_bits", DEFAULTS.weight_bits))
+    wb = settings.weight_bits
     doc = {
         "context_length": cl,
         "ar_n": ar_n,
@@ -295,8 +286,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         "vocab_size": int(cfg.vocab_size),
         "precision": {
             "weights": f"int{wb} LPBQ block 64",
-            "activations": f"int{int(settings.get('activation_bits', DEFAULTS.activation_bits))}",
-            "kv_cache": f"int{int(settings.get('kv_bits', DEFAULTS.kv_bits))}",
+            "activations": f"int{settings.activation_bits}",
+            "kv_cache": f"int{settings.kv_bits}",
             "lm_head": "int8",
             "embeddings": "int8 per-channel",
         },

@@ -11,13 +11,8 @@ A worker module looks like:
     if __name__ == "__main__":
         worker_main("quantize", run)
 
-Spec file (JSON), written by the studio's pipeline:
-    {"schema": 1, "stage": "quantize",
-     "run_dir": "/abs/runs/ID",
-     "out_dir": "/abs/runs/ID/artifacts/quantize.partial",  # write outputs ONLY here
-     "upstream": {"model": "/abs/runs/ID/artifacts/model", ...},  # completed stages' folders
-     "settings": {...},       # the run's settings (context_length, ar_n, ...)
-     "inputs": {...}}         # this stage's declared inputs, resolved
+The spec (JSON, written by the studio's stage launcher) is declared once, typed, in
+hexstudio/workers/shared/worker_spec.py: `spec.settings` is a RunSettings, never a dict.
 Stdlib only: this file is copied to remote hosts.
 """
 
@@ -33,14 +28,12 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hexstudio.workers.shared.errors import ActionableError
 from hexstudio.workers.shared.protocol import LIVENESS_ENV, PARENT_ENV, Emitter
-
-SPEC_SCHEMA = 1
+from hexstudio.workers.shared.worker_spec import SPEC_SCHEMA, SpecError, WorkerSpec
 
 
 class WorkerError(ActionableError):
@@ -52,59 +45,6 @@ class WorkerError(ActionableError):
 
 class Cancelled(Exception):
     """Raised inside a worker when the studio asked it to stop (SIGINT/SIGTERM)."""
-
-
-@dataclass
-class WorkerSpec:
-    stage: str
-    run_dir: Path
-    out_dir: Path
-    upstream: dict[str, Path] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
-    inputs: dict[str, Any] = field(default_factory=dict)
-    raw: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, path: str | Path) -> WorkerSpec:
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise WorkerError(
-                "spec_missing",
-                f"Spec file {p} does not exist.",
-                "Start workers through the studio or `hexstudio run`.",
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise WorkerError("spec_invalid", f"Spec file {p} is not valid JSON: {exc.msg}.") from None
-        if data.get("schema") != SPEC_SCHEMA:
-            raise WorkerError(
-                "spec_invalid",
-                f"Spec schema {data.get('schema')!r} is not {SPEC_SCHEMA}.",
-                "The studio and its workers come from different versions: reinstall.",
-            )
-        try:
-            return cls(
-                stage=str(data["stage"]),
-                run_dir=Path(data["run_dir"]),
-                out_dir=Path(data["out_dir"]),
-                upstream={k: Path(v) for k, v in (data.get("upstream") or {}).items()},
-                settings=dict(data.get("settings") or {}),
-                inputs=dict(data.get("inputs") or {}),
-                raw=data,
-            )
-        except KeyError as exc:
-            raise WorkerError("spec_invalid", f"Spec file lacks {exc}.") from None
-
-    def upstream_dir(self, stage: str) -> Path:
-        try:
-            return self.upstream[stage]
-        except KeyError:
-            raise WorkerError(
-                "missing_upstream",
-                f"The {self.stage} stage needs the {stage} stage's output.",
-                f"Run the {stage} stage first.",
-            ) from None
 
 
 def map_path(path: str) -> str:
@@ -332,3 +272,14 @@ def _drop_tmp(tmp: Path | None) -> None:
             tmp.parent.rmdir()  # run_dir/tmp, when no other stage's folder is left in it
         except OSError:
             pass
+
+
+__all__ = [
+    "SPEC_SCHEMA",
+    "Cancelled",
+    "SpecError",
+    "WorkerError",
+    "WorkerSpec",
+    "map_path",
+    "worker_main",
+]

@@ -3,7 +3,7 @@
 Used to check a remote Linux host before sending it a heavy stage (the path for
 users whose workstation is too small for the model), and by the job runner tests.
 Reports Python, memory, free disk, CPU count and which ML packages import.
-Settings: "seconds" (optional) keeps it busy for that long, emitting progress.
+Hook (a key of the run's settings that is no run setting): "seconds" (optional) keeps it busy for that long, emitting progress.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _meminfo() -> dict[str, int]:
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
-    seconds = float(spec.settings.get("seconds", 0) or 0)
+    seconds = float(spec.hooks.get("seconds", 0) or 0)
     t0 = time.time()
     while seconds and time.time() - t0 < seconds:
         em.progress(min(0.99, (time.time() - t0) / seconds), "busy (self-test delay)")

@@ -18,12 +18,13 @@ import os
 import shutil
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hexstudio.workers.documents import read_doc
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 from hexstudio.workers.shared.protocol import Emitter
-from hexstudio.workers.shared.run_settings import DEFAULTS
 
 EVAL_WINDOWS = 3  # held-out windows: prompt through the prompt processor, then teacher-forced AR-1 steps
 PROMPT_TOKENS = 48
@@ -77,25 +78,15 @@ def _htp_leg(q: dict[str, Any], qdir: Path, ids: list[int], spec: WorkerSpec, em
 
 
 def _load_json(p: Path, stage: str) -> dict[str, Any]:
-    try:
-        return dict(json.loads(p.read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        raise WorkerError(
-            f"{stage}_output_missing", f"{p} does not exist.", f"Run the {stage} stage again."
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise WorkerError(
-            f"{stage}_output_invalid",
-            f"{p} is not valid JSON: {exc.msg}.",
-            f"Run the {stage} stage again (--force).",
-        ) from None
+    return dict(read_doc(p, dict, stage))
 
 
-def thresholds_from(settings: dict[str, Any]) -> dict[str, float]:
+def thresholds_from(overrides: Mapping[str, Any]) -> dict[str, float]:
+    """The validation thresholds: the defaults, with the run's setting `thresholds` over them."""
     from hexstudio.workers.metrics import DEFAULT_THRESHOLDS
 
     thr = {**DEFAULT_THRESHOLDS, **EXPORT_THRESHOLDS, **HTP_THRESHOLDS}
-    for k, v in (settings.get("thresholds") or {}).items():
+    for k, v in overrides.items():
         if k not in thr:
             raise WorkerError(
                 "bad_threshold",
@@ -117,8 +108,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     q = _load_json(qdir / "quantize.json", "quantize")
     model = _load_json(spec.upstream_dir("model") / "model.json", "model")
     hf_dir = resolve_hf_dir(model, spec.upstream_dir("model"))
-    thr = thresholds_from(spec.settings)
-    text_path = resolve_text(spec.settings.get("validation_text", DEFAULTS.validation_text), "validation")
+    thr = thresholds_from(spec.settings.thresholds)
+    text_path = resolve_text(spec.settings.validation_text, "validation")
     tok = load_tokenizer(hf_dir)
     ids = tok.encode(text_path.read_text(encoding="utf-8"), add_special_tokens=False).ids
     window = PROMPT_TOKENS + FORCED_STEPS + 1
@@ -139,7 +130,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             "older HexStudio whose graphs Genie cannot run (rope inside the graph).",
             "Run the quantize stage again (--force).",
         )
-    mode = str(spec.settings.get("validate_unit", DEFAULTS.validate_unit))
+    mode = spec.settings.validate_unit
     if mode not in ("unit", "part"):
         raise WorkerError(
             "bad_validate_unit",

@@ -223,8 +223,8 @@ def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_p
     records the doctor in board.json; the password is in none of the run's files."""
     from hexstudio.core import logs as studio_logs
     from hexstudio.core.device.stage import run_board_stage
-    from hexstudio.core.pipeline import StageContext
     from hexstudio.core.runs import Workspace
+    from hexstudio.core.stage_api import StageContext
     from hexstudio.core.stages import get_stage
 
     studio_logs.setup_logging(
@@ -267,7 +267,7 @@ def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_p
     studio_logs.close_logging()
 
     # an AI Hub EMULATOR bundle is refused by the stage on this (real, not allow-listed) board
-    from hexstudio.core.pipeline import StageError
+    from hexstudio.core.stage_api import StageError
 
     emu_dir = make_device_bundle(tmp_path / "emulated" / "bundle", part_bytes=1000)
     emu_doc = json.loads((emu_dir / "bundle.json").read_text())

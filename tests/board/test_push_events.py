@@ -139,8 +139,8 @@ def test_a_dropped_connection_in_the_board_stage_has_its_own_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hexstudio.core.device.stage import run_board_stage
-    from hexstudio.core.pipeline import StageContext, StageError
     from hexstudio.core.runs import Workspace
+    from hexstudio.core.stage_api import StageContext, StageError
     from hexstudio.core.stages import get_stage
 
     ws = Workspace(tmp_path / "ws")

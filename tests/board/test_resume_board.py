@@ -10,8 +10,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from hexstudio.core.pipeline import Pipeline, StageContext
+from hexstudio.core.pipeline import Pipeline
 from hexstudio.core.runs import Workspace
+from hexstudio.core.stage_api import StageContext
 from hexstudio.core.stages import Stage, _verdict_done, get_stage
 from tests.board.test_crafted_bundle import _flip, sim_bundle
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from hexstudio.core.device.board import open_board
 from hexstudio.core.device.stage import run_board_stage
-from hexstudio.core.pipeline import StageContext
 from hexstudio.core.runs import Workspace
 from hexstudio.core.secrets import set_secret, sudo_password_key
+from hexstudio.core.stage_api import StageContext
 from hexstudio.core.stages import get_stage
 from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard, build_qairt_zip, make_device_bundle

@@ -100,7 +100,7 @@ def test_missing_token_hint_names_the_real_commands(no_token_env: Path) -> None:
     assert "Settings" not in hint
     # and once stored with the CLI, the studio passes it to the worker (by environment, from the keyring)
     assert _cli("aihub", "login", "--stdin", stdin=TOKEN).returncode == 0
-    from hexstudio.core.pipeline import worker_env
+    from hexstudio.core.stage_api import worker_env
 
     assert worker_env()["HEXSTUDIO_AIHUB_TOKEN"] == TOKEN
     assert aihub.client_config({}, worker_env()["HEXSTUDIO_AIHUB_TOKEN"]).api_token == TOKEN
@@ -153,7 +153,7 @@ def test_one_token_order_a_stale_variable_never_hides_the_stored_token(
 ) -> None:
     """Issue 27 #6: the environment variable won over the keyring in the worker while status said the keyring's
     was used. One rule now: the keyring, then $HEXSTUDIO_AIHUB_TOKEN, then client.ini, for both."""
-    from hexstudio.core.pipeline import worker_env
+    from hexstudio.core.stage_api import worker_env
 
     assert _cli("aihub", "login", "--stdin", stdin=TOKEN).returncode == 0
     stale = {"HEXSTUDIO_AIHUB_TOKEN": "stale-token-from-an-old-shell"}

@@ -13,6 +13,7 @@ import pytest
 
 from hexstudio.workers import aihub_upload as au
 from hexstudio.workers.quant.qdq import int_form
+from hexstudio.workers.shared.run_settings import RunSettings
 
 
 def _external_fp32(init: Any, base: Path) -> np.ndarray:
@@ -216,8 +217,8 @@ def test_the_emulator_refuses_an_fp16_weight_fed_straight_to_a_float_op(tmp_path
 def test_eta_and_link_speed_say_where_the_speed_comes_from() -> None:
     from hexstudio.workers.aihub import eta_text, link_speed
 
-    assert link_speed({}) == (100.0, "assumed; set aihub_link_mbps to your uplink")
-    assert link_speed({"aihub_link_mbps": 40}) == (40.0, "setting aihub_link_mbps")
+    assert link_speed(RunSettings()) == (100.0, "assumed; set aihub_link_mbps to your uplink")
+    assert link_speed(RunSettings(aihub_link_mbps=40)) == (40.0, "setting aihub_link_mbps")
     assert eta_text(25e9, 100) == "33 min" and eta_text(1e6, 100) == "0 s" and eta_text(66e9, 50) == "2.9 h"
 
 
@@ -235,9 +236,9 @@ def test_the_uplink_an_upload_measured_is_the_next_etas_speed(tmp_path: Path) ->
     assert read_rate(tmp_path, emulator) is None  # the emulator never stands in for Qualcomm's service
     record_rate(tmp_path, emulator, 10e6, 0.1)
     assert read_rate(tmp_path, hub) == rate and read_rate(tmp_path, emulator).mbps == 800.0  # type: ignore[union-attr]
-    mbps, source = link_speed({}, rate)
+    mbps, source = link_speed(RunSettings(), rate)
     assert mbps == 50.0 and source.startswith(f"measured {rate.measured_at[:10]} over 0.25 GB")
-    assert link_speed({"aihub_link_mbps": 40}, rate) == (
+    assert link_speed(RunSettings(aihub_link_mbps=40), rate) == (
         40.0,
         "setting aihub_link_mbps",
     )  # the user's word wins

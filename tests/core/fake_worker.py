@@ -27,25 +27,25 @@ from hexstudio.workers.shared.protocol import Emitter
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
-    mode = spec.settings.get(f"mode_{spec.stage}", spec.settings.get("mode", "ok"))
+    mode = spec.hooks.get(f"mode_{spec.stage}", spec.hooks.get("mode", "ok"))
     out = spec.out_dir
     if mode == "ok":
         em.progress(0.5, "half way")
         (out / "result.txt").write_text(f"attempt by pid {os.getpid()}\n")
         em.artifact("result.txt", kind="text", role="result")
         em.metric("answer", 42, unit="")
-        for name, value in (spec.settings.get(f"metrics_{spec.stage}") or {}).items():
+        for name, value in (spec.hooks.get(f"metrics_{spec.stage}") or {}).items():
             em.metric(name, value)  # e.g. validate's verdict, preflight's checks_failed (gate tests)
         em.progress(1.0, "finished")
         return {"mode": mode}
     if mode == "slow":
         (out / "half.txt").write_text("half-written output\n")
-        pidfile = spec.settings.get("child_pidfile")
+        pidfile = spec.hooks.get("child_pidfile")
         if pidfile:
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
             with open(pidfile, "w") as fh:
                 fh.write(str(child.pid))
-        seconds = float(spec.settings.get("seconds", 60))
+        seconds = float(spec.hooks.get("seconds", 60))
         t0 = time.time()
         while time.time() - t0 < seconds:
             em.progress(min(0.99, (time.time() - t0) / seconds), "working")
@@ -54,13 +54,13 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         return {"mode": mode}
     if mode == "busy":
         child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        with open(spec.settings["child_pidfile"], "w") as fh:
+        with open(spec.hooks["child_pidfile"], "w") as fh:
             fh.write(str(child.pid))
-        with open(spec.settings["pidfile"], "w") as fh:
+        with open(spec.hooks["pidfile"], "w") as fh:
             fh.write(str(os.getpid()))
         t0 = time.time()
         n = 0
-        while time.time() - t0 < float(spec.settings.get("seconds", 600)):
+        while time.time() - t0 < float(spec.hooks.get("seconds", 600)):
             n += sum(
                 i * i for i in range(100000)
             )  # never writes to the (dead) pipe: only the kernel stops it
@@ -78,7 +78,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             "bad_input", "The calibration file is empty.", "Choose a text file with some prose."
         )
     if mode == "stubborn":
-        log = spec.settings["signal_log"]
+        log = spec.hooks["signal_log"]
 
         def note(signum: int, frame: object) -> None:
             with open(log, "a") as fh:
@@ -96,13 +96,13 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
                 "time.sleep(600)\n",
             ]
         )
-        with open(spec.settings["child_pidfile"], "w") as fh:
+        with open(spec.hooks["child_pidfile"], "w") as fh:
             fh.write(str(child.pid))
         while True:
             em.progress(0.5, "not listening")
             time.sleep(0.05)
     if mode == "flood":
-        n = int(spec.settings.get("events", 100000))
+        n = int(spec.hooks.get("events", 100000))
         for i in range(n):
             if i % 2:
                 em.log(f"line {i}")

@@ -163,7 +163,8 @@ def test_secrets_reach_workers_by_environment_only(tmp_path: Path) -> None:
     import asyncio
     import dataclasses
 
-    from hexstudio.core.pipeline import Pipeline, worker_env
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.stage_api import worker_env
     from tests.core.conftest import fake_stages
 
     secrets.set_secret(secrets.HF_TOKEN, "hf_canary_4242")

@@ -51,7 +51,7 @@ def test_login_status_logout(no_hf_token: dict[str, str]) -> None:
     doc = json.loads(_cli("hf", "status", "--json", env=env).stdout)
     assert doc["source"] == "keyring" and TOKEN not in json.dumps(doc)
     # the pipeline hands it to the Model worker by environment
-    from hexstudio.core.pipeline import worker_env
+    from hexstudio.core.stage_api import worker_env
 
     assert worker_env()["HF_TOKEN"] == TOKEN
     r = _cli("hf", "logout", env=env)

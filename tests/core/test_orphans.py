@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from hexstudio.core.manifest import boot_id
-from hexstudio.core.pipeline import WORKER_RUN_ENV, Pipeline, stop_stale_workers
+from hexstudio.core.pipeline import Pipeline, stop_stale_workers
 from hexstudio.core.runs import Workspace
+from hexstudio.core.stage_api import WORKER_RUN_ENV
 from tests.core.conftest import fake_stages
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,8 +16,9 @@ import pytest
 
 from hexstudio.core.jobs import EventStream, classify
 from hexstudio.core.manifest import RunManifest, validate_manifest
-from hexstudio.core.pipeline import Pipeline, display_state
+from hexstudio.core.pipeline import Pipeline
 from hexstudio.core.runs import RunBusy, RunLock, Workspace
+from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import get_stage
 from tests.core.conftest import fake_stages
 

@@ -117,7 +117,7 @@ def test_defaults_and_stage_inputs_are_what_they_were() -> None:
 def test_a_run_from_before_the_speculative_settings_keeps_its_stages_current() -> None:
     from types import SimpleNamespace
 
-    from hexstudio.core.pipeline import HASHED_WHEN_SET, input_hash
+    from hexstudio.core.stage_state import HASHED_WHEN_SET, input_hash
     from hexstudio.core.stages import STAGES
 
     old = {k: v for k, v in OLD_DEFAULTS.items() if k not in HASHED_WHEN_SET}

@@ -25,7 +25,7 @@ def run(spec, em):
     subprocess.run(["sh", "-c", 'echo x > "$TMPDIR/from-child"'], check=True)
     mode = stat.S_IMODE(os.stat(os.environ["TMPDIR"]).st_mode)
     em.log(json.dumps({"dir": d, "file": f, "tmpdir": os.environ["TMPDIR"], "mode": mode}))
-    if spec.settings.get("fail"):
+    if spec.hooks.get("fail"):
         raise WorkerError("boom", "failed on purpose")
     return {}
 

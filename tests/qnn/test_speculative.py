@@ -16,6 +16,7 @@ import pytest
 from hexstudio.workers.runtime import WorkerError
 from hexstudio.workers.shared.bundle import speculative as sp
 from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
+from hexstudio.workers.shared.run_settings import run_settings_of
 from tests.qnn.conftest import needs_qnn
 
 BUILTIN_CONFIG = (
@@ -89,20 +90,22 @@ def test_what_a_model_cannot_have_is_refused_with_the_reason_before_anything_com
 
     hf = json.loads(BUILTIN_CONFIG.read_text())  # vocab 840: the local compile clamps lade's seed ids 1000+
     q = {"ar_n": 128}
-    assert check_speculative(hf, q, {"speculative_dialogs": "lade,spd"}) == ["lade", "spd"]
+    assert check_speculative(hf, q, run_settings_of({"speculative_dialogs": "lade,spd"})) == ["lade", "spd"]
     with pytest.raises(WorkerError) as ei:  # a lade step (48 tokens) longer than the prompt processor
-        check_speculative(hf, {"ar_n": 32}, {"speculative_dialogs": "lade"})
+        check_speculative(hf, {"ar_n": 32}, run_settings_of({"speculative_dialogs": "lade"}))
     assert ei.value.code == "dialog_unsupported" and "AR-32" in ei.value.message and "48" in ei.value.message
     assert check_speculative(
-        hf, {"ar_n": 32}, {"speculative_dialogs": "lade", "lade_window": 4, "lade_gcap": 4, "lade_ngram": 3}
+        hf,
+        {"ar_n": 32},
+        run_settings_of({"speculative_dialogs": "lade", "lade_window": 4, "lade_gcap": 4, "lade_ngram": 3}),
     ) == ["lade"]  # (4 + 4) x 2 = 16 tokens
-    assert check_speculative(hf, q, {"speculative_dialogs": "spd"}) == ["spd"]
-    assert check_speculative(hf, q, {"speculative_dialogs": "none"}) == []
+    assert check_speculative(hf, q, run_settings_of({"speculative_dialogs": "spd"})) == ["spd"]
+    assert check_speculative(hf, q, run_settings_of({"speculative_dialogs": "none"})) == []
     big = {**hf, "vocab_size": 32000}
-    assert check_speculative(big, q, {"speculative_dialogs": "lade,spd"}) == ["lade", "spd"]
+    assert check_speculative(big, q, run_settings_of({"speculative_dialogs": "lade,spd"})) == ["lade", "spd"]
     assert "AR-16" in str(sp.lade_problem([1, 16], sp.Lade()))  # a step of 48 tokens needs AR >= 48
     with pytest.raises(WorkerError, match="SSD training"):
-        check_speculative(big, q, {"speculative_dialogs": ["ssd-q1"]})
+        check_speculative(big, q, run_settings_of({"speculative_dialogs": "ssd-q1"}))
     assert "same tokenizer" in str(sp.spd_problem(sp.Spd(), 32000, 32064, [1, 128]))
 
 
@@ -146,7 +149,9 @@ def test_real_genie_runs_spd_greedy_token_for_token_as_basic(local_run: Path, tm
     # what the Compile stage writes with speculative_dialogs=spd, on a copy of the pushed bundle
     bundle = tmp_path / "bundle"
     shutil.copytree(remote, bundle)
-    assert write_dialog_configs(bundle, basic, hf, q, {"speculative_dialogs": "spd", "spd_draft_len": 3}) == [
+    assert write_dialog_configs(
+        bundle, basic, hf, q, run_settings_of({"speculative_dialogs": "spd", "spd_draft_len": 3})
+    ) == [
         "genie_config.json",
         "genie_config.spd.json",
     ]
@@ -199,7 +204,9 @@ def test_the_built_in_draft_model_drafts_for_the_built_in_model_on_real_genie(
     q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
     hf = json.loads((remote / "config.json").read_text())
     basic = json.loads((remote / "genie_config.json").read_text())
-    settings = {"speculative_dialogs": "spd", "spd_draft": str(draft_bundle), "spd_draft_len": 3}
+    settings = run_settings_of(
+        {"speculative_dialogs": "spd", "spd_draft": str(draft_bundle), "spd_draft_len": 3}
+    )
     tok = (remote / "tokenizer.json").read_bytes()
     assert check_speculative(hf, q, settings, tok) == ["spd"]
     with pytest.raises(WorkerError, match="another tokenizer"):  # a draft must share the tokenizer
@@ -295,7 +302,9 @@ def test_real_genie_runs_lade_steps_past_the_small_embedding(local_run: Path) ->
     q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
     hf = json.loads((remote / "config.json").read_text())
     assert int(hf["vocab_size"]) < sp.LADE_SEED_BASE
-    settings = {"speculative_dialogs": "lade", "lade_window": 2, "lade_ngram": 2, "lade_gcap": 4}
+    settings = run_settings_of(
+        {"speculative_dialogs": "lade", "lade_window": 2, "lade_ngram": 2, "lade_gcap": 4}
+    )
     assert check_speculative(hf, q, settings) == ["lade"]
     basic = json.loads((remote / "genie_config.json").read_text())
     assert write_dialog_configs(remote, basic, hf, q, settings) == [

@@ -53,7 +53,7 @@ def test_threshold_overrides_from_settings() -> None:
     from hexstudio.workers.runtime import WorkerError
     from hexstudio.workers.validate import thresholds_from
 
-    thr = thresholds_from({"thresholds": {"kl_divergence": "0.05"}})
+    thr = thresholds_from({"kl_divergence": "0.05"})
     assert thr["kl_divergence"] == 0.05 and thr["top1_agreement"] == 0.80
     with pytest.raises(WorkerError, match="Unknown validation threshold"):
-        thresholds_from({"thresholds": {"kl": 1}})
+        thresholds_from({"kl": 1})

@@ -12,6 +12,7 @@ import pytest
 
 from hexstudio.workers.quant.calib import pp_mask
 from hexstudio.workers.shared.data import builtin_model_dir
+from hexstudio.workers.shared.run_settings import RunSettings
 
 REPO = Path(__file__).resolve().parents[2]
 HF = builtin_model_dir()
@@ -103,7 +104,7 @@ def test_streamed_qdq_graph_matches_aimet_to_onnx_qdq(float_parts: dict[str, Pat
     path = float_parts["prompt_ar64_cl256_2_of_2"]
     rng = np.random.default_rng(1)
     names = _inputs(path)
-    sim, _ = build_sim(path, {"weight_bits": 4}, Path(tempfile.mkdtemp(dir=tmp_path)), 2)
+    sim, _ = build_sim(path, RunSettings(weight_bits=4), Path(tempfile.mkdtemp(dir=tmp_path)), 2)
     sim.compute_encodings(iter([_feed(names, rng) for _ in range(2)]))
     sim.export(str(tmp_path), "model", export_model=False)
     assert save_baked(sim, tmp_path / "baked.safetensors") >= 8
@@ -208,11 +209,11 @@ def test_lm_head_cuts_into_column_chunks_that_calibrate_like_the_whole(
     got = np.concatenate([_run(u.path, {u.inputs[0]: hidden[0]})["logits"] for u in chunks], axis=-1)
     np.testing.assert_array_equal(got, ref)
 
-    quantize_unit(whole, tmp_path / "whole.encodings", feeds, {}, 2)
+    quantize_unit(whole, tmp_path / "whole.encodings", feeds, RunSettings(), 2)
     encs = []
     for u in chunks:
         encs.append(tmp_path / f"c{u.index}.encodings")
-        quantize_unit(u, encs[-1], feeds, {}, 2)
+        quantize_unit(u, encs[-1], feeds, RunSettings(), 2)
     merge_column_chunks(chunks, encs, tmp_path / "head.encodings")
     a = json.loads((tmp_path / "whole.encodings").read_text())
     b = json.loads((tmp_path / "head.encodings").read_text())
@@ -271,8 +272,8 @@ def test_embedding_keeps_only_the_calibration_tokens_rows(
         ra, rb = _run(whole.path, f), _run(small.path, g)
         for k in ra:
             np.testing.assert_array_equal(rb[k], ra[k])
-    quantize_unit(whole, tmp_path / "whole.encodings", feeds, {}, 2)
-    quantize_unit(small, tmp_path / "small.encodings", remapped, {}, 2)
+    quantize_unit(whole, tmp_path / "whole.encodings", feeds, RunSettings(), 2)
+    quantize_unit(small, tmp_path / "small.encodings", remapped, RunSettings(), 2)
     a = json.loads((tmp_path / "whole.encodings").read_text())
     b = json.loads((tmp_path / "small.encodings").read_text())
     assert a["param_encodings"] == b["param_encodings"]
@@ -325,7 +326,7 @@ def test_partwise_quantization_with_a_chunked_lm_head(tmp_path: Path) -> None:
         graphs,
         tmp_path,
         blocks,
-        {},
+        RunSettings(),
         {"context_length": CL, "num_kv_heads": KVH, "head_dim": HD},
         lambda *a: None,
         lines.append,

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.core.manifest import RunManifest, now_iso
-from hexstudio.core.pipeline import hash_tree, input_hash, output_digest
 from hexstudio.core.runs import Workspace
+from hexstudio.core.stage_state import hash_tree, input_hash, output_digest
 from hexstudio.core.stages import get_stage
 
 

@@ -20,9 +20,9 @@ from hexstudio.core.device.errors import (
 from hexstudio.core.device.fixes import apply_fix, plan_qairt_install
 from hexstudio.core.device.push import PushProgress, push_bundle
 from hexstudio.core.manifest import RunManifest
-from hexstudio.core.pipeline import StageContext, StageError
 from hexstudio.core.secrets import get_secret, sudo_password_key
 from hexstudio.core.settings import Settings
+from hexstudio.core.stage_api import StageContext, StageError
 
 QAIRT_CHECKS = {"qairt", "qairt_env", "genie", "htp_validator"}
 

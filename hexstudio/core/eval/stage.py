@@ -20,13 +20,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.core.atomic import write_json_atomic
 from hexstudio.core.eval.render import PromptRenderer
 from hexstudio.core.eval.scoring import LEG_TITLES, parity, score_case, suite_scores
 from hexstudio.core.eval.suites import DEFAULT_SUITES, Suite, SuiteError, load_named
-from hexstudio.core.pipeline import SPEC_SCHEMA, StageContext, StageError, worker_env
+from hexstudio.core.stage_api import StageContext, StageError, worker_env
 from hexstudio.workers.shared.journal import append_journal, read_journal
 from hexstudio.workers.shared.run_settings import DEFAULTS
+from hexstudio.workers.shared.worker_spec import EvalCase, EvalWork
 
 EVAL_VERSION = 1
 
@@ -122,35 +122,24 @@ async def run_host_legs(
     """hexstudio/workers/evaluate.py over `legs` of the host (float and simulation graphs, or the HTP graphs on Qualcomm's
     simulator). `python`: another interpreter to run it under (the workstation installer's side environment that
     holds onnxruntime-qnn when the recipe's Python cannot); `part` names the worker in the logs and the spec."""
-    from hexstudio.core.jobs import JobRunner, worker_command
-
-    jobs = [
-        {
-            **{k: j[k] for k in ("key", "kind", "prompt", "text", "max_tokens") if k in j},
-            "legs": [leg for leg in legs if leg in j["legs"]],
-        }
+    cases = tuple(
+        EvalCase(
+            key=str(j["key"]),
+            kind=str(j["kind"]),
+            legs=tuple(leg for leg in legs if leg in j["legs"]),
+            prompt=None if j.get("prompt") is None else str(j["prompt"]),
+            text=None if j.get("text") is None else str(j["text"]),
+            max_tokens=None if j.get("max_tokens") is None else int(j["max_tokens"]),
+        )
         for j in plan.jobs
         if any(leg in j["legs"] for leg in legs)
-    ]
+    )
     runs = case_runs(plan, legs)
     done = read_journal(journal)
     if all(f"{leg}\0{j['key']}" in done for j in plan.jobs for leg in legs if leg in j["legs"]):
         progress.tell(part, runs, f"{part} legs: every case already done (from an earlier attempt)")
         return
-    spec = {
-        "schema": SPEC_SCHEMA,
-        "stage": "evaluate",
-        "run_dir": str(ctx.manifest.run_dir),
-        "out_dir": str(ctx.out_dir / part),
-        "upstream": {k: str(v) for k, v in ctx.upstream.items()},
-        "settings": ctx.settings,
-        "inputs": {},
-        "legs": legs,
-        "jobs": jobs,
-        "journal": str(journal),
-    }
-    spec_path = ctx.manifest.run_dir / "specs" / f"evaluate.{part}.json"
-    write_json_atomic(spec_path, spec)
+    spec = ctx.worker_spec(ctx.out_dir / part, evaluate=EvalWork(tuple(legs), cases, journal))
 
     def on_event(ev: dict[str, Any]) -> None:
         if ev.get("type") == "progress":
@@ -166,44 +155,15 @@ async def run_host_legs(
         elif ev.get("type") in ("log", "warning"):
             ctx.emit(ev)
 
-    what = f"The Evaluate stage's host legs ({', '.join(legs)})"
-    log_path = ctx.manifest.run_dir / "logs" / f"evaluate.{part}.jsonl"
-    if python is None:
-        job = await JobRunner().start_local(
-            "hexstudio.workers.evaluate",
-            spec_path,
-            on_event=on_event,
-            log_path=log_path,
-            env=env or worker_env(),
-            what=what,
-        )
-    else:
-        argv = [python, *worker_command("hexstudio.workers.evaluate", spec_path)[1:]]
-        job = await JobRunner().start_argv(
-            argv,
-            on_event=on_event,
-            log_path=log_path,
-            env=env or worker_env(),
-            what=f"{what} in {python}",
-            liveness=True,
-        )
-    waiter = asyncio.ensure_future(job.wait())
-    cancel = asyncio.ensure_future(ctx.cancel_event.wait())
-    try:
-        await asyncio.wait({waiter, cancel}, return_when=asyncio.FIRST_COMPLETED)
-        if cancel.done() and not waiter.done():
-            await job.cancel()
-            await waiter
-            raise asyncio.CancelledError()
-    except asyncio.CancelledError:  # a sibling leg failed, or the stage was cancelled: stop the worker too
-        if not waiter.done():
-            await job.cancel()
-            with contextlib.suppress(Exception):
-                await waiter
-        raise
-    finally:
-        cancel.cancel()
-    res = waiter.result()
+    res = await ctx.run_worker(
+        "hexstudio.workers.evaluate",
+        spec,
+        name=f"evaluate.{part}",
+        what=f"The Evaluate stage's host legs ({', '.join(legs)})",
+        on_event=on_event,
+        python=python,
+        env=env,
+    )
     if not res.ok:
         side = f" (in {python})" if python else ""
         raise StageError(

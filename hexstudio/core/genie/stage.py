@@ -8,10 +8,10 @@ from typing import Any
 from hexstudio.core.device.board import BoardError
 from hexstudio.core.genie.prompts import format_prompt
 from hexstudio.core.genie.run import Chunk, QueryResult, load_token_counter, run_query
-from hexstudio.core.pipeline import StageContext, StageError
 from hexstudio.core.services.chat_target import board_doc as read_board_doc
 from hexstudio.core.services.chat_target import open_run_board
 from hexstudio.core.settings import Settings
+from hexstudio.core.stage_api import StageContext, StageError
 from hexstudio.core.units import fmt_rate
 from hexstudio.workers.shared.run_settings import DEFAULTS
 

@@ -441,6 +441,7 @@ async def start_worker_job(
     log_path: Path | None = None,
     what: str | None = None,
     env: dict[str, str] | None = None,
+    memory_need: int | None = None,
 ) -> LocalJob | RemoteStageJob:
     """The pipeline's one way to start a stage's worker: on the run's worker host for heavy stages when the
     run names one (RemoteStageJob), else on this machine (LocalJob). Both are started when returned."""
@@ -455,6 +456,7 @@ async def start_worker_job(
             log_path=log_path,
             what=what,
             env=env,
+            memory_need=memory_need,
         )
     job = RemoteStageJob(
         host, manifest, stage, spec_path, on_event=on_event, on_sample=on_sample, log_path=log_path, what=what

@@ -109,11 +109,12 @@ def speculative_prediction(
             else None
         )
     from hexstudio.workers.genie_config import speculative_of
-    from hexstudio.workers.shared.run_settings import extra_ar_sizes
+    from hexstudio.workers.shared.run_settings import extra_ar_sizes, run_settings_of
 
-    _, lade, spd = speculative_of(settings)  # the values the compile wrote into the dialog configs
+    typed = run_settings_of(settings)
+    _, lade, spd = speculative_of(typed)  # the values the compile wrote into the dialog configs
     try:  # the smaller prompt-processor graphs the bundle holds: a step runs on the smallest that holds it
-        ar_sizes = extra_ar_sizes(settings.get("ar_sizes", ""))
+        ar_sizes = extra_ar_sizes(typed.ar_sizes)
     except ValueError:
         ar_sizes = []
     out = speculative_rate(

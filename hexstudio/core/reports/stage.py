@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hexstudio.core.pipeline import StageContext, StageError
 from hexstudio.core.reports.collect import build_report
 from hexstudio.core.reports.render import ReportError, validate_report, write
+from hexstudio.core.stage_api import StageContext, StageError
 
 
 def _redact_hosts() -> bool:

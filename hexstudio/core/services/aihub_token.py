@@ -1,7 +1,7 @@
 """Where the Compile stage finds the Qualcomm AI Hub API token, and storing or removing HexStudio's own copy:
 one answer for `hexstudio aihub ...` and the Compile page. The token itself is never returned or printed.
 
-The one rule (TOKEN_ORDER), the same for the Compile stage (hexstudio.core.pipeline.worker_env passes the keyring's
+The one rule (TOKEN_ORDER), the same for the Compile stage (hexstudio.core.stage_api.worker_env passes the keyring's
 token to the worker as $HEXSTUDIO_AIHUB_TOKEN, replacing one set in the environment), `hexstudio bundle
 devices`, `aihub login --status` and the Compile page: HexStudio's keyring entry, else $HEXSTUDIO_AIHUB_TOKEN,
 else the qai_hub client's own INI ($QAIHUB_CLIENT_INI or ~/.qai_hub/client.ini, the rule of

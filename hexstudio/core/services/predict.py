@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from hexstudio.workers.shared import modelinfo
 from hexstudio.workers.shared.bundle import KNOWN_DEVICES
 from hexstudio.workers.shared.predict import ModelShape, Target, target_for_device
 from hexstudio.workers.shared.run_settings import DEFAULT_DEVICE
+from hexstudio.workers.shared.worker_spec import PredictWork, WorkerSpec
 
 SIM_BOARD = "sim"
 
@@ -100,17 +101,17 @@ class PredictPlan:
     parts: int
     two_layers: bool
 
-    def inputs(self, cache_dir: Path) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "shape": asdict(self.shape),
-            "target": self.target.to_json(),
-            "context_length": self.context_length,
-            "ar_n": self.ar_n,
-            "parts": self.parts,
-            "two_layers": self.two_layers,
-            "cache_dir": str(cache_dir),
-        }
+    def work(self, cache_dir: Path) -> PredictWork:
+        return PredictWork(
+            model=self.model,
+            shape=self.shape,
+            target=self.target,
+            context_length=self.context_length,
+            ar_n=self.ar_n,
+            parts=self.parts,
+            two_layers=self.two_layers,
+            cache_dir=cache_dir,
+        )
 
 
 def plan(
@@ -154,16 +155,7 @@ async def run_prediction(
     out = job_dir / "out"
     out.mkdir(parents=True, exist_ok=True)
     spec = job_dir / "spec.json"
-    write_json_atomic(
-        spec,
-        {
-            "schema": 1,
-            "stage": "predict",
-            "run_dir": str(job_dir),
-            "out_dir": str(out),
-            "inputs": p.inputs(cache),
-        },
-    )
+    WorkerSpec.build("predict", job_dir, out, {}, predict=p.work(cache)).write(spec)
     job = await JobRunner().start_local(
         "hexstudio.workers.predict",
         spec,

@@ -30,6 +30,7 @@ from hexstudio.workers.qnn.ep import HtpTarget, ordered_path
 from hexstudio.workers.qnn.libs import find_qnn_libs
 from hexstudio.workers.shared import bundle as gb
 from hexstudio.workers.shared.protocol import Emitter
+from hexstudio.workers.shared.run_settings import RunSettings
 
 FORMS = ("single", "shared")
 
@@ -139,7 +140,7 @@ def write_local_bundle(
     model_doc: dict[str, Any],
     hf_dir: Path,
     out: Path,
-    settings: dict[str, Any],
+    settings: RunSettings,
     device: dict[str, Any],
     form: str,
     em: Emitter,

@@ -39,7 +39,7 @@ from hexstudio.workers.quant.units import (
     remap_ids,
     split_units,
 )
-from hexstudio.workers.shared.run_settings import DEFAULTS
+from hexstudio.workers.shared.run_settings import RunSettings
 
 ProgressFn = Callable[[str, int, int], None]  # (graph name, sample index, total)
 
@@ -86,16 +86,16 @@ def release_memory() -> None:
             pass
 
 
-def target_dsp_arch(settings: dict[str, Any]) -> str | None:
-    """The Hexagon version of the device the run compiles for (settings["device"], known offline)."""
+def target_dsp_arch(settings: RunSettings) -> str | None:
+    """The Hexagon version of the device the run compiles for (setting `device`, known offline)."""
     from hexstudio.workers.shared.bundle import KNOWN_DEVICES
 
-    return KNOWN_DEVICES.get(str(settings.get("device") or ""), {}).get("dsp_arch")
+    return KNOWN_DEVICES.get(settings.device, {}).get("dsp_arch")
 
 
-def quantsim_kind(settings: dict[str, Any]) -> aimet_compat.QuantsimConfigKind:
-    """The run's QuantSim configuration (settings["quantsim_config"]: "aimet" or "llm")."""
-    want = str(settings.get("quantsim_config") or DEFAULTS.quantsim_config)
+def quantsim_kind(settings: RunSettings) -> aimet_compat.QuantsimConfigKind:
+    """The run's QuantSim configuration (setting `quantsim_config`: "aimet" or "llm")."""
+    want = settings.quantsim_config
     for kind in aimet_compat.QUANTSIM_CONFIGS:
         if kind == want:
             return kind
@@ -103,16 +103,14 @@ def quantsim_kind(settings: dict[str, Any]) -> aimet_compat.QuantsimConfigKind:
 
 
 def build_sim(
-    onnx_path: Path, settings: dict[str, Any], tmp: Path, threads: int, providers: list[str] | None = None
+    onnx_path: Path, settings: RunSettings, tmp: Path, threads: int, providers: list[str] | None = None
 ) -> tuple[Any, dict[str, int]]:
     """The unit's QuantSim under the run's configuration (quantsim_kind): int16 activations, LPBQ int4 backbone
     weights, int8 lm_head, 8-bit KV tensors (through hexstudio/workers/quant/aimet_compat.py: the same calls on every
     supported aimet-onnx)."""
     import onnx
 
-    wbits = int(settings.get("weight_bits", DEFAULTS.weight_bits))
-    abits = int(settings.get("activation_bits", DEFAULTS.activation_bits))
-    kvbits = int(settings.get("kv_bits", DEFAULTS.kv_bits))
+    wbits, abits, kvbits = settings.weight_bits, settings.activation_bits, settings.kv_bits
     model = onnx.load(str(onnx_path))
     backbone, head, embed = _weight_nodes(model)
     kv = [i.name for i in model.graph.input if i.name.startswith("past_")]
@@ -181,7 +179,7 @@ def quantize_unit(
     unit: Unit,
     enc_out: Path,
     feeds: FeedFactory,
-    settings: dict[str, Any],
+    settings: RunSettings,
     threads: int,
     providers: list[str] | None = None,
 ) -> dict[str, int]:
@@ -435,7 +433,7 @@ def _finish_part(
     work: Path,
     encs: list[Path],
     fixed: dict[str, dict[str, Any]],
-    settings: dict[str, Any],
+    settings: RunSettings,
     counts: dict[str, int],
     units: int,
     seconds: float,
@@ -454,9 +452,7 @@ def _finish_part(
     structure = onnx.load(str(base / pp["float_onnx"]), load_external_data=False)
     propagate_memory_encodings(structure.graph.node, acts)
     del structure
-    report = tie_io_encodings(
-        acts, list(pp["inputs"]), list(pp["outputs"]), fixed, int(settings.get("kv_bits", DEFAULTS.kv_bits))
-    )
+    report = tie_io_encodings(acts, list(pp["inputs"]), list(pp["outputs"]), fixed, settings.kv_bits)
     doc["version"] = ENCODING_VERSION
     doc["activation_encodings"] = list(acts.values())
     merged.write_text(json.dumps(doc, indent=1), encoding="utf-8")
@@ -502,7 +498,7 @@ def _calibrate_units(
     work: Path,
     tag: str,
     store: TensorStore,
-    settings: dict[str, Any],
+    settings: RunSettings,
     threads: int,
     providers: list[str] | None,
     progress: ProgressFn,
@@ -552,7 +548,7 @@ def quantize_partwise(
     graphs: list[dict[str, Any]],
     base: Path,
     blocks: list[Block],
-    settings: dict[str, Any],
+    settings: RunSettings,
     dims: dict[str, int],
     progress: ProgressFn,
     log: Callable[[str], None],

@@ -85,6 +85,7 @@ def run(threads: int = 1) -> dict[str, Any]:
             save_baked,
         )
         from hexstudio.workers.quant.qdq import build_qdq
+        from hexstudio.workers.shared.run_settings import RunSettings
 
         out["features"] = aimet_compat.features()
         with tempfile.TemporaryDirectory(prefix="hexsmoke-") as d:
@@ -102,7 +103,7 @@ def run(threads: int = 1) -> dict[str, Any]:
             out["step"] = "quantsim"
             (folder / "sim").mkdir()
             sim, counts = build_sim(
-                path, {"weight_bits": 4, "activation_bits": 16, "kv_bits": 8}, folder / "sim", threads
+                path, RunSettings(weight_bits=4, activation_bits=16, kv_bits=8), folder / "sim", threads
             )
             out["step"] = "calibrate"
             sim.compute_encodings(iter(feeds))

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict, Union, get_args, get_origin, get_type_hints
 
 from hexstudio.workers.shared import modelinfo
+from hexstudio.workers.shared.errors import ActionableError
 
 DEFAULT_DEVICE = "Dragonwing IQ-9075 EVK"  # the device a new run compiles for (the IQ-9075 EVK)
 AUTO = "auto"
@@ -461,6 +462,12 @@ class RunSettings:
         advanced=True,
         help="Extra options appended to AI Hub's compile options (as qai-hub-models' --compile-options).",
     )
+    aihub_model_name: str = setting(
+        "",
+        label="AI Hub model name",
+        advanced=True,
+        help="The <model> in the AI Hub bundle's file and job names (empty: from the model id, e.g. tiny_llama).",
+    )
     aihub_poll_interval_s: float | None = setting(
         None,
         label="AI Hub poll interval",
@@ -624,6 +631,66 @@ def _kind_of(hint: Any) -> tuple[Kind, bool, bool]:
 SETTINGS: dict[str, SettingSpec] = _specs_of(RunSettings)
 DEFAULTS = RunSettings()
 """Typed defaults for readers: `settings.get("kv_bits", DEFAULTS.kv_bits)` (mypy checks the name)."""
+
+
+class BadSettings(ActionableError):
+    """Values that are not run settings of the right type: one sentence per problem in `problems`."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__(
+            " ".join(problems),
+            "Change the setting (hexstudio run --resume RUN --set NAME=VALUE, or the stage's page).",
+            code="bad_setting",
+        )
+        self.problems = list(problems)
+
+
+@dataclass(frozen=True)
+class TypedSettings:
+    """A run's settings as a worker reads them: `values` (every setting, typed, defaults filled in), the
+    names the run set itself (`given`), and the keys that are no run setting (`hooks`: a test worker's
+    knobs such as the self-test's "seconds"; never a real setting)."""
+
+    values: RunSettings
+    given: frozenset[str]
+    hooks: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """What was given, as run.json holds it (defaults stay implicit, so a worker host's copy of the spec
+        and the resume hash see the same keys as before)."""
+        out = {k: copy.deepcopy(getattr(self.values, k)) for k in SETTINGS if k in self.given}
+        out.update(copy.deepcopy(dict(self.hooks)))
+        return out
+
+
+def typed_settings(values: Mapping[str, Any], *, strict: bool = True) -> TypedSettings:
+    """`values` (run.json's "settings") as typed settings. A null for a setting that cannot be null means
+    "unset" (its default). strict: a value `check` refuses raises BadSettings naming each (a worker's spec
+    must never carry one: `Workspace.create_run` and `--set` refuse them first); not strict: such a value is
+    left at its default (a report reading an old run)."""
+    known: dict[str, Any] = {}
+    hooks: dict[str, Any] = {}
+    problems: list[str] = []
+    for k, v in values.items():
+        s = SETTINGS.get(k)
+        if s is None:
+            hooks[k] = v
+            continue
+        if v is None and not s.optional:
+            continue
+        why = check(k, v)
+        if why is not None:
+            problems.append(why)
+            continue
+        known[k] = copy.deepcopy(v)
+    if problems and strict:
+        raise BadSettings(problems)
+    return TypedSettings(RunSettings(**known), frozenset(known), hooks)
+
+
+def run_settings_of(values: Mapping[str, Any]) -> RunSettings:
+    """run.json's settings as a RunSettings, leniently (see typed_settings)."""
+    return typed_settings(values, strict=False).values
 
 
 def spec(name: str) -> SettingSpec | None:
@@ -824,7 +891,11 @@ class ResolvedSettings(TypedDict):
 
 
 def resolve_settings(
-    info: Mapping[str, Any], settings: Mapping[str, Any], *, builtin: bool, board_name: str | None = None
+    info: Mapping[str, Any],
+    settings: RunSettings | Mapping[str, Any],
+    *,
+    builtin: bool,
+    board_name: str | None = None,
 ) -> tuple[ResolvedSettings, dict[str, Any]]:
     """context_length and parts with "auto" (or unset) resolved, and the part plan behind parts.
 
@@ -833,23 +904,23 @@ def resolve_settings(
     beyond 2048", a limit nobody had asked for). parts "auto":
     the part plan's (hexstudio.workers.shared.modelinfo.part_plan: model size, the context length, board_ram_bytes when set).
     The Model stage, preflight and `hexstudio model inspect` all resolve with this."""
-    ctx = settings.get("context_length", DEFAULTS.context_length)
-    if ctx in (None, AUTO):
+    rs = settings if isinstance(settings, RunSettings) else run_settings_of(settings)
+    ctx = rs.context_length
+    if ctx == AUTO:
         context_length = AUTO_CONTEXT_LENGTH["builtin" if builtin else "other"]
         maxpos = info.get("max_position_embeddings")
         if isinstance(maxpos, int) and not isinstance(maxpos, bool) and 0 < maxpos < context_length:
             context_length = maxpos  # a model made for shorter contexts: its own limit
     else:
         context_length = int(ctx)
-    board_ram = int(settings.get("board_ram_bytes") or 0) or None
+    board_ram = rs.board_ram_bytes or None
     plan = modelinfo.part_plan(dict(info), context_length, board_ram, board_name)
-    parts_setting = settings.get("parts", DEFAULTS.parts)
     resolved: ResolvedSettings = {
         "context_length": context_length,
-        "ar_n": int(settings.get("ar_n", DEFAULTS.ar_n)),
-        "parts": int(plan["parts"]) if parts_setting in (None, AUTO) else int(parts_setting),
-        "calibration_samples": int(settings.get("calibration_samples", DEFAULTS.calibration_samples)),
-        "calibration_seq_len": int(settings.get("calibration_seq_len", DEFAULTS.calibration_seq_len)),
+        "ar_n": rs.ar_n,
+        "parts": int(plan["parts"]) if rs.parts == AUTO else int(rs.parts),
+        "calibration_samples": rs.calibration_samples,
+        "calibration_seq_len": rs.calibration_seq_len,
     }
     return resolved, plan
 

@@ -1,0 +1,109 @@
+"""A stage's state in a run, from run.json alone: its input hash (what its results depend on), its output
+digest, and whether a completed stage is still current ("stale" when its inputs changed). The pipeline
+writes these; the status views (hexstudio.core.status, the CLI, the studio) read them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from hexstudio.core.atomic import sha256_file
+from hexstudio.core.manifest import RunManifest
+from hexstudio.core.stages import Stage, get_stage
+
+
+def output_digest(artifacts: list[dict[str, Any]]) -> str:
+    h = hashlib.sha256()
+    for a in sorted(artifacts, key=lambda a: a["path"]):
+        h.update(f"{a['path']}\0{a['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def summary_digest(summary: dict[str, Any], inputs: str) -> str:
+    """The output digest of a stage declared digest_from_summary: what it did (its summary) from what inputs."""
+    payload = json.dumps({"summary": summary, "inputs": inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# Settings added after runs existed: absent from a run means their default, and they are left out of its input hash
+# so a run made before them keeps its completed stages current (a run that sets one hashes it).
+HASHED_WHEN_SET = frozenset(
+    {
+        "speculative_dialogs",
+        "spd_draft_len",
+        "dialog_type",
+        "context_lengths",
+        "spd_draft",
+        "lade_window",
+        "lade_ngram",
+        "lade_gcap",
+        "quantsim_config",
+        "ar_sizes",
+    }
+)
+
+
+def input_hash(m: RunManifest, stage: Stage) -> str:
+    settings = m.settings
+    payload: dict[str, Any] = {
+        "stage": stage.name,
+        "version": stage.version,
+        "model": m.inputs.get("model"),
+        "board": m.inputs.get("board"),
+        "settings": {k: settings.get(k) for k in stage.inputs if k in settings or k not in HASHED_WHEN_SET},
+        "upstream": {n: m.stage(n).data.get("output_digest") for n in stage.needs},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def hash_tree(root: Path, kinds: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    kinds = kinds or {}
+    out = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            rel = p.relative_to(root).as_posix()
+            out.append(
+                {
+                    "path": f"artifacts/{root.name}/{rel}",
+                    "sha256": sha256_file(p),
+                    "size": p.stat().st_size,
+                    "kind": kinds.get(rel, {}).get("kind"),
+                    "role": kinds.get(rel, {}).get("role"),
+                }
+            )
+    return out
+
+
+def stage_is_current(m: RunManifest, stage: Stage, verify: bool = False) -> bool:
+    st = m.stage(stage.name)
+    if st.state != "done" or st.data.get("input_hash") != input_hash(m, stage):
+        return False
+    for a in st.artifacts:
+        p = m.run_dir / a["path"]
+        if not p.is_file() or p.stat().st_size != a["size"]:
+            return False
+        if verify and sha256_file(p) != a["sha256"]:
+            return False
+    return True
+
+
+def display_state(m: RunManifest, name: str, stage: Stage | None = None) -> str:
+    """pending | running | done | failed | stale (done, but its inputs changed) | interrupted | cancelled."""
+    st = m.stage(name)
+    if st.state == "done" and not stage_is_current(m, stage or get_stage(name)):
+        return "stale"
+    return st.state
+
+
+__all__ = [
+    "HASHED_WHEN_SET",
+    "display_state",
+    "hash_tree",
+    "input_hash",
+    "output_digest",
+    "stage_is_current",
+    "summary_digest",
+]

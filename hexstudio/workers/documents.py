@@ -1,0 +1,40 @@
+"""Reading the documents earlier stages wrote, typed (hexstudio.workers.shared.artifacts), with the failure a
+person can act on: which stage to run again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TypeVar
+
+from hexstudio.workers.runtime import WorkerError, WorkerSpec
+from hexstudio.workers.shared.artifacts import ModelDoc, QuantizeDoc, load_json
+
+D = TypeVar("D")
+
+
+def read_doc(path: Path, doc_type: type[D], stage: str) -> D:
+    """`path` (written by `stage`) as `doc_type`; WorkerError `<stage>_output_missing` / `_invalid`."""
+    try:
+        return load_json(path, doc_type)
+    except FileNotFoundError:
+        raise WorkerError(
+            f"{stage}_output_missing", f"{path} does not exist.", f"Run the {stage} stage again."
+        ) from None
+    except (json.JSONDecodeError, ValueError) as exc:
+        why = (
+            f"is not valid JSON: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else f"is damaged: {exc}"
+        )
+        raise WorkerError(
+            f"{stage}_output_invalid", f"{path} {why}.", f"Run the {stage} stage again (--force)."
+        ) from None
+
+
+def model_doc(spec: WorkerSpec) -> ModelDoc:
+    """The Model stage's model.json."""
+    return read_doc(spec.upstream_dir("model") / "model.json", ModelDoc, "model")
+
+
+def quantize_doc(spec: WorkerSpec) -> QuantizeDoc:
+    """The Quantize stage's quantize.json."""
+    return read_doc(spec.upstream_dir("quantize") / "quantize.json", QuantizeDoc, "quantize")
