@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from hexstudio.workers.shared.families import families
+
 FORMATS = ("llama3", "nemotron", "qwen", "mistral", "json")
 
 
@@ -47,23 +49,39 @@ class Parsed:
         return {"kind": self.kind, "calls": [c.as_json() for c in self.calls], "error": self.error}
 
 
+# model-name pieces of formats that are no model family's (fine-tunes of one): a family's own are its
+# ModelFamily.tool_calls.name_hints (hexstudio.workers.shared.families)
+_NAME_HINTS = {"nemotron": ("nemotron",), "qwen": ("hermes",)}
+_DETECT_ORDER = ("nemotron", "qwen", "mistral", "llama3")  # the first whose marker or name hint matches wins
+
+
+def _template_marks(fmt: str, t: str) -> bool:
+    if fmt == "nemotron":
+        return "<TOOLCALL>" in t
+    if fmt == "qwen":
+        return "<tool_call>" in t
+    if fmt == "mistral":
+        return "[TOOL_CALLS]" in t
+    if fmt == "llama3":
+        return "<|python_tag|>" in t or ("<|start_header_id|>" in t and "tools" in t)
+    return False
+
+
+def _name_hints(fmt: str) -> tuple[str, ...]:
+    own = tuple(
+        h for f in families() if f.tool_calls and f.tool_calls.format == fmt for h in f.tool_calls.name_hints
+    )
+    return _NAME_HINTS.get(fmt, ()) + own
+
+
 def detect_format(template: str | None, model_name: str = "") -> str:
-    """The tool-call format from the model's chat template (its markers), else from its name."""
+    """The tool-call format from the model's chat template (its markers), else from its name (the model
+    families' name hints)."""
     t = template or ""
     name = model_name.lower()
-    if "<TOOLCALL>" in t or "nemotron" in name:
-        return "nemotron"
-    if "<tool_call>" in t or "qwen" in name or "hermes" in name:
-        return "qwen"
-    if "[TOOL_CALLS]" in t or "mistral" in name:
-        return "mistral"
-    if (
-        "<|python_tag|>" in t
-        or ("<|start_header_id|>" in t and "tools" in t)
-        or "llama-3" in name
-        or "llama3" in name
-    ):
-        return "llama3"
+    for fmt in _DETECT_ORDER:
+        if _template_marks(fmt, t) or any(h in name for h in _name_hints(fmt)):
+            return fmt
     return "json"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.workers.shared.chat_template import ChatFormat, load_chat_format
+from hexstudio.workers.shared.families import family_of
 
 LLAMA3 = (
     "<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>"
@@ -76,7 +77,8 @@ def template_from_chat_template(chat_template: Any) -> str | None:
 
 def template_for(model_dir: Path | None) -> str:
     """'qa' (built-in toy model), 'model' (the model has a chat template), 'plain' (it has none: a base
-    model); from the model's name ('nemotron' or 'llama3') only when its files cannot be read."""
+    model); only when its files cannot be read, from the model's name ('nemotron'), else its family's
+    fallback (ModelFamily.chat_template_fallback, the family from model.json's info), else 'llama3'."""
     if model_dir is None:
         return "llama3"
     try:
@@ -89,7 +91,20 @@ def template_for(model_dir: Path | None) -> str:
     if hf is not None and (hf / "tokenizer_config.json").is_file():
         return "model" if load_chat_format(hf).mode == "model" else "plain"
     name = str(doc.get("model", "")).lower()
-    return "nemotron" if "nemotron" in name else "llama3"
+    if "nemotron" in name:
+        return "nemotron"
+    return _family_fallback(doc.get("info")) or "llama3"
+
+
+def _family_fallback(info: Any) -> str | None:
+    """The chat-template fallback of the model family model.json's info names (architecture, model_type)."""
+    if not isinstance(info, dict):
+        return None
+    arch = info.get("architecture")
+    fam = family_of(
+        {"architectures": [arch] if isinstance(arch, str) else [], "model_type": info.get("model_type")}
+    )
+    return fam.chat_template_fallback if fam is not None else None
 
 
 def format_prompt(user: str, model_dir: Path | None, template: str = "auto", thinking: bool = False) -> str:

@@ -10,17 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared import config_bounds
+from hexstudio.workers.shared import config_bounds, families
 from hexstudio.workers.shared.errors import ActionableError
 
 GiB = 1024**3
 
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "MistralForCausalLM": "mistral",
-}
 # Refused, with why: the Genie "basic" dialog and HexStudio's export handle dense decoders only.
 REFUSED = {
     "mamba": "a state-space (Mamba) model: it has no attention KV cache, which the prompt processor / "
@@ -161,19 +155,22 @@ def _classify(cfg: dict[str, Any]) -> tuple[bool, str, str]:
         or "mixtral" in low
     ):
         return False, arch, f"{arch} is {REFUSED['moe']}."
-    if arch in SUPPORTED_ARCHITECTURES:
+    supported = families.supported_architectures()  # hexstudio.workers.shared.families
+    if arch in supported:
         return True, arch, f"{arch} is a dense Llama-family decoder: supported."
     return (
         False,
         arch,
         (
             f"{arch} is not a supported architecture. HexStudio supports dense Llama-family "
-            f"decoders: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}."
+            f"decoders: {', '.join(sorted(supported))}."
         ),
     )
 
 
 def count_parameters(cfg: dict[str, Any]) -> int:
+    cfg = families.normalized_config(cfg)
+    fam = families.family_of_model_type(str(cfg.get("model_type", "")))
     h = int(cfg["hidden_size"])
     layers = int(cfg["num_hidden_layers"])
     heads = int(cfg["num_attention_heads"])
@@ -186,9 +183,9 @@ def count_parameters(cfg: dict[str, Any]) -> int:
         attn += heads * hd + 2 * kvh * hd
     mlp = 3 * h * ffn
     norms = 2 * h
-    if str(cfg.get("model_type", "")).lower() == "qwen3":
+    if fam is not None and fam.qk_norm:
         norms += 2 * hd  # q_norm, k_norm
-    if str(cfg.get("model_type", "")).lower() == "qwen2":
+    if fam is not None and fam.qkv_bias:
         attn += heads * hd + 2 * kvh * hd  # qkv biases
     emb = vocab * h
     head = 0 if cfg.get("tie_word_embeddings") else vocab * h
@@ -199,6 +196,7 @@ INSPECT_CONTEXT = 512  # the context length the inspect-time rope check uses
 
 
 def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    cfg = families.normalized_config(cfg)  # the family's config.json keys in our names, its defaults filled
     try:  # every number in range before anything is sized from it (hexstudio.workers.shared.config_bounds)
         config_bounds.check_config(cfg)
     except config_bounds.ConfigBoundsError as exc:

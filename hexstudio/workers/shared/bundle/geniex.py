@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.workers.shared.families import family_of_model_type
 
 # model_id prefixes the plugin's LLM dispatcher knows (models/dispatch.h), in its order
 FAMILY_PREFIXES = ("qwen3_", "qwen2_5_", "falcon_v3_", "llama_v3_", "phi_3_5_")
-# HF config model_type -> the prefix of the plugin's pipeline for that architecture
-ARCH_PREFIX = {"llama": "llama_v3_", "qwen3": "qwen3_", "qwen2": "qwen2_5_", "phi3": "phi_3_5_"}
 # The simulated GenieX (hexstudio/workers/genie_sim/geniex.py), as the simulator board's doctor reports it too
 CLI_VERSION = "v0.7.0"  # the simulated CLI's version (labeled simulated wherever shown)
 QAIRT_PLUGIN_VERSION = "v2.45.0.260326"  # geniex-qairt-plugin core/include/version.h GENIEX_QAIRT_VERSION
@@ -35,11 +34,13 @@ class GenieXMetadataError(ActionableError, ValueError):
 
 def model_id_for(slug: str, hf_config: dict[str, Any] | None) -> str:
     """The model_id GenieX dispatches on: the bundle's model slug when it already names a family the
-    plugin knows, else the slug behind the prefix of its architecture's pipeline."""
+    plugin knows, else the slug behind the prefix of its model family's pipeline (ModelFamily.geniex_prefix,
+    found by config.json's model_type)."""
     if slug.startswith(FAMILY_PREFIXES):
         return slug
     mt = str((hf_config or {}).get("model_type") or "").lower()
-    prefix = ARCH_PREFIX.get(mt)
+    fam = family_of_model_type(mt)
+    prefix = fam.geniex_prefix if fam is not None else None
     if prefix is None:
         raise GenieXMetadataError(
             f"GenieX's qairt plugin has no pipeline for a '{mt or 'unknown'}' model (it knows Llama 3, Qwen 2.5, "
