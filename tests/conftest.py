@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or "real_display" in item.nodeid
         ):
             item.add_marker(pytest.mark.heavy)
+
+
+# No test runs over a minute without a reason written beside it (issue 30): `@pytest.mark.slow(reason="...")`
+# says why it cannot be cheaper. The run's summary names every test whose call took longer without one.
+SLOW_CALL_S = float(os.environ.get("HEXSTUDIO_SLOW_TEST_S", "60"))
+_over_without_reason: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.duration > SLOW_CALL_S and "slow_reason" not in report.keywords:
+        _over_without_reason.append((report.nodeid, report.duration))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    mark = item.get_closest_marker("slow")
+    if mark is not None and mark.kwargs.get("reason"):
+        item.keywords["slow_reason"] = True
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _over_without_reason:
+        terminalreporter.section(f"tests over {SLOW_CALL_S:g} s without a written reason")
+        for nodeid, seconds in sorted(_over_without_reason, key=lambda x: -x[1]):
+            terminalreporter.write_line(
+                f"{seconds:7.1f} s  {nodeid}: make it cheaper, or say why with @pytest.mark.slow(reason=...)"
+            )
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,10 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow(
+    reason="the README's command end to end on the defaults, with real aimet-onnx, a local QNN compile and real "
+    "Genie on the HTP simulator: the acceptance test of the default flow, nothing in it can be stubbed"
+)
 def test_the_readme_command_passes_every_gate_on_the_defaults(tmp_path: Path) -> None:
     env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")}
     p = subprocess.run(

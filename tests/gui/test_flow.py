@@ -60,6 +60,10 @@ def assert_in_view(win: Any, *widgets: Any) -> None:
         assert frame.contains(QRect(top_left, wd.size())), f"{wd.objectName()} lies outside the window"
 
 
+@pytest.mark.slow(
+    reason="the one test that drives every stage through the window as a user does (quantize, validate, compile, "
+    "board, chat, evaluate, report); each stage's own cost is measured and tested elsewhere"
+)
 def test_whole_flow_through_the_window(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
 ) -> None:

@@ -341,7 +341,10 @@ def test_a_speculative_config_is_held_to_the_bundles_path_rules(tmp_path: Path) 
 
 
 @needs_qnn
-@pytest.mark.slow
+@pytest.mark.slow(
+    reason="the whole Evaluate stage with spd on real Genie (HTP simulator) against the basic dialog's tokens, "
+    "plus the host HTP leg in the side environment: two simulators, every case greedy"
+)
 def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(
     local_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
