@@ -134,9 +134,8 @@ def wslconfig_plan(
     }
     enough = False
     if memory_gb is None and swap_gb is None:
-        needs, _ = model_needs(
-            model, run_settings({**(settings or {}), "context_length": context_length, "ar_n": ar_n})
-        )
+        asked = {k: v for k, v in (("context_length", context_length), ("ar_n", ar_n)) if v is not None}
+        needs, _ = model_needs(model, run_settings({**(settings or {}), **asked}))
         need = int(needs["quantize_peak_rss_bytes"])
         basis["quantize_peak_rss_bytes"] = need
         # the same margin as the memory check: when it passes there is nothing to raise

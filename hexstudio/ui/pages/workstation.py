@@ -272,7 +272,6 @@ class PreflightPage(StagePage):
         text = f"{check.get('message')}\n\n{fix}"
         if (fix.startswith("wslconfig:") or ".wslconfig" in fix) and self.c.manifest is not None:
             m = self.c.manifest
-            cl = m.settings.get("context_length")
             mem_gb: int | None = None
             swap_gb: int | None = None
             if fix.startswith("wslconfig:"):  # the check's own target, e.g. wslconfig:memory=180GB,swap=90GB
@@ -287,10 +286,10 @@ class PreflightPage(StagePage):
                 # the limits the check itself asked for (its "required")
                 mem_gb, swap_gb = wslconfig.target_limits(int(check["required"]))
             try:
-                plan, _basis = wslconfig_plan(
+                plan, _basis = wslconfig_plan(  # the run's own shape, "auto" resolved by the one rule
                     str(m.inputs.get("model")),
-                    cl if isinstance(cl, int) else None,
-                    int(m.settings.get("ar_n") or 128),
+                    None,
+                    None,
                     self.wslconfig_path,
                     memory_gb=mem_gb,
                     swap_gb=swap_gb,
