@@ -109,8 +109,8 @@ class StageContext:
         log_path = run_dir / "logs" / f"{name}.jsonl"
         env = {**(env or worker_env()), WORKER_RUN_ENV: f"{self.manifest.run_id}/{self.stage.name}"}
         argv = worker_command(module, spec_path)
-        if python is not None:
-            argv = [python, *argv[1:]]
+        if python is not None:  # another interpreter runs the module itself, from a source or a frozen studio
+            argv = [python, "-m", module, "--spec", str(spec_path)]
             what = f"{what} in {python}"
         job = await self.runner.start_argv(
             argv,

@@ -65,12 +65,13 @@ def variant_component(graph_name: str, main_ar: int, main_cl: int) -> str:
     comp = component_name(graph_name)
     m = _COMPONENT_RE.match(graph_name)
     assert m is not None  # component_name checked it
-    ar, cl = int(m.group(2)), int(m.group(3))
-    return (
-        comp
-        + ("" if m.group(1) == "token" or ar == main_ar else f"_ar{ar}")
-        + ("" if cl == main_cl else f"_cl{cl}")
-    )
+    return comp + variant_suffix(m.group(1), int(m.group(2)), int(m.group(3)), main_ar, main_cl)
+
+
+def variant_suffix(kind: str, ar: int, cl: int, main_ar: int, main_cl: int) -> str:
+    """The one rule naming a graph variant (components, AI Hub jobs, a local bundle's binaries): `_ar<AR>` for a
+    prompt processor ("prompt") of another AR than the main one, `_cl<CL>` for another context length."""
+    return ("" if kind == "token" or ar == main_ar else f"_ar{ar}") + ("" if cl == main_cl else f"_cl{cl}")
 
 
 def main_variant(graph_names: list[str]) -> tuple[int, int]:

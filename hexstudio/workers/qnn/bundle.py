@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hexstudio.workers.bundle_metadata import variant_suffix
 from hexstudio.workers.qnn.compile import (
     CompiledPart,
     GraphToCompile,
@@ -197,12 +198,8 @@ def write_local_bundle(
             else:
                 kind = "prompt" if unit[0].kind == "prompt_processor" else "token"
                 ar, cl = variant_of(unit[0].name, {})
-                name = (
-                    f"{slug}_{kind}"
-                    + ("" if kind == "token" or ar == int(q["ar_n"]) else f"_ar{ar}")
-                    + ("" if cl == int(q["context_length"]) else f"_cl{cl}")
-                    + f"_part_{label}.bin"
-                )
+                suffix = variant_suffix(kind, ar, cl, int(q["ar_n"]), int(q["context_length"]))
+                name = f"{slug}_{kind}{suffix}_part_{label}.bin"
             shutil.copy2(cp.bins[0], bdir / name)
             ctx_bins.append(name)
     check_graph_order(compiled, graphs)
