@@ -346,12 +346,14 @@ def test_a_speculative_config_is_held_to_the_bundles_path_rules(tmp_path: Path) 
     "plus the host HTP leg in the side environment: two simulators, every case greedy"
 )
 def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(
-    local_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    local_run: Path, draft_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The whole Evaluate stage with dialog_type spd on the simulator board (real Genie 1.21 on the HTP simulator):
     greedy parity against the host's HTP simulation is N/N, and Genie's tokens accepted per step are recorded, on
     every case (each after a reset: hexstudio/workers/board/genie_session.py makes an spd dialog again instead, as Genie
-    1.21's spd reset loses its acceptance counts). Two cases of 8 tokens, to keep the suite's time.
+    1.21's spd reset loses its acceptance counts). Two cases of 8 tokens, to keep the suite's time. The draft is
+    the built-in draft model's bundle, so the Compile stage itself writes the draft into the bundle (a local
+    compile once read the bundle's tokenizer.json before copying it there, and failed on every draft).
 
     onnxruntime-qnn is taken to live in the workstation installer's side environment (the validated GPU recipe's
     Python 3.10 cannot hold it; here the "side environment" is this interpreter behind another path), so the
@@ -369,6 +371,7 @@ def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(
     m.settings.update(
         {
             "speculative_dialogs": "spd",
+            "spd_draft": str(draft_bundle),
             "spd_draft_len": 3,
             "dialog_type": "spd",
             "eval_suites": ["greedy_parity"],
@@ -392,6 +395,8 @@ def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(
     ev = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
     bs = ev["board_session"]
     assert bs["dialog"] == "spd" and bs["accepted_per_step"] > 1.0 and bs["accepted_per_step_cases"] == 2
+    spd_cfg = json.loads((run_dir / "artifacts" / "compile" / "bundle" / "genie_config.spd.json").read_text())
+    assert spd_cfg["dialog"]["engine"][0]["role"] == "draft"
     metrics = {
         k: (v["value"] if isinstance(v, dict) else v) for k, v in m.stage("evaluate").data["metrics"].items()
     }

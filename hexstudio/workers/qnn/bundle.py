@@ -213,17 +213,17 @@ def write_local_bundle(
     build = infos[0].build_id if infos else ""
     qairt = qairt_of_build(build) or libs.qnn_version
     cfg = checked_genie_config(hf_config, q, ctx_bins, settings, simulated=False)
-    write_dialog_configs(bdir, cfg, hf_config, q, settings)  # basic, and each speculative dialog asked for
-    (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(device), indent=4))
-    from hexstudio.workers.bundle_metadata import write_metadata
-
-    write_metadata(bdir / "metadata.yaml", metadata_from_binaries(compiled, graphs))
-    try:
+    try:  # first: spd's draft is checked against the bundle's own tokenizer.json
         gb.copy_model_files(hf_dir, bdir)
     except gb.BundleError as exc:
         raise LocalCompileError(
             "tokenizer_missing", str(exc), "Use a model with a fast tokenizer (tokenizer.json)."
         ) from None
+    write_dialog_configs(bdir, cfg, hf_config, q, settings)  # basic, and each speculative dialog asked for
+    (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(device), indent=4))
+    from hexstudio.workers.bundle_metadata import write_metadata
+
+    write_metadata(bdir / "metadata.yaml", metadata_from_binaries(compiled, graphs))
     (bdir / "tool-versions.yaml").write_text(f"qairt: {qairt}\n")
     em.metric("compile_seconds", round(sum(c.seconds for c in compiled), 2), unit="s")
     em.metric("compile_peak_rss", max((c.peak_rss_bytes for c in compiled), default=0), unit="bytes")
