@@ -1,21 +1,21 @@
 """The Preflight page's speed panel (issue 28): the run's model on its board, PREDICTED by QNN's HTP simulator
-before any quantization or compile. It runs `hexstudio predict --run ID --json` in a child process (the compile
-of synthetic layers takes seconds to minutes; the window stays responsive) and keeps the prediction with the
-run, where the report and Compare show it beside the measured figures. Every figure here says predicted."""
+before any quantization or compile. It calls the predict service (hexstudio.core.services.predict.predict_for_run,
+as `hexstudio predict --run` does): the predictor worker compiles synthetic layers for seconds to minutes in its own
+process while the window stays responsive, and the prediction is kept with the run, where the report and Compare
+show it beside the measured figures. Every figure here says predicted."""
 
 from __future__ import annotations
 
 import asyncio
 import html
-import json
 from typing import Any
 
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QPushButton, QTableWidgetItem, QVBoxLayout, QWidget
 
-from hexstudio.core.jobs import cli_command, run_child
-from hexstudio.core.services.predict import run_prediction_doc
+from hexstudio.core.services.predict import predict_for_run, run_prediction_doc
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.widgets import STATUS_COLORS, KeyValueTable, note
+from hexstudio.workers.shared.errors import ActionableError
 from hexstudio.workers.shared.predict import LABEL
 
 PREDICT_TIMEOUT_S = 3600.0  # an 8B's 2-layer graphs compile for minutes each on a small machine
@@ -66,12 +66,6 @@ class PredictPanel(QGroupBox):
                 "No prediction for this run yet." if m is not None else "Open or start a run first."
             )
 
-    def command(self) -> list[str]:
-        assert self.c.manifest is not None
-        return cli_command(
-            "predict", "--run", self.c.manifest.run_id, "--workspace", str(self.c.workspace.root), "--json"
-        )
-
     def _start(self) -> None:
         self._task = asyncio.ensure_future(self.predict())
 
@@ -80,21 +74,25 @@ class PredictPanel(QGroupBox):
             return None
         self.button.setEnabled(False)
         self.message.setText("Compiling synthetic layers for the board's Hexagon arch and simulating them…")
+        run_dir = self.c.manifest.run_dir
+
+        def on_event(ev: dict[str, Any]) -> None:
+            if ev.get("type") == "progress" and ev.get("message"):
+                self.message.setText(html.escape(str(ev["message"])))
+
         try:
-            res = await run_child(self.command(), what="The speed predictor", timeout=PREDICT_TIMEOUT_S)
-            try:
-                doc = json.loads(res.stdout) if res.stdout.strip() else {}
-            except ValueError:
-                doc = {}
-            if not res.ok or doc.get("predicted") is not True:
-                err = doc.get("error") or {}
-                why = err.get("message") or (res.stderr.strip().splitlines() or ["no output"])[-1]
-                hint = f"<br><b>What to do:</b> {html.escape(err['hint'])}" if err.get("hint") else ""
-                self.message.setText(
-                    f"<span style='color:{STATUS_COLORS['fail']}'>The prediction failed: "
-                    f"{html.escape(str(why))}</span>{hint}"
-                )
-                return None
+            doc = await asyncio.wait_for(
+                predict_for_run(run_dir, self.c.workspace.root, on_event=on_event), PREDICT_TIMEOUT_S
+            )
+        except (ActionableError, TimeoutError) as exc:
+            why = str(exc) if isinstance(exc, ActionableError) else f"no result in {PREDICT_TIMEOUT_S:.0f} s"
+            hint = getattr(exc, "hint", None)
+            more = f"<br><b>What to do:</b> {html.escape(hint)}" if hint else ""
+            self.message.setText(
+                f"<span style='color:{STATUS_COLORS['fail']}'>The prediction failed: "
+                f"{html.escape(why)}</span>{more}"
+            )
+            return None
         finally:
             self.button.setEnabled(True)
         self.show_prediction(doc)

@@ -33,7 +33,6 @@ def test_the_preflight_page_shows_a_kept_prediction_labeled(qtbot: Any, tmp_path
     m = c.new_run("builtin:tiny-llama", "sim", {"context_length": 512})
     w.pages["preflight"].refresh_results()
     assert panel.button.isEnabled() and panel.table.rowCount() == 0
-    assert "--run" in panel.command() and m.run_id in panel.command()
     save_for_run(m.run_dir, prediction())
     w.pages["preflight"].refresh_results()
     labels = [panel.table.item(r, 0).text() for r in range(panel.table.rowCount())]
@@ -60,3 +59,23 @@ def test_predict_button_runs_the_real_predictor_for_the_run(qtbot: Any, tmp_path
     assert doc is not None and doc["label"] == "predicted (HTP simulator)"
     assert (m.run_dir / "predicted" / "prediction.json").is_file()
     assert panel.table.rowCount() == 4 and panel.button.isEnabled()
+
+
+def test_a_failed_prediction_says_why_and_what_to_do(
+    qtbot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hexstudio.core.services import ServiceError
+    from hexstudio.ui import predict_panel
+
+    async def fails(*_a: Any, **_k: Any) -> dict[str, Any]:
+        raise ServiceError("onnxruntime-qnn is not installed.", "Install it with ./dev install-qnn.")
+
+    monkeypatch.setattr(predict_panel, "predict_for_run", fails)
+    c, w = _window(tmp_path, qtbot)
+    c.new_run("builtin:tiny-llama", "sim", {"context_length": 512})
+    panel = w.pages["preflight"].predict_panel
+    panel.refresh()
+    assert asyncio.run(panel.predict()) is None
+    text = panel.message.text()
+    assert "The prediction failed: onnxruntime-qnn is not installed." in text
+    assert "What to do:</b> Install it with ./dev install-qnn." in text and panel.button.isEnabled()

@@ -6,6 +6,7 @@ prediction document (hexstudio.workers.shared.predict.Prediction.to_json: labele
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -199,6 +200,21 @@ def save_for_run(run_dir: Path, doc: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, doc)
     return path
+
+
+async def predict_for_run(
+    run_dir: Path,
+    workspace: Path,
+    two_layers: bool = True,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Predict for a run's model, board and settings and keep the prediction with the run (`hexstudio predict
+    --run` and the Preflight page's speed panel). ServiceError says what failed and what to do."""
+    req = request_for_run(run_dir, two_layers=two_layers)
+    p = await asyncio.to_thread(plan, req)  # config.json may come from the Hub
+    doc = await run_prediction(p, workspace, on_event)
+    save_for_run(run_dir, doc)
+    return doc
 
 
 def run_prediction_doc(run_dir: Path) -> dict[str, Any] | None:
