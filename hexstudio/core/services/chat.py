@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hexstudio.core.genie.chat_store import ChatRecord, ChatStore
+from hexstudio.core.genie.chat_store import ChatRecord, ChatStore, ChatTurn
 from hexstudio.core.genie.conversation import Conversation, Turn, token_counter
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.settings import Settings
@@ -159,6 +159,27 @@ def record_conversation(rec: ChatRecord) -> Conversation:
     conv = Conversation()
     conv.turns = [Turn(user=t.user, reply=t.reply, kpis=dict(t.kpis), state=t.state) for t in rec.turns]
     return conv
+
+
+def shown_reply(t: ChatTurn) -> str:
+    """A stored turn's reply as the transcript shows it (Markdown): how it ended, where it did not complete."""
+    if t.state == "complete":
+        return t.reply
+    if t.state == "aborted":
+        return t.reply + "\n\n*(stopped)*"
+    if t.state in ("pending", "streaming"):
+        return t.reply + "\n\n*(interrupted: the studio stopped during this reply)*"
+    return t.reply + f"\n\n*(failed: {t.error or t.state})*"
+
+
+def version_of(t: Turn | ChatTurn) -> dict[str, Any]:
+    """A reply as one of its message's versions (Regenerate keeps the earlier ones: ChatTurn.versions)."""
+    return {
+        "reply": t.reply,
+        "kpis": dict(t.kpis),
+        "state": t.state,
+        "kpi_line": kpi_line(t.kpis) if t.kpis else "",
+    }
 
 
 class ChatController:
