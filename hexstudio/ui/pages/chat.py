@@ -556,7 +556,7 @@ class ChatPage(StagePage):
         """Show a stored conversation; the next message continues it (the model loads it again)."""
         self._close_later()
         self.chat.show_record(rec)
-        self.settings_panel.show_chosen((rec.template, rec.system, rec.thinking))
+        self.settings_panel.show_chosen(Chosen(rec.template, rec.system, rec.thinking))
         self._show_template()
         self._applied = self._chosen()
         self.transcript.clear()
