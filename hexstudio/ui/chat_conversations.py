@@ -1,13 +1,15 @@
 """The chat's conversations panel: New chat, the run's conversations (newest first), and Copy, Export and Delete
-for the open one. It lists what the controller's store holds; what a click means is the page's."""
+for the open one. It lists what the controller's store holds; what a click means is the page's. Also the question
+asked before a settings change starts a new chat."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QListWidget,
     QListWidgetItem,
+    QMessageBox,
     QPushButton,
     QSizePolicy,
     QVBoxLayout,
@@ -18,6 +20,8 @@ from hexstudio.core.genie.chat_store import ChatRecord
 
 
 class ConversationsPanel(QWidget):
+    picked = Signal(str)  # a conversation of the list was clicked or activated: its id
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("chat_conversations")
@@ -33,6 +37,8 @@ class ConversationsPanel(QWidget):
         self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.conv_list.setToolTip("This run's conversations, newest first; kept in the run folder (chats/)")
         cvl.addWidget(self.conv_list, 1)
+        for sig in (self.conv_list.itemClicked, self.conv_list.itemActivated):
+            sig.connect(lambda it: self.picked.emit(str(it.data(Qt.ItemDataRole.UserRole))))
         tools = QHBoxLayout()
         self.copy_button = QPushButton("Copy")
         self.copy_button.setObjectName("copy_conversation")
@@ -47,6 +53,9 @@ class ConversationsPanel(QWidget):
             tools.addWidget(b)
         cvl.addLayout(tools)
         self.setMinimumWidth(150)
+
+    def tab_order(self) -> list[QWidget]:
+        return [self.new_button, self.conv_list, self.copy_button, self.export_button, self.delete_button]
 
     def fill(self, records: list[ChatRecord]) -> None:
         """List the run's conversations (no selection signals)."""
@@ -76,3 +85,29 @@ class ConversationsPanel(QWidget):
         """While a reply streams, the conversation cannot change."""
         self.conv_list.setEnabled(not busy)
         self.new_button.setEnabled(not busy)
+
+
+def ask_new_chat(parent: QWidget) -> bool:
+    """The template or system prompt changed in a chat with messages: start a new chat with them? (No: keep this
+    chat and its template and system prompt.)"""
+    box = QMessageBox(
+        QMessageBox.Icon.Question,
+        "Start a new chat?",
+        "The template or system prompt changed. The model reads the conversation with "
+        "them, so a new chat starts with the new ones.\n\nThis conversation stays in the "
+        "list.",
+        QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+        parent,
+    )
+    box.setObjectName("new_chat_question")
+    box.button(QMessageBox.StandardButton.Yes).setText("New chat")
+    box.button(QMessageBox.StandardButton.No).setText("Keep this chat")
+    box.setDefaultButton(QMessageBox.StandardButton.No)
+    return bool(box.exec() == QMessageBox.StandardButton.Yes)
+
+
+def ask_delete(parent: QWidget, title: str) -> bool:
+    return bool(
+        QMessageBox.question(parent, "Delete conversation", f"Delete “{title}” from this run?")
+        == QMessageBox.StandardButton.Yes
+    )

@@ -7,9 +7,10 @@ start a new chat, load the model again) is the page's and its controller's."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -25,9 +26,10 @@ from PySide6.QtWidgets import (
 )
 
 from hexstudio.core.genie.conversation import TEMPLATES
-from hexstudio.core.genie.prompts import DETERMINISTIC, NEMOTRON_THINKING_ON
+from hexstudio.core.genie.prompts import DETERMINISTIC, NEMOTRON_THINKING_ON, chat_format_for, template_for
 from hexstudio.core.genie.runtime import RUNTIMES
-from hexstudio.core.services.chat import DIALOG_LABELS
+from hexstudio.core.services.chat import DIALOG_LABELS, SessionSetup, bundle_dialogs, run_bundle_dir
+from hexstudio.core.services.chat_controller import Chosen, Rendering, SentWith, conversation_template
 from hexstudio.workers.shared.chat_template import ChatFormat
 
 # preset key -> (label, values); the keys match hexstudio.core.genie.session's presets (and the CLI's --sampler)
@@ -50,9 +52,6 @@ SAMPLER_TOOLTIP = (
     "uses the thinking preset, as `hexstudio chat` does."
 )
 
-# what the open conversation was started with: the template, the system prompt and the thinking switch
-Chosen = tuple[str, str, bool | None]
-
 
 def genie_sampler(values: dict[str, Any]) -> dict[str, Any]:
     """Genie's genie_config.json sampler keys (top-k, top-p) from the prompts module's (top_k, top_p)."""
@@ -67,6 +66,10 @@ def form_row(form: QFormLayout, text: str, w: QWidget) -> None:
 
 class ChatSettingsPanel(QWidget):
     """The Model and Sampler groups of the chat's side panel."""
+
+    # a setting the run keeps was edited (the runtime, the sampler, the reply's length, how Enter behaves); the
+    # template, system prompt, thinking switch and dialog say so by their own signals (a change means more)
+    edited = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -195,6 +198,11 @@ class ChatSettingsPanel(QWidget):
             spin.valueChanged.connect(lambda _v: self._sampler_edited())
         # connected first, so the preset is in place when the page hears of the template change
         self.template_combo.currentTextChanged.connect(self._template_chosen)
+        for combo in (self.runtime_combo, self.sampler_combo):
+            combo.currentIndexChanged.connect(lambda _i: self.edited.emit())
+        for spin in (self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin, self.max_tokens):
+            spin.editingFinished.connect(self.edited.emit)
+        self.enter_sends_box.toggled.connect(lambda _on: self.edited.emit())
 
     def tab_order(self) -> list[QWidget]:
         return [
@@ -238,12 +246,31 @@ class ChatSettingsPanel(QWidget):
         self.dialog_combo.setEnabled(len(dialogs) > 1)
         self.dialog_combo.blockSignals(False)
 
+    def session_setup(self) -> SessionSetup:
+        """What the next message's session must be loaded with."""
+        return SessionSetup(runtime=self.runtime(), sampler=self.sampler_settings(), dialog=self.dialog())
+
+    def list_dialogs(self, run_dir: Path | None, board_doc: dict[str, Any] | None) -> None:
+        """The dialogs the open run's bundle carries (genie_config.<type>.json beside genie_config.json)."""
+        self.set_dialogs(bundle_dialogs(run_bundle_dir(run_dir, board_doc) if run_dir is not None else None))
+
     def thinking(self) -> bool | None:
         return self.thinking_box.isChecked() if self.thinking_box.isEnabled() else None
 
     def chosen(self) -> Chosen:
         """The template, system prompt and thinking switch as the controls show them now."""
-        return self.template_combo.currentText(), self.system_edit.text().strip(), self.thinking()
+        return Chosen(self.template_combo.currentText(), self.system_edit.text().strip(), self.thinking())
+
+    def sent_with(self) -> SentWith:
+        """What the conversation's messages are sent with, kept in its record."""
+        return SentWith(
+            template=self.template_combo.currentText(),
+            system=self.system_edit.text(),
+            thinking=self.thinking(),
+            sampler=self.sampler_settings(),
+            runtime=self.runtime(),
+            dialog=self.dialog(),
+        )
 
     def show_chosen(self, chosen: Chosen) -> None:
         """Show a conversation's template, system prompt and thinking switch (no change signals)."""
@@ -274,6 +301,23 @@ class ChatSettingsPanel(QWidget):
             )
         )
         return thinking
+
+    def show_template_for(
+        self, model_dir: Path | None, template: str | None = None
+    ) -> tuple[ChatFormat, bool | None]:
+        """Show the template in use for the model in `model_dir` (`template`, else the one chosen, auto resolved);
+        returns the model's chat format and the thinking setting."""
+        if template is None:
+            template = self.template_combo.currentText()
+            template = template_for(model_dir) if template == "auto" else template
+        fmt = chat_format_for(model_dir)
+        return fmt, self.show_template(template, fmt)
+
+    def rendering(self, model_dir: Path | None) -> Rendering:
+        """What the open conversation is rendered with, as the settings show it now."""
+        template = conversation_template(self.template_combo.currentText(), model_dir)
+        fmt, thinking = self.show_template_for(model_dir, template)
+        return Rendering(template, fmt, thinking, self.system_edit.text(), self.max_tokens.value())
 
     # -- the sampler --------------------------------------------------------------------------------------
     def sampler_preset(self) -> str:
@@ -380,7 +424,7 @@ class ChatSettingsPanel(QWidget):
             if isinstance(values.get("enter_sends"), bool):
                 self.enter_sends_box.setChecked(bool(values["enter_sends"]))
             self.show_chosen(
-                (
+                Chosen(
                     str(values.get("template") or "auto"),
                     str(values.get("system") or ""),
                     values.get("thinking") if isinstance(values.get("thinking"), bool) else None,

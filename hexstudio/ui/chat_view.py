@@ -26,6 +26,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hexstudio.core.genie.chat_store import ChatRecord
+from hexstudio.core.services.chat import kpi_line, shown_reply
+
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 _FENCE = re.compile(r"^```[ \t]*([\w+#.-]*)[ \t]*$", re.M)
@@ -438,6 +441,35 @@ class TranscriptView(QScrollArea):
         b.set_text(text)
         self._follow = True
         return b
+
+    def begin_reply(
+        self, user: str, on_regenerate: Callable[[], None], on_version: Callable[[int], None]
+    ) -> MessageBubble:
+        """The message sent and under it the reply's bubble, streaming; the earlier replies' versions are fixed once
+        the chat goes on."""
+        self.add("user", user)
+        for b in self.bubbles:
+            if b.versions:
+                b.set_versions(b.versions, b.version, navigable=False)
+        bubble = self.add("assistant", "", on_regenerate=on_regenerate)
+        bubble.versionChosen.connect(on_version)
+        bubble.set_text("", streaming=True)
+        return bubble
+
+    def show_record(
+        self, rec: ChatRecord, on_regenerate: Callable[[], None], on_version: Callable[[int], None]
+    ) -> None:
+        """A stored conversation: each reply as it ended, its KPIs, and its versions (‹ › on the last one)."""
+        self.clear()
+        for t in rec.turns:
+            self.add("user", t.user)
+            b = self.add("assistant", "", on_regenerate=on_regenerate)
+            b.set_text(shown_reply(t))
+            if t.versions:
+                b.set_versions(t.versions, t.version, navigable=t is rec.turns[-1])
+                b.versionChosen.connect(on_version)
+            if t.kpis:
+                b.set_kpis(kpi_line(t.kpis))
 
     def remove_last(self) -> None:
         if self.bubbles:

@@ -94,7 +94,7 @@ def test_a_real_change_asks_first_and_no_keeps_the_chat(qtbot: Any, tmp_path: Pa
     # with no messages a change needs no question
     page.system_edit.setText("Be brief.")
     page.system_edit.editingFinished.emit()
-    assert QApplication.activeModalWidget() is None and page._applied[1] == "Be brief."
+    assert QApplication.activeModalWidget() is None and page.chat.applied.system == "Be brief."
 
 
 def test_enter_sends_shift_enter_is_a_new_line(qtbot: Any, tmp_path: Path) -> None:

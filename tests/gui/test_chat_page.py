@@ -87,7 +87,7 @@ def test_chosen_sampler_reaches_the_runner(
 
         # new values: the session loads again with them (the conversation is kept) and the reply changes
         ch.new_chat()
-        await ch._closing
+        await ch.chat.wait_closed()
         ch.temp_spin.setValue(1.5)
         ch.topk_spin.setValue(1000)
         ch.seed_spin.setValue(7)
@@ -107,7 +107,7 @@ def test_chosen_sampler_reaches_the_runner(
 
         # the model kept loaded: the helper starts with the sampler on its command line
         ch.new_chat()
-        await ch._closing
+        await ch.chat.wait_closed()
         ch.session_mode = "auto"
         ch.sampler_combo.setCurrentIndex(ch.sampler_combo.findData("thinking"))
         turn = await ch.send(QUESTION)

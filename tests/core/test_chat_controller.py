@@ -1,0 +1,411 @@
+"""The Chat page's controller without Qt and without a board (issue 30): when a session opens, is kept, loads again
+or closes; the conversation's record in the run (kept at once, when the reply starts and when it ends; Regenerate's
+versions); the context accounting. The session is a fake with ChatSession's face."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from hexstudio.core.device.errors import BoardError
+from hexstudio.core.genie.chat_store import ChatStore, ChatTurn
+from hexstudio.core.genie.conversation import Conversation
+from hexstudio.core.genie.profile import Kpis
+from hexstudio.core.genie.run import Chunk
+from hexstudio.core.genie.session import SessionError, TurnResult
+from hexstudio.core.services.chat import SessionSetup
+from hexstudio.core.services.chat_controller import (
+    ChatController,
+    ChatHooks,
+    Chosen,
+    OpenedSession,
+    Rendering,
+    SentWith,
+    SessionRequest,
+    TurnHooks,
+)
+
+GREEDY = {"seed": 42, "temp": 0.0, "top-k": 1, "top-p": 1.0}
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeSession:
+    """ChatSession's face: replies "echo: <message>" in two chunks, with KPIs; or raises what it is told to."""
+
+    def __init__(
+        self, conversation: Conversation, setup: SessionSetup, raises: Exception | None = None
+    ) -> None:
+        self.conversation = conversation
+        self.setup = setup
+        self.max_tokens = 0
+        self.dialog = setup.dialog
+        self.runtime = SimpleNamespace(title="Fake runtime")
+        self.board = SimpleNamespace(transport=FakeTransport())
+        self.fallback_reason: str | None = None
+        self.simulated = True
+        self.raises = raises
+        self.closed = False
+        self.stop_at: int | None = None  # chunks before the stop event is set (as Esc would)
+
+    async def send(self, user: str, *, on_chunk: Any = None, stop: asyncio.Event | None = None) -> TurnResult:
+        if self.raises is not None:
+            raise self.raises
+        turn = self.conversation.add(user)
+        chunks = [Chunk(0.1, "echo: "), Chunk(0.2, user)]
+        state = "complete"
+        for i, c in enumerate(chunks):
+            if self.stop_at is not None and i == self.stop_at and stop is not None:
+                stop.set()
+            if stop is not None and stop.is_set():
+                state = "aborted"
+                break
+            turn.reply += c.text
+            if on_chunk is not None:
+                on_chunk(c)
+        turn.state = state
+        kpis = Kpis(900.0, 5, 150.0, 120.0, 2, 20.0, 100.0, "simulated")
+        return TurnResult(turn, turn.reply, state, kpis, chunks, "persistent", True, 1.0, 2.0)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class Board:
+    """connect(): a FakeSession each time; what was opened, in order."""
+
+    def __init__(self) -> None:
+        self.opened: list[FakeSession] = []
+        self.fail: Exception | None = None
+        self.send_fails: Exception | None = None
+
+    async def connect(self, conversation: Conversation, mode: str, req: SessionRequest) -> OpenedSession:
+        if self.fail is not None:
+            raise self.fail
+        assert all(s.closed for s in self.opened), "a session opened while another was still loaded"
+        s = FakeSession(conversation, req.setup, self.send_fails)
+        self.opened.append(s)
+        return OpenedSession(s, "persistent")
+
+
+def request(setup: SessionSetup | None = None, max_tokens: int = 32) -> SessionRequest:
+    return SessionRequest(
+        doc={"board": "sim", "remote_bundle": "/b"},
+        settings=None,  # type: ignore[arg-type]  # the fake board reads none
+        workspace_root=Path("/nowhere"),
+        setup=setup or SessionSetup(sampler=GREEDY),
+        max_tokens=max_tokens,
+    )
+
+
+def controller(run: Path | None, board: Board, sent: SentWith | None = None) -> ChatController:
+    c = ChatController(ChatHooks(sent_with=lambda: sent or SentWith()), connect=board.connect)
+    c.sync_run(run, busy=False)
+    return c
+
+
+async def ask(c: ChatController, text: str, setup: SessionSetup | None = None, **hooks: Any) -> Any:
+    """As the page sends a message: start, run, end; returns (outcome, versions)."""
+    c.start_turn(text)
+    h = TurnHooks(chunk=lambda ch: c.add_chunk(ch.text), **hooks)
+    try:
+        out = await c.run_turn(text, request(setup), h)
+    finally:
+        versions = c.end_turn()
+    return out, versions
+
+
+def stored(run: Path, c: ChatController) -> dict[str, Any]:
+    assert c.record is not None
+    return json.loads((run / "chats" / "conversations" / f"{c.record.id}.json").read_text())
+
+
+def test_a_session_opens_on_the_first_message_and_stays_loaded(tmp_path: Path) -> None:
+    board = Board()
+    c = controller(tmp_path / "run", board)
+    opened: list[str] = []
+
+    async def go() -> None:
+        out, _ = await ask(c, "hello", opened=opened.append)
+        assert out.turn is not None and out.turn.reply == "echo: hello" and out.shown == "echo: hello"
+        assert out.kpis is not None and out.kpis["gen_tok_s"] == 20.0 and out.notice is None
+        out, _ = await ask(c, "again", opened=opened.append)
+        assert out.shown == "echo: again"
+
+    asyncio.run(go())
+    assert len(board.opened) == 1 and opened == ["persistent"]  # kept loaded between turns
+    assert c.session is board.opened[0] and board.opened[0].max_tokens == 32
+    assert [t.user for t in c.conversation.turns] == ["hello", "again"]
+    assert "model stays loaded" in c.mode_text("persistent")
+
+
+@pytest.mark.parametrize(
+    "changed, named",
+    [
+        (SessionSetup(sampler={**GREEDY, "seed": 7}), "sampler"),
+        (SessionSetup(sampler=GREEDY, runtime="geniex"), "runtime"),
+        (SessionSetup(sampler=GREEDY, dialog="lade"), "dialog"),
+        (SessionSetup(sampler=None, runtime="genie"), "sampler and runtime"),
+    ],
+)
+def test_a_load_time_setting_changed_loads_the_model_again_keeping_the_conversation(
+    tmp_path: Path, changed: SessionSetup, named: str
+) -> None:
+    board = Board()
+    c = controller(tmp_path / "run", board)
+    why: list[str] = []
+
+    async def go() -> None:
+        await ask(c, "first")
+        await ask(c, "second", changed, reloading=why.append)
+
+    asyncio.run(go())
+    first, second = board.opened
+    assert first.closed and first.board.transport.closed and not second.closed
+    assert second.setup == changed and c.loaded == changed
+    assert why and why[0].startswith(f"The {named} changed") and "conversation is kept" in why[0]
+    assert [t.user for t in second.conversation.turns] == ["first", "second"]  # the history went along
+
+
+def test_nothing_is_scheduled_to_close_without_a_session() -> None:
+    """The cause of 'coroutine ChatPage.close_session was never awaited': a close was scheduled on every New chat,
+    with or without a session, and outside a running loop it never ran. Now: no session, nothing scheduled."""
+    c = ChatController()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        asyncio.set_event_loop(None)  # no loop at all: scheduling anything would fail
+        c.new_conversation(Chosen("llama3", "", None))
+        c.close_later()
+        assert c.change_settings(Chosen("plain", "", None), busy=False) == "applied"
+        c.open_run(None)
+    assert c.session is None and not c._closing
+
+
+def test_a_session_closed_in_the_background_is_closed_before_the_next_opens(tmp_path: Path) -> None:
+    board = Board()
+    c = controller(tmp_path / "run", board)
+    closed: list[bool] = []
+    c.hooks.session_closed = lambda: closed.append(True)
+
+    async def go() -> None:
+        await ask(c, "first")
+        c.new_conversation(Chosen("auto", "", None))  # detached at once, closed in the background
+        assert c.session is None and closed and not c.conversation.turns and c.record is None
+        await ask(c, "second")  # Board.connect asserts the first one was closed by then
+
+    asyncio.run(go())
+    assert len(board.opened) == 2 and board.opened[0].closed
+    assert [t.user for t in board.opened[1].conversation.turns] == ["second"]
+
+
+def test_another_run_or_a_new_benchmark_reply(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    c = ChatController()
+    assert c.sync_run(None, busy=False) == "same" and c.store is None
+    assert c.sync_run(a, busy=False) == "switched" and c.store is not None and c.store.run_dir == a
+    assert c.sync_run(a, busy=False) == "same"
+    bench = a / "artifacts" / "chat" / "chat.json"
+    bench.parent.mkdir(parents=True)
+    bench.write_text("{}")
+    assert c.sync_run(a, busy=True) == "same"  # not while a reply streams
+    assert c.sync_run(a, busy=False) == "listed"
+    assert c.sync_run(a, busy=False) == "same"
+    c.conversation.add("x")
+    assert c.sync_run(b, busy=False) == "switched" and not c.conversation.turns and c.store.run_dir == b
+
+
+def test_the_record_is_kept_at_once_when_the_reply_starts_and_when_it_ends(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    board = Board()
+    sent = SentWith(template="llama3", system="Be brief.", sampler=GREEDY, runtime="genie", dialog="basic")
+    c = controller(run, board, sent)
+    seen: list[dict[str, Any]] = []
+
+    def chunk(ch: Chunk) -> None:
+        c.add_chunk(ch.text)
+        seen.append(stored(run, c)["turns"][-1])
+
+    async def go() -> None:
+        c.start_turn("hello")
+        assert stored(run, c)["turns"] == [
+            {**stored(run, c)["turns"][0], "user": "hello", "state": "pending", "reply": ""}
+        ]
+        await c.run_turn("hello", request(), TurnHooks(chunk=chunk))
+        c.end_turn()
+
+    asyncio.run(go())
+    assert seen[0]["state"] == "streaming" and seen[0]["reply"] == "echo: "  # the first chunk, kept at once
+    doc = stored(run, c)
+    assert doc["title"] == "hello" and doc["template"] == "llama3" and doc["system"] == "Be brief."
+    assert doc["sampler"] == GREEDY and doc["runtime"] == "genie" and doc["source"] == "simulated"
+    (t,) = doc["turns"]
+    assert t["state"] == "complete" and t["reply"] == "echo: hello" and t["kpis"]["gen_tok_s"] == 20.0
+    assert [r.id for r in c.conversations()] == [doc["id"]]
+
+
+def test_a_stopped_reply_is_kept_and_said(tmp_path: Path) -> None:
+    board = Board()
+    c = controller(tmp_path / "run", board)
+
+    async def go() -> Any:
+        await ask(c, "first")
+        board.opened[0].stop_at = 1
+        return await ask(c, "second")
+
+    out, _ = asyncio.run(go())
+    assert out.shown == "echo: \n\n*(stopped)*" and out.notice.text.startswith("Reply stopped")
+    assert c.record is not None and c.record.turns[-1].state == "aborted"
+
+
+def test_a_message_that_does_not_fit_or_a_failing_board_is_a_failed_turn(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    board = Board()
+    c = controller(run, board)
+
+    async def go() -> None:
+        board.fail = SessionError("The runtime runs only the basic dialog, not lade.", "Choose basic.")
+        out, _ = await ask(c, "refused")
+        assert out.turn is None and out.shown.startswith("*(failed: The runtime runs only")
+        assert out.notice is not None and out.notice.failed and out.notice.hint == "Choose basic."
+        assert c.session is None
+        board.fail = None
+        board.send_fails = ValueError("The message alone does not fit in the context.")
+        out, _ = await ask(c, "too long")
+        assert c.session is not None  # the session goes on
+        assert (
+            out.shown == "*(not sent: The message alone does not fit in the context.)*" and out.notice.failed
+        )
+        board.opened[-1].raises = BoardError("The board went away.", "Check its cable.")
+        out, _ = await ask(c, "gone")
+        assert out.notice is not None and out.notice.hint == "Check its cable." and c.session is None
+        await c.wait_closed()
+
+    asyncio.run(go())
+    assert all(s.closed for s in board.opened)
+    assert [(t["state"], t["error"]) for t in stored(run, c)["turns"]] == [
+        ("failed", "The runtime runs only the basic dialog, not lade."),
+        ("failed", "The message alone does not fit in the context."),
+        ("failed", "The board went away."),
+    ]
+
+
+def test_an_unfinished_turn_is_kept_as_failed(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    c = controller(run, Board())
+    c.start_turn("hello")
+    c.add_chunk("par")
+    assert c.end_turn() is None
+    assert stored(run, c)["turns"][0]["state"] == "failed" and stored(run, c)["turns"][0]["reply"] == "par"
+
+
+def test_regenerate_keeps_the_earlier_replies_as_versions(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    board = Board()
+    c = controller(run, board)
+
+    async def go() -> Any:
+        await ask(c, "hello")
+        user = c.regenerate()
+        assert user == "hello" and not c.conversation.turns and c.session is None  # the model loads it again
+        assert c.record is not None and not c.record.turns
+        board.opened[0].conversation.turns.clear()
+        first = await ask(c, user)
+        again = c.regenerate()
+        assert again == "hello"
+        return first, await ask(c, again)
+
+    (_, v2), (_, v3) = asyncio.run(go())
+    assert [v["reply"] for v in v2] == ["echo: hello"] * 2 and "tokens" in v2[0]["kpi_line"]
+    assert len(v3) == 3  # the versions so far, and the new one
+    doc = stored(run, c)
+    assert (
+        len(doc["turns"]) == 1 and doc["turns"][0]["version"] == 2 and len(doc["turns"][0]["versions"]) == 3
+    )
+    assert len(board.opened) == 3 and all(s.closed for s in board.opened[:2])
+
+
+def test_choosing_a_version_continues_from_it(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    store = ChatStore(run)
+    rec = store.new(template="auto", system="")
+    rec.turns = [
+        ChatTurn(
+            user="hi",
+            reply="second",
+            state="complete",
+            versions=[
+                {"reply": "first", "kpis": {"gen_tok_s": 1.0}, "state": "complete"},
+                {"reply": "second", "kpis": {}, "state": "aborted"},
+            ],
+            version=1,
+        )
+    ]
+    store.save(rec)
+    c = controller(run, Board())
+    c.show_record(store.conversations()[0])
+    assert c.pick(rec.id) is None  # the open one
+    assert not c.choose_version(5)
+    assert c.choose_version(0)
+    turn = c.conversation.turns[-1]
+    assert (turn.reply, turn.kpis, turn.state) == ("first", {"gen_tok_s": 1.0}, "complete")
+    kept = stored(run, c)["turns"][0]
+    assert kept["version"] == 0 and kept["reply"] == "first"
+
+
+def test_a_change_of_template_or_system_prompt_counts_only_when_real() -> None:
+    c = ChatController()
+    c.applied = Chosen("auto", "", None)
+    assert c.change_settings(Chosen("auto", "", None), busy=False) == "same"
+    assert c.change_settings(Chosen("auto", "Be brief.", None), busy=True) == "busy"
+    c.conversation.add("hello")
+    assert c.change_settings(Chosen("auto", "Be brief.", None), busy=False) == "ask"
+    assert c.applied == ("auto", "", None)  # asking changes nothing yet
+    c.new_conversation(Chosen("auto", "Be brief.", None))
+    assert c.change_settings(Chosen("plain", "Be brief.", None), busy=False) == "applied"
+    assert c.applied.template == "plain"
+
+
+def test_the_context_is_the_models_and_the_oldest_turns_go_first(tmp_path: Path) -> None:
+    from hexstudio.core.runs import Workspace
+
+    m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim")
+    c = ChatController()
+    c.sync_run(m.run_dir, busy=False)
+    c.render_with(Rendering("qa", None, None, "", 64), m, None)
+    use = c.context_use(64)
+    assert c.conversation.context_length == 512 and use.total == 512 and use.used == 0 and use.free == 448
+    for i in range(40):
+        t = c.conversation.add(f"question {i} " + "word " * 20)
+        t.reply, t.state = "answer " + "word " * 20, "complete"
+    use = c.context_use(64)
+    assert use.dropped > 0 and use.used <= 512 - 64 and use.kept[-1] is c.conversation.turns[-1]
+
+
+def test_a_run_that_cannot_keep_the_conversation_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failed: list[OSError] = []
+    c = ChatController(ChatHooks(save_failed=failed.append))
+    c.sync_run(tmp_path / "run", busy=False)
+
+    def refuse(*_a: Any) -> None:
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(ChatStore, "save", refuse)
+    monkeypatch.setattr(ChatStore, "save_settings", refuse)
+    c.start_turn("hello")
+    assert failed and isinstance(failed[0], PermissionError)
+    c.save_settings({"max_tokens": 5})  # the settings still apply to this session; nothing is said
+    assert len(failed) == 1
