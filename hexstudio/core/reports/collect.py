@@ -360,7 +360,8 @@ def build_report(
         rep["series"]["token_rate_unit"] = token_rate_unit(ch.get("chunks") or [])
     rep["chat_sessions"] = _chat_sessions(run_dir)
     # the speed predictor's figures (issue 28): labeled predicted, beside the measured KPIs, never in them
-    rep["predicted"] = predicted_section(read_prediction(run_dir), rep["kpis"])
+    prediction = read_prediction(run_dir)
+    rep["predicted"] = predicted_section(prediction, rep["kpis"])
     ev = artifact("evaluate", "evaluate.json")
     if ev:  # the Evaluate stage: every suite float -> simulated -> board (hexstudio/core/eval/)
         rep["evaluation"] = {
@@ -381,7 +382,7 @@ def build_report(
         ]
         if rep["predicted"] is not None:  # a speculative dialog's predicted speed at the acceptance measured
             rep["predicted"]["speculative"] = speculative_prediction(
-                run_dir, m.settings, ev.get("board_session")
+                run_dir, m.settings, ev.get("board_session"), prediction
             )
     for s in STAGES:
         series = _resources(run_dir, s.name) if m.stage(s.name).state != "pending" else []

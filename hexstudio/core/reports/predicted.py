@@ -86,12 +86,13 @@ def predicted_section(doc: dict[str, Any] | None, kpis: list[dict[str, Any]]) ->
 
 
 def speculative_prediction(
-    run_dir: Path, settings: dict[str, Any], board_session: Any
+    run_dir: Path, settings: dict[str, Any], board_session: Any, doc: dict[str, Any] | None = None
 ) -> dict[str, Any] | None:
     """The Evaluate stage's speculative dialog (lade, spd) at its measured tokens accepted per step, costed with the
     run's prediction (and, for spd with a draft bundle, the draft run's own prediction): hexstudio.workers.shared.predict.
-    speculative_rate. None when the dialog is basic, nothing was accepted, or a cost is unknown."""
-    doc = read_prediction(run_dir)
+    speculative_rate. None when the dialog is basic, nothing was accepted, or a cost is unknown. `doc`: the run's
+    prediction when the caller has read it already."""
+    doc = doc if doc is not None else read_prediction(run_dir)
     bs = board_session if isinstance(board_session, dict) else {}
     dialog, accepted = bs.get("dialog"), bs.get("accepted_per_step")
     if doc is None or dialog not in ("lade", "spd") or not isinstance(accepted, (int, float)):
