@@ -8,7 +8,8 @@ stages whose results depend on it, and where the studio shows it. Everything els
 - `check()` / `check_all()`: what the CLI's `--set`, `Workspace.create_run` and the studio refuse;
 - `parse_cli_value()` and `cli_help()`: `hexstudio run --set` and its `--help`;
 - `read_by(stage)`: the run settings in a stage's `inputs` (hexstudio/core/stages.py, the resume hash);
-- `DEFAULTS`: what the workers fall back to (`settings.get("kv_bits", DEFAULTS.kv_bits)`);
+- `typed_settings()` / `run_settings_of()`: run.json's settings as a RunSettings, defaults filled in (a worker's
+  `spec.settings`, hexstudio/workers/shared/worker_spec.py); `DEFAULTS` is every default;
 - `form_fields(page)`: the fields a stage page of the studio shows (hexstudio/core/settings.py adds the
   device list);
 - `markdown_table()`: docs/settings.md (a test keeps the file equal to it).
@@ -630,7 +631,7 @@ def _kind_of(hint: Any) -> tuple[Kind, bool, bool]:
 
 SETTINGS: dict[str, SettingSpec] = _specs_of(RunSettings)
 DEFAULTS = RunSettings()
-"""Typed defaults for readers: `settings.get("kv_bits", DEFAULTS.kv_bits)` (mypy checks the name)."""
+"""Every setting's default, typed."""
 
 
 class BadSettings(ActionableError):
