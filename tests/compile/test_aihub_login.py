@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hexstudio.core import secrets
+from hexstudio.workers.shared.run_settings import RunSettings
 
 TOKEN = "tok-canary-5b1f0c9e2d"
 
@@ -93,7 +94,7 @@ def test_missing_token_hint_names_the_real_commands(no_token_env: Path) -> None:
     from hexstudio.workers.runtime import WorkerError
 
     with pytest.raises(WorkerError) as ei:
-        aihub.client_config({})
+        aihub.client_config(RunSettings())
     hint = ei.value.hint or ""
     assert ei.value.code == "aihub_token_missing"
     assert "the Compile page's AI Hub token field, or `hexstudio aihub login`" in hint
@@ -103,7 +104,7 @@ def test_missing_token_hint_names_the_real_commands(no_token_env: Path) -> None:
     from hexstudio.core.stage_api import worker_env
 
     assert worker_env()["HEXSTUDIO_AIHUB_TOKEN"] == TOKEN
-    assert aihub.client_config({}, worker_env()["HEXSTUDIO_AIHUB_TOKEN"]).api_token == TOKEN
+    assert aihub.client_config(RunSettings(), worker_env()["HEXSTUDIO_AIHUB_TOKEN"]).api_token == TOKEN
 
 
 def test_login_asks_on_a_terminal_without_echo(no_token_env: Path) -> None:

@@ -640,7 +640,7 @@ class BadSettings(ActionableError):
     def __init__(self, problems: Sequence[str]) -> None:
         super().__init__(
             " ".join(problems),
-            "Change the setting (hexstudio run --resume RUN --set NAME=VALUE, or the stage's page).",
+            "Give a value the message allows (`hexstudio run --help` lists every setting with its range).",
             code="bad_setting",
         )
         self.problems = list(problems)
@@ -905,7 +905,8 @@ def resolve_settings(
     beyond 2048", a limit nobody had asked for). parts "auto":
     the part plan's (hexstudio.workers.shared.modelinfo.part_plan: model size, the context length, board_ram_bytes when set).
     The Model stage, preflight and `hexstudio model inspect` all resolve with this."""
-    rs = settings if isinstance(settings, RunSettings) else run_settings_of(settings)
+    # a mapping is checked: a value `check` refuses (context_length -1) raises BadSettings naming it
+    rs = settings if isinstance(settings, RunSettings) else typed_settings(settings).values
     ctx = rs.context_length
     if ctx == AUTO:
         context_length = AUTO_CONTEXT_LENGTH["builtin" if builtin else "other"]
