@@ -48,6 +48,7 @@ from hexstudio.core.stage_state import (
 )
 from hexstudio.core.stages import STAGES, Stage, get_stage
 from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.workers.shared.run_settings import BadSettings
 
 jobs_log = logging.getLogger("hexstudio.jobs")
 
@@ -399,7 +400,18 @@ class Pipeline:
         assert stage.worker is not None
         if importlib.util.find_spec(stage.worker) is None:
             return _not_implemented(stage)
-        spec = stage_spec(self.m, stage.name, partial, self._upstream(stage))
+        try:
+            spec = stage_spec(self.m, stage.name, partial, self._upstream(stage))
+        except BadSettings as exc:  # a run.json edited by hand, or from a version with other ranges
+            return JobResult(
+                "failed",
+                None,
+                None,
+                f"The {stage.title} stage cannot start: {exc.message}",
+                hint="Change it with `hexstudio run --resume RUN --set NAME=VALUE` (or on the stage's page), "
+                "then run the stage again.",
+                code="bad_setting",
+            )
         job = await start_stage_worker(
             self.runner,
             self.m,

@@ -461,3 +461,16 @@ def test_a_filesystem_without_flock_runs_unguarded(
     pipe = Pipeline(m, stages=fake_stages())
     assert asyncio.run(pipe.run(until="model")).ok
     assert pipe.lock.unsupported and not pipe.lock.held
+
+
+def test_a_bad_setting_in_run_json_fails_the_stage_naming_it(workspace: Workspace) -> None:
+    """A run.json edited by hand (or written by a version with other ranges): the worker stage fails at once,
+    saying which setting and how to change it, and the run is not left 'running'."""
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    m.settings["kv_bits"] = "8"
+    m.save()
+    res = asyncio.run(Pipeline(m, stages=fake_stages()).run(until="model"))
+    assert not res.ok and "kv_bits must be a whole number" in res.message, res
+    st = m.stage("model")
+    assert st.state == "failed" and st.data["outcome"]["code"] == "bad_setting"
+    assert "--set NAME=VALUE" in str(st.data["outcome"]["hint"])
