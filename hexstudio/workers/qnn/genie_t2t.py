@@ -11,7 +11,6 @@ Everything it prints is labeled simulated: the HTP runs in Qualcomm's simulator,
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
@@ -22,17 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.workers.board import genie_session as gs
+from hexstudio.workers.genie_sim.t2t_args import build_parser
 from hexstudio.workers.qnn.libs import INSTALL_HINT, find_qnn_libs, x86_engine_overrides
 
 
-def _parser() -> argparse.ArgumentParser:
-    from hexstudio.workers.genie_sim.t2t import build_parser
-
-    return build_parser()
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     libs = find_qnn_libs()
     if libs is None:
         print(f"ERROR: Qualcomm's libGenie.so is not installed. {INSTALL_HINT}", file=sys.stderr)
