@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -103,16 +103,8 @@ class PredictPlan:
     two_layers: bool
 
     def work(self, cache_dir: Path) -> PredictWork:
-        return PredictWork(
-            model=self.model,
-            shape=self.shape,
-            target=self.target,
-            context_length=self.context_length,
-            ar_n=self.ar_n,
-            parts=self.parts,
-            two_layers=self.two_layers,
-            cache_dir=cache_dir,
-        )
+        """The predictor worker's request: this plan, with where its timings are cached."""
+        return PredictWork(**{f.name: getattr(self, f.name) for f in fields(self)}, cache_dir=cache_dir)
 
 
 def plan(
