@@ -14,8 +14,8 @@ import pytest
 from hexstudio.cli.main import main
 from hexstudio.core.eval.suites import DEFAULT_SUITES
 from hexstudio.core.pipeline import Pipeline
-from hexstudio.workers.shared.worker_spec import WorkerSpec
 from hexstudio.core.runs import Workspace
+from hexstudio.workers.shared.worker_spec import WorkerSpec
 
 
 def assert_progress_words_agree(seen: list[dict[str, Any]]) -> None:
@@ -61,7 +61,9 @@ def test_evaluate_three_ways_cancel_and_resume(
     # resources log (what the studio's live memory plot shows) like any worker stage's
     spec = WorkerSpec.load(run_dir / "specs" / "evaluate.host.json")
     assert spec.evaluate is not None and spec.evaluate.cases and set(spec.evaluate.legs) == {"float", "sim"}
-    samples = [json.loads(x) for x in (run_dir / "logs" / "evaluate.resources.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(x) for x in (run_dir / "logs" / "evaluate.resources.jsonl").read_text().splitlines()
+    ]
     assert samples and max(x["rss"] for x in samples) > 50 * 2**20
 
     m = Workspace(ws).open_run(run_dir.name)
