@@ -115,14 +115,6 @@ class GenieFeeds:
         return ((q + qi[1]) * qi[0]).astype(np.float32)
 
 
-def step_inputs(n_past: int, s: int, capacity: int) -> np.ndarray:
-    """The float attention_mask [1,1,S,CL] for a full block of S new tokens after n_past cached ones."""
-    mask: np.ndarray = np.full((1, 1, s, capacity), MASK_VALUE, np.float32)
-    mask[0, 0, :, :n_past] = 0.0
-    mask[0, 0, :, capacity - s :][np.tril(np.ones((s, s), bool))] = 0.0
-    return mask
-
-
 class GraphIO:
     """One graph's input and output names, sorted into what Genie feeds and reads."""
 

@@ -42,12 +42,10 @@ if TYPE_CHECKING:
 
 RUNTIMES = ("genie", "geniex")
 DEFAULT_RUNTIME = "genie"
-GENIEX_LAUNCHER = "~/.local/bin/geniex"
 CONFIG = "genie_config.json"  # the basic dialog's config, what helper_argv runs when not told another
 Sampler = dict[str, Any] | None  # the sampler values a helper is started with (None: the config's own)
-HelperArgv = tuple[
-    list[str], dict[str, str] | None
-]  # a helper's command line and environment (None: inherit)
+# a helper's command line and environment (None: inherit)
+HelperArgv = tuple[list[str], dict[str, str] | None]
 
 
 class RuntimeError_(ActionableError):

@@ -106,9 +106,6 @@ class RemoteStageJob(Job):
         self.settings = settings
         self.remote: RemoteJob | None = None
         self.transport: SshTransport | None = None
-        self.remote_run_dir: str | None = None
-        self.remote_out_dir: str | None = None
-        self.host_info: dict[str, Any] = {}
         self._log: IO[str] | None = None
         self._t0 = time.monotonic()
 
@@ -215,9 +212,7 @@ class RemoteStageJob(Job):
             "connect",
         )
         self.transport = t = await connect_worker_host(self.host, cfg)
-        self.host_info = info = await check_host(
-            t, self.host, python, STAGE_PACKAGES.get(self.stage.name, ())
-        )
+        info = await check_host(t, self.host, python, STAGE_PACKAGES.get(self.stage.name, ()))
         self._emit("metric", name="worker_host", value=self.host, scope="worker_host")
         self._emit(
             "metric",
@@ -235,11 +230,9 @@ class RemoteStageJob(Job):
         base = str(cfg.get("root") or posixpath.join(await t.home(), ".cache", "hexstudio"))
         workers_root = await install_workers(t, base)
         rrun = posixpath.join(base, "runs", self.m.run_id)
-        self.remote_run_dir = rrun
         spec = json.loads(self.spec_path.read_text(encoding="utf-8"))
         local_out = Path(spec["out_dir"])
         rout = posixpath.join(rrun, "artifacts", f"{self.stage.name}.partial")
-        self.remote_out_dir = rout
         await host_files(t, python, "reset", rout)  # never resume from half-written output, here either
         # 1. upload the upstream folders this stage reads, and the model's folder when it lives elsewhere
         hashes = LocalHashes()
