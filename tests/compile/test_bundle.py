@@ -15,28 +15,7 @@ import pytest
 from hexstudio.workers.shared import bundle as gb
 from hexstudio.workers.shared.data import builtin_model_dir
 from hexstudio.workers.shared.run_settings import RunSettings
-
-LLAMA_31_8B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "intermediate_size": 14336,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rope_theta": 500000.0,
-    "bos_token_id": 128000,
-    "eos_token_id": [128001, 128008, 128009],
-    "rope_scaling": {
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-}
+from tests.support.configs import LLAMA_31_8B
 
 
 def _hexstudio(*args: str) -> subprocess.CompletedProcess[str]:

@@ -303,7 +303,7 @@ def test_practically_mandatory_keys() -> None:
 
 
 def test_the_llama_31_8b_config_from_bundle_config_passes_the_checker(tmp_path: Path) -> None:
-    from tests.compile.test_bundle import LLAMA_31_8B
+    from tests.support.configs import LLAMA_31_8B
 
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_8B))
     out = _hexstudio("bundle", "config", "--model", str(tmp_path), "--context-length", "4096")
