@@ -23,12 +23,8 @@ PW = "no-sudo-pw"
 
 @pytest.fixture(scope="module")
 def nosudo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvkBoard]:
-    b = EvkBoard(tmp_path_factory.mktemp("nosudo"), sudo=False, sudo_password=PW)
-    b.start()
-    try:
+    with EvkBoard(tmp_path_factory.mktemp("nosudo"), sudo=False, sudo_password=PW) as b:
         yield b
-    finally:
-        b.stop()
 
 
 def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
@@ -84,37 +80,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_add_probe_fix(nosudo: EvkBoard, tmp_path: Path) -> None:
     fp = nosudo.server.host_key_fingerprint
-    r = _cli(
-        "board",
-        "add",
-        "cli",
-        "--host",
-        nosudo.host,
-        "--port",
-        str(nosudo.port),
-        "--user",
-        "evk",
-        "--key",
-        str(nosudo.server.client_key_path),
-        "--json",
-    )
+    add = ["board", "add", "cli", "--host", nosudo.host, "--port", str(nosudo.port), "--user", "evk"]
+    add += ["--key", str(nosudo.server.client_key_path), "--json"]
+    r = _cli(*add)
     assert r.returncode == 1 and fp in r.stderr  # unknown key: the fingerprint is shown
-    r = _cli(
-        "board",
-        "add",
-        "cli",
-        "--host",
-        nosudo.host,
-        "--port",
-        str(nosudo.port),
-        "--user",
-        "evk",
-        "--key",
-        str(nosudo.server.client_key_path),
-        "--trust",
-        fp,
-        "--json",
-    )
+    r = _cli(*add, "--trust", fp)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["state"] == "ready"
     r = _cli("board", "list", "--json")
