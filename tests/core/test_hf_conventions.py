@@ -20,6 +20,7 @@ from tests.support.fake_hub import FakeHub, folder_files, hub_env
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "test-org/tiny-llama"
+PREFLIGHT = ("preflight", "--model", MODEL, "--context-length", "512", "--no-smoke-test", "--json")
 KEYRING_TOKEN = "hf_keyringT0ken1111"
 ENV_TOKEN = "hf_envT0ken2222"
 FILE_TOKEN = "hf_fileT0ken3333"
@@ -93,13 +94,7 @@ def test_inspect_preflight_and_download_use_the_one_token(hub: FakeHub, tmp_path
     r = cli(
         hub,
         hf_home,
-        "preflight",
-        "--model",
-        MODEL,
-        "--context-length",
-        "512",
-        "--no-smoke-test",
-        "--json",
+        *PREFLIGHT,
         env=env,
     )
     assert r.returncode in (0, 1), r.stderr  # 1: a check failed on this machine
@@ -185,13 +180,7 @@ def test_the_cache_is_where_huggingface_hub_puts_it(hub: FakeHub, tmp_path: Path
     r = cli(
         hub,
         hf_home,
-        "preflight",
-        "--model",
-        MODEL,
-        "--context-length",
-        "512",
-        "--no-smoke-test",
-        "--json",
+        *PREFLIGHT,
         env={"HF_HUB_CACHE": str(cache)},
     )
     assert r.returncode in (0, 1), r.stderr
