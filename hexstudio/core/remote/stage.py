@@ -19,18 +19,18 @@ import posixpath
 import time
 import traceback
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from hexstudio.core.device.transport import ConnectionLost, SshTransport
 from hexstudio.core.jobs import (
-    EventHandler,
     Job,
+    JobHooks,
     JobResult,
     JobRunner,
     LocalJob,
-    SampleHandler,
     cancelled_result,
     human_bytes,
+    stderr_record,
 )
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.paths import WORKERS_ROOT
@@ -53,6 +53,9 @@ from hexstudio.core.remote.sync import (
 )
 from hexstudio.core.settings import Settings
 from hexstudio.core.stages import Stage
+
+if TYPE_CHECKING:
+    from typing import Unpack  # 3.11; annotations only (the studio runs on 3.10 too)
 
 # Run settings that name a file on this machine; the file is uploaded and the setting rewritten.
 FILE_SETTINGS = ("calibration_text", "validation_text")
@@ -83,18 +86,15 @@ class RemoteStageJob(Job):
         stage: Stage,
         spec_path: Path,
         *,
-        on_event: EventHandler | None = None,
-        on_sample: SampleHandler | None = None,
-        log_path: Path | None = None,
-        what: str | None = None,
         settings: Settings | None = None,
         grace_s: float = 5.0,
         term_s: float = 3.0,
+        **hooks: Unpack[JobHooks],
     ) -> None:
         super().__init__(
-            what=what or f"The {stage.title} stage",
-            on_event=on_event,
-            on_sample=on_sample,
+            what=hooks.get("what") or f"The {stage.title} stage",
+            on_event=hooks.get("on_event"),
+            on_sample=hooks.get("on_sample"),
             grace_s=grace_s,
             term_s=term_s,
         )
@@ -102,7 +102,7 @@ class RemoteStageJob(Job):
         self.m = manifest
         self.stage = stage
         self.spec_path = spec_path
-        self.log_path = log_path
+        self.log_path = hooks.get("log_path")
         self.settings = settings
         self.remote: RemoteJob | None = None
         self.transport: SshTransport | None = None
@@ -169,19 +169,7 @@ class RemoteStageJob(Job):
             ) or exc.__class__.__module__.startswith("paramiko")
             if not dropped:
                 if self._log is not None:
-                    self._log.write(
-                        json.dumps(
-                            {
-                                "v": 1,
-                                "type": "log",
-                                "level": "debug",
-                                "t": time.time(),
-                                "stream": "stderr",
-                                "message": traceback.format_exc(),
-                            }
-                        )
-                        + "\n"
-                    )
+                    self._log.write(stderr_record(traceback.format_exc()))
                 return self._fail(
                     "worker_host_failed",
                     f"Running {self.what.lower()} on worker host '{self.host}' failed: "
@@ -429,30 +417,16 @@ async def start_worker_job(
     stage: Stage,
     spec_path: Path,
     *,
-    on_event: EventHandler | None = None,
-    on_sample: SampleHandler | None = None,
-    log_path: Path | None = None,
-    what: str | None = None,
     env: dict[str, str] | None = None,
     memory_need: int | None = None,
+    **hooks: Unpack[JobHooks],
 ) -> LocalJob | RemoteStageJob:
     """The pipeline's one way to start a stage's worker: on the run's worker host for heavy stages when the
     run names one (RemoteStageJob), else on this machine (LocalJob). Both are started when returned."""
     assert stage.worker is not None
     host = remote_host_for(manifest, stage)
     if host is None:
-        return await runner.start_local(
-            stage.worker,
-            spec_path,
-            on_event=on_event,
-            on_sample=on_sample,
-            log_path=log_path,
-            what=what,
-            env=env,
-            memory_need=memory_need,
-        )
-    job = RemoteStageJob(
-        host, manifest, stage, spec_path, on_event=on_event, on_sample=on_sample, log_path=log_path, what=what
-    )
+        return await runner.start_local(stage.worker, spec_path, env=env, memory_need=memory_need, **hooks)
+    job = RemoteStageJob(host, manifest, stage, spec_path, **hooks)
     await job.start()
     return job
