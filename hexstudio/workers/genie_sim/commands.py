@@ -1,5 +1,6 @@
 """The chat helpers' command channel: one JSON object a line on stdin ({"op": "query" | "reset" | "sampler" |
-"abort" | "quit", ...}), read on a thread so that "abort" reaches a reply while it is being generated.
+"abort" | "quit", ...}), read on a thread so that "abort" reaches a reply while it is being generated, and the
+events they answer with, one JSON object a line on stdout (`emit`).
 
 Used by the simulator's helpers (session.py for Genie's dialog, geniex.py for GenieX). The board's helpers
 (hexstudio/workers/board/*_session.py) keep their own copy: each is copied to the board alone and imports nothing of ours.
@@ -17,6 +18,16 @@ from typing import Any
 
 Emit = Callable[[dict[str, Any]], None]
 OnText = Callable[..., None]  # on_text(text, tokens=1): one "text" event of the query being answered
+
+_out_lock = threading.Lock()
+
+
+def emit(obj: dict[str, Any]) -> None:
+    """One event, a JSON line on stdout (whole, whichever thread writes it)."""
+    line = json.dumps(obj, ensure_ascii=True) + "\n"
+    with _out_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def read_commands(

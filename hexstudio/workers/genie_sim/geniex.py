@@ -32,12 +32,11 @@ import argparse
 import json
 import os
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.genie_sim.commands import OnText, serve_commands
+from hexstudio.workers.genie_sim.commands import OnText, emit, serve_commands
 from hexstudio.workers.genie_sim.geniex_model import (
     SIM_LABEL,
     GenieXError,
@@ -197,16 +196,6 @@ def cmd_infer(args: argparse.Namespace) -> int:
             history = list(system)
             print("Model context length exceeded; conversation is reset.")
     return 0
-
-
-_out_lock = threading.Lock()
-
-
-def emit(obj: dict[str, Any]) -> None:
-    line = json.dumps(obj, ensure_ascii=True) + "\n"
-    with _out_lock:
-        sys.stdout.write(line)
-        sys.stdout.flush()
 
 
 def cmd_session(args: argparse.Namespace) -> int:

@@ -17,23 +17,13 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.genie_sim.commands import OnText, serve_commands
+from hexstudio.workers.genie_sim.commands import OnText, emit, serve_commands
 from hexstudio.workers.genie_sim.t2t import GENIE_API_VERSION, RUNNER, GenieLoadError, SimDialog, profile_doc
-
-_out_lock = threading.Lock()
-
-
-def emit(obj: dict[str, Any]) -> None:
-    line = json.dumps(obj, ensure_ascii=True) + "\n"
-    with _out_lock:
-        sys.stdout.write(line)
-        sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
