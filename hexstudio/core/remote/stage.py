@@ -123,6 +123,9 @@ class RemoteStageJob(Job):
         if self.on_event is not None:
             self.on_event(ev)
 
+    def _metric(self, name: str, value: Any, unit: str | None = None) -> None:
+        self._emit("metric", name=name, value=value, unit=unit, scope="worker_host")
+
     def _say(self, message: str, phase: str) -> None:
         self._emit("log", message=message, level="info", phase=phase)
 
@@ -201,15 +204,9 @@ class RemoteStageJob(Job):
         )
         self.transport = t = await connect_worker_host(self.host, cfg)
         info = await check_host(t, self.host, python, STAGE_PACKAGES.get(self.stage.name, ()))
-        self._emit("metric", name="worker_host", value=self.host, scope="worker_host")
-        self._emit(
-            "metric",
-            name="worker_host_memory_bytes",
-            value=info.get("memory_bytes"),
-            unit="bytes",
-            scope="worker_host",
-        )
-        self._emit("metric", name="worker_host_cpu_count", value=info.get("cpu_count"), scope="worker_host")
+        self._metric("worker_host", self.host)
+        self._metric("worker_host_memory_bytes", info.get("memory_bytes"), "bytes")
+        self._metric("worker_host_cpu_count", info.get("cpu_count"))
         self._say(
             f"{t.label}: Python {'.'.join(map(str, info['python']))}, {info.get('cpu_count')} CPUs, "
             f"{(info.get('memory_bytes') or 0) / 2**30:.1f} GiB RAM",
@@ -274,16 +271,8 @@ class RemoteStageJob(Job):
             stats.sent_bytes += p.stat().st_size
             settings[key] = rfile
             back.append((rfile, str(p)))
-        self._emit(
-            "metric",
-            name="worker_host_upload_bytes",
-            value=stats.sent_bytes,
-            unit="bytes",
-            scope="worker_host",
-        )
-        self._emit(
-            "metric", name="worker_host_upload_skipped_files", value=stats.skipped_files, scope="worker_host"
-        )
+        self._metric("worker_host_upload_bytes", stats.sent_bytes, "bytes")
+        self._metric("worker_host_upload_skipped_files", stats.skipped_files)
         self._say(
             f"upload: {stats.sent_files} file(s), {stats.sent_bytes / 1e6:.1f} MB sent; "
             f"{stats.skipped_files} already there ({time.monotonic() - t_up:.1f} s)",
@@ -337,13 +326,7 @@ class RemoteStageJob(Job):
         t_down = time.monotonic()
         down = await download_tree(t, python, rout, local_out)
         changed = map_json_paths(local_out, back)
-        self._emit(
-            "metric",
-            name="worker_host_download_bytes",
-            value=down.sent_bytes,
-            unit="bytes",
-            scope="worker_host",
-        )
+        self._metric("worker_host_download_bytes", down.sent_bytes, "bytes")
         self._say(
             f"download: {down.sent_files} file(s), {down.sent_bytes / 1e6:.1f} MB "
             f"({time.monotonic() - t_down:.1f} s)"
