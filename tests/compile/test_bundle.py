@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +12,8 @@ import pytest
 from hexstudio.workers.shared import bundle as gb
 from hexstudio.workers.shared.data import builtin_model_dir
 from hexstudio.workers.shared.run_settings import RunSettings
+from tests.support.cli import hexstudio as _hexstudio
 from tests.support.configs import LLAMA_31_8B
-
-
-def _hexstudio(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(Path(sys.executable).with_name("hexstudio")), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ},
-    )
 
 
 def test_bundle_config_for_a_llama_31_8b_config_only_folder(tmp_path: Path) -> None:

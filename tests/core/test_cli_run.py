@@ -4,32 +4,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from hexstudio.core.manifest import validate_manifest
 from hexstudio.core.status import KINDS
+from tests.support.cli import RUN_BUILTIN, hexstudio
 
 
 def _hexstudio(*args: str) -> subprocess.CompletedProcess[str]:
-    """The installed `hexstudio` console script (beside this interpreter) with ARGS."""
-    exe = Path(sys.executable).with_name("hexstudio")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300)
+    return hexstudio(*args, timeout=300)
 
 
 def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
-    proc = _hexstudio(
-        "run",
-        "--model",
-        "builtin:tiny-llama",
-        "--board",
-        "sim",
-        "--until",
-        "preflight",
-        "--workspace",
-        str(tmp_path),
-        "--json",
-    )
+    proc = _hexstudio(*RUN_BUILTIN, "--until", "preflight", "--workspace", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["ok"] and out["ran"] == ["model", "preflight"]

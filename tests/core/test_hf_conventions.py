@@ -6,9 +6,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 
 from hexstudio.core import secrets
 from hexstudio.workers.shared.data import builtin_model_dir
+from tests.support.cli import python_m_hexstudio
 from tests.support.fake_hub import FakeHub, folder_files, hub_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,16 +42,8 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
 def cli(
     hub: FakeHub, hf_home: Path, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hexstudio", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env={**os.environ, **hub_env(hub, hf_home), **(env or {})},
-        stdin=None if stdin is not None else subprocess.DEVNULL,
-    )
+    extra = {**hub_env(hub, hf_home), **(env or {})}
+    return python_m_hexstudio(*args, stdin=stdin, env=extra, timeout=240, cwd=REPO)
 
 
 def bearer(token: str) -> str:

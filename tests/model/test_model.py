@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,7 @@ from hexstudio.core.paths import BUILTIN_MODEL_DIR
 from hexstudio.core.pipeline import Pipeline
 from hexstudio.core.runs import Workspace
 from hexstudio.workers.shared import modelinfo
+from tests.support.cli import hexstudio as _cli
 from tests.support.configs import LLAMA_31_8B as LLAMA_8B
 
 NEMOTRON_NANO_8B = {**LLAMA_8B, "_name_or_path": "nvidia/Llama-3.1-Nemotron-Nano-8B-v1"}
@@ -76,16 +74,6 @@ PARTIAL_ROPE = {
     "model_type": "qwen2",
     "partial_rotary_factor": 0.5,
 }
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(Path(sys.executable).with_name("hexstudio")), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ},
-    )
 
 
 def _config_folder(tmp_path: Path, cfg: dict[str, Any]) -> Path:
