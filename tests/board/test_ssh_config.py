@@ -280,13 +280,7 @@ def test_encrypted_key_asks_for_its_passphrase(home: Path, srv: SshServer, tmp_p
 def test_trusted_host_key_saved_to_known_hosts_only_when_accepted(
     home: Path, srv: SshServer, tmp_path: Path
 ) -> None:
-    cfg = {
-        "host": srv.host,
-        "port": srv.port,
-        "user": srv.user,
-        "auth": "key",
-        "key_path": str(srv.client_key_path),
-    }
+    cfg = srv.key_config()
     kh = home / ".ssh" / "known_hosts"
     offered: list[Path] = []
 
