@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from hexstudio.core.device.board import open_board
 from hexstudio.core.device.doctor import probe
 from hexstudio.core.device.fixes import apply_fix, plan_fix
 from tests.board.conftest import settings_with
+from tests.support.cli import python_m_hexstudio
 from tests.support.evk_board import EvkBoard
 
 PW = "no-sudo-pw"
@@ -64,18 +64,7 @@ def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from hexstudio.cli.main import main; sys.exit(main(sys.argv[1:]))",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    return python_m_hexstudio(*args, timeout=120, main=True)
 
 
 def test_cli_add_probe_fix(nosudo: EvkBoard, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ a token is found and never prints it, and the worker's missing-token hint names 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hexstudio.core import secrets
+from tests.support.cli import python_m_hexstudio
 from tests.support.terminal import converse
 
 TOKEN = "tok-canary-5b1f0c9e2d"
@@ -20,20 +20,7 @@ TOKEN = "tok-canary-5b1f0c9e2d"
 def _cli(
     *args: str, stdin: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from hexstudio.cli.main import main; sys.exit(main(sys.argv[1:]))",
-            *args,
-        ],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        stdin=None if stdin is not None else subprocess.DEVNULL,
-    )
+    return python_m_hexstudio(*args, stdin=stdin, env=env, main=True)
 
 
 @pytest.fixture

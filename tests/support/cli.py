@@ -21,16 +21,22 @@ def hexstudio(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
     )
 
 
+# `python -c CLI_MAIN ARGS`: the CLI's main() itself, not through hexstudio/__main__.py
+CLI_MAIN = "import sys; from hexstudio.cli.main import main; sys.exit(main(sys.argv[1:]))"
+
+
 def python_m_hexstudio(
     *args: str,
     stdin: str | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 60,
     cwd: Path | None = None,
+    main: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m hexstudio ARGS` with this environment plus `env`, reading `stdin` (else /dev/null)."""
+    """`python -m hexstudio ARGS` (`main`: `python -c CLI_MAIN ARGS`) with this environment plus `env`, reading
+    `stdin` (else /dev/null)."""
     return subprocess.run(
-        [sys.executable, "-m", "hexstudio", *args],
+        [sys.executable, *(["-c", CLI_MAIN] if main else ["-m", "hexstudio"]), *args],
         input=stdin,
         capture_output=True,
         text=True,
