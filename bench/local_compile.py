@@ -24,20 +24,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.cli import RUN_BUILTIN, python_m_hexstudio  # noqa: E402
+
 ANCHOR_S = 60.0
 
 
 def hexstudio(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}
-    return subprocess.run(
-        [sys.executable, "-m", "hexstudio", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
+    return python_m_hexstudio(*args, env={"HEXSTUDIO_WORKSPACE": str(ws)}, timeout=3600, cwd=REPO)
 
 
 def main() -> int:
@@ -47,19 +42,7 @@ def main() -> int:
     ap.add_argument("--workspace", type=Path, default=None)
     args = ap.parse_args()
     ws = args.workspace or Path(tempfile.mkdtemp(prefix="hexstudio-bench-compile-"))
-    r = hexstudio(
-        ws,
-        "run",
-        "--model",
-        "builtin:tiny-llama",
-        "--board",
-        "sim",
-        "--until",
-        "validate",
-        "--set",
-        "calibration_samples=4",
-        "--json",
-    )
+    r = hexstudio(ws, *RUN_BUILTIN, "--until", "validate", "--set", "calibration_samples=4", "--json")
     if r.returncode != 0:
         print(r.stdout[-2000:], r.stderr[-2000:])
         return 1

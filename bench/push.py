@@ -67,13 +67,7 @@ def main() -> int:
             t_scp = time.perf_counter() - t0
 
             async def push() -> tuple[float, float, int, int]:
-                cfg = {
-                    "host": srv.host,
-                    "port": srv.port,
-                    "user": "root",
-                    "auth": "key",
-                    "key_path": str(srv.client_key_path),
-                }
+                cfg = srv.key_config(user="root")
                 t = await connect_ssh("bench", cfg, trust=lambda *a: True)
                 board = Board("bench", t, False, config=cfg)
                 t1 = time.perf_counter()

@@ -33,6 +33,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from tests.support.serve import serve_argv  # noqa: E402
+
 TARGET_MS = 100.0
 HOST = "127.0.0.1"
 
@@ -246,22 +249,7 @@ def main() -> int:
     else:
         ap.error("give --workspace WS (a run on the sim board) or --build")
     port_file = Path(tempfile.mkdtemp(prefix="hexstudio-bench-")) / "port"
-    argv = [
-        sys.executable,
-        "-m",
-        "hexstudio",
-        "serve",
-        "--board",
-        "sim",
-        "--port",
-        "0",
-        "--port-file",
-        str(port_file),
-        "--max-queue",
-        str(args.streamers + args.leavers + 8),
-    ]
-    if run:
-        argv += ["--run", run]
+    argv = serve_argv(port_file, run, "--max-queue", str(args.streamers + args.leavers + 8))
     proc = subprocess.Popen(
         argv, cwd=REPO, env={**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}, stderr=subprocess.PIPE, text=True
     )

@@ -145,13 +145,7 @@ async def main_async(args: argparse.Namespace, tmp: Path) -> int:
     )
     remote_bundle = (await push_bundle(local, bundle, "bench-stream")).remote_dir
     with SshServer(tmp / "sshd") as srv:
-        cfg = {
-            "host": srv.host,
-            "port": srv.port,
-            "user": srv.user,
-            "key_path": str(srv.client_key_path),
-            "auth": "key",
-        }
+        cfg = srv.key_config()
         t = await connect_ssh("bench", cfg, trust=lambda *_a: True)
         ssh = Board("bench-ssh", t, True, genie_command=["env", f"HEXSTUDIO_SIM_TOKEN_LOG={ssh_log}", *sim])
         try:

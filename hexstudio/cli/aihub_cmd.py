@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from hexstudio.cli.common import CliError, add_json_flag, print_json, read_token
+from hexstudio.cli.common import CliError, print_json, read_token, set_action
 from hexstudio.core import secrets
 from hexstudio.core.services.aihub_token import (
     TOKEN_PAGE,
@@ -32,18 +32,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="only tell whether a token is found, where, the order the sources are read in, and the "
         "keyring backend",
     )
-    add_json_flag(li)
-    li.set_defaults(func=cmd_login)
+    set_action(li, cmd_login)
     lo = s.add_parser("logout", help="remove the AI Hub API token from the keyring")
-    add_json_flag(lo)
-    lo.set_defaults(func=cmd_logout)
+    set_action(lo, cmd_logout)
     st = s.add_parser(
         "status",
         help="whether a token is found and where (the keyring, then "
         "$HEXSTUDIO_AIHUB_TOKEN, then client.ini), and the keyring backend",
     )
-    add_json_flag(st)
-    st.set_defaults(func=cmd_status)
+    set_action(st, cmd_status)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.common import CliError, add_json_flag, add_workspace_flag, eprint, print_json
+from hexstudio.cli.common import CliError, eprint, print_json, set_action
 from hexstudio.core.genie.runtime import RUNTIMES
 
 
@@ -44,9 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--fills", type=_floats, default=(0.0, 0.5), help="context already filled, e.g. 0,0.5")
     p.add_argument("--gen-tokens", type=int, default=32, help="tokens generated per run (default 32)")
     p.add_argument("--init-runs", type=int, default=2, help="model loads timed (default 2)")
-    add_workspace_flag(p)
-    add_json_flag(p)
-    p.set_defaults(func=cmd_bench)
+    set_action(p, cmd_bench, workspace=True)
 
 
 async def _runtimes_on(board: Any) -> list[str]:

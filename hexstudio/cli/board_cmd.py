@@ -13,11 +13,11 @@ from hexstudio.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
     CliError,
-    add_json_flag,
     add_ssh_flags,
     add_trust_flag,
     host_key_prompt,
     print_json,
+    set_action,
 )
 from hexstudio.core.device.board import Board, open_board
 from hexstudio.core.device.errors import BoardError
@@ -42,12 +42,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     pa.add_argument("--no-connect", action="store_true", help="save only; do not try to connect")
     add_trust_flag(pa)
-    add_json_flag(pa)
-    pa.set_defaults(func=cmd_add)
+    set_action(pa, cmd_add)
 
     pl = bs.add_parser("list", help="list the boards")
-    add_json_flag(pl)
-    pl.set_defaults(func=cmd_list)
+    set_action(pl, cmd_list)
 
     pw = bs.add_parser(
         "password",
@@ -75,8 +73,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "pushes it; another folder by its name)",
     )
     add_trust_flag(pp)
-    add_json_flag(pp)
-    pp.set_defaults(func=cmd_probe)
+    set_action(pp, cmd_probe)
 
     pf = bs.add_parser("fix", help="apply a doctor fix (shows its commands first)")
     pf.add_argument("name")
@@ -104,8 +101,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pf.add_argument("--sudo-password-stdin", action="store_true", help="read the sudo password from stdin")
     pf.add_argument("--remember", action="store_true", help="store the sudo password in the keyring")
     add_trust_flag(pf)
-    add_json_flag(pf)
-    pf.set_defaults(func=cmd_fix)
+    set_action(pf, cmd_fix)
 
     pu = bs.add_parser("push", help="push a bundle folder to the board (resumable; unchanged files skipped)")
     pu.add_argument("name")
@@ -123,8 +119,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(files found wrong are sent again)",
     )
     add_trust_flag(pu)
-    add_json_flag(pu)
-    pu.set_defaults(func=cmd_push)
+    set_action(pu, cmd_push)
 
 
 async def _open(args: argparse.Namespace) -> Board:

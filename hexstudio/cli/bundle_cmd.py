@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.common import CliError, add_json_flag, print_json
+from hexstudio.cli.common import CliError, print_json, set_action
 from hexstudio.workers.shared import bundle as gb
 from hexstudio.workers.shared import modelinfo
 from hexstudio.workers.shared.run_settings import RunSettings
@@ -31,12 +31,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="ask Qualcomm AI Hub (token from the keyring, $HEXSTUDIO_AIHUB_TOKEN or ~/.qai_hub/client.ini)",
     )
-    add_json_flag(pd)
-    pd.set_defaults(func=cmd_devices)
+    set_action(pd, cmd_devices)
     pv = bs.add_parser("verify", help="check every file of a bundle against its bundle.json")
     pv.add_argument("bundle_dir", type=Path)
-    add_json_flag(pv)
-    pv.set_defaults(func=cmd_verify)
+    set_action(pv, cmd_verify)
     pk = bs.add_parser(
         "check",
         help="check a bundle against Genie's contract (config schema, graphs, rope, "
@@ -52,8 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pk.add_argument(
         "--board", default=None, metavar="NAME", help="also check against this board (the doctor's facts)"
     )
-    add_json_flag(pk)
-    pk.set_defaults(func=cmd_check)
+    set_action(pk, cmd_check)
 
 
 def cmd_config(args: argparse.Namespace) -> int:

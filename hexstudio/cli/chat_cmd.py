@@ -15,11 +15,10 @@ from typing import Any
 
 from hexstudio.cli.common import (
     CliError,
-    add_json_flag,
-    add_workspace_flag,
     eprint,
     int_in,
     print_json,
+    set_action,
     workspace_from,
 )
 from hexstudio.core.genie.conversation import TEMPLATES, Conversation
@@ -100,9 +99,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "auto (default) tries persistent and falls back",
     )
     p.add_argument("--transcript", type=Path, default=None, help="save the conversation (.md or .json)")
-    add_workspace_flag(p)
-    add_json_flag(p)
-    p.set_defaults(func=cmd_chat)
+    set_action(p, cmd_chat, workspace=True)
 
 
 def _latest_run_with_bundle(args: argparse.Namespace) -> Path | None:

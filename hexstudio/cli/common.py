@@ -56,6 +56,16 @@ def add_workspace_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def set_action(
+    p: argparse.ArgumentParser, func: Callable[[argparse.Namespace], int], *, workspace: bool = False
+) -> None:
+    """A command's last lines: the --workspace flag (when it takes one), --json, and the function it runs."""
+    if workspace:
+        add_workspace_flag(p)
+    add_json_flag(p)
+    p.set_defaults(func=func)
+
+
 def workspace_from(args: argparse.Namespace) -> Workspace:
     return Workspace(getattr(args, "workspace", None))
 

@@ -6,7 +6,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from hexstudio.cli.common import CliError, add_json_flag, print_json
+from hexstudio.cli.common import CliError, print_json, set_action
 from hexstudio.core import desktop
 from hexstudio.workers.shared import wslconfig
 
@@ -33,8 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="also copy HexStudio.cmd to the Windows desktop (WSL only)",
     )
-    add_json_flag(p)
-    p.set_defaults(func=cmd_install_desktop)
+    set_action(p, cmd_install_desktop)
 
 
 def windows_desktop() -> Path | None:

@@ -9,7 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
+from hexstudio.cli.common import (
+    CliError,
+    print_json,
+    set_action,
+    workspace_from,
+)
 from hexstudio.core.eval.suites import (
     DEFAULT_SUITES,
     SHIPPED_DIR,
@@ -26,18 +31,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a = esub.add_parser("add", help="check a suite (JSONL) and add it to the workspace's suites")
     a.add_argument("file", type=Path)
     a.add_argument("--replace", action="store_true", help="replace an added suite of the same name")
-    add_workspace_flag(a)
-    add_json_flag(a)
-    a.set_defaults(func=cmd_add)
+    set_action(a, cmd_add, workspace=True)
     ls = esub.add_parser("list", help="the suites available (shipped and added)")
-    add_workspace_flag(ls)
-    add_json_flag(ls)
-    ls.set_defaults(func=cmd_list)
+    set_action(ls, cmd_list, workspace=True)
     sh = esub.add_parser("show", help="a run's evaluation: every suite float -> simulated -> board")
     sh.add_argument("run", help="run id or folder")
-    add_workspace_flag(sh)
-    add_json_flag(sh)
-    sh.set_defaults(func=cmd_show)
+    set_action(sh, cmd_show, workspace=True)
 
 
 def cmd_add(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hexstudio.cli.common import EXIT_USAGE, CliError, add_json_flag, print_json
+from hexstudio.cli.common import EXIT_USAGE, CliError, print_json, set_action
 from hexstudio.core.device.explain import explain_dict
 
 
@@ -14,8 +14,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("explain", help="explain a Genie / QNN / FastRPC error message (cause and fix)")
     p.add_argument("text", nargs="*", help="the message (or use --file, or pipe it on stdin with -)")
     p.add_argument("--file", type=Path, default=None, help="a log file to scan")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_explain)
+    set_action(p, cmd_explain)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hexstudio.cli.common import CliError, add_json_flag, print_json
+from hexstudio.cli.common import CliError, print_json, set_action
 from hexstudio.core.genie.profile import ProfileError, parse_profile
 from hexstudio.core.genie.run import explain_failure
 from hexstudio.core.genie.transcript import parse_transcript
@@ -18,8 +18,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gs = p.add_subparsers(dest="genie_command", metavar="ACTION", required=True)
     pp = gs.add_parser("profile", help="normalise a --profile JSON into KPIs (init, TTFT, rates...)")
     pp.add_argument("file", help="the profile JSON file (- for stdin)")
-    add_json_flag(pp)
-    pp.set_defaults(func=cmd_profile)
+    set_action(pp, cmd_profile)
     pt = gs.add_parser(
         "transcript", help="parse a genie-t2t-run stdout transcript (reply, state, logs, [KPIS])"
     )
@@ -36,8 +35,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the prompt file the run was given: its echo is skipped exactly (without it, the echo "
         "is taken to end at the first blank line)",
     )
-    add_json_flag(pt)
-    pt.set_defaults(func=cmd_transcript)
+    set_action(pt, cmd_transcript)
 
 
 def _read(file: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hexstudio.cli.common import CliError, add_json_flag, print_json, read_token
+from hexstudio.cli.common import CliError, print_json, read_token, set_action
 from hexstudio.core import hf, secrets
 from hexstudio.core.hf import TOKEN_PAGE
 
@@ -22,16 +22,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = p.add_subparsers(dest="hf_command", metavar="ACTION", required=True)
     li = s.add_parser("login", help="store a Hugging Face read token in the keyring (asked without echo)")
     li.add_argument("--stdin", action="store_true", help="read the token from standard input (first line)")
-    add_json_flag(li)
-    li.set_defaults(func=cmd_login)
+    set_action(li, cmd_login)
     lo = s.add_parser("logout", help="remove the Hugging Face token from the keyring")
-    add_json_flag(lo)
-    lo.set_defaults(func=cmd_logout)
+    set_action(lo, cmd_logout)
     st = s.add_parser(
         "status", help="whether a token is found, and where (keyring, $HF_TOKEN or hf's own login)"
     )
-    add_json_flag(st)
-    st.set_defaults(func=cmd_status)
+    set_action(st, cmd_status)
 
 
 def token_status() -> dict[str, Any]:

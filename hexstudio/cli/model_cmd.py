@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hexstudio.cli.common import add_json_flag, int_in, print_json
+from hexstudio.cli.common import int_in, print_json, set_action
 from hexstudio.core.jobs import human_bytes
 from hexstudio.core.services.model import inspect
 from hexstudio.workers.shared.run_settings import DEFAULTS
@@ -37,8 +37,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="the target board's RAM in GiB: part sizes and whether the bundle fits (default: unknown)",
     )
-    add_json_flag(pi)
-    pi.set_defaults(func=cmd_inspect)
+    set_action(pi, cmd_inspect)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

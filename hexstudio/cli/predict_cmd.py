@@ -10,10 +10,9 @@ from typing import Any
 
 from hexstudio.cli.common import (
     CliError,
-    add_json_flag,
-    add_workspace_flag,
     eprint,
     print_json,
+    set_action,
     workspace_from,
 )
 from hexstudio.core.paths import BUILTIN_MODEL_ID
@@ -73,9 +72,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="simulate 1-layer graphs only (faster; no per-graph fixed cost from the 2-layer slope)",
     )
-    add_workspace_flag(p)
-    add_json_flag(p)
-    p.set_defaults(func=cmd_predict)
+    set_action(p, cmd_predict, workspace=True)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

@@ -7,7 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
+from hexstudio.cli.common import (
+    CliError,
+    print_json,
+    set_action,
+    workspace_from,
+)
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.services.preflight import preflight_report, wslconfig_plan
 from hexstudio.workers.shared import wslconfig
@@ -48,9 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     w.add_argument("--memory-gb", type=int, default=None, help="memory= to set instead of this model's need")
     w.add_argument("--swap-gb", type=int, default=None, help="swap= to set instead of this model's need")
-    add_workspace_flag(p)
-    add_json_flag(p)
-    p.set_defaults(func=cmd_preflight)
+    set_action(p, cmd_preflight, workspace=True)
 
 
 def _confirm(question: str) -> bool:

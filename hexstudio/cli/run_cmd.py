@@ -12,9 +12,8 @@ from typing import Any
 from hexstudio.cli.common import (
     EXIT_USAGE,
     CliError,
-    add_json_flag,
-    add_workspace_flag,
     print_json,
+    set_action,
     workspace_from,
 )
 from hexstudio.core.jobs import human_bytes
@@ -121,9 +120,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "uses it; with --resume it changes the host",
     )
     p.add_argument("--quiet", action="store_true", help="print only the outcome")
-    add_workspace_flag(p)
-    add_json_flag(p)
-    p.set_defaults(func=cmd_run)
+    set_action(p, cmd_run, workspace=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -6,7 +6,12 @@ import argparse
 import sys
 from typing import Any
 
-from hexstudio.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
+from hexstudio.cli.common import (
+    CliError,
+    print_json,
+    set_action,
+    workspace_from,
+)
 from hexstudio.core.jobs import human_bytes
 from hexstudio.core.runs import RunNotFound
 from hexstudio.core.stage_state import display_state
@@ -18,20 +23,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("runs", help="list, show or delete runs")
     rs = p.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
     pl = rs.add_parser("list", help="list runs, newest first")
-    add_workspace_flag(pl)
-    add_json_flag(pl)
-    pl.set_defaults(func=cmd_list)
+    set_action(pl, cmd_list, workspace=True)
     ps = rs.add_parser("show", help="show one run")
     ps.add_argument("run_id")
-    add_workspace_flag(ps)
-    add_json_flag(ps)
-    ps.set_defaults(func=cmd_show)
+    set_action(ps, cmd_show, workspace=True)
     pd = rs.add_parser("delete", help="delete a run and its artifacts")
     pd.add_argument("run_id")
     pd.add_argument("--yes", action="store_true", help="do not ask")
-    add_workspace_flag(pd)
-    add_json_flag(pd)
-    pd.set_defaults(func=cmd_delete)
+    set_action(pd, cmd_delete, workspace=True)
 
 
 def cmd_list(args: argparse.Namespace) -> int:

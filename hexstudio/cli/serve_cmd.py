@@ -22,6 +22,38 @@ from hexstudio.core.genie.session import SAMPLER_PRESETS
 from hexstudio.serve.limits import Limits
 from hexstudio.workers.shared.bundle.speculative import DIALOG_TYPES
 
+# The limits flags, one a Limits field: (field, int or float, lowest, highest, metavar, help; {} is the default).
+_LIMIT_FLAGS: tuple[tuple[str, type, float, float, str | None, str], ...] = (
+    (
+        "max_queue",
+        int,
+        0,
+        10_000,
+        None,
+        "requests waiting for the dialog; more get 429 + Retry-After (default {})",
+    ),
+    (
+        "max_connections",
+        int,
+        1,
+        1_000_000,
+        None,
+        "open connections; more get 503 and are closed (default {}; capped by the open-file limit)",
+    ),
+    ("max_body", int, 1024, 1 << 30, "BYTES", "request body size (default {})"),
+    ("header_timeout", float, 0.1, 3600, "S", "seconds to send the request headers (default {})"),
+    ("body_timeout", float, 0.1, 3600, "S", "seconds to send the request body (default {})"),
+    ("keep_alive", float, 0.1, 3600, "S", "seconds an idle connection is kept open (default {})"),
+    (
+        "shutdown_grace",
+        float,
+        0,
+        3600,
+        "S",
+        "seconds a running reply gets to finish on Ctrl-C/SIGTERM (default {})",
+    ),
+)
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -71,54 +103,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     d = Limits()
     lim = p.add_argument_group("limits (what one client may hold or send)")
-    lim.add_argument(
-        "--max-queue",
-        type=number_in(int, 0, 10_000),
-        default=d.max_queue,
-        help=f"requests waiting for the dialog; more get 429 + Retry-After (default {d.max_queue})",
-    )
-    lim.add_argument(
-        "--max-connections",
-        type=number_in(int, 1, 1_000_000),
-        default=d.max_connections,
-        help=f"open connections; more get 503 and are closed (default {d.max_connections}; capped "
-        "by the open-file limit)",
-    )
-    lim.add_argument(
-        "--max-body",
-        type=number_in(int, 1024, 1 << 30),
-        default=d.max_body,
-        metavar="BYTES",
-        help=f"request body size (default {d.max_body})",
-    )
-    lim.add_argument(
-        "--header-timeout",
-        type=number_in(float, 0.1, 3600),
-        default=d.header_timeout,
-        metavar="S",
-        help=f"seconds to send the request headers (default {d.header_timeout:g})",
-    )
-    lim.add_argument(
-        "--body-timeout",
-        type=number_in(float, 0.1, 3600),
-        default=d.body_timeout,
-        metavar="S",
-        help=f"seconds to send the request body (default {d.body_timeout:g})",
-    )
-    lim.add_argument(
-        "--keep-alive",
-        type=number_in(float, 0.1, 3600),
-        default=d.keep_alive,
-        metavar="S",
-        help=f"seconds an idle connection is kept open (default {d.keep_alive:g})",
-    )
-    lim.add_argument(
-        "--shutdown-grace",
-        type=number_in(float, 0, 3600),
-        default=d.shutdown_grace,
-        metavar="S",
-        help=f"seconds a running reply gets to finish on Ctrl-C/SIGTERM (default {d.shutdown_grace:g})",
-    )
+    for field, kind, lo, hi, metavar, text in _LIMIT_FLAGS:
+        v = getattr(d, field)
+        lim.add_argument(
+            "--" + field.replace("_", "-"),
+            type=number_in(kind, lo, hi),
+            default=v,
+            metavar=metavar,
+            help=text.format(f"{v:g}" if kind is float else v),
+        )
     p.add_argument(
         "--template", default="auto", help="prompt format: auto (from the model), model, plain, qa"
     )

@@ -14,11 +14,11 @@ from hexstudio.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
     CliError,
-    add_json_flag,
     add_ssh_flags,
     add_trust_flag,
     host_key_prompt,
     print_json,
+    set_action,
 )
 from hexstudio.core.remote.hosts import (
     STAGE_PACKAGES,
@@ -58,12 +58,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     pa.add_argument("--no-connect", action="store_true", help="save only; do not connect and check")
     add_trust_flag(pa, "host")
-    add_json_flag(pa)
-    pa.set_defaults(func=cmd_add)
+    set_action(pa, cmd_add)
 
     pl = ws.add_parser("list", help="list the worker hosts")
-    add_json_flag(pl)
-    pl.set_defaults(func=cmd_list)
+    set_action(pl, cmd_list)
 
     pw = ws.add_parser("password", help="store the worker host's SSH password in the system keyring")
     pw.add_argument("name")
@@ -75,8 +73,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     pc.add_argument("name")
     add_trust_flag(pc, "host")
-    add_json_flag(pc)
-    pc.set_defaults(func=cmd_check)
+    set_action(pc, cmd_check)
 
     pr = ws.add_parser("remove", help="forget a worker host (and its stored password)")
     pr.add_argument("name")

@@ -24,7 +24,6 @@ from hexstudio.workers.shared.errors import ActionableError
 from hexstudio.workers.shared.hub import hub_error
 
 TOKEN_PAGE = "https://huggingface.co/settings/tokens"
-SOURCES = ("keyring", "environment", "hf login")
 SOURCE_WORDS = {
     "keyring": "HexStudio's keyring entry (`hexstudio hf login`)",
     "environment": "$HF_TOKEN",
@@ -35,7 +34,7 @@ SOURCE_WORDS = {
 @dataclass(frozen=True)
 class HfToken:
     value: str | None
-    source: str | None  # one of SOURCES, or None when there is no token
+    source: str | None  # "keyring", "environment" or "hf login", or None when there is no token
     keyring_error: str | None = None
 
     @property

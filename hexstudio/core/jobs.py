@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 import psutil
 
@@ -48,6 +48,16 @@ log = logging.getLogger(__name__)
 
 EventHandler = Callable[[dict[str, Any]], None]
 SampleHandler = Callable[[ResourceSample], None]
+
+
+class JobHooks(TypedDict, total=False):
+    """What a caller hands any job, wherever it runs: where its events, resource samples and log go, and
+    what it is called in messages (start_worker_job and RemoteStageJob take these as keywords)."""
+
+    on_event: EventHandler | None
+    on_sample: SampleHandler | None
+    log_path: Path | None
+    what: str | None
 
 
 def oom_hint(
@@ -314,6 +324,12 @@ def _memory_total() -> int:
     return int(psutil.virtual_memory().total + psutil.swap_memory().total)
 
 
+def stderr_record(text: str) -> str:
+    """Text a worker wrote on stderr as a job's log keeps it: a debug log record, one JSON line."""
+    rec = {"v": 1, "type": "log", "level": "debug", "t": time.time(), "stream": "stderr", "message": text}
+    return json.dumps(rec, ensure_ascii=False) + "\n"
+
+
 class EventStream:
     """Parses worker stdout lines into events and keeps the bookkeeping shared by local and remote jobs."""
 
@@ -360,20 +376,7 @@ class EventStream:
     def stderr_line(self, text: str) -> None:
         """A line the worker wrote on stderr: kept in the job's log as a debug record, never parsed."""
         if self.log is not None:
-            self.log.write(
-                json.dumps(
-                    {
-                        "v": 1,
-                        "type": "log",
-                        "level": "debug",
-                        "t": time.time(),
-                        "stream": "stderr",
-                        "message": text,
-                    },
-                    ensure_ascii=False,
-                )
-                + "\n"
-            )
+            self.log.write(stderr_record(text))
 
     def result(
         self,

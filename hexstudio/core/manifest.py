@@ -22,8 +22,6 @@ from hexstudio.workers.shared.errors import ActionableError
 MANIFEST_SCHEMA_VERSION = 1
 SCHEMA_PATH = resources.files("hexstudio.core").joinpath("schemas", "run.schema.json")  # package data
 
-STAGE_STATES = ("pending", "running", "done", "failed", "interrupted", "cancelled")
-
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")

@@ -597,8 +597,3 @@ def _not_implemented(stage: Stage) -> JobResult:
         hint="This HexStudio build cannot run this stage yet; earlier stages' results are kept.",
         code="not_implemented",
     )
-
-
-def describe_result(r: JobResult) -> str:
-    peak = f", peak RSS {human_bytes(r.peak_rss_bytes)}" if r.peak_rss_bytes else ""
-    return f"{r.kind}: {r.message}{peak}"

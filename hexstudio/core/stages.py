@@ -279,8 +279,3 @@ def get_stage(name: str) -> Stage:
         return _BY_NAME[name]
     except KeyError:
         raise KeyError(f"unknown stage {name!r}; stages are: {', '.join(STAGE_NAMES)}") from None
-
-
-def stages_until(name: str) -> tuple[Stage, ...]:
-    idx = STAGE_NAMES.index(get_stage(name).name)
-    return STAGES[: idx + 1]

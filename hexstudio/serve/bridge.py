@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -327,6 +327,120 @@ class DialogBridge:
         content_after: Callable[[str], list[dict[str, Any]] | None],
         tools_key: Any = None,
     ) -> Reply:
+        async with self._turn(cancelled) as waited_ms:
+            reinit = None
+            if cancelled.is_set():
+                raise BridgeError(499, "the client went away before its turn", "cancelled")
+            if self.session is None:
+                try:
+                    await self.open("reload")
+                except BridgeError as exc:
+                    exc.retry_after = 10
+                    raise
+                reinit = "reload"
+            if sampler != self._sampler and await self._set_sampler(sampler) is not None:  # reloaded with it
+                reinit = "sampler"
+                continuation = None
+            s = self.session
+            assert s is not None
+            budget = max_tokens or self.max_tokens
+            count = s.token_counter or (lambda t: max(1, len(t) // 3))
+            used = sum(
+                int(x.get("prompt_tokens") or 0) + int(x.get("generated_tokens") or 0)
+                for x in self._turn_tokens
+            )
+            if continuation is not None and used + count(continuation) + budget + 8 > self.context_length:
+                continuation = None
+            kv_reused = continuation is not None
+            if not kv_reused:
+                await s.reset()
+                self._turn_tokens = []
+            text_in = continuation if continuation is not None else prompt
+            if count(text_in) + budget + 2 > self.context_length:
+                budget = self.context_length - count(text_in) - 2
+                if budget < 1:
+                    raise BridgeError(
+                        400,
+                        f"the prompt is about {count(text_in)} tokens: it does not fit in the "
+                        f"context ({self.context_length} tokens) with room for a reply",
+                        "context_length_exceeded",
+                    )
+            s.max_tokens = budget
+            s.conversation.max_reply_tokens = budget
+            stop = asyncio.Event()
+            watcher = asyncio.ensure_future(cancelled.wait())
+            watcher.add_done_callback(lambda _f: stop.set())
+            full = ""
+
+            def chunk(c: Chunk) -> None:
+                # the stop strings are the session's: Genie's own stop sequences where the dialog takes them, else
+                # cut on the host (StopCut); either way what arrives here ends before a stop string
+                nonlocal full
+                full += c.text
+                if c.text and on_text is not None:
+                    on_text(c.text)
+
+            try:
+                check_message(text_in)
+            except SessionError as exc:  # empty, a NUL, not UTF-8, too long: Genie cannot take it
+                raise BridgeError(400, exc.message) from None
+            t0 = time.monotonic()
+            try:
+                r = await s.send(text_in, on_chunk=chunk, stop=stop, stop_strings=stop_strings)
+            except SessionError as exc:
+                self._content = None
+                raise BridgeError(500, f"the board's dialog failed: {exc.message}", "server_error") from None
+            except ValueError as exc:  # the message alone does not fit, or Genie cannot take it
+                self._content = None
+                raise BridgeError(400, str(exc), "context_length_exceeded") from None
+            finally:
+                watcher.cancel()
+            hit_stop = r.stop_hit
+            text = full or r.text
+            if r.state == "failed":
+                self._content = None
+                raise BridgeError(500, f"the board's dialog failed: {r.error}", "server_error")
+            k = r.kpis.as_json() if r.kpis else {}
+            self._turn_tokens.append(
+                {"prompt_tokens": k.get("prompt_tokens"), "generated_tokens": k.get("generated_tokens")}
+            )
+            aborted = r.state == "aborted" and not hit_stop
+            gen = int(k.get("generated_tokens") or 0)
+            # Genie's own stop does not say whether a stop sequence or the end of the turn ended the reply, and a
+            # stop sequence's first tokens stay in the KV cache: a reply that may have ended at one is not continued
+            # from the cache (the next request re-sends its prompt), like one cut on the host
+            maybe_stopped = r.stop == "genie" and r.state == "complete" and gen < budget
+            self._content = None if aborted or hit_stop or maybe_stopped else content_after(text)
+            self._tools_key = tools_key
+            finish = "stop" if hit_stop or (r.state == "complete" and gen < budget) else "length"
+            self.served += 1
+            stats = {
+                "request": self.served,
+                "queue_wait_ms": round(waited_ms, 3),
+                "kv_reused": kv_reused,
+                "dialog_reset": not kv_reused,
+                "reinit": reinit,
+                "init_ms": (self.inits[-1]["init_ms"] if reinit else 0.0),
+                "start_ms": r.first_chunk_ms,
+                "wall_ms": round((time.monotonic() - t0) * 1000, 3),
+                "ttft_ms": k.get("ttft_ms"),
+                "prompt_tokens": k.get("prompt_tokens"),
+                "prompt_tok_s": k.get("prompt_tok_s"),
+                "generated_tokens": k.get("generated_tokens"),
+                "gen_tok_s": k.get("gen_tok_s"),
+                "source": "simulated" if r.simulated else "device",
+                "runtime": r.runtime,
+                "sampler": dict(self._sampler),
+                "state": r.state,
+                "stop_by": r.stop,
+            }
+            self.history.append(stats)
+            return Reply(text, r.state, k, finish, stats)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, cancelled: asyncio.Event) -> AsyncIterator[float]:
+        """One request's turn at the dialog, in arrival order: admitted (else 429), waited for (else 499 or 503),
+        released when done; yields the milliseconds it waited."""
         t_arrive = time.monotonic()
         self.admit()
         self.waiting += 1
@@ -335,19 +449,7 @@ class DialogBridge:
         finally:
             self.waiting -= 1
         try:
-            waited = (time.monotonic() - t_arrive) * 1000
-            return await self._run_locked(
-                prompt,
-                continuation,
-                max_tokens,
-                sampler,
-                stop_strings,
-                on_text,
-                cancelled,
-                content_after,
-                tools_key,
-                waited,
-            )
+            yield (time.monotonic() - t_arrive) * 1000
         finally:
             self._lock.release()
 
@@ -403,127 +505,6 @@ class DialogBridge:
             raise BridgeError(
                 400, f"the board's runtime refused these sampler values ({exc.message})", param="sampler"
             ) from None
-
-    async def _run_locked(
-        self,
-        prompt: str,
-        continuation: str | None,
-        max_tokens: int | None,
-        sampler: dict[str, Any],
-        stop_strings: list[str],
-        on_text: Callable[[str], None] | None,
-        cancelled: asyncio.Event,
-        content_after: Callable[[str], list[dict[str, Any]] | None],
-        tools_key: Any,
-        waited_ms: float,
-    ) -> Reply:
-        reinit = None
-        if cancelled.is_set():
-            raise BridgeError(499, "the client went away before its turn", "cancelled")
-        if self.session is None:
-            try:
-                await self.open("reload")
-            except BridgeError as exc:
-                exc.retry_after = 10
-                raise
-            reinit = "reload"
-        if sampler != self._sampler and await self._set_sampler(sampler) is not None:  # reloaded with it
-            reinit = "sampler"
-            continuation = None
-        s = self.session
-        assert s is not None
-        budget = max_tokens or self.max_tokens
-        count = s.token_counter or (lambda t: max(1, len(t) // 3))
-        used = sum(
-            int(x.get("prompt_tokens") or 0) + int(x.get("generated_tokens") or 0) for x in self._turn_tokens
-        )
-        if continuation is not None and used + count(continuation) + budget + 8 > self.context_length:
-            continuation = None
-        kv_reused = continuation is not None
-        if not kv_reused:
-            await s.reset()
-            self._turn_tokens = []
-        text_in = continuation if continuation is not None else prompt
-        if count(text_in) + budget + 2 > self.context_length:
-            budget = self.context_length - count(text_in) - 2
-            if budget < 1:
-                raise BridgeError(
-                    400,
-                    f"the prompt is about {count(text_in)} tokens: it does not fit in the "
-                    f"context ({self.context_length} tokens) with room for a reply",
-                    "context_length_exceeded",
-                )
-        s.max_tokens = budget
-        s.conversation.max_reply_tokens = budget
-        stop = asyncio.Event()
-        watcher = asyncio.ensure_future(cancelled.wait())
-        watcher.add_done_callback(lambda _f: stop.set())
-        full = ""
-
-        def chunk(c: Chunk) -> None:
-            # the stop strings are the session's: Genie's own stop sequences where the dialog takes them, else
-            # cut on the host (StopCut); either way what arrives here ends before a stop string
-            nonlocal full
-            full += c.text
-            if c.text and on_text is not None:
-                on_text(c.text)
-
-        try:
-            check_message(text_in)
-        except SessionError as exc:  # empty, a NUL, not UTF-8, too long: Genie cannot take it
-            raise BridgeError(400, exc.message) from None
-        t0 = time.monotonic()
-        try:
-            r = await s.send(text_in, on_chunk=chunk, stop=stop, stop_strings=stop_strings)
-        except SessionError as exc:
-            self._content = None
-            raise BridgeError(500, f"the board's dialog failed: {exc.message}", "server_error") from None
-        except ValueError as exc:  # the message alone does not fit, or Genie cannot take it
-            self._content = None
-            raise BridgeError(400, str(exc), "context_length_exceeded") from None
-        finally:
-            watcher.cancel()
-        hit_stop = r.stop_hit
-        text = full or r.text
-        if r.state == "failed":
-            self._content = None
-            raise BridgeError(500, f"the board's dialog failed: {r.error}", "server_error")
-        k = r.kpis.as_json() if r.kpis else {}
-        self._turn_tokens.append(
-            {"prompt_tokens": k.get("prompt_tokens"), "generated_tokens": k.get("generated_tokens")}
-        )
-        aborted = r.state == "aborted" and not hit_stop
-        gen = int(k.get("generated_tokens") or 0)
-        # Genie's own stop does not say whether a stop sequence or the end of the turn ended the reply, and a
-        # stop sequence's first tokens stay in the KV cache: a reply that may have ended at one is not continued
-        # from the cache (the next request re-sends its prompt), like one cut on the host
-        maybe_stopped = r.stop == "genie" and r.state == "complete" and gen < budget
-        self._content = None if aborted or hit_stop or maybe_stopped else content_after(text)
-        self._tools_key = tools_key
-        finish = "stop" if hit_stop or (r.state == "complete" and gen < budget) else "length"
-        self.served += 1
-        stats = {
-            "request": self.served,
-            "queue_wait_ms": round(waited_ms, 3),
-            "kv_reused": kv_reused,
-            "dialog_reset": not kv_reused,
-            "reinit": reinit,
-            "init_ms": (self.inits[-1]["init_ms"] if reinit else 0.0),
-            "start_ms": r.first_chunk_ms,
-            "wall_ms": round((time.monotonic() - t0) * 1000, 3),
-            "ttft_ms": k.get("ttft_ms"),
-            "prompt_tokens": k.get("prompt_tokens"),
-            "prompt_tok_s": k.get("prompt_tok_s"),
-            "generated_tokens": k.get("generated_tokens"),
-            "gen_tok_s": k.get("gen_tok_s"),
-            "source": "simulated" if r.simulated else "device",
-            "runtime": r.runtime,
-            "sampler": dict(self._sampler),
-            "state": r.state,
-            "stop_by": r.stop,
-        }
-        self.history.append(stats)
-        return Reply(text, r.state, k, finish, stats)
 
     def stats(self) -> dict[str, Any]:
         s = self.session

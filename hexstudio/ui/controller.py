@@ -22,7 +22,7 @@ from hexstudio.core.runs import RunSummary, Workspace
 from hexstudio.core.sampler import ResourceSample
 from hexstudio.core.settings import Settings
 from hexstudio.core.stage_state import display_state
-from hexstudio.core.stages import STAGES, get_stage
+from hexstudio.core.stages import get_stage
 from hexstudio.core.status import KINDS, StageStatus, stage_status
 
 log = logging.getLogger("hexstudio.gui")
@@ -187,6 +187,3 @@ class RunController(QObject):
         if self.task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self.task), 15)
-
-
-STAGE_TITLES = {s.name: s.title for s in STAGES}

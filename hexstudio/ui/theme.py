@@ -149,11 +149,6 @@ class WheelGuard(QObject):
         return True
 
 
-def guard_focus_policy(w: QWidget) -> None:
-    """Spin boxes and combos take the focus by click or Tab, never by the wheel."""
-    w.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
-
-
 def install(app: QApplication | None = None) -> None:
     """Once per application: the focus ring style, the wheel guard, and the theme from the studio settings."""
     inst = app or QApplication.instance()

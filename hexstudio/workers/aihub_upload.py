@@ -24,7 +24,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +51,6 @@ class UploadStats:
     fp32_tensors: int = 0  # weights in external data left fp32
     fp32_params: int = 0
     inexact: list[str] = field(default_factory=list)  # integer-encoded weights kept fp32 (fp16 not exact)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _ext(init: Any) -> dict[str, str]:

@@ -28,7 +28,7 @@ numpy + onnxruntime only: used by validation on the workstation and by the simul
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,14 +113,6 @@ class GenieFeeds:
             return v
         q = np.clip(np.round(v / qo[0]) - qo[1], 0, (1 << qo[2]) - 1)
         return ((q + qi[1]) * qi[0]).astype(np.float32)
-
-
-def step_inputs(n_past: int, s: int, capacity: int) -> np.ndarray:
-    """The float attention_mask [1,1,S,CL] for a full block of S new tokens after n_past cached ones."""
-    mask: np.ndarray = np.full((1, 1, s, capacity), MASK_VALUE, np.float32)
-    mask[0, 0, :, :n_past] = 0.0
-    mask[0, 0, :, capacity - s :][np.tril(np.ones((s, s), bool))] = 0.0
-    return mask
 
 
 class GraphIO:
@@ -536,15 +528,38 @@ def greedy_part_major(
     part by part, then every greedy step runs all still-active sequences through part 1, then
     part 2, ... (each part's token generator is opened once per step)."""
     states = {i: ps.cache(num_kv_heads, head_dim, capacity) for i in range(len(prompts))}
+    return _greedy_batch(
+        prompts,
+        max_new_tokens,
+        eos_ids,
+        capacity,
+        ps.seq_len["prompt_processor"],
+        states,
+        lambda calls: run_part_major(ps, calls, states, capacity),
+    )
+
+
+def _greedy_batch(
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    capacity: int,
+    ar_n: int,
+    states: Mapping[int, KVCache] | Mapping[int, SlimKV],
+    run: Callable[[Sequence[Call]], list[np.ndarray]],
+) -> list[list[int]]:
+    """The greedy decode loop greedy_part_major and greedy_unit_major share: prefill every prompt in
+    AR-`ar_n` blocks, then step all still-active sequences together until EOS, a full context or
+    max_new_tokens; `run(calls)` runs one batch of calls and returns each call's last-token logits."""
     calls: list[Call] = []
     last_call: dict[int, int] = {}
     for i, pr in enumerate(prompts):
         if not pr:
             raise ValueError("empty prompt")
-        c, _ = prefill_calls(i, pr, 0, ps.seq_len["prompt_processor"], capacity)
+        c, _ = prefill_calls(i, pr, 0, ar_n, capacity)
         calls += c
         last_call[i] = len(calls) - 1
-    outs = run_part_major(ps, calls, states, capacity)
+    outs = run(calls)
     logits = {i: outs[last_call[i]] for i in range(len(prompts))}
     gen: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     active = set(range(len(prompts)))
@@ -559,7 +574,7 @@ def greedy_part_major(
         active = {sc[0] for sc in step}
         if not step or it == max_new_tokens - 1:
             break
-        for sc, lg in zip(step, run_part_major(ps, step, states, capacity), strict=True):
+        for sc, lg in zip(step, run(step), strict=True):
             logits[sc[0]] = lg
     return [gen[i] for i in range(len(prompts))]
 
@@ -809,29 +824,12 @@ def greedy_unit_major(
 ) -> list[list[int]]:
     """greedy_part_major one run unit at a time (same tokens)."""
     states = {i: us.cache(num_kv_heads, head_dim) for i in range(len(prompts))}
-    calls: list[Call] = []
-    last_call: dict[int, int] = {}
-    for i, pr in enumerate(prompts):
-        if not pr:
-            raise ValueError("empty prompt")
-        c, _ = prefill_calls(i, pr, 0, us.seq_len["prompt_processor"], capacity)
-        calls += c
-        last_call[i] = len(calls) - 1
-    outs = run_unit_major(us, calls, states, capacity)
-    logits = {i: outs[last_call[i]] for i in range(len(prompts))}
-    gen: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    active = set(range(len(prompts)))
-    for it in range(max_new_tokens):
-        step: list[Call] = []
-        for i in sorted(active):
-            tok = int(np.argmax(logits[i]))
-            gen[i].append(tok)
-            if tok in eos_ids or states[i].n_past >= capacity:
-                continue
-            step.append((i, "token_generator", [tok], states[i].n_past))
-        active = {sc[0] for sc in step}
-        if not step or it == max_new_tokens - 1:
-            break
-        for sc, lg in zip(step, run_unit_major(us, step, states, capacity), strict=True):
-            logits[sc[0]] = lg
-    return [gen[i] for i in range(len(prompts))]
+    return _greedy_batch(
+        prompts,
+        max_new_tokens,
+        eos_ids,
+        capacity,
+        us.seq_len["prompt_processor"],
+        states,
+        lambda calls: run_unit_major(us, calls, states, capacity),
+    )

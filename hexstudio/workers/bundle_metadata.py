@@ -160,14 +160,9 @@ def _io_from_entry(io: Any) -> tuple[dict[str, list[int]], dict[str, list[int]]]
     return side(io.get("inputs") or {}), side(io.get("outputs") or {})
 
 
-def onnx_io(onnx_path: Path) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-    """(inputs, outputs) name -> static shape, in the ONNX's order (the weights are not loaded)."""
-    ins, outs, _ = onnx_io_types(onnx_path)
-    return ins, outs
-
-
 def onnx_io_types(onnx_path: Path) -> tuple[dict[str, list[int]], dict[str, list[int]], dict[str, str]]:
-    """onnx_io plus the integer I/O tensors' types (name -> "int32", "int64", ...)."""
+    """(inputs, outputs) name -> static shape, in the ONNX's order (the weights are not loaded), plus the
+    integer I/O tensors' types (name -> "int32", "int64", ...)."""
     import onnx
 
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from hexstudio.workers.runtime import WorkerError, WorkerSpec
-from hexstudio.workers.shared.artifacts import ModelDoc, QuantizeDoc, load_json
+from hexstudio.workers.shared.artifacts import ModelDoc, load_json
 
 D = TypeVar("D")
 
@@ -33,8 +33,3 @@ def read_doc(path: Path, doc_type: type[D], stage: str) -> D:
 def model_doc(spec: WorkerSpec) -> ModelDoc:
     """The Model stage's model.json."""
     return read_doc(spec.upstream_dir("model") / "model.json", ModelDoc, "model")
-
-
-def quantize_doc(spec: WorkerSpec) -> QuantizeDoc:
-    """The Quantize stage's quantize.json."""
-    return read_doc(spec.upstream_dir("quantize") / "quantize.json", QuantizeDoc, "quantize")

@@ -16,12 +16,8 @@ CANARY = "canary-Pw-7f3e9b1d;'\"$(x)"  # the evk user's password (SSH and sudo):
 @pytest.fixture(scope="module")
 def evk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvkBoard]:
     """A fresh EVK test board per test module (faults as shipped: see tests/support/evk_board.py)."""
-    b = EvkBoard(tmp_path_factory.mktemp("evk"), sudo_password=CANARY, ssh_password_auth=True)
-    b.start()
-    try:
+    with EvkBoard(tmp_path_factory.mktemp("evk"), sudo_password=CANARY, ssh_password_auth=True) as b:
         yield b
-    finally:
-        b.stop()
 
 
 def settings_with(name: str, cfg: dict[str, Any]) -> Any:

@@ -58,12 +58,8 @@ ROWS: dict[str, tuple[Callable[[EvkBoard, Path], dict[str, Any]], type[Exception
 
 @pytest.fixture()
 def evk(tmp_path: Path) -> Any:
-    b = EvkBoard(tmp_path / "evk", ssh_password_auth=True)
-    b.start()
-    try:
+    with EvkBoard(tmp_path / "evk", ssh_password_auth=True) as b:
         yield b
-    finally:
-        b.stop()
 
 
 @pytest.mark.parametrize("given", list(ROWS))

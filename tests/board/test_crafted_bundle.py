@@ -299,12 +299,8 @@ def test_a_byte_flipped_on_the_simulator_board_is_found_and_resent(tmp_path: Pat
 
 @pytest.fixture(scope="module")
 def evk(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    b = EvkBoard(tmp_path_factory.mktemp("evk-crafted"))
-    b.start()
-    try:
+    with EvkBoard(tmp_path_factory.mktemp("evk-crafted")) as b:
         yield b
-    finally:
-        b.stop()
 
 
 def _board_tree(evk: EvkBoard) -> str:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hexstudio.core.device.explain import RULES, explain, explain_dict, summary
+from tests.support.cli import python_m_hexstudio
 
 # (message as the tools print it, expected rule id, a fix id it should point to or None)
 DOCUMENTED = [
@@ -143,18 +143,7 @@ def test_unrelated_text_is_not_recognised() -> None:
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from hexstudio.cli.main import main; sys.exit(main(sys.argv[1:]))",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        input=stdin,
-        timeout=60,
-    )
+    return python_m_hexstudio(*args, stdin=stdin, main=True)
 
 
 def test_cli_text_file_and_stdin(tmp_path: Path) -> None:

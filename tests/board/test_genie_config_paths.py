@@ -19,6 +19,7 @@ from hexstudio.core.device.errors import UnsafeBundle
 from hexstudio.core.device.verify import load_bundle
 from hexstudio.workers.shared.bundle import safepath
 from hexstudio.workers.shared.bundle.check import check_bundle
+from tests.support.cli import python_m_hexstudio
 
 REPO = Path(__file__).resolve().parents[2]
 HELPER = REPO / "hexstudio" / "workers" / "board" / "genie_session.py"
@@ -130,13 +131,7 @@ def test_crafted_genie_config_refused_everywhere(
         safepath.check_genie_config(json.loads((b / "genie_config.json").read_text()), b)
     assert entry in e.value.message and rule in e.value.message, e.value.message
     # `hexstudio bundle check`: a finding, never a hang (a real process, killed at 30 s)
-    r = subprocess.run(
-        [sys.executable, "-m", "hexstudio", "bundle", "check", str(b)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=REPO,
-    )
+    r = python_m_hexstudio("bundle", "check", str(b), timeout=30, cwd=REPO)
     assert r.returncode != 0 and entry in r.stdout + r.stderr and "Traceback" not in r.stderr, (
         r.stdout,
         r.stderr,
@@ -172,13 +167,7 @@ def test_fifo_genie_config_and_bundle_json_do_not_hang(tmp_path: Path) -> None:
     b = _bundle(tmp_path)
     (b / "genie_config.json").unlink()
     os.mkfifo(b / "genie_config.json")
-    r = subprocess.run(
-        [sys.executable, "-m", "hexstudio", "bundle", "check", str(b)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=REPO,
-    )
+    r = python_m_hexstudio("bundle", "check", str(b), timeout=30, cwd=REPO)
     assert r.returncode != 0 and "FIFO" in r.stdout + r.stderr, (r.stdout, r.stderr)
     (b / "bundle.json").unlink()
     os.mkfifo(b / "bundle.json")

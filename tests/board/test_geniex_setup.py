@@ -60,12 +60,8 @@ def test_geniex_versions_parse() -> None:
 
 @pytest.fixture(scope="module")
 def evk_geniex(tmp_path_factory: pytest.TempPathFactory):
-    b = EvkBoard(tmp_path_factory.mktemp("evk-geniex"), fastrpc_ready=True)
-    b.start()
-    try:
+    with EvkBoard(tmp_path_factory.mktemp("evk-geniex"), fastrpc_ready=True) as b:
         yield b
-    finally:
-        b.stop()
 
 
 def test_doctor_and_fix_for_geniex(evk_geniex: EvkBoard, tmp_path: Path) -> None:

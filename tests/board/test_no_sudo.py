@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from hexstudio.core.device.board import open_board
 from hexstudio.core.device.doctor import probe
 from hexstudio.core.device.fixes import apply_fix, plan_fix
 from tests.board.conftest import settings_with
+from tests.support.cli import python_m_hexstudio
 from tests.support.evk_board import EvkBoard
 
 PW = "no-sudo-pw"
@@ -23,12 +23,8 @@ PW = "no-sudo-pw"
 
 @pytest.fixture(scope="module")
 def nosudo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvkBoard]:
-    b = EvkBoard(tmp_path_factory.mktemp("nosudo"), sudo=False, sudo_password=PW)
-    b.start()
-    try:
+    with EvkBoard(tmp_path_factory.mktemp("nosudo"), sudo=False, sudo_password=PW) as b:
         yield b
-    finally:
-        b.stop()
 
 
 def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
@@ -68,53 +64,16 @@ def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from hexstudio.cli.main import main; sys.exit(main(sys.argv[1:]))",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    return python_m_hexstudio(*args, timeout=120, main=True)
 
 
 def test_cli_add_probe_fix(nosudo: EvkBoard, tmp_path: Path) -> None:
     fp = nosudo.server.host_key_fingerprint
-    r = _cli(
-        "board",
-        "add",
-        "cli",
-        "--host",
-        nosudo.host,
-        "--port",
-        str(nosudo.port),
-        "--user",
-        "evk",
-        "--key",
-        str(nosudo.server.client_key_path),
-        "--json",
-    )
+    add = ["board", "add", "cli", "--host", nosudo.host, "--port", str(nosudo.port), "--user", "evk"]
+    add += ["--key", str(nosudo.server.client_key_path), "--json"]
+    r = _cli(*add)
     assert r.returncode == 1 and fp in r.stderr  # unknown key: the fingerprint is shown
-    r = _cli(
-        "board",
-        "add",
-        "cli",
-        "--host",
-        nosudo.host,
-        "--port",
-        str(nosudo.port),
-        "--user",
-        "evk",
-        "--key",
-        str(nosudo.server.client_key_path),
-        "--trust",
-        fp,
-        "--json",
-    )
+    r = _cli(*add, "--trust", fp)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["state"] == "ready"
     r = _cli("board", "list", "--json")

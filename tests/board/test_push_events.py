@@ -31,14 +31,7 @@ FACTS = {
 
 
 def _cfg(srv: SshServer, **extra: Any) -> dict[str, Any]:
-    return {
-        "host": srv.host,
-        "port": srv.port,
-        "user": srv.user,
-        "auth": "key",
-        "key_path": str(srv.client_key_path),
-        **extra,
-    }
+    return srv.key_config(**extra)
 
 
 def _emulated(bundle: Path) -> Path:

@@ -31,6 +31,7 @@ from hexstudio.core.device.connect import (
 from hexstudio.core.device.errors import BoardError
 from tests.support.evk_board import EvkBoard
 from tests.support.sshd import SshServer, _keygen
+from tests.support.terminal import converse
 
 pytestmark = pytest.mark.sshd
 
@@ -279,13 +280,7 @@ def test_encrypted_key_asks_for_its_passphrase(home: Path, srv: SshServer, tmp_p
 def test_trusted_host_key_saved_to_known_hosts_only_when_accepted(
     home: Path, srv: SshServer, tmp_path: Path
 ) -> None:
-    cfg = {
-        "host": srv.host,
-        "port": srv.port,
-        "user": srv.user,
-        "auth": "key",
-        "key_path": str(srv.client_key_path),
-    }
+    cfg = srv.key_config()
     kh = home / ".ssh" / "known_hosts"
     offered: list[Path] = []
 
@@ -360,63 +355,33 @@ def _server_key(srv: SshServer) -> Any:
 def test_the_cli_asks_on_the_terminal(home: Path, srv: SshServer, tmp_path: Path) -> None:
     """`hexstudio board add` on a terminal (a pty): trust the fingerprint, decline the known_hosts offer, type
     the encrypted key's passphrase (getpass), do not keep it. Nothing is stored that was not chosen."""
-    import pty
-    import select
-
     key = tmp_path / "enc_cli_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "cli pass", "-f", str(key)], check=True)
     with open(srv.authorized_keys, "a") as f:
         f.write(key.with_name("enc_cli_key.pub").read_text())
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the CLI on a terminal
-        os.execvpe(
-            sys.executable,
-            [
-                sys.executable,
-                "-m",
-                "hexstudio",
-                "board",
-                "add",
-                "enc",
-                "--host",
-                srv.host,
-                "--port",
-                str(srv.port),
-                "--user",
-                srv.user,
-                "--auth",
-                "key",
-                "--key",
-                str(key),
-            ],
-            dict(os.environ),
-        )
+    argv = [
+        sys.executable,
+        "-m",
+        "hexstudio",
+        "board",
+        "add",
+        "enc",
+        "--host",
+        srv.host,
+        "--port",
+        str(srv.port),
+    ]
+    argv += ["--user", srv.user, "--auth", "key", "--key", str(key)]
     answers = [
         ("Trust it?", "y"),
         ("known_hosts", "n"),
         ("Passphrase for SSH key", "cli pass"),
         ("keyring", "n"),
     ]
-    seen = b""
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([fd], [], [], 0.2)
-            if r:
-                try:
-                    chunk = os.read(fd, 4096)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                seen += chunk
-            if answers and answers[0][0].encode() in seen.split(b"\n")[-1] + seen[-400:]:
-                os.write(fd, answers.pop(0)[1].encode() + b"\n")
-    finally:
-        _, status = os.waitpid(pid, 0)
+    seen, code, answers = converse(argv, answers)
     text = seen.decode(errors="replace")
     assert not answers, text
-    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert code == 0, text
     assert "connected: ssh://" in text and "cli pass" not in text  # getpass: no echo
     assert not (home / ".ssh" / "known_hosts").exists()
     assert secrets.get_secret(secrets.key_passphrase_key(str(key.resolve()))) is None

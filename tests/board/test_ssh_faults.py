@@ -31,13 +31,7 @@ FACTS = {
 
 
 def _cfg(srv: SshServer) -> dict[str, Any]:
-    return {
-        "host": srv.host,
-        "port": srv.port,
-        "user": srv.user,
-        "auth": "key",
-        "key_path": str(srv.client_key_path),
-    }
+    return srv.key_config()
 
 
 def test_changed_host_key_is_refused(tmp_path: Path) -> None:

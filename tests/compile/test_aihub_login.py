@@ -4,7 +4,6 @@ a token is found and never prints it, and the worker's missing-token hint names 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,8 @@ import pytest
 
 from hexstudio.core import secrets
 from hexstudio.workers.shared.run_settings import RunSettings
+from tests.support.cli import python_m_hexstudio
+from tests.support.terminal import converse
 
 TOKEN = "tok-canary-5b1f0c9e2d"
 
@@ -20,20 +21,7 @@ TOKEN = "tok-canary-5b1f0c9e2d"
 def _cli(
     *args: str, stdin: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from hexstudio.cli.main import main; sys.exit(main(sys.argv[1:]))",
-            *args,
-        ],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        stdin=None if stdin is not None else subprocess.DEVNULL,
-    )
+    return python_m_hexstudio(*args, stdin=stdin, env=env, main=True)
 
 
 @pytest.fixture
@@ -109,40 +97,14 @@ def test_missing_token_hint_names_the_real_commands(no_token_env: Path) -> None:
 
 def test_login_asks_on_a_terminal_without_echo(no_token_env: Path) -> None:
     """On a terminal the token is asked with echo off (getpass): it is stored, and never shown."""
-    import pty
-    import select
-    import time
-
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the CLI on the pty
-        os.execv(
-            sys.executable,
-            [
-                sys.executable,
-                "-c",
-                "import sys; from hexstudio.cli.main import main; sys.exit(main(['aihub', 'login']))",
-            ],
-        )
-    seen = b""
-    deadline = time.monotonic() + 60
-    typed = False
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-        if not typed and b"not shown" in seen:
-            os.write(fd, TOKEN.encode() + b"\n")
-            typed = True
-    _, status = os.waitpid(pid, 0)
-    os.close(fd)
-    assert typed, seen
-    assert os.waitstatus_to_exitcode(status) == 0, seen
+    argv = [
+        sys.executable,
+        "-c",
+        "import sys; from hexstudio.cli.main import main; sys.exit(main(['aihub', 'login']))",
+    ]
+    seen, code, left = converse(argv, [("not shown", TOKEN)])
+    assert not left, seen
+    assert code == 0, seen
     assert TOKEN.encode() not in seen  # echo was off
     # the tests' keyring is keyrings.alt's plain-text file: said as such, never "stored in the keyring" (issue 27)
     assert b"stored in a PLAIN-TEXT file at " in seen and b"keyrings.alt.file.PlaintextKeyring" in seen

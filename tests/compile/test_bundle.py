@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,38 +12,8 @@ import pytest
 from hexstudio.workers.shared import bundle as gb
 from hexstudio.workers.shared.data import builtin_model_dir
 from hexstudio.workers.shared.run_settings import RunSettings
-
-LLAMA_31_8B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "intermediate_size": 14336,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rope_theta": 500000.0,
-    "bos_token_id": 128000,
-    "eos_token_id": [128001, 128008, 128009],
-    "rope_scaling": {
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-}
-
-
-def _hexstudio(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(Path(sys.executable).with_name("hexstudio")), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ},
-    )
+from tests.support.cli import hexstudio as _hexstudio
+from tests.support.configs import LLAMA_31_8B
 
 
 def test_bundle_config_for_a_llama_31_8b_config_only_folder(tmp_path: Path) -> None:

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,19 +19,10 @@ from hexstudio.workers.shared.bundle import genie_model as gm
 from hexstudio.workers.shared.bundle import genie_schema as gs
 from hexstudio.workers.shared.bundle.check import Finding, check_bundle, errors
 from tests.compile import genie_bundles as gbx
+from tests.support.cli import hexstudio as _hexstudio
 
 FIXTURE = Path(__file__).parent / "fixtures" / f"{gbx.MODEL_ID}-genie-w4a16-qualcomm_qcs9075"
 BOARD = {"dsp_arch": "v73", "chip": "QCS9075", "soc_id": "676", "qairt_version": "2.42.0.251225135753"}
-
-
-def _hexstudio(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(Path(sys.executable).with_name("hexstudio")), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ},
-    )
 
 
 def _codes(fs: list[Finding]) -> list[str]:
@@ -303,7 +291,7 @@ def test_practically_mandatory_keys() -> None:
 
 
 def test_the_llama_31_8b_config_from_bundle_config_passes_the_checker(tmp_path: Path) -> None:
-    from tests.compile.test_bundle import LLAMA_31_8B
+    from tests.support.configs import LLAMA_31_8B
 
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_8B))
     out = _hexstudio("bundle", "config", "--model", str(tmp_path), "--context-length", "4096")

@@ -3,36 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from hexstudio.core.manifest import validate_manifest
 from hexstudio.core.status import KINDS
+from tests.support.cli import RUN_BUILTIN, hexstudio
+
+
+def _hexstudio(*args: str) -> subprocess.CompletedProcess[str]:
+    return hexstudio(*args, timeout=300)
 
 
 def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
-    exe = Path(sys.executable).with_name("hexstudio")
-    proc = subprocess.run(
-        [
-            str(exe),
-            "run",
-            "--model",
-            "builtin:tiny-llama",
-            "--board",
-            "sim",
-            "--until",
-            "preflight",
-            "--workspace",
-            str(tmp_path),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ},
-    )
+    proc = _hexstudio(*RUN_BUILTIN, "--until", "preflight", "--workspace", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["ok"] and out["ran"] == ["model", "preflight"]
@@ -50,36 +34,13 @@ def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
     assert out["statuses"]["model"]["word"] == "passed" and out["statuses"]["preflight"]["word"] == "passed"
     assert out["statuses"]["quantize"]["key"] == "pending"
     assert out["run_status"]["key"] == "in_progress" and out["run_status"]["word"].startswith("2/")
-    show = subprocess.run(
-        [str(exe), "runs", "show", out["run_id"], "--workspace", str(tmp_path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    show = _hexstudio("runs", "show", out["run_id"], "--workspace", str(tmp_path), "--json")
     shown = json.loads(show.stdout)
     assert shown["statuses"] == out["statuses"] and shown["run_status"] == out["run_status"]
-    listed = subprocess.run(
-        [str(exe), "runs", "list", "--workspace", str(tmp_path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    listed = _hexstudio("runs", "list", "--workspace", str(tmp_path), "--json")
     assert json.loads(listed.stdout)["runs"][0]["run_status"] == out["run_status"]
     # resume: nothing to do, both skipped
-    again = subprocess.run(
-        [
-            str(exe),
-            "run",
-            "--resume",
-            out["run_id"],
-            "--until",
-            "preflight",
-            "--workspace",
-            str(tmp_path),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    again = _hexstudio(
+        "run", "--resume", out["run_id"], "--until", "preflight", "--workspace", str(tmp_path), "--json"
     )
     assert json.loads(again.stdout)["skipped"] == ["model", "preflight"]

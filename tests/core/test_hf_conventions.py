@@ -6,9 +6,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +14,12 @@ import pytest
 
 from hexstudio.core import secrets
 from hexstudio.workers.shared.data import builtin_model_dir
+from tests.support.cli import python_m_hexstudio
 from tests.support.fake_hub import FakeHub, folder_files, hub_env
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "test-org/tiny-llama"
+PREFLIGHT = ("preflight", "--model", MODEL, "--context-length", "512", "--no-smoke-test", "--json")
 KEYRING_TOKEN = "hf_keyringT0ken1111"
 ENV_TOKEN = "hf_envT0ken2222"
 FILE_TOKEN = "hf_fileT0ken3333"
@@ -42,16 +42,8 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
 def cli(
     hub: FakeHub, hf_home: Path, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hexstudio", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env={**os.environ, **hub_env(hub, hf_home), **(env or {})},
-        stdin=None if stdin is not None else subprocess.DEVNULL,
-    )
+    extra = {**hub_env(hub, hf_home), **(env or {})}
+    return python_m_hexstudio(*args, stdin=stdin, env=extra, timeout=240, cwd=REPO)
 
 
 def bearer(token: str) -> str:
@@ -93,13 +85,7 @@ def test_inspect_preflight_and_download_use_the_one_token(hub: FakeHub, tmp_path
     r = cli(
         hub,
         hf_home,
-        "preflight",
-        "--model",
-        MODEL,
-        "--context-length",
-        "512",
-        "--no-smoke-test",
-        "--json",
+        *PREFLIGHT,
         env=env,
     )
     assert r.returncode in (0, 1), r.stderr  # 1: a check failed on this machine
@@ -185,13 +171,7 @@ def test_the_cache_is_where_huggingface_hub_puts_it(hub: FakeHub, tmp_path: Path
     r = cli(
         hub,
         hf_home,
-        "preflight",
-        "--model",
-        MODEL,
-        "--context-length",
-        "512",
-        "--no-smoke-test",
-        "--json",
+        *PREFLIGHT,
         env={"HF_HUB_CACHE": str(cache)},
     )
     assert r.returncode in (0, 1), r.stderr

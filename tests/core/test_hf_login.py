@@ -4,30 +4,14 @@ Model stage hands it to its worker by environment, and it is never printed."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hexstudio.core import secrets
+from tests.support.cli import python_m_hexstudio as _cli
 
 TOKEN = "hf_canaryT0ken5b1f0c9e2d"
-
-
-def _cli(
-    *args: str, stdin: str | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hexstudio", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        stdin=None if stdin is not None else subprocess.DEVNULL,
-    )
 
 
 @pytest.fixture

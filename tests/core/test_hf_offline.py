@@ -22,6 +22,19 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "test-org/tiny-llama"
 
 
+def _inspect(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`hexstudio model inspect ARGS` in a child with exactly `env`."""
+    return subprocess.run(
+        [sys.executable, "-m", "hexstudio", "model", "inspect", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -65,40 +78,16 @@ def test_cli_inspect_offline_is_quick_and_a_cached_config_still_reads(tmp_path: 
     with FakeHub() as hub:
         hub.add_repo(MODEL, {"main": folder_files(builtin_model_dir())})
         env = {**base, **hub_env(hub, hf_home)}
-        r = subprocess.run(
-            [sys.executable, "-m", "hexstudio", "model", "inspect", MODEL, "--json"],
-            capture_output=True,
-            text=True,
-            timeout=240,
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
+        r = _inspect(env, MODEL, "--json")
         assert r.returncode == 0, r.stderr
         endpoint = hub.endpoint
     # the hub is gone (its port closed): the cached config.json is read, an unknown id fails fast and clearly
     env = {**base, **hub_env(hub, hf_home), "HF_ENDPOINT": endpoint}
-    r = subprocess.run(
-        [sys.executable, "-m", "hexstudio", "model", "inspect", MODEL, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+    r = _inspect(env, MODEL, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["num_layers"] >= 1
     t0 = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, "-m", "hexstudio", "model", "inspect", "nobody/no-such-model-xyz"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+    r = _inspect(env, "nobody/no-such-model-xyz")
     took = time.monotonic() - t0
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "cannot be reached" in r.stderr and "not in the local Hugging Face cache" in r.stderr, r.stderr

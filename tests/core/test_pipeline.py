@@ -121,11 +121,11 @@ def test_kill9_of_worker_leaves_run_intact_and_resume_completes(workspace: Works
     assert m2.stage("model").data["attempts"] == 2
 
 
-def test_kill9_of_the_studio_process_marks_stage_interrupted(workspace: Workspace, tmp_path: Path) -> None:
-    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 30})
+def _drive(workspace: Workspace, m: RunManifest, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """Another process (as a second studio would) runs m's pipeline with the fake stages until the model stage."""
     script = tmp_path / "drive.py"
     script.write_text(
-        "import asyncio, sys\n"
+        "import asyncio\n"
         "from hexstudio.core.runs import Workspace\n"
         "from hexstudio.core.pipeline import Pipeline\n"
         "from tests.core.conftest import fake_stages\n"
@@ -133,7 +133,12 @@ def test_kill9_of_the_studio_process_marks_stage_interrupted(workspace: Workspac
         "asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env)
+    return subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env)
+
+
+def test_kill9_of_the_studio_process_marks_stage_interrupted(workspace: Workspace, tmp_path: Path) -> None:
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 30})
+    proc = _drive(workspace, m, tmp_path)
     log = m.run_dir / "logs" / "model.jsonl"
     _wait(lambda: proc.poll() is not None or (log.exists() and log.read_text().count("progress") >= 3))
     assert proc.poll() is None, "the driver process died early"
@@ -326,17 +331,7 @@ def test_a_second_runner_is_refused_while_a_stage_is_live(workspace: Workspace, 
     error and leaves the live worker's .partial alone; after kill -9 of the runner the OS releases the
     lock and a resume goes ahead."""
     m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 60})
-    script = tmp_path / "drive.py"
-    script.write_text(
-        "import asyncio\n"
-        "from hexstudio.core.runs import Workspace\n"
-        "from hexstudio.core.pipeline import Pipeline\n"
-        "from tests.core.conftest import fake_stages\n"
-        f"m = Workspace({str(workspace.root)!r}).open_run({m.run_id!r})\n"
-        "asyncio.run(Pipeline(m, stages=fake_stages()).run(until='model'))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env)
+    proc = _drive(workspace, m, tmp_path)
     partial = m.run_dir / "artifacts" / "model.partial"
     try:
         _wait(lambda: proc.poll() is not None or (partial / "half.txt").exists())
@@ -355,7 +350,7 @@ def test_a_second_runner_is_refused_while_a_stage_is_live(workspace: Workspace, 
                 "print(json.dumps({'ok': r.ok, 'message': r.message, 'hint': r.hint, 'ran': r.ran}))\n",
             ],
             cwd=REPO,
-            env=env,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
             capture_output=True,
             text=True,
             timeout=60,

@@ -17,16 +17,23 @@ ok, why = sshd_available()
 pytestmark = [pytest.mark.sshd, pytest.mark.skipif(not ok, reason=why)]
 
 
+def _selftest_spec(run_dir: Path, out_dir: Path, seconds: float) -> dict[str, Any]:
+    """The selftest worker's spec: it runs `seconds`, reporting progress, into out_dir."""
+    return {
+        "schema": 1,
+        "stage": "selftest",
+        "run_dir": str(run_dir),
+        "out_dir": str(out_dir),
+        "settings": {"seconds": seconds},
+        "upstream": {},
+        "inputs": {},
+    }
+
+
 async def _connect(srv: SshServer) -> Any:
     from hexstudio.core.device.connect import connect_ssh
 
-    cfg = {
-        "host": srv.host,
-        "port": srv.port,
-        "user": srv.user,
-        "auth": "key",
-        "key_path": str(srv.client_key_path),
-    }
+    cfg = srv.key_config()
     return await connect_ssh("remote-worker-test", cfg, trust=lambda *_a: True)
 
 
@@ -37,15 +44,7 @@ def test_remote_selftest_worker_streams_events(tmp_path: Path) -> None:
     async def go() -> Any:
         t = await _connect(srv)
         try:
-            spec = {
-                "schema": 1,
-                "stage": "selftest",
-                "run_dir": str(tmp_path),
-                "out_dir": str(out_dir),
-                "settings": {"seconds": 1.0},
-                "upstream": {},
-                "inputs": {},
-            }
+            spec = _selftest_spec(tmp_path, out_dir, 1.0)
             job = RemoteJob(
                 t, "hexstudio.workers.selftest", spec, python=sys.executable, on_event=events.append
             )
@@ -67,15 +66,7 @@ def test_remote_cancel_kills_the_remote_process_group(tmp_path: Path) -> None:
     async def go() -> tuple[Any, bool]:
         t = await _connect(srv)
         try:
-            spec = {
-                "schema": 1,
-                "stage": "selftest",
-                "run_dir": str(tmp_path),
-                "out_dir": str(tmp_path / "o"),
-                "settings": {"seconds": 60},
-                "upstream": {},
-                "inputs": {},
-            }
+            spec = _selftest_spec(tmp_path, tmp_path / "o", 60)
             job = RemoteJob(t, "hexstudio.workers.selftest", spec, python=sys.executable, grace_s=5)
             await job.start()
             for _ in range(100):

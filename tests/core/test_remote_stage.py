@@ -25,6 +25,7 @@ from hexstudio.core.remote.sync import SYNC_MANIFEST, LocalHashes, map_json_path
 from hexstudio.core.runs import Workspace
 from hexstudio.core.stages import STAGES, Stage
 from tests.core.conftest import FAKE
+from tests.support.cli import RUN_BUILTIN
 from tests.support.sshd import SshServer, sshd_available
 
 ok, why = sshd_available()
@@ -39,16 +40,7 @@ def _add_host(srv: SshServer, root: Path, name: str = "box", trust: bool = True,
         known_hosts_path().parent.mkdir(parents=True, exist_ok=True)
         known_hosts_path().write_text(srv.known_hosts_line + "\n")
     s = Settings.load()
-    worker_hosts(s)[name] = {
-        "host": srv.host,
-        "port": srv.port,
-        "user": srv.user,
-        "auth": "key",
-        "key_path": str(srv.client_key_path),
-        "python": sys.executable,
-        "root": str(root),
-        **extra,
-    }
+    worker_hosts(s)[name] = srv.key_config(**{"python": sys.executable, "root": str(root), **extra})
     s.save()
 
 
@@ -443,20 +435,7 @@ def test_real_quantize_on_the_worker_host_streams_the_same_events_as_a_local_run
     """`hexstudio run --model builtin:tiny-llama --board sim --until quantize --worker-host box`: real
     aimet-onnx on the host, compared with the same run on this machine."""
     exe = str(Path(sys.executable).with_name("hexstudio"))
-    base = [
-        exe,
-        "run",
-        "--model",
-        "builtin:tiny-llama",
-        "--board",
-        "sim",
-        "--until",
-        "quantize",
-        "--set",
-        "calibration_samples=4",
-        "--json",
-        "--quiet",
-    ]
+    base = [exe, *RUN_BUILTIN, "--until", "quantize", "--set", "calibration_samples=4", "--json", "--quiet"]
     root = tmp_path / "host-root"
     with SshServer(tmp_path / "sshd") as srv:
         _add_host(srv, root)

@@ -18,6 +18,7 @@ from hexstudio.workers.shared import modelinfo
 from hexstudio.workers.shared import run_settings as rs
 from hexstudio.workers.shared.data import builtin_model_dir
 from hexstudio.workers.shared.run_settings import RunSettings, setting
+from tests.support.configs import LLAMA_31_8B
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_DIR = builtin_model_dir()
@@ -294,20 +295,7 @@ def test_help_lists_every_run_setting() -> None:
 
 
 def _big_info() -> dict[str, Any]:
-    cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "vocab_size": 128256,
-        "max_position_embeddings": 131072,
-        "rope_theta": 500000.0,
-        "torch_dtype": "bfloat16",
-    }
-    return modelinfo.inspect_config(cfg)
+    return modelinfo.inspect_config({**LLAMA_31_8B, "torch_dtype": "bfloat16"})
 
 
 def test_resolve_settings_is_the_rule_for_auto() -> None:

@@ -6,8 +6,6 @@ test serves a bundle of real QNN context binaries through Qualcomm's libGenie on
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -20,41 +18,15 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from hexstudio.serve.server import BindRefused, check_bind  # noqa: E402
+from tests.support.serve import start_serve  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server(twin_workspace: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ws, run_dir = twin_workspace
-    port_file = tmp_path_factory.mktemp("serve") / "port"
-    env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hexstudio",
-            "serve",
-            "--board",
-            "sim",
-            "--run",
-            run_dir.name,
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not port_file.is_file() or not port_file.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"hexstudio serve did not start: {proc.communicate()[0]}")
-        time.sleep(0.1)
+    proc, port = start_serve(ws, run_dir.name, tmp_path_factory.mktemp("serve") / "port")
     try:
-        yield f"http://127.0.0.1:{port_file.read_text()}/v1"
+        yield f"http://127.0.0.1:{port}/v1"
     finally:
         proc.terminate()
         out = proc.communicate(timeout=30)[0]
@@ -248,35 +220,9 @@ def test_serve_on_the_eval_workspace_bundle(eval_workspace: tuple[Path, Path], t
     compile_target sim, real QNN binaries where local): whichever runtime serves, the same replies. Real Genie on
     the HTP simulator behind serve, asserted as such: tests/qnn/test_serve_real_genie.py."""
     ws, run_dir = eval_workspace
-    port_file = tmp_path / "port"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hexstudio",
-            "serve",
-            "--board",
-            "sim",
-            "--run",
-            run_dir.name,
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-        ],
-        env={**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, port = start_serve(ws, run_dir.name, tmp_path / "port")
     try:
-        deadline = time.monotonic() + 120
-        while not port_file.is_file() or not port_file.read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"hexstudio serve did not start: {proc.communicate()[0]}")
-            time.sleep(0.1)
-        c = client(f"http://127.0.0.1:{port_file.read_text()}/v1")
+        c = client(f"http://127.0.0.1:{port}/v1")
         raw = c.completions.with_raw_response.create(
             model="builtin:tiny-llama", prompt="The harbour", max_tokens=2, temperature=0
         )
@@ -300,9 +246,7 @@ def test_serve_on_the_eval_workspace_bundle(eval_workspace: tuple[Path, Path], t
             temperature=0,
             stop=["."],
         )
-        real = "HTP simulator" in str(
-            stats(f"http://127.0.0.1:{port_file.read_text()}").get("runtime_version")
-        )
+        real = "HTP simulator" in str(stats(f"http://127.0.0.1:{port}").get("runtime_version"))
         assert stopped.model_extra["hexstudio"]["stop_by"] == ("genie" if real else "host")
         assert free.model_extra["hexstudio"]["stop_by"] is None
         text = str(stopped.choices[0].text)

@@ -18,6 +18,7 @@ import pytest
 
 from hexstudio.serve.limits import Limits
 from hexstudio.serve.server import OpenAIServer
+from tests.support.serve import http_answer
 
 
 class _Bridge(SimpleNamespace):
@@ -77,12 +78,7 @@ def exchange(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict[str
                 buf += got
         except (TimeoutError, ConnectionResetError):
             pass
-    if not buf.startswith(b"HTTP/1.1 "):
-        return 0, {}, buf
-    head, _, body = buf.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    hs = {k.lower(): v for k, v in (ln.split(": ", 1) for ln in lines[1:] if ": " in ln)}
-    return int(lines[0].split()[1]), hs, body
+    return http_answer(buf)
 
 
 def health(port: int) -> dict[str, Any]:

@@ -11,8 +11,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -23,6 +21,8 @@ from typing import Any
 import pytest
 
 openai = pytest.importorskip("openai")
+
+from tests.support.serve import http_answer, start_serve  # noqa: E402
 
 MODEL = "builtin:tiny-llama"
 LIMITS = [
@@ -43,43 +43,12 @@ LIMITS = [
 ]
 
 
-def _start(ws: Path, run: str, tmp: Path, extra: list[str]) -> tuple[subprocess.Popen[str], int]:
-    port_file = tmp / "port"
-    env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hexstudio",
-            "serve",
-            "--board",
-            "sim",
-            "--run",
-            run,
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            *extra,
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not port_file.is_file() or not port_file.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"hexstudio serve did not start: {proc.communicate()[0]}")
-        time.sleep(0.05)
-    return proc, int(port_file.read_text())
-
-
 @pytest.fixture(scope="module")
 def port(twin_workspace: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     ws, run_dir = twin_workspace
-    proc, p = _start(ws, run_dir.name, tmp_path_factory.mktemp("serve-hostile"), LIMITS)
+    proc, p = start_serve(
+        ws, run_dir.name, tmp_path_factory.mktemp("serve-hostile") / "port", *LIMITS, poll=0.05
+    )
     try:
         yield p
     finally:
@@ -116,12 +85,7 @@ def raw(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict[str, str
                         break
         except (TimeoutError, ConnectionResetError):
             pass
-    if not buf.startswith(b"HTTP/1.1 "):
-        return 0, {}, buf
-    head, _, body = buf.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    hs = {k.lower(): v for k, v in (ln.split(": ", 1) for ln in lines[1:] if ": " in ln)}
-    return int(lines[0].split()[1]), hs, body
+    return http_answer(buf)
 
 
 def post(port: int, path: str, body: bytes, extra: str = "") -> tuple[int, dict[str, str], bytes]:
@@ -430,7 +394,9 @@ def test_client_gone_stops_the_generation(port: int, stream: bool) -> None:
 def test_api_key_is_enforced(twin_workspace: tuple[Path, Path], tmp_path: Path) -> None:
     ws, run_dir = twin_workspace
     os.environ["HEXSTUDIO_TEST_KEY"] = "k-" + "x" * 30
-    proc, p = _start(ws, run_dir.name, tmp_path, ["--api-key-env", "HEXSTUDIO_TEST_KEY"])
+    proc, p = start_serve(
+        ws, run_dir.name, tmp_path / "port", "--api-key-env", "HEXSTUDIO_TEST_KEY", poll=0.05
+    )
     try:
         with pytest.raises(openai.AuthenticationError):
             client(p).models.list()

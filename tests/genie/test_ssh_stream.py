@@ -32,13 +32,7 @@ HOSTILE = (
 async def ssh_board(
     srv: SshServer, *, simulated: bool, config: dict[str, Any] | None = None, env_script: str | None = None
 ) -> Board:
-    cfg = {
-        "host": srv.host,
-        "port": srv.port,
-        "user": srv.user,
-        "key_path": str(srv.client_key_path),
-        "auth": "key",
-    }
+    cfg = srv.key_config()
     t = await connect_ssh("evk-test", cfg, trust=lambda *_a: True)
     if simulated:  # the simulator installed on the test board (same flags and output as genie-t2t-run)
         return Board(
@@ -271,13 +265,7 @@ def test_a_board_record_can_declare_the_simulator_as_its_runner(ssh_server: SshS
 
     from hexstudio.core.device.board import BoardError, open_board
 
-    cfg = {
-        "host": ssh_server.host,
-        "port": ssh_server.port,
-        "user": ssh_server.user,
-        "key_path": str(ssh_server.client_key_path),
-        "auth": "key",
-    }
+    cfg = ssh_server.key_config()
     settings = SimpleNamespace(
         boards={
             "sim-over-ssh": {**cfg, "runner": "simulator", "python": sys.executable},

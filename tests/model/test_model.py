@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,28 +15,9 @@ from hexstudio.core.paths import BUILTIN_MODEL_DIR
 from hexstudio.core.pipeline import Pipeline
 from hexstudio.core.runs import Workspace
 from hexstudio.workers.shared import modelinfo
+from tests.support.cli import hexstudio as _cli
+from tests.support.configs import LLAMA_31_8B as LLAMA_8B
 
-LLAMA_8B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "intermediate_size": 14336,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rope_theta": 500000.0,
-    "bos_token_id": 128000,
-    "eos_token_id": [128001, 128008, 128009],
-    "rope_scaling": {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    },
-}
 NEMOTRON_NANO_8B = {**LLAMA_8B, "_name_or_path": "nvidia/Llama-3.1-Nemotron-Nano-8B-v1"}
 QWEN3_8B = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -96,16 +74,6 @@ PARTIAL_ROPE = {
     "model_type": "qwen2",
     "partial_rotary_factor": 0.5,
 }
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(Path(sys.executable).with_name("hexstudio")), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ},
-    )
 
 
 def _config_folder(tmp_path: Path, cfg: dict[str, Any]) -> Path:
@@ -287,32 +255,47 @@ def _pe(model: Any, context_length: int) -> dict[str, Any]:
     return genie_positional_encoding(model.config.to_dict(), context_length)
 
 
+def _tiny_llama(layers: int, seed: int, **config: Any) -> Any:
+    """A random transformers Llama small enough to export in seconds (hidden 64, 4 heads, 2 KV heads, vocab 300),
+    built after torch.manual_seed(seed); `config` adds to or overrides its LlamaConfig."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        **{
+            "vocab_size": 300,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+            **config,
+        }
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
 @pytest.mark.parametrize("rope", list(ROPE_VARIANTS))
 def test_export_and_arloop_match_transformers(tmp_path: Path, rope: str) -> None:
     """The deployment pair in Genie's I/O contract (rope tables computed outside the graph from the
     genie_config positional-encoding, KV in Qualcomm's layout, parts chained by one tensor name) gives
     transformers' own logits and greedy tokens, for every rope scaling Genie can be told about."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from hexstudio.workers.arloop import ContextFull, DeploymentPair
     from hexstudio.workers.export import export_deployment_graphs
 
-    torch.manual_seed(0)
     scaling = ROPE_VARIANTS[rope]
-    cfg = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+    model = _tiny_llama(
+        4,
+        0,
         rope_theta=500000.0,
         rope_scaling=dict(scaling, rope_theta=500000.0) if scaling else None,
         **TOP_LEVEL.get(rope, {}),
     )
-    model = LlamaForCausalLM(cfg).eval()
+    cfg = model.config
     if rope == "longrope":
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
@@ -370,23 +353,11 @@ def test_export_and_arloop_match_transformers(tmp_path: Path, rope: str) -> None
 def test_parts_that_do_not_chain_by_name_are_refused(tmp_path: Path) -> None:
     """Genie wires parts by tensor name: a boundary with two names is refused, naming both."""
     import onnx
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from hexstudio.workers.arloop import DeploymentPair
     from hexstudio.workers.export import export_deployment_graphs
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    model = LlamaForCausalLM(cfg).eval()
+    model = _tiny_llama(2, 0)
     graphs = export_deployment_graphs(None, tmp_path / "float", 64, 16, 2, model=model)
     p = tmp_path / graphs[1]["float_onnx"]
     m = onnx.load(str(p), load_external_data=False)
@@ -404,8 +375,6 @@ def test_parts_that_do_not_chain_by_name_are_refused(tmp_path: Path) -> None:
 def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: Path) -> None:
     """Validation's part-major runs (one part's sessions open at a time) give the same logits and greedy
     tokens as DeploymentPair, which holds every session at once."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from hexstudio.workers.arloop import (
         DeploymentPair,
@@ -417,17 +386,7 @@ def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: 
     )
     from hexstudio.workers.export import export_deployment_graphs
 
-    torch.manual_seed(1)
-    cfg = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    model = LlamaForCausalLM(cfg).eval()
+    model = _tiny_llama(3, 1)
     graphs = export_deployment_graphs(None, tmp_path / "float", 64, 16, 3, model=model)
     pe = _pe(model, 64)
     pair = DeploymentPair.from_graphs(
@@ -471,23 +430,11 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
     time, the lm_head transposed) and gives the same graphs, with every weight under its checkpoint
     name in the graph's .onnx.data, the same names in both graphs of a part."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from hexstudio.workers.arloop import DeploymentPair
     from hexstudio.workers.export import export_deployment_graphs
 
-    torch.manual_seed(2)
-    cfg = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    model = LlamaForCausalLM(cfg).eval()
+    model = _tiny_llama(4, 2, tie_word_embeddings=True)
     hf = tmp_path / "hf"
     model.save_pretrained(hf, safe_serialization=True)
     import onnx

@@ -16,22 +16,11 @@ from hexstudio.core.services.preflight import preflight_report
 from hexstudio.workers.shared import modelinfo
 from hexstudio.workers.shared.data import builtin_model_dir
 from hexstudio.workers.shared.preflight_checks import MEMORY_MARGIN, parse_nvidia_smi, run_checks
+from tests.support.configs import LLAMA_31_8B as LLAMA_8B
 
 GiB = 1024**3
 SCHEMA = Path(__file__).resolve().parents[2] / "hexstudio" / "core" / "schemas" / "preflight.schema.json"
 
-LLAMA_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "intermediate_size": 14336,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rope_theta": 500000.0,
-}
 
 BASE_PROBE: dict[str, Any] = {
     "probe_version": 1,

@@ -4,16 +4,13 @@ answers the OpenAI client, says so in /stats and the headers, and takes the requ
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.qnn.conftest import needs_qnn
+from tests.support.serve import start_serve
 
 pytestmark = [needs_qnn, pytest.mark.slow]
 openai = pytest.importorskip("openai")
@@ -21,35 +18,9 @@ openai = pytest.importorskip("openai")
 
 def test_serve_runs_real_genie_on_the_htp_simulator(local_run: Path, tmp_path: Path) -> None:
     ws = local_run.parent.parent
-    port_file = tmp_path / "port"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hexstudio",
-            "serve",
-            "--board",
-            "sim",
-            "--run",
-            local_run.name,
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-        ],
-        env={**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, port = start_serve(ws, local_run.name, tmp_path / "port", timeout=180)
     try:
-        deadline = time.monotonic() + 180
-        while not port_file.is_file() or not port_file.read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"hexstudio serve did not start: {proc.communicate()[0]}")
-            time.sleep(0.1)
-        base = f"http://127.0.0.1:{port_file.read_text()}"
+        base = f"http://127.0.0.1:{port}"
         c = openai.OpenAI(base_url=base + "/v1", api_key="unused-on-loopback", max_retries=0, timeout=300)
         raw = c.completions.with_raw_response.create(
             model="builtin:tiny-llama",

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support.cli import RUN_BUILTIN
 from tests.support.runs import FAST_QUANTIZE_SETTINGS, run_stages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -315,19 +316,8 @@ def test_cancel_mid_calibration_leaves_nothing_marked_done(tmp_path: Path) -> No
 def test_cli_run_until_validate(tmp_path: Path) -> None:
     """The acceptance command, real aimet-onnx end to end."""
     env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")}
-    cmd = [
-        str(Path(sys.executable).parent / "hexstudio"),
-        "run",
-        "--model",
-        "builtin:tiny-llama",
-        "--board",
-        "sim",
-        "--until",
-        "validate",
-        "--json",
-        "--set",
-        "calibration_samples=4",
-    ]
+    cmd = [str(Path(sys.executable).parent / "hexstudio"), *RUN_BUILTIN, "--until", "validate", "--json"]
+    cmd += ["--set", "calibration_samples=4"]
     p = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     out = json.loads(p.stdout)
     assert p.returncode == 0 and out["ok"], (out, p.stderr[-2000:])

@@ -267,13 +267,7 @@ class EvkBoard:
         its sudo password, must be in the keyring under hexstudio.core.secrets.board_password_key)."""
         if auth == "password":
             return {"host": self.host, "port": self.port, "user": self.user, "auth": "password"}
-        return {
-            "host": self.host,
-            "port": self.port,
-            "user": self.user,
-            "auth": "key",
-            "key_path": str(self.server.client_key_path),
-        }
+        return self.server.key_config(user=self.user)
 
     # -- preparation (as root, on this machine's files under self.root only) ------------------
     def _prepare(self) -> None:

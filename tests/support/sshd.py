@@ -36,6 +36,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,6 +140,12 @@ class SshServer:
     def known_hosts_line(self) -> str:
         kind, b64 = self.host_key_pub.split()[:2]
         return f"[{self.host}]:{self.port} {kind} {b64}"
+
+    def key_config(self, **extra: Any) -> dict[str, Any]:
+        """A board's (or worker host's) connection settings for this server, by the client key; `extra` adds
+        or overrides entries."""
+        cfg: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user, "auth": "key"}
+        return {**cfg, "key_path": str(self.client_key_path), **extra}
 
     @property
     def namespaced(self) -> bool:

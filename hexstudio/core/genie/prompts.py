@@ -59,22 +59,6 @@ def chat_format_for(model_dir: Path | None) -> ChatFormat:
     return load_chat_format(hf, name=name.split("/")[-1])
 
 
-def template_from_chat_template(chat_template: Any) -> str | None:
-    """The template family of a Hugging Face chat template (tokenizer_config.json), or None."""
-    if isinstance(chat_template, list):  # [{"name": "default", "template": "..."}, ...]
-        chat_template = next(
-            (t.get("template") for t in chat_template if isinstance(t, dict) and t.get("name") == "default"),
-            None,
-        )
-    if not isinstance(chat_template, str):
-        return None
-    if "detailed thinking" in chat_template:
-        return "nemotron"
-    if "<|start_header_id|>" in chat_template:
-        return "llama3"
-    return None
-
-
 def template_for(model_dir: Path | None) -> str:
     """'qa' (built-in toy model), 'model' (the model has a chat template), 'plain' (it has none: a base
     model); only when its files cannot be read, from the model's name ('nemotron'), else its family's

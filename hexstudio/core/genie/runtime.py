@@ -42,7 +42,10 @@ if TYPE_CHECKING:
 
 RUNTIMES = ("genie", "geniex")
 DEFAULT_RUNTIME = "genie"
-GENIEX_LAUNCHER = "~/.local/bin/geniex"
+CONFIG = "genie_config.json"  # the basic dialog's config, what helper_argv runs when not told another
+Sampler = dict[str, Any] | None  # the sampler values a helper is started with (None: the config's own)
+# a helper's command line and environment (None: inherit)
+HelperArgv = tuple[list[str], dict[str, str] | None]
 
 
 class RuntimeError_(ActionableError):
@@ -71,13 +74,8 @@ class BoardRuntime:
     dialogs: tuple[str, ...] = ("basic",)  # the Genie dialog types it runs (genie_config.<type>.json)
 
     def helper_argv(
-        self,
-        board: Board,
-        sampler: dict[str, Any] | None,
-        helper_remote: str | None,
-        bundle_dir: str,
-        config: str = "genie_config.json",
-    ) -> tuple[list[str], dict[str, str] | None]:
+        self, board: Board, sampler: Sampler, helper_remote: str | None, bundle_dir: str, config: str = CONFIG
+    ) -> HelperArgv:
         raise NotImplementedError
 
     async def prepare(self, board: Board, bundle_dir: str) -> list[str]:
@@ -99,13 +97,8 @@ class GenieOnBoard(BoardRuntime):
     helper = helper_file("genie_session")
 
     def helper_argv(
-        self,
-        board: Board,
-        sampler: dict[str, Any] | None,
-        helper_remote: str | None,
-        bundle_dir: str,
-        config: str = "genie_config.json",
-    ) -> tuple[list[str], dict[str, str] | None]:
+        self, board: Board, sampler: Sampler, helper_remote: str | None, bundle_dir: str, config: str = CONFIG
+    ) -> HelperArgv:
         cfg = board.config or {}
         py = cfg.get("python") or "python3"
         argv = [
@@ -137,13 +130,8 @@ class GenieHtpSimulator(BoardRuntime):
     title = "Genie 1.21 on the HTP simulator (x86)"
 
     def helper_argv(
-        self,
-        board: Board,
-        sampler: dict[str, Any] | None,
-        helper_remote: str | None,
-        bundle_dir: str,
-        config: str = "genie_config.json",
-    ) -> tuple[list[str], dict[str, str] | None]:
+        self, board: Board, sampler: Sampler, helper_remote: str | None, bundle_dir: str, config: str = CONFIG
+    ) -> HelperArgv:
         from hexstudio.workers.qnn.libs import INSTALL_HINT, find_qnn_libs
 
         libs = find_qnn_libs()
@@ -176,13 +164,8 @@ class OnnxruntimeTwin(BoardRuntime):
     title = "HexStudio's onnxruntime twin of Genie (a stand-in bundle; not Genie)"
 
     def helper_argv(
-        self,
-        board: Board,
-        sampler: dict[str, Any] | None,
-        helper_remote: str | None,
-        bundle_dir: str,
-        config: str = "genie_config.json",
-    ) -> tuple[list[str], dict[str, str] | None]:
+        self, board: Board, sampler: Sampler, helper_remote: str | None, bundle_dir: str, config: str = CONFIG
+    ) -> HelperArgv:
         return python_command(
             "hexstudio.workers.genie_sim.session", "-c", "genie_config.json", *_sampler_args(sampler)
         ), python_env()
@@ -193,13 +176,8 @@ class GenieX(BoardRuntime):
     helper = helper_file("geniex_session")
 
     def helper_argv(
-        self,
-        board: Board,
-        sampler: dict[str, Any] | None,
-        helper_remote: str | None,
-        bundle_dir: str,
-        config: str = "genie_config.json",
-    ) -> tuple[list[str], dict[str, str] | None]:
+        self, board: Board, sampler: Sampler, helper_remote: str | None, bundle_dir: str, config: str = CONFIG
+    ) -> HelperArgv:
         extra = _sampler_args(sampler)
         if board.simulated:  # the simulator's GenieX face (as the Genie helper: this machine's python)
             return python_command(

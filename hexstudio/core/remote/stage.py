@@ -19,18 +19,18 @@ import posixpath
 import time
 import traceback
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from hexstudio.core.device.transport import ConnectionLost, SshTransport
 from hexstudio.core.jobs import (
-    EventHandler,
     Job,
+    JobHooks,
     JobResult,
     JobRunner,
     LocalJob,
-    SampleHandler,
     cancelled_result,
     human_bytes,
+    stderr_record,
 )
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.paths import WORKERS_ROOT
@@ -53,6 +53,9 @@ from hexstudio.core.remote.sync import (
 )
 from hexstudio.core.settings import Settings
 from hexstudio.core.stages import Stage
+
+if TYPE_CHECKING:
+    from typing import Unpack  # 3.11; annotations only (the studio runs on 3.10 too)
 
 # Run settings that name a file on this machine; the file is uploaded and the setting rewritten.
 FILE_SETTINGS = ("calibration_text", "validation_text")
@@ -83,18 +86,15 @@ class RemoteStageJob(Job):
         stage: Stage,
         spec_path: Path,
         *,
-        on_event: EventHandler | None = None,
-        on_sample: SampleHandler | None = None,
-        log_path: Path | None = None,
-        what: str | None = None,
         settings: Settings | None = None,
         grace_s: float = 5.0,
         term_s: float = 3.0,
+        **hooks: Unpack[JobHooks],
     ) -> None:
         super().__init__(
-            what=what or f"The {stage.title} stage",
-            on_event=on_event,
-            on_sample=on_sample,
+            what=hooks.get("what") or f"The {stage.title} stage",
+            on_event=hooks.get("on_event"),
+            on_sample=hooks.get("on_sample"),
             grace_s=grace_s,
             term_s=term_s,
         )
@@ -102,13 +102,10 @@ class RemoteStageJob(Job):
         self.m = manifest
         self.stage = stage
         self.spec_path = spec_path
-        self.log_path = log_path
+        self.log_path = hooks.get("log_path")
         self.settings = settings
         self.remote: RemoteJob | None = None
         self.transport: SshTransport | None = None
-        self.remote_run_dir: str | None = None
-        self.remote_out_dir: str | None = None
-        self.host_info: dict[str, Any] = {}
         self._log: IO[str] | None = None
         self._t0 = time.monotonic()
 
@@ -125,6 +122,9 @@ class RemoteStageJob(Job):
             self._log.write(json.dumps(ev, ensure_ascii=False) + "\n")
         if self.on_event is not None:
             self.on_event(ev)
+
+    def _metric(self, name: str, value: Any, unit: str | None = None) -> None:
+        self._emit("metric", name=name, value=value, unit=unit, scope="worker_host")
 
     def _say(self, message: str, phase: str) -> None:
         self._emit("log", message=message, level="info", phase=phase)
@@ -172,19 +172,7 @@ class RemoteStageJob(Job):
             ) or exc.__class__.__module__.startswith("paramiko")
             if not dropped:
                 if self._log is not None:
-                    self._log.write(
-                        json.dumps(
-                            {
-                                "v": 1,
-                                "type": "log",
-                                "level": "debug",
-                                "t": time.time(),
-                                "stream": "stderr",
-                                "message": traceback.format_exc(),
-                            }
-                        )
-                        + "\n"
-                    )
+                    self._log.write(stderr_record(traceback.format_exc()))
                 return self._fail(
                     "worker_host_failed",
                     f"Running {self.what.lower()} on worker host '{self.host}' failed: "
@@ -215,18 +203,10 @@ class RemoteStageJob(Job):
             "connect",
         )
         self.transport = t = await connect_worker_host(self.host, cfg)
-        self.host_info = info = await check_host(
-            t, self.host, python, STAGE_PACKAGES.get(self.stage.name, ())
-        )
-        self._emit("metric", name="worker_host", value=self.host, scope="worker_host")
-        self._emit(
-            "metric",
-            name="worker_host_memory_bytes",
-            value=info.get("memory_bytes"),
-            unit="bytes",
-            scope="worker_host",
-        )
-        self._emit("metric", name="worker_host_cpu_count", value=info.get("cpu_count"), scope="worker_host")
+        info = await check_host(t, self.host, python, STAGE_PACKAGES.get(self.stage.name, ()))
+        self._metric("worker_host", self.host)
+        self._metric("worker_host_memory_bytes", info.get("memory_bytes"), "bytes")
+        self._metric("worker_host_cpu_count", info.get("cpu_count"))
         self._say(
             f"{t.label}: Python {'.'.join(map(str, info['python']))}, {info.get('cpu_count')} CPUs, "
             f"{(info.get('memory_bytes') or 0) / 2**30:.1f} GiB RAM",
@@ -235,11 +215,9 @@ class RemoteStageJob(Job):
         base = str(cfg.get("root") or posixpath.join(await t.home(), ".cache", "hexstudio"))
         workers_root = await install_workers(t, base)
         rrun = posixpath.join(base, "runs", self.m.run_id)
-        self.remote_run_dir = rrun
         spec = json.loads(self.spec_path.read_text(encoding="utf-8"))
         local_out = Path(spec["out_dir"])
         rout = posixpath.join(rrun, "artifacts", f"{self.stage.name}.partial")
-        self.remote_out_dir = rout
         await host_files(t, python, "reset", rout)  # never resume from half-written output, here either
         # 1. upload the upstream folders this stage reads, and the model's folder when it lives elsewhere
         hashes = LocalHashes()
@@ -293,16 +271,8 @@ class RemoteStageJob(Job):
             stats.sent_bytes += p.stat().st_size
             settings[key] = rfile
             back.append((rfile, str(p)))
-        self._emit(
-            "metric",
-            name="worker_host_upload_bytes",
-            value=stats.sent_bytes,
-            unit="bytes",
-            scope="worker_host",
-        )
-        self._emit(
-            "metric", name="worker_host_upload_skipped_files", value=stats.skipped_files, scope="worker_host"
-        )
+        self._metric("worker_host_upload_bytes", stats.sent_bytes, "bytes")
+        self._metric("worker_host_upload_skipped_files", stats.skipped_files)
         self._say(
             f"upload: {stats.sent_files} file(s), {stats.sent_bytes / 1e6:.1f} MB sent; "
             f"{stats.skipped_files} already there ({time.monotonic() - t_up:.1f} s)",
@@ -356,13 +326,7 @@ class RemoteStageJob(Job):
         t_down = time.monotonic()
         down = await download_tree(t, python, rout, local_out)
         changed = map_json_paths(local_out, back)
-        self._emit(
-            "metric",
-            name="worker_host_download_bytes",
-            value=down.sent_bytes,
-            unit="bytes",
-            scope="worker_host",
-        )
+        self._metric("worker_host_download_bytes", down.sent_bytes, "bytes")
         self._say(
             f"download: {down.sent_files} file(s), {down.sent_bytes / 1e6:.1f} MB "
             f"({time.monotonic() - t_down:.1f} s)"
@@ -436,30 +400,16 @@ async def start_worker_job(
     stage: Stage,
     spec_path: Path,
     *,
-    on_event: EventHandler | None = None,
-    on_sample: SampleHandler | None = None,
-    log_path: Path | None = None,
-    what: str | None = None,
     env: dict[str, str] | None = None,
     memory_need: int | None = None,
+    **hooks: Unpack[JobHooks],
 ) -> LocalJob | RemoteStageJob:
     """The pipeline's one way to start a stage's worker: on the run's worker host for heavy stages when the
     run names one (RemoteStageJob), else on this machine (LocalJob). Both are started when returned."""
     assert stage.worker is not None
     host = remote_host_for(manifest, stage)
     if host is None:
-        return await runner.start_local(
-            stage.worker,
-            spec_path,
-            on_event=on_event,
-            on_sample=on_sample,
-            log_path=log_path,
-            what=what,
-            env=env,
-            memory_need=memory_need,
-        )
-    job = RemoteStageJob(
-        host, manifest, stage, spec_path, on_event=on_event, on_sample=on_sample, log_path=log_path, what=what
-    )
+        return await runner.start_local(stage.worker, spec_path, env=env, memory_need=memory_need, **hooks)
+    job = RemoteStageJob(host, manifest, stage, spec_path, **hooks)
     await job.start()
     return job

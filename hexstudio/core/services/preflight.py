@@ -17,8 +17,6 @@ from hexstudio.workers.shared import modelinfo, wslconfig
 from hexstudio.workers.shared.preflight_checks import MEMORY_MARGIN, meminfo, probe, run_checks
 from hexstudio.workers.shared.run_settings import ResolvedSettings, resolve_settings
 
-ESTIMATE_SETTINGS = ("context_length", "ar_n", "parts", "calibration_samples", "calibration_seq_len")
-
 
 def run_settings(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The settings a new run would get (DEFAULT_RUN_SETTINGS + the user's run_defaults), with the

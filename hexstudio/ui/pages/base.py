@@ -127,7 +127,6 @@ class StagePage(QWidget):
         self.rerun_button.clicked.connect(lambda: self.start(force=True))
         head.addWidget(self.run_button)
         head.addWidget(self.rerun_button)
-        self.head_layout = head
         self.body.addLayout(head)
         self.summary_label = note(self.stage.summary)
         self.body.addWidget(self.summary_label)

@@ -78,13 +78,9 @@ class SharedData:
         self.offset = 0
         self.index: dict[tuple[str, str], tuple[int, int]] = {}
         self.users = 0
-        self.reused_bytes = 0
 
     def find(self, name: str, key: str) -> tuple[int, int] | None:
-        hit = self.index.get((name, key))
-        if hit is not None:
-            self.reused_bytes += hit[1]
-        return hit
+        return self.index.get((name, key))
 
     def release(self) -> None:
         self.users -= 1

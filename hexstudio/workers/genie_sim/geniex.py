@@ -32,12 +32,11 @@ import argparse
 import json
 import os
 import sys
-import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.genie_sim.commands import read_commands
+from hexstudio.workers.genie_sim.commands import OnText, emit, serve_commands
 from hexstudio.workers.genie_sim.geniex_model import (
     SIM_LABEL,
     GenieXError,
@@ -199,16 +198,6 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return 0
 
 
-_out_lock = threading.Lock()
-
-
-def emit(obj: dict[str, Any]) -> None:
-    line = json.dumps(obj, ensure_ascii=True) + "\n"
-    with _out_lock:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-
-
 def cmd_session(args: argparse.Namespace) -> int:
     sampler = json.loads(args.sampler) if args.sampler else None
     try:
@@ -231,45 +220,13 @@ def cmd_session(args: argparse.Namespace) -> int:
             "profile": True,
         }
     )
-    ops, abort = read_commands(emit)
-    while True:
-        msg = ops.get()
-        if msg is None or msg.get("op") == "quit":
-            return 0
-        op = msg.get("op")
-        if op == "reset":
-            model.reset()
-            emit({"event": "reset"})
-        elif op == "sampler":  # GenieX takes the sampler per generate(): from the next query on, no reload
-            given = msg.get("sampler")
-            emit(
-                {
-                    "event": "sampler",
-                    "applied": True,
-                    "sampler": model.dialog.apply_sampler(given if isinstance(given, dict) else {}),
-                }
-            )
-        elif op == "query":
-            qid = msg.get("id")
-            abort.clear()
 
-            def on_text(text: str, tokens: int = 1, qid: Any = qid) -> None:
-                emit({"event": "text", "id": qid, "text": text, "tokens": tokens, "mono": time.monotonic()})
+    def query(msg: dict[str, Any], on_text: OnText, aborted: Callable[[], bool]) -> dict[str, Any]:
+        pd, q = model.generate(str(msg.get("prompt", "")), msg.get("max_tokens"), on_text, aborted)
+        return {"state": q["state"], "status": 0, "geniex_profile": pd, "n_past": q["n_past"]}
 
-            pd, q = model.generate(str(msg.get("prompt", "")), msg.get("max_tokens"), on_text, abort.is_set)
-            state = q["state"]
-            emit(
-                {
-                    "event": "end",
-                    "id": qid,
-                    "state": state,
-                    "status": 0,
-                    "geniex_profile": pd,
-                    "n_past": q["n_past"],
-                }
-            )
-        else:
-            emit({"event": "error", "code": "bad_request", "message": f"unknown op {op!r}"})
+    # GenieX takes the sampler per generate(): from the next query on, no reload
+    return serve_commands(emit, model.reset, model.dialog.apply_sampler, query)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

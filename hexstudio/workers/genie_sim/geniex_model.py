@@ -20,7 +20,6 @@ from hexstudio.workers.shared.errors import ActionableError
 LLAMA_CPP_HASH = "simulated"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant."  # the qairt plugin's (llm.cpp kDefaultSystemPrompt)
 SIM_LABEL = "(HexStudio simulator)"
-PREFILL_CHUNK = 128  # the qairt engine pads a prompt to 128-token prefill chunks
 # metadata.json model_id prefix -> the plugin's pipeline (models/dispatch.h), in its order
 DISPATCH: tuple[tuple[str, str], ...] = (
     ("qwen2_5_vl_", "vlm"),

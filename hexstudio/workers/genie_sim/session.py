@@ -17,22 +17,13 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.genie_sim.commands import read_commands
+from hexstudio.workers.genie_sim.commands import OnText, emit, serve_commands
 from hexstudio.workers.genie_sim.t2t import GENIE_API_VERSION, RUNNER, GenieLoadError, SimDialog, profile_doc
-
-_out_lock = threading.Lock()
-
-
-def emit(obj: dict[str, Any]) -> None:
-    line = json.dumps(obj, ensure_ascii=True) + "\n"
-    with _out_lock:
-        sys.stdout.write(line)
-        sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,62 +60,34 @@ def main(argv: list[str] | None = None) -> int:
             "profile": True,
         }
     )
-    ops, abort = read_commands(emit)
-    while True:
-        msg = ops.get()
-        if msg is None or msg.get("op") == "quit":
-            return 0
-        op = msg.get("op")
-        if op == "reset":
-            dialog.reset()
-            emit({"event": "reset"})
-        elif op == "sampler":  # per-request sampler values on the loaded dialog (no reload)
-            given = msg.get("sampler")
+
+    def query(msg: dict[str, Any], on_text: OnText, aborted: Callable[[], bool]) -> dict[str, Any] | None:
+        t0 = time.perf_counter()
+        try:
+            q = dialog.query(str(msg.get("prompt", "")), msg.get("max_tokens"), on_text, aborted)
+        except Exception as exc:  # never leave the caller waiting for an end that will not come
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
             emit(
                 {
-                    "event": "sampler",
-                    "applied": True,
-                    "sampler": dialog.apply_sampler(given if isinstance(given, dict) else {}),
+                    "event": "error",
+                    "id": msg.get("id"),
+                    "code": "query_failed",
+                    "message": f"the simulated query failed: {type(exc).__name__}: {exc}",
                 }
             )
-        elif op == "query":
-            qid = msg.get("id")
-            abort.clear()
-            t0 = time.perf_counter()
+            return None
+        state = q["state"]
+        return {
+            "state": state,
+            "status": 4 if state == "context_full" else 0,
+            "profile": profile_doc(dialog.init_us, q),
+            "n_past": q["n_past"],
+            "wall_ms": round((time.perf_counter() - t0) * 1000, 3),
+        }
 
-            def on_text(text: str, tokens: int = 1, qid: Any = qid) -> None:
-                emit({"event": "text", "id": qid, "text": text, "tokens": tokens, "mono": time.monotonic()})
-
-            try:
-                q = dialog.query(str(msg.get("prompt", "")), msg.get("max_tokens"), on_text, abort.is_set)
-            except Exception as exc:  # never leave the caller waiting for an end that will not come
-                import traceback
-
-                traceback.print_exc(file=sys.stderr)
-                emit(
-                    {
-                        "event": "error",
-                        "id": qid,
-                        "code": "query_failed",
-                        "message": f"the simulated query failed: {type(exc).__name__}: {exc}",
-                    }
-                )
-                continue
-            state = q["state"]
-            doc = profile_doc(dialog.init_us, q)
-            emit(
-                {
-                    "event": "end",
-                    "id": qid,
-                    "state": state,
-                    "status": 4 if state == "context_full" else 0,
-                    "profile": doc,
-                    "n_past": q["n_past"],
-                    "wall_ms": round((time.perf_counter() - t0) * 1000, 3),
-                }
-            )
-        else:
-            emit({"event": "error", "code": "bad_request", "message": f"unknown op {op!r}"})
+    return serve_commands(emit, dialog.reset, dialog.apply_sampler, query)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hexstudio.workers.shared.errors import ActionableError
 
@@ -173,22 +174,32 @@ class GraphInfo(C.Structure):
     _fields_ = [("version", C.c_int), ("v", GraphInfoV3)]
 
 
+# What every QnnSystemContext_BinaryInfoV*_t starts with, and the context tensors and graphs each one carries
+# (V1 and V3 place them alike; between and after them the versions differ).
+_BINARY_INFO_HEAD: list[tuple[str, Any]] = [
+    ("backendId", C.c_uint32),
+    ("buildId", C.c_char_p),
+    ("coreApiVersion", Version),
+    ("backendApiVersion", Version),
+    ("socVersion", C.c_char_p),
+]
+_BINARY_INFO_GRAPHS: list[tuple[str, Any]] = [
+    ("numContextTensors", C.c_uint32),
+    ("contextTensors", C.POINTER(Tensor)),
+    ("numGraphs", C.c_uint32),
+    ("graphs", C.POINTER(GraphInfo)),
+]
+
+
 class BinaryInfoV1(C.Structure):
     _fields_ = [
-        ("backendId", C.c_uint32),
-        ("buildId", C.c_char_p),
-        ("coreApiVersion", Version),
-        ("backendApiVersion", Version),
-        ("socVersion", C.c_char_p),
+        *_BINARY_INFO_HEAD,
         ("hwInfoBlobVersion", Version),
         ("contextBlobVersion", Version),
         ("hwInfoBlobSize", C.c_uint32),
         ("hwInfoBlob", C.c_void_p),
         ("contextBlobSize", C.c_uint64),
-        ("numContextTensors", C.c_uint32),
-        ("contextTensors", C.POINTER(Tensor)),
-        ("numGraphs", C.c_uint32),
-        ("graphs", C.POINTER(GraphInfo)),
+        *_BINARY_INFO_GRAPHS,
     ]
 
 
@@ -198,17 +209,10 @@ class BinaryInfoV2(C.Structure):
 
 class BinaryInfoV3(C.Structure):
     _fields_ = [
-        ("backendId", C.c_uint32),
-        ("buildId", C.c_char_p),
-        ("coreApiVersion", Version),
-        ("backendApiVersion", Version),
-        ("socVersion", C.c_char_p),
+        *_BINARY_INFO_HEAD,
         ("contextBlobVersion", Version),
         ("contextBlobSize", C.c_uint64),
-        ("numContextTensors", C.c_uint32),
-        ("contextTensors", C.POINTER(Tensor)),
-        ("numGraphs", C.c_uint32),
-        ("graphs", C.POINTER(GraphInfo)),
+        *_BINARY_INFO_GRAPHS,
         ("platformInfo", C.c_void_p),
         ("contextMetadataSize", C.c_uint32),
         ("contextMetadata", C.c_void_p),

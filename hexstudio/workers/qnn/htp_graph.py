@@ -35,7 +35,6 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -346,16 +345,6 @@ def genie_feed_quant(models: Iterable[onnx.ModelProto]) -> dict[str, tuple[float
                     t.name, (float(t.scale), -int(t.zero_point or 0), 8 if t.dtype == "uint8" else 16)
                 )
     return quant
-
-
-def io_doc(t: IoTensor) -> dict[str, Any]:
-    return {
-        "name": t.name,
-        "dtype": t.dtype,
-        "shape": list(t.shape),
-        "scale": t.scale,
-        "zero_point": t.zero_point,
-    }
 
 
 def load_sim_graph(path: Path) -> onnx.ModelProto:

@@ -98,13 +98,6 @@ def pp_mask(s: int, cl: int, n_valid: int) -> np.ndarray:
     return m
 
 
-def tg_mask(cl: int, n_past: int) -> np.ndarray:
-    m: np.ndarray = np.full((1, 1, 1, cl), MASK_VALUE, dtype=np.float32)
-    m[0, 0, 0, :n_past] = 0.0
-    m[0, 0, 0, cl - 1] = 0.0
-    return m
-
-
 def blocks_from_windows(windows: list[list[int]], ar_n: int) -> list[Block]:
     out = []
     for w in windows:
@@ -113,13 +106,6 @@ def blocks_from_windows(windows: list[list[int]], ar_n: int) -> list[Block]:
             n = len(chunk)
             out.append(Block(chunk + [chunk[-1]] * (ar_n - n), n, off))
     return out
-
-
-def tg_positions(n_valid: int, per_block: int) -> list[int]:
-    """Positions inside a block at which the token generator is calibrated (past = tokens before)."""
-    if n_valid < 2:
-        return []
-    return sorted(set(np.linspace(1, n_valid - 1, num=per_block).astype(int).tolist()))
 
 
 def resolve_hf_dir(model_json: dict[str, Any], model_dir: Path) -> Path:

@@ -447,15 +447,6 @@ def link_graph(src: Path, dst: Path, data_name: str) -> None:
     onnx.save(model, str(dst))
 
 
-def copy_graph(src: Path, dst: Path, data_name: str) -> None:
-    """`src` (+ its external data) as `dst` with its weights in `data_name` beside it, one tensor at a time."""
-    import onnx
-
-    model = onnx.load(str(src), load_external_data=False)
-    stream_weights(model, src.parent, dst.parent / data_name)
-    onnx.save(model, str(dst))
-
-
 def _to_opset(model: Any, version: int) -> Any:
     """Raise the opset of a graph whose weights are external (the converter sees only references)."""
     from hexstudio.workers.compat import convert_version

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from hexstudio.workers.quant.units import BLOCK_BYTES, EMBED_LEVEL, HEAD_LEVEL, _numel, plan_units
+from hexstudio.workers.quant.units import BLOCK_BYTES, EMBED_LEVEL, HEAD_LEVEL, _numel, plan_units, unit_label
 
 ELEMENTWISE = ("QuantizeLinear", "DequantizeLinear", "Identity", "Cast")
 
@@ -41,15 +41,7 @@ class RunUnit:
 
     @property
     def label(self) -> str:
-        if self.level == EMBED_LEVEL:
-            return "embedding"
-        if self.level == HEAD_LEVEL:
-            return (
-                "lm_head"
-                if self.columns is None
-                else f"lm_head columns {self.columns[0]}-{self.columns[1] - 1}"
-            )
-        return f"layer {self.level}"
+        return unit_label(self.level, self.columns)
 
     def to_json(self) -> dict[str, Any]:
         return {

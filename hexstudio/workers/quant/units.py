@@ -42,6 +42,15 @@ EMBED_LEVEL = -1
 HEAD_LEVEL = 1 << 30
 
 
+def unit_label(level: int, columns: tuple[int, int] | None) -> str:
+    """A unit as messages name it: the embedding, the lm_head (or its chunk of columns) or layer N."""
+    if level == EMBED_LEVEL:
+        return "embedding"
+    if level == HEAD_LEVEL:
+        return "lm_head" if columns is None else f"lm_head columns {columns[0]}-{columns[1] - 1}"
+    return f"layer {level}"
+
+
 @dataclass(frozen=True)
 class TableSource:
     """A 2-D float32 weight in an external data file."""
@@ -79,17 +88,9 @@ class Unit:
 
     @property
     def label(self) -> str:
-        if self.level == EMBED_LEVEL:
-            if self.vocab_rows is None or self.table_source is None:
-                return "embedding"
+        if self.level == EMBED_LEVEL and self.vocab_rows is not None and self.table_source is not None:
             return f"embedding ({len(self.vocab_rows)} of {self.table_source.rows} rows)"
-        if self.level == HEAD_LEVEL:
-            return (
-                "lm_head"
-                if self.columns is None
-                else f"lm_head columns {self.columns[0]}-{self.columns[1] - 1}"
-            )
-        return f"layer {self.level}"
+        return unit_label(self.level, self.columns)
 
     @property
     def key(self) -> tuple[int, tuple[int, int] | None]:

@@ -110,7 +110,6 @@ AIHUB_UPLOAD_ZIP_RATIO = 27.09 / 36.01
 AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM = 0.256  # the bench's slope above 2 x 2 B per layer parameter
 SIM_BYTES_PER_LAYER_PARAM = 0.5625
 WHOLE_QUANTSIM_BYTES_PER_PARAM = 23.0  # whole-model QuantSim: bytes per parameter of the whole model
-FIXED_OVERHEAD_BYTES = QUANTIZE_FIXED_BYTES
 
 
 class ModelInfoError(ActionableError, ValueError):

@@ -110,7 +110,6 @@ class Emitter:
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream if stream is not None else sys.stdout
         self._lock = threading.Lock()
-        self.done_sent = False
 
     def emit(self, etype: str, **fields: Any) -> None:
         ev: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": etype, "t": round(time.time(), 6)}
@@ -119,8 +118,6 @@ class Emitter:
         with self._lock:
             self._stream.write(line + "\n")
             self._stream.flush()
-            if etype == "done":
-                self.done_sent = True
 
     def progress(self, fraction: float, message: str = "", **extra: Any) -> None:
         self.emit("progress", fraction=min(1.0, max(0.0, float(fraction))), message=message, **extra)

@@ -35,17 +35,6 @@ import numpy as np
 from hexstudio.workers.shared.config_bounds import check_config
 from hexstudio.workers.shared.errors import ActionableError
 
-# rope types Genie 1.13's validator accepts in positional-encoding.rope-scaling
-GENIE_ROPE_TYPES = ("llama3", "default", "longrope")
-ROPE_SCALING_KEYS = (
-    "rope-type",
-    "factor",
-    "low-freq-factor",
-    "high-freq-factor",
-    "original-max-position-embeddings",
-    "short-factor",
-    "long-factor",
-)
 # how close Genie's tables must come to the model's (relative to the largest inverse frequency)
 TOLERANCE = 1e-6
 

@@ -161,12 +161,6 @@ def genie_positional_encoding(hf_config: dict[str, Any], context_size: int) -> d
         raise BundleError(str(exc)) from None
 
 
-def genie_rope_scaling(hf_config: dict[str, Any], context_size: int = 4096) -> dict[str, Any] | None:
-    """The rope-scaling Genie gets for this model (None without scaling); raises BundleError for a rope Genie
-    cannot express (the inspect-time check)."""
-    return genie_positional_encoding(hf_config, context_size).get("rope-scaling")
-
-
 def ctx_bin_name(model: str, part: int, parts: int) -> str:
     """A context binary's name as qai-hub-models writes it: `<model>_part_{i}_of_{n}.bin`."""
     return f"{model}_part_{part}_of_{parts}.bin"

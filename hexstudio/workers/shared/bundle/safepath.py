@@ -138,21 +138,6 @@ def check_bundle_files(files: object, entry: str = "bundle.json files") -> list[
 RESERVED = frozenset({"bundle.json", ".hexstudio-pushed.json"})
 
 
-GRAPH_PATH_KEYS = ("onnx", "encodings", "sim_onnx", "float_onnx", "data", "sim_data")
-
-
-def check_graphs(graphs: object, root: Path | str, entry: str = "graphs.json") -> None:
-    """graphs.json (or quantize.json) `graphs`: every file path it names, checked and resolved under `root`."""
-    if not isinstance(graphs, list):
-        raise UnsafePath(f"{entry} graphs", type(graphs).__name__, "it must be a list of graphs")
-    for i, g in enumerate(graphs):
-        if not isinstance(g, dict):
-            raise UnsafePath(f"{entry} graphs[{i}]", g, "it is not an object")
-        for key in GRAPH_PATH_KEYS:
-            if g.get(key) is not None:
-                resolve_under(root, g[key], f"{entry} graphs[{i}].{key}")
-
-
 # keys of genie_config.json whose values (a string or a list of strings) name files of the bundle, wherever they
 # sit (one engine or a list of them for speculative decoding's target and draft, LoRA adapters, embeddings)
 GENIE_PATH_KEYS = frozenset(

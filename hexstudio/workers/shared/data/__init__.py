@@ -67,11 +67,6 @@ def builtin_model_dir(model_id: str = "builtin:tiny-llama") -> Path:
     return data_path(BUILTIN_MODEL[0], BUILTIN_MODELS[model_id])
 
 
-def builtin_text(name: str) -> Path:
-    """The built-in `calibration` or `validation` text file."""
-    return data_path(*BUILTIN_TEXT, f"{name}.txt")
-
-
 def recipes_dir() -> Path:
     """The folder of the environment recipes (validated.txt, current.txt)."""
     return data_path(*RECIPES)
