@@ -16,7 +16,7 @@ import pytest
 from hexstudio.workers.runtime import WorkerError
 from hexstudio.workers.shared.bundle import speculative as sp
 from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
-from hexstudio.workers.shared.run_settings import run_settings_of
+from hexstudio.workers.shared.run_settings import RunSettings, check, run_settings_of
 from tests.qnn.conftest import needs_qnn
 
 BUILTIN_CONFIG = (
@@ -104,8 +104,10 @@ def test_what_a_model_cannot_have_is_refused_with_the_reason_before_anything_com
     big = {**hf, "vocab_size": 32000}
     assert check_speculative(big, q, run_settings_of({"speculative_dialogs": "lade,spd"})) == ["lade", "spd"]
     assert "AR-16" in str(sp.lade_problem([1, 16], sp.Lade()))  # a step of 48 tokens needs AR >= 48
+    # refused when set (the setting's check), and again by the compile for a spec that bypassed it
+    assert "SSD training" in str(check("speculative_dialogs", "lade,ssd-q1"))
     with pytest.raises(WorkerError, match="SSD training"):
-        check_speculative(big, q, run_settings_of({"speculative_dialogs": "ssd-q1"}))
+        check_speculative(big, q, RunSettings(speculative_dialogs="ssd-q1"))
     assert "same tokenizer" in str(sp.spd_problem(sp.Spd(), 32000, 32064, [1, 128]))
 
 

@@ -799,6 +799,12 @@ def check(name: str, value: Any) -> str | None:
     given and what is expected); None when it is, or when `name` is not a run setting (a test hook)."""
     s = SETTINGS.get(name)
     why = None if s is None else _check_value(s, name, value)
+    if why is not None and name == "speculative_dialogs" and isinstance(value, str):
+        from hexstudio.workers.shared.bundle.speculative import REFUSED
+
+        for t in (x.strip() for x in value.split(",")):
+            if t in REFUSED:  # a dialog Genie has but HexStudio cannot build: say why, not only the choices
+                return f"speculative_dialogs: {REFUSED[t]}"
     if why is None and name in (
         "context_lengths",
         "ar_sizes",
