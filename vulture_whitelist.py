@@ -8,14 +8,6 @@ module-level functions, constants and class fields; `_.name` is an attribute or 
 # ruff: noqa: B018, F821
 # (this file is never run: vulture only reads the names in it)
 
-# Stage actions: hexstudio/core/stages.py names each stage's action by its dotted path (a string) and loads
-# it when the stage runs; board_still_in_place is the Board stage's reuse check, named the same way.
-run_board_stage  # hexstudio/core/device/stage.py
-board_still_in_place  # hexstudio/core/device/stage.py
-run_evaluate_stage  # hexstudio/core/eval/stage.py
-run_chat_stage  # hexstudio/core/genie/stage.py
-run_report_stage  # hexstudio/core/reports/stage.py
-
 # Public helpers the tests, the benches or the docs call (the studio itself does not, yet they are its API).
 render_calls  # hexstudio/core/eval/toolcall.py (tests/eval/test_toolcall.py)
 hf_home  # hexstudio/core/hf.py (tests/support/fake_hub.py, tests/core/test_hf_*.py)

@@ -111,3 +111,14 @@ def test_every_code_folder_is_a_regular_package() -> None:
         and not (d / "__init__.py").is_file()
     )
     assert not missing, f"folders of modules without __init__.py: {missing}"
+
+
+def test_every_built_in_stage_action_is_registered_not_named_by_path() -> None:
+    """The studio's own stages name their action and recheck in hexstudio/core/stage_actions.py (imported with
+    plain import statements, which the contracts see); "module:function" is left to stages from outside."""
+    from hexstudio.core.stage_actions import ACTIONS, RECHECKS
+    from hexstudio.core.stages import STAGES
+
+    actions = [s for s in STAGES if s.action is not None]
+    assert actions and all(s.action in ACTIONS for s in actions), [s.action for s in actions]
+    assert all(s.recheck in RECHECKS for s in STAGES if s.recheck is not None)

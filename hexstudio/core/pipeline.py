@@ -19,18 +19,20 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from hexstudio.core import stage_actions
 from hexstudio.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler, human_bytes
 from hexstudio.core.manifest import ManifestError, RunManifest, boot_id, now_iso
 from hexstudio.core.remote import RemoteStageJob
 from hexstudio.core.runs import RunBusy, RunLock, artifacts_dir, stage_log_path
 from hexstudio.core.sampler import ResourceSample
+from hexstudio.core.stage_actions import Recheck
 from hexstudio.core.stage_api import (
     WORKER_RUN_ENV,
     StageAction,
@@ -183,12 +185,9 @@ class Pipeline:
         skipped; False, and the stage runs again, when what it produced is no longer as it left it."""
         if stage.recheck is None:
             return True
-        mod_name, func_name = stage.recheck.split(":")
         jobs_log.info("run %s: %s is current: checking that it is still in place", self.m.run_id, stage.name)
         try:
-            fn: Callable[[RunManifest], Awaitable[str | None]] = getattr(
-                importlib.import_module(mod_name), func_name
-            )
+            fn: Recheck = stage_actions.load(stage.recheck, stage_actions.RECHECKS)
             why = await fn(self.m)
         except Exception as exc:  # cannot tell: run it again rather than trust it
             why = f"it could not be checked ({type(exc).__name__}: {exc})"
@@ -454,12 +453,11 @@ class Pipeline:
         self, stage: Stage, partial: Path, handle: EventHandler, sample: SampleHandler, log_path: Path
     ) -> JobResult:
         assert stage.action is not None
-        mod_name, func_name = stage.action.split(":")
         t0 = time.monotonic()
         try:
-            if importlib.util.find_spec(mod_name) is None:
-                return _not_implemented(stage)
-            fn: StageAction = getattr(importlib.import_module(mod_name), func_name)
+            fn: StageAction = stage_actions.load(stage.action, stage_actions.ACTIONS)
+        except LookupError:
+            return _not_implemented(stage)
         except (ImportError, AttributeError) as exc:  # the module is there but broken: say what failed
             jobs_log.exception(
                 "run %s: the %s stage's action %s cannot be loaded", self.m.run_id, stage.name, stage.action

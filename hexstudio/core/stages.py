@@ -2,8 +2,8 @@
 
 A stage is either a worker process (`worker="hexstudio.workers.<name>"`, heavy or
 long work, run by the job runner) or an in-process async action
-(`action="module:function"`, board/chat/report work that talks to the board
-or reads the run). Both speak the worker protocol (hexstudio/workers/shared/protocol.py).
+(`action="board"`: a name registered in hexstudio/core/stage_actions.py, board/chat/evaluate/report work
+that talks to the board or reads the run; a stage from outside the studio may give "module:function"). Both speak the worker protocol (hexstudio/workers/shared/protocol.py).
 
 `inputs` names what a stage's results depend on: the run inputs it names here
 (model, board) and the run settings that declare the stage in the registry of
@@ -126,7 +126,7 @@ class Stage:
     gate_text: str
     verdict: Callable[[RunView], GateResult]  # the stage's own test, once it completed with its outputs
     worker: str | None = None
-    action: str | None = None
+    action: str | None = None  # hexstudio/core/stage_actions.py ACTIONS (or "module:function")
     version: int = 1
     heavy: bool = False
     # what later stages depend on, when the outputs' bytes change on every run without meaning anything new:
@@ -134,7 +134,8 @@ class Stage:
     # unchanged re-run (the Board stage: the same bundle pushed to the same board again; board.json records
     # times and rates) does not make Chat and Evaluate stale
     digest_from_summary: bool = False
-    # "module:function", an async function(manifest) -> str | None, asked before the stage is skipped as current:
+    # a name in hexstudio/core/stage_actions.py RECHECKS (or "module:function"), an async function(manifest) ->
+    # str | None, asked before the stage is skipped as current:
     # None when what it produced is still in place, else why not, and the stage runs again. The Board stage's
     # output lives on the board, where anyone with the board's login can change it (issue 27: on --resume chat and
     # evaluate ran on a bundle tampered there): its sha256 are computed on the board again.
@@ -229,9 +230,9 @@ STAGES: tuple[Stage, ...] = (
         outputs=("board.json",),
         gate_text="The doctor passes and the bundle on the board matches the local one.",
         verdict=_verdict_board,
-        action="hexstudio.core.device.stage:run_board_stage",
+        action="board",
         digest_from_summary=True,
-        recheck="hexstudio.core.device.stage:board_still_in_place",
+        recheck="board_still_in_place",
     ),
     Stage(
         name="chat",
@@ -242,7 +243,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=("chat.json",),
         gate_text="A reply was generated and its profile parsed.",
         verdict=_verdict_done,
-        action="hexstudio.core.genie.stage:run_chat_stage",
+        action="chat",
     ),
     Stage(
         name="evaluate",
@@ -255,7 +256,7 @@ STAGES: tuple[Stage, ...] = (
         gate_text="Every suite scored on each leg; the board's greedy continuation matches the host quantized "
         "simulation token for token (N/N).",
         verdict=_verdict_evaluate,
-        action="hexstudio.core.eval.stage:run_evaluate_stage",
+        action="evaluate",
     ),
     Stage(
         name="report",
@@ -266,7 +267,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=("report.html", "report.json"),
         gate_text="The report is written.",
         verdict=_verdict_done,
-        action="hexstudio.core.reports.stage:run_report_stage",
+        action="report",
     ),
 )
 
