@@ -23,12 +23,12 @@ read_metadata  # hexstudio/workers/bundle_metadata.py (tests/compile, tests/qnn,
 BUILTIN_DIR  # hexstudio/workers/model.py (tests/core/test_run_settings.py)
 dequantize_weight  # hexstudio/workers/quant/qdq.py (tests/quantize/test_units.py)
 STEPS  # hexstudio/workers/quant/smoke.py (tests/model/test_export_fidelity.py)
-genie_rope  # hexstudio/workers/shared/bundle/__init__.py (tests/compile/test_bundle.py)
-acceptance  # hexstudio/workers/shared/bundle/speculative.py (tests/qnn/test_speculative.py)
-ERROR_KEYS  # hexstudio/workers/shared/errors.py (tests/core/test_errors.py)
-unregister_family  # hexstudio/workers/shared/families.py (tests/core/test_family_seam.py; the plug-in seam)
-event_json_schema  # hexstudio/workers/shared/protocol.py (tests/core/test_foundation.py, WORKER_PROTOCOL.md)
-markdown_table  # hexstudio/workers/shared/run_settings.py (tests/core/test_run_settings.py, docs/settings.md)
+genie_rope  # hexstudio/shared/bundle/__init__.py (tests/compile/test_bundle.py)
+acceptance  # hexstudio/shared/bundle/speculative.py (tests/qnn/test_speculative.py)
+ERROR_KEYS  # hexstudio/shared/errors.py (tests/core/test_errors.py)
+unregister_family  # hexstudio/shared/families.py (tests/core/test_family_seam.py; the plug-in seam)
+event_json_schema  # hexstudio/shared/protocol.py (tests/core/test_foundation.py, WORKER_PROTOCOL.md)
+markdown_table  # hexstudio/shared/run_settings.py (tests/core/test_run_settings.py, docs/settings.md)
 _.plain_text  # hexstudio/ui/chat_view.py (tests/gui)
 _.comparison_html  # hexstudio/ui/dialogs/runs.py (tests/gui/test_studio_ui.py)
 _.last_result  # hexstudio/ui/controller.py (tests/gui read what the last stage returned)
@@ -37,8 +37,8 @@ _.last_result  # hexstudio/ui/controller.py (tests/gui read what the last stage 
 EXIT_OK  # hexstudio/cli/common.py: the CLI's exit codes 0/1/2, beside EXIT_FAILED and EXIT_USAGE
 SENTENCE_END  # hexstudio/workers/board/genie_session.py: GenieDialog_SentenceCode_t, unpacked whole
 ERR_FILE_NOT_FOUND  # hexstudio/workers/genie_sim/geniex_serve.py: GenieX's error codes, as its header has them
-EVENT_TYPES  # hexstudio/workers/shared/protocol.py: the protocol's event types (its docstring names them)
-LLAMA  # hexstudio/workers/shared/families.py: each family is registered where it is defined (and
+EVENT_TYPES  # hexstudio/shared/protocol.py: the protocol's event types (its docstring names them)
+LLAMA  # hexstudio/shared/families.py: each family is registered where it is defined (and
 QWEN2  # importable by name for a plug-in that derives its own from it)
 QWEN3
 MISTRAL
@@ -74,21 +74,21 @@ _.argmax_agreement
 logits_argmax_agreement
 logits_mean_code_error
 logits_max_code_error
-calibration  # hexstudio/workers/shared/artifacts.py (the stage documents)
+calibration  # hexstudio/shared/artifacts.py (the stage documents)
 weight_sharing
 encodings_version
 tool
 aihub_jobs
 qairt_full_version
-eos_token_ids  # hexstudio/workers/shared/chat_template.py
-intermediate_size  # hexstudio/workers/shared/families.py (a family's config.json key names, read by name)
-sim_cycles  # hexstudio/workers/shared/predict.py (the prediction document)
+eos_token_ids  # hexstudio/shared/chat_template.py
+intermediate_size  # hexstudio/shared/families.py (a family's config.json key names, read by name)
+sim_cycles  # hexstudio/shared/predict.py (the prediction document)
 input_fill_bytes
 intermediate_fill_bytes
 intermediate_spill_bytes
 output_spill_bytes
 embedding
-override_gates  # hexstudio/workers/shared/run_settings.py (run settings, read by name)
+override_gates  # hexstudio/shared/run_settings.py (run settings, read by name)
 eval_suites
 
 # Attributes set for a library that reads them: paramiko (SSH timeouts, SFTP request size), tarfile,
@@ -111,7 +111,7 @@ _.force_exit
 protocol_version  # hexstudio/workers/genie_sim/geniex_serve.py (BaseHTTPRequestHandler)
 server_version
 _.daemon_threads  # (ThreadingHTTPServer)
-tags  # hexstudio/workers/shared/chat_template.py (jinja2.ext.Extension.tags)
+tags  # hexstudio/shared/chat_template.py (jinja2.ext.Extension.tags)
 
 # Overrides a framework calls: uvicorn's protocol and server, http.server's handler, Qt's events.
 _.send_400_response  # hexstudio/serve/server.py

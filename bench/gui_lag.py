@@ -26,7 +26,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 FLOOD = r"""
 import sys, time
-from hexstudio.workers.shared.protocol import Emitter
+from hexstudio.shared.protocol import Emitter
 em = Emitter(sys.stdout)
 rate, seconds = int(sys.argv[1]), float(sys.argv[2])
 t0 = time.monotonic(); n = 0

@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quantize_memory as qm
 
-from hexstudio.workers.shared.data import builtin_model_dir
+from hexstudio.shared.data import builtin_model_dir
 
 REPO = qm.REPO
 HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 4096, 14336, 32, 8, 128256
@@ -135,8 +135,8 @@ from pathlib import Path
 from hexstudio.workers.qnn.bundle import prepare_htp_graphs
 from hexstudio.workers.qnn.compile import compile_part, read_back
 from hexstudio.workers.qnn.ep import HtpTarget
-from hexstudio.workers.shared.bundle import device_info
-from hexstudio.workers.shared.protocol import Emitter
+from hexstudio.shared.bundle import device_info
+from hexstudio.shared.protocol import Emitter
 qdir, work = Path(sys.argv[1]), Path(sys.argv[2])
 q = json.loads((qdir / "quantize.json").read_text())
 dev = device_info("Dragonwing IQ-9075 EVK")

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hexstudio.core.services.predict import PredictPlan, PredictRequest, plan, run_prediction  # noqa: E402
-from hexstudio.workers.shared.predict import target_for_device  # noqa: E402
+from hexstudio.shared.predict import target_for_device  # noqa: E402
 
 # AI Hub perf.yaml, W4A16, context 4096, SA8775P (facts/numbers.md): tok/s, TTFT ms (one 128-token pass, 4096)
 PUBLISHED: dict[str, dict[str, float]] = {

@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hexstudio.workers.shared.data import builtin_model_dir
-from hexstudio.workers.shared.worker_spec import WorkerSpec
+from hexstudio.shared.data import builtin_model_dir
+from hexstudio.shared.worker_spec import WorkerSpec
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -204,7 +204,7 @@ def largest_part_params(hf: Path, parts: int) -> int:
     from safetensors import safe_open
 
     sys.path.insert(0, str(REPO))
-    from hexstudio.workers.shared.modelinfo import layer_ranges
+    from hexstudio.shared.modelinfo import layer_ranges
 
     sizes: dict[str, int] = {}
     for f in hf.glob("*.safetensors"):

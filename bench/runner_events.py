@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hexstudio.core.jobs import JobRunner
-from hexstudio.workers.shared.protocol import Emitter
+from hexstudio.shared.protocol import Emitter
 
 TARGET = 50_000
 N = 300_000

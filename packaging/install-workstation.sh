@@ -8,7 +8,7 @@
 #   1. a virtual environment (.venv by default) with the recipe's Python (3.10 for the validated GPU recipe)
 #   2. torch for the detected GPU: a CUDA build with kernels for its compute capability
 #      (sm_75 .. sm_120, e.g. RTX 5090 = sm_120 -> torch 2.7.1+cu128); CPU-only -> torch 2.13.0
-#   3. HexStudio and its dependencies, pinned by hexstudio/workers/shared/data/recipes/{validated,current}.txt
+#   3. HexStudio and its dependencies, pinned by hexstudio/shared/data/recipes/{validated,current}.txt
 #   4. aimet-onnx (CUDA build, --no-deps) and then onnxruntime-gpu LAST, removing the CPU onnxruntime
 #      first (both provide the module `onnxruntime`; whichever is installed last silently replaces the other)
 #   5. the libpython LD_LIBRARY_PATH activation hook (AIMET's "Unable to run function PtrToInt64")
@@ -49,7 +49,7 @@ while [ $# -gt 0 ]; do
 done
 case "$venv" in /*) ;; *) venv="$(pwd)/$venv" ;; esac
 
-recipes="$root/hexstudio/workers/shared/data/recipes"
+recipes="$root/hexstudio/shared/data/recipes"
 did=()          # what this run changed, for the summary
 say() { echo "==> $*"; }
 note() { echo "    $*"; }
@@ -77,7 +77,7 @@ pin() {  # pin RECIPE PACKAGE -> version
 directive() {  # directive RECIPE KEY -> value
     sed -n "s/^# $2: *//p" "$recipes/$1.txt" | head -1
 }
-[ -f "$recipes/validated.txt" ] && [ -f "$recipes/current.txt" ] || die "hexstudio/workers/shared/data/recipes/ is missing (run this from a HexStudio checkout)."
+[ -f "$recipes/validated.txt" ] && [ -f "$recipes/current.txt" ] || die "hexstudio/shared/data/recipes/ is missing (run this from a HexStudio checkout)."
 
 # ---------------------------------------------------------------------------------------------
 say "[1/7] this machine"
@@ -108,13 +108,13 @@ torch_index=""; torch_pkgs=(); want_python=""
 if [ -z "$cc" ] || [ "$force_cpu" = 1 ]; then
     mode=cpu; recipe=current
     torch_pkgs=("torch==$(pin current torch)")
-    note "plan: the CPU stack (recipe hexstudio/workers/shared/data/recipes/current.txt): fine for the built-in and other small models"
+    note "plan: the CPU stack (recipe hexstudio/shared/data/recipes/current.txt): fine for the built-in and other small models"
 elif [ "$cc_num" -ge 75 ]; then
     mode=cuda; recipe=validated
     torch_index=$(directive validated torch-index)
     torch_pkgs=("torch==$(pin validated torch)" "torchvision==$(pin validated torchvision)")
     want_python=$(directive validated python)
-    note "plan: the validated CUDA recipe (hexstudio/workers/shared/data/recipes/validated.txt): torch $(pin validated torch) has $sm kernels"
+    note "plan: the validated CUDA recipe (hexstudio/shared/data/recipes/validated.txt): torch $(pin validated torch) has $sm kernels"
 elif [ "$cc_num" -ge 50 ]; then
     mode=cuda; recipe=validated
     torch_index=${torch_index:-https://download.pytorch.org/whl/cu126}
@@ -338,7 +338,7 @@ fi
 # ---------------------------------------------------------------------------------------------
 say "[7/7] verify"
 if [ "$dry" = 1 ]; then
-    echo "+ $(q "$venv/bin/python") -c 'from hexstudio.workers.shared.preflight_checks import SMOKE_TEST; exec(SMOKE_TEST)'   # AIMET smoke test"
+    echo "+ $(q "$venv/bin/python") -c 'from hexstudio.shared.preflight_checks import SMOKE_TEST; exec(SMOKE_TEST)'   # AIMET smoke test"
     [ "$mode" = cuda ] && echo "+ $(q "$venv/bin/python") -c 'import torch; ...'   # torch.cuda.get_arch_list() has $sm; aimet-onnx is the CUDA build"
 elif [ "$smoke" = 1 ]; then
     if [ "$mode" = cuda ]; then
@@ -349,12 +349,12 @@ elif [ "$smoke" = 1 ]; then
             *" no-cuda "*) die "torch cannot see the GPU (torch.cuda.is_available() is False): check the NVIDIA driver (on WSL2, the Windows driver) with nvidia-smi." ;;
             *) die "torch $(have torch) has no $sm kernels (it has: $arches). It would recognise the GPU but cannot run on it." ;;
         esac
-        build=$(cd "$root" && "$vpy" -c 'from hexstudio.workers.shared.preflight_checks import _aimet_build; print((_aimet_build() or {}).get("build"))')
+        build=$(cd "$root" && "$vpy" -c 'from hexstudio.shared.preflight_checks import _aimet_build; print((_aimet_build() or {}).get("build"))')
         [ "$build" = cuda ] || die "aimet-onnx $(have aimet-onnx) is not the CUDA build ($build): under the CUDA runtime it fails with \"No opset import for domain 'aimet.customop.cuda'\". Install the CUDA wheel: $(q "${pip[@]}") install --no-deps --force-reinstall aimet-onnx==$aimet"
         note "aimet-onnx $(have aimet-onnx) is the CUDA build"
     fi
     # shellcheck disable=SC1091
-    res=$(. "$venv/bin/hexstudio-env.sh"; cd "$root" && "$vpy" -c 'from hexstudio.workers.shared.preflight_checks import SMOKE_TEST; exec(SMOKE_TEST)' 2>/dev/null | tail -1)
+    res=$(. "$venv/bin/hexstudio-env.sh"; cd "$root" && "$vpy" -c 'from hexstudio.shared.preflight_checks import SMOKE_TEST; exec(SMOKE_TEST)' 2>/dev/null | tail -1)
     if "$vpy" -c 'import json,sys; sys.exit(0 if json.loads(sys.argv[1]).get("ok") else 1)' "$res" 2>/dev/null; then
         note "AIMET smoke test passed: $res"
     else

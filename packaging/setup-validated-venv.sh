@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The second test tier's environment: the validated recipe's pins (hexstudio/workers/shared/data/recipes/validated.txt:
+# The second test tier's environment: the validated recipe's pins (hexstudio/shared/data/recipes/validated.txt:
 # aimet-onnx 2.26, onnx 1.18, transformers 4.45, ...) for everything but torch, on Python 3.10
 # (aimet-onnx 2.26 ships a cp310 wheel only), with torch 2.13.0 and the CPU onnxruntime 1.23.2
 # (the recipe's onnxruntime-gpu needs a GPU). The quantize, model and validate tests run in it
@@ -11,7 +11,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:-$root/.venv-validated}
-recipe="$root/hexstudio/workers/shared/data/recipes/validated.txt"
+recipe="$root/hexstudio/shared/data/recipes/validated.txt"
 
 find_python310() {
     local c
@@ -32,7 +32,7 @@ want=$(cat "$recipe" "$0" | sha256sum | cut -c1-16)
 # checkout (-I: not through the working directory; a layout change such as issue 30's move of app/ and workers/
 # into hexstudio/ leaves a stale mapping behind)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ] \
-    && "$venv/bin/python" -I -c 'import hexstudio.workers.shared' >/dev/null 2>&1; then
+    && "$venv/bin/python" -I -c 'import hexstudio.shared' >/dev/null 2>&1; then
     echo "==> validated-recipe environment up to date in $venv"
     exit 0
 fi

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from hexstudio.cli.main import main as cli
-from hexstudio.workers.shared.data import builtin_model_dir
-from hexstudio.workers.shared.run_settings import RunSettings
+from hexstudio.shared.data import builtin_model_dir
+from hexstudio.shared.run_settings import RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
 BUILTIN = builtin_model_dir()
@@ -816,8 +816,8 @@ def test_the_suite_has_at_least_40_rows() -> None:
 
 
 def test_threshold_names_are_the_validate_stages() -> None:
+    from hexstudio.shared.run_settings import THRESHOLD_NAMES
     from hexstudio.workers.metrics import DEFAULT_THRESHOLDS
-    from hexstudio.workers.shared.run_settings import THRESHOLD_NAMES
     from hexstudio.workers.validate import EXPORT_THRESHOLDS, HTP_THRESHOLDS
 
     assert set(THRESHOLD_NAMES) == set(DEFAULT_THRESHOLDS) | set(EXPORT_THRESHOLDS) | set(HTP_THRESHOLDS)

@@ -16,12 +16,11 @@ from typing import Any
 
 import pytest
 
-from hexstudio.workers.shared import config_bounds, modelinfo, rope
+from hexstudio.shared import config_bounds, modelinfo, rope
 
 BASE = json.loads(
     (
-        Path(__file__).resolve().parents[1]
-        / "hexstudio/workers/shared/data/builtin_model/tiny-llama/config.json"
+        Path(__file__).resolve().parents[1] / "hexstudio/shared/data/builtin_model/tiny-llama/config.json"
     ).read_text()
 )
 
@@ -190,7 +189,7 @@ def test_a_local_copy_of_the_builtin_model_inspects_without_a_context_error(tmp_
     was told "context_length 4096 beyond 2048"; auto now stops at the model's own limit."""
     import shutil
 
-    from hexstudio.workers.shared.data import builtin_model_dir
+    from hexstudio.shared.data import builtin_model_dir
 
     d = tmp_path / "tiny-copy"
     shutil.copytree(builtin_model_dir(), d)

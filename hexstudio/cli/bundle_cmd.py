@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.cli.common import CliError, print_json, set_action
-from hexstudio.workers.shared import bundle as gb
-from hexstudio.workers.shared import modelinfo
-from hexstudio.workers.shared.run_settings import RunSettings
+from hexstudio.shared import bundle as gb
+from hexstudio.shared import modelinfo
+from hexstudio.shared.run_settings import RunSettings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -161,7 +161,7 @@ def _board_facts(name: str) -> dict[str, Any]:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from hexstudio.core.services.bundle_check import check
-    from hexstudio.workers.shared.bundle.check import errors, report_text
+    from hexstudio.shared.bundle.check import errors, report_text
 
     if not args.bundle_dir.is_dir():
         raise CliError(

@@ -35,8 +35,8 @@ from hexstudio.core.genie.session import (
     template_for_bundle,
 )
 from hexstudio.core.units import fmt_ms, fmt_rate
-from hexstudio.workers.shared.bundle.speculative import DIALOG_TYPES
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.bundle.speculative import DIALOG_TYPES
+from hexstudio.shared.errors import ActionableError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.core.runs import Workspace
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -39,7 +39,7 @@ class CliError(ActionableError):
 
 def error_document(exc: ActionableError) -> dict[str, Any]:
     """What `--json` prints when a command fails: {"ok": false, "error": {code, message, hint}}, the error in
-    the worker protocol's shape (hexstudio/workers/shared/errors.py: error_fields)."""
+    the worker protocol's shape (hexstudio/shared/errors.py: error_fields)."""
     return {"ok": False, "error": exc.fields()}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hexstudio.cli.common import CliError, print_json, set_action
 from hexstudio.core import desktop
-from hexstudio.workers.shared import wslconfig
+from hexstudio.shared import wslconfig
 
 WINDOWS_CMD = desktop.WINDOWS_CMD
 

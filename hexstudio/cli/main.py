@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from hexstudio import __version__
 from hexstudio.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, eprint, error_document, print_json
 from hexstudio.core import logs
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 log = logging.getLogger("hexstudio.cli")
 

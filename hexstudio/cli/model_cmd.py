@@ -9,7 +9,7 @@ import sys
 from hexstudio.cli.common import int_in, print_json, set_action
 from hexstudio.core.jobs import human_bytes
 from hexstudio.core.services.model import inspect
-from hexstudio.workers.shared.run_settings import DEFAULTS
+from hexstudio.shared.run_settings import DEFAULTS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -23,7 +23,7 @@ from hexstudio.core.services.predict import (
     run_prediction,
     save_for_run,
 )
-from hexstudio.workers.shared.predict import summary_lines
+from hexstudio.shared.predict import summary_lines
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -15,8 +15,8 @@ from hexstudio.cli.common import (
 )
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.services.preflight import preflight_report, wslconfig_plan
-from hexstudio.workers.shared import wslconfig
-from hexstudio.workers.shared.errors import error_fields
+from hexstudio.shared import wslconfig
+from hexstudio.shared.errors import error_fields
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

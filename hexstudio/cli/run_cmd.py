@@ -25,11 +25,11 @@ from hexstudio.core.settings import SettingsError
 from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import STAGE_NAMES
 from hexstudio.core.status import run_status, stage_status, stage_statuses
-from hexstudio.workers.shared import run_settings
+from hexstudio.shared import run_settings
 
 
 def _parse_set(values: list[str]) -> dict[str, Any]:
-    """`--set KEY=VALUE` items, read and checked as the registry of run settings says (hexstudio.workers.shared.run_settings)."""
+    """`--set KEY=VALUE` items, read and checked as the registry of run settings says (hexstudio.shared.run_settings)."""
     out: dict[str, Any] = {}
     for item in values:
         if "=" not in item:

@@ -20,7 +20,7 @@ from hexstudio.cli.common import CliError, add_workspace_flag, eprint, number_in
 from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.genie.session import SAMPLER_PRESETS
 from hexstudio.serve.limits import Limits
-from hexstudio.workers.shared.bundle.speculative import DIALOG_TYPES
+from hexstudio.shared.bundle.speculative import DIALOG_TYPES
 
 # The limits flags, one a Limits field: (field, int or float, lowest, highest, metavar, help; {} is the default).
 _LIMIT_FLAGS: tuple[tuple[str, type, float, float, str | None, str], ...] = (

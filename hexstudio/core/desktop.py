@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hexstudio.core.atomic import atomic_writer
-from hexstudio.workers.shared.data import package_path
+from hexstudio.shared.data import package_path
 
 FILES = package_path("hexstudio.core", "desktop_files")  # package data (importlib.resources)
 TEMPLATE = FILES / "hexstudio.desktop"

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.core import secrets
-from hexstudio.workers.shared.errors import ActionableError
-from hexstudio.workers.shared.hub import hub_error
+from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.hub import hub_error
 
 TOKEN_PAGE = "https://huggingface.co/settings/tokens"
 SOURCE_WORDS = {

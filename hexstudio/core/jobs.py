@@ -41,8 +41,8 @@ from typing import IO, Any, TypedDict
 import psutil
 
 from hexstudio.core.sampler import ResourceSample, TreeSampler, sample_periodically
-from hexstudio.workers.shared.protocol import LIVENESS_ENV, PARENT_ENV, ProtocolError, parse_event
-from hexstudio.workers.shared.wslconfig import target_limits
+from hexstudio.shared.protocol import LIVENESS_ENV, PARENT_ENV, ProtocolError, parse_event
+from hexstudio.shared.wslconfig import target_limits
 
 log = logging.getLogger(__name__)
 

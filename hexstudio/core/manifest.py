@@ -17,7 +17,7 @@ from typing import Any
 
 from hexstudio.core.atomic import write_json_atomic
 from hexstudio.core.stages import STAGE_NAMES
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 MANIFEST_SCHEMA_VERSION = 1
 SCHEMA_PATH = resources.files("hexstudio.core").joinpath("schemas", "run.schema.json")  # package data

@@ -1,6 +1,6 @@
 """Where things live: the built-in model (package data), the default workspace, config.
 
-Shipped data is package data found through importlib.resources (hexstudio.workers.shared.data, and each
+Shipped data is package data found through importlib.resources (hexstudio.shared.data, and each
 package's own), never through the repository root: a wheel installed with pip or pipx has no checkout.
 REPO_ROOT is the folder holding the `hexstudio` package: a checkout's root when run from one (then it also has
 docs/), site-packages when installed. Only the studio's links to the checkout's docs/ use it.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hexstudio.workers.shared.data import builtin_model_dir, package_path
+from hexstudio.shared.data import builtin_model_dir, package_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The folder that holds the hexstudio package, workers included (a checkout's root, or site-packages): a child

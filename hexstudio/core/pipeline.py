@@ -49,8 +49,8 @@ from hexstudio.core.stage_state import (
     summary_digest,
 )
 from hexstudio.core.stages import STAGES, Stage, get_stage
-from hexstudio.workers.shared.errors import ActionableError
-from hexstudio.workers.shared.run_settings import BadSettings
+from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.run_settings import BadSettings
 
 jobs_log = logging.getLogger("hexstudio.jobs")
 

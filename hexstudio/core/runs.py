@@ -19,7 +19,7 @@ from hexstudio.core.environment import collect_environment, package_versions
 from hexstudio.core.manifest import ManifestError, RunManifest
 from hexstudio.core.paths import default_workspace
 from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, check_run_settings
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 

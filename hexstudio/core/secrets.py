@@ -9,7 +9,7 @@ from __future__ import annotations
 import keyring
 import keyring.errors
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 SERVICE = "hexstudio"
 

@@ -18,13 +18,13 @@ from typing import Any
 
 from hexstudio.core.atomic import write_json_atomic
 from hexstudio.core.paths import config_dir
-from hexstudio.workers.shared import run_settings
-from hexstudio.workers.shared.bundle import KNOWN_DEVICES
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared import run_settings
+from hexstudio.shared.bundle import KNOWN_DEVICES
+from hexstudio.shared.errors import ActionableError
 
 SETTINGS_VERSION = 2
 
-# Per-run defaults, from the one registry of run settings (hexstudio/workers/shared/run_settings.py: type, default,
+# Per-run defaults, from the one registry of run settings (hexstudio/shared/run_settings.py: type, default,
 # range or choices, unit, label, help, the stages that read each). Model-specific values (context length,
 # parts) stay "auto" here and are resolved by the Model stage (run_settings.resolve_settings).
 DEFAULT_RUN_SETTINGS: dict[str, Any] = run_settings.default_run_settings()

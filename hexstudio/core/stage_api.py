@@ -29,10 +29,10 @@ from hexstudio.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, Sa
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.remote import RemoteStageJob, start_worker_job
 from hexstudio.core.stages import Stage
-from hexstudio.workers.shared.errors import ActionableError
-from hexstudio.workers.shared.protocol import Emitter
-from hexstudio.workers.shared.run_settings import RunSettings, run_settings_of
-from hexstudio.workers.shared.worker_spec import EvalWork, StageInputs, WorkerSpec
+from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.protocol import Emitter
+from hexstudio.shared.run_settings import RunSettings, run_settings_of
+from hexstudio.shared.worker_spec import EvalWork, StageInputs, WorkerSpec
 
 # "<run id>/<stage>" in a local worker's environment (and its children's): stop_stale_workers finds them by it
 WORKER_RUN_ENV = "HEXSTUDIO_WORKER_RUN"

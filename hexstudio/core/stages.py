@@ -3,11 +3,11 @@
 A stage is either a worker process (`worker="hexstudio.workers.<name>"`, heavy or
 long work, run by the job runner) or an in-process async action
 (`action="board"`: a name registered in hexstudio/core/stage_actions.py, board/chat/evaluate/report work
-that talks to the board or reads the run; a stage from outside the studio may give "module:function"). Both speak the worker protocol (hexstudio/workers/shared/protocol.py).
+that talks to the board or reads the run; a stage from outside the studio may give "module:function"). Both speak the worker protocol (hexstudio/shared/protocol.py).
 
 `inputs` names what a stage's results depend on: the run inputs it names here
 (model, board) and the run settings that declare the stage in the registry of
-run settings (hexstudio/workers/shared/run_settings.py, `stages=`). With the output
+run settings (hexstudio/shared/run_settings.py, `stages=`). With the output
 digests of its `needs`, they make the stage's input hash. A completed stage
 whose input hash is unchanged is skipped on resume.
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hexstudio.workers.shared.run_settings import read_by
+from hexstudio.shared.run_settings import read_by
 
 
 class StageView(Protocol):

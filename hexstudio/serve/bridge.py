@@ -27,7 +27,7 @@ from hexstudio.core.eval.suites import Case
 from hexstudio.core.genie.conversation import Conversation
 from hexstudio.core.genie.run import Chunk
 from hexstudio.core.genie.session import SAMPLER_PRESETS, ChatSession, SessionError, check_message
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 
 class BridgeError(ActionableError):

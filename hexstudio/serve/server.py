@@ -50,7 +50,7 @@ from hexstudio.core.eval.toolcall import parse_reply
 from hexstudio.serve.bridge import BridgeError, DialogBridge, genie_sampler
 from hexstudio.serve.limits import Limits
 from hexstudio.serve.schema import ChatRequest, CompletionRequest, _Request, first_error
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 M = TypeVar("M", bound=_Request)  # an OpenAI request schema (hexstudio.serve.schema)
 

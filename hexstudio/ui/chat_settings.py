@@ -30,7 +30,7 @@ from hexstudio.core.genie.prompts import DETERMINISTIC, NEMOTRON_THINKING_ON, ch
 from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.services.chat import DIALOG_LABELS, SessionSetup, bundle_dialogs, run_bundle_dir
 from hexstudio.core.services.chat_controller import Chosen, Rendering, SentWith, conversation_template
-from hexstudio.workers.shared.chat_template import ChatFormat
+from hexstudio.shared.chat_template import ChatFormat
 
 # preset key -> (label, values); the keys match hexstudio.core.genie.session's presets (and the CLI's --sampler)
 SAMPLER_PRESETS: dict[str, tuple[str, dict[str, Any] | None]] = {

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 from hexstudio.core.logs import log_dir
 from hexstudio.core.sampler import ResourceSample
 from hexstudio.core.stages import STAGES, get_stage
+from hexstudio.shared.errors import ActionableError
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.dialogs.about import AboutDialog
 from hexstudio.ui.dialogs.history import HistoryDialog
@@ -49,7 +50,6 @@ from hexstudio.ui.pages.report import ReportPage
 from hexstudio.ui.pages.workstation import CompilePage, PreflightPage, QuantizePage, ValidatePage
 from hexstudio.ui.run_bars import GateBar, ResumeBar
 from hexstudio.ui.widgets import open_folder, state_icon
-from hexstudio.workers.shared.errors import ActionableError
 
 
 def fitted_frame(

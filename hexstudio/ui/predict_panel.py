@@ -13,10 +13,10 @@ from typing import Any
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QPushButton, QTableWidgetItem, QVBoxLayout, QWidget
 
 from hexstudio.core.services.predict import predict_for_run, run_prediction_doc
+from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.predict import LABEL
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.widgets import STATUS_COLORS, KeyValueTable, note
-from hexstudio.workers.shared.errors import ActionableError
-from hexstudio.workers.shared.predict import LABEL
 
 PREDICT_TIMEOUT_S = 3600.0  # an 8B's 2-layer graphs compile for minutes each on a small machine
 

@@ -49,15 +49,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared import bundle as gb
+from hexstudio.shared import modelinfo
+from hexstudio.shared.protocol import Emitter
+from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers import bundle_metadata as gm
 from hexstudio.workers.aihub_uplink import UplinkRate, read_rate, record_rate
 from hexstudio.workers.aihub_upload import UploadError, UploadStats, plan_bytes, write_upload_dir
 from hexstudio.workers.genie_config import check_speculative, checked_genie_config, write_dialog_configs
 from hexstudio.workers.runtime import WorkerError, WorkerSpec
-from hexstudio.workers.shared import bundle as gb
-from hexstudio.workers.shared import modelinfo
-from hexstudio.workers.shared.protocol import Emitter
-from hexstudio.workers.shared.run_settings import RunSettings
 
 JOBS_FILE = "aihub_jobs.json"
 EMULATED_ATTRIBUTE = "hexstudio:emulated"
@@ -88,7 +88,7 @@ def write_json_atomic(path: Path, doc: Any) -> None:
 
 def model_name(model_doc: dict[str, Any], settings: RunSettings | None = None) -> str:
     """The `<model>` of file and job names, like qai-hub-models' model ids and the simulation bundle's
-    (hexstudio.workers.shared.bundle.model_slug): "meta-llama/Llama-3.1-8B-Instruct" -> "llama_3_1_8b_instruct",
+    (hexstudio.shared.bundle.model_slug): "meta-llama/Llama-3.1-8B-Instruct" -> "llama_3_1_8b_instruct",
     "builtin:tiny-llama" -> "tiny_llama" (setting aihub_model_name overrides)."""
     return gb.model_slug(
         str((settings.aihub_model_name if settings else "") or model_doc["model"]).replace("builtin:", "")

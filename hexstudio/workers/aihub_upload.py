@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 FP16_SUFFIX = "__fp16"
 ROW_BLOCK_BYTES = 64 << 20  # fp32 bytes of one block of rows converted at a time

@@ -6,7 +6,7 @@ input fed BY NAME the way Genie's HTP engine feeds it (docs/genie.md):
 - `attention_mask` [1, 1, AR, CL]: row i attends the n_past cached slots (left-aligned from slot 0) and
   the new-token columns (the last AR) up to i; padded rows are fully masked;
 - `position_ids_cos` / `position_ids_sin` [1, 1, AR, rope-dim]: rows of the tables Genie computes from
-  genie_config.json's positional-encoding (hexstudio/workers/shared/rope.py), position 0 for padded rows;
+  genie_config.json's positional-encoding (hexstudio/shared/rope.py), position 0 for padded rows;
 - `past_key_{l}_in` [KVH, 1, HD, CL-AR] / `past_value_{l}_in` [KVH, 1, CL-AR, HD]: the cache; the
   graph's `past_*_out` (only this step's entries) are copied in after each step;
 - parts chained by tensor name: part k+1 reads the tensor part k writes under the same name.
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from hexstudio.workers.shared.errors import ActionableError
-from hexstudio.workers.shared.rope import genie_rope_tables
+from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.rope import genie_rope_tables
 
 MASK_VALUE = -1000.0  # a float mask's "masked" value, as Genie writes it (nsp-model.cpp)
 STANDARD_INPUTS = ("attention_mask", "position_ids_cos", "position_ids_sin")

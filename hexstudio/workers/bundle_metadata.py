@@ -20,7 +20,7 @@ tensor with an encoding takes its bit width (the KV cache 8-bit -> uint8, the ot
 AIMET's convention real = (q + offset) * scale.
 
 A graph spec ({"inputs": {...}, "outputs": {...}}) is also what the simulated context binary carries
-per graph, and what the Genie-model checks (hexstudio/workers/shared/bundle/genie_model.py) take per graph name.
+per graph, and what the Genie-model checks (hexstudio/shared/bundle/genie_model.py) take per graph name.
 
 Pure Python + yaml: onnx is imported inside `graph_spec` only, when shapes must be read from the ONNX.
 """
@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 RUNTIME = "genie"
 _COMPONENT_RE = re.compile(r"^(prompt|token)_ar(\d+)_cl(\d+)_(\d+_of_\d+)$")

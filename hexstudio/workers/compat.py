@@ -1,6 +1,6 @@
 """Differences between the ML stacks HexStudio runs on, found by looking at what the installed packages
-offer (never by their version strings): the validated recipe (hexstudio/workers/shared/data/recipes/validated.txt: aimet-onnx
-2.26, onnx 1.18, transformers 4.45) and the current one (hexstudio/workers/shared/data/recipes/current.txt).
+offer (never by their version strings): the validated recipe (hexstudio/shared/data/recipes/validated.txt: aimet-onnx
+2.26, onnx 1.18, transformers 4.45) and the current one (hexstudio/shared/data/recipes/current.txt).
 
 Light: imports torch/transformers/onnx only inside the functions that need them.
 

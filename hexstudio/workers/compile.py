@@ -19,12 +19,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared import bundle as gb
+from hexstudio.shared import modelinfo
+from hexstudio.shared.protocol import Emitter
+from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers.genie_config import checked_genie_config, speculative_of
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
-from hexstudio.workers.shared import bundle as gb
-from hexstudio.workers.shared import modelinfo
-from hexstudio.workers.shared.protocol import Emitter
-from hexstudio.workers.shared.run_settings import RunSettings
 
 
 def write_sim_bundle(
@@ -181,12 +181,12 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
 def qualcomm_check(bdir: Path, em: Emitter) -> None:
     """A bundle of real context binaries (a local or an AI Hub compile) through Qualcomm's own checks before the
     stage passes: Genie 1.21's parser on genie_config.json and QNN's reader on every ctx-bin, whose graphs feed the
-    Genie-model checks (hexstudio/workers/shared/bundle/check.py). Run in a child process: a crash in a library is a failed
+    Genie-model checks (hexstudio/shared/bundle/check.py). Run in a child process: a crash in a library is a failed
     check, not a dead worker. Skipped, saying so, where onnxruntime-qnn is not installed."""
     import sys
 
-    from hexstudio.workers.shared.bundle.check import check_bundle, errors
-    from hexstudio.workers.shared.bundle.qualcomm_run import MODULE, run_qualcomm_checks
+    from hexstudio.shared.bundle.check import check_bundle, errors
+    from hexstudio.shared.bundle.qualcomm_run import MODULE, run_qualcomm_checks
 
     em.progress(0.95, "checking the bundle with Genie's own parser and QNN's binary reader")
     real = run_qualcomm_checks(bdir, [sys.executable, "-m", MODULE], timeout_s=600).doc

@@ -1,4 +1,4 @@
-"""Reading the documents earlier stages wrote, typed (hexstudio.workers.shared.artifacts), with the failure a
+"""Reading the documents earlier stages wrote, typed (hexstudio.shared.artifacts), with the failure a
 person can act on: which stage to run again."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import TypeVar
 
+from hexstudio.shared.artifacts import ModelDoc, load_json
 from hexstudio.workers.runtime import WorkerError, WorkerSpec
-from hexstudio.workers.shared.artifacts import ModelDoc, load_json
 
 D = TypeVar("D")
 

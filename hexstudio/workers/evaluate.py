@@ -5,7 +5,7 @@ processor over AR-N blocks, then the token generator on the KV cache).
     python -m hexstudio.workers.evaluate --spec spec.json
 
 The spec carries, beside the pipeline's fields (upstream: model, quantize, compile), its work as an EvalWork
-(hexstudio/workers/shared/worker_spec.py): the legs (float, sim, htp: the local compile's HTP graphs on
+(hexstudio/shared/worker_spec.py): the legs (float, sim, htp: the local compile's HTP graphs on
 Qualcomm's simulator), the cases (generate: a prompt and max_tokens; nll: a text) with the legs each runs on,
 and the journal (one line a finished (leg, key): a resumed stage skips them).
 
@@ -22,10 +22,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.journal import append_journal, done_keys
+from hexstudio.shared.protocol import Emitter
+from hexstudio.shared.worker_spec import EvalCase
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, map_path, worker_main
-from hexstudio.workers.shared.journal import append_journal, done_keys
-from hexstudio.workers.shared.protocol import Emitter
-from hexstudio.workers.shared.worker_spec import EvalCase
 
 LEGS = ("float", "sim", "htp")
 
@@ -78,7 +78,7 @@ def _tokenizer(spec: WorkerSpec) -> Any:
     candidates = [bundle / "bundle" / "tokenizer.json"] if bundle else []
     model_dir = spec.upstream.get("model")
     if model_dir is not None and (model_dir / "model.json").is_file():
-        from hexstudio.workers.shared.modelinfo import hf_dir_of
+        from hexstudio.shared.modelinfo import hf_dir_of
 
         doc = _read(model_dir / "model.json")
         candidates.append(Path(map_path(str(hf_dir_of(doc, model_dir)))) / "tokenizer.json")

@@ -8,10 +8,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.runtime import WorkerError
-from hexstudio.workers.shared import bundle as gb
-from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
-from hexstudio.workers.shared.bundle.speculative import (
+from hexstudio.shared import bundle as gb
+from hexstudio.shared.bundle.genie_schema import genie_config_errors
+from hexstudio.shared.bundle.speculative import (
     DRAFT_DIR,
     REFUSED,
     Lade,
@@ -23,7 +22,8 @@ from hexstudio.workers.shared.bundle.speculative import (
     lade_problem,
     spd_problem,
 )
-from hexstudio.workers.shared.run_settings import RunSettings
+from hexstudio.shared.run_settings import RunSettings
+from hexstudio.workers.runtime import WorkerError
 
 
 def checked_genie_config(

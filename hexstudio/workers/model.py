@@ -17,13 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared import modelinfo
+from hexstudio.shared.artifacts import ModelDoc
+from hexstudio.shared.data import BUILTIN_MODELS, builtin_model_dir
+from hexstudio.shared.hub import hub_error, hub_token
+from hexstudio.shared.protocol import Emitter
+from hexstudio.shared.run_settings import AUTO, resolve_settings
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
-from hexstudio.workers.shared import modelinfo
-from hexstudio.workers.shared.artifacts import ModelDoc
-from hexstudio.workers.shared.data import BUILTIN_MODELS, builtin_model_dir
-from hexstudio.workers.shared.hub import hub_error, hub_token
-from hexstudio.workers.shared.protocol import Emitter
-from hexstudio.workers.shared.run_settings import AUTO, resolve_settings
 
 BUILTIN_ID = "builtin:tiny-llama"
 BUILTIN_DIR = builtin_model_dir()  # package data (importlib.resources)
@@ -330,7 +330,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         info = modelinfo.inspect_folder(hf_dir)
     except modelinfo.ModelInfoError as exc:
         raise WorkerError("bad_config", str(exc)) from None
-    if info.get("error"):  # a number out of any real model's range (hexstudio.workers.shared.config_bounds)
+    if info.get("error"):  # a number out of any real model's range (hexstudio.shared.config_bounds)
         raise WorkerError(info["error"]["code"], info["error"]["message"], info["error"].get("hint"))
     if not info["supported"]:
         raise WorkerError(
@@ -359,7 +359,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         em.log(f"parts: {parts} as set (the plan above would pick {plan['parts']})")
     if not 1 <= parts <= info["num_layers"]:
         raise WorkerError("bad_parts", f"parts must be between 1 and the layer count ({info['num_layers']}).")
-    from hexstudio.workers.shared.run_settings import extra_ar_sizes, extra_context_lengths
+    from hexstudio.shared.run_settings import extra_ar_sizes, extra_context_lengths
 
     try:
         more_cls = extra_context_lengths(spec.settings.context_lengths, context_length, ar_n)

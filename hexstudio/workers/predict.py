@@ -1,6 +1,6 @@
 """The speed predictor's worker (issue 28): compile synthetic decoder layers at a model's true shapes for the
 target's Hexagon arch, run them on QNN's x86 HTP simulator under profiling, and add up the "Simulated
-(Accelerator exec time us)" figures (hexstudio.workers.shared.predict.combine) into predicted TTFT and tokens/s.
+(Accelerator exec time us)" figures (hexstudio.shared.predict.combine) into predicted TTFT and tokens/s.
 
 Spec inputs (hexstudio/core/services/predict.py writes them):
     model (str), shape (ModelShape fields), target (Target.to_json()), context_length, ar_n, parts,
@@ -27,9 +27,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.predict import GraphTiming, ModelShape, Target, combine
+from hexstudio.shared.protocol import Emitter
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
-from hexstudio.workers.shared.predict import GraphTiming, ModelShape, Target, combine
-from hexstudio.workers.shared.protocol import Emitter
 
 LM_SLICE = 16384  # lm_head columns compiled; its cost is scaled linearly to the vocabulary (a matmul's N)
 QNN_MISSING = (

@@ -1,5 +1,5 @@
 """Preflight stage: this machine's memory, disk, WSL, GPU and packages against the model's needs
-(the probe and the checks: hexstudio/workers/shared/preflight_checks.py), written to preflight.json."""
+(the probe and the checks: hexstudio/shared/preflight_checks.py), written to preflight.json."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.preflight_checks import probe, run_checks
+from hexstudio.shared.protocol import Emitter
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
-from hexstudio.workers.shared.preflight_checks import probe, run_checks
-from hexstudio.workers.shared.protocol import Emitter
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:

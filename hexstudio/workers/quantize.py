@@ -22,10 +22,10 @@ import os
 import time
 from typing import Any
 
+from hexstudio.shared.artifacts import ModelDoc
+from hexstudio.shared.protocol import Emitter
 from hexstudio.workers.documents import model_doc
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
-from hexstudio.workers.shared.artifacts import ModelDoc
-from hexstudio.workers.shared.protocol import Emitter
 
 
 def resolve_shape(model: ModelDoc) -> tuple[int, int, int]:
@@ -101,7 +101,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             f"calibration_samples {samples} / calibration_seq_len {seq_len} are out of range (1.., 2..{cl}).",
             "Use e.g. 8 samples of 128 tokens.",
         )
-    from hexstudio.workers.shared.run_settings import extra_ar_sizes, extra_context_lengths, genie_cl_problem
+    from hexstudio.shared.run_settings import extra_ar_sizes, extra_context_lengths, genie_cl_problem
 
     if (why := genie_cl_problem(cl, ar_n)) is not None:
         raise WorkerError(
@@ -152,7 +152,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             f"Could not read the model configuration in {hf_dir}: {exc}",
             "Check the model folder (model stage) and its config.json.",
         ) from None
-    from hexstudio.workers.shared.rope import RopeError, genie_positional_encoding, genie_rope_tables
+    from hexstudio.shared.rope import RopeError, genie_positional_encoding, genie_rope_tables
 
     try:
         # the rope Genie will compute from genie_config.json: calibration and validation feed the same tables

@@ -3,7 +3,7 @@
 A worker module looks like:
 
     from hexstudio.workers.runtime import WorkerSpec, WorkerError, worker_main
-    from hexstudio.workers.shared.protocol import Emitter
+    from hexstudio.shared.protocol import Emitter
 
     def run(spec: WorkerSpec, em: Emitter) -> dict:   # returns the done summary
         ...
@@ -12,7 +12,7 @@ A worker module looks like:
         worker_main("quantize", run)
 
 The spec (JSON, written by the studio's stage launcher) is declared once, typed, in
-hexstudio/workers/shared/worker_spec.py: `spec.settings` is a RunSettings, never a dict.
+hexstudio/shared/worker_spec.py: `spec.settings` is a RunSettings, never a dict.
 Stdlib only: this file is copied to remote hosts.
 """
 
@@ -31,9 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.errors import ActionableError
-from hexstudio.workers.shared.protocol import LIVENESS_ENV, PARENT_ENV, Emitter
-from hexstudio.workers.shared.worker_spec import SPEC_SCHEMA, SpecError, WorkerSpec
+from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.protocol import LIVENESS_ENV, PARENT_ENV, Emitter
+from hexstudio.shared.worker_spec import SPEC_SCHEMA, SpecError, WorkerSpec
 
 
 class WorkerError(ActionableError):

@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Any
 
+from hexstudio.shared.protocol import Emitter
 from hexstudio.workers.runtime import WorkerSpec, worker_main
-from hexstudio.workers.shared.protocol import Emitter
 
 
 def _meminfo() -> dict[str, int]:

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.protocol import Emitter
 from hexstudio.workers.documents import read_doc
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
-from hexstudio.workers.shared.protocol import Emitter
 
 EVAL_WINDOWS = 3  # held-out windows: prompt through the prompt processor, then teacher-forced AR-1 steps
 PROMPT_TOKENS = 48

@@ -21,8 +21,8 @@ from hexstudio.core.device.board import open_board, sim_board
 from hexstudio.core.device.errors import LocalBundleError, UnsafeBundle
 from hexstudio.core.device.push import push_bundle
 from hexstudio.core.device.verify import verify_pushed
-from hexstudio.workers.shared.bundle import safepath, verify_bundle
-from hexstudio.workers.shared.data import builtin_model_dir, package_path
+from hexstudio.shared.bundle import safepath, verify_bundle
+from hexstudio.shared.data import builtin_model_dir, package_path
 from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard, make_device_bundle
 
@@ -202,7 +202,7 @@ def test_report_lists_crafted_entries_as_refused() -> None:
 def test_the_simulator_runner_and_the_board_helper_refuse_crafted_configs(
     tmp_path: Path, field: str, value: Any, entry: str
 ) -> None:
-    import hexstudio.workers.shared.bundle as gb
+    import hexstudio.shared.bundle as gb
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()

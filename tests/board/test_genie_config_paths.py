@@ -17,8 +17,8 @@ import pytest
 
 from hexstudio.core.device.errors import UnsafeBundle
 from hexstudio.core.device.verify import load_bundle
-from hexstudio.workers.shared.bundle import safepath
-from hexstudio.workers.shared.bundle.check import check_bundle
+from hexstudio.shared.bundle import safepath
+from hexstudio.shared.bundle.check import check_bundle
 from tests.support.cli import python_m_hexstudio
 
 REPO = Path(__file__).resolve().parents[2]

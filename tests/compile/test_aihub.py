@@ -24,9 +24,9 @@ from hexstudio.core.jobs import LocalJob
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.pipeline import Pipeline, PipelineResult
 from hexstudio.core.runs import Workspace
+from hexstudio.shared import bundle as gb
 from hexstudio.workers import bundle_metadata as gm
 from hexstudio.workers.aihub import JOBS_FILE
-from hexstudio.workers.shared import bundle as gb
 from tests.aihub_emulator import AIHubEmulator
 from tests.aihub_emulator.server import QAIRT_VERSIONS
 from tests.support.sim_runs import copy_run

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hexstudio.core import secrets
-from hexstudio.workers.shared.run_settings import RunSettings
+from hexstudio.shared.run_settings import RunSettings
 from tests.support.cli import python_m_hexstudio
 from tests.support.terminal import converse
 

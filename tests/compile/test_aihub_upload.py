@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers import aihub_upload as au
 from hexstudio.workers.quant.qdq import int_form
-from hexstudio.workers.shared.run_settings import RunSettings
 
 
 def _external_fp32(init: Any, base: Path) -> np.ndarray:

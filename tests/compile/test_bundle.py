@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from hexstudio.workers.shared import bundle as gb
-from hexstudio.workers.shared.data import builtin_model_dir
-from hexstudio.workers.shared.run_settings import RunSettings
+from hexstudio.shared import bundle as gb
+from hexstudio.shared.data import builtin_model_dir
+from hexstudio.shared.run_settings import RunSettings
 from tests.support.cli import hexstudio as _hexstudio
 from tests.support.configs import LLAMA_31_8B
 
@@ -46,7 +46,7 @@ def test_bundle_config_for_a_llama_31_8b_config_only_folder(tmp_path: Path) -> N
         f"{gb.model_slug(tmp_path.name)}_part_{i}_of_5.bin" for i in range(1, 6)
     ]
     # Genie's own validation accepts it, and so does the whole-bundle checker's config part
-    from hexstudio.workers.shared.bundle.genie_schema import dialog_create_errors, genie_config_errors
+    from hexstudio.shared.bundle.genie_schema import dialog_create_errors, genie_config_errors
 
     assert (
         genie_config_errors(json.loads(out.stdout)) == []
@@ -116,12 +116,12 @@ def test_simulation_bundle_is_complete_and_labeled(compiled_sim_run: Path) -> No
         "dtype": "uint8",
         "quantization_parameters": part1[0]["outputs"]["past_key_0_out"]["quantization_parameters"],
     }
-    from hexstudio.workers.shared.bundle.check import check_bundle
+    from hexstudio.shared.bundle.check import check_bundle
 
     assert [f for f in check_bundle(bdir) if f.severity == "error"] == []
     assert cfg["context"]["size"] == doc["context_length"] == 512
     # the simulation bundle passes Genie's schema too (backend QnnHtp; bundle.json says simulated)
-    from hexstudio.workers.shared.bundle.genie_schema import dialog_create_errors, genie_config_errors
+    from hexstudio.shared.bundle.genie_schema import dialog_create_errors, genie_config_errors
 
     full = json.loads((bdir / "genie_config.json").read_text())
     assert genie_config_errors(full) == [] and dialog_create_errors(full) == []
@@ -221,8 +221,8 @@ def test_rope_scalings_genie_can_compute_are_mapped_and_pass_genie(
 ) -> None:
     """linear, YaRN, dynamic (within its range) and longrope are expressed in Genie's terms (llama3/longrope/
     none) and the tables Genie computes from the config equal the model's."""
-    from hexstudio.workers.shared import rope
-    from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
+    from hexstudio.shared import rope
+    from hexstudio.shared.bundle.genie_schema import genie_config_errors
 
     hf = {**LLAMA_31_8B, "rope_scaling": scaling}
     cfg = gb.genie_config(hf, 4096, ["a.bin"], 128)
@@ -242,7 +242,7 @@ def test_rope_scalings_genie_can_compute_are_mapped_and_pass_genie(
     ],
 )
 def test_rope_genie_cannot_compute_is_refused(tmp_path: Path, hf: dict[str, Any], match: str) -> None:
-    from hexstudio.workers.shared import modelinfo
+    from hexstudio.shared import modelinfo
 
     with pytest.raises(gb.BundleError, match=match):
         gb.genie_config(hf, 4096, ["a.bin"], 128)
@@ -254,7 +254,7 @@ def test_rope_genie_cannot_compute_is_refused(tmp_path: Path, hf: dict[str, Any]
 
 
 def test_a_dynamic_rope_beyond_its_range_is_refused_at_compile_not_at_inspect() -> None:
-    from hexstudio.workers.shared import modelinfo
+    from hexstudio.shared import modelinfo
 
     hf = {
         **LLAMA_31_8B,
@@ -367,9 +367,9 @@ def _fake_quantize(
 
 @pytest.mark.parametrize("case", ["context", "rope"])
 def test_the_compile_stage_check_fails_as_a_clear_worker_error(tmp_path: Path, case: str) -> None:
+    from hexstudio.shared.bundle.genie_schema import genie_config_errors
     from hexstudio.workers.genie_config import checked_genie_config
     from hexstudio.workers.runtime import WorkerError
-    from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
 
     if case == "context":  # quantize.json says 1024, the graphs were exported at 512
         qdir, hf_dir = _fake_quantize(tmp_path, LLAMA_31_8B, 1024, 512)

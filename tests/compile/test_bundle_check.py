@@ -1,4 +1,4 @@
-"""`hexstudio bundle check`: Genie's contract checked before a bundle reaches a board (hexstudio/workers/shared/bundle/check.py,
+"""`hexstudio bundle check`: Genie's contract checked before a bundle reaches a board (hexstudio/shared/bundle/check.py,
 genie_schema.py, genie_model.py), the push and doctor hooks, and the error decoder's contract rules.
 
 Every bundle here is built from small synthetic specs (tests/compile/genie_bundles.py): no quantization run."""
@@ -14,10 +14,10 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from hexstudio.workers.shared import bundle as gb
-from hexstudio.workers.shared.bundle import genie_model as gm
-from hexstudio.workers.shared.bundle import genie_schema as gs
-from hexstudio.workers.shared.bundle.check import Finding, check_bundle, errors
+from hexstudio.shared import bundle as gb
+from hexstudio.shared.bundle import genie_model as gm
+from hexstudio.shared.bundle import genie_schema as gs
+from hexstudio.shared.bundle.check import Finding, check_bundle, errors
 from tests.compile import genie_bundles as gbx
 from tests.support.cli import hexstudio as _hexstudio
 
@@ -311,7 +311,7 @@ def test_the_llama_31_8b_config_from_bundle_config_passes_the_checker(tmp_path: 
 
 # -- the model checks, Genie's quirks included ---------------------------------------------------------
 def _comps(**kw: Any) -> dict[str, dict[str, Any]]:
-    from hexstudio.workers.shared.bundle.check import graphs_from_metadata
+    from hexstudio.shared.bundle.check import graphs_from_metadata
 
     return graphs_from_metadata({"components": gbx.graph_specs(**kw)}, 4096)
 
@@ -520,7 +520,7 @@ def test_explain_cli_on_genies_output(tmp_path: Path) -> None:
 
 def test_a_simulation_bundle_is_read_from_its_simulated_context_binaries(tmp_path: Path) -> None:
     """LEAD's simulated context binaries (JSON documents named <model>_part_i_of_n.bin) carry the graph specs."""
-    from hexstudio.workers.shared.bundle.check import graphs_from_metadata
+    from hexstudio.shared.bundle.check import graphs_from_metadata
 
     b = gbx.write_bundle(tmp_path / "b")
     (b / "metadata.yaml").unlink()

@@ -22,8 +22,8 @@ import sys
 import time
 from typing import Any
 
+from hexstudio.shared.protocol import Emitter
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
-from hexstudio.workers.shared.protocol import Emitter
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hexstudio.workers.shared.errors import ERROR_KEYS, ActionableError, error_fields, fields_of
+from hexstudio.shared.errors import ERROR_KEYS, ActionableError, error_fields, fields_of
 
 REPO = Path(__file__).resolve().parents[2]
 EXCEPTION_ROOTS = {
@@ -87,8 +87,7 @@ def test_every_error_class_derives_from_the_one_base() -> None:
         if n != "ActionableError" and n not in NOT_ERRORS and not reaches_base(n)
     )
     assert outside == [], (
-        "error classes not derived from hexstudio.workers.shared.errors.ActionableError:\n"
-        + "\n".join(outside)
+        "error classes not derived from hexstudio.shared.errors.ActionableError:\n" + "\n".join(outside)
     )
 
 
@@ -99,11 +98,11 @@ def test_the_named_classes_really_are_actionable_errors() -> None:
     from hexstudio.core.genie.session import SessionError
     from hexstudio.core.runs import RunBusy
     from hexstudio.core.settings import SettingsError
+    from hexstudio.shared.bundle import BundleError
+    from hexstudio.shared.bundle.safepath import UnsafePath
+    from hexstudio.shared.protocol import ProtocolError
+    from hexstudio.shared.rope import RopeError
     from hexstudio.workers.runtime import WorkerError
-    from hexstudio.workers.shared.bundle import BundleError
-    from hexstudio.workers.shared.bundle.safepath import UnsafePath
-    from hexstudio.workers.shared.protocol import ProtocolError
-    from hexstudio.workers.shared.rope import RopeError
 
     w = WorkerError("spec_invalid", "Spec file x is not valid JSON.", "Reinstall.")
     assert (w.code, w.message, w.hint, str(w)) == (
@@ -152,7 +151,7 @@ def test_cli_json_error_and_worker_error_event_have_the_same_shape(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from hexstudio.cli.main import main
-    from hexstudio.workers.shared.protocol import parse_event
+    from hexstudio.shared.protocol import parse_event
 
     # the CLI: a command that fails with --json
     f = tmp_path / "profile.json"
@@ -177,9 +176,9 @@ def test_cli_json_error_and_worker_error_event_have_the_same_shape(
 
 
 def test_the_base_is_light() -> None:
-    """hexstudio/workers/shared/errors.py is imported by the GUI process and copied to remote worker hosts: stdlib only."""
+    """hexstudio/shared/errors.py is imported by the GUI process and copied to remote worker hosts: stdlib only."""
     code = (
-        "import sys; import hexstudio.workers.shared.errors; "
+        "import sys; import hexstudio.shared.errors; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('PySide6', 'torch', 'onnx', 'onnxruntime', "
         "'numpy', 'transformers') or m.startswith(('hexstudio.core', 'hexstudio.ui', 'hexstudio.cli', "
         "'hexstudio.serve'))]; print(bad); raise SystemExit(1 if bad else 0)"

@@ -16,9 +16,9 @@ import pytest
 
 from hexstudio.core.eval.toolcall import detect_format
 from hexstudio.core.genie.prompts import template_for
-from hexstudio.workers.shared import families, modelinfo
-from hexstudio.workers.shared.bundle.geniex import GenieXMetadataError, model_id_for
-from hexstudio.workers.shared.data import builtin_model_dir
+from hexstudio.shared import families, modelinfo
+from hexstudio.shared.bundle.geniex import GenieXMetadataError, model_id_for
+from hexstudio.shared.data import builtin_model_dir
 
 RENAMED = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads"}
 DUMMY = families.ModelFamily(

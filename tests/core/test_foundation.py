@@ -17,7 +17,7 @@ from hexstudio.core.atomic import atomic_writer, write_json_atomic
 from hexstudio.core.manifest import ManifestError, RunManifest, validate_manifest
 from hexstudio.core.runs import RunNotFound, Workspace
 from hexstudio.core.settings import SETTINGS_VERSION, Settings, SettingsError
-from hexstudio.workers.shared.protocol import Emitter, ProtocolError, event_json_schema, parse_event
+from hexstudio.shared.protocol import Emitter, ProtocolError, event_json_schema, parse_event
 
 REPO = Path(__file__).resolve().parents[2]
 

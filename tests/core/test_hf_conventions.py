@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hexstudio.core import secrets
-from hexstudio.workers.shared.data import builtin_model_dir
+from hexstudio.shared.data import builtin_model_dir
 from tests.support.cli import python_m_hexstudio
 from tests.support.fake_hub import FakeHub, folder_files, hub_env
 

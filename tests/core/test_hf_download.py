@@ -20,9 +20,9 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
 from huggingface_hub.utils import hf_raise_for_status
 
+from hexstudio.shared.hub import HubError, hub_error
+from hexstudio.shared.protocol import Emitter
 from hexstudio.workers.model import download
-from hexstudio.workers.shared.hub import HubError, hub_error
-from hexstudio.workers.shared.protocol import Emitter
 
 try:
     import httpx2 as httpx  # what this huggingface_hub uses

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hexstudio.core.hf import HubConfigError, fetch_config, hub_unreachable
-from hexstudio.workers.shared.data import builtin_model_dir
+from hexstudio.shared.data import builtin_model_dir
 from tests.support.fake_hub import FakeHub, folder_files, hub_env
 
 REPO = Path(__file__).resolve().parents[2]

@@ -248,7 +248,7 @@ def test_oom_hint_limits_come_from_the_estimate_and_the_peak() -> None:
     import re
 
     from hexstudio.core.jobs import oom_hint
-    from hexstudio.workers.shared.wslconfig import target_limits
+    from hexstudio.shared.wslconfig import target_limits
 
     GiB = 1024**3
     h = oom_hint(40 * GiB, 150 * GiB, ram_bytes=64 * GiB, swap_bytes=16 * GiB)

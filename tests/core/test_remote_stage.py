@@ -377,11 +377,10 @@ def test_cli_worker_add_check_and_run_flag(tmp_path: Path) -> None:
         assert p.returncode == 0, p.stderr
         doc = json.loads(p.stdout)
         assert doc["check"]["stages"]["quantize"]["ok"] and doc["check"]["stages"]["validate"]["ok"]
-        assert Path(doc["check"]["workers"], "hexstudio", "workers", "shared", "protocol.py").is_file()
+        assert Path(doc["check"]["workers"], "hexstudio", "shared", "protocol.py").is_file()
         assert Path(
             doc["check"]["workers"],
             "hexstudio",
-            "workers",
             "shared",
             "data",
             "builtin_model",

@@ -1,6 +1,6 @@
-"""The registry of run settings (hexstudio/workers/shared/run_settings.py) and everything derived from it: `--set`
+"""The registry of run settings (hexstudio/shared/run_settings.py) and everything derived from it: `--set`
 and `hexstudio run --help`, the studio's field lists, each stage's inputs, the workers' defaults, the docs,
-the one "auto" rule; the typed stage documents (hexstudio/workers/shared/artifacts.py); gates that read outputs."""
+the one "auto" rule; the typed stage documents (hexstudio/shared/artifacts.py); gates that read outputs."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from hexstudio.workers.shared import modelinfo
-from hexstudio.workers.shared import run_settings as rs
-from hexstudio.workers.shared.data import builtin_model_dir
-from hexstudio.workers.shared.run_settings import RunSettings, setting
+from hexstudio.shared import modelinfo
+from hexstudio.shared import run_settings as rs
+from hexstudio.shared.data import builtin_model_dir
+from hexstudio.shared.run_settings import RunSettings, setting
 from tests.support.configs import LLAMA_31_8B
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +155,7 @@ def test_the_docs_table_is_the_registry() -> None:
     text = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
     assert rs.markdown_table() in text, (
         "docs/settings.md is not the registry's table; regenerate it: .venv/bin/python -c \"from "
-        'hexstudio.workers.shared.run_settings import markdown_table; print(markdown_table())" and paste it between the '
+        'hexstudio.shared.run_settings import markdown_table; print(markdown_table())" and paste it between the '
         "markers"
     )
 
@@ -219,7 +219,7 @@ def test_set_refuses_a_name_that_is_not_a_run_setting() -> None:
 def test_the_field_lists_are_the_pages_fields() -> None:
     """The Qt-free field lists the stage pages build their forms from (hexstudio.ui.pages.base.SettingSpec rows)."""
     from hexstudio.core.settings import form_fields, settings_fields
-    from hexstudio.workers.shared.bundle import KNOWN_DEVICES
+    from hexstudio.shared.bundle import KNOWN_DEVICES
 
     assert settings_fields("quantize") == (
         ("calibration_samples", "Calibration samples", "int"),
@@ -348,7 +348,7 @@ def test_preflight_and_model_inspect_resolve_as_the_model_stage(monkeypatch: pyt
 
 def test_model_json_is_a_model_doc(tmp_path: Path) -> None:
     """The real Model stage on the built-in model: model.json has ModelDoc's keys and the resolved shape."""
-    from hexstudio.workers.shared.artifacts import ModelDoc, load_json, required_keys
+    from hexstudio.shared.artifacts import ModelDoc, load_json, required_keys
     from tests.support.runs import run_stages
 
     m, res = run_stages(tmp_path / "ws", ("model",))
@@ -382,9 +382,9 @@ def test_a_gate_fails_a_done_stage_without_its_declared_output(tmp_path: Path) -
 
 
 def test_the_shared_package_is_light() -> None:
-    """hexstudio.workers.shared is imported by the studio at start-up and by every worker: no heavy ML, no Qt, no studio."""
+    """hexstudio.shared is imported by the studio at start-up and by every worker: no heavy ML, no Qt, no studio."""
     code = (
-        "import sys, json, hexstudio.workers.shared.run_settings, hexstudio.workers.shared.artifacts; "
+        "import sys, json, hexstudio.shared.run_settings, hexstudio.shared.artifacts; "
         "print(json.dumps(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'transformers', 'aimet_onnx', "
         "'numpy', 'PySide6', 'hexstudio.core', 'hexstudio.ui', 'hexstudio.cli', 'hexstudio.serve') "
         "if m in sys.modules)))"

@@ -21,8 +21,8 @@ def test_a_dummy_runtime_plugs_in_without_touching_anything_else(
     from hexstudio.core.device.board import Board, sim_board
     from hexstudio.core.genie import runtime as rt
     from hexstudio.core.genie.session import ChatSession
-    from hexstudio.workers.shared import bundle as gb
-    from hexstudio.workers.shared.data import builtin_model_dir
+    from hexstudio.shared import bundle as gb
+    from hexstudio.shared.data import builtin_model_dir
 
     class Dummy(rt.BoardRuntime):
         key, name, title, simulated = "dummy", "genie", "A dummy runtime (scripted, test only)", True

@@ -1,4 +1,4 @@
-"""The worker spec, declared once and typed on both sides (hexstudio/workers/shared/worker_spec.py)."""
+"""The worker spec, declared once and typed on both sides (hexstudio/shared/worker_spec.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hexstudio.workers.shared.predict import ModelShape, Target
-from hexstudio.workers.shared.run_settings import DEFAULTS, RunSettings
-from hexstudio.workers.shared.worker_spec import (
+from hexstudio.shared.predict import ModelShape, Target
+from hexstudio.shared.run_settings import DEFAULTS, RunSettings
+from hexstudio.shared.worker_spec import (
     SPEC_SCHEMA,
     EvalCase,
     EvalWork,

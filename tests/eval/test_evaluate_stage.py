@@ -15,7 +15,7 @@ from hexstudio.cli.main import main
 from hexstudio.core.eval.suites import DEFAULT_SUITES
 from hexstudio.core.pipeline import Pipeline
 from hexstudio.core.runs import Workspace
-from hexstudio.workers.shared.worker_spec import WorkerSpec
+from hexstudio.shared.worker_spec import WorkerSpec
 
 
 def assert_progress_words_agree(seen: list[dict[str, Any]]) -> None:

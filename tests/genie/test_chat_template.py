@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hexstudio.workers.shared.chat_template import ChatFormat, ChatTemplateError, load_chat_format
+from hexstudio.shared.chat_template import ChatFormat, ChatTemplateError, load_chat_format
 
 DATA = Path(__file__).parent / "data"
 WEATHER_TOOL = {

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hexstudio.workers.shared.bundle.check import check_bundle, errors
+from hexstudio.shared.bundle.check import check_bundle, errors
 
 BOUNDARY = "_model_model_layers_1_Add_1_output_0"
 

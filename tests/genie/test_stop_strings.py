@@ -82,7 +82,7 @@ def test_a_libgenie_without_set_stop_sequence_is_cut_on_the_host(
 def test_the_models_own_stop_strings_are_the_default(tmp_path: Path, fake_genie: FakeGenie) -> None:
     """`hexstudio chat` passes no stop strings: the conversation's chat format (generation_config.json's
     stop_strings) gives them."""
-    from hexstudio.workers.shared.chat_template import ChatFormat
+    from hexstudio.shared.chat_template import ChatFormat
 
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=10, tokens=12)
     board = fake_board(tmp_path, fake_genie)

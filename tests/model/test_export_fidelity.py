@@ -65,10 +65,10 @@ def _model(tmp: Path, name: str) -> Path:
 
 
 def _check(hf: Path, tmp: Path, pe_edit: Any = None) -> dict[str, Any]:
+    from hexstudio.shared.rope import genie_positional_encoding
     from hexstudio.workers.arloop import UnitSessions, prefill_calls, run_unit_major
     from hexstudio.workers.export import export_deployment_graphs
     from hexstudio.workers.quant.rununits import split_for_run
-    from hexstudio.workers.shared.rope import genie_positional_encoding
     from hexstudio.workers.validate import EXPORT_THRESHOLDS, _export_fidelity, _hidden_names
 
     cfg = json.loads((hf / "config.json").read_text())

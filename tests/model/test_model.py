@@ -14,7 +14,7 @@ import pytest
 from hexstudio.core.paths import BUILTIN_MODEL_DIR
 from hexstudio.core.pipeline import Pipeline
 from hexstudio.core.runs import Workspace
-from hexstudio.workers.shared import modelinfo
+from hexstudio.shared import modelinfo
 from tests.support.cli import hexstudio as _cli
 from tests.support.configs import LLAMA_31_8B as LLAMA_8B
 
@@ -143,7 +143,7 @@ def test_unsupported_architectures_are_refused_with_why(
 
 def test_yarn_rope_is_accepted_since_genie_can_be_told_it(tmp_path: Path) -> None:
     """YaRN has no Genie rope-type of its own, but its tables are exactly Genie's longrope with per-frequency
-    divisors (hexstudio/workers/shared/rope.py): accepted at inspect, no longer refused."""
+    divisors (hexstudio/shared/rope.py): accepted at inspect, no longer refused."""
     out = _cli("model", "inspect", str(_config_folder(tmp_path, QWEN2_YARN)), "--json")
     assert out.returncode == 0, out.stdout
     assert json.loads(out.stdout)["supported"] is True
@@ -250,7 +250,7 @@ TOP_LEVEL = {"longrope": {"original_max_position_embeddings": 128}}
 
 
 def _pe(model: Any, context_length: int) -> dict[str, Any]:
-    from hexstudio.workers.shared.rope import genie_positional_encoding
+    from hexstudio.shared.rope import genie_positional_encoding
 
     return genie_positional_encoding(model.config.to_dict(), context_length)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hexstudio.workers.shared import modelinfo
+from hexstudio.shared import modelinfo
 
 LLAMA_31_8B = {
     "num_parameters": 8_030_261_248,

@@ -114,7 +114,7 @@ def test_second_run_has_nothing_to_install(fake_venv) -> None:
             p.read_bytes()
             for p in (
                 ROOT / "pyproject.toml",
-                ROOT / "hexstudio" / "workers" / "shared" / "data" / "recipes" / "current.txt",
+                ROOT / "hexstudio" / "shared" / "data" / "recipes" / "current.txt",
                 ROOT / "packaging" / "constraints" / "dev.txt",
             )
         )

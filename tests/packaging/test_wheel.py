@@ -30,16 +30,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Package data a working install needs, relative to site-packages (each read through importlib.resources).
 SHIPPED = [
-    "hexstudio/workers/shared/data/builtin_model/tiny-llama/config.json",
-    "hexstudio/workers/shared/data/builtin_model/tiny-llama/model.safetensors",
-    "hexstudio/workers/shared/data/builtin_model/tiny-llama/tokenizer.json",
-    "hexstudio/workers/shared/data/builtin_model/tiny-llama/chat_template.jinja",
-    "hexstudio/workers/shared/data/builtin_model/text/calibration.txt",
-    "hexstudio/workers/shared/data/builtin_model/text/validation.txt",
-    "hexstudio/workers/shared/data/builtin_model/PROVENANCE.md",
-    "hexstudio/workers/shared/data/recipes/validated.txt",
-    "hexstudio/workers/shared/data/recipes/current.txt",
-    "hexstudio/workers/shared/data/quantsim/htp_llm_v73.json",
+    "hexstudio/shared/data/builtin_model/tiny-llama/config.json",
+    "hexstudio/shared/data/builtin_model/tiny-llama/model.safetensors",
+    "hexstudio/shared/data/builtin_model/tiny-llama/tokenizer.json",
+    "hexstudio/shared/data/builtin_model/tiny-llama/chat_template.jinja",
+    "hexstudio/shared/data/builtin_model/text/calibration.txt",
+    "hexstudio/shared/data/builtin_model/text/validation.txt",
+    "hexstudio/shared/data/builtin_model/PROVENANCE.md",
+    "hexstudio/shared/data/recipes/validated.txt",
+    "hexstudio/shared/data/recipes/current.txt",
+    "hexstudio/shared/data/quantsim/htp_llm_v73.json",
     "hexstudio/workers/remote/probe.py",
     "hexstudio/core/eval/shipped_suites/tool_calling.jsonl",
     "hexstudio/core/reports/templates/report.html.j2",
@@ -156,7 +156,7 @@ def test_wheel_installed_not_editable_runs_the_flow(tmp_path: Path) -> None:
         [
             str(py),
             "-c",
-            "import hexstudio, hexstudio.workers.shared.data as d, hexstudio.core.paths as p; "
+            "import hexstudio, hexstudio.shared.data as d, hexstudio.core.paths as p; "
             "print(hexstudio.__file__); print(hexstudio.workers.__file__); print(d.builtin_model_dir()); "
             "print(p.WORKERS_ROOT)",
         ],

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from hexstudio.core.paths import BUILTIN_MODEL_DIR, BUILTIN_MODEL_ID
-from hexstudio.workers.shared import modelinfo
+from hexstudio.shared import modelinfo
 
 HEXSTUDIO = Path(sys.executable).parent / "hexstudio"
 VOLATILE = {"t", "seconds", "free_bytes", "mem_available_bytes"}

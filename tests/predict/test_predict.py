@@ -15,7 +15,7 @@ import pytest
 
 from hexstudio.core.services import ServiceError
 from hexstudio.core.services.predict import PredictPlan, PredictRequest, plan, resolve_target, run_prediction
-from hexstudio.workers.shared.predict import (
+from hexstudio.shared.predict import (
     LABEL,
     Bandwidth,
     GraphTiming,

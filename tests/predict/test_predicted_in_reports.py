@@ -14,7 +14,7 @@ from hexstudio.core.reports.render import to_html, validate_report
 from hexstudio.core.runs import Workspace
 from hexstudio.core.services import ServiceError
 from hexstudio.core.services.predict import request_for_run, run_prediction_doc, save_for_run
-from hexstudio.workers.shared.predict import LABEL, GraphTiming, combine
+from hexstudio.shared.predict import LABEL, GraphTiming, combine
 from tests.predict.test_predict import EVK, TINY
 
 
@@ -102,7 +102,7 @@ def test_a_speculative_dialog_is_costed_at_its_measured_acceptance(tmp_path: Pat
     """issue 29: predicted tok/s with and without the dialog. lade: a step is one AR-N pass; spd: draft_len draft
     tokens + one AR-N verification; the dialog gains only above step time / token time tokens per step."""
     from hexstudio.core.reports.predicted import speculative_prediction
-    from hexstudio.workers.shared.predict import speculative_rate
+    from hexstudio.shared.predict import speculative_rate
 
     doc = prediction()
     token, pp = doc["token"]["total_ms"]["value"], doc["prompt_pass"]["total_ms"]["value"]

@@ -13,9 +13,9 @@ import jsonschema
 import pytest
 
 from hexstudio.core.services.preflight import preflight_report
-from hexstudio.workers.shared import modelinfo
-from hexstudio.workers.shared.data import builtin_model_dir
-from hexstudio.workers.shared.preflight_checks import MEMORY_MARGIN, parse_nvidia_smi, run_checks
+from hexstudio.shared import modelinfo
+from hexstudio.shared.data import builtin_model_dir
+from hexstudio.shared.preflight_checks import MEMORY_MARGIN, parse_nvidia_smi, run_checks
 from tests.support.configs import LLAMA_31_8B as LLAMA_8B
 
 GiB = 1024**3

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hexstudio.workers.shared.preflight_checks import run_checks
+from hexstudio.shared.preflight_checks import run_checks
 from tests.preflight.test_checks import BASE_PROBE, needs_8b
 
 GiB = 1024**3

@@ -1,4 +1,4 @@
-"""The recipes (hexstudio/workers/shared/data/recipes/): the parser, version matching, and the preflight checks against both recipes."""
+"""The recipes (hexstudio/shared/data/recipes/): the parser, version matching, and the preflight checks against both recipes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from hexstudio.workers.shared import recipes
-from hexstudio.workers.shared.preflight_checks import run_checks
+from hexstudio.shared import recipes
+from hexstudio.shared.preflight_checks import run_checks
 from tests.preflight.test_checks import BASE_PROBE, by_id, needs_8b
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,7 +184,7 @@ def test_cuda_aimet_build_on_cpu_machine_is_fine() -> None:
 
 
 def test_live_probe_records_recipes_and_versions(tmp_path: Path) -> None:
-    from hexstudio.workers.shared.preflight_checks import probe as live_probe
+    from hexstudio.shared.preflight_checks import probe as live_probe
 
     p = live_probe(tmp_path, tmp_path, smoke=False)
     assert set(p["recipes"]) == {"validated", "current"}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hexstudio.workers.shared import preflight_checks
+from hexstudio.shared import preflight_checks
 
 pytest.importorskip("aimet_onnx")
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hexstudio.cli.main import main as cli_main
-from hexstudio.workers.shared import wslconfig
+from hexstudio.shared import wslconfig
 
 GiB = 1024**3
 
@@ -219,7 +219,7 @@ def test_cli_json_refusal_is_one_json_document(
 
 
 def test_wsl_check_shows_the_current_wslconfig_and_the_lines_to_write() -> None:
-    from hexstudio.workers.shared.preflight_checks import run_checks
+    from hexstudio.shared.preflight_checks import run_checks
     from tests.preflight.test_checks import by_id, needs_8b, probe
 
     # a VM smaller than the 8B's part-wise quantization estimate (~6.5 GiB)

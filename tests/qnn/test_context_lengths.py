@@ -17,7 +17,7 @@ from tests.aihub_emulator.fixtures import aihub_emulator  # noqa: F401
 from tests.aihub_emulator.server import AIHubEmulator
 from tests.qnn.conftest import needs_qnn
 
-# AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: hexstudio.workers.shared.run_settings.genie_cl_problem);
+# AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: hexstudio.shared.run_settings.genie_cl_problem);
 # with a lade dialog whose step (2 + 4) x 1 = 6 tokens fits AR-32, and spd (the model drafting for itself) whose
 # draft_len + 1 = 4 verification tokens run on the AR-4 graphs `ar_sizes` adds at both CLs
 SETTINGS = {
@@ -150,8 +150,8 @@ def test_one_bundle_holds_two_context_lengths_and_a_lade_and_an_spd_dialog(two_c
     """issue 29's acceptance on the built-in model: one bundle, two CLs, the basic, lade and spd configs, each
     accepted by Genie 1.21's own parser and loaded by real Genie on the HTP simulator, greedy tokens equal."""
     from hexstudio.core.services.bundle_check import check
-    from hexstudio.workers.shared.bundle import speculative as sp
-    from hexstudio.workers.shared.bundle.check import errors
+    from hexstudio.shared.bundle import speculative as sp
+    from hexstudio.shared.bundle.check import errors
     from tests.qnn.test_speculative import _first_texts
 
     bundle = two_cl_run / "artifacts" / "compile" / "bundle"
@@ -184,8 +184,8 @@ def test_preflight_counts_every_context_length_the_bundle_holds() -> None:
     """Each variant compiles every graph again (time; the simulator's one-graph binaries: disk); the KV cache and the
     board's weight-shared bundle are sized by the largest CL as before."""
     from hexstudio.core.services.preflight import context_variants
-    from hexstudio.workers.shared import modelinfo
-    from hexstudio.workers.shared.data import builtin_model_dir
+    from hexstudio.shared import modelinfo
+    from hexstudio.shared.data import builtin_model_dir
 
     info = modelinfo.inspect_folder(builtin_model_dir())
     one = modelinfo.estimate(info, 4096)
@@ -203,9 +203,9 @@ def test_ar_sizes_are_checked_when_set_and_counted_by_preflight() -> None:
     """`ar_sizes` adds a prompt-processor graph per part and context length (one more compile each); a value Genie
     cannot use is refused when it is set, naming the setting, before any stage runs."""
     from hexstudio.core.services.preflight import ar_variants
-    from hexstudio.workers.shared import modelinfo
-    from hexstudio.workers.shared import run_settings as rs
-    from hexstudio.workers.shared.data import builtin_model_dir
+    from hexstudio.shared import modelinfo
+    from hexstudio.shared import run_settings as rs
+    from hexstudio.shared.data import builtin_model_dir
 
     assert rs.extra_ar_sizes("8, 4,4") == [4, 8] and rs.extra_ar_sizes("") == []
     for bad, words in (("1", "token generator"), ("x", "not a whole number"), ("128", "not below ar_n")):
@@ -233,8 +233,8 @@ def test_ai_hub_links_every_ar_and_context_length_of_a_part_into_its_context(
     long-context bundles hold them; every component in metadata.yaml, the config accepted by Genie's own parser."""
     from hexstudio.core.pipeline import Pipeline
     from hexstudio.core.runs import Workspace
+    from hexstudio.shared.bundle.genie_schema import genie_config_errors
     from hexstudio.workers.bundle_metadata import read_metadata
-    from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
     from tests.support.sim_runs import copy_run
 
     emu = aihub_emulator

@@ -38,8 +38,8 @@ def _genie_parse(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _configs() -> dict[str, dict[str, Any]]:
-    from hexstudio.workers.shared import bundle as gb
-    from hexstudio.workers.shared.data import builtin_model_dir
+    from hexstudio.shared import bundle as gb
+    from hexstudio.shared.data import builtin_model_dir
 
     hf_builtin = json.loads((builtin_model_dir() / "config.json").read_text())
     llama31 = {
@@ -98,7 +98,7 @@ def _mutations(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_genie_accepts_every_config_we_ship_and_our_checker_agrees() -> None:
-    from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
+    from hexstudio.shared.bundle.genie_schema import genie_config_errors
 
     for name, cfg in _configs().items():
         got = _genie_parse(cfg)
@@ -108,7 +108,7 @@ def test_genie_accepts_every_config_we_ship_and_our_checker_agrees() -> None:
 
 
 def test_genie_refuses_the_mistakes_and_our_checker_refuses_them_too() -> None:
-    from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
+    from hexstudio.shared.bundle.genie_schema import genie_config_errors
 
     base = _configs()["HexStudio, built-in model"]
     for name, cfg in _mutations(base).items():

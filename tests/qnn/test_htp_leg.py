@@ -70,10 +70,10 @@ def test_the_leg_runs_in_the_installers_side_environment_with_the_same_figures(
     import dataclasses
     import sys
 
+    from hexstudio.shared.errors import ActionableError
     from hexstudio.workers.qnn import libs as qnn_libs
     from hexstudio.workers.qnn.htp_agreement import measure_json
     from hexstudio.workers.quant.calib import load_tokenizer
-    from hexstudio.workers.shared.errors import ActionableError
 
     here = qnn_libs.find_qnn_libs()
     assert here is not None and here.in_process

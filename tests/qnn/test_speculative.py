@@ -13,19 +13,19 @@ from typing import Any
 
 import pytest
 
+from hexstudio.shared.bundle import speculative as sp
+from hexstudio.shared.bundle.genie_schema import genie_config_errors
+from hexstudio.shared.run_settings import RunSettings, check, run_settings_of
 from hexstudio.workers.runtime import WorkerError
-from hexstudio.workers.shared.bundle import speculative as sp
-from hexstudio.workers.shared.bundle.genie_schema import genie_config_errors
-from hexstudio.workers.shared.run_settings import RunSettings, check, run_settings_of
 from tests.qnn.conftest import needs_qnn
 
 BUILTIN_CONFIG = (
-    Path(__file__).resolve().parents[2] / "hexstudio/workers/shared/data/builtin_model/tiny-llama/config.json"
+    Path(__file__).resolve().parents[2] / "hexstudio/shared/data/builtin_model/tiny-llama/config.json"
 )
 
 
 def _basic() -> dict:
-    from hexstudio.workers.shared import bundle as gb
+    from hexstudio.shared import bundle as gb
 
     hf = json.loads(BUILTIN_CONFIG.read_text())
     return gb.genie_config(hf, 512, ["m_part_1_of_2.bin", "m_part_2_of_2.bin"], 64)
@@ -141,8 +141,8 @@ def test_genies_profile_acceptance_is_read_as_tokens_per_step() -> None:
 def test_real_genie_runs_spd_greedy_token_for_token_as_basic(local_run: Path, tmp_path: Path) -> None:
     from hexstudio.core.genie.session import SessionError
     from hexstudio.core.services.bundle_check import check
+    from hexstudio.shared.bundle.check import errors
     from hexstudio.workers.genie_config import write_dialog_configs
-    from hexstudio.workers.shared.bundle.check import errors
 
     remote = Path(json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
     q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
@@ -327,7 +327,7 @@ def test_real_genie_runs_lade_steps_past_the_small_embedding(local_run: Path) ->
 def test_a_speculative_config_is_held_to_the_bundles_path_rules(tmp_path: Path) -> None:
     """issue 27 item 3 for the dialogs' own configs: a draft ctx-bin out of the bundle is refused before anything
     is opened; one that is missing is named."""
-    from hexstudio.workers.shared.bundle.check import check_bundle
+    from hexstudio.shared.bundle.check import check_bundle
 
     basic = _basic()
     (tmp_path / "genie_config.json").write_text(json.dumps(basic))

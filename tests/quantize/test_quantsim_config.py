@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hexstudio.shared.run_settings import DEFAULTS
 from hexstudio.workers.quant import aimet_compat
-from hexstudio.workers.shared.run_settings import DEFAULTS
 
 pytest.importorskip("aimet_onnx")
 

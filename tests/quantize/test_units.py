@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hexstudio.shared.data import builtin_model_dir
+from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers.quant.calib import pp_mask
-from hexstudio.workers.shared.data import builtin_model_dir
-from hexstudio.workers.shared.run_settings import RunSettings
 
 REPO = Path(__file__).resolve().parents[2]
 HF = builtin_model_dir()
@@ -319,7 +319,7 @@ def test_partwise_quantization_with_a_chunked_lm_head(tmp_path: Path) -> None:
     graphs = export_deployment_graphs(HF, tmp_path / "float", context_length=CL, ar_n=AR, parts=2)
     blocks = blocks_from_windows(token_windows(HF, BUILTIN_TEXT / "calibration.txt", 2, AR), AR)
     lines: list[str] = []
-    from hexstudio.workers.shared.rope import genie_positional_encoding, genie_rope_tables
+    from hexstudio.shared.rope import genie_positional_encoding, genie_rope_tables
 
     pe = genie_positional_encoding(json.loads((HF / "config.json").read_text()), CL)
     quantize_partwise(

@@ -438,7 +438,7 @@ if [ -e "$R/fastrpc_ready" ]; then /usr/local/sbin/udevadm trigger >/dev/null 2>
 
 
 def _genie_config(bins: list[str]) -> dict[str, Any]:
-    from hexstudio.workers.shared import bundle as gb
+    from hexstudio.shared import bundle as gb
 
     hf = {
         "num_attention_heads": 4,
@@ -472,7 +472,7 @@ def make_device_bundle(
     path.mkdir(parents=True, exist_ok=True)
     bins = [f"evk_model_part_{k}_of_{parts}.bin" for k in range(1, parts + 1)]  # qai-hub-models names
     files: dict[str, bytes] = {
-        # a genie_config.json Genie's schema accepts (push checks the contract: hexstudio/workers/shared/bundle/check.py)
+        # a genie_config.json Genie's schema accepts (push checks the contract: hexstudio/shared/bundle/check.py)
         "genie_config.json": json.dumps(_genie_config(bins)).encode(),
         "htp_backend_ext_config.json": json.dumps(
             {"devices": [{"soc_model": 77, "dsp_arch": dsp_arch}]}

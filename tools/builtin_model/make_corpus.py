@@ -75,4 +75,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "hexstudio" / "workers" / "shared" / "data" / "builtin_model" / "text")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "hexstudio" / "shared" / "data" / "builtin_model" / "text")

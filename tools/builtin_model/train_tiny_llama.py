@@ -6,10 +6,10 @@
 --draft trains `builtin:tiny-llama-draft` instead: one decoder layer of width 128 on the same corpus with the SAME
 tokenizer (copied from tiny-llama, not retrained), the draft model of Genie's spd dialog for the built-in model.
 
-Writes hexstudio/workers/shared/data/builtin_model/tiny-llama/ (package data) in Hugging Face layout: config.json,
+Writes hexstudio/shared/data/builtin_model/tiny-llama/ (package data) in Hugging Face layout: config.json,
 model.safetensors (float16), generation_config.json, tokenizer.json and
 tokenizer_config.json with a Llama-3-style chat template. The corpus is project-written
-(make_corpus.py, beside this script); see hexstudio/workers/shared/data/builtin_model/PROVENANCE.md. Deterministic for a given seed and thread count.
+(make_corpus.py, beside this script); see hexstudio/shared/data/builtin_model/PROVENANCE.md. Deterministic for a given seed and thread count.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE.parents[1] / "hexstudio" / "workers" / "shared" / "data" / "builtin_model"   # a checkout's package data
+DATA = HERE.parents[1] / "hexstudio" / "shared" / "data" / "builtin_model"   # a checkout's package data
 OUT = DATA / "tiny-llama"
 SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
            "<|pad|>"]

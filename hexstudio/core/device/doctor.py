@@ -25,9 +25,9 @@ from hexstudio.core.device.errors import BoardError
 from hexstudio.core.device.explain import explain
 from hexstudio.core.device.qairt import parse_version
 from hexstudio.core.device.verify import verify_pushed
-from hexstudio.workers.shared.bundle import bundle_qairt_version
-from hexstudio.workers.shared.bundle.check import check_bundle, errors, report_text
-from hexstudio.workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
+from hexstudio.shared.bundle import bundle_qairt_version
+from hexstudio.shared.bundle.check import check_bundle, errors, report_text
+from hexstudio.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -739,7 +739,7 @@ async def probe(
 
 
 def contract_check(bundle_dir: Path, facts: dict[str, Any]) -> Check:
-    """The local bundle against Genie's contract and this board (hexstudio/workers/shared/bundle/check.py)."""
+    """The local bundle against Genie's contract and this board (hexstudio/shared/bundle/check.py)."""
     found = [f for f in check_bundle(bundle_dir, facts) if f.severity != "info"]
     c = Check(
         "bundle_contract",

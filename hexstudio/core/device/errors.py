@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 
 class BoardError(ActionableError):

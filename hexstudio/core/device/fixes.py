@@ -34,7 +34,7 @@ from hexstudio.core.device.errors import BoardError
 from hexstudio.core.device.explain import explain
 from hexstudio.core.device.qairt import ABI, MARKER, QAIRT_BASE, build_payload, compare_qairt, parse_version
 from hexstudio.core.paths import default_workspace
-from hexstudio.workers.shared.bundle import bundle_qairt_version
+from hexstudio.shared.bundle import bundle_qairt_version
 
 FIX_IDS = (
     "group_add",

@@ -34,8 +34,8 @@ from hexstudio.core.device.verify import (
     save_local_record,
     symlinks_on_board,
 )
-from hexstudio.workers.shared.bundle import bundle_qairt_version
-from hexstudio.workers.shared.bundle.check import check_bundle, errors, report_text
+from hexstudio.shared.bundle import bundle_qairt_version
+from hexstudio.shared.bundle.check import check_bundle, errors, report_text
 
 log = logging.getLogger("hexstudio.board")
 
@@ -219,7 +219,7 @@ async def push_bundle(
     every file computed on the board when the bundle changed since the last push (files were sent) or
     `verify` is True; a file found wrong is sent again and reported in PushResult.resent.
 
-    Every path of bundle.json is checked first (hexstudio.workers.shared.bundle.safepath): one that is absolute, climbs with
+    Every path of bundle.json is checked first (hexstudio.shared.bundle.safepath): one that is absolute, climbs with
     '..', leaves the safe character set or leads outside the folder by a symlink raises UnsafeBundle and
     nothing is sent. A local file missing or changed raises LocalBundleError. `facts`: the doctor's facts (a
     real board is probed for soc/qairt/memory when not given). `progress` gets a PushProgress on the event

@@ -1,5 +1,5 @@
 """The bundle on the board checked against the local one, without copying anything back: bundle.json's
-files (every path checked: hexstudio.workers.shared.bundle.safepath), their sizes and ctimes from one `stat` and their
+files (every path checked: hexstudio.shared.bundle.safepath), their sizes and ctimes from one `stat` and their
 sha256 computed on the board. The push (hexstudio.core.device.push) resumes with it; the doctor's "bundle" check
 and the Board stage's gate call verify_pushed."""
 
@@ -19,7 +19,7 @@ from hexstudio.core.device.errors import (
     LocalBundleError,
     UnsafeBundle,
 )
-from hexstudio.workers.shared.bundle.safepath import (
+from hexstudio.shared.bundle.safepath import (
     UnsafePath,
     check_bundle_files,
     check_genie_config,

@@ -1,5 +1,5 @@
 """A case's prompt as Genie gets it: rendered with the model's own chat template, tool definitions included
-where the template takes them (hexstudio.workers.shared.chat_template), without the BOS Genie pushes itself.
+where the template takes them (hexstudio.shared.chat_template), without the BOS Genie pushes itself.
 
 The same text goes to the board and to both host legs, so the three legs see identical tokens."""
 
@@ -13,7 +13,7 @@ from typing import Any
 from hexstudio.core.eval.suites import Case
 from hexstudio.core.eval.toolcall import detect_format
 from hexstudio.core.genie.prompts import chat_format_for, chat_prompt, template_for
-from hexstudio.workers.shared.chat_template import ChatFormat
+from hexstudio.shared.chat_template import ChatFormat
 
 GENERIC_TOOLS = (
     "You can call these functions:\n{tools}\n\nTo call one or more, reply with only JSON: "

@@ -24,9 +24,9 @@ from hexstudio.core.eval.render import PromptRenderer
 from hexstudio.core.eval.scoring import LEG_TITLES, parity, score_case, suite_scores
 from hexstudio.core.eval.suites import DEFAULT_SUITES, Suite, SuiteError, load_named
 from hexstudio.core.stage_api import StageContext, StageError, worker_env
-from hexstudio.workers.shared.journal import append_journal, read_journal
-from hexstudio.workers.shared.run_settings import DEFAULTS
-from hexstudio.workers.shared.worker_spec import EvalCase, EvalWork
+from hexstudio.shared.journal import append_journal, read_journal
+from hexstudio.shared.run_settings import DEFAULTS
+from hexstudio.shared.worker_spec import EvalCase, EvalWork
 
 EVAL_VERSION = 1
 

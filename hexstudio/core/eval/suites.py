@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.data import package_path
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.data import package_path
+from hexstudio.shared.errors import ActionableError
 
 SHIPPED_DIR = package_path("hexstudio.core.eval", "shipped_suites")  # package data (importlib.resources)
 SCORERS = ("tool_call", "exact", "contains", "regex", "instruction", "perplexity", "parity")

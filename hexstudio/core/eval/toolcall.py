@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hexstudio.workers.shared.families import families
+from hexstudio.shared.families import families
 
 FORMATS = ("llama3", "nemotron", "qwen", "mistral", "json")
 
@@ -50,7 +50,7 @@ class Parsed:
 
 
 # model-name pieces of formats that are no model family's (fine-tunes of one): a family's own are its
-# ModelFamily.tool_calls.name_hints (hexstudio.workers.shared.families)
+# ModelFamily.tool_calls.name_hints (hexstudio.shared.families)
 _NAME_HINTS = {"nemotron": ("nemotron",), "qwen": ("hermes",)}
 _DETECT_ORDER = ("nemotron", "qwen", "mistral", "llama3")  # the first whose marker or name hint matches wins
 

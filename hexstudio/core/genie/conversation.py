@@ -15,7 +15,7 @@ from typing import Any
 
 from hexstudio.core.genie.prompts import LLAMA3
 from hexstudio.core.units import fmt_ms, fmt_rate
-from hexstudio.workers.shared.chat_template import ChatFormat
+from hexstudio.shared.chat_template import ChatFormat
 
 # model: the model's own chat template (conversation.chat_format); plain: completion, the text as typed
 TEMPLATES = ("auto", "model", "plain", "llama3", "nemotron-reasoning-off", "nemotron-reasoning-on", "qa")

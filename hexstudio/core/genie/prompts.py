@@ -1,5 +1,5 @@
 """Prompt templates. `model`: the model's own chat template, rendered as transformers renders it
-(hexstudio/workers/shared/chat_template.py); `plain`: completion, the text as typed (base models without a chat
+(hexstudio/shared/chat_template.py); `plain`: completion, the text as typed (base models without a chat
 template); `qa`: the built-in toy model's completion format ("Question: ... Answer:", what its corpus
 taught it). The hand-written `llama3` and `nemotron` strings remain for a bundle with no model files."""
 
@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.chat_template import ChatFormat, load_chat_format
-from hexstudio.workers.shared.families import family_of
+from hexstudio.shared.chat_template import ChatFormat, load_chat_format
+from hexstudio.shared.families import family_of
 
 LLAMA3 = (
     "<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>"

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from hexstudio.core.device.board import Board, python_env
 from hexstudio.core.genie.profile import Kpis
 from hexstudio.core.jobs import python_command
+from hexstudio.shared.errors import ActionableError
 from hexstudio.workers.board import helper_file
-from hexstudio.workers.shared.errors import ActionableError
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -196,7 +196,7 @@ class GenieX(BoardRuntime):
         ], None
 
     async def prepare(self, board: Board, bundle_dir: str) -> list[str]:
-        from hexstudio.workers.shared.bundle.geniex import (
+        from hexstudio.shared.bundle.geniex import (
             GenieXMetadataError,
             chat_template_problem,
             geniex_metadata,

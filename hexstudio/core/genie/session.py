@@ -34,8 +34,8 @@ from hexstudio.core.genie.conversation import _HEADER, Conversation, Turn
 from hexstudio.core.genie.profile import Kpis, ProfileError, parse_profile
 from hexstudio.core.genie.run import Chunk, ChunkTokenCounter, ensure_dir, load_token_counter, run_query
 from hexstudio.core.genie.runtime import RuntimeError_, resolve_runtime, runtime_for, select_runtime
-from hexstudio.workers.shared.bundle.speculative import DIALOG_TYPES, config_name, spd_sampler
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.bundle.speculative import DIALOG_TYPES, config_name, spd_sampler
+from hexstudio.shared.errors import ActionableError
 
 MODES = ("auto", "persistent", "per_turn")
 SAMPLER_PRESETS: dict[str, dict[str, Any] | None] = {

@@ -13,7 +13,7 @@ from hexstudio.core.services.chat_target import open_run_board
 from hexstudio.core.settings import Settings
 from hexstudio.core.stage_api import StageContext, StageError
 from hexstudio.core.units import fmt_rate
-from hexstudio.workers.shared.run_settings import DEFAULTS
+from hexstudio.shared.run_settings import DEFAULTS
 
 KPI_UNITS = {
     "init_ms": "ms",

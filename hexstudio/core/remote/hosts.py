@@ -16,8 +16,8 @@ from hexstudio.core.device.errors import BoardError
 from hexstudio.core.device.transport import SshTransport, Transport
 from hexstudio.core.secrets import SecretStoreError, get_secret
 from hexstudio.core.settings import Settings
+from hexstudio.shared.errors import ActionableError
 from hexstudio.workers.remote import host_command
-from hexstudio.workers.shared.errors import ActionableError
 
 WORKER_HOSTS = "worker_hosts"  # settings key: name -> {host, port, user, auth, key_path, python, root}
 # What each stage's worker imports on the host (module names as `importlib.util.find_spec` sees them).

@@ -23,8 +23,8 @@ from hexstudio.core.device.transport import RemoteProcess, Transport
 from hexstudio.core.jobs import EventHandler, EventStream, Job, JobResult, SampleHandler, cancel_ladder
 from hexstudio.core.remote.sync import install_workers
 from hexstudio.core.sampler import ResourceSample
+from hexstudio.shared.protocol import LIVENESS_ENV
 from hexstudio.workers.remote import host_command
-from hexstudio.workers.shared.protocol import LIVENESS_ENV
 
 PID_MARK = "HEXSTUDIO_PID:"
 

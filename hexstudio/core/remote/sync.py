@@ -24,10 +24,11 @@ from hexstudio.core.atomic import sha256_file, write_json_atomic
 from hexstudio.core.device.transport import Transport
 from hexstudio.core.paths import WORKERS_ROOT, config_dir
 from hexstudio.core.remote.hosts import WorkerHostError
+from hexstudio.shared import data
 from hexstudio.workers.remote import host_command
-from hexstudio.workers.shared import data
 
 WORKERS_DIR = WORKERS_ROOT / "hexstudio" / "workers"  # the installed (or checked-out) workers package
+SHARED_DIR = WORKERS_ROOT / "hexstudio" / "shared"  # what the workers share with the studio: goes with them
 # hexstudio/__init__.py goes with it: `python -m hexstudio.workers.X` imports the parent package first
 PARENT_INIT = WORKERS_ROOT / "hexstudio" / "__init__.py"
 # Package data the workers read on the host (the built-in calibration/validation text, the recipes): copied
@@ -40,7 +41,12 @@ SYNC_MANIFEST = ".hexstudio-synced.json"
 
 def workers_bundle() -> tuple[str, bytes]:
     """The workers package as a tar.gz and its content hash (the remote folder's name)."""
-    files = [PARENT_INIT, *sorted(p for p in WORKERS_DIR.rglob("*.py") if "__pycache__" not in p.parts)]
+    files = [
+        PARENT_INIT,
+        *sorted(
+            p for d in (WORKERS_DIR, SHARED_DIR) for p in d.rglob("*.py") if "__pycache__" not in p.parts
+        ),
+    ]
     for folder in WORKER_DATA:
         files += sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "train.txt")
     h = hashlib.sha256()
@@ -58,7 +64,7 @@ async def install_workers(transport: Transport, base: str | None = None) -> str:
     digest, blob = workers_bundle()
     home = await transport.home()
     root = posixpath.join(base or posixpath.join(home, ".cache", "hexstudio"), f"workers-{digest}")
-    if await transport.exists(posixpath.join(root, "hexstudio", "workers", "shared", "protocol.py")):
+    if await transport.exists(posixpath.join(root, "hexstudio", "shared", "protocol.py")):
         return root
     tmp_tar = posixpath.join(posixpath.dirname(root), f".workers-{digest}.tar.gz")
     staging = f"{root}.partial"

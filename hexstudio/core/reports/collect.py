@@ -83,8 +83,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def _bundle_files(doc: dict[str, Any]) -> dict[str, Any]:
     """bundle.json's files for the report: entries whose path, sha256 or size fail the bundle checks
-    (hexstudio.workers.shared.bundle.safepath) are not listed as files but named under `problems`."""
-    from hexstudio.workers.shared.bundle.safepath import UnsafePath, check_bundle_files
+    (hexstudio.shared.bundle.safepath) are not listed as files but named under `problems`."""
+    from hexstudio.shared.bundle.safepath import UnsafePath, check_bundle_files
 
     files: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -225,7 +225,7 @@ def _status(m: RunManifest, stages: list[dict[str, Any]]) -> tuple[RunStatus, di
 
 def _recipe_rows(versions: dict[str, Any], python: str) -> list[dict[str, Any]]:
     try:
-        from hexstudio.workers.shared import recipes
+        from hexstudio.shared import recipes
     except ImportError:  # pragma: no cover
         return []
     try:

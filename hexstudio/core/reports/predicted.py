@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.predict import LABEL, speculative_rate
+from hexstudio.shared.predict import LABEL, speculative_rate
 
 PREDICTION_FILE = Path("predicted") / "prediction.json"
 
@@ -89,7 +89,7 @@ def speculative_prediction(
     run_dir: Path, settings: dict[str, Any], board_session: Any, doc: dict[str, Any] | None = None
 ) -> dict[str, Any] | None:
     """The Evaluate stage's speculative dialog (lade, spd) at its measured tokens accepted per step, costed with the
-    run's prediction (and, for spd with a draft bundle, the draft run's own prediction): hexstudio.workers.shared.predict.
+    run's prediction (and, for spd with a draft bundle, the draft run's own prediction): hexstudio.shared.predict.
     speculative_rate. None when the dialog is basic, nothing was accepted, or a cost is unknown. `doc`: the run's
     prediction when the caller has read it already."""
     doc = doc if doc is not None else read_prediction(run_dir)
@@ -109,8 +109,8 @@ def speculative_prediction(
             if len(folder.parents) > 2
             else None
         )
+    from hexstudio.shared.run_settings import extra_ar_sizes, run_settings_of
     from hexstudio.workers.genie_config import speculative_of
-    from hexstudio.workers.shared.run_settings import extra_ar_sizes, run_settings_of
 
     typed = run_settings_of(settings)
     _, lade, spd = speculative_of(typed)  # the values the compile wrote into the dialog configs

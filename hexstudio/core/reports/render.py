@@ -12,7 +12,7 @@ from typing import Any
 from hexstudio.core.atomic import write_bytes_atomic, write_text_atomic
 from hexstudio.core.reports.bench import bench_plots
 from hexstudio.core.reports.svg import Series, line_chart
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 TEMPLATES = resources.files(__package__).joinpath("templates")  # package data (importlib.resources)
 FORMATS = ("html", "pdf", "json")

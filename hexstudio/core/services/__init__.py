@@ -8,7 +8,7 @@ ActionableError), which both faces show as message + what to do.
 
 from __future__ import annotations
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 
 class ServiceError(ActionableError):

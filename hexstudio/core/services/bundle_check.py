@@ -13,9 +13,9 @@ from typing import Any
 
 from hexstudio.core.device.board import python_env
 from hexstudio.core.jobs import python_command
-from hexstudio.workers.shared.bundle.check import ERROR, INFO, WARNING, Finding, check_bundle
-from hexstudio.workers.shared.bundle.qualcomm_run import MODULE as QUALCOMM_MODULE
-from hexstudio.workers.shared.bundle.qualcomm_run import run_qualcomm_checks
+from hexstudio.shared.bundle.check import ERROR, INFO, WARNING, Finding, check_bundle
+from hexstudio.shared.bundle.qualcomm_run import MODULE as QUALCOMM_MODULE
+from hexstudio.shared.bundle.qualcomm_run import run_qualcomm_checks
 
 QUALCOMM_CHECK_TIMEOUT_S = 120.0
 

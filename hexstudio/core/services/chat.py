@@ -18,7 +18,7 @@ from hexstudio.core.genie.chat_store import ChatRecord, ChatTurn
 from hexstudio.core.genie.conversation import Conversation, Turn
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.units import fmt_ms, fmt_rate
-from hexstudio.workers.shared.bundle.speculative import DIALOG_TYPES, config_name
+from hexstudio.shared.bundle.speculative import DIALOG_TYPES, config_name
 
 # Genie's dialog types as the chat's settings name them (hexstudio.core.genie.session runs them)
 DIALOG_LABELS = {"basic": "Basic", "lade": "Lookahead (lade)", "spd": "Draft model (spd)"}
@@ -81,7 +81,7 @@ def run_context_length(m: RunManifest) -> int | None:
     if cl is None:
         cl = m.stage("quantize").metric_value("context_length") or m.settings.get("context_length")
     if cl in (None, "auto"):  # not resolved yet (no Model stage): the "auto" rule's figure
-        from hexstudio.workers.shared.run_settings import AUTO_CONTEXT_LENGTH
+        from hexstudio.shared.run_settings import AUTO_CONTEXT_LENGTH
 
         cl = AUTO_CONTEXT_LENGTH[
             "builtin" if str(m.inputs.get("model") or "").startswith("builtin:") else "other"

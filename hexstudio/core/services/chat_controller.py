@@ -47,7 +47,7 @@ from hexstudio.core.services.chat import (
 )
 from hexstudio.core.services.chat_target import open_run_board
 from hexstudio.core.settings import Settings
-from hexstudio.workers.shared.chat_template import ChatFormat
+from hexstudio.shared.chat_template import ChatFormat
 
 log = logging.getLogger("hexstudio.chat")
 

@@ -10,9 +10,9 @@ from typing import Any
 from hexstudio.core.hf import fetch_config
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.services import ServiceError
-from hexstudio.workers.shared import modelinfo
-from hexstudio.workers.shared.data import BUILTIN_MODELS, builtin_model_dir
-from hexstudio.workers.shared.run_settings import AUTO, DEFAULTS, resolve_settings
+from hexstudio.shared import modelinfo
+from hexstudio.shared.data import BUILTIN_MODELS, builtin_model_dir
+from hexstudio.shared.run_settings import AUTO, DEFAULTS, resolve_settings
 
 
 def model_config(model: str, revision: str | None = None) -> dict[str, Any]:

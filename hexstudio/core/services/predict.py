@@ -2,7 +2,7 @@
 QNN's x86 HTP simulator, before any download, quantization or compile (`hexstudio predict`, the Preflight page's
 speed panel). The heavy part runs in hexstudio/workers/predict.py; this service resolves the model's shapes, the target
 (a board's or an AI Hub device's soc_model / dsp_arch) and the run settings, starts the worker and returns its
-prediction document (hexstudio.workers.shared.predict.Prediction.to_json: labeled "predicted (HTP simulator)")."""
+prediction document (hexstudio.shared.predict.Prediction.to_json: labeled "predicted (HTP simulator)")."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from hexstudio.core.services import ServiceError
 from hexstudio.core.services.model import model_config
 from hexstudio.core.services.preflight import resolve_estimate_settings, run_settings
 from hexstudio.core.settings import Settings, SettingsError
-from hexstudio.workers.shared import modelinfo
-from hexstudio.workers.shared.bundle import KNOWN_DEVICES
-from hexstudio.workers.shared.predict import ModelShape, Target, target_for_device
-from hexstudio.workers.shared.run_settings import DEFAULT_DEVICE
-from hexstudio.workers.shared.worker_spec import PredictWork, WorkerSpec
+from hexstudio.shared import modelinfo
+from hexstudio.shared.bundle import KNOWN_DEVICES
+from hexstudio.shared.predict import ModelShape, Target, target_for_device
+from hexstudio.shared.run_settings import DEFAULT_DEVICE
+from hexstudio.shared.worker_spec import PredictWork, WorkerSpec
 
 SIM_BOARD = "sim"
 

@@ -1,5 +1,5 @@
 """Preflight services: will this machine manage this model (the probe and checks of
-hexstudio.workers.shared.preflight_checks against the model's estimated needs, with the settings a new run would get),
+hexstudio.shared.preflight_checks against the model's estimated needs, with the settings a new run would get),
 and what raising WSL's memory limits in .wslconfig would change (`hexstudio preflight`, the Preflight page's
 Fix dialog)."""
 
@@ -13,9 +13,9 @@ from hexstudio.core.hf import hub_cache
 from hexstudio.core.services import ServiceError
 from hexstudio.core.services.model import model_config
 from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, Settings, SettingsError
-from hexstudio.workers.shared import modelinfo, wslconfig
-from hexstudio.workers.shared.preflight_checks import MEMORY_MARGIN, meminfo, probe, run_checks
-from hexstudio.workers.shared.run_settings import ResolvedSettings, resolve_settings
+from hexstudio.shared import modelinfo, wslconfig
+from hexstudio.shared.preflight_checks import MEMORY_MARGIN, meminfo, probe, run_checks
+from hexstudio.shared.run_settings import ResolvedSettings, resolve_settings
 
 
 def run_settings(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def resolve_estimate_settings(info: dict[str, Any], model: str, settings: dict[s
 def context_variants(settings: dict[str, Any]) -> int:
     """How many context lengths the bundle will hold (context_length and the smaller `context_lengths`); a bad
     value counts as none here (the setting check and the Quantize stage say what is wrong with it)."""
-    from hexstudio.workers.shared.run_settings import extra_context_lengths
+    from hexstudio.shared.run_settings import extra_context_lengths
 
     try:
         return 1 + len(extra_context_lengths(settings.get("context_lengths", "")))
@@ -49,7 +49,7 @@ def context_variants(settings: dict[str, Any]) -> int:
 def ar_variants(settings: dict[str, Any]) -> int:
     """How many more prompt-processor lengths (`ar_sizes`) each context length holds; a bad value counts as none
     here (the setting check and the Model stage say what is wrong with it)."""
-    from hexstudio.workers.shared.run_settings import extra_ar_sizes
+    from hexstudio.shared.run_settings import extra_ar_sizes
 
     try:
         return len(extra_ar_sizes(settings.get("ar_sizes", "")))
@@ -59,7 +59,7 @@ def ar_variants(settings: dict[str, Any]) -> int:
 
 def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], ResolvedSettings]:
     info = modelinfo.inspect_config(model_config(model))
-    if info.get("error"):  # a number out of any real model's range (hexstudio.workers.shared.config_bounds)
+    if info.get("error"):  # a number out of any real model's range (hexstudio.shared.config_bounds)
         raise ServiceError(info["error"]["message"], info["error"].get("hint"))
     if not info["supported"]:
         raise ServiceError(

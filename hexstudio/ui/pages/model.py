@@ -22,10 +22,10 @@ from PySide6.QtWidgets import (
 from hexstudio.core.jobs import human_bytes
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.services import model as model_service
+from hexstudio.shared.errors import ActionableError
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.pages.base import StagePage
 from hexstudio.ui.widgets import STATE_COLORS, KeyValueTable, note
-from hexstudio.workers.shared.errors import ActionableError
 
 
 def inspect_rows(info: dict[str, Any]) -> list[list[str]]:

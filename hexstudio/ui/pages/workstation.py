@@ -30,14 +30,14 @@ from PySide6.QtWidgets import (
 from hexstudio.core.jobs import cli_command, human_bytes, run_child
 from hexstudio.core.services.preflight import wslconfig_plan
 from hexstudio.core.settings import settings_fields
+from hexstudio.shared import wslconfig
+from hexstudio.shared.bundle import KNOWN_DEVICES
+from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.run_settings import DEFAULT_DEVICE
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.pages.base import StagePage
 from hexstudio.ui.predict_panel import PredictPanel
 from hexstudio.ui.widgets import STATUS_COLORS, KeyValueTable, fmt_value, note
-from hexstudio.workers.shared import wslconfig
-from hexstudio.workers.shared.bundle import KNOWN_DEVICES
-from hexstudio.workers.shared.errors import ActionableError
-from hexstudio.workers.shared.run_settings import DEFAULT_DEVICE
 
 DEVICE_LIST_TIMEOUT_S = 120.0
 
@@ -57,9 +57,7 @@ def parse_devices_output(returncode: int, stdout: str, stderr: str) -> tuple[lis
         except ValueError:
             doc = None
     if isinstance(doc, dict) and doc.get("ok") is False:
-        err = doc.get(
-            "error"
-        )  # {code, message, hint}: the one error shape (hexstudio/workers/shared/errors.py)
+        err = doc.get("error")  # {code, message, hint}: the one error shape (hexstudio/shared/errors.py)
         if not isinstance(err, dict):  # an older CLI: "error" the message, "hint" beside it
             err = {"message": err, "hint": doc.get("hint")}
         raise DeviceListError(

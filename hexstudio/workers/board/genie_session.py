@@ -83,7 +83,7 @@ LOG_NAMES = {v: k for k, v in LOG_LEVELS.items()}
 ALLOC_CB = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))
 
 
-# The path rules of hexstudio/workers/shared/bundle/safepath.py, repeated here because this helper runs alone on the board
+# The path rules of hexstudio/shared/bundle/safepath.py, repeated here because this helper runs alone on the board
 # (standard library only). A bundle pushed by an older studio, or edited on the board, is refused here too.
 SAFE_PART = re.compile(r"^[A-Za-z0-9._+-]+$")
 
@@ -134,7 +134,7 @@ def not_regular(target: str) -> str | None:
     )
 
 
-# keys whose values name files of the bundle, wherever they sit (hexstudio/workers/shared/bundle/safepath.py GENIE_PATH_KEYS)
+# keys whose values name files of the bundle, wherever they sit (hexstudio/shared/bundle/safepath.py GENIE_PATH_KEYS)
 PATH_KEYS = frozenset(
     {
         "ctx-bins",

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.bundle import part_label
+from hexstudio.shared.modelinfo import layer_ranges
 from hexstudio.workers.export.segments import Dims, embed_module, head_module, layer_module
 from hexstudio.workers.export.stitch import PartGraphWriter, SharedData
 from hexstudio.workers.export.weights import CheckpointWeights, InMemoryWeights, StreamedWeight
-from hexstudio.workers.shared.bundle import part_label
-from hexstudio.workers.shared.modelinfo import layer_ranges
 
 MASK_VALUE = -1000.0  # additive mask; Qualcomm's -100 did not mask on larger models (facts/quantization.md)
 OPSET = 17

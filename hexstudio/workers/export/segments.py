@@ -5,7 +5,7 @@ Exporting a part piece by piece keeps one decoder layer's weights (not the part'
 exporter at a time; hexstudio.workers.export.stitch joins the pieces into the part graph. The maths is the
 board's (Genie's I/O contract, docs/genie.md): static shapes, the KV cache as explicit inputs/outputs
 (keys stored transposed, [KVH, 1, HD, P]; values [KVH, 1, P, HD]), an additive attention mask, and
-the rotary cos/sin as inputs (Genie computes them from genie_config.json: hexstudio/workers/shared/rope.py).
+the rotary cos/sin as inputs (Genie computes them from genie_config.json: hexstudio/shared/rope.py).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from hexstudio.shared.errors import ActionableError
 from hexstudio.workers.export.weights import StreamedWeight
-from hexstudio.workers.shared.errors import ActionableError
 
 INLINE_BYTES = 1024  # smaller initializers stay in the .onnx (as onnx.save's size_threshold)
 

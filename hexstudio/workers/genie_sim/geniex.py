@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
 from hexstudio.workers.genie_sim.commands import OnText, emit, serve_commands
 from hexstudio.workers.genie_sim.geniex_model import (
     SIM_LABEL,
@@ -47,7 +48,6 @@ from hexstudio.workers.genie_sim.geniex_model import (
     version_lines,
 )
 from hexstudio.workers.genie_sim.geniex_serve import serve
-from hexstudio.workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
 
 
 # -- the CLI ---------------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION, chat_template_problem
-from hexstudio.workers.shared.chat_template import load_chat_format
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION, chat_template_problem
+from hexstudio.shared.chat_template import load_chat_format
+from hexstudio.shared.errors import ActionableError
 
 LLAMA_CPP_HASH = "simulated"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant."  # the qairt plugin's (llm.cpp kDefaultSystemPrompt)
@@ -183,7 +183,7 @@ class SimGenieX:
         """The qairt plugin's apply_chat_template (sdk/plugins/qairt/src/llm.cpp): on a fresh cache the whole
         history, with its default system prompt when there is none; after a turn only the messages since the
         last assistant message (the cache holds the rest; none is INVALID_INPUT). The template is the
-        bundle's own (hexstudio.workers.shared.chat_template, rendered as transformers does), with the generation prompt;
+        bundle's own (hexstudio.shared.chat_template, rendered as transformers does), with the generation prompt;
         a leading bos text is left to the pipeline, which adds bos itself on a fresh cache."""
         start = 0
         if not self.first_turn:

@@ -44,8 +44,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.chat_template import ChatTemplateError
 from hexstudio.workers.genie_sim.geniex_model import SIM_LABEL, GenieXError, SimGenieX, _registry
-from hexstudio.workers.shared.chat_template import ChatTemplateError
 
 ERR_FILE_NOT_FOUND = -100004
 ERR_MODEL_LOAD = -100201

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 FORMAT = "hexstudio-simulated-context-binary"
 VERSION = 1

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.errors import ActionableError
 from hexstudio.workers.genie_sim.t2t_args import build_parser
-from hexstudio.workers.shared.errors import ActionableError
 
 # Not Genie: HexStudio's onnxruntime twin, which enforces the contract of Genie 1.13's sources (Dialog.cpp,
 # nsp-model.cpp). Its version says so; the real Genie (1.21, onnxruntime-qnn) runs real bundles instead.
@@ -154,12 +154,12 @@ def load_simulated_model(
     cfg: dict[str, Any], root: Path
 ) -> tuple[list[dict[str, Any]], dict[str, Path], dict[str, tuple[float, int, int]]]:
     """What Genie does with the ctx-bins before it runs them: open each (relative paths from the working
-    directory, as Genie resolves them), read the graphs' I/O, validate them (hexstudio/workers/shared/bundle/genie_model.py:
+    directory, as Genie resolves them), read the graphs' I/O, validate them (hexstudio/shared/bundle/genie_model.py:
     names, shapes, split order, chaining, identical quantization) and order the splits of each AR/CL by
     graph name. Returns (graph entries for the deployment pair, ONNX path per graph, I/O quantization)."""
+    from hexstudio.shared.bundle import safepath
+    from hexstudio.shared.bundle.genie_model import model_errors, splits
     from hexstudio.workers.genie_sim.simbin import SimBinError, read_sim_bin
-    from hexstudio.workers.shared.bundle import safepath
-    from hexstudio.workers.shared.bundle.genie_model import model_errors, splits
 
     specs: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
@@ -207,9 +207,9 @@ def load_simulated_model(
 
 def refuse_what_a_board_would_run_wrong(root: Path) -> None:
     """After Genie's own checks pass: what Genie would load and then run wrong (parts that do not chain by
-    name, a rope that is not the model's, cos/sin or KV encodings the board misreads; hexstudio/workers/shared/bundle/
+    name, a rope that is not the model's, cos/sin or KV encodings the board misreads; hexstudio/shared/bundle/
     check.py). A real board gives degenerate output; the simulator refuses, saying so."""
-    from hexstudio.workers.shared.bundle.check import check_bundle, errors
+    from hexstudio.shared.bundle.check import check_bundle, errors
 
     found = errors(check_bundle(root))
     if found:
@@ -233,12 +233,12 @@ class SimDialog:
     def __init__(self, config_path: Path, sampler: dict[str, Any] | None = None) -> None:
         from tokenizers import Tokenizer
 
-        from hexstudio.workers.arloop import DeploymentPair
-        from hexstudio.workers.shared.bundle import safepath
-        from hexstudio.workers.shared.bundle.genie_schema import (
+        from hexstudio.shared.bundle import safepath
+        from hexstudio.shared.bundle.genie_schema import (
             dialog_create_errors,
             genie_config_text_errors,
         )
+        from hexstudio.workers.arloop import DeploymentPair
 
         t_init = time.perf_counter()
         text = config_path.read_text(encoding="utf-8")

@@ -18,6 +18,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared import bundle as gb
+from hexstudio.shared.protocol import Emitter
+from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers.bundle_metadata import variant_suffix
 from hexstudio.workers.qnn.compile import (
     CompiledPart,
@@ -29,9 +32,6 @@ from hexstudio.workers.qnn.compile import (
 from hexstudio.workers.qnn.context_info import ContextInfo, TensorInfo
 from hexstudio.workers.qnn.ep import HtpTarget, ordered_path
 from hexstudio.workers.qnn.libs import find_qnn_libs
-from hexstudio.workers.shared import bundle as gb
-from hexstudio.workers.shared.protocol import Emitter
-from hexstudio.workers.shared.run_settings import RunSettings
 
 FORMS = ("single", "shared")
 
@@ -120,7 +120,7 @@ def metadata_from_binaries(parts: list[CompiledPart], graphs: list[GraphToCompil
 
 def check_graph_order(parts: list[CompiledPart], graphs: list[GraphToCompile]) -> None:
     """Genie orders each (AR, CL) group's graphs by name: the compiled names must sort in part order."""
-    from hexstudio.workers.shared.bundle.genie_model import variant_of
+    from hexstudio.shared.bundle.genie_model import variant_of
 
     for group in sorted({variant_of(g.name, {}) for g in graphs}):
         seq = [
@@ -146,8 +146,8 @@ def write_local_bundle(
     form: str,
     em: Emitter,
 ) -> dict[str, Any]:
+    from hexstudio.shared.bundle.genie_model import variant_of
     from hexstudio.workers.genie_config import check_speculative, checked_genie_config, write_dialog_configs
-    from hexstudio.workers.shared.bundle.genie_model import variant_of
 
     if form not in FORMS:
         raise LocalCompileError("bad_form", f"Unknown context binary form '{form}'.", f"Use one of {FORMS}.")

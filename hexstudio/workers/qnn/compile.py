@@ -27,12 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.bundle.genie_model import variant_of
+from hexstudio.shared.bundle.qnn_findings import spec_of
+from hexstudio.shared.errors import ActionableError
 from hexstudio.workers.qnn.context_info import ContextInfo, GraphInfoDoc, read_context_info
 from hexstudio.workers.qnn.ep import HtpTarget, session_options
 from hexstudio.workers.qnn.libs import find_qnn_libs, with_workers_on_path
-from hexstudio.workers.shared.bundle.genie_model import variant_of
-from hexstudio.workers.shared.bundle.qnn_findings import spec_of
-from hexstudio.workers.shared.errors import ActionableError
 
 UNSUPPORTED_RE = re.compile(r"Unsupported nodes in QNN EP: (.*)")
 REFUSED_NODE_RE = re.compile(r"failed for node `([^`]+)` of type `([^`]+)` with error code (\d+)")
@@ -155,7 +155,7 @@ def compile_part(
 
 
 def graph_variant(graph: GraphInfoDoc) -> tuple[int, int]:
-    """(AR, CL) of a compiled graph as Genie determines it (hexstudio.workers.shared.bundle.genie_model.variant_of: from the
+    """(AR, CL) of a compiled graph as Genie determines it (hexstudio.shared.bundle.genie_model.variant_of: from the
     I/O shapes first, then the name): QNN names the graphs itself, so ours are matched by what Genie will see."""
     return variant_of(graph.name, spec_of(asdict(graph)))
 

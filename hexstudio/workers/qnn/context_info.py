@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 # Qnn_DataType_t (QnnTypes.h) -> the name HexStudio uses everywhere (metadata.yaml, bundle check)
 DATATYPES = {

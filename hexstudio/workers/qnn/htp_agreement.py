@@ -177,8 +177,8 @@ def measure_json(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: l
     import json
     import subprocess
 
+    from hexstudio.shared.errors import ActionableError
     from hexstudio.workers.qnn.libs import find_qnn_libs, with_workers_on_path
-    from hexstudio.workers.shared.errors import ActionableError
 
     libs = find_qnn_libs()
     if libs is None or libs.in_process:

@@ -40,7 +40,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 # ONNX element type of the zero point -> storage type Genie feeds
 _ONNX_DTYPE = {

@@ -53,14 +53,14 @@ def _nearest(want: int, have: list[int]) -> int:
 def quantsim_config(dsp_arch: str | None, kind: QuantsimConfigKind = "aimet") -> str:
     """The QuantSim configuration for the target's Hexagon version (v73 for the IQ-9075), by `kind`:
     "aimet" (the default): AIMET's stock `htp_v<N>` alias, as Qualcomm's recipe configures QuantSim for the
-    hardware it compiles for; "llm": HexStudio's LLM configuration (hexstudio/workers/shared/data/quantsim/
+    hardware it compiles for; "llm": HexStudio's LLM configuration (hexstudio/shared/data/quantsim/
     htp_llm_v<N>.json, after the one qai-hub-models quantizes its LLMs with: per-channel weights, data-movement
     outputs not quantized). Either the nearest older version shipped when there is none for that version.
     Build the sim with `make_sim(..., llm_globals=(kind == "llm"))`. docs/quantize.md has both measured."""
     arch = str(dsp_arch or DEFAULT_TARGET_ARCH).lower().lstrip("v")
     want = int(arch) if arch.isdigit() else int(DEFAULT_TARGET_ARCH[1:])
     if kind == "llm":
-        from hexstudio.workers.shared.data import quantsim_configs
+        from hexstudio.shared.data import quantsim_configs
 
         ours = quantsim_configs()
         return str(ours[_nearest(want, list(ours))])

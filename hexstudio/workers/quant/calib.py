@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from hexstudio.shared import data
 from hexstudio.workers.runtime import WorkerError, map_path
-from hexstudio.workers.shared import data
 
 MASK_VALUE = -1000.0
 BUILTIN_TEXT = data.data_path(*data.BUILTIN_TEXT)  # package data: calibration.txt, validation.txt

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers.quant import aimet_compat
 from hexstudio.workers.quant.calib import Block, pp_mask
 from hexstudio.workers.quant.io_encodings import (
@@ -39,7 +40,6 @@ from hexstudio.workers.quant.units import (
     remap_ids,
     split_units,
 )
-from hexstudio.workers.shared.run_settings import RunSettings
 
 ProgressFn = Callable[[str, int, int], None]  # (graph name, sample index, total)
 
@@ -88,7 +88,7 @@ def release_memory() -> None:
 
 def target_dsp_arch(settings: RunSettings) -> str | None:
     """The Hexagon version of the device the run compiles for (setting `device`, known offline)."""
-    from hexstudio.workers.shared.bundle import KNOWN_DEVICES
+    from hexstudio.shared.bundle import KNOWN_DEVICES
 
     return KNOWN_DEVICES.get(settings.device, {}).get("dsp_arch")
 

@@ -25,7 +25,7 @@ STEPS = ("import", "graph", "quantsim", "calibrate", "export", "baked_weights", 
 FIX = (
     "Install a stack HexStudio quantizes with: the validated recipe (Python 3.10, aimet-onnx 2.26, onnx 1.18, "
     "transformers 4.45; `bash packaging/install-workstation.sh`) or the current one "
-    "(hexstudio/workers/shared/data/recipes/current.txt; `./dev setup`), then run preflight again."
+    "(hexstudio/shared/data/recipes/current.txt; `./dev setup`), then run preflight again."
 )
 
 
@@ -75,6 +75,7 @@ def run(threads: int = 1) -> dict[str, Any]:
     try:
         import numpy as np
 
+        from hexstudio.shared.run_settings import RunSettings
         from hexstudio.workers.quant import aimet_compat
         from hexstudio.workers.quant.io_encodings import ENCODING_VERSION
         from hexstudio.workers.quant.partwise import (
@@ -85,7 +86,6 @@ def run(threads: int = 1) -> dict[str, Any]:
             save_baked,
         )
         from hexstudio.workers.quant.qdq import build_qdq
-        from hexstudio.workers.shared.run_settings import RunSettings
 
         out["features"] = aimet_compat.features()
         with tempfile.TemporaryDirectory(prefix="hexsmoke-") as d:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 DIALOG_TYPES = ("basic", "lade", "spd")
 REFUSED = {

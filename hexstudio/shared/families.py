@@ -2,13 +2,13 @@
 `ModelFamily` declaration each (issue 30, "Extension points"). A new architecture is one declaration and one
 `register_family` call; the code that differs per family reads it here:
 
-- hexstudio.workers.shared.modelinfo: `architectures` and `exported` (supported or not), `keys` and
+- hexstudio.shared.modelinfo: `architectures` and `exported` (supported or not), `keys` and
   `tie_word_embeddings` (`normalized_config`), `qk_norm` and `qkv_bias` (the parameter count);
-- hexstudio.workers.shared.bundle.geniex: `geniex_prefix` (metadata.json's model_id);
+- hexstudio.shared.bundle.geniex: `geniex_prefix` (metadata.json's model_id);
 - hexstudio.core.genie.prompts: `chat_template_fallback` (a model whose files cannot be read);
 - hexstudio.core.eval.toolcall: `tool_calls` (the format when the chat template shows no marker).
 
-Not here because nothing branches on the family: the rope (hexstudio.workers.shared.rope reads config.json's
+Not here because nothing branches on the family: the rope (hexstudio.shared.rope reads config.json's
 rope_theta / rope_scaling / rope_parameters alone) and the export (hexstudio.workers.export follows the
 transformers modules: a `q_norm` is applied where the layer has one).
 

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.errors import ActionableError
-from hexstudio.workers.shared.families import family_of_model_type
+from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.families import family_of_model_type
 
 # model_id prefixes the plugin's LLM dispatcher knows (models/dispatch.h), in its order
 FAMILY_PREFIXES = ("qwen3_", "qwen2_5_", "falcon_v3_", "llama_v3_", "phi_3_5_")
@@ -60,7 +60,7 @@ def slug_of(ctx_bins: list[str]) -> str:
 def geniex_metadata(bundle: Path) -> dict[str, Any]:
     """metadata.json for the bundle folder `bundle` (which needs genie_config.json, the graph specs in
     metadata.yaml or simulated context binaries, and config.json for the architecture)."""
-    from hexstudio.workers.shared.bundle.check import load_graph_specs
+    from hexstudio.shared.bundle.check import load_graph_specs
 
     try:
         cfg = json.loads((bundle / "genie_config.json").read_text(encoding="utf-8"))["dialog"]

@@ -15,7 +15,7 @@ Typed on both sides: `settings` is read as RunSettings (every setting with its d
 never reads a setting from a dict or falls back to a default of its own), `evaluate` as EvalWork, `predict` as PredictWork. A worker
 host's copy of the spec (hexstudio/core/remote/stage.py) is the same document with its paths mapped.
 
-Standard library and hexstudio.workers.shared only: copied to remote worker hosts.
+Standard library and hexstudio.shared only: copied to remote worker hosts.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.errors import ActionableError
-from hexstudio.workers.shared.predict import ModelShape, Target
-from hexstudio.workers.shared.run_settings import BadSettings, RunSettings, TypedSettings, typed_settings
+from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.predict import ModelShape, Target
+from hexstudio.shared.run_settings import BadSettings, RunSettings, TypedSettings, typed_settings
 
 SPEC_SCHEMA = 1
 

@@ -31,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _SENTINEL = "\u2063HEXSTUDIO-REPLY-END\u2063"  # marks where the previous reply's text ends in a render

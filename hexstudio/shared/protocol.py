@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from hexstudio.workers.shared.errors import ActionableError, error_fields
+from hexstudio.shared.errors import ActionableError, error_fields
 
 PROTOCOL_VERSION = 1
 
@@ -135,7 +135,7 @@ class Emitter:
         self.emit("warning", message=message, hint=hint, code=code)
 
     def error(self, code: str, message: str, hint: str | None = None) -> None:
-        """The one error shape (hexstudio/workers/shared/errors.py): the CLI's --json error carries the same fields."""
+        """The one error shape (hexstudio/shared/errors.py): the CLI's --json error carries the same fields."""
         self.emit("error", **error_fields(code, message, hint))
 
     def done(self, ok: bool, summary: dict[str, Any] | None = None) -> None:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared import modelinfo, recipes, wslconfig
+from hexstudio.shared import modelinfo, recipes, wslconfig
 
 GiB = 1024**3
 PROBE_VERSION = 1
@@ -33,7 +33,7 @@ MEMORY_MARGIN = 1.15  # RAM + swap below 1.15x the estimated peak warns (the est
 # a stack that cannot quantize fails here, naming the step.
 SMOKE_TEST = f"""
 import json, sys
-sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
 try:
     from hexstudio.workers.quant.smoke import run
     print(json.dumps(run()), flush=True)
@@ -861,7 +861,7 @@ BIG_MODEL_PARAMS = 3_000_000_000
 
 
 def _recipe_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]:
-    """The live versions against the recipes (hexstudio/workers/shared/data/recipes/{validated,current}.txt): ok, or warn with the table."""
+    """The live versions against the recipes (hexstudio/shared/data/recipes/{validated,current}.txt): ok, or warn with the table."""
     recs = p.get("recipes")
     if recs is None:
         return [_check("recipe_validated", "skip", None, None, "This probe did not record the recipes.")]
@@ -873,7 +873,7 @@ def _recipe_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, A
                 None,
                 None,
                 f"The recipe files cannot be read: {recs['error']}",
-                "Reinstall HexStudio (its package data hexstudio/workers/shared/data/recipes/ holds them).",
+                "Reinstall HexStudio (its package data hexstudio/shared/data/recipes/ holds them).",
             )
         ]
     out = []
@@ -900,7 +900,7 @@ def _recipe_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, A
                     "skip",
                     None,
                     None,
-                    f"The recipe {name}.txt (hexstudio/workers/shared/data/recipes/) is not installed.",
+                    f"The recipe {name}.txt (hexstudio/shared/data/recipes/) is not installed.",
                 )
             )
             continue

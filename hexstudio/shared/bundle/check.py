@@ -5,7 +5,7 @@ out (genie_config.json, `<model>_part_{i}_of_{n}.bin`, metadata.yaml, tool-versi
 htp_backend_ext_config.json, tokenizer.json, tokenizer_config.json, config.json). Each finding names
 the Genie error it prevents (Genie's exact text where Genie has one) and what to do about it.
 
-    from hexstudio.workers.shared.bundle.check import check_bundle
+    from hexstudio.shared.bundle.check import check_bundle
     for f in check_bundle(Path("bundle"), board_facts): print(f.severity, f.message, f.fix)
 
 `board_facts` are the board doctor's facts (hexstudio/core/device/doctor.py): dsp_arch, chip, soc_id,
@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.bundle import KNOWN_DEVICES, bundle_qairt_version, safepath, speculative
-from hexstudio.workers.shared.bundle import genie_model as gm
-from hexstudio.workers.shared.bundle import genie_schema as gs
+from hexstudio.shared.bundle import KNOWN_DEVICES, bundle_qairt_version, safepath, speculative
+from hexstudio.shared.bundle import genie_model as gm
+from hexstudio.shared.bundle import genie_schema as gs
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 NO_MESSAGE = "(none: Genie loads the bundle and the model computes wrong output)"
@@ -491,7 +491,7 @@ def _context_findings(
 
 
 def _rope_findings(cfg: dict[str, Any], hf: dict[str, Any] | None) -> list[Finding]:
-    from hexstudio.workers.shared import rope
+    from hexstudio.shared import rope
 
     d = cfg.get("dialog") or {}
     size = (d.get("context") or {}).get("size")
@@ -835,7 +835,7 @@ def _token_findings(
 def _real_findings(
     bundle: Path, real: dict[str, Any], facts: dict[str, Any] | None, cfg: dict[str, Any] | None = None
 ) -> list[Finding]:
-    from hexstudio.workers.shared.bundle.qnn_findings import binary_problems, parser_finding
+    from hexstudio.shared.bundle.qnn_findings import binary_problems, parser_finding
 
     out: list[Finding] = []
     for name in [
@@ -980,7 +980,7 @@ def check_bundle(
     graphs, source = load_graph_specs(bundle, bins, size if isinstance(size, int) else None)
     if real and real.get("available"):
         out += _real_findings(bundle, real, board_facts, cfg)
-        from hexstudio.workers.shared.bundle.qnn_findings import graphs_from_binaries
+        from hexstudio.shared.bundle.qnn_findings import graphs_from_binaries
 
         from_bins = graphs_from_binaries([b for b in real.get("binaries") or [] if not b.get("simulated")])
         if from_bins:

@@ -4,7 +4,7 @@ Every layer's error class derives from `ActionableError` (the workers', the core
     code     a short string a program can branch on ("spec_invalid", "board_unreachable", ...)
     message  what happened, one or two sentences
     hint     what to do about it, or None
-The same three fields, under the same names, are what a worker's `error` event carries (hexstudio/workers/shared/protocol.py)
+The same three fields, under the same names, are what a worker's `error` event carries (hexstudio/shared/protocol.py)
 and what `hexstudio ... --json` prints under "error" when a command fails: `error_fields()` builds both.
 
 Stdlib only and no other workers import: this file is copied to remote worker hosts and imported by the

@@ -22,7 +22,7 @@ per-frequency divisors plus one cos/sin multiplier, which Genie's longrope carri
 divisors as short-factor (= long-factor) and the multiplier through `factor`. `genie_positional_
 encoding` does that, and checks the result numerically against the model's own tables.
 
-numpy only (hexstudio.core imports this through hexstudio.workers.shared.bundle).
+numpy only (hexstudio.core imports this through hexstudio.shared.bundle).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from hexstudio.workers.shared.config_bounds import check_config
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.config_bounds import check_config
+from hexstudio.shared.errors import ActionableError
 
 # how close Genie's tables must come to the model's (relative to the largest inverse frequency)
 TOLERANCE = 1e-6
@@ -48,7 +48,7 @@ def rope_settings(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any] | No
     """(rope theta, rope scaling or None) from either config.json layout: transformers < 5 (`rope_theta` and
     `rope_scaling` at the top level) or transformers 5 (`rope_parameters` holding both). A scaling of type
     "default" (or none) means no scaling. Every number is checked against its plausible range first
-    (hexstudio.workers.shared.config_bounds: ConfigBoundsError, a ValueError) so no table is sized from a crafted one."""
+    (hexstudio.shared.config_bounds: ConfigBoundsError, a ValueError) so no table is sized from a crafted one."""
     check_config(hf_config)
     params = hf_config.get("rope_parameters")
     if isinstance(params, dict) and "full_attention" in params and isinstance(params["full_attention"], dict):

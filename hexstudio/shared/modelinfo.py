@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared import config_bounds, families
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared import config_bounds, families
+from hexstudio.shared.errors import ActionableError
 
 GiB = 1024**3
 
@@ -154,7 +154,7 @@ def _classify(cfg: dict[str, Any]) -> tuple[bool, str, str]:
         or "mixtral" in low
     ):
         return False, arch, f"{arch} is {REFUSED['moe']}."
-    supported = families.supported_architectures()  # hexstudio.workers.shared.families
+    supported = families.supported_architectures()  # hexstudio.shared.families
     if arch in supported:
         return True, arch, f"{arch} is a dense Llama-family decoder: supported."
     return (
@@ -196,7 +196,7 @@ INSPECT_CONTEXT = 512  # the context length the inspect-time rope check uses
 
 def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
     cfg = families.normalized_config(cfg)  # the family's config.json keys in our names, its defaults filled
-    try:  # every number in range before anything is sized from it (hexstudio.workers.shared.config_bounds)
+    try:  # every number in range before anything is sized from it (hexstudio.shared.config_bounds)
         config_bounds.check_config(cfg)
     except config_bounds.ConfigBoundsError as exc:
         archs = cfg.get("architectures")
@@ -249,10 +249,10 @@ def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
                 {"supported": False, "reason": f"config.json lacks or has a bad {exc}: it is incomplete."}
             )
     if info["supported"]:
-        # the rope must be one Genie can compute (hexstudio.workers.shared.rope: default, linear, dynamic within its range,
+        # the rope must be one Genie can compute (hexstudio.shared.rope: default, linear, dynamic within its range,
         # llama3, yarn, longrope), or the compile stage would refuse it hours later. Checked at a short context:
         # only what no context length can express is refused here (a dynamic rope's limit is checked at compile).
-        from hexstudio.workers.shared import rope
+        from hexstudio.shared import rope
 
         try:
             info["rope_scaling"] = rope.rope_settings(cfg)[1] or None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from hexstudio.workers.shared.bundle import genie_model as gm
+from hexstudio.shared.bundle import genie_model as gm
 
 _SPLIT = re.compile(r"_(\d+)_of_(\d+)$")
 

@@ -1,4 +1,4 @@
-"""Environment recipes (hexstudio/workers/shared/data/recipes/*.txt, package data): read them and compare an environment with them.
+"""Environment recipes (hexstudio/shared/data/recipes/*.txt, package data): read them and compare an environment with them.
 
 A recipe is a pip constraints file (`name==version` lines) whose header comments carry
 `# key: value` directives (python, torch-index, aimet-build, ...). Stdlib only, no Qt, no app:
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.data import recipes_dir
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.data import recipes_dir
+from hexstudio.shared.errors import ActionableError
 
 RECIPES_DIR = recipes_dir()  # package data (importlib.resources)
 RECIPE_NAMES = ("validated", "current")

@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 SAFE_PART = re.compile(r"^[A-Za-z0-9._+-]+$")
 MAX_PART = 255

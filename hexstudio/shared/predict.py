@@ -93,7 +93,7 @@ class Target:
 
 
 def target_for_device(name: str, dev: dict[str, Any], note: str = "") -> Target:
-    """A Target from an AI Hub device record (hexstudio.workers.shared.bundle.KNOWN_DEVICES or AI Hub's list)."""
+    """A Target from an AI Hub device record (hexstudio.shared.bundle.KNOWN_DEVICES or AI Hub's list)."""
     chipset = str(dev.get("chipset") or "").removeprefix("qualcomm-")
     return Target(
         name=name,
@@ -107,7 +107,7 @@ def target_for_device(name: str, dev: dict[str, Any], note: str = "") -> Target:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A decoder's true shapes, from config.json (hexstudio.workers.shared.modelinfo.inspect_config)."""
+    """A decoder's true shapes, from config.json (hexstudio.shared.modelinfo.inspect_config)."""
 
     name: str
     layers: int

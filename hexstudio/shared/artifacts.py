@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     from typing_extensions import NotRequired
 
-from hexstudio.workers.shared.run_settings import ResolvedSettings
+from hexstudio.shared.run_settings import ResolvedSettings
 
 
 class ResolvedShape(TypedDict):
@@ -36,11 +36,11 @@ class ModelDoc(TypedDict):
     revision: str | None  # the commit the files came from (a download)
     requested_revision: str | None  # what --revision asked for (None: the default branch)
     hf_dir: str  # the model folder, relative to model.json when inside the stage folder
-    info: dict[str, Any]  # hexstudio.workers.shared.modelinfo.inspect_folder
+    info: dict[str, Any]  # hexstudio.shared.modelinfo.inspect_folder
     weights: dict[str, Any]  # the weight files' check
     resolved: ResolvedShape
-    part_plan: dict[str, Any]  # hexstudio.workers.shared.modelinfo.part_plan (parts and why)
-    estimates: dict[str, Any]  # hexstudio.workers.shared.modelinfo.estimate
+    part_plan: dict[str, Any]  # hexstudio.shared.modelinfo.part_plan (parts and why)
+    estimates: dict[str, Any]  # hexstudio.shared.modelinfo.estimate
 
 
 class QuantizeDoc(TypedDict):
@@ -71,7 +71,7 @@ class BundleFile(TypedDict):
 
 
 class BundleDoc(TypedDict):
-    """artifacts/compile/bundle/bundle.json (hexstudio.workers.shared.bundle.write_manifest, from hexstudio/workers/compile.py for the
+    """artifacts/compile/bundle/bundle.json (hexstudio.shared.bundle.write_manifest, from hexstudio/workers/compile.py for the
     simulator board and hexstudio/workers/aihub.py for AI Hub)."""
 
     bundle_version: int

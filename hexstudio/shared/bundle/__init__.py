@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 # AI Hub device attributes HexStudio knows offline (facts/board.md). The live list comes from AI Hub.
 KNOWN_DEVICES: dict[str, dict[str, Any]] = {
@@ -143,17 +143,17 @@ def compiled_context_length(graph_names: list[str]) -> int:
 
 
 def rope_settings(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope theta, rope scaling or None) from either config.json layout (hexstudio.workers.shared.rope.rope_settings)."""
-    from hexstudio.workers.shared import rope
+    """(rope theta, rope scaling or None) from either config.json layout (hexstudio.shared.rope.rope_settings)."""
+    from hexstudio.shared import rope
 
     return rope.rope_settings(hf_config)
 
 
 def genie_positional_encoding(hf_config: dict[str, Any], context_size: int) -> dict[str, Any]:
     """genie_config.json's `model.positional-encoding` for this model at `context_size` tokens: every value
-    from the model's own config.json, checked numerically against the model's rope (hexstudio.workers.shared.rope). Raises
+    from the model's own config.json, checked numerically against the model's rope (hexstudio.shared.rope). Raises
     BundleError for a rope Genie cannot reproduce."""
-    from hexstudio.workers.shared import rope
+    from hexstudio.shared import rope
 
     try:
         return rope.genie_positional_encoding(hf_config, context_size)
@@ -189,10 +189,10 @@ def genie_config(
     sampler: dict[str, Any] | None = None,
     simulated: bool = False,
 ) -> dict[str, Any]:
-    """genie_config.json as Genie 1.13 accepts it (hexstudio/workers/shared/bundle/genie_schema.py) and qai-hub-models writes it
+    """genie_config.json as Genie 1.13 accepts it (hexstudio/shared/bundle/genie_schema.py) and qai-hub-models writes it
     (qai_hub_models/utils/llm_helpers.py): version 1 in every section, every mandatory key, the sampler always,
     bos-token a number (-1: none), eos-token a number or an array, kv-dim = head_dim, and the model's own rope as
-    `model.positional-encoding` (hexstudio.workers.shared.rope; never pos-id-dim/rope-theta under QnnHtp). A simulation bundle
+    `model.positional-encoding` (hexstudio.shared.rope; never pos-id-dim/rope-theta under QnnHtp). A simulation bundle
     gets the same config (backend QnnHtp): bundle.json marks it simulated. Raises BundleError for a rope Genie
     cannot express or a config.json without an eos token."""
     del simulated  # the simulator board reads the very same config
@@ -273,9 +273,9 @@ def check_genie_config(cfg: dict[str, Any], hf_config: dict[str, Any], compiled_
     """The checks before a bundle is written: Genie's schema (its own messages), the context size against the
     context length the graphs were exported/compiled with (from their names or shapes, never the config's own
     value), kv-dim against head_dim, and the rope Genie computes from the config against the model's, numerically
-    (hexstudio.workers.shared.rope.rope_mismatch)."""
-    from hexstudio.workers.shared import rope
-    from hexstudio.workers.shared.bundle.genie_schema import dialog_create_errors, genie_config_errors
+    (hexstudio.shared.rope.rope_mismatch)."""
+    from hexstudio.shared import rope
+    from hexstudio.shared.bundle.genie_schema import dialog_create_errors, genie_config_errors
 
     problems = genie_config_errors(cfg) + [i.message for i in dialog_create_errors(cfg)]
     if problems:
@@ -394,7 +394,7 @@ def verify_bundle(bundle_dir: Path) -> list[str]:
         doc = json.loads((bundle_dir / "bundle.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         return [f"bundle.json unreadable: {exc}"]
-    from hexstudio.workers.shared.bundle.safepath import UnsafePath, check_bundle_files, resolve_under
+    from hexstudio.shared.bundle.safepath import UnsafePath, check_bundle_files, resolve_under
 
     try:  # every path is checked before any is opened (issue 18: a crafted bundle must not reach outside)
         files = check_bundle_files(doc.get("files") if isinstance(doc, dict) else None)

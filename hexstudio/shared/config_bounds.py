@@ -7,7 +7,7 @@ not truth. The ranges are wide: about 4-60x beyond the largest published dense d
 hidden 16,384, 126 layers, 128 heads, FFN 53,248; vocabularies up to ~262k; contexts up to 10M), so no real
 model is refused, and small enough that no size computed from them can exhaust memory or time.
 
-Stdlib only; hexstudio.workers.shared.modelinfo and hexstudio.workers.shared.rope call `check_config` first.
+Stdlib only; hexstudio.shared.modelinfo and hexstudio.shared.rope call `check_config` first.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hexstudio.workers.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError
 
 # field: (lowest, highest) for whole numbers
 INT_RANGES: dict[str, tuple[int, int]] = {
