@@ -156,7 +156,7 @@ def test_wheel_installed_not_editable_runs_the_flow(tmp_path: Path) -> None:
         [
             str(py),
             "-c",
-            "import hexstudio, hexstudio.shared.data as d, hexstudio.core.paths as p; "
+            "import hexstudio, hexstudio.workers, hexstudio.shared.data as d, hexstudio.core.paths as p; "
             "print(hexstudio.__file__); print(hexstudio.workers.__file__); print(d.builtin_model_dir()); "
             "print(p.WORKERS_ROOT)",
         ],
