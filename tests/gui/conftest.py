@@ -84,3 +84,32 @@ def keep_screenshot(widget: Any, name: str, tmp: Path) -> Path:
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, Path(keep) / path.name)
     return path
+
+
+def window_on_run(
+    qtbot: Any, tmp_path: Path, run: Path, size: tuple[int, int] | None = None
+) -> tuple[Any, Any]:
+    """The studio's main window (controller, window) on a copy of a prepared run in tmp_path/ws, opened; with
+    `size`, resized and shown as a user sees it."""
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
+    from tests.support.sim_runs import copy_run
+
+    copy = copy_run(run, tmp_path / "ws")
+    c = RunController(Workspace(tmp_path / "ws"))
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    if size is not None:
+        w.resize(*size)
+        w.show()
+    c.open_run(copy.name)
+    return c, w
+
+
+async def push_to_board(c: Any, w: Any) -> None:
+    """Run the Board stage from its page, as a click does, and wait for it to pass."""
+    w.show_stage("board")
+    w.pages["board"].run_button.click()
+    await wait_until(lambda: not c.busy, 180, "the board stage")
+    assert c.state("board") == "done", c.last_result and c.last_result.message

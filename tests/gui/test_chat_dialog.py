@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import wait_until
+from tests.gui.conftest import push_to_board, window_on_run
 
 
 def _page(qtbot: Any, tmp_path: Path) -> tuple[Any, Any]:
@@ -101,22 +101,11 @@ def test_accepted_tokens_per_step_show_in_the_kpi_line(qtbot: Any, tmp_path: Pat
 def test_a_dialog_the_runtime_cannot_run_is_told_and_basic_still_chats(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path
 ) -> None:
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
-    from tests.support.sim_runs import copy_run
-
-    run = copy_run(compiled_sim_run, tmp_path / "ws")
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
-    c.open_run(run.name)
+    c, w = window_on_run(qtbot, tmp_path, compiled_sim_run)
+    run = c.manifest.run_dir
 
     async def scenario() -> None:
-        w.show_stage("board")
-        w.pages["board"].run_button.click()
-        await wait_until(lambda: not c.busy, 180, "the board stage")
-        assert c.state("board") == "done", c.last_result and c.last_result.message
+        await push_to_board(c, w)
         ch: Any = w.pages["chat"]
         doc = ch.board_doc()
         pushed = Path(str(doc["remote_bundle"]))

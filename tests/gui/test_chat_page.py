@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import wait_until
+from tests.gui.conftest import push_to_board, window_on_run
 
 pytestmark = pytest.mark.slow
 QUESTION = "What is the capital of France?"
@@ -54,22 +54,11 @@ def test_chosen_sampler_reaches_the_runner(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path
 ) -> None:
     from hexstudio.core.genie.session import SESSION_CONFIG
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
-    from tests.support.sim_runs import copy_run
 
-    run = copy_run(compiled_sim_run, tmp_path / "ws")
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
-    c.open_run(run.name)
+    c, w = window_on_run(qtbot, tmp_path, compiled_sim_run)
 
     async def scenario() -> None:
-        w.show_stage("board")
-        w.pages["board"].run_button.click()
-        await wait_until(lambda: not c.busy, 180, "the board stage")
-        assert c.state("board") == "done", c.last_result and c.last_result.message
+        await push_to_board(c, w)
         ch: Any = w.pages["chat"]
         ch.refresh()
         doc = ch.board_doc()

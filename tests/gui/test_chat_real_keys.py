@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import keep_screenshot, wait_until
+from tests.gui.conftest import keep_screenshot, push_to_board, wait_until, window_on_run
 
 pytestmark = pytest.mark.slow
 
@@ -26,22 +26,12 @@ def test_enter_regenerate_versions_and_esc(
     from PySide6.QtTest import QTest
 
     from hexstudio.core.genie.chat_store import ChatStore
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
-    from tests.support.sim_runs import copy_run
 
-    run = copy_run(compiled_sim_run, tmp_path / "ws")
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
-    w.resize(1280, 720)
-    w.show()
-    c.open_run(run.name)
+    c, w = window_on_run(qtbot, tmp_path, compiled_sim_run, (1280, 720))
+    run = c.manifest.run_dir
 
     async def scenario() -> None:
-        w.pages["board"].run_button.click()
-        await wait_until(lambda: not c.busy, 180, "the board stage")
+        await push_to_board(c, w)
         assert c.status("board").key == "passed", c.last_result and c.last_result.message
         w.show_stage("chat")
         ch: Any = w.pages["chat"]

@@ -5,14 +5,12 @@ checked: the chat's message box, Send and Stop in view; the dark theme really da
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.gui.conftest import wait_until
+from tests.gui.conftest import keep_screenshot, push_to_board, wait_until, window_on_run
 from tests.gui.test_flow import assert_in_view
 
 pytestmark = pytest.mark.slow
@@ -24,38 +22,20 @@ async def _keep(widget: Any, name: str, tmp: Path) -> Path:
     helper's reader could lose its wake-up and the reply never end."""
     for _ in range(3):
         await asyncio.sleep(0.05)
-    path = tmp / f"{name}.png"
-    assert widget.grab().save(str(path))
-    keep = os.environ.get("HEXSTUDIO_SCREENSHOTS")
-    if keep:
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, Path(keep) / path.name)
-    return path
+    return keep_screenshot(widget, name, tmp)
 
 
 def test_changed_pages_at_two_sizes_and_dark(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path
 ) -> None:
-    from hexstudio.core.runs import Workspace
     from hexstudio.ui import theme
-    from hexstudio.ui.controller import RunController
     from hexstudio.ui.dialogs.about import AboutDialog
     from hexstudio.ui.dialogs.runs import RunsDialog
-    from hexstudio.ui.main_window import MainWindow
-    from tests.support.sim_runs import copy_run
 
-    run = copy_run(compiled_sim_run, tmp_path / "ws")
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
-    w.resize(1280, 720)
-    w.show()
-    c.open_run(run.name)
+    c, w = window_on_run(qtbot, tmp_path, compiled_sim_run, (1280, 720))
 
     async def scenario() -> None:
-        w.show_stage("board")
-        w.pages["board"].run_button.click()
-        await wait_until(lambda: not c.busy, 180, "the board stage")
+        await push_to_board(c, w)
         ch: Any = w.pages["chat"]
         w.show_stage("chat")
         ch.max_tokens.setValue(32)
