@@ -169,6 +169,16 @@ def _chain_text(exc: BaseException) -> str:
     return " | ".join(out)
 
 
+_STATUS_429 = re.compile(r"(?<![\w:/.=])429(?!\w)")
+
+
+def says_429(text: str) -> bool:
+    """Whether an error chain reports HTTP 429 (urllib3's "too many 429 error responses", "429 Too Many
+    Requests"): the status, not the digits 429 inside a port, an address or an id (an emulator on port 42913
+    once read as rate-limiting)."""
+    return "too many requests" in text.lower() or _STATUS_429.search(text) is not None
+
+
 def _first_line(exc: BaseException) -> str:
     lines = [ln.strip(" |│┌┐└┘─") for ln in str(exc).splitlines()]
     return " ".join(ln for ln in lines if ln)[:400] or type(exc).__name__
@@ -274,7 +284,7 @@ def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> It
         ) from None
     except hub.InternalError as exc:
         chain = _chain_text(exc)
-        if "429" in chain:
+        if says_429(chain):
             raise WorkerError(
                 "aihub_rate_limited",
                 f"Qualcomm AI Hub is rate-limiting this account (429 Too Many Requests) while {what}.",

@@ -246,3 +246,14 @@ def test_the_uplink_an_upload_measured_is_the_next_etas_speed(tmp_path: Path) ->
     assert read_rate(tmp_path, hub) is None  # a damaged file: the ETA assumes, the compile goes on
     assert record_rate(tmp_path, hub, 250e6, 40.0) == read_rate(tmp_path, hub)
     assert [p.name for p in tmp_path.iterdir()] == [FILE]  # no temporary left behind
+
+
+def test_a_429_is_the_status_not_the_digits_in_a_port_or_an_id() -> None:
+    """The rate-limit error is told by HTTP status 429 in the error chain, never by the digits 429 inside an
+    emulator's port or a job id (a stalled listing on port 42913 once read as rate-limiting)."""
+    from hexstudio.workers.aihub import says_429
+
+    assert says_429("ResponseError: too many 429 error responses")
+    assert says_429("HTTPError: 429 Client Error: Too Many Requests for url")
+    assert not says_429("HTTPConnectionPool(host='127.0.0.1', port=42913): Read timed out. (read timeout=3)")
+    assert not says_429("url: http://127.0.0.1:42913/api/v1/devices/ | job jx429k")
