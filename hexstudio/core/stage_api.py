@@ -5,8 +5,8 @@ Two kinds of stage (hexstudio/core/stages.py):
 - a worker stage (`worker="hexstudio.workers.<name>"`): the pipeline writes its WorkerSpec and starts it through
   `start_stage_worker` (this machine, or the run's worker host for the heavy stages), with memory samples, the
   worker's process group recorded for a resume, and cancel;
-- an action stage (`action="module:function"`, board, chat, evaluate and report work that runs in the studio's
-  process): an async function taking a `StageContext`. An action that needs a worker of its own (the
+- an action stage (`action="board"`, a name registered in hexstudio/core/stage_actions.py: board, chat, evaluate
+  and report work that runs in the studio's process): an async function taking a `StageContext`. An action that needs a worker of its own (the
   Evaluate stage's host legs) starts it with `StageContext.run_worker`: the same spec, the same memory
   samples (into the stage's resources log and the studio's live plot), the same cancel.
 
@@ -31,7 +31,6 @@ from hexstudio.core.remote import RemoteStageJob, start_worker_job
 from hexstudio.core.stages import Stage
 from hexstudio.shared.errors import ActionableError
 from hexstudio.shared.protocol import Emitter
-from hexstudio.shared.run_settings import RunSettings, run_settings_of
 from hexstudio.shared.worker_spec import EvalWork, StageInputs, WorkerSpec
 
 # "<run id>/<stage>" in a local worker's environment (and its children's): stop_stale_workers finds them by it
@@ -75,11 +74,6 @@ class StageContext:
     def settings(self) -> dict[str, Any]:
         """run.json's settings as the run holds them."""
         return self.manifest.settings
-
-    @property
-    def run_settings(self) -> RunSettings:
-        """The run's settings, typed, defaults filled in."""
-        return run_settings_of(self.manifest.settings)
 
     def check_cancelled(self) -> None:
         if self.cancel_event.is_set():

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.shared.protocol import Emitter
-from hexstudio.workers.documents import read_doc
+from hexstudio.workers.documents import model_doc, read_doc
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 
 EVAL_WINDOWS = 3  # held-out windows: prompt through the prompt processor, then teacher-forced AR-1 steps
@@ -77,10 +77,6 @@ def _htp_leg(q: dict[str, Any], qdir: Path, ids: list[int], spec: WorkerSpec, em
     return {"ran": True, **r}
 
 
-def _load_json(p: Path, stage: str) -> dict[str, Any]:
-    return dict(read_doc(p, dict, stage))
-
-
 def thresholds_from(overrides: Mapping[str, Any]) -> dict[str, float]:
     """The validation thresholds: the defaults, with the run's setting `thresholds` over them."""
     from hexstudio.workers.metrics import DEFAULT_THRESHOLDS
@@ -105,8 +101,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
 
     t0 = time.monotonic()
     qdir = spec.upstream_dir("quantize")
-    q = _load_json(qdir / "quantize.json", "quantize")
-    model = _load_json(spec.upstream_dir("model") / "model.json", "model")
+    q: dict[str, Any] = dict(read_doc(qdir / "quantize.json", dict, "quantize"))
+    model: dict[str, Any] = dict(model_doc(spec))
     hf_dir = resolve_hf_dir(model, spec.upstream_dir("model"))
     thr = thresholds_from(spec.settings.thresholds)
     text_path = resolve_text(spec.settings.validation_text, "validation")

@@ -123,14 +123,7 @@ async def run_host_legs(
     simulator). `python`: another interpreter to run it under (the workstation installer's side environment that
     holds onnxruntime-qnn when the recipe's Python cannot); `part` names the worker in the logs and the spec."""
     cases = tuple(
-        EvalCase(
-            key=str(j["key"]),
-            kind=str(j["kind"]),
-            legs=tuple(leg for leg in legs if leg in j["legs"]),
-            prompt=None if j.get("prompt") is None else str(j["prompt"]),
-            text=None if j.get("text") is None else str(j["text"]),
-            max_tokens=None if j.get("max_tokens") is None else int(j["max_tokens"]),
-        )
+        EvalCase.from_json({**j, "legs": [leg for leg in legs if leg in j["legs"]]})
         for j in plan.jobs
         if any(leg in j["legs"] for leg in legs)
     )
