@@ -170,17 +170,28 @@ _FRAMING_STATUS = {
     501: b"501 Not Implemented",
     505: b"505 HTTP Version Not Supported",
 }
+HEADERS_TOO_LARGE = "headers_too_large"  # the error code of every 431, from h11 or from the app's check
 _LINGER_S = 2.0  # after a framing error: seconds to read and drop what the client still sends, then close
 
 
-def framing_answer(exc: h11.RemoteProtocolError | None) -> bytes:
+def headers_too_large(max_header: int, size: int | None = None) -> str:
+    """The one message for headers over the limit, whether h11 refused them while they trickled in or the
+    app's own check saw them arrive in one piece (which of the two answers depends on TCP segmentation)."""
+    seen = f"; these were {size} bytes" if size is not None else ""
+    return (
+        f"the request line and headers are larger than this server takes ({max_header} bytes at most{seen})"
+    )
+
+
+def framing_answer(exc: h11.RemoteProtocolError | None, max_header: int) -> bytes:
     """The whole HTTP answer to a request h11 refused while parsing it, in OpenAI's error shape."""
     status = exc.error_status_hint if exc is not None else 400
     if status not in _FRAMING_STATUS:
         status = 400
     why = str(exc) if exc is not None and str(exc) else "malformed request"
+    code = "malformed_http"
     if status == 431 or why == "Receive buffer too long":
-        status, why = 431, "the request line and headers are larger than this server takes"
+        status, why, code = 431, headers_too_large(max_header), HEADERS_TOO_LARGE
     if len(why) > 200:
         why = why[:200] + "..."
     message = f"malformed HTTP request: {why}"
@@ -189,7 +200,7 @@ def framing_answer(exc: h11.RemoteProtocolError | None) -> bytes:
             status,
             message,
             "server_error" if status >= 500 else "invalid_request_error",
-            code="malformed_http",
+            code=code,
         )
     ).encode()
     return (
@@ -244,7 +255,7 @@ def protocol_for(limits: Limits) -> type[H11Protocol]:
             if self.cycle is not None:
                 self.cycle.disconnected = True  # the app waiting for this body is told the client is gone
                 self.cycle.message_event.set()
-            self.transport.write(framing_answer(exc))
+            self.transport.write(framing_answer(exc, limits.max_header))
             self._linger()
 
         def _linger(self) -> None:
@@ -479,8 +490,8 @@ class OpenAIServer:
                     431,
                     _error(
                         431,
-                        f"the request headers are {size} bytes; this server takes at most "
-                        f"{self.limits.max_header}",
+                        f"malformed HTTP request: {headers_too_large(self.limits.max_header, size)}",
+                        code=HEADERS_TOO_LARGE,
                     ),
                     {"Connection": "close"},
                 )
