@@ -114,15 +114,23 @@ def upload(run: Path, work: Path) -> dict[str, float]:
 
     qdir = run / "artifacts" / "quantize"
     q = json.loads((qdir / "quantize.json").read_text())
-    out = {"bytes": 0.0, "zipped": 0.0, "prepare_s": 0.0, "fp16_params": 0.0, "fp32_params": 0.0}
+    out = {
+        "bytes": 0.0,
+        "zipped": 0.0,
+        "prepare_s": 0.0,
+        "fp16_params": 0.0,
+        "int_params": 0.0,
+        "fp32_params": 0.0,
+    }
     for g in q["graphs"]:
         t0 = time.monotonic()
         d, st = write_upload_dir(qdir / g["onnx"], qdir / g["encodings"], work / "upload", g["name"])
         out["prepare_s"] += time.monotonic() - t0
         if st.inexact:
-            print(f"   {g['name']}: {len(st.inexact)} weights stay fp32 (fp16 not exact)", flush=True)
+            print(f"   {g['name']}: {len(st.inexact)} weights stay fp32 (not exact)", flush=True)
         out["bytes"] += st.bytes
         out["fp16_params"] += st.fp16_params
+        out["int_params"] += st.int_params  # the embedding table as its 16-bit integers
         out["fp32_params"] += st.fp32_params
         out["zipped"] += zipped_bytes(d, work / "zip")
         shutil.rmtree(d, ignore_errors=True)
@@ -252,6 +260,7 @@ def main() -> int:
                 "aihub_upload_zipped": up["zipped"],
                 "upload_prepare_s": up["prepare_s"],
                 "upload_fp16_params": up["fp16_params"],
+                "upload_int_params": up["int_params"],
                 "upload_fp32_params": up["fp32_params"],
                 "verdict": vdoc["verdict"],
                 "export_check": vdoc.get("float_export", {}).get("checks"),

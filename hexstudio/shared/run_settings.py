@@ -463,6 +463,14 @@ class RunSettings:
         advanced=True,
         help="Extra options appended to AI Hub's compile options (as qai-hub-models' --compile-options).",
     )
+    aihub_compact_upload: bool = setting(
+        True,
+        label="Compact AI Hub upload",
+        advanced=True,
+        help="Upload int4/int8 weights as fp16 and the embedding table as its 16-bit integers, each checked to "
+        "re-quantize to the same integers (about half the bytes; docs/aihub-upload.md). Off: fp32 weights, as "
+        "qai-hub-models uploads them. Turn it off if an AI Hub compile job refuses the compact form.",
+    )
     aihub_model_name: str = setting(
         "",
         label="AI Hub model name",

@@ -4,8 +4,9 @@ qai_hub_models/models/_shared/llm/export.py and model.py; docs/compile.md):
 
 - per graph, a directory `<model>_<prompt|token>_<i>_of_<n>.aimet/` holding `<same>.onnx` (its external
   data location renamed), `<same>.data` and `<same>.encodings`, uploaded with `upload_model(dir)`; the
-  integer-encoded weights in fp16, which re-quantize to the same integers (hexstudio/workers/aihub_upload.py,
-  docs/aihub-upload.md): half the bytes of fp32; the size and an ETA are shown before the first upload;
+  integer-encoded weights in fp16 and the embedding table as its 16-bit integers, which re-quantize to the
+  same integers (hexstudio/workers/aihub_upload.py, docs/aihub-upload.md): about half the bytes of fp32
+  (setting aihub_compact_upload off: fp32); the size and an ETA are shown before the first upload;
 - per graph a compile job named `<model>_<prompt|token>_<i>_of_<n>` with `--target_runtime qnn_dlc
   --qairt_version V --output_names <the graph's outputs> --quantize_io --qnn_options
   context_enable_graphs=<graph> --quantize_full_type w8a16`;
@@ -539,12 +540,15 @@ def wait_jobs(
             time.sleep(poll_s)
 
 
-def stage_aimet_dir(g: dict[str, Any], qdir: Path, dest: Path, base: str) -> tuple[Path, UploadStats]:
+def stage_aimet_dir(
+    g: dict[str, Any], qdir: Path, dest: Path, base: str, compact: bool = True
+) -> tuple[Path, UploadStats]:
     """`dest/<base>.aimet/` holding `<base>.onnx`, `<base>.data` and `<base>.encodings` for graph entry `g`,
-    as qai-hub-models' split_onnx writes each part, with the integer-encoded weights in fp16 (checked to
-    re-quantize to the same integers; hexstudio/workers/aihub_upload.py): half the bytes of the fp32 part."""
+    as qai-hub-models' split_onnx writes each part, with the integer-encoded weights in fp16 and the embedding
+    table as its integers (checked to re-quantize to the same integers; hexstudio/workers/aihub_upload.py):
+    about half the bytes of the fp32 part. `compact=False`: fp32, as qai-hub-models uploads."""
     try:
-        return write_upload_dir(qdir / g["onnx"], qdir / g["encodings"], dest, base)
+        return write_upload_dir(qdir / g["onnx"], qdir / g["encodings"], dest, base, compact)
     except UploadError as exc:
         raise WorkerError(
             "missing_graph", f"Graph {g['name']}: {exc}.", "Re-run the Quantize stage."
@@ -570,10 +574,12 @@ def eta_text(n_bytes: float, mbps: float) -> str:
     return f"{s / 3600:.1f} h" if s >= 5400 else (f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s")
 
 
-def upload_plan(pairs: dict[int, list[dict[str, Any]]], qdir: Path, skip: set[str]) -> dict[str, int]:
+def upload_plan(
+    pairs: dict[int, list[dict[str, Any]]], qdir: Path, skip: set[str], compact: bool = True
+) -> dict[str, int]:
     """Bytes each graph's upload will hold (graphs named in `skip`, already compiled, are left out)."""
     return {
-        g["name"]: plan_bytes(qdir / g["onnx"], qdir / g["encodings"])
+        g["name"]: plan_bytes(qdir / g["onnx"], qdir / g["encodings"], compact)
         for graphs in pairs.values()
         for g in graphs
         if g["name"] not in skip
@@ -651,7 +657,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
             return hub_errors(what, ccfg.api_url, ccfg.web_url)
 
         # the upload's size and ETA first, before anything is sent (the CLI prints a stage's first progress line)
-        plan = upload_plan(pairs, qdir, set())
+        plan = upload_plan(pairs, qdir, set(), s.aihub_compact_upload)
         workspace = spec.run_dir.parent.parent
         mbps, speed_from = link_speed(s, read_rate(workspace, ccfg.api_url))
         left = float(sum(plan.values()))
@@ -707,7 +713,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                     part=part,
                     parts=parts,
                 )
-                src, ustats = stage_aimet_dir(g, qdir, staging, job_name)
+                src, ustats = stage_aimet_dir(g, qdir, staging, job_name, s.aihub_compact_upload)
                 if ustats.inexact:
                     em.warning(
                         f"{len(ustats.inexact)} weight(s) of {g['name']} are uploaded in fp32: their fp16 form "

@@ -12,8 +12,11 @@ qai-hub-models' own Genie export does. What is halved is the bytes of each:
   element as it is written; a tensor where it does not hold (a scale in fp16's subnormal range) stays fp32.
 - the fp16 initializer is renamed `<name>__fp16` and a Cast to float produces `<name>`: every op, the
   encodings (keyed by `<name>`) and the graph's float interface are unchanged.
-- everything else (16-bit norm weights, the embedding table, whose 16-bit encoding fp16 cannot hold exactly,
-  inline constants) is uploaded as it was (fp32).
+- a table only Gathers read (the embedding) with its own 8/16-bit per-tensor encoding, which fp16 cannot hold
+  exactly, is uploaded as those integers (uint16/uint8: half of fp32) and turned back into float by
+  `Cast -> Sub(zero point) -> Mul(scale)` in front of the Gather: the float it feeds is the quantize-dequantized
+  table, which re-quantizes with the same encoding to the same integers (CHECKED for every element).
+- everything else (16-bit norm weights, inline constants) is uploaded as it was (fp32).
 
 Memory: one block of rows of one weight at a time (the data file is read through a memory map).
 """
@@ -33,6 +36,7 @@ import numpy as np
 from hexstudio.shared.errors import ActionableError
 
 FP16_SUFFIX = "__fp16"
+INT_SUFFIX = "__int"  # a gathered table's integers, made float again by Cast -> Sub -> Mul
 ROW_BLOCK_BYTES = 64 << 20  # fp32 bytes of one block of rows converted at a time
 
 
@@ -48,9 +52,36 @@ class UploadStats:
     data_bytes: int = 0  # its .data file
     fp16_tensors: int = 0
     fp16_params: int = 0
+    int_tables: int = 0  # gathered tables uploaded as their integers
+    int_params: int = 0
     fp32_tensors: int = 0  # weights in external data left fp32
     fp32_params: int = 0
     inexact: list[str] = field(default_factory=list)  # integer-encoded weights kept fp32 (fp16 not exact)
+
+
+def activation_encodings(path: Path) -> dict[str, dict[str, Any]]:
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    ae = doc.get("activation_encodings") or []
+    if isinstance(ae, dict):  # the older dict form: name -> [encoding]
+        return {k: (v[0] if isinstance(v, list) else v) for k, v in ae.items()}
+    return {str(a["name"]): a for a in ae}
+
+
+def _tables(model: Any, encodings: Path) -> dict[str, dict[str, Any]]:
+    from hexstudio.workers.quant.qdq import gather_tables
+
+    return gather_tables(model, activation_encodings(encodings))
+
+
+def table_rows(w: np.ndarray, enc: dict[str, Any]) -> tuple[np.ndarray, bool]:
+    """(the integers of a table's rows under its per-tensor encoding, as onnx QuantizeLinear computes them,
+    whether the float the upload's Cast -> Sub -> Mul makes of them re-quantizes to the same integers)."""
+    bw = int(enc["bw"])
+    scale, zp, top = np.float32(enc["scale"][0]), np.float32(round(-float(enc["offset"][0]))), (1 << bw) - 1
+    q = np.clip(np.rint(np.asarray(w, np.float32) / scale) + zp, 0, top)
+    back = (q - zp) * scale  # float32 throughout, as the upload's graph computes it
+    ok = bool(np.isfinite(back).all()) and np.array_equal(np.clip(np.rint(back / scale) + zp, 0, top), q)
+    return q.astype(np.uint16 if bw == 16 else np.uint8), ok
 
 
 def _ext(init: Any) -> dict[str, str]:
@@ -107,13 +138,14 @@ def fp16_rows(w: np.ndarray, form: Any, r0: int) -> tuple[np.ndarray, bool]:
     return h, ok
 
 
-def plan_bytes(onnx_path: Path, encodings: Path) -> int:
+def plan_bytes(onnx_path: Path, encodings: Path, compact: bool = True) -> int:
     """The bytes `write_upload_dir` will write for this graph (its .data, assuming every integer-encoded
     weight converts; + the .onnx and .encodings as they are now), read from the graph's header alone."""
     import onnx
 
     model = onnx.load(str(onnx_path), load_external_data=False)
-    encs = param_encodings(encodings)
+    encs = param_encodings(encodings) if compact else {}
+    tables = _tables(model, encodings) if compact else {}
     total = Path(onnx_path).stat().st_size + Path(encodings).stat().st_size
     for init in model.graph.initializer:
         ext = _ext(init)
@@ -125,13 +157,19 @@ def plan_bytes(onnx_path: Path, encodings: Path) -> int:
             init.data_type == onnx.TensorProto.FLOAT
             and _form(encs.get(init.name), list(init.dims)) is not None
         )
+        if init.name in tables:
+            total += n * (2 if int(tables[init.name]["bw"]) == 16 else 1)
+            continue
         total += n * 2 if fp16 else length
     return total
 
 
-def write_upload_dir(src_onnx: Path, encodings: Path, dest: Path, base: str) -> tuple[Path, UploadStats]:
-    """`dest/<base>.aimet/` with `<base>.onnx`, `<base>.data` (integer-encoded weights in fp16, checked
-    exact; the rest as they were) and `<base>.encodings` (a copy). Returns (the directory, its stats)."""
+def write_upload_dir(
+    src_onnx: Path, encodings: Path, dest: Path, base: str, compact: bool = True
+) -> tuple[Path, UploadStats]:
+    """`dest/<base>.aimet/` with `<base>.onnx`, `<base>.data` (integer-encoded weights in fp16 and gathered
+    tables as their integers, checked exact; the rest as they were) and `<base>.encodings` (a copy). Returns
+    (the directory, its stats). `compact=False` (setting aihub_compact_upload): every weight as it was (fp32)."""
     import onnx
     from onnx import helper
 
@@ -147,13 +185,15 @@ def write_upload_dir(src_onnx: Path, encodings: Path, dest: Path, base: str) -> 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     stats = UploadStats()
-    encs = param_encodings(encodings)
+    encs = param_encodings(encodings) if compact else {}
+    tables = _tables(model, encodings) if compact else {}
     if locations:
         src_data = src_onnx.parent / locations[0]
         if not src_data.is_file():
             raise UploadError(f"{src_onnx.name}'s weights {src_data} are missing")
         data_name = f"{base}.data"
-        casts = []
+        casts: list[Any] = []
+        consts: list[Any] = []
         with open(out / data_name, "wb") as fh:
             for init in model.graph.initializer:
                 ext = _ext(init)
@@ -163,6 +203,23 @@ def write_upload_dir(src_onnx: Path, encodings: Path, dest: Path, base: str) -> 
                 dims = [int(d) for d in init.dims]
                 n = int(np.prod(dims)) if dims else 1
                 start = fh.tell()
+                table = tables.get(init.name)
+                if table is not None and _write_table(fh, src_data, offset, dims, table):
+                    name = init.name
+                    init.name = name + INT_SUFFIX
+                    init.data_type = (
+                        onnx.TensorProto.UINT16 if int(table["bw"]) == 16 else onnx.TensorProto.UINT8
+                    )
+                    _set_ext(init, data_name, start, fh.tell() - start)
+                    consts += _table_constants(name, table)
+                    casts += _dequantize_nodes(name)
+                    stats.int_tables += 1
+                    stats.int_params += n
+                    continue
+                if table is not None:  # not exact: the fp32 table as it was
+                    fh.seek(start)
+                    fh.truncate()
+                    stats.inexact.append(init.name)
                 form = _form(encs.get(init.name), dims) if init.data_type == onnx.TensorProto.FLOAT else None
                 if form is not None and _write_fp16(fh, src_data, offset, dims, form):
                     name = init.name
@@ -186,6 +243,7 @@ def write_upload_dir(src_onnx: Path, encodings: Path, dest: Path, base: str) -> 
                 stats.fp32_tensors += 1
                 stats.fp32_params += n
             stats.data_bytes = fh.tell()
+        model.graph.initializer.extend(consts)
         if casts:
             nodes = list(model.graph.node)
             del model.graph.node[:]
@@ -194,6 +252,46 @@ def write_upload_dir(src_onnx: Path, encodings: Path, dest: Path, base: str) -> 
     shutil.copyfile(encodings, out / f"{base}.encodings")
     stats.bytes = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     return out, stats
+
+
+def _table_constants(name: str, enc: dict[str, Any]) -> list[Any]:
+    from onnx import numpy_helper
+
+    return [
+        numpy_helper.from_array(np.array(np.float32(round(-float(enc["offset"][0])))), f"{name}__zero_point"),
+        numpy_helper.from_array(np.array(np.float32(enc["scale"][0])), f"{name}__scale"),
+    ]
+
+
+def _dequantize_nodes(name: str) -> list[Any]:
+    """`<name>` = (float(<name>__int) - zero point) * scale: every op and the encodings keyed by `<name>`
+    stay as they were. Plain Cast/Sub/Mul on constants (opset 17: a uint16 DequantizeLinear needs 21)."""
+    from onnx import TensorProto, helper
+
+    f, c = f"{name}__float", f"{name}__centered"
+    return [
+        helper.make_node("Cast", [name + INT_SUFFIX], [f], name=f"{name}_to_float", to=TensorProto.FLOAT),
+        helper.make_node("Sub", [f, f"{name}__zero_point"], [c], name=f"{name}_minus_zero_point"),
+        helper.make_node("Mul", [c, f"{name}__scale"], [name], name=f"{name}_times_scale"),
+    ]
+
+
+def _write_table(fh: Any, src: Path, offset: int, dims: list[int], enc: dict[str, Any]) -> bool:
+    """Write a gathered table's integers a block of rows at a time; False (at the first block that does not
+    re-quantize exactly) leaves the caller to truncate and write fp32 instead."""
+    if len(dims) != 2:
+        return False
+    rows, cols = dims
+    w: Any = np.memmap(src, dtype=np.float32, mode="r", offset=offset, shape=(rows, cols))
+    try:
+        for r0, r1 in _row_blocks(rows, cols, 0):
+            q, ok = table_rows(np.asarray(w[r0:r1]), enc)
+            if not ok:
+                return False
+            fh.write(np.ascontiguousarray(q).tobytes())
+        return True
+    finally:
+        del w
 
 
 def _write_fp16(fh: Any, src: Path, offset: int, dims: list[int], form: Any) -> bool:
@@ -232,13 +330,21 @@ def uploaded_weight(aimet_dir: Path, name: str) -> np.ndarray:
     onnx_path = next(d.glob("*.onnx"))
     model = onnx.load(str(onnx_path), load_external_data=False)
     inits = {i.name: i for i in model.graph.initializer}
-    init = inits.get(name + FP16_SUFFIX) or inits[name]
+    init = inits.get(name + FP16_SUFFIX) or inits.get(name + INT_SUFFIX) or inits[name]
     ext = _ext(init)
-    dtype = np.float16 if init.data_type == onnx.TensorProto.FLOAT16 else np.float32
+    dtype = {
+        onnx.TensorProto.FLOAT16: np.float16,
+        onnx.TensorProto.UINT16: np.uint16,
+        onnx.TensorProto.UINT8: np.uint8,
+    }.get(init.data_type, np.float32)
     arr = np.fromfile(
         d / ext["location"], dtype=dtype, count=int(np.prod(init.dims)), offset=int(ext.get("offset", 0))
-    )
-    return arr.reshape([int(x) for x in init.dims]).astype(np.float32)
+    ).reshape([int(x) for x in init.dims])
+    if init.name.endswith(INT_SUFFIX):  # as the graph's Cast -> Sub -> Mul makes it
+        zp = onnx.numpy_helper.to_array(inits[f"{name}__zero_point"])
+        scale = onnx.numpy_helper.to_array(inits[f"{name}__scale"])
+        return (arr.astype(np.float32) - zp) * scale
+    return arr.astype(np.float32)
 
 
 def zipped_bytes(aimet_dir: Path, work: Path) -> int:

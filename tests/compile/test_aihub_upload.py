@@ -74,6 +74,19 @@ def test_uploaded_fp16_weights_requantize_to_the_same_integers(validated_run: Pa
         seen = _requantize_everything(qdir, g, up)
         assert seen["fp16"] == st.fp16_tensors
         total_fp16 += seen["fp16"]
+        # the embedding table: uploaded as its 16-bit integers, the same ones the quantize stage's graph holds
+        tables = au._tables(onnx.load(str(qdir / g["onnx"]), load_external_data=False), qdir / g["encodings"])
+        assert st.int_tables == len(tables) and (st.int_tables == 1) == g["name"].endswith("_1_of_2"), g[
+            "name"
+        ]
+        for name, enc in tables.items():
+            src = onnx.load(str(qdir / g["onnx"]), load_external_data=False)
+            w = _external_fp32(
+                next(i for i in src.graph.initializer if i.name == name), (qdir / g["onnx"]).parent
+            )
+            want, exact = au.table_rows(w, enc)
+            got, _ = au.table_rows(au.uploaded_weight(up, name), enc)
+            assert exact and np.array_equal(got, want), name
         m = onnx.load(str(up / f"{g['name']}.onnx"), load_external_data=False)
         onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=True)
         assert [i.name for i in m.graph.input] == g["inputs"] and [o.name for o in m.graph.output] == g[
@@ -182,6 +195,64 @@ def test_a_tiny_graph_upload_runs_like_the_fake_quantized_graph(tmp_path: Path) 
             assert np.array_equal(
                 au.quantize_ints(au.uploaded_weight(up, n), form), au.quantize_ints(a, form)
             )
+
+
+def test_an_embedding_table_is_uploaded_as_its_16_bit_integers(tmp_path: Path) -> None:
+    """A Gather-only table with its own 16-bit encoding: half of fp32, exact, and the Gather's output is the
+    fake-quantized table's rows (what the compiler makes of the fp32 upload)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from qai_hub import public_api_pb2 as pb
+    from qai_hub.util.zipped_model import zip_model
+
+    from tests.aihub_emulator.server import uploaded_model_outputs
+
+    rng = np.random.default_rng(2)
+    table = (rng.standard_normal((300, 16)) * 0.02).astype(np.float32)
+    lo, hi = float(table.min()), float(table.max())
+    scale = (hi - lo) / 65535
+    enc = {"name": "E", "enc_type": "PER_TENSOR", "bw": 16, "is_sym": False, "dtype": "INT"}
+    enc |= {"scale": [scale], "offset": [round(lo / scale)]}
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["E", "ids"], ["h"], axis=0)],
+        "emb",
+        [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 5])],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 5, 16])],
+        [numpy_helper.from_array(table, "E")],
+    )
+    d = tmp_path / "src"
+    d.mkdir()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(d / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
+    (d / "m.encodings").write_text(
+        json.dumps(
+            {"version": "1.0.0", "activation_encodings": [enc, {**enc, "name": "h"}], "param_encodings": []}
+        )
+    )
+    assert au.plan_bytes(d / "m.onnx", d / "m.encodings") < table.nbytes // 2 + 4096
+    up, st = au.write_upload_dir(d / "m.onnx", d / "m.encodings", tmp_path / "up", "emb")
+    assert (st.int_tables, st.int_params, st.fp32_tensors, st.inexact) == (1, table.size, 0, [])
+    assert st.data_bytes == table.size * 2
+    ids = np.array([[0, 7, 299, 150, 7]], np.int32)
+    got = ort.InferenceSession(str(up / "emb.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"ids": ids}
+    )[0]
+    q, exact = au.table_rows(table, enc)
+    assert exact
+    fake = (q.astype(np.float32) - np.float32(-enc["offset"][0])) * np.float32(scale)
+    assert np.array_equal(got[0], fake[ids[0]])  # the fake-quantized rows, bit for bit
+    assert np.array_equal(au.table_rows(got[0], enc)[0], q[ids[0]])  # re-quantized: the same integers
+    assert (
+        np.abs(fake - table).max() <= scale
+    )  # within one step (half, but for the rounded zero point at the ends)
+    zipped = Path(zip_model(str(tmp_path / "z"), str(up))).read_bytes()
+    assert uploaded_model_outputs(pb.MODEL_TYPE_AIMET_ONNX, zipped, True) == ["h"]
+    # setting aihub_compact_upload off: the table as it was, fp32 (what qai-hub-models uploads)
+    up32, st32 = au.write_upload_dir(d / "m.onnx", d / "m.encodings", tmp_path / "up32", "emb", compact=False)
+    assert (st32.int_tables, st32.fp32_tensors, st32.data_bytes) == (0, 1, table.nbytes)
+    assert np.array_equal(au.uploaded_weight(up32, "E"), table)
+    assert au.plan_bytes(d / "m.onnx", d / "m.encodings", compact=False) > table.nbytes
 
 
 def test_a_weight_fp16_cannot_hold_exactly_stays_fp32(tmp_path: Path) -> None:

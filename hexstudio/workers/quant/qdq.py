@@ -84,20 +84,7 @@ def build_qdq(
     # exact int8; the lm_head's int8), and a Gather-only table (the embedding) in its 16-bit encoding,
     # dequantized after the Gather (per-tensor: the same values, without dequantizing the whole table)
     forms = {n: fm for n in params & set(inits) if (fm := int_form(penc[n], list(inits[n].dims))) is not None}
-    gathers = {n: [x for x in model.graph.node if n in x.input] for n, a in acts.items() if n in inits}
-    tables = {
-        n: acts[n]
-        for n, users in gathers.items()
-        if users
-        and all(
-            x.op_type == "Gather"
-            and x.input[0] == n
-            and not any(at.name == "axis" and at.i != 0 for at in x.attribute)
-            for x in users
-        )
-        and int(acts[n]["bw"]) in ACTIVATION_BITS
-        and inits[n].data_type == onnx.TensorProto.FLOAT
-    }
+    tables = gather_tables(model, acts)
 
     def bake(init: Any) -> np.ndarray | None:
         if init.name in tables:
@@ -159,7 +146,7 @@ def build_qdq(
                 np.array(round(-float(a["offset"][0])), dtype=np.uint16 if bw == 16 else np.uint8), z_name
             ),
         ]
-        for g in gathers[name]:
+        for g in (x for x in graph.node if x.op_type == "Gather" and x.input[0] == name):
             o = g.output[0]
             g.output[0] = f"{o}__gathered"
             int_nodes.append(
@@ -313,6 +300,32 @@ def dequantize_weight(model: Any, name: str, base_dir: Path) -> np.ndarray:
     else:
         s = scale
     return (q * s).astype(np.float32)
+
+
+def gather_tables(model: Any, acts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The float initializers only axis-0 Gathers read (the embedding table) whose own 8- or 16-bit
+    per-tensor encoding is in `acts` (the Gather's output takes it: genie-contract.md §3): name -> encoding.
+    Such a table can be stored as its integers and dequantized after (or, uploaded, before) the Gather."""
+    import onnx
+
+    inits = {i.name: i for i in model.graph.initializer}
+    out: dict[str, dict[str, Any]] = {}
+    for n, a in acts.items():
+        if (
+            n not in inits
+            or inits[n].data_type != onnx.TensorProto.FLOAT
+            or int(a["bw"]) not in ACTIVATION_BITS
+        ):
+            continue
+        users = [x for x in model.graph.node if n in x.input]
+        if users and all(
+            x.op_type == "Gather"
+            and x.input[0] == n
+            and not any(at.name == "axis" and at.i != 0 for at in x.attribute)
+            for x in users
+        ):
+            out[n] = a
+    return out
 
 
 def table_ints(init: Any, src_dir: Path, a: dict[str, Any]) -> np.ndarray:
