@@ -430,11 +430,17 @@ def _worker_events(run_dir: Path, stage: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_real_quantize_on_the_worker_host_streams_the_same_events_as_a_local_run(tmp_path: Path) -> None:
+def test_real_quantize_on_the_worker_host_streams_the_same_events_as_a_local_run(
+    tmp_path: Path, validated_run: Path
+) -> None:
     """`hexstudio run --model builtin:tiny-llama --board sim --until quantize --worker-host box`: real
-    aimet-onnx on the host, compared with the same run on this machine."""
+    aimet-onnx on the host, compared with the same command run on this machine (the shared validated run:
+    tests/support/runs.py runs `hexstudio run ... --until validate` with the same settings)."""
+    from tests.support.runs import FAST_QUANTIZE_SETTINGS
+
     exe = str(Path(sys.executable).with_name("hexstudio"))
-    base = [exe, *RUN_BUILTIN, "--until", "quantize", "--set", "calibration_samples=4", "--json", "--quiet"]
+    sets = [x for k, v in FAST_QUANTIZE_SETTINGS.items() for x in ("--set", f"{k}={v}")]
+    base = [exe, *RUN_BUILTIN, "--until", "quantize", *sets, "--json", "--quiet"]
     root = tmp_path / "host-root"
     with SshServer(tmp_path / "sshd") as srv:
         _add_host(srv, root)
@@ -446,11 +452,10 @@ def test_real_quantize_on_the_worker_host_streams_the_same_events_as_a_local_run
         )
     assert p.returncode == 0, p.stdout + p.stderr
     remote = RunManifest.load(Path(json.loads(p.stdout)["run_dir"]))
-    p = subprocess.run(
-        [*base, "--workspace", str(tmp_path / "local-ws")], capture_output=True, text=True, timeout=600
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
-    local = RunManifest.load(Path(json.loads(p.stdout)["run_dir"]))
+    local = RunManifest.load(validated_run)
+    assert {k: remote.settings[k] for k in FAST_QUANTIZE_SETTINGS} == {
+        k: local.settings[k] for k in FAST_QUANTIZE_SETTINGS
+    }
 
     # the same events, in the same order
     ev_remote, ev_local = (

@@ -101,6 +101,17 @@ def test_whole_flow_through_the_window(
         mp.new_run_button.click()
         assert c.manifest is not None and c.manifest.settings["calibration_samples"] == 4
         assert "builtin:tiny-llama" in w.run_label.text()
+        # the user keeps one evaluation suite (the greedy-parity gate) on the Evaluate page: the default suites'
+        # whole Evaluate stage is tested by tests/e2e/test_default_flow.py, and took 89 of this test's 170 s
+        from PySide6.QtCore import Qt
+
+        ep = w.pages["evaluate"]
+        w.show_stage("evaluate")
+        for i in range(ep.suite_list.count()):
+            item = ep.suite_list.item(i)
+            if item.data(Qt.ItemDataRole.UserRole) != "greedy_parity":
+                item.setCheckState(Qt.CheckState.Unchecked)
+        assert c.manifest.settings["eval_suites"] == ["greedy_parity"]
 
         await run_page("preflight", 120)
         pf = w.pages["preflight"]

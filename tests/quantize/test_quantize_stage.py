@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -312,15 +309,17 @@ def test_cancel_mid_calibration_leaves_nothing_marked_done(tmp_path: Path) -> No
     assert json.loads((Path(m.run_dir) / "run.json").read_text())["stages"]["quantize"]["state"] != "done"
 
 
-@pytest.mark.slow
-def test_cli_run_until_validate(tmp_path: Path) -> None:
-    """The acceptance command, real aimet-onnx end to end."""
-    env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(tmp_path / "ws")}
-    cmd = [str(Path(sys.executable).parent / "hexstudio"), *RUN_BUILTIN, "--until", "validate", "--json"]
-    cmd += ["--set", "calibration_samples=4"]
-    p = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    out = json.loads(p.stdout)
-    assert p.returncode == 0 and out["ok"], (out, p.stderr[-2000:])
-    run = _run_json(Path(out["run_dir"]))
+def test_cli_run_until_validate(validated_run: Path) -> None:
+    """The acceptance command, real aimet-onnx end to end: the shared validated run is made by it
+    (tests/support/runs.py, build_validated_run), which kept its exit code and JSON."""
+    from tests.support.runs import CLI_RECORD
+
+    rec = json.loads((validated_run.parents[1] / CLI_RECORD).read_text())
+    assert rec["cmd"][1:6] == list(RUN_BUILTIN) and rec["cmd"][6:9] == ["--until", "validate", "--json"]
+    out = rec["out"]
+    assert rec["returncode"] == 0 and out["ok"], (out, rec["stderr_tail"])
+    assert Path(out["run_dir"]) == validated_run
+    run = _run_json(validated_run)
+    assert all(run["stages"][s]["state"] == "done" for s in ("model", "preflight", "quantize", "validate"))
     assert run["stages"]["validate"]["metrics"]["verdict"]["value"] == "pass"
     assert run["stages"]["quantize"]["metrics"]["int4_lpbq_weight_encodings"]["value"] > 0
