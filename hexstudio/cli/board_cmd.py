@@ -17,7 +17,9 @@ from hexstudio.cli.common import (
     add_trust_flag,
     host_key_prompt,
     print_json,
+    read_password,
     set_action,
+    ssh_config_from,
 )
 from hexstudio.core.device.board import Board, open_board
 from hexstudio.core.device.errors import BoardError
@@ -139,14 +141,10 @@ def cmd_add(args: argparse.Namespace) -> int:
 
     check_board_name(args.name)  # before anything is saved (issue 27: '../../etc', '$(id)', '' were kept)
     s = Settings.load()
-    cfg: dict[str, Any] = {"host": args.host, "port": args.port, "user": args.user, "auth": args.auth}
-    if args.key_path:
-        cfg["key_path"] = str(Path(args.key_path).expanduser())
-    if args.auth == "ssh_config":
-        cfg["ssh_alias"] = args.host
+    cfg = ssh_config_from(args)
     if args.qairt_zip:
         cfg["qairt_zip"] = str(Path(args.qairt_zip).expanduser().resolve())
-    s.boards[args.name] = {k: v for k, v in cfg.items() if v is not None}
+    s.boards[args.name] = cfg
     s.save()
     out: dict[str, Any] = {"ok": True, "board": args.name, "config": s.boards[args.name]}
     if not args.no_connect:
@@ -186,13 +184,7 @@ def cmd_password(args: argparse.Namespace) -> int:
     if args.name not in Settings.load().boards:
         raise CliError(f"No board named '{args.name}'.", "Add it first: hexstudio board add NAME --host ...")
     what = "sudo" if args.sudo else "SSH"
-    pw = (
-        sys.stdin.readline().rstrip("\n")
-        if args.stdin
-        else getpass.getpass(f"{what} password for {args.name}: ")
-    )
-    if not pw:
-        raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
+    pw = read_password(f"{what} password for {args.name}: ", args.stdin)
     set_secret(sudo_password_key(args.name) if args.sudo else board_password_key(args.name), pw)
     from hexstudio.core.secrets import stored_where
 

@@ -137,6 +137,31 @@ def add_ssh_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", dest="key_path", default=None, help="private key file (auth key)")
 
 
+def ssh_config_from(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    """The settings entry of a machine reached over SSH, from add_ssh_flags' flags (and `extra`): the key file
+    made absolute, the alias kept for auth ssh_config, the values not given left out."""
+    cfg: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "user": args.user,
+        "auth": args.auth,
+        **extra,
+    }
+    if args.key_path:
+        cfg["key_path"] = str(Path(args.key_path).expanduser())
+    if args.auth == "ssh_config":
+        cfg["ssh_alias"] = args.host
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+def read_password(prompt: str, from_stdin: bool) -> str:
+    """A password from the first line of standard input or a hidden prompt; an empty one is refused."""
+    pw = sys.stdin.readline().rstrip("\n") if from_stdin else getpass.getpass(prompt)
+    if not pw:
+        raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
+    return pw
+
+
 def add_trust_flag(p: argparse.ArgumentParser, what: str = "board") -> None:
     """--trust SHA256:...: the host key a first connection accepts without asking (what: board | host)."""
     whose = "board's host" if what == "board" else f"{what}'s"

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
-import sys
-from pathlib import Path
 from typing import Any
 
 from hexstudio.cli.common import (
@@ -18,7 +15,9 @@ from hexstudio.cli.common import (
     add_trust_flag,
     host_key_prompt,
     print_json,
+    read_password,
     set_action,
+    ssh_config_from,
 )
 from hexstudio.core.remote.hosts import (
     STAGE_PACKAGES,
@@ -136,19 +135,7 @@ def cmd_add(args: argparse.Namespace) -> int:
             exit_code=EXIT_USAGE,
         )
     s = Settings.load()
-    cfg: dict[str, Any] = {
-        "host": args.host,
-        "port": args.port,
-        "user": args.user,
-        "auth": args.auth,
-        "python": args.python,
-        "root": args.root,
-    }
-    if args.key_path:
-        cfg["key_path"] = str(Path(args.key_path).expanduser())
-    if args.auth == "ssh_config":
-        cfg["ssh_alias"] = args.host
-    worker_hosts(s)[args.name] = {k: v for k, v in cfg.items() if v is not None}
+    worker_hosts(s)[args.name] = ssh_config_from(args, python=args.python, root=args.root)
     s.save()
     out: dict[str, Any] = {"ok": True, "worker_host": args.name, "config": worker_hosts(s)[args.name]}
     if not args.no_connect:
@@ -184,13 +171,7 @@ def cmd_password(args: argparse.Namespace) -> int:
         host_config(args.name)
     except WorkerHostError as exc:
         raise CliError(exc.message, exc.hint) from None
-    pw = (
-        sys.stdin.readline().rstrip("\n")
-        if args.stdin
-        else getpass.getpass(f"SSH password for {args.name}: ")
-    )
-    if not pw:
-        raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
+    pw = read_password(f"SSH password for {args.name}: ", args.stdin)
     set_secret(worker_password_key(args.name), pw)
     from hexstudio.core.secrets import stored_where
 
