@@ -15,6 +15,33 @@ needs_qnn = pytest.mark.skipif(
 )
 
 
+def genie_on_simulator(config: str, log_level: str) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of the board's Genie helper (genie_session) run here with Qualcomm's libGenie on
+    the HTP simulator, two threads, Genie's log at `log_level`; run it in the bundle folder."""
+    import json
+    import sys
+
+    from hexstudio.workers.qnn.libs import x86_engine_overrides
+
+    libs = find_qnn_libs()
+    assert libs is not None
+    argv = [
+        sys.executable,
+        "-m",
+        "hexstudio.workers.board.genie_session",
+        "--config",
+        config,
+        "--lib",
+        str(libs.genie),
+        "--log-level",
+        log_level,
+        "--htp-simulator",
+        "--engine",
+        json.dumps(x86_engine_overrides(2)),
+    ]
+    return argv, libs.env()
+
+
 @pytest.fixture(scope="session")
 def local_run(validated_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in model's validated run, compiled locally for the simulator board (compile_target local:

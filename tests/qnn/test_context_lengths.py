@@ -8,14 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.aihub_emulator.fixtures import aihub_emulator  # noqa: F401
 from tests.aihub_emulator.server import AIHubEmulator
-from tests.qnn.conftest import needs_qnn
+from tests.qnn.conftest import genie_on_simulator, needs_qnn
 
 # AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: hexstudio.shared.run_settings.genie_cl_problem);
 # with a lade dialog whose step (2 + 4) x 1 = 6 tokens fits AR-32, and spd (the model drafting for itself) whose
@@ -50,32 +49,16 @@ def two_cl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _genie(bundle: Path, config: str, prompt: str, max_tokens: int) -> tuple[str, list[str]]:
-    from hexstudio.workers.qnn.libs import find_qnn_libs, x86_engine_overrides
-
-    libs = find_qnn_libs()
-    assert libs is not None
+    argv, env = genie_on_simulator(config, "verbose")
     msgs = [{"op": "query", "id": 1, "prompt": prompt, "max_tokens": max_tokens}, {"op": "quit"}]
     p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hexstudio.workers.board.genie_session",
-            "--config",
-            config,
-            "--lib",
-            str(libs.genie),
-            "--log-level",
-            "verbose",
-            "--htp-simulator",
-            "--engine",
-            json.dumps(x86_engine_overrides(2)),
-        ],
+        argv,
         input="".join(json.dumps(m) + "\n" for m in msgs),
         cwd=bundle,
         capture_output=True,
         text=True,
         timeout=600,
-        env=libs.env(),
+        env=env,
     )
     events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
     end = next(e for e in events if e["event"] == "end")

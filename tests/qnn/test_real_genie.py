@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.qnn.conftest import needs_qnn
+from tests.qnn.conftest import genie_on_simulator, needs_qnn
 
 pytestmark = [needs_qnn, pytest.mark.slow]
 
@@ -100,35 +100,19 @@ def test_greedy_real_genie_equals_the_host_htp_simulation(local_run: Path) -> No
 
 
 def test_the_helper_protocol_stop_sequences_and_genies_log(local_run: Path) -> None:
-    from hexstudio.workers.qnn.libs import find_qnn_libs, x86_engine_overrides
-
-    libs = find_qnn_libs()
-    assert libs is not None
+    argv, env = genie_on_simulator("genie_config.json", "warn")
     msgs = [
         {"op": "query", "id": 1, "prompt": "The capital of France is", "max_tokens": 8, "stop": ["."]},
         {"op": "quit"},
     ]
     p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hexstudio.workers.board.genie_session",
-            "--config",
-            "genie_config.json",
-            "--lib",
-            str(libs.genie),
-            "--log-level",
-            "warn",
-            "--htp-simulator",
-            "--engine",
-            json.dumps(x86_engine_overrides(2)),
-        ],
+        argv,
         input="".join(json.dumps(m) + "\n" for m in msgs),
         cwd=_remote_bundle(local_run),
         capture_output=True,
         text=True,
         timeout=300,
-        env=libs.env(),
+        env=env,
     )
     events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
     ready = next(e for e in events if e["event"] == "ready")

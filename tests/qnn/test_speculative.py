@@ -17,7 +17,7 @@ from hexstudio.shared.bundle import speculative as sp
 from hexstudio.shared.bundle.genie_schema import genie_config_errors
 from hexstudio.shared.run_settings import RunSettings, check, run_settings_of
 from hexstudio.workers.runtime import WorkerError
-from tests.qnn.conftest import needs_qnn
+from tests.qnn.conftest import genie_on_simulator, needs_qnn
 
 BUILTIN_CONFIG = (
     Path(__file__).resolve().parents[2] / "hexstudio/shared/data/builtin_model/tiny-llama/config.json"
@@ -242,31 +242,14 @@ def _first_texts(bundle: Path, config: str, prompt: str, n: int, timeout: float 
     """The first `n` text events of one query of Genie on the HTP simulator, the helper killed after them (a lade
     query on Genie 1.21 x86 may run past max_tokens: docs/genie.md)."""
     import subprocess
-    import sys
     import time
 
-    from hexstudio.workers.qnn.libs import find_qnn_libs, x86_engine_overrides
-
-    libs = find_qnn_libs()
-    assert libs is not None
+    argv, env = genie_on_simulator(config, "error")
     msgs = [{"op": "query", "id": 1, "prompt": prompt, "max_tokens": n}, {"op": "quit"}]
     p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hexstudio.workers.board.genie_session",
-            "--config",
-            config,
-            "--lib",
-            str(libs.genie),
-            "--log-level",
-            "error",
-            "--htp-simulator",
-            "--engine",
-            json.dumps(x86_engine_overrides(2)),
-        ],
+        argv,
         cwd=bundle,
-        env=libs.env(),
+        env=env,
         text=True,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
