@@ -121,28 +121,6 @@ def make_sim(
     """QuantizationSimModel(min_max, the target's HTP config: quantsim_config) with `session_options`
     (intra_op_num_threads, enable_cpu_mem_arena, ...) applied to its onnxruntime session; `llm_globals`:
     built under qai-hub-models' LLM globals (the "llm" configuration)."""
-    with llm_quantsim_globals() if llm_globals else contextlib.nullcontext():
-        return _make_sim(
-            model,
-            param_bits=param_bits,
-            activation_bits=activation_bits,
-            path=path,
-            providers=providers,
-            session_options=session_options,
-            config_file=config_file,
-        )
-
-
-def _make_sim(
-    model: Any,
-    *,
-    param_bits: int,
-    activation_bits: int,
-    path: str,
-    providers: list[str],
-    session_options: dict[str, Any],
-    config_file: str,
-) -> Any:
     from aimet_onnx import QuantizationSimModel
     from aimet_onnx.common.defs import qtype
 
@@ -154,15 +132,16 @@ def _make_sim(
         "path": path,
         "providers": providers,
     }
-    if features()["session_options_kwargs"]:
-        return QuantizationSimModel(model, session_options_kwargs=session_options, **kwargs)
-    sim = QuantizationSimModel(model, **kwargs)
-    so = getattr(sim, "_ort_session_options", None)
-    if so is not None and session_options:
-        for k, v in session_options.items():
-            setattr(so, k, v)
-        sim._rebuild_session()
-    return sim
+    with llm_quantsim_globals() if llm_globals else contextlib.nullcontext():
+        if features()["session_options_kwargs"]:
+            return QuantizationSimModel(model, session_options_kwargs=session_options, **kwargs)
+        sim = QuantizationSimModel(model, **kwargs)
+        so = getattr(sim, "_ort_session_options", None)
+        if so is not None and session_options:
+            for k, v in session_options.items():
+                setattr(so, k, v)
+            sim._rebuild_session()
+        return sim
 
 
 def set_lpbq(sim: Any, nodes: set[str], bits: int, block_size: int = 64, scale_bits: int = 4) -> None:
