@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from hexstudio.workers.quant.units import BLOCK_BYTES, EMBED_LEVEL, HEAD_LEVEL, _numel, plan_units, unit_label
+from hexstudio.workers.quant.units import (
+    EMBED_LEVEL,
+    HEAD_LEVEL,
+    TableSource,
+    _numel,
+    plan_units,
+    unit_label,
+)
 
 ELEMENTWISE = ("QuantizeLinear", "DequantizeLinear", "Identity", "Cast")
 
@@ -169,41 +176,22 @@ def _head_chunks(
     dtypes = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.INT8: np.int8}
     if chain != g.output[0].name or "location" not in ext or len(w.dims) != 2 or w.data_type not in dtypes:
         return None
-    dt = np.dtype(dtypes[w.data_type])
     rows, vocab = int(w.dims[0]), int(w.dims[1])
-    data, base = src_dir / ext["location"], int(ext.get("offset", 0))
+    source = TableSource(
+        src_dir / ext["location"], int(ext.get("offset", 0)), rows, vocab, dtypes[w.data_type]
+    )
     bounds = np.linspace(0, vocab, n_chunks + 1).astype(int).tolist()
     out_vi = g.output[0]
     dims = [
         d.dim_value if d.HasField("dim_value") else d.dim_param for d in out_vi.type.tensor_type.shape.dim
     ]
     paths = [work / f"{stem}c{c}.onnx" for c in range(n_chunks)]
-    files = [open(p.with_name(p.name + ".data"), "wb") for p in paths]  # noqa: SIM115 (closed below)
-    try:
-        step = max(1, BLOCK_BYTES // (dt.itemsize * vocab))
-        for r0 in range(0, rows, step):
-            n = min(rows, r0 + step) - r0
-            block = np.fromfile(
-                data, dtype=dt, count=n * vocab, offset=base + dt.itemsize * r0 * vocab
-            ).reshape(n, vocab)
-            for c, fh in enumerate(files):
-                fh.write(memoryview(np.ascontiguousarray(block[:, bounds[c] : bounds[c + 1]])))
-            del block
-    finally:
-        for fh in files:
-            fh.close()
+    source.write_columns(paths, bounds)
     per_col = set(dq.input[1:]) if dq is not None else set()
     out = []
     for c, path in enumerate(paths):
         a, b = bounds[c], bounds[c + 1]
-        wc = onnx.TensorProto(name=w.name, data_type=w.data_type, dims=[rows, b - a])
-        wc.data_location = onnx.TensorProto.EXTERNAL
-        for k, v in (
-            ("location", path.name + ".data"),
-            ("offset", "0"),
-            ("length", str(dt.itemsize * rows * (b - a))),
-        ):
-            wc.external_data.add(key=k, value=v)
+        wc = source.column_tensor(w.name, w.data_type, a, b, path)
         small = []
         for i in g.initializer:
             if i.name == w.name:

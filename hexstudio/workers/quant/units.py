@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from hexstudio.workers.quant.tensorfile import write_f32_tensors
 
@@ -53,23 +54,58 @@ def unit_label(level: int, columns: tuple[int, int] | None) -> str:
 
 @dataclass(frozen=True)
 class TableSource:
-    """A 2-D float32 weight in an external data file."""
+    """A 2-D weight (float32 unless `dtype` says otherwise) in an external data file."""
 
     data: Path
     offset: int
     rows: int
     cols: int
+    dtype: DTypeLike = np.float32
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
 
     def read(self, r0: int, r1: int) -> np.ndarray:
         a: np.ndarray = np.fromfile(
-            self.data, dtype=np.float32, count=(r1 - r0) * self.cols, offset=self.offset + 4 * r0 * self.cols
+            self.data,
+            dtype=self.dtype,
+            count=(r1 - r0) * self.cols,
+            offset=self.offset + self.itemsize * r0 * self.cols,
         )
         return a.reshape(r1 - r0, self.cols)
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-        step = max(1, block_bytes // (4 * self.cols))
+        step = max(1, block_bytes // (self.itemsize * self.cols))
         for r0 in range(0, self.rows, step):
             yield r0, self.read(r0, min(self.rows, r0 + step))
+
+    def write_columns(self, paths: list[Path], bounds: list[int]) -> None:
+        """Columns [bounds[c], bounds[c + 1]) of every row into `<paths[c]>.data`, the weight read once, a block
+        of rows at a time."""
+        files = [open(p.with_name(p.name + ".data"), "wb") for p in paths]  # noqa: SIM115 (closed below)
+        try:
+            for _, block in self.blocks():
+                for c, fh in enumerate(files):
+                    fh.write(memoryview(np.ascontiguousarray(block[:, bounds[c] : bounds[c + 1]])))
+                del block
+        finally:
+            for fh in files:
+                fh.close()
+
+    def column_tensor(self, name: str, data_type: int, a: int, b: int, path: Path) -> Any:
+        """The initializer `name` holding columns [a, b), in the data file write_columns wrote for `path`."""
+        import onnx
+
+        t = onnx.TensorProto(name=name, data_type=data_type, dims=[self.rows, b - a])
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (
+            ("location", path.name + ".data"),
+            ("offset", "0"),
+            ("length", str(self.itemsize * self.rows * (b - a))),
+        ):
+            t.external_data.add(key=k, value=v)
+        return t
 
 
 @dataclass
@@ -334,22 +370,11 @@ def _write_column_chunks(
         d.dim_value if d.HasField("dim_value") else d.dim_param for d in out_vi.type.tensor_type.shape.dim
     ]
     paths = [work / f"{tag}_u{first_index + c}.onnx" for c in range(n_chunks)]
-    files = [open(p.with_name(p.name + ".data"), "wb") for p in paths]  # noqa: SIM115 (closed below)
-    try:
-        for _, block in source.blocks():
-            for c, fh in enumerate(files):
-                fh.write(memoryview(np.ascontiguousarray(block[:, bounds[c] : bounds[c + 1]])))
-            del block
-    finally:
-        for fh in files:
-            fh.close()
+    source.write_columns(paths, bounds)
     units = []
     for c, path in enumerate(paths):
         a, b = bounds[c], bounds[c + 1]
-        weight = onnx.TensorProto(name=w.name, data_type=onnx.TensorProto.FLOAT, dims=[rows, b - a])
-        weight.data_location = onnx.TensorProto.EXTERNAL
-        for k, v in (("location", path.name + ".data"), ("offset", "0"), ("length", str(4 * rows * (b - a)))):
-            weight.external_data.add(key=k, value=v)
+        weight = source.column_tensor(w.name, onnx.TensorProto.FLOAT, a, b, path)
         graph = helper.make_graph(
             [node],
             f"{sub.graph.name}_columns_{a}_{b}",
