@@ -22,7 +22,13 @@ from hexstudio.core.device.fixes import apply_fix, plan_fix, plan_qairt_install
 from hexstudio.core.device.push import push_bundle
 from hexstudio.core.secrets import board_password_key, set_secret
 from tests.board.conftest import CANARY, settings_with
-from tests.support.evk_board import EvkBoard, build_qairt_zip, make_device_bundle
+from tests.support.evk_board import (
+    EvkBoard,
+    build_qairt_zip,
+    make_device_bundle,
+    run_board_stage_of_new_run,
+    trust_once,
+)
 
 SHIPPED_FAULTS = {
     "remoteproc",
@@ -233,22 +239,8 @@ def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_p
     set_secret(board_password_key("evk"), CANARY)
     settings = settings_with("evk", evk.board_config(auth="password"))
 
-    async def first_contact() -> None:  # the person trusts the fingerprint once (stored in known_hosts)
-        b = await open_board(
-            "evk", settings, trust=lambda h, p, kt, fp: fp == evk.server.host_key_fingerprint
-        )
-        await b.transport.close()
-
-    asyncio.run(first_contact())
-    ws = Workspace()
-    m = ws.create_run("builtin:tiny-llama", "evk")
-    upstream = tmp_path / "compile"
-    make_device_bundle(upstream / "bundle", part_bytes=1000)
-    out = m.run_dir / "artifacts" / "board.partial"
-    out.mkdir(parents=True)
-    events: list[dict[str, Any]] = []
-    ctx = StageContext(m, get_stage("board"), out, {"compile": upstream}, events.append, asyncio.Event())
-    doc_ret = asyncio.run(run_board_stage(ctx))
+    trust_once(evk, settings)
+    m, out, events, doc_ret = run_board_stage_of_new_run(tmp_path)
     assert doc_ret["simulated"] is False
     doc = json.loads((out / "board.json").read_text())
     assert doc["simulated"] is False and doc["label"].startswith("ssh://evk@127.0.0.1:")
@@ -258,7 +250,7 @@ def test_board_stage_writes_doctor_snapshot_without_secrets(evk: EvkBoard, tmp_p
     m.save()
     everything = "\n".join(
         p.read_text(errors="replace")
-        for p in ws.root.rglob("*")
+        for p in Workspace().root.rglob("*")
         if p.is_file() and p.suffix in (".json", ".jsonl", ".log", ".txt")
     )
     assert CANARY not in everything and CANARY not in json.dumps(events)

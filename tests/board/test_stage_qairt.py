@@ -3,19 +3,12 @@ installs QAIRT (sudo password from the keyring, commands logged), the doctor pas
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
-from hexstudio.core.device.board import open_board
-from hexstudio.core.device.stage import run_board_stage
-from hexstudio.core.runs import Workspace
 from hexstudio.core.secrets import set_secret, sudo_password_key
-from hexstudio.core.stage_api import StageContext
-from hexstudio.core.stages import get_stage
 from tests.board.conftest import settings_with
-from tests.support.evk_board import EvkBoard, build_qairt_zip, make_device_bundle
+from tests.support.evk_board import EvkBoard, build_qairt_zip, run_board_stage_of_new_run, trust_once
 
 PW = "stage-sudo-canary-41"
 
@@ -26,21 +19,8 @@ def test_stage_installs_qairt_then_pushes(tmp_path: Path) -> None:
         settings = settings_with("evk", {**evk.board_config(), "qairt_zip": str(zip_path)})
         set_secret(sudo_password_key("evk"), PW)
 
-        async def first_contact() -> None:
-            b = await open_board(
-                "evk", settings, trust=lambda h, p, kt, fp: fp == evk.server.host_key_fingerprint
-            )
-            await b.transport.close()
-
-        asyncio.run(first_contact())
-        m = Workspace().create_run("builtin:tiny-llama", "evk")
-        upstream = tmp_path / "compile"
-        make_device_bundle(upstream / "bundle", part_bytes=1000)
-        out = m.run_dir / "artifacts" / "board.partial"
-        out.mkdir(parents=True)
-        events: list[dict[str, Any]] = []
-        ctx = StageContext(m, get_stage("board"), out, {"compile": upstream}, events.append, asyncio.Event())
-        asyncio.run(run_board_stage(ctx))
+        trust_once(evk, settings)
+        _, out, events, _ = run_board_stage_of_new_run(tmp_path)
         doc = json.loads((out / "board.json").read_text())
         assert all(
             c["status"] == "ok" or (c["id"], c["status"]) == ("geniex", "skip")  # GenieX: optional

@@ -32,9 +32,13 @@ import shutil
 import subprocess
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.support.sshd import SshServer
+
+if TYPE_CHECKING:
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.settings import Settings
 
 EVK_UID = 4242
 FASTRPC_NODES = ("fastrpc-adsp", "fastrpc-cdsp", "fastrpc-cdsp-secure", "fastrpc-cdsp1")
@@ -505,3 +509,38 @@ def make_device_bundle(
     }
     (path / "bundle.json").write_text(json.dumps(doc, indent=2))
     return path
+
+
+def trust_once(evk: EvkBoard, settings: Settings, name: str = "evk") -> None:
+    """The person's first contact with the board: its fingerprint trusted once (stored in known_hosts)."""
+    import asyncio
+
+    from hexstudio.core.device.board import open_board
+
+    async def first_contact() -> None:
+        b = await open_board(name, settings, trust=lambda h, p, kt, fp: fp == evk.server.host_key_fingerprint)
+        await b.transport.close()
+
+    asyncio.run(first_contact())
+
+
+def run_board_stage_of_new_run(
+    tmp_path: Path, board: str = "evk"
+) -> tuple[RunManifest, Path, list[dict[str, Any]], dict[str, Any]]:
+    """The Board stage of a new run of the built-in model on `board`, a small device bundle upstream: (the run,
+    the stage's output folder, its events, what it returned)."""
+    import asyncio
+
+    from hexstudio.core.device.stage import run_board_stage
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.stage_api import StageContext
+    from hexstudio.core.stages import get_stage
+
+    m = Workspace().create_run("builtin:tiny-llama", board)
+    upstream = tmp_path / "compile"
+    make_device_bundle(upstream / "bundle", part_bytes=1000)
+    out = m.run_dir / "artifacts" / "board.partial"
+    out.mkdir(parents=True)
+    events: list[dict[str, Any]] = []
+    ctx = StageContext(m, get_stage("board"), out, {"compile": upstream}, events.append, asyncio.Event())
+    return m, out, events, asyncio.run(run_board_stage(ctx))
