@@ -298,24 +298,7 @@ def test_trusted_host_key_saved_to_known_hosts_only_when_accepted(
     use(cfg, trust=yes, offer_known_hosts=lambda *a: True)
     assert kh.read_text() == srv.known_hosts_line + "\n"  # as `ssh-keyscan -p PORT 127.0.0.1` writes it
     openssh = subprocess.run(
-        [
-            "ssh",
-            "-p",
-            str(srv.port),
-            "-i",
-            str(srv.client_key_path),
-            "-o",
-            f"UserKnownHostsFile={kh}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-F",
-            "/dev/null",
-            f"{srv.user}@{srv.host}",
-            "echo",
-            "openssh-agrees",
-        ],
+        srv.ssh_argv("echo", "openssh-agrees", known_hosts=kh),
         capture_output=True,
         text=True,
         timeout=30,

@@ -151,10 +151,13 @@ class SshServer:
     def namespaced(self) -> bool:
         return self.setup_script is not None
 
-    def ssh_argv(self, *remote: str) -> list[str]:
-        """An OpenSSH client command line for this server (for scp/ssh comparisons)."""
-        kh = self.dir / "client_known_hosts"
-        kh.write_text(self.known_hosts_line + "\n")
+    def ssh_argv(self, *remote: str, known_hosts: Path | None = None) -> list[str]:
+        """An OpenSSH client command line for this server (for scp/ssh comparisons), no ssh_config read; the
+        server's key known from `known_hosts` (a file the test wrote), else from a file written here."""
+        kh = known_hosts
+        if kh is None:
+            kh = self.dir / "client_known_hosts"
+            kh.write_text(self.known_hosts_line + "\n")
         return [
             "ssh",
             "-p",
@@ -167,6 +170,8 @@ class SshServer:
             "StrictHostKeyChecking=yes",
             "-o",
             "BatchMode=yes",
+            "-F",
+            "/dev/null",
             f"{self.user}@{self.host}",
             *remote,
         ]
