@@ -19,6 +19,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -364,6 +365,12 @@ def _check(
     }
 
 
+def _space_check(cid: str, free: int, need: int, message: str, fix: Callable[[str], str]) -> dict[str, Any]:
+    """A free-space check: it fails when `free` is short of `need`; `fix` is told by how much (as _gib writes it)."""
+    ok = free >= need
+    return _check(cid, "ok" if ok else "fail", free, need, message, None if ok else fix(_gib(need - free)))
+
+
 def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
@@ -589,53 +596,46 @@ def _disk_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any
     out = []
     if shared:
         need = ws_need + hf_need
-        ok = ws["free_bytes"] >= need
         both = (
             f"the workspace ({ws['path']}, about {_gib(ws_need)}) and the Hugging Face cache ({hf['path']}, "
             f"about {_gib(hf_need)}) are on the same filesystem"
         )
         # one filesystem, one problem: one row (two FAILs for one full disk read as two problems)
         out.append(
-            _check(
+            _space_check(
                 "disk_workspace",
-                "ok" if ok else "fail",
                 ws["free_bytes"],
                 need,
                 f"{_gib(ws['free_bytes'])} free; {both}: {_gib(need)} together.",
-                None
-                if ok
-                else f"Free {_gib(need - ws['free_bytes'])} on that disk, or move the "
-                "workspace (--workspace) or the Hugging Face cache (HF_HOME) to a bigger disk.",
+                lambda short: (
+                    f"Free {short} on that disk, or move the "
+                    "workspace (--workspace) or the Hugging Face cache (HF_HOME) to a bigger disk."
+                ),
             )
         )
     else:
-        ok = ws["free_bytes"] >= ws_need
         out.append(
-            _check(
+            _space_check(
                 "disk_workspace",
-                "ok" if ok else "fail",
                 ws["free_bytes"],
                 ws_need,
                 f"{_gib(ws['free_bytes'])} free at {ws['path']}; this model needs about {_gib(ws_need)}.",
-                None
-                if ok
-                else f"Free {_gib(ws_need - ws['free_bytes'])} there, or choose a workspace on "
-                "a bigger disk (--workspace DIR).",
+                lambda short: (
+                    f"Free {short} there, or choose a workspace on a bigger disk (--workspace DIR)."
+                ),
             )
         )
-        ok = hf["free_bytes"] >= hf_need
         out.append(
-            _check(
+            _space_check(
                 "disk_hf_cache",
-                "ok" if ok else "fail",
                 hf["free_bytes"],
                 hf_need,
                 f"{_gib(hf['free_bytes'])} free for the Hugging Face cache ({hf['path']}); the download is "
                 f"about {_gib(hf_need)}.",
-                None
-                if ok
-                else f"Free {_gib(hf_need - hf['free_bytes'])} there, or point HF_HOME at a "
-                "bigger disk before the download (export HF_HOME=/path/on/big/disk).",
+                lambda short: (
+                    f"Free {short} there, or point HF_HOME at a "
+                    "bigger disk before the download (export HF_HOME=/path/on/big/disk)."
+                ),
             )
         )
     path = str(ws["path"])
