@@ -467,9 +467,10 @@ class RunSettings:
         True,
         label="Compact AI Hub upload",
         advanced=True,
-        help="Upload int4/int8 weights as fp16 and the embedding table as its 16-bit integers, each checked to "
-        "re-quantize to the same integers (about half the bytes; docs/aihub-upload.md). Off: fp32 weights, as "
-        "qai-hub-models uploads them. Turn it off if an AI Hub compile job refuses the compact form.",
+        help="Upload int4/int8 weights and the embedding table as their integers (int8, uint16) with the ops that "
+        "make them float again, each checked to re-quantize to the same integers (about a quarter of the bytes; "
+        "docs/aihub-upload.md). Off: fp32 weights, as qai-hub-models uploads them. Turn it off if an AI Hub "
+        "compile job refuses the compact form.",
     )
     aihub_model_name: str = setting(
         "",

@@ -4,9 +4,10 @@ qai_hub_models/models/_shared/llm/export.py and model.py; docs/compile.md):
 
 - per graph, a directory `<model>_<prompt|token>_<i>_of_<n>.aimet/` holding `<same>.onnx` (its external
   data location renamed), `<same>.data` and `<same>.encodings`, uploaded with `upload_model(dir)`; the
-  integer-encoded weights in fp16 and the embedding table as its 16-bit integers, which re-quantize to the
-  same integers (hexstudio/workers/aihub_upload.py, docs/aihub-upload.md): about half the bytes of fp32
-  (setting aihub_compact_upload off: fp32); the size and an ETA are shown before the first upload;
+  integer-encoded weights (int4/int8 in int8) and the embedding table (uint16) as their integers, which
+  re-quantize to the same integers (hexstudio/workers/aihub_upload.py, docs/aihub-upload.md): about a quarter
+  of the bytes of fp32 (setting aihub_compact_upload off: fp32); the size and an ETA are shown before the
+  first upload;
 - per graph a compile job named `<model>_<prompt|token>_<i>_of_<n>` with `--target_runtime qnn_dlc
   --qairt_version V --output_names <the graph's outputs> --quantize_io --qnn_options
   context_enable_graphs=<graph> --quantize_full_type w8a16`;
@@ -544,9 +545,9 @@ def stage_aimet_dir(
     g: dict[str, Any], qdir: Path, dest: Path, base: str, compact: bool = True
 ) -> tuple[Path, UploadStats]:
     """`dest/<base>.aimet/` holding `<base>.onnx`, `<base>.data` and `<base>.encodings` for graph entry `g`,
-    as qai-hub-models' split_onnx writes each part, with the integer-encoded weights in fp16 and the embedding
-    table as its integers (checked to re-quantize to the same integers; hexstudio/workers/aihub_upload.py):
-    about half the bytes of the fp32 part. `compact=False`: fp32, as qai-hub-models uploads."""
+    as qai-hub-models' split_onnx writes each part, with the integer-encoded weights and the embedding table as
+    their integers (checked to re-quantize to the same integers; hexstudio/workers/aihub_upload.py): about a
+    quarter of the bytes of the fp32 part. `compact=False`: fp32, as qai-hub-models uploads."""
     try:
         return write_upload_dir(qdir / g["onnx"], qdir / g["encodings"], dest, base, compact)
     except UploadError as exc:
@@ -716,7 +717,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                 src, ustats = stage_aimet_dir(g, qdir, staging, job_name, s.aihub_compact_upload)
                 if ustats.inexact:
                     em.warning(
-                        f"{len(ustats.inexact)} weight(s) of {g['name']} are uploaded in fp32: their fp16 form "
+                        f"{len(ustats.inexact)} weight(s) of {g['name']} are uploaded in fp32: their integer form "
                         f"would not re-quantize to the same integers ({', '.join(ustats.inexact[:3])}).",
                         code="aihub_upload_fp32",
                     )
@@ -735,8 +736,8 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                 left = max(0.0, left - plan.get(g["name"], ustats.bytes))
                 rate = sent * 8 / max(sent_s, 1e-3) / 1e6
                 em.log(
-                    f"uploaded {src.name}: {ustats.bytes / 1e9:.2f} GB ({ustats.fp16_params / 1e6:.0f}M weights in "
-                    f"fp16, {ustats.fp32_params / 1e6:.0f}M fp32) in {time.monotonic() - t_up:.0f} s "
+                    f"uploaded {src.name}: {ustats.bytes / 1e9:.2f} GB ({ustats.int_params / 1e6:.0f}M weights in "
+                    f"{ustats.int_tensors} tensors as integers, {ustats.fp32_params / 1e6:.0f}M fp32) in {time.monotonic() - t_up:.0f} s "
                     f"(zip + send: {rate:.0f} Mbit/s measured); {left / 1e9:.2f} GB left, ETA "
                     f"{eta_text(left, rate)}"
                 )

@@ -1,22 +1,24 @@
-"""What the AI Hub compile uploads for one graph, at half the bytes (issue 28, docs/aihub-upload.md).
+"""What the AI Hub compile uploads for one graph, at a fraction of the bytes (issue 28, docs/aihub-upload.md).
 
 An upload is one `<name>.aimet/` directory: `<name>.onnx`, ONE `<name>.data`, `<name>.encodings` (the qai_hub
 client accepts exactly one .onnx per model directory, and a compile job compiles one uploaded model), so the
 prompt processor and the token generator of a part are two uploads, each with the part's weights, as
-qai-hub-models' own Genie export does. What is halved is the bytes of each:
+qai-hub-models' own Genie export does. What is cut is the bytes of each: a tensor whose encoding makes it a
+grid of integers is uploaded as those integers, and a few constant ops in front of its use make the float
+the graph had. Every op, the encodings (keyed by `<name>`) and the graph's float interface are unchanged:
 
-- a weight with an integer encoding (LPBQ int4 block scales, int8 per-channel: `hexstudio.workers.quant.qdq.int_form`)
-  is uploaded as the fp16 rounding of its quantize-dequantized value. Its integers times its scale have at
-  most 4 (int4) or 8 (int8) significant bits over the scale, and fp16 keeps 11: the fp16 value re-quantizes
-  (round to nearest, clamp) to exactly the integers the fp32 weight quantizes to. That is CHECKED for every
-  element as it is written; a tensor where it does not hold (a scale in fp16's subnormal range) stays fp32.
-- the fp16 initializer is renamed `<name>__fp16` and a Cast to float produces `<name>`: every op, the
-  encodings (keyed by `<name>`) and the graph's float interface are unchanged.
-- a table only Gathers read (the embedding) with its own 8/16-bit per-tensor encoding, which fp16 cannot hold
-  exactly, is uploaded as those integers (uint16/uint8: half of fp32) and turned back into float by
-  `Cast -> Sub(zero point) -> Mul(scale)` in front of the Gather: the float it feeds is the quantize-dequantized
-  table, which re-quantizes with the same encoding to the same integers (CHECKED for every element).
-- everything else (16-bit norm weights, inline constants) is uploaded as it was (fp32).
+- a weight with an integer encoding (LPBQ int4 with block scales, int8 per-channel: `hexstudio.workers.quant.
+  qdq.int_form`) as int8 `<name>__int` (1 byte a weight; int4 values in int8, since an INT4 tensor needs
+  opset 21) and its fp32 scales `<name>__scale`: `Cast -> Mul(scale)` for a per-channel weight,
+  `Cast -> Reshape [blocks, block, out] -> Mul(scale [blocks, 1, out]) -> Reshape [in, out]` for LPBQ;
+- a table only Gathers read (the embedding) with its own 8/16-bit per-tensor encoding as uint16/uint8
+  `<name>__int`: `Cast -> Sub(zero point) -> Mul(scale)` in front of the Gather;
+- everything else (16-bit norm weights, inline constants) as it was (fp32).
+
+The float those ops make is the quantize-dequantized tensor (one fp32 multiply per element), which
+re-quantizes with the same encoding to the same integers: CHECKED for every element as it is written; a
+tensor where one differs is uploaded in fp32 (`inexact`). The opset stays 17: plain Cast/Reshape/Sub/Mul on
+initializers, which a converter folds into the constant it quantizes.
 
 Memory: one block of rows of one weight at a time (the data file is read through a memory map).
 """
@@ -35,8 +37,7 @@ import numpy as np
 
 from hexstudio.shared.errors import ActionableError
 
-FP16_SUFFIX = "__fp16"
-INT_SUFFIX = "__int"  # a gathered table's integers, made float again by Cast -> Sub -> Mul
+INT_SUFFIX = "__int"  # a weight's or table's integers, made float again by the ops in front of its use
 ROW_BLOCK_BYTES = 64 << 20  # fp32 bytes of one block of rows converted at a time
 
 
@@ -50,13 +51,11 @@ class UploadStats:
 
     bytes: int = 0  # the directory's files
     data_bytes: int = 0  # its .data file
-    fp16_tensors: int = 0
-    fp16_params: int = 0
-    int_tables: int = 0  # gathered tables uploaded as their integers
+    int_tensors: int = 0  # weights and gathered tables uploaded as their integers
     int_params: int = 0
     fp32_tensors: int = 0  # weights in external data left fp32
     fp32_params: int = 0
-    inexact: list[str] = field(default_factory=list)  # integer-encoded weights kept fp32 (fp16 not exact)
+    inexact: list[str] = field(default_factory=list)  # integer-encoded tensors kept fp32 (not exact)
 
 
 def activation_encodings(path: Path) -> dict[str, dict[str, Any]]:
@@ -129,13 +128,14 @@ def _row_blocks(rows: int, cols: int, block: int) -> Iterator[tuple[int, int]]:
         yield r0, min(rows, r0 + step)
 
 
-def fp16_rows(w: np.ndarray, form: Any, r0: int) -> tuple[np.ndarray, bool]:
-    """(fp16 of the quantize-dequantized rows, whether they re-quantize to the fp32 rows' integers)."""
+def int_rows(w: np.ndarray, form: Any, r0: int) -> tuple[np.ndarray, bool]:
+    """(the int8 integers of rows [r0, ...) of a weight, whether the float the upload's ops make of them,
+    integer x scale in fp32, re-quantizes to the same integers)."""
     s = form.expand(w.shape, r0)
     q = quantize_ints(w, form, r0)
-    h = (q.astype(np.float32) * s).astype(np.float16)
-    ok = bool(np.isfinite(h).all()) and np.array_equal(quantize_ints(h.astype(np.float32), form, r0), q)
-    return h, ok
+    back = q.astype(np.float32) * s
+    ok = bool(np.isfinite(back).all()) and np.array_equal(quantize_ints(back, form, r0), q)
+    return q, ok
 
 
 def plan_bytes(onnx_path: Path, encodings: Path, compact: bool = True) -> int:
@@ -153,25 +153,25 @@ def plan_bytes(onnx_path: Path, encodings: Path, compact: bool = True) -> int:
             continue
         n = int(np.prod(init.dims)) if init.dims else 1
         length = int(ext.get("length", 0)) or n * 4
-        fp16 = (
-            init.data_type == onnx.TensorProto.FLOAT
-            and _form(encs.get(init.name), list(init.dims)) is not None
+        form = (
+            _form(encs.get(init.name), list(init.dims)) if init.data_type == onnx.TensorProto.FLOAT else None
         )
         if init.name in tables:
             total += n * (2 if int(tables[init.name]["bw"]) == 16 else 1)
-            continue
-        total += n * 2 if fp16 else length
+        elif form is not None:
+            total += n + form.scale.nbytes
+        else:
+            total += length
     return total
 
 
 def write_upload_dir(
     src_onnx: Path, encodings: Path, dest: Path, base: str, compact: bool = True
 ) -> tuple[Path, UploadStats]:
-    """`dest/<base>.aimet/` with `<base>.onnx`, `<base>.data` (integer-encoded weights in fp16 and gathered
-    tables as their integers, checked exact; the rest as they were) and `<base>.encodings` (a copy). Returns
-    (the directory, its stats). `compact=False` (setting aihub_compact_upload): every weight as it was (fp32)."""
+    """`dest/<base>.aimet/` with `<base>.onnx`, `<base>.data` (integer-encoded weights and gathered tables as
+    their integers, checked exact; the rest as they were) and `<base>.encodings` (a copy). Returns (the
+    directory, its stats). `compact=False` (setting aihub_compact_upload): every weight as it was (fp32)."""
     import onnx
-    from onnx import helper
 
     src_onnx, encodings = Path(src_onnx), Path(encodings)
     model = onnx.load(str(src_onnx), load_external_data=False)
@@ -194,6 +194,7 @@ def write_upload_dir(
         data_name = f"{base}.data"
         casts: list[Any] = []
         consts: list[Any] = []
+        scales: list[tuple[str, Any, list[int]]] = []
         with open(out / data_name, "wb") as fh:
             for init in model.graph.initializer:
                 ext = _ext(init)
@@ -213,7 +214,7 @@ def write_upload_dir(
                     _set_ext(init, data_name, start, fh.tell() - start)
                     consts += _table_constants(name, table)
                     casts += _dequantize_nodes(name)
-                    stats.int_tables += 1
+                    stats.int_tensors += 1
                     stats.int_params += n
                     continue
                 if table is not None:  # not exact: the fp32 table as it was
@@ -221,20 +222,17 @@ def write_upload_dir(
                     fh.truncate()
                     stats.inexact.append(init.name)
                 form = _form(encs.get(init.name), dims) if init.data_type == onnx.TensorProto.FLOAT else None
-                if form is not None and _write_fp16(fh, src_data, offset, dims, form):
+                if form is not None and _write_ints(fh, src_data, offset, dims, form):
                     name = init.name
-                    init.name = name + FP16_SUFFIX
-                    init.data_type = onnx.TensorProto.FLOAT16
+                    init.name = name + INT_SUFFIX
+                    init.data_type = onnx.TensorProto.INT8
                     _set_ext(init, data_name, start, fh.tell() - start)
-                    casts.append(
-                        helper.make_node(
-                            "Cast", [init.name], [name], name=f"{name}_to_float", to=onnx.TensorProto.FLOAT
-                        )
-                    )
-                    stats.fp16_tensors += 1
-                    stats.fp16_params += n
+                    scales.append((name, form, dims))
+                    casts += _weight_nodes(name, form, dims)
+                    stats.int_tensors += 1
+                    stats.int_params += n
                     continue
-                if form is not None:  # not exact in fp16: the fp32 weight as it was
+                if form is not None:  # not exact: the fp32 weight as it was
                     fh.seek(start)
                     fh.truncate()
                     stats.inexact.append(init.name)
@@ -242,6 +240,8 @@ def write_upload_dir(
                 _set_ext(init, data_name, start, length)
                 stats.fp32_tensors += 1
                 stats.fp32_params += n
+            for name, form, dims in scales:  # the weights' scales, after the weights, in the same data file
+                consts += _scale_constants(fh, data_name, name, form, dims)
             stats.data_bytes = fh.tell()
         model.graph.initializer.extend(consts)
         if casts:
@@ -294,20 +294,66 @@ def _write_table(fh: Any, src: Path, offset: int, dims: list[int], enc: dict[str
         del w
 
 
-def _write_fp16(fh: Any, src: Path, offset: int, dims: list[int], form: Any) -> bool:
-    """Write the fp16 form of a float32 weight a block of rows at a time; False (at the first block that is
-    not exact) leaves the caller to truncate and write fp32 instead."""
+def _write_ints(fh: Any, src: Path, offset: int, dims: list[int], form: Any) -> bool:
+    """Write a float32 weight's int8 integers a block of rows at a time; False (at the first block that does
+    not re-quantize exactly) leaves the caller to truncate and write fp32 instead."""
     rows, cols = dims[0], int(np.prod(dims[1:])) if len(dims) > 1 else 1
     w: Any = np.memmap(src, dtype=np.float32, mode="r", offset=offset, shape=(rows, cols))
     try:
         for r0, r1 in _row_blocks(rows, cols, form.block):
-            h, ok = fp16_rows(np.asarray(w[r0:r1]), form, r0)
+            q, ok = int_rows(np.asarray(w[r0:r1]), form, r0)
             if not ok:
                 return False
-            fh.write(np.ascontiguousarray(h).tobytes())
+            fh.write(np.ascontiguousarray(q).tobytes())
         return True
     finally:
         del w
+
+
+def _scale_shape(form: Any, dims: list[int]) -> list[int]:
+    """The scale initializer's shape: [out] per channel, [blocks, 1, out] for LPBQ (broadcast over a block)."""
+    return [dims[0] // form.block, 1, dims[1]] if form.block else [dims[1]]
+
+
+def _scale_constants(fh: Any, data_name: str, name: str, form: Any, dims: list[int]) -> list[Any]:
+    """`<name>__scale` written to the data file (LPBQ's are blocks x out floats: megabytes at 8B shapes) and,
+    for LPBQ, the two int64 shapes of its Reshapes (inline)."""
+    from onnx import TensorProto, numpy_helper
+
+    start = fh.tell()
+    arr = np.ascontiguousarray(form.scale, dtype=np.float32)
+    fh.write(arr.tobytes())
+    init = TensorProto(name=f"{name}__scale", data_type=TensorProto.FLOAT, dims=_scale_shape(form, dims))
+    init.data_location = TensorProto.EXTERNAL
+    _set_ext(init, data_name, start, fh.tell() - start)
+    out = [init]
+    if form.block:
+        out += [
+            numpy_helper.from_array(
+                np.array([dims[0] // form.block, form.block, dims[1]], np.int64), f"{name}__blocks"
+            ),
+            numpy_helper.from_array(np.array(dims, np.int64), f"{name}__shape"),
+        ]
+    return out
+
+
+def _weight_nodes(name: str, form: Any, dims: list[int]) -> list[Any]:
+    """`<name>` = float(<name>__int) x its scales (per channel; per block of input rows for LPBQ)."""
+    from onnx import TensorProto, helper
+
+    f = f"{name}__float"
+    nodes = [
+        helper.make_node("Cast", [name + INT_SUFFIX], [f], name=f"{name}_to_float", to=TensorProto.FLOAT)
+    ]
+    if not form.block:
+        return [*nodes, helper.make_node("Mul", [f, f"{name}__scale"], [name], name=f"{name}_times_scale")]
+    b, m = f"{name}__by_block", f"{name}__scaled"
+    return [
+        *nodes,
+        helper.make_node("Reshape", [f, f"{name}__blocks"], [b], name=f"{name}_into_blocks"),
+        helper.make_node("Mul", [b, f"{name}__scale"], [m], name=f"{name}_times_scale"),
+        helper.make_node("Reshape", [m, f"{name}__shape"], [name], name=f"{name}_from_blocks"),
+    ]
 
 
 def _copy(fh: Any, src: Path, offset: int, length: int) -> None:
@@ -323,28 +369,40 @@ def _copy(fh: Any, src: Path, offset: int, length: int) -> None:
 
 
 def uploaded_weight(aimet_dir: Path, name: str) -> np.ndarray:
-    """A weight as the upload holds it (fp16 or fp32), as float32: for checks."""
+    """A weight as the upload's graph makes it (from its integers and scales, or as it was), as float32: for
+    checks."""
     import onnx
+    from onnx import numpy_helper
 
     d = Path(aimet_dir)
-    onnx_path = next(d.glob("*.onnx"))
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    model = onnx.load(str(next(d.glob("*.onnx"))), load_external_data=False)
     inits = {i.name: i for i in model.graph.initializer}
-    init = inits.get(name + FP16_SUFFIX) or inits.get(name + INT_SUFFIX) or inits[name]
-    ext = _ext(init)
-    dtype = {
-        onnx.TensorProto.FLOAT16: np.float16,
-        onnx.TensorProto.UINT16: np.uint16,
-        onnx.TensorProto.UINT8: np.uint8,
-    }.get(init.data_type, np.float32)
-    arr = np.fromfile(
-        d / ext["location"], dtype=dtype, count=int(np.prod(init.dims)), offset=int(ext.get("offset", 0))
-    ).reshape([int(x) for x in init.dims])
-    if init.name.endswith(INT_SUFFIX):  # as the graph's Cast -> Sub -> Mul makes it
-        zp = onnx.numpy_helper.to_array(inits[f"{name}__zero_point"])
-        scale = onnx.numpy_helper.to_array(inits[f"{name}__scale"])
-        return (arr.astype(np.float32) - zp) * scale
-    return arr.astype(np.float32)
+
+    def read(init: Any) -> np.ndarray:
+        if not init.external_data:
+            return np.asarray(numpy_helper.to_array(init))
+        ext = _ext(init)
+        dtype = {
+            onnx.TensorProto.INT8: np.int8,
+            onnx.TensorProto.UINT16: np.uint16,
+            onnx.TensorProto.UINT8: np.uint8,
+        }.get(init.data_type, np.float32)
+        arr = np.fromfile(
+            d / ext["location"], dtype=dtype, count=int(np.prod(init.dims)), offset=int(ext.get("offset", 0))
+        )
+        return arr.reshape([int(x) for x in init.dims])
+
+    ints = inits.get(name + INT_SUFFIX)
+    if ints is None:
+        return read(inits[name]).astype(np.float32)
+    q: np.ndarray = read(ints).astype(np.float32)
+    scale: np.ndarray = read(inits[f"{name}__scale"]).astype(np.float32)
+    if ints.data_type != onnx.TensorProto.INT8:  # a gathered table: (q - zero point) x scale
+        return (q - read(inits[f"{name}__zero_point"]).astype(np.float32)) * scale
+    if scale.ndim == 3:  # LPBQ: per block of input rows
+        blocks, _, out = scale.shape
+        return (q.reshape(blocks, -1, out) * scale).reshape(q.shape)
+    return q * scale
 
 
 def zipped_bytes(aimet_dir: Path, work: Path) -> int:

@@ -25,8 +25,8 @@ OPTIONS, link: LINK_OPTIONS; a `--qnn_options` key too, QNN_OPTIONS), with a val
 option: the last value wins, repeated `--qnn_options` add up); the QAIRT version must be one it offers
 (QAIRT_VERSIONS); a compile to qnn_dlc needs `--qnn_options context_enable_graphs=<one graph name>` (a C
 identifier); an AIMET upload (a directory with an .encodings) must hold exactly one .onnx, the .data it
-references and one .encodings in AIMET format 0.6.1 or 1.0.0, and its ONNX must type-check (fp16
-initializers are accepted, as AI Hub accepts them, where they feed ops that take fp16, e.g. a Cast); a
+references and one .encodings in AIMET format 0.6.1 or 1.0.0, and its ONNX must type-check (fp16 or integer
+initializers are accepted where they feed ops that take them, e.g. a Cast; not straight into a float op); a
 link job takes QNN DLCs compiled for its device and one QAIRT version, with distinct graph names. A
 compiled DLC and a linked context binary carry the model metadata QAIRT_SDK_VERSION (the full version,
 e.g. 2.42.0.251225135753_193295) and QNN_MODEL_GRAPH_NAMES, as AI Hub's do.
@@ -422,7 +422,7 @@ def uploaded_model_outputs(model_type: int, data: bytes, is_directory: bool) -> 
         model = onnx.load_model_from_string(z.read(f"{base}/{onnxs[0]}"))
     except Exception as exc:  # onnx's DecodeError
         raise JobRefused(f"Failed to load the ONNX model {onnxs[0]}: {exc}") from None
-    try:  # types must agree (an fp16 initializer feeds a Cast to float, not a float op directly)
+    try:  # types must agree (an fp16 or integer initializer feeds a Cast to float, not a float op directly)
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     except Exception as exc:  # onnx's InferenceError / ValidationError
         raise JobRefused(f"The ONNX model {onnxs[0]} is not valid: {str(exc)[:300]}") from None
