@@ -336,6 +336,45 @@ def test_regenerate_keeps_the_earlier_replies_as_versions(tmp_path: Path) -> Non
     assert len(board.opened) == 3 and all(s.closed for s in board.opened[:2])
 
 
+def test_regenerate_after_a_message_that_did_not_fit_asks_that_message_again(tmp_path: Path) -> None:
+    """The refused message never joined the conversation: Regenerate asks it again (not the message before it),
+    keeps the refusal as a version, and the loaded dialog stays (its KV cache does not hold the message)."""
+    run = tmp_path / "run"
+    board = Board()
+    c = controller(run, board)
+
+    async def go() -> None:
+        await ask(c, "hello")
+        board.opened[-1].raises = ValueError("The message alone does not fit in the context.")
+        await ask(c, "a very long message")
+        assert [t.user for t in c.conversation.turns] == ["hello"]
+        assert c.regenerate() == "a very long message"
+        assert c.session is not None and not board.opened[-1].closed
+        assert [t.user for t in c.conversation.turns] == ["hello"] and c.record is not None
+        assert [t.user for t in c.record.turns] == ["hello"]
+        board.opened[-1].raises = None
+        out, versions = await ask(c, "a very long message")
+        assert out.turn is not None and out.turn.reply == "echo: a very long message"
+        assert [v["state"] for v in versions] == ["failed", "complete"]
+        assert c.regenerate() == "a very long message"  # now the usual case: the last reply is taken back
+        assert [t.user for t in c.conversation.turns] == ["hello"]
+        await c.wait_closed()
+
+    asyncio.run(go())
+    # the first message did not fit (no conversation turn at all): Regenerate asks it again too
+    refusing = Board()
+    refusing.send_fails = ValueError("The message alone does not fit in the context.")
+    c2 = controller(tmp_path / "run2", refusing)
+
+    async def first() -> None:
+        assert c2.regenerate() is None  # nothing asked yet: nothing to ask again
+        await ask(c2, "too long")
+        assert not c2.conversation.turns and c2.regenerate() == "too long"
+        await c2.wait_closed()
+
+    asyncio.run(first())
+
+
 def test_choosing_a_version_continues_from_it(tmp_path: Path) -> None:
     run = tmp_path / "run"
     store = ChatStore(run)

@@ -567,7 +567,15 @@ class ChatController:
     # -- versions of the last reply ---------------------------------------------------------------------
     def regenerate(self) -> str | None:
         """Take the last reply back to ask again (it is kept as a version; the model loads the conversation without
-        it). Returns the message to send again, None when there is none."""
+        it). Returns the message to send again, None when there is none.
+
+        A last message that never reached the conversation (it did not fit in the context, or the board failed
+        before it was sent) is the one asked again, not the message before it; the loaded dialog stays."""
+        rec_turns = self.record.turns if self.record is not None else []
+        if len(rec_turns) > len(self.conversation.turns):
+            rt = rec_turns.pop()
+            self.prior_versions = [dict(v) for v in rt.versions] if rt.versions else [version_of(rt)]
+            return rt.user
         if not self.conversation.turns:
             return None
         last = self.conversation.turns.pop()

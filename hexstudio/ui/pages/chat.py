@@ -425,7 +425,7 @@ class ChatPage(StagePage):
 
     def regenerate(self) -> None:
         """Replace the last reply with a new one (the earlier ones are kept as versions: ‹ n+1/n+1 ›)."""
-        if self.busy_chat or not self.conversation.turns or len(self.transcript.bubbles) < 2:
+        if self.busy_chat or len(self.transcript.bubbles) < 2:
             return
         sender = self.sender()
         if isinstance(sender, MessageBubble) and sender is not self.transcript.bubbles[-1]:
