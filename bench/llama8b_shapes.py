@@ -111,7 +111,7 @@ def upload(run: Path, work: Path) -> dict[str, float]:
     it): the directories' bytes, and the zip the qai_hub client builds of each (deflate level 1) and sends."""
     import time
 
-    from hexstudio.workers.aihub_upload import write_upload_dir, zipped_bytes
+    from hexstudio.workers.aihub_upload import plan_bytes, write_upload_dir, zipped_bytes
 
     qdir = run / "artifacts" / "quantize"
     q = json.loads((qdir / "quantize.json").read_text())
@@ -120,9 +120,11 @@ def upload(run: Path, work: Path) -> dict[str, float]:
         "zipped": 0.0,
         "prepare_s": 0.0,
         "int_params": 0.0,
+        "fp32_bytes": 0.0,  # the fp32 upload of before (setting aihub_compact_upload off), for comparison
         "fp32_params": 0.0,
     }
     for g in q["graphs"]:
+        out["fp32_bytes"] += plan_bytes(qdir / g["onnx"], qdir / g["encodings"], compact=False)
         t0 = time.monotonic()
         d, st = write_upload_dir(qdir / g["onnx"], qdir / g["encodings"], work / "upload", g["name"])
         out["prepare_s"] += time.monotonic() - t0
@@ -238,7 +240,6 @@ def main() -> int:
             q = qm.measure(hf, layers, PARTS, work, keep_output=True, unit="layer")
             run = Path(str(q["run"]))
             qdisk = disk(run)
-            qdoc = json.loads((run / "artifacts" / "quantize" / "quantize.json").read_text())
             up = upload(run, work)
             v: dict[str, Any] = {"peak_rss_bytes": 0, "wall_s": 0}
             vdoc: dict[str, Any] = {"verdict": "not run"}
@@ -254,7 +255,7 @@ def main() -> int:
                 "validate_wall": v["wall_s"],
                 "run_disk": disk(run),
                 "quantize_disk": qdisk,
-                "aihub_upload_fp32": qdoc["storage"]["aihub_upload_bytes"],
+                "aihub_upload_fp32": up["fp32_bytes"],
                 "aihub_upload": up["bytes"],
                 "aihub_upload_zipped": up["zipped"],
                 "upload_prepare_s": up["prepare_s"],

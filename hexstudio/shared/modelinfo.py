@@ -103,11 +103,15 @@ LOCAL_COMPILE_SECONDS_PER_LAYER_PARAM = 47.0 / 218.1e6
 LOCAL_COMPILE_SECONDS_PER_VOCAB_PARAM = (563.0 - 4 * 47.0) / (2 * 525.3e6)  # embedding + lm_head
 # disk: the rewritten graphs and the context binaries each hold about the simulation weights (int4 + block scales
 # for the layers, uint16 embedding table, int8 lm_head): 4.13 GB estimated for the slice, 4.17 GB measured
-# The AI Hub upload (hexstudio/workers/aihub_upload.py): each of a part's two graphs carries its weights, the
-# integer-encoded ones (decoder layers, lm_head) in fp16, the rest (the embedding table, norms) in fp32; the
-# client zips each upload (deflate level 1): MEASURED 27.09 GB sent of 36.01 GB at 32 layers (bench/llama8b_shapes.py)
-AIHUB_UPLOAD_ZIP_RATIO = 27.09 / 36.01
-AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM = 0.256  # the bench's slope above 2 x 2 B per layer parameter
+# The AI Hub upload (hexstudio/workers/aihub_upload.py): each of a part's two graphs carries its weights as their
+# integers (decoder layers and lm_head in int8 with fp32 scales, the embedding table in uint16), norms in fp32; the
+# client zips each upload (deflate level 1): ratio MEASURED at the 8B layer shapes (bench/llama8b_shapes.py,
+# docs/PERFORMANCE.md)
+AIHUB_UPLOAD_ZIP_RATIO = 11.16 / 19.78  # sent / directories at 32 layers (2- and 4-layer slices, 2026-11-27)
+AIHUB_UPLOAD_SCALE_BYTES_PER_LAYER_PARAM = 4 / 64  # an fp32 block scale per 64 weights (LPBQ)
+AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM = (
+    0.256  # the encodings' JSON: the bench's slope (fp16 form) above 2 x 2 B
+)
 SIM_BYTES_PER_LAYER_PARAM = 0.5625
 WHOLE_QUANTSIM_BYTES_PER_PARAM = 23.0  # whole-model QuantSim: bytes per parameter of the whole model
 
@@ -513,9 +517,11 @@ def estimate(
     )
     validate = VALIDATE_FIXED_BYTES + int(unit_bytes) + 2 * 3 * 2 * kvh * hd * context_length * 4
     bundle = int(0.6 * n)  # W4 weights + int8 lm_head + context metadata
-    # 2 graphs per part; the embedding table fp32; + the encodings' JSON (LPBQ block scales: 0.26 B per layer parameter)
+    # 2 graphs per part, each with: the layers' int4 and the lm_head's int8 as int8 (1 B) + the LPBQ scales in fp32
+    # (one per 64 layer weights), the embedding table as uint16; + the encodings' JSON (0.26 B per layer parameter)
     upload = int(
-        2 * (2 * (n - emb) + 4 * emb) + AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM * per_layer * layers
+        2 * ((n - emb) + AIHUB_UPLOAD_SCALE_BYTES_PER_LAYER_PARAM * per_layer * layers + 2 * emb)
+        + AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM * per_layer * layers
     )
     sim = (
         SIM_BYTES_PER_LAYER_PARAM * per_layer * layers + 1 * emb + 2 * emb

@@ -267,12 +267,13 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     em.metric("activation_encodings", sum(g["stats"]["activation_encodings"] for g in graphs))
     em.metric("shared_weight_encodings", sum(v["shared"] for v in sharing.values()))
     em.metric("graphs", len(graphs))
-    storage = storage_report(out, graphs + variants)
+    storage = storage_report(out, graphs + variants, settings.aihub_compact_upload)
     em.metric("aihub_upload_bytes", storage["aihub_upload_bytes"], "B")
     em.metric("quantize_disk_bytes", storage["disk_bytes"], "B")
     em.log(
         f"storage: {storage['disk_bytes'] / 2**30:.2f} GiB on disk (hard links counted once); AI Hub upload "
-        f"{storage['aihub_upload_bytes'] / 2**30:.2f} GiB ({len(graphs)} graphs, each with its part's weights)"
+        f"{storage['aihub_upload_bytes'] / 2**30:.2f} GiB ({len(graphs)} graphs, each with its part's weights, "
+        "as the Compile stage prepares them; the client zips each)"
     )
     wb = settings.weight_bits
     doc = {
@@ -337,15 +338,15 @@ def disk_bytes(root: Any) -> int:
     return total
 
 
-def storage_report(out: Any, graphs: list[dict[str, Any]]) -> dict[str, int]:
-    """The stage folder's disk use and what the AI Hub compile uploads: per graph its `parts/<graph>/`
-    folder (model.onnx, model.data, model.encodings). An upload is one model, so each carries its part's
-    weights: the prompt processor and token generator of a part upload the same weights twice (AI Hub
-    links them into one context binary with shared weights afterwards)."""
-    upload = 0
-    for g in graphs:
-        gdir = (out / g["onnx"]).parent
-        upload += sum(f.stat().st_size for f in gdir.iterdir() if f.is_file())
+def storage_report(out: Any, graphs: list[dict[str, Any]], compact: bool = True) -> dict[str, int]:
+    """The stage folder's disk use and what the AI Hub compile uploads: per graph one directory as the Compile
+    stage prepares it (hexstudio/workers/aihub_upload.py plan_bytes: weights as their integers where `compact`,
+    the setting aihub_compact_upload; else fp32). An upload is one model, so each carries its part's weights:
+    the prompt processor and token generator of a part upload the same weights twice (AI Hub links them into
+    one context binary with shared weights afterwards)."""
+    from hexstudio.workers.aihub_upload import plan_bytes
+
+    upload = sum(plan_bytes(out / g["onnx"], out / g["encodings"], compact) for g in graphs)
     return {"disk_bytes": disk_bytes(out), "aihub_upload_bytes": upload}
 
 
