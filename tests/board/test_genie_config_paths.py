@@ -182,3 +182,12 @@ def test_a_good_config_passes(tmp_path: Path) -> None:
     with safepath.open_regular(b, "tokenizer.json") as fh:
         assert fh.read() == b"{}"
     assert not any(f.code == "unsafe_path" for f in check_bundle(b))
+
+
+def test_the_board_helper_and_the_studio_name_the_same_path_keys() -> None:
+    """The board helper is copied to the board alone and imports nothing of ours, so it keeps its own copy of
+    the keys that name bundle files; a key added on one side only would let that path past the other's check."""
+    from hexstudio.workers.board import genie_session
+
+    assert genie_session.PATH_KEYS == safepath.GENIE_PATH_KEYS
+    assert genie_session.config_paths(CONFIG) == safepath.genie_config_paths(CONFIG)
