@@ -205,35 +205,30 @@ def write_upload_dir(
                 n = int(np.prod(dims)) if dims else 1
                 start = fh.tell()
                 table = tables.get(init.name)
-                if table is not None and _write_table(fh, src_data, offset, dims, table):
-                    name = init.name
-                    init.name = name + INT_SUFFIX
-                    init.data_type = (
-                        onnx.TensorProto.UINT16 if int(table["bw"]) == 16 else onnx.TensorProto.UINT8
-                    )
-                    _set_ext(init, data_name, start, fh.tell() - start)
-                    consts += _table_constants(name, table)
-                    casts += _dequantize_nodes(name)
-                    stats.int_tensors += 1
-                    stats.int_params += n
-                    continue
-                if table is not None:  # not exact: the fp32 table as it was
-                    fh.seek(start)
-                    fh.truncate()
-                    stats.inexact.append(init.name)
-                form = _form(encs.get(init.name), dims) if init.data_type == onnx.TensorProto.FLOAT else None
-                if form is not None and _write_ints(fh, src_data, offset, dims, form):
-                    name = init.name
-                    init.name = name + INT_SUFFIX
-                    init.data_type = onnx.TensorProto.INT8
-                    _set_ext(init, data_name, start, fh.tell() - start)
-                    scales.append((name, form, dims))
-                    casts += _weight_nodes(name, form, dims)
-                    stats.int_tensors += 1
-                    stats.int_params += n
-                    continue
-                if form is not None:  # not exact: the fp32 weight as it was
-                    fh.seek(start)
+                form = None
+                if table is None and init.data_type == onnx.TensorProto.FLOAT:
+                    form = _form(encs.get(init.name), dims)
+                if table is not None or form is not None:
+                    if table is not None:
+                        exact = _write_table(fh, src_data, offset, dims, table)
+                        kind = onnx.TensorProto.UINT16 if int(table["bw"]) == 16 else onnx.TensorProto.UINT8
+                    else:
+                        exact = _write_ints(fh, src_data, offset, dims, form)
+                        kind = onnx.TensorProto.INT8
+                    if exact:
+                        name = init.name
+                        init.name, init.data_type = name + INT_SUFFIX, kind
+                        _set_ext(init, data_name, start, fh.tell() - start)
+                        if table is not None:
+                            consts += _table_constants(name, table)
+                            casts += _dequantize_nodes(name)
+                        else:
+                            scales.append((name, form, dims))
+                            casts += _weight_nodes(name, form, dims)
+                        stats.int_tensors += 1
+                        stats.int_params += n
+                        continue
+                    fh.seek(start)  # not exact: the fp32 tensor as it was
                     fh.truncate()
                     stats.inexact.append(init.name)
                 _copy(fh, src_data, offset, length)

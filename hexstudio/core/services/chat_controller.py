@@ -573,9 +573,11 @@ class ChatController:
         before it was sent) is the one asked again, not the message before it; the loaded dialog stays."""
         rec_turns = self.record.turns if self.record is not None else []
         if len(rec_turns) > len(self.conversation.turns):
-            rt = rec_turns.pop()
-            self.prior_versions = [dict(v) for v in rt.versions] if rt.versions else [version_of(rt)]
-            return rt.user
+            unsent = rec_turns.pop()
+            self.prior_versions = (
+                [dict(v) for v in unsent.versions] if unsent.versions else [version_of(unsent)]
+            )
+            return unsent.user
         if not self.conversation.turns:
             return None
         last = self.conversation.turns.pop()
