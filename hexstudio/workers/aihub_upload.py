@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,12 +58,17 @@ class UploadStats:
     inexact: list[str] = field(default_factory=list)  # integer-encoded tensors kept fp32 (not exact)
 
 
-def activation_encodings(path: Path) -> dict[str, dict[str, Any]]:
+def _encodings(path: Path, section: str) -> dict[str, dict[str, Any]]:
+    """name -> encoding of one section of an AIMET encodings file (the 1.0.0 list, or the older dict form)."""
     doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    ae = doc.get("activation_encodings") or []
-    if isinstance(ae, dict):  # the older dict form: name -> [encoding]
-        return {k: (v[0] if isinstance(v, list) else v) for k, v in ae.items()}
-    return {str(a["name"]): a for a in ae}
+    es = doc.get(section) or []
+    if isinstance(es, dict):  # the older dict form: name -> [encoding]
+        return {k: (v[0] if isinstance(v, list) else v) for k, v in es.items()}
+    return {str(e["name"]): e for e in es}
+
+
+def activation_encodings(path: Path) -> dict[str, dict[str, Any]]:
+    return _encodings(path, "activation_encodings")
 
 
 def _tables(model: Any, encodings: Path) -> dict[str, dict[str, Any]]:
@@ -95,11 +100,7 @@ def _set_ext(init: Any, location: str, offset: int, length: int) -> None:
 
 
 def param_encodings(path: Path) -> dict[str, dict[str, Any]]:
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    pe = doc.get("param_encodings") or []
-    if isinstance(pe, dict):  # the older dict form: name -> [encoding]
-        return {k: (v[0] if isinstance(v, list) else v) for k, v in pe.items()}
-    return {str(p["name"]): p for p in pe}
+    return _encodings(path, "param_encodings")
 
 
 def _form(enc: dict[str, Any] | None, dims: list[int]) -> Any:
@@ -271,38 +272,32 @@ def _dequantize_nodes(name: str) -> list[Any]:
     ]
 
 
-def _write_table(fh: Any, src: Path, offset: int, dims: list[int], enc: dict[str, Any]) -> bool:
-    """Write a gathered table's integers a block of rows at a time; False (at the first block that does not
-    re-quantize exactly) leaves the caller to truncate and write fp32 instead."""
-    if len(dims) != 2:
-        return False
-    rows, cols = dims
-    w: Any = np.memmap(src, dtype=np.float32, mode="r", offset=offset, shape=(rows, cols))
-    try:
-        for r0, r1 in _row_blocks(rows, cols, 0):
-            q, ok = table_rows(np.asarray(w[r0:r1]), enc)
-            if not ok:
-                return False
-            fh.write(np.ascontiguousarray(q).tobytes())
-        return True
-    finally:
-        del w
-
-
-def _write_ints(fh: Any, src: Path, offset: int, dims: list[int], form: Any) -> bool:
-    """Write a float32 weight's int8 integers a block of rows at a time; False (at the first block that does
-    not re-quantize exactly) leaves the caller to truncate and write fp32 instead."""
+def _write_rows(
+    fh: Any, src: Path, offset: int, dims: list[int], block: int, convert: Callable[[np.ndarray, int], tuple]
+) -> bool:
+    """Write `convert(rows, r0)`'s integers of a float32 tensor a block of rows at a time; False (at the first
+    block whose integers do not re-quantize exactly) leaves the caller to truncate and write fp32 instead."""
     rows, cols = dims[0], int(np.prod(dims[1:])) if len(dims) > 1 else 1
     w: Any = np.memmap(src, dtype=np.float32, mode="r", offset=offset, shape=(rows, cols))
     try:
-        for r0, r1 in _row_blocks(rows, cols, form.block):
-            q, ok = int_rows(np.asarray(w[r0:r1]), form, r0)
+        for r0, r1 in _row_blocks(rows, cols, block):
+            q, ok = convert(np.asarray(w[r0:r1]), r0)
             if not ok:
                 return False
             fh.write(np.ascontiguousarray(q).tobytes())
         return True
     finally:
         del w
+
+
+def _write_table(fh: Any, src: Path, offset: int, dims: list[int], enc: dict[str, Any]) -> bool:
+    """A gathered table's integers (uint16/uint8 under its per-tensor encoding)."""
+    return len(dims) == 2 and _write_rows(fh, src, offset, dims, 0, lambda w, _r0: table_rows(w, enc))
+
+
+def _write_ints(fh: Any, src: Path, offset: int, dims: list[int], form: Any) -> bool:
+    """A float32 weight's int8 integers (int4 LPBQ values or int8 per channel)."""
+    return _write_rows(fh, src, offset, dims, form.block, lambda w, r0: int_rows(w, form, r0))
 
 
 def _scale_shape(form: Any, dims: list[int]) -> list[int]:
