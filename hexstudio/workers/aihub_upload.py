@@ -58,23 +58,36 @@ class UploadStats:
     inexact: list[str] = field(default_factory=list)  # integer-encoded tensors kept fp32 (not exact)
 
 
-def _encodings(path: Path, section: str) -> dict[str, dict[str, Any]]:
-    """name -> encoding of one section of an AIMET encodings file (the 1.0.0 list, or the older dict form)."""
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+@dataclass(frozen=True)
+class Encodings:
+    """The two sections of an AIMET encodings file: tensor name -> encoding."""
+
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    activations: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _section(doc: dict[str, Any], section: str) -> dict[str, dict[str, Any]]:
+    """name -> encoding of one section of an encodings document (the 1.0.0 list, or the older dict form)."""
     es = doc.get(section) or []
     if isinstance(es, dict):  # the older dict form: name -> [encoding]
         return {k: (v[0] if isinstance(v, list) else v) for k, v in es.items()}
     return {str(e["name"]): e for e in es}
 
 
+def load_encodings(path: Path) -> Encodings:
+    """Both sections of an AIMET encodings file, read and parsed once (at 8B the file is several hundred MB)."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    return Encodings(_section(doc, "param_encodings"), _section(doc, "activation_encodings"))
+
+
 def activation_encodings(path: Path) -> dict[str, dict[str, Any]]:
-    return _encodings(path, "activation_encodings")
+    return load_encodings(path).activations
 
 
-def _tables(model: Any, encodings: Path) -> dict[str, dict[str, Any]]:
+def _tables(model: Any, acts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     from hexstudio.workers.quant.qdq import gather_tables
 
-    return gather_tables(model, activation_encodings(encodings))
+    return gather_tables(model, acts)
 
 
 def table_rows(w: np.ndarray, enc: dict[str, Any]) -> tuple[np.ndarray, bool]:
@@ -100,7 +113,7 @@ def _set_ext(init: Any, location: str, offset: int, length: int) -> None:
 
 
 def param_encodings(path: Path) -> dict[str, dict[str, Any]]:
-    return _encodings(path, "param_encodings")
+    return load_encodings(path).params
 
 
 def _form(enc: dict[str, Any] | None, dims: list[int]) -> Any:
@@ -145,8 +158,8 @@ def plan_bytes(onnx_path: Path, encodings: Path, compact: bool = True) -> int:
     import onnx
 
     model = onnx.load(str(onnx_path), load_external_data=False)
-    encs = param_encodings(encodings) if compact else {}
-    tables = _tables(model, encodings) if compact else {}
+    doc = load_encodings(encodings) if compact else Encodings()
+    encs, tables = doc.params, _tables(model, doc.activations)
     total = Path(onnx_path).stat().st_size + Path(encodings).stat().st_size
     for init in model.graph.initializer:
         ext = _ext(init)
@@ -186,8 +199,8 @@ def write_upload_dir(
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     stats = UploadStats()
-    encs = param_encodings(encodings) if compact else {}
-    tables = _tables(model, encodings) if compact else {}
+    doc = load_encodings(encodings) if compact else Encodings()
+    encs, tables = doc.params, _tables(model, doc.activations)
     if locations:
         src_data = src_onnx.parent / locations[0]
         if not src_data.is_file():

@@ -80,7 +80,10 @@ def test_uploaded_integer_weights_requantize_to_the_same_integers(
         seen = _requantize_everything(qdir, g, up)
         total_int += seen["int"]
         # the embedding table: uploaded as its 16-bit integers, the same ones the quantize stage's graph holds
-        tables = au._tables(onnx.load(str(qdir / g["onnx"]), load_external_data=False), qdir / g["encodings"])
+        tables = au._tables(
+            onnx.load(str(qdir / g["onnx"]), load_external_data=False),
+            au.load_encodings(qdir / g["encodings"]).activations,
+        )
         assert st.int_tensors == seen["int"] + len(tables)
         assert (len(tables) == 1) == g["name"].endswith("_1_of_2"), g["name"]
         for name, enc in tables.items():
@@ -202,16 +205,11 @@ def test_a_tiny_graph_upload_runs_like_the_fake_quantized_graph(tmp_path: Path) 
             )
 
 
-def test_an_embedding_table_is_uploaded_as_its_16_bit_integers(tmp_path: Path) -> None:
-    """A Gather-only table with its own 16-bit encoding: half of fp32, exact, and the Gather's output is the
-    fake-quantized table's rows (what the compiler makes of the fp32 upload)."""
+def _embedding_graph(d: Path) -> tuple[np.ndarray, dict[str, Any], float]:
+    """`d/m.onnx` (+ m.data, m.encodings): a Gather-only 300 x 16 table E with its own 16-bit per-tensor
+    encoding. Returns (the table, its encoding, its scale)."""
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
-    from qai_hub import public_api_pb2 as pb
-    from qai_hub.util.zipped_model import zip_model
-
-    from tests.aihub_emulator.server import uploaded_model_outputs
 
     rng = np.random.default_rng(2)
     table = (rng.standard_normal((300, 16)) * 0.02).astype(np.float32)
@@ -226,8 +224,7 @@ def test_an_embedding_table_is_uploaded_as_its_16_bit_integers(tmp_path: Path) -
         [helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 5, 16])],
         [numpy_helper.from_array(table, "E")],
     )
-    d = tmp_path / "src"
-    d.mkdir()
+    d.mkdir(parents=True)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, str(d / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
     (d / "m.encodings").write_text(
@@ -235,6 +232,20 @@ def test_an_embedding_table_is_uploaded_as_its_16_bit_integers(tmp_path: Path) -
             {"version": "1.0.0", "activation_encodings": [enc, {**enc, "name": "h"}], "param_encodings": []}
         )
     )
+    return table, enc, scale
+
+
+def test_an_embedding_table_is_uploaded_as_its_16_bit_integers(tmp_path: Path) -> None:
+    """A Gather-only table with its own 16-bit encoding: half of fp32, exact, and the Gather's output is the
+    fake-quantized table's rows (what the compiler makes of the fp32 upload)."""
+    import onnxruntime as ort
+    from qai_hub import public_api_pb2 as pb
+    from qai_hub.util.zipped_model import zip_model
+
+    from tests.aihub_emulator.server import uploaded_model_outputs
+
+    d = tmp_path / "src"
+    table, enc, scale = _embedding_graph(d)
     assert au.plan_bytes(d / "m.onnx", d / "m.encodings") < table.nbytes // 2 + 4096
     up, st = au.write_upload_dir(d / "m.onnx", d / "m.encodings", tmp_path / "up", "emb")
     assert (st.int_tensors, st.int_params, st.fp32_tensors, st.inexact) == (1, table.size, 0, [])
@@ -258,6 +269,38 @@ def test_an_embedding_table_is_uploaded_as_its_16_bit_integers(tmp_path: Path) -
     assert (st32.int_tensors, st32.fp32_tensors, st32.data_bytes) == (0, 1, table.nbytes)
     assert np.array_equal(au.uploaded_weight(up32, "E"), table)
     assert au.plan_bytes(d / "m.onnx", d / "m.encodings", compact=False) > table.nbytes
+
+
+def test_the_encodings_file_is_parsed_once_per_plan_and_per_upload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """plan_bytes and write_upload_dir each read the encodings document once (both sections from one parse:
+    at 8B the file is several hundred MB), with the same results; compact=False reads it not at all."""
+    graphs = [_tiny_graph(tmp_path / "tiny")[:2]]  # weights: the param encodings
+    _embedding_graph(tmp_path / "emb")  # a gathered table: the activation encodings
+    graphs.append((tmp_path / "emb" / "m.onnx", tmp_path / "emb" / "m.encodings"))
+    plans = [au.plan_bytes(src, enc) for src, enc in graphs]
+    uploads = [au.write_upload_dir(src, enc, tmp_path / "up0", "g")[1] for src, enc in graphs]
+    real = json.loads
+    texts = {p.read_text(encoding="utf-8") for _, p in graphs}
+    parses: list[str] = []
+
+    def counting(s: Any, *args: Any, **kwargs: Any) -> Any:
+        if s in texts:  # every parse of an encodings document, whoever makes it
+            parses.append(s)
+        return real(s, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counting)
+    for (src, enc), plan, upload in zip(graphs, plans, uploads, strict=True):
+        parses.clear()
+        assert au.plan_bytes(src, enc) == plan and len(parses) == 1, (src.name, len(parses))
+        parses.clear()
+        _, st = au.write_upload_dir(src, enc, tmp_path / "up1", "g")
+        assert st == upload and st.int_tensors > 0 and len(parses) == 1, (src.name, len(parses))
+        parses.clear()
+        au.plan_bytes(src, enc, compact=False)
+        au.write_upload_dir(src, enc, tmp_path / "up2", "g", compact=False)
+        assert parses == []
 
 
 def test_a_weight_whose_integers_do_not_come_back_stays_fp32(
