@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from hexstudio.shared.errors import ActionableError
+from hexstudio.workers.quant.qdq import gather_tables, int_form, table_rows
 
 INT_SUFFIX = "__int"  # a weight's or table's integers, made float again by the ops in front of its use
 ROW_BLOCK_BYTES = 64 << 20  # fp32 bytes of one block of rows converted at a time
@@ -85,20 +86,7 @@ def activation_encodings(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _tables(model: Any, acts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    from hexstudio.workers.quant.qdq import gather_tables
-
     return gather_tables(model, acts)
-
-
-def table_rows(w: np.ndarray, enc: dict[str, Any]) -> tuple[np.ndarray, bool]:
-    """(the integers of a table's rows under its per-tensor encoding, as onnx QuantizeLinear computes them,
-    whether the float the upload's Cast -> Sub -> Mul makes of them re-quantizes to the same integers)."""
-    bw = int(enc["bw"])
-    scale, zp, top = np.float32(enc["scale"][0]), np.float32(round(-float(enc["offset"][0]))), (1 << bw) - 1
-    q = np.clip(np.rint(np.asarray(w, np.float32) / scale) + zp, 0, top)
-    back = (q - zp) * scale  # float32 throughout, as the upload's graph computes it
-    ok = bool(np.isfinite(back).all()) and np.array_equal(np.clip(np.rint(back / scale) + zp, 0, top), q)
-    return q.astype(np.uint16 if bw == 16 else np.uint8), ok
 
 
 def _ext(init: Any) -> dict[str, str]:
@@ -117,8 +105,6 @@ def param_encodings(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _form(enc: dict[str, Any] | None, dims: list[int]) -> Any:
-    from hexstudio.workers.quant.qdq import int_form
-
     return int_form(enc, dims) if enc else None
 
 

@@ -368,3 +368,32 @@ def test_integer_weights_written_a_block_of_rows_at_a_time_equal_the_whole() -> 
         if form.block:
             lo4 = (whole & 0x0F).astype(np.int16)
             assert np.array_equal(np.where(lo4 > 7, lo4 - 16, lo4), q.reshape(-1)[0::2])
+
+
+def test_a_gathered_table_quantizes_with_the_one_table_formula(tmp_path: Path) -> None:
+    """qdq.table_ints (the simulation graph's embedding integers) is qdq.table_rows (the AI Hub upload's) and
+    onnx QuantizeLinear's rounding: half to even, + the zero point -offset, saturated; uint8 / uint16."""
+    from onnx import TensorProto
+
+    from hexstudio.workers.quant.qdq import table_ints, table_rows
+
+    rng = np.random.default_rng(5)
+    for bw in (8, 16):
+        w = (rng.standard_normal((40, 16)) * 0.05).astype(np.float32)
+        lo, hi = 0.8 * float(w.min()), 0.8 * float(w.max())  # the ends saturate
+        scale = (hi - lo) / ((1 << bw) - 1)
+        enc = {"name": "E", "bw": bw, "scale": [scale], "offset": [round(lo / scale)]}
+        w[0] = ((np.arange(16) - 8 + 0.5) * np.float32(scale)).astype(np.float32)  # on rounding boundaries
+        data = tmp_path / f"t{bw}.data"
+        w.tofile(data)
+        init = TensorProto(name="E", data_type=TensorProto.FLOAT, dims=list(w.shape))
+        init.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", data.name), ("offset", "0"), ("length", str(w.nbytes))):
+            init.external_data.add(key=k, value=v)
+        zp = round(-float(enc["offset"][0]))
+        want = np.clip(np.rint(w / np.float32(scale)) + zp, 0, (1 << bw) - 1).astype(
+            np.uint16 if bw == 16 else np.uint8
+        )
+        got = table_ints(init, tmp_path, enc)
+        q, _ = table_rows(w, enc)
+        assert got.dtype == q.dtype == want.dtype and np.array_equal(got, want) and np.array_equal(q, want)

@@ -330,19 +330,30 @@ def gather_tables(model: Any, acts: dict[str, dict[str, Any]]) -> dict[str, dict
 
 def table_ints(init: Any, src_dir: Path, a: dict[str, Any]) -> np.ndarray:
     """A float32 table (in external data) quantized to its per-tensor encoding as onnx QuantizeLinear does
-    it (round half to even, saturate), a block of rows at a time."""
+    it (round half to even, saturate), a block of rows at a time (table_rows)."""
     from hexstudio.workers.quant.units import _source
 
     src = _source(init, src_dir)
     if src is None:
         raise ValueError(f"{init.name}: not a 2-D float32 table in external data")
-    bw = int(a["bw"])
-    scale, zp = np.float32(a["scale"][0]), round(-float(a["offset"][0]))
-    out: np.ndarray = np.empty((src.rows, src.cols), np.uint16 if bw == 16 else np.uint8)
+    out: np.ndarray = np.empty((src.rows, src.cols), np.uint16 if int(a["bw"]) == 16 else np.uint8)
     for r0, block in src.blocks():
-        q = np.rint(block / scale) + zp
-        out[r0 : r0 + block.shape[0]] = np.clip(q, 0, (1 << bw) - 1)
+        out[r0 : r0 + block.shape[0]] = table_rows(block, a)[0]
     return out
+
+
+def table_rows(w: np.ndarray, enc: dict[str, Any]) -> tuple[np.ndarray, bool]:
+    """(the integers of a table's rows under its per-tensor encoding as onnx QuantizeLinear computes them
+    (round half to even, + the zero point -offset, saturated to the bit width), uint16 for 16 bits else
+    uint8; whether the float (integer - zero point) x scale in fp32, the AI Hub upload's Cast -> Sub -> Mul,
+    re-quantizes to the same integers). The one formula for a table's integers: the simulation graph's
+    (table_ints) and the upload's (hexstudio/workers/aihub_upload.py)."""
+    bw = int(enc["bw"])
+    scale, zp, top = np.float32(enc["scale"][0]), np.float32(round(-float(enc["offset"][0]))), (1 << bw) - 1
+    q = np.clip(np.rint(np.asarray(w, np.float32) / scale) + zp, 0, top)
+    back = (q - zp) * scale  # float32 throughout, as the upload's graph computes it
+    ok = bool(np.isfinite(back).all()) and np.array_equal(np.clip(np.rint(back / scale) + zp, 0, top), q)
+    return q.astype(np.uint16 if bw == 16 else np.uint8), ok
 
 
 def _refs(model: Any) -> dict[str, tuple[str, str, str]]:
