@@ -327,18 +327,20 @@ class RunSettings:
         "(ngram - 1) tokens at once; it must fit the prompt processor (ar_n).",
     )
     lade_ngram: int = setting(
-        4,
+        2,
         label="lade n-gram",
         unit="tokens",
         range=(2, 16),
         stages=("compile",),
         advanced=True,
-        help="Lookahead decoding's n-gram size (Genie's dialog.lade.ngram): the longest guess checked per step.",
+        help="Lookahead decoding's n-gram size (Genie's dialog.lade.ngram): the longest guess checked per step. "
+        "Above 2, Genie 1.21 keeps its lookahead set-up batch in the KV cache for the first step, so greedy output "
+        "can differ from the basic dialog's (docs/genie.md); the Evaluate stage's greedy parity suite shows it.",
     )
     lade_gcap: int = setting(
         8,
         label="lade guesses per step",
-        range=(0, 64),
+        range=(1, 64),
         stages=("compile",),
         advanced=True,
         help="Lookahead decoding's guess cap (Genie's dialog.lade.gcap): n-grams verified per step.",

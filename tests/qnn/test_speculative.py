@@ -65,7 +65,7 @@ def test_lade_and_spd_configs_follow_genies_schema_and_leave_basic_alone() -> No
         "version": 1,
         "update-mode": "ALWAYS_FWD_ONE",
         "window": 8,
-        "ngram": 4,
+        "ngram": 2,  # not Qualcomm's 4: Genie 1.21's lookahead set-up at ngram >= 3 (docs/genie.md)
         "gcap": 8,
     }
     assert isinstance(lade["dialog"]["engine"], dict) and "role" not in lade["dialog"]["engine"]
@@ -92,7 +92,7 @@ def test_what_a_model_cannot_have_is_refused_with_the_reason_before_anything_com
     q = {"ar_n": 128}
     assert check_speculative(hf, q, run_settings_of({"speculative_dialogs": "lade,spd"})) == ["lade", "spd"]
     with pytest.raises(WorkerError) as ei:  # a lade step (48 tokens) longer than the prompt processor
-        check_speculative(hf, {"ar_n": 32}, run_settings_of({"speculative_dialogs": "lade"}))
+        check_speculative(hf, {"ar_n": 32}, run_settings_of({"speculative_dialogs": "lade", "lade_ngram": 4}))
     assert ei.value.code == "dialog_unsupported" and "AR-32" in ei.value.message and "48" in ei.value.message
     assert check_speculative(
         hf,
@@ -103,7 +103,13 @@ def test_what_a_model_cannot_have_is_refused_with_the_reason_before_anything_com
     assert check_speculative(hf, q, run_settings_of({"speculative_dialogs": "none"})) == []
     big = {**hf, "vocab_size": 32000}
     assert check_speculative(big, q, run_settings_of({"speculative_dialogs": "lade,spd"})) == ["lade", "spd"]
-    assert "AR-16" in str(sp.lade_problem([1, 16], sp.Lade()))  # a step of 48 tokens needs AR >= 48
+    assert "AR-16" in str(sp.lade_problem([1, 16], sp.Lade(ngram=4)))  # a step of 48 tokens needs AR >= 48
+    assert sp.lade_problem([1, 16], sp.Lade()) is None  # the default: (8 + 8) x 1 = 16 tokens
+    # gcap 0 crashed Genie 1.21 (an empty n-gram pool): refused by the setting and again by the compile
+    assert "gcap >= 1" in str(sp.lade_problem([1, 128], sp.Lade(gcap=0)))
+    assert check("lade_gcap", 0) is not None
+    with pytest.raises(WorkerError, match="gcap >= 1"):
+        check_speculative(hf, q, RunSettings(speculative_dialogs="lade", lade_gcap=0))
     # refused when set (the setting's check), and again by the compile for a spec that bypassed it
     assert "SSD training" in str(check("speculative_dialogs", "lade,ssd-q1"))
     with pytest.raises(WorkerError, match="SSD training"):
@@ -305,6 +311,39 @@ def test_real_genie_runs_lade_steps_past_the_small_embedding(local_run: Path) ->
         (remote / "genie_config.lade.json").unlink()
     assert len(plain) == 4 and "".join(plain).strip()
     assert lade == plain  # the prompt's token, then three from lookahead steps: basic's tokens
+
+
+@needs_qnn
+@pytest.mark.slow
+def test_genie_1_21_keeps_the_lookahead_set_up_batch_in_the_kv_for_the_first_step(local_run: Path) -> None:
+    """Why lade_ngram defaults to 2 (docs/genie.md), pinned on Genie's own tensor dumps (dialog.debug.dump-tensors):
+    at ngram >= 3 lhd-dec first runs a level-initialisation batch of window x (ngram - 1) tokens, and Genie 1.21
+    keeps its KV, so the first lookahead step attends those tokens as past (8 slots here, past the prompt's). The
+    step after it is back to the prompt and the one token accepted. When a Genie upgrade stops doing this, this test
+    fails: then ngram >= 3 can be offered again."""
+    import numpy as np
+
+    remote = Path(json.loads((local_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
+    cfg = json.loads((remote / "genie_config.json").read_text())
+    cfg["dialog"]["type"] = "lade"
+    cfg["dialog"]["lade"] = sp.Lade(window=4, ngram=3, gcap=1).block()
+    cfg["dialog"]["debug"] = {"path": "lade-dump", "dump-tensors": True}
+    (remote / "genie_config.lade3.json").write_text(json.dumps(cfg))
+    try:
+        _first_texts(remote, "genie_config.lade3.json", "The sky was grey and", 3)
+        masks = {}  # inference number -> AR-128 attention mask rows (uint16: attend is non-zero)
+        for f in sorted((remote / "lade-dump").glob("*/*/*_in_attention_mask")):
+            a = np.fromfile(f, np.uint16)
+            if a.size == 128 * 512:
+                masks.setdefault(f.name[:3], a.reshape(128, 512))
+    finally:
+        (remote / "genie_config.lade3.json").unlink()
+        shutil.rmtree(remote / "lade-dump", ignore_errors=True)
+    past = {n: int(np.count_nonzero(m[0, : 512 - 128])) for n, m in masks.items()}
+    n_prompt = int(np.count_nonzero(masks["000"].any(axis=1)))  # the prompt: one row per token
+    assert past["000"] == 0 and past["001"] == n_prompt  # the prompt, then the level initialisation
+    assert past["002"] == n_prompt + 4 * 2  # the first lookahead step: the set-up batch is kept as past
+    assert past["003"] == n_prompt + 1  # then the prompt and the one token the step accepted
 
 
 def test_a_speculative_config_is_held_to_the_bundles_path_rules(tmp_path: Path) -> None:

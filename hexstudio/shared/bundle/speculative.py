@@ -38,10 +38,12 @@ LADE_SEED_BASE = 1000  # lhd-dec seeds lookahead level i with token id 1000 + i
 
 @dataclass(frozen=True)
 class Lade:
-    """dialog.lade. Defaults as Qualcomm's Llama 2 lade example, with ngram 4 so a step (48 tokens) fits AR-64+."""
+    """dialog.lade. Window and gcap as Qualcomm's Llama 2 lade example (8/4/8); ngram 2, not 4: Genie 1.21 keeps
+    the KV of its level-initialisation batch (run only at ngram >= 3) for the first lookahead step, so that step's
+    token can differ from the basic dialog's (measured with Genie's own tensor dumps: docs/genie.md)."""
 
     window: int = 8
-    ngram: int = 4
+    ngram: int = 2
     gcap: int = 8
     update_mode: str = "ALWAYS_FWD_ONE"  # FWD_MAX_HIT | FWD_LEVEL | ALWAYS_FWD_ONE
 
@@ -149,8 +151,10 @@ def lade_problem(ar_sizes: list[int], lade: Lade, n_vocab: int | None = None) ->
             "tokens: AI Hub compiles the embedding as exported and the HTP would refuse those ids. Compile locally "
             "(compile_target local clamps the ids of so small a table), or use spd."
         )
-    if lade.ngram < 2 or lade.window < 1 or lade.gcap < 0:
-        return "lade needs ngram >= 2, window >= 1 and gcap >= 0."
+    if lade.ngram < 2 or lade.window < 1 or lade.gcap < 1:
+        # gcap 0: lhd-dec.cpp sizes its n-gram pool n_vocab x (ngram - 1) x gcap, and Genie 1.21 crashed (SIGSEGV)
+        # on the first lookahead step when writing into the empty pool (measured on the x86 simulator)
+        return "lade needs ngram >= 2, window >= 1 and gcap >= 1 (Genie 1.21 crashes with gcap 0)."
     if ar_sizes and lade.step_tokens > max(ar_sizes):
         return (
             f"A lade step runs (window + gcap) x (ngram - 1) = {lade.step_tokens} tokens, more than the largest "
