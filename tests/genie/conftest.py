@@ -31,6 +31,7 @@ class FakeGenie:
         tokens: int = 12,
         context: int = 4096,
         fail_create: bool = False,
+        ignore_limit: bool = False,
         echo: Path | None = None,
     ) -> Path:
         """A 'bundle' folder for the fake runtime: a genie_config.json carrying the fake's knobs."""
@@ -44,6 +45,7 @@ class FakeGenie:
             "fake-token-ms": token_ms,
             "fake-tokens": tokens,
             "fake-fail-create": int(fail_create),
+            "fake-ignore-limit": int(ignore_limit),
         }
         if echo is not None:
             dialog["fake-echo-file"] = str(echo)

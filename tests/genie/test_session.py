@@ -177,3 +177,29 @@ def test_context_exceeded_mid_reply_is_said_and_the_next_turn_starts_afresh(
     assert after and all(r.state == "complete" for r in after)
     # the re-sent history overflowed the dialog (the counter was wrong): the turn went out without it, and says so
     assert any("sent without them" in (r.note or "") for r in after)
+
+
+def test_a_dialog_that_ignores_max_tokens_is_cut_there_and_its_memory_cleared(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
+    """Genie 1.21's lade dialog ignores GenieDialog_setMaxNumTokens (measured on the x86 simulator: docs/genie.md).
+    The helper sends no token past max_tokens, asks the dialog to stop (this libGenie honours ABORT, so it does
+    at once), and says how many it dropped; the session clears the dialog, whose KV cache holds them, and the
+    next turn re-sends the history instead of continuing from it."""
+    echo = tmp_path / "queries.txt"
+    bundle = fake_genie.bundle(
+        tmp_path / "bundle", init_ms=50, token_ms=5, tokens=12, ignore_limit=True, echo=echo
+    )
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> tuple[TurnResult, TurnResult]:
+        async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=4) as s:
+            assert s.mode == "persistent", s.fallback_reason
+            return await s.send("First question"), await s.send("Second question")
+
+    r1, r2 = asyncio.run(go())
+    for r in (r1, r2):
+        assert r.state == "complete" and len(r.text.split()) == 4, r.text
+        assert r.error is None
+    q1, q2 = queries(echo)
+    assert "First question" in q1 and "First question" in q2 and "Second question" in q2  # history re-sent

@@ -813,7 +813,9 @@ class ChatSession:
         if end is not None and isinstance(end.get("n_past"), int):
             self._n_past = int(end["n_past"])  # the simulator reports its KV fill exactly
         # after a host cut the dialog holds tokens past the stop string: cleared, the next turn re-sends the history
-        clear = state in ("context_full", "failed") or hit
+        # so does one whose dialog ran past max_tokens (Genie 1.21's lade ignores the limit: the helper dropped the
+        # extra tokens, but they are in the KV cache)
+        clear = state in ("context_full", "failed") or hit or bool(end and end.get("overran"))
         if state == "context_full":  # the context filled up during this reply
             if text:
                 state = "complete"

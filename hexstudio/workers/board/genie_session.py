@@ -31,7 +31,8 @@ stdout, one JSON object a line:
                                                 came in one callback; mono: the helper's
                                                 time.monotonic() when it was emitted)
     {"event": "end", "id", "state": "complete"|"aborted"|"context_full"|"failed", "status", "profile": {...}|null,
-     "measured": {"ttft_ms", "gen_ms", "callbacks"}}
+     "overran": N (only when the dialog made N tokens past max_tokens: they were not sent, and the dialog's
+                   KV cache holds them: the host resets it), "measured": {"ttft_ms", "gen_ms", "callbacks"}}
     {"event": "reset", "status"}
     {"event": "error", "code", "message"}       (then exit, when it happens before "ready")
     {"event": "log", "level", "message"}         Genie's own log lines (with --log-level)
@@ -333,10 +334,23 @@ class Helper:
         dec = codecs.getincrementaldecoder("utf-8")("replace")
         t0 = time.perf_counter()
         m = {"first": 0.0, "last": 0.0, "callbacks": 0, "aborted": False, "held": 0, "whole": False}
+        budget = int(max_tokens) if isinstance(max_tokens, int) and max_tokens > 0 else 0
+        over = {"tokens": 0, "seen": 0}
 
         def on_token(resp: bytes | None, code: int, _user: object) -> None:
             if code == SENTENCE_ABORT:
                 m["aborted"] = True
+            if budget and code in (SENTENCE_BEGIN, SENTENCE_CONTINUE):
+                over["seen"] += 1
+                if over["seen"] > budget:
+                    # Genie 1.21's lade dialog ignores the token limit (docs/genie.md): past it, nothing reaches
+                    # the host, and the dialog is asked to stop (a build that honours ABORT then does)
+                    if not over["tokens"] and "GenieDialog_signal" in self.f:
+                        self.f["GenieDialog_signal"](self.dialog, ACTION_ABORT)
+                    over["tokens"] += 1
+                    return
+            if over["tokens"] and code == SENTENCE_ABORT:
+                return
             if code in (SENTENCE_BEGIN, SENTENCE_CONTINUE):
                 m["held"] = (
                     int(m["held"]) + 1
@@ -372,7 +386,9 @@ class Helper:
                     **({} if m["whole"] else {"tokens": int(m["held"])}),
                 }
             )
-        if st < SUCCESS and not self.aborting:
+        if over["tokens"] and st >= SUCCESS:
+            state = "complete"  # the reply reached max_tokens; what Genie made past it was dropped
+        elif st < SUCCESS and not self.aborting:
             state = (
                 "failed"  # an error ends the sentence with ABORT too: it is a failure, not a stop asked for
             )
@@ -391,6 +407,7 @@ class Helper:
                 "state": state,
                 "status": st,
                 "profile": self.profile_json(),
+                **({"overran": over["tokens"]} if over["tokens"] else {}),
                 "measured": {
                     "ttft_ms": round((first - t0) * 1000, 3),
                     "gen_ms": round((float(m["last"] or first) - first) * 1000, 3),

@@ -39,7 +39,7 @@ enum { ACTION_ABORT = 1 };
 #define MAX_EVENTS 256
 typedef struct { int is_query; double start_us, dur_us, ttft_us, gen_us; long prompt_toks, gen_toks; } Event;
 typedef struct { Event ev[MAX_EVENTS]; int n; } Profile;
-typedef struct { long ctx, init_ms, token_ms, tokens, fail, max_num_tokens; char echo[512]; Profile *profile; } Config;
+typedef struct { long ctx, init_ms, token_ms, tokens, fail, max_num_tokens, ignore_limit; char echo[512]; Profile *profile; } Config;
 typedef struct { Config *cfg; long n_past; unsigned max_tokens; volatile int abort; } Dialog;
 
 static double now_us(void) {
@@ -73,6 +73,7 @@ Genie_Status_t GenieDialogConfig_createFromJson(const char *str, GenieDialogConf
   c->tokens = json_long(str, "\"fake-tokens\"", 12);
   c->fail = json_long(str, "\"fake-fail-create\"", 0);
   c->max_num_tokens = json_long(str, "\"max-num-tokens\"", 0);
+  c->ignore_limit = json_long(str, "\"fake-ignore-limit\"", 0); /* as Genie 1.21's lade: no token limit */
   const char *e = strstr(str, "\"fake-echo-file\"");
   if (e && (e = strchr(e + 16, '"'))) {
     size_t n = 0;
@@ -158,6 +159,7 @@ Genie_Status_t GenieDialog_query(GenieDialog_Handle_t h, const char *q, GenieDia
   unsigned long hash = 1469598103934665603UL;
   for (const char *p = q; *p; p++) hash = (hash ^ (unsigned char)*p) * 1099511628211UL;
   long want = d->max_tokens ? (long)d->max_tokens : d->cfg->max_num_tokens > 0 ? d->cfg->max_num_tokens : d->cfg->tokens;
+  if (d->cfg->ignore_limit) want = d->cfg->tokens;
   long pace = d->cfg->token_ms;
   sleep_ms(pace); /* prompt processing */
   double t_first = now_us();
