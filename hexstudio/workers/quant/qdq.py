@@ -338,8 +338,16 @@ def table_ints(init: Any, src_dir: Path, a: dict[str, Any]) -> np.ndarray:
         raise ValueError(f"{init.name}: not a 2-D float32 table in external data")
     out: np.ndarray = np.empty((src.rows, src.cols), np.uint16 if int(a["bw"]) == 16 else np.uint8)
     for r0, block in src.blocks():
-        out[r0 : r0 + block.shape[0]] = table_rows(block, a)[0]
+        out[r0 : r0 + block.shape[0]] = _table_codes(block, a)[0]
     return out
+
+
+def _table_codes(w: np.ndarray, enc: dict[str, Any]) -> tuple[np.ndarray, np.float32, np.float32, int]:
+    """(the integers as float32, scale, zero point, top): QuantizeLinear's rounding, without the exactness check
+    table_ints does not need (about 1.7 s more on an 8B embedding table)."""
+    bw = int(enc["bw"])
+    scale, zp, top = np.float32(enc["scale"][0]), np.float32(round(-float(enc["offset"][0]))), (1 << bw) - 1
+    return np.clip(np.rint(np.asarray(w, np.float32) / scale) + zp, 0, top), scale, zp, top
 
 
 def table_rows(w: np.ndarray, enc: dict[str, Any]) -> tuple[np.ndarray, bool]:
@@ -348,12 +356,10 @@ def table_rows(w: np.ndarray, enc: dict[str, Any]) -> tuple[np.ndarray, bool]:
     uint8; whether the float (integer - zero point) x scale in fp32, the AI Hub upload's Cast -> Sub -> Mul,
     re-quantizes to the same integers). The one formula for a table's integers: the simulation graph's
     (table_ints) and the upload's (hexstudio/workers/aihub_upload.py)."""
-    bw = int(enc["bw"])
-    scale, zp, top = np.float32(enc["scale"][0]), np.float32(round(-float(enc["offset"][0]))), (1 << bw) - 1
-    q = np.clip(np.rint(np.asarray(w, np.float32) / scale) + zp, 0, top)
+    q, scale, zp, top = _table_codes(w, enc)
     back = (q - zp) * scale  # float32 throughout, as the upload's graph computes it
     ok = bool(np.isfinite(back).all()) and np.array_equal(np.clip(np.rint(back / scale) + zp, 0, top), q)
-    return q.astype(np.uint16 if bw == 16 else np.uint8), ok
+    return q.astype(np.uint16 if int(enc["bw"]) == 16 else np.uint8), ok
 
 
 def _refs(model: Any) -> dict[str, tuple[str, str, str]]:
