@@ -32,6 +32,7 @@ class FakeGenie:
         context: int = 4096,
         fail_create: bool = False,
         ignore_limit: bool = False,
+        ignore_abort: bool = False,
         echo: Path | None = None,
     ) -> Path:
         """A 'bundle' folder for the fake runtime: a genie_config.json carrying the fake's knobs."""
@@ -46,6 +47,7 @@ class FakeGenie:
             "fake-tokens": tokens,
             "fake-fail-create": int(fail_create),
             "fake-ignore-limit": int(ignore_limit),
+            "fake-ignore-abort": int(ignore_abort),
         }
         if echo is not None:
             dialog["fake-echo-file"] = str(echo)

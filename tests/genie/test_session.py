@@ -4,7 +4,10 @@ the helper keeps the dialog loaded, later turns skip the init, stop, context ful
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
+
+import pytest
 
 from hexstudio.core.device.board import Board
 from hexstudio.core.device.transport import LocalTransport
@@ -201,5 +204,45 @@ def test_a_dialog_that_ignores_max_tokens_is_cut_there_and_its_memory_cleared(
     for r in (r1, r2):
         assert r.state == "complete" and len(r.text.split()) == 4, r.text
         assert r.error is None
+    q1, q2 = queries(echo)
+    assert "First question" in q1 and "First question" in q2 and "Second question" in q2  # history re-sent
+
+
+def test_a_dialog_that_ignores_max_tokens_and_abort_is_stopped_by_the_helper_exiting(
+    tmp_path: Path, fake_genie: FakeGenie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Genie 1.21's lade ignores ABORT too (docs/genie.md): it would generate to EOS or a full context, minutes on
+    a board. Past a grace period the helper ends the reply itself and exits; the next turn starts a new helper and
+    re-sends the history, and each reply is max_tokens long and complete."""
+    monkeypatch.setenv("HEXSTUDIO_OVERRUN_GRACE_S", "0.5")
+    echo = tmp_path / "queries.txt"
+    bundle = fake_genie.bundle(
+        tmp_path / "bundle",
+        init_ms=50,
+        token_ms=20,
+        tokens=3000,  # a minute of tokens if nothing stopped it
+        ignore_limit=True,
+        ignore_abort=True,
+        echo=echo,
+    )
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> tuple[TurnResult, TurnResult, float]:
+        t0 = time.monotonic()
+        async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=4) as s:
+            assert s.mode == "persistent", s.fallback_reason
+            r1 = await s.send("First question")
+            r2 = await s.send("Second question")
+        return r1, r2, time.monotonic() - t0
+
+    r1, r2, took = asyncio.run(go())
+    for r in (r1, r2):
+        assert r.state == "complete" and len(r.text.split()) == 4 and r.error is None, (
+            r.state,
+            r.text,
+            r.error,
+        )
+    assert took < 20, took  # not the minute the dialog would have run
+    assert r2.kpis is not None and r2.kpis.init_ms, r2.kpis  # the second turn loaded the model again
     q1, q2 = queries(echo)
     assert "First question" in q1 and "First question" in q2 and "Second question" in q2  # history re-sent

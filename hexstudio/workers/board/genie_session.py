@@ -32,7 +32,8 @@ stdout, one JSON object a line:
                                                 time.monotonic() when it was emitted)
     {"event": "end", "id", "state": "complete"|"aborted"|"context_full"|"failed", "status", "profile": {...}|null,
      "overran": N (only when the dialog made N tokens past max_tokens: they were not sent, and the dialog's
-                   KV cache holds them: the host resets it), "measured": {"ttft_ms", "gen_ms", "callbacks"}}
+                   KV cache holds them: the host resets it; a dialog that does not stop on ABORT within
+                   OVERRUN_GRACE_S gets this end event from the helper, which then exits), "measured": {...}}
     {"event": "reset", "status"}
     {"event": "error", "code", "message"}       (then exit, when it happens before "ready")
     {"event": "log", "level", "message"}         Genie's own log lines (with --log-level)
@@ -59,6 +60,8 @@ SENTENCE_COMPLETE, SENTENCE_BEGIN, SENTENCE_CONTINUE, SENTENCE_END, SENTENCE_ABO
 ACTION_ABORT = 1
 
 _lock = threading.Lock()
+# how long a dialog that went past max_tokens gets to honour ABORT before the helper exits to stop it
+OVERRUN_GRACE_S = float(os.environ.get("HEXSTUDIO_OVERRUN_GRACE_S") or 5.0)
 
 
 def emit(obj: dict) -> None:
@@ -345,8 +348,10 @@ class Helper:
                 if over["seen"] > budget:
                     # Genie 1.21's lade dialog ignores the token limit (docs/genie.md): past it, nothing reaches
                     # the host, and the dialog is asked to stop (a build that honours ABORT then does)
-                    if not over["tokens"] and "GenieDialog_signal" in self.f:
-                        self.f["GenieDialog_signal"](self.dialog, ACTION_ABORT)
+                    if not over["tokens"]:
+                        if "GenieDialog_signal" in self.f:
+                            self.f["GenieDialog_signal"](self.dialog, ACTION_ABORT)
+                        threading.Thread(target=overrun_watch, daemon=True).start()
                     over["tokens"] += 1
                     return
             if over["tokens"] and code == SENTENCE_ABORT:
@@ -369,6 +374,40 @@ class Helper:
                     ev["tokens"] = int(m["held"])
                 emit(ev)
                 m["held"] = 0
+
+        ended = threading.Lock()  # one end event a query: the query's own, or the overrun watch's
+
+        def end(state: str, st: int, profile: object) -> None:
+            first = float(m["first"]) or time.perf_counter()
+            emit(
+                {
+                    "event": "end",
+                    "id": qid,
+                    "state": state,
+                    "status": st,
+                    "profile": profile,
+                    **({"overran": over["tokens"]} if over["tokens"] else {}),
+                    "measured": {
+                        "ttft_ms": round((first - t0) * 1000, 3),
+                        "gen_ms": round((float(m["last"] or first) - first) * 1000, 3),
+                        "callbacks": m["callbacks"],
+                    },
+                }
+            )
+
+        def overrun_watch() -> None:
+            """Genie 1.21's lade ignores ABORT too: it would run on to EOS or a full context (minutes on a board).
+            Past a grace period the reply is ended here and the helper exits, which stops Genie; the host starts
+            a new helper for the next turn and re-sends the history (docs/genie.md)."""
+            time.sleep(OVERRUN_GRACE_S)
+            if self.in_query.is_set() and ended.acquire(blocking=False):
+                end("complete", SUCCESS, None)
+                sys.stderr.write(
+                    f"genie_session: the dialog went on past max_tokens ({budget}) and did not stop when asked; "
+                    "the helper exits to stop it (Genie 1.21's lade does this: docs/genie.md)\n"
+                )
+                sys.stderr.flush()
+                os._exit(0)
 
         cb = QUERY_CB(on_token)
         self.in_query.set()
@@ -399,22 +438,8 @@ class Helper:
         else:
             state = "complete" if st >= SUCCESS else "failed"  # other warnings (> 0): the reply completed
         self.aborting = False
-        first = float(m["first"]) or time.perf_counter()
-        emit(
-            {
-                "event": "end",
-                "id": qid,
-                "state": state,
-                "status": st,
-                "profile": self.profile_json(),
-                **({"overran": over["tokens"]} if over["tokens"] else {}),
-                "measured": {
-                    "ttft_ms": round((first - t0) * 1000, 3),
-                    "gen_ms": round((float(m["last"] or first) - first) * 1000, 3),
-                    "callbacks": m["callbacks"],
-                },
-            }
-        )
+        if ended.acquire(blocking=False):
+            end(state, st, self.profile_json())
 
     aborting = False
 

@@ -39,7 +39,7 @@ enum { ACTION_ABORT = 1 };
 #define MAX_EVENTS 256
 typedef struct { int is_query; double start_us, dur_us, ttft_us, gen_us; long prompt_toks, gen_toks; } Event;
 typedef struct { Event ev[MAX_EVENTS]; int n; } Profile;
-typedef struct { long ctx, init_ms, token_ms, tokens, fail, max_num_tokens, ignore_limit; char echo[512]; Profile *profile; } Config;
+typedef struct { long ctx, init_ms, token_ms, tokens, fail, max_num_tokens, ignore_limit, ignore_abort; char echo[512]; Profile *profile; } Config;
 typedef struct { Config *cfg; long n_past; unsigned max_tokens; volatile int abort; } Dialog;
 
 static double now_us(void) {
@@ -74,6 +74,7 @@ Genie_Status_t GenieDialogConfig_createFromJson(const char *str, GenieDialogConf
   c->fail = json_long(str, "\"fake-fail-create\"", 0);
   c->max_num_tokens = json_long(str, "\"max-num-tokens\"", 0);
   c->ignore_limit = json_long(str, "\"fake-ignore-limit\"", 0); /* as Genie 1.21's lade: no token limit */
+  c->ignore_abort = json_long(str, "\"fake-ignore-abort\"", 0); /* ... and no ABORT either */
   const char *e = strstr(str, "\"fake-echo-file\"");
   if (e && (e = strchr(e + 16, '"'))) {
     size_t n = 0;
@@ -167,7 +168,7 @@ Genie_Status_t GenieDialog_query(GenieDialog_Handle_t h, const char *q, GenieDia
   int aborted = 0;
   char buf[64];
   for (; n < want && d->n_past < d->cfg->ctx; n++) {
-    if (d->abort) { aborted = 1; break; }
+    if (d->abort && !d->cfg->ignore_abort) { aborted = 1; break; }
     if (n) sleep_ms(pace);
     snprintf(buf, sizeof buf, "%s%s", n ? " " : "", WORDS[(hash + (unsigned long)n * 7) % 12]);
     cb(buf, n == 0 ? SENTENCE_BEGIN : SENTENCE_CONTINUE, user);
