@@ -448,3 +448,23 @@ def test_a_run_that_cannot_keep_the_conversation_says_so(
     assert failed and isinstance(failed[0], PermissionError)
     c.save_settings({"max_tokens": 5})  # the settings still apply to this session; nothing is said
     assert len(failed) == 1
+
+
+def test_a_reopened_chat_sends_only_its_complete_turns_as_history() -> None:
+    """A stored conversation whose messages failed (one did not fit, one lost the board) or were stopped comes back
+    with every turn shown, but the model reads only the complete ones: as Conversation.prompt_for does for a live
+    chat. (Checked because a review suspected the failed turns went back as history with empty replies.)"""
+    from hexstudio.core.genie.chat_store import ChatRecord
+    from hexstudio.core.services.chat import record_conversation
+
+    rec = ChatRecord(id="c1", template="plain")
+    rec.turns = [
+        ChatTurn(user="first question", reply="first answer", state="complete"),
+        ChatTurn(user="too long " * 3, state="failed", error="does not fit"),
+        ChatTurn(user="lost board", reply="half", state="failed", error="connection lost"),
+    ]
+    conv = record_conversation(rec)
+    assert [t.state for t in conv.turns] == ["complete", "failed", "failed"]
+    prompt = conv.prompt_for("next question")
+    assert "first question" in prompt and "first answer" in prompt and "next question" in prompt
+    assert "too long" not in prompt and "lost board" not in prompt and "half" not in prompt
