@@ -190,6 +190,7 @@ def _kpi_line(r: TurnResult) -> str:
         f"{fmt_rate(k.prompt_tok_s)} tok/s · {k.generated_tokens} tok at {fmt_rate(k.gen_tok_s)} tok/s · {init}"
         + (
             f" · {k.accepted_per_step:.2f} tokens accepted per step"
+            + (" (from token times)" if k.accepted_source == "token times" else "")
             if k.accepted_per_step is not None
             else ""
         )

@@ -468,3 +468,30 @@ def test_a_reopened_chat_sends_only_its_complete_turns_as_history() -> None:
     prompt = conv.prompt_for("next question")
     assert "first question" in prompt and "first answer" in prompt and "next question" in prompt
     assert "too long" not in prompt and "lost board" not in prompt and "half" not in prompt
+
+
+def test_tokens_accepted_per_step_are_estimated_from_when_the_tokens_arrived() -> None:
+    """Where Genie writes no profile (a lade reply the helper ended at max_tokens): a step's tokens arrive back to
+    back, steps a graph run apart. Checked on real Genie against its own figure in tests/qnn/test_speculative.py;
+    here the arithmetic, with the simulator's timings (1.9 s a step, ~1 ms inside one) and a board's (30 ms, 1 ms)."""
+    from hexstudio.core.genie.profile import Kpis, accepted_from_token_times
+
+    def times(step: float, inside: float, bursts: list[int]) -> list[float]:
+        t, out = 0.0, [0.0]  # the prompt's token
+        for k in bursts:
+            t += step
+            out += [t + i * inside for i in range(k)]
+        return out
+
+    assert accepted_from_token_times(times(1.9, 0.001, [1, 2, 1, 3])) == round(7 / 4, 3)
+    assert accepted_from_token_times(times(0.03, 0.001, [2, 2, 2, 2, 1])) == round(9 / 5, 3)
+    assert accepted_from_token_times(times(0.03, 0.0, [1, 1, 1, 1])) == 1.0  # one token a step: basic's rate
+    assert accepted_from_token_times([0.0, 0.5]) is None  # too few to tell
+    k = Kpis(
+        None, None, None, None, 8, None, None, "device", accepted_per_step=1.75, accepted_source="token times"
+    )
+    assert k.as_json()["accepted_source"] == "token times"
+    from hexstudio.core.services.chat import kpi_line
+
+    assert "1.75 tokens/step accepted (from token times)" in kpi_line(k.as_json())
+    assert "accepted_source" not in Kpis(None, None, None, None, 8, None, None, "device").as_json()

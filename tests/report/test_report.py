@@ -653,3 +653,14 @@ def test_a_speculative_board_dialog_shows_its_acceptance_labeled(chatted_run: Pa
     text = re.sub(r"<[^>]+>", "", m.group(1))
     assert "spd" in text and "3.67 tokens accepted per step" in text and "3 of your cases" in text
     assert "SIMULATED" in text  # the chatted run's board is the simulator
+    assert "Genie's token-acceptance-rate" in text
+    # lade on Genie 1.21: no profile for a reply cut at max_tokens, the figure is estimated and says so
+    rep["evaluation"]["board_session"].update(
+        dialog="lade", accepted_per_step=1.375, accepted_per_step_source="token times"
+    )
+    validate_report(rep)
+    m = re.search(r'<p id="speculative">(.*?)</p>', to_html(rep), re.S)
+    assert m is not None
+    text = re.sub(r"<[^>]+>", "", m.group(1))
+    assert "1.38 tokens accepted per step" in text and "estimated from when each token arrived" in text
+    assert "Genie's token-acceptance-rate" not in text

@@ -510,16 +510,20 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
                 await board.transport.close()
     ctx.check_cancelled()
     records = {**read_journal(host_journal), **read_journal(htp_journal), **read_journal(board_journal)}
-    accepted = [
-        float(r["kpis"]["accepted_per_step"])
+    kp = [
+        r["kpis"]
         for r in read_journal(board_journal).values()
         if isinstance(r.get("kpis"), dict) and isinstance(r["kpis"].get("accepted_per_step"), (int, float))
     ]
+    accepted = [float(k["accepted_per_step"]) for k in kp]
     if "board" in legs:
         board_info["dialog"] = dialog
         if accepted:  # Genie's token-acceptance-rate over the user's own cases (lade, spd)
             board_info["accepted_per_step"] = round(sum(accepted) / len(accepted), 3)
             board_info["accepted_per_step_cases"] = len(accepted)
+            # Genie's profile, or estimated from the token times where Genie wrote none (profile.py)
+            sources = sorted({str(k.get("accepted_source") or "genie") for k in kp})
+            board_info["accepted_per_step_source"] = sources[0] if len(sources) == 1 else "mixed"
     per, rows = score_all(plan, records, renderer.tool_format, encode)
     table = []
     for s in suites:
@@ -583,6 +587,7 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
                 unit="tokens/step",
                 scope="simulated" if source == "simulated" else "device",
             )
+            em.metric("accepted_per_step_source", board_info["accepted_per_step_source"])
     line = "; ".join(
         f"{t['suite']} " + " → ".join((t["legs"].get(leg) or {}).get("text", "—") for leg in legs)
         for t in table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,14 +28,36 @@ class Kpis:
     queries: int = 1
     origin: str = "profile"  # "profile" (--profile JSON) | "kpis_block" (old QAIRT's printed [KPIS]: block)
     accepted_per_step: float | None = None  # lade/spd: Genie's token-acceptance-rate (tokens per step)
+    # where accepted_per_step comes from: "genie" (its profile) or "token times" (estimated from when each token
+    # arrived, where Genie wrote no profile: accepted_from_token_times)
+    accepted_source: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         doc = asdict(self)
-        if (
-            doc["accepted_per_step"] is None
-        ):  # only speculative dialogs have it: basic documents stay as they were
-            del doc["accepted_per_step"]
+        for key in ("accepted_per_step", "accepted_source"):
+            if doc[key] is None:  # only speculative dialogs have them: basic documents stay as they were
+                del doc[key]
         return doc
+
+
+# a gap between two tokens longer than this share of the long gaps (their 90th percentile) starts a new step
+STEP_GAP_SHARE = 0.2
+
+
+def accepted_from_token_times(monos: list[float]) -> float | None:
+    """Tokens accepted per step of a speculative dialog, estimated from when each token reached the host: Genie
+    delivers the tokens one step accepts back to back (lhd-dec.cpp 274-318, spec-dec.cpp: one callback a token
+    after the step's graph run), so a step boundary is a gap as long as a graph run, and the tokens inside a step
+    are a sampler call apart (~1 ms against ~1.9 s a step on the x86 simulator, measured). As Genie's own
+    token-acceptance-rate (Dialog KPIs: generated tokens after the first over iterations): (n - 1) / boundaries.
+    None for fewer than 3 tokens. Used where Genie wrote no profile (a lade reply the helper ended at max_tokens:
+    docs/genie.md); checked against Genie's own figure on spd replies (tests/qnn/test_speculative.py)."""
+    if len(monos) < 3:
+        return None
+    gaps = sorted(b - a for a, b in itertools.pairwise(monos))
+    long = gaps[int(0.9 * (len(gaps) - 1))]
+    steps = sum(1 for g in gaps if g > STEP_GAP_SHARE * long)
+    return round((len(monos) - 1) / steps, 3) if steps and long > 0 else None
 
 
 def _value(ev: dict[str, Any], key: str) -> Any:
@@ -89,6 +112,7 @@ def parse_profile(data: dict[str, Any] | str | Path) -> Kpis:
         source="simulated" if simulated else "device",
         queries=len(queries),
         accepted_per_step=round(float(acc), 3) if isinstance(acc, (int, float)) else None,
+        accepted_source="genie" if isinstance(acc, (int, float)) else None,
     )
 
 

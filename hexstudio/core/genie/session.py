@@ -31,7 +31,7 @@ from typing import Any
 
 from hexstudio.core.device.board import Board
 from hexstudio.core.genie.conversation import _HEADER, Conversation, Turn
-from hexstudio.core.genie.profile import Kpis, ProfileError, parse_profile
+from hexstudio.core.genie.profile import Kpis, ProfileError, accepted_from_token_times, parse_profile
 from hexstudio.core.genie.run import Chunk, ChunkTokenCounter, ensure_dir, load_token_counter, run_query
 from hexstudio.core.genie.runtime import RuntimeError_, resolve_runtime, runtime_for, select_runtime
 from hexstudio.shared.bundle.speculative import DIALOG_TYPES, config_name, spd_sampler
@@ -805,6 +805,11 @@ class ChatSession:
         text = "".join(c.text for c in chunks)
         turn.reply = text
         kpis = self._kpis(end, fresh_dialog=h.queries == 1)
+        if kpis is not None and kpis.accepted_per_step is None and self.dialog in ("lade", "spd"):
+            # no Genie profile for this reply (a lade reply the helper ended at max_tokens): from the token times
+            est = accepted_from_token_times([c.mono for c in chunks if c.mono is not None and c.tokens == 1])
+            if est is not None:
+                kpis = replace(kpis, accepted_per_step=est, accepted_source="token times")
         if kpis is not None:
             turn.kpis = kpis.as_json()
             self._n_past += int(kpis.prompt_tokens or 0) + int(kpis.generated_tokens or 0)

@@ -33,7 +33,12 @@ def kpi_line(k: dict[str, Any]) -> str:
         f"TTFT {fmt_ms(k.get('ttft_ms'))} ms · prompt {fmt_rate(k.get('prompt_tok_s'))} tok/s · generation "
         f"{fmt_rate(k.get('gen_tok_s'))} tok/s · init {fmt_ms(k.get('init_ms'))} ms · "
         f"{k.get('generated_tokens')} tokens"
-        + (f" · {float(accepted):.2f} tokens/step accepted" if isinstance(accepted, (int, float)) else "")
+        + (
+            f" · {float(accepted):.2f} tokens/step accepted"
+            + (" (from token times)" if k.get("accepted_source") == "token times" else "")
+            if isinstance(accepted, (int, float))
+            else ""
+        )
         + f" [{tag}]"
     )
 
