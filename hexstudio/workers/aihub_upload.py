@@ -81,10 +81,6 @@ def load_encodings(path: Path) -> Encodings:
     return Encodings(_section(doc, "param_encodings"), _section(doc, "activation_encodings"))
 
 
-def activation_encodings(path: Path) -> dict[str, dict[str, Any]]:
-    return load_encodings(path).activations
-
-
 def _tables(model: Any, acts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return gather_tables(model, acts)
 
@@ -98,10 +94,6 @@ def _set_ext(init: Any, location: str, offset: int, length: int) -> None:
     for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
         e = init.external_data.add()
         e.key, e.value = k, v
-
-
-def param_encodings(path: Path) -> dict[str, dict[str, Any]]:
-    return load_encodings(path).params
 
 
 def _form(enc: dict[str, Any] | None, dims: list[int]) -> Any:

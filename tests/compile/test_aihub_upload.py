@@ -37,7 +37,7 @@ def _requantize_everything(qdir: Path, g: dict[str, Any], up: Path) -> dict[str,
     model = onnx.load(str(src), load_external_data=False)
     inits = {i.name: i for i in model.graph.initializer}
     seen = {"int": 0, "fp32": 0}
-    for name, enc in au.param_encodings(qdir / g["encodings"]).items():
+    for name, enc in au.load_encodings(qdir / g["encodings"]).params.items():
         w = _external_fp32(inits[name], src.parent)
         got = au.uploaded_weight(up, name)
         form = int_form(enc, list(w.shape))
@@ -181,7 +181,7 @@ def test_a_tiny_graph_upload_runs_like_the_fake_quantized_graph(tmp_path: Path) 
     assert (st.int_tensors, st.fp32_tensors, st.inexact) == (2, 1, [])
     # int8 integers, G in fp32, the scales: LPBQ's 2 blocks x 8 outputs and the lm_head-like H's 4 channels
     assert st.data_bytes == (128 * 8 + 8 * 4) + 4 * 8 + 4 * (2 * 8 + 4)
-    encs = au.param_encodings(enc)
+    encs = au.load_encodings(enc).params
     x = np.random.default_rng(1).standard_normal((1, 128)).astype(np.float32)
     # the reference: the fake-quantized weights in fp32 (what the compiler computes from the fp32 upload)
     ref = {}

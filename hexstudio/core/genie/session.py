@@ -503,7 +503,15 @@ class ChatSession:
         self._n_past = 0
         if h is None or not h.alive:
             return
-        await h.send({"op": "reset"})
+        try:
+            await h.send({"op": "reset"})
+        except (
+            ConnectionError,
+            OSError,
+        ):  # it has just exited (it ends a reply it could not stop: genie_session)
+            with contextlib.suppress(Exception):
+                await h.close(graceful=False)
+            return
         while True:
             ev = await h.next_event(60)
             if ev.get("event") in ("reset", "eof"):
