@@ -105,11 +105,12 @@ def test_two_context_lengths_are_one_bundle_and_genie_switches_between_them(two_
     (remote / "genie_config.one-cl.json").write_text(json.dumps(one))
     prompt = (
         "Emma found a small board in the kitchen at night. The sky was grey and the wind was strong. " * 4
+        + "Emma smiled and looked at the small board."
     )
     from tokenizers import Tokenizer
 
     n_prompt = len(Tokenizer.from_file(str(remote / "tokenizer.json")).encode(prompt).ids)
-    # up to three AR-32 prompt chunks fit CL-128; the replies cross it at 127 tokens. A long prompt (85 tokens)
+    # up to three AR-32 prompt chunks fit CL-128; the replies cross it at 127 tokens. A long prompt (95 tokens)
     # keeps the generated part short: the simulator makes ~2 tokens/s, prompt chunks are much cheaper per token
     assert 64 < n_prompt <= 96
     n = 128 - n_prompt + 6
