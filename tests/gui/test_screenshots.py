@@ -62,7 +62,10 @@ def test_changed_pages_at_two_sizes_and_dark(
             w.show_stage("compile")
             await _keep(w, "compile-1600x1000-dark", tmp_path)
             w.show_stage("report")
-            w.pages["report"].run_button.click()  # runs what the report needs first: chat and evaluate (twin)
+            # the report runs what it needs first (chat, evaluate on the twin); one suite, as a user may keep:
+            # the default suites' Evaluate is tested by tests/e2e and tests/eval
+            assert c.set_setting("eval_suites", ["greedy_parity"])
+            w.pages["report"].run_button.click()
             await wait_until(lambda: not c.busy, 420, "the report stage")
             await _keep(w, "report-1600x1000-dark", tmp_path)
             d = RunsDialog(c, w)
