@@ -186,7 +186,7 @@ def _kpi_line(r: TurnResult) -> str:
         return f"[{tag}] no profile for this turn"
     init = "model kept loaded" if r.mode == "persistent" and not k.init_ms else f"init {fmt_ms(k.init_ms)} ms"
     return (
-        f"[{tag} · {r.runtime} · {r.mode}] TTFT {fmt_ms(k.ttft_ms)} ms · prompt {k.prompt_tokens} tok at "
+        f"[{tag} · {r.runtime} · {r.mode}] TTFT {fmt_ms(k.ttft_ms)} ms · prompt {'—' if k.prompt_tokens is None else k.prompt_tokens} tok at "
         f"{fmt_rate(k.prompt_tok_s)} tok/s · {k.generated_tokens} tok at {fmt_rate(k.gen_tok_s)} tok/s · {init}"
         + (
             f" · {k.accepted_per_step:.2f} tokens accepted per step"

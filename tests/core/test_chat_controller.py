@@ -495,3 +495,27 @@ def test_tokens_accepted_per_step_are_estimated_from_when_the_tokens_arrived() -
 
     assert "1.75 tokens/step accepted (from token times)" in kpi_line(k.as_json())
     assert "accepted_source" not in Kpis(None, None, None, None, 8, None, None, "device").as_json()
+
+
+def test_the_cli_kpi_line_of_a_reply_genie_wrote_no_profile_for() -> None:
+    """`hexstudio chat` on a lade reply the helper ended at max_tokens: the prompt's count is unknown (no Genie
+    profile) and says so with a dash, not "None"; the acceptance is the labelled estimate."""
+    from hexstudio.cli.chat_cmd import _kpi_line
+    from hexstudio.core.genie.profile import Kpis
+
+    k = Kpis(
+        None,
+        None,
+        None,
+        2287.0,
+        12,
+        0.82,
+        14600.0,
+        "simulated",
+        accepted_per_step=1.57,
+        accepted_source="token times",
+    )
+    r = SimpleNamespace(kpis=k, simulated=True, runtime="genie", mode="persistent")
+    line = _kpi_line(r)  # type: ignore[arg-type]
+    assert "None" not in line and "prompt — tok" in line
+    assert "1.57 tokens accepted per step (from token times)" in line and line.startswith("[SIMULATED")
