@@ -81,10 +81,6 @@ def load_encodings(path: Path) -> Encodings:
     return Encodings(_section(doc, "param_encodings"), _section(doc, "activation_encodings"))
 
 
-def _tables(model: Any, acts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return gather_tables(model, acts)
-
-
 def _ext(init: Any) -> dict[str, str]:
     return {e.key: e.value for e in init.external_data}
 
@@ -137,7 +133,7 @@ def plan_bytes(onnx_path: Path, encodings: Path, compact: bool = True) -> int:
 
     model = onnx.load(str(onnx_path), load_external_data=False)
     doc = load_encodings(encodings) if compact else Encodings()
-    encs, tables = doc.params, _tables(model, doc.activations)
+    encs, tables = doc.params, gather_tables(model, doc.activations)
     total = Path(onnx_path).stat().st_size + Path(encodings).stat().st_size
     for init in model.graph.initializer:
         ext = _ext(init)
@@ -178,7 +174,7 @@ def write_upload_dir(
     out.mkdir(parents=True)
     stats = UploadStats()
     doc = load_encodings(encodings) if compact else Encodings()
-    encs, tables = doc.params, _tables(model, doc.activations)
+    encs, tables = doc.params, gather_tables(model, doc.activations)
     if locations:
         src_data = src_onnx.parent / locations[0]
         if not src_data.is_file():

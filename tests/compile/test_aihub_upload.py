@@ -80,7 +80,7 @@ def test_uploaded_integer_weights_requantize_to_the_same_integers(
         seen = _requantize_everything(qdir, g, up)
         total_int += seen["int"]
         # the embedding table: uploaded as its 16-bit integers, the same ones the quantize stage's graph holds
-        tables = au._tables(
+        tables = au.gather_tables(
             onnx.load(str(qdir / g["onnx"]), load_external_data=False),
             au.load_encodings(qdir / g["encodings"]).activations,
         )

@@ -509,10 +509,11 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 await board.transport.close()
     ctx.check_cancelled()
-    records = {**read_journal(host_journal), **read_journal(htp_journal), **read_journal(board_journal)}
+    board_records = read_journal(board_journal)
+    records = {**read_journal(host_journal), **read_journal(htp_journal), **board_records}
     kp = [
         r["kpis"]
-        for r in read_journal(board_journal).values()
+        for r in board_records.values()
         if isinstance(r.get("kpis"), dict) and isinstance(r["kpis"].get("accepted_per_step"), (int, float))
     ]
     accepted = [float(k["accepted_per_step"]) for k in kp]

@@ -330,7 +330,7 @@ def gather_tables(model: Any, acts: dict[str, dict[str, Any]]) -> dict[str, dict
 
 def table_ints(init: Any, src_dir: Path, a: dict[str, Any]) -> np.ndarray:
     """A float32 table (in external data) quantized to its per-tensor encoding as onnx QuantizeLinear does
-    it (round half to even, saturate), a block of rows at a time (table_rows)."""
+    it (round half to even, saturate), a block of rows at a time (table_rows' rounding, without its check)."""
     from hexstudio.workers.quant.units import _source
 
     src = _source(init, src_dir)
