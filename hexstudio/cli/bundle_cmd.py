@@ -10,7 +10,6 @@ from typing import Any
 from hexstudio.cli.common import CliError, print_json, set_action
 from hexstudio.shared import bundle as gb
 from hexstudio.shared import modelinfo
-from hexstudio.shared.run_settings import RunSettings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -92,32 +91,19 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-LISTING_RETRIES = RunSettings(aihub_http_retries=2, aihub_http_backoff_s=0.5)
-
-
 def _aihub_devices(args: argparse.Namespace) -> int:
-    from hexstudio.core import secrets
-    from hexstudio.workers import aihub
-    from hexstudio.workers.runtime import WorkerError
+    import asyncio
 
-    try:
-        token = secrets.get_secret(secrets.AIHUB_TOKEN)
-    except secrets.SecretStoreError:
-        token = None
-    try:
-        # someone is waiting at the Compile page: 2 quick retries (~1.5 s), not the client's 6 with backoff (~30 s)
-        # before "cannot reach AI Hub"; a compile keeps the client's patience
-        rows = aihub.list_devices(LISTING_RETRIES, token)
-    except WorkerError as exc:
-        raise CliError(exc.message, exc.hint) from None
+    from hexstudio.core.services.aihub_devices import list_aihub_devices
+
+    listing = asyncio.run(list_aihub_devices())  # ServiceError: no token, AI Hub unreachable, ...
     if args.json:
-        print_json({"devices": rows, "emulated": any(r["emulated"] for r in rows)})
+        print_json(listing.to_json())
         return 0
-    for r in rows:
-        mark = "ok " if r["supported"] else "no "
+    for d in listing.devices:
         print(
-            f"{mark} {r['name']:28s} {r['dsp_arch']:5s} soc_model {r['soc_model']:3d}  weight sharing "
-            f"{'yes' if r['weight_sharing'] else 'no ':3s}  {r['os']}{'  (EMULATED)' if r['emulated'] else ''}"
+            f"{'ok ' if d.supported else 'no '} {d.name:28s} {d.dsp_arch:5s} soc_model {d.soc_model:3d}  weight "
+            f"sharing {'yes' if d.weight_sharing else 'no ':3s}  {d.os}{'  (EMULATED)' if d.emulated else ''}"
         )
     return 0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from hexstudio.core import logs
 
 # The GUI process stays light: these are imported only by worker processes (qai_hub: by the AI Hub
-# worker and the `bundle devices --aihub` child process the Compile page starts).
+# compile worker and the device-list worker the Compile page starts, hexstudio/workers/aihub_devices.py).
 HEAVY_MODULES = ("torch", "aimet_onnx", "onnxruntime", "transformers", "onnx", "qai_hub")
 
 

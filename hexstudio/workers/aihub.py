@@ -53,6 +53,7 @@ from typing import Any
 
 from hexstudio.shared import bundle as gb
 from hexstudio.shared import modelinfo
+from hexstudio.shared.aihub_devices import AihubDevice, DeviceListing
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers import bundle_metadata as gm
@@ -445,10 +446,10 @@ def resolve_device(client: Any, name: str, lpbq: bool) -> dict[str, Any]:
     return dev
 
 
-def list_devices(settings: RunSettings | None = None, token: str | None = None) -> list[dict[str, Any]]:
-    """The device picker's rows, live from AI Hub: name, os, dsp_arch, soc_model, weight_sharing,
-    chipset, emulated, supported (weight sharing v73+, LPBQ v69+) and reason. Blocking network call
-    (run it in a thread from the GUI). Raises WorkerError with the same codes as the stage."""
+def list_devices(settings: RunSettings | None = None, token: str | None = None) -> DeviceListing:
+    """The account's devices, live from AI Hub, each with whether a bundle can run on it (weight sharing v73+,
+    LPBQ v69+) and why not. Blocking network call: the studio runs it in its own process
+    (hexstudio/workers/aihub_devices.py). Raises WorkerError with the same codes as the stage."""
     s = settings or RunSettings()
     with contextlib.redirect_stdout(sys.stderr):
         import qai_hub as hub
@@ -465,8 +466,8 @@ def list_devices(settings: RunSettings | None = None, token: str | None = None) 
             row.update(supported=True, reason="")
         except gb.BundleError as exc:
             row.update(supported=False, reason=str(exc))
-        rows.append(row)
-    return sorted(rows, key=lambda r: (not r["supported"], r["name"]))
+        rows.append(AihubDevice.from_json(row))
+    return DeviceListing(tuple(sorted(rows, key=lambda r: (not r.supported, r.name))))
 
 
 def wait_jobs(

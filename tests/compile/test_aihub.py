@@ -390,7 +390,7 @@ def test_device_picker_rows_from_the_cli_and_the_client_ini_token(
     monkeypatch.setenv(
         "QAIHUB_CLIENT_INI", str(aihub_emulator.write_client_ini(tmp_path / "q" / "client.ini"))
     )
-    assert "Dragonwing IQ-9075 EVK" in {r["name"] for r in aihub.list_devices()}
+    assert "Dragonwing IQ-9075 EVK" in {d.name for d in aihub.list_devices().devices}
 
 
 def test_a_recorded_job_gone_from_ai_hub_is_submitted_again(

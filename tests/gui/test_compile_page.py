@@ -76,23 +76,23 @@ def test_device_picker_lists_aihub_devices_live(
     assert emu.token not in settings_text
     assert all(emu.token not in lab.text() for lab in page.findChildren(type(page.token_state)))
 
-    rows = gui_loop.run_until_complete(page.refresh_devices())
-    assert rows, page.devices_message.text()
-    by = {r["name"]: r for r in rows}
+    listing = gui_loop.run_until_complete(page.refresh_devices())
+    assert listing is not None and listing.devices, page.devices_message.text()
+    by = {d.name: d for d in listing.devices}
     evk = by["Dragonwing IQ-9075 EVK"]
-    assert (evk["dsp_arch"], evk["soc_model"], evk["weight_sharing"], evk["supported"]) == (
+    assert (evk.dsp_arch, evk.soc_model, evk.weight_sharing, evk.supported) == (
         "v73",
         77,
         True,
         True,
     )
-    assert not by["Snapdragon 8 Gen 1 QRD"]["supported"]  # v69 without weight sharing is refused
+    assert not by["Snapdragon 8 Gen 1 QRD"].supported  # v69 without weight sharing is refused
     table = {
         page.devices_table.item(r, 0).text(): [page.devices_table.item(r, k).text() for k in range(6)]
         for r in range(page.devices_table.rowCount())
     }
-    assert table["Dragonwing IQ-9075 EVK"][1:5] == ["v73", "77", "yes", f"Qualcomm Linux {evk['os']}"]
-    assert table["Snapdragon 8 Gen 3 QRD"][4] == f"Android {by['Snapdragon 8 Gen 3 QRD']['os']}"
+    assert table["Dragonwing IQ-9075 EVK"][1:5] == ["v73", "77", "yes", f"Qualcomm Linux {evk.os}"]
+    assert table["Snapdragon 8 Gen 3 QRD"][4] == f"Android {by['Snapdragon 8 Gen 3 QRD'].os}"
     assert table["Snapdragon 8 Gen 1 QRD"][5].startswith("no — ")
     assert "EMULATED" in page.devices_message.text()
     combo = [page.device_combo.itemText(i) for i in range(page.device_combo.count())]
@@ -104,7 +104,7 @@ def test_device_picker_lists_aihub_devices_live(
     # choosing a device in the table picks it for the run
     c.new_run("builtin:tiny-llama")
     w.refresh()
-    page.show_devices(rows, True)
+    page.show_devices(listing)
     w.resize(1280, 900)
     w.show()
     w.dock.hide()
@@ -129,28 +129,35 @@ def test_device_picker_lists_aihub_devices_live(
     assert emu.token not in msg
 
 
-def test_recorded_device_list_through_the_same_parsing() -> None:
-    from hexstudio.ui.pages.workstation import DeviceListError, parse_devices_output
+def test_recorded_device_list_through_the_shared_reader(tmp_path: Path) -> None:
+    """devices.json as the worker writes it, read back by the studio's typed reader; a malformed one is refused
+    with what is wrong, not shown half-read."""
+    from hexstudio.shared.aihub_devices import DeviceListing, DeviceListingError, offline_listing
 
-    out = (
-        '{\n  "devices": [{"name": "Dragonwing IQ-9075 EVK", "os": "1.5", "dsp_arch": "v73", "soc_model": 77, '
-        '"weight_sharing": true, "supported": true, "reason": "", "emulated": false}],\n  "emulated": false\n}\n'
+    path = tmp_path / "devices.json"
+    path.write_text(
+        '{"devices": [{"name": "Dragonwing IQ-9075 EVK", "os": "1.5", "dsp_arch": "v73", "soc_model": 77, '
+        '"chipset": "qualcomm-qcs9075", "weight_sharing": true, "attributes": ["os:qc_linux"], '
+        '"supported": true, "reason": "", "emulated": false}], "emulated": false}'
     )
-    rows, emulated = parse_devices_output(0, out, "")
-    assert rows[0]["soc_model"] == 77 and not emulated
-    with pytest.raises(DeviceListError) as e:  # the CLI's --json error: the worker protocol's error shape
-        parse_devices_output(
-            1,
-            '{"ok": false, "error": {"code": "cli_error", "message": "Cannot reach AI Hub.", '
-            '"hint": "Check the network."}}',
-            "",
-        )
-    assert e.value.message == "Cannot reach AI Hub." and e.value.hint == "Check the network."
-    with pytest.raises(DeviceListError) as e:  # an older CLI's shape
-        parse_devices_output(
-            1, '{"ok": false, "error": "Cannot reach AI Hub.", "hint": "Check the network."}', ""
-        )
-    assert e.value.message == "Cannot reach AI Hub." and e.value.hint == "Check the network."
-    with pytest.raises(DeviceListError) as e:
-        parse_devices_output(1, "", "Traceback...\nImportError: no module named qai_hub\n")
-    assert "exit status 1" in e.value.message and "qai_hub" in e.value.message
+    listing = DeviceListing.read(path)
+    d = listing.devices[0]
+    assert (d.soc_model, d.attributes, listing.emulated, listing.usable) == (
+        77,
+        ("os:qc_linux",),
+        False,
+        (d,),
+    )
+    assert DeviceListing.from_json(listing.to_json()) == listing
+    offline = offline_listing()
+    assert offline.devices[0].name == "Dragonwing IQ-9075 EVK" and all(x.supported for x in offline.devices)
+    for bad, why in (
+        ('{"devices": [{"name": "X", "os": "1", "dsp_arch": "v73", "soc_model": "77"}]}', "'soc_model'"),
+        ('{"devices": [{"name": "X", "os": "1", "dsp_arch": "v73", "soc_model": true}]}', "'soc_model'"),
+        ('{"devices": 3}', "no 'devices' list"),
+        ("not json", "cannot be read"),
+    ):
+        path.write_text(bad)
+        with pytest.raises(DeviceListingError) as e:
+            DeviceListing.read(path)
+        assert why in str(e.value), (bad, str(e.value))

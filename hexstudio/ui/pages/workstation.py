@@ -27,11 +27,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from hexstudio.core.jobs import cli_command, human_bytes, run_child
+from hexstudio.core.jobs import human_bytes
+from hexstudio.core.services import ServiceError
+from hexstudio.core.services.aihub_devices import list_aihub_devices
 from hexstudio.core.services.preflight import wslconfig_plan
 from hexstudio.core.settings import settings_fields
 from hexstudio.shared import wslconfig
-from hexstudio.shared.bundle import KNOWN_DEVICES
+from hexstudio.shared.aihub_devices import AihubDevice, DeviceListing, offline_listing
 from hexstudio.shared.errors import ActionableError
 from hexstudio.shared.run_settings import DEFAULT_DEVICE
 from hexstudio.ui.controller import RunController
@@ -39,63 +41,25 @@ from hexstudio.ui.pages.base import StagePage
 from hexstudio.ui.predict_panel import PredictPanel
 from hexstudio.ui.widgets import STATUS_COLORS, KeyValueTable, fmt_value, note
 
-DEVICE_LIST_TIMEOUT_S = 120.0
-
-
-class DeviceListError(ActionableError):
-    """`hexstudio bundle devices --aihub` failed: the CLI's own message and hint."""
-
-
-def parse_devices_output(returncode: int, stdout: str, stderr: str) -> tuple[list[dict[str, Any]], bool]:
-    """The rows and the emulated flag of `hexstudio bundle devices --aihub --json`; DeviceListError with the
-    CLI's own message and hint when it failed (no token, no network, AI Hub refused)."""
-    text = stdout.strip()
-    doc: Any = None
-    if text:
-        try:
-            doc = json.loads(text[text.index("{") :])
-        except ValueError:
-            doc = None
-    if isinstance(doc, dict) and doc.get("ok") is False:
-        err = doc.get("error")  # {code, message, hint}: the one error shape (hexstudio/shared/errors.py)
-        if not isinstance(err, dict):  # an older CLI: "error" the message, "hint" beside it
-            err = {"message": err, "hint": doc.get("hint")}
-        raise DeviceListError(
-            str(err.get("message") or "Listing the AI Hub devices failed."),
-            str(err["hint"]) if err.get("hint") else None,
-        )
-    if returncode != 0 or not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
-        last = next((ln for ln in reversed(stderr.strip().splitlines()) if ln.strip()), "no output")
-        raise DeviceListError(
-            f"Listing the AI Hub devices failed (exit status {returncode}): {last}",
-            "Run `hexstudio bundle devices --aihub` in a terminal to see the whole output.",
-        )
-    rows = [r for r in doc["devices"] if isinstance(r, dict) and r.get("name")]
-    return rows, bool(doc.get("emulated"))
-
-
 OS_FAMILIES = {"qc_linux": "Qualcomm Linux", "android": "Android", "linux": "Linux", "windows": "Windows"}
 
 
-def device_os(r: dict[str, Any]) -> str:
+def device_os(d: AihubDevice) -> str:
     """'Android 14', 'Qualcomm Linux 1.7': AI Hub gives the OS family as an attribute (`os:qc_linux`, named as
     qai-hub-models' scorecard names it) and the version as `os`; the offline list has only the family."""
-    family = next(
-        (str(a).split(":", 1)[1] for a in r.get("attributes") or [] if str(a).startswith("os:")), None
-    )
+    family = next((a.split(":", 1)[1] for a in d.attributes if a.startswith("os:")), None)
     family = OS_FAMILIES.get(family, family) if family else None
-    version = str(r.get("os") or "")
-    return f"{family} {version}".strip() if family else (OS_FAMILIES.get(version, version) or "?")
+    return f"{family} {d.os}".strip() if family else (OS_FAMILIES.get(d.os, d.os) or "?")
 
 
-def device_row(r: dict[str, Any]) -> list[str]:
+def device_row(d: AihubDevice) -> list[str]:
     return [
-        str(r.get("name")),
-        str(r.get("dsp_arch") or "?"),
-        str(r.get("soc_model") if r.get("soc_model") is not None else "?"),
-        "yes" if r.get("weight_sharing") else "no",
-        device_os(r),
-        "yes" if r.get("supported") else f"no — {r.get('reason') or ''}".rstrip(" —"),
+        d.name,
+        d.dsp_arch or "?",
+        str(d.soc_model),
+        "yes" if d.weight_sharing else "no",
+        device_os(d),
+        "yes" if d.supported else f"no — {d.reason}".rstrip(" —"),
     ]
 
 
@@ -492,11 +456,8 @@ class CompilePage(StagePage):
         self.devices_table.setWordWrap(False)  # one line per device; the tooltip has a refusal's whole reason
         self.devices_table.itemSelectionChanged.connect(self._device_row_chosen)
         self.inputs_layout.addWidget(self.devices_table)
-        self.devices: list[dict[str, Any]] = [
-            {"name": n, **d, "supported": True, "reason": "", "emulated": False}
-            for n, d in KNOWN_DEVICES.items()
-        ]
-        self.devices_table.set_rows([device_row(r) for r in self.devices])
+        self.devices: tuple[AihubDevice, ...] = offline_listing().devices
+        self.devices_table.set_rows([device_row(d) for d in self.devices])
         self._show_token_state()
         self.bundle_label = QLabel()
         self.bundle_label.setWordWrap(True)
@@ -551,26 +512,14 @@ class CompilePage(StagePage):
     def _start_refresh(self) -> None:
         self._refresh_task = asyncio.ensure_future(self.refresh_devices())
 
-    async def refresh_devices(self) -> list[dict[str, Any]] | None:
-        """List the account's devices live: `hexstudio bundle devices --aihub --json` in a child process
-        (qai_hub takes a second to import and does network I/O; the window stays responsive)."""
+    async def refresh_devices(self) -> DeviceListing | None:
+        """List the account's devices live (hexstudio.core.services.aihub_devices: a worker process of its own,
+        since qai_hub takes a second to import and does network I/O; the window stays responsive)."""
         self.refresh_devices_button.setEnabled(False)
         self.devices_message.setText("Asking AI Hub for its devices…")
         try:
-            res = await run_child(
-                cli_command("bundle", "devices", "--aihub", "--json"),
-                what="The AI Hub device list",
-                timeout=DEVICE_LIST_TIMEOUT_S,
-                grace_s=2.0,
-                term_s=2.0,
-            )
-            if res.timed_out:
-                raise DeviceListError(
-                    f"AI Hub did not answer within {DEVICE_LIST_TIMEOUT_S:.0f} s.",
-                    "Check the network (and a proxy, if you use one), then refresh again.",
-                )
-            rows, emulated = parse_devices_output(res.returncode or 0, res.stdout, res.stderr)
-        except DeviceListError as exc:
+            listing = await list_aihub_devices()
+        except ServiceError as exc:
             hint = f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""
             self.devices_message.setText(
                 f"<span style='color:{STATUS_COLORS['fail']}'>Could not list the AI Hub "
@@ -579,18 +528,17 @@ class CompilePage(StagePage):
             return None
         finally:
             self.refresh_devices_button.setEnabled(True)
-        self.show_devices(rows, emulated)
-        return rows
+        self.show_devices(listing)
+        return listing
 
-    def show_devices(self, rows: list[dict[str, Any]], emulated: bool) -> None:
-        self.devices = rows
-        usable = sum(1 for r in rows if r.get("supported"))
-        tag = " <b>EMULATED AI Hub</b> (test emulator, not Qualcomm's service)." if emulated else ""
+    def show_devices(self, listing: DeviceListing) -> None:
+        self.devices = listing.devices
+        tag = " <b>EMULATED AI Hub</b> (test emulator, not Qualcomm's service)." if listing.emulated else ""
         self.devices_message.setText(
-            f"{len(rows)} device(s) on AI Hub, {usable} can run this bundle "
+            f"{len(listing.devices)} device(s) on AI Hub, {len(listing.usable)} can run this bundle "
             f"({time.strftime('%H:%M:%S')}).{tag}"
         )
-        self.devices_table.set_rows([device_row(r) for r in rows])
+        self.devices_table.set_rows([device_row(d) for d in listing.devices])
         combo = self.device_combo
         m = self.c.manifest
         current = (
@@ -598,20 +546,20 @@ class CompilePage(StagePage):
             if m is not None and m.settings.get("device")
             else (combo.currentText() or DEFAULT_DEVICE)
         )
-        names = [str(r["name"]) for r in rows if r.get("supported")]
+        names = [d.name for d in listing.usable]
         if current not in names:
             names.insert(0, current)
         combo.blockSignals(True)
         combo.clear()
         for n in names:
             combo.addItem(n)
-            r = next((r for r in rows if r["name"] == n), None)
+            d = next((d for d in listing.devices if d.name == n), None)
             combo.setItemData(
                 combo.count() - 1,
                 "not on this AI Hub account"
-                if r is None
-                else f"Hexagon {r.get('dsp_arch')}, soc_model {r.get('soc_model')}, weight sharing "
-                f"{'yes' if r.get('weight_sharing') else 'no'}, {device_os(r)}",
+                if d is None
+                else f"Hexagon {d.dsp_arch}, soc_model {d.soc_model}, weight sharing "
+                f"{'yes' if d.weight_sharing else 'no'}, {device_os(d)}",
                 3,
             )  # ToolTipRole
         combo.setCurrentIndex(max(combo.findText(current), 0))
@@ -621,10 +569,10 @@ class CompilePage(StagePage):
         items = self.devices_table.selectedItems()
         if not items:
             return
-        r = self.devices[items[0].row()] if items[0].row() < len(self.devices) else None
-        if r is None or not r.get("supported"):
+        d = self.devices[items[0].row()] if items[0].row() < len(self.devices) else None
+        if d is None or not d.supported:
             return
-        i = self.device_combo.findText(str(r["name"]))
+        i = self.device_combo.findText(d.name)
         if i >= 0 and self.device_combo.isEnabled():
             self.device_combo.setCurrentIndex(i)
             self.set_setting("device", self.device_combo.currentText())  # a row chosen: one edit, recorded
