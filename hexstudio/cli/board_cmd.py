@@ -13,6 +13,7 @@ from hexstudio.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
     CliError,
+    add_actions,
     add_ssh_flags,
     add_trust_flag,
     host_key_prompt,
@@ -29,10 +30,9 @@ from hexstudio.core.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "board", help="boards: add one, check it (doctor), fix it, install QAIRT, push a bundle"
+    bs = add_actions(
+        sub, "board", help="boards: add one, check it (doctor), fix it, install QAIRT, push a bundle"
     )
-    bs = p.add_subparsers(dest="board_command", metavar="ACTION", required=True)
 
     pa = bs.add_parser("add", help="add or change a board (host, port, user, auth)")
     pa.add_argument("name")
