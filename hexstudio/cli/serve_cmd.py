@@ -16,6 +16,7 @@ import os
 import signal
 from typing import Any
 
+from hexstudio.cli.chat_cmd import _target, add_target_flags
 from hexstudio.cli.common import CliError, add_workspace_flag, eprint, number_in
 from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.genie.session import SAMPLER_PRESETS
@@ -61,11 +62,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="an OpenAI-compatible endpoint (/v1/chat/completions, /v1/completions, "
         "/v1/models, /v1/stats) over a board's persistent dialog",
     )
-    p.add_argument(
-        "--board", default=None, help="board name from settings, or sim (default: the run's board)"
-    )
-    p.add_argument("--run", default=None, help="serve this run's bundle (default: the latest run with one)")
-    p.add_argument("--bundle", default=None, help="a bundle folder (local: pushed first; else on the board)")
+    add_target_flags(p, "serve this run's bundle")
     p.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, loopback only)"
     )
@@ -121,7 +118,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from hexstudio.cli.chat_cmd import _target
     from hexstudio.core.eval.render import PromptRenderer
     from hexstudio.serve.bridge import BridgeError, DialogBridge
     from hexstudio.serve.server import BindRefused, OpenAIServer, check_bind
