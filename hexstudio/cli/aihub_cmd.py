@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from hexstudio.cli.common import CliError, print_json, read_token, set_action
+from hexstudio.cli.common import CliError, add_actions, print_json, read_token, set_action
 from hexstudio.core import secrets
 from hexstudio.core.services.aihub_token import (
     TOKEN_PAGE,
@@ -22,8 +22,7 @@ from hexstudio.core.services.aihub_token import (
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("aihub", help="Qualcomm AI Hub API token: store it in the keyring, check, remove")
-    s = p.add_subparsers(dest="aihub_command", metavar="ACTION", required=True)
+    s = add_actions(sub, "aihub", help="Qualcomm AI Hub API token: store it in the keyring, check, remove")
     li = s.add_parser("login", help="store the AI Hub API token in the keyring (asked without echo)")
     li.add_argument("--stdin", action="store_true", help="read the token from standard input (first line)")
     li.add_argument(

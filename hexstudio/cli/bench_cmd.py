@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hexstudio.cli.chat_cmd import _target, add_target_flags
 from hexstudio.cli.common import CliError, eprint, print_json, set_action
 from hexstudio.core.genie.runtime import RUNTIMES
 
@@ -28,11 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="benchmark the model on a board: init, TTFT, prefill and decode rates "
         "(median ± spread) for each runtime it has",
     )
-    p.add_argument(
-        "--board", default=None, help="board name from settings, or sim (default: the run's board)"
-    )
-    p.add_argument("--bundle", default=None, help="a bundle folder (default: the latest run's bundle)")
-    p.add_argument("--run", default=None, help="take the bundle from this run and store the results in it")
+    add_target_flags(p, "take the bundle from this run and store the results in it")
     p.add_argument(
         "--runtimes",
         default=None,
@@ -60,7 +57,6 @@ async def _runtimes_on(board: Any) -> list[str]:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from hexstudio.cli.chat_cmd import _target
     from hexstudio.core.genie.bench import BenchPlan, SessionRunner, run_bench
 
     if args.runs < 1 or args.warmup < 0:

@@ -6,13 +6,15 @@ import argparse
 import asyncio
 import getpass
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hexstudio.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
     CliError,
+    add_actions,
     add_ssh_flags,
     add_trust_flag,
     host_key_prompt,
@@ -27,12 +29,13 @@ from hexstudio.core.device.verify import default_remote_name
 from hexstudio.core.secrets import board_password_key, get_secret, set_secret, sudo_password_key
 from hexstudio.core.settings import Settings
 
+T = TypeVar("T")
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "board", help="boards: add one, check it (doctor), fix it, install QAIRT, push a bundle"
+    bs = add_actions(
+        sub, "board", help="boards: add one, check it (doctor), fix it, install QAIRT, push a bundle"
     )
-    bs = p.add_subparsers(dest="board_command", metavar="ACTION", required=True)
 
     pa = bs.add_parser("add", help="add or change a board (host, port, user, auth)")
     pa.add_argument("name")
@@ -136,6 +139,19 @@ async def _open(args: argparse.Namespace) -> Board:
         raise CliError(exc.message, hint) from None
 
 
+def _on_board(args: argparse.Namespace, work: Callable[[Board], Awaitable[T]]) -> T:
+    """Connect to the board named in args, do `work` there, and close the connection however it ends."""
+
+    async def go() -> T:
+        b = await _open(args)
+        try:
+            return await work(b)
+        finally:
+            await b.transport.close()
+
+    return asyncio.run(go())
+
+
 def cmd_add(args: argparse.Namespace) -> int:
     from hexstudio.core.settings import check_board_name
 
@@ -149,13 +165,10 @@ def cmd_add(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"ok": True, "board": args.name, "config": s.boards[args.name]}
     if not args.no_connect:
 
-        async def go() -> str:
-            b = await _open(args)
-            label = b.label
-            await b.transport.close()
-            return label
+        async def label(b: Board) -> str:
+            return b.label
 
-        out["label"] = asyncio.run(go())
+        out["label"] = _on_board(args, label)
         out["state"] = "ready"
     if args.json:
         print_json(out)
@@ -203,27 +216,21 @@ def _print_report(doc: dict[str, Any]) -> None:
 def cmd_probe(args: argparse.Namespace) -> int:
     from hexstudio.core.device.doctor import probe
 
-    async def go() -> dict[str, Any]:
-        b = await _open(args)
+    async def go(b: Board) -> dict[str, Any]:
+        only = [x.strip() for x in args.only.split(",")] if args.only else None
         try:
-            only = [x.strip() for x in args.only.split(",")] if args.only else None
-            try:
-                bundle = (
-                    (args.bundle, args.remote_name or default_remote_name(args.bundle))
-                    if args.bundle
-                    else None
-                )
-                return (await probe(b, only=only, bundle=bundle)).to_dict()
-            except ValueError as exc:
-                raise CliError(
-                    str(exc),
-                    "See `hexstudio board probe NAME --json` for the check ids.",
-                    exit_code=EXIT_USAGE,
-                ) from None
-        finally:
-            await b.transport.close()
+            bundle = (
+                (args.bundle, args.remote_name or default_remote_name(args.bundle)) if args.bundle else None
+            )
+            return (await probe(b, only=only, bundle=bundle)).to_dict()
+        except ValueError as exc:
+            raise CliError(
+                str(exc),
+                "See `hexstudio board probe NAME --json` for the check ids.",
+                exit_code=EXIT_USAGE,
+            ) from None
 
-    doc = asyncio.run(go())
+    doc = _on_board(args, go)
     if args.json:
         print_json(doc)
     else:
@@ -254,40 +261,36 @@ def _print_upload(done: int, total: int, what: str) -> None:
 def cmd_fix(args: argparse.Namespace) -> int:
     from hexstudio.core.device.fixes import apply_fix, plan_fix, plan_qairt_install
 
-    async def go() -> dict[str, Any]:
-        b = await _open(args)
+    async def go(b: Board) -> dict[str, Any]:
         try:
-            try:
-                if args.fix_id == "qairt_install" and args.zip is not None:
-                    plan = await plan_qairt_install(b, args.zip, bundle_dir=args.bundle)
-                else:
-                    plan = await plan_fix(b, args.fix_id, qairt_zip=args.zip, geniex_file=args.file)
-            except BoardError as exc:
-                raise CliError(exc.message, exc.hint) from None
-            if not args.json:
-                print(f"{plan.title}. Commands:")
-                for line in plan.commands:
-                    print("  " + line.replace("\n", "\n  "))
-                for n in plan.notes:
-                    print(f"  note: {n}")
-            if args.dry_run:
-                return {"ok": True, "plan": plan.to_dict(), "applied": False}
-            pw = _sudo_password(args) if plan.needs_sudo else None
-            try:
-                res = await apply_fix(
-                    b,
-                    plan,
-                    sudo_password=pw,
-                    on_log=None if args.json else (lambda line: print("  | " + line)),
-                    on_progress=None if args.json else _print_upload,
-                )
-            except BoardError as exc:
-                raise CliError(exc.message, exc.hint) from None
-            return {"ok": res.status in ("applied", "already"), "plan": plan.to_dict(), **res.to_dict()}
-        finally:
-            await b.transport.close()
+            if args.fix_id == "qairt_install" and args.zip is not None:
+                plan = await plan_qairt_install(b, args.zip, bundle_dir=args.bundle)
+            else:
+                plan = await plan_fix(b, args.fix_id, qairt_zip=args.zip, geniex_file=args.file)
+        except BoardError as exc:
+            raise CliError(exc.message, exc.hint) from None
+        if not args.json:
+            print(f"{plan.title}. Commands:")
+            for line in plan.commands:
+                print("  " + line.replace("\n", "\n  "))
+            for n in plan.notes:
+                print(f"  note: {n}")
+        if args.dry_run:
+            return {"ok": True, "plan": plan.to_dict(), "applied": False}
+        pw = _sudo_password(args) if plan.needs_sudo else None
+        try:
+            res = await apply_fix(
+                b,
+                plan,
+                sudo_password=pw,
+                on_log=None if args.json else (lambda line: print("  | " + line)),
+                on_progress=None if args.json else _print_upload,
+            )
+        except BoardError as exc:
+            raise CliError(exc.message, exc.hint) from None
+        return {"ok": res.status in ("applied", "already"), "plan": plan.to_dict(), **res.to_dict()}
 
-    doc = asyncio.run(go())
+    doc = _on_board(args, go)
     if args.json:
         print_json(doc)
     elif doc.get("status") == "manual":
@@ -305,47 +308,43 @@ def cmd_push(args: argparse.Namespace) -> int:
     if not (args.bundle_dir / "bundle.json").is_file():
         raise CliError(f"{args.bundle_dir} has no bundle.json.", "Give the compile stage's bundle folder.")
 
-    async def go() -> dict[str, Any]:
-        b = await _open(args)
-        try:
+    async def go(b: Board) -> dict[str, Any]:
 
-            def progress(p: PushProgress) -> None:
-                if not args.json:
-                    rate = f"{p.mb_per_s:6.1f} MB/s" if p.sent else " " * 11
-                    print(
-                        f"\r  {p.done / 1e6:8.1f} / {p.total / 1e6:.1f} MB  {rate}  {p.file[:50]:50s}",
-                        end="",
-                        flush=True,
-                    )
-
-            try:
-                r = await push_bundle(
-                    b,
-                    args.bundle_dir,
-                    args.remote_name or default_remote_name(args.bundle_dir),
-                    progress,
-                    verify=True if args.verify else None,
+        def progress(p: PushProgress) -> None:
+            if not args.json:
+                rate = f"{p.mb_per_s:6.1f} MB/s" if p.sent else " " * 11
+                print(
+                    f"\r  {p.done / 1e6:8.1f} / {p.total / 1e6:.1f} MB  {rate}  {p.file[:50]:50s}",
+                    end="",
+                    flush=True,
                 )
-            except BoardError as exc:
-                raise CliError(exc.message, exc.hint) from None
-            return {
-                "ok": True,
-                "remote_bundle": r.remote_dir,
-                "sent_files": r.sent_files,
-                "skipped_files": r.skipped_files,
-                "sent_bytes": r.sent_bytes,
-                "seconds": round(r.seconds, 3),
-                "mb_per_s": round(r.mb_per_s, 1),
-                "warnings": r.warnings,
-                "simulated": b.simulated,
-                "emulated": r.emulated,
-                "verified": r.verified,
-                "resent": r.resent,
-            }
-        finally:
-            await b.transport.close()
 
-    doc = asyncio.run(go())
+        try:
+            r = await push_bundle(
+                b,
+                args.bundle_dir,
+                args.remote_name or default_remote_name(args.bundle_dir),
+                progress,
+                verify=True if args.verify else None,
+            )
+        except BoardError as exc:
+            raise CliError(exc.message, exc.hint) from None
+        return {
+            "ok": True,
+            "remote_bundle": r.remote_dir,
+            "sent_files": r.sent_files,
+            "skipped_files": r.skipped_files,
+            "sent_bytes": r.sent_bytes,
+            "seconds": round(r.seconds, 3),
+            "mb_per_s": round(r.mb_per_s, 1),
+            "warnings": r.warnings,
+            "simulated": b.simulated,
+            "emulated": r.emulated,
+            "verified": r.verified,
+            "resent": r.resent,
+        }
+
+    doc = _on_board(args, go)
     if args.json:
         print_json(doc)
     else:

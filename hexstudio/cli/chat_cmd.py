@@ -43,18 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "chat", help="chat with the model on a board (streams the reply, shows TTFT and tok/s)"
     )
-    p.add_argument(
-        "--board", default=None, help="board name from settings, or sim (default: the run's board, else sim)"
-    )
-    p.add_argument(
-        "--bundle",
-        default=None,
-        help="a bundle folder: a local one (with bundle.json) is pushed first; otherwise the folder on "
-        "the board (default: the latest run's bundle)",
-    )
-    p.add_argument(
-        "--run", default=None, help="take the bundle from this run (default: the latest run with one)"
-    )
+    add_target_flags(p, "take the bundle from this run")
     p.add_argument("--prompt", default=None, help="one message, then exit (default: interactive)")
     p.add_argument(
         "--template", choices=TEMPLATES, default="auto", help="prompt template (default: from the model)"
@@ -100,6 +89,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--transcript", type=Path, default=None, help="save the conversation (.md or .json)")
     set_action(p, cmd_chat, workspace=True)
+
+
+def add_target_flags(p: argparse.ArgumentParser, run_help: str) -> None:
+    """--board, --bundle and --run: where `chat`, `bench` and `serve` find the board and the bundle (_target);
+    run_help says what the command does with --run's run."""
+    p.add_argument(
+        "--board", default=None, help="board name from settings, or sim (default: the run's board, else sim)"
+    )
+    p.add_argument(
+        "--bundle",
+        default=None,
+        help="a bundle folder: a local one (with bundle.json) is pushed first; otherwise the folder on "
+        "the board (default: the latest run's bundle)",
+    )
+    p.add_argument("--run", default=None, help=f"{run_help} (default: the latest run with one)")
 
 
 def _latest_run_with_bundle(args: argparse.Namespace) -> Path | None:

@@ -191,3 +191,12 @@ def host_key_prompt(args: argparse.Namespace, what: str = "board") -> Callable[[
         return False
 
     return ask
+
+
+def add_actions(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], command: str, help: str
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """A command that takes an ACTION (`hexstudio board add ...`): the parsers of its actions go on what this
+    returns. The action lands in args.<command>_command, where main's log line looks for it."""
+    p = sub.add_parser(command, help=help)
+    return p.add_subparsers(dest=f"{command.replace('-', '_')}_command", metavar="ACTION", required=True)

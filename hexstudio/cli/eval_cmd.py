@@ -11,6 +11,7 @@ from typing import Any
 
 from hexstudio.cli.common import (
     CliError,
+    add_actions,
     print_json,
     set_action,
     workspace_from,
@@ -26,8 +27,7 @@ from hexstudio.core.eval.suites import (
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("eval", help="evaluation suites: add your own, list them, show a run's scores")
-    esub = p.add_subparsers(dest="eval_command", metavar="ACTION", required=True)
+    esub = add_actions(sub, "eval", help="evaluation suites: add your own, list them, show a run's scores")
     a = esub.add_parser("add", help="check a suite (JSONL) and add it to the workspace's suites")
     a.add_argument("file", type=Path)
     a.add_argument("--replace", action="store_true", help="replace an added suite of the same name")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hexstudio.cli.common import CliError, print_json, set_action
+from hexstudio.cli.common import CliError, add_actions, print_json, set_action
 from hexstudio.core.genie.profile import ProfileError, parse_profile
 from hexstudio.core.genie.run import explain_failure
 from hexstudio.core.genie.transcript import parse_transcript
@@ -14,8 +14,7 @@ from hexstudio.core.units import fmt_quantity
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("genie", help="parse genie-t2t-run output: --profile JSON and stdout transcripts")
-    gs = p.add_subparsers(dest="genie_command", metavar="ACTION", required=True)
+    gs = add_actions(sub, "genie", help="parse genie-t2t-run output: --profile JSON and stdout transcripts")
     pp = gs.add_parser("profile", help="normalise a --profile JSON into KPIs (init, TTFT, rates...)")
     pp.add_argument("file", help="the profile JSON file (- for stdin)")
     set_action(pp, cmd_profile)

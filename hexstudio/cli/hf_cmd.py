@@ -10,16 +10,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hexstudio.cli.common import CliError, print_json, read_token, set_action
+from hexstudio.cli.common import CliError, add_actions, print_json, read_token, set_action
 from hexstudio.core import hf, secrets
 from hexstudio.core.hf import TOKEN_PAGE
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "hf", help="Hugging Face token (gated/private models): store it in the keyring, check, remove"
+    s = add_actions(
+        sub, "hf", help="Hugging Face token (gated/private models): store it in the keyring, check, remove"
     )
-    s = p.add_subparsers(dest="hf_command", metavar="ACTION", required=True)
     li = s.add_parser("login", help="store a Hugging Face read token in the keyring (asked without echo)")
     li.add_argument("--stdin", action="store_true", help="read the token from standard input (first line)")
     set_action(li, cmd_login)

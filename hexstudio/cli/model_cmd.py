@@ -6,15 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hexstudio.cli.common import int_in, print_json, set_action
+from hexstudio.cli.common import add_actions, int_in, print_json, set_action
 from hexstudio.core.jobs import human_bytes
 from hexstudio.core.services.model import inspect
 from hexstudio.shared.run_settings import DEFAULTS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("model", help="inspect a model (built-in, Hugging Face id or folder)")
-    ms = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    ms = add_actions(sub, "model", help="inspect a model (built-in, Hugging Face id or folder)")
     pi = ms.add_parser("inspect", help="architecture, size, support and per-stage memory/disk estimates")
     pi.add_argument("model", help="builtin:tiny-llama, a Hugging Face id, or a folder holding config.json")
     pi.add_argument(

@@ -8,6 +8,7 @@ from typing import Any
 
 from hexstudio.cli.common import (
     CliError,
+    add_actions,
     print_json,
     set_action,
     workspace_from,
@@ -20,8 +21,7 @@ from hexstudio.core.status import legend, run_status, stage_statuses
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("runs", help="list, show or delete runs")
-    rs = p.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
+    rs = add_actions(sub, "runs", help="list, show or delete runs")
     pl = rs.add_parser("list", help="list runs, newest first")
     set_action(pl, cmd_list, workspace=True)
     ps = rs.add_parser("show", help="show one run")

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
 from typing import Any
 
+from hexstudio.cli.chat_cmd import _target, add_target_flags
 from hexstudio.cli.common import CliError, add_workspace_flag, eprint, number_in
 from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.genie.session import SAMPLER_PRESETS
@@ -61,11 +63,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="an OpenAI-compatible endpoint (/v1/chat/completions, /v1/completions, "
         "/v1/models, /v1/stats) over a board's persistent dialog",
     )
-    p.add_argument(
-        "--board", default=None, help="board name from settings, or sim (default: the run's board)"
-    )
-    p.add_argument("--run", default=None, help="serve this run's bundle (default: the latest run with one)")
-    p.add_argument("--bundle", default=None, help="a bundle folder (local: pushed first; else on the board)")
+    add_target_flags(p, "serve this run's bundle")
     p.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, loopback only)"
     )
@@ -121,7 +119,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from hexstudio.cli.chat_cmd import _target
     from hexstudio.core.eval.render import PromptRenderer
     from hexstudio.serve.bridge import BridgeError, DialogBridge
     from hexstudio.serve.server import BindRefused, OpenAIServer, check_bind
@@ -139,78 +136,76 @@ async def _serve(args: argparse.Namespace) -> int:
     except BindRefused as exc:
         raise CliError(exc.message, exc.hint) from None
     board, remote, doc, run_dir = await _target(args)
-    model_dir = run_dir / "artifacts" / "model" if run_dir is not None else None
-    renderer = PromptRenderer.for_model(
-        model_dir if model_dir is not None and model_dir.is_dir() else None, args.template
-    )
-    model_id = str(doc.get("model") or (run_dir.name if run_dir else "bundle"))
-    bridge = DialogBridge(
-        board,
-        remote,
-        renderer,
-        model_id=model_id,
-        runtime=args.runtime,
-        sampler=args.sampler,
-        max_tokens=args.max_tokens,
-        on_status=eprint,
-        dialog=args.dialog,
-    )
-    try:
-        await bridge.open()
-    except BridgeError as exc:
-        await board.transport.close()
-        raise CliError(exc.message, "See `hexstudio board probe " + board.name + "` (the doctor).") from None
-    limits = Limits(
-        max_body=args.max_body,
-        header_timeout=args.header_timeout,
-        body_timeout=args.body_timeout,
-        keep_alive=args.keep_alive,
-        max_connections=_fd_budget(args.max_connections),
-        max_queue=args.max_queue,
-        shutdown_grace=args.shutdown_grace,
-    )
-    server = OpenAIServer(bridge, api_key=key, limits=limits)
-    try:
-        port = await server.start(args.host, args.port)
-    except OSError as exc:
-        await bridge.close()
-        await board.transport.close()
-        raise CliError(
-            f"Cannot listen on {args.host}:{args.port}: {exc.strerror or exc}.",
-            "Pick another --port (or 0 for any free one).",
-        ) from None
-    if args.port_file:
+    async with contextlib.AsyncExitStack() as opened:  # what is open, closed in reverse order however it ends
+        opened.push_async_callback(board.transport.close)
+        model_dir = run_dir / "artifacts" / "model" if run_dir is not None else None
+        renderer = PromptRenderer.for_model(
+            model_dir if model_dir is not None and model_dir.is_dir() else None, args.template
+        )
+        model_id = str(doc.get("model") or (run_dir.name if run_dir else "bundle"))
+        bridge = DialogBridge(
+            board,
+            remote,
+            renderer,
+            model_id=model_id,
+            runtime=args.runtime,
+            sampler=args.sampler,
+            max_tokens=args.max_tokens,
+            on_status=eprint,
+            dialog=args.dialog,
+        )
         try:
-            with open(args.port_file, "w", encoding="utf-8") as f:
-                f.write(str(port))
-        except OSError as exc:
-            await server.close()
-            await bridge.close()
-            await board.transport.close()
+            await bridge.open()
+        except BridgeError as exc:
             raise CliError(
-                f"Cannot write the port file {args.port_file}: {exc.strerror or exc}.",
-                "Give a --port-file in a folder you can write to.",
+                exc.message, "See `hexstudio board probe " + board.name + "` (the doctor)."
             ) from None
-    sim = " — SIMULATED board: CPU numbers, not a device result" if bridge.simulated else ""
-    init = bridge.inits[-1]["init_ms"] if bridge.inits else None
-    eprint(f"serving {model_id} on {board.label}{sim}")
-    eprint(
-        f"  http://{args.host}:{port}/v1  (model loaded once in {init} ms; prompts: {renderer.label()}; "
-        f"tool calls: {renderer.tool_format} format)"
-    )
-    eprint("  KPIs per request: x-hexstudio-* headers and GET /v1/stats; Ctrl-C stops")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await server.close()
-        await bridge.close()
-        await board.transport.close()
-        summary: dict[str, Any] = {"served": bridge.served, "loads": len(bridge.inits)}
-        eprint(f"stopped: {json.dumps(summary)}")
+        opened.push_async_callback(bridge.close)
+        limits = Limits(
+            max_body=args.max_body,
+            header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout,
+            keep_alive=args.keep_alive,
+            max_connections=_fd_budget(args.max_connections),
+            max_queue=args.max_queue,
+            shutdown_grace=args.shutdown_grace,
+        )
+        server = OpenAIServer(bridge, api_key=key, limits=limits)
+        try:
+            port = await server.start(args.host, args.port)
+        except OSError as exc:
+            raise CliError(
+                f"Cannot listen on {args.host}:{args.port}: {exc.strerror or exc}.",
+                "Pick another --port (or 0 for any free one).",
+            ) from None
+        opened.push_async_callback(server.close)
+        if args.port_file:
+            try:
+                with open(args.port_file, "w", encoding="utf-8") as f:
+                    f.write(str(port))
+            except OSError as exc:
+                raise CliError(
+                    f"Cannot write the port file {args.port_file}: {exc.strerror or exc}.",
+                    "Give a --port-file in a folder you can write to.",
+                ) from None
+        sim = " — SIMULATED board: CPU numbers, not a device result" if bridge.simulated else ""
+        init = bridge.inits[-1]["init_ms"] if bridge.inits else None
+        eprint(f"serving {model_id} on {board.label}{sim}")
+        eprint(
+            f"  http://{args.host}:{port}/v1  (model loaded once in {init} ms; prompts: {renderer.label()}; "
+            f"tool calls: {renderer.tool_format} format)"
+        )
+        eprint("  KPIs per request: x-hexstudio-* headers and GET /v1/stats; Ctrl-C stops")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await opened.aclose()  # the server, the dialog, the board's connection
+            summary: dict[str, Any] = {"served": bridge.served, "loads": len(bridge.inits)}
+            eprint(f"stopped: {json.dumps(summary)}")
     return 0
 
 

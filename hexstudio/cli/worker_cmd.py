@@ -11,6 +11,7 @@ from hexstudio.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
     CliError,
+    add_actions,
     add_ssh_flags,
     add_trust_flag,
     host_key_prompt,
@@ -34,12 +35,12 @@ from hexstudio.core.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
+    ws = add_actions(
+        sub,
         "worker",
         help="worker hosts: Linux machines over SSH that run quantize/validate for "
         "runs started with --worker-host",
     )
-    ws = p.add_subparsers(dest="worker_command", metavar="ACTION", required=True)
 
     pa = ws.add_parser("add", help="add or change a worker host (host, port, user, auth, python)")
     pa.add_argument("name")

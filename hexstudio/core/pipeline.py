@@ -64,6 +64,10 @@ class PipelineResult:
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
+    def stop(self, stage: str, message: str, hint: str | None = None) -> PipelineResult:
+        """The run stopped at `stage`: a failed result that keeps what ran and what was skipped so far."""
+        return PipelineResult(False, stage, message, hint=hint, ran=self.ran, skipped=self.skipped)
+
 
 class Pipeline:
     def __init__(
@@ -120,28 +124,18 @@ class Pipeline:
         res = PipelineResult(True, None, "")
         for stage in targets:
             if self.cancel_event.is_set():
-                return PipelineResult(False, stage.name, "cancelled", ran=res.ran, skipped=res.skipped)
+                return res.stop(stage.name, "cancelled")
             for need in stage.needs:
                 if self.m.stage(need).state != "done":
-                    return PipelineResult(
-                        False,
+                    return res.stop(
                         stage.name,
                         f"{stage.title} needs {need}, which has not completed.",
-                        hint=f"Run the {need} stage first.",
-                        ran=res.ran,
-                        skipped=res.skipped,
+                        f"Run the {need} stage first.",
                     )
                 blocked = self._gate_blocks(need)
                 if blocked is not None:
                     message, hint = blocked
-                    return PipelineResult(
-                        False,
-                        stage.name,
-                        f"{stage.title} cannot run: {message}",
-                        hint=hint,
-                        ran=res.ran,
-                        skipped=res.skipped,
-                    )
+                    return res.stop(stage.name, f"{stage.title} cannot run: {message}", hint)
             if not force and stage_is_current(self.m, stage) and await self._still_in_place(stage):
                 res.skipped.append(stage.name)
                 self._notify_stage(stage.name, "done")
@@ -149,9 +143,7 @@ class Pipeline:
                 result = await self.run_stage(stage)
                 res.ran.append(stage.name)
                 if not result.ok:
-                    return PipelineResult(
-                        False, stage.name, result.message, hint=result.hint, ran=res.ran, skipped=res.skipped
-                    )
+                    return res.stop(stage.name, result.message, result.hint)
             gate = stage.gate(self.m)
             overrides = self.m.settings.get("override_gates") or []
             self.m.stage(stage.name).data["gate"] = {
@@ -169,14 +161,7 @@ class Pipeline:
                     if gate.overridable
                     else None
                 )
-                return PipelineResult(
-                    False,
-                    stage.name,
-                    f"{stage.title} gate not passed: {gate.reason}",
-                    hint=hint,
-                    ran=res.ran,
-                    skipped=res.skipped,
-                )
+                return res.stop(stage.name, f"{stage.title} gate not passed: {gate.reason}", hint)
         res.message = f"completed up to {targets[-1].name}" if targets else "nothing to do"
         return res
 

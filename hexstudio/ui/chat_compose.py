@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
 from hexstudio.core.services.chat import kpi_line
 from hexstudio.core.services.chat_controller import LiveSession, Notice, TurnOutcome
 from hexstudio.ui.chat_view import MessageBubble, TranscriptView
-from hexstudio.ui.widgets import STATE_COLORS, note, rich
+from hexstudio.ui.widgets import STATE_COLORS, button, note, rich
 
 
 def failed(text: str) -> str:
@@ -32,17 +32,8 @@ def failed(text: str) -> str:
 
 
 def _toggle(text: str, name: str, tip: str) -> QPushButton:
-    b = QPushButton(text)
-    b.setObjectName(name)
+    b = button(text, name, tip)
     b.setCheckable(True)
-    b.setToolTip(tip)
-    return b
-
-
-def _button(text: str, name: str, tip: str) -> QPushButton:
-    b = QPushButton(text)
-    b.setObjectName(name)
-    b.setToolTip(tip)
     return b
 
 
@@ -96,11 +87,9 @@ class ChatColumn(QWidget):
         self.input.setFixedHeight(64)
         buttons = QVBoxLayout()
         buttons.setSpacing(4)
-        self.send_button = _button("Send", "send_button", "Send the message (Enter, or Ctrl+Enter)")
+        self.send_button = button("Send", "send_button", "Send the message (Enter, or Ctrl+Enter)")
         self.send_button.setDefault(False)
-        self.stop_button = _button(
-            "Stop", "stop_button", "Stop the reply now (Esc; what came so far is kept)"
-        )
+        self.stop_button = button("Stop", "stop_button", "Stop the reply now (Esc; what came so far is kept)")
         self.stop_button.setEnabled(False)
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)

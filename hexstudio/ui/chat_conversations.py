@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from hexstudio.core.genie.chat_store import ChatRecord
+from hexstudio.ui.widgets import button
 
 
 class ConversationsPanel(QWidget):
@@ -27,9 +28,9 @@ class ConversationsPanel(QWidget):
         self.setObjectName("chat_conversations")
         cvl = QVBoxLayout(self)
         cvl.setContentsMargins(0, 0, 4, 0)
-        self.new_button = QPushButton("New chat")
-        self.new_button.setObjectName("new_chat")
-        self.new_button.setToolTip("Start a new conversation (the others stay in the run)")
+        self.new_button = button(
+            "New chat", "new_chat", "Start a new conversation (the others stay in the run)"
+        )
         cvl.addWidget(self.new_button)
         self.conv_list = QListWidget()
         self.conv_list.setObjectName("conversations")
@@ -40,14 +41,10 @@ class ConversationsPanel(QWidget):
         for sig in (self.conv_list.itemClicked, self.conv_list.itemActivated):
             sig.connect(lambda it: self.picked.emit(str(it.data(Qt.ItemDataRole.UserRole))))
         tools = QHBoxLayout()
-        self.copy_button = QPushButton("Copy")
-        self.copy_button.setObjectName("copy_conversation")
-        self.copy_button.setToolTip("Copy the whole conversation as Markdown")
+        self.copy_button = button("Copy", "copy_conversation", "Copy the whole conversation as Markdown")
         self.export_button = QPushButton("Export…")
         self.export_button.setToolTip("Save the conversation as Markdown or JSON")
-        self.delete_button = QPushButton("Delete")
-        self.delete_button.setObjectName("delete_conversation")
-        self.delete_button.setToolTip("Delete this conversation from the run")
+        self.delete_button = button("Delete", "delete_conversation", "Delete this conversation from the run")
         for b in (self.copy_button, self.export_button, self.delete_button):
             b.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
             tools.addWidget(b)

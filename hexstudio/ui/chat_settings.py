@@ -14,13 +14,11 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
     QLabel,
     QLineEdit,
     QSizePolicy,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
@@ -31,6 +29,7 @@ from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.services.chat import DIALOG_LABELS, SessionSetup, bundle_dialogs, run_bundle_dir
 from hexstudio.core.services.chat_controller import Chosen, Rendering, SentWith, conversation_template
 from hexstudio.shared.chat_template import ChatFormat
+from hexstudio.ui.widgets import float_spin_box, spin_box
 
 # preset key -> (label, values); the keys match hexstudio.core.genie.session's presets (and the CLI's --sampler)
 SAMPLER_PRESETS: dict[str, tuple[str, dict[str, Any] | None]] = {
@@ -122,37 +121,41 @@ class ChatSettingsPanel(QWidget):
             "On: Enter sends the message and Shift+Enter starts a new line. Off: Enter "
             "starts a new line. Ctrl+Enter always sends."
         )
-        self.max_tokens = QSpinBox()
-        self.max_tokens.setObjectName("max_tokens")
-        self.max_tokens.setRange(1, 4096)
+        self.max_tokens = spin_box(
+            "max_tokens", 1, 4096, "The most tokens a reply may have (the context keeps room for them)."
+        )
         self.max_tokens.setValue(48)
-        self.max_tokens.setToolTip("The most tokens a reply may have (the context keeps room for them).")
         self.sampler_combo = QComboBox()
         self.sampler_combo.setObjectName("sampler_preset")
         for key, (label, _values) in SAMPLER_PRESETS.items():
             self.sampler_combo.addItem(SHORT_PRESET.get(key, label), key)
             self.sampler_combo.setItemData(self.sampler_combo.count() - 1, label, Qt.ItemDataRole.ToolTipRole)
         self.sampler_combo.setToolTip(SAMPLER_TOOLTIP)
-        self.temp_spin = QDoubleSpinBox()
-        self.temp_spin.setObjectName("sampler_temp")
-        self.temp_spin.setRange(0.0, 2.0)
-        self.temp_spin.setSingleStep(0.05)
-        self.temp_spin.setDecimals(2)
-        self.temp_spin.setToolTip("Temperature: 0 always takes the most likely token; higher is more varied.")
-        self.topk_spin = QSpinBox()
-        self.topk_spin.setObjectName("sampler_top_k")
-        self.topk_spin.setRange(1, 1000)
-        self.topk_spin.setToolTip("Top-k: sample only among the k most likely tokens (1 = greedy).")
-        self.topp_spin = QDoubleSpinBox()
-        self.topp_spin.setObjectName("sampler_top_p")
-        self.topp_spin.setRange(0.01, 1.0)
-        self.topp_spin.setSingleStep(0.05)
-        self.topp_spin.setDecimals(2)
-        self.topp_spin.setToolTip("Top-p: sample only among the most likely tokens that together reach p.")
-        self.seed_spin = QSpinBox()
-        self.seed_spin.setObjectName("sampler_seed")
-        self.seed_spin.setRange(0, 2**31 - 1)
-        self.seed_spin.setToolTip("Seed of the sampler's random numbers: the same seed gives the same reply.")
+        self.temp_spin = float_spin_box(
+            "sampler_temp",
+            0.0,
+            2.0,
+            2,
+            "Temperature: 0 always takes the most likely token; higher is more varied.",
+            step=0.05,
+        )
+        self.topk_spin = spin_box(
+            "sampler_top_k", 1, 1000, "Top-k: sample only among the k most likely tokens (1 = greedy)."
+        )
+        self.topp_spin = float_spin_box(
+            "sampler_top_p",
+            0.01,
+            1.0,
+            2,
+            "Top-p: sample only among the most likely tokens that together reach p.",
+            step=0.05,
+        )
+        self.seed_spin = spin_box(
+            "sampler_seed",
+            0,
+            2**31 - 1,
+            "Seed of the sampler's random numbers: the same seed gives the same reply.",
+        )
         for w in (
             self.runtime_combo,
             self.dialog_combo,

@@ -30,7 +30,7 @@ from hexstudio.core.reports.compare import compare_html, compare_reports, write_
 from hexstudio.core.reports.noise import QUALITY_TOLERANCE, TIMING_TOLERANCE, chart_rows
 from hexstudio.core.status import KINDS
 from hexstudio.ui.plots import StyledPlot
-from hexstudio.ui.widgets import paper
+from hexstudio.ui.widgets import button, float_spin_box, paper
 
 JUDGEMENT_COLORS = {
     "better": KINDS["passed"].color,
@@ -39,6 +39,22 @@ JUDGEMENT_COLORS = {
     "same": "#8a8f98",
     "baseline": "#2f81f7",
 }
+
+
+def _add_labelled(row: QHBoxLayout, text: str, widget: QWidget, stretch: int = 0) -> None:
+    """`widget` on `row` after its label `text` (whose & letter moves the focus to it)."""
+    label = QLabel(text)
+    label.setBuddy(widget)
+    row.addWidget(label)
+    row.addWidget(widget, stretch)
+
+
+def _tolerance(name: str, fraction: float, tip: str) -> QDoubleSpinBox:
+    """A tolerance in percent, from 0 to 100, set to `fraction`."""
+    box = float_spin_box(name, 0.0, 100.0, 1, tip)
+    box.setSuffix(" %")
+    box.setValue(fraction * 100)
+    return box
 
 
 class CompareDialog(QDialog):
@@ -56,51 +72,31 @@ class CompareDialog(QDialog):
         for rid in ids:
             self.baseline_combo.addItem(rid, rid)
         self.baseline_combo.setToolTip("The run the others are compared against")
-        bl = QLabel("&Baseline")
-        bl.setBuddy(self.baseline_combo)
-        top.addWidget(bl)
-        top.addWidget(self.baseline_combo, 1)
-        self.timing_tol = QDoubleSpinBox()
-        self.timing_tol.setObjectName("compare_timing_tolerance")
-        self.timing_tol.setRange(0.0, 100.0)
-        self.timing_tol.setDecimals(1)
-        self.timing_tol.setSuffix(" %")
-        self.timing_tol.setValue(TIMING_TOLERANCE * 100)
-        self.timing_tol.setToolTip(
+        _add_labelled(top, "&Baseline", self.baseline_combo, 1)
+        self.timing_tol = _tolerance(
+            "compare_timing_tolerance",
+            TIMING_TOLERANCE,
             "Timings and memory: a difference within this is the same (one measurement on a "
             "shared machine varies this much); where the runs measured their spread "
-            "(hexstudio bench), twice the spread counts if it is larger"
+            "(hexstudio bench), twice the spread counts if it is larger",
         )
-        tl = QLabel("&Timing tolerance")
-        tl.setBuddy(self.timing_tol)
-        top.addWidget(tl)
-        top.addWidget(self.timing_tol)
-        self.quality_tol = QDoubleSpinBox()
-        self.quality_tol.setObjectName("compare_quality_tolerance")
-        self.quality_tol.setRange(0.0, 100.0)
-        self.quality_tol.setDecimals(1)
-        self.quality_tol.setSuffix(" %")
-        self.quality_tol.setValue(QUALITY_TOLERANCE * 100)
-        self.quality_tol.setToolTip("Validation and evaluation figures: a difference within this is the same")
-        ql = QLabel("&Quality tolerance")
-        ql.setBuddy(self.quality_tol)
-        top.addWidget(ql)
-        top.addWidget(self.quality_tol)
+        _add_labelled(top, "&Timing tolerance", self.timing_tol)
+        self.quality_tol = _tolerance(
+            "compare_quality_tolerance",
+            QUALITY_TOLERANCE,
+            "Validation and evaluation figures: a difference within this is the same",
+        )
+        _add_labelled(top, "&Quality tolerance", self.quality_tol)
         lay.addLayout(top)
 
         chart_head = QHBoxLayout()
         self.metric_combo = QComboBox()
         self.metric_combo.setObjectName("compare_metric")
         self.metric_combo.setToolTip("The figure the chart shows, one bar per run")
-        ml = QLabel("&Chart")
-        ml.setBuddy(self.metric_combo)
-        chart_head.addWidget(ml)
-        chart_head.addWidget(self.metric_combo, 1)
+        _add_labelled(chart_head, "&Chart", self.metric_combo, 1)
         self.export_buttons: dict[str, QPushButton] = {}
         for fmt, text in (("html", "Export HTML…"), ("csv", "Export CSV…"), ("json", "Export JSON…")):
-            b = QPushButton(text)
-            b.setObjectName(f"compare_export_{fmt}")
-            b.clicked.connect(lambda _c=False, f=fmt: self.export_dialog(f))
+            b = button(text, f"compare_export_{fmt}", on_click=lambda _c=False, f=fmt: self.export_dialog(f))
             chart_head.addWidget(b)
             self.export_buttons[fmt] = b
         lay.addLayout(chart_head)

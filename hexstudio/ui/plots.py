@@ -79,7 +79,29 @@ class SteadyRange:
             self.plot.setRange(xRange=(0, want[0]), yRange=(0, want[1]), padding=0)
 
 
-class ResourcePlot(StyledPlot):
+class LivePlot(StyledPlot):
+    """A plot fed at any rate: what adds data sets `_dirty`, and a timer redraws it (`draw`) at most ten times
+    a second, and only when something changed."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._dirty = False
+        self._timer = QTimer(self)
+        self._timer.setInterval(100)
+        self._timer.timeout.connect(self.redraw)
+        self._timer.start()
+
+    def redraw(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        self.draw()
+
+    def draw(self) -> None:
+        raise NotImplementedError
+
+
+class ResourcePlot(LivePlot):
     """RSS and VRAM (GiB) against seconds since the stage started; the preflight estimate as a
     dashed line; the peak marked."""
 
@@ -114,11 +136,6 @@ class ResourcePlot(StyledPlot):
         self.t0: float | None = None
         self.peak_rss = 0.0
         self.peak_t = 0.0
-        self._dirty = False
-        self._timer = QTimer(self)
-        self._timer.setInterval(100)
-        self._timer.timeout.connect(self.redraw)
-        self._timer.start()
 
     def clear_data(self) -> None:
         self.t.clear()
@@ -152,10 +169,7 @@ class ResourcePlot(StyledPlot):
             self.peak_rss, self.peak_t = r, x
         self._dirty = True
 
-    def redraw(self) -> None:
-        if not self._dirty:
-            return
-        self._dirty = False
+    def draw(self) -> None:
         t = list(self.t)
         self.rss_curve.setData(t, list(self.rss))
         est = self.estimate.value() if self.estimate.isVisible() else 0.0
@@ -176,7 +190,7 @@ class ResourcePlot(StyledPlot):
             self.peak_label.setText("")
 
 
-class TokenRatePlot(StyledPlot):
+class TokenRatePlot(LivePlot):
     """Tokens/s over the current reply: a sliding window over token arrivals, drawn as it streams."""
 
     def __init__(self, parent: QWidget | None = None, window_s: float = 1.0) -> None:
@@ -189,11 +203,6 @@ class TokenRatePlot(StyledPlot):
         self.arrivals: deque[tuple[float, int]] = deque()
         self.xs: list[float] = []
         self.ys: list[float] = []
-        self._dirty = False
-        self._timer = QTimer(self)
-        self._timer.setInterval(100)
-        self._timer.timeout.connect(self.redraw)
-        self._timer.start()
 
     def begin_reply(self) -> None:
         self.arrivals.clear()
@@ -212,10 +221,7 @@ class TokenRatePlot(StyledPlot):
         self.ys.append(count / span)
         self._dirty = True
 
-    def redraw(self) -> None:
-        if not self._dirty:
-            return
-        self._dirty = False
+    def draw(self) -> None:
         self.curve.setData(self.xs, self.ys)
         self.steady.fit(
             max(self.xs[-1] if self.xs else 0.0, 5.0), max(max(self.ys) if self.ys else 0.0, 10.0)

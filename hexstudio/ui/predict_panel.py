@@ -10,13 +10,13 @@ import asyncio
 import html
 from typing import Any
 
-from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QPushButton, QTableWidgetItem, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGroupBox, QTableWidgetItem, QVBoxLayout, QWidget
 
 from hexstudio.core.services.predict import predict_for_run, run_prediction_doc
 from hexstudio.shared.errors import ActionableError
 from hexstudio.shared.predict import LABEL
 from hexstudio.ui.controller import RunController
-from hexstudio.ui.widgets import STATUS_COLORS, KeyValueTable, note
+from hexstudio.ui.widgets import STATUS_COLORS, KeyValueTable, button, button_row, note
 
 PREDICT_TIMEOUT_S = 3600.0  # an 8B's 2-layer graphs compile for minutes each on a small machine
 
@@ -35,14 +35,13 @@ class PredictPanel(QGroupBox):
                 "the report shows it beside what the board measures."
             )
         )
-        row = QHBoxLayout()
-        self.button = QPushButton("Predict speed")
-        self.button.setObjectName("predict_button")
-        self.button.setToolTip("Run `hexstudio predict` for this run's model, board and settings")
-        self.button.clicked.connect(self._start)
-        row.addWidget(self.button)
-        row.addStretch(1)
-        lay.addLayout(row)
+        self.button = button(
+            "Predict speed",
+            "predict_button",
+            "Run `hexstudio predict` for this run's model, board and settings",
+            self._start,
+        )
+        lay.addLayout(button_row(self.button))
         self.message = note("")
         self.message.setObjectName("predict_message")
         lay.addWidget(self.message)

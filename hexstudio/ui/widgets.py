@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QPointF, QSize, Qt, QUrl
 from PySide6.QtGui import QColor, QDesktopServices, QIcon, QPainter, QPen, QPixmap
-from PySide6.QtWidgets import QHeaderView, QLabel, QSizePolicy, QTableWidget, QTableWidgetItem, QWidget
+from PySide6.QtWidgets import (
+    QDoubleSpinBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QWidget,
+)
 
 from hexstudio.core.status import KINDS
 
@@ -115,6 +127,54 @@ def note(text: str) -> QLabel:
     # long paths have no break points: never let one label widen the whole page
     lab.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Minimum)
     return lab
+
+
+def button(
+    text: str, name: str, tip: str | None = None, on_click: Callable[..., object] | None = None
+) -> QPushButton:
+    """A push button with its object name (what the tests and the style find it by), its tooltip and what a
+    click does, where given."""
+    b = QPushButton(text)
+    b.setObjectName(name)
+    if tip is not None:
+        b.setToolTip(tip)
+    if on_click is not None:
+        b.clicked.connect(on_click)
+    return b
+
+
+def spin_box(name: str, lo: int, hi: int, tip: str | None = None, *, step: int = 1) -> QSpinBox:
+    """A whole-number box from lo to hi, with its object name and, where given, its tooltip."""
+    box = QSpinBox()
+    box.setObjectName(name)
+    box.setRange(lo, hi)
+    box.setSingleStep(step)
+    if tip is not None:
+        box.setToolTip(tip)
+    return box
+
+
+def float_spin_box(
+    name: str, lo: float, hi: float, decimals: int, tip: str | None = None, *, step: float = 1.0
+) -> QDoubleSpinBox:
+    """A number box from lo to hi shown with `decimals` decimals (spin_box for fractions)."""
+    box = QDoubleSpinBox()
+    box.setObjectName(name)
+    box.setRange(lo, hi)
+    box.setSingleStep(step)
+    box.setDecimals(decimals)
+    if tip is not None:
+        box.setToolTip(tip)
+    return box
+
+
+def button_row(*widgets: QWidget) -> QHBoxLayout:
+    """The widgets (buttons) side by side from the left, the rest of the row left empty."""
+    row = QHBoxLayout()
+    for w in widgets:
+        row.addWidget(w)
+    row.addStretch(1)
+    return row
 
 
 def rich(label: QLabel) -> QLabel:

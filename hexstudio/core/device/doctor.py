@@ -492,29 +492,33 @@ async def _need(p: _Probe, check_id: str) -> None:
     await _run_check(p, check_id)
 
 
-def _env_prefix() -> str:
-    return '[ -f "$1" ] && . "$1"; '
-
-
-async def _qairt_home(p: _Probe, c: Check) -> str | None:
-    """The board's home for a check that runs a QAIRT tool; None (the check skipped) while QAIRT is missing."""
+async def _qairt_tool(p: _Probe, c: Check, command: str, shown: str, timeout: float = 60) -> Evidence | None:
+    """Run a QAIRT tool's `command` with the board's environment script sourced, its evidence added to the
+    check (`shown` is how the evidence names it); None, and the check skipped, while QAIRT is missing."""
     await _need(p, "qairt")
     if not p.facts.get("qairt_home"):
         c.status, c.fix, c.message = SKIP, "qairt_install", "No QAIRT installed yet."
         return None
-    return await p.home()
+    home = await p.home()
+    e = await p.sh(
+        '[ -f "$1" ] && . "$1"; ' + command,
+        f"{home}/{ENV_SCRIPT}",
+        timeout=timeout,
+        shown=f". ~/{ENV_SCRIPT}; {shown}",
+    )
+    c.evidence.append(e)
+    return e
 
 
 async def _genie(p: _Probe, c: Check) -> None:
-    home = await _qairt_home(p, c)
-    if home is None:
-        return
-    e = await p.sh(
-        _env_prefix() + "command -v genie-t2t-run && genie-t2t-run -h 2>&1 | head -n 5",
-        f"{home}/{ENV_SCRIPT}",
-        shown=f". ~/{ENV_SCRIPT}; command -v genie-t2t-run && genie-t2t-run -h",
+    e = await _qairt_tool(
+        p,
+        c,
+        "command -v genie-t2t-run && genie-t2t-run -h 2>&1 | head -n 5",
+        "command -v genie-t2t-run && genie-t2t-run -h",
     )
-    c.evidence.append(e)
+    if e is None:
+        return
     if e.exit_status == 0 and "genie-t2t-run" in e.output:
         c.status, c.message = OK, "genie-t2t-run runs: " + e.output.splitlines()[0]
     else:
@@ -524,17 +528,10 @@ async def _genie(p: _Probe, c: Check) -> None:
 
 
 async def _htp_validator(p: _Probe, c: Check) -> None:
-    home = await _qairt_home(p, c)
-    if home is None:
+    validator = "qnn-platform-validator --backend dsp --coreVersion --libVersion --testBackend"
+    e = await _qairt_tool(p, c, validator, validator, timeout=120)
+    if e is None:
         return
-    e = await p.sh(
-        _env_prefix() + "qnn-platform-validator --backend dsp --coreVersion --libVersion --testBackend",
-        f"{home}/{ENV_SCRIPT}",
-        timeout=120,
-        shown=f". ~/{ENV_SCRIPT}; qnn-platform-validator --backend dsp --coreVersion --libVersion "
-        "--testBackend",
-    )
-    c.evidence.append(e)
     fields = dict(
         (k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in e.output.splitlines() if ":" in ln)
     )

@@ -39,7 +39,7 @@ from hexstudio.core.stages import Stage, get_stage
 from hexstudio.core.status import override_text
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.errors import log_link_html
-from hexstudio.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, fmt_value, heading, note
+from hexstudio.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, button, fmt_value, heading, note
 
 SettingSpec = tuple[str, str, Any]  # (key, label, kind: "int" | "bool" | "text" | list of choices)
 
@@ -118,10 +118,12 @@ class StagePage(QWidget):
         self.state_label.setObjectName("state_label")
         head.addWidget(self.state_label)
         head.addStretch(1)
-        self.run_button = QPushButton(f"Run {self.stage.title}")
-        self.run_button.setObjectName("run_button")
-        self.run_button.setToolTip("Run this stage (and any earlier stage that is not done yet)")
-        self.run_button.clicked.connect(self.start)
+        self.run_button = button(
+            f"Run {self.stage.title}",
+            "run_button",
+            "Run this stage (and any earlier stage that is not done yet)",
+            self.start,
+        )
         self.rerun_button = QPushButton("Run again")
         self.rerun_button.setToolTip("Run only this stage again, even if it is up to date")
         self.rerun_button.clicked.connect(lambda: self.start(force=True))

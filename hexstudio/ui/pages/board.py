@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
 
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.pages.base import StagePage
-from hexstudio.ui.widgets import STATE_COLORS, STATUS_COLORS, note, state_icon
+from hexstudio.ui.widgets import STATE_COLORS, STATUS_COLORS, button, note, state_icon
 
 
 class BoardPage(StagePage):
@@ -57,21 +57,23 @@ class BoardPage(StagePage):
         self.boards.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.board_states: dict[str, tuple[str, str, str]] = {}  # name -> (state, detail, when)
         left.addWidget(self.boards)
-        self.probe_button = QPushButton("Connect and run the doctor")
-        self.probe_button.setObjectName("probe_button")
-        self.probe_button.clicked.connect(lambda: self._start(self.probe()))
+        self.probe_button = button(
+            "Connect and run the doctor", "probe_button", on_click=lambda: self._start(self.probe())
+        )
         left.addWidget(self.probe_button)
         manage = QHBoxLayout()
-        self.edit_button = QPushButton("Edit…")
-        self.edit_button.setObjectName("edit_board")
-        self.edit_button.setToolTip("Put the selected board into the form: change it there and save")
-        self.edit_button.clicked.connect(self.edit_selected)
-        self.remove_button = QPushButton("Remove")
-        self.remove_button.setObjectName("remove_board")
-        self.remove_button.setToolTip(
-            "Remove the selected board from HexStudio (and its password from the keyring)"
+        self.edit_button = button(
+            "Edit…",
+            "edit_board",
+            "Put the selected board into the form: change it there and save",
+            self.edit_selected,
         )
-        self.remove_button.clicked.connect(self.remove_selected)
+        self.remove_button = button(
+            "Remove",
+            "remove_board",
+            "Remove the selected board from HexStudio (and its password from the keyring)",
+            self.remove_selected,
+        )
         manage.addWidget(self.edit_button)
         manage.addWidget(self.remove_button)
         left.addLayout(manage)
@@ -528,10 +530,12 @@ class BoardPage(StagePage):
             self.doctor.addTopLevelItem(top)
             fix = d.get("fix")
             if fix and d.get("status") in ("fail", "warn") and fix not in self.fix_buttons:
-                b = QPushButton("Fix…")
-                b.setObjectName(f"fix_{fix}")
-                b.setToolTip(f"Show the commands of fix '{fix}' and run them")
-                b.clicked.connect(lambda _=False, dd=d: self._start(self.run_fix(dd)))
+                b = button(
+                    "Fix…",
+                    f"fix_{fix}",
+                    f"Show the commands of fix '{fix}' and run them",
+                    lambda _=False, dd=d: self._start(self.run_fix(dd)),
+                )
                 self.doctor.setItemWidget(top, 3, b)
                 self.fix_buttons[str(fix)] = b
 

@@ -12,11 +12,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFileDialog,
     QGroupBox,
-    QHBoxLayout,
     QHeaderView,
     QListWidget,
     QListWidgetItem,
-    QPushButton,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -30,7 +28,7 @@ from hexstudio.core.runs import Workspace
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.pages.base import StagePage
 from hexstudio.ui.plots import StyledPlot
-from hexstudio.ui.widgets import STATE_COLORS, note
+from hexstudio.ui.widgets import STATE_COLORS, button, button_row, note
 
 BAR_COLORS = ("#2f81f7", "#8250df", "#2da44e", "#d1242f", "#bf8700")
 
@@ -43,6 +41,16 @@ def _table(headers: list[str]) -> QTableWidget:
     t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     t.horizontalHeader().setStretchLastSection(True)
     return t
+
+
+def _score_plot(name: str, axis: str) -> tuple[StyledPlot, pg.LegendItem]:
+    """A plot of scores (0 to 1, `axis` on the left) and its legend, top right."""
+    plot = StyledPlot()
+    plot.setObjectName(name)
+    plot.setMinimumHeight(190)
+    plot.setLabel("left", axis)
+    plot.setYRange(0, 1)
+    return plot, plot.addLegend(offset=(-10, 10))
 
 
 def _fill(t: QTableWidget, rows: list[list[str]], colors: list[list[str | None]] | None = None) -> None:
@@ -65,14 +73,13 @@ class EvaluatePage(StagePage):
         self.suite_list.itemChanged.connect(self._suites_changed)
         self.inputs_layout.addWidget(note("Suites (ticked ones run; your own are added to the workspace):"))
         self.inputs_layout.addWidget(self.suite_list)
-        row = QHBoxLayout()
-        self.add_button = QPushButton("Add suite…")
-        self.add_button.setObjectName("add_suite")
-        self.add_button.setToolTip("Check a JSONL suite file and add it (docs/evaluate.md has the format)")
-        self.add_button.clicked.connect(self.add_dialog)
-        row.addWidget(self.add_button)
-        row.addStretch(1)
-        self.inputs_layout.addLayout(row)
+        self.add_button = button(
+            "Add suite…",
+            "add_suite",
+            "Check a JSONL suite file and add it (docs/evaluate.md has the format)",
+            self.add_dialog,
+        )
+        self.inputs_layout.addLayout(button_row(self.add_button))
         self.add_message = note("")
         self.add_message.setObjectName("add_message")
         self.inputs_layout.addWidget(self.add_message)
@@ -85,12 +92,7 @@ class EvaluatePage(StagePage):
         )
         self.scores.setObjectName("eval_scores")
         self.results_layout.insertWidget(2, self.scores)
-        self.plot = StyledPlot()
-        self.plot.setObjectName("eval_plot")
-        self.plot.setMinimumHeight(190)
-        self.plot.setLabel("left", "score")
-        self.plot.setYRange(0, 1)
-        self.plot_legend = self.plot.addLegend(offset=(-10, 10))  # which colour is which leg
+        self.plot, self.plot_legend = _score_plot("eval_plot", "score")  # legend: which colour is which leg
         self.results_layout.insertWidget(3, self.plot)
 
         self.compare_box = QGroupBox("Compare runs")
@@ -106,12 +108,9 @@ class EvaluatePage(StagePage):
         self.compare_table = _table(["row"])
         self.compare_table.setObjectName("compare_table")
         cl.addWidget(self.compare_table)
-        self.compare_plot = StyledPlot()
-        self.compare_plot.setObjectName("compare_plot")
-        self.compare_plot.setMinimumHeight(190)
-        self.compare_plot.setLabel("left", "board score")
-        self.compare_plot.setYRange(0, 1)
-        self.compare_legend = self.compare_plot.addLegend(offset=(-10, 10))  # which colour is which run
+        self.compare_plot, self.compare_legend = _score_plot(
+            "compare_plot", "board score"
+        )  # legend: which run
         cl.addWidget(self.compare_plot)
         self.body.insertWidget(self.body.indexOf(self.results_box) + 1, self.compare_box)
 

@@ -15,7 +15,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QRadioButton,
-    QSpinBox,
     QWidget,
 )
 
@@ -25,7 +24,7 @@ from hexstudio.core.services import model as model_service
 from hexstudio.shared.errors import ActionableError
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.pages.base import StagePage
-from hexstudio.ui.widgets import STATE_COLORS, KeyValueTable, note
+from hexstudio.ui.widgets import STATE_COLORS, KeyValueTable, button, button_row, note, spin_box
 
 
 def inspect_rows(info: dict[str, Any]) -> list[list[str]]:
@@ -112,34 +111,23 @@ class ModelPage(StagePage):
         opts = QFormLayout()
         self.board_combo = QComboBox()
         self.board_combo.setObjectName("board_combo")
-        self.context_spin = QSpinBox()
-        self.context_spin.setObjectName("context_length")
-        self.context_spin.setRange(0, 131072)
-        self.context_spin.setSingleStep(512)
+        self.context_spin = spin_box("context_length", 0, 131072, step=512)
         self.context_spin.setSpecialValueText("auto (built-in 512, others 4096)")
-        self.calib_spin = QSpinBox()
-        self.calib_spin.setObjectName("calibration_samples")
-        self.calib_spin.setRange(1, 4096)
+        self.calib_spin = spin_box("calibration_samples", 1, 4096)
         self.calib_spin.setValue(int(controller.settings.run_defaults().get("calibration_samples", 8)))
         opts.addRow("Board", self.board_combo)
         opts.addRow("Context length", self.context_spin)
         opts.addRow("Calibration samples", self.calib_spin)
         self.inputs_layout.addLayout(opts)
 
-        buttons = QHBoxLayout()
-        self.inspect_button = QPushButton("Inspect")
-        self.inspect_button.setObjectName("inspect_button")
-        self.inspect_button.setToolTip(
-            "Read config.json only: architecture, support and memory/disk estimates"
+        self.inspect_button = button(
+            "Inspect",
+            "inspect_button",
+            "Read config.json only: architecture, support and memory/disk estimates",
+            lambda: asyncio.ensure_future(self.inspect()),
         )
-        self.inspect_button.clicked.connect(lambda: asyncio.ensure_future(self.inspect()))
-        self.new_run_button = QPushButton("New run with this model")
-        self.new_run_button.setObjectName("new_run_button")
-        self.new_run_button.clicked.connect(self.new_run)
-        buttons.addWidget(self.inspect_button)
-        buttons.addWidget(self.new_run_button)
-        buttons.addStretch(1)
-        self.inputs_layout.addLayout(buttons)
+        self.new_run_button = button("New run with this model", "new_run_button", on_click=self.new_run)
+        self.inputs_layout.addLayout(button_row(self.inspect_button, self.new_run_button))
         self.inspect_message = note("")
         self.inputs_layout.addWidget(self.inspect_message)
         # busy while config.json is read (offline, the Hub client retries for many seconds before its error)

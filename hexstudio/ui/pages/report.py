@@ -11,12 +11,12 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import QCheckBox, QFileDialog, QHBoxLayout, QPushButton, QTextBrowser, QWidget
+from PySide6.QtWidgets import QCheckBox, QFileDialog, QPushButton, QTextBrowser, QWidget
 
 from hexstudio.core.jobs import cli_command, run_child
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.pages.base import StagePage
-from hexstudio.ui.widgets import STATE_COLORS, note, paper
+from hexstudio.ui.widgets import STATE_COLORS, button, button_row, note, paper
 
 _SVG = re.compile(r"<svg\b.*?</svg>", re.S | re.I)
 
@@ -27,24 +27,25 @@ class ReportPage(StagePage):
         self.redact_hosts = QCheckBox("Leave out host and user names")
         self.redact_hosts.setChecked(True)
         self.inputs_layout.addWidget(self.redact_hosts)
-        row = QHBoxLayout()
         self.export_buttons: dict[str, QPushButton] = {}
         for fmt in ("html", "pdf", "json"):
-            b = QPushButton(f"Export {fmt.upper()}…")
-            b.setObjectName(f"export_{fmt}")
-            b.clicked.connect(lambda _=False, f=fmt: asyncio.ensure_future(self.export_dialog(f)))
-            row.addWidget(b)
+            b = button(
+                f"Export {fmt.upper()}…",
+                f"export_{fmt}",
+                on_click=lambda _=False, f=fmt: asyncio.ensure_future(self.export_dialog(f)),
+            )
             self.export_buttons[fmt] = b
         self.open_button = QPushButton("Open in browser")
         self.open_button.clicked.connect(self.open_in_browser)
-        row.addWidget(self.open_button)
-        self.folder_button = QPushButton("Open folder")
-        self.folder_button.setObjectName("open_report_folder")
-        self.folder_button.setToolTip("Show the run's report files (HTML, JSON, PDF) in the file manager")
-        self.folder_button.clicked.connect(self.open_folder)
-        row.addWidget(self.folder_button)
-        row.addStretch(1)
-        self.inputs_layout.addLayout(row)
+        self.folder_button = button(
+            "Open folder",
+            "open_report_folder",
+            "Show the run's report files (HTML, JSON, PDF) in the file manager",
+            self.open_folder,
+        )
+        self.inputs_layout.addLayout(
+            button_row(*self.export_buttons.values(), self.open_button, self.folder_button)
+        )
         self.export_message = note("")
         self.export_message.setObjectName("export_message")
         self.export_message.setTextFormat(Qt.TextFormat.RichText)
