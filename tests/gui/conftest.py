@@ -86,22 +86,31 @@ def keep_screenshot(widget: Any, name: str, tmp: Path) -> Path:
     return path
 
 
+def studio_window(qtbot: Any, ws: Path, size: tuple[int, int] | None = None) -> tuple[Any, Any]:
+    """The studio's main window (controller, window) on the workspace `ws`, no run open; with `size`, resized
+    (not shown)."""
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
+
+    c = RunController(Workspace(ws))
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    if size is not None:
+        w.resize(*size)
+    return c, w
+
+
 def window_on_run(
     qtbot: Any, tmp_path: Path, run: Path, size: tuple[int, int] | None = None
 ) -> tuple[Any, Any]:
     """The studio's main window (controller, window) on a copy of a prepared run in tmp_path/ws, opened; with
     `size`, resized and shown as a user sees it."""
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
     from tests.support.sim_runs import copy_run
 
     copy = copy_run(run, tmp_path / "ws")
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
+    c, w = studio_window(qtbot, tmp_path / "ws", size)
     if size is not None:
-        w.resize(*size)
         w.show()
     c.open_run(copy.name)
     return c, w
