@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.qnn.conftest import genie_on_simulator, needs_qnn
+from tests.support.cli import sim_t2t_argv
 
 pytestmark = [needs_qnn, pytest.mark.slow]
 
@@ -73,17 +73,7 @@ def test_greedy_real_genie_equals_the_host_htp_simulation(local_run: Path) -> No
     ids = ([bos] if bos >= 0 else []) + tok.encode(prompt, add_special_tokens=False).ids
     host = pair.generate(ids, 8)
     helper = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hexstudio.workers.genie_sim.t2t",
-            "-c",
-            "genie_config.json",
-            "-p",
-            prompt,
-            "--max-tokens",
-            "8",
-        ],
+        sim_t2t_argv(prompt, 8),
         cwd=_remote_bundle(local_run),
         capture_output=True,
         text=True,
