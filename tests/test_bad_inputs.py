@@ -461,41 +461,16 @@ ROWS += [
         None,
     ),
     # the Model stage's worker on damaged model folders: the stage fails with the message, nothing kept
-    (
-        "model stage: truncated safetensors",
-        lambda e: model_stage(e, str(model_folder(e, "truncated_safetensors"))),
-        ["truncated", "download the model again"],
-        None,
-    ),
-    (
-        "model stage: garbage safetensors",
-        lambda e: model_stage(e, str(model_folder(e, "garbage_safetensors"))),
-        ["not a valid safetensors file"],
-        None,
-    ),
-    (
-        "model stage: NaN weights",
-        lambda e: model_stage(e, str(model_folder(e, "nan_weights"))),
-        ["NaN or infinite values", "tensor"],
-        None,
-    ),
-    (
-        "model stage: no weights",
-        lambda e: model_stage(e, str(model_folder(e, "no_weights"))),
-        ["No *.safetensors weights"],
-        None,
-    ),
-    (
-        "model stage: corrupt tokenizer",
-        lambda e: model_stage(e, str(model_folder(e, "corrupt_tokenizer"))),
-        ["tokenizer.json cannot be read"],
-        None,
-    ),
-    (
-        "model stage: no tokenizer",
-        lambda e: model_stage(e, str(model_folder(e, "no_tokenizer"))),
-        ["has no tokenizer.json"],
-        None,
+    *(
+        (f"model stage: {what}", lambda e, kind=kind: model_stage(e, str(model_folder(e, kind))), words, None)
+        for what, kind, words in (
+            ("truncated safetensors", "truncated_safetensors", ["truncated", "download the model again"]),
+            ("garbage safetensors", "garbage_safetensors", ["not a valid safetensors file"]),
+            ("NaN weights", "nan_weights", ["NaN or infinite values", "tensor"]),
+            ("no weights", "no_weights", ["No *.safetensors weights"]),
+            ("corrupt tokenizer", "corrupt_tokenizer", ["tokenizer.json cannot be read"]),
+            ("no tokenizer", "no_tokenizer", ["has no tokenizer.json"]),
+        )
     ),
     # AI Hub answers (the device list, as the Compile page asks for it)
     ("AI Hub 401", lambda e: aihub(e, 401), ["token"], None),
