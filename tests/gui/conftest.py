@@ -116,6 +116,17 @@ def window_on_run(
     return c, w
 
 
+def window_on_gate_failed_run(qtbot: Any, tmp_path: Path, failing: str = "evaluate") -> tuple[Any, Any, Any]:
+    """(run manifest, controller, window): a run in tmp_path/ws whose `failing` stage's gate failed
+    (tests/support/gate_runs.py), opened in the studio's main window at 1280x720 (not shown)."""
+    from tests.support.gate_runs import gate_failed_run
+
+    m = gate_failed_run(tmp_path / "ws", failing)
+    c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
+    c.open_run(m.run_id)
+    return m, c, w
+
+
 async def push_to_board(c: Any, w: Any) -> None:
     """Run the Board stage from its page, as a click does, and wait for it to pass."""
     w.show_stage("board")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import studio_window, wait_until
+from tests.gui.conftest import studio_window, wait_until, window_on_gate_failed_run
 from tests.support.gate_runs import finish_stage, gate_failed_run, skip_board_recheck
 
 
@@ -21,10 +21,7 @@ def test_job_dock_hides_shrinks_and_keeps_its_time(
     skip_board_recheck(monkeypatch)  # a synthetic run: no pushed bundle to recheck
     from PySide6.QtCore import Qt
 
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")
-    c, w = studio_window(qtbot, ws, (1280, 720))
-    c.open_run(m.run_id)
+    _m, c, w = window_on_gate_failed_run(qtbot, tmp_path)
     w.show()
     qtbot.waitUntil(lambda: w.dock.isVisible(), timeout=3000)
     qtbot.waitUntil(lambda: w.dock.height() <= w.height() // 4 + 2, timeout=3000)  # a quarter at most
@@ -113,10 +110,7 @@ def test_preflight_shows_titles_and_readable_values(qtbot: Any, tmp_path: Path) 
 
 
 def test_board_list_agrees_with_the_board_stage(qtbot: Any, tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")  # its Board stage passed
-    c, w = studio_window(qtbot, ws, (1280, 720))
-    c.open_run(m.run_id)
+    _m, c, w = window_on_gate_failed_run(qtbot, tmp_path)  # its Board stage passed
     page = w.pages["board"]
     page.refresh()
     item = page.board_item("sim")
@@ -147,10 +141,7 @@ def test_export_html_fills_the_preview_and_open_in_browser(
 
 
 def test_model_page_shows_the_open_runs_settings(qtbot: Any, tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")
-    c, w = studio_window(qtbot, ws, (1280, 720))
-    c.open_run(m.run_id)
+    m, c, w = window_on_gate_failed_run(qtbot, tmp_path)
     page = w.pages["model"]
     page.refresh()
     assert page.calib_spin.value() == m.settings["calibration_samples"]
@@ -162,10 +153,7 @@ def test_model_page_shows_the_open_runs_settings(qtbot: Any, tmp_path: Path) -> 
 def test_history_shows_the_old_value(qtbot: Any, tmp_path: Path) -> None:
     from hexstudio.ui.dialogs.history import HistoryDialog
 
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")
-    c, w = studio_window(qtbot, ws, (1280, 720))
-    c.open_run(m.run_id)
+    m, c, w = window_on_gate_failed_run(qtbot, tmp_path)
     before = m.settings["calibration_samples"]
     c.set_setting("calibration_samples", 11)
     ev = c.manifest.data["events"][-1]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import keep_screenshot, studio_window, wait_until
+from tests.gui.conftest import keep_screenshot, studio_window, wait_until, window_on_gate_failed_run
 from tests.support.gate_runs import finish_stage, gate_failed_run, skip_board_recheck
 
 
@@ -31,10 +31,7 @@ def test_failed_gate_run_report_and_override(
 
     from hexstudio.ui.dialogs.runs import run_row
 
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")
-    c, w = studio_window(qtbot, ws, (1280, 720))
-    c.open_run(m.run_id)
+    m, c, w = window_on_gate_failed_run(qtbot, tmp_path)
     w.show()
     w.show_stage("evaluate")
     # the stage list: the failed gate is "gate failed" with its own mark, never the green tick of "passed"
