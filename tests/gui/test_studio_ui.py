@@ -178,7 +178,15 @@ def test_stage_page_states_are_honest(qtbot: Any, tmp_path: Path) -> None:
     assert STATE_TEXT["cancelled"] == "cancelled by you" and "crash or reboot" in STATE_TEXT["interrupted"]
     page = w.pages["quantize"]
     st = m.stage("quantize").data
-    st.update(
+
+    def ended(how: dict[str, Any]) -> None:
+        """The Quantize stage ended `how` in run.json; the window refreshes as after a stage."""
+        st.update(how)
+        m.save()
+        w.refresh()
+        w.update_resume_bar()
+
+    ended(
         {
             "state": "cancelled",
             "attempts": 2,
@@ -186,24 +194,18 @@ def test_stage_page_states_are_honest(qtbot: Any, tmp_path: Path) -> None:
             "outcome": {"kind": "cancelled", "message": "The Quantize stage was cancelled."},
         }
     )
-    m.save()
-    w.refresh()
-    w.update_resume_bar()
     assert (
         "cancelled by you" in page.state_label.text()
         and "Attempt 2 was cancelled by you" in page.outcome_label.text()
     )
     assert not w.resume_bar.isHidden() and "cancelled by you" in w.resume_bar.label.text()
-    st.update(
+    ended(
         {
             "state": "interrupted",
             "attempts": 3,
             "outcome": {"kind": "interrupted", "message": "The process was gone."},
         }
     )
-    m.save()
-    w.refresh()
-    w.update_resume_bar()
     assert (
         "crash or reboot" in page.state_label.text()
         and "Attempt 3 was interrupted" in page.outcome_label.text()
