@@ -29,8 +29,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quantize_memory as qm
 
-from hexstudio.shared.data import builtin_model_dir
-
 REPO = qm.REPO
 HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 4096, 14336, 32, 8, 128256
 CONTEXT, AR_N, PARTS = 4096, 128, 2
@@ -72,26 +70,7 @@ print(n)
 
 def make(work: Path, layers: int) -> tuple[Path, int]:
     out = work / f"llama8b-{layers}l"
-    src = builtin_model_dir()
-    p = subprocess.run(
-        [
-            qm.PY,
-            "-c",
-            MAKE,
-            str(out),
-            str(layers),
-            str(HIDDEN),
-            str(FFN),
-            str(HEADS),
-            str(KV_HEADS),
-            str(VOCAB),
-            str(src),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out, int(p.stdout.strip().splitlines()[-1])
+    return out, qm.synthetic_model(MAKE, out, layers, HIDDEN, FFN, HEADS, KV_HEADS, VOCAB)
 
 
 def disk(root: Path) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.cli import RUN_BUILTIN, python_m_hexstudio  # noqa: E402
+from tests.support.cli import RUN_BUILTIN, python_m_hexstudio, sim_t2t_argv  # noqa: E402
 
 ANCHOR_S = 60.0
 
@@ -74,19 +74,12 @@ def main() -> int:
     remote = json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
     t0 = time.monotonic()
     p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hexstudio.workers.genie_sim.t2t",
-            "-c",
-            "genie_config.json",
-            "-p",
+        sim_t2t_argv(
             "The capital of France is",
-            "--max-tokens",
-            str(args.tokens),
+            args.tokens,
             "--profile",
             str(Path(remote) / f"bench-profile-{os.getpid()}.json"),
-        ],
+        ),
         cwd=remote,
         capture_output=True,
         text=True,

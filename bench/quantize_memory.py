@@ -77,29 +77,22 @@ print(sum(p.numel() for p in m.parameters()))
 """
 
 
-def make_model(root: Path, name: str) -> tuple[Path, int, int]:
-    h, layers, nh, kvh, ffn, vocab = SIZES[name]
-    out = root / name
-    src = builtin_model_dir()
+def synthetic_model(script: str, out: Path, *shape: int) -> int:
+    """Run a model-making `script` (`python -c script OUT SHAPE... BUILTIN_DIR`: it writes a random-init model
+    to OUT with the built-in model's tokenizer and prints its parameter count last); the parameter count."""
     p = subprocess.run(
-        [
-            PY,
-            "-c",
-            MAKE_MODEL,
-            str(out),
-            str(h),
-            str(layers),
-            str(nh),
-            str(kvh),
-            str(ffn),
-            str(vocab),
-            str(src),
-        ],
+        [PY, "-c", script, str(out), *map(str, shape), str(builtin_model_dir())],
         capture_output=True,
         text=True,
         check=True,
     )
-    return out, int(p.stdout.strip().splitlines()[-1]), layers
+    return int(p.stdout.strip().splitlines()[-1])
+
+
+def make_model(root: Path, name: str) -> tuple[Path, int, int]:
+    h, layers, nh, kvh, ffn, vocab = SIZES[name]
+    out = root / name
+    return out, synthetic_model(MAKE_MODEL, out, h, layers, nh, kvh, ffn, vocab), layers
 
 
 def child_peak(argv: list[str], log: Path, cwd: Path = REPO) -> tuple[int, float, int]:

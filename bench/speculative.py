@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,20 +23,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.cli import python_m_hexstudio  # noqa: E402
+
 PROMPTS = ("Once upon a time, Emma", "The sky was grey and")
 
 
 def hexstudio(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)}
-    return subprocess.run(
-        [sys.executable, "-m", "hexstudio", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
+    return python_m_hexstudio(*args, env={"HEXSTUDIO_WORKSPACE": str(ws)}, timeout=3600, cwd=REPO)
 
 
 def must(r: subprocess.CompletedProcess[str], what: str) -> str:

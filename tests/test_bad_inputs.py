@@ -238,36 +238,26 @@ def _set(v: str) -> Callable[[Env], Any]:
 
 ROWS: list[Any] = [
     # run settings, wrong type or out of range (CLI --set): refused, no run made
-    ("set ar_n=true", _set("ar_n=true"), ["ar_n must be a whole number", "true"], NO_RUN),
-    ('set ar_n="128"', _set('ar_n="128"'), ["ar_n must be a whole number", "'128'"], NO_RUN),
-    ("set ar_n=0", _set("ar_n=0"), ["ar_n 0 is out of range"], NO_RUN),
-    ("set context_length=1.5", _set("context_length=1.5"), ['whole number or "auto"'], NO_RUN),
-    ("set context_length=10", _set("context_length=10"), ["out of range (64 to 131072)"], NO_RUN),
-    ("set parts=0", _set("parts=0"), ["parts 0 is out of range"], NO_RUN),
-    ("set parts=null", _set("parts=null"), ["parts must be a whole number"], NO_RUN),
-    (
-        "set calibration_samples=-1",
-        _set("calibration_samples=-1"),
-        ["calibration_samples -1 is out of range"],
-        NO_RUN,
+    *(
+        (f"set {arg}", _set(arg), words, NO_RUN)
+        for arg, words in (
+            ("ar_n=true", ["ar_n must be a whole number", "true"]),
+            ('ar_n="128"', ["ar_n must be a whole number", "'128'"]),
+            ("ar_n=0", ["ar_n 0 is out of range"]),
+            ("context_length=1.5", ['whole number or "auto"']),
+            ("context_length=10", ["out of range (64 to 131072)"]),
+            ("parts=0", ["parts 0 is out of range"]),
+            ("parts=null", ["parts must be a whole number"]),
+            ("calibration_samples=-1", ["calibration_samples -1 is out of range"]),
+            ("calibration_seq_len=abc", ["calibration_seq_len must be a whole number"]),
+            ("weight_bits=3", ["weight_bits 3 is not one of 2, 4, 8"]),
+            ("activation_bits=4", ["activation_bits 4 is not one of 8, 16"]),
+            ("kv_bits=true", ["kv_bits must be a whole number"]),
+            ("calibration_unit=block", ["calibration_unit 'block' is not one of"]),
+            ("compile_target=gpu", ["compile_target 'gpu' is not one of"]),
+            ("aihub_consent=yes", ["aihub_consent must be true or false"]),
+        )
     ),
-    (
-        "set calibration_seq_len=abc",
-        _set("calibration_seq_len=abc"),
-        ["calibration_seq_len must be a whole number"],
-        NO_RUN,
-    ),
-    ("set weight_bits=3", _set("weight_bits=3"), ["weight_bits 3 is not one of 2, 4, 8"], NO_RUN),
-    ("set activation_bits=4", _set("activation_bits=4"), ["activation_bits 4 is not one of 8, 16"], NO_RUN),
-    ("set kv_bits=true", _set("kv_bits=true"), ["kv_bits must be a whole number"], NO_RUN),
-    (
-        "set calibration_unit=block",
-        _set("calibration_unit=block"),
-        ["calibration_unit 'block' is not one of"],
-        NO_RUN,
-    ),
-    ("set compile_target=gpu", _set("compile_target=gpu"), ["compile_target 'gpu' is not one of"], NO_RUN),
-    ("set aihub_consent=yes", _set("aihub_consent=yes"), ["aihub_consent must be true or false"], NO_RUN),
     ("set sampler temp -1", _set('sampler={"temp": -1}'), ["sampler.temp -1 is out of range"], NO_RUN),
     (
         "set sampler top_k 1.5",
@@ -461,41 +451,16 @@ ROWS += [
         None,
     ),
     # the Model stage's worker on damaged model folders: the stage fails with the message, nothing kept
-    (
-        "model stage: truncated safetensors",
-        lambda e: model_stage(e, str(model_folder(e, "truncated_safetensors"))),
-        ["truncated", "download the model again"],
-        None,
-    ),
-    (
-        "model stage: garbage safetensors",
-        lambda e: model_stage(e, str(model_folder(e, "garbage_safetensors"))),
-        ["not a valid safetensors file"],
-        None,
-    ),
-    (
-        "model stage: NaN weights",
-        lambda e: model_stage(e, str(model_folder(e, "nan_weights"))),
-        ["NaN or infinite values", "tensor"],
-        None,
-    ),
-    (
-        "model stage: no weights",
-        lambda e: model_stage(e, str(model_folder(e, "no_weights"))),
-        ["No *.safetensors weights"],
-        None,
-    ),
-    (
-        "model stage: corrupt tokenizer",
-        lambda e: model_stage(e, str(model_folder(e, "corrupt_tokenizer"))),
-        ["tokenizer.json cannot be read"],
-        None,
-    ),
-    (
-        "model stage: no tokenizer",
-        lambda e: model_stage(e, str(model_folder(e, "no_tokenizer"))),
-        ["has no tokenizer.json"],
-        None,
+    *(
+        (f"model stage: {what}", lambda e, kind=kind: model_stage(e, str(model_folder(e, kind))), words, None)
+        for what, kind, words in (
+            ("truncated safetensors", "truncated_safetensors", ["truncated", "download the model again"]),
+            ("garbage safetensors", "garbage_safetensors", ["not a valid safetensors file"]),
+            ("NaN weights", "nan_weights", ["NaN or infinite values", "tensor"]),
+            ("no weights", "no_weights", ["No *.safetensors weights"]),
+            ("corrupt tokenizer", "corrupt_tokenizer", ["tokenizer.json cannot be read"]),
+            ("no tokenizer", "no_tokenizer", ["has no tokenizer.json"]),
+        )
     ),
     # AI Hub answers (the device list, as the Compile page asks for it)
     ("AI Hub 401", lambda e: aihub(e, 401), ["token"], None),

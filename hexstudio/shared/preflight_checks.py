@@ -915,47 +915,26 @@ def _recipe_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, A
         listed = ", ".join(
             f"{r['package']} {r['installed'] or 'missing'} (recipe {r['pinned']})" for r in diff
         )
+        status, says = "warn", f"{len(diff)} of {len(rows)} pins differ from {what}: {listed}."
+        hint: str | None = fix
         if name == "validated" and readme_install:
             # The README's own install is not the 8B GPU recipe, by design: say so, and warn only where it matters
-            big = int(needs.get("num_parameters", 0)) >= BIG_MODEL_PARAMS
-            key_pins = ", ".join(
-                f"{'Python' if r['package'] == 'python' else r['package']} {r['pinned']}"
-                for r in rows
-                if r["package"] in ("python", "torch", "aimet-onnx", "onnxruntime-gpu")
-            )
-            if big:
-                out.append(
-                    _check(
-                        cid,
-                        "warn",
-                        table,
-                        pinned,
-                        "This is the README's install (HexStudio's tested stack), not the validated "
-                        f"recipe, the only stack proven on an 8B-class model; it differs in {listed}.",
-                        fix,
-                    )
+            if int(needs.get("num_parameters", 0)) >= BIG_MODEL_PARAMS:
+                says = (
+                    "This is the README's install (HexStudio's tested stack), not the validated "
+                    f"recipe, the only stack proven on an 8B-class model; it differs in {listed}."
                 )
             else:
-                out.append(
-                    _check(
-                        cid,
-                        "ok",
-                        table,
-                        pinned,
-                        "This is the README's install (HexStudio's tested stack): right for this model. The "
-                        f"validated recipe ({key_pins}) matters for 8B-class models on an NVIDIA GPU: bash "
-                        "packaging/install-workstation.sh.",
-                    )
+                key_pins = ", ".join(
+                    f"{'Python' if r['package'] == 'python' else r['package']} {r['pinned']}"
+                    for r in rows
+                    if r["package"] in ("python", "torch", "aimet-onnx", "onnxruntime-gpu")
                 )
-            continue
-        out.append(
-            _check(
-                cid,
-                "warn",
-                table,
-                pinned,
-                f"{len(diff)} of {len(rows)} pins differ from {what}: {listed}.",
-                fix,
-            )
-        )
+                status, hint = "ok", None
+                says = (
+                    "This is the README's install (HexStudio's tested stack): right for this model. The "
+                    f"validated recipe ({key_pins}) matters for 8B-class models on an NVIDIA GPU: bash "
+                    "packaging/install-workstation.sh."
+                )
+        out.append(_check(cid, status, table, pinned, says, hint))
     return out

@@ -20,6 +20,7 @@ from tests.support.fake_hub import FakeHub, folder_files, hub_env
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "test-org/tiny-llama"
 PREFLIGHT = ("preflight", "--model", MODEL, "--context-length", "512", "--no-smoke-test", "--json")
+INSPECT = ("model", "inspect", MODEL, "--context-length", "512", "--json")
 KEYRING_TOKEN = "hf_keyringT0ken1111"
 ENV_TOKEN = "hf_envT0ken2222"
 FILE_TOKEN = "hf_fileT0ken3333"
@@ -62,19 +63,7 @@ def test_inspect_preflight_and_download_use_the_one_token(hub: FakeHub, tmp_path
     assert st["source"] == "keyring" and st["environment"] and st["hf_login"]
     assert st["token_file"] == str(hf_home / "token") and KEYRING_TOKEN not in json.dumps(st)
 
-    r = cli(
-        hub,
-        hf_home,
-        "model",
-        "inspect",
-        MODEL,
-        "--revision",
-        "v1",
-        "--context-length",
-        "512",
-        "--json",
-        env=env,
-    )
+    r = cli(hub, hf_home, *INSPECT, "--revision", "v1", env=env)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["revision"] == "v1" and doc["num_layers"] == 1  # v1's config.json, not main's
@@ -131,23 +120,13 @@ def test_without_the_keyring_huggingface_hubs_own_login_is_used(hub: FakeHub, tm
     hf_home.mkdir()
     (hf_home / "token").write_text(FILE_TOKEN + "\n")
     hub.repos[MODEL].gated_token = FILE_TOKEN
-    r = cli(hub, hf_home, "model", "inspect", MODEL, "--context-length", "512", "--json")
+    r = cli(hub, hf_home, *INSPECT)
     assert r.returncode == 0, r.stderr
     assert hub.tokens_seen() == {bearer(FILE_TOKEN)}
     assert json.loads(cli(hub, hf_home, "hf", "status", "--json").stdout)["source"] == "hf login"
     hub.seen.clear()
     hub.repos[MODEL].gated_token = ENV_TOKEN  # $HF_TOKEN before the token file, as HF does
-    r = cli(
-        hub,
-        hf_home,
-        "model",
-        "inspect",
-        MODEL,
-        "--context-length",
-        "512",
-        "--json",
-        env={"HF_TOKEN": ENV_TOKEN},
-    )
+    r = cli(hub, hf_home, *INSPECT, env={"HF_TOKEN": ENV_TOKEN})
     assert r.returncode == 0, r.stderr
     assert hub.tokens_seen() == {bearer(ENV_TOKEN)}
 

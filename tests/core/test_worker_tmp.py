@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,31 +34,38 @@ sys.exit(worker_main("compile", run))
 """
 
 
-@pytest.mark.parametrize("fail", [False, True], ids=["done", "failed"])
-def test_temporary_files_stay_in_the_run_and_are_removed(tmp_path: Path, fail: bool) -> None:
+def _run_worker(
+    code: str, tmp_path: Path, stage: str, settings: dict[str, Any] | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`code` (a worker_main script) on a spec for `stage` of the run tmp_path/run, as the pipeline starts a
+    worker but with no parent to watch; `env` added to this environment."""
     run_dir = tmp_path / "run"
+    doc: dict[str, Any] = {
+        "schema": 1,
+        "stage": stage,
+        "run_dir": str(run_dir),
+        "out_dir": str(run_dir / "artifacts" / stage),
+    }
+    if settings is not None:
+        doc["settings"] = settings
     spec = tmp_path / "spec.json"
-    spec.write_text(
-        json.dumps(
-            {
-                "schema": 1,
-                "stage": "compile",
-                "run_dir": str(run_dir),
-                "out_dir": str(run_dir / "artifacts" / "compile"),
-                "settings": {"fail": fail},
-            }
-        )
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("HEXSTUDIO_PARENT_PID", "HEXSTUDIO_LIVENESS")}
-    r = subprocess.run(
-        [sys.executable, "-c", WORKER, "--spec", str(spec)],
+    spec.write_text(json.dumps(doc))
+    base = {k: v for k, v in os.environ.items() if k not in ("HEXSTUDIO_PARENT_PID", "HEXSTUDIO_LIVENESS")}
+    return subprocess.run(
+        [sys.executable, "-c", code, "--spec", str(spec)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,
-        env={**env, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path / "sys")},
+        env={**base, "PYTHONPATH": str(REPO), **env},
         stdin=subprocess.DEVNULL,
     )
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["done", "failed"])
+def test_temporary_files_stay_in_the_run_and_are_removed(tmp_path: Path, fail: bool) -> None:
+    run_dir = tmp_path / "run"
+    r = _run_worker(WORKER, tmp_path, "compile", {"fail": fail}, TMPDIR=str(tmp_path / "sys"))
     events = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
     logged = [json.loads(e["message"]) for e in events if e.get("type") == "log"]
     assert logged, (r.stdout, r.stderr)
@@ -85,27 +93,7 @@ sys.exit(worker_main("quantize", run))
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
 def test_a_full_disk_is_said_as_such_not_as_a_bug(tmp_path: Path) -> None:
-    spec = tmp_path / "spec.json"
-    spec.write_text(
-        json.dumps(
-            {
-                "schema": 1,
-                "stage": "quantize",
-                "run_dir": str(tmp_path / "run"),
-                "out_dir": str(tmp_path / "run" / "artifacts" / "quantize"),
-            }
-        )
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("HEXSTUDIO_PARENT_PID", "HEXSTUDIO_LIVENESS")}
-    r = subprocess.run(
-        [sys.executable, "-c", FULL, "--spec", str(spec)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**env, "PYTHONPATH": str(REPO)},
-        stdin=subprocess.DEVNULL,
-    )
+    r = _run_worker(FULL, tmp_path, "quantize")
     errors = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{") and '"error"' in ln]
     assert errors and errors[0]["code"] == "disk_full", r.stdout
     assert (

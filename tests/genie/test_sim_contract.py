@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from hexstudio.shared.bundle.check import check_bundle, errors
+from tests.support.cli import sim_t2t_argv
 
 BOUNDARY = "_model_model_layers_1_Add_1_output_0"
 
@@ -119,17 +119,7 @@ def bundle(compiled_sim_run: Path, tmp_path: Path) -> Path:
 
 def _t2t(b: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hexstudio.workers.genie_sim.t2t",
-            "-c",
-            "genie_config.json",
-            "-p",
-            "Hello",
-            "--max-tokens",
-            "4",
-        ],
+        sim_t2t_argv("Hello", 4),
         cwd=b,
         capture_output=True,
         text=True,

@@ -86,25 +86,45 @@ def keep_screenshot(widget: Any, name: str, tmp: Path) -> Path:
     return path
 
 
+def studio_window(qtbot: Any, ws: Path, size: tuple[int, int] | None = None) -> tuple[Any, Any]:
+    """The studio's main window (controller, window) on the workspace `ws`, no run open; with `size`, resized
+    (not shown)."""
+    from hexstudio.core.runs import Workspace
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
+
+    c = RunController(Workspace(ws))
+    w = MainWindow(c)
+    qtbot.addWidget(w)
+    if size is not None:
+        w.resize(*size)
+    return c, w
+
+
 def window_on_run(
     qtbot: Any, tmp_path: Path, run: Path, size: tuple[int, int] | None = None
 ) -> tuple[Any, Any]:
     """The studio's main window (controller, window) on a copy of a prepared run in tmp_path/ws, opened; with
     `size`, resized and shown as a user sees it."""
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
     from tests.support.sim_runs import copy_run
 
     copy = copy_run(run, tmp_path / "ws")
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
+    c, w = studio_window(qtbot, tmp_path / "ws", size)
     if size is not None:
-        w.resize(*size)
         w.show()
     c.open_run(copy.name)
     return c, w
+
+
+def window_on_gate_failed_run(qtbot: Any, tmp_path: Path, failing: str = "evaluate") -> tuple[Any, Any, Any]:
+    """(run manifest, controller, window): a run in tmp_path/ws whose `failing` stage's gate failed
+    (tests/support/gate_runs.py), opened in the studio's main window at 1280x720 (not shown)."""
+    from tests.support.gate_runs import gate_failed_run
+
+    m = gate_failed_run(tmp_path / "ws", failing)
+    c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
+    c.open_run(m.run_id)
+    return m, c, w
 
 
 async def push_to_board(c: Any, w: Any) -> None:

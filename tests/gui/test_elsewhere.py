@@ -11,20 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import wait_until
+from tests.gui.conftest import studio_window, wait_until, window_on_gate_failed_run
 from tests.support.gate_runs import finish_stage, gate_failed_run, skip_board_recheck
-
-
-def _window(ws: Path, qtbot: Any) -> Any:
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
-
-    c = RunController(Workspace(ws))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
-    w.resize(1280, 720)
-    return c, w
 
 
 def test_job_dock_hides_shrinks_and_keeps_its_time(
@@ -33,10 +21,7 @@ def test_job_dock_hides_shrinks_and_keeps_its_time(
     skip_board_recheck(monkeypatch)  # a synthetic run: no pushed bundle to recheck
     from PySide6.QtCore import Qt
 
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")
-    c, w = _window(ws, qtbot)
-    c.open_run(m.run_id)
+    _m, c, w = window_on_gate_failed_run(qtbot, tmp_path)
     w.show()
     qtbot.waitUntil(lambda: w.dock.isVisible(), timeout=3000)
     qtbot.waitUntil(lambda: w.dock.height() <= w.height() // 4 + 2, timeout=3000)  # a quarter at most
@@ -106,7 +91,7 @@ def test_preflight_shows_titles_and_readable_values(qtbot: Any, tmp_path: Path) 
             }
         )
     )
-    c, w = _window(ws, qtbot)
+    c, w = studio_window(qtbot, ws, (1280, 720))
     c.open_run(m.run_id)
     page = w.pages["preflight"]
     page.refresh()
@@ -125,10 +110,7 @@ def test_preflight_shows_titles_and_readable_values(qtbot: Any, tmp_path: Path) 
 
 
 def test_board_list_agrees_with_the_board_stage(qtbot: Any, tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")  # its Board stage passed
-    c, w = _window(ws, qtbot)
-    c.open_run(m.run_id)
+    _m, c, w = window_on_gate_failed_run(qtbot, tmp_path)  # its Board stage passed
     page = w.pages["board"]
     page.refresh()
     item = page.board_item("sim")
@@ -145,7 +127,7 @@ def test_export_html_fills_the_preview_and_open_in_browser(
     ws = tmp_path / "ws"
     m = gate_failed_run(ws, "evaluate")
     finish_stage(m, "evaluate", {"parity_matched": 256, "parity_total": 256})
-    c, w = _window(ws, qtbot)
+    c, w = studio_window(qtbot, ws, (1280, 720))
     c.open_run(m.run_id)
     page = w.pages["report"]
     page.refresh()
@@ -159,10 +141,7 @@ def test_export_html_fills_the_preview_and_open_in_browser(
 
 
 def test_model_page_shows_the_open_runs_settings(qtbot: Any, tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")
-    c, w = _window(ws, qtbot)
-    c.open_run(m.run_id)
+    m, c, w = window_on_gate_failed_run(qtbot, tmp_path)
     page = w.pages["model"]
     page.refresh()
     assert page.calib_spin.value() == m.settings["calibration_samples"]
@@ -174,10 +153,7 @@ def test_model_page_shows_the_open_runs_settings(qtbot: Any, tmp_path: Path) -> 
 def test_history_shows_the_old_value(qtbot: Any, tmp_path: Path) -> None:
     from hexstudio.ui.dialogs.history import HistoryDialog
 
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")
-    c, w = _window(ws, qtbot)
-    c.open_run(m.run_id)
+    m, c, w = window_on_gate_failed_run(qtbot, tmp_path)
     before = m.settings["calibration_samples"]
     c.set_setting("calibration_samples", 11)
     ev = c.manifest.data["events"][-1]
@@ -216,7 +192,7 @@ def test_evaluate_chart_has_a_legend(qtbot: Any, tmp_path: Path) -> None:
             }
         )
     )
-    c, w = _window(ws, qtbot)
+    c, w = studio_window(qtbot, ws, (1280, 720))
     c.open_run(m.run_id)
     page = w.pages["evaluate"]
     page.refresh()
@@ -231,7 +207,7 @@ def test_inspect_shows_it_is_busy_and_clears_the_previous_model(
 ) -> None:
     from tests.gui.test_pages import _config_only_8b
 
-    _c, w = _window(tmp_path / "ws", qtbot)
+    _c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
     page = w.pages["model"]
     w.show()
     page.inspect_table.set_rows([["model", "the previous one"]])
@@ -254,7 +230,7 @@ def test_inspect_shows_it_is_busy_and_clears_the_previous_model(
 def test_run_keeps_the_status_line_and_run_buttons_in_view(
     qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop
 ) -> None:
-    c, w = _window(tmp_path / "ws", qtbot)
+    c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
     c.new_run("builtin:tiny-llama")
     w.show()
     w.show_stage("preflight")
@@ -273,7 +249,7 @@ def test_run_keeps_the_status_line_and_run_buttons_in_view(
 
 
 def test_board_form_is_cleared_and_a_board_can_be_edited_and_removed(qtbot: Any, tmp_path: Path) -> None:
-    c, w = _window(tmp_path / "ws", qtbot)
+    c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
     page = w.pages["board"]
     page.name_edit.setText("evk")
     page.host_edit.setText("192.168.1.50")
@@ -314,7 +290,7 @@ def test_board_console_shows_what_the_stage_did(qtbot: Any, tmp_path: Path) -> N
         {"type": "warning", "message": "the board's clock is 3 s behind"},
     ]
     (m.run_dir / "logs" / "board.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    c, w = _window(ws, qtbot)
+    c, w = studio_window(qtbot, ws, (1280, 720))
     c.open_run(m.run_id)
     page = w.pages["board"]
     page.refresh()

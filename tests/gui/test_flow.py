@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import wait_until
+from tests.gui.conftest import studio_window, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -67,14 +67,7 @@ def assert_in_view(win: Any, *widgets: Any) -> None:
 def test_whole_flow_through_the_window(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
 ) -> None:
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
-
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
-    w.resize(1280, 900)
+    c, w = studio_window(qtbot, tmp_path / "ws", (1280, 900))
     w.show()
     seen: dict[str, list[str]] = {"states": [], "progress": []}
     c.stageState.connect(lambda s, st: seen["states"].append(f"{s}:{st}"))
@@ -219,9 +212,7 @@ def test_whole_flow_through_the_window(
         await ch.close_session()
 
         # the studio opened again: the last run comes back with its conversations
-        c2 = RunController(Workspace(tmp_path / "ws"))
-        w2 = MainWindow(c2)
-        qtbot.addWidget(w2)
+        _c2, w2 = studio_window(qtbot, tmp_path / "ws")
         assert w2.restore_last_run() == c.manifest.run_id
         assert c.manifest.run_id in w2.windowTitle()
         ch2 = w2.pages["chat"]
@@ -237,13 +228,7 @@ def test_whole_flow_through_the_window(
 def test_cancel_a_running_stage_from_the_dock(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
 ) -> None:
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
-
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
+    c, w = studio_window(qtbot, tmp_path / "ws")
     w.show()
 
     async def scenario() -> None:
@@ -271,15 +256,10 @@ def test_cancel_a_running_stage_from_the_dock(
 def test_runs_dialog_opens_and_deletes(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
 ) -> None:
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
     from hexstudio.ui.dialogs.history import HistoryDialog
     from hexstudio.ui.dialogs.runs import RunsDialog
-    from hexstudio.ui.main_window import MainWindow
 
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
+    c, w = studio_window(qtbot, tmp_path / "ws")
     a = c.new_run("builtin:tiny-llama")
     b = c.new_run("builtin:tiny-llama")
     d = RunsDialog(c, w)

@@ -6,15 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tests.gui.conftest import studio_window
+
 
 def _window(tmp_path: Path, qtbot: Any) -> Any:
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
-
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
+    c, w = studio_window(qtbot, tmp_path / "ws")
     c.new_run("builtin:tiny-llama")
     w.resize(1280, 900)
     w.show()

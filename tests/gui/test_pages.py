@@ -8,18 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.gui.conftest import studio_window
 from tests.preflight.test_checks import LLAMA_8B
-
-
-def _window(tmp_path: Path, qtbot: Any) -> Any:
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
-
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
-    return c, w
 
 
 def _config_only_8b(tmp_path: Path) -> Path:
@@ -30,7 +20,7 @@ def _config_only_8b(tmp_path: Path) -> Path:
 
 
 def test_wslconfig_fix_shows_the_diff_then_writes_with_a_backup(qtbot: Any, tmp_path: Path) -> None:
-    c, w = _window(tmp_path, qtbot)
+    c, w = studio_window(qtbot, tmp_path / "ws")
     c.new_run(str(_config_only_8b(tmp_path)), "sim", {"context_length": 4096})
     page = w.pages["preflight"]
     cfg = tmp_path / "wslconfig"
@@ -85,7 +75,7 @@ def test_changing_a_setting_makes_a_done_stage_stale(
     from tests.support.sim_runs import copy_run
 
     run = copy_run(compiled_sim_run, tmp_path / "ws")
-    c, w = _window(tmp_path, qtbot)
+    c, w = studio_window(qtbot, tmp_path / "ws")
     c.open_run(run.name)
     assert c.state("quantize") == "done"
     spin = w.pages["quantize"]._setting_widgets["calibration_samples"]
@@ -103,7 +93,7 @@ def test_changing_a_setting_makes_a_done_stage_stale(
 
 
 def test_model_page_inspects_a_config_only_folder(qtbot: Any, tmp_path: Path) -> None:
-    _c, w = _window(tmp_path, qtbot)
+    _c, w = studio_window(qtbot, tmp_path / "ws")
     page = w.pages["model"]
     page.folder_radio.setChecked(True)
     page.folder_edit.setText(str(_config_only_8b(tmp_path)))
@@ -120,7 +110,7 @@ def test_model_page_inspects_a_config_only_folder(qtbot: Any, tmp_path: Path) ->
 
 
 def test_unsupported_model_is_explained(qtbot: Any, tmp_path: Path) -> None:
-    _c, w = _window(tmp_path, qtbot)
+    _c, w = studio_window(qtbot, tmp_path / "ws")
     d = tmp_path / "mamba"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "model_type": "mamba"}))
@@ -139,7 +129,7 @@ def test_adding_a_board_keeps_its_password_in_the_keyring_only(qtbot: Any, tmp_p
     from hexstudio.core.secrets import board_password_key, get_secret
     from hexstudio.core.settings import Settings
 
-    _c, w = _window(tmp_path, qtbot)
+    _c, w = studio_window(qtbot, tmp_path / "ws")
     page = w.pages["board"]
     page.name_edit.setText("evk")
     page.host_edit.setText("10.0.0.7")

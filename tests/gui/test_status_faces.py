@@ -11,20 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import keep_screenshot, wait_until
+from tests.gui.conftest import keep_screenshot, studio_window, wait_until, window_on_gate_failed_run
 from tests.support.gate_runs import finish_stage, gate_failed_run, skip_board_recheck
-
-
-def _window(ws: Path, qtbot: Any) -> Any:
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
-
-    c = RunController(Workspace(ws))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
-    w.resize(1280, 720)
-    return c, w
 
 
 def _item(w: Any, name: str) -> Any:
@@ -43,10 +31,7 @@ def test_failed_gate_run_report_and_override(
 
     from hexstudio.ui.dialogs.runs import run_row
 
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")
-    c, w = _window(ws, qtbot)
-    c.open_run(m.run_id)
+    m, c, w = window_on_gate_failed_run(qtbot, tmp_path)
     w.show()
     w.show_stage("evaluate")
     # the stage list: the failed gate is "gate failed" with its own mark, never the green tick of "passed"
@@ -151,7 +136,7 @@ def test_compare_and_dashboard_use_the_same_words(qtbot: Any, tmp_path: Path) ->
     a = gate_failed_run(ws, "validate")
     b = gate_failed_run(ws, "evaluate")
     finish_stage(b, "report", {})
-    c, _w = _window(ws, qtbot)
+    c, _w = studio_window(qtbot, ws, (1280, 720))
     rows = {r["run"]: r for r in (run_row(s) for s in c.list_runs())}
     assert (
         rows[a.run_id]["status"] == "gate failed at Validate" and rows[a.run_id]["verdict"] == "gate failed"

@@ -10,16 +10,7 @@ from typing import Any
 
 import pytest
 
-
-def _window(tmp_path: Path, qtbot: Any) -> Any:
-    from hexstudio.core.runs import Workspace
-    from hexstudio.ui.controller import RunController
-    from hexstudio.ui.main_window import MainWindow
-
-    c = RunController(Workspace(tmp_path / "ws"))
-    w = MainWindow(c)
-    qtbot.addWidget(w)
-    return c, w
+from tests.gui.conftest import studio_window
 
 
 def test_thinking_and_code_are_split_out_of_a_reply() -> None:
@@ -139,7 +130,7 @@ def test_a_wheel_over_an_unfocused_spin_box_scrolls_the_page_not_the_value(
     from PySide6.QtGui import QWheelEvent
     from PySide6.QtWidgets import QApplication
 
-    c, w = _window(tmp_path, qtbot)
+    c, w = studio_window(qtbot, tmp_path / "ws")
     c.new_run("builtin:tiny-llama")
     w.resize(1280, 720)
     w.show()
@@ -182,12 +173,20 @@ def test_a_wheel_over_an_unfocused_spin_box_scrolls_the_page_not_the_value(
 def test_stage_page_states_are_honest(qtbot: Any, tmp_path: Path) -> None:
     from hexstudio.ui.widgets import STATE_TEXT
 
-    c, w = _window(tmp_path, qtbot)
+    c, w = studio_window(qtbot, tmp_path / "ws")
     m = c.new_run("builtin:tiny-llama")
     assert STATE_TEXT["cancelled"] == "cancelled by you" and "crash or reboot" in STATE_TEXT["interrupted"]
     page = w.pages["quantize"]
     st = m.stage("quantize").data
-    st.update(
+
+    def ended(how: dict[str, Any]) -> None:
+        """The Quantize stage ended `how` in run.json; the window refreshes as after a stage."""
+        st.update(how)
+        m.save()
+        w.refresh()
+        w.update_resume_bar()
+
+    ended(
         {
             "state": "cancelled",
             "attempts": 2,
@@ -195,24 +194,18 @@ def test_stage_page_states_are_honest(qtbot: Any, tmp_path: Path) -> None:
             "outcome": {"kind": "cancelled", "message": "The Quantize stage was cancelled."},
         }
     )
-    m.save()
-    w.refresh()
-    w.update_resume_bar()
     assert (
         "cancelled by you" in page.state_label.text()
         and "Attempt 2 was cancelled by you" in page.outcome_label.text()
     )
     assert not w.resume_bar.isHidden() and "cancelled by you" in w.resume_bar.label.text()
-    st.update(
+    ended(
         {
             "state": "interrupted",
             "attempts": 3,
             "outcome": {"kind": "interrupted", "message": "The process was gone."},
         }
     )
-    m.save()
-    w.refresh()
-    w.update_resume_bar()
     assert (
         "crash or reboot" in page.state_label.text()
         and "Attempt 3 was interrupted" in page.outcome_label.text()
@@ -234,7 +227,7 @@ def test_runs_dashboard_sorts_and_compares(qtbot: Any, tmp_path: Path, compiled_
     from hexstudio.ui.dialogs.runs import RUN_COLUMNS, RunsDialog
     from tests.support.sim_runs import copy_run
 
-    c, w = _window(tmp_path, qtbot)
+    c, w = studio_window(qtbot, tmp_path / "ws")
     done = copy_run(compiled_sim_run, tmp_path / "ws")
     fresh = c.new_run("builtin:tiny-llama")
     d = RunsDialog(c, w)
@@ -266,7 +259,7 @@ def test_title_about_and_theme(qtbot: Any, tmp_path: Path) -> None:
     from hexstudio.ui import theme
     from hexstudio.ui.dialogs.about import AboutDialog
 
-    c, w = _window(tmp_path, qtbot)
+    c, w = studio_window(qtbot, tmp_path / "ws")
     assert w.windowTitle() == "HexStudio"
     m = c.new_run("builtin:tiny-llama")
     assert w.windowTitle() == f"{m.run_id} — HexStudio"

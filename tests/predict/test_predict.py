@@ -42,11 +42,13 @@ EVK = target_for_device(
 )
 
 
-def timing(key: str, seq: int, layers: int, us: float, vocab: int = 0, spread: float = 0.1) -> GraphTiming:
+def timing(
+    key: str, seq: int, layers: int, us: float, vocab: int = 0, spread: float = 0.1, context: int = 4096
+) -> GraphTiming:
     return GraphTiming(
         key=key,
         seq=seq,
-        context=4096,
+        context=context,
         layers=layers,
         vocab=vocab,
         sim_us=us,

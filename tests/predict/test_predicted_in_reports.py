@@ -15,22 +15,12 @@ from hexstudio.core.runs import Workspace
 from hexstudio.core.services import ServiceError
 from hexstudio.core.services.predict import request_for_run, run_prediction_doc, save_for_run
 from hexstudio.shared.predict import LABEL, GraphTiming, combine
-from tests.predict.test_predict import EVK, TINY
+from tests.predict.test_predict import EVK, TINY, timing
 
 
 def prediction(scale: float = 1.0) -> dict[str, Any]:
     def t(key: str, seq: int, layers: int, us: float, vocab: int = 0) -> GraphTiming:
-        us *= scale
-        return GraphTiming(
-            key=key,
-            seq=seq,
-            context=512,
-            layers=layers,
-            vocab=vocab,
-            sim_us=us,
-            sim_lower_us=us * 0.9,
-            sim_upper_us=us * 1.1,
-        )
+        return timing(key, seq, layers, us * scale, vocab, context=512)
 
     timings = {
         "tg1": t("tg1", 1, 1, 300),

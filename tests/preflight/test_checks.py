@@ -68,6 +68,15 @@ def probe(**changes: Any) -> dict[str, Any]:
     return p
 
 
+def on_disks(workspace: str, ws_free: int, hf_free: int, devices: tuple[int, int]) -> dict[str, Any]:
+    """The probe with the workspace at `workspace` and the Hugging Face cache (~/.cache/huggingface) with so
+    many bytes free, on the filesystems `devices` (workspace, cache): the same number is one filesystem."""
+    return probe(
+        workspace={"path": workspace, "free_bytes": ws_free, "device": devices[0]},
+        hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": hf_free, "device": devices[1]},
+    )
+
+
 def test_healthy_workstation_passes_for_8b() -> None:
     checks = run_checks(probe(), needs_8b())
     assert [c["id"] for c in checks if c["status"] == "fail"] == []
@@ -318,10 +327,7 @@ def test_missing_libpython_under_conda_uses_activate_d() -> None:
 
 def test_workspace_disk_too_small_fails_with_the_amount_to_free() -> None:
     needs = needs_8b()
-    p = probe(
-        workspace={"path": "/data/ws", "free_bytes": 20 * GiB, "device": 1},
-        hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": 2000 * GiB, "device": 2},
-    )
+    p = on_disks("/data/ws", 20 * GiB, 2000 * GiB, devices=(1, 2))
     c = by_id(run_checks(p, needs))
     assert c["disk_workspace"]["status"] == "fail" and c["disk_workspace"]["required"] == needs["disk_bytes"]
     assert "--workspace" in c["disk_workspace"]["fix"]
@@ -330,10 +336,7 @@ def test_workspace_disk_too_small_fails_with_the_amount_to_free() -> None:
 
 def test_hf_cache_disk_too_small_fails_with_hf_home() -> None:
     needs = needs_8b()
-    p = probe(
-        workspace={"path": "/data/ws", "free_bytes": 2000 * GiB, "device": 1},
-        hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": 5 * GiB, "device": 2},
-    )
+    p = on_disks("/data/ws", 2000 * GiB, 5 * GiB, devices=(1, 2))
     c = by_id(run_checks(p, needs))
     assert (
         c["disk_hf_cache"]["status"] == "fail"
@@ -347,10 +350,7 @@ def test_workspace_and_hf_cache_on_one_filesystem_add_up() -> None:
     needs = needs_8b()
     ws_need, hf_need = int(needs["disk_bytes"]), int(needs["hf_download_bytes"])
     free = ws_need + hf_need // 2  # enough for either alone, not for both
-    shared = probe(
-        workspace={"path": "/home/dev/ws", "free_bytes": free, "device": 7},
-        hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": free, "device": 7},
-    )
+    shared = on_disks("/home/dev/ws", free, free, devices=(7, 7))
     checks = run_checks(shared, needs)
     c = by_id(checks)
     # one disk, one problem: one FAIL row (issue 32: it showed as two), naming both needs
@@ -358,10 +358,7 @@ def test_workspace_and_hf_cache_on_one_filesystem_add_up() -> None:
     assert c["disk_workspace"]["status"] == "fail" and c["disk_workspace"]["required"] == ws_need + hf_need
     assert "same filesystem" in c["disk_workspace"]["message"] and "HF_HOME" in c["disk_workspace"]["fix"]
     assert sum(x["status"] == "fail" for x in checks if "disk" in x["id"]) == 1
-    apart = probe(
-        workspace={"path": "/data/ws", "free_bytes": free, "device": 7},
-        hf_cache={"path": "/home/dev/.cache/huggingface", "free_bytes": free, "device": 8},
-    )
+    apart = on_disks("/data/ws", free, free, devices=(7, 8))
     c = by_id(run_checks(apart, needs))
     assert c["disk_workspace"]["status"] == "ok" and c["disk_hf_cache"]["status"] == "ok"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,27 @@ def genie_on_simulator(config: str, log_level: str) -> tuple[list[str], dict[str
         json.dumps(x86_engine_overrides(2)),
     ]
     return argv, libs.env()
+
+
+def genie_session(
+    bundle: Path, config: str, log_level: str, msgs: list[dict[str, Any]], timeout: float
+) -> tuple[list[dict[str, Any]], str]:
+    """Run the board's Genie helper (genie_on_simulator) in the bundle folder with the commands `msgs` on its stdin
+    until they end: (its JSON events, in order; its stderr)."""
+    import json
+    import subprocess
+
+    argv, env = genie_on_simulator(config, log_level)
+    p = subprocess.run(
+        argv,
+        input="".join(json.dumps(m) + "\n" for m in msgs),
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    return [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")], p.stderr
 
 
 @pytest.fixture(scope="session")

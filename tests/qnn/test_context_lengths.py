@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.aihub_emulator.fixtures import aihub_emulator  # noqa: F401
 from tests.aihub_emulator.server import AIHubEmulator
-from tests.qnn.conftest import genie_on_simulator, needs_qnn
+from tests.qnn.conftest import genie_session, needs_qnn
 
 # AR-32 keeps the test short; CL 128 beside 256 (never CL = 2 x AR: hexstudio.shared.run_settings.genie_cl_problem);
 # with a lade dialog whose step (2 + 4) x 1 = 6 tokens fits AR-32, and spd (the model drafting for itself) whose
@@ -49,20 +48,10 @@ def two_cl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _genie(bundle: Path, config: str, prompt: str, max_tokens: int) -> tuple[str, list[str]]:
-    argv, env = genie_on_simulator(config, "verbose")
     msgs = [{"op": "query", "id": 1, "prompt": prompt, "max_tokens": max_tokens}, {"op": "quit"}]
-    p = subprocess.run(
-        argv,
-        input="".join(json.dumps(m) + "\n" for m in msgs),
-        cwd=bundle,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    events, stderr = genie_session(bundle, config, "verbose", msgs, timeout=600)
     end = next(e for e in events if e["event"] == "end")
-    assert end["state"] == "complete", (end, p.stderr[-2000:])
+    assert end["state"] == "complete", (end, stderr[-2000:])
     return "".join(e["text"] for e in events if e["event"] == "text"), [
         str(e["message"]) for e in events if e["event"] == "log"
     ]

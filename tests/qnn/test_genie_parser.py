@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.qnn.conftest import needs_qnn
+from tests.support.configs import LLAMA_31_8B
 
 pytestmark = needs_qnn
 REPO = Path(__file__).resolve().parents[2]
@@ -42,26 +43,6 @@ def _configs() -> dict[str, dict[str, Any]]:
     from hexstudio.shared.data import builtin_model_dir
 
     hf_builtin = json.loads((builtin_model_dir() / "config.json").read_text())
-    llama31 = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 4096,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "num_hidden_layers": 32,
-        "vocab_size": 128256,
-        "rope_theta": 500000.0,
-        "bos_token_id": 128000,
-        "eos_token_id": [128001, 128008, 128009],
-        "max_position_embeddings": 131072,
-        "rope_scaling": {
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-    }
     return {
         "qai-hub-models Llama 3.2 1B bundle (test fixture)": json.loads(
             (FIXTURE / "genie_config.json").read_text()
@@ -70,7 +51,7 @@ def _configs() -> dict[str, dict[str, Any]]:
             hf_builtin, 512, ["m_part_1_of_2.bin", "m_part_2_of_2.bin"], 32
         ),
         "HexStudio, Llama 3.1 8B at 4096": gb.genie_config(
-            llama31, 4096, [f"m_part_{i}_of_5.bin" for i in range(1, 6)], 128
+            LLAMA_31_8B, 4096, [f"m_part_{i}_of_5.bin" for i in range(1, 6)], 128
         ),
     }
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.qnn.conftest import genie_on_simulator, needs_qnn
+from tests.qnn.conftest import genie_session, needs_qnn
+from tests.support.cli import sim_t2t_argv
 
 pytestmark = [needs_qnn, pytest.mark.slow]
 
@@ -73,17 +73,7 @@ def test_greedy_real_genie_equals_the_host_htp_simulation(local_run: Path) -> No
     ids = ([bos] if bos >= 0 else []) + tok.encode(prompt, add_special_tokens=False).ids
     host = pair.generate(ids, 8)
     helper = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hexstudio.workers.genie_sim.t2t",
-            "-c",
-            "genie_config.json",
-            "-p",
-            prompt,
-            "--max-tokens",
-            "8",
-        ],
+        sim_t2t_argv(prompt, 8),
         cwd=_remote_bundle(local_run),
         capture_output=True,
         text=True,
@@ -100,21 +90,11 @@ def test_greedy_real_genie_equals_the_host_htp_simulation(local_run: Path) -> No
 
 
 def test_the_helper_protocol_stop_sequences_and_genies_log(local_run: Path) -> None:
-    argv, env = genie_on_simulator("genie_config.json", "warn")
     msgs = [
         {"op": "query", "id": 1, "prompt": "The capital of France is", "max_tokens": 8, "stop": ["."]},
         {"op": "quit"},
     ]
-    p = subprocess.run(
-        argv,
-        input="".join(json.dumps(m) + "\n" for m in msgs),
-        cwd=_remote_bundle(local_run),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    events, _ = genie_session(_remote_bundle(local_run), "genie_config.json", "warn", msgs, timeout=300)
     ready = next(e for e in events if e["event"] == "ready")
     assert (
         ready["simulated"] is True

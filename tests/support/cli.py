@@ -45,3 +45,20 @@ def python_m_hexstudio(
         env={**os.environ, **(env or {})},
         stdin=None if stdin is not None else subprocess.DEVNULL,
     )
+
+
+def sim_t2t_argv(prompt: str, max_tokens: int, *more: str) -> list[str]:
+    """The simulator's genie-t2t-run (hexstudio/workers/genie_sim/t2t.py) on genie_config.json, to run in the
+    bundle folder: `prompt`, at most `max_tokens` tokens, then the options `more`."""
+    return [
+        sys.executable,
+        "-m",
+        "hexstudio.workers.genie_sim.t2t",
+        "-c",
+        "genie_config.json",
+        "-p",
+        prompt,
+        "--max-tokens",
+        str(max_tokens),
+        *more,
+    ]

@@ -108,17 +108,25 @@ _STRINGS = "must be an array of strings"
 
 
 # -- cross checks run after a section's key loop (Genie does these after the loop too) ------------------
-def _backend_after(cfg: dict[str, Any], w: Walk) -> None:
+def _typed_sub(cfg: dict[str, Any], w: Walk, subs: tuple[str, ...], kind: str, missing: str) -> None:
+    """`type` picks one of the sub-sections `subs`: that one must be there (Genie: "Missing <sub> <missing>
+    config") and is walked; another one that is there is for the wrong type ("<sub> <kind> config for incorrect
+    <kind> type: <type>")."""
     t = cfg.get("type")
-    for sub in ("QnnHtp", "QnnGenAiTransformer"):
+    tname = t if isinstance(t, str) else ""
+    for sub in subs:
         obj = cfg.get(sub)
         if t == sub:
             if not isinstance(obj, dict):
-                w.error(f"Missing {sub} dialog config")
+                w.error(f"Missing {sub} {missing} config")
             else:
                 _walk(SECTIONS[sub], obj, w)
         elif isinstance(obj, dict):
-            w.error(f"{sub} backend config for incorrect backend type: {t if isinstance(t, str) else ''}")
+            w.error(f"{sub} {kind} config for incorrect {kind} type: {tname}")
+
+
+def _backend_after(cfg: dict[str, Any], w: Walk) -> None:
+    _typed_sub(cfg, w, ("QnnHtp", "QnnGenAiTransformer"), "backend", missing="dialog")
 
 
 def _htp_after(cfg: dict[str, Any], w: Walk) -> None:
@@ -129,17 +137,7 @@ def _htp_after(cfg: dict[str, Any], w: Walk) -> None:
 
 
 def _model_after(cfg: dict[str, Any], w: Walk) -> None:
-    t = cfg.get("type")
-    tname = t if isinstance(t, str) else ""
-    for sub, section in (("binary", "binary"), ("library", "library")):
-        obj = cfg.get(sub)
-        if t == sub:
-            if not isinstance(obj, dict):
-                w.error(f"Missing {sub} model config")
-            else:
-                _walk(SECTIONS[section], obj, w)
-        elif isinstance(obj, dict):
-            w.error(f"{sub} model config for incorrect model type: {tname}")
+    _typed_sub(cfg, w, ("binary", "library"), "model", missing="model")
     pe = cfg.get("positional-encoding")
     if isinstance(pe, dict):
         _walk(SECTIONS["positional-encoding"], pe, w)
