@@ -46,12 +46,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or "real_display" in item.nodeid
         ):
             item.add_marker(pytest.mark.heavy)
+    # The longest files first: pytest-xdist (`./dev test -n 2 --dist loadfile`) hands out whole files in this
+    # order, so the long ones start early and the many short ones fill in around them, instead of one long file
+    # running alone at the end while the other worker has nothing left to do. First the files with a test over a
+    # minute (slow with a reason), then those with heavy tests, then the rest; the order within a file is kept.
+    rank: dict[str, int] = {}
+    for item in items:
+        slow = item.get_closest_marker("slow")
+        r = (
+            0
+            if slow is not None and slow.kwargs.get("reason")
+            else 1
+            if item.get_closest_marker("heavy")
+            else 2
+        )
+        rank[str(item.fspath)] = min(r, rank.get(str(item.fspath), 2))
+    items.sort(key=lambda item: rank[str(item.fspath)])
 
 
 # No test runs over a minute without a reason written beside it (issue 30): `@pytest.mark.slow(reason="...")`
-# says why it cannot be cheaper. The run's summary names every test whose call took longer without one.
+# says why it cannot be cheaper. The run's summary names every test whose call took longer without one. A minute of
+# the machine alone: with N test processes sharing its cores (pytest-xdist, `./dev test` runs 2) each test gets
+# about 1/N of them, so the bound is N minutes there.
 SLOW_CALL_S = float(os.environ.get("HEXSTUDIO_SLOW_TEST_S", "60"))
 _over_without_reason: list[tuple[str, float]] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global SLOW_CALL_S
+    n = getattr(config.option, "numprocesses", None)  # pytest-xdist's -n, in the process that reports
+    if isinstance(n, int) and n > 1:
+        SLOW_CALL_S *= n
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -88,17 +113,19 @@ def python_exe() -> str:
     return sys.executable
 
 
-# Prepared runs shared by every area (docs/CONTRACTS.md §6). Built once per pytest process;
-# copy the folder before changing it.
+# Prepared runs shared by every area (docs/CONTRACTS.md §6). Built once per test run, even when pytest-xdist runs
+# it in several processes (tests/support/shared_build.py); copy the folder before changing it.
 @pytest.fixture(scope="session")
 def validated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.support.runs import build_validated_run
+    from tests.support.shared_build import built_once
 
-    return build_validated_run(tmp_path_factory.mktemp("validated-ws"))
+    return built_once(tmp_path_factory, "validated-ws", build_validated_run)
 
 
 @pytest.fixture(scope="session")
 def compiled_sim_run(validated_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.support.shared_build import built_once
     from tests.support.sim_runs import build_compiled_sim_run
 
-    return build_compiled_sim_run(validated_run, tmp_path_factory.mktemp("compiled-ws"))
+    return built_once(tmp_path_factory, "compiled-ws", lambda ws: build_compiled_sim_run(validated_run, ws))

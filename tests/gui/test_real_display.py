@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -33,23 +34,33 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @contextlib.contextmanager
 def xvfb(width: int, height: int) -> Iterator[str]:
-    for n in range(90, 130):
-        if not Path(f"/tmp/.X11-unix/X{n}").exists() and not Path(f"/tmp/.X{n}-lock").exists():
-            break
-    display = f":{n}"
+    """A private X server. Xvfb picks a free display number itself and writes it to a pipe (-displayfd): two
+    test processes (pytest-xdist) starting one each at the same moment cannot pick the same number."""
+    r, w = os.pipe()
     proc = subprocess.Popen(
-        ["Xvfb", display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
+        ["Xvfb", "-displayfd", str(w), "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        pass_fds=(w,),
     )
+    os.close(w)
     try:
+        got = b""
         deadline = time.monotonic() + 20
-        while not Path(f"/tmp/.X11-unix/X{n}").exists():
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("Xvfb did not start")
-            time.sleep(0.1)
-        yield display
+        while not got.endswith(b"\n"):
+            ready, _, _ = select.select([r], [], [], 0.5)
+            if ready:
+                chunk = os.read(r, 16)
+                if not chunk:
+                    break
+                got += chunk
+            if time.monotonic() > deadline or (proc.poll() is not None and not ready):
+                break
+        if not got.strip().isdigit():
+            raise RuntimeError(f"Xvfb did not start (exit status {proc.poll()}, said {got!r})")
+        yield f":{int(got)}"
     finally:
+        os.close(r)
         proc.terminate()
         proc.wait(10)
 
