@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.errors import ActionableError
+
 DEVICES_FILE = "devices.json"
 
 # Someone is waiting at the Compile page (or the terminal): 2 quick retries (~1.5 s) before "cannot reach AI Hub",
@@ -17,7 +19,7 @@ DEVICES_FILE = "devices.json"
 LISTING_RETRIES = {"aihub_http_retries": 2, "aihub_http_backoff_s": 0.5}
 
 
-class DeviceListingError(ValueError):
+class DeviceListingError(ActionableError, ValueError):
     """devices.json is missing a field or has one of the wrong type."""
 
 
