@@ -14,10 +14,6 @@ from hexstudio.shared.errors import ActionableError
 
 DEVICES_FILE = "devices.json"
 
-# Someone is waiting at the Compile page (or the terminal): 2 quick retries (~1.5 s) before "cannot reach AI Hub",
-# not the client's 6 with backoff (~30 s); a compile keeps the client's patience.
-LISTING_RETRIES = {"aihub_http_retries": 2, "aihub_http_backoff_s": 0.5}
-
 
 class DeviceListingError(ActionableError, ValueError):
     """devices.json is missing a field or has one of the wrong type."""

@@ -13,11 +13,14 @@ from hexstudio.core import logs
 from hexstudio.core.jobs import JobRunner
 from hexstudio.core.services import ServiceError
 from hexstudio.core.stage_api import worker_env
-from hexstudio.shared.aihub_devices import DEVICES_FILE, LISTING_RETRIES, DeviceListing, DeviceListingError
+from hexstudio.shared.aihub_devices import DEVICES_FILE, DeviceListing, DeviceListingError
 from hexstudio.shared.worker_spec import WorkerSpec
 
 WORKER = "hexstudio.workers.aihub_devices"
 LISTING_TIMEOUT_S = 120.0
+# Someone is waiting at the Compile page (or the terminal): 2 quick retries (~1.5 s) before "cannot reach AI Hub",
+# not the client's 6 with backoff (~30 s); a compile keeps the client's patience.
+LISTING_RETRIES = {"aihub_http_retries": 2, "aihub_http_backoff_s": 0.5}
 LOG_NAME = "aihub-devices.jsonl"  # the last listing's worker log, in the studio's log folder
 
 
