@@ -42,6 +42,7 @@ import psutil
 
 from hexstudio.core.sampler import ResourceSample, TreeSampler, sample_periodically
 from hexstudio.shared.protocol import LIVENESS_ENV, PARENT_ENV, ProtocolError, parse_event
+from hexstudio.shared.records import fields_dict
 from hexstudio.shared.wslconfig import target_limits
 
 log = logging.getLogger(__name__)
@@ -113,14 +114,7 @@ class JobResult:
         return self.kind == "ok"
 
     def outcome(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "code": self.code,
-            "message": self.message,
-            "hint": self.hint,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-        }
+        return fields_dict(self, ("kind", "code", "message", "hint", "exit_code", "signal"))
 
 
 # -- how the studio starts a child process ------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import STAGES, Stage, get_stage
+from hexstudio.shared.records import fields_dict
 
 
 @dataclass(frozen=True)
@@ -104,12 +105,8 @@ class StageStatus:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "key": self.key,
-            "word": self.word,
-            "symbol": self.symbol,
-            "detail": self.detail,
-            "gate_reason": self.gate_reason,
-            "override": self.override,
+            **fields_dict(self.kind, ("key", "word", "symbol")),
+            **fields_dict(self, ("detail", "gate_reason", "override")),
         }
 
 
