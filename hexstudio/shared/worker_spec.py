@@ -24,7 +24,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,9 @@ class EvalWork:
 
 
 @dataclass(frozen=True)
-class PredictWork:
-    """The speed predictor's request (hexstudio/workers/predict.py): a model's shape on a target."""
+class PredictPlan:
+    """A prediction request resolved (hexstudio.core.services.predict.plan): the shapes, the target and the
+    settings the worker gets."""
 
     model: str
     shape: ModelShape
@@ -135,6 +136,18 @@ class PredictWork:
     ar_n: int
     parts: int
     two_layers: bool
+
+    def work(self, cache_dir: Path) -> PredictWork:
+        """The predictor worker's request: this plan, with where its timings are cached."""
+        return PredictWork(
+            **{f.name: getattr(self, f.name) for f in fields(PredictPlan)}, cache_dir=cache_dir
+        )
+
+
+@dataclass(frozen=True)
+class PredictWork(PredictPlan):
+    """The speed predictor's request (hexstudio/workers/predict.py): a model's shape on a target."""
+
     cache_dir: Path
 
     def to_json(self) -> dict[str, Any]:

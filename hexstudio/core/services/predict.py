@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from hexstudio.shared import modelinfo
 from hexstudio.shared.bundle import KNOWN_DEVICES
 from hexstudio.shared.predict import ModelShape, Target, target_for_device
 from hexstudio.shared.run_settings import DEFAULT_DEVICE
-from hexstudio.shared.worker_spec import PredictWork, WorkerSpec
+from hexstudio.shared.worker_spec import PredictPlan, WorkerSpec
 
 SIM_BOARD = "sim"
 
@@ -88,23 +88,6 @@ def _boards() -> dict[str, dict[str, Any]]:
         return Settings.load().boards
     except (SettingsError, OSError, ValueError):
         return {}
-
-
-@dataclass(frozen=True)
-class PredictPlan:
-    """A request resolved: the shapes, the target and the settings the worker gets."""
-
-    model: str
-    shape: ModelShape
-    target: Target
-    context_length: int
-    ar_n: int
-    parts: int
-    two_layers: bool
-
-    def work(self, cache_dir: Path) -> PredictWork:
-        """The predictor worker's request: this plan, with where its timings are cached."""
-        return PredictWork(**{f.name: getattr(self, f.name) for f in fields(self)}, cache_dir=cache_dir)
 
 
 def plan(
