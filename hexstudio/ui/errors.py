@@ -39,16 +39,17 @@ def log_link_html() -> str:
     )
 
 
-def error_box(
+def show_error(
     parent: QWidget | None,
     title: str,
     message: str,
     hint: str | None = None,
     exc: BaseException | None = None,
 ) -> QMessageBox:
-    """A warning dialog with the message, what to do, the log's path and a "Show log" button (not shown
-    yet: `show_error` shows it). With `exc`, its traceback is written to the log first and offered under
-    "Show Details..."."""
+    """A warning dialog with the message, what to do, the log's path and a "Show log" button, shown without
+    blocking (the event loop is asyncio's: a nested exec() would stall it). With `exc`, its traceback is
+    written to the log first and offered under "Show Details..."."""
+    log.warning("%s: %s", title, message)
     if exc is not None:
         logs.log_exception(log, f"{title}: {message}", exc)
     box = QMessageBox(QMessageBox.Icon.Warning, title, message, QMessageBox.StandardButton.Close, parent)
@@ -61,18 +62,5 @@ def error_box(
     button.setObjectName("show_log_button")
     button.clicked.disconnect()  # a HelpRole button would close the box: keep it open
     button.clicked.connect(show_log)
-    return box
-
-
-def show_error(
-    parent: QWidget | None,
-    title: str,
-    message: str,
-    hint: str | None = None,
-    exc: BaseException | None = None,
-) -> QMessageBox:
-    """error_box, shown without blocking (the event loop is asyncio's: a nested exec() would stall it)."""
-    log.warning("%s: %s", title, message)
-    box = error_box(parent, title, message, hint, exc)
     box.open()
     return box
