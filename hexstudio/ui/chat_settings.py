@@ -12,7 +12,6 @@ from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QCheckBox,
     QComboBox,
     QFormLayout,
     QGroupBox,
@@ -29,7 +28,7 @@ from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.services.chat import DIALOG_LABELS, SessionSetup, bundle_dialogs, run_bundle_dir
 from hexstudio.core.services.chat_controller import Chosen, Rendering, SentWith, conversation_template
 from hexstudio.shared.chat_template import ChatFormat
-from hexstudio.ui.widgets import float_spin_box, spin_box
+from hexstudio.ui.widgets import check_box, float_spin_box, spin_box
 
 # preset key -> (label, values); the keys match hexstudio.core.genie.session's presets (and the CLI's --sampler)
 SAMPLER_PRESETS: dict[str, tuple[str, dict[str, Any] | None]] = {
@@ -99,14 +98,14 @@ class ChatSettingsPanel(QWidget):
             "auto: the model's own chat template where it has one (else plain "
             "completion); llama3 / nemotron: HexStudio's; qa: the built-in model's."
         )
-        self.thinking_box = QCheckBox("Thinking")
-        self.thinking_box.setObjectName("thinking")
-        self.thinking_box.setEnabled(False)
-        self.thinking_box.setToolTip(
+        self.thinking_box = check_box(
+            "Thinking",
+            "thinking",
             "The chat template's thinking switch (enable_thinking, or Nemotron's "
             '"detailed thinking on/off"); off where the template has none. The '
-            "thinking shows folded above the answer."
+            "thinking shows folded above the answer.",
         )
+        self.thinking_box.setEnabled(False)
         self.template_in_use = QLabel("")
         self.template_in_use.setObjectName("template_in_use")
         self.template_in_use.setWordWrap(True)
@@ -114,12 +113,12 @@ class ChatSettingsPanel(QWidget):
         self.system_edit = QLineEdit()
         self.system_edit.setObjectName("system_prompt")
         self.system_edit.setPlaceholderText("System prompt (Llama 3 / model templates)")
-        self.enter_sends_box = QCheckBox("Enter sends (Shift+Enter: new line)")
-        self.enter_sends_box.setObjectName("enter_sends")
-        self.enter_sends_box.setChecked(True)
-        self.enter_sends_box.setToolTip(
+        self.enter_sends_box = check_box(
+            "Enter sends (Shift+Enter: new line)",
+            "enter_sends",
             "On: Enter sends the message and Shift+Enter starts a new line. Off: Enter "
-            "starts a new line. Ctrl+Enter always sends."
+            "starts a new line. Ctrl+Enter always sends.",
+            checked=True,
         )
         self.max_tokens = spin_box(
             "max_tokens", 1, 4096, "The most tokens a reply may have (the context keeps room for them)."

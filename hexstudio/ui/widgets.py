@@ -9,6 +9,7 @@ from typing import Any
 from PySide6.QtCore import QPointF, QSize, Qt, QUrl
 from PySide6.QtGui import QColor, QDesktopServices, QIcon, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import (
+    QCheckBox,
     QDoubleSpinBox,
     QHBoxLayout,
     QHeaderView,
@@ -141,6 +142,16 @@ def button(
     if on_click is not None:
         b.clicked.connect(on_click)
     return b
+
+
+def check_box(text: str, name: str, tip: str | None = None, *, checked: bool = False) -> QCheckBox:
+    """A check box with its object name, whether it starts checked and, where given, its tooltip."""
+    box = QCheckBox(text)
+    box.setObjectName(name)
+    box.setChecked(checked)
+    if tip is not None:
+        box.setToolTip(tip)
+    return box
 
 
 def spin_box(name: str, lo: int, hi: int, tip: str | None = None, *, step: int = 1) -> QSpinBox:
