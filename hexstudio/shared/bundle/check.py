@@ -58,52 +58,56 @@ def report_text(findings: list[Finding]) -> str:
 
 
 # -- the genie_config.json schema ------------------------------------------------------------------------
+# Genie's schema messages (re.search patterns, in the order tried) -> what to do; {0}, {1}... are the groups
+_SCHEMA_FIXES: tuple[tuple[str, str], ...] = (
+    (
+        r"^Missing (.+) field: version$",
+        'Add "version": 1 to the {0} section of genie_config.json (Genie requires it in every section that '
+        "has one).",
+    ),
+    (
+        r"^Missing (.+) field: (.+)$",
+        'Add "{1}" to the {0} section of genie_config.json (Genie requires it; `hexstudio bundle config '
+        "--model HF_FOLDER` prints a complete config for the model).",
+    ),
+    (
+        r"^Unknown (.+?) config key: (.+)$",
+        'Remove "{1}" from the {0} section of genie_config.json: Genie 1.13 does not know it and refuses the '
+        "whole file.",
+    ),
+    (
+        r"^Rope scaling parameter not supported",
+        "Remove that key from positional-encoding.rope-scaling (Genie knows rope-type, factor, "
+        "low-freq-factor, high-freq-factor, original-max-position-embeddings, short-factor, long-factor).",
+    ),
+    (r"unsupported version", 'Set "version": 1 there (the only version Genie 1.13 knows).'),
+    (
+        r"^Invalid (.+) config: (.+) is not (.+)$",
+        "Write {1} in the {0} section as {2} JSON value (bos-token: -1 when the model has none, never null).",
+    ),
+    (
+        r"^Rope type not supported",
+        "Genie 1.13 knows rope-type llama3, default and longrope. Write the config again with "
+        "`hexstudio bundle config`: it expresses linear and YaRN scaling as longrope factors.",
+    ),
+    (
+        r"^Specify one config from",
+        "Remove pos-id-dim and rope-theta from backend.QnnHtp: model.positional-encoding carries them.",
+    ),
+    (
+        r"unsupported type|^Invalid dialog type|^positional-encoding type",
+        "Use a value Genie knows: dialog.type basic, backend.type QnnHtp, model.type binary, "
+        "positional-encoding.type rope.",
+    ),
+    (r"^Multiple dialog config key", 'genie_config.json names "dialog" twice: keep one.'),
+)
+
+
 def _schema_fix(msg: str) -> str:
-    m = re.match(r"Missing (.+) field: (.+)$", msg)
-    if m:
-        sec, key = m.groups()
-        if key == "version":
-            return (
-                f'Add "version": 1 to the {sec} section of genie_config.json (Genie requires it in every section '
-                "that has one)."
-            )
-        return (
-            f'Add "{key}" to the {sec} section of genie_config.json (Genie requires it; `hexstudio bundle '
-            "config --model HF_FOLDER` prints a complete config for the model)."
-        )
-    m = re.match(r"Unknown (.+?) config key: (.+)$", msg)
-    if m:
-        return (
-            f'Remove "{m.group(2)}" from the {m.group(1)} section of genie_config.json: Genie 1.13 does not '
-            "know it and refuses the whole file."
-        )
-    if msg.startswith("Rope scaling parameter not supported"):
-        return (
-            "Remove that key from positional-encoding.rope-scaling (Genie knows rope-type, factor, "
-            "low-freq-factor, high-freq-factor, original-max-position-embeddings, short-factor, long-factor)."
-        )
-    if "unsupported version" in msg:
-        return 'Set "version": 1 there (the only version Genie 1.13 knows).'
-    m = re.match(r"Invalid (.+) config: (.+) is not (.+)$", msg)
-    if m:
-        return (
-            f"Write {m.group(2)} in the {m.group(1)} section as {m.group(3)} JSON value (bos-token: -1 when "
-            "the model has none, never null)."
-        )
-    if msg.startswith("Rope type not supported"):
-        return (
-            "Genie 1.13 knows rope-type llama3, default and longrope. Write the config again with "
-            "`hexstudio bundle config`: it expresses linear and YaRN scaling as longrope factors."
-        )
-    if msg.startswith("Specify one config from"):
-        return "Remove pos-id-dim and rope-theta from backend.QnnHtp: model.positional-encoding carries them."
-    if "unsupported type" in msg or msg.startswith(("Invalid dialog type", "positional-encoding type")):
-        return (
-            "Use a value Genie knows: dialog.type basic, backend.type QnnHtp, model.type binary, "
-            "positional-encoding.type rope."
-        )
-    if msg.startswith("Multiple dialog config key"):
-        return 'genie_config.json names "dialog" twice: keep one.'
+    for pattern, fix in _SCHEMA_FIXES:
+        m = re.search(pattern, msg)
+        if m:
+            return fix.format(*m.groups())
     return (
         "Correct genie_config.json as the message says (`hexstudio bundle config --model HF_FOLDER` prints a "
         "complete config)."
