@@ -86,6 +86,7 @@ class StagePage(QWidget):
     """Subclasses add widgets to `self.inputs_box` / `self.results_box` and override refresh_results()."""
 
     settings_fields: tuple[SettingSpec, ...] = ()
+    inputs_note = ""  # what the stage does with its inputs, shown under its settings
 
     def __init__(
         self, stage_name: str, controller: RunController, parent: QWidget | None = None, scroll: bool = True
@@ -142,6 +143,8 @@ class StagePage(QWidget):
         self.transient_labels: list[QLabel] = []
         for key, label, kind in self.settings_fields:
             self._add_setting(key, label, kind)
+        if self.inputs_note:
+            self.inputs_layout.addWidget(note(self.inputs_note))
         self.body.addWidget(self.inputs_box)
 
         self.gate_box = QGroupBox("Gate")

@@ -160,14 +160,13 @@ class FixDialog(QDialog):
 
 
 class PreflightPage(StagePage):
+    inputs_note = (
+        "Reads this machine (RAM, swap, disk, GPU, WSL, packages) and compares it "
+        "with what this model needs at the run's context length."
+    )
+
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("preflight", controller, parent)
-        self.inputs_layout.addWidget(
-            note(
-                "Reads this machine (RAM, swap, disk, GPU, WSL, packages) and compares it "
-                "with what this model needs at the run's context length."
-            )
-        )
         self.checks = KeyValueTable(["check", "status", "measured", "required", "message", "fix"])
         self.checks.setObjectName("preflight_checks")
         self.checks.setMinimumHeight(260)
@@ -287,15 +286,13 @@ class PreflightPage(StagePage):
 
 class QuantizePage(StagePage):
     settings_fields = settings_fields("quantize")  # from the one run-settings registry
+    inputs_note = (
+        "W4A16 as in Qualcomm's recipe: int4 blockwise (LPBQ) weights, 16-bit "
+        "activations, 8-bit KV cache; one part at a time so memory stays bounded."
+    )
 
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("quantize", controller, parent)
-        self.inputs_layout.addWidget(
-            note(
-                "W4A16 as in Qualcomm's recipe: int4 blockwise (LPBQ) weights, 16-bit "
-                "activations, 8-bit KV cache; one part at a time so memory stays bounded."
-            )
-        )
         self.graphs = KeyValueTable(["graph", "kind", "part", "layers", "encodings"])
         self.graphs.setObjectName("quantize_graphs")
         self.graphs.setMinimumHeight(160)
@@ -334,15 +331,14 @@ class QuantizePage(StagePage):
 
 
 class ValidatePage(StagePage):
+    inputs_note = (
+        "Runs the prompt processor (AR-N) over the prompt, then the token "
+        "generator (AR-1) one token at a time — as the board will — float and "
+        "quantized side by side."
+    )
+
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("validate", controller, parent)
-        self.inputs_layout.addWidget(
-            note(
-                "Runs the prompt processor (AR-N) over the prompt, then the token "
-                "generator (AR-1) one token at a time — as the board will — float and "
-                "quantized side by side."
-            )
-        )
         self.verdict = QLabel()
         self.verdict.setObjectName("verdict")
         self.verdict.setWordWrap(True)
@@ -393,17 +389,15 @@ class ValidatePage(StagePage):
 
 class CompilePage(StagePage):
     settings_fields = settings_fields("compile")
+    inputs_note = (
+        "Target 'auto' makes the simulation bundle for the simulator board and "
+        "compiles on Qualcomm AI Hub for a real board. Nothing is uploaded to "
+        "AI Hub without your consent above; the AI Hub token comes from the "
+        "system keyring."
+    )
 
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("compile", controller, parent)
-        self.inputs_layout.addWidget(
-            note(
-                "Target 'auto' makes the simulation bundle for the simulator board and "
-                "compiles on Qualcomm AI Hub for a real board. Nothing is uploaded to "
-                "AI Hub without your consent above; the AI Hub token comes from the "
-                "system keyring."
-            )
-        )
         combo = self._setting_widgets["device"]
         assert isinstance(combo, QComboBox)
         self.device_combo: QComboBox = combo
