@@ -56,10 +56,20 @@ def genie_sampler(values: dict[str, Any]) -> dict[str, Any]:
     return {k.replace("_", "-"): v for k, v in values.items()}
 
 
-def form_row(form: QFormLayout, text: str, w: QWidget) -> None:
-    lab = QLabel(text)
-    lab.setBuddy(w)
-    form.addRow(lab, w)
+def form_group(title: str, rows: list[tuple[str, QWidget] | QWidget]) -> QGroupBox:
+    """A group box of form rows: (label, field) with the label the field's buddy, or a widget on a row alone."""
+    box = QGroupBox(title)
+    form = QFormLayout(box)
+    form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+    for row in rows:
+        if isinstance(row, tuple):
+            text, w = row
+            lab = QLabel(text)
+            lab.setBuddy(w)
+            form.addRow(lab, w)
+        else:
+            form.addRow(row)
+    return box
 
 
 class ChatSettingsPanel(QWidget):
@@ -172,27 +182,33 @@ class ChatSettingsPanel(QWidget):
 
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        model_box = QGroupBox("Model")
-        mf = QFormLayout(model_box)
-        mf.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
-        form_row(mf, "Runtime", self.runtime_combo)
-        form_row(mf, "Dialog", self.dialog_combo)
-        form_row(mf, "Template", self.template_combo)
-        mf.addRow(self.thinking_box)
-        mf.addRow(self.template_in_use)
-        form_row(mf, "System", self.system_edit)
-        form_row(mf, "Max reply", self.max_tokens)
-        mf.addRow(self.enter_sends_box)
-        lay.addWidget(model_box)
-        sampler_box = QGroupBox("Sampler")
-        sf = QFormLayout(sampler_box)
-        sf.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
-        form_row(sf, "Preset", self.sampler_combo)
-        form_row(sf, "Temperature", self.temp_spin)
-        form_row(sf, "Top-k", self.topk_spin)
-        form_row(sf, "Top-p", self.topp_spin)
-        form_row(sf, "Seed", self.seed_spin)
-        lay.addWidget(sampler_box)
+        lay.addWidget(
+            form_group(
+                "Model",
+                [
+                    ("Runtime", self.runtime_combo),
+                    ("Dialog", self.dialog_combo),
+                    ("Template", self.template_combo),
+                    self.thinking_box,
+                    self.template_in_use,
+                    ("System", self.system_edit),
+                    ("Max reply", self.max_tokens),
+                    self.enter_sends_box,
+                ],
+            )
+        )
+        lay.addWidget(
+            form_group(
+                "Sampler",
+                [
+                    ("Preset", self.sampler_combo),
+                    ("Temperature", self.temp_spin),
+                    ("Top-k", self.topk_spin),
+                    ("Top-p", self.topp_spin),
+                    ("Seed", self.seed_spin),
+                ],
+            )
+        )
 
         self.apply_preset("deterministic")
         self.sampler_combo.currentIndexChanged.connect(lambda _i: self.apply_preset(self.sampler_preset()))
