@@ -9,7 +9,6 @@ import copy
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,10 @@ from hexstudio.core.device.errors import UnsafeBundle
 from hexstudio.core.device.verify import load_bundle
 from hexstudio.shared.bundle import safepath
 from hexstudio.shared.bundle.check import check_bundle
+from tests.support.board_helpers import board_python, push_helper
 from tests.support.cli import python_m_hexstudio
 
 REPO = Path(__file__).resolve().parents[2]
-HELPER = REPO / "hexstudio" / "workers" / "board" / "genie_session.py"
 
 CONFIG: dict[str, Any] = {
     "dialog": {
@@ -142,16 +141,10 @@ def test_crafted_genie_config_refused_everywhere(
     with pytest.raises(UnsafeBundle) as pe:
         load_bundle(b)
     assert entry in str(pe.value)
-    # the board helper (standard library only, as on the board): refused before libGenie is loaded
+    # the board helper (pushed, standard library only, as on the board): refused before libGenie is loaded
+    helper = push_helper("genie_session", tmp_path / "bin")
     h = subprocess.run(
-        [
-            sys.executable,
-            str(HELPER),
-            "--config",
-            str(b / "genie_config.json"),
-            "--lib",
-            "/nonexistent/libGenie.so",
-        ],
+        board_python(helper, "--config", str(b / "genie_config.json"), "--lib", "/nonexistent/libGenie.so"),
         capture_output=True,
         text=True,
         timeout=30,
@@ -182,12 +175,3 @@ def test_a_good_config_passes(tmp_path: Path) -> None:
     with safepath.open_regular(b, "tokenizer.json") as fh:
         assert fh.read() == b"{}"
     assert not any(f.code == "unsafe_path" for f in check_bundle(b))
-
-
-def test_the_board_helper_and_the_studio_name_the_same_path_keys() -> None:
-    """The board helper is copied to the board alone and imports nothing of ours, so it keeps its own copy of
-    the keys that name bundle files; a key added on one side only would let that path past the other's check."""
-    from hexstudio.workers.board import genie_session
-
-    assert genie_session.PATH_KEYS == safepath.GENIE_PATH_KEYS
-    assert genie_session.config_paths(CONFIG) == safepath.genie_config_paths(CONFIG)

@@ -21,6 +21,7 @@ from hexstudio.core.genie.conversation import Conversation
 from hexstudio.core.genie.run import Chunk, QueryResult, run_query
 from hexstudio.core.genie.session import ChatSession, TurnResult
 from tests.genie.conftest import FakeGenie, SimWorkspace, assert_streamed
+from tests.support.board_helpers import board_python_program
 from tests.support.sshd import SshServer
 
 HOSTILE = (
@@ -119,9 +120,12 @@ def test_persistent_session_over_ssh_with_the_test_libgenie(
     env_script = tmp_path / "qairt-env.sh"
     env_script.write_text(f"export LD_LIBRARY_PATH={fake_genie.lib.parent}:${{LD_LIBRARY_PATH:-}}\n")
 
+    # the board's python3 has nothing of HexStudio's: the helper runs on the modules pushed beside it
+    python = board_python_program(tmp_path / "board-python")
+
     async def go() -> tuple[ChatSession, list[TurnResult], list[Chunk]]:
         board = await ssh_board(
-            ssh_server, simulated=False, config={"python": sys.executable}, env_script=str(env_script)
+            ssh_server, simulated=False, config={"python": str(python)}, env_script=str(env_script)
         )
         first: list[Chunk] = []
         try:

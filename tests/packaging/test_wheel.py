@@ -47,6 +47,8 @@ SHIPPED = [
     "hexstudio/core/schemas/report.schema.json",
     "hexstudio/workers/board/genie_session.py",
     "hexstudio/workers/board/geniex_session.py",
+    "hexstudio/workers/board/helper_io.py",  # the helpers' companion modules, pushed beside them
+    "hexstudio/shared/bundle/genie_paths.py",
     "hexstudio/core/desktop_files/hexstudio.desktop",
     "hexstudio/core/desktop_files/hexstudio.png",
     "hexstudio/core/desktop_files/HexStudio.cmd",

@@ -35,7 +35,7 @@ from hexstudio.core.device.board import Board, python_env
 from hexstudio.core.genie.profile import Kpis
 from hexstudio.core.jobs import python_command
 from hexstudio.shared.errors import ActionableError
-from hexstudio.workers.board import helper_file
+from hexstudio.workers import board as board_helpers
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -69,7 +69,8 @@ class BoardRuntime:
     name: str = ""  # what the user chose: "genie" | "geniex"
     title: str = ""  # shown in the UI, the CLI and reports
     per_turn_fallback: bool = False  # can one-shot runs (genie-t2t-run) stand in when the helper cannot start
-    helper: Traversable | None = None  # a program copied to a real board's <home>/hexstudio/bin/
+    # what is copied to a real board's <home>/hexstudio/bin/: the helper program (run), then the modules it imports
+    helper_files: tuple[Traversable, ...] = ()
     simulated: bool = False  # everything it measures is simulated (never a device figure)
     dialogs: tuple[str, ...] = ("basic",)  # the Genie dialog types it runs (genie_config.<type>.json)
 
@@ -94,7 +95,7 @@ def _sampler_args(sampler: dict[str, Any] | None) -> list[str]:
 class GenieOnBoard(BoardRuntime):
     key, name, title, per_turn_fallback = "genie", "genie", "Genie (libGenie / genie-t2t-run)", True
     dialogs = ("basic", "lade", "spd")
-    helper = helper_file("genie_session")
+    helper_files = board_helpers.helper_files("genie_session")
 
     def helper_argv(
         self, board: Board, sampler: Sampler, helper_remote: str | None, bundle_dir: str, config: str = CONFIG
@@ -173,7 +174,7 @@ class OnnxruntimeTwin(BoardRuntime):
 
 class GenieX(BoardRuntime):
     key, name, title = "geniex", "geniex", "GenieX (qairt plugin)"
-    helper = helper_file("geniex_session")
+    helper_files = board_helpers.helper_files("geniex_session")
 
     def helper_argv(
         self, board: Board, sampler: Sampler, helper_remote: str | None, bundle_dir: str, config: str = CONFIG

@@ -441,12 +441,14 @@ class ChatSession:
         t = self.board.transport
         if not self.board.simulated:
             try:
-                src = self.runtime.helper
-                if src is None:
+                files = self.runtime.helper_files
+                if not files:
                     raise SessionError(f"{self.runtime.title} has no helper to copy to a board.")
-                self._helper_remote = posixpath.join(await t.home(), "hexstudio", "bin", src.name)
-                await ensure_dir(self.board, posixpath.dirname(self._helper_remote))
-                await t.write_bytes(self._helper_remote, src.read_bytes(), 0o755)
+                bin_dir = posixpath.join(await t.home(), "hexstudio", "bin")
+                await ensure_dir(self.board, bin_dir)
+                for src in files:  # the program and the modules it imports, side by side
+                    await t.write_bytes(posixpath.join(bin_dir, src.name), src.read_bytes(), 0o755)
+                self._helper_remote = posixpath.join(bin_dir, files[0].name)
             except OSError as exc:
                 raise SessionError(f"the chat helper could not be copied to the board: {exc}") from None
         argv, env = self.helper_argv()

@@ -6,8 +6,9 @@ Such a path names a file INSIDE a folder (the bundle folder, a run folder). It m
 set of characters (letters, digits, `.`, `_`, `-`, `+`), never starting with `-`. Resolved under its
 folder it must stay inside it, symlinks included.
 
-Pure Python (standard library only): hexstudio.core imports it, the simulator board's runner uses it, and
-hexstudio/workers/board/genie_session.py carries a copy of the same rules (it runs alone on the board).
+Pure Python (standard library only): hexstudio.core imports it and the simulator board's runner uses it. The
+rules the board checks too (genie_config.json's path keys, the safe characters, the kinds of file refused) live in
+hexstudio.shared.bundle.genie_paths, which is copied to the board beside the chat helper genie_session.py.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ from __future__ import annotations
 import errno
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from hexstudio.shared.bundle.genie_paths import (
+    SAFE_PART,
+    genie_config_paths,
+    not_regular_kind,
+)
 from hexstudio.shared.errors import ActionableError
 
-SAFE_PART = re.compile(r"^[A-Za-z0-9._+-]+$")
 MAX_PART = 255
 MAX_PATH = 1024
 MAX_DEPTH = 16
@@ -138,43 +142,6 @@ def check_bundle_files(files: object, entry: str = "bundle.json files") -> list[
 RESERVED = frozenset({"bundle.json", ".hexstudio-pushed.json"})
 
 
-# keys of genie_config.json whose values (a string or a list of strings) name files of the bundle, wherever they
-# sit (one engine or a list of them for speculative decoding's target and draft, LoRA adapters, embeddings)
-GENIE_PATH_KEYS = frozenset(
-    {
-        "ctx-bins",
-        "bin-sections",
-        "extensions",
-        "path",
-        "lut-path",
-        "model-bin",
-        "model-path",
-        "draft-model",
-        "lora-bin",
-        "tokenizer-path",
-    }
-)
-
-
-def genie_config_paths(cfg: object, where: str = "") -> list[tuple[str, object]]:
-    """(entry, path) of every file a genie_config.json names, anywhere in it."""
-    out: list[tuple[str, object]] = []
-    if isinstance(cfg, dict):
-        for k, v in cfg.items():
-            here = f"{where}.{k}" if where else str(k)
-            if k in GENIE_PATH_KEYS and not isinstance(v, (dict, bool, int, float)):
-                if isinstance(v, list):
-                    out += [(f"{here}[{i}]", x) for i, x in enumerate(v)]
-                elif v is not None:
-                    out.append((here, v))
-            else:
-                out += genie_config_paths(v, here)
-    elif isinstance(cfg, list):
-        for i, x in enumerate(cfg):
-            out += genie_config_paths(x, f"{where}[{i}]")
-    return out
-
-
 def check_genie_config(
     cfg: object,
     root: Path | str,
@@ -196,22 +163,6 @@ def check_genie_config(
             check_regular(target, f"{entry} {where}", path)
 
 
-def _kind(mode: int) -> str | None:
-    if stat.S_ISREG(mode):
-        return None
-    return (
-        "a folder"
-        if stat.S_ISDIR(mode)
-        else "a named pipe (FIFO)"
-        if stat.S_ISFIFO(mode)
-        else "a device"
-        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-        else "a socket"
-        if stat.S_ISSOCK(mode)
-        else "not a regular file"
-    )
-
-
 def check_regular(target: Path | str, entry: str, shown: object = None, *, must_exist: bool = False) -> None:
     """`target` (already resolved) is a regular file, or absent (unless must_exist). Never opens it."""
     try:
@@ -229,7 +180,7 @@ def check_regular(target: Path | str, entry: str, shown: object = None, *, must_
         raise UnsafePath(
             entry, shown if shown is not None else str(target), f"it cannot be examined ({exc})"
         ) from None
-    kind = _kind(st.st_mode)
+    kind = not_regular_kind(st.st_mode)
     if kind is not None:
         raise UnsafePath(
             entry,
@@ -256,7 +207,7 @@ def open_regular(root: Path | str, path: object, entry: str = "path") -> BinaryI
             raise UnsafePath(entry, path, "it became a symbolic link while it was being opened") from None
         raise
     try:
-        kind = _kind(os.fstat(fd).st_mode)
+        kind = not_regular_kind(os.fstat(fd).st_mode)
         if kind is not None:
             raise UnsafePath(
                 entry, path, f"it is {kind}, not a regular file (reading it could hang or never end)"

@@ -2,8 +2,9 @@
 """HexStudio's chat helper for the board: keeps one GenieDialog open through libGenie's C API
 (ctypes) so the model stays loaded between chat turns, and speaks JSON lines on stdin/stdout.
 
-Standard library only (it is copied to the board as <home>/hexstudio/bin/genie_session.py and run
-from the bundle folder after sourcing the QAIRT environment):
+Standard library only (it is copied to the board as <home>/hexstudio/bin/genie_session.py, its companion
+modules helper_io.py and genie_paths.py beside it, and run from the bundle folder after sourcing the QAIRT
+environment):
 
     python3 genie_session.py --config genie_config.json [--lib libGenie.so] [--sampler JSON]
                              [--engine JSON] [--log-level error|warn|info|verbose]
@@ -47,28 +48,28 @@ import codecs
 import ctypes
 import json
 import os
-import queue
 import re
-import stat
 import sys
 import threading
 import time
+
+# Run as a package module (python -m hexstudio.workers.board.genie_session, the simulator board) it imports its
+# companions by their package path; copied to the board, they lie beside it in <home>/hexstudio/bin/ (this
+# script's folder, sys.path[0]) and are imported by their bare names.
+try:
+    from hexstudio.shared.bundle.genie_paths import SAFE_PART, genie_config_paths, not_regular_kind
+    from hexstudio.workers.board.helper_io import bad_request, emit, read_commands
+except ImportError:
+    from genie_paths import SAFE_PART, genie_config_paths, not_regular_kind  # type: ignore[no-redef]
+    from helper_io import bad_request, emit, read_commands  # type: ignore[no-redef]
 
 SUCCESS = 0
 WARNING_ABORTED, WARNING_PAUSED, WARNING_CONTEXT_EXCEEDED = 1, 3, 4  # Genie_Status_t warnings (> 0)
 SENTENCE_COMPLETE, SENTENCE_BEGIN, SENTENCE_CONTINUE, SENTENCE_END, SENTENCE_ABORT = 0, 1, 2, 3, 4
 ACTION_ABORT = 1
 
-_lock = threading.Lock()
 # how long a dialog that went past max_tokens gets to honour ABORT before the helper exits to stop it
 OVERRUN_GRACE_S = float(os.environ.get("HEXSTUDIO_OVERRUN_GRACE_S") or 5.0)
-
-
-def emit(obj: dict) -> None:
-    line = json.dumps(obj, ensure_ascii=True) + "\n"
-    with _lock:
-        sys.stdout.write(line)
-        sys.stdout.flush()
 
 
 def fail(code: str, message: str, rc: int = 2) -> int:
@@ -87,11 +88,8 @@ LOG_NAMES = {v: k for k, v in LOG_LEVELS.items()}
 ALLOC_CB = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))
 
 
-# The path rules of hexstudio/shared/bundle/safepath.py, repeated here because this helper runs alone on the board
-# (standard library only). A bundle pushed by an older studio, or edited on the board, is refused here too.
-SAFE_PART = re.compile(r"^[A-Za-z0-9._+-]+$")
-
-
+# The path rules of hexstudio/shared/bundle/safepath.py on the board (their shared part: genie_paths). A bundle
+# pushed by an older studio, or edited on the board, is refused here too.
 def unsafe_reason(path: object, root: str) -> str | None:
     """Why `path` (from genie_config.json) may not be used under the bundle folder `root`; None when fine."""
     if not isinstance(path, str) or not path:
@@ -121,62 +119,12 @@ def not_regular(target: str) -> str | None:
         return None
     except OSError as exc:
         return f"it cannot be examined ({exc})"
-    if stat.S_ISREG(mode):
-        return None
-    return (
-        "it is "
-        + (
-            "a folder"
-            if stat.S_ISDIR(mode)
-            else "a named pipe (FIFO)"
-            if stat.S_ISFIFO(mode)
-            else "a device"
-            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "not a regular file"
-        )
-        + ", not a regular file"
-    )
-
-
-# keys whose values name files of the bundle, wherever they sit (hexstudio/shared/bundle/safepath.py GENIE_PATH_KEYS)
-PATH_KEYS = frozenset(
-    {
-        "ctx-bins",
-        "bin-sections",
-        "extensions",
-        "path",
-        "lut-path",
-        "model-bin",
-        "model-path",
-        "draft-model",
-        "lora-bin",
-        "tokenizer-path",
-    }
-)
-
-
-def config_paths(cfg: object, where: str = "") -> list:
-    """(entry, path) of every file a genie_config.json names, anywhere in it (ctx-bins, tokenizer, extensions,
-    LoRA bin-sections, a draft model's engine)."""
-    out: list = []
-    if isinstance(cfg, dict):
-        for k, v in cfg.items():
-            here = f"{where}.{k}" if where else str(k)
-            if k in PATH_KEYS and not isinstance(v, (dict, bool, int, float)):
-                if isinstance(v, list):
-                    out += [(f"{here}[{i}]", x) for i, x in enumerate(v)]
-                elif v is not None:
-                    out.append((here, v))
-            else:
-                out += config_paths(v, here)
-    elif isinstance(cfg, list):
-        for i, x in enumerate(cfg):
-            out += config_paths(x, f"{where}[{i}]")
-    return out
+    kind = not_regular_kind(mode)
+    return None if kind is None else f"it is {kind}, not a regular file"
 
 
 def check_config_paths(cfg: dict, root: str) -> str | None:
-    for entry, path in config_paths(cfg):
+    for entry, path in genie_config_paths(cfg):
         why = unsafe_reason(path, root)
         if why is not None:
             return (
@@ -606,25 +554,7 @@ def main() -> int:
             "runner": f"Genie {h.version()} on the HTP simulator (x86)" if on_sim else f"Genie {h.version()}",
         }
     )
-    ops: queue.Queue = queue.Queue()
-
-    def reader() -> None:
-        for line in sys.stdin:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                emit({"event": "error", "code": "bad_request", "message": "not a JSON line"})
-                continue
-            if msg.get("op") == "abort":
-                h.abort()
-            else:
-                ops.put(msg)
-        ops.put(None)
-
-    threading.Thread(target=reader, daemon=True).start()
+    ops = read_commands(h.abort)
     threading.Thread(target=orphan_watch, args=(os.getppid(),), daemon=True).start()
     try:
         while True:
@@ -639,11 +569,12 @@ def main() -> int:
             elif msg.get("op") == "reset":
                 h.reset()
             elif msg.get("op") == "sampler":
-                values = msg.get("sampler") if isinstance(msg.get("sampler"), dict) else {}
+                given = msg.get("sampler")
+                values = given if isinstance(given, dict) else {}
                 why = h.apply_sampler(dialog_sampler(cfg.get("dialog") or {}, values))
                 emit({"event": "sampler", "applied": why is None, "message": why})
             else:
-                emit({"event": "error", "code": "bad_request", "message": f"unknown op {msg.get('op')!r}"})
+                bad_request(f"unknown op {msg.get('op')!r}")
     finally:
         h.close()
 

@@ -2,7 +2,8 @@
 """HexStudio's chat helper for GenieX on the board: keeps one bundle loaded through GenieX's Python API
 (the `geniex` package with its qairt plugin) and speaks the JSON-lines protocol of genie_session.py.
 
-Copied to the board as <home>/hexstudio/bin/geniex_session.py and run from the bundle folder:
+Copied to the board as <home>/hexstudio/bin/geniex_session.py, with its companion module helper_io.py beside it,
+and run from the bundle folder:
 
     python3 geniex_session.py --bundle . [--sampler JSON]
 
@@ -23,19 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import sys
-import threading
 import time
 
-_lock = threading.Lock()
-
-
-def emit(obj: dict) -> None:
-    line = json.dumps(obj, ensure_ascii=True) + "\n"
-    with _lock:
-        sys.stdout.write(line)
-        sys.stdout.flush()
+# Run as a package module it imports its companion by its package path; copied to the board, helper_io.py lies
+# beside it in <home>/hexstudio/bin/ (this script's folder, sys.path[0]) and is imported by its bare name.
+try:
+    from hexstudio.workers.board.helper_io import bad_request, emit, read_commands
+except ImportError:
+    from helper_io import bad_request, emit, read_commands  # type: ignore[no-redef]
 
 
 def _context_length(bundle: str) -> int | None:
@@ -88,27 +85,14 @@ def main(argv: list[str] | None = None) -> int:
             "profile": True,
         }
     )
-    ops: queue.Queue = queue.Queue()
     current: dict = {}
 
-    def reader() -> None:
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                emit({"event": "error", "code": "bad_request", "message": "not a JSON line"})
-                continue
-            if msg.get("op") == "abort":
-                s = current.get("streamer")
-                if s is not None:
-                    s.cancel()
-            else:
-                ops.put(msg)
-        ops.put(None)
+    def abort() -> None:
+        s = current.get("streamer")
+        if s is not None:
+            s.cancel()
 
-    threading.Thread(target=reader, daemon=True).start()
+    ops = read_commands(abort)
     while True:
         msg = ops.get()
         if msg is None or msg.get("op") == "quit":
@@ -124,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             emit({"event": "sampler", "applied": True, "sampler": sampler})
             continue
         if msg.get("op") != "query":
-            emit({"event": "error", "code": "bad_request", "message": f"unknown op {msg.get('op')!r}"})
+            bad_request(f"unknown op {msg.get('op')!r}")
             continue
         qid = msg.get("id")
         kw = {

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.shared.bundle.geniex import CLI_VERSION, QAIRT_PLUGIN_VERSION
-from hexstudio.workers.genie_sim.commands import OnText, emit, serve_commands
+from hexstudio.workers.board.helper_io import emit
+from hexstudio.workers.genie_sim.commands import OnText, serve_commands
 from hexstudio.workers.genie_sim.geniex_model import (
     SIM_LABEL,
     GenieXError,
@@ -226,7 +227,7 @@ def cmd_session(args: argparse.Namespace) -> int:
         return {"state": q["state"], "status": 0, "geniex_profile": pd, "n_past": q["n_past"]}
 
     # GenieX takes the sampler per generate(): from the next query on, no reload
-    return serve_commands(emit, model.reset, model.dialog.apply_sampler, query)
+    return serve_commands(model.reset, model.dialog.apply_sampler, query)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

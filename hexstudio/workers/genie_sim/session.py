@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hexstudio.workers.genie_sim.commands import OnText, emit, serve_commands
+from hexstudio.workers.board.helper_io import emit
+from hexstudio.workers.genie_sim.commands import OnText, serve_commands
 from hexstudio.workers.genie_sim.t2t import GENIE_API_VERSION, RUNNER, GenieLoadError, SimDialog, profile_doc
 
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             "wall_ms": round((time.perf_counter() - t0) * 1000, 3),
         }
 
-    return serve_commands(emit, dialog.reset, dialog.apply_sampler, query)
+    return serve_commands(dialog.reset, dialog.apply_sampler, query)
 
 
 if __name__ == "__main__":
