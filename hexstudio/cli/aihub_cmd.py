@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from hexstudio.cli.common import CliError, add_actions, print_json, read_token, set_action
+from hexstudio.cli.common import CliError, add_actions, print_json, print_token_status, read_token, set_action
 from hexstudio.core import secrets
 from hexstudio.core.services.aihub_token import (
     TOKEN_PAGE,
@@ -44,17 +44,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     st = token_status()
-    if args.json:
-        print_json({"ok": True, **st})
-    else:
-        print(describe(st))
-        if st["keyring_error"]:
-            print(f"(keyring: {st['keyring_error']})")
-        kb = st["keyring_backend"]
-        print(f"Keyring: {kb['name']} ({kb['what']}).")
-        if kb["warning"]:
-            print(f"warning: {kb['warning']}")
-    return 0 if st["found"] else 1
+    kb = st["keyring_backend"]
+    notes = [f"Keyring: {kb['name']} ({kb['what']})."]
+    if kb["warning"]:
+        notes.append(f"warning: {kb['warning']}")
+    return print_token_status(args, st, describe(st), notes)
 
 
 def _read_token(from_stdin: bool) -> str:

@@ -6,7 +6,7 @@ import argparse
 import getpass
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,22 @@ def read_token(what: str, page: str, command: str, from_stdin: bool) -> str:
             f"Copy just the token from {page} (one line), then run `{command}` again.",
         )
     return token
+
+
+def print_token_status(
+    args: argparse.Namespace, st: dict[str, Any], sentence: str, notes: Sequence[str] = ()
+) -> int:
+    """`hexstudio aihub|hf status`: where a token is found (never the token itself): the status as JSON, else the
+    sentence, the keyring's error if there was one, and the notes. Exit status 1 when no token is found."""
+    if args.json:
+        print_json({"ok": True, **st})
+    else:
+        print(sentence)
+        if st["keyring_error"]:
+            print(f"(keyring: {st['keyring_error']})")
+        for line in notes:
+            print(line)
+    return EXIT_OK if st["found"] else EXIT_FAILED
 
 
 def number_in(kind: type, lo: float, hi: float) -> Callable[[str], Any]:
