@@ -142,6 +142,19 @@ def int_in(lo: int, hi: int) -> Callable[[str], Any]:
     return number_in(int, lo, hi)
 
 
+def add_shape_flags(
+    p: argparse.ArgumentParser, context_help: str, context_flags: Sequence[str] = ("--context-length",)
+) -> None:
+    """--context-length, --ar-n and --parts: the graph shapes of a run, each None (the run default) unless given."""
+    p.add_argument(*context_flags, dest="context_length", type=int, default=None, help=context_help)
+    p.add_argument(
+        "--ar-n", type=int, default=None, help="prompt processor length (default: the run default)"
+    )
+    p.add_argument(
+        "--parts", type=int, default=None, help="parts (default: the run default; auto by model size)"
+    )
+
+
 def add_actions(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], command: str, help: str
 ) -> argparse._SubParsersAction[argparse.ArgumentParser]:

@@ -8,13 +8,7 @@ import asyncio
 import sys
 from typing import Any
 
-from hexstudio.cli.common import (
-    CliError,
-    eprint,
-    print_json,
-    set_action,
-    workspace_from,
-)
+from hexstudio.cli.common import CliError, add_shape_flags, eprint, print_json, set_action, workspace_from
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.services.predict import (
     PredictRequest,
@@ -46,20 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--board", default=None, help="a board's name (its device); 'sim': the run's default device"
     )
     t.add_argument("--device", default=None, help="an AI Hub device name, e.g. 'Dragonwing IQ-9075 EVK'")
-    p.add_argument(
-        "--context",
-        "--context-length",
-        dest="context_length",
-        type=int,
-        default=None,
-        help="context length (default: the run default)",
-    )
-    p.add_argument(
-        "--ar-n", type=int, default=None, help="prompt processor length (default: the run default)"
-    )
-    p.add_argument(
-        "--parts", type=int, default=None, help="parts (default: the run default; auto by model size)"
-    )
+    add_shape_flags(p, "context length (default: the run default)", ("--context", "--context-length"))
     p.add_argument(
         "--run",
         default=None,
