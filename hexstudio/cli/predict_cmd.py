@@ -10,13 +10,7 @@ from typing import Any
 
 from hexstudio.cli.common import CliError, add_shape_flags, eprint, print_json, set_action, workspace_from
 from hexstudio.core.paths import BUILTIN_MODEL_ID
-from hexstudio.core.services.predict import (
-    PredictRequest,
-    plan,
-    request_for_run,
-    run_prediction,
-    save_for_run,
-)
+from hexstudio.core.services import predict as predict_service
 from hexstudio.shared.predict import summary_lines
 
 
@@ -63,9 +57,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if run_dir is not None and not (run_dir / "run.json").is_file():
         raise CliError(f"No run '{args.run}' in {ws_.runs_dir}.", "`hexstudio runs list` shows the runs.")
     if run_dir is not None:
-        req = request_for_run(run_dir, two_layers=not args.one_layer)
+        req = predict_service.request_for_run(run_dir, two_layers=not args.one_layer)
     else:
-        req = PredictRequest(
+        req = predict_service.PredictRequest(
             model=args.model,
             board=args.board,
             device=args.device,
@@ -74,7 +68,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             parts=args.parts,
             two_layers=not args.one_layer,
         )
-    pl = plan(req)
+    pl = predict_service.plan(req)
 
     def on_event(ev: dict[str, Any]) -> None:
         if ev.get("type") in ("progress", "log") and not args.json and sys.stderr.isatty():
@@ -85,9 +79,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
             f"predicting {pl.model} on {pl.target.name} ({pl.target.dsp_arch}, soc_model {pl.target.soc_model}): "
             f"context {pl.context_length}, AR-{pl.ar_n}, {pl.parts} parts ..."
         )
-    doc = asyncio.run(run_prediction(pl, ws, on_event))
+    doc = asyncio.run(predict_service.run_prediction(pl, ws, on_event))
     if run_dir is not None:
-        kept = save_for_run(run_dir, doc)
+        kept = predict_service.save_for_run(run_dir, doc)
         if not args.json:
             eprint(f"kept with run {args.run}: {kept}")
     if args.json:
