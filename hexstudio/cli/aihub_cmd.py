@@ -9,16 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from hexstudio.cli.common import CliError, add_actions, print_json, read_token, set_action
+from hexstudio.cli.common import CliError, add_actions, print_json, print_token_status, read_token, set_action
 from hexstudio.core import secrets
-from hexstudio.core.services.aihub_token import (
-    TOKEN_PAGE,
-    client_ini_path,
-    describe,
-    remove_token,
-    store_token,
-    token_status,
-)
+from hexstudio.core.services import aihub_token
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,22 +36,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    st = token_status()
-    if args.json:
-        print_json({"ok": True, **st})
-    else:
-        print(describe(st))
-        if st["keyring_error"]:
-            print(f"(keyring: {st['keyring_error']})")
-        kb = st["keyring_backend"]
-        print(f"Keyring: {kb['name']} ({kb['what']}).")
-        if kb["warning"]:
-            print(f"warning: {kb['warning']}")
-    return 0 if st["found"] else 1
+    st = aihub_token.token_status()
+    kb = st["keyring_backend"]
+    notes = [f"Keyring: {kb['name']} ({kb['what']})."]
+    if kb["warning"]:
+        notes.append(f"warning: {kb['warning']}")
+    return print_token_status(args, st, aihub_token.describe(st), notes)
 
 
 def _read_token(from_stdin: bool) -> str:
-    return read_token("AI Hub API token", TOKEN_PAGE, "hexstudio aihub login", from_stdin)
+    return read_token("AI Hub API token", aihub_token.TOKEN_PAGE, "hexstudio aihub login", from_stdin)
 
 
 def cmd_login(args: argparse.Namespace) -> int:
@@ -66,12 +53,12 @@ def cmd_login(args: argparse.Namespace) -> int:
         return cmd_status(args)
     token = _read_token(args.stdin)
     try:
-        st = store_token(token)
+        st = aihub_token.store_token(token)
     except secrets.SecretStoreError as exc:
         raise CliError(
             str(exc),
             "Or run `qai-hub configure --api_token TOKEN`, which writes "
-            f"{client_ini_path()} (HexStudio reads it too).",
+            f"{aihub_token.client_ini_path()} (HexStudio reads it too).",
         ) from None
     if args.json:
         print_json({"ok": True, "stored": "keyring", **st})
@@ -89,7 +76,7 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 def cmd_logout(args: argparse.Namespace) -> int:
     try:
-        had, st = remove_token()
+        had, st = aihub_token.remove_token()
     except secrets.SecretStoreError as exc:
         raise CliError(str(exc)) from None
     if args.json:

@@ -10,19 +10,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hexstudio.cli.common import (
-    EXIT_FAILED,
-    EXIT_USAGE,
-    CliError,
-    add_actions,
-    add_ssh_flags,
-    add_trust_flag,
-    host_key_prompt,
-    print_json,
-    read_password,
-    set_action,
-    ssh_config_from,
-)
+from hexstudio.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_actions, print_json, set_action
+from hexstudio.cli.ssh import add_ssh_flags, add_trust_flag, host_key_prompt, read_password, ssh_config_from
 from hexstudio.core.device.board import Board, open_board
 from hexstudio.core.device.errors import BoardError
 from hexstudio.core.device.verify import default_remote_name

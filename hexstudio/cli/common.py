@@ -6,7 +6,7 @@ import argparse
 import getpass
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,22 @@ def read_token(what: str, page: str, command: str, from_stdin: bool) -> str:
     return token
 
 
+def print_token_status(
+    args: argparse.Namespace, st: dict[str, Any], sentence: str, notes: Sequence[str] = ()
+) -> int:
+    """`hexstudio aihub|hf status`: where a token is found (never the token itself): the status as JSON, else the
+    sentence, the keyring's error if there was one, and the notes. Exit status 1 when no token is found."""
+    if args.json:
+        print_json({"ok": True, **st})
+    else:
+        print(sentence)
+        if st["keyring_error"]:
+            print(f"(keyring: {st['keyring_error']})")
+        for line in notes:
+            print(line)
+    return EXIT_OK if st["found"] else EXIT_FAILED
+
+
 def number_in(kind: type, lo: float, hi: float) -> Callable[[str], Any]:
     """An argparse type: a number of `kind` (int or float) from lo to hi, else a usage error naming the range
     (argparse prints it and exits 2: no traceback)."""
@@ -126,71 +142,17 @@ def int_in(lo: int, hi: int) -> Callable[[str], Any]:
     return number_in(int, lo, hi)
 
 
-def add_ssh_flags(p: argparse.ArgumentParser) -> None:
-    """How to reach a machine over SSH (a board or a worker host): --host, --port, --user, --auth, --key."""
+def add_shape_flags(
+    p: argparse.ArgumentParser, context_help: str, context_flags: Sequence[str] = ("--context-length",)
+) -> None:
+    """--context-length, --ar-n and --parts: the graph shapes of a run, each None (the run default) unless given."""
+    p.add_argument(*context_flags, dest="context_length", type=int, default=None, help=context_help)
     p.add_argument(
-        "--host", required=True, help="host name, IP, or the ~/.ssh/config alias (auth ssh_config)"
+        "--ar-n", type=int, default=None, help="prompt processor length (default: the run default)"
     )
-    p.add_argument("--port", type=int, default=22)
-    p.add_argument("--user", default=None)
-    p.add_argument("--auth", choices=("key", "agent", "ssh_config", "password"), default="key")
-    p.add_argument("--key", dest="key_path", default=None, help="private key file (auth key)")
-
-
-def ssh_config_from(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
-    """The settings entry of a machine reached over SSH, from add_ssh_flags' flags (and `extra`): the key file
-    made absolute, the alias kept for auth ssh_config, the values not given left out."""
-    cfg: dict[str, Any] = {
-        "host": args.host,
-        "port": args.port,
-        "user": args.user,
-        "auth": args.auth,
-        **extra,
-    }
-    if args.key_path:
-        cfg["key_path"] = str(Path(args.key_path).expanduser())
-    if args.auth == "ssh_config":
-        cfg["ssh_alias"] = args.host
-    return {k: v for k, v in cfg.items() if v is not None}
-
-
-def read_password(prompt: str, from_stdin: bool) -> str:
-    """A password from the first line of standard input or a hidden prompt; an empty one is refused."""
-    pw = sys.stdin.readline().rstrip("\n") if from_stdin else getpass.getpass(prompt)
-    if not pw:
-        raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
-    return pw
-
-
-def add_trust_flag(p: argparse.ArgumentParser, what: str = "board") -> None:
-    """--trust SHA256:...: the host key a first connection accepts without asking (what: board | host)."""
-    whose = "board's host" if what == "board" else f"{what}'s"
     p.add_argument(
-        "--trust",
-        metavar="SHA256:...",
-        default=None,
-        help=f"trust the {whose} key on first contact if its fingerprint is exactly this",
+        "--parts", type=int, default=None, help="parts (default: the run default; auto by model size)"
     )
-
-
-def host_key_prompt(args: argparse.Namespace, what: str = "board") -> Callable[[str, int, str, str], bool]:
-    """How a first SSH connection decides on an unknown host key: the fingerprint given with --trust, else a
-    question on a terminal (never with --json), else no."""
-    want = getattr(args, "trust", None)
-
-    def ask(host: str, port: int, key_type: str, fp: str) -> bool:
-        if want:
-            return bool(fp == want)
-        if sys.stdin.isatty() and not getattr(args, "json", False):
-            ans = input(
-                f"First connection to {host}:{port}. Host key {key_type} {fp}.\n"
-                f"Compare with the {what}'s `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`. "
-                "Trust it? [y/N] "
-            )
-            return ans.strip().lower() in ("y", "yes")
-        return False
-
-    return ask
 
 
 def add_actions(

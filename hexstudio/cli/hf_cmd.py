@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hexstudio.cli.common import CliError, add_actions, print_json, read_token, set_action
+from hexstudio.cli.common import CliError, add_actions, print_json, print_token_status, read_token, set_action
 from hexstudio.core import hf, secrets
 from hexstudio.core.hf import TOKEN_PAGE
 
@@ -55,13 +55,7 @@ def _describe(st: dict[str, Any]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     st = token_status()
-    if args.json:
-        print_json({"ok": True, **st})
-    else:
-        print(_describe(st))
-        if st["keyring_error"]:
-            print(f"(keyring: {st['keyring_error']})")
-    return 0 if st["found"] else 1
+    return print_token_status(args, st, _describe(st))
 
 
 def cmd_login(args: argparse.Namespace) -> int:

@@ -8,21 +8,9 @@ import asyncio
 import sys
 from typing import Any
 
-from hexstudio.cli.common import (
-    CliError,
-    eprint,
-    print_json,
-    set_action,
-    workspace_from,
-)
+from hexstudio.cli.common import CliError, add_shape_flags, eprint, print_json, set_action, workspace_from
 from hexstudio.core.paths import BUILTIN_MODEL_ID
-from hexstudio.core.services.predict import (
-    PredictRequest,
-    plan,
-    request_for_run,
-    run_prediction,
-    save_for_run,
-)
+from hexstudio.core.services import predict as predict_service
 from hexstudio.shared.predict import summary_lines
 
 
@@ -46,20 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--board", default=None, help="a board's name (its device); 'sim': the run's default device"
     )
     t.add_argument("--device", default=None, help="an AI Hub device name, e.g. 'Dragonwing IQ-9075 EVK'")
-    p.add_argument(
-        "--context",
-        "--context-length",
-        dest="context_length",
-        type=int,
-        default=None,
-        help="context length (default: the run default)",
-    )
-    p.add_argument(
-        "--ar-n", type=int, default=None, help="prompt processor length (default: the run default)"
-    )
-    p.add_argument(
-        "--parts", type=int, default=None, help="parts (default: the run default; auto by model size)"
-    )
+    add_shape_flags(p, "context length (default: the run default)", ("--context", "--context-length"))
     p.add_argument(
         "--run",
         default=None,
@@ -82,9 +57,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if run_dir is not None and not (run_dir / "run.json").is_file():
         raise CliError(f"No run '{args.run}' in {ws_.runs_dir}.", "`hexstudio runs list` shows the runs.")
     if run_dir is not None:
-        req = request_for_run(run_dir, two_layers=not args.one_layer)
+        req = predict_service.request_for_run(run_dir, two_layers=not args.one_layer)
     else:
-        req = PredictRequest(
+        req = predict_service.PredictRequest(
             model=args.model,
             board=args.board,
             device=args.device,
@@ -93,7 +68,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             parts=args.parts,
             two_layers=not args.one_layer,
         )
-    pl = plan(req)
+    pl = predict_service.plan(req)
 
     def on_event(ev: dict[str, Any]) -> None:
         if ev.get("type") in ("progress", "log") and not args.json and sys.stderr.isatty():
@@ -104,9 +79,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
             f"predicting {pl.model} on {pl.target.name} ({pl.target.dsp_arch}, soc_model {pl.target.soc_model}): "
             f"context {pl.context_length}, AR-{pl.ar_n}, {pl.parts} parts ..."
         )
-    doc = asyncio.run(run_prediction(pl, ws, on_event))
+    doc = asyncio.run(predict_service.run_prediction(pl, ws, on_event))
     if run_dir is not None:
-        kept = save_for_run(run_dir, doc)
+        kept = predict_service.save_for_run(run_dir, doc)
         if not args.json:
             eprint(f"kept with run {args.run}: {kept}")
     if args.json:

@@ -7,12 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.common import (
-    CliError,
-    print_json,
-    set_action,
-    workspace_from,
-)
+from hexstudio.cli.common import CliError, add_shape_flags, print_json, set_action, workspace_from
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.services.preflight import preflight_report, wslconfig_plan
 from hexstudio.shared import wslconfig
@@ -22,18 +17,7 @@ from hexstudio.shared.errors import error_fields
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("preflight", help="check memory, disk, WSL, GPU and packages against a model's needs")
     p.add_argument("--model", default=BUILTIN_MODEL_ID, help="built-in model, Hugging Face id or folder")
-    p.add_argument(
-        "--context-length",
-        type=int,
-        default=None,
-        help="context length (default: the run default; auto = 512 built-in, 4096 others)",
-    )
-    p.add_argument(
-        "--ar-n", type=int, default=None, help="prompt processor length (default: the run default)"
-    )
-    p.add_argument(
-        "--parts", type=int, default=None, help="parts (default: the run default; auto by model size)"
-    )
+    add_shape_flags(p, "context length (default: the run default; auto = 512 built-in, 4096 others)")
     p.add_argument("--calibration-samples", type=int, default=None, help="default: the run default")
     p.add_argument("--calibration-seq-len", type=int, default=None, help="default: the run default")
     p.add_argument("--no-smoke-test", action="store_true", help="skip the AIMET smoke test")

@@ -7,19 +7,8 @@ import argparse
 import asyncio
 from typing import Any
 
-from hexstudio.cli.common import (
-    EXIT_FAILED,
-    EXIT_USAGE,
-    CliError,
-    add_actions,
-    add_ssh_flags,
-    add_trust_flag,
-    host_key_prompt,
-    print_json,
-    read_password,
-    set_action,
-    ssh_config_from,
-)
+from hexstudio.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_actions, print_json, set_action
+from hexstudio.cli.ssh import add_ssh_flags, add_trust_flag, host_key_prompt, read_password, ssh_config_from
 from hexstudio.core.remote.hosts import (
     STAGE_PACKAGES,
     WorkerHostError,
