@@ -48,7 +48,7 @@ SHIPPED = [
     "hexstudio/workers/board/genie_session.py",
     "hexstudio/workers/board/geniex_session.py",
     "hexstudio/workers/board/helper_io.py",  # the helpers' companion modules, pushed beside them
-    "hexstudio/shared/bundle/genie_paths.py",
+    "hexstudio/shared/genie_paths.py",
     "hexstudio/core/desktop_files/hexstudio.desktop",
     "hexstudio/core/desktop_files/hexstudio.png",
     "hexstudio/core/desktop_files/HexStudio.cmd",

@@ -8,7 +8,7 @@ folder it must stay inside it, symlinks included.
 
 Pure Python (standard library only): hexstudio.core imports it and the simulator board's runner uses it. The
 rules the board checks too (genie_config.json's path keys, the safe characters, the kinds of file refused) live in
-hexstudio.shared.bundle.genie_paths, which is copied to the board beside the chat helper genie_session.py.
+hexstudio.shared.genie_paths, which is copied to the board beside the chat helper genie_session.py.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import re
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from hexstudio.shared.bundle.genie_paths import (
+from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.genie_paths import (
     SAFE_PART,
     genie_config_paths,
     not_regular_kind,
 )
-from hexstudio.shared.errors import ActionableError
 
 MAX_PART = 255
 MAX_PATH = 1024

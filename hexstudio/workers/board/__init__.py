@@ -6,7 +6,7 @@ to a board and runs there (hexstudio.core.genie.session, runtime.py):
 
 Each runs on the board with the board's python3, standard library only, beside its companion modules: the
 JSON-lines channel (helper_io) and, for genie_session, genie_config.json's path rules
-(hexstudio.shared.bundle.genie_paths). Those import nothing of HexStudio's, so the board needs only the files
+(hexstudio.shared.genie_paths). Those import nothing of HexStudio's, so the board needs only the files
 `helper_files` names. The studio never imports the helpers; it reads each file as package data
 (importlib.resources) and writes them all to <home>/hexstudio/bin/ on the board, so an installed wheel carries
 them. On this machine the same genie_session.py drives Qualcomm's x86 libGenie over the HTP simulator
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 # each helper: the modules it imports, copied beside it (each module imports nothing of HexStudio's)
 HELPERS: dict[str, tuple[str, ...]] = {
-    "genie_session": ("hexstudio.workers.board.helper_io", "hexstudio.shared.bundle.genie_paths"),
+    "genie_session": ("hexstudio.workers.board.helper_io", "hexstudio.shared.genie_paths"),
     "geniex_session": ("hexstudio.workers.board.helper_io",),
 }
 

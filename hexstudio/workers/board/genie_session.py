@@ -57,7 +57,7 @@ import time
 # companions by their package path; copied to the board, they lie beside it in <home>/hexstudio/bin/ (this
 # script's folder, sys.path[0]) and are imported by their bare names.
 try:
-    from hexstudio.shared.bundle.genie_paths import SAFE_PART, genie_config_paths, not_regular_kind
+    from hexstudio.shared.genie_paths import SAFE_PART, genie_config_paths, not_regular_kind
     from hexstudio.workers.board.helper_io import bad_request, emit, read_commands
 except ImportError:
     from genie_paths import SAFE_PART, genie_config_paths, not_regular_kind  # type: ignore[no-redef]
