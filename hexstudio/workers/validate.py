@@ -173,8 +173,7 @@ def _validate(
     from hexstudio.workers.arloop import (
         PartSessions,
         UnitSessions,
-        greedy_part_major,
-        greedy_unit_major,
+        greedy_batch,
         prefill_calls,
         run_part_major,
         run_unit_major,
@@ -306,8 +305,7 @@ def _validate(
     prompts = [ids[s : s + PROMPT_TOKENS] for s in starts[:GREEDY_PROMPTS]]
     gens: dict[str, list[list[int]]] = {}
     for i, (v, ps) in enumerate(sessions.items()):
-        greedy_fn = greedy_part_major if mode == "part" else greedy_unit_major
-        gens[v] = greedy_fn(ps, prompts, GREEDY_TOKENS, eos, cl, kvh, hd)
+        gens[v] = greedy_batch(ps, prompts, GREEDY_TOKENS, eos, cl, kvh, hd)
         em.progress(0.5 + 0.3 * (i + 1) / len(sessions), f"greedy continuations: {v} done")
     greedy: list[dict[str, Any]] = []
     agree: list[float] = []
