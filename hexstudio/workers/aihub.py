@@ -59,6 +59,7 @@ from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers import bundle_metadata as gm
 from hexstudio.workers.aihub_uplink import UplinkRate, read_rate, record_rate
 from hexstudio.workers.aihub_upload import UploadError, UploadStats, plan_bytes, write_upload_dir
+from hexstudio.workers.compile import write_bundle_json
 from hexstudio.workers.genie_config import check_speculative, checked_genie_config, write_dialog_configs
 from hexstudio.workers.runtime import WorkerError, WorkerSpec
 
@@ -889,19 +890,13 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         record_job(em, name, r)
     em.metric("aihub_jobs", len(jobs))
     em.progress(0.97, "writing bundle.json")
-    return gb.write_manifest(
+    return write_bundle_json(
         bdir,
-        {
-            "model": model_doc["model"],
-            "simulated": False,
-            "emulated": emulated,
-            "device": device,
-            "qairt_version": qairt,
-            "qairt_full_version": qairt_full,
-            "precision": precision,
-            "context_length": q["context_length"],
-            "ar_n": q["ar_n"],
-            "parts": parts,
-            "aihub_jobs": jobs,
-        },
+        model_doc,
+        q,
+        device=device,
+        qairt_version=qairt,
+        emulated=emulated,
+        target={"qairt_full_version": qairt_full, "precision": precision},
+        aihub_jobs=jobs,
     )

@@ -515,70 +515,6 @@ def run_part_major(
     return [x if last_only else np.asarray(x[0], np.float32) for x in xs]
 
 
-def greedy_part_major(
-    ps: PartSessions,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    eos_ids: Sequence[int],
-    capacity: int,
-    num_kv_heads: int,
-    head_dim: int,
-) -> list[list[int]]:
-    """DeploymentPair.generate for several prompts at once, part-major: the prompts are prefilled
-    part by part, then every greedy step runs all still-active sequences through part 1, then
-    part 2, ... (each part's token generator is opened once per step)."""
-    states = {i: ps.cache(num_kv_heads, head_dim, capacity) for i in range(len(prompts))}
-    return _greedy_batch(
-        prompts,
-        max_new_tokens,
-        eos_ids,
-        capacity,
-        ps.seq_len["prompt_processor"],
-        states,
-        lambda calls: run_part_major(ps, calls, states, capacity),
-    )
-
-
-def _greedy_batch(
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    eos_ids: Sequence[int],
-    capacity: int,
-    ar_n: int,
-    states: Mapping[int, KVCache] | Mapping[int, SlimKV],
-    run: Callable[[Sequence[Call]], list[np.ndarray]],
-) -> list[list[int]]:
-    """The greedy decode loop greedy_part_major and greedy_unit_major share: prefill every prompt in
-    AR-`ar_n` blocks, then step all still-active sequences together until EOS, a full context or
-    max_new_tokens; `run(calls)` runs one batch of calls and returns each call's last-token logits."""
-    calls: list[Call] = []
-    last_call: dict[int, int] = {}
-    for i, pr in enumerate(prompts):
-        if not pr:
-            raise ValueError("empty prompt")
-        c, _ = prefill_calls(i, pr, 0, ar_n, capacity)
-        calls += c
-        last_call[i] = len(calls) - 1
-    outs = run(calls)
-    logits = {i: outs[last_call[i]] for i in range(len(prompts))}
-    gen: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    active = set(range(len(prompts)))
-    for it in range(max_new_tokens):
-        step: list[Call] = []
-        for i in sorted(active):
-            tok = int(np.argmax(logits[i]))
-            gen[i].append(tok)
-            if tok in eos_ids or states[i].n_past >= capacity:
-                continue
-            step.append((i, "token_generator", [tok], states[i].n_past))
-        active = {sc[0] for sc in step}
-        if not step or it == max_new_tokens - 1:
-            break
-        for sc, lg in zip(step, run(step), strict=True):
-            logits[sc[0]] = lg
-    return [gen[i] for i in range(len(prompts))]
-
-
 # -- unit-major runs: one run unit (a decoder layer, the embedding, an lm_head chunk) open at a time ---------
 
 
@@ -813,8 +749,8 @@ def _vocab_end(units: Sequence[dict[str, Any]], j: int) -> int:
     return end
 
 
-def greedy_unit_major(
-    us: UnitSessions,
+def greedy_batch(
+    sessions: PartSessions | UnitSessions,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     eos_ids: Sequence[int],
@@ -822,14 +758,43 @@ def greedy_unit_major(
     num_kv_heads: int,
     head_dim: int,
 ) -> list[list[int]]:
-    """greedy_part_major one run unit at a time (same tokens)."""
-    states = {i: us.cache(num_kv_heads, head_dim) for i in range(len(prompts))}
-    return _greedy_batch(
-        prompts,
-        max_new_tokens,
-        eos_ids,
-        capacity,
-        us.seq_len["prompt_processor"],
-        states,
-        lambda calls: run_unit_major(us, calls, states, capacity),
-    )
+    """DeploymentPair.generate for several prompts at once: prefill every prompt in AR-N blocks, then
+    step all still-active sequences together until EOS, a full context or max_new_tokens. Part-major
+    with PartSessions (every step runs the active sequences through part 1, then part 2, ...: each
+    part's token generator opened once per step), unit-major with UnitSessions (one run unit at a
+    time); both give the same tokens."""
+    n = len(prompts)
+    run: Callable[[Sequence[Call]], list[np.ndarray]]
+    states: Mapping[int, KVCache] | Mapping[int, SlimKV]
+    if isinstance(sessions, PartSessions):
+        full = {i: sessions.cache(num_kv_heads, head_dim, capacity) for i in range(n)}
+        states, run = full, lambda calls: run_part_major(sessions, calls, full, capacity)
+    else:
+        slim = {i: sessions.cache(num_kv_heads, head_dim) for i in range(n)}
+        states, run = slim, lambda calls: run_unit_major(sessions, calls, slim, capacity)
+    calls: list[Call] = []
+    last_call: dict[int, int] = {}
+    for i, pr in enumerate(prompts):
+        if not pr:
+            raise ValueError("empty prompt")
+        c, _ = prefill_calls(i, pr, 0, sessions.seq_len["prompt_processor"], capacity)
+        calls += c
+        last_call[i] = len(calls) - 1
+    outs = run(calls)
+    logits = {i: outs[last_call[i]] for i in range(n)}
+    gen: dict[int, list[int]] = {i: [] for i in range(n)}
+    active = set(range(n))
+    for it in range(max_new_tokens):
+        step: list[Call] = []
+        for i in sorted(active):
+            tok = int(np.argmax(logits[i]))
+            gen[i].append(tok)
+            if tok in eos_ids or states[i].n_past >= capacity:
+                continue
+            step.append((i, "token_generator", [tok], states[i].n_past))
+        active = {sc[0] for sc in step}
+        if not step or it == max_new_tokens - 1:
+            break
+        for sc, lg in zip(step, run(step), strict=True):
+            logits[sc[0]] = lg
+    return [gen[i] for i in range(n)]

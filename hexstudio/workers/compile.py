@@ -103,18 +103,39 @@ def write_sim_bundle(
             "tokenizer_missing", str(exc), "Use a model with a fast tokenizer (tokenizer.json)."
         ) from None
     em.progress(0.8, "writing bundle.json")
+    return write_bundle_json(
+        bdir, model_doc, q, device=gb.SIMULATOR_DEVICE, qairt_version=None, simulated=True
+    )
+
+
+def write_bundle_json(
+    bdir: Path,
+    model_doc: dict[str, Any],
+    q: dict[str, Any],
+    *,
+    device: dict[str, Any],
+    qairt_version: str | None,
+    simulated: bool = False,
+    emulated: bool = False,
+    target: dict[str, Any] | None = None,
+    aihub_jobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """bundle.json, as every compile target writes it (hexstudio.shared.artifacts.BundleDoc): the model, what
+    the bundle is (simulated, emulated), the device and QAIRT version, the target's own keys (`target`),
+    quantize.json's context length, AR and parts, and the AI Hub jobs (none off AI Hub)."""
     return gb.write_manifest(
         bdir,
         {
             "model": model_doc["model"],
-            "simulated": True,
-            "emulated": False,
-            "device": gb.SIMULATOR_DEVICE,
-            "qairt_version": None,
+            "simulated": simulated,
+            "emulated": emulated,
+            "device": device,
+            "qairt_version": qairt_version,
+            **(target or {}),
             "context_length": q["context_length"],
             "ar_n": q["ar_n"],
             "parts": q["parts"],
-            "aihub_jobs": [],
+            "aihub_jobs": aihub_jobs or [],
         },
     )
 

@@ -169,22 +169,14 @@ def _validate(
 ) -> dict[str, Any]:
     import numpy as np
 
+    from hexstudio.workers import metrics
     from hexstudio.workers.arloop import (
         PartSessions,
         UnitSessions,
-        greedy_part_major,
-        greedy_unit_major,
+        greedy_batch,
         prefill_calls,
         run_part_major,
         run_unit_major,
-    )
-    from hexstudio.workers.metrics import (
-        judge,
-        kl_divergence,
-        perplexity,
-        salad,
-        sequence_agreement,
-        top1_agreement,
     )
 
     cl, ar_n = int(q["context_length"]), int(q["ar_n"])
@@ -280,10 +272,10 @@ def _validate(
         em.progress(0.05 + 0.4 * (i + 1) / 2, f"deployment pair: {v} done")
     lf, lq = np.stack(logits["float"]), np.stack(logits["sim"])
     values: dict[str, float] = {
-        "top1_agreement": round(top1_agreement(lf, lq), 4),
-        "kl_divergence": round(kl_divergence(lf, lq), 6),
-        "perplexity_float": round(perplexity(lf, targets), 4),
-        "perplexity_quantized": round(perplexity(lq, targets), 4),
+        "top1_agreement": round(metrics.top1_agreement(lf, lq), 4),
+        "kl_divergence": round(metrics.kl_divergence(lf, lq), 6),
+        "perplexity_float": round(metrics.perplexity(lf, targets), 4),
+        "perplexity_quantized": round(metrics.perplexity(lq, targets), 4),
     }
     values["perplexity_ratio"] = round(
         values["perplexity_quantized"] / max(values["perplexity_float"], 1e-9), 4
@@ -313,8 +305,7 @@ def _validate(
     prompts = [ids[s : s + PROMPT_TOKENS] for s in starts[:GREEDY_PROMPTS]]
     gens: dict[str, list[list[int]]] = {}
     for i, (v, ps) in enumerate(sessions.items()):
-        greedy_fn = greedy_part_major if mode == "part" else greedy_unit_major
-        gens[v] = greedy_fn(ps, prompts, GREEDY_TOKENS, eos, cl, kvh, hd)
+        gens[v] = greedy_batch(ps, prompts, GREEDY_TOKENS, eos, cl, kvh, hd)
         em.progress(0.5 + 0.3 * (i + 1) / len(sessions), f"greedy continuations: {v} done")
     greedy: list[dict[str, Any]] = []
     agree: list[float] = []
@@ -322,9 +313,12 @@ def _validate(
     sal_f: list[float] = []
     for i, prompt in enumerate(prompts):
         gen = {v: gens[v][i] for v in gens}
-        frac, first_diff = sequence_agreement(gen["float"], gen["sim"])
+        frac, first_diff = metrics.sequence_agreement(gen["float"], gen["sim"])
         texts = {v: tok.decode(g) for v, g in gen.items()}
-        sq, sf = salad(texts["sim"], gen["sim"], ref_counts), salad(texts["float"], gen["float"], ref_counts)
+        sq, sf = (
+            metrics.salad(texts["sim"], gen["sim"], ref_counts),
+            metrics.salad(texts["float"], gen["float"], ref_counts),
+        )
         agree.append(frac)
         sal_q.append(sq["score"])
         sal_f.append(sf["score"])
@@ -356,10 +350,10 @@ def _validate(
     em.metric("validate_session_open_seconds", open_s, "s")
     calib: dict[str, Any] = {
         "graph": f"prompt_processor alone (calibration shape, AR-{ar_n})",
-        "top1_agreement": round(top1_agreement(pp_logits["float"], pp_logits["sim"]), 4),
-        "kl_divergence": round(kl_divergence(pp_logits["float"], pp_logits["sim"]), 6),
+        "top1_agreement": round(metrics.top1_agreement(pp_logits["float"], pp_logits["sim"]), 4),
+        "kl_divergence": round(metrics.kl_divergence(pp_logits["float"], pp_logits["sim"]), 6),
     }
-    cj = judge(
+    cj = metrics.judge(
         {k: float(calib[k]) for k in ("top1_agreement", "kl_divergence")},
         {k: thr[k] for k in ("top1_agreement", "kl_divergence")},
     )
@@ -372,7 +366,7 @@ def _validate(
         em.log(f"HTP simulation leg skipped: {htp['why']}")
     em.progress(0.9, "judging")
 
-    result = judge(values, thr)
+    result = metrics.judge(values, thr)
     if export is not None:
         for name, c in export["checks"].items():
             values[name] = c["value"]

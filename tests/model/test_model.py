@@ -380,7 +380,7 @@ def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: 
         DeploymentPair,
         KVState,
         PartSessions,
-        greedy_part_major,
+        greedy_batch,
         prefill_calls,
         run_part_major,
     )
@@ -419,7 +419,7 @@ def test_part_major_runs_match_the_deployment_pair_with_one_part_open(tmp_path: 
     for seq in seqs:
         pair.reset()
         ref.append(pair.generate(seq, 12, eos_ids=[]))
-    assert greedy_part_major(ps, seqs, 12, [], 64, 2, 16) == ref
+    assert greedy_batch(ps, seqs, 12, [], 64, 2, 16) == ref
 
 
 def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

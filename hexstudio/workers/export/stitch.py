@@ -118,14 +118,6 @@ class PartGraphWriter:
         self.data_name = self.shared.name
         self._data = self.shared.fh
 
-    @property
-    def _offset(self) -> int:
-        return self.shared.offset
-
-    @_offset.setter
-    def _offset(self, v: int) -> None:
-        self.shared.offset = v
-
     def add(
         self,
         piece: Path,
@@ -236,7 +228,7 @@ class PartGraphWriter:
         hit = self.shared.find(name, key)
         if hit is not None:
             return self._reference(name, init.data_type, [int(d) for d in init.dims], hit[1], at=hit[0])
-        self.shared.index[(name, key)] = (self._offset, len(raw))
+        self.shared.index[(name, key)] = (self.shared.offset, len(raw))
         self._data.write(raw)
         return self._reference(name, init.data_type, [int(d) for d in init.dims], len(raw))
 
@@ -251,13 +243,13 @@ class PartGraphWriter:
         t.data_location = onnx.TensorProto.EXTERNAL
         for k, v in (
             ("location", self.data_name),
-            ("offset", str(self._offset if at is None else at)),
+            ("offset", str(self.shared.offset if at is None else at)),
             ("length", str(nbytes)),
         ):
             e = t.external_data.add()
             e.key, e.value = k, v
         if at is None:
-            self._offset += nbytes
+            self.shared.offset += nbytes
         return t
 
     def _write_streamed(self, init: Any, sw: StreamedWeight, piece: str) -> Any:
@@ -280,9 +272,9 @@ class PartGraphWriter:
         hit = self.shared.find(sw.name, key)
         if hit is not None:  # the part's other graph streamed it already
             return self._reference(sw.name, onnx.TensorProto.FLOAT, out_dims, hit[1], at=hit[0])
-        self.shared.index[(sw.name, key)] = (self._offset, total)
+        self.shared.index[(sw.name, key)] = (self.shared.offset, total)
         self._data.flush()
-        base, done = self._offset, 0
+        base, done = self.shared.offset, 0
         fd = self._data.fileno()
         if transposed:
             os.ftruncate(fd, base + total)

@@ -22,6 +22,7 @@ from hexstudio.shared import bundle as gb
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers.bundle_metadata import variant_suffix
+from hexstudio.workers.compile import write_bundle_json
 from hexstudio.workers.qnn.compile import (
     CompiledPart,
     GraphToCompile,
@@ -230,24 +231,19 @@ def write_local_bundle(
     em.progress(0.9, "writing bundle.json")
     dev: dict[str, Any] = {k: device[k] for k in ("name", "soc_model", "dsp_arch") if k in device}
     dev["attributes"] = list(device.get("attributes") or [])
-    return gb.write_manifest(
+    return write_bundle_json(
         bdir,
-        {
-            "model": model_doc["model"],
-            "simulated": False,
-            "emulated": False,
-            "device": dev,
+        model_doc,
+        q,
+        device=dev,
+        qairt_version=qairt,
+        target={
             "compile_target": "local",
             "binaries": "qnn",
             "context_binary_form": form,
             "weight_sharing": form == "shared",
-            "qairt_version": qairt,
             "qnn_version": libs.qnn_version,
             "qnn_build_id": build,
-            "context_length": q["context_length"],
-            "ar_n": q["ar_n"],
-            "parts": q["parts"],
             "context_lengths": q.get("context_lengths") or [q["context_length"]],
-            "aihub_jobs": [],
         },
     )

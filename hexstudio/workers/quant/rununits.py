@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +52,9 @@ class RunUnit:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **asdict(self),
             "path": str(self.path),
-            "level": self.level,
-            "inputs": self.inputs,
-            "outputs": self.outputs,
-            "params": self.params,
             "columns": list(self.columns) if self.columns else None,
-            "layers": self.layers,
         }
 
     @classmethod
