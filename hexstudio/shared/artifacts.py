@@ -86,7 +86,7 @@ class BundleDoc(TypedDict):
     aihub_jobs: list[dict[str, Any]]
     files: list[BundleFile]
     qairt_full_version: NotRequired[str | None]  # AI Hub bundles
-    precision: NotRequired[dict[str, Any]]  # AI Hub bundles
+    precision: NotRequired[str]  # AI Hub bundles: qai-hub-models' precision name, e.g. "w4a16"
 
 
 def required_keys(doc_type: type) -> frozenset[str]:
