@@ -319,21 +319,21 @@ def _comps(**kw: Any) -> dict[str, dict[str, Any]]:
 def test_model_checks_pass_the_reference_graphs() -> None:
     g = _comps()
     assert sorted(g)[0] == "prompt_ar128_cl4096_1_of_3"  # the embedding-only part takes its siblings' CL
-    assert gm.model_errors(g, 4096, kv_dim=64, rope_dim=32) == []
+    assert gm.genie_lines(gm.model_issues(g, 4096, kv_dim=64, rope_dim=32)) == []
     assert gm.model_issues(g, 4096, kv_dim=64, rope_dim=32) == []
 
 
 def test_genie_compares_kv_in_out_only_across_two_graphs() -> None:
     g = {k: v for k, v in _comps().items() if k.startswith("prompt")}  # one variant only
     g["prompt_ar128_cl4096_2_of_3"]["inputs"]["past_key_0_in"]["quantization_parameters"]["scale"] = 0.07
-    assert gm.model_errors(g, 4096) == []  # Genie misses it...
+    assert gm.genie_lines(gm.model_issues(g, 4096)) == []  # Genie misses it...
     assert [i.code for i in gm.model_issues(g, 4096)] == ["kv_untied"]  # ...HexStudio does not
 
 
 def test_genie_output_block_for_validation_errors() -> None:
     g = _comps()
     g["token_ar1_cl4096_3_of_3"]["inputs"]["attention_mask"]["quantization_parameters"]["offset"] = -65000
-    lines = gm.model_errors(g, 4096)
+    lines = gm.genie_lines(gm.model_issues(g, 4096))
     assert lines[0] == '[ERROR] "Model Validation Errors found"'
     assert (
         '[ERROR] "token_ar1_cl4096_3_of_3 : attention_mask - Non-identical quantization parameters found for the '
@@ -345,7 +345,7 @@ def test_genie_output_block_for_validation_errors() -> None:
 
 
 def test_context_size_above_the_graphs_cl() -> None:
-    assert gm.model_errors(_comps(), 8192) == [
+    assert gm.genie_lines(gm.model_issues(_comps(), 8192)) == [
         "Failure to initialize model. Config specifies context->size=8192, but loaded max-CL=4096"
     ]
 
@@ -368,7 +368,7 @@ def test_hexstudio_findings_genie_does_not_make() -> None:
             if t.startswith("past_value_0"):
                 s["quantization_parameters"]["offset"] = -120
     codes = {i.code for i in gm.model_issues(g, 4096)}
-    assert {"cos_sin_quant", "kv_asymmetric"} <= codes and gm.model_errors(g, 4096) == []
+    assert {"cos_sin_quant", "kv_asymmetric"} <= codes and gm.genie_lines(gm.model_issues(g, 4096)) == []
 
 
 def test_split_order_must_be_lexicographic() -> None:

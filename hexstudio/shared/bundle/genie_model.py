@@ -501,21 +501,3 @@ def genie_lines(issues: list[ModelIssue]) -> list[str]:
             VALIDATION_FAILED,
         ]
     return [*(i.message for i in g if i.stage == "tensors"), TENSORS_FAILED]
-
-
-def model_errors(
-    graphs: dict[str, dict[str, Any]],
-    context_size: int | None,
-    *,
-    kv_dim: int | None = None,
-    rope_dim: int | None = None,
-    prefix: str = "past_",
-    positional: str = "rope",
-) -> list[str]:
-    """Genie's load-time output for these graphs (see genie_lines): [] when Genie would load them. The
-    HexStudio findings are in model_issues (genie False)."""
-    return genie_lines(
-        model_issues(
-            graphs, context_size, kv_dim=kv_dim, rope_dim=rope_dim, prefix=prefix, positional=positional
-        )
-    )

@@ -158,7 +158,7 @@ def load_simulated_model(
     names, shapes, split order, chaining, identical quantization) and order the splits of each AR/CL by
     graph name. Returns (graph entries for the deployment pair, ONNX path per graph, I/O quantization)."""
     from hexstudio.shared.bundle import safepath
-    from hexstudio.shared.bundle.genie_model import model_errors, splits
+    from hexstudio.shared.bundle.genie_model import genie_lines, model_issues, splits
     from hexstudio.workers.genie_sim.simbin import SimBinError, read_sim_bin
 
     specs: dict[str, dict[str, Any]] = {}
@@ -178,8 +178,10 @@ def load_simulated_model(
             )
     htp = cfg["engine"]["backend"].get("QnnHtp") or {}
     pe = cfg["engine"]["model"].get("positional-encoding") or legacy_positional_encoding(cfg)
-    lines = model_errors(
-        specs, int(cfg["context"]["size"]), kv_dim=htp.get("kv-dim"), rope_dim=pe.get("rope-dim")
+    lines = genie_lines(
+        model_issues(
+            specs, int(cfg["context"]["size"]), kv_dim=htp.get("kv-dim"), rope_dim=pe.get("rope-dim")
+        )
     )
     if lines:
         raise GenieLoadError(lines, "Failed to create the dialog.")
