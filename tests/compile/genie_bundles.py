@@ -52,6 +52,17 @@ SPECIALS = {
     128009: "<|eot_id|>",
 }
 
+# The files a Genie bundle lays out beside its context binaries, as qai-hub-models does; tool-versions.yaml
+# aside (only a real compile has a QAIRT version to write).
+BUNDLE_FILES = (
+    "genie_config.json",
+    "htp_backend_ext_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "config.json",
+    "metadata.yaml",
+)
+
 # encodings (AIMET convention real = (q + offset) * scale): one per shared tensor
 MASK_Q = {"scale": 50.0 / 65535, "offset": -65535}  # [-50, 0]: the largest code is 0.0
 ROPE_Q = {"scale": 2.0 / 65535, "offset": -32768}  # cos and sin: one encoding

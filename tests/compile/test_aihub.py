@@ -29,6 +29,7 @@ from hexstudio.workers import bundle_metadata as gm
 from hexstudio.workers.aihub import JOBS_FILE
 from tests.aihub_emulator import AIHubEmulator
 from tests.aihub_emulator.server import QAIRT_VERSIONS
+from tests.compile.genie_bundles import BUNDLE_FILES
 from tests.support.sim_runs import copy_run
 
 pytestmark = pytest.mark.timeout(240)
@@ -83,17 +84,7 @@ def test_compile_through_the_emulator_writes_a_complete_labeled_bundle(
     assert (doc["context_length"], doc["parts"], doc["precision"]) == (512, 2, "w4a16")
     names = {f["path"] for f in doc["files"]}
     bins = [f"{MODEL}_part_1_of_2.bin", f"{MODEL}_part_2_of_2.bin"]
-    assert names == {
-        *bins,
-        "genie_config.json",
-        "htp_backend_ext_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "config.json",
-        "metadata.yaml",
-        "tool-versions.yaml",
-        "EMULATED.txt",
-    }
+    assert names == {*bins, *BUNDLE_FILES, "tool-versions.yaml", "EMULATED.txt"}
     # every file and checksum, recomputed here as well
     for f in doc["files"]:
         assert (

@@ -12,6 +12,7 @@ import pytest
 from hexstudio.shared import bundle as gb
 from hexstudio.shared.data import builtin_model_dir
 from hexstudio.shared.run_settings import RunSettings
+from tests.compile.genie_bundles import BUNDLE_FILES
 from tests.support.cli import hexstudio as _hexstudio
 from tests.support.configs import LLAMA_31_8B
 
@@ -91,16 +92,7 @@ def test_simulation_bundle_is_complete_and_labeled(compiled_sim_run: Path) -> No
     assert gb.verify_bundle(bdir) == []
     names = {f["path"] for f in doc["files"]}
     # laid out as qai-hub-models lays out a real bundle; the context binaries are simulated ones
-    assert {
-        "genie_config.json",
-        "htp_backend_ext_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "config.json",
-        "metadata.yaml",
-        "tiny_llama_part_1_of_2.bin",
-        "tiny_llama_part_2_of_2.bin",
-    } <= names
+    assert {*BUNDLE_FILES, "tiny_llama_part_1_of_2.bin", "tiny_llama_part_2_of_2.bin"} <= names
     cfg = json.loads((bdir / "genie_config.json").read_text())["dialog"]
     assert cfg["engine"]["model"]["binary"]["ctx-bins"] == [
         "tiny_llama_part_1_of_2.bin",

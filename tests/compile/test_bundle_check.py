@@ -32,16 +32,7 @@ def _codes(fs: list[Finding]) -> list[str]:
 # -- the qai-hub-models layout passes ------------------------------------------------------------------
 def test_the_qai_hub_models_layout_fixture_passes(tmp_path: Path) -> None:
     assert sorted(p.name for p in FIXTURE.iterdir()) == sorted(
-        [
-            "config.json",
-            "genie_config.json",
-            "htp_backend_ext_config.json",
-            "metadata.yaml",
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "tool-versions.yaml",
-            *(f"{gbx.MODEL_ID}_part_{i}_of_3.bin" for i in (1, 2, 3)),
-        ]
+        [*gbx.BUNDLE_FILES, "tool-versions.yaml", *(f"{gbx.MODEL_ID}_part_{i}_of_3.bin" for i in (1, 2, 3))]
     )
     found = check_bundle(FIXTURE, BOARD)
     assert errors(found) == [] and [f for f in found if f.severity == "warning"] == []

@@ -20,17 +20,10 @@ from hexstudio.core.pipeline import Pipeline, stop_stale_workers
 from hexstudio.core.runs import Workspace
 from hexstudio.core.stage_api import WORKER_RUN_ENV
 from tests.core.conftest import fake_stages
+from tests.support.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES3 = ("model", "preflight", "quantize")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 def _wait(cond: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -89,11 +82,11 @@ def test_kill9_of_hexstudio_run_during_quantize_leaves_no_worker_alive(tmp_path:
         rec = json.loads((m.run_dir / "run.json").read_text())["stages"]["quantize"]["worker"]
         assert rec["pid"] == worker and rec["boot_id"] == boot_id()
         time.sleep(0.3)  # the worker is deep in its silent computation
-        assert _alive(worker) and _alive(child)
+        assert alive(worker) and alive(child)
         t0 = time.monotonic()
         proc.kill()  # kill -9 of `hexstudio run`
         proc.wait()
-        _wait(lambda: not _alive(worker) and not _alive(child), timeout=2.0)
+        _wait(lambda: not alive(worker) and not alive(child), timeout=2.0)
         gone_after = time.monotonic() - t0
     finally:
         if proc.poll() is None:
@@ -149,7 +142,7 @@ def test_a_resume_stops_a_still_running_worker_of_the_run(tmp_path: Path) -> Non
         t0 = time.monotonic()
         stopped = stop_stale_workers(m, term_s=0.5)
         assert stopped == ["quantize"] and time.monotonic() - t0 < 5
-        assert not _alive(ours.pid)  # it ignored SIGTERM: SIGKILL ended it
+        assert not alive(ours.pid)  # it ignored SIGTERM: SIGKILL ended it
         assert other.poll() is None  # not this run's: untouched
         assert any(e["kind"] == "stale_worker_stopped" for e in m.data["events"])
         assert m.stage("quantize").data["worker"] is None
@@ -193,7 +186,7 @@ def test_the_liveness_pipe_alone_kills_the_whole_group(tmp_path: Path, how: str)
         worker, child = int(pidfile.read_text()), int(childfile.read_text())
         assert p.stdin is not None
         p.stdin.close()
-        _wait(lambda: not _alive(worker) and not _alive(child), timeout=2.0)
+        _wait(lambda: not alive(worker) and not alive(child), timeout=2.0)
     finally:
         if p.poll() is None:
             p.kill()

@@ -21,6 +21,7 @@ from hexstudio.core.runs import RunBusy, RunLock, Workspace
 from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import get_stage
 from tests.core.conftest import fake_stages
+from tests.support.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -192,7 +193,7 @@ def test_cancel_leaves_no_orphan_process(workspace: Workspace, tmp_path: Path) -
     assert shared["result"].ok is False
     assert m.stage("model").state == "cancelled"
     _wait(lambda: not _group_members(pgid), 10)
-    _wait(lambda: not _alive(child), 10)
+    _wait(lambda: not alive(child), 10)
     assert not (m.run_dir / "artifacts" / "model").exists()
 
 
@@ -208,19 +209,6 @@ def _group_members(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 out.append(int(d.name))
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill 0; look at its state
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_missing_worker_reports_not_implemented(workspace: Workspace) -> None:
@@ -411,7 +399,7 @@ def test_cancel_escalates_to_sigkill_for_a_worker_that_ignores_sigint_and_sigter
     assert out["kind"] == "cancelled" and out["signal"] == "SIGKILL" and out["code"] == "cancelled"
     assert m.stage("model").state == "cancelled"
     _wait(lambda: not _group_members(pgid), 10)  # the child that ignored SIGTERM went with the group
-    _wait(lambda: not _alive(child), 10)
+    _wait(lambda: not alive(child), 10)
     assert not (m.run_dir / "artifacts" / "model.partial").exists()
 
 

@@ -15,6 +15,7 @@ from hexstudio.core.device.board import python_env, sim_board
 from hexstudio.core.genie.conversation import Conversation
 from hexstudio.core.genie.session import ChatSession, SessionError
 from tests.genie.conftest import SimWorkspace
+from tests.support.cli import python_module
 
 
 def _bundle_local(ws: SimWorkspace) -> Path:
@@ -74,13 +75,7 @@ def test_geniex_cli_face(sim_workspace: SimWorkspace, tmp_path: Path) -> None:
     env = {**python_env(), "GENIEX_DATADIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
 
     def geniex(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "hexstudio.workers.genie_sim.geniex", *args],
-            env=env,
-            text=True,
-            capture_output=True,
-            timeout=300,
-        )
+        return python_module("hexstudio.workers.genie_sim.geniex", *args, env=env)
 
     v = geniex("version")
     assert v.returncode == 0

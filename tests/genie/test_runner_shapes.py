@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from hexstudio.core.genie.run import (
 from hexstudio.core.paths import BUILTIN_MODEL_DIR, REPO_ROOT
 from hexstudio.core.reports.collect import token_rate_series, token_rate_unit
 from tests.genie.conftest import SimWorkspace
+from tests.support.cli import python_module
 
 OLD_T2T = Path(__file__).parent / "fake_genie" / "old_t2t.py"
 TOKENIZER = BUILTIN_MODEL_DIR / "tokenizer.json"
@@ -147,13 +149,8 @@ def test_token_rate_series_counts_tokens_when_known_and_says_chunks_otherwise() 
 
 
 def _sim(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hexstudio.workers.genie_sim.t2t", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT)},
+    return python_module(
+        "hexstudio.workers.genie_sim.t2t", *args, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     )
 
 

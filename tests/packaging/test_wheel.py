@@ -55,6 +55,14 @@ SHIPPED = [
 ]
 
 
+def _pip(*args: str, cwd: Path) -> None:
+    """This interpreter's `pip ARGS` in `cwd`; a failure fails the test with the tail of pip's output."""
+    p = subprocess.run(
+        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
 def _build_wheel(tmp: Path) -> Path:
     """The wheel, built from a copy of the package sources only (no stale build/, no checkout leftovers)."""
     src = tmp / "src"
@@ -63,26 +71,7 @@ def _build_wheel(tmp: Path) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
     out = tmp / "wheelhouse"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "-q",
-            "-w",
-            str(out),
-            str(src),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp,
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(out), str(src), cwd=tmp)
     (wheel,) = out.glob("hexstudio-*.whl")
     return wheel
 
@@ -118,25 +107,7 @@ def test_wheel_installed_not_editable_runs_the_flow(tmp_path: Path) -> None:
     venv_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(venv_dir)
     py = venv_dir / "bin" / "python"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(py),
-            "install",
-            "--no-deps",
-            "--no-index",
-            "-q",
-            str(wheel),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    _pip("--python", str(py), "install", "--no-deps", "--no-index", "-q", str(wheel), cwd=tmp_path)
     site = Path(
         subprocess.check_output(
             [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

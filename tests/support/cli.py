@@ -47,6 +47,21 @@ def python_m_hexstudio(
     )
 
 
+def python_module(
+    module: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`python -m MODULE ARGS` in `cwd`, its output captured as text; `env` is its whole environment (else this
+    one's)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def sim_t2t_argv(prompt: str, max_tokens: int, *more: str) -> list[str]:
     """The simulator's genie-t2t-run (hexstudio/workers/genie_sim/t2t.py) on genie_config.json, to run in the
     bundle folder: `prompt`, at most `max_tokens` tokens, then the options `more`."""

@@ -243,6 +243,7 @@ class EvkBoard:
         self.server = SshServer(
             self.dir / "sshd", user=user, setup_script=self._setup_script(), password_auth=ssh_password_auth
         )
+        self.host, self.port = self.server.host, self.server.port  # sshd's address, chosen before it starts
         self.server.state_dir.mkdir(parents=True, exist_ok=True)
         (self.server.state_dir / "reboot_delay").write_text(f"{reboot_delay}\n")
         self._orig_write_config = self.server._write_config
@@ -257,14 +258,6 @@ class EvkBoard:
         self.server.config_path.write_text(
             text + "SetEnv PATH=/usr/local/sbin:/usr/local/bin:/usr/bin:/bin\n"
         )
-
-    @property
-    def host(self) -> str:
-        return self.server.host
-
-    @property
-    def port(self) -> int:
-        return self.server.port
 
     def board_config(self, auth: str = "key") -> dict[str, Any]:
         """The board's entry for Settings().boards (auth "password": the user's password, which is also

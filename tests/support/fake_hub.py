@@ -133,16 +133,7 @@ class FakeHub:
                 files = repo.commits[commit]
                 if kind == "revision":
                     sib = [
-                        {
-                            "rfilename": n,
-                            "size": len(b),
-                            "blobId": _git_oid(b),
-                            **(
-                                {"lfs": {"sha256": _sha(b), "size": len(b), "pointerSize": 134}}
-                                if _lfs(n)
-                                else {}
-                            ),
-                        }
+                        {"rfilename": n, "size": len(b), "blobId": _git_oid(b), **_lfs_entry(n, b, "sha256")}
                         for n, b in sorted(files.items())
                     ]
                     body = json.dumps(
@@ -163,11 +154,7 @@ class FakeHub:
                             "path": n,
                             "size": len(b),
                             "oid": _git_oid(b),
-                            **(
-                                {"lfs": {"oid": _sha(b), "size": len(b), "pointerSize": 134}}
-                                if _lfs(n)
-                                else {}
-                            ),
+                            **_lfs_entry(n, b, "oid"),
                         }
                         for n, b in sorted(files.items())
                     ]
@@ -211,6 +198,12 @@ def _lfs(name: str) -> bool:
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _lfs_entry(name: str, data: bytes, sha_key: str) -> dict[str, Any]:
+    """A file listing's `lfs` entry for a file kept in LFS, else none; the listing names its sha256 `sha_key`
+    ("sha256" in a model's siblings, "oid" in a tree)."""
+    return {"lfs": {sha_key: _sha(data), "size": len(data), "pointerSize": 134}} if _lfs(name) else {}
 
 
 def _git_oid(data: bytes) -> str:
