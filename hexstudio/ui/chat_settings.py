@@ -56,7 +56,10 @@ def genie_sampler(values: dict[str, Any]) -> dict[str, Any]:
     return {k.replace("_", "-"): v for k, v in values.items()}
 
 
-def form_group(title: str, rows: list[tuple[str, QWidget] | QWidget]) -> QGroupBox:
+FormRow = tuple[str, QWidget] | QWidget  # (label, field), or a widget on a row alone
+
+
+def form_group(title: str, rows: list[FormRow]) -> QGroupBox:
     """A group box of form rows: (label, field) with the label the field's buddy, or a widget on a row alone."""
     box = QGroupBox(title)
     form = QFormLayout(box)
@@ -182,8 +185,8 @@ class ChatSettingsPanel(QWidget):
 
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(
-            form_group(
+        groups: list[tuple[str, list[FormRow]]] = [
+            (
                 "Model",
                 [
                     ("Runtime", self.runtime_combo),
@@ -195,10 +198,8 @@ class ChatSettingsPanel(QWidget):
                     ("Max reply", self.max_tokens),
                     self.enter_sends_box,
                 ],
-            )
-        )
-        lay.addWidget(
-            form_group(
+            ),
+            (
                 "Sampler",
                 [
                     ("Preset", self.sampler_combo),
@@ -207,8 +208,10 @@ class ChatSettingsPanel(QWidget):
                     ("Top-p", self.topp_spin),
                     ("Seed", self.seed_spin),
                 ],
-            )
-        )
+            ),
+        ]
+        for title, rows in groups:
+            lay.addWidget(form_group(title, rows))
 
         self.apply_preset("deterministic")
         self.sampler_combo.currentIndexChanged.connect(lambda _i: self.apply_preset(self.sampler_preset()))
