@@ -59,7 +59,7 @@ from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers import bundle_metadata as gm
 from hexstudio.workers.aihub_uplink import UplinkRate, read_rate, record_rate
 from hexstudio.workers.aihub_upload import UploadError, UploadStats, plan_bytes, write_upload_dir
-from hexstudio.workers.compile import write_bundle_json
+from hexstudio.workers.bundle_json import write_bundle_json
 from hexstudio.workers.genie_config import check_speculative, checked_genie_config, write_dialog_configs
 from hexstudio.workers.runtime import WorkerError, WorkerSpec
 

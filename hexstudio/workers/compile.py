@@ -23,6 +23,7 @@ from hexstudio.shared import bundle as gb
 from hexstudio.shared import modelinfo
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.run_settings import RunSettings
+from hexstudio.workers.bundle_json import write_bundle_json
 from hexstudio.workers.genie_config import checked_genie_config, speculative_of
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 
@@ -105,38 +106,6 @@ def write_sim_bundle(
     em.progress(0.8, "writing bundle.json")
     return write_bundle_json(
         bdir, model_doc, q, device=gb.SIMULATOR_DEVICE, qairt_version=None, simulated=True
-    )
-
-
-def write_bundle_json(
-    bdir: Path,
-    model_doc: dict[str, Any],
-    q: dict[str, Any],
-    *,
-    device: dict[str, Any],
-    qairt_version: str | None,
-    simulated: bool = False,
-    emulated: bool = False,
-    target: dict[str, Any] | None = None,
-    aihub_jobs: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """bundle.json, as every compile target writes it (hexstudio.shared.artifacts.BundleDoc): the model, what
-    the bundle is (simulated, emulated), the device and QAIRT version, the target's own keys (`target`),
-    quantize.json's context length, AR and parts, and the AI Hub jobs (none off AI Hub)."""
-    return gb.write_manifest(
-        bdir,
-        {
-            "model": model_doc["model"],
-            "simulated": simulated,
-            "emulated": emulated,
-            "device": device,
-            "qairt_version": qairt_version,
-            **(target or {}),
-            "context_length": q["context_length"],
-            "ar_n": q["ar_n"],
-            "parts": q["parts"],
-            "aihub_jobs": aihub_jobs or [],
-        },
     )
 
 

@@ -21,8 +21,8 @@ from typing import Any
 from hexstudio.shared import bundle as gb
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.run_settings import RunSettings
+from hexstudio.workers.bundle_json import write_bundle_json
 from hexstudio.workers.bundle_metadata import variant_suffix
-from hexstudio.workers.compile import write_bundle_json
 from hexstudio.workers.qnn.compile import (
     CompiledPart,
     GraphToCompile,
