@@ -42,17 +42,35 @@ def _isolated_qsettings(qapp: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     )
 
 
+def _stop_its_stage(window: Any, nodeid: str) -> None:
+    """Cancel the stage `window` still runs and wait for its worker to end. Left running, the worker outlived the
+    test, and its end (busyChanged) reached that window's deleted widgets in whichever test ran next: a failure
+    blamed on an innocent test (seen in a full run)."""
+    c = getattr(window, "c", None)
+    loop = asyncio.get_event_loop_policy().get_event_loop()
+    if c is None or not getattr(c, "busy", False) or loop.is_running():
+        return
+    stage = c.running_stage or "running"
+    try:
+        loop.run_until_complete(asyncio.wait_for(c.shutdown(), 60))
+        sys.stderr.write(f"{nodeid}: at teardown, cancelled the {stage} stage\n")
+    except Exception as exc:  # the test's own failure stays the report
+        sys.stderr.write(f"{nodeid}: at teardown, the running stage could not be cancelled: {exc!r}\n")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     """A test that fails while a stage still runs leaves its window busy, and closing the window at teardown (pytest-qt
     closes every widget a test added) asks "Cancel it and quit?" in a modal box nobody answers. The nested Qt loop
     holds the interpreter, so even pytest-timeout's thread cannot end it: the whole suite hung (seen in a full run).
-    At teardown every such question is answered No, and said on stderr; the test's own failure stays the report."""
+    At teardown every such question is answered No, and said on stderr, after the stage has been cancelled here (no
+    worker outlives its test); the test's own failure stays the report."""
     from PySide6.QtWidgets import QMessageBox
 
     def no(*args: Any, **kwargs: Any) -> QMessageBox.StandardButton:
         text = next((a for a in args[2:3] if isinstance(a, str)), kwargs.get("text", ""))
         sys.stderr.write(f"{item.nodeid}: at teardown, answered No to the question {text!r}\n")
+        _stop_its_stage(args[0] if args else kwargs.get("parent"), item.nodeid)
         return QMessageBox.StandardButton.No
 
     orig = QMessageBox.question
