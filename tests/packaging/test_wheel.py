@@ -56,9 +56,11 @@ SHIPPED = [
 
 
 def _pip(*args: str, cwd: Path) -> None:
-    """This interpreter's `pip ARGS` in `cwd`; a failure fails the test with the tail of pip's output."""
+    """This interpreter's `pip ARGS` in `cwd`; a failure fails the test with the tail of pip's output. Without
+    PYTHONPATH: a checkout on it would read to pip as hexstudio already installed."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     p = subprocess.run(
-        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=600, cwd=cwd
+        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
 
