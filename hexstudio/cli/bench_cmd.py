@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.chat_cmd import _target, add_target_flags
 from hexstudio.cli.common import CliError, eprint, print_json, set_action
+from hexstudio.cli.target import add_target_flags, board_and_bundle
 from hexstudio.core.genie.runtime import RUNTIMES
 
 
@@ -61,7 +61,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.runs < 1 or args.warmup < 0:
         raise CliError("--runs must be >= 1 and --warmup >= 0.", "E.g. --warmup 1 --runs 3.")
-    board, remote, _doc, run_dir = await _target(args)
+    board, remote, _doc, run_dir = await board_and_bundle(args)
     runtimes = [r.strip() for r in args.runtimes.split(",")] if args.runtimes else await _runtimes_on(board)
     bad = [r for r in runtimes if r not in RUNTIMES]
     if bad:

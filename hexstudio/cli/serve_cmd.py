@@ -17,8 +17,8 @@ import os
 import signal
 from typing import Any
 
-from hexstudio.cli.chat_cmd import _target, add_target_flags
 from hexstudio.cli.common import CliError, add_workspace_flag, eprint, number_in
+from hexstudio.cli.target import add_target_flags, board_and_bundle
 from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.genie.session import SAMPLER_PRESETS
 from hexstudio.serve.limits import Limits
@@ -135,7 +135,7 @@ async def _serve(args: argparse.Namespace) -> int:
         check_bind(args.host, args.allow_remote, key)
     except BindRefused as exc:
         raise CliError(exc.message, exc.hint) from None
-    board, remote, doc, run_dir = await _target(args)
+    board, remote, doc, run_dir = await board_and_bundle(args)
     async with contextlib.AsyncExitStack() as opened:  # what is open, closed in reverse order however it ends
         opened.push_async_callback(board.transport.close)
         model_dir = run_dir / "artifacts" / "model" if run_dir is not None else None

@@ -1,5 +1,5 @@
 """Issue 32: `chat`, `bench` and `serve` used the latest run's bundle, even one that failed its gate, without
-naming it. All three find their bundle through chat_cmd._target, which now says which run's bundle on which
+naming it. All three find their bundle through hexstudio.cli.target.board_and_bundle, which now says which run's bundle on which
 board (and why that run), and warns when that run did not pass a gate."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hexstudio.cli import bench_cmd, serve_cmd
-from hexstudio.cli.chat_cmd import target_lines
 from hexstudio.cli.main import main
+from hexstudio.cli.target import target_lines
 from tests.genie.conftest import SimWorkspace
 
 
@@ -54,4 +54,4 @@ def test_a_bundle_folder_is_named_as_such() -> None:
 
 def test_bench_and_serve_find_their_bundle_through_the_same_target() -> None:
     for fn in (bench_cmd._bench, serve_cmd):
-        assert "await _target(args)" in inspect.getsource(fn)
+        assert "await board_and_bundle(args)" in inspect.getsource(fn)

@@ -189,7 +189,8 @@ def test_whole_flow_through_the_window(
         assert [t.state for t in ch.record.turns] == ["complete", "aborted"]
         w.resize(1280, 900)
 
-        await run_page("report")  # Evaluate first (float, sim and HTP legs): minutes when the suite runs beside it
+        # the report runs Evaluate first (float, sim and HTP legs): minutes when the suite runs beside it
+        await run_page("report")
         rp = w.pages["report"]
         assert "tiny-llama" in rp.preview.toPlainText()
         out = tmp_path / "exported.html"
