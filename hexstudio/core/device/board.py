@@ -7,12 +7,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hexstudio.core.device.errors import BoardError
 from hexstudio.core.device.transport import LocalTransport
 from hexstudio.core.jobs import python_command
 from hexstudio.core.paths import WORKERS_ROOT, default_workspace
+
+if TYPE_CHECKING:
+    from typing import Unpack  # 3.11; annotations only (the studio runs on 3.10 too)
+
+    from hexstudio.core.device.connect import SshAsks
 
 log = logging.getLogger("hexstudio.board")
 
@@ -75,14 +80,11 @@ async def open_board(
     settings: Any = None,
     workspace: Path | None = None,
     *,
-    trust: Callable[[str, int, str, str], bool] | None = None,
-    password: str | None = None,
     on_state: Callable[[str, str], None] | None = None,
-    passphrase: Any = None,
-    offer_known_hosts: Any = None,
+    **asks: Unpack[SshAsks],
 ) -> Board:
-    """`trust(host, port, key_type, fingerprint) -> bool` answers a first-contact host key; without it an
-    unknown key raises hexstudio.core.device.connect.HostKeyUnknown (a BoardError with .fingerprint)."""
+    """`asks` (hexstudio.core.device.connect.SshAsks) answer what connecting needs from the person: without
+    `trust` an unknown host key raises HostKeyUnknown (a BoardError with .fingerprint)."""
     boards = getattr(settings, "boards", {}) if settings is not None else {}
     if name == "sim":
         b = sim_board(workspace)
@@ -108,15 +110,7 @@ async def open_board(
     where = f"{cfg.get('user') or '?'}@{cfg.get('host') or name}:{cfg.get('port') or 22}"
     log.info("board %s: connecting to %s (auth %s)", name, where, cfg.get("auth") or "default")
     try:
-        t = await connect_ssh(
-            name,
-            cfg,
-            trust=trust,
-            password=password,
-            on_state=on_state,
-            passphrase=passphrase,
-            offer_known_hosts=offer_known_hosts,
-        )
+        t = await connect_ssh(name, cfg, on_state=on_state, **asks)
     except BoardError as exc:
         log.warning("board %s: connection to %s failed: %s: %s", name, where, exc.code, exc.message)
         raise

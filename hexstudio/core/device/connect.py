@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import getpass
 import hashlib
 import os
@@ -35,7 +36,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from hexstudio.core.device.errors import BoardError
 from hexstudio.core.device.transport import SshSession, SshTransport
@@ -48,6 +49,9 @@ from hexstudio.core.secrets import (
     key_passphrase_key,
     set_secret,
 )
+
+if TYPE_CHECKING:
+    from typing import Unpack  # 3.11; annotations only (the studio runs on 3.10 too)
 
 AUTH_KINDS = ("key", "agent", "ssh_config", "password")
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")  # as OpenSSH tries them
@@ -190,6 +194,20 @@ class KeyPassphrase:
 AskPassphrase = Callable[[str, int], "KeyPassphrase | None"]
 # offer(host, port, key_type, fingerprint, path) -> also write the trusted key to the user's known_hosts `path`?
 OfferKnownHosts = Callable[[str, int, str, str, Path], bool]
+# trust(host, port, key_type, fingerprint) -> trust this first-contact host key?
+TrustHostKey = Callable[[str, int, str, str], bool]
+
+
+class SshAsks(TypedDict, total=False):
+    """What connecting may need from the person, declared once: every layer from open_board down to
+    connect_ssh_sync takes these as keywords (`**asks`) and hands them on unchanged. Without `trust` an unknown
+    host key raises HostKeyUnknown; without `passphrase` or `offer_known_hosts` the face's DEFAULT_PROMPTS
+    answer; `password` is the board's SSH password when its auth is "password" and the keyring has none."""
+
+    trust: TrustHostKey | None
+    password: str | None
+    passphrase: AskPassphrase | None
+    offer_known_hosts: OfferKnownHosts | None
 
 
 class KeyPassphraseNeeded(BoardError):
@@ -543,7 +561,7 @@ def _load_host_keys(r: dict[str, Any]) -> Any:
 def _check_host_key(
     t: Any,
     r: dict[str, Any],
-    trust: Callable[[str, int, str, str], bool] | None,
+    trust: TrustHostKey | None,
     offer: OfferKnownHosts | None,
 ) -> None:
     host, port = r["host_key_alias"] or r["host"], r["port"]
@@ -659,7 +677,7 @@ def _open_hop(
     r: dict[str, Any],
     sock: Any,
     *,
-    trust: Callable[[str, int, str, str], bool] | None,
+    trust: TrustHostKey | None,
     offer: OfferKnownHosts | None,
     ask: AskPassphrase | None,
     password: str | None,
@@ -718,7 +736,7 @@ def _connect_chain(
     name: str,
     r: dict[str, Any],
     *,
-    trust: Callable[[str, int, str, str], bool] | None,
+    trust: TrustHostKey | None,
     offer: OfferKnownHosts | None,
     ask: AskPassphrase | None,
     password: str | None,
@@ -812,24 +830,23 @@ def _connect_chain(
 
 
 def connect_ssh_sync(
-    name: str,
-    cfg: dict[str, Any],
-    *,
-    trust: Callable[[str, int, str, str], bool] | None = None,
-    password: str | None = None,
-    timeout: float = 15.0,
-    passphrase: AskPassphrase | None = None,
-    offer_known_hosts: OfferKnownHosts | None = None,
+    name: str, cfg: dict[str, Any], *, timeout: float = 15.0, **asks: Unpack[SshAsks]
 ) -> SshTransport:
     import paramiko
 
     r = resolve(cfg)
     host, port, user = r["host"], r["port"], r["user"]
-    ask = passphrase or DEFAULT_PROMPTS.passphrase
-    offer = offer_known_hosts or DEFAULT_PROMPTS.offer_known_hosts
+    ask = asks.get("passphrase") or DEFAULT_PROMPTS.passphrase
+    offer = asks.get("offer_known_hosts") or DEFAULT_PROMPTS.offer_known_hosts
     try:
         session = _connect_chain(
-            name, r, trust=trust, offer=offer, ask=ask, password=password, timeout=timeout
+            name,
+            r,
+            trust=asks.get("trust"),
+            offer=offer,
+            ask=ask,
+            password=asks.get("password"),
+            timeout=timeout,
         )
     except BoardError:
         raise
@@ -856,26 +873,14 @@ async def connect_ssh(
     name: str,
     cfg: dict[str, Any],
     *,
-    trust: Callable[[str, int, str, str], bool] | None = None,
-    password: str | None = None,
     timeout: float = 15.0,
     on_state: Callable[[str, str], None] | None = None,
-    passphrase: AskPassphrase | None = None,
-    offer_known_hosts: OfferKnownHosts | None = None,
+    **asks: Unpack[SshAsks],
 ) -> SshTransport:
     if on_state:
         on_state(CONNECTING, f"{cfg.get('user') or ''}@{cfg.get('host')}:{cfg.get('port') or 22}")
     try:
-        t = await asyncio.to_thread(
-            connect_ssh_sync,
-            name,
-            cfg,
-            trust=trust,
-            password=password,
-            timeout=timeout,
-            passphrase=passphrase,
-            offer_known_hosts=offer_known_hosts,
-        )
+        t = await asyncio.to_thread(functools.partial(connect_ssh_sync, name, cfg, timeout=timeout, **asks))
     except BoardError as exc:
         if on_state:
             on_state(FAILED, exc.message)
