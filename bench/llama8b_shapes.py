@@ -29,6 +29,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quantize_memory as qm
 
+from hexstudio.shared.disk_use import tree_bytes
+
 REPO = qm.REPO
 HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 4096, 14336, 32, 8, 128256
 CONTEXT, AR_N, PARTS = 4096, 128, 2
@@ -71,18 +73,6 @@ print(n)
 def make(work: Path, layers: int) -> tuple[Path, int]:
     out = work / f"llama8b-{layers}l"
     return out, qm.synthetic_model(MAKE, out, layers, HIDDEN, FFN, HEADS, KV_HEADS, VOCAB)
-
-
-def disk(root: Path) -> int:
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for d, _, files in os.walk(root):
-        for f in files:
-            st = os.lstat(os.path.join(d, f))
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-    return total
 
 
 def upload(run: Path, work: Path) -> dict[str, float]:
@@ -160,7 +150,7 @@ def compile_run(run: Path, work: Path) -> dict[str, Any]:
     if p.returncode != 0:
         raise RuntimeError(f"local compile failed: {p.stderr[-3000:]}")
     doc: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
-    doc["work_disk_bytes"] = disk(work / "htp")  # the rewritten graphs + the context binaries
+    doc["work_disk_bytes"] = tree_bytes(work / "htp")  # the rewritten graphs + the context binaries
     shutil.rmtree(work / "htp", ignore_errors=True)
     return doc
 
@@ -213,12 +203,12 @@ def main() -> int:
         for layers in [int(x) for x in args.layers.split(",")]:
             hf, params = make(work, layers)
             print(
-                f"{layers} layers: {params / 1e9:.2f}B parameters (bf16 checkpoint {disk(hf) / 1e9:.1f} GB)",
+                f"{layers} layers: {params / 1e9:.2f}B parameters (bf16 checkpoint {tree_bytes(hf) / 1e9:.1f} GB)",
                 flush=True,
             )
             q = qm.measure(hf, layers, PARTS, work, keep_output=True, unit="layer")
             run = Path(str(q["run"]))
-            qdisk = disk(run)
+            qdisk = tree_bytes(run)
             up = upload(run, work)
             v: dict[str, Any] = {"peak_rss_bytes": 0, "wall_s": 0}
             vdoc: dict[str, Any] = {"verdict": "not run"}
@@ -232,7 +222,7 @@ def main() -> int:
                 "quantize_wall": q["wall_s"],
                 "validate_peak": v["peak_rss_bytes"],
                 "validate_wall": v["wall_s"],
-                "run_disk": disk(run),
+                "run_disk": tree_bytes(run),
                 "quantize_disk": qdisk,
                 "aihub_upload_fp32": up["fp32_bytes"],
                 "aihub_upload": up["bytes"],

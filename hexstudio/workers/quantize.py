@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from hexstudio.shared.artifacts import ModelDoc
+from hexstudio.shared.disk_use import tree_bytes
 from hexstudio.shared.protocol import Emitter
 from hexstudio.workers.documents import model_doc
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
@@ -325,19 +326,6 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     return {"graphs": len(graphs), "parts": parts, "int4_lpbq_weight_encodings": lpbq}
 
 
-def disk_bytes(root: Any) -> int:
-    """Bytes the files under `root` take, each hard-linked file once."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            st = os.lstat(os.path.join(dirpath, f))
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_size
-    return total
-
-
 def storage_report(out: Any, graphs: list[dict[str, Any]], compact: bool = True) -> dict[str, int]:
     """The stage folder's disk use and what the AI Hub compile uploads: per graph one directory as the Compile
     stage prepares it (hexstudio/workers/aihub_upload.py plan_bytes: weights as their integers where `compact`,
@@ -347,7 +335,7 @@ def storage_report(out: Any, graphs: list[dict[str, Any]], compact: bool = True)
     from hexstudio.workers.aihub_upload import plan_bytes
 
     upload = sum(plan_bytes(out / g["onnx"], out / g["encodings"], compact) for g in graphs)
-    return {"disk_bytes": disk_bytes(out), "aihub_upload_bytes": upload}
+    return {"disk_bytes": tree_bytes(out), "aihub_upload_bytes": upload}
 
 
 def _version(mod: str) -> str:
