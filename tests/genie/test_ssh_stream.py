@@ -19,7 +19,8 @@ from hexstudio.core.device.board import Board, sim_board
 from hexstudio.core.device.connect import connect_ssh
 from hexstudio.core.genie.conversation import Conversation
 from hexstudio.core.genie.run import Chunk, QueryResult, run_query
-from hexstudio.core.genie.session import ChatSession, TurnResult
+from hexstudio.core.genie.session import ChatSession, TurnResult, helper_dir
+from hexstudio.workers.board import helper_files
 from tests.genie.conftest import FakeGenie, SimWorkspace, assert_streamed
 from tests.support.board_helpers import board_python_program
 from tests.support.sshd import SshServer
@@ -150,6 +151,52 @@ def test_persistent_session_over_ssh_with_the_test_libgenie(
     q = [x for x in echo.read_bytes().decode("utf-8").split("\x1e") if x]
     assert prompt in q[0]  # verbatim through JSON over the SSH channel
     assert not canary.exists()
+
+
+def test_the_helper_lies_in_a_folder_named_by_its_content_and_is_copied_once(
+    ssh_server: SshServer, fake_genie: FakeGenie, tmp_path: Path
+) -> None:
+    """Two studios, or two HexStudio versions, on one board: each helper set has its own folder, so neither
+    replaces a helper the other is about to run; a session whose helper is already there copies nothing."""
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=1, tokens=2)
+    env_script = tmp_path / "qairt-env.sh"
+    env_script.write_text(f"export LD_LIBRARY_PATH={fake_genie.lib.parent}:${{LD_LIBRARY_PATH:-}}\n")
+    python = board_python_program(tmp_path / "board-python")
+    contents = [(f.name, f.read_bytes()) for f in helper_files("genie_session")]
+
+    async def go() -> tuple[str, list[str], dict[str, bytes]]:
+        board = await ssh_board(
+            ssh_server, simulated=False, config={"python": str(python)}, env_script=str(env_script)
+        )
+        home = await board.transport.home()
+        written: list[str] = []
+        write = board.transport.write_bytes
+
+        async def counted(remote: str, data: bytes, mode: int = 0o644) -> None:
+            written.append(remote)
+            await write(remote, data, mode)
+
+        try:
+            async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=2) as s:
+                assert s.mode == "persistent", s.fallback_reason
+            there = {
+                name: await board.transport.read_bytes(posixpath.join(helper_dir(home, contents), name))
+                for name, _ in contents
+            }
+            board.transport.write_bytes = counted  # the second session finds its helper in place
+            async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=2) as s:
+                assert s.mode == "persistent", s.fallback_reason
+                assert (await s.send("Hi")).state == "complete"
+            return home, written, there
+        finally:
+            await board.transport.close()
+
+    home, written, there = asyncio.run(go())
+    assert there == dict(contents)  # every file whole, under the folder its content names
+    assert not [w for w in written if "/hexstudio/bin/" in w]
+    other = [(n, d + b"\n# another version\n") if n == "genie_session.py" else (n, d) for n, d in contents]
+    assert helper_dir(home, other) != helper_dir(home, contents)
+    assert posixpath.dirname(helper_dir(home, contents)) == posixpath.join(home, "hexstudio", "bin")
 
 
 def test_simulator_session_keeps_the_model_loaded(sim_workspace: SimWorkspace) -> None:

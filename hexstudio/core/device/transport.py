@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -62,6 +63,12 @@ class Transport(Protocol):
     async def exists(self, remote: str) -> bool: ...
     async def home(self) -> str: ...
     async def close(self) -> None: ...
+
+
+def part_name(path: str) -> str:
+    """Where write_bytes writes before its rename: a name of its own per write, so two writers of one file (two
+    sessions pushing the same helper) never write into the same .part and the file is never seen half-written."""
+    return f"{path}.{secrets.token_hex(6)}.part"
 
 
 class LocalProcess:
@@ -170,10 +177,13 @@ class LocalTransport:
         def write() -> None:
             p = Path(remote)
             p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_name(p.name + ".part")
-            tmp.write_bytes(data)
-            os.chmod(tmp, mode)
-            os.replace(tmp, p)
+            tmp = Path(part_name(remote))
+            try:
+                tmp.write_bytes(data)
+                os.chmod(tmp, mode)
+                os.replace(tmp, p)
+            finally:
+                tmp.unlink(missing_ok=True)
 
         await asyncio.to_thread(write)
 
@@ -545,15 +555,20 @@ class SshTransport:
 
             sftp = self.sftp()
             self.makedirs_sync(posixpath.dirname(remote))
-            part = remote + ".part"
-            with sftp.open(part, "wb") as f:
-                f.set_pipelined(True)
-                f.write(data)
-            sftp.chmod(part, mode)
+            part = part_name(remote)
             try:
-                sftp.posix_rename(part, remote)
-            except OSError:
-                sftp.rename(part, remote)
+                with sftp.open(part, "wb") as f:
+                    f.set_pipelined(True)
+                    f.write(data)
+                sftp.chmod(part, mode)
+                try:
+                    sftp.posix_rename(part, remote)
+                except OSError:
+                    sftp.rename(part, remote)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    sftp.remove(part)
+                raise
 
         await asyncio.to_thread(self._locked, go)
 

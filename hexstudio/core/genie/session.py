@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import json
 import logging
 import posixpath
@@ -129,6 +130,16 @@ class StopCut:
         new = self.full[self.emitted :]
         self.emitted = len(self.full)
         return new
+
+
+def helper_dir(home: str, contents: Sequence[tuple[str, bytes]]) -> str:
+    """<home>/hexstudio/bin/<digest>/: where a helper and its companions are copied on a board, one folder per
+    content. Two studios (or two HexStudio versions) using one board then never replace a helper that the other
+    is about to run, and a session whose helper is already there copies nothing."""
+    h = hashlib.sha256()
+    for name, data in contents:
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return posixpath.join(home, "hexstudio", "bin", h.hexdigest()[:16])
 
 
 @dataclass
@@ -444,11 +455,14 @@ class ChatSession:
                 files = self.runtime.helper_files
                 if not files:
                     raise SessionError(f"{self.runtime.title} has no helper to copy to a board.")
-                bin_dir = posixpath.join(await t.home(), "hexstudio", "bin")
-                await ensure_dir(self.board, bin_dir)
-                for src in files:  # the program and the modules it imports, side by side
-                    await t.write_bytes(posixpath.join(bin_dir, src.name), src.read_bytes(), 0o755)
-                self._helper_remote = posixpath.join(bin_dir, files[0].name)
+                contents = [(src.name, src.read_bytes()) for src in files]
+                bin_dir = helper_dir(await t.home(), contents)
+                present = [await t.exists(posixpath.join(bin_dir, name)) for name, _ in contents]
+                if not all(present):  # each file is written whole (then renamed): present means complete
+                    await ensure_dir(self.board, bin_dir)
+                    for name, data in contents:  # the program and the modules it imports, side by side
+                        await t.write_bytes(posixpath.join(bin_dir, name), data, 0o755)
+                self._helper_remote = posixpath.join(bin_dir, contents[0][0])
             except OSError as exc:
                 raise SessionError(f"the chat helper could not be copied to the board: {exc}") from None
         argv, env = self.helper_argv()

@@ -2,7 +2,7 @@
 """HexStudio's chat helper for the board: keeps one GenieDialog open through libGenie's C API
 (ctypes) so the model stays loaded between chat turns, and speaks JSON lines on stdin/stdout.
 
-Standard library only (it is copied to the board as <home>/hexstudio/bin/genie_session.py, its companion
+Standard library only (it is copied to the board as <home>/hexstudio/bin/<digest>/genie_session.py, its companion
 modules helper_io.py and genie_paths.py beside it, and run from the bundle folder after sourcing the QAIRT
 environment):
 
@@ -54,7 +54,7 @@ import threading
 import time
 
 # Run as a package module (python -m hexstudio.workers.board.genie_session, the simulator board) it imports its
-# companions by their package path; copied to the board, they lie beside it in <home>/hexstudio/bin/ (this
+# companions by their package path; copied to the board, they lie beside it in <home>/hexstudio/bin/<digest>/ (this
 # script's folder, sys.path[0]) and are imported by their bare names.
 try:
     from hexstudio.shared.genie_paths import SAFE_PART, genie_config_paths, not_regular_kind

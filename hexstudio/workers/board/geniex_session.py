@@ -2,7 +2,7 @@
 """HexStudio's chat helper for GenieX on the board: keeps one bundle loaded through GenieX's Python API
 (the `geniex` package with its qairt plugin) and speaks the JSON-lines protocol of genie_session.py.
 
-Copied to the board as <home>/hexstudio/bin/geniex_session.py, with its companion module helper_io.py beside it,
+Copied to the board as <home>/hexstudio/bin/<digest>/geniex_session.py, with its companion module helper_io.py beside it,
 and run from the bundle folder:
 
     python3 geniex_session.py --bundle . [--sampler JSON]
@@ -28,7 +28,7 @@ import sys
 import time
 
 # Run as a package module it imports its companion by its package path; copied to the board, helper_io.py lies
-# beside it in <home>/hexstudio/bin/ (this script's folder, sys.path[0]) and is imported by its bare name.
+# beside it in <home>/hexstudio/bin/<digest>/ (this script's folder, sys.path[0]) and is imported by its bare name.
 try:
     from hexstudio.workers.board.helper_io import bad_request, emit, read_commands
 except ImportError:
