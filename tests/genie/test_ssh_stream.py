@@ -18,8 +18,9 @@ import pytest
 from hexstudio.core.device.board import Board, sim_board
 from hexstudio.core.device.connect import connect_ssh
 from hexstudio.core.genie.conversation import Conversation
+from hexstudio.core.genie.helper import helper_dir
 from hexstudio.core.genie.run import Chunk, QueryResult, run_query
-from hexstudio.core.genie.session import ChatSession, TurnResult, helper_dir
+from hexstudio.core.genie.session import ChatSession, TurnResult
 from hexstudio.workers.board import helper_files
 from tests.genie.conftest import FakeGenie, SimWorkspace, assert_streamed
 from tests.support.board_helpers import board_python_program

@@ -4,7 +4,7 @@ loaded between turns.
 Persistent mode starts a small helper on the board that keeps one GenieDialog open (libGenie's C API
 through ctypes: hexstudio/workers/board/genie_session.py; on the simulator board the simulator's own
 session mode, hexstudio.workers.genie_sim.session) and talks JSON lines over the process's stdin/stdout (the
-SSH channel for a real board). Only the first turn pays the model's init; later turns send only the
+SSH channel for a real board; hexstudio.core.genie.helper copies it there and reads its events). Only the first turn pays the model's init; later turns send only the
 new message (the dialog's KV cache holds the history). When the helper cannot start (no python3 or
 no libGenie on the board, an old QAIRT...), the session falls back to one genie-t2t-run per turn,
 which re-sends the whole conversation each turn and pays the init every time.
@@ -19,9 +19,7 @@ which re-sends the whole conversation each turn and pays the init every time.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import hashlib
 import json
 import logging
 import posixpath
@@ -32,8 +30,9 @@ from typing import Any
 
 from hexstudio.core.device.board import Board
 from hexstudio.core.genie.conversation import _HEADER, Conversation, Turn
+from hexstudio.core.genie.helper import HelperProcess, push_helper
 from hexstudio.core.genie.profile import Kpis, ProfileError, accepted_from_token_times, parse_profile
-from hexstudio.core.genie.run import Chunk, ChunkTokenCounter, ensure_dir, load_token_counter, run_query
+from hexstudio.core.genie.run import Chunk, ChunkTokenCounter, load_token_counter, run_query
 from hexstudio.core.genie.runtime import RuntimeError_, resolve_runtime, runtime_for, select_runtime
 from hexstudio.shared.bundle.speculative import DIALOG_TYPES, config_name, spd_sampler
 from hexstudio.shared.errors import ActionableError
@@ -47,7 +46,6 @@ SAMPLER_PRESETS: dict[str, dict[str, Any] | None] = {
 SESSION_CONFIG = "genie_config.hexstudio.json"  # the bundle's config with the chosen sampler
 
 
-genie_log = logging.getLogger("hexstudio.genie.log")
 log = logging.getLogger("hexstudio.genie.session")
 
 
@@ -132,16 +130,6 @@ class StopCut:
         return new
 
 
-def helper_dir(home: str, contents: Sequence[tuple[str, bytes]]) -> str:
-    """<home>/hexstudio/bin/<digest>/: where a helper and its companions are copied on a board, one folder per
-    content. Two studios (or two HexStudio versions) using one board then never replace a helper that the other
-    is about to run, and a session whose helper is already there copies nothing."""
-    h = hashlib.sha256()
-    for name, data in contents:
-        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-    return posixpath.join(home, "hexstudio", "bin", h.hexdigest()[:16])
-
-
 @dataclass
 class TurnResult:
     turn: Turn
@@ -202,76 +190,6 @@ def template_for_bundle(bundle_doc: dict[str, Any]) -> str:
     return "llama3"
 
 
-class _Helper:
-    """The helper process and its JSON-lines event stream."""
-
-    def __init__(self, proc: Any, on_log: Callable[[str, str], None] | None = None) -> None:
-        self.proc = proc
-        self.on_log = on_log
-        self.log_lines: collections.deque[str] = collections.deque(maxlen=400)  # Genie's own log lines
-        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.stderr = bytearray()
-        self.alive = True
-        self.queries = 0
-        self._tasks = [asyncio.ensure_future(self._read_out()), asyncio.ensure_future(self._read_err())]
-
-    async def _read_out(self) -> None:
-        buf = b""
-        try:
-            while data := await self.proc.read_stdout():
-                buf += data
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if not line.strip():
-                        continue
-                    try:
-                        ev = json.loads(line)
-                    except ValueError:
-                        ev = {"event": "noise", "line": line.decode("utf-8", "replace")}
-                    if (
-                        ev.get("event") == "log"
-                    ):  # Genie's log (GenieLog): kept and shown, not a protocol event
-                        level, text = str(ev.get("level", "info")), str(ev.get("message", ""))
-                        self.log_lines.append(f"[{level.upper()}] {text}")
-                        genie_log.debug("%s: %s", level, text)
-                        if self.on_log is not None:
-                            self.on_log(level, text)
-                        continue
-                    self.events.put_nowait(ev)
-        except Exception as exc:  # the connection dropped
-            self.events.put_nowait({"event": "error", "code": "connection_lost", "message": str(exc)})
-        self.alive = False
-        self.events.put_nowait({"event": "eof"})
-
-    async def _read_err(self) -> None:
-        with contextlib.suppress(Exception):
-            while data := await self.proc.read_stderr():
-                self.stderr += data
-                del self.stderr[:-8000]
-
-    async def send(self, msg: dict[str, Any]) -> None:
-        await self.proc.write_stdin((json.dumps(msg, ensure_ascii=True) + "\n").encode("ascii"))
-
-    async def next_event(self, timeout: float | None) -> dict[str, Any]:
-        return await asyncio.wait_for(self.events.get(), timeout)
-
-    def stderr_tail(self) -> str:
-        return bytes(self.stderr).decode("utf-8", "replace").strip()[-1500:]
-
-    async def close(self, graceful: bool = True) -> None:
-        if graceful and self.alive:
-            with contextlib.suppress(Exception):
-                await self.send({"op": "quit"})
-                await self.proc.close_stdin()
-                await asyncio.wait_for(self.proc.wait(), 5)
-        if self.alive or not graceful:
-            with contextlib.suppress(Exception):
-                await self.proc.terminate()
-        self.alive = False
-        for t in self._tasks:
-            t.cancel()
-
-
 class ChatSession:
     def __init__(
         self,
@@ -318,7 +236,7 @@ class ChatSession:
         self.init_ms: float | None = None  # the persistent dialog's load time
         self.genie_version: str | None = None
         self.runtime_version: str | None = None  # e.g. "Genie API 1.17.0" or GenieX's CLI and plugin versions
-        self._helper: _Helper | None = None
+        self._helper: HelperProcess | None = None
         self._n_past = 0  # tokens in the dialog's KV cache
         self._config = "genie_config.json"
         self._lock = asyncio.Lock()
@@ -455,14 +373,7 @@ class ChatSession:
                 files = self.runtime.helper_files
                 if not files:
                     raise SessionError(f"{self.runtime.title} has no helper to copy to a board.")
-                contents = [(src.name, src.read_bytes()) for src in files]
-                bin_dir = helper_dir(await t.home(), contents)
-                present = [await t.exists(posixpath.join(bin_dir, name)) for name, _ in contents]
-                if not all(present):  # each file is written whole (then renamed): present means complete
-                    await ensure_dir(self.board, bin_dir)
-                    for name, data in contents:  # the program and the modules it imports, side by side
-                        await t.write_bytes(posixpath.join(bin_dir, name), data, 0o755)
-                self._helper_remote = posixpath.join(bin_dir, contents[0][0])
+                self._helper_remote = await push_helper(self.board, files)
             except OSError as exc:
                 raise SessionError(f"the chat helper could not be copied to the board: {exc}") from None
         argv, env = self.helper_argv()
@@ -472,7 +383,7 @@ class ChatSession:
             proc = await t.start(argv, cwd=self.bundle_dir, env=env)
         except Exception as exc:
             raise SessionError(f"the chat helper could not start: {exc}") from None
-        h = _Helper(proc, self.on_genie_log)
+        h = HelperProcess(proc, self.on_genie_log)
         while True:
             try:
                 ev = await h.next_event(self.ready_timeout)
