@@ -84,6 +84,15 @@ class ChatSettingsPanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self._model_fields()
+        self._sampler_fields()
+        self._lay_out()
+        self.apply_preset("deterministic")
+        self._connect()
+
+    def _model_fields(self) -> None:
+        """The Model group's fields: runtime, dialog, template and its thinking switch, system prompt, reply
+        length, how Enter behaves."""
         self.runtime_combo = QComboBox()
         self.runtime_combo.setObjectName("runtime")
         self.runtime_combo.addItem("the board's setting", None)
@@ -137,6 +146,9 @@ class ChatSettingsPanel(QWidget):
             "max_tokens", 1, 4096, "The most tokens a reply may have (the context keeps room for them)."
         )
         self.max_tokens.setValue(48)
+
+    def _sampler_fields(self) -> None:
+        """The Sampler group's fields: the preset and the values it sets (temperature, top-k, top-p, seed)."""
         self.sampler_combo = QComboBox()
         self.sampler_combo.setObjectName("sampler_preset")
         for key, (label, _values) in SAMPLER_PRESETS.items():
@@ -168,6 +180,9 @@ class ChatSettingsPanel(QWidget):
             2**31 - 1,
             "Seed of the sampler's random numbers: the same seed gives the same reply.",
         )
+
+    def _lay_out(self) -> None:
+        """Both groups as forms, each field as wide as the panel lets it be."""
         for w in (
             self.runtime_combo,
             self.dialog_combo,
@@ -213,7 +228,8 @@ class ChatSettingsPanel(QWidget):
         for title, rows in groups:
             lay.addWidget(form_group(title, rows))
 
-        self.apply_preset("deterministic")
+    def _connect(self) -> None:
+        """A preset sets the values, an edited value makes the preset Custom, and every kept setting says `edited`."""
         self.sampler_combo.currentIndexChanged.connect(lambda _i: self.apply_preset(self.sampler_preset()))
         for spin in (self.temp_spin, self.topk_spin, self.topp_spin, self.seed_spin):
             spin.valueChanged.connect(lambda _v: self._sampler_edited())
