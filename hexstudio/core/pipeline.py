@@ -3,7 +3,7 @@ stop at a failed gate. Used by the CLI (`hexstudio run`) and the GUI alike.
 
 Stage outputs are written to artifacts/<stage>.partial/ and renamed to
 artifacts/<stage>/ only after the stage succeeded, so a crash never leaves
-half-written output that looks complete.
+half-written output that looks complete (hexstudio.core.stage_record keeps each attempt).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import time
@@ -27,7 +26,7 @@ from typing import Any
 import psutil
 
 from hexstudio.core import stage_actions
-from hexstudio.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler, human_bytes
+from hexstudio.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler
 from hexstudio.core.manifest import ManifestError, RunManifest, boot_id, now_iso
 from hexstudio.core.remote import RemoteStageJob
 from hexstudio.core.runs import RunBusy, RunLock, artifacts_dir, stage_log_path
@@ -41,12 +40,9 @@ from hexstudio.core.stage_api import (
     stage_spec,
     start_stage_worker,
 )
+from hexstudio.core.stage_record import StageAttempt
 from hexstudio.core.stage_state import (
-    hash_tree,
-    input_hash,
-    output_digest,
     stage_is_current,
-    summary_digest,
 )
 from hexstudio.core.stages import STAGES, Stage, get_stage
 from hexstudio.shared.errors import ActionableError
@@ -252,130 +248,22 @@ class Pipeline:
         return {k: v for k, v in up.items() if k != stage.name}
 
     async def run_stage(self, stage: Stage) -> JobResult:
-        m = self.m
-        final = artifacts_dir(m, stage.name)
-        partial = final.with_name(f"{stage.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)  # never resume from half-written output
-        partial.mkdir(parents=True)
-        st = m.stage(stage.name).data
-        st.update(
-            {
-                "metrics": {},
-                "warnings": [],
-                "summary": None,
-                "gate": None,
-                "peak_rss_bytes": None,
-                "peak_vram_bytes": None,
-            }
+        attempt = StageAttempt(
+            self.m,
+            stage,
+            on_event=lambda ev: self.on_event(stage.name, ev) if self.on_event is not None else None,
+            on_sample=lambda s: self.on_sample(stage.name, s) if self.on_sample is not None else None,
         )
-        m.mark_running(stage.name)
+        partial = attempt.begin()
         self._notify_stage(stage.name, "running")
-        jobs_log.info(
-            "run %s: %s stage started (attempt %s, %s)",
-            m.run_id,
-            stage.name,
-            st.get("attempts"),
-            f"worker {stage.worker}" if stage.worker else f"action {stage.action}",
-        )
-        kinds: dict[str, dict[str, Any]] = {}
-
-        def handle(ev: dict[str, Any]) -> None:
-            t = ev.get("type")
-            if t == "metric":
-                # the emitter leaves out a None field: a metric without a value was not measured
-                st["metrics"][ev["name"]] = {
-                    "value": ev.get("value"),
-                    "unit": ev.get("unit"),
-                    "scope": ev.get("scope"),
-                }
-                if (
-                    ev.get("scope") == "job"
-                ):  # a remote job's id: on disk at once, so even a killed studio keeps it
-                    m.save()
-                    jobs_log.info(
-                        "run %s: %s: %s = %s", m.run_id, stage.name, ev["name"], ev.get("value")
-                    )  # AI Hub job
-            elif t == "artifact":
-                kinds[ev["path"]] = {"kind": ev.get("kind"), "role": ev.get("role")}
-            elif t == "warning":
-                st["warnings"].append({k: ev.get(k) for k in ("message", "hint", "code")})
-                jobs_log.warning(
-                    "run %s: %s: warning %s: %s",
-                    m.run_id,
-                    stage.name,
-                    ev.get("code") or "-",
-                    ev.get("message"),
-                )
-            elif t == "error":
-                jobs_log.warning(
-                    "run %s: %s: error %s: %s", m.run_id, stage.name, ev.get("code"), ev.get("message")
-                )
-            elif t == "log":
-                jobs_log.debug("run %s: %s: %s", m.run_id, stage.name, ev.get("message"))
-            if self.on_event is not None:
-                self.on_event(stage.name, ev)
-
-        res_path = m.run_dir / "logs" / f"{stage.name}.resources.jsonl"
-        res_path.parent.mkdir(parents=True, exist_ok=True)
-        res_log = open(res_path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
-
-        def sample(s: ResourceSample) -> None:
-            res_log.write(json.dumps(s.as_json()) + "\n")
-            if self.on_sample is not None:
-                self.on_sample(stage.name, s)
-
-        log_path = stage_log_path(m, stage.name)
+        run = self._run_worker if stage.worker is not None else self._run_action
         try:
-            if stage.worker is not None:
-                result = await self._run_worker(stage, partial, handle, sample, log_path)
-            else:
-                result = await self._run_action(stage, partial, handle, sample, log_path)
+            result = await run(
+                stage, partial, attempt.handle, attempt.sample, stage_log_path(self.m, stage.name)
+            )
         finally:
-            res_log.close()
-
-        st["ended"] = now_iso()
-        st["duration_s"] = round(result.duration_s, 3)
-        st["peak_rss_bytes"] = result.peak_rss_bytes or None
-        st["peak_vram_bytes"] = result.peak_vram_bytes
-        st["outcome"] = result.outcome()
-        st["owner"] = None
-        st["worker"] = None
-        if result.ok:
-            st["summary"] = result.summary
-            old = final.with_name(f"{stage.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            if final.exists():
-                final.rename(old)
-            partial.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-            st["artifacts"] = hash_tree(final, kinds)
-            st["input_hash"] = input_hash(m, stage)
-            st["output_digest"] = (
-                summary_digest(result.summary, st["input_hash"])
-                if stage.digest_from_summary and result.summary
-                else output_digest(st["artifacts"])
-            )
-            st["state"] = "done"
-        else:
-            shutil.rmtree(partial, ignore_errors=True)
-            st["state"] = {"cancelled": "cancelled", "killed": "interrupted", "oom": "failed"}.get(
-                result.kind, "failed"
-            )
-            st["input_hash"] = None
-        m.save()
-        jobs_log.log(
-            logging.INFO if result.ok else logging.WARNING,
-            "run %s: %s stage ended: %s (code %s, exit %s) in %.1f s%s: %s",
-            m.run_id,
-            stage.name,
-            result.kind,
-            result.code or "-",
-            result.exit_code,
-            result.duration_s,
-            f", peak RSS {human_bytes(result.peak_rss_bytes)}" if result.peak_rss_bytes else "",
-            result.message,
-        )
-        self._notify_stage(stage.name, st["state"])
+            attempt.close()
+        self._notify_stage(stage.name, attempt.finish(result))
         return result
 
     async def _run_worker(

@@ -566,7 +566,9 @@ class SshTransport:
                 except OSError:
                     sftp.rename(part, remote)
             except BaseException:
-                with contextlib.suppress(Exception):  # the connection may be gone: the first error is the news
+                with contextlib.suppress(
+                    Exception
+                ):  # the connection may be gone: the first error is the news
                     sftp.remove(part)
                 raise
 

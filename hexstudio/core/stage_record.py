@@ -1,0 +1,171 @@
+"""How one attempt of a stage is kept in run.json while it runs and when it ends.
+
+While it runs: its metrics, warnings and the kinds of the artifacts it names, from the job's JSON-line events,
+and its resource samples in logs/<stage>.resources.jsonl. When it ends: how (outcome, peak RSS/VRAM, duration)
+and, only on success, its output folder put in place (artifacts/<stage>.partial/ renamed to artifacts/<stage>/,
+hashed), so a crash never leaves half-written output that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from hexstudio.core.jobs import JobResult, human_bytes
+from hexstudio.core.manifest import RunManifest, now_iso
+from hexstudio.core.runs import artifacts_dir
+from hexstudio.core.sampler import ResourceSample
+from hexstudio.core.stage_state import hash_tree, input_hash, output_digest, summary_digest
+from hexstudio.core.stages import Stage
+
+jobs_log = logging.getLogger("hexstudio.jobs")
+
+# how a job that did not succeed leaves its stage
+ENDED_STATE = {"cancelled": "cancelled", "killed": "interrupted", "oom": "failed"}
+
+
+class StageAttempt:
+    """One attempt of `stage` in run `m`: begin(), then handle()/sample() for the job's events, then finish()."""
+
+    def __init__(
+        self,
+        m: RunManifest,
+        stage: Stage,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_sample: Callable[[ResourceSample], None] | None = None,
+    ) -> None:
+        self.m = m
+        self.stage = stage
+        self.on_event = on_event
+        self.on_sample = on_sample
+        self.final = artifacts_dir(m, stage.name)
+        self.partial = self.final.with_name(f"{stage.name}.partial")
+        self.kinds: dict[
+            str, dict[str, Any]
+        ] = {}  # artifact path -> its kind and role, as the job named them
+        self._resources: IO[str] | None = None
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return self.m.stage(self.stage.name).data
+
+    def begin(self) -> Path:
+        """A fresh output folder (never resumed from half-written output) and the stage marked running."""
+        shutil.rmtree(self.partial, ignore_errors=True)
+        self.partial.mkdir(parents=True)
+        st = self.record
+        st.update(
+            {
+                "metrics": {},
+                "warnings": [],
+                "summary": None,
+                "gate": None,
+                "peak_rss_bytes": None,
+                "peak_vram_bytes": None,
+            }
+        )
+        self.m.mark_running(self.stage.name)
+        res_path = self.m.run_dir / "logs" / f"{self.stage.name}.resources.jsonl"
+        res_path.parent.mkdir(parents=True, exist_ok=True)
+        self._resources = open(res_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        jobs_log.info(
+            "run %s: %s stage started (attempt %s, %s)",
+            self.m.run_id,
+            self.stage.name,
+            st.get("attempts"),
+            f"worker {self.stage.worker}" if self.stage.worker else f"action {self.stage.action}",
+        )
+        return self.partial
+
+    def handle(self, ev: dict[str, Any]) -> None:
+        """One JSON-line event of the job: kept where run.json keeps it, logged, and handed on."""
+        st, run, name = self.record, self.m.run_id, self.stage.name
+        t = ev.get("type")
+        if t == "metric":
+            # the emitter leaves out a None field: a metric without a value was not measured
+            st["metrics"][ev["name"]] = {
+                "value": ev.get("value"),
+                "unit": ev.get("unit"),
+                "scope": ev.get("scope"),
+            }
+            if (
+                ev.get("scope") == "job"
+            ):  # a remote job's id (AI Hub): on disk at once, so a killed studio keeps it
+                self.m.save()
+                jobs_log.info("run %s: %s: %s = %s", run, name, ev["name"], ev.get("value"))
+        elif t == "artifact":
+            self.kinds[ev["path"]] = {"kind": ev.get("kind"), "role": ev.get("role")}
+        elif t == "warning":
+            st["warnings"].append({k: ev.get(k) for k in ("message", "hint", "code")})
+            jobs_log.warning(
+                "run %s: %s: warning %s: %s", run, name, ev.get("code") or "-", ev.get("message")
+            )
+        elif t == "error":
+            jobs_log.warning("run %s: %s: error %s: %s", run, name, ev.get("code"), ev.get("message"))
+        elif t == "log":
+            jobs_log.debug("run %s: %s: %s", run, name, ev.get("message"))
+        if self.on_event is not None:
+            self.on_event(ev)
+
+    def sample(self, s: ResourceSample) -> None:
+        """One resource sample of the job's process tree: in logs/<stage>.resources.jsonl, and handed on."""
+        if self._resources is not None:
+            self._resources.write(json.dumps(s.as_json()) + "\n")
+        if self.on_sample is not None:
+            self.on_sample(s)
+
+    def close(self) -> None:
+        if self._resources is not None:
+            self._resources.close()
+            self._resources = None
+
+    def finish(self, result: JobResult) -> str:
+        """The attempt's end in run.json (saved); on success the output folder is put in place and hashed.
+        Returns the stage's new state."""
+        self.close()
+        st = self.record
+        st["ended"] = now_iso()
+        st["duration_s"] = round(result.duration_s, 3)
+        st["peak_rss_bytes"] = result.peak_rss_bytes or None
+        st["peak_vram_bytes"] = result.peak_vram_bytes
+        st["outcome"] = result.outcome()
+        st["owner"] = None
+        st["worker"] = None
+        if result.ok:
+            st["summary"] = result.summary
+            old = self.final.with_name(f"{self.stage.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            if self.final.exists():
+                self.final.rename(old)
+            self.partial.rename(self.final)
+            shutil.rmtree(old, ignore_errors=True)
+            st["artifacts"] = hash_tree(self.final, self.kinds)
+            st["input_hash"] = input_hash(self.m, self.stage)
+            st["output_digest"] = (
+                summary_digest(result.summary, st["input_hash"])
+                if self.stage.digest_from_summary and result.summary
+                else output_digest(st["artifacts"])
+            )
+            st["state"] = "done"
+        else:
+            shutil.rmtree(self.partial, ignore_errors=True)
+            st["state"] = ENDED_STATE.get(result.kind, "failed")
+            st["input_hash"] = None
+        self.m.save()
+        jobs_log.log(
+            logging.INFO if result.ok else logging.WARNING,
+            "run %s: %s stage ended: %s (code %s, exit %s) in %.1f s%s: %s",
+            self.m.run_id,
+            self.stage.name,
+            result.kind,
+            result.code or "-",
+            result.exit_code,
+            result.duration_s,
+            f", peak RSS {human_bytes(result.peak_rss_bytes)}" if result.peak_rss_bytes else "",
+            result.message,
+        )
+        return str(st["state"])

@@ -1,0 +1,48 @@
+"""StageAttempt: what run.json keeps of one attempt of a stage, and the output folder put in place only on success."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hexstudio.core.jobs import JobResult
+from hexstudio.core.manifest import RunManifest
+from hexstudio.core.runs import Workspace
+from hexstudio.core.sampler import ResourceSample
+from hexstudio.core.stage_record import StageAttempt
+from hexstudio.core.stages import get_stage
+
+
+def _attempt(m: RunManifest, seen: list[dict[str, Any]]) -> StageAttempt:
+    a = StageAttempt(m, get_stage("quantize"), on_event=seen.append)
+    partial = a.begin()
+    (partial / "quantize.json").write_text("{}")
+    return a
+
+
+def test_a_success_replaces_the_output_and_a_failure_keeps_the_last_good_one(tmp_path: Path) -> None:
+    m = Workspace(tmp_path).create_run("builtin:tiny-llama", "sim")
+    seen: list[dict[str, Any]] = []
+    a = _attempt(m, seen)
+    assert m.stage("quantize").data["state"] == "running"
+    a.handle({"type": "metric", "name": "aihub_job", "value": "j1", "scope": "job"})
+    on_disk = json.loads(m.path.read_text())["stages"]["quantize"]["metrics"]  # a job id is saved at once
+    assert on_disk["aihub_job"]["value"] == "j1"
+    a.handle({"type": "warning", "message": "slow disk", "code": "disk_slow"})
+    a.handle({"type": "artifact", "path": "quantize.json", "kind": "document"})
+    a.sample(ResourceSample(t=0.5, rss_bytes=1 << 20, vram_bytes=None, processes=1))
+    assert a.finish(JobResult("ok", 0, None, "done", summary={"graphs": 2}, peak_rss_bytes=5 << 20)) == "done"
+    st = m.stage("quantize").data
+    final = tmp_path / "runs" / m.run_id / "artifacts" / "quantize"
+    assert final.is_dir() and not final.with_name("quantize.partial").exists()
+    assert st["warnings"][0]["code"] == "disk_slow" and st["summary"] == {"graphs": 2} and st["output_digest"]
+    assert [ev["type"] for ev in seen] == ["metric", "warning", "artifact"]  # every event handed on
+    assert (m.run_dir / "logs" / "quantize.resources.jsonl").read_text().count("\n") == 1
+
+    b = _attempt(m, [])
+    assert b.finish(JobResult("cancelled", None, "SIGTERM", "cancelled")) == "cancelled"
+    assert final.is_dir() and not final.with_name("quantize.partial").exists()  # the last good output stays
+    assert m.stage("quantize").data["input_hash"] is None  # so it is not taken as current
+    c = _attempt(m, [])
+    assert c.finish(JobResult("killed", None, "SIGKILL", "the studio stopped")) == "interrupted"
