@@ -115,12 +115,13 @@ def check_settings_shape(raw: Any, path: Path) -> None:
     if isinstance(v, bool) or not isinstance(v, int):
         raise SettingsError(f"{path}: settings_version is {v!r}, not a whole number.", fix)
     for key in _OBJECT_SECTIONS:
+        # a section must be an object (v0 kept boards as a list)
         if (
             key in raw
             and raw[key] is not None
             and not isinstance(raw[key], dict)
             and not (key == "boards" and isinstance(raw[key], list) and v == 0)
-        ):  # v0 kept boards as a list
+        ):
             raise SettingsError(
                 f'{path}: "{key}" is {type(raw[key]).__name__} {raw[key]!r:.40}, not an object.', fix
             )

@@ -816,10 +816,8 @@ def check(name: str, value: Any) -> str | None:
         for t in (x.strip() for x in value.split(",")):
             if t in REFUSED:  # a dialog Genie has but HexStudio cannot build: say why, not only the choices
                 return f"speculative_dialogs: {REFUSED[t]}"
-    if why is None and name in (
-        "context_lengths",
-        "ar_sizes",
-    ):  # checked when set, not after an hour of quantizing
+    # checked when set, not after an hour of quantizing
+    if why is None and name in ("context_lengths", "ar_sizes"):
         try:
             (extra_context_lengths if name == "context_lengths" else extra_ar_sizes)(value)
         except ValueError as exc:

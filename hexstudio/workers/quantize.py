@@ -221,9 +221,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         frac = 0.1 + 0.88 * (len(done_graphs) + (i / n if i < n else 0)) / len(calibrated)
         if i == n:
             msg = f"{name}: calibrated"
-        elif (
-            n % samples == 0 and n > samples
-        ):  # partwise: every unit (embedding, layers, head) sees every sample
+        # partwise: every unit (embedding, layers, head) sees every sample
+        elif n % samples == 0 and n > samples:
             msg = (
                 f"{name}: calibration step {i + 1}/{n} (sample {i % samples + 1} of {samples} through unit "
                 f"{i // samples + 1} of {n // samples})"

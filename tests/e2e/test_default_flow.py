@@ -59,9 +59,8 @@ def test_the_readme_command_passes_every_gate_on_the_defaults(tmp_path: Path) ->
     bundle = json.loads(
         (Path(doc["run_dir"]) / "artifacts" / "compile" / "bundle" / "bundle.json").read_text()
     )
-    if (
-        find_qnn_libs() is not None
-    ):  # Qualcomm's runtime: a local compile, real Genie, the exact HTP reference
+    # Qualcomm's runtime: a local compile, real Genie, the exact HTP reference
+    if find_qnn_libs() is not None:
         assert bundle["compile_target"] == "local" and bundle["binaries"] == "qnn"
         assert ev["parity_reference"] == "htp"
         val = json.loads((Path(doc["run_dir"]) / "artifacts" / "validate" / "validation.json").read_text())

@@ -27,9 +27,8 @@ async def _shot(widget: Any, name: str, tmp: Path, show: Any = None) -> Path:
     out = tmp / "screens"
     out.mkdir(exist_ok=True)
     path = out / f"{name}.png"
-    for _ in range(
-        3
-    ):  # let the layouts settle (a reply just finished re-lays its bubble), as a person sees it
+    # let the layouts settle (a reply just finished re-lays its bubble), as a person sees it
+    for _ in range(3):
         await asyncio.sleep(0.05)
     if show is not None:
         widget.dock.hide()
@@ -169,9 +168,8 @@ def test_whole_flow_through_the_window(
         )
         assert ch.rate_plot.xs and ch.history_plot.rates[-1] == pytest.approx(turn.kpis["gen_tok_s"])
         assert "tokens" in ch.context_meter.format() and ch.context_meter.value() > 0
-        if (
-            ch.session.runtime.key == "genie-htp-sim"
-        ):  # real Genie: its own log lines reach the device console
+        # real Genie: its own log lines reach the device console
+        if ch.session.runtime.key == "genie-htp-sim":
             assert "[Genie " in w.pages["board"].console.toPlainText()
             assert "HTP simulator" in ch.board_label.text()
         await _shot(w, "07-chat", tmp_path)

@@ -51,9 +51,8 @@ def _model(tmp: Path, name: str) -> Path:
     import transformers
 
     cls_name, kw = MODELS[name]
-    if not hasattr(
-        transformers, cls_name
-    ):  # Qwen3 arrived in transformers 4.51 (the validated recipe pins 4.45)
+    # Qwen3 arrived in transformers 4.51 (the validated recipe pins 4.45)
+    if not hasattr(transformers, cls_name):
         pytest.skip(f"transformers {transformers.__version__} has no {cls_name}")
     cfg = getattr(transformers, cls_name)(**kw)
     torch.manual_seed(0)

@@ -78,9 +78,8 @@ class HelperProcess:
                         ev = json.loads(line)
                     except ValueError:
                         ev = {"event": "noise", "line": line.decode("utf-8", "replace")}
-                    if (
-                        ev.get("event") == "log"
-                    ):  # Genie's log (GenieLog): kept and shown, not a protocol event
+                    # Genie's log (GenieLog): kept and shown, not a protocol event
+                    if ev.get("event") == "log":
                         level, text = str(ev.get("level", "info")), str(ev.get("message", ""))
                         self.log_lines.append(f"[{level.upper()}] {text}")
                         genie_log.debug("%s: %s", level, text)

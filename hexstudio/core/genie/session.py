@@ -4,10 +4,11 @@ loaded between turns.
 Persistent mode starts a small helper on the board that keeps one GenieDialog open (libGenie's C API
 through ctypes: hexstudio/workers/board/genie_session.py; on the simulator board the simulator's own
 session mode, hexstudio.workers.genie_sim.session) and talks JSON lines over the process's stdin/stdout (the
-SSH channel for a real board; hexstudio.core.genie.helper copies it there and reads its events). Only the first turn pays the model's init; later turns send only the
-new message (the dialog's KV cache holds the history). When the helper cannot start (no python3 or
-no libGenie on the board, an old QAIRT...), the session falls back to one genie-t2t-run per turn,
-which re-sends the whole conversation each turn and pays the init every time.
+SSH channel for a real board; hexstudio.core.genie.helper copies it there and reads its events). Only the
+first turn pays the model's init; later turns send only the new message (the dialog's KV cache holds the
+history). When the helper cannot start (no python3 or no libGenie on the board, an old QAIRT...), the
+session falls back to one genie-t2t-run per turn, which re-sends the whole conversation each turn and pays
+the init every time.
 
     session = ChatSession(board, remote_bundle_dir, Conversation(template="llama3"))
     await session.open()                      # mode: "persistent" or "per_turn" (+ fallback_reason)
@@ -348,9 +349,8 @@ class ChatSession:
 
     def helper_argv(self) -> tuple[list[str], dict[str, str] | None]:
         try:
-            if (
-                self.dialog == "basic"
-            ):  # a plug-in runtime that knows only the basic dialog takes no config name
+            # a plug-in runtime that knows only the basic dialog takes no config name
+            if self.dialog == "basic":
                 return self.runtime.helper_argv(
                     self.board, self.sampler_values, self._helper_remote, self.bundle_dir
                 )
@@ -432,10 +432,8 @@ class ChatSession:
             return
         try:
             await h.send({"op": "reset"})
-        except (
-            ConnectionError,
-            OSError,
-        ):  # it has just exited (it ends a reply it could not stop: genie_session)
+        except (ConnectionError, OSError):
+            # it has just exited (it ends a reply it could not stop: genie_session)
             with contextlib.suppress(Exception):
                 await h.close(graceful=False)
             return

@@ -225,9 +225,8 @@ def load_graph_specs(
 ) -> tuple[dict[str, dict[str, Any]], str]:
     """(graph specs by graph name, where they came from)."""
     specs: dict[str, dict[str, Any]] = {}
-    for b in (
-        ctx_bins
-    ):  # a simulated context binary is a small JSON document (hexstudio/workers/genie_sim/simbin.py)
+    # a simulated context binary is a small JSON document (hexstudio/workers/genie_sim/simbin.py)
+    for b in ctx_bins:
         p = bundle / b
         try:
             with open(p, "rb") as fh:
@@ -929,9 +928,8 @@ def check_bundle(
         safepath.check_genie_config(cfg, bundle)
     except safepath.UnsafePath as exc:
         return [*out, Finding("unsafe_path", ERROR, exc.message, NO_MESSAGE, exc.hint or "")]
-    for variant in sorted(
-        bundle.glob("genie_config.*.json")
-    ):  # the speculative dialogs' configs: the same rules
+    # the speculative dialogs' configs: the same rules
+    for variant in sorted(bundle.glob("genie_config.*.json")):
         try:
             with safepath.open_regular(bundle, variant.name, variant.name) as fh:
                 vtext = fh.read(MAX_CONFIG_BYTES + 1).decode("utf-8")

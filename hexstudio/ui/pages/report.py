@@ -78,9 +78,8 @@ class ReportPage(StagePage):
             f"Wrote {html.escape(str(out))} · <a href='{QUrl.fromLocalFile(str(out.parent)).toString()}'>"
             "open its folder</a>"
         )
-        if (
-            fmt == "html" and m is self.c.manifest
-        ):  # the preview and Open in browser show what was just written
+        # the preview and Open in browser show what was just written
+        if fmt == "html" and m is self.c.manifest:
             self.exported_html = (m.run_dir, out)
             self.refresh_results()
             self.export_message.setText(

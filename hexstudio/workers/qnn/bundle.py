@@ -206,9 +206,8 @@ def write_local_bundle(
     check_graph_order(compiled, graphs)
     from hexstudio.workers.qnn.htp_agreement import MAX_SIM_BYTES, sim_bytes
 
-    if (
-        sim_bytes(quantize_dir, q["graphs"]) > MAX_SIM_BYTES
-    ):  # no HTP leg runs at this size: drop the weight copies
+    # no HTP leg runs at this size: drop the weight copies
+    if sim_bytes(quantize_dir, q["graphs"]) > MAX_SIM_BYTES:
         shutil.rmtree(work / "graphs", ignore_errors=True)
     infos: list[ContextInfo] = [i for c in compiled for i in c.infos]
     build = infos[0].build_id if infos else ""

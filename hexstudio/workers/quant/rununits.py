@@ -192,9 +192,8 @@ def _head_chunks(
         for i in g.initializer:
             if i.name == w.name:
                 continue
-            if (
-                i.name in per_col and _numel(i) == vocab
-            ):  # the DequantizeLinear's per-column scale / zero point
+            # the DequantizeLinear's per-column scale / zero point
+            if i.name in per_col and _numel(i) == vocab:
                 small.append(numpy_helper.from_array(numpy_helper.to_array(i)[a:b], i.name))
             else:
                 small.append(i)
