@@ -191,6 +191,18 @@ def template_for_bundle(bundle_doc: dict[str, Any]) -> str:
     return "llama3"
 
 
+@dataclass
+class _Streamed:
+    """How one query's stream ended (ChatSession._stream_reply)."""
+
+    chunks: list[Chunk]
+    state: str
+    error: str | None
+    end: dict[str, Any] | None  # the helper's "end" event (profile, n_past, overran...), None if none came
+    cut: StopCut | None  # the host's stop-string cut, if the reply was cut on the host
+    stop_by: str | None  # "genie" or "host": who applied the stop strings
+
+
 class ChatSession:
     def __init__(
         self,
@@ -620,26 +632,12 @@ class ChatSession:
     ) -> TurnResult:
         stops = stops or []
         conv = self.conversation
-        note = None
         if self._helper is None or not self._helper.alive:
             await self._start_helper()  # it died (or was stopped hard): load again, history re-sent below
         h = self._helper
         assert h is not None
         fresh = self._n_past == 0
-        if not history:
-            prompt = Conversation(template=conv.template, system=conv.system).prompt_for(user)
-            note = (
-                f"The context is full ({conv.context_length} tokens): the earlier turns no longer fit, so this "
-                "message was sent without them. Start a new chat to begin afresh."
-            )
-        else:
-            prompt = conv.prompt_for(user) if fresh else continuation_prompt(conv, user)
-        if history and fresh and conv.dropped_turns:
-            note = self._full_note(conv.dropped_turns, cleared=False)
-        if not fresh and self._n_past + conv.count_tokens(prompt) + 2 + self.max_tokens > conv.context_length:
-            await self._reset_dialog()
-            prompt = conv.prompt_for(user)
-            note = self._full_note(conv.dropped_turns, cleared=True)
+        prompt, note = await self._turn_prompt(user, history, fresh)
         turn = conv.add(user)
         h.queries += 1
         qid = h.queries
@@ -649,84 +647,14 @@ class ChatSession:
         stop_by: str | None = None
         wanted = [*self._config_stops, *(x for x in stops if x not in self._config_stops)]
         if self.stop_sequences and wanted != self._stops_on_dialog:
-            query["stop"] = (
-                wanted  # Genie's own: GenieDialog_setStopSequence (they stay set for later queries)
-            )
+            # Genie's own: GenieDialog_setStopSequence (they stay set for later queries)
+            query["stop"] = wanted
         if stops:
             stop_by = "genie" if self.stop_sequences else "host"
             cut = None if self.stop_sequences else StopCut(stops)
         await h.send(query)
-        chunks: list[Chunk] = []
-        counter = ChunkTokenCounter(self.token_counter) if self.token_counter is not None else None
-        state, error, end = "failed", None, None
-        halt, relay = _halt_on(stop)
-        stop_task = asyncio.ensure_future(halt.wait())
-        aborting_since: float | None = None
-        try:
-            while True:
-                get = asyncio.ensure_future(h.events.get())
-                waits: set[asyncio.Future[Any]] = {get}
-                if stop_task is not None and aborting_since is None:
-                    waits.add(stop_task)
-                done, _ = await asyncio.wait(
-                    waits,
-                    timeout=1.0 if aborting_since is not None else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if get not in done:
-                    get.cancel()
-                    if stop_task is not None and stop_task in done and aborting_since is None:
-                        aborting_since = time.monotonic()
-                        with contextlib.suppress(Exception):
-                            await h.send({"op": "abort"})
-                    elif aborting_since is not None and time.monotonic() - aborting_since > 10:
-                        await h.close(graceful=False)  # abort not honoured: stop it hard (reloads next turn)
-                        state = "aborted"
-                        break
-                    continue
-                ev = get.result()
-                kind = ev.get("event")
-                if kind == "stop" and ev.get("id") == qid:  # before the query's text
-                    if ev.get("applied"):
-                        self._stops_on_dialog = wanted
-                    else:
-                        log.warning(
-                            "the dialog did not take the stop strings %r (%s): cut on the host instead",
-                            wanted,
-                            ev.get("message"),
-                        )
-                        self._stops_on_dialog = None  # not known: set again on the next query
-                        if stops:
-                            cut, stop_by = StopCut(stops), "host"
-                elif kind == "text" and ev.get("id") == qid:
-                    text = str(ev.get("text", ""))
-                    n = ev.get("tokens")  # the helper: one dialog callback a token
-                    if not isinstance(n, int):
-                        n = counter(text) if counter is not None else None
-                    if cut is not None:
-                        text = cut.feed(text)
-                        if cut.hit and aborting_since is None:
-                            halt.set()  # the reply reached a stop string: the dialog is told to abort
-                    c = Chunk(time.monotonic() - t0, text, ev.get("mono"), n)
-                    chunks.append(c)  # even when held back: its token count and time still count
-                    turn.reply += c.text
-                    if on_chunk is not None and c.text:
-                        on_chunk(c)
-                elif kind == "end" and ev.get("id") == qid:
-                    end = ev
-                    state = str(ev.get("state") or "failed")
-                    if aborting_since is not None and state != "failed":
-                        state = "aborted"
-                    break
-                elif kind == "eof" or (
-                    kind == "error" and (ev.get("code") == "connection_lost" or ev.get("id") == qid)
-                ):
-                    error = _explain(str(ev.get("message") or h.stderr_tail() or "the chat helper exited"))
-                    break
-        finally:
-            stop_task.cancel()
-            if relay is not None:
-                relay.cancel()
+        r = await self._stream_reply(h, qid, turn, t0, on_chunk, stop, wanted, stops, cut, stop_by)
+        chunks, state, error, end, cut, stop_by = r.chunks, r.state, r.error, r.end, r.cut, r.stop_by
         if cut is not None and not cut.hit and (rest := cut.flush()):
             c = Chunk(time.monotonic() - t0, rest, None, 0)
             chunks.append(c)
@@ -798,6 +726,118 @@ class ChatSession:
             stop=stop_by,
             stop_hit=hit,
         )
+
+    async def _turn_prompt(self, user: str, history: bool, fresh: bool) -> tuple[str, str | None]:
+        """What this turn sends the dialog, and the note the person gets with it: the whole conversation to a
+        fresh dialog, only the new message to one that holds the history, the message alone when the history
+        no longer fits (`history` False), or, when the reply would overflow the dialog, the history re-sent to a
+        cleared one."""
+        conv = self.conversation
+        note = None
+        if not history:
+            prompt = Conversation(template=conv.template, system=conv.system).prompt_for(user)
+            note = (
+                f"The context is full ({conv.context_length} tokens): the earlier turns no longer fit, so this "
+                "message was sent without them. Start a new chat to begin afresh."
+            )
+        else:
+            prompt = conv.prompt_for(user) if fresh else continuation_prompt(conv, user)
+        if history and fresh and conv.dropped_turns:
+            note = self._full_note(conv.dropped_turns, cleared=False)
+        if not fresh and self._n_past + conv.count_tokens(prompt) + 2 + self.max_tokens > conv.context_length:
+            await self._reset_dialog()
+            prompt = conv.prompt_for(user)
+            note = self._full_note(conv.dropped_turns, cleared=True)
+        return prompt, note
+
+    async def _stream_reply(
+        self,
+        h: HelperProcess,
+        qid: int,
+        turn: Turn,
+        t0: float,
+        on_chunk: Callable[[Chunk], None] | None,
+        stop: asyncio.Event | None,
+        wanted: list[str],
+        stops: list[str],
+        cut: StopCut | None,
+        stop_by: str | None,
+    ) -> _Streamed:
+        """The helper's events for query `qid` until its end: text as chunks (cut at a stop string on the host
+        where the dialog cannot), Stop as an abort (the helper stopped hard if it does not honour it in 10 s),
+        the dialog's answer to the stop strings, a lost connection as the error."""
+        chunks: list[Chunk] = []
+        counter = ChunkTokenCounter(self.token_counter) if self.token_counter is not None else None
+        state, error, end = "failed", None, None
+        halt, relay = _halt_on(stop)
+        stop_task = asyncio.ensure_future(halt.wait())
+        aborting_since: float | None = None
+        try:
+            while True:
+                get = asyncio.ensure_future(h.events.get())
+                waits: set[asyncio.Future[Any]] = {get}
+                if stop_task is not None and aborting_since is None:
+                    waits.add(stop_task)
+                done, _ = await asyncio.wait(
+                    waits,
+                    timeout=1.0 if aborting_since is not None else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if get not in done:
+                    get.cancel()
+                    if stop_task is not None and stop_task in done and aborting_since is None:
+                        aborting_since = time.monotonic()
+                        with contextlib.suppress(Exception):
+                            await h.send({"op": "abort"})
+                    elif aborting_since is not None and time.monotonic() - aborting_since > 10:
+                        await h.close(graceful=False)  # abort not honoured: stop it hard (reloads next turn)
+                        state = "aborted"
+                        break
+                    continue
+                ev = get.result()
+                kind = ev.get("event")
+                if kind == "stop" and ev.get("id") == qid:  # before the query's text
+                    if ev.get("applied"):
+                        self._stops_on_dialog = wanted
+                    else:
+                        log.warning(
+                            "the dialog did not take the stop strings %r (%s): cut on the host instead",
+                            wanted,
+                            ev.get("message"),
+                        )
+                        self._stops_on_dialog = None  # not known: set again on the next query
+                        if stops:
+                            cut, stop_by = StopCut(stops), "host"
+                elif kind == "text" and ev.get("id") == qid:
+                    text = str(ev.get("text", ""))
+                    n = ev.get("tokens")  # the helper: one dialog callback a token
+                    if not isinstance(n, int):
+                        n = counter(text) if counter is not None else None
+                    if cut is not None:
+                        text = cut.feed(text)
+                        if cut.hit and aborting_since is None:
+                            halt.set()  # the reply reached a stop string: the dialog is told to abort
+                    c = Chunk(time.monotonic() - t0, text, ev.get("mono"), n)
+                    chunks.append(c)  # even when held back: its token count and time still count
+                    turn.reply += c.text
+                    if on_chunk is not None and c.text:
+                        on_chunk(c)
+                elif kind == "end" and ev.get("id") == qid:
+                    end = ev
+                    state = str(ev.get("state") or "failed")
+                    if aborting_since is not None and state != "failed":
+                        state = "aborted"
+                    break
+                elif kind == "eof" or (
+                    kind == "error" and (ev.get("code") == "connection_lost" or ev.get("id") == qid)
+                ):
+                    error = _explain(str(ev.get("message") or h.stderr_tail() or "the chat helper exited"))
+                    break
+        finally:
+            stop_task.cancel()
+            if relay is not None:
+                relay.cancel()
+        return _Streamed(chunks, state, error, end, cut, stop_by)
 
     def _kpis(self, end: dict[str, Any] | None, fresh_dialog: bool) -> Kpis | None:
         if end is None:
