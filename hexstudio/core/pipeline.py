@@ -41,9 +41,7 @@ from hexstudio.core.stage_api import (
     start_stage_worker,
 )
 from hexstudio.core.stage_record import StageAttempt
-from hexstudio.core.stage_state import (
-    stage_is_current,
-)
+from hexstudio.core.stage_state import stage_is_current
 from hexstudio.core.stages import STAGES, Stage, get_stage
 from hexstudio.shared.errors import ActionableError
 from hexstudio.shared.run_settings import BadSettings

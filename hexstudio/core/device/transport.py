@@ -566,9 +566,8 @@ class SshTransport:
                 except OSError:
                     sftp.rename(part, remote)
             except BaseException:
-                with contextlib.suppress(
-                    Exception
-                ):  # the connection may be gone: the first error is the news
+                # the connection may be gone: the first error is the news, not the failed cleanup
+                with contextlib.suppress(Exception):
                     sftp.remove(part)
                 raise
 

@@ -69,7 +69,8 @@ class BoardRuntime:
     name: str = ""  # what the user chose: "genie" | "geniex"
     title: str = ""  # shown in the UI, the CLI and reports
     per_turn_fallback: bool = False  # can one-shot runs (genie-t2t-run) stand in when the helper cannot start
-    # what is copied to a real board's <home>/hexstudio/bin/<digest>/: the helper program (run), then the modules it imports
+    # what is copied to a real board's <home>/hexstudio/bin/<digest>/: the helper program (run), then the
+    # modules it imports
     helper_files: tuple[Traversable, ...] = ()
     simulated: bool = False  # everything it measures is simulated (never a device figure)
     dialogs: tuple[str, ...] = ("basic",)  # the Genie dialog types it runs (genie_config.<type>.json)

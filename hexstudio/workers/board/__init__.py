@@ -9,8 +9,9 @@ JSON-lines channel (helper_io) and, for genie_session, genie_config.json's path 
 (hexstudio.shared.genie_paths). Those import nothing of HexStudio's, so the board needs only the files
 `helper_files` names. The studio never imports the helpers; it reads each file as package data
 (importlib.resources) and writes them all to <home>/hexstudio/bin/<digest>/ on the board (a folder named by
-their content: hexstudio.core.genie.helper.helper_dir), so an installed wheel carries them. On this machine the same genie_session.py drives Qualcomm's x86 libGenie over the HTP simulator
-(hexstudio.workers.qnn), so the board and the simulator board run one Genie driver.
+their content: hexstudio.core.genie.helper.helper_dir), so an installed wheel carries them. On this machine
+the same genie_session.py drives Qualcomm's x86 libGenie over the HTP simulator (hexstudio.workers.qnn), so the
+board and the simulator board run one Genie driver.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 """HexStudio's chat helper for GenieX on the board: keeps one bundle loaded through GenieX's Python API
 (the `geniex` package with its qairt plugin) and speaks the JSON-lines protocol of genie_session.py.
 
-Copied to the board as <home>/hexstudio/bin/<digest>/geniex_session.py, with its companion module helper_io.py beside it,
-and run from the bundle folder:
+Copied to the board as <home>/hexstudio/bin/<digest>/geniex_session.py, with its companion module helper_io.py
+beside it, and run from the bundle folder:
 
     python3 geniex_session.py --bundle . [--sampler JSON]
 
