@@ -217,8 +217,18 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_identities_only_with_wrong_keys_in_the_agent(
-    home: Path, srv: SshServer, agent: Path, tmp_path: Path
+    home: Path, srv: SshServer, agent: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import paramiko
+
+    opened: list[paramiko.Agent] = []
+
+    class RecordedAgent(paramiko.Agent):
+        def __init__(self) -> None:
+            super().__init__()
+            opened.append(self)
+
+    monkeypatch.setattr(paramiko, "Agent", RecordedAgent)
     for i in range(6):  # as many wrong keys as sshd's MaxAuthTries
         k = tmp_path / f"agent_key_{i}"
         _keygen(k)
@@ -238,9 +248,13 @@ def test_identities_only_with_wrong_keys_in_the_agent(
     assert "refused the login" in err.value.message and "agent key" in err.value.message
     write_config(home, entry + "  IdentitiesOnly yes\n")
     use({"host": "evk", "auth": "ssh_config"})  # only the IdentityFile is offered: in
+    # every connection to the agent is closed once the login is over, refused or not (none left to the GC)
+    assert len(opened) == 2 and all(a._conn is None for a in opened)
     plan = connect._auth_plan("b", connect.resolve({"host": "evk", "auth": "ssh_config"}), None)
     assert [c.label for c in plan.candidates] == [f"key {srv.client_key_path}"]
     assert sum("IdentitiesOnly" in n for n in plan.notes) == 6
+    plan.close()
+    assert opened[-1]._conn is None
 
 
 def test_encrypted_key_asks_for_its_passphrase(home: Path, srv: SshServer, tmp_path: Path) -> None:

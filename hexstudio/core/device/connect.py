@@ -454,15 +454,21 @@ def _pub_blob(path: str) -> bytes | None:
     return key.asbytes() if key is not None else None
 
 
-def _agent_keys() -> list[Any]:
+def _agent_keys() -> tuple[Any, list[Any]]:
+    """(the agent's connection, its keys): the keys sign through that connection, so it stays open until the
+    authentication is over (_Plan.close)."""
     import paramiko
 
     if not os.environ.get("SSH_AUTH_SOCK"):
-        return []
+        return None, []
+    agent = None
     try:
-        return list(paramiko.Agent().get_keys())
+        agent = paramiko.Agent()
+        return agent, list(agent.get_keys())
     except (paramiko.SSHException, OSError):
-        return []
+        if agent is not None:
+            agent.close()
+        return None, []
 
 
 @dataclass
@@ -477,6 +483,13 @@ class _Plan:
     candidates: list[_Candidate] = field(default_factory=list)
     password: str | None = None
     notes: list[str] = field(default_factory=list)
+    agent: Any = None  # the SSH agent's connection its keys sign through, closed once authentication is over
+
+    def close(self) -> None:
+        if self.agent is not None:
+            with contextlib.suppress(Exception):
+                self.agent.close()
+            self.agent = None
 
 
 def _auth_plan(name: str, r: dict[str, Any], password: str | None) -> _Plan:
@@ -514,7 +527,7 @@ def _auth_plan(name: str, r: dict[str, Any], password: str | None) -> _Plan:
     if not files and auth != "agent":
         files = [os.path.expanduser(f) for f in DEFAULT_IDENTITIES]
     files = [f for f in files if Path(f).exists() or explicit]
-    agent = _agent_keys()
+    plan.agent, agent = _agent_keys()
     wanted = {b for b in (_pub_blob(f) for f in files) if b}
     in_agent = set()
     for k in agent:
@@ -695,6 +708,8 @@ def _open_hop(
     except BaseException:
         t.close()
         raise
+    finally:
+        plan.close()
     t.set_keepalive(15)
     return t
 
@@ -826,6 +841,8 @@ def _connect_chain(
             with contextlib.suppress(Exception):
                 sock.close()
         raise
+    finally:
+        plan.close()  # a jump host that failed never reached the board's own authentication
     return SshSession(t, hops, via=hop_label)
 
 
