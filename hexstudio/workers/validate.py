@@ -19,6 +19,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -150,40 +151,53 @@ def _hidden_names(q: dict[str, Any]) -> dict[int, list[str]]:
     return {li: [f"/layers.{li}/hidden", boundary_name(li)] for li in range(int(q["num_layers"]))}
 
 
-def _validate(
-    spec: WorkerSpec,
-    em: Emitter,
+@dataclass
+class _Pair:
+    """The float and the quantized ("sim") deployment graphs, each opened one part (mode "part") or one run
+    unit (mode "unit") at a time, and run as the board runs them."""
+
+    sessions: dict[str, Any]
+    mode: str
+    context_length: int
+    kv_heads: int
+    head_dim: int
+
+    def states(self, v: str, n: int) -> dict[int, Any]:
+        """Empty KV caches for `n` sequences of variant `v`."""
+        ps = self.sessions[v]
+        if self.mode == "part":
+            return {w: ps.cache(self.kv_heads, self.head_dim, self.context_length) for w in range(n)}
+        return {w: ps.cache(self.kv_heads, self.head_dim) for w in range(n)}
+
+    def run(
+        self,
+        v: str,
+        calls: list[Any],
+        states: dict[int, Any],
+        last_only: bool = True,
+        capture: dict[int, dict[str, Any]] | None = None,
+    ) -> list[Any]:
+        from hexstudio.workers.arloop import run_part_major, run_unit_major
+
+        cl = self.context_length
+        if self.mode == "part":
+            return run_part_major(self.sessions[v], calls, states, cl, last_only=last_only)
+        return run_unit_major(self.sessions[v], calls, states, cl, last_only=last_only, capture=capture)
+
+
+def _open_pair(
     q: dict[str, Any],
     qdir: Path,
-    model: dict[str, Any],
-    hf_dir: Path,
-    thr: dict[str, float],
-    tok: Any,
-    ids: list[int],
-    text_path: Path,
     pe: dict[str, Any],
     mode: str,
     work: Path,
     threads: int,
-    t0: float,
-) -> dict[str, Any]:
-    import numpy as np
+    capture_names: set[str],
+    em: Emitter,
+) -> _Pair:
+    from hexstudio.workers.arloop import PartSessions, UnitSessions
 
-    from hexstudio.workers import metrics
-    from hexstudio.workers.arloop import (
-        PartSessions,
-        UnitSessions,
-        greedy_batch,
-        prefill_calls,
-        run_part_major,
-        run_unit_major,
-    )
-
-    cl, ar_n = int(q["context_length"]), int(q["ar_n"])
-    kvh, hd = int(q["num_kv_heads"]), int(q["head_dim"])
-    window = PROMPT_TOKENS + FORCED_STEPS + 1
-    hidden_names = _hidden_names(q)
-    capture_names = {n for names in hidden_names.values() for n in names}
+    cl = int(q["context_length"])
     sessions: dict[str, Any] = {}
     if mode == "part":
         # one part's sessions open at a time (arloop.PartSessions), one variant at a time
@@ -216,36 +230,36 @@ def _validate(
             sessions[v] = UnitSessions(
                 units, q["graphs"], positional_encoding=pe, context_length=cl, intra_op_threads=threads
             )
-    seq_len = sessions["float"].seq_len
-    if seq_len["prompt_processor"] != ar_n:
-        raise WorkerError(
-            "graph_shape_mismatch",
-            f"the prompt processor graphs have AR-{seq_len['prompt_processor']}"
-            f", quantize.json says AR-{ar_n}.",
-            "Run the quantize stage again (--force).",
-        )
-    starts = np.linspace(0, len(ids) - window, num=EVAL_WINDOWS).astype(int).tolist()
+    return _Pair(sessions, mode, cl, int(q["num_kv_heads"]), int(q["head_dim"]))
 
-    def new_states(v: str, n: int) -> dict[int, Any]:
-        ps = sessions[v]
-        return {w: ps.cache(kvh, hd, cl) if mode == "part" else ps.cache(kvh, hd) for w in range(n)}
 
-    def run_calls(
-        v: str,
-        calls: list[Any],
-        states: dict[int, Any],
-        last_only: bool = True,
-        capture: dict[int, dict[str, Any]] | None = None,
-    ) -> list[Any]:
-        if mode == "part":
-            return run_part_major(sessions[v], calls, states, cl, last_only=last_only)
-        return run_unit_major(sessions[v], calls, states, cl, last_only=last_only, capture=capture)
+@dataclass
+class _FirstWindow:
+    """What the float export check needs from the first teacher-forced window: its calls, the hidden states
+    captured on them (unit mode), and the float pair's scored logits."""
 
-    # 1. deployment pair, teacher-forced: prompt via AR-N, then every next token via AR-1 (every window's
-    #    prompt and forced steps go through the first part (unit), then the next, ...)
+    calls: list[Any]
+    captured: list[dict[str, Any]]
+    float_logits: Any
+
+
+def _teacher_forced(
+    pair: _Pair, ids: list[int], starts: list[int], ar_n: int, em: Emitter
+) -> tuple[dict[str, float], int, _FirstWindow]:
+    """Section 1: the deployment pair, teacher-forced. Each window's prompt goes through the prompt processor
+    (AR-N), then every next token through the token generator (AR-1); every window's calls go through the
+    first part (unit), then the next. Returns the scores, the scored positions and the first window."""
+    import numpy as np
+
+    from hexstudio.workers import metrics
+    from hexstudio.workers.arloop import prefill_calls
+
+    cl = pair.context_length
+    window = PROMPT_TOKENS + FORCED_STEPS + 1
     em.progress(0.02, "deployment pair: teacher-forced windows")
     calls: list[Any] = []
-    keep: list[int] = []  # the calls whose logits are scored: prompt's last, then each step
+    # the calls whose logits are scored: the prompt's last, then each step
+    keep: list[int] = []
     targets: list[int] = []
     for w, s in enumerate(starts):
         seq = ids[s : s + window]
@@ -261,11 +275,11 @@ def _validate(
     captured: dict[int, dict[str, Any]] = {i: {} for i in window0}
     logits: dict[str, list[np.ndarray]] = {}
     for i, v in enumerate(("float", "sim")):
-        outs = run_calls(
+        outs = pair.run(
             v,
             calls,
-            new_states(v, len(starts)),
-            capture=captured if v == "float" and mode == "unit" else None,
+            pair.states(v, len(starts)),
+            capture=captured if v == "float" and pair.mode == "unit" else None,
         )
         logits[v] = [outs[j] for j in keep]
         del outs
@@ -280,34 +294,33 @@ def _validate(
     values["perplexity_ratio"] = round(
         values["perplexity_quantized"] / max(values["perplexity_float"], 1e-9), 4
     )
-    del lf, lq
+    first = _FirstWindow(
+        [calls[i] for i in window0],
+        [captured[i] for i in window0],
+        np.stack(logits["float"][: FORCED_STEPS + 1]),
+    )
+    return values, len(targets), first
 
-    # 1b. float export fidelity: the float pair against the checkpoint itself (transformers' own layers, one
-    #     at a time from the safetensors) on the first window, layer by layer
-    export: dict[str, Any] | None = None
-    if mode == "unit":
-        em.progress(0.46, "float export against the checkpoint (layer by layer)")
-        export = _export_fidelity(
-            hf_dir,
-            ids[starts[0] : starts[0] + PROMPT_TOKENS + FORCED_STEPS],
-            [calls[i] for i in window0],
-            [captured[i] for i in window0],
-            np.stack(logits["float"][: FORCED_STEPS + 1]),
-            hidden_names,
-            thr,
-        )
-    del logits, captured
 
-    # 2. greedy continuations (prompt processor prefill, token generator decode on its own KV cache),
-    #    all prompts together, part by part at every step
-    eos = [int(e) for e in ((model.get("info") or {}).get("eos_token_ids") or [])]
+def _greedy(
+    pair: _Pair, tok: Any, ids: list[int], starts: list[int], eos: list[int], em: Emitter
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Section 2: greedy continuations (prompt processor prefill, token generator decode on its own KV
+    cache), all prompts together, part by part at every step. Returns the scores and one row per prompt."""
+    import numpy as np
+
+    from hexstudio.workers import metrics
+    from hexstudio.workers.arloop import greedy_batch
+
     ref_counts: Counter[int] = Counter(ids)
     prompts = [ids[s : s + PROMPT_TOKENS] for s in starts[:GREEDY_PROMPTS]]
     gens: dict[str, list[list[int]]] = {}
-    for i, (v, ps) in enumerate(sessions.items()):
-        gens[v] = greedy_batch(ps, prompts, GREEDY_TOKENS, eos, cl, kvh, hd)
-        em.progress(0.5 + 0.3 * (i + 1) / len(sessions), f"greedy continuations: {v} done")
-    greedy: list[dict[str, Any]] = []
+    for i, (v, ps) in enumerate(pair.sessions.items()):
+        gens[v] = greedy_batch(
+            ps, prompts, GREEDY_TOKENS, eos, pair.context_length, pair.kv_heads, pair.head_dim
+        )
+        em.progress(0.5 + 0.3 * (i + 1) / len(pair.sessions), f"greedy continuations: {v} done")
+    rows: list[dict[str, Any]] = []
     agree: list[float] = []
     sal_q: list[float] = []
     sal_f: list[float] = []
@@ -315,14 +328,12 @@ def _validate(
         gen = {v: gens[v][i] for v in gens}
         frac, first_diff = metrics.sequence_agreement(gen["float"], gen["sim"])
         texts = {v: tok.decode(g) for v, g in gen.items()}
-        sq, sf = (
-            metrics.salad(texts["sim"], gen["sim"], ref_counts),
-            metrics.salad(texts["float"], gen["float"], ref_counts),
-        )
+        sq = metrics.salad(texts["sim"], gen["sim"], ref_counts)
+        sf = metrics.salad(texts["float"], gen["float"], ref_counts)
         agree.append(frac)
         sal_q.append(sq["score"])
         sal_f.append(sf["score"])
-        greedy.append(
+        rows.append(
             {
                 "prompt": tok.decode(prompt),
                 "float": texts["float"],
@@ -333,21 +344,28 @@ def _validate(
                 "salad_float": sf,
             }
         )
-    values["greedy_agreement"] = round(float(np.mean(agree)), 4)
-    values["salad_score_quantized"] = round(float(np.mean(sal_q)), 4)
-    values["salad_score_float"] = round(float(np.mean(sal_f)), 4)
+    values = {
+        "greedy_agreement": round(float(np.mean(agree)), 4),
+        "salad_score_quantized": round(float(np.mean(sal_q)), 4),
+        "salad_score_float": round(float(np.mean(sal_f)), 4),
+    }
     values["salad_score"] = round(max(0.0, values["salad_score_quantized"] - values["salad_score_float"]), 4)
+    return values, rows
 
-    # 3. the calibration-shape graph alone: the prompt processor chain over one full AR-N block
-    pp_logits: dict[str, np.ndarray] = {}
-    block = ids[starts[0] : starts[0] + ar_n]
+
+def _calibration_graph(
+    pair: _Pair, ids: list[int], start: int, ar_n: int, thr: dict[str, float]
+) -> dict[str, Any]:
+    """Section 3: the calibration-shape graph alone, the prompt processor chain over one full AR-N block,
+    judged on its own (the trap "calibration graph fine, deployment pair broken")."""
+    from hexstudio.workers import metrics
+
+    block = ids[start : start + ar_n]
     block = block + [block[-1]] * (ar_n - len(block))
-    for v in sessions:
-        pp_logits[v] = run_calls(v, [(0, "prompt_processor", block, 0)], new_states(v, 1), last_only=False)[0]
-    opens = {v: ps.opens for v, ps in sessions.items()}
-    open_s = round(sum(ps.open_seconds for ps in sessions.values()), 2)
-    em.metric("validate_session_opens", sum(opens.values()))
-    em.metric("validate_session_open_seconds", open_s, "s")
+    pp_logits = {
+        v: pair.run(v, [(0, "prompt_processor", block, 0)], pair.states(v, 1), last_only=False)[0]
+        for v in pair.sessions
+    }
     calib: dict[str, Any] = {
         "graph": f"prompt_processor alone (calibration shape, AR-{ar_n})",
         "top1_agreement": round(metrics.top1_agreement(pp_logits["float"], pp_logits["sim"]), 4),
@@ -358,27 +376,16 @@ def _validate(
         {k: thr[k] for k in ("top1_agreement", "kl_divergence")},
     )
     calib["verdict"] = cj["verdict"]
-    htp = _htp_leg(q, qdir, ids, spec, em)
-    if htp["ran"]:
-        values["htp_logits_argmax_agreement"] = htp["logits_argmax_agreement"]
-        values["htp_logits_mean_code_error"] = htp["logits_mean_code_error"]
-    else:
-        em.log(f"HTP simulation leg skipped: {htp['why']}")
-    em.progress(0.9, "judging")
+    return calib
 
-    result = metrics.judge(values, thr)
-    if export is not None:
-        for name, c in export["checks"].items():
-            values[name] = c["value"]
-            result["checks"][name] = c
-        values["export_first_differing_layer"] = (
-            -1 if export["first_differing_layer"] is None else export["first_differing_layer"]
-        )
-        result["verdict"] = "pass" if all(c["ok"] for c in result["checks"].values()) else "fail"
+
+def _summary(
+    result: dict[str, Any], export: dict[str, Any] | None, calib: dict[str, Any]
+) -> tuple[str, list[str]]:
+    """The verdict's one-line reason, most telling first, and the failed checks."""
     verdict = result["verdict"]
-    export_ok = export is None or all(c["ok"] for c in export["checks"].values())
-    if not export_ok:
-        assert export is not None
+    failed = [k for k, c in result["checks"].items() if not c["ok"]]
+    if export is not None and not all(c["ok"] for c in export["checks"].values()):
         li = export["first_differing_layer"]
         summary = (
             "the float deployment graphs differ from the checkpoint "
@@ -391,12 +398,25 @@ def _validate(
         summary = "the quantized deployment pair matches the float model within every threshold"
     else:
         summary = "the quantized model differs from the float model beyond the thresholds"
-    failed = [k for k, c in result["checks"].items() if not c["ok"]]
     if failed and all(k.startswith("htp_") for k in failed):
         summary = (
             "the onnxruntime simulation and Qualcomm's HTP simulator disagree beyond the thresholds: a graph, "
             "encoding or rewrite fault, not quantization (validation.json: htp_simulation, part by part)"
         )
+    return summary, failed
+
+
+def _emit_judgement(
+    em: Emitter,
+    values: dict[str, Any],
+    result: dict[str, Any],
+    calib: dict[str, Any],
+    summary: str,
+    failed: list[str],
+    export_ok: bool,
+) -> None:
+    """Every metric with its threshold and outcome, and the warning that blocks Compile on a failure."""
+    verdict = result["verdict"]
     for name, value in values.items():
         em.metric(name, value)
     for name, c in result["checks"].items():
@@ -420,6 +440,85 @@ def _validate(
             "or override with `hexstudio run --override-gate validate` if you accept the risk.",
             code="validation_failed",
         )
+
+
+def _validate(
+    spec: WorkerSpec,
+    em: Emitter,
+    q: dict[str, Any],
+    qdir: Path,
+    model: dict[str, Any],
+    hf_dir: Path,
+    thr: dict[str, float],
+    tok: Any,
+    ids: list[int],
+    text_path: Path,
+    pe: dict[str, Any],
+    mode: str,
+    work: Path,
+    threads: int,
+    t0: float,
+) -> dict[str, Any]:
+    import numpy as np
+
+    from hexstudio.workers import metrics
+
+    cl, ar_n = int(q["context_length"]), int(q["ar_n"])
+    window = PROMPT_TOKENS + FORCED_STEPS + 1
+    hidden_names = _hidden_names(q)
+    capture_names = {n for names in hidden_names.values() for n in names}
+    pair = _open_pair(q, qdir, pe, mode, work, threads, capture_names, em)
+    seq_len = pair.sessions["float"].seq_len
+    if seq_len["prompt_processor"] != ar_n:
+        raise WorkerError(
+            "graph_shape_mismatch",
+            f"the prompt processor graphs have AR-{seq_len['prompt_processor']}"
+            f", quantize.json says AR-{ar_n}.",
+            "Run the quantize stage again (--force).",
+        )
+    starts = np.linspace(0, len(ids) - window, num=EVAL_WINDOWS).astype(int).tolist()
+    values, positions, first = _teacher_forced(pair, ids, starts, ar_n, em)
+
+    # 1b. float export fidelity: the float pair against the checkpoint itself (transformers' own layers, one
+    #     at a time from the safetensors) on the first window, layer by layer
+    export: dict[str, Any] | None = None
+    if mode == "unit":
+        em.progress(0.46, "float export against the checkpoint (layer by layer)")
+        seq = ids[starts[0] : starts[0] + PROMPT_TOKENS + FORCED_STEPS]
+        export = _export_fidelity(
+            hf_dir, seq, first.calls, first.captured, first.float_logits, hidden_names, thr
+        )
+    del first
+
+    eos = [int(e) for e in ((model.get("info") or {}).get("eos_token_ids") or [])]
+    greedy_values, greedy = _greedy(pair, tok, ids, starts, eos, em)
+    values.update(greedy_values)
+    calib = _calibration_graph(pair, ids, starts[0], ar_n, thr)
+    opens = {v: ps.opens for v, ps in pair.sessions.items()}
+    open_s = round(sum(ps.open_seconds for ps in pair.sessions.values()), 2)
+    em.metric("validate_session_opens", sum(opens.values()))
+    em.metric("validate_session_open_seconds", open_s, "s")
+    htp = _htp_leg(q, qdir, ids, spec, em)
+    if htp["ran"]:
+        values["htp_logits_argmax_agreement"] = htp["logits_argmax_agreement"]
+        values["htp_logits_mean_code_error"] = htp["logits_mean_code_error"]
+    else:
+        em.log(f"HTP simulation leg skipped: {htp['why']}")
+    em.progress(0.9, "judging")
+
+    result = metrics.judge(values, thr)
+    if export is not None:
+        for name, c in export["checks"].items():
+            values[name] = c["value"]
+            result["checks"][name] = c
+        values["export_first_differing_layer"] = (
+            -1 if export["first_differing_layer"] is None else export["first_differing_layer"]
+        )
+        result["verdict"] = "pass" if all(c["ok"] for c in result["checks"].values()) else "fail"
+    verdict = result["verdict"]
+    export_ok = export is None or all(c["ok"] for c in export["checks"].values())
+    summary, failed = _summary(result, export, calib)
+    _emit_judgement(em, values, result, calib, summary, failed, export_ok)
     doc = {
         "verdict": verdict,
         "summary": summary,
@@ -432,7 +531,7 @@ def _validate(
             "windows": EVAL_WINDOWS,
             "prompt_tokens": PROMPT_TOKENS,
             "forced_steps": FORCED_STEPS,
-            "positions": len(targets),
+            "positions": positions,
             "context_length": cl,
             "ar_n": ar_n,
         },
