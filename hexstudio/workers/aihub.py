@@ -47,7 +47,8 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -605,231 +606,194 @@ def qairt_of_model(model: Any) -> str | None:
     return meta.get(ModelMetadataKey.QAIRT_SDK_VERSION) or meta.get(ModelMetadataKey.QNN_SDK_VERSION) or None
 
 
-def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: Emitter) -> dict[str, Any]:
-    s = spec.settings
-    if not s.aihub_consent:
-        raise WorkerError(
-            "aihub_consent_required",
-            "Compiling on Qualcomm AI Hub uploads model-derived files "
-            "(the quantized ONNX graphs and their encodings) to Qualcomm's cloud, and you have "
-            "not agreed to that for this run.",
-            "Give consent on the Compile page (command line: start the run with --set aihub_consent=true), "
-            "or compile for the simulator board instead (compile_target sim).",
+@dataclass
+class _HubCompile:
+    """One compile's AI Hub side: the client, the device, the job records and where messages go."""
+
+    client: Any
+    device: Any
+    store: JobStore
+    em: Emitter
+    api_url: str
+    web_url: str
+    poll_s: float
+    logs_dir: Path
+
+    def errs(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return hub_errors(what, self.api_url, self.web_url)
+
+    def reuse(self, name: str, what: str) -> bool:
+        """Whether job `name` was submitted before a restart (then it is recorded again, not submitted)."""
+        if name not in self.store.jobs:
+            return False
+        self.em.log(f"reusing AI Hub {name.split(':')[0]} job {self.store.jobs[name]['job_id']} for {what}")
+        record_job(self.em, name, self.store.jobs[name])
+        return True
+
+    def submitted(self, name: str, rec: dict[str, Any]) -> None:
+        """A job id on disk at once (the resume needs it), then as a metric event."""
+        self.store.put(name, rec)
+        record_job(self.em, name, self.store.jobs[name])
+
+    def wait(self, names: list[str], f0: float, f1: float, what: str) -> None:
+        wait_jobs(
+            self.client, self.store, names, self.em, self.poll_s, f0, f1, what, self.logs_dir, self.errs
         )
-    q = json.loads((qdir / "quantize.json").read_text())
-    pairs = _pairs(q, qdir)
-    parts = int(q["parts"])
-    hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
-    hf_config = json.loads((hf_dir / "config.json").read_text())
-    model = model_name(model_doc, s)
-    every = [g for graphs in pairs.values() for g in graphs]
-    main = gm.main_variant([str(g["name"]) for g in every])
-    try:
-        names = {g["name"]: graph_job_name(model, g["name"], main) for g in every}
-        bins = {part: bin_name(model, graphs[0]["name"]) for part, graphs in pairs.items()}
-        precision = precision_name(q)
-        meta_doc = gm.build_metadata(every, qdir, precision)  # reads every graph's I/O: before any upload
-    except gm.MetadataError as exc:
-        raise WorkerError(
-            "bundle_check", str(exc), "Re-run the Quantize stage (nothing was uploaded)."
-        ) from None
-    ctx_bins = [bins[k] for k in pairs]
 
-    cfg = checked_genie_config(hf_config, q, ctx_bins, s)  # before any upload
-    tok = hf_dir / "tokenizer.json"
-    check_speculative(hf_config, q, s, tok.read_bytes() if tok.is_file() else None, clamps_small_tables=False)
-    qairt = s.qairt_version
-    device_name = s.device
-    lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
-    logs_dir = spec.run_dir / "logs" / "aihub"
-    extra_options = str(s.aihub_compile_options).strip()  # appended, as qai-hub-models' --compile-options
 
-    def outputs_of(g: dict[str, Any]) -> list[str]:
-        comp = gm.variant_component(str(g["name"]), *main)
-        return list(g.get("outputs") or meta_doc["components"][comp]["outputs"])
+@dataclass
+class _Upload:
+    """What the uploads need besides the graphs: the planned bytes per graph, the rate store and the options."""
 
-    with contextlib.redirect_stdout(sys.stderr):  # the client prints; stdout is the protocol
-        import qai_hub as hub
-        from qai_hub.public_rest_api import APIException
+    plan: dict[str, int]
+    workspace: Path
+    staging: Path
+    compact: bool
+    qairt: str
+    extra_options: str
+    left: float = 0.0
+    sent: float = 0.0
+    sent_s: float = 0.0
 
-        poll_s = configure_client(s)
-        ccfg = client_config(s)
-        client = hub.Client(config=ccfg)
 
-        def errs(what: str) -> contextlib.AbstractContextManager[None]:
-            return hub_errors(what, ccfg.api_url, ccfg.web_url)
-
-        # the upload's size and ETA first, before anything is sent (the CLI prints a stage's first progress line)
-        plan = upload_plan(pairs, qdir, set(), s.aihub_compact_upload)
-        workspace = spec.run_dir.parent.parent
-        mbps, speed_from = link_speed(s, read_rate(workspace, ccfg.api_url))
-        left = float(sum(plan.values()))
-        em.metric("upload_planned_bytes", int(left), "B")
-        em.progress(
-            0.01,
-            f"AI Hub upload: {left / 1e9:.2f} GB in {len(plan)} graphs (integer-encoded weights in "
-            f"fp16), ETA {eta_text(left, mbps)} at {mbps:g} Mbit/s ({speed_from}); the client zips each "
-            "upload, so it may send less",
-        )
-        em.progress(0.02, f"AI Hub: looking up {device_name}")
-        with errs(f"looking up the device {device_name}"):
-            dev = resolve_device(client, device_name, lpbq)
-        emulated = bool(dev["emulated"])
-        if emulated:
-            em.warning(
-                "This AI Hub is the HexStudio emulator: the context binaries are EMULATED packages, not "
-                "device results.",
-                code="emulated",
-            )
-        hub_dev = hub.Device(dev["name"])
-        store = JobStore(
-            spec.run_dir / JOBS_FILE, inputs_key(qdir, q, dev["name"], qairt, model, extra_options)
-        )
-        if store.abandoned:
-            em.warning(
-                f"{len(store.abandoned)} AI Hub job(s) recorded for earlier inputs (other graphs, device or "
-                "QAIRT version) are not reused.",
-                code="aihub_jobs_abandoned",
-            )
-
-        # 1. upload + compile each graph (unless a job was recorded before a restart)
-        n_graphs = len(every)
-        i = 0
-        staging = spec.out_dir / "aimet"
-        sent = sent_s = 0.0
-        for part, graphs in pairs.items():
-            for g in graphs:
-                name = f"compile:{g['name']}"
-                job_name = names[g["name"]]
-                i += 1
-                if name in store.jobs:
-                    em.log(
-                        f"reusing AI Hub compile job {store.jobs[name]['job_id']} for {g['name']} "
-                        "(submitted before a restart)"
-                    )
-                    record_job(em, name, store.jobs[name])
-                    left = max(0.0, left - plan[g["name"]])
-                    continue
-                em.progress(
-                    0.03 + 0.3 * i / n_graphs,
-                    f"AI Hub: uploading {job_name}.aimet ({i}/{n_graphs})",
-                    part=part,
-                    parts=parts,
-                )
-                src, ustats = stage_aimet_dir(g, qdir, staging, job_name, s.aihub_compact_upload)
-                if ustats.inexact:
-                    em.warning(
-                        f"{len(ustats.inexact)} weight(s) of {g['name']} are uploaded in fp32: their integer form "
-                        f"would not re-quantize to the same integers ({', '.join(ustats.inexact[:3])}).",
-                        code="aihub_upload_fp32",
-                    )
-                options = compile_options(g["name"], qairt, outputs_of(g))
-                if extra_options:
-                    options = f"{options} {extra_options}"
-                t_up = time.monotonic()
-                try:
-                    with errs(f"uploading {src.name}"):
-                        uploaded = client.upload_model(str(src))
-                finally:
-                    shutil.rmtree(src, ignore_errors=True)
-                sent += ustats.bytes
-                sent_s += time.monotonic() - t_up
-                record_rate(workspace, ccfg.api_url, sent, sent_s)  # the next compile's ETA
-                left = max(0.0, left - plan.get(g["name"], ustats.bytes))
-                rate = sent * 8 / max(sent_s, 1e-3) / 1e6
-                em.log(
-                    f"uploaded {src.name}: {ustats.bytes / 1e9:.2f} GB ({ustats.int_params / 1e6:.0f}M weights in "
-                    f"{ustats.int_tensors} tensors as integers, {ustats.fp32_params / 1e6:.0f}M fp32) in {time.monotonic() - t_up:.0f} s "
-                    f"(zip + send: {rate:.0f} Mbit/s measured); {left / 1e9:.2f} GB left, ETA "
-                    f"{eta_text(left, rate)}"
-                )
-                em.metric("upload_sent_bytes", int(sent), "B")
-                with errs(f"submitting the compile job {job_name}"):
-                    job = client.submit_compile_job(
-                        uploaded, hub_dev, name=job_name, options=options, retry=False
-                    )
-                store.put(
-                    name,
-                    {
-                        "kind": "compile",
-                        "part": part,
-                        "graph": g["name"],
-                        "what": job_name,
-                        "job_id": job.job_id,
-                        "url": job.url,
-                        "state": "SUBMITTED",
-                        "options": options,
-                    },
-                )
-                record_job(em, name, store.jobs[name])
-                em.log(
-                    f"submitted AI Hub compile job {job.job_id} ({job_name}, graph {g['name']}): {job.url}"
-                )
-        shutil.rmtree(staging, ignore_errors=True)
-        compile_names = [f"compile:{g['name']}" for g in every]
-        wait_jobs(client, store, compile_names, em, poll_s, 0.35, 0.6, "compile", logs_dir, errs)
-
-        # 2. link each part's DLCs, [prompt, token, other ARs' and CLs'], into one context binary with shared weights
-        for part, graphs in pairs.items():
-            name = f"link:part{part}"
-            link_name = bins[part][: -len(".bin")]
-            if name in store.jobs:
-                em.log(f"reusing AI Hub link job {store.jobs[name]['job_id']} for part {part}")
-                record_job(em, name, store.jobs[name])
+def _compile_graphs(
+    hc: _HubCompile,
+    pairs: dict[int, list[dict[str, Any]]],
+    qdir: Path,
+    names: dict[str, str],
+    outputs_of: Callable[[dict[str, Any]], list[str]],
+    up: _Upload,
+    parts: int,
+) -> None:
+    """Step 1: upload each graph and submit its compile job, unless a job was recorded before a restart."""
+    em = hc.em
+    n_graphs = sum(len(graphs) for graphs in pairs.values())
+    i = 0
+    for part, graphs in pairs.items():
+        for g in graphs:
+            name = f"compile:{g['name']}"
+            job_name = names[g["name"]]
+            i += 1
+            if hc.reuse(name, f"{g['name']} (submitted before a restart)"):
+                up.left = max(0.0, up.left - up.plan[g["name"]])
                 continue
-            with errs(f"submitting the link job {link_name}"):
-                models = [
-                    client.get_job(store.jobs[f"compile:{g['name']}"]["job_id"]).get_target_model()
-                    for g in graphs
-                ]
-                job = client.submit_link_job(models, hub_dev, name=link_name, options=link_options(qairt))
-            store.put(
-                name,
-                {
-                    "kind": "link",
-                    "part": part,
-                    "graph": None,
-                    "what": link_name,
-                    "job_id": job.job_id,
-                    "url": job.url,
-                    "state": "SUBMITTED",
-                    "options": link_options(qairt),
-                },
+            em.progress(
+                0.03 + 0.3 * i / n_graphs,
+                f"AI Hub: uploading {job_name}.aimet ({i}/{n_graphs})",
+                part=part,
+                parts=parts,
             )
-            record_job(em, name, store.jobs[name])
-            em.log(f"submitted AI Hub link job {job.job_id} ({link_name}): {job.url}")
-        link_names = [f"link:part{part}" for part in pairs]
-        wait_jobs(client, store, link_names, em, poll_s, 0.6, 0.8, "link", logs_dir, errs)
+            uploaded, options = _upload_graph(hc, g, qdir, job_name, outputs_of(g), up)
+            with hc.errs(f"submitting the compile job {job_name}"):
+                job = hc.client.submit_compile_job(
+                    uploaded, hc.device, name=job_name, options=options, retry=False
+                )
+            rec = {
+                "kind": "compile",
+                "part": part,
+                "graph": g["name"],
+                "what": job_name,
+                "job_id": job.job_id,
+            }
+            hc.submitted(name, {**rec, "url": job.url, "state": "SUBMITTED", "options": options})
+            em.log(f"submitted AI Hub compile job {job.job_id} ({job_name}, graph {g['name']}): {job.url}")
+    shutil.rmtree(up.staging, ignore_errors=True)
 
-        # 3. download the context binaries into the bundle; the QAIRT version from the linked models
-        bdir = spec.out_dir / "bundle"
-        bdir.mkdir(parents=True, exist_ok=True)
-        job_logs = spec.out_dir / "aihub_logs"
-        full_versions: dict[int, str | None] = {}
-        for k, part in enumerate(pairs):
-            rec = store.jobs[f"link:part{part}"]
-            em.progress(0.8 + 0.15 * k / len(pairs), f"AI Hub: downloading {bins[part]}")
-            with (
-                errs(f"downloading the context binary of part {part} (job {rec['job_id']})"),
-                tempfile.TemporaryDirectory(dir=spec.out_dir) as tmp,
-            ):
-                job = client.get_job(rec["job_id"])
-                target = job.get_target_model()
-                got = job.download_target_model(tmp)
-                if not got or target is None:
-                    raise WorkerError(
-                        "aihub_download",
-                        f"AI Hub link job {rec['job_id']} has no context binary.",
-                        f"Details: {rec['url']}. " + RESUME_HINT,
-                    )
-                os.replace(got, bdir / bins[part])
-                full_versions[part] = qairt_of_model(target)
-                with contextlib.suppress(hub.Error, APIException, OSError):
-                    job.download_job_logs(str(job_logs))
-            emulated = emulated or is_emulated_package(bdir / bins[part])
 
-    # 4. the rest of the bundle
-    first = full_versions[next(iter(pairs))]
+def _upload_graph(
+    hc: _HubCompile, g: dict[str, Any], qdir: Path, job_name: str, outputs: list[str], up: _Upload
+) -> tuple[Any, str]:
+    """One graph's .aimet folder uploaded, the measured rate kept for the next ETA; (the model, its options)."""
+    em = hc.em
+    src, ustats = stage_aimet_dir(g, qdir, up.staging, job_name, up.compact)
+    if ustats.inexact:
+        em.warning(
+            f"{len(ustats.inexact)} weight(s) of {g['name']} are uploaded in fp32: their integer form "
+            f"would not re-quantize to the same integers ({', '.join(ustats.inexact[:3])}).",
+            code="aihub_upload_fp32",
+        )
+    options = compile_options(g["name"], up.qairt, outputs)
+    if up.extra_options:
+        options = f"{options} {up.extra_options}"
+    t_up = time.monotonic()
+    try:
+        with hc.errs(f"uploading {src.name}"):
+            uploaded = hc.client.upload_model(str(src))
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+    up.sent += ustats.bytes
+    up.sent_s += time.monotonic() - t_up
+    # the next compile's ETA
+    record_rate(up.workspace, hc.api_url, up.sent, up.sent_s)
+    up.left = max(0.0, up.left - up.plan.get(g["name"], ustats.bytes))
+    rate = up.sent * 8 / max(up.sent_s, 1e-3) / 1e6
+    em.log(
+        f"uploaded {src.name}: {ustats.bytes / 1e9:.2f} GB ({ustats.int_params / 1e6:.0f}M weights in "
+        f"{ustats.int_tensors} tensors as integers, {ustats.fp32_params / 1e6:.0f}M fp32) in "
+        f"{time.monotonic() - t_up:.0f} s (zip + send: {rate:.0f} Mbit/s measured); {up.left / 1e9:.2f} GB left, "
+        f"ETA {eta_text(up.left, rate)}"
+    )
+    em.metric("upload_sent_bytes", int(up.sent), "B")
+    return uploaded, options
+
+
+def _link_parts(
+    hc: _HubCompile, pairs: dict[int, list[dict[str, Any]]], bins: dict[int, str], qairt: str
+) -> None:
+    """Step 2: link each part's DLCs, [prompt, token, other ARs' and CLs'], into one context binary with
+    shared weights."""
+    for part, graphs in pairs.items():
+        name = f"link:part{part}"
+        link_name = bins[part][: -len(".bin")]
+        if hc.reuse(name, f"part {part}"):
+            continue
+        with hc.errs(f"submitting the link job {link_name}"):
+            models = [
+                hc.client.get_job(hc.store.jobs[f"compile:{g['name']}"]["job_id"]).get_target_model()
+                for g in graphs
+            ]
+            job = hc.client.submit_link_job(models, hc.device, name=link_name, options=link_options(qairt))
+        rec = {"kind": "link", "part": part, "graph": None, "what": link_name, "job_id": job.job_id}
+        hc.submitted(name, {**rec, "url": job.url, "state": "SUBMITTED", "options": link_options(qairt)})
+        hc.em.log(f"submitted AI Hub link job {job.job_id} ({link_name}): {job.url}")
+
+
+def _download_bins(
+    hc: _HubCompile, parts: list[int], bins: dict[int, str], bdir: Path, job_logs: Path
+) -> tuple[dict[int, str | None], bool]:
+    """Step 3: each part's context binary into the bundle; (the QAIRT version AI Hub recorded on each linked
+    model, whether any binary is an emulator's package)."""
+    import qai_hub as hub
+    from qai_hub.public_rest_api import APIException
+
+    full_versions: dict[int, str | None] = {}
+    emulated = False
+    for k, part in enumerate(parts):
+        rec = hc.store.jobs[f"link:part{part}"]
+        hc.em.progress(0.8 + 0.15 * k / len(parts), f"AI Hub: downloading {bins[part]}")
+        with (
+            hc.errs(f"downloading the context binary of part {part} (job {rec['job_id']})"),
+            tempfile.TemporaryDirectory(dir=bdir.parent) as tmp,
+        ):
+            job = hc.client.get_job(rec["job_id"])
+            target = job.get_target_model()
+            got = job.download_target_model(tmp)
+            if not got or target is None:
+                raise WorkerError(
+                    "aihub_download",
+                    f"AI Hub link job {rec['job_id']} has no context binary.",
+                    f"Details: {rec['url']}. " + RESUME_HINT,
+                )
+            os.replace(got, bdir / bins[part])
+            full_versions[part] = qairt_of_model(target)
+            with contextlib.suppress(hub.Error, APIException, OSError):
+                job.download_job_logs(str(job_logs))
+        emulated = emulated or is_emulated_package(bdir / bins[part])
+    return full_versions, emulated
+
+
+def linked_qairt(full_versions: dict[int, str | None], requested: str, em: Emitter) -> str:
+    """The one full QAIRT version every part was linked with (the requested one where AI Hub recorded none)."""
     if len(set(full_versions.values())) > 1:
         raise WorkerError(
             "aihub_qairt_mismatch",
@@ -838,19 +802,32 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
             + ").",
             "Remove the run's aihub_jobs.json and compile again with one --set qairt_version.",
         )
+    first = next(iter(full_versions.values()))
     if first is None:
         em.warning(
             f"AI Hub recorded no QAIRT version on the linked models; tool-versions.yaml holds the requested "
-            f"{qairt}.",
+            f"{requested}.",
             code="aihub_qairt_unknown",
         )
-    qairt_full = first or qairt
+    return first or requested
+
+
+def _write_bundle_files(
+    bdir: Path,
+    hf_dir: Path,
+    dev: dict[str, Any],
+    meta_doc: dict[str, Any],
+    qairt_full: str,
+    emulated: bool,
+    write_dialogs: Callable[[Path], object],
+) -> None:
+    """Step 4: the rest of the bundle beside the context binaries."""
     shutil.copy2(hf_dir / "tokenizer.json", bdir / "tokenizer.json")
     for extra in ("tokenizer_config.json", "config.json"):
         if (hf_dir / extra).is_file():
             shutil.copy2(hf_dir / extra, bdir / extra)
     # genie_config.json, and one genie_config.<type>.json per speculative dialog asked for (spd's draft under draft/)
-    write_dialog_configs(bdir, cfg, hf_config, q, s, clamps_small_tables=False)
+    write_dialogs(bdir)
     (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(dev), indent=2))
     gm.write_metadata(bdir / "metadata.yaml", meta_doc)
     head = (
@@ -864,6 +841,111 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
             "This bundle was compiled by HexStudio's AI Hub EMULATOR (tests/aihub_emulator).\n"
             "Its .bin files are zip packages of the inputs, not QNN context binaries: Genie cannot load them.\n"
         )
+
+
+def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: Emitter) -> dict[str, Any]:
+    s = spec.settings
+    if not s.aihub_consent:
+        raise WorkerError(
+            "aihub_consent_required",
+            "Compiling on Qualcomm AI Hub uploads model-derived files "
+            "(the quantized ONNX graphs and their encodings) to Qualcomm's cloud, and you have "
+            "not agreed to that for this run.",
+            "Give consent on the Compile page (command line: start the run with --set aihub_consent=true), "
+            "or compile for the simulator board instead (compile_target sim).",
+        )
+    q = json.loads((qdir / "quantize.json").read_text())
+    pairs = _pairs(q, qdir)
+    hf_dir = modelinfo.hf_dir_of(model_doc, spec.upstream_dir("model"))
+    hf_config = json.loads((hf_dir / "config.json").read_text())
+    model = model_name(model_doc, s)
+    every = [g for graphs in pairs.values() for g in graphs]
+    main = gm.main_variant([str(g["name"]) for g in every])
+    try:
+        names = {g["name"]: graph_job_name(model, g["name"], main) for g in every}
+        bins = {part: bin_name(model, graphs[0]["name"]) for part, graphs in pairs.items()}
+        precision = precision_name(q)
+        # reads every graph's I/O: before any upload
+        meta_doc = gm.build_metadata(every, qdir, precision)
+    except gm.MetadataError as exc:
+        raise WorkerError(
+            "bundle_check", str(exc), "Re-run the Quantize stage (nothing was uploaded)."
+        ) from None
+
+    # the Genie configs and the speculative dialogs are checked before any upload
+    cfg = checked_genie_config(hf_config, q, [bins[k] for k in pairs], s)
+    tok = hf_dir / "tokenizer.json"
+    check_speculative(hf_config, q, s, tok.read_bytes() if tok.is_file() else None, clamps_small_tables=False)
+    qairt = s.qairt_version
+    lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
+    # appended, as qai-hub-models' --compile-options
+    extra_options = str(s.aihub_compile_options).strip()
+
+    def outputs_of(g: dict[str, Any]) -> list[str]:
+        comp = gm.variant_component(str(g["name"]), *main)
+        return list(g.get("outputs") or meta_doc["components"][comp]["outputs"])
+
+    bdir = spec.out_dir / "bundle"
+    # the client prints; stdout is the protocol
+    with contextlib.redirect_stdout(sys.stderr):
+        import qai_hub as hub
+
+        poll_s = configure_client(s)
+        ccfg = client_config(s)
+        client = hub.Client(config=ccfg)
+        # the upload's size and ETA first, before anything is sent (the CLI prints a stage's first progress line)
+        plan = upload_plan(pairs, qdir, set(), s.aihub_compact_upload)
+        workspace = spec.run_dir.parent.parent
+        mbps, speed_from = link_speed(s, read_rate(workspace, ccfg.api_url))
+        up = _Upload(plan, workspace, spec.out_dir / "aimet", s.aihub_compact_upload, qairt, extra_options)
+        up.left = float(sum(plan.values()))
+        em.metric("upload_planned_bytes", int(up.left), "B")
+        em.progress(
+            0.01,
+            f"AI Hub upload: {up.left / 1e9:.2f} GB in {len(plan)} graphs (integer-encoded weights in "
+            f"fp16), ETA {eta_text(up.left, mbps)} at {mbps:g} Mbit/s ({speed_from}); the client zips each "
+            "upload, so it may send less",
+        )
+        em.progress(0.02, f"AI Hub: looking up {s.device}")
+        with hub_errors(f"looking up the device {s.device}", ccfg.api_url, ccfg.web_url):
+            dev = resolve_device(client, s.device, lpbq)
+        if dev["emulated"]:
+            em.warning(
+                "This AI Hub is the HexStudio emulator: the context binaries are EMULATED packages, not "
+                "device results.",
+                code="emulated",
+            )
+        store = JobStore(
+            spec.run_dir / JOBS_FILE, inputs_key(qdir, q, dev["name"], qairt, model, extra_options)
+        )
+        if store.abandoned:
+            em.warning(
+                f"{len(store.abandoned)} AI Hub job(s) recorded for earlier inputs (other graphs, device or "
+                "QAIRT version) are not reused.",
+                code="aihub_jobs_abandoned",
+            )
+        logs_dir = spec.run_dir / "logs" / "aihub"
+        hc = _HubCompile(
+            client, hub.Device(dev["name"]), store, em, ccfg.api_url, ccfg.web_url, poll_s, logs_dir
+        )
+        _compile_graphs(hc, pairs, qdir, names, outputs_of, up, int(q["parts"]))
+        hc.wait([f"compile:{g['name']}" for g in every], 0.35, 0.6, "compile")
+        _link_parts(hc, pairs, bins, qairt)
+        hc.wait([f"link:part{part}" for part in pairs], 0.6, 0.8, "link")
+        bdir.mkdir(parents=True, exist_ok=True)
+        full_versions, packaged = _download_bins(hc, list(pairs), bins, bdir, spec.out_dir / "aihub_logs")
+    emulated = bool(dev["emulated"]) or packaged
+
+    qairt_full = linked_qairt(full_versions, qairt, em)
+    _write_bundle_files(
+        bdir,
+        hf_dir,
+        dev,
+        meta_doc,
+        qairt_full,
+        emulated,
+        lambda d: write_dialog_configs(d, cfg, hf_config, q, s, clamps_small_tables=False),
+    )
     recs = sorted(
         store.jobs.items(), key=lambda kv: (kv[1]["part"], kv[1]["kind"] != "compile", kv[1]["graph"] or "")
     )

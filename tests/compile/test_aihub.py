@@ -521,3 +521,25 @@ def test_ai_hub_bundles_carry_the_speculative_dialogs_asked_for(
     assert basic["type"] == "basic" and spd["type"] == "spd" and spd["spd"]["draft-len"] == 2
     assert [e["role"] for e in spd["engine"]] == ["draft", "target"]
     assert spd["engine"][1]["model"]["binary"]["ctx-bins"] == basic["engine"]["model"]["binary"]["ctx-bins"]
+
+
+def test_the_bundle_takes_the_one_qairt_version_the_parts_were_linked_with() -> None:
+    """tool-versions.yaml holds the version AI Hub recorded on the linked models: parts linked with two
+    versions are refused (the board would run one QAIRT for both), and no recorded version falls back to the
+    requested one with a warning that says so."""
+    from hexstudio.shared.protocol import Emitter
+    from hexstudio.workers.aihub import linked_qairt
+    from hexstudio.workers.runtime import WorkerError
+
+    out = io.StringIO()
+    em = Emitter(out)
+    assert linked_qairt({0: "2.37.1.250807", 1: "2.37.1.250807"}, "2.37", em) == "2.37.1.250807"
+    assert out.getvalue() == ""
+    with pytest.raises(WorkerError) as err:
+        linked_qairt({0: "2.37.1.250807", 1: "2.36.0.250627"}, "2.37", em)
+    assert err.value.code == "aihub_qairt_mismatch"
+    assert "part 0: 2.37.1.250807, part 1: 2.36.0.250627" in err.value.message
+    assert "aihub_jobs.json" in (err.value.hint or "")
+    assert linked_qairt({0: None, 1: None}, "2.37", em) == "2.37"
+    (warning,) = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert warning["code"] == "aihub_qairt_unknown" and "2.37" in warning["message"]
