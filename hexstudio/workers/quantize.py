@@ -20,6 +20,8 @@ import gc
 import json
 import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hexstudio.shared.artifacts import ModelDoc
@@ -70,14 +72,27 @@ def protect_protocol_stdout(em: Emitter) -> None:
     os.dup2(2, 1)
 
 
-def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
-    from hexstudio.workers.quant.calib import blocks_from_windows, resolve_hf_dir, resolve_text, token_windows
+@dataclass(frozen=True)
+class _Plan:
+    """The stage's inputs, resolved and checked before anything is exported."""
 
-    protect_protocol_stdout(em)
-    t_start = time.monotonic()
+    context_length: int
+    ar_n: int
+    parts: int
+    samples: int
+    seq_len: int
+    more_cls: list[int]
+    more_ars: list[int]
+    unit: str
+    text: Path
+
+
+def _plan(spec: WorkerSpec, model_json: ModelDoc) -> _Plan:
+    """Every setting the stage reads, checked, with an error that says which to change."""
+    from hexstudio.shared.run_settings import extra_ar_sizes, extra_context_lengths, genie_cl_problem
+    from hexstudio.workers.quant.calib import resolve_text
+
     settings = spec.settings
-    model_json = model_doc(spec)
-    hf_dir = resolve_hf_dir(dict(model_json), spec.upstream_dir("model"))
     try:
         cl, ar_n, parts = resolve_shape(model_json)
     except (KeyError, TypeError, ValueError) as exc:
@@ -102,8 +117,6 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             f"calibration_samples {samples} / calibration_seq_len {seq_len} are out of range (1.., 2..{cl}).",
             "Use e.g. 8 samples of 128 tokens.",
         )
-    from hexstudio.shared.run_settings import extra_ar_sizes, extra_context_lengths, genie_cl_problem
-
     if (why := genie_cl_problem(cl, ar_n)) is not None:
         raise WorkerError(
             "bad_context_length",
@@ -133,16 +146,20 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             'Use "layer" (one QuantSim per decoder layer, least memory) or "part" (one QuantSim per part).',
         )
     text = resolve_text(settings.calibration_text, "calibration")
-    out = spec.out_dir
-    threads = _threads()
+    return _Plan(cl, ar_n, parts, samples, seq_len, more_cls, more_ars, unit, text)
 
-    # 1. float export, piece by piece: one decoder layer's weights are read from the safetensors files at a time
+
+def _export(
+    hf_dir: Path, out: Path, plan: _Plan, em: Emitter
+) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+    """Step 1: the float deployment graphs, exported piece by piece (one decoder layer's weights read from the
+    safetensors files at a time); (the model's config, Genie's positional encoding, the graph entries)."""
+    cl, parts, more_cls = plan.context_length, plan.parts, plan.more_cls
     em.progress(0.01, "exporting the float deployment graphs")
     from transformers import AutoConfig
 
+    from hexstudio.shared.rope import RopeError, genie_positional_encoding
     from hexstudio.workers.export import export_deployment_graphs
-    from hexstudio.workers.export.segments import Dims
-    from hexstudio.workers.quant.partwise import ort_providers
 
     t0 = time.monotonic()
     try:
@@ -153,8 +170,6 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             f"Could not read the model configuration in {hf_dir}: {exc}",
             "Check the model folder (model stage) and its config.json.",
         ) from None
-    from hexstudio.shared.rope import RopeError, genie_positional_encoding, genie_rope_tables
-
     try:
         # the rope Genie will compute from genie_config.json: calibration and validation feed the same tables
         pe = genie_positional_encoding(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")), cl)
@@ -162,10 +177,6 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         raise WorkerError(
             "rope_not_expressible", str(exc), "Choose another model or context length."
         ) from None
-    shape = Dims.of(cfg)
-    kvh, hd = shape.kv_heads, shape.head_dim
-    dims = {"context_length": cl, "num_kv_heads": kvh, "head_dim": hd}
-    bos = getattr(cfg, "bos_token_id", None)
 
     def exported(entries: list[dict[str, Any]], weights: list[str]) -> None:
         em.log(f"exported part {entries[0]['part']} of {parts} ({', '.join(g['name'] for g in entries)})")
@@ -175,11 +186,11 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             hf_dir,
             out / "float",
             context_length=cl,
-            ar_n=ar_n,
+            ar_n=plan.ar_n,
             parts=parts,
             after_part=exported,
             extra_context_lengths=tuple(more_cls),
-            extra_ar_sizes=tuple(more_ars),
+            extra_ar_sizes=tuple(plan.more_ars),
         )
     except (OSError, ValueError) as exc:
         raise WorkerError(
@@ -192,33 +203,33 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     em.log(
         f"exported {len(graphs)} float graphs ({parts} parts, context {cl}"
         + (f" and {', '.join(map(str, more_cls))}" if more_cls else "")
-        + f", AR-{ar_n} and AR-1)"
+        + f", AR-{plan.ar_n} and AR-1)"
     )
-    providers = ort_providers(em.log)
+    return cfg, pe, graphs
 
-    # 2. calibration data
-    windows = token_windows(hf_dir, text, samples, seq_len, bos_id=int(bos) if isinstance(bos, int) else None)
-    blocks = blocks_from_windows(windows, ar_n)
 
-    # 3. sequential part-wise QuantSim
-    from hexstudio.workers.quant.partwise import quantize_partwise, quantsim_kind, shared_weight_check
+class _CalibrationProgress:
+    """Progress of step 3 as quantize_partwise reports it: calibrated graphs share 0.1..0.98 evenly; the
+    others (token generators, other context lengths) only say their encodings were written."""
 
-    # the main context length's prompt processors are calibrated; their token generators and every other context
-    # length's graphs take their part's encodings (identical tensor names: Genie requires identical encodings)
-    calibrated = [g["name"] for g in graphs if g["kind"] == "prompt_processor" and "variant_of" not in g]
-    done_graphs: list[str] = []
+    def __init__(self, calibrated: list[str], samples: int, em: Emitter) -> None:
+        self.calibrated = calibrated
+        self.samples = samples
+        self.em = em
+        self.done: list[str] = []
 
-    def progress(name: str, i: int, n: int) -> None:
-        if name not in calibrated:
+    def __call__(self, name: str, i: int, n: int) -> None:
+        em, samples = self.em, self.samples
+        if name not in self.calibrated:
             em.progress(
-                0.1 + 0.88 * len(done_graphs) / len(calibrated),
+                0.1 + 0.88 * len(self.done) / len(self.calibrated),
                 f"{name}: encodings of its part written",
                 graph=name,
             )
             return
         if i == n:
-            done_graphs.append(name)
-        frac = 0.1 + 0.88 * (len(done_graphs) + (i / n if i < n else 0)) / len(calibrated)
+            self.done.append(name)
+        frac = 0.1 + 0.88 * (len(self.done) + (i / n if i < n else 0)) / len(self.calibrated)
         if i == n:
             msg = f"{name}: calibrated"
         # partwise: every unit (embedding, layers, head) sees every sample
@@ -231,22 +242,82 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             msg = f"{name}: calibration sample {i + 1}/{n}"
         em.progress(frac, msg, graph=name, sample=i, samples=n)
 
+
+def _report_encodings(
+    graphs: list[dict[str, Any]], sharing: dict[str, Any], storage: dict[str, int], em: Emitter
+) -> int:
+    """The encodings and storage figures as metrics; the int4 LPBQ weight encodings' count."""
+    pp = [g for g in graphs if g["kind"] == "prompt_processor"]
+    lpbq = sum(g["stats"]["int4_lpbq_weight_encodings"] for g in pp)
+    em.metric("int4_lpbq_weight_encodings", lpbq)
+    em.metric("lpbq_weight_encodings", sum(g["stats"]["lpbq_weight_encodings"] for g in pp))
+    em.metric("activation_encodings", sum(g["stats"]["activation_encodings"] for g in graphs))
+    em.metric("shared_weight_encodings", sum(v["shared"] for v in sharing.values()))
+    em.metric("graphs", len(graphs))
+    em.metric("aihub_upload_bytes", storage["aihub_upload_bytes"], "B")
+    em.metric("quantize_disk_bytes", storage["disk_bytes"], "B")
+    em.log(
+        f"storage: {storage['disk_bytes'] / 2**30:.2f} GiB on disk (hard links counted once); AI Hub upload "
+        f"{storage['aihub_upload_bytes'] / 2**30:.2f} GiB ({len(graphs)} graphs, each with its part's weights, "
+        "as the Compile stage prepares them; the client zips each)"
+    )
+    return lpbq
+
+
+def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
+    from hexstudio.workers.quant.calib import blocks_from_windows, resolve_hf_dir, token_windows
+
+    protect_protocol_stdout(em)
+    t_start = time.monotonic()
+    settings = spec.settings
+    model_json = model_doc(spec)
+    hf_dir = resolve_hf_dir(dict(model_json), spec.upstream_dir("model"))
+    plan = _plan(spec, model_json)
+    cl, ar_n, parts, samples = plan.context_length, plan.ar_n, plan.parts, plan.samples
+    out = spec.out_dir
+    cfg, pe, graphs = _export(hf_dir, out, plan, em)
+    # AIMET and onnxruntime load here, after the protocol's stdout is protected (AIMET prints on import)
+    from hexstudio.shared.rope import genie_rope_tables
+    from hexstudio.workers.export.segments import Dims
+    from hexstudio.workers.quant.partwise import (
+        ort_providers,
+        quantize_partwise,
+        quantsim_kind,
+        shared_weight_check,
+    )
+
+    shape = Dims.of(cfg)
+    kvh, hd = shape.kv_heads, shape.head_dim
+    bos = getattr(cfg, "bos_token_id", None)
+    providers = ort_providers(em.log)
+
+    # 2. calibration data
+    windows = token_windows(
+        hf_dir, plan.text, samples, plan.seq_len, bos_id=int(bos) if isinstance(bos, int) else None
+    )
+    blocks = blocks_from_windows(windows, ar_n)
+
+    # 3. sequential part-wise QuantSim. The main context length's prompt processors are calibrated; their token
+    # generators and every other context length's graphs take their part's encodings (identical tensor names:
+    # Genie requires identical encodings)
+    calibrated = [g["name"] for g in graphs if g["kind"] == "prompt_processor" and "variant_of" not in g]
     t1 = time.monotonic()
     quantize_partwise(
         graphs,
         out,
         blocks,
         settings,
-        dims,
-        progress,
+        {"context_length": cl, "num_kv_heads": kvh, "head_dim": hd},
+        _CalibrationProgress(calibrated, samples, em),
         em.log,
         rope=genie_rope_tables(pe, cl),
-        threads=threads,
+        threads=_threads(),
         providers=providers,
-        per_layer=unit == "layer",
+        per_layer=plan.unit == "layer",
     )
     em.metric("calibration_seconds", round(time.monotonic() - t1, 2), "s")
-    variants = [g for g in graphs if "variant_of" in g]  # other context lengths: quantize.json "variants"
+    # other context lengths: quantize.json "variants"
+    variants = [g for g in graphs if "variant_of" in g]
     graphs = [g for g in graphs if "variant_of" not in g]
     sharing = shared_weight_check(graphs, out)
     mismatched = sum(v["different"] for v in sharing.values())
@@ -257,24 +328,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             "processor and token generator of a part.",
             "This is a bug: report it with the run folder.",
         )
-
-    lpbq = sum(g["stats"]["int4_lpbq_weight_encodings"] for g in graphs if g["kind"] == "prompt_processor")
-    em.metric("int4_lpbq_weight_encodings", lpbq)
-    em.metric(
-        "lpbq_weight_encodings",
-        sum(g["stats"]["lpbq_weight_encodings"] for g in graphs if g["kind"] == "prompt_processor"),
-    )
-    em.metric("activation_encodings", sum(g["stats"]["activation_encodings"] for g in graphs))
-    em.metric("shared_weight_encodings", sum(v["shared"] for v in sharing.values()))
-    em.metric("graphs", len(graphs))
     storage = storage_report(out, graphs + variants, settings.aihub_compact_upload)
-    em.metric("aihub_upload_bytes", storage["aihub_upload_bytes"], "B")
-    em.metric("quantize_disk_bytes", storage["disk_bytes"], "B")
-    em.log(
-        f"storage: {storage['disk_bytes'] / 2**30:.2f} GiB on disk (hard links counted once); AI Hub upload "
-        f"{storage['aihub_upload_bytes'] / 2**30:.2f} GiB ({len(graphs)} graphs, each with its part's weights, "
-        "as the Compile stage prepares them; the client zips each)"
-    )
+    lpbq = _report_encodings(graphs, sharing, storage, em)
     wb = settings.weight_bits
     doc = {
         "context_length": cl,
@@ -293,14 +348,14 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             "embeddings": "int8 per-channel",
         },
         "calibration": {
-            "text": str(text),
+            "text": str(plan.text),
             "samples": samples,
-            "seq_len": seq_len,
+            "seq_len": plan.seq_len,
             "blocks": len(blocks),
-            "unit": unit,
+            "unit": plan.unit,
             "quantsim_config": quantsim_kind(settings),
             "method": "sequential part-wise, one calibration unit ("
-            + ("decoder layer" if unit == "layer" else "part")
+            + ("decoder layer" if plan.unit == "layer" else "part")
             + ") at a time on the prompt processor; each unit calibrated on the "
             "quantized outputs of the one before; one encodings file per part, used by its "
             "prompt processor and token generator (qai-hub-models' scheme); shared I/O "
@@ -313,7 +368,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         "encodings_version": "1.0.0",
         "tool": {"aimet_onnx": _version("aimet_onnx"), "onnxruntime": _version("onnxruntime")},
         "graphs": graphs,
-        "context_lengths": [cl, *more_cls] if more_cls else [cl],
+        "context_lengths": [cl, *plan.more_cls] if plan.more_cls else [cl],
         "variants": variants,
     }
     tmp = out / "quantize.json.tmp"
