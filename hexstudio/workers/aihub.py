@@ -643,14 +643,13 @@ class _HubCompile:
 
 @dataclass
 class _Upload:
-    """What the uploads need besides the graphs: the planned bytes per graph, the rate store and the options."""
+    """The uploads' bytes: planned per graph, left to send, sent so far and how long that took (the measured
+    rate is kept in the workspace for the next compile's ETA)."""
 
     plan: dict[str, int]
     workspace: Path
     staging: Path
     compact: bool
-    qairt: str
-    extra_options: str
     left: float = 0.0
     sent: float = 0.0
     sent_s: float = 0.0
@@ -661,7 +660,7 @@ def _compile_graphs(
     pairs: dict[int, list[dict[str, Any]]],
     qdir: Path,
     names: dict[str, str],
-    outputs_of: Callable[[dict[str, Any]], list[str]],
+    options_of: Callable[[dict[str, Any]], str],
     up: _Upload,
     parts: int,
 ) -> None:
@@ -683,7 +682,8 @@ def _compile_graphs(
                 part=part,
                 parts=parts,
             )
-            uploaded, options = _upload_graph(hc, g, qdir, job_name, outputs_of(g), up)
+            options = options_of(g)
+            uploaded = _upload_graph(hc, g, qdir, job_name, up)
             with hc.errs(f"submitting the compile job {job_name}"):
                 job = hc.client.submit_compile_job(
                     uploaded, hc.device, name=job_name, options=options, retry=False
@@ -700,10 +700,8 @@ def _compile_graphs(
     shutil.rmtree(up.staging, ignore_errors=True)
 
 
-def _upload_graph(
-    hc: _HubCompile, g: dict[str, Any], qdir: Path, job_name: str, outputs: list[str], up: _Upload
-) -> tuple[Any, str]:
-    """One graph's .aimet folder uploaded, the measured rate kept for the next ETA; (the model, its options)."""
+def _upload_graph(hc: _HubCompile, g: dict[str, Any], qdir: Path, job_name: str, up: _Upload) -> Any:
+    """One graph's .aimet folder uploaded, the measured rate kept for the next ETA; the uploaded model."""
     em = hc.em
     src, ustats = stage_aimet_dir(g, qdir, up.staging, job_name, up.compact)
     if ustats.inexact:
@@ -712,9 +710,6 @@ def _upload_graph(
             f"would not re-quantize to the same integers ({', '.join(ustats.inexact[:3])}).",
             code="aihub_upload_fp32",
         )
-    options = compile_options(g["name"], up.qairt, outputs)
-    if up.extra_options:
-        options = f"{options} {up.extra_options}"
     t_up = time.monotonic()
     try:
         with hc.errs(f"uploading {src.name}"):
@@ -734,7 +729,7 @@ def _upload_graph(
         f"ETA {eta_text(up.left, rate)}"
     )
     em.metric("upload_sent_bytes", int(up.sent), "B")
-    return uploaded, options
+    return uploaded
 
 
 def _link_parts(
@@ -881,9 +876,11 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     # appended, as qai-hub-models' --compile-options
     extra_options = str(s.aihub_compile_options).strip()
 
-    def outputs_of(g: dict[str, Any]) -> list[str]:
+    def options_of(g: dict[str, Any]) -> str:
         comp = gm.variant_component(str(g["name"]), *main)
-        return list(g.get("outputs") or meta_doc["components"][comp]["outputs"])
+        outputs = list(g.get("outputs") or meta_doc["components"][comp]["outputs"])
+        options = compile_options(g["name"], qairt, outputs)
+        return f"{options} {extra_options}" if extra_options else options
 
     bdir = spec.out_dir / "bundle"
     # the client prints; stdout is the protocol
@@ -897,7 +894,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         plan = upload_plan(pairs, qdir, set(), s.aihub_compact_upload)
         workspace = spec.run_dir.parent.parent
         mbps, speed_from = link_speed(s, read_rate(workspace, ccfg.api_url))
-        up = _Upload(plan, workspace, spec.out_dir / "aimet", s.aihub_compact_upload, qairt, extra_options)
+        up = _Upload(plan, workspace, spec.out_dir / "aimet", s.aihub_compact_upload)
         up.left = float(sum(plan.values()))
         em.metric("upload_planned_bytes", int(up.left), "B")
         em.progress(
@@ -928,7 +925,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         hc = _HubCompile(
             client, hub.Device(dev["name"]), store, em, ccfg.api_url, ccfg.web_url, poll_s, logs_dir
         )
-        _compile_graphs(hc, pairs, qdir, names, outputs_of, up, int(q["parts"]))
+        _compile_graphs(hc, pairs, qdir, names, options_of, up, int(q["parts"]))
         hc.wait([f"compile:{g['name']}" for g in every], 0.35, 0.6, "compile")
         _link_parts(hc, pairs, bins, qairt)
         hc.wait([f"link:part{part}" for part in pairs], 0.6, 0.8, "link")

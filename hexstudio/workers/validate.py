@@ -379,13 +379,39 @@ def _calibration_graph(
     return calib
 
 
-def _summary(
-    result: dict[str, Any], export: dict[str, Any] | None, calib: dict[str, Any]
-) -> tuple[str, list[str]]:
-    """The verdict's one-line reason, most telling first, and the failed checks."""
+@dataclass
+class _Judgement:
+    """Every score against its threshold, the verdict and its one-line reason."""
+
+    values: dict[str, Any]
+    checks: dict[str, Any]
+    verdict: str
+    summary: str
+    failed: list[str]
+    export_ok: bool
+
+
+def _judge(
+    values: dict[str, Any], thr: dict[str, float], export: dict[str, Any] | None, calib: dict[str, Any]
+) -> _Judgement:
+    """The scores judged against the thresholds, the float export's checks with them; the summary says the
+    most telling cause first: an export bug, then the calibration-graph trap, then HTP-only disagreement."""
+    from hexstudio.workers import metrics
+
+    result = metrics.judge(values, thr)
+    export_ok = export is None or all(c["ok"] for c in export["checks"].values())
+    if export is not None:
+        for name, c in export["checks"].items():
+            values[name] = c["value"]
+            result["checks"][name] = c
+        values["export_first_differing_layer"] = (
+            -1 if export["first_differing_layer"] is None else export["first_differing_layer"]
+        )
+        result["verdict"] = "pass" if all(c["ok"] for c in result["checks"].values()) else "fail"
     verdict = result["verdict"]
     failed = [k for k, c in result["checks"].items() if not c["ok"]]
-    if export is not None and not all(c["ok"] for c in export["checks"].values()):
+    if not export_ok:
+        assert export is not None
         li = export["first_differing_layer"]
         summary = (
             "the float deployment graphs differ from the checkpoint "
@@ -403,39 +429,30 @@ def _summary(
             "the onnxruntime simulation and Qualcomm's HTP simulator disagree beyond the thresholds: a graph, "
             "encoding or rewrite fault, not quantization (validation.json: htp_simulation, part by part)"
         )
-    return summary, failed
+    return _Judgement(values, result["checks"], verdict, summary, failed, export_ok)
 
 
-def _emit_judgement(
-    em: Emitter,
-    values: dict[str, Any],
-    result: dict[str, Any],
-    calib: dict[str, Any],
-    summary: str,
-    failed: list[str],
-    export_ok: bool,
-) -> None:
+def _emit_judgement(em: Emitter, j: _Judgement, calib: dict[str, Any]) -> None:
     """Every metric with its threshold and outcome, and the warning that blocks Compile on a failure."""
-    verdict = result["verdict"]
-    for name, value in values.items():
+    for name, value in j.values.items():
         em.metric(name, value)
-    for name, c in result["checks"].items():
+    for name, c in j.checks.items():
         em.metric(f"{name}_threshold", c["threshold"])
         em.metric(f"{name}_ok", c["ok"])
     em.metric("calibration_graph_top1_agreement", calib["top1_agreement"])
     em.metric("calibration_graph_kl_divergence", calib["kl_divergence"])
     em.metric("calibration_graph_verdict", calib["verdict"])
-    em.metric("verdict", verdict)
-    if not export_ok:
+    em.metric("verdict", j.verdict)
+    if not j.export_ok:
         em.warning(
-            f"Validation failed: {summary}.",
+            f"Validation failed: {j.summary}.",
             "Compile is blocked. Report the model's architecture and this run folder: the exported graphs do "
             "not compute what the checkpoint computes.",
             code="export_mismatch",
         )
-    elif verdict != "pass":
+    elif j.verdict != "pass":
         em.warning(
-            f"Validation failed: {', '.join(failed)} outside the threshold ({summary}).",
+            f"Validation failed: {', '.join(j.failed)} outside the threshold ({j.summary}).",
             "Compile is blocked. Re-quantize (more calibration samples, 8-bit weights for sensitive parts), "
             "or override with `hexstudio run --override-gate validate` if you accept the risk.",
             code="validation_failed",
@@ -460,8 +477,6 @@ def _validate(
     t0: float,
 ) -> dict[str, Any]:
     import numpy as np
-
-    from hexstudio.workers import metrics
 
     cl, ar_n = int(q["context_length"]), int(q["ar_n"])
     window = PROMPT_TOKENS + FORCED_STEPS + 1
@@ -506,25 +521,14 @@ def _validate(
         em.log(f"HTP simulation leg skipped: {htp['why']}")
     em.progress(0.9, "judging")
 
-    result = metrics.judge(values, thr)
-    if export is not None:
-        for name, c in export["checks"].items():
-            values[name] = c["value"]
-            result["checks"][name] = c
-        values["export_first_differing_layer"] = (
-            -1 if export["first_differing_layer"] is None else export["first_differing_layer"]
-        )
-        result["verdict"] = "pass" if all(c["ok"] for c in result["checks"].values()) else "fail"
-    verdict = result["verdict"]
-    export_ok = export is None or all(c["ok"] for c in export["checks"].values())
-    summary, failed = _summary(result, export, calib)
-    _emit_judgement(em, values, result, calib, summary, failed, export_ok)
+    j = _judge(values, thr, export, calib)
+    _emit_judgement(em, j, calib)
     doc = {
-        "verdict": verdict,
-        "summary": summary,
-        "failed": failed,
-        "metrics": values,
-        "checks": result["checks"],
+        "verdict": j.verdict,
+        "summary": j.summary,
+        "failed": j.failed,
+        "metrics": j.values,
+        "checks": j.checks,
         "thresholds": thr,
         "calibration_graph": calib,
         "deployment_pair": {
@@ -555,8 +559,8 @@ def _validate(
     tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8")
     tmp.replace(spec.out_dir / "validation.json")
     em.artifact("validation.json", kind="json", role="validation")
-    em.progress(1.0, f"verdict: {verdict}")
-    return {"verdict": verdict, "summary": summary, "failed": failed}
+    em.progress(1.0, f"verdict: {j.verdict}")
+    return {"verdict": j.verdict, "summary": j.summary, "failed": j.failed}
 
 
 def _export_fidelity(
