@@ -7,6 +7,7 @@ it; `board probe --bundle RUN/artifacts/compile/bundle` compares the bundle the 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -51,6 +52,31 @@ def test_a_session_rechecks_the_bundle_it_did_not_push(tmp_path: Path) -> None:
     _flip(remote / "tokenizer.json", 0)
     bad = asyncio.run(recheck_pushed(board, bundle, "trust"))
     assert [b["path"] for b in bad] == ["tokenizer.json"] and "sha256" in bad[0]["why"], bad
+
+
+def test_a_recompiled_bundle_of_the_same_sizes_is_not_taken_for_the_pushed_one(tmp_path: Path) -> None:
+    """The Compile stage run again (same model, same settings) gives files of the same sizes with other bytes.
+    The board's copy did not change, so its ctimes still match the record; the sha256 bundle.json now asks for
+    does not, and the session's recheck must say so rather than chat with the old bundle."""
+    bundle = sim_bundle(tmp_path / "bundle")
+    board = sim_board(tmp_path / "ws")
+    remote = Path(asyncio.run(push_bundle(board, bundle, "trust")).remote_dir)
+    assert asyncio.run(recheck_pushed(board, bundle, "trust")) == []
+    _flip(bundle / "sim" / "a.onnx")
+    doc = json.loads((bundle / "bundle.json").read_text())
+    for f in doc["files"]:
+        if f["path"] == "sim/a.onnx":
+            f["sha256"] = hashlib.sha256((bundle / "sim" / "a.onnx").read_bytes()).hexdigest()
+    (bundle / "bundle.json").write_text(json.dumps(doc))
+    bad = asyncio.run(recheck_pushed(board, bundle, "trust"))
+    assert sorted(b["path"] for b in bad) == ["bundle.json", "sim/a.onnx"], bad
+    assert all("sha256" in b["why"] for b in bad), bad
+    res = asyncio.run(push_bundle(board, bundle, "trust"))
+    assert (
+        res.sent_files >= 1
+        and (remote / "sim" / "a.onnx").read_bytes() == (bundle / "sim" / "a.onnx").read_bytes()
+    )
+    assert asyncio.run(recheck_pushed(board, bundle, "trust")) == []
 
 
 def test_a_symlinked_folder_on_the_board_is_refused(tmp_path: Path) -> None:

@@ -155,9 +155,11 @@ async def compare_on_board(
     ctimes: dict[str, str] | None = None,
 ) -> tuple[list[dict[str, str]], dict[str, str]]:
     """The bundle files whose copy on the board is missing, of another size or of another sha256 than
-    bundle.json says: ([{"path", "why"}], {path: ctime} of the files found right). The sha256 is computed
-    on the board for every file when `hashes`, else only for files whose ctime differs from `ctimes` (what
-    the last push recorded) or that have none recorded."""
+    bundle.json says: ([{"path", "why"}], {path: seen} of the files found right, where `seen` is the file's
+    ctime on the board and the sha256 it was found to have). The sha256 is computed on the board for every
+    file when `hashes`, else for each file whose record in `ctimes` (what the last push saw) is missing or
+    differs: its ctime moved on the board, or bundle.json now wants another sha256 (a recompiled bundle whose
+    files kept their sizes)."""
     t = board.transport
     rels = [str(f["path"]) for f in files]
     if not await t.exists(remote):
@@ -174,7 +176,7 @@ async def compare_on_board(
             bad.append(
                 {"path": rel, "why": f"{got[0]} bytes on the board, {size} expected (truncated or changed)"}
             )
-        elif hashes or (ctimes or {}).get(rel) != got[1]:
+        elif hashes or (ctimes or {}).get(rel) != seen_as(got[1], str(f["sha256"])):
             todo.append(f)
     sums = await remote_sha256(t, remote, [str(f["path"]) for f in todo])
     for f in todo:
@@ -190,7 +192,19 @@ async def compare_on_board(
                 }
             )
     wrong = {b["path"] for b in bad}
-    return bad, {rel: st[1] for rel, st in stats.items() if rel not in wrong}
+    return bad, {
+        str(f["path"]): seen_as(stats[str(f["path"])][1], str(f["sha256"]))
+        for f in files
+        if str(f["path"]) in stats and str(f["path"]) not in wrong
+    }
+
+
+def seen_as(ctime: str, sha256: str) -> str:
+    """A verified file as the push records it: its ctime on the board and the sha256 it was found to have. Both
+    must match for the next comparison to skip hashing it: a later write on the board moves the ctime, a
+    recompiled bundle changes the sha256 bundle.json asks for (records of older HexStudios hold the ctime alone,
+    so they never match and each file is hashed once more)."""
+    return f"{ctime} {sha256}"
 
 
 async def remote_bundle_dir(board: Board, name: str) -> str:
@@ -220,8 +234,8 @@ def default_remote_name(bundle_dir: Path) -> str:
 
 
 def local_record_path(board: Board, remote: str) -> Path:
-    """Where the studio keeps what it found on the board after its last push there: the ctime and size of each
-    file. The trust anchor for the next comparison: the copy on the board (REMOTE_MANIFEST) can be edited by
+    """Where the studio keeps what it found on the board after its last push there: each file's ctime and the
+    sha256 it was verified to have (`seen_as`). The trust anchor for the next comparison: the copy on the board (REMOTE_MANIFEST) can be edited by
     anyone who can write the bundle folder, so a flipped byte plus an edited ctime there would hide (issue 27)."""
     from hexstudio.core.paths import config_dir
 
