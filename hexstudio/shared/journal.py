@@ -30,9 +30,15 @@ def done_keys(path: Path) -> set[tuple[str, str]]:
 
 
 def append_journal(path: Path, doc: dict[str, Any]) -> None:
-    """One record, on disk before this returns (a kill after it loses nothing)."""
+    """One record, on disk before this returns (a kill after it loses nothing). After a torn last line (a crash
+    mid-write) the record starts on a line of its own, so only the torn one is lost, never this one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+    line = (json.dumps(doc, ensure_ascii=False) + "\n").encode("utf-8")
+    with open(path, "a+b") as f:
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                line = b"\n" + line
+        f.write(line)
         f.flush()
         os.fsync(f.fileno())

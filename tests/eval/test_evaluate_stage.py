@@ -108,3 +108,72 @@ def test_a_speculative_dialog_the_runtime_cannot_run_stops_the_board_leg_saying_
     assert not res.ok and m.stage("evaluate").state == "failed", res
     assert "onnxruntime twin" in res.message and "basic" in res.message and "spd" in res.message, res.message
     assert res.hint and "compile_target local" in res.hint
+
+
+def test_board_cases_that_fail_are_not_scored_and_run_again(
+    twin_workspace: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A case the board gives no reply for (the helper crashed, the link dropped) is not a wrong answer of the
+    model: it is not journaled, the stage fails saying how many and why, and running the stage again runs only
+    the cases without a result. Three failures in a row stop the leg (the rest would fail the same way)."""
+    from hexstudio.core.eval.stage import MAX_FAILED_IN_A_ROW
+    from hexstudio.core.genie.session import ChatSession, SessionError
+    from tests.support.sim_runs import copy_run
+
+    _, twin_run = twin_workspace
+    run_dir = copy_run(twin_run, tmp_path)
+    m = Workspace(tmp_path).open_run(run_dir.name)
+    m.settings.update({"eval_legs": ["board"], "eval_suites": ["instruction_following"]})
+    m.save()
+    real_send = ChatSession.send
+    sends = itertools.count()
+
+    async def flaky(self: ChatSession, user: str, **kw: Any) -> Any:
+        # the 2nd case fails alone; from the 5th on every case fails (the board is gone)
+        n = next(sends)
+        if n == 1 or n >= 4:
+            raise SessionError("The helper on the board stopped (exit 139).", "See the Board page's doctor.")
+        return await real_send(self, user, **kw)
+
+    monkeypatch.setattr(ChatSession, "send", flaky)
+    res = asyncio.run(Pipeline(m).run(only="evaluate"))
+    assert not res.ok and m.stage("evaluate").state == "failed", res
+    assert f"{1 + MAX_FAILED_IN_A_ROW} evaluation case(s) got no reply" in res.message, res.message
+    assert f"stopped after {MAX_FAILED_IN_A_ROW} in a row" in res.message and "exit 139" in res.message
+    assert res.hint and "only the cases without a result run" in res.hint
+    (journal,) = (run_dir / "eval").glob("board-*.jsonl")
+    recs = [json.loads(x) for x in journal.read_text().splitlines()]
+    assert len(recs) == 3 and all(r["state"] != "failed" for r in recs), recs
+
+    monkeypatch.setattr(ChatSession, "send", real_send)
+    m = Workspace(tmp_path).open_run(run_dir.name)
+    seen: list[dict[str, Any]] = []
+    res = asyncio.run(Pipeline(m, on_event=lambda s, e: seen.append(e)).run(only="evaluate"))
+    assert res.ok, res
+    doc = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
+    assert doc["board_session"]["skipped_done"] == 3
+    (suite,) = doc["suites"]
+    assert suite["legs"]["board"]["cases"] == suite["cases"]
+
+
+def test_parity_with_nothing_to_compare_is_not_measured_not_perfect(
+    twin_workspace: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The board leg alone: its greedy replies have no host reference, so no token is compared. The gate must
+    not pass on a perfect-looking "0/0": it says parity was not measured, and a warning says how to measure it."""
+    from tests.support.sim_runs import copy_run
+
+    _, twin_run = twin_workspace
+    run_dir = copy_run(twin_run, tmp_path)
+    m = Workspace(tmp_path).open_run(run_dir.name)
+    m.settings.update({"eval_legs": ["board"], "eval_suites": ["greedy_parity"]})
+    m.save()
+    seen: list[dict[str, Any]] = []
+    res = asyncio.run(Pipeline(m, on_event=lambda s, e: seen.append(e)).run(only="evaluate"))
+    assert res.ok, res
+    st = Workspace(tmp_path).open_run(run_dir.name).stage("evaluate")
+    assert st.metric_value("parity_reference") == "none" and st.metric_value("parity_total") is None
+    gate = st.data["gate"]
+    assert gate["passed"] and "greedy parity not measured" in gate["reason"] and "0/0" not in gate["reason"], gate
+    (warning,) = [e for e in seen if e.get("type") == "warning" and e.get("code") == "parity_not_measured"]
+    assert "eval_legs" in warning["hint"]

@@ -40,6 +40,8 @@ def _h(*parts: Any) -> str:
 # cases and a shorter budget, so the default flow stays a few minutes. A real board runs every case.
 HTP_SIM_PARITY_CASES = 3
 HTP_SIM_MAX_TOKENS = 16
+# board cases failing one after another: the board or its link is gone, the rest would fail the same way
+MAX_FAILED_IN_A_ROW = 3
 
 
 class Plan:
@@ -189,7 +191,8 @@ async def run_board_leg(
             return user
 
     jobs = plan.for_leg("board")
-    done = read_journal(journal)
+    # a failed case is not a result (journals of older HexStudios hold some): it runs again
+    done = {k for k, rec in read_journal(journal).items() if rec.get("state") != "failed"}
     todo = [j for j in jobs if f"board\0{j['key']}" not in done]
     info: dict[str, Any] = {"cases": len(jobs), "skipped_done": len(jobs) - len(todo)}
     if not todo:
@@ -205,6 +208,8 @@ async def run_board_leg(
         runtime=runtime,
         dialog=dialog,
     )
+    failed: list[str] = []
+    in_a_row = 0
     try:
         try:
             await session.open()
@@ -233,33 +238,75 @@ async def run_board_leg(
             waiter.add_done_callback(_setter(stop))
             try:
                 r = await session.send(j["prompt"], stop=stop)
-            except (SessionError, ValueError) as exc:
+            except ValueError as exc:
+                # the prompt alone is longer than the context: a result, as the host legs record it
                 rec = {
                     "leg": "board",
                     "key": j["key"],
                     "text": "",
-                    "state": "failed",
-                    "error": getattr(exc, "message", str(exc)),
+                    "state": "context_full",
+                    "error": str(exc),
                 }
+            except SessionError as exc:
+                rec = {"leg": "board", "key": j["key"], "text": "", "state": "failed", "error": exc.message}
             else:
+                too_long = r.state == "failed" and r.extra.get("prompt_too_long")
                 rec = {
                     "leg": "board",
                     "key": j["key"],
                     "text": r.text,
-                    "state": r.state,
+                    "state": "context_full" if too_long else r.state,
                     "error": r.error,
                     "kpis": r.kpis.as_json() if r.kpis else None,
                     "simulated": r.simulated,
                 }
             finally:
                 waiter.cancel()
-            ctx.check_cancelled()  # an aborted reply is not a result: not journaled
+            # an aborted reply is not a result: not journaled
+            ctx.check_cancelled()
+            if rec["state"] == "failed":
+                # nor is a failed one: scored, it would read as a wrong answer of the model; running the stage
+                # again retries it
+                failed.append(f"{j['key']}: {rec.get('error') or 'no reply'}")
+                in_a_row += 1
+                if in_a_row >= MAX_FAILED_IN_A_ROW:
+                    break
+                continue
+            in_a_row = 0
             append_journal(journal, rec)
             on_case(len(jobs) - len(todo) + i + 1, len(jobs), j)
     finally:
         with contextlib.suppress(Exception):
             await session.close()
+    if failed:
+        stopped = f"; stopped after {MAX_FAILED_IN_A_ROW} in a row" if in_a_row >= MAX_FAILED_IN_A_ROW else ""
+        raise StageError(
+            "board_cases_failed",
+            f"{len(failed)} evaluation case(s) got no reply from {board.label}{stopped} (first: {failed[0]}).",
+            "The cases that finished are kept. Check the board (the Board page's doctor), then run the Evaluate "
+            "stage again: only the cases without a result run.",
+        )
     return info
+
+
+def _emit_parity(em: Any, boards: list[dict[str, Any]], reference: str) -> None:
+    """The board's greedy parity over every parity suite, for the gate. With no token compared (no host leg to
+    compare with, or no tokenizer in the bundle) it is "not measured", said so, never a perfect 0/0."""
+    matched = sum(int(b["matched"]) for b in boards)
+    total = sum(int(b["total"]) for b in boards)
+    if total == 0:
+        em.metric("parity_reference", "none")
+        em.warning(
+            "Greedy parity was not measured: the board's replies had no host reference to compare with (no "
+            "sim or HTP leg in eval_legs, or no tokenizer.json in the bundle).",
+            "Add the sim leg to eval_legs (the default has it) and run the Evaluate stage again to check the "
+            "board token for token.",
+            code="parity_not_measured",
+        )
+        return
+    em.metric("parity_matched", matched)
+    em.metric("parity_total", total)
+    em.metric("parity_reference", reference)
 
 
 def _htp_leg_available() -> bool:
@@ -558,6 +605,8 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     }
     (ctx.out_dir / "evaluate.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False))
     em.artifact("evaluate.json", kind="json", role="evaluation")
+    # every parity suite's board figures together: the gate judges them all, not the last suite's alone
+    parity_boards = [t["legs"]["board"] for t in table if t["scorer"] == "parity" and t["legs"].get("board")]
     for t in table:
         for leg, v in t["legs"].items():
             if (
@@ -569,15 +618,10 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
                     unit="ppl" if t["scorer"] == "perplexity" else "",
                     scope="simulated" if leg == "board" and source == "simulated" else leg,
                 )
-        if t["scorer"] == "parity" and t["legs"].get("board"):
-            b = t["legs"]["board"]
-            em.metric("parity_matched", b["matched"])
-            em.metric("parity_total", b["total"])
-            em.metric(
-                "parity_reference", "htp" if htp_board else "sim-agreement" if agreement_only else "sim"
-            )
         if t["scorer"] == "parity" and (t["legs"].get("htp") or {}).get("value") is not None:
             em.metric("htp_sim_agreement", t["legs"]["htp"]["value"])
+    if parity_boards:
+        _emit_parity(em, parity_boards, "htp" if htp_board else "sim-agreement" if agreement_only else "sim")
     em.metric("source", source)
     if board_info.get("dialog") not in (None, "basic"):
         em.metric("dialog", board_info["dialog"])

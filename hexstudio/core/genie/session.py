@@ -431,6 +431,12 @@ class ChatSession:
         """The runtime's own log lines so far (Genie's GenieLog output: what the console shows)."""
         return list(self._helper.log_lines) if self._helper is not None else []
 
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the dialog's KV cache holds, as this session counts them: 0 for an empty dialog (loaded anew,
+        reset, or cleared by the session itself after a full context or a stop string cut on the host)."""
+        return self._n_past
+
     async def reset(self) -> None:
         """A new chat: forget the history and clear the dialog's KV cache."""
         async with self._lock:
@@ -682,6 +688,8 @@ class ChatSession:
         # so does one whose dialog ran past max_tokens (Genie 1.21's lade ignores the limit: the helper dropped the
         # extra tokens, but they are in the KV cache)
         clear = state in ("context_full", "failed") or hit or bool(end and end.get("overran"))
+        # no reply because the prompt itself fills the context: the same again gives the same (not the board's fault)
+        too_long = False
         if state == "context_full":  # the context filled up during this reply
             if text:
                 state = "complete"
@@ -691,6 +699,7 @@ class ChatSession:
                 )
             else:
                 state, error = "failed", "The prompt does not fit in the context: start a new chat."
+                too_long = True
         if state == "failed" and error is None:
             what = "GenieDialog_query" if self.runtime.name == "genie" else "geniex generate"
             error = f"{what} failed (status {end.get('status') if end else '?'})."
@@ -720,7 +729,7 @@ class ChatSession:
             (time.monotonic() - t0) * 1000,
             error=error,
             note=note,
-            extra={"retry_without_history": retry},
+            extra={"retry_without_history": retry, "prompt_too_long": too_long},
             runtime=self.runtime.name,
             runtime_version=self.runtime_version,
             stop=stop_by,

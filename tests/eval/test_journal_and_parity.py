@@ -1,0 +1,39 @@
+"""Two small pieces of the Evaluate stage a crash or a second suite used to fool: the journal after a torn line,
+and the greedy parity the gate judges when more than one suite scores parity."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from hexstudio.core.eval.stage import _emit_parity
+from hexstudio.shared.journal import append_journal, read_journal
+from hexstudio.shared.protocol import Emitter
+
+
+def test_a_record_after_a_torn_line_is_kept(tmp_path: Path) -> None:
+    """A crash mid-write leaves a last line without its newline. The next record must start a line of its own:
+    joined to the torn one, it would be unreadable and its finished case run again."""
+    j = tmp_path / "board.jsonl"
+    append_journal(j, {"leg": "board", "key": "a", "text": "A"})
+    with open(j, "a", encoding="utf-8") as f:
+        f.write('{"leg": "board", "key": "b", "te')
+    append_journal(j, {"leg": "board", "key": "c", "text": "C"})
+    assert sorted(read_journal(j)) == ["board\0a", "board\0c"]
+    append_journal(j, {"leg": "board", "key": "d", "text": "D"})
+    assert sorted(read_journal(j)) == ["board\0a", "board\0c", "board\0d"]
+    assert j.read_bytes().count(b"\n") == 4
+
+
+def _metrics(out: io.StringIO) -> dict[str, object]:
+    return {
+        e["name"]: e["value"] for e in map(json.loads, out.getvalue().splitlines()) if e["type"] == "metric"
+    }
+
+
+def test_every_parity_suite_counts_for_the_gate() -> None:
+    """Two parity suites, 200/256 and 64/64: the gate sees 264/320, not the last suite's perfect 64/64."""
+    out = io.StringIO()
+    _emit_parity(Emitter(out), [{"matched": 200, "total": 256}, {"matched": 64, "total": 64}], "sim")
+    assert _metrics(out) == {"parity_matched": 264, "parity_total": 320, "parity_reference": "sim"}
