@@ -155,7 +155,6 @@ class DialogBridge:
         self.served = 0
         self.inits: list[dict[str, Any]] = []  # every dialog load: when and why, its init_ms
         self.history: deque[dict[str, Any]] = deque(maxlen=200)
-        self._turn_tokens: list[dict[str, Any]] = []  # the turns the KV cache holds: their token counts
 
     @property
     def simulated(self) -> bool:
@@ -293,7 +292,10 @@ class DialogBridge:
                 return None
         return None
 
-    def chat_prompt(self, body: dict[str, Any]) -> tuple[str, str | None, list[dict[str, Any]], Any]:
+    def chat_prompt(self, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], Any]:
+        """The request's whole prompt, its messages and its tools' key. Whether the dialog's KV cache can be
+        continued instead is decided in `run`, under the dialog's lock: another client may change the dialog
+        while this request waits."""
         msgs = self._norm(body.get("messages"))
         tools = body.get("tools") or None
         if tools is not None and not (
@@ -310,15 +312,35 @@ class DialogBridge:
             full = self.renderer.prompt(case)
         except Exception as exc:
             raise BridgeError(400, f"the model's chat template refused these messages: {exc}") from None
-        key = repr(tools)
-        return full, self._continuation(msgs, key), msgs, key
+        return full, msgs, repr(tools)
+
+    def precheck(self, prompt: str) -> None:
+        """What `run` would refuse with a 400 about the prompt itself, checked before a stream's 200 goes out:
+        text Genie cannot take (empty, a NUL, not UTF-8, too long), or a prompt that leaves no room in the
+        context for a reply."""
+        try:
+            check_message(prompt)
+        except SessionError as exc:
+            raise BridgeError(400, exc.message) from None
+        s = self.session
+        # no dialog loaded (a reload failed): `run` loads it first, and checks the fit then
+        if s is None:
+            return
+        count = s.token_counter or (lambda t: max(1, len(t) // 3))
+        if count(prompt) + 3 > self.context_length:
+            raise BridgeError(
+                400,
+                f"the prompt is about {count(prompt)} tokens: it does not fit in the "
+                f"context ({self.context_length} tokens) with room for a reply",
+                "context_length_exceeded",
+            )
 
     # -- running a request -------------------------------------------------------------------------
     async def run(
         self,
         *,
         prompt: str,
-        continuation: str | None,
+        messages: list[dict[str, Any]] | None,
         max_tokens: int | None,
         sampler: dict[str, Any],
         stop_strings: list[str],
@@ -338,23 +360,30 @@ class DialogBridge:
                     exc.retry_after = 10
                     raise
                 reinit = "reload"
-            if sampler != self._sampler and await self._set_sampler(sampler) is not None:  # reloaded with it
+            # reloaded with it
+            if sampler != self._sampler and await self._set_sampler(sampler) is not None:
                 reinit = "sampler"
-                continuation = None
             s = self.session
             assert s is not None
             budget = max_tokens or self.max_tokens
             count = s.token_counter or (lambda t: max(1, len(t) // 3))
-            used = sum(
-                int(x.get("prompt_tokens") or 0) + int(x.get("generated_tokens") or 0)
-                for x in self._turn_tokens
-            )
-            if continuation is not None and used + count(continuation) + budget + 8 > self.context_length:
+            # decided now, holding the dialog: what it holds is what the last request left in it, and only a
+            # dialog that still holds it (not reloaded, not cleared by the session itself: a full context, a stop
+            # string cut on the host) can take the new turn alone
+            continuation = None
+            if messages is not None and reinit is None and s.kv_tokens > 0:
+                continuation = self._continuation(messages, tools_key)
+            # the session's own rule for a dialog too full for the new turn and its reply (it would clear the
+            # dialog and send the new turn alone, without the history the cache held)
+            if (
+                continuation is not None
+                and s.kv_tokens + count(continuation) + budget + 8 > self.context_length
+            ):
                 continuation = None
             kv_reused = continuation is not None
+            cached = s.kv_tokens if kv_reused else 0
             if not kv_reused:
                 await s.reset()
-                self._turn_tokens = []
             text_in = continuation if continuation is not None else prompt
             if count(text_in) + budget + 2 > self.context_length:
                 budget = self.context_length - count(text_in) - 2
@@ -393,6 +422,16 @@ class DialogBridge:
             except ValueError as exc:  # the message alone does not fit, or Genie cannot take it
                 self._content = None
                 raise BridgeError(400, str(exc), "context_length_exceeded") from None
+            except (OSError, TimeoutError) as exc:
+                # the helper's pipe broke (it died on the board, the link dropped) or it stopped answering: the
+                # dialog is gone with it; the next request loads it again
+                self._content = None
+                self.session = None
+                with contextlib.suppress(Exception):
+                    await s.close()
+                raise BridgeError(
+                    502, f"the board's dialog stopped answering ({exc or type(exc).__name__})", "server_error"
+                ) from None
             finally:
                 watcher.cancel()
             hit_stop = r.stop_hit
@@ -401,16 +440,14 @@ class DialogBridge:
                 self._content = None
                 raise BridgeError(500, f"the board's dialog failed: {r.error}", "server_error")
             k = r.kpis.as_json() if r.kpis else {}
-            self._turn_tokens.append(
-                {"prompt_tokens": k.get("prompt_tokens"), "generated_tokens": k.get("generated_tokens")}
-            )
             aborted = r.state == "aborted" and not hit_stop
             gen = int(k.get("generated_tokens") or 0)
             # Genie's own stop does not say whether a stop sequence or the end of the turn ended the reply, and a
             # stop sequence's first tokens stay in the KV cache: a reply that may have ended at one is not continued
             # from the cache (the next request re-sends its prompt), like one cut on the host
             maybe_stopped = r.stop == "genie" and r.state == "complete" and gen < budget
-            self._content = None if aborted or hit_stop or maybe_stopped else content_after(text)
+            cleared = s.kv_tokens == 0
+            self._content = None if aborted or hit_stop or maybe_stopped or cleared else content_after(text)
             self._tools_key = tools_key
             finish = "stop" if hit_stop or (r.state == "complete" and gen < budget) else "length"
             self.served += 1
@@ -425,6 +462,8 @@ class DialogBridge:
                 "wall_ms": round((time.monotonic() - t0) * 1000, 3),
                 "ttft_ms": k.get("ttft_ms"),
                 "prompt_tokens": k.get("prompt_tokens"),
+                # the tokens of earlier turns the KV cache held, not processed again (usage counts them)
+                "cached_tokens": cached,
                 "prompt_tok_s": k.get("prompt_tok_s"),
                 "generated_tokens": k.get("generated_tokens"),
                 "gen_tok_s": k.get("gen_tok_s"),

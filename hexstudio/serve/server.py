@@ -603,7 +603,7 @@ class OpenAIServer:
     async def _chat(self, request: Request) -> Response:
         try:
             doc, _req = await self._request(request, ChatRequest)
-            prompt, cont, msgs, tools_key = self.bridge.chat_prompt(doc)
+            prompt, msgs, tools_key = self.bridge.chat_prompt(doc)
             tools = doc.get("tools") if doc.get("tool_choice") != "none" else None
             fmt = self.bridge.renderer.tool_format
 
@@ -614,7 +614,7 @@ class OpenAIServer:
                 return [*msgs, {"role": "assistant", "content": text}]
 
             return await self._generate(
-                request, doc, "chat.completion", prompt, cont, content_after, tools, tools_key
+                request, doc, "chat.completion", prompt, msgs, content_after, tools, tools_key
             )
         except BridgeError as exc:
             return _fail(exc)
@@ -633,7 +633,7 @@ class OpenAIServer:
         doc: dict[str, Any],
         kind: str,
         prompt: str,
-        cont: str | None,
+        msgs: list[dict[str, Any]] | None,
         content_after: Callable[[str], list[dict[str, Any]] | None],
         tools: Any,
         tools_key: Any,
@@ -643,7 +643,10 @@ class OpenAIServer:
         stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if isinstance(s, str)]
         mt = doc.get("max_completion_tokens", doc.get("max_tokens"))
         sampler = genie_sampler(doc, self.bridge.default_sampler)
-        self.bridge.admit()  # 429 / 503 with Retry-After before anything starts
+        # 429 / 503 with Retry-After before anything starts; a prompt the dialog cannot take is a 400 here, also for
+        # a stream (once its 200 is sent, an error can only be an event)
+        self.bridge.admit()
+        self.bridge.precheck(prompt)
         rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         model = self.bridge.model_id
@@ -653,7 +656,7 @@ class OpenAIServer:
             gen = asyncio.ensure_future(
                 self.bridge.run(
                     prompt=prompt,
-                    continuation=cont,
+                    messages=msgs,
                     max_tokens=mt,
                     sampler=sampler,
                     stop_strings=stops,
@@ -763,7 +766,7 @@ class OpenAIServer:
             try:
                 reply = await self.bridge.run(
                     prompt=prompt,
-                    continuation=cont,
+                    messages=msgs,
                     max_tokens=mt,
                     sampler=sampler,
                     stop_strings=stops,
@@ -773,7 +776,15 @@ class OpenAIServer:
                     tools_key=tools_key,
                 )
             except BridgeError as exc:
-                emit({"error": _error(exc.status, exc.message, exc.kind, exc.param)["error"]})
+                emit(
+                    {"error": _error(exc.status, exc.message, exc.kind, exc.param, exc.openai_code)["error"]}
+                )
+                emit("[DONE]")
+                return
+            except Exception as exc:
+                # never a stream that just stops: a client would take the partial text for the whole reply
+                log.exception("stream %s failed", rid)
+                emit({"error": _error(500, f"the reply failed: {exc!r}", "server_error")["error"]})
                 emit("[DONE]")
                 return
             if kind == "chat.completion":
@@ -819,8 +830,16 @@ class OpenAIServer:
 
     @staticmethod
     def _usage(stats: dict[str, Any]) -> dict[str, Any]:
-        p, g = int(stats.get("prompt_tokens") or 0), int(stats.get("generated_tokens") or 0)
-        return {"prompt_tokens": p, "completion_tokens": g, "total_tokens": p + g}
+        """OpenAI's usage: the whole prompt's tokens, those the dialog's KV cache already held among them
+        (prompt_tokens_details.cached_tokens, as OpenAI reports its prompt cache), and the reply's."""
+        cached = int(stats.get("cached_tokens") or 0)
+        p, g = int(stats.get("prompt_tokens") or 0) + cached, int(stats.get("generated_tokens") or 0)
+        return {
+            "prompt_tokens": p,
+            "completion_tokens": g,
+            "total_tokens": p + g,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
     @staticmethod
     def _message(text: str, finish: str, tools: Any, fmt: str) -> tuple[dict[str, Any], str]:

@@ -3,11 +3,14 @@ that answers from a script instead of a model: the built-in toy model never writ
 test's tool-call request is answered by this helper the way a tool-calling model answers. It runs no model.
 
     python scripted_helper.py SCRIPT_JSON      # {"substring of the prompt": "reply", ...}; else "OK."
+
+A reply "<die>" sends two pieces of text, then the helper exits with status 139 mid-reply.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -39,6 +42,12 @@ def main() -> int:
             emit({"event": "sampler", "applied": True})
         elif op == "query":
             reply = next((r for k, r in script.items() if k in msg["prompt"]), "OK.")
+            if reply == "<die>":
+                # a helper that crashes mid-reply (a segfault in the runtime, the board's OOM killer)
+                for piece in ("Half", " a rep"):
+                    emit({"event": "text", "id": msg["id"], "text": piece, "tokens": 1})
+                sys.stdout.flush()
+                os._exit(139)
             t0 = time.perf_counter()
             for i in range(0, len(reply), 4):
                 emit({"event": "text", "id": msg["id"], "text": reply[i : i + 4], "tokens": 1})

@@ -5,6 +5,7 @@ test serves a bundle of real QNN context binaries through Qualcomm's libGenie on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -69,8 +70,13 @@ def test_models_stream_and_turn2_reuses_the_dialog(server: str) -> None:
             {"role": "user", "content": "And of Spain?"},
         ],
     )
-    k2 = raw.parse().model_extra["hexstudio"]
+    r2 = raw.parse()
+    k2 = r2.model_extra["hexstudio"]
     assert raw.headers["x-hexstudio-kv-reused"] == "true" and k2["kv_reused"] and k2["reinit"] is None
+    # usage counts the whole prompt, as OpenAI does: the turns the KV cache held are in it, as cached tokens
+    assert k2["cached_tokens"] >= k1["prompt_tokens"] + k1["generated_tokens"] > 0, (k1, k2)
+    assert r2.usage.prompt_tokens == k2["prompt_tokens"] + k2["cached_tokens"], (r2.usage, k2)
+    assert r2.usage.prompt_tokens_details.cached_tokens == k2["cached_tokens"]
     assert k2["init_ms"] == 0.0
     st = stats(server)
     assert len(st["loads"]) == 1 and st["simulated"] is True  # the model was loaded once, at start
@@ -98,6 +104,48 @@ def test_second_request_waits_for_the_first(server: str) -> None:
     assert second["queue_wait_ms"] > 0.5 * first["wall_ms"], (first, second)  # it waited for the first
 
 
+def test_a_follow_up_queued_behind_another_client_does_not_continue_its_dialog(server: str) -> None:
+    """Alice's follow-up extends what the dialog held when it arrived, but Bob's request runs first and resets
+    the dialog for his own prompt. Whether the cache can be continued is decided when Alice's turn comes: her
+    follow-up must go to a reset dialog with her whole conversation, never as a bare new turn on Bob's."""
+    c = client(server)
+    model = "builtin:tiny-llama"
+    alice = [{"role": "user", "content": "Tell me about the workshop."}]
+    a1 = c.chat.completions.create(model=model, messages=alice, max_tokens=16).choices[0].message.content
+    follow_up = [*alice, {"role": "assistant", "content": a1}, {"role": "user", "content": "And then?"}]
+    got: dict[str, Any] = {}
+    bob_started = threading.Event()
+
+    def bob() -> None:
+        last = None
+        for ch in c.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "The harbour at night"}],
+            stream=True,
+            max_tokens=48,
+        ):
+            if ch.choices and ch.choices[0].delta.content:
+                bob_started.set()
+            last = ch
+        got["bob"] = last.model_extra["hexstudio"] if last is not None else None
+
+    def alice_again() -> None:
+        got["alice"] = c.chat.completions.create(model=model, messages=follow_up, max_tokens=8).model_extra[
+            "hexstudio"
+        ]
+
+    tb = threading.Thread(target=bob)
+    tb.start()
+    assert bob_started.wait(60), "Bob's reply never started"
+    ta = threading.Thread(target=alice_again)
+    ta.start()
+    tb.join(120)
+    ta.join(120)
+    assert got["bob"]["request"] < got["alice"]["request"], got
+    assert got["alice"]["kv_reused"] is False and got["alice"]["dialog_reset"] is True, got["alice"]
+    assert got["alice"]["cached_tokens"] == 0
+
+
 def test_per_request_sampler_and_completions(server: str) -> None:
     c = client(server)
     a = c.completions.create(
@@ -117,11 +165,12 @@ def test_per_request_sampler_and_completions(server: str) -> None:
         c.completions.create(model="another-model", prompt="x", max_tokens=1)
 
 
-def test_tool_call_streams_as_tool_calls(
-    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The toy model never calls a tool, so here the board's dialog is a scripted helper (scripted_helper.py)
-    answering in the model's own format; everything else (bridge, server, parsing, the client) is real."""
+@contextlib.contextmanager
+def scripted_server(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, script: dict[str, str]
+) -> Iterator[str]:
+    """The real bridge and server in this process (on a thread of their own) over a board whose dialog is the
+    scripted helper (scripted_helper.py): the base URL."""
     import asyncio
 
     from hexstudio.core.device.board import open_board
@@ -132,7 +181,6 @@ def test_tool_call_streams_as_tool_calls(
     from hexstudio.serve.server import OpenAIServer
 
     ws, run_dir = twin_workspace
-    script = {"Paris": '{"name": "get_weather", "arguments": {"city": "Paris"}}'}
     helper = Path(__file__).with_name("scripted_helper.py")
     for cls in (BoardRuntime, *BoardRuntime.__subclasses__()):
         monkeypatch.setattr(
@@ -169,7 +217,20 @@ def test_tool_call_streams_as_tool_calls(
     t.start()
     assert started.wait(60)
     try:
-        c = client(f"http://127.0.0.1:{box['port']}/v1")
+        yield f"http://127.0.0.1:{box['port']}/v1"
+    finally:
+        loop.call_soon_threadsafe(box["stop"].set)
+        t.join(30)
+
+
+def test_tool_call_streams_as_tool_calls(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The toy model never calls a tool, so here the board's dialog is a scripted helper (scripted_helper.py)
+    answering in the model's own format; everything else (bridge, server, parsing, the client) is real."""
+    script = {"Paris": '{"name": "get_weather", "arguments": {"city": "Paris"}}'}
+    with scripted_server(twin_workspace, monkeypatch, script) as url:
+        c = client(url)
         tools = [
             {
                 "type": "function",
@@ -200,9 +261,75 @@ def test_tool_call_streams_as_tool_calls(
             model="builtin:tiny-llama", tools=tools, messages=[{"role": "user", "content": "Hello"}]
         )
         assert r.choices[0].message.content == "OK." and not r.choices[0].message.tool_calls
-    finally:
-        loop.call_soon_threadsafe(box["stop"].set)
-        t.join(30)
+
+
+def test_a_helper_that_dies_mid_reply_ends_the_stream_with_an_error(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The board's helper dies after a few tokens of a streamed reply. The stream must end with an error event
+    (the openai client raises it), never just stop: a client would take the partial text for the whole reply.
+    The next request loads the dialog again and is answered."""
+    with scripted_server(twin_workspace, monkeypatch, {"crash": "<die>"}) as url:
+        c = client(url)
+        text = ""
+        with pytest.raises(openai.APIError) as err:
+            for ch in c.chat.completions.create(
+                model="builtin:tiny-llama", stream=True, messages=[{"role": "user", "content": "crash now"}]
+            ):
+                if ch.choices and ch.choices[0].delta.content:
+                    text += ch.choices[0].delta.content
+        assert text == "Half a rep", text
+        assert "dialog" in str(err.value.message), err.value
+        r = c.chat.completions.create(
+            model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hello"}]
+        )
+        assert r.choices[0].message.content == "OK."
+
+
+def test_a_dialog_that_raises_gets_an_answer_and_the_next_request_reloads_it(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Errors the session does not turn into a reply state: a broken pipe to the helper (it died between turns)
+    is a 502 and the dialog is loaded again for the next request; anything else in a stream ends it with an
+    error event, never a stream that just stops after a 200."""
+    from hexstudio.core.genie.session import ChatSession
+
+    real_send = ChatSession.send
+
+    async def send(self: ChatSession, user: str, **kw: Any) -> Any:
+        if "pipe" in user:
+            raise BrokenPipeError(32, "Broken pipe")
+        if "boom" in user:
+            on_chunk = kw.get("on_chunk")
+            if on_chunk is not None:
+                from hexstudio.core.genie.run import Chunk
+
+                on_chunk(Chunk(0.01, "Par", None, 1))
+            raise RuntimeError("boom")
+        return await real_send(self, user, **kw)
+
+    monkeypatch.setattr(ChatSession, "send", send)
+    with scripted_server(twin_workspace, monkeypatch, {}) as url:
+        c = client(url)
+        with pytest.raises(openai.APIStatusError) as err:
+            c.chat.completions.create(
+                model="builtin:tiny-llama", messages=[{"role": "user", "content": "pipe"}]
+            )
+        assert err.value.status_code == 502 and "stopped answering" in err.value.message, err.value
+        r = c.chat.completions.create(
+            model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hello"}]
+        )
+        assert r.choices[0].message.content == "OK." and r.model_extra["hexstudio"]["reinit"] == "reload"
+        with pytest.raises(openai.APIError) as err2:
+            for _ in c.chat.completions.create(
+                model="builtin:tiny-llama", stream=True, messages=[{"role": "user", "content": "boom"}]
+            ):
+                pass
+        assert "the reply failed" in str(err2.value.message), err2.value
+        r = c.chat.completions.create(
+            model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hi"}]
+        )
+        assert r.choices[0].message.content == "OK."
 
 
 def test_bind_rules() -> None:

@@ -421,3 +421,23 @@ def test_api_key_is_enforced(twin_workspace: tuple[Path, Path], tmp_path: Path) 
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+STREAMED_400 = [
+    ("a NUL in the prompt", "/v1/completions", {"prompt": "a\u0000b", "max_tokens": 4}),
+    ("a prompt longer than the context", "/v1/completions", {"prompt": "word " * 4000, "max_tokens": 4}),
+    ("a NUL in a message", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a\u0000b"}]}),
+]
+
+
+@pytest.mark.parametrize(("what", "path", "body"), STREAMED_400, ids=[s[0] for s in STREAMED_400])
+def test_a_stream_the_dialog_cannot_take_is_a_400_too(
+    port: int, what: str, path: str, body: dict[str, Any]
+) -> None:
+    """What is a 400 without `stream` is a 400 with it: checked before the stream's 200 goes out (after it, an
+    error could only be an event, which clients treat as a successful request)."""
+    status, hs, data = post(port, path, json.dumps({**body, "stream": True}).encode())
+    assert status == 400, (what, status, data[:300])
+    assert hs["content-type"].startswith("application/json")
+    assert json.loads(data)["error"]["message"]
+    good(port)
