@@ -47,3 +47,30 @@ def test_local_writes_at_once_and_a_failed_write_leaves_no_part(tmp_path: Path) 
     with pytest.raises(OSError):  # a folder stands where the file goes
         asyncio.run(t.write_bytes(str(tmp_path / "bin" / "dir"), b"x"))
     assert sorted(p.name for p in target.parent.iterdir()) == ["dir", "x.json"]
+
+
+def test_a_push_whose_part_another_push_put_in_place_keeps_that_file(
+    ssh_server: SshServer, tmp_path: Path
+) -> None:
+    """A bundle file's push goes through `<file>.part` (a dropped push continues it). When another push of the same
+    file (the GUI's Board stage beside `hexstudio chat --run`) renames that .part into place first, this push's
+    rename finds no .part. The file the other push put there must stay, and the error must say what happened."""
+    local = tmp_path / "a.bin"
+    local.write_bytes(b"x" * 300_000)
+    remote = tmp_path / "board" / "a.bin"
+
+    def other_push_finishes_first(done: int) -> None:
+        if done == local.stat().st_size:
+            Path(str(remote) + ".part").rename(remote)
+
+    async def go() -> None:
+        t = await connect_ssh("evk-test", ssh_server.key_config(), trust=lambda *_a: True)
+        try:
+            with pytest.raises(OSError) as err:
+                await t.put_file(local, str(remote), other_push_finishes_first)
+            assert "another push of the same bundle" in str(err.value), err.value
+        finally:
+            await t.close()
+
+    asyncio.run(go())
+    assert remote.read_bytes() == local.read_bytes()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -182,3 +183,31 @@ def test_short_commands_never_lose_their_output(ssh_server: SshServer) -> None:
         return list(outs)
 
     assert asyncio.run(go()) == [f"out-{i}" for i in range(64)]
+
+
+def test_a_command_past_its_time_out_is_stopped_on_the_board(ssh_server: SshServer) -> None:
+    """A command that runs past its time-out (a hung validator holding the DSP, a stuck install) is stopped on
+    the board, its children too, not only given up on here: a retry must not race the first. Its stderr is
+    the command's own (the process-group line the transport reads is not in it)."""
+    settings = settings_with("root", _cfg(ssh_server))
+    mark = f"hexstudio-hang-{secrets.token_hex(4)}"
+
+    async def go() -> tuple[Any, Any, Any]:
+        board = await open_board("root", settings, trust=lambda *a: True)
+        t = board.transport
+        try:
+            hung = await t.run(
+                ["sh", "-c", f"echo started >&2; sh -c 'sleep 60; : {mark}' & wait"], timeout=1.5
+            )
+            # [h]: the pattern does not match the shell that runs pgrep
+            left = await t.run(["sh", "-c", f"pgrep -f '[h]{mark[1:]}' || true"])
+            plain = await t.run(["sh", "-c", "echo to-stderr >&2; exit 3"])
+        finally:
+            await t.close()
+        return hung, left, plain
+
+    hung, left, plain = asyncio.run(go())
+    assert hung.exit_status == 124 and "timed out after 1.5 s" in hung.stderr, hung
+    assert hung.stderr.startswith("started"), hung.stderr
+    assert left.stdout.strip() == "", f"still running on the board: {left.stdout}"
+    assert plain.exit_status == 3 and plain.stderr == "to-stderr\n", plain

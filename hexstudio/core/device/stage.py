@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import platform
@@ -171,6 +172,27 @@ async def board_still_in_place(m: RunManifest) -> str | None:
 
 
 async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
+    """The Board stage, stopped by a cancel at once: a push of gigabytes, the sha256 check on the board and a
+    QAIRT install run in another task that the cancel stops (the board's connection is closed under it, which
+    ends a transfer in flight; its .part stays on the board and the next push continues it)."""
+    work = asyncio.ensure_future(_board_stage(ctx))
+    cancel = asyncio.ensure_future(ctx.cancel_event.wait())
+    try:
+        done, _ = await asyncio.wait({work, cancel}, return_when=asyncio.FIRST_COMPLETED)
+        if work not in done and not ctx.cancel_event.is_set():
+            # the wait on the cancel event failed (an event of another loop): the stage runs on without it
+            await asyncio.wait({work})
+    finally:
+        cancel.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+    ctx.check_cancelled()
+    return work.result()
+
+
+async def _board_stage(ctx: StageContext) -> dict[str, Any]:
     em = ctx.emitter
     name = str(ctx.manifest.inputs.get("board", "sim"))
     if not (ctx.upstream["compile"] / "bundle" / "bundle.json").is_file():
@@ -186,6 +208,16 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
         board = await open_board(name, Settings.load(), ctx.manifest.run_dir.parent.parent)
     except BoardError as exc:
         raise StageError("board_unavailable", exc.message, exc.hint) from None
+    # closed however the stage ends: a failed install, a cancel, a local file that became unreadable
+    try:
+        return await _check_and_push(ctx, board, name)
+    finally:
+        await _close_quietly(board)
+
+
+async def _check_and_push(ctx: StageContext, board: Any, name: str) -> dict[str, Any]:
+    """The doctor (a QAIRT install where the board lacks it and a zip is set), then the push and its check."""
+    em = ctx.emitter
     bundle_dir = ctx.upstream["compile"] / "bundle"
     doctor: list[dict[str, Any]] = []
     if board.simulated:
@@ -230,7 +262,6 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
                 indent=2,
             )
         )
-        await board.transport.close()
         fixes = sorted({str(d["fix"]) for d in failed if d.get("fix")})
         raise StageError(
             "doctor_failed",
@@ -258,7 +289,6 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
             board, bundle_dir, ctx.manifest.run_id, progress, facts=facts or None, verify=True
         )
     except BoardError as exc:
-        await _close_quietly(board)
         code = next(c for kind, c in PUSH_ERRORS if isinstance(exc, kind))
         raise StageError(code, exc.message, exc.hint) from None
     for w in pr.warnings:
@@ -291,5 +321,4 @@ async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
     em.metric("push_mb_per_s", round(pr.mb_per_s, 2), unit="MB/s")
     em.metric("bundle_verified", pr.verified == "sha256")
     em.metric("push_resent_files", len(pr.resent))
-    await board.transport.close()
     return {"board": name, "simulated": board.simulated, "remote_bundle": pr.remote_dir}

@@ -215,6 +215,20 @@ class LocalTransport:
 CHUNK = 256 * 1024
 WINDOW = 64 * 1024 * 1024
 PGID_MARK = b"HEXSTUDIO_PGID:"
+
+
+def _split_pgid(err: bytes) -> tuple[int | None, str]:
+    """(the process group the command's shell wrote first on stderr, the rest of stderr as text)."""
+    if not err.startswith(PGID_MARK):
+        return None, err.decode("utf-8", "replace")
+    line, _, rest = err.partition(b"\n")
+    try:
+        pgid: int | None = int(line[len(PGID_MARK) :])
+    except ValueError:
+        pgid = None
+    return pgid, rest.decode("utf-8", "replace")
+
+
 # SFTP write size: OpenSSH's channel packets carry 32 KiB; a 32 KiB write plus its SFTP header would
 # split into a full packet and a tiny one (measured: 73 -> 94 MB/s on loopback with this).
 T = TypeVar("T")
@@ -384,7 +398,13 @@ class SshTransport:
         # ends at once (and whose CLOSE paramiko answers meanwhile) can see our EOF arrive after the
         # CLOSE, and OpenSSH then drops the whole connection ("ieof packet referred to nonexistent
         # channel"), seen on a loaded 2-core machine. With input, the command reads until our EOF.
-        cmd = wrap_command(argv, cwd, env) + ("" if stdin is not None else " </dev/null")
+        # the shell's pid (its process group: sshd makes it a session leader) first on stderr, so that a command
+        # that runs past its time-out can be stopped on the board, not only given up on here
+        cmd = (
+            f"echo {PGID_MARK.decode()}$$ >&2; "
+            + wrap_command(argv, cwd, env)
+            + ("" if stdin is not None else " </dev/null")
+        )
 
         def go() -> CommandResult:
             ch = self._open_channel(cmd)
@@ -431,21 +451,36 @@ class SshTransport:
                             f"The SSH connection to {self.label} dropped while running {argv[0]}."
                         )
                     if deadline is not None and time.monotonic() > deadline:
+                        pgid, err_text = _split_pgid(bytes(err))
+                        if pgid is not None:
+                            self._kill_group_sync(pgid)
                         return CommandResult(
                             124,
                             out.decode("utf-8", "replace"),
-                            err.decode("utf-8", "replace") + f"\ntimed out after {timeout} s",
+                            err_text + f"\ntimed out after {timeout} s (stopped on the board)",
                         )
                     if not got:
                         time.sleep(0.005)
                 rc = ch.recv_exit_status()
                 return CommandResult(
-                    255 if rc == -1 else rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+                    255 if rc == -1 else rc, out.decode("utf-8", "replace"), _split_pgid(bytes(err))[1]
                 )
             finally:
                 ch.close()
 
         return await asyncio.to_thread(go)
+
+    def _kill_group_sync(self, pgid: int) -> None:
+        """TERM, then KILL a second later, to a process group on the board (a command past its time-out)."""
+        script = (
+            f"kill -TERM -- -{pgid} 2>/dev/null || exit 0; sleep 1; kill -KILL -- -{pgid} 2>/dev/null; exit 0"
+        )
+        with contextlib.suppress(Exception):
+            ch = self._open_channel(script + " </dev/null")
+            try:
+                ch.status_event.wait(10.0)
+            finally:
+                ch.close()
 
     async def start(
         self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None
@@ -510,12 +545,24 @@ class SshTransport:
         try:
             sftp.posix_rename(part, remote)
         except OSError:
+            # an SFTP server without posix-rename: remove, then rename. Not when the .part is gone: another push
+            # of the same file put it in place meanwhile, and the file there is not to be removed
+            try:
+                sftp.stat(part)
+            except OSError:
+                raise OSError(
+                    f"{part} was moved away while it was written: another push of the same bundle ran at the "
+                    "same time. Push again when it has ended."
+                ) from None
             with contextlib.suppress(OSError):
                 sftp.remove(remote)
             sftp.rename(part, remote)
         return size - offset
 
     def _prefix_matches(self, local: Path, remote: str, n: int) -> bool:
+        """Whether the first `n` bytes of `local` are the board's `remote` (a .part to continue): its sha256 on
+        the board, with a time-out (the hash of gigabytes takes a while; a link that died silently must not
+        hang the push)."""
         h = hashlib.sha256()
         with open(local, "rb") as f:
             left = n
@@ -525,15 +572,20 @@ class SshTransport:
                     return False
                 h.update(b)
                 left -= len(b)
-        ch = self._open_channel(_q(["sha256sum", "--", remote]))
-        out = b""
-        while True:
-            b = ch.recv(4096)
-            if not b:
-                break
-            out += b
-        ch.recv_exit_status()
-        ch.close()
+        ch = self._open_channel(_q(["sha256sum", "--", remote]) + " </dev/null")
+        try:
+            # 120 s, plus a second for every 50 MB the board reads
+            ch.settimeout(120.0 + n / 50e6)
+            out = b""
+            while True:
+                b = ch.recv(4096)
+                if not b:
+                    break
+                out += b
+            if ch.recv_exit_status() != 0:
+                return False
+        finally:
+            ch.close()
         return out.split(b" ")[0].decode("ascii", "replace") == h.hexdigest()
 
     async def put_file(
