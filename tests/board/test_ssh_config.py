@@ -189,6 +189,8 @@ def test_proxycommand_relay(home: Path, srv: SshServer, tmp_path: Path) -> None:
         finally:
             await t.close()
         sock.process.wait(10)  # and ends with it
+        # its pipes closed too, not left to the garbage collector
+        assert all(f.closed for f in (sock.process.stdin, sock.process.stdout, sock.process.stderr))
 
     run(go())
     write_config(home, f"Host broken\n  HostName {srv.host}\n  Port {srv.port}\n  ProxyCommand false %h %p\n")

@@ -729,13 +729,19 @@ def _proxy_socket(r: dict[str, Any]) -> Any:
     import paramiko
 
     class ProxyCommand(paramiko.ProxyCommand):
-        """paramiko's, closed twice safely (by the transport's thread and on a failed connect), and reaped."""
+        """paramiko's, closed twice safely (by the transport's thread and on a failed connect), reaped, and its
+        three pipes closed (paramiko's close only signals the command: each connection left three open files to
+        the garbage collector)."""
 
         def close(self) -> None:
             with contextlib.suppress(ProcessLookupError, OSError):
                 super().close()
             with contextlib.suppress(Exception):
                 self.process.wait(2)
+            for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
 
     cmd = str(r["proxy_command"])
     try:
