@@ -178,3 +178,29 @@ def test_parity_with_nothing_to_compare_is_not_measured_not_perfect(
     assert "0/0" not in gate["reason"], gate
     (warning,) = [e for e in seen if e.get("type") == "warning" and e.get("code") == "parity_not_measured"]
     assert "eval_legs" in warning["hint"]
+
+
+def test_the_board_journal_is_named_for_the_runtime_that_answered(
+    twin_workspace: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """With the run's runtime unset the session runs the board's own; the journal is named for that one. So the
+    same runtime set explicitly reuses every case, and cases of one runtime are never taken for another's."""
+    from tests.support.sim_runs import copy_run
+
+    _, twin_run = twin_workspace
+    run_dir = copy_run(twin_run, tmp_path)
+    m = Workspace(tmp_path).open_run(run_dir.name)
+    m.settings.update({"eval_legs": ["board"], "eval_suites": ["instruction_following"]})
+    m.save()
+    res = asyncio.run(Pipeline(m).run(only="evaluate"))
+    assert res.ok, res
+    doc = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
+    ran = doc["board_session"]["runtime"]
+    assert doc["board_session"]["skipped_done"] == 0 and ran
+    m = Workspace(tmp_path).open_run(run_dir.name)
+    m.settings.update({"runtime": ran})
+    m.save()
+    res = asyncio.run(Pipeline(m).run(only="evaluate"))
+    assert res.ok, res
+    doc = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
+    assert doc["board_session"]["skipped_done"] == doc["board_session"]["cases"] > 0, doc["board_session"]

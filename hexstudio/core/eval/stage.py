@@ -476,14 +476,15 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     runtime = str(ctx.settings.get("runtime") or "") or None
     host_journal = run_dir / "eval" / f"host-{_h(digest['quantize'], digest['compile'], EVAL_VERSION)}.jsonl"
     dialog = str(ctx.settings.get("dialog_type") or "basic")  # a speculative dialog has a journal of its own
-    board_journal = (
-        run_dir
-        / "eval"
-        / (
-            f"board-{board_doc.get('board', 'none')}-"
-            f"{_h(digest['compile'], digest['board'], runtime, EVAL_VERSION, *([dialog] if dialog != 'basic' else []))}.jsonl"
-        )
-    )
+
+    def board_journal_for(runtime: str | None) -> Path:
+        """The board leg's journal: one per bundle, push, runtime and dialog (cases of one runtime are never
+        reused for another)."""
+        extra = [dialog] if dialog != "basic" else []
+        key = _h(digest["compile"], digest["board"], runtime, EVAL_VERSION, *extra)
+        return run_dir / "eval" / f"board-{board_doc.get('board', 'none')}-{key}.jsonl"
+
+    board_journal = board_journal_for(runtime)
     htp_journal = run_dir / "eval" / f"htp-{_h(digest['quantize'], digest['compile'], EVAL_VERSION)}.jsonl"
     host_legs = [x for x in legs if x in ("float", "sim")]
     host_runs = case_runs(plan, host_legs) + case_runs(plan, ["htp"] if "htp" in legs else [])
@@ -509,6 +510,15 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             raise StageError("board_unavailable", exc.message, exc.hint) from None
         if board.simulated:
             source = "simulated"
+        # the runtime the session will run: the run's setting, else the board's own (which can change between
+        # two attempts of this stage), so the journal is named for what really answered
+        from hexstudio.core.genie.runtime import RuntimeError_, resolve_runtime
+
+        try:
+            runtime = resolve_runtime(board, runtime)
+        except RuntimeError_ as exc:
+            raise StageError("runtime_unknown", exc.message, exc.hint) from None
+        board_journal = board_journal_for(runtime)
 
         def on_case(n: int, total: int, j: dict[str, Any]) -> None:
             recs = {**read_journal(host_journal), **read_journal(htp_journal), **read_journal(board_journal)}
