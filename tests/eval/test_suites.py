@@ -91,3 +91,29 @@ def test_parity_and_three_way_drops() -> None:
     s = suite_scores(cases, res, "exact")
     assert [s["legs"][x]["value"] for x in ("float", "sim", "board")] == [1.0, 0.75, 0.5]
     assert s["drops"] == {"float->sim": 0.25, "sim->board": 0.25}
+
+
+def test_a_suite_adds_up_one_kind_of_score(tmp_path: Path) -> None:
+    """Right-or-wrong cases of any scorers make one accuracy; a perplexity or a parity case among them cannot
+    (it has no right answer, and would count as a wrong one): such a suite is refused, saying how to split it.
+    The suite's scorer comes from its cases, not from a header default they all override."""
+    text = "The harbour lay quiet under a grey sky while the boats came in."
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(
+        '{"id": "a", "prompt": "hi", "scorer": "exact", "expected": {"answer": "hi"}}\n'
+        + json.dumps({"id": "b", "scorer": "perplexity", "text": text})
+        + "\n"
+    )
+    with pytest.raises(SuiteError) as e:
+        load_suite(mixed)
+    assert "accuracy and perplexity" in e.value.message and "suite of their own" in (e.value.hint or "")
+    accuracy = tmp_path / "accuracy.jsonl"
+    accuracy.write_text(
+        '{"suite": {"name": "acc", "scorer": "parity"}}\n'
+        '{"id": "a", "prompt": "hi", "scorer": "exact", "expected": {"answer": "hi"}}\n'
+        '{"id": "b", "prompt": "yo", "scorer": "contains", "expected": {"answer": "yo"}}\n'
+    )
+    s = load_suite(accuracy)
+    assert s.scorer == "mixed"
+    legs = {"board": {"a": {"score": {"correct": True}}, "b": {"score": {"correct": False}}}}
+    assert suite_scores(s.cases, legs, s.scorer)["legs"]["board"]["text"] == "1/2 (50.0%)"

@@ -270,13 +270,23 @@ def load_suite(path: Path, *, shipped: bool = False) -> Suite:
             'Rename the file or set {"suite": {"name": ...}} on its first line.',
         )
     scorers = {c.scorer for c in cases}
+    # a suite's score adds its cases up one way: right answers over cases, a perplexity over all tokens, or a
+    # parity over all compared tokens; cases of two of these kinds cannot make one figure
+    kinds = sorted({sc if sc in ("perplexity", "parity") else "accuracy" for sc in scorers})
+    if len(kinds) > 1:
+        raise SuiteError(
+            f"{path.name} mixes {' and '.join(kinds)} cases: their scores cannot be added up into one figure.",
+            "Put the perplexity and the parity cases each in a suite of their own (cases that are right or "
+            "wrong, whatever their scorer, can share one).",
+        )
     return Suite(
         name=name,
         title=str(header.get("title") or name),
         description=str(header.get("description") or ""),
         path=path,
         cases=cases,
-        scorer=str(header.get("scorer") or (scorers.pop() if len(scorers) == 1 else "mixed")),
+        # from the cases themselves: the header's scorer is only their default
+        scorer=scorers.pop() if len(scorers) == 1 else "mixed",
         shipped=shipped,
     )
 
