@@ -67,8 +67,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run_dir(args: argparse.Namespace, ref: str) -> Path:
+    """A run given by its id (in the workspace) or its folder, as an absolute path; a run whose process died
+    mid-stage is marked interrupted either way, so its report never says it is still running."""
     p = Path(ref).expanduser()
     if (p / "run.json").is_file():
+        from hexstudio.core.manifest import RunManifest
+
+        p = p.resolve()
+        RunManifest.load(p).detect_interrupted()
         return p
     try:
         return workspace_from(args).open_run(ref).run_dir
@@ -121,8 +127,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             reports = [build_report(_run_dir(args, r), redact_hosts=args.redact_hosts) for r in args.runs[1:]]
             baseline = 0
             if args.baseline:
-                dirs = [_run_dir(args, r) for r in args.runs[1:]]
-                want = _run_dir(args, args.baseline)
+                dirs = [_run_dir(args, r).resolve() for r in args.runs[1:]]
+                # the baseline by its id or its folder, whichever way the runs were given
+                named = [d for d in dirs if d.name == args.baseline]
+                want = named[0] if named else _run_dir(args, args.baseline).resolve()
                 if want not in dirs:
                     raise CliError(
                         f"--baseline {args.baseline} is not one of the compared runs.",

@@ -233,6 +233,59 @@ def test_canary_secrets_never_appear_in_any_format(
     )
 
 
+def test_compare_keeps_boards_and_compile_targets_apart(chatted_run: Path, tmp_path: Path) -> None:
+    """Like-for-like, also with host names hidden: two boards whose labels both read ssh://[user]@[host]:22
+    are told apart by their names; a Compile on AI Hub is not set against a simulation bundle's, nor an Evaluate
+    whose board leg ran on another board. A setting that differs is "changed", however small the difference
+    (it is what was asked, not a measurement), and a CSV cell from run text never starts a formula."""
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.compare import compare_reports
+    from hexstudio.core.reports.noise import compare_csv
+
+    def on_board(dest: Path, name: str) -> Path:
+        shutil.copytree(chatted_run, dest)
+        bj = dest / "artifacts" / "board" / "board.json"
+        doc = json.loads(bj.read_text())
+        doc.update({"board": name, "label": f"ssh://root@{name}:22", "simulated": False})
+        bj.write_text(json.dumps(doc))
+        return dest
+
+    a, b = on_board(tmp_path / "a", "evk-a"), on_board(tmp_path / "b", "evk-b")
+    m = RunManifest.load(b)
+    m.settings.update({"context_length": 520, "benchmark_prompt": '=HYPERLINK("http://x","hi")'})
+    m.save()
+    ma = RunManifest.load(a)
+    ma.settings.update({"context_length": 512})
+    ma.save()
+    ra, rb = build_report(a, redact_hosts=True), build_report(b, redact_hosts=True)
+    assert ra["board"]["label"] == rb["board"]["label"], "both labels hidden alike"
+    c = compare_reports([ra, rb])
+    labels = {r["label"] for r in c["rows"]}
+    for stage in ("Board", "Chat", "Compile", "Evaluate"):
+        assert f"{stage} duration" not in labels, stage
+        assert any(x.startswith(f"{stage} duration and memory") and "evk-b" in x for x in c["skipped"]), stage
+    assert "Quantize duration" in labels
+    rows = {(r["section"], r["name"]): r for r in c["rows"]}
+    # 520 against 512 is within the ±2 % a measurement is allowed, but a setting is not a measurement
+    assert rows[("settings", "context_length")]["values"] == [512, 520]
+    assert rows[("settings", "context_length")]["judgement"] == ["changed"]
+    assert rows[("settings", "benchmark_prompt")]["judgement"] == ["changed"]
+    csv_text = compare_csv(c)
+    assert "'=HYPERLINK" in csv_text and ",=HYPERLINK" not in csv_text and '"=HYPERLINK' not in csv_text
+    # one board, a Compile on AI Hub against the simulation bundle's
+    c2 = on_board(tmp_path / "c2", "evk-a")
+    cj = c2 / "artifacts" / "compile" / "compile.json"
+    doc = json.loads(cj.read_text()) if cj.is_file() else {}
+    cj.write_text(json.dumps({**doc, "target": "aihub"}))
+    c = compare_reports([build_report(a, redact_hosts=True), build_report(c2, redact_hosts=True)])
+    labels = {r["label"] for r in c["rows"]}
+    assert "Compile duration" not in labels and "Board duration" in labels and "Evaluate duration" in labels
+    assert any(x.startswith("Compile duration and memory") and "aihub" in x for x in c["skipped"]), c[
+        "skipped"
+    ]
+
+
 def test_host_names_are_left_out_when_asked(chatted_run: Path) -> None:
     from hexstudio.core.reports.collect import build_report
 

@@ -65,29 +65,58 @@ def _row(
             row["deltas"].append(round((v - base) / abs(base), 4))
         else:
             row["deltas"].append(None)
+    if section == "settings":
+        # a setting is what was asked, not a measurement: any difference is a difference, never noise
+        row["noise"] = [None] * (len(values) - 1)
+        row["judgement"] = ["same" if v == base else "changed" for v in values[1:]]
+        return row
     judge_row(row, None, (TIMING_TOLERANCE, QUALITY_TOLERANCE), HIGHER_IS_BETTER, LOWER_IS_BETTER)
     return row
 
 
 BOARD_STAGES = ("board", "chat")
+# stages whose time depends on the workstation and on the board or where the bundle was compiled: Compile (AI
+# Hub, a local QNN compile or the simulation bundle) and Evaluate (its board leg runs on the board)
+BOTH_STAGES = ("compile", "evaluate")
 TRIVIAL_STAGES = ("model", "preflight")
 
 
-def _machine(r: dict[str, Any], stage: str) -> tuple[Any, ...]:
-    """What a stage's duration and memory depend on: the board for board stages, the workstation otherwise
-    (by its hardware, not its host name, which a report may redact)."""
-    if stage in BOARD_STAGES:
-        board = r.get("board") or {}
-        source = (r.get("chat") or {}).get("source") if stage == "chat" else None
-        return ("board", board.get("label") or board.get("name"), source)
+def _board(r: dict[str, Any]) -> tuple[Any, ...]:
+    """The board by its name in the settings and its label: with host names hidden (the default) two boards'
+    labels read alike (ssh://[user]@[host]:22), their names do not."""
+    board = r.get("board") or {}
+    return ("board", board.get("name"), board.get("label"), bool(board.get("simulated")))
+
+
+def _host(r: dict[str, Any]) -> tuple[Any, ...]:
+    """The workstation by its hardware, not its host name (which a report may redact)."""
     env = r.get("environment") or {}
     gpus = tuple(str(g.get("name")) for g in env.get("gpus") or [] if isinstance(g, dict))
     return ("host", env.get("os"), env.get("cpu_count"), env.get("memory_bytes"), gpus)
 
 
+def _machine(r: dict[str, Any], stage: str) -> tuple[Any, ...]:
+    """What a stage's duration and memory depend on: the board for board stages, the workstation and the board
+    (and for Compile where it compiled) for Compile and Evaluate, the workstation otherwise."""
+    if stage in BOARD_STAGES:
+        source = (r.get("chat") or {}).get("source") if stage == "chat" else None
+        return (*_board(r), source)
+    if stage in BOTH_STAGES:
+        comp = r.get("compile") or {}
+        target = (comp.get("target"), bool(comp.get("emulated"))) if stage == "compile" else None
+        return ("both", _host(r), _board(r), target)
+    return _host(r)
+
+
 def _machine_text(m: tuple[Any, ...]) -> str:
     if m[0] == "board":
-        return f"board {m[1] or '?'}" + (f" ({m[2]})" if m[2] else "")
+        name, label = m[1] or "?", m[2]
+        where = f"board {name}" + (f" ({label})" if label and label != name else "")
+        return where + (f", {m[4]}" if len(m) > 4 and m[4] else "")
+    if m[0] == "both":
+        target = m[3]
+        how = "" if not target else f", compiled {target[0] or '?'}" + (" (EMULATED)" if target[1] else "")
+        return f"{_machine_text(m[1])}; {_machine_text(m[2])}{how}"
     mem = f"{m[3] / 1024**3:.0f} GiB" if isinstance(m[3], int | float) else "? GiB"
     return f"{m[1] or '?'}, {m[2] or '?'} cores, {mem}" + (f", {', '.join(m[4])}" if m[4] else ", no GPU")
 

@@ -125,12 +125,21 @@ def compare_csv(c: dict[str, Any]) -> str:
         w.writerow(
             [
                 row["section"],
-                row["label"],
+                _cell(row["label"]),
                 row["unit"],
-                *row["values"],
+                *(_cell(v) for v in row["values"]),
                 *["" if d is None else f"{d * 100:+.1f}" for d in row["deltas"]],
                 *row["judgement"],
                 *["" if n is None else n["how"] for n in noise],
             ]
         )
     return buf.getvalue()
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows as text: one that starts like a formula (=, +, -, @, a tab or a carriage
+    return; a prompt or a suite name from the run) gets a leading apostrophe, as OWASP advises. Numbers stay
+    numbers."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
