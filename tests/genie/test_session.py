@@ -246,3 +246,62 @@ def test_a_dialog_that_ignores_max_tokens_and_abort_is_stopped_by_the_helper_exi
     assert r2.kpis is not None and r2.kpis.init_ms, r2.kpis  # the second turn loaded the model again
     q1, q2 = queries(echo)
     assert "First question" in q1 and "First question" in q2 and "Second question" in q2  # history re-sent
+
+
+def test_stop_ends_a_reply_whose_dialog_ignores_the_abort(tmp_path: Path, fake_genie: FakeGenie) -> None:
+    """A dialog that keeps sending tokens after the abort (Genie 1.21's lade ignores it): the helper is stopped
+    hard once the grace is over, whether or not tokens keep arriving, and the next turn loads the model again."""
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=20, tokens=3000, ignore_abort=True)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> tuple[TurnResult, TurnResult, float]:
+        async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=2000) as s:
+            s.abort_grace_s = 2.0
+            stop = asyncio.Event()
+
+            def on_chunk(c: Chunk) -> None:
+                stop.set()
+
+            t0 = time.monotonic()
+            r1 = await s.send("Tell me a long story", on_chunk=on_chunk, stop=stop)
+            took = time.monotonic() - t0
+            s.max_tokens = 3
+            r2 = await s.send("Short one")
+            return r1, r2, took
+
+    r1, r2, took = asyncio.run(go())
+    assert r1.state == "aborted" and took < 8, (r1.state, took)  # not the minute of tokens the dialog had
+    assert r2.state == "complete" and r2.text, (r2.state, r2.error)
+
+
+def test_stop_pressed_before_the_reply_starts_still_stops_it(tmp_path: Path, fake_genie: FakeGenie) -> None:
+    """Stop pressed while the query is on its way (the model still busy): the helper drops an abort that arrives
+    before its query begins, so the session sends it again until the reply ends."""
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=20, tokens=1500)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> tuple[TurnResult, float]:
+        async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=1500) as s:
+            stop = asyncio.Event()
+            stop.set()
+            t0 = time.monotonic()
+            r = await s.send("Tell me a long story", stop=stop)
+            return r, time.monotonic() - t0
+
+    r, took = asyncio.run(go())
+    assert r.state == "aborted" and took < 8, (r.state, took)  # not the 30 s the reply would take
+
+
+def test_a_failed_turn_carries_no_figures_of_the_turn_before(tmp_path: Path, fake_genie: FakeGenie) -> None:
+    """A query the dialog refuses logs nothing in Genie's profile, whose last entry is the turn before: the
+    failed turn must not show that turn's TTFT and tokens/s as its own."""
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=1, tokens=8, context=60)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> list[TurnResult]:
+        async with ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=8) as s:
+            return [await s.send("hi"), await s.send("tell me " * 24)]
+
+    r1, r2 = asyncio.run(go())
+    assert r1.state == "complete" and r1.kpis is not None
+    assert r2.state == "failed" and r2.kpis is None, (r2.state, r2.kpis)

@@ -245,6 +245,8 @@ class ChatSession:
         self.sampler = sampler
         self.on_status = on_status
         self.ready_timeout = ready_timeout
+        # how long a reply may run on after Stop before its helper is stopped hard
+        self.abort_grace_s = 10.0
         self.fallback_reason: str | None = None
         self.init_ms: float | None = None  # the persistent dialog's load time
         self.genie_version: str | None = None
@@ -455,10 +457,15 @@ class ChatSession:
             with contextlib.suppress(Exception):
                 await h.close(graceful=False)
             return
+        # a speculative (spd) dialog is freed and created again: as long as a load, not a cache clear
+        wait = self.ready_timeout if self.dialog == "spd" else 60.0
         while True:
-            ev = await h.next_event(60)
+            ev = await h.next_event(wait)
             if ev.get("event") in ("reset", "eof"):
-                return
+                break
+        if self.dialog == "spd":
+            # the new dialog has only its config's own stop sequences: the next query sets the others again
+            self._stops_on_dialog = list(self._config_stops)
 
     async def apply_sampler(self, values: dict[str, Any]) -> str | None:
         """Sampler values (Genie's keys: seed, temp, top-k, top-p) for the next turns of the loaded dialog, without
@@ -679,7 +686,12 @@ class ChatSession:
                 kpis = replace(kpis, accepted_per_step=est, accepted_source="token times")
         if kpis is not None:
             turn.kpis = kpis.as_json()
-            self._n_past += int(kpis.prompt_tokens or 0) + int(kpis.generated_tokens or 0)
+            # KPIs without Genie's profile (the helper's own measure) count no prompt tokens: counted here, or the
+            # check before the next turn would think the dialog emptier than it is
+            prompt_tokens = (
+                kpis.prompt_tokens if kpis.prompt_tokens is not None else conv.count_tokens(prompt)
+            )
+            self._n_past += int(prompt_tokens) + int(kpis.generated_tokens or 0)
         else:
             self._n_past += conv.count_tokens(prompt + text)
         if end is not None and isinstance(end.get("n_past"), int):
@@ -703,6 +715,11 @@ class ChatSession:
         if state == "failed" and error is None:
             what = "GenieDialog_query" if self.runtime.name == "genie" else "geniex generate"
             error = f"{what} failed (status {end.get('status') if end else '?'})."
+        if state == "failed":
+            # a refused query logs nothing in Genie's profile, whose last entry is then an earlier turn's: a failed
+            # turn has no figures
+            kpis = None
+            turn.kpis = {}
         turn.state = state
         if clear:
             self._n_past = 0
@@ -781,8 +798,21 @@ class ChatSession:
         halt, relay = _halt_on(stop)
         stop_task = asyncio.ensure_future(halt.wait())
         aborting_since: float | None = None
+        last_abort = 0.0
         try:
             while True:
+                if aborting_since is not None:
+                    # checked on every event too: a dialog that ignores the abort keeps sending tokens
+                    now = time.monotonic()
+                    if now - aborting_since > self.abort_grace_s:
+                        await h.close(graceful=False)  # abort not honoured: stop it hard (reloads next turn)
+                        state = "aborted"
+                        break
+                    if now - last_abort >= 1.0:
+                        # again each second: an abort that reached the helper before its query began was dropped
+                        last_abort = now
+                        with contextlib.suppress(Exception):
+                            await h.send({"op": "abort"})
                 get = asyncio.ensure_future(h.events.get())
                 waits: set[asyncio.Future[Any]] = {get}
                 if stop_task is not None and aborting_since is None:
@@ -795,13 +825,9 @@ class ChatSession:
                 if get not in done:
                     get.cancel()
                     if stop_task is not None and stop_task in done and aborting_since is None:
-                        aborting_since = time.monotonic()
+                        aborting_since = last_abort = time.monotonic()
                         with contextlib.suppress(Exception):
                             await h.send({"op": "abort"})
-                    elif aborting_since is not None and time.monotonic() - aborting_since > 10:
-                        await h.close(graceful=False)  # abort not honoured: stop it hard (reloads next turn)
-                        state = "aborted"
-                        break
                     continue
                 ev = get.result()
                 kind = ev.get("event")
