@@ -83,3 +83,60 @@ def test_remote_cancel_kills_the_remote_process_group(tmp_path: Path) -> None:
         res, alive = asyncio.run(go())
     assert res.kind == "cancelled"
     assert alive is False
+
+
+def test_a_worker_killed_on_the_host_reads_as_killed_not_as_exit_9(tmp_path: Path) -> None:
+    """The out-of-memory killer (here kill -9) ends the worker on the host. Under `setsid -w` the exit code is
+    the raw signal number (9) with "did not exit normally" on stderr: the job must read as killed by SIGKILL
+    (which the stage judges against the host's memory), not as a worker that exited 9 without reporting done."""
+    import os
+    import signal
+
+    async def go() -> Any:
+        t = await _connect(srv)
+        try:
+            spec = _selftest_spec(tmp_path, tmp_path / "o", 60)
+            job = RemoteJob(t, "hexstudio.workers.selftest", spec, python=sys.executable, grace_s=5)
+            await job.start()
+            for _ in range(100):
+                if job.remote_pid and job.stream.events >= 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert job.remote_pid
+            # the loopback sshd's host is this machine
+            os.kill(job.remote_pid, signal.SIGKILL)
+            return await job.wait()
+        finally:
+            await t.close()
+
+    with SshServer(tmp_path / "sshd") as srv:
+        res = asyncio.run(go())
+    # a small worker: "killed" (the stage judges out of memory against the host's RAM, core/remote/stage.py)
+    assert res.kind == "killed" and res.signal == "SIGKILL" and "SIGKILL" in res.message, (
+        res.kind,
+        res.message,
+    )
+    assert "OOM killer" in (res.hint or "")
+
+
+def test_remote_returncode() -> None:
+    from hexstudio.core.remote.job import remote_returncode
+
+    assert remote_returncode(9, "setsid: child 123 did not exit normally: No such file", False) == -9
+    assert remote_returncode(139, "setsid: child 9 did not exit normally", False) == -11
+    assert remote_returncode(137, "", False) == -9
+    assert remote_returncode(3, "Traceback ...", False) == 3
+    assert remote_returncode(9, "", True) == 9
+
+
+def test_a_worker_host_root_is_a_folder_under_its_home() -> None:
+    """`--root ~/hx` or `--root hx` is read on the host, under its home: neither SFTP nor a quoted shell argument
+    expands `~`, and the worker runs in another folder than a relative path would be read from."""
+    from hexstudio.core.remote.sync import host_folder
+
+    home = "/home/ann"
+    assert host_folder(None, home) == "/home/ann/.cache/hexstudio"
+    assert host_folder("~/hx", home) == "/home/ann/hx"
+    assert host_folder("~", home) == "/home/ann"
+    assert host_folder("hx/w", home) == "/home/ann/hx/w"
+    assert host_folder("/srv/hx/", home) == "/srv/hx"

@@ -489,3 +489,27 @@ def test_real_quantize_on_the_worker_host_streams_the_same_events_as_a_local_run
     # no host path left in the outputs that later local stages read
     doc = json.loads((remote.run_dir / "artifacts" / "quantize" / "quantize.json").read_text())
     assert Path(doc["calibration"]["text"]).is_file() and str(root) not in json.dumps(doc)
+
+
+def test_a_host_that_refuses_a_file_is_not_a_dropped_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenSSH's SFTP server answers a write to a full disk with a bare "Failure" while the connection stays up.
+    That is not "the connection dropped" (whose hint, check the network and resume, would loop): the stage says
+    the host refused the file and to check its free space."""
+    from hexstudio.core.device.transport import SshTransport
+
+    async def refused(self: SshTransport, *a: Any, **kw: Any) -> Any:
+        raise OSError("Failure")
+
+    monkeypatch.setattr(SshTransport, "put_file", refused)
+    root = tmp_path / "host-root"
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, root)
+        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
+        res = asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize"))
+    st = RunManifest.load(m.run_dir).stage("quantize")
+    assert not res.ok and st.state == "failed"
+    out = st.data["outcome"]
+    assert out["code"] == "worker_host_write_failed", out
+    assert "Failure" in out["message"] and "df -h" in (out["hint"] or ""), out

@@ -151,10 +151,7 @@ class RemoteJob(Job):
             sampling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await sampling
-        # OpenSSH reports a signal death as exit-signal (no status): the transport gives -1 or 128+N
-        returncode: int | None = rc
-        if rc is not None and rc > 128 and self.stream.done is None:
-            returncode = -(rc - 128)
+        returncode = remote_returncode(rc, self._stderr, self.stream.done is not None)
         return self.stream.result(
             returncode,
             self._cancelled,
@@ -190,3 +187,20 @@ class RemoteJob(Job):
             return False
         res = await self.transport.run(["kill", "-0", "--", f"-{self.remote_pid}"], timeout=15)
         return bool(res.exit_status == 0)
+
+
+SETSID_SIGNALLED = "did not exit normally"
+
+
+def remote_returncode(rc: int | None, stderr: str, reported_done: bool) -> int | None:
+    """The worker's exit as a local one reads (-N for signal N). OpenSSH reports a signal death as exit-signal
+    (the transport gives -1 or 128+N). Under `setsid -w`, util-linux's setsid exits with the child's raw wait
+    status when it did not exit normally (SIGKILL: 9, SIGSEGV with a core: 139), and says "child N did not exit
+    normally": without this, an out-of-memory kill on the host read as a worker that exited 9."""
+    if rc is None or reported_done:
+        return rc
+    if SETSID_SIGNALLED in stderr and 0 < rc < 256:
+        return -(rc & 0x7F)
+    if rc > 128:
+        return -(rc - 128)
+    return rc

@@ -47,6 +47,7 @@ from hexstudio.core.remote.sync import (
     SyncStats,
     download_tree,
     host_files,
+    host_folder,
     install_workers,
     map_json_paths,
     upload_tree,
@@ -180,6 +181,18 @@ class RemoteStageJob(Job):
                     "This is a HexStudio bug: the traceback is in the stage log; please report it. "
                     "Run the stage on this machine meanwhile (--worker-host local).",
                 )
+            connected = self.transport is not None and bool(getattr(self.transport, "connected", False))
+            if isinstance(exc, OSError) and not isinstance(exc, ConnectionError) and connected:
+                # the link is up: the host (its SFTP server answers a full disk with a bare "Failure") or this
+                # machine refused a file, which resuming would only try again
+                return self._fail(
+                    "worker_host_write_failed",
+                    f"Copying files to or from worker host '{self.host}' failed while the connection was up "
+                    f"({exc or type(exc).__name__}).",
+                    f"A full disk is the usual cause: check free space on the host (`df -h` there, under its "
+                    f"worker folder) and on this machine, free some, then resume the run (`hexstudio run "
+                    f"--resume {self.m.run_id}`): files already on the host are not sent again.",
+                )
             return self._fail(
                 "worker_host_disconnected",
                 f"The connection to worker host '{self.host}' dropped ({exc or type(exc).__name__}).",
@@ -212,7 +225,7 @@ class RemoteStageJob(Job):
             f"{(info.get('memory_bytes') or 0) / 2**30:.1f} GiB RAM",
             "connect",
         )
-        base = str(cfg.get("root") or posixpath.join(await t.home(), ".cache", "hexstudio"))
+        base = host_folder(str(cfg.get("root") or "") or None, await t.home())
         workers_root = await install_workers(t, base)
         rrun = posixpath.join(base, "runs", self.m.run_id)
         spec = json.loads(self.spec_path.read_text(encoding="utf-8"))

@@ -59,11 +59,22 @@ def workers_bundle() -> tuple[str, bytes]:
     return h.hexdigest()[:16], buf.getvalue()
 
 
+def host_folder(root: str | None, home: str) -> str:
+    """A worker host's `root` setting as an absolute path there: unset is ~/.cache/hexstudio; `~`, `~/x` and a
+    relative `x` are under the host's home (neither SFTP nor a quoted shell argument expands `~`, and the worker
+    runs in another folder than a relative path would be read from)."""
+    if not root:
+        return posixpath.join(home, ".cache", "hexstudio")
+    if root == "~" or root.startswith("~/"):
+        return posixpath.normpath(posixpath.join(home, root[2:]))
+    return posixpath.normpath(posixpath.join(home, root))
+
+
 async def install_workers(transport: Transport, base: str | None = None) -> str:
     """Copy the workers package to the host once per version; return the folder holding it."""
     digest, blob = workers_bundle()
     home = await transport.home()
-    root = posixpath.join(base or posixpath.join(home, ".cache", "hexstudio"), f"workers-{digest}")
+    root = posixpath.join(host_folder(base, home), f"workers-{digest}")
     if await transport.exists(posixpath.join(root, "hexstudio", "shared", "protocol.py")):
         return root
     tmp_tar = posixpath.join(posixpath.dirname(root), f".workers-{digest}.tar.gz")
