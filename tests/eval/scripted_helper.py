@@ -4,7 +4,8 @@ test's tool-call request is answered by this helper the way a tool-calling model
 
     python scripted_helper.py SCRIPT_JSON      # {"substring of the prompt": "reply", ...}; else "OK."
 
-A reply "<die>" sends two pieces of text, then the helper exits with status 139 mid-reply.
+A reply "<die>" sends two pieces of text, then the helper exits with status 139 mid-reply; "<refuse>" ends the
+query as failed, with the profile of an earlier query (what Genie's profile holds after a refused one).
 """
 
 from __future__ import annotations
@@ -13,6 +14,38 @@ import json
 import os
 import sys
 import time
+
+# Genie's profile as it stands after one earlier query: what a refused query's end carries
+EARLIER = {
+    "header": {
+        "header_version": {"major": 0, "minor": 1, "patch": 0},
+        "version": {"major": 0, "minor": 1, "patch": 0},
+        "artifact_type": "GENIE_PROFILE",
+    },
+    "components": [
+        {
+            "name": "dialog0",
+            "type": "dialog",
+            "events": [
+                {
+                    "type": "GenieDialog_create",
+                    "duration": 50000,
+                    "init-time": {"value": 50000, "unit": "us"},
+                },
+                {
+                    "type": "GenieDialog_query",
+                    "duration": 9000,
+                    "num-prompt-tokens": {"value": 6, "unit": ""},
+                    "prompt-processing-rate": {"value": 600.0, "unit": "toks/sec"},
+                    "time-to-first-token": {"value": 1074, "unit": "us"},
+                    "num-generated-tokens": {"value": 8, "unit": ""},
+                    "token-generation-rate": {"value": 900.0, "unit": "toks/sec"},
+                    "token-generation-time": {"value": 8000, "unit": "us"},
+                },
+            ],
+        }
+    ]
+}
 
 
 def emit(obj: dict) -> None:
@@ -42,6 +75,11 @@ def main() -> int:
             emit({"event": "sampler", "applied": True})
         elif op == "query":
             reply = next((r for k, r in script.items() if k in msg["prompt"]), "OK.")
+            if reply == "<refuse>":
+                # a query the dialog refuses (GenieDialog_query status -8): Genie's profile holds only the
+                # query before, which the helper sends with every end
+                emit({"event": "end", "id": msg["id"], "state": "failed", "status": -8, "profile": EARLIER})
+                continue
             if reply == "<die>":
                 # a helper that crashes mid-reply (a segfault in the runtime, the board's OOM killer)
                 for piece in ("Half", " a rep"):

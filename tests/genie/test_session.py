@@ -292,16 +292,35 @@ def test_stop_pressed_before_the_reply_starts_still_stops_it(tmp_path: Path, fak
     assert r.state == "aborted" and took < 8, (r.state, took)  # not the 30 s the reply would take
 
 
-def test_a_failed_turn_carries_no_figures_of_the_turn_before(tmp_path: Path, fake_genie: FakeGenie) -> None:
-    """A query the dialog refuses logs nothing in Genie's profile, whose last entry is the turn before: the
-    failed turn must not show that turn's TTFT and tokens/s as its own."""
-    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=1, tokens=8, context=60)
+def test_a_failed_turn_carries_no_figures_of_the_turn_before(
+    tmp_path: Path, fake_genie: FakeGenie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query the dialog refuses logs nothing in Genie's profile, whose last entry is the turn before (the helper
+    sends the whole profile with every end): the failed turn must not show that turn's TTFT and tokens/s as its
+    own. The dialog here is the scripted helper (tests/eval/scripted_helper.py) refusing the query."""
+    import json
+    import sys
+
+    from hexstudio.core.genie.runtime import BoardRuntime
+
+    helper = Path(__file__).parents[1] / "eval" / "scripted_helper.py"
+    for cls in (BoardRuntime, *BoardRuntime.__subclasses__()):
+        monkeypatch.setattr(
+            cls,
+            "helper_argv",
+            lambda self, board, sampler, remote, bundle: (
+                [sys.executable, str(helper), json.dumps({"refuse": "<refuse>"})],
+                None,
+            ),
+        )
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50)
     board = fake_board(tmp_path, fake_genie)
 
-    async def go() -> list[TurnResult]:
+    async def go() -> TurnResult:
         async with ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=8) as s:
-            return [await s.send("hi"), await s.send("tell me " * 24)]
+            assert s.mode == "persistent", s.fallback_reason
+            return await s.send("please refuse this")
 
-    r1, r2 = asyncio.run(go())
-    assert r1.state == "complete" and r1.kpis is not None
-    assert r2.state == "failed" and r2.kpis is None, (r2.state, r2.kpis)
+    r = asyncio.run(go())
+    assert r.state == "failed" and r.kpis is None, (r.state, r.kpis)
+    assert "status -8" in (r.error or ""), r.error
