@@ -65,11 +65,6 @@ def _row(
             row["deltas"].append(round((v - base) / abs(base), 4))
         else:
             row["deltas"].append(None)
-    if section == "settings":
-        # a setting is what was asked, not a measurement: any difference is a difference, never noise
-        row["noise"] = [None] * (len(values) - 1)
-        row["judgement"] = ["same" if v == base else "changed" for v in values[1:]]
-        return row
     judge_row(row, None, (TIMING_TOLERANCE, QUALITY_TOLERANCE), HIGHER_IS_BETTER, LOWER_IS_BETTER)
     return row
 
@@ -82,10 +77,10 @@ TRIVIAL_STAGES = ("model", "preflight")
 
 
 def _board(r: dict[str, Any]) -> tuple[Any, ...]:
-    """The board by its name in the settings and its label: with host names hidden (the default) two boards'
-    labels read alike (ssh://[user]@[host]:22), their names do not."""
+    """The board: its name and label, and its key (a hash of both taken before host names are hidden, which
+    otherwise make two boards read alike: ssh://[user]@[host]:22)."""
     board = r.get("board") or {}
-    return ("board", board.get("name"), board.get("label"), bool(board.get("simulated")))
+    return ("board", board.get("name"), board.get("label"), bool(board.get("simulated")), board.get("key"))
 
 
 def _host(r: dict[str, Any]) -> tuple[Any, ...]:
@@ -110,9 +105,13 @@ def _machine(r: dict[str, Any], stage: str) -> tuple[Any, ...]:
 
 def _machine_text(m: tuple[Any, ...]) -> str:
     if m[0] == "board":
-        name, label = m[1] or "?", m[2]
-        where = f"board {name}" + (f" ({label})" if label and label != name else "")
-        return where + (f", {m[4]}" if len(m) > 4 and m[4] else "")
+        name, label, key = m[1] or "?", m[2], m[4]
+        where = (
+            f"board {name}"
+            + (f" ({label})" if label and label != name else "")
+            + (f" #{key[:6]}" if key else "")
+        )
+        return where + (f", {m[5]}" if len(m) > 5 and m[5] else "")
     if m[0] == "both":
         target = m[3]
         how = "" if not target else f", compiled {target[0] or '?'}" + (" (EMULATED)" if target[1] else "")

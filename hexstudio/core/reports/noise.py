@@ -74,6 +74,11 @@ def judge_row(
     name = row["name"]
     tol = tolerances[0] if name in TIMING else tolerances[1]
     base = row["values"][0]
+    if row.get("section") == "settings":
+        # a setting is what was asked, not a measurement: any difference is a difference, never noise
+        row["noise"] = [None] * (len(row["values"]) - 1)
+        row["judgement"] = ["same" if v == base else "changed" for v in row["values"][1:]]
+        return
     row["judgement"], row["noise"] = [], []
     for i, v in enumerate(row["values"][1:], start=1):
         if not (_num(base) and _num(v) and base):
