@@ -62,17 +62,23 @@ def test_remote_selftest_worker_streams_events(tmp_path: Path) -> None:
     assert job.remote_pid is not None and res.peak_rss_bytes > 0 and job.samples
 
 
+async def _running_selftest(t: Any, tmp_path: Path) -> RemoteJob:
+    """A minute-long selftest worker on the host, started and streaming (its pid known)."""
+    spec = _selftest_spec(tmp_path, tmp_path / "o", 60)
+    job = RemoteJob(t, "hexstudio.workers.selftest", spec, python=sys.executable, grace_s=5)
+    await job.start()
+    for _ in range(100):
+        if job.remote_pid and job.stream.events >= 2:
+            break
+        await asyncio.sleep(0.1)
+    return job
+
+
 def test_remote_cancel_kills_the_remote_process_group(tmp_path: Path) -> None:
     async def go() -> tuple[Any, bool]:
         t = await _connect(srv)
         try:
-            spec = _selftest_spec(tmp_path, tmp_path / "o", 60)
-            job = RemoteJob(t, "hexstudio.workers.selftest", spec, python=sys.executable, grace_s=5)
-            await job.start()
-            for _ in range(100):
-                if job.remote_pid and job.stream.events >= 2:
-                    break
-                await asyncio.sleep(0.1)
+            job = await _running_selftest(t, tmp_path)
             await job.cancel()
             res = await job.wait()
             return res, await job.group_alive()
@@ -95,13 +101,7 @@ def test_a_worker_killed_on_the_host_reads_as_killed_not_as_exit_9(tmp_path: Pat
     async def go() -> Any:
         t = await _connect(srv)
         try:
-            spec = _selftest_spec(tmp_path, tmp_path / "o", 60)
-            job = RemoteJob(t, "hexstudio.workers.selftest", spec, python=sys.executable, grace_s=5)
-            await job.start()
-            for _ in range(100):
-                if job.remote_pid and job.stream.events >= 2:
-                    break
-                await asyncio.sleep(0.1)
+            job = await _running_selftest(t, tmp_path)
             assert job.remote_pid
             # the loopback sshd's host is this machine
             os.kill(job.remote_pid, signal.SIGKILL)
