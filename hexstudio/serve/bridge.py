@@ -55,6 +55,8 @@ class BridgeError(ActionableError):
 class _Raw(Conversation):
     """Prompts arrive rendered: the first turn and a later one are sent as given."""
 
+    renders_history = False
+
     def prompt_for(self, user: str) -> str:
         self.dropped_turns = 0
         return user

@@ -5,7 +5,8 @@ test's tool-call request is answered by this helper the way a tool-calling model
     python scripted_helper.py SCRIPT_JSON      # {"substring of the prompt": "reply", ...}; else "OK."
 
 A reply "<die>" sends two pieces of text, then the helper exits with status 139 mid-reply; "<refuse>" ends the
-query as failed, with the profile of an earlier query (what Genie's profile holds after a refused one).
+query as failed, with the profile of an earlier query (what Genie's profile holds after a refused one);
+"<refuse-continuation>" refuses a query on a dialog that answered one since its last reset (a full KV cache).
 """
 
 from __future__ import annotations
@@ -64,17 +65,28 @@ def main() -> int:
             "context_length": 4096,
         }
     )
+    since_reset = 0
     for line in sys.stdin:
         msg = json.loads(line)
         op = msg.get("op")
         if op == "quit":
             return 0
         if op == "reset":
+            since_reset = 0
             emit({"event": "reset"})
         elif op == "sampler":
             emit({"event": "sampler", "applied": True})
         elif op == "query":
             reply = next((r for k, r in script.items() if k in msg["prompt"]), "OK.")
+            if reply == "<refuse-continuation>":
+                # the KV cache is "full": a query on a dialog that answered one since its last reset is refused
+                if since_reset:
+                    emit(
+                        {"event": "end", "id": msg["id"], "state": "failed", "status": -8, "profile": EARLIER}
+                    )
+                    continue
+                reply = "OK."
+            since_reset += 1
             if reply == "<refuse>":
                 # a query the dialog refuses (GenieDialog_query status -8): Genie's profile holds only the
                 # query before, which the helper sends with every end

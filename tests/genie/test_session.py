@@ -292,12 +292,8 @@ def test_stop_pressed_before_the_reply_starts_still_stops_it(tmp_path: Path, fak
     assert r.state == "aborted" and took < 8, (r.state, took)  # not the 30 s the reply would take
 
 
-def test_a_failed_turn_carries_no_figures_of_the_turn_before(
-    tmp_path: Path, fake_genie: FakeGenie, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A query the dialog refuses logs nothing in Genie's profile, whose last entry is the turn before (the helper
-    sends the whole profile with every end): the failed turn must not show that turn's TTFT and tokens/s as its
-    own. The dialog here is the scripted helper (tests/eval/scripted_helper.py) refusing the query."""
+def _scripted(monkeypatch: pytest.MonkeyPatch, script: dict[str, str]) -> None:
+    """Every runtime's chat helper replaced by the scripted one (tests/eval/scripted_helper.py)."""
     import json
     import sys
 
@@ -309,10 +305,38 @@ def test_a_failed_turn_carries_no_figures_of_the_turn_before(
             cls,
             "helper_argv",
             lambda self, board, sampler, remote, bundle: (
-                [sys.executable, str(helper), json.dumps({"refuse": "<refuse>"})],
+                [sys.executable, str(helper), json.dumps(script)],
                 None,
             ),
         )
+
+
+def test_a_turn_the_full_dialog_refuses_goes_again_with_its_history(
+    tmp_path: Path, fake_genie: FakeGenie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new turn alone, sent to a dialog that holds the history, is refused (its KV cache is fuller than the
+    session's count: a token estimate that was off). That dialog is cleared; the turn goes again with the whole
+    history to the empty one and is answered, instead of failing until the person sends it a second time."""
+    _scripted(monkeypatch, {"cont please": "<refuse-continuation>"})
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> tuple[TurnResult, TurnResult]:
+        async with ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=8) as s:
+            return await s.send("hello there"), await s.send("cont please")
+
+    r1, r2 = asyncio.run(go())
+    assert r1.state == "complete", (r1.state, r1.error)
+    assert r2.state == "complete" and r2.text == "OK.", (r2.state, r2.error)
+
+
+def test_a_failed_turn_carries_no_figures_of_the_turn_before(
+    tmp_path: Path, fake_genie: FakeGenie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query the dialog refuses logs nothing in Genie's profile, whose last entry is the turn before (the helper
+    sends the whole profile with every end): the failed turn must not show that turn's TTFT and tokens/s as its
+    own. The dialog here is the scripted helper (tests/eval/scripted_helper.py) refusing the query."""
+    _scripted(monkeypatch, {"refuse": "<refuse>"})
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50)
     board = fake_board(tmp_path, fake_genie)
 

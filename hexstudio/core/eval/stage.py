@@ -186,6 +186,8 @@ async def run_board_leg(
     from hexstudio.core.genie.session import ChatSession, SessionError
 
     class _Raw(Conversation):  # the prompt is already rendered with the model's template
+        renders_history = False
+
         def prompt_for(self, user: str) -> str:
             self.dropped_turns = 0
             return user

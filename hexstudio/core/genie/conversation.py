@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hexstudio.core.genie.prompts import LLAMA3
 from hexstudio.core.units import fmt_ms, fmt_rate
@@ -47,6 +47,9 @@ def token_counter(model_hf_dir: Path | None) -> Callable[[str], int]:
 
 @dataclass
 class Conversation:
+    # whether prompt_for renders the turns so far (a prompt that arrives rendered, as the server's and the
+    # Evaluate stage's do, is sent as given: its history cannot be sent again from here)
+    renders_history: ClassVar[bool] = True
     template: str = "llama3"
     system: str = ""
     context_length: int = 4096

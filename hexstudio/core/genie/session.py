@@ -529,6 +529,9 @@ class ChatSession:
         async with self._lock:
             if self.mode == "persistent":
                 r = await self._send_persistent(user, on_chunk, stop, stops=stops)
+                if r.extra.get("retry_with_history"):
+                    self.conversation.turns.remove(r.turn)
+                    r = await self._send_persistent(user, on_chunk, stop, stops=stops)
                 if r.extra.get("retry_without_history"):
                     # the re-sent history did not fit after all (the token count was off): once more, without it
                     self.conversation.turns.remove(r.turn)
@@ -651,6 +654,8 @@ class ChatSession:
         assert h is not None
         fresh = self._n_past == 0
         prompt, note = await self._turn_prompt(user, history, fresh)
+        # what the query goes to: _turn_prompt clears a dialog too full for the turn and sends the history again
+        sent_fresh = self._n_past == 0
         turn = conv.add(user)
         h.queries += 1
         qid = h.queries
@@ -725,15 +730,12 @@ class ChatSession:
             self._n_past = 0
             if h.alive:
                 await self._reset_dialog()
-        retry = (
-            state == "failed"
-            and not text
-            and fresh
-            and history
-            and h.alive
-            and end is not None
-            and any(t.state == "complete" for t in conv.turns[:-1])
-        )
+        refused = state == "failed" and not text and h.alive and end is not None
+        # the history the dialog was sent whole did not fit after all (the token count was off): without it
+        retry = refused and sent_fresh and history and any(t.state == "complete" for t in conv.turns[:-1])
+        # the new turn alone, on a dialog that held the history, did not fit: that dialog is cleared (above), so
+        # the history goes again, whole, to the empty one
+        resend = refused and not sent_fresh and conv.renders_history
         return TurnResult(
             turn,
             text,
@@ -746,7 +748,7 @@ class ChatSession:
             (time.monotonic() - t0) * 1000,
             error=error,
             note=note,
-            extra={"retry_without_history": retry, "prompt_too_long": too_long},
+            extra={"retry_without_history": retry, "retry_with_history": resend, "prompt_too_long": too_long},
             runtime=self.runtime.name,
             runtime_version=self.runtime_version,
             stop=stop_by,
