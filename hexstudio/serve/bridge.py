@@ -451,7 +451,9 @@ class DialogBridge:
             cleared = s.kv_tokens == 0
             self._content = None if aborted or hit_stop or maybe_stopped or cleared else content_after(text)
             self._tools_key = tools_key
-            finish = "stop" if hit_stop or (r.state == "complete" and gen < budget) else "length"
+            # a reply cut short by a full context comes back complete, its dialog cleared by the session: "length"
+            ended = r.state == "complete" and gen < budget and not cleared
+            finish = "stop" if hit_stop or ended else "length"
             self.served += 1
             stats = {
                 "request": self.served,

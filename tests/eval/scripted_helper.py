@@ -6,7 +6,8 @@ test's tool-call request is answered by this helper the way a tool-calling model
 
 A reply "<die>" sends two pieces of text, then the helper exits with status 139 mid-reply; "<refuse>" ends the
 query as failed, with the profile of an earlier query (what Genie's profile holds after a refused one);
-"<refuse-continuation>" refuses a query on a dialog that answered one since its last reset (a full KV cache).
+"<refuse-continuation>" refuses a query on a dialog that answered one since its last reset (a full KV cache);
+"<full>" sends some text, then ends the query with a full context.
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ def main() -> int:
                 # a query the dialog refuses (GenieDialog_query status -8): Genie's profile holds only the
                 # query before, which the helper sends with every end
                 emit({"event": "end", "id": msg["id"], "state": "failed", "status": -8, "profile": EARLIER})
+                continue
+            if reply == "<full>":
+                # the KV cache filled up during the reply: some text, then the end says so
+                emit({"event": "text", "id": msg["id"], "text": "Cut sh", "tokens": 2})
+                emit({"event": "end", "id": msg["id"], "state": "context_full", "status": 0, "profile": None})
                 continue
             if reply == "<die>":
                 # a helper that crashes mid-reply (a segfault in the runtime, the board's OOM killer)

@@ -263,6 +263,21 @@ def test_tool_call_streams_as_tool_calls(
         assert r.choices[0].message.content == "OK." and not r.choices[0].message.tool_calls
 
 
+def test_a_reply_cut_short_by_a_full_context_finishes_with_length(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The context filled up during the reply: the text so far is the answer, its finish_reason "length" (as
+    OpenAI says of a reply cut short), not "stop", and the next request does not continue the cleared dialog."""
+    with scripted_server(twin_workspace, monkeypatch, {"fill": "<full>"}) as url:
+        c = client(url)
+        msgs = [{"role": "user", "content": "fill the context"}]
+        r = c.chat.completions.create(model="builtin:tiny-llama", messages=msgs, max_tokens=64)
+        assert r.choices[0].message.content == "Cut sh" and r.choices[0].finish_reason == "length", r
+        follow = [*msgs, {"role": "assistant", "content": "Cut sh"}, {"role": "user", "content": "Hello"}]
+        r2 = c.chat.completions.create(model="builtin:tiny-llama", messages=follow, max_tokens=8)
+        assert r2.model_extra["hexstudio"]["kv_reused"] is False
+
+
 def test_a_helper_that_dies_mid_reply_ends_the_stream_with_an_error(
     twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
