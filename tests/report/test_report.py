@@ -240,7 +240,7 @@ def test_compare_keeps_boards_and_compile_targets_apart(chatted_run: Path, tmp_p
     (it is what was asked, not a measurement), and a CSV cell from run text never starts a formula."""
     from hexstudio.core.manifest import RunManifest
     from hexstudio.core.reports.collect import build_report
-    from hexstudio.core.reports.compare import compare_reports
+    from hexstudio.core.reports.compare import compare_html, compare_reports
     from hexstudio.core.reports.noise import compare_csv
 
     def on_board(dest: Path, name: str) -> Path:
@@ -283,6 +283,12 @@ def test_compare_keeps_boards_and_compile_targets_apart(chatted_run: Path, tmp_p
     c = compare_reports([build_report(a, redact_hosts=True), build_report(c2, redact_hosts=True)])
     labels = {r["label"] for r in c["rows"]}
     assert "Compile duration" not in labels and "Board duration" in labels and "Evaluate duration" in labels
+    # an emulated compile is said so in the compare's header
+    bj = c2 / "artifacts" / "compile" / "bundle" / "bundle.json"
+    bj.write_text(json.dumps({**json.loads(bj.read_text()), "emulated": True}))
+    c = compare_reports([build_report(a, redact_hosts=True), build_report(c2, redact_hosts=True)])
+    assert [r["emulated"] for r in c["runs"]] == [False, True]
+    assert "EMULATED compile" in compare_html(c)
     assert any(x.startswith("Compile duration and memory") and "aihub" in x for x in c["skipped"]), c[
         "skipped"
     ]
