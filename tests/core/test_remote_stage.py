@@ -513,3 +513,37 @@ def test_a_host_that_refuses_a_file_is_not_a_dropped_connection(
     out = st.data["outcome"]
     assert out["code"] == "worker_host_write_failed", out
     assert "Failure" in out["message"] and "df -h" in (out["hint"] or ""), out
+
+
+def test_a_worker_left_running_by_a_dropped_attempt_blocks_the_next(tmp_path: Path) -> None:
+    """A connection that dropped half-open leaves the worker running on the host until sshd notices (minutes).
+    The attempt noted it; the next attempt on that host checks it has ended before starting another (which
+    would share its memory and its output folder), and goes ahead, the note removed, once it has."""
+    import subprocess
+
+    root = tmp_path / "host-root"
+    spec = f"{tmp_path}/host-root/runs/x/specs/quantize-123.json"
+    # the earlier attempt's worker, on the host (this machine: the sshd is on loopback), its own process group
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", spec], start_new_session=True
+    )
+    try:
+        with SshServer(tmp_path / "sshd") as srv:
+            _add_host(srv, root)
+            m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
+            note = m.run_dir / "logs" / "quantize.host-worker.json"
+            note.parent.mkdir(parents=True, exist_ok=True)
+            note.write_text(json.dumps({"host": "box", "pid": worker.pid, "spec": spec}))
+            res = asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize"))
+            out = RunManifest.load(m.run_dir).stage("quantize").data["outcome"]
+            assert not res.ok and out["code"] == "worker_host_busy", out
+            assert f"kill -- -{worker.pid}" in (out["hint"] or "") and note.exists()
+            worker.kill()
+            worker.wait(10)
+            m = Workspace(tmp_path / "ws").open_run(m.run_id)
+            res = asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize"))
+            assert res.ok, res
+            assert not note.exists()
+    finally:
+        worker.kill()
+        worker.wait(10)

@@ -471,10 +471,9 @@ class SshTransport:
         return await asyncio.to_thread(go)
 
     def _kill_group_sync(self, pgid: int) -> None:
-        """TERM, then KILL a second later, to a process group on the board (a command past its time-out)."""
-        script = (
-            f"kill -TERM -- -{pgid} 2>/dev/null || exit 0; sleep 1; kill -KILL -- -{pgid} 2>/dev/null; exit 0"
-        )
+        """TERM, then KILL a second later, to a process group on the board (a command past its time-out). The
+        `kill -s SIG --` form: a login shell that is dash (or busybox) refuses `kill -TERM --`."""
+        script = f"kill -s TERM -- -{pgid} 2>/dev/null || exit 0; sleep 1; kill -s KILL -- -{pgid} 2>/dev/null; exit 0"
         with contextlib.suppress(Exception):
             ch = self._open_channel(script + " </dev/null")
             try:

@@ -85,6 +85,7 @@ class RemoteJob(Job):
         self.samples: list[ResourceSample] = []
         self._stderr = ""
         self._pid_seen = asyncio.Event()
+        self.remote_spec: str | None = None  # the spec's path on the host: in the worker's command line there
 
     async def start(self) -> None:
         if self.remote_root is None:  # a caller that installed them already (RemoteStageJob) sets it
@@ -92,6 +93,7 @@ class RemoteJob(Job):
         spec_path = posixpath.join(
             self.remote_root, "specs", f"{self.spec.get('stage', 'job')}-{time.time_ns()}.json"
         )
+        self.remote_spec = spec_path
         await self.transport.run(["mkdir", "-p", posixpath.dirname(spec_path)], timeout=30)
         await self.transport.write_bytes(spec_path, json.dumps(self.spec).encode())
         # A Python from packaging/install-workstation.sh has the libpython hook (AIMET's PtrToInt64 trap)

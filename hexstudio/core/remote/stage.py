@@ -231,6 +231,9 @@ class RemoteStageJob(Job):
         spec = json.loads(self.spec_path.read_text(encoding="utf-8"))
         local_out = Path(spec["out_dir"])
         rout = posixpath.join(rrun, "artifacts", f"{self.stage.name}.partial")
+        busy = await self._earlier_worker_running(t)
+        if busy is not None:
+            return busy
         await host_files(t, python, "reset", rout)  # never resume from half-written output, here either
         # 1. upload the upstream folders this stage reads, and the model's folder when it lives elsewhere
         hashes = LocalHashes()
@@ -316,6 +319,9 @@ class RemoteStageJob(Job):
         if res.kind in ("killed", "oom") and res.signal == "SIGKILL":
             res = self._judge_kill(res, int(info.get("memory_bytes") or 0))
         if not res.ok:
+            if not t.connected and self.remote.remote_pid is not None:
+                # the host may not know yet that the link is gone: its worker may run on for minutes
+                self._note_worker(self.remote.remote_pid, self.remote.remote_spec)
             if not t.connected and res.kind == "failed":
                 res = JobResult(
                     "failed",
@@ -353,6 +359,45 @@ class RemoteStageJob(Job):
             )
         res.duration_s = time.monotonic() - self._t0
         return res
+
+    @property
+    def _worker_note(self) -> Path:
+        return self.m.run_dir / "logs" / f"{self.stage.name}.host-worker.json"
+
+    def _note_worker(self, pid: int, spec: str | None) -> None:
+        """The worker an attempt left on the host when the connection dropped (the host may take minutes to
+        notice): the next attempt checks it has ended before it starts another there."""
+        with contextlib.suppress(OSError):
+            self._worker_note.parent.mkdir(parents=True, exist_ok=True)
+            self._worker_note.write_text(json.dumps({"host": self.host, "pid": pid, "spec": spec}))
+
+    async def _earlier_worker_running(self, t: Any) -> JobResult | None:
+        """A failed result when the worker an earlier attempt left on this host still runs (a second one would
+        share its memory and its output folder); else None, the note removed."""
+        try:
+            note = json.loads(self._worker_note.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        pid, spec = note.get("pid"), note.get("spec")
+        if note.get("host") == self.host and isinstance(pid, int) and pid > 1 and isinstance(spec, str):
+            # the process group alive, and its leader still the worker of that attempt (not a reused pid);
+            # `kill -s 0 --`: dash's kill (sh on Ubuntu) refuses `kill -0 --`
+            probe = (
+                f"kill -s 0 -- -{pid} 2>/dev/null && tr '\\0' ' ' </proc/{pid}/cmdline | grep -qF -- \"$1\""
+            )
+            res = await t.run(["sh", "-c", probe, "sh", spec], timeout=30)
+            if res.exit_status == 0:
+                return self._fail(
+                    "worker_host_busy",
+                    f"The {self.what.lower()} worker of the attempt whose connection dropped still runs on "
+                    f"worker host '{self.host}' (process group {pid}): the host has not noticed yet that the "
+                    "connection is gone. A second one now would share its memory and its output folder.",
+                    f"Wait a few minutes for it to end (sshd ends it once it notices), or stop it on the host "
+                    f"(`kill -- -{pid}`), then resume the run (`hexstudio run --resume {self.m.run_id}`).",
+                )
+        with contextlib.suppress(OSError):
+            self._worker_note.unlink()
+        return None
 
     def _judge_kill(self, res: JobResult, host_memory: int) -> JobResult:
         """A SIGKILL on the host: out of memory judged against the HOST's RAM, not this machine's."""
