@@ -56,6 +56,8 @@ def input_hash(m: RunManifest, stage: Stage) -> str:
         "settings": {k: settings.get(k) for k in stage.inputs if k in settings or k not in HASHED_WHEN_SET},
         "upstream": {n: m.stage(n).data.get("output_digest") for n in stage.needs},
     }
+    if stage.reads:
+        payload["reads"] = {n: [m.stage(n).state, m.stage(n).data.get("output_digest")] for n in stage.reads}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -140,6 +140,9 @@ class Stage:
     # unchanged re-run (the Board stage: the same bundle pushed to the same board again; board.json records
     # times and rates) does not make Chat and Evaluate stale
     digest_from_summary: bool = False
+    # stages whose results it reads where they are, without needing them to have run (the Report): their states
+    # and output digests are part of its input hash, so it is written again when any of them changed
+    reads: tuple[str, ...] = ()
     # a name in hexstudio/core/stage_actions.py RECHECKS (or "module:function"), an async function(manifest) ->
     # str | None, asked before the stage is skipped as current:
     # None when what it produced is still in place, else why not, and the stage runs again. The Board stage's
@@ -270,6 +273,7 @@ STAGES: tuple[Stage, ...] = (
         summary="Write the run report (HTML, PDF, JSON).",
         needs=(),
         inputs=read_by("report"),
+        reads=("model", "preflight", "quantize", "validate", "compile", "board", "chat", "evaluate"),
         outputs=("report.html", "report.json"),
         gate_text="The report is written.",
         verdict=_verdict_done,
