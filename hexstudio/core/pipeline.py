@@ -259,6 +259,21 @@ class Pipeline:
             result = await run(
                 stage, partial, attempt.handle, attempt.sample, stage_log_path(self.m, stage.name)
             )
+        except Exception as exc:
+            # a fault no stage expects (a full disk while its spec is written, a bug in an action): the stage
+            # ends failed with what happened, never left "running" by this live process with its error only in
+            # the log
+            jobs_log.exception("run %s: %s: unexpected error", self.m.run_id, stage.name)
+            result = JobResult(
+                "failed",
+                None,
+                None,
+                f"The {stage.title} stage stopped on an unexpected error: {type(exc).__name__}: {exc}",
+                hint="If the message names a full disk or a file that cannot be written, fix that and run the "
+                "stage again; otherwise it is a HexStudio bug: the studio log has the traceback, please report "
+                "it.",
+                code="unexpected_error",
+            )
         finally:
             attempt.close()
         self._notify_stage(stage.name, attempt.finish(result))
