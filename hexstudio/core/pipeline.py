@@ -76,6 +76,8 @@ class Pipeline:
         self.m = manifest
         self.stages = stages
         self._by_name = {s.name: s for s in stages}
+        # gates overridden through this pipeline: the override covers whatever the stage gives in this run
+        self._granted: set[str] = set()
         self.runner = runner or JobRunner()
         self.on_event = on_event
         self.on_sample = on_sample
@@ -139,15 +141,16 @@ class Pipeline:
                 if not result.ok:
                     return res.stop(stage.name, result.message, result.hint)
             gate = stage.gate(self.m)
-            overrides = self.m.settings.get("override_gates") or []
+            override = self._override_record(stage.name)
             self.m.stage(stage.name).data["gate"] = {
                 "passed": gate.passed,
                 "reason": gate.reason,
-                "override": self._override_record(stage.name),
+                "override": override,
             }
             self.m.save()
             if not gate.passed:
-                if gate.overridable and stage.name in overrides:
+                # a recorded override (who, when, why), not the setting alone
+                if gate.overridable and override is not None:
                     continue
                 hint = (
                     f"Override the {stage.name} gate (`--override-gate {stage.name}`) to continue anyway; "
@@ -197,9 +200,7 @@ class Pipeline:
         gate = stage.gate(self.m)
         if gate.passed:
             return None
-        overridden = (
-            name in (self.m.settings.get("override_gates") or []) and self._override_record(name) is not None
-        )
+        overridden = self._override_record(name) is not None
         if gate.overridable and overridden:
             return None
         msg = f"the {stage.title} gate did not pass ({gate.reason})."
@@ -212,12 +213,32 @@ class Pipeline:
         )
 
     def _override_record(self, name: str) -> dict[str, Any] | None:
+        """The latest recorded override of `name`'s gate, while the run's settings still ask for it."""
+        if name not in (self.m.settings.get("override_gates") or []):
+            return None
         for ev in reversed(self.m.data.get("events", [])):
             if ev.get("kind") == "gate_override" and ev.get("stage") == name:
                 return {"t": ev["t"], "reason": ev.get("message"), "by": ev.get("by") or "unknown"}
         return None
 
+    def _lapse_override(self, name: str) -> None:
+        """A stage that runs again replaces the result its gate was overridden for: an override given before
+        this pipeline lapses (said in the run's history), so a new failed gate stops the run and asks again.
+        One given for this run (`run --resume R --override-gate X`) covers what the stage gives now."""
+        overrides = list(self.m.settings.get("override_gates") or [])
+        if name not in overrides or name in self._granted:
+            return
+        overrides.remove(name)
+        self.m.settings["override_gates"] = overrides
+        self.m.add_event(
+            "gate_override_lapsed",
+            f"the {name} stage runs again: its gate override was for the result it replaces",
+            stage=name,
+        )
+        self.m.save()
+
     def override_gate(self, name: str, reason: str) -> None:
+        self._granted.add(name)
         overrides = list(self.m.settings.get("override_gates") or [])
         if name not in overrides:
             overrides.append(name)
@@ -246,6 +267,7 @@ class Pipeline:
         return {k: v for k, v in up.items() if k != stage.name}
 
     async def run_stage(self, stage: Stage) -> JobResult:
+        self._lapse_override(stage.name)
         attempt = StageAttempt(
             self.m,
             stage,

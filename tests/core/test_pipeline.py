@@ -276,6 +276,16 @@ def test_gate_failure_stops_and_override_is_recorded(workspace: Workspace) -> No
     res = asyncio.run(Pipeline(m, stages=(st,)).run(until="model"))
     assert res.ok
     assert m.stage("model").data["gate"]["override"]["reason"] == "accepted by the user: toy model"
+    # the stage runs again (its inputs changed): the override was for the result it replaces, and lapses
+    res = asyncio.run(Pipeline(m, stages=(st,)).run(until="model", force=True))
+    assert not res.ok and "gate not passed" in res.message, res
+    assert "model" not in (m.settings.get("override_gates") or [])
+    assert m.stage("model").data["gate"]["override"] is None
+    assert any(e["kind"] == "gate_override_lapsed" and e["stage"] == "model" for e in m.data["events"])
+    # an override given for this run covers what the stage gives now
+    pipe = Pipeline(m, stages=(st,))
+    pipe.override_gate("model", "accepted again")
+    assert asyncio.run(pipe.run(until="model", force=True)).ok
 
 
 def test_only_refuses_a_stage_whose_upstream_gate_failed_until_overridden(workspace: Workspace) -> None:
