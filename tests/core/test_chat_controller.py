@@ -519,3 +519,34 @@ def test_the_cli_kpi_line_of_a_reply_genie_wrote_no_profile_for() -> None:
     line = _kpi_line(r)  # type: ignore[arg-type]
     assert "None" not in line and "prompt — tok" in line
     assert "1.57 tokens accepted per step (from token times)" in line and line.startswith("[SIMULATED")
+
+
+def test_a_dropped_link_or_a_dead_helper_is_a_failed_turn_not_a_traceback(tmp_path: Path) -> None:
+    """The SSH link drops (ConnectionLost, an ActionableError but not a BoardError), the helper's pipe breaks
+    (OSError), or it stops answering (TimeoutError): each is a failed turn that says what happened, and the dead
+    session goes, so the next message loads the model again instead of failing the same way."""
+    from hexstudio.core.device.transport import ConnectionLost
+
+    run = tmp_path / "run"
+    board = Board()
+    c = controller(run, board)
+
+    async def go() -> None:
+        for exc in (
+            ConnectionLost("The SSH connection to evk dropped while running genie."),
+            BrokenPipeError(32, "Broken pipe"),
+            TimeoutError("the helper did not answer"),
+        ):
+            await ask(c, "warm up")
+            board.opened[-1].raises = exc
+            out, _ = await ask(c, "and now")
+            assert out.turn is None and out.shown.startswith("*(failed: "), out.shown
+            assert out.notice is not None and out.notice.failed and out.notice.hint, out.notice
+            assert c.session is None
+        out, _ = await ask(c, "back again")
+        assert out.shown == "echo: back again"
+        await c.wait_closed()
+
+    asyncio.run(go())
+    errors = [t["error"] for t in stored(run, c)["turns"] if t["state"] == "failed"]
+    assert len(errors) == 3 and "dropped" in errors[0] and "Broken pipe" in errors[1], errors

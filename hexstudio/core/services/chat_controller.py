@@ -48,6 +48,7 @@ from hexstudio.core.services.chat import (
 from hexstudio.core.services.chat_target import open_run_board
 from hexstudio.core.settings import Settings
 from hexstudio.shared.chat_template import ChatFormat
+from hexstudio.shared.errors import ActionableError
 
 log = logging.getLogger("hexstudio.chat")
 
@@ -527,6 +528,19 @@ class ChatController:
             rec_turn.state, rec_turn.error = "failed", exc.message
             self.close_later()
             return TurnOutcome(f"*(failed: {exc.message})*", notice=Notice(exc.message, True, exc.hint))
+        except (ActionableError, OSError, TimeoutError) as exc:
+            # the link dropped (ConnectionLost), the helper's pipe broke, or it stopped answering: a failed turn
+            # that says so, and the dead session goes (the next message loads the model again)
+            why = exc.message if isinstance(exc, ActionableError) else f"{type(exc).__name__}: {exc}"
+            hint = (
+                exc.hint
+                if isinstance(exc, ActionableError) and exc.hint
+                else "Check the board (its power and network, the Board page's doctor), then send again: the "
+                "model loads again."
+            )
+            rec_turn.state, rec_turn.error = "failed", why
+            self.close_later()
+            return TurnOutcome(f"*(failed: {why})*", notice=Notice(why, True, hint))
         return self._answered(rec_turn, res)
 
     def _answered(self, rec_turn: ChatTurn, res: TurnResult) -> TurnOutcome:
