@@ -23,6 +23,7 @@ from hexstudio.core.atomic import write_text_atomic
 from hexstudio.core.genie.journal import CHATS_DIR, read_journals
 
 FOLDER = "conversations"
+DISMISSED_FILE = "dismissed.json"  # journals of deleted conversations: not imported again
 SETTINGS_FILE = "settings.json"
 TITLE_CHARS = 48
 # the chat's settings kept per run (<run>/chats/settings.json), restored when the run is opened again
@@ -130,7 +131,22 @@ class ChatStore:
         )
 
     def delete(self, cid: str) -> None:
+        """The conversation removed for good: the journals and benchmark reply it was made from are noted as
+        dismissed, or the next listing would import them again as a conversation."""
+        rec = self.load(cid)
+        if rec is not None and rec.journals:
+            dismissed = sorted(self._dismissed() | set(rec.journals))
+            folder = self.run_dir / CHATS_DIR
+            folder.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(folder / DISMISSED_FILE, json.dumps(dismissed, indent=1))
         self.path(cid).unlink(missing_ok=True)
+
+    def _dismissed(self) -> set[str]:
+        try:
+            doc = json.loads((self.run_dir / CHATS_DIR / DISMISSED_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return set()
+        return {str(x) for x in doc} if isinstance(doc, list) else set()
 
     def load(self, cid: str) -> ChatRecord | None:
         try:
@@ -150,7 +166,7 @@ class ChatStore:
     def conversations(self) -> list[ChatRecord]:
         """Every conversation of the run, the most recently updated first (imports chats made elsewhere)."""
         recs = self._records()
-        known = {j for r in recs for j in r.journals}
+        known = {j for r in recs for j in r.journals} | self._dismissed()
         try:
             for rec in self._imports(known):
                 self.save(rec)

@@ -1,0 +1,27 @@
+"""A deleted conversation stays deleted: the journal or the Run Chat benchmark reply it was imported from is
+not imported again by the next listing (it came back at once: the only record of the import was in the file
+that was deleted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hexstudio.core.genie.chat_store import ChatStore
+
+
+def test_a_deleted_imported_conversation_does_not_come_back(tmp_path: Path) -> None:
+    bench = tmp_path / "artifacts" / "chat" / "chat.json"
+    bench.parent.mkdir(parents=True)
+    bench.write_text(json.dumps({"prompt": "Hello", "reply": "Hi there.", "state": "complete", "kpis": {}}))
+    store = ChatStore(tmp_path)
+    (rec,) = store.conversations()
+    assert rec.origin == "Run Chat benchmark"
+    mine = store.new(title="mine")
+    store.save(mine)
+    store.delete(rec.id)
+    assert [r.id for r in store.conversations()] == [mine.id]
+    assert [r.id for r in ChatStore(tmp_path).conversations()] == [mine.id]
+    # a new benchmark reply (the Chat stage ran again) is another conversation, imported as usual
+    bench.write_text(json.dumps({"prompt": "Hello", "reply": "Hello!", "state": "complete", "kpis": {}}))
+    assert len(store.conversations()) == 2
