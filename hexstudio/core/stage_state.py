@@ -57,7 +57,9 @@ def input_hash(m: RunManifest, stage: Stage) -> str:
         "upstream": {n: m.stage(n).data.get("output_digest") for n in stage.needs},
     }
     if stage.reads:
-        payload["reads"] = {n: [m.stage(n).state, m.stage(n).data.get("output_digest")] for n in stage.reads}
+        payload["reads"] = {
+            n: [m.stage(n).data.get("state"), m.stage(n).data.get("output_digest")] for n in stage.reads
+        }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
