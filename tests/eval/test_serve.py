@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from hexstudio.serve.server import BindRefused, check_bind  # noqa: E402
+from tests.support.scripted import use_scripted_helper  # noqa: E402
 from tests.support.serve import start_serve  # noqa: E402
 
 
@@ -175,22 +175,12 @@ def scripted_server(
 
     from hexstudio.core.device.board import open_board
     from hexstudio.core.eval.render import PromptRenderer
-    from hexstudio.core.genie.runtime import BoardRuntime
     from hexstudio.core.settings import Settings
     from hexstudio.serve.bridge import DialogBridge
     from hexstudio.serve.server import OpenAIServer
 
     ws, run_dir = twin_workspace
-    helper = Path(__file__).with_name("scripted_helper.py")
-    for cls in (BoardRuntime, *BoardRuntime.__subclasses__()):
-        monkeypatch.setattr(
-            cls,
-            "helper_argv",
-            lambda self, board, sampler, remote, bundle: (
-                [sys.executable, str(helper), json.dumps(script)],
-                None,
-            ),
-        )
+    use_scripted_helper(monkeypatch, script)
     board_doc = json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())
     loop = asyncio.new_event_loop()
     started = threading.Event()

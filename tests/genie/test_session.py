@@ -15,6 +15,7 @@ from hexstudio.core.genie.conversation import Conversation
 from hexstudio.core.genie.run import Chunk
 from hexstudio.core.genie.session import ChatSession, TurnResult
 from tests.genie.conftest import FakeGenie
+from tests.support.scripted import use_scripted_helper
 
 
 def fake_board(root: Path, fake: FakeGenie, **cfg: object) -> Board:
@@ -292,32 +293,13 @@ def test_stop_pressed_before_the_reply_starts_still_stops_it(tmp_path: Path, fak
     assert r.state == "aborted" and took < 8, (r.state, took)  # not the 30 s the reply would take
 
 
-def _scripted(monkeypatch: pytest.MonkeyPatch, script: dict[str, str]) -> None:
-    """Every runtime's chat helper replaced by the scripted one (tests/eval/scripted_helper.py)."""
-    import json
-    import sys
-
-    from hexstudio.core.genie.runtime import BoardRuntime
-
-    helper = Path(__file__).parents[1] / "eval" / "scripted_helper.py"
-    for cls in (BoardRuntime, *BoardRuntime.__subclasses__()):
-        monkeypatch.setattr(
-            cls,
-            "helper_argv",
-            lambda self, board, sampler, remote, bundle: (
-                [sys.executable, str(helper), json.dumps(script)],
-                None,
-            ),
-        )
-
-
 def test_a_turn_the_full_dialog_refuses_goes_again_with_its_history(
     tmp_path: Path, fake_genie: FakeGenie, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The new turn alone, sent to a dialog that holds the history, is refused (its KV cache is fuller than the
     session's count: a token estimate that was off). That dialog is cleared; the turn goes again with the whole
     history to the empty one and is answered, instead of failing until the person sends it a second time."""
-    _scripted(monkeypatch, {"cont please": "<refuse-continuation>"})
+    use_scripted_helper(monkeypatch, {"cont please": "<refuse-continuation>"})
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50)
     board = fake_board(tmp_path, fake_genie)
 
@@ -336,7 +318,7 @@ def test_a_failed_turn_carries_no_figures_of_the_turn_before(
     """A query the dialog refuses logs nothing in Genie's profile, whose last entry is the turn before (the helper
     sends the whole profile with every end): the failed turn must not show that turn's TTFT and tokens/s as its
     own. The dialog here is the scripted helper (tests/eval/scripted_helper.py) refusing the query."""
-    _scripted(monkeypatch, {"refuse": "<refuse>"})
+    use_scripted_helper(monkeypatch, {"refuse": "<refuse>"})
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50)
     board = fake_board(tmp_path, fake_genie)
 
