@@ -328,14 +328,17 @@ class DialogBridge:
         # no dialog loaded (a reload failed): `run` loads it first, and checks the fit then
         if s is None:
             return
-        count = s.token_counter or (lambda t: max(1, len(t) // 3))
-        if count(prompt) + 3 > self.context_length:
-            raise BridgeError(
-                400,
-                f"the prompt is about {count(prompt)} tokens: it does not fit in the "
-                f"context ({self.context_length} tokens) with room for a reply",
-                "context_length_exceeded",
-            )
+        n = s.conversation.count_tokens(prompt)
+        if n + 3 > self.context_length:
+            raise self._no_room(n)
+
+    def _no_room(self, tokens: int) -> BridgeError:
+        return BridgeError(
+            400,
+            f"the prompt is about {tokens} tokens: it does not fit in the "
+            f"context ({self.context_length} tokens) with room for a reply",
+            "context_length_exceeded",
+        )
 
     # -- running a request -------------------------------------------------------------------------
     async def run(
@@ -368,7 +371,8 @@ class DialogBridge:
             s = self.session
             assert s is not None
             budget = max_tokens or self.max_tokens
-            count = s.token_counter or (lambda t: max(1, len(t) // 3))
+            # the bundle's tokenizer where it can be read, else about 3 characters a token
+            count = s.conversation.count_tokens
             # decided now, holding the dialog: what it holds is what the last request left in it, and only a
             # dialog that still holds it (not reloaded, not cleared by the session itself: a full context, a stop
             # string cut on the host) can take the new turn alone
@@ -390,12 +394,7 @@ class DialogBridge:
             if count(text_in) + budget + 2 > self.context_length:
                 budget = self.context_length - count(text_in) - 2
                 if budget < 1:
-                    raise BridgeError(
-                        400,
-                        f"the prompt is about {count(text_in)} tokens: it does not fit in the "
-                        f"context ({self.context_length} tokens) with room for a reply",
-                        "context_length_exceeded",
-                    )
+                    raise self._no_room(count(text_in))
             s.max_tokens = budget
             s.conversation.max_reply_tokens = budget
             stop = asyncio.Event()
