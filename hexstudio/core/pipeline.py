@@ -18,10 +18,10 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -47,6 +47,7 @@ from hexstudio.shared.errors import ActionableError
 from hexstudio.shared.run_settings import BadSettings
 
 jobs_log = logging.getLogger("hexstudio.jobs")
+T = TypeVar("T")
 
 
 @dataclass
@@ -391,7 +392,7 @@ class Pipeline:
                 self.m, stage, partial, self._upstream(stage), emit, self.cancel_event, sample, self.runner
             )
             try:
-                summary = await fn(ctx)
+                summary = await _until_cancelled(fn(ctx), self.cancel_event)
             except ActionableError as exc:  # StageError, or a board/session/bundle error that says what to do
                 if not isinstance(exc, StageError):
                     jobs_log.warning("run %s: %s: %s", self.m.run_id, stage.name, exc.code, exc_info=True)
@@ -503,3 +504,24 @@ def _not_implemented(stage: Stage) -> JobResult:
         hint="This HexStudio build cannot run this stage yet; earlier stages' results are kept.",
         code="not_implemented",
     )
+
+
+async def _until_cancelled(action: Awaitable[T], cancel: asyncio.Event) -> T:
+    """An in-process stage action, stopped at once by the run's cancel: a Board push of gigabytes, a QAIRT
+    install or a chat benchmark runs in a task the cancel stops (each closes its board connection on the way
+    out, which ends a transfer in flight), instead of each action polling for it."""
+    work = asyncio.ensure_future(action)
+    waiter = asyncio.ensure_future(cancel.wait())
+    try:
+        done, _ = await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if work not in done and not cancel.is_set():
+            # the wait on the event failed (an event bound to another loop): the action runs on without it
+            await asyncio.wait({work})
+    finally:
+        waiter.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+    # a cancelled action raises CancelledError here, which the caller reports as the stage cancelled
+    return work.result()

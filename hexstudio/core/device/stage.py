@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import platform
@@ -172,27 +171,6 @@ async def board_still_in_place(m: RunManifest) -> str | None:
 
 
 async def run_board_stage(ctx: StageContext) -> dict[str, Any]:
-    """The Board stage, stopped by a cancel at once: a push of gigabytes, the sha256 check on the board and a
-    QAIRT install run in another task that the cancel stops (the board's connection is closed under it, which
-    ends a transfer in flight; its .part stays on the board and the next push continues it)."""
-    work = asyncio.ensure_future(_board_stage(ctx))
-    cancel = asyncio.ensure_future(ctx.cancel_event.wait())
-    try:
-        done, _ = await asyncio.wait({work, cancel}, return_when=asyncio.FIRST_COMPLETED)
-        if work not in done and not ctx.cancel_event.is_set():
-            # the wait on the cancel event failed (an event of another loop): the stage runs on without it
-            await asyncio.wait({work})
-    finally:
-        cancel.cancel()
-        if not work.done():
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
-    ctx.check_cancelled()
-    return work.result()
-
-
-async def _board_stage(ctx: StageContext) -> dict[str, Any]:
     em = ctx.emitter
     name = str(ctx.manifest.inputs.get("board", "sim"))
     if not (ctx.upstream["compile"] / "bundle" / "bundle.json").is_file():
