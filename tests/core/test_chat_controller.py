@@ -226,6 +226,41 @@ def test_another_run_or_a_new_benchmark_reply(tmp_path: Path) -> None:
     assert c.sync_run(b, busy=False) == "switched" and not c.conversation.turns and c.store.run_dir == b
 
 
+def test_another_run_opened_while_the_model_loads_waits_for_the_reply(tmp_path: Path) -> None:
+    """Run B opened while run A's message waits for its model: the session opened for A must not attach to B's
+    conversation, and A's turn is kept in A's run, not B's."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    board = Board()
+    loading, loaded = asyncio.Event(), asyncio.Event()
+
+    async def slow_connect(conversation: Conversation, mode: str, req: SessionRequest) -> OpenedSession:
+        loading.set()
+        await loaded.wait()
+        return await board.connect(conversation, mode, req)
+
+    c = controller(a, board)
+    c.connect = slow_connect
+
+    async def go() -> None:
+        reply = asyncio.ensure_future(ask(c, "hello from A"))
+        await loading.wait()
+        assert c.sync_run(b, busy=True) == "waiting"
+        loaded.set()
+        out, _ = await reply
+        assert out.shown == "echo: hello from A"
+        assert c.store is not None and c.store.run_dir == a
+        assert [t.user for t in c.conversation.turns] == ["hello from A"]
+        a_record = stored(a, c)
+        assert [t["user"] for t in a_record["turns"]] == ["hello from A"]
+        assert c.sync_run(b, busy=False) == "switched"
+        assert c.session is None and not c.conversation.turns and c.store.run_dir == b
+        await c.wait_closed()
+
+    asyncio.run(go())
+    assert board.opened[0].closed
+    assert not (b / "chats" / "conversations").exists() or not any((b / "chats" / "conversations").iterdir())
+
+
 def test_the_record_is_kept_at_once_when_the_reply_starts_and_when_it_ends(tmp_path: Path) -> None:
     run = tmp_path / "run"
     board = Board()

@@ -138,3 +138,46 @@ def test_a_dialog_the_runtime_cannot_run_is_told_and_basic_still_chats(
         await ch.close_session()
 
     gui_loop.run_until_complete(scenario())
+
+
+def test_another_run_opened_while_a_reply_loads_waits_for_it(
+    qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    """Run B opened while run A's message waits for its model: the page stays on A until the reply ends (saying
+    so), A's turn is kept in A, then the page shows B with the session closed."""
+    from hexstudio.core.genie.chat_store import ChatStore
+    from tests.core.test_chat_controller import Board
+
+    c, page = _page(qtbot, tmp_path)
+    a = c.manifest.run_dir
+    board = Board()
+    loading, loaded = asyncio.Event(), asyncio.Event()
+
+    async def slow_connect(conversation: Any, mode: str, req: Any) -> Any:
+        loading.set()
+        await loaded.wait()
+        return await board.connect(conversation, mode, req)
+
+    page.chat.connect = slow_connect
+    page.board_doc = lambda: {"board": "sim", "remote_bundle": "/b"}
+
+    async def scenario() -> None:
+        reply = asyncio.ensure_future(page.send("hello from A"))
+        await loading.wait()
+        b = c.new_run("builtin:tiny-llama").run_dir
+        page.refresh()
+        assert "shows it when this reply ends" in page.chat_message.text()
+        assert page.chat.store is not None and page.chat.store.run_dir == a
+        loaded.set()
+        turn = await reply
+        assert turn is not None and turn.reply == "echo: hello from A"
+        assert page.chat.store.run_dir == b and page.chat.session is None
+        assert not page.transcript.bubbles and "reply ends" not in page.chat_message.text()
+        (rec,) = [r for r in ChatStore(a).conversations() if r.turns]
+        assert [t.user for t in rec.turns] == ["hello from A"] and not [
+            r for r in ChatStore(b).conversations() if r.turns
+        ]
+        await page.chat.wait_closed()
+
+    gui_loop.run_until_complete(scenario())
+    assert board.opened[0].closed

@@ -53,8 +53,8 @@ from hexstudio.shared.errors import ActionableError
 log = logging.getLogger("hexstudio.chat")
 
 # sync_run: the same run as before; another run (a new store and an empty conversation); the same run with a new
-# Run Chat benchmark reply to list
-RunSync = Literal["same", "switched", "listed"]
+# Run Chat benchmark reply to list; another run while a reply is on its way (the switch waits for the reply's end)
+RunSync = Literal["same", "switched", "listed", "waiting"]
 # change_settings: nothing really changed; not now (a reply streams); ask first (the chat has messages); applied
 # (no messages yet: the next message loads the model with them)
 SettingsChange = Literal["same", "busy", "ask", "applied"]
@@ -262,10 +262,16 @@ class ChatController:
     # -- the run ------------------------------------------------------------------------------------
     def sync_run(self, run_dir: Path | None, *, busy: bool) -> RunSync:
         """The run shown now: another one is opened (its store, an empty conversation, the session closed); the
-        same one says whether the Chat stage wrote a new benchmark reply since (not while a reply streams)."""
+        same one says whether the Chat stage wrote a new benchmark reply since (not while a reply streams).
+
+        While a reply is on its way (`busy`: the model loading or the reply streaming) another run waits: the turn
+        belongs to the run it was sent in, its session to that run's board, and its record to that run's store;
+        switching under it would attach that session to the other run's conversation. Call again when it ends."""
         bench = run_dir / "artifacts" / "chat" / "chat.json" if run_dir is not None else None
         stamp = bench.stat().st_mtime if bench is not None and bench.is_file() else None
         if run_dir != self._run:
+            if busy:
+                return "waiting"
             self._run, self._bench_stamp = run_dir, stamp
             self.open_run(run_dir)
             return "switched"

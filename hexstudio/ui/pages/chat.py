@@ -57,7 +57,7 @@ class ChatPage(StagePage):
                 session_closed=lambda: self.mode_label.setText(""),
             )
         )
-        self._loading_settings = self._asking = self.busy_chat = False
+        self._loading_settings = self._asking = self.busy_chat = self._switch_waits = False
         self.body.setContentsMargins(12, 8, 12, 8)
         self.body.setSpacing(6)
         # the stage's own parts (inputs, gate, results) go to the side column; the page is the chat
@@ -277,7 +277,8 @@ class ChatPage(StagePage):
         return self.c.stage_dir("model")
 
     def refresh_results(self) -> None:
-        self._sync_run()
+        if not self._sync_run():
+            return
         doc = self.board_doc()
         self.settings_panel.list_dialogs(
             self.c.manifest.run_dir if self.c.manifest is not None else None, doc
@@ -312,10 +313,22 @@ class ChatPage(StagePage):
         self.context_panel.show_use(use)
 
     # -- the run's conversations ------------------------------------------------------------------
-    def _sync_run(self) -> None:
-        """Load the run's conversations when another run is opened, and list a new Run Chat reply."""
+    def _sync_run(self) -> bool:
+        """Load the run's conversations when another run is opened, and list a new Run Chat reply. False: another
+        run was opened while a reply is on its way; the page stays on the reply's run until it ends."""
         m = self.c.manifest
         sync = self.chat.sync_run(m.run_dir if m is not None else None, busy=self.busy_chat)
+        if sync == "waiting":
+            self._switch_waits = True
+            self.chat_message.setText(
+                f"Run {html.escape(m.run_id if m is not None else 'none')} is open: the chat shows it when this "
+                "reply ends (Stop ends it now)."
+            )
+            return False
+        if self._switch_waits and sync != "switched":
+            # back on the reply's run before it ended
+            self.chat_message.setText("")
+        self._switch_waits = False
         if sync == "switched":
             self.load_chat_settings()
             self.chat.applied = self.settings_panel.chosen()
@@ -326,6 +339,7 @@ class ChatPage(StagePage):
             self.reload_conversations(select_newest=True)
         elif sync == "listed":
             self.reload_conversations(select_newest=not self.conversation.turns)
+        return True
 
     def reload_conversations(self, select_newest: bool = False) -> None:
         records = self.chat.conversations()
@@ -413,6 +427,8 @@ class ChatPage(StagePage):
         finally:
             self.center.end_reply(self.chat.end_turn())
             self._set_busy(False)
+            # another run opened meanwhile is shown now
+            self.refresh_results()
             self.reload_conversations()
             self.update_context_meter()
         return out.turn
