@@ -17,10 +17,11 @@ from hexstudio.cli.common import (
     workspace_from,
 )
 from hexstudio.core.jobs import human_bytes
+from hexstudio.core.manifest import RunManifest
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.pipeline import Pipeline
 from hexstudio.core.remote.hosts import WorkerHostError, host_config
-from hexstudio.core.runs import RunNotFound, WorkspaceError
+from hexstudio.core.runs import RunNotFound, WorkspaceError, edit_run
 from hexstudio.core.settings import SettingsError
 from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import STAGE_NAMES
@@ -123,6 +124,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     set_action(p, cmd_run, workspace=True)
 
 
+def _set_worker_host(m: RunManifest, host: str) -> None:
+    m.settings["worker_host"] = None if host == "local" else host
+    m.add_event("settings", f"worker_host set to {host} (--worker-host on resume)")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     ws = workspace_from(args)
     if args.resume is not None and not args.resume.strip():
@@ -144,10 +150,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.worker_host is not None:
             _check_worker_host(args.worker_host)
             if (m.settings.get("worker_host") or "local") != args.worker_host:
-                # where a stage runs is not one of its inputs: done stages stay done. Saved by the pipeline
-                # once it holds the run's lock (never over another runner's manifest).
-                m.settings["worker_host"] = None if args.worker_host == "local" else args.worker_host
-                m.add_event("settings", f"worker_host set to {args.worker_host} (--worker-host on resume)")
+                # where a stage runs is not one of its inputs: done stages stay done
+                edit_run(m, lambda m: _set_worker_host(m, args.worker_host), "the worker host")
     else:
         from hexstudio.core.settings import Settings
 

@@ -152,6 +152,10 @@ class RunManifest:
         self.data.setdefault("events", []).append({"t": now_iso(), "kind": kind, "message": message, **extra})
 
     # -- persistence --------------------------------------------------------
+    def reload(self) -> None:
+        """Read run.json again: another process (the CLI, a runner) may have written it since."""
+        self.data = RunManifest.load(self.run_dir).data
+
     def save(self) -> None:
         self.data["updated"] = now_iso()
         write_json_atomic(self.path, self.data)

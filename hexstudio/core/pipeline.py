@@ -29,7 +29,7 @@ from hexstudio.core import stage_actions
 from hexstudio.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler
 from hexstudio.core.manifest import ManifestError, RunManifest, boot_id, now_iso
 from hexstudio.core.remote import RemoteStageJob
-from hexstudio.core.runs import RunBusy, RunLock, artifacts_dir, stage_log_path
+from hexstudio.core.runs import RunBusy, RunLock, artifacts_dir, edit_run, stage_log_path
 from hexstudio.core.sampler import ResourceSample
 from hexstudio.core.stage_actions import Recheck
 from hexstudio.core.stage_api import (
@@ -100,22 +100,24 @@ class Pipeline:
         except RunBusy as exc:
             return PipelineResult(False, targets[0].name if targets else None, exc.message, hint=exc.hint)
         try:
-            self._refresh_stages()
+            self._refresh()
             stop_stale_workers(self.m)
             self.m.detect_interrupted()
             return await self._run(targets, force)
         finally:
             self.lock.release()
 
-    def _refresh_stages(self) -> None:
-        """Stage records as on disk: another runner may have finished stages since this manifest was
-        loaded (only the lock holder writes them, so the file is the truth once we hold it)."""
+    def _refresh(self) -> None:
+        """run.json as on disk, where another process wrote it since this manifest was read or saved (a run
+        from the terminal: stages it finished, settings and gate overrides it recorded, its events). Only the
+        lock holder or edit_run writes it, so the file is the truth once we hold the lock; a manifest nobody
+        else wrote keeps what its holder changed and has not saved yet."""
         try:
             fresh = RunManifest.load(self.m.run_dir)
         except (ManifestError, OSError):  # unreadable: keep what we have, save() rewrites it
             return
         if fresh.data.get("updated") != self.m.data.get("updated"):
-            self.m.data["stages"] = fresh.data["stages"]
+            self.m.data = fresh.data
 
     async def _run(self, targets: tuple[Stage, ...], force: bool) -> PipelineResult:
         res = PipelineResult(True, None, "")
@@ -239,7 +241,15 @@ class Pipeline:
         self.m.save()
 
     def override_gate(self, name: str, reason: str) -> None:
+        """Let the run go on past `name`'s failed gate, recorded in the run (who, when, why). Given while this
+        pipeline runs, it is its own change; otherwise made through edit_run (RunBusy while another runs it)."""
         self._granted.add(name)
+        if self.lock.held:
+            self._record_override(name, reason)
+        else:
+            edit_run(self.m, lambda _m: self._record_override(name, reason), f"the {name} gate's override")
+
+    def _record_override(self, name: str, reason: str) -> None:
         overrides = list(self.m.settings.get("override_gates") or [])
         if name not in overrides:
             overrides.append(name)
@@ -248,7 +258,8 @@ class Pipeline:
         gate = self.m.stage(name).data.get("gate")
         if isinstance(gate, dict):  # the stored gate says so too, not only after the next run
             gate["override"] = self._override_record(name)
-        self.m.save()
+        if self.lock.held:
+            self.m.save()
 
     async def cancel(self) -> None:
         self.cancel_event.set()

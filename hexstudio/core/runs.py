@@ -11,15 +11,18 @@ import re
 import secrets as _secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hexstudio.core.environment import collect_environment, package_versions
 from hexstudio.core.manifest import ManifestError, RunManifest
 from hexstudio.core.paths import default_workspace
 from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, check_run_settings
 from hexstudio.shared.errors import ActionableError
+
+T = TypeVar("T")
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -40,20 +43,28 @@ class WorkspaceError(ActionableError):
 class RunBusy(ActionableError):
     """Another process (or another pipeline in this one) is running this run's stages."""
 
-    def __init__(self, run_id: str, pid: int | None) -> None:
+    def __init__(self, run_id: str, pid: int | None, *, change: str | None = None) -> None:
+        """`change`: what could not be changed (a setting, a gate override) while it runs; None: a second runner."""
         self.run_id = run_id
         self.pid = pid
         who = f"PID {pid}" if pid else "another process"
-        super().__init__(
-            f"Run {run_id} is being run by {who} on this machine.",
-            (
-                f"Wait for it to finish, or cancel it (Cancel in the studio, Ctrl+C in its terminal, or "
-                f"`kill -INT {pid}`)"
-                if pid
-                else "Wait for it to finish, or cancel it"
-            )
-            + ", then resume. Starting it twice would delete the running stage's output.",
+        wait = (
+            f"Wait for it to finish, or cancel it (Cancel in the studio, Ctrl+C in its terminal, or "
+            f"`kill -INT {pid}`)"
+            if pid
+            else "Wait for it to finish, or cancel it"
         )
+        if change is None:
+            super().__init__(
+                f"Run {run_id} is being run by {who} on this machine.",
+                wait + ", then resume. Starting it twice would delete the running stage's output.",
+            )
+        else:
+            super().__init__(
+                f"Run {run_id} is being run by {who} on this machine: {change} was not changed.",
+                wait
+                + ", then change it again: the runner keeps its own copy of the run and would overwrite it.",
+            )
 
     def __str__(self) -> str:
         return f"{self.message} {self.hint}"
@@ -118,6 +129,25 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def edit_run(m: RunManifest, change: Callable[[RunManifest], T], what: str) -> T:
+    """Change a run that this process is not running (a setting, a gate override), as its run.json is on disk
+    now: under the run's lock, read again, changed, saved. What another process wrote since `m` was read (a run
+    from the terminal: its stages, events, overrides) is kept, never overwritten by this process's older copy.
+    RunBusy (naming `what`) while a runner holds the run: its own copy would overwrite the change."""
+    lock = RunLock(m.run_dir)
+    try:
+        lock.acquire()
+    except RunBusy as exc:
+        raise RunBusy(exc.run_id, exc.pid, change=what) from None
+    with lock:
+        # unreadable: what this process holds is written back whole
+        with contextlib.suppress(ManifestError):
+            m.reload()
+        out = change(m)
+        m.save()
+    return out
 
 
 def _slug(text: str) -> str:
@@ -259,5 +289,6 @@ __all__ = [
     "RunSummary",
     "Workspace",
     "artifacts_dir",
+    "edit_run",
     "stage_log_path",
 ]

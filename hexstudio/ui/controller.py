@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, Signal
 from hexstudio.core import logs
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.pipeline import Pipeline, PipelineResult
-from hexstudio.core.runs import RunSummary, Workspace
+from hexstudio.core.runs import RunSummary, Workspace, edit_run
 from hexstudio.core.sampler import ResourceSample
 from hexstudio.core.settings import Settings
 from hexstudio.core.stage_state import display_state
@@ -156,12 +156,19 @@ class RunController(QObject):
         m = self.manifest
         if m is None or self.busy or m.settings.get(key) == value:
             return False
-        old = m.settings.get(key)
-        m.settings[key] = value
-        m.add_event("setting_changed", f"{key}: {old!r} → {value!r}", key=key, old=old, new=value)
-        m.save()
+
+        def change(m: RunManifest) -> bool:
+            old = m.settings.get(key)
+            if old == value:
+                return False
+            m.settings[key] = value
+            m.add_event("setting_changed", f"{key}: {old!r} → {value!r}", key=key, old=old, new=value)
+            return True
+
+        # RunBusy while the run runs from a terminal: the page says so
+        changed = edit_run(m, change, f"the setting {key}")
         self.settingsChanged.emit()
-        return True
+        return changed
 
     def override_gate(self, stage: str, reason: str) -> None:
         if self.manifest is None:

@@ -64,3 +64,11 @@ def show_error(
     button.clicked.connect(show_log)
     box.open()
     return box
+
+
+def refused_html(message: str, hint: str | None) -> str:
+    """A refusal on a page's label: what was refused in the failed colour, then what to do."""
+    from hexstudio.ui.widgets import STATE_COLORS
+
+    what = f"<br><b>What to do:</b> {html.escape(hint)}" if hint else ""
+    return f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(message)}</span>{what}"

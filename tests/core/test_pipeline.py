@@ -467,3 +467,56 @@ def test_a_bad_setting_in_run_json_fails_the_stage_naming_it(workspace: Workspac
     st = m.stage("model")
     assert st.state == "failed" and st.data["outcome"]["code"] == "bad_setting"
     assert "--set NAME=VALUE" in str(st.data["outcome"]["hint"])
+
+
+def _terminal_run(workspace: Workspace, run_id: str, stage: str) -> None:
+    """What `hexstudio run --resume RUN --override-gate STAGE` records from a terminal: its own copy of run.json,
+    read, changed under the lock and saved."""
+    pipe = Pipeline(workspace.open_run(run_id), stages=fake_stages(("model",)))
+    pipe.override_gate(stage, "overridden from a terminal")
+    pipe.m.stage("model").data["state"] = "done"
+    with pipe.lock:
+        pipe.m.save()
+
+
+def test_an_older_copy_of_the_run_never_overwrites_what_another_process_recorded(
+    workspace: Workspace,
+) -> None:
+    """The studio holds run.json from when it opened the run; a terminal then runs stages and records an
+    override. A setting changed in the studio, or a run it starts, keeps what the terminal recorded."""
+    from hexstudio.core.runs import edit_run
+
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    studio = workspace.open_run(m.run_id)
+    _terminal_run(workspace, m.run_id, "validate")
+
+    def set_context(m: RunManifest) -> None:
+        m.settings["context_length"] = 1024
+
+    edit_run(studio, set_context, "the setting context_length")
+    disk = RunManifest.load(m.run_dir)
+    assert disk.settings["context_length"] == 1024
+    assert disk.settings["override_gates"] == ["validate"] and disk.stage("model").state == "done"
+    assert [e["kind"] for e in disk.data["events"]][-1:] == ["gate_override"]
+    # a pipeline started on an older copy takes the file's settings and events, not only its stages
+    older = workspace.open_run(m.run_id)
+    _terminal_run(workspace, m.run_id, "compile")
+    assert asyncio.run(Pipeline(older, stages=fake_stages(("model",))).run(until="model")).ok
+    disk = RunManifest.load(m.run_dir)
+    assert disk.settings["override_gates"] == ["validate", "compile"]
+    assert sum(e["kind"] == "gate_override" for e in disk.data["events"]) == 2
+
+
+def test_a_change_to_a_run_another_process_runs_is_refused_and_says_so(workspace: Workspace) -> None:
+    from hexstudio.core.runs import edit_run
+
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    before = (m.run_dir / "run.json").read_bytes()
+    with RunLock(m.run_dir):
+        with pytest.raises(RunBusy) as busy:
+            Pipeline(workspace.open_run(m.run_id)).override_gate("validate", "from a second window")
+        assert "the validate gate's override was not changed" in busy.value.message
+        assert "change it again" in (busy.value.hint or "")
+        with pytest.raises(RunBusy):
+            edit_run(workspace.open_run(m.run_id), lambda _m: None, "the setting ar_n")
+    assert (m.run_dir / "run.json").read_bytes() == before

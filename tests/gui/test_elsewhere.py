@@ -332,3 +332,26 @@ def test_gui_help_needs_no_display_and_missing_xcb_libraries_are_named() -> None
     )
     assert r.returncode == 2 and "libxcb-hexstudio-test0" in r.stderr and "apt-get install" in r.stderr, r
     assert "Reinstalling" not in r.stderr
+
+
+def test_a_setting_changed_in_the_studio_keeps_what_a_terminal_recorded(qtbot: Any, tmp_path: Path) -> None:
+    """The studio's copy of run.json is older than what `hexstudio run --override-gate` wrote from a terminal:
+    a setting changed on a page keeps the terminal's override; while a terminal runs the run, the page says
+    the setting was not changed and shows the run's value again."""
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import RunLock
+
+    m, _c, w = window_on_gate_failed_run(qtbot, tmp_path)
+    page = w.pages["quantize"]
+    Pipeline(RunManifest.load(m.run_dir)).override_gate("validate", "accepted from a terminal")
+    page.set_setting("calibration_samples", 11)
+    disk = RunManifest.load(m.run_dir)
+    assert disk.settings["calibration_samples"] == 11
+    assert "validate" in disk.settings["override_gates"]
+    assert any(e["kind"] == "gate_override" and e["stage"] == "validate" for e in disk.data["events"])
+    with RunLock(m.run_dir):
+        page.set_setting("calibration_samples", 12)
+        text = page.outcome_label.text()
+        assert "the setting calibration_samples was not changed" in text and "change it again" in text, text
+    assert RunManifest.load(m.run_dir).settings["calibration_samples"] == 11

@@ -35,10 +35,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hexstudio.core.runs import RunBusy
 from hexstudio.core.stages import Stage, get_stage
 from hexstudio.core.status import override_text
 from hexstudio.ui.controller import RunController
-from hexstudio.ui.errors import log_link_html
+from hexstudio.ui.errors import log_link_html, refused_html
 from hexstudio.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, button, fmt_value, heading, note
 
 SettingSpec = tuple[str, str, Any]  # (key, label, kind: "int" | "bool" | "text" | list of choices)
@@ -233,7 +234,12 @@ class StagePage(QWidget):
         self.form.addRow(label, w)
 
     def set_setting(self, key: str, value: Any) -> None:
-        self.c.set_setting(key, value)
+        try:
+            self.c.set_setting(key, value)
+        except RunBusy as exc:
+            # the field shows the run's value again
+            self._load_settings()
+            self.outcome_label.setText(refused_html(exc.message, exc.hint))
 
     def _load_settings(self) -> None:
         m = self.c.manifest
@@ -277,7 +283,12 @@ class StagePage(QWidget):
             self, "Override the gate", f"Why continue past the {self.stage.title} gate? (recorded in the run)"
         )
         if ok and reason.strip():
-            self.c.override_gate(self.stage.name, reason.strip())
+            try:
+                self.c.override_gate(self.stage.name, reason.strip())
+            except RunBusy as exc:
+                self.refresh()
+                self.outcome_label.setText(refused_html(exc.message, exc.hint))
+                return
             self.refresh()
 
     # -- reading the run -----------------------------------------------------------------------

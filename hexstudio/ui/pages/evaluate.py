@@ -24,8 +24,9 @@ from PySide6.QtWidgets import (
 from hexstudio.core.eval.compare import compare_runs
 from hexstudio.core.eval.scoring import LEGS
 from hexstudio.core.eval.suites import DEFAULT_SUITES, SuiteError, add_suite, available, load_suite
-from hexstudio.core.runs import Workspace
+from hexstudio.core.runs import RunBusy, Workspace
 from hexstudio.ui.controller import RunController
+from hexstudio.ui.errors import refused_html
 from hexstudio.ui.pages.base import StagePage
 from hexstudio.ui.plots import StyledPlot
 from hexstudio.ui.widgets import STATE_COLORS, button, button_row, note
@@ -146,7 +147,17 @@ class EvaluatePage(StagePage):
             if self.suite_list.item(i).checkState() == Qt.CheckState.Checked
         ]
         if self.c.manifest is not None:
+            self._set_suites(names)
+
+    def _set_suites(self, names: list[str]) -> bool:
+        try:
             self.c.set_setting("eval_suites", names)
+        except RunBusy as exc:
+            # the list shows the run's choice again
+            self._load_suites()
+            self.add_message.setText(refused_html(exc.message, exc.hint))
+            return False
+        return True
 
     def add_file(self, path: Path) -> bool:
         ws = self._workspace()
@@ -162,8 +173,8 @@ class EvaluatePage(StagePage):
             return False
         m = self.c.manifest
         names = list((m.settings.get("eval_suites") if m is not None else None) or DEFAULT_SUITES)
-        if s.name not in names:
-            self.c.set_setting("eval_suites", [*names, s.name])
+        if s.name not in names and not self._set_suites([*names, s.name]):
+            return False
         self.add_message.setText(f"Added {s.title}: {len(s.cases)} cases (scorer {s.scorer}).")
         self._load_suites()
         return True
