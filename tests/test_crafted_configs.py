@@ -32,6 +32,7 @@ CRAFTED: list[tuple[str, dict[str, Any], str]] = [
     ("layers 1e9", {"num_hidden_layers": 1_000_000_000}, "num_hidden_layers"),
     ("heads 0", {"num_attention_heads": 0}, "num_attention_heads"),
     ("kv heads above heads", {"num_key_value_heads": 64}, "num_key_value_heads"),
+    ("kv heads not dividing heads", {"num_key_value_heads": 3}, "num_key_value_heads"),
     ("head_dim 1e9", {"head_dim": 1_000_000_000}, "head_dim"),
     ("intermediate 1e15", {"intermediate_size": 10**15}, "intermediate_size"),
     ("vocab 1e12", {"vocab_size": 10**12}, "vocab_size"),

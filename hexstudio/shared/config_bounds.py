@@ -116,6 +116,9 @@ def check_config(cfg: dict[str, Any]) -> None:
     heads, kvh = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
     if isinstance(heads, int) and isinstance(kvh, int) and kvh > heads:
         raise _refuse("num_key_value_heads", kvh, f"it must not exceed num_attention_heads ({heads})")
+    if isinstance(heads, int) and isinstance(kvh, int) and kvh > 0 and heads % kvh:
+        # grouped-query attention shares each KV head among heads/kv_heads query heads
+        raise _refuse("num_key_value_heads", kvh, f"it must divide num_attention_heads ({heads}) evenly")
     if (
         cfg.get("head_dim") is None
         and isinstance(heads, int)

@@ -158,6 +158,19 @@ def _classify(cfg: dict[str, Any]) -> tuple[bool, str, str]:
         or "mixtral" in low
     ):
         return False, arch, f"{arch} is {REFUSED['moe']}."
+    qc = cfg.get("quantization_config")
+    if qc:
+        # AWQ/GPTQ (qweight, scales), bitsandbytes (packed uint8) or FP8 (compressed-tensors) checkpoints: the
+        # export reads float weights by their HF names, and an FP8 weight without its scale would load silently
+        # wrong. HexStudio quantizes itself (AIMET), from the original weights.
+        method = qc.get("quant_method", "quantized") if isinstance(qc, dict) else "quantized"
+        return (
+            False,
+            arch,
+            f"This checkpoint is already quantized ({method}: config.json has a quantization_config). "
+            "HexStudio quantizes for the NPU itself (AIMET W4A16) from the original weights: use the "
+            "original bf16/fp16 repository this one was made from.",
+        )
     supported = families.supported_architectures()  # hexstudio.shared.families
     if arch in supported:
         return True, arch, f"{arch} is a dense Llama-family decoder: supported."

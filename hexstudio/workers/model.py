@@ -20,7 +20,7 @@ from typing import Any
 from hexstudio.shared import modelinfo
 from hexstudio.shared.artifacts import ModelDoc
 from hexstudio.shared.data import BUILTIN_MODELS, builtin_model_dir
-from hexstudio.shared.hub import hub_error, hub_token
+from hexstudio.shared.hub import HubError, hub_error, hub_token
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.run_settings import AUTO, resolve_settings
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
@@ -123,6 +123,7 @@ def check_weights(folder: Path) -> dict[str, Any]:
     files = sorted(folder.glob("*.safetensors"))
     index = folder / "model.safetensors.index.json"
     if index.is_file():
+        # the shards the index names are the model (a consolidated.safetensors beside them is the same again)
         try:
             wanted = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (OSError, json.JSONDecodeError, KeyError) as exc:
@@ -130,6 +131,7 @@ def check_weights(folder: Path) -> dict[str, Any]:
                 "corrupt_weights", f"{index.name} cannot be read ({exc}).", "Download the model again."
             ) from None
         missing = [w for w in wanted if not (folder / w).is_file()]
+        files = [f for f in files if f.name in wanted]
         if missing:
             raise WorkerError(
                 "missing_weights",
@@ -155,6 +157,22 @@ def check_weights(folder: Path) -> dict[str, Any]:
 
 
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt"]
+# the repo lookup's time-out (huggingface_hub sets none: a proxy that never answers would hang the stage)
+LOOKUP_TIMEOUT_S = 30.0
+# no byte arriving for this long ends the download with a network error (it resumes from where it stopped)
+STALL_S = 600.0
+
+
+def allow_patterns(info: Any) -> list[str]:
+    """What to fetch from the repo listed as `info` (None: not listed). A repo with Hugging Face shards
+    (model*.safetensors) can also hold its authors' own format of the same weights (Mistral's
+    consolidated.safetensors, as large again): only the shards are fetched."""
+    names = [str(f.rfilename) for f in getattr(info, "siblings", None) or []]
+    weights = [n for n in names if n.endswith(".safetensors") and "/" not in n]
+    shards = [n for n in weights if n.startswith("model")]
+    if not shards or len(shards) == len(weights):
+        return list(ALLOW_PATTERNS)
+    return [p for p in ALLOW_PATTERNS if p != "*.safetensors"] + shards
 
 
 def _expected_blobs(info: Any, patterns: list[str]) -> dict[str, int]:
@@ -196,6 +214,7 @@ def download(
     repo_info: Callable[..., Any] | None = None,
     cache_dir: Path | None = None,
     poll_s: float = 0.5,
+    stall_s: float = STALL_S,
 ) -> tuple[Path, str | None]:
     """snapshot_download in a thread while this one reports bytes: the repo listing gives each file's size
     and blob name, and the cache's blobs/ folder (with its .incomplete files) how much has arrived.
@@ -216,7 +235,9 @@ def download(
     at = f" at revision {revision}" if revision else ""
     em.progress(0.02, f"looking up {model_id}{at} on Hugging Face")
     try:
-        info = repo_info(model_id, revision=revision, files_metadata=True, token=token)
+        info = repo_info(
+            model_id, revision=revision, files_metadata=True, token=token, timeout=LOOKUP_TIMEOUT_S
+        )
     except Exception as exc:
         mapped = hub_error(exc, model_id, revision, cache, has_token=bool(token))
         if mapped is None:
@@ -225,7 +246,8 @@ def download(
         if mapped.code not in ("offline", "network"):
             raise mapped from None
         info = None
-    expected = _expected_blobs(info, ALLOW_PATTERNS) if info is not None else {}
+    patterns = allow_patterns(info)
+    expected = _expected_blobs(info, patterns) if info is not None else {}
     total = sum(expected.values())
     blobs_dir = cache / repo_folder_name(repo_id=model_id, repo_type="model") / "blobs"
     result: dict[str, Any] = {}
@@ -233,7 +255,7 @@ def download(
     def fetch() -> None:
         try:
             result["path"] = snapshot(
-                model_id, revision=revision, token=token, allow_patterns=ALLOW_PATTERNS, cache_dir=str(cache)
+                model_id, revision=revision, token=token, allow_patterns=patterns, cache_dir=str(cache)
             )
         except BaseException as exc:  # handed to the main thread
             result["error"] = exc
@@ -249,14 +271,23 @@ def download(
     th = threading.Thread(target=fetch, name="hf-download", daemon=True)
     t0 = time.monotonic()
     th.start()
-    last = -1
+    last, moved = -1, time.monotonic()
     while th.is_alive():
         th.join(poll_s)
         if not total:
             continue
         done = _bytes_present(blobs_dir, expected)
+        if done == last and time.monotonic() - moved > stall_s:
+            # the worker's exit ends the download thread; what arrived stays in the cache
+            raise HubError(
+                "network",
+                f"The download of {model_id} stalled: no data arrived for {stall_s:.0f} s "
+                f"({done / 1e9:.2f} of {total / 1e9:.2f} GB here).",
+                "Check the network (a proxy or VPN that stopped answering), then run the Model stage again: "
+                "it resumes where it stopped.",
+            )
         if done != last:
-            last = done
+            last, moved = done, time.monotonic()
             rate = (done - start) / max(time.monotonic() - t0, 1e-6)
             em.progress(
                 0.05 + 0.5 * done / total,

@@ -10,11 +10,14 @@ import errno
 import hashlib
 import io
 import json
+import threading
 import time
+from fnmatch import fnmatch
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 from huggingface_hub.errors import LocalEntryNotFoundError
 from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
@@ -283,3 +286,66 @@ def test_the_worker_reports_hub_errors_not_an_internal_bug(
     code = worker_main("model", wm.run, ["--spec", str(spec)])
     errs = [e for e in events(out) if e["type"] == "error"]
     assert code == 1 and errs and errs[-1]["code"] == "network", errs
+
+
+def test_a_repo_with_its_authors_own_copy_of_the_weights_fetches_only_the_shards(tmp_path: Path) -> None:
+    """Mistral's repos hold consolidated.safetensors (the same weights, as large again) beside the Hugging Face
+    shards: only the shards are fetched, counted and checked."""
+    from hexstudio.workers.model import ALLOW_PATTERNS, allow_patterns, check_weights
+
+    names = ["config.json", "consolidated.safetensors", "model-00001-of-00002.safetensors"]
+    names.append("model-00002-of-00002.safetensors")
+    info = SimpleNamespace(siblings=[SimpleNamespace(rfilename=n) for n in names])
+    patterns = allow_patterns(info)
+    assert "consolidated.safetensors" not in [n for n in names if any(fnmatch(n, p) for p in patterns)]
+    assert all(any(fnmatch(n, p) for p in patterns) for n in names if n != "consolidated.safetensors")
+    # a repo of one format keeps the plain patterns; not listed (offline): the same
+    assert (
+        allow_patterns(SimpleNamespace(siblings=[SimpleNamespace(rfilename="model.safetensors")]))
+        == ALLOW_PATTERNS
+    )
+    assert allow_patterns(None) == ALLOW_PATTERNS
+    # a folder holding both: the index's shards are the model
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    w = {"a": np.ones((2, 2), np.float32)}
+    save_file(w, str(folder / "model-00001-of-00001.safetensors"))
+    save_file({"a": np.ones((4, 4), np.float32)}, str(folder / "consolidated.safetensors"))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00001.safetensors"}})
+    )
+    assert check_weights(folder)["files"] == ["model-00001-of-00001.safetensors"]
+
+
+def test_a_download_that_stalls_ends_with_a_network_error_saying_it_resumes(tmp_path: Path) -> None:
+    looked_up: dict[str, Any] = {}
+
+    def info(model_id: str, **kw: Any) -> Any:
+        looked_up.update(kw)
+        return fake_info(model_id)
+
+    hang = threading.Event()
+
+    def stalled(*_a: Any, **_k: Any) -> str:
+        hang.wait(30)
+        return ""
+
+    try:
+        with pytest.raises(HubError) as err:
+            download(
+                MODEL,
+                None,
+                Emitter(io.StringIO()),
+                snapshot=stalled,
+                repo_info=info,
+                cache_dir=tmp_path,
+                poll_s=0.05,
+                stall_s=0.3,
+            )
+    finally:
+        hang.set()
+    assert err.value.code == "network" and "stalled" in err.value.message
+    assert "resumes" in (err.value.hint or "")
+    assert looked_up["timeout"] > 0  # the repo lookup cannot hang either

@@ -149,6 +149,25 @@ def test_yarn_rope_is_accepted_since_genie_can_be_told_it(tmp_path: Path) -> Non
     assert json.loads(out.stdout)["supported"] is True
 
 
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [
+        ("awq", {"bits": 4, "group_size": 128}),
+        ("bitsandbytes", {"load_in_4bit": True}),
+        ("compressed-tensors", {}),
+    ],
+)
+def test_an_already_quantized_checkpoint_is_refused_naming_what_to_use(
+    method: str, extra: dict[str, Any]
+) -> None:
+    """AWQ/GPTQ, bitsandbytes and FP8 checkpoints have no float weights under the names the export reads (an FP8
+    weight would load without its scale, silently wrong): refused at inspect, pointing at the original repo."""
+    info = modelinfo.inspect_config({**LLAMA_8B, "quantization_config": {"quant_method": method, **extra}})
+    assert info["supported"] is False
+    assert f"already quantized ({method}" in info["reason"] and "original bf16/fp16" in info["reason"]
+    assert modelinfo.inspect_config(LLAMA_8B)["supported"] is True
+
+
 def test_context_length_checks() -> None:
     info = modelinfo.inspect_config(LLAMA_8B)
     assert modelinfo.check_context(info, 4096, 128) is None
