@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from hexstudio.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_actions, print_json, set_action
 from hexstudio.cli.ssh import add_ssh_flags, add_trust_flag, host_key_prompt, read_password, ssh_config_from
 from hexstudio.core.device.board import Board, open_board
-from hexstudio.core.device.errors import BoardError
+from hexstudio.core.device.errors import BoardError, SudoRefused
 from hexstudio.core.device.verify import default_remote_name
 from hexstudio.core.secrets import board_password_key, get_secret, set_secret, sudo_password_key
 from hexstudio.core.settings import Settings
@@ -227,16 +227,17 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0 if doc["clean"] else EXIT_FAILED
 
 
-def _sudo_password(args: argparse.Namespace) -> str | None:
+def _sudo_password(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """(the sudo password, whether it came from the keyring). Kept with --remember only once sudo took it."""
+    stored = False
     if args.sudo_password_stdin:
         pw = sys.stdin.readline().rstrip("\n")
     else:
         pw = get_secret(sudo_password_key(args.name)) or ""
+        stored = bool(pw)
         if not pw and sys.stdin.isatty():
             pw = getpass.getpass(f"sudo password on {args.name} (Enter to get the commands instead): ")
-    if pw and args.remember:
-        set_secret(sudo_password_key(args.name), pw)
-    return pw or None
+    return pw or None, stored
 
 
 def _print_upload(done: int, total: int, what: str) -> None:
@@ -266,7 +267,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
                 print(f"  note: {n}")
         if args.dry_run:
             return {"ok": True, "plan": plan.to_dict(), "applied": False}
-        pw = _sudo_password(args) if plan.needs_sudo else None
+        pw, stored = _sudo_password(args) if plan.needs_sudo else (None, False)
         try:
             res = await apply_fix(
                 b,
@@ -275,8 +276,19 @@ def cmd_fix(args: argparse.Namespace) -> int:
                 on_log=None if args.json else (lambda line: print("  | " + line)),
                 on_progress=None if args.json else _print_upload,
             )
+        except SudoRefused as exc:
+            if stored:
+                raise CliError(
+                    f"{exc.message} It is the one stored for {args.name}.",
+                    f"Store the right one: `hexstudio board password {args.name} --sudo` (or give it once with "
+                    "--sudo-password-stdin).",
+                ) from None
+            raise CliError(exc.message, "Run the fix again and type the board user's password.") from None
         except BoardError as exc:
             raise CliError(exc.message, exc.hint) from None
+        # sudo took it: the steps ran ("failed": one of them failed after)
+        if pw and args.remember and not stored and res.status in ("applied", "failed"):
+            set_secret(sudo_password_key(args.name), pw)
         return {"ok": res.status in ("applied", "already"), "plan": plan.to_dict(), **res.to_dict()}
 
     doc = _on_board(args, go)

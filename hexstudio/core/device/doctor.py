@@ -418,7 +418,10 @@ async def _qairt(p: _Probe, c: Check) -> None:
         elif kind == "current":
             current = path
     p.facts["qairt_installs"] = installs
-    chosen = next((i for i in installs if i["path"] == current), None) or (installs[-1] if installs else None)
+    linked = next((i for i in installs if i["path"] == current), None)
+    # /opt/qairt/current only where it leads to an install (a link to a removed version leads nowhere)
+    p.facts["qairt_current"] = current if linked is not None else None
+    chosen = linked or (installs[-1] if installs else None)
     p.facts["qairt_home"] = chosen["path"] if chosen else None
     p.facts["qairt_version"] = chosen["version"] if chosen else None
     if not installs:
@@ -440,7 +443,8 @@ async def _qairt_env(p: _Probe, c: Check) -> None:
     e = await p.sh(
         'f="$1"; [ -f "$f" ] || { echo "missing $f"; exit 3; }; . "$f"; '
         'echo "QAIRT_HOME=$QAIRT_HOME"; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; '
-        'echo "ADSP_LIBRARY_PATH=$ADSP_LIBRARY_PATH"; echo "PATH=$PATH"',
+        'echo "ADSP_LIBRARY_PATH=$ADSP_LIBRARY_PATH"; echo "PATH=$PATH"; '
+        '[ -d "$QAIRT_HOME/lib/aarch64-oe-linux-gcc11.2" ] && echo "QAIRT_HOME_HOLDS_QAIRT=yes"; true',
         f"{home}/{ENV_SCRIPT}",
         shown=f". ~/{ENV_SCRIPT}; env | grep -E 'QAIRT|LIBRARY_PATH'",
     )
@@ -461,6 +465,11 @@ async def _qairt_env(p: _Probe, c: Check) -> None:
         problems.append(f"ADSP_LIBRARY_PATH does not start with lib/hexagon-{arch}/unsigned")
     if qhome and not env.get("QAIRT_HOME", "").startswith(("/opt/qairt", str(qhome))):
         problems.append(f"QAIRT_HOME is {env.get('QAIRT_HOME')!r}")
+    elif env.get("QAIRT_HOME_HOLDS_QAIRT") != "yes":
+        # a link to a removed version, or /opt/qairt/current never made: the paths lead nowhere
+        problems.append(
+            f"QAIRT_HOME ({env.get('QAIRT_HOME')}) holds no QAIRT (no lib/aarch64-oe-linux-gcc11.2 in it)"
+        )
     if "aarch64-oe-linux-gcc11.2" not in env.get("LD_LIBRARY_PATH", ""):
         problems.append("LD_LIBRARY_PATH lacks lib/aarch64-oe-linux-gcc11.2")
     p.facts["adsp_library_path"] = adsp

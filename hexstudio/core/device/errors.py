@@ -9,6 +9,20 @@ class BoardError(ActionableError):
     """A board operation failed: what happened (`message`) and what to do (`hint`)."""
 
 
+def link_failure(exc: BaseException) -> bool:
+    """An error of the link to the board (or of a write over it): the socket, SFTP or paramiko, or the
+    transport's ConnectionLost; not a HexStudio fault."""
+    return (
+        isinstance(exc, (OSError, EOFError))
+        or exc.__class__.__module__.startswith("paramiko")
+        or exc.__class__.__name__ == "ConnectionLost"
+    )
+
+
+class SudoRefused(BoardError):
+    """sudo on the board refused the password given (or stored) for it."""
+
+
 class ConnectionDropped(BoardError):
     """The connection to the board went away in the middle of an operation (push, upload); running it
     again resumes."""

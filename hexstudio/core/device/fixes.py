@@ -30,11 +30,12 @@ from typing import Any
 
 from hexstudio.core.device.board import Board
 from hexstudio.core.device.doctor import CHECK_IDS, DAEMONS, ENV_SCRIPT, UDEV_RULE, DoctorReport, probe
-from hexstudio.core.device.errors import BoardError
+from hexstudio.core.device.errors import BoardError, ConnectionDropped, SudoRefused, link_failure
 from hexstudio.core.device.explain import explain
 from hexstudio.core.device.qairt import ABI, MARKER, QAIRT_BASE, build_payload, compare_qairt, parse_version
 from hexstudio.core.paths import default_workspace
 from hexstudio.shared.bundle import bundle_qairt_version
+from hexstudio.shared.errors import ActionableError
 
 FIX_IDS = (
     "group_add",
@@ -359,8 +360,7 @@ async def plan_fix(
     QAIRT home); without it a short probe gets them."""
     if fix_id not in FIX_IDS:
         raise BoardError(f"Unknown fix '{fix_id}'.", f"Known fixes: {', '.join(FIX_IDS)}.")
-    if board.simulated:
-        raise BoardError("The simulator board needs no fixes.", None)
+    _not_the_simulator(board)
     if fix_id == "qairt_install":
         if qairt_zip is None:
             raise BoardError(
@@ -440,12 +440,8 @@ async def plan_fix(
                 "ppa:ubuntu-qcom-iot/qcom-ppa` first if apt cannot find them."
             )
     elif fix_id == "qairt_env":
-        installs = facts.get("qairt_installs") or []
-        qhome = (
-            "/opt/qairt/current"
-            if any(str(i["path"]).startswith("/opt/qairt/") for i in installs)
-            else facts.get("qairt_home")
-        )
+        # the link where it leads to an install (a later QAIRT install moves it), else the install itself
+        qhome = "/opt/qairt/current" if facts.get("qairt_current") else facts.get("qairt_home")
         if not qhome:
             raise BoardError(
                 "No QAIRT is installed on the board, so there is no environment to write.",
@@ -524,8 +520,10 @@ class _Runner:
         err = self.redact(r.stderr.strip())
         if "not in the sudoers" in err or "may not run sudo" in err or "not allowed" in err:
             return False, f"This user may not use sudo on the board ({err.splitlines()[-1]})."
-        raise BoardError(
-            "sudo refused the password.", "Type the board user's password again (the one for sudo)."
+        raise SudoRefused(
+            f"sudo on {self.board.name} refused the password.",
+            "Type the board user's password again (the one for sudo). A stored one is changed with "
+            f"`hexstudio board password {self.board.name} --sudo` or on the Board page.",
         )
 
 
@@ -542,7 +540,7 @@ BOOT_SETTLE_S = 20.0  # after a reboot, services (cdsprpcd, udev) may come up a 
 async def _rerun_checks(board: Board, plan: FixPlan, res: FixResult) -> None:
     rebooted = any(st.kind == "reboot" for st in plan.steps)
     deadline = time.monotonic() + BOOT_SETTLE_S
-    with contextlib.suppress(BoardError):
+    try:
         while True:
             report = await probe(board, only=plan.affects)
             res.checks = [c.to_dict() for c in report.checks]
@@ -550,6 +548,10 @@ async def _rerun_checks(board: Board, plan: FixPlan, res: FixResult) -> None:
             if not rebooted or all(c["status"] != "fail" for c in res.checks) or time.monotonic() > deadline:
                 return
             await asyncio.sleep(2.0)
+    except Exception as exc:
+        # the fix is done either way: a board that stops answering now leaves its checks unknown
+        if not (isinstance(exc, ActionableError) or link_failure(exc)):
+            raise
 
 
 def _upload_progress(
@@ -572,6 +574,33 @@ def _upload_progress(
     return cb
 
 
+async def _run_step(
+    board: Board,
+    rn: _Runner,
+    step: Step,
+    on_progress: Callable[[int, int, str], None] | None,
+    reboot_timeout: float,
+) -> tuple[int, str]:
+    """One step of a fix: (exit status, output)."""
+    if step.kind == "run":
+        return await rn.run(step.argv, step.sudo, step.timeout)
+    if step.kind == "write":
+        return await _write(board, step)
+    if step.kind == "upload":
+        assert step.local is not None
+        size = step.local.stat().st_size
+        await board.transport.put_file(
+            step.local, step.path, _upload_progress(f"uploading {step.local.name}", size, on_progress)
+        )
+        return 0, f"uploaded {size} bytes"
+    if step.kind == "reconnect":
+        await board.reconnect(timeout=60)
+        return 0, f"reconnected to {board.label}"
+    if step.kind == "reboot":
+        return await _reboot(board, rn, reboot_timeout)
+    raise BoardError(f"unknown step kind {step.kind}")  # pragma: no cover - plans are built above
+
+
 async def apply_fix(
     board: Board,
     plan: FixPlan,
@@ -585,6 +614,7 @@ async def apply_fix(
     """Run the plan's steps (skipping those already done), then re-run the affected doctor checks. A plan
     whose every step is already done reports "already" and runs nothing (no sudo asked). `on_progress`
     (done bytes, total bytes, what) follows uploads (the QAIRT install), at most 10 times a second."""
+    _not_the_simulator(board)
     rn = _Runner(board, sudo_password, on_log)
     res = FixResult(plan.fix_id, "applied", "", plan.commands, rn.log)
     for line in plan.commands:
@@ -623,24 +653,19 @@ async def apply_fix(
             continue
         did_something = True
         rn.emit(f"$ {step.shown}")
-        if step.kind == "run":
-            rc, out = await rn.run(step.argv, step.sudo, step.timeout)
-        elif step.kind == "write":
-            rc, out = await _write(board, step)
-        elif step.kind == "upload":
-            assert step.local is not None
-            size = step.local.stat().st_size
-            await board.transport.put_file(
-                step.local, step.path, _upload_progress(f"uploading {step.local.name}", size, on_progress)
-            )
-            rc, out = 0, f"uploaded {size} bytes"
-        elif step.kind == "reconnect":
-            await board.reconnect(timeout=60)
-            rc, out = 0, f"reconnected to {board.label}"
-        elif step.kind == "reboot":
-            rc, out = await _reboot(board, rn, reboot_timeout)
-        else:  # pragma: no cover - plans are built above
-            raise BoardError(f"unknown step kind {step.kind}")
+        try:
+            rc, out = await _run_step(board, rn, step, on_progress, reboot_timeout)
+        except BoardError:
+            raise
+        except Exception as exc:
+            if not link_failure(exc):
+                raise
+            raise ConnectionDropped(
+                f"`{step.shown.splitlines()[0]}` could not finish on {board.label}: the connection dropped or the "
+                f"board refused a write ({exc or type(exc).__name__}).",
+                "Check the board's power and network, and its free space (`df -h`), then run the fix again: "
+                "the steps already done are skipped.",
+            ) from exc
         rn.log.append({"command": step.shown, "exit_status": rc, "output": out[-4000:]})
         if out:
             rn.emit(out)
@@ -704,6 +729,17 @@ async def _reboot(board: Board, rn: _Runner, timeout: float) -> tuple[int, str]:
     return 0, f"the board rebooted and is back after {time.monotonic() - t0:.1f} s"
 
 
+def _not_the_simulator(board: Board) -> None:
+    """The simulator board's commands run on this workstation: a fix's sudo steps (rm -rf /opt/qairt/..., udev
+    rules, groups) would change this machine, not a board."""
+    if board.simulated:
+        raise BoardError(
+            "The simulator board needs no fixes: it runs on this workstation, and a fix's commands would "
+            "change this machine, not a board.",
+            "Fix a real board (`hexstudio board fix NAME FIX` with the board's name).",
+        )
+
+
 async def plan_qairt_install(
     board: Board,
     zip_path: Path,
@@ -714,6 +750,7 @@ async def plan_qairt_install(
 ) -> FixPlan:
     """A FixPlan that installs QAIRT from `zip_path`. With `bundle_dir`, refuses
     a QAIRT older than the one that compiled the bundle."""
+    _not_the_simulator(board)
     if report is None or "dsp_arch" not in report.facts:
         report = await probe(board, only=("soc",))
     arch = str(report.facts.get("dsp_arch") or "v73")

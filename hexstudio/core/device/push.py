@@ -23,6 +23,7 @@ from hexstudio.core.device.errors import (
     EmulatedBundle,
     LocalBundleError,
     UnsafeBundle,
+    link_failure,
 )
 from hexstudio.core.device.qairt import compare_qairt
 from hexstudio.core.device.verify import (
@@ -172,14 +173,6 @@ def check_compatibility(
             f"({avail / 2**30:.1f} GiB): stop other programs on the board."
         )
     return warnings
-
-
-def _dropped(exc: BaseException) -> bool:
-    return (
-        isinstance(exc, (OSError, EOFError))
-        or exc.__class__.__module__.startswith("paramiko")
-        or exc.__class__.__name__ == "ConnectionLost"
-    )
 
 
 async def _free_space(board: Board, remote: str) -> str | None:
@@ -372,7 +365,7 @@ async def push_bundle(
     except BoardError:
         raise
     except Exception as exc:
-        if not _dropped(exc):
+        if not link_failure(exc):
             raise
         if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, TimeoutError)):
             free = await _free_space(board, remote)

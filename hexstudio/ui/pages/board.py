@@ -611,6 +611,7 @@ class BoardPage(StagePage):
         from hexstudio.core.device import fixes
         from hexstudio.core.device.errors import BoardError
         from hexstudio.core.secrets import get_secret, set_secret, sudo_password_key
+        from hexstudio.shared.errors import ActionableError
 
         name = self.selected_board()
         fix_id = str(item.get("fix"))
@@ -630,11 +631,13 @@ class BoardPage(StagePage):
             if not ok:
                 self.log(f"# fix {fix_id}: cancelled")
                 return None
-            if remember and password:
-                set_secret(sudo_password_key(name), password)
             self.log(f"# fix {fix_id}: {plan.title}")
             res = await fixes.apply_fix(board, plan, sudo_password=password, on_log=self.log)
-        except BoardError as exc:
+            # kept only once sudo took it ("failed": a step failed after)
+            if remember and password and res.status in ("applied", "failed"):
+                set_secret(sudo_password_key(name), password)
+        except ActionableError as exc:
+            # a board, link (ConnectionLost) or keyring (SecretStoreError) failure: said, never a dead task
             self._error(exc, name)
             return None
         finally:

@@ -1,0 +1,62 @@
+"""A fix whose link drops mid-step (the QAIRT upload of several hundred MB, SFTP's "Failure" on a full disk)
+ends with a message that says what to do, not "a HexStudio bug"; a board that stops answering while the
+checks run again after a fix leaves the fix applied."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hexstudio.core.device import transport as tr
+from hexstudio.core.device.board import open_board
+from hexstudio.core.device.errors import ConnectionDropped
+from hexstudio.core.device.fixes import FixPlan, Step, apply_fix
+from tests.board.conftest import settings_with
+from tests.support.evk_board import EvkBoard
+
+
+def test_a_dropped_upload_is_a_board_error_and_a_lost_recheck_keeps_the_fix(
+    evk: EvkBoard, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = settings_with("evk", evk.board_config())
+    local = tmp_path / "payload.tar"
+    local.write_bytes(b"x" * 100_000)
+
+    async def failing_put(self: Any, *_a: Any, **_k: Any) -> None:
+        raise OSError("Failure")
+
+    async def flow() -> None:
+        board = await open_board("evk", settings, trust=lambda *a: True)
+        home = str(await board.transport.home())
+        try:
+            upload = FixPlan(
+                "qairt_install", "Install QAIRT", [Step("upload", path=f"{home}/p.tar", local=local)], ()
+            )
+            with monkeypatch.context() as m:
+                m.setattr(tr.SshTransport, "put_file", failing_put)
+                with pytest.raises(ConnectionDropped) as err:
+                    await apply_fix(board, upload, rerun=False)
+            assert "could not finish" in err.value.message and "Failure" in err.value.message
+            assert "run the fix again" in (err.value.hint or "")
+            # the checks after a fix: the board stops answering; the fix stays applied, its checks unknown
+            write = FixPlan(
+                "qairt_env",
+                "Write a file",
+                [Step("write", path=f"{home}/f.txt", content=b"x\n")],
+                ("qairt_env",),
+            )
+
+            async def lost(*_a: Any, **_k: Any) -> Any:
+                raise tr.ConnectionLost("The SSH connection dropped")
+
+            with monkeypatch.context() as m:
+                m.setattr("hexstudio.core.device.fixes.probe", lost)
+                res = await apply_fix(board, write)
+            assert res.status == "applied" and res.checks == []
+        finally:
+            await board.transport.close()
+
+    asyncio.run(flow())

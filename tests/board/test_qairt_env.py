@@ -1,0 +1,47 @@
+"""A QAIRT unpacked by hand (no /opt/qairt/current link), or a link left to a removed version: the environment
+fix writes the install that is there, and the doctor fails an environment whose QAIRT_HOME holds no QAIRT
+(it said OK, and its fix wrote the same dead path again: "Nothing to do", in a loop)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hexstudio.core.device.board import open_board
+from hexstudio.core.device.doctor import ENV_SCRIPT, probe
+from hexstudio.core.device.fixes import apply_fix, env_script_text, plan_fix
+from tests.board.conftest import settings_with
+from tests.support.evk_board import EvkBoard
+
+VERSION = "2.45.0.260326"
+
+
+def test_the_environment_points_at_a_qairt_that_is_there(evk: EvkBoard) -> None:
+    qairt = evk.root / "opt" / "qairt"
+    for lib in ("lib/aarch64-oe-linux-gcc11.2", "lib/hexagon-v73/unsigned"):
+        (qairt / VERSION / lib).mkdir(parents=True)
+    (qairt / "current").symlink_to("2.40.0.250101")  # the version it named was removed
+    settings = settings_with("evk", evk.board_config())
+
+    async def flow() -> None:
+        board = await open_board("evk", settings, trust=lambda *a: True)
+        try:
+            home = str(await board.transport.home())
+            # the script an earlier fix wrote for the link
+            await board.transport.write_bytes(
+                f"{home}/{ENV_SCRIPT}", env_script_text("/opt/qairt/current").encode()
+            )
+            r = await probe(board, only=("soc", "qairt", "qairt_env"))
+            assert r.by_id("qairt").status == "ok" and r.facts["qairt_home"] == f"/opt/qairt/{VERSION}"
+            env = r.by_id("qairt_env")
+            assert env.status == "fail" and env.fix == "qairt_env", env.message
+            assert "holds no QAIRT" in env.message and "/opt/qairt/current" in env.message
+            plan = await plan_fix(board, "qairt_env", r)
+            res = await apply_fix(board, plan)
+            assert res.status == "applied", res.message
+            after = await probe(board, only=("soc", "qairt", "qairt_env"))
+            assert after.by_id("qairt_env").status == "ok", after.by_id("qairt_env").message
+            assert f"QAIRT_HOME=/opt/qairt/{VERSION}" in after.by_id("qairt_env").message
+        finally:
+            await board.transport.close()
+
+    asyncio.run(flow())
