@@ -191,10 +191,11 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 say "[4/7] HexStudio and its dependencies (recipe: $recipe)"
-# The [ml] extra of pyproject.toml minus torch and onnxruntime, which steps 3 and 5 own on a GPU
-# (tests/packaging keeps this list in step with pyproject.toml).
+# The [ml] extra of pyproject.toml minus torch and onnxruntime, which steps 3 and 5 own on a GPU, and
+# onnxruntime-qnn, which step 4b puts where it can go (tests/packaging keeps this list in step with
+# pyproject.toml). mmh3 stays: the compile worker, in this venv, orders the HTP graphs by onnxruntime's hash.
 ML_DEPS=(numpy "onnx>=1.16" "onnx_ir>=0.1.16" "onnxscript>=0.4.0" "transformers>=4.45" safetensors tokenizers
-         PyYAML "bokeh>=3.3.0" "hvplot>=0.10.0" osqp pandas pybind11 scikit-learn scipy tqdm)
+         "mmh3>=4" PyYAML "bokeh>=3.3.0" "hvplot>=0.10.0" osqp pandas pybind11 scikit-learn scipy tqdm)
 stamp="$venv/.hexstudio-install.stamp"
 want_stamp="$mode $dev $(cat "$root/pyproject.toml" "$recipes/$recipe.txt" "$root/packaging/constraints/dev.txt" | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want_stamp" ] && [ -x "$venv/bin/hexstudio" ]; then

@@ -42,6 +42,7 @@ import psutil
 
 from hexstudio.core.sampler import ResourceSample, TreeSampler, sample_periodically
 from hexstudio.shared.protocol import LIVENESS_ENV, PARENT_ENV, ProtocolError, parse_event
+from hexstudio.shared.python_command import python_command
 from hexstudio.shared.records import fields_dict
 from hexstudio.shared.wslconfig import target_limits
 
@@ -119,34 +120,9 @@ class JobResult:
 
 # -- how the studio starts a child process ------------------------------------------------------
 
+
 # A frozen build runs a module that is neither the CLI nor a top-level worker (hexstudio.workers.genie_sim.t2t...)
 # through its `-c` (hexstudio/__main__.py): argv[1] is the module, the rest its arguments.
-RUN_MODULE_CODE = (
-    "import runpy, sys; m = sys.argv.pop(1); sys.argv[0] = m; "
-    "runpy.run_module(m, run_name='__main__', alter_sys=True)"
-)
-
-
-def frozen() -> bool:
-    """A PyInstaller build: sys.executable is hexstudio itself, and there is no separate Python."""
-    return bool(getattr(sys, "frozen", False))
-
-
-def python_command(module: str, *args: str) -> list[str]:
-    """`python -m MODULE ARGS` as this studio runs it. A frozen build has no separate Python: its own
-    executable is the CLI (`hexstudio ARGS` for the module "hexstudio"), a worker (`hexstudio --worker STAGE ARGS`
-    for hexstudio.workers.STAGE) and any other module (`hexstudio -c RUN_MODULE_CODE MODULE ARGS`); hexstudio/__main__.py
-    dispatches them."""
-    if not frozen():
-        return [sys.executable, "-m", module, *args]
-    if module == "hexstudio":
-        return [sys.executable, *args]
-    package, _, name = module.rpartition(".")
-    if package == "hexstudio.workers" and name:
-        return [sys.executable, "--worker", name, *args]
-    return [sys.executable, "-c", RUN_MODULE_CODE, module, *args]
-
-
 def cli_command(*args: str) -> list[str]:
     """`hexstudio ARGS` in a child process (the report export, the AI Hub device list)."""
     return python_command("hexstudio", *args)

@@ -173,13 +173,12 @@ def qualcomm_check(bdir: Path, em: Emitter) -> None:
     stage passes: Genie 1.21's parser on genie_config.json and QNN's reader on every ctx-bin, whose graphs feed the
     Genie-model checks (hexstudio/shared/bundle/check.py). Run in a child process: a crash in a library is a failed
     check, not a dead worker. Skipped, saying so, where onnxruntime-qnn is not installed."""
-    import sys
-
     from hexstudio.shared.bundle.check import check_bundle, errors
     from hexstudio.shared.bundle.qualcomm_run import MODULE, run_qualcomm_checks
+    from hexstudio.shared.python_command import python_command
 
     em.progress(0.95, "checking the bundle with Genie's own parser and QNN's binary reader")
-    real = run_qualcomm_checks(bdir, [sys.executable, "-m", MODULE], timeout_s=600).doc
+    real = run_qualcomm_checks(bdir, python_command(MODULE), timeout_s=600).doc
     if real is None:
         raise WorkerError(
             "qualcomm_check_failed",

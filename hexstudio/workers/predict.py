@@ -29,6 +29,7 @@ from typing import Any
 
 from hexstudio.shared.predict import GraphTiming, ModelShape, Target, combine
 from hexstudio.shared.protocol import Emitter
+from hexstudio.shared.python_command import python_command
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 
 LM_SLICE = 16384  # lm_head columns compiled; its cost is scaled linearly to the vocabulary (a matmul's N)
@@ -184,13 +185,8 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="predict-", dir=cached.parent) as tmp:
         req, out = Path(tmp) / "request.json", Path(tmp) / "timing.json"
         req.write_text(json.dumps({"shape": shape, "target": target.to_json(), "tmp": tmp}))
-        me = (
-            [sys.executable, "--worker", "predict"]
-            if getattr(sys, "frozen", False)
-            else [sys.executable, "-m", "hexstudio.workers.predict"]
-        )
         proc = subprocess.run(
-            [*me, "--graph", str(req), "--out", str(out)],
+            python_command("hexstudio.workers.predict", "--graph", str(req), "--out", str(out)),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,

@@ -15,7 +15,6 @@ import psutil
 import pytest
 
 from hexstudio.core.jobs import (
-    RUN_MODULE_CODE,
     cancel_ladder,
     cli_command,
     code_command,
@@ -23,6 +22,7 @@ from hexstudio.core.jobs import (
     run_child,
     worker_command,
 )
+from hexstudio.shared.python_command import RUN_MODULE_CODE
 
 
 def test_commands_as_python_runs_them() -> None:
@@ -180,3 +180,26 @@ def test_run_child_of_a_cancelled_caller_ends_the_child_and_cancels() -> None:
     while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(_gone(p) for p in pids)
+
+
+def test_a_worker_starts_its_own_children_as_a_frozen_build_runs_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The compile worker's Qualcomm checks ran `sys.executable -m MODULE`: in a frozen build that is the
+    hexstudio binary, whose CLI refuses `-m` (exit 2), so every real compile failed at its last step."""
+    import io
+
+    from hexstudio.shared.bundle import qualcomm_run
+    from hexstudio.shared.protocol import Emitter
+    from hexstudio.workers.compile import qualcomm_check
+
+    seen: list[list[str]] = []
+
+    def run(bundle_dir: Path, argv: list[str], **_kw: Any) -> Any:
+        seen.append(list(argv))
+        return qualcomm_run.QualcommRun({"available": False, "hint": "none here"}, 0, "", 1.0)
+
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(qualcomm_run, "run_qualcomm_checks", run)
+    qualcomm_check(tmp_path, Emitter(io.StringIO()))
+    assert seen == [[sys.executable, "-c", RUN_MODULE_CODE, qualcomm_run.MODULE]]

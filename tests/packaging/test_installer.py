@@ -143,10 +143,13 @@ def test_ml_dependency_list_matches_pyproject() -> None:
     def name(req: str) -> str:
         return re.split(r"[<>=!~ ;\[]", req, maxsplit=1)[0].lower().replace("_", "-")
 
-    # torch and onnxruntime are the GPU steps' own; Qualcomm's x86 runtime (onnxruntime-qnn and mmh3) goes where
-    # Python 3.11+ and onnxruntime >= 1.24.2 can hold it: this venv on a CPU recipe, else a side environment
+    # torch and onnxruntime are the GPU steps' own; Qualcomm's x86 runtime (onnxruntime-qnn, with mmh3) goes where
+    # Python 3.11+ and onnxruntime >= 1.24.2 can hold it: this venv on a CPU recipe, else a side environment.
+    # mmh3 is in this venv as well: the compile worker runs here and names the HTP graphs with it (a GPU-recipe
+    # venv without it failed every local compile with ModuleNotFoundError, "a HexStudio bug").
     qnn = {"onnxruntime-qnn", "mmh3"}
-    want = {name(r) for r in extra} - {"torch", "onnxruntime"} - qnn
+    want = {name(r) for r in extra} - {"torch", "onnxruntime", "onnxruntime-qnn"}
+    assert "mmh3" in want
     m = re.search(r"ML_DEPS=\((.*?)\)", INSTALLER.read_text(), re.S)
     assert m
     have = {name(r) for r in shlex.split(m.group(1))}
