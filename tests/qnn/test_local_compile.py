@@ -36,6 +36,9 @@ def test_every_graph_compiles_whole_and_reads_back_as_genie_needs(local_run: Pat
     cfg = json.loads((b / "genie_config.json").read_text())
     bins = cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
     assert len(bins) == 4  # 2 parts x (prompt processor, token generator)
+    # each binary once: moved into the bundle, not copied beside QNN's log
+    assert not list((local_run / "artifacts" / "compile" / "htp" / "ctx").rglob("*.bin"))
+    assert list((local_run / "artifacts" / "compile" / "htp" / "ctx").rglob("compile.log"))
     q = json.loads((local_run / "artifacts" / "quantize" / "quantize.json").read_text())
     gdir = local_run / "artifacts" / "compile" / "htp" / "graphs"
     seen: dict[str, tuple[float, int]] = {}

@@ -391,20 +391,24 @@ def main(argv: list[str] | None = None) -> int:
     if not args.config:
         print("ERROR: Please provide config using --config.", file=sys.stderr)
         return 1
-    if holds_real_binaries(args.config):
-        from hexstudio.workers.qnn.genie_t2t import main as real_genie
-
-        return real_genie(argv)
     if args.prompt and args.prompt_file:
         print("ERROR: Please provide only one of --prompt or --prompt_file.", file=sys.stderr)
         return 1
     if not args.prompt and not args.prompt_file:
         print("ERROR:: Please provide prompt using --prompt or --prompt_file.", file=sys.stderr)
         return 1
+    if args.prompt_file and not os.path.isfile(args.prompt_file):
+        print(f"ERROR: Cannot read the prompt file {args.prompt_file}: no such file.", file=sys.stderr)
+        return 1
     why = refusal(args)
     if why is not None:
         print(f"ERROR: {why}", file=sys.stderr)
         return 1
+    # the same checks for both runners: Qualcomm's libGenie takes over only a command line they pass
+    if holds_real_binaries(args.config):
+        from hexstudio.workers.qnn.genie_t2t import main as real_genie
+
+        return real_genie(argv)
     if args.profile and os.path.exists(args.profile):
         print(
             f"ERROR: Invalid --profile argument. Output file {args.profile} already exists.", file=sys.stderr

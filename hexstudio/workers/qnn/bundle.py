@@ -201,7 +201,8 @@ def write_local_bundle(
                 ar, cl = variant_of(unit[0].name, {})
                 suffix = variant_suffix(kind, ar, cl, int(q["ar_n"]), int(q["context_length"]))
                 name = f"{slug}_{kind}{suffix}_part_{label}.bin"
-            shutil.copy2(cp.bins[0], bdir / name)
+            # moved, not copied: the stage folder would hold every binary twice (GBs at 8B), hashed twice
+            shutil.move(cp.bins[0], bdir / name)
             ctx_bins.append(name)
     check_graph_order(compiled, graphs)
     from hexstudio.workers.qnn.htp_agreement import MAX_SIM_BYTES, sim_bytes

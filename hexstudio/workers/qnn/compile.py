@@ -104,14 +104,26 @@ def compile_part(
     python = libs.python if libs is not None else sys.executable  # this env, or the installer's side env
     env = with_workers_on_path(dict(os.environ))
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [python, "-m", "hexstudio.workers.qnn.compile", "--part", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
+    try:
+        proc = subprocess.run(
+            [python, "-m", "hexstudio.workers.qnn.compile", "--part", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as exc:
+        # subprocess.run killed the child; what it logged so far is kept for the person reading why
+        err = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        (out / "compile.log").write_text(err[-200_000:], encoding="utf-8")
+        names = ", ".join(g.name for g in graphs)
+        raise LocalCompileError(
+            "local_compile_timeout",
+            f"QNN's compile of {names} ran past its limit of {timeout / 3600:g} h and was stopped.",
+            f"Its log so far is {out}/compile.log. A machine swapping under the model's size compiles this slowly: "
+            "compile with fewer programs open, on a bigger machine, or on AI Hub (compile_target aihub).",
+        ) from None
     seconds = time.monotonic() - t0
     (out / "compile.log").write_text(proc.stderr[-200_000:], encoding="utf-8")
     result: dict[str, Any] = {}

@@ -197,14 +197,24 @@ def measure_json(quantize_dir: Path, q: dict[str, Any], work: Path, token_ids: l
         encoding="utf-8",
     )
     env = with_workers_on_path(libs.env())
-    proc = subprocess.run(
-        [libs.python, "-m", "hexstudio.workers.qnn.htp_agreement", "--measure", os.fspath(args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=3 * 3600,
-    )
+    limit_s = 3 * 3600
+    try:
+        proc = subprocess.run(
+            [libs.python, "-m", "hexstudio.workers.qnn.htp_agreement", "--measure", os.fspath(args)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=limit_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise ActionableError(
+            f"The HTP simulation leg ran past its limit of {limit_s / 3600:g} h in the side environment "
+            f"({libs.python}) and was stopped.",
+            "The leg runs only graphs small enough for the simulator, so the machine was starved (swapping, other "
+            "heavy jobs): run the Validate stage again with the machine idle.",
+            code="htp_leg_timeout",
+        ) from None
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
