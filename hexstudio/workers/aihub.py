@@ -941,7 +941,9 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         meta_doc,
         qairt_full,
         emulated,
-        lambda d: write_dialog_configs(d, cfg, hf_config, q, s, clamps_small_tables=False),
+        lambda d: write_dialog_configs(
+            d, cfg, hf_config, q, s, runs_on=(dev, qairt_full), clamps_small_tables=False
+        ),
     )
     recs = sorted(
         store.jobs.items(), key=lambda kv: (kv[1]["part"], kv[1]["kind"] != "compile", kv[1]["graph"] or "")

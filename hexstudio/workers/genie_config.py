@@ -13,6 +13,7 @@ from hexstudio.shared.bundle.genie_schema import genie_config_errors
 from hexstudio.shared.bundle.speculative import (
     DRAFT_DIR,
     REFUSED,
+    DraftHost,
     Lade,
     Spd,
     SpeculativeError,
@@ -133,20 +134,31 @@ def write_dialog_configs(
     q: dict[str, Any],
     settings: RunSettings,
     *,
+    runs_on: tuple[dict[str, Any], str | None],
     clamps_small_tables: bool = True,
 ) -> list[str]:
     """genie_config.json (basic) and one genie_config.<type>.json per speculative dialog the run asks for (see
-    check_speculative), each checked against Genie's schema as HexStudio knows it. Returns the files written."""
+    check_speculative), each checked against Genie's schema as HexStudio knows it. `runs_on`: the device and the
+    QAIRT version the bundle is compiled for (an spd draft's binaries must load beside it). Returns the files
+    written."""
     _, lade, spd = speculative_of(settings)
     variants: dict[str, dict[str, Any]] = {}
     draft: tuple[dict[str, Any], list[Path]] | None = None
     for t in check_speculative(hf_config, q, settings, clamps_small_tables=clamps_small_tables):
         if t == "spd" and spd.draft != "self":
             try:
+                device, qairt = runs_on
+                host = DraftHost(
+                    int(cfg["dialog"]["context"]["size"]),
+                    device.get("dsp_arch"),
+                    device.get("soc_model"),
+                    qairt,
+                )
                 draft = draft_engine(
                     Path(spd.draft).expanduser(),
                     (bdir / "tokenizer.json").read_bytes(),
                     int(cfg["dialog"]["context"]["n-vocab"]),
+                    host,
                 )
             except (SpeculativeError, OSError) as exc:
                 raise WorkerError(

@@ -13,8 +13,9 @@ from hexstudio.core.reports.predicted import predicted_section, predicted_ttft
 from hexstudio.core.reports.render import to_html, validate_report
 from hexstudio.core.runs import Workspace
 from hexstudio.core.services import ServiceError
-from hexstudio.core.services.predict import request_for_run, run_prediction_doc, save_for_run
+from hexstudio.core.services.predict import request_for_run, resolve_target, run_prediction_doc, save_for_run
 from hexstudio.shared.predict import LABEL, GraphTiming, combine
+from hexstudio.shared.run_settings import DEFAULT_DEVICE
 from tests.predict.test_predict import EVK, TINY, timing
 
 
@@ -69,6 +70,11 @@ def test_a_runs_report_and_compare_show_the_prediction_labeled(tmp_path: Path) -
     assert run_prediction_doc(runs[0].run_dir) is not None
     req = request_for_run(runs[0].run_dir)
     assert (req.model, req.board, req.context_length) == ("builtin:tiny-llama", "sim", 512)
+    assert req.device == DEFAULT_DEVICE  # the device the run compiles for, not a fallback
+    other = ws.create_run("builtin:tiny-llama", "sim", {"device": "Snapdragon 8 Elite QRD"})
+    req = request_for_run(other.run_dir)
+    assert req.device == "Snapdragon 8 Elite QRD"
+    assert resolve_target(req.board, req.device).dsp_arch != resolve_target("sim", None).dsp_arch
     reports = [build_report(m.run_dir) for m in runs]
     validate_report(reports[0])
     p = reports[0]["predicted"]
@@ -151,3 +157,28 @@ def test_a_speculative_dialog_is_costed_at_its_measured_acceptance(tmp_path: Pat
     html = to_html(r)
     assert "3.00 tokens accepted per step" in html and f"{lade['tok_s']['value']:.2f} tok/s" in html
     assert f"gains only above {lade['break_even_accepted']:.2f} tokens accepted per step" in html
+
+
+def test_a_prediction_made_before_the_settings_changed_is_out_of_date(tmp_path: Path) -> None:
+    """Predict, then change the context length or the device: the saved prediction is for another graph shape or
+    Hexagon; the report says so and sets nothing beside the measurements, and Compare leaves it out."""
+    ws = Workspace(tmp_path / "ws")
+    runs = [ws.create_run("builtin:tiny-llama", "sim", {"context_length": 512}) for _ in range(2)]
+    for m in runs:
+        save_for_run(m.run_dir, prediction())
+    assert build_report(runs[0].run_dir)["predicted"]["stale"] is None
+    m = runs[0]
+    m.settings["context_length"] = 1024
+    m.settings["device"] = "Snapdragon 8 Elite QRD"
+    m.save()
+    rep = build_report(m.run_dir)
+    validate_report(rep)
+    stale = rep["predicted"]["stale"]
+    assert "context 512 → 1024" in stale and "Snapdragon 8 Elite QRD" in stale and "predict again" in stale
+    assert rep["predicted"]["beside"] == []
+    assert "Out of date:" in to_html(rep)
+    from hexstudio.core.reports.predicted import predicted_rows
+
+    skipped: list[str] = []
+    assert predicted_rows([rep, build_report(runs[1].run_dir)], skipped, lambda *a: a) == []
+    assert any("made for other settings" in s for s in skipped)

@@ -31,6 +31,57 @@ def _basic() -> dict:
     return gb.genie_config(hf, 512, ["m_part_1_of_2.bin", "m_part_2_of_2.bin"], 64)
 
 
+def runs_on(bundle: Path) -> tuple[dict[str, Any], str | None]:
+    """The device and QAIRT a compiled bundle is for (write_dialog_configs checks an spd draft against them)."""
+    doc = json.loads((bundle / "bundle.json").read_text())
+    return doc["device"], doc.get("qairt_version")
+
+
+def _draft(folder: Path, **manifest: Any) -> Path:
+    """A draft model's compiled bundle as an AI Hub compile writes it (no "binaries" key; device, QAIRT)."""
+    folder.mkdir()
+    doc = {
+        "simulated": False,
+        "emulated": False,
+        "device": {"name": "Dragonwing IQ-9075 EVK", "soc_model": "77", "dsp_arch": "v73"},
+        "qairt_version": "2.42",
+        "context_length": 4096,
+        **manifest,
+    }
+    (folder / "bundle.json").write_text(json.dumps(doc))
+    hf = json.loads(BUILTIN_CONFIG.read_text())
+    from hexstudio.shared import bundle as gb
+
+    (folder / "genie_config.json").write_text(
+        json.dumps(gb.genie_config(hf, 4096, ["d_part_1_of_1.bin"], 64))
+    )
+    (folder / "tokenizer.json").write_bytes(b'{"model": {}}')
+    (folder / "d_part_1_of_1.bin").write_bytes(b"\x00" * 64)
+    return folder
+
+
+def test_a_draft_compiled_on_ai_hub_drafts_and_one_that_cannot_load_beside_is_refused(tmp_path: Path) -> None:
+    """Every AI Hub draft was refused (bundle.json has no "binaries": "qnn" off the local compile), with a hint
+    to compile on AI Hub; a draft of a smaller context, another device or a newer QAIRT went through and failed
+    on the board."""
+    hf = json.loads(BUILTIN_CONFIG.read_text())
+    tok, n = b'{"model": {}}', int(hf["vocab_size"])
+    host = sp.DraftHost(4096, "v73", 77, "2.42.0")
+    eng, bins = sp.draft_engine(_draft(tmp_path / "hub"), tok, n, host)
+    assert eng["model"]["binary"]["ctx-bins"] == ["draft/d_part_1_of_1.bin"] and len(bins) == 1
+    refused = {
+        "emulated": ({"emulated": True}, "no real context binaries"),
+        "small": ({"context_length": 2048}, "context of 2048 tokens and this model's dialog has 4096"),
+        "arch": ({"device": {"soc_model": "69", "dsp_arch": "v75"}}, "dsp_arch v75"),
+        "newer": ({"qairt_version": "2.45"}, "QAIRT 2.45, newer than this bundle's 2.42.0"),
+    }
+    for name, (manifest, said) in refused.items():
+        with pytest.raises(sp.SpeculativeError, match=said):
+            sp.draft_engine(_draft(tmp_path / name, **manifest), tok, n, host)
+    # an older QAIRT's binaries load on the newer runtime
+    sp.draft_engine(_draft(tmp_path / "older", qairt_version="2.40"), tok, n, host)
+
+
 def _turn(local_run: Path, dialog: str, prompt: str, max_tokens: int) -> Any:
     """One greedy turn through the studio's session (the persistent helper) on the simulator board."""
     from hexstudio.core.device.board import sim_board
@@ -158,7 +209,12 @@ def test_real_genie_runs_spd_greedy_token_for_token_as_basic(local_run: Path, tm
     bundle = tmp_path / "bundle"
     shutil.copytree(remote, bundle)
     assert write_dialog_configs(
-        bundle, basic, hf, q, run_settings_of({"speculative_dialogs": "spd", "spd_draft_len": 3})
+        bundle,
+        basic,
+        hf,
+        q,
+        run_settings_of({"speculative_dialogs": "spd", "spd_draft_len": 3}),
+        runs_on=runs_on(remote),
     ) == [
         "genie_config.json",
         "genie_config.spd.json",
@@ -232,7 +288,7 @@ def test_the_built_in_draft_model_drafts_for_the_built_in_model_on_real_genie(
         check_speculative(hf, q, settings, tok + b" ")
     bundle = tmp_path / "bundle"
     shutil.copytree(remote, bundle)
-    write_dialog_configs(bundle, basic, hf, q, settings)
+    write_dialog_configs(bundle, basic, hf, q, settings, runs_on=runs_on(remote))
     spd_cfg = json.loads((bundle / "genie_config.spd.json").read_text())
     draft_bins = spd_cfg["dialog"]["engine"][0]["model"]["binary"]["ctx-bins"]
     assert spd_cfg["dialog"]["engine"][0]["role"] == "draft" and all(
@@ -311,7 +367,7 @@ def test_real_genie_runs_lade_steps_past_the_small_embedding(
     )
     assert check_speculative(hf, q, settings) == ["lade"]
     basic = json.loads((remote / "genie_config.json").read_text())
-    assert write_dialog_configs(remote, basic, hf, q, settings) == [
+    assert write_dialog_configs(remote, basic, hf, q, settings, runs_on=runs_on(remote)) == [
         "genie_config.json",
         "genie_config.lade.json",
     ]

@@ -365,7 +365,8 @@ def build_report(
     rep["chat_sessions"] = _chat_sessions(run_dir)
     # the speed predictor's figures (issue 28): labeled predicted, beside the measured KPIs, never in them
     prediction = read_prediction(run_dir)
-    rep["predicted"] = predicted_section(prediction, rep["kpis"])
+    now = {k: resolved.get(k, settings.get(k)) for k in ("context_length", "ar_n", "parts")}
+    rep["predicted"] = predicted_section(prediction, rep["kpis"], {**now, "device": settings.get("device")})
     ev = artifact("evaluate", "evaluate.json")
     if ev:  # the Evaluate stage: every suite float -> simulated -> board (hexstudio/core/eval/)
         rep["evaluation"] = {
@@ -384,7 +385,8 @@ def build_report(
             {k: t.get(k) for k in ("suite", "title", "description", "scorer", "cases", "legs", "drops")}
             for t in ev.get("suites") or []
         ]
-        if rep["predicted"] is not None:  # a speculative dialog's predicted speed at the acceptance measured
+        # a speculative dialog's predicted speed at the acceptance measured (not from an out-of-date prediction)
+        if rep["predicted"] is not None and not rep["predicted"]["stale"]:
             rep["predicted"]["speculative"] = speculative_prediction(
                 run_dir, m.settings, ev.get("board_session"), prediction
             )

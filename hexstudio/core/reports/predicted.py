@@ -36,11 +36,38 @@ def predicted_ttft(doc: dict[str, Any], prompt_tokens: int) -> dict[str, float]:
     return {k: float(one[k]) * passes for k in ("value", "lower", "upper")}
 
 
-def predicted_section(doc: dict[str, Any] | None, kpis: list[dict[str, Any]]) -> dict[str, Any] | None:
+def stale_because(doc: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """Why a saved prediction no longer describes the run (None: it does). `now`: the run's context length, AR-N and
+    parts (ints where known) and its `device` (the Compile stage's target): a prediction made before one of them
+    changed is for another graph shape or another Hexagon."""
+    changed = [
+        f"{label} {doc.get(key)} → {now[key]}"
+        for key, label in (("context_length", "context"), ("ar_n", "AR-N"), ("parts", "parts"))
+        if isinstance(now.get(key), int) and isinstance(doc.get(key), int) and now[key] != doc[key]
+    ]
+    from hexstudio.shared.bundle import KNOWN_DEVICES
+
+    known = KNOWN_DEVICES.get(str(now.get("device") or ""))
+    arch = (doc.get("target") or {}).get("dsp_arch")
+    if known is not None and arch and known.get("dsp_arch") != arch:
+        changed.append(f"Hexagon {arch} → {known.get('dsp_arch')} ({now.get('device')})")
+    if not changed:
+        return None
+    return (
+        f"this prediction was made for other settings than the run has now ({'; '.join(changed)}): predict again "
+        "(the Preflight page's speed panel, or `hexstudio predict --run ID`)"
+    )
+
+
+def predicted_section(
+    doc: dict[str, Any] | None, kpis: list[dict[str, Any]], now: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The report's `predicted` section: the prediction's figures, and `beside`: each measured chat KPI it can
-    be set beside (decode tok/s, TTFT at the measured prompt length) with the predicted figure in its own field."""
+    be set beside (decode tok/s, TTFT at the measured prompt length) with the predicted figure in its own field.
+    `now` (see stale_because): a prediction for other settings is `stale`, with nothing set beside a measurement."""
     if not doc:
         return None
+    stale = stale_because(doc, now) if now is not None else None
     t = doc.get("target") or {}
     measured = {k["name"]: k for k in kpis}
     beside: list[dict[str, Any]] = []
@@ -81,7 +108,8 @@ def predicted_section(doc: dict[str, Any] | None, kpis: list[dict[str, Any]]) ->
             for k, v in sorted(doc["ttft_ms"].items(), key=lambda kv: int(kv[0]))
         ],
         "notes": [str(x) for x in doc.get("notes") or []],
-        "beside": beside,
+        "beside": [] if stale else beside,
+        "stale": stale,
     }
 
 
@@ -153,6 +181,9 @@ def predicted_rows(reports: list[dict[str, Any]], skipped: list[str], row: RowMa
         )
         return []
     ps = [p for p in preds if p]
+    if any(p.get("stale") for p in ps):
+        skipped.append("Predicted speed: a run's prediction was made for other settings than it has now.")
+        return []
     out = [
         row(
             "predicted",

@@ -147,16 +147,19 @@ async def run_prediction(
 
 
 def request_for_run(run_dir: Path, two_layers: bool = True) -> PredictRequest:
-    """A run's model, board and settings (context length, AR-N, parts where set) as a prediction request."""
+    """A run's model, board and settings (context length, AR-N, parts where set) as a prediction request, for
+    the device the run compiles for (its `device` setting: the Compile stage's target on every board)."""
     m = RunManifest.load(run_dir)
 
     def num(key: str) -> int | None:
         v = m.settings.get(key)
         return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
+    device = m.settings.get("device")
     return PredictRequest(
         model=str(m.inputs.get("model")),
         board=str(m.inputs.get("board") or SIM_BOARD),
+        device=device if isinstance(device, str) and device else None,
         context_length=num("context_length"),
         ar_n=num("ar_n"),
         parts=num("parts"),

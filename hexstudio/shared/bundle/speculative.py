@@ -76,12 +76,63 @@ class Spd:
 DRAFT_DIR = "draft"  # a draft model's context binaries inside the target's bundle
 
 
+@dataclass(frozen=True)
+class DraftHost:
+    """What the target's bundle runs on, which the draft's context binaries must load beside: the dialog's
+    context size (Genie loads both engines at it: nsp-model refuses a binary whose largest context is smaller,
+    "Config specifies context->size=<n>, but loaded max-CL=<m>"), the Hexagon arch and SoC the binaries are
+    prepared for, and the QAIRT that compiled the target (the board runs that runtime; a binary from a newer
+    QAIRT does not load on an older one)."""
+
+    context_length: int
+    dsp_arch: str | None = None
+    soc_model: int | str | None = None
+    qairt_version: str | None = None
+
+
+def _major_minor(version: object) -> tuple[int, int] | None:
+    try:
+        major, minor = str(version).split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def _cannot_load_beside(manifest: dict[str, Any], host: DraftHost) -> str | None:
+    """Why the draft's binaries would not load beside the target's (None: they would)."""
+    cl = manifest.get("context_length")
+    if isinstance(cl, int) and cl < host.context_length:
+        return (
+            f"it was compiled for a context of {cl} tokens and this model's dialog has {host.context_length}: Genie "
+            f"loads both models at the dialog's size. Compile the draft with context_length {host.context_length} "
+            "or more"
+        )
+    dev = manifest.get("device") or {}
+    for key, want in (("dsp_arch", host.dsp_arch), ("soc_model", host.soc_model)):
+        have = dev.get(key)
+        if want is not None and have is not None and str(have) != str(want):
+            return (
+                f"its binaries are prepared for {key} {have} and this bundle's for {want}. Compile the draft for the "
+                "same device"
+            )
+    mine, theirs = _major_minor(host.qairt_version), _major_minor(manifest.get("qairt_version"))
+    if mine is not None and theirs is not None and theirs > mine:
+        return (
+            f"it was compiled with QAIRT {manifest.get('qairt_version')}, newer than this bundle's "
+            f"{host.qairt_version}, whose runtime the board runs. Compile the draft with the same QAIRT (the same "
+            "compile target)"
+        )
+    return None
+
+
 def draft_engine(
-    draft_bundle: Path, target_tokenizer: bytes, n_vocab: int
+    draft_bundle: Path, target_tokenizer: bytes, n_vocab: int, host: DraftHost | None = None
 ) -> tuple[dict[str, Any], list[Path]]:
     """The engine of a draft model's compiled bundle, its ctx-bins moved under draft/, and the binaries to copy.
-    Raises SpeculativeError when it cannot draft for this target: not a compiled bundle of real context binaries,
-    another tokenizer or vocabulary (Genie's spd compares the two models' logits token id by token id)."""
+    Raises SpeculativeError when it cannot draft for this target: not a compiled bundle of real context binaries
+    (a local or AI Hub compile, not the twin's nor an emulated AI Hub's), another tokenizer or vocabulary (Genie's
+    spd compares the two models' logits token id by token id), or (with `host`) binaries that would not load
+    beside the target's."""
     try:
         cfg = json.loads((draft_bundle / "genie_config.json").read_text(encoding="utf-8"))
         manifest = json.loads((draft_bundle / "bundle.json").read_text(encoding="utf-8"))
@@ -91,11 +142,14 @@ def draft_engine(
             f"The draft bundle {draft_bundle} cannot be read ({exc}): give the folder of a "
             "compiled bundle (a run's artifacts/compile/bundle)."
         ) from None
-    if manifest.get("binaries") != "qnn" or manifest.get("simulated"):
+    if manifest.get("simulated") or manifest.get("emulated"):
         raise SpeculativeError(
-            f"The draft bundle {draft_bundle} holds no real context binaries (compiled with the "
-            "twin): compile the draft with compile_target local or aihub."
+            f"The draft bundle {draft_bundle} holds no real context binaries (compiled with the twin, or on an "
+            "emulated AI Hub): compile the draft with compile_target local or aihub."
         )
+    why = _cannot_load_beside(manifest, host) if host is not None else None
+    if why is not None:
+        raise SpeculativeError(f"The draft bundle {draft_bundle} cannot run beside this model: {why}.")
     d = cfg.get("dialog") or {}
     if tok != target_tokenizer or int((d.get("context") or {}).get("n-vocab", -1)) != n_vocab:
         raise SpeculativeError(

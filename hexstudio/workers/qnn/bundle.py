@@ -220,7 +220,8 @@ def write_local_bundle(
         raise LocalCompileError(
             "tokenizer_missing", str(exc), "Use a model with a fast tokenizer (tokenizer.json)."
         ) from None
-    write_dialog_configs(bdir, cfg, hf_config, q, settings)  # basic, and each speculative dialog asked for
+    # basic, and each speculative dialog asked for
+    write_dialog_configs(bdir, cfg, hf_config, q, settings, runs_on=(device, qairt))
     (bdir / "htp_backend_ext_config.json").write_text(json.dumps(gb.htp_ext_config(device), indent=4))
     from hexstudio.workers.bundle_metadata import write_metadata
 
