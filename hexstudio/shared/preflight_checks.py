@@ -591,10 +591,25 @@ def _disk_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any
     the same path on a probe that did not record it) both needs come out of the same free space."""
     ws, hf = p["workspace"], p["hf_cache"]
     ws_need = int(needs.get("disk_bytes", 0))
-    hf_need = int(needs.get("hf_download_bytes", 0))
+    # the Preflight stage runs after the Model stage: what was to be downloaded is in the cache (or a folder) now
+    downloaded = bool(needs.get("hf_downloaded"))
+    hf_need = 0 if downloaded else int(needs.get("hf_download_bytes", 0))
     shared = ws.get("device") is not None and ws.get("device") == hf.get("device")
     out = []
-    if shared:
+    if shared and downloaded:
+        out.append(
+            _space_check(
+                "disk_workspace",
+                ws["free_bytes"],
+                ws_need,
+                f"{_gib(ws['free_bytes'])} free at {ws['path']} (the model's weights are already on this disk); "
+                f"this model needs about {_gib(ws_need)} more.",
+                lambda short: (
+                    f"Free {short} there, or choose a workspace on a bigger disk (--workspace DIR)."
+                ),
+            )
+        )
+    elif shared:
         need = ws_need + hf_need
         both = (
             f"the workspace ({ws['path']}, about {_gib(ws_need)}) and the Hugging Face cache ({hf['path']}, "
@@ -630,8 +645,12 @@ def _disk_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any
                 "disk_hf_cache",
                 hf["free_bytes"],
                 hf_need,
-                f"{_gib(hf['free_bytes'])} free for the Hugging Face cache ({hf['path']}); the download is "
-                f"about {_gib(hf_need)}.",
+                f"{_gib(hf['free_bytes'])} free for the Hugging Face cache ({hf['path']}); "
+                + (
+                    "the model is already there (or was never downloaded)."
+                    if downloaded
+                    else f"the download is about {_gib(hf_need)}."
+                ),
                 lambda short: (
                     f"Free {short} there, or point HF_HOME at a "
                     "bigger disk before the download (export HF_HOME=/path/on/big/disk)."

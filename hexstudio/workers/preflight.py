@@ -22,6 +22,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         )
     doc = json.loads((model_dir / "model.json").read_text())
     needs = dict(doc["estimates"])
+    # the Model stage has run: a Hugging Face model is in the cache now, a folder or the built-in one never downloads
+    needs["hf_downloaded"] = True
     em.progress(0.1, "probing this machine (AIMET smoke test runs in parallel)")
     workspace = spec.run_dir.parent.parent
     from huggingface_hub import constants as hf_constants

@@ -113,6 +113,7 @@ def test_same_events_outputs_and_exit_code(tmp_path: Path) -> None:
     )
     assert normal(out_a) == normal(out_b)
     assert out_a["checks"] and [c["id"] for c in out_a["checks"]] == [c["id"] for c in out_b["checks"]]
+    assert out_a["needs"]["hf_downloaded"] is True  # it follows the Model stage: no download left to count
     assert direct.stderr == via.stderr
 
 

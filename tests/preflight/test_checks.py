@@ -363,6 +363,19 @@ def test_workspace_and_hf_cache_on_one_filesystem_add_up() -> None:
     assert c["disk_workspace"]["status"] == "ok" and c["disk_hf_cache"]["status"] == "ok"
 
 
+def test_the_preflight_stage_does_not_count_the_download_it_follows() -> None:
+    """The Preflight stage runs after the Model stage: the weights are in the cache already. Counting their
+    download again failed an 8B run on a disk with room for everything still to come."""
+    needs = {**needs_8b(), "hf_downloaded": True}
+    ws_need = int(needs["disk_bytes"])
+    free = ws_need + 2**30  # room for the workspace, not for a second download
+    c = by_id(run_checks(on_disks("/home/dev/ws", free, free, devices=(7, 7)), needs))
+    assert c["disk_workspace"]["status"] == "ok" and c["disk_workspace"]["required"] == ws_need
+    assert "already on this disk" in c["disk_workspace"]["message"]
+    c = by_id(run_checks(on_disks("/data/ws", free, 2**30, devices=(7, 8)), needs))
+    assert c["disk_hf_cache"]["status"] == "ok" and "already there" in c["disk_hf_cache"]["message"]
+
+
 @pytest.mark.parametrize("version", ["3.8.18", "3.9.19", "3.13.1"])
 def test_unsupported_python_fails(version: str) -> None:
     c = by_id(run_checks(probe(python=version), needs_8b()))["python"]
