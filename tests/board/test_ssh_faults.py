@@ -211,3 +211,60 @@ def test_a_command_past_its_time_out_is_stopped_on_the_board(ssh_server: SshServ
     assert hung.stderr.startswith("started"), hung.stderr
     assert left.stdout.strip() == "", f"still running on the board: {left.stdout}"
     assert plain.exit_status == 3 and plain.stderr == "to-stderr\n", plain
+
+
+def test_a_board_that_stops_answering_is_a_lost_link_not_a_hang(ssh_server: SshServer) -> None:
+    """The TCP link stays up but the board answers nothing (Wi-Fi gone, the board hung; here: sshd's session
+    processes stopped): a new command's channel waited for paramiko's hour-long channel time-out, or for ever in
+    exec_command. Now ConnectionLost after `answer_s`."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    async def go() -> None:
+        t = await connect_ssh("evk-test", ssh_server.key_config(), trust=lambda *_a: True)
+        assert (await t.run(["true"], timeout=10)).exit_status == 0
+        assert ssh_server.proc is not None
+        sessions = psutil.Process(ssh_server.proc.pid).children(recursive=True)
+        assert sessions
+        t.answer_s = 1.0
+        for p in sessions:
+            os.kill(p.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(tr.ConnectionLost, match="did not answer a command within 1 s"):
+                await t.run(["true"], timeout=20)
+            assert time.monotonic() - t0 < 10
+        finally:
+            for p in sessions:
+                os.kill(p.pid, signal.SIGCONT)
+            await t.close()
+
+    asyncio.run(go())
+
+
+def test_a_command_the_board_never_answers_is_a_lost_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The channel opened, but the exec request got no answer: paramiko's exec_command waits with no time-out."""
+    import threading
+    from types import SimpleNamespace
+
+    class Silent:
+        def __init__(self) -> None:
+            self.shut = threading.Event()
+
+        def exec_command(self, _command: str) -> None:
+            self.shut.wait(30)
+            raise EOFError("Channel closed.")  # what paramiko raises once the channel is closed under it
+
+        def close(self) -> None:
+            self.shut.set()
+
+    ch = Silent()
+    link = SimpleNamespace(is_active=lambda: True, open_session=lambda **_kw: ch)
+    t = tr.SshTransport(SimpleNamespace(get_transport=lambda: link), "board", 22, "evk")
+    t.answer_s = 0.3
+    with pytest.raises(tr.ConnectionLost, match=r"did not answer a command within 0\.3 s"):
+        t._open_channel("true")
+    assert ch.shut.is_set()

@@ -322,6 +322,8 @@ class SshTransport:
     """A board over SSH. Build one with hexstudio.core.device.connect.connect_ssh (host-key checks, auth)."""
 
     simulated = False
+    # seconds a board has to answer a new command's channel (a live board answers in milliseconds)
+    answer_s = 30.0
 
     def __init__(self, client: Any, host: str, port: int, user: str) -> None:
         self.client = client
@@ -377,11 +379,44 @@ class SshTransport:
             self._dirs.add(path)
 
     def _open_channel(self, command: str) -> Any:
+        """A channel running `command`. A board that stops answering with the TCP link still up (Wi-Fi gone, a
+        cable pulled) would hold both steps for paramiko's hour-long channel time-out, or for ever (exec_command
+        waits with none): each gets `answer_s`, then the link counts as lost."""
+        import paramiko
+
+        lost = f"The SSH connection to {self.label} dropped"
+        silent = (
+            f"{lost}: the board did not answer a command within {self.answer_s:g} s (the network or the board "
+            "stopped answering)."
+        )
         try:
-            ch = self._transport().open_session(window_size=WINDOW, max_packet_size=32768)
-        except (EOFError, OSError) as exc:
-            raise ConnectionLost(f"The SSH connection to {self.label} dropped: {exc}") from None
-        ch.exec_command(command)
+            ch = self._transport().open_session(
+                window_size=WINDOW, max_packet_size=32768, timeout=self.answer_s
+            )
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            why = silent if "Timeout" in str(exc) else f"{lost}: {exc or type(exc).__name__}"
+            raise ConnectionLost(why) from None
+        # exec_command waits for the board's answer with no time-out: closing the channel ends the wait
+        fired = threading.Event()
+
+        def give_up() -> None:
+            fired.set()
+            ch.close()
+
+        watchdog = threading.Timer(self.answer_s, give_up)
+        watchdog.daemon = True
+        watchdog.start()
+        failure: BaseException | None = None
+        try:
+            ch.exec_command(command)
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            failure = exc
+        finally:
+            watchdog.cancel()
+        if fired.is_set():
+            raise ConnectionLost(silent)
+        if failure is not None:
+            raise ConnectionLost(f"{lost}: {failure or type(failure).__name__}")
         return ch
 
     async def run(
