@@ -13,7 +13,7 @@ import pytest
 from hexstudio.core.device import transport as tr
 from hexstudio.core.device.board import open_board
 from hexstudio.core.device.errors import ConnectionDropped
-from hexstudio.core.device.fixes import FixPlan, Step, apply_fix
+from hexstudio.core.device.fixes import FixPlan, Step, apply_fix, plan_fix
 from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard
 
@@ -56,6 +56,27 @@ def test_a_dropped_upload_is_a_board_error_and_a_lost_recheck_keeps_the_fix(
                 m.setattr("hexstudio.core.device.fixes.probe", lost)
                 res = await apply_fix(board, write)
             assert res.status == "applied" and res.checks == []
+        finally:
+            await board.transport.close()
+
+    asyncio.run(flow())
+
+
+def test_a_fix_whose_root_steps_are_done_runs_the_rest_without_sudo(evk: EvkBoard) -> None:
+    """group_add with the user already in the group (by hand, or by an earlier fix) and only the log-in again left:
+    it asked for sudo for steps it would skip, and without a password ended 'manual' with no command to run."""
+    group = evk.root / "etc" / "group"
+    lines = [ln for ln in group.read_text().splitlines() if not ln.startswith("fastrpc:")]
+    settings = settings_with("evk", evk.board_config())
+
+    async def flow() -> None:
+        board = await open_board("evk", settings, trust=lambda *a: True)
+        try:
+            # the user joins the group while this login is open: only a new login has it
+            group.write_text("\n".join([*lines, f"fastrpc:x:990:{evk.user}"]) + "\n")
+            res = await apply_fix(board, await plan_fix(board, "group_add"), rerun=False)
+            assert res.status == "applied", (res.status, res.message, res.manual_commands)
+            assert (await board.transport.run(["id", "-nG"])).stdout.split().count("fastrpc") == 1
         finally:
             await board.transport.close()
 

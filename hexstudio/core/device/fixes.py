@@ -628,7 +628,8 @@ async def apply_fix(
         if rerun:
             await _rerun_checks(board, plan, res)
         return res
-    if plan.needs_sudo:
+    # root only for what is still to do (group_add with only its log-in again left needs none)
+    if any(step.sudo or step.kind == "reboot" for step in pending):
         ok, why = await rn.sudo_access()
         if not ok:
             res.status, res.message = (
