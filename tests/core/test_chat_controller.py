@@ -100,6 +100,19 @@ class Board:
         return OpenedSession(s, "persistent")
 
 
+class SlowBoard(Board):
+    """A board whose model loads until `loaded` is set; `loading` is set when the load starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loading, self.loaded = asyncio.Event(), asyncio.Event()
+
+    async def connect(self, conversation: Conversation, mode: str, req: SessionRequest) -> OpenedSession:
+        self.loading.set()
+        await self.loaded.wait()
+        return await super().connect(conversation, mode, req)
+
+
 def request(setup: SessionSetup | None = None, max_tokens: int = 32) -> SessionRequest:
     return SessionRequest(
         doc={"board": "sim", "remote_bundle": "/b"},
@@ -230,22 +243,14 @@ def test_another_run_opened_while_the_model_loads_waits_for_the_reply(tmp_path: 
     """Run B opened while run A's message waits for its model: the session opened for A must not attach to B's
     conversation, and A's turn is kept in A's run, not B's."""
     a, b = tmp_path / "a", tmp_path / "b"
-    board = Board()
-    loading, loaded = asyncio.Event(), asyncio.Event()
-
-    async def slow_connect(conversation: Conversation, mode: str, req: SessionRequest) -> OpenedSession:
-        loading.set()
-        await loaded.wait()
-        return await board.connect(conversation, mode, req)
-
+    board = SlowBoard()
     c = controller(a, board)
-    c.connect = slow_connect
 
     async def go() -> None:
         reply = asyncio.ensure_future(ask(c, "hello from A"))
-        await loading.wait()
+        await board.loading.wait()
         assert c.sync_run(b, busy=True) == "waiting"
-        loaded.set()
+        board.loaded.set()
         out, _ = await reply
         assert out.shown == "echo: hello from A"
         assert c.store is not None and c.store.run_dir == a

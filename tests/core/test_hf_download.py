@@ -167,21 +167,29 @@ def make_fake_snapshot(chunk: int = 64 * 1024, pause: float = 0.02, fail: BaseEx
     return snapshot
 
 
+def fetch(
+    cache: Path, snapshot: Any, em: Emitter | None = None, repo_info: Any = fake_info, **kw: Any
+) -> Any:
+    """download() of MODEL into `cache` from a fake hub, polling every 50 ms."""
+    return download(
+        MODEL,
+        None,
+        em or Emitter(io.StringIO()),
+        snapshot=snapshot,
+        repo_info=repo_info,
+        cache_dir=cache,
+        poll_s=0.05,
+        **kw,
+    )
+
+
 def events(buf: io.StringIO) -> list[dict[str, Any]]:
     return [json.loads(line) for line in buf.getvalue().splitlines()]
 
 
 def test_download_reports_bytes_as_they_arrive(tmp_path: Path) -> None:
     buf = io.StringIO()
-    path, rev = download(
-        MODEL,
-        None,
-        Emitter(buf),
-        snapshot=make_fake_snapshot(),
-        repo_info=fake_info,
-        cache_dir=tmp_path,
-        poll_s=0.05,
-    )
+    path, rev = fetch(tmp_path, make_fake_snapshot(), em=Emitter(buf))
     assert (path / "model.safetensors").read_bytes() == FILES["model.safetensors"] and rev == "0" * 40
     total = len(FILES["config.json"]) + len(FILES["model.safetensors"])  # README.md is not fetched
     prog = [e for e in events(buf) if e["type"] == "progress" and "done_bytes" in e]
@@ -195,25 +203,9 @@ def test_download_reports_bytes_as_they_arrive(tmp_path: Path) -> None:
 
 
 def test_a_resumed_download_counts_what_is_already_there(tmp_path: Path) -> None:
-    download(
-        MODEL,
-        None,
-        Emitter(io.StringIO()),
-        snapshot=make_fake_snapshot(pause=0),
-        repo_info=fake_info,
-        cache_dir=tmp_path,
-        poll_s=0.05,
-    )
+    fetch(tmp_path, make_fake_snapshot(pause=0))
     buf = io.StringIO()
-    download(
-        MODEL,
-        None,
-        Emitter(buf),
-        snapshot=make_fake_snapshot(pause=0),
-        repo_info=fake_info,
-        cache_dir=tmp_path,
-        poll_s=0.05,
-    )
+    fetch(tmp_path, make_fake_snapshot(pause=0), em=Emitter(buf))
     first = next(e for e in events(buf) if e["type"] == "progress" and "already here" in e["message"])
     assert "resumes" in first["message"]
 
@@ -221,15 +213,7 @@ def test_a_resumed_download_counts_what_is_already_there(tmp_path: Path) -> None
 def test_a_full_disk_mid_download_is_a_clear_error(tmp_path: Path) -> None:
     snap = make_fake_snapshot(fail=OSError(errno.ENOSPC, "No space left on device"))
     with pytest.raises(HubError) as info:
-        download(
-            MODEL,
-            None,
-            Emitter(io.StringIO()),
-            snapshot=snap,
-            repo_info=fake_info,
-            cache_dir=tmp_path,
-            poll_s=0.05,
-        )
+        fetch(tmp_path, snap)
     assert info.value.code == "disk_full" and str(tmp_path) in info.value.message
 
 
@@ -334,16 +318,7 @@ def test_a_download_that_stalls_ends_with_a_network_error_saying_it_resumes(tmp_
 
     try:
         with pytest.raises(HubError) as err:
-            download(
-                MODEL,
-                None,
-                Emitter(io.StringIO()),
-                snapshot=stalled,
-                repo_info=info,
-                cache_dir=tmp_path,
-                poll_s=0.05,
-                stall_s=0.3,
-            )
+            fetch(tmp_path, stalled, repo_info=info, stall_s=0.3)
     finally:
         hang.set()
     assert err.value.code == "network" and "stalled" in err.value.message

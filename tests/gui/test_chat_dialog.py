@@ -146,29 +146,22 @@ def test_another_run_opened_while_a_reply_loads_waits_for_it(
     """Run B opened while run A's message waits for its model: the page stays on A until the reply ends (saying
     so), A's turn is kept in A, then the page shows B with the session closed."""
     from hexstudio.core.genie.chat_store import ChatStore
-    from tests.core.test_chat_controller import Board
+    from tests.core.test_chat_controller import SlowBoard
 
     c, page = _page(qtbot, tmp_path)
     a = c.manifest.run_dir
-    board = Board()
-    loading, loaded = asyncio.Event(), asyncio.Event()
-
-    async def slow_connect(conversation: Any, mode: str, req: Any) -> Any:
-        loading.set()
-        await loaded.wait()
-        return await board.connect(conversation, mode, req)
-
-    page.chat.connect = slow_connect
+    board = SlowBoard()
+    page.chat.connect = board.connect
     page.board_doc = lambda: {"board": "sim", "remote_bundle": "/b"}
 
     async def scenario() -> None:
         reply = asyncio.ensure_future(page.send("hello from A"))
-        await loading.wait()
+        await board.loading.wait()
         b = c.new_run("builtin:tiny-llama").run_dir
         page.refresh()
         assert "shows it when this reply ends" in page.chat_message.text()
         assert page.chat.store is not None and page.chat.store.run_dir == a
-        loaded.set()
+        board.loaded.set()
         turn = await reply
         assert turn is not None and turn.reply == "echo: hello from A"
         assert page.chat.store.run_dir == b and page.chat.session is None
