@@ -24,6 +24,7 @@ from hexstudio.core.settings import Settings
 from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import get_stage
 from hexstudio.core.status import KINDS, StageStatus, stage_status
+from hexstudio.shared import run_settings
 
 log = logging.getLogger("hexstudio.gui")
 
@@ -166,7 +167,8 @@ class RunController(QObject):
             return True
 
         # RunBusy while the run runs from a terminal: the page says so
-        changed = edit_run(m, change, f"the setting {key}")
+        sp = run_settings.spec(key)
+        changed = edit_run(m, change, f"the setting {sp.label if sp is not None and sp.label else key}")
         self.settingsChanged.emit()
         return changed
 

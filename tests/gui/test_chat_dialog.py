@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import push_to_board, window_on_run
+from tests.gui.conftest import keep_screenshot, push_to_board, window_on_run
 
 
 def _page(qtbot: Any, tmp_path: Path) -> tuple[Any, Any]:
@@ -160,6 +160,8 @@ def test_another_run_opened_while_a_reply_loads_waits_for_it(
         b = c.new_run("builtin:tiny-llama").run_dir
         page.refresh()
         assert "shows it when this reply ends" in page.chat_message.text()
+        page.resize(1280, 720)
+        keep_screenshot(page, "chat-run-switch-waits", tmp_path)
         assert page.chat.store is not None and page.chat.store.run_dir == a
         board.loaded.set()
         turn = await reply

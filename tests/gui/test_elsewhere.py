@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import studio_window, wait_until, window_on_gate_failed_run
+from tests.gui.conftest import keep_screenshot, studio_window, wait_until, window_on_gate_failed_run
 from tests.support.gate_runs import finish_stage, gate_failed_run, skip_board_recheck
 
 
@@ -338,6 +338,8 @@ def test_a_setting_changed_in_the_studio_keeps_what_a_terminal_recorded(qtbot: A
     """The studio's copy of run.json is older than what `hexstudio run --override-gate` wrote from a terminal:
     a setting changed on a page keeps the terminal's override; while a terminal runs the run, the page says
     the setting was not changed and shows the run's value again."""
+    from PySide6.QtWidgets import QMessageBox
+
     from hexstudio.core.manifest import RunManifest
     from hexstudio.core.pipeline import Pipeline
     from hexstudio.core.runs import RunLock
@@ -352,6 +354,14 @@ def test_a_setting_changed_in_the_studio_keeps_what_a_terminal_recorded(qtbot: A
     assert any(e["kind"] == "gate_override" and e["stage"] == "validate" for e in disk.data["events"])
     with RunLock(m.run_dir):
         page.set_setting("calibration_samples", 12)
-        text = page.outcome_label.text()
-        assert "the setting calibration_samples was not changed" in text and "change it again" in text, text
+        box = page.findChild(QMessageBox, "error_box")
+        assert box is not None and box.isVisible()
+        text = box.text() + box.informativeText()
+        assert "the setting Calibration samples was not changed" in text and "change it again" in text, text
+        assert page._setting_widgets["calibration_samples"].value() == 11  # the run's value again
+        w.show_stage("quantize")
+        w.show()
+        keep_screenshot(w, "run-busy-setting-refused", tmp_path)
+        keep_screenshot(box, "run-busy-setting-refused-box", tmp_path)
+        box.close()
     assert RunManifest.load(m.run_dir).settings["calibration_samples"] == 11

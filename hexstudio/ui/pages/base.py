@@ -39,7 +39,7 @@ from hexstudio.core.runs import RunBusy
 from hexstudio.core.stages import Stage, get_stage
 from hexstudio.core.status import override_text
 from hexstudio.ui.controller import RunController
-from hexstudio.ui.errors import log_link_html, refused_html
+from hexstudio.ui.errors import log_link_html, show_error
 from hexstudio.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, button, fmt_value, heading, note
 
 SettingSpec = tuple[str, str, Any]  # (key, label, kind: "int" | "bool" | "text" | list of choices)
@@ -237,9 +237,9 @@ class StagePage(QWidget):
         try:
             self.c.set_setting(key, value)
         except RunBusy as exc:
-            # the field shows the run's value again
+            # the field shows the run's value again; said where it is seen (the outcome label may be out of view)
             self._load_settings()
-            self.outcome_label.setText(refused_html(exc.message, exc.hint))
+            show_error(self, "Setting not changed", exc.message, exc.hint)
 
     def _load_settings(self) -> None:
         m = self.c.manifest
@@ -286,8 +286,7 @@ class StagePage(QWidget):
             try:
                 self.c.override_gate(self.stage.name, reason.strip())
             except RunBusy as exc:
-                self.refresh()
-                self.outcome_label.setText(refused_html(exc.message, exc.hint))
+                show_error(self, "Gate not overridden", exc.message, exc.hint)
                 return
             self.refresh()
 
