@@ -21,6 +21,15 @@ pytestmark = [pytest.mark.sshd, pytest.mark.slow, pytest.mark.skipif(not ok, rea
 SUDO = "evk-sudo-canary-91d2"
 
 
+def answers(value: Any) -> Any:
+    """A board page's question (confirm_trust, offer_known_hosts), answered `value` at once."""
+
+    async def ask(*_a: Any) -> Any:
+        return value
+
+    return ask
+
+
 def board_page(qtbot: Any, tmp_path: Path, name: str, config: dict[str, Any]) -> tuple[Any, Any, Any]:
     """The studio at 1280x1000 on its Board page, with board `name` (config) in the settings and selected:
     (window, controller, page)."""
@@ -55,21 +64,21 @@ def test_doctor_and_fix_from_the_board_page(
         w, c, page = board_page(qtbot, tmp_path, "evk", evk.board_config())
         asked: list[tuple[Any, ...]] = []
 
-        def trust(*a: Any) -> bool:
+        async def trust(*a: Any) -> bool:
             asked.append(a)
             return True
 
         page.confirm_trust = trust
         offered: list[tuple[Any, ...]] = []
 
-        def offer(*a: Any) -> bool:  # also into ~/.ssh/known_hosts? not here (this machine's own file)
+        async def offer(*a: Any) -> bool:  # also into ~/.ssh/known_hosts? not here (this machine's own file)
             offered.append(a)
             return False
 
         page.offer_known_hosts = offer
         shown: list[list[str]] = []
 
-        def confirm_fix(plan: Any, stored: str | None) -> tuple[bool, str | None, bool]:
+        async def confirm_fix(plan: Any, stored: str | None) -> tuple[bool, str | None, bool]:
             shown.append(plan.commands)
             return True, SUDO, False
 
@@ -169,17 +178,21 @@ def test_geniex_fix_from_the_board_page_takes_the_release_file_the_user_picks(
     tarball = geniex_tarball(tmp_path, "v0.7.0", "v2.45.0.260326")
     with EvkBoard(tmp_path / "evk", fastrpc_ready=True) as evk:
         _w, _c, page = board_page(qtbot, tmp_path, "evk-gx", {**evk.board_config(), "runtime": "geniex"})
-        page.confirm_trust = lambda *a: True
-        page.offer_known_hosts = lambda *a: False
+        page.confirm_trust = answers(True)
+        page.offer_known_hosts = answers(False)
         shown: list[list[str]] = []
 
-        def confirm_fix(plan: Any, stored: str | None) -> tuple[bool, str | None, bool]:
+        async def confirm_fix(plan: Any, stored: str | None) -> tuple[bool, str | None, bool]:
             shown.append(plan.commands)
             return True, None, False
 
         page.confirm_fix = confirm_fix
         picks: list[Path | None] = [None, tarball]
-        page.choose_geniex_file = lambda: picks.pop(0)
+
+        async def pick() -> Path | None:
+            return picks.pop(0)
+
+        page.choose_geniex_file = pick
 
         def status(check: str) -> str:
             return next(

@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
@@ -36,6 +35,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hexstudio.ui import modal
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.pages.base import StagePage
 from hexstudio.ui.widgets import STATE_COLORS, STATUS_COLORS, button, note, state_icon
@@ -328,29 +328,26 @@ class BoardPage(StagePage):
         self.conn_label.setText(f"Board <b>{html.escape(name)}</b> removed.")
 
     # -- connecting -------------------------------------------------------------------------------
-    def confirm_trust(self, host: str, port: int, key_type: str, fp: str) -> bool:
+    async def confirm_trust(self, host: str, port: int, key_type: str, fp: str) -> bool:
         """First contact: show the host key's fingerprint and ask (tests replace this)."""
-        answer = QMessageBox.question(
+        return await modal.question(
             self,
             "Trust this board?",
             f"First connection to {host}:{port}.\nIts host key is {key_type}\n{fp}\n\nCompare it with the board's "
             "own (on the board: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub). Trust it only if they match.",
         )
-        return answer == QMessageBox.StandardButton.Yes
 
-    def offer_known_hosts(self, host: str, port: int, key_type: str, fp: str, path: Path) -> bool:
+    async def offer_known_hosts(self, host: str, port: int, key_type: str, fp: str, path: Path) -> bool:
         """After the person trusted a host key: also add it to ~/.ssh/known_hosts? (tests replace this)."""
-        answer = QMessageBox.question(
+        return await modal.question(
             self,
             "Also trust it outside HexStudio?",
             f"Add {host}:{port} ({key_type} {fp}) to {path} too, so that ssh, scp and your editor trust this "
             "board without asking again?",
-            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-            QMessageBox.StandardButton.No,
+            default_yes=False,
         )
-        return answer == QMessageBox.StandardButton.Yes
 
-    def ask_passphrase(self, key_path: str) -> tuple[str, bool] | None:
+    async def ask_passphrase(self, key_path: str) -> tuple[str, bool] | None:
         """An encrypted SSH key: its passphrase, and whether to keep it in the keyring (tests replace this)."""
         dlg = QDialog(self)
         dlg.setWindowTitle("SSH key passphrase")
@@ -370,11 +367,11 @@ class BoardPage(StagePage):
         bb.accepted.connect(dlg.accept)
         bb.rejected.connect(dlg.reject)
         lay.addWidget(bb)
-        if dlg.exec() != QDialog.DialogCode.Accepted or not pw.text():
+        if await modal.answer(dlg) != QDialog.DialogCode.Accepted or not pw.text():
             return None
         return pw.text(), remember.isChecked()
 
-    def confirm_fix(self, plan: Any, stored_password: str | None) -> tuple[bool, str | None, bool]:
+    async def confirm_fix(self, plan: Any, stored_password: str | None) -> tuple[bool, str | None, bool]:
         """Show the fix's exact commands; ask for the sudo password when it needs one (tests replace this).
         Returns (run it, sudo password, remember the password in the keyring)."""
         dlg = QDialog(self)
@@ -403,17 +400,17 @@ class BoardPage(StagePage):
         bb.rejected.connect(dlg.reject)
         lay.addWidget(bb)
         dlg.resize(720, 360)
-        ok = dlg.exec() == QDialog.DialogCode.Accepted
+        ok = await modal.answer(dlg) == QDialog.DialogCode.Accepted
         return ok, (pw.text() or stored_password), remember.isChecked()
 
-    def choose_qairt_zip(self) -> Path | None:
-        path, _ = QFileDialog.getOpenFileName(
+    async def choose_qairt_zip(self) -> Path | None:
+        path = await modal.open_file(
             self, "The QAIRT SDK zip (from Qualcomm)", str(Path.home()), "QAIRT SDK (*.zip)"
         )
         return Path(path) if path else None
 
-    def choose_geniex_file(self) -> Path | None:
-        path, _ = QFileDialog.getOpenFileName(
+    async def choose_geniex_file(self) -> Path | None:
+        path = await modal.open_file(
             self,
             "GenieX release file (the CLI tarball or the Python wheel)",
             str(Path.home()),
@@ -421,7 +418,7 @@ class BoardPage(StagePage):
         )
         return Path(path) if path else None
 
-    def choose_fix_file(self, fix_id: str) -> tuple[bool, dict[str, Path]]:
+    async def choose_fix_file(self, fix_id: str) -> tuple[bool, dict[str, Path]]:
         """The file a fix installs from, picked on the workstation (the board needs no internet): (False, {})
         when the user closes the picker."""
         pickers = {
@@ -431,7 +428,7 @@ class BoardPage(StagePage):
         if fix_id not in pickers:
             return True, {}
         key, choose = pickers[fix_id]
-        path = choose()
+        path = await choose()
         return (path is not None), ({key: path} if path is not None else {})
 
     async def open_selected(self) -> Any:
@@ -468,18 +465,18 @@ class BoardPage(StagePage):
                     name, self.c.settings, self.c.workspace.root, on_state=on_state, passphrase=passphrase
                 )
             except HostKeyUnknown as exc:
-                if not self.confirm_trust(exc.host, exc.port, exc.key_type, exc.fingerprint):
+                if not await self.confirm_trust(exc.host, exc.port, exc.key_type, exc.fingerprint):
                     raise
                 cfg = self.c.settings.boards.get(name) or {}
                 path = user_known_hosts_path(cfg)
-                save = self.offer_known_hosts(exc.host, exc.port, exc.key_type, exc.fingerprint, path)
+                save = await self.offer_known_hosts(exc.host, exc.port, exc.key_type, exc.fingerprint, path)
                 trust_host_key(exc.host, exc.port, exc.key, user_known_hosts=path if save else None)
                 self.log(
                     f"trusted {exc.host}:{exc.port} {exc.key_type} {exc.fingerprint}"
                     + (f" (also added to {path})" if save else "")
                 )
             except KeyPassphraseNeeded as exc:
-                answer = self.ask_passphrase(exc.key_path)
+                answer = await self.ask_passphrase(exc.key_path)
                 if answer is None:
                     raise
                 given[exc.key_path] = KeyPassphrase(answer[0], remember=answer[1])
@@ -621,13 +618,13 @@ class BoardPage(StagePage):
             self._error(exc, name)
             return None
         try:
-            picked, files = self.choose_fix_file(fix_id)
+            picked, files = await self.choose_fix_file(fix_id)
             if not picked:
                 self.log(f"# fix {fix_id}: no file chosen, nothing done")
                 return None
             plan = await fixes.plan_fix(board, fix_id, getattr(self, "_report", None), **files)
             stored = get_secret(sudo_password_key(name))
-            ok, password, remember = self.confirm_fix(plan, stored)
+            ok, password, remember = await self.confirm_fix(plan, stored)
             if not ok:
                 self.log(f"# fix {fix_id}: cancelled")
                 return None

@@ -32,7 +32,7 @@ class ReportPage(StagePage):
             b = button(
                 f"Export {fmt.upper()}…",
                 f"export_{fmt}",
-                on_click=lambda _=False, f=fmt: asyncio.ensure_future(self.export_dialog(f)),
+                on_click=lambda _=False, f=fmt: self.export_dialog(f),
             )
             self.export_buttons[fmt] = b
         self.open_button = QPushButton("Open in browser")
@@ -88,15 +88,18 @@ class ReportPage(StagePage):
             )
         return True
 
-    async def export_dialog(self, fmt: str) -> None:
+    def export_dialog(self, fmt: str) -> asyncio.Future[bool] | None:
+        """Ask where, then write the report in a task. The file dialog runs here, in the slot: inside a coroutine
+        its nested event loop would stop every other task (a running stage's among them; hexstudio/ui/modal.py)."""
         m = self.c.manifest
         if m is None:
-            return
+            return None
         path, _ = QFileDialog.getSaveFileName(
             self, f"Export the {fmt.upper()} report", str(Path.home() / f"{m.run_id}.{fmt}")
         )
-        if path:
-            await self.export(fmt, Path(path))
+        if not path:
+            return None
+        return asyncio.ensure_future(self.export(fmt, Path(path)))
 
     def html_path(self) -> Path | None:
         """The report the preview shows: the Report stage's, else the HTML last exported from this run."""
