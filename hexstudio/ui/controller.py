@@ -25,6 +25,7 @@ from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import get_stage
 from hexstudio.core.status import KINDS, StageStatus, stage_status
 from hexstudio.shared import run_settings
+from hexstudio.shared.errors import ActionableError
 
 log = logging.getLogger("hexstudio.gui")
 
@@ -55,7 +56,18 @@ class RunController(QObject):
     def list_runs(self) -> list[RunSummary]:
         return self.workspace.list_runs()
 
+    def _not_while_working(self, what: str) -> None:
+        """The studio shows one run, the one it works on: while a stage of it runs, another cannot be shown (its
+        pages, the job dock and the gate bar would mix the two runs)."""
+        if self.busy and self.manifest is not None:
+            stage = f"its {self.running_stage} stage" if self.running_stage else "a stage"
+            raise ActionableError(
+                f"Run {self.manifest.run_id} is working ({stage} runs): {what} is not possible until it ends.",
+                "Wait for the stage to end, or cancel it (Cancel in the job dock), then try again.",
+            )
+
     def new_run(self, model: str, board: str = "sim", overrides: dict[str, Any] | None = None) -> RunManifest:
+        self._not_while_working("a new run")
         settings = self.settings.run_defaults()
         settings.update(overrides or {})
         self.manifest = self.workspace.create_run(
@@ -65,6 +77,8 @@ class RunController(QObject):
         return self.manifest
 
     def open_run(self, run_id: str) -> RunManifest:
+        if self.manifest is None or run_id != self.manifest.run_id:
+            self._not_while_working(f"opening run {run_id}")
         self.manifest = self.workspace.open_run(run_id)
         self.manifest.detect_interrupted()
         self.runChanged.emit()
@@ -72,7 +86,10 @@ class RunController(QObject):
 
     def delete_run(self, run_id: str) -> None:
         if self.busy and self.manifest is not None and self.manifest.run_id == run_id:
-            raise RuntimeError("This run is working right now: cancel it first, then delete it.")
+            raise ActionableError(
+                f"Run {run_id} is working right now: it cannot be deleted.",
+                "Cancel its stage first (Cancel in the job dock), then delete it.",
+            )
         self.workspace.delete_run(run_id)
         if self.manifest is not None and self.manifest.run_id == run_id:
             self.manifest = None

@@ -24,6 +24,7 @@ from hexstudio.core.manifest import ManifestError, RunManifest
 from hexstudio.core.runs import RunSummary
 from hexstudio.core.status import KINDS, run_status, stage_statuses
 from hexstudio.core.units import fmt_rate
+from hexstudio.shared.errors import ActionableError
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.errors import show_error
 from hexstudio.ui.widgets import state_icon
@@ -209,7 +210,11 @@ class RunsDialog(QDialog):
 
     def _selection_changed(self) -> None:
         n = len(self.selected_runs())
-        self.open_button.setEnabled(n == 1)
+        # while a stage runs the studio stays on its run (RunController._not_while_working)
+        self.open_button.setEnabled(n == 1 and not self.c.busy)
+        self.open_button.setToolTip(
+            "A stage is running: wait for it or cancel it first." if self.c.busy else ""
+        )
         self.compare_button.setEnabled(n >= 2)
         self.delete_button.setEnabled(n == 1)
 
@@ -249,6 +254,9 @@ class RunsDialog(QDialog):
         ):
             try:
                 self.c.delete_run(rid)
-            except RuntimeError as exc:
-                show_error(self, "Delete run", str(exc))
+            except ActionableError as exc:
+                # the running run, one a terminal runs (RunBusy), one gone meanwhile (RunNotFound)
+                show_error(self, "Delete run", exc.message, exc.hint)
+            except OSError as exc:
+                show_error(self, "Delete run", f"Run {rid} could not be deleted: {exc}")
             self.reload()

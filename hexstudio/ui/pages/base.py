@@ -346,7 +346,7 @@ class StagePage(QWidget):
                 "passed": "✓ passed: ",
                 "gate_failed": "! gate failed: ",
                 "overridden": "⚑ gate failed, overridden: ",
-            }[status.key] + str(status.gate_reason)
+            }[status.key] + html.escape(str(status.gate_reason))
             if status.override:
                 text = f"{text}<br><b>{html.escape(override_text(status.override))}</b>"
             self.gate_label.setText(f"<span style='color:{status.color}'>{text}</span>")

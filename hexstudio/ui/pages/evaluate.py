@@ -166,10 +166,8 @@ class EvaluatePage(StagePage):
         try:
             s = add_suite(path, ws, replace=True)
         except SuiteError as exc:
-            hint = f"<br><b>What to do:</b> {exc.hint}" if exc.hint else ""
-            self.add_message.setText(
-                f"<span style='color:{STATE_COLORS['failed']}'>{exc.message}</span>{hint}"
-            )
+            # the message quotes the user's file (a suite's name, a line): text, never markup
+            self.add_message.setText(refused_html(exc.message, exc.hint))
             return False
         m = self.c.manifest
         names = list((m.settings.get("eval_suites") if m is not None else None) or DEFAULT_SUITES)

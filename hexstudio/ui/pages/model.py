@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import html
 from typing import Any
 
 from PySide6.QtWidgets import (
@@ -23,6 +24,7 @@ from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.services import model as model_service
 from hexstudio.shared.errors import ActionableError
 from hexstudio.ui.controller import RunController
+from hexstudio.ui.errors import refused_html
 from hexstudio.ui.pages.base import StagePage
 from hexstudio.ui.widgets import STATE_COLORS, KeyValueTable, button, button_row, note, spin_box
 
@@ -181,7 +183,7 @@ class ModelPage(StagePage):
             return None
         self.inspect_button.setEnabled(False)
         self.inspect_message.setText(
-            f"Reading config.json of {spec}… (from the Hugging Face Hub unless it is "
+            f"Reading config.json of {html.escape(spec)}… (from the Hugging Face Hub unless it is "
             "cached: offline this takes a while before it says so)"
         )
         self.inspect_table.set_rows([])  # never the previous model's figures under this one's name
@@ -191,15 +193,14 @@ class ModelPage(StagePage):
                 model_service.inspect, spec, self.context_spin.value() or None, 128, None
             )
         except ActionableError as exc:
-            hint = f"<br><b>What to do:</b> {exc.hint}" if exc.hint else ""
-            self.inspect_message.setText(f"<span style='color:{STATE_COLORS['failed']}'>{exc}</span>{hint}")
+            self.inspect_message.setText(refused_html(exc.message, exc.hint))
             return None
         finally:
             self.inspect_button.setEnabled(True)
             self.inspect_busy.setVisible(False)
         ok = info.get("supported")
         self.inspect_message.setText(
-            f"<b>{spec}</b>: "
+            f"<b>{html.escape(spec)}</b>: "
             + ("supported." if ok else f"<span style='color:{STATE_COLORS['failed']}'>not supported.</span>")
         )
         self.inspect_table.set_rows(inspect_rows(info))
@@ -217,7 +218,10 @@ class ModelPage(StagePage):
             self.c.new_run(spec, self.board_combo.currentText() or "sim", overrides)
         except Exception as exc:
             self.inspect_message.setText(
-                f"<span style='color:{STATE_COLORS['failed']}'>Could not create the run: {exc}</span>"
+                refused_html(
+                    f"Could not create the run: {getattr(exc, 'message', None) or exc}",
+                    getattr(exc, "hint", None),
+                )
             )
 
     def _show_run_settings(self) -> None:
