@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from hexstudio.core.eval.stage import _emit_parity
+from hexstudio.core.paths import BUILTIN_MODEL_DIR as BUILTIN_DIR
 from hexstudio.shared.journal import append_journal, read_journal
 from hexstudio.shared.protocol import Emitter
 
@@ -37,3 +38,25 @@ def test_every_parity_suite_counts_for_the_gate() -> None:
     out = io.StringIO()
     _emit_parity(Emitter(out), [{"matched": 200, "total": 256}, {"matched": 64, "total": 64}], "sim")
     assert _metrics(out) == {"parity_matched": 264, "parity_total": 320, "parity_reference": "sim"}
+
+
+def test_a_continuation_cut_inside_a_character_is_not_a_parity_miss() -> None:
+    """The token limit cut 'café' inside the é: the host's text ends in U+FFFD, the board leaves the partial
+    character out. Identical replies read as 5/6 and failed the parity gate."""
+    from tokenizers import Tokenizer
+
+    from hexstudio.core.eval.scoring import parity
+    from hexstudio.core.eval.stage import _host_ids
+
+    tok = Tokenizer.from_file(str(BUILTIN_DIR / "tokenizer.json"))
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
+
+    ids = encode("Le café au lait")[:6]
+    host = {"ids": ids, "text": tok.decode(ids)}
+    assert host["text"].endswith("\ufffd")
+    board_text = host["text"].rstrip("\ufffd")  # as the board prints it
+    assert parity(encode(board_text), _host_ids(host, encode))["exact"]
+    whole = encode("Le café")
+    assert _host_ids({"ids": whole, "text": tok.decode(whole)}, encode) == whole  # the usual case: the ids

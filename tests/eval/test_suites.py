@@ -31,6 +31,17 @@ def test_shipped_suites_load() -> None:
             "not among the case's tools",
         ),
         ('{"prompt": "x", "scorer": "instruction", "checks": [{"type": "rhyme"}]}', "unknown check"),
+        # a check without what it reads was accepted, then scored every case wrong
+        ('{"prompt": "x", "scorer": "instruction", "checks": [{"type": "max_words"}]}', 'needs "n"'),
+        (
+            '{"prompt": "x", "scorer": "instruction", "checks": [{"type": "contains", "value": "y"}]}',
+            'needs "text"',
+        ),
+        (
+            '{"prompt": "x", "scorer": "tool_call", "tools": [{"type": "function", "function": {"name": "a"}}], '
+            '"expected": {"calls": [{"name": "a", "arguments": "x=1"}]}}',
+            "expects",
+        ),
         ('{"scorer": "exact"}', 'needs "prompt"'),
     ],
 )
@@ -42,6 +53,17 @@ def test_bad_lines_are_named(tmp_path: Path, line: str, what: str) -> None:
     with pytest.raises(SuiteError) as e:
         load_suite(p)
     assert "line 2" in e.value.message and what in e.value.message
+
+
+def test_a_suites_max_tokens_is_checked_as_a_cases_is(tmp_path: Path) -> None:
+    for bad in ('"lots"', "null", "100.7", "0"):
+        p = tmp_path / "mine.jsonl"
+        p.write_text(
+            f'{{"suite": {{"name": "mine", "max_tokens": {bad}}}}}\n'
+            '{"id": "ok", "prompt": "hi", "scorer": "contains", "expected": {"answer": "hi"}}\n'
+        )
+        with pytest.raises(SuiteError, match="max_tokens"):
+            load_suite(p)
 
 
 def test_eval_add_and_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hexstudio.core.eval.suites import SHIPPED_DIR, load_suite
@@ -159,3 +161,56 @@ def test_shipped_tool_suite_expected_calls_pass_their_own_scorer() -> None:
             ]
             ok, why = score_tool_call(parse_reply(render_calls(calls, fmt), fmt), c.expected, c.tools or [])
             assert ok, (c.id, fmt, why)
+
+
+@pytest.mark.parametrize("fmt", list(CORRECT))
+def test_a_call_without_its_marker_or_as_an_indented_list_is_still_a_call(fmt: str) -> None:
+    """A JSON call whose format marker a decoder dropped ([TOOL_CALLS] and <|python_tag|> are special tokens), or a
+    model asked in words for bare JSON, made a call: on an abstain case it was scored 'abstained, right'. An
+    indented list ('[\\n  {...}') was not read as calls at all."""
+    listed = '[\n  {"name": "get_weather", "arguments": {"city": "Paris"}},\n  {"name": "set_timer", "arguments": {"minutes": 5}}\n]'
+    p = parse_reply(listed, fmt)
+    assert p.kind == "calls" and len(p.calls) == 2
+    assert score_tool_call(p, TWO, TOOLS)[0]
+    assert not score_tool_call(p, {"abstain": True}, TOOLS)[0]
+
+
+def test_a_reasoning_block_is_not_scored() -> None:
+    from hexstudio.core.eval.scoring import answer_of, score_case
+    from hexstudio.core.eval.suites import Case
+
+    assert answer_of("<think>\nthe user wants Paris\n</think>\n\nParis.") == "Paris."
+    assert answer_of("<think></think>Paris") == "Paris"
+    assert answer_of("<think>cut at the limit") == ""
+    assert answer_of("Paris") == "Paris"
+    tool = Case(id="t", scorer="tool_call", tools=TOOLS, expected={"abstain": True})
+    reply = '<think>no tool fits</think>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    assert not score_case(tool, reply, "llama3")["correct"]  # a call after the reasoning is a call
+    short = Case(id="s", scorer="instruction", checks=[{"type": "max_words", "n": 3}])
+    assert score_case(short, "<think>" + "word " * 50 + "</think>Just three words", "json")["correct"]
+
+
+def test_a_template_without_tools_is_asked_and_scored_in_bare_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prompt of a template that cannot show tools asks for bare JSON in words: it was then parsed in the
+    model's native format (Qwen's <tool_call>), so every correct call was 'no call made'."""
+    import json
+
+    from hexstudio.core.eval import render
+    from hexstudio.core.eval.suites import Case
+    from hexstudio.shared.chat_template import ChatFormat
+
+    chatml = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    fmt = ChatFormat("model", chatml)
+    assert not fmt.supports_tools and detect_format(chatml, "Qwen/Qwen2-1.5B-Instruct") == "qwen"
+    (tmp_path / "model.json").write_text(json.dumps({"model": "Qwen/Qwen2-1.5B-Instruct"}))
+    monkeypatch.setattr(render, "chat_format_for", lambda _d: fmt)
+    monkeypatch.setattr(render, "template_for", lambda _d: "model")
+    r = render.PromptRenderer.for_model(tmp_path)
+    assert r.tool_format == "json"
+    case = Case(id="x", scorer="tool_call", prompt="Weather in Paris?", tools=TOOLS, expected=ONE)
+    assert "reply with only JSON" in r.prompt(case)

@@ -39,7 +39,10 @@ class PromptRenderer:
                 name = str(json.loads((model_dir / "model.json").read_text()).get("model", ""))
             except (OSError, ValueError):
                 pass
-        tool_fmt = detect_format(fmt.template, name) if t == "model" else "json"
+        # the model's own call format where its template takes the tools; otherwise the prompt asks for bare JSON
+        # in words (GENERIC_TOOLS), and bare JSON is what is parsed
+        native = t == "model" and fmt.mode == "model" and fmt.supports_tools
+        tool_fmt = detect_format(fmt.template, name) if native else "json"
         return cls(t, fmt, tool_fmt, name)
 
     def label(self) -> str:

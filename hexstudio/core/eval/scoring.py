@@ -68,8 +68,21 @@ def check(c: dict[str, Any], reply: str) -> tuple[bool, str]:
     return False, f"unknown check {t!r}"
 
 
+# a reasoning block before the answer (DeepSeek-R1 distills, Nemotron with reasoning on, an empty one some
+# templates force): the answer is what follows it; an unclosed one is reasoning cut at the token limit
+_THINKING = re.compile(r"^\s*(?:<think>)?.*?</think>\s*", re.S)
+
+
+def answer_of(reply: str) -> str:
+    """The reply without a leading <think>...</think> block."""
+    if "</think>" in reply:
+        return _THINKING.sub("", reply, count=1)
+    return "" if reply.lstrip().startswith("<think>") else reply
+
+
 def score_case(case: Case, reply: str, tool_format: str) -> dict[str, Any]:
-    """{"correct": bool, "why": str, ...} for a generated reply."""
+    """{"correct": bool, "why": str, ...} for a generated reply (its answer: a reasoning block is not scored)."""
+    reply = answer_of(reply)
     try:
         if case.scorer == "tool_call":
             parsed = parse_reply(reply, tool_format)

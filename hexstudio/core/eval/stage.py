@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,16 @@ from hexstudio.shared.run_settings import DEFAULTS
 from hexstudio.shared.worker_spec import EvalCase, EvalWork
 
 EVAL_VERSION = 1
+
+
+def _host_ids(host: dict[str, Any], encode: Callable[[str], list[int]]) -> list[int]:
+    """The host continuation's ids, to set beside the board's text encoded again. A continuation the token limit
+    cut inside a multi-byte character ends in a partial one: the host's text shows it as U+FFFD and the board
+    leaves it out, so both are compared without it (else identical replies read as N-1/N)."""
+    text = str(host.get("text") or "")
+    if text.endswith("\ufffd"):
+        return encode(text.rstrip("\ufffd"))
+    return list(host.get("ids") or [])
 
 
 def _h(*parts: Any) -> str:
@@ -410,7 +421,9 @@ def score_all(
                     if leg == "board":
                         host = records.get(f"{ref}\0{j['key']}")
                         if host is not None and encode is not None:
-                            res["parity"] = parity(encode(rec.get("text") or ""), list(host.get("ids") or []))
+                            res["parity"] = parity(
+                                encode(str(rec.get("text") or "").rstrip("\ufffd")), _host_ids(host, encode)
+                            )
                             res["reference"] = ref
                     elif leg == "htp":
                         sim = records.get(f"sim\0{j['key']}")

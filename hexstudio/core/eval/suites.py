@@ -33,6 +33,17 @@ from hexstudio.shared.errors import ActionableError
 SHIPPED_DIR = package_path("hexstudio.core.eval", "shipped_suites")  # package data (importlib.resources)
 SCORERS = ("tool_call", "exact", "contains", "regex", "instruction", "perplexity", "parity")
 DEFAULT_SUITES = ("tool_calling", "instruction_following", "perplexity", "greedy_parity")
+# the field each check reads beside its type
+CHECK_FIELDS = {
+    "max_words": "n",
+    "min_words": "n",
+    "max_sentences": "n",
+    "bullets": "n",
+    "contains": "text",
+    "not_contains": "text",
+    "starts_with": "text",
+    "ends_with": "text",
+}
 CHECK_TYPES = (
     "lowercase",
     "uppercase",
@@ -173,7 +184,12 @@ def _case(path: Path, n: int, doc: dict[str, Any], default_scorer: str | None, d
         if not expected.get("abstain") and not (
             isinstance(calls, list)
             and calls
-            and all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls)
+            and all(
+                isinstance(c, dict)
+                and isinstance(c.get("name"), str)
+                and isinstance(c.get("arguments", {}), dict)
+                for c in calls
+            )
         ):
             raise _bad(
                 path,
@@ -205,6 +221,14 @@ def _case(path: Path, n: int, doc: dict[str, Any], default_scorer: str | None, d
         for c in checks:
             if not isinstance(c, dict) or c.get("type") not in CHECK_TYPES:
                 raise _bad(path, n, f"unknown check {c!r}.", f"Checks are: {', '.join(CHECK_TYPES)}.")
+            # what each check reads (a check without it was accepted, then scored every case wrong)
+            need = CHECK_FIELDS.get(c["type"])
+            if need == "n" and not (
+                isinstance(c.get("n"), int) and not isinstance(c.get("n"), bool) and c["n"] > 0
+            ):
+                raise _bad(path, n, f'the check {c["type"]} needs "n", a whole number above 0: {c!r}.')
+            if need == "text" and not (isinstance(c.get("text"), str) and c["text"]):
+                raise _bad(path, n, f'the check {c["type"]} needs "text", a non-empty string: {c!r}.')
     mt = doc.get("max_tokens", default_max)
     if not isinstance(mt, int) or isinstance(mt, bool) or not 1 <= mt <= 4096:
         raise _bad(path, n, '"max_tokens" must be a whole number from 1 to 4096.')
@@ -220,6 +244,16 @@ def _case(path: Path, n: int, doc: dict[str, Any], default_scorer: str | None, d
         max_tokens=mt,
         category=str(doc["category"]) if doc.get("category") is not None else None,
     )
+
+
+def _header_max_tokens(path: Path, header: dict[str, Any]) -> int:
+    mt = header.get("max_tokens", 64)
+    if not isinstance(mt, int) or isinstance(mt, bool) or not 1 <= mt <= 4096:
+        raise SuiteError(
+            f'{path.name}: the suite\'s "max_tokens" is {mt!r}; it must be a whole number from 1 to 4096.',
+            'Fix {"suite": {"max_tokens": ...}} on the first line.',
+        )
+    return mt
 
 
 def load_suite(path: Path, *, shipped: bool = False) -> Suite:
@@ -254,7 +288,7 @@ def load_suite(path: Path, *, shipped: bool = False) -> Suite:
                 )
             header = doc["suite"]
             continue
-        c = _case(path, n, doc, header.get("scorer"), int(header.get("max_tokens", 64)))
+        c = _case(path, n, doc, header.get("scorer"), _header_max_tokens(path, header))
         if c.id in seen:
             raise _bad(path, n, f"the case id {c.id!r} is used twice.", 'Give every case its own "id".')
         seen.add(c.id)

@@ -180,7 +180,7 @@ def _parse_bare_json(body: str) -> Parsed:
     s = body.strip()
     if s.startswith("```"):  # a fenced JSON block
         s = re.sub(r"^```[a-zA-Z]*\s*|\s*```$", "", s)
-    if not s.startswith(("{", "[{")):
+    if not (s.startswith("{") or re.match(r"\[\s*\{", s)):
         return Parsed("none", content=body)
     try:
         return Parsed("calls", _json_calls(s))
@@ -191,7 +191,7 @@ def _parse_bare_json(body: str) -> Parsed:
 def _parse_nemotron(text: str) -> Parsed:
     body = _strip_end(text)
     if "<TOOLCALL>" not in body:
-        return Parsed("none", content=body)
+        return _parse_bare_json(body)
     before, _, rest = body.partition("<TOOLCALL>")
     inner, closed, _after = rest.partition("</TOOLCALL>")
     if not closed:
@@ -208,7 +208,7 @@ _QWEN = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.S)
 def _parse_qwen(text: str) -> Parsed:
     body = _strip_end(text)
     if "<tool_call>" not in body:
-        return Parsed("none", content=body)
+        return _parse_bare_json(body)
     calls = []
     content = body[: body.index("<tool_call>")].strip()
     for m in _QWEN.finditer(body):
@@ -224,7 +224,7 @@ def _parse_qwen(text: str) -> Parsed:
 def _parse_mistral(text: str) -> Parsed:
     body = _strip_end(text)
     if "[TOOL_CALLS]" not in body:
-        return Parsed("none", content=body)
+        return _parse_bare_json(body)
     content, _, rest = body.partition("[TOOL_CALLS]")
     rest = rest.strip()
     try:
@@ -245,7 +245,9 @@ def _parse_mistral(text: str) -> Parsed:
 
 
 def parse_reply(text: str, fmt: str) -> Parsed:
-    """The calls in a reply, in the model's own format."""
+    """The calls in a reply, in the model's own format. A reply without the format's marker that is a JSON call
+    (or list of calls) still counts as one: the marker can be a special token a decoder drops, and a model asked
+    in words (a template without tools) answers in bare JSON."""
     if fmt == "llama3":
         return _parse_llama3(text)
     if fmt == "nemotron":
