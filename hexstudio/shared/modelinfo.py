@@ -255,6 +255,7 @@ def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
                 ),
                 "rope_scaling": cfg.get("rope_scaling"),
                 "max_position_embeddings": int(_first(cfg, "max_position_embeddings", default=2048)),
+                "sliding_window": sliding_window(cfg),
                 "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
                 "bos_token_id": cfg.get("bos_token_id"),
                 "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
@@ -447,6 +448,38 @@ def layer_ranges(num_layers: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+# the Validate stage's teacher-forced windows: a prompt through the prompt processor, then AR-1 steps
+# (hexstudio/workers/validate.py); a context must hold one window and a step more
+VALIDATION_PROMPT_TOKENS = 48
+VALIDATION_FORCED_STEPS = 48
+
+
+def validation_room(context_length: int) -> str | None:
+    """Why the Validate stage could not run at this context length (None: it can)."""
+    need = VALIDATION_PROMPT_TOKENS + VALIDATION_FORCED_STEPS
+    if context_length > need:
+        return None
+    return (
+        f"context_length {context_length} leaves no room for the Validate stage: its teacher-forced windows are "
+        f"{VALIDATION_PROMPT_TOKENS} prompt tokens and {VALIDATION_FORCED_STEPS} steps, {need} positions and a "
+        "step more. Use a longer context."
+    )
+
+
+def sliding_window(cfg: dict[str, Any]) -> int | None:
+    """The attention window the model was trained with, where one is in force (None: full attention).
+    Mistral-7B-v0.1 sets sliding_window (no switch); Qwen2/Qwen3 set one but use it only with
+    use_sliding_window true; layer_types naming sliding_attention layers use it too."""
+    w = cfg.get("sliding_window")
+    if not isinstance(w, int) or isinstance(w, bool) or w <= 0:
+        return None
+    switched = cfg.get("use_sliding_window")
+    layers = cfg.get("layer_types") or []
+    if switched is True or (switched is None and not layers) or "sliding_attention" in layers:
+        return w
+    return None
+
+
 def check_context(info: dict[str, Any], context_length: int, ar_n: int) -> str | None:
     """An error message, or None when the context length is usable."""
     if ar_n <= 0 or context_length <= 0:
@@ -464,6 +497,14 @@ def check_context(info: dict[str, Any], context_length: int, ar_n: int) -> str |
         return (
             f"context_length {context_length} is beyond what the model was trained for "
             f"(max_position_embeddings {maxpos}). Use at most {maxpos}."
+        )
+    window = info.get("sliding_window")
+    if isinstance(window, int) and context_length > window:
+        return (
+            f"context_length {context_length} is beyond the model's sliding attention window ({window} tokens): "
+            "the exported graphs attend over the whole context, where the model attends over its last "
+            f"{window} tokens only, so past {window} tokens its replies would not be the model's. Use at most "
+            f"{window // ar_n * ar_n}."
         )
     return None
 

@@ -271,6 +271,7 @@ class RunSettings:
         stages=("quantize", "compile"),
         page="compile",
         widget="device",
+        nonempty=True,
         help="The AI Hub device the bundle is compiled for (its Hexagon version also shapes quantization).",
     )
     qairt_version: str = setting(

@@ -224,9 +224,10 @@ def client_config(settings: RunSettings, token: str | None = None) -> Any:
         try:
             cfg = load_api_config_from_file(ini)
         except Exception as exc:
+            # the parser's own text quotes the bad line, which may be `api_token = <the token>`: never shown
             raise WorkerError(
                 "aihub_token_missing",
-                f"{ini} cannot be used: {_first_line(exc)}",
+                f"{ini} cannot be used: it is not the INI file qai_hub reads ({type(exc).__name__}).",
                 "It needs an [api] section with api_token, api_url and web_url; run "
                 "`qai-hub configure --api_token TOKEN`, or store the token in HexStudio's "
                 "keyring instead (" + TOKEN_WHERE + ").",
@@ -428,7 +429,16 @@ def _pairs(q: dict[str, Any], qdir: Path) -> dict[int, list[dict[str, Any]]]:
 
 
 def resolve_device(client: Any, name: str, lpbq: bool) -> dict[str, Any]:
-    devs = client.get_devices(name=name)
+    if not name.strip():
+        # get_devices(name="") is no filter at all: the account's first device would be compiled for
+        raise WorkerError(
+            "aihub_device_unavailable",
+            "No AI Hub device is named (the run's device setting is empty).",
+            "Set the device on the Compile page, or start a new run with --set device=NAME "
+            "(`hexstudio aihub devices` lists them).",
+        )
+    # exactly the device asked for: AI Hub's name filter is not an equality
+    devs = [d for d in client.get_devices(name=name) if d.name.casefold() == name.strip().casefold()]
     if not devs:
         names = sorted({d.name for d in client.get_devices()})
         raise WorkerError(

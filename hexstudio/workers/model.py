@@ -381,7 +381,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     # "auto" context length and parts, as preflight and `hexstudio model inspect` resolve them
     r, plan = resolve_settings(info, spec.settings, builtin=source == "builtin", board_name=spec.inputs.board)
     context_length, ar_n, parts = r["context_length"], r["ar_n"], r["parts"]
-    err = modelinfo.check_context(info, context_length, ar_n)
+    err = modelinfo.check_context(info, context_length, ar_n) or modelinfo.validation_room(context_length)
     if err:
         raise WorkerError("bad_context_length", err, "Change the context length in the run settings.")
     for line in plan["explanation"]:

@@ -16,6 +16,7 @@ sim/<graph>.onnx (QDQ, for onnxruntime) and quantize.json.
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import os
@@ -193,6 +194,9 @@ def _export(
             extra_ar_sizes=tuple(plan.more_ars),
         )
     except (OSError, ValueError) as exc:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            # writing the float graphs (tens of GB at 8B): worker_main says disk_full, with what to do
+            raise
         raise WorkerError(
             "model_load_failed",
             f"Could not load the model from {hf_dir}: {exc}",

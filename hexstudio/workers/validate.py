@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared import modelinfo
 from hexstudio.shared.protocol import Emitter
 from hexstudio.workers.documents import model_doc, read_doc
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 
 EVAL_WINDOWS = 3  # held-out windows: prompt through the prompt processor, then teacher-forced AR-1 steps
-PROMPT_TOKENS = 48
-FORCED_STEPS = 48
+PROMPT_TOKENS = modelinfo.VALIDATION_PROMPT_TOKENS  # the Model stage refuses a context without room for them
+FORCED_STEPS = modelinfo.VALIDATION_FORCED_STEPS
 GREEDY_PROMPTS = 3
 GREEDY_TOKENS = 24
 # the float deployment pair against the checkpoint itself (issue 19 item 3): thresholds recorded in

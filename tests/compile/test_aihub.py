@@ -378,6 +378,15 @@ def test_device_picker_rows_from_the_cli_and_the_client_ini_token(
     with pytest.raises(WorkerError) as ei:
         aihub.list_devices()
     assert ei.value.code == "aihub_token_missing" and "qai-hub configure" in (ei.value.hint or "")
+    # a client.ini without its [api] header: the parser's own words quote the line, the token with it
+    broken = tmp_path / "broken" / "client.ini"
+    broken.parent.mkdir()
+    broken.write_text("api_token = SECRET-in-a-broken-ini\napi_url = https://example.invalid\n")
+    monkeypatch.setenv("QAIHUB_CLIENT_INI", str(broken))
+    with pytest.raises(WorkerError) as ei:
+        aihub.list_devices()
+    assert ei.value.code == "aihub_token_missing" and "SECRET" not in ei.value.message + (ei.value.hint or "")
+    assert str(broken) in ei.value.message
     monkeypatch.setenv(
         "QAIHUB_CLIENT_INI", str(aihub_emulator.write_client_ini(tmp_path / "q" / "client.ini"))
     )
@@ -543,3 +552,23 @@ def test_the_bundle_takes_the_one_qairt_version_the_parts_were_linked_with() -> 
     assert linked_qairt({0: None, 1: None}, "2.37", em) == "2.37"
     (warning,) = [json.loads(line) for line in out.getvalue().splitlines()]
     assert warning["code"] == "aihub_qairt_unknown" and "2.37" in warning["message"]
+
+
+def test_the_device_compiled_for_is_exactly_the_one_named() -> None:
+    """An empty device setting is AI Hub's 'no filter': the account's first device was compiled for. A name
+    filter is not an equality either: only the device of that name is taken."""
+    from types import SimpleNamespace
+
+    from hexstudio.workers import aihub
+    from hexstudio.workers.runtime import WorkerError
+
+    def dev(name: str) -> Any:
+        return SimpleNamespace(name=name, os="1.0", attributes=["chipset:qualcomm-qcs9075", "htp-version:73"])
+
+    listing = [dev("Dragonwing IQ-9075 EVK (Proxy)"), dev("Dragonwing IQ-9075 EVK")]
+    client = SimpleNamespace(get_devices=lambda name="": [d for d in listing if name in d.name])
+    with pytest.raises(WorkerError, match="device setting is empty"):
+        aihub.resolve_device(client, "", lpbq=True)
+    assert (
+        aihub.resolve_device(client, "Dragonwing IQ-9075 EVK", lpbq=True)["name"] == "Dragonwing IQ-9075 EVK"
+    )

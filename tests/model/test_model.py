@@ -538,3 +538,44 @@ def test_export_reads_one_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0, -1].numpy()
     assert np.abs(pair.prefill(ids) - ref).max() < 1e-4
+
+
+def test_a_sliding_window_model_is_refused_past_its_window() -> None:
+    """Mistral-7B-v0.1 attends over its last 4096 tokens only; the exported graphs attend over the whole context,
+    so past the window the replies are not the model's, and Validate cannot tell (it looks at 96 positions)."""
+    mistral = {**LLAMA_8B, "architectures": ["MistralForCausalLM"], "model_type": "mistral"}
+    v01 = modelinfo.inspect_config({**mistral, "sliding_window": 4096, "max_position_embeddings": 32768})
+    assert v01["sliding_window"] == 4096
+    why = modelinfo.check_context(v01, 8192, 128) or ""
+    assert "sliding attention window (4096 tokens)" in why and "Use at most 4096" in why
+    assert modelinfo.check_context(v01, 4096, 128) is None
+    # Qwen2 sets a window but uses it only when switched on; Mistral v0.2 sets none
+    qwen = {**mistral, "sliding_window": 32768, "use_sliding_window": False, "max_position_embeddings": 32768}
+    assert modelinfo.inspect_config(qwen)["sliding_window"] is None
+    assert modelinfo.inspect_config({**mistral, "sliding_window": None})["sliding_window"] is None
+
+
+def test_a_context_without_room_for_validation_is_refused_by_the_model_stage(tmp_path: Path) -> None:
+    """Context 64 passed every check, quantized, then failed in Validate with 'no room for a 1-token block'."""
+    _m, res = _run_model_stage(tmp_path / "ws", "builtin:tiny-llama", context_length=64, ar_n=32)
+    assert not res.ok and "no room for the Validate stage" in res.message, res.message
+
+
+def test_a_full_disk_while_exporting_is_a_full_disk_not_a_model_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import io
+
+    from hexstudio.shared.protocol import Emitter
+    from hexstudio.workers import export as export_pkg
+    from hexstudio.workers import quantize
+
+    def full(*_a: Any, **_k: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(export_pkg, "export_deployment_graphs", full)
+    plan = quantize._Plan(512, 128, 2, 4, 128, [], [], "tokens", tmp_path / "calibration.txt")
+    with pytest.raises(OSError) as err:  # worker_main reports it as disk_full, with what to do
+        quantize._export(BUILTIN_MODEL_DIR, tmp_path / "q", plan, Emitter(io.StringIO()))
+    assert err.value.errno == errno.ENOSPC
