@@ -336,23 +336,34 @@ def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> It
 
 # -- the jobs file -------------------------------------------------------------------------------
 class JobStore:
-    """<run>/aihub_jobs.json: {"key": inputs fingerprint, "jobs": {name: record}, "failed": [...]}."""
+    """<run>/aihub_jobs.json: {"key": inputs fingerprint, "jobs": {name: record}, "failed": [...], "earlier":
+    {key: {"jobs", "failed"}}}. The jobs of earlier inputs are kept by their key (the last EARLIER_KEPT sets):
+    inputs changed and changed back (a QAIRT version tried and undone) reuse their own finished jobs, never
+    another set's."""
+
+    EARLIER_KEPT = 8
 
     def __init__(self, path: Path, key: str) -> None:
         self.path = path
         self.key = key
-        self.abandoned: dict[str, Any] = {}
         doc: dict[str, Any] = {}
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             doc = {}
-        if doc.get("key") == key:
-            self.jobs: dict[str, dict[str, Any]] = dict(doc.get("jobs") or {})
-            self.failed: list[dict[str, Any]] = list(doc.get("failed") or [])
-        else:
-            self.abandoned = dict(doc.get("jobs") or {})
-            self.jobs, self.failed = {}, list(doc.get("failed") or [])
+        earlier = doc.get("earlier")
+        self.earlier: dict[str, dict[str, Any]] = dict(earlier) if isinstance(earlier, dict) else {}
+        if doc.get("key") and doc.get("key") != key and doc.get("jobs"):
+            self.earlier[str(doc["key"])] = {"jobs": doc.get("jobs") or {}, "failed": doc.get("failed") or []}
+        mine = doc if doc.get("key") == key else self.earlier.pop(key, {})
+        self.jobs: dict[str, dict[str, Any]] = dict(mine.get("jobs") or {})
+        self.failed: list[dict[str, Any]] = list(mine.get("failed") or [])
+        self.earlier = dict(list(self.earlier.items())[-self.EARLIER_KEPT :])
+
+    @property
+    def abandoned(self) -> int:
+        """How many jobs earlier inputs have (kept, not reused for these)."""
+        return sum(len(e.get("jobs") or {}) for e in self.earlier.values())
 
     def save(self) -> None:
         write_json_atomic(
@@ -362,7 +373,7 @@ class JobStore:
                 "key": self.key,
                 "jobs": self.jobs,
                 "failed": self.failed,
-                "abandoned": self.abandoned or None,
+                "earlier": self.earlier or None,
             },
         )
 
@@ -927,8 +938,8 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         )
         if store.abandoned:
             em.warning(
-                f"{len(store.abandoned)} AI Hub job(s) recorded for earlier inputs (other graphs, device or "
-                "QAIRT version) are not reused.",
+                f"{store.abandoned} AI Hub job(s) recorded for earlier inputs (other graphs, device or QAIRT "
+                "version) are not reused for these; they are kept, for those inputs.",
                 code="aihub_jobs_abandoned",
             )
         logs_dir = spec.run_dir / "logs" / "aihub"

@@ -572,3 +572,21 @@ def test_the_device_compiled_for_is_exactly_the_one_named() -> None:
     assert (
         aihub.resolve_device(client, "Dragonwing IQ-9075 EVK", lpbq=True)["name"] == "Dragonwing IQ-9075 EVK"
     )
+
+
+def test_inputs_changed_and_changed_back_reuse_their_own_jobs(tmp_path: Path) -> None:
+    """QAIRT 2.42 compiled, 2.41 tried, then 2.42 again: the 2.42 jobs were dropped when 2.41 began and every
+    compile and link job was paid for again."""
+    from hexstudio.workers.aihub import JobStore
+
+    path = tmp_path / JOBS_FILE
+    a = JobStore(path, "inputs-2.42")
+    a.put("compile:part1", {"job_id": "jA1", "state": "SUCCESS"})
+    b = JobStore(path, "inputs-2.41")
+    assert b.jobs == {} and b.abandoned == 1
+    b.put("compile:part1", {"job_id": "jB1", "state": "SUCCESS"})
+    again = JobStore(path, "inputs-2.42")
+    assert again.jobs == {"compile:part1": {"job_id": "jA1", "state": "SUCCESS"}}
+    assert again.abandoned == 1  # the 2.41 set, kept for its own inputs
+    again.save()
+    assert JobStore(path, "inputs-2.41").jobs["compile:part1"]["job_id"] == "jB1"
