@@ -103,6 +103,7 @@ def setting(
 THRESHOLD_NAMES = (
     "top1_agreement",
     "kl_divergence",
+    "continuation_kl_divergence",
     "greedy_agreement",
     "perplexity_ratio",
     "salad_score",

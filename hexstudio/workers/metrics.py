@@ -15,6 +15,8 @@ import numpy as np
 DEFAULT_THRESHOLDS: dict[str, float] = {
     "top1_agreement": 0.80,  # minimum: fraction of positions whose argmax matches float
     "kl_divergence": 0.10,  # maximum: mean KL(float || quantized) in nats
+    # maximum: the same, on later turns through the prompt processor over a filled KV cache (validate.py)
+    "continuation_kl_divergence": 0.10,
     "greedy_agreement": 0.30,  # minimum: fraction of greedy-continuation positions identical
     "perplexity_ratio": 1.15,  # maximum: quantized / float perplexity on held-out text
     "salad_score": 0.25,  # maximum: token-salad score of the quantized continuation above float's

@@ -31,6 +31,10 @@ from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 EVAL_WINDOWS = 3  # held-out windows: prompt through the prompt processor, then teacher-forced AR-1 steps
 PROMPT_TOKENS = modelinfo.VALIDATION_PROMPT_TOKENS  # the Model stage refuses a context without room for them
 FORCED_STEPS = modelinfo.VALIDATION_FORCED_STEPS
+# a later turn: after the forced steps, the windows but the first send this many tokens more through the prompt
+# processor with the KV cache already holding the window (past KV, the past columns of the mask), as Genie runs
+# every prompt longer than one block and every later chat turn; scored at its last token
+CONTINUATION_TOKENS = 16
 GREEDY_PROMPTS = 3
 GREEDY_TOKENS = 24
 # the float deployment pair against the checkpoint itself (issue 19 item 3): thresholds recorded in
@@ -244,6 +248,14 @@ class _FirstWindow:
     float_logits: Any
 
 
+def continuation_tokens(context_length: int, ar_n: int) -> int:
+    """Tokens of the later turn each window but the first sends through the prompt processor (0: the context has
+    no room for a prompt-processor block after a window, where Genie too runs AR-1 steps)."""
+    if PROMPT_TOKENS + FORCED_STEPS + ar_n > context_length:
+        return 0
+    return min(CONTINUATION_TOKENS, ar_n)
+
+
 def _teacher_forced(
     pair: _Pair, ids: list[int], starts: list[int], ar_n: int, em: Emitter
 ) -> tuple[dict[str, float], int, _FirstWindow]:
@@ -256,12 +268,15 @@ def _teacher_forced(
     from hexstudio.workers.arloop import prefill_calls
 
     cl = pair.context_length
-    window = PROMPT_TOKENS + FORCED_STEPS + 1
+    more = continuation_tokens(cl, ar_n)
+    window = PROMPT_TOKENS + FORCED_STEPS + more + 1
     em.progress(0.02, "deployment pair: teacher-forced windows")
     calls: list[Any] = []
     # the calls whose logits are scored: the prompt's last, then each step
     keep: list[int] = []
     targets: list[int] = []
+    # the kept logits of the later turns through the prompt processor over a filled KV cache
+    continued: list[int] = []
     for w, s in enumerate(starts):
         seq = ids[s : s + window]
         c, n_past = prefill_calls(w, seq[:PROMPT_TOKENS], 0, ar_n, cl)
@@ -272,6 +287,15 @@ def _teacher_forced(
             keep.append(len(calls) - 1)
             n_past += 1
         targets.extend(seq[PROMPT_TOKENS : PROMPT_TOKENS + FORCED_STEPS + 1])
+        # the first window stays as the checkpoint comparison below replays it
+        if more and w > 0:
+            end = PROMPT_TOKENS + FORCED_STEPS + more
+            calls.append(
+                (w, "prompt_processor", [int(t) for t in seq[PROMPT_TOKENS + FORCED_STEPS : end]], n_past)
+            )
+            continued.append(len(keep))
+            keep.append(len(calls) - 1)
+            targets.append(seq[end])
     window0 = [i for i, c in enumerate(calls) if c[0] == 0]
     captured: dict[int, dict[str, Any]] = {i: {} for i in window0}
     logits: dict[str, list[np.ndarray]] = {}
@@ -295,6 +319,9 @@ def _teacher_forced(
     values["perplexity_ratio"] = round(
         values["perplexity_quantized"] / max(values["perplexity_float"], 1e-9), 4
     )
+    if continued:
+        # judged on its own: a few positions in the mean would hide a prompt processor that ignores its past KV
+        values["continuation_kl_divergence"] = round(metrics.kl_divergence(lf[continued], lq[continued]), 6)
     first = _FirstWindow(
         [calls[i] for i in window0],
         [captured[i] for i in window0],
@@ -480,7 +507,7 @@ def _validate(
     import numpy as np
 
     cl, ar_n = int(q["context_length"]), int(q["ar_n"])
-    window = PROMPT_TOKENS + FORCED_STEPS + 1
+    window = PROMPT_TOKENS + FORCED_STEPS + continuation_tokens(cl, ar_n) + 1
     hidden_names = _hidden_names(q)
     capture_names = {n for names in hidden_names.values() for n in names}
     pair = _open_pair(q, qdir, pe, mode, work, threads, capture_names, em)
@@ -536,6 +563,8 @@ def _validate(
             "windows": EVAL_WINDOWS,
             "prompt_tokens": PROMPT_TOKENS,
             "forced_steps": FORCED_STEPS,
+            # then a later turn through the prompt processor over the window's KV (every window but the first)
+            "continuation_tokens": continuation_tokens(cl, ar_n),
             "positions": positions,
             "context_length": cl,
             "ar_n": ar_n,

@@ -197,6 +197,55 @@ def test_scrambled_deployment_graph_is_caught_by_the_gate(validated_run: Path, t
     assert m.stage("validate").metric_value("verdict") == "fail"
 
 
+def _prompt_processor_without_past(run_dir: Path) -> None:
+    """Every quantized prompt-processor graph reads zeros where its past KV comes in: right for a first prompt
+    (the past is masked out), wrong for every later block and chat turn."""
+    import onnx
+    from onnx import numpy_helper
+
+    q = _quantize_json(run_dir)
+    for g in q["graphs"]:
+        if not g["name"].startswith("prompt_"):
+            continue
+        path = run_dir / "artifacts" / "quantize" / g["sim_onnx"]
+        model = onnx.load(str(path))
+        zero = numpy_helper.from_array(np.zeros((), np.float32), "hexstudio_test_zero")
+        model.graph.initializer.append(zero)
+        for inp in model.graph.input:
+            if not inp.name.startswith("past_"):
+                continue
+            # the input stays read (the graph keeps its interface), but times zero
+            muted = f"{inp.name}_muted"
+            for node in model.graph.node:
+                node.input[:] = [muted if x == inp.name else x for x in node.input]
+            model.graph.node.insert(0, onnx.helper.make_node("Mul", [inp.name, zero.name], [muted]))
+        onnx.save(model, str(path))
+
+
+@pytest.mark.slow
+def test_a_prompt_processor_that_ignores_its_past_is_caught_by_the_gate(
+    validated_run: Path, tmp_path: Path
+) -> None:
+    """Validation ran the prompt processor only on first prompts (48 tokens, AR-128: one block, nothing in the
+    KV cache), so a prompt processor blind to its past KV passed. Every later chat turn on the board goes through
+    that path: the teacher-forced windows now send a later turn through it, judged on its own."""
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.runs import Workspace
+
+    ws_root = tmp_path / "ws"
+    dest = ws_root / "runs" / validated_run.name
+    shutil.copytree(validated_run, dest)
+    _prompt_processor_without_past(dest)
+    m = Workspace(ws_root).open_run(validated_run.name)
+    res = asyncio.run(Pipeline(m).run(only="validate", force=True))
+    assert not res.ok and "gate not passed" in res.message
+    doc = json.loads((dest / "artifacts" / "validate" / "validation.json").read_text())
+    assert doc["deployment_pair"]["continuation_tokens"] == 16
+    assert doc["failed"] and "continuation_kl_divergence" in doc["failed"], doc["failed"]
+    good = json.loads((validated_run / "artifacts" / "validate" / "validation.json").read_text())
+    assert good["checks"]["continuation_kl_divergence"]["ok"]
+
+
 def test_context_length_not_a_multiple_of_ar_n_is_a_clear_error(tmp_path: Path) -> None:
     m, res = run_stages(tmp_path, ("model", "quantize"), {"context_length": 500})
     assert not res.ok

@@ -34,6 +34,7 @@ LOWER_IS_BETTER = {
     "predicted_ttft_ms",
     "gen_time_ms",
     "kl_divergence",
+    "continuation_kl_divergence",
     "perplexity_ratio",
     "salad_score",
     "duration_s",
