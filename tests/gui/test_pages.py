@@ -69,6 +69,42 @@ def test_wslconfig_fix_shows_the_diff_then_writes_with_a_backup(qtbot: Any, tmp_
     assert "[wsl2]" in made and "memory=200GB" in made and "swap=100GB" in made
 
 
+def test_the_wsl_fix_finds_wslconfig_off_the_gui_thread(
+    qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop
+) -> None:
+    """Finding .wslconfig runs wslvar and cmd.exe (Windows processes, seconds each): on the GUI thread the Fix
+    button froze the window, and a running stage's job dock with it."""
+    import threading
+
+    from PySide6.QtWidgets import QDialog
+
+    c, w = studio_window(qtbot, tmp_path / "ws")
+    c.new_run(str(_config_only_8b(tmp_path)), "sim", {"context_length": 4096})
+    page = w.pages["preflight"]
+    page.wslconfig_path = tmp_path / "wslconfig"
+    threads: list[bool] = []
+    plan = page._wsl_plan
+
+    def spy(mem: Any, swap: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return plan(mem, swap)
+
+    page._wsl_plan = spy
+    wsl = {
+        "id": "wsl",
+        "status": "fail",
+        "message": "WSL2 caps memory.",
+        "fix": "wslconfig:memory=200GB,swap=100GB",
+    }
+    task = page.show_fix(wsl)
+    assert task is not None
+    gui_loop.run_until_complete(task)
+    assert threads == [False]
+    shown = [d for d in page.findChildren(QDialog) if d.isVisible()]
+    assert shown and "memory=200GB" in shown[-1].text.toPlainText()
+    shown[-1].close()
+
+
 def test_changing_a_setting_makes_a_done_stage_stale(
     qtbot: Any, tmp_path: Path, compiled_sim_run: Path
 ) -> None:

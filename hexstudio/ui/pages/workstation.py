@@ -228,60 +228,90 @@ class PreflightPage(StagePage):
 
     wslconfig_path: Path | None = None  # None: found with wslvar/cmd.exe + wslpath (tests give a file)
 
-    def fix_dialog(self, check: dict[str, Any]) -> FixDialog:
+    def _wsl_request(self, check: dict[str, Any]) -> tuple[str, int | None, int | None] | None:
+        """For a check whose fix is the WSL memory limit: (the dialog's text, memory GB, swap GB); else None."""
         fix = str(check.get("fix") or "")
+        if not ((fix.startswith("wslconfig:") or ".wslconfig" in fix) and self.c.manifest is not None):
+            return None
         text = f"{check.get('message')}\n\n{fix}"
-        if (fix.startswith("wslconfig:") or ".wslconfig" in fix) and self.c.manifest is not None:
-            m = self.c.manifest
-            mem_gb: int | None = None
-            swap_gb: int | None = None
-            if fix.startswith("wslconfig:"):  # the check's own target, e.g. wslconfig:memory=180GB,swap=90GB
-                want = dict(kv.split("=", 1) for kv in fix.split(":", 1)[1].split(",") if "=" in kv)
-                mem_gb = int(want["memory"].upper().rstrip("GB")) if "memory" in want else None
-                swap_gb = int(want["swap"].upper().rstrip("GB")) if "swap" in want else None
-                text = (
-                    f"{check.get('message')}\n\nHexStudio sets [wsl2] memory={mem_gb}GB and swap={swap_gb}GB "
-                    "in your Windows .wslconfig."
-                )
-            elif isinstance(check.get("required"), (int, float)):
-                # the limits the check itself asked for (its "required")
-                mem_gb, swap_gb = wslconfig.target_limits(int(check["required"]))
-            try:
-                plan, _basis = wslconfig_plan(  # the run's own shape, "auto" resolved by the one rule
-                    str(m.inputs.get("model")),
-                    None,
-                    None,
-                    self.wslconfig_path,
-                    memory_gb=mem_gb,
-                    swap_gb=swap_gb,
-                    settings=m.settings,
-                )
-            except ActionableError as exc:
-                return FixDialog(f"Fix: {check['id']}", f"{text}\n\n{exc}", self)
-            if not plan.changed:
-                return FixDialog(
-                    f"Fix: {check['id']}", f"{text}\n\n{plan.path} already has these limits.", self
-                )
-
-            def write() -> str:
-                backup = wslconfig.write(plan)
-                kept = f" (the old file is kept as {backup})" if backup else ""
-                return (
-                    f"Wrote {plan.path}{kept}. Now close HexStudio, run <b>wsl --shutdown</b> in Windows "
-                    "PowerShell, and start HexStudio again: WSL reads .wslconfig only when it starts."
-                )
-
-            return FixDialog(
-                f"Fix: {check['id']} — .wslconfig",
-                f"{text}\n\nThe change to {plan.path}:\n\n{plan.diff()}",
-                self,
-                apply=write,
-                apply_label="Write .wslconfig",
+        mem_gb: int | None = None
+        swap_gb: int | None = None
+        if fix.startswith("wslconfig:"):  # the check's own target, e.g. wslconfig:memory=180GB,swap=90GB
+            want = dict(kv.split("=", 1) for kv in fix.split(":", 1)[1].split(",") if "=" in kv)
+            mem_gb = int(want["memory"].upper().rstrip("GB")) if "memory" in want else None
+            swap_gb = int(want["swap"].upper().rstrip("GB")) if "swap" in want else None
+            text = (
+                f"{check.get('message')}\n\nHexStudio sets [wsl2] memory={mem_gb}GB and swap={swap_gb}GB "
+                "in your Windows .wslconfig."
             )
-        return FixDialog(f"Fix: {check['id']}", text, self)
+        elif isinstance(check.get("required"), (int, float)):
+            # the limits the check itself asked for (its "required")
+            mem_gb, swap_gb = wslconfig.target_limits(int(check["required"]))
+        return text, mem_gb, swap_gb
 
-    def show_fix(self, check: dict[str, Any]) -> None:
-        self.fix_dialog(check).exec()
+    def _wsl_plan(self, mem_gb: int | None, swap_gb: int | None) -> Any:
+        """The .wslconfig change, or the ActionableError saying why there is none. Slow: finding the file runs
+        wslvar and cmd.exe (Windows processes, seconds each), and the model's shape may come from the Hub."""
+        m = self.c.manifest
+        assert m is not None
+        try:
+            plan, _basis = wslconfig_plan(  # the run's own shape, "auto" resolved by the one rule
+                str(m.inputs.get("model")),
+                None,
+                None,
+                self.wslconfig_path,
+                memory_gb=mem_gb,
+                swap_gb=swap_gb,
+                settings=m.settings,
+            )
+        except ActionableError as exc:
+            return exc
+        return plan
+
+    def fix_dialog(self, check: dict[str, Any], planned: Any = None) -> FixDialog:
+        """The check's fix in a dialog; the WSL memory fix with its .wslconfig change (`planned`: from _wsl_plan,
+        made here when not given)."""
+        req = self._wsl_request(check)
+        if req is None:
+            return FixDialog(
+                f"Fix: {check['id']}", f"{check.get('message')}\n\n{check.get('fix') or ''}", self
+            )
+        text, mem_gb, swap_gb = req
+        plan = planned if planned is not None else self._wsl_plan(mem_gb, swap_gb)
+        if isinstance(plan, ActionableError):
+            return FixDialog(f"Fix: {check['id']}", f"{text}\n\n{plan}", self)
+        if not plan.changed:
+            return FixDialog(f"Fix: {check['id']}", f"{text}\n\n{plan.path} already has these limits.", self)
+
+        def write() -> str:
+            backup = wslconfig.write(plan)
+            kept = f" (the old file is kept as {backup})" if backup else ""
+            return (
+                f"Wrote {plan.path}{kept}. Now close HexStudio, run <b>wsl --shutdown</b> in Windows "
+                "PowerShell, and start HexStudio again: WSL reads .wslconfig only when it starts."
+            )
+
+        return FixDialog(
+            f"Fix: {check['id']} — .wslconfig",
+            f"{text}\n\nThe change to {plan.path}:\n\n{plan.diff()}",
+            self,
+            apply=write,
+            apply_label="Write .wslconfig",
+        )
+
+    def show_fix(self, check: dict[str, Any]) -> asyncio.Future[None] | None:
+        """Open the fix's dialog. The WSL memory fix first finds .wslconfig in a thread: on the GUI thread it froze
+        the window (and a running stage's job dock) for seconds."""
+        req = self._wsl_request(check)
+        if req is None:
+            self.fix_dialog(check).open()
+            return None
+        self._fix_task = asyncio.ensure_future(self._show_wsl_fix(check, req[1], req[2]))
+        return self._fix_task
+
+    async def _show_wsl_fix(self, check: dict[str, Any], mem_gb: int | None, swap_gb: int | None) -> None:
+        planned = await asyncio.to_thread(self._wsl_plan, mem_gb, swap_gb)
+        self.fix_dialog(check, planned).open()
 
 
 class QuantizePage(StagePage):
