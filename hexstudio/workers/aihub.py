@@ -189,6 +189,10 @@ def _first_line(exc: BaseException) -> str:
     return " ".join(ln for ln in lines if ln)[:400] or type(exc).__name__
 
 
+# how long one wait for a set of jobs may last (an 8B part compiles in well under an hour on AI Hub)
+WAIT_LIMIT_S = 24 * 3600.0
+
+
 # -- client ------------------------------------------------------------------------------------
 def configure_client(settings: RunSettings) -> float:
     """The client's knobs: job polling and HTTP retries. Returns our poll interval (seconds)."""
@@ -528,6 +532,7 @@ def wait_jobs(
     pending = set(names)
     em.log(f"waiting for AI Hub {what} jobs: " + ", ".join(f"{n} {store.jobs[n]['job_id']}" for n in names))
     last_msg, last_t = "", 0.0
+    given_up = time.monotonic() + WAIT_LIMIT_S
     while pending:
         states = {}
         for n in sorted(pending):
@@ -561,6 +566,16 @@ def wait_jobs(
         if msg != last_msg or now - last_t > 30:
             em.progress(f0 + (f1 - f0) * done / len(names), msg)
             last_msg, last_t = msg, now
+        if pending and time.monotonic() > given_up:
+            # a job AI Hub never finishes (a state this client does not know reads as UNSPECIFIED, neither done
+            # nor failed) would hold the stage for ever; the recorded jobs are waited for again on resume
+            waiting = ", ".join(f"{store.jobs[n]['job_id']} ({states.get(n, '?')})" for n in sorted(pending))
+            raise WorkerError(
+                "aihub_timeout",
+                f"AI Hub {what} jobs are still not finished after {WAIT_LIMIT_S / 3600:g} h: {waiting}.",
+                "Look at them on AI Hub (the job pages); resume the run later: the recorded jobs are waited for "
+                "again, nothing is submitted twice.",
+            )
         if pending:
             time.sleep(poll_s)
 

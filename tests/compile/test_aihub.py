@@ -590,3 +590,39 @@ def test_inputs_changed_and_changed_back_reuse_their_own_jobs(tmp_path: Path) ->
     assert again.abandoned == 1  # the 2.41 set, kept for its own inputs
     again.save()
     assert JobStore(path, "inputs-2.41").jobs["compile:part1"]["job_id"] == "jB1"
+
+
+def test_a_job_ai_hub_never_finishes_ends_the_wait_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state the client does not know reads as UNSPECIFIED, neither done nor failed: the wait never ended."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from hexstudio.shared.protocol import Emitter
+    from hexstudio.workers import aihub
+    from hexstudio.workers.runtime import WorkerError
+
+    store = aihub.JobStore(tmp_path / JOBS_FILE, "inputs")
+    store.put("compile:g", {"job_id": "jX", "kind": "compile", "what": "g", "url": "u", "state": "SUBMITTED"})
+    stuck = SimpleNamespace(code="UNSPECIFIED", success=False, failure=False, message=None)
+    client = SimpleNamespace(get_job=lambda _id: SimpleNamespace(get_status=lambda: stuck))
+    monkeypatch.setattr(aihub, "WAIT_LIMIT_S", 0.2)
+    with pytest.raises(WorkerError) as err:
+        aihub.wait_jobs(
+            client,
+            store,
+            ["compile:g"],
+            Emitter(io.StringIO()),
+            0.05,
+            0.0,
+            1.0,
+            "compile",
+            tmp_path,
+            lambda _what: contextlib.nullcontext(),
+        )
+    assert err.value.code == "aihub_timeout" and "jX (UNSPECIFIED)" in err.value.message
+    assert "nothing is submitted twice" in (err.value.hint or "")
+    assert (
+        aihub.JobStore(tmp_path / JOBS_FILE, "inputs").jobs["compile:g"]["job_id"] == "jX"
+    )  # kept for resume
