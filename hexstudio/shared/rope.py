@@ -254,6 +254,9 @@ def genie_rope_tables(pe: dict[str, Any], context_size: int) -> tuple[np.ndarray
     return rope_tables(inv, af, context_size)
 
 
+INT32_MAX = 2**31 - 1
+
+
 def genie_positional_encoding(hf_config: dict[str, Any], context_size: int) -> dict[str, Any]:
     """The `positional-encoding` object of genie_config.json that makes Genie compute this model's rope
     for a `context_size`-token deployment: native `llama3`/`longrope`/no scaling where the model's own
@@ -263,9 +266,12 @@ def genie_positional_encoding(hf_config: dict[str, Any], context_size: int) -> d
     theta, rs = rope_settings(hf_config)
     hd = head_dim_of(hf_config)
     want_inv, want_af = model_inv_freq(hf_config, context_size)
-    pe: dict[str, Any] = {"type": "rope", "rope-dim": hd // 2, "rope-theta": int(theta)}
+    # Genie reads rope-theta as an int32: a larger theta (Llama-3-8B-Gradient-1048k: 3,580,165,449) is written as
+    # the largest int32 and reproduced exactly by the divisors below, as a fractional theta is
+    genie_theta = min(int(theta), INT32_MAX)
+    pe: dict[str, Any] = {"type": "rope", "rope-dim": hd // 2, "rope-theta": genie_theta}
     rtype = str(rs.get("rope_type", rs.get("type"))) if rs else "default"
-    integral = float(int(theta)) == theta
+    integral = float(int(theta)) == theta and genie_theta == int(theta)
     if integral and rtype in ("default", "dynamic") and want_af == 1.0:
         pass
     elif integral and rtype == "llama3":
@@ -278,7 +284,7 @@ def genie_positional_encoding(hf_config: dict[str, Any], context_size: int) -> d
         }
     else:
         # per-frequency divisors against Genie's own base frequencies, one cos/sin multiplier
-        genie_base = float(int(theta)) ** (-np.arange(hd // 2, dtype=np.float64) / (hd // 2))
+        genie_base = float(genie_theta) ** (-np.arange(hd // 2, dtype=np.float64) / (hd // 2))
         divisors = [float(x) for x in genie_base / want_inv]
         orig = int(
             (rs or {}).get("original_max_position_embeddings")

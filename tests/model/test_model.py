@@ -579,3 +579,15 @@ def test_a_full_disk_while_exporting_is_a_full_disk_not_a_model_problem(
     with pytest.raises(OSError) as err:  # worker_main reports it as disk_full, with what to do
         quantize._export(BUILTIN_MODEL_DIR, tmp_path / "q", plan, Emitter(io.StringIO()))
     assert err.value.errno == errno.ENOSPC
+
+
+def test_a_rope_theta_beyond_int32_is_written_as_genie_reads_it() -> None:
+    """Genie reads rope-theta as an int32: Llama-3-8B-Gradient-1048k's 3,580,165,449 was written as it is, and
+    the check recomputed Genie's side with Python ints, so the overflow passed."""
+    from hexstudio.shared import rope
+
+    cfg = {**LLAMA_8B, "rope_theta": 3580165449.0, "rope_scaling": None}
+    pe = rope.genie_positional_encoding(cfg, 4096)
+    assert pe["rope-theta"] == 2**31 - 1 and pe["rope-scaling"]["rope-type"] == "longrope"
+    assert rope.rope_mismatch(pe, cfg, 4096) is None  # the divisors reproduce the model's tables
+    assert rope.genie_positional_encoding(LLAMA_8B, 4096)["rope-theta"] == 500000  # as before below int32
