@@ -151,3 +151,16 @@ async def push_to_board(c: Any, w: Any) -> None:
     w.pages["board"].run_button.click()
     await wait_until(lambda: not c.busy, 180, "the board stage")
     assert c.state("board") == "done", c.last_result and c.last_result.message
+
+
+def report_page_on_evaluated_run(qtbot: Any, tmp_path: Path) -> Any:
+    """The Report page of a run whose stages are done up to Evaluate (parity 256/256), opened in the studio's
+    main window at 1280x720 (not shown)."""
+    from tests.support.gate_runs import finish_stage, gate_failed_run
+
+    ws = tmp_path / "ws"
+    m = gate_failed_run(ws, "evaluate")
+    finish_stage(m, "evaluate", {"parity_matched": 256, "parity_total": 256})
+    c, w = studio_window(qtbot, ws, (1280, 720))
+    c.open_run(m.run_id)
+    return w.pages["report"]

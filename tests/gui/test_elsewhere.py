@@ -11,8 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import keep_screenshot, studio_window, wait_until, window_on_gate_failed_run
-from tests.support.gate_runs import finish_stage, gate_failed_run, skip_board_recheck
+from tests.gui.conftest import (
+    keep_screenshot,
+    report_page_on_evaluated_run,
+    studio_window,
+    wait_until,
+    window_on_gate_failed_run,
+)
+from tests.support.gate_runs import gate_failed_run, skip_board_recheck
 
 
 def test_job_dock_hides_shrinks_and_keeps_its_time(
@@ -124,12 +130,7 @@ def test_board_list_agrees_with_the_board_stage(qtbot: Any, tmp_path: Path) -> N
 def test_export_html_fills_the_preview_and_open_in_browser(
     qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop
 ) -> None:
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")
-    finish_stage(m, "evaluate", {"parity_matched": 256, "parity_total": 256})
-    c, w = studio_window(qtbot, ws, (1280, 720))
-    c.open_run(m.run_id)
-    page = w.pages["report"]
+    page = report_page_on_evaluated_run(qtbot, tmp_path)
     page.refresh()
     assert not page.open_button.isEnabled() and "Run the Report stage" in page.preview.toPlainText()
     out = tmp_path / "exported" / "report.html"

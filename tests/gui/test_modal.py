@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import studio_window
-from tests.support.gate_runs import finish_stage, gate_failed_run
+from tests.gui.conftest import report_page_on_evaluated_run
 
 
 async def _ticker(ticks: list[int], stop: asyncio.Event) -> None:
@@ -61,12 +60,7 @@ def test_the_report_export_asks_where_outside_any_task(
     """The Report page asked for the file inside its export coroutine: a stage running meanwhile froze."""
     from PySide6.QtWidgets import QFileDialog
 
-    ws = tmp_path / "ws"
-    m = gate_failed_run(ws, "evaluate")
-    finish_stage(m, "evaluate", {"parity_matched": 256, "parity_total": 256})
-    c, w = studio_window(qtbot, ws, (1280, 720))
-    c.open_run(m.run_id)
-    page = w.pages["report"]
+    page = report_page_on_evaluated_run(qtbot, tmp_path)
     out = tmp_path / "report.html"
     in_task: list[bool] = []
 

@@ -177,20 +177,26 @@ def _scramble_token_generator(run_dir: Path) -> None:
     onnx.save(model, str(path))
 
 
-@pytest.mark.slow
-def test_scrambled_deployment_graph_is_caught_by_the_gate(validated_run: Path, tmp_path: Path) -> None:
-    """The known trap: the calibration-shape graph is fine, the deployment pair is broken."""
+def _validate_damaged(validated_run: Path, tmp_path: Path, damage: Any) -> tuple[Any, dict[str, Any]]:
+    """A copy of the validated run, its quantized graphs damaged by `damage(run_dir)`, validated again: the gate
+    must stop it. Returns the run's manifest and its validation.json."""
     from hexstudio.core.pipeline import Pipeline
     from hexstudio.core.runs import Workspace
 
     ws_root = tmp_path / "ws"
     dest = ws_root / "runs" / validated_run.name
     shutil.copytree(validated_run, dest)
-    _scramble_token_generator(dest)
+    damage(dest)
     m = Workspace(ws_root).open_run(validated_run.name)
     res = asyncio.run(Pipeline(m).run(only="validate", force=True))
     assert not res.ok and "gate not passed" in res.message
-    doc = json.loads((dest / "artifacts" / "validate" / "validation.json").read_text())
+    return m, json.loads((dest / "artifacts" / "validate" / "validation.json").read_text())
+
+
+@pytest.mark.slow
+def test_scrambled_deployment_graph_is_caught_by_the_gate(validated_run: Path, tmp_path: Path) -> None:
+    """The known trap: the calibration-shape graph is fine, the deployment pair is broken."""
+    m, doc = _validate_damaged(validated_run, tmp_path, _scramble_token_generator)
     assert doc["verdict"] == "fail"
     assert doc["calibration_graph"]["verdict"] == "pass"
     assert doc["summary"] == "calibration graph fine, deployment pair broken"
@@ -229,17 +235,7 @@ def test_a_prompt_processor_that_ignores_its_past_is_caught_by_the_gate(
     """Validation ran the prompt processor only on first prompts (48 tokens, AR-128: one block, nothing in the
     KV cache), so a prompt processor blind to its past KV passed. Every later chat turn on the board goes through
     that path: the teacher-forced windows now send a later turn through it, judged on its own."""
-    from hexstudio.core.pipeline import Pipeline
-    from hexstudio.core.runs import Workspace
-
-    ws_root = tmp_path / "ws"
-    dest = ws_root / "runs" / validated_run.name
-    shutil.copytree(validated_run, dest)
-    _prompt_processor_without_past(dest)
-    m = Workspace(ws_root).open_run(validated_run.name)
-    res = asyncio.run(Pipeline(m).run(only="validate", force=True))
-    assert not res.ok and "gate not passed" in res.message
-    doc = json.loads((dest / "artifacts" / "validate" / "validation.json").read_text())
+    _m, doc = _validate_damaged(validated_run, tmp_path, _prompt_processor_without_past)
     assert doc["deployment_pair"]["continuation_tokens"] == 16
     assert doc["failed"] and "continuation_kl_divergence" in doc["failed"], doc["failed"]
     good = json.loads((validated_run / "artifacts" / "validate" / "validation.json").read_text())
