@@ -286,8 +286,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
             raise CliError(exc.message, "Run the fix again and type the board user's password.") from None
         except BoardError as exc:
             raise CliError(exc.message, exc.hint) from None
-        # sudo took it: the steps ran ("failed": one of them failed after)
-        if pw and args.remember and not stored and res.status in ("applied", "failed"):
+        if pw and args.remember and not stored and res.password_taken:
             set_secret(sudo_password_key(args.name), pw)
         return {"ok": res.status in ("applied", "already"), "plan": plan.to_dict(), **res.to_dict()}
 

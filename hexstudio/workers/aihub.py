@@ -55,6 +55,7 @@ from typing import Any
 from hexstudio.shared import bundle as gb
 from hexstudio.shared import modelinfo
 from hexstudio.shared.aihub_devices import AihubDevice, DeviceListing
+from hexstudio.shared.bundle.speculative import DraftHost
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers import bundle_metadata as gm
@@ -906,7 +907,13 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     # the Genie configs and the speculative dialogs are checked before any upload
     cfg = checked_genie_config(hf_config, q, [bins[k] for k in pairs], s)
     tok = hf_dir / "tokenizer.json"
-    check_speculative(hf_config, q, s, tok.read_bytes() if tok.is_file() else None, clamps_small_tables=False)
+    # the device as known offline (AI Hub resolves it later) and the QAIRT asked for: a draft that could not load
+    # beside this bundle is refused before any upload
+    known = gb.KNOWN_DEVICES.get(s.device) or {}
+    host = DraftHost(int(q["context_length"]), known.get("dsp_arch"), known.get("soc_model"), s.qairt_version)
+    check_speculative(
+        hf_config, q, s, tok.read_bytes() if tok.is_file() else None, clamps_small_tables=False, host=host
+    )
     qairt = s.qairt_version
     lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
     # appended, as qai-hub-models' --compile-options

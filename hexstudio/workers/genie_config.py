@@ -89,15 +89,17 @@ def check_speculative(
     tokenizer: bytes | None = None,
     *,
     clamps_small_tables: bool = True,
+    host: DraftHost | None = None,
 ) -> list[str]:
     """The speculative dialogs the run asks for, each one this model can have; else a WorkerError naming why.
     Called before the compile starts (nothing is compiled or uploaded for a request that cannot be met); with the
-    model's tokenizer.json, an spd draft bundle is checked against it then too. `clamps_small_tables`: the compile
+    model's tokenizer.json, an spd draft bundle is checked against it then too, and with `host` (what the bundle is
+    compiled for) against the context, device and QAIRT its binaries must load beside. `clamps_small_tables`: the compile
     clamps lade's seed ids into a small embedding (the local one does; AI Hub compiles the graph as exported)."""
     types, lade, spd = speculative_of(settings)
     if "spd" in types and spd.draft != "self" and tokenizer is not None:
         try:
-            draft_engine(Path(spd.draft).expanduser(), tokenizer, int(hf_config.get("vocab_size") or 0))
+            draft_engine(Path(spd.draft).expanduser(), tokenizer, int(hf_config.get("vocab_size") or 0), host)
         except SpeculativeError as exc:
             raise WorkerError(
                 "spd_draft",

@@ -33,8 +33,10 @@ PROMPT_TOKENS = modelinfo.VALIDATION_PROMPT_TOKENS  # the Model stage refuses a 
 FORCED_STEPS = modelinfo.VALIDATION_FORCED_STEPS
 # a later turn: after the forced steps, the windows but the first send this many tokens more through the prompt
 # processor with the KV cache already holding the window (past KV, the past columns of the mask), as Genie runs
-# every prompt longer than one block and every later chat turn; scored at its last token
+# every prompt longer than one block and every later chat turn; in CONTINUATION_CALLS blocks, each scored at its
+# last token (8 positions over the two windows: a mean over 2 would fail a sound model on one unlucky token)
 CONTINUATION_TOKENS = 16
+CONTINUATION_CALLS = 4
 GREEDY_PROMPTS = 3
 GREEDY_TOKENS = 24
 # the float deployment pair against the checkpoint itself (issue 19 item 3): thresholds recorded in
@@ -251,9 +253,11 @@ class _FirstWindow:
 def continuation_tokens(context_length: int, ar_n: int) -> int:
     """Tokens of the later turn each window but the first sends through the prompt processor (0: the context has
     no room for a prompt-processor block after a window, where Genie too runs AR-1 steps)."""
-    if PROMPT_TOKENS + FORCED_STEPS + ar_n > context_length:
+    more = min(CONTINUATION_TOKENS, ar_n)
+    # every block must fit a whole prompt-processor block after what the KV cache holds
+    if PROMPT_TOKENS + FORCED_STEPS + more + ar_n > context_length:
         return 0
-    return min(CONTINUATION_TOKENS, ar_n)
+    return more
 
 
 def _teacher_forced(
@@ -289,13 +293,15 @@ def _teacher_forced(
         targets.extend(seq[PROMPT_TOKENS : PROMPT_TOKENS + FORCED_STEPS + 1])
         # the first window stays as the checkpoint comparison below replays it
         if more and w > 0:
-            end = PROMPT_TOKENS + FORCED_STEPS + more
-            calls.append(
-                (w, "prompt_processor", [int(t) for t in seq[PROMPT_TOKENS + FORCED_STEPS : end]], n_past)
-            )
-            continued.append(len(keep))
-            keep.append(len(calls) - 1)
-            targets.append(seq[end])
+            step = max(1, more // CONTINUATION_CALLS)
+            first_token = PROMPT_TOKENS + FORCED_STEPS
+            for a in range(first_token, first_token + more, step):
+                block = [int(t) for t in seq[a : min(a + step, first_token + more)]]
+                calls.append((w, "prompt_processor", block, n_past))
+                n_past += len(block)
+                continued.append(len(keep))
+                keep.append(len(calls) - 1)
+                targets.append(seq[a + len(block)])
     window0 = [i for i, c in enumerate(calls) if c[0] == 0]
     captured: dict[int, dict[str, Any]] = {i: {} for i in window0}
     logits: dict[str, list[np.ndarray]] = {}

@@ -45,3 +45,34 @@ def test_the_environment_points_at_a_qairt_that_is_there(evk: EvkBoard) -> None:
             await board.transport.close()
 
     asyncio.run(flow())
+
+
+def test_a_current_link_under_the_aistack_root_is_the_one_written(evk: EvkBoard) -> None:
+    """The probe finds a `current` link under either root; the fix wrote /opt/qairt/current whichever it was."""
+    import shutil
+
+    shutil.rmtree(evk.root / "opt" / "qairt", ignore_errors=True)
+    root = evk.root / "opt" / "qcom" / "aistack" / "qairt"
+    for lib in ("lib/aarch64-oe-linux-gcc11.2", "lib/hexagon-v73/unsigned"):
+        (root / VERSION / lib).mkdir(parents=True)
+    (root / "current").symlink_to(VERSION)
+    settings = settings_with("evk", evk.board_config())
+
+    async def flow() -> None:
+        board = await open_board("evk", settings, trust=lambda *a: True)
+        try:
+            home = str(await board.transport.home())
+            await board.transport.write_bytes(f"{home}/{ENV_SCRIPT}", b"# nothing yet\n")
+            r = await probe(board, only=("soc", "qairt", "qairt_env"))
+            assert r.facts["qairt_current"] == "/opt/qcom/aistack/qairt/current"
+            res = await apply_fix(board, await plan_fix(board, "qairt_env", r))
+            assert res.status == "applied", res.message
+            after = await probe(board, only=("soc", "qairt", "qairt_env"))
+            env = after.by_id("qairt_env")
+            assert env.status == "ok" and "QAIRT_HOME=/opt/qcom/aistack/qairt/current" in env.message, (
+                env.message
+            )
+        finally:
+            await board.transport.close()
+
+    asyncio.run(flow())

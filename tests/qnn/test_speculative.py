@@ -500,3 +500,18 @@ def test_the_evaluate_stage_runs_spd_on_real_genie_with_the_parity_gate(
         k: (v["value"] if isinstance(v, dict) else v) for k, v in m.stage("evaluate").data["metrics"].items()
     }
     assert metrics["parity_reference"] == "htp" and metrics["parity_matched"] == metrics["parity_total"] > 0
+
+
+def test_a_draft_that_cannot_load_beside_is_refused_before_anything_compiles(tmp_path: Path) -> None:
+    """The draft's context, device and QAIRT were checked only when the dialog configs were written, after every
+    part had compiled (hours at 8B on AI Hub): the check before the compile now gets them too."""
+    from hexstudio.workers.genie_config import check_speculative
+
+    hf = json.loads(BUILTIN_CONFIG.read_text())
+    draft = _draft(tmp_path / "small", context_length=2048)
+    settings = run_settings_of({"speculative_dialogs": "spd", "spd_draft": str(draft), "spd_draft_len": 3})
+    q = {"ar_n": 128, "context_length": 4096}
+    tok = b'{"model": {}}'
+    assert check_speculative(hf, q, settings, tok) == ["spd"]  # what it knew before: the tokenizer
+    with pytest.raises(WorkerError, match="context of 2048 tokens"):
+        check_speculative(hf, q, settings, tok, host=sp.DraftHost(4096, "v73", 77, "2.42"))

@@ -404,23 +404,25 @@ _VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)*$")
 async def _qairt(p: _Probe, c: Check) -> None:
     e = await p.sh(
         'for r in "$@"; do for d in "$r"/*/; do [ -d "$d" ] && [ ! -L "${d%/}" ] && echo "dir ${d%/}"; '
-        'done; [ -L "$r/current" ] && echo "current $(readlink -f "$r/current")"; done; true',
+        'done; [ -L "$r/current" ] && echo "current $r/current $(readlink -f "$r/current")"; done; true',
         *QAIRT_ROOTS,
         shown="ls -d /opt/qairt/*/ /opt/qcom/aistack/qairt/*/; readlink -f /opt/qairt/current",
     )
     c.evidence.append(e)
     installs = []
-    current = None
+    links: dict[str, str] = {}  # the target of each root's `current` link -> the link
     for ln in e.output.splitlines():
         kind, _, path = ln.partition(" ")
         if kind == "dir" and _VERSION_RE.match(path.rsplit("/", 1)[-1]):
             installs.append({"path": path, "version": path.rsplit("/", 1)[-1]})
         elif kind == "current":
-            current = path
+            link, _, target = path.partition(" ")
+            links.setdefault(target, link)
     p.facts["qairt_installs"] = installs
-    linked = next((i for i in installs if i["path"] == current), None)
-    # /opt/qairt/current only where it leads to an install (a link to a removed version leads nowhere)
-    p.facts["qairt_current"] = current if linked is not None else None
+    linked = next((i for i in installs if i["path"] in links), None)
+    # a `current` link only where it leads to an install (a link to a removed version leads nowhere): its own
+    # path, under whichever root it is (/opt/qairt or /opt/qcom/aistack/qairt)
+    p.facts["qairt_current"] = links[linked["path"]] if linked is not None else None
     chosen = linked or (installs[-1] if installs else None)
     p.facts["qairt_home"] = chosen["path"] if chosen else None
     p.facts["qairt_version"] = chosen["version"] if chosen else None

@@ -164,6 +164,8 @@ class FixResult:
     manual_commands: list[str] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
     explained: list[dict[str, Any]] = field(default_factory=list)
+    # sudo took the password given (a password is worth keeping only then)
+    password_taken: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -441,7 +443,7 @@ async def plan_fix(
             )
     elif fix_id == "qairt_env":
         # the link where it leads to an install (a later QAIRT install moves it), else the install itself
-        qhome = "/opt/qairt/current" if facts.get("qairt_current") else facts.get("qairt_home")
+        qhome = facts.get("qairt_current") or facts.get("qairt_home")
         if not qhome:
             raise BoardError(
                 "No QAIRT is installed on the board, so there is no environment to write.",
@@ -640,6 +642,7 @@ async def apply_fix(
             res.manual_commands = [step.shown for step in pending if step.kind != "reconnect"]
             rn.emit(res.message)
             return res
+        res.password_taken = rn.sudo_mode == "password"
     did_something = False
     for step in plan.steps:
         if step.done_if is not None:

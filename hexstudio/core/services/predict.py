@@ -159,7 +159,9 @@ def request_for_run(run_dir: Path, two_layers: bool = True) -> PredictRequest:
     return PredictRequest(
         model=str(m.inputs.get("model")),
         board=str(m.inputs.get("board") or SIM_BOARD),
-        device=device if isinstance(device, str) and device else None,
+        # a device this studio knows offline (an AI Hub device it does not know: the board's, and the prediction
+        # names the device it is for)
+        device=device if isinstance(device, str) and device in KNOWN_DEVICES else None,
         context_length=num("context_length"),
         ar_n=num("ar_n"),
         parts=num("parts"),

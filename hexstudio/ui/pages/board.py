@@ -630,8 +630,8 @@ class BoardPage(StagePage):
                 return None
             self.log(f"# fix {fix_id}: {plan.title}")
             res = await fixes.apply_fix(board, plan, sudo_password=password, on_log=self.log)
-            # kept only once sudo took it ("failed": a step failed after)
-            if remember and password and res.status in ("applied", "failed"):
+            # kept only once sudo took it
+            if remember and password and res.password_taken:
                 set_secret(sudo_password_key(name), password)
         except ActionableError as exc:
             # a board, link (ConnectionLost) or keyring (SecretStoreError) failure: said, never a dead task

@@ -148,6 +148,7 @@ def write_local_bundle(
     em: Emitter,
 ) -> dict[str, Any]:
     from hexstudio.shared.bundle.genie_model import variant_of
+    from hexstudio.shared.bundle.speculative import DraftHost
     from hexstudio.workers.genie_config import check_speculative, checked_genie_config, write_dialog_configs
 
     if form not in FORMS:
@@ -165,9 +166,11 @@ def write_local_bundle(
     q = json.loads((quantize_dir / "quantize.json").read_text())
     hf_config = json.loads((hf_dir / "config.json").read_text())
     tok = hf_dir / "tokenizer.json"
-    check_speculative(
-        hf_config, q, settings, tok.read_bytes() if tok.is_file() else None
-    )  # before anything compiles
+    # before anything compiles: a draft that could not load beside this bundle costs no compile
+    host = DraftHost(
+        int(q["context_length"]), device.get("dsp_arch"), device.get("soc_model"), libs.qnn_version
+    )
+    check_speculative(hf_config, q, settings, tok.read_bytes() if tok.is_file() else None, host=host)
     target = HtpTarget(int(device["soc_model"]), str(device["dsp_arch"]))
     work = out / "htp"
     bdir = out / "bundle"
