@@ -465,7 +465,7 @@ async def _qairt_env(p: _Probe, c: Check) -> None:
     first = adsp.split(";")[0] if adsp else ""
     if not first.endswith(f"hexagon-{arch}/unsigned"):
         problems.append(f"ADSP_LIBRARY_PATH does not start with lib/hexagon-{arch}/unsigned")
-    if qhome and not env.get("QAIRT_HOME", "").startswith(("/opt/qairt", str(qhome))):
+    if qhome and not env.get("QAIRT_HOME", "").startswith((*QAIRT_ROOTS, str(qhome))):
         problems.append(f"QAIRT_HOME is {env.get('QAIRT_HOME')!r}")
     elif env.get("QAIRT_HOME_HOLDS_QAIRT") != "yes":
         # a link to a removed version, or /opt/qairt/current never made: the paths lead nowhere
