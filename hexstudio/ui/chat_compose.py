@@ -23,12 +23,8 @@ from PySide6.QtWidgets import (
 from hexstudio.core.services.chat import kpi_line
 from hexstudio.core.services.chat_controller import LiveSession, Notice, TurnOutcome
 from hexstudio.ui.chat_view import MessageBubble, TranscriptView
+from hexstudio.ui.errors import refused_html
 from hexstudio.ui.widgets import STATE_COLORS, button, note, rich
-
-
-def failed(text: str) -> str:
-    """`text` (plain) as a failure, in rich text."""
-    return f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(text)}</span>"
 
 
 def _toggle(text: str, name: str, tip: str) -> QPushButton:
@@ -163,10 +159,7 @@ class ChatColumn(QWidget):
 
     def say(self, notice: Notice) -> None:
         self.chat_message.setText(
-            failed(notice.text)
-            + (f"<br><b>What to do:</b> {html.escape(notice.hint)}" if notice.hint else "")
-            if notice.failed
-            else html.escape(notice.text)
+            refused_html(notice.text, notice.hint) if notice.failed else html.escape(notice.text)
         )
 
     def begin_reply(

@@ -67,8 +67,7 @@ def show_error(
 
 
 def refused_html(message: str, hint: str | None) -> str:
-    """A refusal on a page's label: what was refused in the failed colour, then what to do."""
-    from hexstudio.ui.widgets import STATE_COLORS
+    """A refusal or failure on a page's label: what happened in the failed colour, then what to do."""
+    from hexstudio.ui.widgets import failed
 
-    what = f"<br><b>What to do:</b> {html.escape(hint)}" if hint else ""
-    return f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(message)}</span>{what}"
+    return failed(message) + (f"<br><b>What to do:</b> {html.escape(hint)}" if hint else "")

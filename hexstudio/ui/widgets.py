@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,11 @@ STATE_TEXT = {k.key: k.word for k in KINDS.values()} | {
 STATUS_COLORS = {"ok": "#2da44e", "warn": "#bf8700", "fail": "#d1242f", "skip": "#8a8f98"}
 
 _icon_cache: dict[str, QIcon] = {}
+
+
+def failed(text: str) -> str:
+    """`text` (plain) as a failure, in rich text."""
+    return f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(text)}</span>"
 
 
 def state_icon(state: str, size: int = 16) -> QIcon:

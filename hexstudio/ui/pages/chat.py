@@ -31,7 +31,7 @@ from hexstudio.core.services.chat_controller import (
     TurnHooks,
 )
 from hexstudio.core.services.chat_target import board_doc
-from hexstudio.ui.chat_compose import ChatColumn, failed
+from hexstudio.ui.chat_compose import ChatColumn
 from hexstudio.ui.chat_context import ContextPanel
 from hexstudio.ui.chat_conversations import ConversationsPanel, ask_delete, ask_new_chat
 from hexstudio.ui.chat_kpis import PerformancePanel
@@ -40,6 +40,7 @@ from hexstudio.ui.chat_settings import SAMPLER_PRESETS, ChatSettingsPanel
 from hexstudio.ui.chat_view import MessageBubble, flash
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.pages.base import StagePage
+from hexstudio.ui.widgets import failed
 
 __all__ = ["SAMPLER_PRESETS", "ChatPage", "kpi_line"]
 
