@@ -15,6 +15,7 @@ from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from hexstudio.core import logs
+from hexstudio.ui.widgets import failed
 
 log = logging.getLogger("hexstudio.gui")
 
@@ -68,6 +69,4 @@ def show_error(
 
 def refused_html(message: str, hint: str | None) -> str:
     """A refusal or failure on a page's label: what happened in the failed colour, then what to do."""
-    from hexstudio.ui.widgets import failed
-
     return failed(message) + (f"<br><b>What to do:</b> {html.escape(hint)}" if hint else "")

@@ -16,7 +16,8 @@ from hexstudio.core.services.predict import predict_for_run, run_prediction_doc
 from hexstudio.shared.errors import ActionableError
 from hexstudio.shared.predict import LABEL
 from hexstudio.ui.controller import RunController
-from hexstudio.ui.widgets import STATUS_COLORS, KeyValueTable, button, button_row, note
+from hexstudio.ui.errors import refused_html
+from hexstudio.ui.widgets import KeyValueTable, button, button_row, note
 
 PREDICT_TIMEOUT_S = 3600.0  # an 8B's 2-layer graphs compile for minutes each on a small machine
 
@@ -85,12 +86,7 @@ class PredictPanel(QGroupBox):
             )
         except (ActionableError, TimeoutError) as exc:
             why = str(exc) if isinstance(exc, ActionableError) else f"no result in {PREDICT_TIMEOUT_S:.0f} s"
-            hint = getattr(exc, "hint", None)
-            more = f"<br><b>What to do:</b> {html.escape(hint)}" if hint else ""
-            self.message.setText(
-                f"<span style='color:{STATUS_COLORS['fail']}'>The prediction failed: "
-                f"{html.escape(why)}</span>{more}"
-            )
+            self.message.setText(refused_html(f"The prediction failed: {why}", getattr(exc, "hint", None)))
             return None
         finally:
             self.button.setEnabled(True)

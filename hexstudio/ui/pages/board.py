@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
 
 from hexstudio.ui import modal
 from hexstudio.ui.controller import RunController
+from hexstudio.ui.errors import refused_html
 from hexstudio.ui.pages.base import StagePage
 from hexstudio.ui.widgets import STATE_COLORS, STATUS_COLORS, button, note, state_icon
 
@@ -487,10 +488,7 @@ class BoardPage(StagePage):
     def _error(self, exc: Any, board: str | None = None) -> None:
         if board is not None and self.board_states.get(board, ("",))[0] != "failed":
             self.set_board_state(board, "failed", exc.message)
-        self.conn_label.setText(
-            f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(exc.message)}</span>"
-            + (f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else "")
-        )
+        self.conn_label.setText(refused_html(exc.message, exc.hint))
         self.log(f"FAILED: {exc.message}")
 
     # -- doctor ---------------------------------------------------------------------------------

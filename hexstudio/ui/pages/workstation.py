@@ -37,6 +37,7 @@ from hexstudio.shared.aihub_devices import AihubDevice, DeviceListing, offline_l
 from hexstudio.shared.errors import ActionableError
 from hexstudio.shared.run_settings import DEFAULT_DEVICE
 from hexstudio.ui.controller import RunController
+from hexstudio.ui.errors import refused_html
 from hexstudio.ui.pages.base import StagePage
 from hexstudio.ui.predict_panel import PredictPanel
 from hexstudio.ui.widgets import STATUS_COLORS, KeyValueTable, fmt_value, note
@@ -544,10 +545,8 @@ class CompilePage(StagePage):
         try:
             listing = await list_aihub_devices()
         except ServiceError as exc:
-            hint = f"<br><b>What to do:</b> {html.escape(exc.hint)}" if exc.hint else ""
             self.devices_message.setText(
-                f"<span style='color:{STATUS_COLORS['fail']}'>Could not list the AI Hub "
-                f"devices: {html.escape(exc.message)}</span>{hint}"
+                refused_html(f"Could not list the AI Hub devices: {exc.message}", exc.hint)
             )
             return None
         finally:
