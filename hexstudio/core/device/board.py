@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from hexstudio.core.device.errors import BoardError
 from hexstudio.core.device.transport import LocalTransport
-from hexstudio.core.jobs import python_command
 from hexstudio.core.paths import WORKERS_ROOT, default_workspace
+from hexstudio.shared.python_command import python_command
 
 if TYPE_CHECKING:
     from typing import Unpack  # 3.11; annotations only (the studio runs on 3.10 too)

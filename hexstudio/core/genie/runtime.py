@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from hexstudio.core.device.board import Board, python_env
 from hexstudio.core.genie.profile import Kpis
-from hexstudio.core.jobs import python_command
 from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.python_command import python_command
 from hexstudio.workers import board as board_helpers
 
 if TYPE_CHECKING:

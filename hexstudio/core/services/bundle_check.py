@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.core.device.board import python_env
-from hexstudio.core.jobs import python_command
 from hexstudio.shared.bundle.check import ERROR, INFO, WARNING, Finding, check_bundle
 from hexstudio.shared.bundle.qualcomm_run import MODULE as QUALCOMM_MODULE
 from hexstudio.shared.bundle.qualcomm_run import run_qualcomm_checks
+from hexstudio.shared.python_command import python_command
 
 QUALCOMM_CHECK_TIMEOUT_S = 120.0
 

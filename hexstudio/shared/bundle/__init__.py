@@ -71,6 +71,11 @@ class BundleError(ActionableError, ValueError):
     """A check before writing failed; the message says what to change."""
 
 
+def version_tuple(v: str) -> tuple[int, ...]:
+    """A QAIRT/QNN version's numbers (major, minor, patch) for comparing: "2.42.0.251225" -> (2, 42, 0)."""
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
 def arch_number(dsp_arch: str) -> int:
     try:
         return int(str(dsp_arch).lstrip("v"))

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hexstudio.shared.bundle import KNOWN_DEVICES, bundle_qairt_version, safepath, speculative
+from hexstudio.shared.bundle import KNOWN_DEVICES, bundle_qairt_version, safepath, speculative, version_tuple
 from hexstudio.shared.bundle import genie_model as gm
 from hexstudio.shared.bundle import genie_schema as gs
 
@@ -596,10 +596,6 @@ def _read_json(p: Path) -> Any:
         return None
 
 
-def _version(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
-
-
 def _named_file(cfg: dict[str, Any] | None, *keys: str, default: str) -> str:
     """The file genie_config.json names at `keys` (e.g. dialog.engine.backend.extensions), as Genie reads it; the
     conventional name when the config names none (the path rules were checked before: safepath)."""
@@ -690,14 +686,14 @@ def _board_findings(
                     "Install QAIRT on the board (Board page).",
                 )
             )
-        elif _version(str(board_q)) < _version(qairt):
+        elif version_tuple(str(board_q)) < version_tuple(qairt):
             out.append(
                 Finding(
                     "qairt_old",
                     ERROR,
                     f"The board's QAIRT {board_q} is older than the QAIRT {qairt} that compiled the bundle.",
                     "Could not create context from binary ... 5000",
-                    f"Install QAIRT {'.'.join(map(str, _version(qairt)))} or newer on the board.",
+                    f"Install QAIRT {'.'.join(map(str, version_tuple(qairt)))} or newer on the board.",
                 )
             )
     return out

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.bundle import version_tuple
 from hexstudio.shared.errors import ActionableError
 
 DIALOG_TYPES = ("basic", "lade", "spd")
@@ -90,14 +91,6 @@ class DraftHost:
     qairt_version: str | None = None
 
 
-def _major_minor(version: object) -> tuple[int, int] | None:
-    try:
-        major, minor = str(version).split(".")[:2]
-        return int(major), int(minor)
-    except ValueError:
-        return None
-
-
 def _cannot_load_beside(manifest: dict[str, Any], host: DraftHost) -> str | None:
     """Why the draft's binaries would not load beside the target's (None: they would)."""
     cl = manifest.get("context_length")
@@ -115,8 +108,10 @@ def _cannot_load_beside(manifest: dict[str, Any], host: DraftHost) -> str | None
                 f"its binaries are prepared for {key} {have} and this bundle's for {want}. Compile the draft for the "
                 "same device"
             )
-    mine, theirs = _major_minor(host.qairt_version), _major_minor(manifest.get("qairt_version"))
-    if mine is not None and theirs is not None and theirs > mine:
+    mine, theirs = (
+        version_tuple(str(v or ""))[:2] for v in (host.qairt_version, manifest.get("qairt_version"))
+    )
+    if len(mine) == 2 and len(theirs) == 2 and theirs > mine:
         return (
             f"it was compiled with QAIRT {manifest.get('qairt_version')}, newer than this bundle's "
             f"{host.qairt_version}, whose runtime the board runs. Compile the draft with the same QAIRT (the same "
