@@ -452,12 +452,14 @@ def layer_ranges(num_layers: int, parts: int) -> list[tuple[int, int]]:
 # (hexstudio/workers/validate.py); a context must hold one window and a step more
 VALIDATION_PROMPT_TOKENS = 48
 VALIDATION_FORCED_STEPS = 48
+# the shortest context a run may ask for: one validation window and a step more
+MIN_CONTEXT_LENGTH = VALIDATION_PROMPT_TOKENS + VALIDATION_FORCED_STEPS + 1
 
 
 def validation_room(context_length: int) -> str | None:
     """Why the Validate stage could not run at this context length (None: it can)."""
     need = VALIDATION_PROMPT_TOKENS + VALIDATION_FORCED_STEPS
-    if context_length > need:
+    if context_length >= MIN_CONTEXT_LENGTH:
         return None
     return (
         f"context_length {context_length} leaves no room for the Validate stage: its teacher-forced windows are "
@@ -486,9 +488,11 @@ def check_context(info: dict[str, Any], context_length: int, ar_n: int) -> str |
         return "context_length and ar_n must be positive."
     if context_length % ar_n:
         lo, hi = context_length // ar_n * ar_n, (context_length // ar_n + 1) * ar_n
+        # offer only lengths that pass the other checks
+        use = f"{lo} or {hi}" if lo >= MIN_CONTEXT_LENGTH and lo > ar_n else str(hi)
         return (
             f"context_length {context_length} is not a multiple of AR-N {ar_n}: the prompt processor "
-            f"consumes the context in blocks of {ar_n} tokens. Use {max(lo, ar_n)} or {hi}."
+            f"consumes the context in blocks of {ar_n} tokens. Use {use}."
         )
     if context_length <= ar_n:
         return f"context_length {context_length} must be larger than AR-N {ar_n}."

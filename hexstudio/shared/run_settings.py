@@ -139,10 +139,11 @@ class RunSettings:
         AUTO,
         label="Context length",
         unit="tokens",
-        range=(64, 131072),
+        range=(modelinfo.MIN_CONTEXT_LENGTH, 131072),
         stages=("model", "preflight", "quantize"),
         help='The longest sequence the deployed model holds (prompt and reply). "auto": '
-        f"{AUTO_CONTEXT_LENGTH['builtin']} for the built-in model, {AUTO_CONTEXT_LENGTH['other']} for others.",
+        f"{AUTO_CONTEXT_LENGTH['builtin']} for the built-in model, {AUTO_CONTEXT_LENGTH['other']} for others. "
+        f"At least {modelinfo.MIN_CONTEXT_LENGTH}: the Validate stage's teacher-forced windows need that room.",
     )
     ar_n: int = setting(
         128,
@@ -567,7 +568,7 @@ class SettingSpec:
     fields: Mapping[str, SettingSpec] | None = None  # a JSON object's keys (the sampler)
 
     def type_text(self) -> str:
-        """The accepted values in words: 'a whole number 64 to 131072 or "auto"', 'one of 2, 4, 8'."""
+        """The accepted values in words: 'a whole number 97 to 131072 or "auto"', 'one of 2, 4, 8'."""
         if self.choices is not None and self.kind != "list":
             t = "one of " + ", ".join(json.dumps(c) for c in self.choices)
         else:

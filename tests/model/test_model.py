@@ -15,6 +15,7 @@ from hexstudio.core.paths import BUILTIN_MODEL_DIR
 from hexstudio.core.pipeline import Pipeline
 from hexstudio.core.runs import Workspace
 from hexstudio.shared import modelinfo
+from hexstudio.shared.errors import ActionableError
 from tests.support.cli import hexstudio as _cli
 from tests.support.configs import LLAMA_31_8B as LLAMA_8B
 
@@ -555,10 +556,18 @@ def test_a_sliding_window_model_is_refused_past_its_window() -> None:
     assert modelinfo.inspect_config({**mistral, "sliding_window": None})["sliding_window"] is None
 
 
-def test_a_context_without_room_for_validation_is_refused_by_the_model_stage(tmp_path: Path) -> None:
-    """Context 64 passed every check, quantized, then failed in Validate with 'no room for a 1-token block'."""
-    _m, res = _run_model_stage(tmp_path / "ws", "builtin:tiny-llama", context_length=64, ar_n=32)
-    assert not res.ok and "no room for the Validate stage" in res.message, res.message
+def test_a_context_without_room_for_validation_is_refused_when_the_run_is_made(tmp_path: Path) -> None:
+    """Context 64 passed every check, quantized, then failed in Validate with 'no room for a 1-token block'.
+    The Model stage refused it later; now the run is not made at all, and the Model stage still checks."""
+    with pytest.raises(ActionableError, match=r"context_length 96 is out of range \(97 to"):
+        Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"context_length": 96, "ar_n": 32})
+    assert modelinfo.validation_room(96) and "no room for the Validate stage" in modelinfo.validation_room(96)
+    assert modelinfo.validation_room(modelinfo.MIN_CONTEXT_LENGTH) is None
+    _m, res = _run_model_stage(tmp_path / "ws", "builtin:tiny-llama", context_length=100, ar_n=32)
+    # the nearest multiples of ar_n offered are long enough for Validate
+    assert not res.ok and res.message.endswith("Use 128."), res.message
+    _m, res = _run_model_stage(tmp_path / "ws", "builtin:tiny-llama", context_length=128, ar_n=32)
+    assert res.ok, res.message
 
 
 def test_a_full_disk_while_exporting_is_a_full_disk_not_a_model_problem(
