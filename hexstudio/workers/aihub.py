@@ -38,6 +38,7 @@ with emulated.json) makes everything here labeled "emulated": true.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -192,6 +193,10 @@ def _first_line(exc: BaseException) -> str:
 
 # how long one wait for a set of jobs may last (an 8B part compiles in well under an hour on AI Hub)
 WAIT_LIMIT_S = 24 * 3600.0
+# looking up a job whose submit did not answer: AI Hub's clock may differ from this machine's by this much,
+# and the account's newest jobs of the kind are read in pages, at most this many
+CLOCK_SKEW_S = 600.0
+LOOKUP_PAGE, LOOKUP_PAGES = 50, 10
 
 
 # -- client ------------------------------------------------------------------------------------
@@ -320,6 +325,14 @@ def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> It
                 "connection, then sent nothing before the client's read time-out).",
                 "AI Hub or a proxy on the way is overloaded or stuck: try again in a few minutes. " + after,
             ) from None
+        if any(t in chain for t in ("RemoteDisconnected", "Connection aborted", "reset by peer")):
+            raise WorkerError(
+                "aihub_connection_lost",
+                f"The connection to Qualcomm AI Hub dropped while {what}, before AI Hub answered: AI Hub "
+                "was reached and may have done what was asked (a job submitted is looked up on resume, not "
+                "submitted twice).",
+                "Check the network and any proxy on the way. " + after,
+            ) from None
         if "connect" in chain.lower() or "Timeout" in chain:
             raise WorkerError(
                 "aihub_unreachable",
@@ -363,6 +376,8 @@ class JobStore:
         mine = doc if doc.get("key") == key else self.earlier.pop(key, {})
         self.jobs: dict[str, dict[str, Any]] = dict(mine.get("jobs") or {})
         self.failed: list[dict[str, Any]] = list(mine.get("failed") or [])
+        # submits sent without an answer yet: {name: {"what", "inputs", "t"}} (the resume looks them up)
+        self.submitting: dict[str, dict[str, Any]] = dict(mine.get("submitting") or {})
         self.earlier = dict(list(self.earlier.items())[-self.EARLIER_KEPT :])
 
     @property
@@ -378,12 +393,14 @@ class JobStore:
                 "key": self.key,
                 "jobs": self.jobs,
                 "failed": self.failed,
+                "submitting": self.submitting or None,
                 "earlier": self.earlier or None,
             },
         )
 
     def put(self, name: str, rec: dict[str, Any]) -> None:
         self.jobs[name] = rec
+        self.submitting.pop(name, None)
         self.save()
 
     def fail(self, name: str, reason: str) -> None:
@@ -667,6 +684,63 @@ class _HubCompile:
         record_job(self.em, name, self.store.jobs[name])
         return True
 
+    def submit_once(
+        self, name: str, kind: str, what: str, inputs: list[str], submit: Callable[[], Any]
+    ) -> Any:
+        """Job `name` submitted, or the job an earlier submit of the same inputs created without answering (a
+        time-out or a dropped connection after AI Hub took it): submitted again, it would be a second job."""
+        job = self._unanswered(name, kind, inputs)
+        if job is not None:
+            return job
+        self.store.submitting[name] = {"what": what, "inputs": inputs, "t": time.time()}
+        self.store.save()
+        with self.errs(f"submitting the {kind} job {what}"):
+            return submit()
+
+    def _unanswered(self, name: str, kind: str, inputs: list[str]) -> Any | None:
+        """The job AI Hub lists for an unanswered submit of `name` with these inputs (None: there is none)."""
+        sent = self.store.submitting.get(name)
+        if sent is None or sent.get("inputs") != inputs:
+            return None
+        import qai_hub as hub
+
+        known = {r["job_id"] for r in self.store.jobs.values()}
+        since = float(sent["t"]) - CLOCK_SKEW_S
+        what = str(sent["what"])
+        try:
+            with self.errs(f"looking up the {kind} job {what} an earlier submit may have made"):
+                for offset in range(0, LOOKUP_PAGES * LOOKUP_PAGE, LOOKUP_PAGE):
+                    page = self.client.get_job_summaries(
+                        offset=offset,
+                        limit=LOOKUP_PAGE,
+                        type=hub.JobType.COMPILE if kind == "compile" else hub.JobType.LINK,
+                    )
+                    for summary in page:
+                        if (
+                            summary.name != what
+                            or summary.job_id in known
+                            or summary.date.timestamp() < since
+                        ):
+                            continue
+                        job = self.client.get_job(summary.job_id)
+                        got = [job.model.model_id] if kind == "compile" else [m.model_id for m in job.models]
+                        if got == inputs:
+                            self.em.log(
+                                f"AI Hub had taken the {kind} job {job.job_id} ({what}) whose submit did not "
+                                "answer: it is used, not submitted again"
+                            )
+                            return job
+                    # newest first: the rest are older than the submit
+                    if len(page) < LOOKUP_PAGE or any(x.date.timestamp() < since for x in page):
+                        break
+        except WorkerError as exc:
+            self.em.warning(
+                f"Could not ask AI Hub whether the earlier submit of {what} made a job ({exc.message}). It is "
+                "submitted again; if the earlier one was made, AI Hub lists both (only the new one is used).",
+                code="aihub_lookup_failed",
+            )
+        return None
+
     def submitted(self, name: str, rec: dict[str, Any]) -> None:
         """A job id on disk at once (the resume needs it), then as a metric event."""
         self.store.put(name, rec)
@@ -720,11 +794,21 @@ def _compile_graphs(
                 parts=parts,
             )
             options = options_of(g)
-            uploaded = _upload_graph(hc, g, qdir, job_name, up)
-            with hc.errs(f"submitting the compile job {job_name}"):
-                job = hc.client.submit_compile_job(
-                    uploaded, hc.device, name=job_name, options=options, retry=False
-                )
+            uploaded = _uploaded_before(hc, name) or _upload_graph(hc, g, qdir, job_name, up)
+            job = hc.submit_once(
+                name,
+                "compile",
+                job_name,
+                [uploaded.model_id],
+                functools.partial(
+                    hc.client.submit_compile_job,
+                    uploaded,
+                    hc.device,
+                    name=job_name,
+                    options=options,
+                    retry=False,
+                ),
+            )
             rec = {
                 "kind": "compile",
                 "part": part,
@@ -735,6 +819,21 @@ def _compile_graphs(
             hc.submitted(name, {**rec, "url": job.url, "state": "SUBMITTED", "options": options})
             em.log(f"submitted AI Hub compile job {job.job_id} ({job_name}, graph {g['name']}): {job.url}")
     shutil.rmtree(up.staging, ignore_errors=True)
+
+
+def _uploaded_before(hc: _HubCompile, name: str) -> Any | None:
+    """The model an unanswered submit of job `name` had uploaded (the same inputs: the store's key), so a
+    resume does not send it again; None when there is none or AI Hub no longer has it."""
+    sent = hc.store.submitting.get(name)
+    if sent is None:
+        return None
+    try:
+        with hc.errs("looking up an earlier upload"):
+            model = hc.client.get_model(sent["inputs"][0])
+    except WorkerError:
+        return None
+    hc.em.log(f"reusing the upload {model.model_id} of {sent['what']} (made before a restart)")
+    return model
 
 
 def _upload_graph(hc: _HubCompile, g: dict[str, Any], qdir: Path, job_name: str, up: _Upload) -> Any:
@@ -779,12 +878,20 @@ def _link_parts(
         link_name = bins[part][: -len(".bin")]
         if hc.reuse(name, f"part {part}"):
             continue
-        with hc.errs(f"submitting the link job {link_name}"):
+        with hc.errs(f"reading the compiled models of {link_name}"):
             models = [
                 hc.client.get_job(hc.store.jobs[f"compile:{g['name']}"]["job_id"]).get_target_model()
                 for g in graphs
             ]
-            job = hc.client.submit_link_job(models, hc.device, name=link_name, options=link_options(qairt))
+        job = hc.submit_once(
+            name,
+            "link",
+            link_name,
+            [m.model_id for m in models],
+            functools.partial(
+                hc.client.submit_link_job, models, hc.device, name=link_name, options=link_options(qairt)
+            ),
+        )
         rec = {"kind": "link", "part": part, "graph": None, "what": link_name, "job_id": job.job_id}
         hc.submitted(name, {**rec, "url": job.url, "state": "SUBMITTED", "options": link_options(qairt)})
         hc.em.log(f"submitted AI Hub link job {job.job_id} ({link_name}): {job.url}")

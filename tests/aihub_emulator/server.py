@@ -16,6 +16,7 @@ What it serves (paths under {api_url}/api/v1/, trailing slash, `Authorization: t
   GET  models/{id}/download/                         FileDownloadResponse (url back to us)
   POST jobs/?seed_target_model=true                  Job{compile_job|link_job} -> CreateUpdateResponse
   GET  jobs/{id}/                                    Job (state from the job's clock)
+  GET  job_summaries/?type=&offset=&limit=           JobSummaryList (newest first)
   GET  jobs/{id}/device_runs/latest/artifact_list/T/ NamedArtifactDownloadURLList (hub log)
 and, outside the API (no token, like pre-signed S3 urls): PUT /_upload/{model}/{k}, GET /_files/{id}.
 
@@ -76,7 +77,8 @@ until `release_jobs()`.
 
 Failure injection (per test): `fail_auth` (every API call answers 401), `rate_limit(n)` (the next n
 job submissions answer 429; None = all until `rate_limit(0)`), `fail_next(kind, reason, graph=None)`
-(the next matching job ends FAILED with that reason), `hold_jobs()` (slow jobs). Counters:
+(the next matching job ends FAILED with that reason), `hold_jobs()` (slow jobs), `lose_submit_answers(n)`
+(the next n submissions create their job and drop the connection before answering). Counters:
 `submissions` {"compile": n, "link": n}, `uploads`, `requests` [(method, path, status)],
 `failure_reasons` {job id: reason} for the jobs its checks failed.
 """
@@ -559,6 +561,8 @@ class AIHubEmulator:
         self.failure_reasons: dict[str, str] = {}
         self.fail_auth = False
         self._rate_limit: int | None = 0
+        self._lose_answers = 0
+        self._lose_kind: str | None = None
         self._fail_next: list[tuple[str, str, str | None]] = []
         self._held = threading.Event()
         self._lock = threading.RLock()
@@ -647,6 +651,12 @@ class AIHubEmulator:
         with self._lock:
             self._rate_limit = n
 
+    def lose_submit_answers(self, n: int, kind: str | None = None) -> None:
+        """The next n job submissions (of `kind`, compile or link: None, any) create their job, then the
+        connection drops before the answer (a time-out or proxy reset after AI Hub took the job)."""
+        with self._lock:
+            self._lose_answers, self._lose_kind = n, kind
+
     def fail_next(self, kind: str, reason: str, graph: str | None = None) -> None:
         with self._lock:
             self._fail_next.append((kind, reason, graph))
@@ -698,6 +708,34 @@ class AIHubEmulator:
         return ("\n".join(lines) + "\n").encode()
 
     # -- handlers (called with the lock held) -----------------------------------------------------
+    def job_summaries(self, q: dict[str, list[str]]) -> Any:
+        """GET job_summaries: newest first, filtered by `type` (compile, link) and paged by offset/limit
+        (qai_hub 0.56 public_rest_api.get_job_summary_list)."""
+        kind = (q.get("type") or [""])[0]
+        offset = int((q.get("offset") or ["0"])[0])
+        limit = int((q.get("limit") or ["50"])[0])
+        jobs = sorted(
+            (j for j in self.jobs.values() if not kind or j.kind == kind),
+            key=lambda j: j.created,
+            reverse=True,
+        )
+        out = pb.JobSummaryList(total_query_count=len(jobs))
+        for j in jobs[offset : offset + limit]:
+            full = self.job_pb(j)
+            sub = full.compile_job if j.kind == "compile" else full.link_job
+            fields = {
+                "job_id": j.job_id,
+                "name": sub.name,
+                "job_state": sub.job_state,
+                "device_name": sub.device.name,
+                "creation_time": sub.creation_time,
+            }
+            if j.kind == "compile":
+                out.job_summaries.append(pb.JobSummary(compile_job_summary=pb.CompileJobSummary(**fields)))
+            else:
+                out.job_summaries.append(pb.JobSummary(link_job_summary=pb.LinkJobSummary(**fields)))
+        return out
+
     def new_id(self, prefix: str) -> str:
         return prefix + uuid.uuid4().hex[:8]
 
@@ -1082,7 +1120,14 @@ class _Handler(BaseHTTPRequestHandler):
             job = pb.Job()
             job.ParseFromString(body)
             status, out = emu.submit(job)
+            kind = "compile" if job.WhichOneof("job") == "compile_job" else "link"
+            if status == 200 and emu._lose_answers > 0 and emu._lose_kind in (None, kind):
+                emu._lose_answers -= 1
+                self.close_connection = True
+                return None
             return self._reply(status, out)
+        if seg == ["job_summaries"] and cmd == "GET":
+            return self._reply(200, emu.job_summaries(q))
         if len(seg) >= 2 and seg[0] == "jobs":
             j = emu.jobs.get(seg[1])
             if j is None:

@@ -247,6 +247,40 @@ def test_a_restart_while_waiting_resumes_by_job_id(
     assert gb.verify_bundle(m.run_dir / "artifacts" / "compile" / "bundle") == []
 
 
+def test_a_submit_that_never_answered_is_found_on_resume_not_made_twice(
+    validated_run: Path, tmp_path: Path, aihub_emulator: AIHubEmulator
+) -> None:
+    """AI Hub took a job, then the answer was lost (a time-out, a proxy reset). The resume submitted the job
+    again: a second compile (or link) of the same inputs in the account, and the upload sent twice. It now
+    asks AI Hub for the job the lost submit made."""
+    emu = aihub_emulator
+    m = _aihub_run(validated_run, tmp_path / "ws", emu)
+    emu.lose_submit_answers(1, "compile")
+    res = _compile(m)
+    assert not res.ok and _error(m)["code"] == "aihub_connection_lost", _error(m)
+    assert "before AI Hub answered" in _error(m)["message"], _error(m)
+    assert emu.submissions == {"compile": 1, "link": 0} and emu.uploads == 1
+    assert list(json.loads((m.run_dir / JOBS_FILE).read_text())["submitting"]) == [
+        f"compile:{_graph_names(m.run_dir)[0]}"
+    ]
+
+    emu.lose_submit_answers(1, "link")
+    events: list[dict[str, Any]] = []
+    m = Workspace(tmp_path / "ws").open_run(m.run_dir.name)
+    res = _compile(m, on_event=lambda st, ev: events.append(ev))
+    assert not res.ok
+    # the lost compile was found, and its upload not sent again
+    assert emu.submissions == {"compile": 4, "link": 1} and emu.uploads == 4
+    assert sum("whose submit did not answer" in e.get("message", "") for e in events) == 1
+
+    res = _compile(Workspace(tmp_path / "ws").open_run(m.run_dir.name))
+    assert res.ok, f"{res.message} / {res.hint}"
+    assert emu.submissions == {"compile": 4, "link": 2} and emu.uploads == 4
+    stored = json.loads((m.run_dir / JOBS_FILE).read_text())
+    assert not stored.get("submitting") and set(emu.jobs) == {r["job_id"] for r in stored["jobs"].values()}
+    assert gb.verify_bundle(m.run_dir / "artifacts" / "compile" / "bundle") == []
+
+
 def _error(m: RunManifest) -> dict[str, Any]:
     return Workspace(m.run_dir.parent.parent).open_run(m.run_dir.name).stage("compile").data["outcome"]
 
