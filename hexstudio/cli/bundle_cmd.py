@@ -10,6 +10,7 @@ from typing import Any
 from hexstudio.cli.common import CliError, print_json, set_action
 from hexstudio.shared import bundle as gb
 from hexstudio.shared import modelinfo
+from hexstudio.shared.bundle.dialog_tokens import dialog_tokens
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -70,7 +71,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     slug = gb.model_slug(str(cfg.get("_name_or_path") or folder.resolve().name))
     bins = [gb.ctx_bin_name(slug, k, parts) for k in range(1, parts + 1)]
     try:
-        out = gb.genie_config(cfg, args.context_length, bins, int(info["head_dim"]))
+        out = gb.genie_config(
+            cfg, args.context_length, bins, int(info["head_dim"]), tokens=dialog_tokens(folder)
+        )
         # the graphs would be exported and compiled at --context-length (names `_cl<N>_`)
         gb.check_genie_config(out, cfg, args.context_length)
     except gb.BundleError as exc:

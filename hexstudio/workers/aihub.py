@@ -1012,7 +1012,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         ) from None
 
     # the Genie configs and the speculative dialogs are checked before any upload
-    cfg = checked_genie_config(hf_config, q, [bins[k] for k in pairs], s)
+    cfg = checked_genie_config(hf_config, hf_dir, q, [bins[k] for k in pairs], s)
     tok = hf_dir / "tokenizer.json"
     # the device as known offline (AI Hub resolves it later) and the QAIRT asked for: a draft that could not load
     # beside this bundle is refused before any upload

@@ -73,7 +73,7 @@ def write_sim_bundle(
         name = f"{slug}_part_{gb.part_label(k, parts)}.bin"
         write_sim_bin(bdir / name, entries)
         ctx_bins.append(name)
-    cfg = checked_genie_config(hf_config, q, ctx_bins, settings, simulated=True)
+    cfg = checked_genie_config(hf_config, hf_dir, q, ctx_bins, settings, simulated=True)
     (bdir / "genie_config.json").write_text(json.dumps(cfg, indent=4))
     if q.get("variants"):
         em.warning(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.shared import bundle as gb
+from hexstudio.shared.bundle.dialog_tokens import dialog_tokens
 from hexstudio.shared.bundle.genie_schema import genie_config_errors
 from hexstudio.shared.bundle.speculative import (
     DRAFT_DIR,
@@ -29,6 +30,7 @@ from hexstudio.workers.runtime import WorkerError
 
 def checked_genie_config(
     hf_config: dict[str, Any],
+    hf_dir: Path,
     q: dict[str, Any],
     ctx_bins: list[str],
     settings: RunSettings,
@@ -36,7 +38,8 @@ def checked_genie_config(
 ) -> dict[str, Any]:
     """genie_config.json for the quantize stage's graphs, checked before anything is written: the context
     size against the context length baked into the graphs (their `_cl<N>_` names), the rope settings
-    against config.json. A failed check is a WorkerError with what to do."""
+    against config.json; BOS and EOS as the tokenizer in `hf_dir` has them. A failed check is a WorkerError
+    with what to do."""
     try:
         compiled = gb.compiled_context_length(
             [str(g["name"]) for g in [*q["graphs"], *(q.get("variants") or [])]]
@@ -48,6 +51,7 @@ def checked_genie_config(
             int(q["head_dim"]),
             settings.sampler,
             simulated=simulated,
+            tokens=dialog_tokens(hf_dir),
         )
         gb.check_genie_config(cfg, hf_config, compiled)
     except gb.BundleError as exc:

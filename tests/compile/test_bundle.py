@@ -374,11 +374,15 @@ def test_the_compile_stage_check_fails_as_a_clear_worker_error(tmp_path: Path, c
     q = json.loads((qdir / "quantize.json").read_text())
     hf = json.loads((hf_dir / "config.json").read_text())
     with pytest.raises(WorkerError) as ei:  # before anything is written or uploaded
-        checked_genie_config(hf, q, ["m_part_1_of_1.bin"], RunSettings())
+        checked_genie_config(hf, hf_dir, q, ["m_part_1_of_1.bin"], RunSettings())
     assert ei.value.code == "bundle_check" and match in ei.value.message and ei.value.hint
     # the same inputs with matching graphs give a config Genie accepts
     qdir, hf_dir = _fake_quantize(tmp_path / "ok", LLAMA_31_8B, 512, 512)
     cfg = checked_genie_config(
-        LLAMA_31_8B, json.loads((qdir / "quantize.json").read_text()), ["m_part_1_of_1.bin"], RunSettings()
+        LLAMA_31_8B,
+        hf_dir,
+        json.loads((qdir / "quantize.json").read_text()),
+        ["m_part_1_of_1.bin"],
+        RunSettings(),
     )
     assert cfg["dialog"]["context"]["size"] == 512 and genie_config_errors(cfg) == []

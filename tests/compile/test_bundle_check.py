@@ -36,6 +36,8 @@ def test_the_qai_hub_models_layout_fixture_passes(tmp_path: Path) -> None:
     )
     found = check_bundle(FIXTURE, BOARD)
     assert errors(found) == [] and [f for f in found if f.severity == "warning"] == []
+    # qai-hub-models keeps config.json's eos order (<|end_of_text|> first): Genie writes that one between turns
+    assert [f.code for f in found if f.severity == "info"] == ["eos_not_the_turns_end"]
     # the checked-in fixture is what the generator writes from the facts
     fresh = gbx.write_bundle(tmp_path / "fresh")
     for p in FIXTURE.iterdir():
@@ -396,6 +398,14 @@ def test_special_tokens_against_the_tokenizer(tmp_path: Path) -> None:
     assert set(_codes(check_bundle(b, BOARD))) == {"bos_mismatch", "eos_mismatch"}
     _cfg(b, lambda c: c["dialog"]["context"].update({"bos-token": 999999, "eos-token": 128009}))
     assert _codes(check_bundle(b, BOARD)) == ["bos_unknown"]
+    # a tokenizer that adds no BOS (Qwen's bos_token null) beside a bos-token: Genie adds it to every query
+    _cfg(b, lambda c: c["dialog"]["context"].update({"bos-token": 128000, "eos-token": [128009, 128001]}))
+    tc = json.loads((b / "tokenizer_config.json").read_text())
+    (b / "tokenizer_config.json").write_text(json.dumps({**tc, "bos_token": None}))
+    found = check_bundle(b, BOARD)
+    assert [(f.code, f.severity) for f in found if f.severity != "error"] == [
+        ("bos_not_the_tokenizers", "warning")
+    ]
 
 
 def test_ctx_bins_present_and_named_consistently(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.bundle.dialog_tokens import DialogTokens, genie_bos, genie_eos
 from hexstudio.shared.errors import ActionableError
 
 # AI Hub device attributes HexStudio knows offline (facts/board.md). The live list comes from AI Hub.
@@ -193,12 +194,14 @@ def genie_config(
     kv_dim: int,
     sampler: dict[str, Any] | None = None,
     simulated: bool = False,
+    tokens: DialogTokens | None = None,
 ) -> dict[str, Any]:
     """genie_config.json as Genie 1.13 accepts it (hexstudio/shared/bundle/genie_schema.py) and qai-hub-models writes it
     (qai_hub_models/utils/llm_helpers.py): version 1 in every section, every mandatory key, the sampler always,
     bos-token a number (-1: none), eos-token a number or an array, kv-dim = head_dim, and the model's own rope as
     `model.positional-encoding` (hexstudio.shared.rope; never pos-id-dim/rope-theta under QnnHtp). A simulation bundle
-    gets the same config (backend QnnHtp): bundle.json marks it simulated. Raises BundleError for a rope Genie
+    gets the same config (backend QnnHtp): bundle.json marks it simulated. With the tokenizer's `tokens`, the
+    eos ids are reordered and a BOS it never adds dropped (dialog_tokens.py). Raises BundleError for a rope Genie
     cannot express or a config.json without an eos token."""
     del simulated  # the simulator board reads the very same config
     eos = hf_config.get("eos_token_id")
@@ -212,8 +215,10 @@ def genie_config(
         if isinstance(eos, list)
         else _token_id(eos, "eos_token_id")
     )
+    # the turn's end first, no BOS the tokenizer never adds (hexstudio/shared/bundle/dialog_tokens.py)
+    eos_out = genie_eos(eos_out, tokens)
     bos = hf_config.get("bos_token_id")
-    bos_out = -1 if bos is None else _token_id(bos, "bos_token_id")
+    bos_out = -1 if bos is None else genie_bos(_token_id(bos, "bos_token_id"), tokens)
     sampler = sampler or {"seed": 42, "temp": 0.0, "top_k": 1, "top_p": 1.0}
     pe = genie_positional_encoding(hf_config, context_length)
     return {

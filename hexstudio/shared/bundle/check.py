@@ -799,7 +799,38 @@ def _token_findings(
                 f"Set dialog.context.bos-token to {ids[want_bos]} if the model was trained with it.",
             )
         )
+    if "bos_token" in tc and want_bos is None and isinstance(bos, int) and bos >= 0:
+        out.append(
+            Finding(
+                "bos_not_the_tokenizers",
+                WARNING,
+                f"bos-token {bos} ({by_id.get(bos)!r}) is set, but the tokenizer adds no BOS (its bos_token is "
+                "null): Genie puts that token before every query, where the model never saw one.",
+                None,
+                "Set dialog.context.bos-token to -1 (HexStudio writes -1 for such tokenizers).",
+            )
+        )
     want_eos = _tok_content(tc.get("eos_token"))
+    if (
+        isinstance(eos, list)
+        and want_eos in ids
+        and eos_ids
+        and ids[want_eos] in eos_ids
+        and eos_ids[0] != ids[want_eos]
+    ):
+        out.append(
+            Finding(
+                "eos_not_the_turns_end",
+                # qai-hub-models writes config.json's order too: a note, not a fault
+                INFO,
+                f"eos-token starts with {eos_ids[0]} ({by_id.get(eos_ids[0])!r}): Genie writes the first eos-token "
+                f"between a reply and the next query, where the chat template writes {want_eos!r}. Later turns "
+                "of a chat then read differently from the model's own format.",
+                None,
+                f"Put {ids[want_eos]} first in dialog.context.eos-token (the order does not change which tokens "
+                "stop a reply; HexStudio writes it so).",
+            )
+        )
     if want_eos is not None and want_eos in ids and eos_ids and ids[want_eos] not in eos_ids:
         out.append(
             Finding(

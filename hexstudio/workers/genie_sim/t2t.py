@@ -280,6 +280,12 @@ class SimDialog:
         self.apply_sampler(sampler or {})
         eos = cfg["context"].get("eos-token")
         self.eos = set(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+        # the EOS Genie pushes between queries (qualla context.cpp): an array's first, or eot-token
+        eot = cfg["context"].get("eot-token")
+        first = eos[0] if isinstance(eos, list) and eos else eot if isinstance(eot, int) and eot >= 0 else eos
+        self.eos_between: int | None = first if isinstance(first, int) else None
+        if self.eos_between is not None:
+            self.eos.add(self.eos_between)
         bos = cfg["context"].get("bos-token")
         self.bos = bos if isinstance(bos, int) and bos >= 0 else None  # a negative bos-token: no BOS (Genie)
         self.queries = 0
@@ -316,8 +322,8 @@ class SimDialog:
 
         pre: list[int] = []
         if not self.bos_on_fresh_cache_only:  # Genie: every query after the first starts eos, bos
-            if self.queries and self.eos:
-                pre.append(min(self.eos))
+            if self.queries and self.eos_between is not None:
+                pre.append(self.eos_between)
             if isinstance(self.bos, int):
                 pre.append(self.bos)
         elif isinstance(self.bos, int) and self.pair.n_past == 0:

@@ -216,7 +216,7 @@ def write_local_bundle(
     infos: list[ContextInfo] = [i for c in compiled for i in c.infos]
     build = infos[0].build_id if infos else ""
     qairt = qairt_of_build(build) or libs.qnn_version
-    cfg = checked_genie_config(hf_config, q, ctx_bins, settings, simulated=False)
+    cfg = checked_genie_config(hf_config, hf_dir, q, ctx_bins, settings, simulated=False)
     try:  # first: spd's draft is checked against the bundle's own tokenizer.json
         gb.copy_model_files(hf_dir, bdir)
     except gb.BundleError as exc:
