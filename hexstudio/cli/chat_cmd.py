@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.cli.common import CliError, eprint, int_in, print_json, set_action
-from hexstudio.cli.target import add_target_flags, board_and_bundle
+from hexstudio.cli.target import add_target_flags, board_and_bundle, model_dir_of
 from hexstudio.core.genie.conversation import TEMPLATES, Conversation
 from hexstudio.core.genie.journal import ChatJournal
 from hexstudio.core.genie.prompts import chat_format_for, template_for
@@ -84,11 +84,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     set_action(p, cmd_chat, workspace=True)
 
 
-def _template(args: argparse.Namespace, doc: dict[str, Any], run_dir: Path | None) -> str:
+def _template(args: argparse.Namespace, doc: dict[str, Any], model_dir: Path | None) -> str:
     if args.template != "auto":
         return str(args.template)
-    if run_dir is not None and (run_dir / "artifacts" / "model" / "model.json").is_file():
-        t = template_for(run_dir / "artifacts" / "model")  # the model's own chat template
+    if model_dir is not None:
+        t = template_for(model_dir)  # the model's own chat template
         return "nemotron-reasoning-off" if t == "nemotron" else t
     return template_for_bundle(doc) if doc else "llama3"
 
@@ -113,9 +113,10 @@ def _kpi_line(r: TurnResult) -> str:
 
 async def _chat(args: argparse.Namespace) -> int:
     board, remote, doc, run_dir = await board_and_bundle(args)
-    conv = Conversation(template=_template(args, doc, run_dir), system=args.system)
-    if run_dir is not None:  # the model's chat template, stop ids and thinking switch
-        conv.chat_format = chat_format_for(run_dir / "artifacts" / "model")
+    model_dir = model_dir_of(args, run_dir)
+    conv = Conversation(template=_template(args, doc, model_dir), system=args.system)
+    if model_dir is not None:  # the model's chat template, stop ids and thinking switch
+        conv.chat_format = chat_format_for(model_dir)
         if conv.chat_format.thinking_switch:
             conv.thinking = args.thinking == "on"
     sampler = args.sampler or ("thinking" if conv.template == "nemotron-reasoning-on" else "deterministic")

@@ -18,7 +18,7 @@ import signal
 from typing import Any
 
 from hexstudio.cli.common import CliError, add_workspace_flag, eprint, number_in
-from hexstudio.cli.target import add_target_flags, board_and_bundle
+from hexstudio.cli.target import add_target_flags, board_and_bundle, model_dir_of
 from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.genie.session import SAMPLER_PRESETS
 from hexstudio.serve.limits import Limits
@@ -138,10 +138,9 @@ async def _serve(args: argparse.Namespace) -> int:
     board, remote, doc, run_dir = await board_and_bundle(args)
     async with contextlib.AsyncExitStack() as opened:  # what is open, closed in reverse order however it ends
         opened.push_async_callback(board.transport.close)
-        model_dir = run_dir / "artifacts" / "model" if run_dir is not None else None
-        renderer = PromptRenderer.for_model(
-            model_dir if model_dir is not None and model_dir.is_dir() else None, args.template
-        )
+        # the run's model folder, or a local bundle folder (it carries the model's tokenizer_config.json)
+        model_dir = model_dir_of(args, run_dir)
+        renderer = PromptRenderer.for_model(model_dir, args.template)
         model_id = str(doc.get("model") or (run_dir.name if run_dir else "bundle"))
         bridge = DialogBridge(
             board,

@@ -93,3 +93,13 @@ def target_lines(args: argparse.Namespace, run_dir: Path | None, remote: str, bo
                 f"({s.gate_reason}) and was {override_text(s.override)}."
             )
     return lines
+
+
+def model_dir_of(args: argparse.Namespace, run_dir: Path | None) -> Path | None:
+    """Where the model's chat template is: the run's model folder, or a local bundle folder (it carries the
+    model's tokenizer_config.json); None for a bundle that is only on the board."""
+    if run_dir is not None and (run_dir / "artifacts" / "model" / "model.json").is_file():
+        return run_dir / "artifacts" / "model"
+    if args.bundle and (Path(args.bundle) / "bundle.json").is_file():
+        return Path(args.bundle)
+    return None

@@ -277,22 +277,8 @@ class DialogBridge:
             return f" Question: {user} Answer:"
         if r.template == "plain":
             return user
-        if r.template == "model" and r.fmt.mode == "model":
-            system = "".join(str(m["content"]) for m in msgs if m["role"] == "system")
-            rest = [m for m in msgs[:-1] if m["role"] != "system"]
-            if len(rest) % 2 or any(
-                a["role"] != "user" or b["role"] != "assistant"
-                for a, b in zip(rest[::2], rest[1::2], strict=True)
-            ):
-                return None
-            turns = [
-                (str(a["content"]), str(b["content"])) for a, b in zip(rest[::2], rest[1::2], strict=True)
-            ]
-            try:
-                return r.fmt.genie_continuation(turns, user, system=system)
-            except Exception:
-                return None
-        return None
+        # the same tools and thinking switch as the whole prompt the dialog holds (chat_prompt)
+        return r.continuation(msgs, tools_key)
 
     def chat_prompt(self, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], Any]:
         """The request's whole prompt, its messages and its tools' key. Whether the dialog's KV cache can be
@@ -314,7 +300,8 @@ class DialogBridge:
             full = self.renderer.prompt(case)
         except Exception as exc:
             raise BridgeError(400, f"the model's chat template refused these messages: {exc}") from None
-        return full, msgs, repr(tools)
+        # the tools are the key: a later turn continues the dialog only with the same ones
+        return full, msgs, tools
 
     def precheck(self, prompt: str) -> None:
         """What `run` would refuse with a 400 about the prompt itself, checked before a stream's 200 goes out:

@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from hexstudio.shared import bundle as gb
+from hexstudio.shared.bundle.dialog_tokens import dialog_tokens
 from hexstudio.shared.chat_template import ChatFormat, ChatTemplateError, load_chat_format
+from tests.support.configs import LLAMA_31_8B
 
 DATA = Path(__file__).parent / "data"
 WEATHER_TOOL = {
@@ -165,16 +168,41 @@ def test_the_sandbox_refuses_unsafe_templates() -> None:
         fmt.render([{"role": "user", "content": "x"}])
 
 
-def _genie_tokens(fmt: ChatFormat, queries: list[str], replies: list[str]) -> str:
-    """What Genie's KV cache holds after these queries, as text: BOS before every query, EOS (the first of
-    the model's eos ids, as text) between queries, each reply as generated (hexstudio/workers/genie_sim/t2t.py)."""
-    bos = fmt.special.get("bos_token", "") if fmt.genie_bos else ""
+def _dialog_context(model: str) -> dict[str, Any]:
+    """genie_config.json's `context` HexStudio writes for the model's ids and tokenizer (the shapes: Llama's;
+    the test data's config.json holds only the ids)."""
+    cfg = {**LLAMA_31_8B, **json.loads((DATA / model / "config.json").read_text())}
+    doc = gb.genie_config(cfg, 4096, ["m.bin"], 128, tokens=dialog_tokens(DATA / model))
+    return dict(doc["dialog"]["context"])
+
+
+def _genie_tokens(model: str, queries: list[str], replies: list[str]) -> str:
+    """What Genie's KV cache holds after these queries, as text, with the BOS and EOS of the genie_config.json
+    HexStudio writes for the model: BOS before every query, between queries the first eos-token (qualla
+    dialog.cpp / context.cpp), each reply as generated (hexstudio/workers/genie_sim/t2t.py does the same)."""
+    ctx = _dialog_context(model)
+    decoder = json.loads((DATA / model / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    text = {int(k): v["content"] for k, v in decoder.items()}
+    bos = text[ctx["bos-token"]] if ctx["bos-token"] >= 0 else ""
+    eos = ctx["eos-token"][0] if isinstance(ctx["eos-token"], list) else ctx["eos-token"]
     out = ""
     for i, q in enumerate(queries):
         if i:
-            out += fmt.special["eos_token"]
+            out += text[eos]
         out += bos + q + replies[i]
     return out
+
+
+def test_the_bundle_pushes_the_templates_turn_end_and_no_bos_the_tokenizer_lacks() -> None:
+    """Genie pushes the first eos-token between turns: config.json's first for Llama-3.1 is <|end_of_text|>,
+    while its template ends a turn with <|eot_id|>. Qwen's config.json names a bos_token_id its tokenizer never
+    adds: Genie started every query with <|endoftext|>."""
+    llama = _dialog_context("llama-3.1")
+    assert llama["eos-token"] == [128009, 128001, 128008] and llama["bos-token"] == 128000
+    qwen = _dialog_context("qwen3")
+    assert qwen["bos-token"] == -1 and qwen["eos-token"] == 151645
+    # without a tokenizer folder config.json's ids stay as they are
+    assert dialog_tokens(DATA / "nowhere") is None
 
 
 @pytest.mark.parametrize("model", ["qwen3", "llama-3.1"])
@@ -202,13 +230,14 @@ def test_later_turns_send_only_the_new_turn(model: str) -> None:
         add_generation_prompt=True,
         **({"enable_thinking": False} if model == "qwen3" else {}),
     )
-    held = _genie_tokens(fmt, [q1, q2, q3], ["4.", "6.", ""])
+    held = _genie_tokens(model, [q1, q2, q3], ["4.", "6.", ""])
     if model == "llama-3.1":
         # Llama: Genie's BOS between turns is the only difference from the template's text
         assert held.replace(f"<|eot_id|>{bos}", "<|eot_id|>") == full
     else:
         # Qwen3 strips earlier turns' empty thinking blocks from its render; the turn structure is the same
         assert held.count("<|im_start|>user") == full.count("<|im_start|>user") == 3
+        assert held.startswith("<|im_start|>system") and "<|im_end|><|im_start|>" not in held
         assert held.endswith(
             "<|im_start|>user\nAnd 4+4?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
         )
@@ -246,3 +275,53 @@ def test_a_chat_template_jinja_file_wins(tmp_path: Path) -> None:
     )
     fmt = load_chat_format(tmp_path / "m")
     assert fmt.source == "chat_template.jinja" and fmt.render([{"role": "user", "content": "a"}]) == "[a]"
+
+
+def test_the_servers_later_turn_keeps_the_thinking_switch_and_tools() -> None:
+    """`hexstudio serve` rendered a request's whole prompt with thinking off and its tools, and a later turn
+    that continued the dialog without either: from turn 2 on, a served Qwen3 thought aloud."""
+    from hexstudio.core.eval.render import PromptRenderer
+    from hexstudio.core.eval.suites import Case
+
+    r = PromptRenderer("model", load_chat_format(DATA / "qwen3"), "json")
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    msgs = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4."},
+        {"role": "user", "content": "And 3+3?"},
+    ]
+    for t in (None, tools):
+        whole = r.prompt(Case(id="c", scorer="exact", messages=msgs, tools=t))
+        later = r.continuation(msgs, t)
+        assert later is not None and later.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), later
+        # the dialog holds the first prompt and the reply; the later turn completes it to the whole prompt
+        assert whole.endswith("4." + "<|im_end|>" + later), (whole, later)
+    # a conversation that is not user/assistant pairs is no continuation
+    assert r.continuation(msgs[:1] + msgs[2:], None) is None
+
+
+def test_a_local_bundle_folder_chats_in_its_models_own_template(tmp_path: Path) -> None:
+    """`hexstudio chat --bundle DIR` and `serve --bundle DIR` used Llama-3 header text for every model that was
+    not Nemotron or the built-in one: Qwen or Mistral weights got a format they were never trained on."""
+    import argparse
+
+    from hexstudio.cli.target import model_dir_of
+    from hexstudio.core.eval.render import PromptRenderer
+    from hexstudio.core.genie.prompts import template_for
+
+    bundle = tmp_path / "qwen_bundle"
+    shutil.copytree(DATA / "qwen3", bundle)
+    (bundle / "bundle.json").write_text(json.dumps({"model": "Qwen/Qwen3-0.6B"}))
+    args = argparse.Namespace(bundle=str(bundle))
+    assert model_dir_of(args, None) == bundle
+    assert template_for(bundle) == "model"
+    r = PromptRenderer.for_model(bundle)
+    assert r.template == "model" and r.fmt.thinking_switch == "enable_thinking"
+    # a folder only on the board, the built-in model, and a bundle without the model's files
+    assert model_dir_of(argparse.Namespace(bundle="/home/user/bundle"), None) is None
+    (bundle / "bundle.json").write_text(json.dumps({"model": "builtin:tiny-llama"}))
+    assert template_for(bundle) == "qa"
+    (bundle / "bundle.json").write_text(json.dumps({"model": "nvidia/Llama-3.1-Nemotron-Nano-8B-v1"}))
+    (bundle / "tokenizer_config.json").unlink()
+    assert template_for(bundle) == "nemotron"

@@ -57,20 +57,49 @@ class PromptRenderer:
             return [dict(m) for m in case.messages]
         return [{"role": "user", "content": case.prompt or ""}]
 
+    def _model_inputs(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]]:
+        """What the model's own template renders: tools it cannot show said in the system text, thinking off
+        by the template's switch."""
+        if tools and not self.fmt.supports_tools:
+            # the template cannot show tools: say them in the system text
+            msgs = _with_tool_system(msgs, tools)
+            tools = None
+        thinking: dict[str, Any] = (
+            {"enable_thinking": False} if self.fmt.thinking_switch == "enable_thinking" else {}
+        )
+        if self.fmt.thinking_switch == "system" and not any(m["role"] == "system" for m in msgs):
+            msgs = [{"role": "system", "content": "detailed thinking off"}, *msgs]
+        return msgs, tools, thinking
+
+    def continuation(self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str | None:
+        """The last user message of `msgs` alone, as a later query of a Genie dialog that holds the rest as
+        `prompt` rendered it (the same tools and thinking switch); None when the model's template is not in use
+        or `msgs` is not (system,) user/assistant pairs and a user message."""
+        if self.template != "model" or self.fmt.mode != "model" or not msgs or msgs[-1]["role"] != "user":
+            return None
+        msgs, tools, thinking = self._model_inputs(msgs, tools)
+        system = "".join(str(m["content"]) for m in msgs if m["role"] == "system")
+        rest = [m for m in msgs[:-1] if m["role"] != "system"]
+        if len(rest) % 2 or any(
+            a["role"] != "user" or b["role"] != "assistant"
+            for a, b in zip(rest[::2], rest[1::2], strict=True)
+        ):
+            return None
+        turns = [(str(a["content"]), str(b["content"])) for a, b in zip(rest[::2], rest[1::2], strict=True)]
+        try:
+            return self.fmt.genie_continuation(
+                turns, str(msgs[-1]["content"]), system=system, tools=tools, **thinking
+            )
+        except Exception:
+            return None
+
     def prompt(self, case: Case) -> str:
         msgs = self._messages(case)
         tools = case.tools
         if self.template == "model" and self.fmt.mode == "model":
-            if (
-                tools and not self.fmt.supports_tools
-            ):  # the template cannot show tools: say them in the system text
-                msgs = _with_tool_system(msgs, tools)
-                tools = None
-            thinking: dict[str, Any] = (
-                {"enable_thinking": False} if self.fmt.thinking_switch == "enable_thinking" else {}
-            )
-            if self.fmt.thinking_switch == "system" and not any(m["role"] == "system" for m in msgs):
-                msgs = [{"role": "system", "content": "detailed thinking off"}, *msgs]
+            msgs, tools, thinking = self._model_inputs(msgs, tools)
             text = self.fmt.render(msgs, add_generation_prompt=True, tools=tools, **thinking)
             bos = self.fmt.special.get("bos_token")
             if self.fmt.genie_bos and bos and text.startswith(bos):

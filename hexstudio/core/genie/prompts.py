@@ -62,13 +62,14 @@ def chat_format_for(model_dir: Path | None) -> ChatFormat:
 def template_for(model_dir: Path | None) -> str:
     """'qa' (built-in toy model), 'model' (the model has a chat template), 'plain' (it has none: a base
     model); only when its files cannot be read, from the model's name ('nemotron'), else its family's
-    fallback (ModelFamily.chat_template_fallback, the family from model.json's info), else 'llama3'."""
+    fallback (ModelFamily.chat_template_fallback, the family from model.json's info), else 'llama3'.
+    `model_dir` is a run's model artifacts folder (model.json) or a bundle folder (bundle.json)."""
     if model_dir is None:
         return "llama3"
     try:
         doc: dict[str, Any] = json.loads((model_dir / "model.json").read_text())
     except (OSError, json.JSONDecodeError):
-        return "llama3"
+        return _bundle_template(model_dir)
     if doc.get("source") == "builtin":
         return "qa"
     hf = _hf_dir(model_dir)
@@ -78,6 +79,21 @@ def template_for(model_dir: Path | None) -> str:
     if "nemotron" in name:
         return "nemotron"
     return _family_fallback(doc.get("info")) or "llama3"
+
+
+def _bundle_template(bundle: Path) -> str:
+    """A bundle folder's template ('qa', 'model', 'plain', 'nemotron', 'llama3'): the bundle carries the model's
+    tokenizer_config.json, and bundle.json names the model."""
+    try:
+        doc = json.loads((bundle / "bundle.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        doc = {}
+    name = str(doc.get("model", "") if isinstance(doc, dict) else "").lower()
+    if name.startswith("builtin:"):
+        return "qa"
+    if (bundle / "tokenizer_config.json").is_file():
+        return "model" if load_chat_format(bundle).mode == "model" else "plain"
+    return "nemotron" if "nemotron" in name else "llama3"
 
 
 def _family_fallback(info: Any) -> str | None:
