@@ -170,6 +170,8 @@ async def spawn(
 SignalSender = Callable[[signal.Signals, bool], Awaitable[None]]
 
 CANCEL_STEPS = ((signal.SIGINT, False), (signal.SIGTERM, True), (signal.SIGKILL, True))
+# after a worker has exited, how long the processes it started may keep its output pipes open
+ORPHAN_PIPES_S = 2.0
 
 
 async def cancel_ladder(
@@ -291,7 +293,15 @@ async def run_child(
 
 
 def _memory_total() -> int:
-    return int(psutil.virtual_memory().total + psutil.swap_memory().total)
+    """The memory a worker's RSS can reach before the OOM killer acts: RAM, or the cgroup's limit where one
+    is lower (a container, a systemd slice). Not swap: RSS leaves out swapped-out pages, so with swap larger
+    than about half of RAM (the .wslconfig advice) a real OOM kill never reached RAM + swap."""
+    total = int(psutil.virtual_memory().total)
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
 
 
 def stderr_record(text: str) -> str:
@@ -579,13 +589,15 @@ class LocalJob(Job):
         assert self.proc is not None and self.sampler is not None
         t0 = time.monotonic()
         sampling = asyncio.ensure_future(sample_periodically(self.sampler, self.sample_hz, self.on_sample))
+        orphans = asyncio.ensure_future(self._end_orphans())
         try:
             await asyncio.gather(self._read_stdout(), self._read_stderr())
             rc = await self.proc.wait()
         finally:
-            sampling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampling
+            for task in (sampling, orphans):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             self._reap_group()
             if self.proc.stdin is not None:  # the liveness pipe: its end tells a leftover watcher to go
                 self.proc.stdin.close()
@@ -603,6 +615,18 @@ class LocalJob(Job):
             duration_s=time.monotonic() - t0,
             stderr_tail="\n".join(list(self._stderr)[-20:]),
         )
+
+    async def _end_orphans(self) -> None:
+        """A worker killed from outside (the OOM killer, a crash) leaves the processes it started holding its
+        stdout and stderr: the pipes, and the job with them, would stay open until those end, and Stop could
+        not end them (the worker is gone). Once the worker has exited, what is left is read for a moment, then
+        its group is ended."""
+        assert self.proc is not None
+        # the return code is known when the worker exits, before its pipes close
+        while self.proc.returncode is None:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(ORPHAN_PIPES_S)
+        self._reap_group()
 
     def _reap_group(self) -> None:
         """The worker has exited: make sure nothing it started outlives it."""

@@ -197,6 +197,29 @@ def test_cancel_leaves_no_orphan_process(workspace: Workspace, tmp_path: Path) -
     assert not (m.run_dir / "artifacts" / "model").exists()
 
 
+def test_a_worker_killed_from_outside_ends_its_job_though_its_child_holds_the_pipes(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    """The OOM killer took the worker, not the process it had started: that child kept the worker's stdout
+    and stderr open, so the job waited for it (here 600 s), the stage stayed "running", and Stop did nothing
+    because the worker had already exited."""
+    pidfile = tmp_path / "child.pid"
+    m = workspace.create_run(
+        "builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 60, "child_pidfile": str(pidfile)}
+    )
+    shared, th = _start_pipeline_in_thread(m, "model")
+    _wait(lambda: pidfile.exists() and pidfile.read_text() and shared["pipe"].current_job is not None)
+    job = shared["pipe"].current_job
+    child = int(pidfile.read_text())
+    t0 = time.monotonic()
+    os.kill(job.proc.pid, signal.SIGKILL)  # the worker alone, as the OOM killer does
+    th.join(30)
+    assert not th.is_alive() and time.monotonic() - t0 < 15
+    res = shared["result"]
+    assert res.ok is False and m.stage("model").state == "interrupted" and "killed by SIGKILL" in res.message
+    _wait(lambda: not alive(child), 10)
+
+
 def _group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in a process group."""
     out = []
@@ -230,6 +253,25 @@ def test_sigkill_at_high_rss_is_reported_as_likely_oom() -> None:
     assert ".wslconfig" in (r.hint or "") and "wsl --shutdown" in (r.hint or "")
     r2 = classify(-9, stream, False, peak_rss=10**6, stderr_tail="", what="x")
     assert r2.kind == "killed"
+
+
+def test_an_oom_kill_with_much_swap_is_still_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Judged against RAM + swap, a real OOM kill at 11 GiB RSS on 16 GiB RAM with 16 GiB swap (the .wslconfig
+    advice) read "killed by something outside HexStudio": RSS leaves out swapped-out pages."""
+    from types import SimpleNamespace
+
+    from hexstudio.core import jobs
+
+    gib = 1 << 30
+    monkeypatch.setattr(jobs.psutil, "virtual_memory", lambda: SimpleNamespace(total=16 * gib))
+    monkeypatch.setattr(jobs.psutil, "swap_memory", lambda: SimpleNamespace(total=16 * gib))
+    monkeypatch.setattr(jobs.Path, "read_text", lambda self, *a, **k: "max")  # no cgroup limit
+    r = classify(-9, EventStream(None, None), False, peak_rss=11 * gib, stderr_tail="", what="x")
+    assert r.kind == "oom" and r.code == "out_of_memory"
+    # a container's limit below RAM is the ceiling
+    monkeypatch.setattr(jobs.Path, "read_text", lambda self, *a, **k: str(4 * gib))
+    r = classify(-9, EventStream(None, None), False, peak_rss=3 * gib, stderr_tail="", what="x")
+    assert r.kind == "oom"
 
 
 def test_oom_hint_limits_come_from_the_estimate_and_the_peak() -> None:
