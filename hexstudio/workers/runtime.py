@@ -216,11 +216,24 @@ def worker_main(
         code = 1
     except Exception as exc:  # a bug: say so, with the traceback on stderr
         traceback.print_exc(file=sys.stderr)
-        em.error(
-            "internal",
-            f"The {stage} worker crashed: {type(exc).__name__}: {exc}",
-            "This is a HexStudio bug. The traceback is in the stage's log; please report it.",
-        )
+        oom = out_of_memory_in(exc)
+        if oom is not None:
+            device, said = oom
+            em.error(
+                "out_of_memory",
+                f"The {stage} worker ran out of {device} memory ({said}).",
+                "Close other programs using the GPU (`nvidia-smi` lists them), or use fewer calibration samples "
+                "or more parts; then resume the run."
+                if device == "GPU"
+                else "Close other programs, use fewer calibration samples or more parts, or raise the WSL memory "
+                "limit in %UserProfile%\\.wslconfig and run `wsl --shutdown`; then resume the run.",
+            )
+        else:
+            em.error(
+                "internal",
+                f"The {stage} worker crashed: {type(exc).__name__}: {exc}",
+                "This is a HexStudio bug. The traceback is in the stage's log; please report it.",
+            )
         em.done(False)
         code = 1
     finally:
@@ -231,6 +244,24 @@ def worker_main(
             pass
         _stop_watcher()
     return code
+
+
+# what torch and onnxruntime say when an allocation fails (their own exception types, not MemoryError):
+# torch.OutOfMemoryError "CUDA out of memory", onnxruntime's BFC arena "Failed to allocate memory for requested
+# buffer", its CUDA provider "CUDA failure 2: out of memory" / "cudaErrorMemoryAllocation", C++ std::bad_alloc
+_OOM_TEXTS = ("out of memory", "failed to allocate memory", "cudaerrormemoryallocation", "bad_alloc")
+
+
+def out_of_memory_in(exc: BaseException) -> tuple[str, str] | None:
+    """('GPU' or 'host', the library's words from the failed allocation on) when `exc` is a library's failed
+    allocation, else None."""
+    text = f"{type(exc).__name__}: {exc}"
+    low = text.lower()
+    at = min((i for t in _OOM_TEXTS if (i := low.find(t)) >= 0), default=-1)
+    if at < 0 and type(exc).__name__ != "OutOfMemoryError":
+        return None
+    said = " ".join(text[max(at, 0) :].split())[:160]
+    return ("GPU" if any(t in low for t in ("cuda", "gpu", "outofmemoryerror")) else "host"), said
 
 
 def private_tmp(run_dir: Path, stage: str) -> Path | None:

@@ -101,3 +101,50 @@ def test_a_full_disk_is_said_as_such_not_as_a_bug(tmp_path: Path) -> None:
         and "HexStudio bug" not in errors[0]["message"] + errors[0].get("hint", "")
         and "df -h" in errors[0]["hint"]
     )
+
+
+ORT_OOM = r"""
+import sys
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+from hexstudio.workers.runtime import worker_main
+
+def run(spec, em):
+    # a real failed allocation in onnxruntime's arena (16 TiB): its own exception type, not MemoryError
+    value = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+    node = helper.make_node("ConstantOfShape", ["x"], ["y"], value=value)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session.run(None, {"x": np.array([1 << 42], dtype=np.int64)})
+
+sys.exit(worker_main("quantize", run))
+"""
+
+
+def test_a_failed_allocation_in_onnxruntime_is_out_of_memory_not_a_bug(tmp_path: Path) -> None:
+    """onnxruntime (and torch on CUDA) raise their own exceptions when an allocation fails: the worker said
+    "This is a HexStudio bug" for a GPU or arena out of memory during quantize."""
+    r = _run_worker(ORT_OOM, tmp_path, "quantize")
+    errors = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{") and '"error"' in ln]
+    assert errors and errors[0]["code"] == "out_of_memory", r.stdout
+    e = errors[0]
+    assert e["message"].startswith("The quantize worker ran out of host memory (Failed to allocate memory")
+    assert "HexStudio bug" not in e["message"] + e["hint"] and "wsl --shutdown" in e["hint"]
+
+
+def test_torch_and_cuda_failed_allocations_are_named_for_the_gpu() -> None:
+    from hexstudio.workers.runtime import out_of_memory_in
+
+    class OutOfMemoryError(RuntimeError):  # torch.OutOfMemoryError's name and text
+        pass
+
+    gpu = out_of_memory_in(OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert gpu == ("GPU", "out of memory. Tried to allocate 2.00 GiB")
+    ort_cuda = out_of_memory_in(RuntimeError("CUDA failure 2: out of memory ; GPU=0 ; expr=cudaMalloc"))
+    assert ort_cuda is not None and ort_cuda[0] == "GPU"
+    assert out_of_memory_in(RuntimeError("shape mismatch")) is None
