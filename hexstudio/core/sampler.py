@@ -63,22 +63,30 @@ class _Nvml:
         return lists
 
 
-def vram_from_process_lists(lists: list[list[Any]], pids: set[int]) -> int | None:
-    """Sum usedGpuMemory of `pids` over NVML's process lists (objects with .pid and .usedGpuMemory)."""
+def vram_from_process_lists(
+    lists: list[list[Any]], pids: set[int], visible: Callable[[int], bool] = psutil.pid_exists
+) -> int | None:
+    """Sum usedGpuMemory of `pids` over NVML's process lists (objects with .pid and .usedGpuMemory). A
+    listed process this machine cannot see makes "none of ours" unknown, not 0: in a container NVML gives the
+    host's pids (the driver ignores pid namespaces), so our own processes are listed under other numbers."""
     seen_any = False
     total = 0
     unknown = False
+    ours = False
     for procs in lists:
         for p in procs:
             seen_any = True
             if p.pid not in pids:
                 continue
+            ours = True
             used = getattr(p, "usedGpuMemory", None)
             if used is None:  # NVML_VALUE_NOT_AVAILABLE (pynvml gives None): no per-process accounting
                 unknown = True
             else:
                 total += int(used)
     if not seen_any or (unknown and total == 0):
+        return None
+    if not ours and not all(visible(int(p.pid)) for procs in lists for p in procs):
         return None
     return total
 

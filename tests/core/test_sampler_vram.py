@@ -33,7 +33,14 @@ def test_per_process_figures_are_summed_over_our_tree() -> None:
 
 
 def test_listed_processes_none_of_ours_is_a_measured_zero() -> None:
-    assert vram_from_process_lists([[Proc(99, 5 << 30)]], {10}) == 0
+    assert vram_from_process_lists([[Proc(99, 5 << 30)]], {10}, visible=lambda pid: True) == 0
+
+
+def test_in_a_container_processes_listed_under_host_pids_are_unknown_not_zero() -> None:
+    """NVML gives host pids in a Docker/LXD container: none matched ours, and a quantize using gigabytes of
+    VRAM was recorded as a measured 0 B."""
+    host_pids = [[Proc(812345, 9 << 30)]]
+    assert vram_from_process_lists(host_pids, {10}, visible=lambda pid: pid != 812345) is None
 
 
 def test_sampler_without_nvml_records_none() -> None:
