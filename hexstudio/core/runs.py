@@ -265,11 +265,12 @@ class Workspace:
         d = self.run_dir(run_id)
         if not (d / "run.json").is_file():
             raise RunNotFound(f"No run '{run_id}' in {self.runs_dir}.")
-        with RunLock(d):  # RunBusy while a runner holds it: never delete a live stage's folder
-            pass
-        # Rename first so a half-deleted run never looks like a run.
-        trash = self.runs_dir / f".deleting-{run_id}-{_secrets.token_hex(2)}"
-        d.rename(trash)
+        # RunBusy while a runner holds the lock: never delete a live stage's folder. Held until the folder is
+        # renamed away, so no runner can take the run between the check and the delete.
+        with RunLock(d):
+            # renamed first so a half-deleted run never looks like a run
+            trash = self.runs_dir / f".deleting-{run_id}-{_secrets.token_hex(2)}"
+            d.rename(trash)
         shutil.rmtree(trash, ignore_errors=True)
 
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -89,6 +90,32 @@ def test_delete_run_removes_everything(tmp_path: Path) -> None:
     ws.delete_run(m.run_id)
     assert ws.list_runs() == []
     assert list(ws.runs_dir.iterdir()) == []
+
+
+def test_no_runner_takes_a_run_between_the_delete_check_and_the_delete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """delete_run let go of the run's lock before it moved the folder away: a `run --resume` starting in
+    that gap ran its stage in a folder being deleted."""
+    from hexstudio.core.runs import RunBusy, RunLock
+
+    ws = Workspace(tmp_path)
+    m = ws.create_run("builtin:tiny-llama", "sim")
+    rename = Path.rename
+    taken: list[str] = []
+
+    def racing_rename(self: Path, target: Any) -> Any:
+        if self == m.run_dir:  # another process tries to take the run just before the folder goes
+            try:
+                RunLock(m.run_dir).acquire()
+                taken.append("runner got the run")
+            except RunBusy:
+                taken.append("busy")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", racing_rename)
+    ws.delete_run(m.run_id)
+    assert taken == ["busy"] and not m.run_dir.exists()
 
 
 def test_settings_migrate_from_v0_and_keep_a_backup(tmp_path: Path) -> None:
