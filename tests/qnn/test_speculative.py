@@ -8,6 +8,7 @@ import asyncio
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,9 @@ def test_a_draft_compiled_on_ai_hub_drafts_and_one_that_cannot_load_beside_is_re
     sp.draft_engine(_draft(tmp_path / "older", qairt_version="2.40"), tok, n, host)
 
 
-def _turn(local_run: Path, dialog: str, prompt: str, max_tokens: int) -> Any:
-    """One greedy turn through the studio's session (the persistent helper) on the simulator board."""
+def _turn(local_run: Path, dialog: str, prompt: str, max_tokens: int, mode: str = "persistent") -> Any:
+    """One greedy turn through the studio's session (the persistent helper, or genie-t2t-run per turn) on the
+    simulator board."""
     from hexstudio.core.device.board import sim_board
     from hexstudio.core.genie.session import ChatSession
     from hexstudio.serve.bridge import _Raw
@@ -95,7 +97,7 @@ def _turn(local_run: Path, dialog: str, prompt: str, max_tokens: int) -> Any:
             sim_board(local_run.parent.parent),
             str(remote),
             _Raw(template="plain"),
-            mode="persistent",
+            mode=mode,
             max_tokens=max_tokens,
             sampler="deterministic",
             dialog=dialog,
@@ -379,10 +381,16 @@ def test_real_genie_runs_lade_steps_past_the_small_embedding(
         # through the studio's session: Genie 1.21's lade runs past max_tokens and ABORT, so the helper ends the
         # reply at 6 tokens and exits (docs/genie.md); Genie writes no profile for it
         lade = _turn(local_run, "lade", prompt, 6)
+        # per turn (genie-t2t-run): the budget was only in the config, which lade ignores; the reply ran on to
+        # EOS or a full context, minutes at 1.8 s a step
+        t0 = time.monotonic()
+        lade_t2t = _turn(local_run, "lade", prompt, 6, mode="per_turn")
+        t2t_s = time.monotonic() - t0
     finally:
         (remote / "genie_config.lade.json").unlink()
-    assert plain.state == lade.state == "complete" and plain.text.strip()
+    assert plain.state == lade.state == lade_t2t.state == "complete" and plain.text.strip()
     assert lade.text == plain.text  # the prompt's token, then five from lookahead steps: basic's tokens
+    assert lade_t2t.text == plain.text and t2t_s < 60, (lade_t2t.text, t2t_s)
     assert lade.kpis is not None and lade.kpis.accepted_source == "token times"
     assert lade.kpis.accepted_per_step is not None and 1.0 <= lade.kpis.accepted_per_step <= 2.0  # ngram 2
 

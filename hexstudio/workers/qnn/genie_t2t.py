@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
         elif obj.get("event") == "end":  # and the query's end decides [END] or [ABORT]
             end.update(obj)
+            if obj.get("overran"):
+                # the helper's overrun guard ends this process next (os._exit): the transcript ends here
+                sys.stdout.write("[END]\n")
+                sys.stdout.flush()
 
     gs.emit = events
     try:
@@ -97,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             h.abort()
 
         threading.Thread(target=later, daemon=True).start()
-    h.query(
-        "t2t", prompt, args.max_tokens
-    )  # the one query loop the board's helper uses (hexstudio/workers/board)
+    # genie-t2t-run's budget is the config's dialog.max-num-tokens; handed to the helper's query loop, its
+    # overrun guard also ends a lade dialog (Genie 1.21's lade ignores the limit: docs/genie.md)
+    budget = args.max_tokens or cfg["dialog"].get("max-num-tokens")
+    # the one query loop the board's helper uses (hexstudio/workers/board)
+    h.query("t2t", prompt, int(budget) if isinstance(budget, int) and budget > 0 else None)
     st = int(end.get("status", -1))
     if end.get("state") == "aborted":
         sys.stdout.write("[ABORT]: \nQuery successfully aborted\n")
@@ -110,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         to_stderr("warn", "context full: the prompt and reply do not fit in the context length")
     if args.profile:
         prof = h.profile_json()
+        if isinstance(prof, dict):
+            # GenieProfile's metadata holds a timestamp only: the figures are the HTP simulator's, and say so
+            meta = prof.setdefault("metadata", {})
+            meta.update(simulated=True, runtime="Qualcomm libGenie on the HTP simulator (x86)")
         Path(args.profile).write_text(json.dumps(prof if prof is not None else {}, indent=2))
     h.close()
     return 0 if st >= 0 else 1
