@@ -6,7 +6,6 @@ simulator's own session mode on the local simulator board."""
 from __future__ import annotations
 
 import asyncio
-import json
 import posixpath
 import secrets
 import sys
@@ -57,10 +56,11 @@ def test_chat_turn_streams_over_ssh_and_the_profile_matches(
                 max_tokens=24,
             )
             runs = posixpath.join(sim_workspace.remote_bundle, ".hexstudio-runs")
-            listing = await board.transport.run(["ls", "-t", runs])
-            newest = next(n for n in listing.stdout.split() if n.startswith("profile-"))
-            raw = json.loads(await board.transport.read_bytes(posixpath.join(runs, newest)))
-            return res, raw, board.label
+            listing = await board.transport.run(["ls", "-A", runs])
+            # the prompt and the profile do not stay on the board; the profile comes back with the result
+            assert listing.stdout.split() == [], listing.stdout
+            assert res.profile is not None
+            return res, res.profile, board.label
         finally:
             await board.transport.close()
 
@@ -92,21 +92,17 @@ def test_hostile_prompt_over_ssh_arrives_verbatim_and_runs_nothing(
     canary = tmp_path / f"pwned-{secrets.token_hex(4)}"
     prompt = HOSTILE.format(canary=canary)
 
-    async def go() -> tuple[QueryResult, bytes]:
+    async def go() -> QueryResult:
         board = await ssh_board(ssh_server, simulated=True)
         try:
-            res = await run_query(board, sim_workspace.remote_bundle, prompt, max_tokens=3)
-            runs = posixpath.join(sim_workspace.remote_bundle, ".hexstudio-runs")
-            listing = await board.transport.run(["ls", "-t", runs])
-            newest = next(n for n in listing.stdout.split() if n.startswith("prompt-"))
-            return res, await board.transport.read_bytes(posixpath.join(runs, newest))
+            return await run_query(board, sim_workspace.remote_bundle, prompt, max_tokens=3)
         finally:
             await board.transport.close()
 
-    res, sent = asyncio.run(go())
+    res = asyncio.run(go())
     assert res.exit_status == 0, res.stderr
-    assert sent.decode("utf-8") == prompt
-    assert res.transcript.prompt == prompt  # the whole prompt, its later lines too
+    # the runner echoes the prompt file it read: the whole prompt, its later lines too
+    assert res.transcript.prompt == prompt
     assert not canary.exists()
 
 

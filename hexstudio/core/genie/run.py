@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import json
 import posixpath
 import secrets
@@ -20,6 +21,7 @@ from typing import Any
 from hexstudio.core.device.board import Board, python_env
 from hexstudio.core.genie.profile import Kpis, ProfileError, kpis_from_block, parse_profile
 from hexstudio.core.genie.transcript import Transcript, TranscriptParser
+from hexstudio.shared.errors import ActionableError
 
 
 @dataclass
@@ -90,6 +92,8 @@ class QueryResult:
     error: str | None = None
     stderr: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Genie's profile as the runner wrote it (its file on the board is removed with the prompt's)
+    profile: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -203,11 +207,18 @@ async def run_query(
         tr.state = "aborted"
     kpis = None
     error = None
+    profile = None
     if await t.exists(profile_file):
+        raw = (await t.read_bytes(profile_file)).decode("utf-8")
         try:
-            kpis = parse_profile((await t.read_bytes(profile_file)).decode("utf-8"))
+            kpis = parse_profile(raw)
+            profile = json.loads(raw)
         except ProfileError as exc:
             error = str(exc)
+    # the user's prompt (per turn: the whole conversation) and the profile do not stay on a shared board
+    # (a link lost now is the next turn's to report: this reply is complete)
+    with contextlib.suppress(OSError, ActionableError):
+        await t.run(["rm", "-f", "--", prompt_file, profile_file], timeout=30)
     if kpis is None and error is None:
         kpis = kpis_from_block(tr.kpis_block, tr.simulated)  # an older QAIRT prints [KPIS]: instead
     stderr = b"".join(err_parts).decode("utf-8", "replace")
@@ -228,6 +239,7 @@ async def run_query(
         (time.monotonic() - t0) * 1000,
         error=error,
         stderr=stderr[-4000:],
+        profile=profile,
     )
 
 
