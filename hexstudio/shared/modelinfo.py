@@ -331,13 +331,21 @@ BOARD_RAM_PART_FRACTION = 1 / 8
 BOARD_RAM_BUNDLE_FRACTION = 0.6  # the bundle + KV cache should leave the OS and Genie the rest
 
 
+def layer_parameters(info: dict[str, Any]) -> float:
+    """Parameters of one decoder layer: the model's, less the embedding and an lm_head of its own (a tied
+    lm_head is the embedding: Llama-3.2-1B, the small Qwen2.5s), over the layers."""
+    n = int(info.get("num_parameters") or 0)
+    emb = int(info.get("vocab_size") or 0) * int(info.get("hidden_size") or 0)
+    tables = emb if info.get("tie_word_embeddings") else 2 * emb
+    return max(0, n - tables) / max(1, int(info.get("num_layers") or 1))
+
+
 def deployed_bytes(info: dict[str, Any], context_length: int) -> dict[str, Any]:
     """W4A16 deployment sizes: per decoder layer (int4 LPBQ weights + its 8-bit KV cache at this context),
     the embedding and the lm_head (8-bit), and the whole bundle."""
-    n = int(info.get("num_parameters") or 0)
     layers = max(1, int(info.get("num_layers") or 1))
     emb = int(info.get("vocab_size") or 0) * int(info.get("hidden_size") or 0)
-    per_layer_params = max(0, n - 2 * emb) / layers
+    per_layer_params = layer_parameters(info)
     kv_layer = 2 * int(info.get("num_kv_heads") or 1) * int(info.get("head_dim") or 1) * context_length
     layer = int(0.5 * 1.03 * per_layer_params) + kv_layer  # 4-bit weights + block scales, 8-bit KV
     return {
@@ -522,12 +530,15 @@ def estimate(
     calibration_seq_len: int = 2048,
     context_variants: int = 1,
     ar_variants: int = 0,
+    calibration_unit: str = "layer",
 ) -> dict[str, Any]:
     """Memory and disk each stage needs, in bytes (planning figures, not guarantees). `context_variants`: how many
     context lengths the bundle holds (context_length and the smaller `context_lengths`): each compiles every graph
     again (time; for the simulator's one-graph binaries also disk), while the quantize stage's files, the board's
     weight-shared binaries and the KV cache (sized by the largest CL) stay as for one. `ar_variants`: how many more
-    prompt-processor lengths (`ar_sizes`) each context length holds: one more graph to compile per part each."""
+    prompt-processor lengths (`ar_sizes`) each context length holds: one more graph to compile per part each.
+    `calibration_unit` "part": one QuantSim holds a whole part (hexstudio/workers/quant/partwise.py), at the
+    whole-model figure per parameter, where "layer" holds one decoder layer."""
     n = int(info.get("num_parameters") or 0)
     parts = parts or default_parts(info)
     layers = int(info.get("num_layers") or 1)
@@ -536,7 +547,7 @@ def estimate(
     kvh = int(info.get("num_kv_heads") or 1)
     hd = int(info.get("head_dim") or 1)
     emb = vocab * h
-    per_layer = (n - 2 * emb) / max(layers, 1) if n else 0
+    per_layer = layer_parameters(info)
 
     def part_params(p: int) -> int:
         return int(per_layer * -(-layers // p) + emb)  # the largest part: ceil(layers/p) layers + embedding
@@ -554,6 +565,8 @@ def estimate(
         # one token-generator calibration sample: the part's past KV in fp32, held by the feed and the
         # session (x3); samples are generated one at a time and part outputs go to disk
         tg_sample = 3 * 2 * -(-layers // p) * kvh * hd * context_length * 4
+        if calibration_unit == "part":
+            return QUANTIZE_FIXED_BYTES + int(WHOLE_QUANTSIM_BYTES_PER_PARAM * part_params(p)) + tg_sample
         return QUANTIZE_FIXED_BYTES + int(unit) + tg_sample
 
     largest_part_params = part_params(parts)
@@ -578,7 +591,12 @@ def estimate(
     # 2 graphs per part, each with: the layers' int4 and the lm_head's int8 as int8 (1 B) + the LPBQ scales in fp32
     # (one per 64 layer weights), the embedding table as uint16; + the encodings' JSON (0.26 B per layer parameter)
     upload = int(
-        2 * ((n - emb) + AIHUB_UPLOAD_SCALE_BYTES_PER_LAYER_PARAM * per_layer * layers + 2 * emb)
+        2
+        * (
+            (per_layer * layers + emb)
+            + AIHUB_UPLOAD_SCALE_BYTES_PER_LAYER_PARAM * per_layer * layers
+            + 2 * emb
+        )
         + AIHUB_UPLOAD_ENCODINGS_BYTES_PER_LAYER_PARAM * per_layer * layers
     )
     sim = (

@@ -210,8 +210,9 @@ class RunSettings:
         "layer",
         label="Calibration unit",
         choices=("layer", "part"),
-        stages=("quantize",),
-        help='"layer": one QuantSim per decoder layer; "part": one per part (more memory).',
+        # the Model stage's memory estimate (model.json), which the Preflight stage checks, depends on it
+        stages=("model", "preflight", "quantize"),
+        help='"layer": one QuantSim per decoder layer; "part": one per part (about 5x the memory at 8B).',
     )
     validation_text: str = setting(
         "builtin",

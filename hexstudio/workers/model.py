@@ -412,6 +412,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         r["calibration_seq_len"],
         context_variants=variants,
         ar_variants=len(more_ars),
+        calibration_unit=spec.settings.calibration_unit,
     )
     # a copy inside this stage's folder is recorded relative to model.json (the folder is renamed when
     # the stage completes); a download or a local folder by its absolute path

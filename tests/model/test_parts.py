@@ -54,3 +54,15 @@ def test_small_models_and_longer_contexts() -> None:
         "head_dim": 64,
     }
     assert modelinfo.default_parts(tiny) == 2
+
+
+def test_a_tied_lm_head_is_not_taken_out_of_the_layers() -> None:
+    """Llama-3.2-1B ties its lm_head to the embedding: num_parameters counts the table once, and taking two
+    tables out left 44M parameters a layer where it has 61M; its bundle then looked small enough for one part
+    (qai-hub-models ships it in 3)."""
+    tied = {**LLAMA_32_1B, "tie_word_embeddings": True}
+    assert 60.8e6 < modelinfo.layer_parameters(tied) < 60.9e6
+    assert modelinfo.layer_parameters(LLAMA_32_1B) < 45e6  # read as untied: two tables out
+    assert modelinfo.default_parts(tied) >= 2
+    # the bundle holds the table (uint16) and the lm_head (int8) apart, tied or not
+    assert modelinfo.deployed_bytes(tied, 4096)["bundle_bytes"] > 1.05e9

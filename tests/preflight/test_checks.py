@@ -153,6 +153,33 @@ def test_8b_on_a_16_gib_100_gb_machine() -> None:
     assert [c["id"] for c in small.values() if c["status"] == "fail"] == ["memory"]
 
 
+def test_a_part_per_quantsim_is_planned_for_not_a_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """calibration_unit=part holds a whole part in one QuantSim; the estimate stayed the per-layer one (6.5 GiB
+    for an 8B), so a 16 GiB machine passed the memory check and the stage was killed mid-quantize."""
+    from hexstudio.core.services import preflight as service
+
+    part = modelinfo.estimate(modelinfo.inspect_config(LLAMA_8B), 4096, calibration_unit="part")
+    layer = needs_8b()
+    largest = part["largest_part_parameters"]
+    assert (
+        part["quantize_peak_rss_bytes"]
+        > modelinfo.WHOLE_QUANTSIM_BYTES_PER_PARAM * largest
+        > 4 * layer["quantize_peak_rss_bytes"]
+    )
+    disk = {"free_bytes": 100 * 10**9, "device": 2049}
+    p = probe(
+        mem_total_bytes=16 * GiB,
+        mem_available_bytes=15 * GiB,
+        workspace={"path": "/w", **disk},
+        hf_cache={"path": "/h", **disk},
+    )
+    assert by_id(run_checks(p, part))["memory"]["status"] == "fail"
+    # the command line and the studio's Preflight page read the setting too
+    monkeypatch.setattr(service, "model_config", lambda model: LLAMA_8B)
+    needs, _r = service.model_needs("meta-llama/Llama-3.1-8B-Instruct", {"calibration_unit": "part"})
+    assert needs["quantize_peak_rss_bytes"] == part["quantize_peak_rss_bytes"]
+
+
 def test_wsl_with_enough_memory_is_ok() -> None:
     needs = needs_8b()
     have = int(int(needs["peak_rss_bytes"]) * 2)

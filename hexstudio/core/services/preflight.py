@@ -78,6 +78,7 @@ def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], R
         r["calibration_seq_len"],
         context_variants=context_variants(settings),
         ar_variants=ar_variants(settings),
+        calibration_unit=str(settings.get("calibration_unit") or "layer"),
     )
     return needs, r
 
