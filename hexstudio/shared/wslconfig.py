@@ -67,6 +67,8 @@ def target_limits(need_bytes: int) -> tuple[int, int]:
 
 
 Runner = Callable[[list[str]], str]
+# where WSL mounts Windows' cmd.exe (the C: drive at /mnt/c, WSL's default automount root)
+WINDOWS_CMD = "/mnt/c/Windows/System32/cmd.exe"
 
 
 def _run(cmd: list[str]) -> str:
@@ -81,13 +83,18 @@ def _run(cmd: list[str]) -> str:
 def locate(env: Mapping[str, str] | None = None, run: Runner = _run) -> Path | None:
     """The Windows user's .wslconfig as a Linux path (it need not exist yet), or None outside WSL.
 
-    $HEXSTUDIO_WSLCONFIG wins (tests, unusual set-ups); otherwise %USERPROFILE% from wslvar or cmd.exe,
-    translated by wslpath."""
+    $HEXSTUDIO_WSLCONFIG wins (tests, unusual set-ups); otherwise %USERPROFILE% from wslvar or cmd.exe (on
+    PATH, else at WINDOWS_CMD), translated by wslpath."""
     env = os.environ if env is None else env
     if env.get(ENV_OVERRIDE):
         return Path(env[ENV_OVERRIDE]).expanduser()
     profile = ""
-    for cmd in (["wslvar", "USERPROFILE"], ["cmd.exe", "/c", "echo %USERPROFILE%"]):
+    # cmd.exe by its place too: with `appendWindowsPath=false` in /etc/wsl.conf it is not on PATH
+    for cmd in (
+        ["wslvar", "USERPROFILE"],
+        ["cmd.exe", "/c", "echo %USERPROFILE%"],
+        [WINDOWS_CMD, "/c", "echo %USERPROFILE%"],
+    ):
         profile = run(cmd).strip()
         if profile and "%" not in profile:
             break

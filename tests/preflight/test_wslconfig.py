@@ -135,6 +135,9 @@ def test_locate_uses_override_then_wslvar_then_cmd_exe() -> None:
     # no wslvar (wslu not installed): cmd.exe answers
     got = wslconfig.locate({}, fake({"cmd.exe": "C:\\Users\\ann\r\n", "wslpath": "/mnt/c/Users/ann"}))
     assert got == Path("/mnt/c/Users/ann/.wslconfig")
+    # Windows' folders not on PATH (/etc/wsl.conf appendWindowsPath=false) and no wslvar: cmd.exe by its place
+    on_c = {wslconfig.WINDOWS_CMD: "C:\\Users\\bo\r\n", "wslpath": "/mnt/c/Users/bo"}
+    assert wslconfig.locate({}, fake(on_c)) == Path("/mnt/c/Users/bo/.wslconfig")
     # cmd.exe echoing the variable unexpanded, or not WSL at all
     assert wslconfig.locate({}, fake({"cmd.exe": "%USERPROFILE%"})) is None
     assert wslconfig.locate({}, fake({})) is None
