@@ -114,6 +114,28 @@ def hub_cache() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
+def weights_cached(model: str, revision: str | None = None) -> bool:
+    """Whether the model's safetensors are all in the Hugging Face cache already (its index and every shard
+    it names, or the one model.safetensors): then a run downloads nothing of size."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(name: str) -> str | None:
+        try:
+            got = try_to_load_from_cache(model, name, cache_dir=hub_cache(), revision=revision)
+        except (ValueError, OSError):  # not a repository id
+            return None
+        return got if isinstance(got, str) else None
+
+    index = cached("model.safetensors.index.json")
+    if index is None:
+        return cached("model.safetensors") is not None
+    try:
+        shards = set(json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return bool(shards) and all(cached(str(f)) is not None for f in shards)
+
+
 def token_file() -> Path:
     from huggingface_hub import constants
 

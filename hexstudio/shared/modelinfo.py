@@ -62,6 +62,9 @@ REFERENCE = {
 # The per-sample terms (one token-generator calibration sample's past KV; validation's KV caches) were
 # too small to see at context 256: they are computed from the shapes, not measured.
 QUANTIZE_FIXED_BYTES = int(0.56 * GiB)
+# what a CUDA context and onnxruntime's CUDA provider hold on the GPU before any tensor (about 0.3-0.5 GiB on
+# recent drivers; an allowance, not measured here: no GPU on the measuring machine)
+CUDA_CONTEXT_BYTES = int(0.5 * GiB)
 QUANTIZE_BYTES_PER_LAYER_PARAM = 22.7
 QUANTIZE_BYTES_PER_VOCAB_PARAM = 28.8
 QUANTIZE_BYTES_PER_HEAD_PARAM = 10.9
@@ -609,6 +612,9 @@ def estimate(
         "largest_part_fp16_bytes": fp16_part,
         "hf_download_bytes": 2 * n,
         "quantize_peak_rss_bytes": partwise,
+        # with CUDA the calibration unit's sessions sit on the GPU: the peak less the host-side fixed part, plus
+        # the CUDA context (a planning figure from the CPU measurements; not measured on a GPU)
+        "quantize_peak_vram_bytes": partwise - QUANTIZE_FIXED_BYTES + CUDA_CONTEXT_BYTES,
         "whole_model_quantsim_rss_bytes": whole,
         "validate_peak_rss_bytes": validate,
         "peak_rss_bytes": max(partwise, validate),  # what the machine must hold: the larger stage

@@ -689,7 +689,7 @@ def _gpu_check(p: dict[str, Any], needs: dict[str, Any]) -> dict[str, Any]:
     drv = f", driver {driver}" if driver else ", driver not read"
     n = int(needs.get("num_parameters", 0))
     small = n <= 500_000_000
-    vram_need = needs.get("quantize_peak_vram_bytes") or needs.get("vram_guidance_bytes")
+    vram_need = needs.get("quantize_peak_vram_bytes")
     if gpu.get("devices"):
         d = gpu["devices"][0]
         cc = d["compute_capability"].replace(".", "")
@@ -712,8 +712,8 @@ def _gpu_check(p: dict[str, Any], needs: dict[str, Any]) -> dict[str, Any]:
                 "warn",
                 measured,
                 f"{_gib(int(vram_need))} VRAM",
-                f"{d['name']} has {_gib(d['memory_bytes'])} of VRAM; this model's guidance is "
-                f"{_gib(int(vram_need))}{drv}. CUDA may run out of memory during calibration.",
+                f"{d['name']} has {_gib(d['memory_bytes'])} of VRAM; calibrating this model holds about "
+                f"{_gib(int(vram_need))} on it (an estimate){drv}. CUDA may run out of memory during calibration.",
                 "Use more parts (smaller parts need less VRAM), a bigger GPU, or a remote worker host.",
             )
         return _check(

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hexstudio.core.hf import hub_cache
+from hexstudio.core.hf import hub_cache, weights_cached
 from hexstudio.core.services import ServiceError
 from hexstudio.core.services.model import model_config
 from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, Settings, SettingsError
@@ -94,6 +94,10 @@ def preflight_report(
     t0 = time.time()
     s = run_settings({**(settings or {}), "context_length": context_length, "ar_n": ar_n})
     needs, resolved = model_needs(model, s)
+    # nothing to download for the built-in model, a local folder, or weights already in the cache
+    needs["hf_downloaded"] = (
+        model.startswith("builtin:") or Path(model).expanduser().is_dir() or weights_cached(model)
+    )
     p = probe(workspace, hub_cache(), smoke=smoke)
     checks = run_checks(p, needs)
     return {
