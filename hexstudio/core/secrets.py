@@ -49,14 +49,30 @@ def seen_secret_values() -> list[str]:
     return list(_SEEN)
 
 
+# what to do when the keyring fails: the backends HexStudio names (backend_info, stored_where)
+KEYRING_HINT = (
+    "On WSL or a server without a desktop keyring: pip install keyrings.alt, then set "
+    "PYTHON_KEYRING_BACKEND=keyrings.alt.file.PlaintextKeyring (or EncryptedKeyring, which also needs "
+    "pycryptodome and asks for its password on a terminal). `keyring diagnose` shows which backend is in use."
+)
+
+
+def _failed(exc: Exception) -> str:
+    """A keyring backend's failure in words, with the backend named. Backends raise more than KeyringError:
+    keyrings.alt's EncryptedKeyring a RuntimeError without pycryptodome and an EOFError without a terminal for
+    its password, a damaged file a configparser error, Secret Service a DBus error."""
+    try:
+        backend = type(keyring.get_keyring()).__qualname__
+    except Exception:
+        backend = "unknown"
+    return f"{type(exc).__name__}: {exc}; keyring backend {backend}"
+
+
 def get_secret(name: str) -> str | None:
     try:
         value = keyring.get_password(SERVICE, name)
-    except keyring.errors.KeyringError as exc:
-        raise SecretStoreError(
-            f"The keyring could not be read ({exc}). On WSL without a desktop keyring, "
-            "install `keyrings.alt` or set PYTHON_KEYRING_BACKEND."
-        ) from None
+    except Exception as exc:
+        raise SecretStoreError(f"The keyring could not be read ({_failed(exc)}).", KEYRING_HINT) from None
     remember_secret(value)
     return value
 
@@ -65,8 +81,10 @@ def set_secret(name: str, value: str) -> None:
     remember_secret(value)
     try:
         keyring.set_password(SERVICE, name, value)
-    except keyring.errors.KeyringError as exc:
-        raise SecretStoreError(f"The keyring refused to store '{name}' ({exc}).") from None
+    except Exception as exc:
+        raise SecretStoreError(
+            f"The keyring refused to store '{name}' ({_failed(exc)}); it was not saved.", KEYRING_HINT
+        ) from None
 
 
 def delete_secret(name: str) -> None:
@@ -74,8 +92,10 @@ def delete_secret(name: str) -> None:
         keyring.delete_password(SERVICE, name)
     except keyring.errors.PasswordDeleteError:
         pass
-    except keyring.errors.KeyringError as exc:
-        raise SecretStoreError(f"The keyring refused to delete '{name}' ({exc}).") from None
+    except Exception as exc:
+        raise SecretStoreError(
+            f"The keyring refused to delete '{name}' ({_failed(exc)}).", KEYRING_HINT
+        ) from None
 
 
 def known_secret_values(names: list[str] | None = None) -> list[str]:

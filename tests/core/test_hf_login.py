@@ -59,3 +59,32 @@ def test_bad_tokens_are_refused_with_what_to_do(no_hf_token: dict[str, str]) -> 
     r = _cli("hf", "login", env=no_hf_token)  # no terminal, no --stdin
     assert r.returncode != 0 and "--stdin" in r.stderr
     assert secrets.get_secret(secrets.HF_TOKEN) is None
+
+
+def test_a_keyring_backend_failing_outside_keyring_errors_is_said_not_a_bug(
+    no_hf_token: dict[str, str],
+) -> None:
+    """keyrings.alt's EncryptedKeyring (which HexStudio names as an option) raises RuntimeError without
+    pycryptodome, EOFError without a terminal for its password: `aihub status` and `hf login` said "failed
+    unexpectedly ... a HexStudio bug"."""
+    import keyring
+
+    from tests.support.broken_keyring import BrokenKeyring
+
+    before = keyring.get_keyring()
+    keyring.set_keyring(BrokenKeyring())
+    try:
+        with pytest.raises(secrets.SecretStoreError) as ei:
+            secrets.set_secret(secrets.HF_TOKEN, "hf_x")
+        assert "RuntimeError: pycryptodome/x required" in ei.value.message and "not saved" in ei.value.message
+        assert ei.value.hint and "PYTHON_KEYRING_BACKEND" in ei.value.hint
+        with pytest.raises(secrets.SecretStoreError):
+            secrets.get_secret(secrets.AIHUB_TOKEN)
+    finally:
+        keyring.set_keyring(before)
+    env = {**no_hf_token, "PYTHON_KEYRING_BACKEND": "tests.support.broken_keyring.BrokenKeyring"}
+    for args, stdin in ((("aihub", "status"), None), (("hf", "login", "--stdin"), "hf_" + "a" * 34 + "\n")):
+        r = _cli(*args, stdin=stdin, env=env)
+        out = r.stdout + r.stderr
+        assert r.returncode != 0 and "HexStudio bug" not in out and "unexpectedly" not in out, out
+        assert "pycryptodome/x required" in out, out

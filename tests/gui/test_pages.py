@@ -180,6 +180,33 @@ def test_adding_a_board_keeps_its_password_in_the_keyring_only(qtbot: Any, tmp_p
     assert any("evk" in page.boards.item(i).text() for i in range(page.boards.count()))
 
 
+def test_a_board_whose_password_the_keyring_refuses_is_not_added_and_says_why(
+    qtbot: Any, tmp_path: Path
+) -> None:
+    """WSL without DBus and without keyrings.alt: keyring's fail backend refuses, the error escaped the slot,
+    and the board page said nothing (the board was not saved either)."""
+    import keyring
+
+    from hexstudio.core.settings import Settings
+    from tests.support.broken_keyring import BrokenKeyring
+
+    _c, w = studio_window(qtbot, tmp_path / "ws")
+    page = w.pages["board"]
+    page.name_edit.setText("evk")
+    page.host_edit.setText("10.0.0.7")
+    page.auth_combo.setCurrentText("password")
+    page.password_edit.setText("canary-Pa55-7731")
+    before = keyring.get_keyring()
+    keyring.set_keyring(BrokenKeyring())
+    try:
+        page.add_button.click()
+    finally:
+        keyring.set_keyring(before)
+    text = page.conn_label.text()
+    assert "keyring refused" in text and "What to do" in text and "PYTHON_KEYRING_BACKEND" in text
+    assert "evk" not in Settings.load().boards and page.password_edit.text() == "canary-Pa55-7731"
+
+
 def test_job_dock_log_is_bounded_filterable_and_copyable(qtbot: Any) -> None:
     from PySide6.QtGui import QGuiApplication
 

@@ -234,7 +234,7 @@ class BoardPage(StagePage):
         return str(it.data(256)) if it is not None else "sim"
 
     def add_board(self) -> None:
-        from hexstudio.core.secrets import board_password_key, set_secret
+        from hexstudio.core.secrets import SecretStoreError, board_password_key, set_secret
 
         name = self.name_edit.text().strip()
         host = self.host_edit.text().strip()
@@ -256,7 +256,12 @@ class BoardPage(StagePage):
         if auth == "ssh_config":
             cfg["ssh_alias"] = host
         if auth == "password" and self.password_edit.text():
-            set_secret(board_password_key(name), self.password_edit.text())
+            try:
+                set_secret(board_password_key(name), self.password_edit.text())
+            except SecretStoreError as exc:
+                # the board is not saved without its password (the password stays typed for another try)
+                self.conn_label.setText(refused_html(exc.message, exc.hint))
+                return
         self.password_edit.clear()
         existed = name in self.c.settings.boards
         self.c.settings.boards[name] = cfg
