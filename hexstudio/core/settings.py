@@ -188,6 +188,10 @@ class Settings:
                 "recreate it with defaults."
             ) from None
         check_settings_shape(raw, s.path)
+        # a section written as null holds nothing: as if it were absent (a None section crashed its readers)
+        for key in _OBJECT_SECTIONS:
+            if key in raw and raw[key] is None:
+                del raw[key]
         old = int(raw.get("settings_version", 0))
         s.data = migrate(raw)
         if old != SETTINGS_VERSION:

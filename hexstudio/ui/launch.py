@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hexstudio.core import logs
+from hexstudio.shared.errors import ActionableError
 
 # The GUI process stays light: these are imported only by worker processes (qai_hub: by the AI Hub
 # compile worker and the device-list worker the Compile page starts, hexstudio/workers/aihub_devices.py).
@@ -65,6 +66,20 @@ def missing_xcb_packages() -> list[str]:
     import ctypes.util
 
     return [pkg for lib, pkg in XCB_LIBS.items() if ctypes.util.find_library(lib) is None]
+
+
+def cannot_start(exc: ActionableError) -> int:
+    """Why the studio cannot open, in a message box and on stderr; the exit status."""
+    from PySide6.QtWidgets import QMessageBox
+
+    print(f"error: {exc.message}" + (f"\n  what to do: {exc.hint}" if exc.hint else ""), file=sys.stderr)
+    box = QMessageBox(QMessageBox.Icon.Critical, "HexStudio cannot start", exc.message)
+    if exc.hint:
+        box.setInformativeText(f"What to do: {exc.hint}")
+    box.setObjectName("cannot_start")
+    if os.environ.get("QT_QPA_PLATFORM") != "offscreen":  # nobody could close it there
+        box.exec()
+    return 1
 
 
 def launch_gui(argv: Sequence[str]) -> int:
@@ -127,7 +142,12 @@ def launch_gui(argv: Sequence[str]) -> int:
     asyncio.set_event_loop(loop)
     logs.install_asyncio_handler(loop)
     log = logging.getLogger("hexstudio.gui")
-    controller = RunController(Workspace(workspace) if workspace else None)
+    try:
+        controller = RunController(Workspace(workspace) if workspace else None)
+    except ActionableError as exc:
+        # a damaged settings.json, a workspace that cannot be made: said in a window (started from the Start
+        # menu, nobody reads stderr) and on stderr, never a silent traceback
+        return cannot_start(exc)
     win = MainWindow(controller)
     reopened = win.restore_last_run()  # the run that was open when the studio last closed
     log.info("studio started (workspace %s, run %s)", controller.workspace.root, reopened or "none")

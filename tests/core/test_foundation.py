@@ -118,6 +118,17 @@ def test_no_runner_takes_a_run_between_the_delete_check_and_the_delete(
     assert taken == ["busy"] and not m.run_dir.exists()
 
 
+def test_a_settings_section_written_as_null_is_empty_not_a_crash(tmp_path: Path) -> None:
+    """`"boards": null` passed the shape check, then `hexstudio board list` and the studio's start failed on
+    None; a v1 file with `"aihub": null` beside `aihub_url` failed in the migration."""
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"settings_version": 2, "boards": None, "worker_hosts": None}))
+    s = Settings.load(path)
+    assert s.boards == {} and (s.data.get("worker_hosts") or {}) == {}
+    path.write_text(json.dumps({"settings_version": 1, "aihub": None, "aihub_url": "https://hub.invalid"}))
+    assert Settings.load(path).data["aihub"]["api_url"] == "https://hub.invalid"
+
+
 def test_settings_migrate_from_v0_and_keep_a_backup(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
     path.write_text(

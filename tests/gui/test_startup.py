@@ -102,3 +102,23 @@ def test_no_display_is_a_clear_error(tmp_path: Path) -> None:
         cwd=Path(__file__).resolve().parents[2],
     )
     assert out.returncode == 2 and "no display" in out.stderr and "WSLg" in out.stderr
+
+
+def test_a_damaged_settings_file_is_said_not_a_silent_traceback(tmp_path: Path) -> None:
+    """A settings.json that is not JSON (or has a null or mistyped section) ended the studio's start in a
+    traceback: started from the Start menu, no window and no word."""
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "settings.json").write_text("{broken")
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "HEXSTUDIO_CONFIG_DIR": str(cfg)}
+    r = subprocess.run(
+        [sys.executable, "-m", "hexstudio", "gui", "--startup-check", "--workspace", str(tmp_path / "ws")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "settings.json cannot be read" in r.stderr and "Fix or delete it" in r.stderr
+    assert (cfg / "settings.json").read_text() == "{broken"  # nothing overwritten
