@@ -73,7 +73,8 @@ def test_second_turn_starts_generating_in_a_tenth_of_the_init(tmp_path: Path, fa
     # the deterministic sampler preset went into the dialog's config, not the bundle's own
     import json
 
-    cfg = json.loads((bundle / "genie_config.hexstudio.json").read_text())["dialog"]["sampler"]
+    (own,) = bundle.glob("genie_config.hexstudio-*.json")
+    cfg = json.loads(own.read_text())["dialog"]["sampler"]
     assert cfg == {"seed": 42, "temp": 0.0, "top-k": 1, "top-p": 1.0}
 
 
@@ -330,3 +331,30 @@ def test_a_failed_turn_carries_no_figures_of_the_turn_before(
     r = asyncio.run(go())
     assert r.state == "failed" and r.kpis is None, (r.state, r.kpis)
     assert "status -8" in (r.error or ""), r.error
+
+
+def test_two_sessions_on_one_bundle_each_keep_their_own_sampler(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
+    """Every session wrote one shared genie_config.hexstudio.json: a second studio (or `hexstudio serve`) on the
+    same bundle replaced the first one's sampler, and the first ran its per-turn queries with the second's."""
+    import json
+
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=10, token_ms=1, tokens=3)
+    board = fake_board(tmp_path, fake_genie)
+    hot = {"seed": 7, "temp": 1.5, "top-k": 1000, "top-p": 1.0}
+
+    async def go() -> tuple[str, str]:
+        async with (
+            ChatSession(board, str(bundle), Conversation(template="llama3"), mode="per_turn") as a,
+            ChatSession(
+                board, str(bundle), Conversation(template="llama3"), mode="per_turn", sampler=hot
+            ) as b,
+        ):
+            assert (await a.send("Hi")).state == "complete"
+            return a._config, b._config
+
+    first, second = asyncio.run(go())
+    assert first != second
+    assert json.loads((bundle / first).read_text())["dialog"]["sampler"]["temp"] == 0.0
+    assert json.loads((bundle / second).read_text())["dialog"]["sampler"]["temp"] == 1.5

@@ -53,8 +53,6 @@ def test_sampler_presets_and_values(qtbot: Any, tmp_path: Path) -> None:
 def test_chosen_sampler_reaches_the_runner(
     qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, compiled_sim_run: Path
 ) -> None:
-    from hexstudio.core.genie.session import SESSION_CONFIG
-
     c, w = window_on_run(qtbot, tmp_path, compiled_sim_run)
 
     async def scenario() -> None:
@@ -63,15 +61,15 @@ def test_chosen_sampler_reaches_the_runner(
         ch.refresh()
         doc = ch.board_doc()
         assert doc is not None and doc["simulated"]
-        override = Path(str(doc["remote_bundle"])) / SESSION_CONFIG
+        remote = Path(str(doc["remote_bundle"]))
         ch.max_tokens.setValue(16)
 
         # one genie-t2t-run per turn: the run reads this chat's copy of genie_config.json
         ch.session_mode = "per_turn"
         greedy = await ch.send(QUESTION)
         assert greedy is not None and greedy.state == "complete", greedy
-        assert ch.session.mode == "per_turn" and ch.session._config == SESSION_CONFIG
-        sampler = json.loads(override.read_text())["dialog"]["sampler"]
+        assert ch.session.mode == "per_turn" and ch.session._config.startswith("genie_config.hexstudio-")
+        sampler = json.loads((remote / ch.session._config).read_text())["dialog"]["sampler"]
         assert (sampler["temp"], sampler["top-k"], sampler["top-p"], sampler["seed"]) == (0.0, 1, 1.0, 42)
 
         # new values: the session loads again with them (the conversation is kept) and the reply changes
@@ -83,7 +81,7 @@ def test_chosen_sampler_reaches_the_runner(
         assert ch.sampler_preset() == "custom"
         hot = await ch.send(QUESTION)
         assert hot is not None and hot.state == "complete", hot
-        sampler = json.loads(override.read_text())["dialog"]["sampler"]
+        sampler = json.loads((remote / ch.session._config).read_text())["dialog"]["sampler"]
         assert (sampler["temp"], sampler["top-k"], sampler["top-p"], sampler["seed"]) == (1.5, 1000, 1.0, 7)
         assert hot.reply != greedy.reply, (
             "the simulator sampled at temperature 1.5 yet replied as greedy decoding"
@@ -91,7 +89,7 @@ def test_chosen_sampler_reaches_the_runner(
         ch.seed_spin.setValue(8)  # changed mid-conversation: reopened with the new seed, history kept
         again = await ch.send("And of Italy?")
         assert again is not None and len(ch.conversation.turns) == 2
-        assert json.loads(override.read_text())["dialog"]["sampler"]["seed"] == 8
+        assert json.loads((remote / ch.session._config).read_text())["dialog"]["sampler"]["seed"] == 8
         assert ch.session.sampler_values["seed"] == 8 and QUESTION in ch.conversation.as_markdown()
 
         # the model kept loaded: the helper starts with the sampler on its command line

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import posixpath
@@ -44,7 +45,13 @@ SAMPLER_PRESETS: dict[str, dict[str, Any] | None] = {
     "thinking": {"seed": 42, "temp": 0.6, "top-k": 40, "top-p": 0.95},  # Nemotron reasoning on
     "bundle": None,  # the bundle's own sampler
 }
-SESSION_CONFIG = "genie_config.hexstudio.json"  # the bundle's config with the chosen sampler
+
+
+def session_config_name(data: bytes) -> str:
+    """The bundle's config with a session's chosen sampler (and dialog), named by its content: two sessions on
+    one bundle with other samplers or dialogs (two studios, a studio and `hexstudio serve`) each read their own,
+    where one shared file made each run the other's."""
+    return f"genie_config.hexstudio-{hashlib.sha256(data).hexdigest()[:12]}.json"
 
 
 log = logging.getLogger("hexstudio.genie.session")
@@ -310,10 +317,9 @@ class ChatSession:
         if override is not None:
             values = spd_sampler(override) if self.dialog == "spd" else override  # Genie's spd needs temp > 0
             cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(values)
-            await t.write_bytes(
-                posixpath.join(self.bundle_dir, SESSION_CONFIG), json.dumps(cfg, indent=2).encode("utf-8")
-            )
-            self._config = SESSION_CONFIG
+            data = json.dumps(cfg, indent=2).encode("utf-8")
+            self._config = session_config_name(data)
+            await t.write_bytes(posixpath.join(self.bundle_dir, self._config), data)
         await self._select_runtime()
         self._opened = True
         if self.runtime.name != "genie":
