@@ -45,6 +45,20 @@ HASHED_WHEN_SET = frozenset(
     }
 )
 
+# Settings that became inputs of more stages after runs existed (every run holds them): left out of those stages'
+# hash while at the value the stage assumed before, so a run made before keeps those stages current
+HASHED_WHEN_CHANGED: dict[tuple[str, str], Any] = {
+    # the Model stage's estimate and the Preflight check plan for one QuantSim per part (issue 30's review)
+    ("model", "calibration_unit"): "layer",
+    ("preflight", "calibration_unit"): "layer",
+}
+
+
+def _hashed(stage: str, key: str, settings: dict[str, Any]) -> bool:
+    if (stage, key) in HASHED_WHEN_CHANGED:
+        return key in settings and settings[key] != HASHED_WHEN_CHANGED[(stage, key)]
+    return key in settings or key not in HASHED_WHEN_SET
+
 
 def input_hash(m: RunManifest, stage: Stage) -> str:
     settings = m.settings
@@ -53,7 +67,7 @@ def input_hash(m: RunManifest, stage: Stage) -> str:
         "version": stage.version,
         "model": m.inputs.get("model"),
         "board": m.inputs.get("board"),
-        "settings": {k: settings.get(k) for k in stage.inputs if k in settings or k not in HASHED_WHEN_SET},
+        "settings": {k: settings.get(k) for k in stage.inputs if _hashed(stage.name, k, settings)},
         "upstream": {n: m.stage(n).data.get("output_digest") for n in stage.needs},
     }
     if stage.reads:

@@ -57,7 +57,8 @@ OLD_INPUTS: dict[str, set[str]] = {
         "parts",
         "context_lengths",
         "ar_sizes",
-    },  # added since
+        "calibration_unit",
+    },  # added since (calibration_unit: hashed only when not "layer", HASHED_WHEN_CHANGED)
     "preflight": {
         "context_length",
         "calibration_samples",
@@ -65,6 +66,7 @@ OLD_INPUTS: dict[str, set[str]] = {
         "workspace",
         "context_lengths",
         "ar_sizes",
+        "calibration_unit",
     },
     "quantize": {
         "context_length",
@@ -113,6 +115,28 @@ def test_defaults_and_stage_inputs_are_what_they_were() -> None:
         assert set(rs.read_by(s.name)) <= set(s.inputs)
         assert set(s.inputs) - set(rs.read_by(s.name)) <= {"model", "board", "workspace"}
     assert not hasattr(STAGES[0], "produces")
+
+
+def test_calibration_unit_made_an_input_of_model_and_preflight_keeps_old_runs_current() -> None:
+    """The Model stage's estimate now depends on calibration_unit: a run made before, at "layer", keeps its
+    Model and Preflight stages current (re-running the Model stage would make Quantize stale: hours)."""
+    from types import SimpleNamespace
+
+    from hexstudio.core.stage_state import input_hash
+    from hexstudio.core.stages import STAGES
+
+    m = SimpleNamespace(
+        settings=dict(OLD_DEFAULTS),
+        inputs={"model": "builtin:tiny-llama", "board": "sim"},
+        stage=lambda n: SimpleNamespace(data={}),
+    )
+    for name in ("model", "preflight"):
+        s = next(x for x in STAGES if x.name == name)
+        before = dataclasses.replace(s, inputs=tuple(k for k in s.inputs if k != "calibration_unit"))
+        assert input_hash(m, s) == input_hash(m, before), name  # type: ignore[arg-type]
+        m.settings = {**OLD_DEFAULTS, "calibration_unit": "part"}
+        assert input_hash(m, s) != input_hash(m, before), name  # type: ignore[arg-type]
+        m.settings = dict(OLD_DEFAULTS)
 
 
 def test_a_run_from_before_the_speculative_settings_keeps_its_stages_current() -> None:
