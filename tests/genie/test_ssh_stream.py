@@ -38,7 +38,12 @@ async def ssh_board(
     t = await connect_ssh("evk-test", cfg, trust=lambda *_a: True)
     if simulated:  # the simulator installed on the test board (same flags and output as genie-t2t-run)
         return Board(
-            "evk-test", t, True, genie_command=[sys.executable, "-m", "hexstudio.workers.genie_sim.t2t"]
+            "evk-test",
+            t,
+            True,
+            genie_command=[sys.executable, "-m", "hexstudio.workers.genie_sim.t2t"],
+            # the board's own interpreter, with HexStudio installed (a remote host's, not this machine's paths)
+            config={"runner": "simulator", "python": sys.executable},
         )
     return Board("evk-test", t, False, config=config or {}, env_script=env_script)
 
@@ -374,3 +379,20 @@ def test_per_turn_over_ssh_applies_the_budget_on_a_real_runner_and_stops_midway(
     assert r1.kpis is not None and r1.kpis.generated_tokens == 4 and r1.kpis.source == "device"
     assert r2.state == "aborted" and 0 < len(r2.text.split()) < 30 and r2.wall_ms < 200 * 25
     assert str(fake_genie.t2t) not in ps  # the stopped runner is gone
+
+
+def test_a_remote_simulator_host_runs_its_own_python_and_real_genie_only_per_turn() -> None:
+    """A board declared `"runner": "simulator"` on another host got this machine's interpreter, PYTHONPATH and
+    onnxruntime-qnn folder for its persistent helper: "No such file" there, or "libGenie is not installed here"
+    about the workstation."""
+    from hexstudio.core.genie.runtime import GenieHtpSimulator, OnnxruntimeTwin, RuntimeError_
+
+    class Remote:  # any transport but this machine's
+        label = "ssh://far-sim"
+
+    board = Board("far-sim", Remote(), True, config={"runner": "simulator", "python": "/opt/hs/bin/python"})  # type: ignore[arg-type]
+    argv, env = OnnxruntimeTwin().helper_argv(board, None, None, "/b")
+    assert argv[:3] == ["/opt/hs/bin/python", "-m", "hexstudio.workers.genie_sim.session"] and env is None
+    with pytest.raises(RuntimeError_, match="only on this machine") as ei:
+        GenieHtpSimulator().helper_argv(board, None, None, "/b")
+    assert "--mode per_turn" in (ei.value.hint or "")

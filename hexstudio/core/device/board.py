@@ -127,6 +127,11 @@ async def open_board(
     return Board(name, t, False, genie_command=list(genie), env_script=f"{home}/qairt-env.sh", config=cfg)
 
 
+def on_this_machine(board: Board) -> bool:
+    """Whether the board's programs run here (the studio's own simulator board), not over SSH."""
+    return isinstance(board.transport, LocalTransport)
+
+
 def python_env() -> dict[str, str]:
     """Make `python -m hexstudio.workers...` importable for the simulator board."""
     return {"PYTHONPATH": str(WORKERS_ROOT)}

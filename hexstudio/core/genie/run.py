@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hexstudio.core.device.board import Board, python_env
+from hexstudio.core.device.board import Board, on_this_machine, python_env
 from hexstudio.core.genie.profile import Kpis, ProfileError, kpis_from_block, parse_profile
 from hexstudio.core.genie.transcript import Transcript, TranscriptParser
 from hexstudio.shared.errors import ActionableError
@@ -170,7 +170,8 @@ async def run_query(
     proc = await t.start(
         genie_argv(board, prompt_file, profile_file, config),
         cwd=bundle_dir,
-        env=python_env() if board.simulated else None,
+        # this machine's simulator finds its modules by PYTHONPATH; a remote host's environment is its own
+        env=python_env() if board.simulated and on_this_machine(board) else None,
     )
     parser = TranscriptParser(prompt)  # its echo is skipped exactly, whatever it holds
     dec = codecs.getincrementaldecoder("utf-8")("replace")

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hexstudio.core.device.board import Board, python_env
+from hexstudio.core.device.board import Board, on_this_machine, python_env
 from hexstudio.core.genie.profile import Kpis
 from hexstudio.shared.errors import ActionableError
 from hexstudio.shared.python_command import python_command
@@ -126,6 +126,16 @@ class GenieOnBoard(BoardRuntime):
         return argv, None
 
 
+def simulator_helper(board: Board, module: str, *args: str) -> HelperArgv:
+    """A simulator helper's command: this machine's interpreter and environment for the studio's own simulator
+    board; on a remote host declared `"runner": "simulator"`, that host's `python` (HexStudio installed there)
+    in its own environment, where this machine's paths mean nothing."""
+    if on_this_machine(board):
+        return python_command(module, *args), python_env()
+    py = (board.config or {}).get("python") or "python3"
+    return [str(py), "-m", module, *args], None
+
+
 class GenieHtpSimulator(BoardRuntime):
     key, name, per_turn_fallback, simulated = "genie-htp-sim", "genie", True, True
     dialogs = ("basic", "lade", "spd")
@@ -136,6 +146,14 @@ class GenieHtpSimulator(BoardRuntime):
     ) -> HelperArgv:
         from hexstudio.workers.qnn.libs import INSTALL_HINT, find_qnn_libs
 
+        if not on_this_machine(board):
+            # the helper's libGenie and its x86 engine settings are found on this machine
+            raise RuntimeError_(
+                f"Real Genie on the HTP simulator keeps the model loaded only on this machine, not on "
+                f"{board.label}.",
+                "Chat one turn at a time there (--mode per_turn: that host's genie-t2t-run), or push the bundle to "
+                "the built-in simulator board.",
+            )
         libs = find_qnn_libs()
         if libs is None:
             raise RuntimeError_(
@@ -168,9 +186,9 @@ class OnnxruntimeTwin(BoardRuntime):
     def helper_argv(
         self, board: Board, sampler: Sampler, helper_remote: str | None, bundle_dir: str, config: str = CONFIG
     ) -> HelperArgv:
-        return python_command(
-            "hexstudio.workers.genie_sim.session", "-c", "genie_config.json", *_sampler_args(sampler)
-        ), python_env()
+        return simulator_helper(
+            board, "hexstudio.workers.genie_sim.session", "-c", "genie_config.json", *_sampler_args(sampler)
+        )
 
 
 class GenieX(BoardRuntime):
@@ -181,10 +199,8 @@ class GenieX(BoardRuntime):
         self, board: Board, sampler: Sampler, helper_remote: str | None, bundle_dir: str, config: str = CONFIG
     ) -> HelperArgv:
         extra = _sampler_args(sampler)
-        if board.simulated:  # the simulator's GenieX face (as the Genie helper: this machine's python)
-            return python_command(
-                "hexstudio.workers.genie_sim.geniex", "session", "-m", ".", *extra
-            ), python_env()
+        if board.simulated:  # the simulator's GenieX face (as the Genie helper)
+            return simulator_helper(board, "hexstudio.workers.genie_sim.geniex", "session", "-m", ".", *extra)
         cfg = board.config or {}
         py = cfg.get("geniex_python") or cfg.get("python") or "python3"
         argv = [str(py), helper_remote or "geniex_session.py", "--bundle", ".", *extra]
