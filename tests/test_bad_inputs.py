@@ -591,6 +591,12 @@ ROWS += [
     ),
     ('settings.json boards "x"', lambda e: _settings_file(e, b'{"boards": "x"}'), ['"boards" is str'], None),
     (
+        "settings.json settings_version -1",
+        lambda e: _settings_file(e, b'{"settings_version": -1}'),
+        ["settings_version is -1, not a whole number from 0"],
+        None,
+    ),
+    (
         "settings.json board entry 5",
         lambda e: _settings_file(e, b'{"boards": {"b": 5}}'),
         ["the board 'b' is 5"],

@@ -110,17 +110,32 @@ class RunManifest:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ManifestError(f"{path} does not exist: this folder is not a HexStudio run.") from None
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
             raise ManifestError(
                 f"{path} cannot be read ({exc}). run.json is written atomically, so this "
                 "file was changed by something else; restore it from a backup or delete "
                 "the run."
             ) from None
-        if not isinstance(data, dict) or data.get("schema_version") != MANIFEST_SCHEMA_VERSION:
+        damaged = (
+            f"{path} is damaged: "
+            + "{}. run.json is written atomically, so something else changed it; restore it "
+            f"from a backup or delete the run (`hexstudio runs delete {run_dir.name}`)."
+        )
+        if not isinstance(data, dict):
+            raise ManifestError(damaged.format(f"it holds a JSON {type(data).__name__}, not an object"))
+        if data.get("schema_version") != MANIFEST_SCHEMA_VERSION:
             raise ManifestError(
                 f"{path} has schema_version {data.get('schema_version')!r}; this HexStudio "
                 f"reads version {MANIFEST_SCHEMA_VERSION}."
             )
+        for key in ("inputs", "stages"):
+            if not isinstance(data.get(key), dict):
+                raise ManifestError(damaged.format(f'"{key}" is {data.get(key)!r:.40}, not an object'))
+        if not isinstance(data["inputs"].get("settings", {}), dict):
+            raise ManifestError(damaged.format('"inputs.settings" is not an object'))
+        for name, stage in data["stages"].items():
+            if not isinstance(stage, dict):
+                raise ManifestError(damaged.format(f'the stage "{name}" is {stage!r:.40}, not an object'))
         for name in STAGE_NAMES:
             data["stages"].setdefault(name, empty_stage())
         return cls(path, data)

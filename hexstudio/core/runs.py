@@ -244,21 +244,7 @@ class Workspace:
         for d in sorted(self.runs_dir.iterdir(), reverse=True):
             if d.name.startswith(".") or not (d / "run.json").is_file():
                 continue
-            try:
-                data = json.loads((d / "run.json").read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                continue
-            out.append(
-                RunSummary(
-                    run_id=data.get("run_id", d.name),
-                    path=d,
-                    model=data.get("inputs", {}).get("model", "?"),
-                    board=data.get("inputs", {}).get("board", "?"),
-                    created=data.get("created", ""),
-                    updated=data.get("updated", ""),
-                    states={k: v.get("state", "?") for k, v in data.get("stages", {}).items()},
-                )
-            )
+            out.append(_summary(d))
         return out
 
     def delete_run(self, run_id: str) -> None:
@@ -272,6 +258,36 @@ class Workspace:
             trash = self.runs_dir / f".deleting-{run_id}-{_secrets.token_hex(2)}"
             d.rename(trash)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _summary(d: Path) -> RunSummary:
+    """A run's line in the list. A damaged run.json (not JSON, not UTF-8, fields of other types) is listed with
+    what can be read, never dropped or allowed to break the list: opening it says what is wrong."""
+    try:
+        data = json.loads((d / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    doc: dict[str, Any] = data if isinstance(data, dict) else {}
+
+    def obj(key: str) -> dict[str, Any]:
+        v = doc.get(key)
+        return v if isinstance(v, dict) else {}
+
+    def text(v: Any, default: str) -> str:
+        return v if isinstance(v, str) else default
+
+    return RunSummary(
+        run_id=d.name,
+        path=d,
+        model=text(obj("inputs").get("model"), "?"),
+        board=text(obj("inputs").get("board"), "?"),
+        created=text(doc.get("created"), ""),
+        updated=text(doc.get("updated"), ""),
+        states={
+            str(k): text(v.get("state"), "?") if isinstance(v, dict) else "?"
+            for k, v in obj("stages").items()
+        },
+    )
 
 
 def stage_log_path(manifest: RunManifest, stage: str) -> Path:

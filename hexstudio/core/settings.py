@@ -112,8 +112,8 @@ def check_settings_shape(raw: Any, path: Path) -> None:
     if not isinstance(raw, dict):
         raise SettingsError(f"{path} holds a JSON {type(raw).__name__}, not an object of settings.", fix)
     v = raw.get("settings_version", 0)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise SettingsError(f"{path}: settings_version is {v!r}, not a whole number.", fix)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise SettingsError(f"{path}: settings_version is {v!r}, not a whole number from 0.", fix)
     for key in _OBJECT_SECTIONS:
         # a section must be an object (v0 kept boards as a list)
         if (

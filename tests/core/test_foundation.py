@@ -118,6 +118,34 @@ def test_no_runner_takes_a_run_between_the_delete_check_and_the_delete(
     assert taken == ["busy"] and not m.run_dir.exists()
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        b"[]",
+        b'{"schema_version": 1, "stages": []}',
+        b'{"schema_version": 1, "inputs": "x", "stages": {}}',
+        b"\xff\xfe",
+        b"{bad",
+    ],
+)
+def test_one_damaged_run_json_neither_breaks_nor_hides_from_the_list(tmp_path: Path, damage: bytes) -> None:
+    """A run.json of the right JSON but the wrong shape broke `runs list` for the whole workspace ("a HexStudio
+    bug"); one that was not JSON vanished from the list without a word."""
+    from hexstudio.core.manifest import ManifestError
+    from tests.support.cli import python_m_hexstudio
+
+    ws = Workspace(tmp_path / "ws")
+    good = ws.create_run("builtin:tiny-llama", "sim")
+    bad = ws.create_run("builtin:tiny-llama", "sim")
+    (bad.run_dir / "run.json").write_bytes(damage)
+    assert {r.run_id for r in ws.list_runs()} == {good.run_id, bad.run_id}
+    with pytest.raises(ManifestError, match=r"damaged|cannot be read|schema_version"):
+        ws.open_run(bad.run_id)
+    r = python_m_hexstudio("runs", "list", "--workspace", str(tmp_path / "ws"))
+    assert r.returncode == 0 and "HexStudio bug" not in r.stderr, r.stderr
+    assert good.run_id in r.stdout and bad.run_id in r.stdout and "unreadable run.json" in r.stdout
+
+
 def test_a_settings_section_written_as_null_is_empty_not_a_crash(tmp_path: Path) -> None:
     """`"boards": null` passed the shape check, then `hexstudio board list` and the studio's start failed on
     None; a v1 file with `"aihub": null` beside `aihub_url` failed in the migration."""
