@@ -284,6 +284,13 @@ ROWS: list[Any] = [
         NO_RUN,
     ),
     ("set thresholds=[]", _set("thresholds=[]"), ["thresholds must be a JSON object"], NO_RUN),
+    (
+        # made, the run could never pass its Model stage, and --resume cannot change its settings
+        "set context_length 100 with ar_n 200",
+        lambda e: run_cli(e, "run", "--set", "context_length=100", "--set", "ar_n=200", "--until", "model"),
+        ["context_length 100 must be larger than AR-N 200", "no run was made"],
+        NO_RUN,
+    ),
     ("set benchmark_prompt empty", _set("benchmark_prompt= "), ["benchmark_prompt is empty"], NO_RUN),
     ("set without =", _set("ar_n"), ["--set expects KEY=VALUE"], NO_RUN),
     # unknown run ids

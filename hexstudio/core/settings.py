@@ -38,8 +38,10 @@ def check_run_setting(key: str, value: Any) -> str | None:
 
 def check_run_settings(values: dict[str, Any]) -> None:
     """Raise SettingsError (every problem, one a line) when a run setting has the wrong type or is out
-    of range."""
+    of range, or context_length and ar_n cannot go together."""
     problems = run_settings.check_all(values)
+    if not problems and (together := run_settings.shape_problem(values)):
+        problems = [together]
     if problems:
         raise SettingsError("Run setting(s) refused: " + " ".join(problems))
 

@@ -497,6 +497,8 @@ def check_context(info: dict[str, Any], context_length: int, ar_n: int) -> str |
     """An error message, or None when the context length is usable."""
     if ar_n <= 0 or context_length <= 0:
         return "context_length and ar_n must be positive."
+    if context_length <= ar_n:
+        return f"context_length {context_length} must be larger than AR-N {ar_n}."
     if context_length % ar_n:
         lo, hi = context_length // ar_n * ar_n, (context_length // ar_n + 1) * ar_n
         # offer only lengths that pass the other checks
@@ -505,8 +507,6 @@ def check_context(info: dict[str, Any], context_length: int, ar_n: int) -> str |
             f"context_length {context_length} is not a multiple of AR-N {ar_n}: the prompt processor "
             f"consumes the context in blocks of {ar_n} tokens. Use {use}."
         )
-    if context_length <= ar_n:
-        return f"context_length {context_length} must be larger than AR-N {ar_n}."
     maxpos = int(info.get("max_position_embeddings") or 0)
     if maxpos and context_length > maxpos:
         return (

@@ -877,6 +877,17 @@ def check_all(values: Mapping[str, Any]) -> list[str]:
     return [p for k, v in values.items() if (p := check(k, v)) is not None]
 
 
+def shape_problem(values: Mapping[str, Any]) -> str | None:
+    """What the Model stage would refuse of context_length and ar_n together, told before a run is made (a run
+    made with them could never pass, and --resume cannot change them): None when either is "auto" or they fit.
+    What needs the model's config (its longest context, its window) is the Model stage's."""
+    cl, ar = values.get("context_length"), values.get("ar_n")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (cl, ar)):
+        return None
+    assert isinstance(cl, int) and isinstance(ar, int)
+    return modelinfo.check_context({}, cl, ar)
+
+
 def parse_cli_value(name: str, text: str) -> Any:
     """The value of `--set NAME=TEXT`: text settings take the text as given (qairt_version=2.42), the
     others read it as JSON (numbers bare, true/false, objects), falling back to the text itself."""

@@ -228,9 +228,16 @@ def test_model_stage_errors_are_clear(tmp_path: Path, damage: str, code: str, ne
         cfg = json.loads((local / "config.json").read_text())
         cfg.update(architectures=["MixtralForCausalLM"], num_local_experts=8)
         (local / "config.json").write_text(json.dumps(cfg))
-    elif damage == "context":
-        settings["context_length"] = 300
-    m, res = _run_model_stage(tmp_path / "ws", str(local), **settings)
+    if damage == "context":
+        # refused when a run is made (test_bad_inputs); a run.json edited by hand still meets the Model stage's check
+        with pytest.raises(ActionableError, match="not a multiple of AR-N"):
+            Workspace(tmp_path / "ws").create_run(str(local), "sim", {"context_length": 300})
+        m = Workspace(tmp_path / "ws").create_run(str(local), "sim", {})
+        m.settings["context_length"] = 300
+        m.save()
+        res = asyncio.run(Pipeline(m).run(only="model"))
+    else:
+        m, res = _run_model_stage(tmp_path / "ws", str(local), **settings)
     assert not res.ok
     out = m.stage("model").data["outcome"]
     assert out["code"] == code and needle in out["message"], out
@@ -563,9 +570,11 @@ def test_a_context_without_room_for_validation_is_refused_when_the_run_is_made(t
         Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"context_length": 96, "ar_n": 32})
     assert modelinfo.validation_room(96) and "no room for the Validate stage" in modelinfo.validation_room(96)
     assert modelinfo.validation_room(modelinfo.MIN_CONTEXT_LENGTH) is None
-    _m, res = _run_model_stage(tmp_path / "ws", "builtin:tiny-llama", context_length=100, ar_n=32)
     # the nearest multiples of ar_n offered are long enough for Validate
-    assert not res.ok and res.message.endswith("Use 128."), res.message
+    with pytest.raises(ActionableError, match=r"Use 128\.$"):
+        Workspace(tmp_path / "ws").create_run(
+            "builtin:tiny-llama", "sim", {"context_length": 100, "ar_n": 32}
+        )
     _m, res = _run_model_stage(tmp_path / "ws", "builtin:tiny-llama", context_length=128, ar_n=32)
     assert res.ok, res.message
 
