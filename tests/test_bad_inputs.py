@@ -627,6 +627,39 @@ ROWS += [
         ["is not allowed"],
         _no_board("$(id)"),
     ),
+    # a board or worker host that could never be reached is not saved (it was, with exit 1 and no word of it)
+    (
+        "board add empty host",
+        lambda e: run_cli(e, "board", "add", "b23", "--host", "", "--no-connect"),
+        ["is no host name: the board was not saved"],
+        _no_board("b23"),
+    ),
+    (
+        "board add key auth without --key",
+        lambda e: run_cli(e, "board", "add", "b24", "--host", "127.0.0.1", "--no-connect"),
+        ["--auth key needs --key", "not saved"],
+        _no_board("b24"),
+    ),
+    (
+        "board add a key file that is not there",
+        lambda e: run_cli(
+            e, "board", "add", "b25", "--host", "h", "--key", "/nonexistent/id", "--no-connect"
+        ),
+        ["The key file /nonexistent/id does not exist"],
+        _no_board("b25"),
+    ),
+    (
+        "board add --port 0",
+        lambda e: run_cli(e, "board", "add", "b26", "--host", "h", "--port", "0", "--auth", "agent"),
+        ["0 is out of range: give 1 to 65535"],
+        _no_board("b26"),
+    ),
+    (
+        "worker add a name with a path in it",
+        lambda e: run_cli(e, "worker", "add", "../../x y", "--host", "h", "--auth", "agent", "--no-connect"),
+        ["worker host name '../../x y' is not allowed"],
+        None,
+    ),
     (
         "board name empty",
         lambda e: run_cli(e, "board", "add", "", "--host", "127.0.0.1", "--no-connect"),

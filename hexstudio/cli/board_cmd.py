@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hexstudio.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_actions, print_json, set_action
-from hexstudio.cli.ssh import add_ssh_flags, add_trust_flag, host_key_prompt, read_password, ssh_config_from
+from hexstudio.cli.ssh import (
+    add_ssh_flags,
+    add_trust_flag,
+    check_ssh_flags,
+    host_key_prompt,
+    read_password,
+    ssh_config_from,
+)
 from hexstudio.core.device.board import Board, open_board
 from hexstudio.core.device.errors import BoardError, SudoRefused
 from hexstudio.core.device.verify import default_remote_name
@@ -145,6 +152,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     from hexstudio.core.settings import check_board_name
 
     check_board_name(args.name)  # before anything is saved (issue 27: '../../etc', '$(id)', '' were kept)
+    check_ssh_flags(args, "board")
     s = Settings.load()
     cfg = ssh_config_from(args)
     if args.qairt_zip:

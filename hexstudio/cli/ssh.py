@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.common import EXIT_USAGE, CliError
+from hexstudio.cli.common import EXIT_USAGE, CliError, number_in
 
 
 def add_ssh_flags(p: argparse.ArgumentParser) -> None:
@@ -19,7 +19,7 @@ def add_ssh_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host", required=True, help="host name, IP, or the ~/.ssh/config alias (auth ssh_config)"
     )
-    p.add_argument("--port", type=int, default=22)
+    p.add_argument("--port", type=number_in(int, 1, 65535), default=22)
     p.add_argument("--user", default=None)
     p.add_argument("--auth", choices=("key", "agent", "ssh_config", "password"), default="key")
     p.add_argument("--key", dest="key_path", default=None, help="private key file (auth key)")
@@ -40,6 +40,33 @@ def ssh_config_from(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     if args.auth == "ssh_config":
         cfg["ssh_alias"] = args.host
     return {k: v for k, v in cfg.items() if v is not None}
+
+
+def check_ssh_flags(args: argparse.Namespace, what: str) -> None:
+    """What add_ssh_flags' flags must say before a machine is saved (`what`: "board", "worker host"): a host
+    without spaces, and for auth key a key file that is there. Nothing is saved when one is wrong."""
+    host = str(args.host or "").strip()
+    if not host or any(c.isspace() for c in host):
+        raise CliError(
+            f"--host {args.host!r} is no host name: the {what} was not saved.",
+            "Give its host name, IP address or ~/.ssh/config alias (--auth ssh_config), e.g. --host 192.168.1.50.",
+            exit_code=EXIT_USAGE,
+        )
+    if args.auth != "key":
+        return
+    if not args.key_path:
+        raise CliError(
+            f"--auth key needs --key (the private key file): the {what} was not saved.",
+            "Give --key ~/.ssh/id_ed25519, or use --auth agent (ssh-agent) or --auth ssh_config.",
+            exit_code=EXIT_USAGE,
+        )
+    if not Path(args.key_path).expanduser().is_file():
+        raise CliError(
+            f"The key file {args.key_path} does not exist: the {what} was not saved.",
+            "Check the path (`ls ~/.ssh`), or make a key with `ssh-keygen -t ed25519` and copy it to the "
+            f"{what} with `ssh-copy-id`.",
+            exit_code=EXIT_USAGE,
+        )
 
 
 def read_password(prompt: str, from_stdin: bool) -> str:

@@ -8,7 +8,14 @@ import asyncio
 from typing import Any
 
 from hexstudio.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_actions, print_json, set_action
-from hexstudio.cli.ssh import add_ssh_flags, add_trust_flag, host_key_prompt, read_password, ssh_config_from
+from hexstudio.cli.ssh import (
+    add_ssh_flags,
+    add_trust_flag,
+    check_ssh_flags,
+    host_key_prompt,
+    read_password,
+    ssh_config_from,
+)
 from hexstudio.core.remote.hosts import (
     STAGE_PACKAGES,
     WorkerHostError,
@@ -20,7 +27,7 @@ from hexstudio.core.remote.hosts import (
 )
 from hexstudio.core.remote.sync import install_workers
 from hexstudio.core.secrets import delete_secret, set_secret
-from hexstudio.core.settings import Settings
+from hexstudio.core.settings import Settings, SettingsError, check_board_name
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -118,12 +125,24 @@ def _print_check(doc: dict[str, Any]) -> None:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    if args.name in ("local", ""):
+    if args.name == "local":
         raise CliError(
             "'local' means this machine and cannot name a worker host.",
             "Pick another name.",
             exit_code=EXIT_USAGE,
         )
+    try:
+        # the board names' rule: the name goes into settings, keyring entries and file names
+        check_board_name(args.name)
+    except SettingsError as exc:
+        raise CliError(
+            exc.message.replace("board name", "worker host name").replace(
+                "for the board", "for the worker host"
+            ),
+            "Pick another name, e.g. gpu-box.",
+            exit_code=EXIT_USAGE,
+        ) from None
+    check_ssh_flags(args, "worker host")
     s = Settings.load()
     worker_hosts(s)[args.name] = ssh_config_from(args, python=args.python, root=args.root)
     s.save()
