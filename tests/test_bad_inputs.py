@@ -526,6 +526,20 @@ def _a_run(e: Env) -> str:
     return e.runs()[0]
 
 
+def _damaged_evaluation(e: Env, content: bytes) -> tuple[int, str]:
+    """A run whose evaluate.json holds `content`, then `eval show` of it."""
+    run = _a_run(e)
+    p = e.ws / "runs" / run / "artifacts" / "evaluate" / "evaluate.json"
+    p.parent.mkdir(parents=True)
+    p.write_bytes(content)
+    return run_cli(e, "eval", "show", run)
+
+
+def _report_into_a_file(e: Env) -> tuple[int, str]:
+    (e.tmp / "afile").write_text("x")
+    return run_cli(e, "report", _a_run(e), "--out", str(e.tmp / "afile" / "r.html"))
+
+
 def _no_board(name: str) -> Callable[[Env], bool]:
     def left(e: Env) -> bool:
         from hexstudio.core.settings import Settings
@@ -660,6 +674,14 @@ ROWS += [
         ["worker host name '../../x y' is not allowed"],
         None,
     ),
+    (
+        "eval show of an evaluate.json that is not JSON",
+        lambda e: _damaged_evaluation(e, b"{bad"),
+        ["evaluate.json is damaged", "--only evaluate --force"],
+        None,
+    ),
+    ("eval show of an evaluate.json list", lambda e: _damaged_evaluation(e, b"[]"), ["is damaged"], None),
+    ("report --out inside a file", _report_into_a_file, ["is a file, not a folder"], None),
     (
         "board name empty",
         lambda e: run_cli(e, "board", "add", "", "--host", "127.0.0.1", "--no-connect"),

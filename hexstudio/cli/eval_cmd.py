@@ -109,9 +109,18 @@ def cmd_show(args: argparse.Namespace) -> int:
             f"Run {d.name} has no evaluation yet.",
             f"Run it: hexstudio run --resume {d.name} --until evaluate",
         )
-    doc = json.loads(p.read_text(encoding="utf-8"))
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+        if not isinstance(doc, dict):
+            raise ValueError(f"it holds a JSON {type(doc).__name__}, not an object")
+        lines = [] if args.json else table_lines(doc)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CliError(
+            f"{p} is damaged ({type(exc).__name__}: {exc}).",
+            f"Run the Evaluate stage again: hexstudio run --resume {d.name} --only evaluate --force",
+        ) from None
     if args.json:
         print_json({"ok": True, **doc})
     else:
-        print("\n".join(table_lines(doc)))
+        print("\n".join(lines))
     return 0

@@ -101,6 +101,11 @@ def _check_out(out: Path) -> None:
             f"--out {out} is a folder; give a file name.", f"For example --out {out / 'report.html'}"
         )
     parent = out.parent if str(out.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise CliError(
+            f"{parent} is a file, not a folder, so {out.name} cannot be written in it.",
+            "Give --out a file in an existing folder.",
+        )
     if not parent.is_dir():
         raise CliError(
             f"The folder {parent} does not exist, so {out.name} cannot be written there.",
