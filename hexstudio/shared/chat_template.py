@@ -41,7 +41,7 @@ class ChatTemplateError(ActionableError):
     """The template refused the conversation (its raise_exception) or is not valid Jinja."""
 
 
-def _token_text(value: Any) -> str | None:
+def token_text(value: Any) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or an AddedToken dict ({"content": ...})."""
     if isinstance(value, str):
         return value
@@ -275,7 +275,7 @@ def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -298,10 +298,10 @@ def load_chat_format(hf_dir: Path | None, *, name: str = "", genie_bos: bool | N
     generation_config.json, config.json); "plain" when it has no chat template (a base model)."""
     if hf_dir is None:
         return ChatFormat(mode="plain", name=name)
-    tc = _read_json(hf_dir / "tokenizer_config.json")
-    gc = _read_json(hf_dir / "generation_config.json")
-    cfg = _read_json(hf_dir / "config.json")
-    special = {k: t for k in SPECIAL_TOKENS if (t := _token_text(tc.get(k))) is not None}
+    tc = read_json_object(hf_dir / "tokenizer_config.json")
+    gc = read_json_object(hf_dir / "generation_config.json")
+    cfg = read_json_object(hf_dir / "config.json")
+    special = {k: t for k in SPECIAL_TOKENS if (t := token_text(tc.get(k))) is not None}
     eos_ids = _ids(gc.get("eos_token_id")) or _ids(cfg.get("eos_token_id"))
     stops = (
         [s for s in (gc.get("stop_strings") or []) if isinstance(s, str)]

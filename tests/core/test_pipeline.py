@@ -177,16 +177,23 @@ def test_worker_failures_are_clear(workspace: Workspace, mode: str, kind: str, n
     assert not (m.run_dir / "artifacts" / "model").exists()
 
 
-def test_cancel_leaves_no_orphan_process(workspace: Workspace, tmp_path: Path) -> None:
+def _slow_model_stage_with_a_child(
+    workspace: Workspace, tmp_path: Path
+) -> tuple[RunManifest, dict[str, Any], Any, int]:
+    """A run whose Model stage (the test worker, mode slow) runs in a thread and has started a child process:
+    (the run, the thread's shared state, the thread, the child's pid)."""
     pidfile = tmp_path / "child.pid"
     m = workspace.create_run(
         "builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 60, "child_pidfile": str(pidfile)}
     )
     shared, th = _start_pipeline_in_thread(m, "model")
     _wait(lambda: pidfile.exists() and pidfile.read_text() and shared["pipe"].current_job is not None)
-    job = shared["pipe"].current_job
-    pgid = job.pgid
-    child = int(pidfile.read_text())
+    return m, shared, th, int(pidfile.read_text())
+
+
+def test_cancel_leaves_no_orphan_process(workspace: Workspace, tmp_path: Path) -> None:
+    m, shared, th, child = _slow_model_stage_with_a_child(workspace, tmp_path)
+    pgid = shared["pipe"].current_job.pgid
     fut = asyncio.run_coroutine_threadsafe(shared["pipe"].cancel(), shared["loop"])
     fut.result(30)
     th.join(30)
@@ -203,16 +210,9 @@ def test_a_worker_killed_from_outside_ends_its_job_though_its_child_holds_the_pi
     """The OOM killer took the worker, not the process it had started: that child kept the worker's stdout
     and stderr open, so the job waited for it (here 600 s), the stage stayed "running", and Stop did nothing
     because the worker had already exited."""
-    pidfile = tmp_path / "child.pid"
-    m = workspace.create_run(
-        "builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 60, "child_pidfile": str(pidfile)}
-    )
-    shared, th = _start_pipeline_in_thread(m, "model")
-    _wait(lambda: pidfile.exists() and pidfile.read_text() and shared["pipe"].current_job is not None)
-    job = shared["pipe"].current_job
-    child = int(pidfile.read_text())
+    m, shared, th, child = _slow_model_stage_with_a_child(workspace, tmp_path)
     t0 = time.monotonic()
-    os.kill(job.proc.pid, signal.SIGKILL)  # the worker alone, as the OOM killer does
+    os.kill(shared["pipe"].current_job.proc.pid, signal.SIGKILL)  # the worker alone, as the OOM killer does
     th.join(30)
     assert not th.is_alive() and time.monotonic() - t0 < 15
     res = shared["result"]

@@ -161,10 +161,8 @@ def test_unsupported_model_is_explained(qtbot: Any, tmp_path: Path) -> None:
     assert "NO" in page.inspect_table.item(1, 1).text() and "Mamba" in page.inspect_table.item(1, 1).text()
 
 
-def test_adding_a_board_keeps_its_password_in_the_keyring_only(qtbot: Any, tmp_path: Path) -> None:
-    from hexstudio.core.secrets import board_password_key, get_secret
-    from hexstudio.core.settings import Settings
-
+def _board_with_a_password(qtbot: Any, tmp_path: Path) -> Any:
+    """The Board page with the form filled in for board "evk" with password auth (not yet added)."""
     _c, w = studio_window(qtbot, tmp_path / "ws")
     page = w.pages["board"]
     page.name_edit.setText("evk")
@@ -172,6 +170,14 @@ def test_adding_a_board_keeps_its_password_in_the_keyring_only(qtbot: Any, tmp_p
     page.user_edit.setText("ubuntu")
     page.auth_combo.setCurrentText("password")
     page.password_edit.setText("canary-Pa55-7731")
+    return page
+
+
+def test_adding_a_board_keeps_its_password_in_the_keyring_only(qtbot: Any, tmp_path: Path) -> None:
+    from hexstudio.core.secrets import board_password_key, get_secret
+    from hexstudio.core.settings import Settings
+
+    page = _board_with_a_password(qtbot, tmp_path)
     page.add_button.click()
     assert get_secret(board_password_key("evk")) == "canary-Pa55-7731"
     saved = Settings.load().path.read_text()
@@ -190,12 +196,7 @@ def test_a_board_whose_password_the_keyring_refuses_is_not_added_and_says_why(
     from hexstudio.core.settings import Settings
     from tests.support.broken_keyring import BrokenKeyring
 
-    _c, w = studio_window(qtbot, tmp_path / "ws")
-    page = w.pages["board"]
-    page.name_edit.setText("evk")
-    page.host_edit.setText("10.0.0.7")
-    page.auth_combo.setCurrentText("password")
-    page.password_edit.setText("canary-Pa55-7731")
+    page = _board_with_a_password(qtbot, tmp_path)
     before = keyring.get_keyring()
     keyring.set_keyring(BrokenKeyring())
     try:

@@ -23,6 +23,7 @@ from typing import Any
 from hexstudio.shared.bundle import KNOWN_DEVICES, bundle_qairt_version, safepath, speculative, version_tuple
 from hexstudio.shared.bundle import genie_model as gm
 from hexstudio.shared.bundle import genie_schema as gs
+from hexstudio.shared.chat_template import token_text
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 NO_MESSAGE = "(none: Genie loads the bundle and the model computes wrong output)"
@@ -715,12 +716,6 @@ def _token_ids(bundle: Path, cfg: dict[str, Any] | None = None) -> tuple[dict[st
     return ids, bool(ids)
 
 
-def _tok_content(v: Any) -> str | None:
-    if isinstance(v, dict):
-        v = v.get("content")
-    return v if isinstance(v, str) else None
-
-
 def _token_findings(
     bundle: Path, cfg: dict[str, Any], hf: dict[str, Any] | None, graphs: dict[str, dict[str, Any]]
 ) -> list[Finding]:
@@ -770,7 +765,7 @@ def _token_findings(
                     "Copy eos_token_id from the model's config.json.",
                 )
             )
-    want_bos = _tok_content(tc.get("bos_token"))
+    want_bos = token_text(tc.get("bos_token"))
     if (
         want_bos is not None
         and want_bos in ids
@@ -810,7 +805,7 @@ def _token_findings(
                 "Set dialog.context.bos-token to -1 (HexStudio writes -1 for such tokenizers).",
             )
         )
-    want_eos = _tok_content(tc.get("eos_token"))
+    want_eos = token_text(tc.get("eos_token"))
     if (
         isinstance(eos, list)
         and want_eos in ids

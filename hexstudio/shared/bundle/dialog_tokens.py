@@ -14,10 +14,10 @@ whether there is a BOS.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from hexstudio.shared.chat_template import read_json_object, token_text
 
 
 @dataclass(frozen=True)
@@ -28,37 +28,22 @@ class DialogTokens:
     has_bos: bool
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _text(value: Any) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return str(value["content"])
-    return None
-
-
 def dialog_tokens(hf_dir: Path) -> DialogTokens | None:
     """The tokenizer's word on BOS and the turn's end (None: the folder has no tokenizer_config.json, and
     config.json's ids are kept as they are)."""
-    tc = _read(hf_dir / "tokenizer_config.json")
+    tc = read_json_object(hf_dir / "tokenizer_config.json")
     if not tc:
         return None
-    eos = _text(tc.get("eos_token"))
+    eos = token_text(tc.get("eos_token"))
     turn_end = None
     if eos is not None:
         # tokenizer_config.json's added_tokens_decoder, else tokenizer.json's added tokens and vocabulary
         ids = {
-            _text(t): int(k) for k, t in (tc.get("added_tokens_decoder") or {}).items() if str(k).isdigit()
+            token_text(t): int(k)
+            for k, t in (tc.get("added_tokens_decoder") or {}).items()
+            if str(k).isdigit()
         }
-        tok = _read(hf_dir / "tokenizer.json") if eos not in ids else {}
+        tok = read_json_object(hf_dir / "tokenizer.json") if eos not in ids else {}
         for t in tok.get("added_tokens") or []:
             if isinstance(t, dict) and isinstance(t.get("id"), int) and isinstance(t.get("content"), str):
                 ids.setdefault(t["content"], t["id"])
@@ -66,7 +51,7 @@ def dialog_tokens(hf_dir: Path) -> DialogTokens | None:
         if eos not in ids and isinstance(vocab, dict) and isinstance(vocab.get(eos), int):
             ids[eos] = int(vocab[eos])
         turn_end = ids.get(eos)
-    return DialogTokens(turn_end, _text(tc.get("bos_token")) is not None)
+    return DialogTokens(turn_end, token_text(tc.get("bos_token")) is not None)
 
 
 def genie_eos(eos: int | list[int], tokens: DialogTokens | None) -> int | list[int]:
