@@ -7,15 +7,8 @@ import argparse
 import asyncio
 from typing import Any
 
+from hexstudio.cli import ssh
 from hexstudio.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_actions, print_json, set_action
-from hexstudio.cli.ssh import (
-    add_ssh_flags,
-    add_trust_flag,
-    check_ssh_flags,
-    host_key_prompt,
-    read_password,
-    ssh_config_from,
-)
 from hexstudio.core.remote.hosts import (
     STAGE_PACKAGES,
     WorkerHostError,
@@ -40,7 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     pa = ws.add_parser("add", help="add or change a worker host (host, port, user, auth, python)")
     pa.add_argument("name")
-    add_ssh_flags(pa)
+    ssh.add_ssh_flags(pa)
     pa.add_argument(
         "--python",
         default=None,
@@ -53,7 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="folder on the host for HexStudio's workers and run copies (default ~/.cache/hexstudio)",
     )
     pa.add_argument("--no-connect", action="store_true", help="save only; do not connect and check")
-    add_trust_flag(pa, "host")
+    ssh.add_trust_flag(pa, "host")
     set_action(pa, cmd_add)
 
     pl = ws.add_parser("list", help="list the worker hosts")
@@ -68,7 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "check", help="connect, check Python and the packages each stage needs, install the workers"
     )
     pc.add_argument("name")
-    add_trust_flag(pc, "host")
+    ssh.add_trust_flag(pc, "host")
     set_action(pc, cmd_check)
 
     pr = ws.add_parser("remove", help="forget a worker host (and its stored password)")
@@ -80,7 +73,7 @@ async def _check(name: str, cfg: dict[str, Any], args: argparse.Namespace) -> di
     """Connect (asking about an unknown host key), probe Python and every stage's packages, install the
     workers. Raises CliError with what to do."""
     try:
-        t = await connect_worker_host(name, cfg, trust=host_key_prompt(args, "host"))
+        t = await connect_worker_host(name, cfg, trust=ssh.host_key_prompt(args, "host"))
     except WorkerHostError as exc:
         raise CliError(exc.message, exc.hint) from None
     python = str(cfg.get("python") or "python3")
@@ -142,9 +135,9 @@ def cmd_add(args: argparse.Namespace) -> int:
             "Pick another name, e.g. gpu-box.",
             exit_code=EXIT_USAGE,
         ) from None
-    check_ssh_flags(args, "worker host")
+    ssh.check_ssh_flags(args, "worker host")
     s = Settings.load()
-    worker_hosts(s)[args.name] = ssh_config_from(args, python=args.python, root=args.root)
+    worker_hosts(s)[args.name] = ssh.ssh_config_from(args, python=args.python, root=args.root)
     s.save()
     out: dict[str, Any] = {"ok": True, "worker_host": args.name, "config": worker_hosts(s)[args.name]}
     if not args.no_connect:
@@ -180,7 +173,7 @@ def cmd_password(args: argparse.Namespace) -> int:
         host_config(args.name)
     except WorkerHostError as exc:
         raise CliError(exc.message, exc.hint) from None
-    pw = read_password(f"SSH password for {args.name}: ", args.stdin)
+    pw = ssh.read_password(f"SSH password for {args.name}: ", args.stdin)
     set_secret(worker_password_key(args.name), pw)
     from hexstudio.core.secrets import stored_where
 
