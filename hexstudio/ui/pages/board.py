@@ -109,6 +109,9 @@ class BoardPage(StagePage):
         self.add_button = QPushButton("Add board")
         self.add_button.clicked.connect(self.add_board)
         form.addRow(self.add_button)
+        # Enter in the form adds (or saves) the board, as a form is submitted from the keyboard
+        for edit in (self.name_edit, self.host_edit, self.user_edit, self.key_edit, self.password_edit):
+            edit.returnPressed.connect(self.add_button.click)
         row.addWidget(add, 1)
         self.inputs_layout.addLayout(row)
         self.conn_label = note("")
