@@ -198,8 +198,15 @@ class CompareDialog(QDialog):
             )
             self.plot.addItem(region)
         ids = [r["run_id"] for r in self.c["runs"]]
+        # each bar says where its figure comes from (simulated, device, ...), as the table's badges do
+        sources = row.get("sources") or [""] * len(ids)
         ticks = [
-            (i, (rid if len(rid) <= 26 else "…" + rid[-25:]) + (" (baseline)" if i == 0 else ""))
+            (
+                i,
+                (rid if len(rid) <= 26 else "…" + rid[-25:])
+                + (" (baseline)" if i == 0 else "")
+                + (f"\n{sources[i]}" if sources[i] else ""),
+            )
             for i, rid in enumerate(ids)
         ]
         self.plot.getAxis("bottom").setTicks([ticks])

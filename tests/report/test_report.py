@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 import os
 import re
@@ -275,6 +277,11 @@ def test_compare_keeps_boards_and_compile_targets_apart(chatted_run: Path, tmp_p
     assert rows[("settings", "benchmark_prompt")]["judgement"] == ["changed"]
     csv_text = compare_csv(c)
     assert "'=HYPERLINK" in csv_text and ",=HYPERLINK" not in csv_text and '"=HYPERLINK' not in csv_text
+    # each run's source travels with its figure: the CSV dropped it, so a simulator's tok/s read as a device's
+    lines = list(csv.reader(io.StringIO(csv_text)))
+    assert lines[0][-2:] == [f"{r['run_id']} source" for r in c["runs"]]
+    gen = next(x for x in lines if x[0] == "kpis" and x[1] == "Generation")
+    assert gen[-2:] == ["simulated", "simulated"], gen
     # one board, a Compile on AI Hub against the simulation bundle's
     c2 = on_board(tmp_path / "c2", "evk-a")
     cj = c2 / "artifacts" / "compile" / "compile.json"
@@ -292,6 +299,28 @@ def test_compare_keeps_boards_and_compile_targets_apart(chatted_run: Path, tmp_p
     assert any(x.startswith("Compile duration and memory") and "aihub" in x for x in c["skipped"]), c[
         "skipped"
     ]
+
+
+def test_a_simulator_board_is_said_so_whatever_compiled_the_bundle(chatted_run: Path, tmp_path: Path) -> None:
+    """Real QNN binaries compiled on this PC (compile_target local) make a bundle that is not "simulated", yet
+    they ran on Qualcomm's x86 HTP simulator: the report had no SIMULATED banner, Compare no badge, and the
+    Compile section said "Qualcomm AI Hub"."""
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.compare import compare_html, compare_reports
+    from hexstudio.core.reports.render import to_html
+
+    run = tmp_path / "local"
+    shutil.copytree(chatted_run, run)
+    bj = run / "artifacts" / "compile" / "bundle" / "bundle.json"
+    bj.write_text(json.dumps({**json.loads(bj.read_text()), "simulated": False, "compile_target": "local"}))
+    rep = build_report(run)
+    assert rep["compile"]["simulated"] is False and rep["board"]["simulated"] is True
+    assert rep["simulated_board"] is True
+    page = to_html(rep)
+    assert "SIMULATED board: numbers are not device results" in page
+    assert "Qualcomm QNN on this PC" in page and ">Qualcomm AI Hub<" not in page
+    c = compare_reports([build_report(chatted_run), rep])
+    assert [r["simulated"] for r in c["runs"]] == [True, True] and "SIMULATED board" in compare_html(c)
 
 
 def test_host_names_are_left_out_when_asked(chatted_run: Path) -> None:

@@ -362,6 +362,13 @@ def build_report(
             )
         rep["series"]["token_rate"] = token_rate_series(ch.get("chunks") or [])
         rep["series"]["token_rate_unit"] = token_rate_unit(ch.get("chunks") or [])
+    # the numbers of a simulator board are not device results, whatever compiled the bundle: real QNN binaries
+    # compiled on this PC run on Qualcomm's HTP simulator there, and their bundle is not "simulated"
+    rep["simulated_board"] = bool(
+        (rep["compile"] or {}).get("simulated")
+        or (rep["board"] or {}).get("simulated")
+        or (rep["chat"] or {}).get("source") == "simulated"
+    )
     rep["chat_sessions"] = _chat_sessions(run_dir)
     # the speed predictor's figures (issue 28): labeled predicted, beside the measured KPIs, never in them
     prediction = read_prediction(run_dir)
@@ -526,7 +533,9 @@ def _compile_section(run_dir: Path, bundle: dict[str, Any] | None, done: bool) -
     return {
         "simulated": bool(src.get("simulated")),
         "emulated": bool(src.get("emulated")),
-        "target": cj.get("target") or ("simulation" if src.get("simulated") else "aihub"),
+        "target": cj.get("target")
+        or src.get("compile_target")
+        or ("simulation" if src.get("simulated") else "aihub"),
         "device": src.get("device"),
         "qairt_version": src.get("qairt_version"),
         "context_length": src.get("context_length"),

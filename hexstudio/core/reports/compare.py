@@ -246,7 +246,8 @@ def compare_reports(
             "run_id": r["run"]["run_id"],
             "model": r["model"]["id"],
             "status": r["run"].get("status_word") or r["run"]["status"],
-            "simulated": bool((r.get("compile") or {}).get("simulated")),
+            # the board's numbers are simulated whatever compiled the bundle (collect.simulated_board)
+            "simulated": bool(r.get("simulated_board") or (r.get("compile") or {}).get("simulated")),
             # compiled by the AI Hub emulator: its binaries are packages of the inputs, not device builds
             "emulated": bool((r.get("compile") or {}).get("emulated")),
             "kpi_source": (r.get("chat") or {}).get("source"),

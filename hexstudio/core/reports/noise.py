@@ -110,7 +110,7 @@ def chart_rows(c: dict[str, Any]) -> list[dict[str, Any]]:
 
 def compare_csv(c: dict[str, Any]) -> str:
     """One line per row: section, what, unit, each run's value, then each other run's change against the
-    baseline (%), its judgement and the noise it was held against."""
+    baseline (%), its judgement and the noise it was held against, then each run's source."""
     ids = [r["run_id"] for r in c["runs"]]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -123,10 +123,14 @@ def compare_csv(c: dict[str, Any]) -> str:
             *[f"{rid} change %" for rid in ids[1:]],
             *[f"{rid} judgement" for rid in ids[1:]],
             *[f"{rid} noise" for rid in ids[1:]],
+            *[f"{rid} source" for rid in ids],
         ]
     )
     for row in c["rows"]:
         noise = row.get("noise") or [None] * len(row["deltas"])
+        # where each run's figure comes from (device, simulated, emulated, predicted): a simulated number is
+        # never read as a device result once the file leaves the report
+        sources = row.get("sources") or [""] * len(ids)
         w.writerow(
             [
                 row["section"],
@@ -136,6 +140,7 @@ def compare_csv(c: dict[str, Any]) -> str:
                 *["" if d is None else f"{d * 100:+.1f}" for d in row["deltas"]],
                 *row["judgement"],
                 *["" if n is None else n["how"] for n in noise],
+                *[s or "" for s in sources],
             ]
         )
     return buf.getvalue()
