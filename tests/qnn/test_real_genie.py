@@ -151,3 +151,19 @@ def test_chat_session_hands_stop_strings_to_genie(local_run: Path) -> None:
     assert stopped.text == " Paris"  # Genie's cut: the "." is not in the reply
     assert free.stop is None and free.text.startswith(" Paris.")  # cleared: it runs on past the "."
     assert again.stop == "genie" and again.text == " Paris"
+
+
+def test_a_switch_between_greedy_and_sampling_is_refused_so_the_dialog_is_made_again(local_run: Path) -> None:
+    """Genie fixes the greedy shortcut when the dialog is made (qualla sampler.cpp: temp <= 0 or top-k 1) and
+    GenieSampler_applyConfig never changes it: temperature 1.5 was reported applied and every seed gave the
+    greedy reply (`hexstudio serve` ignored a request's temperature). The helper now refuses that switch, and
+    its callers make the dialog again with the new sampler; a change within greedy decoding is still applied."""
+    msgs = [
+        {"op": "sampler", "sampler": {"temp": 1.5, "top-k": 0, "top-p": 1.0, "seed": 1}},
+        {"op": "sampler", "sampler": {"temp": 0.0, "top-k": 1, "top-p": 1.0, "seed": 7}},
+        {"op": "quit"},
+    ]
+    events, _ = genie_session(_remote_bundle(local_run), "genie_config.json", "warn", msgs, timeout=300)
+    answers = [e for e in events if e["event"] == "sampler"]
+    assert [a["applied"] for a in answers] == [False, True], answers
+    assert "greedy" in answers[0]["message"]

@@ -203,6 +203,15 @@ def genie_logger(fns: dict, level: str, sink: object) -> tuple:
     return handle, cb
 
 
+def greedy(sampler: dict) -> bool:
+    """Whether Genie decodes greedily with these sampler values (qualla sampler.cpp: temp <= 0 or top-k 1;
+    its defaults temp 0.8, top-k 40 where a key is left out)."""
+    try:
+        return float(sampler.get("temp", 0.8)) <= 0 or int(sampler.get("top-k", 40)) == 1
+    except (TypeError, ValueError):
+        return False
+
+
 class Helper:
     def __init__(self, fns: dict, config_json: str, log_level: str | None = None) -> None:
         self.f = fns
@@ -214,9 +223,11 @@ class Helper:
         self.in_query = threading.Event()
         self._keep: list[ctypes.Array[ctypes.c_char]] = []
         try:
-            self.dialog_type = str((json.loads(config_json).get("dialog") or {}).get("type") or "basic")
-        except (ValueError, AttributeError):
-            self.dialog_type = "basic"
+            dialog_doc = json.loads(config_json).get("dialog") or {}
+            self.dialog_type = str(dialog_doc.get("type") or "basic")
+            self.created_sampler = dict(dialog_doc.get("sampler") or {})
+        except (ValueError, AttributeError, TypeError):
+            self.dialog_type, self.created_sampler = "basic", {}
         self.sampler_values: dict | None = None  # the last applied (re-applied to a recreated dialog)
         st = self.f["GenieDialogConfig_createFromJson"](config_json.encode("utf-8"), ctypes.byref(self.cfg))
         if st != SUCCESS:
@@ -386,8 +397,16 @@ class Helper:
         else:
             state = "complete" if st >= SUCCESS else "failed"  # other warnings (> 0): the reply completed
         self.aborting = False
+        # Genie records a query's figures only when it ends normally or aborted (GenieDialog.cpp: a context
+        # limit skips addProfileStat): otherwise the profile's last query is the turn before's
+        profile = self.profile_json() if st in (SUCCESS, WARNING_ABORTED) else None
+        if st == WARNING_CONTEXT_EXCEEDED:
+            # Genie 1.21 leaves the dialog counting the query as active (Dialog.cpp: the context-limit path skips
+            # m_activeQuery--), so a later ABORT would be latched and cut the next reply to one token, through
+            # resets: the dialog is made again, as the host clears it after a full context anyway
+            self.recreate()
         if ended.acquire(blocking=False):
-            end(state, st, self.profile_json())
+            end(state, st, profile)
 
     aborting = False
 
@@ -402,6 +421,10 @@ class Helper:
         names = ("GenieDialog_getSampler", "GenieSamplerConfig_createFromJson", "GenieSampler_applyConfig")
         if not all(n in self.f for n in names):
             return "this libGenie has no sampler API (GenieSampler_applyConfig)"
+        if greedy(self.created_sampler) != greedy({**self.created_sampler, **values}):
+            # qualla sampler.cpp: the greedy shortcut (temp <= 0 or top-k 1) is fixed when the dialog is made and
+            # applyConfig never changes it: the new values would be reported applied and do nothing
+            return "a switch between greedy and sampled decoding needs the dialog made again"
         sampler, cfg = ctypes.c_void_p(), ctypes.c_void_p()
         st = self.f["GenieDialog_getSampler"](self.dialog, ctypes.byref(sampler))
         if st != SUCCESS:
@@ -419,23 +442,29 @@ class Helper:
             self.sampler_values = dict(values)
         return None if st == SUCCESS else f"GenieSampler_applyConfig failed (status {st})"
 
+    def recreate(self) -> tuple[int, float, str | None]:
+        """The dialog made again from the same config (its KV cache empty, as a reset leaves it), with the last
+        applied sampler values: (status, milliseconds, why the sampler was not applied)."""
+        self.f["GenieDialog_free"](self.dialog)
+        self.dialog = ctypes.c_void_p()
+        t0 = time.perf_counter()
+        st = self.f["GenieDialog_create"](self.cfg, ctypes.byref(self.dialog))
+        why = self.apply_sampler(self.sampler_values) if st == SUCCESS and self.sampler_values else None
+        return st, (time.perf_counter() - t0) * 1000, why
+
     def reset(self) -> None:
         if self.dialog_type == "spd":
             # Genie 1.21's spd reset clears its per-length acceptance counts to an empty vector (qualla
             # dialogs/spec-dec.cpp SpecDecDialog::reset: `_accepted_counts.clear()`), which the next query then
             # indexes past its end and divides by (token-acceptance-rate null, measured). The dialog is made
-            # again instead, from the same config (its KV cache starts empty, as a reset leaves it).
-            self.f["GenieDialog_free"](self.dialog)
-            self.dialog = ctypes.c_void_p()
-            t0 = time.perf_counter()
-            st = self.f["GenieDialog_create"](self.cfg, ctypes.byref(self.dialog))
-            why = self.apply_sampler(self.sampler_values) if st == SUCCESS and self.sampler_values else None
+            # again instead.
+            st, ms, why = self.recreate()
             emit(
                 {
                     "event": "reset",
                     "status": st,
                     "recreated": True,
-                    "init_ms": round((time.perf_counter() - t0) * 1000, 3),
+                    "init_ms": round(ms, 3),
                     **({"sampler": why} if why else {}),
                 }
             )
@@ -446,10 +475,12 @@ class Helper:
     def close(self) -> None:
         if self.dialog:
             self.f["GenieDialog_free"](self.dialog)
-        if self.profile and "GenieProfile_free" in self.f:
-            self.f["GenieProfile_free"](self.profile)
+        # the config before the profile: GenieProfile_free refuses a profile still bound to a config
+        # (GENIE_STATUS_ERROR_BOUND_HANDLE), and freeing the config unbinds it
         if self.cfg and "GenieDialogConfig_free" in self.f:
             self.f["GenieDialogConfig_free"](self.cfg)
+        if self.profile and "GenieProfile_free" in self.f:
+            self.f["GenieProfile_free"](self.profile)
         if self.log and "GenieLog_free" in self.f:
             self.f["GenieLog_free"](self.log)
 
