@@ -40,6 +40,21 @@ def chatted_run(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory
     return run
 
 
+def _rewrite_artifact(run: Path, stage: str, rel: str, doc: dict[str, Any]) -> None:
+    """Write `doc` as the stage's artifact `rel` and record its new size and digest, as the stage would have
+    had it measured that (an edited file alone makes the stage out of date)."""
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.shared.bundle import sha256_file
+
+    p = run / "artifacts" / stage / rel
+    p.write_text(json.dumps(doc))
+    m = RunManifest.load(run)
+    for a in m.stage(stage).artifacts:
+        if (run / a["path"]) == p:
+            a.update(size=p.stat().st_size, sha256=sha256_file(p))
+    m.save()
+
+
 def _pdf_text(pdf: Path) -> str | None:
     """The PDF's text with all whitespace removed (a canary wrapped over two lines is still found); None where
     poppler-utils is missing (`./dev test` installs it; CI must have it), so the test's other checks still run."""
@@ -250,7 +265,7 @@ def test_compare_keeps_boards_and_compile_targets_apart(chatted_run: Path, tmp_p
         bj = dest / "artifacts" / "board" / "board.json"
         doc = json.loads(bj.read_text())
         doc.update({"board": name, "label": f"ssh://root@{name}:22", "simulated": False})
-        bj.write_text(json.dumps(doc))
+        _rewrite_artifact(dest, "board", "board.json", doc)
         return dest
 
     a, b = on_board(tmp_path / "a", "evk-a"), on_board(tmp_path / "b", "evk-b")
@@ -277,9 +292,12 @@ def test_compare_keeps_boards_and_compile_targets_apart(chatted_run: Path, tmp_p
     assert rows[("settings", "benchmark_prompt")]["judgement"] == ["changed"]
     csv_text = compare_csv(c)
     assert "'=HYPERLINK" in csv_text and ",=HYPERLINK" not in csv_text and '"=HYPERLINK' not in csv_text
+    # b's benchmark prompt changed after its chat: its KPIs are out of date, and left out
+    assert any(x.startswith("Chat KPIs: out of date in") for x in c["skipped"]), c["skipped"]
     # each run's source travels with its figure: the CSV dropped it, so a simulator's tok/s read as a device's
-    lines = list(csv.reader(io.StringIO(csv_text)))
-    assert lines[0][-2:] == [f"{r['run_id']} source" for r in c["runs"]]
+    same = compare_reports([ra, build_report(on_board(tmp_path / "a2", "evk-a"), redact_hosts=True)])
+    lines = list(csv.reader(io.StringIO(compare_csv(same))))
+    assert lines[0][-2:] == [f"{r['run_id']} source" for r in same["runs"]]
     gen = next(x for x in lines if x[0] == "kpis" and x[1] == "Generation")
     assert gen[-2:] == ["simulated", "simulated"], gen
     # one board, a Compile on AI Hub against the simulation bundle's
@@ -323,6 +341,32 @@ def test_a_simulator_board_is_said_so_whatever_compiled_the_bundle(chatted_run: 
     assert [r["simulated"] for r in c["runs"]] == [True, True] and "SIMULATED board" in compare_html(c)
 
 
+def test_out_of_date_chat_figures_are_said_so_and_left_out_of_compare(
+    chatted_run: Path, tmp_path: Path
+) -> None:
+    """After a setting the Chat stage reads changed (or a new bundle was pushed), the stage went stale, yet the
+    report showed its old KPIs as the run's, and Compare set them beside another run's."""
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.reports.compare import compare_reports
+    from hexstudio.core.reports.render import to_html
+    from hexstudio.core.stages import get_stage
+
+    run = tmp_path / "changed"
+    shutil.copytree(chatted_run, run)
+    m = RunManifest.load(run)
+    key = next(k for k in get_stage("chat").inputs if k in m.settings and isinstance(m.settings[k], str))
+    m.settings[key] = str(m.settings[key]) + " changed"
+    m.save()
+    rep = build_report(run)
+    assert rep["chat"]["stale"] is True and rep["kpis"]
+    assert "Out of date:</b> the run changed after the Chat stage ran" in to_html(rep)
+    c = compare_reports([build_report(chatted_run), rep])
+    assert not any(r["section"] == "kpis" for r in c["rows"])
+    assert any(x.startswith("Chat KPIs: out of date in") for x in c["skipped"]), c["skipped"]
+    assert build_report(chatted_run)["chat"]["stale"] is False
+
+
 def test_host_names_are_left_out_when_asked(chatted_run: Path) -> None:
     from hexstudio.core.reports.collect import build_report
 
@@ -345,7 +389,7 @@ def test_compare_side_by_side_and_refusal(chatted_run: Path, tmp_path: Path, val
     m.save()
     chat = json.loads((other / "artifacts" / "chat" / "chat.json").read_text())
     chat["kpis"]["gen_tok_s"] = chat["kpis"]["gen_tok_s"] * 0.5
-    (other / "artifacts" / "chat" / "chat.json").write_text(json.dumps(chat))
+    _rewrite_artifact(other, "chat", "chat.json", chat)
     c = compare_reports([build_report(chatted_run), build_report(other)])
     rows = {(r["section"], r["name"]): r for r in c["rows"]}
     gen = rows[("kpis", "gen_tok_s")]
@@ -357,7 +401,7 @@ def test_compare_side_by_side_and_refusal(chatted_run: Path, tmp_path: Path, val
     dev = tmp_path / "device"
     shutil.copytree(other, dev)
     chat["source"] = chat["kpis"]["source"] = "device"
-    (dev / "artifacts" / "chat" / "chat.json").write_text(json.dumps(chat))
+    _rewrite_artifact(dev, "chat", "chat.json", chat)
     c3 = compare_reports([build_report(chatted_run), build_report(dev)])
     assert not any(r["section"] == "kpis" for r in c3["rows"])
     assert any("different kinds of board" in x for x in c3["skipped"]) and "Left out" in compare_html(c3)

@@ -310,6 +310,9 @@ def build_report(
     # a stage's artifacts count only when the stage is done: after a failed attempt artifacts/<stage>/ still
     # holds an earlier attempt's files, which would describe a different run
     done = {st["name"] for st in stages if st["state"] == "done"}
+    # done, but its inputs changed since (a new bundle pushed, other settings): its figures describe the run as
+    # it was, and say so
+    stale = {st["name"] for st in stages if st["status"]["key"] == "stale"}
 
     def artifact(stage: str, rel: str) -> dict[str, Any] | None:
         return _read_json(art / stage / rel) if stage in done else None
@@ -347,6 +350,7 @@ def build_report(
             "prompt": ch.get("prompt"),
             "reply": ch.get("reply"),
             "state": ch.get("state"),
+            "stale": "chat" in stale,
         }
         k = ch.get("kpis") or {}
         for key, (label, unit) in KPI_LABELS.items():
@@ -388,6 +392,7 @@ def build_report(
                 "board_session",
             )
         }
+        rep["evaluation"]["stale"] = "evaluate" in stale
         rep["evaluation"]["suites"] = [
             {k: t.get(k) for k in ("suite", "title", "description", "scorer", "cases", "legs", "drops")}
             for t in ev.get("suites") or []

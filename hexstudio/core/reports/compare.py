@@ -191,7 +191,12 @@ def compare_reports(
             _row("validation", n, n, [r["validation"]["checks"][n]["value"] for r in reports]) for n in names
         ]
     # KPIs present in every run and measured the same way: a simulated figure is not set against a device one
-    if all(r.get("kpis") for r in reports):
+    stale_chat = [r["run"]["run_id"] for r in reports if (r.get("chat") or {}).get("stale")]
+    if stale_chat and all(r.get("kpis") for r in reports):
+        skipped.append(
+            f"Chat KPIs: out of date in {', '.join(stale_chat)} (the run changed after its Chat stage ran)."
+        )
+    elif all(r.get("kpis") for r in reports):
         by = [{k["name"]: k for k in r["kpis"]} for r in reports]
         sources = [(r.get("chat") or {}).get("source") for r in reports]
         if len(set(sources)) > 1:
@@ -218,7 +223,12 @@ def compare_reports(
     measured += bench_rows(reports, skipped, _row)
     predicted = predicted_rows(reports, skipped, _row)  # a section of their own, labeled predicted
     eval_plot = ""
-    if all(r.get("evaluation") for r in reports):  # suite scores per leg (hexstudio/core/eval/)
+    stale_eval = [r["run"]["run_id"] for r in reports if (r.get("evaluation") or {}).get("stale")]
+    if stale_eval and all(r.get("evaluation") for r in reports):
+        skipped.append(
+            f"Evaluation: out of date in {', '.join(stale_eval)} (the run changed after its Evaluate stage ran)."
+        )
+    elif all(r.get("evaluation") for r in reports):  # suite scores per leg (hexstudio/core/eval/)
         ev_rows, bars = _evaluation_rows(reports, skipped)
         measured += ev_rows
         from hexstudio.core.eval.compare import bars_svg
