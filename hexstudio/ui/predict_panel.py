@@ -12,12 +12,12 @@ from typing import Any
 
 from PySide6.QtWidgets import QGroupBox, QTableWidgetItem, QVBoxLayout, QWidget
 
-from hexstudio.core.services.predict import predict_for_run, run_prediction_doc
+from hexstudio.core.services.predict import predict_for_run, prediction_out_of_date, run_prediction_doc
 from hexstudio.shared.errors import ActionableError
 from hexstudio.shared.predict import LABEL
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.errors import refused_html
-from hexstudio.ui.widgets import KeyValueTable, button, button_row, note
+from hexstudio.ui.widgets import KeyValueTable, button, button_row, failed, note
 
 PREDICT_TIMEOUT_S = 3600.0  # an 8B's 2-layer graphs compile for minutes each on a small machine
 
@@ -60,6 +60,11 @@ class PredictPanel(QGroupBox):
         self.button.setEnabled(m is not None)
         if doc:
             self.show_prediction(doc)
+            assert m is not None
+            why = prediction_out_of_date(m.run_dir, doc)
+            if why:
+                # the report marks it so too, and leaves it out of its comparisons
+                self.message.setText(failed(f"Out of date: {why}.") + "<br>" + self.message.text())
         else:
             self.table.setRowCount(0)
             self.message.setText(

@@ -45,6 +45,12 @@ def test_the_preflight_page_shows_a_kept_prediction_labeled(qtbot: Any, tmp_path
     assert (
         "predicted (HTP simulator)" in panel.title() and "predicted (HTP simulator)" in panel.message.text()
     )
+    assert "Out of date" not in panel.message.text()
+    # the context changed since: the report marked it out of date, the panel showed it as current
+    m.settings["context_length"] = 1024
+    m.save()
+    w.pages["preflight"].refresh_results()
+    assert "Out of date" in panel.message.text() and "context 512 → 1024" in panel.message.text()
 
 
 @pytest.mark.skipif(
