@@ -1,9 +1,10 @@
-"""`hexstudio`: with no arguments the studio window; with a command, the CLI;
+"""`hexstudio`: with no arguments (or only `--workspace DIR`) the studio window; with a command, the CLI;
 `hexstudio --worker STAGE --spec FILE` runs a worker (used by frozen builds)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import runpy
 import sys
 from collections.abc import Sequence
@@ -53,6 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exc:
             return _exit_code(exc)
         return 0
+    if args[:1] == ["--workspace"] and len(args) > 2 and not args[2].startswith("-"):
+        # `hexstudio --workspace DIR COMMAND ...`: the folder for that command (and the workers it starts), as
+        # `--workspace` after the command gives it; a command that takes no --workspace still reads it
+        os.environ["HEXSTUDIO_WORKSPACE"] = args[1]
+        args = args[2:]
     if not args or args[0] in ("gui", "--workspace"):
         from hexstudio.ui.launch import launch_gui
 

@@ -10,7 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hexstudio.core.paths import default_workspace
 from hexstudio.core.runs import Workspace
+from hexstudio.core.settings import Settings
 from hexstudio.shared.errors import ActionableError
 
 EXIT_OK = 0
@@ -52,7 +54,8 @@ def add_workspace_flag(p: argparse.ArgumentParser) -> None:
         "--workspace",
         type=Path,
         default=None,
-        help="workspace folder (default: $HEXSTUDIO_WORKSPACE or ~/hexstudio-workspace)",
+        help='workspace folder (default: $HEXSTUDIO_WORKSPACE, else settings.json\'s "workspace", else '
+        "~/hexstudio-workspace: the studio's)",
     )
 
 
@@ -67,7 +70,12 @@ def set_action(
 
 
 def workspace_from(args: argparse.Namespace) -> Workspace:
-    return Workspace(getattr(args, "workspace", None))
+    """--workspace, else the studio's own choice (hexstudio.core.paths.default_workspace): the runs the window
+    shows."""
+    given = getattr(args, "workspace", None)
+    if given is not None:
+        return Workspace(given)
+    return Workspace(default_workspace(Settings.load().data.get("workspace")))
 
 
 def print_json(obj: Any) -> None:

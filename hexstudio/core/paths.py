@@ -29,9 +29,13 @@ def config_dir() -> Path:
     return Path(base)
 
 
-def default_workspace() -> Path:
-    """Inside the Linux (WSL) filesystem by default: /mnt/c is slow for hundreds of GB."""
+def default_workspace(configured: str | None = None) -> Path:
+    """The workspace when no --workspace is given: $HEXSTUDIO_WORKSPACE, else `configured` (settings.json's
+    "workspace"), else ~/hexstudio-workspace: inside the Linux (WSL) filesystem, as /mnt/c is slow for
+    hundreds of GB. The studio and the CLI both choose it here, so both show the same runs."""
     env = os.environ.get("HEXSTUDIO_WORKSPACE")
     if env:
         return Path(env).expanduser()
+    if configured:
+        return Path(configured).expanduser()
     return Path(os.path.expanduser("~/hexstudio-workspace"))

@@ -67,7 +67,7 @@ def settings_fields(page: str) -> tuple[tuple[str, str, Any], ...]:
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "settings_version": SETTINGS_VERSION,
-    "workspace": None,  # None: hexstudio.core.paths.default_workspace()
+    "workspace": None,  # a folder, or None: ~/hexstudio-workspace (hexstudio.core.paths.default_workspace)
     "boards": {},  # name -> {host, port, user, auth, key_path, ssh_alias, qairt_home}
     "default_board": "sim",
     "worker_hosts": {},  # name -> {host, port, user, auth, key_path, python, root} (hexstudio.core.remote)
@@ -127,6 +127,11 @@ def check_settings_shape(raw: Any, path: Path) -> None:
             raise SettingsError(
                 f'{path}: "{key}" is {type(raw[key]).__name__} {raw[key]!r:.40}, not an object.', fix
             )
+    workspace = raw.get("workspace")
+    if workspace is not None and not (isinstance(workspace, str) and workspace.strip()):
+        raise SettingsError(
+            f'{path}: "workspace" is {workspace!r:.40}, not a folder\'s path (or null for the default).', fix
+        )
     for key in ("boards", "worker_hosts"):
         for name, entry in (raw.get(key) or {}).items() if isinstance(raw.get(key), dict) else ():
             if not isinstance(entry, dict):

@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, Signal
 
 from hexstudio.core import logs
 from hexstudio.core.manifest import RunManifest
+from hexstudio.core.paths import default_workspace
 from hexstudio.core.pipeline import Pipeline, PipelineResult
 from hexstudio.core.runs import RunSummary, Workspace, edit_run
 from hexstudio.core.sampler import ResourceSample
@@ -43,7 +44,7 @@ class RunController(QObject):
     def __init__(self, workspace: Workspace | None = None, settings: Settings | None = None) -> None:
         super().__init__()
         self.settings = settings or Settings.load()
-        self.workspace = workspace or Workspace(self.settings.data.get("workspace") or None)
+        self.workspace = workspace or Workspace(default_workspace(self.settings.data.get("workspace")))
         self.manifest: RunManifest | None = None
         self.pipeline: Pipeline | None = None
         self.task: asyncio.Task[PipelineResult] | None = None
