@@ -624,6 +624,18 @@ ROWS += [
         None,
     ),
     (
+        'settings.json board port "abc"',
+        lambda e: _settings_file(e, b'{"boards": {"b": {"host": "h", "port": "abc"}}}'),
+        ["the board 'b' has port 'abc', not a whole number from 1 to 65535", "Fix the port"],
+        None,
+    ),
+    (
+        "settings.json worker host port 0",
+        lambda e: _settings_file(e, b'{"worker_hosts": {"w": {"host": "h", "port": 0}}}'),
+        ["the worker host 'w' has port 0"],
+        None,
+    ),
+    (
         "settings.json not UTF-8",
         lambda e: _settings_file(e, b'{"boards": "\xff"}'),
         ["cannot be read", "utf-8"],

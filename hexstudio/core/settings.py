@@ -134,11 +134,19 @@ def check_settings_shape(raw: Any, path: Path) -> None:
         )
     for key in ("boards", "worker_hosts"):
         for name, entry in (raw.get(key) or {}).items() if isinstance(raw.get(key), dict) else ():
+            what = f"{path}: the {key[:-1].replace('_', ' ')} {name!r}"
             if not isinstance(entry, dict):
                 raise SettingsError(
-                    f"{path}: the {key[:-1].replace('_', ' ')} {name!r} is {entry!r:.40}, not an "
-                    "object {host, port, user, auth, ...}.",
-                    fix,
+                    f"{what} is {entry!r:.40}, not an object {{host, port, user, auth, ...}}.", fix
+                )
+            port = entry.get("port")
+            # a hand-edited "port": "abc" (or 0, 99999) failed later as a ValueError in the middle of a probe
+            if port is not None and not (
+                not isinstance(port, bool) and isinstance(port, int) and 1 <= port <= 65535
+            ):
+                raise SettingsError(
+                    f"{what} has port {port!r:.40}, not a whole number from 1 to 65535.",
+                    f"Fix the port in {path} (22 is SSH's own), or remove the entry and add it again.",
                 )
 
 
