@@ -867,6 +867,13 @@ def test_bad_input(
     _check(env, fn, words, left)
 
 
+@pytest.mark.parametrize("item", ["ar_n", "no_such_setting=1", "ar_n=0"])
+def test_every_set_refusal_is_a_usage_error(env: Env, item: str) -> None:
+    """A wrong command line exits 2, whichever way `--set` is wrong (without "=" it exited 1)."""
+    rc, out = _set(item)(env)
+    assert rc == 2, out
+
+
 def test_the_suite_has_at_least_40_rows() -> None:
     assert len(ROWS) >= 40
     assert sys.version_info >= (3, 10)

@@ -34,7 +34,11 @@ def _parse_set(values: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in values:
         if "=" not in item:
-            raise CliError(f"--set expects KEY=VALUE, got '{item}'.", "Example: --set context_length=1024")
+            raise CliError(
+                f"--set expects KEY=VALUE, got '{item}'.",
+                "Example: --set context_length=1024",
+                code=EXIT_USAGE,
+            )
         k, v = item.split("=", 1)
         k = k.strip()
         spec = run_settings.spec(k)
