@@ -293,6 +293,18 @@ ROWS: list[Any] = [
     ),
     ("set benchmark_prompt empty", _set("benchmark_prompt= "), ["benchmark_prompt is empty"], NO_RUN),
     ("set without =", _set("ar_n"), ["--set expects KEY=VALUE"], NO_RUN),
+    (
+        "report tolerance nan",
+        lambda e: run_cli(e, "report", "a", "b", "--timing-tolerance", "nan"),
+        ["--timing-tolerance: nan is out of range: give 0 to 1000"],
+        None,
+    ),
+    (
+        "report tolerance -5",
+        lambda e: run_cli(e, "report", "a", "b", "--quality-tolerance", "-5"),
+        ["--quality-tolerance: -5 is out of range"],
+        None,
+    ),
     # unknown run ids
     (
         "run --resume unknown",

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from hexstudio.cli.common import CliError, add_workspace_flag, workspace_from
+from hexstudio.cli.common import CliError, add_workspace_flag, number_in, workspace_from
 from hexstudio.core.runs import RunNotFound
 
 
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--timing-tolerance",
-        type=float,
+        type=number_in(float, 0.0, 1000.0),
         default=10.0,
         metavar="PCT",
         help="compare: timings and memory within this %% are the same (default 10; a measured "
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--quality-tolerance",
-        type=float,
+        type=number_in(float, 0.0, 1000.0),
         default=2.0,
         metavar="PCT",
         help="compare: quality figures within this %% are the same (default 2)",
