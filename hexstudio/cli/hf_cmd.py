@@ -69,7 +69,8 @@ def cmd_login(args: argparse.Namespace) -> int:
         secrets.set_secret(secrets.HF_TOKEN, token)
     except secrets.SecretStoreError as exc:
         raise CliError(
-            str(exc), "Or run `hf auth login`, whose stored token HexStudio's downloads also use."
+            exc.message,
+            f"{exc.hint} Or run `hf auth login`, whose stored token HexStudio's downloads also use.",
         ) from None
     if args.json:
         print_json({"ok": True, "stored": "keyring", **token_status()})

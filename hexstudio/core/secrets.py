@@ -81,10 +81,20 @@ def set_secret(name: str, value: str) -> None:
     remember_secret(value)
     try:
         keyring.set_password(SERVICE, name, value)
+        # the null keyring (and a backend that drops what it is given) raises nothing: read it back, or a
+        # login said "stored" and the next command found no token
+        back = keyring.get_password(SERVICE, name)
     except Exception as exc:
         raise SecretStoreError(
             f"The keyring refused to store '{name}' ({_failed(exc)}); it was not saved.", KEYRING_HINT
         ) from None
+    if back != value:
+        kb = backend_info()
+        raise SecretStoreError(
+            f"The keyring did not keep '{name}': reading it back gave "
+            f"{'nothing' if back is None else 'another value'} ({kb['name']}: {kb['what']}); it was not saved.",
+            KEYRING_HINT,
+        )
 
 
 def delete_secret(name: str) -> None:

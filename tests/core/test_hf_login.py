@@ -88,3 +88,20 @@ def test_a_keyring_backend_failing_outside_keyring_errors_is_said_not_a_bug(
         out = r.stdout + r.stderr
         assert r.returncode != 0 and "HexStudio bug" not in out and "unexpectedly" not in out, out
         assert "pycryptodome/x required" in out, out
+
+
+def test_a_keyring_that_keeps_nothing_is_not_called_stored(no_hf_token: dict[str, str]) -> None:
+    """The null keyring takes every secret and keeps none: `hf login` said "stored", and the Model stage then
+    found no token. Each secret is read back now, and the login fails with what to do."""
+    env = {**no_hf_token, "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
+    r = _cli("hf", "login", "--stdin", stdin=TOKEN + "\n", env=env)
+    assert r.returncode == 1, r.stdout
+    assert (
+        "stored" not in r.stdout
+        and "did not keep 'huggingface:token': reading it back gave nothing" in r.stderr
+    )
+    assert "PYTHON_KEYRING_BACKEND" in r.stderr and "hf auth login" in r.stderr
+    r = _cli("board", "add", "evk", "--host", "10.0.0.5", "--auth", "password", "--no-connect", env=env)
+    assert r.returncode == 0, r.stderr
+    r = _cli("board", "password", "evk", "--stdin", stdin="pw\n", env=env)
+    assert r.returncode == 1 and "stored" not in r.stdout and "did not keep" in r.stderr, r.stdout + r.stderr
