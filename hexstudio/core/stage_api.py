@@ -29,7 +29,7 @@ from hexstudio.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, Sa
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.remote import RemoteStageJob, start_worker_job
 from hexstudio.core.stages import Stage
-from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.errors import KEYRING_UNREAD_ENV, ActionableError
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.worker_spec import EvalWork, StageInputs, WorkerSpec
 
@@ -198,12 +198,15 @@ def worker_env() -> dict[str, str]:
     from hexstudio.core.hf import worker_env_token
 
     env = dict(os.environ)
+    env.pop(KEYRING_UNREAD_ENV, None)
     # the one Hugging Face token (keyring from `hexstudio hf login`, else huggingface_hub's own login)
     env.update(worker_env_token())
     for var, name in (("HEXSTUDIO_AIHUB_TOKEN", secrets.AIHUB_TOKEN),):
         try:
             value = secrets.get_secret(name)
-        except secrets.SecretStoreError:
+        except secrets.SecretStoreError as exc:
+            # a locked or broken keyring: the worker that finds no token says this, not "not in the keyring"
+            env[KEYRING_UNREAD_ENV] = f"{exc.message} {exc.hint or ''}".strip()
             value = None
         if value:  # the keyring's wins over the environment (services.aihub_token.TOKEN_ORDER)
             env[var] = value

@@ -13,6 +13,7 @@ studio's GUI process, which must stay light.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -78,3 +79,13 @@ def fields_of(exc: BaseException, code: str = "internal_error") -> dict[str, str
     if isinstance(exc, ActionableError):
         return exc.fields()
     return error_fields(code, f"{type(exc).__name__}: {exc}")
+
+
+# Set by the studio (hexstudio.core.stage_api.worker_env) when the keyring could not be read for a secret the
+# worker needs: its failure and what to do. A worker that then finds no token says so, not "not in the keyring".
+KEYRING_UNREAD_ENV = "HEXSTUDIO_KEYRING_UNREAD"
+
+
+def keyring_unread() -> str | None:
+    """Why the studio could not read the keyring for this worker, or None."""
+    return os.environ.get(KEYRING_UNREAD_ENV) or None

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError, keyring_unread
 
 
 class HubError(ActionableError):
@@ -86,6 +86,9 @@ def hub_error(
     )
 
     token = bool(hub_token()) if has_token is None else has_token
+    unread = None if token else keyring_unread()
+    # no token because the keyring could not be read: that, not "log in", is what to fix
+    token_hint = f"HexStudio's keyring could not be read for the token: {unread}" if unread else TOKEN_HINT
     full = _find_cause(exc, lambda e: isinstance(e, OSError) and e.errno == errno.ENOSPC)
     if full is not None:
         where = cache or Path(getattr(full, "filename", None) or "the Hugging Face cache")
@@ -112,7 +115,7 @@ def hub_error(
             + ".",
             f"Open https://huggingface.co/{model_id}, accept the licence with your account "
             "(approval can take a while for some models), then make sure HexStudio uses a token "
-            f"of that account. {TOKEN_HINT}",
+            f"of that account. {token_hint}",
         )
     if isinstance(exc, RevisionNotFoundError):
         return HubError(
@@ -140,7 +143,7 @@ def hub_error(
             + ("this token can see" if token else "can be read without logging in")
             + ": the id is wrong, or the model is private or gated.",
             "Check the spelling (owner/name) on https://huggingface.co/models. For a private or "
-            f"gated model, use a token of an account with access. {TOKEN_HINT}",
+            f"gated model, use a token of an account with access. {token_hint}",
         )
     if isinstance(exc, HfHubHTTPError) and status == 401:
         return HubError("bad_token", f"Hugging Face refused the request (401): {server or exc}.", TOKEN_HINT)

@@ -57,6 +57,7 @@ from hexstudio.shared import bundle as gb
 from hexstudio.shared import modelinfo
 from hexstudio.shared.aihub_devices import AihubDevice, DeviceListing
 from hexstudio.shared.bundle.speculative import DraftHost
+from hexstudio.shared.errors import keyring_unread
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers import bundle_metadata as gm
@@ -247,6 +248,15 @@ def client_config(settings: RunSettings, token: str | None = None) -> Any:
             cfg.web_url = web_url or api_url
         cfg.verbose = False
         return cfg
+    unread = keyring_unread()
+    if unread:
+        raise WorkerError(
+            "aihub_token_missing",
+            f"No Qualcomm AI Hub API token could be used: HexStudio's keyring could not be read, and {ini} "
+            f"does not exist. The keyring said: {unread}",
+            "Unlock or fix the keyring as above, then resume the run; or set HEXSTUDIO_AIHUB_TOKEN, or "
+            "`qai-hub configure --api_token TOKEN`.",
+        )
     raise WorkerError(
         "aihub_token_missing",
         f"No Qualcomm AI Hub API token was found (not in HexStudio's keyring, and {ini} does not exist).",

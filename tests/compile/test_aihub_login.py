@@ -160,3 +160,45 @@ def test_doctor_names_the_keyring_backend_and_warns_for_plain_text(
     assert backend in r.stdout and "Traceback" not in r.stderr
     r = _cli("aihub", "status", env={"PYTHON_KEYRING_BACKEND": backend})
     assert f"Keyring: {backend}" in r.stdout
+
+
+def test_a_keyring_that_cannot_be_read_is_said_by_the_worker(
+    no_token_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A locked or broken keyring: the studio passed no token and the AI Hub worker said "not in HexStudio's
+    keyring", sending the person to log in again. The keyring's own failure now reaches the worker, and a
+    Hugging Face refusal for want of a token says it too."""
+    import keyring
+
+    from hexstudio.core.stage_api import worker_env
+    from hexstudio.shared.hub import hub_error
+    from hexstudio.workers import aihub
+    from hexstudio.workers.runtime import WorkerError
+    from tests.support.broken_keyring import BrokenKeyring
+
+    before = keyring.get_keyring()
+    keyring.set_keyring(BrokenKeyring())
+    try:
+        env = worker_env()
+    finally:
+        keyring.set_keyring(before)
+    assert "HEXSTUDIO_AIHUB_TOKEN" not in env
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(WorkerError) as ei:
+        aihub.client_config(RunSettings())
+    assert ei.value.code == "aihub_token_missing"
+    assert (
+        "keyring could not be read" in ei.value.message
+        and "not in HexStudio's keyring" not in ei.value.message
+    )
+    assert "pycryptodome/x required" in ei.value.message and "PYTHON_KEYRING_BACKEND" in ei.value.message
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    # made without its HTTP response (whose class differs between huggingface_hub versions)
+    not_found = RepositoryNotFoundError.__new__(RepositoryNotFoundError)
+    Exception.__init__(not_found, "404 Client Error")
+    err = hub_error(not_found, "meta-llama/Llama-3.1-8B", has_token=False)
+    assert err is not None and "keyring could not be read" in (err.hint or "")
+    # a keyring that reads again: the next worker is not told the old failure
+    assert "HEXSTUDIO_KEYRING_UNREAD" not in worker_env()
