@@ -16,10 +16,9 @@ from hexstudio.core.remote.hosts import (
     connect_worker_host,
     host_config,
     worker_hosts,
-    worker_password_key,
 )
 from hexstudio.core.remote.sync import install_workers
-from hexstudio.core.secrets import delete_secret, set_secret
+from hexstudio.core.secrets import delete_secret, set_secret, worker_password_key
 from hexstudio.core.settings import Settings, SettingsError, check_board_name
 
 

@@ -6,6 +6,9 @@ One small interface. Tests set PYTHON_KEYRING_BACKEND to a file or null backend
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import keyring
 import keyring.errors
 
@@ -29,6 +32,31 @@ def key_passphrase_key(key_path: str) -> str:
 
 def sudo_password_key(board: str) -> str:
     return f"board:{board}:sudo_password"
+
+
+def worker_password_key(name: str) -> str:
+    """A worker host's SSH password (hexstudio.core.remote.hosts)."""
+    return f"worker-host:{name}:ssh_password"
+
+
+def secret_names(settings: dict[str, Any]) -> list[str]:
+    """The name of every secret HexStudio may keep for these settings (settings.json's data): the tokens, each
+    board's SSH and sudo password, each worker host's password, each key file's passphrase. What a report
+    scrubs: a name missing here let its value through."""
+    boards = settings.get("boards") or {}
+    hosts = settings.get("worker_hosts") or {}
+    keys = {
+        str(entry.get("key_path"))
+        for entry in (*boards.values(), *hosts.values())
+        if isinstance(entry, dict) and entry.get("key_path")
+    }
+    return [
+        AIHUB_TOKEN,
+        HF_TOKEN,
+        *(f(b) for b in boards for f in (board_password_key, sudo_password_key)),
+        *(worker_password_key(h) for h in hosts),
+        *(key_passphrase_key(str(Path(k).expanduser().resolve())) for k in sorted(keys)),
+    ]
 
 
 class SecretStoreError(ActionableError):

@@ -14,7 +14,7 @@ from typing import Any
 from hexstudio.core.device.connect import HostKeyChanged, HostKeyUnknown, connect_ssh
 from hexstudio.core.device.errors import BoardError
 from hexstudio.core.device.transport import SshTransport, Transport
-from hexstudio.core.secrets import SecretStoreError, get_secret
+from hexstudio.core.secrets import SecretStoreError, get_secret, worker_password_key
 from hexstudio.core.settings import Settings
 from hexstudio.shared.errors import ActionableError
 from hexstudio.workers.remote import host_command
@@ -42,11 +42,6 @@ INSTALL_HINT = (
     "the worker host at that environment's Python: `hexstudio worker add {name} --host ... --python "
     "<clone>/.venv/bin/python`."
 )
-
-
-def worker_password_key(name: str) -> str:
-    """Keyring name of a worker host's SSH password (hexstudio.core.secrets)."""
-    return f"worker-host:{name}:ssh_password"
 
 
 class WorkerHostError(ActionableError):

@@ -450,15 +450,13 @@ def _local_user() -> str:
 
 
 def _keyring_secrets() -> list[str]:
-    """Every secret HexStudio keeps in keyring (AI Hub and HF tokens, each board's SSH and sudo password)."""
+    """Every secret HexStudio keeps in keyring for these settings (hexstudio.core.secrets.secret_names)."""
     try:
-        from hexstudio.core.secrets import board_password_key, known_secret_values, sudo_password_key
+        from hexstudio.core.secrets import known_secret_values, secret_names
         from hexstudio.core.settings import Settings
 
         cfg = Settings.load()
-        boards = list(cfg.boards)
-        names = [board_password_key(n) for n in boards] + [sudo_password_key(n) for n in boards]
-        return known_secret_values() + known_secret_values(names) + secret_values_in(cfg.data)
+        return known_secret_values(secret_names(cfg.data)) + secret_values_in(cfg.data)
     except Exception:  # an unreadable settings file or keyring must not stop a report; values are still
         return []  # scrubbed by key name and by pattern
 
