@@ -291,6 +291,13 @@ ROWS: list[Any] = [
         ["context_length 100 must be larger than AR-N 200", "no run was made"],
         NO_RUN,
     ),
+    (
+        # Genie 1.21 answers wrong at CL = 2 x AR; the Quantize stage refused it, after Model had run
+        "set context_length 256 with ar_n 128",
+        lambda e: run_cli(e, "run", "--set", "context_length=256", "--set", "ar_n=128", "--until", "model"),
+        ["context length 256 is twice ar_n 128", "no run was made"],
+        NO_RUN,
+    ),
     ("set benchmark_prompt empty", _set("benchmark_prompt= "), ["benchmark_prompt is empty"], NO_RUN),
     ("set without =", _set("ar_n"), ["--set expects KEY=VALUE"], NO_RUN),
     (

@@ -878,14 +878,14 @@ def check_all(values: Mapping[str, Any]) -> list[str]:
 
 
 def shape_problem(values: Mapping[str, Any]) -> str | None:
-    """What the Model stage would refuse of context_length and ar_n together, told before a run is made (a run
-    made with them could never pass, and --resume cannot change them): None when either is "auto" or they fit.
-    What needs the model's config (its longest context, its window) is the Model stage's."""
+    """What the Model or Quantize stage would refuse of context_length and ar_n together, told before a run is
+    made (a run made with them could never pass, and --resume cannot change them): None when either is "auto"
+    or they fit. What needs the model's config (its longest context, its window) is the Model stage's."""
     cl, ar = values.get("context_length"), values.get("ar_n")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (cl, ar)):
         return None
     assert isinstance(cl, int) and isinstance(ar, int)
-    return modelinfo.check_context({}, cl, ar)
+    return modelinfo.check_context({}, cl, ar) or genie_cl_problem(cl, ar)
 
 
 def parse_cli_value(name: str, text: str) -> Any:
