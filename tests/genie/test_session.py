@@ -358,3 +358,34 @@ def test_two_sessions_on_one_bundle_each_keep_their_own_sampler(
     assert first != second
     assert json.loads((bundle / first).read_text())["dialog"]["sampler"]["temp"] == 0.0
     assert json.loads((bundle / second).read_text())["dialog"]["sampler"]["temp"] == 1.5
+
+
+def test_each_end_event_carries_only_the_latest_query_of_the_profile(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
+    """libGenie's bound profile keeps every query until it is freed and writes them all (Profile.cpp): each
+    end event of a long `serve` session grew by one query. The helper sends the latest event of each type."""
+    import json
+    import subprocess
+    import sys
+
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=10, token_ms=1, tokens=3)
+    lines = [json.dumps({"op": "query", "id": n, "prompt": f"turn {n}", "max_tokens": 3}) for n in (1, 2, 3)]
+    out = subprocess.run(
+        [sys.executable, "-m", "hexstudio.workers.board.genie_session", "--config", "genie_config.json"]
+        + ["--lib", str(fake_genie.lib)],
+        input="\n".join([*lines, json.dumps({"op": "quit"})]) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=bundle,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    ends = [e for e in map(json.loads, out.stdout.splitlines()) if e.get("event") == "end"]
+    assert [e["state"] for e in ends] == ["complete"] * 3, ends
+    for end in ends:
+        (component,) = end["profile"]["components"]
+        kinds = [ev["type"] for ev in component["events"]]
+        assert kinds == ["GenieDialog_create", "GenieDialog_query"], kinds
+    starts = [e["profile"]["components"][0]["events"][1]["start"] for e in ends]
+    assert starts == sorted(starts) and len(set(starts)) == 3  # each the query just made

@@ -212,6 +212,22 @@ def greedy(sampler: dict) -> bool:
         return False
 
 
+def latest_events(doc: object) -> object:
+    """A Genie profile with each component's latest event of each type only. The bound profile keeps every
+    query's stats until it is freed (Profile.cpp: Profiler::addProfileStat, cleared only by freeStats), and
+    GenieProfile_getJsonData writes them all: sent whole, each end event of a long serve session grew by a query.
+    The host reads the latest create and query (hexstudio.core.genie.profile.parse_profile)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("components"), list):
+        return doc
+    for component in doc["components"]:
+        events = component.get("events") if isinstance(component, dict) else None
+        if isinstance(events, list):
+            last = {str(ev.get("type")) if isinstance(ev, dict) else "": n for n, ev in enumerate(events)}
+            keep = set(last.values())
+            component["events"] = [ev for n, ev in enumerate(events) if n in keep]
+    return doc
+
+
 class Helper:
     def __init__(self, fns: dict, config_json: str, log_level: str | None = None) -> None:
         self.f = fns
@@ -259,6 +275,7 @@ class Helper:
             return "unknown"
 
     def profile_json(self) -> object:
+        """The bound profile's JSON (GenieProfile_getJsonData), only its latest event of each type."""
         if not self.profile or "GenieProfile_getJsonData" not in self.f:
             return None
 
@@ -275,7 +292,7 @@ class Helper:
         if st != SUCCESS or not raw:
             return None
         try:
-            return json.loads(raw.decode("utf-8", "replace"))
+            return latest_events(json.loads(raw.decode("utf-8", "replace")))
         except ValueError:
             return None
 
