@@ -204,3 +204,37 @@ def test_the_board_journal_is_named_for_the_runtime_that_answered(
     assert res.ok, res
     doc = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
     assert doc["board_session"]["skipped_done"] == doc["board_session"]["cases"] > 0, doc["board_session"]
+
+
+def test_a_runner_that_simulates_labels_the_board_leg_simulated(
+    twin_workspace: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A simulator behind a board declared as a device (a host whose runner is the simulator): the runner says
+    it simulates. The board leg's figures were labelled "device" from the board record; the runner's word
+    counts now."""
+    from hexstudio.core.services import chat_target
+    from tests.support.scripted import use_scripted_helper
+    from tests.support.sim_runs import copy_run
+
+    _, twin_run = twin_workspace
+    run_dir = copy_run(twin_run, tmp_path)
+    board_json = run_dir / "artifacts" / "board" / "board.json"
+    board_json.write_text(json.dumps({**json.loads(board_json.read_text()), "simulated": False}))
+    real_open = chat_target.open_run_board
+
+    async def declared_a_device(*args: Any) -> Any:
+        target = await real_open(*args)
+        target.board.simulated = False
+        return target
+
+    monkeypatch.setattr(chat_target, "open_run_board", declared_a_device)
+    # a helper whose ready event says it simulates, as the simulator's do
+    use_scripted_helper(monkeypatch, {})
+    m = Workspace(tmp_path).open_run(run_dir.name)
+    m.settings.update({"eval_legs": ["board"], "eval_suites": ["instruction_following"]})
+    m.save()
+    res = asyncio.run(Pipeline(m).run(only="evaluate"))
+    assert res.ok, res
+    doc = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
+    assert doc["board_session"]["simulated"] is True
+    assert doc["source"] == "simulated" and "SIMULATED" in doc["leg_titles"]["board"], doc["leg_titles"]

@@ -582,6 +582,9 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
                 await board.transport.close()
     ctx.check_cancelled()
     board_records = read_journal(board_journal)
+    if board_info.get("simulated") or any(r.get("simulated") for r in board_records.values()):
+        # the runner said it simulates (a simulator on a host declared as a board): its word, not the record's
+        source = "simulated"
     records = {**read_journal(host_journal), **read_journal(htp_journal), **board_records}
     kp = [
         r["kpis"]
