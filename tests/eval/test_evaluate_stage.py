@@ -180,6 +180,17 @@ def test_parity_with_nothing_to_compare_is_not_measured_not_perfect(
     assert "eval_legs" in warning["hint"]
 
 
+def _evaluate(run_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings updated with `settings`, its Evaluate stage run (it must pass): evaluate.json."""
+    m = Workspace(run_dir.parent.parent).open_run(run_dir.name)
+    m.settings.update(settings)
+    m.save()
+    res = asyncio.run(Pipeline(m).run(only="evaluate"))
+    assert res.ok, res
+    doc: dict[str, Any] = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
+    return doc
+
+
 def test_the_board_journal_is_named_for_the_runtime_that_answered(
     twin_workspace: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -189,20 +200,10 @@ def test_the_board_journal_is_named_for_the_runtime_that_answered(
 
     _, twin_run = twin_workspace
     run_dir = copy_run(twin_run, tmp_path)
-    m = Workspace(tmp_path).open_run(run_dir.name)
-    m.settings.update({"eval_legs": ["board"], "eval_suites": ["instruction_following"]})
-    m.save()
-    res = asyncio.run(Pipeline(m).run(only="evaluate"))
-    assert res.ok, res
-    doc = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
+    doc = _evaluate(run_dir, {"eval_legs": ["board"], "eval_suites": ["instruction_following"]})
     ran = doc["board_session"]["runtime"]
     assert doc["board_session"]["skipped_done"] == 0 and ran
-    m = Workspace(tmp_path).open_run(run_dir.name)
-    m.settings.update({"runtime": ran})
-    m.save()
-    res = asyncio.run(Pipeline(m).run(only="evaluate"))
-    assert res.ok, res
-    doc = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
+    doc = _evaluate(run_dir, {"runtime": ran})
     assert doc["board_session"]["skipped_done"] == doc["board_session"]["cases"] > 0, doc["board_session"]
 
 
@@ -230,11 +231,6 @@ def test_a_runner_that_simulates_labels_the_board_leg_simulated(
     monkeypatch.setattr(chat_target, "open_run_board", declared_a_device)
     # a helper whose ready event says it simulates, as the simulator's do
     use_scripted_helper(monkeypatch, {})
-    m = Workspace(tmp_path).open_run(run_dir.name)
-    m.settings.update({"eval_legs": ["board"], "eval_suites": ["instruction_following"]})
-    m.save()
-    res = asyncio.run(Pipeline(m).run(only="evaluate"))
-    assert res.ok, res
-    doc = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
+    doc = _evaluate(run_dir, {"eval_legs": ["board"], "eval_suites": ["instruction_following"]})
     assert doc["board_session"]["simulated"] is True
     assert doc["source"] == "simulated" and "SIMULATED" in doc["leg_titles"]["board"], doc["leg_titles"]
