@@ -40,8 +40,8 @@ GUI_HELP = """usage: hexstudio [gui] [--workspace FOLDER] [--startup-check]
 Open the HexStudio window: the stages of a run on the left, one page per stage, the job dock below.
 
 options:
-  --workspace FOLDER  the workspace whose runs the window shows (default: the studio setting, else
-                      ~/hexstudio-workspace)
+  --workspace FOLDER  the workspace whose runs the window shows (default: $HEXSTUDIO_WORKSPACE, else
+                      settings.json's "workspace", else ~/hexstudio-workspace; the CLI's too)
   --startup-check     open the window, print how long it took and which heavy modules it loaded, and quit
   -h, --help          show this help and exit (needs no display)
 
