@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from hexstudio.core.paths import default_workspace
 from hexstudio.core.pipeline import Pipeline, PipelineResult
 from hexstudio.core.runs import RunSummary, Workspace, edit_run
 from hexstudio.core.sampler import ResourceSample
-from hexstudio.core.settings import Settings
+from hexstudio.core.settings import Settings, SettingsError
 from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import get_stage
 from hexstudio.core.status import KINDS, StageStatus, stage_status
@@ -29,6 +30,15 @@ from hexstudio.shared import run_settings
 from hexstudio.shared.errors import ActionableError
 
 log = logging.getLogger("hexstudio.gui")
+
+
+def _file_stamp(path: Path) -> tuple[int, int] | None:
+    """When and how big the file was last written (None: there is none)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 class RunController(QObject):
@@ -43,7 +53,8 @@ class RunController(QObject):
 
     def __init__(self, workspace: Workspace | None = None, settings: Settings | None = None) -> None:
         super().__init__()
-        self.settings = settings or Settings.load()
+        self._settings = settings or Settings.load()
+        self._settings_stamp = _file_stamp(self._settings.path)
         self.workspace = workspace or Workspace(default_workspace(self.settings.data.get("workspace")))
         self.manifest: RunManifest | None = None
         self.pipeline: Pipeline | None = None
@@ -52,6 +63,30 @@ class RunController(QObject):
         self.last_result: PipelineResult | None = None
         self.last_target: str | None = None  # the stage the latest start() was asked to reach
         self._busy = False
+
+    # -- settings.json ---------------------------------------------------------------------------
+    @property
+    def settings(self) -> Settings:
+        """settings.json as it is now: read again when another process changed it (`hexstudio board add`,
+        another studio), so a board added in a terminal is offered here and is not lost at the next save."""
+        stamp = _file_stamp(self._settings.path)
+        if stamp != self._settings_stamp:
+            self._settings_stamp = stamp
+            if stamp is not None:
+                try:
+                    self._settings = Settings.load(self._settings.path)
+                except SettingsError as exc:
+                    # damaged meanwhile: keep the copy read before; the next change says what is wrong
+                    log.warning("settings.json changed and cannot be read: %s", exc.message)
+        return self._settings
+
+    def edit_settings(self, change: Callable[[Settings], object]) -> None:
+        """Change settings.json as it is on disk now (read, change, write), keeping whatever another process
+        wrote since the studio read it. Raises SettingsError when the file cannot be read."""
+        fresh = Settings.load(self._settings.path)
+        change(fresh)
+        fresh.save()
+        self._settings, self._settings_stamp = fresh, _file_stamp(fresh.path)
 
     # -- runs ----------------------------------------------------------------------------------
     def list_runs(self) -> list[RunSummary]:

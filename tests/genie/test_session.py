@@ -371,9 +371,9 @@ def test_each_end_event_carries_only_the_latest_query_of_the_profile(
 
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=10, token_ms=1, tokens=3)
     lines = [json.dumps({"op": "query", "id": n, "prompt": f"turn {n}", "max_tokens": 3}) for n in (1, 2, 3)]
+    helper = ["hexstudio.workers.board.genie_session", "--config", "genie_config.json"]
     out = subprocess.run(
-        [sys.executable, "-m", "hexstudio.workers.board.genie_session", "--config", "genie_config.json"]
-        + ["--lib", str(fake_genie.lib)],
+        [sys.executable, "-m", *helper, "--lib", str(fake_genie.lib)],
         input="\n".join([*lines, json.dumps({"op": "quit"})]) + "\n",
         capture_output=True,
         text=True,

@@ -366,3 +366,27 @@ def test_a_setting_changed_in_the_studio_keeps_what_a_terminal_recorded(qtbot: A
         keep_screenshot(box, "run-busy-setting-refused-box", tmp_path)
         box.close()
     assert RunManifest.load(m.run_dir).settings["calibration_samples"] == 11
+
+
+def test_boards_added_in_a_terminal_are_kept_and_offered(qtbot: Any, tmp_path: Path) -> None:
+    """The studio saved the settings it read at start: a board added with `hexstudio board add` while it was
+    open vanished from settings.json at the studio's next board change, and was never offered. Each change now
+    reads the file again, and the studio reads it again when it has changed."""
+    from hexstudio.core.settings import Settings
+    from tests.support.cli import python_m_hexstudio
+
+    _c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
+    page = w.pages["board"]
+    r = python_m_hexstudio("board", "add", "lab2", "--host", "10.0.0.7", "--auth", "agent", "--no-connect")
+    assert r.returncode == 0, r.stderr
+    page.name_edit.setText("evk")
+    page.host_edit.setText("192.168.1.50")
+    page.add_button.click()
+    assert "added" in page.conn_label.text(), page.conn_label.text()
+    assert set(Settings.load().boards) == {"lab2", "evk"}
+    assert page.board_item("lab2") is not None and page.board_item("evk") is not None
+    # a name the CLI refuses is refused here too (it names keyring entries and files)
+    page.name_edit.setText("lab/3")
+    page.host_edit.setText("10.0.0.8")
+    page.add_button.click()
+    assert "is not allowed" in page.conn_label.text() and "lab/3" not in Settings.load().boards

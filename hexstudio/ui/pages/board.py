@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hexstudio.core.settings import SettingsError, check_board_name
 from hexstudio.ui import modal
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.errors import refused_html
@@ -241,11 +242,18 @@ class BoardPage(StagePage):
 
         name = self.name_edit.text().strip()
         host = self.host_edit.text().strip()
-        if not name or not host or name == "sim":
+        if not name or not host:
             self.conn_label.setText(
                 f"<span style='color:{STATE_COLORS['failed']}'>Give the board a name (not "
                 "'sim') and a host.</span>"
             )
+            return
+        try:
+            # the CLI's rule: the name goes into keyring entries and file names ("a/b" made a folder)
+            check_board_name(name)
+        except SettingsError as exc:
+            self.conn_label.setText(refused_html(exc.message, exc.hint))
+            self.name_edit.setFocus()
             return
         auth = self.auth_combo.currentText()
         cfg: dict[str, Any] = {
@@ -265,10 +273,13 @@ class BoardPage(StagePage):
                 # the board is not saved without its password (the password stays typed for another try)
                 self.conn_label.setText(refused_html(exc.message, exc.hint))
                 return
-        self.password_edit.clear()
         existed = name in self.c.settings.boards
-        self.c.settings.boards[name] = cfg
-        self.c.settings.save()
+        try:
+            self.c.edit_settings(lambda s: s.boards.__setitem__(name, cfg))
+        except SettingsError as exc:
+            self.conn_label.setText(refused_html(exc.message, exc.hint))
+            return
+        self.password_edit.clear()
         self.reload_boards()
         self.clear_form()
         self.conn_label.setText(
@@ -326,8 +337,11 @@ class BoardPage(StagePage):
             != QMessageBox.StandardButton.Yes
         ):
             return
-        del self.c.settings.boards[name]
-        self.c.settings.save()
+        try:
+            self.c.edit_settings(lambda s: s.boards.pop(name, None))
+        except SettingsError as exc:
+            self.conn_label.setText(refused_html(exc.message, exc.hint))
+            return
         try:
             delete_secret(board_password_key(name))
         except Exception:  # no keyring entry, or no keyring: nothing to delete
