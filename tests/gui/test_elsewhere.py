@@ -376,9 +376,14 @@ def test_boards_added_in_a_terminal_are_kept_and_offered(qtbot: Any, tmp_path: P
     from tests.support.cli import python_m_hexstudio
 
     _c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
+    w.show()
+    w.show_stage("board")
     page = w.pages["board"]
     r = python_m_hexstudio("board", "add", "lab2", "--host", "10.0.0.7", "--auth", "agent", "--no-connect")
     assert r.returncode == 0, r.stderr
+    w.show_stage("model")
+    w.show_stage("board")  # coming back to the page lists it
+    qtbot.waitUntil(lambda: page.board_item("lab2") is not None, timeout=3000)
     page.name_edit.setText("evk")
     page.host_edit.setText("192.168.1.50")
     page.add_button.click()

@@ -5,6 +5,7 @@ and the bundle push with its throughput."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import html
 import json
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QColor, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -164,7 +165,14 @@ class BoardPage(StagePage):
         )
 
     # -- boards ---------------------------------------------------------------------------------
+    def showEvent(self, event: QShowEvent) -> None:
+        """Coming back to the page: boards added or changed elsewhere (`hexstudio board add`) are listed."""
+        super().showEvent(event)
+        if self._listed != self.c.settings.boards:
+            self.reload_boards()
+
     def reload_boards(self) -> None:
+        self._listed = copy.deepcopy(self.c.settings.boards)
         self.boards.clear()
         item = QListWidgetItem()
         item.setData(256, "sim")
