@@ -67,11 +67,24 @@ def test_device_picker_lists_aihub_devices_live(
     assert "No Qualcomm AI Hub API token" in msg and "What to do:" in msg and "token field" in msg, msg
     assert page.device_combo.count() >= 1 and page.refresh_devices_button.isEnabled()
 
-    # the token typed in the field goes to the keyring, and nowhere else
-    page.token_edit.setText(emu.token)
+    # a keyring that keeps nothing: refused with what to do, and the pasted token stays in the field
+    import keyring
+    from keyring.backends.null import Keyring as NullKeyring
+
+    before = keyring.get_keyring()
+    keyring.set_keyring(NullKeyring())
+    try:
+        page.token_edit.setText(emu.token)
+        page.token_button.click()
+    finally:
+        keyring.set_keyring(before)
+    assert "did not keep" in page.token_state.text() and "What to do:" in page.token_state.text()
+    assert page.token_edit.text() == emu.token and get_secret(AIHUB_TOKEN) is None
+
+    # the token typed in the field goes to the keyring, and nowhere else; where it went is said as it is
     page.token_button.click()
     assert get_secret(AIHUB_TOKEN) == emu.token
-    assert page.token_edit.text() == "" and "stored in the system keyring" in page.token_state.text()
+    assert page.token_edit.text() == "" and "stored in a PLAIN-TEXT file at" in page.token_state.text()
     settings_text = Settings.load().path.read_text() if Settings.load().path.exists() else ""
     assert emu.token not in settings_text
     assert all(emu.token not in lab.text() for lab in page.findChildren(type(page.token_state)))

@@ -517,22 +517,23 @@ class CompilePage(StagePage):
         self.token_state.setText(html.escape(describe(st)))
 
     def store_token(self) -> None:
-        from hexstudio.core.secrets import SecretStoreError
+        from hexstudio.core.secrets import SecretStoreError, stored_where
         from hexstudio.core.services.aihub_token import store_token
 
         token = self.token_edit.text().strip()
-        self.token_edit.clear()
         if not token:
             self.token_state.setText("Paste the token first: it is on your AI Hub account page.")
             return
         try:
             store_token(token)
         except SecretStoreError as exc:
-            self.token_state.setText(
-                f"<span style='color:{STATUS_COLORS['fail']}'>{html.escape(str(exc))}</span>"
-            )
+            # the pasted token stays in the (password) field for another try once the keyring is fixed
+            self.token_state.setText(refused_html(exc.message, exc.hint))
             return
-        self.token_state.setText("Token stored in the system keyring. Refresh from AI Hub to check it.")
+        self.token_edit.clear()
+        self.token_state.setText(
+            html.escape(f"Token stored {stored_where()}.") + " Refresh from AI Hub to check it."
+        )
 
     def _start_refresh(self) -> None:
         self._refresh_task = asyncio.ensure_future(self.refresh_devices())
