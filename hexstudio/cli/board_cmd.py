@@ -22,7 +22,14 @@ from hexstudio.cli.ssh import (
 from hexstudio.core.device.board import Board, open_board
 from hexstudio.core.device.errors import BoardError, SudoRefused
 from hexstudio.core.device.verify import default_remote_name
-from hexstudio.core.secrets import board_password_key, get_secret, set_secret, sudo_password_key
+from hexstudio.core.secrets import (
+    board_password_key,
+    board_secret_names,
+    delete_secret,
+    get_secret,
+    set_secret,
+    sudo_password_key,
+)
 from hexstudio.core.settings import Settings
 
 T = TypeVar("T")
@@ -47,6 +54,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     pl = bs.add_parser("list", help="list the boards")
     set_action(pl, cmd_list)
+
+    pr = bs.add_parser(
+        "remove",
+        help="remove a board, and its SSH and sudo passwords from the keyring (runs keep their records)",
+    )
+    pr.add_argument("name")
+    set_action(pr, cmd_remove)
 
     pw = bs.add_parser(
         "password",
@@ -187,6 +201,20 @@ def cmd_list(args: argparse.Namespace) -> int:
                 or f"{r.get('user') or ''}@{r.get('host')}:{r.get('port', 22)} ({r.get('auth')})"
             )
             print(f"{r['name']:16s} {where}")
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    s = Settings.load()
+    if s.boards.pop(args.name, None) is None:
+        raise CliError(f"No board named '{args.name}'.", "`hexstudio board list` shows them.")
+    s.save()
+    for name in board_secret_names(args.name):
+        delete_secret(name)
+    if args.json:
+        print_json({"ok": True, "removed": args.name})
+    else:
+        print(f"board {args.name} removed (its passwords, if any, are deleted from the keyring)")
     return 0
 
 

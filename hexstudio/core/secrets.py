@@ -34,6 +34,11 @@ def sudo_password_key(board: str) -> str:
     return f"board:{board}:sudo_password"
 
 
+def board_secret_names(board: str) -> list[str]:
+    """Every secret kept for a board: what removing it deletes."""
+    return [board_password_key(board), sudo_password_key(board)]
+
+
 def worker_password_key(name: str) -> str:
     """A worker host's SSH password (hexstudio.core.remote.hosts)."""
     return f"worker-host:{name}:ssh_password"
@@ -53,7 +58,7 @@ def secret_names(settings: dict[str, Any]) -> list[str]:
     return [
         AIHUB_TOKEN,
         HF_TOKEN,
-        *(f(b) for b in boards for f in (board_password_key, sudo_password_key)),
+        *(n for b in boards for n in board_secret_names(b)),
         *(worker_password_key(h) for h in hosts),
         *(key_passphrase_key(str(Path(k).expanduser().resolve())) for k in sorted(keys)),
     ]

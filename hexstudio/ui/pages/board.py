@@ -328,7 +328,7 @@ class BoardPage(StagePage):
         self.host_edit.setFocus()
 
     def remove_selected(self, confirm: bool = True) -> None:
-        from hexstudio.core.secrets import board_password_key, delete_secret
+        from hexstudio.core.secrets import board_secret_names, delete_secret
 
         name = self.selected_board()
         if name not in self.c.settings.boards:
@@ -338,8 +338,8 @@ class BoardPage(StagePage):
             and QMessageBox.question(
                 self,
                 "Remove board",
-                f"Remove the board {name} from HexStudio? Its "
-                "password (if any) is deleted from the keyring; runs that used it keep "
+                f"Remove the board {name} from HexStudio? Its SSH and sudo "
+                "passwords (if any) are deleted from the keyring; runs that used it keep "
                 "their records.",
             )
             != QMessageBox.StandardButton.Yes
@@ -350,10 +350,11 @@ class BoardPage(StagePage):
         except SettingsError as exc:
             self.conn_label.setText(refused_html(exc.message, exc.hint))
             return
-        try:
-            delete_secret(board_password_key(name))
-        except Exception:  # no keyring entry, or no keyring: nothing to delete
-            pass
+        for secret in board_secret_names(name):
+            try:
+                delete_secret(secret)
+            except Exception:  # no keyring entry, or no keyring: nothing to delete
+                pass
         self.board_states.pop(name, None)
         self.reload_boards()
         self.conn_label.setText(f"Board <b>{html.escape(name)}</b> removed.")
