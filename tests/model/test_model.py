@@ -193,13 +193,13 @@ def test_model_stage_builtin_and_local_folder(tmp_path: Path) -> None:
     assert (modelinfo.hf_dir_of(doc, m.run_dir / "artifacts" / "model") / "config.json").is_file()
     local = tmp_path / "local"
     shutil.copytree(BUILTIN_MODEL_DIR, local)
-    m2, res2 = _run_model_stage(tmp_path / "ws", str(local), context_length=256)
+    m2, res2 = _run_model_stage(tmp_path / "ws", str(local), context_length=384)
     assert res2.ok, res2
     doc2 = json.loads((m2.run_dir / "artifacts" / "model" / "model.json").read_text())
     assert (
         doc2["source"] == "local"
         and doc2["hf_dir"] == str(local)
-        and doc2["resolved"]["context_length"] == 256
+        and doc2["resolved"]["context_length"] == 384
     )
 
 
