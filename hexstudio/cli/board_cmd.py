@@ -205,10 +205,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    s = Settings.load()
-    if s.boards.pop(args.name, None) is None:
+    if args.name not in Settings.load().boards:
         raise CliError(f"No board named '{args.name}'.", "`hexstudio board list` shows them.")
-    s.save()
+    Settings.edit(lambda s: s.boards.pop(args.name, None))
     for name in board_secret_names(args.name):
         delete_secret(name)
     if args.json:

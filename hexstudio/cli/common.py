@@ -10,9 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hexstudio.core.paths import default_workspace
 from hexstudio.core.runs import Workspace
-from hexstudio.core.settings import Settings
 from hexstudio.shared.errors import ActionableError
 
 EXIT_OK = 0
@@ -73,9 +71,7 @@ def workspace_from(args: argparse.Namespace) -> Workspace:
     """--workspace, else the studio's own choice (hexstudio.core.paths.default_workspace): the runs the window
     shows."""
     given = getattr(args, "workspace", None)
-    if given is not None:
-        return Workspace(given)
-    return Workspace(default_workspace(Settings.load().data.get("workspace")))
+    return Workspace(given) if given is not None else Workspace.chosen()
 
 
 def print_json(obj: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from hexstudio.core.environment import collect_environment, package_versions
 from hexstudio.core.manifest import ManifestError, RunManifest
 from hexstudio.core.paths import default_workspace
-from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, check_run_settings
+from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, Settings, check_run_settings
 from hexstudio.shared.errors import ActionableError
 
 T = TypeVar("T")
@@ -180,6 +180,13 @@ class RunSummary:
 class Workspace:
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = Path(root or default_workspace()).expanduser().resolve()
+
+    @classmethod
+    def chosen(cls, settings: Settings | None = None) -> Workspace:
+        """The workspace when none is given, the same for the studio and the CLI: $HEXSTUDIO_WORKSPACE, else
+        settings.json's "workspace", else ~/hexstudio-workspace (hexstudio.core.paths.default_workspace)."""
+        s = settings or Settings.load()
+        return cls(default_workspace(s.data.get("workspace")))
 
     @property
     def runs_dir(self) -> Path:

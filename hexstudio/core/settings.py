@@ -217,6 +217,16 @@ class Settings:
     def save(self) -> None:
         write_json_atomic(self.path, self.data)
 
+    @classmethod
+    def edit(cls, change: Callable[[Settings], object], path: Path | None = None) -> Settings:
+        """Change settings.json as it is on disk now (read, change, write), keeping whatever another process
+        (the studio, a terminal) wrote since this one last read it; the settings as written. Raises
+        SettingsError when the file cannot be read."""
+        fresh = cls.load(path)
+        change(fresh)
+        fresh.save()
+        return fresh
+
     def run_defaults(self) -> dict[str, Any]:
         out = copy.deepcopy(DEFAULT_RUN_SETTINGS)
         out.update(self.data.get("run_defaults") or {})

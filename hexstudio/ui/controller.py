@@ -18,7 +18,6 @@ from PySide6.QtCore import QObject, Signal
 
 from hexstudio.core import logs
 from hexstudio.core.manifest import RunManifest
-from hexstudio.core.paths import default_workspace
 from hexstudio.core.pipeline import Pipeline, PipelineResult
 from hexstudio.core.runs import RunSummary, Workspace, edit_run
 from hexstudio.core.sampler import ResourceSample
@@ -55,7 +54,7 @@ class RunController(QObject):
         super().__init__()
         self._settings = settings or Settings.load()
         self._settings_stamp = _file_stamp(self._settings.path)
-        self.workspace = workspace or Workspace(default_workspace(self.settings.data.get("workspace")))
+        self.workspace = workspace or Workspace.chosen(self._settings)
         self.manifest: RunManifest | None = None
         self.pipeline: Pipeline | None = None
         self.task: asyncio.Task[PipelineResult] | None = None
@@ -81,11 +80,8 @@ class RunController(QObject):
         return self._settings
 
     def edit_settings(self, change: Callable[[Settings], object]) -> None:
-        """Change settings.json as it is on disk now (read, change, write), keeping whatever another process
-        wrote since the studio read it. Raises SettingsError when the file cannot be read."""
-        fresh = Settings.load(self._settings.path)
-        change(fresh)
-        fresh.save()
+        """Settings.edit on the studio's settings file; the studio then holds what was written."""
+        fresh = Settings.edit(change, self._settings.path)
         self._settings, self._settings_stamp = fresh, _file_stamp(fresh.path)
 
     # -- runs ----------------------------------------------------------------------------------
