@@ -209,7 +209,8 @@ class DialogBridge:
                 "server_error",
                 retry_after=5,
             )
-        if self.waiting >= self.max_queue:
+        # only a request that has to wait takes a place in the queue: `--max-queue 0` still takes one at a time
+        if (self.busy or self.waiting) and self.waiting >= self.max_queue:
             raise BridgeError(
                 429,
                 f"{self.waiting} requests are waiting for the board's dialog already (at most "
@@ -247,7 +248,7 @@ class DialogBridge:
             c = m.get("content")
             if isinstance(c, list):  # content parts: the text ones
                 c = "".join(
-                    str(p.get("text", "")) for p in c if isinstance(p, dict) and p.get("type") == "text"
+                    str(p.get("text") or "") for p in c if isinstance(p, dict) and p.get("type") == "text"
                 )
             n: dict[str, Any] = {
                 "role": "system" if m["role"] == "developer" else m["role"],
@@ -340,7 +341,11 @@ class DialogBridge:
         cancelled: asyncio.Event,
         content_after: Callable[[str], list[dict[str, Any]] | None],
         tools_key: Any = None,
+        on_start: Callable[[], None] | None = None,
     ) -> Reply:
+        """One request's reply. `on_start` is called when the dialog is the request's and its text goes to the
+        board: until then every refusal (429 queue full, 503 stopping or not loaded, 400 sampler) is a status a
+        stream can still answer with."""
         async with self._turn(cancelled) as waited_ms:
             reinit = None
             if cancelled.is_set():
@@ -401,6 +406,8 @@ class DialogBridge:
                 check_message(text_in)
             except SessionError as exc:  # empty, a NUL, not UTF-8, too long: Genie cannot take it
                 raise BridgeError(400, exc.message) from None
+            if on_start is not None:
+                on_start()
             t0 = time.monotonic()
             try:
                 r = await s.send(text_in, on_chunk=chunk, stop=stop, stop_strings=stop_strings)

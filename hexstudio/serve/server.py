@@ -55,6 +55,9 @@ from hexstudio.shared.errors import ActionableError
 M = TypeVar("M", bound=_Request)  # an OpenAI request schema (hexstudio.serve.schema)
 
 log = logging.getLogger("hexstudio.serve")
+_ROLE = {"role": "assistant", "content": ""}  # a chat stream's first delta
+# the tags a model's tool call can start with after some text (hexstudio.core.eval.toolcall's formats)
+_CALL_TAGS = ("<|python_tag|>", "<TOOLCALL>", "<tool_call>", "[TOOL_CALLS]")
 
 
 def is_loopback(host: str) -> bool:
@@ -331,7 +334,11 @@ class _Uvicorn(uvicorn.Server):
 
 class _Events(Response):
     """A server-sent-events response fed by a generation task; when the client goes away, the generation is
-    stopped (its `cancelled` event set) and awaited, so the dialog is free for the next request at once."""
+    stopped (its `cancelled` event set) and awaited, so the dialog is free for the next request at once.
+
+    The 200 goes out with the first event, which the producer sends once the dialog is the request's: a refusal
+    before that (the queue filled meanwhile, the server stopping, the dialog not loading, a sampler the runtime
+    refuses) is raised as a BridgeError and answered with its own status and Retry-After, as without a stream."""
 
     media_type = "text/event-stream"
 
@@ -352,6 +359,9 @@ class _Events(Response):
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
 
         def emit(doc: Any) -> None:
+            if isinstance(doc, str) and doc.startswith(":"):  # a comment line: clients skip it
+                queue.put_nowait(f"{doc}\n\n".encode())
+                return
             data = doc if isinstance(doc, str) else json.dumps(doc, ensure_ascii=False)
             queue.put_nowait(f"data: {data}\n\n".encode())
 
@@ -364,17 +374,30 @@ class _Events(Response):
         gen = asyncio.ensure_future(run())
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
+            get = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if get not in done:
+                get.cancel()
+                return
+            first = get.result()
+            if first is None:
+                # refused before the dialog was the request's: a status of its own, not a 200 with an error event
+                exc = gen.exception() if gen.done() and not gen.cancelled() else None
+                err = exc if isinstance(exc, BridgeError) else BridgeError(500, f"the reply failed: {exc!r}")
+                if not isinstance(exc, BridgeError):
+                    log.error("stream failed before its first event: %r", exc)
+                await _fail(err)(scope, receive, send)
+                return
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            while True:
+            chunk: bytes | None = first
+            while chunk is not None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 get = asyncio.ensure_future(queue.get())
                 done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if get not in done:
                     get.cancel()
                     return
                 chunk = get.result()
-                if chunk is None:
-                    break
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             return
@@ -641,7 +664,10 @@ class OpenAIServer:
         stream = bool(doc.get("stream"))
         stop = doc.get("stop")
         stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if isinstance(s, str)]
-        mt = doc.get("max_completion_tokens", doc.get("max_tokens"))
+        # OpenAI's newer name wins where it is given (a null is not given)
+        mt = doc.get("max_completion_tokens")
+        if mt is None:
+            mt = doc.get("max_tokens")
         sampler = genie_sampler(doc, self.bridge.default_sampler)
         # 429 / 503 with Retry-After before anything starts; a prompt the dialog cannot take is a 400 here, also for
         # a stream (once its 200 is sent, an error can only be an event)
@@ -733,35 +759,37 @@ class OpenAIServer:
                         )
                     )
 
-            if kind == "chat.completion":
-                emit(
-                    base(
-                        {
-                            "choices": [
-                                {
-                                    "index": 0,
-                                    "delta": {"role": "assistant", "content": ""},
-                                    "finish_reason": None,
-                                }
-                            ]
-                        }
-                    )
-                )
-            releasing = not (tools and kind == "chat.completion")
+            started = False
+
+            def start() -> None:
+                # the dialog is the request's: the 200 goes out with this first event
+                nonlocal started
+                started = True
+                if kind == "chat.completion":
+                    emit(base({"choices": [{"index": 0, "delta": _ROLE, "finish_reason": None}]}))
+                else:
+                    emit(": the board's dialog is answering")
+
+            holding = bool(tools) and kind == "chat.completion"
+            releasing = not holding
             buf = ""
 
             def on_text(piece: str) -> None:
                 nonlocal releasing, buf
-                if releasing:
+                if not holding:
                     send_text(piece)
                     return
                 buf += piece
-                s = buf.lstrip()
-                if not s or any(s.startswith(m) or m.startswith(s) for m in markers):
-                    return
-                releasing = True
-                send_text(buf)
-                buf = ""
+                if not releasing:
+                    s = buf.lstrip()
+                    if not s or any(s.startswith(m) or m.startswith(s) for m in markers):
+                        return
+                    releasing = True
+                # a call may still follow the text: from where one could start, the text is held to the end
+                cut = _before_call(buf)
+                if cut:
+                    send_text(buf[:cut])
+                    buf = buf[cut:]
 
             try:
                 reply = await self.bridge.run(
@@ -774,14 +802,19 @@ class OpenAIServer:
                     cancelled=cancelled,
                     content_after=content_after,
                     tools_key=tools_key,
+                    on_start=start,
                 )
             except BridgeError as exc:
+                if not started:
+                    raise
                 emit(
                     {"error": _error(exc.status, exc.message, exc.kind, exc.param, exc.openai_code)["error"]}
                 )
                 emit("[DONE]")
                 return
             except Exception as exc:
+                if not started:
+                    raise
                 # never a stream that just stops: a client would take the partial text for the whole reply
                 log.exception("stream %s failed", rid)
                 emit({"error": _error(500, f"the reply failed: {exc!r}", "server_error")["error"]})
@@ -790,6 +823,10 @@ class OpenAIServer:
             if kind == "chat.completion":
                 msg, finish = self._message(reply.text, reply.finish_reason, tools, fmt)
                 if msg.get("tool_calls"):
+                    # the text before the call's tag, when the reply said something first
+                    before = buf[: min((buf.find(t) for t in _CALL_TAGS if t in buf), default=0)]
+                    if before.strip():
+                        send_text(before)
                     calls = [{"index": i, **tc} for i, tc in enumerate(msg["tool_calls"])]
                     emit(
                         base(
@@ -858,6 +895,18 @@ class OpenAIServer:
             for x in parsed.calls
         ]
         return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, "tool_calls"
+
+
+def _before_call(text: str) -> int:
+    """How much of a streamed reply can go out as text: up to the first tool-call tag, or up to a tail that may
+    be the start of one."""
+    at = [text.find(t) for t in _CALL_TAGS if t in text]
+    if at:
+        return min(at)
+    for n in range(min(len(text), max(map(len, _CALL_TAGS))), 0, -1):
+        if any(t.startswith(text[-n:]) for t in _CALL_TAGS):
+            return len(text) - n
+    return len(text)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -167,7 +167,12 @@ def test_per_request_sampler_and_completions(server: str) -> None:
 
 @contextlib.contextmanager
 def scripted_server(
-    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, script: dict[str, str]
+    twin_workspace: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    script: dict[str, str],
+    *,
+    tool_format: str | None = None,
+    max_queue: int | None = None,
 ) -> Iterator[str]:
     """The real bridge and server in this process (on a thread of their own) over a board whose dialog is the
     scripted helper (scripted_helper.py): the base URL."""
@@ -177,6 +182,7 @@ def scripted_server(
     from hexstudio.core.eval.render import PromptRenderer
     from hexstudio.core.settings import Settings
     from hexstudio.serve.bridge import DialogBridge
+    from hexstudio.serve.limits import Limits
     from hexstudio.serve.server import OpenAIServer
 
     ws, run_dir = twin_workspace
@@ -188,14 +194,13 @@ def scripted_server(
 
     async def serve() -> None:
         board = await open_board("sim", Settings.load(), ws)
-        bridge = DialogBridge(
-            board,
-            board_doc["remote_bundle"],
-            PromptRenderer.for_model(run_dir / "artifacts" / "model"),
-            model_id="builtin:tiny-llama",
-        )
+        renderer = PromptRenderer.for_model(run_dir / "artifacts" / "model")
+        # a model that writes its calls in another format (the toy model's is bare JSON)
+        renderer.tool_format = tool_format or renderer.tool_format
+        bridge = DialogBridge(board, board_doc["remote_bundle"], renderer, model_id="builtin:tiny-llama")
         await bridge.open()
-        srv = OpenAIServer(bridge)
+        limits = Limits() if max_queue is None else Limits(max_queue=max_queue)
+        srv = OpenAIServer(bridge, limits=limits)
         box["port"] = await srv.start("127.0.0.1", 0)
         box["stop"] = asyncio.Event()
         started.set()
@@ -251,6 +256,123 @@ def test_tool_call_streams_as_tool_calls(
             model="builtin:tiny-llama", tools=tools, messages=[{"role": "user", "content": "Hello"}]
         )
         assert r.choices[0].message.content == "OK." and not r.choices[0].message.tool_calls
+
+
+WEATHER = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {}}}},
+    }
+]
+
+
+def test_a_tool_call_after_some_text_streams_the_text_then_the_call(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply that says something and then calls a tool (Qwen's <tool_call>, Nemotron's <TOOLCALL> after text)
+    streamed the call's markup as content, then the call again as tool_calls: a client showed the raw markup and
+    ran the call. The text streams; from where a call's tag could start, it is held until the reply ends."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    script = {"Oslo": "Let me look that up." + call, "Hello": "Use <tool or a <tag> freely."}
+    with scripted_server(twin_workspace, monkeypatch, script, tool_format="qwen") as url:
+        c = client(url)
+
+        def streamed(text: str) -> tuple[str, list[Any], str | None]:
+            content, calls, finish = "", [], None
+            for ch in c.chat.completions.create(
+                model="builtin:tiny-llama",
+                stream=True,
+                tools=WEATHER,
+                messages=[{"role": "user", "content": text}],
+            ):
+                d = ch.choices[0].delta if ch.choices else None
+                content += (d.content or "") if d else ""
+                calls += (d.tool_calls or []) if d else []
+                finish = (ch.choices[0].finish_reason if ch.choices else None) or finish
+            return content, calls, finish
+
+        content, calls, finish = streamed("Weather in Oslo?")
+        assert content == "Let me look that up." and "<tool_call>" not in content, content
+        assert finish == "tool_calls" and json.loads(calls[0].function.arguments) == {"city": "Oslo"}
+        # text that only looks like the start of a tag streams whole, as the reply
+        content, calls, finish = streamed("Hello")
+        assert content == "Use <tool or a <tag> freely." and not calls and finish == "stop", content
+
+
+def test_null_fields_and_a_queue_of_none(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`max_completion_tokens: null` (what some clients send for "not set") hid `max_tokens`; a text part whose
+    text is null put the word "None" into the prompt; `--max-queue 0` refused every request, even on an idle
+    server, where it means "no waiting: one request at a time"."""
+    script = {"None": "The prompt held the word None.", "count": "one two three four five six seven eight"}
+    with scripted_server(twin_workspace, monkeypatch, script, max_queue=0) as url:
+        c = client(url)
+        r = c.chat.completions.create(
+            model="builtin:tiny-llama",
+            messages=[
+                {"role": "user", "content": [{"type": "text", "text": None}, {"type": "text", "text": "Hi"}]}
+            ],
+        )
+        assert r.choices[0].message.content == "OK.", r.choices[0].message.content
+        msgs = [{"role": "user", "content": "count to eight"}]
+        r = c.chat.completions.create(
+            model="builtin:tiny-llama",
+            messages=msgs,
+            max_tokens=2,
+            extra_body={"max_completion_tokens": None},
+        )
+        # the scripted helper does not stop at the budget: "length" says the reply was held to max_tokens
+        assert r.choices[0].finish_reason == "length", r
+        r = c.chat.completions.create(model="builtin:tiny-llama", messages=msgs, max_tokens=64)
+        assert r.choices[0].finish_reason == "stop", r
+
+
+def test_a_stream_refused_before_its_turn_gets_its_own_status(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The board's dialog could not be loaded again for a streamed request: it got a 200 and then an error event,
+    which clients read as a successful request and do not retry. It is a 503 with Retry-After, as without a
+    stream, and the next request after the board is back is answered."""
+    import sys
+
+    from hexstudio.core.genie.runtime import BoardRuntime
+    from hexstudio.core.genie.session import ChatSession
+
+    real_send = ChatSession.send
+
+    async def send(self: ChatSession, user: str, **kw: Any) -> Any:
+        if "pipe" in user:
+            raise BrokenPipeError(32, "Broken pipe")
+        return await real_send(self, user, **kw)
+
+    monkeypatch.setattr(ChatSession, "send", send)
+    with scripted_server(twin_workspace, monkeypatch, {}) as url:
+        c = client(url)
+        with pytest.raises(openai.APIStatusError):
+            c.chat.completions.create(
+                model="builtin:tiny-llama", messages=[{"role": "user", "content": "pipe"}]
+            )
+        # the helper no longer starts on the board: the dialog cannot be loaded again
+        working = BoardRuntime.helper_argv
+        dead = [sys.executable, "-c", "import sys; sys.exit(3)"]
+        for cls in (BoardRuntime, *BoardRuntime.__subclasses__()):
+            monkeypatch.setattr(cls, "helper_argv", lambda self, *a: (list(dead), None))
+        with pytest.raises(openai.APIStatusError) as err:
+            c.chat.completions.create(
+                model="builtin:tiny-llama", stream=True, messages=[{"role": "user", "content": "Hello"}]
+            )
+        assert err.value.status_code == 503 and int(err.value.response.headers["retry-after"]) >= 1, err.value
+        assert "could not be loaded" in err.value.message, err.value.message
+        for cls in (BoardRuntime, *BoardRuntime.__subclasses__()):
+            monkeypatch.setattr(cls, "helper_argv", working)
+        text = "".join(
+            (ch.choices[0].delta.content or "") if ch.choices else ""
+            for ch in c.chat.completions.create(
+                model="builtin:tiny-llama", stream=True, messages=[{"role": "user", "content": "Hello"}]
+            )
+        )
+        assert text == "OK."
 
 
 def test_a_reply_cut_short_by_a_full_context_finishes_with_length(

@@ -359,6 +359,43 @@ def test_full_queue_is_429_with_retry_after(port: int) -> None:
     assert isinstance(out.get("b"), str), out
 
 
+def test_streams_turned_away_by_a_full_queue_are_429_not_a_200_with_an_error(port: int) -> None:
+    """Streams that arrive together all passed the queue check made before their 200, then took their place in
+    the queue inside the stream: those over --max-queue got a 200 and an error event, which clients take for a
+    successful request and do not retry. The 200 now goes out when the dialog is the stream's."""
+    long = {"prompt": "Once upon a time", "max_tokens": 400, "stream": True, "temperature": 0}
+    a, fa = _stream_lines(port, long)
+    assert fa.readline().startswith(b"HTTP/1.1 200")
+    while b"data:" not in fa.readline():  # A is generating
+        pass
+    body = json.dumps({"prompt": "Question: Hi? Answer:", "max_tokens": 3, "stream": True}).encode()
+    go = threading.Barrier(4)
+    answers: list[tuple[int, dict[str, str], bytes]] = []
+
+    def send() -> None:
+        go.wait()
+        answers.append(post(port, "/v1/completions", body))
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while len(answers) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    a.close()  # A goes away: the one waiting stream runs
+    for t in threads:
+        t.join(60)
+    statuses = sorted(st for st, _, _ in answers)
+    # one waits its turn (--max-queue 1) and is served; the others are turned away before any 200
+    assert statuses == [200, 429, 429, 429], [(st, d[:200]) for st, _, d in answers]
+    for st, hs, data in answers:
+        if st == 429:
+            assert int(hs["retry-after"]) >= 1 and b'"queue_full"' in data, (hs, data)
+        else:
+            assert b'"error"' not in data and b"data: [DONE]" in data, data[-300:]
+    good(port)
+
+
 @pytest.mark.parametrize("stream", [True, False], ids=["streaming", "whole"])
 def test_client_gone_stops_the_generation(port: int, stream: bool) -> None:
     before = _stats(port)["served"]
