@@ -301,6 +301,52 @@ def test_the_servers_later_turn_keeps_the_thinking_switch_and_tools() -> None:
     assert r.continuation(msgs[:1] + msgs[2:], None) is None
 
 
+def test_the_hand_written_formats_keep_every_turn_of_a_conversation() -> None:
+    """Without the model's chat template (the llama3, nemotron, qa and plain fallbacks) a multi-turn request's
+    user turns were joined into one and the assistant's replies dropped: the model answered a conversation it
+    was never shown. Nemotron's fallback also dropped the system text (the tools said in words among it)."""
+    from hexstudio.core.eval.render import PromptRenderer
+    from hexstudio.core.eval.suites import Case
+    from hexstudio.shared.chat_template import ChatFormat
+
+    msgs = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4."},
+        {"role": "user", "content": "And 3+3?"},
+    ]
+
+    def render(template: str, m: list[dict[str, object]]) -> str:
+        return PromptRenderer(template, ChatFormat(mode="plain"), "json").prompt(
+            Case(id="c", scorer="exact", messages=m)
+        )
+
+    h = "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>"
+    turns = h.format("user", "What is 2+2?") + h.format("assistant", "4.") + h.format("user", "And 3+3?")
+    reply = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    assert render("llama3", msgs) == h.format("system", "Be terse.") + turns + reply
+    nemo = render("nemotron", msgs)
+    assert nemo.startswith(
+        h.format("system", "detailed thinking off") + h.format("user", "Be terse.\n\nWhat is 2+2?")
+    )
+    assert nemo.endswith(
+        h.format("assistant", "4.") + h.format("user", "And 3+3?") + reply + "<think>\n</think>\n"
+    )
+    assert render("qa", msgs) == "Be terse.\nQuestion: What is 2+2? Answer: 4. Question: And 3+3? Answer:"
+    assert render("plain", msgs) == "Be terse.\n\nWhat is 2+2?\n\n4.\n\nAnd 3+3?"
+    # one turn reads as it always did
+    assert render("qa", msgs[1:2]) == "Question: What is 2+2? Answer:"
+    # a turn that only called tools says its calls, as the JSON the fallback asks for
+    called = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "1", "type": "function", "function": {"name": "add", "arguments": "{}"}}],
+    }
+    assert '[{"name": "add", "arguments": "{}"}]' in render(
+        "llama3", [msgs[1], called, {"role": "tool", "content": "4"}]
+    )
+
+
 def test_a_local_bundle_folder_chats_in_its_models_own_template(tmp_path: Path) -> None:
     """`hexstudio chat --bundle DIR` and `serve --bundle DIR` used Llama-3 header text for every model that was
     not Nemotron or the built-in one: Qwen or Mistral weights got a format they were never trained on."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from hexstudio.core.eval.suites import Case
 from hexstudio.core.eval.toolcall import detect_format
-from hexstudio.core.genie.prompts import chat_format_for, chat_prompt, template_for
+from hexstudio.core.genie.prompts import chat_format_for, template_for
 from hexstudio.shared.chat_template import ChatFormat
 
 GENERIC_TOOLS = (
@@ -105,21 +105,54 @@ class PromptRenderer:
             if self.fmt.genie_bos and bos and text.startswith(bos):
                 text = text[len(bos) :]
             return text
-        # no chat template in use: tools in words, the conversation flattened into the model's format
+        # no chat template in use: tools in words, the conversation in the model's format turn by turn
         if tools:
             msgs = _with_tool_system(msgs, tools)
-        system = "\n".join(str(m.get("content") or "") for m in msgs if m["role"] == "system")
-        user = "\n".join(str(m.get("content") or "") for m in msgs if m["role"] in ("user", "tool"))
-        if self.template == "plain":
-            return (system + "\n\n" if system else "") + user
-        if self.template == "qa":
-            return (system + "\n" if system else "") + chat_prompt(user, template="qa")
-        return chat_prompt(
-            user,
-            system=system,
-            template="nemotron" if self.template.startswith("nemotron") else "llama3",
-            reasoning=False,
+        return _fallback_prompt(msgs, self.template)
+
+
+def _text(m: dict[str, Any]) -> str:
+    """A message's text; an assistant turn that only called tools says its calls as the JSON it was asked for."""
+    text = str(m.get("content") or "")
+    calls = m.get("tool_calls")
+    if not text and m["role"] == "assistant" and isinstance(calls, list):
+        text = json.dumps([c.get("function", c) for c in calls if isinstance(c, dict)], ensure_ascii=False)
+    return text
+
+
+def _fallback_prompt(msgs: list[dict[str, Any]], template: str) -> str:
+    """The whole conversation in a hand-written format (`plain`, `qa`, `llama3`, `nemotron`): every turn in
+    order, the assistant's earlier replies included, ending where the model's next reply starts. Tool results
+    are the user's turns (these formats have no role of their own for them)."""
+    system = "\n".join(_text(m) for m in msgs if m["role"] == "system")
+    turns = [
+        ("assistant" if m["role"] == "assistant" else "user", _text(m)) for m in msgs if m["role"] != "system"
+    ]
+    if template == "plain":
+        return "\n\n".join(([system] if system else []) + [t for _, t in turns])
+    if template == "qa":
+        qa = " ".join(
+            f"Answer: {t.strip()}" if role == "assistant" else f"Question: {t}" for role, t in turns
         )
+        ask = "" if turns and turns[-1][0] == "assistant" else " Answer:"
+        return (system + "\n" if system else "") + qa + ask
+    nemotron = template.startswith("nemotron")
+    head = system
+    if nemotron:
+        # Llama-Nemotron's system text is its reasoning switch, and its model card asks for every instruction in
+        # the user's turn: the system text goes before the first one
+        head = "detailed thinking off"
+        if system:
+            first = next((i for i, (role, _) in enumerate(turns) if role == "user"), None)
+            if first is None:
+                turns.insert(0, ("user", system))
+            else:
+                turns[first] = ("user", f"{system}\n\n{turns[first][1]}")
+    text = f"<|start_header_id|>system<|end_header_id|>\n\n{head}<|eot_id|>"
+    for role, t in turns:
+        text += f"<|start_header_id|>{role}<|end_header_id|>\n\n{t}<|eot_id|>"
+    text += "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    return text + "<think>\n</think>\n" if nemotron else text
 
 
 def _with_tool_system(msgs: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
