@@ -31,6 +31,8 @@ class FakeGenie:
         tokens: int = 12,
         context: int = 4096,
         fail_create: bool = False,
+        creates_ok: int = 0,
+        dialog_type: str = "basic",
         ignore_limit: bool = False,
         ignore_abort: bool = False,
         echo: Path | None = None,
@@ -39,13 +41,14 @@ class FakeGenie:
         folder.mkdir(parents=True, exist_ok=True)
         dialog: dict[str, Any] = {
             "version": 1,
-            "type": "basic",
+            "type": dialog_type,
             "context": {"size": context},
             "sampler": {"seed": 1, "temp": 0.8, "top-k": 40, "top-p": 0.9},
             "fake-init-ms": init_ms,
             "fake-token-ms": token_ms,
             "fake-tokens": tokens,
             "fake-fail-create": int(fail_create),
+            "fake-creates-ok": creates_ok,
             "fake-ignore-limit": int(ignore_limit),
             "fake-ignore-abort": int(ignore_abort),
         }

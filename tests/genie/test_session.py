@@ -164,7 +164,9 @@ def test_dialog_that_cannot_load_falls_back_and_the_failure_is_explained(
 def test_context_exceeded_mid_reply_is_said_and_the_next_turn_starts_afresh(
     tmp_path: Path, fake_genie: FakeGenie
 ) -> None:
-    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=1, tokens=8, context=40)
+    # the dialog a full context ended is made again (genie_session) before the next turn, not within this one
+    init = 600
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=init, token_ms=1, tokens=8, context=40)
     board = fake_board(tmp_path, fake_genie)
     # a token counter that underestimates, so the session's own check lets the dialog overflow
     conv = Conversation(template="qa", count_tokens=lambda text: 1)
@@ -178,6 +180,7 @@ def test_context_exceeded_mid_reply_is_said_and_the_next_turn_starts_afresh(
     cut = [r for r in results if r.note and "cut short" in r.note]
     assert cut, [(r.state, r.note, r.error) for r in results]
     assert cut[0].state == "complete" and cut[0].text
+    assert cut[0].wall_ms < init, "the cut reply waited for the dialog to be made again"
     after = results[results.index(cut[0]) + 1 :]
     assert after and all(r.state == "complete" for r in after)
     # the re-sent history overflowed the dialog (the counter was wrong): the turn went out without it, and says so
@@ -389,3 +392,87 @@ def test_each_end_event_carries_only_the_latest_query_of_the_profile(
         assert kinds == ["GenieDialog_create", "GenieDialog_query"], kinds
     starts = [e["profile"]["components"][0]["events"][1]["start"] for e in ends]
     assert starts == sorted(starts) and len(set(starts)) == 3  # each the query just made
+
+
+class _Helper:
+    """The board's chat helper (genie_session.py) on the test libGenie, driven over its JSON-lines protocol."""
+
+    def __init__(self, bundle: Path, lib: Path) -> None:
+        import subprocess
+        import sys
+
+        import hexstudio.workers.board.genie_session as gs
+
+        self.p = subprocess.Popen(
+            [sys.executable, gs.__file__, "--config", str(bundle / "genie_config.json"), "--lib", str(lib)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.next("ready")["event"] == "ready"
+
+    def send(self, **op: object) -> float:
+        import json
+
+        assert self.p.stdin is not None
+        self.p.stdin.write(json.dumps(op) + "\n")
+        self.p.stdin.flush()
+        return time.monotonic()
+
+    def exit(self) -> tuple[int, str]:
+        """The helper's exit status and what it wrote to stderr, once it has ended (its pipes closed)."""
+        _out, err = self.p.communicate(timeout=30)
+        return self.p.returncode, err
+
+    def next(self, event: str) -> dict:
+        import json
+
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            ev = json.loads(line)
+            if ev.get("event") == event:
+                return dict(ev)
+        return {"event": "eof"}
+
+
+def test_a_full_context_remakes_the_dialog_once_on_its_next_use(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
+    """Genie 1.21 leaves a dialog a full context ended with its query still counted active (Dialog.cpp), so the
+    helper makes it again. It did so inside the query, before the reply's end went out (a whole load added to the
+    reply), unchecked (a failed create left no dialog), again at the host's reset for spd (two loads), and in the
+    per-turn genie_t2t just before exiting. It is now made once, at the next reset or query."""
+    init = 800
+    long_prompt = "word " * 28  # 35 tokens of a 40-token context: the 8-token reply overflows it
+    for kind in ("basic", "spd"):
+        bundle = fake_genie.bundle(
+            tmp_path / kind, init_ms=init, token_ms=1, tokens=8, context=40, dialog_type=kind
+        )
+        h = _Helper(bundle, fake_genie.lib)
+        t0 = h.send(op="reset")
+        ev = h.next("reset")
+        # a dialog nothing ran on since it was made is not made again, spd or not
+        assert not ev.get("recreated") and (time.monotonic() - t0) * 1000 < init / 2, (kind, ev)
+        t0 = h.send(op="query", id=1, prompt=long_prompt, max_tokens=8)
+        end = h.next("end")
+        assert end["state"] == "context_full", end
+        assert (time.monotonic() - t0) * 1000 < init / 2, f"{kind}: the end waited for a load"
+        t0 = h.send(op="reset")
+        ev = h.next("reset")
+        took = (time.monotonic() - t0) * 1000
+        assert ev["recreated"] is True and ev["status"] == 0 and init <= took < 2 * init, (kind, ev, took)
+        h.send(op="query", id=2, prompt="Hi there", max_tokens=4)
+        assert h.next("end")["state"] == "complete"
+        h.send(op="quit")
+        assert h.exit()[0] == 0
+    # a dialog that cannot be made again: the helper says so and exits, and the host loads the model afresh
+    bundle = fake_genie.bundle(tmp_path / "once", init_ms=50, token_ms=1, tokens=8, context=40, creates_ok=1)
+    h = _Helper(bundle, fake_genie.lib)
+    h.send(op="query", id=1, prompt=long_prompt, max_tokens=8)
+    assert h.next("end")["state"] == "context_full"
+    h.send(op="reset")
+    ev = h.next("reset")
+    assert ev["recreated"] is True and ev["status"] != 0, ev
+    rc, err = h.exit()
+    assert rc == 5 and "making the dialog again" in err, (rc, err)

@@ -260,6 +260,10 @@ class ChatSession:
         self.runtime_version: str | None = None  # e.g. "Genie API 1.17.0" or GenieX's CLI and plugin versions
         self._helper: HelperProcess | None = None
         self._n_past = 0  # tokens in the dialog's KV cache
+        # the dialog still holds what a cleared turn left in it (a full context, a stop cut on the host): reset before
+        # its next query, not at the end of that turn, whose reply would wait for it (a load, for spd or a full
+        # context: genie_session makes the dialog again)
+        self._stale = False
         self._config = "genie_config.json"
         self._lock = asyncio.Lock()
         self._opened = False
@@ -432,6 +436,7 @@ class ChatSession:
             or (f"Genie API {self.genie_version}" if self.genie_version else None)
         )
         self._n_past = 0
+        self._stale = False
         self._status(f"model loaded in {self.init_ms / 1000:.1f} s; it stays loaded between turns")
 
     @property
@@ -454,6 +459,7 @@ class ChatSession:
     async def _reset_dialog(self) -> None:
         h = self._helper
         self._n_past = 0
+        self._stale = False
         if h is None or not h.alive:
             return
         try:
@@ -463,14 +469,15 @@ class ChatSession:
             with contextlib.suppress(Exception):
                 await h.close(graceful=False)
             return
-        # a speculative (spd) dialog is freed and created again: as long as a load, not a cache clear
-        wait = self.ready_timeout if self.dialog == "spd" else 60.0
+        # the helper may make the dialog again (spd, or one a full context left stale): as long as a load
+        wait = max(60.0, self.ready_timeout)
         while True:
             ev = await h.next_event(wait)
             if ev.get("event") in ("reset", "eof"):
                 break
-        if self.dialog == "spd":
-            # the new dialog has only its config's own stop sequences: the next query sets the others again
+        if ev.get("recreated") or (self.dialog == "spd" and "recreated" not in ev):
+            # the new dialog has only its config's own stop sequences: the next query sets the others again (an
+            # older helper says nothing and always makes an spd dialog again)
             self._stops_on_dialog = list(self._config_stops)
 
     async def apply_sampler(self, values: dict[str, Any]) -> str | None:
@@ -654,6 +661,8 @@ class ChatSession:
     ) -> TurnResult:
         stops = stops or []
         conv = self.conversation
+        if self._stale:
+            await self._reset_dialog()  # it may find the helper gone (it exits to end a reply it cannot stop)
         if self._helper is None or not self._helper.alive:
             await self._start_helper()  # it died (or was stopped hard): load again, history re-sent below
         h = self._helper
@@ -734,8 +743,7 @@ class ChatSession:
         turn.state = state
         if clear:
             self._n_past = 0
-            if h.alive:
-                await self._reset_dialog()
+            self._stale = h.alive
         refused = state == "failed" and not text and h.alive and end is not None
         # the history the dialog was sent whole did not fit after all (the token count was off): without it
         retry = refused and sent_fresh and history and any(t.state == "complete" for t in conv.turns[:-1])

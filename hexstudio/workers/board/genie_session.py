@@ -245,6 +245,8 @@ class Helper:
         except (ValueError, AttributeError, TypeError):
             self.dialog_type, self.created_sampler = "basic", {}
         self.sampler_values: dict | None = None  # the last applied (re-applied to a recreated dialog)
+        self.remake = False  # the dialog must be made again before its next use (a full context)
+        self.used = False  # a query (or its stop sequences) since the dialog was made
         st = self.f["GenieDialogConfig_createFromJson"](config_json.encode("utf-8"), ctypes.byref(self.cfg))
         if st != SUCCESS:
             raise RuntimeError(
@@ -417,13 +419,14 @@ class Helper:
         # Genie records a query's figures only when it ends normally or aborted (GenieDialog.cpp: a context
         # limit skips addProfileStat): otherwise the profile's last query is the turn before's
         profile = self.profile_json() if st in (SUCCESS, WARNING_ABORTED) else None
+        if ended.acquire(blocking=False):
+            end(state, st, profile)
         if st == WARNING_CONTEXT_EXCEEDED:
             # Genie 1.21 leaves the dialog counting the query as active (Dialog.cpp: the context-limit path skips
             # m_activeQuery--), so a later ABORT would be latched and cut the next reply to one token, through
-            # resets: the dialog is made again, as the host clears it after a full context anyway
-            self.recreate()
-        if ended.acquire(blocking=False):
-            end(state, st, profile)
+            # resets: the dialog is made again before its next use (the host's reset, which a full context asks
+            # for anyway), not here, where it would hold back the reply's end by a whole load
+            self.remake = True
 
     aborting = False
 
@@ -466,15 +469,27 @@ class Helper:
         self.dialog = ctypes.c_void_p()
         t0 = time.perf_counter()
         st = self.f["GenieDialog_create"](self.cfg, ctypes.byref(self.dialog))
+        self.remake = self.used = False
         why = self.apply_sampler(self.sampler_values) if st == SUCCESS and self.sampler_values else None
         return st, (time.perf_counter() - t0) * 1000, why
 
+    def made_again(self, st: int) -> None:
+        """After a recreate: a dialog that could not be made again leaves no dialog to query; the helper exits
+        (status 5) and the host starts a new one for the next turn, as after any helper that ends."""
+        if st != SUCCESS:
+            sys.stderr.write(
+                f"genie_session: GenieDialog_create failed (status {st}) when making the dialog again; the "
+                "helper exits and the next turn loads the model afresh\n"
+            )
+            sys.stderr.flush()
+            os._exit(5)
+
     def reset(self) -> None:
-        if self.dialog_type == "spd":
-            # Genie 1.21's spd reset clears its per-length acceptance counts to an empty vector (qualla
-            # dialogs/spec-dec.cpp SpecDecDialog::reset: `_accepted_counts.clear()`), which the next query then
-            # indexes past its end and divides by (token-acceptance-rate null, measured). The dialog is made
-            # again instead.
+        # Genie 1.21's spd reset clears its per-length acceptance counts to an empty vector (qualla
+        # dialogs/spec-dec.cpp SpecDecDialog::reset: `_accepted_counts.clear()`), which the next query then
+        # indexes past its end and divides by (token-acceptance-rate null, measured): an spd dialog is made again
+        # instead, unless nothing ran on it since it was made. A dialog a full context left stale is made again.
+        if self.remake or (self.dialog_type == "spd" and self.used):
             st, ms, why = self.recreate()
             emit(
                 {
@@ -485,6 +500,10 @@ class Helper:
                     **({"sampler": why} if why else {}),
                 }
             )
+            self.made_again(st)
+            return
+        if self.dialog_type == "spd":
+            emit({"event": "reset", "status": SUCCESS, "recreated": False})
             return
         st = self.f["GenieDialog_reset"](self.dialog) if "GenieDialog_reset" in self.f else -1
         emit({"event": "reset", "status": st})
@@ -610,6 +629,9 @@ def main() -> int:
             if msg is None or msg.get("op") == "quit":
                 return 0
             if msg.get("op") == "query":
+                if h.remake:  # a full context left the dialog stale and no reset came between
+                    h.made_again(h.recreate()[0])
+                h.used = True
                 if "stop" in msg:
                     why = h.set_stop(msg.get("stop"))
                     emit({"event": "stop", "id": msg.get("id"), "applied": why is None, "message": why})

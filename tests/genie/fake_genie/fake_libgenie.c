@@ -6,6 +6,7 @@
  *   "fake-token-ms"  time per generated token (default 20)
  *   "fake-tokens"    tokens per reply when no max is set (default 12)
  *   "fake-fail-create": 1 makes GenieDialog_create fail
+ *   "fake-creates-ok": N lets the first N GenieDialog_create calls succeed and fails the rest
  * and Genie's own "max-num-tokens" (the reply budget, as genie-t2t-run takes it from the config;
  * GenieDialog_setMaxNumTokens overrides it)
  * and "fake-echo-file": "PATH" appends every query's text (then a 0x1e separator) to PATH.
@@ -39,7 +40,7 @@ enum { ACTION_ABORT = 1 };
 #define MAX_EVENTS 256
 typedef struct { int is_query; double start_us, dur_us, ttft_us, gen_us; long prompt_toks, gen_toks; } Event;
 typedef struct { Event ev[MAX_EVENTS]; int n; } Profile;
-typedef struct { long ctx, init_ms, token_ms, tokens, fail, max_num_tokens, ignore_limit, ignore_abort; char echo[512]; Profile *profile; } Config;
+typedef struct { long ctx, init_ms, token_ms, tokens, fail, creates_ok, created, max_num_tokens, ignore_limit, ignore_abort; char echo[512]; Profile *profile; } Config;
 typedef struct { Config *cfg; long n_past; unsigned max_tokens; volatile int abort; } Dialog;
 
 static double now_us(void) {
@@ -72,6 +73,7 @@ Genie_Status_t GenieDialogConfig_createFromJson(const char *str, GenieDialogConf
   c->token_ms = json_long(str, "\"fake-token-ms\"", 20);
   c->tokens = json_long(str, "\"fake-tokens\"", 12);
   c->fail = json_long(str, "\"fake-fail-create\"", 0);
+  c->creates_ok = json_long(str, "\"fake-creates-ok\"", 0); /* creates that succeed before the rest fail */
   c->max_num_tokens = json_long(str, "\"max-num-tokens\"", 0);
   c->ignore_limit = json_long(str, "\"fake-ignore-limit\"", 0); /* as Genie 1.21's lade: no token limit */
   c->ignore_abort = json_long(str, "\"fake-ignore-abort\"", 0); /* ... and no ABORT either */
@@ -110,10 +112,10 @@ Genie_Status_t GenieProfile_free(GenieProfile_Handle_t p) {
 
 Genie_Status_t GenieDialog_create(GenieDialogConfig_Handle_t c, GenieDialog_Handle_t *h) {
   if (!c || !h) return GENIE_STATUS_ERROR_INVALID_ARGUMENT;
-  const Config *cfg = (const Config *)c;
+  Config *cfg = (Config *)c;
   double t0 = now_us();
   sleep_ms(cfg->init_ms);
-  if (cfg->fail) return GENIE_STATUS_ERROR_GENERAL;
+  if (cfg->fail || (cfg->creates_ok && ++cfg->created > cfg->creates_ok)) return GENIE_STATUS_ERROR_GENERAL;
   Dialog *d = calloc(1, sizeof(Dialog));
   d->cfg = (Config *)c;
   Event e = {0, t0, now_us() - t0, 0, 0, 0, 0};
