@@ -219,14 +219,20 @@ def worker_main(
         oom = out_of_memory_in(exc)
         if oom is not None:
             device, said = oom
+            gpu = "Close other programs using the GPU (`nvidia-smi` lists them)"
+            host = "raise the WSL memory limit in %UserProfile%\\.wslconfig and run `wsl --shutdown`"
             em.error(
                 "out_of_memory",
                 f"The {stage} worker ran out of {device} memory ({said}).",
-                "Close other programs using the GPU (`nvidia-smi` lists them), or use fewer calibration samples "
-                "or more parts; then resume the run."
-                if device == "GPU"
-                else "Close other programs, use fewer calibration samples or more parts, or raise the WSL memory "
-                "limit in %UserProfile%\\.wslconfig and run `wsl --shutdown`; then resume the run.",
+                {
+                    "GPU": f"{gpu}, or use fewer calibration samples or more parts; then resume the run.",
+                    "host": f"Close other programs, use fewer calibration samples or more parts, or {host}; then "
+                    "resume the run.",
+                }.get(
+                    device,
+                    f"{gpu} and other programs, use fewer calibration samples or more parts, or {host}; then "
+                    "resume the run.",
+                ),
             )
         else:
             em.error(
@@ -250,18 +256,43 @@ def worker_main(
 # torch.OutOfMemoryError "CUDA out of memory", onnxruntime's BFC arena "Failed to allocate memory for requested
 # buffer", its CUDA provider "CUDA failure 2: out of memory" / "cudaErrorMemoryAllocation", C++ std::bad_alloc
 _OOM_TEXTS = ("out of memory", "failed to allocate memory", "cudaerrormemoryallocation", "bad_alloc")
+# what only a failure on the GPU says (not "gpu" or "cuda" alone: a path such as /home/gpu-box/... holds them)
+_GPU_TEXTS = (
+    "cuda out of memory",
+    "cuda failure",
+    "cuda error",
+    "cudaerror",
+    "cudamalloc",
+    "_status_alloc_failed",
+)
+
+
+def _cuda_in_use() -> bool:
+    """Whether this process may have allocated on the GPU: onnxruntime's CUDA provider is installed, or torch has
+    started CUDA. Read from what is loaded already: nothing is imported or started here."""
+    ort = sys.modules.get("onnxruntime")
+    torch = sys.modules.get("torch")
+    try:
+        if ort is not None and "CUDAExecutionProvider" in ort.get_available_providers():
+            return True
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:
+        return False
 
 
 def out_of_memory_in(exc: BaseException) -> tuple[str, str] | None:
-    """('GPU' or 'host', the library's words from the failed allocation on) when `exc` is a library's failed
-    allocation, else None."""
+    """('GPU', 'host' or 'GPU or host', the library's words from the failed allocation on) when `exc` is a
+    library's failed allocation, else None. onnxruntime's arena says the same words on the CPU and on the GPU: where
+    the GPU may be in use, both are named."""
     text = f"{type(exc).__name__}: {exc}"
     low = text.lower()
     at = min((i for t in _OOM_TEXTS if (i := low.find(t)) >= 0), default=-1)
     if at < 0 and type(exc).__name__ != "OutOfMemoryError":
         return None
     said = " ".join(text[max(at, 0) :].split())[:160]
-    return ("GPU" if any(t in low for t in ("cuda", "gpu", "outofmemoryerror")) else "host"), said
+    if type(exc).__name__ == "OutOfMemoryError" or any(t in low for t in _GPU_TEXTS):
+        return "GPU", said
+    return ("GPU or host" if "failed to allocate memory" in low and _cuda_in_use() else "host"), said
 
 
 def private_tmp(run_dir: Path, stage: str) -> Path | None:

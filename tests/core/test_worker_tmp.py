@@ -148,3 +148,23 @@ def test_torch_and_cuda_failed_allocations_are_named_for_the_gpu() -> None:
     ort_cuda = out_of_memory_in(RuntimeError("CUDA failure 2: out of memory ; GPU=0 ; expr=cudaMalloc"))
     assert ort_cuda is not None and ort_cuda[0] == "GPU"
     assert out_of_memory_in(RuntimeError("shape mismatch")) is None
+
+
+def test_an_arena_failure_names_the_gpu_only_where_it_may_be_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime's arena says "Failed to allocate memory" on the CPU and on the GPU alike, and was named host
+    memory on the GPU; a host failure whose text held a path like /home/gpu-box was named GPU memory."""
+    import hexstudio.workers.runtime as rt
+
+    arena = RuntimeError(
+        "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : bfc_arena.cc:376 AllocateRawInternal Failed to allocate "
+        "memory for requested buffer of size 4294967296"
+    )
+    monkeypatch.setattr(rt, "_cuda_in_use", lambda: True)
+    assert rt.out_of_memory_in(arena) == (
+        "GPU or host",
+        "Failed to allocate memory for requested buffer of size 4294967296",
+    )
+    monkeypatch.setattr(rt, "_cuda_in_use", lambda: False)
+    assert rt.out_of_memory_in(arena)[0] == "host"  # type: ignore[index]
+    path = MemoryError("std::bad_alloc while reading /home/gpu-box/cuda-models/model.onnx")
+    assert rt.out_of_memory_in(RuntimeError(str(path)))[0] == "host"  # type: ignore[index]
