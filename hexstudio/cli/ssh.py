@@ -55,8 +55,11 @@ def check_ssh_flags(args: argparse.Namespace, what: str) -> None:
     if args.auth != "key":
         return
     if not args.key_path:
+        if _config_identity_files(str(args.host)):
+            return  # the key files ~/.ssh/config names for the host, as the connection uses them
         raise CliError(
-            f"--auth key needs --key (the private key file): the {what} was not saved.",
+            f"--auth key needs --key (the private key file), and ~/.ssh/config names no IdentityFile for "
+            f"{args.host}: the {what} was not saved.",
             "Give --key ~/.ssh/id_ed25519, or use --auth agent (ssh-agent) or --auth ssh_config.",
             exit_code=EXIT_USAGE,
         )
@@ -67,6 +70,17 @@ def check_ssh_flags(args: argparse.Namespace, what: str) -> None:
             f"{what} with `ssh-copy-id`.",
             exit_code=EXIT_USAGE,
         )
+
+
+def _config_identity_files(host: str) -> list[str]:
+    """The IdentityFile entries ~/.ssh/config gives `host` (what key auth without a key_path connects with)."""
+    from hexstudio.core.device.connect import resolve
+    from hexstudio.shared.errors import ActionableError
+
+    try:
+        return list(resolve({"host": host, "auth": "key"})["identity_files"])
+    except ActionableError:  # ~/.ssh/config cannot be read: the connection would say so too
+        return []
 
 
 def read_password(prompt: str, from_stdin: bool) -> str:

@@ -19,7 +19,7 @@ from hexstudio.core.remote.hosts import (
 )
 from hexstudio.core.remote.sync import install_workers
 from hexstudio.core.secrets import delete_secret, set_secret, worker_password_key
-from hexstudio.core.settings import Settings, SettingsError, check_board_name
+from hexstudio.core.settings import Settings, SettingsError, check_machine_name
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -124,16 +124,10 @@ def cmd_add(args: argparse.Namespace) -> int:
             exit_code=EXIT_USAGE,
         )
     try:
-        # the board names' rule: the name goes into settings, keyring entries and file names
-        check_board_name(args.name)
+        # the name goes into settings, keyring entries and file names
+        check_machine_name(args.name, "worker host", "gpu-box")
     except SettingsError as exc:
-        raise CliError(
-            exc.message.replace("board name", "worker host name").replace(
-                "for the board", "for the worker host"
-            ),
-            "Pick another name, e.g. gpu-box.",
-            exit_code=EXIT_USAGE,
-        ) from None
+        raise CliError(exc.message, exc.hint, exit_code=EXIT_USAGE) from None
     ssh.check_ssh_flags(args, "worker host")
     s = Settings.load()
     worker_hosts(s)[args.name] = ssh.ssh_config_from(args, python=args.python, root=args.root)

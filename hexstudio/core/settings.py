@@ -153,15 +153,21 @@ def check_settings_shape(raw: Any, path: Path) -> None:
 BOARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-def check_board_name(name: object) -> str:
-    """A board's name as HexStudio uses it (settings, keyring entries, file names, the CLI): 1-64 letters,
-    digits, '.', '_' or '-', starting with a letter or digit; not "sim" (the simulator board)."""
+def check_machine_name(name: object, what: str = "board", example: str = "evk-lab2") -> str:
+    """The name of a machine HexStudio reaches (`what`: a board, a worker host) as it goes into settings, keyring
+    entries and file names: 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."""
     if not isinstance(name, str) or not BOARD_NAME.match(name):
         raise SettingsError(
-            f"The board name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit (e.g. evk-lab2).",
-            "Pick another name for the board.",
+            f"The {what} name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit (e.g. {example}).",
+            f"Pick another name for the {what}.",
         )
+    return name
+
+
+def check_board_name(name: object) -> str:
+    """A board's name (check_machine_name), and not "sim" (the simulator board)."""
+    name = check_machine_name(name)
     if name == "sim":
         raise SettingsError(
             "The board name 'sim' is the simulator board's.", "Pick another name for the board."

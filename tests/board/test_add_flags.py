@@ -1,0 +1,37 @@
+"""`hexstudio board add` / `worker add`: what the flags must say before a machine is saved. Key auth without
+--key was refused, though the connection uses the IdentityFile ~/.ssh/config names for the host; and a worker
+host could not be named "sim", with a board's reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hexstudio.core.settings import Settings
+from tests.support.cli import python_m_hexstudio
+
+
+def test_key_auth_takes_the_identity_file_from_ssh_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir(mode=0o700)
+    (ssh / "lab_key").write_text("not a real key: never read here (--no-connect)\n")
+    (ssh / "config").write_text("Host evk9\n  HostName 10.0.0.9\n  IdentityFile ~/.ssh/lab_key\n")
+    r = python_m_hexstudio("board", "add", "evk9", "--host", "evk9", "--no-connect")
+    assert r.returncode == 0, r.stderr
+    assert Settings.load().boards["evk9"]["auth"] == "key"
+    # a host ~/.ssh/config names no key for is still refused, saying where a key could come from
+    r = python_m_hexstudio("board", "add", "evk10", "--host", "10.0.0.10", "--no-connect")
+    assert r.returncode == 2 and "names no IdentityFile for 10.0.0.10" in r.stderr, r.stderr
+    assert "evk10" not in Settings.load().boards
+
+
+def test_a_worker_host_may_be_named_sim() -> None:
+    r = python_m_hexstudio("worker", "add", "sim", "--host", "gpu-box", "--auth", "agent", "--no-connect")
+    assert r.returncode == 0 and "worker host sim saved" in r.stdout, r.stderr
+    r = python_m_hexstudio("worker", "add", "a b", "--host", "gpu-box", "--auth", "agent", "--no-connect")
+    assert r.returncode == 2 and "The worker host name 'a b' is not allowed" in r.stderr, r.stderr
+    assert "Pick another name for the worker host" in r.stderr
