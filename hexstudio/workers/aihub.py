@@ -714,7 +714,9 @@ class _HubCompile:
             return None
         import qai_hub as hub
 
-        known = {r["job_id"] for r in self.store.jobs.values()}
+        # the jobs this run has recorded, the failed ones too: a job that failed was made by an earlier submit
+        # of the same inputs, and is no answer to this one
+        known = {r["job_id"] for r in (*self.store.jobs.values(), *self.store.failed)}
         since = float(sent["t"]) - CLOCK_SKEW_S
         what = str(sent["what"])
         try:

@@ -660,3 +660,30 @@ def test_a_job_ai_hub_never_finishes_ends_the_wait_and_resumes(
     assert (
         aihub.JobStore(tmp_path / JOBS_FILE, "inputs").jobs["compile:g"]["job_id"] == "jX"
     )  # kept for resume
+
+
+def test_a_lost_submit_is_never_matched_to_a_job_that_failed(tmp_path: Path) -> None:
+    """A compile job failed and its resubmit's answer was lost before AI Hub took it. The lookup for the job the
+    lost submit made took the failed one (same name, same inputs, inside the clock-skew window): the resume then
+    waited on a job that had failed already, and failed again."""
+    import io
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from hexstudio.shared.protocol import Emitter
+    from hexstudio.workers.aihub import JobStore, _HubCompile
+
+    store = JobStore(tmp_path / JOBS_FILE, "key")
+    store.failed.append({"job_id": "jfailed", "what": "g1", "state": "FAILED", "reason": "Op not supported"})
+    store.submitting["compile:g1"] = {"what": "g1", "inputs": ["m1"], "t": time.time()}
+    failed = SimpleNamespace(job_id="jfailed", name="g1", date=datetime.now(timezone.utc))
+    client = SimpleNamespace(
+        get_job_summaries=lambda **kw: [failed] if kw["offset"] == 0 else [],
+        get_job=lambda job_id: SimpleNamespace(job_id=job_id, model=SimpleNamespace(model_id="m1")),
+    )
+    hc = _HubCompile(client, None, store, Emitter(io.StringIO()), "http://hub", "http://hub", 1.0, tmp_path)
+    assert hc._unanswered("compile:g1", "compile", ["m1"]) is None
+    # a job the lost submit did make is found
+    made = SimpleNamespace(job_id="jnew", name="g1", date=datetime.now(timezone.utc))
+    client.get_job_summaries = lambda **kw: [made, failed] if kw["offset"] == 0 else []
+    assert hc._unanswered("compile:g1", "compile", ["m1"]).job_id == "jnew"
