@@ -19,7 +19,8 @@ find_python310() {
              /usr/bin/python3.10 /usr/local/bin/python3.10; do
         [ -n "$c" ] || continue
         # a pyenv shim exists but fails when 3.10 is not selected: run it to know
-        if "$c" -c 'import sys, venv; sys.exit(0 if sys.version_info[:2] == (3, 10) else 1)' >/dev/null 2>&1; then
+        # ensurepip too: Debian's python3.10 without python3.10-venv makes a venv without pip, and fails
+        if "$c" -c 'import sys, venv, ensurepip; sys.exit(0 if sys.version_info[:2] == (3, 10) else 1)' >/dev/null 2>&1; then
             "$c" -c 'import sys; print(sys.executable)'; return 0
         fi
     done
@@ -37,11 +38,15 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python"
     exit 0
 fi
 
-py=$(find_python310) || { echo "cannot set up the validated-recipe tier: no Python 3.10 found (set PYTHON310=/path/to/python3.10)" >&2; exit 3; }
+py=$(find_python310) || { echo "cannot set up the validated-recipe tier: no Python 3.10 with venv found (install python3.10 and python3.10-venv, or set PYTHON310=/path/to/python3.10)" >&2; exit 3; }
 echo "==> validated-recipe environment in $venv (Python: $py)"
 rm -rf "$venv"
-"$py" -m venv "$venv"
-pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+"$py" -m venv "$venv" || { echo "cannot set up the validated-recipe tier: $py could not make a venv (install python3.10-venv)" >&2; rm -rf "$venv"; exit 3; }
+# pip's messages, to tell "the wheels cannot be had here" (a skip, exit 3) from a real failure (exit 1)
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+pip=(pip_logged "$venv/bin/python" -m pip --disable-pip-version-check -q)
+pip_logged() { "$@" 2>>"$log"; }
 
 # the recipe's pins minus torch/torchvision (CUDA builds) and onnxruntime-gpu (a GPU), plus the CPU onnxruntime
 cons="$venv/constraints.txt"
@@ -49,12 +54,30 @@ grep -v -E '^(torch|torchvision|onnxruntime-gpu)==' "$recipe" > "$cons"
 echo "onnxruntime==1.23.2" >> "$cons"
 
 t0=$(date +%s)
-fail() { echo "cannot set up the validated-recipe tier: $1 (pip could not get the wheels: offline, or no local copy under pip's find-links/index)" >&2; rm -rf "$venv"; exit 3; }
-echo "==> [1/3] torch 2.13.0 (a local CPU wheel when pip's find-links/index has one for cp310)"
-# --no-deps: the CUDA build from PyPI runs on the CPU without its ~3 GB of nvidia libraries when
-# they are not loadable... but it links them; try lean first, then with its dependencies
-if ! "${pip[@]}" install --no-deps "torch==2.13.0" || ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
-    "${pip[@]}" install "torch==2.13.0" || fail "torch 2.13.0 for Python 3.10"
+fail() {
+    rm -rf "$venv"
+    if grep -qiE "no matching distribution|could not find a version|failed to establish a new connection|name resolution|network is unreachable|connection refused|timed out" "$log"; then
+        echo "cannot set up the validated-recipe tier: $1 (pip could not get the wheels: offline, or no local copy under pip's find-links/index); pip said:" >&2
+        tail -n 3 "$log" >&2
+        exit 3
+    fi
+    echo "error: setting up the validated-recipe tier failed at $1; pip said:" >&2
+    tail -n 20 "$log" >&2
+    exit 1
+}
+TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+echo "==> [1/3] torch 2.13.0 for CPU: a local wheel (pip's find-links), else PyTorch's CPU index"
+if "$venv/bin/python" -m pip -q install --no-index --no-deps "torch==2.13.0" 2>/dev/null; then
+    :
+elif "$venv/bin/python" -m pip -q install --retries 1 --timeout 20 --no-deps --index-url "$TORCH_CPU_INDEX" "torch==2.13.0" 2>/dev/null; then
+    :
+else
+    # PyPI's Linux torch is the CUDA build: it runs on the CPU without its ~3 GB of nvidia libraries when they are
+    # not loadable... but it links them; lean first, then with its dependencies
+    echo "    no local CPU wheel and PyTorch's CPU index cannot be reached: pip's configured index"
+    if ! "${pip[@]}" install --no-deps "torch==2.13.0" || ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
+        "${pip[@]}" install "torch==2.13.0" || fail "torch 2.13.0 for Python 3.10"
+    fi
 fi
 "${pip[@]}" install filelock "typing-extensions>=4.10" sympy networkx jinja2 fsspec || fail "torch's dependencies"
 echo "==> [2/3] aimet-onnx 2.26.0 without its onnx2torch/torchvision dependency, onnx 1.18, onnxruntime 1.23.2, transformers 4.45"

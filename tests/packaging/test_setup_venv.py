@@ -39,3 +39,53 @@ def test_a_venv_left_without_pip_is_made_again_and_a_failed_creation_says_what_t
     assert r.returncode == 1
     assert "has no pip" in r.stdout and "apt-get install python3-venv" in r.stderr, (r.stdout, r.stderr)
     assert not venv.exists()  # the next run starts clean
+
+
+def test_a_venv_that_does_not_run_from_here_is_made_again(tmp_path: Path) -> None:
+    """A checkout moved elsewhere (or a Python removed) left .venv's scripts naming a place that is gone: every
+    `./dev` command exited 127, and nothing made the venv again."""
+    venv = tmp_path / ".venv"
+    _fake(venv / "bin" / "python", "exit 0")  # runs, and has pip
+    (venv / "bin" / "pip").write_text("#!/old/checkout/.venv/bin/python\n")
+    py = tmp_path / "python3"
+    _fake(py, 'echo "ensurepip is not available" >&2; exit 1')
+    r = subprocess.run(
+        ["bash", str(ROOT / "packaging" / "setup-venv.sh"), str(venv)],
+        env={**os.environ, "PYTHON": str(py)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "does not run from here" in r.stdout, (r.stdout, r.stderr)
+    assert r.returncode == 1 and not venv.exists()  # made again (here the fake Python cannot), never trusted
+
+
+def _validated_setup(tmp_path: Path, pip_error: str) -> subprocess.CompletedProcess[str]:
+    """setup-validated-venv.sh with a Python 3.10 whose venv's pip fails with `pip_error`."""
+    venv_py = tmp_path / "venv-python"
+    _fake(venv_py, f'echo "{pip_error}" >&2; exit 1')
+    py310 = tmp_path / "python3.10"
+    _fake(
+        py310,
+        'if [ "$1" = -c ]; then case "$2" in *print*) echo "$0";; esac; exit 0; fi\n'
+        f'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin"; cp {venv_py} "$3/bin/python"; exit 0; fi\n'
+        "exit 1",
+    )
+    return subprocess.run(
+        ["bash", str(ROOT / "packaging" / "setup-validated-venv.sh"), str(tmp_path / "v")],
+        env={**os.environ, "PYTHON310": str(py310), "TORCH_CPU_INDEX": "http://127.0.0.1:9/"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_validated_tier_skips_only_when_the_wheels_cannot_be_had(tmp_path: Path) -> None:
+    """Every pip failure in setting up the validated tier was "cannot be installed here" (exit 3, the tier
+    skipped, CI green): a broken pin or a dependency conflict hid the tier for good."""
+    offline = _validated_setup(tmp_path / "a", "ERROR: No matching distribution found for torch==2.13.0")
+    assert offline.returncode == 3 and "pip could not get the wheels" in offline.stderr, offline.stderr
+    broken = _validated_setup(tmp_path / "b", "ERROR: ResolutionImpossible: conflicting dependencies")
+    assert broken.returncode == 1, (broken.returncode, broken.stderr)
+    assert "failed at torch 2.13.0" in broken.stderr and "ResolutionImpossible" in broken.stderr
+    assert not (tmp_path / "b" / "v").exists()
