@@ -59,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `--workspace` after the command gives it; a command that takes no --workspace still reads it
         os.environ["HEXSTUDIO_WORKSPACE"] = args[1]
         args = args[2:]
-    if not args or args[0] in ("gui", "--workspace"):
+    # the window's own flags alone (GUI_HELP: `hexstudio [gui] [--workspace FOLDER] [--startup-check]`) open it
+    if not args or args[0] in ("gui", "--workspace", "--startup-check"):
         from hexstudio.ui.launch import launch_gui
 
         return launch_gui(args[1:] if args[:1] == ["gui"] else args)

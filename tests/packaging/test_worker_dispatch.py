@@ -210,3 +210,17 @@ def test_pyinstaller_spec_names_files_that_exist() -> None:
     assert (
         'collect_submodules("hexstudio.workers")' in text
     )  # workers are started by name: all must be bundled
+
+
+def test_the_windows_own_flags_open_the_window_without_gui(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hexstudio --startup-check`, as the window's help writes it (`hexstudio [gui] ... [--startup-check]`),
+    reached the CLI, which refused the flag."""
+    import hexstudio.ui.launch as launch
+    from hexstudio.__main__ import main
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(launch, "launch_gui", lambda argv: seen.append(list(argv)) or 0)
+    assert main(["--startup-check"]) == 0
+    assert main(["--workspace", "/tmp/ws", "--startup-check"]) == 0
+    assert main(["gui", "--help"]) == 0
+    assert seen == [["--startup-check"], ["--workspace", "/tmp/ws", "--startup-check"], ["--help"]]
