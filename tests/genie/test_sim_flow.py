@@ -82,6 +82,24 @@ def test_hostile_prompt_arrives_verbatim_and_runs_nothing(chat_run: Path, tmp_pa
     assert res.kpis is not None and res.kpis.source == "simulated"
 
 
+def test_a_turn_that_fails_midway_leaves_no_prompt_on_the_board(chat_run: Path) -> None:
+    """The per-turn prompt file (the whole conversation) and the profile were removed only when the turn ended
+    normally: an error in the middle of the reply (here the caller's own chunk handler) or a cancel left the
+    conversation in the bundle folder of a shared board."""
+    board = sim_board(chat_run.parent.parent)
+    bundle_dir = json.loads((chat_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
+    runs = Path(bundle_dir, ".hexstudio-runs")
+
+    def boom(_c: Chunk) -> None:
+        raise RuntimeError("the caller failed on the first chunk")
+
+    with pytest.raises(RuntimeError, match="first chunk"):
+        asyncio.run(
+            run_query(board, bundle_dir, "Question: What is 2+2? Answer:", on_chunk=boom, max_tokens=8)
+        )
+    assert not list(runs.glob("prompt-*.txt")) and not list(runs.glob("profile-*.json"))
+
+
 def test_stop_aborts_a_reply_midway(chat_run: Path) -> None:
     board = sim_board(chat_run.parent.parent)
     bundle_dir = json.loads((chat_run / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hexstudio.core.device.board import Board, on_this_machine, python_env
+from hexstudio.core.device.transport import RemoteProcess
 from hexstudio.core.genie.profile import Kpis, ProfileError, kpis_from_block, parse_profile
 from hexstudio.core.genie.transcript import Transcript, TranscriptParser
 from hexstudio.shared.errors import ActionableError
@@ -163,63 +164,74 @@ async def run_query(
     prompt_file = posixpath.join(work, f"prompt-{rid}.txt")
     profile_file = posixpath.join(work, f"profile-{rid}.json")
     await ensure_dir(board, work)
-    await t.write_bytes(prompt_file, prompt.encode("utf-8"))
-    if max_tokens:
-        config = await budget_config(board, bundle_dir, config, int(max_tokens))
-    t0 = time.monotonic()
-    proc = await t.start(
-        genie_argv(board, prompt_file, profile_file, config),
-        cwd=bundle_dir,
-        # this machine's simulator finds its modules by PYTHONPATH; a remote host's environment is its own
-        env=python_env() if board.simulated and on_this_machine(board) else None,
-    )
-    parser = TranscriptParser(prompt)  # its echo is skipped exactly, whatever it holds
-    dec = codecs.getincrementaldecoder("utf-8")("replace")
-    chunks: list[Chunk] = []
-    err_parts: list[bytes] = []
-    counter = ChunkTokenCounter(count_tokens) if count_tokens is not None else None
+    proc: RemoteProcess | None = None
+    finished = False
+    try:
+        await t.write_bytes(prompt_file, prompt.encode("utf-8"))
+        if max_tokens:
+            config = await budget_config(board, bundle_dir, config, int(max_tokens))
+        t0 = time.monotonic()
+        proc = await t.start(
+            genie_argv(board, prompt_file, profile_file, config),
+            cwd=bundle_dir,
+            # this machine's simulator finds its modules by PYTHONPATH; a remote host's environment is its own
+            env=python_env() if board.simulated and on_this_machine(board) else None,
+        )
+        parser = TranscriptParser(prompt)  # its echo is skipped exactly, whatever it holds
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        chunks: list[Chunk] = []
+        err_parts: list[bytes] = []
+        counter = ChunkTokenCounter(count_tokens) if count_tokens is not None else None
 
-    async def read_err() -> None:
-        while data := await proc.read_stderr():
-            err_parts.append(data)
+        async def read_err() -> None:
+            while data := await proc.read_stderr():
+                err_parts.append(data)
 
-    async def read_out() -> None:
-        while data := await proc.read_stdout():
-            text = parser.feed(dec.decode(data))
-            if text:
-                c = Chunk(time.monotonic() - t0, text, tokens=counter(text) if counter is not None else None)
-                chunks.append(c)
-                if on_chunk is not None:
-                    on_chunk(c)
+        async def read_out() -> None:
+            while data := await proc.read_stdout():
+                text = parser.feed(dec.decode(data))
+                if text:
+                    c = Chunk(
+                        time.monotonic() - t0, text, tokens=counter(text) if counter is not None else None
+                    )
+                    chunks.append(c)
+                    if on_chunk is not None:
+                        on_chunk(c)
 
-    readers: asyncio.Future[Any] = asyncio.gather(read_out(), read_err())
-    stopped = False
-    if stop is not None:
-        stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait({readers, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        if stop_wait in done and not readers.done():
-            stopped = True
-            await proc.terminate()
-        stop_wait.cancel()
-    await readers
-    rc = await proc.wait()
-    tr = parser.finish(rc)
-    if stopped:
-        tr.state = "aborted"
-    kpis = None
-    error = None
-    profile = None
-    if await t.exists(profile_file):
-        raw = (await t.read_bytes(profile_file)).decode("utf-8")
-        try:
-            kpis = parse_profile(raw)
-            profile = json.loads(raw)
-        except ProfileError as exc:
-            error = str(exc)
-    # the user's prompt (per turn: the whole conversation) and the profile do not stay on a shared board
-    # (a link lost now is the next turn's to report: this reply is complete)
-    with contextlib.suppress(OSError, ActionableError):
-        await t.run(["rm", "-f", "--", prompt_file, profile_file], timeout=30)
+        readers: asyncio.Future[Any] = asyncio.gather(read_out(), read_err())
+        stopped = False
+        if stop is not None:
+            stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait({readers, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if stop_wait in done and not readers.done():
+                stopped = True
+                await proc.terminate()
+            stop_wait.cancel()
+        await readers
+        rc = await proc.wait()
+        finished = True
+        tr = parser.finish(rc)
+        if stopped:
+            tr.state = "aborted"
+        kpis = None
+        error = None
+        profile = None
+        if await t.exists(profile_file):
+            raw = (await t.read_bytes(profile_file)).decode("utf-8")
+            try:
+                kpis = parse_profile(raw)
+                profile = json.loads(raw)
+            except ProfileError as exc:
+                error = str(exc)
+    finally:
+        if proc is not None and not finished:
+            # the turn ended by an error or a cancel while genie-t2t-run still ran: it is not left running
+            with contextlib.suppress(OSError, ActionableError):
+                await proc.terminate()
+        # the user's prompt (per turn: the whole conversation) and the profile do not stay on a shared board,
+        # whatever ended the turn (a link lost now is the next turn's to report: this reply is complete)
+        with contextlib.suppress(OSError, ActionableError):
+            await t.run(["rm", "-f", "--", prompt_file, profile_file], timeout=30)
     if kpis is None and error is None:
         kpis = kpis_from_block(tr.kpis_block, tr.simulated)  # an older QAIRT prints [KPIS]: instead
     stderr = b"".join(err_parts).decode("utf-8", "replace")
