@@ -16,6 +16,7 @@ from hexstudio.cli.common import (
     set_action,
     workspace_from,
 )
+from hexstudio.core.eval.compare import scores_not_current
 from hexstudio.core.eval.suites import (
     DEFAULT_SUITES,
     SHIPPED_DIR,
@@ -24,6 +25,7 @@ from hexstudio.core.eval.suites import (
     available,
     load_suite,
 )
+from hexstudio.core.manifest import ManifestError, RunManifest
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -96,8 +98,13 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
         cells = "".join(f"{(t['legs'].get(leg) or {}).get('text', '—'):>28}" for leg in legs)
         drops = ", ".join(f"{k} {v:+.3f}" for k, v in (t.get("drops") or {}).items())
         out.append(f"{t['suite']:<24}{cells}   {drops}")
-    if doc.get("simulated"):
-        out.append("board: the SIMULATOR board (CPU, onnxruntime): simulated, not a device result")
+    if doc.get("source") == "host":
+        out.append("host only: no board leg; every score was computed on this workstation, not on a device")
+    elif doc.get("simulated"):
+        out.append(
+            "board: the SIMULATOR board (this CPU: real Genie on Qualcomm's HTP simulator, or the onnxruntime "
+            "twin): simulated, not a device result"
+        )
     return out
 
 
@@ -119,8 +126,13 @@ def cmd_show(args: argparse.Namespace) -> int:
             f"{p} is damaged ({type(exc).__name__}: {exc}).",
             f"Run the Evaluate stage again: hexstudio run --resume {d.name} --only evaluate --force",
         ) from None
+    # an attempt after these scores failed (artifacts/evaluate/ keeps the earlier one), or the run changed since
+    try:
+        why = scores_not_current(RunManifest.load(d))
+    except ManifestError as exc:
+        why = f"run.json cannot be read ({exc.message}): whether these scores are current is not known."
     if args.json:
-        print_json({"ok": True, **doc})
+        print_json({"ok": True, **doc, "current": why is None, "not_current": why})
     else:
-        print("\n".join(lines))
+        print("\n".join(([f"NOT CURRENT: {why}", ""] if why else []) + lines))
     return 0

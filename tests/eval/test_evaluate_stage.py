@@ -176,6 +176,9 @@ def test_parity_with_nothing_to_compare_is_not_measured_not_perfect(
     gate = st.data["gate"]
     assert gate["passed"] and "greedy parity not measured" in gate["reason"], gate
     assert "0/0" not in gate["reason"], gate
+    # nor does the table (evaluate.json, eval show, the report, the page) say "0/0" for it
+    doc = json.loads((run_dir / "artifacts" / "evaluate" / "evaluate.json").read_text())
+    assert doc["suites"][0]["legs"]["board"]["text"] == "not measured (no host reference)", doc["suites"][0]
     (warning,) = [e for e in seen if e.get("type") == "warning" and e.get("code") == "parity_not_measured"]
     assert "eval_legs" in warning["hint"]
 
@@ -234,3 +237,55 @@ def test_a_runner_that_simulates_labels_the_board_leg_simulated(
     doc = _evaluate(run_dir, {"eval_legs": ["board"], "eval_suites": ["instruction_following"]})
     assert doc["board_session"]["simulated"] is True
     assert doc["source"] == "simulated" and "SIMULATED" in doc["leg_titles"]["board"], doc["leg_titles"]
+
+
+def test_host_only_scores_are_labelled_host_and_an_earlier_attempts_not_current(
+    twin_workspace: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], qtbot: Any
+) -> None:
+    """Two faults. Scores of the float and simulation legs alone, on a run whose board is a device, were
+    labelled "device" (a green device badge over host-only columns). And after a later Evaluate attempt failed,
+    `eval show` and the Evaluate page's Compare showed the earlier attempt's scores as current (the failed
+    attempt leaves artifacts/evaluate/ in place), where the run report leaves them out."""
+    from hexstudio.cli.main import main as cli
+    from hexstudio.core.eval.compare import compare_runs
+    from tests.support.sim_runs import copy_run
+
+    _, twin_run = twin_workspace
+    run_dir = copy_run(twin_run, tmp_path)
+    board_json = run_dir / "artifacts" / "board" / "board.json"
+    board_json.write_text(json.dumps({**json.loads(board_json.read_text()), "simulated": False}))
+    doc = _evaluate(run_dir, {"eval_legs": ["float", "sim"], "eval_suites": ["instruction_following"]})
+    assert doc["source"] == "host" and doc["simulated"] is True, (doc["source"], doc["simulated"])
+    st = Workspace(tmp_path).open_run(run_dir.name).stage("evaluate")
+    assert st.metric_value("source") == "host"
+    assert cli(["eval", "show", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "host only" in out and "NOT CURRENT" not in out, out
+    assert [r["run_id"] for r in compare_runs([run_dir])["runs"]] == [run_dir.name]
+    html = tmp_path / "report.html"
+    assert cli(["report", str(run_dir), "--format", "html", "--out", str(html)]) == 0
+    page = html.read_text()
+    assert "HOST only</span> no board leg" in page and 'class="badge device"' not in page
+    capsys.readouterr()
+
+    m = Workspace(tmp_path).open_run(run_dir.name)
+    m.settings.update({"eval_suites": ["no_such_suite"]})
+    m.save()
+    res = asyncio.run(Pipeline(m).run(only="evaluate"))
+    assert not res.ok and (run_dir / "artifacts" / "evaluate" / "evaluate.json").is_file()
+    assert cli(["eval", "show", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("NOT CURRENT: the last Evaluate attempt failed") and "earlier attempt's" in out, out
+    assert cli(["eval", "show", str(run_dir), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["current"] is False and "Run the Evaluate stage again" in shown["not_current"]
+    assert compare_runs([run_dir])["runs"] == []
+    # the Evaluate page says it above the scores, beside "Host only"
+    from tests.gui.conftest import studio_window
+
+    c, w = studio_window(qtbot, tmp_path)
+    c.open_run(run_dir.name)
+    page = w.pages["evaluate"]
+    page.refresh_results()
+    label = page.source_label.text()
+    assert "Not current:</b> the last Evaluate attempt failed" in label and "Host only" in label, label

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.core.eval.scoring import LEGS
+from hexstudio.core.manifest import ManifestError, RunManifest
+from hexstudio.core.status import stage_status
 
 KPI_ROWS = (
     ("gen_tok_s", "generation tok/s", "tok/s"),
@@ -27,9 +29,42 @@ def _read(p: Path) -> dict[str, Any] | None:
         return None
 
 
+def scores_not_current(m: RunManifest) -> str | None:
+    """Why artifacts/evaluate/ does not hold the Evaluate stage's current result, in a sentence that says what to
+    do; None when it does. A failed or stopped attempt leaves the earlier attempt's evaluate.json in place, and a
+    run changed since (another bundle pushed, other settings) makes it describe the run as it was."""
+    st = stage_status(m, "evaluate")
+    key = st.kind.key
+    if key in ("failed", "cancelled", "interrupted"):
+        return (
+            f"the last Evaluate attempt {st.kind.word} ({st.detail}): these scores are an earlier attempt's. "
+            "Run the Evaluate stage again for current ones."
+        )
+    if key in ("pending", "running"):
+        return (
+            "the Evaluate stage has not finished its latest attempt: these scores are an earlier attempt's."
+        )
+    if key == "stale":
+        return (
+            "the run changed after the Evaluate stage ran: these scores describe the run as it was. Run the "
+            "Evaluate stage again for current ones."
+        )
+    return None
+
+
+def _manifest(run_dir: Path) -> RunManifest | None:
+    try:
+        return RunManifest.load(run_dir)
+    except (OSError, ValueError, ManifestError):
+        return None
+
+
 def run_summary(run_dir: Path) -> dict[str, Any] | None:
-    """A run's evaluation and chat KPIs, or None when it has neither."""
-    ev = _read(run_dir / "artifacts" / "evaluate" / "evaluate.json")
+    """A run's evaluation and chat KPIs, or None when it has neither. An evaluation that is not the stage's current
+    result (scores_not_current) is left out, as the run report leaves it out."""
+    m = _manifest(run_dir)
+    current = m is not None and scores_not_current(m) is None
+    ev = _read(run_dir / "artifacts" / "evaluate" / "evaluate.json") if current else None
     ch = _read(run_dir / "artifacts" / "chat" / "chat.json")
     if ev is None and ch is None:
         return None

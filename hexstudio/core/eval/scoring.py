@@ -167,7 +167,8 @@ def suite_scores(
                 "exact_cases": exact,
                 "cases": len(done),
                 "of": len(cases),
-                "text": f"{m}/{n}",
+                # no host reference to compare with (no sim leg, no tokenizer): not measured, never "0/0"
+                "text": f"{m}/{n}" if n else "not measured (no host reference)",
             }
         else:
             correct = sum(1 for r in done if (r.get("score") or {}).get("correct"))

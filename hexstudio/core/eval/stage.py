@@ -507,7 +507,9 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     progress = Progress(ctx, all_runs)
     encode = _token_ids(ctx.upstream["compile"] / "bundle" if "compile" in ctx.upstream else None)
     board_info: dict[str, Any] = {}
-    source = "simulated" if board_doc.get("simulated") else "device"
+    # without a board leg every score is this workstation's (float, and its quantization simulation): "host",
+    # never a device result, whatever board the run names
+    source = ("simulated" if board_doc.get("simulated") else "device") if "board" in legs else "host"
     # A real board is another machine: its leg runs beside the host's from the start. On this machine the host's
     # float and simulation legs (onnxruntime on every core it is given) go first, then the legs that each keep
     # one core busy run side by side: the host's HTP leg and a simulator board's Genie (on 2 cores, 4 threads
@@ -619,7 +621,7 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
         "evaluate_version": EVAL_VERSION,
         "board": board_doc.get("board"),
         "source": source,
-        "simulated": source == "simulated",
+        "simulated": source != "device",
         "legs": legs,
         "leg_titles": {
             **LEG_TITLES,

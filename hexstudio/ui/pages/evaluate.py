@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from hexstudio.core.eval.compare import compare_runs
+from hexstudio.core.eval.compare import compare_runs, scores_not_current
 from hexstudio.core.eval.scoring import LEGS
 from hexstudio.core.eval.suites import DEFAULT_SUITES, SuiteError, add_suite, available, load_suite
 from hexstudio.core.runs import RunBusy, Workspace
@@ -185,6 +185,15 @@ class EvaluatePage(StagePage):
             self.add_file(Path(path))
 
     # -- results -------------------------------------------------------------------------------
+    def _earlier_attempt(self, warn: str) -> str:
+        """What to say before the scores when they are not the stage's current result: an attempt after them
+        failed or stopped (artifacts/evaluate/ still holds the earlier one), or the run changed since."""
+        m = self.c.manifest
+        if m is None:
+            return ""
+        why = scores_not_current(m)
+        return f"{warn}<b>Not current:</b> {why}</span><br>" if why else ""
+
     def refresh_results(self) -> None:
         self._load_suites()
         doc = self.artifact_json("evaluate.json")
@@ -194,15 +203,22 @@ class EvaluatePage(StagePage):
             self.source_label.setText("Run the Evaluate stage to score the suites on each leg.")
             _fill(self.scores, [])
         else:
-            sim = doc.get("simulated")
-            self.source_label.setText(
-                (
-                    f"<span style='color:{STATE_COLORS['stale']}'><b>SIMULATED board</b>: the board column comes from "
-                    "the simulator board on this CPU (real Genie on Qualcomm's HTP simulator, or the onnxruntime "
-                    "twin), not a device.</span> "
-                    if sim
-                    else "<b>Board: device.</b> "
+            warn = f"<span style='color:{STATE_COLORS['stale']}'>"
+            if doc.get("source") == "host":
+                where = (
+                    f"{warn}<b>Host only</b>: no board leg; every score was computed on this workstation (the "
+                    "float model and its quantization simulation), not on a device.</span> "
                 )
+            elif doc.get("simulated"):
+                where = (
+                    f"{warn}<b>SIMULATED board</b>: the board column comes from the simulator board on this CPU "
+                    "(real Genie on Qualcomm's HTP simulator, or the onnxruntime twin), not a device.</span> "
+                )
+            else:
+                where = "<b>Board: device.</b> "
+            self.source_label.setText(
+                self._earlier_attempt(warn)
+                + where
                 + f"Prompts: {doc.get('prompt_format')}; tool calls read in the {doc.get('tool_format')} format."
             )
             rows, colors = [], []
