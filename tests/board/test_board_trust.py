@@ -139,3 +139,29 @@ def test_a_chat_session_on_a_pushed_run_resends_what_changed(tmp_path: Path) -> 
     said.clear()
     asyncio.run(session())  # as pushed now: nothing to say, nothing sent
     assert not any("changed on" in s for s in said), said
+
+
+def test_a_runs_bundle_given_with_bundle_goes_under_its_run_id(tmp_path: Path) -> None:
+    """`hexstudio chat --bundle RUN/artifacts/compile/bundle` pushed it to a folder named "bundle": the whole
+    bundle sent again beside the Board stage's copy (under the run id), and every run's bundle into that one
+    folder, over another run's files while a `serve` of it ran."""
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.services.chat_target import chat_target
+    from hexstudio.core.settings import Settings
+
+    ws = tmp_path / "ws"
+    run_dir = ws / "runs" / "20261127-000000-tiny-llama-0000"
+    local = sim_bundle(run_dir / "artifacts" / "compile" / "bundle")
+    board = sim_board(ws)
+    pushed = Path(asyncio.run(push_bundle(board, local, default_remote_name(local))).remote_dir)
+    said: list[str] = []
+
+    async def session() -> str:
+        t = await chat_target(
+            Workspace(ws), Settings.load(), run_dir=None, board="sim", bundle=str(local), say=said.append
+        )
+        await t.board.transport.close()
+        return t.remote_bundle
+
+    assert Path(asyncio.run(session())) == pushed and pushed.name == run_dir.name
+    assert not (pushed.parent / "bundle").exists()

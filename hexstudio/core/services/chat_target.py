@@ -16,6 +16,7 @@ from typing import Any
 
 from hexstudio.core.device.board import Board, open_board
 from hexstudio.core.device.push import push_bundle, recheck_pushed
+from hexstudio.core.device.verify import default_remote_name
 from hexstudio.core.runs import Workspace
 from hexstudio.core.services import ServiceError
 from hexstudio.core.settings import Settings
@@ -105,7 +106,10 @@ async def chat_target(
     if local is not None:
         bundle_doc = json.loads((local / "bundle.json").read_text(encoding="utf-8"))
         say(f"pushing {local} to {target_board.label} (unchanged files are skipped)")
-        pr = await push_bundle(target_board, local, run_dir.name if run_dir is not None else local.name)
+        # a run's bundle goes under its run id, as the Board stage and `board push` put it (a folder given with
+        # --bundle by its own name, a run's compiled bundle by its run's): never all into one folder "bundle"
+        as_name = run_dir.name if not bundle and run_dir is not None else default_remote_name(local)
+        pr = await push_bundle(target_board, local, as_name)
         remote = pr.remote_dir
     assert remote is not None
     if not bundle_doc:
