@@ -268,3 +268,54 @@ def test_a_command_the_board_never_answers_is_a_lost_link(monkeypatch: pytest.Mo
     with pytest.raises(tr.ConnectionLost, match=r"did not answer a command within 0\.3 s"):
         t._open_channel("true")
     assert ch.shut.is_set()
+
+
+class _ShellWithNoise:
+    """A paramiko channel whose shell's start-up writes a line to stderr before the process group's line (a
+    failing line in ~/.bashrc), then runs for ever."""
+
+    def __init__(self) -> None:
+        self.err = b"bash: /opt/tool/env.sh: No such file or directory\nHEXSTUDIO_PGID:4242\nstarted\n"
+        self.closed = False
+        self.eof_received = False
+
+    def settimeout(self, _s: float) -> None: ...
+    def recv_ready(self) -> bool:
+        return False
+
+    def recv_stderr_ready(self) -> bool:
+        return bool(self.err)
+
+    def recv_stderr(self, n: int) -> bytes:
+        got, self.err = self.err[:n], self.err[n:]
+        return got
+
+    def exit_status_ready(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_command_past_its_time_out_is_stopped_after_shell_start_up_noise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process group was read only from stderr's first line: a shell whose start-up wrote anything first
+    left a timed-out command running on the board (holding the NPU), while the message said "stopped on the
+    board"."""
+    from types import SimpleNamespace
+
+    from hexstudio.core.device.transport import SshTransport
+
+    live = SimpleNamespace(is_active=lambda: True)
+    t = SshTransport(SimpleNamespace(get_transport=lambda: live), "evk", 22, "u")
+    killed: list[int] = []
+    monkeypatch.setattr(t, "_open_channel", lambda _cmd: _ShellWithNoise())
+    monkeypatch.setattr(t, "_kill_group_sync", killed.append)
+    r = asyncio.run(t.run(["genie-t2t-run"], timeout=0.3))
+    assert r.exit_status == 124 and killed == [4242], (r, killed)
+    assert "(stopped on the board)" in r.stderr and "HEXSTUDIO_PGID" not in r.stderr
+    assert r.stderr.startswith("bash: /opt/tool/env.sh: No such file") and "started" in r.stderr
+    # a streaming command's process group, read past the same noise
+    proc = asyncio.run(t.start(["genie-t2t-run"]))
+    assert proc.pgid == 4242, proc.pgid

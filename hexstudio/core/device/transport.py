@@ -217,16 +217,24 @@ WINDOW = 64 * 1024 * 1024
 PGID_MARK = b"HEXSTUDIO_PGID:"
 
 
-def _split_pgid(err: bytes) -> tuple[int | None, str]:
-    """(the process group the command's shell wrote first on stderr, the rest of stderr as text)."""
-    if not err.startswith(PGID_MARK):
-        return None, err.decode("utf-8", "replace")
-    line, _, rest = err.partition(b"\n")
+def _pgid_line_at(err: bytes) -> int:
+    """Where the line the command's shell wrote its process group on starts (-1: not there, or not whole yet). The
+    shell's own start-up (a line of ~/.bashrc that fails, a locale warning) may write lines before it."""
+    at = 0 if err.startswith(PGID_MARK) else err.find(b"\n" + PGID_MARK) + 1
+    return at if at >= 0 and (at > 0 or err.startswith(PGID_MARK)) and b"\n" in err[at:] else -1
+
+
+def _split_pgid(err: bytes) -> tuple[int | None, bytes]:
+    """(the process group the command's shell wrote on stderr, stderr without that line)."""
+    at = _pgid_line_at(err)
+    if at < 0:
+        return None, err
+    end = err.index(b"\n", at)
     try:
-        pgid: int | None = int(line[len(PGID_MARK) :])
+        pgid: int | None = int(err[at + len(PGID_MARK) : end])
     except ValueError:
         pgid = None
-    return pgid, rest.decode("utf-8", "replace")
+    return pgid, err[:at] + err[end + 1 :]
 
 
 # SFTP write size: OpenSSH's channel packets carry 32 KiB; a 32 KiB write plus its SFTP header would
@@ -486,19 +494,27 @@ class SshTransport:
                             f"The SSH connection to {self.label} dropped while running {argv[0]}."
                         )
                     if deadline is not None and time.monotonic() > deadline:
-                        pgid, err_text = _split_pgid(bytes(err))
+                        pgid, err_rest = _split_pgid(bytes(err))
                         if pgid is not None:
                             self._kill_group_sync(pgid)
+                        stopped = (
+                            "stopped on the board"
+                            if pgid is not None
+                            else "not stopped on the board: its process group was not known; it may still run"
+                        )
                         return CommandResult(
                             124,
                             out.decode("utf-8", "replace"),
-                            err_text + f"\ntimed out after {timeout} s (stopped on the board)",
+                            err_rest.decode("utf-8", "replace")
+                            + f"\ntimed out after {timeout} s ({stopped})",
                         )
                     if not got:
                         time.sleep(0.005)
                 rc = ch.recv_exit_status()
                 return CommandResult(
-                    255 if rc == -1 else rc, out.decode("utf-8", "replace"), _split_pgid(bytes(err))[1]
+                    255 if rc == -1 else rc,
+                    out.decode("utf-8", "replace"),
+                    _split_pgid(bytes(err))[1].decode("utf-8", "replace"),
                 )
             finally:
                 ch.close()
@@ -525,18 +541,13 @@ class SshTransport:
         def go() -> SshProcess:
             ch = self._open_channel(cmd)
             buf = b""
-            while b"\n" not in buf:
+            # the process group's line, after whatever the shell's start-up wrote first (kept as stderr)
+            while _pgid_line_at(buf) < 0 and len(buf) < 65536:
                 got = ch.recv_stderr(4096)
                 if not got:
                     break
                 buf += got
-            pgid = None
-            line, _, rest = buf.partition(b"\n")
-            if line.startswith(PGID_MARK):
-                with contextlib.suppress(ValueError):
-                    pgid = int(line[len(PGID_MARK) :])
-            else:
-                rest = buf
+            pgid, rest = _split_pgid(buf)
             return SshProcess(self, ch, pgid, rest)
 
         return await asyncio.to_thread(go)
