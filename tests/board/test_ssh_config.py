@@ -384,3 +384,30 @@ def test_the_cli_asks_on_the_terminal(home: Path, srv: SshServer, tmp_path: Path
     assert "connected: ssh://" in text and "cli pass" not in text  # getpass: no echo
     assert not (home / ".ssh" / "known_hosts").exists()
     assert secrets.get_secret(secrets.key_passphrase_key(str(key.resolve()))) is None
+
+
+def test_a_symlinked_known_hosts_gets_the_key_in_its_target(tmp_path: Path) -> None:
+    """~/.ssh/known_hosts a symlink (a dotfiles manager's): the key was written to a temp file renamed over the
+    link, which became a plain file; the real file never got the key, nor any later one."""
+    import paramiko
+
+    from hexstudio.core.device.connect import save_to_user_known_hosts
+
+    target = tmp_path / "dotfiles" / "known_hosts"
+    target.parent.mkdir()
+    target.write_text(
+        "other-host ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    )
+    link = tmp_path / "ssh" / "known_hosts"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
+    key = paramiko.Ed25519Key.from_private_key_file(str(tmp_path / "k"))
+    assert save_to_user_known_hosts(link, "evk", 2222, key, hashed=False)
+    assert link.is_symlink()
+    lines = target.read_text().splitlines()
+    assert (
+        len(lines) == 2
+        and lines[0].startswith("other-host")
+        and lines[1].startswith("[evk]:2222 ssh-ed25519")
+    )

@@ -100,17 +100,22 @@ def host_entry(host: str, port: int) -> str:
 
 
 def _append_line(path: Path, line: str) -> None:
-    """Append one line to a known_hosts file (write temp + fsync + rename; mode 0600, the folder 0700 if new)."""
+    """Append one line to a known_hosts file in place (O_APPEND, as ssh adds keys; mode 0600 and the folder 0700
+    if new): a symlinked file (a dotfiles manager's) stays a link to its target, and a line ssh appends at the same
+    time is kept, where a rewrite and rename replaced the link and could drop it."""
     if not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
-    old = path.read_text() if path.exists() else ""
-    tmp = path.with_name(path.name + ".hexstudio-tmp")
-    with open(tmp, "w") as f:
-        f.write(old + ("" if not old or old.endswith("\n") else "\n") + line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        sep = b""
+        if os.fstat(fd).st_size:
+            with open(path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                sep = b"" if f.read(1) == b"\n" else b"\n"
+        os.write(fd, sep + line.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def known_hosts_line(host: str, port: int, key: Any, hashed: bool = False) -> str:
