@@ -13,7 +13,7 @@ import pytest
 
 from hexstudio.core.device.board import open_board
 from hexstudio.core.device.doctor import probe
-from hexstudio.core.device.fixes import apply_fix, plan_fix
+from hexstudio.core.device.fixes import Step, apply_fix, by_hand, plan_fix
 from tests.board.conftest import settings_with
 from tests.support.cli import python_m_hexstudio
 from tests.support.evk_board import EvkBoard
@@ -38,6 +38,13 @@ def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
         res = await apply_fix(board, plan)  # no password
         assert res.status == "manual"
         assert res.manual_commands == ["sudo groupadd --system fastrpc", "sudo usermod -aG fastrpc evk"]
+        # how to make it work next time: the sudo password stored, named with the board's own name
+        assert "`hexstudio board password nos --sudo`" in res.message, res.message
+        # a copy by hand is run on this workstation, to the board's own address (not "BOARD:")
+        t = board.transport
+        up = by_hand(Step("upload", path="/home/evk/q.tar", local=Path("/ws/q.tar")), board)
+        port = f"-P {t.port} " if t.port != 22 else ""
+        assert up == f"scp {port}/ws/q.tar {t.user}@{t.host}:/home/evk/q.tar   # on this workstation", up
         res = await apply_fix(board, plan, sudo_password=PW)  # the right password, but no sudo right
         assert res.status == "manual" and "may not use sudo" in res.message
         assert PW not in json.dumps(res.to_dict())

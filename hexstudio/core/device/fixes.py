@@ -126,6 +126,19 @@ class Step:
         return self.kind
 
 
+def by_hand(step: Step, board: Board) -> str:
+    """A step as a person runs it by hand: an upload is a copy from this workstation, to the board's own address."""
+    if step.kind != "upload":
+        return step.shown
+    t = board.transport
+    user, host, port = getattr(t, "user", None), getattr(t, "host", None), getattr(t, "port", 22)
+    where = f"{user}@{host}" if user and host else "BOARD"
+    flag = f"-P {port} " if port and port != 22 else ""
+    return (
+        f"scp {flag}{shlex.quote(str(step.local))} {where}:{shlex.quote(step.path)}   # on this workstation"
+    )
+
+
 @dataclass
 class FixPlan:
     fix_id: str
@@ -510,8 +523,9 @@ class _Runner:
             return False, "sudo is not installed on the board."
         if not self.password:
             return False, (
-                "sudo asks for a password and none was given (or this user may not use sudo). "
-                "Give the password, or run the commands as root by hand."
+                "sudo asks for a password and none was given (or this user may not use sudo). Store it with "
+                f"`hexstudio board password {self.board.name} --sudo` (or give it when the Board page asks), "
+                "or run the commands below as root by hand."
             )
         r = await self.board.transport.run(
             ["sudo", "-S", "-k", "-p", "", "--", "true"], timeout=30, stdin=self.password.encode() + b"\n"
@@ -639,7 +653,7 @@ async def apply_fix(
                 (f"{why} Run these commands on the board as an administrator, then probe again."),
             )
             # only what is still to do (the checks need no root)
-            res.manual_commands = [step.shown for step in pending if step.kind != "reconnect"]
+            res.manual_commands = [by_hand(step, board) for step in pending if step.kind != "reconnect"]
             rn.emit(res.message)
             return res
         res.password_taken = rn.sudo_mode == "password"

@@ -63,7 +63,11 @@ async def _install_qairt(
         raise StageError("qairt_install_failed", exc.message, exc.hint) from None
     if res.status == "manual":
         raise StageError(
-            "qairt_install_needs_root", res.message, "Run on the board:\n" + "\n".join(res.manual_commands)
+            "qairt_install_needs_root",
+            res.message,
+            f"Store the board's sudo password (`hexstudio board password {name} --sudo`), then run the Board "
+            "stage again. Or run these by hand as root on the board (the copy from this workstation):\n"
+            + "\n".join(res.manual_commands),
         )
     if res.status == "failed":
         raise StageError(
