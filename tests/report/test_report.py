@@ -798,3 +798,30 @@ def test_a_speculative_board_dialog_shows_its_acceptance_labeled(chatted_run: Pa
     text = re.sub(r"<[^>]+>", "", m.group(1))
     assert "1.38 tokens accepted per step" in text and "estimated from when each token arrived" in text
     assert "Genie's token-acceptance-rate" not in text
+
+
+def test_compare_sets_suite_scores_side_by_side_only_for_the_same_cases() -> None:
+    """`report compare` judged a suite's scores better or worse between runs that scored different versions of
+    the suite (`eval add --replace` between them) or different cases of it (an HTP-simulator board scores only
+    the first parity cases), with nothing under "skipped"."""
+    from hexstudio.core.reports.compare import _evaluation_rows
+
+    def report(sha: str, board_cases: int, value: float) -> dict[str, Any]:
+        legs = {
+            "sim": {"value": 0.9, "cases": 12, "of": 12},
+            "board": {"value": value, "cases": board_cases, "of": 12},
+        }
+        suites = [
+            {"suite": "mine", "scorer": "exact", "sha256": sha, "legs": legs},
+            {"suite": "greedy_parity", "scorer": "parity", "sha256": "p", "legs": legs},
+        ]
+        return {"evaluation": {"source": "simulated", "suites": suites}}
+
+    skipped: list[str] = []
+    rows, _bars = _evaluation_rows([report("a", 12, 1.0), report("b", 3, 0.8)], skipped)
+    labels = [r["label"] for r in rows]
+    assert labels == ["greedy_parity · sim"], labels
+    assert any("mine: the runs scored different versions of the suite" in s for s in skipped), skipped
+    assert any(
+        "greedy_parity · board: the runs scored different cases (12 of 12, 3 of 12)" in s for s in skipped
+    )

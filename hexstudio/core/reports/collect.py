@@ -394,7 +394,10 @@ def build_report(
         }
         rep["evaluation"]["stale"] = "evaluate" in stale
         rep["evaluation"]["suites"] = [
-            {k: t.get(k) for k in ("suite", "title", "description", "scorer", "cases", "legs", "drops")}
+            {
+                k: t.get(k)
+                for k in ("suite", "title", "description", "scorer", "cases", "sha256", "legs", "drops")
+            }
             for t in ev.get("suites") or []
         ]
         # a speculative dialog's predicted speed at the acceptance measured (not from an out-of-date prediction)

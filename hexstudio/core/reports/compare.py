@@ -304,10 +304,28 @@ def _evaluation_rows(
     for name, t in by[0].items():
         if not all(name in b for b in by):
             continue
+        shas = {b[name].get("sha256") for b in by}
+        if len(shas) > 1:
+            # `hexstudio eval add --replace` changed the suite between the runs: other cases, not a better model
+            skipped.append(
+                f"Evaluation {name}: the runs scored different versions of the suite (its file changed between "
+                "them)."
+            )
+            continue
         ppl = t.get("scorer") == "perplexity"
         for leg in ("float", "sim", "board"):
-            vals = [((b[name].get("legs") or {}).get(leg) or {}).get("value") for b in by]
+            legs = [(b[name].get("legs") or {}).get(leg) or {} for b in by]
+            vals = [x.get("value") for x in legs]
             if any(v is None for v in vals):
+                continue
+            scored = {(x.get("cases"), x.get("of")) for x in legs}
+            if len(scored) > 1:
+                # e.g. the HTP-simulator board scores only the first parity cases: a different set, not a change
+                skipped.append(
+                    f"Evaluation {name} · {leg}: the runs scored different cases ("
+                    + ", ".join(f"{x.get('cases')} of {x.get('of')}" for x in legs)
+                    + ")."
+                )
                 continue
             if leg == "board" and len(set(sources)) > 1:
                 skipped.append(
