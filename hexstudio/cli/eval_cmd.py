@@ -92,10 +92,19 @@ def _run_dir(args: argparse.Namespace) -> Path:
 def table_lines(doc: dict[str, Any]) -> list[str]:
     legs = doc.get("legs") or ["float", "sim", "board"]
     titles = doc.get("leg_titles") or {}
-    head = f"{'suite':<24}" + "".join(f"{titles.get(leg, leg)[:26]:>28}" for leg in legs) + "   drop"
+    suites = doc.get("suites") or []
+
+    def cell(t: dict[str, Any], leg: str) -> str:
+        return str((t["legs"].get(leg) or {}).get("text", "—"))
+
+    # each column as wide as its title or its widest cell: a title is never cut ("host quantized (simulation")
+    width = {
+        leg: 2 + max([len(str(titles.get(leg, leg)))] + [len(cell(t, leg)) for t in suites]) for leg in legs
+    }
+    head = f"{'suite':<24}" + "".join(f"{titles.get(leg, leg):>{width[leg]}}" for leg in legs) + "   drop"
     out = [head, "-" * len(head)]
-    for t in doc.get("suites") or []:
-        cells = "".join(f"{(t['legs'].get(leg) or {}).get('text', '—'):>28}" for leg in legs)
+    for t in suites:
+        cells = "".join(f"{cell(t, leg):>{width[leg]}}" for leg in legs)
         drops = ", ".join(f"{k} {v:+.3f}" for k, v in (t.get("drops") or {}).items())
         out.append(f"{t['suite']:<24}{cells}   {drops}")
     if doc.get("source") == "host":

@@ -289,3 +289,18 @@ def test_host_only_scores_are_labelled_host_and_an_earlier_attempts_not_current(
     page.refresh_results()
     label = page.source_label.text()
     assert "Not current:</b> the last Evaluate attempt failed" in label and "Host only" in label, label
+
+
+def test_eval_shows_columns_whole() -> None:
+    """`eval show` cut column titles at 26 characters ("host quantized (simulation") and let longer cells run
+    into the next column."""
+    from hexstudio.cli.eval_cmd import table_lines
+
+    titles = {"float": "host float", "sim": "host quantized (simulation)", "board": "board (SIMULATED)"}
+    suite = {"suite": "greedy_parity", "legs": {"board": {"text": "not measured (no host reference)"}}}
+    head, _rule, row = table_lines(
+        {"legs": ["float", "sim", "board"], "leg_titles": titles, "suites": [suite]}
+    )
+    assert "host quantized (simulation)  " in head and head.index("(SIMULATED)") + len("(SIMULATED)") == len(
+        row.rstrip()
+    ), (head, row)
