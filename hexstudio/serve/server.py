@@ -373,13 +373,20 @@ class _Events(Response):
 
         gen = asyncio.ensure_future(run())
         gone = asyncio.ensure_future(_disconnected(receive))
-        try:
+
+        async def next_chunk() -> tuple[bool, bytes | None]:
+            """(whether the client is still there, the next chunk: None once the producer has ended)."""
             get = asyncio.ensure_future(queue.get())
             done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
             if get not in done:
                 get.cancel()
+                return False, None
+            return True, get.result()
+
+        try:
+            here, first = await next_chunk()
+            if not here:
                 return
-            first = get.result()
             if first is None:
                 # refused before the dialog was the request's: a status of its own, not a 200 with an error event
                 exc = gen.exception() if gen.done() and not gen.cancelled() else None
@@ -392,12 +399,9 @@ class _Events(Response):
             chunk: bytes | None = first
             while chunk is not None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                get = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if get not in done:
-                    get.cancel()
+                here, chunk = await next_chunk()
+                if not here:
                     return
-                chunk = get.result()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             return

@@ -16,6 +16,16 @@ def _fake(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
+def _setup_venv(venv: Path, python: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(ROOT / "packaging" / "setup-venv.sh"), str(venv)],
+        env={**os.environ, "PYTHON": str(python)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_a_venv_left_without_pip_is_made_again_and_a_failed_creation_says_what_to_install(
     tmp_path: Path,
 ) -> None:
@@ -29,13 +39,7 @@ def test_a_venv_left_without_pip_is_made_again_and_a_failed_creation_says_what_t
         py,
         'echo "The virtual environment was not created successfully because ensurepip is not available." >&2; exit 1',
     )
-    r = subprocess.run(
-        ["bash", str(ROOT / "packaging" / "setup-venv.sh"), str(venv)],
-        env={**os.environ, "PYTHON": str(py)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _setup_venv(venv, py)
     assert r.returncode == 1
     assert "has no pip" in r.stdout and "apt-get install python3-venv" in r.stderr, (r.stdout, r.stderr)
     assert not venv.exists()  # the next run starts clean
@@ -49,13 +53,7 @@ def test_a_venv_that_does_not_run_from_here_is_made_again(tmp_path: Path) -> Non
     (venv / "bin" / "pip").write_text("#!/old/checkout/.venv/bin/python\n")
     py = tmp_path / "python3"
     _fake(py, 'echo "ensurepip is not available" >&2; exit 1')
-    r = subprocess.run(
-        ["bash", str(ROOT / "packaging" / "setup-venv.sh"), str(venv)],
-        env={**os.environ, "PYTHON": str(py)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _setup_venv(venv, py)
     assert "does not run from here" in r.stdout, (r.stdout, r.stderr)
     assert r.returncode == 1 and not venv.exists()  # made again (here the fake Python cannot), never trusted
 
