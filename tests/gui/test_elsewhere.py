@@ -18,7 +18,7 @@ from tests.gui.conftest import (
     wait_until,
     window_on_gate_failed_run,
 )
-from tests.support.gate_runs import gate_failed_run, skip_board_recheck
+from tests.support.gate_runs import gate_failed_run, rewrite_output, skip_board_recheck
 
 
 def test_job_dock_hides_shrinks_and_keeps_its_time(
@@ -169,7 +169,10 @@ def test_evaluate_chart_has_a_legend(qtbot: Any, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     m = gate_failed_run(ws, "evaluate")
     titles = {"float": "host float", "sim": "host quantized (sim)", "board": "board"}
-    (m.run_dir / "artifacts" / "evaluate" / "evaluate.json").write_text(
+    rewrite_output(
+        m,
+        "evaluate",
+        "evaluate.json",
         json.dumps(
             {
                 "simulated": True,
@@ -191,7 +194,7 @@ def test_evaluate_chart_has_a_legend(qtbot: Any, tmp_path: Path) -> None:
                     }
                 ],
             }
-        )
+        ),
     )
     c, w = studio_window(qtbot, ws, (1280, 720))
     c.open_run(m.run_id)

@@ -43,6 +43,17 @@ def finish_stage(
     m.save()
 
 
+def rewrite_output(m: RunManifest, name: str, rel: str, text: str) -> None:
+    """Write `name`'s output `rel` as a stage attempt writes it: recorded with the stage (its size and sha256), so
+    the stage stays current rather than stale."""
+    out = m.run_dir / "artifacts" / name
+    (out / rel).write_text(text, encoding="utf-8")
+    st = m.stage(name).data
+    st["artifacts"] = hash_tree(out)
+    st["output_digest"] = output_digest(st["artifacts"])
+    m.save()
+
+
 def end_stage(m: RunManifest, name: str, kind: str, message: str) -> None:
     """A stage that ended without completing: kind is failed, cancelled or interrupted."""
     st = m.stage(name).data
