@@ -171,9 +171,11 @@ def cmd_add(args: argparse.Namespace) -> int:
     cfg = ssh_config_from(args)
     if args.qairt_zip:
         cfg["qairt_zip"] = str(Path(args.qairt_zip).expanduser().resolve())
+    # a name in use: its whole entry is replaced (settings the flags do not give, such as qairt_zip, go with it)
+    before = s.boards.get(args.name)
     s.boards[args.name] = cfg
     s.save()
-    out: dict[str, Any] = {"ok": True, "board": args.name, "config": s.boards[args.name]}
+    out: dict[str, Any] = {"ok": True, "board": args.name, "config": s.boards[args.name], "replaced": before}
     if not args.no_connect:
 
         async def label(b: Board) -> str:
@@ -184,7 +186,16 @@ def cmd_add(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
     else:
-        print(f"board {args.name} saved" + (f"; connected: {out['label']}" if "label" in out else ""))
+        what = "saved"
+        if before is not None:
+            was = f"{before.get('user') or ''}@{before.get('host')}:{before.get('port', 22)} ({before.get('auth')})"
+            dropped = sorted(set(before) - set(cfg))
+            what = (
+                f"replaced (it was {was}"
+                + (f"; no longer set: {', '.join(dropped)}" if dropped else "")
+                + ")"
+            )
+        print(f"board {args.name} {what}" + (f"; connected: {out['label']}" if "label" in out else ""))
     return 0
 
 

@@ -35,3 +35,27 @@ def test_a_worker_host_may_be_named_sim() -> None:
     r = python_m_hexstudio("worker", "add", "a b", "--host", "gpu-box", "--auth", "agent", "--no-connect")
     assert r.returncode == 2 and "The worker host name 'a b' is not allowed" in r.stderr, r.stderr
     assert "Pick another name for the worker host" in r.stderr
+
+
+def test_adding_a_board_under_a_name_in_use_says_it_replaced_it(tmp_path: Path) -> None:
+    """`board add` for a name in use said "saved", as for a new board, and dropped the settings its flags do not
+    give (the QAIRT zip) without a word."""
+    zip_path = tmp_path / "qairt.zip"
+    zip_path.write_bytes(b"PK")
+    r = python_m_hexstudio(
+        "board",
+        "add",
+        "evk",
+        "--host",
+        "10.0.0.5",
+        "--auth",
+        "agent",
+        "--qairt-zip",
+        str(zip_path),
+        "--no-connect",
+    )
+    assert r.returncode == 0 and "board evk saved" in r.stdout, r.stderr
+    r = python_m_hexstudio("board", "add", "evk", "--host", "10.0.0.6", "--auth", "agent", "--no-connect")
+    assert r.returncode == 0, r.stderr
+    assert "board evk replaced (it was @10.0.0.5:22 (agent); no longer set: qairt_zip)" in r.stdout, r.stdout
+    assert Settings.load().boards["evk"]["host"] == "10.0.0.6"
