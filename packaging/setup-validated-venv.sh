@@ -46,7 +46,8 @@ rm -rf "$venv"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 pip=(pip_logged "$venv/bin/python" -m pip --disable-pip-version-check -q)
-pip_logged() { "$@" 2>>"$log"; }
+# the failing call's words alone: a retry warning of an earlier step that went well must not read as "offline"
+pip_logged() { : > "$log"; "$@" 2>>"$log"; }
 
 # the recipe's pins minus torch/torchvision (CUDA builds) and onnxruntime-gpu (a GPU), plus the CPU onnxruntime
 cons="$venv/constraints.txt"

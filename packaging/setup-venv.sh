@@ -16,13 +16,11 @@ if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -m pip --version >/dev/null
 fi
 # a venv that does not run from where it is: its Python is gone (upgraded, removed), or the folder was moved (its
 # scripts still name the old place and exit 127); made again, never trusted
-if [ -e "$venv" ]; then
-    here_bin="$(cd "$venv" && pwd)/bin/"
-    first=$(head -n1 "$venv/bin/pip" 2>/dev/null || true)
-    if ! "$venv/bin/python" -c '' >/dev/null 2>&1 || [[ -n "$first" && "$first" != "#!$here_bin"* ]]; then
-        echo "==> $venv does not run from here (its Python is gone or the folder was moved): making it again"
-        rm -rf "$venv"
-    fi
+# shellcheck source=packaging/venv_check.sh
+. "$root/packaging/venv_check.sh"
+if [ -e "$venv" ] && ! venv_runs_here "$venv" pip; then
+    echo "==> $venv does not run from here (its Python is gone or the folder was moved): making it again"
+    rm -rf "$venv"
 fi
 if [ ! -x "$venv/bin/python" ]; then
     "$py" -m venv "$venv" || {

@@ -87,3 +87,22 @@ def test_the_validated_tier_skips_only_when_the_wheels_cannot_be_had(tmp_path: P
     assert broken.returncode == 1, (broken.returncode, broken.stderr)
     assert "failed at torch 2.13.0" in broken.stderr and "ResolutionImpossible" in broken.stderr
     assert not (tmp_path / "b" / "v").exists()
+
+
+def test_a_venv_in_a_folder_with_a_space_or_behind_a_symlink_is_kept(tmp_path: Path) -> None:
+    """The check for a moved venv compared the scripts' #! line with the folder's path as given: pip writes a
+    `#!/bin/sh` + `exec "..."` form for a path with a space, and a checkout reached through a symlink names its
+    real path there; both working venvs were deleted and installed again on every run."""
+    spaced = tmp_path / "my projects" / ".venv"
+    _fake(spaced / "bin" / "python", "exit 0")
+    (spaced / "bin" / "pip").write_text(f"#!/bin/sh\n'''exec' \"{spaced}/bin/python\" \"$0\" \"$@\"\n' '''\n")
+    real = tmp_path / "data" / "src" / ".venv"
+    _fake(real / "bin" / "python", "exit 0")
+    (real / "bin" / "pip").write_text(f"#!{real}/bin/python\n")
+    (tmp_path / "src").symlink_to(real.parent)
+    for venv in (spaced, tmp_path / "src" / ".venv"):
+        r = _setup_venv(venv, tmp_path / "no-python")
+        assert "does not run from here" not in r.stdout and (venv / "bin" / "python").exists(), (
+            venv,
+            r.stdout,
+        )

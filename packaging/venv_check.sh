@@ -1,0 +1,27 @@
+# Sourced by ./dev and packaging/setup-venv.sh: does a virtual environment run from where it is?
+
+# script_python FILE: the interpreter a script pip wrote names: `#!/path/python`, or pip's `#!/bin/sh` form
+# (`'''exec' "/path/python" "$0" "$@"`) for a path with a space or too long for a #! line
+script_python() {
+    local first="" second=""
+    { IFS= read -r first; IFS= read -r second; } < "$1" || true
+    if [ "$first" = "#!/bin/sh" ]; then
+        second=${second#*exec\' \"}
+        printf '%s\n' "${second%%\"*}"
+    else
+        first=${first#\#!}
+        printf '%s\n' "${first%% *}"
+    fi
+}
+
+# venv_runs_here VENV SCRIPT: VENV's Python runs, and VENV/bin/SCRIPT names an interpreter in VENV/bin itself
+# (compared by real path: a checkout reached through a symlink is the same place). A checkout moved elsewhere
+# keeps scripts that name the old place and exit 127; a removed Python leaves bin/python dangling.
+venv_runs_here() {
+    local v=$1 py
+    "$v/bin/python" -c '' >/dev/null 2>&1 || return 1
+    [ -f "$v/bin/$2" ] || return 0
+    py=$(script_python "$v/bin/$2")
+    [ -x "$py" ] || return 1
+    [ "$(cd "$(dirname "$py")" 2>/dev/null && pwd -P)" = "$(cd "$v/bin" && pwd -P)" ]
+}
