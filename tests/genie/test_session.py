@@ -476,3 +476,27 @@ def test_a_full_context_remakes_the_dialog_once_on_its_next_use(
     assert ev["recreated"] is True and ev["status"] != 0, ev
     rc, err = h.exit()
     assert rc == 5 and "making the dialog again" in err, (rc, err)
+
+
+def test_a_dialog_that_cannot_be_made_again_loads_afresh_for_the_same_turn(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
+    """After a full context the helper makes the dialog again; when that fails it says so and exits. The session
+    sent the next query to the dying helper anyway: the turn failed and the person's message was lost (and a
+    `serve` stream got its 200, then an error). The same turn now starts a new helper."""
+    # every helper process may make its dialog once: the remake after the full context fails
+    bundle = fake_genie.bundle(
+        tmp_path / "bundle", init_ms=50, token_ms=1, tokens=8, context=40, creates_ok=1
+    )
+    board = fake_board(tmp_path, fake_genie)
+    conv = Conversation(template="qa", count_tokens=lambda text: 1)
+
+    async def go() -> list[TurnResult]:
+        async with ChatSession(board, str(bundle), conv, max_tokens=8) as s:
+            s.conversation.count_tokens = lambda text: 1
+            return [await s.send(f"Tell me about thing number {i}, please?") for i in range(3)]
+
+    results = asyncio.run(go())
+    cut = next(i for i, r in enumerate(results) if r.note and "cut short" in (r.note or ""))
+    after = results[cut + 1]
+    assert after.state == "complete" and after.text, (after.state, after.error)

@@ -166,6 +166,7 @@ async def run_query(
     await ensure_dir(board, work)
     proc: RemoteProcess | None = None
     finished = False
+    pending: list[asyncio.Future[Any]] = []  # cancelled in the finally when the turn ends early
     try:
         await t.write_bytes(prompt_file, prompt.encode("utf-8"))
         if max_tokens:
@@ -199,9 +200,11 @@ async def run_query(
                         on_chunk(c)
 
         readers: asyncio.Future[Any] = asyncio.gather(read_out(), read_err())
+        pending.append(readers)
         stopped = False
         if stop is not None:
             stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+            pending.append(stop_wait)
             done, _ = await asyncio.wait({readers, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             if stop_wait in done and not readers.done():
                 stopped = True
@@ -224,6 +227,8 @@ async def run_query(
             except ProfileError as exc:
                 error = str(exc)
     finally:
+        for f in pending:
+            f.cancel()
         if proc is not None and not finished:
             # the turn ended by an error or a cancel while genie-t2t-run still ran: it is not left running
             with contextlib.suppress(OSError, ActionableError):

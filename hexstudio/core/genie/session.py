@@ -475,6 +475,12 @@ class ChatSession:
             ev = await h.next_event(wait)
             if ev.get("event") in ("reset", "eof"):
                 break
+        if ev.get("recreated") and ev.get("status") not in (0, None):
+            # the dialog could not be made again and the helper is exiting (genie_session's made_again): the turn
+            # that asked for the reset starts a new helper now, rather than sending its query to the dying one
+            with contextlib.suppress(Exception):
+                await h.close(graceful=False)
+            return
         if ev.get("recreated") or (self.dialog == "spd" and "recreated" not in ev):
             # the new dialog has only its config's own stop sequences: the next query sets the others again (an
             # older helper says nothing and always makes an spd dialog again)
