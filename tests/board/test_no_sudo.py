@@ -41,10 +41,17 @@ def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
         # how to make it work next time: the sudo password stored, named with the board's own name
         assert "`hexstudio board password nos --sudo`" in res.message, res.message
         # a copy by hand is run on this workstation, to the board's own address (not "BOARD:")
-        t = board.transport
-        up = by_hand(Step("upload", path="/home/evk/q.tar", local=Path("/ws/q.tar")), board)
-        port = f"-P {t.port} " if t.port != 22 else ""
-        assert up == f"scp {port}/ws/q.tar {t.user}@{t.host}:/home/evk/q.tar   # on this workstation", up
+        t, cfg = board.transport, board.config
+        step = Step("upload", path="/home/evk/q.tar", local=Path("/ws/q.tar"))
+        key = f"-i {cfg['key_path']} " if cfg.get("key_path") else ""
+        want = f"scp -P {t.port} {key}/ws/q.tar {t.user}@{t.host}:/home/evk/q.tar   # on this workstation"
+        assert by_hand(step, board) == want, by_hand(step, board)
+        # an IPv6 address in brackets (scp reads "fe80::1:/path" as host "fe80"), an ssh alias as it is
+        board.config = {**cfg, "host": "fe80::1"}
+        assert f"{t.user}@[fe80::1]:/home/evk/q.tar" in by_hand(step, board)
+        board.config = {**cfg, "ssh_alias": "evk-lab"}
+        assert by_hand(step, board) == "scp /ws/q.tar evk-lab:/home/evk/q.tar   # on this workstation"
+        board.config = cfg
         res = await apply_fix(board, plan, sudo_password=PW)  # the right password, but no sudo right
         assert res.status == "manual" and "may not use sudo" in res.message
         assert PW not in json.dumps(res.to_dict())

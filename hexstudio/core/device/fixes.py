@@ -127,15 +127,24 @@ class Step:
 
 
 def by_hand(step: Step, board: Board) -> str:
-    """A step as a person runs it by hand: an upload is a copy from this workstation, to the board's own address."""
+    """A step as a person runs it by hand: an upload is a copy from this workstation, to the board as the studio
+    reaches it (its ~/.ssh/config alias, else user@host with its port and key; an IPv6 address in brackets)."""
     if step.kind != "upload":
         return step.shown
-    t = board.transport
-    user, host, port = getattr(t, "user", None), getattr(t, "host", None), getattr(t, "port", 22)
-    where = f"{user}@{host}" if user and host else "BOARD"
-    flag = f"-P {port} " if port and port != 22 else ""
+    cfg, t = board.config or {}, board.transport
+    flags = ""
+    if cfg.get("ssh_alias"):
+        # ~/.ssh/config gives scp the user, port, key and jump hosts, as it gives them to the studio
+        where = str(cfg["ssh_alias"])
+    else:
+        host = str(cfg.get("host") or getattr(t, "host", "") or "BOARD")
+        user = cfg.get("user") or getattr(t, "user", None)
+        where = (f"{user}@" if user else "") + (f"[{host}]" if ":" in host else host)
+        port = int(cfg.get("port") or getattr(t, "port", 22) or 22)
+        flags += f"-P {port} " if port != 22 else ""
+        flags += f"-i {shlex.quote(str(cfg['key_path']))} " if cfg.get("key_path") else ""
     return (
-        f"scp {flag}{shlex.quote(str(step.local))} {where}:{shlex.quote(step.path)}   # on this workstation"
+        f"scp {flags}{shlex.quote(str(step.local))} {where}:{shlex.quote(step.path)}   # on this workstation"
     )
 
 
