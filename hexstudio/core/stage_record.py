@@ -152,6 +152,13 @@ class StageAttempt:
             )
             st["state"] = "done"
         else:
+            kept = keep_logs(self.partial, self.m.run_dir / "logs" / f"{self.stage.name}-failed")
+            if kept is not None:
+                # the worker named its logs inside the folder that goes now: name where they are kept instead
+                out = st["outcome"]
+                for k in ("message", "hint"):
+                    if isinstance(out.get(k), str):
+                        out[k] = out[k].replace(str(self.partial), str(kept))
             shutil.rmtree(self.partial, ignore_errors=True)
             st["state"] = ENDED_STATE.get(result.kind, "failed")
             st["input_hash"] = None
@@ -169,3 +176,18 @@ class StageAttempt:
             result.message,
         )
         return str(st["state"])
+
+
+def keep_logs(partial: Path, dest: Path) -> Path | None:
+    """A failed attempt's log files (`*.log`: QNN's compile output, the bundle checks' findings) moved out of its
+    output folder, which is deleted, to `dest` (the last failed attempt's, by their paths inside the folder): the
+    error's hint names them, and they must still be there to read. `dest` when any was kept, else None."""
+    logs = [p for p in partial.rglob("*.log") if p.is_file()] if partial.is_dir() else []
+    shutil.rmtree(dest, ignore_errors=True)
+    if not logs:
+        return None
+    for p in logs:
+        to = dest / p.relative_to(partial)
+        to.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(p), to)
+    return dest

@@ -951,7 +951,9 @@ def linked_qairt(full_versions: dict[int, str | None], requested: str, em: Emitt
             "AI Hub linked the parts with different QAIRT versions ("
             + ", ".join(f"part {p}: {v}" for p, v in full_versions.items())
             + ").",
-            "Remove the run's aihub_jobs.json and compile again with one --set qairt_version.",
+            "Remove the run's aihub_jobs.json and compile again with one QAIRT version: set it on the Compile "
+            "page (QAIRT version), or start a new run with `--set qairt_version=X` (a resumed run keeps its "
+            "settings).",
         )
     first = next(iter(full_versions.values()))
     if first is None:

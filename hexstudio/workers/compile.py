@@ -172,41 +172,54 @@ def qualcomm_check(bdir: Path, em: Emitter) -> None:
     """A bundle of real context binaries (a local or an AI Hub compile) through Qualcomm's own checks before the
     stage passes: Genie 1.21's parser on genie_config.json and QNN's reader on every ctx-bin, whose graphs feed the
     Genie-model checks (hexstudio/shared/bundle/check.py). Run in a child process: a crash in a library is a failed
-    check, not a dead worker. Skipped, saying so, where onnxruntime-qnn is not installed."""
+    check, not a dead worker. Where onnxruntime-qnn is not installed, HexStudio's own checks of the bundle run alone,
+    saying so."""
     from hexstudio.shared.bundle.check import check_bundle, errors
     from hexstudio.shared.bundle.qualcomm_run import MODULE, run_qualcomm_checks
     from hexstudio.shared.python_command import python_command
 
     em.progress(0.95, "checking the bundle with Genie's own parser and QNN's binary reader")
-    real = run_qualcomm_checks(bdir, python_command(MODULE), timeout_s=600).doc
+    run = run_qualcomm_checks(bdir, python_command(MODULE), timeout_s=600)
+    real = run.doc
+    # the findings go beside the bundle: a failed attempt's logs are kept (run/logs/compile-failed/), where its
+    # bundle folder is not
+    findings = bdir.parent / "bundle-check.log"
     if real is None:
+        why = f"it ran past {run.timeout_s:g} s" if run.timed_out else f"exit {run.returncode}"
+        findings.write_text(run.tail + "\n", encoding="utf-8")
         raise WorkerError(
             "qualcomm_check_failed",
-            "Qualcomm's checks of the new bundle ended abnormally (Genie's parser or QNN's reader).",
-            "Run `hexstudio bundle check` on artifacts/compile/bundle for "
-            "the details; report it with the run folder.",
+            f"Qualcomm's checks of the new bundle ended abnormally ({why}: Genie's parser or QNN's reader): "
+            f"{run.tail[-300:] or 'nothing printed'}",
+            f"What they printed is in {findings}. Report it with the run folder.",
         )
-    if not real.get("available"):
+    available = bool(real.get("available"))
+    if not available:
         em.warning(
             "Qualcomm's own checks did not run (onnxruntime-qnn is not installed): only HexStudio's did.",
             hint=str(real.get("hint") or ""),
             code="qualcomm_checks_missing",
         )
-        return
-    bad = errors(check_bundle(bdir, None, real))
+    bad = errors(check_bundle(bdir, None, real if available else None))
     if bad:
         first = bad[0]
+        findings.write_text(
+            "\n".join(f"{f.message}" + (f"\n  fix: {f.fix}" if f.fix else "") for f in bad) + "\n",
+            encoding="utf-8",
+        )
+        whose = "Qualcomm's checks" if available else "HexStudio's checks"
         raise WorkerError(
             "bundle_check",
-            f"The compiled bundle fails Qualcomm's checks: {first.message}"
+            f"The compiled bundle fails {whose}: {first.message}"
             + (f" Genie/QNN say: {first.genie_error}" if first.genie_error else ""),
-            first.fix or "Run `hexstudio bundle check` on artifacts/compile/bundle.",
+            (first.fix + " " if first.fix else "") + f"Every finding: {findings}.",
         )
-    em.log(
-        f"Genie {real['config'].get('genie_version')}'s parser accepts genie_config.json; QNN "
-        f"{real.get('qnn_version')}'s reader read {len(real.get('binaries') or [])} context binaries and the "
-        "graphs pass Genie's checks"
-    )
+    if available:
+        em.log(
+            f"Genie {real['config'].get('genie_version')}'s parser accepts genie_config.json; QNN "
+            f"{real.get('qnn_version')}'s reader read {len(real.get('binaries') or [])} context binaries and the "
+            "graphs pass Genie's checks"
+        )
 
 
 def resolve_auto_target(board: str, em: Emitter) -> str:

@@ -192,6 +192,7 @@ def test_a_worker_starts_its_own_children_as_a_frozen_build_runs_them(
     from hexstudio.shared.bundle import qualcomm_run
     from hexstudio.shared.protocol import Emitter
     from hexstudio.workers.compile import qualcomm_check
+    from hexstudio.workers.runtime import WorkerError
 
     seen: list[list[str]] = []
 
@@ -201,5 +202,14 @@ def test_a_worker_starts_its_own_children_as_a_frozen_build_runs_them(
 
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     monkeypatch.setattr(qualcomm_run, "run_qualcomm_checks", run)
-    qualcomm_check(tmp_path, Emitter(io.StringIO()))
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "genie_config.json").write_text('{"dialog": {"version": 1}}')
+    # without Qualcomm's checks HexStudio's still run (they passed a bundle whose config names nothing), and the
+    # findings stay readable beside the bundle (a failed attempt's logs are kept)
+    with pytest.raises(WorkerError) as err:
+        qualcomm_check(bundle, Emitter(io.StringIO()))
     assert seen == [[sys.executable, "-c", RUN_MODULE_CODE, qualcomm_run.MODULE]]
+    assert err.value.code == "bundle_check" and "fails HexStudio's checks" in err.value.message, err.value
+    assert str(tmp_path / "bundle-check.log") in (err.value.hint or "")
+    assert "Missing dialog field" in (tmp_path / "bundle-check.log").read_text()

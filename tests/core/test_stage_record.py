@@ -46,3 +46,27 @@ def test_a_success_replaces_the_output_and_a_failure_keeps_the_last_good_one(tmp
     assert m.stage("quantize").data["input_hash"] is None  # so it is not taken as current
     c = _attempt(m, [])
     assert c.finish(JobResult("killed", None, "SIGKILL", "the studio stopped")) == "interrupted"
+
+
+def test_a_failed_attempts_logs_are_kept_where_its_error_says(tmp_path: Path) -> None:
+    """A failed compile's hint named its QNN log inside artifacts/compile.partial/, which the failed attempt's end
+    deleted: the full log the person was sent to read was gone. Log files are kept (logs/<stage>-failed/) and the
+    error names them there."""
+    m = Workspace(tmp_path).create_run("builtin:tiny-llama", "sim")
+    a = StageAttempt(m, get_stage("compile"))
+    partial = a.begin()
+    log = partial / "htp" / "ctx" / "part_1" / "compile.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("qnn: the whole story\n")
+    (partial / "bundle.bin").write_bytes(b"x" * 10)
+    msg = f"QNN could not compile part_1: see {log}"
+    assert (
+        a.finish(
+            JobResult("failed", 1, None, msg, code="local_compile_failed", hint=f"The full log is {log}.")
+        )
+        == "failed"
+    )
+    kept = m.run_dir / "logs" / "compile-failed" / "htp" / "ctx" / "part_1" / "compile.log"
+    assert kept.read_text() == "qnn: the whole story\n" and not partial.exists()
+    out = m.stage("compile").data["outcome"]
+    assert str(kept) in out["message"] and out["hint"] == f"The full log is {kept}.", out
