@@ -70,7 +70,7 @@ def write_sim_bundle(
             except md.MetadataError as exc:
                 raise WorkerError("graph_io_unreadable", str(exc), "Re-run the Quantize stage.") from None
             entries.append({"name": g["name"], "onnx": f"sim/{g['name']}.onnx", **spec})
-        name = f"{slug}_part_{gb.part_label(k, parts)}.bin"
+        name = gb.ctx_bin_name(slug, k, parts)
         write_sim_bin(bdir / name, entries)
         ctx_bins.append(name)
     cfg = checked_genie_config(hf_config, hf_dir, q, ctx_bins, settings, simulated=True)

@@ -571,3 +571,20 @@ def test_the_checker_reads_the_files_the_config_names(tmp_path: Path) -> None:
     ext["devices"][0]["soc_model"] = 43
     (b / "board_ext.json").write_text(json.dumps(ext))
     assert "soc_model" in _codes(check_bundle(b, BOARD))
+
+
+def test_bundle_config_names_the_binaries_as_the_compile_writes_them(tmp_path: Path) -> None:
+    """`bundle config` named parts `_part_1_of_12` where the compile writes `_part_01_of_12` (zero-padded, so
+    Genie orders them by name): a genie_config.json corrected from its output, as the check's fixes suggest,
+    named files no bundle holds."""
+    from hexstudio.shared import bundle as gb
+    from tests.support.configs import LLAMA_31_8B
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_8B))
+    out = _hexstudio(
+        "bundle", "config", "--model", str(tmp_path), "--context-length", "4096", "--parts", "12"
+    )
+    assert out.returncode == 0, out.stderr
+    bins = json.loads(out.stdout)["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
+    assert bins[0].endswith("_part_01_of_12.bin") and bins[-1].endswith("_part_12_of_12.bin"), bins
+    assert gb.ctx_bin_name("m", 3, 12) == f"m_part_{gb.part_label(3, 12)}.bin"

@@ -168,8 +168,9 @@ def genie_positional_encoding(hf_config: dict[str, Any], context_size: int) -> d
 
 
 def ctx_bin_name(model: str, part: int, parts: int) -> str:
-    """A context binary's name as qai-hub-models writes it: `<model>_part_{i}_of_{n}.bin`."""
-    return f"{model}_part_{part}_of_{parts}.bin"
+    """A context binary's name as the compile writes it: `<model>_part_{i}_of_{n}.bin` as qai-hub-models names
+    them, the part zero-padded to the count's width (part_label: `_part_03_of_12`)."""
+    return f"{model}_part_{part_label(part, parts)}.bin"
 
 
 def model_slug(name: str) -> str:

@@ -198,7 +198,7 @@ def write_local_bundle(
             em.metric(f"compile_peak_rss.{unit[0].name}", cp.peak_rss_bytes, unit="bytes")
             label = gb.part_label(k, nparts)
             if form == "shared":
-                name = f"{slug}_part_{label}.bin"
+                name = gb.ctx_bin_name(slug, k, nparts)
             else:
                 kind = "prompt" if unit[0].kind == "prompt_processor" else "token"
                 ar, cl = variant_of(unit[0].name, {})
