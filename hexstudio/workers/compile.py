@@ -234,7 +234,10 @@ def resolve_auto_target(board: str, em: Emitter) -> str:
     em.warning(
         "Qualcomm's QNN libraries (onnxruntime-qnn) are not installed, so the simulator board gets the "
         "onnxruntime twin's bundle: its context binaries are stand-ins and nothing from Qualcomm runs.",
-        hint=INSTALL_HINT,
+        # the stage's inputs say "auto", not what it resolved to: installing the libraries alone does not make this
+        # compile out of date
+        hint=f"{INSTALL_HINT} Then compile again, forced: `hexstudio run --resume RUN --only compile --force`, or "
+        "Run again on the Compile page.",
         code="qnn_missing_twin_fallback",
     )
     return "sim"
