@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,22 +162,27 @@ def test_dialog_that_cannot_load_falls_back_and_the_failure_is_explained(
     assert "Failed to create the dialog" in r.error and "What to do" in r.error
 
 
+def _overflowing_turns(tmp_path: Path, fake: FakeGenie, n: int, **bundle: Any) -> list[TurnResult]:
+    """`n` turns on a 40-token context whose token counter underestimates, so the session's own check lets the
+    dialog overflow (a full context mid-reply)."""
+    folder = fake.bundle(tmp_path / "bundle", token_ms=1, tokens=8, context=40, **bundle)
+    board = fake_board(tmp_path, fake)
+    conv = Conversation(template="qa", count_tokens=lambda text: 1)
+
+    async def go() -> list[TurnResult]:
+        async with ChatSession(board, str(folder), conv, max_tokens=8) as s:
+            s.conversation.count_tokens = lambda text: 1
+            return [await s.send(f"Tell me about thing number {i}, please?") for i in range(n)]
+
+    return asyncio.run(go())
+
+
 def test_context_exceeded_mid_reply_is_said_and_the_next_turn_starts_afresh(
     tmp_path: Path, fake_genie: FakeGenie
 ) -> None:
     # the dialog a full context ended is made again (genie_session) before the next turn, not within this one
     init = 600
-    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=init, token_ms=1, tokens=8, context=40)
-    board = fake_board(tmp_path, fake_genie)
-    # a token counter that underestimates, so the session's own check lets the dialog overflow
-    conv = Conversation(template="qa", count_tokens=lambda text: 1)
-
-    async def go() -> list[TurnResult]:
-        async with ChatSession(board, str(bundle), conv, max_tokens=8) as s:
-            s.conversation.count_tokens = lambda text: 1
-            return [await s.send(f"Tell me about thing number {i}, please?") for i in range(4)]
-
-    results = asyncio.run(go())
+    results = _overflowing_turns(tmp_path, fake_genie, 4, init_ms=init)
     cut = [r for r in results if r.note and "cut short" in r.note]
     assert cut, [(r.state, r.note, r.error) for r in results]
     assert cut[0].state == "complete" and cut[0].text
@@ -485,18 +491,7 @@ def test_a_dialog_that_cannot_be_made_again_loads_afresh_for_the_same_turn(
     sent the next query to the dying helper anyway: the turn failed and the person's message was lost (and a
     `serve` stream got its 200, then an error). The same turn now starts a new helper."""
     # every helper process may make its dialog once: the remake after the full context fails
-    bundle = fake_genie.bundle(
-        tmp_path / "bundle", init_ms=50, token_ms=1, tokens=8, context=40, creates_ok=1
-    )
-    board = fake_board(tmp_path, fake_genie)
-    conv = Conversation(template="qa", count_tokens=lambda text: 1)
-
-    async def go() -> list[TurnResult]:
-        async with ChatSession(board, str(bundle), conv, max_tokens=8) as s:
-            s.conversation.count_tokens = lambda text: 1
-            return [await s.send(f"Tell me about thing number {i}, please?") for i in range(3)]
-
-    results = asyncio.run(go())
+    results = _overflowing_turns(tmp_path, fake_genie, 3, init_ms=50, creates_ok=1)
     cut = next(i for i, r in enumerate(results) if r.note and "cut short" in (r.note or ""))
     after = results[cut + 1]
     assert after.state == "complete" and after.text, (after.state, after.error)
