@@ -42,6 +42,7 @@ HASHED_WHEN_SET = frozenset(
         "lade_gcap",
         "quantsim_config",
         "ar_sizes",
+        "aihub_compile_options",
     }
 )
 

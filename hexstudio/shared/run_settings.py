@@ -466,6 +466,8 @@ class RunSettings:
     aihub_compile_options: str = setting(
         "",
         label="AI Hub compile options",
+        # the options change the compiled binaries: a change makes the Compile stage out of date
+        stages=("compile",),
         advanced=True,
         help="Extra options appended to AI Hub's compile options (as qai-hub-models' --compile-options).",
     )

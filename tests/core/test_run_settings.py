@@ -97,6 +97,7 @@ OLD_INPUTS: dict[str, set[str]] = {
         "lade_window",
         "lade_ngram",
         "lade_gcap",
+        "aihub_compile_options",  # added since: HASHED_WHEN_SET
     },
     "board": {"board"},
     "chat": {"board", "benchmark_prompt", "sampler"},
@@ -415,3 +416,25 @@ def test_the_shared_package_is_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_ai_hub_compile_options_make_the_compile_out_of_date() -> None:
+    """aihub_compile_options change the binaries AI Hub compiles, but were no input of the Compile stage: a run
+    whose options changed kept its old binaries as current. A run that never set them hashes as before."""
+    from types import SimpleNamespace
+
+    from hexstudio.core.stage_state import input_hash
+    from hexstudio.core.stages import STAGES
+
+    compile_stage = next(x for x in STAGES if x.name == "compile")
+    before = dataclasses.replace(
+        compile_stage, inputs=tuple(k for k in compile_stage.inputs if k != "aihub_compile_options")
+    )
+    m = SimpleNamespace(
+        settings=dict(OLD_DEFAULTS),
+        inputs={"model": "builtin:tiny-llama", "board": "evk"},
+        stage=lambda n: SimpleNamespace(data={}),
+    )
+    assert input_hash(m, compile_stage) == input_hash(m, before)  # type: ignore[arg-type]
+    m.settings = {**OLD_DEFAULTS, "aihub_compile_options": "--quantize_full_type w8a16"}
+    assert input_hash(m, compile_stage) != input_hash(m, before)  # type: ignore[arg-type]
