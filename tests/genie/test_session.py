@@ -495,3 +495,24 @@ def test_a_dialog_that_cannot_be_made_again_loads_afresh_for_the_same_turn(
     cut = next(i for i, r in enumerate(results) if r.note and "cut short" in (r.note or ""))
     after = results[cut + 1]
     assert after.state == "complete" and after.text, (after.state, after.error)
+
+
+def test_a_dialog_cleared_for_a_long_turn_that_cannot_be_made_again_loads_afresh(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
+    """An spd dialog is made again when cleared for a turn that would overflow it; when that fails the helper
+    exits. The turn sent its query to the closed helper and raised ConnectionResetError to the chat page or
+    `serve`. It loads afresh instead."""
+    bundle = fake_genie.bundle(
+        tmp_path / "bundle", init_ms=50, token_ms=1, tokens=8, context=40, creates_ok=1, dialog_type="spd"
+    )
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> list[TurnResult]:
+        conv = Conversation(template="qa", count_tokens=lambda text: 20)
+        async with ChatSession(board, str(bundle), conv, max_tokens=8) as s:
+            s.conversation.count_tokens = lambda text: 20
+            return [await s.send("First?"), await s.send("Second?")]
+
+    first, second = asyncio.run(go())
+    assert first.state == "complete" and second.state == "complete", (second.state, second.error)

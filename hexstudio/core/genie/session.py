@@ -677,6 +677,11 @@ class ChatSession:
         prompt, note = await self._turn_prompt(user, history, fresh)
         # what the query goes to: _turn_prompt clears a dialog too full for the turn and sends the history again
         sent_fresh = self._n_past == 0
+        if self._helper is None or not self._helper.alive:
+            # that clearing found the dialog could not be made again (the helper exited): load afresh
+            await self._start_helper()
+        h = self._helper
+        assert h is not None
         turn = conv.add(user)
         h.queries += 1
         qid = h.queries
