@@ -132,6 +132,14 @@ class StageAttempt:
         st["duration_s"] = round(result.duration_s, 3)
         st["peak_rss_bytes"] = result.peak_rss_bytes or None
         st["peak_vram_bytes"] = result.peak_vram_bytes
+        if not result.ok:
+            # the attempt's log files outlive its output folder, which goes: the error names where they are kept
+            # (the result the caller shows, and run.json's outcome)
+            for old_path, kept in keep_logs(
+                self.partial, self.m.run_dir / "logs" / f"{self.stage.name}-failed"
+            ):
+                result.message = result.message.replace(str(old_path), str(kept))
+                result.hint = result.hint.replace(str(old_path), str(kept)) if result.hint else result.hint
         st["outcome"] = result.outcome()
         st["owner"] = None
         st["worker"] = None
@@ -152,13 +160,6 @@ class StageAttempt:
             )
             st["state"] = "done"
         else:
-            kept = keep_logs(self.partial, self.m.run_dir / "logs" / f"{self.stage.name}-failed")
-            if kept is not None:
-                # the worker named its logs inside the folder that goes now: name where they are kept instead
-                out = st["outcome"]
-                for k in ("message", "hint"):
-                    if isinstance(out.get(k), str):
-                        out[k] = out[k].replace(str(self.partial), str(kept))
             shutil.rmtree(self.partial, ignore_errors=True)
             st["state"] = ENDED_STATE.get(result.kind, "failed")
             st["input_hash"] = None
@@ -178,16 +179,16 @@ class StageAttempt:
         return str(st["state"])
 
 
-def keep_logs(partial: Path, dest: Path) -> Path | None:
+def keep_logs(partial: Path, dest: Path) -> list[tuple[Path, Path]]:
     """A failed attempt's log files (`*.log`: QNN's compile output, the bundle checks' findings) moved out of its
     output folder, which is deleted, to `dest` (the last failed attempt's, by their paths inside the folder): the
-    error's hint names them, and they must still be there to read. `dest` when any was kept, else None."""
+    error's hint names them, and they must still be there to read. (where each was, where it is now)"""
     logs = [p for p in partial.rglob("*.log") if p.is_file()] if partial.is_dir() else []
     shutil.rmtree(dest, ignore_errors=True)
-    if not logs:
-        return None
+    moved = []
     for p in logs:
         to = dest / p.relative_to(partial)
         to.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(p), to)
-    return dest
+        moved.append((p, to))
+    return moved

@@ -59,14 +59,14 @@ def test_a_failed_attempts_logs_are_kept_where_its_error_says(tmp_path: Path) ->
     log.parent.mkdir(parents=True)
     log.write_text("qnn: the whole story\n")
     (partial / "bundle.bin").write_bytes(b"x" * 10)
-    msg = f"QNN could not compile part_1: see {log}"
-    assert (
-        a.finish(
-            JobResult("failed", 1, None, msg, code="local_compile_failed", hint=f"The full log is {log}.")
-        )
-        == "failed"
-    )
+    msg = f"QNN could not compile part_1: see {log} (bundle: {partial / 'bundle.bin'})"
+    result = JobResult("failed", 1, None, msg, code="local_compile_failed", hint=f"The full log is {log}.")
+    assert a.finish(result) == "failed"
     kept = m.run_dir / "logs" / "compile-failed" / "htp" / "ctx" / "part_1" / "compile.log"
     assert kept.read_text() == "qnn: the whole story\n" and not partial.exists()
     out = m.stage("compile").data["outcome"]
     assert str(kept) in out["message"] and out["hint"] == f"The full log is {kept}.", out
+    # what `hexstudio run` and the studio show is the result itself: it names the kept log too
+    assert result.hint == f"The full log is {kept}." and str(kept) in result.message
+    # only the logs' own paths are rewritten: another file of the folder is not said to be among them
+    assert str(partial / "bundle.bin") in result.message
