@@ -1,13 +1,18 @@
 # Sourced by ./dev and packaging/setup-venv.sh: does a virtual environment run from where it is?
 
-# script_python FILE: the interpreter a script pip wrote names: `#!/path/python`, or pip's `#!/bin/sh` form
-# (`'''exec' "/path/python" "$0" "$@"`) for a path with a space or too long for a #! line
+# script_python FILE: the interpreter a script pip wrote names: `#!/path/python`, or pip's `#!/bin/sh` form for a
+# path too long for a #! line (`'''exec' /path/python "$0" "$@"`) or with a space (the path in double quotes)
 script_python() {
     local first="" second=""
     { IFS= read -r first; IFS= read -r second; } < "$1" || true
     if [ "$first" = "#!/bin/sh" ]; then
-        second=${second#*exec\' \"}
-        printf '%s\n' "${second%%\"*}"
+        second=${second#*exec\' }
+        if [ "${second:0:1}" = '"' ]; then
+            second=${second#\"}
+            printf '%s\n' "${second%%\"*}"
+        else
+            printf '%s\n' "${second%% *}"
+        fi
     else
         first=${first#\#!}
         printf '%s\n' "${first%% *}"

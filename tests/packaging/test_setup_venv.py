@@ -100,7 +100,12 @@ def test_a_venv_in_a_folder_with_a_space_or_behind_a_symlink_is_kept(tmp_path: P
     _fake(real / "bin" / "python", "exit 0")
     (real / "bin" / "pip").write_text(f"#!{real}/bin/python\n")
     (tmp_path / "src").symlink_to(real.parent)
-    for venv in (spaced, tmp_path / "src" / ".venv"):
+    # a path too long for a #! line: the same form, the path without quotes
+    long = tmp_path / ("x" * 120) / ".venv"
+    _fake(long / "bin" / "python", "exit 0")
+    sh_form = "#!/bin/sh\n" + "'''exec' " + f"{long}/bin/python" + ' "$0" "$@"\n' + "' '''\n"
+    (long / "bin" / "pip").write_text(sh_form)
+    for venv in (spaced, tmp_path / "src" / ".venv", long):
         r = _setup_venv(venv, tmp_path / "no-python")
         assert "does not run from here" not in r.stdout and (venv / "bin" / "python").exists(), (
             venv,
