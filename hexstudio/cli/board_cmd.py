@@ -188,7 +188,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     else:
         what = "saved"
         if before is not None:
-            was = f"{before.get('user') or ''}@{before.get('host')}:{before.get('port', 22)} ({before.get('auth')})"
+            was = f"{before.get('user') or ''}@{before.get('host') or before.get('ssh_alias') or '?'}:{before.get('port', 22)} ({before.get('auth')})"
             dropped = sorted(set(before) - set(cfg))
             what = (
                 f"replaced (it was {was}"

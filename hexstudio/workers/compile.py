@@ -191,7 +191,8 @@ def qualcomm_check(bdir: Path, em: Emitter) -> None:
             "qualcomm_check_failed",
             f"Qualcomm's checks of the new bundle ended abnormally ({why}: Genie's parser or QNN's reader): "
             f"{run.tail[-300:] or 'nothing printed'}",
-            f"What they printed is in {findings}. Report it with the run folder.",
+            f"The end of what they printed (nothing, after a time-out) is kept in {findings}. Compile again; if it "
+            "happens again, report it with the run folder.",
         )
     available = bool(real.get("available"))
     if not available:
@@ -212,7 +213,7 @@ def qualcomm_check(bdir: Path, em: Emitter) -> None:
             "bundle_check",
             f"The compiled bundle fails {whose}: {first.message}"
             + (f" Genie/QNN say: {first.genie_error}" if first.genie_error else ""),
-            (first.fix + " " if first.fix else "") + f"Every finding: {findings}.",
+            (first.fix + " " if first.fix else "") + f"Every error the checks found: {findings}.",
         )
     if available:
         em.log(
