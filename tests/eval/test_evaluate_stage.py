@@ -304,3 +304,24 @@ def test_eval_shows_columns_whole() -> None:
     assert "host quantized (simulation)  " in head and head.index("(SIMULATED)") + len("(SIMULATED)") == len(
         row.rstrip()
     ), (head, row)
+
+
+def test_the_running_score_is_not_recomputed_after_every_case(
+    twin_workspace: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The board leg's progress line re-read every journal and re-scored every case after each case: quadratic
+    in the cases, minutes of scoring for a suite of thousands. It is scored at most every RUNNING_SCORE_S (and at
+    the last case)."""
+    import hexstudio.core.eval.stage as stage
+    from tests.support.sim_runs import copy_run
+
+    calls: list[int] = []
+    real = stage.score_all
+    monkeypatch.setattr(stage, "score_all", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(stage, "RUNNING_SCORE_S", 3600.0)
+    _, twin_run = twin_workspace
+    run_dir = copy_run(twin_run, tmp_path)
+    doc = _evaluate(run_dir, {"eval_legs": ["board"], "eval_suites": ["instruction_following"]})
+    cases = doc["board_session"]["cases"]
+    # the first case, the last one, and the stage's own scoring at the end
+    assert cases > 3 and len(calls) == 3, (cases, len(calls))

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ HTP_SIM_PARITY_CASES = 3
 HTP_SIM_MAX_TOKENS = 16
 # board cases failing one after another: the board or its link is gone, the rest would fail the same way
 MAX_FAILED_IN_A_ROW = 3
+RUNNING_SCORE_S = 2.0  # how often the board leg's progress line scores the cases so far
 
 
 class Plan:
@@ -537,12 +539,22 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             raise StageError("runtime_unknown", exc.message, exc.hint) from None
         board_journal = board_journal_for(runtime)
 
+        # the running score re-reads the journals and scores every case so far: at most every RUNNING_SCORE_S, not
+        # after each case (quadratic in the cases: minutes of scoring for a suite of thousands)
+        last: dict[str, Any] = {"t": 0.0, "text": ""}
+
         def on_case(n: int, total: int, j: dict[str, Any]) -> None:
-            recs = {**read_journal(host_journal), **read_journal(htp_journal), **read_journal(board_journal)}
-            per, _ = score_all(plan, recs, renderer.tool_format, encode)
-            s = next(x for x in plan.suites if x.name == j["suite"])
-            sc = suite_scores(s.cases, per[s.name], s.scorer)["legs"].get("board")
-            running = f" · {s.name} so far {sc['text']}" if sc else ""
+            if time.monotonic() - last["t"] >= RUNNING_SCORE_S or n == total:
+                recs = {
+                    **read_journal(host_journal),
+                    **read_journal(htp_journal),
+                    **read_journal(board_journal),
+                }
+                per, _ = score_all(plan, recs, renderer.tool_format, encode)
+                s = next(x for x in plan.suites if x.name == j["suite"])
+                sc = suite_scores(s.cases, per[s.name], s.scorer)["legs"].get("board")
+                last.update(t=time.monotonic(), text=f" · {s.name} so far {sc['text']}" if sc else "")
+            running = last["text"]
             progress.tell(
                 "board",
                 n,
