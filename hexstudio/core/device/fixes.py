@@ -659,7 +659,10 @@ async def apply_fix(
         if not ok:
             res.status, res.message = (
                 "manual",
-                (f"{why} Run these commands on the board as an administrator, then probe again."),
+                (
+                    f"{why} Run these commands as an administrator, on the board unless marked otherwise, then "
+                    "probe again."
+                ),
             )
             # only what is still to do (the checks need no root)
             res.manual_commands = [by_hand(step, board) for step in pending if step.kind != "reconnect"]

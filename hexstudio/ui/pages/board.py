@@ -674,7 +674,10 @@ class BoardPage(StagePage):
             f"{html.escape(res.message)}"
         )
         if res.manual_commands:
-            self.log("Run these on the board as an administrator:\n  " + "\n  ".join(res.manual_commands))
+            self.log(
+                "Run these as an administrator, on the board unless marked otherwise:\n  "
+                + "\n  ".join(res.manual_commands)
+            )
         if res.checks and hasattr(self, "_report"):
             done = {c["id"]: c for c in res.checks}
             items = [done.get(c.id, c.to_dict()) for c in self._report.checks]
