@@ -176,3 +176,33 @@ def test_another_run_opened_while_a_reply_loads_waits_for_it(
 
     gui_loop.run_until_complete(scenario())
     assert board.opened[0].closed
+
+
+def test_regenerate_without_a_board_keeps_the_exchange_and_new_chat_clears_the_plots(
+    qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    """Regenerate on a run whose bundle is on no board took the last exchange out, then send() refused: the
+    turn and its reply were lost, and the next message inherited the old reply as a version. And New chat left
+    the earlier conversation's reply rates on the plots (which carry no SIMULATED tag of their own)."""
+    from tests.core.test_chat_controller import Board
+
+    _c, page = _page(qtbot, tmp_path)
+    board = Board()
+    page.chat.connect = board.connect
+    page.board_doc = lambda: {"board": "sim", "remote_bundle": "/b"}
+
+    async def scenario() -> None:
+        await page.send("first")
+        await page.send("second")
+        assert page.history_plot.rates and page.rate_plot.xs
+        page.board_doc = lambda: None  # the Board stage is being run again
+        page.regenerate()
+        assert "run the Board stage" in page.chat_message.text()
+        assert [t.user for t in page.record.turns] == ["first", "second"] and len(
+            page.transcript.bubbles
+        ) == 4
+        page.new_chat()
+        assert page.history_plot.rates == [] and page.rate_plot.xs == []
+        await page.chat.wait_closed()
+
+    gui_loop.run_until_complete(scenario())

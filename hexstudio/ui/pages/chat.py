@@ -334,7 +334,7 @@ class ChatPage(StagePage):
             self.load_chat_settings()
             self.chat.applied = self.settings_panel.chosen()
             self.transcript.clear()
-            self.history_plot.reset()
+            self._clear_plots()
             self.kpi_label.setText("")
             self.chat_message.setText("")
             self.reload_conversations(select_newest=True)
@@ -448,6 +448,12 @@ class ChatPage(StagePage):
         if isinstance(sender, MessageBubble) and sender is not self.transcript.bubbles[-1]:
             self.chat_message.setText("Only the last reply can be generated again.")
             return
+        if self.board_doc() is None:
+            # send() would refuse it after the exchange was taken out: the turn and its reply would be lost
+            self.chat_message.setText(
+                "No board holds this run's bundle, so the reply cannot be generated again: run the Board stage."
+            )
+            return
         user = self.chat.regenerate()
         if user is not None:
             self.transcript.remove_last()
@@ -468,11 +474,19 @@ class ChatPage(StagePage):
     def stop(self) -> None:
         self.chat.stop()
 
+    def _clear_plots(self) -> None:
+        """A new chat or another run: no rate of an earlier conversation's replies stays on screen (they carry no
+        SIMULATED tag of their own)."""
+        self.history_plot.reset()
+        self.rate_plot.begin_reply()
+        self.rate_plot.draw()
+
     def new_chat(self) -> None:
         if self.busy_chat:
             return
         self.chat.new_conversation(self.settings_panel.chosen())
         self.transcript.clear()
+        self._clear_plots()
         self.kpi_label.setText("")
         self.chat_message.setText("")
         self._mark_current()
