@@ -828,7 +828,7 @@ class OpenAIServer:
                 msg, finish = self._message(reply.text, reply.finish_reason, tools, fmt)
                 if msg.get("tool_calls"):
                     # the text before the call's tag, when the reply said something first
-                    before = buf[: min((buf.find(t) for t in _CALL_TAGS if t in buf), default=0)]
+                    before = buf[: max(_first_tag(buf), 0)]
                     if before.strip():
                         send_text(before)
                     calls = [{"index": i, **tc} for i, tc in enumerate(msg["tool_calls"])]
@@ -901,12 +901,16 @@ class OpenAIServer:
         return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, "tool_calls"
 
 
+def _first_tag(text: str) -> int:
+    """Where the first tool-call tag in `text` starts (-1: none)."""
+    return min((text.find(t) for t in _CALL_TAGS if t in text), default=-1)
+
+
 def _before_call(text: str) -> int:
     """How much of a streamed reply can go out as text: up to the first tool-call tag, or up to a tail that may
     be the start of one."""
-    at = [text.find(t) for t in _CALL_TAGS if t in text]
-    if at:
-        return min(at)
+    if (at := _first_tag(text)) >= 0:
+        return at
     for n in range(min(len(text), max(map(len, _CALL_TAGS))), 0, -1):
         if any(t.startswith(text[-n:]) for t in _CALL_TAGS):
             return len(text) - n

@@ -220,8 +220,13 @@ PGID_MARK = b"HEXSTUDIO_PGID:"
 def _pgid_line_at(err: bytes) -> int:
     """Where the line the command's shell wrote its process group on starts (-1: not there, or not whole yet). The
     shell's own start-up (a line of ~/.bashrc that fails, a locale warning) may write lines before it."""
-    at = 0 if err.startswith(PGID_MARK) else err.find(b"\n" + PGID_MARK) + 1
-    return at if at >= 0 and (at > 0 or err.startswith(PGID_MARK)) and b"\n" in err[at:] else -1
+    if err.startswith(PGID_MARK):
+        at = 0
+    elif (at := err.find(b"\n" + PGID_MARK)) < 0:
+        return -1
+    else:
+        at += 1
+    return at if b"\n" in err[at:] else -1
 
 
 def _split_pgid(err: bytes) -> tuple[int | None, bytes]:

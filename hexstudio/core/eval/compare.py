@@ -38,8 +38,7 @@ def scores_not_current(m: RunManifest) -> str | None:
     if key in ("failed", "cancelled", "interrupted"):
         return (
             f"the last Evaluate attempt {st.kind.word} ({st.detail.rstrip('. ')}): these scores are an earlier "
-            "attempt's. "
-            "Run the Evaluate stage again for current ones."
+            "attempt's. Run the Evaluate stage again for current ones."
         )
     if key in ("pending", "running"):
         return (
