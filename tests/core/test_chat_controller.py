@@ -590,3 +590,67 @@ def test_a_dropped_link_or_a_dead_helper_is_a_failed_turn_not_a_traceback(tmp_pa
     asyncio.run(go())
     errors = [t["error"] for t in stored(run, c)["turns"] if t["state"] == "failed"]
     assert len(errors) == 3 and "dropped" in errors[0] and "Broken pipe" in errors[1], errors
+
+
+def test_a_failed_reply_is_marked_in_the_live_transcript_as_when_reloaded(tmp_path: Path) -> None:
+    """Only a stopped reply got a mark in the live bubble: a failed one looked complete until the conversation was
+    opened again ("(failed: …)"), and a failure the runtime gave no reason for got no notice at all."""
+    from hexstudio.core.services.chat import shown_reply
+
+    run = tmp_path / "run"
+    board = Board()
+    c = controller(run, board)
+
+    async def go() -> list[Any]:
+        await ask(c, "warm up")
+        session = board.opened[-1]
+        outs = []
+        real_send = FakeSession.send
+        for error in ("the HTP ran out of memory", None):
+
+            async def failing(
+                user: str, *, on_chunk: Any = None, stop: Any = None, e: Any = error
+            ) -> TurnResult:
+                res = await real_send(session, user, on_chunk=on_chunk, stop=stop)
+                res.turn.state = "failed"
+                return TurnResult(
+                    res.turn, "half a rep", "failed", None, res.chunks, "persistent", True, 1.0, 2.0, e
+                )
+
+            session.send = failing  # type: ignore[method-assign]
+            outs.append((await ask(c, "and now"))[0])
+        return outs
+
+    with_reason, without = asyncio.run(go())
+    assert with_reason.shown == "half a rep\n\n*(failed: the HTP ran out of memory)*"
+    assert with_reason.notice.failed and "out of memory" in with_reason.notice.text
+    assert without.shown == "half a rep\n\n*(failed)*"
+    assert without.notice is not None and without.notice.failed and "no reason" in without.notice.text
+    assert without.notice.hint and "console" in without.notice.hint
+    # the live bubble and the reloaded conversation say the same
+    assert c.record is not None
+    assert [shown_reply(t) for t in c.record.turns[-2:]] == [with_reason.shown, without.shown]
+
+
+def test_an_unexpected_fault_is_a_failed_turn_that_says_so_and_the_session_goes(tmp_path: Path) -> None:
+    """An exception of no handled type (a fault of HexStudio's own) left a "…" bubble, no message, a turn saved
+    as failed with no error, and the broken session kept for the next message."""
+    run = tmp_path / "run"
+    board = Board()
+    c = controller(run, board)
+
+    async def go() -> Any:
+        await ask(c, "warm up")
+        board.opened[-1].raises = KeyError("n_past")
+        out, _ = await ask(c, "and now")
+        assert c.session is None  # the next message loads the model again
+        back, _ = await ask(c, "again")
+        await c.wait_closed()
+        return out, back
+
+    out, back = asyncio.run(go())
+    assert out.turn is None and out.shown == "*(failed: KeyError: 'n_past')*"
+    assert out.notice is not None and out.notice.failed and "HexStudio failed" in out.notice.text
+    assert out.notice.hint and "log" in out.notice.hint
+    assert back.shown == "echo: again" and len(board.opened) == 2 and board.opened[0].closed
+    assert [(t["state"], t["error"]) for t in stored(run, c)["turns"]][1] == ("failed", "KeyError: 'n_past'")

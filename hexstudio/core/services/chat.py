@@ -171,7 +171,7 @@ def shown_reply(t: ChatTurn) -> str:
         return t.reply + "\n\n*(stopped)*"
     if t.state in ("pending", "streaming"):
         return t.reply + "\n\n*(interrupted: the studio stopped during this reply)*"
-    return t.reply + f"\n\n*(failed: {t.error or t.state})*"
+    return t.reply + (f"\n\n*(failed: {t.error})*" if t.error else "\n\n*(failed)*")
 
 
 def version_of(t: Turn | ChatTurn) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from hexstudio.core.services.chat import (
     record_conversation,
     reopen_reason,
     run_context_length,
+    shown_reply,
     version_of,
 )
 from hexstudio.core.services.chat_target import open_run_board
@@ -260,6 +261,11 @@ class ChatController:
         self._context_length: tuple[Path | None, int | None] = (None, None)
 
     # -- the run ------------------------------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path | None:
+        """The run the conversations are of (the open run, or while a reply is on its way the run it was sent in)."""
+        return self._run
+
     def sync_run(self, run_dir: Path | None, *, busy: bool) -> RunSync:
         """The run shown now: another one is opened (its store, an empty conversation, the session closed); the
         same one says whether the Chat stage wrote a new benchmark reply since (not while a reply streams).
@@ -547,13 +553,27 @@ class ChatController:
             rec_turn.state, rec_turn.error = "failed", why
             self.close_later()
             return TurnOutcome(f"*(failed: {why})*", notice=Notice(why, True, hint))
+        except Exception as exc:  # a fault of HexStudio's own: a failed turn that says so, never a silent "…"
+            log.exception("the chat turn failed unexpectedly")
+            why = f"{type(exc).__name__}: {exc}"
+            rec_turn.state, rec_turn.error = "failed", why
+            self.close_later()  # the session may be half-way through a reply: the next message loads it again
+            return TurnOutcome(
+                f"*(failed: {why})*",
+                notice=Notice(
+                    f"HexStudio failed while answering: {why}",
+                    True,
+                    "This is a fault in HexStudio, not in your model: send the message again (the model loads "
+                    "again), and if it repeats, report it with the studio's log (Help ▸ Open the log folder).",
+                ),
+            )
         return self._answered(rec_turn, res)
 
     def _answered(self, rec_turn: ChatTurn, res: TurnResult) -> TurnOutcome:
         turn = res.turn
         rec_turn.reply, rec_turn.state = res.text, res.state
         rec_turn.note, rec_turn.error = res.note, res.error
-        out = TurnOutcome(res.text + ("\n\n*(stopped)*" if res.state == "aborted" else ""), turn)
+        out = TurnOutcome(shown_reply(rec_turn), turn)  # as a reloaded conversation shows it: how it ended
         if res.kpis is not None:
             turn.kpis = res.kpis.as_json()
             rec_turn.kpis = dict(turn.kpis)
@@ -564,8 +584,16 @@ class ChatController:
             out.notice = Notice("Reply stopped; what came so far is kept.")
         if res.note:
             out.notice = Notice(res.note)
-        if res.error and res.state == "failed":
-            out.notice = Notice(f"Genie failed: {res.error}", failed=True)
+        if res.state == "failed":
+            out.notice = Notice(
+                f"Genie failed: {res.error}"
+                if res.error
+                else "The reply failed; the runtime gave no reason.",
+                failed=True,
+                hint=None
+                if res.error
+                else "Look at the Board page's console for Genie's own lines, then send the message again.",
+            )
         return out
 
     def end_turn(self) -> list[dict[str, Any]] | None:
