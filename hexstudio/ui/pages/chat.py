@@ -21,6 +21,7 @@ from PySide6.QtWidgets import QFileDialog, QWidget
 
 from hexstudio.core.genie.chat_store import ChatRecord
 from hexstudio.core.genie.conversation import Conversation, Turn
+from hexstudio.core.manifest import RunManifest
 from hexstudio.core.services.chat import DIALOG_LABELS, SessionSetup, kpi_line
 from hexstudio.core.services.chat_controller import (
     ChatController,
@@ -59,6 +60,8 @@ class ChatPage(StagePage):
             )
         )
         self._loading_settings = self._asking = self.busy_chat = self._switch_waits = False
+        # the run a reply on its way belongs to (its manifest and model folder), held while another run waits
+        self._turn_run: tuple[RunManifest | None, Path | None] | None = None
         self.body.setContentsMargins(12, 8, 12, 8)
         self.body.setSpacing(6)
         # the stage's own parts (inputs, gate, results) go to the side column; the page is the chat
@@ -296,13 +299,21 @@ class ChatPage(StagePage):
         """Show which template is in use; the thinking switch where the chat template has one."""
         self.settings_panel.show_template_for(self.model_dir())
 
+    def _chat_run(self) -> tuple[RunManifest | None, Path | None]:
+        """The run the open conversation belongs to, and its model folder: the open run, or while a reply is on
+        its way the run it was sent in (another run opened meanwhile waits for the reply's end)."""
+        if self._turn_run is not None:
+            return self._turn_run
+        return self.c.manifest, self.model_dir()
+
     def _conversation_settings(self) -> None:
-        """The open conversation takes the template, system prompt, reply room and context length shown now."""
-        d = self.model_dir()
-        self.chat.render_with(self.settings_panel.rendering(d), self.c.manifest, d)
+        """The open conversation takes the template, system prompt, reply room and context length shown now, and
+        its own run's context length and tokenizer (never those of a run opened while its reply is on its way)."""
+        m, d = self._chat_run()
+        self.chat.render_with(self.settings_panel.rendering(d), m, d)
 
     def update_context_meter(self) -> None:
-        if self.c.manifest is None:
+        if self._chat_run()[0] is None:
             self.context_panel.show_no_run()
             return
         try:
@@ -404,6 +415,16 @@ class ChatPage(StagePage):
         doc = self.board_doc()
         if not user or doc is None or self.busy_chat:
             return None
+        m = self.c.manifest
+        if self.chat.run_dir != (m.run_dir if m is not None else None):
+            # another run was opened after this message was asked for (a Regenerate waiting for its turn): the
+            # chat shows that run now, and the message is not sent into its conversation
+            self.refresh_results()
+            self.chat_message.setText(
+                "Another run was opened, so the message was not sent; send it again here."
+            )
+            return None
+        self._turn_run = (m, self.model_dir())
         self._set_busy(True)
         self.save_chat_settings()  # what this message is sent with is what the run keeps
         self.chat_message.setText("")
@@ -427,6 +448,7 @@ class ChatPage(StagePage):
                 self.performance.show_reply(out.kpis)
         finally:
             self.center.end_reply(self.chat.end_turn())
+            self._turn_run = None
             self._set_busy(False)
             # another run opened meanwhile is shown now
             self.refresh_results()
