@@ -1,11 +1,13 @@
 """The Chat page when things go wrong around a reply (the Chat page's review): another run opened while a
-Regenerate waits for the old session to close."""
+Regenerate waits for the old session to close, an export to a folder that cannot be written."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.core.test_chat_controller import Board, FakeSession
 
@@ -107,3 +109,27 @@ def test_a_message_asked_for_before_another_run_opened_is_not_sent_into_it(
 
     (rec,) = ChatStore(run_a).conversations()
     assert [t.user for t in rec.turns] == ["first"]  # run A keeps its exchange
+
+
+def test_export_says_where_it_wrote_and_why_it_could_not(
+    qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PySide6.QtWidgets import QFileDialog
+
+    _c, page = _page_on(qtbot, tmp_path)
+    page.chat.connect = Board().connect
+    gui_loop.run_until_complete(page.send("first"))
+    not_a_folder = tmp_path / "notes.txt"  # a file where the folder should be: no one can write under it
+    not_a_folder.write_text("x")
+    target = [not_a_folder / "conversation.md"]
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *_a, **_k: (str(target[0]), ""))
+    try:
+        page.export_dialog()  # raised OSError inside the slot: nobody was told
+        text = page.chat_message.text()
+        assert "could not be written" in text and "File exists" in text and "export again" in text
+        target[0] = tmp_path / "conversation.md"
+        page.export_dialog()
+        assert "Exported the conversation (1 reply) to" in page.chat_message.text()
+        assert "echo: first" in target[0].read_text()
+    finally:
+        gui_loop.run_until_complete(page.chat.wait_closed())

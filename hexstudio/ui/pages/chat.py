@@ -536,5 +536,19 @@ class ChatPage(StagePage):
         path, _ = QFileDialog.getSaveFileName(
             self, "Export the conversation", "conversation.md", "Markdown (*.md);;JSON (*.json)"
         )
-        if path:
+        if not path:
+            return
+        try:
             self.conversation.save(Path(path))
+        except OSError as exc:
+            self.chat_message.setText(
+                failed(
+                    f"The conversation could not be written to {path}: {exc.strerror or exc}. "
+                    "Choose a folder you can write to (your home folder, for one) and export again."
+                )
+            )
+            return
+        n = len(self.conversation.turns)
+        self.chat_message.setText(
+            html.escape(f"Exported the conversation ({n} {'reply' if n == 1 else 'replies'}) to {path}.")
+        )
