@@ -129,6 +129,12 @@ def controller(run: Path | None, board: Board, sent: SentWith | None = None) -> 
     return c
 
 
+def on_a_run(tmp_path: Path) -> tuple[Path, Board, ChatController]:
+    """A run folder, a board and a controller on that run."""
+    run, board = tmp_path / "run", Board()
+    return run, board, controller(run, board)
+
+
 async def ask(c: ChatController, text: str, setup: SessionSetup | None = None, **hooks: Any) -> Any:
     """As the page sends a message: start, run, end; returns (outcome, versions)."""
     c.start_turn(text)
@@ -310,9 +316,7 @@ def test_a_stopped_reply_is_kept_and_said(tmp_path: Path) -> None:
 
 
 def test_a_message_that_does_not_fit_or_a_failing_board_is_a_failed_turn(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    board = Board()
-    c = controller(run, board)
+    run, board, c = on_a_run(tmp_path)
 
     async def go() -> None:
         board.fail = SessionError("The runtime runs only the basic dialog, not lade.", "Choose basic.")
@@ -351,9 +355,7 @@ def test_an_unfinished_turn_is_kept_as_failed(tmp_path: Path) -> None:
 
 
 def test_regenerate_keeps_the_earlier_replies_as_versions(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    board = Board()
-    c = controller(run, board)
+    run, board, c = on_a_run(tmp_path)
 
     async def go() -> Any:
         await ask(c, "hello")
@@ -379,9 +381,7 @@ def test_regenerate_keeps_the_earlier_replies_as_versions(tmp_path: Path) -> Non
 def test_regenerate_after_a_message_that_did_not_fit_asks_that_message_again(tmp_path: Path) -> None:
     """The refused message never joined the conversation: Regenerate asks it again (not the message before it),
     keeps the refusal as a version, and the loaded dialog stays (its KV cache does not hold the message)."""
-    run = tmp_path / "run"
-    board = Board()
-    c = controller(run, board)
+    _run, board, c = on_a_run(tmp_path)
 
     async def go() -> None:
         await ask(c, "hello")
@@ -567,9 +567,7 @@ def test_a_dropped_link_or_a_dead_helper_is_a_failed_turn_not_a_traceback(tmp_pa
     session goes, so the next message loads the model again instead of failing the same way."""
     from hexstudio.core.device.transport import ConnectionLost
 
-    run = tmp_path / "run"
-    board = Board()
-    c = controller(run, board)
+    run, board, c = on_a_run(tmp_path)
 
     async def go() -> None:
         for exc in (
@@ -597,9 +595,7 @@ def test_a_failed_reply_is_marked_in_the_live_transcript_as_when_reloaded(tmp_pa
     opened again ("(failed: …)"), and a failure the runtime gave no reason for got no notice at all."""
     from hexstudio.core.services.chat import shown_reply
 
-    run = tmp_path / "run"
-    board = Board()
-    c = controller(run, board)
+    _run, board, c = on_a_run(tmp_path)
 
     async def go() -> list[Any]:
         await ask(c, "warm up")
@@ -635,9 +631,7 @@ def test_a_failed_reply_is_marked_in_the_live_transcript_as_when_reloaded(tmp_pa
 def test_an_unexpected_fault_is_a_failed_turn_that_says_so_and_the_session_goes(tmp_path: Path) -> None:
     """An exception of no handled type (a fault of HexStudio's own) left a "…" bubble, no message, a turn saved
     as failed with no error, and the broken session kept for the next message."""
-    run = tmp_path / "run"
-    board = Board()
-    c = controller(run, board)
+    run, board, c = on_a_run(tmp_path)
 
     async def go() -> Any:
         await ask(c, "warm up")
