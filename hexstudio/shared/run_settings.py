@@ -492,7 +492,8 @@ class RunSettings:
         unit="s",
         range=(0.0, 3600.0),
         advanced=True,
-        help="Seconds between AI Hub job status requests (unset: the worker's default).",
+        help="Seconds between AI Hub job status requests (unset: the worker's default, 15 s). Against Qualcomm's "
+        "own AI Hub at least 5 s: it limits an account's requests.",
     )
     aihub_http_retries: int | None = setting(
         None,

@@ -70,6 +70,7 @@ from hexstudio.workers.runtime import WorkerError, WorkerSpec
 JOBS_FILE = "aihub_jobs.json"
 EMULATED_ATTRIBUTE = "hexstudio:emulated"
 DEFAULT_POLL_S = 15.0
+MIN_QUALCOMM_POLL_S = 5.0  # the shortest poll interval used against Qualcomm's own AI Hub
 KINDS = ("prompt_processor", "token_generator")
 TOKEN_WHERE = "the Compile page's AI Hub token field, or `hexstudio aihub login`"
 RESUME_HINT = (
@@ -201,12 +202,24 @@ LOOKUP_PAGE, LOOKUP_PAGES = 50, 10
 
 
 # -- client ------------------------------------------------------------------------------------
-def configure_client(settings: RunSettings) -> float:
+def poll_interval(settings: RunSettings, api_url: str) -> float:
+    """Seconds between job status requests: the setting (unset: DEFAULT_POLL_S), at least MIN_QUALCOMM_POLL_S
+    against Qualcomm's own AI Hub, which rate-limits an account's requests; faster only against another API
+    (the emulator the tests run)."""
+    from qai_hub.public_rest_api import DEFAULT_HUB_API_URL
+
+    poll = float(settings.aihub_poll_interval_s or DEFAULT_POLL_S)
+    if poll < MIN_QUALCOMM_POLL_S and api_url.rstrip("/") == DEFAULT_HUB_API_URL:
+        return MIN_QUALCOMM_POLL_S
+    return poll
+
+
+def configure_client(settings: RunSettings, api_url: str) -> float:
     """The client's knobs: job polling and HTTP retries. Returns our poll interval (seconds)."""
     import qai_hub.client as hc
     import qai_hub.util.session as hs
 
-    poll = float(settings.aihub_poll_interval_s or DEFAULT_POLL_S)
+    poll = poll_interval(settings, api_url)
     hc.Job._polling_interval = max(1, int(poll))  # only used if a client call waits itself
     if settings.aihub_http_retries is not None:
         hs.MAX_RETRIES = settings.aihub_http_retries
@@ -509,8 +522,8 @@ def list_devices(settings: RunSettings | None = None, token: str | None = None) 
     with contextlib.redirect_stdout(sys.stderr):
         import qai_hub as hub
 
-        configure_client(s)
         ccfg = client_config(s, token)
+        configure_client(s, ccfg.api_url)
         with hub_errors("listing devices", ccfg.api_url, ccfg.web_url, resume=False):
             devs = hub.Client(config=ccfg).get_devices()
     rows = []
@@ -1051,8 +1064,13 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     with contextlib.redirect_stdout(sys.stderr):
         import qai_hub as hub
 
-        poll_s = configure_client(s)
         ccfg = client_config(s)
+        poll_s = configure_client(s, ccfg.api_url)
+        if poll_s > float(s.aihub_poll_interval_s or poll_s):
+            em.log(
+                f"polling AI Hub every {poll_s:g} s, not every {s.aihub_poll_interval_s:g} s as set: Qualcomm's AI "
+                "Hub limits an account's requests"
+            )
         client = hub.Client(config=ccfg)
         # the upload's size and ETA first, before anything is sent (the CLI prints a stage's first progress line)
         plan = upload_plan(pairs, qdir, set(), s.aihub_compact_upload)

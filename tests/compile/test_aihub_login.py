@@ -202,3 +202,19 @@ def test_a_keyring_that_cannot_be_read_is_said_by_the_worker(
     assert err is not None and "keyring could not be read" in (err.hint or "")
     # a keyring that reads again: the next worker is not told the old failure
     assert "HEXSTUDIO_KEYRING_UNREAD" not in worker_env()
+
+
+def test_qualcomms_ai_hub_is_never_polled_faster_than_every_5_s() -> None:
+    """aihub_poll_interval_s took 0.01 against Qualcomm's own AI Hub: a status request every 10 ms per job, which
+    the service rate-limits. Against another API (the emulator) the setting holds as given."""
+    from qai_hub.public_rest_api import DEFAULT_HUB_API_URL
+
+    from hexstudio.shared.run_settings import RunSettings
+    from hexstudio.workers.aihub import DEFAULT_POLL_S, MIN_QUALCOMM_POLL_S, poll_interval
+
+    fast, slow, unset = (RunSettings(aihub_poll_interval_s=v) for v in (0.01, 30.0, None))
+    assert poll_interval(fast, DEFAULT_HUB_API_URL) == MIN_QUALCOMM_POLL_S == 5.0
+    assert poll_interval(fast, DEFAULT_HUB_API_URL + "/") == 5.0
+    assert poll_interval(fast, "http://127.0.0.1:8123") == 0.01
+    assert poll_interval(slow, DEFAULT_HUB_API_URL) == 30.0
+    assert poll_interval(unset, DEFAULT_HUB_API_URL) == DEFAULT_POLL_S == 15.0
