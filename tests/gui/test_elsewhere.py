@@ -206,6 +206,77 @@ def test_evaluate_chart_has_a_legend(qtbot: Any, tmp_path: Path) -> None:
     assert compare_names and m.run_id in compare_names[0]
 
 
+def _headers_and_row(page: Any) -> tuple[list[str], list[str]]:
+    t = page.scores
+    heads = [t.horizontalHeaderItem(i).text() for i in range(t.columnCount())]
+    return heads, [t.item(0, i).text() if t.item(0, i) else "" for i in range(t.columnCount())]
+
+
+def test_the_scores_table_has_a_column_for_each_leg_the_evaluation_ran(qtbot: Any, tmp_path: Path) -> None:
+    """The table had six fixed columns while a suite's row held seven cells once the HTP leg came: the HTP
+    simulation's score stood under "board", the board's under "drop float→sim", and the last drop was lost. A
+    host-only evaluation showed an empty board column and its drop."""
+    ws = tmp_path / "ws"
+    m = gate_failed_run(ws, "evaluate")
+
+    def evaluation(legs: dict[str, float], drops: dict[str, float], source: str) -> str:
+        return json.dumps(
+            {
+                "source": source,
+                "simulated": source != "device",
+                "prompt_format": "chat",
+                "tool_format": "json",
+                "legs": list(legs),
+                "leg_titles": {"board": "board (SIMULATED)"},
+                "suites": [
+                    {
+                        "suite": "instruction",
+                        "title": "Instruction following",
+                        "scorer": "rules",
+                        "legs": {leg: {"value": v, "text": f"{v:.0%}"} for leg, v in legs.items()},
+                        "drops": drops,
+                    }
+                ],
+            }
+        )
+
+    rewrite_output(
+        m,
+        "evaluate",
+        "evaluate.json",
+        evaluation(
+            {"float": 0.75, "sim": 0.5, "htp": 0.5, "board": 0.25},
+            {"float->sim": 0.25, "sim->board": 0.25},
+            "simulated",
+        ),
+    )
+    c, w = studio_window(qtbot, ws, (1280, 720))
+    c.open_run(m.run_id)
+    page = w.pages["evaluate"]
+    page.refresh()
+    heads, row = _headers_and_row(page)
+    assert heads == [
+        "suite",
+        "host float",
+        "host quantized (sim)",
+        "HTP simulator (x86)",
+        "board (SIMULATED)",
+        "drop float→sim",
+        "drop sim→board",
+    ]
+    assert page.scores.horizontalHeaderItem(3).toolTip() == "host HTP simulation (Qualcomm QNN, x86)"
+    assert row == ["Instruction following", "75%", "50%", "50%", "25%", "+0.250", "+0.250"]
+    rewrite_output(
+        m, "evaluate", "evaluate.json", evaluation({"float": 0.75, "sim": 0.5}, {"float->sim": 0.25}, "host")
+    )
+    page.refresh()
+    heads, row = _headers_and_row(page)
+    assert heads == ["suite", "host float", "host quantized (sim)", "drop float→sim"]
+    assert row == ["Instruction following", "75%", "50%", "+0.250"]
+    legend = [label.text for _sample, label in page.plot_legend.items]
+    assert legend == ["host float", "host quantized (simulation)"]
+
+
 def test_inspect_shows_it_is_busy_and_clears_the_previous_model(
     qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop
 ) -> None:

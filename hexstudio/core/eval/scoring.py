@@ -19,6 +19,7 @@ LEG_TITLES = {
     "htp": "host HTP simulation (Qualcomm QNN, x86)",
     "board": "board",
 }
+DROP_STEPS = (("float", "sim"), ("sim", "board"))  # a suite's drops: quantization, then the board
 
 
 def _words(text: str) -> list[str]:
@@ -187,7 +188,7 @@ def suite_scores(
                     "text": f"{correct}/{len(done)} ({100 * correct / len(done):.1f}%)",
                 }
             )
-    for a, b in (("float", "sim"), ("sim", "board")):
+    for a, b in DROP_STEPS:
         x, y = out["legs"].get(a), out["legs"].get(b)
         if x and y and x.get("value") is not None and y.get("value") is not None:
             d = y["value"] - x["value"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QFileDialog,
     QGroupBox,
@@ -22,7 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from hexstudio.core.eval.compare import compare_runs, scores_not_current
-from hexstudio.core.eval.scoring import LEGS
+from hexstudio.core.eval.scoring import DROP_STEPS, LEG_TITLES, LEGS
 from hexstudio.core.eval.suites import DEFAULT_SUITES, SuiteError, add_suite, available, load_suite
 from hexstudio.core.runs import RunBusy, Workspace
 from hexstudio.ui.controller import RunController
@@ -32,6 +33,10 @@ from hexstudio.ui.plots import StyledPlot
 from hexstudio.ui.widgets import STATE_COLORS, button, button_row, note
 
 BAR_COLORS = ("#2f81f7", "#8250df", "#2da44e", "#d1242f", "#bf8700")
+
+
+# the scores table's short column heads (the full titles are their tooltips, and the plot's legend)
+COLUMN_TITLES = {"float": "host float", "sim": "host quantized (sim)", "htp": "HTP simulator (x86)"}
 
 
 def _table(headers: list[str]) -> QTableWidget:
@@ -88,9 +93,7 @@ class EvaluatePage(StagePage):
         self.source_label = note("")
         self.source_label.setObjectName("eval_source")
         self.results_layout.insertWidget(1, self.source_label)
-        self.scores = _table(
-            ["suite", "host float", "host quantized (sim)", "board", "drop float→sim", "drop sim→board"]
-        )
+        self.scores = _table(["suite"])  # a column per leg the evaluation ran (_show_scores)
         self.scores.setObjectName("eval_scores")
         self.results_layout.insertWidget(2, self.scores)
         self.plot, self.plot_legend = _score_plot("eval_plot", "score")  # legend: which colour is which leg
@@ -221,52 +224,66 @@ class EvaluatePage(StagePage):
                 + where
                 + f"Prompts: {doc.get('prompt_format')}; tool calls read in the {doc.get('tool_format')} format."
             )
-            rows, colors = [], []
-            for t in doc.get("suites") or []:
-                legs = t.get("legs") or {}
-                drops = t.get("drops") or {}
-
-                def d(k: str, drops: dict[str, Any] = drops) -> str:
-                    v = drops.get(k)
-                    return "—" if v is None else f"{(v or 0.0):+.3f}"
-
-                rows.append(
-                    [
-                        t.get("title") or t["suite"],
-                        *[(legs.get(x) or {}).get("text", "—") for x in LEGS],
-                        d("float->sim"),
-                        d("sim->board"),
-                    ]
-                )
-                worse = [None] * (1 + len(LEGS)) + [  # one per leg (LEGS grew an htp leg), then the drops
-                    STATE_COLORS["failed"] if (drops.get("float->sim") or 0) > 0.05 else None,
-                    STATE_COLORS["failed"] if (drops.get("sim->board") or 0) > 0.05 else None,
-                ]
-                colors.append(worse)
-            _fill(self.scores, rows, colors)
-            acc = [t for t in doc.get("suites") or [] if t.get("scorer") not in ("perplexity",)]
-            for li, leg in enumerate(LEGS):
-                xs, hs = [], []
-                for i, t in enumerate(acc):
-                    v = (t.get("legs") or {}).get(leg)
-                    if v and v.get("value") is not None:
-                        xs.append(i + (li - (len(LEGS) - 1) / 2) * 0.8 / len(LEGS))
-                        hs.append(float(v["value"]))
-                if xs:
-                    titles = doc.get("leg_titles") or {}
-                    self.plot.addItem(
-                        pg.BarGraphItem(
-                            x=xs,
-                            height=hs,
-                            width=0.75 / len(LEGS),
-                            brush=BAR_COLORS[li % len(BAR_COLORS)],
-                            name=str(titles.get(leg) or leg),
-                        )
-                    )
-            ax = self.plot.getAxis("bottom")
-            ax.setTicks([[(i, t["suite"]) for i, t in enumerate(acc)]])
+            self._show_scores(doc)
         self._load_runs()
         self.refresh_compare()
+
+    def _show_scores(self, doc: dict[str, Any]) -> None:
+        """The scores table and plot, with a column and a bar colour for each leg this evaluation ran (a host-only
+        one has no board column), under the evaluation's own titles, then the drop at each step it can show."""
+        legs = [x for x in doc.get("legs") or LEGS if x in LEGS]
+        titles = {**LEG_TITLES, **(doc.get("leg_titles") or {})}
+        steps = [(a, b) for a, b in DROP_STEPS if a in legs and b in legs]
+        self.scores.setColumnCount(1 + len(legs) + len(steps))
+        self.scores.setHorizontalHeaderLabels(
+            ["suite", *[str(titles.get(x) if x == "board" else COLUMN_TITLES[x]) for x in legs]]
+            + [f"drop {a}→{b}" for a, b in steps]
+        )
+        for i, leg in enumerate(legs, 1):  # the column's full title where the header is short
+            item = self.scores.horizontalHeaderItem(i)
+            if item is not None:
+                item.setToolTip(str(titles.get(leg) or leg))
+        rows: list[list[str]] = []
+        colors: list[list[str | None]] = []
+        for t in doc.get("suites") or []:
+            got, drops = t.get("legs") or {}, t.get("drops") or {}
+            cut = [drops.get(f"{a}->{b}") for a, b in steps]
+            rows.append(
+                [
+                    t.get("title") or t["suite"],
+                    *[str((got.get(x) or {}).get("text", "—")) for x in legs],
+                    *["—" if v is None else f"{(v or 0.0):+.3f}" for v in cut],
+                ]
+            )
+            worse: list[str | None] = [None] * (
+                1 + len(legs)
+            )  # the scores as they are; a drop over 5 % in red
+            colors.append(worse + [STATE_COLORS["failed"] if (v or 0) > 0.05 else None for v in cut])
+        _fill(self.scores, rows, colors)
+        acc = [t for t in doc.get("suites") or [] if t.get("scorer") not in ("perplexity",)]
+        for li, leg in enumerate(legs):
+            xs, hs = [], []
+            for i, t in enumerate(acc):
+                v = (t.get("legs") or {}).get(leg)
+                if v and v.get("value") is not None:
+                    xs.append(i + (li - (len(legs) - 1) / 2) * 0.8 / len(legs))
+                    hs.append(float(v["value"]))
+            if xs:
+                self.plot.addItem(
+                    pg.BarGraphItem(
+                        x=xs,
+                        height=hs,
+                        width=0.75 / len(legs),
+                        brush=BAR_COLORS[LEGS.index(leg) % len(BAR_COLORS)],  # a leg keeps its colour
+                        name=str(titles.get(leg) or leg),
+                    )
+                )
+        self.plot.getAxis("bottom").setTicks([[(i, t["suite"]) for i, t in enumerate(acc)]])
+        # the legend over the bars stays readable: a veil of the page's own colour behind it
+        veil = self.palette().color(QPalette.ColorRole.Base)
+        veil.setAlpha(215)
+        self.plot_legend.setBrush(pg.mkBrush(veil))
+        self.plot_legend.setLabelTextColor(self.palette().color(QPalette.ColorRole.Text))
 
     def _load_runs(self) -> None:
         ws = self._workspace()
