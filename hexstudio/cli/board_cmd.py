@@ -176,25 +176,30 @@ def cmd_add(args: argparse.Namespace) -> int:
     s.boards[args.name] = cfg
     s.save()
     out: dict[str, Any] = {"ok": True, "board": args.name, "config": s.boards[args.name], "replaced": before}
+    what = "saved"
+    if before is not None:
+        was = f"{before.get('user') or ''}@{before.get('host') or before.get('ssh_alias') or '?'}:{before.get('port', 22)} ({before.get('auth')})"
+        dropped = sorted(set(before) - set(cfg))
+        what = f"replaced (it was {was}" + (f"; no longer set: {', '.join(dropped)}" if dropped else "") + ")"
     if not args.no_connect:
 
         async def label(b: Board) -> str:
             return b.label
 
-        out["label"] = _on_board(args, label)
+        try:
+            out["label"] = _on_board(args, label)
+        except CliError as exc:  # the entry stays (a board that is off now is still worth keeping): say so
+            raise CliError(
+                f"Board {args.name} is {what}, but connecting to it failed: {exc.message}",
+                f"{exc.hint or 'Check the board and its network.'} Then check it with `hexstudio board probe "
+                f"{args.name}`, or take the entry back out with `hexstudio board remove {args.name}`.",
+                exc.exit_code,
+                code=exc.code,
+            ) from None
         out["state"] = "ready"
     if args.json:
         print_json(out)
     else:
-        what = "saved"
-        if before is not None:
-            was = f"{before.get('user') or ''}@{before.get('host') or before.get('ssh_alias') or '?'}:{before.get('port', 22)} ({before.get('auth')})"
-            dropped = sorted(set(before) - set(cfg))
-            what = (
-                f"replaced (it was {was}"
-                + (f"; no longer set: {', '.join(dropped)}" if dropped else "")
-                + ")"
-            )
         print(f"board {args.name} {what}" + (f"; connected: {out['label']}" if "label" in out else ""))
     return 0
 
@@ -232,7 +237,11 @@ def cmd_password(args: argparse.Namespace) -> int:
     if args.name not in Settings.load().boards:
         raise CliError(f"No board named '{args.name}'.", "Add it first: hexstudio board add NAME --host ...")
     what = "sudo" if args.sudo else "SSH"
-    pw = read_password(f"{what} password for {args.name}: ", args.stdin)
+    pw = read_password(
+        f"{what} password for {args.name}: ",
+        args.stdin,
+        f"hexstudio board password {args.name}" + (" --sudo" if args.sudo else ""),
+    )
     set_secret(sudo_password_key(args.name) if args.sudo else board_password_key(args.name), pw)
     from hexstudio.core.secrets import stored_where
 

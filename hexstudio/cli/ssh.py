@@ -83,8 +83,15 @@ def _config_identity_files(host: str) -> list[str]:
         return []
 
 
-def read_password(prompt: str, from_stdin: bool) -> str:
-    """A password from the first line of standard input or a hidden prompt; an empty one is refused."""
+def read_password(prompt: str, from_stdin: bool, command: str) -> str:
+    """A password from the first line of standard input or a hidden prompt (only on a terminal: elsewhere getpass
+    reads a pipe with the password echoed, or fails); an empty one is refused."""
+    if not from_stdin and not sys.stdin.isatty():
+        raise CliError(
+            "No terminal to ask the password on.",
+            f"Pipe it in instead: `{command} --stdin < password.txt` (the first line is the password).",
+            exit_code=EXIT_USAGE,
+        )
     pw = sys.stdin.readline().rstrip("\n") if from_stdin else getpass.getpass(prompt)
     if not pw:
         raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)

@@ -132,7 +132,13 @@ def cmd_add(args: argparse.Namespace) -> int:
     s = Settings.load()
     worker_hosts(s)[args.name] = ssh.ssh_config_from(args, python=args.python, root=args.root)
     s.save()
-    out: dict[str, Any] = {"ok": True, "worker_host": args.name, "config": worker_hosts(s)[args.name]}
+    # saved before the check: a host that is off now is still worth keeping ("saved" says so to a script)
+    out: dict[str, Any] = {
+        "ok": True,
+        "saved": True,
+        "worker_host": args.name,
+        "config": worker_hosts(s)[args.name],
+    }
     if not args.no_connect:
         out["check"] = asyncio.run(_check(args.name, worker_hosts(s)[args.name], args))
         out["ok"] = out["check"]["ok"]
@@ -166,7 +172,9 @@ def cmd_password(args: argparse.Namespace) -> int:
         host_config(args.name)
     except WorkerHostError as exc:
         raise CliError(exc.message, exc.hint) from None
-    pw = ssh.read_password(f"SSH password for {args.name}: ", args.stdin)
+    pw = ssh.read_password(
+        f"SSH password for {args.name}: ", args.stdin, f"hexstudio worker password {args.name}"
+    )
     set_secret(worker_password_key(args.name), pw)
     from hexstudio.core.secrets import stored_where
 

@@ -59,3 +59,28 @@ def test_adding_a_board_under_a_name_in_use_says_it_replaced_it(tmp_path: Path) 
     assert r.returncode == 0, r.stderr
     assert "board evk replaced (it was @10.0.0.5:22 (agent); no longer set: qairt_zip)" in r.stdout, r.stdout
     assert Settings.load().boards["evk"]["host"] == "10.0.0.6"
+
+
+def test_a_board_added_while_it_cannot_be_reached_says_it_is_saved(tmp_path: Path) -> None:
+    """The entry was saved (or replaced an older one) before connecting; a failed connection then said only why it
+    failed, so the replaced entry was gone without a word."""
+    r = python_m_hexstudio("board", "add", "b1", "--host", "192.0.2.1", "--auth", "password", "--no-connect")
+    assert r.returncode == 0, r.stderr
+    r = python_m_hexstudio(
+        "board",
+        "add",
+        "b1",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "1",
+        "--auth",
+        "agent",
+        "--json",
+        env={"SSH_AUTH_SOCK": ""},
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert "Board b1 is replaced (it was @192.0.2.1:22 (password)), but connecting to it failed" in out, out
+    assert "hexstudio board remove b1" in out and "hexstudio board probe b1" in out
+    assert Settings.load().boards["b1"]["port"] == 1
