@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import http.server
+import io
 import json
 import os
 import socket
@@ -539,6 +540,34 @@ def _with_stdin_closed(e: Env, *argv: str) -> tuple[int, str]:
         sys.stdin = saved
 
 
+class _Pipe(io.StringIO):
+    """Standard input that is a pipe, not a terminal (getpass would read it with the password echoed)."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _no_terminal(e: Env, *argv: str) -> tuple[int, str]:
+    saved = sys.stdin
+    sys.stdin = _Pipe("typed where no one asked\n")
+    try:
+        return run_cli(e, *argv)
+    finally:
+        sys.stdin = saved
+
+
+def _a_board(e: Env) -> str:
+    rc, out = run_cli(e, "board", "add", "b1", "--host", "192.0.2.1", "--auth", "password", "--no-connect")
+    assert rc == 0, out
+    return "b1"
+
+
+def _a_worker(e: Env) -> str:
+    rc, out = run_cli(e, "worker", "add", "w1", "--host", "192.0.2.1", "--auth", "password", "--no-connect")
+    assert rc == 0, out
+    return "w1"
+
+
 def _a_run(e: Env) -> str:
     rc, out = run_cli(e, "run", "--until", "model")
     assert rc == 0, out
@@ -621,6 +650,36 @@ ROWS += [
         lambda e: _with_stdin_closed(e, "runs", "delete", _a_run(e)),
         ["no terminal to ask on", "--yes"],
         lambda e: len(e.runs()) == 1,
+    ),
+    (
+        "runs delete --json without --yes",
+        lambda e: run_cli(e, "runs", "delete", _a_run(e), "--json"),
+        ["--json does not ask", "--yes"],
+        lambda e: len(e.runs()) == 1,
+    ),
+    (
+        "board password with no terminal",
+        lambda e: _no_terminal(e, "board", "password", _a_board(e)),
+        ["No terminal to ask the password on", "board password b1 --stdin"],
+        None,
+    ),
+    (
+        "worker password with no terminal",
+        lambda e: _no_terminal(e, "worker", "password", _a_worker(e)),
+        ["No terminal to ask the password on", "worker password w1 --stdin"],
+        None,
+    ),
+    (
+        "model inspect --board-ram-gib nan",
+        lambda e: run_cli(e, "model", "inspect", "builtin:tiny-llama", "--board-ram-gib", "nan"),
+        ["nan is out of range", "0.25 to 4096"],
+        None,
+    ),
+    (
+        "bundle config --parts -1",
+        lambda e: run_cli(e, "bundle", "config", "--model", str(BUILTIN), "--parts", "-1"),
+        ["-1 is out of range", "1 to 64"],
+        None,
     ),
     ('run --resume ""', lambda e: run_cli(e, "run", "--resume", ""), ["--resume needs a run id"], NO_RUN),
     (

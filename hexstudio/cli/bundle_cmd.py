@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.common import CliError, print_json, set_action
+from hexstudio.cli.common import CliError, print_json, set_action, setting_range
 from hexstudio.shared import bundle as gb
 from hexstudio.shared import modelinfo
 from hexstudio.shared.bundle.dialog_tokens import dialog_tokens
@@ -21,9 +21,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pc = bs.add_parser("config", help="print the genie_config.json HexStudio would write for a model")
     pc.add_argument("--model", required=True, help="a folder holding config.json (weights not needed)")
     pc.add_argument("--device", default="Dragonwing IQ-9075 EVK")
-    pc.add_argument("--context-length", type=int, default=4096)
-    pc.add_argument("--ar-n", type=int, default=128)
-    pc.add_argument("--parts", type=int, default=None)
+    pc.add_argument("--context-length", type=setting_range("context_length"), default=4096)
+    pc.add_argument("--ar-n", type=setting_range("ar_n"), default=128)
+    pc.add_argument("--parts", type=setting_range("parts"), default=None)
     pc.set_defaults(func=cmd_config)
     pd = bs.add_parser("devices", help="devices HexStudio knows offline, or (--aihub) the live AI Hub list")
     pd.add_argument(

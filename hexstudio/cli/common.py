@@ -146,16 +146,36 @@ def int_in(lo: int, hi: int) -> Callable[[str], Any]:
     return number_in(int, lo, hi)
 
 
+def setting_range(name: str) -> Callable[[str], Any]:
+    """An argparse type for the run setting `name`: a whole number in the registry's range (docs/settings.md)."""
+    from hexstudio.shared.run_settings import SETTINGS
+
+    lo, hi = SETTINGS[name].range or (-(1 << 62), 1 << 62)
+    return int_in(int(lo), int(hi))
+
+
 def add_shape_flags(
     p: argparse.ArgumentParser, context_help: str, context_flags: Sequence[str] = ("--context-length",)
 ) -> None:
     """--context-length, --ar-n and --parts: the graph shapes of a run, each None (the run default) unless given."""
-    p.add_argument(*context_flags, dest="context_length", type=int, default=None, help=context_help)
     p.add_argument(
-        "--ar-n", type=int, default=None, help="prompt processor length (default: the run default)"
+        *context_flags,
+        dest="context_length",
+        type=setting_range("context_length"),
+        default=None,
+        help=context_help,
     )
     p.add_argument(
-        "--parts", type=int, default=None, help="parts (default: the run default; auto by model size)"
+        "--ar-n",
+        type=setting_range("ar_n"),
+        default=None,
+        help="prompt processor length (default: the run default)",
+    )
+    p.add_argument(
+        "--parts",
+        type=setting_range("parts"),
+        default=None,
+        help="parts (default: the run default; auto by model size)",
     )
 
 

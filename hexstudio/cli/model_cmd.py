@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hexstudio.cli.common import add_actions, int_in, print_json, set_action
+from hexstudio.cli.common import add_actions, int_in, number_in, print_json, set_action, setting_range
 from hexstudio.core.jobs import human_bytes
 from hexstudio.core.services.model import inspect
 from hexstudio.shared.run_settings import DEFAULTS
@@ -29,10 +29,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help=f"prompt processor length (default: {DEFAULTS.ar_n})",
     )
-    pi.add_argument("--parts", type=int_in(1, 1024), default=None)
+    pi.add_argument("--parts", type=setting_range("parts"), default=None)
     pi.add_argument(
         "--board-ram-gib",
-        type=float,
+        type=number_in(float, 0.25, 4096.0),
         default=None,
         help="the target board's RAM in GiB: part sizes and whether the bundle fits (default: unknown)",
     )

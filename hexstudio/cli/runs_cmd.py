@@ -102,11 +102,16 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     ws = workspace_from(args)
-    if not args.yes and not args.json:
-        if sys.stdin is None or sys.stdin.closed or not sys.stdin.isatty():
+    if not args.yes:
+        # --json changes what is printed, never whether it asks: a script must say --yes to delete
+        if args.json or sys.stdin is None or sys.stdin.closed or not sys.stdin.isatty():
             raise CliError(
-                f"Not deleting run {args.run_id}: there is no terminal to ask on (stdin is closed or "
-                "not a terminal).",
+                f"Not deleting run {args.run_id}: "
+                + (
+                    "--json does not ask (its output is JSON)."
+                    if args.json
+                    else "there is no terminal to ask on (stdin is closed or not a terminal)."
+                ),
                 f"Run `hexstudio runs delete {args.run_id} --yes` to delete it without asking.",
             )
         ans = input(f"Delete run {args.run_id} and all its artifacts? [y/N] ")
