@@ -86,7 +86,8 @@ def _side_env() -> tuple[Path, str] | None:
         return None
     if not py or not Path(py).is_file():
         return None
-    env_root = Path(py).resolve().parent.parent
+    # the venv's own folder: its bin/python is a link to the base interpreter, which resolving would follow
+    env_root = Path(os.path.abspath(py)).parent.parent
     for folder in sorted(env_root.glob(f"lib/python3.*/site-packages/{PACKAGE}")):
         return folder, py
     return None
