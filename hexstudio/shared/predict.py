@@ -105,6 +105,9 @@ def target_for_device(name: str, dev: dict[str, Any], note: str = "") -> Target:
     )
 
 
+LPBQ_BLOCK = 64  # LPBQ's block along a weight's input features (int4 values, one uint8 scale per block)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """A decoder's true shapes, from config.json (hexstudio.shared.modelinfo.inspect_config)."""
@@ -130,6 +133,16 @@ class ModelShape:
             intermediate=int(info["intermediate_size"]),
             vocab=int(info["vocab_size"]),
         )
+
+    def lpbq_misfits(self) -> list[str]:
+        """The weights' input-feature counts that LPBQ's blocks of LPBQ_BLOCK do not divide (the graphs the
+        predictor builds are quantized so, as the deployed model is): each as "name N"."""
+        features = (
+            ("hidden_size", self.hidden),
+            ("num_attention_heads x head_dim", self.heads * self.head_dim),
+            ("intermediate_size", self.intermediate),
+        )
+        return [f"{name} {n}" for name, n in features if n % LPBQ_BLOCK]
 
     def layer_weight_bytes(self) -> int:
         """One decoder layer's weights as deployed: int4 values + one uint8 block scale per 64 (LPBQ)."""

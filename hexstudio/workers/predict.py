@@ -30,27 +30,28 @@ from typing import Any
 from hexstudio.shared.predict import GraphTiming, ModelShape, Target, combine
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.python_command import python_command
+from hexstudio.workers.qnn.libs import INSTALL_HINT, QnnLibs, find_qnn_libs, with_workers_on_path
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 
 LM_SLICE = 16384  # lm_head columns compiled; its cost is scaled linearly to the vocabulary (a matmul's N)
-QNN_MISSING = (
-    "The speed predictor needs Qualcomm's x86 QNN libraries (onnxruntime-qnn).",
-    "Install them: `.venv/bin/pip install onnxruntime-qnn==2.7.0` (Linux x86_64, Python 3.11-3.13).",
-)
+QNN_MISSING = ("The speed predictor needs Qualcomm's x86 QNN libraries (onnxruntime-qnn).", INSTALL_HINT)
 
 
-def qnn_version() -> str:
-    """QNN's version in the onnxruntime-qnn wheel (its build_and_package_info), without importing onnxruntime."""
-    import importlib.util
-    import re
-
-    spec = importlib.util.find_spec("onnxruntime_qnn")
-    if spec is None or not spec.submodule_search_locations:
+def qnn_libs() -> QnnLibs:
+    """Qualcomm's x86 libraries: in this environment, or in the side environment the installer made where this one
+    cannot hold the wheel (the validated GPU recipe); each graph's child runs under that environment's python."""
+    libs = find_qnn_libs()
+    if libs is None:
         raise WorkerError("qnn_missing", *QNN_MISSING)
-    info = Path(next(iter(spec.submodule_search_locations))) / "build_and_package_info.py"
-    text = info.read_text(encoding="utf-8", errors="replace") if info.is_file() else ""
-    m = re.search(r"qnn_version\s*=\s*['\"]([^'\"]+)", text)
-    return m.group(1) if m else "unknown"
+    return libs
+
+
+def graph_command(libs: QnnLibs, *args: str) -> tuple[list[str], dict[str, str] | None]:
+    """How a graph's child process starts: as this process runs a worker, or under the side environment's python
+    with this checkout's hexstudio on its path."""
+    if libs.in_process:
+        return python_command("hexstudio.workers.predict", *args), None
+    return [libs.python, "-m", "hexstudio.workers.predict", *args], with_workers_on_path(dict(os.environ))
 
 
 def parse_profile(path: Path) -> dict[str, Any]:
@@ -169,12 +170,12 @@ def graph_main(argv: list[str]) -> int:
 
 
 def measure(
-    shape: dict[str, Any], target: Target, cache_dir: Path, qnn: str, em: Emitter | None = None
+    shape: dict[str, Any], target: Target, cache_dir: Path, libs: QnnLibs, em: Emitter | None = None
 ) -> GraphTiming:
     """One graph's timing, from the cache (per QNN version, target and shape) or a child process."""
     from hexstudio.workers.predict_graphs import GRAPHS_VERSION, LayerShape
 
-    s = LayerShape(**shape)
+    s, qnn = LayerShape(**shape), libs.qnn_version
     cached = cache_dir / f"qnn-{qnn}" / target.key() / f"graphs-v{GRAPHS_VERSION}" / f"{s.key()}.json"
     if cached.is_file():
         try:
@@ -185,19 +186,22 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="predict-", dir=cached.parent) as tmp:
         req, out = Path(tmp) / "request.json", Path(tmp) / "timing.json"
         req.write_text(json.dumps({"shape": shape, "target": target.to_json(), "tmp": tmp}))
-        proc = subprocess.run(
-            python_command("hexstudio.workers.predict", "--graph", str(req), "--out", str(out)),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-        )
+        argv, env = graph_command(libs, "--graph", str(req), "--out", str(out))
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env)
         if not out.is_file():
             tail = (proc.stderr or "").strip().splitlines()[-3:]
+            killed = (
+                proc.returncode < 0 or proc.returncode == 137
+            )  # a signal: the kernel's OOM killer, mostly
             raise WorkerError(
                 "predict_graph_failed",
                 f"Simulating the {s.key()} graph ended with exit "
                 f"{proc.returncode} and no result: {' | '.join(tail)[:500]}",
-                "Out of memory? A layer at 8B shapes needs a few GB; close other work and retry.",
+                "It was killed: out of memory, most likely. A layer at 8B shapes needs a few GB; close other "
+                "work and retry."
+                if killed
+                else "The last lines above are the graph process's own error. Send them with the studio's log if "
+                "they do not say what to change.",
             )
         res = json.loads(out.read_text())
     if "error" in res:
@@ -214,7 +218,7 @@ def measure(
             "qnn_version": qnn,
         }
     )
-    tmp_path = cached.with_suffix(".tmp")
+    tmp_path = cached.with_suffix(f".{os.getpid()}.tmp")  # two predictors may finish the same graph at once
     tmp_path.write_text(json.dumps(t.to_json(), indent=1))
     os.replace(tmp_path, cached)
     return t
@@ -253,7 +257,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     m, target = work.shape, work.target
     context, ar_n, parts = work.context_length, work.ar_n, work.parts
     cache_dir = work.cache_dir
-    qnn = qnn_version()
+    libs = qnn_libs()
+    qnn = libs.qnn_version
     shapes = graph_shapes(m, context, ar_n, work.two_layers)
     timings: dict[str, GraphTiming] = {}
     slower: GraphTiming | None = None  # the token generator's other attention layout
@@ -262,7 +267,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         if name == "tg2" and split:
             shape = {**shape, "kv_concat": False}
         em.progress(i / (len(shapes) + 1), f"simulating {name} ({i + 1}/{len(shapes)}) for {target.dsp_arch}")
-        t = measure(shape, target, cache_dir, qnn, em)
+        t = measure(shape, target, cache_dir, libs, em)
         em.log(
             f"{name}: {t.sim_us:.0f} us simulated ({t.sim_lower_us:.0f}-{t.sim_upper_us:.0f})"
             + (

@@ -24,9 +24,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from hexstudio.shared.predict import LPBQ_BLOCK
+
 GRAPHS_VERSION = 4  # bump when the graphs change: cached timings of older graphs are not reused
 OPSET = 21  # block-wise Q/DQ, int4 and 16-bit Q/DQ
-BLOCK = 64  # LPBQ block along the input features
+BLOCK = LPBQ_BLOCK  # LPBQ block along the input features
 U16, U8 = TensorProto.UINT16, TensorProto.UINT8
 MID16 = 32768  # the zero point of a symmetric uint16 activation
 MID8 = 128

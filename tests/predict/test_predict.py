@@ -264,3 +264,64 @@ def test_cli_predict_json_for_the_builtin_model() -> None:
     )
     assert text.returncode == 0 and "predicted (HTP simulator)" in text.stdout
     assert "predicted TTFT" in text.stdout and "predicted decode" in text.stdout
+
+
+def test_a_model_whose_layers_lpbq_cannot_block_is_refused_up_front() -> None:
+    """hidden 96 passed the plan, then every graph's child failed minutes later with "Out of memory? ... retry"."""
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 96,
+        "num_attention_heads": 3,
+        "num_key_value_heads": 1,
+        "intermediate_size": 200,
+        "num_hidden_layers": 2,
+        "vocab_size": 1000,
+        "max_position_embeddings": 2048,
+    }
+    with pytest.raises(ServiceError) as err:
+        plan(PredictRequest(model="odd/llama", device="Dragonwing IQ-9075 EVK"), config=cfg, boards={})
+    assert (
+        "hidden_size 96, num_attention_heads x head_dim 96, intermediate_size 200 are not multiples of 64"
+        in (err.value.message)
+    )
+    assert err.value.hint and "multiples of 64" in err.value.hint
+
+
+@needs_qnn
+def test_a_graph_process_that_fails_says_its_own_error_and_only_a_killed_one_says_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hexstudio.workers import predict as worker
+    from hexstudio.workers.qnn.libs import find_qnn_libs
+    from hexstudio.workers.runtime import WorkerError
+
+    libs = find_qnn_libs()
+    assert libs is not None
+    shape = {"hidden": 96, "heads": 3, "kv_heads": 1, "head_dim": 32, "intermediate": 200, "seq": 1}
+    shape.update(context=128, layers=1, vocab=0)
+    with pytest.raises(WorkerError) as err:  # the real child: its graph cannot be built
+        worker.measure(shape, EVK, tmp_path, libs)
+    assert "LPBQ needs input features divisible by 64" in err.value.message
+    assert err.value.hint and "own error" in err.value.hint and "memory" not in err.value.hint
+    # a child the kernel kills (SIGKILL, as its OOM killer does)
+    kill = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    monkeypatch.setattr(worker, "graph_command", lambda *_a: (kill, None))
+    with pytest.raises(WorkerError) as err:
+        worker.measure({**shape, "hidden": 128}, EVK, tmp_path, libs)
+    assert "exit -9" in err.value.message and err.value.hint and "out of memory" in err.value.hint
+
+
+def test_graphs_run_under_the_side_environments_python_where_the_wheel_lives_there(tmp_path: Path) -> None:
+    """The predictor read the QNN version and ran its graphs in this environment only: on the GPU recipe (the wheel
+    in the installer's side venv) it stopped with "qnn_missing" and a pip hint that would break that install."""
+    from hexstudio.workers.predict import graph_command
+    from hexstudio.workers.qnn.libs import QnnLibs
+
+    side = QnnLibs(tmp_path, "2.51.0", "2.7.0", python="/opt/venv-qnn/bin/python")
+    argv, env = graph_command(side, "--graph", "g.json")
+    assert argv == ["/opt/venv-qnn/bin/python", "-m", "hexstudio.workers.predict", "--graph", "g.json"]
+    assert env is not None and env["PYTHONPATH"].split(":")[0] == str(Path(__file__).parents[2])
+    here = QnnLibs(tmp_path, "2.51.0", "2.7.0")
+    argv, env = graph_command(here, "--graph", "g.json")
+    assert argv[1:3] == ["-m", "hexstudio.workers.predict"] and env is None

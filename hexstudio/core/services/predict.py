@@ -25,7 +25,7 @@ from hexstudio.core.services.preflight import resolve_estimate_settings, run_set
 from hexstudio.core.settings import Settings, SettingsError
 from hexstudio.shared import modelinfo
 from hexstudio.shared.bundle import KNOWN_DEVICES
-from hexstudio.shared.predict import ModelShape, Target, target_for_device
+from hexstudio.shared.predict import LPBQ_BLOCK, ModelShape, Target, target_for_device
 from hexstudio.shared.run_settings import DEFAULT_DEVICE
 from hexstudio.shared.worker_spec import PredictPlan, WorkerSpec
 
@@ -106,9 +106,20 @@ def plan(
     if err:
         raise ServiceError(err)
     target = resolve_target(req.board, req.device, _boards() if boards is None else boards)
+    shape = ModelShape.from_info(req.model, info)
+    misfits = shape.lpbq_misfits()
+    if misfits:  # the graph would fail minutes in, in a child process: say why now
+        raise ServiceError(
+            f"The predictor cannot build this model's layers: their weights are quantized as the bundle's are (int4 "
+            f"LPBQ, blocks of {LPBQ_BLOCK} input features), and {', '.join(misfits)} "
+            + ("is not a multiple" if len(misfits) == 1 else "are not multiples")
+            + f" of {LPBQ_BLOCK}.",
+            "Predict a model whose hidden size, intermediate size and heads x head_dim are multiples of "
+            f"{LPBQ_BLOCK} (every released Llama 3.x, Nemotron and Qwen2/3 model is).",
+        )
     return PredictPlan(
         model=req.model,
-        shape=ModelShape.from_info(req.model, info),
+        shape=shape,
         target=target,
         context_length=int(r["context_length"]),
         ar_n=int(r["ar_n"]),
