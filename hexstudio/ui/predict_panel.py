@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtWidgets import QGroupBox, QTableWidgetItem, QVBoxLayout, QWidget
@@ -51,10 +52,18 @@ class PredictPanel(QGroupBox):
         self.table.setMinimumHeight(150)
         lay.addWidget(self.table)
         self._task: asyncio.Future[dict[str, Any] | None] | None = None
+        self._running_for: Path | None = None  # the run a prediction under way is for
         self.refresh()
 
+    @property
+    def predicting(self) -> bool:
+        return self._running_for is not None
+
     def refresh(self) -> None:
-        """Show the prediction kept with the current run, if any."""
+        """Show the prediction kept with the current run, if any. While a prediction runs the panel stays on it
+        (its progress, the button off): it belongs to the run it was started for, and is shown when it ends."""
+        if self.predicting:
+            return
         m = self.c.manifest
         doc = run_prediction_doc(m.run_dir) if m is not None else None
         self.button.setEnabled(m is not None)
@@ -85,16 +94,30 @@ class PredictPanel(QGroupBox):
             if ev.get("type") == "progress" and ev.get("message"):
                 self.message.setText(html.escape(str(ev["message"])))
 
+        self._running_for = run_dir
         try:
             doc = await asyncio.wait_for(
                 predict_for_run(run_dir, self.c.workspace.root, on_event=on_event), PREDICT_TIMEOUT_S
             )
         except (ActionableError, TimeoutError) as exc:
             why = str(exc) if isinstance(exc, ActionableError) else f"no result in {PREDICT_TIMEOUT_S:.0f} s"
+            self._running_for = None
+            self.refresh()
             self.message.setText(refused_html(f"The prediction failed: {why}", getattr(exc, "hint", None)))
             return None
         finally:
-            self.button.setEnabled(True)
+            self._running_for = None
+        m = self.c.manifest
+        if m is None or m.run_dir != run_dir:
+            # another run was opened meanwhile: the prediction is kept with its own run, and this one's shown
+            self.refresh()
+            self.message.setText(
+                html.escape(f"The prediction for run {run_dir.name} is done and kept with that run.")
+                + "<br>"
+                + self.message.text()
+            )
+            return doc
+        self.button.setEnabled(True)
         self.show_prediction(doc)
         return doc
 

@@ -85,3 +85,46 @@ def test_a_failed_prediction_says_why_and_what_to_do(
     text = panel.message.text()
     assert "The prediction failed: onnxruntime-qnn is not installed." in text
     assert "What to do:</b> Install it with ./dev install-qnn." in text and panel.button.isEnabled()
+
+
+def test_a_prediction_under_way_keeps_the_panel_and_lands_on_its_own_run(
+    qtbot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any refresh (another run opened, a setting changed, a stage ended) turned the button back on mid-prediction,
+    so a second predictor could start beside the first; and the first's figures were then shown under whichever
+    run was open, though the panel names neither run nor model."""
+    from hexstudio.core.services.predict import run_prediction_doc
+    from hexstudio.ui import predict_panel
+
+    release = asyncio.Event()
+
+    async def slow(run_dir: Path, *_a: Any, **_k: Any) -> dict[str, Any]:
+        await release.wait()
+        doc = prediction()
+        save_for_run(run_dir, doc)
+        return doc
+
+    monkeypatch.setattr(predict_panel, "predict_for_run", slow)
+    c, w = _window(tmp_path, qtbot)
+    a = c.new_run("builtin:tiny-llama", "sim", {"context_length": 512})
+    panel = w.pages["preflight"].predict_panel
+    panel.refresh()
+
+    async def scenario() -> dict[str, Any] | None:
+        task = asyncio.ensure_future(panel.predict())
+        await asyncio.sleep(0)
+        assert not panel.button.isEnabled()
+        b = c.new_run("builtin:tiny-llama", "sim", {"context_length": 512})
+        w.refresh()  # as the window does when a run opens
+        panel.refresh()
+        assert not panel.button.isEnabled() and "simulating" in panel.message.text()
+        release.set()
+        doc = await task
+        assert run_prediction_doc(b.run_dir) is None
+        return doc
+
+    assert asyncio.run(scenario()) is not None
+    assert run_prediction_doc(a.run_dir) is not None  # kept with the run it was made for
+    assert panel.table.rowCount() == 0 and panel.button.isEnabled()  # run B has none
+    assert f"The prediction for run {a.run_dir.name} is done and kept with that run." in panel.message.text()
+    assert "No prediction for this run yet." in panel.message.text()
