@@ -182,3 +182,27 @@ def test_a_prediction_made_before_the_settings_changed_is_out_of_date(tmp_path: 
     skipped: list[str] = []
     assert predicted_rows([rep, build_report(runs[1].run_dir)], skipped, lambda *a: a) == []
     assert any("made for other settings" in s for s in skipped)
+
+
+def test_a_run_on_a_device_unknown_offline_gets_a_stand_in_prediction_said_so(tmp_path: Path) -> None:
+    """A run whose device is an AI Hub device not in the offline list was predicted for the IQ-9075 with a note
+    saying the simulator board "stands for" it, the device the run compiles for, and the prediction was never out
+    of date: the report set it beside the measured figures as if for the run's Hexagon."""
+    from hexstudio.core.services.predict import plan, request_for_run
+
+    ws = Workspace(tmp_path / "ws")
+    m = ws.create_run("builtin:tiny-llama", "sim", {"context_length": 512})
+    m.settings["device"] = "Snapdragon 7 Gen 3 QRD"  # an AI Hub device HexStudio does not know offline
+    m.save()
+    req = request_for_run(m.run_dir)
+    assert req.device is None and req.unknown_device == "Snapdragon 7 Gen 3 QRD"
+    target = plan(req).target
+    assert target.name == "Dragonwing IQ-9075 EVK"
+    assert "'Snapdragon 7 Gen 3 QRD', a device HexStudio does not know offline" in target.note
+    assert "in its place" in target.note and "stands for" not in target.note
+    save_for_run(m.run_dir, prediction())
+    rep = build_report(m.run_dir)
+    validate_report(rep)
+    stale = rep["predicted"]["stale"]
+    assert stale and "does not know offline" in stale and "hexstudio bundle devices" in stale
+    assert rep["predicted"]["beside"] == []

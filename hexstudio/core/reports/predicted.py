@@ -47,10 +47,21 @@ def stale_because(doc: dict[str, Any], now: dict[str, Any]) -> str | None:
     ]
     from hexstudio.shared.bundle import KNOWN_DEVICES
 
-    known = KNOWN_DEVICES.get(str(now.get("device") or ""))
-    arch = (doc.get("target") or {}).get("dsp_arch")
+    device = str(now.get("device") or "")
+    known = KNOWN_DEVICES.get(device)
+    target = doc.get("target") or {}
+    arch = target.get("dsp_arch")
     if known is not None and arch and known.get("dsp_arch") != arch:
         changed.append(f"Hexagon {arch} → {known.get('dsp_arch')} ({now.get('device')})")
+    if device and known is None and target.get("name") != device:
+        # nothing here can say which Hexagon the run's device has: the prediction may be for another one
+        return (
+            f"the run compiles for '{device}', a device HexStudio does not know offline, so this prediction (for "
+            f"{target.get('name')}, Hexagon {arch}) may be for another Hexagon and is not set beside the board's "
+            "figures"
+            + (f" (the settings changed since too: {'; '.join(changed)})" if changed else "")
+            + ": choose a device HexStudio knows (`hexstudio bundle devices`) to predict for it"
+        )
     if not changed:
         return None
     return (

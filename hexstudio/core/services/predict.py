@@ -7,6 +7,7 @@ prediction document (hexstudio.shared.predict.Prediction.to_json: labeled "predi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -44,6 +45,9 @@ class PredictRequest:
     ar_n: int | None = None
     parts: int | None = None
     two_layers: bool = True  # also the 2-layer graphs: per-layer slope and per-graph fixed cost
+    # the run's device where this studio does not know it offline (an AI Hub device by name): on the simulator
+    # board the prediction is for the default device in its place, and says so
+    unknown_device: str | None = None
 
 
 def resolve_target(
@@ -106,6 +110,12 @@ def plan(
     if err:
         raise ServiceError(err)
     target = resolve_target(req.board, req.device, _boards() if boards is None else boards)
+    if req.unknown_device and (not req.board or req.board == SIM_BOARD):
+        target = dataclasses.replace(
+            target,
+            note=f"the run compiles for '{req.unknown_device}', a device HexStudio does not know offline: "
+            f"predicted for {target.name} (Hexagon {target.dsp_arch}) in its place",
+        )
     shape = ModelShape.from_info(req.model, info)
     misfits = shape.lpbq_misfits()
     if misfits:  # the graph would fail minutes in, in a child process: say why now
@@ -173,6 +183,7 @@ def request_for_run(run_dir: Path, two_layers: bool = True) -> PredictRequest:
         # a device this studio knows offline (an AI Hub device it does not know: the board's, and the prediction
         # names the device it is for)
         device=device if isinstance(device, str) and device in KNOWN_DEVICES else None,
+        unknown_device=device if isinstance(device, str) and device and device not in KNOWN_DEVICES else None,
         context_length=num("context_length"),
         ar_n=num("ar_n"),
         parts=num("parts"),
