@@ -135,7 +135,12 @@ class Pipeline:
                 if blocked is not None:
                     message, hint = blocked
                     return res.stop(stage.name, f"{stage.title} cannot run: {message}", hint)
-            if not force and stage_is_current(self.m, stage) and await self._still_in_place(stage):
+            if (
+                not force
+                and stage_is_current(self.m, stage)
+                and not self._measure_again(stage)
+                and await self._still_in_place(stage)
+            ):
                 res.skipped.append(stage.name)
                 self._notify_stage(stage.name, "done")
             else:
@@ -164,6 +169,21 @@ class Pipeline:
                 return res.stop(stage.name, f"{stage.title} gate not passed: {gate.reason}", hint)
         res.message = f"completed up to {targets[-1].name}" if targets else "nothing to do"
         return res
+
+    def _measure_again(self, stage: Stage) -> bool:
+        """A current stage that measures the machine, whose gate failed and was not overridden: it runs again, for
+        what it found may have been fixed since (the event says why it ran)."""
+        if not stage.measure_again_after_failed_gate or stage.gate(self.m).passed:
+            return False
+        if self._override_record(stage.name) is not None:
+            return False
+        self.m.add_event(
+            "recheck",
+            f"{stage.title} runs again: its gate failed last time, and what it measures may have changed since",
+            stage=stage.name,
+            passed=False,
+        )
+        return True
 
     async def _still_in_place(self, stage: Stage) -> bool:
         """A current stage with a `recheck` (the Board stage: its bundle on the board) is asked before it is

@@ -52,6 +52,8 @@ HASHED_WHEN_CHANGED: dict[tuple[str, str], Any] = {
     # the Model stage's estimate and the Preflight check plan for one QuantSim per part (issue 30's review)
     ("model", "calibration_unit"): "layer",
     ("preflight", "calibration_unit"): "layer",
+    # Preflight measures the machine the heavy stages run on (issue 30's review): unset is this machine
+    ("preflight", "worker_host"): None,
 }
 
 

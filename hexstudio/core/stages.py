@@ -149,6 +149,10 @@ class Stage:
     # output lives on the board, where anyone with the board's login can change it (issue 27: on --resume chat and
     # evaluate ran on a bundle tampered there): its sha256 are computed on the board again.
     recheck: str | None = None
+    # a stage that measures the machine (Preflight): a failed gate that was not overridden is measured again on
+    # the next run, though its inputs are the same: the person may have fixed what it found (added swap, freed
+    # disk, raised WSL's memory)
+    measure_again_after_failed_gate: bool = False
 
     @property
     def kind(self) -> str:
@@ -191,6 +195,7 @@ STAGES: tuple[Stage, ...] = (
         gate_text="No check fails (warnings are allowed).",
         verdict=_verdict_preflight,
         worker="hexstudio.workers.preflight",
+        measure_again_after_failed_gate=True,
     ),
     Stage(
         name="quantize",

@@ -401,6 +401,9 @@ class RunSettings:
     worker_host: str | None = setting(
         None,
         label="Worker host",
+        # Preflight measures the machine the heavy stages run on: another one is another measurement (the other
+        # stages' results are the same wherever they ran, so they stay current)
+        stages=("preflight",),
         advanced=True,
         flag="--worker-host",
         help="The worker host (`hexstudio worker add`) the heavy stages run on over SSH (unset: this machine).",

@@ -22,7 +22,7 @@ from hexstudio.shared.artifacts import ModelDoc
 from hexstudio.shared.data import BUILTIN_MODELS, builtin_model_dir
 from hexstudio.shared.hub import HubError, hub_error, hub_token
 from hexstudio.shared.protocol import Emitter
-from hexstudio.shared.run_settings import AUTO, resolve_settings
+from hexstudio.shared.run_settings import AUTO, ResolvedSettings, RunSettings, resolve_settings
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 
 BUILTIN_ID = "builtin:tiny-llama"
@@ -390,30 +390,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         em.log(f"parts: {parts} as set (the plan above would pick {plan['parts']})")
     if not 1 <= parts <= info["num_layers"]:
         raise WorkerError("bad_parts", f"parts must be between 1 and the layer count ({info['num_layers']}).")
-    from hexstudio.shared.run_settings import extra_ar_sizes, extra_context_lengths
-
-    try:
-        more_cls = extra_context_lengths(spec.settings.context_lengths, context_length, ar_n)
-        variants = 1 + len(more_cls)
-    except ValueError as exc:
-        raise WorkerError(
-            "bad_context_lengths", str(exc), "Fix context_lengths (or leave it empty)."
-        ) from None
-    try:  # checked here, before an hour of quantizing
-        more_ars = extra_ar_sizes(spec.settings.ar_sizes, ar_n, [context_length, *more_cls])
-    except ValueError as exc:
-        raise WorkerError("bad_ar_sizes", str(exc), "Fix ar_sizes (or leave it empty).") from None
-    est = modelinfo.estimate(
-        info,
-        context_length,
-        ar_n,
-        parts,
-        r["calibration_samples"],
-        r["calibration_seq_len"],
-        context_variants=variants,
-        ar_variants=len(more_ars),
-        calibration_unit=spec.settings.calibration_unit,
-    )
+    est = stage_estimate(info, spec.settings, r)
     # a copy inside this stage's folder is recorded relative to model.json (the folder is renamed when
     # the stage completes); a download or a local folder by its absolute path
     rel = hf_dir.relative_to(spec.out_dir).as_posix() if hf_dir.is_relative_to(spec.out_dir) else str(hf_dir)
@@ -445,6 +422,37 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         "context_length": context_length,
         "parts": parts,
     }
+
+
+def stage_estimate(info: dict[str, Any], settings: RunSettings, r: ResolvedSettings) -> dict[str, Any]:
+    """Memory and disk each stage needs (modelinfo.estimate) for the model `info` under the run's settings, with
+    `r` the resolved ones (resolve_settings): the Model stage records it, and Preflight checks against it again
+    with the settings as they are then (calibration samples and length are Preflight's and Quantize's inputs,
+    not the Model stage's)."""
+    from hexstudio.shared.run_settings import extra_ar_sizes, extra_context_lengths
+
+    context_length, ar_n, parts = r["context_length"], r["ar_n"], r["parts"]
+    try:
+        more_cls = extra_context_lengths(settings.context_lengths, context_length, ar_n)
+    except ValueError as exc:
+        raise WorkerError(
+            "bad_context_lengths", str(exc), "Fix context_lengths (or leave it empty)."
+        ) from None
+    try:  # checked here, before an hour of quantizing
+        more_ars = extra_ar_sizes(settings.ar_sizes, ar_n, [context_length, *more_cls])
+    except ValueError as exc:
+        raise WorkerError("bad_ar_sizes", str(exc), "Fix ar_sizes (or leave it empty).") from None
+    return modelinfo.estimate(
+        info,
+        context_length,
+        ar_n,
+        parts,
+        r["calibration_samples"],
+        r["calibration_seq_len"],
+        context_variants=1 + len(more_cls),
+        ar_variants=len(more_ars),
+        calibration_unit=settings.calibration_unit,
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,20 @@ from typing import Any
 
 from hexstudio.shared.preflight_checks import probe, run_checks
 from hexstudio.shared.protocol import Emitter
+from hexstudio.shared.run_settings import RunSettings, resolve_settings
+from hexstudio.workers.model import stage_estimate
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
+
+
+def needs_now(model_doc: dict[str, Any], settings: RunSettings, board: str | None) -> dict[str, Any]:
+    """What the model needs under the run's settings as they are now. Calibration samples and length are this
+    stage's inputs, not the Model stage's, so model.json's estimate may be for other ones (`hexstudio preflight`
+    computes from the settings of now too)."""
+    info = model_doc["info"]
+    r, _plan = resolve_settings(
+        info, settings, builtin=model_doc.get("source") == "builtin", board_name=board
+    )
+    return stage_estimate(info, settings, r)
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
@@ -21,7 +34,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             "missing_upstream", "Preflight needs the Model stage's result.", "Run the Model stage first."
         )
     doc = json.loads((model_dir / "model.json").read_text())
-    needs = dict(doc["estimates"])
+    needs = needs_now(doc, spec.settings, spec.inputs.board)
     # the Model stage has run: a Hugging Face model is in the cache now, a folder or the built-in one never downloads
     needs["hf_downloaded"] = True
     em.progress(0.1, "probing this machine (AIMET smoke test runs in parallel)")

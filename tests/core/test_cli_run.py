@@ -44,3 +44,64 @@ def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
         "run", "--resume", out["run_id"], "--until", "preflight", "--workspace", str(tmp_path), "--json"
     )
     assert json.loads(again.stdout)["skipped"] == ["model", "preflight"]
+
+
+def test_preflight_measures_again_after_a_failed_gate_for_the_settings_and_machine_of_now(
+    tmp_path: Path,
+) -> None:
+    """Preflight measures the machine. A failed gate stayed failed on resume though the person fixed what it found
+    (its inputs were the same, so it was skipped as current); a pass recorded on a worker host stayed valid back
+    on this machine; and changed calibration settings were checked against the Model stage's old estimate."""
+    import asyncio
+
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.pipeline import Pipeline
+    from hexstudio.core.stage_state import stage_is_current
+    from hexstudio.core.stages import get_stage
+
+    proc = _hexstudio(*RUN_BUILTIN, "--until", "preflight", "--workspace", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    run_dir = Path(json.loads(proc.stdout)["run_dir"])
+    m = RunManifest.load(run_dir)
+    # the gate failed last time (too little memory, say); the person added swap since
+    st = m.stage("preflight").data
+    st["metrics"]["checks_failed"] = {"value": 2}
+    st["gate"] = {"passed": False, "reason": "2 preflight check(s) failed", "override": None}
+    m.save()
+    res = asyncio.run(Pipeline(m).run(until="preflight"))
+    assert res.ok and res.ran == ["preflight"] and res.skipped == ["model"], res
+    assert any("Preflight runs again: its gate failed last time" in e["message"] for e in m.data["events"])
+    # a passed gate is not measured again
+    again = asyncio.run(Pipeline(RunManifest.load(run_dir)).run(until="preflight"))
+    assert again.skipped == ["model", "preflight"]
+    # another machine is another measurement, and so is this one again after it
+    preflight = get_stage("preflight")
+    m = RunManifest.load(run_dir)
+    assert stage_is_current(m, preflight)
+    m.settings["worker_host"] = "bigbox"
+    assert not stage_is_current(m, preflight)
+    m.settings["worker_host"] = None
+    assert stage_is_current(m, preflight)  # as it was measured: on this machine
+    # calibration settings are Preflight's inputs, not the Model stage's: the needs are computed for them now
+    m.settings["calibration_samples"] = 12
+    m.save()
+    res = asyncio.run(Pipeline(m).run(until="preflight"))
+    assert res.ran == ["preflight"] and res.skipped == ["model"], res
+
+
+def test_preflight_checks_the_needs_of_the_calibration_settings_of_now() -> None:
+    """The Model stage's estimate is for the calibration settings it ran with; Preflight reran after they changed,
+    but checked the old figure: at 8B shapes 8 x 128 tokens need 6.6 GiB to quantize, 1000 x 128 need 15 GiB."""
+    from hexstudio.shared import modelinfo
+    from hexstudio.shared.run_settings import RunSettings
+    from hexstudio.workers.preflight import needs_now
+
+    cfg = json.loads(
+        (
+            Path(__file__).parents[2] / "bench" / "configs" / "Llama-3.1-8B-Instruct" / "config.json"
+        ).read_text()
+    )
+    info = modelinfo.inspect_config(cfg)
+    at_8 = needs_now({"info": info, "source": "huggingface"}, RunSettings(calibration_samples=8), None)
+    at_1000 = needs_now({"info": info, "source": "huggingface"}, RunSettings(calibration_samples=1000), None)
+    assert at_1000["quantize_peak_rss_bytes"] > at_8["quantize_peak_rss_bytes"] + 4 * 2**30

@@ -67,6 +67,7 @@ OLD_INPUTS: dict[str, set[str]] = {
         "context_lengths",
         "ar_sizes",
         "calibration_unit",
+        "worker_host",  # added since (hashed only when set: HASHED_WHEN_CHANGED)
     },
     "quantize": {
         "context_length",
