@@ -13,6 +13,7 @@ from typing import Any
 from hexstudio.core.atomic import sha256_file
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.stages import Stage, get_stage
+from hexstudio.shared.run_settings import SETTINGS
 
 
 def output_digest(artifacts: list[dict[str, Any]]) -> str:
@@ -63,6 +64,28 @@ def _hashed(stage: str, key: str, settings: dict[str, Any]) -> bool:
     return key in settings or key not in HASHED_WHEN_SET
 
 
+_FILE_DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256: read once per version
+
+
+def _file_digest(value: Any) -> str | None:
+    """A file setting's (calibration_text, validation_text) contents as its input: the sha256 of the file it names,
+    "missing" when there is none there, None for "builtin" (nothing to read)."""
+    if not isinstance(value, str) or value.strip() in ("", "builtin"):
+        return None
+    p = Path(value).expanduser()
+    try:
+        st = p.stat()
+    except OSError:
+        return "missing"
+    key = (str(p.absolute()), st.st_size, st.st_mtime_ns)
+    if key not in _FILE_DIGESTS:
+        try:
+            _FILE_DIGESTS[key] = sha256_file(p)
+        except OSError:
+            return "unreadable"
+    return _FILE_DIGESTS[key]
+
+
 def input_hash(m: RunManifest, stage: Stage) -> str:
     settings = m.settings
     payload: dict[str, Any] = {
@@ -73,6 +96,15 @@ def input_hash(m: RunManifest, stage: Stage) -> str:
         "settings": {k: settings.get(k) for k in stage.inputs if _hashed(stage.name, k, settings)},
         "upstream": {n: m.stage(n).data.get("output_digest") for n in stage.needs},
     }
+    # a file setting's contents, not only its path: an edited calibration or validation text makes the stage stale
+    # (added only where a file is named, so a run on the built-in texts keeps the hash it had)
+    files = {
+        k: d
+        for k in stage.inputs
+        if k in SETTINGS and SETTINGS[k].file and (d := _file_digest(settings.get(k))) is not None
+    }
+    if files:
+        payload["files"] = files
     if stage.reads:
         payload["reads"] = {
             n: [m.stage(n).data.get("state"), m.stage(n).data.get("output_digest")] for n in stage.reads

@@ -1,0 +1,45 @@
+"""A file setting's contents are its input (the quantize/validate review): calibration_text and validation_text
+name a file, and only the name was hashed, so after the file was edited Quantize and Validate stayed current and a
+resumed run kept encodings and a gate verdict made from the old text."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hexstudio.core.runs import Workspace
+from hexstudio.core.stage_state import display_state
+from tests.support.gate_runs import PASSING, finish_stage
+
+
+def test_editing_the_calibration_or_validation_text_makes_its_stage_stale(tmp_path: Path) -> None:
+    cal, val = tmp_path / "cal.txt", tmp_path / "val.txt"
+    cal.write_text("the text the model is calibrated on\n" * 50)
+    val.write_text("the text it is validated on\n" * 50)
+    m = Workspace(tmp_path / "ws").create_run(
+        "builtin:tiny-llama", "sim", {"calibration_text": str(cal), "validation_text": str(val)}
+    )
+    for name in ("model", "preflight", "quantize", "validate"):
+        finish_stage(m, name, PASSING[name])
+
+    def states() -> tuple[str, str]:
+        return display_state(m, "quantize"), display_state(m, "validate")
+
+    assert states() == ("done", "done")
+    cal.write_text("another text altogether\n" * 50)
+    assert states()[0] == "stale"
+    # the same words written again (a newer mtime): what counts is what the file holds
+    cal.write_text("the text the model is calibrated on\n" * 50)
+    os.utime(cal, ns=(cal.stat().st_atime_ns, cal.stat().st_mtime_ns + 10**9))
+    assert states() == ("done", "done")
+    val.write_text("edited\n" * 50)
+    assert states() == ("done", "stale")
+    val.unlink()
+    assert states() == ("done", "stale")  # gone: not the text it was judged on
+
+
+def test_a_run_on_the_built_in_texts_keeps_its_hash() -> None:
+    """Runs made before (every run on "builtin") keep their stages current: nothing is added for them."""
+    from hexstudio.core.stage_state import _file_digest
+
+    assert _file_digest("builtin") is None and _file_digest("") is None and _file_digest(None) is None
