@@ -80,7 +80,17 @@ def _verdict_validate(m: RunView) -> GateResult:
     st = m.stage("validate")
     verdict = st.metric_value("verdict")
     if verdict == "pass":
-        return GateResult(True, "both deployment graphs pass every threshold")
+        unscored = st.metric_value("variants_not_scored")
+        return GateResult(
+            True,
+            "both deployment graphs pass every threshold"
+            + (
+                f" ({unscored} more graph(s) of other context lengths or AR sizes, with the same weights and "
+                "encodings, were not scored)"
+                if isinstance(unscored, int) and unscored > 0
+                else ""
+            ),
+        )
     return GateResult(
         False,
         f"validation verdict is {verdict!r}: the quantized deployment pair "

@@ -104,6 +104,26 @@ def thresholds_from(overrides: Mapping[str, Any]) -> dict[str, float]:
     return thr
 
 
+def unscored_variants(q: dict[str, Any]) -> dict[str, Any]:
+    """The bundle's other graphs (quantize.json "variants": the smaller context lengths of `context_lengths`, the
+    prompt-processor lengths of `ar_sizes`), which this stage does not score: they hold the deployment pair's
+    weights and encodings at other shapes. Their names, and a line saying so."""
+    variants = [g for g in q.get("variants") or [] if isinstance(g, dict)]
+    cls = sorted({int(g["context_length"]) for g in variants if g.get("context_length")})
+    ars = sorted({int(g["seq_len"]) for g in variants if g.get("seq_len") and not g.get("context_length")})
+    what = [
+        f"context length {', '.join(map(str, cls))}" if cls else "",
+        f"AR-{', AR-'.join(map(str, ars))}" if ars else "",
+    ]
+    text = (
+        f"{len(variants)} more graph(s) of the bundle ({'; '.join(w for w in what if w)}) share these weights and "
+        "encodings at other shapes and were not scored"
+        if variants
+        else ""
+    )
+    return {"graphs": [str(g.get("name")) for g in variants], "text": text}
+
+
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     from hexstudio.workers.quant.calib import load_tokenizer, resolve_hf_dir, resolve_text
 
@@ -556,6 +576,12 @@ def _validate(
     em.progress(0.9, "judging")
 
     j = _judge(values, thr, export, calib)
+    unscored = unscored_variants(q)
+    if unscored["graphs"]:
+        # said, not hidden: the verdict is the deployment pair's; Genie runs these graphs too
+        j.summary += f"; {unscored['text']}"
+        em.log(f"not scored: {unscored['text']}")
+    em.metric("variants_not_scored", len(unscored["graphs"]))
     _emit_judgement(em, j, calib)
     doc = {
         "verdict": j.verdict,
@@ -565,6 +591,7 @@ def _validate(
         "checks": j.checks,
         "thresholds": thr,
         "calibration_graph": calib,
+        "variants_not_scored": unscored,
         "deployment_pair": {
             "windows": EVAL_WINDOWS,
             "prompt_tokens": PROMPT_TOKENS,

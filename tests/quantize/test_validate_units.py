@@ -98,3 +98,35 @@ def test_unit_major_runs_match_deployment_pair_with_lm_head_chunks(
             assert np.allclose(a, b, atol=1e-4, rtol=0), float(np.max(np.abs(a - b)))
         assert states[0].n_past == pair.n_past == len(ids) + 2
     shutil.rmtree(tmp_path)
+
+
+def test_the_graphs_validate_does_not_score_are_named_and_the_gate_says_so(tmp_path: Path) -> None:
+    """With context_lengths or ar_sizes the bundle holds more graphs than the deployment pair Validate scores; the
+    gate said "both deployment graphs pass every threshold" and validation.json did not name the others."""
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.stages import get_stage
+    from hexstudio.workers.validate import unscored_variants
+    from tests.support.gate_runs import PASSING, finish_stage
+
+    q = {
+        "graphs": [{"name": "ar128_cl4096_1_of_2"}, {"name": "ar1_cl4096_1_of_2"}],
+        "variants": [
+            {"name": "ar128_cl1024_1_of_2", "seq_len": 128, "context_length": 1024, "variant_of": "x"},
+            {"name": "ar1_cl1024_1_of_2", "seq_len": 1, "context_length": 1024, "variant_of": "y"},
+            {"name": "ar4_cl4096_1_of_2", "seq_len": 4, "variant_of": "y"},
+        ],
+    }
+    u = unscored_variants(q)
+    assert u["graphs"] == ["ar128_cl1024_1_of_2", "ar1_cl1024_1_of_2", "ar4_cl4096_1_of_2"]
+    assert u["text"] == (
+        "3 more graph(s) of the bundle (context length 1024; AR-4) share these weights and encodings at other "
+        "shapes and were not scored"
+    )
+    assert unscored_variants({"graphs": q["graphs"]}) == {"graphs": [], "text": ""}
+    m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {})
+    for name in ("model", "preflight", "quantize"):
+        finish_stage(m, name, PASSING[name])
+    finish_stage(m, "validate", {"verdict": "pass", "variants_not_scored": 3})
+    gate = get_stage("validate").gate(m)
+    assert gate.passed and "3 more graph(s) of other context lengths or AR sizes" in gate.reason
+    assert "were not scored" in gate.reason
