@@ -150,6 +150,20 @@ def _plan(spec: WorkerSpec, model_json: ModelDoc) -> _Plan:
     return _Plan(cl, ar_n, parts, samples, seq_len, more_cls, more_ars, unit, text)
 
 
+def model_config(hf_dir: Path) -> Any:
+    """The model's configuration as transformers reads it (its defaults filled in, e.g. a Llama's BOS id)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(hf_dir))
+    except (OSError, ValueError) as exc:
+        raise WorkerError(
+            "model_load_failed",
+            f"Could not read the model configuration in {hf_dir}: {exc}",
+            "Check the model folder (model stage) and its config.json.",
+        ) from None
+
+
 def _export(
     hf_dir: Path, out: Path, plan: _Plan, em: Emitter
 ) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
@@ -157,20 +171,11 @@ def _export(
     safetensors files at a time); (the model's config, Genie's positional encoding, the graph entries)."""
     cl, parts, more_cls = plan.context_length, plan.parts, plan.more_cls
     em.progress(0.01, "exporting the float deployment graphs")
-    from transformers import AutoConfig
-
     from hexstudio.shared.rope import RopeError, genie_positional_encoding
     from hexstudio.workers.export import export_deployment_graphs
 
     t0 = time.monotonic()
-    try:
-        cfg = AutoConfig.from_pretrained(str(hf_dir))
-    except (OSError, ValueError) as exc:
-        raise WorkerError(
-            "model_load_failed",
-            f"Could not read the model configuration in {hf_dir}: {exc}",
-            "Check the model folder (model stage) and its config.json.",
-        ) from None
+    cfg = model_config(hf_dir)
     try:
         # the rope Genie will compute from genie_config.json: calibration and validation feed the same tables
         pe = genie_positional_encoding(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")), cl)
@@ -279,6 +284,13 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     plan = _plan(spec, model_json)
     cl, ar_n, parts, samples = plan.context_length, plan.ar_n, plan.parts, plan.samples
     out = spec.out_dir
+    # 2. calibration data, first: a text too short for one sample is said before the float export (at 8B, every
+    # part's graphs: tens of GB and a long wait)
+    bos = getattr(model_config(hf_dir), "bos_token_id", None)
+    windows = token_windows(
+        hf_dir, plan.text, samples, plan.seq_len, bos_id=int(bos) if isinstance(bos, int) else None
+    )
+    blocks = blocks_from_windows(windows, ar_n)
     cfg, pe, graphs = _export(hf_dir, out, plan, em)
     # AIMET and onnxruntime load here, after the protocol's stdout is protected (AIMET prints on import)
     from hexstudio.shared.rope import genie_rope_tables
@@ -292,14 +304,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
 
     shape = Dims.of(cfg)
     kvh, hd = shape.kv_heads, shape.head_dim
-    bos = getattr(cfg, "bos_token_id", None)
     providers = ort_providers(em.log)
-
-    # 2. calibration data
-    windows = token_windows(
-        hf_dir, plan.text, samples, plan.seq_len, bos_id=int(bos) if isinstance(bos, int) else None
-    )
-    blocks = blocks_from_windows(windows, ar_n)
 
     # 3. sequential part-wise QuantSim. The main context length's prompt processors are calibrated; their token
     # generators and every other context length's graphs take their part's encodings (identical tensor names:

@@ -328,6 +328,24 @@ def test_missing_or_empty_calibration_text_is_a_clear_error(tmp_path: Path, cont
     assert m.stage("quantize").state != "done"
 
 
+def test_a_calibration_text_too_short_is_said_before_the_float_export(tmp_path: Path) -> None:
+    """The check ran after every part's float graphs were written: at 8B, tens of GB and a long wait first."""
+    text = tmp_path / "calib.txt"
+    text.write_text("Only a few words here.\n")
+    m, res = run_stages(
+        tmp_path / "ws", ("model", "quantize"), {"calibration_text": str(text), "calibration_seq_len": 64}
+    )
+    assert (
+        not res.ok
+        and "tokens; one sample needs 64" in res.message
+        and "smaller calibration_seq_len" in (res.hint or "")
+    )
+    log = (m.run_dir / "logs" / "quantize.jsonl").read_text(encoding="utf-8", errors="replace")
+    assert "calibration_text_short" in log
+    events = [line for line in log.splitlines() if "exported part" in line or "exporting the float" in line]
+    assert events == [], events  # nothing was exported before the refusal
+
+
 @pytest.mark.slow
 def test_cancel_mid_calibration_leaves_nothing_marked_done(tmp_path: Path) -> None:
     from hexstudio.core.pipeline import Pipeline
