@@ -76,10 +76,13 @@ def _gui_elsewhere(_args: argparse.Namespace) -> int:
 
 
 def _add_verbose(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """--verbose after the command too (`hexstudio run ... --verbose`), on every subcommand."""
+    """-v / --verbose after the command too (`hexstudio run ... -v`, as the crash message suggests), on every
+    subcommand."""
     for p in set(sub.choices.values()):
-        if not any("--verbose" in a.option_strings for a in p._actions):
+        taken = {o for a in p._actions for o in a.option_strings}
+        if "--verbose" not in taken:
             p.add_argument(
+                *(["-v"] if "-v" not in taken else []),
                 "--verbose",
                 action="store_true",
                 default=argparse.SUPPRESS,

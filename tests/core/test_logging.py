@@ -82,6 +82,20 @@ def test_cli_error_is_logged_and_verbose_goes_to_stderr(tmp_path: Path) -> None:
     assert "hexstudio runs show: failed:" in text and "no-such-run" in text
 
 
+def test_a_trailing_dash_v_is_taken_as_the_crash_message_says(tmp_path: Path) -> None:
+    """The crash message says "run again with -v"; `hexstudio runs show X -v` was refused as an unknown argument
+    (only --verbose was taken after the command)."""
+    r = _run(
+        """
+        from hexstudio.__main__ import main
+        raise SystemExit(main(["runs", "show", "no-such-run", "-v"]))
+        """,
+        tmp_path / "cfg",
+    )
+    assert r.returncode == 1 and "unrecognized arguments" not in r.stderr, r.stderr
+    assert "hexstudio.cli" in r.stderr and "No run" in r.stderr
+
+
 def test_thread_and_asyncio_task_crashes_land_in_the_log(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
     r = _run(
