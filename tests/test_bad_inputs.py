@@ -521,14 +521,14 @@ ROWS += [
 # -- issue 27: inputs that ended in a traceback, or were accepted when they should be refused ---------------
 
 
-def _settings_file(e: Env, content: bytes) -> tuple[int, str]:
-    """settings.json holding `content`, then a command that reads it (`board list`)."""
+def _settings_file(e: Env, content: bytes, *argv: str) -> tuple[int, str]:
+    """settings.json holding `content`, then a command that reads it (`board list` unless named)."""
     from hexstudio.core.paths import config_dir
 
     p = config_dir() / "settings.json"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(content)
-    return run_cli(e, "board", "list")
+    return run_cli(e, *(argv or ("board", "list")))
 
 
 def _with_stdin_closed(e: Env, *argv: str) -> tuple[int, str]:
@@ -686,6 +686,16 @@ ROWS += [
         "settings.json holding []",
         lambda e: _settings_file(e, b"[]"),
         ["holds a JSON list", "move it away"],
+        None,
+    ),
+    (
+        "doctor with settings.json holding []",  # it stopped at the workspace, before its own settings check
+        lambda e: _settings_file(e, b"[]", "doctor"),
+        [
+            "FAIL settings",
+            "holds a JSON list",
+            "workspace cannot be told while the settings file cannot be read",
+        ],
         None,
     ),
     ('settings.json boards "x"', lambda e: _settings_file(e, b'{"boards": "x"}'), ['"boards" is str'], None),

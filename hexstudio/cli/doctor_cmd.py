@@ -63,7 +63,21 @@ def checks(args: argparse.Namespace) -> list[dict[str, Any]]:
             "unused": st["unused"],
         }
     )
-    root = workspace_from(args).root
+    try:
+        root = workspace_from(args).root
+    except (
+        SettingsError
+    ) as exc:  # the studio's choice of workspace is kept in the settings: said above already
+        out.append(
+            {
+                "check": "workspace",
+                "ok": False,
+                "level": "error",
+                "message": "The workspace cannot be told while the settings file cannot be read.",
+                "hint": f"Fix the settings file first (above), or give --workspace. {exc.hint or ''}".strip(),
+            }
+        )
+        return out
     writable = (root.is_dir() and os.access(root, os.W_OK)) or (
         not root.exists() and os.access(next((p for p in root.parents if p.exists()), root.anchor), os.W_OK)
     )
