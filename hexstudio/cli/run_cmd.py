@@ -21,7 +21,7 @@ from hexstudio.core.manifest import RunManifest
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.pipeline import Pipeline
 from hexstudio.core.remote.hosts import WorkerHostError, host_config
-from hexstudio.core.runs import RunNotFound, WorkspaceError, edit_run
+from hexstudio.core.runs import RunNotFound, WorkspaceError, change_settings, edit_run
 from hexstudio.core.settings import SettingsError
 from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import STAGE_NAMES
@@ -106,7 +106,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a run setting (listed below), e.g. --set context_length=1024 (repeatable)",
+        help="a run setting (listed below), e.g. --set context_length=1024 (repeatable); with --resume it changes "
+        "the run's setting, and the stages that read it run again",
     )
     p.add_argument(
         "--override-gate",
@@ -141,16 +142,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             "`hexstudio runs list` shows the run ids; leave --resume out to start a new run.",
         )
     if args.resume:
-        if args.model or args.board or args.settings or args.revision:
+        if args.model or args.board or args.revision:
             raise CliError(
-                "--resume continues a run with its own inputs; --model, --revision, --board and --set "
-                "cannot change them.",
-                "Start a new run to change inputs.",
+                "--resume continues a run with its own model and board; --model, --revision and --board cannot "
+                "change them.",
+                "Start a new run for another model or board (its settings can change on resume: --set KEY=VALUE).",
             )
+        changes = _parse_set(args.settings)
         try:
             m = ws.open_run(args.resume)
         except RunNotFound as exc:
             raise CliError(str(exc)) from None
+        if changes:
+            # as the studio's pages change them: recorded in the run; the stages that read them run again
+            changed = change_settings(m, changes, "its settings (--set)")
+            if changed and not (args.quiet or args.json):
+                print(f"changed {', '.join(changed)}: the stages that read them run again", file=sys.stderr)
         if args.worker_host is not None:
             _check_worker_host(args.worker_host)
             if (m.settings.get("worker_host") or "local") != args.worker_host:

@@ -150,6 +150,25 @@ def edit_run(m: RunManifest, change: Callable[[RunManifest], T], what: str) -> T
     return out
 
 
+def change_settings(m: RunManifest, values: dict[str, Any], what: str) -> list[str]:
+    """Change some of a run's settings as the studio's pages and `hexstudio run --resume --set` do: each change
+    recorded in the run's events (setting_changed); the stages that read a changed setting go stale and run
+    again on the next resume. Returns the keys that changed (a value already held changes nothing)."""
+
+    def change(m: RunManifest) -> list[str]:
+        changed = []
+        for key, value in values.items():
+            old = m.settings.get(key)
+            if old == value:
+                continue
+            m.settings[key] = value
+            m.add_event("setting_changed", f"{key}: {old!r} → {value!r}", key=key, old=old, new=value)
+            changed.append(key)
+        return changed
+
+    return edit_run(m, change, what)
+
+
 def _slug(text: str) -> str:
     s = re.sub(r"[^A-Za-z0-9]+", "-", text.split(":")[-1].split("/")[-1]).strip("-").lower()
     return s[:32] or "model"

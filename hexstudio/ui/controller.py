@@ -19,7 +19,7 @@ from PySide6.QtCore import QObject, Signal
 from hexstudio.core import logs
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.pipeline import Pipeline, PipelineResult
-from hexstudio.core.runs import RunSummary, Workspace, edit_run
+from hexstudio.core.runs import RunSummary, Workspace, change_settings
 from hexstudio.core.sampler import ResourceSample
 from hexstudio.core.settings import Settings, SettingsError
 from hexstudio.core.stage_state import display_state
@@ -207,19 +207,13 @@ class RunController(QObject):
         if m is None or self.busy or m.settings.get(key) == value:
             return False
 
-        def change(m: RunManifest) -> bool:
-            old = m.settings.get(key)
-            if old == value:
-                return False
-            m.settings[key] = value
-            m.add_event("setting_changed", f"{key}: {old!r} → {value!r}", key=key, old=old, new=value)
-            return True
-
         # RunBusy while the run runs from a terminal: the page says so
         sp = run_settings.spec(key)
-        changed = edit_run(m, change, f"the setting {sp.label if sp is not None and sp.label else key}")
+        changed = change_settings(
+            m, {key: value}, f"the setting {sp.label if sp is not None and sp.label else key}"
+        )
         self.settingsChanged.emit()
-        return changed
+        return bool(changed)
 
     def override_gate(self, stage: str, reason: str) -> None:
         if self.manifest is None:

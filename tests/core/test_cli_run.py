@@ -105,3 +105,31 @@ def test_preflight_checks_the_needs_of_the_calibration_settings_of_now() -> None
     at_8 = needs_now({"info": info, "source": "huggingface"}, RunSettings(calibration_samples=8), None)
     at_1000 = needs_now({"info": info, "source": "huggingface"}, RunSettings(calibration_samples=1000), None)
     assert at_1000["quantize_peak_rss_bytes"] > at_8["quantize_peak_rss_bytes"] + 4 * 2**30
+
+
+def test_resume_with_set_changes_the_setting_the_failure_named(tmp_path: Path) -> None:
+    """A run made with a setting the Model stage refuses said "resume with: hexstudio run --resume ID", and
+    --set was refused on resume: the run could not be mended from the terminal (the studio's pages change a
+    run's settings)."""
+    bad = _hexstudio(
+        *RUN_BUILTIN,
+        "--set",
+        "context_lengths=1024",
+        "--until",
+        "model",
+        "--workspace",
+        str(tmp_path),
+        "--json",
+    )
+    out = json.loads(bad.stdout)
+    assert bad.returncode != 0 and out["stopped_at"] == "model", bad.stdout
+    fixed = _hexstudio(
+        "run", "--resume", out["run_id"], "--set", "context_lengths=384", "--until", "model",
+        "--workspace", str(tmp_path), "--json",
+    )  # fmt: skip
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    run = json.loads((Path(out["run_dir"]) / "run.json").read_text())
+    assert run["inputs"]["settings"]["context_lengths"] in ([384], "384")
+    assert any(e["kind"] == "setting_changed" and "context_lengths" in e["message"] for e in run["events"])
+    again = _hexstudio("run", "--resume", out["run_id"], "--model", "x/y", "--workspace", str(tmp_path))
+    assert again.returncode != 0 and "--model, --revision and --board cannot change them" in again.stderr
