@@ -556,6 +556,12 @@ def _no_terminal(e: Env, *argv: str) -> tuple[int, str]:
         sys.stdin = saved
 
 
+def _a_file(e: Env) -> Path:
+    f = e.tmp / "a-file.txt"
+    f.write_text("not a folder")
+    return f
+
+
 def _a_board(e: Env) -> str:
     rc, out = run_cli(e, "board", "add", "b1", "--host", "192.0.2.1", "--auth", "password", "--no-connect")
     assert rc == 0, out
@@ -650,6 +656,12 @@ ROWS += [
         lambda e: _with_stdin_closed(e, "runs", "delete", _a_run(e)),
         ["no terminal to ask on", "--yes"],
         lambda e: len(e.runs()) == 1,
+    ),
+    (
+        "chat --transcript under a file",  # it failed after the chat, the replies lost with it
+        lambda e: run_cli(e, "chat", "--prompt", "hi", "--transcript", str(_a_file(e) / "t.md")),
+        ["--transcript", "cannot be written to", "folder you can write to"],
+        None,
     ),
     (
         "runs delete --json without --yes",

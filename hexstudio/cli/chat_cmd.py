@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.common import CliError, eprint, int_in, print_json, set_action
+from hexstudio.cli.common import EXIT_USAGE, CliError, eprint, int_in, print_json, set_action
 from hexstudio.cli.target import add_target_flags, board_and_bundle, model_dir_of
 from hexstudio.core.genie.conversation import TEMPLATES, Conversation
 from hexstudio.core.genie.journal import ChatJournal
@@ -209,7 +210,11 @@ async def _chat(args: argparse.Namespace) -> int:
         await session.close()
         await board.transport.close()
     if args.transcript is not None:
-        conv.save(args.transcript)
+        try:
+            conv.save(args.transcript)
+        except OSError as exc:  # the chat is over: its replies still go out below
+            eprint(f"error: the transcript could not be written to {args.transcript}: {exc.strerror or exc}")
+            rc = rc or 1
     if args.json:
         print_json(
             {
@@ -227,5 +232,19 @@ async def _chat(args: argparse.Namespace) -> int:
     return rc
 
 
+def _check_transcript(path: Path) -> None:
+    """Before the chat: a transcript that could not be written would fail after it, its replies lost with it."""
+    folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+    if path.is_dir() or folder is None or not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise CliError(
+            f"--transcript {path}: "
+            + ("that is a folder." if path.is_dir() else f"{folder or path.parent} cannot be written to."),
+            "Give a file path (.md or .json) in a folder you can write to.",
+            exit_code=EXIT_USAGE,
+        )
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
+    if args.transcript is not None:
+        _check_transcript(args.transcript)
     return asyncio.run(_chat(args))
