@@ -17,11 +17,10 @@ from hexstudio.cli.common import (
     workspace_from,
 )
 from hexstudio.core.jobs import human_bytes
-from hexstudio.core.manifest import RunManifest
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.pipeline import Pipeline
 from hexstudio.core.remote.hosts import WorkerHostError, host_config
-from hexstudio.core.runs import RunNotFound, WorkspaceError, change_settings, edit_run
+from hexstudio.core.runs import RunNotFound, WorkspaceError, change_settings
 from hexstudio.core.settings import SettingsError
 from hexstudio.core.stage_state import display_state
 from hexstudio.core.stages import STAGE_NAMES
@@ -129,11 +128,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     set_action(p, cmd_run, workspace=True)
 
 
-def _set_worker_host(m: RunManifest, host: str) -> None:
-    m.settings["worker_host"] = None if host == "local" else host
-    m.add_event("settings", f"worker_host set to {host} (--worker-host on resume)")
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     ws = workspace_from(args)
     if args.resume is not None and not args.resume.strip():
@@ -161,8 +155,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.worker_host is not None:
             _check_worker_host(args.worker_host)
             if (m.settings.get("worker_host") or "local") != args.worker_host:
-                # where a stage runs is not one of its inputs: done stages stay done
-                edit_run(m, lambda m: _set_worker_host(m, args.worker_host), "the worker host")
+                # where a stage runs is none of its results' inputs, so done stages stay done; but Preflight
+                # measures the machine, and measures the new one
+                host = None if args.worker_host == "local" else args.worker_host
+                change_settings(m, {"worker_host": host}, "the worker host")
     else:
         from hexstudio.core.settings import Settings
 
