@@ -31,6 +31,8 @@ def test_device_picker_lists_aihub_devices_live(
     aihub_emulator: Any,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
     from PySide6.QtWidgets import QApplication, QScrollArea
 
     from hexstudio.core.runs import Workspace
@@ -130,8 +132,23 @@ def test_device_picker_lists_aihub_devices_live(
         for r in range(page.devices_table.rowCount())
         if page.devices_table.item(r, 0).text() == "Snapdragon 8 Gen 3 QRD"
     )
-    page.devices_table.selectRow(row)
+    # the arrow keys walk the list and change nothing: each choice is a recorded change that makes Quantize stale
+    table = page.devices_table
+    table.setFocus()
+    table.setCurrentCell(0, 0)
+    events_before = len(c.manifest.data["events"])
+    for _ in range(min(4, table.rowCount() - 1)):
+        QTest.keyClick(table, Qt.Key.Key_Down)
+    assert c.manifest.settings.get("device") in (None, "Dragonwing IQ-9075 EVK")
+    assert len(c.manifest.data["events"]) == events_before
+    # a click on a row chooses it, and so does Enter
+    rect = table.visualRect(table.model().index(row, 0))
+    QTest.mouseClick(table.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     assert c.manifest is not None and c.manifest.settings["device"] == "Snapdragon 8 Gen 3 QRD"
+    evk_row = next(r for r in range(table.rowCount()) if table.item(r, 0).text() == "Dragonwing IQ-9075 EVK")
+    table.setCurrentCell(evk_row, 0)
+    QTest.keyClick(table, Qt.Key.Key_Return)
+    assert c.manifest.settings["device"] == "Dragonwing IQ-9075 EVK"
 
     # no network: AI Hub cannot be reached
     monkeypatch.setenv("HEXSTUDIO_AIHUB_API_URL", f"http://127.0.0.1:{_closed_port()}")

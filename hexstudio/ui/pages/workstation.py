@@ -468,7 +468,8 @@ class CompilePage(StagePage):
         self.refresh_devices_button.clicked.connect(lambda: self._start_refresh())
         dev_row.addWidget(self.refresh_devices_button)
         self.devices_message = note(
-            "Devices known offline. Refresh from AI Hub to list your account's devices."
+            "Devices known offline (click a row, or Enter on it, to compile for it). Refresh from AI Hub to list "
+            "your account's devices."
         )
         self.devices_message.setObjectName("devices_message")
         dev_row.addWidget(self.devices_message, 1)
@@ -479,7 +480,10 @@ class CompilePage(StagePage):
         self.devices_table.setObjectName("aihub_devices")
         self.devices_table.setMinimumHeight(150)
         self.devices_table.setWordWrap(False)  # one line per device; the tooltip has a refusal's whole reason
-        self.devices_table.itemSelectionChanged.connect(self._device_row_chosen)
+        # a click or Enter on a row chooses its device; the arrow keys only move through the list (each choice is a
+        # change of the run's setting, recorded, and makes Quantize and Compile stale)
+        self.devices_table.itemClicked.connect(lambda item: self._device_row_chosen(item.row()))
+        self.devices_table.itemActivated.connect(lambda item: self._device_row_chosen(item.row()))
         self.inputs_layout.addWidget(self.devices_table)
         self.devices: tuple[AihubDevice, ...] = offline_listing().devices
         self.devices_table.set_rows([device_row(d) for d in self.devices])
@@ -589,11 +593,8 @@ class CompilePage(StagePage):
         combo.setCurrentIndex(max(combo.findText(current), 0))
         combo.blockSignals(False)
 
-    def _device_row_chosen(self) -> None:
-        items = self.devices_table.selectedItems()
-        if not items:
-            return
-        d = self.devices[items[0].row()] if items[0].row() < len(self.devices) else None
+    def _device_row_chosen(self, row: int) -> None:
+        d = self.devices[row] if 0 <= row < len(self.devices) else None
         if d is None or not d.supported:
             return
         i = self.device_combo.findText(d.name)
