@@ -153,7 +153,13 @@ def edit_run(m: RunManifest, change: Callable[[RunManifest], T], what: str) -> T
 def change_settings(m: RunManifest, values: dict[str, Any], what: str) -> list[str]:
     """Change some of a run's settings as the studio's pages and `hexstudio run --resume --set` do: each change
     recorded in the run's events (setting_changed); the stages that read a changed setting go stale and run
-    again on the next resume. Returns the keys that changed (a value already held changes nothing)."""
+    again on the next resume. Returns the keys that changed (a value already held changes nothing). BadSettings,
+    with nothing changed, where a value is not one the setting takes."""
+    from hexstudio.shared.run_settings import BadSettings, check_all
+
+    problems = check_all(values)
+    if problems:
+        raise BadSettings(problems)
 
     def change(m: RunManifest) -> list[str]:
         changed = []

@@ -128,6 +128,34 @@ def test_changing_a_setting_makes_a_done_stage_stale(
     assert "stale" in item.toolTip()
 
 
+def test_number_fields_take_only_their_settings_range(qtbot: Any, tmp_path: Path) -> None:
+    """Every number field took 1 to 1,000,000, and the controller recorded what the registry refuses: a
+    calibration length of 1 and 500,000 samples went into run.json without a word, to fail a stage later."""
+    import pytest as _pytest
+
+    from hexstudio.shared.run_settings import SETTINGS, BadSettings
+
+    c, w = studio_window(qtbot, tmp_path / "ws")
+    c.new_run("builtin:tiny-llama")
+    page = w.pages["quantize"]
+    page.refresh()
+    for key in ("calibration_seq_len", "calibration_samples"):
+        spin = page._setting_widgets[key]
+        assert (spin.minimum(), spin.maximum()) == SETTINGS[key].range, key
+    events = len(c.manifest.data["events"])
+    with _pytest.raises(BadSettings) as err:
+        c.set_setting("calibration_seq_len", 1)
+    assert "calibration_seq_len" in err.value.message and "out of range" in err.value.message
+    assert c.manifest.settings.get("calibration_seq_len") != 1 and len(c.manifest.data["events"]) == events
+    # on the page: the field shows the run's value again, and the box says why
+    page.set_setting("calibration_samples", 500_000)
+    from PySide6.QtWidgets import QMessageBox
+
+    box = page.findChild(QMessageBox, "error_box")
+    assert box is not None and "out of range" in box.text()
+    assert page._setting_widgets["calibration_samples"].value() == c.manifest.settings["calibration_samples"]
+
+
 def test_model_page_inspects_a_config_only_folder(qtbot: Any, tmp_path: Path) -> None:
     _c, w = studio_window(qtbot, tmp_path / "ws")
     page = w.pages["model"]

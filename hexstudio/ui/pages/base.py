@@ -38,6 +38,8 @@ from PySide6.QtWidgets import (
 from hexstudio.core.runs import RunBusy
 from hexstudio.core.stages import Stage, get_stage
 from hexstudio.core.status import override_text
+from hexstudio.shared import run_settings
+from hexstudio.shared.run_settings import BadSettings
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.errors import log_link_html, show_error
 from hexstudio.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, button, fmt_value, heading, note
@@ -81,6 +83,13 @@ def focusable_in(layout: QLayout) -> list[QWidget]:
 
     walk(layout)
     return out
+
+
+def _int_range(key: str) -> tuple[int, int]:
+    """A whole-number setting's range as a spin box holds it (the registry's, within a C int)."""
+    sp = run_settings.spec(key)
+    lo, hi = sp.range if sp is not None and sp.range is not None else (1, 1_000_000)
+    return max(int(lo), -(2**31)), min(int(hi), 2**31 - 1)
 
 
 class StagePage(QWidget):
@@ -208,7 +217,10 @@ class StagePage(QWidget):
             # recorded once, when editing ends (Enter, Tab or a click elsewhere): not every value passed on the
             # way, and never by a wheel turned over it without the focus (hexstudio.ui.theme.WheelGuard)
             sb = QSpinBox()
-            sb.setRange(1, 1_000_000)
+            lo, hi = _int_range(key)
+            sb.setRange(
+                lo, hi
+            )  # the setting's own range (the registry's): a value outside it cannot be typed
             sb.setKeyboardTracking(False)
             sb.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
             sb.editingFinished.connect(lambda k=key, b=sb: self.set_setting(k, int(b.value())))
@@ -240,6 +252,9 @@ class StagePage(QWidget):
             # the field shows the run's value again; said where it is seen (the outcome label may be out of view)
             self._load_settings()
             show_error(self, "Setting not changed", exc.message, exc.hint)
+        except BadSettings as exc:  # a value the setting does not take: nothing is recorded
+            self._load_settings()
+            show_error(self, "Setting not changed", exc.message, "The field shows the run's value again.")
 
     def _load_settings(self) -> None:
         m = self.c.manifest
