@@ -203,6 +203,23 @@ def test_profile_spread_over_several_components() -> None:
     assert k.queries == 2 and k.prompt_tokens == 77 and k.gen_tok_s == 3.5
 
 
+def test_the_latest_dialogs_query_counts_though_genie_writes_components_in_name_order() -> None:
+    """Each GenieDialog_create names its dialog "dialog"+N (Dialog.cpp), and the profile writes its components in
+    name order (a std::map in Profile.cpp getProfilingData): dialog10 before dialog2. From the 11th dialog on (an
+    evaluation resets before every case; spd remakes its dialog on reset) every turn got dialog9's figures."""
+    doc = _profile([])
+    doc["components"] = []
+    for n in range(12):
+        ev = _profile([{"p": 100 + n, "pr": 1, "ttft": 1, "g": 1, "gr": 10.0 + n, "gt": 1}])["components"][0]
+        for e in ev["events"]:
+            e["start"] = 1_000 * n + (0 if e["type"] == "GenieDialog_create" else 500)
+        doc["components"].append({"name": f"dialog{n}", "type": "dialog", "events": ev["events"]})
+    doc["components"].sort(key=lambda c: c["name"])  # as Genie writes them
+    assert [c["name"] for c in doc["components"]][:4] == ["dialog0", "dialog1", "dialog10", "dialog11"]
+    k = parse_profile(doc)
+    assert (k.prompt_tokens, k.gen_tok_s, k.queries) == (111, 21.0, 12)
+
+
 # -- hostile prompts: the echoed prompt must never be read as markers, logs or errors -------------------------
 
 LLAMA3_HOSTILE = (

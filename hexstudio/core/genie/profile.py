@@ -76,6 +76,19 @@ def _ms(ev: dict[str, Any], key: str) -> float | None:
     return round(float(v["value"]) * scale, 3)
 
 
+def _by_start(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Events in the order they started (their "start" timestamp; in place order where one has none)."""
+
+    def start(pair: tuple[int, dict[str, Any]]) -> tuple[float, int]:
+        t = pair[1].get("start")
+        return (
+            float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else float("-inf"),
+            pair[0],
+        )
+
+    return [e for _n, e in sorted(enumerate(events), key=start)]
+
+
 def parse_profile(data: dict[str, Any] | str | Path) -> Kpis:
     if isinstance(data, (str, Path)) and not str(data).lstrip().startswith("{"):
         data = Path(data).read_text(encoding="utf-8")
@@ -90,11 +103,13 @@ def parse_profile(data: dict[str, Any] | str | Path) -> Kpis:
     if (data.get("header") or {}).get("artifact_type") != "GENIE_PROFILE":
         raise ProfileError("Not a Genie profile: header.artifact_type is not GENIE_PROFILE.")
     events = [ev for c in data.get("components", []) for ev in c.get("events", [])]
-    creates = [e for e in events if e.get("type") == "GenieDialog_create"]
-    queries = [e for e in events if e.get("type") == "GenieDialog_query"]
+    # the latest by its start time, not by its place: Genie writes the components in name order (a std::map in
+    # Profile.cpp getProfilingData), and dialog10 comes before dialog2 there
+    creates = _by_start([e for e in events if e.get("type") == "GenieDialog_create"])
+    queries = _by_start([e for e in events if e.get("type") == "GenieDialog_query"])
     if not queries:
         raise ProfileError("The profile has no GenieDialog_query event: the query did not run.")
-    q = queries[-1]  # several queries: the last is the latest turn
+    q = queries[-1]  # several queries: the latest is this turn's
     simulated = bool((data.get("metadata") or {}).get("simulated"))
     pt = _value(q, "num-prompt-tokens")
     gt = _value(q, "num-generated-tokens")
