@@ -36,6 +36,7 @@ class FakeGenie:
         ignore_limit: bool = False,
         ignore_abort: bool = False,
         echo: Path | None = None,
+        fail_reset: bool = False,
     ) -> Path:
         """A 'bundle' folder for the fake runtime: a genie_config.json carrying the fake's knobs."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -51,6 +52,7 @@ class FakeGenie:
             "fake-creates-ok": creates_ok,
             "fake-ignore-limit": int(ignore_limit),
             "fake-ignore-abort": int(ignore_abort),
+            "fake-fail-reset": int(fail_reset),
         }
         if echo is not None:
             dialog["fake-echo-file"] = str(echo)

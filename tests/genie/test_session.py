@@ -516,3 +516,27 @@ def test_a_dialog_cleared_for_a_long_turn_that_cannot_be_made_again_loads_afresh
 
     first, second = asyncio.run(go())
     assert first.state == "complete" and second.state == "complete", (second.state, second.error)
+
+
+def test_a_reset_genie_refuses_loads_the_model_again_rather_than_keep_the_old_cache(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
+    """GenieDialog_reset failing (or missing: the helper binds it as optional) was taken for a reset: the session
+    counted an empty KV cache and sent the next conversation on top of the old one. Evaluate resets before every
+    case, so each case was answered with the earlier ones still in the cache, and scored as if nothing was wrong."""
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=1, tokens=4, fail_reset=True)
+    board = fake_board(tmp_path, fake_genie)
+    said: list[str] = []
+
+    async def go() -> list[TurnResult]:
+        async with ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=4) as s:
+            s.on_status = said.append
+            first = await s.send("First?")
+            await s.reset()
+            return [first, await s.send("Second?")]
+
+    first, second = asyncio.run(go())
+    assert first.state == "complete" and second.state == "complete", (second.state, second.error)
+    assert any("could not be reset (Genie status -1)" in line for line in said), said
+    loads = [line for line in said if line.startswith("model loaded in")]
+    assert len(loads) == 1, said  # the second load, for the turn after the failed reset

@@ -475,9 +475,16 @@ class ChatSession:
             ev = await h.next_event(wait)
             if ev.get("event") in ("reset", "eof"):
                 break
-        if ev.get("recreated") and ev.get("status") not in (0, None):
-            # the dialog could not be made again and the helper is exiting (genie_session's made_again): the turn
-            # that asked for the reset starts a new helper now, rather than sending its query to the dying one
+        if ev.get("status") not in (0, None):
+            # not reset: the dialog could not be made again (and the helper is exiting: genie_session's
+            # made_again), or GenieDialog_reset failed or is missing and its KV cache still holds the last
+            # conversation. Either way the turn that asked for the reset starts a new helper (a fresh load), rather
+            # than sending its query to a dying helper or on top of the old cache
+            self._status(
+                "the dialog could not be "
+                + ("made again" if ev.get("recreated") else f"reset (Genie status {ev.get('status')})")
+                + ": the model loads again for the next turn"
+            )
             with contextlib.suppress(Exception):
                 await h.close(graceful=False)
             return

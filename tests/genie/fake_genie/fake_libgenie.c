@@ -7,6 +7,7 @@
  *   "fake-tokens"    tokens per reply when no max is set (default 12)
  *   "fake-fail-create": 1 makes GenieDialog_create fail
  *   "fake-creates-ok": N lets the first N GenieDialog_create calls succeed and fails the rest
+ *   "fake-fail-reset": 1 makes GenieDialog_reset fail (GENIE_STATUS_ERROR_GENERAL, the KV cache kept)
  * and Genie's own "max-num-tokens" (the reply budget, as genie-t2t-run takes it from the config;
  * GenieDialog_setMaxNumTokens overrides it)
  * and "fake-echo-file": "PATH" appends every query's text (then a 0x1e separator) to PATH.
@@ -40,7 +41,7 @@ enum { ACTION_ABORT = 1 };
 #define MAX_EVENTS 256
 typedef struct { int is_query; double start_us, dur_us, ttft_us, gen_us; long prompt_toks, gen_toks; } Event;
 typedef struct { Event ev[MAX_EVENTS]; int n; } Profile;
-typedef struct { long ctx, init_ms, token_ms, tokens, fail, creates_ok, created, max_num_tokens, ignore_limit, ignore_abort; char echo[512]; Profile *profile; } Config;
+typedef struct { long ctx, init_ms, token_ms, tokens, fail, creates_ok, created, max_num_tokens, ignore_limit, ignore_abort, fail_reset; char echo[512]; Profile *profile; } Config;
 typedef struct { Config *cfg; long n_past; unsigned max_tokens; volatile int abort; } Dialog;
 
 static double now_us(void) {
@@ -77,6 +78,7 @@ Genie_Status_t GenieDialogConfig_createFromJson(const char *str, GenieDialogConf
   c->max_num_tokens = json_long(str, "\"max-num-tokens\"", 0);
   c->ignore_limit = json_long(str, "\"fake-ignore-limit\"", 0); /* as Genie 1.21's lade: no token limit */
   c->ignore_abort = json_long(str, "\"fake-ignore-abort\"", 0); /* ... and no ABORT either */
+  c->fail_reset = json_long(str, "\"fake-fail-reset\"", 0);
   const char *e = strstr(str, "\"fake-echo-file\"");
   if (e && (e = strchr(e + 16, '"'))) {
     size_t n = 0;
@@ -138,6 +140,7 @@ Genie_Status_t GenieDialog_signal(GenieDialog_Handle_t h, GenieDialog_Action_t a
 
 Genie_Status_t GenieDialog_reset(GenieDialog_Handle_t h) {
   if (!h) return GENIE_STATUS_ERROR_INVALID_ARGUMENT;
+  if (((Dialog *)h)->cfg->fail_reset) return GENIE_STATUS_ERROR_GENERAL; /* as Dialog::reset throwing */
   ((Dialog *)h)->n_past = 0;
   return GENIE_STATUS_SUCCESS;
 }
