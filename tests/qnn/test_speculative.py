@@ -132,8 +132,9 @@ def test_lade_and_spd_configs_follow_genies_schema_and_leave_basic_alone() -> No
         "m_part_1_of_2.bin",
         "m_part_2_of_2.bin",
     ]  # the model drafts for itself
-    # Genie's spd asserts temp > 0: the greedy default becomes greedy: true
-    assert spd["dialog"]["sampler"]["temp"] == 1.0 and spd["dialog"]["sampler"]["greedy"] is True
+    # Genie's spd asserts temp > 0: the greedy default becomes temp 1 with top-k 1 (and greedy: true)
+    sampler = spd["dialog"]["sampler"]
+    assert sampler["temp"] == 1.0 and sampler["top-k"] == 1 and sampler["greedy"] is True
     assert genie_config_errors(lade) == [] and genie_config_errors(spd) == []
     assert sp.config_name("basic") == "genie_config.json" and sp.config_name("spd") == "genie_config.spd.json"
 

@@ -319,7 +319,8 @@ class ChatSession:
         await self._maybe_tokenizer(cfg)
         override = self.sampler_values
         if override is not None:
-            values = spd_sampler(override) if self.dialog == "spd" else override  # Genie's spd needs temp > 0
+            # Genie's spd needs temp > 0 in its draft sampler
+            values = spd_sampler(override, genie_keys=True) if self.dialog == "spd" else override
             cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(values)
             data = json.dumps(cfg, indent=2).encode("utf-8")
             self._config = session_config_name(data)

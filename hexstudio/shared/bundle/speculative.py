@@ -226,12 +226,18 @@ def spd_problem(spd: Spd, target_vocab: int, draft_vocab: int, ar_sizes: list[in
     return None
 
 
-def spd_sampler(sampler: dict[str, Any]) -> dict[str, Any]:
-    """Genie asserts temp > 0 in spd's draft sampler: a greedy sampler (temp 0) becomes greedy: true, temp 1."""
+def spd_sampler(sampler: dict[str, Any], *, genie_keys: bool = False) -> dict[str, Any]:
+    """Genie asserts temp > 0 in spd's draft sampler, so a greedy sampler (temp 0) cannot say so with its
+    temperature: it becomes temp 1 with top-k 1, greedy under either reading of Genie's sampler (qualla
+    sampler.cpp reads "greedy", then the basic sampler sets it again from temp <= 0 or top-k == 1), and
+    "greedy": true. A sampled one says "greedy": false, so that a greedy bundle's key cannot outlive it.
+    `genie_keys`: the values use Genie's key names (top-k) rather than ours (top_k)."""
     out = dict(sampler)
-    if float(out.get("temp", 0.0) or 0.0) <= 0.0:
+    greedy = float(out.get("temp", 0.0) or 0.0) <= 0.0
+    if greedy:
         out["temp"] = 1.0
-        out["greedy"] = True
+        out["top-k" if genie_keys else "top_k"] = 1
+    out["greedy"] = greedy
     return out
 
 

@@ -550,10 +550,16 @@ def merge_engines(dialog: dict, extra: dict) -> None:
 
 def dialog_sampler(dialog: dict, values: dict) -> dict:
     """Sampler values as this dialog can take them: Genie's spd asserts temp > 0 in the draft's sampler (a
-    process abort, not a status), so a greedy request (temp 0) becomes "greedy": true with temp 1 there."""
+    process abort, not a status), so a greedy request (temp 0) becomes temp 1 with top-k 1 there (greedy under
+    either reading of "greedy": qualla sampler.cpp sets it again from temp <= 0 or top-k == 1), and a sampled
+    one says "greedy": false (hexstudio.shared.bundle.speculative.spd_sampler: this file runs alone on a
+    board, so the rule is written again here)."""
     out = dict(values)
-    if dialog.get("type") == "spd" and float(out.get("temp", 1.0) or 0.0) <= 0.0:
-        out["temp"], out["greedy"] = 1.0, True
+    if dialog.get("type") == "spd":
+        greedy = float(out.get("temp", 1.0) or 0.0) <= 0.0
+        if greedy:
+            out["temp"], out["top-k"] = 1.0, 1
+        out["greedy"] = greedy
     return out
 
 
