@@ -20,6 +20,7 @@ from hexstudio.core.atomic import write_json_atomic
 from hexstudio.core.paths import config_dir
 from hexstudio.shared import run_settings
 from hexstudio.shared.bundle import KNOWN_DEVICES
+from hexstudio.shared.bundle.speculative import settings_problem as speculative_settings_problem
 from hexstudio.shared.errors import ActionableError
 
 SETTINGS_VERSION = 2
@@ -42,6 +43,8 @@ def check_run_settings(values: dict[str, Any]) -> None:
     problems = run_settings.check_all(values)
     if not problems and (together := run_settings.shape_problem(values)):
         problems = [together]
+    if not problems and (spec := speculative_settings_problem(run_settings.run_settings_of(values))):
+        problems = [spec]  # the Compile stage would refuse it, after hours of quantizing
     if problems:
         raise SettingsError("Run setting(s) refused: " + " ".join(problems))
 

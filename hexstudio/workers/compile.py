@@ -21,10 +21,11 @@ from typing import Any
 
 from hexstudio.shared import bundle as gb
 from hexstudio.shared import modelinfo
+from hexstudio.shared.bundle.speculative import speculative_of
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers.bundle_json import write_bundle_json
-from hexstudio.workers.genie_config import checked_genie_config, speculative_of
+from hexstudio.workers.genie_config import checked_genie_config
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 
 

@@ -15,14 +15,13 @@ from hexstudio.shared.bundle.speculative import (
     DRAFT_DIR,
     REFUSED,
     DraftHost,
-    Lade,
-    Spd,
     SpeculativeError,
     config_name,
     dialog_config,
     draft_engine,
     lade_problem,
     spd_problem,
+    speculative_of,
 )
 from hexstudio.shared.run_settings import RunSettings
 from hexstudio.workers.runtime import WorkerError
@@ -76,14 +75,6 @@ def checked_genie_config(
             "Run the Quantize stage again (--force).",
         )
     return cfg
-
-
-def speculative_of(settings: RunSettings) -> tuple[list[str], Lade, Spd]:
-    """The speculative dialogs a run asks for (settings `speculative_dialogs`, `spd_draft`, `spd_draft_len`,
-    `lade_window`, `lade_ngram`, `lade_gcap`; their defaults are Qualcomm's example values)."""
-    types = [t.strip() for t in settings.speculative_dialogs.split(",") if t.strip() and t.strip() != "none"]
-    lade = Lade(window=settings.lade_window, ngram=settings.lade_ngram, gcap=settings.lade_gcap)
-    return types, lade, Spd(draft_len=settings.spd_draft_len, draft=settings.spd_draft or "self")
 
 
 def check_speculative(

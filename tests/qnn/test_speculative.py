@@ -171,6 +171,28 @@ def test_what_a_model_cannot_have_is_refused_with_the_reason_before_anything_com
     assert "same tokenizer" in str(sp.spd_problem(sp.Spd(), 32000, 32064, [1, 128]))
 
 
+def test_speculative_settings_that_cannot_compile_are_refused_when_the_run_is_made(tmp_path: Path) -> None:
+    """lade's step longer than the prompt processor, or an spd draft length past it, were accepted when the run
+    was made and refused only at Compile, after the export and hours of quantizing (and the lade hint, "raise
+    ar_n", meant doing them again)."""
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.settings import SettingsError, check_run_settings
+
+    ws = Workspace(tmp_path / "ws")
+    with pytest.raises(SettingsError) as err:
+        ws.create_run(
+            "builtin:tiny-llama", "sim", {"ar_n": 32, "speculative_dialogs": "lade", "lade_ngram": 4}
+        )
+    assert "lade: A lade step runs" in str(err.value) and "AR-32" in str(err.value)
+    assert ws.list_runs() == []  # no run folder was made
+    with pytest.raises(SettingsError, match="draft-len 40 \\+ 1 exceeds the largest graph"):
+        check_run_settings({"ar_n": 32, "speculative_dialogs": "spd", "spd_draft_len": 40})
+    check_run_settings(
+        {"ar_n": 32, "speculative_dialogs": "lade", "lade_window": 4, "lade_gcap": 4, "lade_ngram": 3}
+    )
+    check_run_settings({"speculative_dialogs": "spd", "spd_draft": str(tmp_path / "draft-compiled-later")})
+
+
 def test_genies_profile_acceptance_is_read_as_tokens_per_step() -> None:
     from hexstudio.core.genie.profile import parse_profile
 

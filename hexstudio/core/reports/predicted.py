@@ -148,8 +148,8 @@ def speculative_prediction(
             if len(folder.parents) > 2
             else None
         )
+    from hexstudio.shared.bundle.speculative import speculative_of
     from hexstudio.shared.run_settings import extra_ar_sizes, run_settings_of
-    from hexstudio.workers.genie_config import speculative_of
 
     typed = run_settings_of(settings)
     _, lade, spd = speculative_of(typed)  # the values the compile wrote into the dialog configs

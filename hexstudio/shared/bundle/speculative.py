@@ -23,10 +23,13 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hexstudio.shared.bundle import version_tuple
 from hexstudio.shared.errors import ActionableError
+
+if TYPE_CHECKING:
+    from hexstudio.shared.run_settings import RunSettings
 
 DIALOG_TYPES = ("basic", "lade", "spd")
 REFUSED = {
@@ -210,6 +213,38 @@ def lade_problem(ar_sizes: list[int], lade: Lade, n_vocab: int | None = None) ->
             f"graph (AR-{max(ar_sizes)}): Genie would split every step. Lower window, gcap or ngram, or "
             "raise ar_n."
         )
+    return None
+
+
+def speculative_of(settings: RunSettings) -> tuple[list[str], Lade, Spd]:
+    """The speculative dialogs a run asks for (settings `speculative_dialogs`, `spd_draft`, `spd_draft_len`,
+    `lade_window`, `lade_ngram`, `lade_gcap`; their defaults are Qualcomm's example values)."""
+    types = [t.strip() for t in settings.speculative_dialogs.split(",") if t.strip() and t.strip() != "none"]
+    lade = Lade(window=settings.lade_window, ngram=settings.lade_ngram, gcap=settings.lade_gcap)
+    return types, lade, Spd(draft_len=settings.spd_draft_len, draft=settings.spd_draft or "self")
+
+
+def settings_problem(settings: RunSettings) -> str | None:
+    """What the Compile stage would refuse of the speculative dialogs a run asks for, where the model is not needed
+    to tell: a dialog Genie cannot run, lade's step against the graphs (AR-n and AR-1), spd's draft length. Told
+    when the run is made or its settings change, not after the export and hours of quantizing. The draft bundle
+    itself is checked at Compile: it may be compiled meanwhile."""
+    types, lade, spd = speculative_of(settings)
+    ar_sizes = sorted({int(settings.ar_n), 1})
+    for t in types:
+        if t in REFUSED:
+            return REFUSED[t]
+        if t not in DIALOG_TYPES:
+            return f"Unknown speculative dialog '{t}' (use lade or spd)."
+        problem = (
+            lade_problem(ar_sizes, lade)
+            if t == "lade"
+            else spd_problem(spd, 0, 0, ar_sizes)
+            if t == "spd"
+            else None
+        )
+        if problem is not None:
+            return f"{t}: {problem}"
     return None
 
 
