@@ -193,6 +193,31 @@ def test_speculative_settings_that_cannot_compile_are_refused_when_the_run_is_ma
     check_run_settings({"speculative_dialogs": "spd", "spd_draft": str(tmp_path / "draft-compiled-later")})
 
 
+def test_lades_seed_ids_are_refused_only_past_the_vocabulary() -> None:
+    """Genie seeds ids 1000 .. 1000 + window - 1 (lhd-dec.cpp); a vocabulary of exactly 1000 + window holds them
+    all, and was refused (<= for <)."""
+    eight = sp.Lade(window=8)
+    assert "token ids 1000+" in str(sp.lade_problem([1, 128], eight, n_vocab=1007))  # id 1007 is past it
+    assert sp.lade_problem([1, 128], eight, n_vocab=1008) is None  # ids 1000..1007 fit
+    assert "token ids 1000+" in str(sp.lade_problem([1, 128], sp.Lade(), n_vocab=840))
+
+
+def test_a_draft_with_the_same_tokenizer_but_another_vocabulary_size_is_said_so(tmp_path: Path) -> None:
+    """A draft with this model's tokenizer.json but a padded vocabulary of another size was refused as having
+    "another tokenizer", and the hint sent the person looking for another folder of the same pair."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "tokenizer.json").write_bytes(b'{"model": "the same"}')
+    (draft / "bundle.json").write_text("{}")
+    (draft / "genie_config.json").write_text(json.dumps({"dialog": {"context": {"n-vocab": 151936}}}))
+    with pytest.raises(sp.SpeculativeError) as err:
+        sp.draft_engine(draft, b'{"model": "the same"}', 152064)
+    msg = err.value.message
+    assert "this model's tokenizer but 151936 logits per token" in msg and "152064" in msg and "lade" in msg
+    with pytest.raises(sp.SpeculativeError, match="another tokenizer"):
+        sp.draft_engine(draft, b'{"model": "another"}', 151936)
+
+
 def test_genies_profile_acceptance_is_read_as_tokens_per_step() -> None:
     from hexstudio.core.genie.profile import parse_profile
 

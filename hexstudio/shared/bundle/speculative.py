@@ -37,7 +37,9 @@ REFUSED = {
     "training produces; HexStudio cannot make them for your checkpoint. Use lade or spd.",
     "eaglet": "eaglet needs a trained Eagle draft head; HexStudio cannot make one. Use lade or spd.",
 }
-LADE_SEED_BASE = 1000  # lhd-dec seeds lookahead level i with token id 1000 + i
+LADE_SEED_BASE = (
+    1000  # lhd-dec seeds window position i of each lookahead level past the first with id 1000 + i
+)
 
 
 @dataclass(frozen=True)
@@ -149,10 +151,19 @@ def draft_engine(
     if why is not None:
         raise SpeculativeError(f"The draft bundle {draft_bundle} cannot run beside this model: {why}.")
     d = cfg.get("dialog") or {}
-    if tok != target_tokenizer or int((d.get("context") or {}).get("n-vocab", -1)) != n_vocab:
+    if tok != target_tokenizer:
         raise SpeculativeError(
             f"The draft bundle {draft_bundle} has another tokenizer than this model: Genie's spd "
             "compares both models' logits token by token, so the draft must share the tokenizer."
+        )
+    draft_vocab = int((d.get("context") or {}).get("n-vocab", -1))
+    if draft_vocab != n_vocab:
+        # the same tokenizer, but logits of another width (a model family's small and large sizes can differ
+        # in their padded vocabulary): spec-dec.cpp reads both with one n_vocab
+        raise SpeculativeError(
+            f"The draft bundle {draft_bundle} has this model's tokenizer but {draft_vocab} logits per token, and "
+            f"this model has {n_vocab}: Genie's spd reads both models' logits with one vocabulary size, so this "
+            "pair cannot run spd. Choose a draft with the same vocabulary size, or use lade."
         )
     eng = copy.deepcopy(target_engine(d))
     bins = [draft_bundle / b for b in ctx_bins(d)]
@@ -197,7 +208,10 @@ def lade_problem(ar_sizes: list[int], lade: Lade, n_vocab: int | None = None) ->
     """Why this lade block cannot run on these graphs, else None. `n_vocab`: given where the graphs are compiled as
     exported (AI Hub), whose embedding gather then refuses Genie's seed ids past the vocabulary; the local compile
     clamps them (hexstudio.workers.qnn.htp_graph) and passes None."""
-    if n_vocab is not None and n_vocab <= LADE_SEED_BASE + lade.window:
+    # Genie seeds ids 1000 .. 1000 + window - 1 (lhd-dec.cpp). Qualcomm's published source (API 1.13) sends them
+    # only into the levels past the first, which exist at ngram >= 3; Genie 1.21 on the simulator was measured
+    # refusing id 1000 (docs/genie.md) and not at every ngram since, so every ngram is refused here
+    if n_vocab is not None and n_vocab < LADE_SEED_BASE + lade.window:
         return (
             f"lade seeds its lookahead with token ids {LADE_SEED_BASE}+ and this model's vocabulary has {n_vocab} "
             "tokens: AI Hub compiles the embedding as exported and the HTP would refuse those ids. Compile locally "
