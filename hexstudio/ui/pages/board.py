@@ -43,6 +43,9 @@ from hexstudio.ui.errors import refused_html
 from hexstudio.ui.pages.base import StagePage
 from hexstudio.ui.widgets import STATE_COLORS, STATUS_COLORS, button, note, state_icon
 
+# the board settings this page's form shows (and so replaces when a board is saved); the others are kept
+FORM_KEYS = frozenset({"host", "port", "user", "auth", "key_path", "ssh_alias"})
+
 
 class BoardPage(StagePage):
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
@@ -256,6 +259,15 @@ class BoardPage(StagePage):
                 "'sim') and a host.</span>"
             )
             return
+        if any(c.isspace() for c in host):  # the CLI's rule (`hexstudio board add --host`)
+            self.conn_label.setText(
+                refused_html(
+                    f"'{host}' is no host name: the board was not saved.",
+                    "Give its host name, IP address or ~/.ssh/config alias, e.g. 192.168.1.50.",
+                )
+            )
+            self.host_edit.setFocus()
+            return
         try:
             # the CLI's rule: the name goes into keyring entries and file names ("a/b" made a folder)
             check_board_name(name)
@@ -281,12 +293,15 @@ class BoardPage(StagePage):
                 # the board is not saved without its password (the password stays typed for another try)
                 self.conn_label.setText(refused_html(exc.message, exc.hint))
                 return
-        existed = name in self.c.settings.boards
+        before = self.c.settings.boards.get(name)
+        # what the form does not show (qairt_zip, runtime, qairt_home, ... from `hexstudio board add`) stays
+        kept = {k: v for k, v in (before or {}).items() if k not in FORM_KEYS}
         try:
-            self.c.edit_settings(lambda s: s.boards.__setitem__(name, cfg))
+            self.c.edit_settings(lambda s: s.boards.__setitem__(name, {**kept, **cfg}))
         except SettingsError as exc:
             self.conn_label.setText(refused_html(exc.message, exc.hint))
             return
+        existed = before is not None
         self.password_edit.clear()
         self.reload_boards()
         self.clear_form()
