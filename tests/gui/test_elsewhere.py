@@ -354,6 +354,58 @@ def test_board_form_is_cleared_and_a_board_can_be_edited_and_removed(qtbot: Any,
     assert not page.edit_button.isEnabled() and not page.remove_button.isEnabled()
 
 
+def test_saving_a_board_keeps_what_the_form_does_not_show_and_the_model_page_lists_it(
+    qtbot: Any, tmp_path: Path
+) -> None:
+    """Edit then Save replaced the whole entry: qairt_zip (the Board stage installs QAIRT from it) and runtime
+    (GeniEx) were gone. The form took a host with a space, which the CLI refuses. And the Model page's board
+    list was filled once at start: a board added on the Board page was never offered, a removed one still was."""
+    c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
+    c.edit_settings(
+        lambda s: s.boards.__setitem__(
+            "evk",
+            {
+                "host": "10.0.0.9",
+                "port": 22,
+                "user": "ubuntu",
+                "auth": "agent",
+                "qairt_zip": "/q.zip",
+                "runtime": "geniex",
+            },
+        )
+    )
+    page = w.pages["board"]
+    page.reload_boards()
+    page.boards.setCurrentRow(
+        next(i for i in range(page.boards.count()) if page.boards.item(i).data(256) == "evk")
+    )
+    page.edit_button.click()
+    page.user_edit.setText("root")
+    page.add_button.click()
+    evk = c.settings.boards["evk"]
+    assert evk["user"] == "root" and evk["qairt_zip"] == "/q.zip" and evk["runtime"] == "geniex", evk
+    page.name_edit.setText("lab")
+    page.host_edit.setText("my board")
+    page.add_button.click()
+    assert "lab" not in c.settings.boards and "no host name" in page.conn_label.text()
+    page.host_edit.setText("10.0.0.10")
+    page.add_button.click()
+    assert "lab" in c.settings.boards
+    # the Model page offers the boards as they are when it is shown again
+    model = w.pages["model"]
+    w.show()
+    w.show_stage("board")
+    w.show_stage("model")  # shown again: its showEvent lists the boards of now
+    offered = [model.board_combo.itemText(i) for i in range(model.board_combo.count())]
+    assert offered == ["sim", "evk", "lab"], offered
+    model.board_combo.setCurrentIndex(offered.index("lab"))
+    c.edit_settings(lambda s: s.boards.pop("lab", None))  # removed meanwhile (the Board page, or the CLI)
+    runs_before = len(c.workspace.list_runs())
+    model.new_run()
+    assert "no board named lab any more" in model.inspect_message.text()
+    assert len(c.workspace.list_runs()) == runs_before
+
+
 def test_board_console_shows_what_the_stage_did(qtbot: Any, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     m = gate_failed_run(ws, "evaluate")

@@ -6,6 +6,7 @@ import asyncio
 import html
 from typing import Any
 
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QButtonGroup,
     QComboBox,
@@ -153,6 +154,12 @@ class ModelPage(StagePage):
         first = [self.inspect_button, self.new_run_button]
         return inputs, [*first, *(a for a in actions if a not in (*first, self.browse_button))], results
 
+    def showEvent(self, event: QShowEvent) -> None:
+        """Coming back to the page: boards added or removed on the Board page (or by `hexstudio board add`) are
+        the ones offered."""
+        super().showEvent(event)
+        self.reload_boards()
+
     def reload_boards(self) -> None:
         current = self.board_combo.currentText()
         self.board_combo.clear()
@@ -214,8 +221,18 @@ class ModelPage(StagePage):
         overrides: dict[str, Any] = {"calibration_samples": self.calib_spin.value()}
         if self.context_spin.value():
             overrides["context_length"] = self.context_spin.value()
+        board = self.board_combo.currentText() or "sim"
+        if board != "sim" and board not in self.c.settings.boards:  # removed since the list was filled
+            self.reload_boards()
+            self.inspect_message.setText(
+                refused_html(
+                    f"There is no board named {board} any more: no run was made.",
+                    "Choose a board in the list (or add it again on the Board page), then New run.",
+                )
+            )
+            return
         try:
-            self.c.new_run(spec, self.board_combo.currentText() or "sim", overrides)
+            self.c.new_run(spec, board, overrides)
         except Exception as exc:
             self.inspect_message.setText(
                 refused_html(
