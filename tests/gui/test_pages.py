@@ -264,3 +264,35 @@ def test_job_dock_log_is_bounded_filterable_and_copyable(qtbot: Any) -> None:
     assert set(dock.log_model.stringList()) == {f"line 2999{d}" for d in range(10)}
     dock.copy_button.click()
     assert "line 29999" in QGuiApplication.clipboard().text()
+
+
+def test_an_inspected_model_stays_under_its_own_heading_until_another_run(qtbot: Any, tmp_path: Path) -> None:
+    """After Inspect of another model, any refresh of the window put the open run's figures back in the table,
+    while the heading above still named the inspected model: its memory and disk needs read as the other's."""
+    import asyncio as _asyncio
+
+    from tests.support.gate_runs import finish_stage
+
+    c, w = studio_window(qtbot, tmp_path / "ws")
+    m = c.new_run("builtin:tiny-llama")
+    (m.run_dir / "artifacts" / "model").mkdir(parents=True, exist_ok=True)
+    finish_stage(m, "model")
+    page = w.pages["model"]
+    page.refresh()
+    page.folder_radio.setChecked(True)
+    page.folder_edit.setText(str(_config_only_8b(tmp_path)))
+    loop = _asyncio.new_event_loop()
+    assert loop.run_until_complete(page.inspect()) is not None
+    loop.close()
+
+    def rows() -> dict[str, str]:
+        t = page.inspect_table
+        return {t.item(r, 0).text(): t.item(r, 1).text() for r in range(t.rowCount())}
+
+    inspected = rows()
+    assert "llama-8b-config" in page.inspect_message.text()
+    w.refresh()  # a setting edited, a stage ended...
+    assert rows() == inspected and "llama-8b-config" in page.inspect_message.text()
+    c.new_run("builtin:tiny-llama")  # another run: its own model, and the heading goes
+    page.refresh()
+    assert rows() != inspected and page.inspect_message.text() == ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtGui import QShowEvent
@@ -79,6 +80,10 @@ def inspect_rows(info: dict[str, Any]) -> list[list[str]]:
 
 
 class ModelPage(StagePage):
+    # an inspected model's figures on show (inspect), and the run open then: a refresh keeps them until another run
+    _inspection_shown = False
+    _inspected_on: Path | None = None
+
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("model", controller, parent)
         self.source_group = QButtonGroup(self)
@@ -211,6 +216,10 @@ class ModelPage(StagePage):
             + ("supported." if ok else f"<span style='color:{STATE_COLORS['failed']}'>not supported.</span>")
         )
         self.inspect_table.set_rows(inspect_rows(info))
+        # shown until another run is opened: a refresh puts no other model's figures under this heading
+        m = self.c.manifest
+        self._inspected_on = m.run_dir if m is not None else None
+        self._inspection_shown = True
         return info
 
     def new_run(self) -> None:
@@ -265,6 +274,13 @@ class ModelPage(StagePage):
     def refresh_results(self) -> None:
         self._show_run_settings()
         self.new_run_button.setEnabled(not self.c.busy)
+        m = self.c.manifest
+        if self._inspection_shown:
+            if (m.run_dir if m is not None else None) == self._inspected_on:
+                return  # an inspected model is on show, under its own name: the run's comes back with another run
+            self._inspection_shown = False
+            self.inspect_message.setText("")  # its heading and figures go with it
+            self.inspect_table.set_rows([])
         doc = self.artifact_json("model.json")
         if doc is not None:
             info = dict(doc.get("info") or {})
