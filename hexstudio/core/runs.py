@@ -21,6 +21,7 @@ from hexstudio.core.manifest import ManifestError, RunManifest
 from hexstudio.core.paths import default_workspace
 from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, Settings, check_run_settings
 from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.hub import model_spec_problem
 
 T = TypeVar("T")
 
@@ -228,6 +229,11 @@ class Workspace:
         merged = dict(DEFAULT_RUN_SETTINGS)
         merged.update(settings or {})
         check_run_settings(merged)  # SettingsError: wrong type or out of range, before any folder is made
+        problem = model_spec_problem(
+            model
+        )  # a run's model cannot change on resume: a run that could never start
+        if problem is not None:
+            raise WorkspaceError(f"No run was made: {problem[0]}", problem[1])
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(model)}-{_secrets.token_hex(2)}"
         run_dir = self.runs_dir / run_id
         # Build the run in a hidden temp folder, then rename: never a half-made run.

@@ -184,3 +184,33 @@ def hub_error(
             "again: the download resumes where it stopped. Or give a local folder with the model.",
         )
     return None
+
+
+def model_spec_problem(model: str) -> tuple[str, str] | None:
+    """Why `model` names no model a run can start from: not a built-in one, not a folder on this machine, not a
+    Hugging Face id (owner/name, as the Hub spells them); (the message, what to do), None when it can. Asked when a
+    run is made (its model cannot change on resume) and again by the Model stage (a folder may have gone since)."""
+    from hexstudio.shared.data import BUILTIN_MODELS
+
+    example = (
+        f"Give {next(iter(BUILTIN_MODELS))}, a Hugging Face id like meta-llama/Llama-3.1-8B-Instruct, or a folder "
+        "holding config.json and *.safetensors."
+    )
+    if model in BUILTIN_MODELS:
+        return None
+    if model.startswith("builtin:"):
+        return (
+            f"There is no built-in model '{model}'.",
+            f"The built-in models are {', '.join(BUILTIN_MODELS)}.",
+        )
+    if Path(model).expanduser().is_dir():
+        return None
+    if model.startswith(("/", ".", "~")) or model.count("/") != 1:
+        return f"'{model}' is neither a folder nor a Hugging Face id (owner/name).", example
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(model)
+    except HFValidationError as exc:
+        return f"'{model}' is no Hugging Face id: {exc}", example
+    return None

@@ -20,7 +20,7 @@ from typing import Any
 from hexstudio.shared import modelinfo
 from hexstudio.shared.artifacts import ModelDoc
 from hexstudio.shared.data import BUILTIN_MODELS, builtin_model_dir
-from hexstudio.shared.hub import HubError, hub_error, hub_token
+from hexstudio.shared.hub import HubError, hub_error, hub_token, model_spec_problem
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.run_settings import AUTO, ResolvedSettings, RunSettings, resolve_settings
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
@@ -319,22 +319,12 @@ def resolve_source(model: str, spec: WorkerSpec, em: Emitter) -> tuple[str, Path
         dest = spec.out_dir / "hf"
         shutil.copytree(src, dest, ignore=shutil.ignore_patterns("training.json"))
         return "builtin", dest, None
-    if model.startswith("builtin:"):
-        raise WorkerError(
-            "unknown_builtin",
-            f"There is no built-in model '{model}'.",
-            f"The built-in models are {', '.join(BUILTIN_MODELS)}.",
-        )
+    problem = model_spec_problem(model)  # asked when the run was made too; a folder may have gone since
+    if problem is not None:
+        raise WorkerError("unknown_builtin" if model.startswith("builtin:") else "model_not_found", *problem)
     p = Path(model).expanduser()
     if p.is_dir():
         return "local", p.resolve(), None
-    if model.startswith(("/", ".", "~")) or model.count("/") != 1:
-        raise WorkerError(
-            "model_not_found",
-            f"'{model}' is neither a folder nor a Hugging Face id (owner/name).",
-            f"Give {BUILTIN_ID}, a Hugging Face id like meta-llama/Llama-3.1-8B-Instruct, or a "
-            "folder holding config.json and *.safetensors.",
-        )
     path, rev = download(model, requested_revision(spec), em)
     return "huggingface", path, rev
 

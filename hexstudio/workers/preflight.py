@@ -34,7 +34,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             "missing_upstream", "Preflight needs the Model stage's result.", "Run the Model stage first."
         )
     doc = json.loads((model_dir / "model.json").read_text())
-    needs = needs_now(doc, spec.settings, spec.inputs.board)
+    # a model.json without the model's info (written by hand, or damaged) has only the Model stage's figures
+    needs = needs_now(doc, spec.settings, spec.inputs.board) if "info" in doc else dict(doc["estimates"])
     # the Model stage has run: a Hugging Face model is in the cache now, a folder or the built-in one never downloads
     needs["hf_downloaded"] = True
     em.progress(0.1, "probing this machine (AIMET smoke test runs in parallel)")

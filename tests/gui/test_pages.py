@@ -296,3 +296,18 @@ def test_an_inspected_model_stays_under_its_own_heading_until_another_run(qtbot:
     c.new_run("builtin:tiny-llama")  # another run: its own model, and the heading goes
     page.refresh()
     assert rows() != inspected and page.inspect_message.text() == ""
+
+
+def test_new_run_says_it_made_one_and_refuses_a_model_that_names_none(qtbot: Any, tmp_path: Path) -> None:
+    """New run with a folder that does not exist (or "not a valid id!!") made a run that could never start (its
+    model cannot change on resume), and neither that nor a good New run said a word."""
+    c, w = studio_window(qtbot, tmp_path / "ws")
+    page = w.pages["model"]
+    page.folder_radio.setChecked(True)
+    page.folder_edit.setText(str(tmp_path / "nope" / "missing"))
+    page.new_run()
+    assert "No run was made" in page.inspect_message.text() and c.manifest is None
+    assert c.workspace.list_runs() == []
+    page.builtin_radio.setChecked(True)
+    page.new_run()
+    assert c.manifest is not None and f"Run <b>{c.manifest.run_id}</b> made" in page.inspect_message.text()

@@ -246,7 +246,26 @@ def test_model_stage_errors_are_clear(tmp_path: Path, damage: str, code: str, ne
 
 
 def test_not_a_model_gives_what_to_do(tmp_path: Path) -> None:
-    m, res = _run_model_stage(tmp_path / "ws", "/nonexistent/folder")
+    """Refused when the run is made (a run's model cannot change on resume: such a run could never start, and
+    the studio made it without a word), and again by the Model stage for a folder gone since."""
+    from hexstudio.core.runs import WorkspaceError
+
+    ws = Workspace(tmp_path / "ws")
+    for bad, says in (
+        ("/nonexistent/folder", "neither a folder nor a Hugging Face id"),
+        ("not a valid id!!", "neither a folder nor a Hugging Face id"),
+        ("owner/na me", "is no Hugging Face id"),
+        ("builtin:gpt-9", "There is no built-in model 'builtin:gpt-9'"),
+    ):
+        with pytest.raises(WorkspaceError) as err:
+            ws.create_run(bad, "sim")
+        assert says in err.value.message and err.value.hint, (bad, err.value.message)
+    assert ws.list_runs() == []
+    folder = tmp_path / "was-here"
+    folder.mkdir()
+    m = ws.create_run(str(folder), "sim")
+    folder.rmdir()
+    res = asyncio.run(Pipeline(m).run(only="model"))
     assert not res.ok
     assert "neither a folder nor a Hugging Face id" in m.stage("model").data["outcome"]["message"]
 

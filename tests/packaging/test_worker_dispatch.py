@@ -73,6 +73,8 @@ def make_spec(tmp: Path, name: str, **changes: Any) -> Path:
         json.dumps(
             {
                 "model": BUILTIN_MODEL_ID,
+                "source": "builtin",
+                "info": info,
                 "resolved": {"context_length": 512},
                 "estimates": modelinfo.estimate(info, 512),
             }

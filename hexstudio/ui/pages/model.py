@@ -241,7 +241,7 @@ class ModelPage(StagePage):
             )
             return
         try:
-            self.c.new_run(spec, board, overrides)
+            m = self.c.new_run(spec, board, overrides)
         except Exception as exc:
             self.inspect_message.setText(
                 refused_html(
@@ -249,6 +249,11 @@ class ModelPage(StagePage):
                     getattr(exc, "hint", None),
                 )
             )
+            return
+        self.inspect_message.setText(
+            f"Run <b>{html.escape(m.run_id)}</b> made for {html.escape(spec)} on {html.escape(board)}: "
+            "Run Model to begin, or Run ▸ Resume (Ctrl+R) for every stage in turn."
+        )
 
     def _show_run_settings(self) -> None:
         """The fields show the open run's own values (they once showed 8 calibration samples while the run used
