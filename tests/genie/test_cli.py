@@ -196,3 +196,19 @@ def test_chat_cli_without_any_run_says_what_to_do(tmp_path: Path, capsys: pytest
     assert main(["chat", "--workspace", str(tmp_path / "empty"), "--prompt", "hi"]) == 1
     err = capsys.readouterr().err
     assert "No run with a bundle" in err and "hexstudio run" in err
+
+
+def test_the_twin_runner_fails_a_full_context_as_genie_t2t_run_does(
+    sim_workspace: SimWorkspace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Qualcomm's genie-t2t-run throws "Failed to query." and exits with EXIT_FAILURE when GenieDialog_query
+    reports the context exceeded (main.cpp: any status but success, abort or pause). The twin printed [END] and
+    exited 0, so a per-turn reply cut by the context limit was reported as complete."""
+    from hexstudio.workers.genie_sim import t2t
+
+    config = str(Path(sim_workspace.remote_bundle) / "genie_config.json")
+    long = " ".join(["water"] * 2000)  # far past the built-in model's 512 tokens
+    rc = t2t.main(["-c", config, "-p", long])
+    out = capsys.readouterr()
+    assert rc == 1 and "Failed to query." in out.err, (rc, out.err[-500:])
+    assert "[END]" in out.out  # what came before the limit was streamed, as Genie's callback does

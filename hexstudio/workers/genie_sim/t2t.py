@@ -463,10 +463,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write("[END]\n")
     sys.stdout.flush()
-    if q["state"] == "context_full":  # after [END]: a log line inside the reply would become reply text
-        log("warn", "warn", "context full: the prompt and reply do not fit in the context length")
     if args.profile:
         Path(args.profile).write_text(json.dumps(profile_doc(dialog.init_us, q), indent=2))
+    if q["state"] == "context_full":  # after [END]: a log line inside the reply would become reply text
+        log("warn", "warn", "context full: the prompt and reply do not fit in the context length")
+        # as Qualcomm's genie-t2t-run does: GenieDialog_query's GENIE_STATUS_WARNING_CONTEXT_EXCEEDED is neither
+        # success, abort nor pause, so it throws "Failed to query." and exits with EXIT_FAILURE (main.cpp)
+        sys.stderr.write("Failed to query.\n")
+        sys.stderr.flush()
+        return 1
     return 0
 
 
