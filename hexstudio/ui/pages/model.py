@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from hexstudio.core.jobs import human_bytes
 from hexstudio.core.paths import BUILTIN_MODEL_ID
+from hexstudio.core.runs import WorkspaceError
 from hexstudio.core.services import model as model_service
 from hexstudio.shared.errors import ActionableError
 from hexstudio.ui.controller import RunController
@@ -242,6 +243,9 @@ class ModelPage(StagePage):
             return
         try:
             m = self.c.new_run(spec, board, overrides)
+        except WorkspaceError as exc:  # its message says no run was made, and why
+            self.inspect_message.setText(refused_html(exc.message, exc.hint))
+            return
         except Exception as exc:
             self.inspect_message.setText(
                 refused_html(
