@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from hexstudio.core.environment import collect_environment, package_versions
 from hexstudio.core.manifest import ManifestError, RunManifest
 from hexstudio.core.paths import default_workspace
-from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, Settings, check_run_settings
+from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, Settings, SettingsError, check_run_settings
 from hexstudio.shared.errors import ActionableError
 from hexstudio.shared.hub import model_spec_problem
 
@@ -151,6 +151,15 @@ def edit_run(m: RunManifest, change: Callable[[RunManifest], T], what: str) -> T
     return out
 
 
+def _combination_problem(settings: dict[str, Any]) -> str | None:
+    """What check_run_settings refuses of these settings taken together, else None."""
+    try:
+        check_run_settings(settings)
+    except SettingsError as exc:
+        return exc.message.removeprefix("Run setting(s) refused: ")
+    return None
+
+
 def change_settings(m: RunManifest, values: dict[str, Any], what: str) -> list[str]:
     """Change some of a run's settings as the studio's pages and `hexstudio run --resume --set` do: each change
     recorded in the run's events (setting_changed); the stages that read a changed setting go stale and run
@@ -161,6 +170,12 @@ def change_settings(m: RunManifest, values: dict[str, Any], what: str) -> list[s
     problems = check_all(values)
     if problems:
         raise BadSettings(problems)
+    # together with the run's other settings, as when a run is made (context_length with ar_n, lade's step with
+    # the prompt processor): a combination Compile would refuse after hours of quantizing, refused now. Only one
+    # the change makes: a run that already held one (made before a rule) can still change its other settings
+    combined = _combination_problem({**m.settings, **values})
+    if combined is not None and combined != _combination_problem(dict(m.settings)):
+        raise BadSettings([combined])
 
     def change(m: RunManifest) -> list[str]:
         changed = []

@@ -885,8 +885,7 @@ def check_all(values: Mapping[str, Any]) -> list[str]:
 
 def shape_problem(values: Mapping[str, Any]) -> str | None:
     """What the Model or Quantize stage would refuse of context_length and ar_n together, told before a run is
-    made (a run made with them could never pass, and --resume cannot change them): None when either is "auto"
-    or they fit. What needs the model's config (its longest context, its window) is the Model stage's."""
+    made or its settings change (hexstudio.core.runs.change_settings): None when either is "auto" or they fit. What needs the model's config (its longest context, its window) is the Model stage's."""
     cl, ar = values.get("context_length"), values.get("ar_n")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (cl, ar)):
         return None

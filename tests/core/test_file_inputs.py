@@ -43,3 +43,23 @@ def test_a_run_on_the_built_in_texts_keeps_its_hash() -> None:
     from hexstudio.core.stage_state import _file_digest
 
     assert _file_digest("builtin") is None and _file_digest("") is None and _file_digest(None) is None
+
+
+def test_a_setting_change_that_makes_a_combination_compile_refuses_is_refused(tmp_path: Path) -> None:
+    """change_settings (the studio's pages, `run --resume --set`) checked each value alone: ar_n 8 on a lade run
+    was recorded, though a run made so is refused (lade's 16-token step on AR-8), and Compile refused it after
+    hours of quantizing."""
+    import pytest
+
+    from hexstudio.core.runs import change_settings
+    from hexstudio.shared.run_settings import BadSettings
+
+    m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"speculative_dialogs": "lade"})
+    events = len(m.data["events"])
+    with pytest.raises(BadSettings) as err:
+        change_settings(m, {"ar_n": 8}, "the setting AR-N")
+    assert "lade" in err.value.message and "AR-8" in err.value.message
+    with pytest.raises(BadSettings, match="context"):
+        change_settings(m, {"context_length": 128}, "the setting context length")
+    assert m.settings["ar_n"] == 128 and len(m.data["events"]) == events
+    assert change_settings(m, {"ar_n": 64}, "the setting AR-N") == ["ar_n"]  # a 16-token step fits AR-64
