@@ -143,6 +143,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "Start a new run for another model or board (its settings can change on resume: --set KEY=VALUE).",
             )
         changes = _parse_set(args.settings)
+        if "revision" in changes:  # the model's own input, as --revision
+            raise CliError(
+                "--resume continues a run with its own model; --set revision=... cannot change it.",
+                "Start a new run for another revision of the model (--model M --revision REV).",
+            )
+        if changes.get("worker_host"):
+            _check_worker_host(str(changes["worker_host"]))
+            if changes["worker_host"] == "local":  # as --worker-host local: this machine
+                changes["worker_host"] = None
         try:
             m = ws.open_run(args.resume)
         except RunNotFound as exc:

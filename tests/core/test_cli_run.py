@@ -133,3 +133,10 @@ def test_resume_with_set_changes_the_setting_the_failure_named(tmp_path: Path) -
     assert any(e["kind"] == "setting_changed" and "context_lengths" in e["message"] for e in run["events"])
     again = _hexstudio("run", "--resume", out["run_id"], "--model", "x/y", "--workspace", str(tmp_path))
     assert again.returncode != 0 and "--model, --revision and --board cannot change them" in again.stderr
+    # --set goes no further: the revision is the model's input, and a worker host must exist
+    for item, says in (("revision=v2", "cannot change it"), ("worker_host=nobox", "nobox")):
+        r = _hexstudio("run", "--resume", out["run_id"], "--set", item, "--workspace", str(tmp_path))
+        assert r.returncode != 0 and says in r.stderr, (item, r.stderr)
+    run = json.loads((Path(out["run_dir"]) / "run.json").read_text())
+    assert "revision" not in run["inputs"]["settings"] or run["inputs"]["settings"]["revision"] in (None, "")
+    assert not run["inputs"]["settings"].get("worker_host")
