@@ -271,7 +271,7 @@ def test_an_inspected_model_stays_under_its_own_heading_until_another_run(qtbot:
     while the heading above still named the inspected model: its memory and disk needs read as the other's."""
     import asyncio as _asyncio
 
-    from tests.support.gate_runs import finish_stage
+    from tests.support.gate_runs import finish_stage, rewrite_output
 
     c, w = studio_window(qtbot, tmp_path / "ws")
     m = c.new_run("builtin:tiny-llama")
@@ -293,6 +293,15 @@ def test_an_inspected_model_stays_under_its_own_heading_until_another_run(qtbot:
     assert "llama-8b-config" in page.inspect_message.text()
     w.refresh()  # a setting edited, a stage ended...
     assert rows() == inspected and "llama-8b-config" in page.inspect_message.text()
+    # the run's Model stage ran since: its figures come back, and the heading goes
+    rewrite_output(m, "model", "model.json", json.dumps({"model": "builtin:tiny-llama"}))
+    c.open_run(m.run_id)  # the studio reads the run again when a stage ends
+    w.refresh()
+    assert rows() != inspected and page.inspect_message.text() == ""
+    loop = _asyncio.new_event_loop()
+    assert loop.run_until_complete(page.inspect()) is not None
+    loop.close()
+    assert rows() == inspected
     c.new_run("builtin:tiny-llama")  # another run: its own model, and the heading goes
     page.refresh()
     assert rows() != inspected and page.inspect_message.text() == ""

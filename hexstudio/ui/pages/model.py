@@ -81,9 +81,10 @@ def inspect_rows(info: dict[str, Any]) -> list[list[str]]:
 
 
 class ModelPage(StagePage):
-    # an inspected model's figures on show (inspect), and the run open then: a refresh keeps them until another run
+    # an inspected model's figures on show (inspect), and the run open then with its Model stage's output: a
+    # refresh keeps them until either changes
     _inspection_shown = False
-    _inspected_on: Path | None = None
+    _inspected_on: tuple[Path, object] | None = None
 
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("model", controller, parent)
@@ -200,6 +201,9 @@ class ModelPage(StagePage):
             "cached: offline this takes a while before it says so)"
         )
         self.inspect_table.set_rows([])  # never the previous model's figures under this one's name
+        self._inspection_shown = (
+            False  # until this one answers (a failed one leaves the run's figures to come)
+        )
         self.inspect_busy.setVisible(True)
         try:
             info = await asyncio.to_thread(
@@ -218,10 +222,15 @@ class ModelPage(StagePage):
         )
         self.inspect_table.set_rows(inspect_rows(info))
         # shown until another run is opened: a refresh puts no other model's figures under this heading
-        m = self.c.manifest
-        self._inspected_on = m.run_dir if m is not None else None
+        self._inspected_on = self._run_model_state()
         self._inspection_shown = True
         return info
+
+    def _run_model_state(self) -> tuple[Path, object] | None:
+        """The open run and what its Model stage produced (its output digest): an inspection stays on show while
+        neither changes."""
+        m = self.c.manifest
+        return (m.run_dir, m.stage("model").data.get("output_digest")) if m is not None else None
 
     def new_run(self) -> None:
         spec = self.model_spec()
@@ -283,10 +292,10 @@ class ModelPage(StagePage):
     def refresh_results(self) -> None:
         self._show_run_settings()
         self.new_run_button.setEnabled(not self.c.busy)
-        m = self.c.manifest
         if self._inspection_shown:
-            if (m.run_dir if m is not None else None) == self._inspected_on:
+            if self._run_model_state() == self._inspected_on:
                 return  # an inspected model is on show, under its own name: the run's comes back with another run
+                # (or when its Model stage has run since)
             self._inspection_shown = False
             self.inspect_message.setText("")  # its heading and figures go with it
             self.inspect_table.set_rows([])
