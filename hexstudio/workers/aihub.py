@@ -206,10 +206,15 @@ def poll_interval(settings: RunSettings, api_url: str) -> float:
     """Seconds between job status requests: the setting (unset: DEFAULT_POLL_S), at least MIN_QUALCOMM_POLL_S
     against Qualcomm's own AI Hub, which rate-limits an account's requests; faster only against another API
     (the emulator the tests run)."""
+    from urllib.parse import urlparse
+
     from qai_hub.public_rest_api import DEFAULT_HUB_API_URL
 
     poll = float(settings.aihub_poll_interval_s or DEFAULT_POLL_S)
-    if poll < MIN_QUALCOMM_POLL_S and api_url.rstrip("/") == DEFAULT_HUB_API_URL:
+    host = (urlparse(api_url).hostname or "").lower()
+    # workbench.aihub.qualcomm.com (the client's default) or app.aihub.qualcomm.com (older client.ini files)
+    qualcomms = host == (urlparse(DEFAULT_HUB_API_URL).hostname or "") or host.endswith(".aihub.qualcomm.com")
+    if poll < MIN_QUALCOMM_POLL_S and qualcomms:
         return MIN_QUALCOMM_POLL_S
     return poll
 

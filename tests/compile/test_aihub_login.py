@@ -215,6 +215,7 @@ def test_qualcomms_ai_hub_is_never_polled_faster_than_every_5_s() -> None:
     fast, slow, unset = (RunSettings(aihub_poll_interval_s=v) for v in (0.01, 30.0, None))
     assert poll_interval(fast, DEFAULT_HUB_API_URL) == MIN_QUALCOMM_POLL_S == 5.0
     assert poll_interval(fast, DEFAULT_HUB_API_URL + "/") == 5.0
+    assert poll_interval(fast, "https://app.aihub.qualcomm.com") == 5.0  # an older client.ini's address
     assert poll_interval(fast, "http://127.0.0.1:8123") == 0.01
     assert poll_interval(slow, DEFAULT_HUB_API_URL) == 30.0
     assert poll_interval(unset, DEFAULT_HUB_API_URL) == DEFAULT_POLL_S == 15.0
