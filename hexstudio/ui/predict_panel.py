@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from hexstudio.ui.controller import RunController
 from hexstudio.ui.errors import refused_html
 from hexstudio.ui.widgets import KeyValueTable, button, button_row, failed, note
 
+log = logging.getLogger("hexstudio.predict")
 PREDICT_TIMEOUT_S = 3600.0  # an 8B's 2-layer graphs compile for minutes each on a small machine
 
 
@@ -95,31 +97,35 @@ class PredictPanel(QGroupBox):
                 self.message.setText(html.escape(str(ev["message"])))
 
         self._running_for = run_dir
+        failure: tuple[str, str | None] | None = None
         try:
             doc = await asyncio.wait_for(
                 predict_for_run(run_dir, self.c.workspace.root, on_event=on_event), PREDICT_TIMEOUT_S
             )
         except (ActionableError, TimeoutError) as exc:
             why = str(exc) if isinstance(exc, ActionableError) else f"no result in {PREDICT_TIMEOUT_S:.0f} s"
-            self._running_for = None
-            self.refresh()
-            self.message.setText(refused_html(f"The prediction failed: {why}", getattr(exc, "hint", None)))
-            return None
+            failure = (f"The prediction failed: {why}", getattr(exc, "hint", None))
+        except Exception as exc:  # a fault of HexStudio's own: said, and the panel is usable again
+            log.exception("the speed prediction failed unexpectedly")
+            failure = (
+                f"The prediction failed unexpectedly: {type(exc).__name__}: {exc}",
+                "This is a fault in HexStudio: the studio's log (Help ▸ Open the log folder) has its trace.",
+            )
         finally:
             self._running_for = None
+            self.refresh()  # the open run's panel, the button back on
+        if failure is not None:
+            self.message.setText(refused_html(*failure))
+            return None
         m = self.c.manifest
         if m is None or m.run_dir != run_dir:
             # another run was opened meanwhile: the prediction is kept with its own run, and this one's shown
-            self.refresh()
             self.message.setText(
                 html.escape(f"The prediction for run {run_dir.name} is done and kept with that run.")
                 + "<br>"
                 + self.message.text()
             )
-            return doc
-        self.button.setEnabled(True)
-        self.show_prediction(doc)
-        return doc
+        return doc  # the panel shows it: refresh read it back from the run, with "Out of date" where it is
 
     def show_prediction(self, doc: dict[str, Any]) -> None:
         t = doc.get("target") or {}

@@ -128,3 +128,20 @@ def test_a_prediction_under_way_keeps_the_panel_and_lands_on_its_own_run(
     assert panel.table.rowCount() == 0 and panel.button.isEnabled()  # run B has none
     assert f"The prediction for run {a.run_dir.name} is done and kept with that run." in panel.message.text()
     assert "No prediction for this run yet." in panel.message.text()
+
+
+def test_an_unexpected_fault_in_a_prediction_is_said_and_the_button_comes_back(
+    qtbot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hexstudio.ui import predict_panel
+
+    async def broken(*_a: Any, **_k: Any) -> dict[str, Any]:
+        raise KeyError("ttft_ms")
+
+    monkeypatch.setattr(predict_panel, "predict_for_run", broken)
+    c, w = _window(tmp_path, qtbot)
+    c.new_run("builtin:tiny-llama", "sim", {"context_length": 512})
+    panel = w.pages["preflight"].predict_panel
+    panel.refresh()
+    assert asyncio.run(panel.predict()) is None
+    assert "failed unexpectedly: KeyError" in panel.message.text() and panel.button.isEnabled()
