@@ -167,3 +167,18 @@ def test_a_switch_between_greedy_and_sampling_is_refused_so_the_dialog_is_made_a
     answers = [e for e in events if e["event"] == "sampler"]
     assert [a["applied"] for a in answers] == [False, True], answers
     assert "greedy" in answers[0]["message"]
+
+
+def test_a_full_context_fails_the_query_as_genie_t2t_run_does(local_run: Path) -> None:
+    """Qualcomm's genie-t2t-run exits with EXIT_FAILURE and "Failed to query." on GENIE_STATUS_WARNING_CONTEXT_
+    EXCEEDED (main.cpp); the simulator board's runner on real libGenie logged the warning and exited 0, so a
+    per-turn reply cut by the context limit was reported as complete."""
+    run = subprocess.run(
+        sim_t2t_argv(" ".join(["water"] * 600), 8),  # past the built-in model's 512-token context
+        cwd=_remote_bundle(local_run),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "Qualcomm's libGenie on the HTP simulator" in run.stdout
+    assert run.returncode == 1 and "Failed to query." in run.stderr, (run.returncode, run.stderr[-1500:])

@@ -122,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
             meta.update(simulated=True, runtime="Qualcomm libGenie on the HTP simulator (x86)")
         Path(args.profile).write_text(json.dumps(prof if prof is not None else {}, indent=2))
     h.close()
+    if st == gs.WARNING_CONTEXT_EXCEEDED:
+        # as Qualcomm's genie-t2t-run does with this status (neither success, abort nor pause): main.cpp throws
+        # "Failed to query." and exits with EXIT_FAILURE
+        sys.stderr.write("Failed to query.\n")
+        return 1
     return 0 if st >= 0 else 1
 
 
