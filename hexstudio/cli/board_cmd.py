@@ -167,14 +167,18 @@ def cmd_add(args: argparse.Namespace) -> int:
 
     check_board_name(args.name)  # before anything is saved (issue 27: '../../etc', '$(id)', '' were kept)
     check_ssh_flags(args, "board")
-    s = Settings.load()
     cfg = ssh_config_from(args)
     if args.qairt_zip:
         cfg["qairt_zip"] = str(Path(args.qairt_zip).expanduser().resolve())
     # a name in use: its whole entry is replaced (settings the flags do not give, such as qairt_zip, go with it)
-    before = s.boards.get(args.name)
-    s.boards[args.name] = cfg
-    s.save()
+    replaced: dict[str, Any] = {}
+
+    def put(s: Settings) -> None:
+        replaced["entry"] = s.boards.get(args.name)
+        s.boards[args.name] = cfg
+
+    s = Settings.edit(put)  # as settings.json is now, one edit at a time with the studio's
+    before = replaced["entry"]
     out: dict[str, Any] = {"ok": True, "board": args.name, "config": s.boards[args.name], "replaced": before}
     what = "saved"
     if before is not None:

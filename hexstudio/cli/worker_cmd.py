@@ -129,9 +129,8 @@ def cmd_add(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         raise CliError(exc.message, exc.hint, exit_code=EXIT_USAGE) from None
     ssh.check_ssh_flags(args, "worker host")
-    s = Settings.load()
-    worker_hosts(s)[args.name] = ssh.ssh_config_from(args, python=args.python, root=args.root)
-    s.save()
+    entry = ssh.ssh_config_from(args, python=args.python, root=args.root)
+    s = Settings.edit(lambda s: worker_hosts(s).__setitem__(args.name, entry))  # one edit at a time
     # saved before the check: a host that is off now is still worth keeping ("saved" says so to a script)
     out: dict[str, Any] = {
         "ok": True,
@@ -196,10 +195,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    s = Settings.load()
-    if worker_hosts(s).pop(args.name, None) is None:
+    if args.name not in worker_hosts(Settings.load()):
         raise CliError(f"No worker host named '{args.name}'.", "`hexstudio worker list` shows them.")
-    s.save()
+    Settings.edit(lambda s: worker_hosts(s).pop(args.name, None))
     delete_secret(worker_password_key(args.name))
     print(f"worker host {args.name} removed")
     return 0

@@ -7,12 +7,13 @@ file is kept as settings.json.v<N>.bak).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,25 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+@contextlib.contextmanager
+def _edit_lock(path: Path) -> Iterator[None]:
+    """settings.json's read-change-write, one at a time across processes: an exclusive flock on
+    settings.json.lock (released by the kernel if the holder dies). Where flock is missing, no lock."""
+    try:
+        import fcntl
+    except ImportError:  # not Linux or WSL: as before, without a lock
+        yield
+        return
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # an edit takes milliseconds
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 class Settings:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or (config_dir() / "settings.json")
@@ -229,11 +249,13 @@ class Settings:
     @classmethod
     def edit(cls, change: Callable[[Settings], object], path: Path | None = None) -> Settings:
         """Change settings.json as it is on disk now (read, change, write), keeping whatever another process
-        (the studio, a terminal) wrote since this one last read it; the settings as written. Raises
-        SettingsError when the file cannot be read."""
-        fresh = cls.load(path)
-        change(fresh)
-        fresh.save()
+        (the studio, a terminal) wrote since this one last read it; the settings as written. One edit at a time
+        across processes (a lock file beside it): two edits at once no longer lose one. Raises SettingsError
+        when the file cannot be read."""
+        with _edit_lock(path or cls().path):
+            fresh = cls.load(path)
+            change(fresh)
+            fresh.save()
         return fresh
 
     def run_defaults(self) -> dict[str, Any]:
