@@ -18,9 +18,8 @@ from hexstudio.shared.bundle.speculative import (
     SpeculativeError,
     config_name,
     dialog_config,
+    dialog_problem,
     draft_engine,
-    lade_problem,
-    spd_problem,
     speculative_of,
 )
 from hexstudio.shared.run_settings import RunSettings
@@ -107,13 +106,9 @@ def check_speculative(
     for t in types:
         if t in REFUSED:
             raise WorkerError("dialog_unsupported", REFUSED[t], "Remove it from speculative_dialogs.")
-        problem = (
-            lade_problem(ar_sizes, lade, None if clamps_small_tables else n_vocab)
-            if t == "lade"
-            else spd_problem(spd, n_vocab, n_vocab, ar_sizes)
-            if t == "spd"
-            else f"Unknown speculative dialog '{t}' (use lade or spd)."
-        )
+        # lade's seed ids matter only where the compile keeps a small embedding as exported
+        vocab = n_vocab if t != "lade" or not clamps_small_tables else None
+        problem = dialog_problem(t, lade, spd, ar_sizes, vocab)
         if problem is not None:
             raise WorkerError(
                 "dialog_unsupported",

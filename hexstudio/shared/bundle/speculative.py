@@ -37,9 +37,8 @@ REFUSED = {
     "training produces; HexStudio cannot make them for your checkpoint. Use lade or spd.",
     "eaglet": "eaglet needs a trained Eagle draft head; HexStudio cannot make one. Use lade or spd.",
 }
-LADE_SEED_BASE = (
-    1000  # lhd-dec seeds window position i of each lookahead level past the first with id 1000 + i
-)
+# lhd-dec seeds window position i of each lookahead level past the first with id 1000 + i
+LADE_SEED_BASE = 1000
 
 
 @dataclass(frozen=True)
@@ -246,20 +245,25 @@ def settings_problem(settings: RunSettings) -> str | None:
     types, lade, spd = speculative_of(settings)
     ar_sizes = sorted({int(settings.ar_n), 1})
     for t in types:
-        if t in REFUSED:
-            return REFUSED[t]
-        if t not in DIALOG_TYPES:
-            return f"Unknown speculative dialog '{t}' (use lade or spd)."
-        problem = (
-            lade_problem(ar_sizes, lade)
-            if t == "lade"
-            else spd_problem(spd, 0, 0, ar_sizes)
-            if t == "spd"
-            else None
-        )
+        problem = dialog_problem(t, lade, spd, ar_sizes)
         if problem is not None:
-            return f"{t}: {problem}"
+            return problem if t in REFUSED else f"{t}: {problem}"
     return None
+
+
+def dialog_problem(
+    dialog_type: str, lade: Lade, spd: Spd, ar_sizes: list[int], n_vocab: int | None = None
+) -> str | None:
+    """Why a speculative dialog of this type cannot run on graphs of these AR sizes, else None: one Genie cannot run
+    at all (REFUSED), an unknown type, lade's step or spd's draft length. `n_vocab`: the model's, where it is known
+    (spd's draft is then taken to have it; lade_problem says when a small vocabulary matters)."""
+    if dialog_type in REFUSED:
+        return REFUSED[dialog_type]
+    if dialog_type == "lade":
+        return lade_problem(ar_sizes, lade, n_vocab)
+    if dialog_type == "spd":
+        return spd_problem(spd, n_vocab or 0, n_vocab or 0, ar_sizes)
+    return f"Unknown speculative dialog '{dialog_type}' (use lade or spd)."
 
 
 def spd_problem(spd: Spd, target_vocab: int, draft_vocab: int, ar_sizes: list[int]) -> str | None:
