@@ -148,9 +148,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "--resume continues a run with its own model; --set revision=... cannot change it.",
                 "Start a new run for another revision of the model (--model M --revision REV).",
             )
+        if args.worker_host is not None:  # --worker-host X is --set worker_host=X
+            changes["worker_host"] = args.worker_host
         if changes.get("worker_host"):
+            # where a stage runs is none of its results' inputs, so done stages stay done; but Preflight measures
+            # the machine, and measures the new one
             _check_worker_host(str(changes["worker_host"]))
-            if changes["worker_host"] == "local":  # as --worker-host local: this machine
+            if changes["worker_host"] == "local":  # this machine
                 changes["worker_host"] = None
         try:
             m = ws.open_run(args.resume)
@@ -158,16 +162,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         if changes:
             # as the studio's pages change them: recorded in the run; the stages that read them run again
-            changed = change_settings(m, changes, "its settings (--set)")
+            changed = change_settings(m, changes, "its settings (--set, --worker-host)")
             if changed and not (args.quiet or args.json):
                 print(f"changed {', '.join(changed)}: the stages that read them run again", file=sys.stderr)
-        if args.worker_host is not None:
-            _check_worker_host(args.worker_host)
-            if (m.settings.get("worker_host") or "local") != args.worker_host:
-                # where a stage runs is none of its results' inputs, so done stages stay done; but Preflight
-                # measures the machine, and measures the new one
-                host = None if args.worker_host == "local" else args.worker_host
-                change_settings(m, {"worker_host": host}, "the worker host")
     else:
         from hexstudio.core.settings import Settings
 

@@ -244,9 +244,8 @@ class Workspace:
         merged = dict(DEFAULT_RUN_SETTINGS)
         merged.update(settings or {})
         check_run_settings(merged)  # SettingsError: wrong type or out of range, before any folder is made
-        problem = model_spec_problem(
-            model
-        )  # a run's model cannot change on resume: a run that could never start
+        # a run's model cannot change on resume: one that names no model would be a run that could never start
+        problem = model_spec_problem(model)
         if problem is not None:
             raise WorkspaceError(f"No run was made: {problem[0]}", problem[1])
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(model)}-{_secrets.token_hex(2)}"
