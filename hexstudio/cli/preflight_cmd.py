@@ -52,12 +52,10 @@ def _confirm(question: str) -> bool:
 def cmd_write_wslconfig(args: argparse.Namespace) -> int:
     pl, basis = wslconfig_plan(
         args.model,
-        args.context_length,
-        args.ar_n,
         args.wslconfig or None,
-        args.memory_gb,
-        args.swap_gb,
         settings=_cli_settings(args),
+        memory_gb=args.memory_gb,
+        swap_gb=args.swap_gb,
     )
     out: dict[str, Any] = {**pl.to_json(), "basis": basis, "written": False, "backup": None}
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
@@ -107,6 +105,8 @@ def cmd_write_wslconfig(args: argparse.Namespace) -> int:
 
 def _cli_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
+        "context_length": args.context_length,
+        "ar_n": args.ar_n,
         "parts": args.parts,
         "calibration_samples": args.calibration_samples,
         "calibration_seq_len": args.calibration_seq_len,
@@ -117,12 +117,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     if args.write_wslconfig:
         return cmd_write_wslconfig(args)
     rep = preflight_report(
-        args.model,
-        args.context_length,
-        args.ar_n,
-        workspace_from(args).root,
-        smoke=not args.no_smoke_test,
-        settings=_cli_settings(args),
+        args.model, workspace_from(args).root, smoke=not args.no_smoke_test, settings=_cli_settings(args)
     )
     if args.json:
         print_json(rep)

@@ -247,7 +247,7 @@ def test_live_probe_matches_schema_and_is_fast(tmp_path: Path) -> None:
         return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
     t0, c0 = time.time(), cpu_s()
-    rep = preflight_report("builtin:tiny-llama", None, None, tmp_path)
+    rep = preflight_report("builtin:tiny-llama", tmp_path)
     elapsed, cpu = time.time() - t0, cpu_s() - c0
     jsonschema.validate(json.loads(json.dumps(rep)), json.loads(SCHEMA.read_text()))
     smoke = by_id(rep["checks"])["aimet_smoke"]
@@ -468,7 +468,7 @@ def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setattr(preflight_cmd, "probe", fake_probe)
     monkeypatch.setattr(modelinfo, "estimate", spy)
-    rep = preflight_cmd.preflight_report("builtin:tiny-llama", None, None, tmp_path, smoke=False)
+    rep = preflight_cmd.preflight_report("builtin:tiny-llama", tmp_path, smoke=False)
     # the estimate inputs are settings the Preflight stage declares (or the Model stage resolves)
     declared = set(get_stage("preflight").inputs) | set(get_stage("model").inputs)
     assert set(rep["settings"]) <= declared
@@ -493,7 +493,10 @@ def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.M
     }
     # the command line's values win
     rep = preflight_cmd.preflight_report(
-        "builtin:tiny-llama", 256, None, tmp_path, smoke=False, settings={"calibration_samples": 3}
+        "builtin:tiny-llama",
+        tmp_path,
+        smoke=False,
+        settings={"context_length": 256, "calibration_samples": 3},
     )
     assert rep["settings"]["context_length"] == 256 and rep["settings"]["calibration_samples"] == 3
 
@@ -547,7 +550,7 @@ def test_the_cli_counts_no_download_for_a_local_folder_or_cached_weights(
     )
     local = tmp_path / "local-model"
     shutil.copytree(builtin_model_dir(), local)
-    rep = service.preflight_report(str(local), None, None, tmp_path, smoke=False)
+    rep = service.preflight_report(str(local), tmp_path, smoke=False)
     assert rep["needs"]["hf_downloaded"] is True
     assert by_id(rep["checks"]).get("disk_hf_cache", {}).get("status") != "fail"
     # a repository id: downloaded when its weights are in the cache, to be downloaded otherwise

@@ -84,15 +84,12 @@ def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], R
 
 
 def preflight_report(
-    model: str,
-    context_length: int | None,
-    ar_n: int | None,
-    workspace: Path,
-    smoke: bool = True,
-    settings: dict[str, Any] | None = None,
+    model: str, workspace: Path, *, smoke: bool = True, settings: dict[str, Any] | None = None
 ) -> dict[str, Any]:
+    """The checks for `model` with a new run's settings and `settings` (the caller's values, None for unset) on
+    top."""
     t0 = time.time()
-    s = run_settings({**(settings or {}), "context_length": context_length, "ar_n": ar_n})
+    s = run_settings(settings)
     needs, resolved = model_needs(model, s)
     # nothing to download for the built-in model, a local folder, or weights already in the cache
     needs["hf_downloaded"] = (
@@ -115,14 +112,14 @@ def preflight_report(
 
 def wslconfig_plan(
     model: str,
-    context_length: int | None,
-    ar_n: int | None,
     path: Path | None,
+    *,
+    settings: dict[str, Any] | None = None,
     memory_gb: int | None = None,
     swap_gb: int | None = None,
-    settings: dict[str, Any] | None = None,
 ) -> tuple[wslconfig.Plan, dict[str, Any]]:
-    """What `--write-wslconfig` would write, plus what it is based on (live memory, this model's need)."""
+    """What `--write-wslconfig` would write, plus what it is based on (live memory, this model's need with a new
+    run's settings and `settings` on top, as preflight_report)."""
     path = path or wslconfig.locate()
     if path is None:
         raise ServiceError(
@@ -137,8 +134,7 @@ def wslconfig_plan(
     }
     enough = False
     if memory_gb is None and swap_gb is None:
-        asked = {k: v for k, v in (("context_length", context_length), ("ar_n", ar_n)) if v is not None}
-        needs, _ = model_needs(model, run_settings({**(settings or {}), **asked}))
+        needs, _ = model_needs(model, run_settings(settings))
         need = int(needs["quantize_peak_rss_bytes"])
         basis["quantize_peak_rss_bytes"] = need
         # the same margin as the memory check: when it passes there is nothing to raise

@@ -258,8 +258,6 @@ class PreflightPage(StagePage):
         try:
             plan, _basis = wslconfig_plan(  # the run's own shape, "auto" resolved by the one rule
                 str(m.inputs.get("model")),
-                None,
-                None,
                 self.wslconfig_path,
                 memory_gb=mem_gb,
                 swap_gb=swap_gb,
