@@ -56,3 +56,25 @@ def test_a_workspace_setting_that_is_no_path_is_named(tmp_path: Path) -> None:
     r = python_m_hexstudio("runs", "list")
     assert r.returncode == 1
     assert '"workspace" is 5, not a folder' in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_simulator_board_lives_in_the_chosen_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hexstudio board probe/push sim` open the board with the settings alone: its home must be the one the
+    studio and the run's Board stage use, under settings.json's "workspace", not ~/hexstudio-workspace."""
+    import asyncio
+
+    from hexstudio.core.device.board import open_board
+    from hexstudio.core.device.fixes import _chosen_workspace
+    from hexstudio.core.settings import Settings
+
+    chosen = tmp_path / "chosen"
+    _settings(str(chosen))
+    monkeypatch.delenv("HEXSTUDIO_WORKSPACE")
+    board = asyncio.run(open_board("sim", Settings.load()))
+    assert Path(board.transport.root) == chosen / "sim-board" / "home"
+    assert _chosen_workspace() == chosen  # the QAIRT payload cache's home
+    # a workspace given (the run's own) still wins
+    board = asyncio.run(open_board("sim", Settings.load(), tmp_path / "run-ws"))
+    assert Path(board.transport.root) == tmp_path / "run-ws" / "sim-board" / "home"

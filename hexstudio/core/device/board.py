@@ -87,7 +87,9 @@ async def open_board(
     `trust` an unknown host key raises HostKeyUnknown (a BoardError with .fingerprint)."""
     boards = getattr(settings, "boards", {}) if settings is not None else {}
     if name == "sim":
-        b = sim_board(workspace)
+        # without a workspace, the one the studio and the run stages use: settings.json's "workspace" counts
+        configured = getattr(settings, "data", {}).get("workspace") if settings is not None else None
+        b = sim_board(workspace or default_workspace(configured))
         runtime = (boards.get("sim") or {}).get("runtime")  # the simulator board speaks genie and geniex
         if runtime:
             b.config = {"runtime": str(runtime)}

@@ -770,6 +770,18 @@ def _not_the_simulator(board: Board) -> None:
         )
 
 
+def _chosen_workspace() -> Path:
+    """The workspace the studio and the CLI use (settings.json's "workspace" counts; a settings file that cannot
+    be read is said where it is read for the run, not here)."""
+    from hexstudio.core.settings import Settings, SettingsError
+
+    try:
+        configured = Settings.load().data.get("workspace")
+    except (SettingsError, OSError):
+        configured = None
+    return default_workspace(configured)
+
+
 async def plan_qairt_install(
     board: Board,
     zip_path: Path,
@@ -784,7 +796,7 @@ async def plan_qairt_install(
     if report is None or "dsp_arch" not in report.facts:
         report = await probe(board, only=("soc",))
     arch = str(report.facts.get("dsp_arch") or "v73")
-    cache = cache_dir or (default_workspace() / "cache" / "qairt")
+    cache = cache_dir or (_chosen_workspace() / "cache" / "qairt")
     version, tar_path, digest, count = await asyncio.to_thread(build_payload, zip_path, arch, cache)
     notes = [
         f"QAIRT {version}: {count} files for {ABI} and hexagon-{arch} "
