@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hexstudio.cli.main import main
-from hexstudio.core.eval.scoring import check, parity, suite_scores
+from hexstudio.core.eval.scoring import check, large_drop, parity, suite_scores
 from hexstudio.core.eval.suites import DEFAULT_SUITES, SuiteError, add_suite, available, load_suite
 
 
@@ -113,6 +113,16 @@ def test_parity_and_three_way_drops() -> None:
     s = suite_scores(cases, res, "exact")
     assert [s["legs"][x]["value"] for x in ("float", "sim", "board")] == [1.0, 0.75, 0.5]
     assert s["drops"] == {"float->sim": 0.25, "sim->board": 0.25}
+
+
+def test_a_large_drop_is_points_of_accuracy_or_a_share_of_perplexity() -> None:
+    """Accuracy drops are in points (0..1), perplexity drops in the suite's own units: 12.00 -> 12.06 is only
+    0.5 % worse, 3 -> 4 is 33 % worse; the page used to colour both by 0.05 absolute."""
+    assert large_drop("exact", 0.06, 0.9) and not large_drop("exact", 0.05, 0.9)
+    assert not large_drop("tool_call", -0.2, 0.5)  # a gain
+    assert not large_drop("perplexity", 0.06, 12.0)
+    assert large_drop("perplexity", 1.0, 3.0) and large_drop("perplexity", 0.61, 12.0)
+    assert not large_drop("perplexity", 0.5, None) and not large_drop("exact", None, 0.9)
 
 
 def test_a_suite_adds_up_one_kind_of_score(tmp_path: Path) -> None:

@@ -521,3 +521,42 @@ def test_boards_added_in_a_terminal_are_kept_and_offered(qtbot: Any, tmp_path: P
     page.host_edit.setText("10.0.0.8")
     page.add_button.click()
     assert "is not allowed" in page.conn_label.text() and "lab/3" not in Settings.load().boards
+
+
+def test_a_perplexity_drop_is_red_by_its_share_not_its_points(qtbot: Any, tmp_path: Path) -> None:
+    """Perplexity 12.00 -> 12.06 (+0.5 %) was red and 3 -> 4 (+33 %) too, by the accuracy's 0.05: the colour now
+    reads a perplexity's rise as a share of the step's start (scoring.large_drop)."""
+    import pyqtgraph as pg
+
+    from hexstudio.ui.widgets import STATE_COLORS
+
+    _c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
+    page = w.pages["evaluate"]
+
+    def suite(name: str, scorer: str, legs: dict[str, float]) -> dict[str, Any]:
+        drops = {"float->sim": legs["sim"] - legs["float"], "sim->board": legs["board"] - legs["sim"]}
+        if scorer != "perplexity":
+            drops = {k: -v for k, v in drops.items()}
+        return {
+            "suite": name,
+            "scorer": scorer,
+            "legs": {k: {"value": v, "text": str(v)} for k, v in legs.items()},
+            "drops": drops,
+        }
+
+    page._show_scores(
+        {
+            "legs": ["float", "sim", "board"],
+            "suites": [
+                suite("ppl", "perplexity", {"float": 12.0, "sim": 12.06, "board": 16.0}),
+                suite("acc", "exact", {"float": 0.9, "sim": 0.88, "board": 0.7}),
+            ],
+        }
+    )
+    red = pg.mkColor(STATE_COLORS["failed"])
+
+    def is_red(row: int, col: int) -> bool:
+        return page.scores.item(row, col).foreground().color() == red
+
+    assert [is_red(0, c) for c in (4, 5)] == [False, True]  # +0.5 %, then +33 %
+    assert [is_red(1, c) for c in (4, 5)] == [False, True]  # 2 points, then 18

@@ -20,6 +20,18 @@ LEG_TITLES = {
     "board": "board",
 }
 DROP_STEPS = (("float", "sim"), ("sim", "board"))  # a suite's drops: quantization, then the board
+LARGE_DROP = 0.05  # 5 points of accuracy, or perplexity 5 % higher
+
+
+def large_drop(scorer: str, drop: float | None, before: float | None) -> bool:
+    """Whether a step's drop is large enough to show in red: an accuracy (0..1) lower by more than 5 points, or a
+    perplexity more than 5 % higher than `before` (a perplexity drop is in the suite's own units: 12.00 -> 12.06 is
+    +0.06 and only 0.5 % worse, 3 -> 4 is +1.0 and 33 % worse)."""
+    if drop is None:
+        return False
+    if scorer == "perplexity":
+        return before is not None and before > 0 and drop / before > LARGE_DROP
+    return drop > LARGE_DROP
 
 
 def _words(text: str) -> list[str]:

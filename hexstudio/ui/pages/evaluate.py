@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from hexstudio.core.eval.compare import compare_runs, scores_not_current
-from hexstudio.core.eval.scoring import DROP_STEPS, LEG_TITLES, LEGS
+from hexstudio.core.eval.scoring import DROP_STEPS, LEG_TITLES, LEGS, large_drop
 from hexstudio.core.eval.suites import DEFAULT_SUITES, SuiteError, add_suite, available, load_suite
 from hexstudio.core.runs import RunBusy, Workspace
 from hexstudio.ui.controller import RunController
@@ -255,10 +255,13 @@ class EvaluatePage(StagePage):
                     *["—" if v is None else f"{(v or 0.0):+.3f}" for v in cut],
                 ]
             )
-            worse: list[str | None] = [None] * (
-                1 + len(legs)
-            )  # the scores as they are; a drop over 5 % in red
-            colors.append(worse + [STATE_COLORS["failed"] if (v or 0) > 0.05 else None for v in cut])
+            red = [
+                large_drop(str(t.get("scorer")), v, (got.get(a) or {}).get("value"))
+                for v, (a, _b) in zip(cut, steps, strict=True)
+            ]
+            # the scores as they are; a large drop (scoring.large_drop) in red
+            scores: list[str | None] = [None] * (1 + len(legs))
+            colors.append(scores + [STATE_COLORS["failed"] if r else None for r in red])
         _fill(self.scores, rows, colors)
         acc = [t for t in doc.get("suites") or [] if t.get("scorer") not in ("perplexity",)]
         for li, leg in enumerate(legs):
