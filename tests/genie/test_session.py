@@ -71,12 +71,8 @@ def test_second_turn_starts_generating_in_a_tenth_of_the_init(tmp_path: Path, fa
         "<|start_header_id|>user<|end_header_id|>\n\nAnd a second question?<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
     )
-    # the deterministic sampler preset went into the dialog's config, not the bundle's own
-    import json
-
-    (own,) = bundle.glob("genie_config.hexstudio-*.json")
-    cfg = json.loads(own.read_text())["dialog"]["sampler"]
-    assert cfg == {"seed": 42, "temp": 0.0, "top-k": 1, "top-p": 1.0}
+    # the kept-loaded helper takes the sampler as an argument: no copy of the bundle's config is left behind
+    assert not list(bundle.glob("genie_config.hexstudio-*.json"))
 
 
 def test_fallback_to_one_run_per_turn_when_the_helper_cannot_start(
@@ -361,12 +357,48 @@ def test_two_sessions_on_one_bundle_each_keep_their_own_sampler(
             ) as b,
         ):
             assert (await a.send("Hi")).state == "complete"
+            assert (await b.send("Hi")).state == "complete"
             return a._config, b._config
 
     first, second = asyncio.run(go())
     assert first != second
     assert json.loads((bundle / first).read_text())["dialog"]["sampler"]["temp"] == 0.0
     assert json.loads((bundle / second).read_text())["dialog"]["sampler"]["temp"] == 1.5
+
+
+def test_old_session_configs_are_removed_and_a_live_ones_comes_back(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
+    """Each distinct sampler a studio or `serve` chose left a genie_config.hexstudio-<hash>.json in the bundle
+    folder for good. A per-turn session now writes its copy before each run and removes copies no session used for
+    a week; one removed under a live session is written again at its next turn."""
+    import json
+    import os
+    import time
+
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=10, token_ms=1, tokens=3)
+    board = fake_board(tmp_path, fake_genie)
+    week_old = time.time() - 8 * 86400
+    stale, recent = (
+        bundle / "genie_config.hexstudio-0123456789ab.json",
+        bundle / "genie_config.hexstudio-ba9876543210.json",
+    )
+    for f in (stale, recent):
+        f.write_text("{}")
+    os.utime(stale, (week_old, week_old))
+
+    async def go() -> str:
+        async with ChatSession(board, str(bundle), Conversation(template="llama3"), mode="per_turn") as s:
+            assert (await s.send("Hi")).state == "complete"
+            own = bundle / s._config
+            own.unlink()  # another session's clean-up, had this one been idle for a week
+            assert (await s.send("Again")).state == "complete"
+            return s._config
+
+    own = bundle / asyncio.run(go())
+    assert json.loads(own.read_text())["dialog"]["sampler"]["temp"] == 0.0
+    assert not stale.exists() and recent.exists()
+    assert (bundle / "genie_config.json").exists()  # the bundle's own config is never a candidate
 
 
 def test_each_end_event_carries_only_the_latest_query_of_the_profile(

@@ -265,6 +265,10 @@ class ChatSession:
         # context: genie_session makes the dialog again)
         self._stale = False
         self._config = "genie_config.json"
+        self._config_data: bytes | None = (
+            None  # the session's own copy of it (another sampler), when it has one
+        )
+        self._pruned = False
         self._lock = asyncio.Lock()
         self._opened = False
         self._runner_simulated = False  # the runner said so: helper hello, banner, profile
@@ -322,9 +326,9 @@ class ChatSession:
             # Genie's spd needs temp > 0 in its draft sampler
             values = spd_sampler(override, genie_keys=True) if self.dialog == "spd" else override
             cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(values)
-            data = json.dumps(cfg, indent=2).encode("utf-8")
-            self._config = session_config_name(data)
-            await t.write_bytes(posixpath.join(self.bundle_dir, self._config), data)
+            # only a per-turn run reads it (a kept-loaded helper takes the sampler as an argument): written then
+            self._config_data = json.dumps(cfg, indent=2).encode("utf-8")
+            self._config = session_config_name(self._config_data)
         await self._select_runtime()
         self._opened = True
         if self.runtime.name != "genie":
@@ -569,6 +573,47 @@ class ChatSession:
             self.on_turn(r)
         return r
 
+    async def _write_session_config(self) -> None:
+        """The session's copy of the bundle's config, written before each per-turn run: one that another session
+        removed is back, and a copy's age says when it was last used. Copies no session used for a week are
+        removed (one per sampler a studio or `serve` chose; nothing else ever removed them)."""
+        if self._config_data is None:
+            return
+        t = self.board.transport
+        path = posixpath.join(self.bundle_dir, self._config)
+        try:
+            await t.write_bytes(path, self._config_data)
+        except OSError as exc:
+            raise SessionError(
+                f"Cannot write the chat's sampler settings to {path} on {self.board.label}: {exc}.",
+                "Check the board's free space (`df -h`) and that the bundle folder is yours, or choose the "
+                "bundle's own sampler.",
+            ) from None
+        if self._pruned:
+            return
+        self._pruned = True
+        pattern = "genie_config.hexstudio-*.json"
+        argv = [
+            "find",
+            self.bundle_dir,
+            "-maxdepth",
+            "1",
+            "-type",
+            "f",
+            "-name",
+            pattern,
+            "-mtime",
+            "+7",
+            "-delete",
+        ]
+        try:
+            res = await t.run(argv, timeout=30)
+        except (OSError, asyncio.TimeoutError) as exc:
+            res = None
+            log.info("old session configs on %s were not removed: %s", self.board.label, exc)
+        if res is not None and res.exit_status != 0:
+            log.info("old session configs on %s were not removed: %s", self.board.label, res.stderr.strip())
+
     async def _send_per_turn(
         self,
         user: str,
@@ -576,6 +621,7 @@ class ChatSession:
         stop: asyncio.Event | None,
         stops: list[str],
     ) -> TurnResult:
+        await self._write_session_config()
         conv = self.conversation
         prompt = conv.prompt_for(user)
         note = self._full_note(conv.dropped_turns, cleared=False) if conv.dropped_turns else None
