@@ -159,7 +159,8 @@ def test_the_helper_lies_in_a_folder_named_by_its_content_and_is_copied_once(
     ssh_server: SshServer, fake_genie: FakeGenie, tmp_path: Path
 ) -> None:
     """Two studios, or two HexStudio versions, on one board: each helper set has its own folder, so neither
-    replaces a helper the other is about to run; a session whose helper is already there copies nothing."""
+    replaces a helper the other is about to run; a session whose helper is already there copies nothing. A new
+    folder removes the ones made over a month ago (they piled up, one per version)."""
     bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=1, tokens=2)
     env_script = tmp_path / "qairt-env.sh"
     env_script.write_text(f"export LD_LIBRARY_PATH={fake_genie.lib.parent}:${{LD_LIBRARY_PATH:-}}\n")
@@ -171,6 +172,11 @@ def test_the_helper_lies_in_a_folder_named_by_its_content_and_is_copied_once(
             ssh_server, simulated=False, config={"python": str(python)}, env_script=str(env_script)
         )
         home = await board.transport.home()
+        # an older version's helper folder from last year and a recent one's: a new folder removes only the first
+        bins = posixpath.join(home, "hexstudio", "bin")
+        for name, age in (("0000000000000old", "400 days ago"), ("00000000000young", "2 days ago")):
+            await board.transport.run(["mkdir", "-p", posixpath.join(bins, name)])
+            await board.transport.run(["touch", "-d", age, posixpath.join(bins, name)])
         written: list[str] = []
         write = board.transport.write_bytes
 
@@ -185,6 +191,10 @@ def test_the_helper_lies_in_a_folder_named_by_its_content_and_is_copied_once(
                 name: await board.transport.read_bytes(posixpath.join(helper_dir(home, contents), name))
                 for name, _ in contents
             }
+            left = await board.transport.run(["ls", bins])
+            assert left.stdout.split() == sorted(
+                ["00000000000young", posixpath.basename(helper_dir(home, contents))]
+            )
             board.transport.write_bytes = counted  # the second session finds its helper in place
             async with ChatSession(board, str(bundle), Conversation(template="llama3"), max_tokens=2) as s:
                 assert s.mode == "persistent", s.fallback_reason

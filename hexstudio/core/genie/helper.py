@@ -24,7 +24,8 @@ from hexstudio.core.genie.run import ensure_dir
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable  # 3.11; annotations only (the studio runs on 3.10 too)
 
-genie_log = logging.getLogger("hexstudio.genie.log")
+genie_log = logging.getLogger("hexstudio.genie.log")  # Genie's own log lines
+log = logging.getLogger("hexstudio.genie.helper")
 
 
 def helper_dir(home: str, contents: Sequence[tuple[str, bytes]]) -> str:
@@ -48,7 +49,27 @@ async def push_helper(board: Board, files: Sequence[Traversable]) -> str:
         await ensure_dir(board, bin_dir)
         for name, data in contents:  # the program and the modules it imports, side by side
             await t.write_bytes(posixpath.join(bin_dir, name), data, 0o755)
+        await _remove_old_helpers(board, bin_dir)
     return posixpath.join(bin_dir, contents[0][0])
+
+
+HELPERS_KEPT_DAYS = 30
+
+
+async def _remove_old_helpers(board: Board, bin_dir: str) -> None:
+    """A new helper folder is a new HexStudio version (or helper set) on this board: the folders of others made
+    over HELPERS_KEPT_DAYS days ago are removed then, or each version would leave its own for good. A version
+    still in use copies its helper again the next time it finds the folder gone (kilobytes, once)."""
+    root, own = posixpath.split(bin_dir)
+    argv = ["find", root, "-mindepth", "1", "-maxdepth", "1", "-type", "d", "!", "-name", own]
+    argv += ["-mtime", f"+{HELPERS_KEPT_DAYS}", "-exec", "rm", "-rf", "{}", "+"]
+    try:
+        res = await board.transport.run(argv, timeout=30)
+    except (OSError, asyncio.TimeoutError) as exc:
+        log.info("old helper folders on %s were not removed: %s", board.label, exc)
+        return
+    if res.exit_status != 0:
+        log.info("old helper folders on %s were not removed: %s", board.label, res.stderr.strip())
 
 
 class HelperProcess:
