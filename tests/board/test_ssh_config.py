@@ -119,6 +119,40 @@ def test_hostname_port_user_and_several_identity_files(home: Path, srv: SshServe
     assert "authorized_keys" in (err.value.hint or "")
 
 
+@pytest.mark.parametrize(
+    ("config", "board", "named"),
+    [
+        (
+            "Host evk\n  Port abc\n",
+            {"host": "evk", "auth": "ssh_config"},
+            "~/.ssh/config's Port for evk is 'abc'",
+        ),
+        (
+            "Host evk\n  Port 70000\n",
+            {"host": "evk", "auth": "key"},
+            "~/.ssh/config's Port for evk is '70000'",
+        ),
+        ("", {"host": "evk", "auth": "key", "port": "ssh"}, "The port of board host evk is 'ssh'"),
+        ("Host evk\n  ProxyJump gw:twenty\n", {"host": "evk", "auth": "key"}, "ProxyJump 'gw:twenty''s port"),
+        (
+            "Host evk\n  ProxyJump gw\nHost gw\n  Port x\n",
+            {"host": "evk", "auth": "key"},
+            "jump host gw is 'x'",
+        ),
+    ],
+)
+def test_a_port_that_is_no_number_is_named_where_it_was_written(
+    home: Path, tmp_path: Path, config: str, board: dict[str, Any], named: str
+) -> None:
+    """`Port abc` in ~/.ssh/config (or a ProxyJump `gw:twenty`) raised int()'s ValueError, which the CLI and the
+    studio report as an internal error with a traceback; it is the person's file, named with the fix."""
+    write_config(home, config)
+    _keygen(tmp_path / "key")
+    with pytest.raises(BoardError) as err:
+        run(connect_ssh("b", {**board, "key_path": str(tmp_path / "key")}))
+    assert named in err.value.message and "not a port number" in err.value.message, err.value.message
+
+
 def test_proxyjump_through_a_second_sshd_to_the_evk_board(home: Path, tmp_path: Path) -> None:
     board = EvkBoard(tmp_path / "evk")
     board.start()

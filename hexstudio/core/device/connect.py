@@ -324,11 +324,10 @@ def resolve(cfg: dict[str, Any]) -> dict[str, Any]:
     if not alias:
         raise BoardError("The board has no host.", "Set its host name or IP address.")
     c = _ssh_config_lookup(alias, required=auth == "ssh_config")
-    port = (
-        int(c["port"])
-        if auth == "ssh_config" and c.get("port")
-        else int(cfg.get("port") or c.get("port") or 22)
-    )
+    if c.get("port") and (auth == "ssh_config" or not cfg.get("port")):
+        port = _port(c["port"], f"~/.ssh/config's Port for {alias}")
+    else:
+        port = _port(cfg.get("port") or 22, f"The port of board host {alias}")
     user = cfg.get("user") or c.get("user") or getpass.getuser()
     ids = [os.path.expanduser(str(f)) for f in c.get("identityfile") or []]
     known = [os.path.expanduser(f) for f in str(c.get("userknownhostsfile") or "").split() if f != "none"]
@@ -350,6 +349,20 @@ def resolve(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _port(value: Any, what: str) -> int:
+    """A TCP port from settings or ~/.ssh/config, or a BoardError naming where the bad one was written."""
+    try:
+        port = int(str(value).strip())
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise BoardError(
+            f"{what} is {str(value)!r:.40}, not a port number (1 to 65535).",
+            "Correct it (`ssh -G HOST | grep port` shows what OpenSSH reads), or leave it out for port 22.",
+        )
+    return port
+
+
 def _jump_spec(spec: str) -> dict[str, Any]:
     """One ProxyJump element ([user@]host[:port], or ssh://[user@]host[:port]) as board settings."""
     s = spec.strip().removeprefix("ssh://")
@@ -360,7 +373,11 @@ def _jump_spec(spec: str) -> dict[str, Any]:
         port = rest.lstrip(":") or None
     elif hostport.count(":") == 1:
         host, port = hostport.split(":")
-    return {"host": host, "port": int(port) if port else None, "user": user or None}
+    return {
+        "host": host,
+        "port": _port(port, f"The ProxyJump {spec!r}'s port") if port else None,
+        "user": user or None,
+    }
 
 
 # -- keys ------------------------------------------------------------------------------------------
@@ -786,7 +803,7 @@ def _connect_chain(
                 jr = {
                     "alias": j["host"],
                     "host": str(jc.get("hostname") or j["host"]),
-                    "port": int(j["port"] or jc.get("port") or 22),
+                    "port": _port(j["port"] or jc.get("port") or 22, f"The port of jump host {j['host']}"),
                     "user": j["user"] or jc.get("user") or getpass.getuser(),
                     "auth": "ssh_config",
                     "key_path": None,
@@ -825,7 +842,10 @@ def _connect_chain(
                 if nxt is not None:
                     nj = _jump_spec(nxt)
                     njc = _ssh_config_lookup(nj["host"])
-                    dest = (str(njc.get("hostname") or nj["host"]), int(nj["port"] or njc.get("port") or 22))
+                    dest = (
+                        str(njc.get("hostname") or nj["host"]),
+                        _port(nj["port"] or njc.get("port") or 22, f"The port of jump host {nj['host']}"),
+                    )
                 else:
                     dest = (r["host"], r["port"])
                 try:
