@@ -974,6 +974,18 @@ def test_every_set_refusal_is_a_usage_error(env: Env, item: str) -> None:
     assert rc == 2, out
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [("--resume", " "), ("--resume", "r1", "--model", "m"), ("--resume", "r1", "--set", "revision=v2")],
+    ids=["empty", "model", "revision"],
+)
+def test_a_resume_the_command_line_cannot_ask_for_is_a_usage_error(env: Env, argv: tuple[str, ...]) -> None:
+    """--resume with nothing, or with a new model or revision: the command line is wrong (exit 2), as for
+    --set; they exited 1, a run's failure."""
+    rc, out = run_cli(env, "run", *argv)
+    assert rc == 2 and "--resume" in out, out
+
+
 def test_the_suite_has_at_least_40_rows() -> None:
     assert len(ROWS) >= 40
     assert sys.version_info >= (3, 10)

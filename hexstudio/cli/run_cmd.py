@@ -134,6 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(
             "--resume needs a run id; it was given empty (a shell variable that was not set?).",
             "`hexstudio runs list` shows the run ids; leave --resume out to start a new run.",
+            code=EXIT_USAGE,
         )
     if args.resume:
         if args.model or args.board or args.revision:
@@ -141,12 +142,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "--resume continues a run with its own model and board; --model, --revision and --board cannot "
                 "change them.",
                 "Start a new run for another model or board (its settings can change on resume: --set KEY=VALUE).",
+                code=EXIT_USAGE,
             )
         changes = _parse_set(args.settings)
         if "revision" in changes:  # the model's own input, as --revision
             raise CliError(
                 "--resume continues a run with its own model; --set revision=... cannot change it.",
                 "Start a new run for another revision of the model (--model M --revision REV).",
+                code=EXIT_USAGE,
             )
         if args.worker_host is not None:  # --worker-host X is --set worker_host=X
             changes["worker_host"] = args.worker_host
