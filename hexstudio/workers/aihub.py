@@ -409,7 +409,7 @@ class JobStore:
         self.earlier = dict(list(self.earlier.items())[-self.EARLIER_KEPT :])
 
     @property
-    def abandoned(self) -> int:
+    def kept_for_earlier_inputs(self) -> int:
         """How many jobs earlier inputs have (kept, not reused for these)."""
         return sum(len(e.get("jobs") or {}) for e in self.earlier.values())
 
@@ -1102,11 +1102,11 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         store = JobStore(
             spec.run_dir / JOBS_FILE, inputs_key(qdir, q, dev["name"], qairt, model, extra_options)
         )
-        if store.abandoned:
+        if kept := store.kept_for_earlier_inputs:
             em.warning(
-                f"{store.abandoned} AI Hub job(s) recorded for earlier inputs (other graphs, device or QAIRT "
-                "version) are not reused for these; they are kept, for those inputs.",
-                code="aihub_jobs_abandoned",
+                f"{kept} AI Hub job(s) recorded for earlier inputs (other graphs, device or QAIRT version) are not "
+                "reused for these; they are kept, for those inputs.",
+                code="aihub_jobs_kept",
             )
         logs_dir = spec.run_dir / "logs" / "aihub"
         hc = _HubCompile(

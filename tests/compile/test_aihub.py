@@ -617,11 +617,11 @@ def test_inputs_changed_and_changed_back_reuse_their_own_jobs(tmp_path: Path) ->
     a = JobStore(path, "inputs-2.42")
     a.put("compile:part1", {"job_id": "jA1", "state": "SUCCESS"})
     b = JobStore(path, "inputs-2.41")
-    assert b.jobs == {} and b.abandoned == 1
+    assert b.jobs == {} and b.kept_for_earlier_inputs == 1
     b.put("compile:part1", {"job_id": "jB1", "state": "SUCCESS"})
     again = JobStore(path, "inputs-2.42")
     assert again.jobs == {"compile:part1": {"job_id": "jA1", "state": "SUCCESS"}}
-    assert again.abandoned == 1  # the 2.41 set, kept for its own inputs
+    assert again.kept_for_earlier_inputs == 1  # the 2.41 set, kept for its own inputs
     again.save()
     assert JobStore(path, "inputs-2.41").jobs["compile:part1"]["job_id"] == "jB1"
 
