@@ -558,5 +558,6 @@ def test_a_perplexity_drop_is_red_by_its_share_not_its_points(qtbot: Any, tmp_pa
     def is_red(row: int, col: int) -> bool:
         return page.scores.item(row, col).foreground().color() == red
 
+    assert "5 %" in page.scores.horizontalHeaderItem(4).toolTip()  # the rule, where the numbers are
     assert [is_red(0, c) for c in (4, 5)] == [False, True]  # +0.5 %, then +33 %
     assert [is_red(1, c) for c in (4, 5)] == [False, True]  # 2 points, then 18

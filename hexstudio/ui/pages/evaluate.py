@@ -59,6 +59,12 @@ def _score_plot(name: str, axis: str) -> tuple[StyledPlot, pg.LegendItem]:
     return plot, plot.addLegend(offset=(-10, 10))
 
 
+DROP_TIP = (
+    "How much worse the score got at this step: accuracy points lost (+0.050 = 5 points), or perplexity gained "
+    "(in the suite's own units). Red: more than 5 points, or a perplexity more than 5 % higher."
+)
+
+
 def _fill(t: QTableWidget, rows: list[list[str]], colors: list[list[str | None]] | None = None) -> None:
     t.setRowCount(len(rows))
     for i, row in enumerate(rows):
@@ -243,6 +249,10 @@ class EvaluatePage(StagePage):
             item = self.scores.horizontalHeaderItem(i)
             if item is not None:
                 item.setToolTip(str(titles.get(leg) or leg))
+        for i in range(1 + len(legs), self.scores.columnCount()):
+            item = self.scores.horizontalHeaderItem(i)
+            if item is not None:
+                item.setToolTip(DROP_TIP)
         rows: list[list[str]] = []
         colors: list[list[str | None]] = []
         for t in doc.get("suites") or []:
