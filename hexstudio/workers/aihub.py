@@ -1049,7 +1049,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     # the device as known offline (AI Hub resolves it later) and the QAIRT asked for: a draft that could not load
     # beside this bundle is refused before any upload
     known = gb.KNOWN_DEVICES.get(s.device) or {}
-    host = DraftHost(int(q["context_length"]), known.get("dsp_arch"), known.get("soc_model"), s.qairt_version)
+    host = DraftHost.on(q["context_length"], known, s.qairt_version)
     check_speculative(
         hf_config, q, s, tok.read_bytes() if tok.is_file() else None, clamps_small_tables=False, host=host
     )

@@ -140,12 +140,7 @@ def write_dialog_configs(
         if t == "spd" and spd.draft != "self":
             try:
                 device, qairt = runs_on
-                host = DraftHost(
-                    int(cfg["dialog"]["context"]["size"]),
-                    device.get("dsp_arch"),
-                    device.get("soc_model"),
-                    qairt,
-                )
+                host = DraftHost.on(cfg["dialog"]["context"]["size"], device, qairt)
                 draft = draft_engine(
                     Path(spd.draft).expanduser(),
                     (bdir / "tokenizer.json").read_bytes(),

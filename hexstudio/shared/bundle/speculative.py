@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,6 +94,11 @@ class DraftHost:
     dsp_arch: str | None = None
     soc_model: int | str | None = None
     qairt_version: str | None = None
+
+    @classmethod
+    def on(cls, context_length: int, device: Mapping[str, Any], qairt_version: str | None) -> DraftHost:
+        """For a device record (hexstudio.shared.bundle.KNOWN_DEVICES' shape: dsp_arch, soc_model)."""
+        return cls(int(context_length), device.get("dsp_arch"), device.get("soc_model"), qairt_version)
 
 
 def _cannot_load_beside(manifest: dict[str, Any], host: DraftHost) -> str | None:

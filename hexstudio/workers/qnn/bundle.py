@@ -167,9 +167,7 @@ def write_local_bundle(
     hf_config = json.loads((hf_dir / "config.json").read_text())
     tok = hf_dir / "tokenizer.json"
     # before anything compiles: a draft that could not load beside this bundle costs no compile
-    host = DraftHost(
-        int(q["context_length"]), device.get("dsp_arch"), device.get("soc_model"), libs.qnn_version
-    )
+    host = DraftHost.on(q["context_length"], device, libs.qnn_version)
     check_speculative(hf_config, q, settings, tok.read_bytes() if tok.is_file() else None, host=host)
     target = HtpTarget(int(device["soc_model"]), str(device["dsp_arch"]))
     work = out / "htp"
