@@ -360,9 +360,12 @@ class RunSettings:
     sampler: dict[str, float] = setting(
         dataclasses.asdict(Sampler()),
         label="Sampler",
-        stages=("chat",),
+        # the bundle's genie_config.json carries it (Compile writes it), and the Chat stage's genie-t2t-run reads
+        # it there: a change makes a new bundle, not a Chat stage run with the old one's
+        stages=("compile", "chat"),
         fields_of=Sampler,
-        help="Genie's sampler: seed, temp, top_k, top_p (a JSON object; keys left out keep their default).",
+        help="Genie's sampler in the bundle's genie_config.json: seed, temp, top_k, top_p (a JSON object; keys left "
+        "out keep their default). The Chat page can chat with other values without changing the bundle.",
     )
     dialog_type: str = setting(
         "basic",

@@ -99,6 +99,7 @@ OLD_INPUTS: dict[str, set[str]] = {
         "lade_ngram",
         "lade_gcap",
         "aihub_compile_options",  # added since: HASHED_WHEN_SET
+        "sampler",  # added since (written into genie_config.json): HASHED_WHEN_CHANGED
     },
     "board": {"board"},
     "chat": {"board", "benchmark_prompt", "sampler"},
@@ -117,6 +118,27 @@ def test_defaults_and_stage_inputs_are_what_they_were() -> None:
         assert set(rs.read_by(s.name)) <= set(s.inputs)
         assert set(s.inputs) - set(rs.read_by(s.name)) <= {"model", "board", "workspace"}
     assert not hasattr(STAGES[0], "produces")
+
+
+def test_the_sampler_is_a_compile_input_and_old_runs_at_the_default_stay_current() -> None:
+    """Compile writes the run's sampler into the bundle's genie_config.json, which the Chat stage's genie-t2t-run
+    reads; it was declared for Chat alone, so a changed sampler re-ran Chat on a bundle with the old one. A run at
+    the default sampler keeps its Compile current (a new bundle would be the same); any other is compiled again."""
+    from types import SimpleNamespace
+
+    from hexstudio.core.stage_state import input_hash
+    from hexstudio.core.stages import STAGES
+
+    m = SimpleNamespace(
+        settings=dict(OLD_DEFAULTS),
+        inputs={"model": "builtin:tiny-llama", "board": "sim"},
+        stage=lambda n: SimpleNamespace(data={}),
+    )
+    compile_ = next(x for x in STAGES if x.name == "compile")
+    before = dataclasses.replace(compile_, inputs=tuple(k for k in compile_.inputs if k != "sampler"))
+    assert input_hash(m, compile_) == input_hash(m, before)  # type: ignore[arg-type]
+    m.settings = {**OLD_DEFAULTS, "sampler": {**OLD_DEFAULTS["sampler"], "temp": 0.7}}
+    assert input_hash(m, compile_) != input_hash(m, before)  # type: ignore[arg-type]
 
 
 def test_calibration_unit_made_an_input_of_model_and_preflight_keeps_old_runs_current() -> None:
