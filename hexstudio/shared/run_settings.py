@@ -416,6 +416,7 @@ class RunSettings:
         label="Board RAM",
         unit="bytes",
         range=(1, 2**50),
+        stages=("model", "preflight"),  # parts "auto" (resolve_settings)
         advanced=True,
         help="The target board's RAM: parts are kept under 1/8 of it (unset: unknown).",
     )
@@ -433,14 +434,14 @@ class RunSettings:
     prompt_template: str = setting(
         AUTO,
         label="Prompt template",
-        stages=("evaluate",),
+        stages=("chat", "evaluate"),
         advanced=True,
         help='The chat template prompts are written with ("auto": the model\'s own).',
     )
     runtime: str | None = setting(
         None,
         label="Runtime",
-        stages=("evaluate",),
+        stages=("chat", "evaluate"),
         advanced=True,
         help="The board's runtime for Chat and Evaluate (unset: the board's, else genie).",
     )
@@ -449,6 +450,7 @@ class RunSettings:
         label="Benchmark reply length",
         unit="tokens",
         range=(1, 131072),
+        stages=("chat",),
         advanced=True,
         help="Tokens generated for the benchmark prompt.",
     )

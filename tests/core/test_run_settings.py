@@ -58,6 +58,7 @@ OLD_INPUTS: dict[str, set[str]] = {
         "context_lengths",
         "ar_sizes",
         "calibration_unit",
+        "board_ram_bytes",  # added since (hashed only when set: HASHED_WHEN_CHANGED)
     },  # added since (calibration_unit: hashed only when not "layer", HASHED_WHEN_CHANGED)
     "preflight": {
         "context_length",
@@ -68,6 +69,7 @@ OLD_INPUTS: dict[str, set[str]] = {
         "ar_sizes",
         "calibration_unit",
         "worker_host",  # added since (hashed only when set: HASHED_WHEN_CHANGED)
+        "board_ram_bytes",  # the same
     },
     "quantize": {
         "context_length",
@@ -102,7 +104,7 @@ OLD_INPUTS: dict[str, set[str]] = {
         "sampler",  # added since (written into genie_config.json): HASHED_WHEN_CHANGED
     },
     "board": {"board"},
-    "chat": {"board", "benchmark_prompt", "sampler"},
+    "chat": {"board", "benchmark_prompt", "sampler", "prompt_template", "runtime", "benchmark_max_tokens"},
     "evaluate": {"board", "eval_suites", "eval_legs", "prompt_template", "runtime", "dialog_type"},
     "report": set(),
 }
@@ -120,10 +122,25 @@ def test_defaults_and_stage_inputs_are_what_they_were() -> None:
     assert not hasattr(STAGES[0], "produces")
 
 
-def test_the_sampler_is_a_compile_input_and_old_runs_at_the_default_stay_current() -> None:
-    """Compile writes the run's sampler into the bundle's genie_config.json, which the Chat stage's genie-t2t-run
-    reads; it was declared for Chat alone, so a changed sampler re-ran Chat on a bundle with the old one. A run at
-    the default sampler keeps its Compile current (a new bundle would be the same); any other is compiled again."""
+@pytest.mark.parametrize(
+    ("stage", "key", "changed"),
+    [
+        ("compile", "sampler", {**OLD_DEFAULTS["sampler"], "temp": 0.7}),
+        ("chat", "runtime", "geniex"),
+        ("chat", "prompt_template", "qa"),
+        ("chat", "benchmark_max_tokens", 64),
+        ("model", "board_ram_bytes", 8 * 2**30),
+        ("preflight", "board_ram_bytes", 8 * 2**30),
+    ],
+)
+def test_a_setting_a_stage_read_undeclared_is_its_input_and_old_runs_stay_current(
+    stage: str, key: str, changed: Any
+) -> None:
+    """Settings a stage read without declaring them: Compile writes the sampler into genie_config.json (which the
+    Chat stage's genie-t2t-run reads), the Chat stage formats its prompt, picks its runtime and reply length, and
+    the "auto" parts rule reads the board's RAM. A change re-ran nothing (`--resume --set runtime=geniex` kept
+    the Chat result measured on genie). A run that leaves the setting at what the stage assumed keeps the stage
+    current; a run that sets another value runs it again."""
     from types import SimpleNamespace
 
     from hexstudio.core.stage_state import input_hash
@@ -134,11 +151,12 @@ def test_the_sampler_is_a_compile_input_and_old_runs_at_the_default_stay_current
         inputs={"model": "builtin:tiny-llama", "board": "sim"},
         stage=lambda n: SimpleNamespace(data={}),
     )
-    compile_ = next(x for x in STAGES if x.name == "compile")
-    before = dataclasses.replace(compile_, inputs=tuple(k for k in compile_.inputs if k != "sampler"))
-    assert input_hash(m, compile_) == input_hash(m, before)  # type: ignore[arg-type]
-    m.settings = {**OLD_DEFAULTS, "sampler": {**OLD_DEFAULTS["sampler"], "temp": 0.7}}
-    assert input_hash(m, compile_) != input_hash(m, before)  # type: ignore[arg-type]
+    st = next(x for x in STAGES if x.name == stage)
+    assert key in st.inputs
+    before = dataclasses.replace(st, inputs=tuple(k for k in st.inputs if k != key))
+    assert input_hash(m, st) == input_hash(m, before)  # type: ignore[arg-type]
+    m.settings = {**OLD_DEFAULTS, key: changed}
+    assert input_hash(m, st) != input_hash(m, before)  # type: ignore[arg-type]
 
 
 def test_calibration_unit_made_an_input_of_model_and_preflight_keeps_old_runs_current() -> None:
