@@ -479,3 +479,60 @@ def test_ai_hub_compile_options_make_the_compile_out_of_date() -> None:
     assert input_hash(m, compile_stage) == input_hash(m, before)  # type: ignore[arg-type]
     m.settings = {**OLD_DEFAULTS, "aihub_compile_options": "--quantize_full_type w8a16"}
     assert input_hash(m, compile_stage) != input_hash(m, before)  # type: ignore[arg-type]
+
+
+# Settings that say how a stage works, not what it produces: its results are the same whatever they are, so they
+# are no stage's input (a change runs nothing again)
+HOW_NOT_WHAT = {
+    "aimet_smoke": "whether Preflight also runs a small AIMET quantization: a check, not an estimate",
+    "aihub_compact_upload": "the form of the upload to AI Hub; Quantize only reports its size",
+    "validate_unit": "how much Validate holds in memory at once; the scores are the same",
+    "aihub_api_url": "where AI Hub is reached",
+    "aihub_web_url": "the job links shown",
+    "aihub_http_retries": "how the client retries",
+    "aihub_http_backoff_s": "how the client retries",
+    "aihub_link_mbps": "the upload estimate shown",
+    "aihub_model_name": "the model's name on AI Hub",
+    "aihub_poll_interval_s": "how often the job is asked about",
+}
+STAGE_CODE = {
+    "model": ["hexstudio/workers/model.py"],
+    "preflight": ["hexstudio/workers/preflight.py"],
+    "quantize": [
+        "hexstudio/workers/quantize.py",
+        "hexstudio/workers/quant/*.py",
+        "hexstudio/workers/export/*.py",
+    ],
+    "validate": ["hexstudio/workers/validate.py"],
+    "compile": [
+        "hexstudio/workers/compile.py",
+        "hexstudio/workers/aihub.py",
+        "hexstudio/workers/genie_config.py",
+        "hexstudio/workers/qnn/*.py",
+    ],
+    "board": ["hexstudio/core/device/stage.py"],
+    "chat": ["hexstudio/core/genie/stage.py"],
+    "evaluate": ["hexstudio/core/eval/stage.py", "hexstudio/workers/evaluate.py"],
+}
+
+
+def test_every_setting_a_stages_code_reads_is_its_input() -> None:
+    """`hexstudio run --resume --set K=V` runs again the stages whose inputs hold K. The Chat stage read
+    prompt_template, runtime and benchmark_max_tokens without declaring them, and Compile the sampler: a change
+    re-ran nothing. Every run setting a stage's code reads (settings.K, settings.get("K"), settings["K"]) is one
+    of its inputs, or says how the stage works (HOW_NOT_WHAT, with why)."""
+    import re
+
+    from hexstudio.core.stages import STAGES
+
+    root = Path(__file__).resolve().parents[2]
+    for stage, patterns in STAGE_CODE.items():
+        text = "\n".join(p.read_text() for pat in patterns for p in sorted(root.glob(pat)))
+        assert text, stage
+        read = {
+            name
+            for name in rs.SETTINGS
+            if re.search(rf'settings\.{name}\b|settings\.get\("{name}"|settings\["{name}"\]', text)
+        }
+        inputs = set(next(s for s in STAGES if s.name == stage).inputs)
+        assert read - inputs <= set(HOW_NOT_WHAT), (stage, sorted(read - inputs - set(HOW_NOT_WHAT)))
