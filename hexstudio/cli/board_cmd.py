@@ -95,7 +95,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pf.add_argument(
         "fix_id",
         help="group_add, relogin, udev_rule, fastrpc_packages, qairt_env, daemon_restart, "
-        "reboot, qairt_install",
+        "reboot, qairt_install, geniex_install",  # hexstudio.core.device.fixes.FIX_IDS (not imported: start-up)
     )
     pf.add_argument(
         "--zip", type=Path, default=None, help="qairt_install: the QAIRT SDK zip (v<version>.zip)"

@@ -496,7 +496,7 @@ def resolve_device(client: Any, name: str, lpbq: bool) -> dict[str, Any]:
             "aihub_device_unavailable",
             "No AI Hub device is named (the run's device setting is empty).",
             "Set the device on the Compile page, or start a new run with --set device=NAME "
-            "(`hexstudio aihub devices` lists them).",
+            "(`hexstudio bundle devices --aihub` lists them).",
         )
     # exactly the device asked for: AI Hub's name filter is not an equality
     devs = [d for d in client.get_devices(name=name) if d.name.casefold() == name.strip().casefold()]

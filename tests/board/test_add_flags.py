@@ -84,3 +84,15 @@ def test_a_board_added_while_it_cannot_be_reached_says_it_is_saved(tmp_path: Pat
     assert "Board b1 is replaced (it was @192.0.2.1:22 (password)), but connecting to it failed" in out, out
     assert "hexstudio board remove b1" in out and "hexstudio board probe b1" in out
     assert Settings.load().boards["b1"]["port"] == 1
+
+
+def test_board_fix_help_names_every_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    """The fix ids in `hexstudio board fix --help` are written out (the CLI does not import the fixes at start-up);
+    geniex_install was missing while --file spoke of it."""
+    from hexstudio.cli.main import main
+    from hexstudio.core.device.fixes import FIX_IDS
+
+    with pytest.raises(SystemExit):
+        main(["board", "fix", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert all(f in shown for f in FIX_IDS), [f for f in FIX_IDS if f not in shown]
