@@ -78,11 +78,14 @@ _FILE_DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) ->
 
 
 def _file_digest(value: Any) -> str | None:
-    """A file setting's (calibration_text, validation_text) contents as its input: the sha256 of the file it names,
-    "missing" when there is none there, None for "builtin" (nothing to read)."""
-    if not isinstance(value, str) or value.strip() in ("", "builtin"):
+    """A file setting's (calibration_text, validation_text, spd_draft) contents as its input: the sha256 of the
+    file it names (of a bundle folder: of its bundle.json, which holds every file's sha256), "missing" when there
+    is none there, None for "builtin" or "self" (nothing to read)."""
+    if not isinstance(value, str) or value.strip() in ("", "builtin", "self"):
         return None
     p = Path(value).expanduser()
+    if p.is_dir():
+        p = p / "bundle.json"
     try:
         st = p.stat()
     except OSError:

@@ -75,7 +75,8 @@ def setting(
     (numbers); choices: the accepted values (for a list: of each item). page: the stage page of the studio
     that shows it (None: not on a form); widget: the form's widget when not the one its type implies.
     advanced: written into a run only when set. flag: the `hexstudio run` option that also sets it. file: the
-    value may name a local file (a remote worker host gets a copy). nonempty: text that must not be blank.
+    value may name a local file, or a bundle folder, whose contents are an input of the stages (a remote worker
+    host gets a copy of a file: hexstudio.core.remote.stage.FILE_SETTINGS). nonempty: text that must not be blank.
     items: what the items of a list are, in words. fields_of: the dataclass declaring a JSON object's keys."""
     meta = {
         "label": label,
@@ -307,6 +308,7 @@ class RunSettings:
         label="spd draft model",
         stages=("compile",),
         advanced=True,
+        file=True,  # the draft bundle's contents count: a draft compiled again makes the target's bundle stale
         help='The draft of the spd dialog: "self" (the model drafts for itself: checks the dialog, no speed-up) or '
         "the folder of the draft model's compiled bundle with the same tokenizer (the run of e.g. "
         "builtin:tiny-llama-draft: <run>/artifacts/compile/bundle); its context binaries go under draft/.",

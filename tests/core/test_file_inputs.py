@@ -39,10 +39,33 @@ def test_editing_the_calibration_or_validation_text_makes_its_stage_stale(tmp_pa
 
 
 def test_a_run_on_the_built_in_texts_keeps_its_hash() -> None:
-    """Runs made before (every run on "builtin") keep their stages current: nothing is added for them."""
+    """Runs made before (every run on "builtin", a self-drafting spd) keep their stages current: nothing is added
+    for them."""
     from hexstudio.core.stage_state import _file_digest
 
     assert _file_digest("builtin") is None and _file_digest("") is None and _file_digest(None) is None
+    assert _file_digest("self") is None
+
+
+def test_a_draft_compiled_again_makes_the_targets_compile_stale(tmp_path: Path) -> None:
+    """spd_draft names the draft model's bundle folder, whose context binaries Compile copies into the target's
+    bundle (draft/): only the path was hashed, so a draft compiled again left the target's bundle on the old
+    draft's binaries, current. Its bundle.json (a sha256 for every file) is now the input."""
+    draft = tmp_path / "draft-run" / "artifacts" / "compile" / "bundle"
+    draft.mkdir(parents=True)
+    (draft / "bundle.json").write_text('{"files": {"draft_part_1_of_1.bin": "aa"}}')
+    m = Workspace(tmp_path / "ws").create_run(
+        "builtin:tiny-llama",
+        "sim",
+        {"speculative_dialogs": "spd", "spd_draft": str(draft), "compile_target": "local", "ar_sizes": "4"},
+    )
+    for name in ("model", "preflight", "quantize", "validate", "compile"):
+        finish_stage(m, name, PASSING[name])
+    assert display_state(m, "compile") == "done"
+    (draft / "bundle.json").write_text('{"files": {"draft_part_1_of_1.bin": "bb"}}')
+    assert display_state(m, "compile") == "stale"
+    (draft / "bundle.json").unlink()
+    assert display_state(m, "compile") == "stale"  # gone: not the draft the bundle holds
 
 
 def test_a_setting_change_that_makes_a_combination_compile_refuses_is_refused(tmp_path: Path) -> None:
