@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -541,7 +542,10 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
 
         # the running score re-reads the journals and scores every case so far: at most every RUNNING_SCORE_S, not
         # after each case (quadratic in the cases: minutes of scoring for a suite of thousands)
-        last: dict[str, Any] = {"t": 0.0, "text": ""}
+        last: dict[str, Any] = {
+            "t": -math.inf,
+            "text": "",
+        }  # the first case scores (monotonic() may be small)
 
         def on_case(n: int, total: int, j: dict[str, Any]) -> None:
             if time.monotonic() - last["t"] >= RUNNING_SCORE_S or n == total:
