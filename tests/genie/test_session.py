@@ -370,8 +370,9 @@ def test_old_session_configs_are_removed_and_a_live_ones_comes_back(
     tmp_path: Path, fake_genie: FakeGenie
 ) -> None:
     """Each distinct sampler a studio or `serve` chose left a genie_config.hexstudio-<hash>.json in the bundle
-    folder for good. A per-turn session now writes its copy before each run and removes copies no session used for
-    a week; one removed under a live session is written again at its next turn."""
+    folder for good, and each reply budget a hidden copy of it. A per-turn session now writes its copy before each
+    run, and copies no one wrote for a week are removed; one removed under a live session is written again at its
+    next turn."""
     import json
     import os
     import time
@@ -383,9 +384,12 @@ def test_old_session_configs_are_removed_and_a_live_ones_comes_back(
         bundle / "genie_config.hexstudio-0123456789ab.json",
         bundle / "genie_config.hexstudio-ba9876543210.json",
     )
-    for f in (stale, recent):
+    # genie-t2t-run's reply budget travels in a hidden copy of each config (run.budget_config): one per budget
+    stale_budget = bundle / ".hexstudio-genie_config.hexstudio-0123456789ab-max77.json"
+    for f in (stale, recent, stale_budget):
         f.write_text("{}")
-    os.utime(stale, (week_old, week_old))
+        if f is not recent:
+            os.utime(f, (week_old, week_old))
 
     async def go() -> str:
         async with ChatSession(board, str(bundle), Conversation(template="llama3"), mode="per_turn") as s:
@@ -397,7 +401,8 @@ def test_old_session_configs_are_removed_and_a_live_ones_comes_back(
 
     own = bundle / asyncio.run(go())
     assert json.loads(own.read_text())["dialog"]["sampler"]["temp"] == 0.0
-    assert not stale.exists() and recent.exists()
+    assert not stale.exists() and not stale_budget.exists() and recent.exists()
+    assert list(bundle.glob(".hexstudio-genie_config.hexstudio-*-max*.json"))  # this session's own, kept
     assert (bundle / "genie_config.json").exists()  # the bundle's own config is never a candidate
 
 

@@ -61,7 +61,7 @@ async def _remove_old_helpers(board: Board, bin_dir: str) -> None:
     over HELPERS_KEPT_DAYS days ago are removed then, or each version would leave its own for good. A version
     still in use copies its helper again the next time it finds the folder gone (kilobytes, once)."""
     root, own = posixpath.split(bin_dir)
-    argv = ["find", root, "-mindepth", "1", "-maxdepth", "1", "-type", "d", "!", "-name", own]
+    argv = ["find", "-H", root, "-mindepth", "1", "-maxdepth", "1", "-type", "d", "!", "-name", own]
     argv += ["-mtime", f"+{HELPERS_KEPT_DAYS}", "-exec", "rm", "-rf", "{}", "+"]
     try:
         res = await board.transport.run(argv, timeout=30)

@@ -11,6 +11,7 @@ import asyncio
 import codecs
 import contextlib
 import json
+import logging
 import posixpath
 import secrets
 import time
@@ -23,6 +24,8 @@ from hexstudio.core.device.transport import RemoteProcess
 from hexstudio.core.genie.profile import Kpis, ProfileError, kpis_from_block, parse_profile
 from hexstudio.core.genie.transcript import Transcript, TranscriptParser
 from hexstudio.shared.errors import ActionableError
+
+log = logging.getLogger("hexstudio.genie.run")
 
 
 @dataclass
@@ -124,6 +127,34 @@ def budget_config_name(config: str, max_tokens: int) -> str:
     return posixpath.join(posixpath.dirname(config), f".hexstudio-{stem}-max{int(max_tokens)}.json")
 
 
+CONFIG_COPIES = ("genie_config.hexstudio-*.json", ".hexstudio-genie_config*-max*.json")
+CONFIG_COPIES_KEPT_DAYS = 7
+_PRUNED: set[tuple[str, str]] = set()  # (board, bundle folder): once per process
+
+
+async def remove_old_configs(board: Board, bundle_dir: str) -> None:
+    """The copies of a bundle's config that the studio writes beside it (a chat's own sampler; each reply budget
+    of genie-t2t-run) are rewritten whenever they are used, so their age says when that was: those no one wrote
+    for a week are removed, once per process and bundle (nothing else ever removed them). Best effort."""
+    key = (board.label, bundle_dir)
+    if key in _PRUNED:
+        return
+    _PRUNED.add(key)
+    names: list[str] = []
+    for pattern in CONFIG_COPIES:
+        names += ["-o", "-name", pattern] if names else ["-name", pattern]
+    # -H: a bundle folder that is a link is followed; -mtime +N is "more than N whole days ago"
+    argv = ["find", "-H", bundle_dir, "-maxdepth", "1", "-type", "f", "(", *names, ")"]
+    argv += ["-mtime", f"+{CONFIG_COPIES_KEPT_DAYS - 1}", "-delete"]
+    try:
+        res = await board.transport.run(argv, timeout=30)
+    except (OSError, asyncio.TimeoutError) as exc:
+        log.info("old config copies on %s were not removed: %s", board.label, exc)
+        return
+    if res.exit_status != 0:
+        log.info("old config copies on %s were not removed: %s", board.label, res.stderr.strip())
+
+
 async def budget_config(board: Board, bundle_dir: str, config: str, max_tokens: int) -> str:
     """genie-t2t-run has no reply-budget flag: the budget goes into a copy of the dialog config
     (`dialog.max-num-tokens`), next to the original so relative paths (tokenizer, ctx-bins) still resolve.
@@ -142,6 +173,7 @@ async def budget_config(board: Board, bundle_dir: str, config: str, max_tokens: 
     await board.transport.write_bytes(
         posixpath.join(bundle_dir, name), json.dumps(cfg, indent=2).encode("utf-8")
     )
+    await remove_old_configs(board, bundle_dir)
     return name
 
 

@@ -575,44 +575,19 @@ class ChatSession:
 
     async def _write_session_config(self) -> None:
         """The session's copy of the bundle's config, written before each per-turn run: one that another session
-        removed is back, and a copy's age says when it was last used. Copies no session used for a week are
-        removed (one per sampler a studio or `serve` chose; nothing else ever removed them)."""
+        removed is back, and a copy's age says when it was last used (run.remove_old_configs removes those no
+        session used for a week)."""
         if self._config_data is None:
             return
-        t = self.board.transport
         path = posixpath.join(self.bundle_dir, self._config)
         try:
-            await t.write_bytes(path, self._config_data)
+            await self.board.transport.write_bytes(path, self._config_data)
         except OSError as exc:
             raise SessionError(
                 f"Cannot write the chat's sampler settings to {path} on {self.board.label}: {exc}.",
                 "Check the board's free space (`df -h`) and that the bundle folder is yours, or choose the "
                 "bundle's own sampler.",
             ) from None
-        if self._pruned:
-            return
-        self._pruned = True
-        pattern = "genie_config.hexstudio-*.json"
-        argv = [
-            "find",
-            self.bundle_dir,
-            "-maxdepth",
-            "1",
-            "-type",
-            "f",
-            "-name",
-            pattern,
-            "-mtime",
-            "+7",
-            "-delete",
-        ]
-        try:
-            res = await t.run(argv, timeout=30)
-        except (OSError, asyncio.TimeoutError) as exc:
-            res = None
-            log.info("old session configs on %s were not removed: %s", self.board.label, exc)
-        if res is not None and res.exit_status != 0:
-            log.info("old session configs on %s were not removed: %s", self.board.label, res.stderr.strip())
 
     async def _send_per_turn(
         self,
