@@ -20,7 +20,8 @@ def test_stage_installs_qairt_then_pushes(tmp_path: Path) -> None:
         set_secret(sudo_password_key("evk"), PW)
 
         trust_once(evk, settings)
-        _, out, events, _ = run_board_stage_of_new_run(tmp_path)
+        ws = tmp_path / "run-ws"  # not the chosen workspace: the run's own holds the QAIRT payload cache
+        _, out, events, _ = run_board_stage_of_new_run(tmp_path, workspace=ws)
         doc = json.loads((out / "board.json").read_text())
         assert all(
             c["status"] == "ok" or (c["id"], c["status"]) == ("geniex", "skip")  # GenieX: optional
@@ -30,3 +31,4 @@ def test_stage_installs_qairt_then_pushes(tmp_path: Path) -> None:
         logs = [e.get("message", "") for e in events if e.get("type") == "log"]
         assert any("sudo tar -xf" in ln for ln in logs)
         assert PW not in json.dumps(events) and PW not in (out / "board.json").read_text()
+        assert any((ws / "cache" / "qairt").iterdir())

@@ -518,10 +518,10 @@ def trust_once(evk: EvkBoard, settings: Settings, name: str = "evk") -> None:
 
 
 def run_board_stage_of_new_run(
-    tmp_path: Path, board: str = "evk"
+    tmp_path: Path, board: str = "evk", workspace: Path | None = None
 ) -> tuple[RunManifest, Path, list[dict[str, Any]], dict[str, Any]]:
-    """The Board stage of a new run of the built-in model on `board`, a small device bundle upstream: (the run,
-    the stage's output folder, its events, what it returned)."""
+    """The Board stage of a new run of the built-in model on `board` (in `workspace`, else the chosen one), a small
+    device bundle upstream: (the run, the stage's output folder, its events, what it returned)."""
     import asyncio
 
     from hexstudio.core.device.stage import run_board_stage
@@ -529,7 +529,7 @@ def run_board_stage_of_new_run(
     from hexstudio.core.stage_api import StageContext
     from hexstudio.core.stages import get_stage
 
-    m = Workspace().create_run("builtin:tiny-llama", board)
+    m = Workspace(workspace).create_run("builtin:tiny-llama", board)
     upstream = tmp_path / "compile"
     make_device_bundle(upstream / "bundle", part_bytes=1000)
     out = m.run_dir / "artifacts" / "board.partial"

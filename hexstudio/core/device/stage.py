@@ -41,7 +41,9 @@ async def _install_qairt(
             "Fix the board's qairt_zip setting, or install QAIRT from the Board page.",
         )
     try:
-        plan = await plan_qairt_install(board, zip_path, report, bundle_dir=bundle_dir)
+        # the run's own workspace (--workspace, or the one it was made in), not the studio's choice
+        cache = ctx.manifest.run_dir.parent.parent / "cache" / "qairt"
+        plan = await plan_qairt_install(board, zip_path, report, bundle_dir=bundle_dir, cache_dir=cache)
 
         def upload(done: int, total: int, what: str) -> None:
             em.progress(
