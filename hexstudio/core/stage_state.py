@@ -55,9 +55,6 @@ HASHED_WHEN_CHANGED: dict[tuple[str, str], Any] = {
     ("preflight", "calibration_unit"): "layer",
     # Preflight measures the machine the heavy stages run on (issue 30's review): unset is this machine
     ("preflight", "worker_host"): None,
-    # Compile writes the sampler into the bundle's genie_config.json; it was declared only for Chat, so a changed
-    # sampler left the bundle (and the Chat stage's genie-t2t-run) on the old one
-    ("compile", "sampler"): {"seed": 42, "temp": 0.0, "top_k": 1, "top_p": 1.0},
     # read by the Chat stage (its prompt, runtime and reply length) and by the "auto" parts rule, undeclared until
     # a review found `--resume --set runtime=geniex` keeping the Chat result measured on genie
     ("chat", "prompt_template"): "auto",

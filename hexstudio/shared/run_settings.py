@@ -362,12 +362,11 @@ class RunSettings:
     sampler: dict[str, float] = setting(
         dataclasses.asdict(Sampler()),
         label="Sampler",
-        # the bundle's genie_config.json carries it (Compile writes it), and the Chat stage's genie-t2t-run reads
-        # it there: a change makes a new bundle, not a Chat stage run with the old one's
-        stages=("compile", "chat"),
+        stages=("chat",),
         fields_of=Sampler,
-        help="Genie's sampler in the bundle's genie_config.json: seed, temp, top_k, top_p (a JSON object; keys left "
-        "out keep their default). The Chat page can chat with other values without changing the bundle.",
+        help="Genie's sampler for the Chat stage's benchmark reply: seed, temp, top_k, top_p (a JSON object; keys "
+        "left out keep their default). It goes into a copy of the bundle's config on the board; the bundle itself "
+        "keeps Genie's greedy default, and the Chat page, `hexstudio chat` and serve choose their own.",
     )
     dialog_type: str = setting(
         "basic",

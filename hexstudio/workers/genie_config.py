@@ -47,7 +47,8 @@ def checked_genie_config(
             int(q["context_length"]),
             ctx_bins,
             int(q["head_dim"]),
-            settings.sampler,
+            # Genie's greedy default: the run's sampler is the Chat stage's (a copy on the board), so a change of it
+            # never compiles again
             simulated=simulated,
             tokens=dialog_tokens(hf_dir),
         )

@@ -101,7 +101,6 @@ OLD_INPUTS: dict[str, set[str]] = {
         "lade_ngram",
         "lade_gcap",
         "aihub_compile_options",  # added since: HASHED_WHEN_SET
-        "sampler",  # added since (written into genie_config.json): HASHED_WHEN_CHANGED
     },
     "board": {"board"},
     "chat": {"board", "benchmark_prompt", "sampler", "prompt_template", "runtime", "benchmark_max_tokens"},
@@ -125,7 +124,6 @@ def test_defaults_and_stage_inputs_are_what_they_were() -> None:
 @pytest.mark.parametrize(
     ("stage", "key", "changed"),
     [
-        ("compile", "sampler", {**OLD_DEFAULTS["sampler"], "temp": 0.7}),
         ("chat", "runtime", "geniex"),
         ("chat", "prompt_template", "qa"),
         ("chat", "benchmark_max_tokens", 64),
@@ -136,9 +134,8 @@ def test_defaults_and_stage_inputs_are_what_they_were() -> None:
 def test_a_setting_a_stage_read_undeclared_is_its_input_and_old_runs_stay_current(
     stage: str, key: str, changed: Any
 ) -> None:
-    """Settings a stage read without declaring them: Compile writes the sampler into genie_config.json (which the
-    Chat stage's genie-t2t-run reads), the Chat stage formats its prompt, picks its runtime and reply length, and
-    the "auto" parts rule reads the board's RAM. A change re-ran nothing (`--resume --set runtime=geniex` kept
+    """Settings a stage read without declaring them: the Chat stage formats its prompt, picks its runtime and reply
+    length, and the "auto" parts rule reads the board's RAM. A change re-ran nothing (`--resume --set runtime=geniex` kept
     the Chat result measured on genie). A run that leaves the setting at what the stage assumed keeps the stage
     current; a run that sets another value runs it again."""
     from types import SimpleNamespace

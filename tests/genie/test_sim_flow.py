@@ -122,3 +122,27 @@ def test_stop_aborts_a_reply_midway(chat_run: Path) -> None:
     res = asyncio.run(go())
     assert res.transcript.state == "aborted"  # type: ignore[attr-defined]
     assert res.text  # type: ignore[attr-defined]
+
+
+def test_the_chat_stage_samples_with_the_runs_sampler_not_the_bundles(
+    compiled_sim_run: Path, tmp_path: Path
+) -> None:
+    """Compile wrote the run's sampler into the bundle's genie_config.json, which only Chat declared: a changed
+    sampler re-ran Chat on a bundle with the old one. The bundle now keeps Genie's greedy default and the Chat stage
+    runs genie-t2t-run on a copy of its config with the run's sampler (named by content, beside it on the board)."""
+    run_dir = copy_run(compiled_sim_run, tmp_path)
+    m = Workspace(tmp_path).open_run(run_dir.name)
+    assert asyncio.run(Pipeline(m).run(only="board")).ok
+    m.settings["sampler"] = {"seed": 7, "temp": 0.9}  # top_k, top_p left out: their defaults
+    m.save()
+    res = asyncio.run(Pipeline(m).run(only="chat"))
+    assert res.ok, res
+    remote = Path(json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())["remote_bundle"])
+    own = json.loads((remote / "genie_config.json").read_text())["dialog"]["sampler"]
+    assert (own["temp"], own["top-k"]) == (0.0, 1)  # the bundle's greedy default, untouched
+    copies = [
+        json.loads(p.read_text())["dialog"]["sampler"] for p in remote.glob("genie_config.hexstudio-*.json")
+    ]
+    assert {"seed": 7, "temp": 0.9, "top-k": 1, "top-p": 1.0}.items() <= copies[0].items() and len(
+        copies
+    ) == 1

@@ -57,6 +57,31 @@ def session_config_name(data: bytes) -> str:
 log = logging.getLogger("hexstudio.genie.session")
 
 
+def with_sampler(cfg: dict[str, Any], values: dict[str, Any], dialog: str = "basic") -> bytes:
+    """A dialog's config (genie_config[.<type>].json, parsed) with `values` (Genie's keys: seed, temp, top-k,
+    top-p) in its dialog.sampler, as the file to write."""
+    # Genie's spd needs temp > 0 in its draft sampler
+    values = spd_sampler(values, genie_keys=True) if dialog == "spd" else values
+    cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(values)
+    return json.dumps(cfg, indent=2).encode("utf-8")
+
+
+async def write_sampler_config(
+    board: Board, bundle_dir: str, values: dict[str, Any], dialog: str = "basic"
+) -> str:
+    """A copy of the bundle's dialog config with this sampler, beside it and named by its content (so runs with
+    other samplers on one bundle never share one); returns its name. OSError / ValueError when the config cannot be
+    read or the copy written."""
+    t = board.transport
+    cfg = json.loads((await t.read_bytes(posixpath.join(bundle_dir, config_name(dialog)))).decode("utf-8"))
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{config_name(dialog)} is not a JSON object")
+    data = with_sampler(cfg, values, dialog)
+    name = session_config_name(data)
+    await t.write_bytes(posixpath.join(bundle_dir, name), data)
+    return name
+
+
 class SessionError(ActionableError):
     """A chat session cannot go on (bad message, board gone, dialog refused): message and hint."""
 
@@ -321,13 +346,9 @@ class ChatSession:
         self._config_stops = [x for x in own if isinstance(x, str) and x] if isinstance(own, list) else []
         self.conversation.max_reply_tokens = self.max_tokens
         await self._maybe_tokenizer(cfg)
-        override = self.sampler_values
-        if override is not None:
-            # Genie's spd needs temp > 0 in its draft sampler
-            values = spd_sampler(override, genie_keys=True) if self.dialog == "spd" else override
-            cfg.setdefault("dialog", {}).setdefault("sampler", {}).update(values)
+        if self.sampler_values is not None:
             # only a per-turn run reads it (a kept-loaded helper takes the sampler as an argument): written then
-            self._config_data = json.dumps(cfg, indent=2).encode("utf-8")
+            self._config_data = with_sampler(cfg, self.sampler_values, self.dialog)
             self._config = session_config_name(self._config_data)
         await self._select_runtime()
         self._opened = True

@@ -8,6 +8,7 @@ from typing import Any
 from hexstudio.core.device.board import BoardError
 from hexstudio.core.genie.prompts import format_prompt
 from hexstudio.core.genie.run import Chunk, QueryResult, load_token_counter, run_query
+from hexstudio.core.genie.session import write_sampler_config
 from hexstudio.core.services.chat_target import board_doc as read_board_doc
 from hexstudio.core.services.chat_target import open_run_board
 from hexstudio.core.settings import Settings
@@ -24,6 +25,14 @@ KPI_UNITS = {
     "gen_tok_s": "toks/sec",
     "gen_time_ms": "ms",
 }
+
+
+def run_sampler(settings: dict[str, Any]) -> dict[str, Any]:
+    """The run's sampler in Genie's keys (seed, temp, top-k, top-p), the defaults where it leaves a key out: the
+    Chat stage's benchmark reply is sampled with it, whatever the bundle's genie_config.json holds."""
+    given = settings.get("sampler")
+    merged = {**DEFAULTS.sampler, **(given if isinstance(given, dict) else {})}
+    return {k.replace("_", "-"): v for k, v in merged.items()}
 
 
 def chat_record(board_name: str, prompt: str, res: QueryResult) -> dict[str, Any]:
@@ -73,10 +82,19 @@ async def run_chat_stage(ctx: StageContext) -> dict[str, Any]:
         count = await load_token_counter(
             board, board_doc["remote_bundle"]
         )  # each chunk's tokens, for the rate
+        try:
+            config = await write_sampler_config(board, board_doc["remote_bundle"], run_sampler(ctx.settings))
+        except (OSError, ValueError) as exc:
+            raise StageError(
+                "bundle_unreadable",
+                f"Cannot write the run's sampler beside the bundle on {board.label}: {exc}.",
+                "Push the bundle again (the Board stage), and check the board's free space.",
+            ) from None
         res = await run_query(
             board,
             board_doc["remote_bundle"],
             prompt,
+            config=config,
             on_chunk=on_chunk,
             max_tokens=int(ctx.settings.get("benchmark_max_tokens", DEFAULTS.benchmark_max_tokens)),
             count_tokens=count,
@@ -126,6 +144,7 @@ async def _chat_through_session(
         mode="persistent",
         max_tokens=int(ctx.settings.get("benchmark_max_tokens", DEFAULTS.benchmark_max_tokens)),
         runtime=runtime,
+        sampler=run_sampler(ctx.settings),
     )
     try:
         await s.open()
