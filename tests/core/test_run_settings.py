@@ -516,8 +516,10 @@ STAGE_CODE = {
 def test_every_setting_a_stages_code_reads_is_its_input() -> None:
     """`hexstudio run --resume --set K=V` runs again the stages whose inputs hold K. The Chat stage read
     prompt_template, runtime and benchmark_max_tokens without declaring them, and Compile the sampler: a change
-    re-ran nothing. Every run setting a stage's code reads (settings.K, settings.get("K"), settings["K"]) is one
-    of its inputs, or says how the stage works (HOW_NOT_WHAT, with why)."""
+    re-ran nothing. Every run setting a stage's own files read by name (settings.K, settings.get("K"),
+    settings["K"]) is one of its inputs, or says how the stage works (HOW_NOT_WHAT, with why). Reads through
+    shared helpers (resolve_settings reads board_ram_bytes) and aliases are not seen here: those helpers' settings
+    are declared by hand (test_a_setting_a_stage_read_undeclared_is_its_input_and_old_runs_stay_current)."""
     import re
 
     from hexstudio.core.stages import STAGES
