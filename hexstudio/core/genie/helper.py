@@ -19,13 +19,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hexstudio.core.device.board import Board
-from hexstudio.core.genie.run import ensure_dir
+from hexstudio.core.genie.run import ensure_dir, remove_quietly
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable  # 3.11; annotations only (the studio runs on 3.10 too)
 
 genie_log = logging.getLogger("hexstudio.genie.log")  # Genie's own log lines
-log = logging.getLogger("hexstudio.genie.helper")
 
 
 def helper_dir(home: str, contents: Sequence[tuple[str, bytes]]) -> str:
@@ -63,13 +62,7 @@ async def _remove_old_helpers(board: Board, bin_dir: str) -> None:
     root, own = posixpath.split(bin_dir)
     argv = ["find", "-H", root, "-mindepth", "1", "-maxdepth", "1", "-type", "d", "!", "-name", own]
     argv += ["-mtime", f"+{HELPERS_KEPT_DAYS}", "-exec", "rm", "-rf", "{}", "+"]
-    try:
-        res = await board.transport.run(argv, timeout=30)
-    except (OSError, asyncio.TimeoutError) as exc:
-        log.info("old helper folders on %s were not removed: %s", board.label, exc)
-        return
-    if res.exit_status != 0:
-        log.info("old helper folders on %s were not removed: %s", board.label, res.stderr.strip())
+    await remove_quietly(board, argv, "old helper folders")
 
 
 class HelperProcess:

@@ -146,13 +146,18 @@ async def remove_old_configs(board: Board, bundle_dir: str) -> None:
     # -H: a bundle folder that is a link is followed; -mtime +N is "more than N whole days ago"
     argv = ["find", "-H", bundle_dir, "-maxdepth", "1", "-type", "f", "(", *names, ")"]
     argv += ["-mtime", f"+{CONFIG_COPIES_KEPT_DAYS - 1}", "-delete"]
+    await remove_quietly(board, argv, "old config copies")
+
+
+async def remove_quietly(board: Board, argv: list[str], what: str) -> None:
+    """A clean-up command on the board: its failure is logged (`what` were not removed), never raised."""
     try:
         res = await board.transport.run(argv, timeout=30)
     except (OSError, asyncio.TimeoutError) as exc:
-        log.info("old config copies on %s were not removed: %s", board.label, exc)
+        log.info("%s on %s were not removed: %s", what, board.label, exc)
         return
     if res.exit_status != 0:
-        log.info("old config copies on %s were not removed: %s", board.label, res.stderr.strip())
+        log.info("%s on %s were not removed: %s", what, board.label, res.stderr.strip())
 
 
 async def budget_config(board: Board, bundle_dir: str, config: str, max_tokens: int) -> str:
