@@ -290,10 +290,8 @@ class ChatSession:
         # context: genie_session makes the dialog again)
         self._stale = False
         self._config = "genie_config.json"
-        self._config_data: bytes | None = (
-            None  # the session's own copy of it (another sampler), when it has one
-        )
-        self._pruned = False
+        # the session's own copy of it (another sampler), when it has one
+        self._config_data: bytes | None = None
         self._lock = asyncio.Lock()
         self._opened = False
         self._runner_simulated = False  # the runner said so: helper hello, banner, profile
