@@ -96,6 +96,21 @@ def _file_digest(value: Any) -> str | None:
     return _FILE_DIGESTS[key]
 
 
+def _user_suites(m: RunManifest, settings: dict[str, Any]) -> dict[str, str]:
+    """The contents of the suites a run evaluates that the user added to its workspace (`hexstudio eval add`; one
+    of a shipped suite's name replaces it): an edited suite makes Evaluate stale. Shipped suites add nothing, so a
+    run on them keeps the hash it had."""
+    from hexstudio.core.eval.suites import DEFAULT_SUITES, user_dir
+
+    folder = user_dir(m.run_dir.parent.parent)
+    names = settings.get("eval_suites") or DEFAULT_SUITES
+    return {
+        n: d
+        for n in names
+        if isinstance(n, str) and (d := _file_digest(str(folder / f"{n}.jsonl"))) not in (None, "missing")
+    }
+
+
 def input_hash(m: RunManifest, stage: Stage) -> str:
     settings = m.settings
     payload: dict[str, Any] = {
@@ -115,6 +130,8 @@ def input_hash(m: RunManifest, stage: Stage) -> str:
     }
     if files:
         payload["files"] = files
+    if "eval_suites" in stage.inputs and (suites := _user_suites(m, settings)):
+        payload["suites"] = suites
     if stage.reads:
         payload["reads"] = {
             n: [m.stage(n).data.get("state"), m.stage(n).data.get("output_digest")] for n in stage.reads

@@ -86,3 +86,26 @@ def test_a_setting_change_that_makes_a_combination_compile_refuses_is_refused(tm
         change_settings(m, {"context_length": 128}, "the setting context length")
     assert m.settings["ar_n"] == 128 and len(m.data["events"]) == events
     assert change_settings(m, {"ar_n": 64}, "the setting AR-N") == ["ar_n"]  # a 16-token step fits AR-64
+
+
+def test_an_edited_suite_of_the_users_makes_evaluate_stale(tmp_path: Path) -> None:
+    """A suite added to the workspace (`hexstudio eval add`, again with --replace after fixing a case) was read only
+    by name: Evaluate stayed current and a resumed run kept the scores of the old cases. Its contents count now;
+    the shipped suites add nothing, so runs on them keep their hash."""
+    from hexstudio.core.eval.suites import user_dir
+
+    ws = tmp_path / "ws"
+    mine = user_dir(ws) / "mine.jsonl"
+    mine.parent.mkdir(parents=True)
+    mine.write_text('{"id": "a", "prompt": "hi", "scorer": "exact", "expected": {"answer": "hi"}}\n')
+    m = Workspace(ws).create_run("builtin:tiny-llama", "sim", {"eval_suites": ["mine", "tool_calling"]})
+    shipped_only = Workspace(ws).create_run("builtin:tiny-llama", "sim")
+    for run in (m, shipped_only):
+        for name in PASSING:
+            finish_stage(run, name, PASSING[name])
+            if name == "evaluate":
+                break
+    assert display_state(m, "evaluate") == display_state(shipped_only, "evaluate") == "done"
+    mine.write_text('{"id": "a", "prompt": "hello", "scorer": "exact", "expected": {"answer": "hello"}}\n')
+    assert display_state(m, "evaluate") == "stale"
+    assert display_state(shipped_only, "evaluate") == "done"
