@@ -109,6 +109,18 @@ OLD_INPUTS: dict[str, set[str]] = {
 }
 
 
+def fake_run(settings: dict[str, Any], board: str = "sim") -> Any:
+    """What input_hash reads of a run: its settings, inputs, stage records (none) and folder (no workspace suites)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        settings=settings,
+        inputs={"model": "builtin:tiny-llama", "board": board},
+        stage=lambda n: SimpleNamespace(data={}),
+        run_dir=Path("/nonexistent-workspace/runs/r"),
+    )
+
+
 def test_defaults_and_stage_inputs_are_what_they_were() -> None:
     from hexstudio.core.settings import DEFAULT_RUN_SETTINGS
     from hexstudio.core.stages import STAGES
@@ -138,16 +150,11 @@ def test_a_setting_a_stage_read_undeclared_is_its_input_and_old_runs_stay_curren
     length, and the "auto" parts rule reads the board's RAM. A change re-ran nothing (`--resume --set runtime=geniex` kept
     the Chat result measured on genie). A run that leaves the setting at what the stage assumed keeps the stage
     current; a run that sets another value runs it again."""
-    from types import SimpleNamespace
 
     from hexstudio.core.stage_state import input_hash
     from hexstudio.core.stages import STAGES
 
-    m = SimpleNamespace(
-        settings=dict(OLD_DEFAULTS),
-        inputs={"model": "builtin:tiny-llama", "board": "sim"},
-        stage=lambda n: SimpleNamespace(data={}),
-    )
+    m = fake_run(dict(OLD_DEFAULTS))
     st = next(x for x in STAGES if x.name == stage)
     assert key in st.inputs
     before = dataclasses.replace(st, inputs=tuple(k for k in st.inputs if k != key))
@@ -159,16 +166,11 @@ def test_a_setting_a_stage_read_undeclared_is_its_input_and_old_runs_stay_curren
 def test_calibration_unit_made_an_input_of_model_and_preflight_keeps_old_runs_current() -> None:
     """The Model stage's estimate now depends on calibration_unit: a run made before, at "layer", keeps its
     Model and Preflight stages current (re-running the Model stage would make Quantize stale: hours)."""
-    from types import SimpleNamespace
 
     from hexstudio.core.stage_state import input_hash
     from hexstudio.core.stages import STAGES
 
-    m = SimpleNamespace(
-        settings=dict(OLD_DEFAULTS),
-        inputs={"model": "builtin:tiny-llama", "board": "sim"},
-        stage=lambda n: SimpleNamespace(data={}),
-    )
+    m = fake_run(dict(OLD_DEFAULTS))
     for name in ("model", "preflight"):
         s = next(x for x in STAGES if x.name == name)
         before = dataclasses.replace(s, inputs=tuple(k for k in s.inputs if k != "calibration_unit"))
@@ -179,17 +181,12 @@ def test_calibration_unit_made_an_input_of_model_and_preflight_keeps_old_runs_cu
 
 
 def test_a_run_from_before_the_speculative_settings_keeps_its_stages_current() -> None:
-    from types import SimpleNamespace
 
     from hexstudio.core.stage_state import HASHED_WHEN_SET, input_hash
     from hexstudio.core.stages import STAGES
 
     old = {k: v for k, v in OLD_DEFAULTS.items() if k not in HASHED_WHEN_SET}
-    m = SimpleNamespace(
-        settings=old,
-        inputs={"model": "builtin:tiny-llama", "board": "sim"},
-        stage=lambda n: SimpleNamespace(data={}),
-    )
+    m = fake_run(old)
     for s in STAGES:
         narrowed = dataclasses.replace(s, inputs=tuple(k for k in s.inputs if k not in HASHED_WHEN_SET))
         assert input_hash(m, s) == input_hash(m, narrowed), s.name  # type: ignore[arg-type]
@@ -459,7 +456,6 @@ def test_the_shared_package_is_light() -> None:
 def test_ai_hub_compile_options_make_the_compile_out_of_date() -> None:
     """aihub_compile_options change the binaries AI Hub compiles, but were no input of the Compile stage: a run
     whose options changed kept its old binaries as current. A run that never set them hashes as before."""
-    from types import SimpleNamespace
 
     from hexstudio.core.stage_state import input_hash
     from hexstudio.core.stages import STAGES
@@ -468,11 +464,7 @@ def test_ai_hub_compile_options_make_the_compile_out_of_date() -> None:
     before = dataclasses.replace(
         compile_stage, inputs=tuple(k for k in compile_stage.inputs if k != "aihub_compile_options")
     )
-    m = SimpleNamespace(
-        settings=dict(OLD_DEFAULTS),
-        inputs={"model": "builtin:tiny-llama", "board": "evk"},
-        stage=lambda n: SimpleNamespace(data={}),
-    )
+    m = fake_run(dict(OLD_DEFAULTS), board="evk")
     assert input_hash(m, compile_stage) == input_hash(m, before)  # type: ignore[arg-type]
     m.settings = {**OLD_DEFAULTS, "aihub_compile_options": "--quantize_full_type w8a16"}
     assert input_hash(m, compile_stage) != input_hash(m, before)  # type: ignore[arg-type]
