@@ -27,6 +27,7 @@ from hexstudio.core.genie.prompts import DETERMINISTIC, NEMOTRON_THINKING_ON, ch
 from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.services.chat import DIALOG_LABELS, SessionSetup, bundle_dialogs, run_bundle_dir
 from hexstudio.core.services.chat_controller import Chosen, Rendering, SentWith, conversation_template
+from hexstudio.shared.bundle import genie_sampler_keys
 from hexstudio.shared.chat_template import ChatFormat
 from hexstudio.ui.widgets import check_box, float_spin_box, spin_box
 
@@ -49,11 +50,6 @@ SAMPLER_TOOLTIP = (
     "top-k, top-p and seed. Deterministic always takes the most likely token; Nemotron with reasoning on "
     "uses the thinking preset, as `hexstudio chat` does."
 )
-
-
-def genie_sampler(values: dict[str, Any]) -> dict[str, Any]:
-    """Genie's genie_config.json sampler keys (top-k, top-p) from the prompts module's (top_k, top_p)."""
-    return {k.replace("_", "-"): v for k, v in values.items()}
 
 
 FormRow = tuple[str, QWidget] | QWidget  # (label, field), or a widget on a row alone
@@ -377,7 +373,7 @@ class ChatSettingsPanel(QWidget):
         for spin in spins:
             spin.blockSignals(True)
         if values is not None:
-            g = genie_sampler(values)
+            g = genie_sampler_keys(values)
             self.temp_spin.setValue(float(g["temp"]))
             self.topk_spin.setValue(int(g["top-k"]))
             self.topp_spin.setValue(float(g["top-p"]))
@@ -394,7 +390,7 @@ class ChatSettingsPanel(QWidget):
     def _sampler_edited(self) -> None:
         """A value was edited: it is no longer the preset, so the combo says custom."""
         values = SAMPLER_PRESETS[self.sampler_preset()][1]
-        if values is not None and genie_sampler(values) != self.sampler_settings():
+        if values is not None and genie_sampler_keys(values) != self.sampler_settings():
             self.apply_preset("custom")
 
     def _template_chosen(self, template: str) -> None:

@@ -773,13 +773,13 @@ def _not_the_simulator(board: Board) -> None:
 def _chosen_workspace() -> Path:
     """The workspace the studio and the CLI use (settings.json's "workspace" counts; a settings file that cannot
     be read is said where it is read for the run, not here)."""
-    from hexstudio.core.settings import Settings, SettingsError
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.settings import SettingsError
 
     try:
-        configured = Settings.load().data.get("workspace")
+        return Workspace.chosen().root
     except (SettingsError, OSError):
-        configured = None
-    return default_workspace(configured)
+        return default_workspace()
 
 
 async def plan_qairt_install(

@@ -14,6 +14,7 @@ from hexstudio.core.services.chat_target import open_run_board
 from hexstudio.core.settings import Settings
 from hexstudio.core.stage_api import StageContext, StageError
 from hexstudio.core.units import fmt_rate
+from hexstudio.shared.bundle import genie_sampler_keys
 from hexstudio.shared.run_settings import DEFAULTS
 
 KPI_UNITS = {
@@ -32,7 +33,7 @@ def run_sampler(settings: dict[str, Any]) -> dict[str, Any]:
     Chat stage's benchmark reply is sampled with it, whatever the bundle's genie_config.json holds."""
     given = settings.get("sampler")
     merged = {**DEFAULTS.sampler, **(given if isinstance(given, dict) else {})}
-    return {k.replace("_", "-"): v for k, v in merged.items()}
+    return genie_sampler_keys(merged)
 
 
 def chat_record(board_name: str, prompt: str, res: QueryResult) -> dict[str, Any]:

@@ -72,6 +72,16 @@ class BundleError(ActionableError, ValueError):
     """A check before writing failed; the message says what to change."""
 
 
+def genie_sampler_keys(sampler: dict[str, Any]) -> dict[str, Any]:
+    """A sampler in genie_config.json's spelling (top-k, top-p) from the run settings' (top_k, top_p)."""
+    return {k.replace("_", "-"): v for k, v in sampler.items()}
+
+
+def run_sampler_keys(sampler: dict[str, Any]) -> dict[str, Any]:
+    """A sampler in the run settings' spelling (top_k, top_p) from genie_config.json's (top-k, top-p)."""
+    return {k.replace("-", "_"): v for k, v in sampler.items()}
+
+
 def version_tuple(v: str) -> tuple[int, ...]:
     """A QAIRT/QNN version's numbers (major, minor, patch) for comparing: "2.42.0.251225" -> (2, 42, 0)."""
     return tuple(int(x) for x in re.findall(r"\d+", v)[:3])

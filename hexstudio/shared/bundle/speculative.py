@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hexstudio.shared.bundle import version_tuple
+from hexstudio.shared.bundle import genie_sampler_keys, run_sampler_keys, version_tuple
 from hexstudio.shared.errors import ActionableError
 
 if TYPE_CHECKING:
@@ -327,16 +327,11 @@ def dialog_config(
     target["role"], draft["role"] = "target", "draft"
     d["engine"] = [draft, target]
     d["spd"] = (spd or Spd()).block()
-    d["sampler"] = {**d.get("sampler", {}), **_genie_keys(spd_sampler(_our_keys(d.get("sampler", {}))))}
+    d["sampler"] = {
+        **d.get("sampler", {}),
+        **genie_sampler_keys(spd_sampler(run_sampler_keys(d.get("sampler", {})))),
+    }
     return cfg
-
-
-def _our_keys(s: dict[str, Any]) -> dict[str, Any]:
-    return {k.replace("-", "_"): v for k, v in s.items()}
-
-
-def _genie_keys(s: dict[str, Any]) -> dict[str, Any]:
-    return {k.replace("_", "-"): v for k, v in s.items()}
 
 
 def acceptance(profile: Any) -> float | None:
