@@ -25,9 +25,13 @@ def read_doc(path: Path, doc_type: type[D], stage: str) -> D:
         why = (
             f"is not valid JSON: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else f"is damaged: {exc}"
         )
-        raise WorkerError(
-            f"{stage}_output_invalid", f"{path} {why}.", f"Run the {stage} stage again (--force)."
-        ) from None
+        raise output_invalid(stage, f"{path} {why}.") from None
+
+
+def output_invalid(stage: str, problem: str, code: str | None = None) -> WorkerError:
+    """The error for an output of the earlier stage `stage` this worker cannot use: `problem` says what is wrong,
+    the hint runs that stage again; the code is `<stage>_output_invalid` unless a more telling one is given."""
+    return WorkerError(code or f"{stage}_output_invalid", problem, f"Run the {stage} stage again (--force).")
 
 
 def model_doc(spec: WorkerSpec) -> ModelDoc:

@@ -25,6 +25,7 @@ from typing import Any
 from hexstudio.shared.journal import append_journal, done_keys
 from hexstudio.shared.protocol import Emitter
 from hexstudio.shared.worker_spec import EvalCase
+from hexstudio.workers.documents import output_invalid
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, map_path, worker_main
 
 LEGS = ("float", "sim", "htp")
@@ -163,10 +164,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
                 **extra,
             )
         except (OSError, KeyError, ValueError) as exc:
-            raise WorkerError(
-                "graphs_unreadable",
-                f"The {leg} deployment graphs cannot be loaded: {exc}.",
-                "Run the quantize stage again (hexstudio run --resume RUN --only quantize).",
+            raise output_invalid(
+                "quantize", f"The {leg} deployment graphs cannot be loaded: {exc}."
             ) from None
         for j in mine:
             pair.reset()

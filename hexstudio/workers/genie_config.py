@@ -23,6 +23,7 @@ from hexstudio.shared.bundle.speculative import (
     speculative_of,
 )
 from hexstudio.shared.run_settings import RunSettings
+from hexstudio.workers.documents import output_invalid
 from hexstudio.workers.runtime import WorkerError
 
 
@@ -68,11 +69,11 @@ def checked_genie_config(
         )
     pe = cfg["dialog"]["engine"]["model"].get("positional-encoding")
     if q.get("positional_encoding") is not None and pe != q["positional_encoding"]:
-        raise WorkerError(
-            "rope_changed",
+        raise output_invalid(
+            "quantize",
             "The rope Genie would compute from this genie_config.json differs from the "
             f"one the graphs were calibrated and validated with ({pe} vs {q['positional_encoding']}).",
-            "Run the Quantize stage again (--force).",
+            "rope_changed",
         )
     return cfg
 

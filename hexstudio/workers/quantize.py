@@ -28,7 +28,7 @@ from typing import Any
 from hexstudio.shared.artifacts import ModelDoc
 from hexstudio.shared.disk_use import tree_bytes
 from hexstudio.shared.protocol import Emitter
-from hexstudio.workers.documents import model_doc
+from hexstudio.workers.documents import model_doc, output_invalid
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 
 
@@ -97,11 +97,7 @@ def _plan(spec: WorkerSpec, model_json: ModelDoc) -> _Plan:
     try:
         cl, ar_n, parts = resolve_shape(model_json)
     except (KeyError, TypeError, ValueError) as exc:
-        raise WorkerError(
-            "model_output_invalid",
-            f"model.json's resolved shape is damaged ({exc}).",
-            "Run the model stage again (--force).",
-        ) from None
+        raise output_invalid("model", f"model.json's resolved shape is damaged ({exc}).") from None
     for key, allowed in (("weight_bits", (2, 4, 8)), ("activation_bits", (8, 16)), ("kv_bits", (8, 16))):
         if getattr(settings, key) not in allowed:
             raise WorkerError(

@@ -25,7 +25,7 @@ from typing import Any
 
 from hexstudio.shared import modelinfo
 from hexstudio.shared.protocol import Emitter
-from hexstudio.workers.documents import model_doc, read_doc
+from hexstudio.workers.documents import model_doc, output_invalid, read_doc
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 
 EVAL_WINDOWS = 3  # held-out windows: prompt through the prompt processor, then teacher-forced AR-1 steps
@@ -148,11 +148,11 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     # one decoder layer's (or lm_head chunk's) graph plus the KV caches and hidden states, not a part.
     pe = q.get("positional_encoding")
     if not isinstance(pe, dict):
-        raise WorkerError(
-            "quantize_output_old",
+        raise output_invalid(
+            "quantize",
             "quantize.json has no positional_encoding: it was written by an "
             "older HexStudio whose graphs Genie cannot run (rope inside the graph).",
-            "Run the quantize stage again (--force).",
+            "quantize_output_old",
         )
     mode = spec.settings.validate_unit
     if mode not in ("unit", "part"):
@@ -539,11 +539,10 @@ def _validate(
     pair = _open_pair(q, qdir, pe, mode, work, threads, capture_names, em)
     seq_len = pair.sessions["float"].seq_len
     if seq_len["prompt_processor"] != ar_n:
-        raise WorkerError(
+        raise output_invalid(
+            "quantize",
+            f"the prompt processor graphs have AR-{seq_len['prompt_processor']}, quantize.json says AR-{ar_n}.",
             "graph_shape_mismatch",
-            f"the prompt processor graphs have AR-{seq_len['prompt_processor']}"
-            f", quantize.json says AR-{ar_n}.",
-            "Run the quantize stage again (--force).",
         )
     starts = np.linspace(0, len(ids) - window, num=EVAL_WINDOWS).astype(int).tolist()
     values, positions, first = _teacher_forced(pair, ids, starts, ar_n, em)

@@ -36,6 +36,7 @@ from hexstudio.core.device.qairt import ABI, MARKER, QAIRT_BASE, build_payload, 
 from hexstudio.core.paths import default_workspace
 from hexstudio.shared.bundle import bundle_qairt_version
 from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.records import fields_dict
 
 FIX_IDS = (
     "group_add",
@@ -166,14 +167,8 @@ class FixPlan:
         return [s.shown for s in self.steps]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "fix_id": self.fix_id,
-            "title": self.title,
-            "commands": self.commands,
-            "needs_sudo": self.needs_sudo,
-            "affects": list(self.affects),
-            "notes": self.notes,
-        }
+        shown = fields_dict(self, ("fix_id", "title", "commands", "needs_sudo"))
+        return {**shown, "affects": list(self.affects), "notes": self.notes}
 
 
 @dataclass

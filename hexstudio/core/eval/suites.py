@@ -29,6 +29,7 @@ from typing import Any
 
 from hexstudio.shared.data import package_path
 from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.records import fields_dict
 
 SHIPPED_DIR = package_path("hexstudio.core.eval", "shipped_suites")  # package data (importlib.resources)
 SCORERS = ("tool_call", "exact", "contains", "regex", "instruction", "perplexity", "parity")
@@ -107,15 +108,8 @@ class Suite:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "title": self.title,
-            "description": self.description,
-            "scorer": self.scorer,
-            "cases": len(self.cases),
-            "path": str(self.path),
-            "shipped": self.shipped,
-        }
+        told = fields_dict(self, ("name", "title", "description", "scorer"))
+        return {**told, "cases": len(self.cases), "path": str(self.path), "shipped": self.shipped}
 
 
 def _bad(path: Path, line: int, what: str, hint: str | None = None) -> SuiteError:
