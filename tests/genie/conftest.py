@@ -108,6 +108,12 @@ class SimWorkspace:
     run_dir: Path
     remote_bundle: str  # the bundle on the simulator board
 
+    def cli(self, *argv: str) -> int:
+        """`hexstudio ARGV --workspace ROOT`: the CLI's exit status, on this workspace."""
+        from hexstudio.cli.main import main
+
+        return main([*argv, "--workspace", str(self.root)])
+
 
 @pytest.fixture(scope="session")
 def sim_workspace(compiled_sim_run: Path, tmp_path_factory: pytest.TempPathFactory) -> SimWorkspace:

@@ -95,32 +95,9 @@ def test_bench_protocol_on_a_runner_with_known_timings() -> None:
 def test_bench_cli_on_the_simulator_board_both_runtimes(
     sim_workspace: SimWorkspace, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hexstudio.cli.main import main
-
-    rc = main(
-        [
-            "bench",
-            "--board",
-            "sim",
-            "--run",
-            sim_workspace.run_dir.name,
-            "--workspace",
-            str(sim_workspace.root),
-            "--runs",
-            "2",
-            "--warmup",
-            "1",
-            "--prompt-lengths",
-            "16",
-            "--fills",
-            "0,0.25",
-            "--gen-tokens",
-            "6",
-            "--init-runs",
-            "1",
-            "--json",
-        ]
-    )
+    argv = ["bench", "--board", "sim", "--run", sim_workspace.run_dir.name, "--runs", "2", "--warmup", "1"]
+    argv += ["--prompt-lengths", "16", "--fills", "0,0.25", "--gen-tokens", "6", "--init-runs", "1", "--json"]
+    rc = sim_workspace.cli(*argv)
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert [r["runtime"] for r in doc["runtimes"]] == ["genie", "geniex"]

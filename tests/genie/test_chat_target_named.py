@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from hexstudio.cli import bench_cmd, serve_cmd
-from hexstudio.cli.main import main
 from hexstudio.cli.target import target_lines
 from tests.genie.conftest import SimWorkspace
 
@@ -20,9 +19,7 @@ from tests.genie.conftest import SimWorkspace
 def test_chat_names_the_run_and_bundle_it_uses(
     sim_workspace: SimWorkspace, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main(
-        ["chat", "--workspace", str(sim_workspace.root), "--prompt", "Hi", "--max-tokens", "4", "--json"]
-    )
+    rc = sim_workspace.cli("chat", "--prompt", "Hi", "--max-tokens", "4", "--json")
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     run = sim_workspace.run_dir.name

@@ -95,18 +95,7 @@ def test_transcript_cli_skips_a_hostile_prompt_given_its_prompt_file(
 def test_chat_cli_one_prompt_on_the_simulator(
     sim_workspace: SimWorkspace, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main(
-        [
-            "chat",
-            "--workspace",
-            str(sim_workspace.root),
-            "--prompt",
-            "Where does the sun rise?",
-            "--max-tokens",
-            "12",
-            "--json",
-        ]
-    )
+    rc = sim_workspace.cli("chat", "--prompt", "Where does the sun rise?", "--max-tokens", "12", "--json")
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0, doc
     assert doc["board"] == "sim" and doc["simulated"] is True and doc["mode"] == "persistent"
@@ -128,19 +117,7 @@ def test_chat_cli_interactive_multi_turn(
         io.StringIO("Where does the sun rise?\nAnd where does it set?\n/new\nWhat is water?\n/quit\n"),
     )
     transcript = tmp_path / "chat.json"
-    rc = main(
-        [
-            "chat",
-            "--workspace",
-            str(sim_workspace.root),
-            "--board",
-            "sim",
-            "--max-tokens",
-            "6",
-            "--transcript",
-            str(transcript),
-        ]
-    )
+    rc = sim_workspace.cli("chat", "--board", "sim", "--max-tokens", "6", "--transcript", str(transcript))
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert captured.out.count("you> ") == 5
@@ -172,19 +149,8 @@ def test_chat_cli_interactive_multi_turn(
 
 
 def test_chat_cli_per_turn_mode(sim_workspace: SimWorkspace, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(
-        [
-            "chat",
-            "--workspace",
-            str(sim_workspace.root),
-            "--mode",
-            "per_turn",
-            "--prompt",
-            "What is water?",
-            "--max-tokens",
-            "5",
-            "--json",
-        ]
+    rc = sim_workspace.cli(
+        "chat", "--mode", "per_turn", "--prompt", "What is water?", "--max-tokens", "5", "--json"
     )
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["mode"] == "per_turn"
