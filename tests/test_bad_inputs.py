@@ -986,6 +986,44 @@ def test_a_resume_the_command_line_cannot_ask_for_is_a_usage_error(env: Env, arg
     assert rc == 2 and "--resume" in out, out
 
 
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (("--board", "evk1"), ["No board named 'evk1'", "hexstudio board add evk1"]),
+        (("--set", 'eval_suites=["perplexity", "typo"]'), ["No evaluation suite named 'typo'", "eval add"]),
+    ],
+    ids=["board", "suite"],
+)
+def test_a_name_nothing_has_is_refused_before_the_run_is_made(
+    env: Env, argv: tuple[str, ...], words: list[str]
+) -> None:
+    """A mistyped board or suite was found at the Board or Evaluate stage, hours into the run."""
+    rc, out = run_cli(env, "run", *argv)
+    assert rc == 2 and env.runs() == [], out
+    assert all(w in out for w in words), out
+
+
+def test_a_resume_refuses_a_suite_nothing_has(env: Env) -> None:
+    from hexstudio.core.runs import Workspace
+
+    m = Workspace(env.ws).create_run("builtin:tiny-llama", "sim")
+    rc, out = run_cli(env, "run", "--resume", m.run_id, "--set", 'eval_suites=["typo"]')
+    assert rc == 2 and "No evaluation suite named 'typo'" in out, out
+    assert "eval_suites" not in Workspace(env.ws).open_run(m.run_id).inputs.get("settings", {})
+
+
+def test_a_run_that_stops_before_the_board_stage_may_name_any_board() -> None:
+    import argparse
+
+    from hexstudio.cli.common import CliError
+    from hexstudio.cli.run_cmd import _check_board
+
+    _check_board("evk1", {}, argparse.Namespace(only=None, until="compile"))
+    _check_board("evk1", {"evk1": {}}, argparse.Namespace(only=None, until="report"))
+    with pytest.raises(CliError):
+        _check_board("evk1", {}, argparse.Namespace(only="chat", until="report"))
+
+
 def test_the_suite_has_at_least_40_rows() -> None:
     assert len(ROWS) >= 40
     assert sys.version_info >= (3, 10)

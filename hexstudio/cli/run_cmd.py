@@ -7,6 +7,7 @@ import asyncio
 import json
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from hexstudio.cli.common import (
@@ -69,6 +70,38 @@ def _check_worker_host(name: str) -> None:
         host_config(name)
     except WorkerHostError as exc:
         raise CliError(exc.message, exc.hint) from None
+
+
+def _check_board(name: str, boards: dict[str, Any], args: argparse.Namespace) -> None:
+    """Refuse a board name no board has before a run is made: otherwise the typo is found at the Board stage,
+    after the hours of Quantize and Compile (a run that stops before the Board stage may name any board)."""
+    last = args.only or args.until
+    if name == "sim" or name in boards or STAGE_NAMES.index(last) < STAGE_NAMES.index("board"):
+        return
+    known = ", ".join(["sim", *sorted(boards)])
+    raise CliError(
+        f"No board named '{name}' (boards here: {known}); no run was made.",
+        f"Add it first: `hexstudio board add {name} --host HOST --user USER` (or the studio's Board page), "
+        "or pick one from `hexstudio board list`.",
+        code=EXIT_USAGE,
+    )
+
+
+def _check_suites(settings: dict[str, Any], workspace_root: Path) -> None:
+    """Refuse an eval_suites name no suite has before a stage runs (else it is found at the Evaluate stage)."""
+    from hexstudio.core.eval.suites import available
+
+    names = settings.get("eval_suites")
+    if not isinstance(names, list):
+        return  # unset, or a wrong type check_run_settings refuses
+    found = available(workspace_root)
+    unknown = [str(n) for n in names if n not in found]
+    if unknown:
+        raise CliError(
+            f"No evaluation suite named {', '.join(map(repr, unknown))} (suites here: {', '.join(sorted(found))}).",
+            "Fix --set eval_suites=[...], or add the suite first with `hexstudio eval add FILE`.",
+            code=EXIT_USAGE,
+        )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -163,6 +196,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             m = ws.open_run(args.resume)
         except RunNotFound as exc:
             raise CliError(str(exc)) from None
+        _check_suites(changes, ws.root)
         if changes:
             # as the studio's pages change them: recorded in the run; the stages that read them run again
             changed = change_settings(m, changes, "its settings (--set, --worker-host)")
@@ -171,8 +205,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         from hexstudio.core.settings import Settings
 
-        defaults = Settings.load().run_defaults()
+        config = Settings.load()
+        defaults = config.run_defaults()
         defaults.update(_parse_set(args.settings))
+        _check_board(args.board or "sim", config.boards, args)
+        _check_suites(defaults, ws.root)
         if args.revision:
             defaults["revision"] = args.revision  # the Model stage's input (hexstudio/core/stages.py)
         if args.worker_host is not None:
