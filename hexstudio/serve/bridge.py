@@ -372,14 +372,20 @@ class DialogBridge:
             if messages is not None and reinit is None and s.kv_tokens > 0:
                 continuation = self._continuation(messages, tools_key)
             # the session's own rule for a dialog too full for the new turn and its reply (it would clear the
-            # dialog and send the new turn alone, without the history the cache held)
-            if (
-                continuation is not None
-                and s.kv_tokens + count(continuation) + budget + 8 > self.context_length
-            ):
-                continuation = None
+            # dialog and send the new turn alone, without the history the cache held): the reply's budget is
+            # clamped to the room left, as a fresh dialog's is below, so a client's large max_tokens (4096 is a
+            # common default) does not turn the cache off; only a turn with no room at all goes fresh
+            if continuation is not None:
+                room = self.context_length - s.kv_tokens - count(continuation) - 8
+                if room >= 1:
+                    budget = min(budget, room)
+                else:
+                    continuation = None
             kv_reused = continuation is not None
             cached = s.kv_tokens if kv_reused else 0
+            # what the dialog will hold after this turn is known only once it ended well: until then, no request
+            # may be sent to it as a continuation (a failure anywhere below leaves this None)
+            self._content = None
             if not kv_reused:
                 await s.reset()
             text_in = continuation if continuation is not None else prompt

@@ -824,47 +824,26 @@ class OpenAIServer:
                 emit({"error": _error(500, f"the reply failed: {exc!r}", "server_error")["error"]})
                 emit("[DONE]")
                 return
-            if kind == "chat.completion":
-                msg, finish = self._message(reply.text, reply.finish_reason, tools, fmt)
-                if msg.get("tool_calls"):
-                    # the text before the call's tag, when the reply said something first
-                    before = buf[: max(_first_tag(buf), 0)]
-                    if before.strip():
-                        send_text(before)
-                    calls = [{"index": i, **tc} for i, tc in enumerate(msg["tool_calls"])]
-                    emit(
-                        base(
-                            {"choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]}
-                        )
-                    )
-                elif buf:
-                    emit(base({"choices": [{"index": 0, "delta": {"content": buf}, "finish_reason": None}]}))
-                emit(
-                    base(
-                        {
-                            "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
-                            "usage": self._usage(reply.stats),
-                            "hexstudio": reply.stats,
-                        }
-                    )
-                )
-            else:
-                emit(
-                    base(
-                        {
-                            "choices": [
-                                {
-                                    "index": 0,
-                                    "text": "",
-                                    "finish_reason": reply.finish_reason,
-                                    "logprobs": None,
-                                }
-                            ],
-                            "usage": self._usage(reply.stats),
-                            "hexstudio": reply.stats,
-                        }
-                    )
-                )
+            try:
+                if kind == "chat.completion":
+                    msg, finish = self._message(reply.text, reply.finish_reason, tools, fmt)
+                    delta: dict[str, Any] | None = {"content": buf} if buf else None
+                    if msg.get("tool_calls"):
+                        # the text before the call's tag, when the reply said something first
+                        before = buf[: max(_first_tag(buf), 0)]
+                        if before.strip():
+                            send_text(before)
+                        delta = {"tool_calls": [{"index": i, **tc} for i, tc in enumerate(msg["tool_calls"])]}
+                    if delta is not None:
+                        emit(base({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
+                    last: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": finish}
+                else:
+                    last = {"index": 0, "text": "", "finish_reason": reply.finish_reason, "logprobs": None}
+                emit(base({"choices": [last], "usage": self._usage(reply.stats), "hexstudio": reply.stats}))
+            except Exception as exc:
+                # the reply is in: never a stream that just stops after it either
+                log.exception("stream %s failed after its reply", rid)
+                emit({"error": _error(500, f"the reply failed: {exc!r}", "server_error")["error"]})
             emit("[DONE]")
 
         return _Events(produce, cancelled, {"x-hexstudio-simulated": str(self.bridge.simulated).lower()})

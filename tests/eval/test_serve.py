@@ -83,6 +83,23 @@ def test_models_stream_and_turn2_reuses_the_dialog(server: str) -> None:
     assert k2["start_ms"] < st["loads"][0]["init_ms"]
 
 
+def test_a_large_max_tokens_still_continues_the_dialog(server: str) -> None:
+    """A follow-up asking for more tokens than the context has left (max_tokens 4096 is a common client default)
+    went to a reset dialog with the whole conversation again; its budget is now the room left, as a fresh
+    dialog's is, and the cache is kept."""
+    c = client(server)
+    first = [{"role": "user", "content": "Where does the sun rise?"}]
+    r1 = c.chat.completions.create(model="builtin:tiny-llama", messages=first, max_tokens=8)
+    follow = [*first, {"role": "assistant", "content": r1.choices[0].message.content}]
+    r2 = c.chat.completions.create(
+        model="builtin:tiny-llama",
+        messages=[*follow, {"role": "user", "content": "Why?"}],
+        max_tokens=100_000,
+    )
+    k2 = r2.model_extra["hexstudio"]
+    assert k2["kv_reused"] is True and k2["cached_tokens"] > 0, k2
+
+
 def test_second_request_waits_for_the_first(server: str) -> None:
     c = client(server)
     out: dict[str, dict] = {}
@@ -373,6 +390,37 @@ def test_a_stream_refused_before_its_turn_gets_its_own_status(
             )
         )
         assert text == "OK."
+
+
+def test_a_reply_no_parser_can_read_leaves_no_client_on_anothers_dialog(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Client B's request with tools gets a reply the llama3 parser raised on ({[1]: 2}: a TypeError). B got a
+    500, and the bridge still described the dialog as A's conversation while it held B's: A's follow-up went to
+    it as a bare new turn (kv_reused), on B's prompt. The reply is now B's answer, as text (what the model
+    wrote), and A's follow-up is sent whole to a reset dialog."""
+    odd = "<|python_tag|>get_weather(city={[1]: 2})"
+    with scripted_server(twin_workspace, monkeypatch, {"Oslo": odd}, tool_format="llama3") as url:
+        c = client(url)
+        alice = [{"role": "user", "content": "Hello"}]
+        r = c.chat.completions.create(model="builtin:tiny-llama", messages=alice)
+        assert r.choices[0].message.content == "OK."
+        for stream in (False, True):
+            got = c.chat.completions.create(
+                model="builtin:tiny-llama",
+                tools=WEATHER,
+                stream=stream,
+                messages=[{"role": "user", "content": "Weather in Oslo?"}],
+            )
+            text = (
+                "".join((ch.choices[0].delta.content or "") for ch in got if ch.choices) if stream else None
+            )
+            if not stream:
+                text = got.choices[0].message.content
+            assert text == odd, text
+        follow = [*alice, {"role": "assistant", "content": "OK."}, {"role": "user", "content": "Hi"}]
+        r = c.chat.completions.create(model="builtin:tiny-llama", messages=follow)
+        assert r.model_extra["hexstudio"]["kv_reused"] is False, r.model_extra
 
 
 def test_a_reply_cut_short_by_a_full_context_finishes_with_length(

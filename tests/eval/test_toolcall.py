@@ -101,6 +101,24 @@ def test_malformed_replies_are_scored_as_such(fmt: str) -> None:
     assert not ok  # a broken call attempt is not an abstention
 
 
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [
+        ("llama3", "<|python_tag|>f(a={[1]: 2})"),  # literal_eval: TypeError (a list as a dict key)
+        ("llama3", "<|python_tag|>f(a=[" * 2000),
+        ("json", "[" * 100_000),  # json: RecursionError
+        ("qwen", "<tool_call>" + "[" * 100_000 + "</tool_call>"),
+        ("nemotron", "<TOOLCALL>" + "{" * 100_000),
+    ],
+    ids=["unhashable-key", "deep-python", "deep-json", "deep-qwen", "deep-nemotron"],
+)
+def test_any_text_a_model_writes_parses_to_an_answer(fmt: str, text: str) -> None:
+    """The server parses every reply to a request with tools: a parser that raised on the model's text made a
+    500, and left the board's dialog described as the previous request's."""
+    parsed = parse_reply(text, fmt)
+    assert parsed.kind in ("malformed", "none"), parsed
+
+
 @pytest.mark.parametrize("fmt", list(CORRECT))
 def test_plain_answers_abstain_and_miss_calls(fmt: str) -> None:
     p = parse_reply("The weather is nice today.", fmt)

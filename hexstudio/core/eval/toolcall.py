@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,16 +248,23 @@ def _parse_mistral(text: str) -> Parsed:
 def parse_reply(text: str, fmt: str) -> Parsed:
     """The calls in a reply, in the model's own format. A reply without the format's marker that is a JSON call
     (or list of calls) still counts as one: the marker can be a special token a decoder drops, and a model asked
-    in words (a template without tools) answers in bare JSON."""
-    if fmt == "llama3":
-        return _parse_llama3(text)
-    if fmt == "nemotron":
-        return _parse_nemotron(text)
-    if fmt == "qwen":
-        return _parse_qwen(text)
-    if fmt == "mistral":
-        return _parse_mistral(text)
-    return _parse_bare_json(_strip_end(text))
+    in words (a template without tools) answers in bare JSON. Total: whatever the model wrote, the answer is a
+    Parsed (a call that cannot be read is "malformed"), never an exception in the caller."""
+    parser = _PARSERS.get(fmt)
+    try:
+        return parser(text) if parser is not None else _parse_bare_json(_strip_end(text))
+    except (
+        Exception
+    ) as exc:  # any text at all: literal_eval's TypeError on {[1]: 2}, json's RecursionError on [[[...
+        return Parsed("malformed", error=f"the call cannot be read: {type(exc).__name__}: {exc}"[:300])
+
+
+_PARSERS: dict[str, Callable[[str], Parsed]] = {
+    "llama3": _parse_llama3,
+    "nemotron": _parse_nemotron,
+    "qwen": _parse_qwen,
+    "mistral": _parse_mistral,
+}
 
 
 def render_calls(calls: list[Call], fmt: str) -> str:
