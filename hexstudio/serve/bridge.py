@@ -320,12 +320,26 @@ class DialogBridge:
         if n + 3 > self.context_length:
             raise self._no_room(n)
 
-    def _no_room(self, tokens: int) -> BridgeError:
+    def _no_room(self, tokens: int | None) -> BridgeError:
+        """OpenAI's answer to a prompt longer than the context: 400, invalid_request_error, context_length_exceeded."""
+        size = f"the prompt is about {tokens} tokens: it" if tokens is not None else "the prompt"
         return BridgeError(
             400,
-            f"the prompt is about {tokens} tokens: it does not fit in the "
-            f"context ({self.context_length} tokens) with room for a reply",
-            "context_length_exceeded",
+            f"{size} does not fit in the context ({self.context_length} tokens) with room for a reply: shorten "
+            "the conversation or lower max_tokens",
+            param="messages",
+            code="context_length_exceeded",
+        )
+
+    async def _dialog_lost(self, s: ChatSession, exc: BaseException) -> BridgeError:
+        """The helper's pipe broke (it died on the board, the link dropped) or it stopped answering: the dialog is
+        gone with it, and the next request loads it again."""
+        self._content = None
+        self.session = None
+        with contextlib.suppress(Exception):
+            await s.close()
+        return BridgeError(
+            502, f"the board's dialog stopped answering ({exc or type(exc).__name__})", "server_error"
         )
 
     # -- running a request -------------------------------------------------------------------------
@@ -387,7 +401,10 @@ class DialogBridge:
             # may be sent to it as a continuation (a failure anywhere below leaves this None)
             self._content = None
             if not kv_reused:
-                await s.reset()
+                try:
+                    await s.reset()
+                except (OSError, TimeoutError, asyncio.TimeoutError) as exc:  # two classes on Python 3.10
+                    raise await self._dialog_lost(s, exc) from None
             text_in = continuation if continuation is not None else prompt
             if count(text_in) + budget + 2 > self.context_length:
                 budget = self.context_length - count(text_in) - 2
@@ -415,6 +432,7 @@ class DialogBridge:
             if on_start is not None:
                 on_start()
             t0 = time.monotonic()
+            loads = s.loads
             try:
                 r = await s.send(text_in, on_chunk=chunk, stop=stop, stop_strings=stop_strings)
             except SessionError as exc:
@@ -422,25 +440,26 @@ class DialogBridge:
                 raise BridgeError(500, f"the board's dialog failed: {exc.message}", "server_error") from None
             except ValueError as exc:  # the message alone does not fit, or Genie cannot take it
                 self._content = None
-                raise BridgeError(400, str(exc), "context_length_exceeded") from None
-            except (OSError, TimeoutError) as exc:
-                # the helper's pipe broke (it died on the board, the link dropped) or it stopped answering: the
-                # dialog is gone with it; the next request loads it again
-                self._content = None
-                self.session = None
-                with contextlib.suppress(Exception):
-                    await s.close()
-                raise BridgeError(
-                    502, f"the board's dialog stopped answering ({exc or type(exc).__name__})", "server_error"
-                ) from None
+                raise BridgeError(400, str(exc), param="messages", code="context_length_exceeded") from None
+            except (OSError, TimeoutError, asyncio.TimeoutError) as exc:
+                raise await self._dialog_lost(s, exc) from None
             finally:
                 watcher.cancel()
             hit_stop = r.stop_hit
             text = full or r.text
             if r.state == "failed":
                 self._content = None
+                if r.extra.get("prompt_too_long"):
+                    # the token count above is an estimate where the bundle's tokenizer cannot be read: Genie's
+                    # own refusal is the client's to fix (a 500 would be retried, prefilling it again each time)
+                    raise self._no_room(None)
                 raise BridgeError(500, f"the board's dialog failed: {r.error}", "server_error")
             k = r.kpis.as_json() if r.kpis else {}
+            if s.loads > loads and reinit is None:
+                # the session loaded the model again itself (after a reply it could not stop, or a reset that
+                # failed): this request's times include that load, and /v1/stats counts it
+                reinit = "reload"
+                self.inits.append({"t": time.time(), "why": "reloaded by the session", "init_ms": s.init_ms})
             aborted = r.state == "aborted" and not hit_stop
             gen = int(k.get("generated_tokens") or 0)
             # Genie's own stop does not say whether a stop sequence or the end of the turn ended the reply, and a
@@ -464,7 +483,10 @@ class DialogBridge:
                 "start_ms": r.first_chunk_ms,
                 "wall_ms": round((time.monotonic() - t0) * 1000, 3),
                 "ttft_ms": k.get("ttft_ms"),
-                "prompt_tokens": k.get("prompt_tokens"),
+                # Genie's profile count; without one (a reply cut short by a full context, a libGenie without
+                # GenieProfile) the bundle tokenizer's count of what was sent, or about 3 characters a token
+                "prompt_tokens": k["prompt_tokens"] if k.get("prompt_tokens") is not None else count(text_in),
+                "prompt_tokens_estimated": k.get("prompt_tokens") is None,
                 # the tokens of earlier turns the KV cache held, not processed again (usage counts them)
                 "cached_tokens": cached,
                 "prompt_tok_s": k.get("prompt_tok_s"),

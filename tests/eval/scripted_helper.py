@@ -7,7 +7,8 @@ test's tool-call request is answered by this helper the way a tool-calling model
 A reply "<die>" sends two pieces of text, then the helper exits with status 139 mid-reply; "<refuse>" ends the
 query as failed, with the profile of an earlier query (what Genie's profile holds after a refused one);
 "<refuse-continuation>" refuses a query on a dialog that answered one since its last reset (a full KV cache);
-"<full>" sends some text, then ends the query with a full context.
+"<full>" sends some text, then ends the query with a full context; "<too-long>" ends it with a full context and no
+text (the prompt alone fills it); "<then-reset-fails>" answers "OK.", and the next reset fails (Genie status -1).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def main() -> int:
         }
     )
     since_reset = 0
+    reset_fails = False
     for line in sys.stdin:
         msg = json.loads(line)
         op = msg.get("op")
@@ -74,7 +76,7 @@ def main() -> int:
             return 0
         if op == "reset":
             since_reset = 0
-            emit({"event": "reset"})
+            emit({"event": "reset", "status": -1} if reset_fails else {"event": "reset"})
         elif op == "sampler":
             emit({"event": "sampler", "applied": True})
         elif op == "query":
@@ -88,6 +90,11 @@ def main() -> int:
                     continue
                 reply = "OK."
             since_reset += 1
+            if reply == "<then-reset-fails>":
+                reply, reset_fails = "OK.", True
+            if reply == "<too-long>":
+                emit({"event": "end", "id": msg["id"], "state": "context_full", "status": 0, "profile": None})
+                continue
             if reply == "<refuse>":
                 # a query the dialog refuses (GenieDialog_query status -8): Genie's profile holds only the
                 # query before, which the helper sends with every end

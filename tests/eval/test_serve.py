@@ -433,9 +433,51 @@ def test_a_reply_cut_short_by_a_full_context_finishes_with_length(
         msgs = [{"role": "user", "content": "fill the context"}]
         r = c.chat.completions.create(model="builtin:tiny-llama", messages=msgs, max_tokens=64)
         assert r.choices[0].message.content == "Cut sh" and r.choices[0].finish_reason == "length", r
+        # no Genie profile for a reply the context cut short: the prompt's tokens are counted on the host
+        assert r.usage.prompt_tokens > 0 and r.model_extra["hexstudio"]["prompt_tokens_estimated"] is True, r
         follow = [*msgs, {"role": "assistant", "content": "Cut sh"}, {"role": "user", "content": "Hello"}]
         r2 = c.chat.completions.create(model="builtin:tiny-llama", messages=follow, max_tokens=8)
         assert r2.model_extra["hexstudio"]["kv_reused"] is False
+
+
+def test_a_prompt_the_dialog_says_fills_the_context_is_the_clients_to_fix(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's token count is an estimate without the bundle's tokenizer, so Genie can still find a prompt too
+    long: that was a 500 ("start a new chat"), which clients retry, prefilling it again each time. It is OpenAI's
+    400 context_length_exceeded."""
+    with scripted_server(twin_workspace, monkeypatch, {"long": "<too-long>"}) as url:
+        c = client(url)
+        with pytest.raises(openai.BadRequestError) as err:
+            c.chat.completions.create(
+                model="builtin:tiny-llama", messages=[{"role": "user", "content": "a long one"}]
+            )
+        assert err.value.code == "context_length_exceeded", err.value
+        assert "shorten the conversation or lower max_tokens" in err.value.message, err.value.message
+        r = c.chat.completions.create(
+            model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hi"}]
+        )
+        assert r.choices[0].message.content == "OK."
+
+
+def test_a_load_the_session_does_itself_is_reported(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dialog could not be reset, so the session loaded the model again before the next reply: that request
+    said reinit null and init_ms 0 while its times held a whole load, and /v1/stats did not count the load."""
+    with scripted_server(twin_workspace, monkeypatch, {"first": "<then-reset-fails>"}) as url:
+        c = client(url)
+        r1 = c.chat.completions.create(
+            model="builtin:tiny-llama", messages=[{"role": "user", "content": "first"}]
+        )
+        assert r1.model_extra["hexstudio"]["reinit"] is None
+        r2 = c.chat.completions.create(
+            model="builtin:tiny-llama", messages=[{"role": "user", "content": "other"}]
+        )
+        k2 = r2.model_extra["hexstudio"]
+        assert r2.choices[0].message.content == "OK." and k2["reinit"] == "reload" and k2["init_ms"] > 0, k2
+        loads = stats(url)["loads"]
+        assert [x["why"] for x in loads][-1] == "reloaded by the session" and len(loads) == 2, loads
 
 
 def test_a_helper_that_dies_mid_reply_ends_the_stream_with_an_error(

@@ -281,6 +281,9 @@ class ChatSession:
         self.abort_grace_s = 10.0
         self.fallback_reason: str | None = None
         self.init_ms: float | None = None  # the persistent dialog's load time
+        self.loads = (
+            0  # how many times its helper loaded the model (it loads again after a reply it could not stop)
+        )
         self.genie_version: str | None = None
         self.runtime_version: str | None = None  # e.g. "Genie API 1.17.0" or GenieX's CLI and plugin versions
         self._helper: HelperProcess | None = None
@@ -451,6 +454,7 @@ class ChatSession:
         if ev.get("simulated"):
             self._runner_simulated = True
         self.init_ms = float(ev.get("init_ms") or (time.monotonic() - t0) * 1000)
+        self.loads += 1
         self.genie_version = ev.get("genie_version")
         self.stop_sequences = ev.get("stop_sequences") is True
         self._stops_on_dialog = list(self._config_stops)
