@@ -549,6 +549,34 @@ def test_a_dialog_that_raises_gets_an_answer_and_the_next_request_reloads_it(
         assert r.choices[0].message.content == "OK."
 
 
+def test_a_reset_that_never_answers_is_a_502_and_the_next_request_reloads(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper hung in a reset: the time-out escaped as a 500 saying the next request is served as usual, and
+    the hung session was kept for every later request."""
+    from hexstudio.core.genie.session import ChatSession
+
+    real_reset, hangs = ChatSession.reset, [True]
+
+    async def reset(self: ChatSession) -> None:
+        if hangs and hangs.pop():
+            raise TimeoutError()
+        await real_reset(self)
+
+    monkeypatch.setattr(ChatSession, "reset", reset)
+    with scripted_server(twin_workspace, monkeypatch, {}) as url:
+        c = client(url)
+        with pytest.raises(openai.APIStatusError) as err:
+            c.chat.completions.create(
+                model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hi"}]
+            )
+        assert err.value.status_code == 502 and "stopped answering" in err.value.message, err.value
+        r = c.chat.completions.create(
+            model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hi"}]
+        )
+        assert r.choices[0].message.content == "OK." and r.model_extra["hexstudio"]["reinit"] == "reload"
+
+
 def test_bind_rules() -> None:
     check_bind("127.0.0.1", False, None)
     check_bind("::1", False, None)
