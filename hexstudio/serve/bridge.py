@@ -236,7 +236,7 @@ class DialogBridge:
         if not isinstance(messages, list) or not messages:
             raise BridgeError(400, "messages must be a non-empty list")
         out = []
-        for m in messages:
+        for i, m in enumerate(messages):
             if not isinstance(m, dict) or m.get("role") not in (
                 "system",
                 "developer",
@@ -246,10 +246,19 @@ class DialogBridge:
             ):
                 raise BridgeError(400, "each message needs a role: system, user, assistant or tool")
             c = m.get("content")
-            if isinstance(c, list):  # content parts: the text ones
-                c = "".join(
-                    str(p.get("text") or "") for p in c if isinstance(p, dict) and p.get("type") == "text"
-                )
+            if isinstance(
+                c, list
+            ):  # content parts: text only (a model on a Genie bundle reads no image or audio)
+                for j, p in enumerate(c):
+                    kind = p.get("type") if isinstance(p, dict) else None
+                    if kind != "text":
+                        raise BridgeError(
+                            400,
+                            f"messages[{i}].content[{j}] is {kind or 'not a content part'!r}: this model "
+                            "takes text only (send the content as text parts or a string)",
+                            param=f"messages[{i}].content[{j}]",
+                        )
+                c = "".join(str(p.get("text") or "") for p in c)
             n: dict[str, Any] = {
                 "role": "system" if m["role"] == "developer" else m["role"],
                 "content": c or "",

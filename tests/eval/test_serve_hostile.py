@@ -185,6 +185,16 @@ def test_bad_fields_are_400_in_openai_shape(port: int, what: str, body: dict[str
         assert err["param"] == param and param in err["message"], err
 
 
+def test_an_image_part_is_refused_not_dropped(port: int) -> None:
+    """An image beside the text was dropped without a word: the model answered as if none had been sent."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    msg = {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}, image]}
+    status, _, data = post(port, "/v1/chat/completions", json.dumps({"messages": [msg]}).encode())
+    err = json.loads(data)["error"]
+    assert status == 400 and err["param"] == "messages[0].content[1]", (status, err)
+    assert "'image_url'" in err["message"] and "text only" in err["message"], err
+
+
 CHAT_BODIES: list[tuple[str, bytes]] = [
     ("messages empty", json.dumps({"messages": []}).encode()),
     ("role bad", json.dumps({"messages": [{"role": "robot", "content": "hi"}]}).encode()),
