@@ -1024,6 +1024,48 @@ def test_a_run_that_stops_before_the_board_stage_may_name_any_board() -> None:
         _check_board("evk1", {}, argparse.Namespace(only="chat", until="report"))
 
 
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (("board", "fix", "nowhere", "bogusfix"), ["Unknown fix 'bogusfix'", "group_add"]),
+        (("board", "probe", "nowhere", "--only", "soc,nope"), ["Unknown check id 'nope'", "fastrpc_group"]),
+        (("serve", "--template", "qwen"), ["invalid choice: 'qwen'"]),
+        (("board", "add", "sim", "--host", "h", "--user", "u", "--no-connect"), ["simulator board's"]),
+        (("bench", "--runs", "0"), ["--runs", "out of range"]),
+        (("bench", "--fills", "0,1.5"), ["--fills", "out of range"]),
+        (("bench", "--prompt-lengths", "32,0"), ["--prompt-lengths", "out of range"]),
+        (("preflight", "--write-wslconfig", "--memory-gb", "-5"), ["--memory-gb", "out of range"]),
+        (("report", "r1", "--format", "html", "--out", "{tmp}/x.pdf"), ["does not match", "x.pdf"]),
+        (("report", "compare", "r1"), ["two or more runs"]),
+        (("report", "r1", "r2"), ["Give one run"]),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, tuple) else None,
+)
+def test_a_wrong_command_line_is_a_usage_error_before_anything_is_touched(
+    env: Env, argv: tuple[str, ...], words: list[str]
+) -> None:
+    """Each exited 1 (a failure of the work), or connected to the board first, or for serve --template started
+    with the Llama 3 format whatever was typed."""
+    rc, out = run_cli(env, *[a.replace("{tmp}", str(env.tmp)) for a in argv])
+    assert rc == 2, out
+    assert all(w in out for w in words), out
+    assert "No board named" not in out  # the id was checked before the board was looked up
+
+
+def test_a_report_takes_its_format_from_the_out_files_suffix(env: Env) -> None:
+    """`report RUN --out report.pdf` wrote HTML into the .pdf (--format defaulted to html); without --out the
+    default html refused ("needs --out") although docs/reports.md says JSON goes to stdout then."""
+    from hexstudio.core.runs import Workspace
+
+    run_id = Workspace(env.ws).create_run("builtin:tiny-llama", "sim").run_id
+    for name, head in (("r.pdf", b"%PDF-"), ("r.json", b"{"), ("r.html", b"<!")):
+        rc, out = run_cli(env, "report", run_id, "--out", str(env.tmp / name))
+        assert rc == 0, out
+        assert (env.tmp / name).read_bytes()[:5].lower().startswith(head.lower()), name
+    rc, out = run_cli(env, "report", run_id)
+    assert rc == 0 and json.loads(out[: out.rindex("}") + 1])["run"]["run_id"] == run_id, out
+
+
 def test_the_suite_has_at_least_40_rows() -> None:
     assert len(ROWS) >= 40
     assert sys.version_info >= (3, 10)

@@ -10,17 +10,25 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.common import CliError, eprint, print_json, set_action
+from hexstudio.cli.common import CliError, eprint, int_in, number_in, print_json, set_action
 from hexstudio.cli.target import add_target_flags, board_and_bundle
 from hexstudio.core.genie.runtime import RUNTIMES
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
+    """Prompt lengths: whole numbers of tokens, 1 or more, comma-separated."""
+    out = tuple(int_in(1, 1 << 20)(x) for x in text.split(",") if x.strip())
+    if not out:
+        raise argparse.ArgumentTypeError("give at least one length, e.g. 32,128")
+    return out
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(",") if x.strip())
+    """Context fills: fractions from 0 up to (not including) 1, comma-separated."""
+    out = tuple(number_in(float, 0.0, 0.99)(x) for x in text.split(",") if x.strip())
+    if not out:
+        raise argparse.ArgumentTypeError("give at least one fill, e.g. 0,0.5")
+    return out
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,12 +43,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help=f"comma-separated, of {', '.join(RUNTIMES)} (default: those the doctor finds on the board)",
     )
-    p.add_argument("--runs", type=int, default=3, help="measured runs per cell (default 3)")
-    p.add_argument("--warmup", type=int, default=1, help="warm-up runs per cell, discarded (default 1)")
+    p.add_argument("--runs", type=int_in(1, 1000), default=3, help="measured runs per cell (default 3)")
+    p.add_argument(
+        "--warmup", type=int_in(0, 100), default=1, help="warm-up runs per cell, discarded (default 1)"
+    )
     p.add_argument("--prompt-lengths", type=_ints, default=(32, 128), help="prompt tokens, e.g. 32,128")
     p.add_argument("--fills", type=_floats, default=(0.0, 0.5), help="context already filled, e.g. 0,0.5")
-    p.add_argument("--gen-tokens", type=int, default=32, help="tokens generated per run (default 32)")
-    p.add_argument("--init-runs", type=int, default=2, help="model loads timed (default 2)")
+    p.add_argument(
+        "--gen-tokens", type=int_in(1, 1 << 20), default=32, help="tokens generated per run (default 32)"
+    )
+    p.add_argument("--init-runs", type=int_in(1, 100), default=2, help="model loads timed (default 2)")
     set_action(p, cmd_bench, workspace=True)
 
 
@@ -59,8 +71,6 @@ async def _runtimes_on(board: Any) -> list[str]:
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from hexstudio.core.genie.bench import BenchPlan, SessionRunner, run_bench
 
-    if args.runs < 1 or args.warmup < 0:
-        raise CliError("--runs must be >= 1 and --warmup >= 0.", "E.g. --warmup 1 --runs 3.")
     board, remote, _doc, run_dir = await board_and_bundle(args)
     runtimes = [r.strip() for r in args.runtimes.split(",")] if args.runtimes else await _runtimes_on(board)
     bad = [r for r in runtimes if r not in RUNTIMES]

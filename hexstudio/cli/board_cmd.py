@@ -163,9 +163,12 @@ def _on_board(args: argparse.Namespace, work: Callable[[Board], Awaitable[T]]) -
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    from hexstudio.core.settings import check_board_name
+    from hexstudio.core.settings import SettingsError, check_board_name
 
-    check_board_name(args.name)  # before anything is saved (issue 27: '../../etc', '$(id)', '' were kept)
+    try:
+        check_board_name(args.name)  # before anything is saved (issue 27: '../../etc', '$(id)', '' were kept)
+    except SettingsError as exc:
+        raise CliError(exc.message, exc.hint, exit_code=EXIT_USAGE) from None
     check_ssh_flags(args, "board")
     cfg = ssh_config_from(args)
     if args.qairt_zip:
@@ -261,11 +264,24 @@ def _print_report(doc: dict[str, Any]) -> None:
         print(f"{marks.get(c['status'], c['status'])}  {c['title']}: {c['message']}{fix}")
 
 
+def _known_or_usage(given: list[str], known: tuple[str, ...], what: str, hint: str) -> None:
+    """Refuse an id nothing has before connecting to the board (a connection, maybe a password, for a typo)."""
+    unknown = [g for g in given if g not in known]
+    if unknown:
+        raise CliError(
+            f"Unknown {what} {', '.join(map(repr, unknown))}; known: {', '.join(known)}.",
+            hint,
+            exit_code=EXIT_USAGE,
+        )
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
-    from hexstudio.core.device.doctor import probe
+    from hexstudio.core.device.doctor import CHECK_IDS, probe
+
+    only = [x.strip() for x in args.only.split(",")] if args.only else None
+    _known_or_usage(only or [], CHECK_IDS, "check id", "Give --only the ids above, comma-separated.")
 
     async def go(b: Board) -> dict[str, Any]:
-        only = [x.strip() for x in args.only.split(",")] if args.only else None
         try:
             bundle = (
                 (args.bundle, args.remote_name or default_remote_name(args.bundle)) if args.bundle else None
@@ -308,7 +324,11 @@ def _print_upload(done: int, total: int, what: str) -> None:
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
-    from hexstudio.core.device.fixes import apply_fix, plan_fix, plan_qairt_install
+    from hexstudio.core.device.fixes import FIX_IDS, apply_fix, plan_fix, plan_qairt_install
+
+    _known_or_usage(
+        [args.fix_id], FIX_IDS, "fix", "`hexstudio board probe NAME` names the fix each failed check needs."
+    )
 
     async def go(b: Board) -> dict[str, Any]:
         try:

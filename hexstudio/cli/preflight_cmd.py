@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.common import CliError, add_shape_flags, print_json, set_action, workspace_from
+from hexstudio.cli.common import CliError, add_shape_flags, int_in, print_json, set_action, workspace_from
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.services.preflight import preflight_report, wslconfig_plan
 from hexstudio.shared import wslconfig
@@ -35,8 +35,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="PATH",
         help="the .wslconfig to edit (default: found with wslvar/cmd.exe + wslpath)",
     )
-    w.add_argument("--memory-gb", type=int, default=None, help="memory= to set instead of this model's need")
-    w.add_argument("--swap-gb", type=int, default=None, help="swap= to set instead of this model's need")
+    w.add_argument(
+        "--memory-gb",
+        type=int_in(1, 1 << 16),
+        default=None,
+        help="memory= to set instead of this model's need",
+    )
+    w.add_argument(
+        "--swap-gb", type=int_in(1, 1 << 16), default=None, help="swap= to set instead of this model's need"
+    )
     set_action(p, cmd_preflight, workspace=True)
 
 

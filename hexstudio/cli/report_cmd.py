@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from hexstudio.cli.common import CliError, add_workspace_flag, number_in, workspace_from
+from hexstudio.cli.common import EXIT_USAGE, CliError, add_workspace_flag, number_in, workspace_from
 from hexstudio.core.runs import RunNotFound
 
 
@@ -25,7 +25,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "runs", nargs="+", metavar="RUN", help="a run id or run folder; or `compare` and two or more runs"
     )
     p.add_argument(
-        "--format", choices=("html", "pdf", "json", "csv"), default="html", help="csv: comparisons only"
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="default: the --out file's suffix; without --out, JSON for one run, HTML for a comparison; "
+        "csv: comparisons only",
     )
     p.add_argument(
         "--baseline",
@@ -93,6 +97,26 @@ def _redact_hosts(args: argparse.Namespace) -> bool:
         return True
 
 
+FORMATS = ("html", "pdf", "json", "csv")
+
+
+def _report_format(args: argparse.Namespace) -> str:
+    """--format, else what --out's suffix says (report.pdf is a PDF, not HTML with a .pdf name), else JSON on
+    stdout for one run and HTML for a comparison; a --format the suffix contradicts is refused."""
+    suffix = args.out.suffix.lower().lstrip(".") if args.out is not None else ""
+    if args.format is not None:
+        if suffix in FORMATS and suffix != args.format:
+            raise CliError(
+                f"--format {args.format} does not match --out {args.out.name} (a .{suffix} file).",
+                f"Name the file .{args.format}, or leave --format out: the suffix says it.",
+                exit_code=EXIT_USAGE,
+            )
+        return str(args.format)
+    if suffix in FORMATS:
+        return suffix
+    return "html" if args.out is not None or args.runs[0] == "compare" else "json"
+
+
 def _check_out(out: Path) -> None:
     """--out names a file in a folder that exists and can be written: no folder is ever created for it (issue 27:
     `--out /nonexistent/dir/r.html` made folders at the filesystem root, `--out <a folder>` ended in a traceback)."""
@@ -123,12 +147,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     from hexstudio.core.reports.render import ReportError, validate_report, write
 
     args.redact_hosts = _redact_hosts(args)
+    args.format = _report_format(args)
     if args.out is not None:
         _check_out(args.out)
     try:
         if args.runs[0] == "compare":
             if len(args.runs) < 3:
-                raise CliError("Compare needs two or more runs.", "hexstudio report compare RUN_A RUN_B ...")
+                raise CliError(
+                    "Compare needs two or more runs.",
+                    "hexstudio report compare RUN_A RUN_B ...",
+                    exit_code=EXIT_USAGE,
+                )
             reports = [build_report(_run_dir(args, r), redact_hosts=args.redact_hosts) for r in args.runs[1:]]
             baseline = 0
             if args.baseline:
@@ -145,7 +174,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             c = compare_reports(reports, baseline, args.timing_tolerance / 100, args.quality_tolerance / 100)
             if args.out is None:
                 if args.format == "pdf":
-                    raise CliError("--format pdf needs --out FILE.")
+                    raise CliError("--format pdf needs --out FILE.", exit_code=EXIT_USAGE)
                 if args.format == "csv":
                     from hexstudio.core.reports.noise import compare_csv
 
@@ -162,14 +191,15 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise CliError(
                 "--format csv is for comparisons (`hexstudio report compare RUN_A RUN_B ...`).",
                 "For one run use html, pdf or json.",
+                exit_code=EXIT_USAGE,
             )
         if len(args.runs) != 1:
-            raise CliError("Give one run (or `compare` and two or more).")
+            raise CliError("Give one run (or `compare` and two or more).", exit_code=EXIT_USAGE)
         rep = build_report(_run_dir(args, args.runs[0]), redact_hosts=args.redact_hosts)
         validate_report(rep)
         if args.out is None:
             if args.format != "json":
-                raise CliError(f"--format {args.format} needs --out FILE.")
+                raise CliError(f"--format {args.format} needs --out FILE.", exit_code=EXIT_USAGE)
             print(json.dumps(rep, indent=2, ensure_ascii=False))
             return 0
         write(rep, args.format, args.out)

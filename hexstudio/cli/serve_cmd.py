@@ -19,6 +19,7 @@ from typing import Any
 
 from hexstudio.cli.common import CliError, add_workspace_flag, eprint, number_in
 from hexstudio.cli.target import add_target_flags, board_and_bundle, model_dir_of
+from hexstudio.core.genie.conversation import TEMPLATES
 from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.genie.session import SAMPLER_PRESETS
 from hexstudio.serve.limits import Limits
@@ -111,7 +112,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             help=text.format(f"{v:g}" if kind is float else v),
         )
     p.add_argument(
-        "--template", default="auto", help="prompt format: auto (from the model), model, plain, qa"
+        "--template",
+        choices=TEMPLATES,
+        default="auto",
+        help="prompt format: auto (from the model), model (its chat template), or a hand-written one",
     )
     p.add_argument("--port-file", default=None, help="write the port here once listening (for scripts)")
     add_workspace_flag(p)
