@@ -133,9 +133,24 @@ class RunManifest:
                 raise ManifestError(damaged.format(f'"{key}" is {data.get(key)!r:.40}, not an object'))
         if not isinstance(data["inputs"].get("settings", {}), dict):
             raise ManifestError(damaged.format('"inputs.settings" is not an object'))
+        # what every face reads and formats (runs list/show, reports, the stage list): the run's id, model and
+        # board as text, a stage's figures as numbers; the rest is read where it is used
+        for key, value in (
+            ("run_id", data.get("run_id")),
+            ("inputs.model", data["inputs"].get("model")),
+            ("inputs.board", data["inputs"].get("board")),
+        ):
+            if not isinstance(value, str) or not value:
+                raise ManifestError(damaged.format(f'"{key}" is {value!r:.40}, not a name'))
         for name, stage in data["stages"].items():
             if not isinstance(stage, dict):
                 raise ManifestError(damaged.format(f'the stage "{name}" is {stage!r:.40}, not an object'))
+            for key in ("duration_s", "peak_rss_bytes", "peak_vram_bytes"):
+                v = stage.get(key)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    raise ManifestError(
+                        damaged.format(f'the stage "{name}" has {key} {v!r:.40}, not a number')
+                    )
         for name in STAGE_NAMES:
             data["stages"].setdefault(name, empty_stage())
         return cls(path, data)
@@ -197,10 +212,12 @@ class RunManifest:
             if st.get("state") != "running":
                 continue
             owner = st.get("owner") or {}
+            pid = owner.get("pid")
             alive = (
                 owner.get("boot_id") == boot_id()
                 and owner.get("host") == socket.gethostname()
-                and _pid_alive(int(owner.get("pid", -1)))
+                and isinstance(pid, int)
+                and _pid_alive(pid)
             )
             if not alive:
                 st["state"] = "interrupted"

@@ -146,6 +146,43 @@ def test_one_damaged_run_json_neither_breaks_nor_hides_from_the_list(tmp_path: P
     assert good.run_id in r.stdout and bad.run_id in r.stdout and "unreadable run.json" in r.stdout
 
 
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda d: d["inputs"].pop("model"), '"inputs.model" is None'),
+        (lambda d: d.pop("run_id"), '"run_id" is None'),
+        (lambda d: d["stages"]["model"].update(duration_s="x"), "duration_s 'x', not a number"),
+    ],
+    ids=["no model", "no run_id", "duration text"],
+)
+def test_a_hand_edited_run_json_is_said_to_be_damaged(tmp_path: Path, edit: Any, words: str) -> None:
+    """`runs show` on a run.json without inputs.model or run_id, or with duration_s "x", failed as "a HexStudio
+    bug" (KeyError, a format code error) instead of saying what is wrong with the file."""
+    from tests.support.cli import python_m_hexstudio
+
+    ws = Workspace(tmp_path / "ws")
+    m = ws.create_run("builtin:tiny-llama", "sim")
+    doc = json.loads((m.run_dir / "run.json").read_text())
+    edit(doc)
+    (m.run_dir / "run.json").write_text(json.dumps(doc))
+    r = python_m_hexstudio("runs", "show", m.run_id, "--workspace", str(tmp_path / "ws"))
+    assert r.returncode == 1 and "HexStudio bug" not in r.stderr, r.stderr
+    assert "is damaged" in r.stderr and words in r.stderr and f"runs delete {m.run_id}" in r.stderr, r.stderr
+
+
+def test_a_running_stage_whose_owner_pid_is_text_is_interrupted_not_unreadable(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path / "ws")
+    m = ws.create_run("builtin:tiny-llama", "sim")
+    import socket
+
+    from hexstudio.core.manifest import boot_id
+
+    owner = {"pid": "abc", "host": socket.gethostname(), "boot_id": boot_id()}  # this machine, this boot
+    m.stage("model").data.update(state="running", owner=owner)
+    m.save()
+    assert ws.open_run(m.run_id).stage("model").state == "interrupted"  # int("abc") raised here
+
+
 def test_a_settings_section_written_as_null_is_empty_not_a_crash(tmp_path: Path) -> None:
     """`"boards": null` passed the shape check, then `hexstudio board list` and the studio's start failed on
     None; a v1 file with `"aihub": null` beside `aihub_url` failed in the migration."""
