@@ -1052,6 +1052,21 @@ def test_a_wrong_command_line_is_a_usage_error_before_anything_is_touched(
     assert "No board named" not in out  # the id was checked before the board was looked up
 
 
+def test_a_workspace_that_is_a_file_or_missing_is_said_so(env: Env) -> None:
+    """`runs list --workspace <a mistyped folder>` said "no runs yet", which reads as "my runs are gone"; a
+    workspace that is a file ended `eval add` in an internal error (NotADirectoryError)."""
+    rc, out = run_cli(env, "runs", "list", "--workspace", str(env.tmp / "nope"))
+    assert rc == 0 and f"no workspace at {env.tmp / 'nope'}" in out, out
+    (env.tmp / "afile").write_text("")
+    suite = env.tmp / "s.jsonl"
+    suite.write_text(
+        '{"suite": {"name": "s", "scorer": "exact"}}\n{"id": "a", "prompt": "p", "expected": {}}\n'
+    )
+    for argv in (("runs", "list"), ("eval", "add", str(suite))):
+        rc, out = run_cli(env, *argv, "--workspace", str(env.tmp / "afile"))
+        assert rc == 2 and "is a file, not a folder" in out and "internal" not in out.lower(), out
+
+
 def test_a_report_takes_its_format_from_the_out_files_suffix(env: Env) -> None:
     """`report RUN --out report.pdf` wrote HTML into the .pdf (--format defaulted to html); without --out the
     default html refused ("needs --out") although docs/reports.md says JSON goes to stdout then."""

@@ -71,7 +71,15 @@ def workspace_from(args: argparse.Namespace) -> Workspace:
     """--workspace, else the studio's own choice (hexstudio.core.paths.default_workspace): the runs the window
     shows."""
     given = getattr(args, "workspace", None)
-    return Workspace(given) if given is not None else Workspace.chosen()
+    ws = Workspace(given) if given is not None else Workspace.chosen()
+    if ws.root.exists() and not ws.root.is_dir():
+        where = "--workspace" if given is not None else '$HEXSTUDIO_WORKSPACE or settings.json\'s "workspace"'
+        raise CliError(
+            f"The workspace {ws.root} is a file, not a folder.",
+            f"Check {where}: it names the folder that holds runs/ and suites/.",
+            exit_code=EXIT_USAGE,
+        )
+    return ws
 
 
 def print_json(obj: Any) -> None:

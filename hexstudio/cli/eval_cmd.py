@@ -64,7 +64,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, path in available(ws.root).items():
         try:
             s = load_suite(path, shipped=path.parent == SHIPPED_DIR)
-            rows.append({**s.summary(), "default": name in DEFAULT_SUITES})
+            rows.append(
+                {**s.summary(), "default": name in DEFAULT_SUITES, "replaces_shipped": s.replaces_shipped}
+            )
         except SuiteError as exc:
             rows.append({"name": name, "path": str(path), "error": exc.message})
     if args.json:
@@ -75,7 +77,9 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"{r['name']:<24} BROKEN: {r['error']}")
         else:
             tag = "default" if r["default"] else ("shipped" if r["shipped"] else "added")
-            print(f"{r['name']:<24} {r['cases']:>4} cases  {r['scorer']:<12} {tag:<8} {r['title']}")
+            if r.get("replaces_shipped"):
+                tag += ", replaces shipped"
+            print(f"{r['name']:<24} {r['cases']:>4} cases  {r['scorer']:<12} {tag:<8}  {r['title']}")
     return 0
 
 

@@ -34,9 +34,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    runs = workspace_from(args).list_runs()
+    ws = workspace_from(args)
+    runs = ws.list_runs()
     if args.json:
-        ws = workspace_from(args)
 
         def status(
             run_id: str,
@@ -49,7 +49,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         print_json({"runs": [{**r.as_json(), "run_status": status(r.run_id)} for r in runs]})
         return 0
     if not runs:
-        print("no runs yet. Start one with: hexstudio run")
+        if ws.root.is_dir():
+            print("no runs yet. Start one with: hexstudio run")
+        else:  # a mistyped --workspace reads as "all my runs are gone"
+            print(
+                f"no workspace at {ws.root} (no runs). Check --workspace or $HEXSTUDIO_WORKSPACE; start a run with: hexstudio run"
+            )
         return 0
     ws = workspace_from(args)
     for r in runs:

@@ -90,6 +90,30 @@ def test_eval_add_and_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(["eval", "add", str(bad), "--workspace", str(ws)]) == 1
 
 
+def test_a_suite_of_a_shipped_suites_name_is_added_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eval add` of a suite named "perplexity" replaced the shipped one, without --replace and without a word:
+    every run's default Evaluate then scored the user's cases."""
+    from hexstudio.cli.main import main
+
+    p = tmp_path / "mine.jsonl"
+    p.write_text(
+        '{"suite": {"name": "perplexity", "scorer": "exact"}}\n'
+        '{"id": "a", "prompt": "Capital of France?", "expected": {"answer": "Paris"}}\n'
+    )
+    ws = tmp_path / "ws"
+    assert main(["eval", "add", str(p), "--workspace", str(ws)]) == 1
+    err = capsys.readouterr().err
+    assert "ships a suite named 'perplexity'" in err and "default Evaluate" in err and "--replace" in err, err
+    assert not (ws / "suites" / "perplexity.jsonl").exists()
+    assert main(["eval", "add", str(p), "--workspace", str(ws), "--replace"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "list", "--workspace", str(ws)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("perplexity"))
+    assert "replaces shipped" in line, line
+
+
 def test_instruction_checks() -> None:
     assert check({"type": "lowercase"}, "all small here.")[0]
     assert not check({"type": "lowercase"}, "Not small.")[0]

@@ -561,3 +561,24 @@ def test_a_perplexity_drop_is_red_by_its_share_not_its_points(qtbot: Any, tmp_pa
     assert "5 %" in page.scores.horizontalHeaderItem(4).toolTip()  # the rule, where the numbers are
     assert [is_red(0, c) for c in (4, 5)] == [False, True]  # +0.5 %, then +33 %
     assert [is_red(1, c) for c in (4, 5)] == [False, True]  # 2 points, then 18
+
+
+def test_adding_a_suite_of_a_shipped_name_says_it_takes_its_place(qtbot: Any, tmp_path: Path) -> None:
+    """The Evaluate page adds a suite with replace (the person chose the file), so a user's "perplexity" took the
+    shipped suite's place in every run that names it with only "Added ..." said."""
+    ws = tmp_path / "ws"
+    m = gate_failed_run(ws, "evaluate")
+    c, w = studio_window(qtbot, ws, (1280, 720))
+    c.open_run(m.run_id)
+    page = w.pages["evaluate"]
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(
+        '{"suite": {"name": "perplexity", "scorer": "exact"}}\n'
+        '{"id": "a", "prompt": "Capital of France?", "expected": {"answer": "Paris"}}\n'
+    )
+    assert page.add_file(mine)
+    assert "in place of the shipped suite" in page.add_message.text(), page.add_message.text()
+    other = tmp_path / "other.jsonl"
+    other.write_text(mine.read_text().replace('"perplexity"', '"capitals"'))
+    assert page.add_file(other)
+    assert "shipped" not in page.add_message.text(), page.add_message.text()

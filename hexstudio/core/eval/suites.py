@@ -104,6 +104,11 @@ class Suite:
     shipped: bool
 
     @property
+    def replaces_shipped(self) -> bool:
+        """A user's suite with a shipped suite's name: runs that name it evaluate this one instead."""
+        return not self.shipped and (SHIPPED_DIR / f"{self.name}.jsonl").is_file()
+
+    @property
     def sha256(self) -> str:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
@@ -353,6 +358,13 @@ def add_suite(src: Path, workspace_root: Path, *, replace: bool = False) -> Suit
         raise SuiteError(
             f"A suite named {suite.name!r} was already added ({dest}).",
             "Pass --replace to replace it, or give this one another name.",
+        )
+    if not dest.exists() and not replace and (SHIPPED_DIR / dest.name).is_file():
+        # a user suite of a shipped suite's name takes its place in every run that evaluates it by name
+        raise SuiteError(
+            f"HexStudio ships a suite named {suite.name!r}; yours would be used in its place"
+            + (" by every run's default Evaluate." if suite.name in DEFAULT_SUITES else "."),
+            "Pass --replace to use yours instead of the shipped one, or give yours another name.",
         )
     dest_dir.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".jsonl.tmp")

@@ -182,7 +182,9 @@ class EvaluatePage(StagePage):
         names = list((m.settings.get("eval_suites") if m is not None else None) or DEFAULT_SUITES)
         if s.name not in names and not self._set_suites([*names, s.name]):
             return False
-        self.add_message.setText(f"Added {s.title}: {len(s.cases)} cases (scorer {s.scorer}).")
+        # a suite of a shipped suite's name is used in its place (suites.available): said, never silent
+        instead = " It is used in place of the shipped suite of that name." if s.replaces_shipped else ""
+        self.add_message.setText(f"Added {s.title}: {len(s.cases)} cases (scorer {s.scorer}).{instead}")
         self._load_suites()
         return True
 
