@@ -1067,6 +1067,38 @@ def test_a_workspace_that_is_a_file_or_missing_is_said_so(env: Env) -> None:
         assert rc == 2 and "is a file, not a folder" in out and "internal" not in out.lower(), out
 
 
+def test_predict_for_a_run_refuses_flags_it_would_ignore(env: Env) -> None:
+    """`predict --run RUN --model M --context 1024` predicted the run's own model and shape, kept it with the run,
+    and said nothing of the flags it dropped."""
+    from hexstudio.core.runs import Workspace
+
+    run_id = Workspace(env.ws).create_run("builtin:tiny-llama", "sim").run_id
+    rc, out = run_cli(env, "predict", "--run", run_id, "--model", "builtin:tiny-llama", "--context", "1024")
+    assert rc == 2 and "--model, --context cannot change them" in out, out
+
+
+def test_model_inspect_of_an_unknown_builtin_names_the_builtins(env: Env) -> None:
+    """It said the Hugging Face Hub could not be reached: `builtin:nope` was asked of the Hub."""
+    rc, out = run_cli(env, "model", "inspect", "builtin:nope")
+    assert rc == 1 and "no built-in model 'builtin:nope'" in out and "builtin:tiny-llama" in out, out
+    assert "Hugging Face Hub" not in out, out
+
+
+def test_aihub_login_keeps_the_keyrings_own_hint(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a usable keyring the hint said only `qai-hub configure ...`, dropping the keyring's own advice
+    (install keyrings.alt, set PYTHON_KEYRING_BACKEND), which `hf login` kept."""
+    from hexstudio.core.secrets import SecretStoreError
+    from hexstudio.core.services import aihub_token
+
+    def refuse(token: str) -> None:
+        raise SecretStoreError("The keyring refused to store it.", "pip install keyrings.alt, then ...")
+
+    monkeypatch.setattr(aihub_token, "store_token", refuse)
+    monkeypatch.setattr("sys.stdin", io.StringIO("a" * 40 + "\n"))
+    rc, out = run_cli(env, "aihub", "login", "--stdin")
+    assert rc == 1 and "keyrings.alt" in out and "qai-hub configure" in out, out
+
+
 def test_a_report_takes_its_format_from_the_out_files_suffix(env: Env) -> None:
     """`report RUN --out report.pdf` wrote HTML into the .pdf (--format defaulted to html); without --out the
     default html refused ("needs --out") although docs/reports.md says JSON goes to stdout then."""

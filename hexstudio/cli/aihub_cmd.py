@@ -56,8 +56,9 @@ def cmd_login(args: argparse.Namespace) -> int:
         st = aihub_token.store_token(token)
     except secrets.SecretStoreError as exc:
         raise CliError(
-            str(exc),
-            "Or run `qai-hub configure --api_token TOKEN`, which writes "
+            exc.message,
+            (f"{exc.hint} " if exc.hint else "")
+            + "Or run `qai-hub configure --api_token TOKEN`, which writes "
             f"{aihub_token.client_ini_path()} (HexStudio reads it too).",
         ) from None
     if args.json:

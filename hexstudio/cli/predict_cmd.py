@@ -8,7 +8,15 @@ import asyncio
 import sys
 from typing import Any
 
-from hexstudio.cli.common import CliError, add_shape_flags, eprint, print_json, set_action, workspace_from
+from hexstudio.cli.common import (
+    EXIT_USAGE,
+    CliError,
+    add_shape_flags,
+    eprint,
+    print_json,
+    set_action,
+    workspace_from,
+)
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.services import predict as predict_service
 from hexstudio.shared.predict import summary_lines
@@ -26,8 +34,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--model",
-        default=BUILTIN_MODEL_ID,
-        help="built-in model, Hugging Face id or folder (only config.json is read)",
+        default=None,
+        help=f"built-in model, Hugging Face id or folder (only config.json is read; default {BUILTIN_MODEL_ID})",
     )
     t = p.add_mutually_exclusive_group()
     t.add_argument(
@@ -57,10 +65,30 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if run_dir is not None and not (run_dir / "run.json").is_file():
         raise CliError(f"No run '{args.run}' in {ws_.runs_dir}.", "`hexstudio runs list` shows the runs.")
     if run_dir is not None:
+        given = [
+            flag
+            for flag, v in (
+                ("--model", args.model),
+                ("--board", args.board),
+                ("--device", args.device),
+                ("--context", args.context_length),
+                ("--ar-n", args.ar_n),
+                ("--parts", args.parts),
+            )
+            if v is not None
+        ]
+        if given:
+            raise CliError(
+                f"--run predicts for the run's own model, board and settings; {', '.join(given)} cannot change "
+                "them.",
+                "Leave those flags out, or drop --run to predict for other ones (that prediction is not kept "
+                "with a run).",
+                exit_code=EXIT_USAGE,
+            )
         req = predict_service.request_for_run(run_dir, two_layers=not args.one_layer)
     else:
         req = predict_service.PredictRequest(
-            model=args.model,
+            model=args.model or BUILTIN_MODEL_ID,
             board=args.board,
             device=args.device,
             context_length=args.context_length,

@@ -12,6 +12,7 @@ from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.services import ServiceError
 from hexstudio.shared import modelinfo
 from hexstudio.shared.data import BUILTIN_MODELS, builtin_model_dir
+from hexstudio.shared.hub import model_spec_problem
 from hexstudio.shared.run_settings import AUTO, DEFAULTS, resolve_settings
 
 
@@ -20,6 +21,9 @@ def model_config(model: str, revision: str | None = None) -> dict[str, Any]:
     `revision`, with HexStudio's one Hugging Face token: hexstudio.core.hf)."""
     if model in BUILTIN_MODELS:
         return modelinfo.read_config(builtin_model_dir(model))
+    if model.startswith("builtin:"):  # not a Hugging Face id: the Hub would be asked, and blamed
+        message, hint = model_spec_problem(model) or (f"There is no built-in model '{model}'.", "")
+        raise ServiceError(message, hint)
     if Path(model).expanduser().is_dir():
         try:
             return modelinfo.read_config(Path(model).expanduser())
