@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +101,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         out = Path(run_dir) / "artifacts" / "bench"
         out.mkdir(parents=True, exist_ok=True)
         stamp = doc["created"].replace(":", "").replace("-", "")[:15]
-        (out / f"bench-{stamp}.json").write_text(json.dumps(doc, indent=2))
-        (out / "bench.json").write_text(json.dumps(doc, indent=2))
+        from hexstudio.core.atomic import write_json_atomic
+
+        # whole or not at all: the run's report reads bench.json
+        write_json_atomic(out / f"bench-{stamp}.json", doc)
+        write_json_atomic(out / "bench.json", doc)
         doc["stored"] = str(out / "bench.json")
     return doc
 

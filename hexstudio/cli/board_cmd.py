@@ -172,7 +172,15 @@ def cmd_add(args: argparse.Namespace) -> int:
     check_ssh_flags(args, "board")
     cfg = ssh_config_from(args)
     if args.qairt_zip:
-        cfg["qairt_zip"] = str(Path(args.qairt_zip).expanduser().resolve())
+        zip_path = Path(args.qairt_zip).expanduser().resolve()
+        if not zip_path.is_file():
+            # kept, it would be found missing at the Board stage's QAIRT install, after the hours of Quantize
+            raise CliError(
+                f"--qairt-zip {zip_path} is not a file; the board was not saved.",
+                "Give the QAIRT SDK zip you downloaded (v<version>.zip), or leave --qairt-zip out.",
+                exit_code=EXIT_USAGE,
+            )
+        cfg["qairt_zip"] = str(zip_path)
     # a name in use: its whole entry is replaced (settings the flags do not give, such as qairt_zip, go with it)
     replaced: dict[str, Any] = {}
 

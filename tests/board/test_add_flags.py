@@ -96,3 +96,23 @@ def test_board_fix_help_names_every_fix(capsys: pytest.CaptureFixture[str]) -> N
         main(["board", "fix", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert all(f in shown for f in FIX_IDS), [f for f in FIX_IDS if f not in shown]
+
+
+def test_a_qairt_zip_that_is_not_there_is_not_saved(tmp_path: Path) -> None:
+    """`board add --qairt-zip /nonexistent.zip --no-connect` saved the board; the missing zip was found at the
+    Board stage's QAIRT install."""
+    missing = tmp_path / "v2.42.zip"
+    r = python_m_hexstudio(
+        "board",
+        "add",
+        "evk",
+        "--host",
+        "10.0.0.5",
+        "--auth",
+        "agent",
+        "--qairt-zip",
+        str(missing),
+        "--no-connect",
+    )
+    assert r.returncode == 2 and f"--qairt-zip {missing} is not a file" in r.stderr, r.stderr
+    assert "evk" not in Settings.load().boards

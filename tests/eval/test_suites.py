@@ -114,6 +114,16 @@ def test_a_suite_of_a_shipped_suites_name_is_added_only_when_asked(
     assert "replaces shipped" in line, line
 
 
+def test_a_suite_without_a_scorer_says_where_to_set_one(tmp_path: Path) -> None:
+    """It said "unknown scorer None."."""
+    p = tmp_path / "noscorer.jsonl"
+    p.write_text('{"suite": {"name": "noscorer"}}\n{"id": "a", "prompt": "p", "expected": {"answer": "x"}}\n')
+    with pytest.raises(SuiteError) as err:
+        load_suite(p)
+    assert "no scorer" in err.value.message and "None" not in err.value.message, err.value.message
+    assert '"scorer"' in (err.value.hint or ""), err.value.hint
+
+
 def test_instruction_checks() -> None:
     assert check({"type": "lowercase"}, "all small here.")[0]
     assert not check({"type": "lowercase"}, "Not small.")[0]

@@ -148,6 +148,14 @@ def _check_tools(path: Path, n: int, tools: Any) -> list[dict[str, Any]]:
 
 def _case(path: Path, n: int, doc: dict[str, Any], default_scorer: str | None, default_max: int) -> Case:
     scorer = doc.get("scorer", default_scorer)
+    if scorer is None:
+        raise _bad(
+            path,
+            n,
+            "no scorer: neither the suite's header nor this case says how to score it.",
+            f'Set "scorer" in the header line ({{"suite": {{"name": ..., "scorer": ...}}}}) or in the case; one of: '
+            f"{', '.join(SCORERS)}.",
+        )
     if scorer not in SCORERS:
         raise _bad(path, n, f"unknown scorer {scorer!r}.", f"Use one of: {', '.join(SCORERS)}.")
     cid = str(doc.get("id", f"line-{n}"))
