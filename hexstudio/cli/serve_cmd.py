@@ -202,7 +202,7 @@ async def _serve(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _on_stop_signal, stop, server, args.shutdown_grace)
         try:
             await stop.wait()
         finally:
@@ -210,6 +210,16 @@ async def _serve(args: argparse.Namespace) -> int:
             summary: dict[str, Any] = {"served": bridge.served, "loads": len(bridge.inits)}
             eprint(f"stopped: {json.dumps(summary)}")
     return 0
+
+
+def _on_stop_signal(stop: asyncio.Event, server: Any, grace: float) -> None:
+    """The first Ctrl-C (or SIGTERM) stops gracefully and says how long that may take; a second one stops now."""
+    if not stop.is_set():
+        eprint(f"stopping: a reply under way gets up to {grace:g} s to finish (Ctrl-C again stops it now)")
+        stop.set()
+    else:
+        eprint("stopping now")
+        server.stop_now()
 
 
 def _fd_budget(wanted: int) -> int:

@@ -455,6 +455,12 @@ class OpenAIServer:
             await asyncio.sleep(0.01)
         return int(sock.getsockname()[1])
 
+    def stop_now(self) -> None:
+        """During close(): stop waiting for the running generation and the open connections (a second Ctrl-C)."""
+        if self._server is not None:
+            self._server.should_exit = True
+            self._server.force_exit = True
+
     async def close(self) -> None:
         """Graceful: no new connections, queued requests answered 503, the running generation gets
         `shutdown_grace` seconds to finish, then it is stopped."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -463,11 +464,35 @@ def test_api_key_is_enforced(twin_workspace: tuple[Path, Path], tmp_path: Path) 
         out = proc.communicate(timeout=30)[0]
         assert proc.returncode == 0 and time.monotonic() - t0 < 20, out
         assert "Traceback" not in out and "stopped:" in out, out
+        assert re.search(
+            r"stopping: a reply under way gets up to \d+ s to finish \(Ctrl-C again stops it now\)", out
+        )
     finally:
         os.environ.pop("HEXSTUDIO_TEST_KEY", None)
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_a_second_ctrl_c_stops_the_server_now(capsys: pytest.CaptureFixture[str]) -> None:
+    """After the first Ctrl-C a stop could take the grace period and 10 s more, saying nothing, and more Ctrl-Cs
+    only set the same event again."""
+    import asyncio
+
+    from hexstudio.cli.serve_cmd import _on_stop_signal
+
+    class Server:
+        stopped_now = 0
+
+        def stop_now(self) -> None:
+            self.stopped_now += 1
+
+    stop, server = asyncio.Event(), Server()
+    _on_stop_signal(stop, server, 5.0)
+    assert stop.is_set() and server.stopped_now == 0
+    assert "Ctrl-C again stops it now" in capsys.readouterr().err
+    _on_stop_signal(stop, server, 5.0)
+    assert server.stopped_now == 1 and "stopping now" in capsys.readouterr().err
 
 
 STREAMED_400 = [
