@@ -1037,6 +1037,11 @@ def test_a_run_that_stops_before_the_board_stage_may_name_any_board() -> None:
         (("preflight", "--write-wslconfig", "--memory-gb", "-5"), ["--memory-gb", "out of range"]),
         (("report", "r1", "--format", "html", "--out", "{tmp}/x.pdf"), ["does not match", "x.pdf"]),
         (("report", "compare", "r1"), ["two or more runs"]),
+        (("preflight", "--write-wslconfig", "--wslconfig", "{tmp}", "--memory-gb", "8"), ["is a folder"]),
+        (
+            ("preflight", "--write-wslconfig", "--wslconfig", "{tmp}/no/.wslconfig", "--memory-gb", "8"),
+            ["does not exist", "/mnt/c/Users/NAME/.wslconfig"],
+        ),
         (("report", "r1", "r2"), ["Give one run"]),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, tuple) else None,

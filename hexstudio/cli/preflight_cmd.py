@@ -7,7 +7,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hexstudio.cli.common import CliError, add_shape_flags, int_in, print_json, set_action, workspace_from
+from hexstudio.cli.common import (
+    EXIT_USAGE,
+    CliError,
+    add_shape_flags,
+    int_in,
+    print_json,
+    set_action,
+    workspace_from,
+)
 from hexstudio.core.paths import BUILTIN_MODEL_ID
 from hexstudio.core.services.preflight import preflight_report, wslconfig_plan
 from hexstudio.shared import wslconfig
@@ -56,7 +64,26 @@ def _confirm(question: str) -> bool:
         return False
 
 
+def _check_wslconfig_path(path: Path) -> None:
+    """--wslconfig names a file in a folder that exists: said before the plan, not as a drive that is read-only."""
+    if path.is_dir():
+        raise CliError(
+            f"--wslconfig {path} is a folder.",
+            f"Give the file's path, e.g. {path / '.wslconfig'} (Windows keeps it in %UserProfile%).",
+            exit_code=EXIT_USAGE,
+        )
+    if not path.parent.is_dir():
+        raise CliError(
+            f"The folder {path.parent} does not exist, so {path.name} cannot be written there.",
+            "Give --wslconfig a file in your Windows user folder (e.g. /mnt/c/Users/NAME/.wslconfig), or leave it "
+            "out to have it found.",
+            exit_code=EXIT_USAGE,
+        )
+
+
 def cmd_write_wslconfig(args: argparse.Namespace) -> int:
+    if args.wslconfig:
+        _check_wslconfig_path(Path(args.wslconfig).expanduser())
     pl, basis = wslconfig_plan(
         args.model,
         args.wslconfig or None,
