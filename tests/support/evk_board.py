@@ -77,6 +77,10 @@ if verb == "status":
     for u in units:
         print("* %s.service - FastRPC daemon (EVK test board)\n     Active: %s" % (u, state(u) or "inactive"))
     sys.exit(0 if all(state(u) == "active" for u in units) else 3)
+if verb == "show":  # only --property=LoadState --value
+    for u in units:
+        print("loaded" if state(u) is not None else "not-found")
+    sys.exit(0)
 if verb == "daemon-reload":
     sys.exit(0)
 print("systemctl (EVK test board): %s not supported" % verb, file=sys.stderr)

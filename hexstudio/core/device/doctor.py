@@ -354,7 +354,7 @@ async def _fastrpc_device(p: _Probe, c: Check) -> None:
         'getfacl -cp "$f" 2>/dev/null | grep -E "^(user|group):[^:]+:" | sed "s|^|  acl |"; done'
     )
     c.evidence.append(e)
-    nodes = {}
+    nodes: dict[str, dict[str, Any]] = {}
     for ln in e.output.splitlines():
         parts = ln.split()
         if len(parts) == 5 and parts[0].startswith("/dev/"):
@@ -373,11 +373,23 @@ async def _fastrpc_device(p: _Probe, c: Check) -> None:
     denied = [n for n, v in nodes.items() if not v["open"] and not n.endswith("-secure")]
     if denied:
         cd = nodes["/dev/fastrpc-cdsp"]
+        shown = f"This user cannot open {', '.join(denied)} ({cd['mode']} {cd['owner']}:{cd['group']})"
+        if all(nodes[d]["group"] == "fastrpc" and nodes[d]["mode"][4:6] == "rw" for d in denied):
+            # the nodes are already the fastrpc group's (a udev rule did its part): what is missing is this login's
+            # membership, which a new udev rule cannot give (it would be applied, and the check fail again)
+            user = await p.user()
+            _, members = await _group(p)
+            if members is not None and user in members:
+                c.status, c.fix = FAIL, "relogin"
+                c.message = (
+                    f"{shown}: {user} is in the fastrpc group, but this login started before: log in again."
+                )
+            else:
+                c.status, c.fix = FAIL, "group_add"
+                c.message = f"{shown}: the nodes are the fastrpc group's, and {user} is not in it."
+            return
         c.status, c.fix = FAIL, "udev_rule"
-        c.message = (
-            f"This user cannot open {', '.join(denied)} ({cd['mode']} {cd['owner']}:{cd['group']}): "
-            "Genie fails with 14001 / 0x8000044f."
-        )
+        c.message = f"{shown}: Genie fails with 14001 / 0x8000044f."
     else:
         c.status, c.message = (
             OK,
@@ -386,10 +398,25 @@ async def _fastrpc_device(p: _Probe, c: Check) -> None:
 
 
 async def _fastrpc_daemons(p: _Probe, c: Check) -> None:
-    e = await p.sh("for s in " + " ".join(DAEMONS) + '; do echo "$s $(systemctl is-active $s 2>&1)"; done')
+    e = await p.sh(
+        "for s in "
+        + " ".join(DAEMONS)
+        + '; do echo "$s $(systemctl show --property=LoadState --value $s.service 2>/dev/null) '
+        '$(systemctl is-active $s 2>&1)"; done'
+    )
     c.evidence.append(e)
-    states = dict(ln.split(None, 1) for ln in e.output.splitlines() if len(ln.split(None, 1)) == 2)
+    rows = [ln.split(None, 2) for ln in e.output.splitlines()]
+    states = {r[0]: r[2] for r in rows if len(r) == 3}
     p.facts["fastrpc_daemons"] = states
+    # is-active says "inactive" for a unit that does not exist: a restart of it fails ("Unit ... not found")
+    missing = [r[0] for r in rows if len(r) == 3 and r[1] == "not-found"]
+    if missing:
+        c.status, c.fix = FAIL, "fastrpc_packages"
+        c.message = (
+            f"{', '.join(s + '.service' for s in missing)} is not installed: the FastRPC daemons come with the "
+            "FastRPC packages (fastrpc-support on Debian's split)."
+        )
+        return
     down = [s for s in DAEMONS if states.get(s) != "active"]
     if down:
         c.status, c.fix = FAIL, "daemon_restart"
@@ -538,6 +565,28 @@ async def _genie(p: _Probe, c: Check) -> None:
         c.explained = _explained(e)
 
 
+# the checks whose failure can make the HTP backend fail (an error's fix_ids name their fixes)
+_CAUSE_CHECKS = (
+    "fastrpc_userspace",
+    "fastrpc_group",
+    "fastrpc_member",
+    "fastrpc_login",
+    "udev_rule",
+    "fastrpc_device",
+    "fastrpc_daemons",
+    "qairt_env",
+)
+
+
+async def _first_failing_fix(p: _Probe, fix_ids: list[str]) -> str:
+    """Of an error's possible fixes (most likely first), the first one a check of this probe also asks for: 14001
+    lists fastrpc_packages first, which only says "nothing to do" when the libraries are there and the cause is the
+    device's access or the daemons. The first one when no check names any."""
+    found = await asyncio.gather(*(_run_check(p, i) for i in _CAUSE_CHECKS))
+    failing = {x.fix for x in found if x.status == FAIL and x.fix}
+    return next((f for f in fix_ids if f in failing), fix_ids[0])
+
+
 async def _htp_validator(p: _Probe, c: Check) -> None:
     validator = "qnn-platform-validator --backend dsp --coreVersion --libVersion --testBackend"
     e = await _qairt_tool(p, c, validator, validator, timeout=120)
@@ -560,7 +609,7 @@ async def _htp_validator(p: _Probe, c: Check) -> None:
     if not libs or libs != "Found":
         c.fix = "qairt_env"
     elif c.explained and c.explained[0]["fix_ids"]:
-        c.fix = c.explained[0]["fix_ids"][0]
+        c.fix = await _first_failing_fix(p, c.explained[0]["fix_ids"])
     c.message = (
         f"HTP backend test failed (hardware: {hw or '?'}, libraries: {libs or '?'}, unit test: "
         f"{unit or '?'})."

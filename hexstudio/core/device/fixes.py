@@ -447,12 +447,19 @@ async def plan_fix(
     elif fix_id == "fastrpc_packages":
         r = await board.transport.run(["apt-cache", "show", "fastrpc-support"], timeout=60)
         pkgs = DEBIAN_PACKAGES if r.exit_status == 0 else PPA_PACKAGES
-        has = ["sh", "-c", 'PATH="$PATH:/usr/sbin:/sbin"; ldconfig -p | grep -qF libcdsprpc']
+        # done: libcdsprpc resolvable and cdsprpcd's unit there (Debian's split installs the library alone:
+        # libfastrpc1 without fastrpc-support, whose daemons the doctor then finds "not-found")
+        has = [
+            "sh",
+            "-c",
+            'PATH="$PATH:/usr/sbin:/sbin"; ldconfig -p | grep -qF libcdsprpc && '
+            '[ "$(systemctl show --property=LoadState --value cdsprpcd.service 2>/dev/null)" != not-found ]',
+        ]
         steps = [
             Step("run", ["apt-get", "update"], sudo=True, done_if=has),
             Step("run", ["apt-get", "install", "-y", *pkgs], sudo=True, done_if=has),
             Step("run", ["ldconfig"], sudo=True, done_if=has),
-        ]  # only while libcdsprpc is not resolvable
+        ]  # only while that is not so
         if pkgs == PPA_PACKAGES:
             notes.append(
                 "The qcom-* packages come from the Qualcomm IoT PPA: `sudo add-apt-repository "

@@ -1,0 +1,110 @@
+"""The doctor's choice of fix from what a board answered: each check here runs on canned command output (a
+_Probe whose shell answers from a table), so a rule can be read beside the answers that decide it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from hexstudio.core.device import doctor
+from hexstudio.core.device.doctor import Check, Evidence
+
+
+class CannedProbe(doctor._Probe):
+    """A probe whose commands answer from `answers` (first matching prefix of the script)."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        self.answers = answers
+        self.facts: dict[str, Any] = {}
+        self.tasks: dict[str, asyncio.Task[Check]] = {}
+
+    async def sh(self, script: str, *args: str, timeout: float = 60, shown: str | None = None) -> Evidence:
+        out = next(v for k, v in self.answers.items() if script.startswith(k))
+        return Evidence(script, 0, out)
+
+
+def device_check(nodes: str, user_groups: str) -> Check:
+    p = CannedProbe(
+        {"for f in /dev/fastrpc-cdsp": nodes, "id -un": "evk", "getent group fastrpc": user_groups}
+    )
+    c = Check("fastrpc_device", "FastRPC device")
+    asyncio.run(doctor._fastrpc_device(p, c))
+    return c
+
+
+@pytest.mark.parametrize(
+    ("nodes", "members", "fix"),
+    [
+        # root-only nodes: only a udev rule gives them to the group
+        ("/dev/fastrpc-cdsp crw------- root root denied", "fastrpc:x:990:evk", "udev_rule"),
+        # the group's nodes (the package's rule did its part), the user not in the group: add them
+        ("/dev/fastrpc-cdsp crw-rw---- root fastrpc denied", "fastrpc:x:990:", "group_add"),
+        # in the group, but this login started before: log in again
+        ("/dev/fastrpc-cdsp crw-rw---- root fastrpc denied", "fastrpc:x:990:evk", "relogin"),
+    ],
+    ids=["root-only", "not a member", "member, old login"],
+)
+def test_a_denied_node_gets_the_fix_its_cause_needs(nodes: str, members: str, fix: str) -> None:
+    """Every denied node was sent to udev_rule: for nodes the fastrpc group already owns that fix was applied
+    ("the rule differs"), changed nothing, and the check recommended it again, in a loop."""
+    c = device_check(nodes, members)
+    assert c.status == "fail" and c.fix == fix, (c.fix, c.message)
+    assert "cannot open /dev/fastrpc-cdsp" in c.message
+
+
+def test_an_open_node_passes() -> None:
+    c = device_check("/dev/fastrpc-cdsp crw-rw---- root fastrpc open", "fastrpc:x:990:evk")
+    assert c.status == "ok" and c.fix is None
+
+
+async def choose(failing: dict[str, str], fix_ids: list[str]) -> str:
+    """The validator's fix when the probe's cause checks ran: `failing` (check id: its fix) failed, the rest passed."""
+
+    async def ran(c: Check) -> Check:
+        return c
+
+    p = CannedProbe({})
+    for cid in doctor._CAUSE_CHECKS:
+        c = Check(cid, cid, status="fail" if cid in failing else "ok", fix=failing.get(cid))
+        p.tasks[cid] = asyncio.ensure_future(ran(c))
+    return await doctor._first_failing_fix(p, fix_ids)
+
+
+@pytest.mark.parametrize(
+    ("failing", "fix"),
+    [
+        ({"fastrpc_device": "udev_rule"}, "udev_rule"),
+        ({"fastrpc_daemons": "daemon_restart"}, "daemon_restart"),
+        ({}, "fastrpc_packages"),  # nothing else failed: the error's own first fix
+    ],
+    ids=["device access", "daemons", "nothing else"],
+)
+def test_the_validators_fix_is_the_one_another_check_also_asks_for(failing: dict[str, str], fix: str) -> None:
+    """14001 lists fastrpc_packages first; with libcdsprpc installed that fix says "nothing to do" while the cause
+    (the device's access, the daemons) went unnamed."""
+    from hexstudio.core.device.explain import explain
+
+    fix_ids = list(next(m for m in explain("Failed to create device: 14001")).fix_ids)
+    assert fix_ids[0] == "fastrpc_packages" and fix in fix_ids, fix_ids
+    assert asyncio.run(choose(failing, fix_ids)) == fix
+
+
+def daemons_check(answer: str) -> Check:
+    p = CannedProbe({"for s in cdsprpcd cdsp1rpcd": answer})
+    c = Check("fastrpc_daemons", "FastRPC daemons")
+    asyncio.run(doctor._fastrpc_daemons(p, c))
+    return c
+
+
+def test_a_daemon_that_is_not_installed_asks_for_the_packages_not_a_restart() -> None:
+    """Debian's split: libfastrpc1 without fastrpc-support. is-active says "inactive" for a unit that does not
+    exist, so the doctor sent the user to daemon_restart, which failed with "Unit ... not found"."""
+    c = daemons_check("cdsprpcd not-found inactive\ncdsp1rpcd not-found inactive")
+    assert c.status == "fail" and c.fix == "fastrpc_packages", (c.fix, c.message)
+    assert "cdsprpcd.service, cdsp1rpcd.service is not installed" in c.message, c.message
+    c = daemons_check("cdsprpcd loaded active\ncdsp1rpcd loaded failed")
+    assert c.fix == "daemon_restart" and "cdsp1rpcd is failed" in c.message, c.message
+    c = daemons_check("cdsprpcd loaded active\ncdsp1rpcd loaded active")
+    assert c.status == "ok"
