@@ -37,23 +37,15 @@ def test_a_worker_host_may_be_named_sim() -> None:
     assert "Pick another name for the worker host" in r.stderr
 
 
+ADD_EVK = ("board", "add", "evk", "--host", "10.0.0.5", "--auth", "agent")
+
+
 def test_adding_a_board_under_a_name_in_use_says_it_replaced_it(tmp_path: Path) -> None:
     """`board add` for a name in use said "saved", as for a new board, and dropped the settings its flags do not
     give (the QAIRT zip) without a word."""
     zip_path = tmp_path / "qairt.zip"
     zip_path.write_bytes(b"PK")
-    r = python_m_hexstudio(
-        "board",
-        "add",
-        "evk",
-        "--host",
-        "10.0.0.5",
-        "--auth",
-        "agent",
-        "--qairt-zip",
-        str(zip_path),
-        "--no-connect",
-    )
+    r = python_m_hexstudio(*ADD_EVK, "--qairt-zip", str(zip_path), "--no-connect")
     assert r.returncode == 0 and "board evk saved" in r.stdout, r.stderr
     r = python_m_hexstudio("board", "add", "evk", "--host", "10.0.0.6", "--auth", "agent", "--no-connect")
     assert r.returncode == 0, r.stderr
@@ -102,17 +94,6 @@ def test_a_qairt_zip_that_is_not_there_is_not_saved(tmp_path: Path) -> None:
     """`board add --qairt-zip /nonexistent.zip --no-connect` saved the board; the missing zip was found at the
     Board stage's QAIRT install."""
     missing = tmp_path / "v2.42.zip"
-    r = python_m_hexstudio(
-        "board",
-        "add",
-        "evk",
-        "--host",
-        "10.0.0.5",
-        "--auth",
-        "agent",
-        "--qairt-zip",
-        str(missing),
-        "--no-connect",
-    )
+    r = python_m_hexstudio(*ADD_EVK, "--qairt-zip", str(missing), "--no-connect")
     assert r.returncode == 2 and f"--qairt-zip {missing} is not a file" in r.stderr, r.stderr
     assert "evk" not in Settings.load().boards

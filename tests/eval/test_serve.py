@@ -38,6 +38,13 @@ def client(url: str) -> Any:
     return openai.OpenAI(base_url=url, api_key="unused-on-loopback", max_retries=0, timeout=120)
 
 
+def ask(c: Any, text: str, **kw: Any) -> Any:
+    """One chat request of one user message to the built-in model (kw: stream, tools, max_tokens ...)."""
+    return c.chat.completions.create(
+        model="builtin:tiny-llama", messages=[{"role": "user", "content": text}], **kw
+    )
+
+
 def stats(url: str) -> dict:
     import urllib.request
 
@@ -367,27 +374,20 @@ def test_a_stream_refused_before_its_turn_gets_its_own_status(
     with scripted_server(twin_workspace, monkeypatch, {}) as url:
         c = client(url)
         with pytest.raises(openai.APIStatusError):
-            c.chat.completions.create(
-                model="builtin:tiny-llama", messages=[{"role": "user", "content": "pipe"}]
-            )
+            ask(c, "pipe")
         # the helper no longer starts on the board: the dialog cannot be loaded again
         working = BoardRuntime.helper_argv
         dead = [sys.executable, "-c", "import sys; sys.exit(3)"]
         for cls in (BoardRuntime, *BoardRuntime.__subclasses__()):
             monkeypatch.setattr(cls, "helper_argv", lambda self, *a: (list(dead), None))
         with pytest.raises(openai.APIStatusError) as err:
-            c.chat.completions.create(
-                model="builtin:tiny-llama", stream=True, messages=[{"role": "user", "content": "Hello"}]
-            )
+            ask(c, "Hello", stream=True)
         assert err.value.status_code == 503 and int(err.value.response.headers["retry-after"]) >= 1, err.value
         assert "could not be loaded" in err.value.message, err.value.message
         for cls in (BoardRuntime, *BoardRuntime.__subclasses__()):
             monkeypatch.setattr(cls, "helper_argv", working)
         text = "".join(
-            (ch.choices[0].delta.content or "") if ch.choices else ""
-            for ch in c.chat.completions.create(
-                model="builtin:tiny-llama", stream=True, messages=[{"role": "user", "content": "Hello"}]
-            )
+            (ch.choices[0].delta.content or "") if ch.choices else "" for ch in ask(c, "Hello", stream=True)
         )
         assert text == "OK."
 
@@ -449,14 +449,10 @@ def test_a_prompt_the_dialog_says_fills_the_context_is_the_clients_to_fix(
     with scripted_server(twin_workspace, monkeypatch, {"long": "<too-long>"}) as url:
         c = client(url)
         with pytest.raises(openai.BadRequestError) as err:
-            c.chat.completions.create(
-                model="builtin:tiny-llama", messages=[{"role": "user", "content": "a long one"}]
-            )
+            ask(c, "a long one")
         assert err.value.code == "context_length_exceeded", err.value
         assert "shorten the conversation or lower max_tokens" in err.value.message, err.value.message
-        r = c.chat.completions.create(
-            model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hi"}]
-        )
+        r = ask(c, "Hi")
         assert r.choices[0].message.content == "OK."
 
 
@@ -467,13 +463,9 @@ def test_a_load_the_session_does_itself_is_reported(
     said reinit null and init_ms 0 while its times held a whole load, and /v1/stats did not count the load."""
     with scripted_server(twin_workspace, monkeypatch, {"first": "<then-reset-fails>"}) as url:
         c = client(url)
-        r1 = c.chat.completions.create(
-            model="builtin:tiny-llama", messages=[{"role": "user", "content": "first"}]
-        )
+        r1 = ask(c, "first")
         assert r1.model_extra["hexstudio"]["reinit"] is None
-        r2 = c.chat.completions.create(
-            model="builtin:tiny-llama", messages=[{"role": "user", "content": "other"}]
-        )
+        r2 = ask(c, "other")
         k2 = r2.model_extra["hexstudio"]
         assert r2.choices[0].message.content == "OK." and k2["reinit"] == "reload" and k2["init_ms"] > 0, k2
         loads = stats(url)["loads"]
@@ -490,17 +482,23 @@ def test_a_helper_that_dies_mid_reply_ends_the_stream_with_an_error(
         c = client(url)
         text = ""
         with pytest.raises(openai.APIError) as err:
-            for ch in c.chat.completions.create(
-                model="builtin:tiny-llama", stream=True, messages=[{"role": "user", "content": "crash now"}]
-            ):
+            for ch in ask(c, "crash now", stream=True):
                 if ch.choices and ch.choices[0].delta.content:
                     text += ch.choices[0].delta.content
         assert text == "Half a rep", text
         assert "dialog" in str(err.value.message), err.value
-        r = c.chat.completions.create(
-            model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hello"}]
-        )
+        r = ask(c, "Hello")
         assert r.choices[0].message.content == "OK."
+
+
+def lost_then_loaded_again(c: Any, text: str) -> None:
+    """`text` finds the board's dialog gone (a broken pipe, a time-out): a 502; the next request loads it again and
+    is answered."""
+    with pytest.raises(openai.APIStatusError) as err:
+        ask(c, text)
+    assert err.value.status_code == 502 and "stopped answering" in err.value.message, err.value
+    r = ask(c, "Hello")
+    assert r.choices[0].message.content == "OK." and r.model_extra["hexstudio"]["reinit"] == "reload"
 
 
 def test_a_dialog_that_raises_gets_an_answer_and_the_next_request_reloads_it(
@@ -528,24 +526,12 @@ def test_a_dialog_that_raises_gets_an_answer_and_the_next_request_reloads_it(
     monkeypatch.setattr(ChatSession, "send", send)
     with scripted_server(twin_workspace, monkeypatch, {}) as url:
         c = client(url)
-        with pytest.raises(openai.APIStatusError) as err:
-            c.chat.completions.create(
-                model="builtin:tiny-llama", messages=[{"role": "user", "content": "pipe"}]
-            )
-        assert err.value.status_code == 502 and "stopped answering" in err.value.message, err.value
-        r = c.chat.completions.create(
-            model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hello"}]
-        )
-        assert r.choices[0].message.content == "OK." and r.model_extra["hexstudio"]["reinit"] == "reload"
+        lost_then_loaded_again(c, "pipe")
         with pytest.raises(openai.APIError) as err2:
-            for _ in c.chat.completions.create(
-                model="builtin:tiny-llama", stream=True, messages=[{"role": "user", "content": "boom"}]
-            ):
+            for _ in ask(c, "boom", stream=True):
                 pass
         assert "the reply failed" in str(err2.value.message), err2.value
-        r = c.chat.completions.create(
-            model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hi"}]
-        )
+        r = ask(c, "Hi")
         assert r.choices[0].message.content == "OK."
 
 
@@ -566,15 +552,7 @@ def test_a_reset_that_never_answers_is_a_502_and_the_next_request_reloads(
     monkeypatch.setattr(ChatSession, "reset", reset)
     with scripted_server(twin_workspace, monkeypatch, {}) as url:
         c = client(url)
-        with pytest.raises(openai.APIStatusError) as err:
-            c.chat.completions.create(
-                model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hi"}]
-            )
-        assert err.value.status_code == 502 and "stopped answering" in err.value.message, err.value
-        r = c.chat.completions.create(
-            model="builtin:tiny-llama", messages=[{"role": "user", "content": "Hi"}]
-        )
-        assert r.choices[0].message.content == "OK." and r.model_extra["hexstudio"]["reinit"] == "reload"
+        lost_then_loaded_again(c, "Hi")
 
 
 def test_bind_rules() -> None:
