@@ -455,7 +455,7 @@ ROWS: list[Any] = [
     (
         "workspace is a file",
         lambda e: _ws_is_file(e),
-        ["Cannot make a run", "not a folder", "what to do"],
+        ["is a file, not a folder", "--workspace", "what to do"],
         lambda e: not (e.tmp / "ws-file").is_dir(),
     ),
     (

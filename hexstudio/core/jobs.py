@@ -304,6 +304,20 @@ def _memory_total() -> int:
     return min(total, int(limit)) if limit.isdigit() else total
 
 
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (/proc/vmstat oom_kill, Linux 4.13+), None
+    where it cannot be read: a count that rose while a worker ran, and the worker died by SIGKILL, is an OOM kill
+    for certain, whatever its sampled RSS."""
+    try:
+        with open("/proc/vmstat", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def stderr_record(text: str) -> str:
     """Text a worker wrote on stderr as a job's log keeps it: a debug log record, one JSON line."""
     rec = {"v": 1, "type": "log", "level": "debug", "t": time.time(), "stream": "stderr", "message": text}
@@ -370,9 +384,10 @@ class EventStream:
         peak_vram: int | None = None,
         duration_s: float = 0.0,
         stderr_tail: str | None = None,
+        oom_killed: bool = False,
     ) -> JobResult:
         """How the job ended (classify), with its figures: the one ending of local and remote jobs."""
-        res = classify(returncode, self, cancelled, peak_rss, stderr, what, memory_need)
+        res = classify(returncode, self, cancelled, peak_rss, stderr, what, memory_need, oom_killed)
         res.peak_rss_bytes = peak_rss
         res.peak_vram_bytes = peak_vram
         res.duration_s = duration_s
@@ -401,7 +416,9 @@ def classify(
     stderr_tail: str,
     what: str,
     memory_need: int | None = None,
+    oom_killed: bool = False,
 ) -> JobResult:
+    """How a worker ended. `oom_killed`: the kernel's OOM-kill count rose while it ran (oom_kills)."""
     sig = None
     if returncode is not None and returncode < 0:
         with contextlib.suppress(ValueError):
@@ -413,12 +430,14 @@ def classify(
     if cancelled:
         return cancelled_result(what, returncode, sig)
     if sig == "SIGKILL" or returncode == 137:
-        if peak_rss >= 0.6 * _memory_total():
+        if oom_killed or peak_rss >= 0.6 * _memory_total():
             return JobResult(
                 "oom",
                 returncode,
                 sig or "SIGKILL",
-                f"{what} was killed (SIGKILL) at {human_bytes(peak_rss)} RSS: likely out of memory.",
+                f"{what} was killed by the kernel's out-of-memory killer at {human_bytes(peak_rss)} RSS."
+                if oom_killed
+                else f"{what} was killed (SIGKILL) at {human_bytes(peak_rss)} RSS: likely out of memory.",
                 hint=oom_hint(peak_rss, memory_need),
                 code="out_of_memory",
             )
@@ -588,6 +607,7 @@ class LocalJob(Job):
     async def _run(self) -> JobResult:
         assert self.proc is not None and self.sampler is not None
         t0 = time.monotonic()
+        kills_before = oom_kills()
         sampling = asyncio.ensure_future(sample_periodically(self.sampler, self.sample_hz, self.on_sample))
         orphans = asyncio.ensure_future(self._end_orphans())
         try:
@@ -614,6 +634,7 @@ class LocalJob(Job):
             peak_vram=self.sampler.peak_vram,
             duration_s=time.monotonic() - t0,
             stderr_tail="\n".join(list(self._stderr)[-20:]),
+            oom_killed=kills_before is not None and (oom_kills() or 0) > kills_before,
         )
 
     async def _end_orphans(self) -> None:

@@ -41,9 +41,9 @@ from hexstudio.core.stage_api import (
     start_stage_worker,
 )
 from hexstudio.core.stage_record import StageAttempt
-from hexstudio.core.stage_state import stage_is_current
+from hexstudio.core.stage_state import hash_tree, stage_is_current
 from hexstudio.core.stages import STAGES, Stage, get_stage
-from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError, why_not_written
 from hexstudio.shared.run_settings import BadSettings
 
 jobs_log = logging.getLogger("hexstudio.jobs")
@@ -99,6 +99,16 @@ class Pipeline:
             self.lock.acquire()
         except RunBusy as exc:
             return PipelineResult(False, targets[0].name if targets else None, exc.message, hint=exc.hint)
+        except (
+            OSError
+        ) as exc:  # its .lock cannot be made: the run folder is full, read-only or not this user's
+            return PipelineResult(
+                False,
+                targets[0].name if targets else None,
+                f"The run folder {self.m.run_dir} cannot be written: {why_not_written(exc) or exc}.",
+                hint="Free space on that disk, or make the run folder yours again (a run once made with sudo is "
+                "root's: `sudo chown -R $USER RUN_FOLDER`), then run it again.",
+            )
         try:
             self._refresh()
             stop_stale_workers(self.m)
@@ -135,6 +145,17 @@ class Pipeline:
                 if blocked is not None:
                     message, hint = blocked
                     return res.stop(stage.name, f"{stage.title} cannot run: {message}", hint)
+                if need not in {t.name for t in targets} and not stage_is_current(
+                    self.m, self._by_name.get(need) or get_stage(need)
+                ):
+                    # `--only X` after a setting of an earlier stage changed: X would run on (or keep) the
+                    # output the old setting made, and be recorded as current
+                    return res.stop(
+                        stage.name,
+                        f"{stage.title} needs {need}, whose inputs changed since it ran: its output is out of date.",
+                        f"Run up to {stage.name} instead, which redoes what changed (the page's Run button, or "
+                        f"`hexstudio run --resume {self.m.run_id} --until {stage.name}`).",
+                    )
             if (
                 not force
                 and stage_is_current(self.m, stage)
@@ -306,7 +327,12 @@ class Pipeline:
             on_event=lambda ev: self.on_event(stage.name, ev) if self.on_event is not None else None,
             on_sample=lambda s: self.on_sample(stage.name, s) if self.on_sample is not None else None,
         )
-        partial = attempt.begin()
+        try:
+            partial = attempt.begin()
+        except OSError as exc:  # the run folder cannot be written: a full disk, a folder that is root's
+            result = attempt.fail_unwritten(exc)
+            self._notify_stage(stage.name, "failed")
+            return result
         self._notify_stage(stage.name, "running")
         run = self._run_worker if stage.worker is not None else self._run_action
         try:
@@ -330,7 +356,15 @@ class Pipeline:
             )
         finally:
             attempt.close()
-        self._notify_stage(stage.name, attempt.finish(result))
+        try:
+            # an 8B model's outputs are gigabytes: hashed off the event loop (the studio's window stays live)
+            hashes = (
+                await asyncio.to_thread(hash_tree, partial, attempt.kinds, stage.name) if result.ok else None
+            )
+            state = attempt.finish(result, hashes)
+        except OSError as exc:  # the output could not be put in place, hashed or recorded
+            result, state = attempt.fail_unwritten(exc), "failed"
+        self._notify_stage(stage.name, state)
         return result
 
     async def _run_worker(

@@ -20,7 +20,7 @@ from hexstudio.core.environment import collect_environment, package_versions
 from hexstudio.core.manifest import ManifestError, RunManifest
 from hexstudio.core.paths import default_workspace
 from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, Settings, SettingsError, check_run_settings
-from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError, why_not_written
 from hexstudio.shared.hub import model_spec_problem
 
 T = TypeVar("T")
@@ -266,14 +266,7 @@ class Workspace:
             tmp.rename(run_dir)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)  # nothing half-made is left behind
-            why = {
-                errno.ENOSPC: "its disk is full",
-                errno.EDQUOT: "its disk quota is used up",
-                errno.EROFS: "it is on a read-only file system",
-                errno.EACCES: "it is not writable by you",
-                errno.EPERM: "it is not writable by you",
-                errno.ENOTDIR: "a part of its path is a file, not a folder",
-            }.get(exc.errno or 0, exc.strerror or str(exc))
+            why = why_not_written(exc) or exc.strerror or str(exc)
             raise WorkspaceError(
                 f"Cannot make a run in the workspace {self.root}: {why} ({exc.strerror}: {exc.filename}).",
                 "Free disk space there, or choose another workspace (--workspace DIR, $HEXSTUDIO_WORKSPACE or "

@@ -8,6 +8,7 @@ hashed), so a crash never leaves half-written output that looks complete.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -21,6 +22,7 @@ from hexstudio.core.runs import artifacts_dir
 from hexstudio.core.sampler import ResourceSample
 from hexstudio.core.stage_state import hash_tree, input_hash, output_digest, summary_digest
 from hexstudio.core.stages import Stage
+from hexstudio.shared.errors import why_not_written
 
 jobs_log = logging.getLogger("hexstudio.jobs")
 
@@ -123,9 +125,36 @@ class StageAttempt:
             self._resources.close()
             self._resources = None
 
-    def finish(self, result: JobResult) -> str:
-        """The attempt's end in run.json (saved); on success the output folder is put in place and hashed.
-        Returns the stage's new state."""
+    def fail_unwritten(self, exc: OSError) -> JobResult:
+        """The attempt could not write its own record or output (a full disk, a run folder someone else owns):
+        the stage ends failed, in run.json where it can still be saved, in this process's manifest always, so it
+        is never left "running" by a live process. Returns the failure the caller shows."""
+        self.close()
+        where = f" ({exc.strerror}: {exc.filename})" if exc.filename else f" ({exc})"
+        result = JobResult(
+            "failed",
+            None,
+            None,
+            f"The {self.stage.title} stage could not write to the run folder: "
+            f"{why_not_written(exc) or exc.strerror or exc}{where}.",
+            hint="Free space on that disk (`df -h`; old runs can go with `hexstudio runs delete RUN`), or make the "
+            "run folder yours again (a run once made with sudo is root's), then run the stage again.",
+            code="run_folder_not_written",
+        )
+        st = self.record
+        st.update(state="failed", ended=now_iso(), outcome=result.outcome(), owner=None, worker=None)
+        st["input_hash"] = None
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self.partial, ignore_errors=True)
+            self.m.save()
+        jobs_log.warning(
+            "run %s: %s stage could not write its record: %s", self.m.run_id, self.stage.name, exc
+        )
+        return result
+
+    def finish(self, result: JobResult, artifacts: list[dict[str, Any]] | None = None) -> str:
+        """The attempt's end in run.json (saved); on success the output folder is put in place and hashed (or
+        given its `artifacts`, hashed before: hash_tree of the partial folder). Returns the stage's new state."""
         self.close()
         st = self.record
         st["ended"] = now_iso()
@@ -151,7 +180,7 @@ class StageAttempt:
                 self.final.rename(old)
             self.partial.rename(self.final)
             shutil.rmtree(old, ignore_errors=True)
-            st["artifacts"] = hash_tree(self.final, self.kinds)
+            st["artifacts"] = artifacts if artifacts is not None else hash_tree(self.final, self.kinds)
             st["input_hash"] = input_hash(self.m, self.stage)
             st["output_digest"] = (
                 summary_digest(result.summary, st["input_hash"])

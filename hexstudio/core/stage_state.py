@@ -139,7 +139,11 @@ def input_hash(m: RunManifest, stage: Stage) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def hash_tree(root: Path, kinds: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def hash_tree(
+    root: Path, kinds: dict[str, dict[str, Any]] | None = None, stage: str | None = None
+) -> list[dict[str, Any]]:
+    """Every file under `root` with its sha256 and size, as run.json lists a stage's artifacts (under
+    artifacts/<stage>/: `stage` when `root` is not yet that folder, e.g. the attempt's <stage>.partial)."""
     kinds = kinds or {}
     out = []
     for p in sorted(root.rglob("*")):
@@ -147,7 +151,7 @@ def hash_tree(root: Path, kinds: dict[str, dict[str, Any]] | None = None) -> lis
             rel = p.relative_to(root).as_posix()
             out.append(
                 {
-                    "path": f"artifacts/{root.name}/{rel}",
+                    "path": f"artifacts/{stage or root.name}/{rel}",
                     "sha256": sha256_file(p),
                     "size": p.stat().st_size,
                     "kind": kinds.get(rel, {}).get("kind"),

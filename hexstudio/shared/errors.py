@@ -13,6 +13,7 @@ studio's GUI process, which must stay light.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from typing import Any
@@ -57,6 +58,22 @@ class ActionableError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         # subclasses have their own constructors: rebuild from the fields (a process pool sends errors back)
         return (_rebuild, (type(self), self.message, self.hint, self.code, dict(self.__dict__)))
+
+
+# why a file or folder could not be written, in words, by errno: the disk and its owner, not a bug
+_NOT_WRITTEN = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "it is not writable by you",
+    errno.EPERM: "it is not writable by you",
+    errno.ENOTDIR: "a part of its path is a file, not a folder",
+}
+
+
+def why_not_written(exc: OSError) -> str | None:
+    """The words for an OSError a person fixes on their disk (full, read-only, not theirs), None for another."""
+    return _NOT_WRITTEN.get(exc.errno or 0)
 
 
 def snake_case(name: str) -> str:

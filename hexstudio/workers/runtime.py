@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hexstudio.shared.errors import ActionableError
+from hexstudio.shared.errors import ActionableError, why_not_written
 from hexstudio.shared.protocol import LIVENESS_ENV, PARENT_ENV, Emitter
 from hexstudio.shared.worker_spec import SPEC_SCHEMA, SpecError, WorkerSpec
 
@@ -181,28 +181,17 @@ def worker_main(
         em.done(False)
         code = 1
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-            traceback.print_exc(file=sys.stderr)
-            em.error(
-                "internal",
-                f"The {stage} worker crashed: {type(exc).__name__}: {exc}",
-                "This is a HexStudio bug. The traceback is in the stage's log; please report it.",
+        traceback.print_exc(file=sys.stderr)
+        em.error(
+            *(
+                _not_written(stage, exc)
+                or (
+                    "internal",
+                    f"The {stage} worker crashed: {type(exc).__name__}: {exc}",
+                    "This is a HexStudio bug. The traceback is in the stage's log; please report it.",
+                )
             )
-        else:  # the disk, not a bug (issue 27: a disk filling during quantize was reported as a HexStudio bug)
-            traceback.print_exc(file=sys.stderr)
-            where = f" writing {exc.filename}" if exc.filename else ""
-            full = exc.errno != errno.EROFS
-            em.error(
-                "disk_full" if full else "disk_read_only",
-                f"The {stage} worker could not write{where}: the disk "
-                + ("is full (or your quota is used up)." if full else "is read-only."),
-                (
-                    "Free space on that disk (`df -h` shows the disks; old runs can go with `hexstudio runs delete "
-                    "RUN`), then resume the run: finished stages are kept."
-                    if full
-                    else "Put the workspace on a writable disk (--workspace or HEXSTUDIO_WORKSPACE), then resume."
-                ),
-            )
+        )
         em.done(False)
         code = 1
     except MemoryError:
@@ -234,6 +223,9 @@ def worker_main(
                     "resume the run.",
                 ),
             )
+        elif (disk := _written_cause(exc)) is not None:
+            # a library's own error over a failed write (torch.save, safetensors: their type, the OSError inside)
+            em.error(*(_not_written(stage, disk) or ("internal", str(exc), None)))
         else:
             em.error(
                 "internal",
@@ -250,6 +242,46 @@ def worker_main(
             pass
         _stop_watcher()
     return code
+
+
+def _not_written(stage: str, exc: OSError) -> tuple[str, str, str] | None:
+    """(code, message, hint) for a write the disk or its owner refused (full, quota, read-only, not this user's):
+    not a bug (issue 27: a disk filling during quantize was reported as one); None for another OSError."""
+    why = why_not_written(exc)
+    if why is None:
+        return None
+    where = f" {exc.filename}" if exc.filename else ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            "disk_full",
+            f"The {stage} worker could not write{where}: {why}.",
+            "Free space on that disk (`df -h` shows the disks; old runs can go with `hexstudio runs delete RUN`), "
+            "then resume the run: finished stages are kept.",
+        )
+    if exc.errno == errno.EROFS:
+        return (
+            "disk_read_only",
+            f"The {stage} worker could not write{where}: the disk is read-only.",
+            "Put the workspace on a writable disk (--workspace or HEXSTUDIO_WORKSPACE), then resume.",
+        )
+    return (
+        "not_writable",
+        f"The {stage} worker could not write{where}: {why}.",
+        "Make the run folder yours again (a run once started with sudo is root's: `sudo chown -R $USER "
+        "WORKSPACE`), or choose a workspace you can write; then resume the run.",
+    )
+
+
+def _written_cause(exc: BaseException) -> OSError | None:
+    """The OSError a library's error wraps (its __cause__ or __context__ chain), when it is a refused write."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc.__cause__ or exc.__context__
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, OSError) and why_not_written(cur) is not None:
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 # what torch and onnxruntime say when an allocation fails (their own exception types, not MemoryError):

@@ -255,6 +255,20 @@ def test_sigkill_at_high_rss_is_reported_as_likely_oom() -> None:
     assert r2.kind == "killed"
 
 
+def test_a_kill_the_kernels_oom_counter_saw_is_out_of_memory_at_any_rss() -> None:
+    """The OOM killer acts on the whole machine's memory: a worker at 1 MB RSS, killed while a browser and the
+    studio held the rest, read "killed by something outside HexStudio; resume" (and ran out again)."""
+    from hexstudio.core.jobs import oom_kills
+
+    stream = EventStream(None, None)
+    r = classify(
+        -9, stream, False, peak_rss=10**6, stderr_tail="", what="The Quantize stage", oom_killed=True
+    )
+    assert r.kind == "oom" and "out-of-memory killer" in r.message and r.code == "out_of_memory", r
+    count = oom_kills()
+    assert count is None or count >= 0  # /proc/vmstat's oom_kill where Linux has it
+
+
 def test_an_oom_kill_with_much_swap_is_still_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """Judged against RAM + swap, a real OOM kill at 11 GiB RSS on 16 GiB RAM with 16 GiB swap (the .wslconfig
     advice) read "killed by something outside HexStudio": RSS leaves out swapped-out pages."""
@@ -562,3 +576,53 @@ def test_a_change_to_a_run_another_process_runs_is_refused_and_says_so(workspace
         with pytest.raises(RunBusy):
             edit_run(workspace.open_run(m.run_id), lambda _m: None, "the setting ar_n")
     assert (m.run_dir / "run.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("where", ["begin", "hash", "lock"])
+def test_a_run_folder_that_cannot_be_written_is_a_failure_not_a_bug(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A full disk (or a run folder sudo made root's) while a stage began, or while its output was hashed after a
+    successful worker, escaped the pipeline as an OSError: "a HexStudio bug" in the CLI, and the stage stayed
+    "running" in the studio (this live process's pid) until a restart."""
+    import errno
+
+    from hexstudio.core import pipeline as pipeline_mod
+    from hexstudio.core.stage_record import StageAttempt
+
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+
+    def full(*_a: Any, **_k: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device", str(m.run_dir / "artifacts"))
+
+    target = {
+        "begin": (StageAttempt, "begin"),
+        "hash": (pipeline_mod, "hash_tree"),
+        "lock": (RunLock, "acquire"),
+    }
+    monkeypatch.setattr(*target[where], full)
+    res = _run(Pipeline(m, stages=fake_stages()), "model")
+    assert not res.ok and "the disk is full" in res.message and res.hint, res
+    if where != "lock":  # the lock is taken before any stage: nothing of the run changed
+        assert res.stopped_at == "model" and "df -h" in (res.hint or "")
+        assert m.stage("model").state == "failed"
+        assert json.loads((m.run_dir / "run.json").read_text())["stages"]["model"]["state"] == "failed"
+        assert not (m.run_dir / "artifacts" / "model.partial").exists()
+
+
+def test_only_refuses_a_stage_whose_upstream_is_out_of_date(workspace: Workspace) -> None:
+    """`--set <a quantize setting>` then `--only compile`: compile was skipped as current (quantize's output had
+    not changed), or with --force ran on the output the old setting made and was recorded as current."""
+    stages = fake_stages(("model", "quantize", "validate", "compile"))
+    m = workspace.create_run(
+        "builtin:tiny-llama", "sim", {"mode": "ok", "metrics_validate": {"verdict": "pass"}}
+    )
+    assert _run(Pipeline(m, stages=stages), "compile").ok
+    m.settings["weight_bits"] = 8 if m.settings.get("weight_bits") != 8 else 4  # a Quantize input
+    m.save()
+    for force in (False, True):
+        res = asyncio.run(Pipeline(m, stages=stages).run(only="compile", force=force))
+        assert not res.ok and res.ran == [] and "out of date" in res.message, res
+        assert res.hint and "--until compile" in res.hint
+    res = asyncio.run(Pipeline(m, stages=stages).run(until="compile"))
+    assert res.ok and "quantize" in res.ran, res

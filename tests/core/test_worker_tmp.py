@@ -103,6 +103,37 @@ def test_a_full_disk_is_said_as_such_not_as_a_bug(tmp_path: Path) -> None:
     )
 
 
+REFUSED = r"""
+import errno, sys
+from hexstudio.workers.runtime import worker_main
+
+def run(spec, em):
+    how = spec.hooks["how"]
+    if how == "denied":   # a run folder a sudo run made root's
+        raise PermissionError(errno.EACCES, "Permission denied", "/ws/runs/r/artifacts/quantize.partial/q.onnx")
+    try:                  # torch.save on a full disk: its own error over the OSError
+        raise OSError(errno.ENOSPC, "No space left on device", "/ws/runs/r/q.pt")
+    except OSError as exc:
+        raise RuntimeError("[enforce fail at inline_container.cc] PytorchStreamWriter failed writing file") from exc
+
+sys.exit(worker_main("quantize", run))
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "words"),
+    [("denied", "not_writable", "not writable by you"), ("wrapped", "disk_full", "the disk is full")],
+)
+def test_a_refused_write_is_said_as_such_not_as_a_bug(
+    tmp_path: Path, how: str, code: str, words: str
+) -> None:
+    """A PermissionError (a root-owned run folder) and a library's error over a full disk were "a HexStudio bug"."""
+    r = _run_worker(REFUSED, tmp_path, "quantize", {"how": how})
+    errors = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{") and '"error"' in ln]
+    assert errors and errors[0]["code"] == code, r.stdout + r.stderr
+    assert words in errors[0]["message"] and "HexStudio bug" not in errors[0]["message"] + errors[0]["hint"]
+
+
 ORT_OOM = r"""
 import sys
 import numpy as np
