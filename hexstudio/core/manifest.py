@@ -204,8 +204,9 @@ class RunManifest:
         st["attempts"] = int(st.get("attempts", 0)) + 1
         self.save()
 
-    def detect_interrupted(self) -> list[str]:
-        """Stages left 'running' by a process that no longer exists become 'interrupted'."""
+    def detect_interrupted(self, save: bool = True) -> list[str]:
+        """Stages left 'running' by a process that no longer exists become 'interrupted' (saved unless `save` is
+        False: only the run's lock holder may write run.json, Workspace.open_run)."""
         found = []
         for name in STAGE_NAMES:
             st = self.stage(name).data
@@ -230,7 +231,8 @@ class RunManifest:
                 found.append(name)
         if found:
             self.add_event("interrupted", f"found interrupted stage(s): {', '.join(found)}")
-            self.save()
+            if save:
+                self.save()
         return found
 
 

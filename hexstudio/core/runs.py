@@ -279,7 +279,12 @@ class Workspace:
         if not d.is_dir():
             raise RunNotFound(f"No run '{run_id}' in {self.runs_dir}. `hexstudio runs list` shows the runs.")
         m = RunManifest.load(d)
-        m.detect_interrupted()
+        if m.detect_interrupted(save=False):
+            # written only under the run's lock: a runner that took it since this read saves its own newer
+            # run.json, which this copy must not overwrite (it then stays marked in memory only)
+            with contextlib.suppress(RunBusy, OSError), RunLock(d):
+                m = RunManifest.load(d)
+                m.detect_interrupted()
         return m
 
     def list_runs(self) -> list[RunSummary]:

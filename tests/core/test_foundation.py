@@ -281,3 +281,21 @@ def test_secrets_reach_workers_by_environment_only(tmp_path: Path) -> None:
                 assert b"hf_canary_4242" not in p.read_bytes(), p
     finally:
         secrets.delete_secret(secrets.HF_TOKEN)
+
+
+def test_opening_a_run_marks_a_dead_stage_interrupted_but_writes_only_under_its_lock(tmp_path: Path) -> None:
+    """`runs list`, `runs show` and the studio open every run; one that found a stage left "running" by a dead
+    process saved its copy without the lock, over a runner's newer run.json."""
+    from hexstudio.core.runs import RunLock
+
+    ws = Workspace(tmp_path / "ws")
+    m = ws.create_run("builtin:tiny-llama", "sim")
+    m.stage("model").data.update(state="running", owner={"pid": 2**22 + 7, "host": "gone", "boot_id": "old"})
+    m.save()
+    on_disk = (m.run_dir / "run.json").read_bytes()
+    with RunLock(m.run_dir):  # a runner holds the run
+        seen = ws.open_run(m.run_id)
+        assert seen.stage("model").state == "interrupted"  # what the reader shows
+        assert (m.run_dir / "run.json").read_bytes() == on_disk  # the runner's file untouched
+    assert ws.open_run(m.run_id).stage("model").state == "interrupted"
+    assert json.loads((m.run_dir / "run.json").read_text())["stages"]["model"]["state"] == "interrupted"
