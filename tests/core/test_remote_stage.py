@@ -210,7 +210,8 @@ async def _group_alive(srv: SshServer, pid: int | None) -> bool:
 
 
 @pytest.mark.parametrize(
-    "case", ["unknown", "unreachable", "key_unknown", "key_changed", "no_python", "no_packages"]
+    "case",
+    ["unknown", "unreachable", "key_unknown", "key_changed", "no_python", "no_packages", "root_a_file"],
 )
 def test_worker_host_problems_fail_the_stage_clearly(tmp_path: Path, case: str) -> None:
     from tests.support.sshd import free_port
@@ -224,6 +225,8 @@ def test_worker_host_problems_fail_the_stage_clearly(tmp_path: Path, case: str) 
             extra["port"] = free_port()
         if case == "no_python":
             extra["python"] = "/nonexistent/bin/python3"
+        if case == "root_a_file":  # the workers cannot be installed there: said so, not "a HexStudio bug"
+            root.write_text("")
         if case != "unknown":
             _add_host(srv, root, trust=trust, **extra)
         if case == "key_changed":
@@ -251,6 +254,7 @@ def test_worker_host_problems_fail_the_stage_clearly(tmp_path: Path, case: str) 
         "key_changed": "worker_host_key_changed",
         "no_python": "worker_host_python_missing",
         "no_packages": "worker_host_packages_missing",
+        "root_a_file": "worker_host_install_failed",
     }[case]
     assert code == expected, st.data["outcome"]
     if case in ("no_python", "no_packages"):
@@ -263,6 +267,8 @@ def test_worker_host_problems_fail_the_stage_clearly(tmp_path: Path, case: str) 
         assert "CHANGED" in st.data["outcome"]["message"]
     if case == "unknown":
         assert "hexstudio worker add box" in hint
+    if case == "root_a_file":
+        assert str(root) in st.data["outcome"]["message"] and "df -h" in hint and "bug" not in hint
     assert not (m.run_dir / "artifacts" / "quantize.partial").exists()
     assert not (m.run_dir / "artifacts" / "quantize").exists()
 

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import posixpath
+import secrets
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,9 +78,13 @@ async def install_workers(transport: Transport, base: str | None = None) -> str:
     root = posixpath.join(host_folder(base, home), f"workers-{digest}")
     if await transport.exists(posixpath.join(root, "hexstudio", "shared", "protocol.py")):
         return root
-    tmp_tar = posixpath.join(posixpath.dirname(root), f".workers-{digest}.tar.gz")
-    staging = f"{root}.partial"
-    await transport.run(["mkdir", "-p", posixpath.dirname(root)], timeout=30)
+    # the staging names are this install's own: two studios installing at once do not remove each other's
+    mine = secrets.token_hex(4)
+    tmp_tar = posixpath.join(posixpath.dirname(root), f".workers-{digest}-{mine}.tar.gz")
+    staging = f"{root}.partial-{mine}"
+    made = await transport.run(["mkdir", "-p", posixpath.dirname(root)], timeout=30)
+    if made.exit_status != 0:
+        raise _install_failed(transport, posixpath.dirname(root), made.stderr)
     await transport.write_bytes(tmp_tar, blob)
     res = await transport.run(
         [
@@ -95,8 +100,22 @@ async def install_workers(transport: Transport, base: str | None = None) -> str:
         timeout=120,
     )
     if res.exit_status != 0:
-        raise RuntimeError(f"Could not unpack the workers on {transport.label}: {res.stderr.strip()}")
+        await transport.run(["rm", "-rf", staging, tmp_tar], timeout=60)
+        if await transport.exists(posixpath.join(root, "hexstudio", "shared", "protocol.py")):
+            return root  # another install of the same version finished first
+        raise _install_failed(transport, posixpath.dirname(root), res.stderr)
     return root
+
+
+def _install_failed(transport: Transport, where: str, stderr: str) -> WorkerHostError:
+    """The host refused the workers' files: a full disk, a quota, a folder that is not this user's (not a bug)."""
+    return WorkerHostError(
+        "worker_host_install_failed",
+        f"HexStudio's workers could not be installed in {where} on {transport.label}: "
+        f"{stderr.strip()[-300:] or 'the command failed without a message'}.",
+        "Check the free space and the owner of that folder on the host (`df -h`, `ls -ld`), or set the host's "
+        "root to a folder you can write (`hexstudio worker add NAME ... --root DIR`), then run the stage again.",
+    )
 
 
 async def host_files(
