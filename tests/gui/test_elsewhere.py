@@ -576,8 +576,22 @@ def test_adding_a_suite_of_a_shipped_name_says_it_takes_its_place(qtbot: Any, tm
         '{"suite": {"name": "perplexity", "scorer": "exact"}}\n'
         '{"id": "a", "prompt": "Capital of France?", "expected": {"answer": "Paris"}}\n'
     )
+    assert c.status("evaluate").key == "gate_failed"
     assert page.add_file(mine)
     assert "in place of the shipped suite" in page.add_message.text(), page.add_message.text()
+    # perplexity is one of the run's suites: its cases changed, so Evaluate is stale, in the stage list too
+    assert c.status("evaluate").key == "stale", c.status("evaluate")
+    from PySide6.QtCore import Qt
+
+    from hexstudio.core.stages import STAGE_NAMES
+
+    item = w.stage_list.item(STAGE_NAMES.index("evaluate"))
+    assert item.data(Qt.ItemDataRole.UserRole) == "stale", item.data(Qt.ItemDataRole.UserRole)
+    assert "1 case (" in page.add_message.text(), page.add_message.text()
+    texts = [page.suite_list.item(i).text() for i in range(page.suite_list.count())]
+    assert [t for t in texts if "in place of the shipped suite" in t] == [
+        "perplexity — 1 case (exact) — yours, in place of the shipped suite"
+    ], texts
     other = tmp_path / "other.jsonl"
     other.write_text(mine.read_text().replace('"perplexity"', '"capitals"'))
     assert page.add_file(other)

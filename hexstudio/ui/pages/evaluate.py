@@ -24,7 +24,14 @@ from PySide6.QtWidgets import (
 
 from hexstudio.core.eval.compare import compare_runs, scores_not_current
 from hexstudio.core.eval.scoring import DROP_STEPS, LEG_TITLES, LEGS, large_drop
-from hexstudio.core.eval.suites import DEFAULT_SUITES, SuiteError, add_suite, available, load_suite
+from hexstudio.core.eval.suites import (
+    DEFAULT_SUITES,
+    SHIPPED_DIR,
+    SuiteError,
+    add_suite,
+    available,
+    load_suite,
+)
 from hexstudio.core.runs import RunBusy, Workspace
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.errors import refused_html
@@ -136,8 +143,10 @@ class EvaluatePage(StagePage):
         self.suite_list.clear()
         for name, path in available(self._workspace()).items():
             try:
-                s = load_suite(path)
-                text = f"{s.title} — {len(s.cases)} cases ({s.scorer})"
+                s = load_suite(path, shipped=path.parent == SHIPPED_DIR)
+                text = f"{s.title} — {_cases(len(s.cases))} ({s.scorer})"
+                if s.replaces_shipped:
+                    text += " — yours, in place of the shipped suite"
             except SuiteError as exc:
                 text = f"{name} — BROKEN: {exc.message}"
             item = QListWidgetItem(text)
@@ -182,9 +191,13 @@ class EvaluatePage(StagePage):
         names = list((m.settings.get("eval_suites") if m is not None else None) or DEFAULT_SUITES)
         if s.name not in names and not self._set_suites([*names, s.name]):
             return False
+        if s.name in names:
+            # a suite the run already evaluates, with new cases: Evaluate's inputs changed (stale), as a setting
+            # changing makes it; the stage list and the header say so now, not at the next restart
+            self.c.settingsChanged.emit()
         # a suite of a shipped suite's name is used in its place (suites.available): said, never silent
         instead = " It is used in place of the shipped suite of that name." if s.replaces_shipped else ""
-        self.add_message.setText(f"Added {s.title}: {len(s.cases)} cases (scorer {s.scorer}).{instead}")
+        self.add_message.setText(f"Added {s.title}: {_cases(len(s.cases))} (scorer {s.scorer}).{instead}")
         self._load_suites()
         return True
 
@@ -367,3 +380,7 @@ class EvaluatePage(StagePage):
                     )
                 )
         self.compare_plot.getAxis("bottom").setTicks([[(i, r["suite"]) for i, r in enumerate(rows)]])
+
+
+def _cases(n: int) -> str:
+    return f"{n} case" if n == 1 else f"{n} cases"
