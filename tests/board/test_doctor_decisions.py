@@ -108,3 +108,29 @@ def test_a_daemon_that_is_not_installed_asks_for_the_packages_not_a_restart() ->
     assert c.fix == "daemon_restart" and "cdsp1rpcd is failed" in c.message, c.message
     c = daemons_check("cdsprpcd loaded active\ncdsp1rpcd loaded active")
     assert c.status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("answer", "members", "status", "fix"),
+    [
+        ("/dev/dma_heap/system crw------- root root denied", "fastrpc:x:990:evk", "fail", "udev_rule"),
+        (
+            "/dev/dma_heap/system crw-rw---- root root denied\n  acl group:fastrpc:rw-",
+            "fastrpc:x:990:",
+            "fail",
+            "group_add",
+        ),
+        ("/dev/dma_heap/system crw-rw-rw- root root open", "fastrpc:x:990:evk", "ok", None),
+        ("/dev/dma_heap/system missing", "fastrpc:x:990:evk", "warn", None),
+    ],
+    ids=["root-only", "ACL, not a member", "open", "no heap"],
+)
+def test_the_dma_heap_is_checked_as_the_fastrpc_nodes_are(
+    answer: str, members: str, status: str, fix: str | None
+) -> None:
+    """FastRPC's buffers come from /dev/dma_heap/system, root-only under fastrpc udev rules before 1.0.6-1
+    (facts/board.md); nothing checked it, and the udev fix's part for it was never verified."""
+    p = CannedProbe({"f=/dev/dma_heap/system": answer, "id -un": "evk", "getent group fastrpc": members})
+    c = Check("dma_heap", "dma heap")
+    asyncio.run(doctor._dma_heap(p, c))
+    assert (c.status, c.fix) == (status, fix), c.message

@@ -37,6 +37,7 @@ SHIPPED_FAULTS = {
     "fastrpc_login",
     "udev_rule",
     "fastrpc_device",
+    "dma_heap",
     "fastrpc_daemons",
     "qairt",
     "qairt_env",
@@ -139,7 +140,7 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
         # 3. fixes, each re-checking what it affects
         fixed_by = {
             "group_add": ("fastrpc_group", "fastrpc_member", "fastrpc_login"),
-            "udev_rule": ("udev_rule", "fastrpc_device"),
+            "udev_rule": ("udev_rule", "fastrpc_device", "dma_heap"),
             "daemon_restart": ("fastrpc_daemons",),
             "reboot": ("remoteproc", "fastrpc_device", "fastrpc_daemons", "fastrpc_login"),
         }

@@ -117,6 +117,7 @@ CHECKS: tuple[tuple[str, str], ...] = (
     ("fastrpc_login", "fastrpc group in the current login"),
     ("udev_rule", "FastRPC udev rule"),
     ("fastrpc_device", "/dev/fastrpc-cdsp* usable by this user"),
+    ("dma_heap", "/dev/dma_heap/system usable by this user"),
     ("fastrpc_daemons", "cdsprpcd / cdsp1rpcd running"),
     ("qairt", "QAIRT runtime installed"),
     ("qairt_env", "QAIRT environment script"),
@@ -377,16 +378,8 @@ async def _fastrpc_device(p: _Probe, c: Check) -> None:
         if all(nodes[d]["group"] == "fastrpc" and nodes[d]["mode"][4:6] == "rw" for d in denied):
             # the nodes are already the fastrpc group's (a udev rule did its part): what is missing is this login's
             # membership, which a new udev rule cannot give (it would be applied, and the check fail again)
-            user = await p.user()
-            _, members = await _group(p)
-            if members is not None and user in members:
-                c.status, c.fix = FAIL, "relogin"
-                c.message = (
-                    f"{shown}: {user} is in the fastrpc group, but this login started before: log in again."
-                )
-            else:
-                c.status, c.fix = FAIL, "group_add"
-                c.message = f"{shown}: the nodes are the fastrpc group's, and {user} is not in it."
+            c.status, c.fix, why = FAIL, *await _membership(p)
+            c.message = f"{shown}: the nodes are the fastrpc group's; {why}"
             return
         c.status, c.fix = FAIL, "udev_rule"
         c.message = f"{shown}: Genie fails with 14001 / 0x8000044f."
@@ -395,6 +388,43 @@ async def _fastrpc_device(p: _Probe, c: Check) -> None:
             OK,
             "This user can open " + ", ".join(n for n in nodes if not n.endswith("-secure")) + ".",
         )
+
+
+async def _membership(p: _Probe) -> tuple[str, str]:
+    """(fix, words) for a node the fastrpc group may use that this login cannot open: not in the group yet
+    (group_add), or in it since a login that started before (relogin)."""
+    user = await p.user()
+    _, members = await _group(p)
+    if members is not None and user in members:
+        return "relogin", f"{user} is in the fastrpc group, but this login started before: log in again."
+    return "group_add", f"{user} is not in the fastrpc group."
+
+
+async def _dma_heap(p: _Probe, c: Check) -> None:
+    """FastRPC's buffers come from /dev/dma_heap/system: fastrpc udev rules older than 1.0.6-1 leave it root-only
+    (facts/board.md), and Genie then fails for any user but root."""
+    e = await p.sh(
+        'f=/dev/dma_heap/system; [ -e "$f" ] || { echo "$f missing"; exit 0; }; '
+        'if ( : <> "$f" ) 2>/dev/null; then o=open; else o=denied; fi; '
+        'echo "$f $(stat -c \'%A %U %G\' "$f") $o"; getfacl -cp "$f" 2>/dev/null | sed "s|^|  acl |"'
+    )
+    c.evidence.append(e)
+    head = (e.output.splitlines() or [""])[0].split()
+    if head[-1:] == ["missing"]:
+        c.status, c.message = (
+            WARN,
+            "/dev/dma_heap/system does not exist: this kernel gives FastRPC no system heap.",
+        )
+    elif head[-1:] == ["open"]:
+        c.status, c.message = OK, "This user can open /dev/dma_heap/system."
+    else:
+        shown = f"This user cannot open /dev/dma_heap/system ({' '.join(head[1:4])})"
+        if re.search(r"acl group:fastrpc:rw", e.output):  # the rule's ACL is there: the login lacks the group
+            c.status, c.fix, why = FAIL, *await _membership(p)
+            c.message = f"{shown}: the fastrpc group may use it; {why}"
+        else:
+            c.status, c.fix = FAIL, "udev_rule"
+            c.message = f"{shown}: FastRPC cannot allocate its buffers (fastrpc udev rules before 1.0.6-1)."
 
 
 async def _fastrpc_daemons(p: _Probe, c: Check) -> None:
@@ -573,6 +603,7 @@ _CAUSE_CHECKS = (
     "fastrpc_login",
     "udev_rule",
     "fastrpc_device",
+    "dma_heap",
     "fastrpc_daemons",
     "qairt_env",
 )
@@ -719,6 +750,7 @@ _FUNCS = {
     "fastrpc_login": _fastrpc_login,
     "udev_rule": _udev_rule,
     "fastrpc_device": _fastrpc_device,
+    "dma_heap": _dma_heap,
     "fastrpc_daemons": _fastrpc_daemons,
     "qairt": _qairt,
     "qairt_env": _qairt_env,

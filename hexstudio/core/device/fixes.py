@@ -62,9 +62,9 @@ TITLES = {
 }
 # which doctor checks each fix changes (re-run afterwards)
 AFFECTS: dict[str, tuple[str, ...]] = {
-    "group_add": ("fastrpc_group", "fastrpc_member", "fastrpc_login", "fastrpc_device"),
-    "relogin": ("fastrpc_login", "fastrpc_device", "htp_validator"),
-    "udev_rule": ("udev_rule", "fastrpc_device", "htp_validator"),
+    "group_add": ("fastrpc_group", "fastrpc_member", "fastrpc_login", "fastrpc_device", "dma_heap"),
+    "relogin": ("fastrpc_login", "fastrpc_device", "dma_heap", "htp_validator"),
+    "udev_rule": ("udev_rule", "fastrpc_device", "dma_heap", "htp_validator"),
     "fastrpc_packages": ("fastrpc_userspace", "htp_validator"),
     "qairt_env": ("qairt_env", "genie", "htp_validator"),
     "daemon_restart": ("fastrpc_daemons", "htp_validator"),
