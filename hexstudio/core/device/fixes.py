@@ -111,6 +111,8 @@ class Step:
     mode: int = 0o644
     local: Path | None = None  # upload: the local file
     timeout: float = 600
+    # what an administrator types instead, by hand (None: `shown`; "": nothing, another step's text covers it)
+    manual: str | None = None
 
     @property
     def shown(self) -> str:
@@ -130,6 +132,8 @@ class Step:
 def by_hand(step: Step, board: Board) -> str:
     """A step as a person runs it by hand: an upload is a copy from this workstation, to the board as the studio
     reaches it (its ~/.ssh/config alias, else user@host with its port and key; an IPv6 address in brackets)."""
+    if step.manual is not None:
+        return step.manual
     if step.kind != "upload":
         return step.shown
     cfg, t = board.config or {}, board.transport
@@ -417,13 +421,15 @@ async def plan_fix(
         src = posixpath.join(tmp, "60-fastrpc.rules")
         steps = [
             group,
-            Step("run", ["mkdir", "-p", tmp], done_if=["test", "-d", tmp]),
-            Step("write", path=src, content=UDEV_RULES_TEXT.encode()),
+            # by hand, an administrator writes the rule in one command (they may not write this user's home)
+            Step("run", ["mkdir", "-p", tmp], done_if=["test", "-d", tmp], manual=""),
+            Step("write", path=src, content=UDEV_RULES_TEXT.encode(), manual=""),
             Step(
                 "run",
                 ["install", "-D", "-m", "0644", "-o", "root", "-g", "root", src, UDEV_RULE],
                 sudo=True,
                 done_if=["cmp", "-s", src, UDEV_RULE],
+                manual=f"sudo tee {shlex.quote(UDEV_RULE)} >/dev/null <<'EOF'\n{UDEV_RULES_TEXT}EOF",
             ),
             Step(
                 "run",
@@ -667,7 +673,9 @@ async def apply_fix(
                 ),
             )
             # only what is still to do (the checks need no root)
-            res.manual_commands = [by_hand(step, board) for step in pending if step.kind != "reconnect"]
+            res.manual_commands = [
+                text for step in pending if step.kind != "reconnect" and (text := by_hand(step, board))
+            ]
             rn.emit(res.message)
             return res
         res.password_taken = rn.sudo_mode == "password"
