@@ -124,6 +124,12 @@ def check_compatibility(
                 "binary per graph); push this bundle to a real board.",
             )
     warnings: list[str] = []
+    if not board.simulated and bundle.get("context_binary_form") == "single":
+        warnings.append(
+            "This bundle's context binaries share no weights (one binary per graph, the form Qualcomm's x86 "
+            "simulator needs): on the board the prompt processor and the token generator each load every weight, "
+            "about twice the memory. Compile for this board (--board NAME) to have them share."
+        )
     if bundle.get("emulated") and not board.simulated:
         if not _allow_emulated(board, allow_emulated):
             raise EmulatedBundle(
