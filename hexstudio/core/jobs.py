@@ -305,9 +305,19 @@ def _memory_total() -> int:
 
 
 def oom_kills() -> int | None:
-    """How many processes the kernel's OOM killer has killed since boot (/proc/vmstat oom_kill, Linux 4.13+), None
-    where it cannot be read: a count that rose while a worker ran, and the worker died by SIGKILL, is an OOM kill
-    for certain, whatever its sampled RSS."""
+    """How many processes the kernel's OOM killer has killed: in this process's cgroup (cgroup v2 memory.events,
+    where the workers run too), else on the whole machine (/proc/vmstat, Linux 4.13+); None where neither can be
+    read. A count that rose while a worker ran, the worker dying by SIGKILL, says the OOM killer was at work."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text(encoding="ascii").splitlines()
+        rel = next((ln.split(":", 2)[2].strip() for ln in lines if ln.startswith("0::")), None)
+        if rel is not None:
+            events = Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.events"
+            for line in events.read_text(encoding="ascii").splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         with open("/proc/vmstat", encoding="ascii") as fh:
             for line in fh:
@@ -435,7 +445,8 @@ def classify(
                 "oom",
                 returncode,
                 sig or "SIGKILL",
-                f"{what} was killed by the kernel's out-of-memory killer at {human_bytes(peak_rss)} RSS."
+                f"{what} was killed (SIGKILL) at {human_bytes(peak_rss)} RSS while the kernel's out-of-memory "
+                "killer was at work: out of memory."
                 if oom_killed
                 else f"{what} was killed (SIGKILL) at {human_bytes(peak_rss)} RSS: likely out of memory.",
                 hint=oom_hint(peak_rss, memory_need),

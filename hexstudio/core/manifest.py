@@ -204,9 +204,11 @@ class RunManifest:
         st["attempts"] = int(st.get("attempts", 0)) + 1
         self.save()
 
-    def detect_interrupted(self, save: bool = True) -> list[str]:
+    def detect_interrupted(self, save: bool = True, lock_held: bool = False) -> list[str]:
         """Stages left 'running' by a process that no longer exists become 'interrupted' (saved unless `save` is
-        False: only the run's lock holder may write run.json, Workspace.open_run)."""
+        False: only the run's lock holder may write run.json, Workspace.open_run). With `lock_held` (the caller
+        holds the run's lock, so no pipeline of this process runs it), this process's own pid is no owner either:
+        a stage whose end could not be written (a full disk) is not left "running" until the studio restarts."""
         found = []
         for name in STAGE_NAMES:
             st = self.stage(name).data
@@ -219,6 +221,7 @@ class RunManifest:
                 and owner.get("host") == socket.gethostname()
                 and isinstance(pid, int)
                 and _pid_alive(pid)
+                and not (lock_held and pid == os.getpid())
             )
             if not alive:
                 st["state"] = "interrupted"

@@ -41,9 +41,9 @@ from hexstudio.core.stage_api import (
     start_stage_worker,
 )
 from hexstudio.core.stage_record import StageAttempt
-from hexstudio.core.stage_state import hash_tree, stage_is_current
+from hexstudio.core.stage_state import hash_tree, input_hash, stage_is_current
 from hexstudio.core.stages import STAGES, Stage, get_stage
-from hexstudio.shared.errors import ActionableError, why_not_written
+from hexstudio.shared.errors import ActionableError, disk_hint, why_not_written
 from hexstudio.shared.run_settings import BadSettings
 
 jobs_log = logging.getLogger("hexstudio.jobs")
@@ -101,18 +101,17 @@ class Pipeline:
             return PipelineResult(False, targets[0].name if targets else None, exc.message, hint=exc.hint)
         except (
             OSError
-        ) as exc:  # its .lock cannot be made: the run folder is full, read-only or not this user's
+        ) as exc:  # its .lock cannot be made: the run folder is full, read-only, gone or not ours
             return PipelineResult(
                 False,
                 targets[0].name if targets else None,
                 f"The run folder {self.m.run_dir} cannot be written: {why_not_written(exc) or exc}.",
-                hint="Free space on that disk, or make the run folder yours again (a run once made with sudo is "
-                "root's: `sudo chown -R $USER RUN_FOLDER`), then run it again.",
+                hint=disk_hint(exc, self.m.run_dir),
             )
         try:
             self._refresh()
             stop_stale_workers(self.m)
-            self.m.detect_interrupted()
+            self.m.detect_interrupted(lock_held=True)
             return await self._run(targets, force)
         finally:
             self.lock.release()
@@ -145,16 +144,10 @@ class Pipeline:
                 if blocked is not None:
                     message, hint = blocked
                     return res.stop(stage.name, f"{stage.title} cannot run: {message}", hint)
-                if need not in {t.name for t in targets} and not stage_is_current(
-                    self.m, self._by_name.get(need) or get_stage(need)
-                ):
-                    # `--only X` after a setting of an earlier stage changed: X would run on (or keep) the
-                    # output the old setting made, and be recorded as current
+                stale = self._stale_upstream(need, targets, force)
+                if stale is not None:
                     return res.stop(
-                        stage.name,
-                        f"{stage.title} needs {need}, whose inputs changed since it ran: its output is out of date.",
-                        f"Run up to {stage.name} instead, which redoes what changed (the page's Run button, or "
-                        f"`hexstudio run --resume {self.m.run_id} --until {stage.name}`).",
+                        stage.name, f"{stage.title} needs {need}, {stale}", self._stale_hint(stage)
                     )
             if (
                 not force
@@ -228,6 +221,25 @@ class Pipeline:
         self.m.add_event("recheck", f"{stage.title} runs again: {why}", stage=stage.name, passed=False)
         self.m.save()
         return False
+
+    def _stale_upstream(self, need: str, targets: tuple[Stage, ...], force: bool) -> str | None:
+        """Why the done stage `need`, outside this run's targets (`--only X`), no longer describes its output, or
+        None. `--only X` after an earlier stage's setting changed would run X on (or skip it as current against)
+        what the old setting made. With `force` (the page's Run again, `--force`) X runs on the output there."""
+        if force or need in {t.name for t in targets}:
+            return None
+        st = self._by_name.get(need) or get_stage(need)
+        if stage_is_current(self.m, st):
+            return None
+        if self.m.stage(need).data.get("input_hash") != input_hash(self.m, st):
+            return "whose inputs changed since it ran: its output is out of date."
+        return "whose output is missing or changed on disk."
+
+    def _stale_hint(self, stage: Stage) -> str:
+        return (
+            f"Run up to {stage.name} instead, which redoes what changed (the page's Run button, or `hexstudio run "
+            f"--resume {self.m.run_id} --until {stage.name}`); or --force to run it on the output there now."
+        )
 
     def _targets(self, until: str, only: str | None) -> tuple[Stage, ...]:
         if only:
@@ -357,13 +369,21 @@ class Pipeline:
         finally:
             attempt.close()
         try:
-            # an 8B model's outputs are gigabytes: hashed off the event loop (the studio's window stays live)
-            hashes = (
-                await asyncio.to_thread(hash_tree, partial, attempt.kinds, stage.name) if result.ok else None
-            )
+            try:
+                # an 8B model's outputs are gigabytes: hashed off the event loop (the studio's window stays live)
+                hashes = (
+                    await asyncio.to_thread(hash_tree, partial, attempt.kinds, stage.name)
+                    if result.ok
+                    else None
+                )
+            except asyncio.CancelledError:
+                # the studio is closing while a finished stage's output is hashed: it is recorded first (hashed
+                # here, blocking the close a while) rather than lost to an "interrupted" and hours done again
+                attempt.finish(result)
+                raise
             state = attempt.finish(result, hashes)
         except OSError as exc:  # the output could not be put in place, hashed or recorded
-            result, state = attempt.fail_unwritten(exc), "failed"
+            result, state = attempt.fail_unwritten(exc, result), "failed"
         self._notify_stage(stage.name, state)
         return result
 

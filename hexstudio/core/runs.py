@@ -279,12 +279,15 @@ class Workspace:
         if not d.is_dir():
             raise RunNotFound(f"No run '{run_id}' in {self.runs_dir}. `hexstudio runs list` shows the runs.")
         m = RunManifest.load(d)
-        if m.detect_interrupted(save=False):
-            # written only under the run's lock: a runner that took it since this read saves its own newer
-            # run.json, which this copy must not overwrite (it then stays marked in memory only)
-            with contextlib.suppress(RunBusy, OSError), RunLock(d):
-                m = RunManifest.load(d)
-                m.detect_interrupted()
+        if any(m.stage(s).state == "running" for s in m.data["stages"]):
+            # written only under the run's lock: a runner that holds it saves its own newer run.json, which this
+            # copy must not overwrite (it is then marked in memory only)
+            try:
+                with RunLock(d):
+                    m = RunManifest.load(d)
+                    m.detect_interrupted(lock_held=True)
+            except (RunBusy, OSError):
+                m.detect_interrupted(save=False)
         return m
 
     def list_runs(self) -> list[RunSummary]:

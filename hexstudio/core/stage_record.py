@@ -9,6 +9,7 @@ hashed), so a crash never leaves half-written output that looks complete.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -22,7 +23,7 @@ from hexstudio.core.runs import artifacts_dir
 from hexstudio.core.sampler import ResourceSample
 from hexstudio.core.stage_state import hash_tree, input_hash, output_digest, summary_digest
 from hexstudio.core.stages import Stage
-from hexstudio.shared.errors import why_not_written
+from hexstudio.shared.errors import disk_hint, why_not_written
 
 jobs_log = logging.getLogger("hexstudio.jobs")
 
@@ -125,22 +126,27 @@ class StageAttempt:
             self._resources.close()
             self._resources = None
 
-    def fail_unwritten(self, exc: OSError) -> JobResult:
+    def fail_unwritten(self, exc: OSError, job: JobResult | None = None) -> JobResult:
         """The attempt could not write its own record or output (a full disk, a run folder someone else owns):
-        the stage ends failed, in run.json where it can still be saved, in this process's manifest always, so it
-        is never left "running" by a live process. Returns the failure the caller shows."""
+        the stage ends failed, in run.json where it can still be saved, in this process's manifest always (and a
+        "running" left on disk with this process's pid reads as interrupted once the run's lock is free again).
+        A failed `job` keeps its own message (an out-of-memory stays one). Returns the failure the caller shows."""
         self.close()
         where = f" ({exc.strerror}: {exc.filename})" if exc.filename else f" ({exc})"
-        result = JobResult(
-            "failed",
-            None,
-            None,
-            f"The {self.stage.title} stage could not write to the run folder: "
-            f"{why_not_written(exc) or exc.strerror or exc}{where}.",
-            hint="Free space on that disk (`df -h`; old runs can go with `hexstudio runs delete RUN`), or make the "
-            "run folder yours again (a run once made with sudo is root's), then run the stage again.",
-            code="run_folder_not_written",
-        )
+        said = f"{why_not_written(exc) or exc.strerror or exc}{where}"
+        if job is not None and not job.ok:
+            result = dataclasses.replace(
+                job, message=f"{job.message} Its record could not be written either: {said}."
+            )
+        else:
+            result = JobResult(
+                "failed",
+                None,
+                None,
+                f"The {self.stage.title} stage could not write to the run folder: {said}.",
+                hint=disk_hint(exc, self.m.run_dir),
+                code="run_folder_not_written",
+            )
         st = self.record
         st.update(state="failed", ended=now_iso(), outcome=result.outcome(), owner=None, worker=None)
         st["input_hash"] = None

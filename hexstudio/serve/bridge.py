@@ -330,12 +330,20 @@ class DialogBridge:
             raise self._no_room(n)
 
     def _no_room(self, tokens: int | None) -> BridgeError:
-        """OpenAI's answer to a prompt longer than the context: 400, invalid_request_error, context_length_exceeded."""
-        size = f"the prompt is about {tokens} tokens: it" if tokens is not None else "the prompt"
+        """OpenAI's answer to a prompt longer than the context: 400, invalid_request_error, context_length_exceeded.
+        `tokens` None: Genie itself found the prompt alone fills the context (no max_tokens makes room)."""
+        if tokens is None:
+            said = (
+                f"the prompt alone fills the context ({self.context_length} tokens): shorten the conversation"
+            )
+        else:
+            said = (
+                f"the prompt is about {tokens} tokens: it does not fit in the context ({self.context_length} "
+                "tokens) with room for a reply: shorten the conversation or lower max_tokens"
+            )
         return BridgeError(
             400,
-            f"{size} does not fit in the context ({self.context_length} tokens) with room for a reply: shorten "
-            "the conversation or lower max_tokens",
+            said,
             param="messages",
             code="context_length_exceeded",
         )
@@ -464,10 +472,10 @@ class DialogBridge:
                     raise self._no_room(None)
                 raise BridgeError(500, f"the board's dialog failed: {r.error}", "server_error")
             k = r.kpis.as_json() if r.kpis else {}
-            if s.loads > loads and reinit is None:
+            if s.loads > loads:
                 # the session loaded the model again itself (after a reply it could not stop, or a reset that
                 # failed): this request's times include that load, and /v1/stats counts it
-                reinit = "reload"
+                reinit = reinit or "reload"
                 self.inits.append({"t": time.time(), "why": "reloaded by the session", "init_ms": s.init_ms})
             aborted = r.state == "aborted" and not hit_stop
             gen = int(k.get("generated_tokens") or 0)

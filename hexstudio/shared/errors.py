@@ -76,6 +76,20 @@ def why_not_written(exc: OSError) -> str | None:
     return _NOT_WRITTEN.get(exc.errno or 0)
 
 
+def disk_hint(exc: OSError, folder: object) -> str:
+    """What to do about `exc` raised in `folder`: free space, or take the folder back (a run once started with sudo
+    leaves root's folders), where why_not_written knows it; else a general word with the error itself."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "Free space on that disk (`df -h`; old runs can go with `hexstudio runs delete RUN`), then try again."
+    if exc.errno == errno.EROFS:
+        return "Put the workspace on a writable disk (--workspace or HEXSTUDIO_WORKSPACE), then try again."
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"Make {folder} yours again (a run once started with sudo is root's: `sudo chown -R $USER {folder}`)."
+    if exc.errno == errno.ENOENT:
+        return f"{folder} or a part of it is gone (deleted from another window?): open the run again."
+    return f"Check {folder} ({exc.strerror or exc}), then try again."
+
+
 def snake_case(name: str) -> str:
     """ "BoardError" -> "board_error", "RuntimeError_" -> "runtime_error", "_NeedPassphrase" -> "need_passphrase"."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name.strip("_")).lower()

@@ -264,23 +264,28 @@ def _not_written(stage: str, exc: OSError) -> tuple[str, str, str] | None:
             f"The {stage} worker could not write{where}: the disk is read-only.",
             "Put the workspace on a writable disk (--workspace or HEXSTUDIO_WORKSPACE), then resume.",
         )
+    # EACCES / EPERM: a read as well as a write (a Hugging Face cache an earlier sudo run made root's)
+    folder = (
+        os.path.dirname(exc.filename) if isinstance(exc.filename, str) and exc.filename else "that folder"
+    )
     return (
         "not_writable",
-        f"The {stage} worker could not write{where}: {why}.",
-        "Make the run folder yours again (a run once started with sudo is root's: `sudo chown -R $USER "
-        "WORKSPACE`), or choose a workspace you can write; then resume the run.",
+        f"The {stage} worker was refused access to{where or ' a file'}: {exc.strerror or 'permission denied'}.",
+        f"Make {folder} yours again (a run once started with sudo leaves root's files: `sudo chown -R $USER "
+        f"{folder}`), or choose a workspace you can write; then resume the run.",
     )
 
 
 def _written_cause(exc: BaseException) -> OSError | None:
-    """The OSError a library's error wraps (its __cause__ or __context__ chain), when it is a refused write."""
+    """The OSError a library's error says it wraps (`raise ... from`: its __cause__ chain), when the disk or its
+    owner refused it. Not __context__: a bug raised while handling such an error is still a bug."""
     seen: set[int] = set()
-    cur: BaseException | None = exc.__cause__ or exc.__context__
+    cur: BaseException | None = exc.__cause__
     while cur is not None and id(cur) not in seen:
         if isinstance(cur, OSError) and why_not_written(cur) is not None:
             return cur
         seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
+        cur = cur.__cause__
     return None
 
 

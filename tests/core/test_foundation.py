@@ -299,3 +299,22 @@ def test_opening_a_run_marks_a_dead_stage_interrupted_but_writes_only_under_its_
         assert (m.run_dir / "run.json").read_bytes() == on_disk  # the runner's file untouched
     assert ws.open_run(m.run_id).stage("model").state == "interrupted"
     assert json.loads((m.run_dir / "run.json").read_text())["stages"]["model"]["state"] == "interrupted"
+
+
+def test_a_running_stage_of_this_very_process_without_its_lock_is_interrupted(tmp_path: Path) -> None:
+    """A stage whose end could not be written (a full disk) stayed "running" on disk under the studio's own pid:
+    the studio showed it working until it restarted. Without the run's lock no pipeline of this process runs it."""
+    import os
+    import socket
+
+    from hexstudio.core.manifest import boot_id
+    from hexstudio.core.runs import RunLock
+
+    ws = Workspace(tmp_path / "ws")
+    m = ws.create_run("builtin:tiny-llama", "sim")
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": boot_id()}
+    m.stage("model").data.update(state="running", owner=me)
+    m.save()
+    with RunLock(m.run_dir):  # this process's pipeline holds the run: the stage is live
+        assert ws.open_run(m.run_id).stage("model").state == "running"
+    assert ws.open_run(m.run_id).stage("model").state == "interrupted"

@@ -612,7 +612,7 @@ def test_a_run_folder_that_cannot_be_written_is_a_failure_not_a_bug(
 
 def test_only_refuses_a_stage_whose_upstream_is_out_of_date(workspace: Workspace) -> None:
     """`--set <a quantize setting>` then `--only compile`: compile was skipped as current (quantize's output had
-    not changed), or with --force ran on the output the old setting made and was recorded as current."""
+    not changed) and the run said ok. With --force (the page's Run again) it runs on the output there, asked for."""
     stages = fake_stages(("model", "quantize", "validate", "compile"))
     m = workspace.create_run(
         "builtin:tiny-llama", "sim", {"mode": "ok", "metrics_validate": {"verdict": "pass"}}
@@ -620,9 +620,43 @@ def test_only_refuses_a_stage_whose_upstream_is_out_of_date(workspace: Workspace
     assert _run(Pipeline(m, stages=stages), "compile").ok
     m.settings["weight_bits"] = 8 if m.settings.get("weight_bits") != 8 else 4  # a Quantize input
     m.save()
-    for force in (False, True):
-        res = asyncio.run(Pipeline(m, stages=stages).run(only="compile", force=force))
-        assert not res.ok and res.ran == [] and "out of date" in res.message, res
-        assert res.hint and "--until compile" in res.hint
+    res = asyncio.run(Pipeline(m, stages=stages).run(only="compile"))
+    assert not res.ok and res.ran == [] and "inputs changed since it ran" in res.message, res
+    assert res.hint and "--until compile" in res.hint and "--force" in res.hint
+    res = asyncio.run(Pipeline(m, stages=stages).run(only="compile", force=True))
+    assert res.ok and res.ran == ["compile"], res
     res = asyncio.run(Pipeline(m, stages=stages).run(until="compile"))
     assert res.ok and "quantize" in res.ran, res
+
+
+def test_closing_while_a_finished_stages_output_is_hashed_keeps_the_stage(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The output is hashed off the event loop; a studio closing then (its pipeline task cancelled) lost the
+    finished stage: "running" on disk, "interrupted" at the next start, and the output thrown away."""
+    import threading
+
+    from hexstudio.core import pipeline as pipeline_mod
+
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    real, started = pipeline_mod.hash_tree, threading.Event()
+
+    def slow(*a: Any, **k: Any) -> Any:
+        started.set()
+        time.sleep(0.5)
+        return real(*a, **k)
+
+    monkeypatch.setattr(pipeline_mod, "hash_tree", slow)
+
+    async def close_while_hashing() -> None:
+        task = asyncio.ensure_future(Pipeline(m, stages=fake_stages()).run(until="model"))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(close_while_hashing())
+    st = json.loads((m.run_dir / "run.json").read_text())["stages"]["model"]
+    assert st["state"] == "done" and st["artifacts"], st
+    assert (m.run_dir / "artifacts" / "model" / "result.txt").is_file()

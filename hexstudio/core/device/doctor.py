@@ -431,8 +431,8 @@ async def _fastrpc_daemons(p: _Probe, c: Check) -> None:
     e = await p.sh(
         "for s in "
         + " ".join(DAEMONS)
-        + '; do echo "$s $(systemctl show --property=LoadState --value $s.service 2>/dev/null) '
-        '$(systemctl is-active $s 2>&1)"; done'
+        + "; do ls=$(systemctl show --property=LoadState --value $s.service 2>/dev/null); "
+        'echo "$s ${ls:-unknown} $(systemctl is-active $s 2>&1)"; done'
     )
     c.evidence.append(e)
     rows = [ln.split(None, 2) for ln in e.output.splitlines()]

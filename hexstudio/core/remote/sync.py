@@ -85,13 +85,20 @@ async def install_workers(transport: Transport, base: str | None = None) -> str:
     made = await transport.run(["mkdir", "-p", posixpath.dirname(root)], timeout=30)
     if made.exit_status != 0:
         raise _install_failed(transport, posixpath.dirname(root), made.stderr)
-    await transport.write_bytes(tmp_tar, blob)
+    try:
+        await transport.write_bytes(tmp_tar, blob)
+    except OSError as exc:  # the host's disk full (its SFTP server says a bare "Failure"), or not this user's
+        with contextlib.suppress(Exception):
+            await transport.run(["rm", "-f", tmp_tar], timeout=30)
+        raise _install_failed(transport, posixpath.dirname(root), str(exc)) from None
     res = await transport.run(
         [
             "sh",
             "-c",
-            'rm -rf "$1" && mkdir -p "$1" && tar -xzf "$2" -C "$1" && '
-            'rm -rf "$3" && mv "$1" "$3" && rm -f "$2"',
+            # an install of the same version that finished meanwhile is kept (not removed, not moved into)
+            'rm -rf "$1" && mkdir -p "$1" && tar -xzf "$2" -C "$1" && rm -f "$2" && '
+            'if [ -e "$3/hexstudio/shared/protocol.py" ]; then rm -rf "$1"; '
+            'else rm -rf "$3" && mv -T "$1" "$3"; fi',
             "sh",
             staging,
             tmp_tar,
