@@ -17,14 +17,7 @@ from hexstudio.cli.common import (
     workspace_from,
 )
 from hexstudio.core.eval.compare import scores_not_current
-from hexstudio.core.eval.suites import (
-    DEFAULT_SUITES,
-    SHIPPED_DIR,
-    SuiteError,
-    add_suite,
-    available,
-    load_suite,
-)
+from hexstudio.core.eval.suites import DEFAULT_SUITES, SuiteError, add_suite, available, load_found
 from hexstudio.core.manifest import ManifestError, RunManifest
 
 
@@ -63,7 +56,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for name, path in available(ws.root).items():
         try:
-            s = load_suite(path, shipped=path.parent == SHIPPED_DIR)
+            s = load_found(path)
             rows.append(
                 {**s.summary(), "default": name in DEFAULT_SUITES, "replaces_shipped": s.replaces_shipped}
             )

@@ -344,6 +344,11 @@ def available(workspace_root: Path | None) -> dict[str, Path]:
     return out
 
 
+def load_found(path: Path) -> Suite:
+    """A suite `available()` found: shipped or the user's, as its folder says."""
+    return load_suite(path, shipped=path.parent == SHIPPED_DIR)
+
+
 def load_named(names: list[str] | tuple[str, ...], workspace_root: Path | None) -> list[Suite]:
     found = available(workspace_root)
     out = []
@@ -353,7 +358,7 @@ def load_named(names: list[str] | tuple[str, ...], workspace_root: Path | None) 
                 f"No suite named {n!r}.",
                 f"Suites here: {', '.join(sorted(found))}. Add one with `hexstudio eval add FILE`.",
             )
-        out.append(load_suite(found[n], shipped=found[n].parent == SHIPPED_DIR))
+        out.append(load_found(found[n]))
     return out
 
 

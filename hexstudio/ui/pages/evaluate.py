@@ -24,14 +24,7 @@ from PySide6.QtWidgets import (
 
 from hexstudio.core.eval.compare import compare_runs, scores_not_current
 from hexstudio.core.eval.scoring import DROP_STEPS, LEG_TITLES, LEGS, large_drop
-from hexstudio.core.eval.suites import (
-    DEFAULT_SUITES,
-    SHIPPED_DIR,
-    SuiteError,
-    add_suite,
-    available,
-    load_suite,
-)
+from hexstudio.core.eval.suites import DEFAULT_SUITES, SuiteError, add_suite, available, load_found
 from hexstudio.core.runs import RunBusy, Workspace
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.errors import refused_html
@@ -143,7 +136,7 @@ class EvaluatePage(StagePage):
         self.suite_list.clear()
         for name, path in available(self._workspace()).items():
             try:
-                s = load_suite(path, shipped=path.parent == SHIPPED_DIR)
+                s = load_found(path)
                 text = f"{s.title} — {_cases(len(s.cases))} ({s.scorer})"
                 if s.replaces_shipped:
                     text += " — yours, in place of the shipped suite"
