@@ -595,17 +595,10 @@ async def _genie(p: _Probe, c: Check) -> None:
         c.explained = _explained(e)
 
 
-# the checks whose failure can make the HTP backend fail (an error's fix_ids name their fixes)
-_CAUSE_CHECKS = (
-    "fastrpc_userspace",
-    "fastrpc_group",
-    "fastrpc_member",
-    "fastrpc_login",
-    "udev_rule",
-    "fastrpc_device",
-    "dma_heap",
-    "fastrpc_daemons",
-    "qairt_env",
+# the checks whose failure can make the HTP backend fail (an error's fix_ids name their fixes): FastRPC's and
+# the QAIRT environment's
+_CAUSE_CHECKS = tuple(
+    c for c in CHECK_IDS if c.startswith("fastrpc_") or c in ("udev_rule", "dma_heap", "qairt_env")
 )
 
 
