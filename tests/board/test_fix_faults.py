@@ -81,3 +81,31 @@ def test_a_fix_whose_root_steps_are_done_runs_the_rest_without_sudo(evk: EvkBoar
             await board.transport.close()
 
     asyncio.run(flow())
+
+
+def test_a_root_step_past_its_time_limit_is_stopped_on_the_board(evk: EvkBoard) -> None:
+    """A sudo step (apt-get on a slow link) past its limit is stopped by root's own `timeout` on the board, and
+    the result says so. Before, only this user's kill of the process group stopped it: on this test board sudo
+    relays that signal to the command, but a review found no guarantee of it (a command sudo runs in a session of
+    its own), and an apt-get left running holds the dpkg lock."""
+    import json
+    import subprocess
+
+    from tests.board.conftest import CANARY
+
+    marker = "31.25"  # a sleep nothing else on this machine runs
+    settings = settings_with("evk", evk.board_config())
+
+    async def flow() -> Any:
+        board = await open_board("evk", settings, trust=lambda *a: True)
+        try:
+            step = Step("run", ["sleep", marker], sudo=True, timeout=2)
+            plan = FixPlan("udev_rule", "a slow root step", [step], ())
+            return await apply_fix(board, plan, sudo_password=CANARY, rerun=False)
+        finally:
+            await board.transport.close()
+
+    res = asyncio.run(flow())
+    assert res.status != "applied" and "stopped on the board after 2 s" in json.dumps(res.to_dict()), res
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.strip()
+    assert not left, f"the root step still runs: {left}"

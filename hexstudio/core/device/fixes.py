@@ -520,14 +520,22 @@ class _Runner:
 
     async def run(self, argv: list[str], sudo: bool, timeout: float = 600) -> tuple[int, str]:
         stdin = None
+        limit = timeout
+        if sudo and argv[:1] != ["reboot"]:
+            # root's own time limit (coreutils timeout, run by sudo): the transport's stop on a time-out is this
+            # user's kill, which cannot stop a root process (an apt-get left holding the dpkg lock)
+            argv = ["timeout", "-k", "10", str(int(timeout)), *argv]
+            limit = timeout + 30
         if sudo:
             if self.sudo_mode == "password":
                 argv = ["sudo", "-S", "-k", "-p", "", "--", *argv]
                 stdin = (self.password or "").encode() + b"\n"
             else:
                 argv = ["sudo", "-n", "--", *argv]
-        r = await self.board.transport.run(argv, timeout=timeout, stdin=stdin)
+        r = await self.board.transport.run(argv, timeout=limit, stdin=stdin)
         out = self.redact((r.stdout + r.stderr).strip())
+        if argv[:1] == ["sudo"] and limit > timeout and r.exit_status in (124, 137):
+            out = f"{out}\n(stopped on the board after {int(timeout)} s: the step's time limit)".strip()
         return r.exit_status, out
 
     async def sudo_access(self) -> tuple[bool, str]:
