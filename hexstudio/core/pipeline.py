@@ -110,6 +110,18 @@ class Pipeline:
             )
         try:
             self._refresh()
+            if self.lock.unsupported:
+                # said where the person looks (the stage's log and warnings, the run's history), not only in a flag
+                unguarded = (
+                    f"The run folder's file system ({self.m.run_dir}) does not lock files (flock): nothing stops the "
+                    "studio and a `hexstudio run` from running this run at once. Run it from one place at a time, or "
+                    "keep the workspace on a local disk."
+                )
+                self.m.add_event("unguarded", unguarded)
+                if self.on_event is not None and targets:
+                    self.on_event(
+                        targets[0].name, {"type": "warning", "code": "run_unguarded", "message": unguarded}
+                    )
             stop_stale_workers(self.m)
             self.m.detect_interrupted(lock_held=True)
             return await self._run(targets, force)

@@ -507,9 +507,13 @@ def test_a_filesystem_without_flock_runs_unguarded(
 
     m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
     monkeypatch.setattr(fcntl, "flock", no_flock)
-    pipe = Pipeline(m, stages=fake_stages())
+    seen: list[dict[str, Any]] = []
+    pipe = Pipeline(m, stages=fake_stages(), on_event=lambda stage, ev: seen.append(ev))
     assert asyncio.run(pipe.run(until="model")).ok
     assert pipe.lock.unsupported and not pipe.lock.held
+    # said, not only flagged: an NFS or CIFS workspace lets the studio and the CLI run the run at once
+    assert any(ev.get("code") == "run_unguarded" and "flock" in ev["message"] for ev in seen), seen
+    assert any(e.get("kind") == "unguarded" for e in RunManifest.load(m.run_dir).data["events"])
 
 
 def test_a_bad_setting_in_run_json_fails_the_stage_naming_it(workspace: Workspace) -> None:
