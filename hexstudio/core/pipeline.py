@@ -117,11 +117,7 @@ class Pipeline:
                     "studio and a `hexstudio run` from running this run at once. Run it from one place at a time, or "
                     "keep the workspace on a local disk."
                 )
-                self.m.add_event("unguarded", unguarded)
-                if self.on_event is not None and targets:
-                    self.on_event(
-                        targets[0].name, {"type": "warning", "code": "run_unguarded", "message": unguarded}
-                    )
+                self._warn(targets[0].name if targets else "model", "run_unguarded", unguarded)
             stop_stale_workers(self.m)
             self.m.detect_interrupted(lock_held=True)
             return await self._run(targets, force)
@@ -156,10 +152,10 @@ class Pipeline:
                 if blocked is not None:
                     message, hint = blocked
                     return res.stop(stage.name, f"{stage.title} cannot run: {message}", hint)
-                stale = self._stale_upstream(need, targets, force)
+                stale = self._stale_upstream(need, targets)
                 if stale is not None:
-                    return res.stop(
-                        stage.name, f"{stage.title} needs {need}, {stale}", self._stale_hint(stage)
+                    self._warn(
+                        stage.name, "upstream_out_of_date", f"{need} {stale}: {self._stale_hint(stage)}"
                     )
             if (
                 not force
@@ -234,24 +230,30 @@ class Pipeline:
         self.m.save()
         return False
 
-    def _stale_upstream(self, need: str, targets: tuple[Stage, ...], force: bool) -> str | None:
-        """Why the done stage `need`, outside this run's targets (`--only X`), no longer describes its output, or
-        None. `--only X` after an earlier stage's setting changed would run X on (or skip it as current against)
-        what the old setting made. With `force` (the page's Run again, `--force`) X runs on the output there."""
-        if force or need in {t.name for t in targets}:
+    def _stale_upstream(self, need: str, targets: tuple[Stage, ...]) -> str | None:
+        """Why the done stage `need`, outside this run's targets (`--only X`, the page's Run again), no longer
+        describes its output, or None. X then runs on (or is skipped as current against) what the old inputs made:
+        said as a warning, not refused (a person may mean it, and a test run copied and edited often does)."""
+        if need in {t.name for t in targets}:
             return None
         st = self._by_name.get(need) or get_stage(need)
         if stage_is_current(self.m, st):
             return None
         if self.m.stage(need).data.get("input_hash") != input_hash(self.m, st):
-            return "whose inputs changed since it ran: its output is out of date."
-        return "whose output is missing or changed on disk."
+            return "is out of date (its inputs changed since it ran)"
+        return "is not as it was recorded (its output is missing or changed on disk)"
 
     def _stale_hint(self, stage: Stage) -> str:
         return (
-            f"Run up to {stage.name} instead, which redoes what changed (the page's Run button, or `hexstudio run "
-            f"--resume {self.m.run_id} --until {stage.name}`); or --force to run it on the output there now."
+            f"{stage.title} uses the output that is there. To redo what changed, run up to {stage.name} (the page's "
+            f"Run button, or `hexstudio run --resume {self.m.run_id} --until {stage.name}`)."
         )
+
+    def _warn(self, stage: str, code: str, message: str) -> None:
+        """A warning of the pipeline's own: in the run's history, and to whoever watches the stage's events."""
+        self.m.add_event(code, message)
+        if self.on_event is not None:
+            self.on_event(stage, {"type": "warning", "code": code, "message": message})
 
     def _targets(self, until: str, only: str | None) -> tuple[Stage, ...]:
         if only:

@@ -513,7 +513,7 @@ def test_a_filesystem_without_flock_runs_unguarded(
     assert pipe.lock.unsupported and not pipe.lock.held
     # said, not only flagged: an NFS or CIFS workspace lets the studio and the CLI run the run at once
     assert any(ev.get("code") == "run_unguarded" and "flock" in ev["message"] for ev in seen), seen
-    assert any(e.get("kind") == "unguarded" for e in RunManifest.load(m.run_dir).data["events"])
+    assert any(e.get("kind") == "run_unguarded" for e in RunManifest.load(m.run_dir).data["events"])
 
 
 def test_a_bad_setting_in_run_json_fails_the_stage_naming_it(workspace: Workspace) -> None:
@@ -614,9 +614,10 @@ def test_a_run_folder_that_cannot_be_written_is_a_failure_not_a_bug(
         assert not (m.run_dir / "artifacts" / "model.partial").exists()
 
 
-def test_only_refuses_a_stage_whose_upstream_is_out_of_date(workspace: Workspace) -> None:
+def test_only_says_when_a_stage_runs_on_an_out_of_date_upstream(workspace: Workspace) -> None:
     """`--set <a quantize setting>` then `--only compile`: compile was skipped as current (quantize's output had
-    not changed) and the run said ok. With --force (the page's Run again) it runs on the output there, asked for."""
+    not changed) and the run said ok, nothing more; with --force it ran on what the old setting made. Both are
+    said now, with how to redo what changed."""
     stages = fake_stages(("model", "quantize", "validate", "compile"))
     m = workspace.create_run(
         "builtin:tiny-llama", "sim", {"mode": "ok", "metrics_validate": {"verdict": "pass"}}
@@ -624,11 +625,13 @@ def test_only_refuses_a_stage_whose_upstream_is_out_of_date(workspace: Workspace
     assert _run(Pipeline(m, stages=stages), "compile").ok
     m.settings["weight_bits"] = 8 if m.settings.get("weight_bits") != 8 else 4  # a Quantize input
     m.save()
-    res = asyncio.run(Pipeline(m, stages=stages).run(only="compile"))
-    assert not res.ok and res.ran == [] and "inputs changed since it ran" in res.message, res
-    assert res.hint and "--until compile" in res.hint and "--force" in res.hint
-    res = asyncio.run(Pipeline(m, stages=stages).run(only="compile", force=True))
-    assert res.ok and res.ran == ["compile"], res
+    for force in (False, True):
+        seen: list[dict[str, Any]] = []
+        pipe = Pipeline(m, stages=stages, on_event=lambda _stage, ev, seen=seen: seen.append(ev))
+        res = asyncio.run(pipe.run(only="compile", force=force))
+        assert res.ok and res.ran == (["compile"] if force else []), res
+        (warning,) = [ev for ev in seen if ev.get("code") == "upstream_out_of_date"]
+        assert "quantize is out of date" in warning["message"] and "--until compile" in warning["message"]
     res = asyncio.run(Pipeline(m, stages=stages).run(until="compile"))
     assert res.ok and "quantize" in res.ran, res
 
