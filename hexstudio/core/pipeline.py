@@ -117,7 +117,7 @@ class Pipeline:
                     "studio and a `hexstudio run` from running this run at once. Run it from one place at a time, or "
                     "keep the workspace on a local disk."
                 )
-                self._warn(targets[0].name if targets else "model", "run_unguarded", unguarded)
+                self._warn(targets[0].name if targets else "model", "run_unguarded", unguarded, once=True)
             stop_stale_workers(self.m)
             self.m.detect_interrupted(lock_held=True)
             return await self._run(targets, force)
@@ -249,9 +249,11 @@ class Pipeline:
             f"Run button, or `hexstudio run --resume {self.m.run_id} --until {stage.name}`)."
         )
 
-    def _warn(self, stage: str, code: str, message: str) -> None:
-        """A warning of the pipeline's own: in the run's history, and to whoever watches the stage's events."""
-        self.m.add_event(code, message)
+    def _warn(self, stage: str, code: str, message: str, once: bool = False) -> None:
+        """A warning of the pipeline's own: in the run's history (`once`: a line the history does not hold yet),
+        and to whoever watches the stage's events."""
+        if not (once and any(e.get("kind") == code for e in self.m.data.get("events") or [])):
+            self.m.add_event(code, message)
         if self.on_event is not None:
             self.on_event(stage, {"type": "warning", "code": code, "message": message})
 
@@ -393,7 +395,10 @@ class Pipeline:
             except asyncio.CancelledError:
                 # the studio is closing while a finished stage's output is hashed: it is recorded first (hashed
                 # here, blocking the close a while) rather than lost to an "interrupted" and hours done again
-                attempt.finish(result)
+                try:
+                    attempt.finish(result)
+                except OSError as exc:
+                    attempt.fail_unwritten(exc, result)
                 raise
             state = attempt.finish(result, hashes)
         except OSError as exc:  # the output could not be put in place, hashed or recorded

@@ -74,6 +74,22 @@ class RunBusy(ActionableError):
 LOCK_NAME = ".lock"
 
 
+def load_run(run_dir: Path) -> RunManifest:
+    """run.json, its stages left "running" by a process that is gone marked interrupted (this process's own pid
+    counts as gone when the run's lock is free: no pipeline of ours runs it). Written only under the run's lock: a
+    runner that holds it saves its own newer run.json, which this copy must not overwrite (it is then marked in
+    memory only). On a file system without flock the lock says nothing, and our own pid stays an owner."""
+    m = RunManifest.load(run_dir)
+    if any(m.stage(s).state == "running" for s in m.data["stages"]):
+        try:
+            with RunLock(run_dir) as lock:
+                m = RunManifest.load(run_dir)
+                m.detect_interrupted(lock_held=not lock.unsupported)
+        except (RunBusy, OSError):
+            m.detect_interrupted(save=False)
+    return m
+
+
 class RunLock:
     """An exclusive lock on a run folder, held by the process that runs its stages.
 
@@ -110,8 +126,10 @@ class RunLock:
                 raise
             # a filesystem without flock (some network/Windows mounts): run unguarded rather than not at all
             self.unsupported = True
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # the pid is for a second runner's message only: a disk too full to write it must not leak the lock
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:
@@ -278,17 +296,7 @@ class Workspace:
         d = self.run_dir(run_id)
         if not d.is_dir():
             raise RunNotFound(f"No run '{run_id}' in {self.runs_dir}. `hexstudio runs list` shows the runs.")
-        m = RunManifest.load(d)
-        if any(m.stage(s).state == "running" for s in m.data["stages"]):
-            # written only under the run's lock: a runner that holds it saves its own newer run.json, which this
-            # copy must not overwrite (it is then marked in memory only)
-            try:
-                with RunLock(d):
-                    m = RunManifest.load(d)
-                    m.detect_interrupted(lock_held=True)
-            except (RunBusy, OSError):
-                m.detect_interrupted(save=False)
-        return m
+        return load_run(d)
 
     def list_runs(self) -> list[RunSummary]:
         out: list[RunSummary] = []

@@ -19,7 +19,7 @@ from PySide6.QtCore import QObject, Signal
 from hexstudio.core import logs
 from hexstudio.core.manifest import RunManifest
 from hexstudio.core.pipeline import Pipeline, PipelineResult
-from hexstudio.core.runs import RunSummary, Workspace, change_settings
+from hexstudio.core.runs import RunSummary, Workspace, change_settings, load_run
 from hexstudio.core.sampler import ResourceSample
 from hexstudio.core.settings import Settings, SettingsError
 from hexstudio.core.stage_state import display_state
@@ -191,7 +191,8 @@ class RunController(QObject):
         self.running_stage = None
         self.last_result = res
         self._busy = False
-        self.manifest = RunManifest.load(self.manifest.run_dir) if self.manifest is not None else None
+        # as on disk now, a stage whose end could not be written (a full disk) shown interrupted, not "running"
+        self.manifest = load_run(self.manifest.run_dir) if self.manifest is not None else None
         self.busyChanged.emit(False)
         self.finished.emit(res.stopped_at or until, res.ok, res.message, res.hint or "")
         return res

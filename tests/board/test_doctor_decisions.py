@@ -134,3 +134,23 @@ def test_the_dma_heap_is_checked_as_the_fastrpc_nodes_are(
     c = Check("dma_heap", "dma heap")
     asyncio.run(doctor._dma_heap(p, c))
     assert (c.status, c.fix) == (status, fix), c.message
+
+
+def test_root_steps_run_without_a_time_limit_where_the_board_has_no_timeout_k() -> None:
+    """An old BusyBox `timeout` has no -k: every root step failed with its usage text."""
+    from types import SimpleNamespace
+
+    from hexstudio.core.device.fixes import _Runner
+
+    sent: list[list[str]] = []
+
+    class Transport:
+        async def run(self, argv: list[str], **_kw: Any) -> Any:
+            sent.append(argv)
+            code = 1 if argv[:1] == ["timeout"] else 0
+            return SimpleNamespace(exit_status=code, stdout="", stderr="")
+
+    rn = _Runner(SimpleNamespace(transport=Transport(), name="b"), None, None)  # type: ignore[arg-type]
+    rn.sudo_mode = "nopasswd"
+    assert asyncio.run(rn.run(["apt-get", "update"], True, 60)) == (0, "")
+    assert sent[-1] == ["sudo", "-n", "--", "apt-get", "update"], sent

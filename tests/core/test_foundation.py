@@ -318,3 +318,54 @@ def test_a_running_stage_of_this_very_process_without_its_lock_is_interrupted(tm
     with RunLock(m.run_dir):  # this process's pipeline holds the run: the stage is live
         assert ws.open_run(m.run_id).stage("model").state == "running"
     assert ws.open_run(m.run_id).stage("model").state == "interrupted"
+
+
+def test_without_file_locks_this_processs_running_stage_stays_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a file system without flock the lock says nothing: reopening a run the studio is running marked its live
+    stage interrupted (this process's pid was taken for gone)."""
+    import errno
+    import fcntl
+    import os
+    import socket
+
+    from hexstudio.core.manifest import boot_id
+
+    ws = Workspace(tmp_path / "ws")
+    m = ws.create_run("builtin:tiny-llama", "sim")
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": boot_id()}
+    m.stage("model").data.update(state="running", owner=me)
+    m.save()
+
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    assert ws.open_run(m.run_id).stage("model").state == "running"
+
+
+def test_a_lock_whose_pid_cannot_be_written_is_still_taken_and_given_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk too full to write the pid into .lock raised after flock succeeded: the descriptor leaked, holding
+    the lock, and every later run of the run was refused as busy until the studio exited."""
+    import errno
+    import os
+
+    from hexstudio.core.runs import RunLock
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    def full(*_a: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    lock = RunLock(run_dir)
+    lock.acquire()
+    assert lock.held
+    lock.release()
+    monkeypatch.undo()
+    with RunLock(run_dir) as again:
+        assert again.held

@@ -667,3 +667,40 @@ def test_closing_while_a_finished_stages_output_is_hashed_keeps_the_stage(
     st = json.loads((m.run_dir / "run.json").read_text())["stages"]["model"]
     assert st["state"] == "done" and st["artifacts"], st
     assert (m.run_dir / "artifacts" / "model" / "result.txt").is_file()
+
+
+def test_a_cancel_while_a_stage_is_recorded_on_a_full_disk_still_cancels(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stage's record failing (a full disk) while the closing studio recorded it swallowed the cancellation:
+    the pipeline went on as if nothing had been asked."""
+    import errno
+    import threading
+
+    from hexstudio.core import pipeline as pipeline_mod
+    from hexstudio.core.stage_record import StageAttempt
+
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    real, started = pipeline_mod.hash_tree, threading.Event()
+
+    def slow(*a: Any, **k: Any) -> Any:
+        started.set()
+        time.sleep(0.5)
+        return real(*a, **k)
+
+    def full(self: StageAttempt, *a: Any, **k: Any) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pipeline_mod, "hash_tree", slow)
+    monkeypatch.setattr(StageAttempt, "finish", full)
+
+    async def close_while_hashing() -> None:
+        task = asyncio.ensure_future(Pipeline(m, stages=fake_stages()).run(until="preflight"))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(close_while_hashing())
+    assert m.stage("model").state == "failed" and m.stage("preflight").state == "pending"

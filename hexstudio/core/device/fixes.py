@@ -510,6 +510,7 @@ class _Runner:
         self.on_log = on_log
         self.log: list[dict[str, Any]] = []
         self.sudo_mode: str | None = None  # "nopasswd" | "password"
+        self._has_timeout: bool | None = None  # the board's coreutils `timeout -k` (asked once)
 
     def redact(self, text: str) -> str:
         return text.replace(self.password, "********") if self.password else text
@@ -521,7 +522,7 @@ class _Runner:
     async def run(self, argv: list[str], sudo: bool, timeout: float = 600) -> tuple[int, str]:
         stdin = None
         limit = timeout
-        if sudo and argv[:1] != ["reboot"]:
+        if sudo and argv[:1] != ["reboot"] and await self.has_timeout():
             # root's own time limit (coreutils timeout, run by sudo): the transport's stop on a time-out is this
             # user's kill, which cannot stop a root process (an apt-get left holding the dpkg lock)
             argv = ["timeout", "-k", "10", str(int(timeout)), *argv]
@@ -532,11 +533,24 @@ class _Runner:
                 stdin = (self.password or "").encode() + b"\n"
             else:
                 argv = ["sudo", "-n", "--", *argv]
+        t0 = time.monotonic()
         r = await self.board.transport.run(argv, timeout=limit, stdin=stdin)
         out = self.redact((r.stdout + r.stderr).strip())
-        if argv[:1] == ["sudo"] and limit > timeout and r.exit_status in (124, 137):
+        # root's timeout fired (124, or 137 after its -k): not an OOM kill or the transport's own time-out
+        fired = limit > timeout and r.exit_status in (124, 137) and time.monotonic() - t0 >= timeout - 1
+        if fired and "timed out after" not in out:
             out = f"{out}\n(stopped on the board after {int(timeout)} s: the step's time limit)".strip()
         return r.exit_status, out
+
+    async def has_timeout(self) -> bool:
+        """Whether the board has a `timeout` that takes -k (coreutils; an old BusyBox one does not)."""
+        if self._has_timeout is None:
+            try:
+                r = await self.board.transport.run(["timeout", "-k", "1", "5", "true"], timeout=30)
+                self._has_timeout = r.exit_status == 0
+            except Exception:
+                self._has_timeout = False
+        return self._has_timeout
 
     async def sudo_access(self) -> tuple[bool, str]:
         """Can this user run commands as root? Sets sudo_mode. (ok, why-not)."""
