@@ -636,16 +636,13 @@ def test_only_says_when_a_stage_runs_on_an_out_of_date_upstream(workspace: Works
     assert res.ok and "quantize" in res.ran, res
 
 
-def test_closing_while_a_finished_stages_output_is_hashed_keeps_the_stage(
-    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The output is hashed off the event loop; a studio closing then (its pipeline task cancelled) lost the
-    finished stage: "running" on disk, "interrupted" at the next start, and the output thrown away."""
+def close_while_hashing(m: RunManifest, monkeypatch: pytest.MonkeyPatch, until: str) -> None:
+    """Run the fake stages up to `until` and cancel the pipeline (the studio closing) while the first finished
+    stage's output is hashed; the cancellation must reach the caller."""
     import threading
 
     from hexstudio.core import pipeline as pipeline_mod
 
-    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
     real, started = pipeline_mod.hash_tree, threading.Event()
 
     def slow(*a: Any, **k: Any) -> Any:
@@ -655,15 +652,24 @@ def test_closing_while_a_finished_stages_output_is_hashed_keeps_the_stage(
 
     monkeypatch.setattr(pipeline_mod, "hash_tree", slow)
 
-    async def close_while_hashing() -> None:
-        task = asyncio.ensure_future(Pipeline(m, stages=fake_stages()).run(until="model"))
+    async def go() -> None:
+        task = asyncio.ensure_future(Pipeline(m, stages=fake_stages()).run(until=until))
         while not started.is_set():
             await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    asyncio.run(close_while_hashing())
+    asyncio.run(go())
+
+
+def test_closing_while_a_finished_stages_output_is_hashed_keeps_the_stage(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The output is hashed off the event loop; a studio closing then (its pipeline task cancelled) lost the
+    finished stage: "running" on disk, "interrupted" at the next start, and the output thrown away."""
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    close_while_hashing(m, monkeypatch, "model")
     st = json.loads((m.run_dir / "run.json").read_text())["stages"]["model"]
     assert st["state"] == "done" and st["artifacts"], st
     assert (m.run_dir / "artifacts" / "model" / "result.txt").is_file()
@@ -675,32 +681,13 @@ def test_a_cancel_while_a_stage_is_recorded_on_a_full_disk_still_cancels(
     """The stage's record failing (a full disk) while the closing studio recorded it swallowed the cancellation:
     the pipeline went on as if nothing had been asked."""
     import errno
-    import threading
 
-    from hexstudio.core import pipeline as pipeline_mod
     from hexstudio.core.stage_record import StageAttempt
-
-    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
-    real, started = pipeline_mod.hash_tree, threading.Event()
-
-    def slow(*a: Any, **k: Any) -> Any:
-        started.set()
-        time.sleep(0.5)
-        return real(*a, **k)
 
     def full(self: StageAttempt, *a: Any, **k: Any) -> str:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(pipeline_mod, "hash_tree", slow)
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
     monkeypatch.setattr(StageAttempt, "finish", full)
-
-    async def close_while_hashing() -> None:
-        task = asyncio.ensure_future(Pipeline(m, stages=fake_stages()).run(until="preflight"))
-        while not started.is_set():
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(close_while_hashing())
+    close_while_hashing(m, monkeypatch, "preflight")
     assert m.stage("model").state == "failed" and m.stage("preflight").state == "pending"
