@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 ERROR_KEYS = ("code", "message", "hint")  # the error's shape, everywhere; hint may be absent
@@ -76,18 +77,36 @@ def why_not_written(exc: OSError) -> str | None:
     return _NOT_WRITTEN.get(exc.errno or 0)
 
 
-def disk_hint(exc: OSError, folder: object) -> str:
-    """What to do about `exc` raised in `folder`: free space, or take the folder back (a run once started with sudo
-    leaves root's folders), where why_not_written knows it; else a general word with the error itself."""
+def disk_hint(exc: OSError, folder: object, then: str = "try again") -> str:
+    """What to do about `exc` raised in `folder`, and `then`: free space, or take the folder back (a run once started
+    with sudo leaves root's folders), where why_not_written knows it; else a general word with the error itself."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "Free space on that disk (`df -h`; old runs can go with `hexstudio runs delete RUN`), then try again."
+        return f"Free space on that disk (`df -h`; old runs can go with `hexstudio runs delete RUN`), then {then}."
     if exc.errno == errno.EROFS:
-        return "Put the workspace on a writable disk (--workspace or HEXSTUDIO_WORKSPACE), then try again."
+        return f"Put the workspace on a writable disk (--workspace or HEXSTUDIO_WORKSPACE), then {then}."
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return f"Make {folder} yours again (a run once started with sudo is root's: `sudo chown -R $USER {folder}`)."
+        return (
+            f"Make {folder} yours again (a run once started with sudo is root's: `sudo chown -R $USER {folder}`), or "
+            f"choose a workspace you can write; then {then}."
+        )
     if exc.errno == errno.ENOENT:
         return f"{folder} or a part of it is gone (deleted from another window?): open the run again."
-    return f"Check {folder} ({exc.strerror or exc}), then try again."
+    return f"Check {folder} ({exc.strerror or exc}), then {then}."
+
+
+def find_cause(
+    exc: BaseException, pred: Callable[[BaseException], bool], *, context: bool = True
+) -> BaseException | None:
+    """The first of `exc` and the errors behind it (`raise ... from`: __cause__; with `context`, also the one being
+    handled when it was raised: __context__) that `pred` accepts; None when none does."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if pred(cur):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or (cur.__context__ if context else None)
+    return None
 
 
 def snake_case(name: str) -> str:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
 from pathlib import Path
 
-from hexstudio.shared.errors import ActionableError, keyring_unread
+from hexstudio.shared.errors import ActionableError, find_cause, keyring_unread
 
 
 class HubError(ActionableError):
@@ -24,17 +23,6 @@ TOKEN_HINT = (
     "Create a read token at https://huggingface.co/settings/tokens and store it with "
     "`hexstudio hf login` (kept in the keyring), or run `hf auth login`."
 )
-
-
-def _find_cause(exc: BaseException, pred: Callable[[BaseException], bool]) -> BaseException | None:
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if pred(cur):
-            return cur
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return None
 
 
 def _is_network_error(e: BaseException) -> bool:
@@ -89,7 +77,7 @@ def hub_error(
     unread = None if token else keyring_unread()
     # no token because the keyring could not be read: that, not "log in", is what to fix
     token_hint = f"HexStudio's keyring could not be read for the token: {unread}" if unread else TOKEN_HINT
-    full = _find_cause(exc, lambda e: isinstance(e, OSError) and e.errno == errno.ENOSPC)
+    full = find_cause(exc, lambda e: isinstance(e, OSError) and e.errno == errno.ENOSPC)
     if full is not None:
         where = cache or Path(getattr(full, "filename", None) or "the Hugging Face cache")
         need = f" The model needs about {need_bytes / 1024**3:.1f} GiB there." if need_bytes else ""
@@ -100,7 +88,7 @@ def hub_error(
             "point HF_HOME at a bigger disk (export HF_HOME=/path/on/big/disk) before starting "
             "HexStudio. `hexstudio preflight --model ...` shows the space needed.",
         )
-    denied = _find_cause(exc, lambda e: isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EROFS))
+    denied = find_cause(exc, lambda e: isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EROFS))
     if denied is not None and not isinstance(exc, HfHubHTTPError):
         return HubError(
             "cache_not_writable",
@@ -169,7 +157,7 @@ def hub_error(
             f"Hugging Face answered with a server error ({status}).",
             "The hub is having trouble: try again later (https://status.huggingface.co).",
         )
-    if isinstance(exc, LocalEntryNotFoundError) or _find_cause(exc, _is_network_error) is not None:
+    if isinstance(exc, LocalEntryNotFoundError) or find_cause(exc, _is_network_error) is not None:
         if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
             return HubError(
                 "offline",

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hexstudio.shared.errors import ActionableError, why_not_written
+from hexstudio.shared.errors import ActionableError, disk_hint, find_cause, why_not_written
 from hexstudio.shared.protocol import LIVENESS_ENV, PARENT_ENV, Emitter
 from hexstudio.shared.worker_spec import SPEC_SCHEMA, SpecError, WorkerSpec
 
@@ -251,42 +251,29 @@ def _not_written(stage: str, exc: OSError) -> tuple[str, str, str] | None:
     if why is None:
         return None
     where = f" {exc.filename}" if exc.filename else ""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (
-            "disk_full",
-            f"The {stage} worker could not write{where}: {why}.",
-            "Free space on that disk (`df -h` shows the disks; old runs can go with `hexstudio runs delete RUN`), "
-            "then resume the run: finished stages are kept.",
-        )
-    if exc.errno == errno.EROFS:
-        return (
-            "disk_read_only",
-            f"The {stage} worker could not write{where}: the disk is read-only.",
-            "Put the workspace on a writable disk (--workspace or HEXSTUDIO_WORKSPACE), then resume.",
-        )
     # EACCES / EPERM: a read as well as a write (a Hugging Face cache an earlier sudo run made root's)
     folder = (
         os.path.dirname(exc.filename) if isinstance(exc.filename, str) and exc.filename else "that folder"
     )
+    hint = disk_hint(exc, folder, then="resume the run: finished stages are kept")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "disk_full", f"The {stage} worker could not write{where}: {why}.", hint
+    if exc.errno == errno.EROFS:
+        return "disk_read_only", f"The {stage} worker could not write{where}: the disk is read-only.", hint
     return (
         "not_writable",
         f"The {stage} worker was refused access to{where or ' a file'}: {exc.strerror or 'permission denied'}.",
-        f"Make {folder} yours again (a run once started with sudo leaves root's files: `sudo chown -R $USER "
-        f"{folder}`), or choose a workspace you can write; then resume the run.",
+        hint,
     )
 
 
 def _written_cause(exc: BaseException) -> OSError | None:
     """The OSError a library's error says it wraps (`raise ... from`: its __cause__ chain), when the disk or its
     owner refused it. Not __context__: a bug raised while handling such an error is still a bug."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc.__cause__
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, OSError) and why_not_written(cur) is not None:
-            return cur
-        seen.add(id(cur))
-        cur = cur.__cause__
-    return None
+    found = find_cause(
+        exc, lambda e: isinstance(e, OSError) and why_not_written(e) is not None, context=False
+    )
+    return found if isinstance(found, OSError) else None
 
 
 # what torch and onnxruntime say when an allocation fails (their own exception types, not MemoryError):
