@@ -316,18 +316,13 @@ async def _fastrpc_member(p: _Probe, c: Check) -> None:
 
 
 async def _fastrpc_login(p: _Probe, c: Check) -> None:
-    user = await p.user()
     e = await p.sh("id")
     c.evidence.append(e)
-    _, members = await _group(p)
-    in_login = bool(re.search(r"\(fastrpc\)", e.output))
-    if in_login:
+    if re.search(r"\(fastrpc\)", e.output):
         c.status, c.message = OK, "This login has the fastrpc group."
-    elif members is not None and user in members:
-        c.status, c.fix = FAIL, "relogin"
-        c.message = f"{user} was added to fastrpc, but this login started before: log in again (or reboot)."
     else:
-        c.status, c.fix, c.message = FAIL, "group_add", "This login does not have the fastrpc group."
+        c.status, c.fix, why = FAIL, *await _membership(p)
+        c.message = f"This login does not have the fastrpc group: {why}"
 
 
 async def _udev_rule(p: _Probe, c: Check) -> None:
@@ -396,7 +391,10 @@ async def _membership(p: _Probe) -> tuple[str, str]:
     user = await p.user()
     _, members = await _group(p)
     if members is not None and user in members:
-        return "relogin", f"{user} is in the fastrpc group, but this login started before: log in again."
+        return (
+            "relogin",
+            f"{user} is in the fastrpc group, but this login started before: log in again (or reboot).",
+        )
     return "group_add", f"{user} is not in the fastrpc group."
 
 

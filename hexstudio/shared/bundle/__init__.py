@@ -243,12 +243,10 @@ def genie_config(
                 "bos-token": bos_out,
                 "eos-token": eos_out,
             },
+            # the four keys Genie needs, in its spelling (a KeyError for a sampler without one of them)
             "sampler": {
                 "version": 1,
-                "seed": sampler["seed"],
-                "temp": sampler["temp"],
-                "top-k": sampler["top_k"],
-                "top-p": sampler["top_p"],
+                **genie_sampler_keys({k: sampler[k] for k in ("seed", "temp", "top_k", "top_p")}),
             },
             "tokenizer": {"version": 1, "path": "tokenizer.json"},
             "engine": {
