@@ -94,7 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pf.add_argument("name")
     pf.add_argument(
         "fix_id",
-        help="group_add, relogin, udev_rule, fastrpc_packages, qairt_env, daemon_restart, "
+        help="group_add, relogin, udev_rule, fastrpc_packages, qairt_env, daemon_restart, dsp_start, "
         "reboot, qairt_install, geniex_install",  # hexstudio.core.device.fixes.FIX_IDS (not imported: start-up)
     )
     pf.add_argument(

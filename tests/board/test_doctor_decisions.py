@@ -154,3 +154,50 @@ def test_root_steps_run_without_a_time_limit_where_the_board_has_no_timeout_k() 
     rn.sudo_mode = "nopasswd"
     assert asyncio.run(rn.run(["apt-get", "update"], True, 60)) == (0, "")
     assert sent[-1] == ["sudo", "-n", "--", "apt-get", "update"], sent
+
+
+def remoteproc_check(answer: str) -> tuple[Check, dict[str, Any]]:
+    p = CannedProbe({"for r in /sys/class/remoteproc": answer})
+    c = Check("remoteproc", "DSP remote processors")
+    asyncio.run(doctor._remoteproc(p, c))
+    return c, p.facts
+
+
+def test_an_offline_dsp_is_started_not_rebooted() -> None:
+    """qualcomm-linux/kernel#923 (qualcomm/fastrpc 59-fastrpc-remoteproc.rules): a DSP the kernel booted before its
+    firmware could be read stays offline, at every boot, so "reboot the board" never helped."""
+    rp = "/sys/class/remoteproc/remoteproc"
+    c, facts = remoteproc_check(f"adsp running {rp}0\ncdsp running {rp}1\ncdsp1 offline {rp}2")
+    assert c.status == "fail" and c.fix == "dsp_start", (c.fix, c.message)
+    assert "cdsp1 offline" in c.message and "kernel#923" in c.message
+    assert facts["remoteproc_paths"]["cdsp1"] == f"{rp}2" and facts["remoteproc"]["cdsp1"] == "offline"
+    c, _ = remoteproc_check(f"cdsp crashed {rp}1\ncdsp1 offline {rp}2")  # a crash: only a reboot recovers it
+    assert c.fix == "reboot" and "cdsp, cdsp1 not running (crashed, offline)" in c.message, c.message
+    c, _ = remoteproc_check(f"cdsp running {rp}1\ncdsp1 running {rp}2")
+    assert c.status == "ok" and c.fix is None
+
+
+def udev_check(answer: str) -> Check:
+    p = CannedProbe({"grep -HsE 'fastrpc-cdsp": answer})
+    c = Check("udev_rule", "FastRPC udev rule")
+    asyncio.run(doctor._udev_rule(p, c))
+    return c
+
+
+RULE = 'KERNEL=="fastrpc-cdsp", GROUP="fastrpc", MODE="0660"'
+
+
+def test_an_earlier_rule_that_hides_the_packages_rule_is_moved() -> None:
+    """HexStudio wrote its rule as /etc/udev/rules.d/60-fastrpc.rules, the name of the fastrpc package's own file
+    in /usr/lib/udev/rules.d: udev then reads only the one in /etc, and the package's adsp, gdsp, sdsp and -secure
+    nodes lose their group."""
+    ours = f"/etc/udev/rules.d/60-fastrpc.rules:# FastRPC (written by HexStudio)\n/etc/udev/rules.d/60-fastrpc.rules:{RULE}"
+    package = f"/usr/lib/udev/rules.d/60-fastrpc.rules:{RULE}"
+    c = udev_check(f"{ours}\n{package}")
+    assert c.status == "warn" and c.fix == "udev_rule", (c.status, c.message)
+    assert "hides the fastrpc package's own 60-fastrpc.rules" in c.message
+    assert "61-hexstudio-fastrpc.rules" in c.message
+    assert udev_check(ours).status == "ok"  # nothing of the package's to hide
+    assert udev_check(package).status == "ok"  # the package's own rule
+    assert udev_check(package.replace("/usr/lib/", "/etc/")).status == "ok"  # an administrator's, not ours
+    assert udev_check("").fix == "udev_rule"

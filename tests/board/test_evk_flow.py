@@ -69,7 +69,9 @@ def _host_state() -> dict[str, Any]:
     return {
         "opt_qairt": Path("/opt/qairt").exists(),
         "fastrpc_group": "fastrpc:" in Path("/etc/group").read_text(),
-        "udev_rule": Path("/etc/udev/rules.d/60-fastrpc.rules").exists(),
+        "udev_rules": sorted(p.name for p in Path("/etc/udev/rules.d").glob("*.rules"))
+        if Path("/etc/udev/rules.d").is_dir()
+        else [],
         "fastrpc_dev": Path("/dev/fastrpc-cdsp").exists(),
     }
 
@@ -103,7 +105,7 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
         assert r1.by_id("soc").message.startswith("QCS9075 (soc_id 676), Hexagon v73")
         assert r1.facts["dsp_arch"] == "v73" and r1.facts["sudo"] == "password"
         assert {c.fix for c in r1.checks if c.status == "fail"} == {
-            "reboot",
+            "dsp_start",  # cdsp1 offline: started, not a reboot that leaves it offline again
             "group_add",
             "udev_rule",
             "daemon_restart",
@@ -139,9 +141,11 @@ def test_probe_fix_install_push(evk: EvkBoard, tmp_path: Path, recorded: dict[st
 
         # 3. fixes, each re-checking what it affects
         fixed_by = {
+            "dsp_start": ("remoteproc",),
             "group_add": ("fastrpc_group", "fastrpc_member", "fastrpc_login"),
             "udev_rule": ("udev_rule", "fastrpc_device", "dma_heap"),
             "daemon_restart": ("fastrpc_daemons",),
+            # cdsp1 comes back running: the rule dsp_start installed starts it at boot
             "reboot": ("remoteproc", "fastrpc_device", "fastrpc_daemons", "fastrpc_login"),
         }
         for fid, checks in fixed_by.items():

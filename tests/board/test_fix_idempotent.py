@@ -16,12 +16,16 @@ from hexstudio.core.device.fixes import apply_fix, plan_fix
 from tests.board.conftest import CANARY, settings_with
 from tests.support.evk_board import EvkBoard
 
-FIXES = ("group_add", "relogin", "udev_rule", "fastrpc_packages", "daemon_restart")
-MUTATING = ("groupadd", "usermod", "udevadm", "ldconfig", "apt-get", "install", "reboot")
+FIXES = ("dsp_start", "group_add", "relogin", "udev_rule", "fastrpc_packages", "daemon_restart")
+MUTATING = ("groupadd", "usermod", "udevadm", "ldconfig", "apt-get", "install", "reboot", "rm")
 
 
 def _mutating(argv: list[str]) -> bool:
-    return argv[0] in MUTATING or (argv[0] == "systemctl" and argv[1] in ("restart", "start", "stop"))
+    return (
+        argv[0] in MUTATING
+        or (argv[0] == "systemctl" and argv[1] in ("restart", "start", "stop"))
+        or (argv[0] == "sh" and any("| tee " in a for a in argv))  # dsp_start's write to a remoteproc's state
+    )
 
 
 @pytest.mark.slow
@@ -48,7 +52,7 @@ def test_a_second_run_of_each_fix_reports_already_and_runs_nothing(
             assert res.status in ("applied", "already"), (fid, res.message)
             first[fid] = res.status
         assert first["group_add"] == "applied" and first["udev_rule"] == "applied"
-        assert first["daemon_restart"] == "applied"
+        assert first["daemon_restart"] == "applied" and first["dsp_start"] == "applied"
         assert first["fastrpc_packages"] == "already"  # the board ships libcdsprpc: no apt-get, no ldconfig
 
         # second runs: nothing to do, nothing run, no sudo asked (no password given this time)

@@ -59,11 +59,17 @@ def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
         assert udev.status == "manual"
         # one command writes the rule: an administrator may not write this user's home (~/.hexstudio/tmp)
         assert any(
-            c.startswith("sudo tee /etc/udev/rules.d/60-fastrpc.rules >/dev/null <<'EOF'\n")
+            c.startswith("sudo tee /etc/udev/rules.d/61-hexstudio-fastrpc.rules >/dev/null <<'EOF'\n")
             and 'GROUP="fastrpc"' in c
             for c in udev.manual_commands
         ), udev.manual_commands
         assert not any(".hexstudio" in c for c in udev.manual_commands), udev.manual_commands
+        dsp = await apply_fix(board, await plan_fix(board, "dsp_start", r))
+        assert dsp.status == "manual" and dsp.manual_commands[0] == (
+            "echo start | sudo tee /sys/class/remoteproc/remoteproc2/state"  # cdsp1 only: cdsp is running
+        ), dsp.manual_commands
+        assert dsp.manual_commands[1].startswith("sudo tee /etc/udev/rules.d/59-hexstudio-dsp-start.rules")
+        assert 'SUBSYSTEM=="remoteproc"' in dsp.manual_commands[1] and len(dsp.manual_commands) == 2
         reboot = await apply_fix(board, await plan_fix(board, "reboot", r))
         assert reboot.status == "manual" and reboot.manual_commands[0].startswith("sudo reboot")
         pk = await plan_fix(board, "fastrpc_packages", r)
@@ -74,8 +80,8 @@ def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
         pk_res = await apply_fix(board, pk)
         # libcdsprpc is already resolvable: nothing to do, so no sudo is needed and nothing is listed
         assert pk_res.status == "already" and pk_res.manual_commands == []
-        after = await probe(board, only=["fastrpc_group", "udev_rule"])
-        assert [c.status for c in after.checks] == ["fail", "fail"]  # nothing was half-done
+        after = await probe(board, only=["remoteproc", "fastrpc_group", "udev_rule"])
+        assert [c.status for c in after.checks] == ["fail", "fail", "fail"]  # nothing was half-done
         await board.transport.close()
 
     asyncio.run(go())

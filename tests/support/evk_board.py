@@ -4,7 +4,8 @@ Built on tests.support.sshd.SshServer's private mount namespace. Inside that nam
 machine's own /dev, /sys, /etc, /opt, /home, /run are never touched), the SSH sessions see:
 
 - /sys/devices/soc0/{soc_id,machine,family}: 676 / QCS9075; /sys/class/remoteproc/remoteproc{0,1,2}
-  with {name,state} = adsp, cdsp, cdsp1 (cdsp1 `offline` at first: a fault only a reboot clears);
+  with {name,state} = adsp, cdsp, cdsp1 (cdsp1 `offline`: the kernel tried it at boot before its firmware could
+  be read, qualcomm-linux/kernel#923, and does so at every boot until a udev rule starts it);
 - /dev (a tmpfs with null, zero, urandom, pts...): /dev/fastrpc-{adsp,cdsp,cdsp-secure,cdsp1}
   `crw------- root root` and /dev/dma_heap/system (the char nodes are /dev/null's, so "can this
   user open it" is a real permission check);
@@ -15,9 +16,10 @@ machine's own /dev, /sys, /etc, /opt, /home, /run are never touched), the SSH se
 - /usr/local/sbin (first on PATH, also in sudo's secure_path): small stand-ins for what this machine
   cannot do for a namespace: `systemctl` (cdsprpcd/cdsp1rpcd/adsprpcd states; cdsp1rpcd `failed` at
   first), `udevadm` (applies OWNER/GROUP/MODE and the setfacl RUN of /etc/udev/rules.d/*fastrpc* to the
-  /dev nodes, like udev at trigger or at boot), `reboot` (drops every SSH session; the supervisor
-  brings sshd back after `reboot_delay` seconds, running on_boot: remoteprocs running, daemons active,
-  udev rules applied), `uname` (machine aarch64).
+  /dev nodes, like udev at trigger or at boot), `tee` (a "start" written to an offline remoteproc's state
+  boots it, as the kernel does; any other file is the real tee's), `reboot` (drops every SSH session; the
+  supervisor brings sshd back after `reboot_delay` seconds, running on_boot: remoteprocs running but cdsp1
+  without a rule that starts it, daemons active, udev rules applied), `uname` (machine aarch64).
 
 The QAIRT SDK stand-in comes from `build_qairt_zip` (the SDK's layout; small shell scripts for
 genie-t2t-run and qnn-platform-validator that test the same things the real ones need: the FastRPC
@@ -140,9 +142,28 @@ case "$*" in
 esac
 """
 
+TEE = """#!/bin/sh
+# EVK test board stand-in for tee: "start" written to the state of an offline remoteproc boots it, as the kernel
+# does (a running one answers EBUSY); every other file goes to the real tee.
+case "$#:$1" in
+  1:/sys/class/remoteproc/*/state)
+    read -r word
+    if [ "$word" = start ] && [ "$(cat "$1")" = offline ]; then echo running > "$1"; echo start; exit 0; fi
+    echo "tee: $1: Device or resource busy" >&2; exit 1 ;;
+esac
+exec /usr/bin/tee "$@"
+"""
+
 ON_BOOT = """#!/bin/sh
-# What the board does at boot: DSPs up, FastRPC daemons started, udev rules applied to /dev.
-for r in /sys/class/remoteproc/remoteproc*; do echo running > "$r/state"; done
+# What the board does at boot: DSPs up (cdsp1 only where a udev rule starts it: qualcomm-linux/kernel#923), FastRPC
+# daemons started, udev rules applied to /dev.
+for r in /sys/class/remoteproc/remoteproc*; do
+  if [ "$(cat "$r/name")" = cdsp1 ] && ! grep -qs 'SUBSYSTEM=="remoteproc"' /etc/udev/rules.d/*.rules; then
+    echo offline > "$r/state"
+  else
+    echo running > "$r/state"
+  fi
+done
 for s in /run/evk/services/*; do echo active > "$s"; done
 /usr/local/sbin/udevadm trigger --subsystem-match=misc >/dev/null 2>&1 || true
 /usr/local/sbin/udevadm trigger --subsystem-match=dma_heap >/dev/null 2>&1 || true
@@ -320,9 +341,15 @@ class EvkBoard:
             f.write(f"{self.user}:{pw_hash}:20000:0:99999:7:::\n")
         (etc / "udev" / "rules.d").mkdir(parents=True, exist_ok=True)
         if self.fastrpc_ready:
-            from hexstudio.core.device.fixes import UDEV_RULES_TEXT
+            from hexstudio.core.device.fixes import (
+                DSP_START_RULE,
+                DSP_START_RULE_TEXT,
+                UDEV_RULE,
+                UDEV_RULES_TEXT,
+            )
 
-            (etc / "udev" / "rules.d" / "60-fastrpc.rules").write_text(UDEV_RULES_TEXT)
+            (r / UDEV_RULE.lstrip("/")).write_text(UDEV_RULES_TEXT)
+            (r / DSP_START_RULE.lstrip("/")).write_text(DSP_START_RULE_TEXT)
         (etc / "sudoers.d" / "hexstudio-evk").write_text("Defaults lecture=never\n")
         os.chmod(etc / "sudoers.d" / "hexstudio-evk", 0o440)
         (etc / "hosts").write_text("127.0.0.1 localhost\n127.0.1.1 " + os.uname().nodename + "\n")
@@ -338,6 +365,7 @@ class EvkBoard:
         for name, text in (
             ("systemctl", SYSTEMCTL),
             ("udevadm", UDEVADM),
+            ("tee", TEE),
             ("uname", UNAME),
             (
                 "reboot",

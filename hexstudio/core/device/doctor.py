@@ -13,6 +13,7 @@ Commands are argv lists run through the board's transport; the shell snippets be
 from __future__ import annotations
 
 import asyncio
+import posixpath
 import re
 import shlex
 from collections.abc import Iterable
@@ -39,7 +40,13 @@ SOC_IDS: dict[str, tuple[str, str]] = {
 }
 QAIRT_ROOTS = ("/opt/qairt", "/opt/qcom/aistack/qairt")
 ENV_SCRIPT = "qairt-env.sh"
-UDEV_RULE = "/etc/udev/rules.d/60-fastrpc.rules"
+# HexStudio's rule under its own name: one named as the fastrpc package's (its 60-fastrpc.rules, in /usr/lib/udev)
+# would hide that file whole, with its adsp, gdsp, sdsp and -secure nodes (udev: a file in /etc replaces the file
+# of the same name in /usr/lib). Earlier versions wrote OLD_UDEV_RULE: the udev_rule fix takes it away.
+UDEV_RULE = "/etc/udev/rules.d/61-hexstudio-fastrpc.rules"
+OLD_UDEV_RULE = "/etc/udev/rules.d/60-fastrpc.rules"
+UDEV_MARK = "written by HexStudio"
+UDEV_DIRS = ("/etc/udev/rules.d", "/lib/udev/rules.d", "/usr/lib/udev/rules.d")
 DAEMONS = ("cdsprpcd", "cdsp1rpcd")
 MIN_FREE_RAM = 4 << 30
 MIN_FREE_DISK = 8 << 30
@@ -255,19 +262,31 @@ async def _memory(p: _Probe, c: Check) -> None:
 async def _remoteproc(p: _Probe, c: Check) -> None:
     e = await p.sh(
         'for r in /sys/class/remoteproc/remoteproc*; do [ -e "$r/name" ] || continue; '
-        'echo "$(cat "$r/name") $(cat "$r/state")"; done'
+        'echo "$(cat "$r/name") $(cat "$r/state") $r"; done'
     )
     c.evidence.append(e)
-    states = dict(ln.split(None, 1) for ln in e.output.splitlines() if len(ln.split(None, 1)) == 2)
+    rows = [ln.split() for ln in e.output.splitlines()]
+    states = {r[0]: r[1] for r in rows if len(r) == 3}
     p.facts["remoteproc"] = states
+    p.facts["remoteproc_paths"] = {r[0]: r[2] for r in rows if len(r) == 3}
     dsps = {n: s for n, s in states.items() if n.startswith("cdsp")}
     if not dsps:
         c.status, c.message = WARN, "No cdsp remote processor listed in /sys/class/remoteproc."
         return
     down = [n for n, s in dsps.items() if s != "running"]
-    if down:
+    shown = ", ".join(down)
+    if down and all(dsps[n] == "offline" for n in down):
+        # qualcomm/fastrpc files/59-fastrpc-remoteproc.rules: the kernel boots a DSP before the root filesystem is
+        # mounted, its firmware is not found, and it stays offline for that boot (qualcomm-linux/kernel#923)
+        c.status, c.fix = FAIL, "dsp_start"
+        c.message = (
+            f"{shown} offline: the kernel did not start it. Often it tried at boot, before its firmware could be "
+            "read, and a reboot does the same again (qualcomm-linux/kernel#923): start it now and install a udev "
+            "rule that starts it at every boot."
+        )
+    elif down:
         c.status, c.fix = FAIL, "reboot"
-        c.message = f"{', '.join(down)} not running ({', '.join(dsps[n] for n in down)}): reboot the board."
+        c.message = f"{shown} not running ({', '.join(dsps[n] for n in down)}): reboot the board."
     else:
         c.status, c.message = OK, ", ".join(f"{n} {s}" for n, s in sorted(states.items())) + "."
 
@@ -326,13 +345,20 @@ async def _fastrpc_login(p: _Probe, c: Check) -> None:
 
 
 async def _udev_rule(p: _Probe, c: Check) -> None:
-    e = await p.sh(
-        "grep -Hs 'fastrpc-cdsp' /etc/udev/rules.d/*.rules /lib/udev/rules.d/*.rules "
-        "/usr/lib/udev/rules.d/*.rules"
-    )
+    e = await p.sh(f"grep -HsE 'fastrpc-cdsp|{UDEV_MARK}' " + " ".join(f"{d}/*.rules" for d in UDEV_DIRS))
     c.evidence.append(e)
     lines = [ln for ln in e.output.splitlines() if "KERNEL" in ln and "fastrpc-cdsp" in ln]
-    if any('GROUP="fastrpc"' in ln and "0660" in ln for ln in lines):
+    name = posixpath.basename(OLD_UDEV_RULE)
+    # an earlier HexStudio's rule, named as the package's: it hides the package's whole file
+    ours = any(ln.startswith(OLD_UDEV_RULE + ":") and UDEV_MARK in ln for ln in e.output.splitlines())
+    hides = ours and any(ln.split(":", 1)[0] in {f"{d}/{name}" for d in UDEV_DIRS[1:]} for ln in lines)
+    if hides:
+        c.status, c.fix = WARN, "udev_rule"
+        c.message = (
+            f"HexStudio's earlier rule {OLD_UDEV_RULE} hides the fastrpc package's own {name} (its adsp, gdsp, "
+            f"sdsp and -secure nodes): the fix moves HexStudio's rule to {UDEV_RULE}."
+        )
+    elif any('GROUP="fastrpc"' in ln and "0660" in ln for ln in lines):
         c.status, c.message = OK, "A udev rule gives /dev/fastrpc-cdsp to the fastrpc group (0660)."
     else:
         c.status, c.fix = FAIL, "udev_rule"

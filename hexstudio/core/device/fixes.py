@@ -10,7 +10,7 @@ echo of it is redacted). A board where this user has no sudo gets `status="manua
 `manual_commands` to run as root by hand, instead of a failure.
 
 Fix ids (the doctor's `fix` field): group_add, relogin, udev_rule, fastrpc_packages, qairt_env,
-daemon_restart, reboot, qairt_install (hexstudio.core.device.qairt; needs the SDK zip), geniex_install (needs
+daemon_restart, dsp_start, reboot, qairt_install (hexstudio.core.device.qairt; needs the SDK zip), geniex_install (needs
 GenieX's release tarball geniex-cli-linux-arm64-vX.Y.Z.tar.gz, or its Python wheel geniex-X.Y.Z-*.whl: the
 board is not assumed to reach the internet).
 """
@@ -29,7 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.core.device.board import Board
-from hexstudio.core.device.doctor import CHECK_IDS, DAEMONS, ENV_SCRIPT, UDEV_RULE, DoctorReport, probe
+from hexstudio.core.device.doctor import (
+    CHECK_IDS,
+    DAEMONS,
+    ENV_SCRIPT,
+    OLD_UDEV_RULE,
+    UDEV_DIRS,
+    UDEV_MARK,
+    UDEV_RULE,
+    DoctorReport,
+    probe,
+)
 from hexstudio.core.device.errors import BoardError, ConnectionDropped, SudoRefused, link_failure
 from hexstudio.core.device.explain import explain
 from hexstudio.core.device.qairt import ABI, MARKER, QAIRT_BASE, build_payload, compare_qairt, parse_version
@@ -45,6 +55,7 @@ FIX_IDS = (
     "fastrpc_packages",
     "qairt_env",
     "daemon_restart",
+    "dsp_start",
     "reboot",
     "qairt_install",
     "geniex_install",
@@ -56,6 +67,7 @@ TITLES = {
     "fastrpc_packages": "Install the FastRPC userspace packages",
     "qairt_env": "Write the QAIRT environment script",
     "daemon_restart": "Restart the FastRPC daemons",
+    "dsp_start": "Start the offline DSP, and install a udev rule that starts it at boot",
     "reboot": "Reboot the board and wait for it",
     "qairt_install": "Install QAIRT from the SDK zip",
     "geniex_install": "Install or update GenieX from its release file",
@@ -68,6 +80,7 @@ AFFECTS: dict[str, tuple[str, ...]] = {
     "fastrpc_packages": ("fastrpc_userspace", "htp_validator"),
     "qairt_env": ("qairt_env", "genie", "htp_validator"),
     "daemon_restart": ("fastrpc_daemons", "htp_validator"),
+    "dsp_start": ("remoteproc", "fastrpc_device", "fastrpc_daemons", "htp_validator"),
     "reboot": CHECK_IDS,
     "qairt_install": ("qairt", "qairt_env", "genie", "htp_validator"),
     "geniex_install": ("geniex",),
@@ -75,13 +88,28 @@ AFFECTS: dict[str, tuple[str, ...]] = {
 REMOTE_TMP = ".hexstudio/tmp"
 UPLOAD_PROGRESS_INTERVAL_S = 0.1
 UDEV_RULES_TEXT = """\
-# FastRPC device nodes for the fastrpc group (written by HexStudio; upstream 60-fastrpc.rules style)
+# FastRPC device nodes for the fastrpc group (written by HexStudio; as qualcomm/fastrpc's 60-fastrpc.rules)
 ACTION=="add", SUBSYSTEM=="misc", KERNEL=="fastrpc-cdsp", GROUP="fastrpc", MODE="0660", \
 TAG+="systemd", ENV{SYSTEMD_WANTS}+="cdsprpcd.service"
 ACTION=="add", SUBSYSTEM=="misc", KERNEL=="fastrpc-cdsp1", GROUP="fastrpc", MODE="0660", \
 TAG+="systemd", ENV{SYSTEMD_WANTS}+="cdsp1rpcd.service"
 ACTION=="add", SUBSYSTEM=="dma_heap", KERNEL=="system", MODE="0660", RUN+="/bin/setfacl -m g:fastrpc:rw $env{DEVNAME}"
 """
+# A DSP the kernel left offline at boot, started when udev sees it (qualcomm/fastrpc files/59-fastrpc-remoteproc.rules
+# does the same for qualcomm-linux/kernel#923: the firmware was read before the root filesystem was mounted)
+DSP_START_RULE = "/etc/udev/rules.d/59-hexstudio-dsp-start.rules"
+DSP_START_RULE_TEXT = """\
+# Start a Hexagon DSP the kernel left offline at boot (written by HexStudio; qualcomm-linux/kernel#923)
+ACTION=="add", SUBSYSTEM=="remoteproc", ATTR{name}=="cdsp|cdsp1", ATTR{state}=="offline", ATTR{state}="start"
+"""
+# a rule that starts an offline remote processor is there already (HexStudio's, or the fastrpc package's)
+HAS_DSP_START_RULE = [
+    "sh",
+    "-c",
+    'grep -lsE \'SUBSYSTEM=="remoteproc".*ATTR\\{state\\}="start"\' '
+    + " ".join(f"{d}/*.rules" for d in UDEV_DIRS)
+    + " | grep -q .",
+]
 # done_if checks (no root needed): what the udev rule does is already true of the device nodes
 NODES_APPLIED = (
     'for f in /dev/fastrpc-cdsp /dev/fastrpc-cdsp1; do [ -e "$f" ] || continue; '
@@ -198,6 +226,24 @@ async def _facts(board: Board, report: DoctorReport | None) -> dict[str, Any]:
         return report.facts
     r = await probe(board, only=("soc", "qairt", "fastrpc_member"))
     return r.facts
+
+
+def _root_file_steps(tmp: str, target: str, text: str, done_if: list[str] | None = None) -> list[Step]:
+    """A root-owned file (a udev rule): written to `tmp` in the user's home, then installed with sudo; by hand, an
+    administrator writes it in one command (they may not write this user's home). Done when the installed file is
+    the same (or `done_if`)."""
+    src = posixpath.join(tmp, posixpath.basename(target))
+    return [
+        Step("run", ["mkdir", "-p", tmp], done_if=done_if or ["test", "-d", tmp], manual=""),
+        Step("write", path=src, content=text.encode(), manual="", done_if=done_if),
+        Step(
+            "run",
+            ["install", "-D", "-m", "0644", "-o", "root", "-g", "root", src, target],
+            sudo=True,
+            done_if=done_if or ["cmp", "-s", src, target],
+            manual=f"sudo tee {shlex.quote(target)} >/dev/null <<'EOF'\n{text}EOF",
+        ),
+    ]
 
 
 def _in_group(user: str) -> list[str]:
@@ -418,18 +464,15 @@ async def plan_fix(
     elif fix_id == "relogin":
         steps = [Step("reconnect", done_if=IN_GROUP_NOW)]
     elif fix_id == "udev_rule":
-        src = posixpath.join(tmp, "60-fastrpc.rules")
         steps = [
             group,
-            # by hand, an administrator writes the rule in one command (they may not write this user's home)
-            Step("run", ["mkdir", "-p", tmp], done_if=["test", "-d", tmp], manual=""),
-            Step("write", path=src, content=UDEV_RULES_TEXT.encode(), manual=""),
+            *_root_file_steps(tmp, UDEV_RULE, UDEV_RULES_TEXT),
+            # an earlier HexStudio's rule under the package's name hides the package's file (doctor.UDEV_RULE)
             Step(
                 "run",
-                ["install", "-D", "-m", "0644", "-o", "root", "-g", "root", src, UDEV_RULE],
+                ["rm", "-f", OLD_UDEV_RULE],
                 sudo=True,
-                done_if=["cmp", "-s", src, UDEV_RULE],
-                manual=f"sudo tee {shlex.quote(UDEV_RULE)} >/dev/null <<'EOF'\n{UDEV_RULES_TEXT}EOF",
+                done_if=["sh", "-c", f"! grep -qs {shlex.quote(UDEV_MARK)} {OLD_UDEV_RULE}"],
             ),
             Step(
                 "run",
@@ -496,6 +539,29 @@ async def plan_fix(
                     done_if=["systemctl", "is-active", "--quiet", f"{d}.service"],
                 )
             )
+    elif fix_id == "dsp_start":
+        paths = facts.get("remoteproc_paths")
+        if paths is None:  # a report without the remoteproc check
+            paths = (await probe(board, only=("remoteproc",))).facts.get("remoteproc_paths", {})
+        for name, path in sorted(paths.items()):
+            if not name.startswith("cdsp"):
+                continue
+            state = posixpath.join(str(path), "state")
+            # the kernel boots an offline remote processor on "start" (Documentation/ABI sysfs-class-remoteproc)
+            steps.append(
+                Step(
+                    "run",
+                    ["sh", "-c", f"echo start | tee {shlex.quote(state)} >/dev/null"],
+                    sudo=True,
+                    done_if=["sh", "-c", f'[ "$(cat {shlex.quote(state)})" != offline ]'],
+                    manual=f"echo start | sudo tee {shlex.quote(state)}",
+                )
+            )
+        steps += _root_file_steps(tmp, DSP_START_RULE, DSP_START_RULE_TEXT, done_if=HAS_DSP_START_RULE)
+        notes.append(
+            "The rule starts the DSP at every boot, as the fastrpc package's 59-fastrpc-remoteproc.rules does; "
+            "it is not installed where a rule already does so."
+        )
     elif fix_id == "reboot":
         steps = [Step("reboot")]
         notes.append("Every connection to the board drops; HexStudio waits for it to come back.")
