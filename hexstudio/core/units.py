@@ -61,3 +61,13 @@ def nice_ceiling(v: float) -> float:
         if m * k >= v:
             return float(m * k)
     return float(10 * k)
+
+
+def fmt_duration(seconds: float) -> str:
+    """A time span as a person reads it, the same on every face: "42 s", "3 min 05 s", "2 h 03 min"."""
+    s = int(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    if s >= 60:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s} s"

@@ -111,6 +111,10 @@ class RunController(QObject):
     def open_run(self, run_id: str) -> RunManifest:
         if self.manifest is None or run_id != self.manifest.run_id:
             self._not_while_working(f"opening run {run_id}")
+        elif (
+            self.busy
+        ):  # the run that is working: it stays the one the pipeline updates (and the dock's plot)
+            return self.manifest
         self.manifest = self.workspace.open_run(run_id)
         self.manifest.detect_interrupted()
         self.runChanged.emit()

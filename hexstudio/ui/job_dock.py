@@ -25,20 +25,12 @@ from PySide6.QtWidgets import (
 
 from hexstudio.core.jobs import human_bytes
 from hexstudio.core.sampler import ResourceSample
+from hexstudio.core.units import fmt_duration
 from hexstudio.ui.plots import ResourcePlot
 
 LEVELS = ("all", "info", "warning", "error")  # "all" includes debug
 LOG_KEEP = 20_000  # lines kept for filtering
 LOG_SHOWN = 5_000  # lines in the view
-
-
-def fmt_eta(seconds: float) -> str:
-    s = int(seconds)
-    if s >= 3600:
-        return f"{s // 3600} h {s % 3600 // 60:02d} min"
-    if s >= 60:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s} s"
 
 
 class JobDock(QDockWidget):
@@ -162,7 +154,7 @@ class JobDock(QDockWidget):
         if ok:
             self.progress.setValue(1000)
         self.progress.setFormat(("done: " if ok else "stopped: ") + message[:120])
-        self.eta_label.setText(fmt_eta(time.monotonic() - self.started))
+        self.eta_label.setText(fmt_duration(time.monotonic() - self.started))
 
     # -- data ----------------------------------------------------------------------------------
     def on_event(self, stage: str, ev: dict[str, Any]) -> None:
@@ -174,7 +166,7 @@ class JobDock(QDockWidget):
             self.progress.setFormat(f"{self.fraction * 100:.0f}%  {self.message}"[:140])
             el = time.monotonic() - self.started
             if 0.02 < self.fraction < 1.0 and el > 2:
-                self.eta_label.setText("ETA " + fmt_eta(el * (1 - self.fraction) / self.fraction))
+                self.eta_label.setText("ETA " + fmt_duration(el * (1 - self.fraction) / self.fraction))
         elif t == "log":
             self.append(str(ev.get("level", "info")), str(ev.get("message", "")))
         elif t == "warning":

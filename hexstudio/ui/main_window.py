@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import logging
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QRect, QSettings, Qt, QTimer, QUrl
@@ -49,7 +50,9 @@ from hexstudio.ui.pages.model import ModelPage
 from hexstudio.ui.pages.report import ReportPage
 from hexstudio.ui.pages.workstation import CompilePage, PreflightPage, QuantizePage, ValidatePage
 from hexstudio.ui.run_bars import GateBar, ResumeBar
-from hexstudio.ui.widgets import open_folder, state_icon
+from hexstudio.ui.widgets import commit_focused_edit, open_folder, state_icon
+
+log = logging.getLogger("hexstudio.gui")
 
 
 def fitted_frame(
@@ -172,7 +175,7 @@ class MainWindow(QMainWindow):
         self.resizeDocks([self.dock], [230], Qt.Orientation.Vertical)
         self._restore_geometry()
         self._fit_dock()
-        self._closing_after_cancel = False
+        self._closing_after_cancel = self._closing_after_chat = False
         self.refresh()
 
     # -- chrome ---------------------------------------------------------------------------------
@@ -322,12 +325,45 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Cancelling the {self.c.running_stage} stage, then quitting…")
             self._shutdown = asyncio.ensure_future(self._cancel_then_close())
             return
+        chat = self.pages["chat"]
+        if (
+            isinstance(chat, ChatPage)
+            and not self._closing_after_chat
+            and (chat.busy_chat or chat.chat.session is not None)
+            and asyncio.get_event_loop().is_running()  # the studio's loop: the session can be closed first
+        ):
+            # the model's session on the board (a Genie dialog over SSH, the simulator's helper) is closed, not left
+            # running there when the studio goes
+            if chat.busy_chat and (
+                QMessageBox.question(self, "Quit HexStudio", "A reply is still coming. Stop it and quit?")
+                != QMessageBox.StandardButton.Yes
+            ):
+                event.ignore()
+                return
+            event.ignore()
+            self._closing_after_chat = True
+            self.statusBar().showMessage("Closing the chat's session on the board, then quitting…")
+            self._shutdown = asyncio.ensure_future(self._close_chat_then_close(chat))
+            return
         self._save_window()
         event.accept()
 
     async def _cancel_then_close(self) -> None:
         await self.c.shutdown()
         self.close()
+
+    async def _close_chat_then_close(self, chat: ChatPage) -> None:
+        try:
+            chat.stop()
+            for _ in range(200):  # the reply stops at the next token: up to 10 s
+                if not chat.busy_chat:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.wait_for(chat.close_session(), 30)
+        except Exception:  # quitting goes on: a board that does not answer keeps no one waiting
+            log.warning("the chat session did not close before quitting", exc_info=True)
+        finally:
+            self.close()
 
     def _save_window(self) -> None:
         qs = QSettings()
@@ -355,6 +391,7 @@ class MainWindow(QMainWindow):
     def resume(self) -> None:
         if self.c.manifest is None or self.c.busy:
             return
+        commit_focused_edit()  # Ctrl+R in a field: the value typed there is recorded before the run starts
         self.resume_bar.hide()
         self.c.start(STAGES[-1].name)
 

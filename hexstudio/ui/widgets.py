@@ -10,11 +10,14 @@ from typing import Any
 from PySide6.QtCore import QPointF, QSize, Qt, QUrl
 from PySide6.QtGui import QColor, QDesktopServices, QIcon, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QApplication,
     QCheckBox,
     QDoubleSpinBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QLineEdit,
     QPushButton,
     QSizePolicy,
     QSpinBox,
@@ -38,6 +41,22 @@ STATE_TEXT = {k.key: k.word for k in KINDS.values()} | {
 STATUS_COLORS = {"ok": "#2da44e", "warn": "#bf8700", "fail": "#d1242f", "skip": "#8a8f98"}
 
 _icon_cache: dict[str, QIcon] = {}
+
+
+def commit_focused_edit() -> None:
+    """Record a value still being typed in a field before a run starts: fields record on editingFinished (Enter,
+    Tab, a click elsewhere), which a shortcut such as Ctrl+R does not cause. The focus stays where it is."""
+    w = QApplication.focusWidget()
+    if isinstance(w, QAbstractSpinBox):
+        w.interpretText()
+        w.editingFinished.emit()
+    elif isinstance(w, QLineEdit) and isinstance(w.parent(), QAbstractSpinBox):
+        box = w.parent()
+        assert isinstance(box, QAbstractSpinBox)
+        box.interpretText()
+        box.editingFinished.emit()
+    elif isinstance(w, QLineEdit):
+        w.editingFinished.emit()
 
 
 def failed(text: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from hexstudio.core.stages import STAGES
+from hexstudio.core.units import fmt_duration
 from hexstudio.ui.controller import RunController
 
 
@@ -30,9 +31,11 @@ class HistoryDialog(QDialog):
                 st = m.stage(s.name).data
                 if st.get("started"):
                     out = st.get("outcome") or {}
-                    detail = (
-                        f"{st.get('state')} after {st.get('duration_s')} s (attempt {st.get('attempts')})"
-                    )
+                    # the word every face says (a gate that failed, a stale stage), not run.json's raw state
+                    word = controller.status(s.name).word
+                    took = st.get("duration_s")
+                    after = f" after {fmt_duration(float(took))}" if isinstance(took, int | float) else ""
+                    detail = f"{word}{after} (attempt {st.get('attempts') or 1})"
                     if out.get("message") and out.get("kind") != "ok":
                         detail += f": {out.get('message')}"
                     rows.append((str(st.get("started")), f"stage {s.name}", detail))

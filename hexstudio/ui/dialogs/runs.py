@@ -129,7 +129,8 @@ class RunsDialog(QDialog):
         self.table.setSelectionMode(QTableWidget.SelectionMode.ExtendedSelection)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.setAlternatingRowColors(True)
-        self.table.doubleClicked.connect(self.accept)
+        # as Open: not while a stage works (a run reopened then would no longer be the one the pipeline updates)
+        self.table.doubleClicked.connect(self._open_on_double_click)
         lay.addWidget(self.table)
         bb = QDialogButtonBox()
         self.open_button = bb.addButton("Open", QDialogButtonBox.ButtonRole.AcceptRole)
@@ -195,6 +196,10 @@ class RunsDialog(QDialog):
         if self.rows:
             self.table.selectRow(0)
         self._selection_changed()
+
+    def _open_on_double_click(self, _index: Any) -> None:
+        if self.open_button.isEnabled():
+            self.accept()
 
     def selected_runs(self) -> list[str]:
         out = []

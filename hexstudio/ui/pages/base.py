@@ -38,11 +38,21 @@ from PySide6.QtWidgets import (
 from hexstudio.core.runs import RunBusy
 from hexstudio.core.stages import Stage, get_stage
 from hexstudio.core.status import override_text
+from hexstudio.core.units import fmt_duration
 from hexstudio.shared import run_settings
 from hexstudio.shared.run_settings import BadSettings
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.errors import log_link_html, show_error
-from hexstudio.ui.widgets import STATE_COLORS, STATE_TEXT, KeyValueTable, button, fmt_value, heading, note
+from hexstudio.ui.widgets import (
+    STATE_COLORS,
+    STATE_TEXT,
+    KeyValueTable,
+    button,
+    commit_focused_edit,
+    fmt_value,
+    heading,
+    note,
+)
 
 SettingSpec = tuple[str, str, Any]  # (key, label, kind: "int" | "bool" | "text" | list of choices)
 
@@ -276,6 +286,7 @@ class StagePage(QWidget):
 
     # -- actions -------------------------------------------------------------------------------
     def start(self, force: bool = False) -> None:
+        commit_focused_edit()  # a value typed but not yet recorded (a shortcut started the run): the run gets it
         # the Run button is about to be disabled: Qt would pass its focus to the next widget down the page and
         # scroll there, taking the status line and the Run buttons out of view; the page keeps the focus instead
         if self.run_button.hasFocus() or self.rerun_button.hasFocus():
@@ -404,7 +415,7 @@ class StagePage(QWidget):
             dur = st.data.get("duration_s")
             peak = st.data.get("peak_rss_bytes")
             self.outcome_label.setText(
-                f"Completed in {fmt_value(dur)} s"
+                (f"Completed in {fmt_duration(float(dur))}" if isinstance(dur, int | float) else "Completed")
                 + (f", peak RSS {fmt_value(peak, 'bytes')}" if peak else "")
                 + "."
             )

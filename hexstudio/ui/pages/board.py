@@ -62,6 +62,7 @@ class BoardPage(StagePage):
         self.boards.setResizeMode(QListWidget.ResizeMode.Adjust)
         self.boards.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.board_states: dict[str, tuple[str, str, str]] = {}  # name -> (state, detail, when)
+        self._task: asyncio.Future[Any] | None = None  # the doctor or fix under way (one at a time)
         left.addWidget(self.boards)
         self.probe_button = button(
             "Connect and run the doctor", "probe_button", on_click=lambda: self._start(self.probe())
@@ -319,9 +320,16 @@ class BoardPage(StagePage):
         self.add_button.setText("Add board")
 
     def _manage_enabled(self) -> None:
+        """What may change a board: not while a stage runs (the Board stage may be pushing to it), nor a second
+        doctor or fix while one is under way."""
         own = self.selected_board() != "sim"  # the simulator board is built in
-        self.edit_button.setEnabled(own and not self.c.busy)
-        self.remove_button.setEnabled(own and not self.c.busy)
+        idle = not self.c.busy
+        self.edit_button.setEnabled(own and idle)
+        self.remove_button.setEnabled(own and idle)
+        free = idle and (self._task is None or self._task.done())
+        self.probe_button.setEnabled(free)
+        for b in getattr(self, "fix_buttons", {}).values():
+            b.setEnabled(free)
 
     def edit_selected(self) -> None:
         name = self.selected_board()
@@ -579,12 +587,15 @@ class BoardPage(StagePage):
                 )
                 self.doctor.setItemWidget(top, 3, b)
                 self.fix_buttons[str(fix)] = b
+        self._manage_enabled()
 
     def _start(self, coro: Any) -> None:
         self._task = asyncio.ensure_future(coro)
+        self._task.add_done_callback(lambda _t: self._manage_enabled())
+        self._manage_enabled()
 
     async def probe(self) -> list[dict[str, Any]]:
-        from hexstudio.core.device.errors import BoardError
+        from hexstudio.shared.errors import ActionableError
 
         self.probe_button.setEnabled(False)
         items: list[dict[str, Any]] = []
@@ -600,10 +611,11 @@ class BoardPage(StagePage):
                 f"<span style='color:{col}'><b>{html.escape(board.label)}</b>: "
                 f"{len(failing)} failing check(s) of {len(items)}</span>"
             )
-        except BoardError as exc:
+        except ActionableError as exc:
+            # a board, link (ConnectionLost mid-doctor) or keyring (SecretStoreError) failure: said, never a dead task
             self._error(exc, self.selected_board())
         finally:
-            self.probe_button.setEnabled(True)
+            self.probe_button.setEnabled(not self.c.busy)
         self.show_doctor(items)
         return items
 
@@ -650,7 +662,6 @@ class BoardPage(StagePage):
     async def run_fix(self, item: dict[str, Any]) -> Any:
         """Plan the item's fix, show its commands (and ask for sudo), run it, then show the re-run checks."""
         from hexstudio.core.device import fixes
-        from hexstudio.core.device.errors import BoardError
         from hexstudio.core.secrets import get_secret, set_secret, sudo_password_key
         from hexstudio.shared.errors import ActionableError
 
@@ -658,7 +669,7 @@ class BoardPage(StagePage):
         fix_id = str(item.get("fix"))
         try:
             board = await self.open_selected()
-        except BoardError as exc:
+        except ActionableError as exc:
             self._error(exc, name)
             return None
         try:
@@ -743,12 +754,12 @@ class BoardPage(StagePage):
         for i in range(self.boards.count()):  # the list agrees with the stage as it ends
             self._show_board_state(self.boards.item(i))
         self._console_from_stage_log()
-        d = self.c.stage_dir("board")
-        if d is None or not (d / "board.json").is_file():
+        self._manage_enabled()  # a stage started or ended: what may change a board now
+        doc = self.artifact_json("board.json")  # a damaged one: no results, not a refresh stopped midway
+        if doc is None:
             self.doctor.clear()
             self.push_label.setText("")
             return
-        doc = json.loads((d / "board.json").read_text())
         self.show_doctor(list(doc.get("doctor") or []))
         p = doc.get("push") or {}
         sim = " (simulator board: a local copy)" if doc.get("simulated") else ""

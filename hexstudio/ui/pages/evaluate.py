@@ -157,8 +157,18 @@ class EvaluatePage(StagePage):
             for i in range(self.suite_list.count())
             if self.suite_list.item(i).checkState() == Qt.CheckState.Checked
         ]
-        if self.c.manifest is not None:
-            self._set_suites(names)
+        if self.c.manifest is None:
+            return
+        if not names:  # an empty choice would run the default suites: say so, and keep the run's choice
+            self._load_suites()
+            self.add_message.setText(
+                refused_html(
+                    "Evaluate needs at least one suite.", "Tick another suite before unticking this one."
+                )
+            )
+            return
+        self.add_message.setText("")
+        self._set_suites(names)
 
     def _set_suites(self, names: list[str]) -> bool:
         try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -601,15 +600,14 @@ class CompilePage(StagePage):
             self.set_setting("device", self.device_combo.currentText())  # a row chosen: one edit, recorded
 
     def refresh_results(self) -> None:
-        d = self.c.stage_dir("compile")
-        path = d / "bundle" / "bundle.json" if d else None
-        self.open_bundle_button.setEnabled(path is not None and path.is_file())
-        if path is None or not path.is_file():
+        doc = self.artifact_json(
+            "bundle/bundle.json"
+        )  # a damaged one: no results, not a refresh stopped midway
+        self.open_bundle_button.setEnabled(doc is not None)
+        if doc is None:
             self.bundle_label.setText("")
             self.files.set_rows([])
             return
-
-        doc = json.loads(path.read_text())
         dev = doc.get("device") or {}
         form = doc.get("context_binary_form")
         label = (
