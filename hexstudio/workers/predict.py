@@ -37,6 +37,10 @@ LM_SLICE = 16384  # lm_head columns compiled; its cost is scaled linearly to the
 QNN_MISSING = ("The speed predictor needs Qualcomm's x86 QNN libraries (onnxruntime-qnn).", INSTALL_HINT)
 
 
+# one graph's compile and simulation in its own process: minutes at 8B shapes; a stall is stopped
+GRAPH_TIMEOUT_S = 2 * 3600
+
+
 def qnn_libs() -> QnnLibs:
     """Qualcomm's x86 libraries: in this environment, or in the side environment the installer made where this one
     cannot hold the wheel (the validated GPU recipe); each graph's child runs under that environment's python."""
@@ -187,7 +191,22 @@ def measure(
         req, out = Path(tmp) / "request.json", Path(tmp) / "timing.json"
         req.write_text(json.dumps({"shape": shape, "target": target.to_json(), "tmp": tmp}))
         argv, env = graph_command(libs, "--graph", str(req), "--out", str(out))
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env)
+        try:
+            proc = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=GRAPH_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired as exc:  # a stalled compile or simulation (swapping at 8B shapes)
+            raise WorkerError(
+                "predict_graph_timeout",
+                f"Simulating the {s.key()} graph took more than {GRAPH_TIMEOUT_S // 3600} h and was stopped.",
+                "The machine is most likely swapping: close other work (or predict a smaller context) and run the "
+                "prediction again; graphs already simulated are kept in the cache.",
+            ) from exc
         if not out.is_file():
             tail = (proc.stderr or "").strip().splitlines()[-3:]
             killed = (

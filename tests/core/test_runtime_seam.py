@@ -52,3 +52,21 @@ def test_a_dummy_runtime_plugs_in_without_touching_anything_else(
     s, r = asyncio.run(go())
     assert s.runtime.key == "dummy" and s.runtime.title.startswith("A dummy runtime")
     assert r.text == "Paris, from the dummy." and r.state == "complete" and s.simulated
+
+
+def test_the_htp_simulator_helper_keeps_this_processs_library_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper's environment was built from PYTHONPATH alone, and the transport puts LD_LIBRARY_PATH over the
+    studio's own: a Python that needs a libpython or CUDA path there could not start the helper."""
+    from hexstudio.core.device.board import sim_board
+    from hexstudio.core.genie import runtime as rt
+    from hexstudio.workers.qnn import libs
+
+    wheel = tmp_path / "onnxruntime_qnn" / "capi"
+    monkeypatch.setattr(libs, "find_qnn_libs", lambda: libs.QnnLibs(wheel, "2.51.0", "2.7.0"))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/python/lib:/usr/local/cuda/lib64")
+    monkeypatch.setenv("HF_TOKEN", "not-for-the-helper")
+    _argv, env = rt.GenieHtpSimulator().helper_argv(sim_board(tmp_path), None, None, str(tmp_path))
+    assert env["LD_LIBRARY_PATH"] == f"{wheel}:/opt/python/lib:/usr/local/cuda/lib64"  # the wheel's first
+    assert "HF_TOKEN" not in env and env["PYTHONPATH"]  # only what the helper needs, as before

@@ -176,7 +176,10 @@ class GenieHtpSimulator(BoardRuntime):
             "warn",
             "--htp-simulator",
         )
-        return argv, libs.env(python_env())
+        # the wheel's libraries first, then this process's own LD_LIBRARY_PATH (a libpython or CUDA path the helper's
+        # Python needs too: the transport puts this variable over the environment, not beside it)
+        inherited = {k: v for k, v in os.environ.items() if k == "LD_LIBRARY_PATH"}
+        return argv, libs.env({**inherited, **python_env()})
 
 
 class OnnxruntimeTwin(BoardRuntime):

@@ -45,13 +45,16 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import ctypes
 import json
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 
 # Run as a package module (python -m hexstudio.workers.board.genie_session, the simulator board) it imports its
 # companions by their package path; copied to the board, they lie beside it in <home>/hexstudio/bin/<digest>/ (this
@@ -228,6 +231,34 @@ def latest_events(doc: object) -> object:
     return doc
 
 
+@contextlib.contextmanager
+def captured_fds() -> Iterator[list[str]]:
+    """Capture what C code writes to fds 1 and 2 while the block runs (Genie prints its refusals there; fd 1 is
+    also this helper's event channel, which such text would break)."""
+    out: list[str] = []
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as tmp:
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(tmp.fileno(), 1)
+            os.dup2(tmp.fileno(), 2)
+            yield out
+        finally:
+            libc.fflush(None)
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            tmp.seek(0)
+            out.append(tmp.read().decode("utf-8", "replace"))
+
+
+class ConfigRefused(RuntimeError):
+    """Genie's parser refused genie_config.json (not a model that failed to load): its own words included."""
+
+
 class Helper:
     def __init__(self, fns: dict, config_json: str, log_level: str | None = None) -> None:
         self.f = fns
@@ -247,11 +278,19 @@ class Helper:
         self.sampler_values: dict | None = None  # the last applied (re-applied to a recreated dialog)
         self.remake = False  # the dialog must be made again before its next use (a full context)
         self.used = False  # a query (or its stop sequences) since the dialog was made
-        st = self.f["GenieDialogConfig_createFromJson"](config_json.encode("utf-8"), ctypes.byref(self.cfg))
-        if st != SUCCESS:
-            raise RuntimeError(
-                f"GenieDialogConfig_createFromJson failed (status {st}): the config is invalid"
+        # Genie says why it refuses a config on fd 1/2, before any logger can be bound to the config
+        with captured_fds() as said:
+            st = self.f["GenieDialogConfig_createFromJson"](
+                config_json.encode("utf-8"), ctypes.byref(self.cfg)
             )
+        text = " ".join("".join(said).split())[-600:]
+        if st != SUCCESS:
+            raise ConfigRefused(
+                f"GenieDialogConfig_createFromJson failed (status {st}): the config is invalid"
+                + (f". Genie said: {text}" if text else "")
+            )
+        if text:  # what Genie printed on the way (a warning): in the log, not on the event channel
+            emit({"event": "log", "level": "warn", "message": text})
         if log_level and "GenieDialogConfig_bindLogger" in self.f:
             self.log, self._log_cb = genie_logger(
                 self.f, log_level, lambda lvl, text: emit({"event": "log", "level": lvl, "message": text})

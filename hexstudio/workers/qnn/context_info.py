@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ctypes as C
 import json
+import mmap
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -330,20 +331,34 @@ def read_context_info(path: Path, lib: Path) -> ContextInfo:
     if get_providers(C.byref(providers), C.byref(n)) != 0 or n.value < 1:
         raise ContextInfoError(f"{lib} offers no QNN system interface")
     fns = providers[0].contents.fns
-    raw = Path(path).read_bytes()
-    buf = C.create_string_buffer(raw, len(raw))
+    size = Path(path).stat().st_size
+    if size == 0:
+        raise ContextInfoError(f"{Path(path).name} is empty: not a QNN context binary")
+    # the file's pages mapped (copy-on-write: QNN's buffer is not const), not read into memory twice: a part's
+    # binary is gigabytes at 8B
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) as mm:
+        buf = (C.c_char * size).from_buffer(mm)
+        try:  # the address only goes on: an error's traceback then holds no view of the mapping
+            return _binary_info(
+                fns, providers[0].contents.systemApiVersion.text(), Path(path), C.addressof(buf), size
+            )
+        finally:
+            del buf  # the mapping closes only once no ctypes view of it is left
+
+
+def _binary_info(fns: Any, api: str, path: Path, address: int, size: int) -> ContextInfo:
     handle = C.c_void_p()
     if fns.systemContextCreate(C.byref(handle)) != 0:
         raise ContextInfoError("QnnSystemContext_create failed")
     try:
         info_p = C.POINTER(BinaryInfo)()
-        size = C.c_uint64()
+        info_size = C.c_uint64()
         err = fns.systemContextGetBinaryInfo(
-            handle, C.cast(buf, C.c_void_p), len(raw), C.byref(info_p), C.byref(size)
+            handle, C.c_void_p(address), size, C.byref(info_p), C.byref(info_size)
         )
         if err != 0 or not info_p:
             raise ContextInfoError(
-                f"{Path(path).name} is not a QNN context binary that QNN {providers[0].contents.systemApiVersion.text()}"
+                f"{path.name} is not a QNN context binary that QNN {api}"
                 f"'s libQnnSystem can read (QnnSystemContext_getBinaryInfo error {int(err) & 0xFFFF})"
             )
         bi = info_p.contents

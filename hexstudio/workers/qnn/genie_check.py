@@ -16,44 +16,19 @@ and the library's printed text is captured through its file descriptors. Standar
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import json
 import os
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hexstudio.workers.board.genie_session import captured_fds
 from hexstudio.workers.qnn.context_info import ContextInfoError, read_context_info
 from hexstudio.workers.qnn.libs import INSTALL_HINT, find_qnn_libs
 
 SIM_BIN_MARK = b"hexstudio-simulated-context-binary"
 MAX_CONFIG_BYTES = 1 << 20
-
-
-@contextlib.contextmanager
-def captured_fds() -> Iterator[list[str]]:
-    """Capture what C code writes to fds 1 and 2 while the block runs (Genie prints its refusals there)."""
-    out: list[str] = []
-    libc = ctypes.CDLL(None)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with tempfile.TemporaryFile() as tmp:
-        saved = [os.dup(1), os.dup(2)]
-        try:
-            os.dup2(tmp.fileno(), 1)
-            os.dup2(tmp.fileno(), 2)
-            yield out
-        finally:
-            libc.fflush(None)
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-            tmp.seek(0)
-            out.append(tmp.read().decode("utf-8", "replace"))
 
 
 def genie_parse(config_text: str, lib: Path) -> dict[str, Any]:

@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     gs.emit = events
     try:
         h = gs.Helper(fns, json.dumps(cfg), args.log or "warn")
+    except gs.ConfigRefused as exc:  # the config, as genie-t2t-run says it: not a model that failed to load
+        print(str(exc), file=sys.stderr, flush=True)
+        print("Failed to create the dialog config.", flush=True)
+        return 1
     except RuntimeError as exc:
         print(str(exc), file=sys.stderr, flush=True)
         print("Failure to initialize model", flush=True)
@@ -109,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     st = int(end.get("status", -1))
     if end.get("state") == "aborted":
         sys.stdout.write("[ABORT]: \nQuery successfully aborted\n")
-    else:
+    elif not end.get(
+        "overran"
+    ):  # an overrun wrote its [END] already (the dialog then ended within the grace)
         sys.stdout.write("[END]\n")
     sys.stdout.flush()
     if st == gs.WARNING_CONTEXT_EXCEEDED:
