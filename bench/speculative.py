@@ -25,6 +25,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from hexstudio.shared.run_settings import spec  # noqa: E402
 from tests.support.cli import python_m_hexstudio  # noqa: E402
 
 PROMPTS = ("Once upon a time, Emma", "The sky was grey and")
@@ -105,6 +106,8 @@ def main() -> int:
         "--run", default=None, help="reuse a target run built by an earlier call (with --workspace)"
     )
     args = ap.parse_args()
+    if args.runs < 1 or args.tokens < 1:
+        ap.error("--runs and --tokens must be at least 1")
     ws = args.workspace or Path(tempfile.mkdtemp(prefix="hexstudio-bench-spd-"))
     run_id = args.run or build(ws, args.draft_len)
     rates: dict[str, list[float]] = {"basic": [], "spd": []}
@@ -124,11 +127,20 @@ def main() -> int:
             same = same and texts["basic"] == texts["spd"]
     q = json.loads((ws / "runs" / run_id / "artifacts" / "quantize" / "quantize.json").read_text())
     shape = f"AR-{q['ar_n']} + AR-4, CL-{q['context_length']}, {q['parts']} parts"
+    if not rates["basic"] or not rates["spd"]:
+        print(
+            f"no token rate came back (basic {len(rates['basic'])}, spd {len(rates['spd'])} replies with one)"
+        )
+        return 1
     basic, spd = statistics.median(rates["basic"]), statistics.median(rates["spd"])
+    # a reused run (--run) was built with its own draft length: say that one, not the flag's
+    sp = spec("spd_draft_len")
+    settings = json.loads((ws / "runs" / run_id / "run.json").read_text())["inputs"]["settings"]
+    draft_len = settings.get("spd_draft_len", sp.default if sp is not None else args.draft_len)
     acc = f"{statistics.median(accepted):.2f}" if accepted else "n/a"
     print(
         f"SIMULATED real Genie 1.21 on the HTP simulator, builtin:tiny-llama ({shape}), spd with "
-        f"builtin:tiny-llama-draft, draft-len {args.draft_len}, {args.tokens} tokens, {len(rates['spd'])} queries "
+        f"builtin:tiny-llama-draft, draft-len {draft_len}, {args.tokens} tokens, {len(rates['spd'])} queries "
         f"per dialog: basic {basic:.2f} tok/s, spd {spd:.2f} tok/s; {acc} tokens accepted per step; "
         f"spd text {'identical to' if same else 'DIFFERENT from'} basic's"
     )

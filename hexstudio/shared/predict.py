@@ -384,6 +384,8 @@ def combine(
         f"Per graph execution {SWITCH_US[1] / 1e3:.2f} ms ({SWITCH_US[0] / 1e3:.2f}-{SWITCH_US[2] / 1e3:.2f}) "
         "host/FastRPC overhead is an assumption, not simulated.",
     ]
+    if t.note:  # a device assumed or put in another's place: said beside the figures, not only in the JSON
+        notes.insert(0, f"Target: {t.note}.")
     if t.bandwidth is None:
         notes.append(f"No DRAM bandwidth known for {t.name}: the DDR floor is left out.")
     else:

@@ -4,6 +4,7 @@ QNN's x86 HTP simulator on tiny shapes (skipped where onnxruntime-qnn is not ins
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -122,6 +123,13 @@ def test_the_ddr_floor_dominates_when_the_simulator_is_faster_than_dram() -> Non
     none = Target(name="x", soc_model=1, dsp_arch="v75")
     p = combine("m", m, none, 4096, 128, 1, "2.51.0", fast)
     assert p.token.ddr_floor.value == 0 and any("No DRAM bandwidth" in n for n in p.notes)
+    # a device assumed in another's place is said first, where the figures are read (CLI, panel, report)
+    assumed = dataclasses.replace(
+        EVK, note="board 'b' does not record its device: assumed Dragonwing IQ-9075 EVK"
+    )
+    p = combine("m", m, assumed, 4096, 128, 1, "2.51.0", fast)
+    assert p.notes[0] == f"Target: {assumed.note}."
+    assert f"  note: Target: {assumed.note}." in summary_lines(p.to_json())
 
 
 def test_targets_from_devices_and_boards() -> None:
@@ -141,6 +149,9 @@ def test_targets_from_devices_and_boards() -> None:
         resolve_target("nope", None, boards)
     with pytest.raises(ServiceError):
         resolve_target(None, "Nokia 3310", boards)
+    with pytest.raises(ServiceError) as err:  # not a "HexStudio bug" traceback
+        resolve_target("typo", None, {"typo": {"soc_model": "QCS9075", "dsp_arch": "v73"}})
+    assert "soc_model 'QCS9075': a number is expected" in err.value.message
     assert Target.from_json(EVK.to_json()) == EVK
     assert isinstance(EVK.bandwidth, Bandwidth) and EVK.bandwidth.peak_bytes_per_s == pytest.approx(76.8e9)
 
@@ -166,6 +177,11 @@ def test_plan_reads_shapes_from_config_json_alone() -> None:
         128,
     )
     assert p.context_length == 4096 and p.ar_n == 128 and p.parts >= 1
+    with pytest.raises(ServiceError) as err:  # a split the Model stage refuses is not predicted
+        plan(PredictRequest(model="meta-llama/Llama-3.2-3B-Instruct", parts=40), config=cfg, boards={})
+    assert "40 parts for a model of 28 layers" in err.value.message and "between 1 and 28" in (
+        err.value.hint or ""
+    )
 
 
 PROFILE = """Msg Timestamp,Message,Time,Unit of Measurement,Timing Source,Event Level,Event Identifier
@@ -310,6 +326,25 @@ def test_a_graph_process_that_fails_says_its_own_error_and_only_a_killed_one_say
     with pytest.raises(WorkerError) as err:
         worker.measure({**shape, "hidden": 128}, EVK, tmp_path, libs)
     assert "exit -9" in err.value.message and err.value.hint and "out of memory" in err.value.hint
+
+
+def test_a_graph_process_that_stalls_is_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph child ran without a time limit: a compile or simulation that stalled (swapping at 8B shapes) held
+    the Predict worker until someone cancelled it."""
+    from hexstudio.workers import predict as worker
+    from hexstudio.workers.qnn.libs import QnnLibs
+    from hexstudio.workers.runtime import WorkerError
+
+    monkeypatch.setattr(worker, "GRAPH_TIMEOUT_S", 1)
+    monkeypatch.setattr(
+        worker, "graph_command", lambda *_a: ([sys.executable, "-c", "import time; time.sleep(30)"], None)
+    )
+    shape = {"hidden": 128, "heads": 2, "kv_heads": 1, "head_dim": 64, "intermediate": 256, "seq": 1}
+    shape.update(context=128, layers=1, vocab=0)
+    with pytest.raises(WorkerError) as err:
+        worker.measure(shape, EVK, tmp_path, QnnLibs(tmp_path, "2.51.0", "2.7.0"))
+    assert err.value.code == "predict_graph_timeout" and "was stopped" in err.value.message
+    assert err.value.hint and "swapping" in err.value.hint
 
 
 def test_graphs_run_under_the_side_environments_python_where_the_wheel_lives_there(tmp_path: Path) -> None:

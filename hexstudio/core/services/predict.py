@@ -76,6 +76,13 @@ def resolve_target(
     if isinstance(dev, str) and dev in KNOWN_DEVICES:
         return target_for_device(dev, KNOWN_DEVICES[dev], note=f"board '{board}'")
     if cfg.get("soc_model") and cfg.get("dsp_arch"):
+        if not str(cfg["soc_model"]).strip().isdigit():
+            raise ServiceError(
+                f"Board '{board}' has soc_model '{cfg['soc_model']}': a number is expected, as AI Hub numbers "
+                "devices (77 for the IQ-9075 EVK's QCS9075).",
+                f"Correct soc_model in board '{board}' of the settings, or give --device NAME (a device HexStudio "
+                "knows offline).",
+            )
         return target_for_device(
             f"board '{board}'",
             {"soc_model": cfg["soc_model"], "dsp_arch": cfg["dsp_arch"], "chipset": cfg.get("chipset") or ""},
@@ -109,6 +116,11 @@ def plan(
     err = modelinfo.check_context(info, r["context_length"], r["ar_n"])
     if err:
         raise ServiceError(err)
+    if not 1 <= int(r["parts"]) <= int(info["num_layers"]):  # as the Model stage refuses it: no such split
+        raise ServiceError(
+            f"{r['parts']} parts for a model of {info['num_layers']} layers: every part needs at least one layer.",
+            f"Give --parts between 1 and {info['num_layers']}, or leave it out (auto picks the run's split).",
+        )
     target = resolve_target(req.board, req.device, _boards() if boards is None else boards)
     if req.unknown_device and (not req.board or req.board == SIM_BOARD):
         target = dataclasses.replace(
