@@ -1047,12 +1047,15 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     cfg = checked_genie_config(hf_config, hf_dir, q, [bins[k] for k in pairs], s)
     tok = hf_dir / "tokenizer.json"
     # the device as known offline (AI Hub resolves it later) and the QAIRT asked for: a draft that could not load
-    # beside this bundle is refused before any upload
+    # beside this bundle is refused before any upload (a device not known offline: once AI Hub named it, below)
     known = gb.KNOWN_DEVICES.get(s.device) or {}
-    host = DraftHost.on(q["context_length"], known, s.qairt_version)
-    check_speculative(
-        hf_config, q, s, tok.read_bytes() if tok.is_file() else None, clamps_small_tables=False, host=host
-    )
+    tok_bytes = tok.read_bytes() if tok.is_file() else None
+
+    def check_draft(device: dict[str, Any]) -> None:
+        host = DraftHost.on(q["context_length"], device, s.qairt_version)
+        check_speculative(hf_config, q, s, tok_bytes, clamps_small_tables=False, host=host)
+
+    check_draft(known)
     qairt = s.qairt_version
     lpbq = "lpbq" in str((q.get("precision") or {}).get("weights", "")).lower()
     # appended, as qai-hub-models' --compile-options
@@ -1093,6 +1096,10 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
         em.progress(0.02, f"AI Hub: looking up {s.device}")
         with hub_errors(f"looking up the device {s.device}", ccfg.api_url, ccfg.web_url):
             dev = resolve_device(client, s.device, lpbq)
+        if (
+            not known
+        ):  # its Hexagon arch and SoC model are AI Hub's word now: the draft is checked against them
+            check_draft(dev)
         if dev["emulated"]:
             em.warning(
                 "This AI Hub is the HexStudio emulator: the context binaries are EMULATED packages, not "

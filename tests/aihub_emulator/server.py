@@ -253,6 +253,25 @@ DEVICES: list[dict[str, Any]] = [
         ],
     },
     {
+        # a device HexStudio does not know offline (hexstudio.shared.bundle.KNOWN_DEVICES): its arch is AI Hub's word
+        "name": "Samsung Galaxy S25 (Family)",
+        "os": "15",
+        "soc_description": "Qualcomm Snapdragon 8 Elite",
+        "attributes": [
+            "abi:aarch64-android",
+            "chipset:qualcomm-snapdragon-8-elite",
+            "format:phone",
+            "framework:onnx",
+            "framework:qnn",
+            "framework:tflite",
+            "hexagon:v79",
+            "htp-supports-weight-sharing:true",
+            "os:android",
+            "soc-model:69",
+            "vendor:qualcomm",
+        ],
+    },
+    {
         "name": "Snapdragon 8 Gen 1 QRD",
         "os": "12",
         "soc_description": "Qualcomm Snapdragon 8 Gen 1",

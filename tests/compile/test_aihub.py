@@ -10,6 +10,7 @@ import asyncio
 import io
 import json
 import os
+import shutil
 import signal
 import time
 import zipfile
@@ -564,6 +565,25 @@ def test_ai_hub_bundles_carry_the_speculative_dialogs_asked_for(
     assert basic["type"] == "basic" and spd["type"] == "spd" and spd["spd"]["draft-len"] == 2
     assert [e["role"] for e in spd["engine"]] == ["draft", "target"]
     assert spd["engine"][1]["model"]["binary"]["ctx-bins"] == basic["engine"]["model"]["binary"]["ctx-bins"]
+    # a device not known offline: the draft (compiled for v73) is checked against AI Hub's word on its arch before
+    # anything is uploaded, not after every part compiled and linked
+    from hexstudio.shared.data import builtin_model_dir
+    from tests.qnn.test_speculative import _draft
+
+    draft = _draft(tmp_path / "draft")  # an IQ-9075 (v73) draft with this model's tokenizer
+    shutil.copyfile(builtin_model_dir() / "tokenizer.json", draft / "tokenizer.json")
+    uploads = emu.uploads
+    other = _aihub_run(
+        validated_run,
+        tmp_path / "ws-s25",
+        emu,
+        speculative_dialogs="spd",
+        spd_draft=str(draft),
+        device="Samsung Galaxy S25 (Family)",
+    )
+    res = _compile(other)
+    assert not res.ok and "dsp_arch v73 and this bundle's for v79" in res.message, res.message
+    assert emu.uploads == uploads
 
 
 def test_the_bundle_takes_the_one_qairt_version_the_parts_were_linked_with() -> None:
