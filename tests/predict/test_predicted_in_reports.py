@@ -140,6 +140,15 @@ def test_a_speculative_dialog_is_costed_at_its_measured_acceptance(tmp_path: Pat
     assert (
         speculative_prediction(target.run_dir, settings, {"dialog": "spd", "accepted_per_step": 2.0}) == spd
     )
+    # the draft run's context changed after its prediction: its costs are for another graph, not used
+    draft.settings["context_length"] = int(small["context_length"]) * 2
+    draft.save()
+    stale = speculative_prediction(target.run_dir, settings, {"dialog": "spd", "accepted_per_step": 2.0})
+    assert stale is not None and "tok_s" not in stale, stale
+    assert stale["missing"].startswith("the draft model's run: this prediction was made for other settings")
+    assert f"context {small['context_length']} → {int(small['context_length']) * 2}" in stale["missing"]
+    draft.settings["context_length"] = int(small["context_length"])
+    draft.save()
     # in the report: beside the measured acceptance, labeled predicted
     r = build_report(target.run_dir)
     r["evaluation"] = {

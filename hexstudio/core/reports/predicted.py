@@ -124,6 +124,28 @@ def predicted_section(
     }
 
 
+def run_prediction_stale(run_dir: Path, doc: dict[str, Any]) -> str | None:
+    """Why the prediction kept with the run in `run_dir` no longer describes it (its settings or device changed
+    since: stale_because); None when it still does."""
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.shared.errors import ActionableError
+
+    try:
+        m = RunManifest.load(run_dir)
+    except (OSError, ValueError, ActionableError):  # no run there to compare with (a bundle copied elsewhere)
+        return None
+    resolved: dict[str, Any] = {}
+    if m.stage("model").state == "done":
+        try:
+            resolved = (
+                json.loads((run_dir / "artifacts" / "model" / "model.json").read_text()).get("resolved") or {}
+            )
+        except (OSError, ValueError, AttributeError):
+            resolved = {}
+    now = {k: resolved.get(k, m.settings.get(k)) for k in ("context_length", "ar_n", "parts")}
+    return stale_because(doc, {**now, "device": m.settings.get("device")})
+
+
 def speculative_prediction(
     run_dir: Path, settings: dict[str, Any], board_session: Any, doc: dict[str, Any] | None = None
 ) -> dict[str, Any] | None:
@@ -141,13 +163,15 @@ def speculative_prediction(
         where = str(settings.get("spd_draft") or "self")
         # a draft bundle is <draft run>/artifacts/compile/bundle: that run's prediction, if it has one
         folder = Path(where).expanduser()
-        draft = (
-            doc
-            if where == "self"
-            else read_prediction(folder.parents[2])
-            if len(folder.parents) > 2
-            else None
-        )
+        draft_run = folder.parents[2] if where != "self" and len(folder.parents) > 2 else None
+        draft = doc if where == "self" else read_prediction(draft_run) if draft_run is not None else None
+        why = run_prediction_stale(draft_run, draft) if draft_run is not None and draft is not None else None
+        if why is not None:  # the draft's costs are for another shape or device: no spd figure from them
+            return {
+                "label": LABEL,
+                "dialog": dialog,
+                "missing": f"the draft model's run: {why}",
+            }
     from hexstudio.shared.bundle.speculative import speculative_of
     from hexstudio.shared.run_settings import extra_ar_sizes, run_settings_of
 

@@ -238,18 +238,7 @@ def run_prediction_doc(run_dir: Path) -> dict[str, Any] | None:
 
 def prediction_out_of_date(run_dir: Path, doc: dict[str, Any]) -> str | None:
     """Why a run's kept prediction no longer describes it (its settings or device changed since), as the report
-    says it (hexstudio.core.reports.predicted.stale_because); None when it still does."""
-    from hexstudio.core.manifest import RunManifest
-    from hexstudio.core.reports.predicted import stale_because
+    says it; None when it still does."""
+    from hexstudio.core.reports.predicted import run_prediction_stale
 
-    m = RunManifest.load(run_dir)
-    resolved: dict[str, Any] = {}
-    if m.stage("model").state == "done":
-        try:
-            resolved = (
-                json.loads((run_dir / "artifacts" / "model" / "model.json").read_text()).get("resolved") or {}
-            )
-        except (OSError, ValueError, AttributeError):
-            resolved = {}
-    now = {k: resolved.get(k, m.settings.get(k)) for k in ("context_length", "ar_n", "parts")}
-    return stale_because(doc, {**now, "device": m.settings.get("device")})
+    return run_prediction_stale(run_dir, doc)
