@@ -121,6 +121,21 @@ class FocusRingStyle(QProxyStyle):
             painter.restore()
             return
         super().drawPrimitive(element, option, painter, widget)
+        if element in _CHECKS and is_dark(option.palette):  # type: ignore[attr-defined]
+            # Fusion outlines a check box in the window colour darkened: on a dark list's base it cannot be seen,
+            # and an unticked suite or setting looked like no box at all
+            painter.save()
+            painter.setPen(QPen(option.palette.color(QPalette.ColorRole.Mid), 1))  # type: ignore[attr-defined]
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            box: QRect = option.rect.adjusted(0, 0, -1, -1)  # type: ignore[attr-defined]
+            painter.drawRoundedRect(box, 2, 2)
+            painter.restore()
+
+
+_CHECKS = (
+    QStyle.PrimitiveElement.PE_IndicatorItemViewItemCheck,
+    QStyle.PrimitiveElement.PE_IndicatorCheckBox,
+)
 
 
 class WheelGuard(QObject):

@@ -201,3 +201,39 @@ def test_quitting_closes_the_chat_session_first(
     finally:
         app.setQuitOnLastWindowClosed(True)
     assert closed == [True]  # closed once, before the window went
+
+
+def test_an_unticked_box_is_seen_in_the_dark_theme(qtbot: Any) -> None:
+    """Fusion outlines a check box in the window colour darkened: on a dark list's base an unticked suite showed no
+    box at all (docs/screenshots/evaluate-last-suite-kept-dark.png)."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QColor, QPalette
+    from PySide6.QtWidgets import QApplication, QListWidget, QListWidgetItem
+
+    from hexstudio.ui import theme
+
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    theme.install(app)
+    before = QPalette(app.palette())
+    app.setPalette(theme.dark_palette())
+    try:
+        lw = QListWidget()
+        qtbot.addWidget(lw)
+        lw.resize(300, 80)
+        item = QListWidgetItem("Perplexity on held-out text")
+        item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+        item.setCheckState(Qt.CheckState.Unchecked)
+        lw.addItem(item)
+        lw.show()
+        img = lw.grab().toImage()
+        rect = lw.visualItemRect(item)
+        mid = theme.dark_palette().color(QPalette.ColorRole.Mid)
+        box = [
+            QColor(img.pixel(x, y))
+            for x in range(rect.left(), rect.left() + 24)
+            for y in range(rect.top(), rect.bottom())
+        ]
+        assert any(abs(c.lightness() - mid.lightness()) <= 12 and c.lightness() > 60 for c in box)
+    finally:
+        app.setPalette(before)
