@@ -9,6 +9,7 @@ in flight; a torn last line is skipped when read.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from hexstudio.core.genie.session import ChatSession, TurnResult
 
 CHATS_DIR = "chats"
+log = logging.getLogger("hexstudio.chat")
 
 
 class ChatJournal:
@@ -33,12 +35,20 @@ class ChatJournal:
         self.board_label = board_label
         self.turns = 0
         self._wrote_header = False
+        self.failed = False  # a write failed: the journal misses turns (logged once)
 
     def _append(self, doc: dict[str, Any]) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(doc, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except (
+            OSError
+        ) as exc:  # the disk filled or the folder went: the reply stands, the journal says it once
+            if not self.failed:
+                log.warning("chat journal %s not written: %s", self.path, exc)
+            self.failed = True
 
     def record(self, r: TurnResult) -> None:
         s = self.session

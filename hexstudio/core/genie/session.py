@@ -840,7 +840,8 @@ class ChatSession:
         conv = self.conversation
         note = None
         if not history:
-            prompt = Conversation(template=conv.template, system=conv.system).prompt_for(user)
+            # the same conversation without its turns: its template, chat format, context and token counter kept
+            prompt = replace(conv, turns=[], dropped_turns=0).prompt_for(user)
             note = (
                 f"The context is full ({conv.context_length} tokens): the earlier turns no longer fit, so this "
                 "message was sent without them. Start a new chat to begin afresh."

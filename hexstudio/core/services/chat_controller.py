@@ -169,8 +169,12 @@ async def connect_board(conversation: Conversation, mode: str, req: SessionReque
         raise
     journal = None
     if req.run_dir is not None:
-        journal = ChatJournal(req.run_dir, session, board.label)
-        session.on_turn = journal.record
+        try:
+            journal = ChatJournal(req.run_dir, session, board.label)
+        except OSError as exc:  # a run folder this user cannot write: the chat goes on, without its journal
+            log.warning("chat journal not kept in %s: %s", req.run_dir, exc)
+        else:
+            session.on_turn = journal.record
     return OpenedSession(session, opened, journal)
 
 

@@ -1,0 +1,46 @@
+"""A chat journal that cannot be written (the disk filled, the run folder went) loses its own lines, not the reply:
+record raised inside send(), so a reply that completed was shown as failed, and a journal that could not be made
+left a loaded session neither stored nor closed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hexstudio.core.genie.journal import ChatJournal
+
+
+def test_a_journal_write_that_fails_is_logged_once_and_the_turn_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    session = SimpleNamespace(
+        board=SimpleNamespace(name="sim"),
+        mode="persistent",
+        conversation=SimpleNamespace(template="plain"),
+        sampler="deterministic",
+        sampler_values=None,
+        fallback_reason=None,
+    )
+    j = ChatJournal(tmp_path / "run", session, "sim")  # type: ignore[arg-type]
+    turn = SimpleNamespace(
+        state="complete",
+        mode="persistent",
+        simulated=True,
+        kpis=None,
+        first_chunk_ms=1.0,
+        wall_ms=2.0,
+        note=None,
+        error=None,
+        turn=SimpleNamespace(user="hi"),
+        text="hello",
+    )
+    j.record(turn)  # type: ignore[arg-type]
+    assert j.path.is_file() and not j.failed
+    shutil.rmtree(tmp_path / "run")  # the run folder went
+    j.record(turn)  # type: ignore[arg-type]
+    j.record(turn)  # type: ignore[arg-type]
+    assert j.failed and j.turns == 3
+    assert sum("chat journal" in r.getMessage() for r in caplog.records) == 1
