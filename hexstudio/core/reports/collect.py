@@ -75,11 +75,13 @@ NEXT_STEP = {
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
+    """A stage's JSON document; None when it is missing, damaged or not an object (a `null` or a list left by a
+    hand edit): the report leaves that part out rather than failing."""
     try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        return data
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def _bundle_files(doc: dict[str, Any]) -> dict[str, Any]:

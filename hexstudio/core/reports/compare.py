@@ -385,5 +385,6 @@ def _fmt(v: Any, unit: str) -> str:
 
         return human_bytes(v)
     if isinstance(v, float):
-        return f"{v:,.4g}"
+        # 4 significant digits for small figures (0.01234, 12.35); large ones in full (10,800.00 s, not 1.08e+04)
+        return f"{v:,.2f}" if abs(v) >= 1000 else f"{v:.4g}"
     return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)

@@ -18,11 +18,24 @@ PREDICTION_FILE = Path("predicted") / "prediction.json"
 
 
 def read_prediction(run_dir: Path) -> dict[str, Any] | None:
+    """The prediction kept with a run; None when there is none, or it is damaged or of another form (a hand edit,
+    an older version): the report and the panel then have no prediction, rather than failing."""
     try:
         doc = json.loads((run_dir / PREDICTION_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("predicted") is True else None
+    if not isinstance(doc, dict) or doc.get("predicted") is not True:
+        return None
+    try:  # what every reader of a prediction takes from it
+        _bounds(doc["decode_tok_s"]["full_context"])
+        _bounds(doc["prompt_pass"]["total_ms"])
+        _bounds(doc["token"]["total_ms"])
+        int(doc["ar_n"])
+        if not all(int(k) > 0 and _bounds(v) for k, v in doc["ttft_ms"].items()):
+            return None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return doc
 
 
 def _bounds(b: dict[str, Any]) -> dict[str, float]:

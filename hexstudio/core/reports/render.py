@@ -152,7 +152,7 @@ def to_html(r: dict[str, Any]) -> str:
 def to_pdf(html: str) -> bytes:
     try:
         import weasyprint
-    except ImportError as exc:
+    except (ImportError, OSError) as exc:  # OSError: WeasyPrint is there but its Pango library is not
         raise ReportError(
             f"PDF export needs WeasyPrint, which cannot be imported ({exc}).",
             "Install it (pip install weasyprint; on Debian/Ubuntu also libpango-1.0-0), or export "
@@ -188,6 +188,6 @@ def validate_report(r: dict[str, Any]) -> None:
         where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
         raise ReportError(
             f"The report does not match its schema at {where}: {err.message}",
-            "This is a HexStudio bug, not a problem with your run: export --format html meanwhile, "
-            "and report it with the run's run.json.",
+            "This is a HexStudio bug, not a problem with your run: the report is written all the same; please "
+            "report the bug with the run's run.json.",
         )

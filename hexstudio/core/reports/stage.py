@@ -27,6 +27,9 @@ async def run_report_stage(ctx: StageContext) -> dict[str, Any]:
     rep = await asyncio.to_thread(build_report, ctx.manifest.run_dir, redact_hosts=hosts)
     try:
         validate_report(rep)
+    except ReportError as exc:  # a HexStudio bug: said, and the report is still written for the person
+        em.warning(exc.message, exc.hint, code="report_schema")
+    try:
         em.progress(0.5, "writing report.html and report.json")
         await asyncio.to_thread(write, rep, "json", ctx.out_dir / "report.json")
         await asyncio.to_thread(write, rep, "html", ctx.out_dir / "report.html")
