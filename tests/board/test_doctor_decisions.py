@@ -4,6 +4,8 @@ _Probe whose shell answers from a table), so a rule can be read beside the answe
 from __future__ import annotations
 
 import asyncio
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -178,7 +180,7 @@ def test_an_offline_dsp_is_started_not_rebooted() -> None:
 
 
 def udev_check(answer: str) -> Check:
-    p = CannedProbe({"grep -HsE 'fastrpc-cdsp": answer})
+    p = CannedProbe({'seen=" "; for d in': answer})
     c = Check("udev_rule", "FastRPC udev rule")
     asyncio.run(doctor._udev_rule(p, c))
     return c
@@ -191,13 +193,40 @@ def test_an_earlier_rule_that_hides_the_packages_rule_is_moved() -> None:
     """HexStudio wrote its rule as /etc/udev/rules.d/60-fastrpc.rules, the name of the fastrpc package's own file
     in /usr/lib/udev/rules.d: udev then reads only the one in /etc, and the package's adsp, gdsp, sdsp and -secure
     nodes lose their group."""
-    ours = f"/etc/udev/rules.d/60-fastrpc.rules:# FastRPC (written by HexStudio)\n/etc/udev/rules.d/60-fastrpc.rules:{RULE}"
+    old = "/etc/udev/rules.d/60-fastrpc.rules"
+    ours = f"{old}:{RULE}\n{old}:#ours"
+    hidden = "/usr/lib/udev/rules.d/60-fastrpc.rules:#hidden"
     package = f"/usr/lib/udev/rules.d/60-fastrpc.rules:{RULE}"
-    c = udev_check(f"{ours}\n{package}")
+    c = udev_check(f"{ours}\n{hidden}")
     assert c.status == "warn" and c.fix == "udev_rule", (c.status, c.message)
     assert "hides the fastrpc package's own 60-fastrpc.rules" in c.message
     assert "61-hexstudio-fastrpc.rules" in c.message
     assert udev_check(ours).status == "ok"  # nothing of the package's to hide
     assert udev_check(package).status == "ok"  # the package's own rule
-    assert udev_check(package.replace("/usr/lib/", "/etc/")).status == "ok"  # an administrator's, not ours
+    assert udev_check(f"{old}:{RULE}\n{hidden}").status == "ok"  # an administrator's own file, not ours
     assert udev_check("").fix == "udev_rule"
+    assert udev_check(hidden).fix == "udev_rule"  # the package's rule, turned off (a /dev/null link in /etc)
+
+
+def test_the_rule_reader_reads_what_udev_reads(tmp_path: Path) -> None:
+    """A file in /etc hides the file of the same name in /usr/lib (an administrator's, or a /dev/null link that
+    turns a rule off), and a commented line is no rule: the checks read the rules as udev does."""
+    etc, lib = tmp_path / "etc", tmp_path / "lib"
+    etc.mkdir()
+    lib.mkdir()
+    (lib / "60-fastrpc.rules").write_text(f"{RULE}\n")
+    (lib / "59-fastrpc-remoteproc.rules").write_text(
+        'ACTION=="add", SUBSYSTEM=="remoteproc", ATTR{state}="start"\n'
+    )
+    (etc / "59-fastrpc-remoteproc.rules").symlink_to("/dev/null")  # turned off
+    (etc / "70-mine.rules").write_text(f"# {RULE}\n")  # a comment only
+
+    def read(pattern: str) -> list[str]:
+        script = doctor.udev_rule_lines(pattern, (str(etc), str(lib)))
+        return subprocess.run(
+            ["sh", "-c", script], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+
+    hidden = f"{lib}/59-fastrpc-remoteproc.rules:#hidden"  # every hidden file is named, whatever the pattern
+    assert read("fastrpc-cdsp") == [hidden, f"{lib}/60-fastrpc.rules:{RULE}"]
+    assert read('SUBSYSTEM=="remoteproc"') == [hidden]  # no rule udev reads starts a DSP

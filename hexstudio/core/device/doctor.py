@@ -46,7 +46,24 @@ ENV_SCRIPT = "qairt-env.sh"
 UDEV_RULE = "/etc/udev/rules.d/61-hexstudio-fastrpc.rules"
 OLD_UDEV_RULE = "/etc/udev/rules.d/60-fastrpc.rules"
 UDEV_MARK = "written by HexStudio"
-UDEV_DIRS = ("/etc/udev/rules.d", "/lib/udev/rules.d", "/usr/lib/udev/rules.d")
+# udev's rules folders, first the one whose file hides a file of the same name in the others
+UDEV_DIRS = ("/etc/udev/rules.d", "/run/udev/rules.d", "/lib/udev/rules.d", "/usr/lib/udev/rules.d")
+PACKAGE_UDEV_DIRS = UDEV_DIRS[2:]
+
+
+def udev_rule_lines(pattern: str, dirs: tuple[str, ...] = UDEV_DIRS) -> str:
+    """A shell script: the rule lines udev really reads that match `pattern` (grep -E), as `FILE:LINE`; commented
+    lines left out, and a file hidden by one of the same name in an earlier folder (an administrator's, or a
+    /dev/null link that turns a rule off) said as `FILE:#hidden` instead of read."""
+    return (
+        'seen=" "; for d in ' + " ".join(map(shlex.quote, dirs)) + '; do for f in "$d"/*.rules; do '
+        '[ -e "$f" ] || [ -L "$f" ] || continue; n=${f##*/}; '
+        'case "$seen" in *" $n "*) echo "$f:#hidden"; continue ;; esac; seen="$seen$n "; '
+        f'grep -sE {shlex.quote(pattern)} "$f" | grep -v \'^[[:space:]]*#\' | sed "s|^|$f:|"; '
+        "done; done"
+    )
+
+
 DAEMONS = ("cdsprpcd", "cdsp1rpcd")
 MIN_FREE_RAM = 4 << 30
 MIN_FREE_DISK = 8 << 30
@@ -345,13 +362,16 @@ async def _fastrpc_login(p: _Probe, c: Check) -> None:
 
 
 async def _udev_rule(p: _Probe, c: Check) -> None:
-    e = await p.sh(f"grep -HsE 'fastrpc-cdsp|{UDEV_MARK}' " + " ".join(f"{d}/*.rules" for d in UDEV_DIRS))
+    e = await p.sh(
+        udev_rule_lines("fastrpc-cdsp")
+        + f"; grep -lsF {shlex.quote(UDEV_MARK)} {OLD_UDEV_RULE} | sed 's|$|:#ours|'"
+    )
     c.evidence.append(e)
-    lines = [ln for ln in e.output.splitlines() if "KERNEL" in ln and "fastrpc-cdsp" in ln]
+    out = e.output.splitlines()
+    lines = [ln for ln in out if "KERNEL" in ln and "fastrpc-cdsp" in ln]
     name = posixpath.basename(OLD_UDEV_RULE)
     # an earlier HexStudio's rule, named as the package's: it hides the package's whole file
-    ours = any(ln.startswith(OLD_UDEV_RULE + ":") and UDEV_MARK in ln for ln in e.output.splitlines())
-    hides = ours and any(ln.split(":", 1)[0] in {f"{d}/{name}" for d in UDEV_DIRS[1:]} for ln in lines)
+    hides = f"{OLD_UDEV_RULE}:#ours" in out and any(f"{d}/{name}:#hidden" in out for d in PACKAGE_UDEV_DIRS)
     if hides:
         c.status, c.fix = WARN, "udev_rule"
         c.message = (

@@ -34,11 +34,11 @@ from hexstudio.core.device.doctor import (
     DAEMONS,
     ENV_SCRIPT,
     OLD_UDEV_RULE,
-    UDEV_DIRS,
     UDEV_MARK,
     UDEV_RULE,
     DoctorReport,
     probe,
+    udev_rule_lines,
 )
 from hexstudio.core.device.errors import BoardError, ConnectionDropped, SudoRefused, link_failure
 from hexstudio.core.device.explain import explain
@@ -106,10 +106,17 @@ ACTION=="add", SUBSYSTEM=="remoteproc", ATTR{name}=="cdsp|cdsp1", ATTR{state}=="
 HAS_DSP_START_RULE = [
     "sh",
     "-c",
-    'grep -lsE \'SUBSYSTEM=="remoteproc".*ATTR\\{state\\}="start"\' '
-    + " ".join(f"{d}/*.rules" for d in UDEV_DIRS)
-    + " | grep -q .",
+    udev_rule_lines('SUBSYSTEM=="remoteproc".*ATTR\\{state\\}="start"')
+    + " | grep -v ':#hidden$' | grep -q .",
 ]
+# the cdsp cores by name (remoteprocN is numbered in probe order: it may differ after a boot), and an offline one
+# among them; started by a "start" written to its state (Documentation/ABI sysfs-class-remoteproc)
+_OFFLINE_DSPS = (
+    'for r in /sys/class/remoteproc/remoteproc*; do case "$(cat "$r/name" 2>/dev/null)" in cdsp|cdsp1) ;; '
+    '*) continue ;; esac; [ "$(cat "$r/state")" = offline ] || continue; '
+)
+START_OFFLINE_DSPS = _OFFLINE_DSPS + 'echo start | tee "$r/state" >/dev/null || rc=1; done; exit ${rc:-0}'
+NO_OFFLINE_DSP = _OFFLINE_DSPS + "exit 1; done; exit 0"
 # done_if checks (no root needed): what the udev rule does is already true of the device nodes
 NODES_APPLIED = (
     'for f in /dev/fastrpc-cdsp /dev/fastrpc-cdsp1; do [ -e "$f" ] || continue; '
@@ -464,27 +471,26 @@ async def plan_fix(
     elif fix_id == "relogin":
         steps = [Step("reconnect", done_if=IN_GROUP_NOW)]
     elif fix_id == "udev_rule":
+        # an earlier HexStudio's rule under the package's name hides the package's file (doctor.UDEV_RULE): once it
+        # is gone, udev reads the rules again and applies them, even where the cdsp nodes look right already (the
+        # package's adsp, gdsp, sdsp and -secure nodes do not)
+        old = await board.transport.run(["grep", "-qsF", UDEV_MARK, OLD_UDEV_RULE], timeout=60)
+        moved = old.exit_status == 0
         steps = [
             group,
             *_root_file_steps(tmp, UDEV_RULE, UDEV_RULES_TEXT),
-            # an earlier HexStudio's rule under the package's name hides the package's file (doctor.UDEV_RULE)
-            Step(
-                "run",
-                ["rm", "-f", OLD_UDEV_RULE],
-                sudo=True,
-                done_if=["sh", "-c", f"! grep -qs {shlex.quote(UDEV_MARK)} {OLD_UDEV_RULE}"],
-            ),
+            *([Step("run", ["rm", "-f", OLD_UDEV_RULE], sudo=True)] if moved else []),
             Step(
                 "run",
                 ["udevadm", "control", "--reload-rules"],
                 sudo=True,
-                done_if=["sh", "-c", f"{NODES_APPLIED} && {HEAP_APPLIED}"],
+                done_if=None if moved else ["sh", "-c", f"{NODES_APPLIED} && {HEAP_APPLIED}"],
             ),
             Step(
                 "run",
                 ["udevadm", "trigger", "--action=add", "--subsystem-match=misc"],
                 sudo=True,
-                done_if=["sh", "-c", NODES_APPLIED],
+                done_if=None if moved else ["sh", "-c", NODES_APPLIED],
             ),
             Step(
                 "run",
@@ -540,23 +546,23 @@ async def plan_fix(
                 )
             )
     elif fix_id == "dsp_start":
-        paths = facts.get("remoteproc_paths")
-        if paths is None:  # a report without the remoteproc check
-            paths = (await probe(board, only=("remoteproc",))).facts.get("remoteproc_paths", {})
-        for name, path in sorted(paths.items()):
-            if not name.startswith("cdsp"):
-                continue
-            state = posixpath.join(str(path), "state")
-            # the kernel boots an offline remote processor on "start" (Documentation/ABI sysfs-class-remoteproc)
-            steps.append(
-                Step(
-                    "run",
-                    ["sh", "-c", f"echo start | tee {shlex.quote(state)} >/dev/null"],
-                    sudo=True,
-                    done_if=["sh", "-c", f'[ "$(cat {shlex.quote(state)})" != offline ]'],
-                    manual=f"echo start | sudo tee {shlex.quote(state)}",
-                )
+        # by hand: one line a core, from the doctor's report where it has them
+        paths = facts.get("remoteproc_paths") or {}
+        states = facts.get("remoteproc") or {}
+        shown = [
+            f"echo start | sudo tee {shlex.quote(posixpath.join(str(paths[n]), 'state'))}"
+            for n in sorted(paths)
+            if n in ("cdsp", "cdsp1") and states.get(n) == "offline"
+        ]
+        steps.append(
+            Step(
+                "run",
+                ["sh", "-c", START_OFFLINE_DSPS],
+                sudo=True,
+                done_if=["sh", "-c", NO_OFFLINE_DSP],
+                manual="\n".join(shown) or None,
             )
+        )
         steps += _root_file_steps(tmp, DSP_START_RULE, DSP_START_RULE_TEXT, done_if=HAS_DSP_START_RULE)
         notes.append(
             "The rule starts the DSP at every boot, as the fastrpc package's 59-fastrpc-remoteproc.rules does; "
@@ -656,17 +662,20 @@ async def _step_done(board: Board, step: Step) -> bool:
 
 
 BOOT_SETTLE_S = 20.0  # after a reboot, services (cdsprpcd, udev) may come up a little after sshd
+DSP_SETTLE_S = 8.0  # after dsp_start, udev makes the DSP's device node and starts its daemon
 
 
 async def _rerun_checks(board: Board, plan: FixPlan, res: FixResult) -> None:
     rebooted = any(st.kind == "reboot" for st in plan.steps)
-    deadline = time.monotonic() + BOOT_SETTLE_S
+    # a board that has just booted may still be starting its DSP daemons, and a DSP just started gets its
+    # /dev/fastrpc-cdsp* node and daemon from udev a moment later: look again for a while
+    settle = BOOT_SETTLE_S if rebooted else DSP_SETTLE_S if plan.fix_id == "dsp_start" else 0.0
+    deadline = time.monotonic() + settle
     try:
         while True:
             report = await probe(board, only=plan.affects)
             res.checks = [c.to_dict() for c in report.checks]
-            # a board that has just booted may still be starting its DSP daemons: look again for a while
-            if not rebooted or all(c["status"] != "fail" for c in res.checks) or time.monotonic() > deadline:
+            if all(c["status"] != "fail" for c in res.checks) or time.monotonic() >= deadline:
                 return
             await asyncio.sleep(2.0)
     except Exception as exc:
