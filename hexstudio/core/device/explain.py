@@ -416,7 +416,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "genie_dialog_failed",
-        (r"Create From Binary FAILED", r"Failure to initialize model", r"Failed to create the dialog"),
+        # not "Failed to create the dialog config." (genie_config_failed): the config, not the binaries
+        (
+            r"Create From Binary FAILED",
+            r"Failure to initialize model",
+            r"Failed to create the dialog(?! config)",
+        ),
         "Genie could not load the model's context binaries (the line before it usually says why).",
         "Look for a QNN/FastRPC error code earlier in the log (14001, 5000, 1002...) and run the board doctor.",
         generic=True,

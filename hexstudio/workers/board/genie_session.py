@@ -51,7 +51,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -232,27 +231,53 @@ def latest_events(doc: object) -> object:
 
 
 @contextlib.contextmanager
-def captured_fds() -> Iterator[list[str]]:
+def captured_fds(forward: bool = False) -> Iterator[list[str]]:
     """Capture what C code writes to fds 1 and 2 while the block runs (Genie prints its refusals there; fd 1 is
-    also this helper's event channel, which such text would break)."""
+    also this helper's event channel, which such text would break), through a pipe a thread reads; `forward`: also
+    on to this process's stderr as it comes (what the studio shows when a helper ends without a word; text a
+    library prints an instant before it aborts may still be lost). Where no pipe can be made, nothing is captured
+    and nothing redirected."""
     out: list[str] = []
+    try:
+        r, w = os.pipe()
+    except OSError:
+        yield out
+        return
     libc = ctypes.CDLL(None)
     sys.stdout.flush()
     sys.stderr.flush()
-    with tempfile.TemporaryFile() as tmp:
-        saved = [os.dup(1), os.dup(2)]
-        try:
-            os.dup2(tmp.fileno(), 1)
-            os.dup2(tmp.fileno(), 2)
-            yield out
-        finally:
-            libc.fflush(None)
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-            tmp.seek(0)
-            out.append(tmp.read().decode("utf-8", "replace"))
+    saved = [os.dup(1), os.dup(2)]
+    chunks: list[bytes] = []
+
+    def pump() -> None:
+        while True:
+            try:
+                b = os.read(r, 65536)
+            except OSError:
+                return
+            if not b:
+                return
+            chunks.append(b)
+            if forward:
+                with contextlib.suppress(OSError):
+                    os.write(saved[1], b)
+
+    reader = threading.Thread(target=pump, name="captured-fds", daemon=True)
+    reader.start()
+    try:
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        os.close(w)
+        yield out
+    finally:
+        libc.fflush(None)
+        os.dup2(saved[0], 1)  # the pipe's last writers go: the reader reads to its end
+        os.dup2(saved[1], 2)
+        reader.join(10)
+        os.close(r)
+        for fd in saved:
+            os.close(fd)
+        out.append(b"".join(chunks).decode("utf-8", "replace"))
 
 
 class ConfigRefused(RuntimeError):
@@ -279,7 +304,7 @@ class Helper:
         self.remake = False  # the dialog must be made again before its next use (a full context)
         self.used = False  # a query (or its stop sequences) since the dialog was made
         # Genie says why it refuses a config on fd 1/2, before any logger can be bound to the config
-        with captured_fds() as said:
+        with captured_fds(forward=True) as said:
             st = self.f["GenieDialogConfig_createFromJson"](
                 config_json.encode("utf-8"), ctypes.byref(self.cfg)
             )
