@@ -354,12 +354,7 @@ class MainWindow(QMainWindow):
 
     async def _close_chat_then_close(self, chat: ChatPage) -> None:
         try:
-            chat.stop()
-            for _ in range(200):  # the reply stops at the next token: up to 10 s
-                if not chat.busy_chat:
-                    break
-                await asyncio.sleep(0.05)
-            await asyncio.wait_for(chat.close_session(), 30)
+            await asyncio.wait_for(chat.shut_down(), 45)
         except Exception:  # quitting goes on: a board that does not answer keeps no one waiting
             log.warning("the chat session did not close before quitting", exc_info=True)
         finally:

@@ -237,3 +237,36 @@ def test_an_unticked_box_is_seen_in_the_dark_theme(qtbot: Any) -> None:
         assert any(abs(c.lightness() - mid.lightness()) <= 12 and c.lightness() > 60 for c in box)
     finally:
         app.setPalette(before)
+
+
+def test_quitting_while_the_model_loads_cancels_the_turn(
+    qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop
+) -> None:
+    """Stop ends token generation only: a turn still loading the model (minutes) went on, and the session it
+    opened afterwards stayed open on the board when the studio had quit."""
+    _c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
+    chat = w.pages["chat"]
+    events: list[str] = []
+
+    async def loading() -> None:
+        chat.busy_chat = True
+        try:
+            await asyncio.sleep(60)  # the model loading
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            raise
+        finally:
+            chat.busy_chat = False
+
+    async def close_session() -> None:
+        events.append("closed")
+
+    chat.close_session = close_session
+
+    async def go() -> None:
+        chat._sending = asyncio.ensure_future(loading())
+        await asyncio.sleep(0.05)
+        await chat.shut_down(grace_s=0.2)
+
+    gui_loop.run_until_complete(go())
+    assert events == ["cancelled", "closed"] and not chat.busy_chat

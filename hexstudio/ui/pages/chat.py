@@ -10,6 +10,7 @@ The page builds the widgets, forwards what the user does to its controller and s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,7 @@ class ChatPage(StagePage):
         self._loading_settings = self._asking = self.busy_chat = self._switch_waits = False
         # the run a reply on its way belongs to (its manifest and model folder), held while another run waits
         self._turn_run: tuple[RunManifest | None, Path | None] | None = None
+        self._sending: asyncio.Task[Any] | None = None  # the message being sent (its task)
         self.body.setContentsMargins(12, 8, 12, 8)
         self.body.setSpacing(6)
         # the stage's own parts (inputs, gate, results) go to the side column; the page is the chat
@@ -425,6 +427,7 @@ class ChatPage(StagePage):
             )
             return None
         self._turn_run = (m, self.model_dir())
+        self._sending = asyncio.current_task()  # what quitting cancels if the model is still loading
         self._set_busy(True)
         self.save_chat_settings()  # what this message is sent with is what the run keeps
         self.chat_message.setText("")
@@ -492,6 +495,20 @@ class ChatPage(StagePage):
 
     async def close_session(self) -> None:
         await self.chat.close_session()
+
+    async def shut_down(self, grace_s: float = 10.0) -> None:
+        """Before the studio quits: stop the reply, cancel a turn still loading the model (stop only ends token
+        generation) once `grace_s` has passed, then close the session, so none is left open on the board."""
+        self.stop()
+        deadline = asyncio.get_running_loop().time() + grace_s
+        while self.busy_chat and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        task = getattr(self, "_sending", None)
+        if self.busy_chat and task is not None and not task.done():
+            task.cancel()  # a session opened meanwhile is closed by the open path, or detached below
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(task), 5)
+        await self.close_session()
 
     def stop(self) -> None:
         self.chat.stop()
