@@ -30,6 +30,8 @@ EXCEPTION_ROOTS = {
 NOT_ERRORS = {
     "Cancelled": "hexstudio/workers/runtime.py: SIGINT/SIGTERM turned into an exception inside a worker",
     "_NeedPassphrase": "hexstudio/core/device/connect.py: an encrypted key and nobody to ask, handled right there",
+    "ConfigRefused": "hexstudio/workers/board/genie_session.py: copied to the board alone (standard library only); "
+    "said as the helper's error event, or as genie-t2t-run's line, right there",
 }
 
 
