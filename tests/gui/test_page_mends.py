@@ -5,6 +5,7 @@ choice, a value typed but not recorded before Ctrl+R, a damaged bundle.json, and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -240,33 +241,47 @@ def test_an_unticked_box_is_seen_in_the_dark_theme(qtbot: Any) -> None:
 
 
 def test_quitting_while_the_model_loads_cancels_the_turn(
-    qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop
+    qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stop ends token generation only: a turn still loading the model (minutes) went on, and the session it
-    opened afterwards stayed open on the board when the studio had quit."""
+    opened afterwards stayed open on the board when the studio had quit. Sent and quit as a person does."""
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
     _c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
     chat = w.pages["chat"]
     events: list[str] = []
 
-    async def loading() -> None:
-        chat.busy_chat = True
+    async def loading(_user: str, _req: Any, _hooks: Any) -> Any:
         try:
-            await asyncio.sleep(60)  # the model loading
+            await asyncio.sleep(60)  # the model loading on the board
         except asyncio.CancelledError:
             events.append("cancelled")
             raise
-        finally:
-            chat.busy_chat = False
 
     async def close_session() -> None:
         events.append("closed")
 
-    chat.close_session = close_session
+    monkeypatch.setattr(chat, "board_doc", lambda: {"remote_bundle": "/b", "board": "sim"})
+    monkeypatch.setattr(chat, "_request", lambda _doc: None)
+    monkeypatch.setattr(chat.chat, "run_turn", loading)
+    monkeypatch.setattr(chat, "close_session", close_session)
+    monkeypatch.setattr(QMessageBox, "question", lambda *_a, **_k: QMessageBox.StandardButton.Yes)
+    chat.quit_grace_s = 0.2
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    app.setQuitOnLastWindowClosed(False)
+    w.show()
 
     async def go() -> None:
-        chat._sending = asyncio.ensure_future(loading())
-        await asyncio.sleep(0.05)
-        await chat.shut_down(grace_s=0.2)
+        sending = asyncio.ensure_future(chat.send("hello"))
+        await wait_until(lambda: chat.busy_chat, 5, "the turn to start")
+        w.close()  # a reply is coming: asked, then the turn cancelled and the session closed
+        await wait_until(lambda: not w.isVisible(), 10, "the window closing")
+        with contextlib.suppress(asyncio.CancelledError):
+            await sending
 
-    gui_loop.run_until_complete(go())
+    try:
+        gui_loop.run_until_complete(go())
+    finally:
+        app.setQuitOnLastWindowClosed(True)
     assert events == ["cancelled", "closed"] and not chat.busy_chat

@@ -47,8 +47,17 @@ UDEV_RULE = "/etc/udev/rules.d/61-hexstudio-fastrpc.rules"
 OLD_UDEV_RULE = "/etc/udev/rules.d/60-fastrpc.rules"
 UDEV_MARK = "written by HexStudio"
 # udev's rules folders, first the one whose file hides a file of the same name in the others
-UDEV_DIRS = ("/etc/udev/rules.d", "/run/udev/rules.d", "/lib/udev/rules.d", "/usr/lib/udev/rules.d")
-PACKAGE_UDEV_DIRS = UDEV_DIRS[2:]
+UDEV_DIRS = (
+    "/etc/udev/rules.d",
+    "/run/udev/rules.d",
+    "/usr/local/lib/udev/rules.d",
+    "/lib/udev/rules.d",
+    "/usr/lib/udev/rules.d",
+)
+PACKAGE_UDEV_DIRS = (
+    "/lib/udev/rules.d",
+    "/usr/lib/udev/rules.d",
+)  # where a distribution package puts its rules
 
 
 def udev_rule_lines(pattern: str, dirs: tuple[str, ...] = UDEV_DIRS) -> str:

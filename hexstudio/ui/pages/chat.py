@@ -496,18 +496,20 @@ class ChatPage(StagePage):
     async def close_session(self) -> None:
         await self.chat.close_session()
 
-    async def shut_down(self, grace_s: float = 10.0) -> None:
+    quit_grace_s = 10.0  # how long quitting waits for a reply to stop before it cancels the turn
+
+    async def shut_down(self) -> None:
         """Before the studio quits: stop the reply, cancel a turn still loading the model (stop only ends token
-        generation) once `grace_s` has passed, then close the session, so none is left open on the board."""
+        generation) once `quit_grace_s` has passed, then close the session, so none is left open on the board."""
         self.stop()
-        deadline = asyncio.get_running_loop().time() + grace_s
+        deadline = asyncio.get_running_loop().time() + self.quit_grace_s
         while self.busy_chat and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         task = getattr(self, "_sending", None)
         if self.busy_chat and task is not None and not task.done():
-            task.cancel()  # a session opened meanwhile is closed by the open path, or detached below
+            task.cancel()  # a session opened meanwhile is closed by the open path (awaited), or detached below
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(task), 5)
+                await task
         await self.close_session()
 
     def stop(self) -> None:

@@ -238,15 +238,21 @@ def captured_fds(forward: bool = False) -> Iterator[list[str]]:
     library prints an instant before it aborts may still be lost). Where no pipe can be made, nothing is captured
     and nothing redirected."""
     out: list[str] = []
+    opened: list[int] = []
     try:
         r, w = os.pipe()
-    except OSError:
+        opened += [r, w]
+        libc = ctypes.CDLL(None)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1)]
+        opened.append(saved[0])
+        saved.append(os.dup(2))
+    except OSError:  # no descriptors left, or fd 1/2 closed: nothing redirected, what was opened closed
+        for fd in opened:
+            os.close(fd)
         yield out
         return
-    libc = ctypes.CDLL(None)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
     chunks: list[bytes] = []
 
     def pump() -> None:
@@ -274,9 +280,10 @@ def captured_fds(forward: bool = False) -> Iterator[list[str]]:
         os.dup2(saved[0], 1)  # the pipe's last writers go: the reader reads to its end
         os.dup2(saved[1], 2)
         reader.join(10)
-        os.close(r)
-        for fd in saved:
-            os.close(fd)
+        os.close(saved[0])
+        if not reader.is_alive():  # one still reading (a writer of the pipe lives on) keeps its fds: no reuse
+            os.close(r)
+            os.close(saved[1])
         out.append(b"".join(chunks).decode("utf-8", "replace"))
 
 
