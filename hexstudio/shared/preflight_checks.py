@@ -679,6 +679,27 @@ INSTALLER_FIX = (
 )
 
 
+def _torch_runs_on(capability: str, arches: list[str]) -> bool:
+    """Whether torch's kernels (torch.cuda.get_arch_list()) run on a GPU of this compute capability ("8.9"): a
+    cubin runs on the same major architecture at the same or a later minor (sm_86 on an RTX 4090's 8.9, as torch's
+    own _check_cubins allows a major's later GPUs), PTX (compute_XY) on any later GPU through the driver's JIT.
+    sm_120 (RTX 50xx) needs an sm_12x cubin: torch 2.4's sm_50..sm_90 does not run there."""
+    try:
+        major, minor = (int(x) for x in capability.split(".")[:2])
+    except ValueError:
+        return False
+    for a in arches:
+        kind, _, num = a.partition("_")
+        if not num.isdigit() or len(num) < 2:
+            continue
+        a_major, a_minor = int(num[:-1]), int(num[-1])
+        if kind == "sm" and a_major == major and a_minor <= minor:
+            return True
+        if kind == "compute" and (a_major, a_minor) <= (major, minor):
+            return True
+    return False
+
+
 def _gpu_check(p: dict[str, Any], needs: dict[str, Any]) -> dict[str, Any]:
     """torch's view (devices, arch list) beside the driver's (nvidia-smi / NVML): the sm_120 trap, a CPU-only
     torch on an NVIDIA machine, VRAM against this model's guidance, the driver version."""
@@ -695,7 +716,7 @@ def _gpu_check(p: dict[str, Any], needs: dict[str, Any]) -> dict[str, Any]:
         cc = d["compute_capability"].replace(".", "")
         arches = gpu.get("arch_list") or []
         measured = f"{d['name']} {_gib(d['memory_bytes'])} sm_{cc}{drv}"
-        if f"sm_{cc}" not in arches:
+        if not _torch_runs_on(d["compute_capability"], arches):
             return _check(
                 "gpu",
                 "fail",

@@ -209,6 +209,29 @@ def test_sm120_gpu_with_torch_lacking_sm120() -> None:
     assert c["status"] == "fail" and "sm_120" in c["message"] and "install-workstation.sh" in c["fix"]
 
 
+@pytest.mark.parametrize(
+    ("capability", "arches", "runs"),
+    [
+        ("8.9", ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"], True),  # RTX 4090, L4, L40S
+        ("6.1", ["sm_50", "sm_60", "sm_70"], True),  # GTX 10xx, P40: sm_60's cubins
+        ("8.0", ["sm_86", "sm_90"], False),  # an 8.6 cubin does not run on 8.0
+        ("12.0", ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"], False),  # the RTX 5090 trap
+        ("12.0", ["sm_90", "compute_90"], True),  # PTX: the driver compiles it for the newer GPU
+        ("12.0", ["sm_100", "sm_120"], True),
+    ],
+)
+def test_torch_kernels_run_on_a_gpu_of_the_same_major_at_a_later_minor(
+    capability: str, arches: list[str], runs: bool
+) -> None:
+    """An RTX 4090 (8.9) with a stock torch (sm_86, sm_90: no sm_89) failed the gpu check, though sm_86's kernels
+    run there."""
+    gpu = copy.deepcopy(BASE_PROBE["gpu"])
+    gpu["arch_list"] = arches
+    gpu["devices"][0]["compute_capability"] = capability
+    c = by_id(run_checks(probe(gpu=gpu), needs_8b()))["gpu"]
+    assert (c["status"] != "fail") is runs, c
+
+
 def test_workspace_on_windows_drive_warns() -> None:
     p = probe(workspace={"path": "/mnt/c/Users/dev/hexstudio", "free_bytes": 2000 * GiB})
     c = by_id(run_checks(p, needs_8b()))["workspace_location"]
