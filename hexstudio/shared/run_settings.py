@@ -951,9 +951,17 @@ def resolve_settings(
     ctx = rs.context_length
     if ctx == AUTO:
         context_length = AUTO_CONTEXT_LENGTH["builtin" if builtin else "other"]
-        maxpos = info.get("max_position_embeddings")
-        if isinstance(maxpos, int) and not isinstance(maxpos, bool) and 0 < maxpos < context_length:
-            context_length = maxpos  # a model made for shorter contexts: its own limit
+        # a model made for shorter contexts, or one that attends over a shorter window: its own limit, in whole
+        # prompt-processor blocks (a limit below two blocks is left for check_context to explain)
+        limits = [
+            v
+            for v in (info.get("max_position_embeddings"), info.get("sliding_window"))
+            if isinstance(v, int) and not isinstance(v, bool) and 0 < v < context_length
+        ]
+        if limits:
+            context_length = min(limits)
+            if context_length // rs.ar_n * rs.ar_n > rs.ar_n:
+                context_length = context_length // rs.ar_n * rs.ar_n
     else:
         context_length = int(ctx)
     board_ram = rs.board_ram_bytes or None

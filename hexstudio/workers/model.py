@@ -22,7 +22,13 @@ from hexstudio.shared.artifacts import ModelDoc
 from hexstudio.shared.data import BUILTIN_MODELS, builtin_model_dir
 from hexstudio.shared.hub import HubError, hub_error, hub_token, model_spec_problem
 from hexstudio.shared.protocol import Emitter
-from hexstudio.shared.run_settings import AUTO, ResolvedSettings, RunSettings, resolve_settings
+from hexstudio.shared.run_settings import (
+    AUTO,
+    ResolvedSettings,
+    RunSettings,
+    genie_cl_problem,
+    resolve_settings,
+)
 from hexstudio.workers.runtime import WorkerError, WorkerSpec, worker_main
 
 BUILTIN_ID = "builtin:tiny-llama"
@@ -371,7 +377,11 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     # "auto" context length and parts, as preflight and `hexstudio model inspect` resolve them
     r, plan = resolve_settings(info, spec.settings, builtin=source == "builtin", board_name=spec.inputs.board)
     context_length, ar_n, parts = r["context_length"], r["ar_n"], r["parts"]
-    err = modelinfo.check_context(info, context_length, ar_n) or modelinfo.validation_room(context_length)
+    err = (
+        modelinfo.check_context(info, context_length, ar_n)
+        or genie_cl_problem(context_length, ar_n)  # as Quantize refuses it, told before the download is used
+        or modelinfo.validation_room(context_length)
+    )
     if err:
         raise WorkerError("bad_context_length", err, "Change the context length in the run settings.")
     for line in plan["explanation"]:

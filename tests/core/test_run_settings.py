@@ -381,6 +381,29 @@ def test_resolve_settings_is_the_rule_for_auto() -> None:
     assert small_board > modelinfo.part_plan(big, 4096)["parts"]
 
 
+def test_auto_context_keeps_to_the_models_limits_in_whole_blocks() -> None:
+    """ "auto" took max_position_embeddings as it was (2000 with AR-128: not a multiple, refused at the Model stage)
+    and ignored a shorter sliding window (refused too, "Use at most N", though nobody had set a length)."""
+    big = _big_info()
+    for limits, want in (
+        ({"max_position_embeddings": 2000}, 1920),
+        ({"sliding_window": 2048}, 2048),
+        ({"max_position_embeddings": 3000, "sliding_window": 2500}, 2432),
+    ):
+        r, _ = rs.resolve_settings({**big, **limits}, {"context_length": "auto"}, builtin=False)
+        assert r["context_length"] == want, (limits, r)
+        assert modelinfo.check_context({**big, **limits}, r["context_length"], r["ar_n"]) is None
+
+
+def test_an_auto_context_of_twice_ar_n_is_refused_before_quantize() -> None:
+    """The built-in model's auto context (512) with ar_n 256 passed Model and Preflight, and Quantize refused it."""
+    from hexstudio.core.services import ServiceError
+    from hexstudio.core.services import model as model_service
+
+    with pytest.raises(ServiceError, match="twice ar_n 256"):
+        model_service.inspect("builtin:tiny-llama", None, 256, None)
+
+
 def test_preflight_and_model_inspect_resolve_as_the_model_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     from hexstudio.core.services import model as model_service
     from hexstudio.core.services import preflight as preflight_service

@@ -13,7 +13,7 @@ from hexstudio.core.services import ServiceError
 from hexstudio.shared import modelinfo
 from hexstudio.shared.data import BUILTIN_MODELS, builtin_model_dir
 from hexstudio.shared.hub import model_spec_problem
-from hexstudio.shared.run_settings import AUTO, DEFAULTS, resolve_settings
+from hexstudio.shared.run_settings import AUTO, DEFAULTS, genie_cl_problem, resolve_settings
 
 
 def model_config(model: str, revision: str | None = None) -> dict[str, Any]:
@@ -61,7 +61,9 @@ def inspect(
         "board_ram_bytes": int(board_ram_gib * 1024**3) if board_ram_gib else None,
     }
     r, plan = resolve_settings(info, asked, builtin=model.startswith("builtin:"))
-    err = modelinfo.check_context(info, r["context_length"], r["ar_n"])
+    err = modelinfo.check_context(info, r["context_length"], r["ar_n"]) or genie_cl_problem(
+        r["context_length"], r["ar_n"]
+    )
     if err:
         raise ServiceError(err)
     out["context_length"] = r["context_length"]

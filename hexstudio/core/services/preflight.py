@@ -15,7 +15,7 @@ from hexstudio.core.services.model import model_config
 from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, Settings, SettingsError
 from hexstudio.shared import modelinfo, wslconfig
 from hexstudio.shared.preflight_checks import MEMORY_MARGIN, meminfo, probe, run_checks
-from hexstudio.shared.run_settings import ResolvedSettings, resolve_settings
+from hexstudio.shared.run_settings import ResolvedSettings, genie_cl_problem, resolve_settings
 
 
 def run_settings(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -66,7 +66,9 @@ def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], R
             info["reason"], "Pick a dense Llama-family model (Llama 3.x, Nemotron-Nano-8B, Qwen2/3)."
         )
     r = resolve_estimate_settings(info, model, settings)
-    err = modelinfo.check_context(info, r["context_length"], r["ar_n"])
+    err = modelinfo.check_context(info, r["context_length"], r["ar_n"]) or genie_cl_problem(
+        r["context_length"], r["ar_n"]
+    )
     if err:
         raise ServiceError(err)
     needs = modelinfo.estimate(
