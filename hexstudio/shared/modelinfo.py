@@ -260,6 +260,10 @@ def inspect_config(cfg: dict[str, Any]) -> dict[str, Any]:
                 "max_position_embeddings": int(_first(cfg, "max_position_embeddings", default=2048)),
                 "sliding_window": sliding_window(cfg),
                 "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+                # the checkpoint's own precision (transformers writes torch_dtype, newer versions dtype)
+                "weight_bytes": 4
+                if str(_first(cfg, "torch_dtype", "dtype", default="")) in ("float32", "fp32")
+                else 2,
                 "bos_token_id": cfg.get("bos_token_id"),
                 "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
             }
@@ -610,7 +614,7 @@ def estimate(
         "num_parameters": n,
         "parts": parts,
         "largest_part_fp16_bytes": fp16_part,
-        "hf_download_bytes": 2 * n,
+        "hf_download_bytes": int(info.get("weight_bytes") or 2) * n,  # float32 checkpoints are twice bf16's
         "quantize_peak_rss_bytes": partwise,
         # with CUDA the calibration unit's sessions sit on the GPU: the peak less the host-side fixed part, plus
         # the CUDA context (a planning figure from the CPU measurements; not measured on a GPU)

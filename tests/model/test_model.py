@@ -117,6 +117,9 @@ def test_inspect_config_only_folders(tmp_path: Path, cfg: dict[str, Any], params
     # weights stored once (float + simulation fp32 per part), temporaries and the bundle: well under the
     # reference recipe's "plan for 200+ GB", and with the download inside a 100 GB disk (issue 20)
     assert 40e9 < e["disk_bytes"] < 100e9 - e["hf_download_bytes"]
+    # a float32 checkpoint downloads twice bf16's bytes: the cache's disk check counts them (it counted 2 a param)
+    f32 = modelinfo.estimate(modelinfo.inspect_config({**cfg, "torch_dtype": "float32"}), 4096)
+    assert f32["hf_download_bytes"] == 2 * e["hf_download_bytes"] == 4 * e["num_parameters"]
     text = _cli("model", "inspect", str(tmp_path / cfg["architectures"][0]))
     assert text.returncode == 0
     if not e["fits_64_gib"]:  # said in plain words, with the split that would fit

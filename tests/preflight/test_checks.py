@@ -519,9 +519,9 @@ def test_cli_uses_the_run_default_settings(tmp_path: Path, monkeypatch: pytest.M
         "builtin:tiny-llama",
         tmp_path,
         smoke=False,
-        settings={"context_length": 256, "calibration_samples": 3},
+        settings={"context_length": 384, "calibration_samples": 3},
     )
-    assert rep["settings"]["context_length"] == 256 and rep["settings"]["calibration_samples"] == 3
+    assert rep["settings"]["context_length"] == 384 and rep["settings"]["calibration_samples"] == 3
 
 
 def test_nvidia_smi_without_a_driver_says_so() -> None:
