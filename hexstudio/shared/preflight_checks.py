@@ -562,7 +562,9 @@ def run_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any]]
 
 def _local_compile_check(have: int, needs: dict[str, Any]) -> dict[str, Any]:
     """What a local QNN compile of this model needs (compile_target local; measured at 8B shapes, scaled by
-    parameters) and what the AI Hub compile uploads instead: a warning, never a failure (AI Hub needs neither)."""
+    parameters) and what the AI Hub compile uploads instead: a warning where memory is short, a failure only where
+    this run will compile locally (`compile_local`: the Preflight stage knows the board and the target) and would
+    be killed there, after quantize and validate have run."""
     ram = int(needs.get("local_compile_peak_rss_bytes", 0))
     secs = float(needs.get("local_compile_seconds", 0))
     disk = int(needs.get("local_compile_disk_bytes", 0))
@@ -576,6 +578,18 @@ def _local_compile_check(have: int, needs: dict[str, Any]) -> dict[str, Any]:
     required = {"ram_bytes": ram, "seconds": int(secs), "disk_bytes": disk, "aihub_upload_bytes": up}
     if have >= ram:
         return _check("local_compile", "ok", have, required, text)
+    if needs.get("compile_local"):
+        return _check(
+            "local_compile",
+            "fail",
+            have,
+            required,
+            text
+            + f" This run compiles locally (the simulator board's target), and this machine has {_gib(have)}: "
+            "the compile would run out of memory after quantization.",
+            "Run on a machine with more memory (or raise the WSL memory limit), use compile_target sim (the "
+            "onnxruntime twin's labeled stand-in bundle), or deploy to a real board, which compiles on AI Hub.",
+        )
     return _check(
         "local_compile",
         "warn",
@@ -590,7 +604,10 @@ def _disk_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any
     """Free space where the workspace and the Hugging Face cache live. On one filesystem (same st_dev, or
     the same path on a probe that did not record it) both needs come out of the same free space."""
     ws, hf = p["workspace"], p["hf_cache"]
-    ws_need = int(needs.get("disk_bytes", 0))
+    # a run that compiles locally also writes the rewritten graphs and the context binaries in the workspace
+    ws_need = int(needs.get("disk_bytes", 0)) + (
+        int(needs.get("local_compile_disk_bytes", 0)) if needs.get("compile_local") else 0
+    )
     # the Preflight stage runs after the Model stage: what was to be downloaded is in the cache (or a folder) now
     downloaded = bool(needs.get("hf_downloaded"))
     hf_need = 0 if downloaded else int(needs.get("hf_download_bytes", 0))

@@ -26,6 +26,15 @@ def needs_now(model_doc: dict[str, Any], settings: RunSettings, board: str | Non
     return stage_estimate(info, settings, r)
 
 
+def compiles_locally(target: str, board: str) -> bool:
+    """The Compile stage's own choice (hexstudio.workers.compile.resolve_auto_target) without its warning."""
+    if target != "auto":
+        return target == "local"
+    from hexstudio.workers.qnn.libs import find_qnn_libs
+
+    return board == "sim" and find_qnn_libs() is not None
+
+
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     t0 = time.time()
     model_dir = spec.upstream.get("model")
@@ -38,6 +47,9 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     needs = needs_now(doc, spec.settings, spec.inputs.board) if "info" in doc else dict(doc["estimates"])
     # the Model stage has run: a Hugging Face model is in the cache now, a folder or the built-in one never downloads
     needs["hf_downloaded"] = True
+    # whether the Compile stage will compile on this machine (its "auto": local for the simulator board where
+    # Qualcomm's QNN libraries are installed): its memory and disk are then this run's to find here
+    needs["compile_local"] = compiles_locally(spec.settings.compile_target, spec.inputs.board or "sim")
     em.progress(0.1, "probing this machine (AIMET smoke test runs in parallel)")
     workspace = spec.run_dir.parent.parent
     from huggingface_hub import constants as hf_constants
