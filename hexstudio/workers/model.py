@@ -47,13 +47,23 @@ def check_safetensors(path: Path) -> int:
             if n > size - 8 or n > 100 * 1024 * 1024:
                 raise ValueError("its header length points past the end of the file")
             header = json.loads(fh.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("its header is not a JSON object")
+        # every tensor's [begin, end) in the data: a header without them describes no tensor
+        spans = [
+            v.get("data_offsets") if isinstance(v, dict) else None
+            for k, v in header.items()
+            if k != "__metadata__"
+        ]
+        if not all(isinstance(o, list) and len(o) == 2 and all(isinstance(x, int) for x in o) for o in spans):
+            raise ValueError("a tensor in its header has no valid data_offsets")
     except (ValueError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise WorkerError(
             "corrupt_weights",
             f"{path.name} is not a valid safetensors file: {exc}.",
             f"Delete {path} and download the model again (a partial download looks like this).",
         ) from None
-    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    end = max((int(o[1]) for o in spans), default=0)  # type: ignore[index]
     if 8 + n + end != size:
         raise WorkerError(
             "corrupt_weights",

@@ -248,6 +248,31 @@ def test_model_stage_errors_are_clear(tmp_path: Path, damage: str, code: str, ne
     assert not (m.run_dir / "artifacts" / "model").exists()
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"w": {"dtype": "F32", "shape": [1]}},
+        {"w": {"dtype": "F32", "data_offsets": [0]}},
+        ["w"],
+        {"w": "F32"},
+    ],
+)
+def test_a_safetensors_header_without_tensor_offsets_is_corrupt_weights(tmp_path: Path, header: Any) -> None:
+    """A header whose tensor has no [begin, end) offsets (or is no object) raised KeyError/TypeError: an "internal"
+    HexStudio bug instead of "download it again"."""
+    import struct
+
+    from hexstudio.workers.model import check_safetensors
+    from hexstudio.workers.runtime import WorkerError
+
+    raw = json.dumps(header).encode()
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 4)
+    with pytest.raises(WorkerError) as err:
+        check_safetensors(f)
+    assert err.value.code == "corrupt_weights" and "not a valid safetensors file" in err.value.message
+
+
 def test_not_a_model_gives_what_to_do(tmp_path: Path) -> None:
     """Refused when the run is made (a run's model cannot change on resume: such a run could never start, and
     the studio made it without a word), and again by the Model stage for a folder gone since."""
