@@ -224,15 +224,24 @@ def qualcomm_check(bdir: Path, em: Emitter) -> None:
         )
 
 
-def resolve_auto_target(board: str, em: Emitter) -> str:
-    """auto: local for the simulator board where Qualcomm's QNN libraries are installed, the onnxruntime
-    twin's bundle where they are not (said as a warning), AI Hub for a real board."""
+def auto_target(board: str) -> str:
+    """compile_target "auto": local for the simulator board where Qualcomm's QNN libraries are installed, the
+    onnxruntime twin's bundle ("sim") where they are not, AI Hub for a real board. The Preflight stage asks it too
+    (a run that compiles locally must hold the local compile)."""
     if board != "sim":
         return "aihub"
-    from hexstudio.workers.qnn.libs import INSTALL_HINT, find_qnn_libs
+    from hexstudio.workers.qnn.libs import find_qnn_libs
 
-    if find_qnn_libs() is not None:
-        return "local"
+    return "local" if find_qnn_libs() is not None else "sim"
+
+
+def resolve_auto_target(board: str, em: Emitter) -> str:
+    """auto_target, with the twin's fallback said as a warning."""
+    target = auto_target(board)
+    if target != "sim":
+        return target
+    from hexstudio.workers.qnn.libs import INSTALL_HINT
+
     em.warning(
         "Qualcomm's QNN libraries (onnxruntime-qnn) are not installed, so the simulator board gets the "
         "onnxruntime twin's bundle: its context binaries are stand-ins and nothing from Qualcomm runs.",

@@ -27,12 +27,10 @@ def needs_now(model_doc: dict[str, Any], settings: RunSettings, board: str | Non
 
 
 def compiles_locally(target: str, board: str) -> bool:
-    """The Compile stage's own choice (hexstudio.workers.compile.resolve_auto_target) without its warning."""
-    if target != "auto":
-        return target == "local"
-    from hexstudio.workers.qnn.libs import find_qnn_libs
+    """Whether the Compile stage will compile on this machine: its own choice for "auto"."""
+    from hexstudio.workers.compile import auto_target
 
-    return board == "sim" and find_qnn_libs() is not None
+    return (auto_target(board) if target == "auto" else target) == "local"
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
