@@ -49,13 +49,8 @@ def test_genie_t2t_run_on_the_htp_simulator_ends_a_refused_config_as_genie_t2t_r
     (tmp_path / "genie_config.json").write_text(json.dumps(cfg))
     (tmp_path / "tokenizer.json").write_text("{}")
     (tmp_path / "m_part_1_of_1.bin").write_bytes(b"\0" * 64)
-    r = subprocess.run(
-        [sys.executable, "-m", "hexstudio.workers.qnn.genie_t2t", "-c", "genie_config.json", "-p", "hi"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    t2t = [sys.executable, "-m", "hexstudio.workers.qnn.genie_t2t", "-c", "genie_config.json", "-p", "hi"]
+    r = subprocess.run(t2t, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert r.stdout.splitlines()[-1] == "Failed to create the dialog config.", r.stdout
     assert "Failure to initialize model" not in r.stdout
