@@ -254,6 +254,9 @@ def test_host_only_scores_are_labelled_host_and_an_earlier_attempts_not_current(
     run_dir = copy_run(twin_run, tmp_path)
     board_json = run_dir / "artifacts" / "board" / "board.json"
     board_json.write_text(json.dumps({**json.loads(board_json.read_text()), "simulated": False}))
+    # a board leg asked for, but no chosen case runs on a board (perplexity is the host's alone): host only too
+    doc = _evaluate(run_dir, {"eval_legs": ["float", "sim", "board"], "eval_suites": ["perplexity"]})
+    assert doc["source"] == "host" and "board" not in doc["legs"], (doc["source"], doc["legs"])
     doc = _evaluate(run_dir, {"eval_legs": ["float", "sim"], "eval_suites": ["instruction_following"]})
     assert doc["source"] == "host" and doc["simulated"] is True, (doc["source"], doc["simulated"])
     st = Workspace(tmp_path).open_run(run_dir.name).stage("evaluate")

@@ -43,6 +43,19 @@ def test_shipped_suites_load() -> None:
             "expects",
         ),
         ('{"scorer": "exact"}', 'needs "prompt"'),
+        # "name" read as the keys n, a, m, e; 5 made every case "could not be scored"; "?" matched every reply
+        (
+            '{"prompt": "x", "scorer": "instruction", "checks": [{"type": "json", "keys": "name"}]}',
+            "list of names",
+        ),
+        (
+            '{"prompt": "x", "scorer": "instruction", "checks": [{"type": "json", "keys": 5}]}',
+            "list of names",
+        ),
+        (
+            '{"prompt": "x", "scorer": "instruction", "checks": [{"type": "ends_with", "text": "?"}]}',
+            "punctuation",
+        ),
     ],
 )
 def test_bad_lines_are_named(tmp_path: Path, line: str, what: str) -> None:
@@ -122,6 +135,27 @@ def test_a_suite_without_a_scorer_says_where_to_set_one(tmp_path: Path) -> None:
         load_suite(p)
     assert "no scorer" in err.value.message and "None" not in err.value.message, err.value.message
     assert '"scorer"' in (err.value.hint or ""), err.value.hint
+
+
+def test_no_answer_is_wrong_for_every_scorer() -> None:
+    """An empty reply (a prompt that filled the context, reasoning cut at the token limit) scored correct for every
+    shipped abstain case, and for a case whose checks were only no_comma or not_contains."""
+    from hexstudio.core.eval.scoring import score_case
+    from hexstudio.core.eval.suites import Case
+
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    abstain = Case(id="a", scorer="tool_call", prompt="Hi", tools=tools, expected={"abstain": True})
+    plain = Case(
+        id="b",
+        scorer="instruction",
+        prompt="x",
+        checks=[{"type": "no_comma"}, {"type": "not_contains", "text": "sorry"}],
+    )
+    for case in (abstain, plain):
+        for reply in ("", "  \n", "<think>the budget ran out before an answer"):
+            got = score_case(case, reply, "hermes")
+            assert got["correct"] is False and "no answer" in got["why"], (case.id, reply, got)
+    assert score_case(plain, "Fine thanks.", "hermes")["correct"] is True
 
 
 def test_instruction_checks() -> None:

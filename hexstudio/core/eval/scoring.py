@@ -94,8 +94,12 @@ def answer_of(reply: str) -> str:
 
 
 def score_case(case: Case, reply: str, tool_format: str) -> dict[str, Any]:
-    """{"correct": bool, "why": str, ...} for a generated reply (its answer: a reasoning block is not scored)."""
+    """{"correct": bool, "why": str, ...} for a generated reply (its answer: a reasoning block is not scored). No
+    answer at all (an empty reply, a prompt that filled the context, reasoning cut at the token limit) is wrong
+    for every scorer: it abstained from no tool and kept no instruction."""
     reply = answer_of(reply)
+    if not reply.strip():
+        return {"correct": False, "why": "no answer (an empty reply, or reasoning cut at the token limit)"}
     try:
         if case.scorer == "tool_call":
             parsed = parse_reply(reply, tool_format)

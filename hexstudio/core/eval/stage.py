@@ -512,7 +512,9 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     board_info: dict[str, Any] = {}
     # without a board leg every score is this workstation's (float, and its quantization simulation): "host",
     # never a device result, whatever board the run names
-    source = ("simulated" if board_doc.get("simulated") else "device") if "board" in legs else "host"
+    # the board leg counts only where a chosen case runs on the board (perplexity alone runs on the host only)
+    on_board = "board" in legs and bool(plan.for_leg("board"))
+    source = ("simulated" if board_doc.get("simulated") else "device") if on_board else "host"
     # A real board is another machine: its leg runs beside the host's from the start. On this machine the host's
     # float and simulation legs (onnxruntime on every core it is given) go first, then the legs that each keep
     # one core busy run side by side: the host's HTP leg and a simulator board's Genie (on 2 cores, 4 threads
@@ -528,7 +530,7 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             board = (await open_run_board(board_doc, Settings.load(), ws_root)).board
         except BoardError as exc:
             raise StageError("board_unavailable", exc.message, exc.hint) from None
-        if board.simulated:
+        if board.simulated and on_board:
             source = "simulated"
         # the runtime the session will run: the run's setting, else the board's own (which can change between
         # two attempts of this stage), so the journal is named for what really answered
@@ -599,8 +601,9 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 await board.transport.close()
     ctx.check_cancelled()
-    board_records = read_journal(board_journal)
-    if board_info.get("simulated") or any(r.get("simulated") for r in board_records.values()):
+    # the board's journal only where this attempt has a board leg (an earlier attempt's would be scored as this one's)
+    board_records = read_journal(board_journal) if on_board else {}
+    if on_board and (board_info.get("simulated") or any(r.get("simulated") for r in board_records.values())):
         # the runner said it simulates (a simulator on a host declared as a board): its word, not the record's
         source = "simulated"
     records = {**read_journal(host_journal), **read_journal(htp_journal), **board_records}
@@ -638,7 +641,7 @@ async def run_evaluate_stage(ctx: StageContext) -> dict[str, Any]:
         "board": board_doc.get("board"),
         "source": source,
         "simulated": source != "device",
-        "legs": legs,
+        "legs": [x for x in legs if x != "board" or on_board],  # no board column where nothing ran there
         "leg_titles": {
             **LEG_TITLES,
             "board": (f"board ({'SIMULATED' if source == 'simulated' else 'device'})"),

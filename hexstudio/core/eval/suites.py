@@ -236,6 +236,21 @@ def _case(path: Path, n: int, doc: dict[str, Any], default_scorer: str | None, d
                 raise _bad(path, n, f'the check {c["type"]} needs "n", a whole number above 0: {c!r}.')
             if need == "text" and not (isinstance(c.get("text"), str) and c["text"]):
                 raise _bad(path, n, f'the check {c["type"]} needs "text", a non-empty string: {c!r}.')
+            if c["type"] == "ends_with" and not str(c.get("text", "")).rstrip(".!? "):
+                raise _bad(
+                    path,
+                    n,
+                    f"the check ends_with needs text besides end punctuation (any reply ends so): {c!r}.",
+                )
+            keys = c.get("keys")
+            if (
+                c["type"] == "json"
+                and keys is not None
+                and not (isinstance(keys, list) and all(isinstance(k, str) and k for k in keys))
+            ):
+                raise _bad(
+                    path, n, f'the check json takes "keys" as a list of names, e.g. ["name", "age"]: {c!r}.'
+                )
     mt = doc.get("max_tokens", default_max)
     if not isinstance(mt, int) or isinstance(mt, bool) or not 1 <= mt <= 4096:
         raise _bad(path, n, '"max_tokens" must be a whole number from 1 to 4096.')
