@@ -17,7 +17,7 @@ from hexstudio.core.remote.hosts import (
     host_config,
     worker_hosts,
 )
-from hexstudio.core.remote.sync import install_workers
+from hexstudio.core.remote.sync import host_python, install_workers
 from hexstudio.core.secrets import delete_secret, set_secret, worker_password_key
 from hexstudio.core.settings import Settings, SettingsError, check_machine_name
 
@@ -75,8 +75,8 @@ async def _check(name: str, cfg: dict[str, Any], args: argparse.Namespace) -> di
         t = await connect_worker_host(name, cfg, trust=ssh.host_key_prompt(args, "host"))
     except WorkerHostError as exc:
         raise CliError(exc.message, exc.hint) from None
-    python = str(cfg.get("python") or "python3")
     try:
+        python = host_python(cfg.get("python"), await t.home())
         info = await check_host(t, name, python)
         stages: dict[str, Any] = {}
         for stage, mods in STAGE_PACKAGES.items():

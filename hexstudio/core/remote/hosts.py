@@ -11,7 +11,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from hexstudio.core.device.connect import HostKeyChanged, HostKeyUnknown, connect_ssh
+from hexstudio.core.device.connect import (
+    HostKeyChanged,
+    HostKeyUnknown,
+    KeyPassphraseNeeded,
+    KeyPassphraseWrong,
+    connect_ssh,
+)
 from hexstudio.core.device.errors import BoardError
 from hexstudio.core.device.transport import SshTransport, Transport
 from hexstudio.core.secrets import SecretStoreError, get_secret, worker_password_key
@@ -107,7 +113,19 @@ async def connect_worker_host(
             exc.hint.replace("board", "host") if exc.hint else None,
         ) from None
     except BoardError as exc:
-        code = "worker_host_login_failed" if "refused the login" in exc.message else "worker_host_unreachable"
+        # a key that needs its passphrase, or a refused login, is the login's; only a failed connection is the
+        # host's (a known_hosts file that cannot be written and the like keep their own words and hint)
+        login = (
+            isinstance(exc, (KeyPassphraseNeeded, KeyPassphraseWrong)) or "refused the login" in exc.message
+        )
+        unreachable = not login and exc.message.startswith("Cannot connect to")
+        code = (
+            "worker_host_login_failed"
+            if login
+            else "worker_host_unreachable"
+            if unreachable
+            else "worker_host_ssh_failed"
+        )
         hint = exc.hint or ""
         if code == "worker_host_unreachable":
             hint = (
@@ -115,7 +133,7 @@ async def connect_worker_host(
                 f"`ssh -p {cfg.get('port') or 22} {where.split(':')[0]}` by hand. Resume the run when it "
                 "answers, or run it without a worker host (`hexstudio run --resume RUN_ID --worker-host local`)."
             )
-        elif code == "worker_host_login_failed":
+        else:
             hint = hint.replace("board", "worker host")
         raise WorkerHostError(code, f"Worker host '{name}': {exc.message}", hint) from None
 

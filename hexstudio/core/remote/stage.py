@@ -48,6 +48,7 @@ from hexstudio.core.remote.sync import (
     download_tree,
     host_files,
     host_folder,
+    host_python,
     install_workers,
     map_json_paths,
     upload_tree,
@@ -209,13 +210,13 @@ class RemoteStageJob(Job):
 
     async def _steps(self) -> JobResult:
         cfg = host_config(self.host, self.settings)
-        python = str(cfg.get("python") or "python3")
         self._say(
             f"connecting to worker host '{self.host}' ({cfg.get('user') or ''}@{cfg.get('host')}:"
             f"{cfg.get('port') or 22})",
             "connect",
         )
         self.transport = t = await connect_worker_host(self.host, cfg)
+        python = host_python(cfg.get("python"), await t.home())
         info = await check_host(t, self.host, python, STAGE_PACKAGES.get(self.stage.name, ()))
         self._metric("worker_host", self.host)
         self._metric("worker_host_memory_bytes", info.get("memory_bytes"), "bytes")

@@ -32,10 +32,10 @@ WORKERS_DIR = WORKERS_ROOT / "hexstudio" / "workers"  # the installed (or checke
 SHARED_DIR = WORKERS_ROOT / "hexstudio" / "shared"  # what the workers share with the studio: goes with them
 # hexstudio/__init__.py goes with it: `python -m hexstudio.workers.X` imports the parent package first
 PARENT_INIT = WORKERS_ROOT / "hexstudio" / "__init__.py"
-# Package data the workers read on the host (the built-in calibration/validation text, the recipes): copied
-# with the modules, at the same place inside the package. Not the built-in model: the model stage's output
-# (hf/) is uploaded with the run.
-WORKER_DATA = (data.data_path(*data.BUILTIN_TEXT), data.recipes_dir())
+# Package data the workers read on the host (the built-in calibration/validation text, the recipes, the QuantSim
+# configurations of quantsim_config): copied with the modules, at the same place inside the package. Not the
+# built-in model: the model stage's output (hf/) is uploaded with the run.
+WORKER_DATA = (data.data_path(*data.BUILTIN_TEXT), data.recipes_dir(), data.data_path(*data.QUANTSIM))
 # A synced folder's record on the host: rel -> [size, sha256] of the files known complete there.
 SYNC_MANIFEST = ".hexstudio-synced.json"
 
@@ -69,6 +69,16 @@ def host_folder(root: str | None, home: str) -> str:
     if root == "~" or root.startswith("~/"):
         return posixpath.normpath(posixpath.join(home, root[2:]))
     return posixpath.normpath(posixpath.join(home, root))
+
+
+def host_python(python: object, home: str) -> str:
+    """A worker host's `python` setting as the command to run there: unset is python3; a bare name (python3.11)
+    is looked up on the host's PATH; `~/x` or a relative `x/y` is under the host's home (a quoted shell argument
+    expands no `~`, and the worker runs in another folder than a relative path would be read from)."""
+    text = str(python or "").strip() or "python3"
+    if text.startswith("/") or ("/" not in text and not text.startswith("~")):
+        return text
+    return host_folder(text, home)
 
 
 async def install_workers(transport: Transport, base: str | None = None) -> str:
