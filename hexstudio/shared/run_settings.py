@@ -262,7 +262,8 @@ class RunSettings:
         AUTO,
         label="Target",
         choices=("auto", "local", "aihub", "sim"),
-        stages=("compile",),
+        # Preflight checks the local compile's memory and disk where the run compiles on this machine
+        stages=("preflight", "compile"),
         page="compile",
         help='"local": QNN 2.51 on this machine (onnxruntime-qnn: no account, no upload) writes real context '
         'binaries; "aihub": compile on Qualcomm AI Hub; "sim": the onnxruntime twin\'s stand-in bundle '

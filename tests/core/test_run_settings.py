@@ -70,6 +70,7 @@ OLD_INPUTS: dict[str, set[str]] = {
         "calibration_unit",
         "worker_host",  # added since (hashed only when set: HASHED_WHEN_CHANGED)
         "board_ram_bytes",  # the same
+        "compile_target",  # added since (hashed only when not "auto": HASHED_WHEN_CHANGED)
     },
     "quantize": {
         "context_length",
