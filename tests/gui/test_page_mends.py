@@ -147,6 +147,7 @@ def test_a_value_typed_before_ctrl_r_is_the_runs(
     qtbot.keyClicks(box, str(old + 3))
     assert c.manifest.settings["calibration_samples"] == old  # not recorded yet: editing goes on
     qtbot.keyClick(w, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)
+    qtbot.keyRelease(w, Qt.Key.Key_Control)  # Ctrl let go: Qt would hold it down for the tests after this one
     assert started and c.manifest.settings["calibration_samples"] == old + 3
     assert QApplication.focusWidget() is box  # the focus stays where the user was
 
