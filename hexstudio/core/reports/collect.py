@@ -17,7 +17,12 @@ from typing import Any
 from hexstudio.core.genie.journal import read_journals
 from hexstudio.core.manifest import RunManifest, now_iso
 from hexstudio.core.reports.bench import bench_section
-from hexstudio.core.reports.predicted import predicted_section, read_prediction, speculative_prediction
+from hexstudio.core.reports.predicted import (
+    predicted_section,
+    read_prediction,
+    settings_now,
+    speculative_prediction,
+)
 from hexstudio.core.reports.redact import scrub, secret_values_in
 from hexstudio.core.stages import STAGES
 from hexstudio.core.status import KINDS, RunStatus, run_status, stage_statuses
@@ -378,8 +383,7 @@ def build_report(
     rep["chat_sessions"] = _chat_sessions(run_dir)
     # the speed predictor's figures (issue 28): labeled predicted, beside the measured KPIs, never in them
     prediction = read_prediction(run_dir)
-    now = {k: resolved.get(k, settings.get(k)) for k in ("context_length", "ar_n", "parts")}
-    rep["predicted"] = predicted_section(prediction, rep["kpis"], {**now, "device": settings.get("device")})
+    rep["predicted"] = predicted_section(prediction, rep["kpis"], settings_now(settings, resolved))
     ev = artifact("evaluate", "evaluate.json")
     if ev:  # the Evaluate stage: every suite float -> simulated -> board (hexstudio/core/eval/)
         rep["evaluation"] = {

@@ -137,6 +137,13 @@ def predicted_section(
     }
 
 
+def settings_now(settings: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
+    """A run's `now` for stale_because: the context length, AR-N and parts the Model stage resolved (the run's
+    settings where it has not run) and the Compile stage's target device."""
+    now = {k: resolved.get(k, settings.get(k)) for k in ("context_length", "ar_n", "parts")}
+    return {**now, "device": settings.get("device")}
+
+
 def run_prediction_stale(run_dir: Path, doc: dict[str, Any]) -> str | None:
     """Why the prediction kept with the run in `run_dir` no longer describes it (its settings or device changed
     since: stale_because); None when it still does."""
@@ -155,8 +162,7 @@ def run_prediction_stale(run_dir: Path, doc: dict[str, Any]) -> str | None:
             )
         except (OSError, ValueError, AttributeError):
             resolved = {}
-    now = {k: resolved.get(k, m.settings.get(k)) for k in ("context_length", "ar_n", "parts")}
-    return stale_because(doc, {**now, "device": m.settings.get("device")})
+    return stale_because(doc, settings_now(m.settings, resolved))
 
 
 def speculative_prediction(
