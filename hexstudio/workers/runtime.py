@@ -223,8 +223,14 @@ def worker_main(
                     "resume the run.",
                 ),
             )
-        elif (disk := _written_cause(exc)) is not None:
-            # a library's own error over a failed write (torch.save, safetensors: their type, the OSError inside)
+        elif isinstance(
+            disk := find_cause(
+                exc, lambda e: isinstance(e, OSError) and why_not_written(e) is not None, context=False
+            ),
+            OSError,
+        ):
+            # a library's own error over a failed write (torch.save, safetensors: their type, the OSError inside,
+            # `raise ... from`). Not __context__: a bug raised while handling such an error is still a bug.
             em.error(*(_not_written(stage, disk) or ("internal", str(exc), None)))
         else:
             em.error(
@@ -265,15 +271,6 @@ def _not_written(stage: str, exc: OSError) -> tuple[str, str, str] | None:
         f"The {stage} worker was refused access to{where or ' a file'}: {exc.strerror or 'permission denied'}.",
         hint,
     )
-
-
-def _written_cause(exc: BaseException) -> OSError | None:
-    """The OSError a library's error says it wraps (`raise ... from`: its __cause__ chain), when the disk or its
-    owner refused it. Not __context__: a bug raised while handling such an error is still a bug."""
-    found = find_cause(
-        exc, lambda e: isinstance(e, OSError) and why_not_written(e) is not None, context=False
-    )
-    return found if isinstance(found, OSError) else None
 
 
 # what torch and onnxruntime say when an allocation fails (their own exception types, not MemoryError):
