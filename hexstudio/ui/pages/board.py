@@ -63,6 +63,7 @@ class BoardPage(StagePage):
         self.boards.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.board_states: dict[str, tuple[str, str, str]] = {}  # name -> (state, detail, when)
         self._task: asyncio.Future[Any] | None = None  # the doctor or fix under way (one at a time)
+        self.fix_buttons: dict[str, QPushButton] = {}  # the last doctor's fixes, by fix id
         left.addWidget(self.boards)
         self.probe_button = button(
             "Connect and run the doctor", "probe_button", on_click=lambda: self._start(self.probe())
@@ -328,7 +329,7 @@ class BoardPage(StagePage):
         self.remove_button.setEnabled(own and idle)
         free = idle and (self._task is None or self._task.done())
         self.probe_button.setEnabled(free)
-        for b in getattr(self, "fix_buttons", {}).values():
+        for b in self.fix_buttons.values():
             b.setEnabled(free)
 
     def edit_selected(self) -> None:
@@ -551,7 +552,7 @@ class BoardPage(StagePage):
 
     def show_doctor(self, items: list[dict[str, Any]]) -> None:
         self.doctor.clear()
-        self.fix_buttons: dict[str, QPushButton] = {}
+        self.fix_buttons = {}
         for d in items:
             top = QTreeWidgetItem(
                 [str(d.get("title") or d.get("id")), str(d.get("status")), str(d.get("message") or "")]
