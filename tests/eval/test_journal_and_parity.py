@@ -59,4 +59,26 @@ def test_a_continuation_cut_inside_a_character_is_not_a_parity_miss() -> None:
     board_text = host["text"].rstrip("\ufffd")  # as the board prints it
     assert parity(encode(board_text), _host_ids(host, encode))["exact"]
     whole = encode("Le café")
-    assert _host_ids({"ids": whole, "text": tok.decode(whole)}, encode) == whole  # the usual case: the ids
+    assert (
+        _host_ids({"ids": whole, "text": tok.decode(whole)}, encode) == whole
+    )  # the usual case: the same ids
+
+
+def test_a_split_the_tokenizer_never_makes_is_not_a_parity_miss() -> None:
+    """The host's greedy continuation chose " h" + "ello" where the tokenizer encodes " hello" otherwise: the
+    board, identical, prints " hello", which encodes to the other ids. Raw host ids against the board's text
+    encoded again read as a miss at the first token."""
+    from tokenizers import Tokenizer
+
+    from hexstudio.core.eval.scoring import parity
+    from hexstudio.core.eval.stage import _host_ids
+
+    tok = Tokenizer.from_file(str(BUILTIN_DIR / "tokenizer.json"))
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
+
+    split = encode(" h") + encode("ello")
+    assert split != encode(" hello") and tok.decode(split) == " hello"  # a split the tokenizer never makes
+    host = {"ids": split, "text": tok.decode(split)}
+    assert parity(encode(" hello"), _host_ids(host, encode))["exact"]

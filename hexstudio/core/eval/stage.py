@@ -35,13 +35,12 @@ EVAL_VERSION = 1
 
 
 def _host_ids(host: dict[str, Any], encode: Callable[[str], list[int]]) -> list[int]:
-    """The host continuation's ids, to set beside the board's text encoded again. A continuation the token limit
-    cut inside a multi-byte character ends in a partial one: the host's text shows it as U+FFFD and the board
-    leaves it out, so both are compared without it (else identical replies read as N-1/N)."""
-    text = str(host.get("text") or "")
-    if text.endswith("\ufffd"):
-        return encode(text.rstrip("\ufffd"))
-    return list(host.get("ids") or [])
+    """The host continuation as the board's is compared: its text encoded again with the bundle's tokenizer. The
+    board returns text only, and a greedy continuation can hold a split the tokenizer never makes (" hel" + "lo"
+    where it encodes " hello" as one token): its raw ids set beside the board's text encoded again read as a miss
+    for an identical reply. A continuation the token limit cut inside a multi-byte character ends in a partial one:
+    the host's text shows it as U+FFFD and the board leaves it out, so both are compared without it."""
+    return encode(str(host.get("text") or "").rstrip("\ufffd"))
 
 
 def _h(*parts: Any) -> str:
