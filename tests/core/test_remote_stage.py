@@ -553,3 +553,100 @@ def test_a_worker_left_running_by_a_dropped_attempt_blocks_the_next(tmp_path: Pa
     finally:
         worker.kill()
         worker.wait(10)
+
+
+def test_a_link_that_drops_while_the_output_comes_home_resumes_with_the_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker finished on the host (hours of quantization, at 8B) and the link dropped while its output came
+    home. The resume brings that output home without running the worker again, and records what the worker
+    said (its metrics, artifacts); a note for other inputs is not trusted, and the stage runs again."""
+    from hexstudio.core.device.transport import ConnectionLost
+    from hexstudio.core.remote import stage as remote_stage
+
+    real_download = remote_stage.download_tree
+    drops = [1]
+
+    async def dropping(*a: Any, **kw: Any) -> Any:
+        if drops:
+            drops.pop()
+            raise ConnectionLost("The SSH connection to box dropped (test).")
+        return await real_download(*a, **kw)
+
+    monkeypatch.setattr(remote_stage, "download_tree", dropping)
+    root = tmp_path / "host-root"
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, root)
+        m = Workspace(tmp_path / "ws").create_run(
+            "builtin:tiny-llama", "sim", {"worker_host": "box", "seconds": 1}
+        )
+        res = asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize"))
+        st = RunManifest.load(m.run_dir).stage("quantize")
+        assert not res.ok and st.data["outcome"]["code"] == "worker_host_disconnected", st.data["outcome"]
+        rrun = root / "runs" / m.run_id
+        note = rrun / "artifacts" / "quantize.finished.json"
+        assert note.is_file() and (rrun / "artifacts" / "quantize.partial" / "selftest.json").is_file()
+        assert len(list(root.glob("workers-*/specs/quantize-*.json"))) == 1
+
+        res = asyncio.run(Pipeline(RunManifest.load(m.run_dir), stages=_stages()).run(until="quantize"))
+        assert res.ok, (res.message, res.hint)
+        # the worker did not run again: still one spec on the host, and the log says why
+        assert len(list(root.glob("workers-*/specs/quantize-*.json"))) == 1
+        st = RunManifest.load(m.run_dir).stage("quantize")
+        assert st.state == "done" and st.metric_value("memory_bytes") > 0
+        assert st.data["peak_rss_bytes"] > 5 * 2**20  # the host's peak from the attempt that ran it
+        assert (m.run_dir / "artifacts" / "quantize" / "selftest.json").is_file()
+        assert any("not made again" in str(ev.get("message")) for ev in _events(m, "quantize"))
+        assert not note.exists() and (rrun / "artifacts" / "quantize" / "selftest.json").is_file()
+
+        # a note left for other inputs (the settings changed since) is not the output of this stage
+        (rrun / "artifacts" / "quantize.partial").mkdir()
+        note.write_text(json.dumps({"input_hash": "other", "back": [], "events": [], "peak_rss": 0}))
+        res = asyncio.run(
+            Pipeline(RunManifest.load(m.run_dir), stages=_stages()).run(only="quantize", force=True)
+        )
+        assert res.ok and len(list(root.glob("workers-*/specs/quantize-*.json"))) == 2
+
+
+def test_a_link_that_drops_after_the_download_leaves_the_stage_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Renaming the host's output into the stage's folder there only saves the next stage an upload: a link that
+    drops at that moment leaves the stage done here, not failed and run again."""
+    from hexstudio.core.device.transport import ConnectionLost
+    from hexstudio.core.remote import stage as remote_stage
+
+    real_files = remote_stage.host_files
+
+    async def dropping(t: Any, python: str, mode: str, *a: Any, **kw: Any) -> Any:
+        if mode == "promote":
+            raise ConnectionLost("The SSH connection to box dropped (test).")
+        return await real_files(t, python, mode, *a, **kw)
+
+    monkeypatch.setattr(remote_stage, "host_files", dropping)
+    root = tmp_path / "host-root"
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, root)
+        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
+        res = asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize"))
+    assert res.ok, (res.message, res.hint)
+    assert RunManifest.load(m.run_dir).stage("quantize").state == "done"
+
+
+def test_a_stalled_link_is_not_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that timed out (the Wi-Fi went, TCP has not given up yet, paramiko still says connected) is an
+    OSError too: the stage says the connection dropped, not that a full disk is the usual cause."""
+    from hexstudio.core.device.transport import SshTransport
+
+    async def stalled(self: SshTransport, *a: Any, **kw: Any) -> Any:
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(SshTransport, "put_file", stalled)
+    root = tmp_path / "host-root"
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, root)
+        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
+        res = asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize"))
+    out = RunManifest.load(m.run_dir).stage("quantize").data["outcome"]
+    assert not res.ok and out["code"] == "worker_host_disconnected", out
+    assert "df -h" not in (out["hint"] or "")

@@ -23,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from hexstudio.core.device.transport import ConnectionLost, SshTransport
 from hexstudio.core.jobs import (
+    EventStream,
     Job,
     JobHooks,
     JobResult,
@@ -54,6 +55,7 @@ from hexstudio.core.remote.sync import (
     upload_tree,
 )
 from hexstudio.core.settings import Settings
+from hexstudio.core.stage_state import input_hash
 from hexstudio.core.stages import Stage
 
 if TYPE_CHECKING:
@@ -61,6 +63,10 @@ if TYPE_CHECKING:
 
 # Run settings that name a file on this machine; the file is uploaded and the setting rewritten.
 FILE_SETTINGS = ("calibration_text", "validation_text")
+
+# The worker events a run records (the pipeline's handler): kept in the host's note of a finished stage, so the
+# attempt that only downloads its output records what the worker said (the stage's gate reads its metrics)
+REPLAYED = ("metric", "artifact", "warning", "done")
 
 # Besides the heavy stages: preflight checks the machine that will do the heavy work (its memory, GPU,
 # packages, AIMET smoke test and the free disk under the host's root), so a workstation too small for the
@@ -110,6 +116,7 @@ class RemoteStageJob(Job):
         self.transport: SshTransport | None = None
         self._log: IO[str] | None = None
         self._t0 = time.monotonic()
+        self._kept: list[dict[str, Any]] = []  # the worker's events the run records (REPLAYED)
 
     # -- events from the studio's side of the job (labeled source "worker_host") -----------------
     def _emit(self, etype: str, **fields: Any) -> None:
@@ -183,7 +190,12 @@ class RemoteStageJob(Job):
                     "Run the stage on this machine meanwhile (--worker-host local).",
                 )
             connected = self.transport is not None and bool(getattr(self.transport, "connected", False))
-            if isinstance(exc, OSError) and not isinstance(exc, ConnectionError) and connected:
+            # a read that timed out (TimeoutError is an OSError) is a stalled link while TCP has not given up yet
+            if (
+                isinstance(exc, OSError)
+                and not isinstance(exc, (ConnectionError, TimeoutError))
+                and connected
+            ):
                 # the link is up: the host (its SFTP server answers a full disk with a bare "Failure") or this
                 # machine refused a file, which resuming would only try again
                 return self._fail(
@@ -230,11 +242,98 @@ class RemoteStageJob(Job):
         workers_root = await install_workers(t, base)
         rrun = posixpath.join(base, "runs", self.m.run_id)
         spec = json.loads(self.spec_path.read_text(encoding="utf-8"))
-        local_out = Path(spec["out_dir"])
         rout = posixpath.join(rrun, "artifacts", f"{self.stage.name}.partial")
         busy = await self._earlier_worker_running(t)
         if busy is not None:
             return busy
+        key = input_hash(self.m, self.stage)
+        note = posixpath.join(rrun, "artifacts", f"{self.stage.name}.finished.json")
+        finished = await self._finished_there(t, note, rout, key)
+        if finished is not None:
+            res, back = self._replay(finished), [(str(a), str(b)) for a, b in finished["back"]]
+        else:
+            res, back = await self._run_there(t, python, info, base, workers_root, rrun, rout, spec)
+            if not res.ok:
+                return res
+            # the worker's output waits on the host: a link that drops while it comes home (gigabytes) resumes
+            # with the download, not with the stage's hours of work again
+            with contextlib.suppress(Exception):
+                await t.write_bytes(
+                    note,
+                    json.dumps(
+                        {
+                            "input_hash": key,
+                            "back": back,
+                            "events": self._kept,
+                            "peak_rss": res.peak_rss_bytes,
+                        }
+                    ).encode(),
+                )
+        # 3. bring the output home; the pipeline then renames <stage>.partial and hashes it
+        t_down = time.monotonic()
+        down = await download_tree(t, python, rout, Path(spec["out_dir"]))
+        changed = map_json_paths(Path(spec["out_dir"]), back)
+        self._metric("worker_host_download_bytes", down.sent_bytes, "bytes")
+        self._say(
+            f"download: {down.sent_files} file(s), {down.sent_bytes / 1e6:.1f} MB "
+            f"({time.monotonic() - t_down:.1f} s)"
+            + (f"; host paths mapped to this machine's in {', '.join(changed)}" if changed else ""),
+            "download",
+        )
+        # the output is here: the note has done its work. Keep the host's copy as the stage's folder there: the
+        # next stage's upload finds it and sends nothing. Only a saving: a link that drops now leaves a stage
+        # that is done here.
+        with contextlib.suppress(Exception):
+            await host_files(t, python, "prune", posixpath.dirname(note), data=[posixpath.basename(note)])
+            await host_files(
+                t, python, "promote", rout, posixpath.join(rrun, "artifacts", self.stage.name), timeout=300
+            )
+        res.duration_s = time.monotonic() - self._t0
+        return res
+
+    async def _finished_there(self, t: SshTransport, note: str, rout: str, key: str) -> dict[str, Any] | None:
+        """The note an earlier attempt left when its worker finished on the host and the download did not end:
+        its events and path maps, when it was for these inputs and the output is still there. None otherwise."""
+        try:
+            doc = json.loads(await t.read_bytes(note))
+        except (FileNotFoundError, ValueError):
+            return None
+        if not isinstance(doc, dict) or doc.get("input_hash") != key or not await t.exists(rout):
+            return None
+        self._say(
+            "the host finished this stage in an earlier attempt, whose download did not end: its output is "
+            "brought home, not made again",
+            "download",
+        )
+        return doc
+
+    def _replay(self, finished: dict[str, Any]) -> JobResult:
+        """The earlier attempt's worker events again (metrics, artifacts, warnings, done), for the run's record."""
+        stream = EventStream(self.on_event, self._log)
+        for ev in finished.get("events") or []:
+            stream.feed(json.dumps(ev))
+        return stream.result(0, False, int(finished.get("peak_rss") or 0), "", self.what)
+
+    def _keep(self, ev: dict[str, Any]) -> None:
+        """A worker event on its way to the pipeline; those the run records are kept for a later replay."""
+        if ev.get("type") in REPLAYED:
+            self._kept.append(ev)
+        if self.on_event is not None:
+            self.on_event(ev)
+
+    async def _run_there(
+        self,
+        t: SshTransport,
+        python: str,
+        info: dict[str, Any],
+        base: str,
+        workers_root: str,
+        rrun: str,
+        rout: str,
+        spec: dict[str, Any],
+    ) -> tuple[JobResult, list[tuple[str, str]]]:
+        """Upload what the stage reads and run its worker on the host: its result, and the (host, local) path
+        pairs that map the output's host paths back."""
         await host_files(t, python, "reset", rout)  # never resume from half-written output, here either
         # 1. upload the upstream folders this stage reads, and the model's folder when it lives elsewhere
         hashes = LocalHashes()
@@ -243,7 +342,7 @@ class RemoteStageJob(Job):
         upstream: dict[str, str] = {}
         forward: list[tuple[str, str]] = [(str(self.m.run_dir), rrun)]
         back: list[tuple[str, str]] = [
-            (rout, str(local_out)),
+            (rout, spec["out_dir"]),
             (rrun, str(self.m.run_dir)),
             (workers_root, str(WORKERS_ROOT)),
         ]
@@ -305,7 +404,7 @@ class RemoteStageJob(Job):
             str(self.stage.worker),
             rspec,
             python=python,
-            on_event=self.on_event,
+            on_event=self._keep,
             on_sample=self.on_sample,
             what=f"{self.what} (on worker host '{self.host}')",
             grace_s=self.grace_s,
@@ -341,25 +440,7 @@ class RemoteStageJob(Job):
             with contextlib.suppress(Exception):
                 await host_files(t, python, "reset", rout, timeout=120)
             res.duration_s = time.monotonic() - self._t0
-            return res
-        # 3. bring the output home; the pipeline then renames <stage>.partial and hashes it
-        t_down = time.monotonic()
-        down = await download_tree(t, python, rout, local_out)
-        changed = map_json_paths(local_out, back)
-        self._metric("worker_host_download_bytes", down.sent_bytes, "bytes")
-        self._say(
-            f"download: {down.sent_files} file(s), {down.sent_bytes / 1e6:.1f} MB "
-            f"({time.monotonic() - t_down:.1f} s)"
-            + (f"; host paths mapped to this machine's in {', '.join(changed)}" if changed else ""),
-            "download",
-        )
-        # keep the host's copy as the stage's folder there: the next stage's upload finds it and sends nothing
-        with contextlib.suppress(WorkerHostError):
-            await host_files(
-                t, python, "promote", rout, posixpath.join(rrun, "artifacts", self.stage.name), timeout=300
-            )
-        res.duration_s = time.monotonic() - self._t0
-        return res
+        return res, back
 
     @property
     def _worker_note(self) -> Path:
