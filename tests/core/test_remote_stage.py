@@ -347,6 +347,14 @@ def test_path_maps_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         "graphs": [{"float_onnx": "float/a.onnx"}],
         "n": 3,
     }
+    # a host folder with a non-ASCII name, in a file written as UTF-8 (validation.json: ensure_ascii=False)
+    (out / "validation.json").write_text(
+        json.dumps({"text": "/home/jörg/h/runs/R/v.txt"}, ensure_ascii=False), encoding="utf-8"
+    )
+    assert map_json_paths(out, [("/home/jörg/h/runs/R", "/home/me/runs/R")]) == ["validation.json"]
+    assert json.loads((out / "validation.json").read_text(encoding="utf-8")) == {
+        "text": "/home/me/runs/R/v.txt"
+    }
 
 
 def test_cli_worker_add_check_and_run_flag(tmp_path: Path) -> None:

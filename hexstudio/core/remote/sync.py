@@ -318,7 +318,8 @@ def map_json_paths(folder: Path, pairs: list[tuple[str, str]]) -> list[str]:
     """Rewrite host paths inside the JSON files of a downloaded folder to this machine's (quantize.json's
     calibration text, validation.json's validation text...). Returns the files changed."""
     changed = []
-    needles = [json.dumps(src)[1:-1].encode() for src, _ in pairs]
+    # a host path as a JSON file may hold it: escaped (json.dumps' default) or as UTF-8 (ensure_ascii=False)
+    needles = {json.dumps(src, ensure_ascii=a)[1:-1].encode() for src, _ in pairs for a in (True, False)}
 
     def walk(v: Any) -> Any:
         if isinstance(v, str):
