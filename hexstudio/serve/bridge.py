@@ -186,6 +186,7 @@ class DialogBridge:
                 f"The model could not be loaded on {self.board.label}: {exc.message}"
                 + (f" ({exc.hint})" if exc.hint else ""),
                 "server_error",
+                retry_after=10,
             ) from None
         self.session = s
         self._content = None
@@ -286,7 +287,7 @@ class DialogBridge:
         if r.template == "qa":
             return f" Question: {user} Answer:"
         if r.template == "plain":
-            return user
+            return "\n\n" + user  # the whole prompt's separator between turns (render._fallback_prompt)
         # the same tools and thinking switch as the whole prompt the dialog holds (chat_prompt)
         return r.continuation(msgs, tools_key)
 
@@ -582,7 +583,9 @@ class DialogBridge:
             try:
                 await self.open("sampler refused: back to the last good one")
             except BridgeError:
-                pass  # the next request tries again (503 with Retry-After meanwhile)
+                # the last good sampler does not load either: the board or its runtime is the trouble, not these
+                # values (a 400 is never retried). The next request tries again (503 with Retry-After meanwhile)
+                raise exc from None
             raise BridgeError(
                 400, f"the board's runtime refused these sampler values ({exc.message})", param="sampler"
             ) from None

@@ -197,6 +197,7 @@ def scripted_server(
     *,
     tool_format: str | None = None,
     max_queue: int | None = None,
+    template: str | None = None,
 ) -> Iterator[str]:
     """The real bridge and server in this process (on a thread of their own) over a board whose dialog is the
     scripted helper (scripted_helper.py): the base URL."""
@@ -221,6 +222,7 @@ def scripted_server(
         renderer = PromptRenderer.for_model(run_dir / "artifacts" / "model")
         # a model that writes its calls in another format (the toy model's is bare JSON)
         renderer.tool_format = tool_format or renderer.tool_format
+        renderer.template = template or renderer.template  # a base model's prompt format (plain, qa)
         bridge = DialogBridge(board, board_doc["remote_bundle"], renderer, model_id="builtin:tiny-llama")
         await bridge.open()
         limits = Limits() if max_queue is None else Limits(max_queue=max_queue)
@@ -554,6 +556,59 @@ def test_a_reset_that_never_answers_is_a_502_and_the_next_request_reloads(
     with scripted_server(twin_workspace, monkeypatch, {}) as url:
         c = client(url)
         lost_then_loaded_again(c, "Hi")
+
+
+def test_a_plain_follow_up_is_separated_from_the_reply_the_dialog_holds(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A base model's `plain` prompt joins turns with a blank line. Turn 2 continues the dialog that holds turn 1
+    and its reply: the new message went in glued to that reply ("...OK.second"), so the same conversation read
+    differently whether the KV cache was reused or not."""
+    with scripted_server(twin_workspace, monkeypatch, {"\n\nsecond": "SEPARATED."}, template="plain") as url:
+        c = client(url)
+        first = [{"role": "user", "content": "first"}]
+        assert c.chat.completions.create(model="builtin:tiny-llama", messages=first).choices[
+            0
+        ].message.content == ("OK.")
+        r = c.chat.completions.create(
+            model="builtin:tiny-llama",
+            messages=[*first, {"role": "assistant", "content": "OK."}, {"role": "user", "content": "second"}],
+        )
+        assert r.model_extra["hexstudio"]["kv_reused"], r.model_extra
+        assert r.choices[0].message.content == "SEPARATED."
+
+
+def test_a_sampler_change_on_a_board_that_cannot_load_is_a_503_not_the_clients_fault(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new temperature needs the dialog loaded again, and the board cannot load it (gone, its helper died).
+    The last good sampler does not load either, so these values are not what the runtime refused: a 503 to retry,
+    not a 400 (which a client never retries) blaming them. Once the board loads again, the request is answered."""
+    from hexstudio.core.genie.session import ChatSession
+    from hexstudio.serve.bridge import BridgeError, DialogBridge
+
+    async def not_in_place(self: ChatSession, values: dict[str, Any]) -> str | None:
+        return "this runtime changes the sampler by loading the dialog again"
+
+    real_open, down = DialogBridge.open, [False]
+
+    async def open_(self: DialogBridge, why: str = "start") -> None:
+        if down[0]:
+            raise BridgeError(503, "The model could not be loaded on the board: gone", "server_error")
+        await real_open(self, why)
+
+    monkeypatch.setattr(ChatSession, "apply_sampler", not_in_place)
+    monkeypatch.setattr(DialogBridge, "open", open_)
+    with scripted_server(twin_workspace, monkeypatch, {}) as url:
+        c = client(url)
+        assert ask(c, "Hi").choices[0].message.content == "OK."
+        down[0] = True
+        with pytest.raises(openai.APIStatusError) as err:
+            ask(c, "Hi", temperature=1.3)
+        assert err.value.status_code == 503 and "could not be loaded" in err.value.message, err.value
+        down[0] = False
+        r = ask(c, "Hi", temperature=1.3)
+        assert r.choices[0].message.content == "OK." and r.model_extra["hexstudio"]["sampler"]["temp"] == 1.3
 
 
 def test_bind_rules() -> None:
