@@ -19,6 +19,7 @@ from typing import Any
 
 from hexstudio.cli.common import CliError, add_workspace_flag, eprint, number_in
 from hexstudio.cli.target import add_target_flags, board_and_bundle, model_dir_of
+from hexstudio.core.atomic import write_text_atomic
 from hexstudio.core.genie.conversation import TEMPLATES
 from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.genie.session import SAMPLER_PRESETS
@@ -139,6 +140,10 @@ async def _serve(args: argparse.Namespace) -> int:
         check_bind(args.host, args.allow_remote, key)
     except BindRefused as exc:
         raise CliError(exc.message, exc.hint) from None
+    if args.port_file:
+        # a script waiting for the file must not read the port of an earlier server while this one loads
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(args.port_file)
     board, remote, doc, run_dir = await board_and_bundle(args)
     async with contextlib.AsyncExitStack() as opened:  # what is open, closed in reverse order however it ends
         opened.push_async_callback(board.transport.close)
@@ -184,8 +189,8 @@ async def _serve(args: argparse.Namespace) -> int:
         opened.push_async_callback(server.close)
         if args.port_file:
             try:
-                with open(args.port_file, "w", encoding="utf-8") as f:
-                    f.write(str(port))
+                write_text_atomic(args.port_file, str(port))  # never seen empty or half-written
+                opened.callback(_remove_port_file, args.port_file)  # a stopped server's port is no one's
             except OSError as exc:
                 raise CliError(
                     f"Cannot write the port file {args.port_file}: {exc.strerror or exc}.",
@@ -210,6 +215,11 @@ async def _serve(args: argparse.Namespace) -> int:
             summary: dict[str, Any] = {"served": bridge.served, "loads": len(bridge.inits)}
             eprint(f"stopped: {json.dumps(summary)}")
     return 0
+
+
+def _remove_port_file(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _on_stop_signal(stop: asyncio.Event, server: Any, grace: float) -> None:

@@ -585,7 +585,7 @@ class OpenAIServer:
             raise BridgeError(
                 404,
                 f"this server serves {self.bridge.model_id!r}, not {m!r}",
-                "model_not_found",
+                "invalid_request_error",  # OpenAI's type for it; the code says which
                 param="model",
                 code="model_not_found",
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -185,8 +186,10 @@ def test_per_request_sampler_and_completions(server: str) -> None:
     k = b.model_extra["hexstudio"]
     assert k["sampler"]["temp"] == 1.2 and k["sampler"]["seed"] == 7 and k["reinit"] is None
     assert len(stats(server)["loads"]) == 1  # applied to the loaded dialog, not by reloading it
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as nf:
         c.completions.create(model="another-model", prompt="x", max_tokens=1)
+    # OpenAI's shape: the type is invalid_request_error, the code says which (clients branch on the type)
+    assert nf.value.type == "invalid_request_error" and nf.value.code == "model_not_found", nf.value.body
 
 
 @contextlib.contextmanager
@@ -609,6 +612,44 @@ def test_a_sampler_change_on_a_board_that_cannot_load_is_a_503_not_the_clients_f
         down[0] = False
         r = ask(c, "Hi", temperature=1.3)
         assert r.choices[0].message.content == "OK." and r.model_extra["hexstudio"]["sampler"]["temp"] == 1.3
+
+
+def test_the_port_file_holds_only_a_listening_servers_port(
+    twin_workspace: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A script waits for --port-file. The file of an earlier server is removed before this one loads its model
+    (a script must not read that old port meanwhile), the new port is written whole, and the file is removed
+    when the server stops."""
+    import subprocess
+
+    from tests.support.serve import serve_argv
+
+    ws, run_dir = twin_workspace
+    port_file = tmp_path / "port"
+    port_file.write_text("1")  # an earlier server's
+    proc = subprocess.Popen(
+        serve_argv(port_file, run_dir.name),
+        env={**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        seen, deadline = set(), time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            text = port_file.read_text() if port_file.exists() else None
+            seen.add(text)
+            if text not in (None, "1"):
+                break
+            time.sleep(0.02)
+        assert None in seen, "the earlier server's port file was still there while this one loaded"
+        port = int(port_file.read_text())
+        assert port > 1 and stats(f"http://127.0.0.1:{port}/v1")["model"] == "builtin:tiny-llama"
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, out
+    assert not port_file.exists(), "a stopped server's port file was left for the next script to read"
 
 
 def test_bind_rules() -> None:
