@@ -674,6 +674,9 @@ class OpenAIServer:
         stream = bool(doc.get("stream"))
         stop = doc.get("stop")
         stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if isinstance(s, str)]
+        # the model's own stop strings (generation_config.json) end its replies here as in `hexstudio chat`; a
+        # request's `stop` adds to them
+        stops = list(dict.fromkeys([*stops, *self.bridge.renderer.fmt.stop_strings]))
         # OpenAI's newer name wins where it is given (a null is not given)
         mt = doc.get("max_completion_tokens")
         if mt is None:

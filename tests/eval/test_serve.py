@@ -6,6 +6,7 @@ test serves a bundle of real QNN context binaries through Qualcomm's libGenie on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import threading
@@ -201,6 +202,7 @@ def scripted_server(
     tool_format: str | None = None,
     max_queue: int | None = None,
     template: str | None = None,
+    model_stops: list[str] | None = None,
 ) -> Iterator[str]:
     """The real bridge and server in this process (on a thread of their own) over a board whose dialog is the
     scripted helper (scripted_helper.py): the base URL."""
@@ -226,6 +228,8 @@ def scripted_server(
         # a model that writes its calls in another format (the toy model's is bare JSON)
         renderer.tool_format = tool_format or renderer.tool_format
         renderer.template = template or renderer.template  # a base model's prompt format (plain, qa)
+        if model_stops is not None:  # generation_config.json's stop_strings
+            renderer.fmt = dataclasses.replace(renderer.fmt, stop_strings=model_stops)
         bridge = DialogBridge(board, board_doc["remote_bundle"], renderer, model_id="builtin:tiny-llama")
         await bridge.open()
         limits = Limits() if max_queue is None else Limits(max_queue=max_queue)
@@ -579,6 +583,20 @@ def test_a_plain_follow_up_is_separated_from_the_reply_the_dialog_holds(
         )
         assert r.model_extra["hexstudio"]["kv_reused"], r.model_extra
         assert r.choices[0].message.content == "SEPARATED."
+
+
+def test_the_models_own_stop_strings_end_a_served_reply(
+    twin_workspace: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose generation_config.json lists stop_strings: `hexstudio chat` ends its replies there, and the
+    server did not (it passed only the request's `stop`), so replies ran on past the model's end marker to
+    max_tokens. A request's own `stop` adds to the model's."""
+    script = {"Hi": "Hello<|END|> and more", "Bye": "See you. Later<|END|>"}
+    with scripted_server(twin_workspace, monkeypatch, script, model_stops=["<|END|>"]) as url:
+        c = client(url)
+        r = ask(c, "Hi")
+        assert r.choices[0].message.content == "Hello" and r.choices[0].finish_reason == "stop"
+        assert ask(c, "Bye", stop=["."]).choices[0].message.content == "See you"
 
 
 def test_a_sampler_change_on_a_board_that_cannot_load_is_a_503_not_the_clients_fault(
