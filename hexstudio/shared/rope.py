@@ -132,10 +132,18 @@ def model_inv_freq(hf_config: dict[str, Any], context_size: int) -> tuple[np.nda
         return _llama3(base, factor, low, high, float(need("original_max_position_embeddings"))), 1.0
     top_orig = hf_config.get("original_max_position_embeddings")  # Phi-3 keeps it at the top level
     if rtype == "yarn":
-        factor = float(need("factor"))
         orig = int(rs.get("original_max_position_embeddings") or top_orig or max_pos)
-        if rs.get("factor") is None:
-            factor = max_pos / orig
+        if not orig:  # the correction range is computed from it (and a factor left out from max_pos / it)
+            need("original_max_position_embeddings")
+        # a factor left out (DeepSeek-V3's form) is max_position_embeddings over the pretrained length, as in
+        # transformers' _compute_yarn_parameters
+        factor = (
+            float(rs["factor"])
+            if rs.get("factor") is not None
+            else max_pos / orig
+            if max_pos
+            else need("factor")
+        )
 
         def mscale(scale: float, m: float = 1.0) -> float:
             return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0

@@ -153,6 +153,27 @@ def test_yarn_rope_is_accepted_since_genie_can_be_told_it(tmp_path: Path) -> Non
     assert json.loads(out.stdout)["supported"] is True
 
 
+def test_yarn_without_a_factor_or_a_length_is_read_as_transformers_reads_it() -> None:
+    """YaRN's factor left out (DeepSeek-V3's form) is max_position_embeddings over the pretrained length, as
+    transformers computes it: it was refused as missing. With no length at all (neither
+    original_max_position_embeddings nor max_position_embeddings) it was a bare "math domain error"."""
+    from hexstudio.shared.rope import RopeError, model_inv_freq
+
+    base = {k: v for k, v in QWEN2_YARN.items() if k != "rope_scaling"}
+    base["max_position_embeddings"] = 4 * 32768
+    told = {
+        **base,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    }
+    left_out = {**base, "rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 32768}}
+    inv, af = model_inv_freq(left_out, 4096)
+    inv_told, af_told = model_inv_freq(told, 4096)
+    assert np.array_equal(inv, inv_told) and af == af_told > 1.0
+    no_length = {k: v for k, v in base.items() if k != "max_position_embeddings"}
+    with pytest.raises(RopeError, match="original_max_position_embeddings"):
+        model_inv_freq({**no_length, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, 4096)
+
+
 @pytest.mark.parametrize(
     ("method", "extra"),
     [
