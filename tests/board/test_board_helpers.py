@@ -108,6 +108,40 @@ def test_a_pushed_geniex_helper_runs_from_its_folder_alone(tmp_path: Path) -> No
     assert json.loads(r.stdout)["code"] == "geniex_missing", r.stdout  # no geniex without site-packages
 
 
+FAILING_GENIEX = """
+class _Model:
+    def generate(self, prompt, **kw):
+        raise ValueError("top_p must be in (0, 1]")
+
+class AutoModelForCausalLM:
+    @staticmethod
+    def from_pretrained(path, device_map=None):
+        return _Model()
+
+def get_plugin_version(name):
+    return "test"
+"""
+
+
+def test_a_geniex_generate_that_raises_ends_its_query_with_the_reason(tmp_path: Path) -> None:
+    """GenieX's generate() raised: the helper's error event carries no query id, so the studio read only the end,
+    and the user saw "geniex generate failed (status 1)". The end carries the reason now."""
+    helper = push_helper("geniex_session", tmp_path / "bin")
+    (helper.parent / "geniex.py").write_text(FAILING_GENIEX)  # a stand-in package beside it, on sys.path[0]
+    query = json.dumps({"op": "query", "id": "q1", "prompt": "Hi", "max_tokens": 4})
+    r = subprocess.run(
+        board_python(helper, "--bundle", str(tmp_path)),
+        input=query + "\n" + json.dumps({"op": "quit"}) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    end = next(e for e in events if e.get("event") == "end")
+    assert end["id"] == "q1" and end["state"] == "failed", events
+    assert end["message"] == "ValueError: top_p must be in (0, 1]", end
+
+
 def test_the_command_reader(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """ "abort" reaches its callback at once, other commands are queued in order, None at the end of input; a
     line that is not a JSON object is answered with bad_request and reading goes on."""

@@ -6,7 +6,8 @@ test's tool-call request is answered by this helper the way a tool-calling model
 
 A reply "<die>" sends two pieces of text, then the helper exits with status 139 mid-reply; "<refuse>" ends the
 query as failed, with the profile of an earlier query (what Genie's profile holds after a refused one);
-"<refuse-continuation>" refuses a query on a dialog that answered one since its last reset (a full KV cache);
+"<refuse:WHY>" ends it as failed
+with WHY as the end's message; "<refuse-continuation>" refuses a query on a dialog that answered one since its last reset (a full KV cache);
 "<full>" sends some text, then ends the query with a full context; "<too-long>" ends it with a full context and no
 text (the prompt alone fills it); "<then-reset-fails>" answers "OK.", and the next reset fails (Genie status -1).
 """
@@ -94,6 +95,11 @@ def main() -> int:
                 reply, reset_fails = "OK.", True
             if reply == "<too-long>":
                 emit({"event": "end", "id": msg["id"], "state": "context_full", "status": 0, "profile": None})
+                continue
+            if reply.startswith("<refuse:"):
+                # a query the runtime fails with its own reason (GenieX's generate() raising): the end carries it
+                why = reply[len("<refuse:") : -1]
+                emit({"event": "end", "id": msg["id"], "state": "failed", "status": 1, "message": why})
                 continue
             if reply == "<refuse>":
                 # a query the dialog refuses (GenieDialog_query status -8): Genie's profile holds only the

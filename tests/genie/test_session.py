@@ -338,6 +338,82 @@ def test_a_failed_turn_carries_no_figures_of_the_turn_before(
     assert "status -8" in (r.error or ""), r.error
 
 
+def test_a_failed_query_says_the_runtimes_own_reason(
+    tmp_path: Path, fake_genie: FakeGenie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GenieX's generate() raised (a sampler value its plugin refuses): the helper's end carries the reason, and
+    the turn's error shows it, not only "geniex generate failed (status 1)"."""
+    use_scripted_helper(monkeypatch, {"refuse": "<refuse:ValueError: top_p must be in (0, 1]>"})
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> TurnResult:
+        async with ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=8) as s:
+            return await s.send("please refuse this")
+
+    r = asyncio.run(go())
+    assert r.state == "failed" and "status 1" in (r.error or ""), r.error
+    assert "top_p must be in (0, 1]" in (r.error or ""), r.error
+
+
+def _running_in(folder: Path) -> list[int]:
+    """The processes whose working folder is `folder` (the helper runs in its bundle folder)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(proc / "cwd").resolve() == folder.resolve():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_load_cancelled_part_way_leaves_no_helper_loading_on_the_board(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
+    """Quitting (or a new chat) while the model still loads cancels the open: the helper, not yet the session's,
+    was left to finish loading and hold the NPU and the board's RAM, with nothing left to close it."""
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=30000)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> None:
+        s = ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=8, mode="persistent")
+        task = asyncio.ensure_future(s.open())
+        deadline = time.monotonic() + 20
+        while not _running_in(bundle) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert _running_in(bundle), "the helper never started"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    deadline = time.monotonic() + 10
+    while _running_in(bundle) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running_in(bundle), "the cancelled load's helper still runs"
+
+
+def test_a_message_refused_twice_keeps_the_conversation_in_order(
+    tmp_path: Path, fake_genie: FakeGenie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same message refused earlier and again: each retry took out the first turn equal to the refused one
+    (list.remove compares values), the earlier refused turn, so the conversation's turns came out of order."""
+    use_scripted_helper(monkeypatch, {"refuse": "<refuse>"})
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> list[tuple[str, str]]:
+        async with ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=8) as s:
+            for m in ("hello", "refuse me", "next", "refuse me"):
+                await s.send(m)
+            return [(t.user, t.state) for t in s.conversation.turns]
+
+    turns = asyncio.run(go())
+    assert [u for u, _ in turns] == ["hello", "refuse me", "next", "refuse me"], turns
+    assert [st for _, st in turns] == ["complete", "failed", "complete", "failed"], turns
+
+
 def test_two_sessions_on_one_bundle_each_keep_their_own_sampler(
     tmp_path: Path, fake_genie: FakeGenie
 ) -> None:

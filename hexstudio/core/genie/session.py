@@ -435,21 +435,26 @@ class ChatSession:
         except Exception as exc:
             raise SessionError(f"the chat helper could not start: {exc}") from None
         h = HelperProcess(proc, self.on_genie_log)
-        while True:
-            try:
-                ev = await h.next_event(self.ready_timeout)
-            except asyncio.TimeoutError:
-                await h.close(graceful=False)
-                raise SessionError(
-                    f"the chat helper did not load the model within {self.ready_timeout:.0f} s"
-                ) from None
-            kind = ev.get("event")
-            if kind == "ready":
-                break
-            if kind in ("error", "eof"):
-                await h.close(graceful=False)
-                why = ev.get("message") or h.stderr_tail() or "it exited without a message"
-                raise SessionError(f"the chat helper could not start: {_explain(str(why))}")
+        try:
+            while True:
+                try:
+                    ev = await h.next_event(self.ready_timeout)
+                except asyncio.TimeoutError:
+                    raise SessionError(
+                        f"the chat helper did not load the model within {self.ready_timeout:.0f} s"
+                    ) from None
+                kind = ev.get("event")
+                if kind == "ready":
+                    break
+                if kind in ("error", "eof"):
+                    why = ev.get("message") or h.stderr_tail() or "it exited without a message"
+                    raise SessionError(f"the chat helper could not start: {_explain(str(why))}")
+        except BaseException:
+            # a load that failed, or was cancelled (quitting, a new chat): the helper is no one's to close later,
+            # and left alone it would finish loading and hold the NPU and the board's RAM
+            with contextlib.suppress(Exception):
+                await asyncio.shield(h.close(graceful=False))
+            raise
         self._helper = h
         if ev.get("simulated"):
             self._runner_simulated = True
@@ -583,12 +588,14 @@ class ChatSession:
         async with self._lock:
             if self.mode == "persistent":
                 r = await self._send_persistent(user, on_chunk, stop, stops=stops)
+                # r.turn is the last turn: popped, not removed by value (an earlier refused turn of the same
+                # message is equal to it)
                 if r.extra.get("retry_with_history"):
-                    self.conversation.turns.remove(r.turn)
+                    self.conversation.turns.pop()
                     r = await self._send_persistent(user, on_chunk, stop, stops=stops)
                 if r.extra.get("retry_without_history"):
                     # the re-sent history did not fit after all (the token count was off): once more, without it
-                    self.conversation.turns.remove(r.turn)
+                    self.conversation.turns.pop()
                     r = await self._send_persistent(user, on_chunk, stop, history=False, stops=stops)
             else:
                 r = await self._send_per_turn(user, on_chunk, stop, stops)
@@ -797,7 +804,9 @@ class ChatSession:
                 too_long = True
         if state == "failed" and error is None:
             what = "GenieDialog_query" if self.runtime.name == "genie" else "geniex generate"
-            error = f"{what} failed (status {end.get('status') if end else '?'})."
+            error = f"{what} failed (status {end.get('status') if end else '?'})" + (
+                f": {_explain(str(end['message']))}" if end and end.get("message") else "."
+            )
         if state == "failed":
             # a refused query logs nothing in Genie's profile, whose last entry is then an earlier turn's: a failed
             # turn has no figures

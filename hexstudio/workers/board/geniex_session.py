@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             "top_p": float(sampler.get("top-p", 0.0)),
             "seed": int(sampler.get("seed", 0)),
         }
-        state, status, pd = "complete", 0, None
+        state, status, pd, why = "complete", 0, None, None
         try:
             streamer = model.generate(str(msg.get("prompt", "")), **kw)
             current["streamer"] = streamer
@@ -144,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
                 stop = pd.get("stop_reason")
                 state = {"user": "aborted", "context_length": "context_full"}.get(str(stop), "complete")
         except Exception as exc:
-            state, status = "failed", 1
-            emit({"event": "error", "code": "generate_failed", "message": f"{type(exc).__name__}: {exc}"})
+            state, status, why = "failed", 1, f"{type(exc).__name__}: {exc}"
+            emit({"event": "error", "code": "generate_failed", "message": why})
         finally:
             current.pop("streamer", None)
-        emit({"event": "end", "id": qid, "state": state, "status": status, "geniex_profile": pd})
+        end = {"event": "end", "id": qid, "state": state, "status": status, "geniex_profile": pd}
+        emit({**end, "message": why} if why else end)  # the query's own failure, for the studio to show
 
 
 if __name__ == "__main__":
