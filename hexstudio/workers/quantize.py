@@ -217,9 +217,11 @@ class _CalibrationProgress:
     """Progress of step 3 as quantize_partwise reports it: calibrated graphs share 0.1..0.98 evenly; the
     others (token generators, other context lengths) only say their encodings were written."""
 
-    def __init__(self, calibrated: list[str], samples: int, em: Emitter) -> None:
+    def __init__(self, calibrated: list[str], samples: int, em: Emitter, blocks: int | None = None) -> None:
         self.calibrated = calibrated
-        self.samples = samples
+        # what each unit sees once: the AR-N-token blocks of the samples (a sample longer than AR-N is several)
+        self.samples = blocks or samples
+        self.word = "sample" if self.samples == samples else "block"
         self.em = em
         self.done: list[str] = []
 
@@ -240,7 +242,7 @@ class _CalibrationProgress:
         # partwise: every unit (embedding, layers, head) sees every sample
         elif n % samples == 0 and n > samples:
             msg = (
-                f"{name}: calibration step {i + 1}/{n} (sample {i % samples + 1} of {samples} through unit "
+                f"{name}: calibration step {i + 1}/{n} ({self.word} {i % samples + 1} of {samples} through unit "
                 f"{i // samples + 1} of {n // samples})"
             )
         else:
@@ -313,7 +315,7 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
         blocks,
         settings,
         {"context_length": cl, "num_kv_heads": kvh, "head_dim": hd},
-        _CalibrationProgress(calibrated, samples, em),
+        _CalibrationProgress(calibrated, samples, em, len(blocks)),
         em.log,
         rope=genie_rope_tables(pe, cl),
         threads=_threads(),
@@ -350,7 +352,9 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
             "activations": f"int{settings.activation_bits}",
             "kv_cache": f"int{settings.kv_bits}",
             "lm_head": "int8",
-            "embeddings": "int8 per-channel",
+            # the table takes its Gather output's activation encoding (genie-contract.md §3; a per-channel one is
+            # refused in partwise), stored as those integers: per-tensor at the activation width
+            "embeddings": f"int{settings.activation_bits} per-tensor",
         },
         "calibration": {
             "text": str(plan.text),

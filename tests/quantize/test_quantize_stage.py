@@ -42,6 +42,8 @@ def test_quantize_json_follows_the_contract(validated_run: Path) -> None:
     assert (q["context_length"], q["ar_n"], q["parts"]) == (512, 128, 2)
     assert q["precision"]["weights"] == "int4 LPBQ block 64"
     assert q["precision"]["kv_cache"] == "int8" and q["precision"]["activations"] == "int16"
+    # the table takes its Gather output's 16-bit encoding (docs/quantize.md): it said "int8 per-channel"
+    assert q["precision"]["embeddings"] == "int16 per-tensor"
     names = {g["name"] for g in q["graphs"]}
     assert names == {
         "prompt_ar128_cl512_1_of_2",

@@ -397,3 +397,24 @@ def test_a_gathered_table_quantizes_with_the_one_table_formula(tmp_path: Path) -
         got = table_ints(init, tmp_path, enc)
         q, _ = table_rows(w, enc)
         assert got.dtype == q.dtype == want.dtype and np.array_equal(got, want) and np.array_equal(q, want)
+
+
+def test_calibration_progress_counts_the_blocks_each_unit_sees() -> None:
+    """8 samples of 512 tokens at AR-N 128 are 32 blocks, and each unit (embedding, layers, head) sees all 32:
+    the words said "sample 37 of 8"-like counts ("unit 37 of 136" for a part of 34 units)."""
+    from types import SimpleNamespace
+
+    from hexstudio.workers.quantize import _CalibrationProgress
+
+    said: list[str] = []
+    em = SimpleNamespace(progress=lambda frac, msg, **kw: said.append(msg))
+    progress = _CalibrationProgress(["part1"], 8, em, blocks=32)  # type: ignore[arg-type]
+    n = 34 * 32  # 34 units x 32 blocks
+    progress("part1", 0, n)
+    progress("part1", 32 * 5 + 3, n)
+    assert said[0] == f"part1: calibration step 1/{n} (block 1 of 32 through unit 1 of 34)", said
+    assert said[1] == f"part1: calibration step {32 * 5 + 4}/{n} (block 4 of 32 through unit 6 of 34)", said
+    # a sample of AR-N tokens is one block: the words stay "sample"
+    said.clear()
+    _CalibrationProgress(["part1"], 8, em, blocks=8)("part1", 0, 34 * 8)  # type: ignore[arg-type]
+    assert said == [f"part1: calibration step 1/{34 * 8} (sample 1 of 8 through unit 1 of 34)"], said
