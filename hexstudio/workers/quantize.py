@@ -272,7 +272,12 @@ def _report_encodings(
 
 
 def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
-    from hexstudio.workers.quant.calib import blocks_from_windows, resolve_hf_dir, token_windows
+    from hexstudio.workers.quant.calib import (
+        blocks_from_windows,
+        calibration_bos,
+        resolve_hf_dir,
+        token_windows,
+    )
 
     protect_protocol_stdout(em)
     t_start = time.monotonic()
@@ -284,10 +289,8 @@ def run(spec: WorkerSpec, em: Emitter) -> dict[str, Any]:
     out = spec.out_dir
     # 2. calibration data, first: a text too short for one sample is said before the float export (at 8B, every
     # part's graphs: tens of GB and a long wait)
-    bos = getattr(model_config(hf_dir), "bos_token_id", None)
-    windows = token_windows(
-        hf_dir, plan.text, samples, plan.seq_len, bos_id=int(bos) if isinstance(bos, int) else None
-    )
+    bos = calibration_bos(hf_dir, getattr(model_config(hf_dir), "bos_token_id", None))
+    windows = token_windows(hf_dir, plan.text, samples, plan.seq_len, bos_id=bos)
     blocks = blocks_from_windows(windows, ar_n)
     cfg, pe, graphs = _export(hf_dir, out, plan, em)
     # AIMET and onnxruntime load here, after the protocol's stdout is protected (AIMET prints on import)

@@ -418,3 +418,23 @@ def test_calibration_progress_counts_the_blocks_each_unit_sees() -> None:
     said.clear()
     _CalibrationProgress(["part1"], 8, em, blocks=8)("part1", 0, 34 * 8)  # type: ignore[arg-type]
     assert said == [f"part1: calibration step 1/{34 * 8} (sample 1 of 8 through unit 1 of 34)"], said
+
+
+def test_calibration_starts_with_the_bos_genie_pushes(tmp_path: Path) -> None:
+    """Calibration starts each sample with config.json's bos_token_id; Genie pushes BOS only where the tokenizer
+    adds one (genie_config.json's bos-token -1 otherwise). Qwen2's config.json names <|endoftext|> while its
+    tokenizer adds none: every sample was calibrated after a token the board never sends."""
+    from hexstudio.workers.quant.calib import calibration_bos
+
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    (qwen / "tokenizer_config.json").write_text(json.dumps({"bos_token": None, "eos_token": "<|im_end|>"}))
+    assert calibration_bos(qwen, 151643) is None
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|begin_of_text|>"}))
+    assert calibration_bos(llama, 128000) == 128000
+    assert (
+        calibration_bos(tmp_path, 1) == 1
+    )  # no tokenizer_config.json: config.json's id, as the bundle keeps it
+    assert calibration_bos(llama, None) is None

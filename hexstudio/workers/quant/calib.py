@@ -81,6 +81,19 @@ def token_windows(
     return wins
 
 
+def calibration_bos(hf_dir: Path, bos_token_id: Any) -> int | None:
+    """The BOS id each calibration sample starts with: the one Genie pushes on the board (genie_config.json's
+    `bos-token`, hexstudio.shared.bundle.dialog_tokens.genie_bos), so the first position is calibrated on what
+    the board feeds there. None where the tokenizer adds no BOS (Qwen2's config.json names <|endoftext|> as its
+    bos_token_id, which its tokenizer never adds)."""
+    from hexstudio.shared.bundle.dialog_tokens import dialog_tokens, genie_bos
+
+    if not isinstance(bos_token_id, int) or isinstance(bos_token_id, bool):
+        return None
+    bos = genie_bos(bos_token_id, dialog_tokens(hf_dir))
+    return bos if bos >= 0 else None
+
+
 @dataclass
 class Block:
     """One prompt-processor block of one calibration sample (standalone, empty KV cache)."""
