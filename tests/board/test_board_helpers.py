@@ -142,6 +142,60 @@ def test_a_geniex_generate_that_raises_ends_its_query_with_the_reason(tmp_path: 
     assert end["message"] == "ValueError: top_p must be in (0, 1]", end
 
 
+RECORDING_GENIEX = """
+import json
+
+class _Out:
+    profile = None
+
+class _Stream:
+    output = _Out()
+    def __iter__(self):
+        return iter(["ok"])
+
+class _Model:
+    def generate(self, prompt, **kw):
+        with open("generate-kwargs.json", "w") as f:
+            json.dump(kw, f)
+        return _Stream()
+    def close(self):
+        pass
+
+class AutoModelForCausalLM:
+    @staticmethod
+    def from_pretrained(path, device_map=None):
+        return _Model()
+
+def get_plugin_version(name):
+    return "test"
+"""
+
+
+def test_geniex_without_a_sampler_uses_the_bundles_own(tmp_path: Path) -> None:
+    """The studio sends no sampler when "the bundle's" is chosen. Genie then reads genie_config.json's; GenieX
+    takes one per generate(), and the helper passed temperature 0, top-k 0, top-p 0, seed 0 under that label."""
+    helper = push_helper("geniex_session", tmp_path / "bin")
+    (helper.parent / "geniex.py").write_text(RECORDING_GENIEX)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    sampler = {"version": 1, "seed": 42, "temp": 0.7, "top-k": 40, "top-p": 0.9}
+    (bundle / "genie_config.json").write_text(
+        json.dumps({"dialog": {"sampler": sampler, "context": {"size": 512}}})
+    )
+    query = json.dumps({"op": "query", "id": "q1", "prompt": "Hi", "max_tokens": 4})
+    r = subprocess.run(
+        board_python(helper, "--bundle", "."),
+        input=query + "\n" + json.dumps({"op": "quit"}) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=bundle,
+    )
+    assert r.returncode == 0, r.stderr
+    kw = json.loads((bundle / "generate-kwargs.json").read_text())
+    assert (kw["temperature"], kw["top_k"], kw["top_p"], kw["seed"]) == (0.7, 40, 0.9, 42), kw
+
+
 def test_the_command_reader(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """ "abort" reaches its callback at once, other commands are queued in order, None at the end of input; a
     line that is not a JSON object is answered with bad_request and reading goes on."""

@@ -35,12 +35,28 @@ except ImportError:
     from helper_io import bad_request, emit, read_commands  # type: ignore[no-redef]
 
 
-def _context_length(bundle: str) -> int | None:
+def _dialog(bundle: str) -> dict:
+    """genie_config.json's dialog section ({} when it cannot be read)."""
     try:
         with open(os.path.join(bundle, "genie_config.json"), encoding="utf-8") as f:
-            return int(json.load(f)["dialog"]["context"]["size"])
-    except (OSError, ValueError, KeyError, TypeError):
+            dialog = json.load(f).get("dialog")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return dialog if isinstance(dialog, dict) else {}
+
+
+def _context_length(bundle: str) -> int | None:
+    try:
+        return int(_dialog(bundle)["context"]["size"])
+    except (KeyError, TypeError, ValueError):
         return None
+
+
+def _bundle_sampler(bundle: str) -> dict:
+    """The bundle's own sampler (genie_config.json's dialog.sampler: seed, temp, top-k, top-p), what "the bundle's
+    sampler" means when the studio sends none: GenieX takes the sampler per generate(), not from the config."""
+    s = _dialog(bundle).get("sampler")
+    return {k: s[k] for k in ("seed", "temp", "top-k", "top-p") if k in s} if isinstance(s, dict) else {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bundle", default=".")
     p.add_argument("--sampler", default=None, help="JSON: Genie's sampler keys (seed, temp, top-k, top-p)")
     args = p.parse_args(argv)
-    sampler = json.loads(args.sampler) if args.sampler else {}
+    bundle = os.path.abspath(args.bundle)
+    sampler = json.loads(args.sampler) if args.sampler else _bundle_sampler(bundle)
     try:
         import geniex
     except ImportError as exc:
@@ -61,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         return 2
-    bundle = os.path.abspath(args.bundle)
     t0 = time.perf_counter()
     try:
         model = geniex.AutoModelForCausalLM.from_pretrained(bundle, device_map="qairt")
