@@ -356,6 +356,28 @@ def test_a_failed_query_says_the_runtimes_own_reason(
     assert "top_p must be in (0, 1]" in (r.error or ""), r.error
 
 
+def test_without_a_profile_the_rate_counts_tokens_over_their_intervals(
+    tmp_path: Path, fake_genie: FakeGenie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A libGenie that cannot profile: the helper's own measure gives the figures. 8 tokens 20 ms apart come in
+    7 intervals: 8 tokens over those 140 ms read 57 tok/s for a 50 tok/s runtime. The count is Genie's token
+    callbacks, not the text pieces (a character in pieces is one piece of several tokens)."""
+    monkeypatch.setenv("FAKE_GENIE_NO_PROFILE", "1")
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=10, token_ms=20, tokens=8)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> TurnResult:
+        async with ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=8) as s:
+            assert s.mode == "persistent", s.fallback_reason
+            return await s.send("Hi")
+
+    r = asyncio.run(go())
+    assert r.state == "complete" and r.kpis is not None, (r.state, r.error)
+    k = r.kpis
+    assert k.origin == "helper_timing" and k.generated_tokens == 8 and k.gen_time_ms and k.gen_tok_s, k
+    assert k.gen_tok_s == pytest.approx(7 / (k.gen_time_ms / 1000), rel=1e-3) and k.gen_tok_s <= 51, k
+
+
 def _running_in(folder: Path) -> list[int]:
     """The processes whose working folder is `folder` (the helper runs in its bundle folder)."""
     pids = []

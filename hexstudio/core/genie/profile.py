@@ -26,7 +26,9 @@ class Kpis:
     gen_time_ms: float | None
     source: str  # "device" | "simulated"
     queries: int = 1
-    origin: str = "profile"  # "profile" (--profile JSON) | "kpis_block" (old QAIRT's printed [KPIS]: block)
+    # "profile" (--profile JSON) | "kpis_block" (old QAIRT's printed [KPIS]: block) | "helper_timing" (no profile:
+    # the board helper's own clock over Genie's token callbacks)
+    origin: str = "profile"
     accepted_per_step: float | None = None  # lade/spd: Genie's token-acceptance-rate (tokens per step)
     # where accepted_per_step comes from: "genie" (its profile) or "token times" (estimated from when each token
     # arrived, where Genie wrote no profile: accepted_from_token_times)

@@ -972,16 +972,19 @@ class ChatSession:
                 k = parse_profile(end["profile"])
         if k is None and end.get("measured"):
             m = end["measured"]
-            n = int(m.get("callbacks") or 0)
+            # the helper's count of Genie's token callbacks; an older helper's count of text pieces else
+            n = int(m["tokens"]) if isinstance(m.get("tokens"), int) else int(m.get("callbacks") or 0)
             k = Kpis(
                 init_ms=None,
                 prompt_tokens=None,
                 prompt_tok_s=None,
                 ttft_ms=m.get("ttft_ms"),
                 generated_tokens=n,
-                gen_tok_s=round(n / (m["gen_ms"] / 1000), 4) if m.get("gen_ms") else None,
+                # gen_ms runs from the first token's text to the last's: n - 1 tokens came in it
+                gen_tok_s=round((n - 1) / (m["gen_ms"] / 1000), 4) if m.get("gen_ms") and n > 1 else None,
                 gen_time_ms=m.get("gen_ms"),
                 source="simulated" if self.simulated else "device",
+                origin="helper_timing",
             )
         if k is None:
             return None

@@ -385,7 +385,15 @@ class Helper:
             self.f["GenieDialog_setMaxNumTokens"](self.dialog, int(max_tokens))  # type: ignore[call-overload]
         dec = codecs.getincrementaldecoder("utf-8")("replace")
         t0 = time.perf_counter()
-        m = {"first": 0.0, "last": 0.0, "callbacks": 0, "aborted": False, "held": 0, "whole": False}
+        m = {
+            "first": 0.0,
+            "last": 0.0,
+            "callbacks": 0,
+            "aborted": False,
+            "held": 0,
+            "whole": False,
+            "tokens": 0,
+        }
         budget = int(max_tokens) if isinstance(max_tokens, int) and max_tokens > 0 else 0
         over = {"tokens": 0, "seen": 0}
 
@@ -406,9 +414,9 @@ class Helper:
             if over["tokens"] and code == SENTENCE_ABORT:
                 return
             if code in (SENTENCE_BEGIN, SENTENCE_CONTINUE):
-                m["held"] = (
-                    int(m["held"]) + 1
-                )  # one callback, one token (its text may be held: half a character)
+                # one callback, one token (its text may be held: half a character)
+                m["held"] = int(m["held"]) + 1
+                m["tokens"] = int(m["tokens"]) + 1
             elif code == SENTENCE_COMPLETE and resp:
                 m["whole"] = True  # a whole reply in one callback: its token count is not known here
             text = dec.decode(resp or b"")
@@ -440,6 +448,9 @@ class Helper:
                         "ttft_ms": round((first - t0) * 1000, 3),
                         "gen_ms": round((float(m["last"] or first) - first) * 1000, 3),
                         "callbacks": m["callbacks"],
+                        # the tokens Genie called back with (a text event may hold several: a character in
+                        # pieces); unknown when the whole reply came in one callback
+                        **({} if m["whole"] else {"tokens": m["tokens"]}),
                     },
                 }
             )

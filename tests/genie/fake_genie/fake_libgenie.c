@@ -10,6 +10,7 @@
  *   "fake-fail-reset": 1 makes GenieDialog_reset fail (GENIE_STATUS_ERROR_GENERAL, the KV cache kept)
  * and Genie's own "max-num-tokens" (the reply budget, as genie-t2t-run takes it from the config;
  * GenieDialog_setMaxNumTokens overrides it)
+ * The environment variable FAKE_GENIE_NO_PROFILE makes GenieProfile_create fail (no profile to read),
  * and "fake-echo-file": "PATH" appends every query's text (then a 0x1e separator) to PATH.
  * Prompt tokens are counted as ceil(bytes / 4). The KV cache persists across queries until reset. */
 #include <stdint.h>
@@ -97,6 +98,7 @@ Genie_Status_t GenieDialogConfig_free(GenieDialogConfig_Handle_t h) {
 Genie_Status_t GenieProfile_create(GenieProfileConfig_Handle_t cfg, GenieProfile_Handle_t *h) {
   (void)cfg;
   if (!h) return GENIE_STATUS_ERROR_INVALID_ARGUMENT;
+  if (getenv("FAKE_GENIE_NO_PROFILE")) return GENIE_STATUS_ERROR_GENERAL; /* a libGenie that cannot profile */
   *h = calloc(1, sizeof(Profile));
   return GENIE_STATUS_SUCCESS;
 }
