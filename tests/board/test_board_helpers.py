@@ -108,10 +108,9 @@ def test_a_pushed_geniex_helper_runs_from_its_folder_alone(tmp_path: Path) -> No
     assert json.loads(r.stdout)["code"] == "geniex_missing", r.stdout  # no geniex without site-packages
 
 
-FAILING_GENIEX = """
-class _Model:
-    def generate(self, prompt, **kw):
-        raise ValueError("top_p must be in (0, 1]")
+# what the helper needs of a geniex package around a stand-in _Model (each test's: its generate())
+GENIEX_AROUND_A_MODEL = """
+_Model.close = lambda self: None
 
 class AutoModelForCausalLM:
     @staticmethod
@@ -122,21 +121,35 @@ def get_plugin_version(name):
     return "test"
 """
 
+FAILING_GENIEX = """
+class _Model:
+    def generate(self, prompt, **kw):
+        raise ValueError("top_p must be in (0, 1]")
+"""
 
-def test_a_geniex_generate_that_raises_ends_its_query_with_the_reason(tmp_path: Path) -> None:
-    """GenieX's generate() raised: the helper's error event carries no query id, so the studio read only the end,
-    and the user saw "geniex generate failed (status 1)". The end carries the reason now."""
+
+def _one_geniex_query(tmp_path: Path, geniex_source: str, bundle: Path) -> list[dict[str, Any]]:
+    """The pushed GenieX helper, run in `bundle` with `geniex_source` as its geniex package (a stand-in beside it,
+    on sys.path[0]), asked one query: its events."""
     helper = push_helper("geniex_session", tmp_path / "bin")
-    (helper.parent / "geniex.py").write_text(FAILING_GENIEX)  # a stand-in package beside it, on sys.path[0]
+    (helper.parent / "geniex.py").write_text(geniex_source + GENIEX_AROUND_A_MODEL)
     query = json.dumps({"op": "query", "id": "q1", "prompt": "Hi", "max_tokens": 4})
     r = subprocess.run(
-        board_python(helper, "--bundle", str(tmp_path)),
+        board_python(helper, "--bundle", "."),
         input=query + "\n" + json.dumps({"op": "quit"}) + "\n",
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=bundle,
     )
-    events = [json.loads(line) for line in r.stdout.splitlines()]
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def test_a_geniex_generate_that_raises_ends_its_query_with_the_reason(tmp_path: Path) -> None:
+    """GenieX's generate() raised: the helper's error event carries no query id, so the studio read only the end,
+    and the user saw "geniex generate failed (status 1)". The end carries the reason now."""
+    events = _one_geniex_query(tmp_path, FAILING_GENIEX, tmp_path)
     end = next(e for e in events if e.get("event") == "end")
     assert end["id"] == "q1" and end["state"] == "failed", events
     assert end["message"] == "ValueError: top_p must be in (0, 1]", end
@@ -158,40 +171,19 @@ class _Model:
         with open("generate-kwargs.json", "w") as f:
             json.dump(kw, f)
         return _Stream()
-    def close(self):
-        pass
-
-class AutoModelForCausalLM:
-    @staticmethod
-    def from_pretrained(path, device_map=None):
-        return _Model()
-
-def get_plugin_version(name):
-    return "test"
 """
 
 
 def test_geniex_without_a_sampler_uses_the_bundles_own(tmp_path: Path) -> None:
     """The studio sends no sampler when "the bundle's" is chosen. Genie then reads genie_config.json's; GenieX
     takes one per generate(), and the helper passed temperature 0, top-k 0, top-p 0, seed 0 under that label."""
-    helper = push_helper("geniex_session", tmp_path / "bin")
-    (helper.parent / "geniex.py").write_text(RECORDING_GENIEX)
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     sampler = {"version": 1, "seed": 42, "temp": 0.7, "top-k": 40, "top-p": 0.9}
     (bundle / "genie_config.json").write_text(
         json.dumps({"dialog": {"sampler": sampler, "context": {"size": 512}}})
     )
-    query = json.dumps({"op": "query", "id": "q1", "prompt": "Hi", "max_tokens": 4})
-    r = subprocess.run(
-        board_python(helper, "--bundle", "."),
-        input=query + "\n" + json.dumps({"op": "quit"}) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=bundle,
-    )
-    assert r.returncode == 0, r.stderr
+    _one_geniex_query(tmp_path, RECORDING_GENIEX, bundle)
     kw = json.loads((bundle / "generate-kwargs.json").read_text())
     assert (kw["temperature"], kw["top_k"], kw["top_p"], kw["seed"]) == (0.7, 40, 0.9, 42), kw
 
