@@ -47,6 +47,8 @@ class StageAttempt:
         self.on_sample = on_sample
         self.final = artifacts_dir(m, stage.name)
         self.partial = self.final.with_name(f"{stage.name}.partial")
+        # the inputs the stage starts from (begin): a file setting or suite edited while it runs is not in its output
+        self.inputs_at_start: str | None = None
         self.kinds: dict[
             str, dict[str, Any]
         ] = {}  # artifact path -> its kind and role, as the job named them
@@ -60,6 +62,7 @@ class StageAttempt:
         """A fresh output folder (never resumed from half-written output) and the stage marked running."""
         shutil.rmtree(self.partial, ignore_errors=True)
         self.partial.mkdir(parents=True)
+        self.inputs_at_start = input_hash(self.m, self.stage)
         st = self.record
         st.update(
             {
@@ -187,7 +190,7 @@ class StageAttempt:
             self.partial.rename(self.final)
             shutil.rmtree(old, ignore_errors=True)
             st["artifacts"] = artifacts if artifacts is not None else hash_tree(self.final, self.kinds)
-            st["input_hash"] = input_hash(self.m, self.stage)
+            st["input_hash"] = self.inputs_at_start or input_hash(self.m, self.stage)
             st["output_digest"] = (
                 summary_digest(result.summary, st["input_hash"])
                 if self.stage.digest_from_summary and result.summary

@@ -66,6 +66,30 @@ def test_resume_skips_current_stages_and_reruns_changed_ones(workspace: Workspac
     assert display_state(m2, "model", model_stage) == "done"
 
 
+def test_a_file_edited_while_its_stage_runs_leaves_the_stage_stale(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    """The stage's input hash was taken when it ended: a calibration text edited during hours of quantization
+    made the stage, built from the old text, look current for the new one. It is taken when the stage starts."""
+    import dataclasses
+
+    text = tmp_path / "cal.txt"
+    text.write_text("the text the stage starts from")
+    (base,) = fake_stages(("model",))
+    stage = dataclasses.replace(base, inputs=(*base.inputs, "calibration_text"))
+    m = workspace.create_run(
+        "builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 1, "calibration_text": str(text)}
+    )
+
+    def on_event(name: str, ev: dict[str, Any]) -> None:
+        if ev["type"] == "progress" and text.read_text() == "the text the stage starts from":
+            text.write_text("edited while the stage ran")
+
+    res = asyncio.run(Pipeline(m, stages=(stage,), on_event=on_event).run(until="model"))
+    assert res.ok and text.read_text() == "edited while the stage ran", res
+    assert display_state(RunManifest.load(m.run_dir), "model", stage) == "stale"
+
+
 def _start_pipeline_in_thread(m: RunManifest, until: str) -> tuple[dict[str, Any], Any]:
     """Run the pipeline on its own loop in a thread; return (shared state, thread)."""
     import threading
