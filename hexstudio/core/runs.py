@@ -178,6 +178,23 @@ def _combination_problem(settings: dict[str, Any]) -> str | None:
     return None
 
 
+# what a file setting holds that is no path: the built-in text, the model drafting for itself, unset
+NOT_A_PATH = ("", "builtin", "self")
+
+
+def absolute_files(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with each file setting (calibration_text, validation_text, spd_draft) as an absolute path: a run
+    is resumed from anywhere (the studio, a shell in another folder), and "cal.txt" would then name another file,
+    or none, and make the stage stale (its input hash reads the file) or fail."""
+    from hexstudio.shared.run_settings import SETTINGS
+
+    out = dict(values)
+    for key, value in values.items():
+        if key in SETTINGS and SETTINGS[key].file and isinstance(value, str) and value not in NOT_A_PATH:
+            out[key] = str(Path(value).expanduser().absolute())
+    return out
+
+
 def change_settings(m: RunManifest, values: dict[str, Any], what: str) -> list[str]:
     """Change some of a run's settings as the studio's pages and `hexstudio run --resume --set` do: each change
     recorded in the run's events (setting_changed); the stages that read a changed setting go stale and run
@@ -188,6 +205,7 @@ def change_settings(m: RunManifest, values: dict[str, Any], what: str) -> list[s
     problems = check_all(values)
     if problems:
         raise BadSettings(problems)
+    values = absolute_files(values)
     # together with the run's other settings, as when a run is made (context_length with ar_n, lade's step with
     # the prompt processor): a combination Compile would refuse after hours of quantizing, refused now. Only one
     # the change makes: a run that already held one (made before a rule) can still change its other settings
@@ -260,7 +278,7 @@ class Workspace:
         self, model: str, board: str, settings: dict[str, Any] | None = None, include_host: bool = True
     ) -> RunManifest:
         merged = dict(DEFAULT_RUN_SETTINGS)
-        merged.update(settings or {})
+        merged.update(absolute_files(settings or {}))
         check_run_settings(merged)  # SettingsError: wrong type or out of range, before any folder is made
         # a run's model cannot change on resume: one that names no model would be a run that could never start
         problem = model_spec_problem(model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from hexstudio.core.runs import Workspace
 from hexstudio.core.stage_state import display_state
@@ -109,3 +110,27 @@ def test_an_edited_suite_of_the_users_makes_evaluate_stale(tmp_path: Path) -> No
     mine.write_text('{"id": "a", "prompt": "hello", "scorer": "exact", "expected": {"answer": "hello"}}\n')
     assert display_state(m, "evaluate") == "stale"
     assert display_state(shipped_only, "evaluate") == "done"
+
+
+def test_a_relative_file_setting_names_the_same_file_from_anywhere(tmp_path: Path, monkeypatch: Any) -> None:
+    """`--set calibration_text=cal.txt` was stored as given: resumed from another folder (the studio, another
+    shell) it named another file or none, so Quantize went stale (its input hash read "missing") and ran again
+    for hours, then failed. A file setting is stored as an absolute path, when the run is made and when changed."""
+    from hexstudio.core.runs import change_settings
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "cal.txt").write_text("the text the model is calibrated on\n" * 50)
+    (data / "val.txt").write_text("the text it is validated on\n" * 50)
+    monkeypatch.chdir(data)
+    m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"calibration_text": "cal.txt"})
+    assert m.settings["calibration_text"] == str(data / "cal.txt")
+    assert (
+        m.settings["validation_text"] == "builtin" and m.settings.get("spd_draft", "self") == "self"
+    )  # no paths
+    for name in ("model", "preflight", "quantize"):
+        finish_stage(m, name, PASSING[name])
+    change_settings(m, {"validation_text": "val.txt"}, "test")
+    assert m.settings["validation_text"] == str(data / "val.txt")
+    monkeypatch.chdir(tmp_path)  # resumed from elsewhere
+    assert display_state(m, "quantize") == "done"
