@@ -672,14 +672,6 @@ def upload_plan(
     }
 
 
-def precision_name(q: dict[str, Any]) -> str:
-    """qai-hub-models' precision string ("w4a16") from quantize.json's precision block."""
-    p = q.get("precision") or {}
-    w = re.search(r"int(\d+)", str(p.get("weights", "")))
-    a = re.search(r"int(\d+)", str(p.get("activations", "")))
-    return f"w{w.group(1) if w else 4}a{a.group(1) if a else 16}"
-
-
 def qairt_of_model(model: Any) -> str | None:
     """The full QAIRT version AI Hub records on a compiled model (QAIRT_SDK_VERSION, else QNN_SDK_VERSION)."""
     from qai_hub import ModelMetadataKey
@@ -1035,7 +1027,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
     try:
         names = {g["name"]: graph_job_name(model, g["name"], main) for g in every}
         bins = {part: bin_name(model, graphs[0]["name"]) for part, graphs in pairs.items()}
-        precision = precision_name(q)
+        precision = gm.precision_name(q)
         # reads every graph's I/O: before any upload
         meta_doc = gm.build_metadata(every, qdir, precision)
     except gm.MetadataError as exc:

@@ -228,11 +228,26 @@ def graph_spec(graph_entry: dict[str, Any], quantize_dir: Path) -> dict[str, Any
     }
 
 
+def precision_name(q: dict[str, Any]) -> str:
+    """qai-hub-models' precision string ("w4a16") from quantize.json's precision block."""
+    p = q.get("precision") or {}
+    w = re.search(r"int(\d+)", str(p.get("weights", "")))
+    a = re.search(r"int(\d+)", str(p.get("activations", "")))
+    return f"w{w.group(1) if w else 4}a{a.group(1) if a else 16}"
+
+
 def build_metadata(
-    graphs: list[dict[str, Any]], quantize_dir: Path, precision: str = "w4a16"
+    graphs: list[dict[str, Any]], quantize_dir: Path, precision: str | None = None
 ) -> dict[str, Any]:
     """metadata.yaml's document for the quantize.json graphs: components ordered prompt parts, then
-    token parts (as qai-hub-models adds them), then precision and runtime."""
+    token parts (as qai-hub-models adds them), then precision (None: quantize.json's, w4a16 where it says none)
+    and runtime."""
+    if precision is None:
+        try:
+            q = json.loads((quantize_dir / "quantize.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            q = {}
+        precision = precision_name(q if isinstance(q, dict) else {})
     comps: dict[str, Any] = {}
     order = {"prompt": 0, "token": 1}
     main_ar, main_cl = main_variant([str(g["name"]) for g in graphs])

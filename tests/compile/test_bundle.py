@@ -386,3 +386,17 @@ def test_the_compile_stage_check_fails_as_a_clear_worker_error(tmp_path: Path, c
         RunSettings(),
     )
     assert cfg["dialog"]["context"]["size"] == 512 and genie_config_errors(cfg) == []
+
+
+def test_metadata_says_the_precision_the_run_quantized_at(tmp_path: Path) -> None:
+    """The local and simulator bundles' metadata.yaml said w4a16 whatever the run's weight and activation bits
+    (only AI Hub's passed them): it follows quantize.json's precision block now, on every compile path."""
+    from hexstudio.workers import bundle_metadata as gm
+
+    (tmp_path / "quantize.json").write_text(
+        json.dumps({"precision": {"weights": "int8 LPBQ block 64", "activations": "int8"}})
+    )
+    assert gm.build_metadata([], tmp_path)["precision"] == "w8a8"
+    (tmp_path / "quantize.json").unlink()
+    assert gm.build_metadata([], tmp_path)["precision"] == "w4a16"  # a quantize.json that says none
+    assert gm.build_metadata([], tmp_path, "w4a8")["precision"] == "w4a8"
