@@ -559,6 +559,7 @@ def wait_jobs(
     from qai_hub.public_rest_api import APIException
 
     jobs = {}
+    missing = []
     for n in names:
         rec = store.jobs[n]
         try:
@@ -567,14 +568,18 @@ def wait_jobs(
         except WorkerError as exc:
             if exc.code != "aihub_rejected" or "could not be found" not in exc.message:
                 raise
+            # every missing one is found now: one resume submits them all again, not one a resume
+            missing.append(f"{rec['kind']} job {rec['job_id']} for {rec['what']}")
             store.fail(n, "the job is no longer on AI Hub (deleted, expired or another account)")
-            raise WorkerError(
-                "aihub_job_missing",
-                f"AI Hub {rec['kind']} job {rec['job_id']} for {rec['what']}, "
-                "recorded before a restart, is no longer on AI Hub (deleted, expired, or the token "
-                "belongs to another account).",
-                "Resume the run: this job is submitted again; the other recorded jobs are reused.",
-            ) from None
+    if missing:
+        raise WorkerError(
+            "aihub_job_missing",
+            f"{len(missing)} AI Hub job(s) recorded before a restart are no longer on AI Hub (deleted, expired, "
+            f"or the token belongs to another account): {'; '.join(missing[:5])}"
+            + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
+            + ".",
+            "Resume the run: those jobs are submitted again; the other recorded jobs are reused.",
+        )
     pending = set(names)
     em.log(f"waiting for AI Hub {what} jobs: " + ", ".join(f"{n} {store.jobs[n]['job_id']}" for n in names))
     last_msg, last_t = "", 0.0
@@ -807,8 +812,7 @@ def _compile_graphs(
             job_name = names[g["name"]]
             i += 1
             if hc.reuse(name, f"{g['name']} (submitted before a restart)"):
-                up.left = max(0.0, up.left - up.plan[g["name"]])
-                continue
+                continue  # not in the upload's plan
             em.progress(
                 0.03 + 0.3 * i / n_graphs,
                 f"AI Hub: uploading {job_name}.aimet ({i}/{n_graphs})",
@@ -1072,20 +1076,7 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                 "Hub limits an account's requests"
             )
         client = hub.Client(config=ccfg)
-        # the upload's size and ETA first, before anything is sent (the CLI prints a stage's first progress line)
-        plan = upload_plan(pairs, qdir, set(), s.aihub_compact_upload)
-        workspace = spec.run_dir.parent.parent
-        mbps, speed_from = link_speed(s, read_rate(workspace, ccfg.api_url))
-        up = _Upload(plan, workspace, spec.out_dir / "aimet", s.aihub_compact_upload)
-        up.left = float(sum(plan.values()))
-        em.metric("upload_planned_bytes", int(up.left), "B")
-        em.progress(
-            0.01,
-            f"AI Hub upload: {up.left / 1e9:.2f} GB in {len(plan)} graphs (integer-encoded weights in "
-            f"fp16), ETA {eta_text(up.left, mbps)} at {mbps:g} Mbit/s ({speed_from}); the client zips each "
-            "upload, so it may send less",
-        )
-        em.progress(0.02, f"AI Hub: looking up {s.device}")
+        em.log(f"AI Hub: looking up {s.device}")
         with hub_errors(f"looking up the device {s.device}", ccfg.api_url, ccfg.web_url):
             dev = resolve_device(client, s.device, lpbq)
         if (
@@ -1099,7 +1090,28 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
                 code="emulated",
             )
         store = JobStore(
-            spec.run_dir / JOBS_FILE, inputs_key(qdir, q, dev["name"], qairt, model, extra_options)
+            spec.run_dir / JOBS_FILE,
+            # the AI Hub address too: another one (the emulator, then Qualcomm's) knows none of the recorded jobs
+            inputs_key(qdir, q, dev["name"], qairt, model, f"{extra_options}\n{ccfg.api_url}"),
+        )
+        # the upload's size and ETA first, before anything is sent (the CLI prints a stage's first progress line):
+        # the graphs whose compile jobs are recorded are not sent again
+        submitted = {
+            g["name"] for graphs in pairs.values() for g in graphs if f"compile:{g['name']}" in store.jobs
+        }
+        plan = upload_plan(pairs, qdir, submitted, s.aihub_compact_upload)
+        workspace = spec.run_dir.parent.parent
+        mbps, speed_from = link_speed(s, read_rate(workspace, ccfg.api_url))
+        up = _Upload(plan, workspace, spec.out_dir / "aimet", s.aihub_compact_upload)
+        up.left = float(sum(plan.values()))
+        em.metric("upload_planned_bytes", int(up.left), "B")
+        em.progress(
+            0.01,
+            f"AI Hub upload: {up.left / 1e9:.2f} GB in {len(plan)} graphs"
+            + (f" ({len(submitted)} submitted before, not sent again)" if submitted else "")
+            + (" (weights as their integers, with fp32 scales)" if s.aihub_compact_upload else " (fp32)")
+            + f", ETA {eta_text(up.left, mbps)} at {mbps:g} Mbit/s ({speed_from}); the client zips each upload, "
+            "so it may send less",
         )
         if kept := store.kept_for_earlier_inputs:
             em.warning(
