@@ -85,7 +85,11 @@ def load_run(run_dir: Path) -> RunManifest:
             with RunLock(run_dir) as lock:
                 m = RunManifest.load(run_dir)
                 m.detect_interrupted(lock_held=not lock.unsupported)
-        except (RunBusy, OSError):
+        except RunBusy:
+            # a live process holds the lock (the kernel drops it when its holder dies): its stages do run, even
+            # where its pid and host cannot be judged from here (a container, another host on a shared disk)
+            pass
+        except OSError:
             m.detect_interrupted(save=False)
     return m
 

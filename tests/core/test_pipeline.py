@@ -715,3 +715,21 @@ def test_a_cancel_while_a_stage_is_recorded_on_a_full_disk_still_cancels(
     monkeypatch.setattr(StageAttempt, "finish", full)
     close_while_hashing(m, monkeypatch, "preflight")
     assert m.stage("model").state == "failed" and m.stage("preflight").state == "pending"
+
+
+def test_a_run_whose_lock_is_held_keeps_its_running_stage(workspace: Workspace) -> None:
+    """A pipeline in a container (another hostname, another pid space) runs the run on a shared workspace: the
+    studio judged its stage's owner by pid and host and showed it "interrupted — resume the run", while the lock
+    (held: its holder is alive) said it runs."""
+    import json
+
+    from hexstudio.core.runs import load_run
+
+    m = workspace.create_run("builtin:tiny-llama", "sim", {})
+    m.mark_running("model")
+    doc = json.loads((m.run_dir / "run.json").read_text())
+    doc["stages"]["model"]["owner"] = {"pid": 1, "host": "a-container", "boot_id": "another-boot"}
+    (m.run_dir / "run.json").write_text(json.dumps(doc))
+    with RunLock(m.run_dir):
+        assert load_run(m.run_dir).stage("model").state == "running"
+    assert load_run(m.run_dir).stage("model").state == "interrupted"  # the lock is free: its holder is gone
