@@ -207,8 +207,8 @@ class RunManifest:
     def detect_interrupted(self, save: bool = True, lock_held: bool = False) -> list[str]:
         """Stages left 'running' by a process that no longer exists become 'interrupted' (saved unless `save` is
         False: only the run's lock holder may write run.json, Workspace.open_run). With `lock_held` (the caller
-        holds the run's lock, so no pipeline of this process runs it), this process's own pid is no owner either:
-        a stage whose end could not be written (a full disk) is not left "running" until the studio restarts."""
+        holds the run's lock, so no pipeline runs it), every stage left "running" is: its owner's pid, this
+        process's own (a stage whose end could not be written, a full disk) or one reused since, proves nothing."""
         found = []
         for name in STAGE_NAMES:
             st = self.stage(name).data
@@ -216,12 +216,14 @@ class RunManifest:
                 continue
             owner = st.get("owner") or {}
             pid = owner.get("pid")
+            # the caller holding the run's lock proves that no one runs it (a runner holds it throughout, and the
+            # kernel drops it when the runner dies): a live pid is then another process that reused it
             alive = (
-                owner.get("boot_id") == boot_id()
+                not lock_held
+                and owner.get("boot_id") == boot_id()
                 and owner.get("host") == socket.gethostname()
                 and isinstance(pid, int)
                 and _pid_alive(pid)
-                and not (lock_held and pid == os.getpid())
             )
             if not alive:
                 st["state"] = "interrupted"

@@ -119,7 +119,7 @@ class Pipeline:
                 )
                 self._warn(targets[0].name if targets else "model", "run_unguarded", unguarded, once=True)
             stop_stale_workers(self.m)
-            self.m.detect_interrupted(lock_held=True)
+            self.m.detect_interrupted(lock_held=not self.lock.unsupported)
             return await self._run(targets, force)
         finally:
             self.lock.release()

@@ -733,3 +733,23 @@ def test_a_run_whose_lock_is_held_keeps_its_running_stage(workspace: Workspace) 
     with RunLock(m.run_dir):
         assert load_run(m.run_dir).stage("model").state == "running"
     assert load_run(m.run_dir).stage("model").state == "interrupted"  # the lock is free: its holder is gone
+
+
+def test_a_pid_reused_since_does_not_keep_a_stage_running(workspace: Workspace) -> None:
+    """The runner crashed, and its pid went to another process on the same host and boot (containers with small,
+    deterministic pids): the stage stayed "running" while the free lock proved that no one runs it."""
+    import subprocess
+
+    from hexstudio.core.runs import load_run
+
+    m = workspace.create_run("builtin:tiny-llama", "sim", {})
+    m.mark_running("model")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        doc = json.loads((m.run_dir / "run.json").read_text())
+        doc["stages"]["model"]["owner"]["pid"] = other.pid  # alive, on this host and boot: not the runner
+        (m.run_dir / "run.json").write_text(json.dumps(doc))
+        assert load_run(m.run_dir).stage("model").state == "interrupted"
+    finally:
+        other.kill()
+        other.wait(10)
