@@ -204,11 +204,15 @@ class RunManifest:
         st["attempts"] = int(st.get("attempts", 0)) + 1
         self.save()
 
-    def detect_interrupted(self, save: bool = True, lock_held: bool = False) -> list[str]:
+    def detect_interrupted(
+        self, save: bool = True, lock_held: bool = False, others_alive: bool = False
+    ) -> list[str]:
         """Stages left 'running' by a process that no longer exists become 'interrupted' (saved unless `save` is
         False: only the run's lock holder may write run.json, Workspace.open_run). With `lock_held` (the caller
         holds the run's lock, so no pipeline runs it), every stage left "running" is: its owner's pid, this
-        process's own (a stage whose end could not be written, a full disk) or one reused since, proves nothing."""
+        process's own (a stage whose end could not be written, a full disk) or one reused since, proves nothing.
+        With `others_alive` (a live process holds the lock), an owner on another host or boot, whose pid cannot be
+        judged from here (a container, a shared workspace), is taken as running."""
         found = []
         for name in STAGE_NAMES:
             st = self.stage(name).data
@@ -218,12 +222,9 @@ class RunManifest:
             pid = owner.get("pid")
             # the caller holding the run's lock proves that no one runs it (a runner holds it throughout, and the
             # kernel drops it when the runner dies): a live pid is then another process that reused it
-            alive = (
-                not lock_held
-                and owner.get("boot_id") == boot_id()
-                and owner.get("host") == socket.gethostname()
-                and isinstance(pid, int)
-                and _pid_alive(pid)
+            here = owner.get("boot_id") == boot_id() and owner.get("host") == socket.gethostname()
+            alive = (others_alive and not here) or (
+                not lock_held and here and isinstance(pid, int) and _pid_alive(pid)
             )
             if not alive:
                 st["state"] = "interrupted"

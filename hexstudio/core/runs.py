@@ -86,9 +86,9 @@ def load_run(run_dir: Path) -> RunManifest:
                 m = RunManifest.load(run_dir)
                 m.detect_interrupted(lock_held=not lock.unsupported)
         except RunBusy:
-            # a live process holds the lock (the kernel drops it when its holder dies): its stages do run, even
-            # where its pid and host cannot be judged from here (a container, another host on a shared disk)
-            pass
+            # a live process holds the lock (the kernel drops it when its holder dies): a stage whose owner is on
+            # another host or boot (a container, a shared workspace) runs; a dead pid here is still dead
+            m.detect_interrupted(save=False, others_alive=True)
         except OSError:
             m.detect_interrupted(save=False)
     return m

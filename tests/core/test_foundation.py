@@ -286,11 +286,15 @@ def test_secrets_reach_workers_by_environment_only(tmp_path: Path) -> None:
 def test_opening_a_run_marks_a_dead_stage_interrupted_but_writes_only_under_its_lock(tmp_path: Path) -> None:
     """`runs list`, `runs show` and the studio open every run; one that found a stage left "running" by a dead
     process saved its copy without the lock, over a runner's newer run.json."""
+    import socket
+
+    from hexstudio.core.manifest import boot_id
     from hexstudio.core.runs import RunLock
 
     ws = Workspace(tmp_path / "ws")
     m = ws.create_run("builtin:tiny-llama", "sim")
-    m.stage("model").data.update(state="running", owner={"pid": 2**22 + 7, "host": "gone", "boot_id": "old"})
+    dead = {"pid": 2**22 + 7, "host": socket.gethostname(), "boot_id": boot_id()}  # on this machine, gone
+    m.stage("model").data.update(state="running", owner=dead)
     m.save()
     on_disk = (m.run_dir / "run.json").read_bytes()
     with RunLock(m.run_dir):  # a runner holds the run
