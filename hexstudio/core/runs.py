@@ -210,14 +210,15 @@ def change_settings(m: RunManifest, values: dict[str, Any], what: str) -> list[s
     if problems:
         raise BadSettings(problems)
     values = absolute_files(values)
-    # together with the run's other settings, as when a run is made (context_length with ar_n, lade's step with
-    # the prompt processor): a combination Compile would refuse after hours of quantizing, refused now. Only one
-    # the change makes: a run that already held one (made before a rule) can still change its other settings
-    combined = _combination_problem({**m.settings, **values})
-    if combined is not None and combined != _combination_problem(dict(m.settings)):
-        raise BadSettings([combined])
 
     def change(m: RunManifest) -> list[str]:
+        # together with the run's other settings as they are on disk now (a `run --resume --set` may have changed
+        # one since this copy was read), as when a run is made (context_length with ar_n, lade's step with the
+        # prompt processor): a combination Compile would refuse after hours of quantizing, refused now. Only one
+        # the change makes: a run that already held one (made before a rule) can still change its other settings
+        combined = _combination_problem({**m.settings, **values})
+        if combined is not None and combined != _combination_problem(dict(m.settings)):
+            raise BadSettings([combined])
         changed = []
         for key, value in values.items():
             old = m.settings.get(key)

@@ -551,3 +551,21 @@ def test_every_setting_a_stages_code_reads_is_its_input() -> None:
         }
         inputs = set(next(s for s in STAGES if s.name == stage).inputs)
         assert read - inputs <= set(HOW_NOT_WHAT), (stage, sorted(read - inputs - set(HOW_NOT_WHAT)))
+
+
+def test_a_combination_is_judged_with_the_settings_on_disk(tmp_path: Path) -> None:
+    """The studio held run R; `run --resume R --set context_length=1024` changed it since. The studio's change
+    of ar_n to 1024 was judged with its old context_length (4096) and accepted: a pair Compile refuses hours
+    later (context_length must be larger than AR-N)."""
+    import pytest
+
+    from hexstudio.core.runs import Workspace, change_settings
+    from hexstudio.shared.run_settings import BadSettings
+
+    ws = Workspace(tmp_path / "ws")
+    studio = ws.create_run("builtin:tiny-llama", "sim", {"context_length": 4096, "ar_n": 128})
+    terminal = ws.open_run(studio.run_id)
+    change_settings(terminal, {"context_length": 1024}, "test")
+    with pytest.raises(BadSettings, match="must be larger than AR-N 1024"):
+        change_settings(studio, {"ar_n": 1024}, "test")
+    assert ws.open_run(studio.run_id).settings["ar_n"] == 128  # nothing changed
