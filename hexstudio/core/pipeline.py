@@ -444,7 +444,10 @@ class Pipeline:
                 "boot_id": boot_id(),
                 "started": now_iso(),
             }
-            self.m.save()
+            # only a hint for a resume after a crash: a full disk now must not leave the worker running unowned
+            # (its stage failed, its partial folder deleted under it, and no record to find it by)
+            with contextlib.suppress(OSError):
+                self.m.save()
         try:
             if self.cancel_event.is_set():
                 await job.cancel()

@@ -753,3 +753,26 @@ def test_a_pid_reused_since_does_not_keep_a_stage_running(workspace: Workspace) 
     finally:
         other.kill()
         other.wait(10)
+
+
+def test_a_full_disk_as_the_worker_starts_does_not_orphan_it(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.json's note of where the worker runs could not be written (a full disk) just after the worker
+    started: the stage failed and its partial folder was deleted under a worker left running with no record to
+    find it by. The note is only a hint for a resume after a crash: the stage goes on."""
+    import errno
+
+    real_save, refused = RunManifest.save, []
+
+    def save(self: RunManifest) -> None:
+        if self.stage("model").data.get("worker") and not refused:
+            refused.append(True)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(self)
+
+    monkeypatch.setattr(RunManifest, "save", save)
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "slow", "seconds": 0.5})
+    res = _run(Pipeline(m, stages=fake_stages(("model",))), "model")
+    assert refused and res.ok, (res.message, res.hint)
+    assert RunManifest.load(m.run_dir).stage("model").state == "done"
