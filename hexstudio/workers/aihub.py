@@ -311,7 +311,14 @@ def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> It
                 f"Qualcomm AI Hub rejected the API token while {what} (bad or expired token).",
                 f"Copy a fresh token from {web_url.rstrip('/')}/account/ and store it: "
                 + TOKEN_WHERE
-                + ", or `qai-hub configure --api_token TOKEN`. "
+                # HexStudio's token (keyring, or the environment) is used before qai_hub's client.ini: a new token
+                # there would change nothing
+                + (
+                    ""
+                    if os.environ.get("HEXSTUDIO_AIHUB_TOKEN")
+                    else ", or `qai-hub configure --api_token TOKEN`"
+                )
+                + ". "
                 + after,
             ) from None
         if "not available" in text:
