@@ -648,3 +648,37 @@ def test_a_link_that_drops_after_the_download_leaves_the_stage_done(
         res = asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize"))
     assert res.ok, (res.message, res.hint)
     assert RunManifest.load(m.run_dir).stage("quantize").state == "done"
+
+
+def test_a_note_for_other_inputs_goes_when_the_output_is_emptied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished stage's note (its download dropped) was kept while an attempt with other settings emptied the
+    output and failed: set back to the first settings, the note matched again, and its events were replayed over
+    an empty output folder. The note goes before the output is emptied."""
+    from hexstudio.core.device.transport import ConnectionLost
+    from hexstudio.core.jobs import JobResult
+    from hexstudio.core.remote import stage as remote_stage
+
+    async def dropping(*a: Any, **kw: Any) -> Any:
+        raise ConnectionLost("The SSH connection to box dropped (test).")
+
+    root = tmp_path / "host-root"
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, root)
+        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
+        with monkeypatch.context() as mp:
+            mp.setattr(remote_stage, "download_tree", dropping)
+            assert not asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize")).ok
+        note = root / "runs" / m.run_id / "artifacts" / "quantize.finished.json"
+        assert note.is_file()
+
+        async def failing(self: Any, *a: Any, **kw: Any) -> Any:
+            return JobResult("failed", 1, None, "failed (test)"), []
+
+        m = RunManifest.load(m.run_dir)
+        m.settings["seconds"] = 0.1  # other inputs: the note is not theirs
+        m.save()
+        monkeypatch.setattr(remote_stage.RemoteStageJob, "_run_there", failing)
+        assert not asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize")).ok
+        assert not note.exists()

@@ -252,6 +252,9 @@ class RemoteStageJob(Job):
         if finished is not None:
             res, back = self._replay(finished), [(str(a), str(b)) for a, b in finished["back"]]
         else:
+            # the output is about to be emptied: a note kept for other inputs no longer describes it (set back to
+            # those inputs later, it would replay their events over this attempt's output, or an empty folder)
+            await host_files(t, python, "prune", posixpath.dirname(note), data=[posixpath.basename(note)])
             res, back = await self._run_there(t, python, info, base, workers_root, rrun, rout, spec)
             if not res.ok:
                 return res
