@@ -444,6 +444,13 @@ class JobStore:
         self.save()
 
 
+def hub_address_key(api_url: str) -> str:
+    """What an AI Hub address adds to the job file's key: nothing for Qualcomm's own (qai_hub's default)."""
+    from qai_hub.public_rest_api import DEFAULT_HUB_API_URL
+
+    return "" if api_url.rstrip("/") == DEFAULT_HUB_API_URL.rstrip("/") else f"\n{api_url}"
+
+
 def inputs_key(
     qdir: Path, q: dict[str, Any], device: str, qairt_version: str, model: str, extra_options: str = ""
 ) -> str:
@@ -1098,8 +1105,9 @@ def compile_bundle(spec: WorkerSpec, model_doc: dict[str, Any], qdir: Path, em: 
             )
         store = JobStore(
             spec.run_dir / JOBS_FILE,
-            # the AI Hub address too: another one (the emulator, then Qualcomm's) knows none of the recorded jobs
-            inputs_key(qdir, q, dev["name"], qairt, model, f"{extra_options}\n{ccfg.api_url}"),
+            # the AI Hub address too: another one (the emulator, then Qualcomm's) knows none of the recorded jobs.
+            # Qualcomm's own adds nothing, so the job files of runs compiled before keep their key
+            inputs_key(qdir, q, dev["name"], qairt, model, extra_options + hub_address_key(ccfg.api_url)),
         )
         # the upload's size and ETA first, before anything is sent (the CLI prints a stage's first progress line):
         # the graphs whose compile jobs are recorded are not sent again
