@@ -75,10 +75,11 @@ LOCK_NAME = ".lock"
 
 
 def load_run(run_dir: Path) -> RunManifest:
-    """run.json, its stages left "running" by a process that is gone marked interrupted (this process's own pid
-    counts as gone when the run's lock is free: no pipeline of ours runs it). Written only under the run's lock: a
-    runner that holds it saves its own newer run.json, which this copy must not overwrite (it is then marked in
-    memory only). On a file system without flock the lock says nothing, and our own pid stays an owner."""
+    """run.json, its stages left "running" by a process that is gone marked interrupted. When the run's lock is
+    free, no one runs it: every such stage is interrupted, saved under the lock. When another process holds it,
+    a stage whose owner is on another host or boot (a container, a shared workspace) is taken as running, and
+    one whose owner died on this machine is marked in memory only (the holder's newer run.json is never
+    overwritten). On a file system without flock the lock says nothing, and owners are judged by pid."""
     m = RunManifest.load(run_dir)
     if any(m.stage(s).state == "running" for s in m.data["stages"]):
         try:

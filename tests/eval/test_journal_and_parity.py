@@ -46,7 +46,7 @@ def test_a_continuation_cut_inside_a_character_is_not_a_parity_miss() -> None:
     from tokenizers import Tokenizer
 
     from hexstudio.core.eval.scoring import parity
-    from hexstudio.core.eval.stage import _host_ids
+    from hexstudio.core.eval.stage import _encoded
 
     tok = Tokenizer.from_file(str(BUILTIN_DIR / "tokenizer.json"))
 
@@ -57,10 +57,10 @@ def test_a_continuation_cut_inside_a_character_is_not_a_parity_miss() -> None:
     host = {"ids": ids, "text": tok.decode(ids)}
     assert host["text"].endswith("\ufffd")
     board_text = host["text"].rstrip("\ufffd")  # as the board prints it
-    assert parity(encode(board_text), _host_ids(host, encode))["exact"]
+    assert parity(encode(board_text), _encoded(host, encode))["exact"]
     whole = encode("Le café")
     assert (
-        _host_ids({"ids": whole, "text": tok.decode(whole)}, encode) == whole
+        _encoded({"ids": whole, "text": tok.decode(whole)}, encode) == whole
     )  # the usual case: the same ids
 
 
@@ -71,7 +71,7 @@ def test_a_split_the_tokenizer_never_makes_is_not_a_parity_miss() -> None:
     from tokenizers import Tokenizer
 
     from hexstudio.core.eval.scoring import parity
-    from hexstudio.core.eval.stage import _host_ids
+    from hexstudio.core.eval.stage import _encoded
 
     tok = Tokenizer.from_file(str(BUILTIN_DIR / "tokenizer.json"))
 
@@ -81,4 +81,4 @@ def test_a_split_the_tokenizer_never_makes_is_not_a_parity_miss() -> None:
     split = encode(" h") + encode("ello")
     assert split != encode(" hello") and tok.decode(split) == " hello"  # a split the tokenizer never makes
     host = {"ids": split, "text": tok.decode(split)}
-    assert parity(encode(" hello"), _host_ids(host, encode))["exact"]
+    assert parity(encode(" hello"), _encoded(host, encode))["exact"]

@@ -34,13 +34,14 @@ from hexstudio.shared.worker_spec import EvalCase, EvalWork
 EVAL_VERSION = 1
 
 
-def _host_ids(host: dict[str, Any], encode: Callable[[str], list[int]]) -> list[int]:
-    """The host continuation as the board's is compared: its text encoded again with the bundle's tokenizer. The
-    board returns text only, and a greedy continuation can hold a split the tokenizer never makes (" hel" + "lo"
-    where it encodes " hello" as one token): its raw ids set beside the board's text encoded again read as a miss
-    for an identical reply. A continuation the token limit cut inside a multi-byte character ends in a partial one:
-    the host's text shows it as U+FFFD and the board leaves it out, so both are compared without it."""
-    return encode(str(host.get("text") or "").rstrip("\ufffd"))
+def _encoded(rec: dict[str, Any], encode: Callable[[str], list[int]]) -> list[int]:
+    """A greedy continuation as parity compares it, board's and host's alike: its text encoded again with the
+    bundle's tokenizer. The board returns text only, and a greedy continuation can hold a split the tokenizer
+    never makes (" hel" + "lo" where it encodes " hello" as one token): the host's raw ids set beside the board's
+    text encoded again read as a miss for an identical reply. A continuation the token limit cut inside a
+    multi-byte character ends in a partial one: the host's text shows it as U+FFFD and the board leaves it out,
+    so both are compared without it."""
+    return encode(str(rec.get("text") or "").rstrip("\ufffd"))
 
 
 def _h(*parts: Any) -> str:
@@ -423,9 +424,7 @@ def score_all(
                     if leg == "board":
                         host = records.get(f"{ref}\0{j['key']}")
                         if host is not None and encode is not None:
-                            res["parity"] = parity(
-                                encode(str(rec.get("text") or "").rstrip("\ufffd")), _host_ids(host, encode)
-                            )
+                            res["parity"] = parity(_encoded(rec, encode), _encoded(host, encode))
                             res["reference"] = ref
                     elif leg == "htp":
                         sim = records.get(f"sim\0{j['key']}")
