@@ -224,6 +224,7 @@ class RunController(QObject):
         if self.manifest is None:
             return
         Pipeline(self.manifest).override_gate(stage, reason)
+        self.settingsChanged.emit()  # override_gates is a run setting: the stage list and gate bar follow it
 
     # -- pipeline callbacks (GUI thread: qasync runs the loop on it) ------------------------------
     def _on_stage(self, name: str, state: str) -> None:

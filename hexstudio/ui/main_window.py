@@ -395,6 +395,7 @@ class MainWindow(QMainWindow):
 
     # -- controller signals ---------------------------------------------------------------------
     def on_run_changed(self) -> None:
+        self._gate_stopped = None  # the stage another run's pipeline stopped before is not this run's
         self.dock.plot.clear_data()
         board = self.pages["board"]
         if isinstance(board, BoardPage):

@@ -146,6 +146,8 @@ class RunsDialog(QDialog):
         self.delete_button.clicked.connect(self.delete_selected)
         self.compare_button.clicked.connect(self.compare_selected)
         self.table.itemSelectionChanged.connect(self._selection_changed)
+        # a stage that ends (or starts) while the dialog is open: Open follows it, not the last selection's moment
+        controller.busyChanged.connect(self._busy_changed)
         lay.addWidget(bb)
         self.rows: list[dict[str, Any]] = []
         self.reload()
@@ -212,6 +214,9 @@ class RunsDialog(QDialog):
     def selected(self) -> str | None:
         runs = self.selected_runs()
         return runs[0] if runs else None
+
+    def _busy_changed(self, _busy: bool) -> None:
+        self._selection_changed()
 
     def _selection_changed(self) -> None:
         n = len(self.selected_runs())

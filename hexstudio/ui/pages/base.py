@@ -277,8 +277,12 @@ class StagePage(QWidget):
                 w.setChecked(bool(v))
             elif isinstance(w, QComboBox) and v is not None:
                 i = w.findText(str(v))
-                if i >= 0:
-                    w.setCurrentIndex(i)
+                if (
+                    i < 0
+                ):  # a value not offered (set from the command line, an AI Hub device): shown, not another run's
+                    w.addItem(str(v))
+                    i = w.count() - 1
+                w.setCurrentIndex(i)
             elif isinstance(w, QLineEdit):
                 w.setText("" if v is None else str(v))
             w.blockSignals(False)

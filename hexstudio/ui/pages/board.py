@@ -64,6 +64,10 @@ class BoardPage(StagePage):
         self.board_states: dict[str, tuple[str, str, str]] = {}  # name -> (state, detail, when)
         self._task: asyncio.Future[Any] | None = None  # the doctor or fix under way (one at a time)
         self.fix_buttons: dict[str, QPushButton] = {}  # the last doctor's fixes, by fix id
+        # whose checks the list shows, and when a doctor run from this page made them (0: the Board stage's, from
+        # board.json): a refresh keeps a newer live probe, and a fix acts on the board that was checked
+        self.doctor_of: str | None = None
+        self.live_doctor_at = 0.0
         left.addWidget(self.boards)
         self.probe_button = button(
             "Connect and run the doctor", "probe_button", on_click=lambda: self._start(self.probe())
@@ -600,6 +604,7 @@ class BoardPage(StagePage):
 
         self.probe_button.setEnabled(False)
         items: list[dict[str, Any]] = []
+        name = self.selected_board()
         try:
             board = await self.open_selected()
             try:
@@ -618,6 +623,7 @@ class BoardPage(StagePage):
         finally:
             self.probe_button.setEnabled(not self.c.busy)
         self.show_doctor(items)
+        self.doctor_of, self.live_doctor_at = name, time.time()
         return items
 
     async def _run_doctor(self, board: Any) -> list[dict[str, Any]]:
@@ -668,6 +674,13 @@ class BoardPage(StagePage):
 
         name = self.selected_board()
         fix_id = str(item.get("fix"))
+        if self.doctor_of is not None and name != self.doctor_of:
+            # the plan would mix the checked board's report (its user, Hexagon, QAIRT home) with another board
+            self.conn_label.setText(
+                f"These checks are {html.escape(self.doctor_of)}'s: select it to fix it, or run the doctor on "
+                f"{html.escape(name)} first."
+            )
+            return None
         try:
             board = await self.open_selected()
         except ActionableError as exc:
@@ -757,11 +770,21 @@ class BoardPage(StagePage):
         self._console_from_stage_log()
         self._manage_enabled()  # a stage started or ended: what may change a board now
         doc = self.artifact_json("board.json")  # a damaged one: no results, not a refresh stopped midway
+        path = self.artifact_path("board.json")
+        # a doctor run from this page stays until the Board stage writes a newer one (a setting changed elsewhere
+        # refreshes every page: it must not wipe the checks and their Fix buttons)
+        keep_live = self.live_doctor_at > (
+            path.stat().st_mtime if doc is not None and path is not None else 0.0
+        )
         if doc is None:
-            self.doctor.clear()
+            if not keep_live:
+                self.doctor.clear()
             self.push_label.setText("")
             return
-        self.show_doctor(list(doc.get("doctor") or []))
+        if not keep_live:
+            self.show_doctor(list(doc.get("doctor") or []))
+            m = self.c.manifest
+            self.doctor_of, self.live_doctor_at = (m.inputs.get("board") if m is not None else None), 0.0
         p = doc.get("push") or {}
         sim = " (simulator board: a local copy)" if doc.get("simulated") else ""
         self.push_label.setText(

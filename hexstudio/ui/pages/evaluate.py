@@ -132,6 +132,9 @@ class EvaluatePage(StagePage):
     def _load_suites(self) -> None:
         m = self.c.manifest
         chosen = list((m.settings.get("eval_suites") if m is not None else None) or DEFAULT_SUITES)
+        # rebuilt on every refresh (a tick saves the setting, which refreshes every page): the keyboard's place in
+        # the list and its scroll stay where they were
+        row, scroll = self.suite_list.currentRow(), self.suite_list.verticalScrollBar().value()
         self.suite_list.blockSignals(True)
         self.suite_list.clear()
         for name, path in available(self._workspace()).items():
@@ -147,6 +150,9 @@ class EvaluatePage(StagePage):
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
             item.setCheckState(Qt.CheckState.Checked if name in chosen else Qt.CheckState.Unchecked)
             self.suite_list.addItem(item)
+        if 0 <= row < self.suite_list.count():
+            self.suite_list.setCurrentRow(row)
+        self.suite_list.verticalScrollBar().setValue(scroll)
         self.suite_list.blockSignals(False)
         self.suite_list.setEnabled(m is not None and not self.c.busy)
         self.add_button.setEnabled(m is not None and not self.c.busy)
