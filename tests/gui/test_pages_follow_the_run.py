@@ -109,14 +109,18 @@ def test_the_runs_dialogs_open_follows_a_stage_that_ends(qtbot: Any, tmp_path: P
 
 def test_a_tick_from_the_keyboard_keeps_the_place_in_the_suite_list(qtbot: Any, tmp_path: Path) -> None:
     """Space on the third suite saved the choice, the refresh rebuilt the list, and the next arrow key started
-    from the top."""
+    from the top. Ticked back, the suite left Evaluate stale: the list was saved in the page's order."""
     from PySide6.QtCore import Qt
 
-    _m, _c, w = window_on_gate_failed_run(qtbot, tmp_path)
+    _m, c, w = window_on_gate_failed_run(qtbot, tmp_path)
     page = w.pages["evaluate"]
     assert page.suite_list.count() >= 3
+    before = c.status("evaluate").key
     page.suite_list.setCurrentRow(2)
-    item = page.suite_list.item(2)
-    ticked = item.checkState() == Qt.CheckState.Checked
-    item.setCheckState(Qt.CheckState.Unchecked if ticked else Qt.CheckState.Checked)
+    ticked = page.suite_list.item(2).checkState() == Qt.CheckState.Checked
+    page.suite_list.item(2).setCheckState(Qt.CheckState.Unchecked if ticked else Qt.CheckState.Checked)
     assert page.suite_list.currentRow() == 2
+    assert c.status("evaluate").key == "stale"
+    # ticked back: the run's choice is what it was (the shipped suites, unset), and Evaluate is not stale for it
+    page.suite_list.item(2).setCheckState(Qt.CheckState.Checked if ticked else Qt.CheckState.Unchecked)
+    assert c.status("evaluate").key == before != "stale", c.manifest.settings.get("eval_suites")

@@ -177,8 +177,13 @@ class EvaluatePage(StagePage):
         self._set_suites(names)
 
     def _set_suites(self, names: list[str]) -> bool:
+        """Record the run's suites in one order (the shipped suites' own, then the rest as listed), and the shipped
+        choice as unset: a suite unticked and ticked again leaves Evaluate as it was, not stale for nothing."""
+        rank = {n: i for i, n in enumerate(DEFAULT_SUITES)}
+        ordered = sorted(names, key=lambda n: (rank.get(n, len(rank)), names.index(n)))
+        value = None if sorted(ordered) == sorted(DEFAULT_SUITES) else ordered
         try:
-            self.c.set_setting("eval_suites", names)
+            self.c.set_setting("eval_suites", value)
         except RunBusy as exc:
             # the list shows the run's choice again
             self._load_suites()
