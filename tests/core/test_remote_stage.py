@@ -682,3 +682,37 @@ def test_a_note_for_other_inputs_goes_when_the_output_is_emptied(
         monkeypatch.setattr(remote_stage.RemoteStageJob, "_run_there", failing)
         assert not asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize")).ok
         assert not note.exists()
+
+
+def test_a_users_text_already_on_the_host_is_not_sent_again(tmp_path: Path) -> None:
+    """A user's calibration text was sent whole on every attempt (put_file continues only a .part), and its whole
+    size counted as sent: the resume hint's "files already on the host are not sent again" held for every file
+    but these."""
+    text = tmp_path / "cal.txt"
+    text.write_text("the text the model is calibrated on\n" * 2000)
+    root = tmp_path / "host-root"
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, root)
+        m = Workspace(tmp_path / "ws").create_run(
+            "builtin:tiny-llama", "sim", {"worker_host": "box", "calibration_text": str(text)}
+        )
+        assert asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize")).ok
+        st = RunManifest.load(m.run_dir).stage("quantize")
+        assert st.metric_value("worker_host_upload_bytes") >= text.stat().st_size
+        assert (
+            root / "runs" / m.run_id / "inputs" / "calibration_text" / "cal.txt"
+        ).read_bytes() == text.read_bytes()
+        res = asyncio.run(
+            Pipeline(RunManifest.load(m.run_dir), stages=_stages()).run(only="quantize", force=True)
+        )
+        assert res.ok
+        st = RunManifest.load(m.run_dir).stage("quantize")
+        assert st.metric_value("worker_host_upload_bytes") == 0, st.metric_value("worker_host_upload_bytes")
+        text.write_text("edited since\n" * 100)  # another text: sent again
+        res = asyncio.run(
+            Pipeline(RunManifest.load(m.run_dir), stages=_stages()).run(only="quantize", force=True)
+        )
+        assert (
+            res.ok
+            and RunManifest.load(m.run_dir).stage("quantize").metric_value("worker_host_upload_bytes") > 0
+        )

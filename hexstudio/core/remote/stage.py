@@ -385,9 +385,18 @@ class RemoteStageJob(Job):
             if not p.is_file():
                 continue  # the worker says clearly that the file is missing
             rfile = posixpath.join(rrun, "inputs", key, p.name)
-            await t.put_file(p, rfile)
-            stats.sent_files += 1
-            stats.sent_bytes += p.stat().st_size
+            try:  # the same file there from an earlier attempt is not sent again
+                there = await host_files(
+                    t, python, "hash", posixpath.dirname(rfile), data=[p.name], timeout=300
+                )
+            except WorkerHostError:  # not there yet
+                there = {}
+            if isinstance(there, dict) and there.get(p.name) == hashes.sha(p):
+                stats.skipped_files += 1
+            else:
+                sent = await t.put_file(p, rfile)
+                stats.sent_files += 1
+                stats.sent_bytes += p.stat().st_size if sent is None else sent  # a .part continued: the rest
             settings[key] = rfile
             back.append((rfile, str(p)))
         self._metric("worker_host_upload_bytes", stats.sent_bytes, "bytes")
