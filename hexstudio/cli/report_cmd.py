@@ -75,11 +75,10 @@ def _run_dir(args: argparse.Namespace, ref: str) -> Path:
     mid-stage is marked interrupted either way, so its report never says it is still running."""
     p = Path(ref).expanduser()
     if (p / "run.json").is_file():
-        from hexstudio.core.manifest import RunManifest
+        from hexstudio.core.runs import load_run
 
-        p = p.resolve()
-        RunManifest.load(p).detect_interrupted()
-        return p
+        # as the workspace opens a run: written only under the run's lock, never over a live runner's run.json
+        return load_run(p.resolve()).run_dir
     try:
         return workspace_from(args).open_run(ref).run_dir
     except RunNotFound as exc:

@@ -376,6 +376,32 @@ def test_host_names_are_left_out_when_asked(chatted_run: Path) -> None:
     assert rep["environment"]["host"] == "[host]"
 
 
+def test_a_worker_hosts_names_are_left_out_too(chatted_run: Path, tmp_path: Path) -> None:
+    """A stage that failed on a worker host names it ("Worker host 'gpu1' (alice@10.2.3.4:22) has not been
+    trusted"): --redact-hosts hid this machine and the board, and left the worker host's user and address."""
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.remote.hosts import worker_hosts
+    from hexstudio.core.reports.collect import build_report
+    from hexstudio.core.settings import Settings
+
+    run = tmp_path / "run"
+    shutil.copytree(chatted_run, run)
+    s = Settings.load()
+    worker_hosts(s)["gpu1"] = {"host": "10.2.3.4", "user": "alice", "port": 22}
+    s.save()
+    m = RunManifest.load(run)
+    m.settings["worker_host"] = "gpu1"
+    m.stage("quantize").data["outcome"] = {
+        "kind": "failed",
+        "message": "Worker host 'gpu1' (alice@10.2.3.4:22) has not been trusted yet.",
+        "hint": "Try ssh -p 22 alice@10.2.3.4",
+    }
+    m.save()
+    text = json.dumps(build_report(run, redact_hosts=True))
+    assert "10.2.3.4" not in text and "alice" not in text, text[text.find("Worker host") :][:200]
+    assert "10.2.3.4" in json.dumps(build_report(run))  # only when asked
+
+
 def test_compare_side_by_side_and_refusal(chatted_run: Path, tmp_path: Path, validated_run: Path) -> None:
     from hexstudio.core.manifest import RunManifest
     from hexstudio.core.reports.collect import build_report

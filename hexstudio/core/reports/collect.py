@@ -428,7 +428,8 @@ def build_report(
 def _names_to_hide(
     m: RunManifest, env: dict[str, Any], board_doc: dict[str, Any] | None
 ) -> tuple[list[str], list[str]]:
-    """Host and user names of this machine and of the run's board (settings and the board's ssh:// label)."""
+    """Host and user names of this machine, of the run's board (settings and the board's ssh:// label) and of its
+    worker host (a stage's failure names it: "Worker host 'gpu1' (alice@10.2.3.4:22) ...")."""
     hosts = [str(env.get("host") or ""), socket.gethostname()]
     users = [_local_user()]
     label = (board_doc or {}).get("label")
@@ -439,9 +440,17 @@ def _names_to_hide(
     try:
         from hexstudio.core.settings import Settings
 
-        cfg = Settings.load().boards.get(str(m.inputs.get("board") or ""), {})
+        settings = Settings.load()
+        cfg = settings.boards.get(str(m.inputs.get("board") or ""), {})
         hosts += [str(cfg.get("host") or ""), str(cfg.get("ssh_alias") or "")]
         users.append(str(cfg.get("user") or ""))
+        worker = str(m.settings.get("worker_host") or "")
+        if worker and worker != "local":
+            from hexstudio.core.remote.hosts import worker_hosts
+
+            wcfg = worker_hosts(settings).get(worker) or {}
+            hosts += [str(wcfg.get("host") or ""), str(wcfg.get("ssh_alias") or "")]
+            users.append(str(wcfg.get("user") or ""))
     except Exception:  # an unreadable settings file: hide what the run itself names
         pass
     placeholders = {"redacted", "[host]", "[user]", "localhost"}
