@@ -230,3 +230,37 @@ def test_the_rule_reader_reads_what_udev_reads(tmp_path: Path) -> None:
     hidden = f"{lib}/59-fastrpc-remoteproc.rules:#hidden"  # every hidden file is named, whatever the pattern
     assert read("fastrpc-cdsp") == [hidden, f"{lib}/60-fastrpc.rules:{RULE}"]
     assert read('SUBSYSTEM=="remoteproc"') == [hidden]  # no rule udev reads starts a DSP
+
+
+def genie_check(output: str) -> Check:
+    """The genie check on canned output of `genie-t2t-run -h`, QAIRT found."""
+
+    async def go() -> Check:
+        async def ran(c: Check) -> Check:
+            return c
+
+        async def home() -> str:
+            return "/home/evk"
+
+        p = CannedProbe({'[ -f "$1" ]': output})
+        p.facts["qairt_home"] = "/opt/qairt/2.45.0"
+        p.tasks["qairt"] = asyncio.ensure_future(ran(Check("qairt", "QAIRT", status="ok")))
+        p.home = home  # type: ignore[method-assign]
+        c = Check("genie", "genie-t2t-run")
+        await doctor._genie(p, c)
+        return c
+
+    return asyncio.run(go())
+
+
+def test_a_genie_that_cannot_start_fails_its_check() -> None:
+    """`command -v genie-t2t-run && genie-t2t-run -h | head` exits with head's status, and `command -v` prints
+    the path: a genie-t2t-run whose libraries cannot be loaded passed as "runs: /opt/qairt/.../genie-t2t-run"."""
+    broken = (
+        "genie-t2t-run: error while loading shared libraries: libatomic.so.1: cannot open shared object file: "
+        "No such file or directory"
+    )
+    c = genie_check(broken)
+    assert c.status == "fail" and c.fix == "qairt_env", (c.status, c.message)
+    ok = genie_check("Usage: genie-t2t-run [-c CONFIG] [-p PROMPT | --prompt_file FILE] [--profile FILE]")
+    assert ok.status == "ok" and "Usage: genie-t2t-run" in ok.message, ok.message

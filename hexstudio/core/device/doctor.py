@@ -632,15 +632,18 @@ async def _qairt_tool(p: _Probe, c: Check, command: str, shown: str, timeout: fl
 
 
 async def _genie(p: _Probe, c: Check) -> None:
+    # judged by what `-h` itself prints (its usage): the pipe's status is head's, and the path `command -v` prints
+    # named the program even when it cannot start (libGenie.so or libatomic.so.1 not found)
     e = await _qairt_tool(
         p,
         c,
-        "command -v genie-t2t-run && genie-t2t-run -h 2>&1 | head -n 5",
-        "command -v genie-t2t-run && genie-t2t-run -h",
+        'command -v genie-t2t-run >/dev/null || { echo "genie-t2t-run: not found"; exit 127; }; '
+        "genie-t2t-run -h 2>&1 | head -n 5",
+        "genie-t2t-run -h",
     )
     if e is None:
         return
-    if e.exit_status == 0 and "genie-t2t-run" in e.output:
+    if e.exit_status == 0 and "usage" in e.output.lower() and not _explained(e):
         c.status, c.message = OK, "genie-t2t-run runs: " + e.output.splitlines()[0]
     else:
         c.status, c.fix = FAIL, "qairt_env"
