@@ -825,6 +825,15 @@ async def apply_fix(
         )
     if rerun:
         await _rerun_checks(board, plan, res)
+        # a check that still fails and still asks for this very fix: the steps ran, the board is not fixed (a
+        # daemon restart systemd skipped, a group the login does not have yet); said, never "done"
+        still = [c for c in res.checks if c.get("status") == "fail" and c.get("fix") == plan.fix_id]
+        if still and res.status in ("applied", "already"):
+            res.status = "failed"
+            res.message = (
+                f"{plan.title}: its steps ran, but {still[0].get('title') or still[0].get('id')} still fails: "
+                f"{still[0].get('message') or ''}".rstrip()
+            )
     return res
 
 
