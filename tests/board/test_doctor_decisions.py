@@ -264,3 +264,29 @@ def test_a_genie_that_cannot_start_fails_its_check() -> None:
     assert c.status == "fail" and c.fix == "qairt_env", (c.status, c.message)
     ok = genie_check("Usage: genie-t2t-run [-c CONFIG] [-p PROMPT | --prompt_file FILE] [--profile FILE]")
     assert ok.status == "ok" and "Usage: genie-t2t-run" in ok.message, ok.message
+
+
+def test_with_a_dsp_offline_its_node_and_daemon_ask_for_it_to_be_started() -> None:
+    """With cdsp1 left offline at boot (kernel#923), the daemons check asked for a restart, which systemd skips
+    while the DSP's node is missing (ConditionPathExists), and a missing node asked for a reboot, which leaves the
+    DSP offline again: both ask for dsp_start now, as the DSP check does."""
+    rp = "/sys/class/remoteproc/remoteproc"
+    offline = {"for r in /sys/class/remoteproc": f"cdsp offline {rp}1\ncdsp1 offline {rp}2"}
+    p = CannedProbe(
+        {**offline, "for s in cdsprpcd cdsp1rpcd": "cdsprpcd loaded inactive\ncdsp1rpcd loaded inactive"}
+    )
+    c = Check("fastrpc_daemons", "FastRPC daemons")
+    asyncio.run(doctor._fastrpc_daemons(p, c))
+    assert c.status == "fail" and c.fix == "dsp_start" and "DSP is offline" in c.message, (c.fix, c.message)
+    p = CannedProbe(
+        {**offline, "for f in /dev/fastrpc-cdsp": "", "id -un": "evk", "getent group fastrpc": ""}
+    )
+    c = Check("fastrpc_device", "FastRPC device")
+    asyncio.run(doctor._fastrpc_device(p, c))
+    assert c.status == "fail" and c.fix == "dsp_start", (c.fix, c.message)
+    # the DSPs running: a daemon that is down is restarted, as before
+    up = {"for r in /sys/class/remoteproc": f"cdsp running {rp}1\ncdsp1 running {rp}2"}
+    p = CannedProbe({**up, "for s in cdsprpcd cdsp1rpcd": "cdsprpcd loaded failed\ncdsp1rpcd loaded active"})
+    c = Check("fastrpc_daemons", "FastRPC daemons")
+    asyncio.run(doctor._fastrpc_daemons(p, c))
+    assert c.fix == "daemon_restart", c.message

@@ -74,6 +74,7 @@ def udev_rule_lines(pattern: str, dirs: tuple[str, ...] = UDEV_DIRS) -> str:
 
 
 DAEMONS = ("cdsprpcd", "cdsp1rpcd")
+DAEMON_DSP = {"cdsprpcd": "cdsp", "cdsp1rpcd": "cdsp1"}  # the remote processor each daemon serves
 MIN_FREE_RAM = 4 << 30
 MIN_FREE_DISK = 8 << 30
 SBIN_PATH = 'PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"; '
@@ -285,6 +286,13 @@ async def _memory(p: _Probe, c: Check) -> None:
         c.status, c.message = OK, msg
 
 
+async def _offline_dsps(p: _Probe) -> set[str]:
+    """The cdsp remote processors the DSP check found offline (none when it could not tell)."""
+    await _need(p, "remoteproc")
+    states = p.facts.get("remoteproc") or {}
+    return {n for n, st in states.items() if n.startswith("cdsp") and st == "offline"}
+
+
 async def _remoteproc(p: _Probe, c: Check) -> None:
     e = await p.sh(
         'for r in /sys/class/remoteproc/remoteproc*; do [ -e "$r/name" ] || continue; '
@@ -419,6 +427,9 @@ async def _fastrpc_device(p: _Probe, c: Check) -> None:
     if "/dev/fastrpc-cdsp" not in nodes:
         c.status, c.fix = FAIL, "reboot"
         c.message = "/dev/fastrpc-cdsp does not exist: the cdsp remote processor or its driver is not up."
+        if "cdsp" in await _offline_dsps(p):  # left offline at boot: a reboot leaves it so (kernel#923)
+            c.fix = "dsp_start"
+            c.message = "/dev/fastrpc-cdsp does not exist: the cdsp remote processor is offline. Start it."
         return
     # the -secure nodes are for signed protection domains; Genie (unsigned PD) needs the plain ones
     denied = [n for n, v in nodes.items() if not v["open"] and not n.endswith("-secure")]
@@ -504,6 +515,11 @@ async def _fastrpc_daemons(p: _Probe, c: Check) -> None:
     if down:
         c.status, c.fix = FAIL, "daemon_restart"
         c.message = ", ".join(f"{s} is {states.get(s, 'unknown')}" for s in down) + "."
+        offline = await _offline_dsps(p)
+        if all(DAEMON_DSP.get(s) in offline for s in down):
+            # their units start only with the DSP's node (ConditionPathExists): a restart does nothing meanwhile
+            c.fix = "dsp_start"
+            c.message += " Their DSP is offline: start it, and the daemons follow."
     else:
         c.status, c.message = OK, "cdsprpcd and cdsp1rpcd are active."
 
