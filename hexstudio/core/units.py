@@ -15,6 +15,18 @@ def _number(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+def finite(v: Any) -> Any:
+    """`v` with every NaN or infinity (a metric of a broken quantization) as None, in its lists and dicts too:
+    what JSON can carry (json.dumps writes a bare NaN, which jq and browsers refuse)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite(x) for x in v]
+    return v
+
+
 def fmt_rate(v: Any, unit: str = "") -> str:
     """A rate (tok/s): 2 decimals below 10, 1 below 1,000, whole with thousands separators above; "—" when
     there is none. `unit` is appended after a space when given (fmt_rate(16.43, "tok/s") == "16.4 tok/s")."""

@@ -402,6 +402,26 @@ def test_a_worker_hosts_names_are_left_out_too(chatted_run: Path, tmp_path: Path
     assert "10.2.3.4" in json.dumps(build_report(run))  # only when asked
 
 
+def test_a_nan_metric_leaves_the_report_valid_json(chatted_run: Path, tmp_path: Path) -> None:
+    """A broken quantization gives NaN logits, so a KL divergence of NaN: json.dumps wrote a bare NaN, and
+    `hexstudio report RUN | jq .` (and the report.json a browser reads) refused the document."""
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.reports.collect import build_report
+
+    run = tmp_path / "run"
+    shutil.copytree(chatted_run, run)
+    v = json.loads((run / "artifacts" / "validate" / "validation.json").read_text())
+    v["checks"] = {**(v.get("checks") or {}), "kl_divergence": {"value": float("nan"), "ok": False}}
+    _rewrite_artifact(run, "validate", "validation.json", v)
+    m = RunManifest.load(run)
+    m.stage("validate").data["metrics"]["kl_divergence"] = {"value": float("nan"), "unit": ""}
+    m.save()
+    rep = build_report(run)
+    assert "kl_divergence" in json.dumps(rep["validation"]["checks"])
+    text = json.dumps(rep, allow_nan=False)  # raises on a NaN or an infinity
+    assert "NaN" not in text and "Infinity" not in text
+
+
 def test_compare_side_by_side_and_refusal(chatted_run: Path, tmp_path: Path, validated_run: Path) -> None:
     from hexstudio.core.manifest import RunManifest
     from hexstudio.core.reports.collect import build_report

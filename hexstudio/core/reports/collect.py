@@ -26,6 +26,7 @@ from hexstudio.core.reports.predicted import (
 from hexstudio.core.reports.redact import scrub, secret_values_in
 from hexstudio.core.stages import STAGES
 from hexstudio.core.status import KINDS, RunStatus, run_status, stage_statuses
+from hexstudio.core.units import finite
 
 REPORT_VERSION = 1
 
@@ -421,7 +422,7 @@ def build_report(
     if redact_hosts:
         hosts, users = _names_to_hide(m, env, bd)
         rep["environment"]["host"] = "[host]" if env.get("host") else None
-    out: dict[str, Any] = scrub(rep, secrets, hosts, users)
+    out: dict[str, Any] = finite(scrub(rep, secrets, hosts, users))  # valid JSON, whatever a metric holds
     return out
 
 
