@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
+from typing import Any
 
 from hexstudio.core.device.board import open_board
 from hexstudio.core.device.doctor import ENV_SCRIPT, probe
@@ -15,6 +16,13 @@ from tests.board.conftest import settings_with
 from tests.support.evk_board import EvkBoard, build_qairt_zip
 
 VERSION = "2.45.0.260326"
+
+
+async def probed_with_env(board: Any, text: bytes) -> Any:
+    """The board's QAIRT checks once its environment script holds `text`."""
+    home = str(await board.transport.home())
+    await board.transport.write_bytes(f"{home}/{ENV_SCRIPT}", text)
+    return await probe(board, only=("soc", "qairt", "qairt_env"))
 
 
 def unpack(home: Path) -> None:
@@ -41,12 +49,8 @@ def test_the_environment_points_at_a_qairt_that_is_there(evk: EvkBoard) -> None:
     async def flow() -> None:
         board = await open_board("evk", settings, trust=lambda *a: True)
         try:
-            home = str(await board.transport.home())
             # the script an earlier fix wrote for the link
-            await board.transport.write_bytes(
-                f"{home}/{ENV_SCRIPT}", env_script_text("/opt/qairt/current").encode()
-            )
-            r = await probe(board, only=("soc", "qairt", "qairt_env"))
+            r = await probed_with_env(board, env_script_text("/opt/qairt/current").encode())
             assert r.by_id("qairt").status == "ok" and r.facts["qairt_home"] == f"/opt/qairt/{VERSION}"
             env = r.by_id("qairt_env")
             assert env.status == "fail" and env.fix == "qairt_env", env.message
@@ -76,9 +80,7 @@ def test_a_current_link_under_the_aistack_root_is_the_one_written(evk: EvkBoard)
     async def flow() -> None:
         board = await open_board("evk", settings, trust=lambda *a: True)
         try:
-            home = str(await board.transport.home())
-            await board.transport.write_bytes(f"{home}/{ENV_SCRIPT}", b"# nothing yet\n")
-            r = await probe(board, only=("soc", "qairt", "qairt_env"))
+            r = await probed_with_env(board, b"# nothing yet\n")
             assert r.facts["qairt_current"] == "/opt/qcom/aistack/qairt/current"
             res = await apply_fix(board, await plan_fix(board, "qairt_env", r))
             assert res.status == "applied", res.message
@@ -106,9 +108,7 @@ def test_a_fix_whose_check_still_fails_is_not_done(evk: EvkBoard) -> None:
     async def flow() -> None:
         board = await open_board("evk", settings, trust=lambda *a: True)
         try:
-            home = str(await board.transport.home())
-            await board.transport.write_bytes(f"{home}/{ENV_SCRIPT}", b"# nothing yet\n")
-            r = await probe(board, only=("soc", "qairt", "qairt_env"))
+            r = await probed_with_env(board, b"# nothing yet\n")
             res = await apply_fix(board, await plan_fix(board, "qairt_env", r))
             assert res.status == "failed", res.message
             assert "its steps ran, but" in res.message and "still fails" in res.message, res.message
