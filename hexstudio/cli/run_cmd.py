@@ -75,7 +75,7 @@ def _check_worker_host(name: str) -> None:
 def _check_board(name: str, boards: dict[str, Any], args: argparse.Namespace) -> None:
     """Refuse a board name no board has before a run is made: otherwise the typo is found at the Board stage,
     after the hours of Quantize and Compile (a run that stops before the Board stage may name any board)."""
-    last = args.only or args.until
+    last = args.only or args.until or "report"
     if name == "sim" or name in boards or STAGE_NAMES.index(last) < STAGE_NAMES.index("board"):
         return
     known = ", ".join(["sim", *sorted(boards)])
@@ -124,10 +124,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--board", default=None, help="board: sim (default, the simulator) or a configured board name"
     )
-    p.add_argument(
-        "--until", default="report", choices=STAGE_NAMES, help="last stage to run (default: report)"
+    # one or the other: --only with --until ran the one stage and said nothing of the other
+    last = p.add_mutually_exclusive_group()
+    last.add_argument(
+        "--until", default=None, choices=STAGE_NAMES, help="last stage to run (default: report)"
     )
-    p.add_argument("--only", default=None, choices=STAGE_NAMES, help="run just this stage")
+    last.add_argument("--only", default=None, choices=STAGE_NAMES, help="run just this stage")
     p.add_argument(
         "--resume", metavar="RUN_ID", default=None, help="resume this run instead of making a new one"
     )
@@ -258,7 +260,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(pipe.cancel()))
-        return await pipe.run(until=args.until, only=args.only, force=args.force)
+        return await pipe.run(until=args.until or "report", only=args.only, force=args.force)
 
     res = asyncio.run(go())
     states = {n: display_state(m, n) for n in STAGE_NAMES}
@@ -282,7 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             }
         )
     else:
-        for name in res.ran:
+        for name in [] if args.quiet else res.ran:  # --quiet: only the outcome
             st = m.stage(name).data
             peak = st.get("peak_rss_bytes")
             print(

@@ -46,6 +46,17 @@ def test_run_until_preflight_makes_a_valid_run(tmp_path: Path) -> None:
     assert json.loads(again.stdout)["skipped"] == ["model", "preflight"]
 
 
+def test_only_and_until_together_are_refused_and_quiet_says_only_the_outcome(tmp_path: Path) -> None:
+    """`--until compile --only validate` ran validate alone and said nothing of --until; --quiet ("print only the
+    outcome") still printed the table of stages."""
+    both = _hexstudio(*RUN_BUILTIN, "--until", "compile", "--only", "model", "--workspace", str(tmp_path))
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr, both.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # no run made
+    quiet = _hexstudio(*RUN_BUILTIN, "--only", "model", "--workspace", str(tmp_path), "--quiet")
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.startswith("ok: ") and "peak RSS" not in quiet.stderr, (quiet.stdout, quiet.stderr)
+
+
 def test_preflight_measures_again_after_a_failed_gate_for_the_settings_and_machine_of_now(
     tmp_path: Path,
 ) -> None:
