@@ -113,6 +113,14 @@ def _report_format(args: argparse.Namespace) -> str:
         return str(args.format)
     if suffix in FORMATS:
         return suffix
+    if suffix == "htm":
+        return "html"
+    if suffix:  # report.md, report.txt: HTML under that name would surprise whoever opens it
+        raise CliError(
+            f"--out {args.out.name}: HexStudio writes reports as {', '.join(FORMATS)}, not .{suffix}.",
+            f"Name the file with one of those suffixes, or give --format ({'|'.join(FORMATS)}).",
+            exit_code=EXIT_USAGE,
+        )
     return "html" if args.out is not None or args.runs[0] == "compare" else "json"
 
 

@@ -376,6 +376,20 @@ def test_host_names_are_left_out_when_asked(chatted_run: Path) -> None:
     assert rep["environment"]["host"] == "[host]"
 
 
+def test_an_out_suffix_no_format_has_is_refused(chatted_run: Path, tmp_path: Path) -> None:
+    """`--out report.md` wrote HTML into report.md with exit status 0 (there is no Markdown export); .htm is
+    HTML, and --format decides whatever the name."""
+    res = _cli("report", str(chatted_run), "--out", str(tmp_path / "report.md"))
+    assert res.returncode == 2 and "not .md" in res.stderr and not (tmp_path / "report.md").exists(), (
+        res.stderr
+    )
+    assert _cli("report", str(chatted_run), "--out", str(tmp_path / "r.htm")).returncode == 0
+    assert (tmp_path / "r.htm").read_text().lstrip().lower().startswith("<!doctype html")
+    assert (
+        _cli("report", str(chatted_run), "--format", "json", "--out", str(tmp_path / "r.txt")).returncode == 0
+    )
+
+
 def test_a_worker_hosts_names_are_left_out_too(chatted_run: Path, tmp_path: Path) -> None:
     """A stage that failed on a worker host names it ("Worker host 'gpu1' (alice@10.2.3.4:22) has not been
     trusted"): --redact-hosts hid this machine and the board, and left the worker host's user and address."""
