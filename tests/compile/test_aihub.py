@@ -715,3 +715,16 @@ def test_a_lost_submit_is_never_matched_to_a_job_that_failed(tmp_path: Path) -> 
     made = SimpleNamespace(job_id="jnew", name="g1", date=datetime.now(timezone.utc))
     client.get_job_summaries = lambda **kw: [made, failed] if kw["offset"] == 0 else []
     assert hc._unanswered("compile:g1", "compile", ["m1"]).job_id == "jnew"
+
+
+def test_only_another_ai_hub_address_changes_the_job_files_key() -> None:
+    """Qualcomm's own AI Hub adds nothing to the job file's key (the jobs of runs compiled before the address was
+    part of it keep being reused); another address (the emulator) keeps its jobs apart."""
+    from qai_hub.public_rest_api import DEFAULT_HUB_API_URL
+
+    from hexstudio.workers.aihub import hub_address_key
+
+    assert (
+        hub_address_key(DEFAULT_HUB_API_URL) == "" == hub_address_key(DEFAULT_HUB_API_URL.rstrip("/") + "/")
+    )
+    assert hub_address_key("http://127.0.0.1:8123/api/") == "\nhttp://127.0.0.1:8123/api/"
