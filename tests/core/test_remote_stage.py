@@ -62,6 +62,14 @@ def _run(m: RunManifest, until: str = "quantize", **kw: Any) -> Any:
     return asyncio.run(Pipeline(m, stages=_stages(), **kw).run(until=until, force=True))
 
 
+def _quantize_on_box(tmp_path: Path) -> tuple[RunManifest, Any]:
+    """A new run on worker host "box" (an sshd on loopback, its root tmp_path/host-root) run up to quantize."""
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, tmp_path / "host-root")
+        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
+        return m, asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize"))
+
+
 def _events(m: RunManifest, stage: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (m.run_dir / "logs" / f"{stage}.jsonl").read_text().splitlines()]
 
@@ -526,11 +534,7 @@ def test_a_host_that_refuses_a_file_is_not_a_dropped_connection(
         raise error
 
     monkeypatch.setattr(SshTransport, "put_file", failing)
-    root = tmp_path / "host-root"
-    with SshServer(tmp_path / "sshd") as srv:
-        _add_host(srv, root)
-        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
-        res = asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize"))
+    m, res = _quantize_on_box(tmp_path)
     st = RunManifest.load(m.run_dir).stage("quantize")
     assert not res.ok and st.state == "failed"
     out = st.data["outcome"]
@@ -641,11 +645,7 @@ def test_a_link_that_drops_after_the_download_leaves_the_stage_done(
         return await real_files(t, python, mode, *a, **kw)
 
     monkeypatch.setattr(remote_stage, "host_files", dropping)
-    root = tmp_path / "host-root"
-    with SshServer(tmp_path / "sshd") as srv:
-        _add_host(srv, root)
-        m = Workspace(tmp_path / "ws").create_run("builtin:tiny-llama", "sim", {"worker_host": "box"})
-        res = asyncio.run(Pipeline(m, stages=_stages()).run(until="quantize"))
+    m, res = _quantize_on_box(tmp_path)
     assert res.ok, (res.message, res.hint)
     assert RunManifest.load(m.run_dir).stage("quantize").state == "done"
 

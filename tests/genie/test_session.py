@@ -30,6 +30,19 @@ def fake_board(root: Path, fake: FakeGenie, **cfg: object) -> Board:
     )
 
 
+def one_turn(tmp_path: Path, fake_genie: FakeGenie, message: str, **bundle: Any) -> TurnResult:
+    """One message to a persistent session on the fake board, over a fake bundle with `bundle`'s knobs."""
+    path = fake_genie.bundle(tmp_path / "bundle", **bundle)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def go() -> TurnResult:
+        async with ChatSession(board, str(path), Conversation(template="qa"), max_tokens=8) as s:
+            assert s.mode == "persistent", s.fallback_reason
+            return await s.send(message)
+
+    return asyncio.run(go())
+
+
 def queries(echo: Path) -> list[str]:
     return [q for q in echo.read_bytes().decode("utf-8").split("\x1e") if q]
 
@@ -325,15 +338,7 @@ def test_a_failed_turn_carries_no_figures_of_the_turn_before(
     sends the whole profile with every end): the failed turn must not show that turn's TTFT and tokens/s as its
     own. The dialog here is the scripted helper (tests/eval/scripted_helper.py) refusing the query."""
     use_scripted_helper(monkeypatch, {"refuse": "<refuse>"})
-    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50)
-    board = fake_board(tmp_path, fake_genie)
-
-    async def go() -> TurnResult:
-        async with ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=8) as s:
-            assert s.mode == "persistent", s.fallback_reason
-            return await s.send("please refuse this")
-
-    r = asyncio.run(go())
+    r = one_turn(tmp_path, fake_genie, "please refuse this", init_ms=50)
     assert r.state == "failed" and r.kpis is None, (r.state, r.kpis)
     assert "status -8" in (r.error or ""), r.error
 
@@ -344,14 +349,7 @@ def test_a_failed_query_says_the_runtimes_own_reason(
     """GenieX's generate() raised (a sampler value its plugin refuses): the helper's end carries the reason, and
     the turn's error shows it, not only "geniex generate failed (status 1)"."""
     use_scripted_helper(monkeypatch, {"refuse": "<refuse:ValueError: top_p must be in (0, 1]>"})
-    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50)
-    board = fake_board(tmp_path, fake_genie)
-
-    async def go() -> TurnResult:
-        async with ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=8) as s:
-            return await s.send("please refuse this")
-
-    r = asyncio.run(go())
+    r = one_turn(tmp_path, fake_genie, "please refuse this", init_ms=50)
     assert r.state == "failed" and "status 1" in (r.error or ""), r.error
     assert "top_p must be in (0, 1]" in (r.error or ""), r.error
 
@@ -363,15 +361,7 @@ def test_without_a_profile_the_rate_counts_tokens_over_their_intervals(
     7 intervals: 8 tokens over those 140 ms read 57 tok/s for a 50 tok/s runtime. The count is Genie's token
     callbacks, not the text pieces (a character in pieces is one piece of several tokens)."""
     monkeypatch.setenv("FAKE_GENIE_NO_PROFILE", "1")
-    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=10, token_ms=20, tokens=8)
-    board = fake_board(tmp_path, fake_genie)
-
-    async def go() -> TurnResult:
-        async with ChatSession(board, str(bundle), Conversation(template="qa"), max_tokens=8) as s:
-            assert s.mode == "persistent", s.fallback_reason
-            return await s.send("Hi")
-
-    r = asyncio.run(go())
+    r = one_turn(tmp_path, fake_genie, "Hi", init_ms=10, token_ms=20, tokens=8)
     assert r.state == "complete" and r.kpis is not None, (r.state, r.error)
     k = r.kpis
     assert k.origin == "helper_timing" and k.generated_tokens == 8 and k.gen_time_ms and k.gen_tok_s, k

@@ -145,6 +145,24 @@ def window_on_gate_failed_run(qtbot: Any, tmp_path: Path, failing: str = "evalua
     return m, c, w
 
 
+def board_page_with_evk(qtbot: Any, tmp_path: Path) -> tuple[Any, Any, Any]:
+    """(controller, window, Board page) on a gate-failed run (window_on_gate_failed_run), with a board "evk"
+    configured besides the simulator and the page's list read again."""
+    from hexstudio.core.settings import Settings
+
+    s = Settings.load()
+    s.boards["evk"] = {"host": "192.0.2.1", "user": "evk", "auth": "key"}
+    s.save()
+    _m, c, w = window_on_gate_failed_run(qtbot, tmp_path)
+    page = w.pages["board"]
+    page.reload_boards()
+    return c, w, page
+
+
+def select_board(page: Any, name: str) -> None:
+    page.boards.setCurrentRow([page.boards.item(i).data(256) for i in range(page.boards.count())].index(name))
+
+
 async def push_to_board(c: Any, w: Any) -> None:
     """Run the Board stage from its page, as a click does, and wait for it to pass."""
     w.show_stage("board")

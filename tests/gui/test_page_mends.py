@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import studio_window, wait_until, window_on_gate_failed_run
+from tests.gui.conftest import (
+    board_page_with_evk,
+    select_board,
+    studio_window,
+    wait_until,
+    window_on_gate_failed_run,
+)
 
 
 def _busy(c: Any, busy: bool) -> None:
@@ -47,17 +53,8 @@ def test_a_doctor_whose_link_or_keyring_fails_says_so(
 def test_board_buttons_follow_a_running_stage(qtbot: Any, tmp_path: Path) -> None:
     """Edit and Remove stayed greyed after a run ended (and enabled when it started with the board selected);
     Connect and Fix stayed enabled while the Board stage could be pushing to the board."""
-    from hexstudio.core.settings import Settings
-
-    s = Settings.load()
-    s.boards["evk"] = {"host": "192.0.2.1", "user": "evk", "auth": "key"}
-    s.save()
-    _m, c, w = window_on_gate_failed_run(qtbot, tmp_path)
-    page = w.pages["board"]
-    page.reload_boards()
-    page.boards.setCurrentRow(
-        [page.boards.item(i).data(256) for i in range(page.boards.count())].index("evk")
-    )
+    c, _w, page = board_page_with_evk(qtbot, tmp_path)
+    select_board(page, "evk")
     page.show_doctor([{"id": "fastrpc_group", "title": "group", "status": "fail", "fix": "group_add"}])
     buttons = [page.edit_button, page.remove_button, page.probe_button, page.fix_buttons["group_add"]]
     assert all(b.isEnabled() for b in buttons)

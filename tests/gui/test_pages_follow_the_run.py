@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.gui.conftest import window_on_gate_failed_run
+from tests.gui.conftest import board_page_with_evk, select_board, window_on_gate_failed_run
 
 
 def test_an_override_from_the_page_is_followed_by_the_gate_bar(
@@ -64,22 +64,14 @@ def test_a_live_doctor_stays_through_a_refresh_and_fixes_only_its_board(
 ) -> None:
     """The doctor run from the page was wiped by any refresh (a setting changed on another page); and with
     another board selected, its Fix… connected to that board with the first board's report."""
-    from hexstudio.core.settings import Settings
-
-    s = Settings.load()
-    s.boards["evk"] = {"host": "192.0.2.1", "user": "evk", "auth": "key"}
-    s.save()
-    _m, _c, w = window_on_gate_failed_run(qtbot, tmp_path)
-    page = w.pages["board"]
-    page.reload_boards()
-    names = [page.boards.item(i).data(256) for i in range(page.boards.count())]
-    page.boards.setCurrentRow(names.index("sim"))
+    _c, _w, page = board_page_with_evk(qtbot, tmp_path)
+    select_board(page, "sim")
     gui_loop.run_until_complete(page.probe())
     shown = page.doctor.topLevelItemCount()
     assert shown > 0 and page.doctor_of == "sim"
     page.refresh_results()  # what a setting changed on another page does
     assert page.doctor.topLevelItemCount() == shown
-    page.boards.setCurrentRow(names.index("evk"))
+    select_board(page, "evk")
     opened: list[str] = []
 
     async def never(*a: Any, **kw: Any) -> Any:
