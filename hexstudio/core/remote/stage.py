@@ -83,6 +83,11 @@ def remote_host_for(manifest: RunManifest, stage: Stage) -> str | None:
     return name if stage.heavy or stage.name in HOST_CHECK_STAGES else None
 
 
+async def _drop_note(t: SshTransport, python: str, note: str) -> None:
+    """Remove the host's note of a finished stage (missing is fine)."""
+    await host_files(t, python, "prune", posixpath.dirname(note), data=[posixpath.basename(note)])
+
+
 class RemoteStageJob(Job):
     """A pipeline stage on a worker host: connect, check, upload, run (RemoteJob), download.
     Same shape as LocalJob for the pipeline: start(), wait() -> JobResult, cancel()."""
@@ -254,7 +259,7 @@ class RemoteStageJob(Job):
         else:
             # the output is about to be emptied: a note kept for other inputs no longer describes it (set back to
             # those inputs later, it would replay their events over this attempt's output, or an empty folder)
-            await host_files(t, python, "prune", posixpath.dirname(note), data=[posixpath.basename(note)])
+            await _drop_note(t, python, note)
             res, back = await self._run_there(t, python, info, base, workers_root, rrun, rout, spec)
             if not res.ok:
                 return res
@@ -287,7 +292,7 @@ class RemoteStageJob(Job):
         # next stage's upload finds it and sends nothing. Only a saving: a link that drops now leaves a stage
         # that is done here.
         with contextlib.suppress(Exception):
-            await host_files(t, python, "prune", posixpath.dirname(note), data=[posixpath.basename(note)])
+            await _drop_note(t, python, note)
             await host_files(
                 t, python, "promote", rout, posixpath.join(rrun, "artifacts", self.stage.name), timeout=300
             )
