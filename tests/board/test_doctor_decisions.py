@@ -179,14 +179,63 @@ def test_an_offline_dsp_is_started_not_rebooted() -> None:
     assert c.status == "ok" and c.fix is None
 
 
-def udev_check(answer: str) -> Check:
-    p = CannedProbe({'seen=" "; for d in': answer})
+def udev_check(answer: str, **login: str) -> Check:
+    p = CannedProbe({'seen=" "; for d in': answer, **(login_answers(**login) if login else DENIED)})
     c = Check("udev_rule", "FastRPC udev rule")
     asyncio.run(doctor._udev_rule(p, c))
     return c
 
 
 RULE = 'KERNEL=="fastrpc-cdsp", GROUP="fastrpc", MODE="0660"'
+DENIED = {
+    "for f in /dev/fastrpc-cdsp": "/dev/fastrpc-cdsp crw------- root root denied",
+    "f=/dev/dma_heap/system": "",
+}
+
+
+def login_answers(user: str, uid: int, nodes: str = "open", members: str = "") -> dict[str, str]:
+    """What a board answers the FastRPC checks for `user`, who can (or cannot) open the nodes."""
+    mode = "crw-------" if user == "root" else "crw-rw-rw-"
+    return {
+        "for f in /dev/fastrpc-cdsp": f"/dev/fastrpc-cdsp {mode} root root {nodes}",
+        "f=/dev/dma_heap/system": f"/dev/dma_heap/system {mode} root root {nodes}",
+        "id -un": user,
+        "id": f"uid={uid}({user}) gid={uid}({user}) groups={uid}({user})",
+        "getent group fastrpc": f"fastrpc:x:990:{members}",
+    }
+
+
+@pytest.mark.parametrize("check", ["fastrpc_group", "fastrpc_member", "fastrpc_login", "udev_rule"])
+@pytest.mark.parametrize(("user", "uid"), [("root", 0), ("evk", 1000)])
+def test_a_login_that_opens_the_nodes_already_is_not_held_by_the_group_checks(
+    check: str, user: str, uid: int
+) -> None:
+    """Root, or a user whom the nodes' mode lets in, opens /dev/fastrpc-cdsp without the fastrpc group: the group
+    checks failed all the same, and the Board stage stopped at a doctor that asked for fixes Genie does not need."""
+    answers = login_answers(user, uid)
+    if check == "fastrpc_group":
+        answers["getent group fastrpc"] = ""
+    p = CannedProbe({'seen=" "; for d in': "", **answers})
+    c = Check(check, check)
+    asyncio.run(doctor._FUNCS[check](p, c))
+    if check == "udev_rule" and user != "root":  # open now, but a reboot may make the nodes root-only again
+        assert (c.status, c.fix) == ("warn", "udev_rule"), c.message
+        assert "after a reboot" in c.message
+        return
+    assert (c.status, c.fix) == ("ok", None), c.message
+    assert c.message.startswith("Not needed: ")
+    assert ("root opens" if user == "root" else "this user opens") in c.message
+    # the same login, denied: the checks fail and name their fix as before
+    denied = CannedProbe({'seen=" "; for d in': "", **login_answers(user, uid, nodes="denied")})
+    if check == "fastrpc_group":
+        denied.answers["getent group fastrpc"] = ""
+    c = Check(check, check)
+    asyncio.run(doctor._FUNCS[check](denied, c))
+    assert c.status == "fail" and c.fix in ("group_add", "relogin", "udev_rule"), c.message
+
+
+def test_a_rule_that_opens_the_node_to_all_passes() -> None:
+    assert udev_check('/usr/lib/udev/rules.d/60-x.rules:KERNEL=="fastrpc-cdsp", MODE="0666"').status == "ok"
 
 
 def test_an_earlier_rule_that_hides_the_packages_rule_is_moved() -> None:

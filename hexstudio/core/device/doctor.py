@@ -348,6 +348,7 @@ async def _fastrpc_group(p: _Probe, c: Check) -> None:
     c.evidence.append(e)
     if members is None:
         c.status, c.fix, c.message = FAIL, "group_add", "There is no fastrpc group."
+        await _not_needed(p, c)
     else:
         c.status, c.message = OK, "The fastrpc group exists."
 
@@ -366,6 +367,7 @@ async def _fastrpc_member(p: _Probe, c: Check) -> None:
         c.status, c.message = OK, f"{user} is a member of fastrpc in /etc/group."
     else:
         c.status, c.fix, c.message = FAIL, "group_add", f"{user} is not a member of the fastrpc group."
+    await _not_needed(p, c)
 
 
 async def _fastrpc_login(p: _Probe, c: Check) -> None:
@@ -376,6 +378,26 @@ async def _fastrpc_login(p: _Probe, c: Check) -> None:
     else:
         c.status, c.fix, why = FAIL, *await _membership(p)
         c.message = f"This login does not have the fastrpc group: {why}"
+        await _not_needed(p, c)
+
+
+async def _opens_already(p: _Probe) -> str | None:
+    """Why this login needs neither the fastrpc group nor its udev rule, or None: it opens the FastRPC nodes
+    already (root does; so does a user a node's mode or ACL lets in)."""
+    dev, heap = await _run_check(p, "fastrpc_device"), await _run_check(p, "dma_heap")
+    if dev.status != OK or heap.status == FAIL:  # a heap the kernel lacks (WARN) no group would give
+        return None
+    if re.match(r"uid=0\(", (await p.sh("id")).output):
+        return "root opens the FastRPC nodes without it"
+    return "this user opens the FastRPC nodes already"
+
+
+async def _not_needed(p: _Probe, c: Check) -> None:
+    """A failed group check passes when the login opens the nodes already: its fix would change nothing Genie
+    needs, and a user who runs as root, or whom the nodes' mode or ACL lets in, must not be held at the Board
+    stage by it."""
+    if c.status == FAIL and (why := await _opens_already(p)):
+        c.status, c.fix, c.message = OK, None, f"Not needed: {why}. ({c.message})"
 
 
 async def _udev_rule(p: _Probe, c: Check) -> None:
@@ -397,6 +419,19 @@ async def _udev_rule(p: _Probe, c: Check) -> None:
         )
     elif any('GROUP="fastrpc"' in ln and "0660" in ln for ln in lines):
         c.status, c.message = OK, "A udev rule gives /dev/fastrpc-cdsp to the fastrpc group (0660)."
+    elif any('MODE="0666"' in ln for ln in lines):
+        c.status, c.message = OK, "A udev rule lets every user open /dev/fastrpc-cdsp (0666)."
+    elif (why := await _opens_already(p)) is not None and why.startswith("root"):
+        c.status, c.message = (
+            OK,
+            f"Not needed: {why}. (No udev rule gives /dev/fastrpc-cdsp* to the fastrpc group.)",
+        )
+    elif why is not None:
+        c.status, c.fix = WARN, "udev_rule"
+        c.message = (
+            "This user opens /dev/fastrpc-cdsp* now, but no udev rule gives the nodes to the fastrpc group: "
+            "after a reboot they may be root-only again."
+        )
     else:
         c.status, c.fix = FAIL, "udev_rule"
         c.message = (
