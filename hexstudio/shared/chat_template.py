@@ -50,6 +50,13 @@ def token_text(value: Any) -> str | None:
     return None
 
 
+def added_bos(tc: dict[str, Any]) -> str | None:
+    """The BOS the tokenizer adds before a text (tokenizer_config.json), or None: its bos_token, unless that is null
+    or `add_bos_token` is false. A tokenizer that names a BOS but does not add it (its chat template writes the BOS
+    where the model wants one, or never) must not get one from Genie before every query."""
+    return None if tc.get("add_bos_token") is False else token_text(tc.get("bos_token"))
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> Any:
     import jinja2
@@ -310,7 +317,7 @@ def load_chat_format(hf_dir: Path | None, *, name: str = "", genie_bos: bool | N
     )
     if genie_bos is None:
         bos_id = cfg.get("bos_token_id", gc.get("bos_token_id"))
-        genie_bos = isinstance(bos_id, int) and bos_id >= 0 and "bos_token" in special
+        genie_bos = isinstance(bos_id, int) and bos_id >= 0 and added_bos(tc) is not None
     template, source, named = None, "", {}
     jinja = hf_dir / "chat_template.jinja"
     if jinja.is_file():

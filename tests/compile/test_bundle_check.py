@@ -406,6 +406,14 @@ def test_special_tokens_against_the_tokenizer(tmp_path: Path) -> None:
     assert [(f.code, f.severity) for f in found if f.severity != "error"] == [
         ("bos_not_the_tokenizers", "warning")
     ]
+    # a tokenizer that names its BOS but does not add it (add_bos_token false): the same warning; with bos-token
+    # -1 no "bos_disabled", since -1 is what HexStudio writes for it
+    (b / "tokenizer_config.json").write_text(json.dumps({**tc, "add_bos_token": False}))
+    assert [f.code for f in check_bundle(b, BOARD)] == ["bos_not_the_tokenizers"]
+    _cfg(b, lambda c: c["dialog"]["context"].update({"bos-token": -1}))
+    assert [f.code for f in check_bundle(b, BOARD)] == []
+    (b / "tokenizer_config.json").write_text(json.dumps(tc))
+    assert [f.code for f in check_bundle(b, BOARD)] == ["bos_disabled"]
 
 
 def test_ctx_bins_present_and_named_consistently(tmp_path: Path) -> None:

@@ -205,6 +205,25 @@ def test_the_bundle_pushes_the_templates_turn_end_and_no_bos_the_tokenizer_lacks
     assert dialog_tokens(DATA / "nowhere") is None
 
 
+def test_a_bos_the_tokenizer_names_but_does_not_add_is_not_pushed(tmp_path: Path) -> None:
+    """A tokenizer that names a bos_token with add_bos_token false (its chat template writes the BOS, or no model
+    input starts with one) got that token from Genie before every query, and the template's own BOS was cut off
+    the first query only: later turns read `reply<eot><bos><header>`, a BOS the template never writes there."""
+    for f in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        (tmp_path / f).write_text((DATA / "llama-3.1" / f).read_text())
+    tc = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**tc, "add_bos_token": False}))
+    cfg = {**LLAMA_31_8B, **json.loads((tmp_path / "config.json").read_text())}
+    doc = gb.genie_config(cfg, 4096, ["m.bin"], 128, tokens=dialog_tokens(tmp_path))
+    assert doc["dialog"]["context"]["bos-token"] == -1
+    fmt = load_chat_format(tmp_path)
+    first = fmt.genie_prompt([], "Hi", system="You are terse.")
+    assert not fmt.genie_bos and first.startswith("<|begin_of_text|>"), "the template's BOS stays in the text"
+    # the same tokenizer adding its BOS (the key true or absent): Genie pushes it, and the text starts after it
+    assert _dialog_context("llama-3.1")["bos-token"] == 128000
+    assert not load_chat_format(DATA / "llama-3.1").genie_prompt([], "Hi").startswith("<|begin_of_text|>")
+
+
 @pytest.mark.parametrize("model", ["qwen3", "llama-3.1"])
 def test_later_turns_send_only_the_new_turn(model: str) -> None:
     fmt = load_chat_format(DATA / model)

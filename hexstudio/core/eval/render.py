@@ -101,10 +101,7 @@ class PromptRenderer:
         if self.template == "model" and self.fmt.mode == "model":
             msgs, tools, thinking = self._model_inputs(msgs, tools)
             text = self.fmt.render(msgs, add_generation_prompt=True, tools=tools, **thinking)
-            bos = self.fmt.special.get("bos_token")
-            if self.fmt.genie_bos and bos and text.startswith(bos):
-                text = text[len(bos) :]
-            return text
+            return self.fmt.strip_bos(text)
         # no chat template in use: tools in words, the conversation in the model's format turn by turn
         if tools:
             msgs = _with_tool_system(msgs, tools)

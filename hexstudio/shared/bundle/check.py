@@ -23,7 +23,7 @@ from typing import Any
 from hexstudio.shared.bundle import KNOWN_DEVICES, bundle_qairt_version, safepath, speculative, version_tuple
 from hexstudio.shared.bundle import genie_model as gm
 from hexstudio.shared.bundle import genie_schema as gs
-from hexstudio.shared.chat_template import token_text
+from hexstudio.shared.chat_template import added_bos, token_text
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 NO_MESSAGE = "(none: Genie loads the bundle and the model computes wrong output)"
@@ -783,7 +783,7 @@ def _token_findings(
                 f"Set dialog.context.bos-token to {ids[want_bos]}.",
             )
         )
-    if want_bos is not None and want_bos in ids and bos == -1:
+    if want_bos is not None and want_bos in ids and bos == -1 and added_bos(tc) is not None:
         out.append(
             Finding(
                 "bos_disabled",
@@ -794,13 +794,14 @@ def _token_findings(
                 f"Set dialog.context.bos-token to {ids[want_bos]} if the model was trained with it.",
             )
         )
-    if "bos_token" in tc and want_bos is None and isinstance(bos, int) and bos >= 0:
+    if "bos_token" in tc and added_bos(tc) is None and isinstance(bos, int) and bos >= 0:
         out.append(
             Finding(
                 "bos_not_the_tokenizers",
                 WARNING,
                 f"bos-token {bos} ({by_id.get(bos)!r}) is set, but the tokenizer adds no BOS (its bos_token is "
-                "null): Genie puts that token before every query, where the model never saw one.",
+                "null, or add_bos_token false): Genie puts that token before every query, where the model never "
+                "saw one.",
                 None,
                 "Set dialog.context.bos-token to -1 (HexStudio writes -1 for such tokenizers).",
             )

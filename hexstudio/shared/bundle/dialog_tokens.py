@@ -8,7 +8,7 @@ stops a reply. config.json's order is the model's, not the template's: Llama-3.1
 <|end_of_text|> (128001) before <|eot_id|> (128009), which ends its turns, so a later turn would follow
 `reply<|end_of_text|>` where the template writes `reply<|eot_id|>`. And Qwen's config.json names a
 bos_token_id (151643, <|endoftext|>) its tokenizer never adds (tokenizer_config.json: bos_token null), so
-Genie would start every query with it. The tokenizer says which token ends a turn (its eos_token) and
+Genie would start every query with it; so does a tokenizer that names a bos_token with `add_bos_token: false`. The tokenizer says which token ends a turn (its eos_token) and
 whether there is a BOS.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hexstudio.shared.chat_template import read_json_object, token_text
+from hexstudio.shared.chat_template import added_bos, read_json_object, token_text
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def dialog_tokens(hf_dir: Path) -> DialogTokens | None:
         if eos not in ids and isinstance(vocab, dict) and isinstance(vocab.get(eos), int):
             ids[eos] = int(vocab[eos])
         turn_end = ids.get(eos)
-    return DialogTokens(turn_end, token_text(tc.get("bos_token")) is not None)
+    return DialogTokens(turn_end, added_bos(tc) is not None)
 
 
 def genie_eos(eos: int | list[int], tokens: DialogTokens | None) -> int | list[int]:
