@@ -200,9 +200,36 @@ def test_the_bundle_pushes_the_templates_turn_end_and_no_bos_the_tokenizer_lacks
     llama = _dialog_context("llama-3.1")
     assert llama["eos-token"] == [128009, 128001, 128008] and llama["bos-token"] == 128000
     qwen = _dialog_context("qwen3")
-    assert qwen["bos-token"] == -1 and qwen["eos-token"] == 151645
+    # config.json's 151645, then <|endoftext|>, which its generation_config.json adds (transformers stops there)
+    assert qwen["bos-token"] == -1 and qwen["eos-token"] == [151645, 151643]
     # without a tokenizer folder config.json's ids stay as they are
     assert dialog_tokens(DATA / "nowhere") is None
+
+
+@pytest.mark.parametrize(
+    ("config_eos", "generation_eos", "tokenizer_eos", "genie_eos"),
+    [
+        # Meta-Llama-3-8B-Instruct's first release: only generation_config.json named <|eot_id|>
+        (128001, [128001, 128009], "<|end_of_text|>", [128001, 128009]),
+        # the tokenizer's turn end in neither file: Genie must still stop there, and push it between turns
+        (128001, None, "<|eot_id|>", [128009, 128001]),
+        # nothing to add: an integer stays one
+        (128009, 128009, "<|eot_id|>", 128009),
+    ],
+    ids=["generation_config", "tokenizer", "nothing to add"],
+)
+def test_genie_stops_where_transformers_generate_stops(
+    tmp_path: Path, config_eos: int, generation_eos: Any, tokenizer_eos: str, genie_eos: Any
+) -> None:
+    """config.json's eos ids alone went to Genie: an id only generation_config.json (what generate reads) or the
+    tokenizer names never stopped a reply, and every reply ran to the token limit."""
+    tc = json.loads((DATA / "llama-3.1" / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**tc, "eos_token": tokenizer_eos}))
+    if generation_eos is not None:
+        (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos}))
+    cfg = {**LLAMA_31_8B, "bos_token_id": 128000, "eos_token_id": config_eos}
+    doc = gb.genie_config(cfg, 4096, ["m.bin"], 128, tokens=dialog_tokens(tmp_path))
+    assert doc["dialog"]["context"]["eos-token"] == genie_eos
 
 
 def test_a_bos_the_tokenizer_names_but_does_not_add_is_not_pushed(tmp_path: Path) -> None:

@@ -8,8 +8,13 @@ stops a reply. config.json's order is the model's, not the template's: Llama-3.1
 <|end_of_text|> (128001) before <|eot_id|> (128009), which ends its turns, so a later turn would follow
 `reply<|end_of_text|>` where the template writes `reply<|eot_id|>`. And Qwen's config.json names a
 bos_token_id (151643, <|endoftext|>) its tokenizer never adds (tokenizer_config.json: bos_token null), so
-Genie would start every query with it; so does a tokenizer that names a bos_token with `add_bos_token: false`. The tokenizer says which token ends a turn (its eos_token) and
-whether there is a BOS.
+Genie would start every query with it; so does a tokenizer that names a bos_token with `add_bos_token:
+false`. The tokenizer says which token ends a turn (its eos_token) and whether there is a BOS.
+
+Every id that stops transformers' generate must stop Genie too: generation_config.json's eos_token_id (what
+generate reads) may list ids config.json lacks (Meta-Llama-3-8B-Instruct's first release: config.json 128001,
+generation_config.json [128001, 128009]), and the tokenizer's eos_token may be missing from both; Genie then
+never stops at the turn's end and every reply runs to the token limit.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from hexstudio.shared.chat_template import added_bos, read_json_object, token_te
 
 @dataclass(frozen=True)
 class DialogTokens:
-    """What the tokenizer says: the id of its eos_token (None: unknown) and whether it has a BOS."""
+    """What the tokenizer says: the id of its eos_token (None: unknown) and whether it has a BOS; and
+    generation_config.json's eos ids (`stops`), which end a reply as config.json's do."""
 
     turn_end: int | None
     has_bos: bool
+    stops: tuple[int, ...] = ()
 
 
 def dialog_tokens(hf_dir: Path) -> DialogTokens | None:
@@ -51,15 +58,26 @@ def dialog_tokens(hf_dir: Path) -> DialogTokens | None:
         if eos not in ids and isinstance(vocab, dict) and isinstance(vocab.get(eos), int):
             ids[eos] = int(vocab[eos])
         turn_end = ids.get(eos)
-    return DialogTokens(turn_end, added_bos(tc) is not None)
+    gen = read_json_object(hf_dir / "generation_config.json").get("eos_token_id")
+    stops = tuple(e for e in (gen if isinstance(gen, list) else [gen]) if _token_id(e))
+    return DialogTokens(turn_end, added_bos(tc) is not None, stops)
+
+
+def _token_id(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def genie_eos(eos: int | list[int], tokens: DialogTokens | None) -> int | list[int]:
     """config.json's eos ids as genie_config.json's `eos-token`: the token that ends a turn first (Genie
-    pushes the first between queries); the same ids, only reordered."""
-    if tokens is None or tokens.turn_end is None or not isinstance(eos, list) or tokens.turn_end not in eos:
+    pushes the first between queries), then config.json's ids, then any generation_config.json adds (an
+    integer stays one where nothing is added)."""
+    if tokens is None:
         return eos
-    return [tokens.turn_end, *(e for e in eos if e != tokens.turn_end)]
+    ids = eos if isinstance(eos, list) else [eos]
+    out = list(dict.fromkeys([*ids, *tokens.stops]))
+    if tokens.turn_end is not None:
+        out = [tokens.turn_end, *(e for e in out if e != tokens.turn_end)]
+    return eos if out == [eos] else out
 
 
 def genie_bos(bos: int, tokens: DialogTokens | None) -> int:
