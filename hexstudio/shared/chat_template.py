@@ -183,23 +183,31 @@ class ChatFormat:
         except jinja2.exceptions.TemplateError as exc:
             raise ChatTemplateError(f"{self.label()}: {exc}") from None
 
-    def _options(
-        self, thinking: bool | None, system: str, variables: dict[str, Any]
-    ) -> tuple[str, dict[str, Any]]:
+    def _messages(
+        self,
+        turns: list[tuple[str, str]],
+        user: str,
+        system: str,
+        thinking: bool | None,
+        variables: dict[str, Any],
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The messages and template variables for the conversation, with the template's thinking switch set."""
         opts = dict(variables)
         if thinking is not None and self.thinking_switch == "enable_thinking":
             opts.setdefault("enable_thinking", thinking)
-        if thinking is not None and self.thinking_switch == "system" and not system:
+        if thinking is not None and self.thinking_switch == "system":
+            # Llama-Nemotron's system text is its reasoning switch, and its model card asks for every instruction in
+            # the user's turn: the user's system text goes before the first one (core/eval/render.py does the same)
+            if system and turns:
+                turns = [(f"{system}\n\n{turns[0][0]}", turns[0][1]), *turns[1:]]
+            elif system:
+                user = f"{system}\n\n{user}"
             system = "detailed thinking on" if thinking else "detailed thinking off"
-        return system, opts
-
-    def _messages(self, system: str, turns: list[tuple[str, str]], user: str | None) -> list[dict[str, Any]]:
         msgs: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         for u, r in turns:
             msgs += [{"role": "user", "content": u}, {"role": "assistant", "content": r}]
-        if user is not None:
-            msgs.append({"role": "user", "content": user})
-        return msgs
+        msgs.append({"role": "user", "content": user})
+        return msgs, opts
 
     def genie_prompt(
         self,
@@ -215,10 +223,8 @@ class ChatFormat:
         rendered with the generation prompt, without the BOS text Genie pushes itself."""
         if self.mode != "model":
             return "".join(f"{u}{r}" for u, r in turns) + user
-        system, opts = self._options(thinking, system, variables)
-        text = self.render(
-            self._messages(system, turns, user), add_generation_prompt=True, tools=tools, **opts
-        )
+        msgs, opts = self._messages(turns, user, system, thinking, variables)
+        text = self.render(msgs, add_generation_prompt=True, tools=tools, **opts)
         return self.strip_bos(text)
 
     def genie_continuation(
@@ -238,11 +244,9 @@ class ChatFormat:
             return self.genie_prompt(turns, user, system=system, thinking=thinking, tools=tools, **variables)
         if self.mode != "model":
             return user
-        system, opts = self._options(thinking, system, variables)
         marked = [*turns[:-1], (turns[-1][0], turns[-1][1] + _SENTINEL)]
-        text = self.render(
-            self._messages(system, marked, user), add_generation_prompt=True, tools=tools, **opts
-        )
+        msgs, opts = self._messages(marked, user, system, thinking, variables)
+        text = self.render(msgs, add_generation_prompt=True, tools=tools, **opts)
         at = text.rfind(_SENTINEL)
         if at < 0:
             raise ChatTemplateError(

@@ -302,6 +302,38 @@ def test_thinking_switch_and_stop_conditions() -> None:
     assert nemotron.genie_prompt([], "Hi", thinking=True).startswith("detailed thinking on")
 
 
+def test_nemotrons_thinking_switch_holds_with_a_system_prompt() -> None:
+    """Llama-Nemotron's system text is its reasoning switch: with a system prompt set, "detailed thinking on" was
+    left out (the label still said "thinking on") and the fallback templates dropped the user's system text.
+    The model card asks for every instruction in the user's turn: it goes before the first user message."""
+    from hexstudio.core.genie.conversation import Conversation, Turn
+    from hexstudio.core.genie.prompts import chat_prompt
+
+    h = "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>"
+    tpl = (
+        "{#- detailed thinking on/off #}{%- for m in messages %}"
+        "{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] + '<|eot_id|>' }}"
+        "{%- endfor %}"
+    )
+    fmt = ChatFormat(mode="model", template=tpl, source="t", special={"eos_token": "<|eot_id|>"})
+    first = fmt.genie_prompt([], "Hi", system="Be a pirate.", thinking=True)
+    assert first == h.format("system", "detailed thinking on") + h.format("user", "Be a pirate.\n\nHi")
+    # a later turn: the cache holds the first turn as rendered above, the new message alone follows
+    later = fmt.genie_continuation([("Hi", "Arr.")], "Bye", system="Be a pirate.", thinking=True)
+    assert later == h.format("user", "Bye")
+    # without a switch asked for, the system text stays the system text
+    assert fmt.genie_prompt([], "Hi", system="Be a pirate.").startswith(h.format("system", "Be a pirate."))
+    # the fallback templates (no chat template of the model's)
+    assert "Be a pirate.\n\nHi" in chat_prompt(
+        "Hi", system="Be a pirate.", template="nemotron", reasoning=True
+    )
+    conv = Conversation(template="nemotron-on", system="Be a pirate.")
+    assert "Be a pirate.\n\nHi" in conv._render([], "Hi")
+    again = conv._render([Turn("Hi", "Arr.", state="complete")], "Bye")
+    assert again.count("Be a pirate.") == 1 and "Be a pirate.\n\nHi" in again
+    assert h.format("system", "detailed thinking on") in again
+
+
 def test_base_models_and_the_builtin_get_plain_completion(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
     (tmp_path / "generation_config.json").write_text(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -76,6 +76,12 @@ class Conversation:
         suffix = ""
         if t.startswith("nemotron"):
             reasoning = t.endswith("on")
+            # the system text is the reasoning switch: the user's goes before the first user message, as the model
+            # card asks (ChatFormat does the same with the model's own template)
+            if system and turns:
+                turns = [replace(turns[0], user=f"{system}\n\n{turns[0].user}"), *turns[1:]]
+            elif system:
+                user = f"{system}\n\n{user}"
             system = "detailed thinking on" if reasoning else "detailed thinking off"
             suffix = "" if reasoning else "<think>\n</think>\n"
         if not turns:

@@ -23,7 +23,8 @@ NEMOTRON_THINKING_ON = {"seed": 42, "temp": 0.6, "top_k": 40, "top_p": 0.95}
 
 def chat_prompt(user: str, system: str = "", template: str = "llama3", reasoning: bool | None = None) -> str:
     """Genie injects BOS itself: the text starts at the first header, with real newlines."""
-    if template == "nemotron":
+    if template == "nemotron":  # the system text is the reasoning switch: the user's goes before the message
+        user = f"{system}\n\n{user}" if system else user
         system = "detailed thinking on" if reasoning else "detailed thinking off"
         text = LLAMA3.format(system=system, user=user)
         return text if reasoning else text + "<think>\n</think>\n"
