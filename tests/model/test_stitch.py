@@ -92,6 +92,24 @@ def test_an_unwired_piece_input_and_a_missing_part_output_are_errors(tmp_path: P
     assert not (tmp_path / "g.onnx").exists() and not (tmp_path / "g.onnx.data").exists()
 
 
+def test_a_part_whose_second_graph_fails_leaves_no_graph_behind(tmp_path: Path) -> None:
+    """A part's prompt processor and token generator share one data file: when the second failed to save (a full
+    disk), the data file was removed but the first graph, already in place, stayed and pointed at it."""
+    from hexstudio.workers.export.stitch import PartGraphWriter, SharedData, StitchError
+
+    _piece(tmp_path / "p.onnx", np.ones((4, 4), np.float32), "w")
+    shared = SharedData(tmp_path / "prompt.onnx.data")
+    writers = [PartGraphWriter(tmp_path / f"{k}.onnx", ["a"], ["b"], shared) for k in ("prompt", "token")]
+    writers[0].add(tmp_path / "p.onnx", "/p", {"x": "a", "y": "b"}, {}, {})
+    writers[0].save()
+    assert (tmp_path / "prompt.onnx").exists()
+    with pytest.raises(StitchError, match="no piece provides"):
+        writers[1].save()  # nothing added: its output is missing
+    for w in writers:  # what export_graphs does when a part fails
+        w.abort()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.onnx"]
+
+
 def test_a_placeholder_weight_is_replaced_by_the_streamed_tensor(tmp_path: Path) -> None:
     """A vocabulary-sized weight exported as a few-row placeholder: the stitcher writes the real tensor
     from its blocks (transposed where the exporter folded the transpose), widens the output, and

@@ -324,4 +324,8 @@ class PartGraphWriter:
         tmp.replace(self.path)
 
     def abort(self) -> None:
+        """Remove what this writer and its part wrote: the shared data file, and this graph even when it was saved
+        already (it would point at the removed data)."""
         self.shared.abort()
+        self.path.with_name(self.path.name + ".tmp").unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)
