@@ -161,7 +161,7 @@ class RunSettings:
         advanced=True,
         help='Smaller context lengths to put in the bundle beside context_length, comma-separated (e.g. "1024,2048"): '
         "Genie runs the smallest one that holds the dialog and switches up as it grows (shorter attention, "
-        "faster tokens early on). Each a multiple of 32, above ar_n, below context_length.",
+        "faster tokens early on). Each a multiple of ar_n (and of 32), above ar_n, below context_length.",
     )
     ar_sizes: str = setting(
         "",
@@ -860,7 +860,8 @@ def extra_context_lengths(
     value: Any, context_length: int | None = None, ar_n: int | None = None
 ) -> list[int]:
     """The `context_lengths` setting as sorted ints; ValueError (a sentence) for a bad one. With the run's
-    context_length and ar_n, each must lie strictly between them (Genie's KV holds CL - AR entries)."""
+    context_length and ar_n, each must lie strictly between them (Genie's KV holds CL - AR entries) and be a
+    multiple of ar_n, as context_length is."""
     text = str(value or "").strip()
     out: set[int] = set()
     for item in (x.strip() for x in text.split(",") if x.strip()):
@@ -878,6 +879,11 @@ def extra_context_lengths(
             raise ValueError(
                 f"context_lengths: {n} leaves no room past the prompt processor's {ar_n} tokens "
                 f"(it must exceed ar_n)."
+            )
+        if ar_n is not None and n % ar_n:
+            raise ValueError(
+                f"context_lengths: {n} is not a multiple of ar_n {ar_n}: the prompt processor consumes the context "
+                f"in blocks of {ar_n} tokens, as for context_length. Use {n // ar_n * ar_n} or {(n // ar_n + 1) * ar_n}."
             )
         if ar_n is not None and (why := genie_cl_problem(n, ar_n)):
             raise ValueError(f"context_lengths: {why}")

@@ -232,6 +232,10 @@ def test_more_context_lengths_are_checked_when_set() -> None:
         rs.extra_context_lengths("128", 512, 128)
     with pytest.raises(ValueError, match="twice ar_n 32"):  # Genie 1.21 answers wrong at CL = 2 x AR
         rs.extra_context_lengths("64", 256, 32)
+    # as context_length itself: 544 with AR-128 would leave 416 past slots, no whole number of blocks
+    with pytest.raises(ValueError, match=r"544 is not a multiple of ar_n 128.*Use 512 or 640"):
+        rs.extra_context_lengths("544", 1024, 128)
+    assert rs.extra_context_lengths("544", 1024, 32) == [544]
     assert rs.genie_cl_problem(512, 128) is None and rs.genie_cl_problem(256, 128)
 
 
