@@ -330,3 +330,40 @@ def test_the_running_score_is_not_recomputed_after_every_case(
     cases = doc["board_session"]["cases"]
     # the first case, the last one, and the stage's own scoring at the end
     assert cases > 3 and len(calls) == 3, (cases, len(calls))
+
+
+def test_compare_sets_side_by_side_only_the_same_suite_and_cases() -> None:
+    """The Evaluate page's Compare put a suite's scores side by side after `eval add --replace` changed the suite
+    between the runs, and a board that scored 3 of 4 parity cases beside one that scored 4 of 4, as if only the
+    model had changed (the run report's comparison already left both out)."""
+    from hexstudio.core.eval.compare import compare_summaries
+
+    def run(run_id: str, sha: str, cases: int) -> dict[str, Any]:
+        leg = {"value": cases / 4, "text": f"{cases}/4", "cases": cases, "of": 4}
+        return {
+            "run_id": run_id,
+            "model": "m",
+            "board": "sim",
+            "source": "simulated",
+            "kpis": {},
+            "suites": {
+                "mine": {"scorer": "accuracy", "legs": {"sim": leg}, "drops": {}, "sha256": sha},
+                "greedy_parity": {"scorer": "parity", "legs": {"board": leg, "sim": leg}, "sha256": "p"},
+            },
+        }
+
+    c = compare_summaries([run("a", "v1", 4), run("b", "v2", 3)])
+    assert [r["label"] for r in c["rows"]] == []
+    assert c["skipped"] == [
+        "mine: the runs scored different versions of the suite (its file changed between them).",
+        "greedy_parity · sim: the runs scored different cases (4 of 4, 3 of 4).",
+        "greedy_parity · board: the runs scored different cases (4 of 4, 3 of 4).",
+    ]
+    assert c["note"].startswith("Not compared: mine: ")
+    same = compare_summaries([run("a", "v1", 4), run("b", "v1", 4)])
+    assert [r["label"] for r in same["rows"]] == [
+        "mine · sim",
+        "greedy_parity · sim",
+        "greedy_parity · board",
+    ]
+    assert same["skipped"] == [] and same["note"] is None

@@ -81,6 +81,7 @@ def run_summary(run_dir: Path) -> dict[str, Any] | None:
                 "scorer": t.get("scorer"),
                 "legs": t.get("legs") or {},
                 "drops": t.get("drops") or {},
+                "sha256": t.get("sha256"),
             }
             for t in (ev or {}).get("suites") or []
         },
@@ -89,15 +90,36 @@ def run_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 def compare_runs(run_dirs: list[Path]) -> dict[str, Any]:
-    runs = [s for s in (run_summary(Path(d)) for d in run_dirs) if s is not None]
+    return compare_summaries([s for s in (run_summary(Path(d)) for d in run_dirs) if s is not None])
+
+
+def compare_summaries(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rows for runs' summaries (run_summary). A suite's scores stand side by side only where the runs scored
+    the same suite file and, leg by leg, the same cases; the rest is said in `skipped` (as the run report's
+    comparison does), since another suite version or another case set is not a better or worse model."""
     suites: list[str] = []
     for r in runs:
         suites += [s for s in r["suites"] if s not in suites]
     rows = []
+    skipped: list[str] = []
     for s in suites:
+        if len({r["suites"][s].get("sha256") for r in runs if s in r["suites"]}) > 1:
+            skipped.append(
+                f"{s}: the runs scored different versions of the suite (its file changed between them)."
+            )
+            continue
         for leg in LEGS:
             vals = [((r["suites"].get(s) or {}).get("legs") or {}).get(leg) for r in runs]
             if all(v is None for v in vals):
+                continue
+            scored = [v for v in vals if v]
+            if len({(v.get("cases"), v.get("of")) for v in scored}) > 1:
+                # e.g. the HTP-simulator board scores only the first parity cases: a different set, not a change
+                skipped.append(
+                    f"{s} · {leg}: the runs scored different cases ("
+                    + ", ".join(f"{v.get('cases')} of {v.get('of')}" for v in scored)
+                    + ")."
+                )
                 continue
             rows.append(
                 {
@@ -126,18 +148,21 @@ def compare_runs(run_dirs: list[Path]) -> dict[str, Any]:
                 }
             )
     sources = {r["source"] for r in runs}
+    notes = []
+    if len(sources) > 1:
+        notes.append(
+            "These runs were measured on different kinds of board ("
+            + ", ".join(f"{r['run_id']}: {r['source']}" for r in runs)
+            + "): a simulated figure says nothing about a device one."
+        )
+    if skipped:
+        notes.append("Not compared: " + " ".join(skipped))
     return {
         "runs": runs,
         "rows": rows,
+        "skipped": skipped,
         "mixed_sources": len(sources) > 1,
-        "note": (
-            "These runs were measured on different kinds of board ("
-            + ", ".join(f"{r['run_id']}: {r['source']}" for r in runs)
-            + "): a simulated figure says nothing about a device "
-            "one."
-        )
-        if len(sources) > 1
-        else None,
+        "note": " ".join(notes) or None,
     }
 
 
