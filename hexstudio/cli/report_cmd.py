@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--timing-tolerance",
         type=number_in(float, 0.0, 1000.0),
-        default=10.0,
+        default=None,
         metavar="PCT",
         help="compare: timings and memory within this %% are the same (default 10; a measured "
         "run-to-run spread counts where it is larger)",
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--quality-tolerance",
         type=number_in(float, 0.0, 1000.0),
-        default=2.0,
+        default=None,
         metavar="PCT",
         help="compare: quality figures within this %% are the same (default 2)",
     )
@@ -178,7 +178,9 @@ def cmd_report(args: argparse.Namespace) -> int:
                         "Give one of the runs after `compare`.",
                     )
                 baseline = dirs.index(want)
-            c = compare_reports(reports, baseline, args.timing_tolerance / 100, args.quality_tolerance / 100)
+            timing = 10.0 if args.timing_tolerance is None else args.timing_tolerance
+            quality = 2.0 if args.quality_tolerance is None else args.quality_tolerance
+            c = compare_reports(reports, baseline, timing / 100, quality / 100)
             if args.out is None:
                 if args.format == "pdf":
                     raise CliError("--format pdf needs --out FILE.", exit_code=EXIT_USAGE)
@@ -202,6 +204,18 @@ def cmd_report(args: argparse.Namespace) -> int:
             )
         if len(args.runs) != 1:
             raise CliError("Give one run (or `compare` and two or more).", exit_code=EXIT_USAGE)
+        flags = {
+            "--baseline": args.baseline,
+            "--timing-tolerance": args.timing_tolerance,
+            "--quality-tolerance": args.quality_tolerance,
+        }
+        if given := [f for f, v in flags.items() if v is not None]:  # silently ignored, they would mislead
+            raise CliError(
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for comparisons; a one-run report has "
+                "no baseline or tolerance.",
+                "hexstudio report compare RUN_A RUN_B ... " + " ".join(given) + " ...",
+                exit_code=EXIT_USAGE,
+            )
         rep = build_report(_run_dir(args, args.runs[0]), redact_hosts=args.redact_hosts)
         try:
             validate_report(rep)

@@ -71,3 +71,23 @@ def test_report_compare_takes_a_baseline_tolerances_and_csv(tmp_path: Path) -> N
     assert "same" in next(x for x in lines if x[1] == "Compile duration")  # within a stated 150 %
     r = compare("--baseline", "nosuch-run")
     assert r.returncode != 0 and "Traceback" not in r.stderr
+    # the comparison's flags on a one-run report were ignored without a word: refused, saying where they belong
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hexstudio",
+            "report",
+            runs[0],
+            "--workspace",
+            str(ws),
+            "--timing-tolerance",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "--timing-tolerance is for comparisons" in r.stderr, r.stderr
+    assert "hexstudio report compare RUN_A RUN_B ... --timing-tolerance" in r.stderr
