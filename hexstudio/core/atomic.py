@@ -25,14 +25,41 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    try:  # Linux 4.7+: read, not set (os.umask would change it for every thread a moment)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _file_mode(target: Path, private: bool) -> int:
+    """The new file's permissions: those of the file it replaces, else what open() would give (0666 less the
+    umask); 0600 for a private one. mkstemp's own 0600 made a report the user exported unreadable to others."""
+    if private:
+        return 0o600
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 @contextlib.contextmanager
-def atomic_writer(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
-    """Open a temp file beside `path`; on clean exit fsync and rename it over `path`."""
+def atomic_writer(
+    path: str | Path, mode: str = "w", encoding: str | None = "utf-8", *, private: bool = False
+) -> Iterator[IO[Any]]:
+    """Open a temp file beside `path`; on clean exit fsync and rename it over `path`. The file keeps the mode of
+    the one it replaces (a new one: the umask's); `private`: readable by its owner only."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     ok = False
     try:
+        os.fchmod(fd, _file_mode(target, private))
         with os.fdopen(fd, mode, encoding=encoding if "b" not in mode else None) as fh:
             yield fh
             fh.flush()
@@ -46,8 +73,8 @@ def atomic_writer(path: str | Path, mode: str = "w", encoding: str | None = "utf
                 os.unlink(tmp)
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    with atomic_writer(path, "w") as fh:
+def write_text_atomic(path: str | Path, text: str, *, private: bool = False) -> None:
+    with atomic_writer(path, "w", private=private) as fh:
         fh.write(text)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,24 @@ def test_atomic_writer_keeps_old_content_on_failure(tmp_path: Path) -> None:
         raise RuntimeError("crash mid-write")
     assert json.loads(target.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # no temp file left
+
+
+def test_atomic_writes_get_the_mode_open_would_give(tmp_path: Path) -> None:
+    """mkstemp makes its file 0600, and the rename kept it: a report the user exported, and every file written
+    this way, could be read by its owner alone."""
+    from hexstudio.core.atomic import write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "report.html", "<html/>")
+        assert stat.S_IMODE((tmp_path / "report.html").stat().st_mode) == 0o644
+        (tmp_path / "report.html").chmod(0o640)  # a file replaced keeps its mode
+        write_text_atomic(tmp_path / "report.html", "<html>2</html>")
+        assert stat.S_IMODE((tmp_path / "report.html").stat().st_mode) == 0o640
+        write_text_atomic(tmp_path / "chat.json", "{}", private=True)  # the user's own words
+        assert stat.S_IMODE((tmp_path / "chat.json").stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
 
 
 def test_new_run_validates_and_corrupt_manifest_is_explained(tmp_path: Path) -> None:

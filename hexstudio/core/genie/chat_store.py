@@ -112,7 +112,10 @@ class ChatStore:
         rec.updated = now()
         rec.retitle()
         self.folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.path(rec.id), json.dumps(rec.as_json(), indent=1, ensure_ascii=False))
+        # the conversation's text is the user's own: readable by them alone
+        write_text_atomic(
+            self.path(rec.id), json.dumps(rec.as_json(), indent=1, ensure_ascii=False), private=True
+        )
 
     def load_settings(self) -> dict[str, Any]:
         """The chat settings last used in this run ({} when none were saved)."""
@@ -128,6 +131,7 @@ class ChatStore:
         write_text_atomic(
             folder / SETTINGS_FILE,
             json.dumps({k: values.get(k) for k in SETTING_KEYS}, indent=1, ensure_ascii=False),
+            private=True,  # the system prompt is the user's own text
         )
 
     def delete(self, cid: str) -> None:
