@@ -152,6 +152,10 @@ def test_format_from_template_and_name() -> None:
     assert detect_format("<|python_tag|>") == "llama3"
     assert detect_format(None, "meta-llama/Llama-3.1-8B-Instruct") == "llama3"
     assert detect_format(None, "") == "json"
+    # a Qwen2.5 fine-tune named Nemotron writes Qwen's <tool_call>: its template's marker wins over its name
+    qwen_template = "{% if tools %}<tool_call>\n{{ tool_call }}\n</tool_call>{% endif %}"
+    assert detect_format(qwen_template, "nvidia/OpenReasoning-Nemotron-7B") == "qwen"
+    assert detect_format(None, "nvidia/OpenReasoning-Nemotron-7B") == "nemotron"
 
 
 def test_shipped_tool_suite_expected_calls_pass_their_own_scorer() -> None:

@@ -53,7 +53,8 @@ class Parsed:
 # model-name pieces of formats that are no model family's (fine-tunes of one): a family's own are its
 # ModelFamily.tool_calls.name_hints (hexstudio.shared.families)
 _NAME_HINTS = {"nemotron": ("nemotron",), "qwen": ("hermes",)}
-_DETECT_ORDER = ("nemotron", "qwen", "mistral", "llama3")  # the first whose marker or name hint matches wins
+# the first whose template marker matches wins; only a template without any marker falls back to the name hints
+_DETECT_ORDER = ("nemotron", "qwen", "mistral", "llama3")
 
 
 def _template_marks(fmt: str, t: str) -> bool:
@@ -77,11 +78,15 @@ def _name_hints(fmt: str) -> tuple[str, ...]:
 
 def detect_format(template: str | None, model_name: str = "") -> str:
     """The tool-call format from the model's chat template (its markers), else from its name (the model
-    families' name hints)."""
+    families' name hints). Every marker is tried before any name: a fine-tune keeps its base's template under
+    another family's name (nvidia/OpenReasoning-Nemotron-7B is a Qwen2.5 that writes <tool_call>)."""
     t = template or ""
     name = model_name.lower()
     for fmt in _DETECT_ORDER:
-        if _template_marks(fmt, t) or any(h in name for h in _name_hints(fmt)):
+        if _template_marks(fmt, t):
+            return fmt
+    for fmt in _DETECT_ORDER:
+        if any(h in name for h in _name_hints(fmt)):
             return fmt
     return "json"
 
