@@ -137,6 +137,21 @@ def test_parallel_calls_any_order(fmt: str) -> None:
     assert score_tool_call(one, TWO, TOOLS) == (False, "1 call(s), expected 2")
 
 
+def test_python_tag_calls_are_read_as_code_not_cut_at_every_semicolon() -> None:
+    """Llama 3.1's built-in tool call `brave_search.call(query="a; b")` was cut at the ";" inside its string and
+    read as malformed."""
+    p = parse_reply('<|python_tag|>brave_search.call(query="a; b")<|eom_id|>', "llama3")
+    assert p.kind == "calls" and p.calls == [Call("brave_search", {"query": "a; b"})], p
+    p = parse_reply(
+        '<|python_tag|>get_weather.call(city="Paris"); set_timer(minutes=5)\nf(a="x;y")', "llama3"
+    )
+    assert [c.name for c in p.calls] == ["get_weather", "set_timer", "f"], p
+    assert p.calls[2].arguments == {"a": "x;y"}
+    for code, why in (('get_weather.call(city="Paris"', "never closed"), ("x = 1", "not a function call")):
+        p = parse_reply(f"<|python_tag|>{code}", "llama3")
+        assert p.kind == "malformed" and why in (p.error or ""), p
+
+
 def test_type_slips_and_calls_where_none_fits_are_wrong() -> None:
     p = parse_reply('{"name": "set_timer", "arguments": {"minutes": "5"}}', "json")
     assert not score_tool_call(p, {"calls": [{"name": "set_timer", "arguments": {"minutes": 5}}]}, TOOLS)[0]

@@ -146,10 +146,11 @@ def _json_calls(text: str) -> list[Call]:
 
 
 def _python_calls(text: str) -> list[Call]:
-    """Llama 3.1's built-in tool syntax: `brave_search.call(query="...")` (or plain `f(a=1)`), one a line."""
+    """Llama 3.1's built-in tool syntax: `brave_search.call(query="...")` (or plain `f(a=1)`), one a line or
+    separated by ";". The code is parsed whole: a ";" inside a string is part of the string."""
     calls = []
-    for line in [x for x in re.split(r"[\n;]", text) if x.strip()]:
-        node = ast.parse(line.strip(), mode="eval").body
+    for stmt in ast.parse(text.strip(), mode="exec").body:
+        node = stmt.value if isinstance(stmt, ast.Expr) else None
         if not isinstance(node, ast.Call):
             raise ValueError("not a function call")
         f = node.func
