@@ -56,6 +56,8 @@ CORRECT = {
     "mistral": [
         '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]</s>',
         '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+        # the name was read as 'get_weather[CALL_ID]abc123456'
+        '[TOOL_CALLS]get_weather[CALL_ID]abc123456[ARGS]{"city":"Paris"}',
     ],
     "json": ['{"name": "get_weather", "arguments": {"city": "Paris"}}'],
 }

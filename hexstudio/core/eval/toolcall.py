@@ -9,7 +9,7 @@ Formats (as each model's own chat template and model card define them):
 - `qwen`    Qwen2.5/Qwen3 (Hermes style): one `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`
             a call;
 - `mistral` `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` (v3 tokenizer) or
-            `[TOOL_CALLS]name[ARGS]{...}` (v11+);
+            `[TOOL_CALLS]name[ARGS]{...}` or `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}` (v11+);
 - `json`    no native format known (e.g. the built-in toy model): a bare JSON object or list of them.
 
 A reply is `calls` (parsed), `none` (a plain answer: no call attempted) or `malformed` (it started a
@@ -238,7 +238,8 @@ def _parse_mistral(text: str) -> Parsed:
         if "[ARGS]" in rest:  # v11+: name[ARGS]{...}, repeated after [TOOL_CALLS]
             calls = []
             for part in [p for p in rest.split("[TOOL_CALLS]") if p.strip()]:
-                name, _, args = part.partition("[ARGS]")
+                head, _, args = part.partition("[ARGS]")
+                name = head.partition("[CALL_ID]")[0]  # name[CALL_ID]id[ARGS]: the id is no part of the name
                 a = json.loads(args.strip() or "{}")
                 if not isinstance(a, dict):
                     raise ValueError("the arguments are not an object")
