@@ -44,6 +44,12 @@ TWO = {
         {"name": "set_timer", "arguments": {"minutes": 5}},
     ]
 }
+EITHER = {  # the first expected call fits either timer
+    "calls": [
+        {"name": "set_timer", "arguments": {"minutes": {"$any": [1, 2]}}},
+        {"name": "set_timer", "arguments": {"minutes": 1}},
+    ]
+}
 
 CORRECT = {
     "llama3": [
@@ -137,6 +143,12 @@ def test_parallel_calls_any_order(fmt: str) -> None:
     assert score_tool_call(p, TWO, TOOLS)[0]
     one = parse_reply(render_calls(calls[:1], fmt), fmt)
     assert score_tool_call(one, TWO, TOOLS) == (False, "1 call(s), expected 2")
+    # set_timer(1 or 2) and set_timer(1) expected: the call set_timer(1) was paired with the first, and
+    # set_timer(2) then fit nothing
+    replies = {(1, 2): (True, "every call matches"), (3, 2): (False, "set_timer: minutes=3, expected 1")}
+    for minutes, want in replies.items():
+        timers = [Call("set_timer", {"minutes": m}) for m in minutes]
+        assert score_tool_call(parse_reply(render_calls(timers, fmt), fmt), EITHER, TOOLS) == want, minutes
 
 
 def test_python_tag_calls_are_read_as_code_not_cut_at_every_semicolon() -> None:

@@ -392,15 +392,31 @@ def score_tool_call(
         return False, "no call made"
     if len(parsed.calls) != len(wants):
         return False, f"{len(parsed.calls)} call(s), expected {len(wants)}"
-    left = list(wants)
-    for got in parsed.calls:
-        reasons = []
-        for w in left:
-            why = match_call(got, w, tools)
-            if why is None:
-                left.remove(w)
-                break
-            reasons.append(why)
-        else:
-            return False, reasons[0] if reasons else "no expected call left"
-    return True, "every call matches"
+    why = [[match_call(got, w, tools) for w in wants] for got in parsed.calls]
+    pairs = _pairing([[y is None for y in row] for row in why])
+    if len(pairs) == len(wants):
+        return True, "every call matches"
+    # the pairing that matched the most calls: why its first call left over is not the expected one left over
+    # (those two never fit, or they would have been paired)
+    got = next(g for g in range(len(why)) if g not in pairs.values())
+    return False, str(why[got][next(w for w in range(len(wants)) if w not in pairs)])
+
+
+def _pairing(fits: list[list[bool]]) -> dict[int, int]:
+    """The most calls paired with expected calls ({expected: call}), `fits[call][expected]` saying which pairs
+    match. Every pairing is in reach: a call first paired with an expected call that a later call needs moves to
+    another it fits (expected f(x=1 or 2) and f(x=1), and the calls f(x=1), f(x=2), pair across)."""
+    pairs: dict[int, int] = {}
+
+    def place(call: int, tried: set[int]) -> bool:
+        for w, ok in enumerate(fits[call]):
+            if ok and w not in tried:
+                tried.add(w)
+                if w not in pairs or place(pairs[w], tried):
+                    pairs[w] = call
+                    return True
+        return False
+
+    for call in range(len(fits)):
+        place(call, set())
+    return pairs
