@@ -58,7 +58,11 @@ CORRECT = {
         '<|python_tag|>get_weather.call(city="Paris")',
     ],
     "nemotron": ['<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>'],
-    "qwen": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'],
+    "qwen": [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+        # the schema's enum says "celsius": values are compared without case, the enum was not
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "Celsius"}}\n</tool_call>',
+    ],
     "mistral": [
         '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]</s>',
         '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
@@ -172,6 +176,11 @@ def test_type_slips_and_calls_where_none_fits_are_wrong() -> None:
     p = parse_reply('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>', "qwen")
     ok, why = score_tool_call(p, {"abstain": True}, TOOLS)
     assert not ok and "no tool fits" in why
+    p = parse_reply(WRONG["qwen"], "qwen")
+    assert score_tool_call(p, ONE, TOOLS) == (
+        False,
+        "get_weather: unit='kelvin' is not one of the enum values ['celsius', 'fahrenheit']",
+    )
 
 
 def test_format_from_template_and_name() -> None:

@@ -335,9 +335,12 @@ def _type_ok(value: Any, schema: dict[str, Any]) -> bool:
         "null": lambda v: v is None,
     }
     types = t if isinstance(t, list) else [t]
-    if not any(checks.get(x, lambda v: True)(value) for x in types):
-        return False
-    return not ("enum" in schema and value not in schema["enum"])
+    return any(checks.get(x, lambda v: True)(value) for x in types)
+
+
+def _enum_ok(value: Any, schema: dict[str, Any]) -> bool:
+    """Whether the value is one of the schema's enum values, compared as values are (case and spaces aside)."""
+    return "enum" not in schema or _norm(value) in [_norm(e) for e in schema["enum"]]
 
 
 def match_call(got: Call, want: dict[str, Any], tools: list[dict[str, Any]]) -> str | None:
@@ -356,6 +359,8 @@ def match_call(got: Call, want: dict[str, Any], tools: list[dict[str, Any]]) -> 
             return f"{got.name}: unknown argument {k!r}"
         if k in props and not _type_ok(v, props[k]):
             return f"{got.name}: {k}={v!r} does not fit the schema ({props[k].get('type')})"
+        if k in props and not _enum_ok(v, props[k]):
+            return f"{got.name}: {k}={v!r} is not one of the enum values {props[k]['enum']!r}"
     wargs = want.get("arguments") or {}
     for k, w in wargs.items():
         if k not in got.arguments:
