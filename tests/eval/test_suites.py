@@ -163,6 +163,14 @@ def test_instruction_checks() -> None:
     assert not check({"type": "lowercase"}, "Not small.")[0]
     assert check({"type": "max_words", "n": 3}, "one two three")[0]
     assert check({"type": "bullets", "n": 2}, "- a\n- b")[0]
+    sentences = {
+        'He said "hi." Then he left.': 2,  # counted 1: the quote after the full stop hid the sentence end
+        "Dr. Smith lives by the river.": 1,  # counted 2, as did the next: an abbreviation's full stop
+        "The river, e.g. the Rhone, flows (slowly). It is wide!": 2,
+        "One? Two. Three and 3.5 more...": 3,
+    }
+    for text, n in sentences.items():
+        assert check({"type": "max_sentences", "n": 9}, text)[1] == f"{n} sentences (at most 9)", text
     assert check({"type": "json", "keys": ["a"]}, '```json\n{"a": 1}\n```')[0]
     assert not check({"type": "json", "keys": ["a"]}, "{a: 1}")[0]
 

@@ -38,6 +38,24 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\b[\w'-]+\b", text)
 
 
+# a sentence ends at . ! or ?, then any closing quotes or brackets, then a space or the end of the text; a match
+# starts only where a word or a run of marks starts (from inside one, a long run would be read again and again)
+_SENTENCE_END = re.compile(r"(?<![\w.!?])(?P<word>(?:\w+(?:\.\w+)*)?)(?P<end>[.!?]+)[\"'”’)\]]*(?=\s|$)")
+# words whose full stop ends no sentence ("Dr. Smith", "a river, e.g. the Rhone")
+_ABBREVIATIONS = ("mr", "mrs", "ms", "dr", "st", "e.g", "i.e", "etc", "vs")
+
+
+def _sentences(text: str) -> int:
+    """How many sentences the text has: the pieces with a word in them between sentence ends."""
+    n, start = 0, 0
+    for m in _SENTENCE_END.finditer(text):
+        if m["end"] == "." and m["word"].lower() in _ABBREVIATIONS:
+            continue
+        n += bool(re.search(r"\w", text[start : m.end()]))
+        start = m.end()
+    return n + bool(re.search(r"\w", text[start:]))
+
+
 def check(c: dict[str, Any], reply: str) -> tuple[bool, str]:
     t = c["type"]
     s = reply.strip()
@@ -53,7 +71,7 @@ def check(c: dict[str, Any], reply: str) -> tuple[bool, str]:
         n = len(_words(s))
         return n >= int(c["n"]), f"{n} words (at least {c['n']})"
     if t == "max_sentences":
-        n = len([x for x in re.split(r"[.!?]+(?:\s|$)", s) if x.strip()])
+        n = _sentences(s)
         return 0 < n <= int(c["n"]), f"{n} sentences (at most {c['n']})"
     if t == "bullets":
         n = len([ln for ln in s.splitlines() if re.match(r"^\s*[-*]\s+\S", ln)])
