@@ -250,6 +250,36 @@ def test_a_reasoning_block_is_not_scored() -> None:
     assert score_case(short, "<think>" + "word " * 50 + "</think>Just three words", "json")["correct"]
 
 
+def test_reasoning_a_prompt_opened_and_the_token_limit_cut_is_no_answer() -> None:
+    """A DeepSeek-R1 distill's template ends the prompt with <think>: its reply starts inside the reasoning block.
+    Cut at max_tokens before </think>, the reply had no tag at all, and its reasoning was scored as the answer."""
+    from hexstudio.core.eval.render import PromptRenderer
+    from hexstudio.core.eval.scoring import answer_of
+    from hexstudio.core.eval.stage import Plan, score_all
+    from hexstudio.core.eval.suites import Case, Suite
+    from hexstudio.shared.chat_template import ChatFormat
+
+    r1 = "{% for m in messages %}<｜User｜>{{ m.content }}{% endfor %}{{ '<｜Assistant｜><think>\\n' }}"
+    opened = "<｜User｜>Capital of France?<｜Assistant｜><think>\n"
+    assert answer_of("the user asks for Paris", opened) == ""
+    assert answer_of("the user asks for Paris\n</think>\n\nParis.", opened) == "Paris."
+    case = Case(
+        id="fr", scorer="contains", prompt="Capital of France?", expected={"answer": "Paris"}, max_tokens=8
+    )
+    plan = Plan(
+        [Suite("s", "s", "", Path("s.jsonl"), [case], "contains", False)],
+        PromptRenderer("model", ChatFormat("model", r1), "json"),
+    )
+    job = plan.by_case[("s", "fr")]
+    assert job["prompt"] == opened
+    for text, want in (
+        ("so the answer is Paris, unless", "no answer: the reasoning did not finish within max_tokens (8)"),
+        ("so Paris</think>Paris", "matches"),
+    ):
+        per, _ = score_all(plan, {f"float\0{job['key']}": {"text": text}}, "json", None)
+        assert per["s"]["float"]["fr"]["score"]["why"] == want, text
+
+
 def test_a_template_without_tools_is_asked_and_scored_in_bare_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

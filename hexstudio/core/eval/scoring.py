@@ -104,20 +104,32 @@ def check(c: dict[str, Any], reply: str) -> tuple[bool, str]:
 _THINKING = re.compile(r"^\s*(?:<think>)?.*?</think>\s*", re.S)
 
 
-def answer_of(reply: str) -> str:
-    """The reply without a leading <think>...</think> block."""
+def _reasoning_unfinished(reply: str, prompt: str = "") -> bool:
+    """Whether the reply is a reasoning block never closed: one it opened, or one its prompt opened (DeepSeek-R1
+    distills' templates end the prompt with <think>, so the reply starts inside the block)."""
+    opened = reply.lstrip().startswith("<think>") or prompt.rstrip().endswith("<think>")
+    return opened and "</think>" not in reply
+
+
+def answer_of(reply: str, prompt: str = "") -> str:
+    """The reply without a leading <think>...</think> block ("" for reasoning that never finished)."""
     if "</think>" in reply:
         return _THINKING.sub("", reply, count=1)
-    return "" if reply.lstrip().startswith("<think>") else reply
+    return "" if _reasoning_unfinished(reply, prompt) else reply
 
 
-def score_case(case: Case, reply: str, tool_format: str) -> dict[str, Any]:
-    """{"correct": bool, "why": str, ...} for a generated reply (its answer: a reasoning block is not scored). No
-    answer at all (an empty reply, a prompt that filled the context, reasoning cut at the token limit) is wrong
-    for every scorer: it abstained from no tool and kept no instruction."""
-    reply = answer_of(reply)
-    if not reply.strip():
-        return {"correct": False, "why": "no answer (an empty reply, or reasoning cut at the token limit)"}
+def score_case(case: Case, reply: str, tool_format: str, prompt: str = "") -> dict[str, Any]:
+    """{"correct": bool, "why": str, ...} for a generated reply to `prompt` (its answer: a reasoning block is not
+    scored). No answer at all (an empty reply, a prompt that filled the context, reasoning cut at the token limit)
+    is wrong for every scorer: it abstained from no tool and kept no instruction."""
+    answer = answer_of(reply, prompt)
+    if not answer.strip():
+        cut = _reasoning_unfinished(reply, prompt)
+        why = (
+            f"the reasoning did not finish within max_tokens ({case.max_tokens})" if cut else "an empty reply"
+        )
+        return {"correct": False, "why": f"no answer: {why}"}
+    reply = answer
     try:
         if case.scorer == "tool_call":
             parsed = parse_reply(reply, tool_format)

@@ -432,7 +432,7 @@ def score_all(
                             res["parity"] = parity(list(rec.get("ids") or []), list(sim.get("ids") or []))
                             res["reference"] = "sim"
                 else:
-                    res["score"] = score_case(c, str(rec.get("text") or ""), tool_format)
+                    res["score"] = score_case(c, str(rec.get("text") or ""), tool_format, j["prompt"])
                 legs[leg][c.id] = res
                 row["legs"][leg] = {k: v for k, v in res.items() if k != "text"} | {
                     "reply": (rec.get("text") or "")[:400]
