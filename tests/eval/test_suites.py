@@ -43,6 +43,17 @@ def test_shipped_suites_load() -> None:
             "expects",
         ),
         ('{"scorer": "exact"}', 'needs "prompt"'),
+        # a NUL character or a blank prompt passed, then every board run of the case failed
+        (
+            '{"prompt": "a\\u0000b", "scorer": "contains", "expected": {"answer": "b"}}',
+            '"prompt" holds a NUL',
+        ),
+        (
+            '{"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "\\u0000"}], '
+            '"scorer": "contains", "expected": {"answer": "b"}}',
+            "message 2 (user) holds a NUL",
+        ),
+        ('{"prompt": "  ", "scorer": "contains", "expected": {"answer": "b"}}', '"prompt" is blank'),
         # "name" read as the keys n, a, m, e; 5 made every case "could not be scored"; "?" matched every reply
         (
             '{"prompt": "x", "scorer": "instruction", "checks": [{"type": "json", "keys": "name"}]}',

@@ -146,6 +146,31 @@ def _check_tools(path: Path, n: int, tools: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _check_texts(path: Path, n: int, prompt: str | None, messages: list[dict[str, Any]] | None) -> None:
+    """What the case asks, as Genie can take it (hexstudio.core.genie.session.check_message): no NUL character in
+    any text, and a prompt that asks something (a blank one is an empty query in plain completion). Either passed
+    here, then failed on the board at every run."""
+    texts = [('"prompt"', prompt)] + [
+        (f"the content of message {i} ({m['role']})", m.get("content"))
+        for i, m in enumerate(messages or [], 1)
+    ]
+    for where, text in texts:
+        if isinstance(text, str) and "\x00" in text:
+            raise _bad(
+                path,
+                n,
+                f"{where} holds a NUL character (\\u0000): Genie would see only the text before it.",
+                "Remove the \\u0000 from that text, then add the suite again.",
+            )
+    if messages is None and prompt is not None and not prompt.strip():
+        raise _bad(
+            path,
+            n,
+            '"prompt" is blank: the model would be asked nothing.',
+            'Write the question in "prompt" (or the chat in "messages"), then add the suite again.',
+        )
+
+
 def _case(path: Path, n: int, doc: dict[str, Any], default_scorer: str | None, default_max: int) -> Case:
     scorer = doc.get("scorer", default_scorer)
     if scorer is None:
@@ -178,6 +203,8 @@ def _case(path: Path, n: int, doc: dict[str, Any], default_scorer: str | None, d
             n,
             '"messages" must be a list of {"role": system|user|assistant|tool, "content": ...} objects.',
         )
+    if scorer != "perplexity":
+        _check_texts(path, n, prompt, messages)
     tools = _check_tools(path, n, doc["tools"]) if doc.get("tools") is not None else None
     expected = doc.get("expected") or {}
     if not isinstance(expected, dict):
