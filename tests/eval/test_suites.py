@@ -30,6 +30,24 @@ def test_shipped_suites_load() -> None:
             '"expected": {"calls": [{"name": "b"}]}}',
             "not among the case's tools",
         ),
+        # an expected call its tool's schema refuses could never be scored right
+        (
+            '{"prompt": "x", "scorer": "tool_call", "tools": [{"type": "function", "function": {"name": "a", '
+            '"parameters": {"properties": {"city": {}}}}}], "expected": {"calls": [{"name": "a", "arguments": '
+            '{"town": "Lyon"}}]}}',
+            "passes 'town', which is not among the tool's parameters (city)",
+        ),
+        (
+            '{"prompt": "x", "scorer": "tool_call", "tools": [{"type": "function", "function": {"name": "a", '
+            '"parameters": {"properties": {"city": {}, "days": {}}, "required": ["city"]}}}], '
+            '"expected": {"calls": [{"name": "a", "arguments": {"days": 2}}]}}',
+            "leaves out 'city', which the tool requires",
+        ),
+        (
+            '{"prompt": "x", "scorer": "tool_call", "tools": [{"type": "function", "function": {"name": "a", '
+            '"parameters": {"properties": 5}}}], "expected": {"abstain": true}}',
+            '"properties" must be an object',
+        ),
         ('{"prompt": "x", "scorer": "instruction", "checks": [{"type": "rhyme"}]}', "unknown check"),
         # a check without what it reads was accepted, then scored every case wrong
         ('{"prompt": "x", "scorer": "instruction", "checks": [{"type": "max_words"}]}', 'needs "n"'),

@@ -142,6 +142,15 @@ def _check_tools(path: Path, n: int, tools: Any) -> list[dict[str, Any]]:
         params = f.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
             raise _bad(path, n, f'tool {f["name"]!r}: "parameters" must be a JSON schema object.')
+        required = params.get("required") or []
+        if not isinstance(params.get("properties") or {}, dict) or not (
+            isinstance(required, list) and all(isinstance(k, str) for k in required)
+        ):
+            raise _bad(
+                path,
+                n,
+                f'tool {f["name"]!r}: "properties" must be an object and "required" a list of parameter names.',
+            )
         out.append({"type": "function", "function": {**f, "parameters": params}})
     return out
 
@@ -169,6 +178,30 @@ def _check_texts(path: Path, n: int, prompt: str | None, messages: list[dict[str
             '"prompt" is blank: the model would be asked nothing.',
             'Write the question in "prompt" (or the chat in "messages"), then add the suite again.',
         )
+
+
+def _check_expected_arguments(path: Path, n: int, call: dict[str, Any], params: dict[str, Any]) -> None:
+    """An expected call the tool's schema allows, as the scorer reads it (toolcall.match_call): a call with an
+    argument the schema does not name, or without one it requires, can never be scored right."""
+    props = params.get("properties") or {}
+    args = call.get("arguments") or {}
+    for k in args:
+        if props and k not in props:
+            raise _bad(
+                path,
+                n,
+                f"the expected call {call['name']!r} passes {k!r}, which is not among the tool's parameters "
+                f"({', '.join(props)}).",
+                f'Name one of the tool\'s parameters, or add {k!r} to its "properties".',
+            )
+    for k in params.get("required") or []:
+        if k not in args:
+            raise _bad(
+                path,
+                n,
+                f"the expected call {call['name']!r} leaves out {k!r}, which the tool requires.",
+                f'Add {k!r} to the expected call\'s "arguments", or take it out of the tool\'s "required".',
+            )
 
 
 def _case(path: Path, n: int, doc: dict[str, Any], default_scorer: str | None, default_max: int) -> Case:
@@ -231,15 +264,16 @@ def _case(path: Path, n: int, doc: dict[str, Any], default_scorer: str | None, d
                 'a tool_call case expects {"calls": [{"name": ..., "arguments": {...}}]} or '
                 '{"abstain": true}.',
             )
-        names = {t["function"]["name"] for t in tools}
+        params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
         for c in calls or []:
-            if c["name"] not in names:
+            if c["name"] not in params:
                 raise _bad(
                     path,
                     n,
                     f"the expected call {c['name']!r} is not among the case's tools "
-                    f"({', '.join(sorted(names))}).",
+                    f"({', '.join(sorted(params))}).",
                 )
+            _check_expected_arguments(path, n, c, params[c["name"]])
     if scorer in ("exact", "contains", "regex") and not isinstance(expected.get("answer"), (str, list)):
         raise _bad(path, n, f'a {scorer} case needs {{"expected": {{"answer": "..."}}}}.')
     if scorer == "regex":
