@@ -108,6 +108,12 @@ def _verdict_evaluate(m: RunView) -> GateResult:
         if ref == "htp"
         else "host quantized simulation's"
     )
+    if ref == "empty":
+        return GateResult(
+            True,
+            "every suite scored on each leg; greedy parity compared no tokens (every continuation ended at once "
+            "on the board and on the host)",
+        )
     if ref == "none":
         return GateResult(
             True,

@@ -367,3 +367,45 @@ def test_compare_sets_side_by_side_only_the_same_suite_and_cases() -> None:
         "greedy_parity · board",
     ]
     assert same["skipped"] == [] and same["note"] is None
+
+
+def test_parity_of_empty_continuations_on_both_sides_is_said_as_such(tmp_path: Path) -> None:
+    """Every parity case ended at once on the board and on the host: the reference was there and agreed, but the
+    suite said "not measured (no host reference)" and the warning asked to add the sim leg, which was there."""
+    from hexstudio.core.eval import stage
+    from hexstudio.core.eval.scoring import parity, suite_scores
+    from hexstudio.core.eval.suites import Case
+
+    cases = [Case(id=f"p{i}", scorer="parity", prompt="Once", max_tokens=8) for i in range(2)]
+    results = {"board": {c.id: {"parity": parity([], [])} for c in cases}}
+    board = suite_scores(cases, results, "parity")["legs"]["board"]
+    assert board["text"] == "no tokens to compare (every continuation empty on both sides)", board
+    assert board["value"] is None and board["compared"] == 2
+
+    class Seen:
+        def __init__(self) -> None:
+            self.metrics: dict[str, Any] = {}
+            self.codes: list[str] = []
+
+        def metric(self, name: str, value: Any, **_: Any) -> None:
+            self.metrics[name] = value
+
+        def warning(self, message: str, hint: str, code: str) -> None:
+            self.codes.append(code)
+
+    em = Seen()
+    stage._emit_parity(em, [board], "sim")
+    assert em.metrics == {"parity_reference": "empty"} and em.codes == ["parity_empty"]
+    # no reference at all: not measured, as before
+    unmeasured = suite_scores(cases, {"board": {c.id: {} for c in cases}}, "parity")["legs"]["board"]
+    em = Seen()
+    stage._emit_parity(em, [unmeasured], "sim")
+    assert unmeasured["text"] == "not measured (no host reference)" and em.codes == ["parity_not_measured"]
+    # the gate says what happened, neither "not measured" nor a perfect "0/0"
+    from hexstudio.core.runs import Workspace as Ws
+    from tests.support.gate_runs import finish_stage
+
+    m = Ws(tmp_path).create_run("builtin:tiny-llama", "sim", {})
+    finish_stage(m, "evaluate", {"parity_reference": "empty"})
+    gate = m.stage("evaluate").data["gate"]
+    assert gate["passed"] and "greedy parity compared no tokens" in gate["reason"], gate

@@ -207,15 +207,22 @@ def suite_scores(
             m = sum(int(r["parity"]["matched"]) for r in done if r.get("parity"))
             n = sum(int(r["parity"]["total"]) for r in done if r.get("parity"))
             exact = sum(1 for r in done if (r.get("parity") or {}).get("exact"))
+            compared = sum(1 for r in done if r.get("parity"))
             out["legs"][leg] = {
                 "value": round(m / n, 4) if n else None,
                 "matched": m,
                 "total": n,
                 "exact_cases": exact,
+                "compared": compared,
                 "cases": len(done),
                 "of": len(cases),
-                # no host reference to compare with (no sim leg, no tokenizer): not measured, never "0/0"
-                "text": f"{m}/{n}" if n else "not measured (no host reference)",
+                # no host reference to compare with (no sim leg, no tokenizer): not measured, never "0/0"; compared
+                # but empty on both sides: said as such, not as a missing reference
+                "text": f"{m}/{n}"
+                if n
+                else "no tokens to compare (every continuation empty on both sides)"
+                if compared
+                else "not measured (no host reference)",
             }
         else:
             correct = sum(1 for r in done if (r.get("score") or {}).get("correct"))

@@ -310,6 +310,16 @@ def _emit_parity(em: Any, boards: list[dict[str, Any]], reference: str) -> None:
     compare with, or no tokenizer in the bundle) it is "not measured", said so, never a perfect 0/0."""
     matched = sum(int(b["matched"]) for b in boards)
     total = sum(int(b["total"]) for b in boards)
+    if total == 0 and any(b.get("compared") for b in boards):
+        em.metric("parity_reference", "empty")
+        em.warning(
+            "Greedy parity compared no tokens: every parity case ended at once on the board and on the host "
+            "(an immediate end of text, or a prompt that filled the context). They agree, but nothing was checked.",
+            "Use parity prompts the model continues (and room in the context for max_tokens), then run the "
+            "Evaluate stage again.",
+            code="parity_empty",
+        )
+        return
     if total == 0:
         em.metric("parity_reference", "none")
         em.warning(
