@@ -275,6 +275,19 @@ def test_the_scores_table_has_a_column_for_each_leg_the_evaluation_ran(qtbot: An
     assert row == ["Instruction following", "75%", "50%", "+0.250"]
     legend = [label.text for _sample, label in page.plot_legend.items]
     assert legend == ["host float", "host quantized (simulation)"]
+    # a hand-made evaluate.json that says neither where it ran nor its formats: not "Board: device. Prompts: None"
+    doc = json.loads(evaluation({"float": 0.75, "board": 0.5}, {}, "device"))
+    for key in ("source", "simulated", "prompt_format", "tool_format"):
+        del doc[key]
+    rewrite_output(m, "evaluate", "evaluate.json", json.dumps(doc))
+    page.refresh()
+    said = page.source_label.text()
+    assert "Board: not stated" in said and "device" not in said and "None" not in said, said
+    rewrite_output(m, "evaluate", "evaluate.json", evaluation({"board": 0.5}, {}, "device"))
+    page.refresh()
+    assert (
+        "<b>Board: device.</b> Prompts: chat. Tool calls read in the json format." in page.source_label.text()
+    )
 
 
 def test_inspect_shows_it_is_busy_and_clears_the_previous_model(

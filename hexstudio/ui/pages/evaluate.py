@@ -252,13 +252,17 @@ class EvaluatePage(StagePage):
                     f"{warn}<b>SIMULATED board</b>: the board column comes from the simulator board on this CPU "
                     "(real Genie on Qualcomm's HTP simulator, or the onnxruntime twin), not a device.</span> "
                 )
-            else:
+            elif doc.get("source") == "device":
                 where = "<b>Board: device.</b> "
-            self.source_label.setText(
-                self._earlier_attempt(warn)
-                + where
-                + f"Prompts: {doc.get('prompt_format')}; tool calls read in the {doc.get('tool_format')} format."
-            )
+            else:  # a hand-made or older evaluate.json: never shown as a device's without its word
+                where = (
+                    f"{warn}<b>Board: not stated</b>: evaluate.json does not say where these scores were "
+                    "computed.</span> "
+                )
+            said = [f"Prompts: {doc['prompt_format']}."] if doc.get("prompt_format") else []
+            if doc.get("tool_format"):
+                said.append(f"Tool calls read in the {doc['tool_format']} format.")
+            self.source_label.setText(self._earlier_attempt(warn) + where + " ".join(said))
             self._show_scores(doc)
         self._load_runs()
         self.refresh_compare()
