@@ -98,3 +98,28 @@ def test_the_models_own_stop_strings_are_the_default(tmp_path: Path, fake_genie:
 
     whole, r = asyncio.run(go())
     assert r.stop == "host" and r.stop_hit and r.text == " ".join(whole.text.split(" ")[:2])
+
+
+def test_the_bundles_own_stop_sequence_is_cut_on_the_host_where_genie_cannot(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
+    """genie_config.json's dialog "stop-sequence" ends a reply on a board; where the loaded libGenie cannot take
+    stop sequences (and on the simulator board) the host cut only the request's stop strings, so the reply ran
+    on past the bundle's own."""
+    import json
+
+    bundle = fake_genie.bundle(tmp_path / "bundle", init_ms=50, token_ms=10, tokens=12)
+    board = fake_board(tmp_path, fake_genie)
+
+    async def send() -> TurnResult:
+        async with ChatSession(board, str(bundle), Conversation(template="plain"), max_tokens=12) as s:
+            return await s.send("What now")
+
+    whole = asyncio.run(send())
+    stop = " " + whole.text.split(" ")[2]
+    cfg_path = bundle / "genie_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["dialog"]["stop-sequence"] = [stop]
+    cfg_path.write_text(json.dumps(cfg))
+    r = asyncio.run(send())
+    assert r.stop == "host" and r.stop_hit and r.text == whole.text[: whole.text.index(stop)], r.text

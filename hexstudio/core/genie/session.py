@@ -752,9 +752,9 @@ class ChatSession:
         if self.stop_sequences and wanted != self._stops_on_dialog:
             # Genie's own: GenieDialog_setStopSequence (they stay set for later queries)
             query["stop"] = wanted
-        if stops:
+        if wanted:  # the config's own stop-sequence too: a runner without stop sequences has them cut here
             stop_by = "genie" if self.stop_sequences else "host"
-            cut = None if self.stop_sequences else StopCut(stops)
+            cut = None if self.stop_sequences else StopCut(wanted)
         await h.send(query)
         r = await self._stream_reply(h, qid, turn, t0, on_chunk, stop, wanted, stops, cut, stop_by)
         chunks, state, error, end, cut, stop_by = r.chunks, r.state, r.error, r.end, r.cut, r.stop_by

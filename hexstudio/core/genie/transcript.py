@@ -191,6 +191,11 @@ class TranscriptParser:
             return
         if not line.strip():
             return
+        if self.t.state == "not_started" and line.startswith(END_MARKERS):
+            # genie-t2t-run prints [BEGIN] with the first token: a reply whose first token is an EOS (or one aborted
+            # before it) prints only its end (qualla basic.cpp calls back with END alone)
+            self.t.state = "aborted" if line.startswith("[ABORT]") else "complete"
+            return
         if line.startswith("Using libGenie.so version"):
             self.t.genie_version = line.split("version", 1)[1].split()[0]
             self.t.simulated = "simulator" in line.lower() or "simulated" in line.lower()

@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         return {
             "state": state,
             "status": 4 if state == "context_full" else 0,
-            "profile": profile_doc(dialog.init_us, q),
+            "profile": None
+            if state == "context_full"
+            else profile_doc(dialog.init_us, q),  # as the board helper
             "n_past": q["n_past"],
             "wall_ms": round((time.perf_counter() - t0) * 1000, 3),
         }

@@ -63,18 +63,24 @@ def log(level: str, want: str | None, msg: str) -> None:
         print(f'[{level.upper()}]  "{msg}"', flush=True)
 
 
+# Genie's values for a sampler key the config leaves out (qualla sampler.cpp): greedy only when asked for
+SAMPLER_DEFAULTS = {"temp": 0.1, "top-k": 0, "top-p": 0.8, "seed": -1}
+
+
 def sample(logits: Any, sampler: dict[str, Any], rng: Any) -> int:
+    """One token as Genie's sampler draws it: greedy at temp <= 0 or top-k 1; top-k 0 keeps every token."""
     import numpy as np
 
-    temp = float(sampler.get("temp", 0.0))
-    top_k = int(sampler.get("top-k", 1))
+    temp = float(sampler.get("temp", SAMPLER_DEFAULTS["temp"]))
+    top_k = int(sampler.get("top-k", SAMPLER_DEFAULTS["top-k"]))
     if temp <= 0 or top_k == 1:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / temp
-    idx = np.argsort(-z)[: max(1, top_k)]
+    order = np.argsort(-z)
+    idx = order if top_k <= 0 else order[:top_k]
     p = np.exp(z[idx] - z[idx].max())
     p /= p.sum()
-    top_p = float(sampler.get("top-p", 1.0))
+    top_p = float(sampler.get("top-p", SAMPLER_DEFAULTS["top-p"]))
     keep = int(np.searchsorted(np.cumsum(p), top_p) + 1)
     idx, p = idx[:keep], p[:keep] / p[:keep].sum()
     return int(rng.choice(idx, p=p))
@@ -305,7 +311,8 @@ class SimDialog:
         import numpy as np
 
         self.sampler = {**self.sampler, **values}
-        self.rng = np.random.default_rng(int(self.sampler.get("seed", 42)))
+        seed = int(self.sampler.get("seed", SAMPLER_DEFAULTS["seed"]))
+        self.rng = np.random.default_rng(None if seed < 0 else seed)  # Genie: a negative seed is the clock's
         return self.sampler
 
     def reset(self) -> None:
@@ -359,8 +366,10 @@ class SimDialog:
                     break
                 logits = self.pair.step(nxt)
             gen_us = (time.perf_counter() - t_first) * 1e6
-            if state == "complete" and cap and room < cap and len(generated) >= room:
-                state = "context_full"  # the reply was cut short by the context length
+            if state == "complete" and len(generated) >= room and (cap is None or room < cap):
+                # the reply was cut short by the context length, with or without a reply budget (Genie throws
+                # "Context limit exceeded" once n_past reaches the context size: qualla basic.cpp)
+                state = "context_full"
         except ContextFull:
             state = "context_full"
             gen_us = max(0.0, (time.perf_counter() - t0) * 1e6 - ttft_us)
@@ -436,14 +445,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log("info", args.log, "Using create From Binary (simulated: ONNX parts)")
     print(f"\n[PROMPT]: {prompt}\n", flush=True)
-    sys.stdout.write("[BEGIN]: ")
-    sys.stdout.flush()
 
     stamps: list[tuple[float, int]] = []  # (monotonic time, reply characters so far): bench/stream.py
     written = 0
 
     def on_text(text: str, tokens: int = 1) -> None:
         nonlocal written
+        if (
+            not stamps
+        ):  # genie-t2t-run prints [BEGIN] with the first token: a reply that is EOS at once has none
+            sys.stdout.write("[BEGIN]: ")
         written += len(text)
         stamps.append((time.monotonic(), written))  # taken just before the write
         sys.stdout.write(text)
@@ -463,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write("[END]\n")
     sys.stdout.flush()
-    if args.profile:
+    if args.profile and q["state"] != "context_full":  # Genie's exception path writes no profile (main.cpp)
         Path(args.profile).write_text(json.dumps(profile_doc(dialog.init_us, q), indent=2))
     if q["state"] == "context_full":  # after [END]: a log line inside the reply would become reply text
         log("warn", "warn", "context full: the prompt and reply do not fit in the context length")
