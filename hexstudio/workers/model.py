@@ -186,9 +186,30 @@ def allow_patterns(info: Any) -> list[str]:
     names = [str(f.rfilename) for f in getattr(info, "siblings", None) or []]
     weights = [n for n in names if n.endswith(".safetensors") and "/" not in n]
     shards = [n for n in weights if n.startswith("model")]
-    if not shards or len(shards) == len(weights):
+    return list(ALLOW_PATTERNS) if len(shards) == len(weights) else _shards_only(shards)
+
+
+def _shards_only(shards: list[str]) -> list[str]:
+    """The patterns with these weight files by name in place of "*.safetensors" (none: the plain patterns)."""
+    return [p for p in ALLOW_PATTERNS if p != "*.safetensors"] + shards if shards else list(ALLOW_PATTERNS)
+
+
+def offline_patterns(cache: Path, model_id: str, revision: str | None) -> list[str]:
+    """What to take from the cache when the repo cannot be listed (offline): a cached snapshot with a shard index
+    takes those shards by name, else the plain patterns. With "*.safetensors", huggingface_hub held the cached
+    listing's consolidated.safetensors (never fetched: allow_patterns) against the snapshot and called a complete
+    model incomplete."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo = cache / repo_folder_name(repo_id=model_id, repo_type="model")
+    ref = repo / "refs" / (revision or "main")
+    commit = ref.read_text().strip() if ref.is_file() else (revision or "")
+    try:
+        doc = json.loads((repo / "snapshots" / commit / "model.safetensors.index.json").read_text())
+        shards = sorted({str(v) for v in doc["weight_map"].values()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return list(ALLOW_PATTERNS)
-    return [p for p in ALLOW_PATTERNS if p != "*.safetensors"] + shards
+    return _shards_only(shards) if commit else list(ALLOW_PATTERNS)
 
 
 def _expected_blobs(info: Any, patterns: list[str]) -> dict[str, int]:
@@ -262,7 +283,7 @@ def download(
         if mapped.code not in ("offline", "network"):
             raise mapped from None
         info = None
-    patterns = allow_patterns(info)
+    patterns = allow_patterns(info) if info is not None else offline_patterns(cache, model_id, revision)
     expected = _expected_blobs(info, patterns) if info is not None else {}
     total = sum(expected.values())
     blobs_dir = cache / repo_folder_name(repo_id=model_id, repo_type="model") / "blobs"

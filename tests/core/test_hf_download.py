@@ -303,6 +303,39 @@ def test_a_repo_with_its_authors_own_copy_of_the_weights_fetches_only_the_shards
     assert check_weights(folder)["files"] == ["model-00001-of-00001.safetensors"]
 
 
+def test_a_cached_model_with_its_authors_own_copy_is_used_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Downloaded online (the shards only), then offline: huggingface_hub held its cached listing, which names
+    consolidated.safetensors, against the "*.safetensors" pattern and called the complete model incomplete; the
+    stage said the model was not cached."""
+    from safetensors.numpy import save_file
+
+    commit = "c" * 40
+    repo = tmp_path / ("models--" + MODEL.replace("/", "--"))
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    shard = "model-00001-of-00001.safetensors"
+    save_file({"a": np.ones((2, 2), np.float32)}, str(snap / shard))
+    (snap / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shard}}))
+    (snap / "config.json").write_text('{"model_type": "llama"}')
+    listed = {"config.json", "model.safetensors.index.json", shard, "consolidated.safetensors"}
+    (repo / "trees").mkdir()
+    (repo / "trees" / f"{commit}.json").write_text(
+        json.dumps({"format_version": 1, "files": {n: {"size": 1, "blob_id": "0" * 40} for n in listed}})
+    )
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+
+    def offline(model_id: str, **_: Any) -> Any:
+        raise LocalEntryNotFoundError("offline")
+
+    path, rev = download(MODEL, None, Emitter(io.StringIO()), repo_info=offline, cache_dir=tmp_path)
+    assert Path(path) == snap and rev == commit
+
+
 def test_a_download_that_stalls_ends_with_a_network_error_saying_it_resumes(tmp_path: Path) -> None:
     looked_up: dict[str, Any] = {}
 
