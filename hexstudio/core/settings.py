@@ -24,7 +24,7 @@ from hexstudio.shared.bundle import KNOWN_DEVICES
 from hexstudio.shared.bundle.speculative import settings_problem as speculative_settings_problem
 from hexstudio.shared.errors import ActionableError
 
-SETTINGS_VERSION = 2
+SETTINGS_VERSION = 3
 
 # Per-run defaults, from the one registry of run settings (hexstudio/shared/run_settings.py: type, default,
 # range or choices, unit, label, help, the stages that read each). Model-specific values (context length,
@@ -75,7 +75,6 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "boards": {},  # name -> {host, port, user, auth, key_path, ssh_alias, qairt_home}
     "default_board": "sim",
     "worker_hosts": {},  # name -> {host, port, user, auth, key_path, python, root} (hexstudio.core.remote)
-    "aihub": {"api_url": "https://app.aihub.qualcomm.com", "web_url": "https://app.aihub.qualcomm.com"},
     "run_defaults": {},  # overrides of DEFAULT_RUN_SETTINGS
     "include_host_in_reports": False,
 }
@@ -100,7 +99,25 @@ def _v1_to_v2(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1, 1: _v1_to_v2}
+# Qualcomm's own AI Hub addresses: the run settings' default (unset) already means them
+PUBLIC_AIHUB = ("https://app.aihub.qualcomm.com", "https://workbench.aihub.qualcomm.com")
+
+
+def _v2_to_v3(d: dict[str, Any]) -> dict[str, Any]:
+    # v2 kept AI Hub's addresses in an "aihub" section nothing read: the Compile stage reads the run settings
+    # aihub_api_url / aihub_web_url, so a private hub's address set there was lost. It becomes a run default.
+    hub = d.pop("aihub", None)
+    defaults = d.get("run_defaults") or {}
+    for key, setting in (("api_url", "aihub_api_url"), ("web_url", "aihub_web_url")):
+        url = hub.get(key) if isinstance(hub, dict) else None
+        if isinstance(url, str) and url.strip() and url.rstrip("/") not in PUBLIC_AIHUB:
+            defaults.setdefault(setting, url.strip())
+    d["run_defaults"] = defaults
+    d["settings_version"] = 3
+    return d
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3}
 
 
 class SettingsError(ActionableError):

@@ -210,7 +210,7 @@ def test_a_settings_section_written_as_null_is_empty_not_a_crash(tmp_path: Path)
     s = Settings.load(path)
     assert s.boards == {} and (s.data.get("worker_hosts") or {}) == {}
     path.write_text(json.dumps({"settings_version": 1, "aihub": None, "aihub_url": "https://hub.invalid"}))
-    assert Settings.load(path).data["aihub"]["api_url"] == "https://hub.invalid"
+    assert Settings.load(path).run_defaults()["aihub_api_url"] == "https://hub.invalid"
 
 
 def test_settings_migrate_from_v0_and_keep_a_backup(tmp_path: Path) -> None:
@@ -226,8 +226,14 @@ def test_settings_migrate_from_v0_and_keep_a_backup(tmp_path: Path) -> None:
     s = Settings.load(path)
     assert s.data["settings_version"] == SETTINGS_VERSION
     assert s.boards == {"evk": {"host": "10.0.0.5", "user": "ubuntu"}}
-    assert s.data["aihub"]["api_url"] == "https://example.invalid"
+    # v2 moved the address to an "aihub" section nothing read; v3 makes it the run setting the Compile stage reads
+    assert s.run_defaults()["aihub_api_url"] == "https://example.invalid" and "aihub" not in s.data
+    assert s.run_defaults()["aihub_web_url"] == "https://example.invalid"
     assert (tmp_path / "settings.json.v0.bak").exists()
+    # Qualcomm's own address (v2's default) is what an unset run setting means already: nothing is added
+    public = {"api_url": "https://app.aihub.qualcomm.com", "web_url": "https://app.aihub.qualcomm.com/"}
+    path.write_text(json.dumps({"settings_version": 2, "aihub": public, "run_defaults": {"parts": 4}}))
+    assert Settings.load(path).data["run_defaults"] == {"parts": 4}
     assert json.loads(path.read_text())["settings_version"] == SETTINGS_VERSION
     path.write_text(json.dumps({"settings_version": SETTINGS_VERSION + 1}))
     with pytest.raises(SettingsError, match="newer HexStudio"):
