@@ -186,8 +186,12 @@ def hub_unreachable(timeout: float = REACH_TIMEOUT_S) -> str | None:
     no_proxy = (os.environ.get("NO_PROXY") or os.environ.get("no_proxy") or "").replace(" ", "").split(",")
     u = urlparse(endpoint)
     host = u.hostname or "huggingface.co"
-    if proxy and not any(
-        n and (host == n.lstrip(".") or host.endswith("." + n.lstrip("."))) for n in no_proxy
+    if (
+        proxy
+        and "*" not in no_proxy
+        and not any(  # NO_PROXY=*: no host goes through the proxy
+            n and (host == n.lstrip(".") or host.endswith("." + n.lstrip("."))) for n in no_proxy
+        )
     ):
         u = urlparse(proxy if "://" in proxy else f"http://{proxy}")
     target = (u.hostname or host, u.port or (443 if u.scheme == "https" else 80))
@@ -239,7 +243,9 @@ def fetch_config(model: str, revision: str | None = None) -> dict[str, Any]:
                 "Check the internet connection, proxy (HTTPS_PROXY) and firewall; or give a local folder with the "
                 "model. To work from the cache only, set HF_HUB_OFFLINE=1.",
             ) from None
-        mapped = hub_error(exc, model, revision, hub_cache(), has_token=token.found)
+        mapped = hub_error(
+            exc, model, revision, hub_cache(), has_token=token.found, keyring_error=token.keyring_error
+        )
         if mapped is not None:
             raise HubConfigError(
                 f"Cannot read config.json of '{model}'{at}: {mapped.message}", mapped.hint

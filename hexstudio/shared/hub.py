@@ -63,8 +63,11 @@ def hub_error(
     cache: Path | None = None,
     need_bytes: int | None = None,
     has_token: bool | None = None,
+    keyring_error: str | None = None,
 ) -> HubError | None:
-    """huggingface_hub's failures as errors a person can act on; None for anything not recognised."""
+    """huggingface_hub's failures as errors a person can act on; None for anything not recognised.
+    `keyring_error`: why the keyring could not be read for the token, where the caller asked it (a worker is told
+    through its environment: keyring_unread)."""
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -74,7 +77,7 @@ def hub_error(
     )
 
     token = bool(hub_token()) if has_token is None else has_token
-    unread = None if token else keyring_unread()
+    unread = None if token else keyring_error or keyring_unread()
     # no token because the keyring could not be read: that, not "log in", is what to fix
     token_hint = f"HexStudio's keyring could not be read for the token: {unread}" if unread else TOKEN_HINT
     full = find_cause(exc, lambda e: isinstance(e, OSError) and e.errno == errno.ENOSPC)
@@ -156,6 +159,15 @@ def hub_error(
             "hub_unavailable",
             f"Hugging Face answered with a server error ({status}).",
             "The hub is having trouble: try again later (https://status.huggingface.co).",
+        )
+    proxy = find_cause(exc, lambda e: "ProxyError" in {c.__name__ for c in type(e).__mro__})
+    if proxy is not None:  # httpx's ProxyError is a TransportError, not a NetworkError: a proxy said no
+        return HubError(
+            "proxy",
+            f"The proxy refused the connection to Hugging Face for {model_id} ({proxy}).",
+            "Check HTTPS_PROXY: a proxy that asks for a login needs it in the address "
+            "(http://user:password@proxy:port), or set NO_PROXY=huggingface.co to go around it. Then run "
+            "the Model stage again.",
         )
     if isinstance(exc, LocalEntryNotFoundError) or find_cause(exc, _is_network_error) is not None:
         if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):

@@ -72,6 +72,8 @@ def hub_answer(status: int, code: str | None = None, message: str | None = None)
             ["Cannot reach huggingface.co", "resumes"],
         ),
         (lambda: httpx.ConnectError("[Errno -3] Temporary failure in name resolution"), "network", ["proxy"]),
+        # a proxy that asks for a login: httpx's ProxyError is no NetworkError (it was not recognised at all)
+        (lambda: httpx.ProxyError("407 Proxy Authentication Required"), "proxy", ["HTTPS_PROXY", "NO_PROXY"]),
         (lambda: OSError(errno.ENOSPC, "No space left on device"), "disk_full", ["HF_HOME", "Free space"]),
     ],
 )
@@ -87,6 +89,13 @@ def test_hub_errors_become_clear_errors(
     for n in needles:
         assert n in text, (n, text)
     assert "bug" not in text.lower()
+
+
+def test_a_keyring_the_caller_could_not_read_is_the_hint_not_log_in() -> None:
+    """The CLI and the studio read the keyring themselves: a locked one was said as "log in with `hexstudio hf
+    login`", which fails against the same keyring."""
+    gated = hub_error(hub_answer(401, None, "Invalid"), MODEL, has_token=False, keyring_error="it is locked")
+    assert gated is not None and "keyring could not be read for the token: it is locked" in (gated.hint or "")
 
 
 def test_full_disk_deep_in_the_cause_chain_is_found() -> None:

@@ -70,6 +70,12 @@ def test_a_proxy_is_what_is_tried(no_proxy_env: None, monkeypatch: pytest.Monkey
     monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
     why = hub_unreachable()
     assert why is not None and f"127.0.0.1:{port} (the proxy)" in why
+    # NO_PROXY=* sends every host around the proxy (httpx's reading): the proxy's state says nothing of the Hub
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("NO_PROXY", "*")
+    why = hub_unreachable()
+    assert why is not None and "(the proxy)" not in why and f"127.0.0.1:{port}" in why, why
 
 
 def test_cli_inspect_offline_is_quick_and_a_cached_config_still_reads(tmp_path: Path) -> None:
