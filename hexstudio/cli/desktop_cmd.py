@@ -41,8 +41,21 @@ def windows_desktop() -> Path | None:
     return cfg.parent / "Desktop" if cfg else None
 
 
+# what HexStudio.cmd starts inside WSL (install() makes it, as a link to a hexstudio-launch launcher)
+WINDOWS_LAUNCHER = Path("~/.local/bin/hexstudio-launch")
+
+
 def cmd_install_desktop(args: argparse.Namespace) -> int:
     launcher = args.launcher or desktop.default_launcher()
+    started = WINDOWS_LAUNCHER.expanduser()
+    if args.windows_shortcut and Path(launcher).name != "hexstudio-launch" and not started.exists():
+        # a pip install has no hexstudio-launch: the shortcut would fail at every click
+        raise CliError(
+            f"The Windows shortcut starts {WINDOWS_LAUNCHER} inside WSL, and this install has no hexstudio-launch "
+            f"(the launcher is {launcher}).",
+            "Run packaging/install-workstation.sh (it makes hexstudio-launch), or give --launcher "
+            "PATH/TO/hexstudio-launch; the menu entry alone needs neither (leave out --windows-shortcut).",
+        )
     try:
         res = desktop.install(launcher, args.data_dir, args.bin_dir)
     except FileNotFoundError as exc:

@@ -104,6 +104,25 @@ def test_cli_install_desktop_without_launcher_explains(
     assert rc != 0 and "install-workstation.sh" in capsys.readouterr().err
 
 
+def test_a_windows_shortcut_without_hexstudio_launch_is_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pip install's launcher is `hexstudio`: no hexstudio-launch link is made, yet HexStudio.cmd, which starts
+    ~/.local/bin/hexstudio-launch, went to the Windows desktop and failed at every click."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    plain = tmp_path / "venv" / "bin" / "hexstudio"
+    plain.parent.mkdir(parents=True)
+    plain.write_text("#!/bin/sh\nexit 0\n")
+    plain.chmod(0o755)
+    share = tmp_path / "share"
+    rc = cli_main(
+        ["install-desktop", "--launcher", str(plain), "--data-dir", str(share), "--windows-shortcut"]
+    )
+    err = capsys.readouterr().err
+    assert rc != 0 and "~/.local/bin/hexstudio-launch" in err and "install-workstation.sh" in err, err
+    assert not share.exists()  # nothing written
+
+
 def test_windows_shortcut_starts_the_installed_launcher_through_wsl() -> None:
     data = (ROOT / "hexstudio" / "core" / "desktop_files" / "HexStudio.cmd").read_bytes()
     assert data.count(b"\r\n") == data.count(b"\n"), "a .cmd needs CRLF line endings"
