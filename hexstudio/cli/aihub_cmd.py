@@ -79,7 +79,7 @@ def cmd_logout(args: argparse.Namespace) -> int:
     try:
         had, st = aihub_token.remove_token()
     except secrets.SecretStoreError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError.of(exc) from None
     if args.json:
         print_json({"ok": True, "removed": had, **st})
         return 0

@@ -60,7 +60,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         dev = gb.device_info(args.device)
         gb.check_device(dev)
     except (modelinfo.ModelInfoError, gb.BundleError) as exc:
-        raise CliError(str(exc)) from None
+        raise CliError.of(exc) from None
     info = modelinfo.inspect_config(cfg)
     if not info["supported"]:
         raise CliError(info["reason"])
@@ -77,7 +77,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         # the graphs would be exported and compiled at --context-length (names `_cl<N>_`)
         gb.check_genie_config(out, cfg, args.context_length)
     except gb.BundleError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError.of(exc) from None
     print_json(out)
     return 0
 

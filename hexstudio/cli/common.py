@@ -36,6 +36,12 @@ class CliError(ActionableError):
         super().__init__(message, hint, code=code or ("usage" if exit_code == EXIT_USAGE else None))
         self.exit_code = exit_code
 
+    @classmethod
+    def of(cls, exc: ActionableError) -> CliError:
+        """The command's failure for an error of the layers below: its message, hint and code kept (str(exc)
+        alone dropped the hint, what to do)."""
+        return cls(exc.message, exc.hint, code=exc.code)
+
 
 def error_document(exc: ActionableError) -> dict[str, Any]:
     """What `--json` prints when a command fails: {"ok": false, "error": {code, message, hint}}, the error in

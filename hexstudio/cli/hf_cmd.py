@@ -89,7 +89,7 @@ def cmd_logout(args: argparse.Namespace) -> int:
         had = bool(secrets.get_secret(secrets.HF_TOKEN))
         secrets.delete_secret(secrets.HF_TOKEN)
     except secrets.SecretStoreError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError.of(exc) from None
     if args.json:
         print_json({"ok": True, "removed": had, **token_status()})
     else:

@@ -197,7 +197,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             m = ws.open_run(args.resume)
         except RunNotFound as exc:
-            raise CliError(str(exc)) from None
+            raise CliError.of(exc) from None
         _check_suites(changes, ws.root)
         if changes:
             # as the studio's pages change them: recorded in the run; the stages that read them run again

@@ -70,7 +70,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     try:
         m = workspace_from(args).open_run(args.run_id)
     except RunNotFound as exc:
-        raise CliError(str(exc)) from None
+        raise CliError.of(exc) from None
     statuses = stage_statuses(m)
     if args.json:
         data = dict(m.data)
@@ -126,7 +126,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     try:
         ws.delete_run(args.run_id)
     except RunNotFound as exc:
-        raise CliError(str(exc)) from None
+        raise CliError.of(exc) from None
     if args.json:
         print_json({"ok": True, "deleted": args.run_id})
     else:

@@ -88,6 +88,10 @@ def test_a_keyring_backend_failing_outside_keyring_errors_is_said_not_a_bug(
         out = r.stdout + r.stderr
         assert r.returncode != 0 and "HexStudio bug" not in out and "unexpectedly" not in out, out
         assert "pycryptodome/x required" in out, out
+    # the logouts kept the message and dropped what to do
+    for args in (("hf", "logout"), ("aihub", "logout")):
+        r = _cli(*args, env=env)
+        assert r.returncode != 0 and "PYTHON_KEYRING_BACKEND" in r.stderr, r.stderr
 
 
 def test_a_keyring_that_keeps_nothing_is_not_called_stored(no_hf_token: dict[str, str]) -> None:
