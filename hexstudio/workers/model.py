@@ -155,12 +155,19 @@ def check_weights(folder: Path) -> dict[str, Any]:
                 f"missing: {', '.join(missing[:5])}.",
                 "The download was interrupted: run the Model stage again to resume it.",
             )
-    if not files:
+    if not files and any(folder.glob("*.bin")):
+        raise WorkerError(
+            "missing_weights",
+            f"No *.safetensors weights in {folder}, only .bin ones.",
+            "HexStudio reads safetensors weights only. Convert .bin weights with transformers "
+            "(save_pretrained(safe_serialization=True)) or download the safetensors revision.",
+        )
+    if not files:  # most often a download that stopped before its weights (an offline cache has them missing)
         raise WorkerError(
             "missing_weights",
             f"No *.safetensors weights in {folder}.",
-            "HexStudio reads safetensors weights only. Convert .bin weights with transformers "
-            "(save_pretrained(safe_serialization=True)) or download the safetensors revision.",
+            "A Hugging Face download that stopped before its weights resumes when you run the Model stage again "
+            "(online). A local folder needs the model's *.safetensors files beside its config.json.",
         )
     tensors = sum(check_safetensors(f) for f in files)
     for f in files:

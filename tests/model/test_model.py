@@ -233,6 +233,8 @@ def test_model_stage_builtin_and_local_folder(tmp_path: Path) -> None:
         ("truncate", "corrupt_weights", "truncated"),
         ("garbage", "corrupt_weights", "not a valid safetensors"),
         ("delete", "missing_weights", "No *.safetensors"),
+        # only .bin weights: say to convert them (a folder with none at all is an interrupted download, most often)
+        ("bin", "missing_weights", "only .bin ones"),
         ("moe", "unsupported_architecture", "mixture-of-experts"),
         ("context", "bad_context_length", "not a multiple of AR-N"),
     ],
@@ -248,6 +250,8 @@ def test_model_stage_errors_are_clear(tmp_path: Path, damage: str, code: str, ne
         st.write_bytes(b"\x00" * 64)
     elif damage == "delete":
         st.unlink()
+    elif damage == "bin":
+        st.rename(local / "pytorch_model.bin")
     elif damage == "moe":
         cfg = json.loads((local / "config.json").read_text())
         cfg.update(architectures=["MixtralForCausalLM"], num_local_experts=8)
