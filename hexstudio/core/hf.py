@@ -136,6 +136,18 @@ def weights_cached(model: str, revision: str | None = None) -> bool:
     return bool(shards) and all(cached(str(f)) is not None for f in shards)
 
 
+def cached_blob_bytes(model: str) -> int:
+    """The bytes of the model's files in the Hugging Face cache, finished or not (`.incomplete`): what a download
+    that stopped part-way has already, and resumes from (any revision's: a lower bound of nothing)."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    try:
+        blobs = hub_cache() / repo_folder_name(repo_id=model, repo_type="model") / "blobs"
+        return sum(f.stat().st_size for f in blobs.iterdir() if f.is_file())
+    except (OSError, ValueError):  # not there yet, or not a repository id
+        return 0
+
+
 def token_file() -> Path:
     from huggingface_hub import constants
 

@@ -610,7 +610,9 @@ def _disk_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any
     )
     # the Preflight stage runs after the Model stage: what was to be downloaded is in the cache (or a folder) now
     downloaded = bool(needs.get("hf_downloaded"))
-    hf_need = 0 if downloaded else int(needs.get("hf_download_bytes", 0))
+    # a download that stopped part-way resumes: what is in the cache already is not needed again
+    have = int(needs.get("hf_cached_bytes") or 0)
+    hf_need = 0 if downloaded else max(0, int(needs.get("hf_download_bytes", 0)) - have)
     shared = ws.get("device") is not None and ws.get("device") == hf.get("device")
     out = []
     if shared and downloaded:
@@ -666,7 +668,8 @@ def _disk_checks(p: dict[str, Any], needs: dict[str, Any]) -> list[dict[str, Any
                 + (
                     "the model is already there (or was never downloaded)."
                     if downloaded
-                    else f"the download is about {_gib(hf_need)}."
+                    else f"the download is about {_gib(hf_need)}"
+                    + (f" more ({_gib(have)} of it is there already)." if have else ".")
                 ),
                 lambda short: (
                     f"Free {short} there, or point HF_HOME at a "

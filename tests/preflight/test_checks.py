@@ -175,9 +175,34 @@ def test_a_part_per_quantsim_is_planned_for_not_a_layer(monkeypatch: pytest.Monk
     )
     assert by_id(run_checks(p, part))["memory"]["status"] == "fail"
     # the command line and the studio's Preflight page read the setting too
-    monkeypatch.setattr(service, "model_config", lambda model: LLAMA_8B)
+    monkeypatch.setattr(service, "model_config", lambda model, revision=None: LLAMA_8B)
     needs, _r = service.model_needs("meta-llama/Llama-3.1-8B-Instruct", {"calibration_unit": "part"})
     assert needs["quantize_peak_rss_bytes"] == part["quantize_peak_rss_bytes"]
+
+
+def test_preflight_reads_the_runs_revision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run at `--revision R` was checked against main's config.json and main's cache: with main cached and R
+    not, preflight said the weights were on the disk already."""
+    from hexstudio.core.services import preflight as service
+
+    asked: list[tuple[str, str | None]] = []
+
+    def config(model: str, revision: str | None = None) -> dict[str, Any]:
+        asked.append(("config", revision))
+        return LLAMA_8B
+
+    def cached(model: str, revision: str | None = None) -> bool:
+        asked.append(("cached", revision))
+        return revision is None  # main is in the cache, dev is not
+
+    monkeypatch.setattr(service, "model_config", config)
+    monkeypatch.setattr(service, "weights_cached", cached)
+    monkeypatch.setattr(service, "cached_blob_bytes", lambda model: 0)
+    monkeypatch.setattr(service, "probe", lambda ws, cache, smoke=True: probe())
+    rep = service.preflight_report(
+        "meta-llama/Llama-3.1-8B-Instruct", tmp_path, smoke=False, settings={"revision": "dev"}
+    )
+    assert asked == [("config", "dev"), ("cached", "dev")] and rep["needs"]["hf_downloaded"] is False
 
 
 def test_wsl_with_enough_memory_is_ok() -> None:
@@ -403,6 +428,14 @@ def test_hf_cache_disk_too_small_fails_with_hf_home() -> None:
     )
     assert "HF_HOME" in c["disk_hf_cache"]["fix"]
     assert c["disk_workspace"]["status"] == "ok"
+    # a download that stopped part-way on that full disk (the disk_full hint sends the user here): what is in the
+    # cache already is not asked for again; it was, and the check failed by the whole model's size
+    have = needs["hf_download_bytes"] - 4 * GiB
+    c = by_id(run_checks(p, {**needs, "hf_cached_bytes": have}))
+    assert c["disk_hf_cache"]["status"] == "ok" and c["disk_hf_cache"]["required"] == 4 * GiB
+    assert f"({have / GiB:.1f} GiB of it is there already)" in c["disk_hf_cache"]["message"], c[
+        "disk_hf_cache"
+    ]
 
 
 def test_workspace_and_hf_cache_on_one_filesystem_add_up() -> None:
@@ -588,3 +621,9 @@ def test_the_cli_counts_no_download_for_a_local_folder_or_cached_weights(
     assert hf.weights_cached("org/model") is False  # the index without its shard
     (snap / "m-1.safetensors").write_bytes(b"x")
     assert hf.weights_cached("org/model") is True
+    # the bytes a stopped download left in the cache, finished or not, are counted
+    blobs = cache / "models--org--model" / "blobs"
+    blobs.mkdir()
+    (blobs / "aaa").write_bytes(b"x" * 10)
+    (blobs / "bbb.incomplete").write_bytes(b"x" * 5)
+    assert hf.cached_blob_bytes("org/model") == 15 and hf.cached_blob_bytes("org/other") == 0

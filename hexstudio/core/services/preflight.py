@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hexstudio.core.hf import hub_cache, weights_cached
+from hexstudio.core.hf import cached_blob_bytes, hub_cache, weights_cached
 from hexstudio.core.services import ServiceError
 from hexstudio.core.services.model import model_config
 from hexstudio.core.settings import DEFAULT_RUN_SETTINGS, Settings, SettingsError
@@ -58,7 +58,7 @@ def ar_variants(settings: dict[str, Any]) -> int:
 
 
 def model_needs(model: str, settings: dict[str, Any]) -> tuple[dict[str, Any], ResolvedSettings]:
-    info = modelinfo.inspect_config(model_config(model))
+    info = modelinfo.inspect_config(model_config(model, settings.get("revision") or None))
     if info.get("error"):  # a number out of any real model's range (hexstudio.shared.config_bounds)
         raise ServiceError(info["error"]["message"], info["error"].get("hint"))
     if not info["supported"]:
@@ -93,10 +93,14 @@ def preflight_report(
     t0 = time.time()
     s = run_settings(settings)
     needs, resolved = model_needs(model, s)
-    # nothing to download for the built-in model, a local folder, or weights already in the cache
+    # nothing to download for the built-in model, a local folder, or weights already in the cache (at the run's
+    # revision); a download that stopped part-way has its bytes there already, and resumes from them
+    revision = s.get("revision") or None
     needs["hf_downloaded"] = (
-        model.startswith("builtin:") or Path(model).expanduser().is_dir() or weights_cached(model)
+        model.startswith("builtin:") or Path(model).expanduser().is_dir() or weights_cached(model, revision)
     )
+    if not needs["hf_downloaded"]:
+        needs["hf_cached_bytes"] = cached_blob_bytes(model)
     p = probe(workspace, hub_cache(), smoke=smoke)
     checks = run_checks(p, needs)
     return {
