@@ -74,7 +74,7 @@ def run_summary(run_dir: Path) -> dict[str, Any] | None:
         "run_id": run_dir.name,
         "model": model,
         "board": (ev or ch or {}).get("board"),
-        "source": (ev or {}).get("source") or (ch or {}).get("source"),
+        "source": (ev or {}).get("source") or (ch or {}).get("source") or "not stated",
         "suites": {
             t["suite"]: {
                 "title": t.get("title"),
