@@ -445,3 +445,40 @@ def test_a_symlinked_known_hosts_gets_the_key_in_its_target(tmp_path: Path) -> N
         and lines[0].startswith("other-host")
         and lines[1].startswith("[evk]:2222 ssh-ed25519")
     )
+
+
+def test_a_host_key_alias_is_looked_up_and_saved_as_openssh_does(home: Path, srv: SshServer) -> None:
+    """With HostKeyAlias (and a port other than 22) HexStudio looked up and wrote `[evk]:PORT`, where ssh reads and
+    writes the alias alone: a key the user already trusted in ssh was a "first connection", and the line HexStudio
+    added was one ssh never reads."""
+    write_config(home, f"Host evk\n  HostName {srv.host}\n  Port {srv.port}\n  HostKeyAlias evk-key\n")
+    kh = home / ".ssh" / "known_hosts"
+    cfg = {"host": "evk", "auth": "key", "key_path": str(srv.client_key_path), "user": srv.user}
+    use(cfg, trust=yes, offer_known_hosts=lambda *a: True)
+    assert kh.read_text().split()[0] == "evk-key"
+    openssh = subprocess.run(
+        [
+            "ssh",
+            "-F",
+            str(home / ".ssh" / "config"),
+            "-o",
+            f"UserKnownHostsFile={kh}",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-i",
+            str(srv.client_key_path),
+            "-l",
+            srv.user,
+            "evk",
+            "echo",
+            "agrees",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert openssh.stdout.strip() == "agrees", openssh.stderr
+    connect.known_hosts_path().unlink()
+    use(cfg)  # ssh's line is read back: no question

@@ -319,3 +319,66 @@ def test_a_command_past_its_time_out_is_stopped_after_shell_start_up_noise(
     # a streaming command's process group, read past the same noise
     proc = asyncio.run(t.start(["genie-t2t-run"]))
     assert proc.pgid == 4242, proc.pgid
+
+
+def test_a_host_key_of_another_type_is_refused_not_offered_as_new(tmp_path: Path) -> None:
+    """A board trusted by its ed25519 key that answers with an ECDSA one was offered as a "First connection":
+    the trust prompt an interceptor needs one "yes" to."""
+    from hexstudio.core.device.connect import HostKeyOtherType
+
+    with SshServer(tmp_path / "ed") as srv:
+        cfg = _cfg(srv)
+        asyncio.run(asyncio.run(connect_ssh("b", cfg, trust=lambda *a: True)).close())
+        port = srv.port
+    with SshServer(tmp_path / "ec", host_key_type="ecdsa", port=port) as other:
+        other.authorized_keys.write_text((tmp_path / "ed" / "client_key.pub").read_text())
+        asked: list[Any] = []
+        with pytest.raises(HostKeyOtherType) as refused:
+            asyncio.run(connect_ssh("b", cfg, trust=lambda *a: asked.append(a) or True))
+        assert asked == [] and "REFUSED" in refused.value.message and "ssh-ed25519" in refused.value.message
+
+
+def test_known_hosts_lines_paramiko_cannot_read_are_passed_over(tmp_path: Path) -> None:
+    """One @cert-authority line (or one with bad base64) anywhere in ~/.ssh/known_hosts made paramiko raise on load,
+    and every connection to every board ended in a raw error. OpenSSH passes such lines over; a @revoked key is
+    refused."""
+    import socket
+
+    import paramiko
+
+    from hexstudio.core.device.connect import (
+        HostKeyRevoked,
+        _check_host_key,
+        _fast_transport,
+        _load_host_keys,
+    )
+
+    key = paramiko.Ed25519Key.from_private_key_file(str(_keygen_ed25519(tmp_path)))
+    line = f"board {key.get_name()} {key.get_base64()}"
+    kh = tmp_path / "known_hosts"
+    kh.write_text(
+        f"@cert-authority *.corp.example {line.split(' ', 1)[1]}\nbroken ssh-ed25519 AAAA!!!\n{line}\n"
+    )
+    r: dict[str, Any] = {"known_hosts_files": [str(kh)], "host_key_alias": None, "host": "board", "port": 22}
+    hk, revoked = _load_host_keys(r)
+    assert hk.lookup("board") is not None and revoked == []
+    kh.write_text(f"{line}\n@revoked * {line.split(' ', 1)[1]}\n")
+
+    class Served:
+        def get_remote_server_key(self) -> Any:
+            return key
+
+    with pytest.raises(HostKeyRevoked):
+        _check_host_key(Served(), r, None, None)
+    # the trusted type is asked for first, as OpenSSH does (RSA by its SHA-2 signatures)
+    a, b = socket.socketpair()
+    t = _fast_transport(a, ["ecdsa-sha2-nistp256", "ssh-rsa"])
+    assert t.get_security_options().key_types[:3] == ("ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256")
+    t.close()
+    b.close()
+
+
+def _keygen_ed25519(tmp_path: Path) -> Path:
+    key = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key

@@ -33,7 +33,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -85,6 +85,28 @@ class HostKeyChanged(BoardError):
             "and connect again to review the new fingerprint. Otherwise do not connect.",
         )
         self.host, self.port, self.fingerprint, self.expected = host, port, fingerprint, expected
+
+
+class HostKeyOtherType(BoardError):
+    def __init__(self, host: str, port: int, key_type: str, fingerprint: str, known: list[str]) -> None:
+        super().__init__(
+            f"REFUSED: {host}:{port} answered with a {key_type} host key ({fingerprint}), but a key of another type "
+            f"({', '.join(known)}) is what is trusted for it. Someone may be intercepting the connection, or the "
+            "board was reinstalled without its old key.",
+            "Check on the board (`ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub`): if the board was reflashed, remove "
+            f"its lines from {known_hosts_path()} (and ~/.ssh/known_hosts) and connect again to review the new "
+            "fingerprint. Otherwise do not connect.",
+        )
+        self.host, self.port, self.fingerprint = host, port, fingerprint
+
+
+class HostKeyRevoked(BoardError):
+    def __init__(self, host: str, port: int, fingerprint: str) -> None:
+        super().__init__(
+            f"REFUSED: the host key of {host}:{port} ({fingerprint}) is marked @revoked in a known_hosts file.",
+            "Do not connect. If the board has a new key, give it one that is not revoked and remove the board's "
+            "old lines.",
+        )
 
 
 def known_hosts_path() -> Path:
@@ -581,16 +603,50 @@ def _auth_plan(name: str, r: dict[str, Any], password: str | None) -> _Plan:
 # -- one SSH hop -----------------------------------------------------------------------------------
 
 
-def _load_host_keys(r: dict[str, Any]) -> Any:
+def _load_host_keys(r: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """The trusted host keys of the user's known_hosts files and HexStudio's, and the @revoked ones. Read line by
+    line, as OpenSSH reads them: a line paramiko cannot parse (@cert-authority, bad base64) is passed over; its
+    HostKeys.load raised on one and every connection failed with a raw error."""
     import paramiko
+    from paramiko.hostkeys import HostKeyEntry
 
-    hk = paramiko.HostKeys()
+    hk, revoked = paramiko.HostKeys(), []
     files = [Path(f) for f in r["known_hosts_files"]] or [Path(os.path.expanduser("~/.ssh/known_hosts"))]
     for f in (*files, known_hosts_path()):
-        if f.exists():
-            with contextlib.suppress(OSError, paramiko.SSHException, ValueError):
-                hk.load(str(f))
-    return hk
+        try:
+            lines = f.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            marker, rest = "", line.strip()
+            if rest.startswith("@"):
+                marker, _, rest = rest.partition(" ")
+            if marker not in ("", "@revoked"):  # @cert-authority: certificates, which HexStudio does not use
+                continue
+            try:
+                e = HostKeyEntry.from_line(rest)
+            except Exception:  # paramiko's InvalidHostKey is a bare Exception
+                continue
+            if e is None or e.key is None:
+                continue
+            if marker:
+                revoked.append(e.key)
+                continue
+            for name in e.hostnames:
+                hk.add(name, e.key.get_name(), e.key)
+    return hk, revoked
+
+
+def _key_name(r: dict[str, Any]) -> tuple[str, int]:
+    """(host, port) of the board's known_hosts entry: HostKeyAlias alone where ssh_config sets one (ssh looks the
+    alias up without the port: evk, not [evk]:2222), else the host and port."""
+    return (r["host_key_alias"], 22) if r["host_key_alias"] else (r["host"], r["port"])
+
+
+def known_key_types(r: dict[str, Any]) -> list[str]:
+    """The host key types trusted for this board, first found first."""
+    known = _load_host_keys(r)[0].lookup(host_entry(*_key_name(r)))
+    return list(known.keys()) if known is not None else []
 
 
 def _check_host_key(
@@ -600,39 +656,56 @@ def _check_host_key(
     offer: OfferKnownHosts | None,
 ) -> None:
     host, port = r["host_key_alias"] or r["host"], r["port"]
+    entry = _key_name(r)  # where the key is looked up and written; (host, port) is what the messages show
     key = t.get_remote_server_key()
-    known = _load_host_keys(r).lookup(host_entry(host, port))
+    hk, revoked = _load_host_keys(r)
+    known = hk.lookup(host_entry(*entry))
     fp = fingerprint(key)
+    if any(key == k for k in revoked):
+        raise HostKeyRevoked(host, port, fp)
     if known is not None and key.get_name() in known:
         if known[key.get_name()] != key:
             raise HostKeyChanged(host, port, fp, fingerprint(known[key.get_name()]))
         return
+    if known is not None and len(known):
+        # a key of another type than the trusted one is no first connection (the transport asked for the trusted
+        # type first): offering it to be trusted is how an interceptor gets a "yes"
+        raise HostKeyOtherType(host, port, key.get_name(), fp, list(known.keys()))
     if trust is None or not trust(host, port, key.get_name(), fp):
         raise HostKeyUnknown(host, port, key.get_name(), fp, key)
-    trust_host_key(host, port, key)
+    trust_host_key(*entry, key)
     path = (
         Path(r["known_hosts_files"][0])
         if r["known_hosts_files"]
         else Path(os.path.expanduser("~/.ssh/known_hosts"))
     )
     if offer is not None and offer(host, port, key.get_name(), fp, path):
-        save_to_user_known_hosts(path, host, port, key, True if r["hash_known_hosts"] else None)
+        save_to_user_known_hosts(path, *entry, key, True if r["hash_known_hosts"] else None)
 
 
 GCM_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
 
-def _fast_transport(sock: Any, **kw: Any) -> Any:
-    """A paramiko Transport preferring AES-GCM (no separate HMAC per packet: faster bundle pushes);
-    the other ciphers stay allowed for boards without it."""
+def _first(wanted: tuple[str, ...], have: tuple[str, ...]) -> tuple[str, ...]:
+    """`have` with those of `wanted` it holds moved to the front, in `wanted`'s order."""
+    return tuple(w for w in wanted if w in have) + tuple(h for h in have if h not in wanted)
+
+
+def _fast_transport(sock: Any, known_types: Sequence[str] = (), **kw: Any) -> Any:
+    """A paramiko Transport preferring AES-GCM (no separate HMAC per packet: faster bundle pushes; the other
+    ciphers stay allowed for boards without it) and the host key types already trusted for the board (as
+    OpenSSH does: a board pinned by its ECDSA key is asked for that one, not offered ed25519 as a "first
+    connection")."""
     import paramiko
 
     t = paramiko.Transport(sock, **kw)
     opts = t.get_security_options()
-    ciphers = tuple(opts.ciphers)
-    opts.ciphers = tuple(c for c in GCM_FIRST if c in ciphers) + tuple(
-        c for c in ciphers if c not in GCM_FIRST
-    )
+    opts.ciphers = _first(GCM_FIRST, tuple(opts.ciphers))
+    # an RSA key is known as ssh-rsa and negotiated as its SHA-2 signature algorithms
+    wanted = [
+        a for k in known_types for a in (("rsa-sha2-512", "rsa-sha2-256", k) if k == "ssh-rsa" else (k,))
+    ]
+    opts.key_types = _first(tuple(wanted), tuple(opts.key_types))
     return t
 
 
@@ -720,7 +793,7 @@ def _open_hop(
     plan: _Plan | None = None,
 ) -> Any:
     plan = plan or _auth_plan(name, r, password)
-    t = _fast_transport(sock)
+    t = _fast_transport(sock, known_key_types(r))
     t.banner_timeout = timeout
     t.auth_timeout = timeout
     try:
