@@ -382,3 +382,28 @@ def _keygen_ed25519(tmp_path: Path) -> Path:
     key = tmp_path / "k"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     return key
+
+
+def test_a_resume_check_the_board_is_slow_to_answer_sends_the_file_again(tmp_path: Path) -> None:
+    """The board hashes a leftover .part before the rest is sent; on slow storage that outlasted its time-out,
+    which was reported as a dropped link ("check the board's power and network"), and every later push timed out
+    on the same .part. It is now sent again from its start."""
+    from hexstudio.core.device.transport import SshTransport
+
+    local = tmp_path / "part.bin"
+    local.write_bytes(b"x" * 4096)
+    closed: list[bool] = []
+
+    class SlowChannel:
+        def settimeout(self, s: float) -> None:
+            pass
+
+        def recv(self, n: int) -> bytes:
+            raise TimeoutError("timed out")
+
+        def close(self) -> None:
+            closed.append(True)
+
+    t = object.__new__(SshTransport)
+    t._open_channel = lambda command: SlowChannel()  # type: ignore[method-assign]
+    assert t._prefix_matches(local, "/data/b/part.bin.part", 4096) is False and closed == [True]

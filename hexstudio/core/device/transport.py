@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import secrets
 import shlex
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from hexstudio.shared.errors import ActionableError
+
+log = logging.getLogger("hexstudio.board")
 
 
 @dataclass
@@ -634,6 +637,12 @@ class SshTransport:
                 out += b
             if ch.recv_exit_status() != 0:
                 return False
+        except TimeoutError:
+            # a board whose storage reads slower than the allowance: the .part is sent again from its start (a
+            # link that really died fails that upload, and says so); the time-out was reported as a dropped link,
+            # and every later push hashed the same .part and timed out again
+            log.info("the board took too long to hash %s (%d bytes): sending it from the start", remote, n)
+            return False
         finally:
             ch.close()
         return out.split(b" ")[0].decode("ascii", "replace") == h.hexdigest()
