@@ -133,25 +133,26 @@ py_ok() {  # py_ok INTERPRETER -> is it a Python this mode can use?
     if [ -n "$want" ]; then
         "$1" -c "import sys; sys.exit(0 if '%d.%d' % sys.version_info[:2] == '$want' else 1)" 2>/dev/null
     else
-        "$1" -c 'import sys; sys.exit(0 if (3,10) <= sys.version_info[:2] <= (3,12) else 1)' 2>/dev/null
+        # the CPU stack's pins (numpy, scipy, onnxruntime, transformers...) need 3.11; aimet-onnx has no wheel past 3.12
+        "$1" -c 'import sys; sys.exit(0 if (3,11) <= sys.version_info[:2] <= (3,12) else 1)' 2>/dev/null
     fi
 }
 vpy="$venv/bin/python"
 if [ -x "$vpy" ]; then
-    py_ok "$vpy" || die "$venv exists with Python $("$vpy" -c 'import platform; print(platform.python_version())'), but this recipe needs Python ${want_python:-3.10–3.12}. Remove it (rm -rf $(q "$venv")) or choose another folder with --venv."
+    py_ok "$vpy" || die "$venv exists with Python $("$vpy" -c 'import platform; print(platform.python_version())'), but this recipe needs Python ${want_python:-3.11 or 3.12}. Remove it (rm -rf $(q "$venv")) or choose another folder with --venv."
     note "exists ($("$vpy" -c 'import platform; print(platform.python_version())'))"
     if [ -f "$venv/.hexstudio-workstation" ] && ! grep -q "^mode=$mode\$" "$venv/.hexstudio-workstation"; then
         note "it was set up for $(sed -n 's/^mode=//p' "$venv/.hexstudio-workstation"); switching it to $mode"
     fi
 else
     if [ -z "$python" ]; then
-        if [ -n "$want_python" ]; then cands=("python$want_python"); else cands=(python3.11 python3.12 python3.10 python3); fi
+        if [ -n "$want_python" ]; then cands=("python$want_python"); else cands=(python3.11 python3.12 python3); fi
         for c in "${cands[@]}"; do
             if command -v "$c" >/dev/null 2>&1 && py_ok "$c"; then python=$c; break; fi
         done
     fi
     if [ -z "$python" ] || ! command -v "$python" >/dev/null 2>&1 || ! py_ok "$python"; then
-        msg="no Python ${want_python:-3.10–3.12} found${python:+ ($python is not one)}. On Ubuntu 24.04: sudo add-apt-repository ppa:deadsnakes/ppa && sudo apt-get install python${want_python:-3.11}-venv libpython${want_python:-3.11}; or give one with --python."
+        msg="no Python ${want_python:-3.11 or 3.12} found${python:+ ($python is not one)}. On Ubuntu 24.04: sudo add-apt-repository ppa:deadsnakes/ppa && sudo apt-get install python${want_python:-3.11}-venv libpython${want_python:-3.11}; or give one with --python."
         [ "$dry" = 1 ] || die "$msg"
         note "warning: $msg"
         python=${python:-python${want_python:-3}}
@@ -181,7 +182,12 @@ for spec in "${torch_pkgs[@]}"; do
     if [ "$ok" = 1 ]; then note "$name $got already installed"; else need_torch+=("$spec"); fi
 done
 if [ ${#need_torch[@]} -gt 0 ]; then
-    if [ -n "$torch_index" ] && [ "$torch_index" != pypi ]; then
+    if [ "$mode" = cpu ] && [ "$dry" != 1 ] && "${pip[@]}" install -q --no-index --no-deps "${need_torch[@]}" 2>/dev/null; then
+        run "${pip[@]}" install "${need_torch[@]}"  # a local CPU wheel (pip's find-links); its dependencies
+    elif [ "$mode" = cpu ]; then
+        # PyPI's Linux torch is the CUDA build, with about 3 GB of nvidia packages: PyTorch's CPU index
+        run "${pip[@]}" install --index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "${need_torch[@]}"
+    elif [ -n "$torch_index" ] && [ "$torch_index" != pypi ]; then
         run "${pip[@]}" install --index-url "$torch_index" "${need_torch[@]}"
     else
         run "${pip[@]}" install "${need_torch[@]}"

@@ -53,7 +53,9 @@ def test_dry_run_for_a_cpu_only_machine(tmp_path: Path) -> None:
     r = run_installer("--dry-run", "--venv", str(tmp_path / "v"), gpu="none")
     assert r.returncode == 0, r.stderr
     ins = installs(r.stdout)
-    assert ins[0][-1] == "torch==2.13.0" and "--index-url" not in ins[0]
+    # PyTorch's CPU index: PyPI's Linux torch is the CUDA build (about 3 GB of nvidia packages)
+    assert ins[0][-1] == "torch==2.13.0"
+    assert ins[0][ins[0].index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
     assert ins[1][-1].endswith("[ml]") and str(ROOT / "packaging" / "constraints" / "dev.txt") in ins[1]
     assert ins[-2][-1] == "aimet-onnx==2.42.0" and ins[-1][-1] == "onnxruntime==1.32.0"
     assert "onnxruntime-gpu==" not in r.stdout
