@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from hexstudio.shared.chat_template import added_bos, read_json_object, token_text
 
@@ -63,7 +64,7 @@ def dialog_tokens(hf_dir: Path) -> DialogTokens | None:
     return DialogTokens(turn_end, added_bos(tc) is not None, stops)
 
 
-def _token_id(v: object) -> bool:
+def _token_id(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
