@@ -284,6 +284,28 @@ def client_config(settings: RunSettings, token: str | None = None) -> Any:
     )
 
 
+def storage_error(exc: BaseException) -> bool:
+    """Whether `exc` is the object store's (boto3, botocore, s3transfer): the client moves files through Amazon S3
+    with credentials AI Hub hands it, and those errors are neither qai_hub's nor requests'."""
+    return any(c.__module__.split(".")[0] in ("botocore", "boto3", "s3transfer") for c in type(exc).__mro__)
+
+
+@contextlib.contextmanager
+def quiet_hub_errors() -> Iterator[None]:
+    """For a step whose failure only costs a convenience (a job's log): AI Hub's, the network's or the object
+    store's error is passed over; any other is a bug and raised."""
+    import qai_hub as hub
+    from qai_hub.public_rest_api import APIException
+
+    try:
+        yield
+    except (hub.Error, APIException, OSError):
+        pass
+    except Exception as exc:
+        if not storage_error(exc):
+            raise
+
+
 @contextlib.contextmanager
 def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> Iterator[None]:
     """Turn the client's exceptions into WorkerErrors a person can act on."""
@@ -384,6 +406,15 @@ def hub_errors(what: str, api_url: str, web_url: str, resume: bool = True) -> It
             "aihub_error",
             f"Qualcomm AI Hub answered {exc.status_code} while {what}: {_first_line(exc)}",
             after,
+        ) from None
+    except Exception as exc:
+        if not storage_error(exc):
+            raise
+        raise WorkerError(
+            "aihub_storage",
+            f"A file transfer through AI Hub's storage (Amazon S3) failed while {what}: {_first_line(exc)}",
+            "AI Hub was reached, its storage was not: a proxy or firewall that lets *.aihub.qualcomm.com through "
+            "must let Amazon S3 (*.amazonaws.com) through too. " + after,
         ) from None
 
 
@@ -569,8 +600,6 @@ def wait_jobs(
     logs_dir: Path,
     errs: Any,
 ) -> None:
-    import qai_hub as hub
-    from qai_hub.public_rest_api import APIException
 
     jobs = {}
     missing = []
@@ -612,7 +641,7 @@ def wait_jobs(
                 rec = store.jobs[n]
                 reason = st.message or "no reason given"
                 log_note = ""
-                with contextlib.suppress(hub.Error, APIException, OSError):
+                with quiet_hub_errors():
                     got = jobs[n].download_job_logs(str(logs_dir))
                     if got:
                         log_note = f" The job's log is in {got[0]}."
@@ -942,8 +971,6 @@ def _download_bins(
 ) -> tuple[dict[int, str | None], bool]:
     """Step 3: each part's context binary into the bundle; (the QAIRT version AI Hub recorded on each linked
     model, whether any binary is an emulator's package)."""
-    import qai_hub as hub
-    from qai_hub.public_rest_api import APIException
 
     full_versions: dict[int, str | None] = {}
     emulated = False
@@ -965,7 +992,7 @@ def _download_bins(
                 )
             os.replace(got, bdir / bins[part])
             full_versions[part] = qairt_of_model(target)
-            with contextlib.suppress(hub.Error, APIException, OSError):
+            with quiet_hub_errors():
                 job.download_job_logs(str(job_logs))
         emulated = emulated or is_emulated_package(bdir / bins[part])
     return full_versions, emulated

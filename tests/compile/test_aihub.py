@@ -728,3 +728,26 @@ def test_only_another_ai_hub_address_changes_the_job_files_key() -> None:
         hub_address_key(DEFAULT_HUB_API_URL) == "" == hub_address_key(DEFAULT_HUB_API_URL.rstrip("/") + "/")
     )
     assert hub_address_key("http://127.0.0.1:8123/api/") == "\nhttp://127.0.0.1:8123/api/"
+
+
+def test_a_failed_transfer_through_ai_hubs_storage_is_said_not_a_bug() -> None:
+    """The client moves files through Amazon S3 with credentials AI Hub hands it; botocore's and s3transfer's
+    errors are neither qai_hub's nor requests', so a proxy that let AI Hub through but not S3 ended the stage as
+    "a HexStudio bug", and a failed job's log download raised before its reason was shown."""
+    from botocore.exceptions import EndpointConnectionError
+    from s3transfer.exceptions import S3UploadFailedError
+
+    from hexstudio.workers.aihub import hub_errors, quiet_hub_errors
+    from hexstudio.workers.runtime import WorkerError
+
+    for exc in (
+        EndpointConnectionError(endpoint_url="https://bucket.s3.amazonaws.com"),
+        S3UploadFailedError("403"),
+    ):
+        with pytest.raises(WorkerError) as err, hub_errors("uploading part 1", "https://api", "https://web"):
+            raise exc
+        assert err.value.code == "aihub_storage" and "amazonaws.com" in (err.value.hint or ""), err.value
+        with quiet_hub_errors():  # a job's log: passed over, as AI Hub's own errors are
+            raise exc
+    with pytest.raises(ZeroDivisionError), quiet_hub_errors():  # anything else is a bug, and raised
+        raise ZeroDivisionError

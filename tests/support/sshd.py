@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import functools
+import hashlib
 import os
 import shlex
 import shutil
