@@ -291,6 +291,21 @@ def storage_error(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
+def no_client_retries() -> Iterator[None]:
+    """The client's own retries off for a call that is not safe to repeat: a job submit whose answer was lost
+    (a read time-out, a dropped connection) was POSTed again by the client, and AI Hub made a second job. An
+    unanswered submit is looked up on resume instead (_HubCompile.submit_once)."""
+    import qai_hub.util.session as hs
+
+    retries = hs.MAX_RETRIES
+    hs.MAX_RETRIES = 0  # read when each call is made (retry_call_with_backoff)
+    try:
+        yield
+    finally:
+        hs.MAX_RETRIES = retries
+
+
+@contextlib.contextmanager
 def quiet_hub_errors() -> Iterator[None]:
     """For a step whose failure only costs a convenience (a job's log): AI Hub's, the network's or the object
     store's error is passed over; any other is a bug and raised."""
@@ -762,7 +777,7 @@ class _HubCompile:
             return job
         self.store.submitting[name] = {"what": what, "inputs": inputs, "t": time.time()}
         self.store.save()
-        with self.errs(f"submitting the {kind} job {what}"):
+        with self.errs(f"submitting the {kind} job {what}"), no_client_retries():
             return submit()
 
     def _unanswered(self, name: str, kind: str, inputs: list[str]) -> Any | None:

@@ -751,3 +751,33 @@ def test_a_failed_transfer_through_ai_hubs_storage_is_said_not_a_bug() -> None:
             raise exc
     with pytest.raises(ZeroDivisionError), quiet_hub_errors():  # anything else is a bug, and raised
         raise ZeroDivisionError
+
+
+def test_a_job_submit_is_never_repeated_by_the_client_itself(tmp_path: Path) -> None:
+    """The client re-POSTs a request whose answer was lost (a read time-out, a dropped connection): for a job
+    submit that makes a second job, and HexStudio's lookup of an unanswered submit never applied. Its retries are
+    off for the submit alone, and back on after."""
+    import io
+
+    import qai_hub.util.session as hs
+
+    from hexstudio.shared.protocol import Emitter
+    from hexstudio.workers.aihub import JobStore, _HubCompile
+
+    before = hs.MAX_RETRIES
+    seen: list[int] = []
+    hc = _HubCompile(
+        None,
+        None,
+        JobStore(tmp_path / "aihub_jobs.json", "k"),
+        Emitter(io.StringIO()),
+        "a",
+        "w",
+        1.0,
+        tmp_path,
+    )
+    assert (
+        hc.submit_once("compile:g", "compile", "g", ["m1"], lambda: seen.append(hs.MAX_RETRIES) or "job")
+        == "job"
+    )
+    assert seen == [0] and before == hs.MAX_RETRIES
