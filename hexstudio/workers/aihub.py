@@ -603,6 +603,36 @@ def list_devices(settings: RunSettings | None = None, token: str | None = None) 
     return DeviceListing(tuple(sorted(rows, key=lambda r: (not r.supported, r.name))))
 
 
+# what a poll may meet while the jobs run on regardless: waited out for a while, not the end of the stage
+TRANSIENT_POLL = (
+    "aihub_rate_limited",
+    "aihub_unavailable",
+    "aihub_timeout",
+    "aihub_connection_lost",
+    "aihub_unreachable",
+)
+POLL_GRACE_S = 900.0
+POLL_RETRY_S = 15.0
+
+
+def poll_status(
+    job: Any, errs: Any, label: str, em: Emitter, sleep: Callable[[float], None] = time.sleep
+) -> Any:
+    """A job's status. A rate limit, an overloaded AI Hub or a lost connection while polling is waited out (up to
+    POLL_GRACE_S): one 429 burst during hours of waiting on N jobs ended the stage, although the jobs ran on."""
+    t0, wait = time.monotonic(), POLL_RETRY_S
+    while True:
+        try:
+            with errs(f"polling {label}"):
+                return job.get_status()
+        except WorkerError as exc:
+            if exc.code not in TRANSIENT_POLL or time.monotonic() - t0 > POLL_GRACE_S:
+                raise
+            em.log(f"{exc.message} Asking again in {wait:.0f} s (the job runs on meanwhile).")
+            sleep(wait)
+            wait = min(wait * 2, 300.0)
+
+
 def wait_jobs(
     client: Any,
     store: JobStore,
@@ -645,8 +675,7 @@ def wait_jobs(
     while pending:
         states = {}
         for n in sorted(pending):
-            with errs(f"polling {what} job {store.jobs[n]['job_id']}"):
-                st = jobs[n].get_status()
+            st = poll_status(jobs[n], errs, f"{what} job {store.jobs[n]['job_id']}", em)
             states[n] = st.code
             if st.success:
                 pending.discard(n)

@@ -7,6 +7,7 @@ Graph and tensor names are read from the run's quantize.json, never hard-coded."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -781,3 +782,38 @@ def test_a_job_submit_is_never_repeated_by_the_client_itself(tmp_path: Path) -> 
         == "job"
     )
     assert seen == [0] and before == hs.MAX_RETRIES
+
+
+def test_a_rate_limit_while_polling_is_waited_out() -> None:
+    """A 429 burst (or an overloaded AI Hub) while polling ended the stage, although the jobs ran on; it is now
+    waited out for a while. A refusal is no such thing, and still ends it at once."""
+    import io
+
+    from hexstudio.shared.protocol import Emitter
+    from hexstudio.workers.aihub import poll_status
+    from hexstudio.workers.runtime import WorkerError
+
+    answers: list[Any] = [
+        WorkerError("aihub_rate_limited", "Qualcomm AI Hub is rate-limiting this account.", "Wait."),
+        WorkerError("aihub_unavailable", "Qualcomm AI Hub answered 503.", "Wait."),
+        "RUNNING",
+    ]
+
+    class Job:
+        def get_status(self) -> Any:
+            a = answers.pop(0)
+            if isinstance(a, Exception):
+                raise a
+            return a
+
+    slept: list[float] = []
+    log = io.StringIO()
+    assert poll_status(
+        Job(), lambda what: contextlib.nullcontext(), "compile job j1", Emitter(log), slept.append
+    ) == ("RUNNING")
+    assert slept == [15.0, 30.0] and "Asking again in 15 s" in log.getvalue()
+    answers[:] = [WorkerError("aihub_auth", "rejected the token", "Log in.")]
+    with pytest.raises(WorkerError, match="rejected the token"):
+        poll_status(
+            Job(), lambda what: contextlib.nullcontext(), "compile job j1", Emitter(log), slept.append
+        )
