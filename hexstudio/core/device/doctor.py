@@ -381,23 +381,23 @@ async def _fastrpc_login(p: _Probe, c: Check) -> None:
         await _not_needed(p, c)
 
 
-async def _opens_already(p: _Probe) -> str | None:
-    """Why this login needs neither the fastrpc group nor its udev rule, or None: it opens the FastRPC nodes
-    already (root does; so does a user a node's mode or ACL lets in)."""
+async def _opens_already(p: _Probe) -> tuple[bool, str] | None:
+    """(root, why) when this login needs no fastrpc group, for it opens the FastRPC nodes already (root does; so
+    does a user a node's mode or ACL lets in); None when it does not."""
     dev, heap = await _run_check(p, "fastrpc_device"), await _run_check(p, "dma_heap")
     if dev.status != OK or heap.status == FAIL:  # a heap the kernel lacks (WARN) no group would give
         return None
     if re.match(r"uid=0\(", (await p.sh("id")).output):
-        return "root opens the FastRPC nodes without it"
-    return "this user opens the FastRPC nodes already"
+        return True, "root opens the FastRPC nodes without it"
+    return False, "this user opens the FastRPC nodes already"
 
 
 async def _not_needed(p: _Probe, c: Check) -> None:
     """A failed group check passes when the login opens the nodes already: its fix would change nothing Genie
     needs, and a user who runs as root, or whom the nodes' mode or ACL lets in, must not be held at the Board
     stage by it."""
-    if c.status == FAIL and (why := await _opens_already(p)):
-        c.status, c.fix, c.message = OK, None, f"Not needed: {why}. ({c.message})"
+    if c.status == FAIL and (opens := await _opens_already(p)):
+        c.status, c.fix, c.message = OK, None, f"Not needed: {opens[1]}. ({c.message})"
 
 
 async def _udev_rule(p: _Probe, c: Check) -> None:
@@ -421,12 +421,14 @@ async def _udev_rule(p: _Probe, c: Check) -> None:
         c.status, c.message = OK, "A udev rule gives /dev/fastrpc-cdsp to the fastrpc group (0660)."
     elif any('MODE="0666"' in ln for ln in lines):
         c.status, c.message = OK, "A udev rule lets every user open /dev/fastrpc-cdsp (0666)."
-    elif (why := await _opens_already(p)) is not None and why.startswith("root"):
+    elif (opens := await _opens_already(p)) is not None and opens[
+        0
+    ]:  # root needs no rule, now or after a boot
         c.status, c.message = (
             OK,
-            f"Not needed: {why}. (No udev rule gives /dev/fastrpc-cdsp* to the fastrpc group.)",
+            f"Not needed: {opens[1]}. (No udev rule gives /dev/fastrpc-cdsp* to the fastrpc group.)",
         )
-    elif why is not None:
+    elif opens is not None:
         c.status, c.fix = WARN, "udev_rule"
         c.message = (
             "This user opens /dev/fastrpc-cdsp* now, but no udev rule gives the nodes to the fastrpc group: "
