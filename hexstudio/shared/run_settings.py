@@ -881,9 +881,10 @@ def extra_context_lengths(
                 f"(it must exceed ar_n)."
             )
         if ar_n is not None and n % ar_n:
+            lo, hi = n // ar_n * ar_n, (n // ar_n + 1) * ar_n
             raise ValueError(
                 f"context_lengths: {n} is not a multiple of ar_n {ar_n}: the prompt processor consumes the context "
-                f"in blocks of {ar_n} tokens, as for context_length. Use {n // ar_n * ar_n} or {(n // ar_n + 1) * ar_n}."
+                f"in blocks of {ar_n} tokens, as for context_length. Use {f'{lo} or {hi}' if lo > ar_n else hi}."
             )
         if ar_n is not None and (why := genie_cl_problem(n, ar_n)):
             raise ValueError(f"context_lengths: {why}")

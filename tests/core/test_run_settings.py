@@ -236,6 +236,8 @@ def test_more_context_lengths_are_checked_when_set() -> None:
     with pytest.raises(ValueError, match=r"544 is not a multiple of ar_n 128.*Use 512 or 640"):
         rs.extra_context_lengths("544", 1024, 128)
     assert rs.extra_context_lengths("544", 1024, 32) == [544]
+    with pytest.raises(ValueError, match=r"Use 256\.$"):  # 128 is no context length beside AR-128
+        rs.extra_context_lengths("160", 1024, 128)
     assert rs.genie_cl_problem(512, 128) is None and rs.genie_cl_problem(256, 128)
 
 
