@@ -19,7 +19,7 @@ GIB = 1024**3
 MAX_POINTS = 20_000
 
 
-def _apply_palette(plot: pg.PlotWidget) -> None:
+def restyle(plot: pg.PlotWidget) -> None:
     """Background and axes in the widget's palette colours (light or dark, as the system has it)."""
     pal = plot.palette()
     plot.setBackground(pal.color(QPalette.ColorRole.Base))
@@ -28,10 +28,18 @@ def _apply_palette(plot: pg.PlotWidget) -> None:
         ax = plot.getAxis(axis)
         ax.setPen(fg)
         ax.setTextPen(fg)
+    legend = getattr(plot.getPlotItem(), "legend", None)
+    if legend is not None:  # over the bars it stays readable: a veil of the page's own colour behind it
+        veil = pal.color(QPalette.ColorRole.Base)
+        veil.setAlpha(215)
+        legend.setBrush(pg.mkBrush(veil))
+        legend.setLabelTextColor(fg)  # stored for new labels; a label drawn already is drawn again in it
+        for _sample, label in legend.items:
+            label.setText(label.text)
 
 
 def _style(plot: pg.PlotWidget) -> None:
-    _apply_palette(plot)
+    restyle(plot)
     plot.showGrid(x=True, y=True, alpha=0.2)
     plot.setMenuEnabled(False)
     plot.setMouseEnabled(x=False, y=False)
@@ -59,7 +67,7 @@ class StyledPlot(pg.PlotWidget):
 
     def changeEvent(self, ev: QEvent) -> None:
         if self._styled and ev.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
-            _apply_palette(self)
+            restyle(self)
         super().changeEvent(ev)
 
 

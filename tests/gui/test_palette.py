@@ -49,3 +49,30 @@ def test_plots_restyle_when_the_palette_switches_to_dark_and_back(qtbot: Any, tm
         app.setPalette(original)
     qtbot.waitUntil(lambda: all(colours(p)[0] == light_base for p in plots), timeout=5000)
     assert all(colours(p)[2] == original.color(QPalette.ColorRole.Text) for p in plots)
+
+
+def test_a_score_legend_drawn_in_light_follows_the_switch_to_dark(qtbot: Any, tmp_path: Path) -> None:
+    """The Evaluate page drew its legend's veil and labels in the palette of the moment they were drawn: the page,
+    drawn before the window was shown (or before a switch to dark), kept a white veil with pale labels on it."""
+    from PySide6.QtGui import QColor, QPalette
+    from PySide6.QtWidgets import QApplication
+
+    from hexstudio.ui.pages.evaluate import _score_plot
+
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    plot, legend = _score_plot("p", "score")
+    qtbot.addWidget(plot)
+    plot.plot([0, 1], [0.5, 0.7], name="host float")  # a label drawn in the light palette
+    original = QPalette(app.palette())
+    dark = QPalette(original)
+    base, text = QColor("#1e1f22"), QColor("#dfe1e5")
+    dark.setColor(QPalette.ColorRole.Base, base)
+    dark.setColor(QPalette.ColorRole.Text, text)
+    try:
+        app.setPalette(dark)
+        qtbot.waitUntil(lambda: legend.opts["brush"].color().rgb() == base.rgb(), timeout=5000)
+        ((_sample, label),) = legend.items
+        assert text.name() in label.item.toHtml() or label.item.defaultTextColor() == text
+    finally:
+        app.setPalette(original)

@@ -9,7 +9,6 @@ from typing import Any
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QFileDialog,
     QGroupBox,
@@ -29,7 +28,7 @@ from hexstudio.core.runs import RunBusy, Workspace
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.errors import refused_html
 from hexstudio.ui.pages.base import StagePage
-from hexstudio.ui.plots import StyledPlot
+from hexstudio.ui.plots import StyledPlot, restyle
 from hexstudio.ui.widgets import STATE_COLORS, button, button_row, note
 
 BAR_COLORS = ("#2f81f7", "#8250df", "#2da44e", "#d1242f", "#bf8700")
@@ -56,7 +55,9 @@ def _score_plot(name: str, axis: str) -> tuple[StyledPlot, pg.LegendItem]:
     plot.setMinimumHeight(190)
     plot.setLabel("left", axis)
     plot.setYRange(0, 1)
-    return plot, plot.addLegend(offset=(-10, 10))
+    legend = plot.addLegend(offset=(-10, 10))
+    restyle(plot)  # the legend in the palette's colours too (and again at each palette change)
+    return plot, legend
 
 
 DROP_TIP = (
@@ -325,11 +326,6 @@ class EvaluatePage(StagePage):
                     )
                 )
         self.plot.getAxis("bottom").setTicks([[(i, t["suite"]) for i, t in enumerate(acc)]])
-        # the legend over the bars stays readable: a veil of the page's own colour behind it
-        veil = self.palette().color(QPalette.ColorRole.Base)
-        veil.setAlpha(215)
-        self.plot_legend.setBrush(pg.mkBrush(veil))
-        self.plot_legend.setLabelTextColor(self.palette().color(QPalette.ColorRole.Text))
 
     def _load_runs(self) -> None:
         ws = self._workspace()
