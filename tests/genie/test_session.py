@@ -4,6 +4,7 @@ the helper keeps the dialog loaded, later turns skip the init, stop, context ful
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -665,3 +666,71 @@ def test_a_reset_genie_refuses_loads_the_model_again_rather_than_keep_the_old_ca
     assert any("could not be reset (Genie status -1)" in line for line in said), said
     loads = [line for line in said if line.startswith("model loaded in")]
     assert len(loads) == 1, said  # the second load, for the turn after the failed reset
+
+
+def test_a_context_filled_during_an_abort_is_said_full_and_limits_do_not_linger(
+    tmp_path: Path, fake_genie: FakeGenie
+) -> None:
+    """Two faults of the board helper (hexstudio/workers/board/genie_session.py). A reply stopped as the context
+    filled ended "aborted": the helper made the dialog again (empty), but the host kept its copy of the
+    conversation and sent only the next turn, so the history was gone. And a query's max_tokens stayed on the
+    dialog: a later query without one was cut at the old limit."""
+    import json
+
+    bundle = fake_genie.bundle(
+        tmp_path / "full", init_ms=20, token_ms=40, tokens=40, context=60, ignore_abort=True
+    )
+    h = _Helper(bundle, fake_genie.lib)
+    h.send(op="query", id=1, prompt="word " * 28, max_tokens=40)
+    time.sleep(0.3)
+    h.send(op="abort")
+    assert h.next("end")["state"] == "context_full"
+    h.send(op="quit")
+    assert h.exit()[0] == 0
+    bundle = fake_genie.bundle(tmp_path / "limit", init_ms=20, token_ms=1, tokens=12)
+    cfg = json.loads((bundle / "genie_config.json").read_text())
+    cfg["dialog"]["max-num-tokens"] = 6  # the config's own limit
+    (bundle / "genie_config.json").write_text(json.dumps(cfg))
+    h = _Helper(bundle, fake_genie.lib)
+    lengths = []
+    for qid, limit in ((1, 3), (2, None), (3, 0)):
+        h.send(op="query", id=qid, prompt="Hi", max_tokens=limit)
+        lengths.append(h.next("end")["measured"]["tokens"])
+        h.send(op="reset")
+        h.next("reset")
+    h.send(op="quit")
+    assert h.exit()[0] == 0
+    assert lengths == [3, 6, 6], lengths
+
+
+def test_an_abort_as_the_query_starts_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Genie drops an ABORT that comes before its query counts as active (Dialog::signalAction): the helper said
+    in_query before calling GenieDialog_query, so an abort in between was lost and the reply ran to its end."""
+    import hexstudio.workers.board.genie_session as gs
+
+    h = object.__new__(gs.Helper)
+    state = {"active": False, "abort": False}
+
+    def query(dialog: object, prompt: bytes, code: int, cb: Any, user: object) -> int:
+        h.abort()  # the host's abort arrives now, before the query is active: Genie drops it
+        state["active"] = True
+        n = 0
+        for n in range(50):
+            if state["abort"]:
+                cb(b"", gs.SENTENCE_ABORT, None)
+                return gs.WARNING_ABORTED
+            cb(b" w", gs.SENTENCE_BEGIN if n == 0 else gs.SENTENCE_CONTINUE, None)
+        cb(b"", gs.SENTENCE_END, None)
+        return gs.SUCCESS
+
+    def signal(dialog: object, action: int) -> int:
+        state["abort"] = state["abort"] or state["active"]
+        return gs.SUCCESS
+
+    h.f = {"GenieDialog_query": query, "GenieDialog_signal": signal}
+    h.dialog, h.profile, h.in_query = None, None, threading.Event()
+    h.limited, h.remake = False, False
+    ends: list[dict[str, Any]] = []
+    monkeypatch.setattr(gs, "emit", lambda ev: ends.append(ev) if ev.get("event") == "end" else None)
+    h.query(1, "Hi", 0)
+    assert ends and ends[0]["state"] == "aborted" and ends[0]["measured"]["tokens"] < 50, ends

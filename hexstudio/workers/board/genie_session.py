@@ -305,9 +305,14 @@ class Helper:
             dialog_doc = json.loads(config_json).get("dialog") or {}
             self.dialog_type = str(dialog_doc.get("type") or "basic")
             self.created_sampler = dict(dialog_doc.get("sampler") or {})
+            limit = dialog_doc.get("max-num-tokens")
         except (ValueError, AttributeError, TypeError):
-            self.dialog_type, self.created_sampler = "basic", {}
+            self.dialog_type, self.created_sampler, limit = "basic", {}, None
+        # the config's reply limit (Genie's default: none): what a query without max_tokens runs under again
+        self.config_max_tokens = limit if isinstance(limit, int) and limit > 0 else 0xFFFFFFFF
         self.sampler_values: dict | None = None  # the last applied (re-applied to a recreated dialog)
+        self.stop_values: list | None = None  # the last applied stop sequences (re-applied likewise)
+        self.limited = False  # a query's max_tokens is on the dialog (not the config's own limit)
         self.remake = False  # the dialog must be made again before its next use (a full context)
         self.used = False  # a query (or its stop sequences) since the dialog was made
         # Genie says why it refuses a config on fd 1/2, before any logger can be bound to the config
@@ -378,11 +383,17 @@ class Helper:
         st = self.f["GenieDialog_setStopSequence"](
             self.dialog, json.dumps({"stop-sequence": stop}).encode("utf-8")
         )
+        if st == SUCCESS:
+            self.stop_values = list(stop)
         return None if st == SUCCESS else f"GenieDialog_setStopSequence failed (status {st})"
 
     def query(self, qid: object, prompt: str, max_tokens: object) -> None:
-        if max_tokens and "GenieDialog_setMaxNumTokens" in self.f:
-            self.f["GenieDialog_setMaxNumTokens"](self.dialog, int(max_tokens))  # type: ignore[call-overload]
+        budget = int(max_tokens) if isinstance(max_tokens, int) and max_tokens > 0 else 0
+        if "GenieDialog_setMaxNumTokens" in self.f and (budget or self.limited):
+            # the limit stays on the dialog: a query without one runs under the config's again, not the last one's
+            self.f["GenieDialog_setMaxNumTokens"](self.dialog, budget or self.config_max_tokens)
+            self.limited = bool(budget)
+        self.aborting = False  # an abort that came as the last query ended is no abort of this one
         dec = codecs.getincrementaldecoder("utf-8")("replace")
         t0 = time.perf_counter()
         m = {
@@ -393,13 +404,18 @@ class Helper:
             "held": 0,
             "whole": False,
             "tokens": 0,
+            "signalled": False,
         }
-        budget = int(max_tokens) if isinstance(max_tokens, int) and max_tokens > 0 else 0
         over = {"tokens": 0, "seen": 0}
 
         def on_token(resp: bytes | None, code: int, _user: object) -> None:
             if code == SENTENCE_ABORT:
                 m["aborted"] = True
+            if self.aborting and not m["signalled"] and "GenieDialog_signal" in self.f:
+                # Genie drops an ABORT that comes before its query counts as active (Dialog::signalAction): an abort
+                # asked for as the query started is signalled again here, where it is certainly active
+                m["signalled"] = True
+                self.f["GenieDialog_signal"](self.dialog, ACTION_ABORT)
             if budget and code in (SENTENCE_BEGIN, SENTENCE_CONTINUE):
                 over["seen"] += 1
                 if over["seen"] > budget:
@@ -491,10 +507,12 @@ class Helper:
             state = (
                 "failed"  # an error ends the sentence with ABORT too: it is a failure, not a stop asked for
             )
+        elif st == WARNING_CONTEXT_EXCEEDED:
+            # the reply was cut short: the dialog's context is full, aborted or not (the dialog is made again, so
+            # the host must clear its copy of the conversation and send the history again)
+            state = "context_full"
         elif m["aborted"] or st in (WARNING_ABORTED, WARNING_PAUSED) or (st > 0 and self.aborting):
             state = "aborted"
-        elif st == WARNING_CONTEXT_EXCEEDED:
-            state = "context_full"  # the reply was cut short: the dialog's context is full
         else:
             state = "complete" if st >= SUCCESS else "failed"  # other warnings (> 0): the reply completed
         self.aborting = False
@@ -551,8 +569,10 @@ class Helper:
         self.dialog = ctypes.c_void_p()
         t0 = time.perf_counter()
         st = self.f["GenieDialog_create"](self.cfg, ctypes.byref(self.dialog))
-        self.remake = self.used = False
+        self.remake = self.used = self.limited = False
         why = self.apply_sampler(self.sampler_values) if st == SUCCESS and self.sampler_values else None
+        if st == SUCCESS and self.stop_values:  # the host holds them set on the dialog: it sends them no more
+            why = self.set_stop(self.stop_values) or why
         return st, (time.perf_counter() - t0) * 1000, why
 
     def made_again(self, st: int) -> None:
