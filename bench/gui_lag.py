@@ -36,7 +36,7 @@ while time.monotonic() - t0 < seconds:
         em.log(f"calibrating sample {n}: block loss 0.{n % 997:03d} (bench flood line)")
         n += 1
     time.sleep(0.002)
-em.done({"lines": n})
+em.done(True, {"lines": n})
 """
 
 

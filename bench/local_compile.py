@@ -42,7 +42,19 @@ def main() -> int:
     ap.add_argument("--workspace", type=Path, default=None)
     args = ap.parse_args()
     ws = args.workspace or Path(tempfile.mkdtemp(prefix="hexstudio-bench-compile-"))
-    r = hexstudio(ws, *RUN_BUILTIN, "--until", "validate", "--set", "calibration_samples=4", "--json")
+    # compile_target local: "auto" takes the onnxruntime stand-in where onnxruntime-qnn is missing, and this
+    # bench would time that as a QNN compile (it fails instead, saying so)
+    r = hexstudio(
+        ws,
+        *RUN_BUILTIN,
+        "--until",
+        "validate",
+        "--set",
+        "calibration_samples=4",
+        "--set",
+        "compile_target=local",
+        "--json",
+    )
     if r.returncode != 0:
         print(r.stdout[-2000:], r.stderr[-2000:])
         return 1
@@ -71,6 +83,9 @@ def main() -> int:
     )
     print(f"ratio to the anchor ({ANCHOR_S:.0f} s): {wall / ANCHOR_S:.3f}")
     r = hexstudio(ws, "run", "--resume", run_id, "--only", "board", "--quiet")
+    if r.returncode != 0:  # board.json would be an earlier attempt's, or none
+        print(r.stdout[-2000:], r.stderr[-2000:])
+        return 1
     remote = json.loads((run_dir / "artifacts" / "board" / "board.json").read_text())["remote_bundle"]
     t0 = time.monotonic()
     p = subprocess.run(
