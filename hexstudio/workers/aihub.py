@@ -140,9 +140,13 @@ def link_options(qairt_version: str) -> str:
 def parse_device(name: str, os_name: str, attributes: list[str]) -> dict[str, Any]:
     """A device record as the bundle and the checks want it, from AI Hub's attributes."""
     attrs: dict[str, str] = {}
-    for a in attributes:  # the first of a repeated key wins: AI Hub lists aliases after (chipset:qcs9075)
+    for a in attributes:  # the first of a repeated key wins
         if ":" in a:
             attrs.setdefault(a.split(":", 1)[0], a.split(":", 1)[1])
+    # AI Hub names a chipset twice (chipset:qualcomm-qcs9075 and its alias chipset:qcs9075), in no promised
+    # order: the vendor-prefixed name is the chipset, wherever it stands
+    chipsets = [a.split(":", 1)[1] for a in attributes if a.startswith("chipset:")]
+    chipset = next((c for c in chipsets if c.startswith("qualcomm-")), attrs.get("chipset"))
     known = gb.KNOWN_DEVICES.get(name, {})
     soc = attrs.get("soc-model")
     ws = attrs.get("htp-supports-weight-sharing")
@@ -151,7 +155,7 @@ def parse_device(name: str, os_name: str, attributes: list[str]) -> dict[str, An
         "os": os_name,
         "soc_model": int(soc) if soc and soc.isdigit() else known.get("soc_model", 0),
         "dsp_arch": attrs.get("hexagon", known.get("dsp_arch", "unknown")),
-        "chipset": attrs.get("chipset", known.get("chipset")),
+        "chipset": chipset or known.get("chipset"),
         "weight_sharing": (ws == "true") if ws is not None else bool(known.get("weight_sharing", False)),
         "attributes": list(attributes),
         "emulated": EMULATED_ATTRIBUTE in attributes,

@@ -67,9 +67,9 @@ v0.47.0, b61a009, and quic/ai-hub-models v0.46.1, 52c080d; qai_hub = the install
   and htp-supports-fp16:true: a third party's recorded live device query (not a Qualcomm source);
   qai-hub-models reads the `abi:` attribute as the QAIRT SDK lib folder (utils/llm_helpers.py
   copy_qairt_files_for_genie_bundle). AI Hub also lists the alias chipset:qcs9075 (the yaml's aliases are
-  the device's `chipset:` attributes); it is left out here because hexstudio/workers/aihub.py parse_device keeps the
-  LAST `chipset:` attribute and would record "qcs9075". `abi:aarch64-android` on the Android devices: the
-  same third party's records.
+  the device's `chipset:` attributes), here in sorted order, before the chipset: hexstudio/workers/aihub.py
+  parse_device takes the vendor-prefixed one wherever it stands. `abi:aarch64-android` on the Android devices:
+  the same third party's records.
 
 Job states: compile CREATED -> OPTIMIZING_MODEL -> DONE|FAILED, link CREATED -> LINKING_MODELS ->
 DONE|FAILED, advancing with time (`queue_s`, `run_s`); `hold_jobs()` keeps jobs running (a slow job)
@@ -216,12 +216,13 @@ DEVICES: list[dict[str, Any]] = [
         "name": "Dragonwing IQ-9075 EVK",
         "os": "1.7",
         "soc_description": "Qualcomm QCS9075",
-        # chipset:qcs9075 is the alias AI Hub lists after the chipset (qai-hub-models v0.47.0 devices_and_chipsets.yaml
-        # takes a device's aliases from its chipset: attributes); HexStudio keeps the first (hexstudio/workers/aihub.parse_device)
+        # chipset:qcs9075 is the chipset's alias (qai-hub-models v0.47.0 devices_and_chipsets.yaml takes a device's
+        # aliases from its chipset: attributes), sorted before it as the rest are; HexStudio takes the vendor-prefixed
+        # one wherever it stands (hexstudio/workers/aihub.parse_device)
         "attributes": [
             "abi:aarch64-oe-linux-gcc11",
-            "chipset:qualcomm-qcs9075",
             "chipset:qcs9075",
+            "chipset:qualcomm-qcs9075",
             "format:iot",
             "framework:onnx",
             "framework:qnn",

@@ -550,6 +550,11 @@ def test_a_chipset_alias_after_the_chipset_does_not_replace_it() -> None:
         77,
         True,
     )
+    # the alias first (AI Hub promises no order; sorted, it would come first): the vendor's name still wins
+    d = parse_device(
+        "Dragonwing IQ-9075 EVK", "1.7", ["chipset:qcs9075", "chipset:qualcomm-qcs9075", "hexagon:v73"]
+    )
+    assert d["chipset"] == "qualcomm-qcs9075"
 
 
 def test_ai_hub_bundles_carry_the_speculative_dialogs_asked_for(
