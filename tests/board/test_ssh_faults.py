@@ -52,6 +52,8 @@ def test_changed_host_key_is_refused(tmp_path: Path) -> None:
                 connect_ssh("b", cfg, trust=lambda *a: True, on_state=lambda s, d: states.append((s, d)))
             )
         assert "REFUSED" in changed.value.message and "CHANGED" in changed.value.message
+        # the hint names the lines to remove, in the files really read, as ssh-keygen removes them
+        assert f"ssh-keygen -R '[{srv.host}]:{srv.port}' -f" in (changed.value.hint or ""), changed.value.hint
         assert changed.value.fingerprint == srv.host_key_fingerprint
         assert states[-1][0] == "failed"
         settings_with("b", cfg)

@@ -30,6 +30,7 @@ import functools
 import getpass
 import hashlib
 import os
+import shlex
 import socket
 import sys
 import threading
@@ -77,12 +78,25 @@ class HostKeyUnknown(BoardError):
 
 
 class HostKeyChanged(BoardError):
-    def __init__(self, host: str, port: int, fingerprint: str, expected: str) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        fingerprint: str,
+        expected: str,
+        files: list[str] | None = None,
+        entry: str | None = None,
+    ) -> None:
+        """`files`: the user's known_hosts files read (None: ~/.ssh/known_hosts); `entry`: the board's name in them
+        ([host]:port, or its HostKeyAlias)."""
+        entry = entry or host_entry(host, port)
+        where = [*(files or ["~/.ssh/known_hosts"]), str(known_hosts_path())]
         super().__init__(
             f"REFUSED: the host key of {host}:{port} has CHANGED (now {fingerprint}, trusted {expected}). "
             "Someone may be intercepting the connection, or the board was reinstalled.",
-            f"If the board was reflashed, remove its line from {known_hosts_path()} (and ~/.ssh/known_hosts) "
-            "and connect again to review the new fingerprint. Otherwise do not connect.",
+            f"If the board was reflashed, remove its {entry} lines ("
+            + "; ".join(f"ssh-keygen -R {shlex.quote(entry)} -f {shlex.quote(f)}" for f in where)
+            + ") and connect again to review the new fingerprint. Otherwise do not connect.",
         )
         self.host, self.port, self.fingerprint, self.expected = host, port, fingerprint, expected
 
@@ -665,7 +679,9 @@ def _check_host_key(
         raise HostKeyRevoked(host, port, fp)
     if known is not None and key.get_name() in known:
         if known[key.get_name()] != key:
-            raise HostKeyChanged(host, port, fp, fingerprint(known[key.get_name()]))
+            raise HostKeyChanged(
+                host, port, fp, fingerprint(known[key.get_name()]), r["known_hosts_files"], host_entry(*entry)
+            )
         return
     if known is not None and len(known):
         # a key of another type than the trusted one is no first connection (the transport asked for the trusted
