@@ -347,6 +347,27 @@ ROWS: list[Any] = [
         ["is a file, not a model folder"],
         NO_RUN,
     ),
+    # more parts than layers: printed as a plan ("10 part(s)") where predict and the Model stage refuse it
+    (
+        "model inspect more parts than layers",
+        lambda e: run_cli(e, "model", "inspect", "builtin:tiny-llama", "--parts", "10"),
+        ["10 parts for a model of 4 layers", "--parts between 1 and 4"],
+        NO_RUN,
+    ),
+    # a revision for a model that has none: shown as "builtin:tiny-llama @ deadbeef" and ignored
+    (
+        "model inspect revision of a built-in",
+        lambda e: run_cli(e, "model", "inspect", "builtin:tiny-llama", "--revision", "deadbeef"),
+        ["--revision names a revision of a Hugging Face model", "a built-in model"],
+        NO_RUN,
+    ),
+    # the .wslconfig flags without --write-wslconfig: they wrote nothing, and said nothing
+    (
+        "preflight wslconfig flags alone",
+        lambda e: run_cli(e, "preflight", "--memory-gb", "48", "--yes", "--no-smoke-test"),
+        ["--memory-gb, --yes go with --write-wslconfig"],
+        NO_RUN,
+    ),
     (
         "model inspect empty folder",
         lambda e: run_cli(e, "model", "inspect", str(e.tmp)),

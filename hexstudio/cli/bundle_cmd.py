@@ -68,6 +68,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     if err:
         raise CliError(err)
     parts = args.parts or modelinfo.default_parts(info)
+    if bad := modelinfo.check_parts(info, parts):
+        raise CliError(*bad)
     slug = gb.model_slug(str(cfg.get("_name_or_path") or folder.resolve().name))
     bins = [gb.ctx_bin_name(slug, k, parts) for k in range(1, parts + 1)]
     try:

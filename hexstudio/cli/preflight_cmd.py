@@ -58,8 +58,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _confirm(question: str) -> bool:
     if not sys.stdin or not sys.stdin.isatty():
         return False
+    # the question on stderr: stdout holds the one JSON document under --json
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
     try:
-        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+        return input().strip().lower() in ("y", "yes")
     except EOFError:
         return False
 
@@ -150,6 +152,16 @@ def _cli_settings(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_preflight(args: argparse.Namespace) -> int:
     if args.write_wslconfig:
         return cmd_write_wslconfig(args)
+    only_writing = {"--memory-gb": args.memory_gb, "--swap-gb": args.swap_gb, "--wslconfig": args.wslconfig}
+    if given := [f for f, v in {**only_writing, "--yes": args.yes or None}.items() if v is not None]:
+        raise CliError(  # ignored, they would let a person think their .wslconfig was changed
+            f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with --write-wslconfig: nothing is written "
+            "without it.",
+            "Add --write-wslconfig to change .wslconfig, or leave "
+            + ("that flag" if len(given) == 1 else "those flags")
+            + " out to only check.",
+            exit_code=EXIT_USAGE,
+        )
     rep = preflight_report(
         args.model, workspace_from(args).root, smoke=not args.no_smoke_test, settings=_cli_settings(args)
     )

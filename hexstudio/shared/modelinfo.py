@@ -497,6 +497,17 @@ def sliding_window(cfg: dict[str, Any]) -> int | None:
     return None
 
 
+def check_parts(info: dict[str, Any], parts: int) -> tuple[str, str] | None:
+    """(why, what to do) when the model cannot be split into `parts` parts (each needs a layer), else None."""
+    layers = int(info["num_layers"])
+    if 1 <= int(parts) <= layers:
+        return None
+    return (
+        f"{parts} parts for a model of {layers} layers: every part needs at least one layer.",
+        f"Give --parts between 1 and {layers}, or leave it out (auto picks the run's split).",
+    )
+
+
 def check_context(info: dict[str, Any], context_length: int, ar_n: int) -> str | None:
     """An error message, or None when the context length is usable."""
     if ar_n <= 0 or context_length <= 0:

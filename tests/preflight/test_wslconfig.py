@@ -249,3 +249,22 @@ def test_wsl_check_shows_the_current_wslconfig_and_the_lines_to_write() -> None:
         )
     )["wsl"]
     assert big["status"] == "ok" and "memory=256GB, swap=64GB" in big["message"]
+
+
+def test_the_question_on_a_terminal_stays_out_of_the_json(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Asked on a terminal under --json, the question went to stdout ahead of the document, which was then no JSON
+    for the script reading it."""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    cfg = home / ".wslconfig"
+    cfg.write_bytes(USER_FILE.encode())
+    monkeypatch.setattr("sys.stdin", Terminal("y\n"))
+    args = ["preflight", "--write-wslconfig", "--wslconfig", str(cfg), "--memory-gb", "176", "--json"]
+    assert cli_main(args) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["written"] is True and "[y/N]" in err

@@ -49,6 +49,13 @@ def inspect(
     board_ram_gib: float | None = None,
     revision: str | None = None,
 ) -> dict[str, Any]:
+    if revision and (model.startswith("builtin:") or Path(model).expanduser().is_dir()):
+        raise ServiceError(
+            f"--revision names a revision of a Hugging Face model; {model} is "
+            + ("a built-in model" if model.startswith("builtin:") else "a folder on this machine")
+            + ", which has none.",
+            "Leave --revision out, or give a Hugging Face id (owner/name).",
+        )
     info = modelinfo.inspect_config(model_config(model, revision))
     out: dict[str, Any] = {"model": model, "revision": revision, **info}
     if not info["supported"]:
@@ -66,6 +73,8 @@ def inspect(
     )
     if err:
         raise ServiceError(err)
+    if bad := modelinfo.check_parts(info, r["parts"]):
+        raise ServiceError(*bad)
     out["context_length"] = r["context_length"]
     out["ar_n"] = r["ar_n"]
     out["part_plan"] = plan

@@ -116,11 +116,8 @@ def plan(
     err = modelinfo.check_context(info, r["context_length"], r["ar_n"])
     if err:
         raise ServiceError(err)
-    if not 1 <= int(r["parts"]) <= int(info["num_layers"]):  # as the Model stage refuses it: no such split
-        raise ServiceError(
-            f"{r['parts']} parts for a model of {info['num_layers']} layers: every part needs at least one layer.",
-            f"Give --parts between 1 and {info['num_layers']}, or leave it out (auto picks the run's split).",
-        )
+    if bad := modelinfo.check_parts(info, r["parts"]):  # as the Model stage refuses it: no such split
+        raise ServiceError(*bad)
     target = resolve_target(req.board, req.device, _boards() if boards is None else boards)
     if req.unknown_device and (not req.board or req.board == SIM_BOARD):
         target = dataclasses.replace(
