@@ -361,6 +361,15 @@ ROWS: list[Any] = [
         ["--revision names a revision of a Hugging Face model", "a built-in model"],
         NO_RUN,
     ),
+    # a worker host saved, its check failed: the failure did not say the entry was kept, nor how to remove it
+    (
+        "worker add that cannot connect",
+        lambda e: run_cli(
+            e, "worker", "add", "gpu1", "--host", "127.0.0.1", "--port", "1", "--auth", "agent"
+        ),
+        ["Worker host gpu1 is saved, but connecting to it failed", "hexstudio worker remove gpu1"],
+        NO_RUN,
+    ),
     # the .wslconfig flags without --write-wslconfig: they wrote nothing, and said nothing
     (
         "preflight wslconfig flags alone",
@@ -729,6 +738,15 @@ ROWS += [
             "holds a JSON list",
             "workspace cannot be told while the settings file cannot be read",
         ],
+        None,
+    ),
+    (
+        "doctor with a workspace that is a file",  # a usage error ended the doctor, its other checks lost
+        lambda e: (
+            e.tmp.joinpath("ws-file").write_text("x"),
+            run_cli(e, "doctor", "--workspace", str(e.tmp / "ws-file")),
+        )[1],
+        ["FAIL workspace", "keyring"],
         None,
     ),
     ('settings.json boards "x"', lambda e: _settings_file(e, b'{"boards": "x"}'), ['"boards" is str'], None),

@@ -56,6 +56,13 @@ def cmd_install_desktop(args: argparse.Namespace) -> int:
             "Run packaging/install-workstation.sh (it makes hexstudio-launch), or give --launcher "
             "PATH/TO/hexstudio-launch; the menu entry alone needs neither (leave out --windows-shortcut).",
         )
+    dest = windows_desktop() if args.windows_shortcut else None
+    if args.windows_shortcut and (dest is None or not dest.is_dir()):  # before anything is written
+        raise CliError(
+            "Cannot find the Windows desktop folder (this does not look like WSL).",
+            f"Copy {WINDOWS_CMD} to your Windows desktop yourself, or leave out --windows-shortcut for the menu "
+            "entry alone.",
+        )
     try:
         res = desktop.install(launcher, args.data_dir, args.bin_dir)
     except FileNotFoundError as exc:
@@ -66,16 +73,17 @@ def cmd_install_desktop(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CliError(f"Cannot install the menu entry: {exc}.") from None
     shortcut = None
-    if args.windows_shortcut:
-        dest = windows_desktop()
-        if dest is None or not dest.is_dir():
-            raise CliError(
-                "Cannot find the Windows desktop folder (this does not look like WSL).",
-                f"Copy {WINDOWS_CMD} to your Windows desktop yourself.",
-            )
+    if dest is not None:
         shortcut = dest / WINDOWS_CMD.name
         if not shortcut.is_file() or shortcut.read_bytes() != WINDOWS_CMD.read_bytes():
-            shutil.copyfile(WINDOWS_CMD, shortcut)
+            try:
+                shutil.copyfile(WINDOWS_CMD, shortcut)
+            except OSError as exc:
+                raise CliError(
+                    f"The menu entry is installed, but the Windows shortcut could not be written: "
+                    f"{exc.strerror or exc} ({shortcut}).",
+                    f"Copy {WINDOWS_CMD} to your Windows desktop yourself.",
+                ) from None
             res.changed.append(str(shortcut))
         else:
             res.unchanged.append(str(shortcut))

@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any
 
-from hexstudio.cli.common import add_json_flag, add_workspace_flag, print_json, workspace_from
+from hexstudio.cli.common import CliError, add_json_flag, add_workspace_flag, print_json, workspace_from
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,6 +65,18 @@ def checks(args: argparse.Namespace) -> list[dict[str, Any]]:
     )
     try:
         root = workspace_from(args).root
+    except CliError as exc:
+        # a workspace that cannot be one (a file, a folder not writable): a row of its own, not the doctor's end
+        out.append(
+            {
+                "check": "workspace",
+                "ok": False,
+                "level": "error",
+                "message": exc.message,
+                "hint": exc.hint,
+            }
+        )
+        return out
     except (
         SettingsError
     ) as exc:  # the studio's choice of workspace is kept in the settings: said above already

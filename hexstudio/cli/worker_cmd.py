@@ -139,7 +139,16 @@ def cmd_add(args: argparse.Namespace) -> int:
         "config": worker_hosts(s)[args.name],
     }
     if not args.no_connect:
-        out["check"] = asyncio.run(_check(args.name, worker_hosts(s)[args.name], args))
+        try:
+            out["check"] = asyncio.run(_check(args.name, worker_hosts(s)[args.name], args))
+        except CliError as exc:  # the entry stays (a host that is off now is still worth keeping): say so
+            raise CliError(
+                f"Worker host {args.name} is saved, but connecting to it failed: {exc.message}",
+                f"{exc.hint or 'Check the host and its network.'} Then check it with `hexstudio worker check "
+                f"{args.name}`, or take the entry back out with `hexstudio worker remove {args.name}`.",
+                exc.exit_code,
+                code=exc.code,
+            ) from None
         out["ok"] = out["check"]["ok"]
     if args.json:
         print_json(out)

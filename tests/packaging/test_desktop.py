@@ -140,3 +140,26 @@ def test_default_workspace_is_inside_the_linux_filesystem(
     ws = default_workspace()
     assert ws == Path("/home/dev/hexstudio-workspace")
     assert not str(ws).startswith("/mnt/")
+
+
+def test_a_windows_shortcut_with_no_windows_desktop_writes_nothing(
+    tmp_path: Path, launcher: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside WSL the menu entry, icons and link were written, then the command failed on the shortcut, without
+    saying the entry was installed."""
+    from hexstudio.cli import desktop_cmd
+
+    monkeypatch.setattr(desktop_cmd, "windows_desktop", lambda: None)
+    share = tmp_path / "share"
+    args = [
+        "install-desktop",
+        "--launcher",
+        str(launcher),
+        "--data-dir",
+        str(share),
+        "--bin-dir",
+        str(tmp_path / "b"),
+    ]
+    assert cli_main([*args, "--windows-shortcut"]) != 0
+    assert "Windows desktop folder" in capsys.readouterr().err
+    assert not share.exists() and not (tmp_path / "b").exists()

@@ -597,7 +597,7 @@ def _auth_plan(name: str, r: dict[str, Any], password: str | None) -> _Plan:
         plan.candidates.append(_Candidate(f"agent key {k.get_name()} {fingerprint(k)}", key=k))
     if auth == "agent" and not agent:
         raise BoardError(
-            "The board uses agent auth but no SSH agent is reachable (SSH_AUTH_SOCK is "
+            "This connection uses agent auth but no SSH agent is reachable (SSH_AUTH_SOCK is "
             + ("not set" if not os.environ.get("SSH_AUTH_SOCK") else "set, but the agent did not answer")
             + ").",
             "Start one and add your key: `eval $(ssh-agent) && ssh-add ~/.ssh/id_ed25519` "
