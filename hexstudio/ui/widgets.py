@@ -252,6 +252,8 @@ class KeyValueTable(QTableWidget):
         self.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
         self.setAlternatingRowColors(True)
+        # Tab leaves the table (cell by cell, a preflight's checks took 28 presses): the arrows move within it
+        self.setTabKeyNavigation(False)
         hh = self.horizontalHeader()
         hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         hh.setStretchLastSection(True)

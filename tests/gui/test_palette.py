@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 
 def test_plots_restyle_when_the_palette_switches_to_dark_and_back(qtbot: Any, tmp_path: Path) -> None:
     from PySide6.QtGui import QColor, QPalette
@@ -76,3 +78,31 @@ def test_a_score_legend_drawn_in_light_follows_the_switch_to_dark(qtbot: Any, tm
         assert text.name() in label.item.toHtml() or label.item.defaultTextColor() == text
     finally:
         app.setPalette(original)
+
+
+def test_tab_leaves_a_results_table_and_an_empty_override_reason_is_asked_again(
+    qtbot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tab moved cell by cell through a results table (28 presses to leave the preflight checks), and OK on an
+    empty override reason closed the dialog and did nothing, without a word."""
+    from PySide6.QtWidgets import QInputDialog
+
+    from hexstudio.ui.widgets import KeyValueTable
+    from tests.gui.conftest import studio_window
+    from tests.support.gate_runs import gate_failed_run
+
+    assert not KeyValueTable(["a", "b"]).tabKeyNavigation()
+    m = gate_failed_run(tmp_path / "ws", "validate")
+    c, w = studio_window(qtbot, tmp_path / "ws")
+    c.open_run(m.run_id)
+    answers = iter([("", True), ("  ", True), ("known on this toy model", True)])
+    asked: list[str] = []
+
+    def get_text(parent: Any, title: str, label: str, *a: Any, **kw: Any) -> tuple[str, bool]:
+        asked.append(label)
+        return next(answers)
+
+    monkeypatch.setattr(QInputDialog, "getText", get_text)
+    w.pages["validate"].override()
+    assert len(asked) == 3 and asked[1].startswith("A reason is needed")
+    assert c.manifest.stage("validate").data["gate"]["override"]

@@ -312,6 +312,12 @@ class StagePage(QWidget):
         reason, ok = QInputDialog.getText(
             self, "Override the gate", f"Why continue past the {self.stage.title} gate? (recorded in the run)"
         )
+        while ok and not reason.strip():  # OK on an empty reason closed the dialog and did nothing, silently
+            reason, ok = QInputDialog.getText(
+                self,
+                "Override the gate",
+                f"A reason is needed: it is recorded in the run beside the {self.stage.title} gate it overrides.",
+            )
         if ok and reason.strip():
             try:
                 self.c.override_gate(self.stage.name, reason.strip())

@@ -390,7 +390,8 @@ class ValidatePage(StagePage):
         ok = doc.get("verdict") == "pass"
         col = STATUS_COLORS["ok" if ok else "fail"]
         self.verdict.setText(
-            f"<b style='color:{col}'>Verdict: {doc.get('verdict')}</b> — {doc.get('summary')}"
+            f"<b style='color:{col}'>Verdict: {doc.get('verdict')}</b> — {doc.get('summary')}<br>"
+            + _where_validated(doc)
         )
         rows: list[list[str]] = []
         colors: list[str | None] = []
@@ -409,10 +410,26 @@ class ValidatePage(StagePage):
         lines = []
         for g in (doc.get("greedy") or [])[:2]:
             lines.append(
-                f"prompt:    …{str(g.get('prompt'))[-80:]}\nfloat:     {g.get('float')!r}\n"
-                f"quantized: {g.get('quantized')!r}\n"
+                f"prompt:          …{str(g.get('prompt'))[-80:]}\nfloat:           {g.get('float')!r}\n"
+                f"quantized (sim): {g.get('quantized')!r}\n"
             )
         self.greedy.setPlainText("\n".join(lines))
+
+
+def _where_validated(doc: dict[str, Any]) -> str:
+    """Where the figures above come from (the quantized model is simulated on this CPU), and whether Qualcomm's
+    HTP simulator checked the graphs too: the page said neither, and a skipped HTP check went unseen."""
+    htp = doc.get("htp_simulation") or {}
+    if htp.get("ran"):
+        agree = htp.get("logits_argmax_agreement")
+        said = "ran" + (f", logits argmax agreement {agree:.4f}" if isinstance(agree, (int, float)) else "")
+        said += "" if htp.get("ok", True) else " — NOT within its bounds"
+    else:
+        said = f"skipped: {htp.get('why') or 'not recorded'}"
+    where = html.escape(str(doc.get("quantized") or "simulation on this CPU"))
+    return (
+        f"Quantized: SIMULATED ({where}), not a device. Qualcomm's HTP simulator check: {html.escape(said)}."
+    )
 
 
 class CompilePage(StagePage):
@@ -631,6 +648,8 @@ class CompilePage(StagePage):
             f"context length {doc.get('context_length')}, {doc.get('parts')} part(s), "
             f"{len(doc.get('aihub_jobs') or [])} AI Hub job(s)."
         )
-        self.files.set_rows(
-            [[f["path"], human_bytes(f["size"]), f["sha256"][:16] + "…"] for f in doc.get("files", [])]
-        )
+        files = doc.get("files", [])
+        self.files.set_rows([[f["path"], human_bytes(f["size"]), f["sha256"][:16] + "…"] for f in files])
+        for r, f in enumerate(files):  # the whole hash, to read or copy and check a pushed bundle against
+            if (cell := self.files.item(r, 2)) is not None:
+                cell.setToolTip(f["sha256"])
