@@ -609,3 +609,34 @@ def test_adding_a_suite_of_a_shipped_name_says_it_takes_its_place(qtbot: Any, tm
     other.write_text(mine.read_text().replace('"perplexity"', '"capitals"'))
     assert page.add_file(other)
     assert "shipped" not in page.add_message.text(), page.add_message.text()
+
+
+def test_the_export_is_what_the_preview_shows_and_the_box_starts_from_the_setting(
+    qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop
+) -> None:
+    """With the Report stage's own report.html there, an exported HTML said "(shown below)" while the preview kept
+    the stage's. And the host-names box started ticked whatever the studio setting the Run Report stage follows
+    said, so the box and the stage's report could disagree."""
+    import os
+    import time
+
+    from hexstudio.core.settings import Settings
+
+    s = Settings.load()
+    s.data["include_host_in_reports"] = True
+    s.save()
+    page = report_page_on_evaluated_run(qtbot, tmp_path)
+    assert not page.redact_hosts.isChecked() and "include_host_in_reports" in page.redact_hosts.toolTip()
+    stage_html = page.c.manifest.run_dir / "artifacts" / "report" / "report.html"
+    stage_html.parent.mkdir(parents=True, exist_ok=True)
+    stage_html.write_text("<html><body>STAGE REPORT</body></html>")
+    old = time.time() - 60
+    os.utime(stage_html, (old, old))
+    out = tmp_path / "exported" / "report.html"
+    out.parent.mkdir()
+    assert gui_loop.run_until_complete(page.export("html", out)), page.export_message.text()
+    assert "shown below" in page.export_message.text() and page.html_path() == out
+    stage_html.write_text(
+        "<html><body>STAGE REPORT, run again</body></html>"
+    )  # the stage writes its own again
+    assert page.html_path() == stage_html

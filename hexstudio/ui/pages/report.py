@@ -21,11 +21,28 @@ from hexstudio.ui.widgets import STATE_COLORS, button, button_row, note, paper
 _SVG = re.compile(r"<svg\b.*?</svg>", re.S | re.I)
 
 
+def _hosts_in_reports() -> bool:
+    """The studio setting include_host_in_reports (an unreadable settings file: False, names left out)."""
+    from hexstudio.core.settings import Settings
+
+    try:
+        return bool(Settings.load().data.get("include_host_in_reports", False))
+    except Exception:
+        return False
+
+
 class ReportPage(StagePage):
     def __init__(self, controller: RunController, parent: QWidget | None = None) -> None:
         super().__init__("report", controller, parent)
-        self.redact_hosts = QCheckBox("Leave out host and user names")
-        self.redact_hosts.setChecked(True)
+        # the exports' own choice; the Run Report stage follows the studio setting include_host_in_reports, and
+        # the box starts from it, so the two agree until the person changes the box for an export
+        self.redact_hosts = QCheckBox("Exports: leave out host and user names")
+        self.redact_hosts.setObjectName("redact_hosts")
+        self.redact_hosts.setChecked(not _hosts_in_reports())
+        self.redact_hosts.setToolTip(
+            "For the Export buttons. The Run Report stage's report.html follows the studio setting "
+            "include_host_in_reports (settings.json)."
+        )
         self.inputs_layout.addWidget(self.redact_hosts)
         self.export_buttons: dict[str, QPushButton] = {}
         for fmt in ("html", "pdf", "json"):
@@ -102,15 +119,14 @@ class ReportPage(StagePage):
         return asyncio.ensure_future(self.export(fmt, Path(path)))
 
     def html_path(self) -> Path | None:
-        """The report the preview shows: the Report stage's, else the HTML last exported from this run."""
+        """The report the preview shows: the HTML last exported from this run, until the Report stage writes its
+        own again (the export's message says "shown below"), else the stage's."""
         p = self.artifact_path("report.html")
-        if p is not None:
-            return p
         m = self.c.manifest
         ex = getattr(self, "exported_html", None)
-        if m is not None and ex is not None and ex[0] == m.run_dir and ex[1].is_file():
-            return Path(ex[1])
-        return None
+        if m is None or ex is None or ex[0] != m.run_dir or not ex[1].is_file():
+            return p
+        return Path(ex[1]) if p is None or ex[1].stat().st_mtime >= p.stat().st_mtime else p
 
     def open_in_browser(self) -> None:
         p = self.html_path()
