@@ -106,3 +106,14 @@ def test_tab_leaves_a_results_table_and_an_empty_override_reason_is_asked_again(
     w.pages["validate"].override()
     assert len(asked) == 3 and asked[1].startswith("A reason is needed")
     assert c.manifest.stage("validate").data["gate"]["override"]
+
+
+def test_a_settings_field_shows_its_unit_and_says_what_it_does(qtbot: Any, tmp_path: Path) -> None:
+    """The stage pages' setting fields dropped the registry's unit and help: bare numbers, no tooltip."""
+    from PySide6.QtWidgets import QSpinBox
+
+    from tests.gui.conftest import studio_window
+
+    _c, w = studio_window(qtbot, tmp_path / "ws")
+    sb = w.pages["quantize"].findChild(QSpinBox, "setting_calibration_seq_len")
+    assert sb is not None and sb.suffix() == " tokens" and sb.toolTip().startswith("Tokens per calibration")

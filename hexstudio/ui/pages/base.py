@@ -233,6 +233,8 @@ class StagePage(QWidget):
             )  # the setting's own range (the registry's): a value outside it cannot be typed
             sb.setKeyboardTracking(False)
             sb.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+            if (sp := run_settings.spec(key)) is not None and sp.unit:
+                sb.setSuffix(f" {sp.unit}")  # "256 tokens", not a bare 256
             sb.editingFinished.connect(lambda k=key, b=sb: self.set_setting(k, int(b.value())))
             w = sb
         elif kind == "bool":
@@ -252,6 +254,8 @@ class StagePage(QWidget):
             le.editingFinished.connect(lambda k=key, e=le: self.set_setting(k, e.text()))
             w = le
         w.setObjectName(f"setting_{key}")
+        if (sp := run_settings.spec(key)) is not None and sp.help:
+            w.setToolTip(sp.help)  # what the setting does, from the registry (docs/settings.md says the same)
         self._setting_widgets[key] = w
         self.form.addRow(label, w)
 
