@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QPointF, QSize, Qt, QUrl
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt, QUrl
 from PySide6.QtGui import QColor, QDesktopServices, QIcon, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
@@ -100,9 +100,23 @@ def state_icon(state: str, size: int = 16) -> QIcon:
         elif state == "failed":
             p.drawLine(QPointF(c - 3, c - 3), QPointF(c + 3, c + 3))
             p.drawLine(QPointF(c - 3, c + 3), QPointF(c + 3, c - 3))
-        elif state in ("gate_failed", "stale"):
+        elif state == "gate_failed":
             p.drawLine(QPointF(c, c - 4), QPointF(c, c + 0.5))
             p.drawPoint(QPointF(c, c + 3.5))
+        elif state == "stale":  # ↻, not gate_failed's "!": told apart without telling amber from red
+            r = 3.8
+            p.setBrush(Qt.BrushStyle.NoBrush)
+            p.drawArc(QRectF(c - r, c - r, 2 * r, 2 * r), 60 * 16, 270 * 16)
+            p.setBrush(QColor("white"))
+            p.setPen(Qt.PenStyle.NoPen)
+            tip = QPointF(c + r * 0.5, c - r * 0.87)  # where the arc starts (60°), its arrowhead
+            p.drawPolygon(
+                [
+                    QPointF(tip.x() + 2.6, tip.y() - 1.2),
+                    QPointF(tip.x() - 0.6, tip.y() - 2.6),
+                    QPointF(tip.x() + 0.4, tip.y() + 1.6),
+                ]
+            )
         elif state == "overridden":  # a flag
             p.drawLine(QPointF(c - 3, c - 4), QPointF(c - 3, c + 4))
             p.setBrush(QColor("white"))

@@ -117,3 +117,21 @@ def test_a_settings_field_shows_its_unit_and_says_what_it_does(qtbot: Any, tmp_p
     _c, w = studio_window(qtbot, tmp_path / "ws")
     sb = w.pages["quantize"].findChild(QSpinBox, "setting_calibration_seq_len")
     assert sb is not None and sb.suffix() == " tokens" and sb.toolTip().startswith("Tokens per calibration")
+
+
+def test_stale_and_gate_failed_differ_in_shape_not_only_in_colour(qtbot: Any) -> None:
+    """The stage list drew the same "!" for a stale stage and a failed gate, amber against red: told apart by
+    colour alone. Stale now draws its own mark (↻)."""
+    from hexstudio.ui.widgets import state_icon
+
+    def mark(state: str) -> set[tuple[int, int]]:
+        img = state_icon(state, 16).pixmap(16, 16).toImage()
+        return {
+            (x, y)
+            for x in range(16)
+            for y in range(16)
+            if min(img.pixelColor(x, y).red(), img.pixelColor(x, y).green(), img.pixelColor(x, y).blue())
+            > 200
+        }
+
+    assert mark("stale") and mark("gate_failed") and mark("stale") != mark("gate_failed")
