@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, QUrl
-from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QShowEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -521,6 +521,11 @@ class CompilePage(StagePage):
             QDesktopServices.openUrl(QUrl.fromLocalFile(str(d / "bundle")))
 
     # -- AI Hub token and devices -------------------------------------------------------------
+    def showEvent(self, event: QShowEvent) -> None:
+        """Coming back to the page: a token stored elsewhere since (`hexstudio aihub login`) is said."""
+        super().showEvent(event)
+        self._show_token_state()
+
     def _show_token_state(self) -> None:
         """Where the Compile stage would find a token (keyring, environment or the qai_hub client.ini), as
         `hexstudio aihub status` says it."""
