@@ -16,6 +16,7 @@ from hexstudio.cli.ssh import (
     add_trust_flag,
     check_ssh_flags,
     host_key_prompt,
+    kept_but_unreachable,
     read_password,
     ssh_config_from,
 )
@@ -203,13 +204,9 @@ def cmd_add(args: argparse.Namespace) -> int:
 
         try:
             out["label"] = _on_board(args, label)
-        except CliError as exc:  # the entry stays (a board that is off now is still worth keeping): say so
-            raise CliError(
-                f"Board {args.name} is {what}, but connecting to it failed: {exc.message}",
-                f"{exc.hint or 'Check the board and its network.'} Then check it with `hexstudio board probe "
-                f"{args.name}`, or take the entry back out with `hexstudio board remove {args.name}`.",
-                exc.exit_code,
-                code=exc.code,
+        except CliError as exc:
+            raise kept_but_unreachable(
+                exc, f"Board {args.name} is {what}", "board", "probe", args.name
             ) from None
         out["state"] = "ready"
     if args.json:

@@ -42,6 +42,19 @@ def ssh_config_from(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if v is not None}
 
 
+def kept_but_unreachable(exc: CliError, entry: str, command: str, check: str, name: str) -> CliError:
+    """A machine's entry saved, its first connection failed: the entry stays (one that is off now is still worth
+    keeping), and the error says so and how to check it again or take it back out. `entry` is "Board evk is
+    added" or the like; `command` the CLI group (board, worker); `check` its checking action (probe, check)."""
+    return CliError(
+        f"{entry}, but connecting to it failed: {exc.message}",
+        f"{exc.hint or 'Check the machine and its network.'} Then check it with `hexstudio {command} {check} "
+        f"{name}`, or take the entry back out with `hexstudio {command} remove {name}`.",
+        exc.exit_code,
+        code=exc.code,
+    )
+
+
 def check_ssh_flags(args: argparse.Namespace, what: str) -> None:
     """What add_ssh_flags' flags must say before a machine is saved (`what`: "board", "worker host"): a host
     without spaces, and for auth key a key file that is there. Nothing is saved when one is wrong."""

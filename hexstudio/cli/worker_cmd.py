@@ -141,13 +141,9 @@ def cmd_add(args: argparse.Namespace) -> int:
     if not args.no_connect:
         try:
             out["check"] = asyncio.run(_check(args.name, worker_hosts(s)[args.name], args))
-        except CliError as exc:  # the entry stays (a host that is off now is still worth keeping): say so
-            raise CliError(
-                f"Worker host {args.name} is saved, but connecting to it failed: {exc.message}",
-                f"{exc.hint or 'Check the host and its network.'} Then check it with `hexstudio worker check "
-                f"{args.name}`, or take the entry back out with `hexstudio worker remove {args.name}`.",
-                exc.exit_code,
-                code=exc.code,
+        except CliError as exc:
+            raise ssh.kept_but_unreachable(
+                exc, f"Worker host {args.name} is saved", "worker", "check", args.name
             ) from None
         out["ok"] = out["check"]["ok"]
     if args.json:
