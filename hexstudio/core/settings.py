@@ -11,6 +11,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -108,6 +109,9 @@ def _v2_to_v3(d: dict[str, Any]) -> dict[str, Any]:
     # aihub_api_url / aihub_web_url, so a private hub's address set there was lost. It becomes a run default.
     hub = d.pop("aihub", None)
     defaults = d.get("run_defaults") or {}
+    if os.environ.get("HEXSTUDIO_AIHUB_API_URL"):
+        # the address in use comes from the environment: a run default would outrank it from now on
+        hub = None
     for key, setting in (("api_url", "aihub_api_url"), ("web_url", "aihub_web_url")):
         url = hub.get(key) if isinstance(hub, dict) else None
         if isinstance(url, str) and url.strip() and url.rstrip("/") not in PUBLIC_AIHUB:

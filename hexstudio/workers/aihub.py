@@ -296,17 +296,19 @@ def storage_error(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def no_client_retries() -> Iterator[None]:
-    """The client's own retries off for a call that is not safe to repeat: a job submit whose answer was lost
-    (a read time-out, a dropped connection) was POSTed again by the client, and AI Hub made a second job. An
-    unanswered submit is looked up on resume instead (_HubCompile.submit_once)."""
+    """The client's own retries on a lost answer off, for a call that is not safe to repeat: a job submit whose
+    answer was lost (a read time-out, a dropped connection) was POSTed again by the client, and AI Hub made a
+    second job; an unanswered submit is looked up on resume instead (_HubCompile.submit_once). A connect time-out
+    (nothing sent) and a 429 or 5xx answer are still retried as the client does."""
     import qai_hub.util.session as hs
+    import requests
 
-    retries = hs.MAX_RETRIES
-    hs.MAX_RETRIES = 0  # read when each call is made (retry_call_with_backoff)
+    transient = hs.TRANSIENT_HTTP_EXCEPTIONS
+    hs.TRANSIENT_HTTP_EXCEPTIONS = (requests.exceptions.ConnectTimeout,)  # read when each call is made
     try:
         yield
     finally:
-        hs.MAX_RETRIES = retries
+        hs.TRANSIENT_HTTP_EXCEPTIONS = transient
 
 
 @contextlib.contextmanager

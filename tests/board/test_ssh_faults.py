@@ -54,6 +54,7 @@ def test_changed_host_key_is_refused(tmp_path: Path) -> None:
         assert "REFUSED" in changed.value.message and "CHANGED" in changed.value.message
         # the hint names the lines to remove, in the files really read, as ssh-keygen removes them
         assert f"ssh-keygen -R '[{srv.host}]:{srv.port}' -f" in (changed.value.hint or ""), changed.value.hint
+        assert "'~" not in (changed.value.hint or "")  # a quoted ~ is no home folder to ssh-keygen
         assert changed.value.fingerprint == srv.host_key_fingerprint
         assert states[-1][0] == "failed"
         settings_with("b", cfg)
@@ -372,6 +373,10 @@ def test_known_hosts_lines_paramiko_cannot_read_are_passed_over(tmp_path: Path) 
 
     with pytest.raises(HostKeyRevoked):
         _check_host_key(Served(), r, None, None)
+    # a board HexStudio trusted under [alias]:port before it named HostKeyAlias boards as ssh does is still known
+    kh.write_text(f"[evk-key]:2222 {line.split(' ', 1)[1]}\n")
+    aliased = {**r, "host": "10.0.0.9", "port": 2222, "host_key_alias": "evk-key"}
+    _check_host_key(Served(), aliased, None, None)  # no HostKeyUnknown
     # the trusted type is asked for first, as OpenSSH does (RSA by its SHA-2 signatures)
     a, b = socket.socketpair()
     t = _fast_transport(a, ["ecdsa-sha2-nistp256", "ssh-rsa"])

@@ -213,7 +213,7 @@ def test_a_settings_section_written_as_null_is_empty_not_a_crash(tmp_path: Path)
     assert Settings.load(path).run_defaults()["aihub_api_url"] == "https://hub.invalid"
 
 
-def test_settings_migrate_from_v0_and_keep_a_backup(tmp_path: Path) -> None:
+def test_settings_migrate_from_v0_and_keep_a_backup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "settings.json"
     path.write_text(
         json.dumps(
@@ -230,6 +230,11 @@ def test_settings_migrate_from_v0_and_keep_a_backup(tmp_path: Path) -> None:
     assert s.run_defaults()["aihub_api_url"] == "https://example.invalid" and "aihub" not in s.data
     assert s.run_defaults()["aihub_web_url"] == "https://example.invalid"
     assert (tmp_path / "settings.json.v0.bak").exists()
+    # an address in use from the environment: the stale one of the settings file must not outrank it
+    path.write_text(json.dumps({"settings_version": 2, "aihub": {"api_url": "https://old.invalid"}}))
+    monkeypatch.setenv("HEXSTUDIO_AIHUB_API_URL", "https://env.invalid")
+    assert "aihub_api_url" not in (Settings.load(path).data.get("run_defaults") or {})
+    monkeypatch.delenv("HEXSTUDIO_AIHUB_API_URL")
     # Qualcomm's own address (v2's default) is what an unset run setting means already: nothing is added
     public = {"api_url": "https://app.aihub.qualcomm.com", "web_url": "https://app.aihub.qualcomm.com/"}
     path.write_text(json.dumps({"settings_version": 2, "aihub": public, "run_defaults": {"parts": 4}}))

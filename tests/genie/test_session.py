@@ -734,3 +734,29 @@ def test_an_abort_as_the_query_starts_is_not_lost(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(gs, "emit", lambda ev: ends.append(ev) if ev.get("event") == "end" else None)
     h.query(1, "Hi", 0)
     assert ends and ends[0]["state"] == "aborted" and ends[0]["measured"]["tokens"] < 50, ends
+
+
+def test_stop_strings_come_back_only_where_the_host_does_not_see_the_dialog_made_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dialog made again at the host's reset holds the config's stop strings only, as the host counts it (it
+    sends its own again when they differ); one made again at a query the host does not see gets the last ones
+    back, or replies would run past them."""
+    import hexstudio.workers.board.genie_session as gs
+
+    applied: list[str] = []
+    h = object.__new__(gs.Helper)
+    h.f = {
+        "GenieDialog_free": lambda d: gs.SUCCESS,
+        "GenieDialog_create": lambda cfg, out: gs.SUCCESS,
+        "GenieDialog_setStopSequence": lambda d, doc: applied.append(doc.decode()) or gs.SUCCESS,
+    }
+    h.dialog, h.cfg, h.sampler_values, h.dialog_type = None, None, None, "basic"
+    monkeypatch.setattr(gs, "emit", lambda ev: None)
+    h.stop_values, h.remake, h.used = ["###"], True, True
+    h.recreate()  # at a query: the host does not know
+    assert applied == ['{"stop-sequence": ["###"]}'] and h.stop_values == ["###"]
+    applied.clear()
+    h.remake = True
+    h.reset()  # at the host's reset: "recreated", the host's count is the config's stops
+    assert applied == [] and h.stop_values is None

@@ -90,7 +90,7 @@ class HostKeyChanged(BoardError):
         """`files`: the user's known_hosts files read (None: ~/.ssh/known_hosts); `entry`: the board's name in them
         ([host]:port, or its HostKeyAlias)."""
         entry = entry or host_entry(host, port)
-        where = [*(files or ["~/.ssh/known_hosts"]), str(known_hosts_path())]
+        where = [*(files or [os.path.expanduser("~/.ssh/known_hosts")]), str(known_hosts_path())]
         super().__init__(
             f"REFUSED: the host key of {host}:{port} has CHANGED (now {fingerprint}, trusted {expected}). "
             "Someone may be intercepting the connection, or the board was reinstalled.",
@@ -657,9 +657,18 @@ def _key_name(r: dict[str, Any]) -> tuple[str, int]:
     return (r["host_key_alias"], 22) if r["host_key_alias"] else (r["host"], r["port"])
 
 
+def _lookup(hk: Any, r: dict[str, Any]) -> Any:
+    """The board's trusted keys in `hk` (paramiko HostKeys): under its known_hosts name, else, for a HostKeyAlias
+    on another port than 22, under the [alias]:port HexStudio wrote before it named such boards as ssh does."""
+    known = hk.lookup(host_entry(*_key_name(r)))
+    if known is None and r["host_key_alias"] and r["port"] != 22:
+        known = hk.lookup(host_entry(r["host_key_alias"], r["port"]))
+    return known
+
+
 def known_key_types(r: dict[str, Any]) -> list[str]:
     """The host key types trusted for this board, first found first."""
-    known = _load_host_keys(r)[0].lookup(host_entry(*_key_name(r)))
+    known = _lookup(_load_host_keys(r)[0], r)
     return list(known.keys()) if known is not None else []
 
 
@@ -673,7 +682,7 @@ def _check_host_key(
     entry = _key_name(r)  # where the key is looked up and written; (host, port) is what the messages show
     key = t.get_remote_server_key()
     hk, revoked = _load_host_keys(r)
-    known = hk.lookup(host_entry(*entry))
+    known = _lookup(hk, r)
     fp = fingerprint(key)
     if any(key == k for k in revoked):
         raise HostKeyRevoked(host, port, fp)

@@ -411,9 +411,11 @@ class Helper:
         def on_token(resp: bytes | None, code: int, _user: object) -> None:
             if code == SENTENCE_ABORT:
                 m["aborted"] = True
-            if self.aborting and not m["signalled"] and "GenieDialog_signal" in self.f:
+            early = not m["callbacks"] and not m["aborted"] and code != SENTENCE_ABORT
+            if self.aborting and early and not m["signalled"] and "GenieDialog_signal" in self.f:
                 # Genie drops an ABORT that comes before its query counts as active (Dialog::signalAction): an abort
-                # asked for as the query started is signalled again here, where it is certainly active
+                # asked for before the first token is signalled again here, where the query is certainly active
+                # (a later one reached an active query: signalled once)
                 m["signalled"] = True
                 self.f["GenieDialog_signal"](self.dialog, ACTION_ABORT)
             if budget and code in (SENTENCE_BEGIN, SENTENCE_CONTINUE):
@@ -592,6 +594,8 @@ class Helper:
         # indexes past its end and divides by (token-acceptance-rate null, measured): an spd dialog is made again
         # instead, unless nothing ran on it since it was made. A dialog a full context left stale is made again.
         if self.remake or (self.dialog_type == "spd" and self.used):
+            # the host counts a dialog made again at its reset as holding the config's stops only
+            self.stop_values = None
             st, ms, why = self.recreate()
             emit(
                 {
