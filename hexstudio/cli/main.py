@@ -7,7 +7,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hexstudio import __version__
 from hexstudio.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, eprint, error_document, print_json
@@ -111,9 +111,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stdin is not None and not sys.stdin.closed and sys.stdin.isatty():
         # an encrypted SSH key asks for its passphrase here (getpass); a newly trusted host key may also go to
         # ~/.ssh/known_hosts if the person says yes (hexstudio.core.device.connect)
-        from hexstudio.core.device.connect import set_default_prompts, tty_offer_known_hosts, tty_passphrase
+        from hexstudio.core.device.connect import (
+            DEFAULT_PROMPTS,
+            set_default_prompts,
+            tty_offer_known_hosts,
+            tty_passphrase,
+        )
 
+        before = (DEFAULT_PROMPTS.passphrase, DEFAULT_PROMPTS.offer_known_hosts)
         set_default_prompts(passphrase=tty_passphrase, offer_known_hosts=tty_offer_known_hosts)
+        try:
+            return _run(args, func)
+        finally:  # this command's prompts: a caller in the same process (the tests) keeps its own
+            set_default_prompts(*before)
+    return _run(args, func)
+
+
+def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace], int | None]) -> int:
+    """The command, its errors said as a person can act on them, and its exit status."""
     what = _command_words(args)
     logs.setup_logging("cli", verbose=bool(getattr(args, "verbose", False)))
     log.info("hexstudio %s: started (version %s)", what, __version__)

@@ -268,3 +268,8 @@ def test_the_question_on_a_terminal_stays_out_of_the_json(
     assert cli_main(args) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["written"] is True and "[y/N]" in err
+    # the command's terminal prompts were its own: they did not stay for what runs next in this process (an
+    # encrypted SSH key then met getpass's prompt instead of "no one to ask", tests/board/test_ssh_config.py)
+    from hexstudio.core.device.connect import DEFAULT_PROMPTS
+
+    assert DEFAULT_PROMPTS.passphrase is None and DEFAULT_PROMPTS.offer_known_hosts is None
