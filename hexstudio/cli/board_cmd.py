@@ -15,12 +15,12 @@ from hexstudio.cli.ssh import (
     add_ssh_flags,
     add_trust_flag,
     check_ssh_flags,
-    host_key_prompt,
     kept_but_unreachable,
+    open_named_board,
     read_password,
     ssh_config_from,
 )
-from hexstudio.core.device.board import Board, open_board
+from hexstudio.core.device.board import Board
 from hexstudio.core.device.errors import BoardError, SudoRefused
 from hexstudio.core.device.verify import default_remote_name
 from hexstudio.core.secrets import (
@@ -139,15 +139,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def _open(args: argparse.Namespace) -> Board:
-    try:
-        return await open_board(args.name, Settings.load(), trust=host_key_prompt(args))
-    except BoardError as exc:
-        from hexstudio.core.device.connect import HostKeyUnknown
-
-        hint = exc.hint
-        if isinstance(exc, HostKeyUnknown):
-            hint = f"{exc.hint} Then pass --trust {exc.fingerprint}."
-        raise CliError(exc.message, hint) from None
+    board: Board = await open_named_board(args.name, args)
+    return board
 
 
 def _on_board(args: argparse.Namespace, work: Callable[[Board], Awaitable[T]]) -> T:

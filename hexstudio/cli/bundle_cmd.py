@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.cli.common import CliError, print_json, set_action, setting_range
+from hexstudio.cli.ssh import add_trust_flag, open_named_board
 from hexstudio.shared import bundle as gb
 from hexstudio.shared import modelinfo
 from hexstudio.shared.bundle.dialog_tokens import dialog_tokens
@@ -50,6 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pk.add_argument(
         "--board", default=None, metavar="NAME", help="also check against this board (the doctor's facts)"
     )
+    add_trust_flag(pk)  # a board never connected to: its host key is trusted here, as `board probe` does
     set_action(pk, cmd_check)
 
 
@@ -127,16 +129,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if not problems else 1
 
 
-def _board_facts(name: str) -> dict[str, Any]:
+def _board_facts(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
-    from hexstudio.core.device.board import open_board
     from hexstudio.core.device.doctor import probe
     from hexstudio.core.device.errors import BoardError
-    from hexstudio.core.settings import Settings
 
     async def go() -> dict[str, Any]:
-        b = await open_board(name, Settings.load())
+        b = await open_named_board(name, args)
         try:
             if b.simulated:
                 return {"simulated": True}
@@ -158,7 +158,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise CliError(
             f"{args.bundle_dir} is not a folder.", "Give the bundle folder (it holds genie_config.json)."
         )
-    facts = _board_facts(args.board) if args.board else None
+    facts = _board_facts(args.board, args) if args.board else None
     findings = check(args.bundle_dir, facts, qualcomm=not args.no_qualcomm)
     bad = errors(findings)
     if args.json:

@@ -122,6 +122,25 @@ def add_trust_flag(p: argparse.ArgumentParser, what: str = "board") -> None:
     )
 
 
+async def open_named_board(name: str, args: argparse.Namespace) -> Any:
+    """The saved board `name`, connected as the CLI connects (an unknown host key: --trust, else asked on a
+    terminal); a failure is a CliError, an unknown key's hint naming the --trust to pass."""
+    from hexstudio.core.device.board import open_board
+    from hexstudio.core.device.connect import HostKeyUnknown
+    from hexstudio.core.device.errors import BoardError
+    from hexstudio.core.settings import Settings
+
+    try:
+        return await open_board(name, Settings.load(), trust=host_key_prompt(args))
+    except BoardError as exc:
+        hint = (
+            f"{exc.hint} Then pass --trust {exc.fingerprint}."
+            if isinstance(exc, HostKeyUnknown)
+            else exc.hint
+        )
+        raise CliError(exc.message, hint) from None
+
+
 def host_key_prompt(args: argparse.Namespace, what: str = "board") -> Callable[[str, int, str, str], bool]:
     """How a first SSH connection decides on an unknown host key: the fingerprint given with --trust, else a
     question on a terminal (never with --json), else no."""

@@ -414,3 +414,26 @@ def test_a_resume_check_the_board_is_slow_to_answer_sends_the_file_again(tmp_pat
     t = object.__new__(SshTransport)
     t._open_channel = lambda command: SlowChannel()  # type: ignore[method-assign]
     assert t._prefix_matches(local, "/data/b/part.bin.part", 4096) is False and closed == [True]
+
+
+def test_bundle_check_against_a_board_never_connected_to_takes_trust(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bundle check BUNDLE --board NAME` on a board never connected to stopped at its unknown host key, with a hint
+    to "trust it" and no --trust to pass (board probe has one)."""
+    from hexstudio.cli.main import main as cli
+
+    fixture = (
+        Path(__file__).parents[1]
+        / "compile"
+        / "fixtures"
+        / "llama_v3_2_1b_instruct-genie-w4a16-qualcomm_qcs9075"
+    )
+    with SshServer(tmp_path / "srv") as srv:
+        settings_with("fresh", _cfg(srv))
+        assert cli(["bundle", "check", str(fixture), "--board", "fresh"]) != 0
+        err = capsys.readouterr().err
+        assert "First connection" in err and f"--trust {srv.host_key_fingerprint}" in err, err
+        cli(["bundle", "check", str(fixture), "--board", "fresh", "--trust", srv.host_key_fingerprint])
+        err = capsys.readouterr().err
+        assert "First connection" not in err and "refused" not in err.lower(), err
