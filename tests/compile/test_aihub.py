@@ -759,7 +759,9 @@ def test_a_failed_transfer_through_ai_hubs_storage_is_said_not_a_bug() -> None:
         raise ZeroDivisionError
 
 
-def test_a_job_submit_is_never_repeated_by_the_client_itself(tmp_path: Path) -> None:
+def test_a_job_submit_is_never_repeated_by_the_client_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The client re-POSTs a request whose answer was lost (a read time-out, a dropped connection): for a job
     submit that makes a second job, and HexStudio's lookup of an unanswered submit never applied. Its retries are
     off for the submit alone, and back on after."""
@@ -771,6 +773,8 @@ def test_a_job_submit_is_never_repeated_by_the_client_itself(tmp_path: Path) -> 
     from hexstudio.shared.protocol import Emitter
     from hexstudio.workers.aihub import JobStore, _HubCompile
 
+    # another test's in-process configure_client may have set the module's retries to 0
+    monkeypatch.setattr(hs, "MAX_RETRIES", 3)
     before = hs.TRANSIENT_HTTP_EXCEPTIONS
     seen: list[Any] = []
     hc = _HubCompile(

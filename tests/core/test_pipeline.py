@@ -289,8 +289,8 @@ def test_a_kill_the_kernels_oom_counter_saw_is_out_of_memory_at_any_rss() -> Non
         -9, stream, False, peak_rss=10**6, stderr_tail="", what="The Quantize stage", oom_killed=True
     )
     assert r.kind == "oom" and "out-of-memory killer" in r.message and r.code == "out_of_memory", r
-    count = oom_kills()
-    assert count is None or count >= 0  # /proc/vmstat's oom_kill where Linux has it
+    # /proc/vmstat's oom_kill where Linux has it (since 4.13)
+    assert isinstance(oom_kills(), int) if Path("/proc/vmstat").exists() else oom_kills() is None
 
 
 def test_an_oom_kill_with_much_swap_is_still_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:

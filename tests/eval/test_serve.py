@@ -721,6 +721,8 @@ def test_serve_on_the_eval_workspace_bundle(eval_workspace: tuple[Path, Path], t
                 str(free.choices[0].text).startswith(text + ".")
                 and stopped.choices[0].finish_reason == "stop"
             )
+        else:  # the stop string never came: the reply ran to its budget
+            assert stopped.choices[0].finish_reason == "length" and text == free.choices[0].text
     finally:
         proc.terminate()
         out = proc.communicate(timeout=60)[0]

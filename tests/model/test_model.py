@@ -122,9 +122,48 @@ def test_inspect_config_only_folders(tmp_path: Path, cfg: dict[str, Any], params
     assert f32["hf_download_bytes"] == 2 * e["hf_download_bytes"] == 4 * e["num_parameters"]
     text = _cli("model", "inspect", str(tmp_path / cfg["architectures"][0]))
     assert text.returncode == 0
-    if not e["fits_64_gib"]:  # said in plain words, with the split that would fit
-        assert "does not fit a 64 GiB workstation with 5 part(s)" in text.stdout
-        assert (f"--set parts={fit}" in text.stdout) if fit else ("no split fits" in text.stdout)
+    assert e["fits_64_gib"] and "does not fit" not in text.stdout  # an 8B quantizes on a 64 GiB workstation
+
+
+# a 70B with a key and value head per query head (no GQA): one part holds 80 layers' past KV
+MHA_70B = {
+    **LLAMA_8B,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+}
+# a 405B: one decoder layer alone needs more than 64 GiB
+LLAMA_405B = {
+    **LLAMA_8B,
+    "hidden_size": 16384,
+    "intermediate_size": 53248,
+    "num_hidden_layers": 126,
+    "num_attention_heads": 128,
+}
+
+
+@pytest.mark.parametrize(
+    ("cfg", "args", "said"),
+    [
+        (
+            MHA_70B,
+            ["--parts", "1"],
+            "does not fit a 64 GiB workstation with 1 part(s): 2 parts would (hexstudio run --set parts=2)",
+        ),
+        (LLAMA_405B, [], "does not fit a 64 GiB workstation with 126 part(s): no split fits"),
+    ],
+)
+def test_inspect_says_a_model_that_does_not_fit_64_gib(
+    tmp_path: Path, cfg: dict[str, Any], args: list[str], said: str
+) -> None:
+    """A model the workstation cannot quantize is said in plain words, with the split that would fit."""
+    folder = str(_config_folder(tmp_path, cfg))
+    d = json.loads(_cli("model", "inspect", folder, "--json", *args).stdout)
+    assert d["estimates"]["fits_64_gib"] is False
+    text = _cli("model", "inspect", folder, *args)
+    assert text.returncode == 0 and said in text.stdout, text.stdout
 
 
 @pytest.mark.parametrize(
