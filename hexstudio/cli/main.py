@@ -161,7 +161,9 @@ def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace], int | No
         if getattr(args, "verbose", False) or os.environ.get("HEXSTUDIO_TRACEBACK"):
             import traceback
 
-            traceback.print_exc()
+            sys.stderr.write(
+                logs.scrub_text(traceback.format_exc())
+            )  # scrubbed: it is pasted into bug reports
         detail = logs.scrub_text(f"{type(exc).__name__}: {exc}")
         if getattr(args, "json", False):
             print_json(

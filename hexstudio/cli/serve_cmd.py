@@ -23,6 +23,7 @@ from hexstudio.core.atomic import write_text_atomic
 from hexstudio.core.genie.conversation import TEMPLATES
 from hexstudio.core.genie.runtime import RUNTIMES
 from hexstudio.core.genie.session import SAMPLER_PRESETS
+from hexstudio.core.secrets import remember_secret
 from hexstudio.serve.limits import Limits
 from hexstudio.shared.bundle.speculative import DIALOG_TYPES
 
@@ -131,6 +132,7 @@ async def _serve(args: argparse.Namespace) -> int:
     key = None
     if args.api_key_env:
         key = os.environ.get(args.api_key_env) or None
+        remember_secret(key)  # the log scrubs it (a malformed Authorization header is logged)
         if key is None:
             raise CliError(
                 f"The environment variable {args.api_key_env} is not set (or empty).",

@@ -52,6 +52,7 @@ def _hf_own_token() -> tuple[str | None, str | None]:
         tok = None
     if not tok:
         return None, None
+    secrets.remember_secret(tok)  # not from the keyring, but the studio log scrubs it all the same
     env = (os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or "").strip()
     return tok, "environment" if env and env == tok.strip() else "hf login"
 

@@ -17,9 +17,11 @@ anything that looks like a token or password assignment (hexstudio.core.reports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
@@ -28,7 +30,7 @@ from typing import Any
 
 from hexstudio.core import secrets
 from hexstudio.core.paths import config_dir
-from hexstudio.core.reports.redact import REDACTED, SECRET_TEXT
+from hexstudio.core.reports.redact import scrub_secret_text
 
 LOG_NAME = "studio.log"
 MAX_BYTES = 2_000_000
@@ -52,10 +54,7 @@ def log_path() -> Path:
 
 def scrub_text(text: str) -> str:
     """`text` without the secrets this process knows and without token/password assignments."""
-    for value in sorted(secrets.seen_secret_values(), key=len, reverse=True):
-        if len(value) >= 4:
-            text = text.replace(value, REDACTED)
-    return SECRET_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
+    return scrub_secret_text(text, secrets.seen_secret_values())
 
 
 class RedactFilter(logging.Filter):
@@ -153,7 +152,11 @@ def _excepthook(etype: type[BaseException], value: BaseException, tb: TracebackT
     if not issubclass(etype, KeyboardInterrupt) and not getattr(value, _LOGGED, False):
         log.critical("uncaught exception", exc_info=(etype, value, tb))
         mark_logged(value)
-    (_prev_excepthook or sys.__excepthook__)(etype, value, tb)
+    prev = _prev_excepthook or sys.__excepthook__
+    if prev is sys.__excepthook__:  # Python's own prints the traceback raw, and the launcher keeps stderr
+        _print_scrubbed("", etype, value, tb)
+    else:
+        prev(etype, value, tb)
 
 
 def _threading_hook(args: threading.ExceptHookArgs) -> None:
@@ -165,12 +168,31 @@ def _threading_hook(args: threading.ExceptHookArgs) -> None:
             exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
         )
         mark_logged(args.exc_value)
-    (_prev_threading_hook or threading.__excepthook__)(args)
+    prev = _prev_threading_hook or threading.__excepthook__
+    if prev is threading.__excepthook__:
+        if args.exc_type is not SystemExit:  # which threading's own hook passes over too
+            name = args.thread.name if args.thread is not None else "?"
+            _print_scrubbed(
+                f"Exception in thread {name}:\n", args.exc_type, args.exc_value, args.exc_traceback
+            )
+    else:
+        prev(args)
+
+
+def _print_scrubbed(
+    head: str, etype: type[BaseException], value: BaseException | None, tb: TracebackType | None
+) -> None:
+    """What Python's own hooks print on stderr, scrubbed as the log is: the desktop launcher writes stderr to
+    <config>/logs/launch.log."""
+    if sys.stderr is not None:  # pythonw
+        with contextlib.suppress(Exception):
+            sys.stderr.write(head + scrub_text("".join(traceback.format_exception(etype, value, tb))))
+            sys.stderr.flush()
 
 
 def install_exception_hooks() -> None:
     """sys.excepthook and threading.excepthook write the traceback to the log, then do what they did before
-    (print it on stderr). Installing twice is the same as once."""
+    (print it on stderr, scrubbed where that was Python's own hook). Installing twice is the same as once."""
     global _prev_excepthook, _prev_threading_hook
     if sys.excepthook is not _excepthook:
         _prev_excepthook = sys.excepthook

@@ -58,7 +58,10 @@ def show_error(
     info = (f"What to do: {hint}\n\n" if hint else "") + f"The studio log has the details: {logs.log_path()}"
     box.setInformativeText(info)
     if exc is not None:
-        box.setDetailedText("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        # scrubbed as the log is: the details are what a user pastes into a bug report
+        box.setDetailedText(
+            logs.scrub_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        )
     button = box.addButton("Show log", QMessageBox.ButtonRole.HelpRole)
     button.setObjectName("show_log_button")
     button.clicked.disconnect()  # a HelpRole button would close the box: keep it open

@@ -109,3 +109,16 @@ def test_a_keyring_that_keeps_nothing_is_not_called_stored(no_hf_token: dict[str
     assert r.returncode == 0, r.stderr
     r = _cli("board", "password", "evk", "--stdin", stdin="pw\n", env=env)
     assert r.returncode == 1 and "stored" not in r.stdout and "did not keep" in r.stderr, r.stdout + r.stderr
+
+
+def test_a_token_from_the_environment_is_scrubbed_from_the_log(
+    no_hf_token: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only keyring values were scrubbed from the studio log: a token from $HF_TOKEN (or `hf auth login`), which
+    every Hugging Face request of the studio sends, would have been written as it is."""
+    from hexstudio.core import hf, logs
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN + "env")
+    monkeypatch.setenv("HF_HOME", no_hf_token["HF_HOME"])
+    assert hf.resolve_token().value == TOKEN + "env"
+    assert logs.scrub_text(f"GET failed with {TOKEN}env") == "GET failed with [redacted]"

@@ -154,6 +154,35 @@ def test_uncaught_exception_hook(tmp_path: Path) -> None:
     assert "uncaught exception" in text and "in inner" in text and "OSError: boom at the top" in text
 
 
+def test_what_python_prints_of_a_crash_is_scrubbed_too(tmp_path: Path) -> None:
+    """The desktop launcher writes the studio's stderr to launch.log: the uncaught-exception hooks printed the raw
+    traceback there (Python's own hooks), secrets and all, while studio.log had them scrubbed. A secret under 4
+    characters was not scrubbed at all."""
+    cfg = tmp_path / "cfg"
+    r = _run(
+        f"""
+        import threading
+        from hexstudio.core import logs, secrets
+        logs.setup_logging("cli")
+        secrets.remember_secret("{CANARY}")
+        secrets.remember_secret("x7q")  # a 3-character sudo password: whole words only
+
+        def worker():
+            raise ValueError("in a thread: {CANARY}")
+        t = threading.Thread(target=worker, name="helper")
+        t.start(); t.join()
+        raise OSError("at the top: password x7q, {CANARY}")
+        """,
+        cfg,
+    )
+    assert r.returncode == 1
+    for text in (r.stderr, _log(cfg)):
+        assert CANARY not in text and " x7q" not in text, text
+        assert "ValueError: in a thread: [redacted]" in text
+        assert "OSError: at the top: password [redacted], [redacted]" in text
+    assert "Exception in thread helper:" in r.stderr  # as threading's own hook says it
+
+
 def test_log_rotates_and_follows_the_config_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
     from logging.handlers import RotatingFileHandler

@@ -30,6 +30,7 @@ import functools
 import getpass
 import hashlib
 import os
+import re
 import shlex
 import socket
 import sys
@@ -48,6 +49,7 @@ from hexstudio.core.secrets import (
     delete_secret,
     get_secret,
     key_passphrase_key,
+    remember_secret,
     set_secret,
 )
 
@@ -484,6 +486,7 @@ def open_key(path: str, ask: AskPassphrase | None) -> Any:
                     return None
                 key, _ = _try_open(str(p), answer.value)
                 if key is not None:
+                    remember_secret(answer.value)  # the studio log scrubs it, kept or not
                     if answer.remember:
                         try:
                             set_secret(key_passphrase_key(stamp[0]), answer.value)
@@ -734,6 +737,31 @@ def _fast_transport(sock: Any, known_types: Sequence[str] = (), **kw: Any) -> An
     return t
 
 
+# a keyboard-interactive prompt that is not the password, though it may say "pass" (a one-time passcode)
+_NOT_THE_PASSWORD = re.compile(r"(?i)code|token|otp|one.time|verif|pin\b")
+
+
+def password_answers(
+    password: str, other: list[str]
+) -> Callable[[str, str, list[tuple[str, bool]]], list[str]]:
+    """keyboard-interactive answers: the password to a hidden prompt that asks for it ("Password:", "user@host's
+    password:"; a lone hidden prompt in another language too), nothing to any other (a verification code),
+    whose text is added to `other`. The password once sent to an OTP prompt is in the board's auth log."""
+
+    def answer(_title: str, _instructions: str, prompts: list[tuple[str, bool]]) -> list[str]:
+        out = []
+        for text, echo in prompts:
+            asks = not echo and not _NOT_THE_PASSWORD.search(text)
+            if asks and ("pass" in text.lower() or len(prompts) == 1):
+                out.append(password)
+            else:
+                other.append(text.strip() or "(a prompt without text)")
+                out.append("")
+        return out
+
+    return answer
+
+
 def _authenticate(t: Any, name: str, r: dict[str, Any], plan: _Plan, ask: AskPassphrase | None) -> None:
     import paramiko
 
@@ -776,9 +804,15 @@ def _authenticate(t: Any, name: str, r: dict[str, Any], plan: _Plan, ask: AskPas
                     f"{where} does not accept passwords (it allows: {', '.join(exc.allowed_types)}).",
                     "Use key auth: install your public key on the board (`ssh-copy-id`).",
                 ) from None
+            other: list[str] = []
             with contextlib.suppress(paramiko.AuthenticationException):
-                pw = plan.password
-                t.auth_interactive(user, lambda _t, _i, prompts: [pw for _ in prompts])
+                t.auth_interactive(user, password_answers(plan.password, other))
+            if other and not t.is_authenticated():
+                raise BoardError(
+                    f"{where} asks for more than the password at login ({'; '.join(other)}): HexStudio answers "
+                    "only a password prompt, and did not send the password to the others.",
+                    "Use key auth for this board: `ssh-copy-id USER@HOST` from this machine, then connect again.",
+                ) from None
         except paramiko.AuthenticationException:
             pass
         if t.is_authenticated():

@@ -44,6 +44,7 @@ from hexstudio.core.device.errors import BoardError, ConnectionDropped, SudoRefu
 from hexstudio.core.device.explain import explain
 from hexstudio.core.device.qairt import ABI, MARKER, QAIRT_BASE, build_payload, compare_qairt, parse_version
 from hexstudio.core.paths import default_workspace
+from hexstudio.core.secrets import remember_secret
 from hexstudio.shared.bundle import bundle_qairt_version
 from hexstudio.shared.errors import ActionableError
 from hexstudio.shared.records import fields_dict
@@ -745,6 +746,7 @@ async def apply_fix(
     whose every step is already done reports "already" and runs nothing (no sudo asked). `on_progress`
     (done bytes, total bytes, what) follows uploads (the QAIRT install), at most 10 times a second."""
     _not_the_simulator(board)
+    remember_secret(sudo_password)  # typed once and not kept: the studio log scrubs it all the same
     rn = _Runner(board, sudo_password, on_log)
     res = FixResult(plan.fix_id, "applied", "", plan.commands, rn.log)
     for line in plan.commands:

@@ -59,7 +59,10 @@ def secret_values_in(obj: Any, key: str | None = None) -> list[str]:
     return [obj] if isinstance(obj, str) and obj and key is not None and is_secret_key(key) else []
 
 
-def _scrub_text(text: str, values: list[str], names: list[tuple[str, str]]) -> str:
+def scrub_secret_text(text: str, values: Iterable[str], names: Iterable[tuple[str, str]] = ()) -> str:
+    """`text` without the secret `values` (longest first; one under 4 characters as a whole word only), token and
+    password assignments, and the `names` (a host or user name, with its placeholder)."""
+    values = sorted(values, key=len, reverse=True)
     for v in values:
         if len(v) >= 4:
             text = text.replace(v, REDACTED)
@@ -90,7 +93,7 @@ def scrub(
         if isinstance(x, list):
             return [walk(v) for v in x]
         if isinstance(x, str):
-            return _scrub_text(x, values, hide)
+            return scrub_secret_text(x, values, hide)
         return x
 
     return walk(obj)
