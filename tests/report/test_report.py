@@ -869,6 +869,7 @@ def test_compare_sets_suite_scores_side_by_side_only_for_the_same_cases() -> Non
     def report(sha: str, board_cases: int, value: float) -> dict[str, Any]:
         legs = {
             "sim": {"value": 0.9, "cases": 12, "of": 12},
+            "htp": {"value": 0.85, "cases": 12, "of": 12},  # left out of the comparison before
             "board": {"value": value, "cases": board_cases, "of": 12},
         }
         suites = [
@@ -880,7 +881,7 @@ def test_compare_sets_suite_scores_side_by_side_only_for_the_same_cases() -> Non
     skipped: list[str] = []
     rows, _bars = _evaluation_rows([report("a", 12, 1.0), report("b", 3, 0.8)], skipped)
     labels = [r["label"] for r in rows]
-    assert labels == ["greedy_parity · sim"], labels
+    assert labels == ["greedy_parity · sim", "greedy_parity · htp"], labels
     assert any("mine: the runs scored different versions of the suite" in s for s in skipped), skipped
     assert any(
         "greedy_parity · board: the runs scored different cases (12 of 12, 3 of 12)" in s for s in skipped

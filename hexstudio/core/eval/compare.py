@@ -93,6 +93,30 @@ def compare_runs(run_dirs: list[Path]) -> dict[str, Any]:
     return compare_summaries([s for s in (run_summary(Path(d)) for d in run_dirs) if s is not None])
 
 
+def comparable_legs(suite: str, docs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(the legs on which runs' scores of `suite` stand side by side, why the others do not). `docs` are the runs'
+    entries for the suite (sha256, legs: {leg: {value, cases, of}}). Only the same suite file, and leg by leg the
+    same cases, compare: another suite version or another case set is not a better or worse model. Both the
+    Compare view and the report's comparison ask this."""
+    if len({d.get("sha256") for d in docs}) > 1:  # `hexstudio eval add --replace` between the runs
+        return [], [
+            f"{suite}: the runs scored different versions of the suite (its file changed between them)."
+        ]
+    legs: list[str] = []
+    why: list[str] = []
+    for leg in LEGS:
+        scored = [x for x in ((d.get("legs") or {}).get(leg) for d in docs) if x]
+        if not scored:
+            continue
+        if len({(x.get("cases"), x.get("of")) for x in scored}) > 1:
+            # e.g. the HTP-simulator board scores only the first parity cases: a different set, not a change
+            cases = ", ".join(f"{x.get('cases')} of {x.get('of')}" for x in scored)
+            why.append(f"{suite} · {leg}: the runs scored different cases ({cases}).")
+            continue
+        legs.append(leg)
+    return legs, why
+
+
 def compare_summaries(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The rows for runs' summaries (run_summary). A suite's scores stand side by side only where the runs scored
     the same suite file and, leg by leg, the same cases; the rest is said in `skipped` (as the run report's
@@ -103,24 +127,10 @@ def compare_summaries(runs: list[dict[str, Any]]) -> dict[str, Any]:
     rows = []
     skipped: list[str] = []
     for s in suites:
-        if len({r["suites"][s].get("sha256") for r in runs if s in r["suites"]}) > 1:
-            skipped.append(
-                f"{s}: the runs scored different versions of the suite (its file changed between them)."
-            )
-            continue
-        for leg in LEGS:
+        legs, why = comparable_legs(s, [r["suites"][s] for r in runs if s in r["suites"]])
+        skipped += why
+        for leg in legs:
             vals = [((r["suites"].get(s) or {}).get("legs") or {}).get(leg) for r in runs]
-            if all(v is None for v in vals):
-                continue
-            scored = [v for v in vals if v]
-            if len({(v.get("cases"), v.get("of")) for v in scored}) > 1:
-                # e.g. the HTP-simulator board scores only the first parity cases: a different set, not a change
-                skipped.append(
-                    f"{s} · {leg}: the runs scored different cases ("
-                    + ", ".join(f"{v.get('cases')} of {v.get('of')}" for v in scored)
-                    + ")."
-                )
-                continue
             rows.append(
                 {
                     "kind": "suite",

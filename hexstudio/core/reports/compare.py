@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hexstudio.core.eval.compare import comparable_legs
 from hexstudio.core.manifest import now_iso
 from hexstudio.core.reports.bench import bench_rows
 from hexstudio.core.reports.noise import (
@@ -304,28 +305,12 @@ def _evaluation_rows(
     for name, t in by[0].items():
         if not all(name in b for b in by):
             continue
-        shas = {b[name].get("sha256") for b in by}
-        if len(shas) > 1:
-            # `hexstudio eval add --replace` changed the suite between the runs: other cases, not a better model
-            skipped.append(
-                f"Evaluation {name}: the runs scored different versions of the suite (its file changed between "
-                "them)."
-            )
-            continue
         ppl = t.get("scorer") == "perplexity"
-        for leg in ("float", "sim", "board"):
-            legs = [(b[name].get("legs") or {}).get(leg) or {} for b in by]
-            vals = [x.get("value") for x in legs]
-            if any(v is None for v in vals):
-                continue
-            scored = {(x.get("cases"), x.get("of")) for x in legs}
-            if len(scored) > 1:
-                # e.g. the HTP-simulator board scores only the first parity cases: a different set, not a change
-                skipped.append(
-                    f"Evaluation {name} · {leg}: the runs scored different cases ("
-                    + ", ".join(f"{x.get('cases')} of {x.get('of')}" for x in legs)
-                    + ")."
-                )
+        same, why = comparable_legs(name, [b[name] for b in by])
+        skipped += [f"Evaluation {w}" for w in why]
+        for leg in same:
+            vals = [((b[name].get("legs") or {}).get(leg) or {}).get("value") for b in by]
+            if any(v is None for v in vals):  # a leg one of the runs did not score
                 continue
             if leg == "board" and len(set(sources)) > 1:
                 skipped.append(
