@@ -226,9 +226,10 @@ class RunSettings:
         4,
         label="Weight bits",
         unit="bits",
-        choices=(2, 4, 8),
+        # HTP runs int4 and int8 weights; there is no 2-bit weight type for a context binary
+        choices=(4, 8),
         stages=("quantize",),
-        help="Weight precision (4: int4 blockwise LPBQ, as in Qualcomm's W4A16 recipe).",
+        help="Weight precision (4: int4 blockwise LPBQ, as in Qualcomm's W4A16 recipe; 8: int8 per channel).",
     )
     activation_bits: int = setting(
         16,

@@ -91,6 +91,7 @@ class _Plan:
 def _plan(spec: WorkerSpec, model_json: ModelDoc) -> _Plan:
     """Every setting the stage reads, checked, with an error that says which to change."""
     from hexstudio.shared.run_settings import extra_ar_sizes, extra_context_lengths, genie_cl_problem
+    from hexstudio.shared.run_settings import spec as setting_spec
     from hexstudio.workers.quant.calib import resolve_text
 
     settings = spec.settings
@@ -98,7 +99,8 @@ def _plan(spec: WorkerSpec, model_json: ModelDoc) -> _Plan:
         cl, ar_n, parts = resolve_shape(model_json)
     except (KeyError, TypeError, ValueError) as exc:
         raise output_invalid("model", f"model.json's resolved shape is damaged ({exc}).") from None
-    for key, allowed in (("weight_bits", (2, 4, 8)), ("activation_bits", (8, 16)), ("kv_bits", (8, 16))):
+    for key in ("weight_bits", "activation_bits", "kv_bits"):
+        allowed = getattr(setting_spec(key), "choices", None) or ()  # the settings' own choices
         if getattr(settings, key) not in allowed:
             raise WorkerError(
                 "bad_precision",

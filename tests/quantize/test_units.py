@@ -143,11 +143,13 @@ def test_streamed_qdq_graph_matches_aimet_to_onnx_qdq(float_parts: dict[str, Pat
         ulps = np.abs(deq - theirs[n]) / np.spacing(np.maximum(np.abs(theirs[n]), np.float32(1e-30)))
         assert float(ulps.max()) <= MAX_ULPS, n
     # the outputs agree but for rare one-step flips of 16-bit activations: aimet's graph feeds each weight
-    # through a runtime DequantizeLinear, ours holds it constant, so onnxruntime sums in another order
+    # through a runtime DequantizeLinear, ours holds it constant, so onnxruntime sums in another order; a flip
+    # upstream of an 8-bit KV step is one coarse step there
     for name in ref:
         quant_err = float(np.abs(ref[name] - flt[name]).mean())
         assert quant_err > 0, name  # the graphs are really quantized
-        assert float(np.abs(ref[name] - mine[name]).mean()) <= 0.1 * quant_err, name
+        # measured 0.03-0.10 of the quantization error (an encoding or weight read wrongly is of its order)
+        assert float(np.abs(ref[name] - mine[name]).mean()) <= 0.15 * quant_err, name
 
 
 def test_unit_encodings_merge_back_into_the_part(float_parts: dict[str, Path], tmp_path: Path) -> None:
@@ -438,3 +440,43 @@ def test_calibration_starts_with_the_bos_genie_pushes(tmp_path: Path) -> None:
         calibration_bos(tmp_path, 1) == 1
     )  # no tokenizer_config.json: config.json's id, as the bundle keeps it
     assert calibration_bos(llama, None) is None
+
+
+def test_the_kv_cache_is_calibrated_on_the_symmetric_grid_it_is_exported_with(
+    float_parts: dict[str, Path], tmp_path: Path
+) -> None:
+    """Only the KV quantizers' bit width was set: they were calibrated asymmetric (the activations' default), and
+    the export then swapped in a symmetric encoding, so the layers after them were calibrated on a grid the board
+    never uses. qai-hub-models' LLM recipe makes them 8-bit symmetric before calibration, and so does build_sim."""
+    from hexstudio.workers.quant.partwise import build_sim
+
+    path = float_parts["prompt_ar64_cl256_2_of_2"]
+    sim, counts = build_sim(path, RunSettings(weight_bits=4), Path(tempfile.mkdtemp(dir=tmp_path)), 2)
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    kv = [t.name for t in [*graph.input, *graph.output] if t.name.startswith("past_")]
+    assert len(kv) == counts["kv_tensors"] == 8
+    for name in kv:
+        q = sim._get_enabled_quantizer(name)
+        assert q is not None and q.bitwidth == 8 and q.use_symmetric_encodings, name
+    sim.compute_encodings(iter([_feed(_inputs(path), np.random.default_rng(3))]))
+    for name in kv:  # a signed grid centred on zero
+        enc = sim._get_enabled_quantizer(name).get_encodings()[0]
+        assert enc.offset == -128 and enc.bw == 8, (name, enc)
+
+
+def test_int8_weights_are_per_channel_not_an_lpbq_htp_cannot_hold(
+    float_parts: dict[str, Path], tmp_path: Path
+) -> None:
+    """weight_bits=8 went through LPBQ with 4-bit block scales: a 12-bit decompressed weight, no HTP weight type
+    (and a crash on aimet-onnx 2.26). It is plain int8 per channel now, as the lm_head is."""
+    from hexstudio.workers.quant.partwise import build_sim
+
+    path = float_parts["prompt_ar64_cl256_2_of_2"]
+    sim, _ = build_sim(path, RunSettings(weight_bits=8), Path(tempfile.mkdtemp(dir=tmp_path)), 2)
+    proj = {n: q for n, q in sim.qc_quantize_op_dict.items() if n in sim.param_names and "_proj." in n}
+    assert len(proj) == 14  # 7 projections in each of the part's 2 layers
+    for n, q in proj.items():
+        assert q.enabled and q.bitwidth == 8 and q.quant_info.usePerChannelMode, n
+        assert q.quant_info.blockSize == 0, (n, q.quant_info.blockSize)  # per channel, not in blocks of 64

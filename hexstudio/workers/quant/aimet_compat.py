@@ -7,7 +7,8 @@ installed release offers (never by its version string):
 | LPBQ weights                 | set_param_type(sim, QSpec.lpbq(int4, 64, 4),     | set_lpbq_for_params(sim, 4, 64, op_types=, nodes_to_   |
 |                              |   nodes_to_include=, strict=False)               |   exclude=) (strict=False only with op_types there)    |
 | int8 lm_head                 | set_param_type(..., strict=False)                | set_param_type(...) (no strict)                        |
-| 8-bit KV tensors             | sim.set_tensor_precision(names, int8, strict=)   | each tensor's enabled quantizer set to 8 bits          |
+| 8-bit symmetric KV tensors   | each tensor's enabled quantizer: set_precision   | the same quantizer: set_bitwidth(8), int; symmetric    |
+|                              |   (int8), use_symmetric_encodings                |   (qai-hub-models' LLM recipe sets both)               |
 | LLM globals (Concat tie,     | quantsim.op_types_to_tie_qtzrs, _tie_qtzrs,      | the same globals (set only where present, restored     |
 |   Slice/Constant unquantized)|   op_outputs_to_ignore (llm_quantsim_globals)    |   after the sim is built)                              |
 
@@ -185,24 +186,26 @@ def set_param_bits(sim: Any, nodes: set[str], bits: int) -> None:
         quantsim.set_param_type(sim, qtype.int(bits), nodes_to_include=set(nodes))
 
 
-def set_tensor_bits(sim: Any, names: list[str], bits: int) -> int:
-    """`bits`-bit integer quantization for the tensors `names` (the KV cache's inputs and outputs): each
-    tensor's enabled quantizer, or the closest enabled one upstream of it. Returns how many were set."""
-    from aimet_onnx.common.defs import qtype
+def set_tensor_bits(sim: Any, names: list[str], bits: int) -> list[str]:
+    """`bits`-bit symmetric integer quantization for the tensors `names` (the KV cache's inputs and outputs): each
+    tensor's enabled quantizer, or the closest enabled one upstream of it (as qai-hub-models' LLM recipe does,
+    _set_tensor_to_8_bit_symmetric: the KV cache is exported 8-bit symmetric, so it is calibrated on that grid
+    too, not on the activations' asymmetric one). Returns the names that have no enabled quantizer."""
+    from aimet_onnx.common.defs import QuantizationDataType, qtype
 
-    if not names:
-        return 0
-    if features()["set_tensor_precision"]:
-        sim.set_tensor_precision(names, qtype.int(bits), strict=False)
-        return len(names)
-    from aimet_onnx.common.defs import QuantizationDataType
-
-    done = 0
+    missing = []
     for name in names:
-        q = sim._get_enabled_quantizer(name)
+        try:
+            q = sim._get_enabled_quantizer(name)
+        except KeyError:  # not a tensor of this graph
+            q = None
         if q is None:
+            missing.append(name)
             continue
-        q.set_bitwidth(bits)
-        q.data_type = QuantizationDataType.int
-        done += 1
-    return done
+        if features()["set_tensor_precision"]:
+            q.set_precision(qtype.int(bits))
+        else:
+            q.set_bitwidth(bits)
+            q.data_type = QuantizationDataType.int
+        q.use_symmetric_encodings = True
+    return missing

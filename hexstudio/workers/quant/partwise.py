@@ -127,9 +127,17 @@ def build_sim(
         llm_globals=kind == "llm",
     )
     del model
-    aimet_compat.set_lpbq(sim, set(backbone), wbits, block_size=64, scale_bits=4)
+    if wbits == 4:  # LPBQ: int4 with 4-bit block scales, decompressed to 8 bits on HTP
+        aimet_compat.set_lpbq(sim, set(backbone), wbits, block_size=64, scale_bits=4)
+    else:  # int8 per channel (an LPBQ of int8 would decompress to 12 bits, no HTP weight type)
+        aimet_compat.set_param_bits(sim, set(backbone), wbits)
     aimet_compat.set_param_bits(sim, set(head), 8)
-    aimet_compat.set_tensor_bits(sim, kv, kvbits)
+    unset = aimet_compat.set_tensor_bits(sim, kv, kvbits)
+    if unset:  # calibrated at the activations' bits, exported at the KV's: the board would read another grid
+        raise ValueError(
+            f"no enabled quantizer at or above the KV tensor(s) {', '.join(unset)}: they cannot be calibrated "
+            f"{kvbits}-bit (quantsim_config {kind}; the other one, --set quantsim_config=..., may quantize them)"
+        )
     counts = {
         "backbone_weights": len(backbone),
         "lm_head_weights": len(head),
