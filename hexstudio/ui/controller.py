@@ -17,7 +17,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 
 from hexstudio.core import logs
-from hexstudio.core.manifest import RunManifest
+from hexstudio.core.manifest import ManifestError, RunManifest
 from hexstudio.core.pipeline import Pipeline, PipelineResult
 from hexstudio.core.runs import RunSummary, Workspace, change_settings, load_run
 from hexstudio.core.sampler import ResourceSample
@@ -62,6 +62,7 @@ class RunController(QObject):
         self.last_result: PipelineResult | None = None
         self.last_target: str | None = None  # the stage the latest start() was asked to reach
         self._busy = False
+        self._run_stamp: tuple[int, int] | None = None  # run.json as this window last read it
 
     # -- settings.json ---------------------------------------------------------------------------
     @property
@@ -105,6 +106,7 @@ class RunController(QObject):
         self.manifest = self.workspace.create_run(
             model, board, settings, include_host=bool(self.settings.data.get("include_host_in_reports"))
         )
+        self._run_stamp = _file_stamp(self.manifest.path)
         self.runChanged.emit()
         return self.manifest
 
@@ -115,8 +117,10 @@ class RunController(QObject):
             self.busy
         ):  # the run that is working: it stays the one the pipeline updates (and the dock's plot)
             return self.manifest
+        # load_run marks a stage a dead process left "running" interrupted, under the run's lock (never over a live
+        # runner's newer run.json)
         self.manifest = self.workspace.open_run(run_id)
-        self.manifest.detect_interrupted()
+        self._run_stamp = _file_stamp(self.manifest.path)
         self.runChanged.emit()
         return self.manifest
 
@@ -131,9 +135,24 @@ class RunController(QObject):
             self.manifest = None
         self.runChanged.emit()
 
-    def reload(self) -> None:
-        if self.manifest is not None and not self.busy:
-            self.manifest = RunManifest.load(self.manifest.run_dir)
+    def reload_if_changed(self) -> bool:
+        """The open run read again when another process wrote its run.json since (`hexstudio run --resume RUN`,
+        `--set`, another studio): its stage states and settings as they are now, not as this window last read
+        them. Not while this window runs it (its pipeline holds the newest copy). Returns whether it was read."""
+        m = self.manifest
+        if m is None or self.busy:
+            return False
+        stamp = _file_stamp(m.path)
+        if stamp is None or stamp == self._run_stamp:
+            return False
+        try:
+            fresh = load_run(m.run_dir)
+        except ManifestError as exc:  # damaged meanwhile: keep this copy; the next change says what is wrong
+            log.warning("run.json of %s changed and cannot be read: %s", m.run_id, exc)
+            return False
+        self.manifest, self._run_stamp = fresh, stamp
+        self.settingsChanged.emit()  # every page and the stage list shown again
+        return True
 
     def state(self, stage: str) -> str:
         if self.manifest is None:
@@ -197,6 +216,7 @@ class RunController(QObject):
         self._busy = False
         # as on disk now, a stage whose end could not be written (a full disk) shown interrupted, not "running"
         self.manifest = load_run(self.manifest.run_dir) if self.manifest is not None else None
+        self._run_stamp = _file_stamp(self.manifest.path) if self.manifest is not None else None
         self.busyChanged.emit(False)
         self.finished.emit(res.stopped_at or until, res.ok, res.message, res.hint or "")
         return res
@@ -208,6 +228,7 @@ class RunController(QObject):
     def set_setting(self, key: str, value: Any) -> bool:
         """Change one of the open run's settings (recorded in run.json); stages that depend on it become
         stale and run again on the next resume."""
+        self.reload_if_changed()  # compared with the run as it is now, not as this window last read it
         m = self.manifest
         if m is None or self.busy or m.settings.get(key) == value:
             return False

@@ -7,7 +7,7 @@ import html
 import logging
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QRect, QSettings, Qt, QTimer, QUrl
+from PySide6.QtCore import QByteArray, QEvent, QRect, QSettings, Qt, QTimer, QUrl
 from PySide6.QtGui import (
     QAction,
     QActionGroup,
@@ -304,6 +304,13 @@ class MainWindow(QMainWindow):
             QSettings().remove("recent/run")
             return None
         return recent
+
+    def changeEvent(self, event: QEvent) -> None:
+        """Back in the window (from a terminal, say): the open run as its run.json is now, where another process
+        (`hexstudio run --resume`, `--set`) wrote it meanwhile."""
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow():
+            self.c.reload_if_changed()
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if self.c.busy and not self._closing_after_cancel:

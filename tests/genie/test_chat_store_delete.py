@@ -25,3 +25,23 @@ def test_a_deleted_imported_conversation_does_not_come_back(tmp_path: Path) -> N
     # a new benchmark reply (the Chat stage ran again) is another conversation, imported as usual
     bench.write_text(json.dumps({"prompt": "Hello", "reply": "Hello!", "state": "complete", "kpis": {}}))
     assert len(store.conversations()) == 2
+
+
+def test_a_deleted_run_is_not_made_again_by_its_open_chat(tmp_path: Path) -> None:
+    """`hexstudio runs delete R` while R's chat was open: the next turn's save made runs/R/chats/... again, a
+    folder no run list shows and `runs delete` refuses ("No run"), holding the conversation's text."""
+    import pytest
+
+    run = tmp_path / "runs" / "R"
+    run.mkdir(parents=True)
+    store = ChatStore(run)
+    rec = store.new(title="mine")
+    store.save(rec)
+    import shutil
+
+    shutil.rmtree(run)  # the run deleted from a terminal
+    with pytest.raises(FileNotFoundError, match="the run R was deleted"):
+        store.save(rec)
+    with pytest.raises(FileNotFoundError):
+        store.save_settings({})
+    assert not run.exists()

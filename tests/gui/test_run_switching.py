@@ -85,3 +85,52 @@ def test_typed_model_ids_and_errors_are_text_not_markup(
     assert gui_loop.run_until_complete(page.inspect()) is None  # no such folder: the error quotes the path
     text = page.inspect_message.text()
     assert "&lt;h1&gt;" in text and "<h1>" not in text, text
+
+
+def test_a_change_made_from_a_terminal_shows_when_the_window_is_back(qtbot: Any, tmp_path: Path) -> None:
+    """The studio never read run.json again while a run sat open: a `hexstudio run --resume R --set` from a terminal
+    left the pages on the old states and settings, and setting the old value back in the window was dropped as
+    "unchanged" (compared with the stale copy), so the run kept the terminal's value and the window showed the other."""
+    from PySide6.QtCore import QEvent
+
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.runs import change_settings
+
+    c, w = studio_window(qtbot, tmp_path / "ws")
+    m = c.new_run("builtin:tiny-llama", overrides={"calibration_samples": 4})
+    w.open_run(m.run_id)
+    # a terminal, another process: its own copy of the run
+    change_settings(RunManifest.load(m.run_dir), {"calibration_samples": 16}, "a terminal's --set")
+    assert c.manifest is not None and c.manifest.settings["calibration_samples"] == 4  # not read yet
+    assert c.set_setting(
+        "calibration_samples", 4
+    )  # the window's value: a change against the run as it is now
+    assert RunManifest.load(m.run_dir).settings["calibration_samples"] == 4
+    change_settings(RunManifest.load(m.run_dir), {"calibration_samples": 12}, "a terminal's --set")
+    w.changeEvent(QEvent(QEvent.Type.ActivationChange))  # as Qt says when the window is activated
+    if (
+        not w.isActiveWindow()
+    ):  # offscreen: no window manager gives it focus; what the event does, asked directly
+        assert c.reload_if_changed()
+    assert c.manifest.settings["calibration_samples"] == 12
+    assert not c.reload_if_changed()  # read once per change
+
+
+def test_opening_a_run_never_marks_a_live_runners_stage_interrupted(qtbot: Any, tmp_path: Path) -> None:
+    """Opening a run marked its "running" stages interrupted a second time, without the run's lock and without
+    asking whether the lock is held: a stage run from a container or another host that shares the workspace (its
+    owner's pid means nothing here) was saved as interrupted while it ran."""
+    from hexstudio.core.manifest import RunManifest
+    from hexstudio.core.runs import RunLock
+
+    c, w = studio_window(qtbot, tmp_path / "ws")
+    m = c.new_run("builtin:tiny-llama")
+    with RunLock(m.run_dir):  # the other host's runner (a live lock holder)
+        other = RunManifest.load(m.run_dir)
+        other.stage("quantize").data.update(
+            state="running", owner={"host": "gpu-box", "pid": 4242, "boot_id": "x"}
+        )
+        other.save()
+        w.open_run(m.run_id)
+        assert c.manifest is not None and c.manifest.stage("quantize").state == "running"
+        assert RunManifest.load(m.run_dir).stage("quantize").state == "running"

@@ -108,10 +108,18 @@ class ChatStore:
         rec = ChatRecord(id=f"{stamp}-{uuid.uuid4().hex[:6]}", created=now(), updated=now(), **kw)
         return rec
 
+    def _folder_of_a_live_run(self, folder: Path) -> None:
+        """`folder` made where needed, inside a run that still exists: a run deleted meanwhile (`hexstudio runs delete`
+        while its chat is open) gets no folder made again, which no run list would show and no delete could remove,
+        holding the conversation's text."""
+        if not self.run_dir.is_dir():
+            raise FileNotFoundError(f"the run {self.run_dir.name} was deleted; the conversation is not saved")
+        folder.mkdir(parents=True, exist_ok=True)
+
     def save(self, rec: ChatRecord) -> None:
         rec.updated = now()
         rec.retitle()
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self._folder_of_a_live_run(self.folder)
         # the conversation's text is the user's own: readable by them alone
         write_text_atomic(
             self.path(rec.id), json.dumps(rec.as_json(), indent=1, ensure_ascii=False), private=True
@@ -127,7 +135,7 @@ class ChatStore:
 
     def save_settings(self, values: dict[str, Any]) -> None:
         folder = self.run_dir / CHATS_DIR
-        folder.mkdir(parents=True, exist_ok=True)
+        self._folder_of_a_live_run(folder)
         write_text_atomic(
             folder / SETTINGS_FILE,
             json.dumps({k: values.get(k) for k in SETTING_KEYS}, indent=1, ensure_ascii=False),
