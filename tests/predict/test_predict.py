@@ -360,3 +360,40 @@ def test_graphs_run_under_the_side_environments_python_where_the_wheel_lives_the
     here = QnnLibs(tmp_path, "2.51.0", "2.7.0")
     argv, env = graph_command(here, "--graph", "g.json")
     assert argv[1:3] == ["-m", "hexstudio.workers.predict"] and env is None
+
+
+def test_a_cancelled_prediction_stops_its_simulation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The panel gives up after its time limit (or the window closes), cancelling the call: the predictor worker was
+    left simulating, and the button, enabled again, started a second heavy simulation beside it."""
+    from hexstudio.core import jobs
+
+    started: list[jobs.LocalJob] = []
+    real = jobs.JobRunner.start_local
+
+    async def start_local(self: jobs.JobRunner, module: str, spec: Path, **kw: Any) -> jobs.LocalJob:
+        from hexstudio.shared.worker_spec import WorkerSpec
+
+        # a worker that works for a minute, in the predictor's place
+        WorkerSpec.build("predict", spec.parent, spec.parent / "out", {"mode": "slow", "seconds": 60}).write(
+            spec
+        )
+        job = await real(self, "tests.core.fake_worker", spec, **kw)
+        started.append(job)
+        return job
+
+    monkeypatch.setattr(jobs.JobRunner, "start_local", start_local)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(run_prediction(tiny_plan(256), tmp_path))
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if started:
+                break
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    (job,) = started
+    assert job.proc is not None and job.proc.returncode is not None  # stopped, not left running

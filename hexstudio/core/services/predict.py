@@ -24,6 +24,7 @@ from hexstudio.core.services import ServiceError
 from hexstudio.core.services.model import model_config
 from hexstudio.core.services.preflight import resolve_estimate_settings, run_settings
 from hexstudio.core.settings import Settings, SettingsError
+from hexstudio.core.stage_api import wait_or_cancel
 from hexstudio.shared import modelinfo
 from hexstudio.shared.bundle import KNOWN_DEVICES
 from hexstudio.shared.predict import LPBQ_BLOCK, ModelShape, Target, target_for_device
@@ -169,7 +170,9 @@ async def run_prediction(
         log_path=job_dir / "predict.jsonl",
         what="The speed predictor",
     )
-    res = await job.wait()
+    # the caller cancelled (the panel's time limit, the window closed, Ctrl+C): the simulation stops with it, or a
+    # second Predict ran beside a first that went on
+    res = await wait_or_cancel(job, asyncio.Event())
     if not res.ok:
         raise ServiceError(res.message or "The speed predictor failed.", res.hint)
     doc: dict[str, Any] = json.loads((out / "prediction.json").read_text(encoding="utf-8"))
