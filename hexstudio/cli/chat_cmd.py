@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,24 @@ from hexstudio.core.genie.session import (
 )
 from hexstudio.core.units import fmt_ms, fmt_rate
 from hexstudio.shared.bundle.speculative import DIALOG_TYPES
+
+
+async def _read_line(loop: asyncio.AbstractEventLoop) -> str:
+    """A line of stdin, read in a daemon thread: Ctrl+C at the `you>` prompt ends the chat at once (a read in the
+    loop's executor held the exit until Enter, asyncio.run joining its thread)."""
+    got: asyncio.Future[str] = loop.create_future()
+
+    def deliver(line: str) -> None:
+        if not got.done():
+            got.set_result(line)
+
+    def read() -> None:
+        line = sys.stdin.readline()
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the chat is over
+            loop.call_soon_threadsafe(deliver, line)
+
+    threading.Thread(target=read, name="chat-stdin", daemon=True).start()
+    return await got
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -192,7 +212,7 @@ async def _chat(args: argparse.Namespace) -> int:
                 if not args.json:
                     sys.stdout.write("you> ")
                     sys.stdout.flush()
-                line = await loop.run_in_executor(None, sys.stdin.readline)
+                line = await _read_line(loop)
                 if not line:
                     break
                 text = line.rstrip("\n")

@@ -178,3 +178,38 @@ def test_the_twin_runner_fails_a_full_context_as_genie_t2t_run_does(
     out = capsys.readouterr()
     assert rc == 1 and "Failed to query." in out.err, (rc, out.err[-500:])
     assert "[END]" in out.out  # what came before the limit was streamed, as Genie's callback does
+
+
+def test_ctrl_c_at_the_chat_prompt_ends_the_chat(sim_workspace: SimWorkspace) -> None:
+    """Ctrl+C at `you>` closed the session, then hung until Enter: asyncio.run joined the executor thread blocked
+    in stdin.readline."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hexstudio", "chat", "--board", "sim", "--workspace", str(sim_workspace.root)],
+        stdin=subprocess.PIPE,  # kept open: no line ever comes
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    try:
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        seen, t0 = b"", time.monotonic()
+        while b"you> " not in seen and time.monotonic() - t0 < 240 and proc.poll() is None:
+            seen += proc.stdout.read() or b""
+            time.sleep(0.1)
+        assert b"you> " in seen, (seen, proc.stderr.read() if proc.poll() is not None else "")
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+        assert rc == 130, rc  # "interrupted", as every command says it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
