@@ -146,6 +146,10 @@ async def _serve(args: argparse.Namespace) -> int:
         # a script waiting for the file must not read the port of an earlier server while this one loads
         with contextlib.suppress(FileNotFoundError):
             os.unlink(args.port_file)
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    if main is not None:  # SIGTERM (systemctl stop) before serving ends it as Ctrl-C does: everything closed
+        loop.add_signal_handler(signal.SIGTERM, main.cancel)
     board, remote, doc, run_dir = await board_and_bundle(args)
     async with contextlib.AsyncExitStack() as opened:  # what is open, closed in reverse order however it ends
         opened.push_async_callback(board.transport.close)
@@ -207,7 +211,6 @@ async def _serve(args: argparse.Namespace) -> int:
         )
         eprint("  KPIs per request: x-hexstudio-* headers and GET /v1/stats; Ctrl-C stops")
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, _on_stop_signal, stop, server, args.shutdown_grace)
         try:
@@ -253,4 +256,8 @@ def _fd_budget(wanted: int) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    return asyncio.run(_serve(args))
+    try:
+        return asyncio.run(_serve(args))
+    except asyncio.CancelledError:  # SIGTERM while the board connected or the model loaded: all closed
+        eprint("stopped (SIGTERM) before serving")
+        return 128 + signal.SIGTERM

@@ -727,3 +727,36 @@ def test_serve_on_the_eval_workspace_bundle(eval_workspace: tuple[Path, Path], t
         proc.terminate()
         out = proc.communicate(timeout=60)[0]
     assert "SIMULATED" in out and "Traceback" not in out, out
+
+
+def test_sigterm_while_the_model_loads_closes_everything(
+    twin_workspace: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`systemctl stop` (SIGTERM) while serve connected to the board or loaded the model killed it outright: the
+    signal handlers came only after the load, so nothing was closed and the board kept loading for no one."""
+    import signal
+    import subprocess
+
+    from tests.support.serve import serve_argv
+
+    ws, run_dir = twin_workspace
+    port_file = tmp_path / "port"
+    port_file.write_text("1")  # removed once serve has begun (before it connects to the board)
+    proc = subprocess.Popen(
+        serve_argv(port_file, run_dir.name),
+        env={**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while port_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not port_file.exists(), out  # it never served
+    assert proc.returncode == 128 + signal.SIGTERM and "stopped (SIGTERM) before serving" in out, out

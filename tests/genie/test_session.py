@@ -4,6 +4,7 @@ the helper keeps the dialog loaded, later turns skip the init, stop, context ful
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -760,3 +761,53 @@ def test_stop_strings_come_back_only_where_the_host_does_not_see_the_dialog_made
     h.remake = True
     h.reset()  # at the host's reset: "recreated", the host's count is the config's stops
     assert applied == [] and h.stop_values is None
+
+
+def test_a_helper_whose_parent_dies_during_the_load_stops(tmp_path: Path, fake_genie: FakeGenie) -> None:
+    """The helper watched for its parent (the studio, `serve`, the SSH session) only once the dialog was loaded: a
+    parent stopped during the load (minutes on the simulator, a big model on the board) left the load running and
+    the NPU held for no one, a restarted `serve` loading a second copy beside it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import hexstudio.workers.board.genie_session as gs
+
+    bundle = fake_genie.bundle(tmp_path / "b", init_ms=60_000)  # a minute's load
+    pidfile = tmp_path / "helper.pid"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            f"p = subprocess.Popen([sys.executable, {gs.__file__!r}, '--config', {str(bundle / 'genie_config.json')!r},"
+            f" '--lib', {str(fake_genie.lib)!r}], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)\n"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+            "time.sleep(600)\n",
+        ]
+    )
+    try:
+        t0 = time.monotonic()
+        while not pidfile.exists() or not pidfile.read_text():
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.05)
+        helper = int(pidfile.read_text())
+        time.sleep(1.5)  # the helper is in GenieDialog_create now
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 15:
+            try:
+                os.kill(helper, 0)
+            except ProcessLookupError:
+                break
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(helper, os.WNOHANG)  # reaped by init normally; here, should we be its subreaper
+            time.sleep(0.2)
+        else:
+            os.kill(helper, signal.SIGKILL)
+            raise AssertionError("the helper kept loading after its parent died")
+    finally:
+        if parent.poll() is None:
+            parent.kill()

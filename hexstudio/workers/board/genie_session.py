@@ -670,6 +670,9 @@ def dialog_sampler(dialog: dict, values: dict) -> dict:
 
 
 def main() -> int:
+    # watched from the start: a studio or `serve` stopped during the load (minutes on the simulator) leaves no
+    # dialog loading on the NPU for no one
+    threading.Thread(target=orphan_watch, args=(os.getppid(),), daemon=True).start()
     ap = argparse.ArgumentParser(prog="genie_session.py")
     ap.add_argument("--config", required=True)
     ap.add_argument("--lib", default=os.environ.get("HEXSTUDIO_GENIE_LIB", "libGenie.so"))
@@ -734,7 +737,6 @@ def main() -> int:
         }
     )
     ops = read_commands(h.abort)
-    threading.Thread(target=orphan_watch, args=(os.getppid(),), daemon=True).start()
     try:
         while True:
             msg = ops.get()
