@@ -576,14 +576,20 @@ class LocalJob(Job):
         env.setdefault("PYTHONUNBUFFERED", "1")
         if self.liveness:
             env.update({PARENT_ENV: str(os.getpid()), LIVENESS_ENV: "stdin"})
-        self.proc = await spawn(
-            self.argv,
-            what=self.what,
-            cwd=self.cwd,
-            env=env,
-            limit=1 << 24,
-            stdin=asyncio.subprocess.PIPE if self.liveness else asyncio.subprocess.DEVNULL,
-        )
+        try:
+            self.proc = await spawn(
+                self.argv,
+                what=self.what,
+                cwd=self.cwd,
+                env=env,
+                limit=1 << 24,
+                stdin=asyncio.subprocess.PIPE if self.liveness else asyncio.subprocess.DEVNULL,
+            )
+        except BaseException:  # no process to log (a side interpreter missing, no file descriptors left)
+            if self._log is not None:
+                self._log.close()
+                self._log = self.stream.log = None
+            raise
         self.pgid = self.proc.pid
         self.sampler = TreeSampler(self.proc.pid)
         self._begin(self._run())

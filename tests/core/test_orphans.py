@@ -191,3 +191,18 @@ def test_the_liveness_pipe_alone_kills_the_whole_group(tmp_path: Path, how: str)
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+def test_a_worker_that_cannot_start_leaves_no_log_open(tmp_path: Path) -> None:
+    """The stage log was opened before the spawn and kept open when the spawn failed (a side interpreter missing,
+    no file descriptors left): one open file per attempt, for the life of the studio."""
+    from hexstudio.core.jobs import LocalJob
+
+    job = LocalJob([str(tmp_path / "no-such-python"), "-c", "pass"], log_path=tmp_path / "logs" / "x.jsonl")
+    with pytest.raises(FileNotFoundError):
+        asyncio.run(job.start())
+    assert job._log is None and job.stream.log is None
+    fds = os.listdir("/proc/self/fd")
+    assert not any(
+        os.path.realpath(f"/proc/self/fd/{fd}") == str(tmp_path / "logs" / "x.jsonl") for fd in fds
+    )
