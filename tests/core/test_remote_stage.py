@@ -7,6 +7,7 @@ host paths)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -170,6 +171,59 @@ def test_cancel_mid_stage_on_the_worker_host_leaves_nothing_running_and_nothing_
     assert not (m.run_dir / "artifacts" / "quantize").exists()
     rpart = root / "runs" / m.run_id / "artifacts" / "quantize.partial"
     assert not rpart.exists() or not any(rpart.iterdir())
+
+
+def test_cancel_over_a_stalled_link_ends_and_notes_the_hosts_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancel waited on the link to the worker host without a limit: over a stalled link (a dropped VPN, a host in
+    swap; TCP gives up after a quarter of an hour) closing the studio hung at "Cancelling...", and the host's
+    worker, never noted, got a second one beside it on resume. Now the wait is bounded, the worker is noted (a
+    resume waits for it) and the connection closed."""
+    import signal
+    import time
+
+    from hexstudio.core.remote import stage as remote_stage
+    from hexstudio.core.remote.job import RemoteJob
+
+    async def stalled(self: RemoteJob) -> None:  # the host never answers the cancel ladder
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(RemoteJob, "cancel", stalled)
+    monkeypatch.setattr(remote_stage, "CANCEL_LINK_S", 1.0)
+    root = tmp_path / "host-root"
+    with SshServer(tmp_path / "sshd") as srv:
+        _add_host(srv, root)
+        m = Workspace(tmp_path / "ws").create_run(
+            "builtin:tiny-llama", "sim", {"worker_host": "box", "seconds": 60}
+        )
+        assert asyncio.run(Pipeline(m, stages=_stages()).run(until="model")).ok
+        pipe = Pipeline(m, stages=_stages())
+        progress: list[dict[str, Any]] = []
+        pipe.on_event = lambda st, ev: progress.append(ev) if ev["type"] == "progress" else None
+
+        async def go() -> tuple[Any, float, int | None]:
+            task = asyncio.ensure_future(pipe.run(until="quantize"))
+            for _ in range(300):
+                if len(progress) >= 3:
+                    break
+                await asyncio.sleep(0.1)
+            job = pipe.current_job
+            assert isinstance(job, RemoteStageJob) and job.remote is not None
+            t0 = time.monotonic()
+            await pipe.cancel()
+            res = await task
+            return res, time.monotonic() - t0, job.remote.remote_pid
+
+        res, took, pid = asyncio.run(go())
+    try:
+        assert not res.ok and took < 30, took  # the ladder's grace (5 + 3 s) and the link's wait (1 s here)
+        note = json.loads((m.run_dir / "logs" / "quantize.host-worker.json").read_text())
+        assert note["host"] == "box" and note["pid"] == pid
+    finally:
+        if pid is not None:  # the host's worker (this machine's sshd), stopped here as the user would
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def test_cancel_during_the_upload_stops_it_and_starts_nothing_on_the_host(tmp_path: Path) -> None:

@@ -72,6 +72,9 @@ REPLAYED = ("metric", "artifact", "warning", "done")
 # packages, AIMET smoke test and the free disk under the host's root), so a workstation too small for the
 # model does not fail the gate for work it will not do.
 HOST_CHECK_STAGES = ("preflight",)
+# a cancel's wait on the link to the worker host, past the cancel ladder's own grace: a stalled link (a dropped VPN,
+# a host deep in swap) does not answer, and TCP may take a quarter of an hour to give up
+CANCEL_LINK_S = 30.0
 
 
 def remote_host_for(manifest: RunManifest, stage: Stage) -> str | None:
@@ -154,12 +157,25 @@ class RemoteStageJob(Job):
         if self._task is None or self._task.done():
             return
         self._cancelled = True
-        if self.remote is not None and self.remote.running():
-            await self.remote.cancel()  # the job runner's cancel ladder, on the host
+        remote = self.remote
+        if remote is not None and remote.running():
+            # the job runner's cancel ladder, on the host; a stalled link (no answer, TCP not given up) bounded
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(remote.cancel(), self.grace_s + self.term_s + CANCEL_LINK_S)
         else:
             self._task.cancel()  # connecting or syncing: stop at the next await
+        done, _ = await asyncio.wait({self._task}, timeout=CANCEL_LINK_S)
+        if not done:
+            # the link stalled: the host's worker may run on unseen. Noted, so a resume waits for it rather than
+            # starting a second one; the connection closed, which ends the reads the stage is blocked in
+            if remote is not None and remote.remote_pid is not None:
+                self._note_worker(remote.remote_pid, remote.remote_spec)
+            if self.transport is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.transport.close(), 5)
+            self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.shield(self._task)
+            await asyncio.wait_for(asyncio.shield(self._task), 5)
 
     def _fail(self, code: str, message: str, hint: str | None = None) -> JobResult:
         self._emit("error", code=code, message=message, hint=hint)
