@@ -175,7 +175,7 @@ class MainWindow(QMainWindow):
         self.resizeDocks([self.dock], [230], Qt.Orientation.Vertical)
         self._restore_geometry()
         self._fit_dock()
-        self._closing_after_cancel = self._closing_after_chat = False
+        self._closing_after_cancel = self._closing_after_chat = self._closing_after_work = False
         self.refresh()
 
     # -- chrome ---------------------------------------------------------------------------------
@@ -352,8 +352,51 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Closing the chat's session on the board, then quitting…")
             self._shutdown = asyncio.ensure_future(self._close_chat_then_close(chat))
             return
+        work = self._page_work()
+        if work and not self._closing_after_work:
+            if any(what.startswith("a board") for what, _t in work) and (
+                QMessageBox.question(
+                    self,
+                    "Quit HexStudio",
+                    f"{work[0][0][0].upper()}{work[0][0][1:]} is still working. Stop it and quit? "
+                    "(Run the doctor again later: a fix half done shows as failing.)",
+                )
+                != QMessageBox.StandardButton.Yes
+            ):
+                event.ignore()
+                return
+            # stopped here, while the loop still runs: a task left pending when the window goes keeps the studio
+            # running without a window until its thread (an upload, a remote command) ends
+            event.ignore()
+            self._closing_after_work = True
+            self.statusBar().showMessage(f"Stopping {', '.join(w for w, _t in work)}, then quitting…")
+            tasks = [t for _w, t in work]
+            self._shutdown = asyncio.ensure_future(self._stop_work_then_close(tasks))
+            return
         self._save_window()
         event.accept()
+
+    def _page_work(self) -> list[tuple[str, asyncio.Future[Any]]]:
+        """What the pages started and is still under way: the Board page's doctor or fix, a speed prediction."""
+        out: list[tuple[str, asyncio.Future[Any]]] = []
+        board, preflight = self.pages.get("board"), self.pages.get("preflight")
+        task = getattr(board, "_task", None)
+        if task is not None and not task.done():
+            out.append(("a board check or fix", task))
+        task = getattr(getattr(preflight, "predict_panel", None), "_task", None)
+        if task is not None and not task.done():
+            out.append(("the speed prediction", task))
+        return out
+
+    async def _stop_work_then_close(self, tasks: list[asyncio.Future[Any]]) -> None:
+        for t in tasks:
+            t.cancel()
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        except Exception:  # quitting goes on: a board that does not answer keeps no one waiting
+            log.warning("page work did not stop before quitting", exc_info=True)
+        finally:
+            self.close()
 
     async def _cancel_then_close(self) -> None:
         await self.c.shutdown()

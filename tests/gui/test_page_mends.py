@@ -202,6 +202,43 @@ def test_quitting_closes_the_chat_session_first(
     assert closed == [True]  # closed once, before the window went
 
 
+def test_quitting_stops_a_board_fix_first(
+    qtbot: Any, tmp_path: Path, gui_loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """closeEvent looked at a running stage and the chat only: a Board-page fix under way (a QAIRT upload, a sudo
+    step) was left pending when the loop stopped, and the studio stayed alive without a window until its thread
+    ended. It is asked about and stopped first now."""
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    _c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
+    asked: list[str] = []
+
+    def question(_parent: Any, _title: str, text: str, *_a: Any) -> QMessageBox.StandardButton:
+        asked.append(text)
+        return QMessageBox.StandardButton.Yes
+
+    monkeypatch.setattr(QMessageBox, "question", question)
+    w.show()
+
+    async def quit_() -> asyncio.Future[Any]:
+        fix = asyncio.ensure_future(asyncio.sleep(3600))  # the upload under way
+        w.pages["board"]._task = fix
+        w.close()
+        assert w.isVisible()  # not yet: the fix stops first
+        await wait_until(lambda: not w.isVisible(), 10, "the window closing after the fix stopped")
+        return fix
+
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    app.setQuitOnLastWindowClosed(False)
+    try:
+        fix = gui_loop.run_until_complete(quit_())
+    finally:
+        app.setQuitOnLastWindowClosed(True)
+    assert fix.cancelled()
+    assert asked and "A board check or fix is still working" in asked[0]
+
+
 def test_an_unticked_box_is_seen_in_the_dark_theme(qtbot: Any) -> None:
     """Fusion outlines a check box in the window colour darkened: on a dark list's base an unticked suite showed no
     box at all (docs/screenshots/evaluate-last-suite-kept-dark.png)."""
