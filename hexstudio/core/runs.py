@@ -290,31 +290,48 @@ class Workspace:
         problem = model_spec_problem(model)
         if problem is not None:
             raise WorkspaceError(f"No run was made: {problem[0]}", problem[1])
-        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(model)}-{_secrets.token_hex(2)}"
-        run_dir = self.runs_dir / run_id
-        # Build the run in a hidden temp folder, then rename: never a half-made run.
-        tmp = self.runs_dir / f".creating-{run_id}"
         try:
-            (tmp / "logs").mkdir(parents=True)
-            (tmp / "artifacts").mkdir()
-            m = RunManifest.new(
-                tmp,
-                run_id,
-                {"model": model, "board": board, "settings": merged},
-                collect_environment(include_host),
-                package_versions(),
-            )
-            m.save()
-            tmp.rename(run_dir)
+            self.runs_dir.mkdir(parents=True, exist_ok=True)
+            for _attempt in range(8):
+                run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(model)}-{_secrets.token_hex(2)}"
+                if self._made(run_id, model, board, merged, include_host):
+                    return RunManifest.load(self.runs_dir / run_id)
+            raise FileExistsError(errno.EEXIST, "no free run id after 8 tries", str(self.runs_dir))
         except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-made is left behind
             why = why_not_written(exc) or exc.strerror or str(exc)
             raise WorkspaceError(
                 f"Cannot make a run in the workspace {self.root}: {why} ({exc.strerror}: {exc.filename}).",
                 "Free disk space there, or choose another workspace (--workspace DIR, $HEXSTUDIO_WORKSPACE or "
                 "the studio's settings); keep it inside the WSL file system, not under /mnt/c.",
             ) from None
-        return RunManifest.load(run_dir)
+
+    def _made(
+        self, run_id: str, model: str, board: str, settings: dict[str, Any], include_host: bool
+    ) -> bool:
+        """The run built in a hidden temp folder, then renamed into place (never a half-made run). False when
+        another maker (the studio and a terminal in the same second) drew the same id: its folders are left alone."""
+        tmp = self.runs_dir / f".creating-{run_id}"
+        try:
+            tmp.mkdir()
+        except FileExistsError:
+            return False
+        try:
+            (tmp / "logs").mkdir()
+            (tmp / "artifacts").mkdir()
+            RunManifest.new(
+                tmp,
+                run_id,
+                {"model": model, "board": board, "settings": settings},
+                collect_environment(include_host),
+                package_versions(),
+            ).save()
+            tmp.rename(self.runs_dir / run_id)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)  # ours: nothing half-made is left behind
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                return False
+            raise
+        return True
 
     def open_run(self, run_id: str) -> RunManifest:
         d = self.run_dir(run_id)

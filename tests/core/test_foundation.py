@@ -403,3 +403,26 @@ def test_a_lock_whose_pid_cannot_be_written_is_still_taken_and_given_back(
     monkeypatch.undo()
     with RunLock(run_dir) as again:
         assert again.held
+
+
+def test_two_makers_drawing_one_run_id_keep_both_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The studio and a terminal making a run in the same second with the same 2-byte suffix: the second maker's
+    failure removed the first one's half-built folder (and said "free disk space"). Now it draws another id."""
+    from hexstudio.core import runs
+
+    ws = runs.Workspace(tmp_path / "ws")
+    draws = iter(["abcd"])
+    monkeypatch.setattr(runs._secrets, "token_hex", lambda _n: next(draws))
+    monkeypatch.setattr(runs.time, "strftime", lambda *_a: "20261129-120000")
+    first = ws.create_run("builtin:tiny-llama", "sim")
+    # the other maker is half way through the same id
+    other = ws.runs_dir / ".creating-20261129-120000-tiny-llama-abcd"
+    other.mkdir()
+    (other / "mine.txt").write_text("half-built")
+    draws = iter(["abcd", "ef01"])
+    second = ws.create_run("builtin:tiny-llama", "sim")
+    assert first.run_id.endswith("-abcd") and second.run_id.endswith("-ef01")
+    assert (other / "mine.txt").read_text() == "half-built"  # never removed by a maker it does not belong to
+    assert {r.run_id for r in ws.list_runs()} == {first.run_id, second.run_id}
