@@ -640,3 +640,33 @@ def test_the_export_is_what_the_preview_shows_and_the_box_starts_from_the_settin
         "<html><body>STAGE REPORT, run again</body></html>"
     )  # the stage writes its own again
     assert page.html_path() == stage_html
+
+
+def test_saving_an_edited_board_never_reverts_a_change_made_elsewhere(qtbot: Any, tmp_path: Path) -> None:
+    """Edit filled the form; a `hexstudio board add evk --host NEW` landed meanwhile; Save wrote the form's old host,
+    port, user and auth back over it and said "saved". The entry is compared with what the form was filled with."""
+    from hexstudio.core.settings import Settings
+    from tests.support.cli import python_m_hexstudio
+
+    c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
+    c.edit_settings(lambda s: s.boards.__setitem__("evk", {"host": "10.0.0.4", "port": 22, "auth": "agent"}))
+    page = w.pages["board"]
+    page.reload_boards()
+    page.boards.setCurrentRow(
+        next(i for i in range(page.boards.count()) if page.boards.item(i).data(256) == "evk")
+    )
+    page.edit_button.click()
+    r = python_m_hexstudio("board", "add", "evk", "--host", "10.0.0.5", "--auth", "agent", "--no-connect")
+    assert r.returncode == 0, r.stderr
+    page.user_edit.setText("root")
+    page.add_button.click()
+    assert Settings.load().boards["evk"]["host"] == "10.0.0.5"  # the terminal's change stands
+    assert "changed elsewhere" in page.conn_label.text() and "Edit" in page.conn_label.text()
+    page.boards.setCurrentRow(
+        next(i for i in range(page.boards.count()) if page.boards.item(i).data(256) == "evk")
+    )
+    page.edit_button.click()  # again: the form shows what the entry holds now, and saves
+    assert page.host_edit.text() == "10.0.0.5"
+    page.user_edit.setText("root")
+    page.add_button.click()
+    assert Settings.load().boards["evk"]["user"] == "root" and "saved" in page.conn_label.text()

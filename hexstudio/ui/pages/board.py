@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from hexstudio.core.settings import SettingsError, check_board_name
+from hexstudio.core.settings import Settings, SettingsError, check_board_name
 from hexstudio.ui import modal
 from hexstudio.ui.controller import RunController
 from hexstudio.ui.errors import refused_html
@@ -63,6 +63,7 @@ class BoardPage(StagePage):
         self.boards.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.board_states: dict[str, tuple[str, str, str]] = {}  # name -> (state, detail, when)
         self._task: asyncio.Future[Any] | None = None  # the doctor or fix under way (one at a time)
+        self._editing: tuple[str, dict[str, Any]] | None = None  # the board Edit… filled the form with
         self.fix_buttons: dict[str, QPushButton] = {}  # the last doctor's fixes, by fix id
         # whose checks the list shows, and when a doctor run from this page made them (0: the Board stage's, from
         # board.json): a refresh keeps a newer live probe, and a fix acts on the board that was checked
@@ -302,8 +303,19 @@ class BoardPage(StagePage):
         before = self.c.settings.boards.get(name)
         # what the form does not show (qairt_zip, runtime, qairt_home, ... from `hexstudio board add`) stays
         kept = {k: v for k, v in (before or {}).items() if k not in FORM_KEYS}
+        shown = self._editing[1] if self._editing is not None and self._editing[0] == name else None
+
+        def put(s: Settings) -> None:
+            if shown is not None and s.boards.get(name) != shown:  # under the settings lock: as it is now
+                raise SettingsError(
+                    f"Board '{name}' was changed elsewhere (`hexstudio board add`, another studio window) while "
+                    "this form was open; nothing was saved.",
+                    "Select the board and Edit… again: the form then shows what it holds now.",
+                )
+            s.boards[name] = {**kept, **cfg}
+
         try:
-            self.c.edit_settings(lambda s: s.boards.__setitem__(name, {**kept, **cfg}))
+            self.c.edit_settings(put)
         except SettingsError as exc:
             self.conn_label.setText(refused_html(exc.message, exc.hint))
             return
@@ -323,6 +335,7 @@ class BoardPage(StagePage):
         self.port_spin.setValue(22)
         self.auth_combo.setCurrentIndex(0)
         self.add_button.setText("Add board")
+        self._editing = None
 
     def _manage_enabled(self) -> None:
         """What may change a board: not while a stage runs (the Board stage may be pushing to it), nor a second
@@ -349,6 +362,7 @@ class BoardPage(StagePage):
         self.auth_combo.setCurrentIndex(max(i, 0))
         self.key_edit.setText(str(cfg.get("key_path") or ""))
         self.add_button.setText("Save board")
+        self._editing = (name, dict(cfg))  # the entry as the form shows it: Save checks it is still so
         self.conn_label.setText(
             f"Editing <b>{html.escape(name)}</b>: change the form and Save (a new password "
             "replaces the one in the keyring; empty keeps it)."
