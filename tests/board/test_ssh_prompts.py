@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from hexstudio.core.device.connect import password_answers
 
 
@@ -20,3 +24,42 @@ def test_the_password_answers_only_a_password_prompt() -> None:
     assert answer("", "", [("Username: ", True)]) == [""]  # an echoed prompt is never the password
     assert other == ["Verification code:", "Passcode or option (1-3):", "One-time PIN:", "Username:"]
     assert answer("", "", []) == []  # a banner-only round
+
+
+def test_a_connection_cancelled_while_it_opens_is_closed_once_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancel during a worker host's connect: the thread making the connection cannot be stopped, and the
+    connection it returned was held by no one, open (with its jump hosts or ProxyCommand) until the studio quit."""
+    import asyncio
+    import threading
+    import time
+
+    from hexstudio.core.device import connect
+
+    closed = threading.Event()
+
+    class Client:
+        def close(self) -> None:
+            closed.set()
+
+    class Transport:
+        client = Client()
+
+    def slow_connect(*_a: Any, **_k: Any) -> Transport:
+        time.sleep(0.5)
+        return Transport()
+
+    monkeypatch.setattr(connect, "connect_ssh_sync", slow_connect)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(connect.connect_ssh("box", {"host": "h"}))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(50):
+            if closed.is_set():
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    assert closed.is_set()

@@ -1049,6 +1049,11 @@ def connect_ssh_sync(
     return SshTransport(session, host, port, user)
 
 
+def _close_when_made(opening: asyncio.Future[SshTransport]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().client.close()  # paramiko's close: the session, its jump hosts, a ProxyCommand
+
+
 async def connect_ssh(
     name: str,
     cfg: dict[str, Any],
@@ -1059,8 +1064,15 @@ async def connect_ssh(
 ) -> SshTransport:
     if on_state:
         on_state(CONNECTING, f"{cfg.get('user') or ''}@{cfg.get('host')}:{cfg.get('port') or 22}")
+    opening = asyncio.ensure_future(
+        asyncio.to_thread(functools.partial(connect_ssh_sync, name, cfg, timeout=timeout, **asks))
+    )
     try:
-        t = await asyncio.to_thread(functools.partial(connect_ssh_sync, name, cfg, timeout=timeout, **asks))
+        t = await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        # the thread cannot be stopped: the connection it makes is closed once it is made, not left open
+        opening.add_done_callback(_close_when_made)
+        raise
     except BoardError as exc:
         if on_state:
             on_state(FAILED, exc.message)
