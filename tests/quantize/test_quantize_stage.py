@@ -397,3 +397,37 @@ def test_cli_run_until_validate(validated_run: Path) -> None:
     assert all(run["stages"][s]["state"] == "done" for s in ("model", "preflight", "quantize", "validate"))
     assert run["stages"]["validate"]["metrics"]["verdict"]["value"] == "pass"
     assert run["stages"]["quantize"]["metrics"]["int4_lpbq_weight_encodings"]["value"] > 0
+
+
+def test_decoder_weights_left_out_of_lpbq_are_said() -> None:
+    """aimet-onnx keeps a weight whose input features do not divide into blocks of 64 at int8, without a word
+    (strict=False): the run said nothing, and the bundle was bigger than the W4 figures promised."""
+    import io
+    import json as _json
+
+    from hexstudio.shared.protocol import Emitter
+    from hexstudio.workers.quantize import _say_weights_not_in_blocks
+
+    out = io.StringIO()
+    graphs = [
+        {
+            "name": "prompt_1_of_2",
+            "kind": "prompt_processor",
+            "stats": {"backbone_weights": 14, "int4_lpbq_weight_encodings": 12},
+        },
+        {
+            "name": "prompt_2_of_2",
+            "kind": "prompt_processor",
+            "stats": {"backbone_weights": 14, "int4_lpbq_weight_encodings": 14},
+        },
+        {
+            "name": "token_1_of_2",
+            "kind": "token_generator",
+            "stats": {"backbone_weights": 14, "int4_lpbq_weight_encodings": 12},
+        },
+    ]
+    _say_weights_not_in_blocks(graphs, Emitter(out))
+    events = [_json.loads(line) for line in out.getvalue().splitlines()]
+    warnings = [e for e in events if e.get("type") == "warning"]
+    assert len(warnings) == 1 and warnings[0]["code"] == "lpbq_not_applied", events
+    assert "prompt_1_of_2: 2 of 14 decoder weights stayed int8" in warnings[0]["message"]
