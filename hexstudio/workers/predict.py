@@ -187,7 +187,8 @@ def measure(
         except (ValueError, TypeError):
             pass
     cached.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="predict-", dir=cached.parent) as tmp:
+    # in the worker's private tmp (its job's folder), not beside the cache: a killed worker leaves no graph there
+    with tempfile.TemporaryDirectory(prefix="predict-") as tmp:
         req, out = Path(tmp) / "request.json", Path(tmp) / "timing.json"
         req.write_text(json.dumps({"shape": shape, "target": target.to_json(), "tmp": tmp}))
         argv, env = graph_command(libs, "--graph", str(req), "--out", str(out))

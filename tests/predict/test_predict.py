@@ -244,6 +244,9 @@ def test_tiny_model_on_the_htp_simulator_end_to_end_and_cached(tmp_path: Path) -
     assert any(e.get("type") == "progress" for e in events)
     cached = list((tmp_path / "cache" / "predict").glob("qnn-*/soc77-v73/graphs-v*/*.json"))
     assert len(cached) == 7  # AR-1 in both attention layouts
+    # nothing else is left in the cache: no job folder, no graph's temporary folder
+    left = {p.relative_to(tmp_path) for p in (tmp_path / "cache" / "predict").rglob("*") if p.is_file()}
+    assert left == {p.relative_to(tmp_path) for p in cached}, sorted(left)
     again = asyncio.run(run_prediction(tiny_plan(256), tmp_path))
     assert all(g["cached"] for g in again["graphs"])
     assert again["decode_tok_s"] == doc["decode_tok_s"]

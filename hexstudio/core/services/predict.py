@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -173,9 +174,15 @@ async def run_prediction(
     # the caller cancelled (the panel's time limit, the window closed, Ctrl+C): the simulation stops with it, or a
     # second Predict ran beside a first that went on
     res = await wait_or_cancel(job, asyncio.Event())
-    if not res.ok:
-        raise ServiceError(res.message or "The speed predictor failed.", res.hint)
+    if not res.ok:  # the job's folder kept, for its log
+        log_hint = f"The predictor's log: {job_dir / 'predict.jsonl'}."
+        raise ServiceError(
+            res.message or "The speed predictor failed.", f"{res.hint} {log_hint}" if res.hint else log_hint
+        )
     doc: dict[str, Any] = json.loads((out / "prediction.json").read_text(encoding="utf-8"))
+    shutil.rmtree(
+        job_dir, ignore_errors=True
+    )  # the timings stay in the cache; a job's folder is no use after it
     return doc
 
 
