@@ -644,6 +644,84 @@ def _crafted_config(e: Env, **changes: Any) -> Path:
     return d
 
 
+def _run_json_changed(e: Env, **changes: Any) -> tuple[int, str]:
+    """A run whose run.json has `changes` (None: the key removed), then `runs show` of it."""
+    run = _a_run(e)
+    p = e.ws / "runs" / run / "run.json"
+    doc = json.loads(p.read_text())
+    for k, v in changes.items():
+        doc.pop(k) if v is None else doc.__setitem__(k, v)
+    p.write_text(json.dumps(doc))
+    return run_cli(e, "runs", "show", run)
+
+
+def _a_key(e: Env) -> str:
+    import paramiko
+
+    p = e.tmp / "id_rsa"
+    if not p.exists():
+        paramiko.RSAKey.generate(2048).write_private_key_file(str(p))
+    return str(p)
+
+
+def _empty_folder(e: Env) -> str:
+    d = e.tmp / "not-a-bundle"
+    d.mkdir(exist_ok=True)
+    return str(d)
+
+
+ROWS += [
+    # the messages a person at 2 a.m. reads: what is wrong, in words, and a command that works
+    (
+        "run.json of a newer HexStudio",
+        lambda e: _run_json_changed(e, schema_version=2),
+        ["written by a newer HexStudio", "run format 2", "Upgrade HexStudio"],
+        None,
+    ),
+    (
+        "run.json without schema_version",
+        lambda e: _run_json_changed(e, schema_version=None),
+        ["is damaged", "it has no schema_version", "hexstudio runs delete"],
+        None,
+    ),
+    (
+        "bundle check of a folder that is no bundle",
+        lambda e: run_cli(e, "bundle", "check", _empty_folder(e), "--no-qualcomm"),
+        ["has no genie_config.json: it is not a Genie bundle folder", "artifacts/compile/bundle"],
+        None,
+    ),
+    (
+        "bundle verify of a folder that is no bundle",
+        lambda e: run_cli(e, "bundle", "verify", _empty_folder(e)),
+        ["has no bundle.json", "artifacts/compile/bundle"],
+        None,
+    ),
+    (
+        "bundle config --model a Hugging Face id",
+        lambda e: run_cli(e, "bundle", "config", "--model", "meta-llama/Llama-3.1-8B"),
+        ["takes a model folder here", "artifacts/model/hf"],
+        None,
+    ),
+    (
+        "chat --bundle a folder that is no bundle",
+        lambda e: run_cli(e, "chat", "--bundle", _empty_folder(e), "--prompt", "hi"),
+        ["not a Genie bundle folder", "artifacts/compile/bundle"],
+        None,
+    ),
+    (
+        "board probe of a board not added",
+        lambda e: run_cli(e, "board", "probe", "b1"),
+        ["No board named 'b1'", "--key ~/.ssh/id_ed25519"],
+        None,
+    ),
+    (
+        "board add with a host name that does not resolve",
+        lambda e: run_cli(e, "board", "add", "b8", "--host", "nosuchhost.invalid", "--key", _a_key(e)),
+        ["does not resolve", "IP address"],
+        None,
+    ),
+]
+
 ROWS += [
     (
         "bundle verify malformed bundle.json",

@@ -12,6 +12,7 @@ from hexstudio.cli.ssh import add_trust_flag, open_named_board
 from hexstudio.shared import bundle as gb
 from hexstudio.shared import modelinfo
 from hexstudio.shared.bundle.dialog_tokens import dialog_tokens
+from hexstudio.shared.data import BUILTIN_MODELS, builtin_model_dir
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,7 +21,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     bs = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
     pc = bs.add_parser("config", help="print the genie_config.json HexStudio would write for a model")
-    pc.add_argument("--model", required=True, help="a folder holding config.json (weights not needed)")
+    pc.add_argument(
+        "--model",
+        required=True,
+        help="a folder holding config.json and the tokenizer files (weights not needed), or builtin:tiny-llama",
+    )
     pc.add_argument("--device", default="Dragonwing IQ-9075 EVK")
     pc.add_argument("--context-length", type=setting_range("context_length"), default=4096)
     pc.add_argument("--ar-n", type=setting_range("ar_n"), default=128)
@@ -56,7 +61,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    folder = Path(args.model).expanduser()
+    folder = builtin_model_dir(args.model) if args.model in BUILTIN_MODELS else Path(args.model).expanduser()
+    if not folder.is_dir():  # a Hugging Face id, say: this command reads the model's files, not the Hub
+        raise CliError(
+            f"--model takes a model folder here (config.json and the tokenizer files); '{args.model}' is not one.",
+            "Give the model's folder: a run's runs/<RUN>/artifacts/model/hf, or the Hugging Face cache's snapshot "
+            "folder; or builtin:tiny-llama.",
+        )
     try:
         cfg = modelinfo.read_config(folder)
         dev = gb.device_info(args.device)

@@ -114,7 +114,7 @@ class RunManifest:
             raise ManifestError(
                 f"{path} cannot be read ({exc}). run.json is written atomically, so this "
                 "file was changed by something else; restore it from a backup or delete "
-                "the run."
+                f"the run (`hexstudio runs delete {run_dir.name}`)."
             ) from None
         damaged = (
             f"{path} is damaged: "
@@ -123,10 +123,21 @@ class RunManifest:
         )
         if not isinstance(data, dict):
             raise ManifestError(damaged.format(f"it holds a JSON {type(data).__name__}, not an object"))
-        if data.get("schema_version") != MANIFEST_SCHEMA_VERSION:
+        version = data.get("schema_version")
+        if version != MANIFEST_SCHEMA_VERSION:
+            if isinstance(version, int) and version > MANIFEST_SCHEMA_VERSION:
+                raise ManifestError(
+                    f"{path} was written by a newer HexStudio (run format {version}; this one reads "
+                    f"{MANIFEST_SCHEMA_VERSION}).",
+                    "Upgrade HexStudio (`hexstudio --version` shows this one), or open the run with the HexStudio "
+                    "that made it (the studio on Windows and the CLI in WSL may be different installs).",
+                )
             raise ManifestError(
-                f"{path} has schema_version {data.get('schema_version')!r}; this HexStudio "
-                f"reads version {MANIFEST_SCHEMA_VERSION}."
+                damaged.format(
+                    f"its schema_version is {version!r:.40}"
+                    if "schema_version" in data
+                    else "it has no schema_version"
+                )
             )
         for key in ("inputs", "stages"):
             if not isinstance(data.get(key), dict):

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from hexstudio.core import stage_actions
+from hexstudio.core import logs, stage_actions
 from hexstudio.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler
 from hexstudio.core.manifest import ManifestError, RunManifest, boot_id, now_iso
 from hexstudio.core.remote import RemoteStageJob
@@ -146,7 +146,7 @@ class Pipeline:
                     return res.stop(
                         stage.name,
                         f"{stage.title} needs {need}, which has not completed.",
-                        f"Run the {need} stage first.",
+                        f"Run the stages up to it: `hexstudio run --resume {self.m.run_id} --until {stage.name}`.",
                     )
                 blocked = self._gate_blocks(need)
                 if blocked is not None:
@@ -377,9 +377,9 @@ class Pipeline:
                 None,
                 None,
                 f"The {stage.title} stage stopped on an unexpected error: {type(exc).__name__}: {exc}",
-                hint="If the message names a full disk or a file that cannot be written, fix that and run the "
-                "stage again; otherwise it is a HexStudio bug: the studio log has the traceback, please report "
-                "it.",
+                hint="If the message names a full disk or a file that cannot be written, fix that and resume "
+                f"(`hexstudio run --resume {self.m.run_id}`); otherwise it is a HexStudio bug: the traceback is "
+                f"in {logs.log_path()}, please report it with that file.",
                 code="unexpected_error",
             )
         finally:
@@ -483,8 +483,8 @@ class Pipeline:
                 None,
                 None,
                 f"The {stage.title} stage could not start: {type(exc).__name__}: {exc}",
-                hint="This HexStudio installation is incomplete or broken (a missing "
-                "package?); the studio log has the traceback.",
+                hint="This HexStudio installation is incomplete or broken (a missing package?): the traceback "
+                f"is in {logs.log_path()}; `./dev setup` (or the installer) puts the packages back.",
                 code="import_failed",
                 duration_s=time.monotonic() - t0,
             )

@@ -97,8 +97,8 @@ async def open_board(
     if name not in boards:
         raise BoardError(
             f"No board named '{name}'.",
-            f"Add it: `hexstudio board add {name} --host HOST --user USER` (or the studio's Board "
-            "page), or use the simulator board 'sim'.",
+            f"Add it: `hexstudio board add {name} --host HOST --user USER --key ~/.ssh/id_ed25519` (or --auth "
+            "agent, or --auth password), or the studio's Board page; or use the simulator board 'sim'.",
         )
     from hexstudio.core.device.connect import connect_ssh
 

@@ -871,6 +871,12 @@ def _open_hop(
 def _direct_socket(r: dict[str, Any], timeout: float) -> Any:
     try:
         return socket.create_connection((r["host"], r["port"]), timeout=timeout)
+    except socket.gaierror:  # a name no one answers for: a typo or DNS, not a board that is off
+        raise BoardError(
+            f"The host name '{r['host']}' does not resolve (no such name on this network).",
+            "Check the spelling, or use the board's IP address (`hexstudio board add NAME --host 192.168.x.y ...` "
+            "replaces the entry). On WSL a .local name needs mDNS: use the IP.",
+        ) from None
     except OSError as exc:
         raise BoardError(
             f"Cannot connect to {r['host']}:{r['port']}: {exc.strerror or exc}.",

@@ -334,10 +334,17 @@ class ChatSession:
             )
         try:
             cfg = json.loads((await t.read_bytes(cfg_path)).decode("utf-8"))
+        except FileNotFoundError:
+            raise SessionError(
+                f"{self.board.label} has no bundle at {self.bundle_dir} (no {config_name(self.dialog)} there).",
+                "Push the run's bundle first: its Board stage (`hexstudio run --resume RUN_ID --only board`), or "
+                "give the bundle folder on this machine (`--bundle runs/<RUN>/artifacts/compile/bundle`).",
+            ) from None
         except (OSError, ValueError) as exc:
             raise SessionError(
                 f"Cannot read {cfg_path} on {self.board.label}: {exc}.",
-                "Push the bundle to the board first (Board stage, or `hexstudio run --only board`).",
+                "Push the bundle again (its Board stage: `hexstudio run --resume RUN_ID --only board`): a file "
+                "that cannot be read or is not JSON was not written whole.",
             ) from None
         self._config = config_name(self.dialog)
         size = ((cfg.get("dialog") or {}).get("context") or {}).get("size")

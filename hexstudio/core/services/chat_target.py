@@ -78,6 +78,12 @@ async def chat_target(
     if bundle:
         if (Path(bundle) / "bundle.json").is_file():
             local = Path(bundle).resolve()
+        elif Path(bundle).is_dir() and not (Path(bundle) / "genie_config.json").is_file():
+            # a folder here that holds no bundle (a run folder, the bundle's parent): not a path on the board
+            raise ServiceError(
+                f"{bundle} has no bundle.json and no genie_config.json: it is not a Genie bundle folder.",
+                "A run's bundle is runs/<RUN>/artifacts/compile/bundle: pass that folder, or --run RUN_ID.",
+            )
         else:
             remote = bundle
     elif run_dir is None:
@@ -101,7 +107,10 @@ async def chat_target(
     else:
         local = run_dir / "artifacts" / "compile" / "bundle"
         if not (local / "bundle.json").is_file():
-            raise ServiceError(f"Run {run_dir.name} has no compiled bundle.", "Run its compile stage first.")
+            raise ServiceError(
+                f"Run {run_dir.name} has no compiled bundle.",
+                f"Compile it: `hexstudio run --resume {run_dir.name} --until compile`.",
+            )
     bundle_doc: dict[str, Any] = {}
     if local is not None:
         bundle_doc = json.loads((local / "bundle.json").read_text(encoding="utf-8"))

@@ -411,6 +411,11 @@ def verify_bundle(bundle_dir: Path) -> list[str]:
     """Problems found (empty when every file matches bundle.json)."""
     try:
         doc = json.loads((bundle_dir / "bundle.json").read_text())
+    except FileNotFoundError:
+        return [
+            f"{bundle_dir} has no bundle.json (HexStudio writes one with every bundle it compiles): give the "
+            "Compile stage's bundle folder, runs/<RUN>/artifacts/compile/bundle."
+        ]
     except (OSError, json.JSONDecodeError) as exc:
         return [f"bundle.json unreadable: {exc}"]
     from hexstudio.shared.bundle.safepath import UnsafePath, check_bundle_files, resolve_under

@@ -932,6 +932,18 @@ def check_bundle(
             raise ValueError(f"it is larger than {MAX_CONFIG_BYTES} bytes")
     except safepath.UnsafePath as exc:
         return [*out, Finding("unsafe_path", ERROR, exc.message, NO_MESSAGE, exc.hint or "")]
+    except FileNotFoundError:
+        return [
+            *out,
+            Finding(
+                "config_missing",
+                ERROR,
+                f"{bundle} has no genie_config.json: it is not a Genie bundle folder.",
+                "Failed to create the dialog config.",
+                "Point at the bundle folder: a run's is runs/<RUN>/artifacts/compile/bundle (`hexstudio runs show "
+                "RUN` names the run's folder).",
+            ),
+        ]
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return [
             *out,
@@ -940,7 +952,7 @@ def check_bundle(
                 ERROR,
                 f"{cfg_path} cannot be read ({exc}).",
                 "Failed to create the dialog config.",
-                "Every Genie bundle needs genie_config.json.",
+                "Write it again: `hexstudio bundle config --model MODEL_FOLDER`, or compile the bundle again.",
             ),
         ]
     cfg, found = _config_findings(text)
