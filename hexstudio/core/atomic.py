@@ -12,6 +12,33 @@ from pathlib import Path
 from typing import IO, Any
 
 
+def sync_tree(root: Path) -> None:
+    """Every file and folder under `root` (and `root`) forced to disk: a stage's output, before run.json says it is
+    done with each file's size and sha256 (after a power cut, a file the kernel had not written yet comes back
+    empty, and the stage, hours of work, would run again with a message blaming its inputs)."""
+    for p in [root, *root.rglob("*")]:
+        if p.is_symlink():
+            continue
+        if p.is_dir():
+            _fsync_dir(p)
+            continue
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """A folder's entries (a rename into it, a file made in it) forced to disk."""
+    _fsync_dir(path)
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import psutil
 
 from hexstudio.core import logs, stage_actions
+from hexstudio.core.atomic import sync_tree
 from hexstudio.core.jobs import EventHandler, JobResult, JobRunner, LocalJob, SampleHandler
 from hexstudio.core.manifest import ManifestError, RunManifest, boot_id, now_iso
 from hexstudio.core.remote import RemoteStageJob
@@ -388,7 +389,7 @@ class Pipeline:
             try:
                 # an 8B model's outputs are gigabytes: hashed off the event loop (the studio's window stays live)
                 hashes = (
-                    await asyncio.to_thread(hash_tree, partial, attempt.kinds, stage.name)
+                    await asyncio.to_thread(_synced_hashes, partial, attempt.kinds, stage.name)
                     if result.ok
                     else None
                 )
@@ -533,6 +534,13 @@ class Pipeline:
             summary=summary or {},
             duration_s=time.monotonic() - t0,
         )
+
+
+def _synced_hashes(partial: Path, kinds: dict[str, dict[str, Any]], stage: str) -> list[dict[str, Any]]:
+    """A finished attempt's output forced to disk, then hashed: run.json (fsynced) never vouches for a file a power
+    cut would bring back empty."""
+    sync_tree(partial)
+    return hash_tree(partial, kinds, stage)
 
 
 def _run_processes(pgid: int, tag: str) -> list[psutil.Process]:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from hexstudio.core.atomic import fsync_dir, sync_tree
 from hexstudio.core.jobs import JobResult, human_bytes
 from hexstudio.core.manifest import RunManifest, now_iso
 from hexstudio.core.runs import artifacts_dir
@@ -188,7 +189,12 @@ class StageAttempt:
             if self.final.exists():
                 self.final.rename(old)
             self.partial.rename(self.final)
+            fsync_dir(self.final.parent)  # the rename on disk before run.json says "done"
             shutil.rmtree(old, ignore_errors=True)
+            if (
+                artifacts is None
+            ):  # not hashed by the pipeline (a cancel while it hashed): forced to disk here
+                sync_tree(self.final)
             st["artifacts"] = artifacts if artifacts is not None else hash_tree(self.final, self.kinds)
             st["input_hash"] = self.inputs_at_start or input_hash(self.m, self.stage)
             st["output_digest"] = (

@@ -49,6 +49,33 @@ def test_ok_run_records_artifacts_and_validates(workspace: Workspace) -> None:
     assert (m.run_dir / "logs" / "model.jsonl").read_text().count('"type": "done"') == 1
 
 
+def test_a_stages_output_is_on_disk_before_run_json_says_done(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.json (fsynced) recorded "done" with every file's size and sha256 while the files themselves were left to
+    the kernel's writeback: a power cut then brought them back empty, and hours of quantizing ran again with a
+    message blaming the inputs. Each file and folder of the output is forced to disk first, the rename too."""
+    from hexstudio.core import atomic
+
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.path.realpath(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    assert _run(Pipeline(m, stages=fake_stages()), "model").ok
+    partial, artifacts = str(m.run_dir / "artifacts" / "model.partial"), str(m.run_dir / "artifacts")
+    result = partial + "/result.txt"
+    done = max(
+        i for i, p in enumerate(synced) if p.endswith("run.json") or "/.run.json" in p or "run.json." in p
+    )
+    assert result in synced and synced.index(result) < done, synced  # the file, before the record of it
+    assert partial in synced and artifacts in synced[synced.index(result) :], synced  # its folder; the rename
+
+
 def test_resume_skips_current_stages_and_reruns_changed_ones(workspace: Workspace) -> None:
     m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
     assert _run(Pipeline(m, stages=fake_stages()), "preflight").ok
