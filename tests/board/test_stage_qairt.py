@@ -32,3 +32,22 @@ def test_stage_installs_qairt_then_pushes(tmp_path: Path) -> None:
         assert any("sudo tar -xf" in ln for ln in logs)
         assert PW not in json.dumps(events) and PW not in (out / "board.json").read_text()
         assert any((ws / "cache" / "qairt").iterdir())
+
+
+def test_a_qairt_payload_cut_short_is_built_again(tmp_path: Path) -> None:
+    """The QAIRT payload tar (hundreds of MB) was renamed into the cache without an fsync and reused on its name
+    alone: one a power cut left truncated failed every install on the board with tar's "Unexpected EOF"."""
+    import tarfile
+
+    from hexstudio.core.device.qairt import MARKER, build_payload
+    from tests.support.evk_board import build_qairt_zip
+
+    z = build_qairt_zip(tmp_path / "qairt.zip")
+    _version, tar_path, _digest, _n = build_payload(z, "v73", tmp_path / "cache")
+    whole = tar_path.read_bytes()
+    tar_path.write_bytes(whole[: len(whole) // 2])  # the crash
+    again = build_payload(z, "v73", tmp_path / "cache")[1]
+    assert again == tar_path and tar_path.read_bytes() == whole
+    with tarfile.open(tar_path) as tar:
+        assert tar.getmembers()[-1].name == MARKER  # read to its end
+    assert list((tmp_path / "cache").iterdir()) == [tar_path]  # no temp file left beside it

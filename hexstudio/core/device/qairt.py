@@ -22,6 +22,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+from hexstudio.core.atomic import atomic_writer
 from hexstudio.core.device.errors import BoardError
 
 QAIRT_BASE = "/opt/qairt"
@@ -120,11 +121,14 @@ def build_payload(zip_path: Path, dsp_arch: str, out_dir: Path) -> tuple[str, Pa
     version, members, digest = select_members(zip_path, dsp_arch)
     out_dir.mkdir(parents=True, exist_ok=True)
     tar_path = out_dir / f"qairt-{version}-{dsp_arch}-{digest[:12]}.tar"
-    if tar_path.is_file():
+    if _whole_tar(tar_path):
         return version, tar_path, digest, len(members) + 1
     root = f"qairt/{version}/"
-    tmp = tar_path.with_name(tar_path.name + ".tmp")
-    with zipfile.ZipFile(zip_path) as z, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        zipfile.ZipFile(zip_path) as z,
+        atomic_writer(tar_path, "wb", encoding=None) as fh,  # fsynced: never a truncated tar reused
+        tarfile.open(fileobj=fh, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for m in sorted(members, key=lambda i: i.filename):
             ti = tarfile.TarInfo(m.filename[len(root) :])
             ti.size = m.file_size
@@ -140,5 +144,18 @@ def build_payload(zip_path: Path, dsp_arch: str, out_dir: Path) -> tuple[str, Pa
         ti.size = len(marker)
         ti.mode = 0o644
         tar.addfile(ti, io.BytesIO(marker))
-    tmp.replace(tar_path)
     return version, tar_path, digest, len(members) + 1
+
+
+def _whole_tar(p: Path) -> bool:
+    """A tar written to its end (tarfile closes one with two zero blocks, padded to whole blocks): one a crash cut
+    short is built again, not uploaded to fail on the board with "Unexpected EOF"."""
+    try:
+        size = p.stat().st_size
+        if size < 1024 or size % 512:
+            return False
+        with open(p, "rb") as fh:
+            fh.seek(size - 1024)
+            return fh.read(1024) == bytes(1024)
+    except OSError:
+        return False

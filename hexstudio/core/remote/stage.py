@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from hexstudio.core.atomic import write_json_atomic
 from hexstudio.core.device.transport import ConnectionLost, SshTransport
 from hexstudio.core.jobs import (
     EventStream,
@@ -482,9 +483,8 @@ class RemoteStageJob(Job):
     def _note_worker(self, pid: int, spec: str | None) -> None:
         """The worker an attempt left on the host when the connection dropped (the host may take minutes to
         notice): the next attempt checks it has ended before it starts another there."""
-        with contextlib.suppress(OSError):
-            self._worker_note.parent.mkdir(parents=True, exist_ok=True)
-            self._worker_note.write_text(json.dumps({"host": self.host, "pid": pid, "spec": spec}))
+        with contextlib.suppress(OSError):  # whole or not at all: a torn note would read as "no worker there"
+            write_json_atomic(self._worker_note, {"host": self.host, "pid": pid, "spec": spec})
 
     async def _earlier_worker_running(self, t: Any) -> JobResult | None:
         """A failed result when the worker an earlier attempt left on this host still runs (a second one would

@@ -69,7 +69,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
     dd.mkdir(parents=True, exist_ok=True)
     reg = _registry(dd)
     reg[args.model] = str(src)
-    (dd / "hexstudio-sim-models.json").write_text(json.dumps(reg, indent=2))
+    # whole or not at all: a torn registry reads as empty, and the next pull would keep only its own model
+    tmp = dd / f".hexstudio-sim-models.json.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(reg, indent=2))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, dd / "hexstudio-sim-models.json")
     print(f"Pulled {args.model} from {src} {SIM_LABEL}: registered, not copied")
     return 0
 
