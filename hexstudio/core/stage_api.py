@@ -101,7 +101,10 @@ class StageContext:
         run_dir = self.manifest.run_dir
         spec_path = spec.write(run_dir / "specs" / f"{name}.json")
         log_path = run_dir / "logs" / f"{name}.jsonl"
-        env = {**(env or worker_env()), WORKER_RUN_ENV: f"{self.manifest.run_id}/{self.stage.name}"}
+        env = {
+            **(env or await worker_env_async()),
+            WORKER_RUN_ENV: f"{self.manifest.run_id}/{self.stage.name}",
+        }
         argv = worker_command(module, spec_path)
         if python is not None:  # another interpreter runs the module itself, from a source or a frozen studio
             argv = [python, "-m", module, "--spec", str(spec_path)]
@@ -186,9 +189,15 @@ async def start_stage_worker(
         on_sample=on_sample,
         log_path=log_path,
         what=what,
-        env={**worker_env(), WORKER_RUN_ENV: f"{m.run_id}/{stage.name}"},
+        env={**await worker_env_async(), WORKER_RUN_ENV: f"{m.run_id}/{stage.name}"},
         memory_need=memory_need,
     )
+
+
+async def worker_env_async() -> dict[str, str]:
+    """worker_env off the event loop: the keyring it reads may block on an unlock prompt (Secret Service), and the
+    studio's window is that loop."""
+    return await asyncio.to_thread(worker_env)
 
 
 def worker_env() -> dict[str, str]:
@@ -222,4 +231,5 @@ __all__ = [
     "start_stage_worker",
     "wait_or_cancel",
     "worker_env",
+    "worker_env_async",
 ]

@@ -76,6 +76,28 @@ def test_a_stages_output_is_on_disk_before_run_json_says_done(
     assert partial in synced and artifacts in synced[synced.index(result) :], synced  # its folder; the rename
 
 
+def test_a_stage_reads_the_keyring_off_the_event_loop(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every worker stage's start read the tokens from the keyring on the event loop, the studio's window: a keyring
+    locked while the user was away froze the window at the next stage until its unlock prompt was answered."""
+    import threading
+
+    from hexstudio.core import stage_api
+
+    threads: list[str] = []
+    real = stage_api.worker_env
+
+    def worker_env() -> dict[str, str]:
+        threads.append(threading.current_thread().name)
+        return real()
+
+    monkeypatch.setattr(stage_api, "worker_env", worker_env)
+    m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
+    assert _run(Pipeline(m, stages=fake_stages()), "model").ok
+    assert threads and "MainThread" not in threads, threads
+
+
 def test_resume_skips_current_stages_and_reruns_changed_ones(workspace: Workspace) -> None:
     m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
     assert _run(Pipeline(m, stages=fake_stages()), "preflight").ok

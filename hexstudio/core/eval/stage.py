@@ -26,7 +26,7 @@ from typing import Any
 from hexstudio.core.eval.render import PromptRenderer
 from hexstudio.core.eval.scoring import LEG_TITLES, parity, score_case, suite_scores
 from hexstudio.core.eval.suites import DEFAULT_SUITES, Suite, SuiteError, load_named
-from hexstudio.core.stage_api import StageContext, StageError, worker_env
+from hexstudio.core.stage_api import StageContext, StageError, worker_env_async
 from hexstudio.shared.journal import append_journal, read_journal
 from hexstudio.shared.run_settings import DEFAULTS
 from hexstudio.shared.worker_spec import EvalCase, EvalWork
@@ -359,7 +359,7 @@ async def _run_htp_leg(ctx: StageContext, plan: Plan, journal: Path, progress: P
         progress,
         part="htp",
         python=libs.python,
-        env=with_workers_on_path(libs.env(worker_env())),
+        env=with_workers_on_path(libs.env(await worker_env_async())),
     )
 
 

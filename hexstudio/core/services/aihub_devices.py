@@ -12,7 +12,7 @@ from pathlib import Path
 from hexstudio.core import logs
 from hexstudio.core.jobs import JobRunner
 from hexstudio.core.services import ServiceError
-from hexstudio.core.stage_api import worker_env
+from hexstudio.core.stage_api import worker_env_async
 from hexstudio.shared.aihub_devices import DEVICES_FILE, DeviceListing, DeviceListingError
 from hexstudio.shared.worker_spec import WorkerSpec
 
@@ -39,7 +39,7 @@ async def list_aihub_devices(timeout_s: float = LISTING_TIMEOUT_S) -> DeviceList
         job = await JobRunner().start_local(
             WORKER,
             spec.write(job_dir / "spec.json"),
-            env=worker_env(),
+            env=await worker_env_async(),
             log_path=log,
             what="The AI Hub device list",
         )
