@@ -10,6 +10,7 @@ import os
 import re
 import secrets as _secrets
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -349,7 +350,10 @@ class Workspace:
             out.append(_summary(d))
         return out
 
-    def delete_run(self, run_id: str) -> None:
+    def delete_run(self, run_id: str, *, background: bool = False) -> None:
+        """The run gone: renamed away under its lock at once (no runner can take it, no list shows it), then its
+        files removed, tens of GB for an 8B run: `background` in a thread of their own (the studio's window is not
+        held meanwhile; the process waits for it before it exits). A delete a crash cut short is finished too."""
         d = self.run_dir(run_id)
         if not (d / "run.json").is_file():
             raise RunNotFound(f"No run '{run_id}' in {self.runs_dir}.")
@@ -359,7 +363,15 @@ class Workspace:
             # renamed first so a half-deleted run never looks like a run
             trash = self.runs_dir / f".deleting-{run_id}-{_secrets.token_hex(2)}"
             d.rename(trash)
-        shutil.rmtree(trash, ignore_errors=True)
+
+        def remove() -> None:
+            for t in self.runs_dir.glob(".deleting-*"):  # this one, and any an earlier crash left
+                shutil.rmtree(t, ignore_errors=True)
+
+        if background:
+            threading.Thread(target=remove, name=f"delete-{run_id}").start()
+        else:
+            remove()
 
 
 def _summary(d: Path) -> RunSummary:

@@ -130,7 +130,7 @@ class RunController(QObject):
                 f"Run {run_id} is working right now: it cannot be deleted.",
                 "Cancel its stage first (Cancel in the job dock), then delete it.",
             )
-        self.workspace.delete_run(run_id)
+        self.workspace.delete_run(run_id, background=True)  # its gigabytes removed off the window's thread
         if self.manifest is not None and self.manifest.run_id == run_id:
             self.manifest = None
         self.runChanged.emit()

@@ -277,3 +277,50 @@ def test_runs_dialog_opens_and_deletes(
     c.delete_run(b.run_id)
     d.reload()
     assert d.table.rowCount() == 1 and not b.run_dir.exists()
+
+
+def test_compare_and_delete_leave_the_window_free(
+    qtbot: Any, gui_loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compare built each run's report (its logs read whole: megabytes after a long quantize) and Delete removed
+    tens of GB, both on the window's thread. The reports are built in a thread now, the button saying so, and the
+    files are removed in a thread once the run is renamed away (a delete a crash cut short is finished too)."""
+    import threading
+
+    from hexstudio.core.reports import collect
+    from hexstudio.ui.dialogs.runs import RunsDialog
+    from tests.gui.test_compare import _runs
+
+    a, b, _c = _runs(tmp_path / "ws")  # runs with stages to set side by side
+    c, w = studio_window(qtbot, tmp_path / "ws")
+    d = RunsDialog(c, w)
+    qtbot.addWidget(d)
+    built_on: list[str] = []
+    real = collect.build_report
+
+    def build_report(*args: Any, **kw: Any) -> Any:
+        built_on.append(threading.current_thread().name)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(collect, "build_report", build_report)
+    d.table.selectAll()
+    fut = d.compare_selected()
+    assert fut is not None and d.compare_button.text() == "Comparing…" and not d.compare_button.isEnabled()
+    gui_loop.run_until_complete(fut)
+    from PySide6.QtWidgets import QMessageBox
+
+    box = d.findChild(QMessageBox, "error_box")
+    assert box is None or not box.isVisible(), box.text() + box.detailedText()
+    assert len(built_on) == 3 and "MainThread" not in built_on
+    assert (
+        d.compare_dialog is not None
+        and d.compare_button.text() == "Compare…"
+        and d.compare_button.isEnabled()
+    )
+    d.compare_dialog.close()
+    left = c.workspace.runs_dir / ".deleting-crashed-0000"  # an earlier delete the studio's crash cut short
+    (left / "artifacts").mkdir(parents=True)
+    c.delete_run(b.run_id)
+    assert not b.run_dir.exists()  # gone from the list at once
+    qtbot.waitUntil(lambda: not list(c.workspace.runs_dir.glob(".deleting-*")), timeout=10000)
+    assert b.run_id not in [r.run_id for r in c.list_runs()] and a.run_id in [r.run_id for r in c.list_runs()]

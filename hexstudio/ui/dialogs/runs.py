@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -238,17 +239,29 @@ class RunsDialog(QDialog):
 
         return compare_html(compare_reports(self.comparison_reports(runs)))
 
-    def compare_selected(self) -> None:
-        from hexstudio.ui.compare import CompareDialog
-
+    def compare_selected(self) -> asyncio.Future[None] | None:
+        """The runs' reports built in a thread (each reads its run's logs: megabytes for a long quantize, and the
+        keyring for what to scrub), then set side by side; the button waits meanwhile."""
         runs = self.selected_runs()
         if len(runs) < 2:
-            return
+            return None
+        self.compare_button.setEnabled(False)
+        self.compare_button.setText("Comparing…")
+        self._comparing = asyncio.ensure_future(self._compare(runs))
+        return self._comparing
+
+    async def _compare(self, runs: list[str]) -> None:
+        from hexstudio.ui.compare import CompareDialog
+
         try:
-            d = CompareDialog(self.comparison_reports(runs), self)
+            reports = await asyncio.to_thread(self.comparison_reports, runs)
+            d = CompareDialog(reports, self)
         except Exception as exc:
             show_error(self, "Compare runs", f"The runs could not be compared: {exc}", exc=exc)
             return
+        finally:
+            self.compare_button.setText("Compare…")
+            self._selection_changed()
         self.compare_dialog = d
         d.show()
 
