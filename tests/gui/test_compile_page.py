@@ -52,7 +52,7 @@ def test_device_picker_lists_aihub_devices_live(
     page: Any = w.pages["compile"]
     assert page.device_combo.currentText() == "Dragonwing IQ-9075 EVK"  # offline list, the EVK first
     assert page.token_edit.echoMode() == page.token_edit.EchoMode.Password
-    assert "No AI Hub token" in page.token_state.text()
+    qtbot.waitUntil(lambda: "No AI Hub token" in page.token_state.text(), timeout=3000)  # read once shown
     # a token in the qai_hub client's own file is one the Compile stage uses: the page says so (as the CLI does)
     ini = tmp_path / "home" / ".qai_hub" / "client.ini"
     ini.parent.mkdir(parents=True)
@@ -193,3 +193,37 @@ def test_recorded_device_list_through_the_shared_reader(tmp_path: Path) -> None:
         with pytest.raises(DeviceListingError) as e:
             DeviceListing.read(path)
         assert why in str(e.value), (bad, str(e.value))
+
+
+def test_the_token_is_looked_for_off_the_window_thread(
+    qtbot: Any, tmp_path: Path, gui_loop: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Compile page read the keyring on the window's thread when it was built (before the window appeared) and
+    on every visit: a locked Secret Service keyring held the studio at its unlock prompt."""
+    import threading
+
+    from hexstudio.core.runs import Workspace
+    from hexstudio.core.services import aihub_token
+    from hexstudio.ui.controller import RunController
+    from hexstudio.ui.main_window import MainWindow
+
+    looked: list[str] = []
+    real = aihub_token.token_status
+
+    def token_status() -> dict[str, Any]:
+        looked.append(threading.current_thread().name)
+        return real()
+
+    monkeypatch.setattr(aihub_token, "token_status", token_status)
+    w = MainWindow(RunController(Workspace(tmp_path / "ws")))
+    qtbot.addWidget(w)
+    page: Any = w.pages["compile"]
+    assert looked == [] and "Looking for" in page.token_state.text()  # not while the window is built
+
+    async def shown() -> None:
+        page._show_token_state()  # as showEvent does, the loop running
+        assert page._token_task is not None
+        await page._token_task
+
+    gui_loop.run_until_complete(shown())
+    assert looked and looked[-1] != "MainThread" and "token" in page.token_state.text().lower()

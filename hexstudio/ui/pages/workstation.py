@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QUrl
+from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QShowEvent
 from PySide6.QtWidgets import (
     QComboBox,
@@ -501,7 +501,11 @@ class CompilePage(StagePage):
         self.inputs_layout.addWidget(self.devices_table)
         self.devices: tuple[AihubDevice, ...] = offline_listing().devices
         self.devices_table.set_rows([device_row(d) for d in self.devices])
-        self._show_token_state()
+        self._token_task: asyncio.Future[None] | None = None
+        self.token_state.setText("Looking for an AI Hub token…")
+        QTimer.singleShot(
+            0, self._show_token_state
+        )  # once the window runs: the keyring may ask to be unlocked
         self.bundle_label = QLabel()
         self.bundle_label.setWordWrap(True)
         self.results_layout.insertWidget(1, self.bundle_label)
@@ -528,10 +532,26 @@ class CompilePage(StagePage):
 
     def _show_token_state(self) -> None:
         """Where the Compile stage would find a token (keyring, environment or the qai_hub client.ini), as
-        `hexstudio aihub status` says it."""
-        from hexstudio.core.services.aihub_token import describe, token_status
+        `hexstudio aihub status` says it: read in a thread while the studio's loop runs (a Secret Service keyring
+        may block on its unlock prompt, and the loop is the window)."""
+        from hexstudio.core.services.aihub_token import token_status
 
-        st = token_status()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop running (the page built by a test): read here
+            self._say_token_state(token_status())
+            return
+        if self._token_task is None or self._token_task.done():
+            self._token_task = asyncio.ensure_future(self._check_token())
+
+    async def _check_token(self) -> None:
+        from hexstudio.core.services.aihub_token import token_status
+
+        self._say_token_state(await asyncio.to_thread(token_status))
+
+    def _say_token_state(self, st: dict[str, Any]) -> None:
+        from hexstudio.core.services.aihub_token import describe
+
         if st["keyring_error"] and not st["found"]:
             self.token_state.setText(
                 f"<span style='color:{STATUS_COLORS['fail']}'>{html.escape(st['keyring_error'])}</span>"
