@@ -125,6 +125,8 @@ def request(setup: SessionSetup | None = None, max_tokens: int = 32) -> SessionR
 
 def controller(run: Path | None, board: Board, sent: SentWith | None = None) -> ChatController:
     c = ChatController(ChatHooks(sent_with=lambda: sent or SentWith()), connect=board.connect)
+    if run is not None:
+        run.mkdir(parents=True, exist_ok=True)  # a run's folder (a deleted one gets no conversation saved)
     c.sync_run(run, busy=False)
     return c
 
@@ -417,6 +419,7 @@ def test_regenerate_after_a_message_that_did_not_fit_asks_that_message_again(tmp
 
 def test_choosing_a_version_continues_from_it(tmp_path: Path) -> None:
     run = tmp_path / "run"
+    run.mkdir()
     store = ChatStore(run)
     rec = store.new(template="auto", system="")
     rec.turns = [
@@ -477,6 +480,7 @@ def test_a_run_that_cannot_keep_the_conversation_says_so(
 ) -> None:
     failed: list[OSError] = []
     c = ChatController(ChatHooks(save_failed=failed.append))
+    (tmp_path / "run").mkdir()
     c.sync_run(tmp_path / "run", busy=False)
 
     def refuse(*_a: Any) -> None:
@@ -648,3 +652,44 @@ def test_an_unexpected_fault_is_a_failed_turn_that_says_so_and_the_session_goes(
     assert out.notice.hint and "log" in out.notice.hint
     assert back.shown == "echo: again" and len(board.opened) == 2 and board.opened[0].closed
     assert [(t["state"], t["error"]) for t in stored(run, c)["turns"]][1] == ("failed", "KeyError: 'n_past'")
+
+
+def test_a_long_chat_is_fitted_with_a_dozen_renders_not_one_per_turn_dropped() -> None:
+    """The context meter dropped the oldest turn one at a time and rendered and counted the whole chat again each
+    time: a 300-turn chat on a 4,096 context took hundreds of renders on every keystroke of the reply budget and
+    every send, on the window's thread. The same turns are kept, found by halving."""
+    from hexstudio.core.genie.conversation import Conversation
+    from hexstudio.core.services.chat import context_use
+
+    conv = Conversation(template="plain")
+    conv.context_length = 4096
+    counted: list[int] = []
+
+    def count(text: str) -> int:
+        counted.append(1)
+        return len(text.split())
+
+    conv.count_tokens = count
+    for i in range(300):
+        t = conv.add(f"question {i} " + "w " * 20)
+        t.reply, t.state = "answer " + "w " * 20, "complete"
+
+    def linear(
+        budget: int, user: str = ""
+    ) -> int:  # what the loop kept: the fewest oldest turns dropped to fit
+        history = [t for t in conv.turns if t.state == "complete"]
+        k = 0
+        while k < len(history) and len(conv._render(history[k:], user).split()) > budget:
+            k += 1
+        return k
+
+    for reply in (64, 1000, 4000, 4095):
+        counted.clear()
+        use = context_use(conv, reply)
+        assert len(counted) <= 12, len(counted)
+        assert use.dropped == linear(max(4096 - reply, 1)), reply
+        assert use.used <= max(4096 - reply, 1) or not use.kept
+    counted.clear()
+    prompt = conv.prompt_for("next")
+    assert len(counted) <= 12 and prompt.endswith("next")
+    assert conv.dropped_turns == linear(4096 - conv.max_reply_tokens, "next") > 0

@@ -94,19 +94,36 @@ class Conversation:
         parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
         return "".join(parts) + suffix
 
+    def fewest_dropped(self, history: list[Turn], user: str, budget: int) -> tuple[int, str, int]:
+        """(how many of the oldest turns go, the prompt without them, its tokens): the fewest that bring it within
+        `budget`, all of them when none do. A binary search (fewer turns never render longer): a long chat is
+        rendered and counted a dozen times, not once per turn dropped (seconds, on every keystroke of the reply
+        budget and every send)."""
+        lo, hi = 0, len(history)  # the answer is in [lo, hi]; `hi` turns dropped is the last resort
+        known: dict[int, tuple[str, int]] = {}
+
+        def fit(k: int) -> tuple[str, int]:
+            if k not in known:
+                text = self._render(history[k:], user)
+                known[k] = (text, self.count_tokens(text))
+            return known[k]
+
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fit(mid)[1] <= budget:
+                hi = mid
+            else:
+                lo = mid + 1
+        return (lo, *fit(lo))
+
     def prompt_for(self, user: str) -> str:
         """The prompt for the next turn; drops the oldest complete turns until it fits."""
         history = [t for t in self.turns if t.state == "complete"]
         budget = self.context_length - self.max_reply_tokens
-        dropped = 0
-        text = self._render(history, user)
-        while history and self.count_tokens(text) > budget:
-            history = history[1:]
-            dropped += 1
-            text = self._render(history, user)
-        if self.count_tokens(text) > budget:
+        dropped, text, tokens = self.fewest_dropped(history, user, budget)
+        if tokens > budget:
             raise ValueError(
-                f"This message alone is about {self.count_tokens(text)} tokens; with a reply budget of "
+                f"This message alone is about {tokens} tokens; with a reply budget of "
                 f"{self.max_reply_tokens} it does not fit in the context length "
                 f"({self.context_length}). Shorten it or start a new chat."
             )

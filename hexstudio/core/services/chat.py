@@ -148,11 +148,11 @@ def context_use(conv: Conversation, reply_tokens: int) -> ContextUse:
     history = [t for t in conv.turns if t.state == "complete"]
     total = max(int(conv.context_length), 1)
     budget = max(total - reply_tokens, 1)
-    kept = list(history)
-    used = conv.count_tokens(conv._render(kept, "")) if kept else 0
-    while kept and used > budget:
-        kept = kept[1:]
-        used = conv.count_tokens(conv._render(kept, "")) if kept else 0
+    if not history:
+        return ContextUse(total=total, reply=reply_tokens, used=0, history=history, kept=[])
+    dropped, _text, used = conv.fewest_dropped(history, "", budget)
+    kept = history[dropped:]
+    used = used if kept else 0
     return ContextUse(total=total, reply=reply_tokens, used=used, history=history, kept=kept)
 
 
