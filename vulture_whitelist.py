@@ -105,6 +105,7 @@ _._polling_interval  # hexstudio/workers/aihub.py (qai_hub client)
 _.MAX_RETRIES
 _.BACKOFF_FACTOR
 _.encoding_version  # hexstudio/workers/quant/partwise.py (aimet_onnx quantsim module)
+_.use_symmetric_encodings  # hexstudio/workers/quant/aimet_compat.py (an aimet_onnx quantizer property setter)
 _.disconnected  # hexstudio/serve/server.py (uvicorn's RequestResponseCycle)
 _.should_exit  # hexstudio/serve/server.py (uvicorn.Server)
 _.force_exit
