@@ -30,9 +30,14 @@ def done_keys(path: Path) -> set[tuple[str, str]]:
 
 
 def append_journal(path: Path, doc: dict[str, Any]) -> None:
-    """One record, on disk before this returns (a kill after it loses nothing). After a torn last line (a crash
-    mid-write) the record starts on a line of its own, so only the torn one is lost, never this one."""
+    """One record, on disk before this returns (a kill after it loses nothing), its folder made where needed."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    append_line(path, doc)
+
+
+def append_line(path: Path, doc: dict[str, Any]) -> None:
+    """One record, on disk before this returns. After a torn last line (a crash or a full disk mid-write) the record
+    starts on a line of its own, so only the torn one is lost, never this one."""
     line = (json.dumps(doc, ensure_ascii=False) + "\n").encode("utf-8")
     with open(path, "a+b") as f:
         if f.seek(0, os.SEEK_END) > 0:

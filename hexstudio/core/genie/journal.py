@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hexstudio.core.manifest import now_iso
+from hexstudio.shared.journal import append_line
 
 if TYPE_CHECKING:
     from hexstudio.core.genie.session import ChatSession, TurnResult
@@ -38,11 +39,8 @@ class ChatJournal:
         self.failed = False  # a write failed: the journal misses turns (logged once)
 
     def _append(self, doc: dict[str, Any]) -> None:
-        try:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(doc, ensure_ascii=False) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+        try:  # never in a folder made again: a run deleted meanwhile keeps no chat
+            append_line(self.path, doc)
         except (
             OSError
         ) as exc:  # the disk filled or the folder went: the reply stands, the journal says it once
