@@ -123,6 +123,10 @@ def cmd_write_wslconfig(args: argparse.Namespace) -> int:
         raise CliError(msg, hint)
     try:
         backup = wslconfig.write(pl)
+    except wslconfig.ChangedMeanwhile as exc:
+        raise CliError(
+            str(exc), "Run the command again: it plans the change from the file as it is now."
+        ) from None
     except OSError as exc:
         raise CliError(
             f"Cannot write {pl.path}: {exc.strerror or exc}.",

@@ -268,15 +268,31 @@ def backup_path(path: Path, now: float | None = None) -> Path:
     return cand
 
 
+class ChangedMeanwhile(Exception):
+    """The file is not what the plan was made from: someone edited it while the change was shown."""
+
+
 def write(p: Plan, now: float | None = None) -> Path | None:
     """Back the old file up (when there is one), then replace it atomically. Returns the backup's path.
-    Does nothing when the plan changes nothing."""
+    Does nothing when the plan changes nothing. ChangedMeanwhile, nothing written, when the file is not what the
+    plan was made from (the user edited it in Notepad while the diff was shown: their edit is not undone)."""
     if not p.changed:
         return None
+    try:
+        held: bytes | None = p.path.read_bytes()
+    except FileNotFoundError:
+        held = None
+    if (held is not None) != p.exists or (held is not None and Text.decode(held).text != p.old_text):
+        raise ChangedMeanwhile(
+            f"{p.path} changed since this change was planned (edited meanwhile?): nothing was written."
+        )
     backup = None
-    if p.exists:
+    if held is not None:
         backup = backup_path(p.path, now)
-        shutil.copyfile(p.path, backup)
+        with open(backup, "wb") as fh:  # on disk before the file it keeps is replaced
+            fh.write(held)
+            fh.flush()
+            os.fsync(fh.fileno())
     data = p.fmt.encode(p.new_text)
     tmp = p.path.with_name(f".{p.path.name}.hexstudio.tmp")
     with open(tmp, "wb") as fh:

@@ -273,3 +273,21 @@ def test_the_question_on_a_terminal_stays_out_of_the_json(
     from hexstudio.core.device.connect import DEFAULT_PROMPTS
 
     assert DEFAULT_PROMPTS.passphrase is None and DEFAULT_PROMPTS.offer_known_hosts is None
+
+
+def test_an_edit_made_while_the_change_was_shown_is_not_undone(home: Path) -> None:
+    """The plan was made when the Fix… dialog opened and written when the user agreed, without reading the file
+    again: an edit made in Notepad meanwhile (the dialog points there) was replaced, kept only in the backup."""
+    cfg = home / ".wslconfig"
+    cfg.write_bytes(USER_FILE.encode())
+    pl = wslconfig.plan(cfg, 176, 96)
+    edited = USER_FILE.replace("guiApplications=true", "guiApplications=false")
+    cfg.write_bytes(edited.encode())  # the user's own edit, meanwhile
+    with pytest.raises(wslconfig.ChangedMeanwhile, match="changed since this change was planned"):
+        wslconfig.write(pl, now=0)
+    assert cfg.read_bytes().decode() == edited and backups(home) == []
+    cfg.unlink()  # removed meanwhile: the plan said it was there
+    with pytest.raises(wslconfig.ChangedMeanwhile):
+        wslconfig.write(pl, now=0)
+    again = wslconfig.plan(cfg, 176, 96)  # planned again from the file as it is: written
+    assert wslconfig.write(again, now=0) is None and "memory=176GB" in cfg.read_text()

@@ -282,7 +282,12 @@ class PreflightPage(StagePage):
             return FixDialog(f"Fix: {check['id']}", f"{text}\n\n{plan.path} already has these limits.", self)
 
         def write() -> str:
-            backup = wslconfig.write(plan)
+            try:
+                backup = wslconfig.write(plan)
+            except wslconfig.ChangedMeanwhile as exc:
+                raise wslconfig.ChangedMeanwhile(
+                    f"{exc} Close this and press Fix… again to see the change from the file as it is now."
+                ) from None
             kept = f" (the old file is kept as {backup})" if backup else ""
             return (
                 f"Wrote {plan.path}{kept}. Now close HexStudio, run <b>wsl --shutdown</b> in Windows "
