@@ -256,3 +256,25 @@ def test_geniex_chat_template_and_repl(sim_workspace: SimWorkspace, tmp_path: Pa
     assert "Commands:" in out and "/clear" in out and "Clear the screen and conversation history" in out
     assert "> What is the capital of France?" in out and "first token" in out
     assert "Unknown command: /foo" in out and "\033[H\033[2J" in out and "never asked" not in out
+
+
+def test_geniex_metadata_is_made_again_when_the_bundle_changed(sim_workspace: SimWorkspace) -> None:
+    """metadata.json was trusted for being there: one left by an earlier push of the run's folder (a recompile with
+    other parts or binaries; push never removes files) or cut short on the board made GenieX load the wrong graph
+    specs, and no command wrote it again. It is derived each time, and written only when it differs."""
+    from hexstudio.core.genie.runtime import GenieX
+
+    meta = _bundle_local(sim_workspace) / "metadata.json"
+
+    async def prepare() -> list[str]:
+        return await GenieX().prepare(sim_board(sim_workspace.root), sim_workspace.remote_bundle)
+
+    asyncio.run(prepare())
+    good = meta.read_bytes()
+    assert asyncio.run(prepare()) == [] and meta.read_bytes() == good  # unchanged: nothing written
+    meta.write_text('{"model_id": "an earlier compile", "model_files": []}')  # stale
+    notes = asyncio.run(prepare())
+    assert notes and "wrote" in notes[0] and meta.read_bytes() == good
+    meta.write_bytes(b"")  # cut short on the board
+    asyncio.run(prepare())
+    assert meta.read_bytes() == good

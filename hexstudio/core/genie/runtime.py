@@ -236,10 +236,9 @@ class GenieX(BoardRuntime):
                 "Chat through Genie instead (set the board's runtime to genie: the same bundle, no re-push), or "
                 "compile an instruct model whose tokenizer_config.json carries a chat_template.",
             )
+        # made again each time from the bundle as it is (three small files): one left by an earlier push of this run's
+        # folder (a recompile with other binaries or parts) or cut short on the board would load the wrong graphs
         meta = posixpath.join(bundle_dir, "metadata.json")
-        if await t.exists(meta):
-            return []
-
         with tempfile.TemporaryDirectory(prefix="hexstudio-geniex-") as tmp:
             local = Path(tmp)
             for name in ("genie_config.json", "metadata.yaml", "config.json"):
@@ -257,7 +256,10 @@ class GenieX(BoardRuntime):
                 doc = geniex_metadata(local)
             except GenieXMetadataError as exc:
                 raise RuntimeError_(exc.message, exc.hint) from None
-        await t.write_bytes(meta, json.dumps(doc, indent=1).encode("utf-8"))
+        data = json.dumps(doc, indent=1).encode("utf-8")
+        if await t.exists(meta) and await t.read_bytes(meta) == data:
+            return []
+        await t.write_bytes(meta, data)
         return [
             f"wrote {meta} for GenieX (model_id {doc['model_id']}, from the bundle's {doc['graph_specs_from']})"
         ]
