@@ -320,3 +320,29 @@ def test_quitting_while_the_model_loads_cancels_the_turn(
     finally:
         app.setQuitOnLastWindowClosed(True)
     assert events == ["cancelled", "closed"] and not chat.busy_chat
+
+
+def test_the_report_preview_is_laid_out_once_per_report(
+    qtbot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every page refreshes at each stage's start and end (twice at the end), hidden ones too: the Report page read
+    and laid out its report (up to a megabyte with every chat turn) each time, on the window's thread."""
+    import time
+
+    c, w = studio_window(qtbot, tmp_path / "ws", (1280, 720))
+    m = c.new_run("builtin:tiny-llama")
+    w.open_run(m.run_id)
+    page: Any = w.pages["report"]
+    laid: list[int] = []
+    real = page.preview.setHtml
+    monkeypatch.setattr(page.preview, "setHtml", lambda h: (laid.append(1), real(h)))
+    monkeypatch.setattr(page, "html_path", lambda: tmp_path / "report.html")
+    (tmp_path / "report.html").write_text("<h1>tiny-llama report</h1>")
+    page.refresh_results()
+    page.refresh_results()
+    page.refresh_results()
+    assert len(laid) == 1 and "tiny-llama report" in page.preview.toPlainText()
+    time.sleep(0.01)
+    (tmp_path / "report.html").write_text("<h1>tiny-llama report, again</h1>")  # a new report: shown
+    page.refresh_results()
+    assert len(laid) == 2 and "again" in page.preview.toPlainText()

@@ -71,6 +71,9 @@ class ReportPage(StagePage):
         self.transient_labels.append(self.export_message)
         self.inputs_layout.addWidget(self.export_message)
         self.preview = QTextBrowser()
+        self._shown: tuple[str, int, int] | None = (
+            None  # the report file the preview holds (path, mtime, size)
+        )
         self.preview.setObjectName("report_preview")
         self.preview.setMinimumHeight(420)
         paper(self.preview)  # the report is styled for a white page: readable in a dark palette too
@@ -145,8 +148,17 @@ class ReportPage(StagePage):
             b.setEnabled(self.c.manifest is not None)
         self.open_button.setEnabled(p is not None)
         if p is None:
+            self._shown = None
             self.preview.setHtml("<p>Run the Report stage (or export) to see the report here.</p>")
             return
+        try:
+            st = p.stat()
+            shown = (str(p), st.st_mtime_ns, st.st_size)
+        except OSError:
+            shown = None
+        if shown is not None and shown == self._shown:
+            return  # every page refreshes at each stage's start and end: a report of a megabyte is laid out once
+        self._shown = shown
         text = p.read_text(encoding="utf-8", errors="replace")
         # the preview widget cannot draw SVG plots: say so where they are (the exported file has them)
         self.preview.setHtml(_SVG.sub("<p><i>[plot: open the report in a browser to see it]</i></p>", text))
