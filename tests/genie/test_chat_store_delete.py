@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from hexstudio.core.genie.chat_store import ChatStore
 
@@ -45,3 +46,25 @@ def test_a_deleted_run_is_not_made_again_by_its_open_chat(tmp_path: Path) -> Non
     with pytest.raises(FileNotFoundError):
         store.save_settings({})
     assert not run.exists()
+
+
+def test_journals_imported_already_are_not_read_again(tmp_path: Path, monkeypatch: Any) -> None:
+    """The conversation list is read again at each message's start and end: every chat journal of the run was
+    parsed each time, megabytes for a run chatted with a lot, though those imported already were then passed over."""
+    from hexstudio.core.genie import journal
+
+    run = tmp_path / "run"
+    (run / "chats").mkdir(parents=True)
+    (run / "chats" / "20261129-120000-1-0001.jsonl").write_text(
+        json.dumps({"type": "session", "board": "sim"})
+        + "\n"
+        + json.dumps({"type": "turn", "user": "hi"})
+        + "\n"
+    )
+    read: list[str] = []
+    real = journal._lines
+    monkeypatch.setattr(journal, "_lines", lambda p: (read.append(p.name), real(p))[1])
+    store = ChatStore(run)
+    assert [r.title for r in store.conversations()] == ["hi"] and read == ["20261129-120000-1-0001.jsonl"]
+    read.clear()
+    assert [r.title for r in store.conversations()] == ["hi"] and read == []

@@ -222,9 +222,7 @@ class ChatStore:
                             ],
                         )
                     )
-        for j in read_journals(self.run_dir):
-            if j["id"] in known:
-                continue
+        for j in read_journals(self.run_dir, skip=known):  # those imported already are not parsed again
             head = j.get("session") or {}
             turns = [
                 ChatTurn(

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,12 +95,14 @@ def _lines(path: Path) -> Iterator[dict[str, Any]]:
             yield doc
 
 
-def read_journals(run_dir: Path) -> list[dict[str, Any]]:
+def read_journals(run_dir: Path, skip: Collection[str] = ()) -> list[dict[str, Any]]:
     """Every chat session of a run, oldest first: {"session": {...}, "turns": [...]}; sessions with no turn
-    are left out."""
+    are left out, and those named in `skip` are not read at all."""
     out = []
     folder = run_dir / CHATS_DIR
     for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
+        if path.stem in skip:
+            continue
         header: dict[str, Any] = {}
         turns = []
         for doc in _lines(path):
