@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import sys
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ from hexstudio.cli.ssh import (
 from hexstudio.core.device.board import Board
 from hexstudio.core.device.errors import BoardError, SudoRefused
 from hexstudio.core.device.verify import default_remote_name
+from hexstudio.core.runs import RunBusy, RunLock
 from hexstudio.core.secrets import (
     board_password_key,
     board_secret_names,
@@ -421,7 +423,18 @@ def cmd_push(args: argparse.Namespace) -> int:
             "resent": r.resent,
         }
 
-    doc = _on_board(args, go)
+    # a run's bundle: pushed under the run's lock, as its Board stage pushes it (two pushes of one file write into
+    # one .part; a Compile that runs again replaces the folder under the push)
+    run_dir = next((p for p in args.bundle_dir.resolve().parents if (p / "run.json").is_file()), None)
+    try:
+        with RunLock(run_dir) if run_dir is not None else contextlib.nullcontext():
+            doc = _on_board(args, go)
+    except RunBusy as exc:
+        raise CliError(
+            f"Run {exc.run_id} is working (PID {exc.pid or '?'}): its bundle is not pushed while the run may be "
+            "pushing or compiling it.",
+            "Wait for the run's stage to end (or cancel it), then push again; unchanged files are skipped.",
+        ) from None
     if args.json:
         print_json(doc)
     else:

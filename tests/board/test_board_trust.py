@@ -165,3 +165,23 @@ def test_a_runs_bundle_given_with_bundle_goes_under_its_run_id(tmp_path: Path) -
 
     assert Path(asyncio.run(session())) == pushed and pushed.name == run_dir.name
     assert not (pushed.parent / "bundle").exists()
+
+
+def test_a_runs_bundle_is_not_pushed_while_the_run_works(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hexstudio board push` of a run's bundle took no run lock: beside the run's own Board stage both wrote into one
+    .part of each file, and a Compile run again replaced the folder under the push."""
+    from hexstudio.cli.main import main as cli
+    from hexstudio.core.runs import RunLock, Workspace
+
+    ws = tmp_path / "ws"
+    monkeypatch.setenv("HEXSTUDIO_WORKSPACE", str(ws))  # the simulator board lives in the workspace
+    m = Workspace(ws).create_run("builtin:tiny-llama", "sim")
+    bundle = m.run_dir / "artifacts" / "compile" / "bundle"
+    bundle.mkdir(parents=True)
+    (bundle / "bundle.json").write_text('{"files": []}')
+    with RunLock(m.run_dir):  # the run's own stage, pushing or compiling
+        rc = cli(["board", "push", "sim", str(bundle)])
+    err = capsys.readouterr().err
+    assert rc != 0 and f"Run {m.run_id} is working" in err and "push again" in err, err
