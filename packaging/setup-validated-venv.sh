@@ -11,6 +11,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:-$root/.venv-validated}
+# shellcheck source=packaging/venv_check.sh
+. "$root/packaging/venv_check.sh"
+refuse_non_venv "$venv"  # the folder is removed and made again below: never one that is not a venv
 recipe="$root/hexstudio/shared/data/recipes/validated.txt"
 
 find_python310() {

@@ -8,6 +8,9 @@ py=${PYTHON:-python3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cons="$root/packaging/constraints/dev.txt"
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+# shellcheck source=packaging/venv_check.sh
+. "$root/packaging/venv_check.sh"
+refuse_non_venv "$venv"  # what follows may remove the folder: never one that is not a venv
 # a venv whose creation failed half-way (no python3.X-venv: ensurepip missing) has bin/python but no pip;
 # made again, not reused, once the missing package is installed
 if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
@@ -16,8 +19,6 @@ if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -m pip --version >/dev/null
 fi
 # a venv that does not run from where it is: its Python is gone (upgraded, removed), or the folder was moved (its
 # scripts still name the old place and exit 127); made again, never trusted
-# shellcheck source=packaging/venv_check.sh
-. "$root/packaging/venv_check.sh"
 if [ -e "$venv" ] && ! venv_runs_here "$venv" pip; then
     echo "==> $venv does not run from here (its Python is gone or the folder was moved): making it again"
     rm -rf "$venv"

@@ -30,3 +30,14 @@ venv_runs_here() {
     [ -x "$py" ] || return 1
     [ "$(cd "$(dirname "$py")" 2>/dev/null && pwd -P)" = "$(cd "$v/bin" && pwd -P)" ]
 }
+
+# refuse_non_venv VENV: stop, saying so, when VENV is a folder with something in it but no pyvenv.cfg (a home folder,
+# a project given by mistake): the setup scripts remove and make again the folder they are given, and must never
+# remove one that is not a virtual environment
+refuse_non_venv() {
+    if [ -d "$1" ] && [ ! -f "$1/pyvenv.cfg" ] && [ -n "$(ls -A "$1" 2>/dev/null)" ]; then
+        echo "error: $1 is a folder that is not a Python virtual environment (no pyvenv.cfg): it is left as it is." >&2
+        echo "  what to do: give the path of a new folder (or of an existing virtual environment) instead." >&2
+        exit 2
+    fi
+}

@@ -16,6 +16,12 @@ def _fake(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
+def _fake_venv(venv: Path, body: str) -> None:
+    """A virtual environment's bin/python (and its pyvenv.cfg, which `python -m venv` writes first)."""
+    _fake(venv / "bin" / "python", body)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+
+
 def _setup_venv(venv: Path, python: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(ROOT / "packaging" / "setup-venv.sh"), str(venv)],
@@ -32,7 +38,7 @@ def test_a_venv_left_without_pip_is_made_again_and_a_failed_creation_says_what_t
     """The venv was skipped because bin/python existed, and every later run failed with "No module named pip",
     with nothing saying to delete it."""
     venv = tmp_path / ".venv"
-    _fake(venv / "bin" / "python", 'echo "No module named pip" >&2; exit 1')
+    _fake_venv(venv, 'echo "No module named pip" >&2; exit 1')
     # a Python whose venv module fails as it does without python3.X-venv
     py = tmp_path / "python3"
     _fake(
@@ -49,7 +55,7 @@ def test_a_venv_that_does_not_run_from_here_is_made_again(tmp_path: Path) -> Non
     """A checkout moved elsewhere (or a Python removed) left .venv's scripts naming a place that is gone: every
     `./dev` command exited 127, and nothing made the venv again."""
     venv = tmp_path / ".venv"
-    _fake(venv / "bin" / "python", "exit 0")  # runs, and has pip
+    _fake_venv(venv, "exit 0")  # runs, and has pip
     (venv / "bin" / "pip").write_text("#!/old/checkout/.venv/bin/python\n")
     py = tmp_path / "python3"
     _fake(py, 'echo "ensurepip is not available" >&2; exit 1')
@@ -66,7 +72,7 @@ def _validated_setup(tmp_path: Path, pip_error: str) -> subprocess.CompletedProc
     _fake(
         py310,
         'if [ "$1" = -c ]; then case "$2" in *print*) echo "$0";; esac; exit 0; fi\n'
-        f'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin"; cp {venv_py} "$3/bin/python"; exit 0; fi\n'
+        f'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin"; touch "$3/pyvenv.cfg"; cp {venv_py} "$3/bin/python"; exit 0; fi\n'
         "exit 1",
     )
     return subprocess.run(
@@ -94,15 +100,15 @@ def test_a_venv_in_a_folder_with_a_space_or_behind_a_symlink_is_kept(tmp_path: P
     `#!/bin/sh` + `exec "..."` form for a path with a space, and a checkout reached through a symlink names its
     real path there; both working venvs were deleted and installed again on every run."""
     spaced = tmp_path / "my projects" / ".venv"
-    _fake(spaced / "bin" / "python", "exit 0")
+    _fake_venv(spaced, "exit 0")
     (spaced / "bin" / "pip").write_text(f"#!/bin/sh\n'''exec' \"{spaced}/bin/python\" \"$0\" \"$@\"\n' '''\n")
     real = tmp_path / "data" / "src" / ".venv"
-    _fake(real / "bin" / "python", "exit 0")
+    _fake_venv(real, "exit 0")
     (real / "bin" / "pip").write_text(f"#!{real}/bin/python\n")
     (tmp_path / "src").symlink_to(real.parent)
     # a path too long for a #! line: the same form, the path without quotes
     long = tmp_path / ("x" * 120) / ".venv"
-    _fake(long / "bin" / "python", "exit 0")
+    _fake_venv(long, "exit 0")
     sh_form = "#!/bin/sh\n" + "'''exec' " + f"{long}/bin/python" + ' "$0" "$@"\n' + "' '''\n"
     (long / "bin" / "pip").write_text(sh_form)
     for venv in (spaced, tmp_path / "src" / ".venv", long):
@@ -111,3 +117,20 @@ def test_a_venv_in_a_folder_with_a_space_or_behind_a_symlink_is_kept(tmp_path: P
             venv,
             r.stdout,
         )
+
+
+def test_a_folder_that_is_no_venv_is_never_removed(tmp_path: Path) -> None:
+    """`setup-venv.sh ~/projects` (a folder given by mistake) took it for a broken venv and removed it with
+    everything in it; the validated tier's script removed any folder whose stamp did not match."""
+    folder = tmp_path / "projects"
+    (folder / "mine").mkdir(parents=True)
+    (folder / "notes.txt").write_text("keep me")
+    for script in ("setup-venv.sh", "setup-validated-venv.sh"):
+        r = subprocess.run(
+            ["bash", str(ROOT / "packaging" / script), str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 2 and "not a Python virtual environment" in r.stderr, (script, r.stderr)
+        assert (folder / "notes.txt").read_text() == "keep me" and (folder / "mine").is_dir()
