@@ -149,7 +149,7 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     if main is not None:  # SIGTERM (systemctl stop) before serving ends it as Ctrl-C does: everything closed
-        loop.add_signal_handler(signal.SIGTERM, main.cancel)
+        loop.add_signal_handler(signal.SIGTERM, _stop_before_serving, main)
     board, remote, doc, run_dir = await board_and_bundle(args)
     async with contextlib.AsyncExitStack() as opened:  # what is open, closed in reverse order however it ends
         opened.push_async_callback(board.transport.close)
@@ -255,9 +255,20 @@ def _fd_budget(wanted: int) -> int:
         return wanted
 
 
+_TERMED: list[bool] = []  # set by the SIGTERM that came before serving
+
+
+def _stop_before_serving(main: asyncio.Task[int]) -> None:
+    _TERMED.append(True)
+    main.cancel()
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    _TERMED.clear()
     try:
         return asyncio.run(_serve(args))
-    except asyncio.CancelledError:  # SIGTERM while the board connected or the model loaded: all closed
-        eprint("stopped (SIGTERM) before serving")
+    except asyncio.CancelledError:
+        if not _TERMED:
+            raise
+        eprint("stopped (SIGTERM) before serving")  # the board connected or the model loaded: all closed
         return 128 + signal.SIGTERM

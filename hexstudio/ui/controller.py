@@ -150,7 +150,7 @@ class RunController(QObject):
         except ManifestError as exc:  # damaged meanwhile: keep this copy; the next change says what is wrong
             log.warning("run.json of %s changed and cannot be read: %s", m.run_id, exc)
             return False
-        self.manifest, self._run_stamp = fresh, stamp
+        self.manifest, self._run_stamp = fresh, _file_stamp(m.path)  # as load_run left it (it may have saved)
         self.settingsChanged.emit()  # every page and the stage list shown again
         return True
 
@@ -238,6 +238,7 @@ class RunController(QObject):
         changed = change_settings(
             m, {key: value}, f"the setting {sp.label if sp is not None and sp.label else key}"
         )
+        self._run_stamp = _file_stamp(m.path)  # this window's own write: nothing to read again
         self.settingsChanged.emit()
         return bool(changed)
 
@@ -245,6 +246,7 @@ class RunController(QObject):
         if self.manifest is None:
             return
         Pipeline(self.manifest).override_gate(stage, reason)
+        self._run_stamp = _file_stamp(self.manifest.path)  # this window's own write: nothing to read again
         self.settingsChanged.emit()  # override_gates is a run setting: the stage list and gate bar follow it
 
     # -- pipeline callbacks (GUI thread: qasync runs the loop on it) ------------------------------

@@ -353,7 +353,7 @@ class MainWindow(QMainWindow):
             self._shutdown = asyncio.ensure_future(self._close_chat_then_close(chat))
             return
         work = self._page_work()
-        if work and not self._closing_after_work:
+        if work and not self._closing_after_work and asyncio.get_event_loop().is_running():
             if any(what.startswith("a board") for what, _t in work) and (
                 QMessageBox.question(
                     self,

@@ -17,6 +17,9 @@ def test_the_password_answers_only_a_password_prompt() -> None:
     assert answer("", "", [("Password: ", False)]) == ["s3cret"]
     assert answer("", "", [("alice@evk's password: ", False)]) == ["s3cret"]
     assert answer("", "", [("Kennwort: ", False)]) == ["s3cret"]  # a lone hidden prompt in another language
+    # the user@host a prompt names is not read for its meaning ("hotplug" holds "otp", "vscode" "code")
+    for prompt in ("Password for dev@vscode-box:", "(ubuntu@hotplug-evk) Password:", "tokenizer@evk's password:"):
+        assert answer("", "", [(prompt, False)]) == ["s3cret"], prompt
     assert other == []
     assert answer("", "", [("Verification code: ", False)]) == [""]
     assert answer("", "", [("Passcode or option (1-3): ", False)]) == [""]

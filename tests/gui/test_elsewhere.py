@@ -659,8 +659,13 @@ def test_saving_an_edited_board_never_reverts_a_change_made_elsewhere(qtbot: Any
     r = python_m_hexstudio("board", "add", "evk", "--host", "10.0.0.5", "--auth", "agent", "--no-connect")
     assert r.returncode == 0, r.stderr
     page.user_edit.setText("root")
+    page.auth_combo.setCurrentIndex(page.auth_combo.findText("password"))
+    page.password_edit.setText("new-pw")  # not stored either: nothing of the refused save is kept
     page.add_button.click()
     assert Settings.load().boards["evk"]["host"] == "10.0.0.5"  # the terminal's change stands
+    from hexstudio.core.secrets import board_password_key, get_secret
+
+    assert get_secret(board_password_key("evk")) is None
     assert "changed elsewhere" in page.conn_label.text() and "Edit" in page.conn_label.text()
     page.boards.setCurrentRow(
         next(i for i in range(page.boards.count()) if page.boards.item(i).data(256) == "evk")

@@ -886,3 +886,10 @@ def test_compare_sets_suite_scores_side_by_side_only_for_the_same_cases() -> Non
     assert any(
         "greedy_parity · board: the runs scored different cases (12 of 12, 3 of 12)" in s for s in skipped
     )
+    # a leg one run did not score is not a "different cases" line: the report sets only what every run has
+    third = report("a", 12, 1.0)
+    for t in third["evaluation"]["suites"]:
+        t["legs"] = {k: v for k, v in t["legs"].items() if k != "htp"}
+    skipped = []
+    rows, _bars = _evaluation_rows([report("a", 12, 1.0), report("b", 3, 0.8), third], skipped)
+    assert not any("· htp" in s for s in skipped) and "greedy_parity · htp" not in [r["label"] for r in rows]

@@ -738,7 +738,10 @@ def _fast_transport(sock: Any, known_types: Sequence[str] = (), **kw: Any) -> An
 
 
 # a keyboard-interactive prompt that is not the password, though it may say "pass" (a one-time passcode)
-_NOT_THE_PASSWORD = re.compile(r"(?i)code|token|otp|one.time|verif|pin\b")
+_NOT_THE_PASSWORD = re.compile(r"(?i)\b(code|passcode|token|otp|one.time|verif\w*|pin)\b")
+_LOGIN = re.compile(
+    r"\S+@\S+"
+)  # the user@host a prompt names ("dev@vscode-box's password:"): not its meaning
 
 
 def password_answers(
@@ -751,7 +754,7 @@ def password_answers(
     def answer(_title: str, _instructions: str, prompts: list[tuple[str, bool]]) -> list[str]:
         out = []
         for text, echo in prompts:
-            asks = not echo and not _NOT_THE_PASSWORD.search(text)
+            asks = not echo and not _NOT_THE_PASSWORD.search(_LOGIN.sub(" ", text))
             if asks and ("pass" in text.lower() or len(prompts) == 1):
                 out.append(password)
             else:
@@ -871,7 +874,12 @@ def _open_hop(
 def _direct_socket(r: dict[str, Any], timeout: float) -> Any:
     try:
         return socket.create_connection((r["host"], r["port"]), timeout=timeout)
-    except socket.gaierror:  # a name no one answers for: a typo or DNS, not a board that is off
+    except socket.gaierror as exc:  # a name no one answers for: a typo or DNS, not a board that is off
+        if exc.errno == socket.EAI_AGAIN:
+            raise BoardError(
+                f"The name server did not answer for '{r['host']}' (a temporary failure in name resolution).",
+                "Check this machine's network and DNS (on WSL: /etc/resolv.conf), or use the board's IP address.",
+            ) from None
         raise BoardError(
             f"The host name '{r['host']}' does not resolve (no such name on this network).",
             "Check the spelling, or use the board's IP address (`hexstudio board add NAME --host 192.168.x.y ...` "

@@ -93,11 +93,14 @@ def compare_runs(run_dirs: list[Path]) -> dict[str, Any]:
     return compare_summaries([s for s in (run_summary(Path(d)) for d in run_dirs) if s is not None])
 
 
-def comparable_legs(suite: str, docs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def comparable_legs(
+    suite: str, docs: list[dict[str, Any]], *, every: bool = False
+) -> tuple[list[str], list[str]]:
     """(the legs on which runs' scores of `suite` stand side by side, why the others do not). `docs` are the runs'
     entries for the suite (sha256, legs: {leg: {value, cases, of}}). Only the same suite file, and leg by leg the
     same cases, compare: another suite version or another case set is not a better or worse model. Both the
-    Compare view and the report's comparison ask this."""
+    Compare view and the report's comparison ask this; `every`: a leg one of the runs did not score is left out
+    without a word (the report sets only rows every run has)."""
     if len({d.get("sha256") for d in docs}) > 1:  # `hexstudio eval add --replace` between the runs
         return [], [
             f"{suite}: the runs scored different versions of the suite (its file changed between them)."
@@ -106,7 +109,7 @@ def comparable_legs(suite: str, docs: list[dict[str, Any]]) -> tuple[list[str], 
     why: list[str] = []
     for leg in LEGS:
         scored = [x for x in ((d.get("legs") or {}).get(leg) for d in docs) if x]
-        if not scored:
+        if not scored or (every and len(scored) < len(docs)):
             continue
         if len({(x.get("cases"), x.get("of")) for x in scored}) > 1:
             # e.g. the HTP-simulator board scores only the first parity cases: a different set, not a change

@@ -306,7 +306,7 @@ def _evaluation_rows(
         if not all(name in b for b in by):
             continue
         ppl = t.get("scorer") == "perplexity"
-        same, why = comparable_legs(name, [b[name] for b in by])
+        same, why = comparable_legs(name, [b[name] for b in by], every=True)
         skipped += [f"Evaluation {w}" for w in why]
         for leg in same:
             vals = [((b[name].get("legs") or {}).get(leg) or {}).get("value") for b in by]

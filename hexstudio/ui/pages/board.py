@@ -293,6 +293,19 @@ class BoardPage(StagePage):
             cfg["key_path"] = self.key_edit.text().strip() or "~/.ssh/id_ed25519"
         if auth == "ssh_config":
             cfg["ssh_alias"] = host
+        before = self.c.settings.boards.get(name)
+        # what the form does not show (qairt_zip, runtime, qairt_home, ... from `hexstudio board add`) stays
+        kept = {k: v for k, v in (before or {}).items() if k not in FORM_KEYS}
+        shown = self._editing[1] if self._editing is not None and self._editing[0] == name else None
+
+        changed = SettingsError(
+            f"Board '{name}' was changed elsewhere (`hexstudio board add`, another studio window) while "
+            "this form was open; nothing was saved.",
+            "Select the board and Edit… again: the form then shows what it holds now.",
+        )
+        if shown is not None and before != shown:  # before its password is stored: nothing of it is kept
+            self.conn_label.setText(refused_html(changed.message, changed.hint))
+            return
         if auth == "password" and self.password_edit.text():
             try:
                 set_secret(board_password_key(name), self.password_edit.text())
@@ -300,18 +313,12 @@ class BoardPage(StagePage):
                 # the board is not saved without its password (the password stays typed for another try)
                 self.conn_label.setText(refused_html(exc.message, exc.hint))
                 return
-        before = self.c.settings.boards.get(name)
-        # what the form does not show (qairt_zip, runtime, qairt_home, ... from `hexstudio board add`) stays
-        kept = {k: v for k, v in (before or {}).items() if k not in FORM_KEYS}
-        shown = self._editing[1] if self._editing is not None and self._editing[0] == name else None
 
         def put(s: Settings) -> None:
-            if shown is not None and s.boards.get(name) != shown:  # under the settings lock: as it is now
-                raise SettingsError(
-                    f"Board '{name}' was changed elsewhere (`hexstudio board add`, another studio window) while "
-                    "this form was open; nothing was saved.",
-                    "Select the board and Edit… again: the form then shows what it holds now.",
-                )
+            if (
+                shown is not None and s.boards.get(name) != shown
+            ):  # again under the settings lock: as it is now
+                raise changed
             s.boards[name] = {**kept, **cfg}
 
         try:
