@@ -105,7 +105,8 @@ def read_password(prompt: str, from_stdin: bool, command: str) -> str:
             f"Pipe it in instead: `{command} --stdin < password.txt` (the first line is the password).",
             exit_code=EXIT_USAGE,
         )
-    pw = sys.stdin.readline().rstrip("\n") if from_stdin else getpass.getpass(prompt)
+    # a password file saved on Windows ends its line with CRLF: the \r is not part of the password
+    pw = sys.stdin.readline().rstrip("\r\n") if from_stdin else getpass.getpass(prompt)
     if not pw:
         raise CliError("Empty password: nothing stored.", None, exit_code=EXIT_USAGE)
     return pw

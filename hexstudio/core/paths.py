@@ -34,8 +34,9 @@ def default_workspace(configured: str | None = None) -> Path:
     "workspace"), else ~/hexstudio-workspace: inside the Linux (WSL) filesystem, as /mnt/c is slow for
     hundreds of GB. The studio and the CLI both choose it here, so both show the same runs."""
     env = os.environ.get("HEXSTUDIO_WORKSPACE")
+    # absolute: the simulator board's home is inside it, and a board's home must be an absolute path
     if env:
-        return Path(env).expanduser()
+        return Path(env).expanduser().absolute()
     if configured:
-        return Path(configured).expanduser()
+        return Path(configured).expanduser().absolute()
     return Path(os.path.expanduser("~/hexstudio-workspace"))

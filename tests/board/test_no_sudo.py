@@ -48,7 +48,9 @@ def test_fixes_become_manual_commands(nosudo: EvkBoard) -> None:
         assert by_hand(step, board) == want, by_hand(step, board)
         # an IPv6 address in brackets (scp reads "fe80::1:/path" as host "fe80"), an ssh alias as it is
         board.config = {**cfg, "host": "fe80::1"}
-        assert f"{t.user}@[fe80::1]:/home/evk/q.tar" in by_hand(step, board)
+        assert f"'{t.user}@[fe80::1]':/home/evk/q.tar" in by_hand(step, board)  # quoted: a shell globs [...]
+        board.config = {**cfg, "user": "corp\\jdoe"}  # a domain user: its backslash survives the paste
+        assert f"'corp\\jdoe@{t.host}':/home/evk/q.tar" in by_hand(step, board), by_hand(step, board)
         board.config = {**cfg, "ssh_alias": "evk-lab"}
         assert by_hand(step, board) == "scp /ws/q.tar evk-lab:/home/evk/q.tar   # on this workstation"
         board.config = cfg

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,11 @@ def test_the_password_answers_only_a_password_prompt() -> None:
     assert answer("", "", [("alice@evk's password: ", False)]) == ["s3cret"]
     assert answer("", "", [("Kennwort: ", False)]) == ["s3cret"]  # a lone hidden prompt in another language
     # the user@host a prompt names is not read for its meaning ("hotplug" holds "otp", "vscode" "code")
-    for prompt in ("Password for dev@vscode-box:", "(ubuntu@hotplug-evk) Password:", "tokenizer@evk's password:"):
+    for prompt in (
+        "Password for dev@vscode-box:",
+        "(ubuntu@hotplug-evk) Password:",
+        "tokenizer@evk's password:",
+    ):
         assert answer("", "", [(prompt, False)]) == ["s3cret"], prompt
     assert other == []
     assert answer("", "", [("Verification code: ", False)]) == [""]
@@ -66,3 +71,29 @@ def test_a_connection_cancelled_while_it_opens_is_closed_once_made(monkeypatch: 
 
     asyncio.run(main())
     assert closed.is_set()
+
+
+def test_paths_and_commands_a_user_writes_are_taken_as_meant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A relative workspace made the simulator board's home relative, refused as "not an absolute path, check the
+    board user's home"; a password file saved on Windows stored its \\r; a genie_command written as one string was
+    run as its letters; the scp line shown for a manual upload left a user name with a backslash unquoted."""
+    import io
+    import sys
+
+    from hexstudio.cli.ssh import read_password
+    from hexstudio.core.device.board import _argv
+    from hexstudio.core.paths import default_workspace
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HEXSTUDIO_WORKSPACE", "ws")
+    assert default_workspace() == tmp_path / "ws"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("s3cret\r\n"))
+    assert read_password("p", from_stdin=True, command="hexstudio board password evk") == "s3cret"
+    assert _argv("/opt/qairt/bin/genie-t2t-run --profile x") == [
+        "/opt/qairt/bin/genie-t2t-run",
+        "--profile",
+        "x",
+    ]
+    assert _argv(["genie-t2t-run"]) == ["genie-t2t-run"]

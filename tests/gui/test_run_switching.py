@@ -114,7 +114,9 @@ def test_a_change_made_from_a_terminal_shows_when_the_window_is_back(qtbot: Any,
         assert c.reload_if_changed()
     assert c.manifest.settings["calibration_samples"] == 12
     assert not c.reload_if_changed()  # read once per change
-    assert c.set_setting("calibration_samples", 8) and not c.reload_if_changed()  # its own write: not read again
+    assert (
+        c.set_setting("calibration_samples", 8) and not c.reload_if_changed()
+    )  # its own write: not read again
 
 
 def test_opening_a_run_never_marks_a_live_runners_stage_interrupted(qtbot: Any, tmp_path: Path) -> None:

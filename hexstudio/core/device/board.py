@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,9 +125,15 @@ async def open_board(
             "-m",
             "hexstudio.workers.genie_sim.t2t",
         ]
-        return Board(name, t, True, genie_command=list(genie), config=cfg)
+        return Board(name, t, True, genie_command=_argv(genie), config=cfg)
     genie = cfg.get("genie_command") or ["genie-t2t-run"]
-    return Board(name, t, False, genie_command=list(genie), env_script=f"{home}/qairt-env.sh", config=cfg)
+    return Board(name, t, False, genie_command=_argv(genie), env_script=f"{home}/qairt-env.sh", config=cfg)
+
+
+def _argv(command: Any) -> list[str]:
+    """A board's genie_command as settings.json holds it: a list of words, or one command line (split as a shell
+    splits it; list() of a string made a command of its letters)."""
+    return shlex.split(command) if isinstance(command, str) else [str(w) for w in command]
 
 
 def on_this_machine(board: Board) -> bool:

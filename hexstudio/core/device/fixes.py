@@ -176,11 +176,11 @@ def by_hand(step: Step, board: Board) -> str:
     flags = ""
     if cfg.get("ssh_alias"):
         # ~/.ssh/config gives scp the user, port, key and jump hosts, as it gives them to the studio
-        where = str(cfg["ssh_alias"])
+        where = shlex.quote(str(cfg["ssh_alias"]))
     else:
         host = str(cfg.get("host") or getattr(t, "host", "") or "BOARD")
         user = cfg.get("user") or getattr(t, "user", None)
-        where = (f"{user}@" if user else "") + (f"[{host}]" if ":" in host else host)
+        where = shlex.quote((f"{user}@" if user else "") + (f"[{host}]" if ":" in host else host))
         port = int(cfg.get("port") or getattr(t, "port", 22) or 22)
         flags += f"-P {port} " if port != 22 else ""
         flags += f"-i {shlex.quote(str(cfg['key_path']))} " if cfg.get("key_path") else ""
