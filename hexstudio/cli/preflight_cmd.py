@@ -125,7 +125,7 @@ def cmd_write_wslconfig(args: argparse.Namespace) -> int:
         backup = wslconfig.write(pl)
     except wslconfig.ChangedMeanwhile as exc:
         raise CliError(
-            str(exc), "Run the command again: it plans the change from the file as it is now."
+            exc.message, "Run the command again: it plans the change from the file as it is now."
         ) from None
     except OSError as exc:
         raise CliError(

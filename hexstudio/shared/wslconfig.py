@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hexstudio.shared.errors import ActionableError
+
 GiB = 1024**3
 ENV_OVERRIDE = "HEXSTUDIO_WSLCONFIG"
 _UNITS = {
@@ -268,7 +270,7 @@ def backup_path(path: Path, now: float | None = None) -> Path:
     return cand
 
 
-class ChangedMeanwhile(Exception):
+class ChangedMeanwhile(ActionableError):
     """The file is not what the plan was made from: someone edited it while the change was shown."""
 
 
@@ -284,7 +286,8 @@ def write(p: Plan, now: float | None = None) -> Path | None:
         held = None
     if (held is not None) != p.exists or (held is not None and Text.decode(held).text != p.old_text):
         raise ChangedMeanwhile(
-            f"{p.path} changed since this change was planned (edited meanwhile?): nothing was written."
+            f"{p.path} changed since this change was planned (edited meanwhile?): nothing was written.",
+            "Plan the change again from the file as it is now.",
         )
     backup = None
     if held is not None:

@@ -286,7 +286,7 @@ class PreflightPage(StagePage):
                 backup = wslconfig.write(plan)
             except wslconfig.ChangedMeanwhile as exc:
                 raise wslconfig.ChangedMeanwhile(
-                    f"{exc} Close this and press Fix… again to see the change from the file as it is now."
+                    f"{exc.message} Close this and press Fix… again to see the change from the file as it is now."
                 ) from None
             kept = f" (the old file is kept as {backup})" if backup else ""
             return (
