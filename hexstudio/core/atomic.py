@@ -17,21 +17,8 @@ def sync_tree(root: Path) -> None:
     done with each file's size and sha256 (after a power cut, a file the kernel had not written yet comes back
     empty, and the stage, hours of work, would run again with a message blaming its inputs)."""
     for p in [root, *root.rglob("*")]:
-        if p.is_symlink():
-            continue
-        if p.is_dir():
-            _fsync_dir(p)
-            continue
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        if not p.is_symlink():
+            _fsync_path(p)
 
 
 def fsync_dir(path: Path) -> None:
@@ -40,6 +27,11 @@ def fsync_dir(path: Path) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
+    _fsync_path(path)
+
+
+def _fsync_path(path: Path) -> None:
+    """A file's data or a folder's entries forced to disk, as far as the file system lets it (no error raised)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QEvent, QRect, QSettings, Qt, QTimer, QUrl
@@ -313,68 +314,66 @@ class MainWindow(QMainWindow):
             self.c.reload_if_changed()
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        """Work under way is stopped first, the window closing once it has: a running stage is cancelled (the run
+        then says "cancelled by you", not "interrupted"), the chat's session on the board closed (not left running
+        there), a Board-page fix or a prediction stopped (a task left pending keeps the studio alive without a
+        window until its thread ends)."""
+        stage = self.c.running_stage
         if self.c.busy and not self._closing_after_cancel:
-            if (
-                QMessageBox.question(
-                    self,
-                    "Quit HexStudio",
-                    f"The {self.c.running_stage} stage is still working. Cancel it and "
-                    "quit? (The run can be resumed later.)",
-                )
-                != QMessageBox.StandardButton.Yes
+            if not self._asked(
+                f"The {stage} stage is still working. Cancel it and quit? (The run can be resumed later.)"
             ):
                 event.ignore()
                 return
-            # cancel first and quit once the stage has stopped: the run then says "cancelled by you", not
-            # "interrupted (crash or reboot)"
-            event.ignore()
             self._closing_after_cancel = True
-            self.statusBar().showMessage(f"Cancelling the {self.c.running_stage} stage, then quitting…")
-            self._shutdown = asyncio.ensure_future(self._cancel_then_close())
+            self._then_close(
+                event, f"Cancelling the {stage} stage, then quitting…", self._cancel_then_close()
+            )
             return
+        running = asyncio.get_event_loop().is_running()  # the studio's loop: the work can be stopped first
         chat = self.pages["chat"]
         if (
             isinstance(chat, ChatPage)
             and not self._closing_after_chat
             and (chat.busy_chat or chat.chat.session is not None)
-            and asyncio.get_event_loop().is_running()  # the studio's loop: the session can be closed first
+            and running
         ):
-            # the model's session on the board (a Genie dialog over SSH, the simulator's helper) is closed, not left
-            # running there when the studio goes
-            if chat.busy_chat and (
-                QMessageBox.question(self, "Quit HexStudio", "A reply is still coming. Stop it and quit?")
-                != QMessageBox.StandardButton.Yes
-            ):
+            if chat.busy_chat and not self._asked("A reply is still coming. Stop it and quit?"):
                 event.ignore()
                 return
-            event.ignore()
             self._closing_after_chat = True
-            self.statusBar().showMessage("Closing the chat's session on the board, then quitting…")
-            self._shutdown = asyncio.ensure_future(self._close_chat_then_close(chat))
+            self._then_close(
+                event,
+                "Closing the chat's session on the board, then quitting…",
+                self._close_chat_then_close(chat),
+            )
             return
         work = self._page_work()
-        if work and not self._closing_after_work and asyncio.get_event_loop().is_running():
-            if any(what.startswith("a board") for what, _t in work) and (
-                QMessageBox.question(
-                    self,
-                    "Quit HexStudio",
-                    f"{work[0][0][0].upper()}{work[0][0][1:]} is still working. Stop it and quit? "
-                    "(Run the doctor again later: a fix half done shows as failing.)",
-                )
-                != QMessageBox.StandardButton.Yes
+        if work and not self._closing_after_work and running:
+            first = work[0][0]
+            if any(what.startswith("a board") for what, _t in work) and not self._asked(
+                f"{first[0].upper()}{first[1:]} is still working. Stop it and quit? "
+                "(Run the doctor again later: a fix half done shows as failing.)"
             ):
                 event.ignore()
                 return
-            # stopped here, while the loop still runs: a task left pending when the window goes keeps the studio
-            # running without a window until its thread (an upload, a remote command) ends
-            event.ignore()
             self._closing_after_work = True
-            self.statusBar().showMessage(f"Stopping {', '.join(w for w, _t in work)}, then quitting…")
             tasks = [t for _w, t in work]
-            self._shutdown = asyncio.ensure_future(self._stop_work_then_close(tasks))
+            status = f"Stopping {', '.join(w for w, _t in work)}, then quitting…"
+            self._then_close(event, status, self._stop_work_then_close(tasks))
             return
         self._save_window()
         event.accept()
+
+    def _asked(self, question: str) -> bool:
+        """Whether the user agreed to quit with `question` asked."""
+        return QMessageBox.question(self, "Quit HexStudio", question) == QMessageBox.StandardButton.Yes
+
+    def _then_close(self, event: QCloseEvent, status: str, work: Coroutine[Any, Any, None]) -> None:
+        """Not closed yet: `work` first (it closes the window again when done), `status` said meanwhile."""
+        event.ignore()
+        self.statusBar().showMessage(status)
+        self._shutdown = asyncio.ensure_future(work)
 
     def _page_work(self) -> list[tuple[str, asyncio.Future[Any]]]:
         """What the pages started and is still under way: the Board page's doctor or fix, a speed prediction."""

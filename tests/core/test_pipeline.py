@@ -81,18 +81,10 @@ def test_a_stage_reads_the_keyring_off_the_event_loop(
 ) -> None:
     """Every worker stage's start read the tokens from the keyring on the event loop, the studio's window: a keyring
     locked while the user was away froze the window at the next stage until its unlock prompt was answered."""
-    import threading
-
     from hexstudio.core import stage_api
+    from tests.support.threads import record_threads
 
-    threads: list[str] = []
-    real = stage_api.worker_env
-
-    def worker_env() -> dict[str, str]:
-        threads.append(threading.current_thread().name)
-        return real()
-
-    monkeypatch.setattr(stage_api, "worker_env", worker_env)
+    threads = record_threads(monkeypatch, stage_api, "worker_env")
     m = workspace.create_run("builtin:tiny-llama", "sim", {"mode": "ok"})
     assert _run(Pipeline(m, stages=fake_stages()), "model").ok
     assert threads and "MainThread" not in threads, threads

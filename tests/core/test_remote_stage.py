@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,32 +140,48 @@ def test_heavy_stage_runs_on_the_worker_host_with_uploaded_inputs_and_downloaded
         assert st2.metric_value("worker_host_upload_skipped_files") >= 1
 
 
+def _cancel_once_it_works(
+    tmp_path: Path, srv: SshServer, root: Path, then: Callable[[RemoteStageJob], Awaitable[Any]] | None = None
+) -> tuple[RunManifest, Any, float, RemoteStageJob, Any]:
+    """A minute's fake quantize on the worker host, cancelled once it reports progress: (the run, the pipeline's
+    result, the seconds the cancel took, the stage's job, what `then(job)` gave after it)."""
+    import time
+
+    _add_host(srv, root)
+    m = Workspace(tmp_path / "ws").create_run(
+        "builtin:tiny-llama", "sim", {"worker_host": "box", "seconds": 60}
+    )
+    assert asyncio.run(Pipeline(m, stages=_stages()).run(until="model")).ok
+    pipe = Pipeline(m, stages=_stages())
+    progress: list[dict[str, Any]] = []
+    pipe.on_event = lambda st, ev: progress.append(ev) if ev["type"] == "progress" else None
+
+    async def go() -> tuple[Any, float, RemoteStageJob, Any]:
+        task = asyncio.ensure_future(pipe.run(until="quantize"))
+        for _ in range(300):
+            if len(progress) >= 3:
+                break
+            await asyncio.sleep(0.1)
+        job = pipe.current_job
+        assert isinstance(job, RemoteStageJob) and job.remote is not None
+        t0 = time.monotonic()
+        await pipe.cancel()
+        res = await task
+        took = time.monotonic() - t0
+        return res, took, job, (await then(job) if then is not None else None)
+
+    return (m, *asyncio.run(go()))
+
+
 def test_cancel_mid_stage_on_the_worker_host_leaves_nothing_running_and_nothing_kept(tmp_path: Path) -> None:
     root = tmp_path / "host-root"
     with SshServer(tmp_path / "sshd") as srv:
-        _add_host(srv, root)
-        m = Workspace(tmp_path / "ws").create_run(
-            "builtin:tiny-llama", "sim", {"worker_host": "box", "seconds": 60}
-        )
-        assert asyncio.run(Pipeline(m, stages=_stages()).run(until="model")).ok
-        pipe = Pipeline(m, stages=_stages())
-        progress: list[dict[str, Any]] = []
 
-        async def go() -> tuple[Any, bool]:
-            task = asyncio.ensure_future(pipe.run(until="quantize"))
-            for _ in range(300):
-                if len(progress) >= 3:
-                    break
-                await asyncio.sleep(0.1)
-            job = pipe.current_job
-            await pipe.cancel()
-            res = await task
-            assert isinstance(job, RemoteStageJob) and job.remote is not None
-            alive = await _group_alive(srv, job.remote.remote_pid)
-            return res, alive
+        async def alive_after(job: RemoteStageJob) -> bool:
+            assert job.remote is not None
+            return await _group_alive(srv, job.remote.remote_pid)
 
-        pipe.on_event = lambda st, ev: progress.append(ev) if ev["type"] == "progress" else None
-        res, alive = asyncio.run(go())
+        m, res, _took, _job, alive = _cancel_once_it_works(tmp_path, srv, root, alive_after)
     assert not res.ok and RunManifest.load(m.run_dir).stage("quantize").state == "cancelled"
     assert alive is False
     assert not (m.run_dir / "artifacts" / "quantize.partial").exists()
@@ -181,7 +198,6 @@ def test_cancel_over_a_stalled_link_ends_and_notes_the_hosts_worker(
     worker, never noted, got a second one beside it on resume. Now the wait is bounded, the worker is noted (a
     resume waits for it) and the connection closed."""
     import signal
-    import time
 
     from hexstudio.core.remote import stage as remote_stage
     from hexstudio.core.remote.job import RemoteJob
@@ -191,31 +207,9 @@ def test_cancel_over_a_stalled_link_ends_and_notes_the_hosts_worker(
 
     monkeypatch.setattr(RemoteJob, "cancel", stalled)
     monkeypatch.setattr(remote_stage, "CANCEL_LINK_S", 1.0)
-    root = tmp_path / "host-root"
     with SshServer(tmp_path / "sshd") as srv:
-        _add_host(srv, root)
-        m = Workspace(tmp_path / "ws").create_run(
-            "builtin:tiny-llama", "sim", {"worker_host": "box", "seconds": 60}
-        )
-        assert asyncio.run(Pipeline(m, stages=_stages()).run(until="model")).ok
-        pipe = Pipeline(m, stages=_stages())
-        progress: list[dict[str, Any]] = []
-        pipe.on_event = lambda st, ev: progress.append(ev) if ev["type"] == "progress" else None
-
-        async def go() -> tuple[Any, float, int | None]:
-            task = asyncio.ensure_future(pipe.run(until="quantize"))
-            for _ in range(300):
-                if len(progress) >= 3:
-                    break
-                await asyncio.sleep(0.1)
-            job = pipe.current_job
-            assert isinstance(job, RemoteStageJob) and job.remote is not None
-            t0 = time.monotonic()
-            await pipe.cancel()
-            res = await task
-            return res, time.monotonic() - t0, job.remote.remote_pid
-
-        res, took, pid = asyncio.run(go())
+        m, res, took, job, _ = _cancel_once_it_works(tmp_path, srv, tmp_path / "host-root")
+    pid = job.remote.remote_pid if job.remote is not None else None
     try:
         assert not res.ok and took < 30, took  # the ladder's grace (5 + 3 s) and the link's wait (1 s here)
         note = json.loads((m.run_dir / "logs" / "quantize.host-worker.json").read_text())

@@ -632,12 +632,8 @@ def test_a_sampler_change_on_a_board_that_cannot_load_is_a_503_not_the_clients_f
         assert r.choices[0].message.content == "OK." and r.model_extra["hexstudio"]["sampler"]["temp"] == 1.3
 
 
-def test_the_port_file_holds_only_a_listening_servers_port(
-    twin_workspace: tuple[Path, Path], tmp_path: Path
-) -> None:
-    """A script waits for --port-file. The file of an earlier server is removed before this one loads its model
-    (a script must not read that old port meanwhile), the new port is written whole, and the file is removed
-    when the server stops."""
+def _serve_after_an_earlier_server(twin_workspace: tuple[Path, Path], tmp_path: Path) -> tuple[Any, Path]:
+    """`hexstudio serve` started (its output on stdout) where an earlier server's port file names port 1."""
     import subprocess
 
     from tests.support.serve import serve_argv
@@ -652,6 +648,16 @@ def test_the_port_file_holds_only_a_listening_servers_port(
         stderr=subprocess.STDOUT,
         text=True,
     )
+    return proc, port_file
+
+
+def test_the_port_file_holds_only_a_listening_servers_port(
+    twin_workspace: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A script waits for --port-file. The file of an earlier server is removed before this one loads its model
+    (a script must not read that old port meanwhile), the new port is written whole, and the file is removed
+    when the server stops."""
+    proc, port_file = _serve_after_an_earlier_server(twin_workspace, tmp_path)
     try:
         seen, deadline = set(), time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
@@ -735,20 +741,9 @@ def test_sigterm_while_the_model_loads_closes_everything(
     """`systemctl stop` (SIGTERM) while serve connected to the board or loaded the model killed it outright: the
     signal handlers came only after the load, so nothing was closed and the board kept loading for no one."""
     import signal
-    import subprocess
 
-    from tests.support.serve import serve_argv
-
-    ws, run_dir = twin_workspace
-    port_file = tmp_path / "port"
-    port_file.write_text("1")  # removed once serve has begun (before it connects to the board)
-    proc = subprocess.Popen(
-        serve_argv(port_file, run_dir.name),
-        env={**os.environ, "HEXSTUDIO_WORKSPACE": str(ws)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # the earlier server's port file is removed once serve has begun (before it connects to the board)
+    proc, port_file = _serve_after_an_earlier_server(twin_workspace, tmp_path)
     try:
         deadline = time.monotonic() + 60
         while port_file.exists() and proc.poll() is None and time.monotonic() < deadline:

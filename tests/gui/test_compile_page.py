@@ -200,21 +200,13 @@ def test_the_token_is_looked_for_off_the_window_thread(
 ) -> None:
     """The Compile page read the keyring on the window's thread when it was built (before the window appeared) and
     on every visit: a locked Secret Service keyring held the studio at its unlock prompt."""
-    import threading
-
     from hexstudio.core.runs import Workspace
     from hexstudio.core.services import aihub_token
     from hexstudio.ui.controller import RunController
     from hexstudio.ui.main_window import MainWindow
+    from tests.support.threads import record_threads
 
-    looked: list[str] = []
-    real = aihub_token.token_status
-
-    def token_status() -> dict[str, Any]:
-        looked.append(threading.current_thread().name)
-        return real()
-
-    monkeypatch.setattr(aihub_token, "token_status", token_status)
+    looked = record_threads(monkeypatch, aihub_token, "token_status")
     w = MainWindow(RunController(Workspace(tmp_path / "ws")))
     qtbot.addWidget(w)
     page: Any = w.pages["compile"]

@@ -285,24 +285,16 @@ def test_compare_and_delete_leave_the_window_free(
     """Compare built each run's report (its logs read whole: megabytes after a long quantize) and Delete removed
     tens of GB, both on the window's thread. The reports are built in a thread now, the button saying so, and the
     files are removed in a thread once the run is renamed away (a delete a crash cut short is finished too)."""
-    import threading
-
     from hexstudio.core.reports import collect
     from hexstudio.ui.dialogs.runs import RunsDialog
     from tests.gui.test_compare import _runs
+    from tests.support.threads import record_threads
 
     a, b, _c = _runs(tmp_path / "ws")  # runs with stages to set side by side
     c, w = studio_window(qtbot, tmp_path / "ws")
     d = RunsDialog(c, w)
     qtbot.addWidget(d)
-    built_on: list[str] = []
-    real = collect.build_report
-
-    def build_report(*args: Any, **kw: Any) -> Any:
-        built_on.append(threading.current_thread().name)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(collect, "build_report", build_report)
+    built_on = record_threads(monkeypatch, collect, "build_report")
     d.table.selectAll()
     fut = d.compare_selected()
     assert fut is not None and d.compare_button.text() == "Comparing…" and not d.compare_button.isEnabled()
