@@ -68,3 +68,52 @@ def test_journals_imported_already_are_not_read_again(tmp_path: Path, monkeypatc
     assert [r.title for r in store.conversations()] == ["hi"] and read == ["20261129-120000-1-0001.jsonl"]
     read.clear()
     assert [r.title for r in store.conversations()] == ["hi"] and read == []
+
+
+def test_a_terminal_chat_imported_early_shows_its_later_turns(tmp_path: Path, monkeypatch: Any) -> None:
+    """The Chat page imported a `hexstudio chat` session's journal the first time it listed the run's chats, and
+    never read it again: the session's later turns, written while it ran on in the terminal, never showed. The
+    record now follows its journal (new turns added to its end, its own edits kept); a journal that did not grow is
+    not read; a conversation deleted stays deleted; the studio's own session is still no second conversation."""
+    from hexstudio.core.genie import journal
+
+    run = tmp_path / "run"
+    (run / "chats").mkdir(parents=True)
+    path = run / "chats" / "20261129-120000-1-0001.jsonl"
+
+    def turn(user: str) -> str:
+        return json.dumps({"type": "turn", "user": user, "reply": f"re: {user}", "state": "complete"}) + "\n"
+
+    path.write_text(json.dumps({"type": "session", "board": "sim"}) + "\n" + turn("hi"))
+    store = ChatStore(run)
+    (rec,) = store.conversations()
+    rec.turns[0].reply, rec.turns[0].versions = (
+        "edited",
+        [{"reply": "re: hi", "kpis": {}, "state": "complete"}],
+    )
+    store.save(rec)
+    with open(path, "a", encoding="utf-8") as f:  # the terminal's session goes on
+        f.write(turn("more"))
+    (rec,) = store.conversations()
+    assert [t.user for t in rec.turns] == ["hi", "more"] and rec.turns[1].reply == "re: more"
+    assert rec.turns[0].reply == "edited" and rec.turns[0].versions  # the record's own edit is kept
+    assert [t.user for t in ChatStore(run).load(rec.id).turns] == ["hi", "more"]  # and kept in its file
+    read: list[str] = []
+    real = journal._lines
+    monkeypatch.setattr(journal, "_lines", lambda p: (read.append(p.name), real(p))[1])
+    assert len(store.conversations()[0].turns) == 2 and read == []  # it did not grow: not read
+    # the studio's own session: its journal is the open record's, never a conversation of its own
+    own = store.new(title="mine")
+    own_journal = run / "chats" / "20261129-130000-2-0002.jsonl"
+    own_journal.write_text(json.dumps({"type": "session"}) + "\n" + turn("from the studio"))
+    own.journals.append(own_journal.stem)
+    store.save(own)
+    with open(own_journal, "a", encoding="utf-8") as f:
+        f.write(turn("again"))
+    assert sorted(r.title for r in store.conversations()) == ["hi", "mine"]
+    assert next(r for r in store.conversations() if r.title == "mine").turns == []
+    # a conversation deleted stays deleted, however its journal grows
+    store.delete(rec.id)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(turn("after the delete"))
+    assert [r.title for r in store.conversations()] == ["mine"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hexstudio.core.atomic import write_text_atomic
-from hexstudio.core.genie.journal import CHATS_DIR, read_journals
+from hexstudio.core.genie.journal import CHATS_DIR, read_journal, read_journals
 
 FOLDER = "conversations"
 DISMISSED_FILE = "dismissed.json"  # journals of deleted conversations: not imported again
@@ -74,6 +74,9 @@ class ChatRecord:
     dialog: str = "basic"  # Genie's dialog type the replies came from (basic, lade, spd)
     source: str | None = None  # simulated | device (of the replies)
     journals: list[str] = field(default_factory=list)
+    # a `hexstudio chat` session's journal this record was imported from, and how much of it the record holds:
+    # {stem: {"size": bytes, "turns": n}}; the session's later turns are added as it writes them
+    followed: dict[str, dict[str, int]] = field(default_factory=dict)
     turns: list[ChatTurn] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -93,6 +96,19 @@ class ChatRecord:
         if self.title in ("", "New chat") and self.turns:
             first = " ".join(self.turns[0].user.split())
             self.title = first if len(first) <= TITLE_CHARS else first[: TITLE_CHARS - 1] + "…"
+
+
+def _chat_turn(t: dict[str, Any]) -> ChatTurn:
+    """A journal's turn as a conversation holds it."""
+    return ChatTurn(
+        user=str(t.get("user") or ""),
+        reply=str(t.get("reply") or ""),
+        state=str(t.get("state") or "complete"),
+        kpis=dict(t.get("kpis") or {}),
+        t=str(t.get("t") or ""),
+        note=t.get("note"),
+        error=t.get("error"),
+    )
 
 
 class ChatStore:
@@ -176,8 +192,10 @@ class ChatStore:
         return out
 
     def conversations(self) -> list[ChatRecord]:
-        """Every conversation of the run, the most recently updated first (imports chats made elsewhere)."""
+        """Every conversation of the run, the most recently updated first (imports chats made elsewhere, and the
+        turns a `hexstudio chat` session still running has written since its import)."""
         recs = self._records()
+        self._follow(recs)
         known = {j for r in recs for j in r.journals} | self._dismissed()
         try:
             for rec in self._imports(known):
@@ -186,6 +204,34 @@ class ChatStore:
         except OSError:  # a read-only run folder: list what is there
             pass
         return sorted(recs, key=lambda r: (r.updated, r.created), reverse=True)
+
+    def _follow(self, recs: list[ChatRecord]) -> None:
+        """Each imported journal that grew since: its new turns added to the end of the record (the record's own
+        turns, edits and versions, are kept); a journal whose size is the same is not read."""
+        for rec in recs:
+            grew = False
+            for stem, held in rec.followed.items():
+                path = self.run_dir / CHATS_DIR / f"{stem}.jsonl"
+                try:
+                    if path.stat().st_size == held.get("size"):
+                        continue
+                except OSError:  # the journal was removed: the record stays as it is
+                    continue
+                j = read_journal(path)
+                if j is None:
+                    continue
+                new = j["turns"][int(held.get("turns", 0)) :]
+                rec.turns += [_chat_turn(t) for t in new]
+                rec.followed[stem] = {
+                    "size": j["size"],
+                    "turns": max(int(held.get("turns", 0)), len(j["turns"])),
+                }
+                grew = True
+            if grew:
+                try:
+                    self.save(rec)
+                except OSError:  # a read-only run folder: listed from memory
+                    pass
 
     def _imports(self, known: set[str]) -> list[ChatRecord]:
         out: list[ChatRecord] = []
@@ -224,18 +270,7 @@ class ChatStore:
                     )
         for j in read_journals(self.run_dir, skip=known):  # those imported already are not parsed again
             head = j.get("session") or {}
-            turns = [
-                ChatTurn(
-                    user=str(t.get("user") or ""),
-                    reply=str(t.get("reply") or ""),
-                    state=str(t.get("state") or "complete"),
-                    kpis=dict(t.get("kpis") or {}),
-                    t=str(t.get("t") or ""),
-                    note=t.get("note"),
-                    error=t.get("error"),
-                )
-                for t in j["turns"]
-            ]
+            turns = [_chat_turn(t) for t in j["turns"]]
             stamp = str(head.get("started") or (turns[0].t if turns else now()))
             out.append(
                 ChatRecord(
@@ -247,6 +282,7 @@ class ChatStore:
                     sampler=head.get("sampler_values"),
                     source=next((t.get("source") for t in j["turns"] if t.get("source")), None),
                     journals=[j["id"]],
+                    followed={j["id"]: {"size": j["size"], "turns": len(j["turns"])}},
                     turns=turns,
                 )
             )

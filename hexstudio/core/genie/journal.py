@@ -103,13 +103,24 @@ def read_journals(run_dir: Path, skip: Collection[str] = ()) -> list[dict[str, A
     for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
         if path.stem in skip:
             continue
-        header: dict[str, Any] = {}
-        turns = []
-        for doc in _lines(path):
-            if doc.get("type") == "session":
-                header = doc
-            elif doc.get("type") == "turn":
-                turns.append(doc)
-        if turns:
-            out.append({"id": path.stem, "session": header, "turns": turns})
+        j = read_journal(path)
+        if j is not None and j["turns"]:
+            out.append(j)
     return out
+
+
+def read_journal(path: Path) -> dict[str, Any] | None:
+    """One chat session: {"id", "session", "turns", "size"} ("size": the file's bytes before it was read, so a turn
+    written meanwhile shows as more to read); None when it cannot be read."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    header: dict[str, Any] = {}
+    turns = []
+    for doc in _lines(path):
+        if doc.get("type") == "session":
+            header = doc
+        elif doc.get("type") == "turn":
+            turns.append(doc)
+    return {"id": path.stem, "session": header, "turns": turns, "size": size}
