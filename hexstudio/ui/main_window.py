@@ -91,6 +91,15 @@ def fit_to_screen(win: QWidget) -> None:
         win.move(x, y)  # a top-level's move() places its frame
 
 
+def _loop_running() -> bool:
+    """Whether the studio's event loop runs (work can be stopped before the window goes); False where this thread
+    has no loop at all (a window closed after its loop, at a test's teardown)."""
+    try:
+        return asyncio.get_event_loop().is_running()
+    except RuntimeError:
+        return False
+
+
 class MainWindow(QMainWindow):
     def __init__(self, controller: RunController | None = None) -> None:
         super().__init__()
@@ -330,7 +339,7 @@ class MainWindow(QMainWindow):
                 event, f"Cancelling the {stage} stage, then quitting…", self._cancel_then_close()
             )
             return
-        running = asyncio.get_event_loop().is_running()  # the studio's loop: the work can be stopped first
+        running = _loop_running()  # the studio's loop: the work can be stopped first
         chat = self.pages["chat"]
         if (
             isinstance(chat, ChatPage)
